@@ -1,0 +1,226 @@
+// Package apierr is the one error shape of the service (SPEC §6), shared by
+// verifierd, certd, the gateway modules and the MCP tools.
+//
+// Handlers return an *Error; Write turns any error into the wire shape. The
+// split between what the client is told (Code, Message, Fields) and what is
+// only logged (Cause) keeps internal details and client input out of
+// responses: no constructor here ever copies request content into a message.
+//
+// Payment refusals (402) are not errors of this package: their shape belongs
+// to the x402 protocol.
+package apierr
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+)
+
+// Stable error codes. Clients switch on these, so they never change.
+const (
+	CodeInvalidRequest       = "invalid_request"
+	CodePayloadTooLarge      = "payload_too_large"
+	CodeNotFound             = "not_found"
+	CodeMethodNotAllowed     = "method_not_allowed"
+	CodeUnsupportedMediaType = "unsupported_media_type"
+	CodeUnauthorized         = "unauthorized"
+	CodeRateLimited          = "rate_limited"
+	CodeUpstreamUnavailable  = "upstream_unavailable"
+	CodeInternal             = "internal_error"
+)
+
+// Error is a refusal the client can act on. Its JSON form is the SPEC §6
+// shape; Charged is always false because an error is never charged.
+type Error struct {
+	Code        string   `json:"code"`
+	Message     string   `json:"message"`
+	Status      int      `json:"status"`
+	Retryable   bool     `json:"retryable"`
+	RetryAfter  int      `json:"retry_after,omitempty"`
+	Charged     bool     `json:"charged"`
+	NextActions []Action `json:"next_actions"`
+	Fields      []Field  `json:"fields,omitempty"`
+
+	// Allow lists the methods a 405 answer names in its Allow header.
+	Allow []string `json:"-"`
+	// Cause is the internal reason, for logs only; it is never sent.
+	Cause error `json:"-"`
+}
+
+// Field names one problem with one request field and how to fix it.
+// Field is a path such as "rules[0].type" or "submitted_output.items[3]".
+type Field struct {
+	Field   string `json:"field"`
+	Problem string `json:"problem"`
+	Fix     string `json:"fix"`
+}
+
+// Action is a machine-readable next step, so an agent can recover without a
+// human. Only the members that apply to the action are set.
+type Action struct {
+	Action string   `json:"action"`
+	Using  string   `json:"using,omitempty"`
+	For    string   `json:"for,omitempty"`
+	Fields []string `json:"fields,omitempty"`
+	After  int      `json:"after_seconds,omitempty"`
+}
+
+// Error reports the code and message, plus the first field problem if any.
+func (e *Error) Error() string {
+	var b strings.Builder
+	b.WriteString(e.Code)
+	b.WriteString(": ")
+	b.WriteString(e.Message)
+	if len(e.Fields) > 0 {
+		fmt.Fprintf(&b, " (%s %s)", e.Fields[0].Field, e.Fields[0].Problem)
+	}
+	if e.Cause != nil {
+		fmt.Fprintf(&b, ": %v", e.Cause)
+	}
+	return b.String()
+}
+
+// Unwrap exposes the internal cause to errors.Is and errors.As.
+func (e *Error) Unwrap() error { return e.Cause }
+
+// Invalid reports a request whose fields break the contract (422). It names
+// every field so the caller can fix them all in one round trip.
+func Invalid(fields ...Field) *Error {
+	names := make([]string, len(fields))
+	for i, f := range fields {
+		names[i] = f.Field
+	}
+	return &Error{
+		Code:        CodeInvalidRequest,
+		Message:     "The request is invalid and nothing was charged; fix the listed fields and send it again.",
+		Status:      http.StatusUnprocessableEntity,
+		NextActions: []Action{{Action: "fix_request_fields", Fields: names}},
+		Fields:      fields,
+	}
+}
+
+// TooLarge reports a body over the absolute size limit (413), naming the limit.
+func TooLarge(limit int64) *Error {
+	return &Error{
+		Code:        CodePayloadTooLarge,
+		Message:     fmt.Sprintf("The request body is larger than the limit of %d bytes and nothing was charged; send a smaller body.", limit),
+		Status:      http.StatusRequestEntityTooLarge,
+		NextActions: []Action{{Action: "reduce_request_size"}},
+	}
+}
+
+// NotFound reports an unknown route or record (404).
+func NotFound(what string) *Error {
+	return &Error{
+		Code:        CodeNotFound,
+		Message:     fmt.Sprintf("No %s exists here and nothing was charged; check the path against /openapi.json.", what),
+		Status:      http.StatusNotFound,
+		NextActions: []Action{{Action: "check_path"}},
+	}
+}
+
+// MethodNotAllowed reports a known path called with the wrong method (405);
+// Write sets the Allow header from allow.
+func MethodNotAllowed(allow ...string) *Error {
+	return &Error{
+		Code:        CodeMethodNotAllowed,
+		Message:     fmt.Sprintf("This path does not accept that method and nothing was charged; use %s.", strings.Join(allow, " or ")),
+		Status:      http.StatusMethodNotAllowed,
+		NextActions: []Action{{Action: "change_method"}},
+		Allow:       allow,
+	}
+}
+
+// UnsupportedMediaType reports a body that is not declared as JSON (415).
+func UnsupportedMediaType() *Error {
+	return &Error{
+		Code:        CodeUnsupportedMediaType,
+		Message:     "The request body must be JSON and nothing was charged; send it with Content-Type: application/json.",
+		Status:      http.StatusUnsupportedMediaType,
+		NextActions: []Action{{Action: "set_content_type"}},
+	}
+}
+
+// Unauthorized reports a missing, bad, expired or replayed credential (401).
+// reason says which, without echoing the credential.
+func Unauthorized(reason string) *Error {
+	return &Error{
+		Code:        CodeUnauthorized,
+		Message:     fmt.Sprintf("The request was not authorized (%s) and nothing was charged; sign a fresh credential and send it again.", reason),
+		Status:      http.StatusUnauthorized,
+		NextActions: []Action{{Action: "sign_fresh_credential"}},
+	}
+}
+
+// RateLimited reports too many requests (429); the caller may retry after
+// retryAfter seconds.
+func RateLimited(retryAfter int) *Error {
+	return &Error{
+		Code:        CodeRateLimited,
+		Message:     fmt.Sprintf("Too many requests and nothing was charged; retry after %d seconds.", retryAfter),
+		Status:      http.StatusTooManyRequests,
+		Retryable:   true,
+		RetryAfter:  retryAfter,
+		NextActions: []Action{{Action: "retry", After: retryAfter}},
+	}
+}
+
+// Unavailable reports that a component the answer depends on (a daemon, the
+// store, the facilitator) is down (503). The same request can succeed later.
+func Unavailable(what string, retryAfter int, cause error) *Error {
+	return &Error{
+		Code:        CodeUpstreamUnavailable,
+		Message:     fmt.Sprintf("The %s is unavailable and nothing was charged; retry after %d seconds.", what, retryAfter),
+		Status:      http.StatusServiceUnavailable,
+		Retryable:   true,
+		RetryAfter:  retryAfter,
+		NextActions: []Action{{Action: "retry", After: retryAfter}},
+		Cause:       cause,
+	}
+}
+
+// Internal reports a fault of ours (500). The cause is logged, never sent.
+func Internal(cause error) *Error {
+	return &Error{
+		Code:        CodeInternal,
+		Message:     "An internal error occurred and nothing was charged; retry later or report the problem.",
+		Status:      http.StatusInternalServerError,
+		Retryable:   true,
+		RetryAfter:  1,
+		NextActions: []Action{{Action: "retry", After: 1}},
+		Cause:       cause,
+	}
+}
+
+// From returns err as an *Error, wrapping anything else as Internal.
+func From(err error) *Error {
+	var e *Error
+	if errors.As(err, &e) {
+		return e
+	}
+	return Internal(err)
+}
+
+// Write sends err in the SPEC §6 shape with its status and the Retry-After
+// and Allow headers where they apply.
+func Write(w http.ResponseWriter, err error) {
+	e := From(err)
+	body, merr := json.Marshal(e)
+	if merr != nil { // cannot happen: every member is a plain value
+		body = []byte(`{"code":"internal_error","status":500,"charged":false}`)
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	if e.RetryAfter > 0 {
+		h.Set("Retry-After", strconv.Itoa(e.RetryAfter))
+	}
+	if len(e.Allow) > 0 {
+		h.Set("Allow", strings.Join(e.Allow, ", "))
+	}
+	w.WriteHeader(e.Status)
+	w.Write(append(body, '\n'))
+}
