@@ -1,0 +1,590 @@
+// Package keystore keeps certd's Ed25519 signing keys on disk: one private key
+// file per key version, and an index of every version ever used with its
+// creation, retirement and compromise times.
+//
+// It is for the signing daemon (and the operator commands that rotate or mark
+// keys) only: nothing else in the product reads a private key. It is not a
+// general secret store and does not encrypt keys at rest; the protection is
+// the file mode (0600, enforced on load) and the host.
+//
+// Layout of a key directory:
+//
+//	index.json   every key version in creation order (public key, times)
+//	k1.key       PKCS#8 PEM private key of version k1, mode 0600
+//	k2.key       ...
+//	.lock        advisory lock serialising writers across processes
+//
+// Every write is a temp file in the same directory, fsynced, renamed over the
+// target, then the directory is fsynced, so a crash leaves either the old or
+// the new state, never half a key. A new key file is always written before
+// the index that names it; a key file the index does not name is ignored.
+package keystore
+
+import (
+	"bytes"
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Key statuses, as published in the agent card.
+const (
+	StatusCurrent     = "current"
+	StatusRetired     = "retired"
+	StatusCompromised = "compromised"
+)
+
+// IndexFile is the name of the index inside a key directory.
+const IndexFile = "index.json"
+
+// indexFormat tags the index so a future layout can be told apart.
+const indexFormat = "aov-keystore/v1"
+
+// ErrNoKey reports a key directory that holds no key yet. certd's dev mode
+// answers it by generating the first key; production start-up refuses.
+var ErrNoKey = errors.New("the key directory holds no signing key")
+
+// ErrKeysExist reports an attempt to generate a first key where keys exist;
+// a new key next to existing ones is a rotation.
+var ErrKeysExist = errors.New("the key directory already holds keys; use rotate to add a new one")
+
+// Key is one key version. Private is nil only for a key whose file could not
+// be read, which Open refuses, so a Key from a Store always has both halves.
+type Key struct {
+	Version          string
+	Private          ed25519.PrivateKey
+	Public           ed25519.PublicKey
+	CreatedAt        time.Time
+	RetiredAt        time.Time // zero while the key is current
+	CompromisedSince time.Time // zero unless the key was marked compromised
+}
+
+// Status reports how the agent card should describe the key: compromised
+// wins over retired, so a verifier learns to distrust it.
+func (k Key) Status() string {
+	switch {
+	case !k.CompromisedSince.IsZero():
+		return StatusCompromised
+	case !k.RetiredAt.IsZero():
+		return StatusRetired
+	default:
+		return StatusCurrent
+	}
+}
+
+// Options tune a Store. The zero value is the production setting.
+type Options struct {
+	// Now is the clock for created_at and retired_at; tests move it.
+	Now func() time.Time
+}
+
+// Store is an open key directory. It is safe for concurrent use; writers
+// are also serialised across processes by an advisory lock, so `certd
+// rotate` can run while `certd serve` reads the same directory.
+type Store struct {
+	dir string
+	now func() time.Time
+
+	mu   sync.RWMutex
+	keys []Key       // creation order
+	seen fs.FileInfo // index file as last loaded, to notice changes
+}
+
+// indexEntry is one key in index.json. Times are RFC 3339 UTC strings so the
+// file reads well and the card copies them verbatim.
+type indexEntry struct {
+	Version          string `json:"key_version"`
+	Algorithm        string `json:"algorithm"`
+	PublicKey        string `json:"public_key"`
+	CreatedAt        string `json:"created_at"`
+	RetiredAt        string `json:"retired_at,omitempty"`
+	CompromisedSince string `json:"compromised_since,omitempty"`
+}
+
+type index struct {
+	Format string       `json:"format"`
+	Keys   []indexEntry `json:"keys"`
+}
+
+// Open opens the key directory dir, creating it (mode 0700) when missing,
+// and loads every key the index names. An empty directory opens fine and
+// Current reports ErrNoKey. A private key file readable by group or others
+// is refused: a key that may have leaked must not sign.
+func Open(dir string, opts Options) (*Store, error) {
+	if dir == "" {
+		return nil, errors.New("opening key directory: no directory given")
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating key directory: %w", err)
+	}
+	s := &Store{dir: dir, now: opts.Now}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	if err := s.Reload(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Dir reports the key directory.
+func (s *Store) Dir() string { return s.dir }
+
+// Current reports the key that signs now: the newest key that is not
+// retired. It is ErrNoKey when there is none.
+func (s *Store) Current() (Key, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return current(s.keys)
+}
+
+func current(keys []Key) (Key, error) {
+	for i := len(keys) - 1; i >= 0; i-- {
+		if keys[i].RetiredAt.IsZero() && keys[i].CompromisedSince.IsZero() {
+			return keys[i], nil
+		}
+	}
+	return Key{}, ErrNoKey
+}
+
+// List reports every key version ever used, oldest first. The agent card
+// publishes all of them so receipts signed before a rotation stay verifiable.
+func (s *Store) List() []Key {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return append([]Key(nil), s.keys...)
+}
+
+// Lookup reports the key of one version.
+func (s *Store) Lookup(version string) (Key, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	for _, k := range s.keys {
+		if k.Version == version {
+			return k, true
+		}
+	}
+	return Key{}, false
+}
+
+// Generate creates the first key, k1. It refuses (ErrKeysExist) when the
+// directory already holds keys, so a dev-mode start can never silently add a
+// key beside production ones.
+func (s *Store) Generate() (Key, error) {
+	var out Key
+	err := s.update(func(idx *index) error {
+		if len(idx.Keys) > 0 {
+			return ErrKeysExist
+		}
+		k, err := s.addKey(idx)
+		out = k
+		return err
+	})
+	return out, err
+}
+
+// Rotate makes a new current key and retires the previous one (retired_at =
+// now). Old versions stay on disk and in List: they still verify the receipts
+// they signed. On an empty directory it creates the first key.
+func (s *Store) Rotate() (Key, error) {
+	var out Key
+	err := s.update(func(idx *index) error {
+		k, err := s.addKey(idx)
+		out = k
+		return err
+	})
+	return out, err
+}
+
+// MarkCompromised records that the key of version may have been used by
+// someone else since the instant since, so verifiers reject its receipts from
+// then on. Marking the current key also rotates: a compromised key never
+// signs again. since may not lie in the future.
+func (s *Store) MarkCompromised(version string, since time.Time) error {
+	now := s.now().UTC()
+	if since.After(now) {
+		return fmt.Errorf("marking key %s compromised: the time %s is in the future", version, since.UTC().Format(time.RFC3339))
+	}
+	return s.update(func(idx *index) error {
+		i := -1
+		for j := range idx.Keys {
+			if idx.Keys[j].Version == version {
+				i = j
+			}
+		}
+		if i < 0 {
+			return fmt.Errorf("marking key compromised: no key version %q in %s", version, s.dir)
+		}
+		wasCurrent := idx.Keys[i].RetiredAt == "" && idx.Keys[i].CompromisedSince == "" && i == lastActive(idx.Keys)
+		idx.Keys[i].CompromisedSince = formatTime(since)
+		if wasCurrent {
+			// addKey retires the newest non-retired key; with this one
+			// already marked, retire it here so its retired_at is set.
+			idx.Keys[i].RetiredAt = formatTime(now)
+			if _, err := s.addKey(idx); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+func lastActive(entries []indexEntry) int {
+	for i := len(entries) - 1; i >= 0; i-- {
+		if entries[i].RetiredAt == "" && entries[i].CompromisedSince == "" {
+			return i
+		}
+	}
+	return -1
+}
+
+// Reload re-reads the index and any key file not loaded yet. certd calls it
+// on SIGHUP; Refresh calls it when the index changed on disk.
+func (s *Store) Reload() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.reloadLocked()
+}
+
+// Refresh reloads the index when it changed on disk since the last load (a
+// rotation by another process) and reports whether it did. It costs one
+// stat when nothing changed, so certd calls it before every signature and
+// card build: `certd rotate` takes effect on the next request.
+func (s *Store) Refresh() (bool, error) {
+	fi, err := os.Stat(filepath.Join(s.dir, IndexFile))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return false, fmt.Errorf("checking key index: %w", err)
+	}
+	s.mu.RLock()
+	same := sameFile(s.seen, fi)
+	s.mu.RUnlock()
+	if same {
+		return false, nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.reloadLocked(); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+func sameFile(a, b fs.FileInfo) bool {
+	if a == nil || b == nil {
+		return a == nil && b == nil
+	}
+	return os.SameFile(a, b) && a.ModTime().Equal(b.ModTime()) && a.Size() == b.Size()
+}
+
+func (s *Store) reloadLocked() error {
+	idx, fi, err := s.readIndex()
+	if err != nil {
+		return err
+	}
+	keys := make([]Key, 0, len(idx.Keys))
+	for _, e := range idx.Keys {
+		var k Key
+		if old, ok := findKey(s.keys, e.Version); ok && old.Public.Equal(mustPublic(e.PublicKey)) {
+			k.Private, k.Public = old.Private, old.Public
+		} else if k, err = s.loadKeyFile(e); err != nil {
+			return err
+		}
+		k.Version = e.Version
+		if k.CreatedAt, err = parseTime(e.CreatedAt, e.Version, "created_at"); err != nil {
+			return err
+		}
+		if k.RetiredAt, err = parseTime(e.RetiredAt, e.Version, "retired_at"); err != nil {
+			return err
+		}
+		if k.CompromisedSince, err = parseTime(e.CompromisedSince, e.Version, "compromised_since"); err != nil {
+			return err
+		}
+		keys = append(keys, k)
+	}
+	s.keys, s.seen = keys, fi
+	return nil
+}
+
+func findKey(keys []Key, version string) (Key, bool) {
+	for _, k := range keys {
+		if k.Version == version {
+			return k, true
+		}
+	}
+	return Key{}, false
+}
+
+func mustPublic(b64 string) ed25519.PublicKey {
+	b, err := base64.StdEncoding.DecodeString(b64)
+	if err != nil || len(b) != ed25519.PublicKeySize {
+		return nil
+	}
+	return b
+}
+
+// readIndex reads index.json; a missing index is an empty store.
+func (s *Store) readIndex() (index, fs.FileInfo, error) {
+	path := filepath.Join(s.dir, IndexFile)
+	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return index{Format: indexFormat}, nil, nil
+	}
+	if err != nil {
+		return index{}, nil, fmt.Errorf("opening key index: %w", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return index{}, nil, fmt.Errorf("reading key index: %w", err)
+	}
+	var idx index
+	dec := json.NewDecoder(f)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&idx); err != nil {
+		return index{}, nil, fmt.Errorf("reading key index %s: %w", path, err)
+	}
+	if idx.Format != indexFormat {
+		return index{}, nil, fmt.Errorf("reading key index %s: unknown format %q (want %q)", path, idx.Format, indexFormat)
+	}
+	seen := map[string]bool{}
+	for _, e := range idx.Keys {
+		if _, err := versionNumber(e.Version); err != nil {
+			return index{}, nil, fmt.Errorf("reading key index %s: %w", path, err)
+		}
+		if seen[e.Version] {
+			return index{}, nil, fmt.Errorf("reading key index %s: key version %s listed twice", path, e.Version)
+		}
+		seen[e.Version] = true
+		if e.Algorithm != "Ed25519" {
+			return index{}, nil, fmt.Errorf("reading key index %s: key %s has algorithm %q, want Ed25519", path, e.Version, e.Algorithm)
+		}
+	}
+	return idx, fi, nil
+}
+
+// loadKeyFile reads and checks the private key of one index entry.
+func (s *Store) loadKeyFile(e indexEntry) (Key, error) {
+	path := filepath.Join(s.dir, e.Version+".key")
+	f, err := os.Open(path)
+	if err != nil {
+		return Key{}, fmt.Errorf("loading key %s: %w", e.Version, err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return Key{}, fmt.Errorf("loading key %s: %w", e.Version, err)
+	}
+	if !fi.Mode().IsRegular() {
+		return Key{}, fmt.Errorf("loading key %s: %s is not a regular file", e.Version, path)
+	}
+	if perm := fi.Mode().Perm(); perm&0o077 != 0 {
+		return Key{}, fmt.Errorf("loading key %s: private key file %s has mode %04o and is readable by group or others; restrict it with `chmod 600 %s` (and consider the key compromised if others could read it)", e.Version, path, perm, path)
+	}
+	raw, err := readAll(f, 64<<10)
+	if err != nil {
+		return Key{}, fmt.Errorf("loading key %s: %w", e.Version, err)
+	}
+	priv, err := parsePrivateKey(raw)
+	if err != nil {
+		return Key{}, fmt.Errorf("loading key %s from %s: %w", e.Version, path, err)
+	}
+	pub := priv.Public().(ed25519.PublicKey)
+	if want := mustPublic(e.PublicKey); !pub.Equal(want) {
+		return Key{}, fmt.Errorf("loading key %s: the private key in %s does not match the public key in the index", e.Version, path)
+	}
+	return Key{Private: priv, Public: pub}, nil
+}
+
+func readAll(f *os.File, limit int64) ([]byte, error) {
+	b, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("file is larger than %d bytes", limit)
+	}
+	return b, nil
+}
+
+func parsePrivateKey(raw []byte) (ed25519.PrivateKey, error) {
+	block, rest := pem.Decode(raw)
+	if block == nil || block.Type != "PRIVATE KEY" || len(bytes.TrimSpace(rest)) != 0 {
+		return nil, errors.New("not a single PEM \"PRIVATE KEY\" block")
+	}
+	k, err := x509.ParsePKCS8PrivateKey(block.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("parsing PKCS#8: %w", err)
+	}
+	priv, ok := k.(ed25519.PrivateKey)
+	if !ok {
+		return nil, fmt.Errorf("the key is a %T, not Ed25519", k)
+	}
+	return priv, nil
+}
+
+// MarshalPrivateKey encodes an Ed25519 private key as the PKCS#8 PEM that
+// key files hold (what `openssl genpkey -algorithm ed25519` writes).
+func MarshalPrivateKey(priv ed25519.PrivateKey) ([]byte, error) {
+	der, err := x509.MarshalPKCS8PrivateKey(priv)
+	if err != nil {
+		return nil, fmt.Errorf("encoding private key: %w", err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), nil
+}
+
+// update runs change on the index under the in-process and cross-process
+// writer locks, against the index as it is on disk now (another process may
+// have rotated), then writes the new index and reloads.
+func (s *Store) update(change func(*index) error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	unlock, err := lockDir(s.dir)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	idx, _, err := s.readIndex()
+	if err != nil {
+		return err
+	}
+	if err := change(&idx); err != nil {
+		return err
+	}
+	data, err := json.MarshalIndent(idx, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encoding key index: %w", err)
+	}
+	if err := writeFileAtomic(filepath.Join(s.dir, IndexFile), append(data, '\n'), 0o644); err != nil {
+		return fmt.Errorf("writing key index: %w", err)
+	}
+	return s.reloadLocked()
+}
+
+// addKey generates a key, writes its file and appends it to idx as the new
+// current key, retiring the previous current key.
+func (s *Store) addKey(idx *index) (Key, error) {
+	next := 1
+	for _, e := range idx.Keys {
+		if n, _ := versionNumber(e.Version); n >= next {
+			next = n + 1
+		}
+	}
+	version := "k" + strconv.Itoa(next)
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return Key{}, fmt.Errorf("generating key: %w", err)
+	}
+	pemBytes, err := MarshalPrivateKey(priv)
+	if err != nil {
+		return Key{}, err
+	}
+	if err := writeFileAtomic(filepath.Join(s.dir, version+".key"), pemBytes, 0o600); err != nil {
+		return Key{}, fmt.Errorf("writing key %s: %w", version, err)
+	}
+	now := s.now().UTC()
+	if i := lastActive(idx.Keys); i >= 0 {
+		idx.Keys[i].RetiredAt = formatTime(now)
+	}
+	idx.Keys = append(idx.Keys, indexEntry{
+		Version:   version,
+		Algorithm: "Ed25519",
+		PublicKey: base64.StdEncoding.EncodeToString(pub),
+		CreatedAt: formatTime(now),
+	})
+	return Key{Version: version, Private: priv, Public: pub, CreatedAt: now}, nil
+}
+
+// versionNumber parses a version label "k<n>", n ≥ 1 without leading zeros.
+func versionNumber(v string) (int, error) {
+	n, err := strconv.Atoi(strings.TrimPrefix(v, "k"))
+	if !strings.HasPrefix(v, "k") || err != nil || n < 1 || "k"+strconv.Itoa(n) != v {
+		return 0, fmt.Errorf("key version %q is not of the form k1, k2, ...", v)
+	}
+	return n, nil
+}
+
+// formatTime is RFC 3339 in UTC with the precision the clock gives, so a
+// compromise instant compares exactly with receipt timestamps.
+func formatTime(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
+
+func parseTime(s, version, field string) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("reading key index: key %s has a bad %s: %w", version, field, err)
+	}
+	return t.UTC(), nil
+}
+
+// lockDir takes the cross-process writer lock of a key directory.
+func lockDir(dir string) (func(), error) {
+	f, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("locking key directory: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("locking key directory: %w", err)
+	}
+	return func() {
+		syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+		f.Close()
+	}, nil
+}
+
+// writeFileAtomic writes data to path so that a reader or a crash sees the
+// old content or the new, never a mix: temp file in the same directory,
+// fsync, rename, fsync of the directory.
+func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	ok := false
+	defer func() {
+		if !ok {
+			f.Close()
+			os.Remove(tmp)
+		}
+	}()
+	if err := f.Chmod(perm); err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return err
+	}
+	ok = true
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
