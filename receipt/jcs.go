@@ -1,0 +1,404 @@
+// Package receipt owns everything a signed receipt is made of: the RFC 8785
+// (JCS) canonical form of JSON, the SHA-256 hashes over it, the five-key
+// signed document, Ed25519 signing and verification, the public keys an agent
+// card publishes, and the checks that decide whether a receipt holds.
+//
+// It is shared by the service that signs (certd), the service that builds
+// results (verifierd), the gateway's seller mode and the aov command-line
+// tool, so that all of them canonicalize, hash and verify with the same code.
+//
+// It is not for: validating verification requests (package verify), holding
+// private keys on disk (certd's keystore) or fetching agent cards over the
+// network (the caller decides where a card comes from and whether to trust it).
+package receipt
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"sync"
+	"unicode/utf8"
+
+	"github.com/gowebpki/jcs"
+)
+
+// Names of the signed contexts and algorithms. They are part of every signed
+// document and of the agent card, so they never change: a receipt signed
+// today must verify against these exact strings years from now.
+const (
+	// ContextVerify is the context of /verify/schema, /verify/deliverable and
+	// the MCP verify_schema tool.
+	ContextVerify = "json-schema-verifier/verify-schema-attestation/v1"
+	// ContextScore is the context of /score/{agent_id} and the MCP
+	// get_verification_record tool.
+	ContextScore = "json-schema-verifier/trust-score-attestation/v1"
+	// Algorithm is the only signature algorithm receipts use.
+	Algorithm = "Ed25519"
+	// Canonicalization names RFC 8785 in the response's verify block.
+	Canonicalization = "RFC 8785 (JCS)"
+	// HashAlgorithm names the hash in the response's verify block.
+	HashAlgorithm = "SHA-256"
+	// ExtensionURI identifies the attestation extension in the agent card.
+	ExtensionURI = "urn:json-schema-verifier:extension:attestation:v1"
+	// ExtensionURIPrefix is what a verifier matches, so that a later version
+	// of the extension (…:v2) is still found by today's verifiers.
+	ExtensionURIPrefix = "urn:json-schema-verifier:extension:attestation:"
+)
+
+// maxSafeInteger is 2^53: every integer of at most this magnitude is exact in
+// an IEEE-754 double, which is what RFC 8785 numbers are.
+const maxSafeInteger = 1 << 53
+
+// Canonicalize returns the RFC 8785 form of raw JSON. It rejects what RFC 8785
+// cannot canonicalize unambiguously: duplicate keys, invalid UTF-8, lone
+// surrogates, numbers outside the double range, trailing data.
+//
+// It is github.com/gowebpki/jcs's Transform: one well-tested parser is safer
+// than a second one of our own.
+func Canonicalize(raw []byte) ([]byte, error) {
+	if raw == nil {
+		raw = []byte{}
+	}
+	out, err := jcs.Transform(raw)
+	if err != nil {
+		return nil, fmt.Errorf("canonicalizing JSON: %w", err)
+	}
+	return out, nil
+}
+
+// Hash returns the lowercase hex SHA-256 of canonical bytes: the form of every
+// hash in a receipt (output_hash, schema_hash, rules_hash, request_hash).
+func Hash(canonical []byte) string {
+	sum := sha256.Sum256(canonical)
+	return hex.EncodeToString(sum[:])
+}
+
+// Hashes are the four hashes a verification result carries. Request is empty
+// in compact results, which do not carry request_hash.
+type Hashes struct {
+	Output  string `json:"output_hash"`
+	Schema  string `json:"schema_hash"`
+	Rules   string `json:"rules_hash"`
+	Request string `json:"request_hash,omitempty"`
+}
+
+// AppendCanonical appends the RFC 8785 bytes of a decoded JSON value to dst.
+// It accepts the trees decoders produce — map[string]any, []any, string,
+// json.Number, float64, bool, nil — plus int, int64, json.RawMessage,
+// []string, map[string]string and *string (nil is null), so that callers can
+// hash a tree they built without a round trip through encoding/json.
+//
+// It agrees byte for byte with Canonicalize on the decoded form of the same
+// document (tested on every RFC 8785 vector and by fuzzing), and it is the
+// fast path: no reflection, keys sorted in a pooled slice.
+//
+// It refuses what cannot be canonicalized unambiguously: strings that are not
+// valid UTF-8, NaN and infinities, json.Number text that is not a JSON number
+// or overflows a double, and int/int64 values beyond ±2^53 (they would be
+// silently rounded). On error dst is returned unchanged.
+func AppendCanonical(dst []byte, v any) ([]byte, error) {
+	n := len(dst)
+	out, err := appendValue(dst, v, 0)
+	if err != nil {
+		return dst[:n], err
+	}
+	return out, nil
+}
+
+// maxAppendDepth bounds recursion on trees built by code (decoders have their
+// own depth limits); it matches jcs's own nesting limit.
+const maxAppendDepth = 10000
+
+func appendValue(dst []byte, v any, depth int) ([]byte, error) {
+	switch x := v.(type) {
+	case nil:
+		return append(dst, "null"...), nil
+	case string:
+		return appendString(dst, x)
+	case *string:
+		if x == nil {
+			return append(dst, "null"...), nil
+		}
+		return appendString(dst, *x)
+	case bool:
+		if x {
+			return append(dst, "true"...), nil
+		}
+		return append(dst, "false"...), nil
+	case json.Number:
+		return appendNumberText(dst, string(x))
+	case float64:
+		return appendFloat(dst, x)
+	case int:
+		return appendInt(dst, int64(x))
+	case int64:
+		return appendInt(dst, x)
+	case map[string]any:
+		if depth >= maxAppendDepth {
+			return dst, errTooDeep
+		}
+		return appendObject(dst, x, depth+1)
+	case []any:
+		if depth >= maxAppendDepth {
+			return dst, errTooDeep
+		}
+		dst = append(dst, '[')
+		for i, e := range x {
+			if i > 0 {
+				dst = append(dst, ',')
+			}
+			var err error
+			if dst, err = appendValue(dst, e, depth+1); err != nil {
+				return dst, err
+			}
+		}
+		return append(dst, ']'), nil
+	case []string:
+		dst = append(dst, '[')
+		for i, e := range x {
+			if i > 0 {
+				dst = append(dst, ',')
+			}
+			var err error
+			if dst, err = appendString(dst, e); err != nil {
+				return dst, err
+			}
+		}
+		return append(dst, ']'), nil
+	case map[string]string:
+		m := make(map[string]any, len(x))
+		for k, s := range x {
+			m[k] = s
+		}
+		return appendObject(dst, m, depth+1)
+	case json.RawMessage:
+		c, err := Canonicalize(x)
+		if err != nil {
+			return dst, err
+		}
+		return append(dst, c...), nil
+	default:
+		return dst, fmt.Errorf("canonicalizing JSON: unsupported Go type %T", v)
+	}
+}
+
+var errTooDeep = fmt.Errorf("canonicalizing JSON: nesting deeper than %d", maxAppendDepth)
+
+// keyPool recycles the key slices objects are sorted in, so that hashing a
+// request allocates little beyond its output.
+var keyPool = sync.Pool{New: func() any { s := make([]string, 0, 16); return &s }}
+
+func appendObject(dst []byte, m map[string]any, depth int) ([]byte, error) {
+	kp := keyPool.Get().(*[]string)
+	keys := (*kp)[:0]
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, compareUTF16)
+	dst = append(dst, '{')
+	var err error
+	for i, k := range keys {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		if dst, err = appendString(dst, k); err != nil {
+			break
+		}
+		dst = append(dst, ':')
+		if dst, err = appendValue(dst, m[k], depth); err != nil {
+			break
+		}
+	}
+	clear(keys)
+	*kp = keys[:0]
+	keyPool.Put(kp)
+	if err != nil {
+		return dst, err
+	}
+	return append(dst, '}'), nil
+}
+
+// compareUTF16 orders strings by their UTF-16 code units, as RFC 8785 §3.2.3
+// requires. UTF-8 byte order is code point order, which differs from UTF-16
+// order only between a supplementary character (a surrogate pair, first unit
+// 0xD800–0xDBFF) and a character in U+E000–U+FFFF: UTF-16 puts the
+// supplementary one first. So compare bytes up to the first difference and
+// only decode the two runes there.
+func compareUTF16(a, b string) int {
+	n := min(len(a), len(b))
+	i := 0
+	for i < n && a[i] == b[i] {
+		i++
+	}
+	if i == n {
+		return len(a) - len(b)
+	}
+	if a[i] < utf8.RuneSelf && b[i] < utf8.RuneSelf {
+		return int(a[i]) - int(b[i])
+	}
+	for i > 0 && !utf8.RuneStart(a[i]) {
+		i--
+	}
+	ra, _ := utf8.DecodeRuneInString(a[i:])
+	rb, _ := utf8.DecodeRuneInString(b[i:])
+	return compareRunesUTF16(ra, rb)
+}
+
+// compareRunesUTF16 orders two different runes by their UTF-16 code units.
+// Runes on the same side of U+10000 order by code point; a supplementary
+// rune (first unit 0xD800–0xDBFF) sorts after U+0000–U+D7FF and before
+// U+E000–U+FFFF. Valid UTF-8 never holds U+D800–U+DFFF itself.
+func compareRunesUTF16(a, b rune) int {
+	aSup, bSup := a >= 0x10000, b >= 0x10000
+	switch {
+	case aSup == bSup:
+		return int(a) - int(b)
+	case aSup && b < 0xD800, bSup && a >= 0xE000:
+		return 1
+	default:
+		return -1
+	}
+}
+
+// appendString writes s as an RFC 8785 string: literal UTF-8, with only '"',
+// '\\' and the control characters escaped (\b \t \n \f \r by name, the rest
+// as lowercase \u00xx).
+func appendString(dst []byte, s string) ([]byte, error) {
+	if !utf8.ValidString(s) {
+		return dst, errors.New("canonicalizing JSON: string is not valid UTF-8")
+	}
+	dst = append(dst, '"')
+	start := 0
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 0x20 && c != '"' && c != '\\' {
+			continue
+		}
+		dst = append(dst, s[start:i]...)
+		switch c {
+		case '"', '\\':
+			dst = append(dst, '\\', c)
+		case '\b':
+			dst = append(dst, '\\', 'b')
+		case '\t':
+			dst = append(dst, '\\', 't')
+		case '\n':
+			dst = append(dst, '\\', 'n')
+		case '\f':
+			dst = append(dst, '\\', 'f')
+		case '\r':
+			dst = append(dst, '\\', 'r')
+		default:
+			const hexDigits = "0123456789abcdef"
+			dst = append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xF])
+		}
+		start = i + 1
+	}
+	dst = append(dst, s[start:]...)
+	return append(dst, '"'), nil
+}
+
+// appendNumberText canonicalizes a JSON number literal: parsed to the nearest
+// double (as every RFC 8785 implementation does) and printed the ECMAScript
+// way.
+func appendNumberText(dst []byte, s string) ([]byte, error) {
+	if !isJSONNumber(s) {
+		return dst, errors.New("canonicalizing JSON: json.Number is not a JSON number")
+	}
+	// Small integers (the common case in requests: counts, quantities) are
+	// already canonical; skip the float round trip.
+	if len(s) <= 15 && isPlainInteger(s) {
+		if s == "-0" {
+			return append(dst, '0'), nil
+		}
+		return append(dst, s...), nil
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		return dst, errors.New("canonicalizing JSON: number out of the IEEE-754 double range")
+	}
+	return appendFloat(dst, f)
+}
+
+// isPlainInteger reports whether s (already a valid JSON number) has no
+// fraction and no exponent.
+func isPlainInteger(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c == '.' || c == 'e' || c == 'E' {
+			return false
+		}
+	}
+	return true
+}
+
+// isJSONNumber reports whether s matches the RFC 8259 number grammar:
+// -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
+// strconv.ParseFloat alone accepts far more ("Inf", "0x1p4", "+1", "1_0").
+func isJSONNumber(s string) bool {
+	i := 0
+	if i < len(s) && s[i] == '-' {
+		i++
+	}
+	switch {
+	case i < len(s) && s[i] == '0':
+		i++
+	case i < len(s) && s[i] >= '1' && s[i] <= '9':
+		for i < len(s) && s[i] >= '0' && s[i] <= '9' {
+			i++
+		}
+	default:
+		return false
+	}
+	if i < len(s) && s[i] == '.' {
+		i++
+		d := i
+		for i < len(s) && s[i] >= '0' && s[i] <= '9' {
+			i++
+		}
+		if i == d {
+			return false
+		}
+	}
+	if i < len(s) && (s[i] == 'e' || s[i] == 'E') {
+		i++
+		if i < len(s) && (s[i] == '+' || s[i] == '-') {
+			i++
+		}
+		d := i
+		for i < len(s) && s[i] >= '0' && s[i] <= '9' {
+			i++
+		}
+		if i == d {
+			return false
+		}
+	}
+	return i == len(s)
+}
+
+func appendFloat(dst []byte, f float64) ([]byte, error) {
+	if math.IsNaN(f) || math.IsInf(f, 0) {
+		return dst, errors.New("canonicalizing JSON: NaN and infinities are not JSON numbers")
+	}
+	if f == math.Trunc(f) && math.Abs(f) < 1e15 {
+		// Integral and well inside the range ECMAScript prints as plain
+		// digits: strconv gives the same digits without a string copy.
+		return strconv.AppendInt(dst, int64(f), 10), nil
+	}
+	s, err := jcs.NumberToJSON(f)
+	if err != nil {
+		return dst, fmt.Errorf("canonicalizing JSON: %w", err)
+	}
+	return append(dst, s...), nil
+}
+
+func appendInt(dst []byte, i int64) ([]byte, error) {
+	if i > maxSafeInteger || i < -maxSafeInteger {
+		return dst, errors.New("canonicalizing JSON: integer beyond ±2^53 cannot be represented exactly")
+	}
+	return strconv.AppendInt(dst, i, 10), nil
+}

@@ -1,0 +1,127 @@
+package receipt
+
+import (
+	"bytes"
+	"crypto/ed25519"
+	"encoding/base64"
+	"errors"
+	"fmt"
+)
+
+// VerifyBlock is the "verify" member of every signed response: it tells a
+// reader where the public keys are and how the receipt was made, so a receipt
+// can be checked by someone who has never heard of the service.
+type VerifyBlock struct {
+	PublicKeyURL     string `json:"public_key_url"`
+	KeyVersion       string `json:"key_version"`
+	Canonicalization string `json:"canonicalization"`
+	HashAlgorithm    string `json:"hash_algorithm"`
+	Service          string `json:"service"`
+	MCP              string `json:"mcp"`
+}
+
+// Attestation is the "attestation" member of a signed response. Timestamp is
+// the attested_at of the signed document (the same instant as verified_at);
+// Signature is the standard base64 of the 64-byte Ed25519 signature.
+type Attestation struct {
+	Algorithm  string `json:"algorithm"`
+	KeyVersion string `json:"key_version"`
+	Timestamp  string `json:"timestamp"`
+	Signature  string `json:"signature"`
+}
+
+// SigningInput returns the bytes an attestation signs: the RFC 8785 form of
+// exactly {"context", "algorithm": "Ed25519", "key_version", "attested_at",
+// "response"}. response is the JSON object of the whole response without its
+// "attestation" member; one that still carries an attestation is refused,
+// because signing it would sign a different document than anyone rebuilds.
+//
+// Binding the context makes a verification receipt useless as a score
+// receipt and vice versa; binding key_version and attested_at stops a
+// signature from being moved to another key or instant.
+func SigningInput(context, keyVersion, attestedAt string, response []byte) ([]byte, error) {
+	canon, err := Canonicalize(response)
+	if err != nil {
+		return nil, fmt.Errorf("building the signed document: response: %w", err)
+	}
+	if len(canon) == 0 || canon[0] != '{' {
+		return nil, errors.New("building the signed document: response is not a JSON object")
+	}
+	if hasTopLevelAttestation(canon) {
+		return nil, errors.New("building the signed document: response already carries an attestation; sign the response without it")
+	}
+	return signingInputCanonical(context, keyVersion, attestedAt, canon)
+}
+
+// signingInputCanonical assembles the five-key document around an already
+// canonical response. The keys are written in their RFC 8785 order
+// (algorithm < attested_at < context < key_version < response).
+func signingInputCanonical(context, keyVersion, attestedAt string, canonResponse []byte) ([]byte, error) {
+	if context == "" || keyVersion == "" || attestedAt == "" {
+		return nil, errors.New("building the signed document: context, key_version and attested_at are required")
+	}
+	buf := make([]byte, 0, len(canonResponse)+len(context)+len(keyVersion)+len(attestedAt)+96)
+	buf = append(buf, `{"algorithm":"`+Algorithm+`","attested_at":`...)
+	var err error
+	if buf, err = appendString(buf, attestedAt); err != nil {
+		return nil, fmt.Errorf("building the signed document: attested_at: %w", err)
+	}
+	buf = append(buf, `,"context":`...)
+	if buf, err = appendString(buf, context); err != nil {
+		return nil, fmt.Errorf("building the signed document: context: %w", err)
+	}
+	buf = append(buf, `,"key_version":`...)
+	if buf, err = appendString(buf, keyVersion); err != nil {
+		return nil, fmt.Errorf("building the signed document: key_version: %w", err)
+	}
+	buf = append(buf, `,"response":`...)
+	buf = append(buf, canonResponse...)
+	return append(buf, '}'), nil
+}
+
+// hasTopLevelAttestation reports whether a canonical JSON object has an
+// "attestation" member at its top level. Canonical form has no whitespace, so
+// a scan that tracks depth and strings is exact.
+func hasTopLevelAttestation(canon []byte) bool {
+	const key = `"attestation":`
+	depth := 0
+	for i := 0; i < len(canon); i++ {
+		switch canon[i] {
+		case '{', '[':
+			depth++
+		case '}', ']':
+			depth--
+		case '"':
+			// At depth 1 right after '{' or ',' a string is a key.
+			if depth == 1 && (canon[i-1] == '{' || canon[i-1] == ',') && bytes.HasPrefix(canon[i:], []byte(key)) {
+				return true
+			}
+			for i++; i < len(canon) && canon[i] != '"'; i++ {
+				if canon[i] == '\\' {
+					i++
+				}
+			}
+		}
+	}
+	return false
+}
+
+// Sign signs response (a JSON object without "attestation") under context
+// with priv and returns the attestation to attach. Only certd holds private
+// keys; other callers use its signing protocol, which ends here.
+func Sign(priv ed25519.PrivateKey, context, keyVersion, attestedAt string, response []byte) (Attestation, error) {
+	if len(priv) != ed25519.PrivateKeySize {
+		return Attestation{}, fmt.Errorf("signing: private key is %d bytes, want %d", len(priv), ed25519.PrivateKeySize)
+	}
+	msg, err := SigningInput(context, keyVersion, attestedAt, response)
+	if err != nil {
+		return Attestation{}, fmt.Errorf("signing: %w", err)
+	}
+	sig := ed25519.Sign(priv, msg)
+	return Attestation{
+		Algorithm:  Algorithm,
+		KeyVersion: keyVersion,
+		Timestamp:  attestedAt,
+		Signature:  base64.StdEncoding.EncodeToString(sig),
+	}, nil
+}
