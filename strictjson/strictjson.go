@@ -1,0 +1,560 @@
+// Package strictjson decodes untrusted JSON into plain Go values, refusing
+// everything that would make the same bytes mean different things to
+// different readers: duplicate object keys, invalid UTF-8, lone UTF-16
+// surrogates, integers that a double cannot hold exactly, numbers that
+// overflow a double, and trailing data after the value.
+//
+// It exists because verification results are signed over RFC 8785 canonical
+// JSON (SPEC §5): an input that two JSON parsers could read differently
+// cannot be canonicalized unambiguously, so it is rejected with a path, a
+// problem and a fix instead of being guessed at.
+//
+// It is not a general-purpose JSON library: it decodes into any only
+// (map[string]any, []any, string, json.Number, bool, nil), never into structs,
+// and it never echoes the input back in an error.
+package strictjson
+
+import (
+	"encoding/json"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+)
+
+// DefaultMaxDepth is the nesting limit used when Limits.MaxDepth is zero.
+// Deep nesting costs stack and time in every later walk of the tree; 64 is
+// far beyond what any real document of structured agent output needs.
+const DefaultMaxDepth = 64
+
+// MaxSafeInteger is 2^53−1, the largest integer every IEEE-754 double (and
+// so every RFC 8785 implementation) represents exactly.
+const MaxSafeInteger = 1<<53 - 1
+
+// Limits bounds the work a single document may cause.
+type Limits struct {
+	// MaxDepth is the deepest allowed nesting of arrays and objects; the
+	// root container is depth 1. Zero means DefaultMaxDepth.
+	MaxDepth int
+}
+
+// Error reports why a document was refused: where (Path, in the
+// "a.b[3]" style, "" for the root), what (Problem), and how to repair it
+// (Fix). Offset is the byte offset in the input, for logs. No field ever
+// contains input content other than object keys on the path.
+type Error struct {
+	Path    string
+	Problem string
+	Fix     string
+	Offset  int64
+}
+
+// Error reports the path and the problem.
+func (e *Error) Error() string {
+	if e.Path == "" {
+		return "json: " + e.Problem
+	}
+	return "json at " + e.Path + ": " + e.Problem
+}
+
+// Decode parses exactly one JSON value from data. Values are
+// map[string]any, []any, string, json.Number, bool and nil. Any refusal is
+// an *Error.
+func Decode(data []byte, lim Limits) (any, error) {
+	d := decoder{data: data, maxDepth: lim.MaxDepth}
+	if d.maxDepth <= 0 {
+		d.maxDepth = DefaultMaxDepth
+	}
+	d.skipSpace()
+	if d.pos >= len(d.data) {
+		return nil, d.fail("the document is empty", "Send one JSON value, for example an object {...}.")
+	}
+	v, err := d.value()
+	if err != nil {
+		return nil, err
+	}
+	d.skipSpace()
+	if d.pos < len(d.data) {
+		return nil, d.fail("there is data after the end of the JSON value", "Send exactly one JSON value with nothing after it.")
+	}
+	return v, nil
+}
+
+// seg is one step of the path to the value being decoded, kept so errors
+// can say where they happened without building strings on the happy path.
+type seg struct {
+	key   string
+	index int // -1 for an object key
+}
+
+type decoder struct {
+	data     []byte
+	pos      int
+	depth    int
+	maxDepth int
+	path     []seg
+	buf      []byte            // scratch for strings with escapes
+	intern   map[string]string // repeated object keys
+}
+
+func (d *decoder) fail(problem, fix string) *Error {
+	return &Error{Path: d.pathString(), Problem: problem, Fix: fix, Offset: int64(d.pos)}
+}
+
+func (d *decoder) syntax(what string) *Error {
+	if d.pos >= len(d.data) {
+		return d.fail("the document ends unexpectedly (expected "+what+")", "Send complete, well-formed JSON.")
+	}
+	return d.fail("invalid JSON syntax (expected "+what+")", "Send well-formed JSON (RFC 8259).")
+}
+
+// pathString renders the current path; used only when failing.
+func (d *decoder) pathString() string {
+	var b strings.Builder
+	for _, s := range d.path {
+		if s.index >= 0 {
+			b.WriteByte('[')
+			b.WriteString(strconv.Itoa(s.index))
+			b.WriteByte(']')
+			continue
+		}
+		AppendKey(&b, s.key)
+	}
+	return b.String()
+}
+
+// maxKeyInPath bounds how much of an object key an error path repeats.
+const maxKeyInPath = 64
+
+// AppendKey writes one object key as a path step: ".key" (or "key" at the
+// start) when the key is a plain name, otherwise a JSON-quoted ["key"] so a
+// key containing dots or brackets stays unambiguous. Long keys are cut.
+func AppendKey(b *strings.Builder, key string) {
+	plain := key != "" && len(key) <= maxKeyInPath
+	for i := 0; plain && i < len(key); i++ {
+		c := key[i]
+		plain = c == '_' || c == '-' || c == '$' || c == '@' ||
+			(c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')
+	}
+	if plain {
+		if b.Len() > 0 {
+			b.WriteByte('.')
+		}
+		b.WriteString(key)
+		return
+	}
+	if len(key) > maxKeyInPath {
+		cut := maxKeyInPath
+		for cut > 0 && !utf8.RuneStart(key[cut]) {
+			cut--
+		}
+		key = key[:cut] + "…"
+	}
+	b.WriteByte('[')
+	b.WriteString(strconv.Quote(strings.ToValidUTF8(key, "\uFFFD")))
+	b.WriteByte(']')
+}
+
+func (d *decoder) skipSpace() {
+	for d.pos < len(d.data) {
+		switch d.data[d.pos] {
+		case ' ', '\t', '\n', '\r':
+			d.pos++
+		default:
+			return
+		}
+	}
+}
+
+func (d *decoder) value() (any, error) {
+	if d.pos >= len(d.data) {
+		return nil, d.syntax("a value")
+	}
+	switch c := d.data[d.pos]; c {
+	case '{':
+		return d.object()
+	case '[':
+		return d.array()
+	case '"':
+		s, err := d.str()
+		if err != nil {
+			return nil, err
+		}
+		return s, nil
+	case 't':
+		return true, d.literal("true")
+	case 'f':
+		return false, d.literal("false")
+	case 'n':
+		return nil, d.literal("null")
+	default:
+		if c == '-' || (c >= '0' && c <= '9') {
+			return d.number()
+		}
+		return nil, d.syntax("a value")
+	}
+}
+
+func (d *decoder) literal(lit string) error {
+	if len(d.data)-d.pos < len(lit) || string(d.data[d.pos:d.pos+len(lit)]) != lit {
+		return d.syntax("a value")
+	}
+	d.pos += len(lit)
+	return nil
+}
+
+func (d *decoder) enter() error {
+	d.depth++
+	if d.depth > d.maxDepth {
+		return d.fail("nesting is deeper than the limit of "+strconv.Itoa(d.maxDepth)+" levels",
+			"Flatten the document to at most "+strconv.Itoa(d.maxDepth)+" levels of nested arrays and objects.")
+	}
+	return nil
+}
+
+func (d *decoder) object() (any, error) {
+	if err := d.enter(); err != nil {
+		return nil, err
+	}
+	d.pos++ // '{'
+	m := make(map[string]any)
+	d.skipSpace()
+	if d.pos < len(d.data) && d.data[d.pos] == '}' {
+		d.pos++
+		d.depth--
+		return m, nil
+	}
+	top := len(d.path)
+	for {
+		d.skipSpace()
+		if d.pos >= len(d.data) || d.data[d.pos] != '"' {
+			return nil, d.syntax("an object key in double quotes")
+		}
+		k, err := d.key()
+		if err != nil {
+			return nil, err
+		}
+		d.path = append(d.path, seg{key: k, index: -1})
+		if _, dup := m[k]; dup {
+			return nil, d.fail("this object key appears more than once",
+				"Send each key at most once per object; readers disagree on which duplicate wins.")
+		}
+		d.skipSpace()
+		if d.pos >= len(d.data) || d.data[d.pos] != ':' {
+			return nil, d.syntax("':' after an object key")
+		}
+		d.pos++
+		d.skipSpace()
+		v, err := d.value()
+		if err != nil {
+			return nil, err
+		}
+		m[k] = v
+		d.path = d.path[:top]
+		d.skipSpace()
+		if d.pos >= len(d.data) {
+			return nil, d.syntax("',' or '}'")
+		}
+		switch d.data[d.pos] {
+		case ',':
+			d.pos++
+		case '}':
+			d.pos++
+			d.depth--
+			return m, nil
+		default:
+			return nil, d.syntax("',' or '}'")
+		}
+	}
+}
+
+func (d *decoder) array() (any, error) {
+	if err := d.enter(); err != nil {
+		return nil, err
+	}
+	d.pos++ // '['
+	a := make([]any, 0, 4)
+	d.skipSpace()
+	if d.pos < len(d.data) && d.data[d.pos] == ']' {
+		d.pos++
+		d.depth--
+		return a, nil
+	}
+	d.path = append(d.path, seg{index: 0})
+	top := len(d.path) - 1
+	for {
+		d.path[top].index = len(a)
+		d.skipSpace()
+		v, err := d.value()
+		if err != nil {
+			return nil, err
+		}
+		a = append(a, v)
+		d.skipSpace()
+		if d.pos >= len(d.data) {
+			return nil, d.syntax("',' or ']'")
+		}
+		switch d.data[d.pos] {
+		case ',':
+			d.pos++
+		case ']':
+			d.pos++
+			d.path = d.path[:top]
+			d.depth--
+			return a, nil
+		default:
+			return nil, d.syntax("',' or ']'")
+		}
+	}
+}
+
+// str decodes a string starting at the opening quote. The common case, no
+// escapes, costs one allocation for the result.
+func (d *decoder) str() (string, error) {
+	d.pos++ // '"'
+	start := d.pos
+	data := d.data
+	i := start
+	for i < len(data) {
+		c := data[i]
+		if c == '"' {
+			d.pos = i + 1
+			return string(data[start:i]), nil
+		}
+		if c == '\\' {
+			break
+		}
+		if c < 0x20 {
+			d.pos = i
+			return "", d.fail("a string contains an unescaped control character",
+				"Escape control characters in strings (for example \\n, \\t or \\u0001).")
+		}
+		if c < utf8.RuneSelf {
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRune(data[i:])
+		if r == utf8.RuneError && size == 1 {
+			d.pos = i
+			return "", d.fail("a string is not valid UTF-8", "Encode all text as UTF-8.")
+		}
+		i += size
+	}
+	if i >= len(data) {
+		d.pos = i
+		return "", d.syntax("a closing '\"'")
+	}
+	// Slow path: copy what we have and decode escapes.
+	buf := append(d.buf[:0], data[start:i]...)
+	for i < len(data) {
+		c := data[i]
+		switch {
+		case c == '"':
+			d.pos = i + 1
+			d.buf = buf
+			return string(buf), nil
+		case c == '\\':
+			if i+1 >= len(data) {
+				d.pos = i
+				return "", d.syntax("an escape sequence")
+			}
+			e := data[i+1]
+			i += 2
+			switch e {
+			case '"', '\\', '/':
+				buf = append(buf, e)
+			case 'b':
+				buf = append(buf, '\b')
+			case 'f':
+				buf = append(buf, '\f')
+			case 'n':
+				buf = append(buf, '\n')
+			case 'r':
+				buf = append(buf, '\r')
+			case 't':
+				buf = append(buf, '\t')
+			case 'u':
+				r, ok := hex4(data, i)
+				if !ok {
+					d.pos = i
+					return "", d.fail("a \\u escape is not followed by four hex digits", "Write \\u escapes as \\u followed by exactly four hex digits.")
+				}
+				i += 4
+				if r >= 0xD800 && r < 0xDC00 {
+					lo, ok := rune(0), false
+					if i+1 < len(data) && data[i] == '\\' && data[i+1] == 'u' {
+						lo, ok = hex4(data, i+2)
+					}
+					if !ok || lo < 0xDC00 || lo > 0xDFFF {
+						d.pos = i
+						return "", d.fail("a string contains an unpaired UTF-16 surrogate escape",
+							"Escape characters outside the Basic Multilingual Plane as a high and low surrogate pair, or send them as literal UTF-8.")
+					}
+					i += 6
+					r = 0x10000 + (r-0xD800)<<10 + (lo - 0xDC00)
+				} else if r >= 0xDC00 && r <= 0xDFFF {
+					d.pos = i
+					return "", d.fail("a string contains an unpaired UTF-16 surrogate escape",
+						"Escape characters outside the Basic Multilingual Plane as a high and low surrogate pair, or send them as literal UTF-8.")
+				}
+				buf = utf8.AppendRune(buf, r)
+			default:
+				d.pos = i - 1
+				return "", d.fail("a string contains an invalid escape sequence",
+					"Use only the JSON escapes \\\" \\\\ \\/ \\b \\f \\n \\r \\t and \\uXXXX.")
+			}
+		case c < 0x20:
+			d.pos = i
+			return "", d.fail("a string contains an unescaped control character",
+				"Escape control characters in strings (for example \\n, \\t or \\u0001).")
+		case c < utf8.RuneSelf:
+			buf = append(buf, c)
+			i++
+		default:
+			r, size := utf8.DecodeRune(data[i:])
+			if r == utf8.RuneError && size == 1 {
+				d.pos = i
+				return "", d.fail("a string is not valid UTF-8", "Encode all text as UTF-8.")
+			}
+			buf = append(buf, data[i:i+size]...)
+			i += size
+		}
+	}
+	d.pos = i
+	d.buf = buf
+	return "", d.syntax("a closing '\"'")
+}
+
+// key decodes an object key, reusing one string per distinct short key so
+// an array of a thousand similar objects does not allocate its keys a
+// thousand times.
+func (d *decoder) key() (string, error) {
+	start := d.pos + 1
+	for i := start; i < len(d.data) && i-start <= maxInternLen; i++ {
+		c := d.data[i]
+		if c == '"' {
+			b := d.data[start:i]
+			if k, ok := d.intern[string(b)]; ok {
+				d.pos = i + 1
+				return k, nil
+			}
+			break
+		}
+		if c == '\\' || c < 0x20 || c >= utf8.RuneSelf {
+			break
+		}
+	}
+	k, err := d.str()
+	if err != nil {
+		return "", err
+	}
+	if len(k) <= maxInternLen && len(d.intern) < maxIntern {
+		if d.intern == nil {
+			d.intern = make(map[string]string, 16)
+		}
+		d.intern[k] = k
+	}
+	return k, nil
+}
+
+// Interning limits: short keys only, and a bounded table.
+const (
+	maxInternLen = 32
+	maxIntern    = 512
+)
+
+func hex4(data []byte, i int) (rune, bool) {
+	if i+4 > len(data) {
+		return 0, false
+	}
+	var r rune
+	for _, c := range data[i : i+4] {
+		switch {
+		case c >= '0' && c <= '9':
+			r = r<<4 | rune(c-'0')
+		case c >= 'a' && c <= 'f':
+			r = r<<4 | rune(c-'a'+10)
+		case c >= 'A' && c <= 'F':
+			r = r<<4 | rune(c-'A'+10)
+		default:
+			return 0, false
+		}
+	}
+	return r, true
+}
+
+// number scans a JSON number per RFC 8259 and checks it can be represented
+// exactly (integers) or at all (doubles).
+func (d *decoder) number() (any, error) {
+	data := d.data
+	start := d.pos
+	i := start
+	if data[i] == '-' {
+		i++
+	}
+	if i >= len(data) {
+		d.pos = i
+		return nil, d.syntax("a digit")
+	}
+	intStart := i
+	switch c := data[i]; {
+	case c == '0':
+		i++
+	case c >= '1' && c <= '9':
+		for i < len(data) && data[i] >= '0' && data[i] <= '9' {
+			i++
+		}
+	default:
+		d.pos = i
+		return nil, d.syntax("a digit")
+	}
+	intDigits := i - intStart
+	integer := true
+	if i < len(data) && data[i] == '.' {
+		integer = false
+		i++
+		fs := i
+		for i < len(data) && data[i] >= '0' && data[i] <= '9' {
+			i++
+		}
+		if i == fs {
+			d.pos = i
+			return nil, d.syntax("a digit after '.'")
+		}
+	}
+	exp := false
+	if i < len(data) && (data[i] == 'e' || data[i] == 'E') {
+		integer, exp = false, true
+		i++
+		if i < len(data) && (data[i] == '+' || data[i] == '-') {
+			i++
+		}
+		es := i
+		for i < len(data) && data[i] >= '0' && data[i] <= '9' {
+			i++
+		}
+		if i == es {
+			d.pos = i
+			return nil, d.syntax("a digit in the exponent")
+		}
+	}
+	text := string(data[start:i])
+	if integer {
+		// 2^53−1 has 16 digits: anything shorter is safe without parsing.
+		if intDigits >= 16 {
+			n, err := strconv.ParseInt(text, 10, 64)
+			if err != nil || n > MaxSafeInteger || n < -MaxSafeInteger {
+				d.pos = start
+				return nil, d.fail("an integer is outside ±(2^53−1) and cannot be represented exactly",
+					"Send integers between -9007199254740991 and 9007199254740991, or send large identifiers and amounts as strings.")
+			}
+		}
+	} else if exp || intDigits > 300 {
+		if _, err := strconv.ParseFloat(text, 64); err != nil {
+			d.pos = start
+			return nil, d.fail("a number is too large to be represented as a double",
+				"Send numbers within ±1.7976931348623157e308, or send them as strings.")
+		}
+	}
+	d.pos = i
+	return json.Number(text), nil
+}
