@@ -1,0 +1,328 @@
+package evmfacilitator
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"reflect"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/common/hexutil"
+	"github.com/ethereum/go-ethereum/core/types"
+	"github.com/ethereum/go-ethereum/crypto"
+	"github.com/ethereum/go-ethereum/eth/ethconfig"
+	"github.com/ethereum/go-ethereum/ethclient"
+	"github.com/ethereum/go-ethereum/ethclient/simulated"
+	"github.com/ethereum/go-ethereum/node"
+	"github.com/ethereum/go-ethereum/rpc"
+)
+
+// DevnetChainID is the chain id of the development chain; go-ethereum's
+// simulated backend always uses 1337.
+const DevnetChainID = 1337
+
+// DevnetNetwork is the devnet's CAIP-2 network id.
+const DevnetNetwork = "eip155:1337"
+
+// DevnetUSDCPerAccount is the test USDC (in atomic units, 6 decimals) minted
+// to each of development accounts 1 to 9: 1,000,000 USDC.
+const DevnetUSDCPerAccount = 1_000_000_000_000
+
+// devnetETHPerAccount is each development account's genesis ETH: 10,000 ETH.
+var devnetETHPerAccount = new(big.Int).Mul(big.NewInt(10_000), big.NewInt(1e18))
+
+// DevnetConfig configures StartDevnet.
+type DevnetConfig struct {
+	// RPCListen, when set, serves the chain's JSON-RPC over HTTP (namespaces
+	// eth, net, web3) on this host:port, for wallets, viem or another
+	// facilitator. Port 0 picks a free port (see Devnet.RPCURL). Empty: the
+	// chain is reachable in process only.
+	RPCListen string
+	// MaxClockLead bounds how far block timestamps may run ahead of the wall
+	// clock. Every block must be at least one second after its parent, so a
+	// burst of blocks pushes chain time ahead; once it is this far ahead the
+	// devnet waits before sealing the next block. Authorizations are checked
+	// by the token against block time, so a large lead makes fresh
+	// authorizations look expired early. Default 10s.
+	MaxClockLead time.Duration
+	// IdleBlockAfter is how old the newest block may get while no
+	// transaction is pending before an empty block is sealed, so that
+	// eth_call simulations see a block time close to the wall clock.
+	// Default 2s.
+	IdleBlockAfter time.Duration
+}
+
+// Devnet is an in-process development chain (go-ethereum's simulated
+// backend, chain id 1337) with the test USDC token deployed and the
+// development accounts funded. A committer seals a block whenever
+// transactions are pending, with block time following the wall clock, so
+// settlement behaves as on a real chain with fast blocks.
+//
+// It is for development and tests: state lives in memory and is lost on
+// Close, and every key on it is public.
+type Devnet struct {
+	backend *simulated.Backend
+	client  simulated.Client
+	rpc     *rpc.Client
+	token   common.Address
+	rpcURL  string
+	cfg     DevnetConfig
+
+	stop      chan struct{}
+	done      chan struct{}
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// StartDevnet starts a devnet: genesis funds the ten development accounts
+// with ETH, account 0 deploys the test token and mints 1,000,000 test USDC to
+// each of accounts 1 to 9.
+func StartDevnet(cfg DevnetConfig) (*Devnet, error) {
+	if cfg.MaxClockLead <= 0 {
+		cfg.MaxClockLead = 10 * time.Second
+	}
+	if cfg.IdleBlockAfter <= 0 {
+		cfg.IdleBlockAfter = 2 * time.Second
+	}
+	alloc := types.GenesisAlloc{}
+	for _, a := range DevAccounts() {
+		alloc[a.Address] = types.Account{Balance: new(big.Int).Set(devnetETHPerAccount)}
+	}
+	var opts []func(*node.Config, *ethconfig.Config)
+	rpcURL := ""
+	if cfg.RPCListen != "" {
+		host, port, err := listenAddr(cfg.RPCListen)
+		if err != nil {
+			return nil, fmt.Errorf("devnet rpc_listen: %w", err)
+		}
+		rpcURL = "http://" + net.JoinHostPort(host, strconv.Itoa(port))
+		opts = append(opts, func(nc *node.Config, _ *ethconfig.Config) {
+			nc.HTTPHost = host
+			nc.HTTPPort = port
+			nc.HTTPModules = []string{"eth", "net", "web3"}
+			nc.HTTPVirtualHosts = []string{"*"}
+		})
+	}
+	backend, err := newBackend(alloc, opts)
+	if err != nil {
+		return nil, fmt.Errorf("starting devnet chain: %w", err)
+	}
+	d := &Devnet{
+		backend: backend,
+		client:  backend.Client(),
+		rpcURL:  rpcURL,
+		cfg:     cfg,
+		stop:    make(chan struct{}),
+		done:    make(chan struct{}),
+	}
+	if d.rpc, err = rawRPC(d.client); err != nil {
+		backend.Close()
+		return nil, fmt.Errorf("starting devnet chain: %w", err)
+	}
+	if err := d.setup(); err != nil {
+		backend.Close()
+		return nil, fmt.Errorf("setting up devnet: %w", err)
+	}
+	go d.commitLoop()
+	return d, nil
+}
+
+// newBackend turns simulated.NewBackend's panic (e.g. the RPC port is taken)
+// into an error.
+func newBackend(alloc types.GenesisAlloc, opts []func(*node.Config, *ethconfig.Config)) (b *simulated.Backend, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%v", r)
+		}
+	}()
+	return simulated.NewBackend(alloc, opts...), nil
+}
+
+// rawRPC digs the in-process RPC client out of the simulated backend's
+// client (a struct embedding *ethclient.Client, whose field name hides the
+// Client method). The committer needs it for txpool_status and the
+// new-pending-transaction subscription, which ethclient does not wrap.
+func rawRPC(c simulated.Client) (*rpc.Client, error) {
+	v := reflect.ValueOf(c)
+	if v.Kind() == reflect.Struct && v.NumField() > 0 {
+		if ec, ok := v.Field(0).Interface().(*ethclient.Client); ok && ec != nil {
+			return ec.Client(), nil
+		}
+	}
+	return nil, errors.New("simulated client exposes no RPC client")
+}
+
+// listenAddr splits host:port; port 0 is replaced by a free port, because
+// the node does not report the port it picked.
+func listenAddr(addr string) (string, int, error) {
+	host, portStr, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", 0, err
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil || port < 0 || port > 65535 {
+		return "", 0, fmt.Errorf("invalid port %q", portStr)
+	}
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	if port == 0 {
+		l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+		if err != nil {
+			return "", 0, err
+		}
+		port = l.Addr().(*net.TCPAddr).Port
+		l.Close()
+	}
+	return host, port, nil
+}
+
+// setup deploys the token and mints, committing blocks by hand (the
+// committer is not running yet).
+func (d *Devnet) setup() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	deployer := DevKey(0)
+	from := crypto.PubkeyToAddress(deployer.PublicKey)
+	tx, err := d.signTx(ctx, deployer, 0, nil, hexCode(testUSDCBin), 3_000_000)
+	if err != nil {
+		return fmt.Errorf("deploying test token: %w", err)
+	}
+	d.token = crypto.CreateAddress(from, 0)
+	txs := []*types.Transaction{tx}
+	for i, a := range DevAccounts()[1:] {
+		data, err := tokenABI.Pack("mint", a.Address, big.NewInt(DevnetUSDCPerAccount))
+		if err != nil {
+			return err
+		}
+		tx, err := d.signTx(ctx, deployer, uint64(i+1), &d.token, data, 1_000_000)
+		if err != nil {
+			return fmt.Errorf("minting test USDC: %w", err)
+		}
+		txs = append(txs, tx)
+	}
+	for _, tx := range txs {
+		if err := d.client.SendTransaction(ctx, tx); err != nil {
+			return fmt.Errorf("sending setup transaction: %w", err)
+		}
+	}
+	d.backend.Commit()
+	for _, tx := range txs {
+		r, err := d.client.TransactionReceipt(ctx, tx.Hash())
+		if err != nil {
+			return fmt.Errorf("setup transaction receipt: %w", err)
+		}
+		if r.Status != types.ReceiptStatusSuccessful {
+			return fmt.Errorf("setup transaction %d reverted (gas used %d of %d)", r.TransactionIndex, r.GasUsed, tx.Gas())
+		}
+	}
+	return nil
+}
+
+// signTx builds and signs an EIP-1559 transaction of the devnet.
+func (d *Devnet) signTx(ctx context.Context, key *ecdsa.PrivateKey, nonce uint64, to *common.Address, data []byte, gas uint64) (*types.Transaction, error) {
+	head, err := d.client.HeaderByNumber(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	tip := big.NewInt(1e9)
+	feeCap := new(big.Int).Add(new(big.Int).Mul(head.BaseFee, big.NewInt(2)), tip)
+	tx := types.NewTx(&types.DynamicFeeTx{
+		ChainID: big.NewInt(DevnetChainID), Nonce: nonce, GasTipCap: tip, GasFeeCap: feeCap,
+		Gas: gas, To: to, Data: data,
+	})
+	return types.SignTx(tx, types.LatestSignerForChainID(big.NewInt(DevnetChainID)), key)
+}
+
+// commitLoop seals a block whenever transactions are pending (woken by the
+// new-pending-transaction subscription, with a short poll as a fallback), and
+// an empty block when the chain has been idle for IdleBlockAfter. Block time
+// is the wall clock (the simulated beacon stamps blocks with time.Now, at
+// least one second after the parent); a blind commit loop would drift the
+// chain ahead of the wall clock, so a block is sealed only when needed and
+// never more than MaxClockLead ahead.
+func (d *Devnet) commitLoop() {
+	defer close(d.done)
+	pending := make(chan common.Hash, 1024)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sub, err := d.rpc.EthSubscribe(ctx, pending, "newPendingTransactions")
+	var subErr <-chan error
+	if err == nil {
+		defer sub.Unsubscribe()
+		subErr = sub.Err()
+	}
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-d.stop:
+			return
+		case <-subErr:
+			subErr = nil // fall back to polling
+		case <-pending:
+		drain:
+			for {
+				select {
+				case <-pending:
+				default:
+					break drain
+				}
+			}
+		case <-tick.C:
+		}
+		d.maybeSeal(ctx)
+	}
+}
+
+// maybeSeal seals one block if transactions are pending (and the chain is
+// not too far ahead of the wall clock) or the chain has been idle too long.
+func (d *Devnet) maybeSeal(ctx context.Context) {
+	var status struct {
+		Pending hexutil.Uint64 `json:"pending"`
+	}
+	if err := d.rpc.CallContext(ctx, &status, "txpool_status"); err != nil {
+		return
+	}
+	head, err := d.client.HeaderByNumber(ctx, nil)
+	if err != nil {
+		return
+	}
+	headTime := time.Unix(int64(head.Time), 0)
+	now := time.Now()
+	switch {
+	case status.Pending > 0:
+		if headTime.After(now.Add(d.cfg.MaxClockLead)) {
+			return // too far ahead: wait for the clock
+		}
+		d.backend.Commit()
+	case now.Sub(headTime) >= d.cfg.IdleBlockAfter:
+		d.backend.Commit()
+	}
+}
+
+// Client returns an in-process client of the chain.
+func (d *Devnet) Client() simulated.Client { return d.client }
+
+// Token returns the address of the test USDC token.
+func (d *Devnet) Token() common.Address { return d.token }
+
+// RPCURL returns the HTTP JSON-RPC URL ("http://127.0.0.1:8545"), or "" when
+// DevnetConfig.RPCListen was empty.
+func (d *Devnet) RPCURL() string { return d.rpcURL }
+
+// Close stops the committer and the chain. It is safe to call more than once.
+func (d *Devnet) Close() error {
+	d.closeOnce.Do(func() {
+		close(d.stop)
+		<-d.done
+		d.closeErr = d.backend.Close()
+	})
+	return d.closeErr
+}

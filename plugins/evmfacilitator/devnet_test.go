@@ -1,0 +1,158 @@
+package evmfacilitator
+
+import (
+	"context"
+	"io"
+	"math/big"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ethereum/go-ethereum"
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/crypto"
+	"github.com/ethereum/go-ethereum/ethclient"
+)
+
+func TestDevAccounts(t *testing.T) {
+	accts := DevAccounts()
+	if len(accts) != 10 {
+		t.Fatalf("got %d development accounts, want 10", len(accts))
+	}
+	seen := map[common.Address]bool{}
+	for _, a := range accts {
+		t.Run(a.Address.Hex(), func(t *testing.T) {
+			got := crypto.PubkeyToAddress(a.Key().PublicKey)
+			if got != a.Address {
+				t.Errorf("account %d: key derives %s, documented address is %s", a.Index, got.Hex(), a.Address.Hex())
+			}
+			if got.Hex() != devKeys[a.Index].addr {
+				t.Errorf("account %d: documented address %s is not in EIP-55 form (%s)", a.Index, devKeys[a.Index].addr, got.Hex())
+			}
+			if seen[got] {
+				t.Errorf("account %d duplicates another account", a.Index)
+			}
+			seen[got] = true
+		})
+	}
+}
+
+// startDevnet starts a devnet for one test and closes it at the end.
+func startDevnet(t testing.TB, cfg DevnetConfig) *Devnet {
+	t.Helper()
+	d, err := StartDevnet(cfg)
+	if err != nil {
+		t.Fatalf("StartDevnet: %v", err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+func tokenCall(t testing.TB, d *Devnet, method string, args ...any) []any {
+	t.Helper()
+	data, err := tokenABI.Pack(method, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := d.Token()
+	out, err := d.Client().CallContract(context.Background(), ethereum.CallMsg{To: &tok, Data: data}, nil)
+	if err != nil {
+		t.Fatalf("%s: %v", method, err)
+	}
+	res, err := tokenABI.Unpack(method, out)
+	if err != nil {
+		t.Fatalf("%s: %v", method, err)
+	}
+	return res
+}
+
+func usdcBalance(t testing.TB, d *Devnet, a common.Address) *big.Int {
+	t.Helper()
+	return tokenCall(t, d, "balanceOf", a)[0].(*big.Int)
+}
+
+func TestDevnetFundsAccountsAndDeploysToken(t *testing.T) {
+	d := startDevnet(t, DevnetConfig{})
+	ctx := context.Background()
+	id, err := d.Client().ChainID(ctx)
+	if err != nil || id.Int64() != DevnetChainID {
+		t.Fatalf("chain id = %v, %v; want %d", id, err, DevnetChainID)
+	}
+	if want := common.HexToAddress("0x5FbDB2315678afecb367f032d93F642f64180aa3"); d.Token() != want {
+		t.Errorf("token address %s, want the deployer's first contract address %s", d.Token().Hex(), want.Hex())
+	}
+	if got := tokenCall(t, d, "name")[0]; got != "USD Coin" {
+		t.Errorf("name() = %v", got)
+	}
+	if got := tokenCall(t, d, "version")[0]; got != "2" {
+		t.Errorf("version() = %v", got)
+	}
+	if got := tokenCall(t, d, "decimals")[0]; got != uint8(6) {
+		t.Errorf("decimals() = %v", got)
+	}
+	for _, a := range DevAccounts() {
+		eth, err := d.Client().BalanceAt(ctx, a.Address, nil)
+		if err != nil || eth.Sign() <= 0 {
+			t.Errorf("account %d ETH balance %v, %v; want funded", a.Index, eth, err)
+		}
+		want := int64(DevnetUSDCPerAccount)
+		if a.Index == 0 {
+			want = 0
+		}
+		if got := usdcBalance(t, d, a.Address); got.Int64() != want {
+			t.Errorf("account %d holds %v test USDC units, want %d", a.Index, got, want)
+		}
+	}
+}
+
+func TestDevnetBlockTimeFollowsWallClock(t *testing.T) {
+	d := startDevnet(t, DevnetConfig{IdleBlockAfter: time.Second})
+	time.Sleep(2500 * time.Millisecond)
+	head, err := d.Client().HeaderByNumber(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lag := time.Since(time.Unix(int64(head.Time), 0))
+	if lag < -2*time.Second || lag > 3*time.Second {
+		t.Errorf("idle chain head is %v behind the wall clock; want within a few seconds", lag)
+	}
+}
+
+func TestDevnetServesJSONRPCOverHTTP(t *testing.T) {
+	d := startDevnet(t, DevnetConfig{RPCListen: "127.0.0.1:0"})
+	if !strings.HasPrefix(d.RPCURL(), "http://127.0.0.1:") {
+		t.Fatalf("RPCURL = %q", d.RPCURL())
+	}
+	c, err := ethclient.Dial(d.RPCURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	id, err := c.ChainID(context.Background())
+	if err != nil || id.Int64() != DevnetChainID {
+		t.Fatalf("chain id over HTTP = %v, %v", id, err)
+	}
+	code, err := c.CodeAt(context.Background(), d.Token(), nil)
+	if err != nil || len(code) == 0 {
+		t.Fatalf("token code over HTTP: %d bytes, %v", len(code), err)
+	}
+	// Only eth, net and web3 are served; the txpool namespace stays closed.
+	resp, err := http.Post(d.RPCURL(), "application/json", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"txpool_status","params":[]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if !strings.Contains(string(body), "error") {
+		t.Errorf("txpool_status over HTTP answered %s; want it not exposed", body)
+	}
+}
+
+func TestTwoDevnetsRunSideBySide(t *testing.T) {
+	a := startDevnet(t, DevnetConfig{RPCListen: "127.0.0.1:0"})
+	b := startDevnet(t, DevnetConfig{RPCListen: "127.0.0.1:0"})
+	if a.RPCURL() == b.RPCURL() {
+		t.Fatal("two devnets share an RPC URL")
+	}
+}
