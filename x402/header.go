@@ -1,0 +1,223 @@
+package x402
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+)
+
+// MaxHeaderBytes caps the length of an encoded PAYMENT-* header (64 KiB, the
+// cap other x402 gateways use). An exact EVM payment is about 1.5 KiB
+// encoded; the margin leaves room for extensions while keeping a hostile
+// header from costing more than a bounded decode.
+const MaxHeaderBytes = 64 << 10
+
+// EncodeHeader returns the header value for v: standard padded base64 of its
+// UTF-8 JSON, the only form the x402 HTTP transport defines. It refuses
+// values whose encoding exceeds MaxHeaderBytes, since no peer following this
+// package's rules would accept them.
+func EncodeHeader(v any) (string, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return "", fmt.Errorf("encoding x402 header: %w", err)
+	}
+	data := bytes.TrimSuffix(buf.Bytes(), []byte{'\n'})
+	if base64.StdEncoding.EncodedLen(len(data)) > MaxHeaderBytes {
+		return "", fmt.Errorf("encoding x402 header: %w", ErrHeaderTooLarge)
+	}
+	return base64.StdEncoding.EncodeToString(data), nil
+}
+
+// DecodeHeader decodes a PAYMENT-* header value into v.
+//
+// The value must be standard base64 (alphabet A–Z a–z 0–9 + /) with its "="
+// padding and zero trailing bits, nothing else: no URL-safe alphabet, no
+// whitespace or line breaks (which Go's decoder would otherwise skip), no
+// missing padding. Every peer encodes this way, and one canonical form per
+// payment means one payment cannot arrive under two spellings. The decoded
+// bytes must be one UTF-8 JSON object whose member names are distinct even
+// under case folding (see checkJSONObject). v is then filled with
+// encoding/json rules.
+//
+// Errors are *PaymentError wrapping ErrHeaderTooLarge, ErrHeaderEncoding or
+// ErrHeaderJSON.
+func DecodeHeader(h string, v any) error {
+	data, err := decodeHeaderBytes(h)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		return &PaymentError{Kind: ErrHeaderJSON, Reason: ReasonInvalidPayload, Problem: "does not have the expected JSON shape"}
+	}
+	return nil
+}
+
+func decodeHeaderBytes(h string) ([]byte, error) {
+	if len(h) > MaxHeaderBytes {
+		return nil, &PaymentError{Kind: ErrHeaderTooLarge, Reason: ReasonInvalidPayload,
+			Problem: fmt.Sprintf("is longer than %d bytes", MaxHeaderBytes)}
+	}
+	if !canonicalBase64(h) {
+		return nil, &PaymentError{Kind: ErrHeaderEncoding, Reason: ReasonInvalidPayload,
+			Problem: "is not standard padded base64"}
+	}
+	data, err := base64.StdEncoding.Strict().DecodeString(h)
+	if err != nil { // non-zero trailing bits
+		return nil, &PaymentError{Kind: ErrHeaderEncoding, Reason: ReasonInvalidPayload,
+			Problem: "is not canonical base64"}
+	}
+	if err := checkJSONObject(data); err != nil {
+		return nil, err
+	}
+	return data, nil
+}
+
+// canonicalBase64 reports whether h uses only the standard alphabet, has a
+// length that is a multiple of four and "=" only as its final padding.
+func canonicalBase64(h string) bool {
+	if len(h) == 0 || len(h)%4 != 0 {
+		return false
+	}
+	n := len(h)
+	pad := 0
+	if h[n-1] == '=' {
+		pad++
+		if h[n-2] == '=' {
+			pad++
+		}
+	}
+	for i := 0; i < n-pad; i++ {
+		c := h[i]
+		if !('A' <= c && c <= 'Z' || 'a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '+' || c == '/') {
+			return false
+		}
+	}
+	return true
+}
+
+// DecodePaymentSignature decodes and checks a PAYMENT-SIGNATURE header.
+//
+// Beyond DecodeHeader's rules: x402Version must be the number 2 (otherwise
+// ErrUnsupportedVersion with reason invalid_x402_version, checked first so a
+// v1 client is told to upgrade); accepted must be an object whose scheme,
+// asset and payTo are non-empty strings, whose network is a CAIP-2 id and
+// whose amount is a canonical atomic amount (ErrInvalidPayment otherwise);
+// payload must be a JSON object; resource and extensions, when present, must
+// be objects.
+//
+// Members this package does not know are ignored, at every level. The
+// specification lets clients add extensions and newer clients add members;
+// refusing them would break payments for no safety gain, because the
+// gateway acts only on the members checked here and forwards the scheme
+// payload byte for byte. Names are matched exactly (not case-insensitively),
+// as JavaScript peers do.
+func DecodePaymentSignature(h string) (PaymentPayload, error) {
+	data, err := decodeHeaderBytes(h)
+	if err != nil {
+		return PaymentPayload{}, err
+	}
+	return parsePaymentPayload(data, "")
+}
+
+// parsePaymentPayload checks a PaymentPayload object; prefix is the JSON path
+// of the object ("" for a header, "paymentPayload" in a facilitator request).
+func parsePaymentPayload(data []byte, prefix string) (PaymentPayload, error) {
+	var p PaymentPayload
+	m, err := members(data, prefix)
+	if err != nil {
+		return p, err
+	}
+	if raw, ok := m["x402Version"]; !ok || string(raw) != "2" {
+		return p, &PaymentError{Kind: ErrUnsupportedVersion, Reason: ReasonInvalidX402Version,
+			Field: join(prefix, "x402Version"), Problem: "must be 2"}
+	}
+	p.X402Version = Version
+
+	rawAcc, ok := m["accepted"]
+	if !ok {
+		return p, invalid(join(prefix, "accepted"), "is required")
+	}
+	if p.Accepted, err = parseRequirements(rawAcc, join(prefix, "accepted")); err != nil {
+		return p, err
+	}
+
+	raw, ok := m["payload"]
+	if !ok {
+		return p, invalid(join(prefix, "payload"), "is required")
+	}
+	if raw[0] != '{' {
+		return p, invalid(join(prefix, "payload"), "must be a JSON object")
+	}
+	p.Payload = append(json.RawMessage(nil), raw...)
+
+	if raw, ok := m["resource"]; ok && string(raw) != "null" {
+		rm, err := members(raw, join(prefix, "resource"))
+		if err != nil {
+			return p, err
+		}
+		var r Resource
+		if r.URL, err = optStringMember(rm, "url", join(prefix, "resource.url")); err != nil {
+			return p, err
+		}
+		if r.Description, err = optStringMember(rm, "description", join(prefix, "resource.description")); err != nil {
+			return p, err
+		}
+		if r.MimeType, err = optStringMember(rm, "mimeType", join(prefix, "resource.mimeType")); err != nil {
+			return p, err
+		}
+		p.Resource = &r
+	}
+	if p.Extensions, err = objectMember(m, "extensions", join(prefix, "extensions")); err != nil {
+		return p, err
+	}
+	return p, nil
+}
+
+// parseRequirements checks one PaymentRequirements object.
+func parseRequirements(raw json.RawMessage, path string) (PaymentRequirements, error) {
+	var r PaymentRequirements
+	m, err := members(raw, path)
+	if err != nil {
+		return r, err
+	}
+	if r.Scheme, err = stringMember(m, "scheme", join(path, "scheme")); err != nil {
+		return r, err
+	}
+	if r.Network, err = stringMember(m, "network", join(path, "network")); err != nil {
+		return r, err
+	}
+	if !ValidCAIP2(r.Network) {
+		return r, invalid(join(path, "network"), "must be a CAIP-2 chain id")
+	}
+	if r.Amount, err = stringMember(m, "amount", join(path, "amount")); err != nil {
+		return r, err
+	}
+	if !canonicalUint(r.Amount) {
+		return r, invalid(join(path, "amount"), "must be a canonical decimal integer string")
+	}
+	if r.Asset, err = stringMember(m, "asset", join(path, "asset")); err != nil {
+		return r, err
+	}
+	if r.PayTo, err = stringMember(m, "payTo", join(path, "payTo")); err != nil {
+		return r, err
+	}
+	if raw, ok := m["maxTimeoutSeconds"]; ok && string(raw) != "null" {
+		if err := json.Unmarshal(raw, &r.MaxTimeoutSeconds); err != nil || r.MaxTimeoutSeconds < 0 {
+			return r, invalid(join(path, "maxTimeoutSeconds"), "must be a non-negative integer")
+		}
+	}
+	if r.Extra, err = objectMember(m, "extra", join(path, "extra")); err != nil {
+		return r, err
+	}
+	return r, nil
+}
+
+func join(prefix, name string) string {
+	if prefix == "" {
+		return name
+	}
+	return prefix + "." + name
+}
