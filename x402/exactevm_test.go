@@ -70,7 +70,7 @@ func typedData(chainID *big.Int, name, version string, token common.Address, a A
 		},
 		PrimaryType: "TransferWithAuthorization",
 		Domain:      apitypes.TypedDataDomain{Name: name, Version: version, ChainId: (*math.HexOrDecimal256)(chainID), VerifyingContract: token.Hex()},
-		Message: apitypes.TypedDataMessage{"from": a.From, "to": a.To, "value": a.Value, "validAfter": a.ValidAfter, "validBefore": a.ValidBefore, "nonce": a.Nonce},
+		Message:     apitypes.TypedDataMessage{"from": a.From, "to": a.To, "value": a.Value, "validAfter": a.ValidAfter, "validBefore": a.ValidBefore, "nonce": a.Nonce},
 	}
 }
 
