@@ -1,0 +1,208 @@
+package receipt
+
+import (
+	"crypto/ed25519"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Key statuses an agent card may publish.
+const (
+	StatusCurrent     = "current"
+	StatusRetired     = "retired"
+	StatusCompromised = "compromised"
+)
+
+// PublicKey is one entry of the agent card's params.publicKeys: every key
+// version the service ever signed with, so that old receipts stay verifiable
+// after a rotation. PublicKey is the standard base64 of the raw 32-byte key.
+type PublicKey struct {
+	KeyVersion        string `json:"keyVersion"`
+	Algorithm         string `json:"algorithm"`
+	PublicKey         string `json:"publicKey"`
+	PublicKeyEncoding string `json:"publicKeyEncoding"`
+	Status            string `json:"status,omitempty"`
+	CreatedAt         string `json:"createdAt,omitempty"`
+	RetiredAt         string `json:"retiredAt,omitempty"`
+	CompromisedSince  string `json:"compromisedSince,omitempty"`
+}
+
+// key is a parsed, usable PublicKey.
+type key struct {
+	version     string
+	pub         ed25519.PublicKey
+	compromised bool
+	// since is when the key stopped being trustworthy; zero with
+	// compromised set means "from the start": nothing it signed is trusted.
+	since time.Time
+}
+
+// KeySet is the set of public keys a receipt may be checked against, by key
+// version. The zero KeySet holds no key and verifies nothing.
+type KeySet struct {
+	keys map[string]key
+	// any is a bare public key given without a version: it is tried for
+	// whatever key_version a receipt names.
+	any *key
+	// current is the card's currentKeyVersion, informational.
+	current string
+}
+
+// Versions lists the key versions in the set, sorted.
+func (ks KeySet) Versions() []string {
+	v := make([]string, 0, len(ks.keys))
+	for k := range ks.keys {
+		v = append(v, k)
+	}
+	sort.Strings(v)
+	return v
+}
+
+// Current reports the card's currentKeyVersion ("" when unknown).
+func (ks KeySet) Current() string { return ks.current }
+
+// Len reports how many keys the set holds.
+func (ks KeySet) Len() int {
+	if ks.any != nil {
+		return len(ks.keys) + 1
+	}
+	return len(ks.keys)
+}
+
+// SingleKey makes a KeySet of one bare public key, for checking a receipt
+// offline without a card. With keyVersion "" the key is tried for any
+// key_version the receipt names; otherwise only for that version.
+func SingleKey(keyVersion string, pub ed25519.PublicKey) KeySet {
+	k := key{version: keyVersion, pub: append(ed25519.PublicKey(nil), pub...)}
+	if keyVersion == "" {
+		return KeySet{any: &k}
+	}
+	return KeySet{keys: map[string]key{keyVersion: k}}
+}
+
+// ParsePublicKey decodes a bare Ed25519 public key given as standard base64
+// of its 32 raw bytes (the card's encoding). URL-safe and unpadded base64
+// are accepted too, since people paste keys from many places.
+func ParsePublicKey(b64 string) (ed25519.PublicKey, error) {
+	s := strings.TrimSpace(b64)
+	var raw []byte
+	var err error
+	for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.RawStdEncoding, base64.URLEncoding, base64.RawURLEncoding} {
+		if raw, err = enc.Strict().DecodeString(s); err == nil {
+			break
+		}
+	}
+	if err != nil {
+		return nil, errors.New("public key is not base64")
+	}
+	if len(raw) != ed25519.PublicKeySize {
+		return nil, fmt.Errorf("public key is %d bytes, want %d", len(raw), ed25519.PublicKeySize)
+	}
+	return ed25519.PublicKey(raw), nil
+}
+
+// card is the part of an agent card KeysFromCard reads.
+type card struct {
+	Capabilities struct {
+		Extensions []struct {
+			URI    string `json:"uri"`
+			Params struct {
+				PublicKeys        []PublicKey `json:"publicKeys"`
+				CurrentKeyVersion string      `json:"currentKeyVersion"`
+			} `json:"params"`
+		} `json:"extensions"`
+	} `json:"capabilities"`
+}
+
+// KeysFromCard reads the public keys from an agent card: the entries of
+// params.publicKeys of every capabilities.extensions element whose uri starts
+// with ExtensionURIPrefix.
+//
+// An entry with another algorithm is skipped (a later card may add other key
+// types); an Ed25519 entry that does not decode, or two entries claiming the
+// same version with different keys, make the whole card unusable: a card
+// that contradicts itself cannot be trusted for any receipt.
+func KeysFromCard(cardJSON []byte) (KeySet, error) {
+	if _, err := Canonicalize(cardJSON); err != nil {
+		return KeySet{}, fmt.Errorf("reading agent card: not valid JSON: %w", err)
+	}
+	var c card
+	if err := json.Unmarshal(cardJSON, &c); err != nil {
+		return KeySet{}, fmt.Errorf("reading agent card: unexpected shape: %w", err)
+	}
+	ks := KeySet{keys: map[string]key{}}
+	found := false
+	for _, ext := range c.Capabilities.Extensions {
+		if !strings.HasPrefix(ext.URI, ExtensionURIPrefix) {
+			continue
+		}
+		found = true
+		if ext.Params.CurrentKeyVersion != "" {
+			ks.current = ext.Params.CurrentKeyVersion
+		}
+		for i, pk := range ext.Params.PublicKeys {
+			if pk.Algorithm != Algorithm {
+				continue
+			}
+			k, err := parseCardKey(pk)
+			if err != nil {
+				return KeySet{}, fmt.Errorf("reading agent card: publicKeys[%d]: %w", i, err)
+			}
+			if old, dup := ks.keys[k.version]; dup && !old.pub.Equal(k.pub) {
+				return KeySet{}, fmt.Errorf("reading agent card: key version %q is listed twice with different keys", k.version)
+			}
+			ks.keys[k.version] = k
+		}
+	}
+	if !found {
+		return KeySet{}, fmt.Errorf("reading agent card: no capabilities.extensions entry with a uri starting %q", ExtensionURIPrefix)
+	}
+	if len(ks.keys) == 0 {
+		return KeySet{}, errors.New("reading agent card: the attestation extension lists no Ed25519 public key")
+	}
+	return ks, nil
+}
+
+func parseCardKey(pk PublicKey) (key, error) {
+	if pk.KeyVersion == "" {
+		return key{}, errors.New("keyVersion is empty")
+	}
+	if pk.PublicKeyEncoding != "" && pk.PublicKeyEncoding != "base64" {
+		return key{}, fmt.Errorf("publicKeyEncoding %q is not supported (want base64)", pk.PublicKeyEncoding)
+	}
+	raw, err := base64.StdEncoding.Strict().DecodeString(pk.PublicKey)
+	if err != nil {
+		return key{}, errors.New("publicKey is not standard base64")
+	}
+	if len(raw) != ed25519.PublicKeySize {
+		return key{}, fmt.Errorf("publicKey is %d bytes, want %d", len(raw), ed25519.PublicKeySize)
+	}
+	k := key{version: pk.KeyVersion, pub: ed25519.PublicKey(raw)}
+	if pk.Status == StatusCompromised || pk.CompromisedSince != "" {
+		k.compromised = true
+		if pk.CompromisedSince != "" {
+			t, err := time.Parse(time.RFC3339Nano, pk.CompromisedSince)
+			if err != nil {
+				return key{}, errors.New("compromisedSince is not an RFC 3339 time")
+			}
+			k.since = t
+		}
+	}
+	return k, nil
+}
+
+// lookup finds the key for a receipt's key_version.
+func (ks KeySet) lookup(version string) (key, error) {
+	if k, ok := ks.keys[version]; ok {
+		return k, nil
+	}
+	if ks.any != nil {
+		return *ks.any, nil
+	}
+	return key{}, &NoKeyError{KeyVersion: version, Known: ks.Versions()}
+}

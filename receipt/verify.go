@@ -1,0 +1,328 @@
+package receipt
+
+import (
+	"bytes"
+	"crypto/ed25519"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// ErrSignature reports a signature that does not verify: the receipt was
+// changed after signing, or was signed by another key or under another
+// context.
+var ErrSignature = errors.New("signature does not match")
+
+// NoKeyError reports a receipt whose key_version the key set does not hold.
+type NoKeyError struct {
+	KeyVersion string
+	Known      []string // versions the set does hold
+}
+
+func (e *NoKeyError) Error() string {
+	msg := "no public key for key_version " + quoteShort(e.KeyVersion)
+	if len(e.Known) > 0 {
+		msg += " (the keys given are " + strings.Join(e.Known, ", ") + ")"
+	}
+	return msg
+}
+
+// CompromisedKeyError reports a receipt signed by a key the card marks
+// compromised, dated at or after the moment of compromise.
+type CompromisedKeyError struct {
+	KeyVersion string
+	Since      time.Time // zero: compromised from the start
+	Timestamp  string
+}
+
+func (e *CompromisedKeyError) Error() string {
+	if e.Since.IsZero() {
+		return fmt.Sprintf("key %s is marked compromised with no start time, so none of its receipts is trusted", quoteShort(e.KeyVersion))
+	}
+	return fmt.Sprintf("key %s is marked compromised since %s and this receipt is dated %s", quoteShort(e.KeyVersion), e.Since.UTC().Format(time.RFC3339), quoteShort(e.Timestamp))
+}
+
+// HashMismatch is one hash of a receipt that differs from the one
+// recomputed from the data the holder kept.
+type HashMismatch struct {
+	Field   string // "output_hash", "schema_hash", "rules_hash", "request_hash"
+	Receipt string
+	Want    string
+}
+
+func (m HashMismatch) Error() string {
+	return fmt.Sprintf("%s differs: receipt has %s, request gives %s", m.Field, quoteShort(m.Receipt), m.Want)
+}
+
+// HashesError lists every hash that did not match.
+type HashesError struct{ Mismatches []HashMismatch }
+
+func (e *HashesError) Error() string {
+	parts := make([]string, len(e.Mismatches))
+	for i, m := range e.Mismatches {
+		parts[i] = m.Error()
+	}
+	return strings.Join(parts, "; ")
+}
+
+// Unwrap exposes each mismatch to errors.As.
+func (e *HashesError) Unwrap() []error {
+	errs := make([]error, len(e.Mismatches))
+	for i, m := range e.Mismatches {
+		errs[i] = m
+	}
+	return errs
+}
+
+// Verified describes a receipt that holds.
+type Verified struct {
+	Context    string // the context it was verified under
+	KeyVersion string
+	Timestamp  string
+}
+
+// VerifyReceipt checks the attestation of a full or compact response (the
+// JSON object as received, attestation included) against keys. It is
+// Verify without the details.
+func VerifyReceipt(resp []byte, keys KeySet, context string) error {
+	_, err := Verify(resp, keys, context)
+	return err
+}
+
+// Verify checks the attestation of a response and reports under which
+// context and key it holds.
+//
+// With context "" the context is inferred from the response kind: a
+// response with an output_hash member is a verification (every full and
+// compact verification result carries one; a trust score has nothing to
+// hash) and gets ContextVerify; anything else gets ContextScore. The context
+// is inside the signed document, so a wrong guess can only make a genuine
+// receipt fail, never make a forged one pass; pass the context explicitly to
+// get a sharper error.
+//
+// Beyond the signature it checks what a reader would otherwise trust
+// without proof: attestation.algorithm is Ed25519, attestation.key_version
+// equals verify.key_version, attestation.timestamp is the same instant as
+// verified_at (where the response has one), and the key is not marked
+// compromised at the receipt's timestamp.
+//
+// About compromised keys: a card entry with status "compromised" and a
+// compromisedSince time rejects receipts dated at or after that time and
+// accepts earlier ones, because the card vouches for the key until then.
+// The timestamp is signed but chosen by whoever holds the key, so a thief
+// can backdate; operators should set compromisedSince to the earliest
+// moment the key could have leaked. An entry marked compromised without a
+// time rejects every receipt of that key.
+func Verify(resp []byte, keys KeySet, context string) (Verified, error) {
+	doc, err := decodeResponse(resp)
+	if err != nil {
+		return Verified{}, err
+	}
+	att, err := attestationOf(doc)
+	if err != nil {
+		return Verified{}, err
+	}
+	delete(doc, "attestation")
+
+	if context == "" {
+		context = InferContext(doc)
+	}
+	if raw, present := doc["verify"]; present {
+		vb, ok := raw.(map[string]any)
+		if !ok {
+			return Verified{}, errors.New("verify is not an object")
+		}
+		kv, _ := vb["key_version"].(string)
+		if kv != att.KeyVersion {
+			return Verified{}, fmt.Errorf("attestation.key_version %s differs from verify.key_version %s", quoteShort(att.KeyVersion), quoteShort(kv))
+		}
+	}
+	at, err := time.Parse(time.RFC3339Nano, att.Timestamp)
+	if err != nil {
+		return Verified{}, fmt.Errorf("attestation.timestamp %s is not an RFC 3339 time", quoteShort(att.Timestamp))
+	}
+	if va, present := doc["verified_at"]; present {
+		vs, _ := va.(string)
+		if vs != att.Timestamp {
+			vt, err := time.Parse(time.RFC3339Nano, vs)
+			if err != nil || !vt.Equal(at) {
+				return Verified{}, fmt.Errorf("attestation.timestamp %s is not the instant of verified_at %s", quoteShort(att.Timestamp), quoteShort(vs))
+			}
+		}
+	}
+
+	k, err := keys.lookup(att.KeyVersion)
+	if err != nil {
+		return Verified{}, err
+	}
+	if k.compromised && (k.since.IsZero() || !at.Before(k.since)) {
+		return Verified{}, &CompromisedKeyError{KeyVersion: att.KeyVersion, Since: k.since, Timestamp: att.Timestamp}
+	}
+
+	canon, err := AppendCanonical(nil, doc)
+	if err != nil {
+		return Verified{}, fmt.Errorf("receipt: %w", err)
+	}
+	msg, err := signingInputCanonical(context, att.KeyVersion, att.Timestamp, canon)
+	if err != nil {
+		return Verified{}, fmt.Errorf("receipt: %w", err)
+	}
+	if !ed25519.Verify(k.pub, msg, att.sig) {
+		return Verified{}, ErrSignature
+	}
+	return Verified{Context: context, KeyVersion: att.KeyVersion, Timestamp: att.Timestamp}, nil
+}
+
+// InferContext reports the signing context a response was made under,
+// judged by its shape: ContextVerify when it has an output_hash member,
+// ContextScore otherwise (see Verify).
+func InferContext(doc map[string]any) string {
+	if _, ok := doc["output_hash"]; ok {
+		return ContextVerify
+	}
+	return ContextScore
+}
+
+// maxReceiptBytes bounds what Verify and CheckHashes parse; real receipts
+// are a few kilobytes, full ones with capped lists well under a megabyte.
+const maxReceiptBytes = 8 << 20
+
+// decodeResponse parses a response strictly: JCS rules first (no duplicate
+// keys, valid UTF-8, no lone surrogates), so that what is checked is exactly
+// what was signed and a reader can never see a different duplicate member.
+func decodeResponse(resp []byte) (map[string]any, error) {
+	if len(resp) > maxReceiptBytes {
+		return nil, fmt.Errorf("receipt is larger than %d bytes", maxReceiptBytes)
+	}
+	if _, err := Canonicalize(resp); err != nil {
+		return nil, fmt.Errorf("receipt is not valid JSON for RFC 8785: %w", err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(resp))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, fmt.Errorf("receipt is not valid JSON: %w", err)
+	}
+	doc, ok := v.(map[string]any)
+	if !ok {
+		return nil, errors.New("receipt is not a JSON object")
+	}
+	return doc, nil
+}
+
+type parsedAttestation struct {
+	Attestation
+	sig []byte
+}
+
+func attestationOf(doc map[string]any) (parsedAttestation, error) {
+	raw, ok := doc["attestation"]
+	if !ok {
+		return parsedAttestation{}, errors.New("receipt has no attestation")
+	}
+	m, ok := raw.(map[string]any)
+	if !ok {
+		return parsedAttestation{}, errors.New("attestation is not an object")
+	}
+	var a parsedAttestation
+	for _, f := range []struct {
+		name string
+		dst  *string
+	}{
+		{"algorithm", &a.Algorithm},
+		{"key_version", &a.KeyVersion},
+		{"timestamp", &a.Timestamp},
+		{"signature", &a.Signature},
+	} {
+		s, ok := m[f.name].(string)
+		if !ok || s == "" {
+			return parsedAttestation{}, fmt.Errorf("attestation.%s is missing or not a string", f.name)
+		}
+		*f.dst = s
+	}
+	if a.Algorithm != Algorithm {
+		return parsedAttestation{}, fmt.Errorf("attestation.algorithm is %s, want %s", quoteShort(a.Algorithm), Algorithm)
+	}
+	sig, err := base64.StdEncoding.Strict().DecodeString(a.Signature)
+	if err != nil {
+		return parsedAttestation{}, errors.New("attestation.signature is not standard base64")
+	}
+	if len(sig) != ed25519.SignatureSize {
+		return parsedAttestation{}, fmt.Errorf("attestation.signature is %d bytes, want %d", len(sig), ed25519.SignatureSize)
+	}
+	a.sig = sig
+	return a, nil
+}
+
+// CheckHashes compares the hashes a response carries with hashes recomputed
+// from the data the holder kept (verify.ComputeHashes of the request body).
+// output_hash, schema_hash and rules_hash must be present and equal;
+// request_hash is compared only when the response carries it (compact
+// responses do not) and want has one. Every mismatch is reported, as a
+// *HashesError.
+//
+// CheckHashes does not check the signature: call VerifyReceipt too.
+func CheckHashes(resp []byte, want Hashes) error {
+	doc, err := decodeResponse(resp)
+	if err != nil {
+		return err
+	}
+	var bad []HashMismatch
+	for _, f := range []struct {
+		name, want string
+		optional   bool
+	}{
+		{"output_hash", want.Output, false},
+		{"schema_hash", want.Schema, false},
+		{"rules_hash", want.Rules, false},
+		{"request_hash", want.Request, true},
+	} {
+		raw, present := doc[f.name]
+		if !present {
+			if f.optional {
+				continue
+			}
+			return fmt.Errorf("receipt has no %s", f.name)
+		}
+		got, ok := raw.(string)
+		if !ok {
+			return fmt.Errorf("receipt's %s is not a string", f.name)
+		}
+		if f.want == "" {
+			if f.optional {
+				continue
+			}
+			return fmt.Errorf("no %s was computed to compare with", f.name)
+		}
+		if got != f.want {
+			bad = append(bad, HashMismatch{Field: f.name, Receipt: got, Want: f.want})
+		}
+	}
+	if len(bad) > 0 {
+		return &HashesError{Mismatches: bad}
+	}
+	return nil
+}
+
+// quoteShort renders a value taken from a receipt for an error message:
+// bare when it is short plain text, otherwise quoted and cut, so that a
+// hostile receipt cannot put control characters or megabytes into logs.
+func quoteShort(s string) string {
+	const limit = 80
+	plain := len(s) <= limit && s != ""
+	for i := 0; plain && i < len(s); i++ {
+		if c := s[i]; c <= ' ' || c >= 0x7f || c == '"' || c == '\\' {
+			plain = false
+		}
+	}
+	if plain {
+		return s
+	}
+	if len(s) > limit {
+		return fmt.Sprintf("%q…", s[:limit])
+	}
+	return fmt.Sprintf("%q", s)
+}

@@ -1,0 +1,310 @@
+package receipt
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+)
+
+// edit decodes a receipt, lets f change it, and encodes it again (with
+// encoding/json's own key order, which canonicalization must not care about).
+func edit(t *testing.T, receipt []byte, f func(m map[string]any)) []byte {
+	t.Helper()
+	m := decodeTree(t, receipt).(map[string]any)
+	f(m)
+	out, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func sub(m map[string]any, key string) map[string]any { return m[key].(map[string]any) }
+
+func TestVerifyReceipt(t *testing.T) {
+	pub1, priv1 := seededKey(1)
+	pub2, priv2 := seededKey(2)
+	pubX, _ := seededKey(9)
+
+	full2 := attach(t, priv2, ContextVerify, "k2", fixtureTime, fullResponse(t, "k2"))
+	full1 := attach(t, priv1, ContextVerify, "k1", fixtureTime, fullResponse(t, "k1"))
+	score2 := attach(t, priv2, ContextScore, "k2", fixtureTime, scoreResponse("k2"))
+	compact := func() []byte {
+		m := decodeTree(t, fullResponse(t, "k2")).(map[string]any)
+		for _, k := range []string{"request_hash", "errors", "errors_total", "errors_omitted", "errors_detail", "errors_detail_total", "errors_detail_omitted", "flags", "flags_total", "flags_omitted", "hints", "hints_total", "hints_omitted", "schema_compliance", "integrity_checks", "overall"} {
+			delete(m, k)
+		}
+		b, _ := json.Marshal(m)
+		return attach(t, priv2, ContextVerify, "k2", fixtureTime, b)
+	}()
+
+	card := cardWith("k2", cardKey{version: "k1", status: StatusRetired, pub: pub1}, cardKey{version: "k2", status: StatusCurrent, pub: pub2})
+	cardKeys, err := KeysFromCard(card)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	type check func(t *testing.T, err error)
+	valid := func(t *testing.T, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("want valid, got %v", err)
+		}
+	}
+	is := func(target error) check {
+		return func(t *testing.T, err error) {
+			t.Helper()
+			if !errors.Is(err, target) {
+				t.Fatalf("want %v, got %v", target, err)
+			}
+		}
+	}
+	says := func(text string) check {
+		return func(t *testing.T, err error) {
+			t.Helper()
+			if err == nil || !strings.Contains(err.Error(), text) {
+				t.Fatalf("want an error saying %q, got %v", text, err)
+			}
+		}
+	}
+
+	tests := []struct {
+		desc    string
+		receipt []byte
+		keys    KeySet
+		context string
+		want    check
+	}{
+		{desc: "a genuine full receipt verifies against the card", receipt: full2, keys: cardKeys, context: ContextVerify, want: valid},
+		{desc: "a verification receipt's context is inferred from its output_hash", receipt: full2, keys: cardKeys, want: valid},
+		{desc: "a genuine compact receipt verifies", receipt: compact, keys: cardKeys, want: valid},
+		{desc: "a bare public key verifies without a card", receipt: full2, keys: SingleKey("", pub2), want: valid},
+		{desc: "a bare public key pinned to the receipt's version verifies", receipt: full2, keys: SingleKey("k2", pub2), want: valid},
+		{desc: "a receipt of a retired key stays valid after rotation", receipt: full1, keys: cardKeys, want: valid},
+		{desc: "whitespace and key order do not matter, only the canonical form", receipt: edit(t, full2, func(map[string]any) {}), keys: cardKeys, want: valid},
+		{desc: "a score receipt's context is inferred when it has no output_hash", receipt: score2, keys: cardKeys, want: valid},
+		{desc: "a score receipt checked as a verification fails", receipt: score2, keys: cardKeys, context: ContextVerify, want: is(ErrSignature)},
+		{desc: "a verification receipt checked as a score fails", receipt: full2, keys: cardKeys, context: ContextScore, want: is(ErrSignature)},
+		{desc: "a changed result breaks the signature", receipt: edit(t, full2, func(m map[string]any) { m["result"] = "pass" }), keys: cardKeys, want: is(ErrSignature)},
+		{desc: "a changed output_hash breaks the signature", receipt: edit(t, full2, func(m map[string]any) { m["output_hash"] = strings.Repeat("0", 64) }), keys: cardKeys, want: is(ErrSignature)},
+		{desc: "a changed number breaks the signature", receipt: edit(t, full2, func(m map[string]any) { sub(m, "overall")["passed"] = 23 }), keys: cardKeys, want: is(ErrSignature)},
+		{desc: "a removed member breaks the signature", receipt: edit(t, full2, func(m map[string]any) { delete(m, "hints") }), keys: cardKeys, want: is(ErrSignature)},
+		{desc: "an added member breaks the signature", receipt: edit(t, full2, func(m map[string]any) { m["bonus"] = true }), keys: cardKeys, want: is(ErrSignature)},
+		{desc: "verify.key_version must equal attestation.key_version", receipt: edit(t, full2, func(m map[string]any) { sub(m, "verify")["key_version"] = "k1" }), keys: cardKeys, want: says(`attestation.key_version k2 differs from verify.key_version k1`)},
+		{desc: "attestation.timestamp must be the instant of verified_at", receipt: edit(t, full2, func(m map[string]any) { sub(m, "attestation")["timestamp"] = "2026-11-29T21:22:29.123456+00:00" }), keys: cardKeys, want: says("is not the instant of verified_at")},
+		{desc: "moving verified_at and the timestamp together breaks the signature", receipt: edit(t, full2, func(m map[string]any) {
+			m["verified_at"] = "2026-11-29T21:22:29.123456+00:00"
+			sub(m, "attestation")["timestamp"] = "2026-11-29T21:22:29.123456+00:00"
+		}), keys: cardKeys, want: is(ErrSignature)},
+		{desc: "a flipped signature bit breaks the signature", receipt: edit(t, full2, func(m map[string]any) {
+			a := sub(m, "attestation")
+			sig, _ := base64.StdEncoding.DecodeString(a["signature"].(string))
+			sig[10] ^= 1
+			a["signature"] = base64.StdEncoding.EncodeToString(sig)
+		}), keys: cardKeys, want: is(ErrSignature)},
+		{desc: "a receipt moved to another listed key version fails", receipt: edit(t, full2, func(m map[string]any) {
+			sub(m, "attestation")["key_version"] = "k1"
+			sub(m, "verify")["key_version"] = "k1"
+		}), keys: cardKeys, want: is(ErrSignature)},
+		{desc: "the wrong public key fails", receipt: full2, keys: SingleKey("", pubX), want: is(ErrSignature)},
+		{desc: "a key version the card does not list is named", receipt: attach(t, priv2, ContextVerify, "k3", fixtureTime, fullResponse(t, "k3")), keys: cardKeys, want: says("no public key for key_version k3")},
+		{desc: "a bare key pinned to another version does not apply", receipt: full2, keys: SingleKey("k1", pub2), want: says("no public key for key_version k2")},
+		{desc: "an empty key set verifies nothing", receipt: full2, keys: KeySet{}, want: says("no public key")},
+		{desc: "a key compromised before the receipt rejects it", receipt: full2, keys: mustKeys(t, cardWith("k3", cardKey{version: "k2", status: StatusCompromised, compromisedSince: "2026-11-01T00:00:00Z", pub: pub2})), want: says("marked compromised since 2026-11-01T00:00:00Z")},
+		{desc: "a key compromised at the receipt's exact instant rejects it", receipt: full2, keys: mustKeys(t, cardWith("k3", cardKey{version: "k2", status: StatusCompromised, compromisedSince: fixtureTime, pub: pub2})), want: says("marked compromised")},
+		{desc: "a key compromised after the receipt still verifies it", receipt: full2, keys: mustKeys(t, cardWith("k3", cardKey{version: "k2", status: StatusCompromised, compromisedSince: "2026-12-01T00:00:00Z", pub: pub2})), want: valid},
+		{desc: "a key marked compromised without a time rejects every receipt", receipt: full2, keys: mustKeys(t, cardWith("k3", cardKey{version: "k2", status: StatusCompromised, pub: pub2})), want: says("with no start time")},
+		{desc: "a receipt without attestation is refused", receipt: fullResponse(t, "k2"), keys: cardKeys, want: says("receipt has no attestation")},
+		{desc: "an attestation that is not an object is refused", receipt: edit(t, full2, func(m map[string]any) { m["attestation"] = "yes" }), keys: cardKeys, want: says("attestation is not an object")},
+		{desc: "an attestation without a signature is refused", receipt: edit(t, full2, func(m map[string]any) { delete(sub(m, "attestation"), "signature") }), keys: cardKeys, want: says("attestation.signature is missing")},
+		{desc: "an algorithm other than Ed25519 is refused", receipt: edit(t, full2, func(m map[string]any) { sub(m, "attestation")["algorithm"] = "RS256" }), keys: cardKeys, want: says("attestation.algorithm is RS256, want Ed25519")},
+		{desc: "a signature that is not base64 is refused", receipt: edit(t, full2, func(m map[string]any) { sub(m, "attestation")["signature"] = "%%%" }), keys: cardKeys, want: says("not standard base64")},
+		{desc: "a truncated signature is refused", receipt: edit(t, full2, func(m map[string]any) { sub(m, "attestation")["signature"] = base64.StdEncoding.EncodeToString(make([]byte, 63)) }), keys: cardKeys, want: says("63 bytes, want 64")},
+		{desc: "a timestamp that is not RFC 3339 is refused", receipt: edit(t, full2, func(m map[string]any) { sub(m, "attestation")["timestamp"] = "yesterday" }), keys: cardKeys, want: says("not an RFC 3339 time")},
+		{desc: "a verify member that is not an object is refused", receipt: edit(t, full2, func(m map[string]any) { m["verify"] = 1 }), keys: cardKeys, want: says("verify is not an object")},
+		{desc: "duplicate keys are refused, so no reader sees another value", receipt: []byte(strings.Replace(string(full2), `"result":"fail"`, `"result":"pass","result":"fail"`, 1)), keys: cardKeys, want: says("Duplicate key")},
+		{desc: "a receipt that is not an object is refused", receipt: []byte(`[1,2]`), keys: cardKeys, want: says("not a JSON object")},
+		{desc: "a receipt that is not JSON is refused", receipt: []byte(`{"result":`), keys: cardKeys, want: says("not valid JSON")},
+	}
+	for _, tc := range tests {
+		t.Run(tc.desc, func(t *testing.T) {
+			tc.want(t, VerifyReceipt(tc.receipt, tc.keys, tc.context))
+		})
+	}
+}
+
+func mustKeys(t *testing.T, card []byte) KeySet {
+	t.Helper()
+	ks, err := KeysFromCard(card)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ks
+}
+
+func TestVerifyReportsContextAndKey(t *testing.T) {
+	_, priv := seededKey(2)
+	pub, _ := seededKey(2)
+	got, err := Verify(attach(t, priv, ContextScore, "k2", fixtureTime, scoreResponse("k2")), SingleKey("", pub), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != (Verified{Context: ContextScore, KeyVersion: "k2", Timestamp: fixtureTime}) {
+		t.Errorf("got %+v", got)
+	}
+}
+
+func TestTimestampMayBeTheSameInstantInAnotherNotation(t *testing.T) {
+	pub, priv := seededKey(3)
+	r := attach(t, priv, ContextVerify, "k2", "2026-11-29T21:22:28.123456Z", fullResponse(t, "k2"))
+	if err := VerifyReceipt(r, SingleKey("", pub), ""); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestKeysFromCard(t *testing.T) {
+	pub1, _ := seededKey(1)
+	pub2, _ := seededKey(2)
+	b64 := func(b []byte) string { return base64.StdEncoding.EncodeToString(b) }
+	wrap := func(exts string) []byte {
+		return []byte(`{"name":"x","capabilities":{"extensions":[` + exts + `]}}`)
+	}
+	ext := func(uri, keys string) string {
+		return `{"uri":"` + uri + `","params":{"publicKeys":[` + keys + `],"currentKeyVersion":"k2"}}`
+	}
+	entry := func(v, alg, key, enc string) string {
+		return `{"keyVersion":"` + v + `","algorithm":"` + alg + `","publicKey":"` + key + `","publicKeyEncoding":"` + enc + `"}`
+	}
+	tests := []struct {
+		desc     string
+		card     []byte
+		versions []string
+		err      string
+	}{
+		{desc: "every key version of the card is read", card: cardWith("k2", cardKey{version: "k1", status: "retired", pub: pub1}, cardKey{version: "k2", status: "current", pub: pub2}), versions: []string{"k1", "k2"}},
+		{desc: "a later version of the extension is still found by its prefix", card: wrap(ext("urn:json-schema-verifier:extension:attestation:v2", entry("k1", "Ed25519", b64(pub1), "base64"))), versions: []string{"k1"}},
+		{desc: "keys of another algorithm are skipped", card: wrap(ext(ExtensionURI, entry("k1", "Ed25519", b64(pub1), "base64")+","+entry("p1", "ML-DSA-65", "AAAA", "base64"))), versions: []string{"k1"}},
+		{desc: "the same key listed twice is fine", card: wrap(ext(ExtensionURI, entry("k1", "Ed25519", b64(pub1), "base64")) + "," + ext(ExtensionURI, entry("k1", "Ed25519", b64(pub1), "base64"))), versions: []string{"k1"}},
+		{desc: "a card without the attestation extension is refused", card: wrap(ext("urn:example:other", entry("k1", "Ed25519", b64(pub1), "base64"))), err: "no capabilities.extensions entry"},
+		{desc: "a card without capabilities is refused", card: []byte(`{"name":"x"}`), err: "no capabilities.extensions entry"},
+		{desc: "an extension with no Ed25519 key is refused", card: wrap(ext(ExtensionURI, "")), err: "lists no Ed25519 public key"},
+		{desc: "a key that is not base64 is refused", card: wrap(ext(ExtensionURI, entry("k1", "Ed25519", "not base64!", "base64"))), err: "publicKeys[0]: publicKey is not standard base64"},
+		{desc: "a key of the wrong length is refused", card: wrap(ext(ExtensionURI, entry("k1", "Ed25519", b64(pub1[:31]), "base64"))), err: "31 bytes, want 32"},
+		{desc: "an unknown key encoding is refused", card: wrap(ext(ExtensionURI, entry("k1", "Ed25519", b64(pub1), "hex"))), err: `publicKeyEncoding "hex" is not supported`},
+		{desc: "a key without a version is refused", card: wrap(ext(ExtensionURI, entry("", "Ed25519", b64(pub1), "base64"))), err: "keyVersion is empty"},
+		{desc: "one version with two different keys is refused", card: wrap(ext(ExtensionURI, entry("k1", "Ed25519", b64(pub1), "base64")+","+entry("k1", "Ed25519", b64(pub2), "base64"))), err: "listed twice with different keys"},
+		{desc: "a compromisedSince that is not a time is refused", card: wrap(ext(ExtensionURI, `{"keyVersion":"k1","algorithm":"Ed25519","publicKey":"`+b64(pub1)+`","publicKeyEncoding":"base64","status":"compromised","compromisedSince":"soon"}`)), err: "compromisedSince is not an RFC 3339 time"},
+		{desc: "a card that is not JSON is refused", card: []byte(`<html>`), err: "not valid JSON"},
+		{desc: "a card with the wrong shape is refused", card: []byte(`{"capabilities":{"extensions":{}}}`), err: "unexpected shape"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.desc, func(t *testing.T) {
+			ks, err := KeysFromCard(tc.card)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("want error %q, got %v", tc.err, err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := strings.Join(ks.Versions(), ","); got != strings.Join(tc.versions, ",") {
+				t.Errorf("versions %s, want %s", got, strings.Join(tc.versions, ","))
+			}
+			if ks.Current() != "k2" {
+				t.Errorf("current %q", ks.Current())
+			}
+		})
+	}
+}
+
+func TestParsePublicKey(t *testing.T) {
+	pub, _ := seededKey(4)
+	for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.RawStdEncoding, base64.URLEncoding, base64.RawURLEncoding} {
+		got, err := ParsePublicKey(" " + enc.EncodeToString(pub) + "\n")
+		if err != nil || !got.Equal(pub) {
+			t.Errorf("%v: %v", enc, err)
+		}
+	}
+	for _, bad := range []string{"", "!!!", base64.StdEncoding.EncodeToString(pub[:16])} {
+		if _, err := ParsePublicKey(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+func TestCheckHashes(t *testing.T) {
+	_, priv := seededKey(5)
+	want := hashesOf(t, invoiceRequest)
+	want.Request = "9a3e0d1c2b4f5a6e7d8c9b0a1f2e3d4c5b6a7f8e9d0c1b2a3f4e5d6c7b8a9f0e"
+	full := attach(t, priv, ContextVerify, "k2", fixtureTime, fullResponse(t, "k2"))
+	compact := edit(t, full, func(m map[string]any) { delete(m, "request_hash") })
+	other := hashesOf(t, strings.Replace(invoiceRequest, `"total": 135.0`, `"total": 129.5`, 1))
+
+	tests := []struct {
+		desc    string
+		receipt []byte
+		want    Hashes
+		err     string
+		fields  []string
+	}{
+		{desc: "the hashes of the request the holder kept match", receipt: full, want: want},
+		{desc: "a compact receipt has no request_hash to compare", receipt: compact, want: want},
+		{desc: "a receipt checked without a recomputed request_hash skips it", receipt: full, want: Hashes{Output: want.Output, Schema: want.Schema, Rules: want.Rules}},
+		{desc: "another output is named with both hashes", receipt: full, want: Hashes{Output: other.Output, Schema: want.Schema, Rules: want.Rules, Request: want.Request},
+			err: "output_hash differs: receipt has " + want.Output + ", request gives " + other.Output, fields: []string{"output_hash"}},
+		{desc: "every differing hash is reported", receipt: full, want: Hashes{Output: "a", Schema: "b", Rules: "c", Request: "d"},
+			err: "output_hash differs", fields: []string{"output_hash", "schema_hash", "rules_hash", "request_hash"}},
+		{desc: "a receipt without output_hash is refused", receipt: scoreResponse("k2"), want: want, err: "receipt has no output_hash"},
+		{desc: "a hash that is not a string is refused", receipt: edit(t, full, func(m map[string]any) { m["rules_hash"] = 1 }), want: want, err: "rules_hash is not a string"},
+		{desc: "nothing computed to compare with is an error, not a pass", receipt: full, want: Hashes{}, err: "no output_hash was computed"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.desc, func(t *testing.T) {
+			err := CheckHashes(tc.receipt, tc.want)
+			if tc.err == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Fatalf("want %q, got %v", tc.err, err)
+			}
+			var he *HashesError
+			if len(tc.fields) > 0 {
+				if !errors.As(err, &he) {
+					t.Fatalf("not a *HashesError: %T", err)
+				}
+				var got []string
+				for _, m := range he.Mismatches {
+					got = append(got, m.Field)
+				}
+				if strings.Join(got, ",") != strings.Join(tc.fields, ",") {
+					t.Errorf("fields %v, want %v", got, tc.fields)
+				}
+				var one HashMismatch
+				if !errors.As(err, &one) || one.Field != tc.fields[0] {
+					t.Errorf("errors.As HashMismatch: %+v", one)
+				}
+			}
+		})
+	}
+}
+
+func TestErrorsDoNotCarryControlCharactersFromTheReceipt(t *testing.T) {
+	_, priv := seededKey(6)
+	r := attach(t, priv, ContextVerify, "k\x1b[31m", fixtureTime, fullResponse(t, `k\u001b[31m`))
+	err := VerifyReceipt(r, KeySet{}, "")
+	if err == nil || !strings.Contains(err.Error(), `no public key for key_version "k\x1b[31m"`) {
+		t.Fatalf("got %q", err)
+	}
+	long := strings.Repeat("k", 5000)
+	err = VerifyReceipt(attach(t, priv, ContextVerify, long, fixtureTime, fullResponse(t, long)), KeySet{}, "")
+	if err == nil || !strings.Contains(err.Error(), "no public key") || len(err.Error()) > 300 {
+		t.Fatalf("error of %d bytes", len(err.Error()))
+	}
+}
