@@ -1,0 +1,295 @@
+package store
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/dgraph-io/badger/v4"
+)
+
+// Claims is the replay guard: a request atomically claims a set of keys
+// (for an x402 payment: the payer+nonce and the payload hash; for
+// X-Wallet-Auth: the nonce) until an expiry, all or nothing, and the second
+// claimer of any of those keys loses. Once the payment is settled the claim
+// is marked settled and can no longer be released, so one authorization is
+// never settled twice; a request that failed before anything was charged
+// releases its claim so the client may retry with the same authorization.
+//
+// A Redis implementation runs Claim as one Lua script (EXISTS on every key,
+// then SET ... PXAT on all of them), and Settle and Release as
+// compare-the-token-then-write scripts, which gives the same atomicity.
+type Claims interface {
+	// Claim claims every key until until. If any key is held and not
+	// expired it claims nothing and returns a *ClaimedError.
+	Claim(ctx context.Context, keys []string, until time.Time) (Claim, error)
+	// Settle marks the claim settled with a note (a transaction hash, an
+	// encoded settlement response) and keeps it at least until keepUntil
+	// (zero: its current expiry). ErrClaimLost when the claim is no longer
+	// this holder's (it expired and someone else claimed a key).
+	Settle(ctx context.Context, c Claim, note string, keepUntil time.Time) error
+	// Release drops an unsettled claim. Releasing a settled claim fails
+	// with ErrClaimSettled and keeps it; a lost one is ErrClaimLost.
+	Release(ctx context.Context, c Claim) error
+	// Lookup reports the live claim on key, or ErrNotFound.
+	Lookup(ctx context.Context, key string) (ClaimState, error)
+}
+
+// Claim is a held set of keys. Token proves the holder, so a holder whose
+// claim expired cannot settle or release the claim of whoever came next.
+type Claim struct {
+	Keys  []string
+	Token string
+	Until time.Time
+}
+
+// ClaimState is what the store knows of one claimed key.
+type ClaimState struct {
+	Settled bool
+	Note    string
+	Until   time.Time
+}
+
+// ClaimedError reports that a key is already claimed; Key names the first
+// such key (in the caller's order) and State its claim, so the gateway can
+// tell "in progress" from "already settled".
+type ClaimedError struct {
+	Key   string
+	State ClaimState
+}
+
+func (e *ClaimedError) Error() string {
+	if e.State.Settled {
+		return "store: key already claimed and settled"
+	}
+	return "store: key already claimed"
+}
+
+// Is makes errors.Is(err, ErrClaimed) true.
+func (e *ClaimedError) Is(target error) bool { return target == ErrClaimed }
+
+var (
+	// ErrClaimed matches every *ClaimedError.
+	ErrClaimed = errors.New("store: key already claimed")
+	// ErrClaimLost reports that the claim expired and a key now belongs
+	// to someone else (or to nobody).
+	ErrClaimLost = errors.New("store: claim no longer held")
+	// ErrClaimSettled reports a release of a settled claim.
+	ErrClaimSettled = errors.New("store: claim is settled")
+)
+
+// MaxClaimKeyBytes bounds one claim key; callers hash anything longer.
+const MaxClaimKeyBytes = 1024
+
+// claim value: state byte (0 pending, 1 settled), 16 token bytes, until
+// (Unix ns, int64 big endian), then the note.
+type claimRecord struct {
+	settled bool
+	token   [16]byte
+	until   int64
+	note    string
+}
+
+func (c claimRecord) encode() []byte {
+	b := make([]byte, 0, 25+len(c.note))
+	if c.settled {
+		b = append(b, 1)
+	} else {
+		b = append(b, 0)
+	}
+	b = append(b, c.token[:]...)
+	b = binary.BigEndian.AppendUint64(b, uint64(c.until))
+	return append(b, c.note...)
+}
+
+func decodeClaim(b []byte) (claimRecord, error) {
+	var c claimRecord
+	if len(b) < 25 || b[0] > 1 {
+		return c, errors.New("store: corrupt claim record")
+	}
+	c.settled = b[0] == 1
+	copy(c.token[:], b[1:17])
+	c.until = int64(binary.BigEndian.Uint64(b[17:25]))
+	c.note = string(b[25:])
+	return c, nil
+}
+
+func (c claimRecord) state() ClaimState {
+	return ClaimState{Settled: c.settled, Note: c.note, Until: time.Unix(0, c.until).UTC()}
+}
+
+// readClaim returns the live claim on key (ok false when absent or expired
+// by the store's clock).
+func readClaim(txn *badger.Txn, key []byte, t int64) (claimRecord, bool, error) {
+	item, err := txn.Get(key)
+	if errors.Is(err, badger.ErrKeyNotFound) {
+		return claimRecord{}, false, nil
+	}
+	if err != nil {
+		return claimRecord{}, false, fmt.Errorf("reading claim: %w", err)
+	}
+	var c claimRecord
+	if err := item.Value(func(b []byte) error {
+		var err error
+		c, err = decodeClaim(b)
+		return err
+	}); err != nil {
+		return c, false, err
+	}
+	return c, c.until > t, nil
+}
+
+// claimExpiry is when Badger may drop a claim: an hour after it expires,
+// measured on the real clock Badger's TTL reads.
+func claimExpiry(until int64) uint64 {
+	return uint64(max(until, time.Now().UnixNano())/int64(time.Second)) + 3600
+}
+
+// Claims returns the embedded implementation of Claims.
+func (db *DB) Claims() Claims { return claims{db} }
+
+type claims struct{ db *DB }
+
+// Claim implements Claims.
+func (cl claims) Claim(ctx context.Context, keys []string, until time.Time) (Claim, error) {
+	if len(keys) == 0 {
+		return Claim{}, errors.New("store: claim of no keys")
+	}
+	keys = slices.Clone(keys)
+	for _, k := range keys {
+		if k == "" || len(k) > MaxClaimKeyBytes {
+			return Claim{}, fmt.Errorf("store: claim key must be 1..%d bytes", MaxClaimKeyBytes)
+		}
+	}
+	keys = uniqueInOrder(keys)
+	rec := claimRecord{until: until.UnixNano()}
+	if _, err := rand.Read(rec.token[:]); err != nil {
+		return Claim{}, fmt.Errorf("making claim token: %w", err)
+	}
+	val := rec.encode()
+	err := cl.db.update(ctx, func(txn *badger.Txn) error {
+		t := now().UnixNano()
+		if rec.until <= t {
+			return errors.New("store: claim expiry is not in the future")
+		}
+		for _, k := range keys {
+			c, live, err := readClaim(txn, claimKey(k), t)
+			if err != nil {
+				return err
+			}
+			if live {
+				return &ClaimedError{Key: k, State: c.state()}
+			}
+		}
+		for _, k := range keys {
+			e := badger.NewEntry(claimKey(k), val)
+			e.ExpiresAt = claimExpiry(rec.until)
+			if err := txn.SetEntry(e); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return Claim{}, err
+	}
+	return Claim{Keys: keys, Token: hex.EncodeToString(rec.token[:]), Until: until}, nil
+}
+
+func uniqueInOrder(keys []string) []string {
+	seen := make(map[string]bool, len(keys))
+	out := keys[:0]
+	for _, k := range keys {
+		if !seen[k] {
+			seen[k] = true
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// held checks that every key of c is still c's (same token, live at t) and
+// returns the records.
+func held(txn *badger.Txn, c Claim, t int64) ([]claimRecord, error) {
+	var token [16]byte
+	if n, err := hex.Decode(token[:], []byte(c.Token)); err != nil || n != 16 || len(c.Keys) == 0 {
+		return nil, ErrClaimLost
+	}
+	recs := make([]claimRecord, len(c.Keys))
+	for i, k := range c.Keys {
+		r, live, err := readClaim(txn, claimKey(k), t)
+		if err != nil {
+			return nil, err
+		}
+		if !live || r.token != token {
+			return nil, ErrClaimLost
+		}
+		recs[i] = r
+	}
+	return recs, nil
+}
+
+// Settle implements Claims.
+func (cl claims) Settle(ctx context.Context, c Claim, note string, keepUntil time.Time) error {
+	return cl.db.update(ctx, func(txn *badger.Txn) error {
+		recs, err := held(txn, c, now().UnixNano())
+		if err != nil {
+			return err
+		}
+		for i, k := range c.Keys {
+			r := recs[i]
+			r.settled = true
+			r.note = note
+			if !keepUntil.IsZero() {
+				r.until = max(r.until, keepUntil.UnixNano())
+			}
+			e := badger.NewEntry(claimKey(k), r.encode())
+			e.ExpiresAt = claimExpiry(r.until)
+			if err := txn.SetEntry(e); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// Release implements Claims.
+func (cl claims) Release(ctx context.Context, c Claim) error {
+	return cl.db.update(ctx, func(txn *badger.Txn) error {
+		recs, err := held(txn, c, now().UnixNano())
+		if err != nil {
+			return err
+		}
+		for i, k := range c.Keys {
+			if recs[i].settled {
+				return ErrClaimSettled
+			}
+			if err := txn.Delete(claimKey(k)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// Lookup implements Claims.
+func (cl claims) Lookup(ctx context.Context, key string) (ClaimState, error) {
+	var st ClaimState
+	err := cl.db.view(ctx, func(txn *badger.Txn) error {
+		c, live, err := readClaim(txn, claimKey(key), now().UnixNano())
+		if err != nil {
+			return err
+		}
+		if !live {
+			return ErrNotFound
+		}
+		st = c.state()
+		return nil
+	})
+	return st, err
+}

@@ -1,0 +1,296 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/dgraph-io/badger/v4"
+)
+
+// Payment kinds of a recorded verification, as the gateway reported them.
+const (
+	PaymentFree    = "free"
+	PaymentPaid    = "paid"
+	PaymentUnknown = "unknown" // no trusted gateway said how the call was paid
+)
+
+// TestAgentPrefix marks agent ids reserved for examples (SPEC §5): their
+// verifications are recorded like any other but flagged, so trust scores
+// can leave them out.
+const TestAgentPrefix = "test-"
+
+// Page sizes of Verifications.
+const (
+	DefaultPageSize = 20
+	MaxPageSize     = 100
+)
+
+var (
+	// ErrDuplicate reports a second record with an id already recorded;
+	// the first one stands and the counts are unchanged.
+	ErrDuplicate = errors.New("store: verification id already recorded")
+	// ErrBadCursor reports a paging cursor this store did not hand out.
+	ErrBadCursor = errors.New("store: malformed paging cursor")
+	// ErrNotFound reports an id with no record.
+	ErrNotFound = errors.New("store: not found")
+)
+
+// Verification is one entry of the history: what was checked (the hashes,
+// never the content), the outcome, and how the call was paid. It is what
+// reputation pages list and what trust scores are computed from.
+type Verification struct {
+	ID          string    `json:"id"`
+	VerifiedAt  time.Time `json:"verified_at"`
+	AgentID     string    `json:"agent_id,omitempty"` // "" when the request named no agent: not indexed by agent
+	TaskID      string    `json:"task_id"`
+	Result      string    `json:"result"` // "pass" | "fail"
+	OutputHash  string    `json:"output_hash"`
+	SchemaHash  string    `json:"schema_hash"`
+	RulesHash   string    `json:"rules_hash"`
+	RequestHash string    `json:"request_hash"`
+	KeyVersion  string    `json:"key_version,omitempty"` // key that signed the receipt
+
+	Payment string `json:"payment"` // PaymentFree | PaymentPaid | PaymentUnknown
+	Payer   string `json:"payer,omitempty"`
+	Network string `json:"network,omitempty"` // CAIP-2
+	// Wallet is the address the caller proved control of (X-Wallet-Auth),
+	// as the gateway reported it.
+	Wallet string `json:"wallet,omitempty"`
+	// Authenticated says the agent id was bound to the proven wallet, so
+	// the record counts as authenticated history in a score.
+	Authenticated bool `json:"authenticated,omitempty"`
+	// Test is set by the store for agent ids starting with TestAgentPrefix.
+	Test bool `json:"test,omitempty"`
+}
+
+// Counts are one agent's exact totals, updated in the same transaction as
+// each record, so they never drift from the history.
+type Counts struct {
+	Pass              int64     `json:"pass"`
+	Fail              int64     `json:"fail"`
+	AuthenticatedPass int64     `json:"authenticated_pass,omitempty"`
+	AuthenticatedFail int64     `json:"authenticated_fail,omitempty"`
+	Paid              int64     `json:"paid,omitempty"`
+	First             time.Time `json:"first,omitzero"`
+	Last              time.Time `json:"last,omitzero"`
+}
+
+// Total is the number of recorded verifications.
+func (c Counts) Total() int64 { return c.Pass + c.Fail }
+
+func (v *Verification) validate() error {
+	switch {
+	case v.ID == "" || len(v.ID) > 200:
+		return errors.New("store: verification id must be 1..200 bytes")
+	case v.VerifiedAt.IsZero():
+		return errors.New("store: verification time is missing")
+	case v.Result != "pass" && v.Result != "fail":
+		return fmt.Errorf("store: verification result %q is neither pass nor fail", v.Result)
+	case len(v.AgentID) > maxComponent:
+		return errors.New("store: agent id too long")
+	}
+	switch v.Payment {
+	case "":
+		v.Payment = PaymentUnknown
+	case PaymentFree, PaymentPaid, PaymentUnknown:
+	default:
+		return fmt.Errorf("store: payment kind %q is not free, paid or unknown", v.Payment)
+	}
+	return nil
+}
+
+// RecordVerification appends v to the history and updates its agent's
+// counts, all in one transaction. It sets v.Test from the agent id (callers
+// cannot mark or unmark a test agent). A second record with the same id is
+// refused with ErrDuplicate and changes nothing.
+func (db *DB) RecordVerification(ctx context.Context, v Verification) error {
+	if err := v.validate(); err != nil {
+		return err
+	}
+	v.VerifiedAt = v.VerifiedAt.UTC()
+	v.Test = strings.HasPrefix(v.AgentID, TestAgentPrefix)
+	val, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encoding verification: %w", err)
+	}
+	rk := recordKey(v.ID)
+	return db.update(ctx, func(txn *badger.Txn) error {
+		if _, err := txn.Get(rk); err == nil {
+			return ErrDuplicate
+		} else if !errors.Is(err, badger.ErrKeyNotFound) {
+			return fmt.Errorf("checking verification id: %w", err)
+		}
+		if err := txn.Set(rk, val); err != nil {
+			return err
+		}
+		if err := txn.Set(timeKey(v.VerifiedAt, v.ID), nil); err != nil {
+			return err
+		}
+		if v.AgentID == "" {
+			return nil
+		}
+		if err := txn.Set(agentKey(v.AgentID, v.VerifiedAt, v.ID), val); err != nil {
+			return err
+		}
+		ck := countsKey(v.AgentID)
+		c, err := getCounts(txn, ck)
+		if err != nil {
+			return err
+		}
+		c.add(v)
+		cv, err := json.Marshal(c)
+		if err != nil {
+			return fmt.Errorf("encoding counts: %w", err)
+		}
+		return txn.Set(ck, cv)
+	})
+}
+
+func (c *Counts) add(v Verification) {
+	pass := v.Result == "pass"
+	if pass {
+		c.Pass++
+	} else {
+		c.Fail++
+	}
+	if v.Authenticated {
+		if pass {
+			c.AuthenticatedPass++
+		} else {
+			c.AuthenticatedFail++
+		}
+	}
+	if v.Payment == PaymentPaid {
+		c.Paid++
+	}
+	if c.First.IsZero() || v.VerifiedAt.Before(c.First) {
+		c.First = v.VerifiedAt
+	}
+	if v.VerifiedAt.After(c.Last) {
+		c.Last = v.VerifiedAt
+	}
+}
+
+func getCounts(txn *badger.Txn, key []byte) (Counts, error) {
+	var c Counts
+	item, err := txn.Get(key)
+	if errors.Is(err, badger.ErrKeyNotFound) {
+		return c, nil
+	}
+	if err != nil {
+		return c, fmt.Errorf("reading counts: %w", err)
+	}
+	err = item.Value(func(b []byte) error { return json.Unmarshal(b, &c) })
+	if err != nil {
+		return c, fmt.Errorf("decoding counts: %w", err)
+	}
+	return c, nil
+}
+
+// AgentCounts returns agentID's totals (zero for an agent never seen).
+func (db *DB) AgentCounts(ctx context.Context, agentID string) (Counts, error) {
+	var c Counts
+	err := db.view(ctx, func(txn *badger.Txn) error {
+		var err error
+		c, err = getCounts(txn, countsKey(agentID))
+		return err
+	})
+	return c, err
+}
+
+// Verification returns the record with the given id, or ErrNotFound.
+func (db *DB) Verification(ctx context.Context, id string) (Verification, error) {
+	var v Verification
+	err := db.view(ctx, func(txn *badger.Txn) error {
+		item, err := txn.Get(recordKey(id))
+		if errors.Is(err, badger.ErrKeyNotFound) {
+			return ErrNotFound
+		}
+		if err != nil {
+			return err
+		}
+		return item.Value(func(b []byte) error { return json.Unmarshal(b, &v) })
+	})
+	return v, err
+}
+
+// Verifications pages through the history newest first: agentID's records,
+// or every record when agentID is "". cursor is "" for the first page, then
+// the cursor the previous page returned; the returned cursor is "" after the
+// last page. limit is clamped to 1..MaxPageSize (0 means DefaultPageSize).
+// A cursor stays valid while records are added: a page never repeats or
+// skips a record older than its cursor.
+func (db *DB) Verifications(ctx context.Context, agentID, cursor string, limit int) ([]Verification, string, error) {
+	if limit <= 0 {
+		limit = DefaultPageSize
+	}
+	limit = min(limit, MaxPageSize)
+	var after []byte
+	if cursor != "" {
+		var err error
+		after, err = base64.RawURLEncoding.DecodeString(cursor)
+		if err != nil || len(after) < 9 {
+			return nil, "", ErrBadCursor
+		}
+	}
+	if len(agentID) > maxComponent {
+		return nil, "", nil
+	}
+	var prefix []byte
+	byAgent := agentID != ""
+	if byAgent {
+		prefix = agentPrefix(agentID)
+	} else {
+		prefix = []byte{tagTime}
+	}
+	out := make([]Verification, 0, min(limit, 16))
+	var next string
+	var lastSuffix []byte
+	err := db.view(ctx, func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{
+			Prefix:         prefix,
+			PrefetchValues: byAgent,
+			PrefetchSize:   limit + 1,
+		})
+		defer it.Close()
+		seek := append(bytes.Clone(prefix), after...)
+		for it.Seek(seek); it.ValidForPrefix(prefix); it.Next() {
+			key := it.Item().Key()
+			suffix := key[len(prefix):]
+			if after != nil && bytes.Equal(suffix, after) {
+				continue
+			}
+			if len(out) == limit {
+				next = base64.RawURLEncoding.EncodeToString(lastSuffix)
+				return nil
+			}
+			var v Verification
+			if byAgent {
+				if err := it.Item().Value(func(b []byte) error { return json.Unmarshal(b, &v) }); err != nil {
+					return fmt.Errorf("decoding verification: %w", err)
+				}
+			} else {
+				item, err := txn.Get(recordKey(string(suffix[8:])))
+				if err != nil {
+					return fmt.Errorf("reading verification: %w", err)
+				}
+				if err := item.Value(func(b []byte) error { return json.Unmarshal(b, &v) }); err != nil {
+					return fmt.Errorf("decoding verification: %w", err)
+				}
+			}
+			out = append(out, v)
+			lastSuffix = append(lastSuffix[:0], suffix...)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	return out, next, nil
+}

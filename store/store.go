@@ -1,0 +1,281 @@
+// Package store holds the service's durable state in an embedded Badger
+// database: the verification history behind reputation and scores
+// (verifierd), and the gateway's money-relevant primitives (the per-client
+// free allowance and the replay guard for payments and wallet-auth nonces).
+//
+// The gateway primitives are interfaces (Allowance, Claims) whose contracts
+// are written so that a distributed implementation (Redis with one Lua script
+// per operation) can offer exactly the same atomicity; *DB is the embedded
+// implementation. The package is not a general key-value API: every key it
+// writes has a layout documented in keys.go, and nothing else writes there.
+//
+// Durability: by default every commit is fsynced before it returns (see
+// Options.NoSync for the trade-off).
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/dgraph-io/badger/v4"
+)
+
+// now is the store's clock. Tests move it to expire reservations and claims
+// without sleeping; nothing else may assign it.
+var now = time.Now
+
+// ErrClosed is returned by every operation on a closed database, so a caller
+// racing a shutdown gets a clear answer instead of a Badger panic.
+var ErrClosed = errors.New("store: database is closed")
+
+// Options tune the embedded database. The zero value is the safe default.
+type Options struct {
+	// NoSync turns off the fsync that otherwise ends every commit.
+	//
+	// With fsync (the default) a commit that returned survives a power loss
+	// or kernel crash; a counter update costs about 0.5 ms of disk time
+	// instead of about 12 µs, though Badger batches the commits of
+	// concurrent transactions into one fsync, so throughput under load stays
+	// high. Without it, a process crash still loses nothing (Badger's write-
+	// ahead log is in the kernel's page cache), but a power loss can drop the
+	// last commits: a free call not counted, a verification missing from the
+	// history, a replay-guard entry forgotten (the chain's own nonce check
+	// still refuses a second settlement of one authorization). The store
+	// holds money-relevant data, so it is durable unless the operator says
+	// otherwise.
+	NoSync bool
+
+	// Logger receives Badger's warnings and errors; its chatty info and
+	// debug lines are dropped. Nil discards everything. A Caddy module
+	// passes its zap logger through go.uber.org/zap/exp/zapslog.
+	Logger *slog.Logger
+
+	// ReservationTTL is how long an allowance reservation holds a unit
+	// before it lapses if it is neither committed nor released (a crashed
+	// or hung request). It must exceed the longest upstream call. Zero
+	// means DefaultReservationTTL.
+	ReservationTTL time.Duration
+
+	// InMemory keeps everything in memory (nothing on disk, dir ignored).
+	// For tests and throwaway runs only.
+	InMemory bool
+}
+
+// DefaultReservationTTL covers the slowest upstream call the gateway allows
+// with a wide margin.
+const DefaultReservationTTL = 5 * time.Minute
+
+// DB is an open store. It is safe for concurrent use. It implements
+// Allowance and Claims, and the verification history.
+type DB struct {
+	bdb    *badger.DB
+	dir    string
+	opts   Options
+	closed chan struct{}
+
+	// release is set on handles obtained from Shared: Close gives the
+	// reference back instead of closing Badger.
+	release func() error
+}
+
+// Open opens (creating if needed) the database in dir. Badger locks the
+// directory: a second Open of the same dir in any process fails until the
+// first is closed; processes that must share a handle across reloads use
+// Shared instead.
+func Open(dir string, opts Options) (*DB, error) {
+	if opts.ReservationTTL <= 0 {
+		opts.ReservationTTL = DefaultReservationTTL
+	}
+	bo := badger.DefaultOptions(dir).
+		WithSyncWrites(!opts.NoSync).
+		WithLogger(badgerLogger{opts.Logger}).
+		// Sized for a small service on a small machine: Badger's defaults
+		// (64 MiB memtables, 256 MiB block cache, 1 GiB value-log files)
+		// assume a dedicated database server.
+		WithMemTableSize(16 << 20).
+		WithNumMemtables(3).
+		WithBlockCacheSize(32 << 20).
+		WithValueLogFileSize(64 << 20).
+		WithNumCompactors(2).
+		WithNumGoroutines(2).
+		WithMetricsEnabled(false)
+	if opts.InMemory {
+		bo = bo.WithInMemory(true).WithDir("").WithValueDir("")
+	} else {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, fmt.Errorf("creating store directory: %w", err)
+		}
+	}
+	bdb, err := badger.Open(bo)
+	if err != nil {
+		return nil, fmt.Errorf("opening store in %s: %w", dir, err)
+	}
+	db := &DB{bdb: bdb, dir: dir, opts: opts, closed: make(chan struct{})}
+	if err := db.checkLayout(); err != nil {
+		bdb.Close()
+		return nil, err
+	}
+	return db, nil
+}
+
+// Close flushes and closes the database (or, for a handle from Shared,
+// gives the reference back). Calling it twice is harmless.
+func (db *DB) Close() error {
+	if db.release != nil {
+		return db.release()
+	}
+	return db.closeBadger()
+}
+
+// Destruct is Close under the name caddy.UsagePool expects of its values,
+// so a Caddy module can keep one handle across config reloads without this
+// package importing Caddy.
+func (db *DB) Destruct() error { return db.Close() }
+
+func (db *DB) closeBadger() error {
+	select {
+	case <-db.closed:
+		return nil
+	default:
+	}
+	close(db.closed)
+	if err := db.bdb.Close(); err != nil {
+		return fmt.Errorf("closing store: %w", err)
+	}
+	return nil
+}
+
+// Ping reports whether the database is open and readable, for health checks.
+func (db *DB) Ping(ctx context.Context) error {
+	if err := db.usable(ctx); err != nil {
+		return err
+	}
+	return db.bdb.View(func(txn *badger.Txn) error {
+		_, err := txn.Get(keyLayoutVersion)
+		return err
+	})
+}
+
+// Dir reports the directory the database lives in ("" in memory).
+func (db *DB) Dir() string { return db.dir }
+
+func (db *DB) usable(ctx context.Context) error {
+	select {
+	case <-db.closed:
+		return ErrClosed
+	default:
+	}
+	return ctx.Err()
+}
+
+// maxAttempts bounds the retries of one transaction that keeps losing
+// optimistic-concurrency conflicts. With 100 writers on one key the last
+// one needs about 100 attempts; the bound only stops a livelock.
+const maxAttempts = 1000
+
+// update runs fn in a read-write transaction, retrying it from the start
+// when Badger reports a conflict with a concurrent commit (its optimistic
+// concurrency control detects that a key this transaction read was written
+// meanwhile). fn must therefore be free of side effects outside txn.
+func (db *DB) update(ctx context.Context, fn func(txn *badger.Txn) error) error {
+	for attempt := 0; ; attempt++ {
+		if err := db.usable(ctx); err != nil {
+			return err
+		}
+		err := db.bdb.Update(fn)
+		if !errors.Is(err, badger.ErrConflict) {
+			if errors.Is(err, badger.ErrDBClosed) {
+				return ErrClosed
+			}
+			return err
+		}
+		if attempt >= maxAttempts {
+			return fmt.Errorf("store: gave up after %d conflicting attempts: %w", attempt+1, err)
+		}
+		if attempt > 4 {
+			// Back off a little so the winners can finish; jitter keeps
+			// the losers from colliding again in lockstep.
+			time.Sleep(time.Duration(rand.IntN(50*min(attempt, 20))) * time.Microsecond)
+		}
+	}
+}
+
+func (db *DB) view(ctx context.Context, fn func(txn *badger.Txn) error) error {
+	if err := db.usable(ctx); err != nil {
+		return err
+	}
+	err := db.bdb.View(fn)
+	if errors.Is(err, badger.ErrDBClosed) {
+		return ErrClosed
+	}
+	return err
+}
+
+// checkLayout writes the key-layout version into a new database and refuses
+// a database written with a layout this build does not know, so an
+// accidental downgrade fails loudly instead of misreading keys.
+func (db *DB) checkLayout() error {
+	return db.update(context.Background(), func(txn *badger.Txn) error {
+		item, err := txn.Get(keyLayoutVersion)
+		if errors.Is(err, badger.ErrKeyNotFound) {
+			return txn.Set(keyLayoutVersion, []byte{layoutVersion})
+		}
+		if err != nil {
+			return fmt.Errorf("reading store layout version: %w", err)
+		}
+		return item.Value(func(v []byte) error {
+			if len(v) != 1 || v[0] != layoutVersion {
+				return fmt.Errorf("store in %s has key layout version %v; this build reads version %d", db.dir, v, layoutVersion)
+			}
+			return nil
+		})
+	})
+}
+
+// badgerLogger adapts Badger's printf-style logger to slog, keeping only
+// warnings and errors.
+type badgerLogger struct{ l *slog.Logger }
+
+func (b badgerLogger) Errorf(f string, a ...any) {
+	if b.l != nil {
+		b.l.Error(trimNewline(fmt.Sprintf(f, a...)), "component", "badger")
+	}
+}
+
+func (b badgerLogger) Warningf(f string, a ...any) {
+	if b.l != nil {
+		b.l.Warn(trimNewline(fmt.Sprintf(f, a...)), "component", "badger")
+	}
+}
+
+func (badgerLogger) Infof(string, ...any)  {}
+func (badgerLogger) Debugf(string, ...any) {}
+
+func trimNewline(s string) string {
+	for len(s) > 0 && (s[len(s)-1] == '\n' || s[len(s)-1] == ' ') {
+		s = s[:len(s)-1]
+	}
+	return s
+}
+
+// absPath is the key of the Shared registry: one database per directory,
+// however the path was spelled.
+func absPath(dir string) (string, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return "", fmt.Errorf("resolving store directory: %w", err)
+	}
+	return filepath.Clean(abs), nil
+}
+
+// Interface guards
+var (
+	_ Allowance = allowance{}
+	_ Claims    = claims{}
+)
