@@ -170,10 +170,21 @@ func Verify(resp []byte, keys KeySet, context string) (Verified, error) {
 	if err != nil {
 		return Verified{}, fmt.Errorf("receipt: %w", err)
 	}
-	if !ed25519.Verify(k.pub, msg, att.sig) {
+	if !verifySignature(k.pub, msg, att.sig) {
 		return Verified{}, ErrSignature
 	}
 	return Verified{Context: context, KeyVersion: att.KeyVersion, Timestamp: att.Timestamp}, nil
+}
+
+// verifySignature is RFC 8032 Ed25519 verification as crypto/ed25519 does
+// it: S must be canonical (S < L, so signatures are not malleable), R and
+// the public key must decode, and the check is the cofactorless equation.
+// Lengths are checked here because ed25519.Verify panics on a short key.
+func verifySignature(pub, msg, sig []byte) bool {
+	if len(pub) != ed25519.PublicKeySize || len(sig) != ed25519.SignatureSize {
+		return false
+	}
+	return ed25519.Verify(pub, msg, sig)
 }
 
 // InferContext reports the signing context a response was made under,
