@@ -1,0 +1,201 @@
+package x402
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"mime"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/aovhq/aov/apierr"
+)
+
+// MaxFacilitatorRequestBytes caps a /verify or /settle request body. A
+// request carries one payment (a few KiB); 1 MiB leaves room for
+// extensions.
+const MaxFacilitatorRequestBytes = 1 << 20
+
+// NewFacilitatorHandler serves f over the x402 facilitator HTTP API:
+// POST /verify, POST /settle and GET /supported, at paths relative to where
+// it is mounted (use http.StripPrefix to serve it under a prefix).
+//
+// Request bodies must be JSON (Content-Type application/json), at most
+// MaxFacilitatorRequestBytes, and exactly {x402Version: 2, paymentPayload,
+// paymentRequirements}: another member, a missing one, a version other than
+// 2, duplicate member names, or a payload or requirements that
+// DecodePaymentSignature's rules refuse is a 400 naming the field. Verdicts,
+// isValid:false and success:false included, are 200 with the VerifyResponse
+// or SettleResponse body, as the reference TypeScript facilitator answers.
+// When f returns an error (no verdict, or an unknown settlement outcome) the
+// answer is 503: the caller settles nothing and, for settle, must treat the
+// outcome as unknown (HTTPFacilitator does).
+//
+// Errors use the service's error shape (code, message, status, retryable,
+// fields, ...) plus an "error" member with the code, which is what x402
+// facilitator clients print.
+func NewFacilitatorHandler(f Facilitator) http.Handler {
+	return &facilitatorHandler{f: f}
+}
+
+type facilitatorHandler struct{ f Facilitator }
+
+func (h *facilitatorHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch r.URL.Path {
+	case "/verify", "/settle":
+		if r.Method != http.MethodPost {
+			writeError(w, apierr.MethodNotAllowed(http.MethodPost))
+			return
+		}
+		req, err := readFacilitatorRequest(w, r)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		if r.URL.Path == "/verify" {
+			resp, err := h.f.Verify(r.Context(), req.PaymentPayload, req.PaymentRequirements)
+			if err != nil {
+				writeError(w, apierr.Unavailable("facilitator", 1, err))
+				return
+			}
+			writeJSON(w, http.StatusOK, resp)
+			return
+		}
+		resp, err := h.f.Settle(r.Context(), req.PaymentPayload, req.PaymentRequirements)
+		if err != nil {
+			e := apierr.Unavailable("facilitator", 1, err)
+			var unknown *UnknownOutcomeError
+			if errors.As(err, &unknown) {
+				e.Message = "The settlement outcome is not known yet and the payment may have settled; do not pay again, retry the same request later."
+			}
+			writeError(w, e)
+			return
+		}
+		if resp.Network == "" {
+			resp.Network = req.PaymentRequirements.Network
+		}
+		writeJSON(w, http.StatusOK, resp)
+	case "/supported":
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			writeError(w, apierr.MethodNotAllowed(http.MethodGet))
+			return
+		}
+		resp, err := h.f.Supported(r.Context())
+		if err != nil {
+			writeError(w, apierr.Unavailable("facilitator", 1, err))
+			return
+		}
+		if resp.Kinds == nil {
+			resp.Kinds = []SupportedKind{}
+		}
+		if resp.Extensions == nil {
+			resp.Extensions = []string{}
+		}
+		if resp.Signers == nil {
+			resp.Signers = map[string][]string{}
+		}
+		writeJSON(w, http.StatusOK, resp)
+	default:
+		writeError(w, apierr.NotFound("facilitator endpoint"))
+	}
+}
+
+// readFacilitatorRequest reads and checks a /verify or /settle body.
+func readFacilitatorRequest(w http.ResponseWriter, r *http.Request) (FacilitatorRequest, error) {
+	var req FacilitatorRequest
+	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
+		return req, apierr.UnsupportedMediaType()
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxFacilitatorRequestBytes))
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			return req, apierr.TooLarge(MaxFacilitatorRequestBytes)
+		}
+		return req, badRequest("", "could not be read")
+	}
+	if err := checkJSONObject(body); err != nil {
+		return req, badRequest("", "must be one JSON object with distinct member names")
+	}
+	m, err := members(body, "")
+	if err != nil {
+		return req, badRequest("", "must be a JSON object")
+	}
+	for name := range m {
+		if name != "x402Version" && name != "paymentPayload" && name != "paymentRequirements" {
+			return req, badRequest("", "has a member other than x402Version, paymentPayload and paymentRequirements")
+		}
+	}
+	if raw, ok := m["x402Version"]; !ok || string(raw) != "2" {
+		return req, badRequest("x402Version", "must be 2")
+	}
+	req.X402Version = Version
+	raw, ok := m["paymentPayload"]
+	if !ok {
+		return req, badRequest("paymentPayload", "is required")
+	}
+	if req.PaymentPayload, err = parsePaymentPayload(raw, "paymentPayload"); err != nil {
+		return req, fromPaymentError(err)
+	}
+	if raw, ok = m["paymentRequirements"]; !ok {
+		return req, badRequest("paymentRequirements", "is required")
+	}
+	if req.PaymentRequirements, err = parseRequirements(raw, "paymentRequirements"); err != nil {
+		return req, fromPaymentError(err)
+	}
+	return req, nil
+}
+
+func fromPaymentError(err error) *apierr.Error {
+	var pe *PaymentError
+	if errors.As(err, &pe) {
+		return badRequest(pe.Field, pe.Problem)
+	}
+	return badRequest("", "is invalid")
+}
+
+// badRequest is a 400 in the service's error shape for one field.
+func badRequest(field, problem string) *apierr.Error {
+	if field == "" {
+		field = "(body)"
+	}
+	return &apierr.Error{
+		Code:        apierr.CodeInvalidRequest,
+		Message:     "The facilitator request is invalid and nothing was verified or settled; fix the listed field and send it again.",
+		Status:      http.StatusBadRequest,
+		NextActions: []apierr.Action{{Action: "fix_request_fields", Fields: []string{field}}},
+		Fields:      []apierr.Field{{Field: field, Problem: problem, Fix: "Send {x402Version: 2, paymentPayload, paymentRequirements} as the x402 facilitator API defines them."}},
+	}
+}
+
+// errorBody is the service's error shape plus the "error" member that x402
+// facilitator clients read.
+type errorBody struct {
+	*apierr.Error
+	ErrorCode string `json:"error"`
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	e := apierr.From(err)
+	h := w.Header()
+	if e.RetryAfter > 0 {
+		h.Set("Retry-After", strconv.Itoa(e.RetryAfter))
+	}
+	if len(e.Allow) > 0 {
+		h.Set("Allow", strings.Join(e.Allow, ", "))
+	}
+	writeJSON(w, e.Status, errorBody{Error: e, ErrorCode: e.Code})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		status, body = http.StatusInternalServerError, []byte(`{"error":"internal_error"}`)
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	w.Write(append(body, '\n'))
+}

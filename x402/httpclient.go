@@ -1,0 +1,347 @@
+package x402
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Defaults of HTTPFacilitatorConfig.
+const (
+	DefaultFacilitatorTimeout = 30 * time.Second // the reference gateways' facilitator timeout
+	DefaultMaxResponseBytes   = 1 << 20
+	DefaultRetries            = 2
+	DefaultBackoff            = 200 * time.Millisecond
+	maxRetryAfter             = 5 * time.Second
+)
+
+// HTTPFacilitatorConfig configures a client of a remote facilitator.
+type HTTPFacilitatorConfig struct {
+	// URL is the facilitator's base URL; /verify, /settle and /supported
+	// are appended to its path.
+	URL string
+	// Headers are sent with every request, e.g. a static Authorization.
+	Headers map[string]string
+	// Timeout bounds one call (Verify, Settle or Supported) including its
+	// retries. Default DefaultFacilitatorTimeout.
+	Timeout time.Duration
+	// Client is the HTTP client; default a new one with no timeout of its
+	// own (Timeout governs).
+	Client *http.Client
+	// MaxResponseBytes caps a reply body. Default DefaultMaxResponseBytes.
+	MaxResponseBytes int64
+	// Retries is how many times Verify and Supported are retried after 429,
+	// a 5xx without an answer, or a connection error (default
+	// DefaultRetries; negative disables). Settle is never retried.
+	Retries int
+	// Backoff is the wait before the first retry, doubled for each next one;
+	// a Retry-After of at most 5 s from the facilitator takes precedence.
+	// Default DefaultBackoff.
+	Backoff time.Duration
+}
+
+// HTTPFacilitator is a Facilitator reached over the x402 facilitator HTTP
+// API (POST /verify, POST /settle, GET /supported).
+type HTTPFacilitator struct {
+	cfg  HTTPFacilitatorConfig
+	base *url.URL
+	err  error
+}
+
+// NewHTTPFacilitator returns a client for the facilitator at cfg.URL. A bad
+// URL is reported by every call (and by Err), so construction never fails.
+func NewHTTPFacilitator(cfg HTTPFacilitatorConfig) *HTTPFacilitator {
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = DefaultFacilitatorTimeout
+	}
+	if cfg.Client == nil {
+		cfg.Client = &http.Client{}
+	}
+	if cfg.MaxResponseBytes <= 0 {
+		cfg.MaxResponseBytes = DefaultMaxResponseBytes
+	}
+	if cfg.Retries == 0 {
+		cfg.Retries = DefaultRetries
+	}
+	if cfg.Backoff <= 0 {
+		cfg.Backoff = DefaultBackoff
+	}
+	f := &HTTPFacilitator{cfg: cfg}
+	u, err := url.Parse(cfg.URL)
+	switch {
+	case err != nil:
+		f.err = fmt.Errorf("facilitator url: %w", err)
+	case (u.Scheme != "http" && u.Scheme != "https") || u.Host == "":
+		f.err = errors.New("facilitator url must be an absolute http or https URL")
+	default:
+		u.Path = strings.TrimSuffix(u.Path, "/")
+		f.base = u
+	}
+	return f
+}
+
+// Err reports a configuration problem (a bad URL), so a provisioner can
+// refuse the configuration at start.
+func (f *HTTPFacilitator) Err() error { return f.err }
+
+// FacilitatorError is a call that produced no answer: the facilitator was
+// unreachable, replied with an error status and no verdict, or replied
+// with something that is not the protocol's JSON. For Settle it is returned
+// only when the request certainly did not settle (the connection was never
+// made, or the facilitator refused the request with a 4xx); otherwise
+// Settle returns *UnknownOutcomeError.
+type FacilitatorError struct {
+	Op     string // "verify", "settle" or "supported"
+	Status int    // HTTP status, 0 when there was no reply
+	Err    error
+}
+
+// Error reports the operation, the status and the cause.
+func (e *FacilitatorError) Error() string {
+	if e.Status != 0 {
+		return fmt.Sprintf("facilitator %s: status %d: %v", e.Op, e.Status, e.Err)
+	}
+	return fmt.Sprintf("facilitator %s: %v", e.Op, e.Err)
+}
+
+// Unwrap returns the cause.
+func (e *FacilitatorError) Unwrap() error { return e.Err }
+
+// UnknownOutcomeError is a settlement whose result is not known: the
+// request may have reached the facilitator (a timeout, a dropped
+// connection, a 5xx, a malformed reply, or a reply saying the settlement is
+// pending). The money may have moved. The caller must not release the
+// resource and must not ask the payer to pay again; it keeps the payment
+// marked as used and reports a retryable error. Re-sending the same
+// authorization later is safe for EIP-3009 (its nonce can settle at most
+// once), but it is not done automatically here.
+type UnknownOutcomeError struct {
+	Op string
+	// Reply is the facilitator's answer when it said the outcome is
+	// pending; nil when there was no usable answer.
+	Reply *SettleResponse
+	Err   error
+}
+
+// Error says that the outcome is unknown and must not be treated as a
+// failure.
+func (e *UnknownOutcomeError) Error() string {
+	return fmt.Sprintf("facilitator %s: outcome unknown (the payment may have settled; do not ask for a new payment): %v", e.Op, e.Err)
+}
+
+// Unwrap returns the cause.
+func (e *UnknownOutcomeError) Unwrap() error { return e.Err }
+
+// pendingReasons are settle errorReasons that say the transfer may have
+// been submitted and its result is unknown. A reply with one of them is not
+// a failure: reporting it as one would make the payer pay twice.
+var pendingReasons = map[string]bool{
+	ReasonSettlementPending:          true,
+	ReasonExactEVMFailedToGetReceipt: true,
+	ReasonUnexpectedSettleError:      true,
+}
+
+// Verify asks the facilitator whether p pays for req. An isValid:false
+// reply with any status (some facilitators answer 400) is an answer; 429, a
+// 5xx without a verdict and connection errors are retried; anything else
+// without a verdict is a *FacilitatorError.
+func (f *HTTPFacilitator) Verify(ctx context.Context, p PaymentPayload, req PaymentRequirements) (VerifyResponse, error) {
+	var out VerifyResponse
+	body, err := json.Marshal(FacilitatorRequest{X402Version: Version, PaymentPayload: p, PaymentRequirements: req})
+	if err != nil {
+		return out, &FacilitatorError{Op: "verify", Err: err}
+	}
+	err = f.callWithRetry(ctx, "verify", http.MethodPost, "/verify", body, func(status int, reply []byte) (bool, error) {
+		m, isObj := replyMembers(reply)
+		raw, has := m["isValid"]
+		if !isObj || !has || (string(raw) != "true" && string(raw) != "false") {
+			return retryable(status), &FacilitatorError{Op: "verify", Status: status, Err: errors.New("reply carries no isValid verdict")}
+		}
+		if err := json.Unmarshal(reply, &out); err != nil {
+			return false, &FacilitatorError{Op: "verify", Status: status, Err: errors.New("reply is not a VerifyResponse")}
+		}
+		if out.IsValid && (status < 200 || status > 299) {
+			return false, &FacilitatorError{Op: "verify", Status: status, Err: errors.New("isValid true with an error status")}
+		}
+		return false, nil
+	})
+	return out, err
+}
+
+// Supported fetches the facilitator's kinds, extensions and signers; it is
+// retried like Verify and needs a 200 reply.
+func (f *HTTPFacilitator) Supported(ctx context.Context) (SupportedResponse, error) {
+	var out SupportedResponse
+	err := f.callWithRetry(ctx, "supported", http.MethodGet, "/supported", nil, func(status int, reply []byte) (bool, error) {
+		if status != http.StatusOK {
+			return retryable(status), &FacilitatorError{Op: "supported", Status: status, Err: errors.New("unexpected status")}
+		}
+		m, isObj := replyMembers(reply)
+		if _, has := m["kinds"]; !isObj || !has || json.Unmarshal(reply, &out) != nil {
+			return false, &FacilitatorError{Op: "supported", Status: status, Err: errors.New("reply is not a SupportedResponse")}
+		}
+		return false, nil
+	})
+	return out, err
+}
+
+// Settle asks the facilitator to execute p for req, exactly once: it is
+// never retried. A reply carrying a success verdict is an answer whatever
+// its status (success:true means the money moved). Without one: a refused
+// connection or a 4xx (other than 408 and 409) is a *FacilitatorError, as
+// nothing settled; everything else (timeout, dropped connection, 5xx,
+// malformed or oversized reply, success:false with a pending reason) is an
+// *UnknownOutcomeError.
+func (f *HTTPFacilitator) Settle(ctx context.Context, p PaymentPayload, req PaymentRequirements) (SettleResponse, error) {
+	var out SettleResponse
+	if f.err != nil {
+		return out, &FacilitatorError{Op: "settle", Err: f.err}
+	}
+	body, err := json.Marshal(FacilitatorRequest{X402Version: Version, PaymentPayload: p, PaymentRequirements: req})
+	if err != nil {
+		return out, &FacilitatorError{Op: "settle", Err: err}
+	}
+	ctx, cancel := context.WithTimeout(ctx, f.cfg.Timeout)
+	defer cancel()
+	r, err := f.do(ctx, http.MethodPost, "/settle", body)
+	if err != nil {
+		if r.status == 0 && isDialError(err) {
+			return out, &FacilitatorError{Op: "settle", Err: err}
+		}
+		return out, &UnknownOutcomeError{Op: "settle", Err: err}
+	}
+	status := r.status
+	m, isObj := replyMembers(r.body)
+	raw, has := m["success"]
+	if !isObj || !has || (string(raw) != "true" && string(raw) != "false") {
+		if status >= 400 && status <= 499 && status != http.StatusRequestTimeout && status != http.StatusConflict {
+			return out, &FacilitatorError{Op: "settle", Status: status, Err: errors.New("request refused; nothing settled")}
+		}
+		return out, &UnknownOutcomeError{Op: "settle", Err: fmt.Errorf("status %d with no success verdict", status)}
+	}
+	if err := json.Unmarshal(r.body, &out); err != nil {
+		return SettleResponse{}, &UnknownOutcomeError{Op: "settle", Err: fmt.Errorf("status %d with a malformed SettleResponse", status)}
+	}
+	if !out.Success && pendingReasons[out.ErrorReason] {
+		r := out
+		return SettleResponse{}, &UnknownOutcomeError{Op: "settle", Reply: &r, Err: fmt.Errorf("facilitator reports %s", out.ErrorReason)}
+	}
+	return out, nil
+}
+
+// callWithRetry runs one idempotent call: handle decides from a reply
+// whether it is an answer (nil error), a retryable miss or a final error.
+func (f *HTTPFacilitator) callWithRetry(ctx context.Context, op, method, path string, body []byte, handle func(status int, reply []byte) (bool, error)) error {
+	if f.err != nil {
+		return &FacilitatorError{Op: op, Err: f.err}
+	}
+	ctx, cancel := context.WithTimeout(ctx, f.cfg.Timeout)
+	defer cancel()
+	wait := f.cfg.Backoff
+	for attempt := 0; ; attempt++ {
+		r, err := f.do(ctx, method, path, body)
+		var retry bool
+		if err != nil {
+			err = &FacilitatorError{Op: op, Status: r.status, Err: err}
+			retry = ctx.Err() == nil && r.status == 0
+		} else {
+			retry, err = handle(r.status, r.body)
+			if err == nil {
+				return nil
+			}
+		}
+		if !retry || attempt >= f.cfg.Retries {
+			return err
+		}
+		d := wait
+		if r.retryAfter > 0 && r.retryAfter <= maxRetryAfter {
+			d = r.retryAfter
+		}
+		wait *= 2
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+	}
+}
+
+func retryable(status int) bool {
+	return status == http.StatusTooManyRequests || status >= 500
+}
+
+// reply is one HTTP answer.
+type reply struct {
+	status     int
+	body       []byte
+	retryAfter time.Duration
+}
+
+// do sends one request and reads a capped reply. A non-nil error with a
+// non-zero status means the reply arrived but could not be read whole.
+func (f *HTTPFacilitator) do(ctx context.Context, method, path string, body []byte) (reply, error) {
+	u := *f.base
+	u.Path += path
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u.String(), rd)
+	if err != nil {
+		return reply{}, err
+	}
+	for k, v := range f.cfg.Headers {
+		req.Header.Set(k, v)
+	}
+	req.Header.Set("Accept", "application/json")
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := f.cfg.Client.Do(req)
+	if err != nil {
+		return reply{}, err
+	}
+	defer resp.Body.Close()
+	r := reply{status: resp.StatusCode}
+	if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && s > 0 {
+		r.retryAfter = time.Duration(s) * time.Second
+	}
+	if r.body, err = io.ReadAll(io.LimitReader(resp.Body, f.cfg.MaxResponseBytes+1)); err != nil {
+		return r, fmt.Errorf("reading reply: %w", err)
+	}
+	if int64(len(r.body)) > f.cfg.MaxResponseBytes {
+		return r, fmt.Errorf("reply larger than %d bytes", f.cfg.MaxResponseBytes)
+	}
+	return r, nil
+}
+
+// replyMembers splits a reply into its top-level members when it is a JSON
+// object with distinct member names.
+func replyMembers(body []byte) (map[string]json.RawMessage, bool) {
+	if checkJSONObject(body) != nil {
+		return nil, false
+	}
+	var m map[string]json.RawMessage
+	if json.Unmarshal(body, &m) != nil {
+		return nil, false
+	}
+	return m, true
+}
+
+// isDialError reports whether err happened while connecting, before any
+// byte of the request was sent.
+func isDialError(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
