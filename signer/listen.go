@@ -1,0 +1,134 @@
+package signer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// MinSecretBytes is the shortest bearer secret accepted for TCP mode.
+const MinSecretBytes = 16
+
+// ListenUnix listens on a unix socket at path that only certd's own user can
+// connect to (mode 0600). The socket's directory is created with mode 0700
+// when missing: the directory closes the instant between bind and chmod.
+//
+// A socket file left by a certd that died is removed; a live one (something
+// answers on it) is refused, so two certds never fight over one socket. A
+// path that exists and is not a socket is never deleted.
+func ListenUnix(path string) (net.Listener, error) {
+	if path == "" {
+		return nil, errors.New("listening on unix socket: no path given")
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("listening on unix socket: creating its directory: %w", err)
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode().Type() != fs.ModeSocket {
+			return nil, fmt.Errorf("listening on unix socket: %s exists and is not a socket; remove it or choose another path", path)
+		}
+		conn, err := net.DialTimeout("unix", path, time.Second)
+		if err == nil {
+			conn.Close()
+			return nil, fmt.Errorf("listening on unix socket: another process is already serving on %s", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("listening on unix socket: removing the stale socket %s: %w", path, err)
+		}
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("listening on unix socket: %w", err)
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("listening on unix socket: %w", err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("listening on unix socket: restricting %s to mode 0600: %w", path, err)
+	}
+	return ln, nil
+}
+
+// ListenTCP listens on a loopback TCP address and refuses any other: the
+// signing endpoint must never be reachable from the network, whatever the
+// secret. addr is host:port with an IP literal or "localhost"; port 0 picks
+// a free port.
+func ListenTCP(addr string) (net.Listener, error) {
+	if err := CheckLoopback(addr); err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listening on %s: %w", addr, err)
+	}
+	return ln, nil
+}
+
+// CheckLoopback reports an error unless every address host:port can bind to
+// is a loopback address.
+func CheckLoopback(addr string) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("signing listen address %q: %w", addr, err)
+	}
+	if host == "" {
+		return fmt.Errorf("signing listen address %q listens on every interface; use 127.0.0.1:PORT", addr)
+	}
+	var ips []net.IP
+	if ip := net.ParseIP(host); ip != nil {
+		ips = []net.IP{ip}
+	} else if strings.EqualFold(host, "localhost") {
+		addrs, err := net.DefaultResolver.LookupIPAddr(context.Background(), host)
+		if err != nil {
+			return fmt.Errorf("signing listen address %q: %w", addr, err)
+		}
+		for _, a := range addrs {
+			ips = append(ips, a.IP)
+		}
+	} else {
+		return fmt.Errorf("signing listen address %q is not an IP address or localhost; use 127.0.0.1:PORT", addr)
+	}
+	for _, ip := range ips {
+		if !ip.IsLoopback() {
+			return fmt.Errorf("signing listen address %q is not a loopback address; the signing endpoint must never be reachable from the network, use 127.0.0.1:PORT", addr)
+		}
+	}
+	if len(ips) == 0 {
+		return fmt.Errorf("signing listen address %q resolves to nothing", addr)
+	}
+	return nil
+}
+
+// ReadSecretFile reads the shared bearer secret of TCP mode from a file that
+// only its owner can read (like a private key file), trimming surrounding
+// whitespace. A short secret is refused.
+func ReadSecretFile(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", fmt.Errorf("reading signing secret: %w", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return "", fmt.Errorf("reading signing secret: %w", err)
+	}
+	if perm := fi.Mode().Perm(); perm&0o077 != 0 {
+		return "", fmt.Errorf("reading signing secret: %s has mode %04o and is readable by group or others; restrict it with `chmod 600 %s`", path, perm, path)
+	}
+	raw, err := io.ReadAll(io.LimitReader(f, 4096))
+	if err != nil {
+		return "", fmt.Errorf("reading signing secret: %w", err)
+	}
+	secret := strings.TrimSpace(string(raw))
+	if len(secret) < MinSecretBytes {
+		return "", fmt.Errorf("reading signing secret: %s holds %d bytes, want at least %d (e.g. `openssl rand -hex 32 > %s`)", path, len(secret), MinSecretBytes, path)
+	}
+	return secret, nil
+}

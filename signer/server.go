@@ -1,0 +1,344 @@
+// Package signer is certd's signing protocol: the HTTP handler certd serves
+// on its private socket, and the client verifierd uses to have responses
+// signed.
+//
+// The protocol is small JSON over HTTP, on a unix socket (mode 0600: file
+// permissions are the authentication) or on a loopback TCP address with a
+// shared bearer secret:
+//
+//	GET  /v1/key   → {"key_version":"k2","algorithm":"Ed25519"}
+//	POST /v1/sign  {"context","key_version","attested_at","response"} → receipt.Attestation
+//	GET  /health   → 200 while a signing key is loaded
+//
+// The caller names the key version it put into the response's verify block;
+// certd signs only with its current key, so a response can never carry one
+// key version in "verify" and a signature by another. After a rotation the
+// caller gets 409 stale_key_version with the current version and rebuilds.
+//
+// This package is not the public face of certd (that is the agent card) and
+// must never be reachable through the gateway: anyone who can reach it can
+// have arbitrary documents signed with the service's key.
+package signer
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"mime"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/keystore"
+	"github.com/aovhq/aov/receipt"
+)
+
+// Protocol paths.
+const (
+	PathKey    = "/v1/key"
+	PathSign   = "/v1/sign"
+	PathHealth = "/health"
+)
+
+// CodeStaleKeyVersion is the error code of a sign request naming a key
+// version that is not certd's current key (409).
+const CodeStaleKeyVersion = "stale_key_version"
+
+// Defaults of ServerConfig.
+const (
+	DefaultMaxSkew      = 60 * time.Second
+	DefaultMaxBodyBytes = 4 << 20
+)
+
+// KeyInfo is the answer of GET /v1/key.
+type KeyInfo struct {
+	KeyVersion string `json:"key_version"`
+	Algorithm  string `json:"algorithm"`
+}
+
+// SignRequest is the body of POST /v1/sign. Response is the whole response
+// document without its "attestation" member, as a JSON object.
+type SignRequest struct {
+	Context    string          `json:"context"`
+	KeyVersion string          `json:"key_version"`
+	AttestedAt string          `json:"attested_at"`
+	Response   json.RawMessage `json:"response"`
+}
+
+// StaleKeyBody is the 409 answer: the SPEC §6 error shape plus the current
+// key version, so the caller can rebuild its response without another call.
+type StaleKeyBody struct {
+	*apierr.Error
+	CurrentKeyVersion string `json:"current_key_version"`
+}
+
+// ServerConfig configures the signing handler.
+type ServerConfig struct {
+	// Keys is the key directory; its current key signs.
+	Keys *keystore.Store
+	// MaxSkew is how far attested_at may be from certd's clock (default
+	// 60 s). It stops a caller from back- or forward-dating receipts.
+	MaxSkew time.Duration
+	// MaxBodyBytes caps a sign request (default 4 MiB).
+	MaxBodyBytes int64
+	// Secret, when set, is the bearer token every /v1/ request must carry
+	// (loopback TCP mode). On a unix socket the file mode authenticates.
+	Secret string
+	// Now is the clock attested_at is checked against; tests move it.
+	Now func() time.Time
+	// Logger receives one line per refusal and per key reload; nil is silent.
+	Logger *slog.Logger
+}
+
+// Server is the signing handler. It is safe for concurrent use.
+type Server struct {
+	keys    *keystore.Store
+	maxSkew time.Duration
+	maxBody int64
+	secret  [32]byte
+	auth    bool
+	now     func() time.Time
+	log     *slog.Logger
+}
+
+// NewServer returns the signing handler.
+func NewServer(cfg ServerConfig) (*Server, error) {
+	if cfg.Keys == nil {
+		return nil, errors.New("signing server: no key store")
+	}
+	s := &Server{
+		keys:    cfg.Keys,
+		maxSkew: cfg.MaxSkew,
+		maxBody: cfg.MaxBodyBytes,
+		now:     cfg.Now,
+		log:     cfg.Logger,
+	}
+	if s.maxSkew <= 0 {
+		s.maxSkew = DefaultMaxSkew
+	}
+	if s.maxBody <= 0 {
+		s.maxBody = DefaultMaxBodyBytes
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Secret != "" {
+		s.auth = true
+		s.secret = sha256.Sum256([]byte(cfg.Secret))
+	}
+	return s, nil
+}
+
+// ServeHTTP routes the three protocol endpoints; every refusal is in the
+// SPEC §6 error shape.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch r.URL.Path {
+	case PathHealth:
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			apierr.Write(w, apierr.MethodNotAllowed(http.MethodGet))
+			return
+		}
+		s.health(w)
+	case PathKey:
+		if !s.authorized(w, r) {
+			return
+		}
+		if r.Method != http.MethodGet {
+			apierr.Write(w, apierr.MethodNotAllowed(http.MethodGet))
+			return
+		}
+		s.key(w)
+	case PathSign:
+		if !s.authorized(w, r) {
+			return
+		}
+		if r.Method != http.MethodPost {
+			apierr.Write(w, apierr.MethodNotAllowed(http.MethodPost))
+			return
+		}
+		s.sign(w, r)
+	default:
+		apierr.Write(w, apierr.NotFound("signing endpoint"))
+	}
+}
+
+// authorized checks the bearer secret when one is configured. Both sides
+// are hashed first so the comparison is constant-time in the length too.
+func (s *Server) authorized(w http.ResponseWriter, r *http.Request) bool {
+	if !s.auth {
+		return true
+	}
+	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	got := sha256.Sum256([]byte(token))
+	if ok && subtle.ConstantTimeCompare(got[:], s.secret[:]) == 1 {
+		return true
+	}
+	s.log.Warn("signing request refused: missing or wrong bearer secret", "remote", r.RemoteAddr, "path", r.URL.Path)
+	apierr.Write(w, apierr.Unauthorized("missing or wrong signing secret"))
+	return false
+}
+
+// currentKey refreshes the key store (a rotation by `certd rotate` shows up
+// on the next request) and returns the current key. A refresh that fails
+// keeps the keys already loaded: they are still valid, and the error is
+// logged for the operator.
+func (s *Server) currentKey() (keystore.Key, error) {
+	if changed, err := s.keys.Refresh(); err != nil {
+		s.log.Error("reloading keys failed; still signing with the keys loaded before", "error", err)
+	} else if changed {
+		cur, _ := s.keys.Current()
+		s.log.Info("keys reloaded", "current_key_version", cur.Version, "versions", len(s.keys.List()))
+	}
+	return s.keys.Current()
+}
+
+func (s *Server) health(w http.ResponseWriter) {
+	k, err := s.currentKey()
+	if err != nil {
+		apierr.Write(w, apierr.Unavailable("signing key", 5, err))
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "key_version": k.Version})
+}
+
+func (s *Server) key(w http.ResponseWriter) {
+	k, err := s.currentKey()
+	if err != nil {
+		apierr.Write(w, apierr.Unavailable("signing key", 5, err))
+		return
+	}
+	writeJSON(w, http.StatusOK, KeyInfo{KeyVersion: k.Version, Algorithm: receipt.Algorithm})
+}
+
+func (s *Server) sign(w http.ResponseWriter, r *http.Request) {
+	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
+		apierr.Write(w, apierr.UnsupportedMediaType())
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.maxBody))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			apierr.Write(w, apierr.TooLarge(s.maxBody))
+			return
+		}
+		apierr.Write(w, &apierr.Error{Code: apierr.CodeInvalidRequest, Status: http.StatusBadRequest,
+			Message: "The request body could not be read and nothing was signed; send it again.", NextActions: []apierr.Action{{Action: "retry"}}, Cause: err})
+		return
+	}
+	req, fieldErrs := parseSignRequest(body)
+	if len(fieldErrs) > 0 {
+		s.log.Warn("sign request refused", "problems", fieldErrs[0].Field+" "+fieldErrs[0].Problem)
+		apierr.Write(w, apierr.Invalid(fieldErrs...))
+		return
+	}
+	if f, ok := s.checkTime(req.AttestedAt); !ok {
+		s.log.Warn("sign request refused", "problems", f.Field+" "+f.Problem)
+		apierr.Write(w, apierr.Invalid(f))
+		return
+	}
+	k, err := s.currentKey()
+	if err != nil {
+		apierr.Write(w, apierr.Unavailable("signing key", 5, err))
+		return
+	}
+	if req.KeyVersion != k.Version {
+		writeJSON(w, http.StatusConflict, StaleKeyBody{
+			Error: &apierr.Error{
+				Code:        CodeStaleKeyVersion,
+				Message:     fmt.Sprintf("The key version in the request is not the current signing key %s; rebuild the response with key_version %s and sign again.", k.Version, k.Version),
+				Status:      http.StatusConflict,
+				NextActions: []apierr.Action{{Action: "use_current_key_version"}},
+				Fields: []apierr.Field{{Field: "key_version", Problem: "is not the current signing key",
+					Fix: fmt.Sprintf("Use %s in the response's verify block and in the sign request.", k.Version)}},
+			},
+			CurrentKeyVersion: k.Version,
+		})
+		return
+	}
+	att, err := receipt.Sign(k.Private, req.Context, k.Version, req.AttestedAt, req.Response)
+	if err != nil {
+		// Canonicalization refused the response (duplicate keys, numbers
+		// out of range, an attestation member): the caller's document.
+		s.log.Warn("sign request refused", "problems", "response "+err.Error())
+		apierr.Write(w, apierr.Invalid(apierr.Field{Field: "response", Problem: "cannot be canonicalized and signed",
+			Fix: "Send the response as a JSON object without duplicate keys, with numbers a double can hold, and without an attestation member."}))
+		return
+	}
+	writeJSON(w, http.StatusOK, att)
+}
+
+// parseSignRequest decodes a sign request and names every field problem.
+func parseSignRequest(body []byte) (SignRequest, []apierr.Field) {
+	var req SignRequest
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		return req, []apierr.Field{{Field: "", Problem: "is not a JSON object of context, key_version, attested_at and response",
+			Fix: "Send {\"context\":...,\"key_version\":...,\"attested_at\":...,\"response\":{...}} and nothing else."}}
+	}
+	if dec.More() {
+		return req, []apierr.Field{{Field: "", Problem: "has data after the JSON object", Fix: "Send exactly one JSON object."}}
+	}
+	var fields []apierr.Field
+	switch req.Context {
+	case receipt.ContextVerify, receipt.ContextScore:
+	default:
+		fields = append(fields, apierr.Field{Field: "context", Problem: "is not a signing context of this service",
+			Fix: fmt.Sprintf("Use %q or %q.", receipt.ContextVerify, receipt.ContextScore)})
+	}
+	if req.KeyVersion == "" {
+		fields = append(fields, apierr.Field{Field: "key_version", Problem: "is missing", Fix: "Send the current key version from GET /v1/key."})
+	}
+	if req.AttestedAt == "" {
+		fields = append(fields, apierr.Field{Field: "attested_at", Problem: "is missing", Fix: "Send the response's verified_at as an RFC 3339 time."})
+	}
+	if r := strings.TrimLeft(string(req.Response), " \t\r\n"); !strings.HasPrefix(r, "{") {
+		fields = append(fields, apierr.Field{Field: "response", Problem: "is not a JSON object", Fix: "Send the whole response document, without its attestation, as a JSON object."})
+	}
+	return req, fields
+}
+
+// checkTime accepts attested_at only as RFC 3339 within the allowed skew of
+// certd's clock, so nobody can obtain a receipt dated far from when it was
+// signed.
+func (s *Server) checkTime(at string) (apierr.Field, bool) {
+	if at == "" {
+		return apierr.Field{}, true // already reported as missing
+	}
+	t, err := time.Parse(time.RFC3339Nano, at)
+	if err != nil {
+		return apierr.Field{Field: "attested_at", Problem: "is not an RFC 3339 time",
+			Fix: "Send a time such as 2026-11-29T21:22:28.123456+00:00."}, false
+	}
+	if d := s.now().Sub(t); d > s.maxSkew || d < -s.maxSkew {
+		return apierr.Field{Field: "attested_at", Problem: fmt.Sprintf("is more than %s away from the signing service's clock", s.maxSkew),
+			Fix: "Sign right after verifying, and keep both hosts' clocks synchronised (NTP)."}, false
+	}
+	return apierr.Field{}, true
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		apierr.Write(w, apierr.Internal(err))
+		return
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	w.Write(append(body, '\n'))
+}
+
+// Interface guards
+var _ http.Handler = (*Server)(nil)
