@@ -1,0 +1,218 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func TestLoopbackURL(t *testing.T) {
+	tests := []struct {
+		desc string
+		raw  string
+		ok   bool
+	}{
+		{"localhost by name is accepted", "http://localhost:8080", true},
+		{"an IPv4 loopback address is accepted", "http://127.0.0.1:8081", true},
+		{"any address in 127.0.0.0/8 is accepted", "http://127.9.9.9:1", true},
+		{"the IPv6 loopback address is accepted", "http://[::1]:8080", true},
+		{"a public address is refused", "http://93.184.216.34:80", false},
+		{"a private network address is refused", "http://10.0.0.1:8080", false},
+		{"the unspecified address is refused", "http://0.0.0.0:8080", false},
+		{"a host name other than localhost is refused", "http://example.com", false},
+		{"a name that merely starts with localhost is refused", "http://localhost.example.com", false},
+		{"https is refused", "https://127.0.0.1:8443", false},
+		{"a URL without a scheme is refused", "127.0.0.1:8080", false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.desc, func(t *testing.T) {
+			_, err := loopbackURL(tc.raw)
+			if (err == nil) != tc.ok {
+				t.Fatalf("loopbackURL(%q) error = %v, want ok=%v", tc.raw, err, tc.ok)
+			}
+		})
+	}
+}
+
+func TestPercentile(t *testing.T) {
+	ms := func(v ...int) []time.Duration {
+		out := make([]time.Duration, len(v))
+		for i, x := range v {
+			out[i] = time.Duration(x) * time.Millisecond
+		}
+		return out
+	}
+	hundred := make([]int, 100)
+	for i := range hundred {
+		hundred[i] = i + 1
+	}
+	tests := []struct {
+		desc    string
+		samples []time.Duration
+		p       float64
+		want    time.Duration
+	}{
+		{"no samples give zero", nil, 50, 0},
+		{"one sample is every percentile", ms(7), 99, 7 * time.Millisecond},
+		{"p50 of 1..100 ms is 50 ms by nearest rank", ms(hundred...), 50, 50 * time.Millisecond},
+		{"p99 of 1..100 ms is 99 ms", ms(hundred...), 99, 99 * time.Millisecond},
+		{"p100 is the maximum", ms(hundred...), 100, 100 * time.Millisecond},
+		{"p50 of four samples is the second", ms(1, 2, 3, 4), 50, 2 * time.Millisecond},
+	}
+	for _, tc := range tests {
+		t.Run(tc.desc, func(t *testing.T) {
+			if got := percentile(tc.samples, tc.p); got != tc.want {
+				t.Fatalf("percentile(p%v) = %v, want %v", tc.p, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestParseFlags(t *testing.T) {
+	tests := []struct {
+		desc    string
+		args    []string
+		wantErr string
+		targets int
+	}{
+		{"the defaults measure Caddy and verifierd", nil, "", 2},
+		{"an empty -direct measures Caddy only", []string{"-direct", ""}, "", 1},
+		{"no target at all is refused", []string{"-direct", "", "-via-caddy", ""}, "no target", 0},
+		{"concurrency above the cap is refused", []string{"-c", "257"}, "-c must be", 0},
+		{"zero concurrency is refused", []string{"-c", "0"}, "-c must be", 0},
+		{"a duration above the cap is refused", []string{"-d", "6m"}, "-d must be", 0},
+		{"a non-loopback target is refused", []string{"-direct", "http://10.1.2.3:8081"}, "loopback", 0},
+		{"a path without a leading slash is refused", []string{"-path", "verify"}, "-path", 0},
+		{"a stray argument is refused", []string{"extra"}, "unexpected argument", 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.desc, func(t *testing.T) {
+			cfg, err := parseFlags(tc.args, io.Discard)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("error = %v, want one containing %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(cfg.targets) != tc.targets {
+				t.Fatalf("%d targets, want %d", len(cfg.targets), tc.targets)
+			}
+		})
+	}
+}
+
+// The embedded request is the SPEC §10 invoice with the corrected total, so
+// a load run exercises the whole pass path (checks, signing, recording).
+func TestInvoiceIsTheCorrectedWorkedExample(t *testing.T) {
+	var req struct {
+		AgentID string `json:"agent_id"`
+		Output  struct {
+			InvoiceID string `json:"invoice_id"`
+			Items     []struct {
+				LineTotal float64 `json:"line_total"`
+			} `json:"line_items"`
+			Total float64 `json:"total"`
+		} `json:"submitted_output"`
+		EnforceRules bool `json:"enforce_rules"`
+	}
+	if err := json.Unmarshal(invoice, &req); err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, it := range req.Output.Items {
+		sum += it.LineTotal
+	}
+	if req.Output.InvoiceID != "INV-7731" || sum != 129.5 || req.Output.Total != 129.5 || !req.EnforceRules {
+		t.Fatalf("invoice is not the corrected SPEC §10 example: %+v", req)
+	}
+	if !strings.HasPrefix(req.AgentID, "test-") {
+		t.Fatalf("agent_id %q must be a reserved test- id so load never enters a trust score", req.AgentID)
+	}
+}
+
+// A phase counts every answered request, separates failures from
+// successes, and keeps a latency sample for each success.
+func TestPhaseCountsAnswersAndFailures(t *testing.T) {
+	var served, failed atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if !bytes.Equal(body, invoice) || r.Header.Get("Content-Type") != "application/json" {
+			http.Error(w, "wrong request", http.StatusBadRequest)
+			return
+		}
+		if served.Add(1)%4 == 0 {
+			failed.Add(1)
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.Write([]byte(`{"result":"pass"}`))
+	}))
+	defer srv.Close()
+
+	st := phase(context.Background(), srv.Client(), srv.URL+"/verify/schema", invoice, 4, 300*time.Millisecond)
+	if st.requests == 0 {
+		t.Fatal("no requests were sent")
+	}
+	// Requests cut off by the end of the phase are not counted, so the
+	// server may have seen a few more than the phase reports.
+	if got := int64(st.requests); got > served.Load() || served.Load()-got > 4 {
+		t.Fatalf("phase counted %d requests, server answered %d", got, served.Load())
+	}
+	if st.errors == 0 || int64(st.errors) > failed.Load() {
+		t.Fatalf("phase counted %d errors, server failed %d", st.errors, failed.Load())
+	}
+	if len(st.lat) != st.requests-st.errors {
+		t.Fatalf("%d latency samples for %d successes", len(st.lat), st.requests-st.errors)
+	}
+	if !strings.Contains(st.firstErr, "503") {
+		t.Fatalf("first error %q does not name the status", st.firstErr)
+	}
+	if st.rate() <= 0 {
+		t.Fatalf("rate %v", st.rate())
+	}
+}
+
+// A target that does not answer 200 to the first request is reported with a
+// hint instead of being measured.
+func TestMeasureRefusesATargetThatDoesNotServeTheRequest(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusNotFound)
+	}))
+	defer srv.Close()
+	u, err := loopbackURL(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := config{path: "/verify/schema", body: invoice, concurrency: 1, duration: 100 * time.Millisecond}
+	_, err = measure(context.Background(), cfg, target{name: "caddy", base: u})
+	if err == nil || !strings.Contains(err.Error(), "404") {
+		t.Fatalf("error = %v, want one naming the 404", err)
+	}
+}
+
+func TestReportPrintsTheRatio(t *testing.T) {
+	mk := func(name string, n int, lat time.Duration) stats {
+		s := stats{name: name, requests: n, elapsed: time.Second}
+		for range n {
+			s.lat = append(s.lat, lat)
+		}
+		return s
+	}
+	var out bytes.Buffer
+	report(&out, []stats{mk("caddy", 800, 3*time.Millisecond), mk("direct", 1000, 2*time.Millisecond)})
+	for _, want := range []string{"caddy", "direct", "800", "1000", "3.00ms", "0.80x the throughput", "p50 +1.00 ms"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, out.String())
+		}
+	}
+}
