@@ -118,8 +118,9 @@ func stringEnd(data []byte, start int) (int, bool) {
 }
 
 // foldKey maps s to a representative of its case-folding class: every rune
-// becomes the smallest rune of its simple-folding orbit, the relation
-// encoding/json uses to match names.
+// becomes the smallest rune of its simple-folding orbit (lower case for
+// ASCII letters), the relation encoding/json uses to match names. "K", "k"
+// and the Kelvin sign all become "k".
 func foldKey(s string) string {
 	ascii := true
 	for i := 0; i < len(s); i++ {
@@ -138,6 +139,9 @@ func foldKey(s string) string {
 			if f < m {
 				m = f
 			}
+		}
+		if 'A' <= m && m <= 'Z' { // agree with the ASCII fast path
+			m += 'a' - 'A'
 		}
 		b = append(b, m)
 	}
