@@ -1,0 +1,344 @@
+package schema
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/aovhq/aov/apierr"
+	"github.com/santhosh-tekuri/jsonschema/v6"
+	"github.com/santhosh-tekuri/jsonschema/v6/kind"
+)
+
+// field is the request field a compile problem is reported under.
+const field = "expected_schema"
+
+// baseURL is the retrieval URI the request's schema is compiled under. The
+// .invalid top-level domain never resolves (RFC 2606), so even a bug that
+// let a relative $ref reach a network loader could not fetch anything.
+const baseURL = "https://expected-schema.invalid/schema.json"
+
+// maxFields caps the problems reported for one schema, so a large broken
+// schema cannot produce an unbounded error document.
+const maxFields = 20
+
+// Schema is a compiled expected_schema. It is immutable and safe for
+// concurrent use by any number of Evaluate calls.
+type Schema struct {
+	sch  *jsonschema.Schema
+	nums map[*jsonschema.Schema]*numBounds
+	ints map[string]bool // locations of schemas whose type is integer
+}
+
+// CompileError reports a schema that cannot be used: it does not compile,
+// names an unsupported dialect, or refers to something outside the request.
+// Fields are ready for an invalid_request answer (SPEC §6); none of them
+// repeats schema or output content beyond keyword names and JSON pointers.
+type CompileError struct {
+	Fields []apierr.Field
+	cause  error
+}
+
+// Error summarises the first problem; the full list is in Fields.
+func (e *CompileError) Error() string {
+	if len(e.Fields) == 0 {
+		return "compiling expected_schema: invalid schema"
+	}
+	return fmt.Sprintf("compiling expected_schema: %s %s", e.Fields[0].Field, e.Fields[0].Problem)
+}
+
+// Unwrap exposes the compiler's own error for logs. Its text may quote the
+// schema, so it must never be sent to a client.
+func (e *CompileError) Unwrap() error { return e.cause }
+
+// APIError is the 422 answer for this error on its own.
+func (e *CompileError) APIError() *apierr.Error {
+	a := apierr.Invalid(e.Fields...)
+	a.Cause = e.cause
+	return a
+}
+
+// refuseLoader is the production loader: it loads nothing. The compiler
+// resolves the built-in metaschemas before it asks a loader, so everything
+// that reaches here is outside the request.
+type refuseLoader struct{}
+
+var errNoFetch = errors.New("schemas outside the request are never fetched")
+
+func (refuseLoader) Load(string) (any, error) { return nil, errNoFetch }
+
+// compile builds a Schema from a decoded tree. loader is nil in production;
+// tests pass one that serves the JSON Schema Test Suite's remotes.
+func compile(tree any, loader jsonschema.URLLoader) (*Schema, error) {
+	switch tree.(type) {
+	case map[string]any, bool:
+	default:
+		return nil, &CompileError{Fields: []apierr.Field{{
+			Field:   field,
+			Problem: "is not a JSON Schema (it must be an object)",
+			Fix:     `Send a JSON Schema object, for example {"type": "object", "properties": {...}}.`,
+		}}}
+	}
+	if f, ok := checkDialect(tree); !ok {
+		return nil, &CompileError{Fields: []apierr.Field{f}}
+	}
+	c := jsonschema.NewCompiler()
+	c.DefaultDraft(jsonschema.Draft2020)
+	c.AssertFormat()
+	if loader == nil {
+		loader = refuseLoader{}
+	}
+	c.UseLoader(loader)
+	if err := c.AddResource(baseURL, tree); err != nil {
+		return nil, translate(err, tree)
+	}
+	sch, err := c.Compile(baseURL)
+	if err != nil {
+		return nil, translate(err, tree)
+	}
+	nums, ints := precompute(sch)
+	return &Schema{sch: sch, nums: nums, ints: ints}, nil
+}
+
+// dialects are the $schema values accepted, without scheme and trailing '#'.
+var dialects = map[string]bool{
+	"json-schema.org/draft/2020-12/schema": true,
+	"json-schema.org/draft/2019-09/schema": true,
+	"json-schema.org/draft-07/schema":      true,
+	"json-schema.org/draft-06/schema":      true,
+	"json-schema.org/draft-04/schema":      true,
+}
+
+const dialectFix = "Set $schema to one of https://json-schema.org/draft/2020-12/schema, " +
+	"https://json-schema.org/draft/2019-09/schema, http://json-schema.org/draft-07/schema#, " +
+	"http://json-schema.org/draft-06/schema# or http://json-schema.org/draft-04/schema#, " +
+	"or leave it out for 2020-12."
+
+// checkDialect refuses a root $schema that is not a string or that names a
+// json-schema.org dialect the service does not implement (draft-03, the
+// unversioned "latest" alias, drafts yet to come). A $schema naming any
+// other URL is a custom metaschema, which the loader refuses like any
+// other external reference.
+func checkDialect(tree any) (apierr.Field, bool) {
+	obj, ok := tree.(map[string]any)
+	if !ok {
+		return apierr.Field{}, true
+	}
+	v, ok := obj["$schema"]
+	if !ok {
+		return apierr.Field{}, true
+	}
+	s, ok := v.(string)
+	if !ok {
+		return apierr.Field{Field: field + "/$schema", Problem: "is not a string", Fix: dialectFix}, false
+	}
+	u := strings.TrimSuffix(s, "#")
+	if rest, ok := strings.CutPrefix(u, "https://"); ok {
+		u = rest
+	} else if rest, ok := strings.CutPrefix(u, "http://"); ok {
+		u = rest
+	}
+	if strings.HasPrefix(u, "json-schema.org/") && !dialects[u] {
+		return apierr.Field{Field: field + "/$schema", Problem: "names a JSON Schema dialect this service does not support", Fix: dialectFix}, false
+	}
+	return apierr.Field{}, true
+}
+
+// ref is a reference found in the raw schema, for naming the field of a
+// reference that cannot be resolved.
+type ref struct {
+	ptr, val string
+}
+
+// scanRefs lists the string values of $ref, $dynamicRef, $recursiveRef and
+// $schema in schema positions, skipping keywords whose values are data.
+func scanRefs(v any, ptr string, out []ref) []ref {
+	switch v := v.(type) {
+	case map[string]any:
+		for k, sub := range v {
+			p := ptr + "/" + escapePtr(k)
+			switch k {
+			case "const", "enum", "examples", "default":
+				continue
+			case "$ref", "$dynamicRef", "$recursiveRef", "$schema":
+				if s, ok := sub.(string); ok {
+					out = append(out, ref{p, s})
+					continue
+				}
+			}
+			out = scanRefs(sub, p, out)
+		}
+	case []any:
+		for i, sub := range v {
+			out = scanRefs(sub, fmt.Sprintf("%s/%d", ptr, i), out)
+		}
+	}
+	return out
+}
+
+func escapePtr(tok string) string {
+	if !strings.ContainsAny(tok, "~/") {
+		return tok
+	}
+	return strings.ReplaceAll(strings.ReplaceAll(tok, "~", "~0"), "/", "~1")
+}
+
+// findRef returns the pointer of the reference that resolves to url,
+// comparing the parts a relative reference keeps after resolution.
+func findRef(refs []ref, url string, fragment bool) (ref, bool) {
+	doc, frag, _ := strings.Cut(url, "#")
+	best, found := ref{}, false
+	for _, r := range refs {
+		rdoc, rfrag, _ := strings.Cut(r.val, "#")
+		if fragment {
+			if rfrag == frag && (rdoc == "" || strings.HasSuffix(doc, rdoc)) {
+				best, found = r, true
+				break
+			}
+			continue
+		}
+		if rdoc != "" && strings.HasSuffix(doc, strings.TrimSuffix(rdoc, "/")) {
+			if !found || len(r.ptr) < len(best.ptr) {
+				best, found = r, true
+			}
+		}
+	}
+	return best, found
+}
+
+const inlineFix = `Inline the referenced schema under "$defs" and point "$ref" at it, for example "#/$defs/address"; schemas outside the request are never fetched.`
+
+// translate maps a compiler error to request fields. The compiler's messages
+// quote schema content, so none of their text is reused.
+func translate(err error, tree any) error {
+	refs := scanRefs(tree, "", nil)
+	sort.Slice(refs, func(i, j int) bool { return refs[i].ptr < refs[j].ptr })
+	ce := &CompileError{cause: err}
+	add := func(ptr, problem, fix string) {
+		ce.Fields = append(ce.Fields, apierr.Field{Field: field + ptr, Problem: problem, Fix: fix})
+	}
+
+	var (
+		load     *jsonschema.LoadURLError
+		scheme   *jsonschema.UnsupportedURLSchemeError
+		notFound *jsonschema.JSONPointerNotFoundError
+		badPtr   *jsonschema.InvalidJsonPointerError
+		anchor   *jsonschema.AnchorNotFoundError
+		meta     *jsonschema.SchemaValidationError
+		regex    *jsonschema.InvalidRegexError
+		dupID    *jsonschema.DuplicateIDError
+		dupAnc   *jsonschema.DuplicateAnchorError
+		draft    *jsonschema.UnsupportedDraftError
+		vocab    *jsonschema.UnsupportedVocabularyError
+	)
+	switch {
+	case errors.As(err, &meta):
+		var verr *jsonschema.ValidationError
+		if errors.As(meta.Err, &verr) {
+			seen := map[string]bool{}
+			metaFields(verr, seen, add)
+		}
+		if len(ce.Fields) == 0 {
+			add("", "is not valid against the metaschema of its dialect", "Correct the schema so it validates against its dialect's metaschema.")
+		}
+	case errors.As(err, &load), errors.As(err, &scheme):
+		url := ""
+		if load != nil {
+			url = load.URL
+		}
+		if r, ok := findRef(refs, url, false); ok && url != "" {
+			if strings.HasSuffix(r.ptr, "/$schema") {
+				add(r.ptr, "names a metaschema that is not one of the supported dialects", dialectFix)
+			} else {
+				add(r.ptr, "refers to a schema outside the request", inlineFix)
+			}
+		} else {
+			add("", "refers to a schema outside the request", inlineFix)
+		}
+	case errors.As(err, &notFound), errors.As(err, &badPtr), errors.As(err, &anchor):
+		url := ""
+		switch {
+		case notFound != nil:
+			url = notFound.URL
+		case badPtr != nil:
+			url = badPtr.URL
+		case anchor != nil:
+			url = anchor.Reference
+		}
+		fix := `Point "$ref" at a subschema that exists in the request, for example "#/$defs/address", or add the missing definition.`
+		if r, ok := findRef(refs, url, true); ok {
+			add(r.ptr, "points at a location that does not exist in the schema", fix)
+		} else {
+			add("", "has a $ref that points at a location that does not exist in the schema", fix)
+		}
+	case errors.As(err, &regex):
+		add(urlPointer(regex.URL), "is not a valid regular expression", "Use a regular expression in RE2 syntax (no lookaround, no backreferences).")
+	case errors.As(err, &dupID):
+		add(dupID.Ptr2, "repeats an $id used elsewhere in the same schema", "Give every embedded schema resource a distinct $id.")
+	case errors.As(err, &dupAnc):
+		add(dupAnc.Ptr2, "repeats an anchor used elsewhere in the same schema resource", "Give every $anchor and $dynamicAnchor a distinct name within its resource.")
+	case errors.As(err, &draft), errors.As(err, &vocab):
+		add("/$schema", "names a dialect or vocabulary this service does not support", dialectFix)
+	default:
+		add("", "does not compile as a JSON Schema", "Check the schema against its dialect's metaschema, and that every $id, $anchor and $ref is a valid URI reference.")
+	}
+	return ce
+}
+
+// urlPointer returns the JSON pointer part of a compiled location.
+func urlPointer(u string) string {
+	_, frag, _ := strings.Cut(u, "#")
+	return frag
+}
+
+// metaFields adds one field per schema location at which the metaschema
+// failed, from the leaves of its error tree.
+func metaFields(e *jsonschema.ValidationError, seen map[string]bool, add func(ptr, problem, fix string)) {
+	if len(seen) >= maxFields {
+		return
+	}
+	if len(e.Causes) > 0 {
+		for _, c := range e.Causes {
+			metaFields(c, seen, add)
+		}
+		return
+	}
+	ptr := ""
+	for _, tok := range e.InstanceLocation {
+		ptr += "/" + escapePtr(tok)
+	}
+	if seen[ptr] {
+		return
+	}
+	seen[ptr] = true
+	problem, fix := "is not valid for its keyword", "Correct this value so the schema validates against its dialect's metaschema."
+	switch k := e.ErrorKind.(type) {
+	case *kind.Type:
+		problem = "has type " + k.Got + " where " + strings.Join(k.Want, " or ") + " is required"
+		fix = "Use a value of type " + strings.Join(k.Want, " or ") + " here."
+	case *kind.Enum:
+		problem = "is not one of the values this keyword allows"
+	case *kind.Minimum, *kind.ExclusiveMinimum:
+		problem = "is below the smallest value this keyword allows"
+		fix = "Use a non-negative value here."
+	case *kind.MinItems:
+		problem = fmt.Sprintf("needs at least %d entries", k.Want)
+	case *kind.UniqueItems:
+		problem = "has duplicate entries"
+		fix = "List each entry once."
+	case *kind.Format:
+		if k.Want == "regex" {
+			problem = "is not a valid regular expression"
+			fix = "Use a regular expression in RE2 syntax (no lookaround, no backreferences)."
+		} else {
+			problem = "is not a valid " + k.Want
+		}
+	case *kind.FalseSchema:
+		problem = "is not allowed here"
+		fix = "Remove it."
+	case *kind.Pattern:
+		problem = "does not have the form this keyword requires"
+	}
+	add(ptr, problem, fix)
+}

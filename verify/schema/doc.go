@@ -1,0 +1,78 @@
+// Package schema compiles the expected_schema of a verification request and
+// evaluates submitted output against it, counting every check (SPEC §4).
+//
+// It is for JSON Schema only: request parsing, bounds, rules, placeholder
+// detection and the result document belong to package verify. Compilation
+// and validation are done by github.com/santhosh-tekuri/jsonschema/v6; this
+// package adds what a paid verification needs on top of it:
+//
+//   - No network, ever. The compiler's loader knows only the built-in
+//     metaschemas of the supported dialects. A $ref to anything that is not
+//     in the request is a compile error whose fix is to inline the schema
+//     under $defs. A service that fetched URLs named by its callers would be
+//     an open proxy and a way to make verdicts depend on third parties.
+//   - Dialects: $schema selects 2020-12 (the default when absent), 2019-09,
+//     draft-07, draft-06 or draft-04. Anything else is refused at compile time.
+//     format is asserted in every dialect (an "email" that is not an e-mail
+//     fails). contentEncoding, contentMediaType and contentSchema stay
+//     annotations, as the 2019-09 and 2020-12 specifications require by default.
+//   - A bounded LRU cache of compiled schemas keyed by the caller's schema
+//     hash, where concurrent requests for the same uncached hash compile once.
+//   - Check counting (Report.Total, Report.Passed) and short, input-free
+//     failure descriptions (Failure) for hints.
+//
+// # How checks are counted
+//
+// Every assertion keyword evaluated at an instance location is one check;
+// applicators count nothing themselves, they only decide where the
+// assertions of their subschemas are evaluated. Precisely:
+//
+//   - Type-agnostic assertions count wherever their schema is evaluated:
+//     type, enum, const. format counts where the instance is a string.
+//     Type-specific assertions count only where the instance has the type
+//     they constrain (the specification says they are ignored otherwise):
+//     minimum, maximum, exclusiveMinimum, exclusiveMaximum, multipleOf for
+//     numbers; minLength, maxLength, pattern for strings; minItems,
+//     maxItems, uniqueItems (when true) for arrays; required,
+//     minProperties, maxProperties, dependentRequired and the array form of
+//     dependencies (one check per keyword, however many names it lists) for
+//     objects.
+//   - At one location, type, const, enum and format are evaluated first; the
+//     first of them that fails ends the evaluation there (the keywords after
+//     it are not evaluated and not counted), as the validator does.
+//   - The boolean schema false is one failing check wherever it is applied:
+//     additionalProperties: false counts one failed check per undeclared
+//     property, items: false one per extra item, and so on. true counts
+//     nothing.
+//   - properties, patternProperties, additionalProperties, items,
+//     prefixItems, additionalItems, unevaluatedProperties, unevaluatedItems,
+//     propertyNames, dependentSchemas, the schema form of dependencies,
+//     allOf, $ref, $dynamicRef and $recursiveRef count the checks of their
+//     subschemas at the locations they apply them to.
+//   - anyOf: when at least one branch passes, the checks of the passing
+//     branches count (all passed); when none passes, the checks of every
+//     branch count (so every failure reported is a counted check).
+//   - oneOf: like anyOf, and when more than one branch passes, one more
+//     failing check (keyword "oneOf") counts for the broken exclusivity.
+//   - not: one check; the checks inside it do not count (they describe
+//     what must not hold).
+//   - if/then/else: the checks of if do not count (it is a condition); the
+//     checks of then (when if passes) or else (when it fails) count.
+//   - contains: one check (keyword "minContains" when minContains is set,
+//     else "contains"), plus one for maxContains when set; the checks of the
+//     contains schema on each item do not count (it is a search).
+//   - A reference cycle that never reaches an instance (a schema that
+//     refers to itself at the same location) is one failing check.
+//
+// Passed + failed == Total always holds, and Report.Failures is empty
+// exactly when failed is zero. The verdict and the failure details come from
+// the validator; the count comes from a walk over the compiled schema that
+// mirrors the validator's evaluation order. The official JSON Schema Test
+// Suite is run through both and they agree on every required test.
+//
+// Example: the invoice schema of SPEC §10 (type and required at the root,
+// type and pattern on invoice_id, enum on currency, type and minItems on
+// line_items, per line item type, required and the type and minimum of its
+// properties, type on total) on a two-item invoice is 2+2+1+2+2×7+1 = 22
+// checks.
+package schema

@@ -1,0 +1,393 @@
+package schema
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/big"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+	"github.com/santhosh-tekuri/jsonschema/v6/kind"
+)
+
+// Options select optional parts of an evaluation.
+type Options struct {
+	// Undeclared also lists the properties no applied schema declares, for
+	// strict_content_check (SPEC §4).
+	Undeclared bool
+}
+
+// Report is the outcome of one evaluation.
+type Report struct {
+	// Passed and Total count checks by the rules of the package doc;
+	// Total-Passed checks failed.
+	Passed, Total int
+	// Failures describe what failed, sorted by path. One failed check can
+	// yield several entries (required lists each missing property), so
+	// len(Failures) need not equal Total-Passed; it is zero exactly when
+	// every check passed.
+	Failures []Failure
+	// Undeclared holds, when Options.Undeclared is set, the instance paths
+	// ("$.a.b") of properties that appear in an object to which schemas
+	// declaring "properties" apply, but that none of those schemas declares
+	// in properties or matches with patternProperties. Sorted.
+	Undeclared []string
+}
+
+// Failure is one failed check, described so an agent can repair the
+// output: where, which keyword, what was expected and what was found.
+// Expected and Found never contain strings from the submitted output
+// (numbers and counts, which say nothing private, are allowed); Expected
+// may quote the schema (enum members, patterns), which the caller wrote.
+type Failure struct {
+	Keyword      string // "required", "type", "pattern", ... → check name "schema:"+Keyword
+	InstancePath string // "$.line_items[0].qty" ("$" for the root)
+	Expected     string // e.g. "integer >= 1", "one of USD, EUR"
+	Found        string // e.g. "0", "type string", "missing"
+	Message      string // "expected <Expected>, found <Found>"
+}
+
+// Evaluate checks instance (a decoded JSON value: map[string]any, []any,
+// string, json.Number, bool, nil) against the schema and counts the checks.
+//
+// The verdict and the failures come from the validator. The counts come
+// from the counting walk; the two agree on the whole JSON Schema Test Suite,
+// and should they ever disagree the validator wins: a failing instance
+// always has at least one failed check and a passing one none, so the
+// result can never read "pass" with failures or "fail" without.
+func (s *Schema) Evaluate(instance any, opts Options) Report {
+	w := walker{s: s, undeclared: opts.Undeclared, scope: make([]scopeEntry, 0, 16)}
+	var u uneval
+	initUneval(&u, instance, s.sch, false)
+	c := w.eval(s.sch, instance, &u, 0)
+
+	var rep Report
+	if err := s.sch.Validate(instance); err != nil {
+		var verr *jsonschema.ValidationError
+		if errors.As(err, &verr) {
+			rep.Failures = collect(verr, instance, s, rep.Failures)
+		}
+		if len(rep.Failures) == 0 {
+			rep.Failures = append(rep.Failures, describeOther("schema", "$"))
+		}
+		if c.failed == 0 {
+			c.failed = 1
+			c.total = max(c.total, 1)
+		}
+		sort.SliceStable(rep.Failures, func(i, j int) bool {
+			a, b := rep.Failures[i], rep.Failures[j]
+			if a.InstancePath != b.InstancePath {
+				return a.InstancePath < b.InstancePath
+			}
+			if a.Keyword != b.Keyword {
+				return a.Keyword < b.Keyword
+			}
+			return a.Expected < b.Expected
+		})
+	} else {
+		c.failed = 0
+	}
+	rep.Total, rep.Passed = c.total, c.total-c.failed
+	if opts.Undeclared {
+		rep.Undeclared = undeclaredPaths(w.decls)
+	}
+	return rep
+}
+
+// collect turns the leaves of the validator's error tree into failures.
+// Group nodes (allOf, anyOf, $ref, a oneOf no branch of which matched)
+// only carry their branches' failures; contains and propertyNames are
+// reported themselves, since what failed inside them is a search or a
+// property name.
+func collect(e *jsonschema.ValidationError, inst any, s *Schema, out []Failure) []Failure {
+	switch k := e.ErrorKind.(type) {
+	case *kind.Group, *kind.Schema, *kind.AllOf, *kind.AnyOf, *kind.Reference:
+		for _, c := range e.Causes {
+			out = collect(c, inst, s, out)
+		}
+		return out
+	case *kind.OneOf:
+		if k.Subschemas == nil {
+			for _, c := range e.Causes {
+				out = collect(c, inst, s, out)
+			}
+			return out
+		}
+	case *kind.Contains, *kind.MinContains, *kind.PropertyNames:
+	default:
+		if len(e.Causes) > 0 {
+			for _, c := range e.Causes {
+				out = collect(c, inst, s, out)
+			}
+			return out
+		}
+	}
+	path, val, ok := locate(inst, e.InstanceLocation)
+	noun := "number"
+	if s.ints[e.SchemaURL] {
+		noun = "integer"
+	}
+	return describe(e, path, noun, val, ok, out)
+}
+
+// describe appends the failures of one leaf error.
+func describe(e *jsonschema.ValidationError, path, noun string, val any, hasVal bool, out []Failure) []Failure {
+	add := func(keyword, p, expected, found string) {
+		out = append(out, Failure{Keyword: keyword, InstancePath: p, Expected: expected, Found: found,
+			Message: "expected " + expected + ", found " + found})
+	}
+	found := func(r *big.Rat) string {
+		if n, ok := val.(json.Number); ok && hasVal && len(n) <= 40 {
+			return string(n)
+		}
+		return formatRat(r)
+	}
+	switch k := e.ErrorKind.(type) {
+	case *kind.Type:
+		add("type", path, "type "+strings.Join(k.Want, " or "), "type "+k.Got)
+	case *kind.Enum:
+		add("enum", path, "one of "+listValues(k.Want), "a value not in the list")
+	case *kind.Const:
+		add("const", path, "the value "+shortJSON(k.Want), "a different value")
+	case *kind.Format:
+		add("format", path, "a string in format "+k.Want, "a string that is not a valid "+k.Want)
+	case *kind.Pattern:
+		add("pattern", path, "a string matching "+clip(k.Want, 120), "a string that does not match")
+	case *kind.MinLength:
+		add("minLength", path, fmt.Sprintf("a string of at least %d characters", k.Want), fmt.Sprintf("%d characters", k.Got))
+	case *kind.MaxLength:
+		add("maxLength", path, fmt.Sprintf("a string of at most %d characters", k.Want), fmt.Sprintf("%d characters", k.Got))
+	case *kind.Minimum:
+		add("minimum", path, noun+" >= "+formatRat(k.Want), found(k.Got))
+	case *kind.Maximum:
+		add("maximum", path, noun+" <= "+formatRat(k.Want), found(k.Got))
+	case *kind.ExclusiveMinimum:
+		add("exclusiveMinimum", path, noun+" > "+formatRat(k.Want), found(k.Got))
+	case *kind.ExclusiveMaximum:
+		add("exclusiveMaximum", path, noun+" < "+formatRat(k.Want), found(k.Got))
+	case *kind.MultipleOf:
+		add("multipleOf", path, "a multiple of "+formatRat(k.Want), found(k.Got))
+	case *kind.MinItems:
+		add("minItems", path, fmt.Sprintf("an array of at least %d items", k.Want), fmt.Sprintf("%d items", k.Got))
+	case *kind.MaxItems:
+		add("maxItems", path, fmt.Sprintf("an array of at most %d items", k.Want), fmt.Sprintf("%d items", k.Got))
+	case *kind.MinProperties:
+		add("minProperties", path, fmt.Sprintf("an object with at least %d properties", k.Want), fmt.Sprintf("%d properties", k.Got))
+	case *kind.MaxProperties:
+		add("maxProperties", path, fmt.Sprintf("an object with at most %d properties", k.Want), fmt.Sprintf("%d properties", k.Got))
+	case *kind.Required:
+		for _, m := range k.Missing {
+			add("required", path, "property "+clip(m, 80), "missing")
+		}
+	case *kind.DependentRequired:
+		for _, m := range k.Missing {
+			add("dependentRequired", path, "property "+clip(m, 80)+" (required when "+clip(k.Prop, 80)+" is present)", "missing")
+		}
+	case *kind.Dependency:
+		for _, m := range k.Missing {
+			add("dependencies", path, "property "+clip(m, 80)+" (required when "+clip(k.Prop, 80)+" is present)", "missing")
+		}
+	case *kind.AdditionalProperties:
+		for _, p := range k.Properties {
+			add("additionalProperties", path+renderKey(p), "no property here (the schema allows only the properties it declares)", "an undeclared property")
+		}
+	case *kind.AdditionalItems:
+		add("additionalItems", path, "no items beyond those the schema lists", fmt.Sprintf("%d extra items", k.Count))
+	case *kind.UniqueItems:
+		add("uniqueItems", path, "unique items", fmt.Sprintf("items %d and %d are equal", k.Duplicates[0], k.Duplicates[1]))
+	case *kind.Contains:
+		add("contains", path, "an array with an item matching the contains schema", "no matching item")
+	case *kind.MinContains:
+		add("minContains", path, fmt.Sprintf("at least %d items matching the contains schema", k.Want), fmt.Sprintf("%d matching items", len(k.Got)))
+	case *kind.MaxContains:
+		add("maxContains", path, fmt.Sprintf("at most %d items matching the contains schema", k.Want), fmt.Sprintf("%d matching items", len(k.Got)))
+	case *kind.PropertyNames:
+		add("propertyNames", path, "property names valid against propertyNames", "a property name that is not")
+	case *kind.Not:
+		add("not", path, "a value that does not match the not schema", "a value that matches it")
+	case *kind.OneOf:
+		add("oneOf", path, "a value matching exactly one oneOf schema", fmt.Sprintf("a value matching schemas %d and %d", k.Subschemas[0], k.Subschemas[1]))
+	case *kind.FalseSchema:
+		add(falseKeyword(e.SchemaURL), path, "no value here (the schema at this location is false)", "a value")
+	case *kind.RefCycle:
+		add("$ref", path, "a schema whose references reach the instance", "a reference cycle")
+	case *kind.InvalidJsonValue:
+		add("type", path, "a JSON value", "a value JSON cannot represent")
+	default:
+		kw := "schema"
+		if kp := e.ErrorKind.KeywordPath(); len(kp) > 0 {
+			kw = kp[0]
+		}
+		out = append(out, describeOther(kw, path))
+	}
+	return out
+}
+
+func describeOther(keyword, path string) Failure {
+	return Failure{Keyword: keyword, InstancePath: path, Expected: "a value valid against the schema",
+		Found: "an invalid value", Message: "expected a value valid against the schema, found an invalid value"}
+}
+
+// falseKeyword names the keyword whose subschema was false.
+func falseKeyword(schemaURL string) string {
+	ptr := urlPointer(schemaURL)
+	last := ptr[strings.LastIndexByte(ptr, '/')+1:]
+	switch last {
+	case "additionalProperties", "unevaluatedProperties", "items", "additionalItems",
+		"unevaluatedItems", "contains", "propertyNames", "then", "else":
+		return last
+	}
+	return "false"
+}
+
+// formatRat prints a schema limit briefly: integers exactly, others as the
+// shortest float64 form.
+func formatRat(r *big.Rat) string {
+	if r == nil {
+		return "?"
+	}
+	if r.IsInt() {
+		if s := r.Num().String(); len(s) <= 30 {
+			return s
+		}
+	}
+	f, _ := r.Float64()
+	return strconv.FormatFloat(f, 'g', -1, 64)
+}
+
+// listValues prints enum members (from the schema) briefly.
+func listValues(vals []any) string {
+	const maxShown = 10
+	parts := make([]string, 0, min(len(vals), maxShown)+1)
+	for i, v := range vals {
+		if i == maxShown {
+			parts = append(parts, fmt.Sprintf("and %d more", len(vals)-maxShown))
+			break
+		}
+		if s, ok := v.(string); ok {
+			parts = append(parts, clip(s, 40))
+		} else {
+			parts = append(parts, shortJSON(v))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+func shortJSON(v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return "a constant"
+	}
+	return clip(string(b), 60)
+}
+
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := n
+	for cut > 0 && s[cut]&0xC0 == 0x80 { // do not split a UTF-8 sequence
+		cut--
+	}
+	return s[:cut] + "…"
+}
+
+// --- paths
+
+type pathElem struct {
+	key string
+	idx int // >= 0 for an array index
+}
+
+// locate follows a validator instance location through the instance and
+// renders it as "$.a[0].b".
+func locate(inst any, loc []string) (string, any, bool) {
+	var b strings.Builder
+	b.WriteByte('$')
+	cur, ok := inst, true
+	for _, tok := range loc {
+		switch c := cur.(type) {
+		case []any:
+			i, err := strconv.Atoi(tok)
+			if err == nil && i >= 0 && i < len(c) {
+				b.WriteString("[" + tok + "]")
+				cur = c[i]
+				continue
+			}
+			ok = false
+		case map[string]any:
+			cur, ok = c[tok]
+		default:
+			ok = false
+		}
+		b.WriteString(renderKey(tok))
+	}
+	return b.String(), cur, ok
+}
+
+func renderPath(path []pathElem) string {
+	var b strings.Builder
+	b.WriteByte('$')
+	for _, e := range path {
+		if e.idx >= 0 {
+			b.WriteString("[" + strconv.Itoa(e.idx) + "]")
+		} else {
+			b.WriteString(renderKey(e.key))
+		}
+	}
+	return b.String()
+}
+
+// renderKey writes a member as ".key", or as ["key"] (JSON-quoted) when the
+// key could be misread in a dotted path.
+func renderKey(k string) string {
+	plain := k != ""
+	for i := 0; i < len(k) && plain; i++ {
+		c := k[i]
+		plain = c == '_' || c == '-' || c == '$' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
+	}
+	if plain {
+		return "." + k
+	}
+	q, _ := json.Marshal(k)
+	return "[" + string(q) + "]"
+}
+
+// undeclaredPaths lists the properties that none of the schemas declaring
+// properties at their object declares.
+func undeclaredPaths(decls []decl) []string {
+	if len(decls) == 0 {
+		return nil
+	}
+	byPath := map[string][]decl{}
+	var order []string
+	for _, d := range decls {
+		if _, ok := byPath[d.path]; !ok {
+			order = append(order, d.path)
+		}
+		byPath[d.path] = append(byPath[d.path], d)
+	}
+	var out []string
+	for _, p := range order {
+		ds := byPath[p]
+	keys:
+		for k := range ds[0].obj {
+			for _, d := range ds {
+				if _, ok := d.sch.Properties[k]; ok {
+					continue keys
+				}
+				for re := range d.sch.PatternProperties {
+					if re.MatchString(k) {
+						continue keys
+					}
+				}
+			}
+			out = append(out, p+renderKey(k))
+		}
+	}
+	sort.Strings(out)
+	return out
+}

@@ -1,0 +1,923 @@
+package schema
+
+import (
+	"encoding/json"
+	"math"
+	"math/big"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+)
+
+// counts is the tally of one evaluation: checks evaluated and how many of
+// them failed. An evaluation is valid exactly when failed is zero.
+type counts struct{ total, failed int }
+
+func (c *counts) add(o counts) { c.total += o.total; c.failed += o.failed }
+
+var oneFailed = counts{1, 1}
+
+// walker evaluates a compiled schema against an instance the way the
+// validator does, counting checks by the rules of the package doc. One
+// walker serves one Evaluate call.
+//
+// It mirrors jsonschema/v6's validator (validator.go) step for step: the
+// same order of keywords, the same dynamic scope for $dynamicRef and
+// $recursiveRef, the same tracking of evaluated properties and items for
+// unevaluated*. Where the validator stops early for a yes/no answer, the
+// walker keeps going, because a count needs every keyword.
+type walker struct {
+	s *Schema
+
+	// scope is the dynamic scope: every schema being evaluated, outermost
+	// first, with the depth of the instance it is evaluated at. base is
+	// where the current scope starts (propertyNames starts a fresh one).
+	scope []scopeEntry
+	base  int
+
+	// Undeclared-property tracking, only when asked for.
+	undeclared bool
+	path       []pathElem
+	decls      []decl
+}
+
+type scopeEntry struct {
+	sch *jsonschema.Schema
+	vid int
+}
+
+// decl records that schema s, which declares properties, was applied to
+// the object at path.
+type decl struct {
+	path string
+	obj  map[string]any
+	sch  *jsonschema.Schema
+}
+
+// uneval tracks the properties and items of one instance that no
+// subschema has evaluated yet (only when an unevaluated* keyword needs it).
+type uneval struct {
+	props map[string]struct{}
+	items map[int]struct{}
+}
+
+func (u *uneval) empty() bool { return len(u.props) == 0 && len(u.items) == 0 }
+
+// merge keeps only what other left unevaluated too.
+func (u *uneval) merge(other *uneval) {
+	for k := range u.props {
+		if _, ok := other.props[k]; !ok {
+			delete(u.props, k)
+		}
+	}
+	for i := range u.items {
+		if _, ok := other.items[i]; !ok {
+			delete(u.items, i)
+		}
+	}
+}
+
+func initUneval(u *uneval, v any, s *jsonschema.Schema, callerNeeds bool) {
+	switch v := v.(type) {
+	case map[string]any:
+		if s.AdditionalProperties == nil && (callerNeeds || s.UnevaluatedProperties != nil) {
+			u.props = make(map[string]struct{}, len(v))
+			for k := range v {
+				u.props[k] = struct{}{}
+			}
+		}
+	case []any:
+		all, n := itemsEvaluated(s)
+		if !all && (callerNeeds || s.UnevaluatedItems != nil) && n < len(v) {
+			u.items = make(map[int]struct{}, len(v)-n)
+			for i := n; i < len(v); i++ {
+				u.items[i] = struct{}{}
+			}
+		}
+	}
+}
+
+// itemsEvaluated reports whether s evaluates every item of an array, or
+// else how many leading items it evaluates.
+func itemsEvaluated(s *jsonschema.Schema) (bool, int) {
+	if s.DraftVersion < 2020 {
+		if s.AdditionalItems != nil {
+			return true, 0
+		}
+		switch items := s.Items.(type) {
+		case *jsonschema.Schema:
+			return true, 0
+		case []*jsonschema.Schema:
+			return false, len(items)
+		}
+		return false, 0
+	}
+	return s.Items2020 != nil, len(s.PrefixItems)
+}
+
+// self evaluates s at the same instance (allOf, $ref, then, ...). A valid
+// evaluation passes on what it evaluated to the caller's tracking.
+func (w *walker) self(s *jsonschema.Schema, v any, parent *uneval, vid int) counts {
+	var u uneval
+	initUneval(&u, v, s, !parent.empty())
+	c := w.eval(s, v, &u, vid)
+	if c.failed == 0 {
+		parent.merge(&u)
+	}
+	return c
+}
+
+// child evaluates s at a member of the instance.
+func (w *walker) child(s *jsonschema.Schema, v any, vid int, key string, idx int) counts {
+	var u uneval
+	initUneval(&u, v, s, false)
+	if w.undeclared {
+		w.path = append(w.path, pathElem{key: key, idx: idx})
+	}
+	c := w.eval(s, v, &u, vid+1)
+	if w.undeclared {
+		w.path = w.path[:len(w.path)-1]
+	}
+	return c
+}
+
+func (w *walker) eval(s *jsonschema.Schema, v any, u *uneval, vid int) counts {
+	if s.Bool != nil {
+		if *s.Bool {
+			return counts{}
+		}
+		return oneFailed
+	}
+	for i := len(w.scope) - 1; i >= w.base && w.scope[i].vid == vid; i-- {
+		if w.scope[i].sch == s {
+			return oneFailed // a reference cycle that never reaches an instance
+		}
+	}
+	w.scope = append(w.scope, scopeEntry{s, vid})
+	c := w.evalObject(s, v, u, vid)
+	w.scope = w.scope[:len(w.scope)-1]
+	return c
+}
+
+func (w *walker) evalObject(s *jsonschema.Schema, v any, u *uneval, vid int) (c counts) {
+	t := typeOf(v)
+	if t == 0 {
+		return oneFailed
+	}
+	if s.Types != nil && !s.Types.IsEmpty() {
+		c.total++
+		want := typeMask(*s.Types)
+		if want&t == 0 && !(want&tInteger != 0 && t == tNumber && isInteger(v)) {
+			c.failed++
+			return c
+		}
+	}
+	if s.Const != nil {
+		c.total++
+		if !equal(v, *s.Const) {
+			c.failed++
+			return c
+		}
+	}
+	if s.Enum != nil {
+		c.total++
+		found := false
+		for _, item := range s.Enum.Values {
+			if equal(v, item) {
+				found = true
+				break
+			}
+		}
+		if !found {
+			c.failed++
+			return c
+		}
+	}
+	if s.Format != nil {
+		err := s.Format.Validate(v)
+		if t == tString || err != nil {
+			c.total++
+		}
+		if err != nil {
+			c.failed++
+			return c
+		}
+	}
+	if s.Ref != nil {
+		c.add(w.self(s.Ref, v, u, vid))
+		if s.DraftVersion < 2019 {
+			return c
+		}
+	}
+
+	switch v := v.(type) {
+	case map[string]any:
+		w.object(s, v, u, vid, &c)
+	case []any:
+		w.array(s, v, u, vid, &c)
+	case string:
+		if s.MinLength != nil || s.MaxLength != nil {
+			n := utf8.RuneCountInString(v)
+			if s.MinLength != nil {
+				c.total++
+				if n < *s.MinLength {
+					c.failed++
+				}
+			}
+			if s.MaxLength != nil {
+				c.total++
+				if n > *s.MaxLength {
+					c.failed++
+				}
+			}
+		}
+		if s.Pattern != nil {
+			c.total++
+			if !s.Pattern.MatchString(v) {
+				c.failed++
+			}
+		}
+	default:
+		if t == tNumber {
+			w.number(s, v, &c)
+		}
+	}
+
+	if s.DraftVersion >= 2019 {
+		if r := s.RecursiveRef; r != nil {
+			if r.RecursiveAnchor {
+				r = w.resolveRecursive(r)
+			}
+			c.add(w.self(r, v, u, vid))
+		}
+		if d := s.DynamicRef; d != nil {
+			r := d.Ref
+			if d.Anchor != "" && r.DynamicAnchor == d.Anchor {
+				r = w.resolveDynamic(d.Anchor, r)
+			}
+			c.add(w.self(r, v, u, vid))
+		}
+	}
+	w.conditional(s, v, u, vid, &c)
+	if s.DraftVersion >= 2019 {
+		w.unevaluated(s, v, u, vid, &c)
+	}
+	return c
+}
+
+func (w *walker) object(s *jsonschema.Schema, obj map[string]any, u *uneval, vid int, c *counts) {
+	if s.MinProperties != nil {
+		c.total++
+		if len(obj) < *s.MinProperties {
+			c.failed++
+		}
+	}
+	if s.MaxProperties != nil {
+		c.total++
+		if len(obj) > *s.MaxProperties {
+			c.failed++
+		}
+	}
+	if len(s.Required) > 0 {
+		c.total++
+		if missing(obj, s.Required) {
+			c.failed++
+		}
+	}
+	if len(s.Dependencies) > 0 {
+		arrays, failed := false, false
+		for name, dep := range s.Dependencies {
+			switch dep := dep.(type) {
+			case []string:
+				arrays = true
+				if _, ok := obj[name]; ok && missing(obj, dep) {
+					failed = true
+				}
+			case *jsonschema.Schema:
+				if _, ok := obj[name]; ok {
+					c.add(w.self(dep, obj, u, vid))
+				}
+			}
+		}
+		if arrays {
+			c.total++
+			if failed {
+				c.failed++
+			}
+		}
+	}
+	if w.undeclared && s.Properties != nil {
+		w.decls = append(w.decls, decl{path: renderPath(w.path), obj: obj, sch: s})
+	}
+	if s.Properties != nil || s.PatternProperties != nil || s.AdditionalProperties != nil {
+		for name, pv := range obj {
+			evaluated := false
+			if ps, ok := s.Properties[name]; ok {
+				evaluated = true
+				c.add(w.child(ps, pv, vid, name, -1))
+			}
+			for re, ps := range s.PatternProperties {
+				if re.MatchString(name) {
+					evaluated = true
+					c.add(w.child(ps, pv, vid, name, -1))
+				}
+			}
+			if !evaluated && s.AdditionalProperties != nil {
+				evaluated = true
+				switch ap := s.AdditionalProperties.(type) {
+				case bool:
+					if !ap {
+						c.add(oneFailed)
+					}
+				case *jsonschema.Schema:
+					c.add(w.child(ap, pv, vid, name, -1))
+				}
+			}
+			if evaluated && u.props != nil {
+				delete(u.props, name)
+			}
+		}
+	}
+	if s.DraftVersion == 4 {
+		return
+	}
+	if s.PropertyNames != nil {
+		for name := range obj {
+			c.add(w.propertyName(s.PropertyNames, name))
+		}
+	}
+	if s.DraftVersion == 6 {
+		return
+	}
+	for name, ds := range s.DependentSchemas {
+		if _, ok := obj[name]; ok {
+			c.add(w.self(ds, obj, u, vid))
+		}
+	}
+	if len(s.DependentRequired) > 0 {
+		c.total++
+		for name, req := range s.DependentRequired {
+			if _, ok := obj[name]; ok && missing(obj, req) {
+				c.failed++
+				break
+			}
+		}
+	}
+}
+
+// propertyName evaluates a property name as an instance of its own, in a
+// fresh dynamic scope, as the validator does.
+func (w *walker) propertyName(s *jsonschema.Schema, name string) counts {
+	base, undeclared := w.base, w.undeclared
+	w.base, w.undeclared = len(w.scope), false
+	var u uneval
+	c := w.eval(s, name, &u, 0)
+	w.base, w.undeclared = base, undeclared
+	return c
+}
+
+func missing(obj map[string]any, names []string) bool {
+	for _, n := range names {
+		if _, ok := obj[n]; !ok {
+			return true
+		}
+	}
+	return false
+}
+
+func (w *walker) array(s *jsonschema.Schema, arr []any, u *uneval, vid int, c *counts) {
+	if s.MinItems != nil {
+		c.total++
+		if len(arr) < *s.MinItems {
+			c.failed++
+		}
+	}
+	if s.MaxItems != nil {
+		c.total++
+		if len(arr) > *s.MaxItems {
+			c.failed++
+		}
+	}
+	if s.UniqueItems {
+		c.total++
+		if hasDuplicates(arr) {
+			c.failed++
+		}
+	}
+	if s.DraftVersion < 2020 {
+		evaluated := 0
+		switch items := s.Items.(type) {
+		case *jsonschema.Schema:
+			for i, item := range arr {
+				c.add(w.child(items, item, vid, "", i))
+			}
+			evaluated = len(arr)
+		case []*jsonschema.Schema:
+			evaluated = min(len(arr), len(items))
+			for i, item := range arr[:evaluated] {
+				c.add(w.child(items[i], item, vid, "", i))
+			}
+		}
+		switch ai := s.AdditionalItems.(type) {
+		case bool:
+			if !ai && evaluated != len(arr) {
+				extra := len(arr) - evaluated
+				c.add(counts{extra, extra})
+			}
+		case *jsonschema.Schema:
+			for i, item := range arr[evaluated:] {
+				c.add(w.child(ai, item, vid, "", evaluated+i))
+			}
+		}
+	} else {
+		evaluated := min(len(s.PrefixItems), len(arr))
+		for i, item := range arr[:evaluated] {
+			c.add(w.child(s.PrefixItems[i], item, vid, "", i))
+		}
+		if s.Items2020 != nil {
+			for i, item := range arr[evaluated:] {
+				c.add(w.child(s.Items2020, item, vid, "", evaluated+i))
+			}
+		}
+	}
+	if s.Contains != nil {
+		mark := len(w.decls)
+		matched := 0
+		for i, item := range arr {
+			if w.child(s.Contains, item, vid, "", i).failed == 0 {
+				matched++
+				if s.DraftVersion >= 2020 && u.items != nil {
+					delete(u.items, i)
+				}
+			}
+		}
+		w.decls = w.decls[:mark]
+		c.total++
+		if s.MinContains != nil {
+			if matched < *s.MinContains {
+				c.failed++
+			}
+		} else if matched == 0 {
+			c.failed++
+		}
+		if s.MaxContains != nil {
+			c.total++
+			if matched > *s.MaxContains {
+				c.failed++
+			}
+		}
+	}
+}
+
+func (w *walker) conditional(s *jsonschema.Schema, v any, u *uneval, vid int, c *counts) {
+	if s.Not != nil {
+		mark := len(w.decls)
+		r := w.self(s.Not, v, u, vid)
+		w.decls = w.decls[:mark]
+		c.total++
+		if r.failed == 0 {
+			c.failed++
+		}
+	}
+	for _, sub := range s.AllOf {
+		c.add(w.self(sub, v, u, vid))
+	}
+	if len(s.AnyOf) > 0 {
+		c.add(w.branches(s.AnyOf, v, u, vid, false))
+	}
+	if len(s.OneOf) > 0 {
+		c.add(w.branches(s.OneOf, v, u, vid, true))
+	}
+	if s.If != nil {
+		mark := len(w.decls)
+		r := w.self(s.If, v, u, vid)
+		w.decls = w.decls[:mark]
+		if r.failed == 0 {
+			if s.Then != nil {
+				c.add(w.self(s.Then, v, u, vid))
+			}
+		} else if s.Else != nil {
+			c.add(w.self(s.Else, v, u, vid))
+		}
+	}
+}
+
+// branches counts anyOf (one == false) or oneOf: the passing branches when
+// any passes (plus one failed check when oneOf has several), else all.
+func (w *walker) branches(subs []*jsonschema.Schema, v any, u *uneval, vid int, one bool) counts {
+	var all, valid counts
+	nvalid := 0
+	mark := len(w.decls)
+	var spans [][2]int // decl ranges of the failing branches, when tracking
+	for _, sub := range subs {
+		start := len(w.decls)
+		r := w.self(sub, v, u, vid)
+		all.add(r)
+		if r.failed == 0 {
+			nvalid++
+			valid.add(r)
+		} else if w.undeclared && len(w.decls) > start {
+			spans = append(spans, [2]int{start, len(w.decls)})
+		}
+	}
+	if nvalid == 0 {
+		return all
+	}
+	if len(spans) > 0 { // keep the declarations of the passing branches only
+		kept := w.decls[:mark]
+		next := 0
+		for i := mark; i < len(w.decls); i++ {
+			if next < len(spans) && i >= spans[next][0] {
+				if i == spans[next][1]-1 {
+					next++
+				}
+				continue
+			}
+			kept = append(kept, w.decls[i])
+		}
+		w.decls = kept
+	}
+	if one && nvalid > 1 {
+		valid.add(oneFailed)
+	}
+	return valid
+}
+
+func (w *walker) unevaluated(s *jsonschema.Schema, v any, u *uneval, vid int, c *counts) {
+	if obj, ok := v.(map[string]any); ok && s.UnevaluatedProperties != nil {
+		for name := range u.props {
+			if pv, ok := obj[name]; ok {
+				c.add(w.child(s.UnevaluatedProperties, pv, vid, name, -1))
+			}
+		}
+		u.props = nil
+	}
+	if arr, ok := v.([]any); ok && s.UnevaluatedItems != nil {
+		for i := range u.items {
+			c.add(w.child(s.UnevaluatedItems, arr[i], vid, "", i))
+		}
+		u.items = nil
+	}
+}
+
+// resolveRecursive finds the outermost schema in the dynamic scope whose
+// resource has $recursiveAnchor: true (2019-09).
+func (w *walker) resolveRecursive(fallback *jsonschema.Schema) *jsonschema.Schema {
+	sch := fallback
+	for i := len(w.scope) - 1; i >= w.base; i-- {
+		if r := resourceOf(w.scope[i].sch); r != nil && r.RecursiveAnchor {
+			sch = w.scope[i].sch
+		}
+	}
+	return sch
+}
+
+// resolveDynamic finds the outermost resource in the dynamic scope that
+// declares $dynamicAnchor name (2020-12).
+func (w *walker) resolveDynamic(name string, fallback *jsonschema.Schema) *jsonschema.Schema {
+	sch := fallback
+	for i := len(w.scope) - 1; i >= w.base; i-- {
+		if d, ok := dynamicAnchors(resourceOf(w.scope[i].sch))[name]; ok {
+			sch = d
+		}
+	}
+	return sch
+}
+
+// --- numbers
+
+// numBounds caches the float64 form of a schema's numeric limits, so most
+// comparisons need no big.Rat arithmetic. exact is false when the limit
+// has no exact float64 form; comparisons then use big.Rat.
+type numBounds struct {
+	min, max, exMin, exMax bound
+	multInt                int64 // multipleOf when it is a positive integer that fits, else 0
+}
+
+type bound struct {
+	f     float64
+	exact bool
+}
+
+func makeBound(r *big.Rat) bound {
+	if r == nil {
+		return bound{}
+	}
+	f, exact := r.Float64()
+	return bound{f, exact}
+}
+
+func (w *walker) number(s *jsonschema.Schema, v any, c *counts) {
+	if s.Minimum == nil && s.Maximum == nil && s.ExclusiveMinimum == nil && s.ExclusiveMaximum == nil && s.MultipleOf == nil {
+		return
+	}
+	nb := w.s.nums[s]
+	if nb == nil {
+		nb = &numBounds{}
+	}
+	if s.Minimum != nil {
+		c.total++
+		if cmpNum(v, s.Minimum, nb.min) < 0 {
+			c.failed++
+		}
+	}
+	if s.Maximum != nil {
+		c.total++
+		if cmpNum(v, s.Maximum, nb.max) > 0 {
+			c.failed++
+		}
+	}
+	if s.ExclusiveMinimum != nil {
+		c.total++
+		if cmpNum(v, s.ExclusiveMinimum, nb.exMin) <= 0 {
+			c.failed++
+		}
+	}
+	if s.ExclusiveMaximum != nil {
+		c.total++
+		if cmpNum(v, s.ExclusiveMaximum, nb.exMax) >= 0 {
+			c.failed++
+		}
+	}
+	if s.MultipleOf != nil {
+		c.total++
+		if !isMultiple(v, s.MultipleOf, nb.multInt) {
+			c.failed++
+		}
+	}
+}
+
+// cmpNum compares v with r. When r is exactly a float64 and v's float64
+// differs from it, the float comparison is exact (rounding is monotonic);
+// otherwise it falls back to big.Rat.
+func cmpNum(v any, r *big.Rat, b bound) int {
+	if b.exact {
+		if f, ok := toFloat(v); ok {
+			switch {
+			case f < b.f:
+				return -1
+			case f > b.f:
+				return 1
+			}
+		}
+	}
+	x, ok := toRat(v)
+	if !ok {
+		return 0
+	}
+	return x.Cmp(r)
+}
+
+func isMultiple(v any, m *big.Rat, mInt int64) bool {
+	if mInt > 0 {
+		if n, ok := v.(json.Number); ok && !strings.ContainsAny(string(n), ".eE") {
+			if i, err := strconv.ParseInt(string(n), 10, 64); err == nil {
+				return i%mInt == 0
+			}
+		}
+	}
+	x, ok := toRat(v)
+	if !ok {
+		return false
+	}
+	return new(big.Rat).Quo(x, m).IsInt()
+}
+
+func toFloat(v any) (float64, bool) {
+	switch n := v.(type) {
+	case json.Number:
+		f, err := strconv.ParseFloat(string(n), 64)
+		return f, err == nil
+	case float64:
+		return n, true
+	case float32:
+		return float64(n), true
+	case int:
+		return float64(n), true
+	case int64:
+		return float64(n), true
+	}
+	return 0, false
+}
+
+func toRat(v any) (*big.Rat, bool) {
+	switch n := v.(type) {
+	case json.Number:
+		return new(big.Rat).SetString(string(n))
+	case float64:
+		if math.IsInf(n, 0) || math.IsNaN(n) {
+			return nil, false
+		}
+		return new(big.Rat).SetFloat64(n), true
+	}
+	return new(big.Rat).SetString(toString(v))
+}
+
+func toString(v any) string {
+	switch n := v.(type) {
+	case int:
+		return strconv.Itoa(n)
+	case int64:
+		return strconv.FormatInt(n, 10)
+	case float32:
+		return strconv.FormatFloat(float64(n), 'g', -1, 32)
+	}
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
+// isInteger reports whether a number has no fractional part (1.0 is an
+// integer, as the validator and drafts 6+ say).
+func isInteger(v any) bool {
+	switch n := v.(type) {
+	case json.Number:
+		s := string(n)
+		if !strings.ContainsAny(s, ".eE") {
+			return true
+		}
+		if f, err := strconv.ParseFloat(s, 64); err == nil && f != math.Trunc(f) {
+			return false // a float64 with a fraction comes only from a non-integer
+		}
+		r, ok := new(big.Rat).SetString(s)
+		return ok && r.IsInt()
+	case float64:
+		return !math.IsInf(n, 0) && n == math.Trunc(n)
+	case float32:
+		return n == float32(math.Trunc(float64(n)))
+	}
+	return true
+}
+
+// --- types and equality
+
+const (
+	tNull = 1 << iota
+	tBoolean
+	tNumber
+	tInteger
+	tString
+	tArray
+	tObject
+)
+
+func typeOf(v any) int {
+	switch v := v.(type) {
+	case nil:
+		return tNull
+	case bool:
+		return tBoolean
+	case json.Number, int, int8, int16, int32, int64, uint, uint8, uint16, uint32, uint64:
+		return tNumber
+	case float64:
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return 0
+		}
+		return tNumber
+	case float32:
+		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+			return 0
+		}
+		return tNumber
+	case string:
+		return tString
+	case []any:
+		return tArray
+	case map[string]any:
+		return tObject
+	}
+	return 0
+}
+
+var typeNames = map[string]int{
+	"null": tNull, "boolean": tBoolean, "number": tNumber, "integer": tInteger,
+	"string": tString, "array": tArray, "object": tObject,
+}
+
+// typeMasks maps the validator's Types bit sets to ours, computed once from
+// its exported ToStrings so nothing depends on its bit layout.
+var typeMasks [256]int8
+
+func init() {
+	for i := range typeMasks {
+		m := 0
+		for _, n := range jsonschema.Types(i).ToStrings() {
+			m |= typeNames[n]
+		}
+		typeMasks[i] = int8(m)
+	}
+}
+
+func typeMask(t jsonschema.Types) int {
+	if t >= 0 && int(t) < len(typeMasks) {
+		return int(typeMasks[t])
+	}
+	m := 0
+	for _, n := range t.ToStrings() {
+		m |= typeNames[n]
+	}
+	return m
+}
+
+// equal is JSON equality: numbers by value (1 == 1.0), objects by members.
+func equal(a, b any) bool {
+	switch a := a.(type) {
+	case map[string]any:
+		b, ok := b.(map[string]any)
+		if !ok || len(a) != len(b) {
+			return false
+		}
+		for k, av := range a {
+			bv, ok := b[k]
+			if !ok || !equal(av, bv) {
+				return false
+			}
+		}
+		return true
+	case []any:
+		b, ok := b.([]any)
+		if !ok || len(a) != len(b) {
+			return false
+		}
+		for i := range a {
+			if !equal(a[i], b[i]) {
+				return false
+			}
+		}
+		return true
+	case nil:
+		return b == nil
+	case bool:
+		bb, ok := b.(bool)
+		return ok && a == bb
+	case string:
+		bs, ok := b.(string)
+		return ok && a == bs
+	}
+	if typeOf(a) != tNumber || typeOf(b) != tNumber {
+		return false
+	}
+	if an, ok := a.(json.Number); ok {
+		if bn, ok := b.(json.Number); ok && an == bn {
+			return true
+		}
+	}
+	af, aok := toFloat(a)
+	bf, bok := toFloat(b)
+	if aok && bok && af != bf {
+		return false // equal values always have equal float64 forms
+	}
+	ar, aok := toRat(a)
+	br, bok := toRat(b)
+	return aok && bok && ar.Cmp(br) == 0
+}
+
+type dupKey struct {
+	kind int
+	f    float64
+	s    string
+}
+
+func hasDuplicates(arr []any) bool {
+	if len(arr) < 2 {
+		return false
+	}
+	if len(arr) <= 32 {
+		for i := 1; i < len(arr); i++ {
+			for j := 0; j < i; j++ {
+				if equal(arr[i], arr[j]) {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	seen := make(map[dupKey][]int, len(arr))
+	for i, v := range arr {
+		k := dupKey{kind: typeOf(v)}
+		switch x := v.(type) {
+		case string:
+			k.s = x
+		case bool:
+			if x {
+				k.f = 1
+			}
+		case map[string]any:
+			k.f = float64(len(x))
+		case []any:
+			k.f = float64(len(x))
+		default:
+			if f, ok := toFloat(v); ok {
+				k.f = f
+			}
+		}
+		for _, j := range seen[k] {
+			if equal(v, arr[j]) {
+				return true
+			}
+		}
+		seen[k] = append(seen[k], i)
+	}
+	return false
+}
