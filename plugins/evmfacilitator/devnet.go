@@ -21,6 +21,8 @@ import (
 	"github.com/ethereum/go-ethereum/ethclient/simulated"
 	"github.com/ethereum/go-ethereum/node"
 	"github.com/ethereum/go-ethereum/rpc"
+
+	"github.com/aovhq/aov/x402"
 )
 
 // DevnetChainID is the chain id of the development chain; go-ethereum's
@@ -128,6 +130,10 @@ func StartDevnet(cfg DevnetConfig) (*Devnet, error) {
 	if err := d.setup(); err != nil {
 		backend.Close()
 		return nil, fmt.Errorf("setting up devnet: %w", err)
+	}
+	if err := x402.RegisterAsset(d.Asset()); err != nil {
+		backend.Close()
+		return nil, fmt.Errorf("registering the devnet token: %w", err)
 	}
 	go d.commitLoop()
 	return d, nil
@@ -312,6 +318,19 @@ func (d *Devnet) Client() simulated.Client { return d.client }
 
 // Token returns the address of the test USDC token.
 func (d *Devnet) Token() common.Address { return d.token }
+
+// Asset returns the test token as the devnet's x402 USDC asset; StartDevnet
+// registers it with x402.RegisterAsset, so x402.USDC(DevnetNetwork) finds it.
+func (d *Devnet) Asset() x402.Asset {
+	return x402.Asset{Network: DevnetNetwork, Address: d.token.Hex(), Name: "USD Coin", Version: "2", Decimals: 6}
+}
+
+// NewFacilitator returns a facilitator on this devnet whose relayer is
+// development account 0, polling receipts every 20ms (blocks are sealed as
+// soon as a transaction is pending).
+func (d *Devnet) NewFacilitator() (*Facilitator, error) {
+	return New(Config{Chain: d.client, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 30 * time.Second})
+}
 
 // RPCURL returns the HTTP JSON-RPC URL ("http://127.0.0.1:8545"), or "" when
 // DevnetConfig.RPCListen was empty.

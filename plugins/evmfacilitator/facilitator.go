@@ -1,0 +1,468 @@
+package evmfacilitator
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"errors"
+	"fmt"
+	"math/big"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ethereum/go-ethereum"
+	"github.com/ethereum/go-ethereum/accounts/abi"
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/core/types"
+	"github.com/ethereum/go-ethereum/crypto"
+	"github.com/ethereum/go-ethereum/rpc"
+
+	"github.com/aovhq/aov/x402"
+)
+
+// Chain is the part of an Ethereum JSON-RPC client the facilitator uses.
+// *ethclient.Client (any endpoint) and the devnet's in-process client both
+// satisfy it.
+type Chain interface {
+	ethereum.ChainIDReader
+	ethereum.ContractCaller
+	ethereum.GasEstimator
+	ethereum.GasPricer
+	ethereum.GasPricer1559
+	ethereum.TransactionSender
+	ethereum.TransactionReader
+	ethereum.PendingStateReader
+	CodeAt(ctx context.Context, account common.Address, blockNumber *big.Int) ([]byte, error)
+	HeaderByNumber(ctx context.Context, number *big.Int) (*types.Header, error)
+}
+
+// Config configures a Facilitator.
+type Config struct {
+	// Chain is the connection to the chain settlements go to.
+	Chain Chain
+	// Network is the chain's CAIP-2 id ("eip155:8453"). The facilitator
+	// verifies and settles payments for this network only.
+	Network string
+	// RelayerKey signs the settlement transactions and pays their gas.
+	RelayerKey *ecdsa.PrivateKey
+	// ReceiptTimeout bounds the wait for a settlement's receipt; after it
+	// the outcome is resolved from the token's authorizationState. Default
+	// 2 minutes.
+	ReceiptTimeout time.Duration
+	// PollInterval is how often the receipt is polled. Default 1s.
+	PollInterval time.Duration
+	// DomainCacheTTL is how long a token's name() and version() are
+	// remembered. Default 10 minutes.
+	DomainCacheTTL time.Duration
+}
+
+// Facilitator verifies and settles x402 "exact" EVM payments (EIP-3009
+// transferWithAuthorization) on one chain, submitting settlements from its
+// own relayer key. It implements x402.Facilitator.
+type Facilitator struct {
+	chain   Chain
+	network string
+	chainID *big.Int
+	relayer common.Address
+	key     *ecdsa.PrivateKey
+	signer  types.Signer
+	cfg     Config
+
+	nonces nonceManager
+
+	domainMu sync.Mutex
+	domains  map[common.Address]tokenDomain
+
+	inflightMu sync.Mutex
+	inflight   map[authKey]*settleCall
+}
+
+type tokenDomain struct {
+	name, version string
+	notEIP3009    bool
+	at            time.Time
+}
+
+type authKey struct {
+	token, from common.Address
+	nonce       [32]byte
+}
+
+// settleCall is one settlement in flight; concurrent settles of the same
+// authorization wait for it and share its outcome.
+type settleCall struct {
+	done chan struct{}
+	resp x402.SettleResponse
+	err  error
+}
+
+// now is the wall clock; tests move it.
+var now = time.Now
+
+// ErrRelayerUnfunded reports that the relayer cannot pay for gas. Nothing
+// was sent; the payment can be retried once the relayer is funded.
+var ErrRelayerUnfunded = errors.New("relayer account cannot pay for gas")
+
+// New returns a facilitator for cfg.Network over cfg.Chain. It makes no
+// network call: an unreachable chain shows up as errors from Verify and
+// Settle, not here.
+func New(cfg Config) (*Facilitator, error) {
+	if cfg.Chain == nil {
+		return nil, errors.New("evm facilitator: no chain client")
+	}
+	if cfg.RelayerKey == nil {
+		return nil, errors.New("evm facilitator: no relayer key")
+	}
+	chainID, err := x402.ChainID(cfg.Network)
+	if err != nil {
+		return nil, fmt.Errorf("evm facilitator: network %q: %w", cfg.Network, err)
+	}
+	if cfg.ReceiptTimeout <= 0 {
+		cfg.ReceiptTimeout = 2 * time.Minute
+	}
+	if cfg.PollInterval <= 0 {
+		cfg.PollInterval = time.Second
+	}
+	if cfg.DomainCacheTTL <= 0 {
+		cfg.DomainCacheTTL = 10 * time.Minute
+	}
+	f := &Facilitator{
+		chain:    cfg.Chain,
+		network:  cfg.Network,
+		chainID:  chainID,
+		relayer:  crypto.PubkeyToAddress(cfg.RelayerKey.PublicKey),
+		key:      cfg.RelayerKey,
+		signer:   types.LatestSignerForChainID(chainID),
+		cfg:      cfg,
+		domains:  map[common.Address]tokenDomain{},
+		inflight: map[authKey]*settleCall{},
+	}
+	f.nonces.chain = cfg.Chain
+	f.nonces.addr = f.relayer
+	return f, nil
+}
+
+// Relayer returns the address that submits settlements and pays their gas.
+func (f *Facilitator) Relayer() common.Address { return f.relayer }
+
+// Network returns the CAIP-2 network the facilitator settles on.
+func (f *Facilitator) Network() string { return f.network }
+
+// Supported reports the one kind this facilitator handles: x402 v2 "exact"
+// on its network, with the relayer as the eip155 signer.
+func (f *Facilitator) Supported(context.Context) (x402.SupportedResponse, error) {
+	return x402.SupportedResponse{
+		Kinds:      []x402.SupportedKind{{X402Version: x402.Version, Scheme: x402.SchemeExact, Network: f.network}},
+		Extensions: []string{},
+		Signers:    map[string][]string{"eip155:*": {f.relayer.Hex()}},
+	}, nil
+}
+
+// checked is a payment that passed every check, ready to submit.
+type checked struct {
+	auth    x402.AuthorizationValues
+	sig     []byte
+	token   common.Address
+	payer   string
+	isCode  bool // the payer is a contract account (EIP-1271)
+	txData  []byte
+	resp    x402.VerifyResponse
+	invalid bool
+}
+
+// Verify checks a payment against the server's requirements, in the order
+// and with the reason codes of the reference facilitator: scheme, network,
+// payload, recipient, exact value, time window (wall clock), EIP-712
+// domain, signature (ecrecover, or EIP-1271 for contract accounts), the
+// token's on-chain name and version, the authorization nonce, the payer's
+// balance, and finally an eth_call simulation of the transfer from the
+// relayer. An error means the chain could not be asked (retryable).
+func (f *Facilitator) Verify(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.VerifyResponse, error) {
+	c, err := f.check(ctx, p, req)
+	if err != nil {
+		return x402.VerifyResponse{}, err
+	}
+	return c.resp, nil
+}
+
+func refuse(reason, payer, msg string) *checked {
+	return &checked{invalid: true, resp: x402.VerifyResponse{IsValid: false, InvalidReason: reason, InvalidMessage: msg, Payer: payer}}
+}
+
+func (f *Facilitator) check(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (*checked, error) {
+	// Everything that needs no chain, in the reference order (x402.CheckExactEVM).
+	chk, err := x402.CheckExactEVM(p, req, now())
+	if req.Network != f.network && !earlyRefusal(err) {
+		return refuse(x402.ReasonInvalidNetwork, "", "this facilitator settles on "+f.network+" only"), nil
+	}
+	auth := chk.Values
+	payer := ""
+	if auth.From != (common.Address{}) {
+		payer = auth.From.Hex()
+	}
+	// A 65-byte signature that does not recover to from may still be a
+	// contract account's (EIP-1271): only the chain can tell.
+	maybeContract := x402.ReasonOf(err) == x402.ReasonExactEVMSignature && chk.Signature != nil
+	if err != nil && !maybeContract {
+		return refuse(x402.ReasonOf(err), payer, err.Error()), nil
+	}
+	_, name, version, token, _ := x402.ExactEVMDomain(req) // checked by CheckExactEVM
+	sig := chk.Signature
+	digest := x402.TypedDataDigest(x402.DomainSeparator(f.chainID, name, version, token), auth.StructHash())
+
+	c := &checked{auth: auth, sig: sig, token: token, payer: payer}
+	if !chk.Recovered {
+		// Not an EOA signature of from: a contract account must accept it.
+		code, err := f.chain.CodeAt(ctx, auth.From, nil)
+		if err != nil {
+			return nil, fmt.Errorf("reading payer code: %w", err)
+		}
+		c.isCode = len(code) > 0
+		switch {
+		case c.isCode:
+			valid, err := f.erc1271Valid(ctx, auth.From, digest, sig)
+			if err != nil {
+				return nil, err
+			}
+			if !valid {
+				return refuse(x402.ReasonExactEVMSignature, payer, "the payer contract rejects the signature (EIP-1271)"), nil
+			}
+		case isERC6492(sig):
+			return refuse(x402.ReasonExactEVMUndeployedSmartWallet, payer, "the payer is an undeployed smart wallet; deploy it first"), nil
+		default:
+			return refuse(x402.ReasonExactEVMSignature, payer, "the signature is not authorization.from's"), nil
+		}
+	}
+
+	// The token's own view: its EIP-712 domain, the nonce, the balance.
+	dom, err := f.tokenDomain(ctx, token)
+	if err != nil {
+		return nil, err
+	}
+	if dom.notEIP3009 {
+		return refuse(x402.ReasonExactEVMEIP3009NotSupported, payer, "the asset is not an EIP-3009 token"), nil
+	}
+	if dom.name != name {
+		return refuse(x402.ReasonExactEVMTokenNameMismatch, payer, "extra.name is not the token's name()"), nil
+	}
+	if dom.version != version {
+		return refuse(x402.ReasonExactEVMTokenVersionMismatch, payer, "extra.version is not the token's version()"), nil
+	}
+	used, err := f.authorizationState(ctx, token, auth.From, auth.Nonce)
+	if err != nil {
+		var ce *contractError
+		if errors.As(err, &ce) {
+			return refuse(x402.ReasonExactEVMEIP3009NotSupported, payer, "the asset has no authorizationState"), nil
+		}
+		return nil, err
+	}
+	if used {
+		return refuse(x402.ReasonExactEVMNonceAlreadyUsed, payer, "the authorization nonce is already used"), nil
+	}
+	bal, err := f.balanceOf(ctx, token, auth.From)
+	if err != nil {
+		var ce *contractError
+		if errors.As(err, &ce) {
+			return refuse(x402.ReasonExactEVMEIP3009NotSupported, payer, "the asset has no balanceOf"), nil
+		}
+		return nil, err
+	}
+	if bal.Cmp(auth.Value) < 0 {
+		return refuse(x402.ReasonExactEVMInsufficientBalance, payer, "the payer's balance is below the amount"), nil
+	}
+
+	// Simulate the exact call Settle will send.
+	if c.txData, err = transferCallData(auth, sig, c.isCode); err != nil {
+		return refuse(x402.ReasonInvalidPayload, payer, "the authorization cannot be encoded"), nil
+	}
+	if _, err := f.call(ctx, token, c.txData, nil); err != nil {
+		var ce *contractError
+		if errors.As(err, &ce) {
+			return refuse(revertReason(ce.reason, x402.ReasonExactEVMSimulationFailed), payer, "simulation failed: "+ce.reason), nil
+		}
+		return nil, err
+	}
+	c.resp = x402.VerifyResponse{IsValid: true, Payer: payer}
+	return c, nil
+}
+
+// earlyRefusal reports whether err is one of the refusals the reference
+// makes before it looks at the network (version, scheme, network mismatch).
+func earlyRefusal(err error) bool {
+	switch x402.ReasonOf(err) {
+	case x402.ReasonInvalidX402Version, x402.ReasonExactEVMScheme, x402.ReasonExactEVMNetworkMismatch:
+		return err != nil
+	}
+	return false
+}
+
+// transferCallData encodes transferWithAuthorization: the v,r,s overload for
+// a 65-byte EOA signature (v as 27/28), the bytes overload otherwise.
+func transferCallData(a x402.AuthorizationValues, sig []byte, contractSigner bool) ([]byte, error) {
+	if len(sig) == 65 && !contractSigner {
+		v := sig[64]
+		if v < 27 {
+			v += 27
+		}
+		var r, s [32]byte
+		copy(r[:], sig[:32])
+		copy(s[:], sig[32:64])
+		return tokenABI.Pack(methodTransferVRS, a.From, a.To, a.Value, a.ValidAfter, a.ValidBefore, a.Nonce, v, r, s)
+	}
+	return tokenABI.Pack(methodTransferBytes, a.From, a.To, a.Value, a.ValidAfter, a.ValidBefore, a.Nonce, sig)
+}
+
+// erc6492Magic ends an ERC-6492 signature of a not-yet-deployed wallet.
+var erc6492Magic = common.FromHex("0x6492649264926492649264926492649264926492649264926492649264926492")
+
+func isERC6492(sig []byte) bool {
+	return len(sig) > 32 && string(sig[len(sig)-32:]) == string(erc6492Magic)
+}
+
+func sameAddress(a, b string) bool {
+	return common.IsHexAddress(a) && common.IsHexAddress(b) && common.HexToAddress(a) == common.HexToAddress(b)
+}
+
+// contractError is a call the node executed and the contract refused
+// (revert, or no contract): an answer about the payment, not an outage.
+type contractError struct{ reason string }
+
+func (e *contractError) Error() string { return "contract call reverted: " + e.reason }
+
+// call runs eth_call from the relayer. A JSON-RPC error from the node (a
+// revert) becomes *contractError; anything else (transport) is returned
+// wrapped as is.
+func (f *Facilitator) call(ctx context.Context, to common.Address, data []byte, block *big.Int) ([]byte, error) {
+	out, err := f.chain.CallContract(ctx, ethereum.CallMsg{From: f.relayer, To: &to, Data: data}, block)
+	if err != nil {
+		if reason, ok := nodeRefusal(err); ok {
+			return nil, &contractError{reason: reason}
+		}
+		return nil, fmt.Errorf("calling %s: %w", to.Hex(), err)
+	}
+	return out, nil
+}
+
+// nodeRefusal reports whether err is the node's answer (a JSON-RPC error,
+// e.g. "execution reverted") rather than a failure to reach it, and the
+// revert string when there is one.
+func nodeRefusal(err error) (string, bool) {
+	var re rpc.Error
+	if !errors.As(err, &re) {
+		return "", false
+	}
+	var de rpc.DataError
+	if errors.As(err, &de) {
+		if s, ok := de.ErrorData().(string); ok {
+			if r, err := abi.UnpackRevert(common.FromHex(s)); err == nil {
+				return r, true
+			}
+		}
+	}
+	return strings.TrimPrefix(re.Error(), "execution reverted: "), true
+}
+
+// revertReason maps the token's revert strings (USDC's, with or without
+// its "FiatTokenV2: " prefix) to reason codes.
+func revertReason(msg, fallback string) string {
+	switch {
+	case strings.Contains(msg, "authorization is used"):
+		return x402.ReasonExactEVMNonceAlreadyUsed
+	case strings.Contains(msg, "exceeds balance"):
+		return x402.ReasonExactEVMInsufficientBalance
+	case strings.Contains(msg, "authorization is expired"):
+		return x402.ReasonExactEVMValidBefore
+	case strings.Contains(msg, "authorization is not yet valid"):
+		return x402.ReasonExactEVMValidAfter
+	case strings.Contains(msg, "invalid signature"):
+		return x402.ReasonExactEVMSignature
+	}
+	return fallback
+}
+
+func (f *Facilitator) erc1271Valid(ctx context.Context, wallet common.Address, digest [32]byte, sig []byte) (bool, error) {
+	data, err := erc1271ABI.Pack("isValidSignature", digest, sig)
+	if err != nil {
+		return false, nil
+	}
+	out, err := f.call(ctx, wallet, data, nil)
+	if err != nil {
+		var ce *contractError
+		if errors.As(err, &ce) {
+			return false, nil
+		}
+		return false, err
+	}
+	return len(out) >= 4 && [4]byte(out[:4]) == erc1271Magic, nil
+}
+
+// tokenDomain reads (and caches) the token's name() and version().
+func (f *Facilitator) tokenDomain(ctx context.Context, token common.Address) (tokenDomain, error) {
+	f.domainMu.Lock()
+	d, ok := f.domains[token]
+	f.domainMu.Unlock()
+	if ok && now().Sub(d.at) < f.cfg.DomainCacheTTL {
+		return d, nil
+	}
+	d = tokenDomain{at: now()}
+	var err error
+	if d.name, err = f.callString(ctx, token, "name"); err == nil {
+		d.version, err = f.callString(ctx, token, "version")
+	}
+	if err != nil {
+		var ce *contractError
+		if !errors.As(err, &ce) {
+			return d, err
+		}
+		d.notEIP3009 = true
+	}
+	f.domainMu.Lock()
+	f.domains[token] = d
+	f.domainMu.Unlock()
+	return d, nil
+}
+
+func (f *Facilitator) callString(ctx context.Context, token common.Address, method string) (string, error) {
+	data, _ := tokenABI.Pack(method)
+	out, err := f.call(ctx, token, data, nil)
+	if err != nil {
+		return "", err
+	}
+	res, err := tokenABI.Unpack(method, out)
+	if err != nil || len(res) != 1 {
+		return "", &contractError{reason: method + "() returned no string"}
+	}
+	s, _ := res[0].(string)
+	return s, nil
+}
+
+func (f *Facilitator) authorizationState(ctx context.Context, token, from common.Address, nonce [32]byte) (bool, error) {
+	data, _ := tokenABI.Pack("authorizationState", from, nonce)
+	out, err := f.call(ctx, token, data, nil)
+	if err != nil {
+		return false, err
+	}
+	res, err := tokenABI.Unpack("authorizationState", out)
+	if err != nil || len(res) != 1 {
+		return false, &contractError{reason: "authorizationState() returned no bool"}
+	}
+	used, _ := res[0].(bool)
+	return used, nil
+}
+
+func (f *Facilitator) balanceOf(ctx context.Context, token, who common.Address) (*big.Int, error) {
+	data, _ := tokenABI.Pack("balanceOf", who)
+	out, err := f.call(ctx, token, data, nil)
+	if err != nil {
+		return nil, err
+	}
+	res, err := tokenABI.Unpack("balanceOf", out)
+	if err != nil || len(res) != 1 {
+		return nil, &contractError{reason: "balanceOf() returned no uint256"}
+	}
+	b, _ := res[0].(*big.Int)
+	return b, nil
+}
+
+// Interface guard.
+var _ x402.Facilitator = (*Facilitator)(nil)

@@ -1,0 +1,311 @@
+package evmfacilitator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/big"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ethereum/go-ethereum"
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/core/types"
+
+	"github.com/aovhq/aov/x402"
+)
+
+// Settle re-verifies the payment, submits transferWithAuthorization from the
+// relayer and waits for its receipt, which must carry the token's Transfer
+// of the authorized value from the payer to payTo.
+//
+// Guarantees:
+//   - Two concurrent settles of one authorization send at most one
+//     transaction; the later caller waits for and shares the first's outcome.
+//   - A refusal (success false) is returned only when nothing was sent or
+//     the sent transaction certainly did not transfer.
+//   - When the outcome is unknown (the receipt did not arrive in time, the
+//     connection broke after sending), the token's authorizationState
+//     decides: used means settled (success); unused while the transaction
+//     can no longer execute means not settled; otherwise the result is an
+//     *x402.UnknownOutcomeError, never a failure.
+//   - Any other error (chain unreachable before sending, relayer unfunded)
+//     means nothing was sent.
+func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettleResponse, error) {
+	key, ok := settleKey(p, req)
+	if !ok {
+		return f.settle(ctx, p, req) // unparseable: refused by verify, nothing to dedupe
+	}
+	f.inflightMu.Lock()
+	if c, busy := f.inflight[key]; busy {
+		f.inflightMu.Unlock()
+		select {
+		case <-c.done:
+			return c.resp, c.err
+		case <-ctx.Done():
+			return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Err: fmt.Errorf("waiting for a concurrent settlement of the same authorization: %w", ctx.Err())}
+		}
+	}
+	c := &settleCall{done: make(chan struct{})}
+	f.inflight[key] = c
+	f.inflightMu.Unlock()
+
+	c.resp, c.err = f.settle(ctx, p, req)
+
+	f.inflightMu.Lock()
+	delete(f.inflight, key)
+	f.inflightMu.Unlock()
+	close(c.done)
+	return c.resp, c.err
+}
+
+// settleKey identifies an authorization: the token, the payer and the nonce.
+func settleKey(p x402.PaymentPayload, req x402.PaymentRequirements) (authKey, bool) {
+	pl, err := x402.ParseExactEVMPayload(p.Payload)
+	if err != nil || !common.IsHexAddress(req.Asset) {
+		return authKey{}, false
+	}
+	v, err := pl.Authorization.Values()
+	if err != nil {
+		return authKey{}, false
+	}
+	return authKey{token: common.HexToAddress(req.Asset), from: v.From, nonce: v.Nonce}, true
+}
+
+func (f *Facilitator) settle(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettleResponse, error) {
+	c, err := f.check(ctx, p, req)
+	if err != nil {
+		return x402.SettleResponse{}, fmt.Errorf("verifying before settlement: %w", err)
+	}
+	if c.invalid {
+		return f.failure(c.resp.InvalidReason, c.resp.Payer, c.resp.InvalidMessage, ""), nil
+	}
+	tx, err := f.send(ctx, c)
+	if err != nil {
+		var ce *contractError
+		var ue *unknownSend
+		switch {
+		case errors.As(err, &ce): // the gas estimate reverted: nothing sent
+			return f.failure(revertReason(ce.reason, x402.ReasonExactEVMFailedToExecuteTransfer), c.payer, "the transfer would revert: "+ce.reason, ""), nil
+		case errors.As(err, &ue):
+			return f.resolve(c, ue.tx, ue.err)
+		default:
+			return x402.SettleResponse{}, err
+		}
+	}
+	rcpt, err := f.waitReceipt(ctx, tx.Hash())
+	if err != nil {
+		return f.resolve(c, tx, err)
+	}
+	if rcpt.Status != types.ReceiptStatusSuccessful {
+		reason := x402.ReasonExactEVMTransactionFailed
+		if _, err := f.call(context.WithoutCancel(ctx), c.token, c.txData, new(big.Int).Sub(rcpt.BlockNumber, big.NewInt(1))); err != nil {
+			var ce *contractError
+			if errors.As(err, &ce) {
+				reason = revertReason(ce.reason, reason)
+			}
+		}
+		return f.failure(reason, c.payer, "the settlement transaction reverted", tx.Hash().Hex()), nil
+	}
+	if !hasTransfer(rcpt, c.token, c.auth) {
+		return f.failure(x402.ReasonExactEVMTransactionFailed, c.payer, "the settlement transaction has no matching Transfer event", tx.Hash().Hex()), nil
+	}
+	return f.success(c, tx.Hash().Hex()), nil
+}
+
+func (f *Facilitator) failure(reason, payer, msg, txHash string) x402.SettleResponse {
+	return x402.SettleResponse{Success: false, ErrorReason: reason, ErrorMessage: msg, Payer: payer, Transaction: txHash, Network: f.network}
+}
+
+func (f *Facilitator) success(c *checked, txHash string) x402.SettleResponse {
+	return x402.SettleResponse{Success: true, Payer: c.payer, Transaction: txHash, Network: f.network}
+}
+
+// hasTransfer reports whether the receipt carries the token's
+// Transfer(from, to, value) for the authorization.
+func hasTransfer(r *types.Receipt, token common.Address, a x402.AuthorizationValues) bool {
+	for _, l := range r.Logs {
+		if l.Address != token || len(l.Topics) != 3 || l.Topics[0] != transferEventID {
+			continue
+		}
+		if common.BytesToAddress(l.Topics[1].Bytes()) == a.From && common.BytesToAddress(l.Topics[2].Bytes()) == a.To &&
+			new(big.Int).SetBytes(l.Data).Cmp(a.Value) == 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// unknownSend is a send whose fate is unknown: the node may have accepted
+// the transaction (the connection broke during eth_sendRawTransaction).
+type unknownSend struct {
+	tx  *types.Transaction
+	err error
+}
+
+func (e *unknownSend) Error() string { return "sending settlement: " + e.err.Error() }
+
+// send builds, signs and submits the settlement transaction under the
+// relayer's nonce lock.
+func (f *Facilitator) send(ctx context.Context, c *checked) (*types.Transaction, error) {
+	gas, err := f.chain.EstimateGas(ctx, ethereum.CallMsg{From: f.relayer, To: &c.token, Data: c.txData})
+	if err != nil {
+		if reason, ok := nodeRefusal(err); ok {
+			if isFundsError(reason) {
+				return nil, fmt.Errorf("%w: %s", ErrRelayerUnfunded, reason)
+			}
+			return nil, &contractError{reason: reason}
+		}
+		return nil, fmt.Errorf("estimating settlement gas: %w", err)
+	}
+	gas += gas / 5 // headroom: state can change between estimate and inclusion
+
+	head, err := f.chain.HeaderByNumber(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("reading the chain head: %w", err)
+	}
+	var fees func(nonce uint64) types.TxData
+	if head.BaseFee != nil {
+		tip, err := f.chain.SuggestGasTipCap(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("suggesting a gas tip: %w", err)
+		}
+		feeCap := new(big.Int).Add(new(big.Int).Mul(head.BaseFee, big.NewInt(2)), tip)
+		fees = func(nonce uint64) types.TxData {
+			return &types.DynamicFeeTx{ChainID: f.chainID, Nonce: nonce, GasTipCap: tip, GasFeeCap: feeCap, Gas: gas, To: &c.token, Data: c.txData}
+		}
+	} else {
+		price, err := f.chain.SuggestGasPrice(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("suggesting a gas price: %w", err)
+		}
+		fees = func(nonce uint64) types.TxData {
+			return &types.LegacyTx{Nonce: nonce, GasPrice: price, Gas: gas, To: &c.token, Data: c.txData}
+		}
+	}
+	return f.nonces.submit(ctx, func(nonce uint64) (*types.Transaction, error) {
+		return types.SignNewTx(f.key, f.signer, fees(nonce))
+	})
+}
+
+func isFundsError(msg string) bool {
+	return strings.Contains(msg, "insufficient funds")
+}
+
+// nonceManager hands out the relayer's nonces one at a time. Signing and
+// sending happen under its lock, so concurrent settlements get consecutive
+// nonces in the order the node sees them; after a nonce error it re-reads
+// the pending nonce from the chain and tries once more.
+type nonceManager struct {
+	mu    sync.Mutex
+	chain Chain
+	addr  common.Address
+	next  uint64
+	known bool
+}
+
+func (n *nonceManager) submit(ctx context.Context, sign func(nonce uint64) (*types.Transaction, error)) (*types.Transaction, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for attempt := 0; ; attempt++ {
+		if !n.known {
+			next, err := n.chain.PendingNonceAt(ctx, n.addr)
+			if err != nil {
+				return nil, fmt.Errorf("reading relayer nonce: %w", err)
+			}
+			n.next, n.known = next, true
+		}
+		tx, err := sign(n.next)
+		if err != nil {
+			return nil, fmt.Errorf("signing settlement: %w", err)
+		}
+		err = n.chain.SendTransaction(ctx, tx)
+		if err == nil {
+			n.next++
+			return tx, nil
+		}
+		reason, answered := nodeRefusal(err)
+		if !answered {
+			// The node may or may not have the transaction; the nonce may be
+			// used. Re-read it next time, and let the caller resolve the outcome.
+			n.known = false
+			return nil, &unknownSend{tx: tx, err: err}
+		}
+		n.known = false
+		switch {
+		case isFundsError(reason):
+			return nil, fmt.Errorf("%w: %s", ErrRelayerUnfunded, reason)
+		case isNonceError(reason) && attempt == 0:
+			continue
+		case strings.Contains(reason, "already known"):
+			n.next++ // our own transaction is in the pool already
+			n.known = true
+			return tx, nil
+		}
+		return nil, fmt.Errorf("sending settlement: %w", err)
+	}
+}
+
+func isNonceError(msg string) bool {
+	return strings.Contains(msg, "nonce too low") || strings.Contains(msg, "nonce too high") ||
+		strings.Contains(msg, "replacement transaction underpriced")
+}
+
+// waitReceipt polls for the receipt until it arrives, ReceiptTimeout passes
+// or ctx ends.
+func (f *Facilitator) waitReceipt(ctx context.Context, h common.Hash) (*types.Receipt, error) {
+	ctx, cancel := context.WithTimeout(ctx, f.cfg.ReceiptTimeout)
+	defer cancel()
+	t := time.NewTicker(f.cfg.PollInterval)
+	defer t.Stop()
+	for {
+		// Not found yet, or a transport error: keep trying until the deadline.
+		if r, err := f.chain.TransactionReceipt(ctx, h); err == nil {
+			return r, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("waiting for the settlement receipt: %w", ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+// resolveTimeout bounds the reads that resolve an unknown outcome; they run
+// even when the caller's context has ended.
+const resolveTimeout = 10 * time.Second
+
+// resolve decides an unknown outcome from the chain: the authorization used
+// means the payment settled; unused while our transaction can no longer run
+// means it did not; anything else stays unknown.
+func (f *Facilitator) resolve(c *checked, tx *types.Transaction, cause error) (x402.SettleResponse, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), resolveTimeout)
+	defer cancel()
+	unknown := func(err error) (x402.SettleResponse, error) {
+		return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Err: err}
+	}
+	used, err := f.authorizationState(ctx, c.token, c.auth.From, c.auth.Nonce)
+	if err != nil {
+		return unknown(fmt.Errorf("%v; then reading authorizationState: %w", cause, err))
+	}
+	if used {
+		hash := ""
+		if r, err := f.chain.TransactionReceipt(ctx, tx.Hash()); err == nil && r.Status == types.ReceiptStatusSuccessful {
+			hash = tx.Hash().Hex()
+		}
+		return f.success(c, hash), nil
+	}
+	// Unused. If our transaction is still pending it may yet execute.
+	_, pending, err := f.chain.TransactionByHash(ctx, tx.Hash())
+	switch {
+	case errors.Is(err, ethereum.NotFound):
+		return f.failure(x402.ReasonExactEVMTransactionFailed, c.payer, "the settlement was not accepted by the chain; nothing was transferred", ""), nil
+	case err != nil:
+		return unknown(fmt.Errorf("%v; then looking up the transaction: %w", cause, err))
+	case pending:
+		return unknown(fmt.Errorf("%v; the transaction %s is still pending", cause, tx.Hash().Hex()))
+	}
+	// Mined, yet the authorization is unused: it reverted.
+	return f.failure(x402.ReasonExactEVMTransactionFailed, c.payer, "the settlement transaction did not transfer", tx.Hash().Hex()), nil
+}
