@@ -5,7 +5,6 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/santhosh-tekuri/jsonschema/v6"
 	"golang.org/x/sync/singleflight"
 )
 
@@ -29,8 +28,8 @@ type Cache struct {
 	flight   singleflight.Group
 	compiles atomic.Int64 // compilations run, for tests and metrics
 
-	// loader serves remote references in tests; nil (refuse all) otherwise.
-	loader jsonschema.URLLoader
+	// opts is the zero value except in tests.
+	opts compileOptions
 }
 
 type entry struct {
@@ -61,7 +60,7 @@ func (c *Cache) Compile(schemaTree any, hash string) (*Schema, error) {
 			return s, nil
 		}
 		c.compiles.Add(1)
-		s, err := compile(schemaTree, c.loader)
+		s, err := compile(schemaTree, c.opts)
 		if err != nil {
 			return nil, err
 		}

@@ -68,9 +68,16 @@ var errNoFetch = errors.New("schemas outside the request are never fetched")
 
 func (refuseLoader) Load(string) (any, error) { return nil, errNoFetch }
 
-// compile builds a Schema from a decoded tree. loader is nil in production;
-// tests pass one that serves the JSON Schema Test Suite's remotes.
-func compile(tree any, loader jsonschema.URLLoader) (*Schema, error) {
+// compileOptions exist for the JSON Schema Test Suite only: production
+// compiles with the zero value (refuse every load, 2020-12 by default).
+type compileOptions struct {
+	loader             jsonschema.URLLoader // serves the suite's remotes
+	defaultDraft       *jsonschema.Draft    // the suite's draft-04..07 schemas omit $schema
+	formatAsAnnotation bool                 // the 2019-09/2020-12 default the suite's required tests assume
+}
+
+// compile builds a Schema from a decoded tree.
+func compile(tree any, opts compileOptions) (*Schema, error) {
 	switch tree.(type) {
 	case map[string]any, bool:
 	default:
@@ -85,9 +92,15 @@ func compile(tree any, loader jsonschema.URLLoader) (*Schema, error) {
 	}
 	c := jsonschema.NewCompiler()
 	c.DefaultDraft(jsonschema.Draft2020)
-	c.AssertFormat()
-	if loader == nil {
-		loader = refuseLoader{}
+	if opts.defaultDraft != nil {
+		c.DefaultDraft(opts.defaultDraft)
+	}
+	if !opts.formatAsAnnotation {
+		c.AssertFormat()
+	}
+	var loader jsonschema.URLLoader = refuseLoader{}
+	if opts.loader != nil {
+		loader = opts.loader
 	}
 	c.UseLoader(loader)
 	if err := c.AddResource(baseURL, tree); err != nil {

@@ -59,10 +59,7 @@ type Failure struct {
 // always has at least one failed check and a passing one none, so the
 // result can never read "pass" with failures or "fail" without.
 func (s *Schema) Evaluate(instance any, opts Options) Report {
-	w := walker{s: s, undeclared: opts.Undeclared, scope: make([]scopeEntry, 0, 16)}
-	var u uneval
-	initUneval(&u, instance, s.sch, false)
-	c := w.eval(s.sch, instance, &u, 0)
+	c, decls := s.count(instance, opts.Undeclared)
 
 	var rep Report
 	if err := s.sch.Validate(instance); err != nil {
@@ -92,9 +89,18 @@ func (s *Schema) Evaluate(instance any, opts Options) Report {
 	}
 	rep.Total, rep.Passed = c.total, c.total-c.failed
 	if opts.Undeclared {
-		rep.Undeclared = undeclaredPaths(w.decls)
+		rep.Undeclared = undeclaredPaths(decls)
 	}
 	return rep
+}
+
+// count runs the counting walk alone.
+func (s *Schema) count(instance any, undeclared bool) (counts, []decl) {
+	w := walker{s: s, undeclared: undeclared, scope: make([]scopeEntry, 0, 16)}
+	var u uneval
+	initUneval(&u, instance, s.sch, false)
+	c := w.eval(s.sch, instance, &u, 0)
+	return c, w.decls
 }
 
 // collect turns the leaves of the validator's error tree into failures.
