@@ -1,0 +1,114 @@
+package receipt
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// FuzzCanonicalize checks the two canonicalization paths against each other:
+// whenever the raw parser (gowebpki/jcs) and AppendCanonical over the
+// encoding/json tree both succeed they produce the same bytes, and the
+// canonical form is a fixed point of both.
+func FuzzCanonicalize(f *testing.F) {
+	for _, s := range []string{
+		`{"b":1,"a":[true,false,null,"x"]}`,
+		`{"\uffff":1,"\ud83d\ude00":2,"\u00e9":3}`,
+		`[1e21,1e-7,0.000001,10.0,-0,123456789012345678901234567890]`,
+		`"\u0000\u001f\b\t\n\f\r\"\\/\u007f"`,
+		`{"a":{"b":{"c":[[],{}]}}}`,
+		`1E+2`, `-0.0e0`, `"café ✓"`, `[5e-324,1.7976931348623157e308]`,
+		invoiceRequest,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		raw, rawErr := Canonicalize(data)
+		dec := json.NewDecoder(bytes.NewReader(data))
+		dec.UseNumber()
+		var tree any
+		decErr := dec.Decode(&tree)
+		if decErr == nil && rawErr == nil {
+			viaTree, err := AppendCanonical(nil, tree)
+			if err == nil && !bytes.Equal(raw, viaTree) {
+				t.Fatalf("paths disagree:\n raw  %q\n tree %q", raw, viaTree)
+			}
+		}
+		if rawErr != nil {
+			return
+		}
+		again, err := Canonicalize(raw)
+		if err != nil || !bytes.Equal(again, raw) {
+			t.Fatalf("canonical form is not a fixed point: %q -> %q (%v)", raw, again, err)
+		}
+		dec = json.NewDecoder(bytes.NewReader(raw))
+		dec.UseNumber()
+		if err := dec.Decode(&tree); err != nil {
+			t.Fatalf("canonical form does not decode: %v", err)
+		}
+		viaTree, err := AppendCanonical(nil, tree)
+		if err != nil || !bytes.Equal(viaTree, raw) {
+			t.Fatalf("tree of the canonical form: %q (%v), want %q", viaTree, err, raw)
+		}
+	})
+}
+
+// FuzzVerifyReceipt feeds arbitrary bytes to the receipt checks. None may
+// panic, and no input other than a re-encoding of a genuine receipt may
+// verify: whatever passes must rebuild exactly the signed document.
+func FuzzVerifyReceipt(f *testing.F) {
+	pub, priv := seededKey(7)
+	resp := fullResponse(f, "k2")
+	genuine := attach(f, priv, ContextVerify, "k2", fixtureTime, resp)
+	// The only documents this key ever signed: whatever verifies must be
+	// one of them.
+	signed := map[string]bool{}
+	for _, d := range []struct {
+		context string
+		resp    []byte
+	}{{ContextVerify, resp}, {ContextScore, scoreResponse("k2")}} {
+		in, err := SigningInput(d.context, "k2", fixtureTime, d.resp)
+		if err != nil {
+			f.Fatal(err)
+		}
+		signed[string(in)] = true
+	}
+	keys := SingleKey("", pub)
+	card := cardWith("k2", cardKey{version: "k2", status: StatusCurrent, pub: pub})
+	f.Add(genuine)
+	f.Add(attach(f, priv, ContextScore, "k2", fixtureTime, scoreResponse("k2")))
+	f.Add(card)
+	f.Add([]byte(`{"attestation":{"algorithm":"Ed25519","key_version":"k","timestamp":"2026-01-01T00:00:00Z","signature":"` + string(bytes.Repeat([]byte("A"), 86)) + `=="}}`))
+	f.Add([]byte(`{"attestation":null,"verify":[],"verified_at":1}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		_ = CheckHashes(data, Hashes{Output: "a", Schema: "b", Rules: "c", Request: "d"})
+		_, _ = KeysFromCard(data)
+		v, err := Verify(data, keys, "")
+		if err != nil {
+			return
+		}
+		doc, derr := decodeResponse(data)
+		if derr != nil {
+			t.Fatalf("verified but does not decode: %v", derr)
+		}
+		delete(doc, "attestation")
+		canon, _ := AppendCanonical(nil, doc)
+		got, _ := signingInputCanonical(v.Context, v.KeyVersion, v.Timestamp, canon)
+		if !signed[string(got)] {
+			t.Fatalf("a receipt other than the genuine one verified:\n%s", got)
+		}
+	})
+}
+
+// TestFuzzCorporaAreCheckedIn keeps the seed corpora from being lost: make
+// test's short fuzz runs start from them.
+func TestFuzzCorporaAreCheckedIn(t *testing.T) {
+	for _, target := range []string{"FuzzCanonicalize", "FuzzVerifyReceipt"} {
+		entries, err := os.ReadDir(filepath.Join("testdata", "fuzz", target))
+		if err != nil || len(entries) == 0 {
+			t.Errorf("no checked-in corpus for %s: %v", target, err)
+		}
+	}
+}
