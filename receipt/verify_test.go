@@ -121,7 +121,9 @@ func TestVerifyReceipt(t *testing.T) {
 		{desc: "an attestation without a signature is refused", receipt: edit(t, full2, func(m map[string]any) { delete(sub(m, "attestation"), "signature") }), keys: cardKeys, want: says("attestation.signature is missing")},
 		{desc: "an algorithm other than Ed25519 is refused", receipt: edit(t, full2, func(m map[string]any) { sub(m, "attestation")["algorithm"] = "RS256" }), keys: cardKeys, want: says("attestation.algorithm is RS256, want Ed25519")},
 		{desc: "a signature that is not base64 is refused", receipt: edit(t, full2, func(m map[string]any) { sub(m, "attestation")["signature"] = "%%%" }), keys: cardKeys, want: says("not standard base64")},
-		{desc: "a truncated signature is refused", receipt: edit(t, full2, func(m map[string]any) { sub(m, "attestation")["signature"] = base64.StdEncoding.EncodeToString(make([]byte, 63)) }), keys: cardKeys, want: says("63 bytes, want 64")},
+		{desc: "a truncated signature is refused", receipt: edit(t, full2, func(m map[string]any) {
+			sub(m, "attestation")["signature"] = base64.StdEncoding.EncodeToString(make([]byte, 63))
+		}), keys: cardKeys, want: says("63 bytes, want 64")},
 		{desc: "a timestamp that is not RFC 3339 is refused", receipt: edit(t, full2, func(m map[string]any) { sub(m, "attestation")["timestamp"] = "yesterday" }), keys: cardKeys, want: says("not an RFC 3339 time")},
 		{desc: "a verify member that is not an object is refused", receipt: edit(t, full2, func(m map[string]any) { m["verify"] = 1 }), keys: cardKeys, want: says("verify is not an object")},
 		{desc: "duplicate keys are refused, so no reader sees another value", receipt: []byte(strings.Replace(string(full2), `"result":"fail"`, `"result":"pass","result":"fail"`, 1)), keys: cardKeys, want: says("Duplicate key")},
