@@ -1,0 +1,173 @@
+#!/usr/bin/env bash
+# run.sh builds and runs the whole service on this machine (what `make run`
+# does): certd (signing keys, agent card), verifierd (verification service)
+# and Caddy (the gateway, configured by Caddyfile.example), with every piece
+# of state under one data folder. Ctrl-C stops all three.
+#
+# Environment (all optional):
+#   AOV_DATA              data folder                       (default ./data)
+#   AOV_HTTP_PORT         Caddy's port                      (default 8080)
+#   AOV_VERIFIERD_ADDR    verifierd's loopback address      (default 127.0.0.1:8081)
+#   AOV_CERTD_PUBLIC_ADDR certd's agent-card listener       (default 127.0.0.1:8082)
+#   AOV_ADMIN_ADDR        Caddy's admin API                 (default localhost:2019)
+#   AOV_VERIFIERD_METRICS_ADDR verifierd's /metrics         (default 127.0.0.1:9091)
+#   GO                    go command                        (default go)
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+GO="${GO:-go}"
+export AOV_HTTP_PORT="${AOV_HTTP_PORT:-8080}"
+export AOV_VERIFIERD_ADDR="${AOV_VERIFIERD_ADDR:-127.0.0.1:8081}"
+export AOV_CERTD_PUBLIC_ADDR="${AOV_CERTD_PUBLIC_ADDR:-127.0.0.1:8082}"
+export AOV_ADMIN_ADDR="${AOV_ADMIN_ADDR:-localhost:2019}"
+AOV_VERIFIERD_METRICS_ADDR="${AOV_VERIFIERD_METRICS_ADDR:-127.0.0.1:9091}"
+data="${AOV_DATA:-$root/data}"
+mkdir -p "$data"
+data="$(cd "$data" && pwd)"
+base="http://localhost:$AOV_HTTP_PORT"
+
+say() { printf '\033[1mrun:\033[0m %s\n' "$*" >&2; }
+die() { say "$*"; exit 1; }
+
+command -v curl >/dev/null || die "curl is needed to wait for the service to come up"
+
+# 1. Build. cmd/caddy is Caddy plus this repository's modules, pinned by
+#    go.sum, so this works offline once the module cache is filled. (For a
+#    Caddy with extra third-party plugins, see xcaddy.sh.)
+say "building bin/caddy, bin/certd, bin/verifierd, bin/aov"
+"$GO" build -o bin/ ./cmd/caddy ./certd ./verifierd ./cmd/aov
+
+# 2. Data folder. Everything the service keeps lives here:
+#      keys/            certd's Ed25519 keys and their history (0700)
+#      certd/           certd's signing socket (0700; only verifierd uses it)
+#      verifierd/       verifierd's Badger database (verification history)
+#      caddy/           Caddy's own data and autosaved config (XDG dirs)
+#      logs/            Caddy's access log
+#      gateway-token    secret Caddy sends to verifierd (0600)
+umask 077
+mkdir -p "$data/keys" "$data/certd" "$data/verifierd" "$data/caddy/data" "$data/caddy/config" "$data/logs"
+socket="$data/certd/sign.sock"
+
+# 3. A development signing key, made once. Production keys are generated
+#    and rotated by the operator (bin/certd keygen / rotate); -dev makes
+#    certd create the first key when the directory has none.
+certd_dev=()
+if [ ! -s "$data/keys/index.json" ]; then
+	say "no signing key in $data/keys yet: certd -dev will generate one (development only)"
+	certd_dev=(-dev)
+fi
+
+# 4. The gateway token: the shared secret by which verifierd recognises
+#    requests that came through Caddy. Made once, readable by this user only.
+if [ ! -s "$data/gateway-token" ]; then
+	say "generating $data/gateway-token"
+	(umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$data/gateway-token")
+fi
+chmod 600 "$data/gateway-token"
+# Caddy reads it at request time ({env.AOV_GATEWAY_TOKEN}), so it never shows
+# in Caddy's loaded config.
+AOV_GATEWAY_TOKEN="$(cat "$data/gateway-token")"
+export AOV_GATEWAY_TOKEN
+
+# 5. Start the three processes. Each runs in its own process group so that
+#    stopping is explicit and ordered: Caddy first (no new requests), then
+#    verifierd, then certd.
+pids=()
+names=()
+start() {
+	local name="$1"
+	shift
+	setsid "$@" &
+	pids+=("$!")
+	names+=("$name")
+}
+stopping=0
+stop_all() {
+	[ "$stopping" = 1 ] && return
+	stopping=1
+	trap '' INT TERM
+	say "stopping"
+	local i
+	for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
+		kill -TERM -- "-${pids[$i]}" 2>/dev/null || true
+		# Give each its grace period, then insist.
+		for _ in $(seq 1 100); do
+			kill -0 "${pids[$i]}" 2>/dev/null || break
+			sleep 0.1
+		done
+		kill -KILL -- "-${pids[$i]}" 2>/dev/null || true
+		wait "${pids[$i]}" 2>/dev/null || true
+		say "${names[$i]} stopped"
+	done
+}
+trap 'stop_all; exit 130' INT TERM
+trap 'stop_all' EXIT
+
+say "starting certd (agent card on $AOV_CERTD_PUBLIC_ADDR, signing socket $socket)"
+start certd bin/certd serve "${certd_dev[@]}" \
+	-keys "$data/keys" \
+	-socket "$socket" \
+	-public "$AOV_CERTD_PUBLIC_ADDR" \
+	-base-url "$base"
+
+say "starting verifierd on $AOV_VERIFIERD_ADDR"
+start verifierd bin/verifierd \
+	-listen "$AOV_VERIFIERD_ADDR" \
+	-admin-listen "$AOV_VERIFIERD_METRICS_ADDR" \
+	-data "$data/verifierd" \
+	-signer-socket "$socket" \
+	-gateway-token-file "$data/gateway-token" \
+	-public-base-url "$base"
+
+say "starting caddy on $base"
+start caddy env XDG_DATA_HOME="$data/caddy/data" XDG_CONFIG_HOME="$data/caddy/config" AOV_LOG_DIR="$data/logs" \
+	bin/caddy run --config Caddyfile.example --adapter caddyfile
+
+# 6. Wait until the whole chain answers through Caddy.
+ok=0
+for _ in $(seq 1 150); do
+	for i in "${!pids[@]}"; do
+		kill -0 "${pids[$i]}" 2>/dev/null || die "${names[$i]} exited during start-up; see its output above"
+	done
+	if curl -fsS -o /dev/null "$base/health" && curl -fsS -o /dev/null "$base/.well-known/agent-card.json"; then
+		ok=1
+		break
+	fi
+	sleep 0.2
+done
+[ "$ok" = 1 ] || die "the service did not answer on $base/health within 30 s"
+
+cat >&2 <<EOF
+
+  aov is running.
+
+    service       $base                     (POST /verify/schema, GET /reputation/{agent_id}, ...)
+    health        $base/health
+    agent card    $base/.well-known/agent-card.json
+    facilitator   $base/facilitator/supported   (devnet x402 facilitator, when built in)
+    data          $data
+    access log    $data/logs/access.log
+    metrics       http://$AOV_VERIFIERD_METRICS_ADDR/metrics (verifierd), http://$AOV_ADMIN_ADDR/metrics (Caddy)
+
+  Try the worked example (it fails: the line totals do not add up to the total):
+
+    curl -s $base/verify/schema -H 'Content-Type: application/json' \\
+      --data @scripts/examples/invoice-draft.json | jq '{result, summary, errors}'
+
+  The corrected invoice passes; keep its receipt and check it offline:
+
+    curl -s $base/verify/schema -H 'Content-Type: application/json' \\
+      --data @scripts/examples/invoice-fixed.json >receipt.json
+    bin/aov receipt verify --card $base/.well-known/agent-card.json receipt.json
+
+  Load: make load (in another terminal). Stop: Ctrl-C.
+
+EOF
+
+# Stay until Ctrl-C or until one of the three exits on its own.
+wait -n "${pids[@]}" || true
+for i in "${!pids[@]}"; do
+	kill -0 "${pids[$i]}" 2>/dev/null || say "${names[$i]} exited; stopping the others"
+done
