@@ -1,0 +1,326 @@
+package caddymodule
+
+import (
+	"encoding/json"
+	"strconv"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/dustin/go-humanize"
+)
+
+func init() {
+	httpcaddyfile.RegisterHandlerDirective("x402", parseGate)
+	httpcaddyfile.RegisterHandlerDirective("x402_discovery", parseDiscovery)
+	// The gate runs after client headers are cleaned up (request_header) and
+	// before encode, so it sees requests as the client sent them and buffers
+	// the upstream answer before any compression.
+	httpcaddyfile.RegisterDirectiveOrder("x402", httpcaddyfile.Before, "encode")
+	httpcaddyfile.RegisterDirectiveOrder("x402_discovery", httpcaddyfile.Before, "respond")
+}
+
+func parseGate(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	g := new(Gate)
+	err := g.UnmarshalCaddyfile(h.Dispenser)
+	return g, err
+}
+
+func parseDiscovery(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	d := new(Discovery)
+	err := d.UnmarshalCaddyfile(h.Dispenser)
+	return d, err
+}
+
+// UnmarshalCaddyfile sets up the gate from Caddyfile tokens:
+//
+//	x402 [<matcher>] {
+//	    accept [<network> <price> <pay_to>] {
+//	        scheme        exact
+//	        network       base|base-sepolia|devnet|<CAIP-2>
+//	        price         $0.02
+//	        amount        20000
+//	        asset         <token address>
+//	        asset_name    "USD Coin"
+//	        asset_version 2
+//	        asset_decimals 6
+//	        pay_to        <address>
+//	        max_timeout   60s
+//	    }
+//	    description   <text>
+//	    mime_type     <type>
+//	    resource      <url>
+//	    route         "<METHOD> <path>"
+//	    facilitator   <module> { ... }
+//	    store         <module> { ... }
+//	    settle        after|before
+//	    max_buffer    <size>
+//	    max_body      <size>
+//	    validate      verify_request
+//	    free_allowance {
+//	        pool     <name>
+//	        per_day  <n>
+//	        key      ip|wallet
+//	        max_body <size>
+//	        mcp_url  <url>
+//	        tool     <name>
+//	    }
+//	}
+func (g *Gate) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // directive name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	for d.NextBlock(0) {
+		switch d.Val() {
+		case "accept":
+			var a Accept
+			if err := a.unmarshal(d); err != nil {
+				return err
+			}
+			g.Accepts = append(g.Accepts, a)
+		case "description":
+			if err := oneArg(d, &g.Description); err != nil {
+				return err
+			}
+		case "mime_type":
+			if err := oneArg(d, &g.MimeType); err != nil {
+				return err
+			}
+		case "resource":
+			if err := oneArg(d, &g.Resource); err != nil {
+				return err
+			}
+		case "route":
+			if err := oneArg(d, &g.Route); err != nil {
+				return err
+			}
+		case "settle":
+			if err := oneArg(d, &g.Settle); err != nil {
+				return err
+			}
+		case "validate":
+			if err := oneArg(d, &g.Validator); err != nil {
+				return err
+			}
+		case "max_buffer":
+			if err := sizeArg(d, &g.MaxBuffer); err != nil {
+				return err
+			}
+		case "max_body":
+			if err := sizeArg(d, &g.MaxBody); err != nil {
+				return err
+			}
+		case "facilitator":
+			raw, err := guestModule(d, "x402.facilitators")
+			if err != nil {
+				return err
+			}
+			g.FacilitatorRaw = raw
+		case "store":
+			raw, err := guestModule(d, "x402.stores")
+			if err != nil {
+				return err
+			}
+			g.StoreRaw = raw
+		case "free_allowance":
+			f := new(FreeAllowance)
+			if err := f.unmarshal(d); err != nil {
+				return err
+			}
+			g.Free = f
+		default:
+			return d.Errf("unrecognized x402 option '%s'", d.Val())
+		}
+	}
+	return nil
+}
+
+func (a *Accept) unmarshal(d *caddyfile.Dispenser) error {
+	args := d.RemainingArgs()
+	switch len(args) {
+	case 0:
+	case 3:
+		a.Network, a.Price, a.PayTo = args[0], args[1], args[2]
+	default:
+		return d.Errf("accept takes either no arguments or <network> <price> <pay_to>")
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		var err error
+		switch d.Val() {
+		case "scheme":
+			err = oneArg(d, &a.Scheme)
+		case "network":
+			err = oneArg(d, &a.Network)
+		case "price":
+			err = oneArg(d, &a.Price)
+		case "amount":
+			err = oneArg(d, &a.Amount)
+		case "asset":
+			err = oneArg(d, &a.Asset)
+		case "asset_name":
+			err = oneArg(d, &a.AssetName)
+		case "asset_version":
+			err = oneArg(d, &a.AssetVersion)
+		case "asset_decimals":
+			var s string
+			if err = oneArg(d, &s); err == nil {
+				a.AssetDecimals, err = strconv.Atoi(s)
+			}
+		case "pay_to":
+			err = oneArg(d, &a.PayTo)
+		case "max_timeout":
+			var s string
+			if err = oneArg(d, &s); err == nil {
+				var dur caddy.Duration
+				dur, err = parseDuration(s)
+				a.MaxTimeout = dur
+			}
+		default:
+			return d.Errf("unrecognized accept option '%s'", d.Val())
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (f *FreeAllowance) unmarshal(d *caddyfile.Dispenser) error {
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		var err error
+		switch d.Val() {
+		case "pool":
+			err = oneArg(d, &f.Pool)
+		case "per_day":
+			var s string
+			if err = oneArg(d, &s); err == nil {
+				f.PerDay, err = strconv.Atoi(s)
+				if err != nil {
+					return d.Errf("per_day: %v", err)
+				}
+			}
+		case "key":
+			err = oneArg(d, &f.Key)
+		case "max_body":
+			err = sizeArg(d, &f.MaxBody)
+		case "mcp_url":
+			err = oneArg(d, &f.MCPURL)
+		case "tool":
+			err = oneArg(d, &f.Tool)
+		default:
+			return d.Errf("unrecognized free_allowance option '%s'", d.Val())
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// UnmarshalCaddyfile sets up the discovery handler:
+//
+//	x402_discovery {
+//	    instructions <text>
+//	}
+func (dh *Discovery) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next()
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	for d.NextBlock(0) {
+		switch d.Val() {
+		case "instructions":
+			if err := oneArg(d, &dh.Instructions); err != nil {
+				return err
+			}
+		default:
+			return d.Errf("unrecognized x402_discovery option '%s'", d.Val())
+		}
+	}
+	return nil
+}
+
+// UnmarshalCaddyfile sets up the Badger store:
+//
+//	store badger [<path>] {
+//	    path    <folder>
+//	    no_sync
+//	}
+func (s *BadgerStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // module name
+	if d.NextArg() {
+		s.Path = d.Val()
+		if d.NextArg() {
+			return d.ArgErr()
+		}
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		switch d.Val() {
+		case "path":
+			if err := oneArg(d, &s.Path); err != nil {
+				return err
+			}
+		case "no_sync":
+			s.NoSync = true
+		default:
+			return d.Errf("unrecognized badger store option '%s'", d.Val())
+		}
+	}
+	return nil
+}
+
+// guestModule parses `<option> <module name> [args] [{ ... }]` into the JSON
+// of a module in namespace, with its name under "type".
+func guestModule(d *caddyfile.Dispenser, namespace string) (json.RawMessage, error) {
+	if !d.NextArg() {
+		return nil, d.ArgErr()
+	}
+	name := d.Val()
+	unm, err := caddyfile.UnmarshalModule(d, namespace+"."+name)
+	if err != nil {
+		return nil, err
+	}
+	return caddyconfig.JSONModuleObject(unm, "type", name, nil), nil
+}
+
+func oneArg(d *caddyfile.Dispenser, dst *string) error {
+	if !d.NextArg() {
+		return d.ArgErr()
+	}
+	*dst = d.Val()
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	return nil
+}
+
+func sizeArg(d *caddyfile.Dispenser, dst *int64) error {
+	var s string
+	if err := oneArg(d, &s); err != nil {
+		return err
+	}
+	n, err := humanize.ParseBytes(s)
+	if err != nil {
+		return d.Errf("bad size %q: %v", s, err)
+	}
+	*dst = int64(n)
+	return nil
+}
+
+func parseDuration(s string) (caddy.Duration, error) {
+	dur, err := caddy.ParseDuration(s)
+	return caddy.Duration(dur), err
+}
+
+// Interface guards
+var (
+	_ caddyfile.Unmarshaler = (*Gate)(nil)
+	_ caddyfile.Unmarshaler = (*Discovery)(nil)
+	_ caddyfile.Unmarshaler = (*BadgerStore)(nil)
+)

@@ -1,0 +1,219 @@
+package caddymodule
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/store"
+)
+
+// FreeAllowance is a daily number of free calls per client, counted in a
+// named pool: routes (and the MCP tool) that name the same pool share one
+// allowance. A call is counted only when it ends below 400; it resets at the
+// next UTC midnight.
+type FreeAllowance struct {
+	// Pool names the shared counter. Default "default".
+	Pool string `json:"pool,omitempty"`
+	// PerDay is the number of free calls per client per UTC day.
+	PerDay int `json:"per_day"`
+	// Key identifies the client: "ip" (default; Caddy's resolved client IP,
+	// which honours the server's trusted_proxies and never a raw header) or
+	// "wallet" (the address verified by wallet_auth; a request without one
+	// gets no free calls).
+	Key string `json:"key,omitempty"`
+	// MaxBody is the largest request body served free (larger ones go to
+	// payment). Default 64 KiB.
+	MaxBody int64 `json:"max_body,omitempty"`
+	// MCPURL is where the same allowance is available over MCP, for the
+	// free_trial document. Default: <request origin>/mcp.
+	MCPURL string `json:"mcp_url,omitempty"`
+	// Tool is the MCP tool that shares the allowance. Default verify_schema.
+	Tool string `json:"tool,omitempty"`
+}
+
+func (f *FreeAllowance) provision() {
+	if f.Pool == "" {
+		f.Pool = "default"
+	}
+	if f.Key == "" {
+		f.Key = "ip"
+	}
+	if f.MaxBody == 0 {
+		f.MaxBody = defaultFreeMaxBody
+	}
+	if f.Tool == "" {
+		f.Tool = "verify_schema"
+	}
+}
+
+func (f *FreeAllowance) validate() error {
+	if f.PerDay < 0 {
+		return errors.New("per_day must not be negative")
+	}
+	if f.Key != "ip" && f.Key != "wallet" {
+		return fmt.Errorf("key must be ip or wallet, not %q", f.Key)
+	}
+	return nil
+}
+
+// WalletPlaceholder holds the address wallet_auth verified for the request.
+const WalletPlaceholder = "http.auth.wallet.address"
+
+// client returns the allowance key of the request's client, or "" when it
+// has none (key wallet without a verified wallet).
+func (f *FreeAllowance) client(r *http.Request) string {
+	if f.Key == "wallet" {
+		if repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); ok {
+			if v, ok := repl.GetString(WalletPlaceholder); ok && v != "" {
+				return "wallet:" + v
+			}
+		}
+		return ""
+	}
+	ip, _ := caddyhttp.GetVar(r.Context(), caddyhttp.ClientIPVarKey).(string)
+	if ip == "" {
+		ip = r.RemoteAddr
+	}
+	return "ip:" + ip
+}
+
+// nextMidnight is the next UTC midnight after t: when today's allowance resets.
+func nextMidnight(t time.Time) time.Time {
+	y, m, d := t.UTC().Date()
+	return time.Date(y, m, d+1, 0, 0, 0, 0, time.UTC)
+}
+
+// serveFree serves the request from the caller's allowance, or answers 402
+// when it is used up. The unit is reserved first and committed only if the
+// upstream answered below 400, so errors never cost the caller a free call.
+func (g *Gate) serveFree(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	f := g.Free
+	client := f.client(r)
+	if client == "" || f.PerDay == 0 {
+		return g.paymentRequired(w, r, "Payment required", "")
+	}
+	t := now()
+	res, err := g.state.Allowance().Reserve(r.Context(), f.Pool, client, t, f.PerDay)
+	if errors.Is(err, store.ErrExhausted) {
+		return g.paymentRequired(w, r, "Payment required: today's free allowance is used", codeFreeTrialExhausted)
+	}
+	if err != nil {
+		return g.refuse(w, apierr.Unavailable("free allowance store", 1, err))
+	}
+	r.Header.Set(HeaderUpstreamPayment, "free")
+	sw := &statusWriter{ResponseWriter: w, onHeader: func(h http.Header, status int) {
+		if status < 400 {
+			h.Set(HeaderFreeRemaining, strconv.Itoa(res.Remaining))
+			h.Set(HeaderFreeLimit, strconv.Itoa(f.PerDay))
+			h.Set(HeaderFreeResets, nextMidnight(t).Format(time.RFC3339))
+			h.Set("Access-Control-Expose-Headers", exposedHeaders)
+		}
+	}}
+	err = next.ServeHTTP(sw, r)
+	ctx := context.WithoutCancel(r.Context())
+	if err == nil && sw.status > 0 && sw.status < 400 {
+		if cerr := g.state.Allowance().Commit(ctx, res); cerr != nil {
+			g.logger.Warn("committing free allowance unit", zap.Error(cerr))
+		}
+		metrics.outcomes.WithLabelValues("free").Inc()
+	} else if rerr := g.state.Allowance().Release(ctx, res); rerr != nil {
+		g.logger.Warn("releasing free allowance unit", zap.Error(rerr))
+	}
+	return err
+}
+
+// codeFreeTrialExhausted is the code of a 402 after the day's free calls.
+const codeFreeTrialExhausted = "free_trial_exhausted"
+
+// freeTrial is the free_trial member of an unpaid 402 body (SPEC §7): the
+// caller's live allowance.
+type freeTrial struct {
+	Available      bool   `json:"available"`
+	Via            string `json:"via"`
+	Transport      string `json:"transport"`
+	URL            string `json:"url"`
+	Tool           string `json:"tool"`
+	CallsPerDay    int    `json:"calls_per_client_per_day"`
+	RemainingToday int    `json:"remaining_calls_today"`
+	ResetsAt       string `json:"resets_at"`
+	Client         string `json:"client"`
+	RESTFree       bool   `json:"rest_free"`
+	Launch         bool   `json:"launch"`
+	Message        string `json:"message"`
+	Code           string `json:"code,omitempty"`
+}
+
+// trial reports the caller's allowance as it stands.
+func (f *FreeAllowance) trial(r *http.Request, g *Gate) *freeTrial {
+	t := now()
+	remaining := 0
+	if client := f.client(r); client != "" {
+		n, err := g.state.Allowance().Remaining(r.Context(), f.Pool, client, t, f.PerDay)
+		if err == nil {
+			remaining = n
+		}
+	}
+	url := f.MCPURL
+	if url == "" {
+		url = requestBase(r) + "/mcp"
+	}
+	clientDoc := "identified by request IP address; the same address's REST and MCP verification calls share one allowance"
+	if f.Key == "wallet" {
+		clientDoc = "identified by the wallet proven with X-Wallet-Auth; the same wallet's REST and MCP verification calls share one allowance"
+	}
+	ft := &freeTrial{
+		Available:      remaining > 0,
+		Via:            "mcp+rest",
+		Transport:      "streamable-http",
+		URL:            url,
+		Tool:           f.Tool,
+		CallsPerDay:    f.PerDay,
+		RemainingToday: remaining,
+		ResetsAt:       nextMidnight(t).Format(time.RFC3339),
+		Client:         clientDoc,
+		RESTFree:       true,
+		Launch:         true,
+	}
+	if ft.Available {
+		ft.Message = fmt.Sprintf("You have %d free calls left today: send the request without a payment (at most %d bytes) to use one.", remaining, f.MaxBody)
+	} else {
+		ft.Code = codeFreeTrialExhausted
+		ft.Message = "Today's free calls are used up; pay with x402 using PAYMENT-REQUIRED, or come back after " + ft.ResetsAt + "."
+	}
+	return ft
+}
+
+// statusWriter calls onHeader with the final status just before the header
+// is written, so the gate can add headers that depend on the outcome.
+type statusWriter struct {
+	http.ResponseWriter
+	status   int
+	onHeader func(http.Header, int)
+}
+
+func (s *statusWriter) WriteHeader(code int) {
+	if s.status == 0 && code >= 200 {
+		s.status = code
+		s.onHeader(s.ResponseWriter.Header(), code)
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusWriter) Write(p []byte) (int, error) {
+	if s.status == 0 {
+		s.WriteHeader(http.StatusOK)
+	}
+	return s.ResponseWriter.Write(p)
+}
+
+// Unwrap lets http.ResponseController reach the real writer (flushing).
+func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }

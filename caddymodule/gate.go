@@ -1,0 +1,481 @@
+package caddymodule
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/store"
+	"github.com/aovhq/aov/verify"
+	"github.com/aovhq/aov/x402"
+)
+
+func init() {
+	caddy.RegisterModule(Gate{})
+}
+
+// now is the gateway's clock; tests move it to cross UTC midnight.
+var now = time.Now
+
+// Headers the gateway sets for the upstream. Client copies are always
+// removed first, so an upstream can trust them exactly as far as it trusts
+// the gateway (verifierd additionally requires X-Aov-Gateway-Token).
+const (
+	HeaderUpstreamPayment = "X-Aov-Payment" // "paid" or "free"
+	HeaderUpstreamPayer   = "X-Aov-Payer"   // the payer's address, paid calls only
+	HeaderUpstreamNetwork = "X-Aov-Network" // CAIP-2 network of the payment
+)
+
+// Free allowance headers on answers served from the allowance (SPEC §7).
+const (
+	HeaderFreeRemaining = "Free-Allowance-Remaining"
+	HeaderFreeLimit     = "Free-Allowance-Limit"
+	HeaderFreeResets    = "Free-Allowance-Resets"
+)
+
+// exposedHeaders lets browser clients read the payment and allowance headers
+// (without it fetch() in a browser cannot see PAYMENT-REQUIRED at all).
+var exposedHeaders = strings.Join([]string{
+	x402.HeaderPaymentRequired, x402.HeaderPaymentResponse,
+	HeaderFreeRemaining, HeaderFreeLimit, HeaderFreeResets,
+}, ", ")
+
+// Defaults for the limits an operator can change.
+const (
+	defaultMaxBody       = 1 << 20
+	defaultMaxBuffer     = 10 << 20
+	defaultFreeMaxBody   = 64 << 10
+	defaultMaxTimeout    = 60
+	defaultSettleTimeout = 30 * time.Second
+)
+
+// Gate is the x402 payment gate (Caddyfile directive `x402`). It answers an
+// unpaid request with 402 and PAYMENT-REQUIRED, verifies a PAYMENT-SIGNATURE
+// through a facilitator, runs the upstream into a bounded buffer, settles
+// only when the upstream answered below 400, and replays the upstream
+// response with PAYMENT-RESPONSE. Optionally it serves requests free from a
+// daily allowance and validates verification requests before any payment
+// logic, so a request that can never succeed is refused with 422 instead of
+// being sold.
+//
+// Each authorization is claimed in the store (by payer+nonce and by payload
+// hash) before it is verified and stays claimed until after it expires, so a
+// replayed or concurrently repeated PAYMENT-SIGNATURE is refused and never
+// settled twice.
+type Gate struct {
+	// Accepts lists the ways a client may pay; at least one is required.
+	Accepts []Accept `json:"accepts,omitempty"`
+
+	// Description and MimeType describe the resource in PAYMENT-REQUIRED and
+	// in /.well-known/x402.
+	Description string `json:"description,omitempty"`
+	MimeType    string `json:"mime_type,omitempty"`
+
+	// Resource is the resource URL sent in PAYMENT-REQUIRED. Default: the
+	// request's own URL (scheme://host/path?query). Placeholders allowed.
+	Resource string `json:"resource,omitempty"`
+
+	// Route names this route in /.well-known/x402 as "METHOD /path"
+	// (e.g. "POST /verify/schema"). Without it the route is not listed.
+	Route string `json:"route,omitempty"`
+
+	// FacilitatorRaw is the facilitator that verifies and settles payments
+	// (a module in the x402.facilitators namespace: `evm`, `http`).
+	FacilitatorRaw json.RawMessage `json:"facilitator,omitempty" caddy:"namespace=x402.facilitators inline_key=type"`
+
+	// StoreRaw keeps the free allowance counters and the replay claims (a
+	// module in the x402.stores namespace). Default: Badger under Caddy's
+	// data directory, in the folder x402.
+	StoreRaw json.RawMessage `json:"store,omitempty" caddy:"namespace=x402.stores inline_key=type"`
+
+	// Settle is "after" (default): the upstream runs first into a buffer and
+	// the payment is settled only if it answered below 400. "before" settles
+	// first and then streams the upstream response, for streaming upstreams
+	// (SSE): the client pays even if the upstream then fails.
+	Settle string `json:"settle,omitempty"`
+
+	// MaxBuffer caps the buffered upstream response in "after" mode. A larger
+	// response is an error (502) and nothing is settled. Default 10 MiB.
+	MaxBuffer int64 `json:"max_buffer,omitempty"`
+
+	// MaxBody is the absolute request body limit (413) applied when the gate
+	// reads the body (free allowance or validation). Default 1 MiB.
+	MaxBody int64 `json:"max_body,omitempty"`
+
+	// Validator names a request validator run before any payment logic; the
+	// only one is "verify_request" (the verification request of
+	// POST /verify/schema, checked with the same code verifierd uses). A
+	// request it refuses gets 422 and is never offered for sale. With a
+	// validator, a POST without any body is the x402 discovery probe and gets
+	// the 402.
+	Validator string `json:"validate,omitempty"`
+
+	// Free grants a daily free allowance on this route.
+	Free *FreeAllowance `json:"free_allowance,omitempty"`
+
+	facilitator x402.Facilitator
+	state       gateStore
+	verifier    *verify.Verifier
+	offers      []x402.PaymentRequirements
+	logger      *zap.Logger
+	ctx         caddy.Context
+}
+
+// Accept is one way to pay: a scheme on a network, an amount of an asset,
+// to an address.
+type Accept struct {
+	// Scheme is the x402 scheme; only "exact" is supported (the default).
+	Scheme string `json:"scheme,omitempty"`
+	// Network is a CAIP-2 id or a friendly name: base, base-sepolia, devnet.
+	Network string `json:"network"`
+	// Price in dollars ("$0.02"), converted exactly into the asset's atomic
+	// units. Either Price or Amount.
+	Price string `json:"price,omitempty"`
+	// Amount in the asset's atomic units ("20000" is 0.02 USDC).
+	Amount string `json:"amount,omitempty"`
+	// Asset is the token address. Default: the network's USDC.
+	Asset string `json:"asset,omitempty"`
+	// AssetName and AssetVersion are the token's EIP-712 domain; default
+	// from the network's USDC. Required with a custom Asset on EVM.
+	AssetName    string `json:"asset_name,omitempty"`
+	AssetVersion string `json:"asset_version,omitempty"`
+	// AssetDecimals for Price conversion with a custom Asset. Default 6.
+	AssetDecimals int `json:"asset_decimals,omitempty"`
+	// PayTo is the address that receives the payment.
+	PayTo string `json:"pay_to"`
+	// MaxTimeout is how long a signed payment may take to settle. Default 60s.
+	MaxTimeout caddy.Duration `json:"max_timeout,omitempty"`
+}
+
+// CaddyModule returns the Caddy module information.
+func (Gate) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.x402",
+		New: func() caddy.Module { return new(Gate) },
+	}
+}
+
+// Provision loads the facilitator and the store and turns the accept blocks
+// into payment requirements.
+func (g *Gate) Provision(ctx caddy.Context) error {
+	g.ctx = ctx
+	g.logger = ctx.Logger()
+	if g.Settle == "" {
+		g.Settle = "after"
+	}
+	if g.MaxBuffer == 0 {
+		g.MaxBuffer = defaultMaxBuffer
+	}
+	if g.MaxBody == 0 {
+		g.MaxBody = defaultMaxBody
+	}
+	if g.FacilitatorRaw != nil {
+		mod, err := ctx.LoadModule(g, "FacilitatorRaw")
+		if err != nil {
+			return fmt.Errorf("loading facilitator module: %v", err)
+		}
+		f, ok := mod.(x402.Facilitator)
+		if !ok {
+			return fmt.Errorf("facilitator module %T does not verify and settle payments", mod)
+		}
+		g.facilitator = f
+	}
+	if g.StoreRaw == nil {
+		g.StoreRaw = json.RawMessage(`{"type":"badger"}`)
+	}
+	mod, err := ctx.LoadModule(g, "StoreRaw")
+	if err != nil {
+		return fmt.Errorf("loading store module: %v", err)
+	}
+	st, ok := mod.(gateStore)
+	if !ok {
+		return fmt.Errorf("store module %T does not keep allowance counters and claims", mod)
+	}
+	g.state = st
+	if g.Validator == "verify_request" {
+		g.verifier = verify.New(verify.Config{MaxBodyBytes: g.MaxBody})
+	}
+	if g.Free != nil {
+		g.Free.provision()
+	}
+	g.offers = make([]x402.PaymentRequirements, 0, len(g.Accepts))
+	for i, a := range g.Accepts {
+		req, err := a.requirements()
+		if err != nil {
+			return fmt.Errorf("accept %d: %v", i, err)
+		}
+		g.offers = append(g.offers, req)
+	}
+	registerMetrics(ctx)
+	discovery.add(g)
+	return nil
+}
+
+// Validate checks the configuration before it is used.
+func (g *Gate) Validate() error {
+	if len(g.offers) == 0 {
+		return errors.New("x402: at least one accept block is required")
+	}
+	if g.facilitator == nil {
+		return errors.New("x402: a facilitator is required")
+	}
+	if g.Settle != "after" && g.Settle != "before" {
+		return fmt.Errorf("x402: settle must be 'after' or 'before', not %q", g.Settle)
+	}
+	if g.Validator != "" && g.Validator != "verify_request" {
+		return fmt.Errorf("x402: unknown validator %q (the only one is verify_request)", g.Validator)
+	}
+	if g.Free != nil {
+		if err := g.Free.validate(); err != nil {
+			return fmt.Errorf("x402: free_allowance: %v", err)
+		}
+	}
+	if g.MaxBuffer < 0 || g.MaxBody < 0 {
+		return errors.New("x402: limits must be positive")
+	}
+	return nil
+}
+
+// Cleanup withdraws the route from /.well-known/x402.
+func (g *Gate) Cleanup() error {
+	discovery.remove(g)
+	return nil
+}
+
+// requirements builds the server's own payment requirements for one accept
+// block; these, never the client's copy, are what get verified and settled.
+func (a Accept) requirements() (x402.PaymentRequirements, error) {
+	scheme := a.Scheme
+	if scheme == "" {
+		scheme = x402.SchemeExact
+	}
+	if scheme != x402.SchemeExact {
+		return x402.PaymentRequirements{}, fmt.Errorf("scheme %q is not supported (use exact)", scheme)
+	}
+	network, err := x402.ResolveNetwork(a.Network)
+	if err != nil {
+		return x402.PaymentRequirements{}, err
+	}
+	if a.PayTo == "" {
+		return x402.PaymentRequirements{}, errors.New("pay_to is required")
+	}
+	asset := x402.Asset{Network: network, Address: a.Asset, Name: a.AssetName, Version: a.AssetVersion, Decimals: a.AssetDecimals}
+	if usdc, ok := x402.USDC(network); ok && (a.Asset == "" || strings.EqualFold(a.Asset, usdc.Address)) {
+		asset = usdc
+	}
+	if asset.Address == "" {
+		return x402.PaymentRequirements{}, fmt.Errorf("network %s has no known USDC: set asset, asset_name, asset_version (on devnet, load the devnet facilitator first)", network)
+	}
+	if asset.Decimals == 0 {
+		asset.Decimals = 6
+	}
+	if x402.IsEVM(network) && (asset.Name == "" || asset.Version == "") {
+		return x402.PaymentRequirements{}, errors.New("a custom EVM asset needs asset_name and asset_version (its EIP-712 domain)")
+	}
+	var amount string
+	switch {
+	case a.Price != "" && a.Amount != "":
+		return x402.PaymentRequirements{}, errors.New("set price or amount, not both")
+	case a.Price != "":
+		amount, err = x402.ParsePrice(a.Price, asset.Decimals)
+	case a.Amount != "":
+		amount, err = x402.ParseAmount(a.Amount)
+	default:
+		return x402.PaymentRequirements{}, errors.New("price or amount is required")
+	}
+	if err != nil {
+		return x402.PaymentRequirements{}, err
+	}
+	timeout := defaultMaxTimeout
+	if a.MaxTimeout > 0 {
+		timeout = int(time.Duration(a.MaxTimeout).Seconds())
+	}
+	return x402.PaymentRequirements{
+		Scheme:            scheme,
+		Network:           network,
+		Amount:            amount,
+		Asset:             asset.Address,
+		PayTo:             a.PayTo,
+		MaxTimeoutSeconds: timeout,
+		Extra:             asset.Extra(),
+	}, nil
+}
+
+// ServeHTTP decides, in this order: OPTIONS passes free; a body over the
+// absolute limit is 413; an invalid request is 422; a bodyless POST is the
+// discovery probe (402); a payment is verified, the upstream run and the
+// payment settled; a request small enough for the free tier is served from
+// the allowance while it lasts; anything else is 402.
+func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	if r.Method == http.MethodOptions {
+		return next.ServeHTTP(w, r)
+	}
+	// The upstream must never see a client's claim to have paid, nor the
+	// payment itself.
+	r.Header.Del(HeaderUpstreamPayment)
+	r.Header.Del(HeaderUpstreamPayer)
+	r.Header.Del(HeaderUpstreamNetwork)
+	payment := r.Header.Get(x402.HeaderPaymentSignature)
+	r.Header.Del(x402.HeaderPaymentSignature)
+
+	var body []byte
+	if g.verifier != nil || g.Free != nil {
+		var err error
+		if body, err = g.readBody(r); err != nil {
+			return g.refuse(w, err)
+		}
+		if g.verifier != nil {
+			if len(body) == 0 && r.Method == http.MethodPost {
+				return g.paymentRequired(w, r, "Payment required", "")
+			}
+			if _, err := g.verifier.Parse(body); err != nil {
+				return g.refuse(w, err)
+			}
+		}
+	}
+	if payment != "" {
+		return g.servePaid(w, r, next, payment)
+	}
+	if g.Free != nil && int64(len(body)) <= g.Free.MaxBody {
+		return g.serveFree(w, r, next)
+	}
+	return g.paymentRequired(w, r, "Payment required", "")
+}
+
+// readBody reads the whole request body, up to MaxBody, and puts it back for
+// the upstream.
+func (g *Gate) readBody(r *http.Request) ([]byte, error) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, nil
+	}
+	if r.ContentLength > g.MaxBody {
+		return nil, apierr.TooLarge(g.MaxBody)
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, g.MaxBody+1))
+	if err != nil {
+		return nil, apierr.Invalid(apierr.Field{Field: "body", Problem: "could not be read completely", Fix: "Send the whole request body with a correct Content-Length."})
+	}
+	if int64(len(body)) > g.MaxBody {
+		return nil, apierr.TooLarge(g.MaxBody)
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.ContentLength = int64(len(body))
+	r.Header.Set("Content-Length", strconv.Itoa(len(body)))
+	return body, nil
+}
+
+// refuse writes an error in the SPEC §6 shape and counts it. The error is
+// written here, not returned, because its body is part of the contract.
+func (g *Gate) refuse(w http.ResponseWriter, err error) error {
+	e := apierr.From(err)
+	if e.Status >= 500 {
+		if ce := g.logger.Check(zapcore.ErrorLevel, "request refused"); ce != nil {
+			ce.Write(zap.String("code", e.Code), zap.Error(e.Cause))
+		}
+	}
+	metrics.outcomes.WithLabelValues(e.Code).Inc()
+	w.Header().Set("Access-Control-Expose-Headers", exposedHeaders)
+	apierr.Write(w, e)
+	return nil
+}
+
+// resource is the resource description for PAYMENT-REQUIRED.
+func (g *Gate) resource(r *http.Request) x402.Resource {
+	url := g.Resource
+	if url != "" {
+		if repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); ok {
+			url = repl.ReplaceAll(url, "")
+		}
+	} else {
+		url = requestBase(r) + r.URL.RequestURI()
+	}
+	return x402.Resource{URL: url, Description: g.Description, MimeType: g.MimeType}
+}
+
+// requestBase is scheme://host of the request as the client addressed it.
+func requestBase(r *http.Request) string {
+	scheme := "http"
+	if r.TLS != nil {
+		scheme = "https"
+	}
+	return scheme + "://" + r.Host
+}
+
+// paymentRequired answers 402 with PAYMENT-REQUIRED. reason is the x402
+// error reason of a refused payment ("" for a plain demand for payment).
+func (g *Gate) paymentRequired(w http.ResponseWriter, r *http.Request, msg, reason string) error {
+	pr := x402.PaymentRequired{
+		X402Version: x402.Version,
+		Error:       msg,
+		Resource:    g.resource(r),
+		Accepts:     g.offers,
+	}
+	header, err := x402.EncodeHeader(pr)
+	if err != nil {
+		return g.refuse(w, apierr.Internal(fmt.Errorf("encoding PAYMENT-REQUIRED: %w", err)))
+	}
+	h := w.Header()
+	h.Set(x402.HeaderPaymentRequired, header)
+	h.Set("Cache-Control", "no-store")
+	h.Set("Access-Control-Expose-Headers", exposedHeaders)
+	label := reason
+	if label == "" {
+		label = "payment_required"
+	}
+	metrics.outcomes.WithLabelValues(label).Inc()
+
+	var trial *freeTrial
+	if g.Free != nil {
+		trial = g.Free.trial(r, g)
+	}
+	if wantsHTML(r) {
+		h.Set("Content-Type", "text/html; charset=utf-8")
+		w.WriteHeader(http.StatusPaymentRequired)
+		return paywallPage(w, pr, trial)
+	}
+	body := paymentRequiredBody{PaymentRequired: pr, Reason: reason, FreeTrial: trial}
+	h.Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusPaymentRequired)
+	return json.NewEncoder(w).Encode(body)
+}
+
+// paymentRequiredBody is the JSON body of a 402: the PaymentRequired document
+// itself (for clients that read the body, as x402 v1 clients did), the
+// refusal reason, and the caller's live free allowance (SPEC §7).
+type paymentRequiredBody struct {
+	x402.PaymentRequired
+	Reason    string     `json:"reason,omitempty"`
+	FreeTrial *freeTrial `json:"free_trial,omitempty"`
+}
+
+// wantsHTML reports whether the caller is a browser asking for a page.
+func wantsHTML(r *http.Request) bool {
+	return strings.Contains(r.Header.Get("Accept"), "text/html")
+}
+
+// Interface guards
+var (
+	_ caddy.Provisioner           = (*Gate)(nil)
+	_ caddy.Validator             = (*Gate)(nil)
+	_ caddy.CleanerUpper          = (*Gate)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Gate)(nil)
+)
+
+// gateStore is what the gate keeps between requests: allowance counters and
+// replay claims. Modules in the x402.stores namespace provide it.
+type gateStore interface {
+	Allowance() store.Allowance
+	Claims() store.Claims
+}

@@ -1,0 +1,305 @@
+package caddymodule
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math/big"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/store"
+	"github.com/aovhq/aov/x402"
+)
+
+// maxClaimHold bounds how long a claim outlives its request. An
+// authorization valid for longer is still single-use after the claim lapses:
+// its EIP-3009 nonce can settle only once on chain, and the facilitator
+// checks it before settling.
+const maxClaimHold = 7 * 24 * time.Hour
+
+// servePaid handles a request that carries PAYMENT-SIGNATURE: decode, match
+// against our own offers, claim, verify, run the upstream, settle.
+func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, header string) error {
+	payload, err := x402.DecodePaymentSignature(header)
+	if err != nil {
+		return g.paymentRequiredStatus(w, r, http.StatusBadRequest, "Invalid payment: "+err.Error(), reasonFor(err, x402.ReasonInvalidPayload))
+	}
+	offer, ok := x402.Match(payload.Accepted, g.offers)
+	if !ok {
+		return g.paymentRequired(w, r, x402.ReasonNoMatchingRequirements, "no_matching_requirements")
+	}
+
+	keys, until := claimKeys(header, payload, offer)
+	ctx := r.Context()
+	claim, err := g.state.Claims().Claim(ctx, keys, until)
+	if err != nil {
+		var ce *store.ClaimedError
+		if errors.As(err, &ce) {
+			if ce.State.Settled {
+				return g.paymentRequired(w, r, "This payment was already used; sign a new one.", x402.ReasonPaymentAlreadyUsed)
+			}
+			return g.paymentRequired(w, r, "This payment is being processed by another request; do not reuse a payment.", reasonPaymentInFlight)
+		}
+		return g.refuse(w, apierr.Unavailable("payment state store", 1, err))
+	}
+	// From here every path either settles the claim, releases it (nothing
+	// was charged, the client may retry with the same payment), or keeps it
+	// pending until it lapses (the outcome is unknown: never invite a second
+	// payment).
+	release := func() {
+		if err := g.state.Claims().Release(context.WithoutCancel(ctx), claim); err != nil {
+			g.logger.Warn("releasing payment claim", zap.Error(err))
+		}
+	}
+
+	vctx, cancel := context.WithTimeout(ctx, defaultSettleTimeout)
+	defer cancel()
+	vr, err := g.facilitator.Verify(vctx, payload, offer)
+	if err != nil {
+		release()
+		return g.refuse(w, apierr.Unavailable("payment facilitator", 2, err))
+	}
+	if !vr.IsValid {
+		release()
+		reason := vr.InvalidReason
+		if reason == "" {
+			reason = x402.ReasonInvalidPayload
+		}
+		return g.paymentRequired(w, r, reason, reason)
+	}
+
+	r.Header.Set(HeaderUpstreamPayment, "paid")
+	if vr.Payer != "" {
+		r.Header.Set(HeaderUpstreamPayer, vr.Payer)
+	}
+	r.Header.Set(HeaderUpstreamNetwork, offer.Network)
+
+	if g.Settle == "before" {
+		sr, ok := g.settle(w, r, payload, offer, claim, release)
+		if !ok {
+			return nil
+		}
+		g.setPaidHeaders(w.Header(), sr)
+		return next.ServeHTTP(w, r)
+	}
+
+	buf := bufPool.Get().(*bytes.Buffer)
+	buf.Reset()
+	defer bufPool.Put(buf)
+	bw := &bufferedWriter{header: make(http.Header), buf: buf, limit: g.MaxBuffer}
+	if err := next.ServeHTTP(bw, r); err != nil {
+		release()
+		return err
+	}
+	if bw.overflow {
+		release()
+		return g.refuse(w, &apierr.Error{
+			Code:        "upstream_response_too_large",
+			Message:     fmt.Sprintf("The upstream answer exceeded the gateway's %d-byte buffer and nothing was charged; ask the operator to raise max_buffer.", g.MaxBuffer),
+			Status:      http.StatusBadGateway,
+			NextActions: []apierr.Action{{Action: "contact_operator"}},
+		})
+	}
+	if bw.status() >= 400 {
+		// An error is never charged: hand it over as it is.
+		release()
+		metrics.outcomes.WithLabelValues("upstream_error_not_settled").Inc()
+		bw.replay(w)
+		return nil
+	}
+	sr, ok := g.settle(w, r, payload, offer, claim, release)
+	if !ok {
+		return nil
+	}
+	g.setPaidHeaders(w.Header(), sr)
+	bw.replay(w)
+	return nil
+}
+
+// settle settles the claimed payment. On success it marks the claim settled
+// and returns the response for PAYMENT-RESPONSE; otherwise it has already
+// answered the client (and ok is false).
+func (g *Gate) settle(w http.ResponseWriter, r *http.Request, payload x402.PaymentPayload, offer x402.PaymentRequirements, claim store.Claim, release func()) (x402.SettleResponse, bool) {
+	// Settlement must not be abandoned because the client went away: the
+	// upstream work is done and the authorization is ours to settle.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), defaultSettleTimeout)
+	defer cancel()
+	sr, err := g.facilitator.Settle(ctx, payload, offer)
+	if err != nil {
+		var unknown *x402.UnknownOutcomeError
+		if errors.As(err, &unknown) {
+			// Keep the claim: the money may have moved. The client is told
+			// to wait, not to pay again.
+			g.logger.Error("settlement outcome unknown", zap.Error(err))
+			metrics.outcomes.WithLabelValues("settlement_unknown").Inc()
+			g.refuse(w, &apierr.Error{
+				Code:        "settlement_pending",
+				Message:     "The payment's settlement outcome is not known yet and no content was released; do not sign a new payment, retry later.",
+				Status:      http.StatusServiceUnavailable,
+				Retryable:   true,
+				RetryAfter:  30,
+				NextActions: []apierr.Action{{Action: "retry", After: 30}},
+				Cause:       err,
+			})
+			return sr, false
+		}
+		release()
+		g.refuse(w, apierr.Unavailable("payment facilitator", 2, err))
+		return sr, false
+	}
+	if !sr.Success {
+		release()
+		if sr.Network == "" {
+			sr.Network = offer.Network
+		}
+		if header, err := x402.EncodeHeader(sr); err == nil {
+			w.Header().Set(x402.HeaderPaymentResponse, header)
+		}
+		reason := sr.ErrorReason
+		if reason == "" {
+			reason = x402.ReasonUnexpectedSettleError
+		}
+		g.paymentRequired(w, r, "Settlement failed: "+reason, reason)
+		return sr, false
+	}
+	if err := g.state.Claims().Settle(context.WithoutCancel(r.Context()), claim, sr.Transaction, time.Time{}); err != nil {
+		// The money moved; the claim will still block replays until it
+		// lapses. Log loudly, serve the content that was paid for.
+		g.logger.Error("marking payment claim settled", zap.Error(err))
+	}
+	metrics.outcomes.WithLabelValues("settled").Inc()
+	return sr, true
+}
+
+// setPaidHeaders adds PAYMENT-RESPONSE and the caching and CORS headers of a
+// paid answer.
+func (g *Gate) setPaidHeaders(h http.Header, sr x402.SettleResponse) {
+	if header, err := x402.EncodeHeader(sr); err == nil {
+		h.Set(x402.HeaderPaymentResponse, header)
+	}
+	h.Set("Cache-Control", "no-store")
+	h.Set("Access-Control-Expose-Headers", exposedHeaders)
+}
+
+// reasonPaymentInFlight refuses a payment that another request is using
+// right now.
+const reasonPaymentInFlight = "payment_in_flight"
+
+// paymentRequiredStatus is paymentRequired with another status (400 for a
+// payment header that cannot be decoded).
+func (g *Gate) paymentRequiredStatus(w http.ResponseWriter, r *http.Request, status int, msg, reason string) error {
+	return g.paymentRequired(&statusOverride{ResponseWriter: w, status: status}, r, msg, reason)
+}
+
+// statusOverride replaces the status of the response written through it.
+type statusOverride struct {
+	http.ResponseWriter
+	status int
+}
+
+func (s *statusOverride) WriteHeader(int) { s.ResponseWriter.WriteHeader(s.status) }
+
+// reasonFor maps a header decoding error to an x402 reason.
+func reasonFor(err error, fallback string) string {
+	if errors.Is(err, x402.ErrUnsupportedVersion) {
+		return x402.ReasonInvalidVersion
+	}
+	if reason := x402.ReasonOf(err); reason != "" {
+		return reason
+	}
+	return fallback
+}
+
+// claimKeys names an authorization twice: by what it authorizes (payer and
+// nonce on the asset's network, for EVM), so a re-encoded copy is caught, and
+// by the exact header, so any scheme is covered. until is when the claim may
+// lapse: after the authorization can no longer settle.
+func claimKeys(header string, p x402.PaymentPayload, offer x402.PaymentRequirements) ([]string, time.Time) {
+	sum := sha256.Sum256([]byte(header))
+	keys := []string{"x402/payload/" + hex.EncodeToString(sum[:])}
+	t := now()
+	until := t.Add(time.Duration(offer.MaxTimeoutSeconds)*time.Second + time.Minute)
+	if ev, err := x402.ParseExactEVMPayload(p.Payload); err == nil {
+		a := ev.Authorization
+		keys = append(keys, strings.ToLower("x402/auth/"+offer.Network+"/"+offer.Asset+"/"+a.From+"/"+a.Nonce))
+		if vb, ok := new(big.Int).SetString(a.ValidBefore, 10); ok && vb.IsInt64() {
+			if exp := time.Unix(vb.Int64(), 0).Add(time.Minute); exp.After(until) {
+				until = exp
+			}
+		}
+	}
+	if until.After(t.Add(maxClaimHold)) {
+		until = t.Add(maxClaimHold)
+	}
+	return keys, until
+}
+
+var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// bufferedWriter holds an upstream response until the gate decides what to
+// release. It never writes to the client; past limit it drops the body and
+// fails writes, so a runaway upstream cannot exhaust memory.
+type bufferedWriter struct {
+	header   http.Header
+	code     int
+	buf      *bytes.Buffer
+	limit    int64
+	overflow bool
+}
+
+func (b *bufferedWriter) Header() http.Header { return b.header }
+
+func (b *bufferedWriter) WriteHeader(code int) {
+	if b.code == 0 && code >= 200 {
+		b.code = code
+	}
+}
+
+func (b *bufferedWriter) Write(p []byte) (int, error) {
+	if b.code == 0 {
+		b.code = http.StatusOK
+	}
+	if b.overflow || int64(b.buf.Len()+len(p)) > b.limit {
+		b.overflow = true
+		b.buf.Reset()
+		return 0, errBufferFull
+	}
+	return b.buf.Write(p)
+}
+
+// Flush is a no-op: nothing leaves before the payment is settled.
+func (b *bufferedWriter) Flush() {}
+
+func (b *bufferedWriter) status() int {
+	if b.code == 0 {
+		return http.StatusOK
+	}
+	return b.code
+}
+
+// replay writes the held response to w (whose headers the gate may already
+// have set).
+func (b *bufferedWriter) replay(w http.ResponseWriter) {
+	h := w.Header()
+	for k, v := range b.header {
+		if _, set := h[k]; set && (k == "Cache-Control" || k == x402.HeaderPaymentResponse || k == "Access-Control-Expose-Headers") {
+			continue
+		}
+		h[k] = v
+	}
+	h.Del("Content-Length")
+	w.WriteHeader(b.status())
+	w.Write(b.buf.Bytes())
+}
+
+var errBufferFull = errors.New("upstream response larger than the gateway buffer")

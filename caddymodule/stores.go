@@ -1,0 +1,81 @@
+package caddymodule
+
+import (
+	"fmt"
+	"log/slog"
+	"path/filepath"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap/exp/zapslog"
+
+	"github.com/aovhq/aov/store"
+)
+
+func init() {
+	caddy.RegisterModule(BadgerStore{})
+}
+
+// BadgerStore keeps the gateway's state (free allowance counters, payment
+// replay claims) in an embedded Badger database on this machine. One handle
+// per folder is shared by every route and survives config reloads (Badger
+// locks its folder, so a reload must not open it a second time).
+//
+// For several gateway instances behind one load balancer, use a distributed
+// store module instead: the claims and counters must be shared for the
+// replay guard and the allowance to hold across instances.
+type BadgerStore struct {
+	// Path is the database folder. Default: "x402" under Caddy's data
+	// directory.
+	Path string `json:"path,omitempty"`
+	// NoSync skips the fsync after each commit: faster, but a power loss
+	// can forget the last counters and claims (the chain still refuses a
+	// second settlement of one authorization).
+	NoSync bool `json:"no_sync,omitempty"`
+
+	db *store.DB
+}
+
+// CaddyModule returns the Caddy module information.
+func (BadgerStore) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "x402.stores.badger",
+		New: func() caddy.Module { return new(BadgerStore) },
+	}
+}
+
+// Provision opens (or joins) the shared database handle.
+func (s *BadgerStore) Provision(ctx caddy.Context) error {
+	if s.Path == "" {
+		s.Path = filepath.Join(caddy.AppDataDir(), "x402")
+	}
+	db, err := store.Shared(s.Path, store.Options{
+		NoSync: s.NoSync,
+		Logger: slog.New(zapslog.NewHandler(ctx.Logger().Core())),
+	})
+	if err != nil {
+		return fmt.Errorf("opening gateway store at %s: %v", s.Path, err)
+	}
+	s.db = db
+	return nil
+}
+
+// Cleanup drops this config's reference; the last one closes the database.
+func (s *BadgerStore) Cleanup() error {
+	if s.db == nil {
+		return nil
+	}
+	return s.db.Close()
+}
+
+// Allowance returns the free allowance counters.
+func (s *BadgerStore) Allowance() store.Allowance { return s.db.Allowance() }
+
+// Claims returns the payment replay claims.
+func (s *BadgerStore) Claims() store.Claims { return s.db.Claims() }
+
+// Interface guards
+var (
+	_ caddy.Provisioner  = (*BadgerStore)(nil)
+	_ caddy.CleanerUpper = (*BadgerStore)(nil)
+	_ gateStore          = (*BadgerStore)(nil)
+)
