@@ -1,0 +1,643 @@
+package verify
+
+import (
+	"encoding/json"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/aovhq/aov/receipt"
+	"github.com/aovhq/aov/verify/schema"
+)
+
+// Check names (SPEC §4) of the checks this package defines; schema checks
+// are "schema:" + the JSON Schema keyword.
+const (
+	CheckBoundsMin           = "bounds:min"
+	CheckBoundsMax           = "bounds:max"
+	CheckUndeclaredProperty  = "strict:undeclared_property"
+	CheckPlaceholder         = "strict:placeholder"
+	checkConsistencyPrefix   = "consistency:"
+	schemaCheckPrefix        = "schema:"
+	sourceSchema             = "schema"
+	sourceIntegrity          = "integrity"
+	severityWarning          = "warning"
+	enforceRulesErrorPrefix  = "enforce_rules: "
+	missingValueFound        = "missing"
+	placeholderExpected      = "real content"
+	undeclaredExpected       = "only properties the schema declares"
+	undeclaredFound          = "an undeclared property"
+	undeclaredMessage        = "the schema does not declare this property"
+	placeholderMessage       = "the string is placeholder content"
+	emptyStringMessage       = "the string is empty"
+	placeholderFound         = "a placeholder string"
+	emptyStringFound         = "an empty string"
+	missingRuleValueFix      = " (set if_present to skip the rule when it is absent)"
+	missingBoundValueMessage = "no value at this path (set if_present to allow its absence)"
+)
+
+// Check runs every check on a parsed request and builds the unsigned
+// result; id is the verification id (a UUID v4 the caller made) and at the
+// verification instant.
+//
+// How checks are counted (SPEC §4):
+//
+//   - schema: every assertion keyword evaluated at an instance location is
+//     one check (package verify/schema documents the exact rules).
+//   - integrity: each limit of each bound is one check (a bound with min
+//     and max is two: bounds:min and bounds:max), passing when every value
+//     at its path satisfies it; each rule is one check (consistency:<type>),
+//     passing when the rule holds; with strict_content_check on, two more:
+//     strict:undeclared_property (no undeclared property anywhere) and
+//     strict:placeholder (no empty or placeholder string anywhere). There
+//     are no other built-in integrity checks: the request parser already
+//     refuses what they would catch (non-finite numbers, unsafe integers,
+//     duplicate keys, invalid text), so an accepted output has none.
+//   - overall: schema and integrity together.
+//
+// One failing check can report several findings (one per offending value);
+// each finding is one entry of errors (or flags) and one of hints, while
+// the counts above stay one per check.
+//
+// What blocks a pass: failed schema checks and bounds always; strict checks
+// (only run when strict_content_check is on); rule violations only when
+// enforce_rules is true. A blocking finding goes to errors and
+// errors_detail; a rule violation without enforce_rules goes to flags with
+// severity "warning" instead (never to both). Every finding gets a hint.
+func (v *Verifier) Check(req *Request, id string, at time.Time) *Result {
+	res := &Result{
+		VerificationID:     id,
+		TaskID:             req.TaskID,
+		AgentID:            req.AgentID,
+		Hashes:             req.Hashes,
+		VerifiedAt:         FormatTime(at),
+		VerifierVersion:    v.cfg.VerifierVersion,
+		EnforceRules:       req.EnforceRules,
+		StrictContentCheck: req.StrictContentCheck,
+		Detail:             req.Detail,
+		listCap:            v.cfg.ListCap,
+	}
+	c := checker{res: res, output: req.output}
+
+	if req.schema != nil {
+		rep := req.schema.Evaluate(req.output, schema.Options{Undeclared: req.StrictContentCheck})
+		res.Schema = Tally{Passed: rep.Passed, Total: rep.Total}
+		for _, f := range rep.Failures {
+			msg := f.Message
+			if msg == "" {
+				msg = "expected " + f.Expected + ", found " + f.Found
+			}
+			c.report(finding{
+				check: schemaCheckPrefix + f.Keyword, path: f.InstancePath,
+				expected: f.Expected, found: f.Found, message: msg, detailMessage: f.Message,
+				source: sourceSchema, blocking: true,
+			})
+		}
+		if req.StrictContentCheck {
+			c.undeclared(rep.Undeclared)
+		}
+	}
+	for _, b := range req.bounds {
+		c.bound(b)
+	}
+	for i := range req.rules {
+		c.rule(&req.rules[i], req.EnforceRules)
+	}
+	if req.StrictContentCheck {
+		c.placeholders()
+	}
+
+	res.Overall = Tally{Passed: res.Schema.Passed + res.Integrity.Passed, Total: res.Schema.Total + res.Integrity.Total}
+	res.Result = ResultPass
+	if len(res.BlockingChecks) > 0 {
+		res.Result = ResultFail
+	}
+	return res
+}
+
+// finding is one offending value of one check.
+type finding struct {
+	check    string
+	path     string // "$.a.b[1]" style
+	expected string
+	found    string
+	message  string // the sentence after "<check> at '<path>': "
+	// detailMessage is errors_detail's message; empty omits it (the
+	// integrity checks say everything in expected and found).
+	detailMessage string
+	source        string
+	blocking      bool
+	enforced      bool // a rule violation that blocks because of enforce_rules
+}
+
+type checker struct {
+	res    *Result
+	output any
+	scrap  []byte
+}
+
+// shortPath is a display path without its "$." root, as error sentences
+// quote it ("line_items[].line_total").
+func shortPath(p string) string {
+	if rest, ok := strings.CutPrefix(p, "$."); ok {
+		return rest
+	}
+	if len(p) > 1 && p[0] == '$' && p[1] == '[' {
+		return p[1:]
+	}
+	return p
+}
+
+func (c *checker) report(f finding) {
+	r := c.res
+	sentence := f.check + " at '" + shortPath(f.path) + "': " + f.message
+	if f.blocking {
+		if f.enforced {
+			sentence = enforceRulesErrorPrefix + sentence
+		}
+		r.addBlocking(f.check)
+		r.ErrorsTotal++
+		if len(r.Errors) < r.listCap {
+			r.Errors = append(r.Errors, sentence)
+		}
+		r.ErrorsDetailTotal++
+		if len(r.ErrorsDetail) < r.listCap {
+			r.ErrorsDetail = append(r.ErrorsDetail, ErrorDetail{Check: f.check, Path: f.path, Expected: f.expected, Found: f.found, Message: f.detailMessage})
+		}
+	} else {
+		r.FlagsTotal++
+		if len(r.Flags) < r.listCap {
+			r.Flags = append(r.Flags, Flag{Check: f.check, Field: f.path, Severity: severityWarning, Detail: sentence})
+		}
+	}
+	r.HintsTotal++
+	if len(r.Hints) < r.listCap {
+		r.Hints = append(r.Hints, Hint{Source: f.source, Check: f.check, Path: f.path, Expected: f.expected, Found: f.found})
+	}
+}
+
+// integrity counts one integrity check.
+func (c *checker) integrity(passed bool) {
+	c.res.Integrity.Total++
+	if passed {
+		c.res.Integrity.Passed++
+	}
+}
+
+// describe says what a value is without echoing submitted text: numbers
+// are shown (they are what ranges and sums are about), strings, objects
+// and arrays only by type.
+func describe(v any) string {
+	switch x := v.(type) {
+	case json.Number:
+		return FormatNumber(number(x))
+	case bool:
+		if x {
+			return "true"
+		}
+		return "false"
+	case nil:
+		return "null"
+	case string:
+		return "a string"
+	case []any:
+		return "an array"
+	case map[string]any:
+		return "an object"
+	}
+	return "a value"
+}
+
+func (c *checker) bound(b bound) {
+	type limit struct {
+		check string
+		val   *float64
+		below bool // a value below the limit fails (min)
+	}
+	for _, l := range []limit{{CheckBoundsMin, b.min, true}, {CheckBoundsMax, b.max, false}} {
+		if l.val == nil {
+			continue
+		}
+		lim := *l.val
+		passed, seen := true, false
+		b.path.walk(c.output, func(v any, idx []int) bool {
+			seen = true
+			n, ok := v.(json.Number)
+			if !ok {
+				passed = false
+				c.report(finding{check: l.check, path: b.path.locate(idx), source: sourceIntegrity, blocking: true,
+					expected: boundExpected(l.below, lim), found: "type " + jsonType(v),
+					message: "the value is " + typeName(v) + ", not a number"})
+				return true
+			}
+			f := number(n)
+			if (l.below && f < lim) || (!l.below && f > lim) {
+				passed = false
+				word := "below the minimum"
+				if !l.below {
+					word = "above the maximum"
+				}
+				c.report(finding{check: l.check, path: b.path.locate(idx), source: sourceIntegrity, blocking: true,
+					expected: boundExpected(l.below, lim), found: FormatNumber(f),
+					message: "value " + FormatNumber(f) + " is " + word + " " + FormatNumber(lim)})
+			}
+			return true
+		})
+		if !seen && !b.ifPresent {
+			passed = false
+			c.report(finding{check: l.check, path: b.path.Display(), source: sourceIntegrity, blocking: true,
+				expected: boundExpected(l.below, lim), found: missingValueFound, message: missingBoundValueMessage})
+		}
+		c.integrity(passed)
+	}
+}
+
+func boundExpected(below bool, lim float64) string {
+	if below {
+		return "a number >= " + FormatNumber(lim)
+	}
+	return "a number <= " + FormatNumber(lim)
+}
+
+// jsonType names a value's JSON type ("string", "object", ...).
+func jsonType(v any) string {
+	switch v.(type) {
+	case nil:
+		return "null"
+	case bool:
+		return "boolean"
+	case json.Number:
+		return "number"
+	case string:
+		return "string"
+	case []any:
+		return "array"
+	case map[string]any:
+		return "object"
+	}
+	return "unknown"
+}
+
+// ruleFinding builds a finding of rule r.
+func ruleFinding(r *rule, enforce bool, path, expected, found, message string) finding {
+	return finding{check: checkConsistencyPrefix + r.typ, path: path, expected: expected, found: found, message: message,
+		source: sourceIntegrity, blocking: enforce, enforced: enforce}
+}
+
+// operand resolves a single-value operand path of r. ok is false when the
+// rule cannot be evaluated (reported, or skipped under if_present); skip
+// is true when it is skipped (passes).
+func (c *checker) operand(r *rule, enforce bool, p *Path, expect string) (val float64, ok, skip bool) {
+	var got any
+	found := false
+	p.walk(c.output, func(v any, _ []int) bool {
+		got, found = v, true
+		return false
+	})
+	if !found {
+		if r.ifPresent {
+			return 0, false, true
+		}
+		c.report(ruleFinding(r, enforce, p.Display(), expect, missingValueFound,
+			"no value at '"+p.String()+"' to compare with"+missingRuleValueFix))
+		return 0, false, false
+	}
+	n, isNum := got.(json.Number)
+	if !isNum {
+		c.report(ruleFinding(r, enforce, p.Display(), expect, "type "+jsonType(got),
+			"the value at '"+p.String()+"' is "+typeName(got)+", not a number"))
+		return 0, false, false
+	}
+	return number(n), true, false
+}
+
+func (c *checker) rule(r *rule, enforce bool) {
+	passed := true
+	switch r.typ {
+	case RuleSumEquals:
+		passed = c.sumEquals(r, enforce)
+	case RuleGTE, RuleLTE:
+		passed = c.compare(r, enforce)
+	case RuleExistsIn:
+		passed = c.existsIn(r, enforce)
+	case RuleUnique:
+		passed = c.unique(r, enforce)
+	}
+	c.integrity(passed)
+}
+
+// missingField reports that a rule's field resolves to nothing; it reports
+// whether the rule passes anyway (if_present).
+func (c *checker) missingField(r *rule, enforce bool, expected string) bool {
+	if r.ifPresent {
+		return true
+	}
+	c.report(ruleFinding(r, enforce, r.field.Display(), expected, missingValueFound,
+		"no value at this path"+missingRuleValueFix))
+	return false
+}
+
+// numbersAt collects the numbers at r.field; every non-number is reported.
+// any says whether the path resolved to anything at all.
+func (c *checker) numbersAt(r *rule, enforce bool, expected string) (nums []float64, ok, seen bool) {
+	ok = true
+	r.field.walk(c.output, func(v any, idx []int) bool {
+		seen = true
+		n, isNum := v.(json.Number)
+		if !isNum {
+			ok = false
+			c.report(ruleFinding(r, enforce, r.field.locate(idx), expected, "type "+jsonType(v),
+				"the value is "+typeName(v)+", not a number"))
+			return true
+		}
+		nums = append(nums, number(n))
+		return true
+	})
+	return nums, ok, seen
+}
+
+func (c *checker) sumEquals(r *rule, enforce bool) bool {
+	var want float64
+	var wantText string // "total (135.0)" or "135.0"
+	if r.equals != nil {
+		want = *r.equals
+		wantText = FormatNumber(want)
+	}
+	expected := func() string { return "a sum equal to " + wantText }
+	if r.equalsField != nil {
+		wantText = r.equalsField.String()
+		w, ok, skip := c.operand(r, enforce, r.equalsField, "a number to compare the sum with")
+		if !ok {
+			return skip
+		}
+		want = w
+		wantText = r.equalsField.String() + " (" + FormatNumber(want) + ")"
+	}
+	nums, ok, seen := c.numbersAt(r, enforce, "numbers")
+	if !seen {
+		return c.missingField(r, enforce, expected())
+	}
+	if !ok {
+		return false
+	}
+	var total float64
+	for _, n := range nums {
+		total += n
+	}
+	if math.Abs(total-want) <= r.tolerance {
+		return true
+	}
+	c.report(ruleFinding(r, enforce, r.field.Display(), expected(), "sum "+FormatNumber(total),
+		"values sum to "+FormatNumber(total)+", expected "+wantText))
+	return false
+}
+
+func (c *checker) compare(r *rule, enforce bool) bool {
+	op, word := ">=", "less than"
+	if r.typ == RuleLTE {
+		op, word = "<=", "greater than"
+	}
+	var lim float64
+	var limText string
+	if r.value != nil {
+		lim = *r.value
+		limText = FormatNumber(lim)
+	} else if r.otherPath != nil {
+		l, ok, skip := c.operand(r, enforce, r.otherPath, "a number to compare with")
+		if !ok {
+			return skip
+		}
+		lim = l
+		limText = r.otherPath.String() + " (" + FormatNumber(lim) + ")"
+	}
+	expected := op + " " + limText
+	passed, seen := true, false
+	r.field.walk(c.output, func(v any, idx []int) bool {
+		seen = true
+		n, isNum := v.(json.Number)
+		if !isNum {
+			passed = false
+			c.report(ruleFinding(r, enforce, r.field.locate(idx), "a number "+expected, "type "+jsonType(v),
+				"the value is "+typeName(v)+", not a number"))
+			return true
+		}
+		f := number(n)
+		if (r.typ == RuleGTE && f < lim-r.tolerance) || (r.typ == RuleLTE && f > lim+r.tolerance) {
+			passed = false
+			c.report(ruleFinding(r, enforce, r.field.locate(idx), expected, FormatNumber(f),
+				"value "+FormatNumber(f)+" is "+word+" "+limText))
+		}
+		return true
+	})
+	if !seen {
+		return c.missingField(r, enforce, expected)
+	}
+	return passed
+}
+
+// canonicalKey is the equality key of a JSON value: its RFC 8785 form, so
+// 1 and 1.0 are equal and object key order does not matter.
+func (c *checker) canonicalKey(v any) string {
+	var err error
+	c.scrap, err = receipt.AppendCanonical(c.scrap[:0], v)
+	if err != nil { // cannot happen for decoded trees
+		return "\x00" + jsonType(v)
+	}
+	return string(c.scrap)
+}
+
+func (c *checker) existsIn(r *rule, enforce bool) bool {
+	allowed := map[string]bool{}
+	expected := "one of the allowed values"
+	if r.inField != nil {
+		expected = "one of the values at " + r.inField.String()
+		seen := false
+		r.inField.walk(c.output, func(v any, _ []int) bool {
+			seen = true
+			allowed[c.canonicalKey(v)] = true
+			return true
+		})
+		if !seen {
+			if r.ifPresent {
+				return true
+			}
+			c.report(ruleFinding(r, enforce, r.inField.Display(), "values to look the field's values up in", missingValueFound,
+				"no value at '"+r.inField.String()+"' to look values up in"+missingRuleValueFix))
+			return false
+		}
+	} else {
+		for _, v := range r.values {
+			allowed[c.canonicalKey(v)] = true
+		}
+	}
+	passed, seen := true, false
+	r.field.walk(c.output, func(v any, idx []int) bool {
+		seen = true
+		if !allowed[c.canonicalKey(v)] {
+			passed = false
+			where := "the allowed values"
+			if r.inField != nil {
+				where = "the values at '" + r.inField.String() + "'"
+			}
+			c.report(ruleFinding(r, enforce, r.field.locate(idx), expected, describe(v),
+				"the value is not among "+where))
+		}
+		return true
+	})
+	if !seen {
+		return c.missingField(r, enforce, expected)
+	}
+	return passed
+}
+
+func (c *checker) unique(r *rule, enforce bool) bool {
+	const expected = "values distinct from each other"
+	stride := 0
+	for _, s := range r.field.steps {
+		if s.each {
+			stride++
+		}
+	}
+	first := map[string]int{} // canonical value → ordinal of first occurrence
+	var idxs []int            // the "[]" indexes of every occurrence, stride apart
+	passed, n := true, 0
+	r.field.walk(c.output, func(v any, idx []int) bool {
+		k := c.canonicalKey(v)
+		if ord, dup := first[k]; dup {
+			passed = false
+			firstAt := r.field.locate(idxs[ord*stride : (ord+1)*stride])
+			c.report(ruleFinding(r, enforce, r.field.locate(idx), expected, "a duplicate of "+firstAt,
+				"the value duplicates the value at '"+shortPath(firstAt)+"'"))
+		} else {
+			first[k] = n
+		}
+		idxs = append(idxs, idx...)
+		n++
+		return true
+	})
+	if n == 0 {
+		return c.missingField(r, enforce, expected)
+	}
+	return passed
+}
+
+func (c *checker) undeclared(paths []string) {
+	for _, p := range paths {
+		c.report(finding{check: CheckUndeclaredProperty, path: p, source: sourceIntegrity, blocking: true,
+			expected: undeclaredExpected, found: undeclaredFound, message: undeclaredMessage})
+	}
+	c.integrity(len(paths) == 0)
+}
+
+// placeholderTokens are the strings strict mode treats as placeholder
+// content when they are the whole (trimmed) string, ignoring case. A
+// string starting with "lorem ipsum" is one too.
+var placeholderTokens = []string{"todo", "tbd", "n/a", "...", "…", "lorem ipsum"}
+
+// isPlaceholder reports whether s is empty or placeholder content, and
+// which.
+func isPlaceholder(s string) (bad, empty bool) {
+	t := strings.TrimSpace(s)
+	if t == "" {
+		return true, true
+	}
+	if len(t) > 11 {
+		return strings.EqualFold(t[:11], "lorem ipsum"), false
+	}
+	for _, tok := range placeholderTokens {
+		if len(t) == len(tok) && strings.EqualFold(t, tok) {
+			return true, false
+		}
+	}
+	return false, false
+}
+
+// placeholders runs strict:placeholder over every string value of the
+// output (object keys are not content). A first pass only looks; when it
+// finds something, a second pass walks objects in sorted key order so the
+// findings come out in the same order every time.
+func (c *checker) placeholders() {
+	if !hasPlaceholder(c.output) {
+		c.integrity(true)
+		return
+	}
+	var loc []locStep
+	var walk func(v any)
+	walk = func(v any) {
+		switch x := v.(type) {
+		case string:
+			if bad, empty := isPlaceholder(x); bad {
+				f := finding{check: CheckPlaceholder, path: renderLoc(loc), source: sourceIntegrity, blocking: true,
+					expected: placeholderExpected, found: placeholderFound, message: placeholderMessage}
+				if empty {
+					f.found, f.message = emptyStringFound, emptyStringMessage
+				}
+				c.report(f)
+			}
+		case []any:
+			for i, e := range x {
+				loc = append(loc, locStep{idx: i})
+				walk(e)
+				loc = loc[:len(loc)-1]
+			}
+		case map[string]any:
+			keys := make([]string, 0, len(x))
+			for k := range x {
+				keys = append(keys, k)
+			}
+			slices.Sort(keys)
+			for _, k := range keys {
+				loc = append(loc, locStep{key: k, idx: -1})
+				walk(x[k])
+				loc = loc[:len(loc)-1]
+			}
+		}
+	}
+	walk(c.output)
+	c.integrity(false)
+}
+
+// hasPlaceholder reports whether any string value in v is a placeholder.
+func hasPlaceholder(v any) bool {
+	switch x := v.(type) {
+	case string:
+		bad, _ := isPlaceholder(x)
+		return bad
+	case []any:
+		for _, e := range x {
+			if hasPlaceholder(e) {
+				return true
+			}
+		}
+	case map[string]any:
+		for _, e := range x {
+			if hasPlaceholder(e) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// locStep is one step of a concrete location: a key, or an index (idx >= 0).
+type locStep struct {
+	key string
+	idx int
+}
+
+func renderLoc(loc []locStep) string {
+	var b strings.Builder
+	b.WriteByte('$')
+	for _, s := range loc {
+		if s.idx >= 0 {
+			b.WriteByte('[')
+			b.WriteString(strconv.Itoa(s.idx))
+			b.WriteByte(']')
+			continue
+		}
+		b.WriteString(renderKey(s.key))
+	}
+	return b.String()
+}

@@ -1,0 +1,597 @@
+package verify
+
+import (
+	"encoding/json"
+	"errors"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/receipt"
+	"github.com/aovhq/aov/strictjson"
+	"github.com/aovhq/aov/verify/schema"
+)
+
+// Detail values: the response shape (SPEC §4).
+const (
+	DetailFull    = "full"
+	DetailCompact = "compact"
+)
+
+// Rule types (SPEC §3).
+const (
+	RuleSumEquals = "sum_equals"
+	RuleGTE       = "gte"
+	RuleLTE       = "lte"
+	RuleExistsIn  = "exists_in"
+	RuleUnique    = "unique"
+)
+
+// DefaultTolerance is a rule's tolerance when the request gives none.
+const DefaultTolerance = 1e-9
+
+// defaultToleranceText is DefaultTolerance as it enters request_hash.
+const defaultToleranceText = json.Number("1e-9")
+
+// maxIDChars bounds task_id and agent_id, in Unicode characters.
+const maxIDChars = 200
+
+// maxProblems caps the field problems one refusal lists.
+const maxProblems = 100
+
+// Request is a parsed, valid verification request. Its exported fields are
+// what callers (verifierd, the gateway) need around a verification; the
+// checks themselves read the unexported ones.
+type Request struct {
+	TaskID             string
+	AgentID            *string
+	Detail             string // DetailFull or DetailCompact
+	StrictContentCheck bool
+	EnforceRules       bool
+	// Hashes are the four receipt hashes of SPEC §5, computed once by Parse.
+	Hashes receipt.Hashes
+
+	output any
+	schema *schema.Schema
+	bounds []bound
+	rules  []rule
+}
+
+// bound is one entry of "bounds", limits parsed.
+type bound struct {
+	path      Path
+	min, max  *float64
+	ifPresent bool
+}
+
+// rule is one entry of "rules", operands parsed.
+type rule struct {
+	typ                    string
+	field                  Path
+	equalsField, otherPath *Path // sum_equals / gte, lte operand paths
+	inField                *Path
+	equals, value          *float64
+	values                 []any
+	tolerance              float64
+	ifPresent              bool
+}
+
+// The fields of a request, in the order problems with them are reported.
+var requestFields = []string{"task_id", "agent_id", "expected_schema", "submitted_output",
+	"strict_content_check", "bounds", "rules", "enforce_rules", "detail"}
+
+var ruleFields = []string{"type", "field", "equals_field", "equals", "other_field", "value",
+	"in_field", "values", "tolerance", "if_present"}
+
+// operands lists, per rule type, the operand fields it takes (exactly one of
+// them must be given; unique takes none).
+var operands = map[string][2]string{
+	RuleSumEquals: {"equals_field", "equals"},
+	RuleGTE:       {"other_field", "value"},
+	RuleLTE:       {"other_field", "value"},
+	RuleExistsIn:  {"in_field", "values"},
+	RuleUnique:    {},
+}
+
+const ruleTypeFix = "Use one of: 'sum_equals', 'gte', 'lte', 'exists_in' or 'unique'."
+
+// problems collects every field problem of a request, so one answer names
+// them all.
+type problems struct {
+	fields []apierr.Field
+	more   bool
+}
+
+func (p *problems) add(field, problem, fix string) {
+	if len(p.fields) >= maxProblems {
+		p.more = true
+		return
+	}
+	p.fields = append(p.fields, apierr.Field{Field: field, Problem: problem, Fix: fix})
+}
+
+func (p *problems) err() error {
+	if len(p.fields) == 0 {
+		return nil
+	}
+	fields := p.fields
+	if p.more {
+		fields = append(fields, apierr.Field{Field: "request",
+			Problem: "has more than " + strconv.Itoa(maxProblems) + " problems; only the first " + strconv.Itoa(maxProblems) + " are listed",
+			Fix:     "Fix the listed fields and send the request again to see the rest."})
+	}
+	return apierr.Invalid(fields...)
+}
+
+// key renders a member name as a field path step after prefix.
+func key(prefix, name string) string {
+	var b strings.Builder
+	b.WriteString(prefix)
+	strictjson.AppendKey(&b, name)
+	return b.String()
+}
+
+// typeName names the JSON type of a decoded value, for "is a number, not a
+// string" problems: the type, never the value.
+func typeName(v any) string {
+	switch v.(type) {
+	case nil:
+		return "null"
+	case bool:
+		return "a boolean"
+	case json.Number:
+		return "a number"
+	case string:
+		return "a string"
+	case []any:
+		return "an array"
+	case map[string]any:
+		return "an object"
+	}
+	return "an unknown type"
+}
+
+func wrongType(p *problems, field string, v any, want, fix string) {
+	p.add(field, "is "+typeName(v)+", not "+want, fix)
+}
+
+// Parse reads a request body: strict JSON (strictjson), every rule of SPEC
+// §3, the schema compiled (so a schema that cannot be used is refused here,
+// before any payment logic), and the four hashes computed. A refusal is an
+// *apierr.Error: 413 for a body over MaxBodyBytes, otherwise 422 naming
+// every problem found with a fix.
+func (v *Verifier) Parse(body []byte) (*Request, error) {
+	if int64(len(body)) > v.cfg.MaxBodyBytes {
+		return nil, apierr.TooLarge(v.cfg.MaxBodyBytes)
+	}
+	tree, err := strictjson.Decode(body, strictjson.Limits{MaxDepth: v.cfg.MaxDepth})
+	if err != nil {
+		var se *strictjson.Error
+		if !errors.As(err, &se) {
+			return nil, apierr.Internal(err)
+		}
+		field := se.Path
+		if field == "" {
+			field = "body"
+		}
+		return nil, apierr.Invalid(apierr.Field{Field: field, Problem: se.Problem, Fix: se.Fix})
+	}
+	doc, ok := tree.(map[string]any)
+	if !ok {
+		return nil, apierr.Invalid(apierr.Field{Field: "body", Problem: "is " + typeName(tree) + ", not a JSON object",
+			Fix: `Send a JSON object with at least "task_id", "expected_schema" and "submitted_output".`})
+	}
+	return v.parseDoc(doc, true)
+}
+
+func (v *Verifier) parseDoc(doc map[string]any, compile bool) (*Request, error) {
+	var p problems
+	req := &Request{Detail: DetailFull}
+
+	// task_id
+	switch x := doc["task_id"].(type) {
+	case string:
+		if n := utf8.RuneCountInString(x); n < 1 || n > maxIDChars {
+			p.add("task_id", "must be 1 to 200 characters long", "Send a task id of 1 to 200 characters.")
+		}
+		req.TaskID = x
+	default:
+		if _, ok := doc["task_id"]; !ok {
+			p.add("task_id", "is required", "Send your id for this task as \"task_id\", a string of 1 to 200 characters.")
+		} else {
+			wrongType(&p, "task_id", x, "a string", "Send a task id of 1 to 200 characters as a string.")
+		}
+	}
+
+	// agent_id
+	switch x := doc["agent_id"].(type) {
+	case nil:
+	case string:
+		if n := utf8.RuneCountInString(x); n < 1 || n > maxIDChars {
+			p.add("agent_id", "must be 1 to 200 characters long", "Send an agent id of 1 to 200 characters, or null.")
+		}
+		req.AgentID = &x
+	default:
+		wrongType(&p, "agent_id", x, "a string or null", "Send the agent id as a string of 1 to 200 characters, or null.")
+	}
+
+	// expected_schema: its problems come from the compiler below.
+	schemaTree, hasSchema := doc["expected_schema"]
+	schemaOK := false
+	switch schemaTree.(type) {
+	case map[string]any:
+		schemaOK = true
+	default:
+		if !hasSchema {
+			p.add("expected_schema", "is required", `Send the JSON Schema the output must satisfy, for example {"type": "object"}.`)
+		} else {
+			wrongType(&p, "expected_schema", schemaTree, "an object", `Send a JSON Schema object; {} accepts any output.`)
+		}
+	}
+
+	// submitted_output: any JSON value, but present.
+	output, hasOutput := doc["submitted_output"]
+	if !hasOutput {
+		p.add("submitted_output", "is required", "Send the output to check as \"submitted_output\" (any JSON value).")
+	}
+	req.output = output
+
+	req.StrictContentCheck = boolField(&p, doc, "strict_content_check")
+	req.EnforceRules = boolField(&p, doc, "enforce_rules")
+
+	switch x := doc["detail"].(type) {
+	case string:
+		if x != DetailFull && x != DetailCompact {
+			p.add("detail", "is not one of the allowed values", "Use one of: 'full' or 'compact'.")
+		}
+		req.Detail = x
+	default:
+		if _, ok := doc["detail"]; ok {
+			wrongType(&p, "detail", x, "a string", "Use one of: 'full' or 'compact'.")
+		}
+	}
+
+	req.bounds = v.parseBounds(&p, doc["bounds"])
+	req.rules = v.parseRules(&p, doc["rules"])
+
+	var unknown []string
+	for k := range doc {
+		if !slices.Contains(requestFields, k) {
+			unknown = append(unknown, k)
+		}
+	}
+	slices.Sort(unknown)
+	for _, k := range unknown {
+		p.add(key("", k), "is not a field of a verification request",
+			"Remove it; the fields are task_id, agent_id, expected_schema, submitted_output, strict_content_check, bounds, rules, enforce_rules and detail.")
+	}
+
+	// Hash before compiling: the schema hash is the cache key. Hashing can
+	// only fail on trees strictjson would not produce.
+	var hs hashState
+	if schemaOK && hasOutput {
+		if err := hs.compute(doc); err != nil {
+			return nil, apierr.Internal(err)
+		}
+		req.Hashes = hs.hashes
+	}
+	if schemaOK && hasOutput && compile {
+		sch, err := v.cache.Compile(schemaTree, req.Hashes.Schema)
+		if err != nil {
+			var ce *schema.CompileError
+			if errors.As(err, &ce) {
+				for _, f := range ce.Fields {
+					p.add(f.Field, f.Problem, f.Fix)
+				}
+			} else {
+				p.add("expected_schema", "does not compile as a JSON Schema", "Check the schema against its dialect's metaschema.")
+			}
+		}
+		req.schema = sch
+	}
+	if err := p.err(); err != nil {
+		return nil, err
+	}
+	return req, nil
+}
+
+// boolField reads an optional boolean (default false).
+func boolField(p *problems, doc map[string]any, name string) bool {
+	v, ok := doc[name]
+	if !ok {
+		return false
+	}
+	b, ok := v.(bool)
+	if !ok {
+		wrongType(p, name, v, "a boolean", "Send true or false, or leave it out for false.")
+	}
+	return b
+}
+
+// number parses a decoded number; strictjson guarantees it fits a double.
+func number(v json.Number) float64 {
+	f, err := strconv.ParseFloat(string(v), 64)
+	if err != nil || math.IsInf(f, 0) {
+		return 0
+	}
+	return f
+}
+
+func (v *Verifier) parseBounds(p *problems, raw any) []bound {
+	var m map[string]any
+	switch x := raw.(type) {
+	case nil:
+		return nil
+	case map[string]any:
+		m = x
+	default:
+		wrongType(p, "bounds", x, "an object", `Send bounds as an object from path to limits, for example {"total": {"min": 0}}, or leave it out.`)
+		return nil
+	}
+	if len(m) > v.cfg.MaxBounds {
+		p.add("bounds", "has more than "+strconv.Itoa(v.cfg.MaxBounds)+" entries",
+			"Send at most "+strconv.Itoa(v.cfg.MaxBounds)+" bounds per request.")
+		return nil
+	}
+	paths := make([]string, 0, len(m))
+	for k := range m {
+		paths = append(paths, k)
+	}
+	slices.Sort(paths)
+	out := make([]bound, 0, len(m))
+	for _, k := range paths {
+		field := key("bounds", k)
+		var b bound
+		path, perr := ParsePath(k)
+		if perr != nil {
+			p.add(field, "is not a valid path: it "+perr.problem, perr.fix)
+		}
+		b.path = path
+		entry, ok := m[k].(map[string]any)
+		if !ok {
+			wrongType(p, field, m[k], "an object", `Send the limits as an object, for example {"min": 0, "max": 100}.`)
+			continue
+		}
+		for name, val := range entry {
+			switch name {
+			case "min", "max":
+				switch n := val.(type) {
+				case nil:
+				case json.Number:
+					f := number(n)
+					if name == "min" {
+						b.min = &f
+					} else {
+						b.max = &f
+					}
+				default:
+					wrongType(p, field+"."+name, val, "a number", "Send the limit as a JSON number, or leave it out.")
+				}
+			case "if_present":
+				bp, ok := val.(bool)
+				if !ok {
+					wrongType(p, field+".if_present", val, "a boolean", "Send true or false, or leave it out for false.")
+				}
+				b.ifPresent = bp
+			}
+		}
+		var unknown []string
+		for name := range entry {
+			if name != "min" && name != "max" && name != "if_present" {
+				unknown = append(unknown, name)
+			}
+		}
+		slices.Sort(unknown)
+		for _, name := range unknown {
+			p.add(key(field, name), "is not a field of a bound", "Remove it; a bound has min, max and if_present.")
+		}
+		switch {
+		case entry["min"] == nil && entry["max"] == nil:
+			p.add(field, "has neither min nor max", `Give at least one limit, for example {"min": 0}.`)
+		case b.min != nil && b.max != nil && *b.min > *b.max:
+			p.add(field, "has min greater than max", "Make min less than or equal to max.")
+		}
+		out = append(out, b)
+	}
+	return out
+}
+
+func (v *Verifier) parseRules(p *problems, raw any) []rule {
+	var list []any
+	switch x := raw.(type) {
+	case nil:
+		return nil
+	case []any:
+		list = x
+	default:
+		wrongType(p, "rules", x, "an array", `Send rules as an array of rule objects, for example [{"type": "unique", "field": "items[].id"}], or leave it out.`)
+		return nil
+	}
+	if len(list) > v.cfg.MaxRules {
+		p.add("rules", "has more than "+strconv.Itoa(v.cfg.MaxRules)+" rules",
+			"Send at most "+strconv.Itoa(v.cfg.MaxRules)+" rules per request.")
+		return nil
+	}
+	out := make([]rule, 0, len(list))
+	for i, el := range list {
+		field := "rules[" + strconv.Itoa(i) + "]"
+		m, ok := el.(map[string]any)
+		if !ok {
+			wrongType(p, field, el, "an object", `Send each rule as an object with "type" and "field".`)
+			continue
+		}
+		out = append(out, parseRule(p, field, m))
+	}
+	return out
+}
+
+func parseRule(p *problems, field string, m map[string]any) rule {
+	r := rule{tolerance: DefaultTolerance}
+
+	typeKnown := false
+	switch x := m["type"].(type) {
+	case string:
+		if _, typeKnown = operands[x]; !typeKnown {
+			p.add(field+".type", "is not one of the allowed values", ruleTypeFix)
+		}
+		r.typ = x
+	default:
+		if _, ok := m["type"]; !ok {
+			p.add(field+".type", "is required", ruleTypeFix)
+		} else {
+			wrongType(p, field+".type", x, "a string", ruleTypeFix)
+		}
+	}
+
+	if path, ok := pathField(p, field, m, "field", true, false); ok {
+		r.field = *path
+	}
+
+	var unknown []string
+	for k := range m {
+		if !slices.Contains(ruleFields, k) {
+			unknown = append(unknown, k)
+		}
+	}
+	slices.Sort(unknown)
+	for _, k := range unknown {
+		p.add(key(field, k), "is not a field of a rule",
+			"Remove it; a rule has type, field, equals_field, equals, other_field, value, in_field, values, tolerance and if_present.")
+	}
+
+	switch x := m["tolerance"].(type) {
+	case nil:
+		if _, ok := m["tolerance"]; ok {
+			wrongType(p, field+".tolerance", x, "a number", "Send a non-negative number, or leave it out for 1e-9.")
+		}
+	case json.Number:
+		r.tolerance = number(x)
+		if r.tolerance < 0 {
+			p.add(field+".tolerance", "is negative", "Send a non-negative number, or leave it out for 1e-9.")
+		}
+	default:
+		wrongType(p, field+".tolerance", x, "a number", "Send a non-negative number, or leave it out for 1e-9.")
+	}
+	if x, ok := m["if_present"]; ok {
+		b, isBool := x.(bool)
+		if !isBool {
+			wrongType(p, field+".if_present", x, "a boolean", "Send true or false, or leave it out for false.")
+		}
+		r.ifPresent = b
+	}
+
+	// Operands: read every one that is given (null means not given), then
+	// check them against what the type takes.
+	given := map[string]bool{}
+	if path, ok := pathField(p, field, m, "equals_field", false, true); ok {
+		r.equalsField, given["equals_field"] = path, path != nil
+	}
+	if path, ok := pathField(p, field, m, "other_field", false, true); ok {
+		r.otherPath, given["other_field"] = path, path != nil
+	}
+	if path, ok := pathField(p, field, m, "in_field", false, false); ok {
+		r.inField, given["in_field"] = path, path != nil
+	}
+	if f, ok := numberField(p, field, m, "equals"); ok {
+		r.equals, given["equals"] = f, f != nil
+	}
+	if f, ok := numberField(p, field, m, "value"); ok {
+		r.value, given["value"] = f, f != nil
+	}
+	switch x := m["values"].(type) {
+	case nil:
+	case []any:
+		if len(x) == 0 {
+			p.add(field+".values", "is empty", "List at least one allowed value, or use 'in_field'.")
+		}
+		r.values, given["values"] = x, true
+	default:
+		wrongType(p, field+".values", x, "an array", "Send the allowed values as an array, or use 'in_field'.")
+	}
+	if !typeKnown {
+		return r
+	}
+	takes := operands[r.typ]
+	for _, name := range []string{"equals_field", "equals", "other_field", "value", "in_field", "values"} {
+		if given[name] && name != takes[0] && name != takes[1] {
+			fix := "Remove it; a 'unique' rule takes no operand."
+			if takes[0] != "" {
+				fix = "Remove it; a '" + r.typ + "' rule takes '" + takes[0] + "' or '" + takes[1] + "'."
+			}
+			p.add(field+"."+name, "is not used by a '"+r.typ+"' rule", fix)
+		}
+	}
+	if takes[0] == "" {
+		return r
+	}
+	_, has0 := m[takes[0]]
+	_, has1 := m[takes[1]]
+	has0 = has0 && m[takes[0]] != nil
+	has1 = has1 && m[takes[1]] != nil
+	switch {
+	case !has0 && !has1:
+		p.add(field, "has neither '"+takes[0]+"' nor '"+takes[1]+"'",
+			"Add '"+takes[0]+"' (a path into the output) or '"+takes[1]+"' ("+operandKind(takes[1])+").")
+	case has0 && has1:
+		p.add(field, "has both '"+takes[0]+"' and '"+takes[1]+"'", "Keep only one of them.")
+	}
+	return r
+}
+
+func operandKind(name string) string {
+	if name == "values" {
+		return "an array of allowed values"
+	}
+	return "a number"
+}
+
+// pathField reads a path-valued rule member. ok is false when it was
+// present but unusable (a problem was added); a nil path with ok means
+// absent or null. single requires a path to one value (no "[]").
+func pathField(p *problems, field string, m map[string]any, name string, required, single bool) (*Path, bool) {
+	raw, present := m[name]
+	if raw == nil {
+		if !required {
+			return nil, true
+		}
+		if present {
+			wrongType(p, field+"."+name, raw, "a string", pathFix)
+		} else {
+			p.add(field+"."+name, "is required", "Send the path of the values the rule checks, for example 'line_items[].line_total'.")
+		}
+		return nil, false
+	}
+	s, ok := raw.(string)
+	if !ok {
+		wrongType(p, field+"."+name, raw, "a string", pathFix)
+		return nil, false
+	}
+	path, perr := ParsePath(s)
+	if perr != nil {
+		p.add(field+"."+name, "is not a valid path: it "+perr.problem, perr.fix)
+		return nil, false
+	}
+	if single && !path.single() {
+		p.add(field+"."+name, "names every element of an array ('[]') where one value is compared",
+			"Point it at a single value, for example 'total'.")
+		return nil, false
+	}
+	return &path, true
+}
+
+// numberField reads a number-valued rule member; nil when absent or null.
+func numberField(p *problems, field string, m map[string]any, name string) (*float64, bool) {
+	switch x := m[name].(type) {
+	case nil:
+		return nil, true
+	case json.Number:
+		f := number(x)
+		return &f, true
+	default:
+		wrongType(p, field+"."+name, x, "a number", "Send a JSON number, or leave it out.")
+		return nil, false
+	}
+}

@@ -1,0 +1,379 @@
+package verify
+
+import (
+	"math"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/aovhq/aov/receipt"
+)
+
+// Result values.
+const (
+	ResultPass = "pass"
+	ResultFail = "fail"
+)
+
+// Result is an unsigned verification result (SPEC §4). Check fills
+// everything except Verify and Attestation, which the caller sets around
+// signing. MarshalJSON writes it in the contract's exact key order for
+// Detail; receipts are signed over the canonical form of those bytes, so
+// the order matters only to people reading them, but it is part of the
+// contract all the same.
+type Result struct {
+	VerificationID     string
+	TaskID             string
+	AgentID            *string
+	Result             string   // ResultPass or ResultFail
+	BlockingChecks     []string // names of the failed blocking checks, first failure first
+	Hashes             receipt.Hashes
+	VerifiedAt         string // FormatTime of the verification instant
+	VerifierVersion    string
+	EnforceRules       bool
+	StrictContentCheck bool
+	Detail             string // DetailFull or DetailCompact
+
+	// The four lists hold at most Config.ListCap entries each; the totals
+	// count every entry, shown or not.
+	Errors            []string
+	ErrorsTotal       int
+	ErrorsDetail      []ErrorDetail
+	ErrorsDetailTotal int
+	Flags             []Flag
+	FlagsTotal        int
+	Hints             []Hint
+	HintsTotal        int
+
+	Schema, Integrity, Overall Tally
+
+	Verify      receipt.VerifyBlock
+	Attestation *receipt.Attestation // omitted from JSON while nil
+
+	listCap int
+}
+
+// ErrorDetail is one entry of errors_detail. Message is omitted when empty:
+// integrity findings say everything in Expected and Found.
+type ErrorDetail struct {
+	Check, Path, Expected, Found, Message string
+}
+
+// Flag is one entry of flags: a finding that does not block a pass (a rule
+// violation without enforce_rules).
+type Flag struct {
+	Check, Field, Severity, Detail string
+}
+
+// Hint is one entry of hints: where and what to repair, for an agent.
+// Source is "schema" or "integrity".
+type Hint struct {
+	Source, Check, Path, Expected, Found string
+}
+
+// Tally counts the checks of one family.
+type Tally struct{ Passed, Total int }
+
+// Ratio is Passed/Total rounded to 6 decimals, and 1 when there are no
+// checks (nothing failed).
+func (t Tally) Ratio() float64 {
+	if t.Total == 0 {
+		return 1
+	}
+	return math.Round(float64(t.Passed)/float64(t.Total)*1e6) / 1e6
+}
+
+func (r *Result) addBlocking(check string) {
+	for _, c := range r.BlockingChecks {
+		if c == check {
+			return
+		}
+	}
+	r.BlockingChecks = append(r.BlockingChecks, check)
+}
+
+// FormatTime formats an instant as results carry it: UTC, RFC 3339 with
+// exactly six fractional digits and a "+00:00" offset
+// ("2026-11-29T21:22:28.123456+00:00"). The attestation timestamp uses the
+// same string, so a receipt names one instant one way.
+func FormatTime(t time.Time) string {
+	return t.UTC().Format("2006-01-02T15:04:05.000000") + "+00:00"
+}
+
+// FormatNumber formats a number for result sentences the way the original
+// service's documentation prints them: the shortest text that reads back as
+// the same double, always with a decimal point or an exponent so a value
+// reads as a number, not a count ("135.0", "129.5", "0.0001", "1e-05",
+// "1e+16"). Plain digits are used from 1e-4 up to 1e16, exponents outside.
+func FormatNumber(f float64) string {
+	return string(appendNumber(nil, f))
+}
+
+func appendNumber(dst []byte, f float64) []byte {
+	if f == 0 {
+		return append(dst, "0.0"...)
+	}
+	if math.IsNaN(f) || math.IsInf(f, 0) { // never in a decoded request
+		return append(dst, "null"...)
+	}
+	if a := math.Abs(f); a >= 1e16 || a < 1e-4 {
+		return strconv.AppendFloat(dst, f, 'e', -1, 64)
+	}
+	n := len(dst)
+	dst = strconv.AppendFloat(dst, f, 'f', -1, 64)
+	for _, c := range dst[n:] {
+		if c == '.' {
+			return dst
+		}
+	}
+	return append(dst, ".0"...)
+}
+
+// MarshalJSON writes the result in SPEC §4's key order for r.Detail.
+// Ratios are JSON numbers written with at least one decimal ("1.0",
+// "0.954545"); attestation is left out while nil.
+func (r *Result) MarshalJSON() ([]byte, error) {
+	return r.AppendJSON(make([]byte, 0, 1024)), nil
+}
+
+// AppendJSON appends the JSON form of MarshalJSON to dst.
+func (r *Result) AppendJSON(b []byte) []byte {
+	full := r.Detail != DetailCompact
+	b = append(b, `{"summary":{"result":`...)
+	b = appendString(b, r.Result)
+	b = append(b, `,"blocking_checks":[`...)
+	for i, c := range r.BlockingChecks {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendString(b, c)
+	}
+	b = append(b, `]},"next_actions":`...)
+	if r.Result == ResultPass {
+		b = append(b, `[{"action":"attach_receipt","for":"seller"},{"action":"proceed_to_payment","for":"buyer"}]`...)
+	} else {
+		b = append(b, `[{"action":"repair_and_reverify","using":"hints"}]`...)
+	}
+	b = appendKey(b, "result")
+	b = appendString(b, r.Result)
+	b = appendKey(b, "verification_id")
+	b = appendString(b, r.VerificationID)
+	b = appendKey(b, "task_id")
+	b = appendString(b, r.TaskID)
+	b = appendKey(b, "agent_id")
+	if r.AgentID == nil {
+		b = append(b, "null"...)
+	} else {
+		b = appendString(b, *r.AgentID)
+	}
+	b = appendKey(b, "output_hash")
+	b = appendString(b, r.Hashes.Output)
+	b = appendKey(b, "schema_hash")
+	b = appendString(b, r.Hashes.Schema)
+	b = appendKey(b, "rules_hash")
+	b = appendString(b, r.Hashes.Rules)
+	if full {
+		b = appendKey(b, "request_hash")
+		b = appendString(b, r.Hashes.Request)
+	}
+	b = appendKey(b, "verified_at")
+	b = appendString(b, r.VerifiedAt)
+	b = appendKey(b, "verifier_version")
+	b = appendString(b, r.VerifierVersion)
+	b = appendKey(b, "enforce_rules")
+	b = strconv.AppendBool(b, r.EnforceRules)
+	b = appendKey(b, "strict_content_check")
+	b = strconv.AppendBool(b, r.StrictContentCheck)
+	if full {
+		b = appendKey(b, "errors")
+		b = append(b, '[')
+		for i, e := range r.Errors {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = appendString(b, e)
+		}
+		b = append(b, ']')
+		b = appendCounts(b, "errors", r.ErrorsTotal, len(r.Errors))
+
+		b = appendKey(b, "errors_detail")
+		b = append(b, '[')
+		for i, e := range r.ErrorsDetail {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = append(b, `{"check":`...)
+			b = appendString(b, e.Check)
+			b = appendKey(b, "path")
+			b = appendString(b, e.Path)
+			b = appendKey(b, "expected")
+			b = appendString(b, e.Expected)
+			b = appendKey(b, "found")
+			b = appendString(b, e.Found)
+			if e.Message != "" {
+				b = appendKey(b, "message")
+				b = appendString(b, e.Message)
+			}
+			b = append(b, '}')
+		}
+		b = append(b, ']')
+		b = appendCounts(b, "errors_detail", r.ErrorsDetailTotal, len(r.ErrorsDetail))
+
+		b = appendKey(b, "flags")
+		b = append(b, '[')
+		for i, f := range r.Flags {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = append(b, `{"check":`...)
+			b = appendString(b, f.Check)
+			b = appendKey(b, "field")
+			b = appendString(b, f.Field)
+			b = appendKey(b, "severity")
+			b = appendString(b, f.Severity)
+			b = appendKey(b, "detail")
+			b = appendString(b, f.Detail)
+			b = append(b, '}')
+		}
+		b = append(b, ']')
+		b = appendCounts(b, "flags", r.FlagsTotal, len(r.Flags))
+
+		b = appendKey(b, "hints")
+		b = append(b, '[')
+		for i, h := range r.Hints {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = append(b, `{"source":`...)
+			b = appendString(b, h.Source)
+			b = appendKey(b, "check")
+			b = appendString(b, h.Check)
+			b = appendKey(b, "path")
+			b = appendString(b, h.Path)
+			b = appendKey(b, "expected")
+			b = appendString(b, h.Expected)
+			b = appendKey(b, "found")
+			b = appendString(b, h.Found)
+			b = append(b, '}')
+		}
+		b = append(b, ']')
+		b = appendCounts(b, "hints", r.HintsTotal, len(r.Hints))
+
+		b = appendTally(b, "schema_compliance", r.Schema)
+		b = appendTally(b, "integrity_checks", r.Integrity)
+		b = appendTally(b, "overall", r.Overall)
+	}
+	b = appendKey(b, "verify")
+	b = append(b, `{"public_key_url":`...)
+	b = appendString(b, r.Verify.PublicKeyURL)
+	b = appendKey(b, "key_version")
+	b = appendString(b, r.Verify.KeyVersion)
+	b = appendKey(b, "canonicalization")
+	b = appendString(b, r.Verify.Canonicalization)
+	b = appendKey(b, "hash_algorithm")
+	b = appendString(b, r.Verify.HashAlgorithm)
+	b = appendKey(b, "service")
+	b = appendString(b, r.Verify.Service)
+	b = appendKey(b, "mcp")
+	b = appendString(b, r.Verify.MCP)
+	b = append(b, '}')
+	if a := r.Attestation; a != nil {
+		b = appendKey(b, "attestation")
+		b = append(b, `{"algorithm":`...)
+		b = appendString(b, a.Algorithm)
+		b = appendKey(b, "key_version")
+		b = appendString(b, a.KeyVersion)
+		b = appendKey(b, "timestamp")
+		b = appendString(b, a.Timestamp)
+		b = appendKey(b, "signature")
+		b = appendString(b, a.Signature)
+		b = append(b, '}')
+	}
+	return append(b, '}')
+}
+
+// appendKey writes `,"name":`; every key after the first of an object goes
+// through it.
+func appendKey(b []byte, name string) []byte {
+	b = append(b, ',', '"')
+	b = append(b, name...)
+	return append(b, '"', ':')
+}
+
+func appendCounts(b []byte, list string, total, shown int) []byte {
+	b = appendKey(b, list+"_total")
+	b = strconv.AppendInt(b, int64(total), 10)
+	b = appendKey(b, list+"_omitted")
+	return strconv.AppendInt(b, int64(total-shown), 10)
+}
+
+func appendTally(b []byte, name string, t Tally) []byte {
+	b = appendKey(b, name)
+	b = append(b, `{"ratio":`...)
+	b = appendRatio(b, t.Ratio())
+	b = append(b, `,"passed":`...)
+	b = strconv.AppendInt(b, int64(t.Passed), 10)
+	b = append(b, `,"total":`...)
+	b = strconv.AppendInt(b, int64(t.Total), 10)
+	return append(b, '}')
+}
+
+// appendRatio writes a ratio in [0, 1] with at least one decimal.
+func appendRatio(b []byte, f float64) []byte {
+	n := len(b)
+	b = strconv.AppendFloat(b, f, 'f', -1, 64)
+	if !strings.Contains(string(b[n:]), ".") {
+		b = append(b, ".0"...)
+	}
+	return b
+}
+
+// appendString writes s as a JSON string: literal UTF-8, with '"', '\\' and
+// control characters escaped (as RFC 8785 does), and any invalid byte as
+// U+FFFD (result strings are built from validated input, so there are none).
+func appendString(b []byte, s string) []byte {
+	const hexDigits = "0123456789abcdef"
+	b = append(b, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c >= utf8.RuneSelf {
+			r, size := utf8.DecodeRuneInString(s[i:])
+			if r == utf8.RuneError && size == 1 {
+				b = append(b, s[start:i]...)
+				b = append(b, "\ufffd"...)
+				i++
+				start = i
+				continue
+			}
+			i += size
+			continue
+		}
+		if c >= 0x20 && c != '"' && c != '\\' {
+			i++
+			continue
+		}
+		b = append(b, s[start:i]...)
+		switch c {
+		case '"', '\\':
+			b = append(b, '\\', c)
+		case '\n':
+			b = append(b, '\\', 'n')
+		case '\r':
+			b = append(b, '\\', 'r')
+		case '\t':
+			b = append(b, '\\', 't')
+		case '\b':
+			b = append(b, '\\', 'b')
+		case '\f':
+			b = append(b, '\\', 'f')
+		default:
+			b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xF])
+		}
+		i++
+		start = i
+	}
+	b = append(b, s[start:]...)
+	return append(b, '"')
+}
