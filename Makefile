@@ -13,8 +13,24 @@ all: build
 build:
 	$(GO) build -o $(BIN)/ ./cmd/...
 
+# make run: build Caddy (cmd/caddy, offline) and the daemons, then run
+# certd, verifierd and Caddy with Caddyfile.example on http://localhost:8080,
+# state under ./data. Ctrl-C stops all three.
 run:
-	@echo "nothing to run yet: the daemons arrive with verifierd and certd"
+	./scripts/run.sh
+
+.PHONY: build-caddy load
+
+# The Caddy that make run uses: standard modules plus ours, pinned by go.sum.
+# For extra third-party plugins use ./xcaddy.sh (needs the module proxy).
+build-caddy:
+	$(GO) build -o $(BIN)/caddy ./cmd/caddy
+
+# make load: requests/s and p50/p99 latency through Caddy and directly at
+# verifierd, against a running make run (or a stack of its own if none is
+# up). Pass options with LOAD_ARGS="-c 16 -d 20s".
+load:
+	./scripts/load.sh $(LOAD_ARGS)
 
 # make test: formatting, vet, every Go test (including the real-peer interop
 # tests, which install their npm peers first), then a short run of every fuzz
