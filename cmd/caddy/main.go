@@ -12,6 +12,9 @@ import (
 
 	// Caddy's standard modules (http, tls, reverse_proxy, file_server, ...).
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
+
+	// The gateway: x402 payment gate, free allowance, discovery, stores.
+	_ "github.com/aovhq/aov/caddymodule"
 )
 
 func main() {
