@@ -255,3 +255,5 @@ func TestRecoverAuthorizer(t *testing.T) {
 		t.Fatalf("the malleable twin does not recover to the signer (%v); the test proves nothing", err)
 	}
 }
+
+var bigOne = big.NewInt(1)
