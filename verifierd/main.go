@@ -1,0 +1,265 @@
+// Command verifierd is the verification daemon: POST /verify/schema and
+// POST /verify/deliverable check a JSON output against a schema and rules,
+// have the answer signed by certd and record it in the verification history.
+// It runs behind the gateway (Caddy), which owns payments and allowances.
+//
+// Every flag can also be set from the environment as VERIFIERD_<FLAG>, with
+// dashes as underscores (VERIFIERD_PUBLIC_BASE_URL); a flag on the command
+// line wins. The gateway token comes from -gateway-token-file or
+// AOV_GATEWAY_TOKEN, never from a flag (flags show up in ps).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/aovhq/aov/signer"
+	"github.com/aovhq/aov/store"
+	"github.com/aovhq/aov/verifierd/server"
+	"github.com/aovhq/aov/verify"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+type config struct {
+	listen, adminListen   string
+	dataDir               string
+	signerSocket          string
+	signerURL             string
+	signerSecretFile      string
+	publicBaseURL         string
+	serviceName           string
+	gatewayTokenFile      string
+	maxBodyBytes          int64
+	listCap               int
+	noSync                bool
+	shutdownTimeout       time.Duration
+	logLevel              string
+	signerTimeout         time.Duration
+	readHeaderTimeout     time.Duration
+	readTimeout, idleTime time.Duration
+}
+
+func main() {
+	if err := run(os.Args[1:], os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "verifierd:", err)
+		os.Exit(1)
+	}
+}
+
+func parseFlags(args []string, stderr io.Writer) (config, error) {
+	var c config
+	fs := flag.NewFlagSet("verifierd", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&c.listen, "listen", "127.0.0.1:8081", "address of the API (put the gateway in front of it)")
+	fs.StringVar(&c.adminListen, "admin-listen", "127.0.0.1:9091", "address of the admin listener (/metrics); empty disables it")
+	fs.StringVar(&c.dataDir, "data", "./data/verifierd", "directory of the verification history (Badger)")
+	fs.StringVar(&c.signerSocket, "signer-socket", "./data/certd.sock", "certd's signing socket")
+	fs.StringVar(&c.signerURL, "signer-url", "", "certd's loopback signing URL (instead of -signer-socket), e.g. http://127.0.0.1:8091")
+	fs.StringVar(&c.signerSecretFile, "signer-secret-file", "", "file holding the bearer secret for -signer-url (mode 0600)")
+	fs.StringVar(&c.publicBaseURL, "public-base-url", "http://localhost:8080", "the service's public origin as callers see it (the gateway's)")
+	fs.StringVar(&c.serviceName, "service-name", server.DefaultServiceName, "the \"service\" of every receipt's verify block")
+	fs.StringVar(&c.gatewayTokenFile, "gateway-token-file", "", "file holding the gateway token that makes X-Aov-* headers trusted (or set AOV_GATEWAY_TOKEN)")
+	fs.Int64Var(&c.maxBodyBytes, "max-body-bytes", verify.DefaultMaxBodyBytes, "absolute request body limit; larger bodies get 413")
+	fs.IntVar(&c.listCap, "list-cap", verify.DefaultListCap, "entries shown per result list (errors, flags, hints)")
+	fs.BoolVar(&c.noSync, "no-sync", false, "do not fsync each history write (faster; a power loss may drop the last records)")
+	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long in-flight requests may finish on shutdown")
+	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.DurationVar(&c.signerTimeout, "signer-timeout", 5*time.Second, "timeout of one call to certd")
+	fs.DurationVar(&c.readHeaderTimeout, "read-header-timeout", 5*time.Second, "time allowed to read request headers")
+	fs.DurationVar(&c.readTimeout, "read-timeout", 30*time.Second, "time allowed to read a whole request")
+	fs.DurationVar(&c.idleTime, "idle-timeout", 120*time.Second, "keep-alive idle timeout")
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	// Environment fills what the command line did not set.
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var envErr error
+	fs.VisitAll(func(f *flag.Flag) {
+		if set[f.Name] || envErr != nil {
+			return
+		}
+		name := "VERIFIERD_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if v, ok := os.LookupEnv(name); ok {
+			if err := fs.Set(f.Name, v); err != nil {
+				envErr = fmt.Errorf("%s: %w", name, err)
+			}
+		}
+	})
+	return c, envErr
+}
+
+func run(args []string, stderr io.Writer) error {
+	c, err := parseFlags(args, stderr)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(c.logLevel)); err != nil {
+		return fmt.Errorf("log level: %w", err)
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+
+	gwToken, err := gatewayToken(c.gatewayTokenFile)
+	if err != nil {
+		return err
+	}
+	if gwToken == "" {
+		log.Warn("no gateway token configured: X-Aov-* headers are ignored and every call is recorded with payment \"unknown\"")
+	}
+
+	sc := signer.ClientConfig{Timeout: c.signerTimeout}
+	if c.signerURL != "" {
+		if err := signer.CheckLoopback(hostPort(c.signerURL)); err != nil {
+			return err
+		}
+		sc.URL = c.signerURL
+		if c.signerSecretFile == "" {
+			return errors.New("-signer-url needs -signer-secret-file")
+		}
+		if sc.Secret, err = signer.ReadSecretFile(c.signerSecretFile); err != nil {
+			return err
+		}
+	} else {
+		sc.Socket = c.signerSocket
+	}
+
+	db, err := store.Open(c.dataDir, store.Options{NoSync: c.noSync, Logger: log})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := db.Close(); err != nil {
+			log.Error("closing store", "error", err)
+		}
+	}()
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics, err := server.NewMetrics(reg)
+	if err != nil {
+		return fmt.Errorf("registering metrics: %w", err)
+	}
+
+	h, err := server.New(server.Config{
+		Verifier:      verify.New(verify.Config{MaxBodyBytes: c.maxBodyBytes, ListCap: c.listCap, VerifierVersion: version}),
+		Signer:        signer.NewClient(sc),
+		History:       db,
+		PublicBaseURL: c.publicBaseURL,
+		ServiceName:   c.serviceName,
+		GatewayToken:  gwToken,
+		Logger:        log,
+		Metrics:       metrics,
+	})
+	if err != nil {
+		return err
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	api := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: c.readHeaderTimeout,
+		ReadTimeout:       c.readTimeout,
+		IdleTimeout:       c.idleTime,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	ln, err := net.Listen("tcp", c.listen)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", c.listen, err)
+	}
+	servers := []*http.Server{api}
+	errc := make(chan error, 2)
+	go func() { errc <- api.Serve(ln) }()
+	log.Info("verifierd listening", "addr", ln.Addr().String(), "version", version, "data", c.dataDir,
+		"public_base_url", c.publicBaseURL, "signer", signerTarget(sc))
+
+	if c.adminListen != "" {
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		admin := &http.Server{Handler: mux, ReadHeaderTimeout: c.readHeaderTimeout}
+		aln, err := net.Listen("tcp", c.adminListen)
+		if err != nil {
+			api.Close()
+			return fmt.Errorf("listening on admin address %s: %w", c.adminListen, err)
+		}
+		servers = append(servers, admin)
+		go func() { errc <- admin.Serve(aln) }()
+		log.Info("admin listener (metrics)", "addr", aln.Addr().String())
+	}
+
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down: finishing in-flight requests", "timeout", c.shutdownTimeout.String())
+	case err := <-errc:
+		if !errors.Is(err, http.ErrServerClosed) {
+			log.Error("listener failed", "error", err)
+		}
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), c.shutdownTimeout)
+	defer cancel()
+	var firstErr error
+	for _, s := range servers {
+		if err := s.Shutdown(sctx); err != nil && firstErr == nil {
+			firstErr = fmt.Errorf("shutting down: %w", err)
+		}
+	}
+	return firstErr
+}
+
+// gatewayToken reads the token from file (which must not be readable by
+// others, like the signer secret) or from AOV_GATEWAY_TOKEN.
+func gatewayToken(file string) (string, error) {
+	if file != "" {
+		tok, err := signer.ReadSecretFile(file)
+		if err != nil {
+			return "", fmt.Errorf("gateway token: %w", err)
+		}
+		return tok, nil
+	}
+	tok := strings.TrimSpace(os.Getenv("AOV_GATEWAY_TOKEN"))
+	if tok != "" && len(tok) < signer.MinSecretBytes {
+		return "", fmt.Errorf("gateway token: AOV_GATEWAY_TOKEN holds %d bytes, want at least %d", len(tok), signer.MinSecretBytes)
+	}
+	return tok, nil
+}
+
+func hostPort(rawURL string) string {
+	s := strings.TrimPrefix(strings.TrimPrefix(rawURL, "http://"), "https://")
+	if i := strings.IndexByte(s, '/'); i >= 0 {
+		s = s[:i]
+	}
+	return s
+}
+
+func signerTarget(sc signer.ClientConfig) string {
+	if sc.Socket != "" {
+		return "unix:" + sc.Socket
+	}
+	return sc.URL
+}

@@ -1,0 +1,287 @@
+// Package server is verifierd's HTTP surface: the two verification routes
+// (POST /verify/schema and POST /verify/deliverable, one check under two
+// names), GET /health, and the SPEC §6 error shape for everything else.
+//
+// Each verification is parsed and checked by package verify, signed by certd
+// through package signer, recorded in the history (package store) and only
+// then answered: a receipt leaves the process only when it is signed and
+// recorded. The server never sees a payment header; how a call was paid is
+// what the gateway reports in its X-Aov-* headers, trusted only with the
+// gateway token (see gateway.go).
+//
+// It is not for: payment, allowances, TLS or rate limits (the gateway's),
+// keys (certd's), or MCP (served beside it by the daemon's main).
+package server
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/aovhq/aov/agentcard"
+	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/receipt"
+	"github.com/aovhq/aov/store"
+	"github.com/aovhq/aov/verify"
+)
+
+// Signer is certd's signing protocol as verifierd uses it; *signer.Client
+// implements it.
+type Signer interface {
+	CurrentKey(ctx context.Context) (string, error)
+	Sign(ctx context.Context, signContext, keyVersion, attestedAt string, response []byte) (receipt.Attestation, error)
+	Ping(ctx context.Context) error
+}
+
+// History is where verifications are recorded; *store.DB implements it.
+type History interface {
+	RecordVerification(ctx context.Context, v store.Verification) error
+	Ping(ctx context.Context) error
+}
+
+// DefaultServiceName is the "service" of every verify block unless
+// configured otherwise: the name the agent card gives the service.
+const DefaultServiceName = agentcard.DefaultName
+
+// Config wires a Server. Verifier, Signer and History are required.
+type Config struct {
+	Verifier *verify.Verifier
+	Signer   Signer
+	History  History
+
+	// PublicBaseURL is the service's public origin as callers see it
+	// (through the gateway), e.g. https://verify.example.com. The verify
+	// block of every receipt points at <base>/.well-known/agent-card.json
+	// and <base>/mcp.
+	PublicBaseURL string
+	// ServiceName is the verify block's "service" (DefaultServiceName).
+	ServiceName string
+
+	// GatewayToken is the shared secret the gateway sends in
+	// X-Aov-Gateway-Token. Empty: gateway headers are never trusted and
+	// every call is recorded with payment "unknown".
+	GatewayToken string
+
+	// HealthTimeout bounds the health check's calls to certd and the store
+	// (default 2 s).
+	HealthTimeout time.Duration
+
+	Logger  *slog.Logger // nil discards
+	Metrics *Metrics     // nil: no metrics
+
+	// NewID makes verification ids (default: random UUID v4).
+	NewID func() (string, error)
+	// Now is the verification clock (default time.Now).
+	Now func() time.Time
+}
+
+// Server is verifierd's HTTP handler. It is safe for concurrent use.
+type Server struct {
+	v          *verify.Verifier
+	signer     Signer
+	history    History
+	verify     receipt.VerifyBlock
+	maxBody    int64
+	gwToken    [32]byte
+	gwEnabled  bool
+	healthWait time.Duration
+	log        *slog.Logger
+	m          *Metrics
+	newID      func() (string, error)
+	now        func() time.Time
+}
+
+// New checks cfg and returns the handler.
+func New(cfg Config) (*Server, error) {
+	if cfg.Verifier == nil || cfg.Signer == nil || cfg.History == nil {
+		return nil, errors.New("verifierd: a verifier, a signer and a history store are required")
+	}
+	base := strings.TrimRight(cfg.PublicBaseURL, "/")
+	if !strings.HasPrefix(base, "http://") && !strings.HasPrefix(base, "https://") {
+		return nil, fmt.Errorf("verifierd: public base URL %q must start with http:// or https://", cfg.PublicBaseURL)
+	}
+	s := &Server{
+		v:       cfg.Verifier,
+		signer:  cfg.Signer,
+		history: cfg.History,
+		verify: receipt.VerifyBlock{
+			PublicKeyURL:     base + "/.well-known/agent-card.json",
+			Canonicalization: receipt.Canonicalization,
+			HashAlgorithm:    receipt.HashAlgorithm,
+			Service:          cfg.ServiceName,
+			MCP:              base + "/mcp",
+		},
+		maxBody:    cfg.Verifier.Config().MaxBodyBytes,
+		healthWait: cfg.HealthTimeout,
+		log:        cfg.Logger,
+		m:          cfg.Metrics,
+		newID:      cfg.NewID,
+		now:        cfg.Now,
+	}
+	if s.verify.Service == "" {
+		s.verify.Service = DefaultServiceName
+	}
+	if cfg.GatewayToken != "" {
+		s.gwEnabled = true
+		s.gwToken = sha256.Sum256([]byte(cfg.GatewayToken))
+	}
+	if s.healthWait <= 0 {
+		s.healthWait = 2 * time.Second
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	if s.newID == nil {
+		s.newID = newUUID
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	return s, nil
+}
+
+func newUUID() (string, error) {
+	id, err := uuid.NewRandom()
+	if err != nil {
+		return "", fmt.Errorf("making verification id: %w", err)
+	}
+	return id.String(), nil
+}
+
+// route is one path the server answers, with the methods it accepts.
+type route struct {
+	name    string // metrics and log label
+	methods []string
+	serve   func(s *Server, w http.ResponseWriter, r *http.Request, rec *requestLog) error
+}
+
+// routes maps exact paths; anything else is 404. Room is left here for
+// GET /reputation/{agent_id} (a prefix route) when it is served.
+var routes = map[string]route{
+	"/verify/schema":      {name: "verify_schema", methods: []string{http.MethodPost}, serve: (*Server).serveVerify},
+	"/verify/deliverable": {name: "verify_deliverable", methods: []string{http.MethodPost}, serve: (*Server).serveVerify},
+	"/health":             {name: "health", methods: []string{http.MethodGet, http.MethodHead}, serve: (*Server).serveHealth},
+}
+
+// requestLog collects what the access log line and the metrics report about
+// one request. It never holds request content.
+type requestLog struct {
+	route          string
+	status         int
+	verificationID string
+	result         string
+	payment        string
+}
+
+// ServeHTTP routes a request and answers every refusal in the SPEC §6 shape.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	rec := &requestLog{route: "unknown"}
+	sw := &statusWriter{ResponseWriter: w}
+	rt, ok := routes[r.URL.Path]
+	var err error
+	switch {
+	case !ok:
+		err = apierr.NotFound("endpoint")
+	case !allowed(rt.methods, r.Method):
+		rec.route = rt.name
+		err = apierr.MethodNotAllowed(rt.methods...)
+	default:
+		rec.route = rt.name
+		err = rt.serve(s, sw, r, rec)
+	}
+	if err != nil {
+		e := apierr.From(err)
+		apierr.Write(sw, e)
+		if e.Status >= 500 {
+			s.log.Error("request failed", "route", rec.route, "status", e.Status, "code", e.Code, "error", errString(e.Cause), "verification_id", rec.verificationID)
+		}
+	}
+	rec.status = sw.status
+	elapsed := time.Since(start)
+	s.m.observeRequest(rec, elapsed)
+	if s.log.Enabled(r.Context(), slog.LevelInfo) {
+		attrs := []slog.Attr{
+			slog.String("method", r.Method),
+			slog.String("route", rec.route),
+			slog.Int("status", rec.status),
+			slog.Float64("duration_ms", float64(elapsed.Microseconds())/1000),
+			slog.String("remote", r.RemoteAddr),
+		}
+		if rec.verificationID != "" {
+			attrs = append(attrs, slog.String("verification_id", rec.verificationID),
+				slog.String("result", rec.result), slog.String("payment", rec.payment))
+		}
+		s.log.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
+	}
+}
+
+func allowed(methods []string, m string) bool {
+	for _, x := range methods {
+		if x == m {
+			return true
+		}
+	}
+	return false
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// serveHealth answers 200 only when certd answers and the history store is
+// open: a verifierd that cannot sign or record cannot serve a verification.
+func (s *Server) serveHealth(w http.ResponseWriter, r *http.Request, _ *requestLog) error {
+	ctx, cancel := context.WithTimeout(r.Context(), s.healthWait)
+	defer cancel()
+	if err := s.history.Ping(ctx); err != nil {
+		return apierr.Unavailable("verification history store", 5, err)
+	}
+	if err := s.signer.Ping(ctx); err != nil {
+		return apierr.Unavailable("signing service", 1, err)
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	if r.Method != http.MethodHead {
+		w.Write([]byte(`{"status":"ok"}` + "\n"))
+	}
+	return nil
+}
+
+// statusWriter remembers the status code for logs and metrics.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the underlying writer.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// Interface guards
+var _ http.Handler = (*Server)(nil)

@@ -1,0 +1,205 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"mime"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/receipt"
+	"github.com/aovhq/aov/signer"
+	"github.com/aovhq/aov/store"
+	"github.com/aovhq/aov/verify"
+)
+
+// serveVerify is POST /verify/schema and POST /verify/deliverable: one
+// check under two names, signed under the same context.
+//
+// Order matters: parse (refusals cost nothing), check, sign, record, answer.
+// Nothing is recorded unless it was signed, and nothing signed is sent
+// unless it was recorded: the history is what reputation and scores are
+// computed from, so every receipt in circulation must be in it. A record
+// failure therefore answers 503 (retryable, nothing charged, since the
+// gateway settles only successful answers) and the signed receipt is
+// discarded; the caller's retry gets a fresh verification.
+func (s *Server) serveVerify(w http.ResponseWriter, r *http.Request, rec *requestLog) error {
+	body, err := s.readBody(w, r)
+	if err != nil {
+		return err
+	}
+	req, err := s.v.Parse(body)
+	if err != nil {
+		return err
+	}
+	gw := s.gatewayInfo(r)
+
+	id, err := s.newID()
+	if err != nil {
+		return apierr.Internal(err)
+	}
+	at := s.now().UTC().Truncate(time.Microsecond)
+	res := s.v.Check(req, id, at)
+	rec.verificationID = id
+
+	doc, keyVersion, err := s.sign(r.Context(), res)
+	if err != nil {
+		return err
+	}
+
+	v := store.Verification{
+		ID:          id,
+		VerifiedAt:  at,
+		TaskID:      req.TaskID,
+		Result:      res.Result,
+		OutputHash:  req.Hashes.Output,
+		SchemaHash:  req.Hashes.Schema,
+		RulesHash:   req.Hashes.Rules,
+		RequestHash: req.Hashes.Request,
+		KeyVersion:  keyVersion,
+		Payment:     gw.payment,
+		Payer:       gw.payer,
+		Network:     gw.network,
+		Wallet:      gw.wallet,
+	}
+	if req.AgentID != nil {
+		v.AgentID = *req.AgentID
+		v.Authenticated = boundToWallet(v.AgentID, gw.wallet)
+	}
+	// Record even if the caller has gone away: the receipt was signed, and
+	// the write is short. A fresh context keeps the cancellation of the
+	// request from leaving a signed-but-unrecorded verification behind
+	// when the caller disconnects at the wrong instant.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 10*time.Second)
+	defer cancel()
+	if err := s.history.RecordVerification(rctx, v); err != nil {
+		s.m.storeError()
+		return apierr.Unavailable("verification history store", 5, fmt.Errorf("recording verification: %w", err))
+	}
+	rec.result, rec.payment = res.Result, gw.payment
+
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	w.Write(doc)
+	return nil
+}
+
+// readBody reads the request body up to the absolute limit. A body declared
+// as anything but JSON is 415; one over the limit is 413 naming the limit,
+// whether it announced its length or not.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	if r.ContentLength != 0 && !isJSON(r.Header.Get("Content-Type")) {
+		return nil, apierr.UnsupportedMediaType()
+	}
+	if r.ContentLength > s.maxBody {
+		return nil, apierr.TooLarge(s.maxBody)
+	}
+	size := 4096
+	if r.ContentLength > 0 {
+		size = int(r.ContentLength) + 1 // +1 so ReadFrom sees EOF without growing
+	}
+	buf := bytes.NewBuffer(make([]byte, 0, size))
+	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, s.maxBody))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return nil, apierr.TooLarge(s.maxBody)
+		}
+		return nil, &apierr.Error{
+			Code:        apierr.CodeInvalidRequest,
+			Message:     "The request body could not be read completely and nothing was charged; send it again.",
+			Status:      http.StatusBadRequest,
+			Retryable:   true,
+			RetryAfter:  1,
+			NextActions: []apierr.Action{{Action: "retry", After: 1}},
+			Cause:       err,
+		}
+	}
+	return buf.Bytes(), nil
+}
+
+// isJSON accepts application/json and any +json media type (with
+// parameters such as charset); an empty Content-Type is not JSON.
+func isJSON(ct string) bool {
+	mt, _, err := mime.ParseMediaType(ct)
+	if err != nil {
+		return false
+	}
+	return mt == "application/json" || (strings.HasPrefix(mt, "application/") && strings.HasSuffix(mt, "+json"))
+}
+
+// sign sets the verify block with certd's current key, has the response
+// signed and returns the complete document. After a key rotation certd
+// answers "stale key" with the new version; the response is rebuilt with
+// it and signed once more. Every failure is an *apierr.Error: unreachable
+// certd is 503 retryable, anything else 500. Nothing unsigned is returned.
+func (s *Server) sign(ctx context.Context, res *verify.Result) ([]byte, string, error) {
+	kv, err := s.signer.CurrentKey(ctx)
+	if err != nil {
+		s.m.signerError(signerErrorKind(err))
+		return nil, "", err
+	}
+	for attempt := 0; ; attempt++ {
+		res.Verify = s.verify
+		res.Verify.KeyVersion = kv
+		res.Attestation = nil
+		unsigned := res.AppendJSON(make([]byte, 0, 4096))
+		att, err := s.signer.Sign(ctx, receipt.ContextVerify, kv, res.VerifiedAt, unsigned)
+		var stale *signer.StaleKeyError
+		if errors.As(err, &stale) && attempt == 0 {
+			s.m.signerError("stale_key")
+			kv = stale.Current
+			continue
+		}
+		if err != nil {
+			s.m.signerError(signerErrorKind(err))
+			return nil, "", err
+		}
+		doc, err := attach(unsigned, att)
+		if err != nil {
+			return nil, "", apierr.Internal(err)
+		}
+		return doc, kv, nil
+	}
+}
+
+func signerErrorKind(err error) string {
+	var e *apierr.Error
+	var stale *signer.StaleKeyError
+	switch {
+	case errors.As(err, &stale):
+		return "stale_key"
+	case errors.As(err, &e) && e.Code == apierr.CodeUpstreamUnavailable:
+		return "unavailable"
+	default:
+		return "refused"
+	}
+}
+
+// attach splices the attestation in as the last member of the signed
+// document (in place: unsigned is not used afterwards), so the bytes sent
+// are exactly the bytes signed plus the attestation.
+func attach(unsigned []byte, att receipt.Attestation) ([]byte, error) {
+	body := bytes.TrimRight(unsigned, " \t\r\n")
+	if len(body) < 2 || body[len(body)-1] != '}' {
+		return nil, errors.New("attaching attestation: result is not a JSON object")
+	}
+	a, err := json.Marshal(att)
+	if err != nil {
+		return nil, fmt.Errorf("attaching attestation: %w", err)
+	}
+	out := body[:len(body)-1]
+	if len(body) > 2 {
+		out = append(out, ',')
+	}
+	out = append(out, `"attestation":`...)
+	out = append(out, a...)
+	return append(out, '}', '\n'), nil
+}
