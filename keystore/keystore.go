@@ -131,10 +131,13 @@ func Open(dir string, opts Options) (*Store, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating key directory: %w", err)
 	}
-	s := &Store{dir: dir, now: opts.Now}
-	if s.now == nil {
-		s.now = time.Now
+	now := opts.Now
+	if now == nil {
+		now = time.Now
 	}
+	// Microseconds, like every timestamp of a receipt: enough to order a
+	// compromise against receipts, and readable.
+	s := &Store{dir: dir, now: func() time.Time { return now().UTC().Truncate(time.Microsecond) }}
 	if err := s.Reload(); err != nil {
 		return nil, err
 	}

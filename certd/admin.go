@@ -1,0 +1,133 @@
+package main
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/aovhq/aov/keystore"
+)
+
+// rotate makes a new current key. On an empty directory it makes the first
+// key, which is how an operator creates a production key.
+func rotate(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("rotate", stderr)
+	dir := keysFlag(fs)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	ks, err := keystore.Open(*dir, keystore.Options{})
+	if err != nil {
+		return err
+	}
+	prev, prevErr := ks.Current()
+	k, err := ks.Rotate()
+	if err != nil {
+		return err
+	}
+	if prevErr == nil {
+		fmt.Fprintf(stdout, "%s is now the current signing key; %s is retired and stays published for the receipts it signed.\n", k.Version, prev.Version)
+	} else {
+		fmt.Fprintf(stdout, "%s is now the current signing key.\n", k.Version)
+	}
+	fmt.Fprintln(stdout, "A running certd picks it up on its next request (or send it SIGHUP).")
+	return nil
+}
+
+// compromise marks a key compromised from an instant on.
+func compromise(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("compromise", stderr)
+	dir := keysFlag(fs)
+	version := fs.String("version", "", "key version to mark, e.g. k1 (required)")
+	since := fs.String("since", "", "RFC 3339 instant from which the key may have been used by others, e.g. 2026-11-29T10:00:00Z (required; the earliest possible leak)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *version == "" || *since == "" {
+		return usagef("-version and -since are both required")
+	}
+	t, err := time.Parse(time.RFC3339Nano, *since)
+	if err != nil {
+		return usagef("-since %q is not an RFC 3339 time such as 2026-11-29T10:00:00Z", *since)
+	}
+	ks, err := keystore.Open(*dir, keystore.Options{})
+	if err != nil {
+		return err
+	}
+	before, _ := ks.Current()
+	if err := ks.MarkCompromised(*version, t); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "%s is marked compromised since %s: verifiers reject its receipts dated from then on.\n", *version, t.UTC().Format(time.RFC3339Nano))
+	if after, err := ks.Current(); err == nil && after.Version != before.Version {
+		fmt.Fprintf(stdout, "%s was the current key, so %s is now the current signing key.\n", before.Version, after.Version)
+	}
+	return nil
+}
+
+// keyRow is one key in `certd keys -json`.
+type keyRow struct {
+	KeyVersion       string `json:"key_version"`
+	Status           string `json:"status"`
+	PublicKey        string `json:"public_key"`
+	CreatedAt        string `json:"created_at"`
+	RetiredAt        string `json:"retired_at,omitempty"`
+	CompromisedSince string `json:"compromised_since,omitempty"`
+}
+
+// listKeys prints every key version ever used.
+func listKeys(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("keys", stderr)
+	dir := keysFlag(fs)
+	asJSON := fs.Bool("json", false, "print JSON instead of a table")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	ks, err := keystore.Open(*dir, keystore.Options{})
+	if err != nil {
+		return err
+	}
+	rows := []keyRow{}
+	for _, k := range ks.List() {
+		rows = append(rows, keyRow{
+			KeyVersion:       k.Version,
+			Status:           k.Status(),
+			PublicKey:        base64.StdEncoding.EncodeToString(k.Public),
+			CreatedAt:        stamp(k.CreatedAt),
+			RetiredAt:        stamp(k.RetiredAt),
+			CompromisedSince: stamp(k.CompromisedSince),
+		})
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rows)
+	}
+	if len(rows) == 0 {
+		fmt.Fprintf(stdout, "no keys in %s (create one with: certd rotate -keys %s)\n", *dir, *dir)
+		return nil
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "VERSION\tSTATUS\tCREATED\tRETIRED\tCOMPROMISED SINCE\tPUBLIC KEY (base64)")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.KeyVersion, r.Status, r.CreatedAt, dash(r.RetiredAt), dash(r.CompromisedSince), r.PublicKey)
+	}
+	return tw.Flush()
+}
+
+func stamp(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format(time.RFC3339Nano)
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

@@ -1,0 +1,418 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/aovhq/aov/receipt"
+	"github.com/aovhq/aov/signer"
+)
+
+// certdBin is the certd binary built once for the end-to-end tests.
+var (
+	buildOnce sync.Once
+	certdBin  string
+	buildErr  error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if certdBin != "" {
+		os.RemoveAll(filepath.Dir(certdBin))
+	}
+	os.Exit(code)
+}
+
+func binary(t *testing.T) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("end-to-end: builds and runs the certd binary")
+	}
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "certd-bin")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		certdBin = filepath.Join(dir, "certd")
+		out, err := exec.Command("go", "build", "-o", certdBin, ".").CombinedOutput()
+		if err != nil {
+			buildErr = errors.New(string(out))
+		}
+	})
+	if buildErr != nil {
+		t.Fatalf("building certd: %v", buildErr)
+	}
+	return certdBin
+}
+
+// shortDir is a temp dir with a path short enough for a unix socket.
+func shortDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "cd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// daemon is a running `certd serve`.
+type daemon struct {
+	cmd        *exec.Cmd
+	publicAddr string
+	signAddr   string
+	done       chan error
+
+	mu   sync.Mutex
+	logs []map[string]any
+}
+
+func (d *daemon) sawLog(msg string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, l := range d.logs {
+		if l["msg"] == msg {
+			return true
+		}
+	}
+	return false
+}
+
+// startServe runs certd serve and waits for its ready line.
+func startServe(t *testing.T, args ...string) *daemon {
+	t.Helper()
+	cmd := exec.Command(binary(t), append([]string{"serve"}, args...)...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	d := &daemon{cmd: cmd, done: make(chan error, 1)}
+	ready := make(chan map[string]any, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			var m map[string]any
+			if json.Unmarshal(sc.Bytes(), &m) != nil {
+				t.Logf("certd (not JSON): %s", sc.Text())
+				continue
+			}
+			d.mu.Lock()
+			d.logs = append(d.logs, m)
+			d.mu.Unlock()
+			if m["msg"] == "certd ready" {
+				ready <- m
+			}
+		}
+		d.done <- cmd.Wait()
+	}()
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+		}
+	})
+	select {
+	case m := <-ready:
+		d.publicAddr, _ = m["public_addr"].(string)
+		d.signAddr, _ = m["sign_addr"].(string)
+		if m["level"] != "INFO" || m["time"] == nil {
+			t.Fatalf("ready line is not a structured slog record: %v", m)
+		}
+	case err := <-d.done:
+		t.Fatalf("certd serve exited before ready: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("certd serve did not become ready in 30 s")
+	}
+	return d
+}
+
+// stop sends sig and waits for a clean exit.
+func (d *daemon) stop(t *testing.T, sig os.Signal) {
+	t.Helper()
+	if err := d.cmd.Process.Signal(sig); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-d.done:
+		if err != nil {
+			t.Fatalf("certd exited with %v after %v", err, sig)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatalf("certd did not stop within 15 s of %v", sig)
+	}
+}
+
+// certd runs a one-shot subcommand and returns its stdout, stderr and code.
+func certd(t *testing.T, args ...string) (string, string, int) {
+	t.Helper()
+	cmd := exec.Command(binary(t), args...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return out.String(), errb.String(), code
+}
+
+func fetchCard(t *testing.T, addr string) ([]byte, http.Header) {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/.well-known/agent-card.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		t.Fatalf("agent card: %d %s", resp.StatusCode, body)
+	}
+	return body, resp.Header
+}
+
+// signedResponse builds a verification-shaped response naming kv, has certd
+// sign it over c, and returns the full response with its attestation.
+func signedResponse(t *testing.T, c *signer.Client, kv string) ([]byte, error) {
+	t.Helper()
+	at := time.Now().UTC().Format("2006-01-02T15:04:05.000000+00:00")
+	doc := map[string]any{
+		"result": "pass", "verification_id": "0b7f6c1e-3d1a-4f43-9a55-0d3b0c8f1a22", "task_id": "e2e",
+		"agent_id": "test-e2e", "output_hash": strings.Repeat("0", 64), "schema_hash": strings.Repeat("1", 64),
+		"rules_hash": strings.Repeat("2", 64), "verified_at": at,
+		"verify": map[string]any{"public_key_url": "http://localhost:9999/.well-known/agent-card.json", "key_version": kv,
+			"canonicalization": receipt.Canonicalization, "hash_algorithm": receipt.HashAlgorithm, "service": "aov-e2e", "mcp": "http://localhost:9999/mcp"},
+	}
+	body, _ := json.Marshal(doc)
+	att, err := c.Sign(context.Background(), receipt.ContextVerify, kv, at, body)
+	if err != nil {
+		return nil, err
+	}
+	doc["attestation"] = att
+	full, _ := json.Marshal(doc)
+	return full, nil
+}
+
+func TestEndToEndSignRotateCompromise(t *testing.T) {
+	keys := filepath.Join(shortDir(t), "keys")
+	sock := filepath.Join(shortDir(t), "certd.sock")
+	d := startServe(t, "-dev", "-keys", keys, "-sign-socket", sock, "-public-listen", "127.0.0.1:0",
+		"-public-base-url", "http://localhost:9999/", "-service-name", "aov-e2e")
+	if !d.sawLog("generated a development signing key; for production create keys with `certd rotate` and keep the key directory private") {
+		t.Error("dev mode did not log that it generated a key")
+	}
+	fi, err := os.Stat(sock)
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("signing socket: %v, mode %v; want 0600", err, fi.Mode())
+	}
+
+	// The card: k1 current; health answers.
+	card1, hdr1 := fetchCard(t, d.publicAddr)
+	if !strings.HasPrefix(hdr1.Get("Cache-Control"), "public, max-age=") || hdr1.Get("ETag") == "" {
+		t.Errorf("card headers: Cache-Control %q, ETag %q", hdr1.Get("Cache-Control"), hdr1.Get("ETag"))
+	}
+	set1, err := receipt.KeysFromCard(card1)
+	if err != nil || set1.Current() != "k1" {
+		t.Fatalf("card 1: current %q, %v", set1.Current(), err)
+	}
+	var cardDoc map[string]any
+	json.Unmarshal(card1, &cardDoc)
+	if cardDoc["name"] != "aov-e2e" || cardDoc["url"] != "http://localhost:9999" {
+		t.Errorf("card name/url = %v / %v", cardDoc["name"], cardDoc["url"])
+	}
+	if resp, err := http.Get("http://" + d.publicAddr + "/health"); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("public /health: %v %v", resp, err)
+	}
+	// The public endpoint never exposes signing.
+	if resp, err := http.Post("http://"+d.publicAddr+"/v1/sign", "application/json", strings.NewReader(`{}`)); err != nil || resp.StatusCode != 404 {
+		t.Fatalf("public /v1/sign: %v %v; want 404", resp, err)
+	}
+
+	// Sign over the socket; the receipt verifies against the card.
+	c := signer.NewClient(signer.ClientConfig{Socket: sock})
+	kv, err := c.CurrentKey(context.Background())
+	if err != nil || kv != "k1" {
+		t.Fatalf("CurrentKey = %q, %v", kv, err)
+	}
+	old, err := signedResponse(t, c, kv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := receipt.VerifyReceipt(old, set1, ""); err != nil {
+		t.Fatalf("receipt of k1 against card 1: %v", err)
+	}
+	time.Sleep(5 * time.Millisecond)
+	afterOld := time.Now().UTC()
+
+	// Rotate while serving.
+	out, errOut, code := certd(t, "rotate", "-keys", keys)
+	if code != 0 || !strings.Contains(out, "k2 is now the current signing key") {
+		t.Fatalf("certd rotate: %d %q %q", code, out, errOut)
+	}
+	card2, hdr2 := fetchCard(t, d.publicAddr)
+	if hdr2.Get("ETag") == hdr1.Get("ETag") {
+		t.Error("the card's ETag did not change with the rotation")
+	}
+	set2, err := receipt.KeysFromCard(card2)
+	if err != nil || set2.Current() != "k2" || !slices.Equal(set2.Versions(), []string{"k1", "k2"}) {
+		t.Fatalf("card 2: current %q, versions %v, %v", set2.Current(), set2.Versions(), err)
+	}
+	if err := receipt.VerifyReceipt(old, set2, ""); err != nil {
+		t.Fatalf("the k1 receipt no longer verifies after rotation: %v", err)
+	}
+	// The client's cached k1 is stale: it learns k2 and signs with it.
+	_, err = signedResponse(t, c, "k1")
+	var stale *signer.StaleKeyError
+	if !errors.As(err, &stale) || stale.Current != "k2" {
+		t.Fatalf("signing with k1 after rotation: %v, want stale with k2", err)
+	}
+	kv, _ = c.CurrentKey(context.Background())
+	fresh, err := signedResponse(t, c, kv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var freshDoc struct {
+		Attestation receipt.Attestation `json:"attestation"`
+	}
+	json.Unmarshal(fresh, &freshDoc)
+	if freshDoc.Attestation.KeyVersion != "k2" {
+		t.Fatalf("new signature carries %q, want k2", freshDoc.Attestation.KeyVersion)
+	}
+	if err := receipt.VerifyReceipt(fresh, set2, ""); err != nil {
+		t.Fatalf("k2 receipt against card 2: %v", err)
+	}
+	if err := receipt.VerifyReceipt(fresh, set1, ""); err == nil {
+		t.Fatal("a k2 receipt verified against a card that predates k2")
+	}
+
+	// Mark k1 compromised from after the old receipt: the card says so and
+	// the old receipt, signed before, still holds.
+	out, errOut, code = certd(t, "compromise", "-keys", keys, "-version", "k1", "-since", afterOld.Format(time.RFC3339Nano))
+	if code != 0 || !strings.Contains(out, "k1 is marked compromised") {
+		t.Fatalf("certd compromise: %d %q %q", code, out, errOut)
+	}
+	card3, _ := fetchCard(t, d.publicAddr)
+	if !bytes.Contains(card3, []byte(`"keyVersion":"k1","algorithm":"Ed25519"`)) || !bytes.Contains(card3, []byte(`"status":"compromised"`)) {
+		t.Fatal("card 3 does not show k1 as compromised")
+	}
+	set3, err := receipt.KeysFromCard(card3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := receipt.VerifyReceipt(old, set3, ""); err != nil {
+		t.Fatalf("the k1 receipt from before the compromise: %v", err)
+	}
+
+	// keys lists both versions.
+	out, _, code = certd(t, "keys", "-keys", keys, "-json")
+	var rows []keyRow
+	if code != 0 || json.Unmarshal([]byte(out), &rows) != nil || len(rows) != 2 || rows[0].Status != "compromised" || rows[1].Status != "current" {
+		t.Fatalf("certd keys -json: %d %s", code, out)
+	}
+
+	// SIGHUP reloads without stopping; SIGTERM stops cleanly and removes
+	// the socket.
+	if err := d.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !d.sawLog("keys reloaded on SIGHUP") && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !d.sawLog("keys reloaded on SIGHUP") {
+		t.Error("SIGHUP did not reload the keys")
+	}
+	if err := c.Ping(context.Background()); err != nil {
+		t.Fatalf("Ping after SIGHUP: %v", err)
+	}
+	d.stop(t, syscall.SIGTERM)
+	if _, err := os.Stat(sock); !os.IsNotExist(err) {
+		t.Errorf("the socket is still there after shutdown: %v", err)
+	}
+	if !d.sawLog("stopped") {
+		t.Error("no log line for the clean stop")
+	}
+}
+
+func TestEndToEndLoopbackTCPWithSecret(t *testing.T) {
+	dir := shortDir(t)
+	secretFile := filepath.Join(dir, "secret")
+	secret := "e2e-secret-0123456789abcdef"
+	if err := os.WriteFile(secretFile, []byte(secret+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d := startServe(t, "-dev", "-keys", filepath.Join(dir, "keys"), "-sign-listen", "127.0.0.1:0",
+		"-sign-secret-file", secretFile, "-public-listen", "127.0.0.1:0")
+	ok := signer.NewClient(signer.ClientConfig{URL: "http://" + d.signAddr, Secret: secret})
+	resp, err := signedResponse(t, ok, "k1")
+	if err != nil {
+		t.Fatalf("sign over TCP with the secret: %v", err)
+	}
+	card, _ := fetchCard(t, d.publicAddr)
+	set, _ := receipt.KeysFromCard(card)
+	if err := receipt.VerifyReceipt(resp, set, ""); err != nil {
+		t.Fatal(err)
+	}
+	bad := signer.NewClient(signer.ClientConfig{URL: "http://" + d.signAddr, Secret: "wrong-secret-0123456789"})
+	if _, err := signedResponse(t, bad, "k1"); err == nil || !strings.Contains(err.Error(), "401") {
+		t.Fatalf("sign with a wrong secret: %v", err)
+	}
+	d.stop(t, syscall.SIGINT)
+}
+
+func TestServeRefusals(t *testing.T) {
+	dir := shortDir(t)
+	secretFile := filepath.Join(dir, "secret")
+	os.WriteFile(secretFile, []byte("e2e-secret-0123456789abcdef"), 0o600)
+	loose := filepath.Join(dir, "loose")
+	os.WriteFile(loose, []byte("e2e-secret-0123456789abcdef"), 0o644)
+	os.Chmod(loose, 0o644)
+	leaky := filepath.Join(dir, "leaky")
+	if out, errOut, code := certd(t, "rotate", "-keys", leaky); code != 0 {
+		t.Fatalf("rotate: %s %s", out, errOut)
+	}
+	os.Chmod(filepath.Join(leaky, "k1.key"), 0o644)
+	sock := filepath.Join(dir, "s.sock")
+	for _, tc := range []struct {
+		desc     string
+		args     []string
+		wantCode int
+		wantErr  string
+	}{
+		{desc: "an empty key directory without -dev is refused with the way to make a key", args: []string{"serve", "-keys", filepath.Join(dir, "empty"), "-sign-socket", sock, "-public-listen", "127.0.0.1:0"}, wantCode: 1, wantErr: "certd rotate -keys"},
+		{desc: "a private key readable by others is refused with the chmod fix", args: []string{"serve", "-keys", leaky, "-sign-socket", sock, "-public-listen", "127.0.0.1:0"}, wantCode: 1, wantErr: "chmod 600"},
+		{desc: "a signing address on every interface is refused", args: []string{"serve", "-dev", "-keys", filepath.Join(dir, "k2"), "-sign-listen", "0.0.0.0:0", "-sign-secret-file", secretFile, "-public-listen", "127.0.0.1:0"}, wantCode: 1, wantErr: "not a loopback address"},
+		{desc: "a signing address on the network is refused", args: []string{"serve", "-dev", "-keys", filepath.Join(dir, "k2"), "-sign-listen", "192.0.2.1:8091", "-sign-secret-file", secretFile, "-public-listen", "127.0.0.1:0"}, wantCode: 1, wantErr: "not a loopback address"},
+		{desc: "TCP signing without a secret file is a usage error", args: []string{"serve", "-dev", "-keys", filepath.Join(dir, "k2"), "-sign-listen", "127.0.0.1:0"}, wantCode: 2, wantErr: "-sign-secret-file"},
+		{desc: "a secret file readable by others is refused", args: []string{"serve", "-dev", "-keys", filepath.Join(dir, "k2"), "-sign-listen", "127.0.0.1:0", "-sign-secret-file", loose, "-public-listen", "127.0.0.1:0"}, wantCode: 1, wantErr: "chmod 600"},
+		{desc: "compromise without -since is a usage error", args: []string{"compromise", "-keys", leaky, "-version", "k1"}, wantCode: 2, wantErr: "-since"},
+		{desc: "compromise with a bad time is a usage error", args: []string{"compromise", "-keys", leaky, "-version", "k1", "-since", "yesterday"}, wantCode: 2, wantErr: "RFC 3339"},
+		{desc: "an unknown command is a usage error", args: []string{"sign"}, wantCode: 2, wantErr: "unknown command"},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			_, errOut, code := certd(t, tc.args...)
+			if code != tc.wantCode || !strings.Contains(errOut, tc.wantErr) {
+				t.Fatalf("exit %d, stderr %q; want exit %d mentioning %q", code, errOut, tc.wantCode, tc.wantErr)
+			}
+		})
+	}
+}
