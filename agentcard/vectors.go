@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/aovhq/aov/receipt"
+	"github.com/aovhq/aov/verify"
 )
 
 // vectorRequests are the three request_hash test vectors of the contract:
@@ -27,22 +28,29 @@ var vectorCanonical = []string{
 	`{"agent_id":null,"bounds":null,"enforce_rules":false,"expected_schema":{"properties":{"n":{"type":"number"},"name":{"type":"string"}},"type":"object"},"rules":[{"equals":null,"equals_field":null,"field":"n","if_present":true,"in_field":null,"other_field":null,"tolerance":1e-9,"type":"gte","value":0,"values":null}],"strict_content_check":true,"submitted_output":{"n":1,"name":"café ✓","z":[1e+21,0.000001]},"task_id":"tv-3"}`,
 }
 
-// TestVectors returns the request_hash test vectors the card publishes.
+// TestVectors returns the request_hash test vectors the card publishes. The
+// hash is computed from the request by the verifier's own code
+// (verify.ComputeHashes), and must equal the hash of the published canonical
+// form: the card can only publish vectors the service reproduces.
 func TestVectors() ([]TestVector, error) {
 	out := make([]TestVector, len(vectorRequests))
 	for i, req := range vectorRequests {
-		if !json.Valid([]byte(req)) {
-			return nil, fmt.Errorf("request hash test vector %d: request is not JSON", i+1)
+		hashes, err := verify.ComputeHashes([]byte(req))
+		if err != nil {
+			return nil, fmt.Errorf("request hash test vector %d: %w", i+1, err)
 		}
 		canon := []byte(vectorCanonical[i])
 		again, err := receipt.Canonicalize(canon)
 		if err != nil || !bytes.Equal(again, canon) {
 			return nil, fmt.Errorf("request hash test vector %d: the canonical form is not RFC 8785 canonical", i+1)
 		}
+		if got := receipt.Hash(canon); got != hashes.Request {
+			return nil, fmt.Errorf("request hash test vector %d: the verifier hashes the request to %s but the canonical form to %s", i+1, hashes.Request, got)
+		}
 		out[i] = TestVector{
 			Request:     json.RawMessage(req),
 			Canonical:   vectorCanonical[i],
-			RequestHash: receipt.Hash(canon),
+			RequestHash: hashes.Request,
 		}
 	}
 	return out, nil
