@@ -1,0 +1,244 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/aovhq/aov/receipt"
+	"github.com/aovhq/aov/verify"
+)
+
+const receiptVerifyHelp = `aov receipt verify: check that a receipt was signed by the service and not changed since.
+
+Usage:
+  aov receipt verify (--card FILE_OR_URL | --public-key BASE64) [--request FILE] [--context verify|score] RECEIPT_FILE|-
+
+RECEIPT_FILE is the whole JSON response as you received it, "attestation"
+included; "-" reads it from standard input.
+
+Where the public key comes from (one is required):
+  --card FILE_OR_URL   the service's agent card, a saved file or an http(s)
+                       URL (fetched with a 10 s timeout). Every key version
+                       the service ever used is listed there, so old receipts
+                       keep verifying after a key rotation. The receipt names
+                       its card in verify.public_key_url; fetch it from an
+                       address you trust, not just the one the receipt names.
+  --public-key BASE64  a bare Ed25519 public key (base64 of its 32 bytes),
+                       tried for whatever key_version the receipt names.
+
+Optional:
+  --request FILE       the request body you sent (or received with the
+                       output). Its output_hash, schema_hash, rules_hash and
+                       request_hash are recomputed and must equal the
+                       receipt's: this proves the receipt is about your data.
+  --context verify|score
+                       what kind of response this is. Default: inferred, a
+                       response with an output_hash is a verification
+                       (/verify/*), anything else a trust score (/score/*).
+
+What is checked: the Ed25519 signature over the RFC 8785 form of
+{context, algorithm, key_version, attested_at, response without
+attestation}; that attestation.key_version equals verify.key_version and
+attestation.timestamp equals verified_at; that the card does not mark the
+key compromised at the receipt's time; with --request, every hash.
+
+Output and exit status:
+  valid              (exit 0) everything checked holds
+  invalid: REASON    (exit 1) the receipt does not hold, and why
+  error: REASON      (exit 2) could not check: bad flags, unreadable file,
+                     card not reachable
+
+Examples:
+  aov receipt verify --card https://verifier.example/.well-known/agent-card.json receipt.json
+  aov receipt verify --card agent-card.json --request request.json receipt.json
+  aov receipt verify --public-key "$(cat k1.pub)" - < receipt.json
+`
+
+// Size limits on what the command reads: receipts and cards are small;
+// anything larger is a mistake or hostile.
+const (
+	maxReceiptBytes = 8 << 20
+	maxCardBytes    = 1 << 20
+	maxRequestBytes = 64 << 20
+	cardTimeout     = 10 * time.Second
+)
+
+// httpClient fetches cards; tests may replace it.
+var httpClient = &http.Client{Timeout: cardTimeout}
+
+func receiptVerify(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	fs := newFlagSet("aov receipt verify", stderr)
+	cardArg := fs.String("card", "", "agent card file or http(s) URL")
+	keyArg := fs.String("public-key", "", "bare Ed25519 public key, base64")
+	requestArg := fs.String("request", "", "request body file to recompute the hashes from")
+	contextArg := fs.String("context", "", "verify or score (default: inferred)")
+	pos, err := parseInterspersed(fs, args)
+	if err != nil {
+		return flagError(err, receiptVerifyHelp, stdout, stderr)
+	}
+	if len(pos) != 1 {
+		return usageError(stderr, receiptVerifyHelp, "aov receipt verify: want exactly one RECEIPT_FILE (or - for standard input), got %d", len(pos))
+	}
+	if pos[0] == "-" && *requestArg == "-" {
+		return usageError(stderr, receiptVerifyHelp, "aov receipt verify: the receipt and --request cannot both come from standard input")
+	}
+	signCtx, ok := contextFlag(*contextArg)
+	if !ok {
+		return usageError(stderr, receiptVerifyHelp, "aov receipt verify: --context must be verify or score")
+	}
+
+	resp, err := readInput(pos[0], stdin, maxReceiptBytes)
+	if err != nil {
+		return trouble(stderr, "reading the receipt: %v", err)
+	}
+
+	var keys receipt.KeySet
+	switch {
+	case *cardArg != "" && *keyArg != "":
+		return usageError(stderr, receiptVerifyHelp, "aov receipt verify: give --card or --public-key, not both")
+	case *keyArg != "":
+		pub, err := receipt.ParsePublicKey(*keyArg)
+		if err != nil {
+			return usageError(stderr, receiptVerifyHelp, "aov receipt verify: --public-key: %v", err)
+		}
+		keys = receipt.SingleKey("", pub)
+	case *cardArg != "":
+		card, err := loadCard(*cardArg)
+		if err != nil {
+			return trouble(stderr, "loading the agent card: %v", err)
+		}
+		if keys, err = receipt.KeysFromCard(card); err != nil {
+			return trouble(stderr, "%v", err)
+		}
+	default:
+		hint := ""
+		if u := cardURLOf(resp); u != "" {
+			hint = fmt.Sprintf(" (this receipt says its card is at %q)", u)
+		}
+		return usageError(stderr, receiptVerifyHelp, "aov receipt verify: need a public key: --card FILE_OR_URL%s or --public-key BASE64", hint)
+	}
+
+	var want receipt.Hashes
+	if *requestArg != "" {
+		body, err := readInput(*requestArg, stdin, maxRequestBytes)
+		if err != nil {
+			return trouble(stderr, "reading the request: %v", err)
+		}
+		if want, err = verify.ComputeHashes(body); err != nil {
+			return trouble(stderr, "recomputing hashes from the request: %v", err)
+		}
+	}
+
+	if err := receipt.VerifyReceipt(resp, keys, signCtx); err != nil {
+		fmt.Fprintf(stdout, "invalid: %s\n", oneLine(err.Error()))
+		return exitInvalid
+	}
+	if *requestArg != "" {
+		if err := receipt.CheckHashes(resp, want); err != nil {
+			fmt.Fprintf(stdout, "invalid: %s\n", oneLine(err.Error()))
+			return exitInvalid
+		}
+	}
+	fmt.Fprintln(stdout, "valid")
+	return exitValid
+}
+
+// contextFlag maps --context to a signing context; the full context strings
+// are accepted too.
+func contextFlag(v string) (string, bool) {
+	switch v {
+	case "":
+		return "", true
+	case "verify", receipt.ContextVerify:
+		return receipt.ContextVerify, true
+	case "score", receipt.ContextScore:
+		return receipt.ContextScore, true
+	}
+	return "", false
+}
+
+func trouble(stderr io.Writer, format string, args ...any) int {
+	fmt.Fprintf(stderr, "error: "+format+"\n", args...)
+	return exitTrouble
+}
+
+// oneLine keeps a reason on the single line scripts read.
+func oneLine(s string) string { return strings.ReplaceAll(s, "\n", "; ") }
+
+// readInput reads a file, or standard input for "-", refusing more than
+// limit bytes.
+func readInput(name string, stdin io.Reader, limit int64) ([]byte, error) {
+	var r io.Reader
+	if name == "-" {
+		r = stdin
+	} else {
+		f, err := os.Open(name)
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		r = f
+	}
+	b, err := io.ReadAll(io.LimitReader(r, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("larger than %d bytes", limit)
+	}
+	return b, nil
+}
+
+// loadCard reads an agent card from a file or an http(s) URL.
+func loadCard(src string) ([]byte, error) {
+	if !strings.HasPrefix(src, "http://") && !strings.HasPrefix(src, "https://") {
+		return readInput(src, nil, maxCardBytes)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cardTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, src, nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Accept", "application/json")
+	res, err := httpClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s answered %s", src, res.Status)
+	}
+	b, err := io.ReadAll(io.LimitReader(res.Body, maxCardBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", src, err)
+	}
+	if len(b) > maxCardBytes {
+		return nil, fmt.Errorf("%s sent more than %d bytes", src, maxCardBytes)
+	}
+	return b, nil
+}
+
+// cardURLOf reports the receipt's verify.public_key_url, for the hint when
+// no key was given; "" when the receipt does not say.
+func cardURLOf(resp []byte) string {
+	var r struct {
+		Verify struct {
+			PublicKeyURL string `json:"public_key_url"`
+		} `json:"verify"`
+	}
+	if err := json.Unmarshal(resp, &r); err != nil {
+		return ""
+	}
+	u := r.Verify.PublicKeyURL
+	if len(u) > 200 || !(strings.HasPrefix(u, "https://") || strings.HasPrefix(u, "http://")) {
+		return ""
+	}
+	return u
+}
