@@ -8,7 +8,8 @@ import (
 	"unicode/utf8"
 )
 
-// MaxPathBytes bounds the length of one path in a bound or a rule.
+// MaxPathBytes bounds the length of one path in a bound or a rule, not
+// counting a "$." prefix.
 const MaxPathBytes = 512
 
 // maxPathSteps bounds the steps of one path; it can never need more than the
@@ -49,8 +50,9 @@ func ParsePath(s string) (Path, *pathError) {
 	if s == "" {
 		return Path{}, &pathError{"is empty", pathFix}
 	}
-	if len(s) > MaxPathBytes {
-		return Path{}, &pathError{"is longer than " + strconv.Itoa(MaxPathBytes) + " bytes", "Shorten the path to at most " + strconv.Itoa(MaxPathBytes) + " bytes."}
+	tooLong := &pathError{"is longer than " + strconv.Itoa(MaxPathBytes) + " bytes", "Shorten the path to at most " + strconv.Itoa(MaxPathBytes) + " bytes, not counting a '$.' prefix."}
+	if len(s) > MaxPathBytes+2 {
+		return Path{}, tooLong
 	}
 	if !utf8.ValidString(s) {
 		return Path{}, &pathError{"is not valid UTF-8", pathFix}
@@ -66,6 +68,12 @@ func ParsePath(s string) (Path, *pathError) {
 	}
 	if rest == "" {
 		return Path{}, &pathError{"has nothing after '$.'", pathFix}
+	}
+	if len(rest) > MaxPathBytes {
+		return Path{}, tooLong
+	}
+	if rest == "$" || strings.HasPrefix(rest, "$.") || strings.HasPrefix(rest, "$[") {
+		return Path{}, &pathError{"starts with '$' twice", "Write the '$.' prefix at most once, at the start."}
 	}
 	steps := make([]step, 0, 4)
 	i := 0
