@@ -274,6 +274,7 @@ func (s *Server) sign(w http.ResponseWriter, r *http.Request) {
 			Fix: "Send the response as a JSON object without duplicate keys, with numbers a double can hold, and without an attestation member."}))
 		return
 	}
+	s.log.Debug("signed", "context", req.Context, "key_version", k.Version, "attested_at", req.AttestedAt)
 	writeJSON(w, http.StatusOK, att)
 }
 
