@@ -84,3 +84,29 @@ func TestCounting(t *testing.T) {
 		})
 	}
 }
+
+func TestNumberComparisonsAreExact(t *testing.T) {
+	cases := []struct {
+		desc, schema, instance string
+		valid                  bool
+	}{
+		{"a value equal to minimum passes", `{"minimum": 1}`, `1`, true},
+		{"a value equal to minimum written differently passes", `{"minimum": 1}`, `1.000e0`, true},
+		{"a value equal to exclusiveMinimum fails", `{"exclusiveMinimum": 0.5}`, `0.5`, false},
+		{"a value a hair above a limit with the same float64 fails maximum", `{"maximum": 0.5}`, `0.50000000000000000001`, false},
+		{"a limit written as the exact value of float64(0.1) is not 0.1", `{"maximum": 0.1000000000000000055511151231257827021181583404541015625}`, `0.1`, true},
+		{"0.1 is below that limit, as exclusiveMaximum", `{"exclusiveMaximum": 0.1000000000000000055511151231257827021181583404541015625}`, `0.1`, true},
+		{"a long integer just above a limit fails", `{"maximum": 9007199254740992}`, `9007199254740993`, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.desc, func(t *testing.T) {
+			s := mustCompile(t, tc.schema)
+			inst := decode(t, tc.instance)
+			rep := s.Evaluate(inst, Options{})
+			walked, _ := s.count(inst, false)
+			if (len(rep.Failures) == 0) != tc.valid || (walked.failed == 0) != tc.valid {
+				t.Errorf("validator valid = %v, walk failed %d; want valid = %v", len(rep.Failures) == 0, walked.failed, tc.valid)
+			}
+		})
+	}
+}

@@ -598,7 +598,8 @@ type numBounds struct {
 
 type bound struct {
 	f     float64
-	exact bool
+	exact bool // f == the limit
+	short bool // and the limit has at most 15 significant decimal digits
 }
 
 func makeBound(r *big.Rat) bound {
@@ -606,7 +607,35 @@ func makeBound(r *big.Rat) bound {
 		return bound{}
 	}
 	f, exact := r.Float64()
-	return bound{f, exact}
+	b := bound{f: f, exact: exact}
+	if exact {
+		s := strconv.FormatFloat(f, 'g', -1, 64)
+		if d, ok := new(big.Rat).SetString(s); ok && d.Cmp(r) == 0 && sigDigits(s) <= 15 {
+			b.short = true
+		}
+	}
+	return b
+}
+
+// sigDigits counts the significant digits of a decimal number literal
+// (trailing zeros included, which only makes the count conservative).
+func sigDigits(s string) int {
+	n, leading := 0, true
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c == 'e' || c == 'E' {
+			break
+		}
+		if c < '0' || c > '9' {
+			continue
+		}
+		if leading && c == '0' {
+			continue
+		}
+		leading = false
+		n++
+	}
+	return n
 }
 
 func (w *walker) number(s *jsonschema.Schema, v any, c *counts) {
@@ -650,8 +679,10 @@ func (w *walker) number(s *jsonschema.Schema, v any, c *counts) {
 }
 
 // cmpNum compares v with r. When r is exactly a float64 and v's float64
-// differs from it, the float comparison is exact (rounding is monotonic);
-// otherwise it falls back to big.Rat.
+// differs from it, the float comparison is exact (rounding is monotonic).
+// Equal float64 forms mean equal values when both numbers have at most 15
+// significant digits (distinct such decimals have distinct float64 forms).
+// Otherwise it falls back to big.Rat.
 func cmpNum(v any, r *big.Rat, b bound) int {
 	if b.exact {
 		if f, ok := toFloat(v); ok {
@@ -660,6 +691,14 @@ func cmpNum(v any, r *big.Rat, b bound) int {
 				return -1
 			case f > b.f:
 				return 1
+			}
+			switch n := v.(type) {
+			case float64:
+				return 0
+			case json.Number:
+				if b.short && sigDigits(string(n)) <= 15 {
+					return 0
+				}
 			}
 		}
 	}
