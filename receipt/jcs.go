@@ -193,6 +193,9 @@ var errTooDeep = fmt.Errorf("canonicalizing JSON: nesting deeper than %d", maxAp
 // request allocates little beyond its output.
 var keyPool = sync.Pool{New: func() any { s := make([]string, 0, 16); return &s }}
 
+// maxPooledKeys keeps one huge object from pinning a huge slice in the pool.
+const maxPooledKeys = 1024
+
 func appendObject(dst []byte, m map[string]any, depth int) ([]byte, error) {
 	kp := keyPool.Get().(*[]string)
 	keys := (*kp)[:0]
@@ -215,8 +218,10 @@ func appendObject(dst []byte, m map[string]any, depth int) ([]byte, error) {
 		}
 	}
 	clear(keys)
-	*kp = keys[:0]
-	keyPool.Put(kp)
+	if cap(keys) <= maxPooledKeys {
+		*kp = keys[:0]
+		keyPool.Put(kp)
+	}
 	if err != nil {
 		return dst, err
 	}

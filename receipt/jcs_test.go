@@ -134,6 +134,13 @@ func TestNumbersPrintAsECMAScriptPrintsDoubles(t *testing.T) {
 		if err != nil || string(got) != want {
 			t.Errorf("line %d: json.Number %q: got %q (%v)", lines, want, got, err)
 		}
+		// And from another spelling of the same double (Go's shortest 'e'
+		// form, e.g. "1.2345e+21"), so the parse is exercised too.
+		alt := strconv.FormatFloat(d, 'e', -1, 64)
+		got, err = AppendCanonical(nil, json.Number(alt))
+		if err != nil || string(got) != want {
+			t.Errorf("line %d: json.Number %q: got %q (%v), want %q", lines, alt, got, err, want)
+		}
 		got, err = Canonicalize([]byte(want))
 		if err != nil || string(got) != want {
 			t.Errorf("line %d: Canonicalize %q: got %q (%v)", lines, want, got, err)
