@@ -57,7 +57,10 @@ type config struct {
 }
 
 func main() {
-	if err := run(os.Args[1:], os.Stderr); err != nil {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stderr, nil)
+	stop()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "verifierd:", err)
 		os.Exit(1)
 	}
@@ -109,7 +112,11 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	return c, envErr
 }
 
-func run(args []string, stderr io.Writer) error {
+// run serves until ctx is cancelled (SIGINT or SIGTERM in main), then stops
+// accepting connections and lets in-flight requests finish for up to
+// -shutdown-timeout before closing the store. ready, if set, is told the
+// bound addresses once both listeners accept (admin is "" when disabled).
+func run(ctx context.Context, args []string, stderr io.Writer, ready func(api, admin string)) error {
 	c, err := parseFlags(args, stderr)
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -121,7 +128,7 @@ func run(args []string, stderr io.Writer) error {
 	if err := level.UnmarshalText([]byte(c.logLevel)); err != nil {
 		return fmt.Errorf("log level: %w", err)
 	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
 
 	gwToken, err := gatewayToken(c.gatewayTokenFile)
 	if err != nil {
@@ -178,9 +185,6 @@ func run(args []string, stderr io.Writer) error {
 		return err
 	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-
 	api := &http.Server{
 		Handler:           h,
 		ReadHeaderTimeout: c.readHeaderTimeout,
@@ -199,6 +203,7 @@ func run(args []string, stderr io.Writer) error {
 	log.Info("verifierd listening", "addr", ln.Addr().String(), "version", version, "data", c.dataDir,
 		"public_base_url", c.publicBaseURL, "signer", signerTarget(sc))
 
+	adminAddr := ""
 	if c.adminListen != "" {
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
@@ -211,6 +216,10 @@ func run(args []string, stderr io.Writer) error {
 		servers = append(servers, admin)
 		go func() { errc <- admin.Serve(aln) }()
 		log.Info("admin listener (metrics)", "addr", aln.Addr().String())
+		adminAddr = aln.Addr().String()
+	}
+	if ready != nil {
+		ready(ln.Addr().String(), adminAddr)
 	}
 
 	select {

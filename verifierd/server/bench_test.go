@@ -1,0 +1,74 @@
+package server_test
+
+import (
+	"bytes"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+)
+
+// BenchmarkVerifyInvoice is one verification of the SPEC §10 invoice end to
+// end in process: parse, check, sign by a real certd over its unix socket,
+// record in Badger, answer.
+func BenchmarkVerifyInvoice(b *testing.B) {
+	for _, c := range []struct {
+		name   string
+		noSync bool
+	}{
+		{"fsync", false},
+		{"nosync", true},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			f := newFixture(b, fixtureOpts{noSync: c.noSync})
+			body := invoice("135.0", "")
+			b.ReportAllocs()
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				r := httptest.NewRequest(http.MethodPost, "/verify/schema", bytes.NewReader(body))
+				r.Header.Set("Content-Type", "application/json")
+				w := httptest.NewRecorder()
+				f.h.ServeHTTP(w, r)
+				if w.Code != http.StatusOK {
+					b.Fatalf("status %d: %s", w.Code, w.Body)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkVerifyInvoiceParallel is the same under concurrent callers, where
+// Badger batches the commits of concurrent transactions into one fsync.
+func BenchmarkVerifyInvoiceParallel(b *testing.B) {
+	f := newFixture(b, fixtureOpts{})
+	body := invoice("135.0", "")
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			r := httptest.NewRequest(http.MethodPost, "/verify/schema", bytes.NewReader(body))
+			r.Header.Set("Content-Type", "application/json")
+			w := httptest.NewRecorder()
+			f.h.ServeHTTP(w, r)
+			if w.Code != http.StatusOK {
+				b.Errorf("status %d", w.Code)
+				return
+			}
+		}
+	})
+}
+
+// BenchmarkRefusal is the cost of a malformed request: nothing is signed
+// or recorded.
+func BenchmarkRefusal(b *testing.B) {
+	f := newFixture(b, fixtureOpts{})
+	body := []byte(`{"task_id":"x","expected_schema":{},"submitted_output":1,"rules":[{"type":"nope"}]}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		r := httptest.NewRequest(http.MethodPost, "/verify/schema", bytes.NewReader(body))
+		r.Header.Set("Content-Type", "application/json")
+		w := httptest.NewRecorder()
+		f.h.ServeHTTP(w, r)
+		if w.Code != http.StatusUnprocessableEntity {
+			b.Fatalf("status %d", w.Code)
+		}
+	}
+}
