@@ -51,7 +51,7 @@ mkdir -p "$data/keys" "$data/certd" "$data/verifierd" "$data/caddy/data" "$data/
 socket="$data/certd/sign.sock"
 
 # 3. A development signing key, made once. Production keys are generated
-#    and rotated by the operator (bin/certd keygen / rotate); -dev makes
+#    and rotated by the operator (bin/certd rotate, bin/certd keys); -dev makes
 #    certd create the first key when the directory has none.
 certd_dev=()
 if [ ! -s "$data/keys/index.json" ]; then
@@ -108,9 +108,9 @@ trap 'stop_all' EXIT
 say "starting certd (agent card on $AOV_CERTD_PUBLIC_ADDR, signing socket $socket)"
 start certd bin/certd serve "${certd_dev[@]}" \
 	-keys "$data/keys" \
-	-socket "$socket" \
-	-public "$AOV_CERTD_PUBLIC_ADDR" \
-	-base-url "$base"
+	-sign-socket "$socket" \
+	-public-listen "$AOV_CERTD_PUBLIC_ADDR" \
+	-public-base-url "$base"
 
 say "starting verifierd on $AOV_VERIFIERD_ADDR"
 start verifierd bin/verifierd \
@@ -131,7 +131,7 @@ for _ in $(seq 1 150); do
 	for i in "${!pids[@]}"; do
 		kill -0 "${pids[$i]}" 2>/dev/null || die "${names[$i]} exited during start-up; see its output above"
 	done
-	if curl -fsS -o /dev/null "$base/health" && curl -fsS -o /dev/null "$base/.well-known/agent-card.json"; then
+	if curl -fs -o /dev/null "$base/health" && curl -fs -o /dev/null "$base/.well-known/agent-card.json"; then
 		ok=1
 		break
 	fi
