@@ -163,9 +163,9 @@ func describe(e *jsonschema.ValidationError, path, noun string, val any, hasVal 
 	case *kind.Pattern:
 		add("pattern", path, "a string matching "+clip(k.Want, 120), "a string that does not match")
 	case *kind.MinLength:
-		add("minLength", path, fmt.Sprintf("a string of at least %d characters", k.Want), fmt.Sprintf("%d characters", k.Got))
+		add("minLength", path, "a string of at least "+plural(k.Want, "character"), plural(k.Got, "character"))
 	case *kind.MaxLength:
-		add("maxLength", path, fmt.Sprintf("a string of at most %d characters", k.Want), fmt.Sprintf("%d characters", k.Got))
+		add("maxLength", path, "a string of at most "+plural(k.Want, "character"), plural(k.Got, "character"))
 	case *kind.Minimum:
 		add("minimum", path, noun+" >= "+formatRat(k.Want), found(k.Got))
 	case *kind.Maximum:
@@ -177,13 +177,13 @@ func describe(e *jsonschema.ValidationError, path, noun string, val any, hasVal 
 	case *kind.MultipleOf:
 		add("multipleOf", path, "a multiple of "+formatRat(k.Want), found(k.Got))
 	case *kind.MinItems:
-		add("minItems", path, fmt.Sprintf("an array of at least %d items", k.Want), fmt.Sprintf("%d items", k.Got))
+		add("minItems", path, "an array of at least "+plural(k.Want, "item"), plural(k.Got, "item"))
 	case *kind.MaxItems:
-		add("maxItems", path, fmt.Sprintf("an array of at most %d items", k.Want), fmt.Sprintf("%d items", k.Got))
+		add("maxItems", path, "an array of at most "+plural(k.Want, "item"), plural(k.Got, "item"))
 	case *kind.MinProperties:
-		add("minProperties", path, fmt.Sprintf("an object with at least %d properties", k.Want), fmt.Sprintf("%d properties", k.Got))
+		add("minProperties", path, "an object with at least "+plural(k.Want, "property"), plural(k.Got, "property"))
 	case *kind.MaxProperties:
-		add("maxProperties", path, fmt.Sprintf("an object with at most %d properties", k.Want), fmt.Sprintf("%d properties", k.Got))
+		add("maxProperties", path, "an object with at most "+plural(k.Want, "property"), plural(k.Got, "property"))
 	case *kind.Required:
 		for _, m := range k.Missing {
 			add("required", path, "property "+clip(m, 80), "missing")
@@ -201,15 +201,15 @@ func describe(e *jsonschema.ValidationError, path, noun string, val any, hasVal 
 			add("additionalProperties", path+renderKey(p), "no property here (the schema allows only the properties it declares)", "an undeclared property")
 		}
 	case *kind.AdditionalItems:
-		add("additionalItems", path, "no items beyond those the schema lists", fmt.Sprintf("%d extra items", k.Count))
+		add("additionalItems", path, "no items beyond those the schema lists", plural(k.Count, "extra item"))
 	case *kind.UniqueItems:
 		add("uniqueItems", path, "unique items", fmt.Sprintf("items %d and %d are equal", k.Duplicates[0], k.Duplicates[1]))
 	case *kind.Contains:
 		add("contains", path, "an array with an item matching the contains schema", "no matching item")
 	case *kind.MinContains:
-		add("minContains", path, fmt.Sprintf("at least %d items matching the contains schema", k.Want), fmt.Sprintf("%d matching items", len(k.Got)))
+		add("minContains", path, "at least "+plural(k.Want, "item")+" matching the contains schema", plural(len(k.Got), "matching item"))
 	case *kind.MaxContains:
-		add("maxContains", path, fmt.Sprintf("at most %d items matching the contains schema", k.Want), fmt.Sprintf("%d matching items", len(k.Got)))
+		add("maxContains", path, "at most "+plural(k.Want, "item")+" matching the contains schema", plural(len(k.Got), "matching item"))
 	case *kind.PropertyNames:
 		add("propertyNames", path, "property names valid against propertyNames", "a property name that is not")
 	case *kind.Not:
@@ -230,6 +230,17 @@ func describe(e *jsonschema.ValidationError, path, noun string, val any, hasVal 
 		out = append(out, describeOther(kw, path))
 	}
 	return out
+}
+
+// plural writes a count with its noun: "1 item", "2 items", "0 properties".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	if strings.HasSuffix(noun, "y") {
+		return strconv.Itoa(n) + " " + noun[:len(noun)-1] + "ies"
+	}
+	return strconv.Itoa(n) + " " + noun + "s"
 }
 
 func describeOther(keyword, path string) Failure {
