@@ -310,3 +310,15 @@ func TestErrorsDoNotCarryControlCharactersFromTheReceipt(t *testing.T) {
 		t.Fatalf("error of %d bytes", len(err.Error()))
 	}
 }
+
+func TestOversizedReceiptsAreRefusedBeforeParsing(t *testing.T) {
+	big := make([]byte, maxReceiptBytes+1)
+	for _, f := range []func() error{
+		func() error { return VerifyReceipt(big, KeySet{}, "") },
+		func() error { return CheckHashes(big, Hashes{}) },
+	} {
+		if err := f(); err == nil || !strings.Contains(err.Error(), "larger than") {
+			t.Errorf("got %v", err)
+		}
+	}
+}

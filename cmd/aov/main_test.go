@@ -410,3 +410,31 @@ func TestBuiltBinary(t *testing.T) {
 		})
 	}
 }
+
+func TestOversizedInputsCannotBeChecked(t *testing.T) {
+	pub, _ := key(5)
+	dir := t.TempDir()
+	big := writeFile(t, dir, "big.json", bytes.Repeat([]byte(" "), maxReceiptBytes+1))
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Write(bytes.Repeat([]byte(" "), maxCardBytes+1))
+	}))
+	defer srv.Close()
+	small := writeFile(t, dir, "r.json", []byte(`{}`))
+	tests := []struct {
+		desc string
+		args []string
+		want string
+	}{
+		{desc: "a receipt over 8 MiB", args: []string{"--public-key", b64(pub), big}, want: "reading the receipt: larger than"},
+		{desc: "a card over 1 MiB from a server", args: []string{"--card", srv.URL, small}, want: "sent more than"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.desc, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			code := run(append([]string{"receipt", "verify"}, tc.args...), nil, &stdout, &stderr)
+			if code != 2 || !strings.Contains(stderr.String(), tc.want) {
+				t.Fatalf("exit %d stderr %q", code, stderr.String())
+			}
+		})
+	}
+}
