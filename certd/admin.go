@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"text/tabwriter"
 	"time"
 
@@ -19,7 +20,7 @@ func rotate(args []string, stdout, stderr io.Writer) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	ks, err := keystore.Open(*dir, keystore.Options{})
+	ks, err := keystore.Open(*dir, keystore.Options{PublicOnly: true})
 	if err != nil {
 		return err
 	}
@@ -53,7 +54,7 @@ func compromise(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return usagef("-since %q is not an RFC 3339 time such as 2026-11-29T10:00:00Z", *since)
 	}
-	ks, err := keystore.Open(*dir, keystore.Options{})
+	ks, err := openExisting(*dir)
 	if err != nil {
 		return err
 	}
@@ -66,6 +67,17 @@ func compromise(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "%s was the current key, so %s is now the current signing key.\n", before.Version, after.Version)
 	}
 	return nil
+}
+
+// openExisting opens a key directory that must already exist, so a typo
+// in -keys is reported instead of creating an empty directory. Operator
+// commands never read private keys (PublicOnly): marking a key compromised
+// must work precisely when its file's mode is wrong.
+func openExisting(dir string) (*keystore.Store, error) {
+	if _, err := os.Stat(dir); err != nil {
+		return nil, fmt.Errorf("key directory: %w", err)
+	}
+	return keystore.Open(dir, keystore.Options{PublicOnly: true})
 }
 
 // keyRow is one key in `certd keys -json`.
@@ -86,7 +98,7 @@ func listKeys(args []string, stdout, stderr io.Writer) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	ks, err := keystore.Open(*dir, keystore.Options{})
+	ks, err := openExisting(*dir)
 	if err != nil {
 		return err
 	}

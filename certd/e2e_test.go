@@ -406,11 +406,14 @@ func TestServeRefusals(t *testing.T) {
 		{desc: "a secret file readable by others is refused", args: []string{"serve", "-dev", "-keys", filepath.Join(dir, "k2"), "-sign-listen", "127.0.0.1:0", "-sign-secret-file", loose, "-public-listen", "127.0.0.1:0"}, wantCode: 1, wantErr: "chmod 600"},
 		{desc: "compromise without -since is a usage error", args: []string{"compromise", "-keys", leaky, "-version", "k1"}, wantCode: 2, wantErr: "-since"},
 		{desc: "compromise with a bad time is a usage error", args: []string{"compromise", "-keys", leaky, "-version", "k1", "-since", "yesterday"}, wantCode: 2, wantErr: "RFC 3339"},
+		{desc: "listing a key directory that does not exist is refused, not created", args: []string{"keys", "-keys", filepath.Join(dir, "typo")}, wantCode: 1, wantErr: "no such file"},
+		{desc: "compromise of an unknown version is refused", args: []string{"compromise", "-keys", leaky, "-version", "k7", "-since", "2026-01-01T00:00:00Z"}, wantCode: 1, wantErr: "no key version"},
+		{desc: "a key whose file mode certd refuses can still be marked compromised", args: []string{"compromise", "-keys", leaky, "-version", "k1", "-since", "2026-01-01T00:00:00Z"}, wantCode: 0},
 		{desc: "an unknown command is a usage error", args: []string{"sign"}, wantCode: 2, wantErr: "unknown command"},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			_, errOut, code := certd(t, tc.args...)
-			if code != tc.wantCode || !strings.Contains(errOut, tc.wantErr) {
+			if code != tc.wantCode || (tc.wantErr != "" && !strings.Contains(errOut, tc.wantErr)) || (tc.wantErr == "" && errOut != "") {
 				t.Fatalf("exit %d, stderr %q; want exit %d mentioning %q", code, errOut, tc.wantCode, tc.wantErr)
 			}
 		})

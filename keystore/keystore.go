@@ -62,8 +62,9 @@ var ErrNoKey = errors.New("the key directory holds no signing key")
 // a new key next to existing ones is a rotation.
 var ErrKeysExist = errors.New("the key directory already holds keys; use rotate to add a new one")
 
-// Key is one key version. Private is nil only for a key whose file could not
-// be read, which Open refuses, so a Key from a Store always has both halves.
+// Key is one key version. Private is nil only in a Store opened PublicOnly;
+// otherwise a key whose file cannot be read makes Open fail, so every Key
+// has both halves.
 type Key struct {
 	Version          string
 	Private          ed25519.PrivateKey
@@ -90,14 +91,21 @@ func (k Key) Status() string {
 type Options struct {
 	// Now is the clock for created_at and retired_at; tests move it.
 	Now func() time.Time
+	// PublicOnly opens the directory without reading any private key file:
+	// for operator commands that never sign (list, rotate, mark
+	// compromised), so they work even on a key file whose mode certd
+	// refuses, which is exactly when an operator needs them. Keys then have
+	// a nil Private.
+	PublicOnly bool
 }
 
 // Store is an open key directory. It is safe for concurrent use; writers
 // are also serialised across processes by an advisory lock, so `certd
 // rotate` can run while `certd serve` reads the same directory.
 type Store struct {
-	dir string
-	now func() time.Time
+	dir        string
+	now        func() time.Time
+	publicOnly bool
 
 	mu   sync.RWMutex
 	keys []Key       // creation order
@@ -137,7 +145,7 @@ func Open(dir string, opts Options) (*Store, error) {
 	}
 	// Microseconds, like every timestamp of a receipt: enough to order a
 	// compromise against receipts, and readable.
-	s := &Store{dir: dir, now: func() time.Time { return now().UTC().Truncate(time.Microsecond) }}
+	s := &Store{dir: dir, publicOnly: opts.PublicOnly, now: func() time.Time { return now().UTC().Truncate(time.Microsecond) }}
 	if err := s.Reload(); err != nil {
 		return nil, err
 	}
@@ -298,11 +306,20 @@ func (s *Store) reloadLocked() error {
 	if err != nil {
 		return err
 	}
+	if fi == nil && len(s.keys) > 0 {
+		// Never forget keys because a file vanished: the history is what
+		// keeps old receipts verifiable.
+		return fmt.Errorf("the key index %s disappeared; keeping the %d keys loaded before (restore it from a backup)", filepath.Join(s.dir, IndexFile), len(s.keys))
+	}
 	keys := make([]Key, 0, len(idx.Keys))
 	for _, e := range idx.Keys {
 		var k Key
 		if old, ok := findKey(s.keys, e.Version); ok && old.Public.Equal(mustPublic(e.PublicKey)) {
 			k.Private, k.Public = old.Private, old.Public
+		} else if s.publicOnly {
+			if k.Public = mustPublic(e.PublicKey); k.Public == nil {
+				return fmt.Errorf("reading key index: key %s has a bad public_key", e.Version)
+			}
 		} else if k, err = s.loadKeyFile(e); err != nil {
 			return err
 		}

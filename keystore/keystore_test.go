@@ -452,3 +452,53 @@ func TestConcurrentReadersDuringRotation(t *testing.T) {
 		t.Fatalf("after %d rotations List has %d keys, want %d", rotations, n, rotations+1)
 	}
 }
+
+func TestAVanishedIndexNeverDropsLoadedKeys(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir, newClock())
+	if _, err := s.Generate(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(dir, IndexFile)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Refresh(); err == nil || !strings.Contains(err.Error(), "disappeared") {
+		t.Fatalf("Refresh after the index vanished: err = %v", err)
+	}
+	if cur, err := s.Current(); err != nil || cur.Version != "k1" {
+		t.Fatalf("Current after the index vanished = %s, %v; want k1 still", cur.Version, err)
+	}
+}
+
+func TestPublicOnlyOpensWithoutReadingPrivateKeys(t *testing.T) {
+	dir := t.TempDir()
+	c := newClock()
+	s := open(t, dir, c)
+	k1, err := s.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The key file's mode is wrong: signing refuses it, operator commands
+	// must still work so the key can be marked and replaced.
+	if err := os.Chmod(filepath.Join(dir, "k1.key"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(dir, Options{}); err == nil {
+		t.Fatal("setup: a signing Open accepted the 0644 key")
+	}
+	op, err := Open(dir, Options{Now: c.Now, PublicOnly: true})
+	if err != nil {
+		t.Fatalf("PublicOnly Open: %v", err)
+	}
+	k, _ := op.Lookup("k1")
+	if k.Private != nil || !k.Public.Equal(k1.Public) {
+		t.Fatalf("PublicOnly key: private %v, public matches %v", k.Private != nil, k.Public.Equal(k1.Public))
+	}
+	c.Add(time.Minute)
+	if err := op.MarkCompromised("k1", c.Now().Add(-time.Hour)); err != nil {
+		t.Fatalf("MarkCompromised: %v", err)
+	}
+	if got := versions(op.List()); got != "k1:compromised,k2:current" {
+		t.Fatalf("List = %s", got)
+	}
+}
