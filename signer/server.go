@@ -231,8 +231,9 @@ func (s *Server) sign(w http.ResponseWriter, r *http.Request) {
 			apierr.Write(w, apierr.TooLarge(s.maxBody))
 			return
 		}
-		apierr.Write(w, &apierr.Error{Code: apierr.CodeInvalidRequest, Status: http.StatusBadRequest,
-			Message: "The request body could not be read and nothing was signed; send it again.", NextActions: []apierr.Action{{Action: "retry"}}, Cause: err})
+		e := apierr.Invalid(apierr.Field{Field: "body", Problem: "could not be read to the end", Fix: "Send the whole request body again."})
+		e.Cause = err
+		apierr.Write(w, e)
 		return
 	}
 	req, fieldErrs := parseSignRequest(body)
