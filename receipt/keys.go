@@ -66,6 +66,14 @@ func (ks KeySet) Versions() []string {
 // Current reports the card's currentKeyVersion ("" when unknown).
 func (ks KeySet) Current() string { return ks.current }
 
+// Len reports how many keys the set holds (a bare key counts as one).
+func (ks KeySet) Len() int {
+	if ks.any != nil {
+		return len(ks.keys) + 1
+	}
+	return len(ks.keys)
+}
+
 // SingleKey makes a KeySet of one bare public key, for checking a receipt
 // offline without a card. With keyVersion "" the key is tried for any
 // key_version the receipt names; otherwise only for that version.

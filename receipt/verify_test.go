@@ -216,10 +216,25 @@ func TestKeysFromCard(t *testing.T) {
 			if got := strings.Join(ks.Versions(), ","); got != strings.Join(tc.versions, ",") {
 				t.Errorf("versions %s, want %s", got, strings.Join(tc.versions, ","))
 			}
+			if ks.Len() != len(tc.versions) {
+				t.Errorf("Len %d, want %d", ks.Len(), len(tc.versions))
+			}
 			if ks.Current() != "k2" {
 				t.Errorf("current %q", ks.Current())
 			}
 		})
+	}
+}
+
+func TestSingleKeyHoldsOneKey(t *testing.T) {
+	pub, _ := seededKey(4)
+	for _, v := range []string{"", "k1"} {
+		if n := SingleKey(v, pub).Len(); n != 1 {
+			t.Errorf("SingleKey(%q).Len() = %d", v, n)
+		}
+	}
+	if n := (KeySet{}).Len(); n != 0 {
+		t.Errorf("empty set Len %d", n)
 	}
 }
 
