@@ -1,6 +1,7 @@
 // Package server is verifierd's HTTP surface: the two verification routes
 // (POST /verify/schema and POST /verify/deliverable, one check under two
-// names), GET /health, and the SPEC §6 error shape for everything else.
+// names), an agent's free history (GET /reputation/{agent_id}), GET /health,
+// and the SPEC §6 error shape for everything else.
 //
 // Each verification is parsed and checked by package verify, signed by certd
 // through package signer, recorded in the history (package store) and only
@@ -40,9 +41,12 @@ type Signer interface {
 	Ping(ctx context.Context) error
 }
 
-// History is where verifications are recorded; *store.DB implements it.
+// History is where verifications are recorded and read back for
+// reputation; *store.DB implements it.
 type History interface {
 	RecordVerification(ctx context.Context, v store.Verification) error
+	Verifications(ctx context.Context, agentID, cursor string, limit int) ([]store.Verification, string, error)
+	AgentCounts(ctx context.Context, agentID string) (store.Counts, error)
 	Ping(ctx context.Context) error
 }
 
@@ -162,12 +166,24 @@ type route struct {
 	serve   func(s *Server, w http.ResponseWriter, r *http.Request, rec *requestLog) error
 }
 
-// routes maps exact paths; anything else is 404. Room is left here for
-// GET /reputation/{agent_id} (a prefix route) when it is served.
+// routes maps exact paths; reputationRoute takes /reputation/{agent_id};
+// anything else is 404.
 var routes = map[string]route{
 	"/verify/schema":      {name: "verify_schema", methods: []string{http.MethodPost}, serve: (*Server).serveVerify},
 	"/verify/deliverable": {name: "verify_deliverable", methods: []string{http.MethodPost}, serve: (*Server).serveVerify},
 	"/health":             {name: "health", methods: []string{http.MethodGet, http.MethodHead}, serve: (*Server).serveHealth},
+}
+
+var reputationRoute = route{name: "reputation", methods: []string{http.MethodGet, http.MethodHead}, serve: (*Server).serveReputation}
+
+func lookupRoute(path string) (route, bool) {
+	if rt, ok := routes[path]; ok {
+		return rt, true
+	}
+	if strings.HasPrefix(path, reputationPrefix) {
+		return reputationRoute, true
+	}
+	return route{}, false
 }
 
 // requestLog collects what the access log line and the metrics report about
@@ -185,7 +201,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	rec := &requestLog{route: "unknown"}
 	sw := &statusWriter{ResponseWriter: w}
-	rt, ok := routes[r.URL.Path]
+	rt, ok := lookupRoute(r.URL.Path)
 	var err error
 	switch {
 	case !ok:

@@ -1,0 +1,138 @@
+package server
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/store"
+	"github.com/aovhq/aov/verify"
+)
+
+// reputationPrefix is the path prefix of GET /reputation/{agent_id}.
+const reputationPrefix = "/reputation/"
+
+// Reputation is the answer of GET /reputation/{agent_id} (SPEC §8): an
+// agent's free pass/fail history, counts and the newest verifications, paged
+// with next_cursor. It lists what was checked (hashes) and how it came out,
+// never the content, the task id, or who paid.
+type Reputation struct {
+	AgentID string `json:"agent_id"`
+	// TestAgent is true for agent ids starting with "test-": such agents
+	// are examples, and never get a trust score.
+	TestAgent bool             `json:"test_agent"`
+	Counts    ReputationCounts `json:"counts"`
+	// FirstVerifiedAt and LastVerifiedAt are null for an agent never seen.
+	FirstVerifiedAt *string           `json:"first_verified_at"`
+	LastVerifiedAt  *string           `json:"last_verified_at"`
+	Verifications   []ReputationEntry `json:"verifications"`
+	// NextCursor is the cursor of the next (older) page; null on the last.
+	NextCursor *string `json:"next_cursor"`
+}
+
+// ReputationCounts are exact totals over the agent's whole history.
+// Authenticated counts are those of calls whose agent_id was bound to the
+// wallet the caller proved (X-Wallet-Auth).
+type ReputationCounts struct {
+	Pass              int64   `json:"pass"`
+	Fail              int64   `json:"fail"`
+	Total             int64   `json:"total"`
+	PassRatio         float64 `json:"pass_ratio"`
+	AuthenticatedPass int64   `json:"authenticated_pass"`
+	AuthenticatedFail int64   `json:"authenticated_fail"`
+}
+
+// ReputationEntry is one verification of the history.
+type ReputationEntry struct {
+	VerificationID string `json:"verification_id"`
+	VerifiedAt     string `json:"verified_at"`
+	Result         string `json:"result"`
+	OutputHash     string `json:"output_hash"`
+	SchemaHash     string `json:"schema_hash"`
+	RulesHash      string `json:"rules_hash"`
+	RequestHash    string `json:"request_hash"`
+	Authenticated  bool   `json:"authenticated"`
+}
+
+// serveReputation is GET /reputation/{agent_id}?limit=&cursor=.
+func (s *Server) serveReputation(w http.ResponseWriter, r *http.Request, _ *requestLog) error {
+	agent := strings.TrimPrefix(r.URL.Path, reputationPrefix)
+	var fields []apierr.Field
+	if agent == "" || utf8.RuneCountInString(agent) > 200 || !utf8.ValidString(agent) {
+		fields = append(fields, apierr.Field{Field: "agent_id", Problem: "must be 1 to 200 characters",
+			Fix: "Put the agent_id used in verification requests in the path, URL-encoded: /reputation/seller-7."})
+	}
+	q := r.URL.Query()
+	limit := store.DefaultPageSize
+	if l := q.Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 || n > store.MaxPageSize {
+			fields = append(fields, apierr.Field{Field: "limit", Problem: "is not a whole number from 1 to " + strconv.Itoa(store.MaxPageSize),
+				Fix: "Send limit between 1 and " + strconv.Itoa(store.MaxPageSize) + ", or leave it out for " + strconv.Itoa(store.DefaultPageSize) + "."})
+		} else {
+			limit = n
+		}
+	}
+	if len(fields) > 0 {
+		return apierr.Invalid(fields...)
+	}
+	cursor := q.Get("cursor")
+	vs, next, err := s.history.Verifications(r.Context(), agent, cursor, limit)
+	if errors.Is(err, store.ErrBadCursor) {
+		return apierr.Invalid(apierr.Field{Field: "cursor", Problem: "is not a cursor this service handed out",
+			Fix: "Send the next_cursor of the previous page unchanged, or leave cursor out for the newest page."})
+	}
+	if err != nil {
+		return apierr.Unavailable("verification history store", 5, err)
+	}
+	c, err := s.history.AgentCounts(r.Context(), agent)
+	if err != nil {
+		return apierr.Unavailable("verification history store", 5, err)
+	}
+	rep := Reputation{
+		AgentID:   agent,
+		TestAgent: strings.HasPrefix(agent, store.TestAgentPrefix),
+		Counts: ReputationCounts{
+			Pass: c.Pass, Fail: c.Fail, Total: c.Total(),
+			AuthenticatedPass: c.AuthenticatedPass, AuthenticatedFail: c.AuthenticatedFail,
+		},
+		Verifications: make([]ReputationEntry, 0, len(vs)),
+	}
+	if c.Total() > 0 {
+		rep.Counts.PassRatio = float64(int64(float64(c.Pass)/float64(c.Total())*1e6+0.5)) / 1e6
+		first, last := verify.FormatTime(c.First), verify.FormatTime(c.Last)
+		rep.FirstVerifiedAt, rep.LastVerifiedAt = &first, &last
+	}
+	for _, v := range vs {
+		rep.Verifications = append(rep.Verifications, ReputationEntry{
+			VerificationID: v.ID,
+			VerifiedAt:     verify.FormatTime(v.VerifiedAt.Truncate(time.Microsecond)),
+			Result:         v.Result,
+			OutputHash:     v.OutputHash,
+			SchemaHash:     v.SchemaHash,
+			RulesHash:      v.RulesHash,
+			RequestHash:    v.RequestHash,
+			Authenticated:  v.Authenticated,
+		})
+	}
+	if next != "" {
+		rep.NextCursor = &next
+	}
+	body, err := json.Marshal(rep)
+	if err != nil {
+		return apierr.Internal(err)
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	if r.Method != http.MethodHead {
+		w.Write(append(body, '\n'))
+	}
+	return nil
+}
