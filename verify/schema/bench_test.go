@@ -67,7 +67,7 @@ func BenchmarkCountInvoice1000Items(b *testing.B) {
 	inst := bigInvoice(b, 1000)
 	b.ReportAllocs()
 	for b.Loop() {
-		s.count(inst, false)
+		s.count(inst, false, DefaultMaxSteps)
 	}
 }
 

@@ -1,7 +1,10 @@
 package schema
 
 import (
+	"errors"
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -103,10 +106,39 @@ func TestNumberComparisonsAreExact(t *testing.T) {
 			s := mustCompile(t, tc.schema)
 			inst := decode(t, tc.instance)
 			rep := s.Evaluate(inst, Options{})
-			walked, _ := s.count(inst, false)
+			walked, _, _ := s.count(inst, false, DefaultMaxSteps)
 			if (len(rep.Failures) == 0) != tc.valid || (walked.failed == 0) != tc.valid {
 				t.Errorf("validator valid = %v, walk failed %d; want valid = %v", len(rep.Failures) == 0, walked.failed, tc.valid)
 			}
 		})
+	}
+}
+
+func TestEvaluationBudget(t *testing.T) {
+	// a0 applies a1 twice, a1 applies a2 twice, ...: 2^30 applications.
+	var b strings.Builder
+	b.WriteString(`{"$ref": "#/$defs/a0", "$defs": {`)
+	for i := range 30 {
+		fmt.Fprintf(&b, `"a%d": {"allOf": [{"$ref": "#/$defs/a%d"}, {"$ref": "#/$defs/a%d"}]}, `, i, i+1, i+1)
+	}
+	b.WriteString(`"a30": {"type": "integer"}}}`)
+	s := mustCompile(t, b.String())
+
+	_, err := s.EvaluateWithin(decode(t, `1`), Options{})
+	var tc *TooComplexError
+	if !errors.As(err, &tc) || tc.MaxSteps != DefaultMaxSteps || len(tc.Fields()) != 1 || tc.Fields()[0].Field != "expected_schema" {
+		t.Fatalf("EvaluateWithin on an exponential schema: %v; want a *TooComplexError at the default budget", err)
+	}
+	rep := s.Evaluate(decode(t, `1`), Options{})
+	if rep.Passed != 0 || rep.Total != 1 || len(rep.Failures) != 1 || rep.Failures[0].Keyword != "complexity" {
+		t.Errorf("Evaluate over budget = %+v; want one failed complexity check (fail closed)", rep)
+	}
+
+	inv := mustCompile(t, invoiceSchema)
+	if _, err := inv.EvaluateWithin(decode(t, invoiceOutput), Options{MaxSteps: 5}); !errors.As(err, &tc) || tc.MaxSteps != 5 {
+		t.Errorf("the invoice within 5 steps: %v; want a *TooComplexError", err)
+	}
+	if rep, err := inv.EvaluateWithin(decode(t, invoiceOutput), Options{MaxSteps: 40}); err != nil || rep.Total != 22 {
+		t.Errorf("the invoice within 40 steps: %v, %d checks; want 22 checks", err, rep.Total)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/aovhq/aov/apierr"
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	"github.com/santhosh-tekuri/jsonschema/v6/kind"
 )
@@ -18,6 +19,37 @@ type Options struct {
 	// Undeclared also lists the properties no applied schema declares, for
 	// strict_content_check (SPEC §4).
 	Undeclared bool
+	// MaxSteps bounds the work of one evaluation, in schema applications
+	// (one subschema applied at one instance location). 0 means
+	// DefaultMaxSteps.
+	MaxSteps int
+}
+
+// DefaultMaxSteps bounds an evaluation when Options.MaxSteps is 0. A
+// 1,000-line invoice takes about 8,000 steps. Applicators over shared
+// subschemas (allOf: [{$ref: a}, {$ref: a}] nested twenty times) make the
+// work exponential in the schema's size, so a small schema could otherwise
+// pin a CPU for hours; the budget makes such a request fail fast instead.
+const DefaultMaxSteps = 1 << 20
+
+// TooComplexError reports an evaluation that needed more than its step
+// budget. It is a problem of the request (schema and output together), not
+// a verdict on the output.
+type TooComplexError struct {
+	MaxSteps int
+}
+
+func (e *TooComplexError) Error() string {
+	return fmt.Sprintf("evaluating the schema needs more than %d steps", e.MaxSteps)
+}
+
+// Fields describe the problem for an invalid_request answer.
+func (e *TooComplexError) Fields() []apierr.Field {
+	return []apierr.Field{{
+		Field:   field,
+		Problem: fmt.Sprintf("needs more than %d evaluation steps on this output", e.MaxSteps),
+		Fix:     "Simplify the schema: avoid allOf, anyOf or oneOf branches that apply the same subschemas again at the same location, and nesting them.",
+	}}
 }
 
 // Report is the outcome of one evaluation.
@@ -58,8 +90,36 @@ type Failure struct {
 // and should they ever disagree the validator wins: a failing instance
 // always has at least one failed check and a passing one none, so the
 // result can never read "pass" with failures or "fail" without.
+//
+// An evaluation over its step budget (Options.MaxSteps) is reported, fail
+// closed, as one failed check with keyword "complexity"; callers that want
+// to refuse such a request instead use EvaluateWithin.
 func (s *Schema) Evaluate(instance any, opts Options) Report {
-	c, decls := s.count(instance, opts.Undeclared)
+	rep, err := s.EvaluateWithin(instance, opts)
+	var tc *TooComplexError
+	if errors.As(err, &tc) {
+		return Report{Total: 1, Failures: []Failure{{
+			Keyword: "complexity", InstancePath: "$",
+			Expected: fmt.Sprintf("an evaluation within %d steps", tc.MaxSteps), Found: "more steps",
+			Message: fmt.Sprintf("expected an evaluation within %d steps, found more steps", tc.MaxSteps),
+		}}}
+	}
+	return rep
+}
+
+// EvaluateWithin is Evaluate, except that an evaluation over its step
+// budget returns a *TooComplexError (and no report). The counting walk runs
+// first: it does at least the validator's work, so once it has finished
+// within the budget the validator will too.
+func (s *Schema) EvaluateWithin(instance any, opts Options) (Report, error) {
+	limit := opts.MaxSteps
+	if limit <= 0 {
+		limit = DefaultMaxSteps
+	}
+	c, decls, ok := s.count(instance, opts.Undeclared, limit)
+	if !ok {
+		return Report{}, &TooComplexError{MaxSteps: limit}
+	}
 
 	var rep Report
 	if err := s.sch.Validate(instance); err != nil {
@@ -91,16 +151,16 @@ func (s *Schema) Evaluate(instance any, opts Options) Report {
 	if opts.Undeclared {
 		rep.Undeclared = undeclaredPaths(decls)
 	}
-	return rep
+	return rep, nil
 }
 
-// count runs the counting walk alone.
-func (s *Schema) count(instance any, undeclared bool) (counts, []decl) {
-	w := walker{s: s, undeclared: undeclared, scope: make([]scopeEntry, 0, 16)}
+// count runs the counting walk alone; ok is false when it ran out of steps.
+func (s *Schema) count(instance any, undeclared bool, limit int) (c counts, decls []decl, ok bool) {
+	w := walker{s: s, undeclared: undeclared, limit: limit, scope: make([]scopeEntry, 0, 16)}
 	var u uneval
 	initUneval(&u, instance, s.sch, false)
-	c := w.eval(s.sch, instance, &u, 0)
-	return c, w.decls
+	c = w.eval(s.sch, instance, &u, 0)
+	return c, w.decls, !w.exceeded
 }
 
 // collect turns the leaves of the validator's error tree into failures.

@@ -37,8 +37,14 @@ func FuzzEvaluate(f *testing.F) {
 			}
 			return
 		}
+		walked, _, ok := s.count(inst, false, DefaultMaxSteps)
 		rep := s.Evaluate(inst, Options{Undeclared: true})
-		walked, _ := s.count(inst, false)
+		if !ok {
+			if len(rep.Failures) != 1 || rep.Failures[0].Keyword != "complexity" || rep.Passed != 0 {
+				t.Fatalf("an evaluation over budget reported %+v", rep)
+			}
+			return
+		}
 		valid := s.sch.Validate(inst) == nil
 		if (walked.failed == 0) != valid {
 			t.Fatalf("counting walk says %d of %d checks failed, validator says valid = %v", walked.failed, walked.total, valid)

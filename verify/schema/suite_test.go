@@ -119,7 +119,7 @@ func runSuite(t *testing.T, dir string, formatAsAnnotation bool) {
 						}
 						inst := decode(t, string(tc.Data))
 						rep := s.Evaluate(inst, Options{Undeclared: true})
-						walked, _ := s.count(inst, false)
+						walked, _, _ := s.count(inst, false, DefaultMaxSteps)
 						valid := len(rep.Failures) == 0
 						switch {
 						case valid != tc.Valid:

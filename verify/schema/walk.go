@@ -37,6 +37,11 @@ type walker struct {
 	scope []scopeEntry
 	base  int
 
+	// steps counts schema evaluations; past limit the walk stops and sets
+	// exceeded.
+	steps, limit int
+	exceeded     bool
+
 	// Undeclared-property tracking, only when asked for.
 	undeclared bool
 	path       []pathElem
@@ -144,6 +149,11 @@ func (w *walker) child(s *jsonschema.Schema, v any, vid int, key string, idx int
 }
 
 func (w *walker) eval(s *jsonschema.Schema, v any, u *uneval, vid int) counts {
+	w.steps++
+	if w.steps > w.limit {
+		w.exceeded = true
+		return counts{}
+	}
 	if s.Bool != nil {
 		if *s.Bool {
 			return counts{}
