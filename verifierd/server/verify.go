@@ -112,15 +112,10 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error
 		if errors.As(err, &tooBig) {
 			return nil, apierr.TooLarge(s.maxBody)
 		}
-		return nil, &apierr.Error{
-			Code:        apierr.CodeInvalidRequest,
-			Message:     "The request body could not be read completely and nothing was charged; send it again.",
-			Status:      http.StatusBadRequest,
-			Retryable:   true,
-			RetryAfter:  1,
-			NextActions: []apierr.Action{{Action: "retry", After: 1}},
-			Cause:       err,
-		}
+		e := apierr.Invalid(apierr.Field{Field: "body", Problem: "could not be read completely",
+			Fix: "Send the whole body again, with a Content-Length that matches it."})
+		e.Cause = err
+		return nil, e
 	}
 	return buf.Bytes(), nil
 }
