@@ -1,0 +1,652 @@
+package caddymodule
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/big"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ethereum/go-ethereum"
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/core/types"
+
+	"github.com/aovhq/aov/plugins/evmfacilitator"
+	"github.com/aovhq/aov/x402"
+)
+
+// The gate tests run the whole paid flow for real: Caddy in process, the
+// project's EVM facilitator settling on the in-process devnet (reached over
+// its HTTP facilitator API, as a remote facilitator would be), real Badger
+// state, and a real HTTP upstream.
+
+var (
+	devnetOnce sync.Once
+	devnet     *evmfacilitator.Devnet
+	facURL     string
+	devnetErr  error
+)
+
+// payTo receives every test payment: development account 9.
+var payTo = evmfacilitator.DevAccounts()[9].Address
+
+// sharedDevnet starts one devnet and one facilitator server for the test
+// binary (the devnet registers its token as the devnet USDC, a process-wide
+// fact).
+func sharedDevnet(t *testing.T) (*evmfacilitator.Devnet, string) {
+	t.Helper()
+	devnetOnce.Do(func() {
+		devnet, devnetErr = evmfacilitator.StartDevnet(evmfacilitator.DevnetConfig{})
+		if devnetErr != nil {
+			return
+		}
+		var f *evmfacilitator.Facilitator
+		f, devnetErr = devnet.NewFacilitator()
+		if devnetErr != nil {
+			return
+		}
+		srv := httptest.NewServer(x402.NewFacilitatorHandler(f))
+		facURL = srv.URL
+	})
+	if devnetErr != nil {
+		t.Fatalf("starting devnet: %v", devnetErr)
+	}
+	return devnet, facURL
+}
+
+// balance reads an address's test USDC balance from the chain.
+func balance(t *testing.T, d *evmfacilitator.Devnet, who common.Address) *big.Int {
+	t.Helper()
+	token := d.Token()
+	data := append(common.FromHex("0x70a08231"), common.LeftPadBytes(who.Bytes(), 32)...)
+	out, err := d.Client().CallContract(context.Background(), ethereum.CallMsg{To: &token, Data: data}, nil)
+	if err != nil {
+		t.Fatalf("balanceOf: %v", err)
+	}
+	return new(big.Int).SetBytes(out)
+}
+
+// upstream is a real HTTP server standing in for verifierd or a seller's
+// agent: it answers with the status in the X-Test-Status request header and
+// echoes what the gateway told it.
+type upstream struct {
+	*httptest.Server
+	calls atomic.Int64
+	// during runs inside the upstream call, between verification and
+	// settlement of a payment.
+	during func()
+}
+
+func newUpstream(t *testing.T) *upstream {
+	u := &upstream{}
+	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u.calls.Add(1)
+		if u.during != nil {
+			u.during()
+		}
+		status := http.StatusOK
+		if s := r.Header.Get("X-Test-Status"); s != "" {
+			fmt.Sscan(s, &status)
+		}
+		body, _ := io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		json.NewEncoder(w).Encode(map[string]any{
+			"paid_content":      true,
+			"payment":           r.Header.Get(HeaderUpstreamPayment),
+			"payer":             r.Header.Get(HeaderUpstreamPayer),
+			"network":           r.Header.Get(HeaderUpstreamNetwork),
+			"payment_signature": r.Header.Get(x402.HeaderPaymentSignature),
+			"body_bytes":        len(body),
+		})
+	}))
+	t.Cleanup(u.Close)
+	return u
+}
+
+// gateSite is the Caddyfile of the tests: the verify route with validation,
+// free allowance and payment; a score route that is never free; discovery.
+func gateSite(up, fac string, perDay int, extra string) string {
+	return fmt.Sprintf(`:{port} {
+	route /verify/schema {
+		x402 {
+			accept devnet $0.02 %[3]s
+			description "Verify an agent's JSON output"
+			route "POST /verify/schema"
+			facilitator http {
+				url %[2]s
+			}
+			store badger {data}/gate
+			validate verify_request
+			free_allowance {
+				pool verify
+				per_day %[4]d
+				max_body 2KiB
+			}
+			%[5]s
+		}
+		reverse_proxy %[1]s
+	}
+	route /score/* {
+		x402 {
+			accept {
+				network devnet
+				price $0.01
+				pay_to %[3]s
+			}
+			route "GET /score/{agent_id}"
+			facilitator http {
+				url %[2]s
+			}
+			store badger {data}/gate
+		}
+		reverse_proxy %[1]s
+	}
+	x402_discovery /.well-known/x402
+}
+`, strings.TrimPrefix(up, "http://"), fac, payTo.Hex(), perDay, extra)
+}
+
+const validRequest = `{"task_id":"t-1","expected_schema":{"type":"object","required":["ok"],"properties":{"ok":{"type":"boolean"}}},"submitted_output":{"ok":true}}`
+
+func post(t *testing.T, url, body string, hdr map[string]string) *http.Response {
+	t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(http.MethodPost, url, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := testClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	return resp
+}
+
+func readJSON(t *testing.T, resp *http.Response) map[string]any {
+	t.Helper()
+	var m map[string]any
+	body, _ := io.ReadAll(resp.Body)
+	if err := json.Unmarshal(body, &m); err != nil {
+		t.Fatalf("body is not JSON (%v): %.300s", err, body)
+	}
+	return m
+}
+
+// paymentRequired decodes a 402's PAYMENT-REQUIRED header.
+func paymentRequired(t *testing.T, resp *http.Response) x402.PaymentRequired {
+	t.Helper()
+	h := resp.Header.Get(x402.HeaderPaymentRequired)
+	if h == "" {
+		t.Fatalf("status %d without PAYMENT-REQUIRED", resp.StatusCode)
+	}
+	var pr x402.PaymentRequired
+	if err := x402.DecodeHeader(h, &pr); err != nil {
+		t.Fatalf("PAYMENT-REQUIRED does not decode: %v", err)
+	}
+	return pr
+}
+
+// signFor signs a payment from development account payer for the first
+// offer of a 402.
+func signFor(t *testing.T, pr x402.PaymentRequired, payer int) string {
+	t.Helper()
+	p, err := x402.SignExactEVM(evmfacilitator.DevKey(payer), pr.Accepts[0], &pr.Resource, time.Now())
+	if err != nil {
+		t.Fatalf("signing payment: %v", err)
+	}
+	h, err := x402.EncodeHeader(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+func TestFreeAllowanceThenPayment(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	base := startCaddy(t, gateSite(up.URL, fac, 2, ""))
+	url := base + "/verify/schema"
+
+	for i, want := range []string{"1", "0"} {
+		resp := post(t, url, validRequest, map[string]string{HeaderUpstreamPayment: "paid", HeaderUpstreamPayer: "0xforged"})
+		if resp.StatusCode != 200 {
+			t.Fatalf("free call %d: status %d", i+1, resp.StatusCode)
+		}
+		if got := resp.Header.Get(HeaderFreeRemaining); got != want {
+			t.Errorf("free call %d: %s %q, want %q", i+1, HeaderFreeRemaining, got, want)
+		}
+		if resp.Header.Get(HeaderFreeLimit) != "2" || resp.Header.Get(HeaderFreeResets) == "" {
+			t.Errorf("free call %d: allowance headers %v", i+1, resp.Header)
+		}
+		body := readJSON(t, resp)
+		if body["payment"] != "free" || body["payer"] != "" {
+			t.Errorf("upstream was told payment=%v payer=%v; client copies must be replaced", body["payment"], body["payer"])
+		}
+	}
+
+	// The day's allowance is used: 402 with the live free_trial state.
+	resp := post(t, url, validRequest, nil)
+	if resp.StatusCode != http.StatusPaymentRequired {
+		t.Fatalf("after the allowance: status %d, want 402", resp.StatusCode)
+	}
+	pr := paymentRequired(t, resp)
+	body := readJSON(t, resp)
+	trial, _ := body["free_trial"].(map[string]any)
+	if trial == nil || trial["available"] != false || trial["code"] != "free_trial_exhausted" || trial["remaining_calls_today"] != float64(0) || trial["calls_per_client_per_day"] != float64(2) {
+		t.Fatalf("free_trial %v", body["free_trial"])
+	}
+	if resp.Header.Get("Cache-Control") != "no-store" || !strings.Contains(resp.Header.Get("Access-Control-Expose-Headers"), "PAYMENT-REQUIRED") {
+		t.Errorf("402 headers %v", resp.Header)
+	}
+
+	// Paying works: the test USDC moves from payer to payee.
+	payer := evmfacilitator.DevAccounts()[1].Address
+	before, payeeBefore := balance(t, d, payer), balance(t, d, payTo)
+	sig := signFor(t, pr, 1)
+	resp = post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	if resp.StatusCode != 200 {
+		t.Fatalf("paid call: status %d: %s", resp.StatusCode, readJSON(t, resp))
+	}
+	var sr x402.SettleResponse
+	if err := x402.DecodeHeader(resp.Header.Get(x402.HeaderPaymentResponse), &sr); err != nil || !sr.Success || sr.Transaction == "" {
+		t.Fatalf("PAYMENT-RESPONSE %+v (%v)", sr, err)
+	}
+	body = readJSON(t, resp)
+	if body["payment"] != "paid" || !strings.EqualFold(body["payer"].(string), payer.Hex()) || body["network"] != x402.NetworkDevnet {
+		t.Errorf("upstream saw %v", body)
+	}
+	if body["payment_signature"] != "" {
+		t.Error("PAYMENT-SIGNATURE was forwarded upstream")
+	}
+	amount := big.NewInt(20000)
+	if got := new(big.Int).Sub(before, balance(t, d, payer)); got.Cmp(amount) != 0 {
+		t.Errorf("payer paid %v, want %v", got, amount)
+	}
+	if got := new(big.Int).Sub(balance(t, d, payTo), payeeBefore); got.Cmp(amount) != 0 {
+		t.Errorf("payee received %v, want %v", got, amount)
+	}
+
+	// The same payment again is refused and settles nothing.
+	resp = post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	if resp.StatusCode != http.StatusPaymentRequired || readJSON(t, resp)["reason"] != x402.ReasonPaymentAlreadyUsed {
+		t.Fatalf("replay: status %d", resp.StatusCode)
+	}
+}
+
+func TestAllowanceResetsAtUTCMidnight(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	base := startCaddy(t, gateSite(up.URL, fac, 1, ""))
+	url := base + "/verify/schema"
+
+	day := time.Date(2026, 11, 29, 23, 59, 0, 0, time.UTC)
+	now = func() time.Time { return day }
+	t.Cleanup(func() { now = time.Now })
+
+	if resp := post(t, url, validRequest, nil); resp.StatusCode != 200 || resp.Header.Get(HeaderFreeResets) != "2026-11-30T00:00:00Z" {
+		t.Fatalf("first call: %d, resets %q", resp.StatusCode, resp.Header.Get(HeaderFreeResets))
+	}
+	if resp := post(t, url, validRequest, nil); resp.StatusCode != http.StatusPaymentRequired {
+		t.Fatalf("second call the same day: %d, want 402", resp.StatusCode)
+	}
+	now = func() time.Time { return day.Add(2 * time.Minute) }
+	if resp := post(t, url, validRequest, nil); resp.StatusCode != 200 || resp.Header.Get(HeaderFreeRemaining) != "0" {
+		t.Fatalf("after midnight: %d", resp.StatusCode)
+	}
+}
+
+func TestOrderOfRefusals(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	base := startCaddy(t, gateSite(up.URL, fac, 5, "max_body 4KiB"))
+	url := base + "/verify/schema"
+	big := `{"task_id":"t","expected_schema":{},"submitted_output":"` + strings.Repeat("x", 3000) + `"}`
+
+	cases := []struct {
+		desc   string
+		method string
+		body   string
+		hdr    map[string]string
+		status int
+		check  func(t *testing.T, resp *http.Response)
+	}{
+		{"a body over the absolute limit is 413", "POST", `{"pad":"` + strings.Repeat("x", 5000) + `"}`, nil, 413, func(t *testing.T, resp *http.Response) {
+			if m := readJSON(t, resp); m["code"] != "payload_too_large" || !strings.Contains(m["message"].(string), "4096") {
+				t.Errorf("body %v", m)
+			}
+		}},
+		{"an invalid request is 422 and never 402", "POST", `{"task_id":""}`, nil, 422, func(t *testing.T, resp *http.Response) {
+			m := readJSON(t, resp)
+			if m["code"] != "invalid_request" || m["charged"] != false {
+				t.Errorf("body %v", m)
+			}
+			if resp.Header.Get(x402.HeaderPaymentRequired) != "" {
+				t.Error("an invalid request was offered for sale")
+			}
+		}},
+		{"malformed JSON is 422 without echoing it", "POST", `{"task_id": "SECRET-INPUT`, nil, 422, func(t *testing.T, resp *http.Response) {
+			b, _ := io.ReadAll(resp.Body)
+			if bytes.Contains(b, []byte("SECRET-INPUT")) {
+				t.Errorf("input echoed: %s", b)
+			}
+		}},
+		{"an invalid request with a payment is still 422", "POST", `{}`, map[string]string{x402.HeaderPaymentSignature: "bm90IGEgcGF5bWVudA=="}, 422, nil},
+		{"a POST with no body is the discovery probe", "POST", "", nil, 402, func(t *testing.T, resp *http.Response) {
+			pr := paymentRequired(t, resp)
+			if pr.X402Version != 2 || len(pr.Accepts) != 1 || pr.Accepts[0].Amount != "20000" || pr.Accepts[0].Network != x402.NetworkDevnet {
+				t.Errorf("PAYMENT-REQUIRED %+v", pr)
+			}
+			if !strings.HasSuffix(pr.Resource.URL, "/verify/schema") {
+				t.Errorf("resource %q", pr.Resource.URL)
+			}
+		}},
+		{"a payment that does not decode is 400 with the demand", "POST", validRequest, map[string]string{x402.HeaderPaymentSignature: "%%%"}, 400, func(t *testing.T, resp *http.Response) {
+			paymentRequired(t, resp)
+		}},
+		{"a body too large for the free tier goes to payment", "POST", big, nil, 402, func(t *testing.T, resp *http.Response) {
+			if m := readJSON(t, resp); m["free_trial"].(map[string]any)["available"] != true {
+				t.Errorf("free_trial %v", m["free_trial"])
+			}
+		}},
+		{"a browser gets a page that still carries the demand", "POST", "", map[string]string{"Accept": "text/html"}, 402, func(t *testing.T, resp *http.Response) {
+			paymentRequired(t, resp)
+			b, _ := io.ReadAll(resp.Body)
+			if !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/html") || !bytes.Contains(b, []byte("$0.02 USDC")) {
+				t.Errorf("paywall %s: %.200s", resp.Header.Get("Content-Type"), b)
+			}
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.desc, func(t *testing.T) {
+			req, _ := http.NewRequest(tc.method, url, strings.NewReader(tc.body))
+			for k, v := range tc.hdr {
+				req.Header.Set(k, v)
+			}
+			resp, err := testClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			if resp.StatusCode != tc.status {
+				b, _ := io.ReadAll(resp.Body)
+				t.Fatalf("status %d, want %d: %.300s", resp.StatusCode, tc.status, b)
+			}
+			if tc.check != nil {
+				tc.check(t, resp)
+			}
+		})
+	}
+	if up.calls.Load() != 0 {
+		t.Errorf("the upstream was called %d times for refused requests", up.calls.Load())
+	}
+}
+
+func TestOptionsIsNeverCharged(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	base := startCaddy(t, gateSite(up.URL, fac, 0, ""))
+	req, _ := http.NewRequest(http.MethodOptions, base+"/score/agent-1", nil)
+	resp, err := testClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 || up.calls.Load() != 1 {
+		t.Fatalf("OPTIONS: status %d, upstream calls %d", resp.StatusCode, up.calls.Load())
+	}
+}
+
+func TestScoreIsNeverFree(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	base := startCaddy(t, gateSite(up.URL, fac, 5, ""))
+	resp, err := testClient.Get(base + "/score/agent-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusPaymentRequired {
+		t.Fatalf("status %d, want 402", resp.StatusCode)
+	}
+	if pr := paymentRequired(t, resp); pr.Accepts[0].Amount != "10000" {
+		t.Errorf("score price %s", pr.Accepts[0].Amount)
+	}
+}
+
+func TestUpstreamErrorIsNeitherSettledNorCounted(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	base := startCaddy(t, gateSite(up.URL, fac, 1, ""))
+	url := base + "/verify/schema"
+
+	// A free call that fails upstream does not use the allowance.
+	if resp := post(t, url, validRequest, map[string]string{"X-Test-Status": "500"}); resp.StatusCode != 500 || resp.Header.Get(HeaderFreeRemaining) != "" {
+		t.Fatalf("failing free call: %d, remaining %q", resp.StatusCode, resp.Header.Get(HeaderFreeRemaining))
+	}
+	if resp := post(t, url, validRequest, nil); resp.StatusCode != 200 || resp.Header.Get(HeaderFreeRemaining) != "0" {
+		t.Fatalf("the allowance was consumed by an error: %d %q", resp.StatusCode, resp.Header.Get(HeaderFreeRemaining))
+	}
+
+	// A paid call that fails upstream is not settled; the same payment then
+	// works once the upstream recovers.
+	pr := paymentRequired(t, post(t, url, "", nil))
+	payer := evmfacilitator.DevAccounts()[2].Address
+	before := balance(t, d, payer)
+	sig := signFor(t, pr, 2)
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig, "X-Test-Status": "500"})
+	if resp.StatusCode != 500 || resp.Header.Get(x402.HeaderPaymentResponse) != "" {
+		t.Fatalf("failing paid call: %d, PAYMENT-RESPONSE %q", resp.StatusCode, resp.Header.Get(x402.HeaderPaymentResponse))
+	}
+	if balance(t, d, payer).Cmp(before) != 0 {
+		t.Fatal("an upstream error was charged")
+	}
+	if resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}); resp.StatusCode != 200 {
+		t.Fatalf("retry with the same payment: %d", resp.StatusCode)
+	}
+	if got := new(big.Int).Sub(before, balance(t, d, payer)); got.Cmp(big.NewInt(20000)) != 0 {
+		t.Fatalf("charged %v after the retry, want 20000", got)
+	}
+}
+
+func TestFacilitatorDownIsRetryableAndFree(t *testing.T) {
+	up := newUpstream(t)
+	sharedDevnet(t) // registers the devnet token
+	dead := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
+	base := startCaddy(t, gateSite(up.URL, dead, 1, ""))
+	url := base + "/verify/schema"
+	pr := paymentRequired(t, post(t, url, "", nil))
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: signFor(t, pr, 3)})
+	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("status %d, Retry-After %q", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+	if m := readJSON(t, resp); m["code"] != "upstream_unavailable" || m["retryable"] != true || m["charged"] != false {
+		t.Errorf("body %v", m)
+	}
+	if up.calls.Load() != 0 {
+		t.Error("the upstream ran without a verified payment")
+	}
+	// The free allowance is untouched.
+	if resp := post(t, url, validRequest, nil); resp.StatusCode != 200 || resp.Header.Get(HeaderFreeRemaining) != "0" {
+		t.Fatalf("free call after the outage: %d %q", resp.StatusCode, resp.Header.Get(HeaderFreeRemaining))
+	}
+}
+
+func TestSettlementFailureReleasesNoContent(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	base := startCaddy(t, gateSite(up.URL, fac, 0, ""))
+	url := base + "/verify/schema"
+	pr := paymentRequired(t, post(t, url, "", nil))
+
+	// While the upstream works (after verification, before settlement) the
+	// payer spends its whole balance elsewhere: settlement must fail.
+	payer := 4
+	up.during = func() { drain(t, d, payer) }
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: signFor(t, pr, payer)})
+	up.during = nil
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusPaymentRequired {
+		t.Fatalf("status %d, want 402: %s", resp.StatusCode, b)
+	}
+	if bytes.Contains(b, []byte("paid_content")) {
+		t.Fatal("paid content released after a failed settlement")
+	}
+	var sr x402.SettleResponse
+	if err := x402.DecodeHeader(resp.Header.Get(x402.HeaderPaymentResponse), &sr); err != nil || sr.Success || sr.Transaction != "" {
+		t.Fatalf("PAYMENT-RESPONSE %+v (%v)", sr, err)
+	}
+}
+
+// drain moves all of a development account's test USDC to account 0.
+func drain(t *testing.T, d *evmfacilitator.Devnet, i int) {
+	t.Helper()
+	from := evmfacilitator.DevAccounts()[i].Address
+	amount := balance(t, d, from)
+	to := evmfacilitator.DevAccounts()[0].Address
+	data := append(common.FromHex("0xa9059cbb"), common.LeftPadBytes(to.Bytes(), 32)...)
+	data = append(data, common.LeftPadBytes(amount.Bytes(), 32)...)
+	ctx := context.Background()
+	c := d.Client()
+	nonce, err := c.PendingNonceAt(ctx, from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tip, err := c.SuggestGasTipCap(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	head, err := c.HeaderByNumber(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := d.Token()
+	gas, err := c.EstimateGas(ctx, ethereum.CallMsg{From: from, To: &token, Data: data})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx := types.NewTx(&types.DynamicFeeTx{
+		ChainID: big.NewInt(1337), Nonce: nonce, GasTipCap: tip,
+		GasFeeCap: new(big.Int).Add(tip, new(big.Int).Mul(head.BaseFee, big.NewInt(2))),
+		Gas:       gas, To: &token, Data: data,
+	})
+	signed, err := types.SignTx(tx, types.LatestSignerForChainID(big.NewInt(1337)), evmfacilitator.DevKey(i))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SendTransaction(ctx, signed); err != nil {
+		t.Fatalf("draining account %d: %v", i, err)
+	}
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if r, err := c.TransactionReceipt(ctx, signed.Hash()); err == nil {
+			if r.Status != types.ReceiptStatusSuccessful {
+				t.Fatalf("drain transfer reverted")
+			}
+			return
+		}
+	}
+	t.Fatal("drain transfer was not mined")
+}
+
+func TestConcurrentReplaysSettleOnce(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	base := startCaddy(t, gateSite(up.URL, fac, 0, ""))
+	url := base + "/verify/schema"
+	pr := paymentRequired(t, post(t, url, "", nil))
+	payer := evmfacilitator.DevAccounts()[5].Address
+	before := balance(t, d, payer)
+	sig := signFor(t, pr, 5)
+
+	const n = 50
+	var ok, refused atomic.Int64
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(validRequest))
+			req.Header.Set(x402.HeaderPaymentSignature, sig)
+			resp, err := testClient.Do(req)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer resp.Body.Close()
+			switch resp.StatusCode {
+			case 200:
+				ok.Add(1)
+			case http.StatusPaymentRequired:
+				refused.Add(1)
+			default:
+				t.Errorf("status %d", resp.StatusCode)
+			}
+		}()
+	}
+	wg.Wait()
+	if ok.Load() != 1 || refused.Load() != n-1 {
+		t.Fatalf("%d served, %d refused; want exactly 1 served", ok.Load(), refused.Load())
+	}
+	if got := new(big.Int).Sub(before, balance(t, d, payer)); got.Cmp(big.NewInt(20000)) != 0 {
+		t.Fatalf("payer charged %v, want exactly one payment of 20000", got)
+	}
+	if up.calls.Load() != 1 {
+		t.Fatalf("upstream ran %d times", up.calls.Load())
+	}
+}
+
+func TestForwardedForFromUntrustedPeerGrantsNothing(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	base := startCaddy(t, gateSite(up.URL, fac, 1, ""))
+	url := base + "/verify/schema"
+	if resp := post(t, url, validRequest, map[string]string{"X-Forwarded-For": "203.0.113.1"}); resp.StatusCode != 200 {
+		t.Fatalf("first call %d", resp.StatusCode)
+	}
+	// Another claimed address from the same untrusted peer is the same client.
+	if resp := post(t, url, validRequest, map[string]string{"X-Forwarded-For": "203.0.113.2"}); resp.StatusCode != http.StatusPaymentRequired {
+		t.Fatalf("a forged X-Forwarded-For bought a second free call: %d", resp.StatusCode)
+	}
+}
+
+func TestDiscoveryListsLiveRoutes(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	base := startCaddy(t, gateSite(up.URL, fac, 3, ""))
+	resp, err := testClient.Get(base + "/.well-known/x402")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var doc discoveryDoc
+	if err := json.NewDecoder(resp.Body).Decode(&doc); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"GET /score/{agent_id}", "POST /verify/schema"}
+	if fmt.Sprint(doc.Resources) != fmt.Sprint(want) || len(doc.Items) != 2 {
+		t.Fatalf("resources %v", doc.Resources)
+	}
+	v := doc.Items[1]
+	if v.Accepts[0].Amount != "20000" || v.Metadata.FreeAllowance == nil || v.Metadata.FreeAllowance.CallsPerClientPerDay != 3 {
+		t.Errorf("verify item %+v", v)
+	}
+	if doc.Items[0].Metadata.FreeAllowance != nil {
+		t.Error("score is listed with a free allowance")
+	}
+}

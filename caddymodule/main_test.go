@@ -1,0 +1,23 @@
+package caddymodule
+
+import (
+	"flag"
+	"os"
+	"testing"
+)
+
+var update = flag.Bool("update", false, "rewrite golden files")
+
+func TestMain(m *testing.M) {
+	// Caddy keeps its data and config under XDG folders; keep tests out of
+	// the user's.
+	dir, err := os.MkdirTemp("", "caddymodule-test")
+	if err != nil {
+		panic(err)
+	}
+	os.Setenv("XDG_DATA_HOME", dir)
+	os.Setenv("XDG_CONFIG_HOME", dir)
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
