@@ -41,6 +41,18 @@ func BenchmarkEvaluateInvoice(b *testing.B) {
 	}
 }
 
+// BenchmarkValidateInvoice is the bare validator on the two-item invoice.
+func BenchmarkValidateInvoice(b *testing.B) {
+	s := mustCompile(b, invoiceSchema)
+	inst := decode(b, invoiceOutput)
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := s.sch.Validate(inst); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 func BenchmarkEvaluateInvoice1000Items(b *testing.B) {
 	s := mustCompile(b, invoiceSchema)
 	inst := bigInvoice(b, 1000)

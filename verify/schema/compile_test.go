@@ -55,6 +55,8 @@ func TestCompileErrors(t *testing.T) {
 		{"a negative minLength is named", `{"minLength": -1}`, "expected_schema/minLength", ""},
 		{"a pattern RE2 cannot compile is named", `{"pattern": "(?<=a)b"}`, "expected_schema/pattern", "RE2"},
 		{"a schema that is not an object is refused", `[1, 2]`, "expected_schema", "JSON Schema object"},
+		{"a $ref to a missing anchor names the $ref", `{"properties": {"a": {"$ref": "#nowhere"}}}`, "expected_schema/properties/a/$ref", "#/$defs/"},
+		{"an unsupported dialect in an embedded resource is named", `{"$defs": {"x": {"$id": "x.json", "$schema": "http://json-schema.org/draft-03/schema#"}}, "$ref": "x.json"}`, "expected_schema/$defs/x/$schema", "2020-12"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.desc, func(t *testing.T) {

@@ -70,6 +70,11 @@
 // mirrors the validator's evaluation order. The official JSON Schema Test
 // Suite is run through both and they agree on every required test.
 //
+// Every evaluation has a step budget (Options.MaxSteps, one step per
+// subschema applied at one location): nested applicators that reapply
+// shared subschemas make the work exponential in the schema's size, and an
+// evaluation past the budget stops and never passes.
+//
 // Example: the invoice schema of SPEC §10 (type and required at the root,
 // type and pattern on invoice_id, enum on currency, type and minItems on
 // line_items, per line item type, required and the type and minimum of its

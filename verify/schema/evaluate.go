@@ -137,7 +137,7 @@ func (s *Schema) EvaluateWithin(instance any, opts Options) (Report, error) {
 		sort.SliceStable(rep.Failures, func(i, j int) bool {
 			a, b := rep.Failures[i], rep.Failures[j]
 			if a.InstancePath != b.InstancePath {
-				return a.InstancePath < b.InstancePath
+				return pathLess(a.InstancePath, b.InstancePath)
 			}
 			if a.Keyword != b.Keyword {
 				return a.Keyword < b.Keyword
@@ -433,6 +433,40 @@ func renderKey(k string) string {
 	return "[" + string(q) + "]"
 }
 
+// pathLess orders paths as a reader expects: array indexes by number
+// ("$.a[2]" before "$.a[10]"), everything else bytewise.
+func pathLess(a, b string) bool {
+	for a != "" && b != "" {
+		if isDigit(a[0]) && isDigit(b[0]) {
+			da, db := digitRun(a), digitRun(b)
+			na, nb := strings.TrimLeft(a[:da], "0"), strings.TrimLeft(b[:db], "0")
+			if len(na) != len(nb) {
+				return len(na) < len(nb)
+			}
+			if na != nb {
+				return na < nb
+			}
+			a, b = a[da:], b[db:]
+			continue
+		}
+		if a[0] != b[0] {
+			return a[0] < b[0]
+		}
+		a, b = a[1:], b[1:]
+	}
+	return len(a) < len(b)
+}
+
+func isDigit(c byte) bool { return c >= '0' && c <= '9' }
+
+func digitRun(s string) int {
+	i := 0
+	for i < len(s) && isDigit(s[i]) {
+		i++
+	}
+	return i
+}
+
 // undeclaredPaths lists the properties that none of the schemas declaring
 // properties at their object declares.
 func undeclaredPaths(decls []decl) []string {
@@ -465,6 +499,6 @@ func undeclaredPaths(decls []decl) []string {
 			out = append(out, p+renderKey(k))
 		}
 	}
-	sort.Strings(out)
+	sort.Slice(out, func(i, j int) bool { return pathLess(out[i], out[j]) })
 	return out
 }

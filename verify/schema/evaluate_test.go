@@ -44,3 +44,41 @@ func TestInvoiceFailuresAreDescribedWithoutEchoingInput(t *testing.T) {
 		}
 	}
 }
+
+func TestFailuresAreOrderedByPathWithIndexesByNumber(t *testing.T) {
+	s := mustCompile(t, `{"items": {"type": "integer"}}`)
+	items := make([]string, 12)
+	for i := range items {
+		items[i] = `"x"`
+	}
+	rep := s.Evaluate(decode(t, "["+strings.Join(items, ",")+"]"), Options{})
+	var got []string
+	for _, f := range rep.Failures {
+		got = append(got, f.InstancePath)
+	}
+	want := []string{"$[0]", "$[1]", "$[2]", "$[3]", "$[4]", "$[5]", "$[6]", "$[7]", "$[8]", "$[9]", "$[10]", "$[11]"}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("paths %q; want %q", got, want)
+	}
+	if rep.Passed != 0 || rep.Total != 12 {
+		t.Errorf("got %d/%d; want 0/12", rep.Passed, rep.Total)
+	}
+}
+
+func TestPathLess(t *testing.T) {
+	cases := []struct {
+		desc, a, b string
+		less       bool
+	}{
+		{"indexes compare by number", "$.a[2]", "$.a[10]", true},
+		{"a larger index is later", "$.a[10].b", "$.a[9].b", false},
+		{"keys compare bytewise", "$.a", "$.b", true},
+		{"a prefix comes first", "$.a", "$.a.b", true},
+		{"leading zeros do not change the number", "$.k007", "$.k7x", true},
+	}
+	for _, tc := range cases {
+		if got := pathLess(tc.a, tc.b); got != tc.less {
+			t.Errorf("%s: pathLess(%q, %q) = %v", tc.desc, tc.a, tc.b, got)
+		}
+	}
+}
