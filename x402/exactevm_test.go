@@ -171,6 +171,13 @@ func TestSignExactEVMProducesWhatTheOfficialClientSends(t *testing.T) {
 	if string(accepted) != string(orig) {
 		t.Errorf("accepted is not an unmodified copy: %s vs %s", accepted, orig)
 	}
+	h, err := EncodeHeader(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if back, err := DecodePaymentSignature(h); err != nil || string(back.Payload) != string(p.Payload) {
+		t.Fatalf("the payment does not survive its header: %v", err)
+	}
 	signer, err := RecoverExactEVM(req, ep)
 	if err != nil {
 		t.Fatal(err)
