@@ -1,0 +1,533 @@
+package caddymodule
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/ethereum/go-ethereum/crypto"
+	"github.com/ethereum/go-ethereum/ethclient"
+	"go.uber.org/zap"
+
+	"github.com/aovhq/aov/plugins/evmfacilitator"
+	"github.com/aovhq/aov/x402"
+)
+
+func init() {
+	caddy.RegisterModule(EVMFacilitator{})
+	caddy.RegisterModule(HTTPFacilitator{})
+	caddy.RegisterModule(FacilitatorHandler{})
+	httpcaddyfile.RegisterHandlerDirective("x402_facilitator", parseFacilitatorHandler)
+	httpcaddyfile.RegisterDirectiveOrder("x402_facilitator", httpcaddyfile.Before, "respond")
+}
+
+// facilitatorPool shares EVM facilitators (and the devnets under them)
+// between configurations: Caddy provisions a new config before it cleans up
+// the old one, and a devnet or a relayer's nonce sequence must not be
+// started twice. Keyed by facilitatorPoolKey.
+var facilitatorPool = caddy.NewUsagePool()
+
+// pooledFacilitator is a facilitatorPool entry.
+type pooledFacilitator struct {
+	f      *evmfacilitator.Facilitator
+	devnet *evmfacilitator.Devnet // nil unless the facilitator runs on a devnet
+	client *ethclient.Client      // nil on a devnet
+}
+
+// Destruct stops the devnet or closes the chain connection.
+func (p *pooledFacilitator) Destruct() error {
+	if p.client != nil {
+		p.client.Close()
+	}
+	if p.devnet != nil {
+		return p.devnet.Close()
+	}
+	return nil
+}
+
+// FacilitatorDevnet asks for an in-process development chain (chain id
+// 1337) with a test USDC token deployed and the ten development accounts
+// of the "test test … junk" mnemonic funded. For development and tests
+// only: its state is lost on exit and every key on it is public.
+type FacilitatorDevnet struct {
+	// RPCListen serves the chain's JSON-RPC over HTTP on this address
+	// (e.g. 127.0.0.1:8545) for wallets, viem or other facilitators. Empty:
+	// the chain is reachable inside the process only.
+	RPCListen string `json:"rpc_listen,omitempty"`
+}
+
+// EVMFacilitator is a facilitator that verifies and settles x402 "exact"
+// payments (EIP-3009) itself, on one EVM chain, submitting settlements from
+// a relayer key it holds and pays gas with. Either Devnet is set (a local
+// development chain) or RPCURL, Network and a relayer key are.
+//
+// Module ID: x402.facilitators.evm
+type EVMFacilitator struct {
+	// Network is the chain, as a CAIP-2 id ("eip155:84532") or a known name
+	// ("base", "base-sepolia", "devnet"). Required with rpc_url; with
+	// devnet it can only be devnet.
+	Network string `json:"network,omitempty"`
+	// RPCURL is the chain's JSON-RPC endpoint (http, https, ws or wss).
+	RPCURL string `json:"rpc_url,omitempty"`
+	// RelayerKeyFile is a file holding the relayer's hex private key. The
+	// relayer's address must hold ETH for gas.
+	RelayerKeyFile string `json:"relayer_key_file,omitempty"`
+	// RelayerKey is the relayer's hex private key; use a placeholder such
+	// as {env.AOV_RELAYER_KEY} rather than writing the key in the config.
+	RelayerKey string `json:"relayer_key,omitempty"`
+	// ReceiptTimeout bounds the wait for a settlement's receipt; after it
+	// the outcome is read from the token. Default 2m.
+	ReceiptTimeout caddy.Duration `json:"receipt_timeout,omitempty"`
+	// Devnet runs the facilitator on an in-process development chain whose
+	// relayer is development account 0.
+	Devnet *FacilitatorDevnet `json:"devnet,omitempty"`
+
+	poolKey string
+	f       *evmfacilitator.Facilitator
+}
+
+// CaddyModule returns the Caddy module information.
+func (EVMFacilitator) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{ID: "x402.facilitators.evm", New: func() caddy.Module { return new(EVMFacilitator) }}
+}
+
+// Provision gets the shared facilitator for this configuration, starting
+// a devnet or dialing the RPC endpoint the first time.
+func (m *EVMFacilitator) Provision(ctx caddy.Context) error {
+	repl := caddy.NewReplacer()
+	if m.Devnet != nil {
+		if m.Network != "" {
+			if n, err := x402.ResolveNetwork(m.Network); err != nil || n != evmfacilitator.DevnetNetwork {
+				return fmt.Errorf("devnet runs on %s, not %q", evmfacilitator.DevnetNetwork, m.Network)
+			}
+		}
+		if m.RPCURL != "" || m.RelayerKey != "" || m.RelayerKeyFile != "" {
+			return errors.New("devnet brings its own chain and relayer: drop rpc_url and relayer_key(_file)")
+		}
+		listen := repl.ReplaceKnown(m.Devnet.RPCListen, "")
+		m.poolKey = "devnet rpc_listen=" + listen
+		val, _, err := facilitatorPool.LoadOrNew(m.poolKey, func() (caddy.Destructor, error) {
+			d, err := evmfacilitator.StartDevnet(evmfacilitator.DevnetConfig{RPCListen: listen})
+			if err != nil {
+				return nil, err
+			}
+			f, err := d.NewFacilitator()
+			if err != nil {
+				d.Close()
+				return nil, err
+			}
+			ctx.Logger().Info("devnet started", zap.String("rpc_url", d.RPCURL()), zap.String("token", d.Token().Hex()),
+				zap.String("relayer", f.Relayer().Hex()))
+			return &pooledFacilitator{f: f, devnet: d}, nil
+		})
+		if err != nil {
+			return fmt.Errorf("starting devnet: %v", err)
+		}
+		m.f = val.(*pooledFacilitator).f
+		return nil
+	}
+
+	if m.RPCURL == "" {
+		return errors.New("rpc_url is required (or use devnet)")
+	}
+	if m.Network == "" {
+		return errors.New("network is required with rpc_url")
+	}
+	network, err := x402.ResolveNetwork(m.Network)
+	if err != nil {
+		return fmt.Errorf("network: %v", err)
+	}
+	key, err := m.relayerKey(repl)
+	if err != nil {
+		return err
+	}
+	rpcURL := repl.ReplaceKnown(m.RPCURL, "")
+	relayer := crypto.PubkeyToAddress(key.PublicKey)
+	m.poolKey = fmt.Sprintf("rpc network=%s url=%s relayer=%s timeout=%d", network, rpcURL, relayer.Hex(), m.ReceiptTimeout)
+	val, _, err := facilitatorPool.LoadOrNew(m.poolKey, func() (caddy.Destructor, error) {
+		// Dialing an http(s) endpoint makes no request; the chain is first
+		// asked when a payment arrives.
+		c, err := ethclient.Dial(rpcURL)
+		if err != nil {
+			return nil, fmt.Errorf("dialing rpc_url: %v", err)
+		}
+		f, err := evmfacilitator.New(evmfacilitator.Config{Chain: c, Network: network, RelayerKey: key, ReceiptTimeout: time.Duration(m.ReceiptTimeout)})
+		if err != nil {
+			c.Close()
+			return nil, err
+		}
+		return &pooledFacilitator{f: f, client: c}, nil
+	})
+	if err != nil {
+		return err
+	}
+	m.f = val.(*pooledFacilitator).f
+	return nil
+}
+
+// relayerKey reads the relayer key from relayer_key or relayer_key_file.
+func (m *EVMFacilitator) relayerKey(repl *caddy.Replacer) (*ecdsa.PrivateKey, error) {
+	hexKey := repl.ReplaceKnown(m.RelayerKey, "")
+	switch {
+	case hexKey != "" && m.RelayerKeyFile != "":
+		return nil, errors.New("set relayer_key or relayer_key_file, not both")
+	case m.RelayerKeyFile != "":
+		b, err := os.ReadFile(repl.ReplaceKnown(m.RelayerKeyFile, ""))
+		if err != nil {
+			return nil, fmt.Errorf("reading relayer_key_file: %v", err)
+		}
+		hexKey = string(b)
+	case hexKey == "":
+		return nil, errors.New("relayer_key or relayer_key_file is required with rpc_url")
+	}
+	key, err := crypto.HexToECDSA(strings.TrimPrefix(strings.TrimSpace(hexKey), "0x"))
+	if err != nil {
+		return nil, errors.New("the relayer key is not a hex secp256k1 private key") // never echo the key
+	}
+	return key, nil
+}
+
+// Cleanup releases this configuration's use of the shared facilitator; the
+// last user stops the devnet or closes the connection.
+func (m *EVMFacilitator) Cleanup() error {
+	if m.poolKey == "" {
+		return nil
+	}
+	_, err := facilitatorPool.Delete(m.poolKey)
+	m.poolKey = ""
+	return err
+}
+
+// Verify implements x402.Facilitator.
+func (m *EVMFacilitator) Verify(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.VerifyResponse, error) {
+	return m.f.Verify(ctx, p, req)
+}
+
+// Settle implements x402.Facilitator.
+func (m *EVMFacilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettleResponse, error) {
+	return m.f.Settle(ctx, p, req)
+}
+
+// Supported implements x402.Facilitator.
+func (m *EVMFacilitator) Supported(ctx context.Context) (x402.SupportedResponse, error) {
+	return m.f.Supported(ctx)
+}
+
+// UnmarshalCaddyfile sets up the module from Caddyfile tokens:
+//
+//	evm {
+//		network          <name|caip2>
+//		rpc_url          <url>
+//		relayer_key_file <path>
+//		relayer_key      <hex|{env.VAR}>
+//		receipt_timeout  <duration>
+//		devnet [{
+//			rpc_listen <host:port>
+//		}]
+//	}
+func (m *EVMFacilitator) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // module name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		var err error
+		switch d.Val() {
+		case "network":
+			err = facOneArg(d, &m.Network)
+		case "rpc_url":
+			err = facOneArg(d, &m.RPCURL)
+		case "relayer_key_file":
+			err = facOneArg(d, &m.RelayerKeyFile)
+		case "relayer_key":
+			err = facOneArg(d, &m.RelayerKey)
+		case "receipt_timeout":
+			err = facDurationArg(d, &m.ReceiptTimeout)
+		case "devnet":
+			m.Devnet, err = facParseDevnet(d)
+		default:
+			return d.Errf("unrecognized evm facilitator option '%s'", d.Val())
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// facParseDevnet parses `devnet [{ rpc_listen <addr> }]`.
+func facParseDevnet(d *caddyfile.Dispenser) (*FacilitatorDevnet, error) {
+	dn := new(FacilitatorDevnet)
+	if d.NextArg() {
+		return nil, d.ArgErr()
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		switch d.Val() {
+		case "rpc_listen":
+			if err := facOneArg(d, &dn.RPCListen); err != nil {
+				return nil, err
+			}
+		default:
+			return nil, d.Errf("unrecognized devnet option '%s'", d.Val())
+		}
+	}
+	return dn, nil
+}
+
+// HTTPFacilitator is a remote facilitator reached over the x402
+// facilitator HTTP API (POST /verify, POST /settle, GET /supported), such as
+// https://x402.org/facilitator or another instance of x402_facilitator.
+//
+// Module ID: x402.facilitators.http
+type HTTPFacilitator struct {
+	// URL is the facilitator's base URL; /verify, /settle and /supported
+	// are appended to it.
+	URL string `json:"url,omitempty"`
+	// Headers are sent with every request, e.g. an Authorization header.
+	// Values may use placeholders such as {env.FACILITATOR_TOKEN}.
+	Headers map[string]string `json:"headers,omitempty"`
+	// Timeout bounds one call, retries included. Default 30s.
+	Timeout caddy.Duration `json:"timeout,omitempty"`
+
+	f *x402.HTTPFacilitator
+}
+
+// CaddyModule returns the Caddy module information.
+func (HTTPFacilitator) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{ID: "x402.facilitators.http", New: func() caddy.Module { return new(HTTPFacilitator) }}
+}
+
+// Provision builds the client; a bad URL is refused here.
+func (m *HTTPFacilitator) Provision(caddy.Context) error {
+	repl := caddy.NewReplacer()
+	headers := make(map[string]string, len(m.Headers))
+	for k, v := range m.Headers {
+		headers[k] = repl.ReplaceKnown(v, "")
+	}
+	m.f = x402.NewHTTPFacilitator(x402.HTTPFacilitatorConfig{URL: repl.ReplaceKnown(m.URL, ""), Headers: headers, Timeout: time.Duration(m.Timeout)})
+	if err := m.f.Err(); err != nil {
+		return err
+	}
+	return nil
+}
+
+// Verify implements x402.Facilitator.
+func (m *HTTPFacilitator) Verify(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.VerifyResponse, error) {
+	return m.f.Verify(ctx, p, req)
+}
+
+// Settle implements x402.Facilitator.
+func (m *HTTPFacilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettleResponse, error) {
+	return m.f.Settle(ctx, p, req)
+}
+
+// Supported implements x402.Facilitator.
+func (m *HTTPFacilitator) Supported(ctx context.Context) (x402.SupportedResponse, error) {
+	return m.f.Supported(ctx)
+}
+
+// UnmarshalCaddyfile sets up the module from Caddyfile tokens:
+//
+//	http [<url>] {
+//		url     <url>
+//		header  <name> <value>
+//		timeout <duration>
+//	}
+func (m *HTTPFacilitator) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // module name
+	if d.NextArg() {
+		m.URL = d.Val()
+		if d.NextArg() {
+			return d.ArgErr()
+		}
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		var err error
+		switch d.Val() {
+		case "url":
+			err = facOneArg(d, &m.URL)
+		case "header":
+			args := d.RemainingArgs()
+			if len(args) != 2 {
+				return d.ArgErr()
+			}
+			if m.Headers == nil {
+				m.Headers = map[string]string{}
+			}
+			m.Headers[args[0]] = args[1]
+		case "timeout":
+			err = facDurationArg(d, &m.Timeout)
+		default:
+			return d.Errf("unrecognized http facilitator option '%s'", d.Val())
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if m.URL == "" {
+		return d.Err("the http facilitator needs a url")
+	}
+	return nil
+}
+
+// FacilitatorHandler serves the x402 facilitator HTTP API, backed by a
+// facilitator module: POST verify, POST settle and GET supported at the
+// request path's end (/verify, /settle, /supported), answering the
+// reference facilitators' JSON. Mount it under a prefix, e.g.:
+//
+//	handle_path /facilitator/* {
+//		x402_facilitator {
+//			devnet
+//		}
+//	}
+//
+// Other paths answer 404. It is a terminal handler: it never calls the next
+// one.
+//
+// Module ID: http.handlers.x402_facilitator
+type FacilitatorHandler struct {
+	// FacilitatorRaw is the facilitator that does the work (a module in the
+	// x402.facilitators namespace: evm, http).
+	FacilitatorRaw json.RawMessage `json:"facilitator,omitempty" caddy:"namespace=x402.facilitators inline_key=type"`
+
+	api http.Handler
+}
+
+// CaddyModule returns the Caddy module information.
+func (FacilitatorHandler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{ID: "http.handlers.x402_facilitator", New: func() caddy.Module { return new(FacilitatorHandler) }}
+}
+
+// Provision loads the facilitator module.
+func (h *FacilitatorHandler) Provision(ctx caddy.Context) error {
+	if h.FacilitatorRaw == nil {
+		return errors.New("x402_facilitator needs a facilitator (devnet, evm or http)")
+	}
+	mod, err := ctx.LoadModule(h, "FacilitatorRaw")
+	if err != nil {
+		return fmt.Errorf("loading facilitator module: %v", err)
+	}
+	f, ok := mod.(x402.Facilitator)
+	if !ok {
+		return fmt.Errorf("facilitator module %T does not verify and settle payments", mod)
+	}
+	h.api = x402.NewFacilitatorHandler(f)
+	return nil
+}
+
+// ServeHTTP answers the facilitator API. A path ending in /verify,
+// /settle or /supported is that endpoint, whatever prefix precedes it, so
+// the handler also works under a matcher without handle_path.
+func (h *FacilitatorHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
+	for _, ep := range facilitatorEndpoints {
+		if p := r.URL.Path; p != ep && strings.HasSuffix(p, ep) {
+			r2 := new(http.Request)
+			*r2 = *r
+			u := *r.URL
+			u.Path, u.RawPath = ep, ""
+			r2.URL = &u
+			r = r2
+			break
+		}
+	}
+	h.api.ServeHTTP(w, r)
+	return nil
+}
+
+var facilitatorEndpoints = []string{"/verify", "/settle", "/supported"}
+
+// UnmarshalCaddyfile sets up the handler from Caddyfile tokens:
+//
+//	x402_facilitator {
+//		devnet [{ rpc_listen <host:port> }]   # shorthand for evm { devnet … }
+//		evm { … }                             # or any x402.facilitators module
+//		http <url> { … }
+//	}
+func (h *FacilitatorHandler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // directive name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		if h.FacilitatorRaw != nil {
+			return d.Err("x402_facilitator takes one facilitator")
+		}
+		name := d.Val()
+		if name == "devnet" {
+			dn, err := facParseDevnet(d)
+			if err != nil {
+				return err
+			}
+			h.FacilitatorRaw = caddyconfig.JSONModuleObject(EVMFacilitator{Devnet: dn}, "type", "evm", nil)
+			continue
+		}
+		if _, err := caddy.GetModule("x402.facilitators." + name); err != nil {
+			return d.Errf("unrecognized x402_facilitator option '%s' (want devnet, evm or http)", name)
+		}
+		unm, err := caddyfile.UnmarshalModule(d, "x402.facilitators."+name)
+		if err != nil {
+			return err
+		}
+		h.FacilitatorRaw = caddyconfig.JSONModuleObject(unm, "type", name, nil)
+	}
+	if h.FacilitatorRaw == nil {
+		return d.Err("x402_facilitator needs a facilitator (devnet, evm or http)")
+	}
+	return nil
+}
+
+func parseFacilitatorHandler(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	m := new(FacilitatorHandler)
+	err := m.UnmarshalCaddyfile(h.Dispenser)
+	return m, err
+}
+
+func facOneArg(d *caddyfile.Dispenser, dst *string) error {
+	if !d.NextArg() {
+		return d.ArgErr()
+	}
+	*dst = d.Val()
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	return nil
+}
+
+func facDurationArg(d *caddyfile.Dispenser, dst *caddy.Duration) error {
+	var s string
+	if err := facOneArg(d, &s); err != nil {
+		return err
+	}
+	dur, err := caddy.ParseDuration(s)
+	if err != nil {
+		return d.Errf("bad duration %q: %v", s, err)
+	}
+	*dst = caddy.Duration(dur)
+	return nil
+}
+
+// Interface guards
+var (
+	_ caddy.Provisioner           = (*EVMFacilitator)(nil)
+	_ caddy.CleanerUpper          = (*EVMFacilitator)(nil)
+	_ caddyfile.Unmarshaler       = (*EVMFacilitator)(nil)
+	_ x402.Facilitator            = (*EVMFacilitator)(nil)
+	_ caddy.Provisioner           = (*HTTPFacilitator)(nil)
+	_ caddyfile.Unmarshaler       = (*HTTPFacilitator)(nil)
+	_ x402.Facilitator            = (*HTTPFacilitator)(nil)
+	_ caddy.Provisioner           = (*FacilitatorHandler)(nil)
+	_ caddyhttp.MiddlewareHandler = (*FacilitatorHandler)(nil)
+	_ caddyfile.Unmarshaler       = (*FacilitatorHandler)(nil)
+	_ caddy.Destructor            = (*pooledFacilitator)(nil)
+)

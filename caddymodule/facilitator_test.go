@@ -1,0 +1,378 @@
+package caddymodule
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"math/big"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	_ "github.com/caddyserver/caddy/v2/modules/standard"
+	"github.com/ethereum/go-ethereum"
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/ethclient"
+
+	"github.com/aovhq/aov/plugins/evmfacilitator"
+	"github.com/aovhq/aov/x402"
+)
+
+// TestFacilitatorCaddyfileAdapt checks every x402_facilitator form against
+// golden files in testdata/facilitator_adapt: a Caddyfile, a line of ten
+// dashes, the expected JSON. Set FACILITATOR_ADAPT_UPDATE=1 to rewrite the
+// expected halves after a deliberate change.
+func TestFacilitatorCaddyfileAdapt(t *testing.T) {
+	files, err := filepath.Glob("testdata/facilitator_adapt/*.txt")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no adapt cases: %v", err)
+	}
+	for _, file := range files {
+		t.Run(filepath.Base(file), func(t *testing.T) {
+			raw, err := os.ReadFile(file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			input, want, ok := strings.Cut(string(raw), "\n----------\n")
+			if !ok {
+				t.Fatalf("%s has no ---------- separator", file)
+			}
+			got := facAdapt(t, input+"\n")
+			if os.Getenv("FACILITATOR_ADAPT_UPDATE") != "" {
+				os.WriteFile(file, []byte(input+"\n----------\n"+got), 0o644)
+				return
+			}
+			if strings.TrimSpace(got) != strings.TrimSpace(want) {
+				t.Errorf("adapted JSON differs\n--- got\n%s\n--- want\n%s", got, want)
+			}
+		})
+	}
+}
+
+func facAdapt(t *testing.T, caddyfile string) string {
+	t.Helper()
+	out, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), map[string]any{"filename": "Caddyfile"})
+	if err != nil {
+		t.Fatalf("adapting: %v", err)
+	}
+	for _, w := range warnings {
+		t.Errorf("warning: %s", w.String())
+	}
+	var buf bytes.Buffer
+	if err := json.Indent(&buf, out, "", "\t"); err != nil {
+		t.Fatal(err)
+	}
+	return buf.String() + "\n"
+}
+
+func TestFacilitatorCaddyfileErrors(t *testing.T) {
+	cases := []struct{ desc, caddyfile, want string }{
+		{"a handler without a facilitator is refused", "x402_facilitator", "needs a facilitator"},
+		{"an empty block is refused", "x402_facilitator {\n}", "needs a facilitator"},
+		{"two facilitators are refused", "x402_facilitator {\n\tdevnet\n\thttp http://127.0.0.1:1\n}", "takes one facilitator"},
+		{"an unknown facilitator is named", "x402_facilitator {\n\tsolana\n}", "unrecognized x402_facilitator option 'solana'"},
+		{"inline arguments are refused", "x402_facilitator devnet", "wrong argument count"},
+		{"devnet takes no arguments", "x402_facilitator {\n\tdevnet 8545\n}", "wrong argument count"},
+		{"an unknown devnet option is named", "x402_facilitator {\n\tdevnet {\n\t\tport 1\n\t}\n}", "unrecognized devnet option 'port'"},
+		{"an unknown evm option is named", "x402_facilitator {\n\tevm {\n\t\tgas 1\n\t}\n}", "unrecognized evm facilitator option 'gas'"},
+		{"a bad receipt timeout is refused", "x402_facilitator {\n\tevm {\n\t\treceipt_timeout soon\n\t}\n}", "bad duration"},
+		{"the http facilitator needs a url", "x402_facilitator {\n\thttp {\n\t\ttimeout 1s\n\t}\n}", "needs a url"},
+		{"a header needs a name and a value", "x402_facilitator {\n\thttp http://x {\n\t\theader Authorization\n\t}\n}", "wrong argument count"},
+		{"an unknown http option is named", "x402_facilitator {\n\thttp http://x {\n\t\tretries 3\n\t}\n}", "unrecognized http facilitator option 'retries'"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.desc, func(t *testing.T) {
+			_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(":8080 {\n"+tc.caddyfile+"\n}\n"), nil)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want it to contain %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// facLoad provisions a module from JSON in a fresh Caddy context, as a
+// config load does; the returned cancel cleans it up, as a reload does.
+func facLoad(t *testing.T, id, cfg string) (any, func()) {
+	t.Helper()
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	mod, err := ctx.LoadModuleByID(id, json.RawMessage(cfg))
+	if err != nil {
+		cancel()
+		t.Fatalf("provisioning %s: %v", id, err)
+	}
+	return mod, cancel
+}
+
+func facServe(t *testing.T, h *FacilitatorHandler, method, path string, body any) (int, []byte) {
+	t.Helper()
+	var rd *bytes.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	} else {
+		rd = bytes.NewReader(nil)
+	}
+	r := httptest.NewRequest(method, path, rd)
+	r.Header.Set("Content-Type", "application/json")
+	w := httptest.NewRecorder()
+	if err := h.ServeHTTP(w, r, nil); err != nil {
+		t.Fatal(err)
+	}
+	return w.Code, w.Body.Bytes()
+}
+
+func facDevnetRequirements(payTo common.Address) x402.PaymentRequirements {
+	a, _ := x402.USDC(evmfacilitator.DevnetNetwork)
+	return x402.PaymentRequirements{Scheme: x402.SchemeExact, Network: evmfacilitator.DevnetNetwork, Amount: "20000",
+		Asset: a.Address, PayTo: payTo.Hex(), MaxTimeoutSeconds: 60, Extra: a.Extra()}
+}
+
+// TestFacilitatorHandlerServesTheAPIOnADevnet provisions
+// `x402_facilitator { devnet }` and pays through its API.
+func TestFacilitatorHandlerServesTheAPIOnADevnet(t *testing.T) {
+	mod, cancel := facLoad(t, "http.handlers.x402_facilitator", `{"facilitator":{"type":"evm","devnet":{}}}`)
+	defer cancel()
+	h := mod.(*FacilitatorHandler)
+	accts := evmfacilitator.DevAccounts()
+	req := facDevnetRequirements(accts[2].Address)
+	p, err := x402.SignExactEVM(accts[1].Key(), req, nil, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := x402.FacilitatorRequest{X402Version: 2, PaymentPayload: p, PaymentRequirements: req}
+
+	cases := []struct {
+		desc, method, path string
+		body               any
+		status             int
+		check              func(t *testing.T, b []byte)
+	}{
+		{desc: "supported lists exact on the devnet network", method: "GET", path: "/supported", status: 200,
+			check: func(t *testing.T, b []byte) {
+				var s x402.SupportedResponse
+				if json.Unmarshal(b, &s) != nil || len(s.Kinds) != 1 || s.Kinds[0].Network != evmfacilitator.DevnetNetwork {
+					t.Errorf("supported = %s", b)
+				}
+			}},
+		{desc: "verify of a good payment answers isValid true", method: "POST", path: "/verify", body: body, status: 200,
+			check: func(t *testing.T, b []byte) {
+				var v x402.VerifyResponse
+				if json.Unmarshal(b, &v) != nil || !v.IsValid || v.Payer != accts[1].Address.Hex() {
+					t.Errorf("verify = %s", b)
+				}
+			}},
+		{desc: "settle of the payment succeeds with a transaction hash", method: "POST", path: "/settle", body: body, status: 200,
+			check: func(t *testing.T, b []byte) {
+				var s x402.SettleResponse
+				if json.Unmarshal(b, &s) != nil || !s.Success || len(s.Transaction) != 66 {
+					t.Errorf("settle = %s", b)
+				}
+			}},
+		{desc: "a second settle of the same payment is refused as nonce already used", method: "POST", path: "/settle", body: body, status: 200,
+			check: func(t *testing.T, b []byte) {
+				var s x402.SettleResponse
+				if json.Unmarshal(b, &s) != nil || s.Success || s.ErrorReason != x402.ReasonExactEVMNonceAlreadyUsed {
+					t.Errorf("settle = %s", b)
+				}
+			}},
+		{desc: "an endpoint under an unstripped prefix is still found", method: "GET", path: "/facilitator/supported", status: 200},
+		{desc: "an unknown path is 404", method: "GET", path: "/nope", status: 404},
+		{desc: "verify by GET is 405", method: "GET", path: "/verify", status: 405},
+	}
+	for _, tc := range cases {
+		t.Run(tc.desc, func(t *testing.T) {
+			status, b := facServe(t, h, tc.method, tc.path, tc.body)
+			if status != tc.status {
+				t.Fatalf("status %d, want %d: %s", status, tc.status, b)
+			}
+			if tc.check != nil {
+				tc.check(t, b)
+			}
+		})
+	}
+}
+
+func facFreeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// TestDevnetIsSharedAcrossReloads: Caddy provisions a new config before it
+// cleans up the old one; both must use the same devnet, and the devnet
+// stops with its last user.
+func TestDevnetIsSharedAcrossReloads(t *testing.T) {
+	addr := facFreeAddr(t)
+	cfg := `{"facilitator":{"type":"evm","devnet":{"rpc_listen":"` + addr + `"}}}`
+	oldMod, cancelOld := facLoad(t, "http.handlers.x402_facilitator", cfg)
+	newMod, cancelNew := facLoad(t, "http.handlers.x402_facilitator", cfg)
+	_ = oldMod
+
+	c, err := ethclient.Dial("http://" + addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	tokenBefore := facTokenCode(t, c)
+
+	cancelOld() // the old config goes away
+	if got := facTokenCode(t, c); !bytes.Equal(got, tokenBefore) {
+		t.Fatal("the devnet changed when the old config was cleaned up")
+	}
+	if status, b := facServe(t, newMod.(*FacilitatorHandler), "GET", "/supported", nil); status != 200 {
+		t.Fatalf("new config after reload: %d %s", status, b)
+	}
+	cancelNew() // the last user: the devnet stops
+	ctxT, cancelT := context.WithTimeout(ctx, 2*time.Second)
+	defer cancelT()
+	if _, err := c.ChainID(ctxT); err == nil {
+		t.Error("the devnet still answers after its last user was cleaned up")
+	}
+}
+
+func facTokenCode(t *testing.T, c *ethclient.Client) []byte {
+	t.Helper()
+	a, ok := x402.USDC(evmfacilitator.DevnetNetwork)
+	if !ok {
+		t.Fatal("devnet asset not registered")
+	}
+	code, err := c.CodeAt(context.Background(), common.HexToAddress(a.Address), nil)
+	if err != nil || len(code) == 0 {
+		t.Fatalf("token code: %d bytes, %v", len(code), err)
+	}
+	return code
+}
+
+// TestEVMFacilitatorOverJSONRPC settles through the evm module pointed at a
+// chain's JSON-RPC URL (the devnet's), with the relayer key from an
+// environment placeholder.
+func TestEVMFacilitatorOverJSONRPC(t *testing.T) {
+	d, err := evmfacilitator.StartDevnet(evmfacilitator.DevnetConfig{RPCListen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	accts := evmfacilitator.DevAccounts()
+	t.Setenv("FAC_TEST_RELAYER_KEY", accts[9].PrivateKeyHex)
+	mod, cancel := facLoad(t, "x402.facilitators.evm", `{"network":"devnet","rpc_url":"`+d.RPCURL()+`","relayer_key":"{env.FAC_TEST_RELAYER_KEY}"}`)
+	defer cancel()
+	f := mod.(*EVMFacilitator)
+	req := facDevnetRequirements(accts[2].Address)
+	p, err := x402.SignExactEVM(accts[1].Key(), req, nil, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := f.Settle(context.Background(), p, req)
+	if err != nil || !s.Success {
+		t.Fatalf("settle over JSON-RPC = %+v, %v", s, err)
+	}
+	sup, _ := f.Supported(context.Background())
+	if sup.Signers["eip155:*"][0] != accts[9].Address.Hex() {
+		t.Errorf("relayer = %v, want account 9 from the env placeholder", sup.Signers)
+	}
+	// The payee got paid on the chain the RPC URL points at.
+	data := common.FromHex("0x70a08231000000000000000000000000" + accts[2].Address.Hex()[2:])
+	tok := d.Token()
+	out, err := d.Client().CallContract(context.Background(), ethereum.CallMsg{To: &tok, Data: data}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := new(big.Int).SetBytes(out); got.Int64() != evmfacilitator.DevnetUSDCPerAccount+20000 {
+		t.Errorf("payee balance %v", got)
+	}
+}
+
+func TestEVMFacilitatorProvisionErrors(t *testing.T) {
+	keyFile := filepath.Join(t.TempDir(), "relayer.key")
+	os.WriteFile(keyFile, []byte("not a key\n"), 0o600)
+	secret := "0x" + strings.Repeat("ab", 31) + "zz"
+	cases := []struct{ desc, cfg, want string }{
+		{"rpc mode needs rpc_url", `{"network":"base"}`, "rpc_url is required"},
+		{"rpc mode needs a network", `{"rpc_url":"http://127.0.0.1:1"}`, "network is required"},
+		{"an unknown network is refused", `{"network":"nowhere","rpc_url":"http://127.0.0.1:1","relayer_key":"` + evmfacilitator.DevAccounts()[0].PrivateKeyHex + `"}`, "network"},
+		{"rpc mode needs a relayer key", `{"network":"base","rpc_url":"http://127.0.0.1:1"}`, "relayer_key or relayer_key_file is required"},
+		{"a malformed key is refused without being echoed", `{"network":"base","rpc_url":"http://127.0.0.1:1","relayer_key":"` + secret + `"}`, "not a hex secp256k1 private key"},
+		{"a key file that is not a key is refused", `{"network":"base","rpc_url":"http://127.0.0.1:1","relayer_key_file":"` + keyFile + `"}`, "not a hex secp256k1 private key"},
+		{"a missing key file is refused", `{"network":"base","rpc_url":"http://127.0.0.1:1","relayer_key_file":"` + keyFile + `.missing"}`, "reading relayer_key_file"},
+		{"key and key file together are refused", `{"network":"base","rpc_url":"http://127.0.0.1:1","relayer_key":"x","relayer_key_file":"` + keyFile + `"}`, "not both"},
+		{"devnet cannot run on another network", `{"network":"base","devnet":{}}`, "devnet runs on eip155:1337"},
+		{"devnet brings its own chain", `{"rpc_url":"http://127.0.0.1:1","devnet":{}}`, "drop rpc_url"},
+		{"a devnet RPC address that cannot be bound is refused", `{"devnet":{"rpc_listen":"256.0.0.1:1"}}`, "starting devnet"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.desc, func(t *testing.T) {
+			ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+			defer cancel()
+			_, err := ctx.LoadModuleByID("x402.facilitators.evm", json.RawMessage(tc.cfg))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want it to contain %q", err, tc.want)
+			}
+			if strings.Contains(err.Error(), secret[2:20]) {
+				t.Error("the error echoes the key")
+			}
+		})
+	}
+}
+
+// TestHTTPFacilitatorModule reaches a facilitator API (our own handler on a
+// devnet) through the http guest module, with a header placeholder.
+func TestHTTPFacilitatorModule(t *testing.T) {
+	mod, cancel := facLoad(t, "http.handlers.x402_facilitator", `{"facilitator":{"type":"evm","devnet":{}}}`)
+	defer cancel()
+	h := mod.(*FacilitatorHandler)
+	var gotAuth string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		gotAuth = r.Header.Get("Authorization")
+		h.ServeHTTP(w, r, nil)
+	}))
+	defer srv.Close()
+	t.Setenv("FAC_TEST_TOKEN", "s3cret")
+	hm, cancelHTTP := facLoad(t, "x402.facilitators.http", `{"url":"`+srv.URL+`/","headers":{"Authorization":"Bearer {env.FAC_TEST_TOKEN}"},"timeout":"5s"}`)
+	defer cancelHTTP()
+	f := hm.(*HTTPFacilitator)
+	sup, err := f.Supported(context.Background())
+	if err != nil || len(sup.Kinds) != 1 {
+		t.Fatalf("supported = %+v, %v", sup, err)
+	}
+	if gotAuth != "Bearer s3cret" {
+		t.Errorf("Authorization = %q, want the placeholder replaced", gotAuth)
+	}
+	accts := evmfacilitator.DevAccounts()
+	req := facDevnetRequirements(accts[2].Address)
+	req.Amount = "1"
+	p, _ := x402.SignExactEVM(accts[3].Key(), req, nil, time.Now())
+	more := req
+	more.Amount = "2"
+	v, err := f.Verify(context.Background(), p, more)
+	if err != nil || v.IsValid || v.InvalidReason != x402.ReasonExactEVMValueMismatch {
+		t.Fatalf("verify = %+v, %v; want an isValid:false answer", v, err)
+	}
+
+	t.Run("a URL that is not http(s) is refused at provision", func(t *testing.T) {
+		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+		defer cancel()
+		if _, err := ctx.LoadModuleByID("x402.facilitators.http", json.RawMessage(`{"url":"ftp://x"}`)); err == nil {
+			t.Fatal("provisioned an ftp facilitator URL")
+		}
+	})
+}
+
+func TestFacilitatorHandlerNeedsAFacilitator(t *testing.T) {
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	if _, err := ctx.LoadModuleByID("http.handlers.x402_facilitator", json.RawMessage(`{}`)); err == nil || !strings.Contains(err.Error(), "needs a facilitator") {
+		t.Fatalf("error %v", err)
+	}
+}
