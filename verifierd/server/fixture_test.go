@@ -47,6 +47,8 @@ type fixtureOpts struct {
 	noSync bool
 	// maxBody overrides the absolute body limit.
 	maxBody int64
+	// noGatewayToken configures no gateway token at all.
+	noGatewayToken bool
 }
 
 // shortDir is a temp dir with a short path: unix socket paths must fit in
@@ -84,12 +86,16 @@ func newFixture(t testing.TB, o fixtureOpts) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
+	token := gatewayToken
+	if o.noGatewayToken {
+		token = ""
+	}
 	f.h, err = server.New(server.Config{
 		Verifier:      verify.New(verify.Config{MaxBodyBytes: o.maxBody, VerifierVersion: "test"}),
 		Signer:        signer.NewClient(signer.ClientConfig{Socket: f.socket, Timeout: 2 * time.Second}),
 		History:       f.db,
 		PublicBaseURL: baseURL + "/",
-		GatewayToken:  gatewayToken,
+		GatewayToken:  token,
 		Logger:        slog.New(slog.NewJSONHandler(f.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Metrics:       m,
 	})

@@ -241,6 +241,24 @@ func TestGatewayHeaders(t *testing.T) {
 	}
 }
 
+func TestGatewayHeadersWithoutAConfiguredToken(t *testing.T) {
+	f := newFixture(t, fixtureOpts{noGatewayToken: true})
+	for _, tok := range []string{gatewayToken, ""} {
+		w := f.do(http.MethodPost, "/verify/schema", invoice("129.5", ""), map[string]string{
+			"X-Aov-Gateway-Token": tok, "X-Aov-Payment": "paid", "X-Aov-Payer": "0x1111111111111111111111111111111111111111"})
+		if w.Code != http.StatusOK {
+			t.Fatalf("status %d", w.Code)
+		}
+		rec, err := f.db.Verification(context.Background(), decode(t, w)["verification_id"].(string))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.Payment != store.PaymentUnknown || rec.Payer != "" {
+			t.Errorf("token %q: with no token configured the headers were believed: %+v", tok, rec)
+		}
+	}
+}
+
 func TestRefusals(t *testing.T) {
 	f := newFixture(t, fixtureOpts{})
 	const secret = "SECRET-CONTENT-7f3a"
