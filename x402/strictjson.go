@@ -183,8 +183,8 @@ func stringMember(m map[string]json.RawMessage, name, path string) (string, erro
 	if !ok {
 		return "", invalid(path, "is required")
 	}
-	var s string
-	if len(raw) == 0 || raw[0] != '"' || json.Unmarshal(raw, &s) != nil {
+	s, ok := unquote(raw)
+	if !ok {
 		return "", invalid(path, "must be a string")
 	}
 	if s == "" {
@@ -199,11 +199,28 @@ func optStringMember(m map[string]json.RawMessage, name, path string) (string, e
 	if !ok || string(raw) == "null" {
 		return "", nil
 	}
-	var s string
-	if len(raw) == 0 || raw[0] != '"' || json.Unmarshal(raw, &s) != nil {
+	s, ok := unquote(raw)
+	if !ok {
 		return "", invalid(path, "must be a string")
 	}
 	return s, nil
+}
+
+// unquote decodes a JSON string value. Strings without escapes (almost all
+// of them) are sliced rather than decoded; the document is already known to
+// be valid UTF-8 JSON.
+func unquote(raw json.RawMessage) (string, bool) {
+	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' {
+		return "", false
+	}
+	if bytes.IndexByte(raw, '\\') < 0 {
+		return string(raw[1 : len(raw)-1]), true
+	}
+	var s string
+	if json.Unmarshal(raw, &s) != nil {
+		return "", false
+	}
+	return s, true
 }
 
 // objectMember reads an optional JSON object member as a map; absent and
