@@ -650,3 +650,108 @@ func TestDiscoveryListsLiveRoutes(t *testing.T) {
 		t.Error("score is listed with a free allowance")
 	}
 }
+
+func TestSettleBeforeStreamsAfterPayment(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	base := startCaddy(t, gateSite(up.URL, fac, 0, "settle before"))
+	url := base + "/verify/schema"
+	pr := paymentRequired(t, post(t, url, "", nil))
+	payer := evmfacilitator.DevAccounts()[6].Address
+	before := balance(t, d, payer)
+
+	// Settled before the upstream runs: an upstream failure is still paid
+	// for (the documented trade-off of this mode), and the answer carries
+	// PAYMENT-RESPONSE.
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: signFor(t, pr, 6), "X-Test-Status": "500"})
+	if resp.StatusCode != 500 || resp.Header.Get(x402.HeaderPaymentResponse) == "" {
+		t.Fatalf("status %d, PAYMENT-RESPONSE %q", resp.StatusCode, resp.Header.Get(x402.HeaderPaymentResponse))
+	}
+	if got := new(big.Int).Sub(before, balance(t, d, payer)); got.Cmp(big.NewInt(20000)) != 0 {
+		t.Fatalf("charged %v, want 20000", got)
+	}
+}
+
+func TestOversizeUpstreamAnswerIsNotSettled(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	big := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Write(bytes.Repeat([]byte("x"), 64<<10))
+	}))
+	defer big.Close()
+	base := startCaddy(t, gateSite(big.URL, fac, 0, "max_buffer 16KiB"))
+	url := base + "/verify/schema"
+	pr := paymentRequired(t, post(t, url, "", nil))
+	payer := evmfacilitator.DevAccounts()[7].Address
+	before := balance(t, d, payer)
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: signFor(t, pr, 7)})
+	if resp.StatusCode != http.StatusBadGateway {
+		t.Fatalf("status %d, want 502", resp.StatusCode)
+	}
+	if m := readJSON(t, resp); m["code"] != "upstream_response_too_large" || m["charged"] != false {
+		t.Errorf("body %v", m)
+	}
+	if balance(t, d, payer).Cmp(before) != 0 {
+		t.Fatal("an oversize answer was charged")
+	}
+}
+
+// TestUnknownSettlementOutcomeNeverAsksToPayAgain puts a fault-injecting
+// proxy (a fake, because a facilitator that loses its connection after
+// settling cannot be caused otherwise) between the gate and the real
+// facilitator: it forwards settle, so the money really moves, then drops the
+// reply. The gate must release no content, must not invite a new payment,
+// and must refuse the same payment again.
+func TestUnknownSettlementOutcomeNeverAsksToPayAgain(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	lossy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		req, _ := http.NewRequest(r.Method, fac+r.URL.Path, r.Body)
+		req.Header = r.Header.Clone()
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			http.Error(w, err.Error(), 500)
+			return
+		}
+		defer resp.Body.Close()
+		if strings.HasSuffix(r.URL.Path, "/settle") {
+			io.Copy(io.Discard, resp.Body)
+			conn, _, _ := w.(http.Hijacker).Hijack()
+			conn.Close() // the reply is lost
+			return
+		}
+		w.WriteHeader(resp.StatusCode)
+		io.Copy(w, resp.Body)
+	}))
+	defer lossy.Close()
+	up := newUpstream(t)
+	base := startCaddy(t, gateSite(up.URL, lossy.URL, 0, ""))
+	url := base + "/verify/schema"
+	pr := paymentRequired(t, post(t, url, "", nil))
+	payer := evmfacilitator.DevAccounts()[8].Address
+	before := balance(t, d, payer)
+	sig := signFor(t, pr, 8)
+
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusServiceUnavailable || bytes.Contains(b, []byte("paid_content")) {
+		t.Fatalf("status %d: %s", resp.StatusCode, b)
+	}
+	if resp.Header.Get(x402.HeaderPaymentRequired) != "" {
+		t.Fatal("an unknown settlement outcome asked for a new payment")
+	}
+	var e map[string]any
+	json.Unmarshal(b, &e)
+	if e["code"] != "settlement_pending" || e["retryable"] != true {
+		t.Errorf("body %s", b)
+	}
+	if got := new(big.Int).Sub(before, balance(t, d, payer)); got.Cmp(big.NewInt(20000)) != 0 {
+		t.Fatalf("the settlement did not go through on chain (charged %v)", got)
+	}
+	// The same payment cannot be used again while its outcome is unknown.
+	resp = post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	if resp.StatusCode != http.StatusPaymentRequired || readJSON(t, resp)["reason"] != reasonPaymentInFlight {
+		t.Fatalf("retry: status %d", resp.StatusCode)
+	}
+	if got := new(big.Int).Sub(before, balance(t, d, payer)); got.Cmp(big.NewInt(20000)) != 0 {
+		t.Fatalf("charged %v after the retry, want exactly one payment", got)
+	}
+}

@@ -97,10 +97,7 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	buf.Reset()
 	defer bufPool.Put(buf)
 	bw := &bufferedWriter{header: make(http.Header), buf: buf, limit: g.MaxBuffer}
-	if err := next.ServeHTTP(bw, r); err != nil {
-		release()
-		return err
-	}
+	err = runBuffered(next, bw, r)
 	if bw.overflow {
 		release()
 		return g.refuse(w, &apierr.Error{
@@ -109,6 +106,10 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 			Status:      http.StatusBadGateway,
 			NextActions: []apierr.Action{{Action: "contact_operator"}},
 		})
+	}
+	if err != nil {
+		release()
+		return err
 	}
 	if bw.status() >= 400 {
 		// An error is never charged: hand it over as it is.
@@ -303,3 +304,19 @@ func (b *bufferedWriter) replay(w http.ResponseWriter) {
 }
 
 var errBufferFull = errors.New("upstream response larger than the gateway buffer")
+
+// runBuffered runs the upstream into bw. A proxy that cannot finish a
+// response it has started (here: the buffer is full, or the upstream died
+// mid-body) aborts with http.ErrAbortHandler; since nothing has reached the
+// client yet, that becomes an ordinary error the gate can answer.
+func runBuffered(next caddyhttp.Handler, bw *bufferedWriter, r *http.Request) (err error) {
+	defer func() {
+		if rec := recover(); rec != nil {
+			if rec != http.ErrAbortHandler {
+				panic(rec)
+			}
+			err = caddyhttp.Error(http.StatusBadGateway, errors.New("upstream response aborted"))
+		}
+	}()
+	return next.ServeHTTP(bw, r)
+}
