@@ -109,7 +109,9 @@ func DomainSeparator(chainID *big.Int, name, version string, token common.Addres
 	copy(buf[0:], EIP712DomainTypehash[:])
 	copy(buf[32:], crypto.Keccak256([]byte(name)))
 	copy(buf[64:], crypto.Keccak256([]byte(version)))
-	chainID.FillBytes(buf[96:128])
+	// The mask keeps an out-of-range chain id (never produced by ChainID)
+	// from panicking in FillBytes; such an id cannot match any token anyway.
+	new(big.Int).And(chainID, maxUint256).FillBytes(buf[96:128])
 	copy(buf[128+12:], token[:])
 	return crypto.Keccak256Hash(buf[:])
 }

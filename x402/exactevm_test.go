@@ -264,3 +264,22 @@ func TestRecoverAuthorizer(t *testing.T) {
 }
 
 var bigOne = big.NewInt(1)
+
+func TestDomainSeparatorNeverPanics(t *testing.T) {
+	for _, tc := range []struct {
+		desc string
+		id   *big.Int
+	}{
+		{"a chain id beyond uint256 gives a separator instead of a panic", new(big.Int).Lsh(big.NewInt(1), 300)},
+		{"a negative chain id gives a separator instead of a panic", big.NewInt(-1)},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			if DomainSeparator(tc.id, "n", "v", common.Address{}) == (common.Hash{}) {
+				t.Fatal("zero separator")
+			}
+		})
+	}
+	if _, err := TransferWithAuthorizationDigest(big.NewInt(-1), "n", "v", common.Address{}, sampleAuth); err == nil {
+		t.Fatal("a negative chain id was accepted for a digest")
+	}
+}
