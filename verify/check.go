@@ -178,6 +178,32 @@ func (c *checker) report(f finding) {
 	}
 }
 
+// shown reports whether a finding of check would appear in any list. When
+// every list it would go to is full, it only counts the finding and
+// returns false, so the caller skips building strings nobody will see: an
+// output with a hundred thousand bad values costs counting, not text.
+func (c *checker) shown(check string, blocking bool) bool {
+	r := c.res
+	if len(r.Hints) < r.listCap {
+		return true
+	}
+	if blocking {
+		if len(r.Errors) < r.listCap || len(r.ErrorsDetail) < r.listCap {
+			return true
+		}
+		r.addBlocking(check)
+		r.ErrorsTotal++
+		r.ErrorsDetailTotal++
+	} else {
+		if len(r.Flags) < r.listCap {
+			return true
+		}
+		r.FlagsTotal++
+	}
+	r.HintsTotal++
+	return false
+}
+
 // integrity counts one integrity check.
 func (c *checker) integrity(passed bool) {
 	c.res.Integrity.Total++
@@ -227,6 +253,9 @@ func (c *checker) bound(b bound) {
 			n, ok := v.(json.Number)
 			if !ok {
 				passed = false
+				if !c.shown(l.check, true) {
+					return true
+				}
 				c.report(finding{check: l.check, path: b.path.locate(idx), source: sourceIntegrity, blocking: true,
 					expected: boundExpected(l.below, lim), found: "type " + jsonType(v),
 					message: "the value is " + typeName(v) + ", not a number"})
@@ -235,6 +264,9 @@ func (c *checker) bound(b bound) {
 			f := number(n)
 			if (l.below && f < lim) || (!l.below && f > lim) {
 				passed = false
+				if !c.shown(l.check, true) {
+					return true
+				}
 				word := "below the minimum"
 				if !l.below {
 					word = "above the maximum"
@@ -282,7 +314,7 @@ func jsonType(v any) string {
 
 // ruleFinding builds a finding of rule r.
 func ruleFinding(r *rule, enforce bool, path, expected, found, message string) finding {
-	return finding{check: checkConsistencyPrefix + r.typ, path: path, expected: expected, found: found, message: message,
+	return finding{check: r.check, path: path, expected: expected, found: found, message: message,
 		source: sourceIntegrity, blocking: enforce, enforced: enforce}
 }
 
@@ -339,23 +371,25 @@ func (c *checker) missingField(r *rule, enforce bool, expected string) bool {
 	return false
 }
 
-// numbersAt collects the numbers at r.field; every non-number is reported.
-// any says whether the path resolved to anything at all.
-func (c *checker) numbersAt(r *rule, enforce bool, expected string) (nums []float64, ok, seen bool) {
+// sumAt adds up the numbers at r.field; every non-number is reported.
+// seen says whether the path resolved to anything at all.
+func (c *checker) sumAt(r *rule, enforce bool, expected string) (sum float64, ok, seen bool) {
 	ok = true
 	r.field.walk(c.output, func(v any, idx []int) bool {
 		seen = true
 		n, isNum := v.(json.Number)
 		if !isNum {
 			ok = false
-			c.report(ruleFinding(r, enforce, r.field.locate(idx), expected, "type "+jsonType(v),
-				"the value is "+typeName(v)+", not a number"))
+			if c.shown(r.check, enforce) {
+				c.report(ruleFinding(r, enforce, r.field.locate(idx), expected, "type "+jsonType(v),
+					"the value is "+typeName(v)+", not a number"))
+			}
 			return true
 		}
-		nums = append(nums, number(n))
+		sum += number(n)
 		return true
 	})
-	return nums, ok, seen
+	return sum, ok, seen
 }
 
 func (c *checker) sumEquals(r *rule, enforce bool) bool {
@@ -375,16 +409,12 @@ func (c *checker) sumEquals(r *rule, enforce bool) bool {
 		want = w
 		wantText = r.equalsField.String() + " (" + FormatNumber(want) + ")"
 	}
-	nums, ok, seen := c.numbersAt(r, enforce, "numbers")
+	total, ok, seen := c.sumAt(r, enforce, "numbers")
 	if !seen {
 		return c.missingField(r, enforce, expected())
 	}
 	if !ok {
 		return false
-	}
-	var total float64
-	for _, n := range nums {
-		total += n
 	}
 	if math.Abs(total-want) <= r.tolerance {
 		return true
@@ -419,6 +449,9 @@ func (c *checker) compare(r *rule, enforce bool) bool {
 		n, isNum := v.(json.Number)
 		if !isNum {
 			passed = false
+			if !c.shown(r.check, enforce) {
+				return true
+			}
 			c.report(ruleFinding(r, enforce, r.field.locate(idx), "a number "+expected, "type "+jsonType(v),
 				"the value is "+typeName(v)+", not a number"))
 			return true
@@ -426,6 +459,9 @@ func (c *checker) compare(r *rule, enforce bool) bool {
 		f := number(n)
 		if (r.typ == RuleGTE && f < lim-r.tolerance) || (r.typ == RuleLTE && f > lim+r.tolerance) {
 			passed = false
+			if !c.shown(r.check, enforce) {
+				return true
+			}
 			c.report(ruleFinding(r, enforce, r.field.locate(idx), expected, FormatNumber(f),
 				"value "+FormatNumber(f)+" is "+word+" "+limText))
 		}
@@ -439,13 +475,16 @@ func (c *checker) compare(r *rule, enforce bool) bool {
 
 // canonicalKey is the equality key of a JSON value: its RFC 8785 form, so
 // 1 and 1.0 are equal and object key order does not matter.
-func (c *checker) canonicalKey(v any) string {
+// The bytes are scratch space, valid until the next call: map lookups with
+// string(key) do not allocate, inserts copy.
+func (c *checker) canonicalKey(v any) []byte {
 	var err error
 	c.scrap, err = receipt.AppendCanonical(c.scrap[:0], v)
 	if err != nil { // cannot happen for decoded trees
-		return "\x00" + jsonType(v)
+		c.scrap = append(c.scrap[:0], 0)
+		c.scrap = append(c.scrap, jsonType(v)...)
 	}
-	return string(c.scrap)
+	return c.scrap
 }
 
 func (c *checker) existsIn(r *rule, enforce bool) bool {
@@ -456,7 +495,7 @@ func (c *checker) existsIn(r *rule, enforce bool) bool {
 		seen := false
 		r.inField.walk(c.output, func(v any, _ []int) bool {
 			seen = true
-			allowed[c.canonicalKey(v)] = true
+			allowed[string(c.canonicalKey(v))] = true
 			return true
 		})
 		if !seen {
@@ -469,14 +508,17 @@ func (c *checker) existsIn(r *rule, enforce bool) bool {
 		}
 	} else {
 		for _, v := range r.values {
-			allowed[c.canonicalKey(v)] = true
+			allowed[string(c.canonicalKey(v))] = true
 		}
 	}
 	passed, seen := true, false
 	r.field.walk(c.output, func(v any, idx []int) bool {
 		seen = true
-		if !allowed[c.canonicalKey(v)] {
+		if !allowed[string(c.canonicalKey(v))] {
 			passed = false
+			if !c.shown(r.check, enforce) {
+				return true
+			}
 			where := "the allowed values"
 			if r.inField != nil {
 				where = "the values at '" + r.inField.String() + "'"
@@ -500,24 +542,29 @@ func (c *checker) unique(r *rule, enforce bool) bool {
 			stride++
 		}
 	}
-	first := map[string]int{} // canonical value → ordinal of first occurrence
-	var idxs []int            // the "[]" indexes of every occurrence, stride apart
-	passed, n := true, 0
+	// Each distinct value maps to where its first occurrence's "[]"
+	// indexes start in firsts.
+	first := map[string]int{}
+	var firsts []int
+	passed, seen := true, false
 	r.field.walk(c.output, func(v any, idx []int) bool {
+		seen = true
 		k := c.canonicalKey(v)
-		if ord, dup := first[k]; dup {
-			passed = false
-			firstAt := r.field.locate(idxs[ord*stride : (ord+1)*stride])
+		at, dup := first[string(k)]
+		if !dup {
+			first[string(k)] = len(firsts)
+			firsts = append(firsts, idx...)
+			return true
+		}
+		passed = false
+		if c.shown(r.check, enforce) {
+			firstAt := r.field.locate(firsts[at : at+stride])
 			c.report(ruleFinding(r, enforce, r.field.locate(idx), expected, "a duplicate of "+firstAt,
 				"the value duplicates the value at '"+shortPath(firstAt)+"'"))
-		} else {
-			first[k] = n
 		}
-		idxs = append(idxs, idx...)
-		n++
 		return true
 	})
-	if n == 0 {
+	if !seen {
 		return c.missingField(r, enforce, expected)
 	}
 	return passed
@@ -525,6 +572,9 @@ func (c *checker) unique(r *rule, enforce bool) bool {
 
 func (c *checker) undeclared(paths []string) {
 	for _, p := range paths {
+		if !c.shown(CheckUndeclaredProperty, true) {
+			continue
+		}
 		c.report(finding{check: CheckUndeclaredProperty, path: p, source: sourceIntegrity, blocking: true,
 			expected: undeclaredExpected, found: undeclaredFound, message: undeclaredMessage})
 	}
@@ -568,7 +618,7 @@ func (c *checker) placeholders() {
 	walk = func(v any) {
 		switch x := v.(type) {
 		case string:
-			if bad, empty := isPlaceholder(x); bad {
+			if bad, empty := isPlaceholder(x); bad && c.shown(CheckPlaceholder, true) {
 				f := finding{check: CheckPlaceholder, path: renderLoc(loc), source: sourceIntegrity, blocking: true,
 					expected: placeholderExpected, found: placeholderFound, message: placeholderMessage}
 				if empty {

@@ -70,6 +70,7 @@ type bound struct {
 // rule is one entry of "rules", operands parsed.
 type rule struct {
 	typ                    string
+	check                  string // "consistency:" + typ
 	field                  Path
 	equalsField, otherPath *Path // sum_equals / gte, lte operand paths
 	inField                *Path
@@ -437,7 +438,7 @@ func parseRule(p *problems, field string, m map[string]any) rule {
 		if _, typeKnown = operands[x]; !typeKnown {
 			p.add(field+".type", "is not one of the allowed values", ruleTypeFix)
 		}
-		r.typ = x
+		r.typ, r.check = x, checkConsistencyPrefix+x
 	default:
 		if _, ok := m["type"]; !ok {
 			p.add(field+".type", "is required", ruleTypeFix)

@@ -1,0 +1,75 @@
+package verify
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/receipt"
+)
+
+func FuzzParse(f *testing.F) {
+	for _, tc := range specVectors {
+		f.Add([]byte(tc.request))
+	}
+	f.Add([]byte(invoiceRequest("135.0")))
+	f.Add([]byte(body(`strict_content_check=true`, `submitted_output={"a":"TODO","b":["",{"c":"x"}]}`)))
+	f.Add([]byte(body(`bounds={"items[].price":{"min":0,"max":1,"if_present":true}}`)))
+	f.Add([]byte(body(`rules=[{"type":"exists_in","field":"items[].id","values":["a",1,null]},{"type":"unique","field":"$[]"}]`)))
+	f.Add([]byte(body(`rules=[{"type":"lte","field":"a..b","value":"x"}]`, `detail="compact"`)))
+	f.Add([]byte(`{"task_id":"t","expected_schema":{"$ref":"#/$defs/x","$defs":{"x":{"type":"integer"}}},"submitted_output":1}`))
+	f.Add([]byte(`{"task_id":"t","task_id":"u"}`))
+	f.Add([]byte(`[]`))
+
+	v := New(Config{ListCap: 5, SchemaCacheSize: 8})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		req, err := v.Parse(data)
+		if err != nil {
+			var ae *apierr.Error
+			if !errors.As(err, &ae) || (ae.Status != 422 && ae.Status != 413) {
+				t.Fatalf("refusal is not a 413/422 apierr: %v", err)
+			}
+			for _, fl := range ae.Fields {
+				if fl.Field == "" || fl.Problem == "" || fl.Fix == "" {
+					t.Fatalf("incomplete field problem %+v", fl)
+				}
+			}
+			return
+		}
+		// Accepted requests hash deterministically, however they arrive.
+		again, err := v.Parse(data)
+		if err != nil || again.Hashes != req.Hashes {
+			t.Fatalf("second Parse: %v, hashes %+v vs %+v", err, again, req.Hashes)
+		}
+		hs, err := ComputeHashes(data)
+		if err != nil || hs != req.Hashes {
+			t.Fatalf("ComputeHashes = %+v, %v; Parse = %+v", hs, err, req.Hashes)
+		}
+		for _, h := range []string{hs.Output, hs.Schema, hs.Rules, hs.Request} {
+			if len(h) != 64 || strings.Trim(h, "0123456789abcdef") != "" {
+				t.Fatalf("not a lowercase hex SHA-256: %q", h)
+			}
+		}
+		// Checking never panics and yields a JSON document with a verdict
+		// consistent with its blocking checks.
+		r := v.Check(req, "id", verifiedAt)
+		b, err := r.MarshalJSON()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !json.Valid(b) {
+			t.Fatalf("result is not JSON: %s", b)
+		}
+		if _, err := receipt.Canonicalize(b); err != nil {
+			t.Fatalf("result cannot be canonicalized for signing: %v", err)
+		}
+		if (r.Result == ResultFail) != (len(r.BlockingChecks) > 0) {
+			t.Fatalf("result %s with blocking checks %q", r.Result, r.BlockingChecks)
+		}
+		if len(r.Errors) > 5 || r.Overall.Passed > r.Overall.Total || r.Integrity.Passed > r.Integrity.Total {
+			t.Fatalf("caps or tallies broken: %d errors, %+v %+v", len(r.Errors), r.Overall, r.Integrity)
+		}
+	})
+}
