@@ -94,6 +94,7 @@ type decoder struct {
 	path     []seg
 	buf      []byte            // scratch for strings with escapes
 	intern   map[string]string // repeated object keys
+	keys     int               // object keys read so far
 }
 
 func (d *decoder) fail(problem, fix string) *Error {
@@ -428,6 +429,10 @@ func (d *decoder) str() (string, error) {
 // an array of a thousand similar objects does not allocate its keys a
 // thousand times.
 func (d *decoder) key() (string, error) {
+	d.keys++
+	if d.keys <= internAfter { // small documents: a table costs more than it saves
+		return d.str()
+	}
 	start := d.pos + 1
 	for i := start; i < len(d.data) && i-start <= maxInternLen; i++ {
 		c := d.data[i]
@@ -456,8 +461,10 @@ func (d *decoder) key() (string, error) {
 	return k, nil
 }
 
-// Interning limits: short keys only, and a bounded table.
+// Interning limits: only once a document has shown many keys, short keys
+// only, and a bounded table.
 const (
+	internAfter  = 64
 	maxInternLen = 32
 	maxIntern    = 512
 )

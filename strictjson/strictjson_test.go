@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -163,13 +164,30 @@ func TestDepthLimitCountsContainers(t *testing.T) {
 	}
 }
 
-func TestRepeatedKeysShareStorage(t *testing.T) {
-	v, err := Decode([]byte(`[{"sku":1},{"sku":2},{"s\u006bu":3}]`), Limits{})
+func TestRepeatedKeysDecodeTheSameOnceInterned(t *testing.T) {
+	// Past the first internAfter keys, short keys come from a table; keys
+	// with escapes, long keys and non-ASCII keys take the full path.
+	var b strings.Builder
+	b.WriteByte('[')
+	for i := range 3 * internAfter {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(`{"sku":1,"s\u006bu2":2,"` + strings.Repeat("k", maxInternLen+1) + `":3,"é":4,"q` + strconv.Itoa(i%7) + `":5}`)
+	}
+	b.WriteByte(']')
+	data := []byte(b.String())
+	v, err := Decode(data, Limits{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := stdDecode(t, []byte(`[{"sku":1},{"sku":2},{"sku":3}]`)); !reflect.DeepEqual(v, want) {
-		t.Fatalf("got %#v", v)
+	if want := stdDecode(t, data); !reflect.DeepEqual(v, want) {
+		t.Fatal("interned keys decode differently from encoding/json")
+	}
+	last := strings.LastIndex(b.String(), `"q3":5}`)
+	dup := b.String()[:last] + `"q3":5,"q3":6}` + b.String()[last+len(`"q3":5}`):]
+	if _, err := Decode([]byte(dup), Limits{}); err == nil {
+		t.Fatal("a duplicate interned key was accepted")
 	}
 }
 
