@@ -82,3 +82,40 @@ func TestCaddyfileErrors(t *testing.T) {
 		})
 	}
 }
+
+func TestAcceptRequirements(t *testing.T) {
+	const payTo = "0x1111111111111111111111111111111111111111"
+	cases := []struct {
+		desc    string
+		accept  Accept
+		amount  string
+		wantErr string
+	}{
+		{"a dollar price becomes exact atomic units of USDC", Accept{Network: "base", Price: "$0.02", PayTo: payTo}, "20000", ""},
+		{"an atomic amount passes through", Accept{Network: "eip155:8453", Amount: "10000", PayTo: payTo}, "10000", ""},
+		{"price and amount together are refused", Accept{Network: "base", Price: "$0.02", Amount: "20000", PayTo: payTo}, "", "not both"},
+		{"a price finer than the asset is refused", Accept{Network: "base", Price: "$0.0000001", PayTo: payTo}, "", "decimal"},
+		{"an unknown network is refused", Accept{Network: "mars", Price: "$1", PayTo: payTo}, "", "mars"},
+		{"pay_to is required", Accept{Network: "base", Price: "$1"}, "", "pay_to is required"},
+		{"a mistyped checksummed pay_to is refused", Accept{Network: "base", Price: "$1", PayTo: "0x70997970C51812dc3A010C7d01b50e0d17dc79c8"}, "", "pay_to"},
+		{"only the exact scheme is supported", Accept{Scheme: "upto", Network: "base", Price: "$1", PayTo: payTo}, "", "not supported"},
+		{"a custom EVM asset needs its EIP-712 domain", Accept{Network: "base", Amount: "1", Asset: "0x2222222222222222222222222222222222222222", PayTo: payTo}, "", "asset_name"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.desc, func(t *testing.T) {
+			req, err := tc.accept.requirements()
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("error %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if req.Amount != tc.amount || req.Scheme != "exact" || req.MaxTimeoutSeconds != 60 || req.Extra["name"] != "USD Coin" {
+				t.Fatalf("requirements %+v", req)
+			}
+		})
+	}
+}

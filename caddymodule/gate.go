@@ -271,6 +271,11 @@ func (a Accept) requirements() (x402.PaymentRequirements, error) {
 	if a.PayTo == "" {
 		return x402.PaymentRequirements{}, errors.New("pay_to is required")
 	}
+	if x402.IsEVM(network) {
+		if err := x402.CheckEVMAddress(a.PayTo); err != nil {
+			return x402.PaymentRequirements{}, fmt.Errorf("pay_to: %v", err)
+		}
+	}
 	asset := x402.Asset{Network: network, Address: a.Asset, Name: a.AssetName, Version: a.AssetVersion, Decimals: a.AssetDecimals}
 	if usdc, ok := x402.USDC(network); ok && (a.Asset == "" || strings.EqualFold(a.Asset, usdc.Address)) {
 		asset = usdc

@@ -44,7 +44,7 @@ var payTo = evmfacilitator.DevAccounts()[9].Address
 func sharedDevnet(t *testing.T) (*evmfacilitator.Devnet, string) {
 	t.Helper()
 	devnetOnce.Do(func() {
-		devnet, devnetErr = evmfacilitator.StartDevnet(evmfacilitator.DevnetConfig{})
+		devnet, devnetErr = evmfacilitator.StartDevnet(evmfacilitator.DevnetConfig{RPCListen: "127.0.0.1:0"})
 		if devnetErr != nil {
 			return
 		}
