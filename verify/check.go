@@ -81,6 +81,7 @@ func (v *Verifier) Check(req *Request, id string, at time.Time) *Result {
 	}
 	c := checker{res: res, output: req.output}
 
+	var undeclared []string
 	if req.schema != nil {
 		rep := req.schema.Evaluate(req.output, schema.Options{Undeclared: req.StrictContentCheck})
 		res.Schema = Tally{Passed: rep.Passed, Total: rep.Total}
@@ -95,9 +96,7 @@ func (v *Verifier) Check(req *Request, id string, at time.Time) *Result {
 				source: sourceSchema, blocking: true,
 			})
 		}
-		if req.StrictContentCheck {
-			c.undeclared(rep.Undeclared)
-		}
+		undeclared = rep.Undeclared
 	}
 	for _, b := range req.bounds {
 		c.bound(b)
@@ -106,6 +105,7 @@ func (v *Verifier) Check(req *Request, id string, at time.Time) *Result {
 		c.rule(&req.rules[i], req.EnforceRules)
 	}
 	if req.StrictContentCheck {
+		c.undeclared(undeclared)
 		c.placeholders()
 	}
 

@@ -40,22 +40,29 @@ type step struct {
 	each bool
 }
 
-// pathError says why a path does not parse, with a fix.
-type pathError struct{ problem, fix string }
+// PathError says why a path does not parse (Problem completes the sentence
+// "the path ...") and how to write it instead (Fix). It never repeats the
+// path.
+type PathError struct{ Problem, Fix string }
+
+// Error reports the problem.
+func (e *PathError) Error() string { return "path " + e.Problem }
 
 const pathFix = "Write a path like 'total', 'line_items[].line_total' or '$.a.b[].c': keys separated by '.', '[]' after a key for every element of an array."
 
-// ParsePath parses a path of the grammar documented on Path.
-func ParsePath(s string) (Path, *pathError) {
+// ParsePath parses a path of the grammar documented on Path. The gateway's
+// seller mode and verifierd both reach it through Parse; it is exported so
+// tools can validate a path on its own.
+func ParsePath(s string) (Path, *PathError) {
 	if s == "" {
-		return Path{}, &pathError{"is empty", pathFix}
+		return Path{}, &PathError{"is empty", pathFix}
 	}
-	tooLong := &pathError{"is longer than " + strconv.Itoa(MaxPathBytes) + " bytes", "Shorten the path to at most " + strconv.Itoa(MaxPathBytes) + " bytes, not counting a '$.' prefix."}
+	tooLong := &PathError{"is longer than " + strconv.Itoa(MaxPathBytes) + " bytes", "Shorten the path to at most " + strconv.Itoa(MaxPathBytes) + " bytes, not counting a '$.' prefix."}
 	if len(s) > MaxPathBytes+2 {
 		return Path{}, tooLong
 	}
 	if !utf8.ValidString(s) {
-		return Path{}, &pathError{"is not valid UTF-8", pathFix}
+		return Path{}, &PathError{"is not valid UTF-8", pathFix}
 	}
 	rest := s
 	switch {
@@ -67,13 +74,13 @@ func ParsePath(s string) (Path, *pathError) {
 		rest = rest[1:]
 	}
 	if rest == "" {
-		return Path{}, &pathError{"has nothing after '$.'", pathFix}
+		return Path{}, &PathError{"has nothing after '$.'", pathFix}
 	}
 	if len(rest) > MaxPathBytes {
 		return Path{}, tooLong
 	}
 	if rest == "$" || strings.HasPrefix(rest, "$.") || strings.HasPrefix(rest, "$[") {
-		return Path{}, &pathError{"starts with '$' twice", "Write the '$.' prefix at most once, at the start."}
+		return Path{}, &PathError{"starts with '$' twice", "Write the '$.' prefix at most once, at the start."}
 	}
 	steps := make([]step, 0, 4)
 	i := 0
@@ -83,35 +90,35 @@ func ParsePath(s string) (Path, *pathError) {
 		switch {
 		case c == '[':
 			if i+1 >= len(rest) || rest[i+1] != ']' {
-				return Path{}, &pathError{"has a '[' that is not followed by ']'",
+				return Path{}, &PathError{"has a '[' that is not followed by ']'",
 					"Use '[]' (every element); numeric indexes like '[0]' and quoted keys are not supported."}
 			}
 			if afterDot {
-				return Path{}, &pathError{"has '[]' right after a '.'", "Put '[]' directly after a key, as in 'items[].price'."}
+				return Path{}, &PathError{"has '[]' right after a '.'", "Put '[]' directly after a key, as in 'items[].price'."}
 			}
 			steps = append(steps, step{each: true})
 			i += 2
 			if i < len(rest) && rest[i] != '.' && rest[i] != '[' {
-				return Path{}, &pathError{"has a key directly after '[]'", "Separate the next key with '.', as in 'items[].price'."}
+				return Path{}, &PathError{"has a key directly after '[]'", "Separate the next key with '.', as in 'items[].price'."}
 			}
 		case c == '.':
 			if i == 0 || afterDot {
-				return Path{}, &pathError{"has an empty key (two dots, or a dot at the start)", pathFix}
+				return Path{}, &PathError{"has an empty key (two dots, or a dot at the start)", pathFix}
 			}
 			afterDot = true
 			i++
 			if i == len(rest) {
-				return Path{}, &pathError{"ends with '.'", pathFix}
+				return Path{}, &PathError{"ends with '.'", pathFix}
 			}
 			continue
 		case c == ']':
-			return Path{}, &pathError{"has a ']' without a '['", pathFix}
+			return Path{}, &PathError{"has a ']' without a '['", pathFix}
 		default:
 			j := i
 			for j < len(rest) && rest[j] != '.' && rest[j] != '[' && rest[j] != ']' {
 				r, size := utf8.DecodeRuneInString(rest[j:])
 				if unicode.IsControl(r) {
-					return Path{}, &pathError{"contains a control character", pathFix}
+					return Path{}, &PathError{"contains a control character", pathFix}
 				}
 				j += size
 			}
@@ -120,7 +127,7 @@ func ParsePath(s string) (Path, *pathError) {
 		}
 		afterDot = false
 		if len(steps) > maxPathSteps {
-			return Path{}, &pathError{"has more than " + strconv.Itoa(maxPathSteps) + " steps", "Use a path of at most " + strconv.Itoa(maxPathSteps) + " steps."}
+			return Path{}, &PathError{"has more than " + strconv.Itoa(maxPathSteps) + " steps", "Use a path of at most " + strconv.Itoa(maxPathSteps) + " steps."}
 		}
 	}
 	return Path{text: rest, steps: steps}, nil

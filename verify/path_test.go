@@ -34,7 +34,7 @@ func TestParsePathAcceptsTheGrammar(t *testing.T) {
 		t.Run(tc.desc, func(t *testing.T) {
 			p, err := ParsePath(tc.in)
 			if err != nil {
-				t.Fatalf("ParsePath: %s", err.problem)
+				t.Fatalf("ParsePath: %s", err.Problem)
 			}
 			if p.String() != tc.text || p.Display() != tc.display {
 				t.Errorf("String %q Display %q, want %q %q", p.String(), p.Display(), tc.text, tc.display)
@@ -72,8 +72,8 @@ func TestParsePathRefusesWhatDoesNotParse(t *testing.T) {
 			if err == nil {
 				t.Fatal("accepted")
 			}
-			if err.problem != tc.problem || err.fix == "" {
-				t.Errorf("problem %q fix %q, want %q", err.problem, err.fix, tc.problem)
+			if err.Problem != tc.problem || err.Fix == "" {
+				t.Errorf("problem %q fix %q, want %q", err.Problem, err.Fix, tc.problem)
 			}
 		})
 	}
@@ -99,7 +99,7 @@ func TestPathResolvesEveryValueInDocumentOrder(t *testing.T) {
 		t.Run(tc.desc, func(t *testing.T) {
 			p, perr := ParsePath(tc.path)
 			if perr != nil {
-				t.Fatal(perr.problem)
+				t.Fatal(perr.Problem)
 			}
 			var got []any
 			var where []string
@@ -123,7 +123,7 @@ func FuzzPath(f *testing.F) {
 	f.Fuzz(func(t *testing.T, s string) {
 		p, err := ParsePath(s)
 		if err != nil {
-			if err.problem == "" || err.fix == "" {
+			if err.Problem == "" || err.Fix == "" {
 				t.Fatalf("error without problem or fix for %q", s)
 			}
 			return
@@ -132,7 +132,7 @@ func FuzzPath(f *testing.F) {
 		for _, form := range []string{p.String(), p.Display()} {
 			q, err := ParsePath(form)
 			if err != nil {
-				t.Fatalf("%q parsed, but its form %q does not: %s", s, form, err.problem)
+				t.Fatalf("%q parsed, but its form %q does not: %s", s, form, err.Problem)
 			}
 			if q.String() != p.String() || !reflect.DeepEqual(q.steps, p.steps) {
 				t.Fatalf("%q → %q → %q", s, form, q.String())

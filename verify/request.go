@@ -348,7 +348,7 @@ func (v *Verifier) parseBounds(p *problems, raw any) []bound {
 		var b bound
 		path, perr := ParsePath(k)
 		if perr != nil {
-			p.add(field, "is not a valid path: it "+perr.problem, perr.fix)
+			p.add(field, "is not a valid path: it "+perr.Problem, perr.Fix)
 		}
 		b.path = path
 		entry, ok := m[k].(map[string]any)
@@ -572,7 +572,7 @@ func pathField(p *problems, field string, m map[string]any, name string, require
 	}
 	path, perr := ParsePath(s)
 	if perr != nil {
-		p.add(field+"."+name, "is not a valid path: it "+perr.problem, perr.fix)
+		p.add(field+"."+name, "is not a valid path: it "+perr.Problem, perr.Fix)
 		return nil, false
 	}
 	if single && !path.single() {
