@@ -148,10 +148,15 @@ func (s *Server) sign(ctx context.Context, res *verify.Result) ([]byte, string, 
 		unsigned := res.AppendJSON(make([]byte, 0, 4096))
 		att, err := s.signer.Sign(ctx, receipt.ContextVerify, kv, res.VerifiedAt, unsigned)
 		var stale *signer.StaleKeyError
-		if errors.As(err, &stale) && attempt == 0 {
+		if errors.As(err, &stale) {
 			s.m.signerError("stale_key")
-			kv = stale.Current
-			continue
+			if attempt == 0 {
+				kv = stale.Current
+				continue
+			}
+			// Rotated again within one request: keys are changing right
+			// now; the caller's retry will see them settled.
+			return nil, "", apierr.Unavailable("signing service", 1, err)
 		}
 		if err != nil {
 			s.m.signerError(signerErrorKind(err))
