@@ -21,6 +21,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/dgraph-io/badger/v4"
@@ -75,10 +76,10 @@ const DefaultReservationTTL = 5 * time.Minute
 // DB is an open store. It is safe for concurrent use. It implements
 // Allowance and Claims, and the verification history.
 type DB struct {
-	bdb    *badger.DB
-	dir    string
-	opts   Options
-	closed chan struct{}
+	bdb  *badger.DB
+	dir  string
+	opts Options
+	life *lifecycle // shared by every handle on this Badger database
 
 	// release is set on handles obtained from Shared: Close gives the
 	// reference back instead of closing Badger.
@@ -117,7 +118,7 @@ func Open(dir string, opts Options) (*DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening store in %s: %w", dir, err)
 	}
-	db := &DB{bdb: bdb, dir: dir, opts: opts, closed: make(chan struct{})}
+	db := &DB{bdb: bdb, dir: dir, opts: opts, life: &lifecycle{closed: make(chan struct{})}}
 	if err := db.checkLayout(); err != nil {
 		bdb.Close()
 		return nil, err
@@ -139,17 +140,22 @@ func (db *DB) Close() error {
 // package importing Caddy.
 func (db *DB) Destruct() error { return db.Close() }
 
+// lifecycle closes Badger exactly once, however many goroutines or
+// handles call Close.
+type lifecycle struct {
+	once   sync.Once
+	closed chan struct{}
+	err    error
+}
+
 func (db *DB) closeBadger() error {
-	select {
-	case <-db.closed:
-		return nil
-	default:
-	}
-	close(db.closed)
-	if err := db.bdb.Close(); err != nil {
-		return fmt.Errorf("closing store: %w", err)
-	}
-	return nil
+	db.life.once.Do(func() {
+		close(db.life.closed)
+		if err := db.bdb.Close(); err != nil {
+			db.life.err = fmt.Errorf("closing store: %w", err)
+		}
+	})
+	return db.life.err
 }
 
 // Ping reports whether the database is open and readable, for health checks.
@@ -168,7 +174,7 @@ func (db *DB) Dir() string { return db.dir }
 
 func (db *DB) usable(ctx context.Context) error {
 	select {
-	case <-db.closed:
+	case <-db.life.closed:
 		return ErrClosed
 	default:
 	}

@@ -83,6 +83,24 @@ func TestOpen(t *testing.T) {
 		}
 	})
 
+	t.Run("concurrent Close calls close Badger once", func(t *testing.T) {
+		db, _ := openTemp(t, Options{})
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := db.Close(); err != nil {
+					t.Error(err)
+				}
+			}()
+		}
+		wg.Wait()
+		if err := db.Ping(ctx); !errors.Is(err, ErrClosed) {
+			t.Fatalf("Ping = %v, want ErrClosed", err)
+		}
+	})
+
 	t.Run("a store written with an unknown key layout is refused", func(t *testing.T) {
 		dir := filepath.Join(t.TempDir(), "db")
 		bdb, err := badger.Open(badger.DefaultOptions(dir).WithLogger(nil))
