@@ -1,6 +1,7 @@
 package verify
 
 import (
+	"math"
 	"reflect"
 	"strconv"
 	"strings"
@@ -317,6 +318,7 @@ func TestFormatNumber(t *testing.T) {
 		{desc: "below 1e16 plain digits are used", in: 1e15, want: "1000000000000000.0"},
 		{desc: "from 1e16 an exponent is used", in: 1e16, want: "1e+16"},
 		{desc: "exponents keep their significant digits", in: 1.5e300, want: "1.5e+300"},
+		{desc: "an overflowing sum reads inf", in: math.Inf(1), want: "inf"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.desc, func(t *testing.T) {
@@ -329,3 +331,18 @@ func TestFormatNumber(t *testing.T) {
 
 // Variables, so the compiler does not fold 0.1 + 0.2 to an exact 0.3.
 var pointOne, pointTwo = 0.1, 0.2
+
+func TestBlockingChecksAreNamedEvenBeyondTheListCap(t *testing.T) {
+	v := New(Config{ListCap: 1})
+	r := check(t, v, body(`expected_schema={}`, `submitted_output={"v":[-1,-2,50]}`, `bounds={"v[]":{"min":0,"max":10}}`,
+		`rules=[{"type":"unique","field":"v[]"},{"type":"gte","field":"v[]","value":0}]`))
+	if want := []string{"bounds:min", "bounds:max"}; !reflect.DeepEqual(r.BlockingChecks, want) {
+		t.Errorf("blocking_checks = %q, want %q", r.BlockingChecks, want)
+	}
+	if r.ErrorsTotal != 3 || len(r.Errors) != 1 || r.FlagsTotal != 2 || len(r.Flags) != 1 || r.HintsTotal != 5 || len(r.Hints) != 1 {
+		t.Errorf("errors %d/%d flags %d/%d hints %d/%d", len(r.Errors), r.ErrorsTotal, len(r.Flags), r.FlagsTotal, len(r.Hints), r.HintsTotal)
+	}
+	if r.Integrity != (Tally{1, 4}) {
+		t.Errorf("integrity = %+v", r.Integrity)
+	}
+}

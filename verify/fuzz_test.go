@@ -8,6 +8,7 @@ import (
 
 	"github.com/aovhq/aov/apierr"
 	"github.com/aovhq/aov/receipt"
+	"github.com/aovhq/aov/strictjson"
 )
 
 func FuzzParse(f *testing.F) {
@@ -47,6 +48,23 @@ func FuzzParse(f *testing.F) {
 		if err != nil || hs != req.Hashes {
 			t.Fatalf("ComputeHashes = %+v, %v; Parse = %+v", hs, err, req.Hashes)
 		}
+		// The streamed request hash is the hash of the SPEC §5 document
+		// built in one piece, which the independent JCS library agrees is
+		// canonical.
+		tree, err := strictjson.Decode(data, strictjson.Limits{MaxDepth: 64})
+		if err != nil {
+			t.Fatal(err)
+		}
+		canon, err := requestCanonical(tree.(map[string]any))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if receipt.Hash(canon) != req.Hashes.Request {
+			t.Fatalf("streamed request_hash differs from the hash of %s", canon)
+		}
+		if again, err := receipt.Canonicalize(canon); err != nil || string(again) != string(canon) {
+			t.Fatalf("request document is not canonical: %v\n%s\n%s", err, canon, again)
+		}
 		for _, h := range []string{hs.Output, hs.Schema, hs.Rules, hs.Request} {
 			if len(h) != 64 || strings.Trim(h, "0123456789abcdef") != "" {
 				t.Fatalf("not a lowercase hex SHA-256: %q", h)
@@ -70,6 +88,44 @@ func FuzzParse(f *testing.F) {
 		}
 		if len(r.Errors) > 5 || r.Overall.Passed > r.Overall.Total || r.Integrity.Passed > r.Integrity.Total {
 			t.Fatalf("caps or tallies broken: %d errors, %+v %+v", len(r.Errors), r.Overall, r.Integrity)
+		}
+	})
+}
+
+// FuzzCheck fuzzes the submitted output under a fixed request that uses
+// every check, so that most inputs reach Check rather than the parser.
+func FuzzCheck(f *testing.F) {
+	for _, s := range []string{
+		`{"items":[{"id":"a","price":1},{"id":"a","price":"x"}],"total":1}`,
+		`{"items":[],"total":null}`, `[1,2,3]`, `"TODO"`, `{"items":[{"id":{"b":1,"a":[]}}]}`,
+		`{"items":[{"price":1e300},{"price":1e300}],"total":-0.0}`,
+	} {
+		f.Add([]byte(s))
+	}
+	v := New(Config{ListCap: 3})
+	prefix := `{"task_id":"f","expected_schema":{"type":"object","properties":{"items":{"type":"array","items":{"type":"object","properties":{"id":{"type":"string"},"price":{"type":"number","minimum":0}}}}}},` +
+		`"strict_content_check":true,"bounds":{"items[].price":{"min":0,"max":100,"if_present":true},"total":{"max":1000}},` +
+		`"rules":[{"type":"sum_equals","field":"items[].price","equals_field":"total"},{"type":"gte","field":"items[].price","other_field":"total","if_present":true},` +
+		`{"type":"lte","field":"items[].price","value":50},{"type":"exists_in","field":"items[].id","in_field":"codes[]"},` +
+		`{"type":"exists_in","field":"items[].id","values":["a",1,null]},{"type":"unique","field":"items[].id"}],"submitted_output":`
+	f.Fuzz(func(t *testing.T, output []byte) {
+		req, err := v.Parse([]byte(prefix + string(output) + `}`))
+		if err != nil {
+			return
+		}
+		r := v.Check(req, "id", verifiedAt)
+		if r.Integrity.Total != 3+6+2 || r.Integrity.Passed > r.Integrity.Total {
+			t.Fatalf("integrity = %+v", r.Integrity)
+		}
+		if (r.Result == ResultFail) != (len(r.BlockingChecks) > 0) {
+			t.Fatalf("result %s with blocking checks %q", r.Result, r.BlockingChecks)
+		}
+		if r.HintsTotal != r.ErrorsTotal+r.FlagsTotal || len(r.Hints) > 3 || len(r.Errors) > 3 || len(r.Flags) > 3 {
+			t.Fatalf("lists: %d/%d errors, %d/%d flags, %d/%d hints", len(r.Errors), r.ErrorsTotal, len(r.Flags), r.FlagsTotal, len(r.Hints), r.HintsTotal)
+		}
+		b, _ := r.MarshalJSON()
+		if !json.Valid(b) {
+			t.Fatalf("result is not JSON: %s", b)
 		}
 	})
 }

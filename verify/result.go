@@ -114,8 +114,13 @@ func appendNumber(dst []byte, f float64) []byte {
 	if f == 0 {
 		return append(dst, "0.0"...)
 	}
-	if math.IsNaN(f) || math.IsInf(f, 0) { // never in a decoded request
-		return append(dst, "null"...)
+	switch { // never in a decoded request, but a sum can overflow
+	case math.IsInf(f, 1):
+		return append(dst, "inf"...)
+	case math.IsInf(f, -1):
+		return append(dst, "-inf"...)
+	case math.IsNaN(f):
+		return append(dst, "nan"...)
 	}
 	if a := math.Abs(f); a >= 1e16 || a < 1e-4 {
 		return strconv.AppendFloat(dst, f, 'e', -1, 64)
