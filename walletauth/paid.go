@@ -1,0 +1,76 @@
+package walletauth
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/aovhq/aov/store"
+)
+
+// DefaultPaidAccessTTL is how long a payment keeps granting sign-in-with-x
+// access to its resource when the recorder does not say.
+const DefaultPaidAccessTTL = 30 * 24 * time.Hour
+
+// PaidAccess remembers which wallet paid for which resource, so that a
+// later sign-in-with-x proof from that wallet can be let through without a
+// new payment. Records live in the gateway's claim store (one settled claim
+// per payer and resource), so a distributed store shares them across
+// gateway instances like the replay guard.
+//
+// A record is written once and lasts TTL from the first payment; paying
+// again while it lasts does not extend it.
+type PaidAccess struct {
+	Claims store.Claims
+	// TTL is how long a payment grants access. Default DefaultPaidAccessTTL.
+	TTL time.Duration
+}
+
+// PaidResource names a resource for PaidAccess: the request's host (without
+// regard to case) and path. The gate's recorder and the sign-in-with-x
+// check must both use it.
+func PaidResource(host, path string) string { return strings.ToLower(host) + path }
+
+func paidKey(addr, resource string) string {
+	sum := sha256.Sum256([]byte(resource))
+	return "siwx/paid/" + strings.ToLower(addr) + "/" + hex.EncodeToString(sum[:])
+}
+
+// Record notes that payer paid for resource. payer is a 0x address in any
+// case (a settlement response's payer).
+func (p PaidAccess) Record(ctx context.Context, payer, resource string) error {
+	if payer == "" || resource == "" {
+		return errors.New("recording paid access: payer and resource are required")
+	}
+	ttl := p.TTL
+	if ttl <= 0 {
+		ttl = DefaultPaidAccessTTL
+	}
+	c, err := p.Claims.Claim(ctx, []string{paidKey(payer, resource)}, time.Now().Add(ttl))
+	if errors.Is(err, store.ErrClaimed) {
+		return nil // already recorded
+	}
+	if err != nil {
+		return fmt.Errorf("recording paid access: %w", err)
+	}
+	if err := p.Claims.Settle(ctx, c, "paid", time.Time{}); err != nil {
+		return fmt.Errorf("recording paid access: %w", err)
+	}
+	return nil
+}
+
+// Has reports whether addr paid for resource and the record still holds.
+func (p PaidAccess) Has(ctx context.Context, addr, resource string) (bool, error) {
+	st, err := p.Claims.Lookup(ctx, paidKey(addr, resource))
+	if errors.Is(err, store.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("looking up paid access: %w", err)
+	}
+	return st.Settled, nil
+}

@@ -1,0 +1,284 @@
+package walletauth
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+)
+
+// SIWXHeaderName is the request header of the x402 sign-in-with-x
+// extension.
+const SIWXHeaderName = "SIGN-IN-WITH-X"
+
+// SIWXExtension is the extension's key in PaymentRequired.extensions.
+const SIWXExtension = "sign-in-with-x"
+
+// SIWXMaxAge is how old a sign-in-with-x proof's issuedAt may be (the
+// extension's rule: five minutes).
+const SIWXMaxAge = 5 * time.Minute
+
+// SIWX is a decoded SIGN-IN-WITH-X proof: the CAIP-122 message fields the
+// server offered in its 402 (plus the client's address and chain) and the
+// signature, with the extension's camelCase names.
+type SIWX struct {
+	Domain          string   `json:"domain"`
+	Address         string   `json:"address"`
+	Statement       string   `json:"statement,omitempty"`
+	URI             string   `json:"uri"`
+	Version         string   `json:"version"`
+	ChainID         string   `json:"chainId"`
+	Type            string   `json:"type"`
+	Nonce           string   `json:"nonce"`
+	IssuedAt        string   `json:"issuedAt"`
+	ExpirationTime  string   `json:"expirationTime,omitempty"`
+	NotBefore       string   `json:"notBefore,omitempty"`
+	RequestID       string   `json:"requestId,omitempty"`
+	Resources       []string `json:"resources,omitempty"`
+	SignatureScheme string   `json:"signatureScheme,omitempty"`
+	Signature       string   `json:"signature"`
+}
+
+var (
+	siwxNonceRE = regexp.MustCompile(`^[A-Za-z0-9]{8,128}$`)
+	requestIDRE = regexp.MustCompile(`^[\x21-\x7e]{1,256}$`)
+)
+
+// ParseSIWX decodes a SIGN-IN-WITH-X value and checks every field's
+// syntax. Members this package does not know are ignored (the extension
+// may grow); known ones must have the right JSON type. Only EVM proofs
+// (type eip191, chainId eip155:*) are accepted.
+func ParseSIWX(header string) (*SIWX, error) {
+	h := SIWXHeaderName
+	obj, err := decodeObject(h, header)
+	if err != nil {
+		return nil, err
+	}
+	s := new(SIWX)
+	str := func(name string, dst *string, required bool) error {
+		v, ok := obj[name]
+		if !ok {
+			if required {
+				return malformed(h, name, "is missing", "Include every required member.")
+			}
+			return nil
+		}
+		sv, ok := v.(string)
+		if !ok {
+			return malformed(h, name, "is not a string", "Send the member as a JSON string.")
+		}
+		*dst = sv
+		return nil
+	}
+	for _, f := range []struct {
+		name     string
+		dst      *string
+		required bool
+	}{
+		{"domain", &s.Domain, true}, {"address", &s.Address, true}, {"statement", &s.Statement, false},
+		{"uri", &s.URI, true}, {"version", &s.Version, true}, {"chainId", &s.ChainID, true},
+		{"type", &s.Type, true}, {"nonce", &s.Nonce, true}, {"issuedAt", &s.IssuedAt, true},
+		{"expirationTime", &s.ExpirationTime, false}, {"notBefore", &s.NotBefore, false},
+		{"requestId", &s.RequestID, false}, {"signatureScheme", &s.SignatureScheme, false},
+		{"signature", &s.Signature, true},
+	} {
+		if err := str(f.name, f.dst, f.required); err != nil {
+			return nil, err
+		}
+	}
+	if v, ok := obj["resources"]; ok {
+		list, ok := v.([]any)
+		if !ok || len(list) > 32 {
+			return nil, malformed(h, "resources", "is not a list of at most 32 URIs", "Send resources as a JSON array of URI strings.")
+		}
+		for _, item := range list {
+			r, ok := item.(string)
+			if !ok {
+				return nil, malformed(h, "resources", "is not a list of at most 32 URIs", "Send resources as a JSON array of URI strings.")
+			}
+			s.Resources = append(s.Resources, r)
+		}
+	}
+	if err := s.check(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *SIWX) check() error {
+	h := SIWXHeaderName
+	if !authorityRE.MatchString(s.Domain) {
+		return malformed(h, "domain", "is not a host name with an optional port", "Use the domain the server offered.")
+	}
+	if err := checkAddress(h, s.Address); err != nil {
+		return err
+	}
+	if err := checkStatement(h, "statement", s.Statement); err != nil {
+		return err
+	}
+	if _, err := checkURI(h, "uri", s.URI); err != nil {
+		return err
+	}
+	if s.Version != Version {
+		return malformed(h, "version", `is not "1"`, `Set version to "1".`)
+	}
+	if !chainIDRE.MatchString(s.ChainID) {
+		return malformed(h, "chainId", "is not an eip155 CAIP-2 chain id", "Sign with an EVM wallet on one of the offered chains.")
+	}
+	if s.Type != TypeEIP191 {
+		return malformed(h, "type", `is not "eip191"`, "Sign with an EVM wallet (EIP-191 personal_sign).")
+	}
+	if !siwxNonceRE.MatchString(s.Nonce) {
+		return malformed(h, "nonce", "is not 8 to 128 letters and digits", "Use the nonce the server offered.")
+	}
+	if _, err := parseTime(h, "issuedAt", s.IssuedAt); err != nil {
+		return err
+	}
+	if s.ExpirationTime != "" {
+		if _, err := parseTime(h, "expirationTime", s.ExpirationTime); err != nil {
+			return err
+		}
+	}
+	if s.NotBefore != "" {
+		if _, err := parseTime(h, "notBefore", s.NotBefore); err != nil {
+			return err
+		}
+	}
+	if s.RequestID != "" && !requestIDRE.MatchString(s.RequestID) {
+		return malformed(h, "requestId", "is not 1 to 256 printable ASCII characters without spaces", "Use the request id the server offered, or none.")
+	}
+	for _, r := range s.Resources {
+		if _, err := checkResource(r); err != nil {
+			return malformed(h, "resources", "holds an entry that is not a URI", "List only URIs in resources.")
+		}
+	}
+	if _, err := parseSignature(h, s.Signature); err != nil {
+		return err
+	}
+	return nil
+}
+
+// checkResource accepts an absolute URI of printable ASCII (any scheme).
+func checkResource(r string) (string, error) {
+	if r == "" || len(r) > 2048 {
+		return "", fmt.Errorf("bad resource")
+	}
+	for i := 0; i < len(r); i++ {
+		if r[i] <= ' ' || r[i] >= 0x7f {
+			return "", fmt.Errorf("bad resource")
+		}
+	}
+	i := strings.IndexByte(r, ':')
+	if i < 1 {
+		return "", fmt.Errorf("bad resource")
+	}
+	return r, nil
+}
+
+// Message is the EIP-4361 text the signature is over, rebuilt from the
+// fields.
+func (s *SIWX) Message() string {
+	m := &siwe{
+		domain: s.Domain, address: s.Address, statement: s.Statement, uri: s.URI,
+		version: s.Version, chainID: chainReference(s.ChainID), nonce: s.Nonce,
+		issuedAt: s.IssuedAt, expirationTime: s.ExpirationTime, notBefore: s.NotBefore,
+		requestID: s.RequestID, resources: s.Resources,
+	}
+	return m.text()
+}
+
+// SIWXExpect is the request a sign-in-with-x proof must be for.
+type SIWXExpect struct {
+	// Domain is the request's host (with port if addressed with one).
+	Domain string
+	// Scheme is the request's scheme ("https"); "" accepts http and https
+	// (a gateway behind a TLS-terminating proxy cannot tell).
+	Scheme string
+}
+
+// VerifySIWX parses a SIGN-IN-WITH-X value and checks it by the extension's
+// rules: domain is the request's host, uri is on the request's origin,
+// issuedAt is at most SIWXMaxAge old and not in the future,
+// expirationTime has not passed, notBefore has, the signature is the
+// address's, and the nonce was never used. Errors as Verify.
+func (v *Verifier) VerifySIWX(ctx context.Context, header string, want SIWXExpect) (Proof, error) {
+	s, err := ParseSIWX(header)
+	if err != nil {
+		return Proof{}, err
+	}
+	return v.VerifySIWXProof(ctx, s, want)
+}
+
+// VerifySIWXProof checks a parsed proof (see VerifySIWX).
+func (v *Verifier) VerifySIWXProof(ctx context.Context, s *SIWX, want SIWXExpect) (Proof, error) {
+	h := SIWXHeaderName
+	if !strings.EqualFold(s.Domain, want.Domain) {
+		return Proof{}, refuse(ErrWrongRequest, h, "domain", "is not this server's host", "Sign in on the host you send the request to.")
+	}
+	u, _ := checkURI(h, "uri", s.URI)
+	if !strings.EqualFold(u.Host, want.Domain) || (want.Scheme != "" && u.Scheme != want.Scheme) {
+		return Proof{}, refuse(ErrWrongRequest, h, "uri", "is not on this server's origin", "Sign in with the uri the server offered.")
+	}
+	now := v.now()
+	issued, _ := parseTime(h, "issuedAt", s.IssuedAt)
+	if issued.After(now.Add(v.skew())) {
+		return Proof{}, refuse(ErrNotYetValid, h, "issuedAt", "is in the future", "Check your clock and sign in again.")
+	}
+	until := issued.Add(SIWXMaxAge)
+	if !now.Before(until) {
+		return Proof{}, refuse(ErrExpired, h, "issuedAt", fmt.Sprintf("is more than %s ago", SIWXMaxAge), "Sign in again with a fresh challenge.")
+	}
+	if s.ExpirationTime != "" {
+		exp, _ := parseTime(h, "expirationTime", s.ExpirationTime)
+		if !now.Before(exp) {
+			return Proof{}, refuse(ErrExpired, h, "expirationTime", "is in the past", "Sign in again with a fresh challenge.")
+		}
+		if exp.Before(until) {
+			until = exp
+		}
+	}
+	if s.NotBefore != "" {
+		nb, _ := parseTime(h, "notBefore", s.NotBefore)
+		if nb.After(now.Add(v.skew())) {
+			return Proof{}, refuse(ErrNotYetValid, h, "notBefore", "is in the future", "Send the request after notBefore.")
+		}
+	}
+	addr := common.HexToAddress(s.Address)
+	sig, _ := parseSignature(h, s.Signature)
+	contract, err := v.checkSignature(ctx, h, s.Message(), addr, s.ChainID, sig)
+	if err != nil {
+		return Proof{}, err
+	}
+	if err := v.claimNonce(ctx, h, "siwx", addr, s.Nonce, until); err != nil {
+		return Proof{}, err
+	}
+	return Proof{Address: addr, ChainID: s.ChainID, Contract: contract, Expires: until}, nil
+}
+
+// SIWXChallenge is the sign-in-with-x entry of a 402's extensions for a
+// resource: the message fields the client signs (with a fresh nonce, issued
+// now, expiring with SIWXMaxAge) and the chains it may sign on (CAIP-2 eip155
+// ids). A gate puts it under extensions[SIWXExtension].
+func SIWXChallenge(domain, uri string, chains []string, now time.Time) map[string]any {
+	issued := now.UTC().Truncate(time.Millisecond)
+	supported := make([]any, 0, len(chains))
+	for _, c := range chains {
+		supported = append(supported, map[string]any{"chainId": c, "type": TypeEIP191})
+	}
+	return map[string]any{
+		"info": map[string]any{
+			"domain":         domain,
+			"uri":            uri,
+			"version":        Version,
+			"nonce":          strings.ToLower(NewNonce()),
+			"issuedAt":       issued.Format("2006-01-02T15:04:05.000Z07:00"),
+			"expirationTime": issued.Add(SIWXMaxAge).Format("2006-01-02T15:04:05.000Z07:00"),
+			"statement":      "Sign in to use what this wallet already paid for",
+			"resources":      []any{uri},
+		},
+		"supportedChains": supported,
+	}
+}

@@ -1,0 +1,243 @@
+package walletauth
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/big"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ethereum/go-ethereum"
+	"github.com/ethereum/go-ethereum/accounts"
+	"github.com/ethereum/go-ethereum/accounts/abi"
+	"github.com/ethereum/go-ethereum/common"
+
+	"github.com/aovhq/aov/store"
+	"github.com/aovhq/aov/x402"
+)
+
+// Chain is what EIP-1271 verification needs from a chain client; an
+// ethclient.Client or a simulated backend's client provides it.
+type Chain interface {
+	ethereum.ContractCaller
+	ChainID(ctx context.Context) (*big.Int, error)
+}
+
+// Verifier checks proofs. The zero value checks signatures of accounts
+// only, with the default lifetime and skew, and without replay protection;
+// a gateway always sets Nonces.
+type Verifier struct {
+	// MaxLifetime bounds expiration_time − issued_at. Default
+	// DefaultMaxLifetime.
+	MaxLifetime time.Duration
+	// ClockSkew is how far issued_at and not_before may be ahead of our
+	// clock. Default DefaultClockSkew.
+	ClockSkew time.Duration
+	// Chain, when set, lets contract wallets sign: a signature that does
+	// not recover to the address is offered to the address's EIP-1271
+	// isValidSignature, on this chain only (a proof naming another chain
+	// is refused).
+	Chain Chain
+	// Nonces makes every nonce single-use: it is claimed (per address)
+	// until the proof expires. Nil turns replay protection off, which only
+	// offline checks and tests may do.
+	Nonces store.Claims
+	// Now is the clock. Default time.Now.
+	Now func() time.Time
+
+	chainMu sync.Mutex
+	chainID string // CAIP-2 of Chain, once known
+}
+
+// Expect is the request a proof must be for.
+type Expect struct {
+	// Domain is the host (and port, if the client addressed one) the
+	// request was sent to, compared without regard to case.
+	Domain string
+	// Method and Path are the request's method and path (not the query).
+	Method, Path string
+}
+
+// Proof is what a verified proof establishes.
+type Proof struct {
+	// Address is the wallet that signed.
+	Address common.Address
+	// AgentID is the agent bound to the wallet ("" when none).
+	AgentID string
+	// ChainID is the CAIP-2 chain the proof names.
+	ChainID string
+	// Contract is true when the signature was accepted by the wallet's
+	// EIP-1271 contract rather than recovered.
+	Contract bool
+	// Expires is when the proof stops being valid.
+	Expires time.Time
+}
+
+func (v *Verifier) now() time.Time {
+	if v.Now != nil {
+		return v.Now()
+	}
+	return time.Now()
+}
+
+func (v *Verifier) maxLifetime() time.Duration {
+	if v.MaxLifetime > 0 {
+		return v.MaxLifetime
+	}
+	return DefaultMaxLifetime
+}
+
+func (v *Verifier) skew() time.Duration {
+	if v.ClockSkew > 0 {
+		return v.ClockSkew
+	}
+	return DefaultClockSkew
+}
+
+// Verify parses an X-Wallet-Auth value and checks it against the request.
+// A refusal is an *Error (answer 401); any other error means the check
+// could not be made (the nonce store or the chain is unavailable: answer
+// 503).
+func (v *Verifier) Verify(ctx context.Context, header string, want Expect) (Proof, error) {
+	e, err := Parse(header)
+	if err != nil {
+		return Proof{}, err
+	}
+	return v.VerifyEnvelope(ctx, e, want)
+}
+
+// VerifyEnvelope checks a parsed envelope: request, time, signature, then
+// the nonce, in that order, so a proof that fails cheaply never costs a
+// chain call or a store write.
+func (v *Verifier) VerifyEnvelope(ctx context.Context, e *Envelope, want Expect) (Proof, error) {
+	h := HeaderName
+	if !strings.EqualFold(e.Domain, want.Domain) {
+		return Proof{}, refuse(ErrWrongRequest, h, "domain", "is not this server's host", "Sign a proof for the host you send the request to.")
+	}
+	if e.Method != want.Method {
+		return Proof{}, refuse(ErrWrongRequest, h, "method", "is not the request's method", "Sign a proof for this request's method.")
+	}
+	if e.Path != want.Path {
+		return Proof{}, refuse(ErrWrongRequest, h, "path", "is not the request's path", "Sign a proof for this request's path.")
+	}
+	issued, _ := parseTime(h, "issued_at", e.IssuedAt)
+	expires, _ := parseTime(h, "expiration_time", e.ExpirationTime)
+	now := v.now()
+	if !expires.After(issued) {
+		return Proof{}, refuse(ErrMalformed, h, "expiration_time", "is not after issued_at", "Set expiration_time after issued_at.")
+	}
+	if expires.Sub(issued) > v.maxLifetime() {
+		return Proof{}, refuse(ErrLifetime, h, "expiration_time", fmt.Sprintf("is more than %s after issued_at", v.maxLifetime()), "Sign proofs that expire sooner.")
+	}
+	if issued.After(now.Add(v.skew())) {
+		return Proof{}, refuse(ErrNotYetValid, h, "issued_at", "is in the future", "Check your clock and sign a fresh proof.")
+	}
+	if e.NotBefore != "" {
+		nb, _ := parseTime(h, "not_before", e.NotBefore)
+		if nb.After(now.Add(v.skew())) {
+			return Proof{}, refuse(ErrNotYetValid, h, "not_before", "is in the future", "Send the request after not_before, or sign without it.")
+		}
+	}
+	if !now.Before(expires) {
+		return Proof{}, refuse(ErrExpired, h, "expiration_time", "is in the past", "Sign a fresh proof for each request.")
+	}
+	addr := common.HexToAddress(e.Address)
+	sig, _ := parseSignature(h, e.Signature)
+	contract, err := v.checkSignature(ctx, h, e.Message(), addr, e.ChainID, sig)
+	if err != nil {
+		return Proof{}, err
+	}
+	if err := v.claimNonce(ctx, h, "wallet-auth", addr, e.Nonce, expires); err != nil {
+		return Proof{}, err
+	}
+	return Proof{Address: addr, AgentID: e.AgentID, ChainID: e.ChainID, Contract: contract, Expires: expires}, nil
+}
+
+// checkSignature accepts sig over text when it recovers to addr, or else
+// when addr's EIP-1271 contract on the configured chain accepts it.
+func (v *Verifier) checkSignature(ctx context.Context, header, text string, addr common.Address, chainID string, sig []byte) (contract bool, err error) {
+	digest := [32]byte(accounts.TextHash([]byte(text)))
+	if len(sig) == 65 {
+		if signer, err := x402.RecoverAuthorizer(digest, sig); err == nil && signer == addr {
+			return false, nil
+		}
+	}
+	bad := refuse(ErrBadSignature, header, "signature", "is not a signature of this message by the address", "Sign the EIP-4361 text of exactly these fields with the address's key (EIP-191 personal_sign).")
+	if v.Chain == nil {
+		return false, bad
+	}
+	ours, err := v.chain(ctx)
+	if err != nil {
+		return false, err
+	}
+	if chainID != ours {
+		return false, bad
+	}
+	ok, err := isValidSignature(ctx, v.Chain, addr, digest, sig)
+	if err != nil {
+		return false, err
+	}
+	if !ok {
+		return false, bad
+	}
+	return true, nil
+}
+
+// chain returns the configured chain's CAIP-2 id, asking it once.
+func (v *Verifier) chain(ctx context.Context) (string, error) {
+	v.chainMu.Lock()
+	defer v.chainMu.Unlock()
+	if v.chainID != "" {
+		return v.chainID, nil
+	}
+	id, err := v.Chain.ChainID(ctx)
+	if err != nil {
+		return "", fmt.Errorf("asking the chain for its id: %w", err)
+	}
+	v.chainID = "eip155:" + id.String()
+	return v.chainID, nil
+}
+
+// erc1271 is EIP-1271's one method.
+var erc1271, _ = abi.JSON(strings.NewReader(`[{"type":"function","name":"isValidSignature","stateMutability":"view",
+ "inputs":[{"name":"hash","type":"bytes32"},{"name":"signature","type":"bytes"}],
+ "outputs":[{"name":"","type":"bytes4"}]}]`))
+
+// erc1271Magic is what isValidSignature returns for a valid signature.
+var erc1271Magic = [4]byte{0x16, 0x26, 0xba, 0x7e}
+
+// isValidSignature asks wallet whether sig is its signature over digest. A
+// revert, or an address without code, is a no; a failed call is an error.
+func isValidSignature(ctx context.Context, c Chain, wallet common.Address, digest [32]byte, sig []byte) (bool, error) {
+	data, err := erc1271.Pack("isValidSignature", digest, sig)
+	if err != nil {
+		return false, nil
+	}
+	out, err := c.CallContract(ctx, ethereum.CallMsg{To: &wallet, Data: data}, nil)
+	if err != nil {
+		var de interface{ ErrorData() any }
+		if errors.As(err, &de) || strings.Contains(err.Error(), "revert") {
+			return false, nil
+		}
+		return false, fmt.Errorf("calling isValidSignature: %w", err)
+	}
+	return len(out) >= 4 && [4]byte(out[:4]) == erc1271Magic, nil
+}
+
+// claimNonce makes (address, nonce) single-use until until.
+func (v *Verifier) claimNonce(ctx context.Context, header, space string, addr common.Address, nonce string, until time.Time) error {
+	if v.Nonces == nil {
+		return nil
+	}
+	key := space + "/nonce/" + strings.ToLower(addr.Hex()) + "/" + nonce
+	_, err := v.Nonces.Claim(ctx, []string{key}, until)
+	if errors.Is(err, store.ErrClaimed) {
+		return refuse(ErrReplayed, header, "nonce", "was already used", "Sign a fresh proof with a new nonce for every request.")
+	}
+	if err != nil {
+		return fmt.Errorf("claiming the proof's nonce: %w", err)
+	}
+	return nil
+}
