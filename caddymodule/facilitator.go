@@ -38,6 +38,9 @@ func init() {
 // started twice. Keyed by facilitatorPoolKey.
 var facilitatorPool = caddy.NewUsagePool()
 
+// facilitatorDevnetKeyPrefix starts the facilitatorPool keys of devnets.
+const facilitatorDevnetKeyPrefix = "devnet rpc_listen="
+
 // pooledFacilitator is a facilitatorPool entry.
 type pooledFacilitator struct {
 	f      *evmfacilitator.Facilitator
@@ -116,7 +119,21 @@ func (m *EVMFacilitator) Provision(ctx caddy.Context) error {
 			return errors.New("devnet brings its own chain and relayer: drop rpc_url and relayer_key(_file)")
 		}
 		listen := repl.ReplaceKnown(m.Devnet.RPCListen, "")
-		m.poolKey = "devnet rpc_listen=" + listen
+		key := facilitatorDevnetKeyPrefix + listen
+		// One devnet per process: the x402 asset registry holds one devnet
+		// token, and two chains behind one network id would disagree.
+		var other string
+		found := false
+		facilitatorPool.Range(func(k, _ any) bool {
+			if ks, _ := k.(string); strings.HasPrefix(ks, facilitatorDevnetKeyPrefix) && ks != key {
+				other, found = strings.TrimPrefix(ks, facilitatorDevnetKeyPrefix), true
+			}
+			return !found
+		})
+		if found {
+			return fmt.Errorf("a devnet with rpc_listen %q is already running in this process; every devnet setting must be the same (rpc_listen %q here); to change it, restart", other, listen)
+		}
+		m.poolKey = key
 		val, _, err := facilitatorPool.LoadOrNew(m.poolKey, func() (caddy.Destructor, error) {
 			d, err := evmfacilitator.StartDevnet(evmfacilitator.DevnetConfig{RPCListen: listen})
 			if err != nil {

@@ -242,6 +242,25 @@ func TestDevnetIsSharedAcrossReloads(t *testing.T) {
 	}
 }
 
+// TestOneDevnetPerProcess: a second, different devnet setting is refused
+// while one runs (the devnet token is registered process-wide).
+func TestOneDevnetPerProcess(t *testing.T) {
+	_, cancel := facLoad(t, "x402.facilitators.evm", `{"devnet":{}}`)
+	defer cancel()
+	ctx, cancel2 := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel2()
+	_, err := ctx.LoadModuleByID("x402.facilitators.evm", json.RawMessage(`{"devnet":{"rpc_listen":"`+facFreeAddr(t)+`"}}`))
+	if err == nil || !strings.Contains(err.Error(), "every devnet setting must be the same") {
+		t.Fatalf("error %v", err)
+	}
+	// The same setting joins the running devnet.
+	mod, cancel3 := facLoad(t, "x402.facilitators.evm", `{"devnet":{}}`)
+	defer cancel3()
+	if s, err := mod.(*EVMFacilitator).Supported(context.Background()); err != nil || len(s.Kinds) != 1 {
+		t.Fatalf("supported = %+v, %v", s, err)
+	}
+}
+
 func facTokenCode(t *testing.T, c *ethclient.Client) []byte {
 	t.Helper()
 	a, ok := x402.USDC(evmfacilitator.DevnetNetwork)

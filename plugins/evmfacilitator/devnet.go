@@ -220,7 +220,12 @@ func (d *Devnet) setup() error {
 	}
 	d.backend.Commit()
 	for _, tx := range txs {
+		// Right after a block, the node may still be indexing it.
 		r, err := d.client.TransactionReceipt(ctx, tx.Hash())
+		for err != nil && ctx.Err() == nil {
+			time.Sleep(10 * time.Millisecond)
+			r, err = d.client.TransactionReceipt(ctx, tx.Hash())
+		}
 		if err != nil {
 			return fmt.Errorf("setup transaction receipt: %w", err)
 		}
