@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/aovhq/aov/receipt"
-	"github.com/aovhq/aov/verify/schema"
 )
 
 // Check names (SPEC §4) of the checks this package defines; schema checks
@@ -38,9 +37,11 @@ const (
 	missingBoundValueMessage = "no value at this path (set if_present to allow its absence)"
 )
 
-// Check runs every check on a parsed request and builds the unsigned
-// result; id is the verification id (a UUID v4 the caller made) and at the
-// verification instant.
+// Check runs the integrity checks on a parsed request, combines them with
+// the schema evaluation Parse already did, and builds the unsigned result;
+// id is the verification id (a UUID v4 the caller made) and at the
+// verification instant. It cannot fail: everything that could make a
+// request unanswerable was refused by Parse.
 //
 // How checks are counted (SPEC §4):
 //
@@ -81,22 +82,21 @@ func (v *Verifier) Check(req *Request, id string, at time.Time) *Result {
 	}
 	c := checker{res: res, output: req.output}
 
-	var undeclared []string
-	if req.schema != nil {
-		rep := req.schema.Evaluate(req.output, schema.Options{Undeclared: req.StrictContentCheck})
-		res.Schema = Tally{Passed: rep.Passed, Total: rep.Total}
-		for _, f := range rep.Failures {
-			msg := f.Message
-			if msg == "" {
-				msg = "expected " + f.Expected + ", found " + f.Found
-			}
-			c.report(finding{
-				check: schemaCheckPrefix + f.Keyword, path: f.InstancePath,
-				expected: f.Expected, found: f.Found, message: msg, detailMessage: f.Message,
-				source: sourceSchema, blocking: true,
-			})
+	rep := req.report
+	res.Schema = Tally{Passed: rep.Passed, Total: rep.Total}
+	for _, f := range rep.Failures {
+		if !c.shown(schemaCheckPrefix+f.Keyword, true) {
+			continue
 		}
-		undeclared = rep.Undeclared
+		msg := f.Message
+		if msg == "" {
+			msg = "expected " + f.Expected + ", found " + f.Found
+		}
+		c.report(finding{
+			check: schemaCheckPrefix + f.Keyword, path: f.InstancePath,
+			expected: f.Expected, found: f.Found, message: msg, detailMessage: f.Message,
+			source: sourceSchema, blocking: true,
+		})
 	}
 	for _, b := range req.bounds {
 		c.bound(b)
@@ -105,7 +105,7 @@ func (v *Verifier) Check(req *Request, id string, at time.Time) *Result {
 		c.rule(&req.rules[i], req.EnforceRules)
 	}
 	if req.StrictContentCheck {
-		c.undeclared(undeclared)
+		c.undeclared(rep.Undeclared)
 		c.placeholders()
 	}
 

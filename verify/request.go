@@ -55,7 +55,7 @@ type Request struct {
 	Hashes receipt.Hashes
 
 	output any
-	schema *schema.Schema
+	report schema.Report // the schema evaluation, done by Parse
 	bounds []bound
 	rules  []rule
 }
@@ -160,10 +160,13 @@ func wrongType(p *problems, field string, v any, want, fix string) {
 }
 
 // Parse reads a request body: strict JSON (strictjson), every rule of SPEC
-// §3, the schema compiled (so a schema that cannot be used is refused here,
-// before any payment logic), and the four hashes computed. A refusal is an
-// *apierr.Error: 413 for a body over MaxBodyBytes, otherwise 422 naming
-// every problem found with a fix.
+// §3, the four hashes, and the schema compiled and evaluated against the
+// output, so that a schema that cannot be used (it does not compile, it
+// refers outside the request, or it needs more than the evaluation step
+// budget on this output) is refused here, before any payment logic. A
+// refusal is an *apierr.Error: 413 for a body over MaxBodyBytes, otherwise
+// 422 naming every problem found with a fix. Check then only adds the
+// integrity checks and writes the result.
 func (v *Verifier) Parse(body []byte) (*Request, error) {
 	if int64(len(body)) > v.cfg.MaxBodyBytes {
 		return nil, apierr.TooLarge(v.cfg.MaxBodyBytes)
@@ -291,7 +294,23 @@ func (v *Verifier) parseDoc(doc map[string]any, compile bool) (*Request, error) 
 				p.add("expected_schema", "does not compile as a JSON Schema", "Check the schema against its dialect's metaschema.")
 			}
 		}
-		req.schema = sch
+		// Evaluate here, not in Check, so that a schema too complex for its
+		// output (over the step budget) is a 422 like any other unusable
+		// schema, before payment, instead of a charged "fail". Only an
+		// otherwise valid request is worth the work.
+		if sch != nil && len(p.fields) == 0 {
+			rep, err := sch.EvaluateWithin(req.output, schema.Options{Undeclared: req.StrictContentCheck, MaxSteps: v.cfg.MaxSchemaSteps})
+			var tc *schema.TooComplexError
+			switch {
+			case errors.As(err, &tc):
+				for _, f := range tc.Fields() {
+					p.add(f.Field, f.Problem, f.Fix)
+				}
+			case err != nil:
+				return nil, apierr.Internal(err)
+			}
+			req.report = rep
+		}
 	}
 	if err := p.err(); err != nil {
 		return nil, err

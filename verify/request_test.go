@@ -199,6 +199,7 @@ func TestParseLimits(t *testing.T) {
 		{desc: "a body over MaxBodyBytes is 413", cfg: Config{MaxBodyBytes: 64}, body: body(`task_id="` + strings.Repeat("x", 64) + `"`), status: 413},
 		{desc: "more rules than MaxRules are refused", cfg: Config{MaxRules: 1}, body: body(`rules=[{"type":"unique","field":"a[]"},{"type":"unique","field":"b[]"}]`), status: 422, field: "rules"},
 		{desc: "more bounds than MaxBounds are refused", cfg: Config{MaxBounds: 1}, body: body(`bounds={"a":{"min":1},"b":{"min":1}}`), status: 422, field: "bounds"},
+		{desc: "a schema needing more evaluation steps than MaxSchemaSteps is refused", cfg: Config{MaxSchemaSteps: 5}, body: invoiceRequest("129.5"), status: 422, field: "expected_schema"},
 		{desc: "nesting over MaxDepth is refused", cfg: Config{MaxDepth: 3}, body: body(`submitted_output={"a":{"b":{}}}`), status: 422, field: "submitted_output.a.b"},
 	}
 	for _, tc := range tests {

@@ -46,6 +46,10 @@ type Config struct {
 	ListCap int
 	// SchemaCacheSize is how many compiled schemas are kept, by schema hash.
 	SchemaCacheSize int
+	// MaxSchemaSteps bounds the work of evaluating the schema on the
+	// output, in schema applications (see verify/schema); a request over it
+	// is refused with 422. Zero means the verify/schema default.
+	MaxSchemaSteps int
 	// VerifierVersion is reported as verifier_version in every result.
 	VerifierVersion string
 }
