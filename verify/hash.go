@@ -192,7 +192,7 @@ func normalRules(raw any) any {
 	return out
 }
 
-// hashLimits are deliberately generous: ComputeHashes recomputes the hashes
+// hashMaxDepth is deliberately generous: ComputeHashes recomputes the hashes
 // of a request a service already accepted, possibly under larger limits
 // than this process's defaults.
 const hashMaxDepth = 10000

@@ -198,16 +198,6 @@ func (p Path) walkFrom(v any, at int, idx *[]int, fn func(any, []int) bool) bool
 	return fn(v, *idx)
 }
 
-// values returns every value the path resolves to.
-func (p Path) values(root any) []any {
-	var out []any
-	p.walk(root, func(v any, _ []int) bool {
-		out = append(out, v)
-		return true
-	})
-	return out
-}
-
 // locate renders the concrete location of one resolved value, with the
 // index chosen at each "[]" ("$.line_items[1].line_total").
 func (p Path) locate(idx []int) string {

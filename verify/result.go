@@ -105,7 +105,8 @@ func FormatTime(t time.Time) string {
 // service's documentation prints them: the shortest text that reads back as
 // the same double, always with a decimal point or an exponent so a value
 // reads as a number, not a count ("135.0", "129.5", "0.0001", "1e-05",
-// "1e+16"). Plain digits are used from 1e-4 up to 1e16, exponents outside.
+// "1e+16"). Plain digits are used from 1e-4 up to 1e16, exponents outside;
+// a sum that overflows reads "inf".
 func FormatNumber(f float64) string {
 	return string(appendNumber(nil, f))
 }
