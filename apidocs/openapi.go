@@ -1,0 +1,547 @@
+package apidocs
+
+import (
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"sort"
+	"strings"
+
+	"github.com/aovhq/aov/receipt"
+	"github.com/aovhq/aov/x402"
+)
+
+// Header names the documents describe. They are the gateway's wire names;
+// the caddymodule tests check the two sides agree.
+const (
+	HeaderFreeRemaining = "Free-Allowance-Remaining"
+	HeaderFreeLimit     = "Free-Allowance-Limit"
+	HeaderFreeResets    = "Free-Allowance-Resets"
+)
+
+// Tags group the operations on the interactive page, in this order.
+const (
+	tagVerify    = "Verification"
+	tagHistory   = "Reputation and scores"
+	tagDiscovery = "Discovery and docs"
+	tagMCP       = "MCP"
+	tagOther     = "Other paid routes"
+)
+
+// op is how the contract describes one operation; the price comes from the
+// live route of the same name.
+type op struct {
+	method, path, tag, id, summary, desc string
+	paid                                 bool // sold with x402 (unless unpriced in this config)
+	neverFree                            bool
+	body                                 bool // reads a JSON request body
+	build                                func(s *Service, o obj)
+}
+
+// contract lists the SPEC §2 endpoints.
+var contract = []op{
+	{method: "POST", path: "/verify/schema", tag: tagVerify, id: "verifySchema", paid: true, body: true,
+		summary: "Verify an agent's JSON output",
+		desc:    "Checks `submitted_output` against `expected_schema` (JSON Schema), bounds and cross-field rules; answers pass/fail, the share of checks passed, repair hints, and an Ed25519 receipt anyone can verify offline. A fail is a complete answer and is charged like a pass; an error is never charged.",
+		build:   verifyOp},
+	{method: "POST", path: "/verify/deliverable", tag: tagVerify, id: "verifyDeliverable", paid: true, body: true,
+		summary: "Verify a deliverable (same check as /verify/schema)",
+		desc:    "The same check as POST /verify/schema under a second name, with the same request, result, receipt and price.",
+		build:   verifyOp},
+	{method: "GET", path: "/score/{agent_id}", tag: tagHistory, id: "getScore", paid: true, neverFree: true,
+		summary: "An agent's trust score (paid, never free)",
+		desc:    "A trust score from the agent's verification history, signed with the trust-score attestation context. Never served from the free allowance. Agents whose id starts with `test-` never get a score. Method: see the trust score section of /llms.txt.",
+		build:   scoreOp},
+	{method: "GET", path: "/reputation/{agent_id}", tag: tagHistory, id: "getReputation",
+		summary: "An agent's free pass/fail history (paged)",
+		desc:    "Counts and the newest verifications (id, time, result, hashes), newest first; never the content, the task id or who paid. Page with `limit` and the previous page's `next_cursor`.",
+		build:   reputationOp},
+	{method: "GET", path: "/health", tag: tagDiscovery, id: "getHealth", summary: "Liveness",
+		build: simpleOp("application/json", ref("Health"), "The service is up.")},
+	{method: "GET", path: "/.well-known/agent-card.json", tag: tagDiscovery, id: "getAgentCard",
+		summary: "Agent card: discovery and every public key version",
+		desc:    "The A2A agent card. Its attestation extension lists every Ed25519 public key version ever used, so receipts stay verifiable after key rotation.",
+		build:   simpleOp("application/json", ref("AgentCard"), "The agent card.")},
+	{method: "GET", path: "/.well-known/x402", tag: tagDiscovery, id: "getX402Manifest",
+		summary: "x402 discovery manifest (live prices)",
+		build:   simpleOp("application/json", ref("X402Manifest"), "Every paid route with its live prices, networks and free allowance policy.")},
+	{method: "GET", path: "/llms.txt", tag: tagDiscovery, id: "getLLMsTxt", summary: "llms.txt: the service for agents, from the live configuration",
+		build: simpleOp("text/plain", obj{"type": "string"}, "Markdown.")},
+	{method: "GET", path: "/openapi.json", tag: tagDiscovery, id: "getOpenAPI", summary: "This OpenAPI 3.1 document, from the live configuration",
+		build: simpleOp("application/json", obj{"type": "object"}, "The document.")},
+	{method: "GET", path: "/docs", tag: tagDiscovery, id: "getDocs", summary: "Interactive API docs (this page)",
+		build: simpleOp("text/html", obj{"type": "string"}, "The page.")},
+	{method: "POST", path: "/mcp", tag: tagMCP, id: "mcp", body: true, summary: "MCP endpoint (Streamable HTTP)",
+		build: mcpOp},
+}
+
+// OpenAPI returns the OpenAPI 3.1 document of the service as configured:
+// every contract route with its answers and headers, and, per operation,
+// the live price and free allowance in the x-payment-info extension.
+func OpenAPI(s Service) ([]byte, error) {
+	doc := openAPIDoc(&s)
+	b, err := json.MarshalIndent(doc, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("encoding the OpenAPI document: %w", err)
+	}
+	return append(b, '\n'), nil
+}
+
+func openAPIDoc(s *Service) obj {
+	version := s.Version
+	if version == "" {
+		version = "1"
+	}
+	paths := obj{}
+	known := map[string]bool{}
+	for _, c := range contract {
+		known[c.method+" "+c.path] = true
+		o := operation(s, c)
+		item, _ := paths[c.path].(obj)
+		if item == nil {
+			item = obj{}
+			paths[c.path] = item
+		}
+		item[strings.ToLower(c.method)] = o
+	}
+	// Paid routes the contract does not name (a seller's own agent behind
+	// the gateway): documented generically, with their live prices.
+	var extra []Route
+	for _, r := range s.Routes {
+		if !known[r.key()] {
+			extra = append(extra, r)
+		}
+	}
+	sort.Slice(extra, func(i, j int) bool { return extra[i].key() < extra[j].key() })
+	for _, r := range extra {
+		item, _ := paths[r.Path].(obj)
+		if item == nil {
+			item = obj{}
+			paths[r.Path] = item
+		}
+		item[strings.ToLower(r.Method)] = genericOp(s, r)
+	}
+
+	tags := []any{
+		obj{"name": tagVerify, "description": "Check an output; get a signed receipt."},
+		obj{"name": tagHistory, "description": "An agent's history (free) and trust score (paid)."},
+		obj{"name": tagMCP, "description": "The same tools over the Model Context Protocol."},
+		obj{"name": tagDiscovery, "description": "Liveness, discovery documents, public keys, these docs."},
+	}
+	if len(extra) > 0 {
+		tags = append(tags, obj{"name": tagOther, "description": "Other payment-gated routes of this gateway."})
+	}
+	return obj{
+		"openapi": "3.1.0",
+		"info": obj{
+			"title":       s.name(),
+			"version":     version,
+			"summary":     "Deterministic verification of agents' JSON outputs, with Ed25519 receipts; paid per call with x402 v2.",
+			"description": infoDescription(s),
+		},
+		"servers":    []any{obj{"url": s.BaseURL}},
+		"tags":       tags,
+		"paths":      paths,
+		"components": components(),
+		"externalDocs": obj{
+			"description": "llms.txt: the same service described for agents",
+			"url":         s.BaseURL + "/llms.txt",
+		},
+	}
+}
+
+func infoDescription(s *Service) string {
+	var b strings.Builder
+	b.WriteString("Checks a JSON output against a JSON Schema and cross-field rules and answers pass/fail with repair hints and an Ed25519 receipt that anyone can verify offline with the public keys of the agent card.\n\n")
+	b.WriteString("**Payment.** Paid routes answer `402` with a `PAYMENT-REQUIRED` header (x402 v2); send the request again with `PAYMENT-SIGNATURE`. The answer then carries `PAYMENT-RESPONSE`. Errors are never charged; a fail result is charged like a pass. Each operation's `x-payment-info` carries its live prices and free allowance.\n\n")
+	if pools := freePools(s); len(pools) > 0 {
+		b.WriteString("**Free allowance.** ")
+		for i, p := range pools {
+			if i > 0 {
+				b.WriteString(" ")
+			}
+			fmt.Fprintf(&b, "%d free calls per client per day (%s) on %s, bodies up to %d bytes; resets at 00:00 UTC.",
+				p.free.PerDay, clientKeyDoc(p.free.Key), strings.Join(p.routes, ", "), p.free.MaxBody)
+		}
+		b.WriteString(" Answers served free carry `Free-Allowance-Remaining`, `Free-Allowance-Limit` and `Free-Allowance-Resets`.\n\n")
+	}
+	fmt.Fprintf(&b, "**MCP.** Streamable HTTP at `%s` with the tools `verify_schema` and `get_verification_record`.", s.mcpURL())
+	return b.String()
+}
+
+func components() obj {
+	errorBody := func(desc string, example any) obj {
+		return obj{"description": desc, "content": obj{"application/json": obj{"schema": ref("Error"), "example": example}}}
+	}
+	return obj{
+		"schemas": componentSchemas(),
+		"parameters": obj{
+			"PaymentSignature": obj{
+				"name": x402.HeaderPaymentSignature, "in": "header", "required": false,
+				"description": "x402 v2 payment: base64 of the JSON PaymentPayload signed for one of the offers in PAYMENT-REQUIRED. Without it the call is served from the free allowance when one applies, otherwise answered 402.",
+				"schema":      obj{"type": "string", "contentEncoding": "base64"},
+			},
+			"AgentID": obj{
+				"name": "agent_id", "in": "path", "required": true,
+				"description": "The agent_id used in verification requests (1 to 200 characters, URL-encoded).",
+				"schema":      obj{"type": "string", "minLength": 1, "maxLength": 200},
+				"example":     "seller-7",
+			},
+		},
+		"headers": obj{
+			"PaymentRequired": obj{"description": "base64 of the JSON x402 v2 PaymentRequired (see the PaymentRequired schema): the live offers.", "schema": obj{"type": "string", "contentEncoding": "base64"}},
+			"PaymentResponse": obj{"description": "base64 of the JSON x402 v2 SettleResponse (see the SettleResponse schema): the settlement's transaction.", "schema": obj{"type": "string", "contentEncoding": "base64"}},
+			"FreeRemaining":   obj{"description": "Free calls left today for this client (answers served free).", "schema": obj{"type": "integer", "minimum": 0}},
+			"FreeLimit":       obj{"description": "Free calls per client per day.", "schema": obj{"type": "integer", "minimum": 0}},
+			"FreeResets":      obj{"description": "When the allowance resets: the next UTC midnight, RFC 3339.", "schema": obj{"type": "string", "format": "date-time"}},
+			"RetryAfter":      obj{"description": "Seconds to wait before retrying the same request.", "schema": obj{"type": "integer", "minimum": 1}},
+		},
+		"responses": obj{
+			"PaymentRequired": obj{
+				"description": "Payment required: no payment and no free allowance left (or the body is over the free tier's size, or a payment was refused: see `reason`). Pay for one of the offers in PAYMENT-REQUIRED and send the request again with PAYMENT-SIGNATURE. A browser asking for text/html gets a page instead of JSON.",
+				"headers":     obj{x402.HeaderPaymentRequired: obj{"$ref": "#/components/headers/PaymentRequired"}, x402.HeaderPaymentResponse: obj{"$ref": "#/components/headers/PaymentResponse"}},
+				"content":     obj{"application/json": obj{"schema": ref("PaymentRequiredBody")}},
+			},
+			"BadPayment": obj{
+				"description": "PAYMENT-SIGNATURE does not decode as an x402 v2 payment (reason invalid_payload or invalid_version). Nothing was charged.",
+				"headers":     obj{x402.HeaderPaymentRequired: obj{"$ref": "#/components/headers/PaymentRequired"}},
+				"content":     obj{"application/json": obj{"schema": ref("PaymentRequiredBody")}},
+			},
+			"TooLarge": errorBody("payload_too_large: the body is over the absolute size limit; nothing was charged.", obj{
+				"code": "payload_too_large", "message": "The request body is larger than the limit of 1048576 bytes and nothing was charged; send a smaller body.",
+				"status": 413, "retryable": false, "charged": false, "next_actions": []any{obj{"action": "reduce_request_size"}},
+			}),
+			"Invalid": errorBody("invalid_request: the request breaks the contract; nothing was charged and it is never offered for sale.", obj{
+				"code": "invalid_request", "message": "The request is invalid and nothing was charged; fix the listed fields and send it again.",
+				"status": 422, "retryable": false, "charged": false,
+				"next_actions": []any{obj{"action": "fix_request_fields", "fields": []any{"rules[0].type"}}},
+				"fields": []any{obj{"field": "rules[0].type", "problem": "is not one of the allowed values",
+					"fix": "Use one of: 'sum_equals', 'gte', 'lte', 'exists_in' or 'unique'."}},
+			}),
+			"Unavailable": obj{
+				"description": "upstream_unavailable (a daemon, the state store or the facilitator is down) or settlement_pending (a payment's outcome is not known yet: do not pay again). Retryable: send the same request after Retry-After seconds. Nothing was charged.",
+				"headers":     obj{"Retry-After": obj{"$ref": "#/components/headers/RetryAfter"}},
+				"content": obj{"application/json": obj{"schema": ref("Error"), "example": obj{
+					"code": "upstream_unavailable", "message": "The payment facilitator is unavailable and nothing was charged; retry after 2 seconds.",
+					"status": 503, "retryable": true, "retry_after": 2, "charged": false, "next_actions": []any{obj{"action": "retry", "after_seconds": 2}},
+				}}},
+			},
+			"NotFound": errorBody("not_found.", obj{
+				"code": "not_found", "message": "No endpoint exists here and nothing was charged; check the path against /openapi.json.",
+				"status": 404, "retryable": false, "charged": false, "next_actions": []any{obj{"action": "check_path"}},
+			}),
+			"MethodNotAllowed": obj{
+				"description": "method_not_allowed: the Allow header lists the methods.",
+				"headers":     obj{"Allow": obj{"schema": obj{"type": "string"}}},
+				"content":     obj{"application/json": obj{"schema": ref("Error")}},
+			},
+			"Internal": obj{"description": "internal_error: a fault of ours; nothing was charged.", "content": obj{"application/json": obj{"schema": ref("Error")}}},
+		},
+	}
+}
+
+func respRef(name string) obj { return obj{"$ref": "#/components/responses/" + name} }
+
+// operation builds one contract operation with its live payment info.
+func operation(s *Service, c op) obj {
+	o := obj{"operationId": c.id, "summary": c.summary, "tags": []any{c.tag}}
+	if c.desc != "" {
+		o["description"] = c.desc
+	}
+	o["responses"] = obj{"500": respRef("Internal")}
+	if c.build != nil {
+		c.build(s, o)
+	}
+	if !c.paid {
+		o["x-payment-info"] = obj{"free": true, "protocol": "none"}
+		return o
+	}
+	r, live := s.route(c.method, c.path)
+	if !live {
+		o["x-payment-info"] = obj{"protocol": "x402", "x402Version": x402.Version, "configured": false,
+			"note": "No price is configured for this route on this gateway."}
+		o["description"] = fmt.Sprint(o["description"]) + "\n\n**Price:** not payment-gated in this configuration."
+		return o
+	}
+	if c.neverFree {
+		r.Free = nil
+	}
+	addPayment(o, r, c.body)
+	return o
+}
+
+// addPayment adds the x402 parameters, answers, extension and price text.
+func addPayment(o obj, r Route, body bool) {
+	params, _ := o["parameters"].([]any)
+	o["parameters"] = append(params, obj{"$ref": "#/components/parameters/PaymentSignature"})
+	resp := o["responses"].(obj)
+	resp["400"] = respRef("BadPayment")
+	resp["402"] = respRef("PaymentRequired")
+	resp["422"] = respRef("Invalid")
+	resp["503"] = respRef("Unavailable")
+	if body {
+		resp["413"] = respRef("TooLarge")
+	}
+	if ok, _ := resp["200"].(obj); ok != nil {
+		h, _ := ok["headers"].(obj)
+		if h == nil {
+			h = obj{}
+			ok["headers"] = h
+		}
+		h[x402.HeaderPaymentResponse] = obj{"$ref": "#/components/headers/PaymentResponse"}
+		if r.Free != nil && r.Free.PerDay > 0 {
+			h[HeaderFreeRemaining] = obj{"$ref": "#/components/headers/FreeRemaining"}
+			h[HeaderFreeLimit] = obj{"$ref": "#/components/headers/FreeLimit"}
+			h[HeaderFreeResets] = obj{"$ref": "#/components/headers/FreeResets"}
+		}
+	}
+	o["x-payment-info"] = paymentInfo(r)
+	var b strings.Builder
+	if d, _ := o["description"].(string); d != "" {
+		b.WriteString(d)
+		b.WriteString("\n\n")
+	}
+	b.WriteString("**Price:** " + priceText(r.Accepts) + ".")
+	if f := r.Free; f != nil && f.PerDay > 0 {
+		fmt.Fprintf(&b, " **Free allowance:** %d calls per client per day (%s, pool `%s`), request bodies up to %d bytes, resets at 00:00 UTC.",
+			f.PerDay, clientKeyDoc(f.Key), f.Pool, f.MaxBody)
+	} else {
+		b.WriteString(" Never free.")
+	}
+	o["description"] = b.String()
+}
+
+// paymentInfo is the x-payment-info extension of a paid operation.
+func paymentInfo(r Route) obj {
+	accepts := make([]any, 0, len(r.Accepts))
+	for _, a := range r.Accepts {
+		accepts = append(accepts, PriceOf(a))
+	}
+	info := obj{
+		"protocol":    "x402",
+		"x402Version": x402.Version,
+		"configured":  true,
+		"accepts":     accepts,
+		"settle":      r.Settle,
+	}
+	if len(r.Accepts) > 0 {
+		info["price"] = PriceOf(r.Accepts[0])
+	}
+	if f := r.Free; f != nil && f.PerDay > 0 {
+		info["freeAllowance"] = obj{
+			"pool": f.Pool, "callsPerClientPerDay": f.PerDay, "clientKey": f.Key,
+			"maxBodyBytes": f.MaxBody, "resets": "daily at 00:00 UTC",
+		}
+	} else {
+		info["freeAllowance"] = nil
+	}
+	return info
+}
+
+func priceText(accepts []x402.PaymentRequirements) string {
+	parts := make([]string, 0, len(accepts))
+	for _, a := range accepts {
+		p := PriceOf(a)
+		parts = append(parts, fmt.Sprintf("%s (%s atomic units) on %s to `%s`", p.Display, p.Amount, p.Network, p.PayTo))
+	}
+	if len(parts) == 0 {
+		return "not configured"
+	}
+	return strings.Join(parts, ", or ")
+}
+
+func clientKeyDoc(key string) string {
+	if key == "wallet" {
+		return "per wallet proven with X-Wallet-Auth"
+	}
+	return "per client IP address"
+}
+
+func jsonBody(schema obj, examples obj) obj {
+	mt := obj{"schema": schema}
+	if examples != nil {
+		mt["examples"] = examples
+	}
+	return obj{"required": true, "content": obj{"application/json": mt}}
+}
+
+func verifyOp(s *Service, o obj) {
+	o["requestBody"] = jsonBody(ref("VerificationRequest"), obj{
+		"invoice_pass": obj{"summary": "SPEC §10 invoice, totals add up: pass", "value": invoiceRequest(129.5)},
+		"invoice_fail": obj{"summary": "SPEC §10 invoice, total 135.0 but lines sum to 129.5: fail", "value": invoiceRequest(135.0)},
+	})
+	o["responses"].(obj)["200"] = obj{
+		"description": "The verification result with its receipt (full or compact per `detail`). Served free from the allowance (Free-Allowance-* headers) or paid (PAYMENT-RESPONSE).",
+		"content":     obj{"application/json": obj{"schema": obj{"oneOf": []any{ref("VerificationResult"), ref("VerificationResultCompact")}}}},
+	}
+	o["x-attestation-context"] = receipt.ContextVerify
+}
+
+func scoreOp(s *Service, o obj) {
+	o["parameters"] = []any{obj{"$ref": "#/components/parameters/AgentID"}}
+	o["responses"].(obj)["200"] = obj{
+		"description": "The signed trust score.",
+		"content":     obj{"application/json": obj{"schema": ref("TrustScore")}},
+	}
+	o["x-attestation-context"] = receipt.ContextScore
+}
+
+func reputationOp(s *Service, o obj) {
+	o["parameters"] = []any{
+		obj{"$ref": "#/components/parameters/AgentID"},
+		obj{"name": "limit", "in": "query", "description": "Page size.", "schema": obj{"type": "integer", "minimum": 1, "maximum": 100, "default": 20}},
+		obj{"name": "cursor", "in": "query", "description": "The previous page's next_cursor.", "schema": obj{"type": "string"}},
+	}
+	resp := o["responses"].(obj)
+	resp["200"] = obj{"description": "The history page.", "content": obj{"application/json": obj{"schema": ref("Reputation")}}}
+	resp["422"] = respRef("Invalid")
+	resp["503"] = respRef("Unavailable")
+}
+
+func simpleOp(mediaType string, schema obj, desc string) func(*Service, obj) {
+	return func(_ *Service, o obj) {
+		resp := o["responses"].(obj)
+		resp["200"] = obj{"description": desc, "content": obj{mediaType: obj{"schema": schema}}}
+		resp["503"] = respRef("Unavailable")
+	}
+}
+
+func mcpOp(s *Service, o obj) {
+	o["description"] = fmt.Sprintf("The Model Context Protocol over Streamable HTTP at `%s`: POST JSON-RPC messages (initialize, tools/list, tools/call); the answer is JSON or an SSE stream. Tools: `verify_schema` (same input and output as POST /verify/schema, sharing its free allowance) and `get_verification_record` (same as GET /score/{agent_id}). Tools are priced as their REST twins: a tool call that must be paid returns a payment-required tool result (x402 MCP transport); pay by sending the PaymentPayload in `params._meta[\"x402/payment\"]`.", s.mcpURL())
+	o["requestBody"] = jsonBody(ref("JSONRPCRequest"), obj{
+		"tools_call": obj{"summary": "Call verify_schema", "value": obj{
+			"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+			"params": obj{"name": "verify_schema", "arguments": invoiceRequest(129.5)},
+		}},
+	})
+	resp := o["responses"].(obj)
+	resp["200"] = obj{"description": "A JSON-RPC response (application/json) or an SSE stream of them (text/event-stream).",
+		"content": obj{"application/json": obj{"schema": obj{"type": "object"}}, "text/event-stream": obj{"schema": obj{"type": "string"}}}}
+	resp["202"] = obj{"description": "A notification or response was accepted."}
+	resp["413"] = respRef("TooLarge")
+	resp["503"] = respRef("Unavailable")
+	o["x-mcp-tools"] = []any{
+		obj{"name": "verify_schema", "rest": "POST /verify/schema", "attestationContext": receipt.ContextVerify},
+		obj{"name": "get_verification_record", "rest": "GET /score/{agent_id}", "attestationContext": receipt.ContextScore},
+	}
+	o["x-payment-info"] = obj{"protocol": "x402", "x402Version": x402.Version, "transport": "mcp",
+		"note": "Tools are priced as their REST twins; see POST /verify/schema and GET /score/{agent_id}."}
+}
+
+var pathParam = regexp.MustCompile(`\{([^{}/]+)\}`)
+
+// genericOp documents a paid route the contract does not know.
+func genericOp(s *Service, r Route) obj {
+	summary := r.Description
+	if summary == "" {
+		summary = r.Method + " " + r.Path
+	}
+	mime := r.MimeType
+	if mime == "" {
+		mime = "application/json"
+	}
+	o := obj{
+		"summary": summary, "tags": []any{tagOther},
+		"operationId": operationID(r),
+		"responses": obj{
+			"200": obj{"description": "The paid answer.", "content": obj{mime: obj{}}},
+			"500": respRef("Internal"),
+		},
+	}
+	var params []any
+	for _, m := range pathParam.FindAllStringSubmatch(r.Path, -1) {
+		params = append(params, obj{"name": m[1], "in": "path", "required": true, "schema": obj{"type": "string"}})
+	}
+	if len(params) > 0 {
+		o["parameters"] = params
+	}
+	body := r.Method == "POST" || r.Method == "PUT" || r.Method == "PATCH"
+	if body {
+		o["requestBody"] = obj{"content": obj{"application/json": obj{"schema": obj{}}}}
+	}
+	addPayment(o, r, body)
+	return o
+}
+
+var nonIdent = regexp.MustCompile(`[^A-Za-z0-9]+`)
+
+func operationID(r Route) string {
+	return strings.ToLower(r.Method) + strings.Trim(nonIdent.ReplaceAllString(r.Path, "_"), "_")
+}
+
+// invoiceRequest is the SPEC §10 worked example with the given total.
+func invoiceRequest(total float64) obj {
+	return obj{
+		"task_id":  "invoice-7731",
+		"agent_id": "test-invoice-agent",
+		"expected_schema": obj{
+			"type":     "object",
+			"required": []any{"invoice_id", "currency", "line_items", "total"},
+			"properties": obj{
+				"invoice_id": obj{"type": "string", "pattern": "^INV-[0-9]{4}$"},
+				"currency":   obj{"enum": []any{"USD", "EUR"}},
+				"line_items": obj{
+					"type": "array", "minItems": 1,
+					"items": obj{
+						"type":     "object",
+						"required": []any{"sku", "qty", "line_total"},
+						"properties": obj{
+							"sku":        obj{"type": "string"},
+							"qty":        obj{"type": "integer", "minimum": 1},
+							"line_total": obj{"type": "number", "minimum": 0},
+						},
+					},
+				},
+				"total": obj{"type": "number"},
+			},
+		},
+		"submitted_output": obj{
+			"invoice_id": "INV-7731",
+			"currency":   "USD",
+			"line_items": []any{
+				obj{"sku": "WIDGET-1", "qty": 2, "line_total": 87.0},
+				obj{"sku": "GADGET-2", "qty": 1, "line_total": 42.5},
+			},
+			"total": total,
+		},
+		"rules":         []any{obj{"type": "sum_equals", "field": "line_items[].line_total", "equals_field": "total"}},
+		"enforce_rules": true,
+	}
+}
+
+// pool is one free allowance pool and the routes that share it.
+type pool struct {
+	free   Free
+	routes []string
+}
+
+// freePools groups the live free allowances by pool, in route order.
+func freePools(s *Service) []pool {
+	var out []pool
+	idx := map[string]int{}
+	for _, r := range s.Routes {
+		if r.Free == nil || r.Free.PerDay <= 0 {
+			continue
+		}
+		if c, ok := contractOp(r.Method, r.Path); ok && c.neverFree {
+			continue
+		}
+		i, ok := idx[r.Free.Pool]
+		if !ok {
+			i = len(out)
+			idx[r.Free.Pool] = i
+			out = append(out, pool{free: *r.Free})
+		}
+		out[i].routes = append(out[i].routes, r.key())
+	}
+	return out
+}
+
+func contractOp(method, path string) (op, bool) {
+	for _, c := range contract {
+		if c.method == method && c.path == path {
+			return c, true
+		}
+	}
+	return op{}, false
+}

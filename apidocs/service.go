@@ -1,0 +1,152 @@
+package apidocs
+
+import (
+	"regexp"
+	"strings"
+
+	"github.com/aovhq/aov/x402"
+)
+
+// Service is what the documents describe: who the service is, where it is
+// reached, and the payment-gated routes as they are configured right now.
+type Service struct {
+	// Name is the service's name in titles ("Agent Output Verifier").
+	Name string
+	// BaseURL is the public origin, scheme://host[:port] without a trailing
+	// slash; every absolute URL in the documents starts with it.
+	BaseURL string
+	// MCPURL is the Streamable HTTP MCP endpoint. Default BaseURL + "/mcp".
+	MCPURL string
+	// Version is the document's info.version. Default "1".
+	Version string
+	// Routes are the live payment-gated routes. A contract route (SPEC §2)
+	// missing here is documented as not priced in this configuration; a
+	// route here that the contract does not know is documented generically.
+	Routes []Route
+}
+
+// Route is one live payment-gated route: how it is named, what it costs and
+// which free allowance applies.
+type Route struct {
+	// Method and Path name the route; Path uses OpenAPI templates
+	// ("/score/{agent_id}"). ParseRoute turns "GET /score/{agent_id}" or
+	// "GET /score/:agent_id" into them.
+	Method, Path string
+	// Description and MimeType are the operator's, as PAYMENT-REQUIRED
+	// carries them.
+	Description, MimeType string
+	// Accepts are the server's own payment requirements, one per way to pay.
+	Accepts []x402.PaymentRequirements
+	// Free is the route's daily free allowance, nil when it has none.
+	Free *Free
+	// Settle is "after" (the upstream answers first, errors are never
+	// charged) or "before" (streaming upstreams).
+	Settle string
+}
+
+// Free is a daily free allowance as configured.
+type Free struct {
+	// Pool names the shared counter: routes naming the same pool share one
+	// allowance per client.
+	Pool string
+	// PerDay is the number of free calls per client per UTC day.
+	PerDay int
+	// Key identifies the client: "ip" or "wallet".
+	Key string
+	// MaxBody is the largest request body served free, in bytes.
+	MaxBody int64
+	// Tool is the MCP tool that shares the allowance ("verify_schema").
+	Tool string
+}
+
+var colonParam = regexp.MustCompile(`/:([A-Za-z_][A-Za-z0-9_]*)`)
+
+// ParseRoute splits a route name "METHOD /path" (the gateway's `route`
+// option) into an upper-case method and an OpenAPI path template; ":name"
+// segments become "{name}". ok is false when s is not of that form.
+func ParseRoute(s string) (method, path string, ok bool) {
+	method, path, ok = strings.Cut(strings.TrimSpace(s), " ")
+	path = strings.TrimSpace(path)
+	if !ok || method == "" || !strings.HasPrefix(path, "/") || strings.ContainsAny(path, " \t") {
+		return "", "", false
+	}
+	for _, c := range method {
+		if (c < 'A' || c > 'Z') && (c < 'a' || c > 'z') {
+			return "", "", false
+		}
+	}
+	return strings.ToUpper(method), colonParam.ReplaceAllString(path, "/{$1}"), true
+}
+
+// key is the "METHOD /path" name a route is looked up by.
+func (r Route) key() string { return r.Method + " " + r.Path }
+
+// route returns the live route named method+path.
+func (s *Service) route(method, path string) (Route, bool) {
+	for _, r := range s.Routes {
+		if r.Method == method && r.Path == path {
+			return r, true
+		}
+	}
+	return Route{}, false
+}
+
+func (s *Service) mcpURL() string {
+	if s.MCPURL != "" {
+		return s.MCPURL
+	}
+	return s.BaseURL + "/mcp"
+}
+
+func (s *Service) name() string {
+	if s.Name != "" {
+		return s.Name
+	}
+	return "Agent Output Verifier"
+}
+
+// Price is one way to pay for a route, in the units people and machines
+// read: dollars when the asset is the network's USDC, atomic units always.
+type Price struct {
+	// USD is the price in dollars without a sign ("0.02"); "" when the asset
+	// is not a known dollar stablecoin.
+	USD string `json:"usd,omitempty"`
+	// Display is for people: "$0.02 USDC" or "1500 atomic units of <asset>".
+	Display string `json:"display"`
+	// Amount is the exact price in the asset's atomic units ("20000").
+	Amount   string `json:"amount"`
+	Decimals int    `json:"decimals,omitempty"`
+	Asset    string `json:"asset"`
+	// AssetName is the token's EIP-712 name when known ("USD Coin").
+	AssetName         string `json:"assetName,omitempty"`
+	Network           string `json:"network"`
+	Scheme            string `json:"scheme"`
+	PayTo             string `json:"payTo"`
+	MaxTimeoutSeconds int    `json:"maxTimeoutSeconds"`
+}
+
+// PriceOf describes one payment requirement.
+func PriceOf(p x402.PaymentRequirements) Price {
+	out := Price{
+		Amount: p.Amount, Asset: p.Asset, Network: p.Network, Scheme: p.Scheme,
+		PayTo: p.PayTo, MaxTimeoutSeconds: p.MaxTimeoutSeconds,
+		Display: p.Amount + " atomic units of " + p.Asset + " on " + p.Network,
+	}
+	if a, ok := x402.LookupAsset(p.Network, p.Asset); ok {
+		out.Decimals = a.Decimals
+		out.AssetName = a.Name
+		out.USD = x402.FormatAmount(p.Amount, a.Decimals)
+		out.Display = "$" + dollars(out.USD) + " USDC"
+	}
+	return out
+}
+
+// dollars pads a decimal dollar amount to at least cents: "0.1" → "0.10",
+// "2" → "2.00", "0.001" stays.
+func dollars(s string) string {
+	whole, frac, _ := strings.Cut(s, ".")
+	for len(frac) < 2 {
+		frac += "0"
+	}
+	return whole + "." + frac
+}
