@@ -56,6 +56,7 @@ func parseDiscovery(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    facilitator   <module> { ... }
 //	    store         <module> { ... }
 //	    settle        after|before
+//	    settle_on     pass|any
 //	    max_buffer    <size>
 //	    max_body      <size>
 //	    validate      verify_request
@@ -99,6 +100,10 @@ func (g *Gate) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 		case "settle":
 			if err := oneArg(d, &g.Settle); err != nil {
+				return err
+			}
+		case "settle_on":
+			if err := oneArg(d, &g.SettleOn); err != nil {
 				return err
 			}
 		case "validate":

@@ -50,6 +50,7 @@ const (
 var exposedHeaders = strings.Join([]string{
 	x402.HeaderPaymentRequired, x402.HeaderPaymentResponse,
 	HeaderFreeRemaining, HeaderFreeLimit, HeaderFreeResets,
+	HeaderVerificationReceipt, HeaderVerificationStatus,
 }, ", ")
 
 // Defaults for the limits an operator can change.
@@ -105,6 +106,15 @@ type Gate struct {
 	// first and then streams the upstream response, for streaming upstreams
 	// (SSE): the client pays even if the upstream then fails.
 	Settle string `json:"settle,omitempty"`
+
+	// SettleOn is "pass" or "any". "pass" settles a payment only when
+	// verify_response (later in the same route) found the output passing;
+	// any other answer below 400 (a fail receipt, an unverified or
+	// unchecked response) is released without charging and without
+	// PAYMENT-RESPONSE, and the payment can be used again. "any" settles
+	// every answer below 400. Default: "pass" when verify_response handled
+	// the request, "any" otherwise. Needs settle after.
+	SettleOn string `json:"settle_on,omitempty"`
 
 	// MaxBuffer caps the buffered upstream response in "after" mode. A larger
 	// response is an error (502) and nothing is settled. Default 10 MiB.
@@ -233,6 +243,9 @@ func (g *Gate) Validate() error {
 	}
 	if g.Settle != "after" && g.Settle != "before" {
 		return fmt.Errorf("x402: settle must be 'after' or 'before', not %q", g.Settle)
+	}
+	if err := g.validateSettleOn(); err != nil {
+		return err
 	}
 	if g.Validator != "" && g.Validator != "verify_request" {
 		return fmt.Errorf("x402: unknown validator %q (the only one is verify_request)", g.Validator)

@@ -118,6 +118,16 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		bw.replay(w)
 		return nil
 	}
+	if !g.settleAllowed(r) {
+		// settle_on pass, and the output did not pass verification: the
+		// buyer gets it with its receipt and is not charged.
+		release()
+		metrics.outcomes.WithLabelValues("verification_not_passed_not_settled").Inc()
+		w.Header().Set("Cache-Control", "no-store")
+		w.Header().Set("Access-Control-Expose-Headers", exposedHeaders)
+		bw.replay(w)
+		return nil
+	}
 	sr, ok := g.settle(w, r, payload, offer, claim, release)
 	if !ok {
 		return nil

@@ -1,0 +1,892 @@
+package caddymodule
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"net/url"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/receipt"
+	"github.com/aovhq/aov/verify"
+)
+
+func init() {
+	caddy.RegisterModule(VerifyResponse{})
+}
+
+// Headers verify_response puts on the answers it checked.
+const (
+	// HeaderVerificationReceipt (the default receipt_header) carries the
+	// signed receipt of the response body: standard padded base64 (RFC 4648,
+	// like the x402 headers) of the receipt JSON exactly as the verification
+	// service signed it. Decode it and check it with `aov receipt verify` or
+	// receipt.VerifyReceipt; its output_hash is the SHA-256 of the RFC 8785
+	// form of the body (or of the envelope's "output").
+	HeaderVerificationReceipt = "Verification-Receipt"
+	// HeaderVerificationStatus is "pass" or "fail" (the receipt's result)
+	// or "unverified" (on_error fail_open let an unchecked response through;
+	// no receipt).
+	HeaderVerificationStatus = "Verification-Status"
+)
+
+// VerificationVar is the request variable (placeholder
+// {http.vars.aov.verification.result}) where verify_response records what
+// happened to the response: "pass" or "fail" (verified, receipt attached),
+// "blocked" (on_fail block withheld a failing output), "error" (on_error
+// fail_closed withheld an unverifiable output), "unverified" (fail_open let
+// it through unchecked) or "unchecked" (not a response it checks: another
+// status or content type, or a HEAD request). The x402 gate's settle_on
+// reads it; the upstream cannot set it.
+const VerificationVar = "aov.verification.result"
+
+// verificationIDVar holds the verification_id of the receipt, for logs
+// ({http.vars.aov.verification.id}).
+const verificationIDVar = "aov.verification.id"
+
+// Outcomes recorded in VerificationVar.
+const (
+	outcomePass       = "pass"
+	outcomeFail       = "fail"
+	outcomeBlocked    = "blocked"
+	outcomeError      = "error"
+	outcomeUnverified = "unverified"
+	outcomeUnchecked  = "unchecked"
+)
+
+// Error codes of verify_response refusals (SPEC §6 shape).
+const (
+	// codeResponseUnverifiable: the response itself cannot be verified (not
+	// JSON, compressed, larger than max_response, or refused by the
+	// verification service). 503, retryable: the agent may answer
+	// differently next time.
+	codeResponseUnverifiable = "response_unverifiable"
+	// codeOutputFailedVerification: on_fail block withheld an output that
+	// failed verification. 502, with the verifier's hints.
+	codeOutputFailedVerification = "output_failed_verification"
+)
+
+// Defaults of verify_response.
+const (
+	defaultMaxResponse     = 1 << 20
+	defaultVerifierTimeout = 10 * time.Second
+	defaultTaskID          = "{http.request.uuid}"
+	// maxReceiptBytes caps what is read back from the verification service:
+	// a full receipt with every list at its cap is far below it.
+	maxReceiptBytes = 4 << 20
+	// maxConfigFileBytes caps a schema, bounds or rules file.
+	maxConfigFileBytes = 4 << 20
+	// maxPooledBuffer: larger buffers are dropped instead of pooled, so one
+	// big response does not pin memory forever.
+	maxPooledBuffer = 4 << 20
+)
+
+// VerifyResponse (Caddyfile directive `verify_response`) checks a seller
+// agent's JSON answers at the gateway and attaches a signed receipt. It asks
+// the upstream for an uncompressed body, holds a selected response (status
+// and content type) in a bounded buffer, sends it to the verification
+// service (verifierd's POST /verify/schema) with the configured schema,
+// bounds and rules, and releases it with the receipt in the
+// Verification-Receipt header (and, with envelope, in the body). The receipt
+// is attached only after checking that its output_hash is the hash of the
+// exact bytes being released.
+//
+// A failing output passes with its fail receipt (on_fail pass) or is
+// withheld with a 502 carrying the verifier's hints (on_fail block). A
+// response that cannot be verified (not JSON, over max_response, the
+// verifier down) is withheld with a 503 (on_error fail_closed) or let
+// through marked Verification-Status: unverified (fail_open).
+//
+// It records its outcome in the request variable aov.verification.result,
+// which the x402 gate's settle_on reads: by default a gate in the same route
+// settles a payment only for an output that passed.
+//
+// Its registered Caddyfile order is after encode: inside the x402 gate
+// (before encode) and inside encode, so it sees the upstream's plain JSON
+// and the gate sees its final answer. Inside a `route` block, write x402,
+// then verify_response, then the proxy.
+type VerifyResponse struct {
+	// Schema is the JSON Schema the output must satisfy: inline JSON, or
+	// the path of a file holding it. Required.
+	Schema json.RawMessage `json:"schema,omitempty"`
+	// Bounds (SPEC §3: path → {min, max, if_present}), inline or a file path.
+	Bounds json.RawMessage `json:"bounds,omitempty"`
+	// Rules (SPEC §3: an array of rule objects), inline or a file path.
+	Rules json.RawMessage `json:"rules,omitempty"`
+	// EnforceRules makes rule violations block a pass.
+	EnforceRules bool `json:"enforce_rules,omitempty"`
+	// StrictContentCheck also fails undeclared properties and placeholders.
+	StrictContentCheck bool `json:"strict_content_check,omitempty"`
+
+	// TaskID is the task_id of each verification, with placeholders.
+	// Default {http.request.uuid}. An empty expansion falls back to it.
+	TaskID string `json:"task_id,omitempty"`
+	// AgentID is the agent_id of each verification, with placeholders
+	// (e.g. a fixed name, or {http.auth.wallet.address}). Default: none.
+	AgentID string `json:"agent_id,omitempty"`
+
+	// Statuses are the response statuses that are checked. Default 200, 201.
+	Statuses []int `json:"status,omitempty"`
+	// ContentTypes are the media types that are checked (parameters such
+	// as charset are ignored). Default application/json. Other responses
+	// pass through unchanged and without a receipt.
+	ContentTypes []string `json:"content_types,omitempty"`
+	// MaxResponse caps a checked response body. A larger one cannot be
+	// verified (see on_error). Default 1 MiB.
+	MaxResponse int64 `json:"max_response,omitempty"`
+
+	// VerifierURL is the verification service's base URL, e.g.
+	// http://127.0.0.1:8081 (POST /verify/schema is appended). Required.
+	VerifierURL string `json:"verifier_url,omitempty"`
+	// VerifierToken is sent as X-Aov-Gateway-Token. Global placeholders
+	// such as {env.AOV_GATEWAY_TOKEN} are resolved at load time.
+	VerifierToken string `json:"verifier_token,omitempty"`
+	// VerifierTimeout bounds one call to the verification service.
+	// Default 10s.
+	VerifierTimeout caddy.Duration `json:"verifier_timeout,omitempty"`
+
+	// ReceiptHeader names the header that carries the receipt. Default
+	// Verification-Receipt.
+	ReceiptHeader string `json:"receipt_header,omitempty"`
+	// Envelope replaces the body with {"output": <the original JSON>,
+	// "verification": <the signed receipt>}, for clients that keep bodies
+	// but not headers. The header is sent as well.
+	Envelope bool `json:"envelope,omitempty"`
+	// Detail is the receipt's detail: "compact" (default; small enough for
+	// a header) or "full" (adds errors, flags and hints). Default "full"
+	// with on_fail block, whose 502 carries the hints; a passing full
+	// receipt has empty lists and stays small.
+	Detail string `json:"detail,omitempty"`
+	// OnFail is what happens to an output that fails verification: "pass"
+	// (default) releases it with its fail receipt; "block" answers 502
+	// output_failed_verification with the verifier's hints and no output.
+	OnFail string `json:"on_fail,omitempty"`
+	// OnError is what happens when a response cannot be verified (not
+	// JSON, compressed, over max_response, verifier unreachable or
+	// failing): "fail_closed" (default) answers 503 with no output;
+	// "fail_open" releases it with Verification-Status: unverified and no
+	// receipt.
+	OnError string `json:"on_error,omitempty"`
+
+	template    []byte // the verification request up to `"task_id":`
+	schemaHash  string
+	rulesHash   string
+	endpoint    string
+	token       string
+	client      *http.Client
+	contentSet  []string
+	receiptName string
+	logger      *zap.Logger
+}
+
+// CaddyModule returns the Caddy module information.
+func (VerifyResponse) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.verify_response",
+		New: func() caddy.Module { return new(VerifyResponse) },
+	}
+}
+
+// Provision loads the schema, bounds and rules, checks them exactly as the
+// verification service will (so a bad schema fails at load, not on the
+// first sale), and prepares the request template.
+func (v *VerifyResponse) Provision(ctx caddy.Context) error {
+	v.logger = ctx.Logger()
+	if v.TaskID == "" {
+		v.TaskID = defaultTaskID
+	}
+	if len(v.Statuses) == 0 {
+		v.Statuses = []int{http.StatusOK, http.StatusCreated}
+	}
+	if len(v.ContentTypes) == 0 {
+		v.ContentTypes = []string{"application/json"}
+	}
+	v.contentSet = make([]string, len(v.ContentTypes))
+	for i, ct := range v.ContentTypes {
+		v.contentSet[i] = strings.ToLower(strings.TrimSpace(ct))
+	}
+	if v.MaxResponse == 0 {
+		v.MaxResponse = defaultMaxResponse
+	}
+	if v.VerifierTimeout == 0 {
+		v.VerifierTimeout = caddy.Duration(defaultVerifierTimeout)
+	}
+	v.receiptName = v.ReceiptHeader
+	if v.receiptName == "" {
+		v.receiptName = HeaderVerificationReceipt
+	}
+	if v.OnFail == "" {
+		v.OnFail = "pass"
+	}
+	if v.OnError == "" {
+		v.OnError = "fail_closed"
+	}
+	if v.Detail == "" {
+		v.Detail = verify.DetailCompact
+		if v.OnFail == "block" {
+			v.Detail = verify.DetailFull
+		}
+	}
+	v.token = caddy.NewReplacer().ReplaceKnown(v.VerifierToken, "")
+
+	schema, err := loadJSONOption(v.Schema, "schema")
+	if err != nil {
+		return err
+	}
+	if schema == nil {
+		return errors.New("verify_response: schema is required")
+	}
+	bounds, err := loadJSONOption(v.Bounds, "bounds")
+	if err != nil {
+		return err
+	}
+	rules, err := loadJSONOption(v.Rules, "rules")
+	if err != nil {
+		return err
+	}
+	t := []byte(`{"expected_schema":`)
+	t = append(t, schema...)
+	if bounds != nil {
+		t = append(t, `,"bounds":`...)
+		t = append(t, bounds...)
+	}
+	if rules != nil {
+		t = append(t, `,"rules":`...)
+		t = append(t, rules...)
+	}
+	t = fmt.Appendf(t, `,"enforce_rules":%t,"strict_content_check":%t,"detail":%q,"task_id":`, v.EnforceRules, v.StrictContentCheck, v.Detail)
+	v.template = t
+
+	// The same parse the verification service runs, on a sample request.
+	sample := append(slices.Clip(v.template), `"load-check","submitted_output":null}`...)
+	req, err := verify.New(verify.Config{MaxBodyBytes: int64(len(sample)) + 1}).Parse(sample)
+	if err != nil {
+		return fmt.Errorf("verify_response: the schema, bounds or rules would be refused: %v", describeRefusal(err))
+	}
+	v.schemaHash, v.rulesHash = req.Hashes.Schema, req.Hashes.Rules
+
+	if v.VerifierURL != "" {
+		v.endpoint = strings.TrimRight(v.VerifierURL, "/") + "/verify/schema"
+	}
+	v.client = &http.Client{
+		Timeout: time.Duration(v.VerifierTimeout),
+		Transport: &http.Transport{
+			Proxy:               nil,
+			MaxIdleConns:        256,
+			MaxIdleConnsPerHost: 256,
+			IdleConnTimeout:     90 * time.Second,
+		},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+	return nil
+}
+
+// describeRefusal turns a verify refusal into one line naming every field.
+func describeRefusal(err error) string {
+	var e *apierr.Error
+	if !errors.As(err, &e) || len(e.Fields) == 0 {
+		return err.Error()
+	}
+	parts := make([]string, len(e.Fields))
+	for i, f := range e.Fields {
+		parts[i] = fmt.Sprintf("%s %s (%s)", strings.Replace(f.Field, "expected_schema", "schema", 1), f.Problem, f.Fix)
+	}
+	return strings.Join(parts, "; ")
+}
+
+// loadJSONOption reads a schema, bounds or rules option: inline JSON, or a
+// JSON string naming a file (or holding the JSON itself), compacted.
+func loadJSONOption(raw json.RawMessage, name string) ([]byte, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	data := []byte(raw)
+	if raw[0] == '"' {
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return nil, fmt.Errorf("verify_response: %s: %v", name, err)
+		}
+		s = strings.TrimSpace(s)
+		if s == "" {
+			return nil, nil
+		}
+		if s[0] == '{' || s[0] == '[' {
+			data = []byte(s)
+		} else {
+			f, err := os.Open(s)
+			if err != nil {
+				return nil, fmt.Errorf("verify_response: %s file: %v", name, err)
+			}
+			data, err = io.ReadAll(io.LimitReader(f, maxConfigFileBytes+1))
+			f.Close()
+			if err != nil {
+				return nil, fmt.Errorf("verify_response: reading %s file: %v", name, err)
+			}
+			if len(data) > maxConfigFileBytes {
+				return nil, fmt.Errorf("verify_response: %s file %s is larger than %d bytes", name, s, maxConfigFileBytes)
+			}
+		}
+	}
+	var out bytes.Buffer
+	if err := json.Compact(&out, data); err != nil {
+		return nil, fmt.Errorf("verify_response: %s is not valid JSON: %v", name, err)
+	}
+	return out.Bytes(), nil
+}
+
+// Validate checks the configuration before it is used.
+func (v *VerifyResponse) Validate() error {
+	if v.VerifierURL == "" {
+		return errors.New("verify_response: verifier_url is required")
+	}
+	u, err := url.Parse(v.VerifierURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("verify_response: verifier_url %q must be an http:// or https:// URL", v.VerifierURL)
+	}
+	if v.OnFail != "pass" && v.OnFail != "block" {
+		return fmt.Errorf("verify_response: on_fail must be pass or block, not %q", v.OnFail)
+	}
+	if v.OnError != "fail_closed" && v.OnError != "fail_open" {
+		return fmt.Errorf("verify_response: on_error must be fail_closed or fail_open, not %q", v.OnError)
+	}
+	if v.Detail != verify.DetailCompact && v.Detail != verify.DetailFull {
+		return fmt.Errorf("verify_response: detail must be compact or full, not %q", v.Detail)
+	}
+	for _, s := range v.Statuses {
+		if s < 200 || s > 599 {
+			return fmt.Errorf("verify_response: status %d is not a final HTTP status", s)
+		}
+	}
+	if v.MaxResponse < 0 {
+		return errors.New("verify_response: max_response must be positive")
+	}
+	if !validHeaderName(v.receiptName) {
+		return fmt.Errorf("verify_response: receipt_header %q is not a valid header name", v.receiptName)
+	}
+	return nil
+}
+
+// validHeaderName reports whether s is an RFC 9110 token.
+func validHeaderName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0 {
+			continue
+		}
+		return false
+	}
+	return true
+}
+
+// Cleanup closes the idle connections to the verification service.
+func (v *VerifyResponse) Cleanup() error {
+	if v.client != nil {
+		v.client.CloseIdleConnections()
+	}
+	return nil
+}
+
+var holdPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// ServeHTTP runs the upstream into a hold, verifies what it holds, and
+// releases the answer the policy calls for.
+func (v *VerifyResponse) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	// The upstream must answer in plain bytes (the check reads JSON, and
+	// the receipt hashes what is released) and in full (a range cannot be
+	// verified). The client's own request is left as it was, for logs.
+	up := new(http.Request)
+	*up = *r
+	up.Header = r.Header.Clone()
+	up.Header.Set("Accept-Encoding", "identity")
+	up.Header.Del("Range")
+	up.Header.Del("If-Range")
+
+	buf := holdPool.Get().(*bytes.Buffer)
+	buf.Reset()
+	defer func() {
+		if buf.Cap() <= maxPooledBuffer {
+			holdPool.Put(buf)
+		}
+	}()
+	hw := &responseHold{w: w, v: v, header: make(http.Header), buf: buf, head: r.Method == http.MethodHead}
+	err := runHeld(next, hw, up)
+	if err != nil {
+		return err
+	}
+	if !hw.decided {
+		hw.WriteHeader(http.StatusOK)
+	}
+	switch {
+	case !hw.hold:
+		caddyhttp.SetVar(r.Context(), VerificationVar, outcomeUnchecked)
+		return nil
+	case hw.spilled:
+		v.logUnverifiable(r, errors.New("response larger than max_response"))
+		caddyhttp.SetVar(r.Context(), VerificationVar, outcomeUnverified)
+		return nil
+	case hw.overflow:
+		return v.unverifiable(w, hw, r, v.responseError(fmt.Sprintf("it is larger than the gateway's %d-byte limit", v.MaxResponse), nil))
+	}
+	return v.verifyHeld(w, hw, r)
+}
+
+// verifyHeld verifies the held response and releases what the policy says.
+func (v *VerifyResponse) verifyHeld(w http.ResponseWriter, hw *responseHold, r *http.Request) error {
+	body := hw.buf.Bytes()
+	if ce := hw.header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
+		return v.unverifiable(w, hw, r, v.responseError("it is compressed ("+headerValueShort(ce)+") although identity was asked for", nil))
+	}
+	canon, err := receipt.Canonicalize(body)
+	if err != nil {
+		return v.unverifiable(w, hw, r, v.responseError("it is not a single valid JSON value", err))
+	}
+	outputHash := receipt.Hash(canon)
+
+	rc, err := v.call(r, body)
+	if err != nil {
+		return v.unverifiable(w, hw, r, apierr.From(err))
+	}
+	if rc.view.OutputHash != outputHash || rc.view.SchemaHash != v.schemaHash || rc.view.RulesHash != v.rulesHash {
+		// Never attach a receipt about other bytes.
+		return v.unverifiable(w, hw, r, apierr.Unavailable("verification service", 2,
+			fmt.Errorf("receipt hashes do not match the response and configuration (output %t, schema %t, rules %t)",
+				rc.view.OutputHash == outputHash, rc.view.SchemaHash == v.schemaHash, rc.view.RulesHash == v.rulesHash)))
+	}
+	caddyhttp.SetVar(r.Context(), verificationIDVar, rc.view.VerificationID)
+
+	if rc.view.Result == outcomeFail && v.OnFail == "block" {
+		caddyhttp.SetVar(r.Context(), VerificationVar, outcomeBlocked)
+		return writeBlocked(w, rc)
+	}
+	caddyhttp.SetVar(r.Context(), VerificationVar, rc.view.Result)
+
+	h := w.Header()
+	copyHeader(h, hw.header)
+	h.Set(v.receiptName, base64.StdEncoding.EncodeToString(rc.raw))
+	h.Set(HeaderVerificationStatus, rc.view.Result)
+	out := body
+	if v.Envelope {
+		out = envelope(bytes.TrimSpace(body), rc.raw)
+		h.Del("Etag")
+		h.Del("Content-Md5")
+		h.Del("Digest")
+		h.Del("Content-Digest")
+		h.Del("Repr-Digest")
+	}
+	h.Set("Content-Length", strconv.Itoa(len(out)))
+	w.WriteHeader(hw.status)
+	_, err = w.Write(out)
+	return err
+}
+
+// envelope builds {"output": <output>, "verification": <receipt>}.
+func envelope(output, rcpt []byte) []byte {
+	out := make([]byte, 0, len(output)+len(rcpt)+36)
+	out = append(out, `{"output":`...)
+	out = append(out, output...)
+	out = append(out, `,"verification":`...)
+	out = append(out, rcpt...)
+	return append(out, "}\n"...)
+}
+
+// copyHeader sets every header of src on dst.
+func copyHeader(dst, src http.Header) {
+	for k, vv := range src {
+		dst[k] = vv
+	}
+}
+
+// headerValueShort renders a header value for an error message: short,
+// printable ASCII only.
+func headerValueShort(s string) string {
+	if len(s) > 32 {
+		s = s[:32]
+	}
+	return strings.Map(func(r rune) rune {
+		if r < ' ' || r > '~' {
+			return '?'
+		}
+		return r
+	}, s)
+}
+
+// responseError reports a response that cannot be verified.
+func (v *VerifyResponse) responseError(why string, cause error) *apierr.Error {
+	return &apierr.Error{
+		Code:        codeResponseUnverifiable,
+		Message:     "The response could not be verified because " + why + "; it was withheld and nothing was charged; retry later.",
+		Status:      http.StatusServiceUnavailable,
+		Retryable:   true,
+		RetryAfter:  1,
+		NextActions: []apierr.Action{{Action: "retry", After: 1}},
+		Cause:       cause,
+	}
+}
+
+// unverifiable applies on_error to a response that could not be verified.
+func (v *VerifyResponse) unverifiable(w http.ResponseWriter, hw *responseHold, r *http.Request, e *apierr.Error) error {
+	v.logUnverifiable(r, e)
+	if v.OnError == "fail_open" {
+		caddyhttp.SetVar(r.Context(), VerificationVar, outcomeUnverified)
+		h := w.Header()
+		copyHeader(h, hw.header)
+		h.Set(HeaderVerificationStatus, outcomeUnverified)
+		w.WriteHeader(hw.status)
+		_, err := w.Write(hw.buf.Bytes())
+		return err
+	}
+	caddyhttp.SetVar(r.Context(), VerificationVar, outcomeError)
+	apierr.Write(w, e)
+	return nil
+}
+
+func (v *VerifyResponse) logUnverifiable(r *http.Request, err error) {
+	if ce := v.logger.Check(zapcore.WarnLevel, "response not verified"); ce != nil {
+		ce.Write(zap.String("on_error", v.OnError), zap.String("uri", r.RequestURI), zap.Error(err))
+	}
+}
+
+// signedReceipt is the verification service's answer: the exact bytes (as
+// signed) and the members the gateway reads.
+type signedReceipt struct {
+	raw  []byte
+	view receiptView
+}
+
+type receiptView struct {
+	Result         string `json:"result"`
+	VerificationID string `json:"verification_id"`
+	OutputHash     string `json:"output_hash"`
+	SchemaHash     string `json:"schema_hash"`
+	RulesHash      string `json:"rules_hash"`
+	Summary        struct {
+		BlockingChecks []string `json:"blocking_checks"`
+	} `json:"summary"`
+	Hints       json.RawMessage `json:"hints"`
+	HintsTotal  int             `json:"hints_total"`
+	Attestation *struct {
+		Signature string `json:"signature"`
+	} `json:"attestation"`
+}
+
+// call sends one verification request for body and reads the receipt. An
+// error is an *apierr.Error ready for on_error: upstream_unavailable when
+// the service is down or failing, response_unverifiable when it refused the
+// response.
+func (v *VerifyResponse) call(r *http.Request, body []byte) (*signedReceipt, error) {
+	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	taskID, agentID := v.TaskID, v.AgentID
+	if repl != nil {
+		taskID = repl.ReplaceAll(taskID, "")
+		if taskID == "" {
+			taskID = repl.ReplaceAll(defaultTaskID, "")
+		}
+		agentID = repl.ReplaceAll(agentID, "")
+	}
+	reqBody := make([]byte, 0, len(v.template)+len(body)+128)
+	reqBody = append(reqBody, v.template...)
+	reqBody = appendJSONString(reqBody, taskID)
+	reqBody = append(reqBody, `,"agent_id":`...)
+	if agentID == "" {
+		reqBody = append(reqBody, "null"...)
+	} else {
+		reqBody = appendJSONString(reqBody, agentID)
+	}
+	reqBody = append(reqBody, `,"submitted_output":`...)
+	reqBody = append(reqBody, body...)
+	reqBody = append(reqBody, '}')
+
+	// The verification must finish even if the client leaves: it is
+	// recorded by the service either way.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), time.Duration(v.VerifierTimeout))
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, v.endpoint, bytes.NewReader(reqBody))
+	if err != nil {
+		return nil, apierr.Internal(fmt.Errorf("building verification request: %w", err))
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json")
+	if v.token != "" {
+		req.Header.Set("X-Aov-Gateway-Token", v.token)
+	}
+	resp, err := v.client.Do(req)
+	if err != nil {
+		return nil, apierr.Unavailable("verification service", 2, fmt.Errorf("calling the verification service: %w", err))
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxReceiptBytes+1))
+	if err != nil {
+		return nil, apierr.Unavailable("verification service", 2, fmt.Errorf("reading the verification answer: %w", err))
+	}
+	if len(raw) > maxReceiptBytes {
+		return nil, apierr.Unavailable("verification service", 2, errors.New("verification answer larger than the receipt limit"))
+	}
+	switch {
+	case resp.StatusCode == http.StatusOK:
+	case resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests:
+		return nil, apierr.Unavailable("verification service", 2, fmt.Errorf("verification service answered %d (%s)", resp.StatusCode, errorCode(raw)))
+	default:
+		return nil, v.responseError("the verification service refused it", fmt.Errorf("verification service answered %d (%s)", resp.StatusCode, errorCode(raw)))
+	}
+	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt != "application/json" {
+		return nil, apierr.Unavailable("verification service", 2, fmt.Errorf("verification answer has content type %q", headerValueShort(resp.Header.Get("Content-Type"))))
+	}
+	rc := &signedReceipt{raw: bytes.TrimSpace(raw)}
+	if err := json.Unmarshal(rc.raw, &rc.view); err != nil {
+		return nil, apierr.Unavailable("verification service", 2, fmt.Errorf("verification answer is not a receipt: %w", err))
+	}
+	if (rc.view.Result != outcomePass && rc.view.Result != outcomeFail) || rc.view.Attestation == nil || rc.view.Attestation.Signature == "" {
+		return nil, apierr.Unavailable("verification service", 2, errors.New("verification answer has no result or no attestation"))
+	}
+	return rc, nil
+}
+
+// errorCode extracts the code of a SPEC §6 error body, for logs.
+func errorCode(raw []byte) string {
+	var e struct {
+		Code   string `json:"code"`
+		Fields []struct {
+			Field string `json:"field"`
+		} `json:"fields"`
+	}
+	if json.Unmarshal(raw, &e) != nil || e.Code == "" {
+		return "no error code"
+	}
+	s := headerValueShort(e.Code)
+	for i, f := range e.Fields {
+		if i == 3 {
+			s += ", ..."
+			break
+		}
+		s += " " + headerValueShort(f.Field)
+	}
+	return s
+}
+
+// appendJSONString appends s as a JSON string.
+func appendJSONString(dst []byte, s string) []byte {
+	b, _ := json.Marshal(s) // a string always marshals
+	return append(dst, b...)
+}
+
+// blockedAnswer is the 502 of on_fail block: the SPEC §6 shape, plus what
+// a seller's agent needs to repair its output (the blocking checks and the
+// verifier's hints) and the signed fail receipt of the withheld output. The
+// output itself is not included.
+type blockedAnswer struct {
+	*apierr.Error
+	BlockingChecks []string        `json:"blocking_checks"`
+	Hints          json.RawMessage `json:"hints"`
+	HintsTotal     int             `json:"hints_total"`
+	Verification   json.RawMessage `json:"verification"`
+}
+
+func writeBlocked(w http.ResponseWriter, rc *signedReceipt) error {
+	ans := blockedAnswer{
+		Error: &apierr.Error{
+			Code:        codeOutputFailedVerification,
+			Message:     "The output failed verification and was withheld; nothing was charged; repair it using the hints and verify again.",
+			Status:      http.StatusBadGateway,
+			NextActions: []apierr.Action{{Action: "repair_and_reverify", Using: "hints"}},
+		},
+		BlockingChecks: rc.view.Summary.BlockingChecks,
+		Hints:          rc.view.Hints,
+		HintsTotal:     rc.view.HintsTotal,
+		Verification:   rc.raw,
+	}
+	if ans.BlockingChecks == nil {
+		ans.BlockingChecks = []string{}
+	}
+	if len(ans.Hints) == 0 {
+		ans.Hints = json.RawMessage("[]")
+	}
+	body, err := json.Marshal(ans)
+	if err != nil {
+		return err
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	h.Set(HeaderVerificationStatus, outcomeFail)
+	w.WriteHeader(http.StatusBadGateway)
+	_, err = w.Write(append(body, '\n'))
+	return err
+}
+
+// selects reports whether a response with this status and header is one
+// verify_response checks.
+func (v *VerifyResponse) selects(status int, h http.Header) bool {
+	if !slices.Contains(v.Statuses, status) {
+		return false
+	}
+	mt, _, err := mime.ParseMediaType(h.Get("Content-Type"))
+	return err == nil && slices.Contains(v.contentSet, mt)
+}
+
+// responseHold sits between verify_response and the upstream. A response
+// it does not check (per status and content type, or a HEAD) goes straight
+// through; one it checks is held, up to max_response, until verified.
+// Receipt and status headers from the upstream are always dropped: only
+// the gateway attaches them.
+type responseHold struct {
+	w      http.ResponseWriter
+	v      *VerifyResponse
+	header http.Header
+	buf    *bytes.Buffer
+	head   bool
+	status int
+
+	decided  bool // status known: held or passed through
+	hold     bool // held for verification
+	overflow bool // held, then over max_response (fail_closed): body dropped
+	spilled  bool // held, then over max_response (fail_open): streaming, unverified
+}
+
+func (h *responseHold) Header() http.Header { return h.header }
+
+func (h *responseHold) WriteHeader(code int) {
+	if h.decided || code < 200 {
+		return
+	}
+	h.decided, h.status = true, code
+	h.header.Del(h.v.receiptName)
+	h.header.Del(HeaderVerificationReceipt)
+	h.header.Del(HeaderVerificationStatus)
+	if !h.head && h.v.selects(code, h.header) {
+		h.hold = true
+		return
+	}
+	copyHeader(h.w.Header(), h.header)
+	h.w.WriteHeader(code)
+}
+
+func (h *responseHold) Write(p []byte) (int, error) {
+	if !h.decided {
+		h.WriteHeader(http.StatusOK)
+	}
+	switch {
+	case !h.hold || h.spilled:
+		return h.w.Write(p)
+	case h.overflow:
+		return 0, errResponseTooLarge
+	case int64(h.buf.Len()+len(p)) > h.v.MaxResponse:
+		if h.v.OnError == "fail_open" {
+			// Too large to verify: let it through, marked, unverified.
+			h.spilled = true
+			dst := h.w.Header()
+			copyHeader(dst, h.header)
+			dst.Set(HeaderVerificationStatus, outcomeUnverified)
+			h.w.WriteHeader(h.status)
+			if _, err := h.w.Write(h.buf.Bytes()); err != nil {
+				return 0, err
+			}
+			h.buf.Reset()
+			return h.w.Write(p)
+		}
+		h.overflow = true
+		h.buf.Reset()
+		return 0, errResponseTooLarge
+	}
+	return h.buf.Write(p)
+}
+
+// Flush passes a flush through for responses that are not held; a held
+// response leaves nothing before it is verified.
+func (h *responseHold) Flush() {
+	if h.decided && (!h.hold || h.spilled) {
+		http.NewResponseController(h.w).Flush()
+	}
+}
+
+// streaming reports whether bytes have already reached the client.
+func (h *responseHold) streaming() bool { return h.decided && (!h.hold || h.spilled) }
+
+var errResponseTooLarge = errors.New("response larger than max_response")
+
+// runHeld runs the upstream into hw. An upstream that cannot finish a held
+// response (over max_response, or it died mid-body) aborts with
+// http.ErrAbortHandler; nothing has reached the client then, so it becomes
+// an ordinary outcome: over the limit is handled by the caller, a broken
+// upstream is a 502.
+func runHeld(next caddyhttp.Handler, hw *responseHold, r *http.Request) (err error) {
+	defer func() {
+		if rec := recover(); rec != nil {
+			if rec != http.ErrAbortHandler || hw.streaming() {
+				panic(rec)
+			}
+			if !hw.overflow {
+				err = caddyhttp.Error(http.StatusBadGateway, errors.New("upstream response aborted"))
+			}
+		}
+	}()
+	return next.ServeHTTP(hw, r)
+}
+
+// settleAllowed applies the gate's settle_on to the answer the upstream
+// gave: "any" settles every answer below 400; "pass" only one whose output
+// verify_response found passing; the default is "pass" when verify_response
+// handled the request and "any" when it did not.
+func (g *Gate) settleAllowed(r *http.Request) bool {
+	outcome, _ := caddyhttp.GetVar(r.Context(), VerificationVar).(string)
+	switch g.SettleOn {
+	case settleOnAny:
+		return true
+	case settleOnPass:
+		if outcome == "" {
+			g.logger.Warn("settle_on pass, but no verify_response checked this answer: payment not settled")
+		}
+		return outcome == outcomePass
+	default:
+		return outcome == "" || outcome == outcomePass
+	}
+}
+
+// settle_on values.
+const (
+	settleOnPass = "pass"
+	settleOnAny  = "any"
+)
+
+// validateSettleOn checks the gate's settle_on against its settle mode.
+func (g *Gate) validateSettleOn() error {
+	switch g.SettleOn {
+	case "", settleOnAny:
+	case settleOnPass:
+		if g.Settle == "before" {
+			return errors.New("x402: settle_on pass needs settle after: a payment settled before the upstream runs cannot wait for its verification")
+		}
+	default:
+		return fmt.Errorf("x402: settle_on must be pass or any, not %q", g.SettleOn)
+	}
+	return nil
+}
+
+// Interface guards
+var (
+	_ caddy.Provisioner           = (*VerifyResponse)(nil)
+	_ caddy.Validator             = (*VerifyResponse)(nil)
+	_ caddy.CleanerUpper          = (*VerifyResponse)(nil)
+	_ caddyhttp.MiddlewareHandler = (*VerifyResponse)(nil)
+	_ http.Flusher                = (*responseHold)(nil)
+)
