@@ -1,0 +1,180 @@
+package apidocs
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/receipt"
+	"github.com/aovhq/aov/x402"
+)
+
+func TestLLMsTxtFollowsTheConventions(t *testing.T) {
+	txt := string(LLMsTxt(testService()))
+	lines := strings.Split(txt, "\n")
+	if lines[0] != "# Agent Output Verifier" {
+		t.Errorf("first line %q, want the H1 title", lines[0])
+	}
+	if lines[1] != "" || !strings.HasPrefix(lines[2], "> ") {
+		t.Errorf("the title is not followed by a blockquote summary: %q", lines[1:3])
+	}
+	for i, l := range lines {
+		if strings.HasPrefix(l, "# ") && i > 0 {
+			t.Errorf("line %d is a second H1: %q", i+1, l)
+		}
+	}
+	for _, h := range []string{"## Routes and prices", "## Free allowance", "## How to pay (x402 v2)", "## Errors", "## Trust score", "## Verifying a receipt (offline)", "## MCP", "## Docs"} {
+		if !strings.Contains(txt, "\n"+h+"\n") {
+			t.Errorf("no section %q", h)
+		}
+	}
+}
+
+func TestLLMsTxtSaysWhatTheConfigurationSays(t *testing.T) {
+	txt := string(LLMsTxt(testService()))
+	cases := []struct{ desc, want string }{
+		{"the verify route has its live price", "| `POST /verify/schema` | $0.02 USDC (`20000` atomic units of `" + baseUSDC + "` on `eip155:8453`, pay to `" + payToAddr + "`); 5 free calls per client per day |"},
+		{"the score is priced and never free, whatever its gate says", "| `GET /score/{agent_id}` | $0.01 USDC (`10000` atomic units of `" + baseUSDC + "` on `eip155:8453`, pay to `" + payToAddr + "`); never free |"},
+		{"an unpriced contract route says so", "| `POST /verify/deliverable` | not priced on this server |"},
+		{"reputation is free", "| `GET /reputation/{agent_id}` | free |"},
+		{"a seller's own route is listed with its price", "| `GET /reports/{report_id}` | $1.50 USDC"},
+		{"the free allowance names its pool, number and sharers", "- Pool `verify`: **5 free calls per client per UTC day**, shared by `POST /verify/schema` and the MCP tool `verify_schema`."},
+		{"the free allowance names the client key", "- Client: its IP address"},
+		{"the free allowance names the free body limit", "Largest request body served free: 65536 bytes"},
+		{"the free allowance says when it resets", "Resets at the next UTC midnight (00:00 UTC)."},
+		{"the free answers' headers are named", "`Free-Allowance-Remaining`, `Free-Allowance-Limit` and `Free-Allowance-Resets`"},
+		{"the payment headers are named", "`PAYMENT-REQUIRED`"},
+		{"the payment header", "`PAYMENT-SIGNATURE`"},
+		{"the settlement header", "`PAYMENT-RESPONSE`"},
+		{"the verify context", receipt.ContextVerify},
+		{"the score context", receipt.ContextScore},
+		{"the key lookup", receipt.ExtensionURIPrefix},
+		{"the MCP endpoint defaults under the base URL", "- Endpoint: `https://verify.example.com/mcp` (Streamable HTTP)."},
+		{"the MCP tools", "`get_verification_record`"},
+		{"absolute links use the base URL", "[OpenAPI 3.1](https://verify.example.com/openapi.json)"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.desc, func(t *testing.T) {
+			if !strings.Contains(txt, tc.want) {
+				t.Fatalf("llms.txt lacks %q", tc.want)
+			}
+		})
+	}
+}
+
+func TestLLMsTxtListsEveryErrorCode(t *testing.T) {
+	txt := string(LLMsTxt(testService()))
+	codes := []string{
+		apierr.CodeInvalidRequest, apierr.CodePayloadTooLarge, apierr.CodeNotFound, apierr.CodeMethodNotAllowed,
+		apierr.CodeUnsupportedMediaType, apierr.CodeUnauthorized, apierr.CodeRateLimited,
+		apierr.CodeUpstreamUnavailable, apierr.CodeInternal,
+		"free_trial_exhausted", x402.ReasonPaymentAlreadyUsed, "payment_in_flight", x402.ReasonSettlementPending,
+		x402.ReasonInvalidPayload, x402.ReasonInsufficientFunds,
+	}
+	for _, c := range codes {
+		if !strings.Contains(txt, "| `"+c+"` |") {
+			t.Errorf("the error tables lack %s", c)
+		}
+	}
+	for _, e := range ErrorCodes {
+		if e.Status < 400 || e.Meaning == "" {
+			t.Errorf("%s: status %d, meaning %q", e.Code, e.Status, e.Meaning)
+		}
+	}
+}
+
+func TestLLMsTxtFollowsOtherConfigurations(t *testing.T) {
+	cases := []struct {
+		desc    string
+		mutate  func(*Service)
+		want    []string
+		notWant []string
+	}{
+		{"a new price and allowance after a reload", func(s *Service) {
+			s.Routes[0].Accepts = []x402.PaymentRequirements{offer("50000")}
+			s.Routes[0].Free.PerDay = 12
+		}, []string{"$0.05 USDC (`50000`", "**12 free calls per client per UTC day**"}, []string{"$0.02 USDC"}},
+		{"no free allowance at all", func(s *Service) {
+			for i := range s.Routes {
+				s.Routes[i].Free = nil
+			}
+		}, []string{"No free allowance is configured"}, []string{"free calls per client per UTC day"}},
+		{"a per-wallet allowance", func(s *Service) { s.Routes[0].Free.Key = "wallet" }, []string{"- Client: the wallet proven with the `X-Wallet-Auth` header"}, nil},
+		{"an explicit MCP URL", func(s *Service) { s.MCPURL = "https://mcp.example.net/v1" }, []string{"- Endpoint: `https://mcp.example.net/v1`"}, nil},
+		{"two ways to pay", func(s *Service) {
+			sep := offer("20000")
+			sep.Network, sep.Asset = x402.NetworkBaseSepolia, "0x036CbD53842c5426634e7929541eC2318f3dCF7e"
+			s.Routes[0].Accepts = append(s.Routes[0].Accepts, sep)
+		}, []string{"on `eip155:8453`, pay to", " or $0.02 USDC (`20000` atomic units of `0x036CbD53842c5426634e7929541eC2318f3dCF7e` on `eip155:84532`"}, nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.desc, func(t *testing.T) {
+			s := testService()
+			f := *s.Routes[0].Free
+			s.Routes[0].Free = &f
+			tc.mutate(&s)
+			txt := string(LLMsTxt(s))
+			for _, w := range tc.want {
+				if !strings.Contains(txt, w) {
+					t.Errorf("lacks %q", w)
+				}
+			}
+			for _, w := range tc.notWant {
+				if strings.Contains(txt, w) {
+					t.Errorf("still says %q", w)
+				}
+			}
+		})
+	}
+}
+
+// FuzzDocuments feeds arbitrary base URLs (from the Host header when no
+// public_base_url is configured) and operator texts to both builders: the
+// OpenAPI document must stay valid JSON and nothing may panic.
+func FuzzDocuments(f *testing.F) {
+	f.Add("https://verify.example.com", "Verify an agent's JSON output", "GET /x/{id}")
+	f.Add("http://[::1]:8080", "\"}\n# injected\n", "POST /a/:b")
+	f.Add("", "\xff\xfe", "bogus")
+	f.Fuzz(func(t *testing.T, base, desc, route string) {
+		s := testService()
+		s.BaseURL = base
+		s.Routes[2].Description = desc
+		if m, p, ok := ParseRoute(route); ok {
+			s.Routes = append(s.Routes, Route{Method: m, Path: p, Description: desc, Accepts: []x402.PaymentRequirements{offer("7")}})
+		}
+		doc, err := OpenAPI(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !json.Valid(doc) {
+			t.Fatalf("not JSON: %.200s", doc)
+		}
+		txt := LLMsTxt(s)
+		if !strings.HasPrefix(string(txt), "# ") {
+			t.Fatal("llms.txt lost its title")
+		}
+		if utf8.ValidString(base+desc+route) && !utf8.Valid(txt) {
+			t.Fatal("valid UTF-8 input made invalid UTF-8 output")
+		}
+	})
+}
+
+func BenchmarkOpenAPI(b *testing.B) {
+	s := testService()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := OpenAPI(s); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkLLMsTxt(b *testing.B) {
+	s := testService()
+	b.ReportAllocs()
+	for b.Loop() {
+		LLMsTxt(s)
+	}
+}
