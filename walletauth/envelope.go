@@ -219,7 +219,7 @@ func (e *Envelope) check() error {
 	if !methodRE.MatchString(e.Method) {
 		return malformed(h, "method", "is not an upper-case HTTP method", `Set method to the request's method, e.g. "POST".`)
 	}
-	if !strings.HasPrefix(e.Path, "/") || len(e.Path) > 2048 || !printable(e.Path) || strings.ContainsAny(e.Path, " ?#") {
+	if !strings.HasPrefix(e.Path, "/") || len(e.Path) > 2048 || !utf8.ValidString(e.Path) || !printable(e.Path) {
 		return malformed(h, "path", "is not an absolute request path", `Set path to the request's path without query, e.g. "/verify/schema".`)
 	}
 	u, err := checkURI(h, "uri", e.URI)

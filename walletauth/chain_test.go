@@ -1,0 +1,171 @@
+package walletauth
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"errors"
+	"math/big"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/core/types"
+	"github.com/ethereum/go-ethereum/crypto"
+	"github.com/ethereum/go-ethereum/ethclient"
+
+	"github.com/aovhq/aov/plugins/evmfacilitator"
+)
+
+// deploySmartWallet deploys the project's EIP-1271 test wallet
+// (contracts/TestSmartWallet.sol, compiled into the devnet folder) owned by
+// owner, and returns its address.
+func deploySmartWallet(t testing.TB, d *evmfacilitator.Devnet, owner common.Address) common.Address {
+	t.Helper()
+	bin, err := os.ReadFile(filepath.Join("..", "plugins", "evmfacilitator", "devnet", "TestSmartWallet.bin"))
+	if err != nil {
+		t.Fatalf("reading the test wallet bytecode: %v", err)
+	}
+	code := append(common.FromHex(strings.TrimSpace(string(bin))), common.LeftPadBytes(owner.Bytes(), 32)...)
+	return sendTx(t, d, evmfacilitator.DevKey(0), code).ContractAddress
+}
+
+// sendTx sends a contract creation from key and waits for its receipt.
+func sendTx(t testing.TB, d *evmfacilitator.Devnet, key *ecdsa.PrivateKey, data []byte) *types.Receipt {
+	t.Helper()
+	ctx := context.Background()
+	c := d.Client()
+	from := crypto.PubkeyToAddress(key.PublicKey)
+	nonce, err := c.PendingNonceAt(ctx, from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	head, err := c.HeaderByNumber(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tip := big.NewInt(1e9)
+	tx := types.NewTx(&types.DynamicFeeTx{
+		ChainID: big.NewInt(evmfacilitator.DevnetChainID), Nonce: nonce, GasTipCap: tip,
+		GasFeeCap: new(big.Int).Add(tip, new(big.Int).Mul(head.BaseFee, big.NewInt(2))),
+		Gas:       1_000_000, Data: data,
+	})
+	signed, err := types.SignTx(tx, types.LatestSignerForChainID(big.NewInt(evmfacilitator.DevnetChainID)), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SendTransaction(ctx, signed); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if r, err := c.TransactionReceipt(ctx, signed.Hash()); err == nil {
+			if r.Status != types.ReceiptStatusSuccessful {
+				t.Fatal("transaction reverted")
+			}
+			return r
+		}
+	}
+	t.Fatal("transaction not mined")
+	return nil
+}
+
+// TestContractWalletSignsThroughEIP1271 deploys a contract wallet on the
+// devnet, reached over JSON-RPC as a gateway reaches a real chain, and
+// checks that its owner's signatures are accepted for it only when a chain
+// is configured and the proof names that chain.
+func TestContractWalletSignsThroughEIP1271(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a devnet")
+	}
+	d, err := evmfacilitator.StartDevnet(evmfacilitator.DevnetConfig{RPCListen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatalf("starting devnet: %v", err)
+	}
+	t.Cleanup(func() { d.Close() })
+	rpc, err := ethclient.Dial(d.RPCURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rpc.Close)
+	owner := evmfacilitator.DevKey(3)
+	wallet := deploySmartWallet(t, d, crypto.PubkeyToAddress(owner.PublicKey))
+
+	// proof signs for the wallet with key on chain.
+	proof := func(key *ecdsa.PrivateKey, chain string) string {
+		e := envelope(t)
+		e.ChainID = chain
+		e.Nonce = strings.ToUpper(NewNonce())
+		if err := e.Sign(key); err != nil {
+			t.Fatal(err)
+		}
+		e.Address = wallet.Hex()
+		h, err := e.Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	// The signature is over the text naming the wallet, so sign that.
+	walletProof := func(key *ecdsa.PrivateKey, chain string) string {
+		e := envelope(t)
+		e.ChainID = chain
+		e.Nonce = NewNonce()
+		e.Address = wallet.Hex()
+		sig, err := crypto.Sign(textHash(e.Message()), key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sig[64] += 27
+		e.Signature = "0x" + common.Bytes2Hex(sig)
+		h, err := e.Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	ctx := context.Background()
+	now := clock(t0.Add(time.Minute))
+	cases := []struct {
+		desc     string
+		chain    Chain
+		header   string
+		wantErr  error
+		contract bool
+	}{
+		{"the owner's signature is accepted for the wallet", rpc, walletProof(owner, "eip155:1337"), nil, true},
+		{"another key's signature is refused by the wallet", rpc, walletProof(evmfacilitator.DevKey(4), "eip155:1337"), ErrBadSignature, false},
+		{"a proof naming another chain is refused", rpc, walletProof(owner, "eip155:8453"), ErrBadSignature, false},
+		{"without a chain a contract wallet cannot sign", nil, walletProof(owner, "eip155:1337"), ErrBadSignature, false},
+		{"a signature over another address's text is refused", rpc, proof(owner, "eip155:1337"), ErrBadSignature, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.desc, func(t *testing.T) {
+			v := &Verifier{Nonces: newDB(t).Claims(), Now: now}
+			if tc.chain != nil {
+				v.Chain = tc.chain
+			}
+			p, err := v.Verify(ctx, tc.header, want)
+			if !errors.Is(err, tc.wantErr) || (err == nil) != (tc.wantErr == nil) {
+				t.Fatalf("error %v, want %v", err, tc.wantErr)
+			}
+			if err == nil && (p.Address != wallet || p.Contract != tc.contract) {
+				t.Errorf("proof %+v", p)
+			}
+		})
+	}
+
+	t.Run("an unreachable chain is an outage, not a refusal", func(t *testing.T) {
+		dead, err := ethclient.Dial("http://127.0.0.1:1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		v := &Verifier{Nonces: newDB(t).Claims(), Now: now, Chain: dead}
+		_, err = v.Verify(ctx, walletProof(owner, "eip155:1337"), want)
+		var we *Error
+		if err == nil || errors.As(err, &we) {
+			t.Fatalf("error %v, want a non-refusal error", err)
+		}
+	})
+}

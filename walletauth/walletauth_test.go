@@ -1,0 +1,369 @@
+package walletauth
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"math/big"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ethereum/go-ethereum/accounts"
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/crypto"
+
+	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/store"
+)
+
+// testKey is a fixed key (the well-known Ethereum test key from the
+// go-ethereum documentation); nothing here ever holds value.
+var testKey, _ = crypto.HexToECDSA("4c0883a69102937d6231471b5dbb6204fe5129617082792ae468d01a3f362318")
+
+var otherKey, _ = crypto.HexToECDSA("8a1f9a8f95be41cd7ccb6168179afb4504aefe388d1e14474d32c45c72ce7b7a")
+
+// t0 is when the test proofs are issued: in the future, because the nonce
+// store checks claim expiries against the real clock.
+var t0 = time.Now().UTC().Truncate(time.Hour).Add(2 * time.Hour)
+
+func rfc(t time.Time) string { return t.UTC().Format(time.RFC3339) }
+
+var want = Expect{Domain: "verifier.example", Method: "POST", Path: "/verify/schema"}
+
+func newDB(t testing.TB) *store.DB {
+	t.Helper()
+	db, err := store.Open("", store.Options{InMemory: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// envelope returns a fresh unsigned envelope for want, issued at t0.
+func envelope(t testing.TB) *Envelope {
+	t.Helper()
+	e, err := New(Request{Method: "post", URL: "https://verifier.example/verify/schema?x=1", AgentID: "seller-7", Now: t0, Nonce: "abcdefghijklmnop1234"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+func signed(t testing.TB, e *Envelope, key *ecdsa.PrivateKey) string {
+	t.Helper()
+	if err := e.Sign(key); err != nil {
+		t.Fatal(err)
+	}
+	h, err := e.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+func clock(at time.Time) func() time.Time { return func() time.Time { return at } }
+
+func TestNewFillsTheFormat(t *testing.T) {
+	e := envelope(t)
+	got := map[string]string{"domain": e.Domain, "uri": e.URI, "version": e.Version, "chain_id": e.ChainID,
+		"issued_at": e.IssuedAt, "expiration_time": e.ExpirationTime, "method": e.Method, "path": e.Path, "agent_id": e.AgentID, "type": e.Type}
+	wantFields := map[string]string{"domain": "verifier.example", "uri": "https://verifier.example/verify/schema", "version": "1",
+		"chain_id": "eip155:8453", "issued_at": rfc(t0), "expiration_time": rfc(t0.Add(5 * time.Minute)),
+		"method": "POST", "path": "/verify/schema", "agent_id": "seller-7", "type": "eip191"}
+	for k, v := range wantFields {
+		if got[k] != v {
+			t.Errorf("%s = %q, want %q", k, got[k], v)
+		}
+	}
+	if n := NewNonce(); !nonceRE.MatchString(n) || n == NewNonce() {
+		t.Errorf("nonce %q is not a fresh alphanumeric nonce", n)
+	}
+}
+
+// TestMessageText pins the signed text of the package documentation's
+// example: any change to the layout breaks every client.
+func TestMessageText(t *testing.T) {
+	e := &Envelope{Domain: "verifier.example", Address: "0x9858EfFD232B4033E47d90003D41EC34EcaEda94",
+		URI: "https://verifier.example/verify/schema", Version: "1", ChainID: "eip155:8453",
+		Nonce: "3f9c0d1e7a2b4c5d6e7f8091", IssuedAt: "2026-11-29T21:22:28Z", ExpirationTime: "2026-11-29T21:27:28Z",
+		NotBefore: "2026-11-29T21:22:28Z", Statement: "Verify my agent's output", Method: "POST", Path: "/verify/schema",
+		AgentID: "seller-7", Type: "eip191"}
+	want := "verifier.example wants you to sign in with your Ethereum account:\n" +
+		"0x9858EfFD232B4033E47d90003D41EC34EcaEda94\n\n" +
+		"Verify my agent's output\n\n" +
+		"URI: https://verifier.example/verify/schema\nVersion: 1\nChain ID: 8453\n" +
+		"Nonce: 3f9c0d1e7a2b4c5d6e7f8091\nIssued At: 2026-11-29T21:22:28Z\n" +
+		"Expiration Time: 2026-11-29T21:27:28Z\nNot Before: 2026-11-29T21:22:28Z\n" +
+		"Resources:\n- urn:x-wallet-auth:method:POST\n- urn:x-wallet-auth:agent:seller-7"
+	if got := e.Message(); got != want {
+		t.Fatalf("message\n%s\nwant\n%s", got, want)
+	}
+	e.Statement, e.NotBefore, e.AgentID = "", "", ""
+	want = "verifier.example wants you to sign in with your Ethereum account:\n" +
+		"0x9858EfFD232B4033E47d90003D41EC34EcaEda94\n\n\n" +
+		"URI: https://verifier.example/verify/schema\nVersion: 1\nChain ID: 8453\n" +
+		"Nonce: 3f9c0d1e7a2b4c5d6e7f8091\nIssued At: 2026-11-29T21:22:28Z\n" +
+		"Expiration Time: 2026-11-29T21:27:28Z\n" +
+		"Resources:\n- urn:x-wallet-auth:method:POST"
+	if got := e.Message(); got != want {
+		t.Fatalf("message without statement\n%q\nwant\n%q", got, want)
+	}
+}
+
+func TestAgentURNEscapesAllButUnreserved(t *testing.T) {
+	cases := []struct{ desc, id, want string }{
+		{"unreserved characters stay", "seller-7.a_b~", "urn:x-wallet-auth:agent:seller-7.a_b~"},
+		{"space and sub-delimiters are escaped", "a b!'()*:/", "urn:x-wallet-auth:agent:a%20b%21%27%28%29%2A%3A%2F"},
+		{"UTF-8 is escaped byte by byte", "café", "urn:x-wallet-auth:agent:caf%C3%A9"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.desc, func(t *testing.T) {
+			if got := AgentURN(tc.id); got != tc.want {
+				t.Errorf("AgentURN(%q) = %q, want %q", tc.id, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestAValidProofIsAccepted(t *testing.T) {
+	db := newDB(t)
+	v := &Verifier{Nonces: db.Claims(), Now: clock(t0.Add(time.Minute))}
+	h := signed(t, envelope(t), testKey)
+	p, err := v.Verify(context.Background(), h, Expect{Domain: "Verifier.Example", Method: "POST", Path: "/verify/schema"})
+	if err != nil {
+		t.Fatalf("verify: %v", err)
+	}
+	if p.Address != crypto.PubkeyToAddress(testKey.PublicKey) || p.AgentID != "seller-7" || p.ChainID != "eip155:8453" || p.Contract || !p.Expires.Equal(t0.Add(5*time.Minute)) {
+		t.Fatalf("proof %+v", p)
+	}
+	// The same header again is a replay.
+	_, err = v.Verify(context.Background(), h, want)
+	if !errors.Is(err, ErrReplayed) {
+		t.Fatalf("replay: %v, want ErrReplayed", err)
+	}
+	// Another wallet may use the same nonce: nonces are per address.
+	if _, err := v.Verify(context.Background(), signed(t, envelope(t), otherKey), want); err != nil {
+		t.Fatalf("another wallet with the same nonce: %v", err)
+	}
+}
+
+func TestRefusals(t *testing.T) {
+	at := t0.Add(time.Minute)
+	cases := []struct {
+		desc   string
+		mutate func(e *Envelope) // applied before signing
+		header func(t *testing.T) string
+		want   Expect
+		now    time.Time
+		kind   error
+		field  string
+	}{
+		{desc: "a proof for another domain is refused", mutate: func(e *Envelope) { e.Domain, e.URI = "evil.example", "https://evil.example/verify/schema" }, kind: ErrWrongRequest, field: "domain"},
+		{desc: "a proof for another method is refused", mutate: func(e *Envelope) { e.Method = "GET" }, kind: ErrWrongRequest, field: "method"},
+		{desc: "a proof for another path is refused", mutate: func(e *Envelope) { e.Path, e.URI = "/score/x", "https://verifier.example/score/x" }, kind: ErrWrongRequest, field: "path"},
+		{desc: "an expired proof is refused", now: t0.Add(5 * time.Minute), kind: ErrExpired, field: "expiration_time"},
+		{desc: "a proof issued in the future is refused", now: t0.Add(-time.Minute), kind: ErrNotYetValid, field: "issued_at"},
+		{desc: "a proof before its not_before is refused", mutate: func(e *Envelope) { e.NotBefore = rfc(t0.Add(3 * time.Minute)) }, kind: ErrNotYetValid, field: "not_before"},
+		{desc: "a proof living longer than the maximum is refused", mutate: func(e *Envelope) { e.ExpirationTime = rfc(t0.Add(10 * time.Minute)) }, kind: ErrLifetime, field: "expiration_time"},
+		{desc: "a proof expiring before it is issued is refused", mutate: func(e *Envelope) { e.ExpirationTime = rfc(t0.Add(-time.Second)) }, kind: ErrMalformed, field: "expiration_time"},
+		{desc: "a signature by another key is refused", header: func(t *testing.T) string {
+			e := envelope(t)
+			signed(t, e, otherKey)
+			e.Address = crypto.PubkeyToAddress(testKey.PublicKey).Hex()
+			h, _ := e.Encode()
+			return h
+		}, kind: ErrBadSignature, field: "signature"},
+		{desc: "a field changed after signing is refused", header: func(t *testing.T) string {
+			e := envelope(t)
+			signed(t, e, testKey)
+			e.AgentID = "someone-else"
+			h, _ := e.Encode()
+			return h
+		}, kind: ErrBadSignature, field: "signature"},
+		{desc: "a high-s twin of a valid signature is refused", header: func(t *testing.T) string {
+			e := envelope(t)
+			signed(t, e, testKey)
+			sig := common.FromHex(e.Signature)
+			s := new(big.Int).SetBytes(sig[32:64])
+			s.Sub(crypto.S256().Params().N, s)
+			copy(sig[32:64], common.LeftPadBytes(s.Bytes(), 32))
+			sig[64] ^= 1
+			e.Signature = "0x" + common.Bytes2Hex(sig)
+			h, _ := e.Encode()
+			return h
+		}, kind: ErrBadSignature, field: "signature"},
+		{desc: "a lower-case address is not EIP-55", header: func(t *testing.T) string {
+			e := envelope(t)
+			signed(t, e, testKey)
+			e.Address = strings.ToLower(e.Address)
+			h, _ := e.Encode()
+			return h
+		}, kind: ErrMalformed, field: "address"},
+		{desc: "a short nonce is refused", header: func(t *testing.T) string {
+			return encodeRaw(t, func(m map[string]any) { m["nonce"] = "abc123" })
+		}, kind: ErrMalformed, field: "nonce"},
+		{desc: "a statement with a line break is refused", header: func(t *testing.T) string {
+			return encodeRaw(t, func(m map[string]any) { m["statement"] = "one\nURI: https://evil.example/" })
+		}, kind: ErrMalformed, field: "statement"},
+		{desc: "a uri off the domain is refused", header: func(t *testing.T) string {
+			return encodeRaw(t, func(m map[string]any) { m["uri"] = "https://evil.example/verify/schema" })
+		}, kind: ErrMalformed, field: "uri"},
+		{desc: "a uri with a query is refused", header: func(t *testing.T) string {
+			return encodeRaw(t, func(m map[string]any) { m["uri"] = "https://verifier.example/verify/schema?a=b" })
+		}, kind: ErrMalformed, field: "uri"},
+		{desc: "a non-EVM chain is refused", header: func(t *testing.T) string {
+			return encodeRaw(t, func(m map[string]any) { m["chain_id"] = "solana:5eykt4UsFv8P8NJdTREpY1vzqKqZKvdp" })
+		}, kind: ErrMalformed, field: "chain_id"},
+		{desc: "another signature type is refused", header: func(t *testing.T) string {
+			return encodeRaw(t, func(m map[string]any) { m["type"] = "eip712" })
+		}, kind: ErrMalformed, field: "type"},
+		{desc: "a lower-case method is refused", header: func(t *testing.T) string {
+			return encodeRaw(t, func(m map[string]any) { m["method"] = "post" })
+		}, kind: ErrMalformed, field: "method"},
+		{desc: "an agent_id over 200 characters is refused", header: func(t *testing.T) string {
+			return encodeRaw(t, func(m map[string]any) { m["agent_id"] = strings.Repeat("a", 201) })
+		}, kind: ErrMalformed, field: "agent_id"},
+		{desc: "a missing member is refused", header: func(t *testing.T) string {
+			return encodeRaw(t, func(m map[string]any) { delete(m, "nonce") })
+		}, kind: ErrMalformed, field: "nonce"},
+		{desc: "an unknown member is refused", header: func(t *testing.T) string {
+			return encodeRaw(t, func(m map[string]any) { m["message"] = "trust me" })
+		}, kind: ErrMalformed},
+		{desc: "a member spelled in another case is refused", header: func(t *testing.T) string {
+			return encodeRaw(t, func(m map[string]any) { m["Address"] = m["address"]; delete(m, "address") })
+		}, kind: ErrMalformed},
+		{desc: "a number where a string belongs is refused", header: func(t *testing.T) string {
+			return encodeRaw(t, func(m map[string]any) { m["chain_id"] = 8453 })
+		}, kind: ErrMalformed, field: "chain_id"},
+		{desc: "duplicate members are refused", header: func(t *testing.T) string {
+			raw := rawJSON(t)
+			raw = strings.Replace(raw, `"path":`, `"path":"/other","path":`, 1)
+			return base64.StdEncoding.EncodeToString([]byte(raw))
+		}, kind: ErrMalformed},
+		{desc: "URL-safe base64 is refused", header: func(t *testing.T) string {
+			return base64.URLEncoding.EncodeToString([]byte(rawJSON(t) + "\xff\xfe"))
+		}, kind: ErrMalformed},
+		{desc: "unpadded base64 is refused", header: func(t *testing.T) string {
+			return strings.TrimRight(base64.StdEncoding.EncodeToString([]byte(rawJSON(t)+" ")), "=")
+		}, kind: ErrMalformed},
+		{desc: "base64 with a line break is refused", header: func(t *testing.T) string {
+			h := base64.StdEncoding.EncodeToString([]byte(rawJSON(t)))
+			return h[:10] + "\n" + h[10:]
+		}, kind: ErrMalformed},
+		{desc: "a JSON array is refused", header: func(t *testing.T) string { return base64.StdEncoding.EncodeToString([]byte(`[]`)) }, kind: ErrMalformed},
+		{desc: "an empty header is refused", header: func(t *testing.T) string { return "" }, kind: ErrMalformed},
+		{desc: "an oversized header is refused", header: func(t *testing.T) string { return strings.Repeat("A", MaxHeaderBytes+4) }, kind: ErrMalformed},
+	}
+	for _, tc := range cases {
+		t.Run(tc.desc, func(t *testing.T) {
+			var h string
+			if tc.header != nil {
+				h = tc.header(t)
+			} else {
+				e := envelope(t)
+				if tc.mutate != nil {
+					tc.mutate(e)
+				}
+				h = signed(t, e, testKey)
+			}
+			now := at
+			if !tc.now.IsZero() {
+				now = tc.now
+			}
+			w := want
+			if tc.want != (Expect{}) {
+				w = tc.want
+			}
+			db := newDB(t)
+			v := &Verifier{Nonces: db.Claims(), Now: clock(now)}
+			_, err := v.Verify(context.Background(), h, w)
+			var we *Error
+			if !errors.As(err, &we) || !errors.Is(err, tc.kind) {
+				t.Fatalf("error %v, want kind %v", err, tc.kind)
+			}
+			if tc.field != "" && we.Field != tc.field {
+				t.Errorf("field %q, want %q (%v)", we.Field, tc.field, err)
+			}
+			ae := we.APIError()
+			if ae.Status != 401 || ae.Code != apierr.CodeUnauthorized || len(ae.Fields) != 1 || !strings.HasPrefix(ae.Fields[0].Field, HeaderName) {
+				t.Errorf("API error %+v", ae)
+			}
+			body, _ := json.Marshal(ae)
+			for _, secret := range []string{"trust me", "evil.example", "someone-else", "/other"} {
+				if strings.Contains(string(body), secret) {
+					t.Errorf("refusal echoes the header: %s", body)
+				}
+			}
+			// A refused proof never burns its nonce.
+			if _, err := db.Claims().Lookup(context.Background(), "wallet-auth/nonce/"+strings.ToLower(crypto.PubkeyToAddress(testKey.PublicKey).Hex())+"/abcdefghijklmnop1234"); !errors.Is(err, store.ErrNotFound) {
+				t.Errorf("the nonce of a refused proof was claimed (%v)", err)
+			}
+		})
+	}
+}
+
+// rawJSON is the JSON of a validly signed envelope.
+func rawJSON(t *testing.T) string {
+	t.Helper()
+	e := envelope(t)
+	signed(t, e, testKey)
+	b, _ := json.Marshal(e)
+	return string(b)
+}
+
+// encodeRaw edits the JSON of a validly signed envelope.
+func encodeRaw(t *testing.T, edit func(map[string]any)) string {
+	t.Helper()
+	var m map[string]any
+	json.Unmarshal([]byte(rawJSON(t)), &m)
+	edit(m)
+	b, _ := json.Marshal(m)
+	return base64.StdEncoding.EncodeToString(b)
+}
+
+// failingClaims is a fake store that is down: the one fault (an
+// unreachable nonce store) a real Badger cannot be made to show on demand.
+type failingClaims struct{ store.Claims }
+
+func (failingClaims) Claim(context.Context, []string, time.Time) (store.Claim, error) {
+	return store.Claim{}, errors.New("store down")
+}
+
+func TestAStoreFailureIsNotARefusal(t *testing.T) {
+	v := &Verifier{Nonces: failingClaims{}, Now: clock(t0.Add(time.Minute))}
+	_, err := v.Verify(context.Background(), signed(t, envelope(t), testKey), want)
+	var we *Error
+	if err == nil || errors.As(err, &we) {
+		t.Fatalf("error %v: a store outage must not look like a bad proof", err)
+	}
+}
+
+func TestSignRequestRoundTrip(t *testing.T) {
+	h, err := SignRequest(testKey, Request{Method: "GET", URL: "http://127.0.0.1:8080/score/agent%20x", ChainID: "eip155:1337", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := Parse(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.Path != "/score/agent x" || e.URI != "http://127.0.0.1:8080/score/agent%20x" || e.Domain != "127.0.0.1:8080" {
+		t.Errorf("envelope %+v", e)
+	}
+	v := &Verifier{Nonces: newDB(t).Claims()}
+	if _, err := v.Verify(context.Background(), h, Expect{Domain: "127.0.0.1:8080", Method: "GET", Path: "/score/agent x"}); err != nil {
+		t.Fatalf("verify: %v", err)
+	}
+	if _, err := SignRequest(testKey, Request{Method: "GET", URL: "ftp://x/y"}); err == nil {
+		t.Error("an ftp URL was accepted")
+	}
+	if _, err := SignRequest(testKey, Request{Method: "GET", URL: "https://x/y", TTL: time.Minute, AgentID: "a\nb"}); err == nil {
+		t.Error("an agent id with a line break was signed")
+	}
+}
+
+func textHash(text string) []byte { return accounts.TextHash([]byte(text)) }
