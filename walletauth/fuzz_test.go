@@ -16,10 +16,10 @@ func FuzzParseWalletAuth(f *testing.F) {
 	good, _ := e.Encode()
 	f.Add(good)
 	f.Add("")
-	f.Add("e30=")                                                         // {}
-	f.Add(base64.StdEncoding.EncodeToString([]byte(`{"domain":1}`)))      // wrong type
-	f.Add(base64.StdEncoding.EncodeToString([]byte(`{"a":1,"a":2}`)))     // duplicate
-	f.Add(base64.StdEncoding.EncodeToString([]byte(`[1,2,3]`)))           // array
+	f.Add("e30=")                                                     // {}
+	f.Add(base64.StdEncoding.EncodeToString([]byte(`{"domain":1}`)))  // wrong type
+	f.Add(base64.StdEncoding.EncodeToString([]byte(`{"a":1,"a":2}`))) // duplicate
+	f.Add(base64.StdEncoding.EncodeToString([]byte(`[1,2,3]`)))       // array
 	f.Add(base64.StdEncoding.EncodeToString([]byte("{\"statement\":\"\xff\"}")))
 	f.Add("!!!!")
 	v := &Verifier{Now: func() time.Time { return time.Unix(1_800_000_060, 0) }}

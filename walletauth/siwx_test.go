@@ -96,7 +96,7 @@ func TestSIWXRefusals(t *testing.T) {
 	cases := []struct {
 		desc   string
 		issued time.Time
-		edit   func(s *SIWX)           // before signing
+		edit   func(s *SIWX)          // before signing
 		after  func(m map[string]any) // after signing, on the JSON
 		want   SIWXExpect
 		kind   error
