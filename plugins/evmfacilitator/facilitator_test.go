@@ -652,3 +652,52 @@ func TestUnknownOutcomesAreResolvedFromAuthorizationState(t *testing.T) {
 		})
 	}
 }
+
+func TestRelayerNonceResyncsAfterAnOutsideTransaction(t *testing.T) {
+	e := newEnv(t)
+	req := e.requirements(payee, amount)
+	if r, err := e.f.Settle(context.Background(), mustSignExact(t, payer, req), req); err != nil || !r.Success {
+		t.Fatalf("first settle = %+v, %v", r, err)
+	}
+	// Someone else uses the relayer key: the facilitator's next nonce is stale.
+	to := DevAccounts()[7].Address
+	sendTx(t, e.d, DevKey(0), &to, nil)
+	r, err := e.f.Settle(context.Background(), mustSignExact(t, payer, req), req)
+	if err != nil || !r.Success {
+		t.Fatalf("settle after an outside transaction = %+v, %v", r, err)
+	}
+}
+
+// preLondonChain is a fake that hides the base fee, as a chain without
+// EIP-1559 reports its blocks; the devnet still accepts the legacy
+// transactions the facilitator then sends.
+type preLondonChain struct{ Chain }
+
+func (c preLondonChain) HeaderByNumber(ctx context.Context, n *big.Int) (*types.Header, error) {
+	h, err := c.Chain.HeaderByNumber(ctx, n)
+	if h != nil {
+		h = types.CopyHeader(h)
+		h.BaseFee = nil
+	}
+	return h, err
+}
+
+func TestSettleSendsLegacyTransactionsWithoutEIP1559(t *testing.T) {
+	e := newEnv(t)
+	f, err := New(Config{Chain: preLondonChain{e.d.Client()}, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := e.requirements(payee, amount)
+	r, err := f.Settle(context.Background(), mustSignExact(t, payer, req), req)
+	if err != nil || !r.Success {
+		t.Fatalf("settle = %+v, %v", r, err)
+	}
+	tx, _, err := e.d.Client().TransactionByHash(context.Background(), common.HexToHash(r.Transaction))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tx.Type() != types.LegacyTxType {
+		t.Errorf("transaction type %d, want legacy", tx.Type())
+	}
+}
