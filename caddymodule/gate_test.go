@@ -41,7 +41,7 @@ var payTo = evmfacilitator.DevAccounts()[9].Address
 // sharedDevnet starts one devnet and one facilitator server for the test
 // binary (the devnet registers its token as the devnet USDC, a process-wide
 // fact).
-func sharedDevnet(t *testing.T) (*evmfacilitator.Devnet, string) {
+func sharedDevnet(t testing.TB) (*evmfacilitator.Devnet, string) {
 	t.Helper()
 	devnetOnce.Do(func() {
 		devnet, devnetErr = evmfacilitator.StartDevnet(evmfacilitator.DevnetConfig{RPCListen: "127.0.0.1:0"})

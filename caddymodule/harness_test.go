@@ -20,10 +20,10 @@ import (
 //
 // Unlike caddytest, which uses fixed ports (9080, 2999), this lets several
 // test packages run Caddy at the same time.
-func startCaddy(t *testing.T, sites string) string {
+func startCaddy(t testing.TB, sites string) string {
 	t.Helper()
 	port := freePort(t)
-	cfg := fmt.Sprintf("{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n\thttp_port %d\n\tstorage file_system %s\n}\n", port, t.TempDir())
+	cfg := fmt.Sprintf("{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n\thttp_port %d\n\tstorage file_system %s\n\tlog {\n\t\toutput discard\n\t}\n}\n", port, t.TempDir())
 	cfg += strings.NewReplacer("{port}", fmt.Sprint(port), "{data}", t.TempDir()).Replace(sites)
 	a := caddyconfig.GetAdapter("caddyfile")
 	js, _, err := a.Adapt([]byte(cfg), map[string]any{"filename": "Caddyfile"})
@@ -52,7 +52,7 @@ func startCaddy(t *testing.T, sites string) string {
 }
 
 // freePort asks the kernel for a free loopback port.
-func freePort(t *testing.T) int {
+func freePort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -1,0 +1,185 @@
+package caddymodule
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/aovhq/aov/plugins/evmfacilitator"
+	"github.com/aovhq/aov/x402"
+)
+
+// The gateway benchmarks compare, in one run, Caddy's plain reverse_proxy
+// with the same route behind the gate:
+//
+//	BenchmarkPlainProxy           baseline: reverse_proxy to a small upstream
+//	BenchmarkFreePath             the gate serving from the free allowance
+//	BenchmarkFreePathNoSync       the same with the store's fsync off
+//	BenchmarkPaidPathNoSettlement a paid call whose facilitator answers at
+//	                              once: decode, match, claim, verify call,
+//	                              buffer, settle call, claim settled
+//	BenchmarkPaidPathNoSettlementNoSync  the same with the store's fsync off
+//	BenchmarkPaidCallDevnet       a real paid call settled on the devnet
+//
+// Subtract the baseline from the others for the gate's own cost.
+
+func init() {
+	caddy.RegisterModule(instantFacilitator{})
+}
+
+// instantFacilitator accepts every payment at once. It exists only in the
+// test binary, to measure the gate without the facilitator's cost; every
+// test of behaviour uses the real facilitator.
+type instantFacilitator struct{}
+
+func (instantFacilitator) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{ID: "x402.facilitators.instant_benchmark_only", New: func() caddy.Module { return new(instantFacilitator) }}
+}
+
+func (instantFacilitator) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next()
+	return nil
+}
+
+func (instantFacilitator) Verify(context.Context, x402.PaymentPayload, x402.PaymentRequirements) (x402.VerifyResponse, error) {
+	return x402.VerifyResponse{IsValid: true, Payer: "0x70997970C51812dc3A010C7d01b50e0d17dc79C8"}, nil
+}
+
+func (instantFacilitator) Settle(_ context.Context, _ x402.PaymentPayload, r x402.PaymentRequirements) (x402.SettleResponse, error) {
+	return x402.SettleResponse{Success: true, Transaction: "0x01", Network: r.Network}, nil
+}
+
+func (instantFacilitator) Supported(context.Context) (x402.SupportedResponse, error) {
+	return x402.SupportedResponse{}, nil
+}
+
+func benchUpstream(b *testing.B) string {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"result":"pass","summary":{"result":"pass","blocking_checks":[]}}`)
+	}))
+	b.Cleanup(srv.Close)
+	return strings.TrimPrefix(srv.URL, "http://")
+}
+
+func runPosts(b *testing.B, url string, header func(i int) map[string]string) {
+	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 4}}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(validRequest))
+		req.Header.Set("Content-Type", "application/json")
+		if header != nil {
+			// Signing a payment is the client's cost, not the gateway's.
+			b.StopTimer()
+			for k, v := range header(i) {
+				req.Header.Set(k, v)
+			}
+			b.StartTimer()
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			b.Fatalf("status %d: %.300s", resp.StatusCode, body)
+		}
+	}
+}
+
+func BenchmarkPlainProxy(b *testing.B) {
+	up := benchUpstream(b)
+	base := startCaddy(b, fmt.Sprintf(":{port} {\n\treverse_proxy %s\n}\n", up))
+	runPosts(b, base+"/verify/schema", nil)
+}
+
+func benchFree(b *testing.B, storeOpts string) {
+	up := benchUpstream(b)
+	base := startCaddy(b, fmt.Sprintf(`:{port} {
+	x402 {
+		accept base $0.02 0x1111111111111111111111111111111111111111
+		facilitator instant_benchmark_only
+		store badger {data}/gate %s
+		validate verify_request
+		free_allowance {
+			per_day 1000000000
+		}
+	}
+	reverse_proxy %s
+}
+`, storeOpts, up))
+	runPosts(b, base+"/verify/schema", nil)
+}
+
+func BenchmarkFreePath(b *testing.B)       { benchFree(b, "") }
+func BenchmarkFreePathNoSync(b *testing.B) { benchFree(b, "{\n\t\t\tno_sync\n\t\t}") }
+
+func BenchmarkPaidPathNoSettlement(b *testing.B)       { benchPaid(b, "") }
+func BenchmarkPaidPathNoSettlementNoSync(b *testing.B) { benchPaid(b, "{\n\t\t\tno_sync\n\t\t}") }
+
+func benchPaid(b *testing.B, storeOpts string) {
+	up := benchUpstream(b)
+	base := startCaddy(b, fmt.Sprintf(`:{port} {
+	x402 {
+		accept base $0.02 0x1111111111111111111111111111111111111111
+		facilitator instant_benchmark_only
+		store badger {data}/gate %s
+	}
+	reverse_proxy %s
+}
+`, storeOpts, up))
+	req, _ := x402.USDC(x402.NetworkBase)
+	offer := x402.PaymentRequirements{Scheme: "exact", Network: x402.NetworkBase, Amount: "20000", Asset: req.Address, PayTo: "0x1111111111111111111111111111111111111111", MaxTimeoutSeconds: 60, Extra: req.Extra()}
+	// Every call needs its own authorization: the replay guard refuses a
+	// second use.
+	runPosts(b, base+"/verify/schema", func(int) map[string]string {
+		return map[string]string{x402.HeaderPaymentSignature: signHeader(b, 1, offer, base)}
+	})
+}
+
+// signHeader signs a fresh payment from development account payer.
+func signHeader(b *testing.B, payer int, offer x402.PaymentRequirements, base string) string {
+	p, err := x402.SignExactEVM(evmfacilitator.DevKey(payer), offer, &x402.Resource{URL: base + "/verify/schema"}, time.Now())
+	if err != nil {
+		b.Fatal(err)
+	}
+	h, err := x402.EncodeHeader(p)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return h
+}
+
+func BenchmarkPaidCallDevnet(b *testing.B) {
+	_, fac := sharedDevnet(b)
+	up := benchUpstream(b)
+	base := startCaddy(b, fmt.Sprintf(`:{port} {
+	x402 {
+		accept devnet $0.02 %s
+		facilitator http {
+			url %s
+		}
+		store badger {data}/gate
+	}
+	reverse_proxy %s
+}
+`, payTo.Hex(), fac, up))
+	usdc, _ := x402.USDC(x402.NetworkDevnet)
+	offer := x402.PaymentRequirements{Scheme: "exact", Network: x402.NetworkDevnet, Amount: "20000", Asset: usdc.Address, PayTo: payTo.Hex(), MaxTimeoutSeconds: 60, Extra: usdc.Extra()}
+	start := time.Now()
+	runPosts(b, base+"/verify/schema", func(int) map[string]string {
+		return map[string]string{x402.HeaderPaymentSignature: signHeader(b, 2, offer, base)}
+	})
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "paid_calls/s")
+}
