@@ -1,0 +1,210 @@
+package caddymodule
+
+import (
+	"bytes"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/aovhq/aov/apidocs"
+	"github.com/aovhq/aov/apierr"
+)
+
+func init() {
+	caddy.RegisterModule(Docs{})
+	httpcaddyfile.RegisterHandlerDirective("aov_docs", parseDocs)
+	httpcaddyfile.RegisterDirectiveOrder("aov_docs", httpcaddyfile.Before, "respond")
+}
+
+// The paths the docs handler answers; every other request goes to the next
+// handler.
+const (
+	docsLLMsPath    = "/llms.txt"
+	docsOpenAPIPath = "/openapi.json"
+	docsPagePath    = "/docs"
+	docsAssetsPath  = "/docs/assets/"
+)
+
+// Docs serves the service's self-description (Caddyfile directive
+// `aov_docs`): GET /llms.txt, GET /openapi.json (OpenAPI 3.1), GET /docs
+// (interactive Swagger UI whose assets are embedded in the binary) and
+// GET /docs/assets/*. All of it is generated at request time from the live
+// configuration: the prices, networks, pay-to addresses and free allowance
+// of every x402 route that names itself with `route`, so a config reload is
+// all it takes to change what the docs say. Any other path passes through to
+// the next handler, so the directive can sit at the top of a site.
+type Docs struct {
+	// ServiceName is the title of the documents. Default "Agent Output
+	// Verifier".
+	ServiceName string `json:"service_name,omitempty"`
+
+	// PublicBaseURL is the origin clients use (https://verify.example.com),
+	// for the absolute URLs in the documents. Default: the origin of each
+	// request as the client addressed it. Placeholders allowed.
+	PublicBaseURL string `json:"public_base_url,omitempty"`
+
+	// MCPURL is the Streamable HTTP MCP endpoint named in the documents.
+	// Default: <base URL>/mcp. Placeholders allowed.
+	MCPURL string `json:"mcp_url,omitempty"`
+}
+
+// CaddyModule returns the Caddy module information.
+func (Docs) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.aov_docs",
+		New: func() caddy.Module { return new(Docs) },
+	}
+}
+
+// ServeHTTP answers the docs paths and passes everything else on.
+func (d *Docs) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	p := r.URL.Path
+	isDocs := p == docsLLMsPath || p == docsOpenAPIPath || p == docsPagePath || p == docsPagePath+"/" || strings.HasPrefix(p, docsAssetsPath)
+	if !isDocs {
+		return next.ServeHTTP(w, r)
+	}
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		apierr.Write(w, apierr.MethodNotAllowed("GET", "HEAD"))
+		return nil
+	}
+	h := w.Header()
+	switch {
+	case p == docsLLMsPath:
+		h.Set("Access-Control-Allow-Origin", "*")
+		h.Set("Cache-Control", "public, max-age=60")
+		serveBytes(w, r, "text/plain; charset=utf-8", apidocs.LLMsTxt(d.service(r)))
+	case p == docsOpenAPIPath:
+		doc, err := apidocs.OpenAPI(d.service(r))
+		if err != nil {
+			apierr.Write(w, apierr.Internal(err))
+			return nil
+		}
+		h.Set("Access-Control-Allow-Origin", "*")
+		h.Set("Cache-Control", "public, max-age=60")
+		serveBytes(w, r, "application/json", doc)
+	case p == docsPagePath || p == docsPagePath+"/":
+		h.Set("Content-Security-Policy", apidocs.PageCSP)
+		h.Set("X-Content-Type-Options", "nosniff")
+		h.Set("Referrer-Policy", "no-referrer")
+		h.Set("Cache-Control", "public, max-age=60")
+		serveBytes(w, r, "text/html; charset=utf-8", apidocs.Page(d.serviceName(), docsOpenAPIPath, docsLLMsPath, strings.TrimSuffix(docsAssetsPath, "/")))
+	default:
+		data, ct, ok := apidocs.Asset(strings.TrimPrefix(p, docsAssetsPath))
+		if !ok {
+			apierr.Write(w, apierr.NotFound("docs asset"))
+			return nil
+		}
+		h.Set("X-Content-Type-Options", "nosniff")
+		h.Set("Cache-Control", "public, max-age=86400")
+		h.Set("ETag", `"`+apidocs.UIVersion()+`-`+strings.TrimPrefix(p, docsAssetsPath)+`"`)
+		w.Header().Set("Content-Type", ct)
+		http.ServeContent(w, r, "", time.Time{}, bytes.NewReader(data))
+	}
+	return nil
+}
+
+// serveBytes writes a generated document (HEAD gets the headers only).
+func serveBytes(w http.ResponseWriter, r *http.Request, contentType string, body []byte) {
+	w.Header().Set("Content-Type", contentType)
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	http.ServeContent(w, r, "", time.Time{}, bytes.NewReader(body))
+}
+
+func (d *Docs) serviceName() string {
+	if d.ServiceName != "" {
+		return d.ServiceName
+	}
+	return "Agent Output Verifier"
+}
+
+// service describes the live configuration for one request.
+func (d *Docs) service(r *http.Request) apidocs.Service {
+	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	expand := func(s string) string {
+		if repl != nil && s != "" {
+			return repl.ReplaceAll(s, "")
+		}
+		return s
+	}
+	base := strings.TrimSuffix(expand(d.PublicBaseURL), "/")
+	if base == "" {
+		base = requestBase(r)
+	}
+	return apidocs.Service{
+		Name:    d.serviceName(),
+		BaseURL: base,
+		MCPURL:  expand(d.MCPURL),
+		Routes:  liveRoutes(),
+	}
+}
+
+// liveRoutes describes the live gates that named their route, as the docs
+// need them.
+func liveRoutes() []apidocs.Route {
+	gates := discovery.live()
+	out := make([]apidocs.Route, 0, len(gates))
+	for _, g := range gates {
+		method, path, ok := apidocs.ParseRoute(g.Route)
+		if !ok {
+			continue
+		}
+		rt := apidocs.Route{
+			Method: method, Path: path,
+			Description: g.Description, MimeType: g.MimeType,
+			Accepts: g.offers, Settle: g.Settle,
+		}
+		if f := g.Free; f != nil {
+			rt.Free = &apidocs.Free{Pool: f.Pool, PerDay: f.PerDay, Key: f.Key, MaxBody: f.MaxBody, Tool: f.Tool}
+		}
+		out = append(out, rt)
+	}
+	return out
+}
+
+func parseDocs(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	d := new(Docs)
+	err := d.UnmarshalCaddyfile(h.Dispenser)
+	return d, err
+}
+
+// UnmarshalCaddyfile sets up the docs handler:
+//
+//	aov_docs {
+//	    service_name    <name>
+//	    public_base_url <origin>
+//	    mcp_url         <url>
+//	}
+func (d *Docs) UnmarshalCaddyfile(disp *caddyfile.Dispenser) error {
+	disp.Next() // directive name
+	if disp.NextArg() {
+		return disp.ArgErr()
+	}
+	for disp.NextBlock(0) {
+		var err error
+		switch disp.Val() {
+		case "service_name":
+			err = oneArg(disp, &d.ServiceName)
+		case "public_base_url":
+			err = oneArg(disp, &d.PublicBaseURL)
+		case "mcp_url":
+			err = oneArg(disp, &d.MCPURL)
+		default:
+			return disp.Errf("unrecognized aov_docs option '%s'", disp.Val())
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Interface guards
+var (
+	_ caddyhttp.MiddlewareHandler = (*Docs)(nil)
+	_ caddyfile.Unmarshaler       = (*Docs)(nil)
+)
