@@ -2,6 +2,10 @@ package evmfacilitator
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
 	"io"
 	"math/big"
 	"net/http"
@@ -13,6 +17,8 @@ import (
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/crypto"
 	"github.com/ethereum/go-ethereum/ethclient"
+
+	"github.com/aovhq/aov/x402"
 )
 
 func TestDevAccounts(t *testing.T) {
@@ -154,5 +160,102 @@ func TestTwoDevnetsRunSideBySide(t *testing.T) {
 	b := startDevnet(t, DevnetConfig{RPCListen: "127.0.0.1:0"})
 	if a.RPCURL() == b.RPCURL() {
 		t.Fatal("two devnets share an RPC URL")
+	}
+}
+
+// TestTestUSDCRevertStrings checks the token's own EIP-3009 rules (what a
+// facilitator's simulation and settlement meet on chain), by eth_call from
+// the relayer.
+func TestTestUSDCRevertStrings(t *testing.T) {
+	e := newEnv(t)
+	req := e.requirements(payee, amount)
+	nowU := time.Now().Unix()
+	signed := func(mod func(*x402.Authorization), key *ecdsa.PrivateKey) (x402.AuthorizationValues, []byte) {
+		a := auth(payer, req)
+		if mod != nil {
+			mod(&a)
+		}
+		if key == nil {
+			key = payer
+		}
+		p := sign(t, key, a, req, req)
+		var pl x402.ExactEVMPayload
+		json.Unmarshal(p.Payload, &pl)
+		v, err := a.Values()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v, common.FromHex(pl.Signature)
+	}
+	used, usedSig := signed(nil, nil)
+	if r, err := e.f.Settle(context.Background(), payload(t, "0x"+hex.EncodeToString(usedSig), x402.Authorization{
+		From: used.From.Hex(), To: used.To.Hex(), Value: used.Value.String(), ValidAfter: used.ValidAfter.String(),
+		ValidBefore: used.ValidBefore.String(), Nonce: "0x" + hex.EncodeToString(used.Nonce[:])}, req), req); err != nil || !r.Success {
+		t.Fatalf("settling the used authorization: %+v, %v", r, err)
+	}
+	stranger, _ := crypto.GenerateKey()
+	cases := []struct {
+		desc  string
+		build func() []byte
+		want  string // "" = succeeds
+	}{
+		{"a good authorization transfers (v,r,s overload)", func() []byte {
+			v, s := signed(nil, nil)
+			d, _ := transferCallData(v, s, false)
+			return d
+		}, ""},
+		{"a good authorization transfers (bytes overload)", func() []byte {
+			v, s := signed(nil, nil)
+			d, _ := transferCallData(v, s, true)
+			return d
+		}, ""},
+		{"an expired authorization reverts", func() []byte {
+			v, s := signed(func(a *x402.Authorization) { a.ValidBefore = fmt.Sprint(nowU - 100) }, nil)
+			d, _ := transferCallData(v, s, false)
+			return d
+		}, "authorization is expired"},
+		{"an early authorization reverts", func() []byte {
+			v, s := signed(func(a *x402.Authorization) { a.ValidAfter = fmt.Sprint(nowU + 3600) }, nil)
+			d, _ := transferCallData(v, s, false)
+			return d
+		}, "authorization is not yet valid"},
+		{"a used nonce reverts", func() []byte {
+			d, _ := transferCallData(used, usedSig, false)
+			return d
+		}, "authorization is used or canceled"},
+		{"a signature by another key reverts", func() []byte {
+			v, s := signed(nil, stranger)
+			d, _ := transferCallData(v, s, false)
+			return d
+		}, "invalid signature"},
+		{"more than the balance reverts", func() []byte {
+			v, s := signed(func(a *x402.Authorization) { a.Value = "1000000000001" }, nil)
+			d, _ := transferCallData(v, s, false)
+			return d
+		}, "transfer amount exceeds balance"},
+		{"receiveWithAuthorization from someone other than the payee reverts", func() []byte {
+			v, s := signed(nil, nil)
+			var r, ss [32]byte
+			copy(r[:], s[:32])
+			copy(ss[:], s[32:64])
+			d, _ := tokenABI.Pack(findMethod("receiveWithAuthorization", 9), v.From, v.To, v.Value, v.ValidAfter, v.ValidBefore, v.Nonce, s[64], r, ss)
+			return d
+		}, "caller must be the payee"},
+	}
+	tok := e.d.Token()
+	for _, tc := range cases {
+		t.Run(tc.desc, func(t *testing.T) {
+			_, err := e.d.Client().CallContract(context.Background(), ethereum.CallMsg{From: e.f.Relayer(), To: &tok, Data: tc.build()}, nil)
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("call failed: %v", err)
+				}
+				return
+			}
+			reason, ok := nodeRefusal(err)
+			if !ok || reason != tc.want {
+				t.Fatalf("revert %q (node answered: %v), want %q", reason, ok, tc.want)
+			}
+		})
 	}
 }

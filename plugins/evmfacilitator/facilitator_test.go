@@ -701,3 +701,22 @@ func TestSettleSendsLegacyTransactionsWithoutEIP1559(t *testing.T) {
 		t.Errorf("transaction type %d, want legacy", tx.Type())
 	}
 }
+
+func TestRevertStringsMapToReasons(t *testing.T) {
+	cases := []struct{ desc, msg, want string }{
+		{"a used nonce", "authorization is used or canceled", x402.ReasonExactEVMNonceAlreadyUsed},
+		{"USDC's prefixed used nonce", "FiatTokenV2: authorization is used or canceled", x402.ReasonExactEVMNonceAlreadyUsed},
+		{"a short balance", "ERC20: transfer amount exceeds balance", x402.ReasonExactEVMInsufficientBalance},
+		{"an expired authorization", "FiatTokenV2: authorization is expired", x402.ReasonExactEVMValidBefore},
+		{"an early authorization", "FiatTokenV2: authorization is not yet valid", x402.ReasonExactEVMValidAfter},
+		{"a bad signature", "FiatTokenV2: invalid signature", x402.ReasonExactEVMSignature},
+		{"anything else falls back", "Pausable: paused", "fallback"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.desc, func(t *testing.T) {
+			if got := revertReason(tc.msg, "fallback"); got != tc.want {
+				t.Errorf("revertReason(%q) = %q, want %q", tc.msg, got, tc.want)
+			}
+		})
+	}
+}
