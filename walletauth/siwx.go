@@ -2,12 +2,18 @@ package walletauth
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"regexp"
 	"strings"
 	"time"
 
+	"github.com/ethereum/go-ethereum/accounts"
 	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/crypto"
 )
 
 // SIWXHeaderName is the request header of the x402 sign-in-with-x
@@ -281,4 +287,56 @@ func SIWXChallenge(domain, uri string, chains []string, now time.Time) map[strin
 		},
 		"supportedChains": supported,
 	}
+}
+
+// Sign sets Address from key and Signature to the EIP-191 personal_sign of
+// the proof's text, as a sign-in-with-x client does after filling the
+// server's challenge fields, ChainID and Type.
+func (s *SIWX) Sign(key *ecdsa.PrivateKey) error {
+	s.Address = crypto.PubkeyToAddress(key.PublicKey).Hex()
+	if s.Type == "" {
+		s.Type = TypeEIP191
+	}
+	s.Signature = "0x" + strings.Repeat("00", 65) // placeholder for the syntax check
+	if err := s.check(); err != nil {
+		return fmt.Errorf("signing %s: %w", SIWXHeaderName, err)
+	}
+	sig, err := crypto.Sign(accounts.TextHash([]byte(s.Message())), key)
+	if err != nil {
+		return fmt.Errorf("signing %s: %w", SIWXHeaderName, err)
+	}
+	sig[64] += 27
+	s.Signature = "0x" + hex.EncodeToString(sig)
+	return nil
+}
+
+// Encode returns the SIGN-IN-WITH-X header value.
+func (s *SIWX) Encode() (string, error) {
+	b, err := json.Marshal(s)
+	if err != nil {
+		return "", fmt.Errorf("encoding %s: %w", SIWXHeaderName, err)
+	}
+	return base64.StdEncoding.EncodeToString(b), nil
+}
+
+// SIWXFromChallenge fills a proof from the info of a 402's sign-in-with-x
+// extension (see SIWXChallenge) for chain; Sign completes it.
+func SIWXFromChallenge(info map[string]any, chain string) *SIWX {
+	str := func(k string) string { s, _ := info[k].(string); return s }
+	s := &SIWX{
+		Domain: str("domain"), URI: str("uri"), Version: str("version"), Nonce: str("nonce"),
+		IssuedAt: str("issuedAt"), ExpirationTime: str("expirationTime"), NotBefore: str("notBefore"),
+		Statement: str("statement"), RequestID: str("requestId"), ChainID: chain, Type: TypeEIP191,
+	}
+	if list, ok := info["resources"].([]any); ok {
+		for _, r := range list {
+			if r, ok := r.(string); ok {
+				s.Resources = append(s.Resources, r)
+			}
+		}
+	}
+	if list, ok := info["resources"].([]string); ok {
+		s.Resources = append(s.Resources, list...)
+	}
+	return s
 }

@@ -216,3 +216,24 @@ func TestPaidAccess(t *testing.T) {
 		t.Error("a record without a payer was accepted")
 	}
 }
+
+func TestSIWXFromChallengeSignEncode(t *testing.T) {
+	ext := SIWXChallenge("api.example.com", "https://api.example.com/data", []string{"eip155:8453"}, t0)
+	s := SIWXFromChallenge(ext["info"].(map[string]any), "eip155:8453")
+	if err := s.Sign(testKey); err != nil {
+		t.Fatal(err)
+	}
+	h, err := s.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := &Verifier{Nonces: newDB(t).Claims(), Now: clock(t0.Add(time.Second))}
+	p, err := v.VerifySIWX(context.Background(), h, siwxWant)
+	if err != nil || p.Address != crypto.PubkeyToAddress(testKey.PublicKey) {
+		t.Fatalf("verify: %+v %v", p, err)
+	}
+	bad := SIWXFromChallenge(map[string]any{"domain": "api.example.com"}, "eip155:8453")
+	if err := bad.Sign(testKey); err == nil {
+		t.Error("an incomplete challenge was signed")
+	}
+}

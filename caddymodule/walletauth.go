@@ -1,0 +1,376 @@
+package caddymodule
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/ethereum/go-ethereum/ethclient"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/walletauth"
+	"github.com/aovhq/aov/x402"
+)
+
+func init() {
+	caddy.RegisterModule(WalletAuth{})
+	httpcaddyfile.RegisterHandlerDirective("wallet_auth", parseWalletAuth)
+	// After request_header (so header cleanup happens first) and before
+	// x402 (which is before encode), so the gate's per-wallet allowance
+	// sees the verified wallet.
+	httpcaddyfile.RegisterDirectiveOrder("wallet_auth", httpcaddyfile.After, "request_header")
+}
+
+// Headers wallet_auth sets for the upstream, after removing client copies.
+const (
+	// HeaderUpstreamWallet is the verified wallet address (EIP-55).
+	HeaderUpstreamWallet = "X-Aov-Wallet"
+	// HeaderUpstreamWalletAgent is the agent_id the wallet's proof bound to
+	// itself; verifierd counts that agent's verification as authenticated
+	// when it equals the request's agent_id.
+	HeaderUpstreamWalletAgent = "X-Aov-Wallet-Agent"
+)
+
+// Placeholders wallet_auth sets (WalletPlaceholder, in free.go, is the
+// address).
+const (
+	WalletAgentPlaceholder      = "http.auth.wallet.agent_id"
+	WalletChainPlaceholder      = "http.auth.wallet.chain_id"
+	WalletPaidAccessPlaceholder = "http.auth.wallet.paid_access"
+	userIDPlaceholder           = "http.auth.user.id"
+)
+
+// WalletAuth verifies that the caller controls a wallet (Caddyfile
+// directive `wallet_auth`): the X-Wallet-Auth header (SPEC §9), a signed,
+// single-use EIP-4361 statement bound to this host, the request's method
+// and path and a short expiry, and optionally the x402 sign-in-with-x proof
+// (SIGN-IN-WITH-X). The verified address goes to the placeholders
+// {http.auth.wallet.address}, {http.auth.wallet.agent_id},
+// {http.auth.wallet.chain_id} and {http.auth.user.id}, and to the upstream
+// in X-Aov-Wallet (and X-Aov-Wallet-Agent); client copies of those headers
+// are always removed, and the proofs themselves are not forwarded.
+//
+// A malformed, expired, replayed or wrongly signed proof is always refused
+// with 401 in the service's error shape, in either mode; a missing one is
+// refused only in mode required.
+type WalletAuth struct {
+	// Mode is "required" (default: a request without a valid proof is
+	// refused) or "optional" (a request without any proof passes without a
+	// wallet; the free allowance's `key wallet` then grants it nothing).
+	Mode string `json:"mode,omitempty"`
+
+	// MaxLifetime bounds how long a proof may be valid
+	// (expiration_time − issued_at). Default 5m.
+	MaxLifetime caddy.Duration `json:"max_lifetime,omitempty"`
+
+	// Domain is the host proofs must name. Default: the request's Host
+	// header (with its port, if any). Set it when clients address the
+	// gateway under a name that differs from the Host it receives.
+	// Placeholders allowed.
+	Domain string `json:"domain,omitempty"`
+
+	// ChainRPC is a JSON-RPC URL of the EVM chain on which contract
+	// wallets (EIP-1271) may sign. Without it only ordinary accounts can
+	// sign. Placeholders such as {env.RPC_URL} are expanded once.
+	ChainRPC string `json:"chain_rpc,omitempty"`
+
+	// StoreRaw keeps the single-use nonce claims (and sign-in-with-x
+	// payment records): a module in the x402.stores namespace. Default:
+	// the same Badger database the x402 gate uses by default.
+	StoreRaw json.RawMessage `json:"store,omitempty" caddy:"namespace=x402.stores inline_key=type"`
+
+	// SIWX accepts the x402 sign-in-with-x proof (SIGN-IN-WITH-X) as well,
+	// and remembers who paid for what: a paid answer (PAYMENT-RESPONSE with
+	// success) to a request that carried a payment records its payer for
+	// this host and path, and a later sign-in-with-x proof by that wallet
+	// sets {http.auth.wallet.paid_access} to "true" (match on it to skip
+	// the x402 gate; see the documentation).
+	SIWX bool `json:"siwx,omitempty"`
+
+	// SIWXAccessTTL is how long a payment grants sign-in-with-x access.
+	// Default 720h (30 days).
+	SIWXAccessTTL caddy.Duration `json:"siwx_access_ttl,omitempty"`
+
+	verifier *walletauth.Verifier
+	paid     walletauth.PaidAccess
+	rpc      *ethclient.Client
+	logger   *zap.Logger
+}
+
+// CaddyModule returns the Caddy module information.
+func (WalletAuth) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.wallet_auth",
+		New: func() caddy.Module { return new(WalletAuth) },
+	}
+}
+
+// Provision loads the store and connects the chain client.
+func (wa *WalletAuth) Provision(ctx caddy.Context) error {
+	wa.logger = ctx.Logger()
+	if wa.Mode == "" {
+		wa.Mode = "required"
+	}
+	if wa.StoreRaw == nil {
+		wa.StoreRaw = json.RawMessage(`{"type":"badger"}`)
+	}
+	mod, err := ctx.LoadModule(wa, "StoreRaw")
+	if err != nil {
+		return fmt.Errorf("loading store module: %v", err)
+	}
+	st, ok := mod.(gateStore)
+	if !ok {
+		return fmt.Errorf("store module %T does not keep claims", mod)
+	}
+	wa.verifier = &walletauth.Verifier{
+		MaxLifetime: time.Duration(wa.MaxLifetime),
+		Nonces:      st.Claims(),
+		Now:         func() time.Time { return now() },
+	}
+	wa.paid = walletauth.PaidAccess{Claims: st.Claims(), TTL: time.Duration(wa.SIWXAccessTTL)}
+	if wa.ChainRPC != "" {
+		url := caddy.NewReplacer().ReplaceKnown(wa.ChainRPC, "")
+		c, err := ethclient.DialContext(ctx, url)
+		if err != nil {
+			return fmt.Errorf("wallet_auth: connecting to chain_rpc: %v", err)
+		}
+		wa.rpc = c
+		wa.verifier.Chain = c
+	}
+	return nil
+}
+
+// Validate checks the configuration.
+func (wa *WalletAuth) Validate() error {
+	if wa.Mode != "required" && wa.Mode != "optional" {
+		return fmt.Errorf("wallet_auth: mode must be required or optional, not %q", wa.Mode)
+	}
+	if wa.MaxLifetime < 0 || wa.SIWXAccessTTL < 0 {
+		return errors.New("wallet_auth: durations must be positive")
+	}
+	return nil
+}
+
+// Cleanup closes the chain client.
+func (wa *WalletAuth) Cleanup() error {
+	if wa.rpc != nil {
+		wa.rpc.Close()
+	}
+	return nil
+}
+
+// ServeHTTP verifies the request's wallet proofs and passes it on with the
+// wallet exposed, or refuses it with 401.
+func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	h := r.Header
+	h.Del(HeaderUpstreamWallet)
+	h.Del(HeaderUpstreamWalletAgent)
+	auth, siwx := h.Values(walletauth.HeaderName), h.Values(walletauth.SIWXHeaderName)
+	h.Del(walletauth.HeaderName)
+	h.Del(walletauth.SIWXHeaderName)
+	if r.Method == http.MethodOptions {
+		return next.ServeHTTP(w, r) // a CORS preflight cannot carry a proof
+	}
+	if len(auth) > 1 || len(siwx) > 1 {
+		return wa.refuse(w, r, &walletauth.Error{Kind: walletauth.ErrMalformed, Header: walletauth.HeaderName,
+			Problem: "was sent more than once", Fix: "Send one proof per request."})
+	}
+	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	domain := r.Host
+	if wa.Domain != "" && repl != nil {
+		domain = repl.ReplaceAll(wa.Domain, "")
+	}
+	ctx := r.Context()
+
+	var proof *walletauth.Proof
+	if len(auth) == 1 {
+		p, err := wa.verifier.Verify(ctx, auth[0], walletauth.Expect{Domain: domain, Method: r.Method, Path: r.URL.Path})
+		if err != nil {
+			return wa.refuse(w, r, err)
+		}
+		proof = &p
+	}
+	paidAccess := false
+	if wa.SIWX && len(siwx) == 1 {
+		p, err := wa.verifier.VerifySIWX(ctx, siwx[0], walletauth.SIWXExpect{Domain: domain})
+		if err != nil {
+			return wa.refuse(w, r, err)
+		}
+		if proof != nil && proof.Address != p.Address {
+			return wa.refuse(w, r, &walletauth.Error{Kind: walletauth.ErrWrongRequest, Header: walletauth.SIWXHeaderName, Field: "address",
+				Problem: "is not the wallet of X-Wallet-Auth", Fix: "Prove one wallet per request."})
+		}
+		if proof == nil {
+			proof = &p
+		}
+		paidAccess, err = wa.paid.Has(ctx, p.Address.Hex(), walletauth.PaidResource(domain, r.URL.Path))
+		if err != nil {
+			return wa.refuse(w, r, apierr.Unavailable("wallet proof store", 1, err))
+		}
+	}
+	if proof == nil && wa.Mode == "required" {
+		return wa.refuse(w, r, &walletauth.Error{Kind: walletauth.ErrMissing, Header: walletauth.HeaderName,
+			Problem: "is missing", Fix: "Sign an X-Wallet-Auth proof for this request (for example with `aov wallet-auth`)."})
+	}
+	if proof != nil {
+		addr := proof.Address.Hex()
+		if repl != nil {
+			repl.Set(WalletPlaceholder, addr)
+			repl.Set(WalletAgentPlaceholder, proof.AgentID)
+			repl.Set(WalletChainPlaceholder, proof.ChainID)
+			repl.Set(userIDPlaceholder, addr)
+			if paidAccess {
+				repl.Set(WalletPaidAccessPlaceholder, "true")
+			}
+		}
+		h.Set(HeaderUpstreamWallet, addr)
+		if proof.AgentID != "" {
+			h.Set(HeaderUpstreamWalletAgent, proof.AgentID)
+		}
+		if ce := wa.logger.Check(zapcore.DebugLevel, "wallet verified"); ce != nil {
+			ce.Write(zap.String("address", addr), zap.Bool("contract", proof.Contract), zap.Bool("paid_access", paidAccess))
+		}
+	}
+	if paidAccess {
+		// Let through on an earlier payment: the upstream must not believe
+		// a client's own claim to have paid now.
+		h.Del(HeaderUpstreamPayment)
+		h.Del(HeaderUpstreamPayer)
+		h.Del(HeaderUpstreamNetwork)
+	}
+	if wa.SIWX && h.Get(x402.HeaderPaymentSignature) != "" {
+		return next.ServeHTTP(wa.recordPayments(w, r, domain), r)
+	}
+	return next.ServeHTTP(w, r)
+}
+
+// recordPayments wraps w so that a successful settlement of this request's
+// payment is recorded for sign-in-with-x before the answer goes out.
+func (wa *WalletAuth) recordPayments(w http.ResponseWriter, r *http.Request, domain string) http.ResponseWriter {
+	resource := walletauth.PaidResource(domain, r.URL.Path)
+	ctx := context.WithoutCancel(r.Context())
+	return &statusWriter{ResponseWriter: w, onHeader: func(h http.Header, status int) {
+		pr := h.Get(x402.HeaderPaymentResponse)
+		if status >= 400 || pr == "" {
+			return
+		}
+		var sr x402.SettleResponse
+		if err := x402.DecodeHeader(pr, &sr); err != nil || !sr.Success || sr.Payer == "" {
+			return
+		}
+		if err := wa.paid.Record(ctx, sr.Payer, resource); err != nil {
+			wa.logger.Warn("recording paid access for sign-in-with-x", zap.Error(err))
+		}
+	}}
+}
+
+// refuse answers a refused proof with 401 (or the store's 503) in the
+// service's error shape.
+func (wa *WalletAuth) refuse(w http.ResponseWriter, r *http.Request, err error) error {
+	var we *walletauth.Error
+	var e *apierr.Error
+	if errors.As(err, &we) {
+		e = we.APIError()
+		if ce := wa.logger.Check(zapcore.DebugLevel, "wallet proof refused"); ce != nil {
+			ce.Write(zap.String("reason", we.Error()))
+		}
+	} else if !errors.As(err, &e) {
+		// The proof could not be checked: the nonce store or the chain is
+		// unavailable. Never a silent pass.
+		e = apierr.Unavailable("wallet proof check", 1, err)
+	}
+	if e.Status >= 500 {
+		wa.logger.Error("wallet proof could not be checked", zap.Error(err))
+	}
+	if e.Status == http.StatusUnauthorized {
+		w.Header().Set("WWW-Authenticate", walletauth.HeaderName)
+	}
+	apierr.Write(w, e)
+	return nil
+}
+
+func parseWalletAuth(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	wa := new(WalletAuth)
+	err := wa.UnmarshalCaddyfile(h.Dispenser)
+	return wa, err
+}
+
+// UnmarshalCaddyfile sets up the handler from Caddyfile tokens:
+//
+//	wallet_auth [<matcher>] [required|optional] {
+//	    mode            required|optional
+//	    max_lifetime    5m
+//	    domain          <host>
+//	    chain_rpc       <url>
+//	    store           <module> { ... }
+//	    siwx
+//	    siwx_access_ttl 720h
+//	}
+func (wa *WalletAuth) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // directive name
+	if d.NextArg() {
+		wa.Mode = d.Val()
+		if d.NextArg() {
+			return d.ArgErr()
+		}
+	}
+	for d.NextBlock(0) {
+		var err error
+		switch d.Val() {
+		case "mode":
+			err = oneArg(d, &wa.Mode)
+		case "max_lifetime":
+			err = durationArg(d, &wa.MaxLifetime)
+		case "domain":
+			err = oneArg(d, &wa.Domain)
+		case "chain_rpc":
+			err = oneArg(d, &wa.ChainRPC)
+		case "store":
+			wa.StoreRaw, err = guestModule(d, "x402.stores")
+		case "siwx":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			wa.SIWX = true
+		case "siwx_access_ttl":
+			err = durationArg(d, &wa.SIWXAccessTTL)
+		default:
+			return d.Errf("unrecognized wallet_auth option '%s'", d.Val())
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func durationArg(d *caddyfile.Dispenser, dst *caddy.Duration) error {
+	var s string
+	if err := oneArg(d, &s); err != nil {
+		return err
+	}
+	dur, err := parseDuration(s)
+	if err != nil {
+		return d.Errf("bad duration %q: %v", s, err)
+	}
+	*dst = dur
+	return nil
+}
+
+// Interface guards
+var (
+	_ caddy.Provisioner           = (*WalletAuth)(nil)
+	_ caddy.Validator             = (*WalletAuth)(nil)
+	_ caddy.CleanerUpper          = (*WalletAuth)(nil)
+	_ caddyhttp.MiddlewareHandler = (*WalletAuth)(nil)
+	_ caddyfile.Unmarshaler       = (*WalletAuth)(nil)
+)
