@@ -62,9 +62,9 @@ func docsSite(up, fac, price string, perDay int, docsOptions string) string {
 `, strings.TrimPrefix(up, "http://"), fac, price, payTo.Hex(), perDay, docsOptions)
 }
 
-// reloadCaddy loads a new config into the running Caddy on base's port, as
+// docsReload loads a new config into the running Caddy on base's port, as
 // an operator's reload does.
-func reloadCaddy(t *testing.T, base, sites string) {
+func docsReload(t *testing.T, base, sites string) {
 	t.Helper()
 	port := base[strings.LastIndex(base, ":")+1:]
 	cfg := fmt.Sprintf("{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n\thttp_port %s\n\tstorage file_system %s\n}\n", port, t.TempDir())
@@ -78,7 +78,7 @@ func reloadCaddy(t *testing.T, base, sites string) {
 	}
 }
 
-func get(t *testing.T, url string, hdr map[string]string) (*http.Response, []byte) {
+func docsGet(t *testing.T, url string, hdr map[string]string) (*http.Response, []byte) {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodGet, url, nil)
 	if err != nil {
@@ -99,10 +99,10 @@ func get(t *testing.T, url string, hdr map[string]string) (*http.Response, []byt
 	return resp, body
 }
 
-// openAPIDoc fetches and decodes /openapi.json.
-func openAPIDoc(t *testing.T, base string) (map[string]any, []byte) {
+// docsOpenAPI fetches and decodes /openapi.json.
+func docsOpenAPI(t *testing.T, base string) (map[string]any, []byte) {
 	t.Helper()
-	resp, raw := get(t, base+"/openapi.json", nil)
+	resp, raw := docsGet(t, base+"/openapi.json", nil)
 	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "application/json" {
 		t.Fatalf("/openapi.json: status %d, type %q", resp.StatusCode, resp.Header.Get("Content-Type"))
 	}
@@ -113,7 +113,7 @@ func openAPIDoc(t *testing.T, base string) (map[string]any, []byte) {
 	return doc, raw
 }
 
-func paymentInfo(t *testing.T, doc map[string]any, path, method string) map[string]any {
+func docsPaymentInfo(t *testing.T, doc map[string]any, path, method string) map[string]any {
 	t.Helper()
 	item, _ := doc["paths"].(map[string]any)[path].(map[string]any)
 	op, _ := item[method].(map[string]any)
@@ -124,8 +124,8 @@ func paymentInfo(t *testing.T, doc map[string]any, path, method string) map[stri
 	return info
 }
 
-// liveOffer is what a real 402 of the route asks for.
-func liveOffer(t *testing.T, base string) x402.PaymentRequirements {
+// docsLiveOffer is what a real 402 of the route asks for.
+func docsLiveOffer(t *testing.T, base string) x402.PaymentRequirements {
 	t.Helper()
 	resp := post(t, base+"/verify/schema", "", nil) // the discovery probe
 	if resp.StatusCode != http.StatusPaymentRequired {
@@ -141,9 +141,9 @@ func TestDocsFollowTheLiveConfiguration(t *testing.T) {
 
 	check := func(t *testing.T, usd, display string, perDay int) {
 		t.Helper()
-		offer := liveOffer(t, base)
-		doc, _ := openAPIDoc(t, base)
-		info := paymentInfo(t, doc, "/verify/schema", "post")
+		offer := docsLiveOffer(t, base)
+		doc, _ := docsOpenAPI(t, base)
+		info := docsPaymentInfo(t, doc, "/verify/schema", "post")
 		price := info["price"].(map[string]any)
 		for k, want := range map[string]any{
 			"amount": offer.Amount, "network": offer.Network, "asset": offer.Asset, "payTo": offer.PayTo,
@@ -157,14 +157,14 @@ func TestDocsFollowTheLiveConfiguration(t *testing.T) {
 		if free["callsPerClientPerDay"] != float64(perDay) || free["maxBodyBytes"] != 2048.0 || free["pool"] != "verify" || free["clientKey"] != "ip" {
 			t.Errorf("openapi freeAllowance = %v", free)
 		}
-		if s := paymentInfo(t, doc, "/score/{agent_id}", "get"); s["freeAllowance"] != nil || s["price"].(map[string]any)["amount"] != "10000" {
+		if s := docsPaymentInfo(t, doc, "/score/{agent_id}", "get"); s["freeAllowance"] != nil || s["price"].(map[string]any)["amount"] != "10000" {
 			t.Errorf("score x-payment-info = %v", s)
 		}
 		if servers := doc["servers"].([]any); servers[0].(map[string]any)["url"] != base {
 			t.Errorf("servers = %v, want the request's origin %s", servers, base)
 		}
 
-		resp, txt := get(t, base+"/llms.txt", nil)
+		resp, txt := docsGet(t, base+"/llms.txt", nil)
 		if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/plain; charset=utf-8" {
 			t.Fatalf("/llms.txt: status %d, type %q", resp.StatusCode, resp.Header.Get("Content-Type"))
 		}
@@ -182,7 +182,7 @@ func TestDocsFollowTheLiveConfiguration(t *testing.T) {
 	}
 	t.Run("as first configured", func(t *testing.T) { check(t, "0.02", "$0.02 USDC", 3) })
 
-	reloadCaddy(t, base, docsSite(up.URL, fac, "$0.05", 7, ""))
+	docsReload(t, base, docsSite(up.URL, fac, "$0.05", 7, ""))
 	t.Run("after a reload with a new price and allowance", func(t *testing.T) { check(t, "0.05", "$0.05 USDC", 7) })
 }
 
@@ -192,7 +192,7 @@ func TestDocsDescribeTheGatesAnswers(t *testing.T) {
 	_, fac := sharedDevnet(t)
 	up := newUpstream(t)
 	base := startCaddy(t, docsSite(up.URL, fac, "$0.02", 1, ""))
-	_, raw := openAPIDoc(t, base)
+	_, raw := docsOpenAPI(t, base)
 	c := jsonschema.NewCompiler()
 	c.DefaultDraft(jsonschema.Draft2020)
 	c.AssertFormat()
@@ -249,21 +249,21 @@ func TestDocsDescribeTheGatesAnswers(t *testing.T) {
 	}
 }
 
-var otherOrigin = regexp.MustCompile(`(?i)(https?:)?//[a-z0-9.\[\]:-]+`)
+var docsOtherOrigin = regexp.MustCompile(`(?i)(https?:)?//[a-z0-9.\[\]:-]+`)
 
 func TestDocsPageAndAssets(t *testing.T) {
 	_, fac := sharedDevnet(t)
 	up := newUpstream(t)
 	base := startCaddy(t, docsSite(up.URL, fac, "$0.02", 3, ""))
 
-	resp, page := get(t, base+"/docs", nil)
+	resp, page := docsGet(t, base+"/docs", nil)
 	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/html; charset=utf-8" {
 		t.Fatalf("/docs: status %d, type %q", resp.StatusCode, resp.Header.Get("Content-Type"))
 	}
 	if resp.Header.Get("Content-Security-Policy") != apidocs.PageCSP {
 		t.Errorf("/docs CSP = %q", resp.Header.Get("Content-Security-Policy"))
 	}
-	for _, m := range otherOrigin.FindAllString(string(page), -1) {
+	for _, m := range docsOtherOrigin.FindAllString(string(page), -1) {
 		if !strings.HasPrefix(base, m) && !strings.HasPrefix(strings.TrimPrefix(base, "http:"), m) {
 			t.Errorf("/docs loads from another origin: %q", m)
 		}
@@ -277,14 +277,14 @@ func TestDocsPageAndAssets(t *testing.T) {
 			continue
 		}
 		t.Run("asset "+m[1], func(t *testing.T) {
-			resp, body := get(t, base+m[1], nil)
+			resp, body := docsGet(t, base+m[1], nil)
 			name := strings.TrimPrefix(m[1][:strings.Index(m[1]+"?", "?")], "/docs/assets/")
 			want, ct, _ := apidocs.Asset(name)
 			if resp.StatusCode != 200 || !bytes.Equal(body, want) || resp.Header.Get("Content-Type") != ct {
 				t.Fatalf("status %d, %d bytes (want %d), type %q", resp.StatusCode, len(body), len(want), resp.Header.Get("Content-Type"))
 			}
 			etag := resp.Header.Get("ETag")
-			again, body := get(t, base+m[1], map[string]string{"If-None-Match": etag})
+			again, body := docsGet(t, base+m[1], map[string]string{"If-None-Match": etag})
 			if etag == "" || again.StatusCode != http.StatusNotModified || len(body) != 0 {
 				t.Errorf("revalidation with ETag %q: status %d", etag, again.StatusCode)
 			}
@@ -339,20 +339,20 @@ func TestDocsOptions(t *testing.T) {
 		public_base_url https://verify.example.com/
 		mcp_url https://mcp.example.com/{http.request.host}`))
 
-	doc, _ := openAPIDoc(t, base)
+	doc, _ := docsOpenAPI(t, base)
 	if got := doc["servers"].([]any)[0].(map[string]any)["url"]; got != "https://verify.example.com" {
 		t.Errorf("servers[0].url = %v, want the configured public base URL without its slash", got)
 	}
 	if got := doc["info"].(map[string]any)["title"]; got != "Invoice Checker" {
 		t.Errorf("title = %v", got)
 	}
-	_, txt := get(t, base+"/llms.txt", nil)
+	_, txt := docsGet(t, base+"/llms.txt", nil)
 	for _, want := range []string{"# Invoice Checker\n", "- Endpoint: `https://mcp.example.com/127.0.0.1`", "[OpenAPI 3.1](https://verify.example.com/openapi.json)"} {
 		if !strings.Contains(string(txt), want) {
 			t.Errorf("llms.txt lacks %q", want)
 		}
 	}
-	_, page := get(t, base+"/docs", nil)
+	_, page := docsGet(t, base+"/docs", nil)
 	if !bytes.Contains(page, []byte("<title>Invoice Checker: API docs</title>")) {
 		t.Error("the page does not carry the service name")
 	}
