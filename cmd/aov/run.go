@@ -21,6 +21,8 @@ const mainHelp = `aov: check Agent Output Verifier receipts and make signing key
 Usage:
   aov receipt verify [flags] RECEIPT_FILE|-   check a signed receipt offline
   aov keygen [--out DIR] [--version LABEL]    make a new Ed25519 key pair
+  aov wallet-auth --key-file F --method M --url U
+                                              sign an X-Wallet-Auth header
   aov help [COMMAND]                          show help (also: COMMAND -h)
 
 A receipt is the JSON response of /verify/schema, /verify/deliverable or
@@ -62,6 +64,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return exitTrouble
 	case "keygen":
 		return keygen(args[1:], stdout, stderr)
+	case "wallet-auth":
+		return walletAuth(args[1:], stdout, stderr)
 	}
 	fmt.Fprintf(stderr, "aov: unknown command %q\n\n%s", args[0], mainHelp)
 	return exitTrouble
@@ -75,6 +79,8 @@ func help(topic []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stdout, receiptVerifyHelp)
 	case "keygen":
 		fmt.Fprint(stdout, keygenHelp)
+	case "wallet-auth":
+		fmt.Fprint(stdout, walletAuthHelp)
 	default:
 		fmt.Fprintf(stderr, "aov help: no help for %q\n\n%s", strings.Join(topic, " "), mainHelp)
 		return exitTrouble
