@@ -639,20 +639,31 @@ func (v *VerifyResponse) call(r *http.Request, body []byte) (*signedReceipt, err
 	if err != nil {
 		return nil, apierr.Unavailable("verification service", 2, fmt.Errorf("reading the verification answer: %w", err))
 	}
+	return v.readAnswer(resp.StatusCode, resp.Header.Get("Content-Type"), raw)
+}
+
+// readAnswer turns the verification service's answer into a receipt, or
+// into the error on_error applies. The answer is untrusted input: it is
+// size-capped, and only a JSON object with a pass or fail result and an
+// attestation is accepted.
+func (v *VerifyResponse) readAnswer(status int, contentType string, raw []byte) (*signedReceipt, error) {
 	if len(raw) > maxReceiptBytes {
 		return nil, apierr.Unavailable("verification service", 2, errors.New("verification answer larger than the receipt limit"))
 	}
 	switch {
-	case resp.StatusCode == http.StatusOK:
-	case resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests:
-		return nil, apierr.Unavailable("verification service", 2, fmt.Errorf("verification service answered %d (%s)", resp.StatusCode, errorCode(raw)))
+	case status == http.StatusOK:
+	case status >= 500 || status == http.StatusTooManyRequests:
+		return nil, apierr.Unavailable("verification service", 2, fmt.Errorf("verification service answered %d (%s)", status, errorCode(raw)))
 	default:
-		return nil, v.responseError("the verification service refused it", fmt.Errorf("verification service answered %d (%s)", resp.StatusCode, errorCode(raw)))
+		return nil, v.responseError("the verification service refused it", fmt.Errorf("verification service answered %d (%s)", status, errorCode(raw)))
 	}
-	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt != "application/json" {
-		return nil, apierr.Unavailable("verification service", 2, fmt.Errorf("verification answer has content type %q", headerValueShort(resp.Header.Get("Content-Type"))))
+	if mt, _, _ := mime.ParseMediaType(contentType); mt != "application/json" {
+		return nil, apierr.Unavailable("verification service", 2, fmt.Errorf("verification answer has content type %q", headerValueShort(contentType)))
 	}
 	rc := &signedReceipt{raw: bytes.TrimSpace(raw)}
+	if len(rc.raw) == 0 || rc.raw[0] != '{' {
+		return nil, apierr.Unavailable("verification service", 2, errors.New("verification answer is not a JSON object"))
+	}
 	if err := json.Unmarshal(rc.raw, &rc.view); err != nil {
 		return nil, apierr.Unavailable("verification service", 2, fmt.Errorf("verification answer is not a receipt: %w", err))
 	}
