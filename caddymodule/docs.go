@@ -2,8 +2,10 @@ package caddymodule
 
 import (
 	"bytes"
+	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -49,8 +51,42 @@ type Docs struct {
 	PublicBaseURL string `json:"public_base_url,omitempty"`
 
 	// MCPURL is the Streamable HTTP MCP endpoint named in the documents.
-	// Default: <base URL>/mcp. Placeholders allowed.
+	// Default: the mcp_url of a live free_allowance, else <base URL>/mcp.
+	// Placeholders allowed.
 	MCPURL string `json:"mcp_url,omitempty"`
+
+	cache *docsCache
+}
+
+// docsCache keeps the last generated documents. They depend only on the
+// base URL, the MCP URL and the set of live gates (whose settings never
+// change after provisioning: a reload makes new gates), so that is the key.
+type docsCache struct {
+	mu            sync.Mutex
+	key           string
+	openapi, llms []byte
+}
+
+// documents returns the OpenAPI document and llms.txt for the request.
+func (d *Docs) documents(r *http.Request) (openapi, llms []byte, err error) {
+	gates := discovery.live()
+	svc := d.service(r, gates)
+	var key strings.Builder
+	key.WriteString(svc.BaseURL + "\x00" + svc.MCPURL + "\x00" + svc.Name)
+	for _, g := range gates {
+		fmt.Fprintf(&key, "\x00%p", g)
+	}
+	d.cache.mu.Lock()
+	defer d.cache.mu.Unlock()
+	if d.cache.key == key.String() && d.cache.openapi != nil {
+		return d.cache.openapi, d.cache.llms, nil
+	}
+	if openapi, err = apidocs.OpenAPI(svc); err != nil {
+		return nil, nil, err
+	}
+	llms = apidocs.LLMsTxt(svc)
+	d.cache.key, d.cache.openapi, d.cache.llms = key.String(), openapi, llms
+	return openapi, llms, nil
 }
 
 // CaddyModule returns the Caddy module information.
@@ -59,6 +95,12 @@ func (Docs) CaddyModule() caddy.ModuleInfo {
 		ID:  "http.handlers.aov_docs",
 		New: func() caddy.Module { return new(Docs) },
 	}
+}
+
+// Provision sets up the document cache.
+func (d *Docs) Provision(caddy.Context) error {
+	d.cache = new(docsCache)
+	return nil
 }
 
 // ServeHTTP answers the docs paths and passes everything else on.
@@ -74,19 +116,19 @@ func (d *Docs) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	}
 	h := w.Header()
 	switch {
-	case p == docsLLMsPath:
-		h.Set("Access-Control-Allow-Origin", "*")
-		h.Set("Cache-Control", "public, max-age=60")
-		serveBytes(w, r, "text/plain; charset=utf-8", apidocs.LLMsTxt(d.service(r)))
-	case p == docsOpenAPIPath:
-		doc, err := apidocs.OpenAPI(d.service(r))
+	case p == docsLLMsPath || p == docsOpenAPIPath:
+		doc, llms, err := d.documents(r)
 		if err != nil {
 			apierr.Write(w, apierr.Internal(err))
 			return nil
 		}
 		h.Set("Access-Control-Allow-Origin", "*")
 		h.Set("Cache-Control", "public, max-age=60")
-		serveBytes(w, r, "application/json", doc)
+		if p == docsLLMsPath {
+			serveBytes(w, r, "text/plain; charset=utf-8", llms)
+		} else {
+			serveBytes(w, r, "application/json", doc)
+		}
 	case p == docsPagePath || p == docsPagePath+"/":
 		h.Set("Content-Security-Policy", apidocs.PageCSP)
 		h.Set("X-Content-Type-Options", "nosniff")
@@ -122,8 +164,8 @@ func (d *Docs) serviceName() string {
 	return "Agent Output Verifier"
 }
 
-// service describes the live configuration for one request.
-func (d *Docs) service(r *http.Request) apidocs.Service {
+// service describes the live configuration, gates, for one request.
+func (d *Docs) service(r *http.Request, gates []*Gate) apidocs.Service {
 	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	expand := func(s string) string {
 		if repl != nil && s != "" {
@@ -135,18 +177,23 @@ func (d *Docs) service(r *http.Request) apidocs.Service {
 	if base == "" {
 		base = requestBase(r)
 	}
+	mcp := expand(d.MCPURL)
+	for _, g := range gates {
+		if mcp == "" && g.Free != nil && g.Free.MCPURL != "" {
+			mcp = g.Free.MCPURL
+		}
+	}
 	return apidocs.Service{
 		Name:    d.serviceName(),
 		BaseURL: base,
-		MCPURL:  expand(d.MCPURL),
-		Routes:  liveRoutes(),
+		MCPURL:  mcp,
+		Routes:  liveRoutes(gates),
 	}
 }
 
 // liveRoutes describes the live gates that named their route, as the docs
 // need them.
-func liveRoutes() []apidocs.Route {
-	gates := discovery.live()
+func liveRoutes(gates []*Gate) []apidocs.Route {
 	out := make([]apidocs.Route, 0, len(gates))
 	for _, g := range gates {
 		method, path, ok := apidocs.ParseRoute(g.Route)
@@ -205,6 +252,7 @@ func (d *Docs) UnmarshalCaddyfile(disp *caddyfile.Dispenser) error {
 
 // Interface guards
 var (
+	_ caddy.Provisioner           = (*Docs)(nil)
 	_ caddyhttp.MiddlewareHandler = (*Docs)(nil)
 	_ caddyfile.Unmarshaler       = (*Docs)(nil)
 )

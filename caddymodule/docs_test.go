@@ -356,6 +356,15 @@ func TestDocsOptions(t *testing.T) {
 	if !bytes.Contains(page, []byte("<title>Invoice Checker: API docs</title>")) {
 		t.Error("the page does not carry the service name")
 	}
+
+	// Without mcp_url, the free allowance's MCP URL (the one its 402s
+	// name) is the one the docs name.
+	site := strings.Replace(docsSite(up.URL, fac, "$0.02", 3, ""), "max_body 2KiB\n", "max_body 2KiB\n\t\t\t\tmcp_url https://tools.example.com/mcp\n", 1)
+	docsReload(t, base, site)
+	_, txt = docsGet(t, base+"/llms.txt", nil)
+	if !strings.Contains(string(txt), "- Endpoint: `https://tools.example.com/mcp`") {
+		t.Error("llms.txt does not name the free allowance's MCP URL")
+	}
 }
 
 func TestDocsHeaderNamesAgreeWithTheGate(t *testing.T) {
@@ -386,13 +395,43 @@ func TestDocsCaddyfileErrors(t *testing.T) {
 	}
 }
 
-func BenchmarkDocsOpenAPI(b *testing.B) {
-	d := &Docs{}
-	r, _ := http.NewRequest(http.MethodGet, "http://verify.example.com/openapi.json", nil)
-	b.ReportAllocs()
-	for b.Loop() {
-		if _, err := apidocs.OpenAPI(d.service(r)); err != nil {
-			b.Fatal(err)
+func TestDocsCacheKeysOnTheOrigin(t *testing.T) {
+	d := &Docs{cache: new(docsCache)}
+	for _, host := range []string{"a.example.com", "b.example.com", "a.example.com"} {
+		r, _ := http.NewRequest(http.MethodGet, "http://"+host+"/openapi.json", nil)
+		doc, llms, err := d.documents(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Contains(doc, []byte(`"url": "http://`+host+`"`)) || !bytes.Contains(llms, []byte("Base URL: http://"+host+".")) {
+			t.Fatalf("the documents for %s name another origin", host)
 		}
 	}
+}
+
+// BenchmarkDocsDocuments measures a request for the documents when the
+// cache holds them (the common case: the configuration changes on reloads
+// only) and when every request comes with another Host.
+func BenchmarkDocsDocuments(b *testing.B) {
+	d := &Docs{cache: new(docsCache)}
+	r, _ := http.NewRequest(http.MethodGet, "http://verify.example.com/openapi.json", nil)
+	b.Run("cached", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, _, err := d.documents(r); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("rebuilt", func(b *testing.B) {
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			i++
+			r.Host = fmt.Sprintf("h%d.example.com", i)
+			if _, _, err := d.documents(r); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }
