@@ -221,6 +221,13 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 		return wa.refuse(w, r, &walletauth.Error{Kind: walletauth.ErrMissing, Header: walletauth.HeaderName,
 			Problem: "is missing", Fix: "Sign an X-Wallet-Auth proof for this request (for example with `aov wallet-auth`)."})
 	}
+	if proof == nil && repl != nil {
+		// Known but empty, so configs and logs read "" rather than the
+		// placeholder's name.
+		for _, k := range []string{WalletPlaceholder, WalletAgentPlaceholder, WalletChainPlaceholder, WalletPaidAccessPlaceholder} {
+			repl.Set(k, "")
+		}
+	}
 	if proof != nil {
 		addr := proof.Address.Hex()
 		if repl != nil {

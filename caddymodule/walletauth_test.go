@@ -1,0 +1,547 @@
+package caddymodule
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/crypto"
+
+	"github.com/aovhq/aov/plugins/evmfacilitator"
+	"github.com/aovhq/aov/walletauth"
+	"github.com/aovhq/aov/x402"
+)
+
+// The wallet_auth tests run real Caddy with real Badger state, and sign
+// proofs with this package's own signer, the aov command, and viem.
+
+// walletUpstream echoes what the gateway told it about the wallet and the
+// payment.
+func walletUpstream(t *testing.T) *httptest.Server {
+	t.Helper()
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(map[string]string{
+			"wallet":      r.Header.Get(HeaderUpstreamWallet),
+			"agent":       r.Header.Get(HeaderUpstreamWalletAgent),
+			"payment":     r.Header.Get(HeaderUpstreamPayment),
+			"wallet_auth": r.Header.Get(walletauth.HeaderName),
+			"siwx":        r.Header.Get(walletauth.SIWXHeaderName),
+		})
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
+
+// walletSite protects /api/* with wallet_auth in mode (plus extra
+// options) and answers /whoami from the placeholders.
+func walletSite(up, mode, extra string) string {
+	return fmt.Sprintf(`:{port} {
+	route /api/* {
+		wallet_auth %[2]s {
+			store badger {data}/gate
+			%[3]s
+		}
+		reverse_proxy %[1]s
+	}
+	route /whoami {
+		wallet_auth optional {
+			store badger {data}/gate
+		}
+		respond "{http.auth.wallet.address}|{http.auth.wallet.agent_id}|{http.auth.user.id}|{http.auth.wallet.chain_id}"
+	}
+}
+`, strings.TrimPrefix(up, "http://"), mode, extra)
+}
+
+// walletKey is development account i's key.
+func walletKey(i int) *ecdsa.PrivateKey { return evmfacilitator.DevKey(i) }
+
+func walletAddr(i int) string { return evmfacilitator.DevAccounts()[i].Address.Hex() }
+
+// proof signs an X-Wallet-Auth header for method and url.
+func proof(t testing.TB, key *ecdsa.PrivateKey, method, url string, edit func(r *walletauth.Request)) string {
+	t.Helper()
+	req := walletauth.Request{Method: method, URL: url}
+	if edit != nil {
+		edit(&req)
+	}
+	h, err := walletauth.SignRequest(key, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// call sends a request with headers (a header given twice is sent twice
+// when its values are joined with "\x00").
+func call(t testing.TB, method, url, body string, hdr map[string]string) (int, http.Header, map[string]any) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range hdr {
+		for _, one := range strings.Split(v, "\x00") {
+			req.Header.Add(k, one)
+		}
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := testClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	var m map[string]any
+	if json.Unmarshal(raw, &m) != nil {
+		m = map[string]any{"text": string(raw)}
+	}
+	return resp.StatusCode, resp.Header, m
+}
+
+// unauthorized checks a 401 in the SPEC §6 shape naming field.
+func unauthorized(t testing.TB, status int, hdr http.Header, body map[string]any, field string) {
+	t.Helper()
+	if status != http.StatusUnauthorized {
+		t.Fatalf("status %d, want 401: %v", status, body)
+	}
+	if body["code"] != "unauthorized" || body["charged"] != false || body["retryable"] != false || hdr.Get("WWW-Authenticate") == "" {
+		t.Errorf("401 body %v, headers %v", body, hdr)
+	}
+	fields, _ := body["fields"].([]any)
+	if len(fields) != 1 || fields[0].(map[string]any)["field"] != field {
+		t.Errorf("fields %v, want %s", body["fields"], field)
+	}
+}
+
+func TestWalletAuthRequired(t *testing.T) {
+	up := walletUpstream(t)
+	base := startCaddy(t, walletSite(up.URL, "required", ""))
+	url := base + "/api/items"
+	used := proof(t, walletKey(1), "POST", url, nil)
+	if st, _, body := call(t, "POST", url, "{}", map[string]string{walletauth.HeaderName: used}); st != 200 {
+		t.Fatalf("first use: %d %v", st, body)
+	}
+
+	cases := []struct {
+		desc   string
+		method string
+		hdr    map[string]string
+		status int
+		field  string // of a 401
+		check  func(m map[string]any)
+	}{
+		{desc: "a valid proof passes and the upstream learns the wallet and agent", method: "POST",
+			hdr: map[string]string{walletauth.HeaderName: proof(t, walletKey(1), "POST", url, func(r *walletauth.Request) { r.AgentID = "seller-7" }),
+				HeaderUpstreamWallet: "0xforged", HeaderUpstreamWalletAgent: "forged-agent"},
+			status: 200, check: func(m map[string]any) {
+				if m["wallet"] != walletAddr(1) || m["agent"] != "seller-7" {
+					t.Errorf("upstream saw wallet %v agent %v", m["wallet"], m["agent"])
+				}
+				if m["wallet_auth"] != "" {
+					t.Error("the proof was forwarded upstream")
+				}
+			}},
+		{desc: "without an agent the client's X-Aov-Wallet-Agent is still removed", method: "POST",
+			hdr:    map[string]string{walletauth.HeaderName: proof(t, walletKey(2), "POST", url, nil), HeaderUpstreamWalletAgent: "forged-agent"},
+			status: 200, check: func(m map[string]any) {
+				if m["wallet"] != walletAddr(2) || m["agent"] != "" {
+					t.Errorf("upstream saw wallet %v agent %v", m["wallet"], m["agent"])
+				}
+			}},
+		{desc: "a request without a proof is refused", method: "POST", status: 401, field: "X-Wallet-Auth"},
+		{desc: "a replayed proof is refused", method: "POST", hdr: map[string]string{walletauth.HeaderName: used}, status: 401, field: "X-Wallet-Auth.nonce"},
+		{desc: "a proof for another path is refused", method: "POST",
+			hdr: map[string]string{walletauth.HeaderName: proof(t, walletKey(1), "POST", base+"/api/other", nil)}, status: 401, field: "X-Wallet-Auth.path"},
+		{desc: "a proof for another method is refused", method: "PUT",
+			hdr: map[string]string{walletauth.HeaderName: proof(t, walletKey(1), "POST", url, nil)}, status: 401, field: "X-Wallet-Auth.method"},
+		{desc: "a proof for another host is refused", method: "POST",
+			hdr: map[string]string{walletauth.HeaderName: proof(t, walletKey(1), "POST", strings.Replace(url, "127.0.0.1", "localhost", 1), nil)}, status: 401, field: "X-Wallet-Auth.domain"},
+		{desc: "an expired proof is refused", method: "POST",
+			hdr: map[string]string{walletauth.HeaderName: proof(t, walletKey(1), "POST", url, func(r *walletauth.Request) {
+				r.Now, r.TTL = time.Now().Add(-3*time.Minute), time.Minute
+			})}, status: 401, field: "X-Wallet-Auth.expiration_time"},
+		{desc: "a proof issued in the future is refused", method: "POST",
+			hdr: map[string]string{walletauth.HeaderName: proof(t, walletKey(1), "POST", url, func(r *walletauth.Request) {
+				r.Now = time.Now().Add(2 * time.Minute)
+			})}, status: 401, field: "X-Wallet-Auth.issued_at"},
+		{desc: "a proof living longer than max_lifetime is refused", method: "POST",
+			hdr: map[string]string{walletauth.HeaderName: proof(t, walletKey(1), "POST", url, func(r *walletauth.Request) { r.TTL = time.Hour })}, status: 401, field: "X-Wallet-Auth.expiration_time"},
+		{desc: "a proof signed by another wallet is refused", method: "POST",
+			hdr: map[string]string{walletauth.HeaderName: forgeAddress(t, proof(t, walletKey(3), "POST", url, nil), walletAddr(1))}, status: 401, field: "X-Wallet-Auth.signature"},
+		{desc: "a header that is not base64 JSON is refused without echoing it", method: "POST",
+			hdr: map[string]string{walletauth.HeaderName: "SECRET-GARBAGE"}, status: 401, field: "X-Wallet-Auth", check: func(m map[string]any) {
+				if b, _ := json.Marshal(m); bytes.Contains(b, []byte("SECRET")) {
+					t.Errorf("the header was echoed: %s", b)
+				}
+			}},
+		{desc: "two proofs in one request are refused", method: "POST",
+			hdr: map[string]string{walletauth.HeaderName: proof(t, walletKey(1), "POST", url, nil) + "\x00" + proof(t, walletKey(2), "POST", url, nil)}, status: 401, field: "X-Wallet-Auth"},
+		{desc: "a CORS preflight passes without a proof", method: "OPTIONS", status: 200},
+	}
+	for _, tc := range cases {
+		t.Run(tc.desc, func(t *testing.T) {
+			st, hdr, body := call(t, tc.method, url, "{}", tc.hdr)
+			if tc.status == 401 {
+				unauthorized(t, st, hdr, body, tc.field)
+			} else if st != tc.status {
+				t.Fatalf("status %d, want %d: %v", st, tc.status, body)
+			}
+			if tc.check != nil {
+				tc.check(body)
+			}
+		})
+	}
+}
+
+// forgeAddress swaps the address of a signed header for another one.
+func forgeAddress(t testing.TB, h, addr string) string {
+	t.Helper()
+	e, err := walletauth.Parse(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Address = addr
+	out, err := e.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func TestWalletAuthOptionalAndPlaceholders(t *testing.T) {
+	up := walletUpstream(t)
+	base := startCaddy(t, walletSite(up.URL, "optional", "max_lifetime 1m"))
+	url := base + "/api/items"
+
+	st, _, body := call(t, "GET", url, "", map[string]string{HeaderUpstreamWallet: "0xforged"})
+	if st != 200 || body["wallet"] != "" {
+		t.Fatalf("no proof in optional mode: %d, upstream saw wallet %v", st, body["wallet"])
+	}
+	// A bad proof is refused in optional mode too: never a silent pass.
+	st, hdr, body := call(t, "GET", url, "", map[string]string{walletauth.HeaderName: proof(t, walletKey(1), "POST", url, nil)})
+	unauthorized(t, st, hdr, body, "X-Wallet-Auth.method")
+	// max_lifetime 1m refuses the default five minutes.
+	st, hdr, body = call(t, "GET", url, "", map[string]string{walletauth.HeaderName: proof(t, walletKey(1), "GET", url, nil)})
+	unauthorized(t, st, hdr, body, "X-Wallet-Auth.expiration_time")
+
+	who := base + "/whoami"
+	st, _, body = call(t, "GET", who, "", map[string]string{walletauth.HeaderName: proof(t, walletKey(4), "GET", who, func(r *walletauth.Request) {
+		r.AgentID, r.ChainID = "agent-4", "eip155:84532"
+	})})
+	if want := walletAddr(4) + "|agent-4|" + walletAddr(4) + "|eip155:84532"; st != 200 || body["text"] != want {
+		t.Fatalf("placeholders: %d %q, want %q", st, body["text"], want)
+	}
+	// Without a wallet the wallet placeholders are empty; http.auth.user.id
+	// stays unset, as with Caddy's own authentication.
+	if st, _, body = call(t, "GET", who, "", nil); st != 200 || body["text"] != "||{http.auth.user.id}|" {
+		t.Fatalf("placeholders without a wallet: %d %q", st, body["text"])
+	}
+}
+
+// TestFreeAllowancePerWallet: with wallet_auth before the gate and the
+// allowance keyed by wallet, each wallet has its own free calls, and a
+// request without a wallet gets none (all test requests come from one IP).
+func TestFreeAllowancePerWallet(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := walletUpstream(t)
+	base := startCaddy(t, fmt.Sprintf(`:{port} {
+	route /verify/schema {
+		wallet_auth optional {
+			store badger {data}/gate
+		}
+		x402 {
+			accept devnet $0.02 %[3]s
+			facilitator http {
+				url %[2]s
+			}
+			store badger {data}/gate
+			validate verify_request
+			free_allowance {
+				key wallet
+				per_day 1
+			}
+		}
+		reverse_proxy %[1]s
+	}
+}
+`, strings.TrimPrefix(up.URL, "http://"), fac, payTo.Hex()))
+	url := base + "/verify/schema"
+	auth := func(i int) map[string]string {
+		return map[string]string{walletauth.HeaderName: proof(t, walletKey(i), "POST", url, nil)}
+	}
+	steps := []struct {
+		desc   string
+		hdr    map[string]string
+		status int
+		check  func(hdr http.Header, m map[string]any)
+	}{
+		{"wallet 1's first call is free", auth(1), 200, func(hdr http.Header, m map[string]any) {
+			if m["payment"] != "free" || m["wallet"] != walletAddr(1) || hdr.Get(HeaderFreeRemaining) != "0" {
+				t.Errorf("upstream %v, remaining %q", m, hdr.Get(HeaderFreeRemaining))
+			}
+		}},
+		{"wallet 1's second call needs payment", auth(1), 402, func(hdr http.Header, m map[string]any) {
+			ft, _ := m["free_trial"].(map[string]any)
+			if ft["code"] != "free_trial_exhausted" || !strings.Contains(ft["client"].(string), "wallet") {
+				t.Errorf("free_trial %v", ft)
+			}
+		}},
+		{"wallet 2 has its own free call", auth(2), 200, func(hdr http.Header, m map[string]any) {
+			if m["payment"] != "free" || m["wallet"] != walletAddr(2) {
+				t.Errorf("upstream %v", m)
+			}
+		}},
+		{"a request without a wallet gets no free call", nil, 402, func(hdr http.Header, m map[string]any) {
+			if ft, _ := m["free_trial"].(map[string]any); ft["available"] != false {
+				t.Errorf("free_trial %v", ft)
+			}
+		}},
+	}
+	for _, s := range steps {
+		t.Run(s.desc, func(t *testing.T) {
+			st, hdr, body := call(t, "POST", url, validRequest, s.hdr)
+			if st != s.status {
+				t.Fatalf("status %d, want %d: %v", st, s.status, body)
+			}
+			s.check(hdr, body)
+		})
+	}
+}
+
+// TestSignInWithXGrantsWhatWasPaid: a wallet that paid for a path once is
+// let through the gate by a sign-in-with-x proof; another wallet, an
+// unpaid path or a replayed proof is not.
+func TestSignInWithXGrantsWhatWasPaid(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := walletUpstream(t)
+	base := startCaddy(t, fmt.Sprintf(`:{port} {
+	route /report/* {
+		wallet_auth optional {
+			store badger {data}/gate
+			siwx
+		}
+		@unpaid not vars {http.auth.wallet.paid_access} true
+		x402 @unpaid {
+			accept devnet $0.01 %[3]s
+			facilitator http {
+				url %[2]s
+			}
+			store badger {data}/gate
+		}
+		reverse_proxy %[1]s
+	}
+}
+`, strings.TrimPrefix(up.URL, "http://"), fac, payTo.Hex()))
+	url := base + "/report/q3"
+	host := strings.TrimPrefix(base, "http://")
+	signIn := func(i int, uri string) string {
+		s := walletauth.SIWXFromChallenge(walletauth.SIWXChallenge(host, uri, []string{x402.NetworkDevnet}, time.Now())["info"].(map[string]any), x402.NetworkDevnet)
+		if err := s.Sign(walletKey(i)); err != nil {
+			t.Fatal(err)
+		}
+		h, err := s.Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+
+	// Signed in but never paid: the gate still asks for payment.
+	st, hdr, body := call(t, "GET", url, "", map[string]string{walletauth.SIWXHeaderName: signIn(6, url)})
+	if st != http.StatusPaymentRequired {
+		t.Fatalf("signed in before paying: %d %v", st, body)
+	}
+	var pr x402.PaymentRequired
+	if err := x402.DecodeHeader(hdr.Get(x402.HeaderPaymentRequired), &pr); err != nil {
+		t.Fatal(err)
+	}
+	// Wallet 6 pays once.
+	p, err := x402.SignExactEVM(walletKey(6), pr.Accepts[0], &pr.Resource, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sig, _ := x402.EncodeHeader(p)
+	if st, _, body := call(t, "GET", url, "", map[string]string{x402.HeaderPaymentSignature: sig}); st != 200 || body["payment"] != "paid" {
+		t.Fatalf("payment: %d %v", st, body)
+	}
+
+	again := signIn(6, url)
+	cases := []struct {
+		desc   string
+		url    string
+		hdr    map[string]string
+		status int
+		check  func(hdr http.Header, m map[string]any)
+	}{
+		{"the payer signs in and is let through without paying again", url,
+			map[string]string{walletauth.SIWXHeaderName: again, HeaderUpstreamPayment: "paid"}, 200, func(hdr http.Header, m map[string]any) {
+				if m["wallet"] != walletAddr(6) || m["payment"] != "" || m["siwx"] != "" || hdr.Get(x402.HeaderPaymentResponse) != "" {
+					t.Errorf("upstream %v, PAYMENT-RESPONSE %q", m, hdr.Get(x402.HeaderPaymentResponse))
+				}
+			}},
+		{"the same sign-in proof cannot be replayed", url,
+			map[string]string{walletauth.SIWXHeaderName: again}, 401, func(hdr http.Header, m map[string]any) {
+				unauthorized(t, 401, hdr, m, "SIGN-IN-WITH-X.nonce")
+			}},
+		{"another wallet that never paid must pay", url,
+			map[string]string{walletauth.SIWXHeaderName: signIn(7, url)}, 402, nil},
+		{"the payer must pay for another path", base + "/report/q4",
+			map[string]string{walletauth.SIWXHeaderName: signIn(6, base+"/report/q4")}, 402, nil},
+		{"a proof for another origin is refused", url,
+			map[string]string{walletauth.SIWXHeaderName: signIn(6, "http://other.example/report/q3")}, 401, func(hdr http.Header, m map[string]any) {
+				unauthorized(t, 401, hdr, m, "SIGN-IN-WITH-X.uri")
+			}},
+		{"a sign-in and an X-Wallet-Auth of different wallets are refused", url,
+			map[string]string{walletauth.SIWXHeaderName: signIn(6, url), walletauth.HeaderName: proof(t, walletKey(7), "GET", url, nil)}, 401, func(hdr http.Header, m map[string]any) {
+				unauthorized(t, 401, hdr, m, "SIGN-IN-WITH-X.address")
+			}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.desc, func(t *testing.T) {
+			st, hdr, body := call(t, "GET", tc.url, "", tc.hdr)
+			if st != tc.status {
+				t.Fatalf("status %d, want %d: %v", st, tc.status, body)
+			}
+			if tc.check != nil {
+				tc.check(hdr, body)
+			}
+		})
+	}
+}
+
+var (
+	aovOnce sync.Once
+	aovBin  string
+	aovErr  error
+)
+
+// aovCommand builds the aov command once for the test binary.
+func aovCommand(t *testing.T) string {
+	t.Helper()
+	aovOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "aov-bin")
+		if err != nil {
+			aovErr = err
+			return
+		}
+		aovBin = filepath.Join(dir, "aov")
+		out, err := exec.Command("go", "build", "-o", aovBin, "../cmd/aov").CombinedOutput()
+		if err != nil {
+			aovErr = fmt.Errorf("%v: %s", err, out)
+		}
+	})
+	if aovErr != nil {
+		t.Fatalf("building aov: %v", aovErr)
+	}
+	return aovBin
+}
+
+// TestHeadersFromOtherSignersPass: a header made by the aov command and
+// one made by viem (a real peer) both pass the handler.
+func TestHeadersFromOtherSignersPass(t *testing.T) {
+	up := walletUpstream(t)
+	base := startCaddy(t, walletSite(up.URL, "required", ""))
+	url := base + "/api/verify"
+	keyHex := "0x" + common.Bytes2Hex(crypto.FromECDSA(walletKey(5)))
+
+	t.Run("aov wallet-auth", func(t *testing.T) {
+		keyFile := filepath.Join(t.TempDir(), "wallet.hex")
+		os.WriteFile(keyFile, []byte(keyHex), 0o600)
+		out, err := exec.Command(aovCommand(t), "wallet-auth", "--key-file", keyFile, "--method", "POST", "--url", url, "--agent-id", "cli-agent", "--chain", "eip155:1337").Output()
+		if err != nil {
+			t.Fatalf("aov wallet-auth: %v", err)
+		}
+		st, _, body := call(t, "POST", url, "{}", map[string]string{walletauth.HeaderName: strings.TrimSpace(string(out))})
+		if st != 200 || body["wallet"] != walletAddr(5) || body["agent"] != "cli-agent" {
+			t.Fatalf("status %d, upstream %v", st, body)
+		}
+	})
+	t.Run("viem", func(t *testing.T) {
+		h := viemHeader(t, map[string]any{"kind": "x-wallet-auth", "privateKey": keyHex, "method": "POST", "url": url, "chainId": 1337, "agentId": "viem agent", "statement": "Prove my wallet"})
+		st, _, body := call(t, "POST", url, "{}", map[string]string{walletauth.HeaderName: h})
+		if st != 200 || body["wallet"] != walletAddr(5) || body["agent"] != "viem agent" {
+			t.Fatalf("status %d, upstream %v", st, body)
+		}
+	})
+}
+
+// viemHeader runs interop/wallet-auth-viem.mjs. Without the npm peers the
+// test is skipped, except under CI (CI set), where that is a failure.
+func viemHeader(t *testing.T, input map[string]any) string {
+	t.Helper()
+	dir, _ := filepath.Abs(filepath.Join("..", "interop"))
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", "viem")); err != nil {
+		msg := "npm peers not installed: run `npm ci` in interop/ to run the viem interop test"
+		if os.Getenv("CI") != "" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	if _, err := exec.LookPath("node"); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("node is not on PATH")
+		}
+		t.Skip("node is not on PATH")
+	}
+	in, _ := json.Marshal(input)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "node", "wallet-auth-viem.mjs")
+	cmd.Dir = dir
+	cmd.Stdin = bytes.NewReader(in)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("node wallet-auth-viem.mjs: %v\n%s", err, stderr.String())
+	}
+	var res struct{ Header string }
+	if err := json.Unmarshal(out, &res); err != nil {
+		t.Fatal(err)
+	}
+	return res.Header
+}
+
+func TestWalletAuthCaddyfileErrors(t *testing.T) {
+	cases := []struct{ desc, caddyfile, want string }{
+		{"an unknown option is named", "wallet_auth {\n\tcolour red\n}", "unrecognized wallet_auth option 'colour'"},
+		{"a bad duration is refused", "wallet_auth {\n\tmax_lifetime soon\n}", "bad duration"},
+		{"siwx takes no argument", "wallet_auth {\n\tsiwx yes\n}", "wrong argument count"},
+		{"at most one inline argument", "wallet_auth optional extra", "wrong argument count"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.desc, func(t *testing.T) {
+			_, _, err := caddyconfigAdapt(":8080 {\n" + tc.caddyfile + "\n}\n")
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want it to contain %q", err, tc.want)
+			}
+		})
+	}
+	// A mode other than required or optional fails at load.
+	wa := &WalletAuth{Mode: "sometimes"}
+	if err := wa.Validate(); err == nil || !strings.Contains(err.Error(), "required or optional") {
+		t.Errorf("Validate: %v", err)
+	}
+}
+
+func caddyconfigAdapt(cfg string) ([]byte, []caddyconfig.Warning, error) {
+	return caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cfg), nil)
+}
