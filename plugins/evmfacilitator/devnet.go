@@ -218,16 +218,20 @@ func (d *Devnet) setup() error {
 			return fmt.Errorf("sending setup transaction: %w", err)
 		}
 	}
-	d.backend.Commit()
+	// Seal until every setup transaction has a receipt: the pool may still be
+	// promoting the later mints when the first block is built, and the node
+	// may still be indexing a block right after sealing it.
 	for _, tx := range txs {
-		// Right after a block, the node may still be indexing it.
-		r, err := d.client.TransactionReceipt(ctx, tx.Hash())
-		for err != nil && ctx.Err() == nil {
-			time.Sleep(10 * time.Millisecond)
-			r, err = d.client.TransactionReceipt(ctx, tx.Hash())
-		}
-		if err != nil {
-			return fmt.Errorf("setup transaction receipt: %w", err)
+		var r *types.Receipt
+		for {
+			if r, err = d.client.TransactionReceipt(ctx, tx.Hash()); err == nil {
+				break
+			}
+			if ctx.Err() != nil {
+				return fmt.Errorf("setup transaction receipt: %w", err)
+			}
+			d.backend.Commit()
+			time.Sleep(5 * time.Millisecond)
 		}
 		if r.Status != types.ReceiptStatusSuccessful {
 			return fmt.Errorf("setup transaction %d reverted (gas used %d of %d)", r.TransactionIndex, r.GasUsed, tx.Gas())
