@@ -266,6 +266,12 @@ func TestOpenAPIPricesComeFromTheService(t *testing.T) {
 		t.Errorf("GET /health x-payment-info = %v, want free", h)
 	}
 
+	withMethod := testService()
+	withMethod.ScoreMethod = "Score = Wilson lower bound."
+	if d := operations(buildDoc(t, withMethod))["GET /score/{agent_id}"]["description"].(string); !strings.Contains(d, "**Method.** Score = Wilson lower bound.") {
+		t.Errorf("the score's description lacks the published method: %s", d)
+	}
+
 	// Another configuration, another document.
 	other := testService()
 	other.Routes[0].Accepts = []x402.PaymentRequirements{offer("50000")}

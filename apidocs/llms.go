@@ -71,7 +71,9 @@ func LLMsTxt(s Service) []byte {
 	w("Any x402 v2 client (for example `@x402/fetch`) does steps 1 to 3 automatically.\n\n")
 
 	w("## Errors\n\n")
-	w("Every error that is not a payment refusal has one shape: `{\"code\", \"message\", \"status\", \"retryable\", \"retry_after\" (when retryable; also the `Retry-After` header), \"charged\": false, \"next_actions\": [...], \"fields\": [{\"field\", \"problem\", \"fix\"}] (invalid_request)}`. Input is never echoed.\n\n")
+	w("Every error that is not a payment refusal has one shape, in REST and in MCP tool results; it is never charged and never echoes input:\n\n")
+	w("```json\n{\"code\": \"invalid_request\", \"message\": \"The request is invalid and nothing was charged; fix the listed fields and send it again.\",\n \"status\": 422, \"retryable\": false, \"charged\": false,\n \"next_actions\": [{\"action\": \"fix_request_fields\", \"fields\": [\"rules[0].type\"]}],\n \"fields\": [{\"field\": \"rules[0].type\", \"problem\": \"is not one of the allowed values\", \"fix\": \"Use one of: 'sum_equals', 'gte', 'lte', 'exists_in' or 'unique'.\"}]}\n```\n\n")
+	w("A retryable error also carries `retry_after` (seconds) and the `Retry-After` header: send the same request again after it.\n\n")
 	w("| code | HTTP | retryable | meaning |\n|---|---|---|---|\n")
 	for _, e := range ErrorCodes {
 		w("| `%s` | %d | %s | %s |\n", e.Code, e.Status, yesNo(e.Retryable), e.Meaning)
@@ -84,12 +86,17 @@ func LLMsTxt(s Service) []byte {
 	w("\nOther reasons come from the payment facilitator as x402 names them (`invalid_exact_evm_*`, `invalid_network`, `invalid_scheme`, ...).\n\n")
 
 	w("## Trust score\n\n")
-	w("`GET /score/{agent_id}` returns a trust score computed from the agent's verification history (`GET /reputation/{agent_id}`, free), signed like a verification receipt but with the context `%s`. It rewards sustained passing and discounts old and few data points; checks bound to a wallet with `X-Wallet-Auth` count as authenticated. Agents whose id starts with `test-` are examples and never get a score. The exact formula and its parameters are published in the score response and the API docs (%s/docs).\n\n", receipt.ContextScore, base)
+	w("`GET /score/{agent_id}` returns a trust score computed from the agent's verification history (`GET /reputation/{agent_id}`, free), signed like a verification receipt but with the context `%s`. It rewards sustained passing and discounts old and few data points; checks whose agent_id is bound to a wallet with `X-Wallet-Auth` count as authenticated. Agents whose id starts with `test-` are examples and never get a score.\n\n", receipt.ContextScore)
+	if s.ScoreMethod != "" {
+		w("%s\n\n", strings.TrimSpace(s.ScoreMethod))
+	} else {
+		w("The exact method (weights, decay, minimum history) is documented with the operation `GET /score/{agent_id}` in the API docs: %s/docs.\n\n", base)
+	}
 
 	w("## Verifying a receipt (offline)\n\n")
 	w("Every `/verify/*` and `/score/*` response (and MCP tool result) carries a `verify` block and an `attestation` `{algorithm: \"Ed25519\", key_version, timestamp, signature}`.\n\n")
 	w("1. Fetch the agent card at `verify.public_key_url` (%s/.well-known/agent-card.json), or use a saved copy.\n", base)
-	w("2. In `capabilities.extensions`, take the entry whose `uri` starts with `%s`; in its `params.publicKeys`, take the key whose `keyVersion` equals `attestation.key_version`. `publicKey` is base64 of the raw 32-byte Ed25519 key. The card lists every key version ever used, so old receipts stay verifiable after rotation; a key marked `compromised` is not trusted for receipts after `compromisedSince`.\n", receipt.ExtensionURIPrefix)
+	w("2. In `capabilities.extensions`, take the entry whose `uri` starts with `%s`; in its `params.publicKeys`, take the key whose `keyVersion` equals `attestation.key_version`. `publicKey` is base64 of the raw 32-byte Ed25519 key. The card lists every key version ever used, so old receipts stay verifiable after rotation; a key marked `compromised` is not trusted for receipts dated at or after its `compromisedSince` (none at all without one).\n", receipt.ExtensionURIPrefix)
 	w("3. Remove `attestation` from the response. Build the five-key object `{\"context\": C, \"algorithm\": \"Ed25519\", \"key_version\": K, \"attested_at\": T, \"response\": <the response without attestation>}` with C = `%s` for `/verify/schema`, `/verify/deliverable` and the MCP tool `verify_schema`, or `%s` for `/score/{agent_id}` and `get_verification_record`; K = `attestation.key_version`; T = `attestation.timestamp`.\n", receipt.ContextVerify, receipt.ContextScore)
 	w("4. Canonicalize it with RFC 8785 (JCS): keys sorted by UTF-16 code units, no whitespace, numbers as ECMAScript prints doubles. Verify the Ed25519 signature (base64 `attestation.signature`) over those UTF-8 bytes.\n")
 	w("5. Recompute the hashes from the data you hold: `output_hash` = SHA-256 (lowercase hex) of the JCS of `submitted_output`; `schema_hash` of `expected_schema`; `rules_hash` of `{\"bounds\": <as sent or null>, \"rules\": <as sent or null>}`; `request_hash` (full detail) of the request with every default filled in. They must equal the receipt's.\n\n")
@@ -109,6 +116,9 @@ func LLMsTxt(s Service) []byte {
 }
 
 func llmsPrice(s *Service, c op) string {
+	if c.priceNote != "" {
+		return c.priceNote
+	}
 	if !c.paid {
 		return "free"
 	}

@@ -35,6 +35,7 @@ type op struct {
 	paid                                 bool // sold with x402 (unless unpriced in this config)
 	neverFree                            bool
 	body                                 bool // reads a JSON request body
+	priceNote                            string
 	build                                func(s *Service, o obj)
 }
 
@@ -50,7 +51,7 @@ var contract = []op{
 		build:   verifyOp},
 	{method: "GET", path: "/score/{agent_id}", tag: tagHistory, id: "getScore", paid: true, neverFree: true,
 		summary: "An agent's trust score (paid, never free)",
-		desc:    "A trust score from the agent's verification history, signed with the trust-score attestation context. Never served from the free allowance. Agents whose id starts with `test-` never get a score. Method: see the trust score section of /llms.txt.",
+		desc:    "A trust score from the agent's verification history, signed with the trust-score attestation context. Never served from the free allowance. Agents whose id starts with `test-` never get a score. The score rewards sustained passing and discounts old and few data points.",
 		build:   scoreOp},
 	{method: "GET", path: "/reputation/{agent_id}", tag: tagHistory, id: "getReputation",
 		summary: "An agent's free pass/fail history (paged)",
@@ -72,7 +73,8 @@ var contract = []op{
 	{method: "GET", path: "/docs", tag: tagDiscovery, id: "getDocs", summary: "Interactive API docs (this page)",
 		build: simpleOp("text/html", obj{"type": "string"}, "The page.")},
 	{method: "POST", path: "/mcp", tag: tagMCP, id: "mcp", body: true, summary: "MCP endpoint (Streamable HTTP)",
-		build: mcpOp},
+		priceNote: "tools priced as their REST twins",
+		build:     mcpOp},
 }
 
 // OpenAPI returns the OpenAPI 3.1 document of the service as configured:
@@ -378,6 +380,9 @@ func verifyOp(s *Service, o obj) {
 }
 
 func scoreOp(s *Service, o obj) {
+	if s.ScoreMethod != "" {
+		o["description"] = fmt.Sprint(o["description"]) + "\n\n**Method.** " + strings.TrimSpace(s.ScoreMethod)
+	}
 	o["parameters"] = []any{obj{"$ref": "#/components/parameters/AgentID"}}
 	o["responses"].(obj)["200"] = obj{
 		"description": "The signed trust score.",

@@ -19,6 +19,10 @@ type Service struct {
 	MCPURL string
 	// Version is the document's info.version. Default "1".
 	Version string
+	// ScoreMethod is markdown describing how the trust score is computed,
+	// from whoever computes it; without it the docs point to the score
+	// operation's documentation.
+	ScoreMethod string
 	// Routes are the live payment-gated routes. A contract route (SPEC §2)
 	// missing here is documented as not priced in this configuration; a
 	// route here that the contract does not know is documented generically.
