@@ -20,6 +20,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
@@ -209,6 +210,7 @@ func (VerifyResponse) CaddyModule() caddy.ModuleInfo {
 // first sale), and prepares the request template.
 func (v *VerifyResponse) Provision(ctx caddy.Context) error {
 	v.logger = ctx.Logger()
+	registerVerifyMetrics(ctx)
 	if v.TaskID == "" {
 		v.TaskID = defaultTaskID
 	}
@@ -439,11 +441,11 @@ func (v *VerifyResponse) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 	}
 	switch {
 	case !hw.hold:
-		caddyhttp.SetVar(r.Context(), VerificationVar, outcomeUnchecked)
+		v.record(r, outcomeUnchecked)
 		return nil
 	case hw.spilled:
 		v.logUnverifiable(r, errors.New("response larger than max_response"))
-		caddyhttp.SetVar(r.Context(), VerificationVar, outcomeUnverified)
+		v.record(r, outcomeUnverified)
 		return nil
 	case hw.overflow:
 		return v.unverifiable(w, hw, r, v.responseError(fmt.Sprintf("it is larger than the gateway's %d-byte limit", v.MaxResponse), nil))
@@ -476,10 +478,10 @@ func (v *VerifyResponse) verifyHeld(w http.ResponseWriter, hw *responseHold, r *
 	caddyhttp.SetVar(r.Context(), verificationIDVar, rc.view.VerificationID)
 
 	if rc.view.Result == outcomeFail && v.OnFail == "block" {
-		caddyhttp.SetVar(r.Context(), VerificationVar, outcomeBlocked)
+		v.record(r, outcomeBlocked)
 		return writeBlocked(w, rc)
 	}
-	caddyhttp.SetVar(r.Context(), VerificationVar, rc.view.Result)
+	v.record(r, rc.view.Result)
 
 	h := w.Header()
 	copyHeader(h, hw.header)
@@ -548,7 +550,7 @@ func (v *VerifyResponse) responseError(why string, cause error) *apierr.Error {
 func (v *VerifyResponse) unverifiable(w http.ResponseWriter, hw *responseHold, r *http.Request, e *apierr.Error) error {
 	v.logUnverifiable(r, e)
 	if v.OnError == "fail_open" {
-		caddyhttp.SetVar(r.Context(), VerificationVar, outcomeUnverified)
+		v.record(r, outcomeUnverified)
 		h := w.Header()
 		copyHeader(h, hw.header)
 		h.Set(HeaderVerificationStatus, outcomeUnverified)
@@ -556,7 +558,7 @@ func (v *VerifyResponse) unverifiable(w http.ResponseWriter, hw *responseHold, r
 		_, err := w.Write(hw.buf.Bytes())
 		return err
 	}
-	caddyhttp.SetVar(r.Context(), VerificationVar, outcomeError)
+	v.record(r, outcomeError)
 	apierr.Write(w, e)
 	return nil
 }
@@ -564,6 +566,35 @@ func (v *VerifyResponse) unverifiable(w http.ResponseWriter, hw *responseHold, r
 func (v *VerifyResponse) logUnverifiable(r *http.Request, err error) {
 	if ce := v.logger.Check(zapcore.WarnLevel, "response not verified"); ce != nil {
 		ce.Write(zap.String("on_error", v.OnError), zap.String("uri", r.RequestURI), zap.Error(err))
+	}
+}
+
+// record notes what happened to the response: in the request variable
+// the gate's settle_on reads, and in the outcome counter.
+func (v *VerifyResponse) record(r *http.Request, outcome string) {
+	caddyhttp.SetVar(r.Context(), VerificationVar, outcome)
+	verifyMetrics.WithLabelValues(outcome).Inc()
+}
+
+// verifyMetrics counts responses by outcome. Created once per process and
+// registered into each config's registry (Caddy makes a new one on reload).
+var verifyMetrics = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Namespace: "aov",
+	Subsystem: "verify_response",
+	Name:      "outcomes_total",
+	Help:      "Responses by what verify_response did: pass, fail, blocked, error, unverified, unchecked.",
+}, []string{"outcome"})
+
+func registerVerifyMetrics(ctx caddy.Context) {
+	reg := ctx.GetMetricsRegistry()
+	if reg == nil {
+		return
+	}
+	if err := reg.Register(verifyMetrics); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if !errors.As(err, &are) {
+			ctx.Logger().Warn("registering metrics: " + err.Error())
+		}
 	}
 }
 

@@ -23,6 +23,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/aovhq/aov/agentcard"
 	"github.com/aovhq/aov/internal/interop"
@@ -432,6 +433,18 @@ func TestVerifyResponseAttachesReceipts(t *testing.T) {
 			}
 		}},
 	}
+	counts := func() map[string]float64 {
+		m := map[string]float64{}
+		for _, o := range []string{"pass", "fail", "blocked", "unchecked"} {
+			var mv dto.Metric
+			if err := verifyMetrics.WithLabelValues(o).Write(&mv); err != nil {
+				t.Fatal(err)
+			}
+			m[o] = mv.GetCounter().GetValue()
+		}
+		return m
+	}
+	before := counts()
 	for _, tc := range cases {
 		t.Run(tc.desc, func(t *testing.T) {
 			method := http.MethodGet
@@ -453,6 +466,14 @@ func TestVerifyResponseAttachesReceipts(t *testing.T) {
 			}
 			tc.check(t, resp, body)
 		})
+	}
+
+	// Each outcome is counted for the operator's metrics.
+	after := counts()
+	for o, want := range map[string]float64{"pass": 5, "fail": 1, "blocked": 1, "unchecked": 2} {
+		if got := after[o] - before[o]; got != want {
+			t.Errorf("aov_verify_response_outcomes_total{outcome=%q} grew by %v, want %v", o, got, want)
+		}
 	}
 
 	// Every call to the verification service carried the gateway token, and
@@ -535,9 +556,38 @@ func TestVerifyResponseErrorPolicies(t *testing.T) {
 	buildBinaries(t)
 	vf := startVerifier(t)
 	up := misbehaving(t)
+	// A verification service that signs a receipt about other bytes (here
+	// a fault-injecting proxy, a fake because a real verifierd never does
+	// it, rewrites the output before the real verifierd sees it): the
+	// gateway attaches no receipt that does not match what it releases.
+	liar := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		body = bytes.Replace(body, []byte(`"total":129.5`), []byte(`"total":129.50`+"1"), 1)
+		req, _ := http.NewRequest(r.Method, vf.srv.URL+r.URL.Path, bytes.NewReader(body))
+		req.Header = r.Header.Clone()
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			http.Error(w, err.Error(), 500)
+			return
+		}
+		defer resp.Body.Close()
+		copyHeader(w.Header(), resp.Header)
+		w.WriteHeader(resp.StatusCode)
+		io.Copy(w, resp.Body)
+	}))
+	defer liar.Close()
 	base := startCaddy(t, ":{port} {"+
 		sellerRoute("/closed", up.URL, vf, "max_response 16KiB")+
 		sellerRoute("/open", up.URL, vf, "max_response 16KiB\n\t\t\ton_error fail_open")+
+		fmt.Sprintf(`
+	handle_path /lying/* {
+		verify_response {
+			schema %s
+			verifier_url %s
+		}
+		reverse_proxy %s
+	}
+`, binaries.schemaPath, liar.URL, strings.TrimPrefix(up.URL, "http://"))+
 		"}")
 	keys := vf.keys(t)
 
@@ -599,6 +649,7 @@ func TestVerifyResponseErrorPolicies(t *testing.T) {
 		{"a JSON answer with a charset parameter is verified", "/closed/good", 200, func(t *testing.T, resp *http.Response, body []byte) {
 			checkReceipt(t, keys, headerReceipt(t, resp, HeaderVerificationReceipt), body)
 		}},
+		{"a receipt about other bytes is never attached", "/lying/good", 503, closed("upstream_unavailable")},
 	})
 
 	// certd stops: verifierd answers 503, which is an outage of the
@@ -918,6 +969,7 @@ func BenchmarkVerifyResponse(b *testing.B) {
 `, strings.TrimPrefix(agent, "http://"), binaries.schemaPath, binaries.rules, vf.srv.URL))
 	// ?lines=20 makes a 2 KB invoice.
 	const path = "/invoices/INV-7731?lines=20"
+	var plainNs float64
 	for _, route := range []string{"plain", "verified"} {
 		url := base + "/" + route + path
 		resp, body := getBody(b, url, nil)
@@ -937,6 +989,13 @@ func BenchmarkVerifyResponse(b *testing.B) {
 				if resp.StatusCode != 200 {
 					b.Fatalf("status %d", resp.StatusCode)
 				}
+			}
+			ns := float64(b.Elapsed().Nanoseconds()) / float64(b.N)
+			if route == "plain" {
+				plainNs = ns
+			} else if plainNs > 0 {
+				b.ReportMetric(ns-plainNs, "added-ns/op")
+				b.ReportMetric(ns/plainNs, "x-plain")
 			}
 		})
 	}
