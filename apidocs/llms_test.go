@@ -103,7 +103,9 @@ func TestLLMsTxtFollowsOtherConfigurations(t *testing.T) {
 		}, []string{"No free allowance is configured"}, []string{"free calls per client per UTC day"}},
 		{"a per-wallet allowance", func(s *Service) { s.Routes[0].Free.Key = "wallet" }, []string{"- Client: the wallet proven with the `X-Wallet-Auth` header"}, nil},
 		{"an explicit MCP URL", func(s *Service) { s.MCPURL = "https://mcp.example.net/v1" }, []string{"- Endpoint: `https://mcp.example.net/v1`"}, nil},
-		{"a published score method", func(s *Service) { s.ScoreMethod = "Score = Wilson lower bound of the pass ratio, halved every 30 days." },
+		{"a published score method", func(s *Service) {
+			s.ScoreMethod = "Score = Wilson lower bound of the pass ratio, halved every 30 days."
+		},
 			[]string{"## Trust score\n", "\nScore = Wilson lower bound of the pass ratio, halved every 30 days.\n"}, []string{"The exact method (weights, decay, minimum history) is documented"}},
 		{"two ways to pay", func(s *Service) {
 			sep := offer("20000")
