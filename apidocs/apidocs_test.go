@@ -266,6 +266,15 @@ func TestOpenAPIPricesComeFromTheService(t *testing.T) {
 		t.Errorf("GET /health x-payment-info = %v, want free", h)
 	}
 
+	tools := info("POST /mcp")["tools"].(map[string]any)
+	vs := tools["verify_schema"].(map[string]any)
+	if vs["price"].(map[string]any)["amount"] != "20000" || vs["freeAllowance"] == nil {
+		t.Errorf("the MCP tool verify_schema is not priced like POST /verify/schema: %v", vs)
+	}
+	if gr := tools["get_verification_record"].(map[string]any); gr["price"].(map[string]any)["amount"] != "10000" || gr["freeAllowance"] != nil {
+		t.Errorf("the MCP tool get_verification_record is not priced like the score, never free: %v", gr)
+	}
+
 	withMethod := testService()
 	withMethod.ScoreMethod = "Score = Wilson lower bound."
 	if d := operations(buildDoc(t, withMethod))["GET /score/{agent_id}"]["description"].(string); !strings.Contains(d, "**Method.** Score = Wilson lower bound.") {

@@ -429,8 +429,22 @@ func mcpOp(s *Service, o obj) {
 		obj{"name": "verify_schema", "rest": "POST /verify/schema", "attestationContext": receipt.ContextVerify},
 		obj{"name": "get_verification_record", "rest": "GET /score/{agent_id}", "attestationContext": receipt.ContextScore},
 	}
+	tools := obj{}
+	for name, twin := range map[string][2]string{"verify_schema": {"POST", "/verify/schema"}, "get_verification_record": {"GET", "/score/{agent_id}"}} {
+		r, ok := s.route(twin[0], twin[1])
+		if !ok {
+			tools[name] = obj{"rest": twin[0] + " " + twin[1], "configured": false}
+			continue
+		}
+		if name == "get_verification_record" {
+			r.Free = nil // scores are never free
+		}
+		info := paymentInfo(r)
+		info["rest"] = twin[0] + " " + twin[1]
+		tools[name] = info
+	}
 	o["x-payment-info"] = obj{"protocol": "x402", "x402Version": x402.Version, "transport": "mcp",
-		"note": "Tools are priced as their REST twins; see POST /verify/schema and GET /score/{agent_id}."}
+		"note": "Tools are priced as their REST twins.", "tools": tools}
 }
 
 var pathParam = regexp.MustCompile(`\{([^{}/]+)\}`)
