@@ -255,7 +255,9 @@ func operation(s *Service, c op) obj {
 		c.build(s, o)
 	}
 	if !c.paid {
-		o["x-payment-info"] = obj{"free": true, "protocol": "none"}
+		if o["x-payment-info"] == nil {
+			o["x-payment-info"] = obj{"free": true, "protocol": "none"}
+		}
 		return o
 	}
 	r, live := s.route(c.method, c.path)
