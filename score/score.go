@@ -1,0 +1,327 @@
+// Package score is the trust score method: it turns an agent's verification
+// history (pass or fail, when, and whether the agent id was bound to a
+// wallet) into one number in [0, 1] that rewards sustained passing and
+// discounts old and scarce evidence.
+//
+// # Method (name "time-decayed-wilson-lower-bound", version "1")
+//
+//  1. Window. Only the agent's newest MaxRecords verifications (default
+//     10,000) no older than Horizon (default 365 days) before the moment of
+//     computation are evidence. Agents whose id starts with "test-" are
+//     examples and never get a score (the caller refuses them).
+//
+//  2. Weight. Each verification weighs w = a · 2^(−age / HalfLife): a is 1
+//     for an authenticated verification (the agent id was bound to the wallet
+//     the caller proved with X-Wallet-Auth) and UnauthenticatedWeight
+//     (default 0.5) for a bare agent_id label, which anyone can send; age is
+//     the time since the verification (0 for a timestamp in the future), and
+//     HalfLife defaults to 30 days, so a month-old pass counts half as much as
+//     one from today.
+//
+//  3. Decayed counts. P = Σ w over passes, F = Σ w over fails, n = P + F
+//     (the effective amount of evidence).
+//
+//  4. Score. The lower bound of the Wilson score interval for the pass
+//     proportion p = P/n at z = Z (default 1.96, the 95% interval):
+//
+//     score = (p + z²/2n − z·√(p(1−p)/n + z²/4n²)) / (1 + z²/n)
+//
+//     and 0 when n = 0. The bound is what the pass rate is, with 95%
+//     confidence, at least: few data points leave it wide, so 3 passes out
+//     of 3 score 0.44 while 300 out of 300 score 0.99; fails pull it down;
+//     evidence that ages or is unauthenticated counts as less evidence.
+//
+// Everything is deterministic given the records, their order and the clock:
+// the score of a history is reproducible by anyone holding its records.
+// Results are rounded to 6 decimal places.
+//
+// The package is not for reading the history (the caller feeds the records,
+// newest first) nor for signing or serving the score (verifierd does).
+package score
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"time"
+)
+
+// Method identity, published with every score so a reader knows which
+// formula produced it; the version changes whenever the formula or a
+// default does.
+const (
+	MethodName    = "time-decayed-wilson-lower-bound"
+	MethodVersion = "1"
+)
+
+// Defaults of Config.
+const (
+	DefaultHalfLife              = 30 * 24 * time.Hour
+	DefaultHorizon               = 365 * 24 * time.Hour
+	DefaultMaxRecords            = 10000
+	DefaultUnauthenticatedWeight = 0.5
+	DefaultZ                     = 1.96
+)
+
+// Config sets the method's parameters; zero fields take the defaults. The
+// parameters in force are reported with every Result.
+type Config struct {
+	// HalfLife is the age at which a verification counts half (30 days).
+	HalfLife time.Duration
+	// Horizon is the age beyond which a verification is not evidence at all
+	// (365 days): at the default half-life its weight would be below 0.03%.
+	Horizon time.Duration
+	// MaxRecords caps the evidence to the newest verifications (10,000), so
+	// the cost of a score is bounded however busy an agent is.
+	MaxRecords int
+	// UnauthenticatedWeight is the weight of a verification whose agent_id
+	// was a bare label, relative to 1 for one bound to a proven wallet
+	// (0.5). In (0, 1].
+	UnauthenticatedWeight float64
+	// Z is the normal quantile of the Wilson bound (1.96: the lower end of
+	// the 95% interval). Larger is more cautious with little evidence.
+	Z float64
+}
+
+// Params are the parameters a score was computed with, as published.
+type Params struct {
+	HalfLifeDays          float64 `json:"half_life_days"`
+	HorizonDays           float64 `json:"horizon_days"`
+	MaxRecords            int     `json:"max_records"`
+	AuthenticatedWeight   float64 `json:"authenticated_weight"`
+	UnauthenticatedWeight float64 `json:"unauthenticated_weight"`
+	Z                     float64 `json:"z"`
+}
+
+// Method computes scores with one configuration. It is immutable and safe
+// for concurrent use.
+type Method struct {
+	halfLife   time.Duration
+	horizon    time.Duration
+	maxRecords int
+	unauthW    float64
+	z          float64
+}
+
+// New checks cfg and fills in the defaults.
+func New(cfg Config) (*Method, error) {
+	m := &Method{
+		halfLife:   cfg.HalfLife,
+		horizon:    cfg.Horizon,
+		maxRecords: cfg.MaxRecords,
+		unauthW:    cfg.UnauthenticatedWeight,
+		z:          cfg.Z,
+	}
+	if m.halfLife == 0 {
+		m.halfLife = DefaultHalfLife
+	}
+	if m.horizon == 0 {
+		m.horizon = DefaultHorizon
+	}
+	if m.maxRecords == 0 {
+		m.maxRecords = DefaultMaxRecords
+	}
+	if m.unauthW == 0 {
+		m.unauthW = DefaultUnauthenticatedWeight
+	}
+	if m.z == 0 {
+		m.z = DefaultZ
+	}
+	switch {
+	case m.halfLife < 0:
+		return nil, fmt.Errorf("score: half-life %s is negative", m.halfLife)
+	case m.horizon < 0:
+		return nil, fmt.Errorf("score: horizon %s is negative", m.horizon)
+	case m.maxRecords < 0:
+		return nil, fmt.Errorf("score: max records %d is negative", m.maxRecords)
+	case !(m.unauthW > 0 && m.unauthW <= 1):
+		return nil, errors.New("score: unauthenticated weight must be in (0, 1]")
+	case !(m.z > 0) || math.IsInf(m.z, 0):
+		return nil, errors.New("score: z must be a positive finite number")
+	}
+	return m, nil
+}
+
+// Default is the method with every default; the published score uses it
+// unless the operator configures otherwise.
+func Default() *Method {
+	m, _ := New(Config{})
+	return m
+}
+
+// Params reports the parameters in force.
+func (m *Method) Params() Params {
+	return Params{
+		HalfLifeDays:          round6(m.halfLife.Hours() / 24),
+		HorizonDays:           round6(m.horizon.Hours() / 24),
+		MaxRecords:            m.maxRecords,
+		AuthenticatedWeight:   1,
+		UnauthenticatedWeight: m.unauthW,
+		Z:                     m.z,
+	}
+}
+
+// MaxRecords is the cap on evidence records, so a caller paging through a
+// history knows when to stop reading.
+func (m *Method) MaxRecords() int { return m.maxRecords }
+
+// Evidence is one verification as the score sees it.
+type Evidence struct {
+	At            time.Time
+	Pass          bool
+	Authenticated bool
+}
+
+// Counts are the verifications inside the window, exactly, split by
+// authentication.
+type Counts struct {
+	AuthenticatedPass   int64 `json:"authenticated_pass"`
+	AuthenticatedFail   int64 `json:"authenticated_fail"`
+	UnauthenticatedPass int64 `json:"unauthenticated_pass"`
+	UnauthenticatedFail int64 `json:"unauthenticated_fail"`
+}
+
+// Total is the number of verifications inside the window.
+func (c Counts) Total() int64 {
+	return c.AuthenticatedPass + c.AuthenticatedFail + c.UnauthenticatedPass + c.UnauthenticatedFail
+}
+
+// Decayed are the weighted counts the bound is computed from.
+type Decayed struct {
+	Pass     float64 `json:"pass"`
+	Fail     float64 `json:"fail"`
+	Evidence float64 `json:"evidence"` // n = pass + fail
+}
+
+// Window says which records were evidence.
+type Window struct {
+	// From and To bound the evidence in time: To is the moment of
+	// computation, From is To minus the horizon.
+	From, To time.Time
+	// Records is how many verifications were evidence.
+	Records int
+	// Truncated is true when the record cap was reached: older
+	// verifications inside the horizon were left out.
+	Truncated bool
+	// Oldest and Newest are the times of the oldest and newest evidence
+	// (zero without evidence).
+	Oldest, Newest time.Time
+}
+
+// Result is a score with everything it was computed from.
+type Result struct {
+	Score   float64
+	Params  Params
+	Window  Window
+	Counts  Counts
+	Decayed Decayed
+}
+
+// Tally accumulates evidence for one score. Feed it newest first (the
+// order histories are read in) and stop when Add returns false.
+type Tally struct {
+	m      *Method
+	now    time.Time
+	from   time.Time
+	counts Counts
+	pass   float64
+	fail   float64
+	n      int
+	full   bool
+	oldest time.Time
+	newest time.Time
+}
+
+// Start begins a score computed at now.
+func (m *Method) Start(now time.Time) *Tally {
+	return &Tally{m: m, now: now, from: now.Add(-m.horizon)}
+}
+
+// Add counts e if it is inside the window. It returns false once e is older
+// than the horizon or the record cap is reached: for a history read newest
+// first, nothing after that can count, so the caller can stop reading.
+func (t *Tally) Add(e Evidence) bool {
+	if t.full || e.At.Before(t.from) {
+		return false
+	}
+	if t.n >= t.m.maxRecords {
+		t.full = true
+		return false
+	}
+	age := t.now.Sub(e.At)
+	if age < 0 {
+		age = 0
+	}
+	w := math.Exp2(-float64(age) / float64(t.m.halfLife))
+	if !e.Authenticated {
+		w *= t.m.unauthW
+	}
+	switch {
+	case e.Pass && e.Authenticated:
+		t.counts.AuthenticatedPass++
+	case e.Pass:
+		t.counts.UnauthenticatedPass++
+	case e.Authenticated:
+		t.counts.AuthenticatedFail++
+	default:
+		t.counts.UnauthenticatedFail++
+	}
+	if e.Pass {
+		t.pass += w
+	} else {
+		t.fail += w
+	}
+	if t.n == 0 || e.At.Before(t.oldest) {
+		t.oldest = e.At
+	}
+	if t.n == 0 || e.At.After(t.newest) {
+		t.newest = e.At
+	}
+	t.n++
+	return true
+}
+
+// Result computes the score from what was added.
+func (t *Tally) Result() Result {
+	n := t.pass + t.fail
+	return Result{
+		Score:  round6(WilsonLowerBound(t.pass, n, t.m.z)),
+		Params: t.m.Params(),
+		Window: Window{
+			From: t.from, To: t.now, Records: t.n, Truncated: t.full,
+			Oldest: t.oldest, Newest: t.newest,
+		},
+		Counts:  t.counts,
+		Decayed: Decayed{Pass: round6(t.pass), Fail: round6(t.fail), Evidence: round6(n)},
+	}
+}
+
+// Score computes the score of evidence (newest first) at now.
+func (m *Method) Score(now time.Time, evidence []Evidence) Result {
+	t := m.Start(now)
+	for _, e := range evidence {
+		if !t.Add(e) {
+			break
+		}
+	}
+	return t.Result()
+}
+
+// WilsonLowerBound is the lower end of the Wilson score interval for pass
+// successes out of n trials at normal quantile z; n may be fractional
+// (weighted evidence). It is 0 for n ≤ 0 and always within [0, 1].
+func WilsonLowerBound(pass, n, z float64) float64 {
+	if !(n > 0) {
+		return 0
+	}
+	p := math.Min(math.Max(pass/n, 0), 1)
+	z2 := z * z
+	centre := p + z2/(2*n)
+	margin := z * math.Sqrt(p*(1-p)/n+z2/(4*n*n))
+	lb := (centre - margin) / (1 + z2/n)
+	return math.Min(math.Max(lb, 0), 1)
+}
+
+func round6(f float64) float64 {
+	return math.Round(f*1e6) / 1e6
+}
