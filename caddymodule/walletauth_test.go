@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math/big"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/crypto"
 
 	"github.com/aovhq/aov/plugins/evmfacilitator"
@@ -544,4 +546,110 @@ func TestWalletAuthCaddyfileErrors(t *testing.T) {
 
 func caddyconfigAdapt(cfg string) ([]byte, []caddyconfig.Warning, error) {
 	return caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cfg), nil)
+}
+
+// TestContractWalletThroughChainRPC: with chain_rpc, a contract wallet
+// (EIP-1271) proves itself with its owner's signature, here signed by the
+// aov command; without chain_rpc the same kind of proof is refused.
+func TestContractWalletThroughChainRPC(t *testing.T) {
+	d, err := evmfacilitator.StartDevnet(evmfacilitator.DevnetConfig{RPCListen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatalf("starting devnet: %v", err)
+	}
+	t.Cleanup(func() { d.Close() })
+	owner := walletKey(3)
+	wallet := deployTestWallet(t, d, crypto.PubkeyToAddress(owner.PublicKey))
+
+	up := walletUpstream(t)
+	base := startCaddy(t, fmt.Sprintf(`:{port} {
+	route /api/* {
+		wallet_auth {
+			store badger {data}/gate
+			chain_rpc %[2]s
+		}
+		reverse_proxy %[1]s
+	}
+	route /plain/* {
+		wallet_auth {
+			store badger {data}/gate
+		}
+		reverse_proxy %[1]s
+	}
+}
+`, strings.TrimPrefix(up.URL, "http://"), d.RPCURL()))
+	keyFile := filepath.Join(t.TempDir(), "owner.hex")
+	os.WriteFile(keyFile, []byte(common.Bytes2Hex(crypto.FromECDSA(owner))), 0o600)
+	sign := func(url, chain string) string {
+		out, err := exec.Command(aovCommand(t), "wallet-auth", "--key-file", keyFile, "--method", "GET", "--url", url, "--chain", chain, "--address", wallet.Hex()).Output()
+		if err != nil {
+			t.Fatalf("aov wallet-auth: %v", err)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	cases := []struct {
+		desc   string
+		url    string
+		chain  string
+		status int
+	}{
+		{"the owner's signature proves the contract wallet", base + "/api/x", "eip155:1337", 200},
+		{"a proof naming another chain is refused", base + "/api/x", "eip155:8453", 401},
+		{"without chain_rpc a contract wallet cannot prove itself", base + "/plain/x", "eip155:1337", 401},
+	}
+	for _, tc := range cases {
+		t.Run(tc.desc, func(t *testing.T) {
+			st, hdr, body := call(t, "GET", tc.url, "", map[string]string{walletauth.HeaderName: sign(tc.url, tc.chain)})
+			if tc.status == 401 {
+				unauthorized(t, st, hdr, body, "X-Wallet-Auth.signature")
+				return
+			}
+			if st != tc.status || body["wallet"] != wallet.Hex() {
+				t.Fatalf("status %d, upstream %v", st, body)
+			}
+		})
+	}
+}
+
+// deployTestWallet deploys contracts/TestSmartWallet.sol (compiled into
+// the devnet folder) owned by owner.
+func deployTestWallet(t *testing.T, d *evmfacilitator.Devnet, owner common.Address) common.Address {
+	t.Helper()
+	bin, err := os.ReadFile(filepath.Join("..", "plugins", "evmfacilitator", "devnet", "TestSmartWallet.bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	code := append(common.FromHex(strings.TrimSpace(string(bin))), common.LeftPadBytes(owner.Bytes(), 32)...)
+	ctx := context.Background()
+	c := d.Client()
+	key := evmfacilitator.DevKey(0)
+	nonce, err := c.PendingNonceAt(ctx, crypto.PubkeyToAddress(key.PublicKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	head, err := c.HeaderByNumber(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tip := big.NewInt(1e9)
+	tx, err := types.SignTx(types.NewTx(&types.DynamicFeeTx{
+		ChainID: big.NewInt(evmfacilitator.DevnetChainID), Nonce: nonce, GasTipCap: tip,
+		GasFeeCap: new(big.Int).Add(tip, new(big.Int).Mul(head.BaseFee, big.NewInt(2))),
+		Gas:       1_000_000, Data: code,
+	}), types.LatestSignerForChainID(big.NewInt(evmfacilitator.DevnetChainID)), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SendTransaction(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if r, err := c.TransactionReceipt(ctx, tx.Hash()); err == nil {
+			if r.Status != types.ReceiptStatusSuccessful {
+				t.Fatal("wallet deployment reverted")
+			}
+			return r.ContractAddress
+		}
+	}
+	t.Fatal("wallet deployment not mined")
+	return common.Address{}
 }

@@ -107,18 +107,14 @@ func TestContractWalletSignsThroughEIP1271(t *testing.T) {
 		}
 		return h
 	}
-	// The signature is over the text naming the wallet, so sign that.
+	// The owner signs the text naming the wallet.
 	walletProof := func(key *ecdsa.PrivateKey, chain string) string {
 		e := envelope(t)
 		e.ChainID = chain
 		e.Nonce = NewNonce()
-		e.Address = wallet.Hex()
-		sig, err := crypto.Sign(textHash(e.Message()), key)
-		if err != nil {
+		if err := e.SignAs(key, wallet); err != nil {
 			t.Fatal(err)
 		}
-		sig[64] += 27
-		e.Signature = "0x" + common.Bytes2Hex(sig)
 		h, err := e.Encode()
 		if err != nil {
 			t.Fatal(err)

@@ -348,7 +348,15 @@ func (e *Envelope) Encode() (string, error) {
 // Sign sets Address from key, checks the envelope and sets Signature to
 // the EIP-191 personal_sign of its text.
 func (e *Envelope) Sign(key *ecdsa.PrivateKey) error {
-	e.Address = crypto.PubkeyToAddress(key.PublicKey).Hex()
+	return e.SignAs(key, crypto.PubkeyToAddress(key.PublicKey))
+}
+
+// SignAs signs for account with key: for a contract wallet (EIP-1271)
+// whose owner key signs on its behalf, account is the wallet's address and
+// the verifier asks the wallet's contract. For an ordinary account it is
+// Sign.
+func (e *Envelope) SignAs(key *ecdsa.PrivateKey, account common.Address) error {
+	e.Address = account.Hex()
 	e.Type = TypeEIP191
 	e.Signature = "0x" + strings.Repeat("00", 65) // placeholder for the syntax check
 	if err := e.check(); err != nil {

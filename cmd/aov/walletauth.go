@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/crypto"
 
 	"github.com/aovhq/aov/walletauth"
@@ -18,6 +19,7 @@ const walletAuthHelp = `aov wallet-auth: sign an X-Wallet-Auth header for one re
 Usage:
   aov wallet-auth (--key HEX | --key-file FILE) --method METHOD --url URL
                   [--agent-id ID] [--chain CAIP2] [--ttl DURATION] [--statement TEXT]
+                  [--address WALLET]
 
 Prints the header value: base64 of a JSON envelope with the EIP-4361
 (Sign-In with Ethereum) fields for this request (host, method and path of
@@ -38,6 +40,8 @@ Flags:
   --ttl DURATION    how long the proof is valid (default 5m; gateways
                     refuse more than their max_lifetime, 5m by default)
   --statement TEXT  a line of text wallets show when signing
+  --address WALLET  sign for a contract wallet (EIP-1271) that the key owns;
+                    the gateway must have chain_rpc for the wallet's chain
 
 Example:
   curl -X POST https://verifier.example/verify/schema \
@@ -55,6 +59,7 @@ func walletAuth(args []string, stdout, stderr io.Writer) int {
 	chain := fs.String("chain", walletauth.DefaultChainID, "CAIP-2 chain of the wallet")
 	ttl := fs.Duration("ttl", walletauth.DefaultMaxLifetime, "lifetime of the proof")
 	statement := fs.String("statement", "", "statement wallets show")
+	address := fs.String("address", "", "contract wallet the key signs for")
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
 		return flagError(err, walletAuthHelp, stdout, stderr)
@@ -71,13 +76,27 @@ func walletAuth(args []string, stdout, stderr io.Writer) int {
 	if *ttl <= 0 {
 		return usageError(stderr, walletAuthHelp, "aov wallet-auth: --ttl must be positive")
 	}
+	if *address != "" && !common.IsHexAddress(*address) {
+		return usageError(stderr, walletAuthHelp, "aov wallet-auth: --address must be a 0x address")
+	}
 	key, err := loadWalletKey(*keyHex, *keyFile)
 	if err != nil {
 		return trouble(stderr, "aov wallet-auth: %v", err)
 	}
-	h, err := walletauth.SignRequest(key, walletauth.Request{
+	e, err := walletauth.New(walletauth.Request{
 		Method: *method, URL: *url, ChainID: *chain, AgentID: *agentID, Statement: *statement, TTL: *ttl, Now: time.Now(),
 	})
+	if err != nil {
+		return trouble(stderr, "aov wallet-auth: %v", err)
+	}
+	account := crypto.PubkeyToAddress(key.PublicKey)
+	if *address != "" {
+		account = common.HexToAddress(*address)
+	}
+	if err := e.SignAs(key, account); err != nil {
+		return trouble(stderr, "aov wallet-auth: %v", err)
+	}
+	h, err := e.Encode()
 	if err != nil {
 		return trouble(stderr, "aov wallet-auth: %v", err)
 	}

@@ -72,6 +72,7 @@ func TestWalletAuthUsageErrors(t *testing.T) {
 		{"a bad key file is named without its content", []string{"--key-file", badKeyFile, "--method", "GET", "--url", "https://x.example/"}, "not a secp256k1 private key"},
 		{"a missing key file is reported", []string{"--key-file", filepath.Join(dir, "none"), "--method", "GET", "--url", "https://x.example/"}, "reading the key file"},
 		{"a bad chain is refused", []string{"--key", walletKeyHex, "--method", "GET", "--url", "https://x.example/", "--chain", "solana:x"}, "chain_id"},
+		{"a bad contract wallet address is refused", []string{"--key", walletKeyHex, "--method", "GET", "--url", "https://x.example/", "--address", "0x12"}, "--address must be a 0x address"},
 		{"a stray argument is refused", []string{"--key", walletKeyHex, "--method", "GET", "--url", "https://x.example/", "extra"}, "unexpected argument"},
 	}
 	for _, tc := range cases {
