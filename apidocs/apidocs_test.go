@@ -166,7 +166,7 @@ func TestOpenAPIDocumentsEveryContractRoute(t *testing.T) {
 		want     []string // answers the operation must document
 	}{
 		{"verification is sold: 400 bad payment, 402, 413, 422, 503", "POST /verify/schema", []string{"200", "400", "402", "413", "422", "500", "503"}},
-		{"the deliverable route documents the verification answers even when not priced here", "POST /verify/deliverable", []string{"200", "500"}},
+		{"the deliverable route documents the contract's answers even when not priced here", "POST /verify/deliverable", []string{"200", "400", "402", "413", "422", "500", "503"}},
 		{"the score is sold and reads no body", "GET /score/{agent_id}", []string{"200", "400", "402", "422", "503"}},
 		{"reputation is free and pages", "GET /reputation/{agent_id}", []string{"200", "422", "503"}},
 		{"liveness", "GET /health", []string{"200"}},

@@ -262,6 +262,7 @@ func operation(s *Service, c op) obj {
 	}
 	r, live := s.route(c.method, c.path)
 	if !live {
+		addAnswers(o, Route{}, c.body)
 		o["x-payment-info"] = obj{"protocol": "x402", "x402Version": x402.Version, "configured": false,
 			"note": "No price is configured for this route on this gateway."}
 		o["description"] = fmt.Sprint(o["description"]) + "\n\n**Price:** not payment-gated in this configuration."
@@ -276,6 +277,26 @@ func operation(s *Service, c op) obj {
 
 // addPayment adds the x402 parameters, answers, extension and price text.
 func addPayment(o obj, r Route, body bool) {
+	addAnswers(o, r, body)
+	o["x-payment-info"] = paymentInfo(r)
+	var b strings.Builder
+	if d, _ := o["description"].(string); d != "" {
+		b.WriteString(d)
+		b.WriteString("\n\n")
+	}
+	b.WriteString("**Price:** " + priceText(r.Accepts) + ".")
+	if f := r.Free; f != nil && f.PerDay > 0 {
+		fmt.Fprintf(&b, " **Free allowance:** %d calls per client per day (%s, pool `%s`), request bodies up to %d bytes, resets at 00:00 UTC.",
+			f.PerDay, clientKeyDoc(f.Key), f.Pool, f.MaxBody)
+	} else {
+		b.WriteString(" Never free.")
+	}
+	o["description"] = b.String()
+}
+
+// addAnswers adds the request header and the answers of a paid route: the
+// contract's, whether or not this gateway prices the route right now.
+func addAnswers(o obj, r Route, body bool) {
 	params, _ := o["parameters"].([]any)
 	o["parameters"] = append(params, obj{"$ref": "#/components/parameters/PaymentSignature"})
 	resp := o["responses"].(obj)
@@ -299,20 +320,6 @@ func addPayment(o obj, r Route, body bool) {
 			h[HeaderFreeResets] = obj{"$ref": "#/components/headers/FreeResets"}
 		}
 	}
-	o["x-payment-info"] = paymentInfo(r)
-	var b strings.Builder
-	if d, _ := o["description"].(string); d != "" {
-		b.WriteString(d)
-		b.WriteString("\n\n")
-	}
-	b.WriteString("**Price:** " + priceText(r.Accepts) + ".")
-	if f := r.Free; f != nil && f.PerDay > 0 {
-		fmt.Fprintf(&b, " **Free allowance:** %d calls per client per day (%s, pool `%s`), request bodies up to %d bytes, resets at 00:00 UTC.",
-			f.PerDay, clientKeyDoc(f.Key), f.Pool, f.MaxBody)
-	} else {
-		b.WriteString(" Never free.")
-	}
-	o["description"] = b.String()
 }
 
 // paymentInfo is the x-payment-info extension of a paid operation.
