@@ -87,11 +87,7 @@ func LLMsTxt(s Service) []byte {
 
 	w("## Trust score\n\n")
 	w("`GET /score/{agent_id}` returns a trust score computed from the agent's verification history (`GET /reputation/{agent_id}`, free), signed like a verification receipt but with the context `%s`. It rewards sustained passing and discounts old and few data points; checks whose agent_id is bound to a wallet with `X-Wallet-Auth` count as authenticated. Agents whose id starts with `test-` are examples and never get a score.\n\n", receipt.ContextScore)
-	if s.ScoreMethod != "" {
-		w("%s\n\n", strings.TrimSpace(s.ScoreMethod))
-	} else {
-		w("The exact method (weights, decay, minimum history) is documented with the operation `GET /score/{agent_id}` in the API docs: %s/docs.\n\n", base)
-	}
+	w("%s\n\n", strings.TrimSpace(s.scoreMethod()))
 
 	w("## Verifying a receipt (offline)\n\n")
 	w("Every `/verify/*` and `/score/*` response (and MCP tool result) carries a `verify` block and an `attestation` `{algorithm: \"Ed25519\", key_version, timestamp, signature}`.\n\n")

@@ -51,6 +51,9 @@ func TestLLMsTxtSaysWhatTheConfigurationSays(t *testing.T) {
 		{"the verify context", receipt.ContextVerify},
 		{"the score context", receipt.ContextScore},
 		{"the key lookup", receipt.ExtensionURIPrefix},
+		{"the score method is the score package's, with its parameters", "Method `time-decayed-wilson-lower-bound` version 1. Evidence is the agent's newest 10000 verifications no older than 365 days. Each weighs 2^(−age / 30 days), times 0.5 when"},
+		{"the score method names its confidence level", "at z = 1.96"},
+		{"the score method's examples are computed by the method", "3 authenticated passes out of 3 today score 0.44, 300 out of 300 score 0.99."},
 		{"the MCP endpoint defaults under the base URL", "- Endpoint: `https://verify.example.com/mcp` (Streamable HTTP)."},
 		{"the MCP tools", "`get_verification_record`"},
 		{"absolute links use the base URL", "[OpenAPI 3.1](https://verify.example.com/openapi.json)"},
@@ -106,7 +109,7 @@ func TestLLMsTxtFollowsOtherConfigurations(t *testing.T) {
 		{"a published score method", func(s *Service) {
 			s.ScoreMethod = "Score = Wilson lower bound of the pass ratio, halved every 30 days."
 		},
-			[]string{"## Trust score\n", "\nScore = Wilson lower bound of the pass ratio, halved every 30 days.\n"}, []string{"The exact method (weights, decay, minimum history) is documented"}},
+			[]string{"## Trust score\n", "\nScore = Wilson lower bound of the pass ratio, halved every 30 days.\n"}, []string{"time-decayed-wilson-lower-bound"}},
 		{"two ways to pay", func(s *Service) {
 			sep := offer("20000")
 			sep.Network, sep.Asset = x402.NetworkBaseSepolia, "0x036CbD53842c5426634e7929541eC2318f3dCF7e"

@@ -389,9 +389,7 @@ func verifyOp(s *Service, o obj) {
 }
 
 func scoreOp(s *Service, o obj) {
-	if s.ScoreMethod != "" {
-		o["description"] = fmt.Sprint(o["description"]) + "\n\n**Method.** " + strings.TrimSpace(s.ScoreMethod)
-	}
+	o["description"] = fmt.Sprint(o["description"]) + "\n\n**Method.** " + strings.TrimSpace(s.scoreMethod())
 	o["parameters"] = []any{obj{"$ref": "#/components/parameters/AgentID"}}
 	o["responses"].(obj)["200"] = obj{
 		"description": "The signed trust score.",

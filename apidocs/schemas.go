@@ -280,10 +280,22 @@ func componentSchemas() obj {
 		},
 		"TrustScore": obj{
 			"type":        "object",
-			"description": "A trust score computed from the agent's verification history, signed with the trust-score context (json-schema-verifier/trust-score-attestation/v1). It carries the same verify and attestation blocks as a verification result.",
-			"required":    []any{"agent_id", "verify", "attestation"},
+			"description": "SPEC §8: the agent's trust score with the method and every input it was computed from, signed with the trust-score context (json-schema-verifier/trust-score-attestation/v1).",
+			"required":    []any{"agent_id", "score", "method", "verify", "attestation"},
 			"properties": obj{
-				"agent_id":    obj{"type": "string"},
+				"agent_id": obj{"type": "string"},
+				"score":    obj{"type": "number", "minimum": 0, "maximum": 1, "description": "Time-decayed Wilson lower bound of the pass rate, 6 decimals."},
+				"method": obj{"type": "object", "required": []any{"name", "version", "params"}, "properties": obj{
+					"name": obj{"type": "string", "examples": []any{"time-decayed-wilson-lower-bound"}}, "version": obj{"type": "string"},
+					"description": obj{"type": "string"},
+					"params": obj{"type": "object", "properties": obj{
+						"half_life_days": obj{"type": "number"}, "horizon_days": obj{"type": "number"}, "max_records": obj{"type": "integer"},
+						"authenticated_weight": obj{"type": "number"}, "unauthenticated_weight": obj{"type": "number"}, "z": obj{"type": "number"},
+					}},
+				}},
+				"inputs":      obj{"type": "object", "description": "The evidence window, the exact counts in it and the decayed counts the bound was computed from."},
+				"counts":      obj{"type": "object", "description": "All-time totals, authenticated apart from unauthenticated."},
+				"computed_at": obj{"type": "string"},
 				"verify":      ref("VerifyBlock"),
 				"attestation": ref("Attestation"),
 			},

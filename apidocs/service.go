@@ -1,9 +1,12 @@
 package apidocs
 
 import (
+	"fmt"
 	"regexp"
 	"strings"
+	"time"
 
+	"github.com/aovhq/aov/score"
 	"github.com/aovhq/aov/x402"
 )
 
@@ -19,9 +22,8 @@ type Service struct {
 	MCPURL string
 	// Version is the document's info.version. Default "1".
 	Version string
-	// ScoreMethod is markdown describing how the trust score is computed,
-	// from whoever computes it; without it the docs point to the score
-	// operation's documentation.
+	// ScoreMethod is markdown describing how the trust score is computed.
+	// Default: the method of package score with its default parameters.
 	ScoreMethod string
 	// Routes are the live payment-gated routes. A contract route (SPEC §2)
 	// missing here is documented as not priced in this configuration; a
@@ -154,3 +156,33 @@ func dollars(s string) string {
 	}
 	return whole + "." + frac
 }
+
+func (s *Service) scoreMethod() string {
+	if s.ScoreMethod != "" {
+		return s.ScoreMethod
+	}
+	return defaultScoreMethod
+}
+
+// defaultScoreMethod describes package score's method with its default
+// parameters, from the package's own constants.
+var defaultScoreMethod = func() string {
+	m := score.Default()
+	p := m.Params()
+	// The examples are computed, not written down, so they follow the method.
+	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	passes := func(n int) float64 {
+		ev := make([]score.Evidence, n)
+		for i := range ev {
+			ev[i] = score.Evidence{At: at, Pass: true, Authenticated: true}
+		}
+		return m.Score(at, ev).Score
+	}
+	return fmt.Sprintf("Method `%s` version %s. Evidence is the agent's newest %d verifications no older than %g days. "+
+		"Each weighs 2^(−age / %g days), times %g when its agent_id was a bare label rather than bound to a wallet proven with X-Wallet-Auth. "+
+		"With P and F the weighted passes and fails and n = P + F, the score is the lower bound of the Wilson interval of p = P/n at z = %g: "+
+		"(p + z²/2n − z·√(p(1−p)/n + z²/4n²)) / (1 + z²/n), 0 without evidence, rounded to 6 decimals. "+
+		"Few data points leave the bound low: 3 authenticated passes out of 3 today score %.2f, 300 out of 300 score %.2f. "+
+		"These are the default parameters: every score response states the ones in force (`method.params`) and the inputs it used (`inputs`), so anyone can recompute it.",
+		score.MethodName, score.MethodVersion, p.MaxRecords, p.HorizonDays, p.HalfLifeDays, p.UnauthenticatedWeight, p.Z, passes(3), passes(300))
+}()
