@@ -40,25 +40,27 @@ type gatewayInfo struct {
 // gateway token (compared in constant time over fixed-length hashes, so
 // neither content nor length leaks), and otherwise reports the payment as
 // unknown.
-func (s *Server) gatewayInfo(r *http.Request) gatewayInfo {
+// The MCP tools read the same headers from the HTTP request that carried
+// the tool call: the gateway sets them on /mcp as on every route.
+func (s *Server) gatewayInfo(h http.Header, remote string) gatewayInfo {
 	info := gatewayInfo{payment: store.PaymentUnknown}
-	tok := r.Header.Get(HeaderGatewayToken)
+	tok := h.Get(HeaderGatewayToken)
 	if tok == "" {
 		return info
 	}
 	got := sha256.Sum256([]byte(tok))
 	if !s.gwEnabled || subtle.ConstantTimeCompare(got[:], s.gwToken[:]) != 1 {
-		s.log.Warn("gateway headers ignored: wrong gateway token (or none configured)", "remote", r.RemoteAddr)
+		s.log.Warn("gateway headers ignored: wrong gateway token (or none configured)", "remote", remote)
 		return info
 	}
 	info.trusted = true
-	switch p := r.Header.Get(HeaderPayment); p {
+	switch p := h.Get(HeaderPayment); p {
 	case store.PaymentFree, store.PaymentPaid:
 		info.payment = p
 	}
-	info.payer = cleanValue(r.Header.Get(HeaderPayer))
-	info.network = cleanValue(r.Header.Get(HeaderNetwork))
-	info.wallet = cleanValue(r.Header.Get(HeaderWallet))
+	info.payer = cleanValue(h.Get(HeaderPayer))
+	info.network = cleanValue(h.Get(HeaderNetwork))
+	info.wallet = cleanValue(h.Get(HeaderWallet))
 	return info
 }
 

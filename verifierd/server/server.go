@@ -1,7 +1,10 @@
 // Package server is verifierd's HTTP surface: the two verification routes
 // (POST /verify/schema and POST /verify/deliverable, one check under two
-// names), an agent's free history (GET /reputation/{agent_id}), GET /health,
-// and the SPEC §6 error shape for everything else.
+// names), an agent's free history (GET /reputation/{agent_id}), its signed
+// trust score (GET /score/{agent_id}), the MCP endpoint /mcp whose tools
+// verify_schema and get_verification_record are the same code under
+// another transport, GET /health, and the SPEC §6 error shape for
+// everything else.
 //
 // Each verification is parsed and checked by package verify, signed by certd
 // through package signer, recorded in the history (package store) and only
@@ -10,8 +13,8 @@
 // what the gateway reports in its X-Aov-* headers, trusted only with the
 // gateway token (see gateway.go).
 //
-// It is not for: payment, allowances, TLS or rate limits (the gateway's),
-// keys (certd's), or MCP (served beside it by the daemon's main).
+// It is not for: payment, allowances, TLS or rate limits (the gateway's,
+// on /mcp too), keys (certd's), or the score formula (package score's).
 package server
 
 import (
@@ -29,6 +32,7 @@ import (
 	"github.com/aovhq/aov/agentcard"
 	"github.com/aovhq/aov/apierr"
 	"github.com/aovhq/aov/receipt"
+	"github.com/aovhq/aov/score"
 	"github.com/aovhq/aov/store"
 	"github.com/aovhq/aov/verify"
 )
@@ -77,6 +81,9 @@ type Config struct {
 	// (default 2 s).
 	HealthTimeout time.Duration
 
+	// Score is the trust score method (nil: score.Default()).
+	Score *score.Method
+
 	Logger  *slog.Logger // nil discards
 	Metrics *Metrics     // nil: no metrics
 
@@ -91,6 +98,8 @@ type Server struct {
 	v          *verify.Verifier
 	signer     Signer
 	history    History
+	score      *score.Method
+	mcp        http.Handler
 	verify     receipt.VerifyBlock
 	maxBody    int64
 	gwToken    [32]byte
@@ -115,6 +124,7 @@ func New(cfg Config) (*Server, error) {
 		v:       cfg.Verifier,
 		signer:  cfg.Signer,
 		history: cfg.History,
+		score:   cfg.Score,
 		verify: receipt.VerifyBlock{
 			PublicKeyURL:     base + "/.well-known/agent-card.json",
 			Canonicalization: receipt.Canonicalization,
@@ -148,6 +158,10 @@ func New(cfg Config) (*Server, error) {
 	if s.now == nil {
 		s.now = time.Now
 	}
+	if s.score == nil {
+		s.score = score.Default()
+	}
+	s.mcp = s.newMCP(cfg.Verifier.Config().VerifierVersion)
 	return s, nil
 }
 
@@ -166,13 +180,16 @@ type route struct {
 	serve   func(s *Server, w http.ResponseWriter, r *http.Request, rec *requestLog) error
 }
 
-// routes maps exact paths; reputationRoute takes /reputation/{agent_id};
-// anything else is 404.
+// routes maps exact paths; reputationRoute takes /reputation/{agent_id}
+// and scoreRoute /score/{agent_id}; anything else is 404.
 var routes = map[string]route{
 	"/verify/schema":      {name: "verify_schema", methods: []string{http.MethodPost}, serve: (*Server).serveVerify},
 	"/verify/deliverable": {name: "verify_deliverable", methods: []string{http.MethodPost}, serve: (*Server).serveVerify},
 	"/health":             {name: "health", methods: []string{http.MethodGet, http.MethodHead}, serve: (*Server).serveHealth},
+	"/mcp":                {name: "mcp", methods: []string{http.MethodPost}, serve: (*Server).serveMCP},
 }
+
+var scoreRoute = route{name: "score", methods: []string{http.MethodGet, http.MethodHead}, serve: (*Server).serveScore}
 
 var reputationRoute = route{name: "reputation", methods: []string{http.MethodGet, http.MethodHead}, serve: (*Server).serveReputation}
 
@@ -182,6 +199,9 @@ func lookupRoute(path string) (route, bool) {
 	}
 	if strings.HasPrefix(path, reputationPrefix) {
 		return reputationRoute, true
+	}
+	if strings.HasPrefix(path, scorePrefix) {
+		return scoreRoute, true
 	}
 	return route{}, false
 }
@@ -194,6 +214,8 @@ type requestLog struct {
 	verificationID string
 	result         string
 	payment        string
+	tool           string // MCP tool called, if any
+	toolError      string // code of the tool's isError result, if any
 }
 
 // ServeHTTP routes a request and answers every refusal in the SPEC §6 shape.
@@ -230,6 +252,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			slog.Int("status", rec.status),
 			slog.Float64("duration_ms", float64(elapsed.Microseconds())/1000),
 			slog.String("remote", r.RemoteAddr),
+		}
+		if rec.tool != "" {
+			attrs = append(attrs, slog.String("tool", rec.tool))
+			if rec.toolError != "" {
+				attrs = append(attrs, slog.String("tool_error", rec.toolError))
+			}
 		}
 		if rec.verificationID != "" {
 			attrs = append(attrs, slog.String("verification_id", rec.verificationID),

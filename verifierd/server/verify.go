@@ -15,11 +15,11 @@ import (
 	"github.com/aovhq/aov/receipt"
 	"github.com/aovhq/aov/signer"
 	"github.com/aovhq/aov/store"
-	"github.com/aovhq/aov/verify"
 )
 
 // serveVerify is POST /verify/schema and POST /verify/deliverable: one
-// check under two names, signed under the same context.
+// check under two names, signed under the same context. The MCP tool
+// verify_schema is the same check again (verifyRequest).
 //
 // Order matters: parse (refusals cost nothing), check, sign, record, answer.
 // Nothing is recorded unless it was signed, and nothing signed is sent
@@ -33,23 +33,42 @@ func (s *Server) serveVerify(w http.ResponseWriter, r *http.Request, rec *reques
 	if err != nil {
 		return err
 	}
-	req, err := s.v.Parse(body)
+	doc, err := s.verifyRequest(r.Context(), body, s.gatewayInfo(r.Header, r.RemoteAddr), rec)
 	if err != nil {
 		return err
 	}
-	gw := s.gatewayInfo(r)
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	w.Write(doc)
+	return nil
+}
 
+// verifyRequest is one verification, whichever way it arrived (a REST body
+// or the arguments of the MCP tool verify_schema): parse, check, sign,
+// record. It returns the signed response document, or an *apierr.Error.
+func (s *Server) verifyRequest(ctx context.Context, body []byte, gw gatewayInfo, rec *requestLog) ([]byte, error) {
+	req, err := s.v.Parse(body)
+	if err != nil {
+		return nil, err
+	}
 	id, err := s.newID()
 	if err != nil {
-		return apierr.Internal(err)
+		return nil, apierr.Internal(err)
 	}
 	at := s.now().UTC().Truncate(time.Microsecond)
 	res := s.v.Check(req, id, at)
 	rec.verificationID = id
 
-	doc, keyVersion, err := s.sign(r.Context(), res)
+	doc, keyVersion, err := s.sign(ctx, receipt.ContextVerify, res.VerifiedAt, func(kv string) ([]byte, error) {
+		res.Verify = s.verify
+		res.Verify.KeyVersion = kv
+		res.Attestation = nil
+		return res.AppendJSON(make([]byte, 0, 4096)), nil
+	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 
 	v := store.Verification{
@@ -75,20 +94,14 @@ func (s *Server) serveVerify(w http.ResponseWriter, r *http.Request, rec *reques
 	// the write is short. A fresh context keeps the cancellation of the
 	// request from leaving a signed-but-unrecorded verification behind
 	// when the caller disconnects at the wrong instant.
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 10*time.Second)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	if err := s.history.RecordVerification(rctx, v); err != nil {
 		s.m.storeError()
-		return apierr.Unavailable("verification history store", 5, fmt.Errorf("recording verification: %w", err))
+		return nil, apierr.Unavailable("verification history store", 5, fmt.Errorf("recording verification: %w", err))
 	}
 	rec.result, rec.payment = res.Result, gw.payment
-
-	h := w.Header()
-	h.Set("Content-Type", "application/json")
-	h.Set("Cache-Control", "no-store")
-	w.WriteHeader(http.StatusOK)
-	w.Write(doc)
-	return nil
+	return doc, nil
 }
 
 // readBody reads the request body up to the absolute limit. A body declared
@@ -130,23 +143,25 @@ func isJSON(ct string) bool {
 	return mt == "application/json" || (strings.HasPrefix(mt, "application/") && strings.HasSuffix(mt, "+json"))
 }
 
-// sign sets the verify block with certd's current key, has the response
-// signed and returns the complete document. After a key rotation certd
-// answers "stale key" with the new version; the response is rebuilt with
-// it and signed once more. Every failure is an *apierr.Error: unreachable
-// certd is 503 retryable, anything else 500. Nothing unsigned is returned.
-func (s *Server) sign(ctx context.Context, res *verify.Result) ([]byte, string, error) {
+// sign has certd sign a response under signContext, dated attestedAt, and
+// returns the complete document and the key version that signed it. build
+// makes the unsigned response for a key version (its verify block names
+// the key). After a key rotation certd answers "stale key" with the new
+// version; the response is rebuilt with it and signed once more. Every
+// failure is an *apierr.Error: unreachable certd is 503 retryable,
+// anything else 500. Nothing unsigned is returned.
+func (s *Server) sign(ctx context.Context, signContext, attestedAt string, build func(keyVersion string) ([]byte, error)) ([]byte, string, error) {
 	kv, err := s.signer.CurrentKey(ctx)
 	if err != nil {
 		s.m.signerError(signerErrorKind(err))
 		return nil, "", err
 	}
 	for attempt := 0; ; attempt++ {
-		res.Verify = s.verify
-		res.Verify.KeyVersion = kv
-		res.Attestation = nil
-		unsigned := res.AppendJSON(make([]byte, 0, 4096))
-		att, err := s.signer.Sign(ctx, receipt.ContextVerify, kv, res.VerifiedAt, unsigned)
+		unsigned, err := build(kv)
+		if err != nil {
+			return nil, "", apierr.Internal(err)
+		}
+		att, err := s.signer.Sign(ctx, signContext, kv, attestedAt, unsigned)
 		var stale *signer.StaleKeyError
 		if errors.As(err, &stale) {
 			s.m.signerError("stale_key")

@@ -1,0 +1,193 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/receipt"
+	"github.com/aovhq/aov/score"
+	"github.com/aovhq/aov/store"
+	"github.com/aovhq/aov/verify"
+)
+
+// scorePrefix is the path prefix of GET /score/{agent_id}.
+const scorePrefix = "/score/"
+
+// ScoreDocument is the answer of GET /score/{agent_id} and of the MCP tool
+// get_verification_record (SPEC §8): the agent's trust score, the method
+// and every input it was computed from, signed under the trust-score
+// context. An agent with no history gets a document too: score 0, no
+// evidence, signed; that is a true statement about the agent.
+type ScoreDocument struct {
+	AgentID string `json:"agent_id"`
+	// Score is in [0, 1]: the time-decayed Wilson lower bound of the
+	// agent's pass rate (package score).
+	Score  float64     `json:"score"`
+	Method ScoreMethod `json:"method"`
+	Inputs ScoreInputs `json:"inputs"`
+	// Counts are exact all-time totals, authenticated apart from
+	// unauthenticated; the score itself uses only the window's evidence.
+	Counts     ScoreCounts         `json:"counts"`
+	ComputedAt string              `json:"computed_at"`
+	Verify     receipt.VerifyBlock `json:"verify"`
+}
+
+// ScoreMethod names the method and the parameters in force, so a reader can
+// recompute the score from the inputs.
+type ScoreMethod struct {
+	Name        string       `json:"name"`
+	Version     string       `json:"version"`
+	Description string       `json:"description"`
+	Params      score.Params `json:"params"`
+}
+
+// ScoreInputs are what the score was computed from.
+type ScoreInputs struct {
+	Window  ScoreWindow   `json:"window"`
+	Counts  score.Counts  `json:"counts"`
+	Decayed score.Decayed `json:"decayed"`
+}
+
+// ScoreWindow is the evidence window: from (computed_at minus the
+// horizon) to computed_at, how many verifications were evidence, and
+// whether the record cap left older ones out.
+type ScoreWindow struct {
+	From      string  `json:"from"`
+	To        string  `json:"to"`
+	Records   int     `json:"records"`
+	Truncated bool    `json:"truncated"`
+	Oldest    *string `json:"oldest_evidence_at"`
+	Newest    *string `json:"newest_evidence_at"`
+}
+
+// ScoreCounts are an agent's all-time totals.
+type ScoreCounts struct {
+	Authenticated   PassFail `json:"authenticated"`
+	Unauthenticated PassFail `json:"unauthenticated"`
+	Total           int64    `json:"total"`
+}
+
+// PassFail is a pair of counts.
+type PassFail struct {
+	Pass int64 `json:"pass"`
+	Fail int64 `json:"fail"`
+}
+
+// methodDescription is published in every score document.
+const methodDescription = "Lower bound of the Wilson score interval of the pass rate over the agent's verifications, " +
+	"each weighted by 2^(-age/half-life) and by the authenticated or unauthenticated weight; " +
+	"0 without evidence. test- agents are never scored."
+
+// scorePageSize is how many records one read of the history returns while
+// a score is computed.
+const scorePageSize = store.MaxPageSize
+
+// serveScore is GET /score/{agent_id}. Payment is the gateway's business:
+// the route is priced there and never free.
+func (s *Server) serveScore(w http.ResponseWriter, r *http.Request, _ *requestLog) error {
+	doc, err := s.scoreAgent(r.Context(), strings.TrimPrefix(r.URL.Path, scorePrefix))
+	if err != nil {
+		return err
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	if r.Method != http.MethodHead {
+		w.Write(doc)
+	}
+	return nil
+}
+
+// checkAgentID is the rule for an agent id named in a path or a tool
+// argument: what verification requests accept.
+func checkAgentID(agent, example string) *apierr.Error {
+	if agent == "" || !utf8.ValidString(agent) || utf8.RuneCountInString(agent) > 200 {
+		return apierr.Invalid(apierr.Field{Field: "agent_id", Problem: "must be 1 to 200 characters",
+			Fix: "Name the agent_id used in verification requests" + example + "."})
+	}
+	return nil
+}
+
+// scoreAgent computes, signs and returns agent's score document. A test-
+// agent is refused (422): such ids are examples and never get a score.
+func (s *Server) scoreAgent(ctx context.Context, agent string) ([]byte, error) {
+	if err := checkAgentID(agent, ", URL-encoded in the path: /score/seller-7"); err != nil {
+		return nil, err
+	}
+	if strings.HasPrefix(agent, store.TestAgentPrefix) {
+		return nil, apierr.Invalid(apierr.Field{Field: "agent_id",
+			Problem: "starts with 'test-', which is reserved for examples that never get a trust score",
+			Fix:     "Ask for the score of a real agent id; a test- agent's history is free at /reputation/{agent_id}."})
+	}
+	at := s.now().UTC().Truncate(time.Microsecond)
+	tally := s.score.Start(at)
+	cursor := ""
+	for more := true; more; {
+		vs, next, err := s.history.Verifications(ctx, agent, cursor, scorePageSize)
+		if err != nil {
+			return nil, apierr.Unavailable("verification history store", 5, err)
+		}
+		for _, v := range vs {
+			if !tally.Add(score.Evidence{At: v.VerifiedAt, Pass: v.Result == "pass", Authenticated: v.Authenticated}) {
+				more = false
+				break
+			}
+		}
+		cursor = next
+		more = more && next != ""
+	}
+	c, err := s.history.AgentCounts(ctx, agent)
+	if err != nil {
+		return nil, apierr.Unavailable("verification history store", 5, err)
+	}
+	res := tally.Result()
+	doc := ScoreDocument{
+		AgentID: agent,
+		Score:   res.Score,
+		Method: ScoreMethod{
+			Name: score.MethodName, Version: score.MethodVersion,
+			Description: methodDescription, Params: res.Params,
+		},
+		Inputs: ScoreInputs{
+			Window: ScoreWindow{
+				From:      verify.FormatTime(res.Window.From),
+				To:        verify.FormatTime(res.Window.To),
+				Records:   res.Window.Records,
+				Truncated: res.Window.Truncated,
+				Oldest:    optTime(res.Window.Oldest),
+				Newest:    optTime(res.Window.Newest),
+			},
+			Counts:  res.Counts,
+			Decayed: res.Decayed,
+		},
+		Counts: ScoreCounts{
+			Authenticated:   PassFail{Pass: c.AuthenticatedPass, Fail: c.AuthenticatedFail},
+			Unauthenticated: PassFail{Pass: c.Pass - c.AuthenticatedPass, Fail: c.Fail - c.AuthenticatedFail},
+			Total:           c.Total(),
+		},
+		ComputedAt: verify.FormatTime(at),
+	}
+	signed, _, err := s.sign(ctx, receipt.ContextScore, doc.ComputedAt, func(kv string) ([]byte, error) {
+		doc.Verify = s.verify
+		doc.Verify.KeyVersion = kv
+		return json.Marshal(doc)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return signed, nil
+}
+
+func optTime(t time.Time) *string {
+	if t.IsZero() {
+		return nil
+	}
+	s := verify.FormatTime(t.UTC().Truncate(time.Microsecond))
+	return &s
+}
