@@ -349,6 +349,36 @@ func TestKeyRotation(t *testing.T) {
 		return nil
 	})
 
+	t.Run("the card lists k1 as retired and k2 as current", func(t *testing.T) {
+		var card struct {
+			Capabilities struct {
+				Extensions []struct {
+					URI    string `json:"uri"`
+					Params struct {
+						PublicKeys []struct {
+							KeyVersion string `json:"keyVersion"`
+							Status     string `json:"status"`
+						} `json:"publicKeys"`
+					} `json:"params"`
+				} `json:"extensions"`
+			} `json:"capabilities"`
+		}
+		if err := json.Unmarshal(get(t, s.cardURL()).body, &card); err != nil {
+			t.Fatal(err)
+		}
+		status := map[string]string{}
+		for _, ext := range card.Capabilities.Extensions {
+			if strings.HasPrefix(ext.URI, "urn:json-schema-verifier:extension:attestation:") {
+				for _, k := range ext.Params.PublicKeys {
+					status[k.KeyVersion] = k.Status
+				}
+			}
+		}
+		if status["k1"] != "retired" || status["k2"] != "current" || len(status) != 2 {
+			t.Fatalf("key statuses %v", status)
+		}
+	})
+
 	after := post(t, s.url("/verify/schema"), example(t, "invoice-fixed.json"))
 	mustStatus(t, after, http.StatusOK)
 	r := decode[result](t, after)
@@ -449,5 +479,24 @@ func assertSameJSON(t *testing.T, got []byte, want *apierr.Error) {
 	wb, _ := json.Marshal(w)
 	if !bytes.Equal(gb, wb) {
 		t.Fatalf("answer\n  %s\nwant (apierr)\n  %s", gb, wb)
+	}
+}
+
+// The Caddy that make run starts (cmd/caddy, built by TestMain) is v2.11.9
+// with the gateway modules built in.
+func TestCaddyBuild(t *testing.T) {
+	out, err := exec.Command(bin.caddy, "version").CombinedOutput()
+	if err != nil || !strings.HasPrefix(string(out), "v2.11.9 ") {
+		t.Fatalf("caddy version: %v: %s", err, out)
+	}
+	out, err = exec.Command(bin.caddy, "list-modules").CombinedOutput()
+	if err != nil {
+		t.Fatalf("caddy list-modules: %v: %s", err, out)
+	}
+	mods := strings.Fields(string(out))
+	for _, want := range []string{"http.handlers.reverse_proxy", "http.handlers.x402", "http.handlers.x402_discovery", "x402.stores.badger"} {
+		if !slices.Contains(mods, want) {
+			t.Errorf("caddy list-modules lacks %s", want)
+		}
 	}
 }

@@ -24,6 +24,7 @@ import (
 
 // bin holds the paths of the binaries TestMain built.
 var bin struct {
+	dir                          string
 	caddy, certd, verifierd, aov string
 }
 
@@ -62,6 +63,7 @@ func buildAndRun(m *testing.M) int {
 		fmt.Fprintf(os.Stderr, "e2e: building the binaries: %v\n%s", err, out)
 		return 1
 	}
+	bin.dir = dir
 	bin.caddy = filepath.Join(dir, "caddy")
 	bin.certd = filepath.Join(dir, "certd")
 	bin.verifierd = filepath.Join(dir, "verifierd")

@@ -6,6 +6,7 @@
 #
 # Environment (all optional):
 #   AOV_DATA              data folder                       (default ./data)
+#   AOV_BIN               where the binaries are built      (default ./bin)
 #   AOV_HTTP_PORT         Caddy's port                      (default 8080)
 #   AOV_VERIFIERD_ADDR    verifierd's loopback address      (default 127.0.0.1:8081)
 #   AOV_CERTD_PUBLIC_ADDR certd's agent-card listener       (default 127.0.0.1:8082)
@@ -24,6 +25,7 @@ export AOV_CERTD_PUBLIC_ADDR="${AOV_CERTD_PUBLIC_ADDR:-127.0.0.1:8082}"
 export AOV_ADMIN_ADDR="${AOV_ADMIN_ADDR:-localhost:2019}"
 AOV_VERIFIERD_METRICS_ADDR="${AOV_VERIFIERD_METRICS_ADDR:-127.0.0.1:9091}"
 data="${AOV_DATA:-$root/data}"
+bindir="${AOV_BIN:-$root/bin}"
 mkdir -p "$data"
 data="$(cd "$data" && pwd)"
 base="http://localhost:$AOV_HTTP_PORT"
@@ -36,8 +38,9 @@ command -v curl >/dev/null || die "curl is needed to wait for the service to com
 # 1. Build. cmd/caddy is Caddy plus this repository's modules, pinned by
 #    go.sum, so this works offline once the module cache is filled. (For a
 #    Caddy with extra third-party plugins, see xcaddy.sh.)
-say "building bin/caddy, bin/certd, bin/verifierd, bin/aov"
-"$GO" build -o bin/ ./cmd/caddy ./certd ./verifierd ./cmd/aov
+say "building caddy, certd, verifierd and aov into $bindir"
+mkdir -p "$bindir"
+"$GO" build -o "$bindir/" ./cmd/caddy ./certd ./verifierd ./cmd/aov
 
 # 2. Data folder. Everything the service keeps lives here:
 #      keys/            certd's Ed25519 keys and their history (0700)
@@ -106,14 +109,14 @@ trap 'stop_all; exit 130' INT TERM
 trap 'stop_all' EXIT
 
 say "starting certd (agent card on $AOV_CERTD_PUBLIC_ADDR, signing socket $socket)"
-start certd bin/certd serve "${certd_dev[@]}" \
+start certd "$bindir/certd" serve "${certd_dev[@]}" \
 	-keys "$data/keys" \
 	-sign-socket "$socket" \
 	-public-listen "$AOV_CERTD_PUBLIC_ADDR" \
 	-public-base-url "$base"
 
 say "starting verifierd on $AOV_VERIFIERD_ADDR"
-start verifierd bin/verifierd \
+start verifierd "$bindir/verifierd" \
 	-listen "$AOV_VERIFIERD_ADDR" \
 	-admin-listen "$AOV_VERIFIERD_METRICS_ADDR" \
 	-data "$data/verifierd" \
@@ -123,7 +126,7 @@ start verifierd bin/verifierd \
 
 say "starting caddy on $base"
 start caddy env XDG_DATA_HOME="$data/caddy/data" XDG_CONFIG_HOME="$data/caddy/config" AOV_LOG_DIR="$data/logs" \
-	bin/caddy run --config Caddyfile.example --adapter caddyfile
+	"$bindir/caddy" run --config Caddyfile.example --adapter caddyfile
 
 # 6. Wait until the whole chain answers through Caddy.
 ok=0
@@ -160,7 +163,7 @@ cat >&2 <<EOF
 
     curl -s $base/verify/schema -H 'Content-Type: application/json' \\
       --data @scripts/examples/invoice-fixed.json >receipt.json
-    bin/aov receipt verify --card $base/.well-known/agent-card.json receipt.json
+    $bindir/aov receipt verify --card $base/.well-known/agent-card.json receipt.json
 
   Load: make load (in another terminal). Stop: Ctrl-C.
 

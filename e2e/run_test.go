@@ -1,0 +1,189 @@
+package e2e
+
+import (
+	"bytes"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// syncBuffer collects a process's output while the test reads it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// runScript starts scripts/run.sh (what `make run` runs) in its own process
+// group, as a shell in a terminal would, and waits until it says the
+// service is up.
+type runScript struct {
+	cmd  *exec.Cmd
+	out  *syncBuffer
+	done chan struct{} // closed when the script has exited; err is then set
+	err  error
+}
+
+func startRunScript(t *testing.T, env []string) *runScript {
+	t.Helper()
+	cmd := exec.Command("bash", filepath.Join(repoRoot, "scripts", "run.sh"))
+	cmd.Dir = repoRoot
+	cmd.Env = append(os.Environ(), env...)
+	out := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	rs := &runScript{cmd: cmd, out: out, done: make(chan struct{})}
+	go func() {
+		rs.err = cmd.Wait()
+		close(rs.done)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-rs.done:
+		default:
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
+			<-rs.done
+		}
+		if t.Failed() {
+			t.Logf("---- run.sh output ----\n%s", out.String())
+		}
+	})
+	deadline := time.Now().Add(3 * time.Minute)
+	for !strings.Contains(out.String(), "aov is running") {
+		select {
+		case <-rs.done:
+			t.Fatalf("run.sh exited before the service was up: %v\n%s", rs.err, out.String())
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("run.sh did not bring the service up within 3 minutes:\n%s", out.String())
+		}
+	}
+	return rs
+}
+
+// interrupt sends SIGINT to the script's process group, as Ctrl-C in a
+// terminal does, and waits for the script to end.
+func (rs *runScript) interrupt(t *testing.T) {
+	t.Helper()
+	if err := syscall.Kill(-rs.cmd.Process.Pid, syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-rs.done:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("run.sh did not stop within 60 s of Ctrl-C:\n%s", rs.out.String())
+	}
+}
+
+// `make run` builds, creates its data folder, starts certd, verifierd and
+// Caddy, serves through Caddy, and stops all three on Ctrl-C; a second run
+// keeps the key and history of the first.
+func TestRunScript(t *testing.T) {
+	data := filepath.Join(t.TempDir(), "data")
+	http1, verifierd, certd, admin, metrics := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
+	_, port, _ := net.SplitHostPort(http1)
+	env := []string{
+		"AOV_DATA=" + data,
+		"AOV_BIN=" + bin.dir,
+		"AOV_HTTP_PORT=" + port,
+		"AOV_VERIFIERD_ADDR=" + verifierd,
+		"AOV_CERTD_PUBLIC_ADDR=" + certd,
+		"AOV_ADMIN_ADDR=" + admin,
+		"AOV_VERIFIERD_METRICS_ADDR=" + metrics,
+	}
+	base := "http://127.0.0.1:" + port
+	card := base + "/.well-known/agent-card.json"
+
+	first := startRunScript(t, env)
+	t.Run("the first start generates a development key and a gateway token", func(t *testing.T) {
+		out := first.out.String()
+		if !strings.Contains(out, "certd -dev will generate one") || !strings.Contains(out, "generating "+data+"/gateway-token") {
+			t.Fatalf("output:\n%s", out)
+		}
+	})
+	t.Run("it prints where the service, the agent card and the facilitator are", func(t *testing.T) {
+		out := first.out.String()
+		for _, want := range []string{"http://localhost:" + port + "/health", "http://localhost:" + port + "/.well-known/agent-card.json", "/facilitator/", "curl -s http://localhost:" + port + "/verify/schema"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("output lacks %q", want)
+			}
+		}
+	})
+	receipt := post(t, base+"/verify/schema", example(t, "invoice-draft.json"))
+	mustStatus(t, receipt, http.StatusOK)
+	if r := decode[result](t, receipt); r.Result != "fail" {
+		t.Fatalf("the worked example gave %q, want fail", r.Result)
+	}
+	t.Run("everything lives under the data folder, secrets readable by the owner only", func(t *testing.T) {
+		for _, tc := range []struct {
+			path string
+			mode os.FileMode // 0: any
+		}{
+			{"gateway-token", 0o600},
+			{"keys", 0o700},
+			{"keys/index.json", 0},
+			{"certd", 0o700},
+			{"verifierd/MANIFEST", 0},
+			{"caddy/config/caddy/autosave.json", 0},
+			{"logs/access.log", 0},
+		} {
+			fi, err := os.Stat(filepath.Join(data, tc.path))
+			if err != nil {
+				t.Errorf("%s: %v", tc.path, err)
+				continue
+			}
+			if tc.mode != 0 && fi.Mode().Perm() != tc.mode {
+				t.Errorf("%s has mode %v, want %v", tc.path, fi.Mode().Perm(), tc.mode)
+			}
+		}
+	})
+
+	first.interrupt(t)
+	t.Run("Ctrl-C stops Caddy, verifierd and certd", func(t *testing.T) {
+		out := first.out.String()
+		for _, name := range []string{"caddy stopped", "verifierd stopped", "certd stopped"} {
+			if !strings.Contains(out, name) {
+				t.Errorf("output lacks %q", name)
+			}
+		}
+		for _, addr := range []string{http1, verifierd, certd, admin, metrics} {
+			if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+				c.Close()
+				t.Errorf("%s still accepts connections after Ctrl-C", addr)
+			}
+		}
+	})
+
+	second := startRunScript(t, env)
+	t.Run("a second start keeps the key: the first run's receipt verifies against its card", func(t *testing.T) {
+		if strings.Contains(second.out.String(), "will generate one") {
+			t.Fatal("the second start generated a new key")
+		}
+		if out, code := aov(t, "receipt", "verify", "--card", card, writeFile(t, "first.json", receipt.body)); code != 0 {
+			t.Fatalf("exit %d\n%s", code, out)
+		}
+	})
+	second.interrupt(t)
+}
