@@ -364,7 +364,12 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		}
 	}
 	if payment != "" {
-		return g.servePaid(w, r, next, payment)
+		ex := restExchange{g}
+		payload, err := x402.DecodePaymentSignature(payment)
+		if err != nil {
+			return ex.demand(w, r, http.StatusBadRequest, "Invalid payment: "+err.Error(), reasonFor(err, x402.ReasonInvalidPayload), nil)
+		}
+		return g.servePaid(w, r, next, ex, payload, payment)
 	}
 	if g.Free != nil && int64(len(body)) <= g.Free.MaxBody {
 		return g.serveFree(w, r, next)

@@ -12,8 +12,8 @@ import (
 
 // fetchResult is what interop/x402-fetch-pay.mjs reports.
 type fetchResult struct {
-	Status          int             `json:"status"`
-	Body            string          `json:"body"`
+	Status          int    `json:"status"`
+	Body            string `json:"body"`
 	PaymentResponse *struct {
 		Success     bool   `json:"success"`
 		Transaction string `json:"transaction"`

@@ -27,28 +27,64 @@ import (
 // checks it before settling.
 const maxClaimHold = 7 * 24 * time.Hour
 
-// servePaid handles a request that carries PAYMENT-SIGNATURE: decode, match
-// against our own offers, claim, verify, run the upstream, settle.
-func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, header string) error {
-	payload, err := x402.DecodePaymentSignature(header)
-	if err != nil {
-		return g.paymentRequiredStatus(w, r, http.StatusBadRequest, "Invalid payment: "+err.Error(), reasonFor(err, x402.ReasonInvalidPayload))
+// exchange is one way of carrying x402 over a request: the HTTP transport
+// (PAYMENT-SIGNATURE in, a 402 with PAYMENT-REQUIRED, PAYMENT-RESPONSE out)
+// or MCP (the payment in params._meta, payment-required tool results,
+// _meta["x402/payment-response"] on the result). The payment logic between
+// them (claim, verify, run, settle) is the same and lives in servePaid.
+type exchange interface {
+	// demand answers with a demand for payment: msg is for people, reason
+	// the x402 reason ("" for a plain demand), failed the refused
+	// settlement when there was one.
+	demand(w http.ResponseWriter, r *http.Request, status int, msg, reason string, failed *x402.SettleResponse) error
+	// billable reports whether the held upstream answer is a success the
+	// buyer pays for (an error answer is never charged).
+	billable(bw *bufferedWriter) bool
+	// deliver writes the held answer with the settlement attached.
+	deliver(w http.ResponseWriter, bw *bufferedWriter, sr x402.SettleResponse)
+}
+
+// restExchange is x402 over plain HTTP.
+type restExchange struct{ g *Gate }
+
+func (e restExchange) demand(w http.ResponseWriter, r *http.Request, status int, msg, reason string, failed *x402.SettleResponse) error {
+	if failed != nil {
+		if header, err := x402.EncodeHeader(failed); err == nil {
+			w.Header().Set(x402.HeaderPaymentResponse, header)
+		}
 	}
+	if status != http.StatusPaymentRequired {
+		w = &statusOverride{ResponseWriter: w, status: status}
+	}
+	return e.g.paymentRequired(w, r, msg, reason)
+}
+
+func (restExchange) billable(bw *bufferedWriter) bool { return bw.status() < 400 }
+
+func (e restExchange) deliver(w http.ResponseWriter, bw *bufferedWriter, sr x402.SettleResponse) {
+	e.g.setPaidHeaders(w.Header(), sr)
+	bw.replay(w)
+}
+
+// servePaid handles a request that carries a payment: match it against our
+// own offers, claim it, verify it, run the upstream, settle. raw is the
+// payment as received (header or JSON), for the replay guard.
+func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, ex exchange, payload x402.PaymentPayload, raw string) error {
 	offer, ok := x402.Match(payload.Accepted, g.offers)
 	if !ok {
-		return g.paymentRequired(w, r, x402.ReasonNoMatchingRequirements, "no_matching_requirements")
+		return ex.demand(w, r, http.StatusPaymentRequired, x402.ReasonNoMatchingRequirements, "no_matching_requirements", nil)
 	}
 
-	keys, until := claimKeys(header, payload, offer)
+	keys, until := claimKeys(raw, payload, offer)
 	ctx := r.Context()
 	claim, err := g.state.Claims().Claim(ctx, keys, until)
 	if err != nil {
 		var ce *store.ClaimedError
 		if errors.As(err, &ce) {
 			if ce.State.Settled {
-				return g.paymentRequired(w, r, "This payment was already used; sign a new one.", x402.ReasonPaymentAlreadyUsed)
+				return ex.demand(w, r, http.StatusPaymentRequired, "This payment was already used; sign a new one.", x402.ReasonPaymentAlreadyUsed, nil)
 			}
-			return g.paymentRequired(w, r, "This payment is being processed by another request; do not reuse a payment.", reasonPaymentInFlight)
+			return ex.demand(w, r, http.StatusPaymentRequired, "This payment is being processed by another request; do not reuse a payment.", reasonPaymentInFlight, nil)
 		}
 		return g.refuse(w, apierr.Unavailable("payment state store", 1, err))
 	}
@@ -75,7 +111,7 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		if reason == "" {
 			reason = x402.ReasonInvalidPayload
 		}
-		return g.paymentRequired(w, r, reason, reason)
+		return ex.demand(w, r, http.StatusPaymentRequired, reason, reason, nil)
 	}
 
 	r.Header.Set(HeaderUpstreamPayment, "paid")
@@ -85,7 +121,7 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	r.Header.Set(HeaderUpstreamNetwork, offer.Network)
 
 	if g.Settle == "before" {
-		sr, ok := g.settle(w, r, payload, offer, claim, release)
+		sr, ok := g.settle(w, r, ex, payload, offer, claim, release)
 		if !ok {
 			return nil
 		}
@@ -111,7 +147,7 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		release()
 		return err
 	}
-	if bw.status() >= 400 {
+	if !ex.billable(bw) {
 		// An error is never charged: hand it over as it is.
 		release()
 		metrics.outcomes.WithLabelValues("upstream_error_not_settled").Inc()
@@ -128,19 +164,18 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		bw.replay(w)
 		return nil
 	}
-	sr, ok := g.settle(w, r, payload, offer, claim, release)
+	sr, ok := g.settle(w, r, ex, payload, offer, claim, release)
 	if !ok {
 		return nil
 	}
-	g.setPaidHeaders(w.Header(), sr)
-	bw.replay(w)
+	ex.deliver(w, bw, sr)
 	return nil
 }
 
 // settle settles the claimed payment. On success it marks the claim settled
 // and returns the response for PAYMENT-RESPONSE; otherwise it has already
 // answered the client (and ok is false).
-func (g *Gate) settle(w http.ResponseWriter, r *http.Request, payload x402.PaymentPayload, offer x402.PaymentRequirements, claim store.Claim, release func()) (x402.SettleResponse, bool) {
+func (g *Gate) settle(w http.ResponseWriter, r *http.Request, ex exchange, payload x402.PaymentPayload, offer x402.PaymentRequirements, claim store.Claim, release func()) (x402.SettleResponse, bool) {
 	// Settlement must not be abandoned because the client went away: the
 	// upstream work is done and the authorization is ours to settle.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), defaultSettleTimeout)
@@ -173,14 +208,11 @@ func (g *Gate) settle(w http.ResponseWriter, r *http.Request, payload x402.Payme
 		if sr.Network == "" {
 			sr.Network = offer.Network
 		}
-		if header, err := x402.EncodeHeader(sr); err == nil {
-			w.Header().Set(x402.HeaderPaymentResponse, header)
-		}
 		reason := sr.ErrorReason
 		if reason == "" {
 			reason = x402.ReasonUnexpectedSettleError
 		}
-		g.paymentRequired(w, r, "Settlement failed: "+reason, reason)
+		ex.demand(w, r, http.StatusPaymentRequired, "Settlement failed: "+reason, reason, &sr)
 		return sr, false
 	}
 	if err := g.state.Claims().Settle(context.WithoutCancel(r.Context()), claim, sr.Transaction, time.Time{}); err != nil {
@@ -205,12 +237,6 @@ func (g *Gate) setPaidHeaders(h http.Header, sr x402.SettleResponse) {
 // reasonPaymentInFlight refuses a payment that another request is using
 // right now.
 const reasonPaymentInFlight = "payment_in_flight"
-
-// paymentRequiredStatus is paymentRequired with another status (400 for a
-// payment header that cannot be decoded).
-func (g *Gate) paymentRequiredStatus(w http.ResponseWriter, r *http.Request, status int, msg, reason string) error {
-	return g.paymentRequired(&statusOverride{ResponseWriter: w, status: status}, r, msg, reason)
-}
 
 // statusOverride replaces the status of the response written through it.
 type statusOverride struct {

@@ -122,6 +122,16 @@ func DecodePaymentSignature(h string) (PaymentPayload, error) {
 	return parsePaymentPayload(data, "")
 }
 
+// ParsePaymentPayload checks a PaymentPayload given as a JSON object rather
+// than a header, as the MCP transport carries it in
+// params._meta["x402/payment"]. The rules are DecodePaymentSignature's.
+func ParsePaymentPayload(data []byte) (PaymentPayload, error) {
+	if len(data) > MaxHeaderBytes {
+		return PaymentPayload{}, ErrHeaderTooLarge
+	}
+	return parsePaymentPayload(data, "")
+}
+
 // parsePaymentPayload checks a PaymentPayload object; prefix is the JSON path
 // of the object ("" for a header, "paymentPayload" in a facilitator request).
 func parsePaymentPayload(data []byte, prefix string) (PaymentPayload, error) {
