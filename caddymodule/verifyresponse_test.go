@@ -1000,3 +1000,76 @@ func BenchmarkVerifyResponse(b *testing.B) {
 		})
 	}
 }
+
+func TestSellerExampleCaddyfileAdapts(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join("..", "examples", "seller-agent", "Caddyfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, _, err := caddyconfig.GetAdapter("caddyfile").Adapt(raw, map[string]any{"filename": "Caddyfile"})
+	if err != nil {
+		t.Fatalf("the example Caddyfile does not adapt: %v", err)
+	}
+	// The route's handlers run gate, then verification, then the agent.
+	var cfg struct {
+		Apps struct {
+			HTTP struct {
+				Servers map[string]struct {
+					Routes []struct {
+						Handle []struct {
+							Routes []struct {
+								Handle []struct {
+									Handler  string `json:"handler"`
+									SettleOn string `json:"settle_on"`
+								} `json:"handle"`
+							} `json:"routes"`
+						} `json:"handle"`
+					} `json:"routes"`
+				} `json:"servers"`
+			} `json:"http"`
+		} `json:"apps"`
+	}
+	if err := json.Unmarshal(js, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	var order []string
+	for _, srv := range cfg.Apps.HTTP.Servers {
+		for _, rt := range srv.Routes {
+			for _, h := range rt.Handle {
+				for _, sub := range h.Routes {
+					for _, hh := range sub.Handle {
+						order = append(order, hh.Handler)
+					}
+				}
+			}
+		}
+	}
+	if got := strings.Join(order, " "); !strings.Contains(got, "x402 verify_response reverse_proxy") {
+		t.Fatalf("handler order %q", got)
+	}
+}
+
+func TestSettleOnPassWithoutVerificationNeverCharges(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	base := startCaddy(t, fmt.Sprintf(`:{port} {
+	x402 {
+		accept devnet $0.05 %s
+		facilitator http %s
+		store badger {data}/gate
+		settle_on pass
+	}
+	reverse_proxy %s
+}`, payTo.Hex(), fac, strings.TrimPrefix(up.URL, "http://")))
+	payer := evmfacilitator.DevAccounts()[8].Address
+	before := balance(t, d, payer)
+	resp, _ := getBody(t, base+"/thing", nil)
+	sig := signFor(t, paymentRequired(t, resp), 8)
+	resp, body := getBody(t, base+"/thing", map[string]string{x402.HeaderPaymentSignature: sig})
+	if resp.StatusCode != 200 || resp.Header.Get(x402.HeaderPaymentResponse) != "" {
+		t.Fatalf("status %d, PAYMENT-RESPONSE %q: %s", resp.StatusCode, resp.Header.Get(x402.HeaderPaymentResponse), body)
+	}
+	if balance(t, d, payer).Cmp(before) != 0 {
+		t.Fatal("settle_on pass charged an answer nothing verified")
+	}
+}
