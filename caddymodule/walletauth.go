@@ -190,10 +190,16 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 		domain = repl.ReplaceAll(wa.Domain, "")
 	}
 	ctx := r.Context()
+	// The client signed the request as it sent it: before any rewrite or
+	// handle_path prefix stripping.
+	method, path := r.Method, r.URL.Path
+	if orig, ok := ctx.Value(caddyhttp.OriginalRequestCtxKey).(http.Request); ok && orig.URL != nil {
+		method, path = orig.Method, orig.URL.Path
+	}
 
 	var proof *walletauth.Proof
 	if len(auth) == 1 {
-		p, err := wa.verifier.Verify(ctx, auth[0], walletauth.Expect{Domain: domain, Method: r.Method, Path: r.URL.Path})
+		p, err := wa.verifier.Verify(ctx, auth[0], walletauth.Expect{Domain: domain, Method: method, Path: path})
 		if err != nil {
 			return wa.refuse(w, r, err)
 		}
@@ -212,7 +218,7 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 		if proof == nil {
 			proof = &p
 		}
-		paidAccess, err = wa.paid.Has(ctx, p.Address.Hex(), walletauth.PaidResource(domain, r.URL.Path))
+		paidAccess, err = wa.paid.Has(ctx, p.Address.Hex(), walletauth.PaidResource(domain, path))
 		if err != nil {
 			return wa.refuse(w, r, apierr.Unavailable("wallet proof store", 1, err))
 		}
@@ -255,15 +261,14 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 		h.Del(HeaderUpstreamNetwork)
 	}
 	if wa.SIWX && h.Get(x402.HeaderPaymentSignature) != "" {
-		return next.ServeHTTP(wa.recordPayments(w, r, domain), r)
+		return next.ServeHTTP(wa.recordPayments(w, r, walletauth.PaidResource(domain, path)), r)
 	}
 	return next.ServeHTTP(w, r)
 }
 
 // recordPayments wraps w so that a successful settlement of this request's
 // payment is recorded for sign-in-with-x before the answer goes out.
-func (wa *WalletAuth) recordPayments(w http.ResponseWriter, r *http.Request, domain string) http.ResponseWriter {
-	resource := walletauth.PaidResource(domain, r.URL.Path)
+func (wa *WalletAuth) recordPayments(w http.ResponseWriter, r *http.Request, resource string) http.ResponseWriter {
 	ctx := context.WithoutCancel(r.Context())
 	return &statusWriter{ResponseWriter: w, onHeader: func(h http.Header, status int) {
 		pr := h.Get(x402.HeaderPaymentResponse)

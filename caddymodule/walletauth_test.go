@@ -60,6 +60,12 @@ func walletSite(up, mode, extra string) string {
 		}
 		reverse_proxy %[1]s
 	}
+	handle_path /stripped/* {
+		wallet_auth {
+			store badger {data}/gate
+		}
+		reverse_proxy %[1]s
+	}
 	route /whoami {
 		wallet_auth optional {
 			store badger {data}/gate
@@ -75,8 +81,8 @@ func walletKey(i int) *ecdsa.PrivateKey { return evmfacilitator.DevKey(i) }
 
 func walletAddr(i int) string { return evmfacilitator.DevAccounts()[i].Address.Hex() }
 
-// proof signs an X-Wallet-Auth header for method and url.
-func proof(t testing.TB, key *ecdsa.PrivateKey, method, url string, edit func(r *walletauth.Request)) string {
+// walletProof signs an X-Wallet-Auth header for method and url.
+func walletProof(t testing.TB, key *ecdsa.PrivateKey, method, url string, edit func(r *walletauth.Request)) string {
 	t.Helper()
 	req := walletauth.Request{Method: method, URL: url}
 	if edit != nil {
@@ -89,9 +95,9 @@ func proof(t testing.TB, key *ecdsa.PrivateKey, method, url string, edit func(r 
 	return h
 }
 
-// call sends a request with headers (a header given twice is sent twice
+// walletCall sends a request with headers (a header given twice is sent twice
 // when its values are joined with "\x00").
-func call(t testing.TB, method, url, body string, hdr map[string]string) (int, http.Header, map[string]any) {
+func walletCall(t testing.TB, method, url, body string, hdr map[string]string) (int, http.Header, map[string]any) {
 	t.Helper()
 	req, err := http.NewRequest(method, url, strings.NewReader(body))
 	if err != nil {
@@ -118,8 +124,8 @@ func call(t testing.TB, method, url, body string, hdr map[string]string) (int, h
 	return resp.StatusCode, resp.Header, m
 }
 
-// unauthorized checks a 401 in the SPEC §6 shape naming field.
-func unauthorized(t testing.TB, status int, hdr http.Header, body map[string]any, field string) {
+// wantUnauthorized checks a 401 in the SPEC §6 shape naming field.
+func wantUnauthorized(t testing.TB, status int, hdr http.Header, body map[string]any, field string) {
 	t.Helper()
 	if status != http.StatusUnauthorized {
 		t.Fatalf("status %d, want 401: %v", status, body)
@@ -137,21 +143,22 @@ func TestWalletAuthRequired(t *testing.T) {
 	up := walletUpstream(t)
 	base := startCaddy(t, walletSite(up.URL, "required", ""))
 	url := base + "/api/items"
-	used := proof(t, walletKey(1), "POST", url, nil)
-	if st, _, body := call(t, "POST", url, "{}", map[string]string{walletauth.HeaderName: used}); st != 200 {
+	used := walletProof(t, walletKey(1), "POST", url, nil)
+	if st, _, body := walletCall(t, "POST", url, "{}", map[string]string{walletauth.HeaderName: used}); st != 200 {
 		t.Fatalf("first use: %d %v", st, body)
 	}
 
 	cases := []struct {
 		desc   string
 		method string
+		url    string // default /api/items
 		hdr    map[string]string
 		status int
 		field  string // of a 401
 		check  func(m map[string]any)
 	}{
 		{desc: "a valid proof passes and the upstream learns the wallet and agent", method: "POST",
-			hdr: map[string]string{walletauth.HeaderName: proof(t, walletKey(1), "POST", url, func(r *walletauth.Request) { r.AgentID = "seller-7" }),
+			hdr: map[string]string{walletauth.HeaderName: walletProof(t, walletKey(1), "POST", url, func(r *walletauth.Request) { r.AgentID = "seller-7" }),
 				HeaderUpstreamWallet: "0xforged", HeaderUpstreamWalletAgent: "forged-agent"},
 			status: 200, check: func(m map[string]any) {
 				if m["wallet"] != walletAddr(1) || m["agent"] != "seller-7" {
@@ -162,7 +169,7 @@ func TestWalletAuthRequired(t *testing.T) {
 				}
 			}},
 		{desc: "without an agent the client's X-Aov-Wallet-Agent is still removed", method: "POST",
-			hdr:    map[string]string{walletauth.HeaderName: proof(t, walletKey(2), "POST", url, nil), HeaderUpstreamWalletAgent: "forged-agent"},
+			hdr:    map[string]string{walletauth.HeaderName: walletProof(t, walletKey(2), "POST", url, nil), HeaderUpstreamWalletAgent: "forged-agent"},
 			status: 200, check: func(m map[string]any) {
 				if m["wallet"] != walletAddr(2) || m["agent"] != "" {
 					t.Errorf("upstream saw wallet %v agent %v", m["wallet"], m["agent"])
@@ -171,23 +178,23 @@ func TestWalletAuthRequired(t *testing.T) {
 		{desc: "a request without a proof is refused", method: "POST", status: 401, field: "X-Wallet-Auth"},
 		{desc: "a replayed proof is refused", method: "POST", hdr: map[string]string{walletauth.HeaderName: used}, status: 401, field: "X-Wallet-Auth.nonce"},
 		{desc: "a proof for another path is refused", method: "POST",
-			hdr: map[string]string{walletauth.HeaderName: proof(t, walletKey(1), "POST", base+"/api/other", nil)}, status: 401, field: "X-Wallet-Auth.path"},
+			hdr: map[string]string{walletauth.HeaderName: walletProof(t, walletKey(1), "POST", base+"/api/other", nil)}, status: 401, field: "X-Wallet-Auth.path"},
 		{desc: "a proof for another method is refused", method: "PUT",
-			hdr: map[string]string{walletauth.HeaderName: proof(t, walletKey(1), "POST", url, nil)}, status: 401, field: "X-Wallet-Auth.method"},
+			hdr: map[string]string{walletauth.HeaderName: walletProof(t, walletKey(1), "POST", url, nil)}, status: 401, field: "X-Wallet-Auth.method"},
 		{desc: "a proof for another host is refused", method: "POST",
-			hdr: map[string]string{walletauth.HeaderName: proof(t, walletKey(1), "POST", strings.Replace(url, "127.0.0.1", "localhost", 1), nil)}, status: 401, field: "X-Wallet-Auth.domain"},
+			hdr: map[string]string{walletauth.HeaderName: walletProof(t, walletKey(1), "POST", strings.Replace(url, "127.0.0.1", "localhost", 1), nil)}, status: 401, field: "X-Wallet-Auth.domain"},
 		{desc: "an expired proof is refused", method: "POST",
-			hdr: map[string]string{walletauth.HeaderName: proof(t, walletKey(1), "POST", url, func(r *walletauth.Request) {
+			hdr: map[string]string{walletauth.HeaderName: walletProof(t, walletKey(1), "POST", url, func(r *walletauth.Request) {
 				r.Now, r.TTL = time.Now().Add(-3*time.Minute), time.Minute
 			})}, status: 401, field: "X-Wallet-Auth.expiration_time"},
 		{desc: "a proof issued in the future is refused", method: "POST",
-			hdr: map[string]string{walletauth.HeaderName: proof(t, walletKey(1), "POST", url, func(r *walletauth.Request) {
+			hdr: map[string]string{walletauth.HeaderName: walletProof(t, walletKey(1), "POST", url, func(r *walletauth.Request) {
 				r.Now = time.Now().Add(2 * time.Minute)
 			})}, status: 401, field: "X-Wallet-Auth.issued_at"},
 		{desc: "a proof living longer than max_lifetime is refused", method: "POST",
-			hdr: map[string]string{walletauth.HeaderName: proof(t, walletKey(1), "POST", url, func(r *walletauth.Request) { r.TTL = time.Hour })}, status: 401, field: "X-Wallet-Auth.expiration_time"},
+			hdr: map[string]string{walletauth.HeaderName: walletProof(t, walletKey(1), "POST", url, func(r *walletauth.Request) { r.TTL = time.Hour })}, status: 401, field: "X-Wallet-Auth.expiration_time"},
 		{desc: "a proof signed by another wallet is refused", method: "POST",
-			hdr: map[string]string{walletauth.HeaderName: forgeAddress(t, proof(t, walletKey(3), "POST", url, nil), walletAddr(1))}, status: 401, field: "X-Wallet-Auth.signature"},
+			hdr: map[string]string{walletauth.HeaderName: forgeAddress(t, walletProof(t, walletKey(3), "POST", url, nil), walletAddr(1))}, status: 401, field: "X-Wallet-Auth.signature"},
 		{desc: "a header that is not base64 JSON is refused without echoing it", method: "POST",
 			hdr: map[string]string{walletauth.HeaderName: "SECRET-GARBAGE"}, status: 401, field: "X-Wallet-Auth", check: func(m map[string]any) {
 				if b, _ := json.Marshal(m); bytes.Contains(b, []byte("SECRET")) {
@@ -195,14 +202,20 @@ func TestWalletAuthRequired(t *testing.T) {
 				}
 			}},
 		{desc: "two proofs in one request are refused", method: "POST",
-			hdr: map[string]string{walletauth.HeaderName: proof(t, walletKey(1), "POST", url, nil) + "\x00" + proof(t, walletKey(2), "POST", url, nil)}, status: 401, field: "X-Wallet-Auth"},
+			hdr: map[string]string{walletauth.HeaderName: walletProof(t, walletKey(1), "POST", url, nil) + "\x00" + walletProof(t, walletKey(2), "POST", url, nil)}, status: 401, field: "X-Wallet-Auth"},
 		{desc: "a CORS preflight passes without a proof", method: "OPTIONS", status: 200},
+		{desc: "the proof binds the path the client sent, before handle_path strips it", method: "POST", url: base + "/stripped/x",
+			hdr: map[string]string{walletauth.HeaderName: walletProof(t, walletKey(2), "POST", base+"/stripped/x", nil)}, status: 200},
 	}
 	for _, tc := range cases {
 		t.Run(tc.desc, func(t *testing.T) {
-			st, hdr, body := call(t, tc.method, url, "{}", tc.hdr)
+			u := url
+			if tc.url != "" {
+				u = tc.url
+			}
+			st, hdr, body := walletCall(t, tc.method, u, "{}", tc.hdr)
 			if tc.status == 401 {
-				unauthorized(t, st, hdr, body, tc.field)
+				wantUnauthorized(t, st, hdr, body, tc.field)
 			} else if st != tc.status {
 				t.Fatalf("status %d, want %d: %v", st, tc.status, body)
 			}
@@ -233,19 +246,19 @@ func TestWalletAuthOptionalAndPlaceholders(t *testing.T) {
 	base := startCaddy(t, walletSite(up.URL, "optional", "max_lifetime 1m"))
 	url := base + "/api/items"
 
-	st, _, body := call(t, "GET", url, "", map[string]string{HeaderUpstreamWallet: "0xforged"})
+	st, _, body := walletCall(t, "GET", url, "", map[string]string{HeaderUpstreamWallet: "0xforged"})
 	if st != 200 || body["wallet"] != "" {
 		t.Fatalf("no proof in optional mode: %d, upstream saw wallet %v", st, body["wallet"])
 	}
 	// A bad proof is refused in optional mode too: never a silent pass.
-	st, hdr, body := call(t, "GET", url, "", map[string]string{walletauth.HeaderName: proof(t, walletKey(1), "POST", url, nil)})
-	unauthorized(t, st, hdr, body, "X-Wallet-Auth.method")
+	st, hdr, body := walletCall(t, "GET", url, "", map[string]string{walletauth.HeaderName: walletProof(t, walletKey(1), "POST", url, nil)})
+	wantUnauthorized(t, st, hdr, body, "X-Wallet-Auth.method")
 	// max_lifetime 1m refuses the default five minutes.
-	st, hdr, body = call(t, "GET", url, "", map[string]string{walletauth.HeaderName: proof(t, walletKey(1), "GET", url, nil)})
-	unauthorized(t, st, hdr, body, "X-Wallet-Auth.expiration_time")
+	st, hdr, body = walletCall(t, "GET", url, "", map[string]string{walletauth.HeaderName: walletProof(t, walletKey(1), "GET", url, nil)})
+	wantUnauthorized(t, st, hdr, body, "X-Wallet-Auth.expiration_time")
 
 	who := base + "/whoami"
-	st, _, body = call(t, "GET", who, "", map[string]string{walletauth.HeaderName: proof(t, walletKey(4), "GET", who, func(r *walletauth.Request) {
+	st, _, body = walletCall(t, "GET", who, "", map[string]string{walletauth.HeaderName: walletProof(t, walletKey(4), "GET", who, func(r *walletauth.Request) {
 		r.AgentID, r.ChainID = "agent-4", "eip155:84532"
 	})})
 	if want := walletAddr(4) + "|agent-4|" + walletAddr(4) + "|eip155:84532"; st != 200 || body["text"] != want {
@@ -253,7 +266,7 @@ func TestWalletAuthOptionalAndPlaceholders(t *testing.T) {
 	}
 	// Without a wallet the wallet placeholders are empty; http.auth.user.id
 	// stays unset, as with Caddy's own authentication.
-	if st, _, body = call(t, "GET", who, "", nil); st != 200 || body["text"] != "||{http.auth.user.id}|" {
+	if st, _, body = walletCall(t, "GET", who, "", nil); st != 200 || body["text"] != "||{http.auth.user.id}|" {
 		t.Fatalf("placeholders without a wallet: %d %q", st, body["text"])
 	}
 }
@@ -287,7 +300,7 @@ func TestFreeAllowancePerWallet(t *testing.T) {
 `, strings.TrimPrefix(up.URL, "http://"), fac, payTo.Hex()))
 	url := base + "/verify/schema"
 	auth := func(i int) map[string]string {
-		return map[string]string{walletauth.HeaderName: proof(t, walletKey(i), "POST", url, nil)}
+		return map[string]string{walletauth.HeaderName: walletProof(t, walletKey(i), "POST", url, nil)}
 	}
 	steps := []struct {
 		desc   string
@@ -319,7 +332,7 @@ func TestFreeAllowancePerWallet(t *testing.T) {
 	}
 	for _, s := range steps {
 		t.Run(s.desc, func(t *testing.T) {
-			st, hdr, body := call(t, "POST", url, validRequest, s.hdr)
+			st, hdr, body := walletCall(t, "POST", url, validRequest, s.hdr)
 			if st != s.status {
 				t.Fatalf("status %d, want %d: %v", st, s.status, body)
 			}
@@ -367,7 +380,7 @@ func TestSignInWithXGrantsWhatWasPaid(t *testing.T) {
 	}
 
 	// Signed in but never paid: the gate still asks for payment.
-	st, hdr, body := call(t, "GET", url, "", map[string]string{walletauth.SIWXHeaderName: signIn(6, url)})
+	st, hdr, body := walletCall(t, "GET", url, "", map[string]string{walletauth.SIWXHeaderName: signIn(6, url)})
 	if st != http.StatusPaymentRequired {
 		t.Fatalf("signed in before paying: %d %v", st, body)
 	}
@@ -381,7 +394,7 @@ func TestSignInWithXGrantsWhatWasPaid(t *testing.T) {
 		t.Fatal(err)
 	}
 	sig, _ := x402.EncodeHeader(p)
-	if st, _, body := call(t, "GET", url, "", map[string]string{x402.HeaderPaymentSignature: sig}); st != 200 || body["payment"] != "paid" {
+	if st, _, body := walletCall(t, "GET", url, "", map[string]string{x402.HeaderPaymentSignature: sig}); st != 200 || body["payment"] != "paid" {
 		t.Fatalf("payment: %d %v", st, body)
 	}
 
@@ -401,7 +414,7 @@ func TestSignInWithXGrantsWhatWasPaid(t *testing.T) {
 			}},
 		{"the same sign-in proof cannot be replayed", url,
 			map[string]string{walletauth.SIWXHeaderName: again}, 401, func(hdr http.Header, m map[string]any) {
-				unauthorized(t, 401, hdr, m, "SIGN-IN-WITH-X.nonce")
+				wantUnauthorized(t, 401, hdr, m, "SIGN-IN-WITH-X.nonce")
 			}},
 		{"another wallet that never paid must pay", url,
 			map[string]string{walletauth.SIWXHeaderName: signIn(7, url)}, 402, nil},
@@ -409,16 +422,16 @@ func TestSignInWithXGrantsWhatWasPaid(t *testing.T) {
 			map[string]string{walletauth.SIWXHeaderName: signIn(6, base+"/report/q4")}, 402, nil},
 		{"a proof for another origin is refused", url,
 			map[string]string{walletauth.SIWXHeaderName: signIn(6, "http://other.example/report/q3")}, 401, func(hdr http.Header, m map[string]any) {
-				unauthorized(t, 401, hdr, m, "SIGN-IN-WITH-X.uri")
+				wantUnauthorized(t, 401, hdr, m, "SIGN-IN-WITH-X.uri")
 			}},
 		{"a sign-in and an X-Wallet-Auth of different wallets are refused", url,
-			map[string]string{walletauth.SIWXHeaderName: signIn(6, url), walletauth.HeaderName: proof(t, walletKey(7), "GET", url, nil)}, 401, func(hdr http.Header, m map[string]any) {
-				unauthorized(t, 401, hdr, m, "SIGN-IN-WITH-X.address")
+			map[string]string{walletauth.SIWXHeaderName: signIn(6, url), walletauth.HeaderName: walletProof(t, walletKey(7), "GET", url, nil)}, 401, func(hdr http.Header, m map[string]any) {
+				wantUnauthorized(t, 401, hdr, m, "SIGN-IN-WITH-X.address")
 			}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.desc, func(t *testing.T) {
-			st, hdr, body := call(t, "GET", tc.url, "", tc.hdr)
+			st, hdr, body := walletCall(t, "GET", tc.url, "", tc.hdr)
 			if st != tc.status {
 				t.Fatalf("status %d, want %d: %v", st, tc.status, body)
 			}
@@ -471,14 +484,14 @@ func TestHeadersFromOtherSignersPass(t *testing.T) {
 		if err != nil {
 			t.Fatalf("aov wallet-auth: %v", err)
 		}
-		st, _, body := call(t, "POST", url, "{}", map[string]string{walletauth.HeaderName: strings.TrimSpace(string(out))})
+		st, _, body := walletCall(t, "POST", url, "{}", map[string]string{walletauth.HeaderName: strings.TrimSpace(string(out))})
 		if st != 200 || body["wallet"] != walletAddr(5) || body["agent"] != "cli-agent" {
 			t.Fatalf("status %d, upstream %v", st, body)
 		}
 	})
 	t.Run("viem", func(t *testing.T) {
 		h := viemHeader(t, map[string]any{"kind": "x-wallet-auth", "privateKey": keyHex, "method": "POST", "url": url, "chainId": 1337, "agentId": "viem agent", "statement": "Prove my wallet"})
-		st, _, body := call(t, "POST", url, "{}", map[string]string{walletauth.HeaderName: h})
+		st, _, body := walletCall(t, "POST", url, "{}", map[string]string{walletauth.HeaderName: h})
 		if st != 200 || body["wallet"] != walletAddr(5) || body["agent"] != "viem agent" {
 			t.Fatalf("status %d, upstream %v", st, body)
 		}
@@ -598,9 +611,9 @@ func TestContractWalletThroughChainRPC(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.desc, func(t *testing.T) {
-			st, hdr, body := call(t, "GET", tc.url, "", map[string]string{walletauth.HeaderName: sign(tc.url, tc.chain)})
+			st, hdr, body := walletCall(t, "GET", tc.url, "", map[string]string{walletauth.HeaderName: sign(tc.url, tc.chain)})
 			if tc.status == 401 {
-				unauthorized(t, st, hdr, body, "X-Wallet-Auth.signature")
+				wantUnauthorized(t, st, hdr, body, "X-Wallet-Auth.signature")
 				return
 			}
 			if st != tc.status || body["wallet"] != wallet.Hex() {
