@@ -241,9 +241,11 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 			repl.Set(WalletAgentPlaceholder, proof.AgentID)
 			repl.Set(WalletChainPlaceholder, proof.ChainID)
 			repl.Set(userIDPlaceholder, addr)
+			paid := ""
 			if paidAccess {
-				repl.Set(WalletPaidAccessPlaceholder, "true")
+				paid = "true"
 			}
+			repl.Set(WalletPaidAccessPlaceholder, paid)
 		}
 		h.Set(HeaderUpstreamWallet, addr)
 		if proof.AgentID != "" {
