@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -35,6 +36,61 @@ func FuzzVerifyHandler(f *testing.F) {
 		case http.StatusRequestEntityTooLarge, http.StatusUnsupportedMediaType, http.StatusUnprocessableEntity:
 		default:
 			t.Fatalf("status %d: %s", w.Code, w.Body)
+		}
+	})
+}
+
+// FuzzMCPToolCall: whatever arguments a tools/call carries, /mcp answers a
+// JSON-RPC message (or a SPEC §6 refusal of the HTTP request), never a 5xx
+// or a panic; a tool result is either a receipt that verifies or an
+// isError result with a client error in the SPEC §6 shape.
+func FuzzMCPToolCall(f *testing.F) {
+	fx := newFixture(f, fixtureOpts{noSync: true, maxBody: 64 << 10})
+	keys := fx.keySet(f)
+	f.Add(false, invoice("135.0", ""))
+	f.Add(false, []byte(`{"task_id":"a","expected_schema":{"type":"array"},"submitted_output":[1,2,{"a":null}],"strict_content_check":true}`))
+	f.Add(false, []byte(`{"task_id":"a","task_id":"b"}`))
+	f.Add(false, []byte(`"not an object"`))
+	f.Add(true, []byte(`{"agent_id":"seller-7"}`))
+	f.Add(true, []byte(`{"agent_id":"test-x"}`))
+	f.Add(true, []byte(`{"agent_id":"a","agent_id":"b"}`))
+	f.Add(true, []byte(`null`))
+	f.Fuzz(func(t *testing.T, score bool, args []byte) {
+		tool := "verify_schema"
+		if score {
+			tool = "get_verification_record"
+		}
+		r := httptest.NewRequest(http.MethodPost, "/mcp", bytes.NewReader(mcpCall(tool, args)))
+		r.Header.Set("Content-Type", "application/json")
+		w := httptest.NewRecorder()
+		fx.h.ServeHTTP(w, r)
+		if w.Code >= 500 {
+			t.Fatalf("status %d: %s", w.Code, w.Body)
+		}
+		var msg struct {
+			Result *struct {
+				StructuredContent json.RawMessage `json:"structuredContent"`
+				IsError           bool            `json:"isError"`
+			} `json:"result"`
+		}
+		if err := json.Unmarshal(w.Body.Bytes(), &msg); err != nil {
+			t.Fatalf("status %d, not JSON: %s", w.Code, w.Body)
+		}
+		if msg.Result == nil {
+			return // a JSON-RPC error: the arguments were not JSON
+		}
+		if msg.Result.IsError {
+			var e struct {
+				Status  int  `json:"status"`
+				Charged bool `json:"charged"`
+			}
+			if err := json.Unmarshal(msg.Result.StructuredContent, &e); err != nil || e.Status < 400 || e.Status >= 500 || e.Charged {
+				t.Fatalf("tool error %s", msg.Result.StructuredContent)
+			}
+			return
+		}
+		if err := receipt.VerifyReceipt(msg.Result.StructuredContent, keys, ""); err != nil {
+			t.Fatalf("a tool result whose receipt does not verify: %v", err)
 		}
 	})
 }

@@ -124,8 +124,60 @@ func (s *Server) serveMCP(w http.ResponseWriter, r *http.Request, rec *requestLo
 	// all the same.
 	r.Header.Set("Accept", "application/json, text/event-stream")
 	r = r.WithContext(context.WithValue(r.Context(), recKey{}, rec))
-	s.mcp.ServeHTTP(w, r)
+	ew := &mcpErrorWriter{ResponseWriter: w}
+	s.mcp.ServeHTTP(ew, r)
+	if ew.status != 0 {
+		return transportError(ew.status, limit)
+	}
 	return nil
+}
+
+// mcpErrorWriter holds back the SDK's plain-text refusals of an HTTP
+// request (malformed JSON-RPC, an unsupported protocol version, ...):
+// their text can quote the request, and the service answers every error in
+// one shape. JSON answers, JSON-RPC errors included, pass through.
+type mcpErrorWriter struct {
+	http.ResponseWriter
+	status int // the refusal held back, 0 if none
+}
+
+func (w *mcpErrorWriter) WriteHeader(code int) {
+	if code >= 400 {
+		if mt, _, _ := mime.ParseMediaType(w.Header().Get("Content-Type")); mt != "application/json" {
+			w.status = code
+			return
+		}
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *mcpErrorWriter) Write(b []byte) (int, error) {
+	if w.status != 0 {
+		return len(b), nil
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the underlying writer.
+func (w *mcpErrorWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// transportError is the SPEC §6 form of a refusal by the MCP transport.
+func transportError(status int, limit int64) *apierr.Error {
+	switch status {
+	case http.StatusRequestEntityTooLarge:
+		return apierr.TooLarge(limit)
+	case http.StatusUnsupportedMediaType:
+		return apierr.UnsupportedMediaType()
+	case http.StatusMethodNotAllowed:
+		return apierr.MethodNotAllowed(http.MethodPost)
+	}
+	if status >= 500 {
+		return apierr.Internal(fmt.Errorf("the MCP transport answered %d", status))
+	}
+	return apierr.Invalid(apierr.Field{Field: "body",
+		Problem: "is not a valid MCP request",
+		Fix: "Send one JSON-RPC 2.0 message as the body (for example a tools/call request), " +
+			"with an MCP-Protocol-Version header the server supports or none."})
 }
 
 // toolRec is the log record of the HTTP request carrying a tool call (a

@@ -1,0 +1,75 @@
+package server_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/aovhq/aov/store"
+)
+
+// mcpCall is the JSON-RPC body of one tools/call, as a client sends it.
+func mcpCall(tool string, args []byte) []byte {
+	return fmt.Appendf(nil, `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":%q,"arguments":%s}}`, tool, args)
+}
+
+// BenchmarkTransport is one verification of the SPEC §10 invoice in
+// process, through REST (POST /verify/schema) and through MCP (tools/call
+// verify_schema on /mcp): the same parse, check, sign and record, so the
+// difference is what the MCP transport costs (JSON-RPC, a stateless
+// session per request, the result wrapped twice).
+func BenchmarkTransport(b *testing.B) {
+	body := invoice("135.0", "")
+	for _, c := range []struct {
+		name, path string
+		body       []byte
+	}{
+		{"rest", "/verify/schema", body},
+		{"mcp", "/mcp", mcpCall("verify_schema", body)},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			f := newFixture(b, fixtureOpts{noSync: true})
+			b.ReportAllocs()
+			b.SetBytes(int64(len(c.body)))
+			for b.Loop() {
+				r := httptest.NewRequest(http.MethodPost, c.path, bytes.NewReader(c.body))
+				r.Header.Set("Content-Type", "application/json")
+				r.Header.Set("Accept", "application/json, text/event-stream")
+				w := httptest.NewRecorder()
+				f.h.ServeHTTP(w, r)
+				if w.Code != http.StatusOK || !bytes.Contains(w.Body.Bytes(), []byte(`"attestation"`)) || bytes.Contains(w.Body.Bytes(), []byte(`"isError":true`)) {
+					b.Fatalf("status %d: %s", w.Code, w.Body)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkScore10k is GET /score/{agent_id} for an agent with 10,000
+// recorded verifications (the method's record cap): 100 history pages
+// read from Badger, the score computed and signed by a real certd.
+func BenchmarkScore10k(b *testing.B) {
+	f := newFixture(b, fixtureOpts{noSync: true})
+	now := time.Now().UTC()
+	for i := range 10000 {
+		v := store.Verification{
+			ID: fmt.Sprintf("v-%05d", i), VerifiedAt: now.Add(-time.Duration(i) * 20 * time.Minute),
+			AgentID: "seller-7", TaskID: "t", Result: []string{"pass", "pass", "pass", "fail"}[i%4],
+			OutputHash: "o", SchemaHash: "s", RulesHash: "r", RequestHash: "q", Authenticated: i%2 == 0,
+		}
+		if err := f.db.RecordVerification(context.Background(), v); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		w := f.do(http.MethodGet, "/score/seller-7", nil, nil)
+		if w.Code != http.StatusOK || !bytes.Contains(w.Body.Bytes(), []byte(`"records":10000`)) {
+			b.Fatalf("status %d: %s", w.Code, w.Body)
+		}
+	}
+}
