@@ -60,6 +60,7 @@ func parseDiscovery(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    max_buffer    <size>
 //	    max_body      <size>
 //	    validate      verify_request
+//	    mcp_tool      <tool name>
 //	    free_allowance {
 //	        pool     <name>
 //	        per_day  <n>
@@ -108,6 +109,10 @@ func (g *Gate) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 		case "validate":
 			if err := oneArg(d, &g.Validator); err != nil {
+				return err
+			}
+		case "mcp_tool":
+			if err := oneArg(d, &g.MCPTool); err != nil {
 				return err
 			}
 		case "max_buffer":

@@ -38,6 +38,10 @@ const (
 	HeaderUpstreamNetwork = "X-Aov-Network" // CAIP-2 network of the payment
 )
 
+// varGated marks a request some gate has already cleaned of client copies
+// of the upstream headers.
+const varGated = "aov.x402.gated"
+
 // Free allowance headers on answers served from the allowance (SPEC §7).
 const (
 	HeaderFreeRemaining = "Free-Allowance-Remaining"
@@ -134,6 +138,13 @@ type Gate struct {
 
 	// Free grants a daily free allowance on this route.
 	Free *FreeAllowance `json:"free_allowance,omitempty"`
+
+	// MCPTool prices one tool of an MCP Streamable HTTP endpoint instead of
+	// the whole route: only a tools/call of this tool is gated (payment in
+	// params._meta["x402/payment"], x402's MCP transport); every other
+	// JSON-RPC message passes free. With validate verify_request, the
+	// tool's arguments are validated. Chain one x402 per priced tool.
+	MCPTool string `json:"mcp_tool,omitempty"`
 
 	facilitator x402.Facilitator
 	state       gateStore
@@ -250,6 +261,9 @@ func (g *Gate) Validate() error {
 	if g.Validator != "" && g.Validator != "verify_request" {
 		return fmt.Errorf("x402: unknown validator %q (the only one is verify_request)", g.Validator)
 	}
+	if g.MCPTool != "" && g.Settle == "before" {
+		return errors.New("x402: an MCP tool is settled after its result (settle before cannot tell a tool error from a success)")
+	}
 	if g.Free != nil {
 		if err := g.Free.validate(); err != nil {
 			return fmt.Errorf("x402: free_allowance: %v", err)
@@ -341,12 +355,20 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		return next.ServeHTTP(w, r)
 	}
 	// The upstream must never see a client's claim to have paid, nor the
-	// payment itself.
-	r.Header.Del(HeaderUpstreamPayment)
-	r.Header.Del(HeaderUpstreamPayer)
-	r.Header.Del(HeaderUpstreamNetwork)
+	// payment itself. The first gate on the request removes them; a later
+	// gate in the same route (one per MCP tool) must keep what an earlier
+	// one set.
+	if caddyhttp.GetVar(r.Context(), varGated) == nil {
+		caddyhttp.SetVar(r.Context(), varGated, true)
+		r.Header.Del(HeaderUpstreamPayment)
+		r.Header.Del(HeaderUpstreamPayer)
+		r.Header.Del(HeaderUpstreamNetwork)
+	}
 	payment := r.Header.Get(x402.HeaderPaymentSignature)
 	r.Header.Del(x402.HeaderPaymentSignature)
+	if g.MCPTool != "" {
+		return g.serveMCP(w, r, next)
+	}
 
 	var body []byte
 	if g.verifier != nil || g.Free != nil {
@@ -393,10 +415,15 @@ func (g *Gate) readBody(r *http.Request) ([]byte, error) {
 	if int64(len(body)) > g.MaxBody {
 		return nil, apierr.TooLarge(g.MaxBody)
 	}
+	setBody(r, body)
+	return body, nil
+}
+
+// setBody makes body the request body the upstream reads.
+func setBody(r *http.Request, body []byte) {
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	r.ContentLength = int64(len(body))
 	r.Header.Set("Content-Length", strconv.Itoa(len(body)))
-	return body, nil
 }
 
 // refuse writes an error in the SPEC §6 shape and counts it. The error is
