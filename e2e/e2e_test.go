@@ -500,3 +500,34 @@ func TestCaddyBuild(t *testing.T) {
 		}
 	}
 }
+
+// The devnet facilitator answers the x402 facilitator API under
+// /facilitator/, and its chain's JSON-RPC is on the configured address.
+func TestDevnetFacilitator(t *testing.T) {
+	s := newStack(t)
+	r := get(t, s.url("/facilitator/supported"))
+	mustStatus(t, r, http.StatusOK)
+	var sup struct {
+		Kinds []struct {
+			X402Version int    `json:"x402Version"`
+			Scheme      string `json:"scheme"`
+			Network     string `json:"network"`
+		} `json:"kinds"`
+	}
+	if err := json.Unmarshal(r.body, &sup); err != nil {
+		t.Fatalf("supported: %v: %s", err, r.body)
+	}
+	found := false
+	for _, k := range sup.Kinds {
+		found = found || (k.X402Version == 2 && k.Scheme == "exact" && k.Network == "eip155:1337")
+	}
+	if !found {
+		t.Fatalf("supported kinds %+v lack x402 v2 exact on eip155:1337", sup.Kinds)
+	}
+
+	rpc := do(t, http.MethodPost, "http://"+s.devnetRPC, []byte(`{"jsonrpc":"2.0","id":1,"method":"eth_chainId","params":[]}`), nil)
+	mustStatus(t, rpc, http.StatusOK)
+	if !bytes.Contains(rpc.body, []byte(`"result":"0x539"`)) {
+		t.Fatalf("eth_chainId answered %s, want 0x539 (1337)", rpc.body)
+	}
+}

@@ -102,7 +102,7 @@ func (rs *runScript) interrupt(t *testing.T) {
 // keeps the key and history of the first.
 func TestRunScript(t *testing.T) {
 	data := filepath.Join(t.TempDir(), "data")
-	http1, verifierd, certd, admin, metrics := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
+	http1, verifierd, certd, admin, metrics, rpc := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
 	_, port, _ := net.SplitHostPort(http1)
 	env := []string{
 		"AOV_DATA=" + data,
@@ -112,6 +112,7 @@ func TestRunScript(t *testing.T) {
 		"AOV_CERTD_PUBLIC_ADDR=" + certd,
 		"AOV_ADMIN_ADDR=" + admin,
 		"AOV_VERIFIERD_METRICS_ADDR=" + metrics,
+		"AOV_DEVNET_RPC_ADDR=" + rpc,
 	}
 	base := "http://127.0.0.1:" + port
 	card := base + "/.well-known/agent-card.json"
@@ -125,7 +126,7 @@ func TestRunScript(t *testing.T) {
 	})
 	t.Run("it prints where the service, the agent card and the facilitator are", func(t *testing.T) {
 		out := first.out.String()
-		for _, want := range []string{"http://localhost:" + port + "/health", "http://localhost:" + port + "/.well-known/agent-card.json", "/facilitator/", "curl -s http://localhost:" + port + "/verify/schema"} {
+		for _, want := range []string{"http://localhost:" + port + "/health", "http://localhost:" + port + "/.well-known/agent-card.json", "http://localhost:" + port + "/facilitator/supported", "http://" + rpc, "curl -s http://localhost:" + port + "/verify/schema"} {
 			if !strings.Contains(out, want) {
 				t.Errorf("output lacks %q", want)
 			}
@@ -168,7 +169,7 @@ func TestRunScript(t *testing.T) {
 				t.Errorf("output lacks %q", name)
 			}
 		}
-		for _, addr := range []string{http1, verifierd, certd, admin, metrics} {
+		for _, addr := range []string{http1, verifierd, certd, admin, metrics, rpc} {
 			if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
 				c.Close()
 				t.Errorf("%s still accepts connections after Ctrl-C", addr)

@@ -155,6 +155,7 @@ type stack struct {
 	verifierdAddr string
 	caddyAddr     string
 	adminAddr     string
+	devnetRPC     string // the devnet chain's JSON-RPC, served by Caddy's facilitator
 
 	certd, verifierd, caddy *proc
 	procs                   []*proc
@@ -172,6 +173,7 @@ func newStack(t *testing.T) *stack {
 		verifierdAddr: freeAddr(t),
 		caddyAddr:     freeAddr(t),
 		adminAddr:     freeAddr(t),
+		devnetRPC:     freeAddr(t),
 	}
 	for _, d := range []string{"keys", "certd", "verifierd", "caddy/data", "caddy/config", "logs"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
@@ -277,6 +279,7 @@ func (s *stack) startCaddy(t *testing.T) {
 		"AOV_ADMIN_ADDR=" + s.adminAddr,
 		"AOV_VERIFIERD_ADDR=" + s.verifierdAddr,
 		"AOV_CERTD_PUBLIC_ADDR=" + s.certdPublic,
+		"AOV_DEVNET_RPC_ADDR=" + s.devnetRPC,
 		"AOV_LOG_DIR=" + filepath.Join(s.dir, "logs"),
 		"AOV_GATEWAY_TOKEN=" + s.token,
 		"XDG_DATA_HOME=" + filepath.Join(s.dir, "caddy", "data"),

@@ -12,6 +12,7 @@
 #   AOV_CERTD_PUBLIC_ADDR certd's agent-card listener       (default 127.0.0.1:8082)
 #   AOV_ADMIN_ADDR        Caddy's admin API                 (default localhost:2019)
 #   AOV_VERIFIERD_METRICS_ADDR verifierd's /metrics         (default 127.0.0.1:9091)
+#   AOV_DEVNET_RPC_ADDR   the devnet chain's JSON-RPC       (default 127.0.0.1:8545)
 #   GO                    go command                        (default go)
 set -euo pipefail
 
@@ -24,6 +25,7 @@ export AOV_VERIFIERD_ADDR="${AOV_VERIFIERD_ADDR:-127.0.0.1:8081}"
 export AOV_CERTD_PUBLIC_ADDR="${AOV_CERTD_PUBLIC_ADDR:-127.0.0.1:8082}"
 export AOV_ADMIN_ADDR="${AOV_ADMIN_ADDR:-localhost:2019}"
 AOV_VERIFIERD_METRICS_ADDR="${AOV_VERIFIERD_METRICS_ADDR:-127.0.0.1:9091}"
+export AOV_DEVNET_RPC_ADDR="${AOV_DEVNET_RPC_ADDR:-127.0.0.1:8545}"
 data="${AOV_DATA:-$root/data}"
 bindir="${AOV_BIN:-$root/bin}"
 mkdir -p "$data"
@@ -134,7 +136,8 @@ for _ in $(seq 1 150); do
 	for i in "${!pids[@]}"; do
 		kill -0 "${pids[$i]}" 2>/dev/null || die "${names[$i]} exited during start-up; see its output above"
 	done
-	if curl -fs -o /dev/null "$base/health" && curl -fs -o /dev/null "$base/.well-known/agent-card.json"; then
+	if curl -fs -o /dev/null "$base/health" && curl -fs -o /dev/null "$base/.well-known/agent-card.json" &&
+		curl -fs -o /dev/null "$base/facilitator/supported"; then
 		ok=1
 		break
 	fi
@@ -149,7 +152,8 @@ cat >&2 <<EOF
     service       $base                     (POST /verify/schema, GET /reputation/{agent_id}, ...)
     health        $base/health
     agent card    $base/.well-known/agent-card.json
-    facilitator   $base/facilitator/supported   (devnet x402 facilitator, when built in)
+    facilitator   $base/facilitator/supported   (x402 facilitator on the devnet)
+    devnet RPC    http://$AOV_DEVNET_RPC_ADDR   (chain id 1337, test USDC, "test test ... junk" accounts)
     data          $data
     access log    $data/logs/access.log
     metrics       http://$AOV_VERIFIERD_METRICS_ADDR/metrics (verifierd), http://$AOV_ADMIN_ADDR/metrics (Caddy)
