@@ -61,6 +61,7 @@ func parseDiscovery(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    max_body      <size>
 //	    validate      verify_request
 //	    mcp_tool      <tool name>
+//	    siwx
 //	    free_allowance {
 //	        pool     <name>
 //	        per_day  <n>
@@ -111,6 +112,11 @@ func (g *Gate) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err := oneArg(d, &g.Validator); err != nil {
 				return err
 			}
+		case "siwx":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			g.SIWX = true
 		case "mcp_tool":
 			if err := oneArg(d, &g.MCPTool); err != nil {
 				return err

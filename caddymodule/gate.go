@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/aovhq/aov/apierr"
 	"github.com/aovhq/aov/store"
 	"github.com/aovhq/aov/verify"
+	"github.com/aovhq/aov/walletauth"
 	"github.com/aovhq/aov/x402"
 )
 
@@ -145,6 +147,12 @@ type Gate struct {
 	// JSON-RPC message passes free. With validate verify_request, the
 	// tool's arguments are validated. Chain one x402 per priced tool.
 	MCPTool string `json:"mcp_tool,omitempty"`
+
+	// SIWX advertises x402's sign-in-with-x extension in PAYMENT-REQUIRED:
+	// a wallet that already paid for this resource may sign in instead of
+	// paying again (wallet_auth with siwx verifies the proof and lets the
+	// request skip the gate; see its documentation).
+	SIWX bool `json:"siwx,omitempty"`
 
 	facilitator x402.Facilitator
 	state       gateStore
@@ -472,6 +480,9 @@ func (g *Gate) paymentRequired(w http.ResponseWriter, r *http.Request, msg, reas
 		Resource:    g.resource(r),
 		Accepts:     g.offers,
 	}
+	if g.SIWX {
+		pr.Extensions = map[string]any{walletauth.SIWXExtension: walletauth.SIWXChallenge(r.Host, requestBase(r)+r.URL.Path, g.chains(), now())}
+	}
 	header, err := x402.EncodeHeader(pr)
 	if err != nil {
 		return g.refuse(w, apierr.Internal(fmt.Errorf("encoding PAYMENT-REQUIRED: %w", err)))
@@ -499,6 +510,18 @@ func (g *Gate) paymentRequired(w http.ResponseWriter, r *http.Request, msg, reas
 	h.Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusPaymentRequired)
 	return json.NewEncoder(w).Encode(body)
+}
+
+// chains lists the EVM networks the gate accepts payment on, for the
+// sign-in-with-x challenge.
+func (g *Gate) chains() []string {
+	var out []string
+	for _, o := range g.offers {
+		if x402.IsEVM(o.Network) && !slices.Contains(out, o.Network) {
+			out = append(out, o.Network)
+		}
+	}
+	return out
 }
 
 // paymentRequiredBody is the JSON body of a 402: the PaymentRequired document

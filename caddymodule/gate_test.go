@@ -755,3 +755,21 @@ func TestUnknownSettlementOutcomeNeverAsksToPayAgain(t *testing.T) {
 		t.Fatalf("charged %v after the retry, want exactly one payment", got)
 	}
 }
+
+func TestSIWXIsAdvertisedInTheDemand(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	base := startCaddy(t, gateSite(up.URL, fac, 0, "siwx"))
+	pr := paymentRequired(t, post(t, base+"/verify/schema", "", nil))
+	ext, ok := pr.Extensions["sign-in-with-x"].(map[string]any)
+	if !ok {
+		t.Fatalf("extensions %v", pr.Extensions)
+	}
+	info, _ := ext["info"].(map[string]any)
+	if info == nil || !strings.HasPrefix(base, "http://"+fmt.Sprint(info["domain"])) || !strings.HasSuffix(fmt.Sprint(info["uri"]), "/verify/schema") {
+		t.Fatalf("challenge %v", ext)
+	}
+	if !strings.Contains(fmt.Sprint(ext["supportedChains"]), "eip155:1337") {
+		t.Errorf("supported chains %v", ext["supportedChains"])
+	}
+}
