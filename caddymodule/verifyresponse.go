@@ -290,7 +290,7 @@ func (v *VerifyResponse) Provision(ctx caddy.Context) error {
 	v.client = &http.Client{
 		Timeout: time.Duration(v.VerifierTimeout),
 		Transport: &http.Transport{
-			Proxy:               nil,
+			Proxy:               http.ProxyFromEnvironment,
 			MaxIdleConns:        256,
 			MaxIdleConnsPerHost: 256,
 			IdleConnTimeout:     90 * time.Second,
