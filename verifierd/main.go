@@ -1,6 +1,9 @@
 // Command verifierd is the verification daemon: POST /verify/schema and
 // POST /verify/deliverable check a JSON output against a schema and rules,
-// have the answer signed by certd and record it in the verification history.
+// have the answer signed by certd and record it in the verification history;
+// GET /reputation/{agent_id} serves that history and GET /score/{agent_id}
+// a signed trust score computed from it; /mcp serves the same verification
+// and score as the MCP tools verify_schema and get_verification_record.
 // It runs behind the gateway (Caddy), which owns payments and allowances.
 //
 // Every flag can also be set from the environment as VERIFIERD_<FLAG>, with
@@ -28,6 +31,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/aovhq/aov/score"
 	"github.com/aovhq/aov/signer"
 	"github.com/aovhq/aov/store"
 	"github.com/aovhq/aov/verifierd/server"
@@ -54,6 +58,10 @@ type config struct {
 	signerTimeout         time.Duration
 	readHeaderTimeout     time.Duration
 	readTimeout, idleTime time.Duration
+	scoreHalfLife         time.Duration
+	scoreHorizon          time.Duration
+	scoreMaxRecords       int
+	scoreUnauthWeight     float64
 }
 
 func main() {
@@ -83,6 +91,10 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&c.listCap, "list-cap", verify.DefaultListCap, "entries shown per result list (errors, flags, hints)")
 	fs.BoolVar(&c.noSync, "no-sync", false, "do not fsync each history write (faster; a power loss may drop the last records)")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long in-flight requests may finish on shutdown")
+	fs.DurationVar(&c.scoreHalfLife, "score-half-life", score.DefaultHalfLife, "trust score: age at which a verification counts half")
+	fs.DurationVar(&c.scoreHorizon, "score-horizon", score.DefaultHorizon, "trust score: age beyond which a verification is not evidence")
+	fs.IntVar(&c.scoreMaxRecords, "score-max-records", score.DefaultMaxRecords, "trust score: newest verifications considered at most")
+	fs.Float64Var(&c.scoreUnauthWeight, "score-unauthenticated-weight", score.DefaultUnauthenticatedWeight, "trust score: weight of a verification whose agent_id is not bound to a proven wallet (authenticated weigh 1), in (0, 1]")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.DurationVar(&c.signerTimeout, "signer-timeout", 5*time.Second, "timeout of one call to certd")
 	fs.DurationVar(&c.readHeaderTimeout, "read-header-timeout", 5*time.Second, "time allowed to read request headers")
@@ -164,6 +176,19 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(api, a
 		}
 	}()
 
+	// Zero means "default" to score.New; on the command line it is a
+	// mistake (a weight of 0 would not ignore unauthenticated evidence).
+	if c.scoreUnauthWeight <= 0 || c.scoreHalfLife <= 0 || c.scoreHorizon <= 0 || c.scoreMaxRecords <= 0 {
+		return errors.New("the -score-* settings must be positive (and the unauthenticated weight at most 1)")
+	}
+	scoreMethod, err := score.New(score.Config{
+		HalfLife: c.scoreHalfLife, Horizon: c.scoreHorizon,
+		MaxRecords: c.scoreMaxRecords, UnauthenticatedWeight: c.scoreUnauthWeight,
+	})
+	if err != nil {
+		return err
+	}
+
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics, err := server.NewMetrics(reg)
@@ -178,6 +203,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(api, a
 		PublicBaseURL: c.publicBaseURL,
 		ServiceName:   c.serviceName,
 		GatewayToken:  gwToken,
+		Score:         scoreMethod,
 		Logger:        log,
 		Metrics:       metrics,
 	})

@@ -243,10 +243,74 @@ func TestConfiguration(t *testing.T) {
 		})
 	}
 
+	for _, c := range []struct {
+		desc string
+		flag []string
+	}{
+		{"a trust score weight above 1 is refused at start", []string{"-score-unauthenticated-weight", "2"}},
+		{"a trust score weight of 0 is refused at start", []string{"-score-unauthenticated-weight", "0"}},
+		{"a zero half-life is refused at start", []string{"-score-half-life", "0s"}},
+	} {
+		t.Run(c.desc, func(t *testing.T) {
+			dir := shortDir(t)
+			args := append([]string{"-data", filepath.Join(dir, "data"), "-signer-socket", filepath.Join(dir, "s.sock"), "-admin-listen", ""}, c.flag...)
+			err := run(context.Background(), args, io.Discard, nil)
+			if err == nil || !strings.Contains(err.Error(), "weight") {
+				t.Fatalf("err = %v", err)
+			}
+		})
+	}
+
 	t.Run("a signer URL that is not loopback is refused", func(t *testing.T) {
 		err := run(context.Background(), []string{"-signer-url", "http://192.0.2.1:8091", "-signer-secret-file", "x", "-admin-listen", ""}, io.Discard, nil)
 		if err == nil || !strings.Contains(err.Error(), "loopback") {
 			t.Fatalf("err = %v", err)
 		}
 	})
+}
+
+// TestDaemonServesScoreAndMCP runs the daemon on TCP and calls the score
+// route and a tools/call on /mcp with the Host a gateway forwards.
+func TestDaemonServesScoreAndMCP(t *testing.T) {
+	dir := shortDir(t)
+	sock := startCertd(t, dir)
+	d := startDaemon(t, "-listen", "127.0.0.1:0", "-admin-listen", "", "-no-sync",
+		"-data", filepath.Join(dir, "data"), "-signer-socket", sock, "-public-base-url", "https://verify.example.test",
+		"-score-half-life", "240h")
+
+	req, _ := http.NewRequest(http.MethodPost, "http://"+d.api+"/mcp", strings.NewReader(
+		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"verify_schema","arguments":`+passingRequest+`}}`))
+	req.Host = "verify.example.test"
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !bytes.Contains(body, []byte(`"structuredContent":{"summary":{"result":"pass"`)) {
+		t.Fatalf("tools/call over TCP: %d %s", resp.StatusCode, body)
+	}
+
+	resp, err = http.Get("http://" + d.api + "/score/seller-7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Score  float64 `json:"score"`
+		Method struct {
+			Params struct {
+				HalfLifeDays float64 `json:"half_life_days"`
+			} `json:"params"`
+		} `json:"method"`
+		Counts struct {
+			Total int `json:"total"`
+		} `json:"counts"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&doc)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != 200 || doc.Counts.Total != 1 || !(doc.Score > 0) || doc.Method.Params.HalfLifeDays != 10 {
+		t.Fatalf("score over TCP: %d %+v %v", resp.StatusCode, doc, err)
+	}
 }

@@ -477,8 +477,19 @@ func TestMCPMetricsAndLogs(t *testing.T) {
 	cs := mcpSession(t, f.serve(t), map[string]string{"X-Aov-Gateway-Token": gatewayToken, "X-Aov-Payment": "paid"})
 	call(t, cs, "verify_schema", json.RawMessage(invoice("135.0", "")))
 	call(t, cs, "verify_schema", json.RawMessage(`{}`))
-	if got := counter(t, f, "aov_verifierd_verifications_total", map[string]string{"result": "fail", "payment": "paid"}); got != 1 {
-		t.Errorf("verifications_total{fail,paid} = %v, want 1", got)
+	for _, c := range []struct {
+		desc   string
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"an MCP verification is counted like a REST one", "aov_verifierd_verifications_total", map[string]string{"result": "fail", "payment": "paid"}, 1},
+		{"a successful tool call is counted as ok", "aov_verifierd_mcp_tool_calls_total", map[string]string{"tool": "verify_schema", "outcome": "ok"}, 1},
+		{"a refused tool call is counted by its error code", "aov_verifierd_mcp_tool_calls_total", map[string]string{"tool": "verify_schema", "outcome": "invalid_request"}, 1},
+	} {
+		if got := counter(t, f, c.name, c.labels); got != c.want {
+			t.Errorf("%s: %s%v = %v, want %v", c.desc, c.name, c.labels, got, c.want)
+		}
 	}
 	logs := f.logs.String()
 	for _, want := range []string{`"route":"mcp"`, `"tool":"verify_schema"`, `"tool_error":"invalid_request"`, `"verification_id":`} {

@@ -15,6 +15,7 @@ type Metrics struct {
 	verifications *prometheus.CounterVec
 	signerErrors  *prometheus.CounterVec
 	storeErrors   prometheus.Counter
+	toolCalls     *prometheus.CounterVec
 }
 
 // NewMetrics creates the collectors and registers them on reg.
@@ -41,8 +42,12 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Namespace: "aov", Subsystem: "verifierd", Name: "store_errors_total",
 			Help: "Verifications that were signed but could not be recorded (answered 503, receipt discarded).",
 		}),
+		toolCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "aov", Subsystem: "verifierd", Name: "mcp_tool_calls_total",
+			Help: "MCP tool calls by tool and outcome: ok, or the error code of an isError result (invalid_request, upstream_unavailable, ...).",
+		}, []string{"tool", "outcome"}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.verifications, m.signerErrors, m.storeErrors} {
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.verifications, m.signerErrors, m.storeErrors, m.toolCalls} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -58,6 +63,13 @@ func (m *Metrics) observeRequest(rec *requestLog, d time.Duration) {
 	m.duration.WithLabelValues(rec.route).Observe(d.Seconds())
 	if rec.result != "" {
 		m.verifications.WithLabelValues(rec.result, rec.payment).Inc()
+	}
+	if rec.tool != "" {
+		outcome := rec.toolError
+		if outcome == "" {
+			outcome = "ok"
+		}
+		m.toolCalls.WithLabelValues(rec.tool, outcome).Inc()
 	}
 }
 
