@@ -501,3 +501,57 @@ func TestMCPMetricsAndLogs(t *testing.T) {
 		t.Error("logs contain request content")
 	}
 }
+
+// TestMCPConcurrentCalls: one shared MCP server answers many clients at
+// once, each call with its own verification, record and receipt.
+func TestMCPConcurrentCalls(t *testing.T) {
+	f := newFixture(t, fixtureOpts{noSync: true})
+	keys := f.keySet(t)
+	base := f.serve(t)
+	const clients, calls = 6, 4
+	ids := make(chan string, clients*calls)
+	errs := make(chan error, clients*calls)
+	done := make(chan struct{})
+	for c := range clients {
+		cs := mcpSession(t, base, nil) // here: t.Fatal only on the test's goroutine
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for range calls {
+				res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "verify_schema", Arguments: json.RawMessage(invoice([]string{"129.5", "135.0"}[c%2], ""))})
+				if err != nil || res.IsError {
+					errs <- err
+					continue
+				}
+				text := res.Content[0].(*mcp.TextContent).Text
+				if err := receipt.VerifyReceipt([]byte(text), keys, receipt.ContextVerify); err != nil {
+					errs <- err
+					continue
+				}
+				var doc map[string]any
+				json.Unmarshal([]byte(text), &doc)
+				ids <- doc["verification_id"].(string)
+			}
+		}()
+	}
+	for range clients {
+		<-done
+	}
+	close(ids)
+	close(errs)
+	for err := range errs {
+		t.Errorf("call failed: %v", err)
+	}
+	seen := map[string]bool{}
+	for id := range ids {
+		if seen[id] {
+			t.Errorf("verification id %s answered twice", id)
+		}
+		seen[id] = true
+		if _, err := f.db.Verification(context.Background(), id); err != nil {
+			t.Errorf("verification %s not recorded: %v", id, err)
+		}
+	}
+	if len(seen) != clients*calls {
+		t.Errorf("%d verifications, want %d", len(seen), clients*calls)
+	}
+}
