@@ -26,6 +26,7 @@ import (
 
 	"github.com/aovhq/aov/apierr"
 	"github.com/aovhq/aov/receipt"
+	"github.com/aovhq/aov/strictjson"
 	"github.com/aovhq/aov/verify"
 )
 
@@ -459,11 +460,17 @@ func (v *VerifyResponse) verifyHeld(w http.ResponseWriter, hw *responseHold, r *
 	if ce := hw.header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
 		return v.unverifiable(w, hw, r, v.responseError("it is compressed ("+headerValueShort(ce)+") although identity was asked for", nil))
 	}
-	canon, err := receipt.Canonicalize(body)
+	// The output hash the receipt must carry, computed the way the
+	// verification service computes it (strict decoding, RFC 8785).
+	tree, err := strictjson.Decode(body, strictjson.Limits{})
 	if err != nil {
-		return v.unverifiable(w, hw, r, v.responseError("it is not a single valid JSON value", err))
+		return v.unverifiable(w, hw, r, v.responseError("it is not a single valid JSON value that can be canonicalized", err))
 	}
-	outputHash := receipt.Hash(canon)
+	cb, err := receipt.AppendCanonical(make([]byte, 0, len(body)), tree)
+	if err != nil {
+		return v.unverifiable(w, hw, r, v.responseError("it cannot be canonicalized", err))
+	}
+	outputHash := receipt.Hash(cb)
 
 	rc, err := v.call(r, body)
 	if err != nil {
