@@ -540,6 +540,21 @@ func misbehaving(t testing.TB) *httptest.Server {
 			w.Header().Set(HeaderVerificationReceipt, base64.StdEncoding.EncodeToString([]byte(`{"result":"pass"}`)))
 			w.Header().Set(HeaderVerificationStatus, "pass")
 			io.WriteString(w, "plain text")
+		case "/gzipped":
+			// Compressed although the gateway asked for identity.
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("Content-Encoding", "gzip")
+			zw := gzip.NewWriter(w)
+			io.WriteString(zw, goodInvoice)
+			zw.Close()
+		case "/abort":
+			// Dies in the middle of its answer.
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("Content-Length", "1000")
+			io.WriteString(w, `{"invoice_id":"INV-7731",`)
+			w.(http.Flusher).Flush()
+			conn, _, _ := w.(http.Hijacker).Hijack()
+			conn.Close()
 		case "/good":
 			w.Header().Set("Content-Type", "application/json; charset=utf-8")
 			io.WriteString(w, goodInvoice)
@@ -650,6 +665,12 @@ func TestVerifyResponseErrorPolicies(t *testing.T) {
 			checkReceipt(t, keys, headerReceipt(t, resp, HeaderVerificationReceipt), body)
 		}},
 		{"a receipt about other bytes is never attached", "/lying/good", 503, closed("upstream_unavailable")},
+		{"an answer compressed despite the request for identity is withheld", "/closed/gzipped", 503, closed("response_unverifiable")},
+		{"an upstream that dies mid-answer is a 502 and nothing is released", "/closed/abort", 502, func(t *testing.T, resp *http.Response, body []byte) {
+			if bytes.Contains(body, []byte("INV-7731")) || resp.Header.Get(HeaderVerificationReceipt) != "" {
+				t.Errorf("partial answer released: %s", body)
+			}
+		}},
 	})
 
 	// certd stops: verifierd answers 503, which is an outage of the
