@@ -494,6 +494,7 @@ func (v *VerifyResponse) verifyHeld(w http.ResponseWriter, hw *responseHold, r *
 	copyHeader(h, hw.header)
 	h.Set(v.receiptName, base64.StdEncoding.EncodeToString(rc.raw))
 	h.Set(HeaderVerificationStatus, rc.view.Result)
+	h.Add("Access-Control-Expose-Headers", v.receiptName+", "+HeaderVerificationStatus)
 	out := body
 	if v.Envelope {
 		out = envelope(bytes.TrimSpace(body), rc.raw)
@@ -561,6 +562,7 @@ func (v *VerifyResponse) unverifiable(w http.ResponseWriter, hw *responseHold, r
 		h := w.Header()
 		copyHeader(h, hw.header)
 		h.Set(HeaderVerificationStatus, outcomeUnverified)
+		h.Add("Access-Control-Expose-Headers", HeaderVerificationStatus)
 		w.WriteHeader(hw.status)
 		_, err := w.Write(hw.buf.Bytes())
 		return err

@@ -398,6 +398,9 @@ func TestVerifyResponseAttachesReceipts(t *testing.T) {
 		}},
 		{"the receipt header name is configurable", "/named/invoices/INV-7731", nil, 200, func(t *testing.T, resp *http.Response, body []byte) {
 			checkReceipt(t, keys, headerReceipt(t, resp, "X-Invoice-Receipt"), body)
+			if !strings.Contains(strings.Join(resp.Header.Values("Access-Control-Expose-Headers"), ","), "X-Invoice-Receipt") {
+				t.Errorf("browsers cannot read the receipt: %q", resp.Header.Values("Access-Control-Expose-Headers"))
+			}
 			if resp.Header.Get(HeaderVerificationReceipt) != "" {
 				t.Error("default header also set")
 			}
