@@ -157,12 +157,15 @@ type stack struct {
 	adminAddr     string
 	devnetRPC     string // the devnet chain's JSON-RPC, served by Caddy's facilitator
 
+	caddyEnv []string // extra environment for Caddy (Caddyfile.example's {$...} settings)
+
 	certd, verifierd, caddy *proc
 	procs                   []*proc
 }
 
-// newStack starts a whole stack and stops it when the test ends.
-func newStack(t *testing.T) *stack {
+// newStack starts a whole stack and stops it when the test ends. caddyEnv
+// adds NAME=value settings for Caddyfile.example (AOV_FREE_PER_DAY=1, ...).
+func newStack(t *testing.T, caddyEnv ...string) *stack {
 	t.Helper()
 	dir := t.TempDir()
 	s := &stack{
@@ -174,6 +177,7 @@ func newStack(t *testing.T) *stack {
 		caddyAddr:     freeAddr(t),
 		adminAddr:     freeAddr(t),
 		devnetRPC:     freeAddr(t),
+		caddyEnv:      caddyEnv,
 	}
 	for _, d := range []string{"keys", "certd", "verifierd", "caddy/data", "caddy/config", "logs"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
@@ -282,9 +286,11 @@ func (s *stack) startCaddy(t *testing.T) {
 		"AOV_DEVNET_RPC_ADDR=" + s.devnetRPC,
 		"AOV_LOG_DIR=" + filepath.Join(s.dir, "logs"),
 		"AOV_GATEWAY_TOKEN=" + s.token,
+		"AOV_PUBLIC_BASE_URL=" + s.base(),
 		"XDG_DATA_HOME=" + filepath.Join(s.dir, "caddy", "data"),
 		"XDG_CONFIG_HOME=" + filepath.Join(s.dir, "caddy", "config"),
 	}
+	env = append(env, s.caddyEnv...)
 	s.caddy = s.track(startProc(t, "caddy", s.dir, env, bin.caddy,
 		"run", "--config", filepath.Join(repoRoot, "Caddyfile.example"), "--adapter", "caddyfile"))
 }

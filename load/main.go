@@ -232,6 +232,8 @@ func measure(ctx context.Context, cfg config, t target) (stats, error) {
 
 	if status, err := send(ctx, client, endpoint, cfg.body); err != nil {
 		return stats{}, fmt.Errorf("first request: %w", err)
+	} else if status == http.StatusPaymentRequired {
+		return stats{}, errors.New("first request answered 402: the free allowance is used up; load requests are unpaid, so run the stack with a large one (AOV_FREE_PER_DAY=1000000000 make run)")
 	} else if status != http.StatusOK {
 		return stats{}, fmt.Errorf("first request answered %d, want 200: is the stack running (make run)?", status)
 	}

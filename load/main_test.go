@@ -216,3 +216,20 @@ func TestReportPrintsTheRatio(t *testing.T) {
 		}
 	}
 }
+
+// A gateway that wants payment is reported with what to do about it.
+func TestMeasureExplainsA402(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusPaymentRequired)
+	}))
+	defer srv.Close()
+	u, err := loopbackURL(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := config{path: "/verify/schema", body: invoice, concurrency: 1, duration: 100 * time.Millisecond}
+	_, err = measure(context.Background(), cfg, target{name: "caddy", base: u})
+	if err == nil || !strings.Contains(err.Error(), "AOV_FREE_PER_DAY") {
+		t.Fatalf("error = %v, want one naming AOV_FREE_PER_DAY", err)
+	}
+}

@@ -13,6 +13,8 @@
 #   AOV_ADMIN_ADDR        Caddy's admin API                 (default localhost:2019)
 #   AOV_VERIFIERD_METRICS_ADDR verifierd's /metrics         (default 127.0.0.1:9091)
 #   AOV_DEVNET_RPC_ADDR   the devnet chain's JSON-RPC       (default 127.0.0.1:8545)
+#   AOV_FREE_PER_DAY      free verification calls per client and day (default 100)
+#   AOV_PAY_TO            address paid on the devnet        (default dev account 9)
 #   GO                    go command                        (default go)
 set -euo pipefail
 
@@ -26,11 +28,13 @@ export AOV_CERTD_PUBLIC_ADDR="${AOV_CERTD_PUBLIC_ADDR:-127.0.0.1:8082}"
 export AOV_ADMIN_ADDR="${AOV_ADMIN_ADDR:-localhost:2019}"
 AOV_VERIFIERD_METRICS_ADDR="${AOV_VERIFIERD_METRICS_ADDR:-127.0.0.1:9091}"
 export AOV_DEVNET_RPC_ADDR="${AOV_DEVNET_RPC_ADDR:-127.0.0.1:8545}"
+export AOV_FREE_PER_DAY="${AOV_FREE_PER_DAY:-100}"
 data="${AOV_DATA:-$root/data}"
 bindir="${AOV_BIN:-$root/bin}"
 mkdir -p "$data"
 data="$(cd "$data" && pwd)"
 base="http://localhost:$AOV_HTTP_PORT"
+export AOV_PUBLIC_BASE_URL="$base"
 
 say() { printf '\033[1mrun:\033[0m %s\n' "$*" >&2; }
 die() { say "$*"; exit 1; }
@@ -151,7 +155,9 @@ cat >&2 <<EOF
 
     service       $base                     (POST /verify/schema, GET /reputation/{agent_id}, ...)
     health        $base/health
+    API docs      $base/docs   ($base/llms.txt, $base/openapi.json)
     agent card    $base/.well-known/agent-card.json
+    x402 manifest $base/.well-known/x402   (payments: USDC on the devnet; $AOV_FREE_PER_DAY free verification calls per client and day)
     facilitator   $base/facilitator/supported   (x402 facilitator on the devnet)
     devnet RPC    http://$AOV_DEVNET_RPC_ADDR   (chain id 1337, test USDC, "test test ... junk" accounts)
     data          $data
