@@ -3,7 +3,6 @@ package caddymodule
 import (
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -24,11 +23,7 @@ func chromiumPath(t *testing.T) string {
 			return p
 		}
 	}
-	msg := "no Chromium on PATH: install it (Debian: apt-get install -y chromium) or set AOV_CHROMIUM to run the docs page browser test"
-	if os.Getenv("CI") != "" {
-		t.Fatal(msg)
-	}
-	t.Skip(msg)
+	interop.Missing(t, "no Chromium on PATH: install it (Debian: apt-get install -y chromium) or set AOV_CHROMIUM to run the docs page browser test")
 	return ""
 }
 
@@ -49,14 +44,7 @@ type browserResult struct {
 // the gate, is served from the free allowance, and the page shows the 200.
 func TestDocsPageWorksInABrowser(t *testing.T) {
 	chromium := chromiumPath(t)
-	dir := interop.Dir(t)
-	if _, err := os.Stat(filepath.Join(dir, "node_modules", "playwright-core")); err != nil {
-		msg := "playwright-core not installed: run `npm ci` in interop/ (make test does)"
-		if os.Getenv("CI") != "" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
+	interop.Dir(t, "playwright-core")
 	_, fac := sharedDevnet(t)
 	up := newUpstream(t)
 	base := startCaddy(t, docsSite(up.URL, fac, "$0.02", 3, ""))

@@ -23,6 +23,7 @@ import (
 	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/crypto"
 
+	"github.com/aovhq/aov/internal/interop"
 	"github.com/aovhq/aov/plugins/evmfacilitator"
 	"github.com/aovhq/aov/walletauth"
 	"github.com/aovhq/aov/x402"
@@ -502,36 +503,9 @@ func TestHeadersFromOtherSignersPass(t *testing.T) {
 // test is skipped, except under CI (CI set), where that is a failure.
 func viemHeader(t *testing.T, input map[string]any) string {
 	t.Helper()
-	dir, _ := filepath.Abs(filepath.Join("..", "interop"))
-	if _, err := os.Stat(filepath.Join(dir, "node_modules", "viem")); err != nil {
-		msg := "npm peers not installed: run `npm ci` in interop/ to run the viem interop test"
-		if os.Getenv("CI") != "" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	if _, err := exec.LookPath("node"); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("node is not on PATH")
-		}
-		t.Skip("node is not on PATH")
-	}
-	in, _ := json.Marshal(input)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "node", "wallet-auth-viem.mjs")
-	cmd.Dir = dir
-	cmd.Stdin = bytes.NewReader(in)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("node wallet-auth-viem.mjs: %v\n%s", err, stderr.String())
-	}
+	interop.Dir(t, "viem")
 	var res struct{ Header string }
-	if err := json.Unmarshal(out, &res); err != nil {
-		t.Fatal(err)
-	}
+	interop.Run(t, "wallet-auth-viem.mjs", nil, input, &res)
 	return res.Header
 }
 

@@ -1,17 +1,14 @@
 package walletauth
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/crypto"
+
+	"github.com/aovhq/aov/internal/interop"
 )
 
 // viem runs interop/wallet-auth-viem.mjs (viem's createSiweMessage and
@@ -20,38 +17,9 @@ import (
 // skipped, except under CI, where that is a failure.
 func viem(t testing.TB, input map[string]any) (header, message string) {
 	t.Helper()
-	dir, err := filepath.Abs(filepath.Join("..", "interop"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(filepath.Join(dir, "node_modules", "viem")); err != nil {
-		msg := "npm peers not installed: run `npm ci` in interop/ to run the viem interop tests"
-		if os.Getenv("CI") != "" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	if _, err := exec.LookPath("node"); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("node is not on PATH")
-		}
-		t.Skip("node is not on PATH; the interop tests need Node 20")
-	}
-	in, _ := json.Marshal(input)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "node", "wallet-auth-viem.mjs")
-	cmd.Dir = dir
-	cmd.Stdin = bytes.NewReader(in)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("node wallet-auth-viem.mjs: %v\n%s", err, stderr.String())
-	}
+	interop.Dir(t, "viem")
 	var out struct{ Header, Message string }
-	if err := json.Unmarshal(stdout.Bytes(), &out); err != nil {
-		t.Fatalf("viem printed %q: %v", stdout.String(), err)
-	}
+	interop.Run(t, "wallet-auth-viem.mjs", nil, input, &out)
 	return out.Header, out.Message
 }
 

