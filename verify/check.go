@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/aovhq/aov/receipt"
+	"github.com/aovhq/aov/verify/schema"
 )
 
 // Check names (SPEC §4) of the checks this package defines; schema checks
@@ -687,7 +688,7 @@ func renderLoc(loc []locStep) string {
 			b.WriteByte(']')
 			continue
 		}
-		b.WriteString(renderKey(s.key))
+		b.WriteString(schema.PathKey(s.key))
 	}
 	return b.String()
 }

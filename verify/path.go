@@ -1,11 +1,12 @@
 package verify
 
 import (
-	"encoding/json"
 	"strconv"
 	"strings"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/aovhq/aov/verify/schema"
 )
 
 // MaxPathBytes bounds the length of one path in a bound or a rule, not
@@ -214,23 +215,7 @@ func (p Path) locate(idx []int) string {
 			b.WriteByte(']')
 			continue
 		}
-		b.WriteString(renderKey(s.key))
+		b.WriteString(schema.PathKey(s.key))
 	}
 	return b.String()
-}
-
-// renderKey writes an object member of a concrete location as ".key", or
-// as ["key"] (JSON-quoted) when the key could be misread in a dotted path;
-// verify/schema renders its instance paths the same way.
-func renderKey(k string) string {
-	plain := k != ""
-	for i := 0; i < len(k) && plain; i++ {
-		c := k[i]
-		plain = c == '_' || c == '-' || c == '$' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
-	}
-	if plain {
-		return "." + k
-	}
-	q, _ := json.Marshal(k)
-	return "[" + string(q) + "]"
 }

@@ -258,7 +258,7 @@ func describe(e *jsonschema.ValidationError, path, noun string, val any, hasVal 
 		}
 	case *kind.AdditionalProperties:
 		for _, p := range k.Properties {
-			add("additionalProperties", path+renderKey(p), "no property here (the schema allows only the properties it declares)", "an undeclared property")
+			add("additionalProperties", path+PathKey(p), "no property here (the schema allows only the properties it declares)", "an undeclared property")
 		}
 	case *kind.AdditionalItems:
 		add("additionalItems", path, "no items beyond those the schema lists", plural(k.Count, "extra item"))
@@ -400,7 +400,7 @@ func locate(inst any, loc []string) (string, any, bool) {
 		default:
 			ok = false
 		}
-		b.WriteString(renderKey(tok))
+		b.WriteString(PathKey(tok))
 	}
 	return b.String(), cur, ok
 }
@@ -412,15 +412,18 @@ func renderPath(path []pathElem) string {
 		if e.idx >= 0 {
 			b.WriteString("[" + strconv.Itoa(e.idx) + "]")
 		} else {
-			b.WriteString(renderKey(e.key))
+			b.WriteString(PathKey(e.key))
 		}
 	}
 	return b.String()
 }
 
-// renderKey writes a member as ".key", or as ["key"] (JSON-quoted) when the
-// key could be misread in a dotted path.
-func renderKey(k string) string {
+// PathKey renders an object member of a path as ".key", or as ["key"]
+// (JSON-quoted) when the key could be misread in a dotted path. The instance
+// paths this package reports and the rule locations package verify reports
+// must render members the same way: a client matches a failure to a rule by
+// comparing the two strings, so both use this one function.
+func PathKey(k string) string {
 	plain := k != ""
 	for i := 0; i < len(k) && plain; i++ {
 		c := k[i]
@@ -496,7 +499,7 @@ func undeclaredPaths(decls []decl) []string {
 					}
 				}
 			}
-			out = append(out, p+renderKey(k))
+			out = append(out, p+PathKey(k))
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return pathLess(out[i], out[j]) })
