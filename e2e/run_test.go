@@ -148,6 +148,7 @@ func TestRunScript(t *testing.T) {
 			{"certd", 0o700},
 			{"verifierd/MANIFEST", 0},
 			{"caddy/config/caddy/autosave.json", 0},
+			{"caddy/data/caddy/x402/MANIFEST", 0}, // the gateway's Badger store
 			{"logs/access.log", 0},
 		} {
 			fi, err := os.Stat(filepath.Join(data, tc.path))
