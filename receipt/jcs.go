@@ -270,18 +270,42 @@ func compareRunesUTF16(a, b rune) int {
 	}
 }
 
-// appendString writes s as an RFC 8785 string: literal UTF-8, with only '"',
-// '\\' and the control characters escaped (\b \t \n \f \r by name, the rest
-// as lowercase \u00xx).
+// appendString writes s as an RFC 8785 string, refusing invalid UTF-8
+// (which has no canonical form) instead of replacing it.
 func appendString(dst []byte, s string) ([]byte, error) {
 	if !utf8.ValidString(s) {
 		return dst, errors.New("canonicalizing JSON: string is not valid UTF-8")
 	}
+	return AppendString(dst, s), nil
+}
+
+// AppendString writes s as an RFC 8785 string: literal UTF-8, with only '"',
+// '\\' and the control characters escaped (\b \t \n \f \r by name, the rest
+// as lowercase \u00xx). Writers that build canonical JSON by hand (the
+// verification result) use it so their strings are byte-identical to what
+// the canonicalizer produces. An invalid UTF-8 byte is written as U+FFFD,
+// as encoding/json does; the canonicalizer itself refuses such strings
+// before calling it.
+func AppendString(dst []byte, s string) []byte {
+	const hexDigits = "0123456789abcdef"
 	dst = append(dst, '"')
 	start := 0
-	for i := 0; i < len(s); i++ {
+	for i := 0; i < len(s); {
 		c := s[i]
+		if c >= utf8.RuneSelf {
+			r, size := utf8.DecodeRuneInString(s[i:])
+			if r == utf8.RuneError && size == 1 {
+				dst = append(dst, s[start:i]...)
+				dst = append(dst, "\ufffd"...)
+				i++
+				start = i
+				continue
+			}
+			i += size
+			continue
+		}
 		if c >= 0x20 && c != '"' && c != '\\' {
+			i++
 			continue
 		}
 		dst = append(dst, s[start:i]...)
@@ -299,13 +323,13 @@ func appendString(dst []byte, s string) ([]byte, error) {
 		case '\r':
 			dst = append(dst, '\\', 'r')
 		default:
-			const hexDigits = "0123456789abcdef"
 			dst = append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xF])
 		}
-		start = i + 1
+		i++
+		start = i
 	}
 	dst = append(dst, s[start:]...)
-	return append(dst, '"'), nil
+	return append(dst, '"')
 }
 
 // appendNumberText canonicalizes a JSON number literal: parsed to the nearest

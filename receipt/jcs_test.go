@@ -226,6 +226,16 @@ func TestAppendCanonicalRefusesWhatIsNotCanonicalizable(t *testing.T) {
 	}
 }
 
+// TestAppendStringEscapesAndReplacesInvalidUTF8: the string writer the
+// verification result uses escapes as RFC 8785 does and writes an invalid
+// byte as U+FFFD (the canonicalizer refuses such strings before writing).
+func TestAppendStringEscapesAndReplacesInvalidUTF8(t *testing.T) {
+	got := string(AppendString(nil, "a\"b\\c\n\x01é\xff"))
+	if want := `"a\"b\\c\n\u0001é` + "\ufffd" + `"`; got != want {
+		t.Errorf("got %s, want %s", got, want)
+	}
+}
+
 func TestCanonicalizeRefusesAmbiguousJSON(t *testing.T) {
 	tests := []struct{ desc, in string }{
 		{desc: "duplicate keys", in: `{"a":1,"a":2}`},

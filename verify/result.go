@@ -5,7 +5,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/aovhq/aov/receipt"
 )
@@ -147,13 +146,13 @@ func (r *Result) MarshalJSON() ([]byte, error) {
 func (r *Result) AppendJSON(b []byte) []byte {
 	full := r.Detail != DetailCompact
 	b = append(b, `{"summary":{"result":`...)
-	b = appendString(b, r.Result)
+	b = receipt.AppendString(b, r.Result)
 	b = append(b, `,"blocking_checks":[`...)
 	for i, c := range r.BlockingChecks {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		b = appendString(b, c)
+		b = receipt.AppendString(b, c)
 	}
 	b = append(b, `]},"next_actions":`...)
 	if r.Result == ResultPass {
@@ -162,31 +161,31 @@ func (r *Result) AppendJSON(b []byte) []byte {
 		b = append(b, `[{"action":"repair_and_reverify","using":"hints"}]`...)
 	}
 	b = appendKey(b, "result")
-	b = appendString(b, r.Result)
+	b = receipt.AppendString(b, r.Result)
 	b = appendKey(b, "verification_id")
-	b = appendString(b, r.VerificationID)
+	b = receipt.AppendString(b, r.VerificationID)
 	b = appendKey(b, "task_id")
-	b = appendString(b, r.TaskID)
+	b = receipt.AppendString(b, r.TaskID)
 	b = appendKey(b, "agent_id")
 	if r.AgentID == nil {
 		b = append(b, "null"...)
 	} else {
-		b = appendString(b, *r.AgentID)
+		b = receipt.AppendString(b, *r.AgentID)
 	}
 	b = appendKey(b, "output_hash")
-	b = appendString(b, r.Hashes.Output)
+	b = receipt.AppendString(b, r.Hashes.Output)
 	b = appendKey(b, "schema_hash")
-	b = appendString(b, r.Hashes.Schema)
+	b = receipt.AppendString(b, r.Hashes.Schema)
 	b = appendKey(b, "rules_hash")
-	b = appendString(b, r.Hashes.Rules)
+	b = receipt.AppendString(b, r.Hashes.Rules)
 	if full {
 		b = appendKey(b, "request_hash")
-		b = appendString(b, r.Hashes.Request)
+		b = receipt.AppendString(b, r.Hashes.Request)
 	}
 	b = appendKey(b, "verified_at")
-	b = appendString(b, r.VerifiedAt)
+	b = receipt.AppendString(b, r.VerifiedAt)
 	b = appendKey(b, "verifier_version")
-	b = appendString(b, r.VerifierVersion)
+	b = receipt.AppendString(b, r.VerifierVersion)
 	b = appendKey(b, "enforce_rules")
 	b = strconv.AppendBool(b, r.EnforceRules)
 	b = appendKey(b, "strict_content_check")
@@ -198,7 +197,7 @@ func (r *Result) AppendJSON(b []byte) []byte {
 			if i > 0 {
 				b = append(b, ',')
 			}
-			b = appendString(b, e)
+			b = receipt.AppendString(b, e)
 		}
 		b = append(b, ']')
 		b = appendCounts(b, "errors", r.ErrorsTotal, len(r.Errors))
@@ -210,16 +209,16 @@ func (r *Result) AppendJSON(b []byte) []byte {
 				b = append(b, ',')
 			}
 			b = append(b, `{"check":`...)
-			b = appendString(b, e.Check)
+			b = receipt.AppendString(b, e.Check)
 			b = appendKey(b, "path")
-			b = appendString(b, e.Path)
+			b = receipt.AppendString(b, e.Path)
 			b = appendKey(b, "expected")
-			b = appendString(b, e.Expected)
+			b = receipt.AppendString(b, e.Expected)
 			b = appendKey(b, "found")
-			b = appendString(b, e.Found)
+			b = receipt.AppendString(b, e.Found)
 			if e.Message != "" {
 				b = appendKey(b, "message")
-				b = appendString(b, e.Message)
+				b = receipt.AppendString(b, e.Message)
 			}
 			b = append(b, '}')
 		}
@@ -233,13 +232,13 @@ func (r *Result) AppendJSON(b []byte) []byte {
 				b = append(b, ',')
 			}
 			b = append(b, `{"check":`...)
-			b = appendString(b, f.Check)
+			b = receipt.AppendString(b, f.Check)
 			b = appendKey(b, "field")
-			b = appendString(b, f.Field)
+			b = receipt.AppendString(b, f.Field)
 			b = appendKey(b, "severity")
-			b = appendString(b, f.Severity)
+			b = receipt.AppendString(b, f.Severity)
 			b = appendKey(b, "detail")
-			b = appendString(b, f.Detail)
+			b = receipt.AppendString(b, f.Detail)
 			b = append(b, '}')
 		}
 		b = append(b, ']')
@@ -252,15 +251,15 @@ func (r *Result) AppendJSON(b []byte) []byte {
 				b = append(b, ',')
 			}
 			b = append(b, `{"source":`...)
-			b = appendString(b, h.Source)
+			b = receipt.AppendString(b, h.Source)
 			b = appendKey(b, "check")
-			b = appendString(b, h.Check)
+			b = receipt.AppendString(b, h.Check)
 			b = appendKey(b, "path")
-			b = appendString(b, h.Path)
+			b = receipt.AppendString(b, h.Path)
 			b = appendKey(b, "expected")
-			b = appendString(b, h.Expected)
+			b = receipt.AppendString(b, h.Expected)
 			b = appendKey(b, "found")
-			b = appendString(b, h.Found)
+			b = receipt.AppendString(b, h.Found)
 			b = append(b, '}')
 		}
 		b = append(b, ']')
@@ -272,28 +271,28 @@ func (r *Result) AppendJSON(b []byte) []byte {
 	}
 	b = appendKey(b, "verify")
 	b = append(b, `{"public_key_url":`...)
-	b = appendString(b, r.Verify.PublicKeyURL)
+	b = receipt.AppendString(b, r.Verify.PublicKeyURL)
 	b = appendKey(b, "key_version")
-	b = appendString(b, r.Verify.KeyVersion)
+	b = receipt.AppendString(b, r.Verify.KeyVersion)
 	b = appendKey(b, "canonicalization")
-	b = appendString(b, r.Verify.Canonicalization)
+	b = receipt.AppendString(b, r.Verify.Canonicalization)
 	b = appendKey(b, "hash_algorithm")
-	b = appendString(b, r.Verify.HashAlgorithm)
+	b = receipt.AppendString(b, r.Verify.HashAlgorithm)
 	b = appendKey(b, "service")
-	b = appendString(b, r.Verify.Service)
+	b = receipt.AppendString(b, r.Verify.Service)
 	b = appendKey(b, "mcp")
-	b = appendString(b, r.Verify.MCP)
+	b = receipt.AppendString(b, r.Verify.MCP)
 	b = append(b, '}')
 	if a := r.Attestation; a != nil {
 		b = appendKey(b, "attestation")
 		b = append(b, `{"algorithm":`...)
-		b = appendString(b, a.Algorithm)
+		b = receipt.AppendString(b, a.Algorithm)
 		b = appendKey(b, "key_version")
-		b = appendString(b, a.KeyVersion)
+		b = receipt.AppendString(b, a.KeyVersion)
 		b = appendKey(b, "timestamp")
-		b = appendString(b, a.Timestamp)
+		b = receipt.AppendString(b, a.Timestamp)
 		b = appendKey(b, "signature")
-		b = appendString(b, a.Signature)
+		b = receipt.AppendString(b, a.Signature)
 		b = append(b, '}')
 	}
 	return append(b, '}')
@@ -333,53 +332,4 @@ func appendRatio(b []byte, f float64) []byte {
 		b = append(b, ".0"...)
 	}
 	return b
-}
-
-// appendString writes s as a JSON string: literal UTF-8, with '"', '\\' and
-// control characters escaped (as RFC 8785 does), and any invalid byte as
-// U+FFFD (result strings are built from validated input, so there are none).
-func appendString(b []byte, s string) []byte {
-	const hexDigits = "0123456789abcdef"
-	b = append(b, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c >= utf8.RuneSelf {
-			r, size := utf8.DecodeRuneInString(s[i:])
-			if r == utf8.RuneError && size == 1 {
-				b = append(b, s[start:i]...)
-				b = append(b, "\ufffd"...)
-				i++
-				start = i
-				continue
-			}
-			i += size
-			continue
-		}
-		if c >= 0x20 && c != '"' && c != '\\' {
-			i++
-			continue
-		}
-		b = append(b, s[start:i]...)
-		switch c {
-		case '"', '\\':
-			b = append(b, '\\', c)
-		case '\n':
-			b = append(b, '\\', 'n')
-		case '\r':
-			b = append(b, '\\', 'r')
-		case '\t':
-			b = append(b, '\\', 't')
-		case '\b':
-			b = append(b, '\\', 'b')
-		case '\f':
-			b = append(b, '\\', 'f')
-		default:
-			b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xF])
-		}
-		i++
-		start = i
-	}
-	b = append(b, s[start:]...)
-	return append(b, '"')
 }

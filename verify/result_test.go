@@ -222,10 +222,3 @@ func TestFormatTime(t *testing.T) {
 		})
 	}
 }
-
-func TestResultStringsAreEscaped(t *testing.T) {
-	got := string(appendString(nil, "a\"b\\c\n\x01é\xff"))
-	if want := `"a\"b\\c\n\u0001é` + "\ufffd" + `"`; got != want {
-		t.Errorf("got %s, want %s", got, want)
-	}
-}
