@@ -81,7 +81,7 @@ type proc struct {
 	err     error
 }
 
-func startProc(t *testing.T, name, logDir string, env []string, path string, args ...string) *proc {
+func startProc(t testing.TB, name, logDir string, env []string, path string, args ...string) *proc {
 	t.Helper()
 	logPath := filepath.Join(logDir, name+".log")
 	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
@@ -117,7 +117,7 @@ func (p *proc) running() bool {
 
 // stop asks the process to end (SIGTERM), as an operator or make run does,
 // and kills it if it has not ended after a grace period.
-func (p *proc) stop(t *testing.T) {
+func (p *proc) stop(t testing.TB) {
 	t.Helper()
 	if !p.running() {
 		return
@@ -165,7 +165,7 @@ type stack struct {
 
 // newStack starts a whole stack and stops it when the test ends. caddyEnv
 // adds NAME=value settings for Caddyfile.example (AOV_FREE_PER_DAY=1, ...).
-func newStack(t *testing.T, caddyEnv ...string) *stack {
+func newStack(t testing.TB, caddyEnv ...string) *stack {
 	t.Helper()
 	dir := t.TempDir()
 	s := &stack{
@@ -223,7 +223,7 @@ func (s *stack) track(p *proc) *proc {
 
 // startCertd starts certd; dev lets it generate the first key when the key
 // directory is empty (what make run does on first start).
-func (s *stack) startCertd(t *testing.T, dev bool) {
+func (s *stack) startCertd(t testing.TB, dev bool) {
 	t.Helper()
 	args := []string{"serve",
 		"-keys", s.keys,
@@ -243,7 +243,7 @@ func (s *stack) startCertd(t *testing.T, dev bool) {
 	})
 }
 
-func (s *stack) startVerifierd(t *testing.T) {
+func (s *stack) startVerifierd(t testing.TB) {
 	t.Helper()
 	s.verifierd = s.track(startProc(t, "verifierd", s.dir, nil, bin.verifierd,
 		"-listen", s.verifierdAddr,
@@ -259,7 +259,7 @@ func (s *stack) historyDir() string { return filepath.Join(s.dir, "verifierd") }
 
 // history stops verifierd (Badger allows one process per database) and
 // reads what it recorded for agent, straight from the database.
-func (s *stack) history(t *testing.T, agent string) []store.Verification {
+func (s *stack) history(t testing.TB, agent string) []store.Verification {
 	t.Helper()
 	s.verifierd.stop(t)
 	db, err := store.Open(s.historyDir(), store.Options{})
@@ -274,7 +274,7 @@ func (s *stack) history(t *testing.T, agent string) []store.Verification {
 	return recs
 }
 
-func (s *stack) startCaddy(t *testing.T) {
+func (s *stack) startCaddy(t testing.TB) {
 	t.Helper()
 	_, port, _ := net.SplitHostPort(s.caddyAddr)
 	env := []string{
@@ -296,7 +296,7 @@ func (s *stack) startCaddy(t *testing.T) {
 }
 
 // waitReady waits until the chain answers through Caddy.
-func (s *stack) waitReady(t *testing.T) {
+func (s *stack) waitReady(t testing.TB) {
 	t.Helper()
 	waitFor(t, "the stack's /health through Caddy", func() error {
 		for _, p := range s.procs {
@@ -310,7 +310,7 @@ func (s *stack) waitReady(t *testing.T) {
 
 var errStopped = errors.New("process exited")
 
-func waitFor(t *testing.T, what string, ready func() error) {
+func waitFor(t testing.TB, what string, ready func() error) {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	var err error
@@ -340,7 +340,7 @@ func httpOK(url string) error {
 }
 
 // freeAddr returns a loopback address with a port nothing listens on now.
-func freeAddr(t *testing.T) string {
+func freeAddr(t testing.TB) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -359,7 +359,7 @@ type response struct {
 
 var client = &http.Client{Timeout: 30 * time.Second}
 
-func do(t *testing.T, method, url string, body []byte, header map[string]string) response {
+func do(t testing.TB, method, url string, body []byte, header map[string]string) response {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -389,18 +389,18 @@ func do(t *testing.T, method, url string, body []byte, header map[string]string)
 	return response{status: resp.StatusCode, header: resp.Header, body: b}
 }
 
-func post(t *testing.T, url string, body []byte) response {
+func post(t testing.TB, url string, body []byte) response {
 	t.Helper()
 	return do(t, http.MethodPost, url, body, nil)
 }
 
-func get(t *testing.T, url string) response {
+func get(t testing.TB, url string) response {
 	t.Helper()
 	return do(t, http.MethodGet, url, nil, nil)
 }
 
 // aov runs the aov command and returns its combined output and exit code.
-func aov(t *testing.T, args ...string) (string, int) {
+func aov(t testing.TB, args ...string) (string, int) {
 	t.Helper()
 	cmd := exec.Command(bin.aov, args...)
 	out, err := cmd.CombinedOutput()
@@ -418,7 +418,7 @@ func aov(t *testing.T, args ...string) (string, int) {
 
 // example reads one of the request bodies the run script's instructions
 // use, so the examples operators are shown are the ones tested here.
-func example(t *testing.T, name string) []byte {
+func example(t testing.TB, name string) []byte {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(repoRoot, "scripts", "examples", name))
 	if err != nil {
@@ -428,7 +428,7 @@ func example(t *testing.T, name string) []byte {
 }
 
 // writeFile saves b under the test's temp dir and returns the path.
-func writeFile(t *testing.T, name string, b []byte) string {
+func writeFile(t testing.TB, name string, b []byte) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), name)
 	if err := os.WriteFile(p, b, 0o600); err != nil {
