@@ -26,50 +26,9 @@ import (
 )
 
 // TestFacilitatorCaddyfileAdapt checks every x402_facilitator form against
-// golden files in testdata/facilitator_adapt: a Caddyfile, a line of ten
-// dashes, the expected JSON. Set FACILITATOR_ADAPT_UPDATE=1 to rewrite the
-// expected halves after a deliberate change.
+// golden files in testdata/facilitator_adapt.
 func TestFacilitatorCaddyfileAdapt(t *testing.T) {
-	files, err := filepath.Glob("testdata/facilitator_adapt/*.txt")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no adapt cases: %v", err)
-	}
-	for _, file := range files {
-		t.Run(filepath.Base(file), func(t *testing.T) {
-			raw, err := os.ReadFile(file)
-			if err != nil {
-				t.Fatal(err)
-			}
-			input, want, ok := strings.Cut(string(raw), "\n----------\n")
-			if !ok {
-				t.Fatalf("%s has no ---------- separator", file)
-			}
-			got := facAdapt(t, input+"\n")
-			if os.Getenv("FACILITATOR_ADAPT_UPDATE") != "" {
-				os.WriteFile(file, []byte(input+"\n----------\n"+got), 0o644)
-				return
-			}
-			if strings.TrimSpace(got) != strings.TrimSpace(want) {
-				t.Errorf("adapted JSON differs\n--- got\n%s\n--- want\n%s", got, want)
-			}
-		})
-	}
-}
-
-func facAdapt(t *testing.T, caddyfile string) string {
-	t.Helper()
-	out, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), map[string]any{"filename": "Caddyfile"})
-	if err != nil {
-		t.Fatalf("adapting: %v", err)
-	}
-	for _, w := range warnings {
-		t.Errorf("warning: %s", w.String())
-	}
-	var buf bytes.Buffer
-	if err := json.Indent(&buf, out, "", "\t"); err != nil {
-		t.Fatal(err)
-	}
-	return buf.String() + "\n"
+	checkAdaptGoldens(t, "testdata/facilitator_adapt")
 }
 
 func TestFacilitatorCaddyfileErrors(t *testing.T) {
