@@ -39,7 +39,26 @@ export AOV_PUBLIC_BASE_URL="$base"
 say() { printf '\033[1mrun:\033[0m %s\n' "$*" >&2; }
 die() { say "$*"; exit 1; }
 
-command -v curl >/dev/null || die "curl is needed to wait for the service to come up"
+# http_ok URL: true when a GET of URL (http://127.0.0.1 or localhost) answers
+# 200. Uses curl when installed, else bash's /dev/tcp, so nothing beyond
+# bash is required.
+http_ok() {
+	if command -v curl >/dev/null 2>&1; then
+		curl -fs -o /dev/null --max-time 5 "$1"
+		return
+	fi
+	local rest="${1#http://}" hostport path status
+	hostport="${rest%%/*}"
+	path="/${rest#*/}"
+	[ "$rest" = "$hostport" ] && path=/
+	local host="${hostport%:*}" port="${hostport##*:}"
+	[ "$host" = localhost ] && host=127.0.0.1
+	exec 3<>"/dev/tcp/$host/$port" 2>/dev/null || return 1
+	printf 'GET %s HTTP/1.0\r\nHost: %s\r\nConnection: close\r\n\r\n' "$path" "$hostport" >&3
+	read -r -t 5 _ status _ <&3 || status=""
+	exec 3<&- 3>&-
+	[ "$status" = 200 ]
+}
 
 # 1. Build. cmd/caddy is Caddy plus this repository's modules, pinned by
 #    go.sum, so this works offline once the module cache is filled. (For a
@@ -140,8 +159,8 @@ for _ in $(seq 1 150); do
 	for i in "${!pids[@]}"; do
 		kill -0 "${pids[$i]}" 2>/dev/null || die "${names[$i]} exited during start-up; see its output above"
 	done
-	if curl -fs -o /dev/null "$base/health" && curl -fs -o /dev/null "$base/.well-known/agent-card.json" &&
-		curl -fs -o /dev/null "$base/facilitator/supported"; then
+	if http_ok "$base/health" && http_ok "$base/.well-known/agent-card.json" &&
+		http_ok "$base/facilitator/supported"; then
 		ok=1
 		break
 	fi
