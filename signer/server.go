@@ -149,26 +149,27 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		s.health(w)
 	case PathKey:
-		if !s.authorized(w, r) {
-			return
+		if s.authorized(w, r) && allowMethod(w, r, http.MethodGet) {
+			s.key(w)
 		}
-		if r.Method != http.MethodGet {
-			apierr.Write(w, apierr.MethodNotAllowed(http.MethodGet))
-			return
-		}
-		s.key(w)
 	case PathSign:
-		if !s.authorized(w, r) {
-			return
+		if s.authorized(w, r) && allowMethod(w, r, http.MethodPost) {
+			s.sign(w, r)
 		}
-		if r.Method != http.MethodPost {
-			apierr.Write(w, apierr.MethodNotAllowed(http.MethodPost))
-			return
-		}
-		s.sign(w, r)
 	default:
 		apierr.Write(w, apierr.NotFound("signing endpoint"))
 	}
+}
+
+// allowMethod answers 405 unless the request uses method. The key and sign
+// endpoints check the secret first, so an unauthenticated caller learns
+// nothing about them.
+func allowMethod(w http.ResponseWriter, r *http.Request, method string) bool {
+	if r.Method == method {
+		return true
+	}
+	apierr.Write(w, apierr.MethodNotAllowed(method))
+	return false
 }
 
 // authorized checks the bearer secret when one is configured. Both sides
