@@ -71,7 +71,9 @@ mkdir -p "$bindir"
 #      keys/            certd's Ed25519 keys and their history (0700)
 #      certd/           certd's signing socket (0700; only verifierd uses it)
 #      verifierd/       verifierd's Badger database (verification history)
-#      caddy/           Caddy's own data and autosaved config (XDG dirs)
+#      caddy/           Caddy's own data and autosaved config (XDG dirs),
+#                       with the gateway's Badger store (allowance, payment
+#                       claims) in caddy/data/caddy/x402
 #      logs/            Caddy's access log
 #      gateway-token    secret Caddy sends to verifierd (0600)
 umask 077
@@ -155,7 +157,7 @@ start caddy env XDG_DATA_HOME="$data/caddy/data" XDG_CONFIG_HOME="$data/caddy/co
 
 # 6. Wait until the whole chain answers through Caddy.
 ok=0
-for _ in $(seq 1 150); do
+for _ in $(seq 1 300); do
 	for i in "${!pids[@]}"; do
 		kill -0 "${pids[$i]}" 2>/dev/null || die "${names[$i]} exited during start-up; see its output above"
 	done
@@ -166,7 +168,7 @@ for _ in $(seq 1 150); do
 	fi
 	sleep 0.2
 done
-[ "$ok" = 1 ] || die "the service did not answer on $base/health within 30 s"
+[ "$ok" = 1 ] || die "the service did not answer on $base/health within 60 s"
 
 cat >&2 <<EOF
 
@@ -194,7 +196,12 @@ cat >&2 <<EOF
       --data @scripts/examples/invoice-fixed.json >receipt.json
     $bindir/aov receipt verify --card $base/.well-known/agent-card.json receipt.json
 
-  Load: make load (in another terminal). Stop: Ctrl-C.
+  After $AOV_FREE_PER_DAY free calls a day, verification answers 402 with PAYMENT-REQUIRED:
+  pay with any x402 v2 client from devnet accounts 1-9 (keys of the public
+  "test test ... junk" mnemonic; they hold test USDC).
+
+  Load: make load (with nothing running it starts its own stack; against this
+  one, start it with AOV_FREE_PER_DAY=1000000000). Stop: Ctrl-C.
 
 EOF
 
