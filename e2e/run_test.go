@@ -142,6 +142,7 @@ func TestRunScript(t *testing.T) {
 			path string
 			mode os.FileMode // 0: any
 		}{
+			{".", 0o700},
 			{"gateway-token", 0o600},
 			{"keys", 0o700},
 			{"keys/index.json", 0},

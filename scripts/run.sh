@@ -32,6 +32,7 @@ export AOV_FREE_PER_DAY="${AOV_FREE_PER_DAY:-100}"
 data="${AOV_DATA:-$root/data}"
 bindir="${AOV_BIN:-$root/bin}"
 mkdir -p "$data"
+chmod 700 "$data" # it holds the signing keys and the gateway token
 data="$(cd "$data" && pwd)"
 base="http://localhost:$AOV_HTTP_PORT"
 export AOV_PUBLIC_BASE_URL="$base"
