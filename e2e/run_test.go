@@ -190,3 +190,40 @@ func TestRunScript(t *testing.T) {
 	})
 	second.interrupt(t)
 }
+
+// `make load` with nothing running: scripts/load.sh starts a stack of its
+// own, measures through Caddy and directly, prints the ratio, and stops the
+// stack again.
+func TestLoadScript(t *testing.T) {
+	http1, verifierd, certd, admin, metrics, rpc := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
+	_, port, _ := net.SplitHostPort(http1)
+	cmd := exec.Command("bash", filepath.Join(repoRoot, "scripts", "load.sh"), "-c", "2", "-d", "500ms", "-warmup", "0")
+	cmd.Dir = repoRoot
+	cmd.Env = append(os.Environ(),
+		"AOV_BIN="+bin.dir,
+		"AOV_HTTP_PORT="+port,
+		"AOV_VERIFIERD_ADDR="+verifierd,
+		"AOV_CERTD_PUBLIC_ADDR="+certd,
+		"AOV_ADMIN_ADDR="+admin,
+		"AOV_VERIFIERD_METRICS_ADDR="+metrics,
+		"AOV_DEVNET_RPC_ADDR="+rpc,
+	)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("load.sh: %v\n%s", err, out)
+	}
+	for _, want := range []string{"starting a stack of its own", "caddy", "direct", "through Caddy vs direct", "stopping the stack it started"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(string(out), "requests failed") {
+		t.Errorf("some load requests failed:\n%s", out)
+	}
+	for _, addr := range []string{http1, verifierd, certd} {
+		if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+			c.Close()
+			t.Errorf("%s still accepts connections after load.sh ended", addr)
+		}
+	}
+}
