@@ -195,7 +195,7 @@ cat >&2 <<EOF
 
     curl -s $base/verify/schema -H 'Content-Type: application/json' \\
       --data @scripts/examples/invoice-fixed.json >receipt.json
-    $bindir/aov receipt verify --card $base/.well-known/agent-card.json receipt.json
+    ${bindir#"$root"/}/aov receipt verify --card $base/.well-known/agent-card.json receipt.json
 
   After $AOV_FREE_PER_DAY free calls a day, verification answers 402 with PAYMENT-REQUIRED:
   pay with any x402 v2 client from devnet accounts 1-9 (keys of the public
