@@ -5,6 +5,8 @@ import (
 	"crypto/subtle"
 	"net/http"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/aovhq/aov/store"
 )
@@ -20,6 +22,7 @@ const (
 	HeaderPayer        = "X-Aov-Payer"         // payer address of a settled payment
 	HeaderNetwork      = "X-Aov-Network"       // CAIP-2 network of that payment
 	HeaderWallet       = "X-Aov-Wallet"        // address proven by X-Wallet-Auth
+	HeaderWalletAgent  = "X-Aov-Wallet-Agent"  // agent_id that proof binds to the wallet
 )
 
 // maxGatewayValue bounds a reported address or network; anything longer or
@@ -34,6 +37,8 @@ type gatewayInfo struct {
 	payer   string
 	network string
 	wallet  string
+	// walletAgent is the agent_id the wallet proof named, if any.
+	walletAgent string
 }
 
 // gatewayInfo reads the X-Aov-* headers when the request carries the right
@@ -61,7 +66,25 @@ func (s *Server) gatewayInfo(h http.Header, remote string) gatewayInfo {
 	info.payer = cleanValue(h.Get(HeaderPayer))
 	info.network = cleanValue(h.Get(HeaderNetwork))
 	info.wallet = cleanValue(h.Get(HeaderWallet))
+	if info.wallet != "" {
+		info.walletAgent = cleanAgent(h.Get(HeaderWalletAgent))
+	}
 	return info
+}
+
+// cleanAgent accepts an agent_id as the gateway forwards it: UTF-8, at most
+// 200 characters (SPEC §3's limit), no control characters; anything else is
+// dropped.
+func cleanAgent(v string) string {
+	if v == "" || !utf8.ValidString(v) || utf8.RuneCountInString(v) > 200 {
+		return ""
+	}
+	for _, r := range v {
+		if unicode.IsControl(r) {
+			return ""
+		}
+	}
+	return v
 }
 
 func cleanValue(v string) string {
@@ -76,14 +99,19 @@ func cleanValue(v string) string {
 	return v
 }
 
-// boundToWallet reports whether agentID names the wallet the caller proved
-// control of: the address itself, or a CAIP-10 account id ending in it
-// (eip155:8453:0xabc...). EVM (0x) addresses compare case-insensitively,
-// since EIP-55 checksum casing is only a display form; others (Solana's
-// base58) exactly. Only such an agent's history counts as authenticated.
-func boundToWallet(agentID, wallet string) bool {
+// boundToWallet reports whether agentID is bound to the wallet the caller
+// proved control of: the agent_id the proof itself named (X-Wallet-Auth's
+// agent_id claim, forwarded as X-Aov-Wallet-Agent), or the address itself,
+// or a CAIP-10 account id ending in it (eip155:8453:0xabc...). EVM (0x)
+// addresses compare case-insensitively, since EIP-55 checksum casing is
+// only a display form; others (Solana's base58) exactly. Only such an
+// agent's history counts as authenticated.
+func boundToWallet(agentID, wallet, walletAgent string) bool {
 	if agentID == "" || wallet == "" {
 		return false
+	}
+	if walletAgent != "" && agentID == walletAgent {
+		return true
 	}
 	if i := strings.LastIndexByte(agentID, ':'); i >= 0 {
 		agentID = agentID[i+1:]

@@ -217,6 +217,9 @@ func TestGatewayHeaders(t *testing.T) {
 		{"an agent_id naming another wallet is not authenticated", "0x3333333333333333333333333333333333333333", with(map[string]string{"X-Aov-Gateway-Token": gatewayToken}), "paid", paid["X-Aov-Payer"], "eip155:8453", paid["X-Aov-Wallet"], false},
 		{"an agent_id that is the proven wallet is authenticated", "0x2222222222222222222222222222222222222222", with(map[string]string{"X-Aov-Gateway-Token": gatewayToken}), "paid", paid["X-Aov-Payer"], "eip155:8453", paid["X-Aov-Wallet"], true},
 		{"a CAIP-10 agent_id ending in the proven wallet is authenticated", "eip155:8453:0x2222222222222222222222222222222222222222", with(map[string]string{"X-Aov-Gateway-Token": gatewayToken}), "paid", paid["X-Aov-Payer"], "eip155:8453", paid["X-Aov-Wallet"], true},
+		{"an agent_id the wallet proof bound to the wallet is authenticated", "seller-7", with(map[string]string{"X-Aov-Gateway-Token": gatewayToken, "X-Aov-Wallet-Agent": "seller-7"}), "paid", paid["X-Aov-Payer"], "eip155:8453", paid["X-Aov-Wallet"], true},
+		{"an agent_id other than the one the proof bound is not authenticated", "seller-8", with(map[string]string{"X-Aov-Gateway-Token": gatewayToken, "X-Aov-Wallet-Agent": "seller-7"}), "paid", paid["X-Aov-Payer"], "eip155:8453", paid["X-Aov-Wallet"], false},
+		{"a bound agent without a proven wallet authenticates nothing", "seller-7", map[string]string{"X-Aov-Gateway-Token": gatewayToken, "X-Aov-Payment": "free", "X-Aov-Wallet-Agent": "seller-7"}, "free", "", "", "", false},
 		{"a wallet header without the token authenticates nothing", "0x2222222222222222222222222222222222222222", paid, "unknown", "", "", "", false},
 	} {
 		t.Run(c.desc, func(t *testing.T) {

@@ -88,7 +88,7 @@ func (s *Server) verifyRequest(ctx context.Context, body []byte, gw gatewayInfo,
 	}
 	if req.AgentID != nil {
 		v.AgentID = *req.AgentID
-		v.Authenticated = boundToWallet(v.AgentID, gw.wallet)
+		v.Authenticated = boundToWallet(v.AgentID, gw.wallet, gw.walletAgent)
 	}
 	// Record even if the caller has gone away: the receipt was signed, and
 	// the write is short. A fresh context keeps the cancellation of the
