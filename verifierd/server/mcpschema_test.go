@@ -10,13 +10,10 @@ import (
 	"github.com/aovhq/aov/verify"
 )
 
-// TestVerifySchemaInputSchema checks the hand-written input schema of the
-// MCP tool verify_schema against the service's own parser: for every
-// request the two must agree, except where the parser checks what a JSON
-// Schema cannot say (the expected_schema compiling, path syntax, a rule's
-// operands, min ≤ max), and there the schema may only be the more lenient.
-func TestVerifySchemaInputSchema(t *testing.T) {
-	raw, err := os.ReadFile("mcpschema/verify_schema.input.json")
+// compileInputSchema compiles the MCP tool input schema mcpschema/name.
+func compileInputSchema(t *testing.T, name string) *jsonschema.Schema {
+	t.Helper()
+	raw, err := os.ReadFile("mcpschema/" + name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -25,13 +22,23 @@ func TestVerifySchemaInputSchema(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := jsonschema.NewCompiler()
-	if err := c.AddResource("verify_schema.input.json", doc); err != nil {
+	if err := c.AddResource(name, doc); err != nil {
 		t.Fatal(err)
 	}
-	sch, err := c.Compile("verify_schema.input.json")
+	sch, err := c.Compile(name)
 	if err != nil {
-		t.Fatalf("the input schema does not compile: %v", err)
+		t.Fatalf("the input schema %s does not compile: %v", name, err)
 	}
+	return sch
+}
+
+// TestVerifySchemaInputSchema checks the hand-written input schema of the
+// MCP tool verify_schema against the service's own parser: for every
+// request the two must agree, except where the parser checks what a JSON
+// Schema cannot say (the expected_schema compiling, path syntax, a rule's
+// operands, min ≤ max), and there the schema may only be the more lenient.
+func TestVerifySchemaInputSchema(t *testing.T) {
+	sch := compileInputSchema(t, "verify_schema.input.json")
 	v := verify.New(verify.Config{})
 
 	const base = `"task_id":"t","expected_schema":{"type":"object"},"submitted_output":{"a":1}`
@@ -95,22 +102,7 @@ func TestVerifySchemaInputSchema(t *testing.T) {
 }
 
 func TestGetVerificationRecordInputSchema(t *testing.T) {
-	raw, err := os.ReadFile("mcpschema/get_verification_record.input.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := jsonschema.NewCompiler()
-	if err := c.AddResource("s.json", doc); err != nil {
-		t.Fatal(err)
-	}
-	sch, err := c.Compile("s.json")
-	if err != nil {
-		t.Fatal(err)
-	}
+	sch := compileInputSchema(t, "get_verification_record.input.json")
 	for _, c := range []struct {
 		desc string
 		body string
