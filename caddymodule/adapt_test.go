@@ -67,3 +67,17 @@ func adapt(t *testing.T, caddyfile string) string {
 	}
 	return buf.String() + "\n"
 }
+
+// TestShippedCaddyfilesAdapt loads the Caddyfiles operators start from, so a
+// directive change cannot leave them broken.
+func TestShippedCaddyfilesAdapt(t *testing.T) {
+	for _, file := range []string{"../Caddyfile.example", "../examples/seller-agent/Caddyfile"} {
+		t.Run(filepath.Base(filepath.Dir(file))+"/"+filepath.Base(file), func(t *testing.T) {
+			raw, err := os.ReadFile(file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			adapt(t, string(raw))
+		})
+	}
+}
