@@ -78,31 +78,10 @@ func docsReload(t *testing.T, base, sites string) {
 	}
 }
 
-func docsGet(t *testing.T, url string, hdr map[string]string) (*http.Response, []byte) {
-	t.Helper()
-	req, err := http.NewRequest(http.MethodGet, url, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for k, v := range hdr {
-		req.Header.Set(k, v)
-	}
-	resp, err := testClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp, body
-}
-
 // docsOpenAPI fetches and decodes /openapi.json.
 func docsOpenAPI(t *testing.T, base string) (map[string]any, []byte) {
 	t.Helper()
-	resp, raw := docsGet(t, base+"/openapi.json", nil)
+	resp, raw := getBody(t, base+"/openapi.json", nil)
 	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "application/json" {
 		t.Fatalf("/openapi.json: status %d, type %q", resp.StatusCode, resp.Header.Get("Content-Type"))
 	}
@@ -164,7 +143,7 @@ func TestDocsFollowTheLiveConfiguration(t *testing.T) {
 			t.Errorf("servers = %v, want the request's origin %s", servers, base)
 		}
 
-		resp, txt := docsGet(t, base+"/llms.txt", nil)
+		resp, txt := getBody(t, base+"/llms.txt", nil)
 		if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/plain; charset=utf-8" {
 			t.Fatalf("/llms.txt: status %d, type %q", resp.StatusCode, resp.Header.Get("Content-Type"))
 		}
@@ -256,7 +235,7 @@ func TestDocsPageAndAssets(t *testing.T) {
 	up := newUpstream(t)
 	base := startCaddy(t, docsSite(up.URL, fac, "$0.02", 3, ""))
 
-	resp, page := docsGet(t, base+"/docs", nil)
+	resp, page := getBody(t, base+"/docs", nil)
 	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/html; charset=utf-8" {
 		t.Fatalf("/docs: status %d, type %q", resp.StatusCode, resp.Header.Get("Content-Type"))
 	}
@@ -277,14 +256,14 @@ func TestDocsPageAndAssets(t *testing.T) {
 			continue
 		}
 		t.Run("asset "+m[1], func(t *testing.T) {
-			resp, body := docsGet(t, base+m[1], nil)
+			resp, body := getBody(t, base+m[1], nil)
 			name := strings.TrimPrefix(m[1][:strings.Index(m[1]+"?", "?")], "/docs/assets/")
 			want, ct, _ := apidocs.Asset(name)
 			if resp.StatusCode != 200 || !bytes.Equal(body, want) || resp.Header.Get("Content-Type") != ct {
 				t.Fatalf("status %d, %d bytes (want %d), type %q", resp.StatusCode, len(body), len(want), resp.Header.Get("Content-Type"))
 			}
 			etag := resp.Header.Get("ETag")
-			again, body := docsGet(t, base+m[1], map[string]string{"If-None-Match": etag})
+			again, body := getBody(t, base+m[1], map[string]string{"If-None-Match": etag})
 			if etag == "" || again.StatusCode != http.StatusNotModified || len(body) != 0 {
 				t.Errorf("revalidation with ETag %q: status %d", etag, again.StatusCode)
 			}
@@ -346,13 +325,13 @@ func TestDocsOptions(t *testing.T) {
 	if got := doc["info"].(map[string]any)["title"]; got != "Invoice Checker" {
 		t.Errorf("title = %v", got)
 	}
-	_, txt := docsGet(t, base+"/llms.txt", nil)
+	_, txt := getBody(t, base+"/llms.txt", nil)
 	for _, want := range []string{"# Invoice Checker\n", "- Endpoint: `https://mcp.example.com/127.0.0.1`", "[OpenAPI 3.1](https://verify.example.com/openapi.json)"} {
 		if !strings.Contains(string(txt), want) {
 			t.Errorf("llms.txt lacks %q", want)
 		}
 	}
-	_, page := docsGet(t, base+"/docs", nil)
+	_, page := getBody(t, base+"/docs", nil)
 	if !bytes.Contains(page, []byte("<title>Invoice Checker: API docs</title>")) {
 		t.Error("the page does not carry the service name")
 	}
@@ -361,7 +340,7 @@ func TestDocsOptions(t *testing.T) {
 	// name) is the one the docs name.
 	site := strings.Replace(docsSite(up.URL, fac, "$0.02", 3, ""), "max_body 2KiB\n", "max_body 2KiB\n\t\t\t\tmcp_url https://tools.example.com/mcp\n", 1)
 	docsReload(t, base, site)
-	_, txt = docsGet(t, base+"/llms.txt", nil)
+	_, txt = getBody(t, base+"/llms.txt", nil)
 	if !strings.Contains(string(txt), "- Endpoint: `https://tools.example.com/mcp`") {
 		t.Error("llms.txt does not name the free allowance's MCP URL")
 	}
