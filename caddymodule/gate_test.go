@@ -17,7 +17,6 @@ import (
 
 	"github.com/ethereum/go-ethereum"
 	"github.com/ethereum/go-ethereum/common"
-	"github.com/ethereum/go-ethereum/core/types"
 
 	"github.com/aovhq/aov/plugins/evmfacilitator"
 	"github.com/aovhq/aov/x402"
@@ -522,46 +521,12 @@ func drain(t *testing.T, d *evmfacilitator.Devnet, i int) {
 	to := evmfacilitator.DevAccounts()[0].Address
 	data := append(common.FromHex("0xa9059cbb"), common.LeftPadBytes(to.Bytes(), 32)...)
 	data = append(data, common.LeftPadBytes(amount.Bytes(), 32)...)
-	ctx := context.Background()
-	c := d.Client()
-	nonce, err := c.PendingNonceAt(ctx, from)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tip, err := c.SuggestGasTipCap(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	head, err := c.HeaderByNumber(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
 	token := d.Token()
-	gas, err := c.EstimateGas(ctx, ethereum.CallMsg{From: from, To: &token, Data: data})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tx := types.NewTx(&types.DynamicFeeTx{
-		ChainID: big.NewInt(1337), Nonce: nonce, GasTipCap: tip,
-		GasFeeCap: new(big.Int).Add(tip, new(big.Int).Mul(head.BaseFee, big.NewInt(2))),
-		Gas:       gas, To: &token, Data: data,
-	})
-	signed, err := types.SignTx(tx, types.LatestSignerForChainID(big.NewInt(1337)), evmfacilitator.DevKey(i))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.SendTransaction(ctx, signed); err != nil {
+	if _, err := d.SendTx(ctx, evmfacilitator.DevKey(i), &token, data); err != nil {
 		t.Fatalf("draining account %d: %v", i, err)
 	}
-	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		if r, err := c.TransactionReceipt(ctx, signed.Hash()); err == nil {
-			if r.Status != types.ReceiptStatusSuccessful {
-				t.Fatalf("drain transfer reverted")
-			}
-			return
-		}
-	}
-	t.Fatal("drain transfer was not mined")
 }
 
 func TestConcurrentReplaysSettleOnce(t *testing.T) {

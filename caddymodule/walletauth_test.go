@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"math/big"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -20,7 +19,6 @@ import (
 
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/ethereum/go-ethereum/common"
-	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/crypto"
 
 	"github.com/aovhq/aov/internal/interop"
@@ -597,46 +595,14 @@ func TestContractWalletThroughChainRPC(t *testing.T) {
 	}
 }
 
-// deployTestWallet deploys contracts/TestSmartWallet.sol (compiled into
-// the devnet folder) owned by owner.
+// deployTestWallet deploys contracts/TestSmartWallet.sol owned by owner.
 func deployTestWallet(t *testing.T, d *evmfacilitator.Devnet, owner common.Address) common.Address {
 	t.Helper()
-	bin, err := os.ReadFile(filepath.Join("..", "plugins", "evmfacilitator", "devnet", "TestSmartWallet.bin"))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	wallet, err := d.DeployTestWallet(ctx, owner)
 	if err != nil {
 		t.Fatal(err)
 	}
-	code := append(common.FromHex(strings.TrimSpace(string(bin))), common.LeftPadBytes(owner.Bytes(), 32)...)
-	ctx := context.Background()
-	c := d.Client()
-	key := evmfacilitator.DevKey(0)
-	nonce, err := c.PendingNonceAt(ctx, crypto.PubkeyToAddress(key.PublicKey))
-	if err != nil {
-		t.Fatal(err)
-	}
-	head, err := c.HeaderByNumber(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tip := big.NewInt(1e9)
-	tx, err := types.SignTx(types.NewTx(&types.DynamicFeeTx{
-		ChainID: big.NewInt(evmfacilitator.DevnetChainID), Nonce: nonce, GasTipCap: tip,
-		GasFeeCap: new(big.Int).Add(tip, new(big.Int).Mul(head.BaseFee, big.NewInt(2))),
-		Gas:       1_000_000, Data: code,
-	}), types.LatestSignerForChainID(big.NewInt(evmfacilitator.DevnetChainID)), key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.SendTransaction(ctx, tx); err != nil {
-		t.Fatal(err)
-	}
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if r, err := c.TransactionReceipt(ctx, tx.Hash()); err == nil {
-			if r.Status != types.ReceiptStatusSuccessful {
-				t.Fatal("wallet deployment reverted")
-			}
-			return r.ContractAddress
-		}
-	}
-	t.Fatal("wallet deployment not mined")
-	return common.Address{}
+	return wallet
 }

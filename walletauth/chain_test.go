@@ -4,15 +4,11 @@ import (
 	"context"
 	"crypto/ecdsa"
 	"errors"
-	"math/big"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
-	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/crypto"
 	"github.com/ethereum/go-ethereum/ethclient"
 
@@ -20,55 +16,16 @@ import (
 )
 
 // deploySmartWallet deploys the project's EIP-1271 test wallet
-// (contracts/TestSmartWallet.sol, compiled into the devnet folder) owned by
-// owner, and returns its address.
+// (contracts/TestSmartWallet.sol) owned by owner, and returns its address.
 func deploySmartWallet(t testing.TB, d *evmfacilitator.Devnet, owner common.Address) common.Address {
 	t.Helper()
-	bin, err := os.ReadFile(filepath.Join("..", "plugins", "evmfacilitator", "devnet", "TestSmartWallet.bin"))
-	if err != nil {
-		t.Fatalf("reading the test wallet bytecode: %v", err)
-	}
-	code := append(common.FromHex(strings.TrimSpace(string(bin))), common.LeftPadBytes(owner.Bytes(), 32)...)
-	return sendTx(t, d, evmfacilitator.DevKey(0), code).ContractAddress
-}
-
-// sendTx sends a contract creation from key and waits for its receipt.
-func sendTx(t testing.TB, d *evmfacilitator.Devnet, key *ecdsa.PrivateKey, data []byte) *types.Receipt {
-	t.Helper()
-	ctx := context.Background()
-	c := d.Client()
-	from := crypto.PubkeyToAddress(key.PublicKey)
-	nonce, err := c.PendingNonceAt(ctx, from)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	wallet, err := d.DeployTestWallet(ctx, owner)
 	if err != nil {
 		t.Fatal(err)
 	}
-	head, err := c.HeaderByNumber(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tip := big.NewInt(1e9)
-	tx := types.NewTx(&types.DynamicFeeTx{
-		ChainID: big.NewInt(evmfacilitator.DevnetChainID), Nonce: nonce, GasTipCap: tip,
-		GasFeeCap: new(big.Int).Add(tip, new(big.Int).Mul(head.BaseFee, big.NewInt(2))),
-		Gas:       1_000_000, Data: data,
-	})
-	signed, err := types.SignTx(tx, types.LatestSignerForChainID(big.NewInt(evmfacilitator.DevnetChainID)), key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.SendTransaction(ctx, signed); err != nil {
-		t.Fatal(err)
-	}
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if r, err := c.TransactionReceipt(ctx, signed.Hash()); err == nil {
-			if r.Status != types.ReceiptStatusSuccessful {
-				t.Fatal("transaction reverted")
-			}
-			return r
-		}
-	}
-	t.Fatal("transaction not mined")
-	return nil
+	return wallet
 }
 
 // TestContractWalletSignsThroughEIP1271 deploys a contract wallet on the

@@ -345,6 +345,53 @@ func (d *Devnet) NewFacilitator() (*Facilitator, error) {
 // DevnetConfig.RPCListen was empty.
 func (d *Devnet) RPCURL() string { return d.rpcURL }
 
+// SendTx sends data from key to `to` (nil: a contract creation) with a gas
+// limit of 3,000,000 and waits, until ctx ends, for the receipt; a reverted
+// transaction is an error. Tests and demos use it to change the chain's
+// state (deploy a contract, move test USDC) the way any wallet would.
+func (d *Devnet) SendTx(ctx context.Context, key *ecdsa.PrivateKey, to *common.Address, data []byte) (*types.Receipt, error) {
+	nonce, err := d.client.PendingNonceAt(ctx, crypto.PubkeyToAddress(key.PublicKey))
+	if err != nil {
+		return nil, fmt.Errorf("reading the nonce: %w", err)
+	}
+	tx, err := d.signTx(ctx, key, nonce, to, data, 3_000_000)
+	if err != nil {
+		return nil, fmt.Errorf("signing: %w", err)
+	}
+	if err := d.client.SendTransaction(ctx, tx); err != nil {
+		return nil, fmt.Errorf("sending: %w", err)
+	}
+	for {
+		if r, err := d.client.TransactionReceipt(ctx, tx.Hash()); err == nil {
+			if r.Status != types.ReceiptStatusSuccessful {
+				return r, errors.New("transaction reverted")
+			}
+			return r, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("transaction not mined: %w", ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// DeployTestWallet deploys the project's EIP-1271 test wallet
+// (contracts/TestSmartWallet.sol) owned by owner, from development account
+// 0, and returns its address: a contract account whose owner's signatures
+// it accepts, for trying payments and wallet proofs from smart wallets.
+func (d *Devnet) DeployTestWallet(ctx context.Context, owner common.Address) (common.Address, error) {
+	args, err := mustABI(testWalletABIJSON).Pack("", owner)
+	if err != nil {
+		return common.Address{}, err
+	}
+	r, err := d.SendTx(ctx, DevKey(0), nil, append(hexCode(testWalletBin), args...))
+	if err != nil {
+		return common.Address{}, fmt.Errorf("deploying the test wallet: %w", err)
+	}
+	return r.ContractAddress, nil
+}
+
 // Close stops the committer and the chain. It is safe to call more than once.
 func (d *Devnet) Close() error {
 	d.closeOnce.Do(func() {

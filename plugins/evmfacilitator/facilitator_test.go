@@ -497,41 +497,24 @@ func TestSmartWalletPayer(t *testing.T) {
 // sendTx signs data from key to `to` on the devnet and waits for its receipt.
 func sendTx(t testing.TB, d *Devnet, key *ecdsa.PrivateKey, to *common.Address, data []byte) *types.Receipt {
 	t.Helper()
-	ctx := context.Background()
-	from := crypto.PubkeyToAddress(key.PublicKey)
-	nonce, err := d.Client().PendingNonceAt(ctx, from)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r, err := d.SendTx(ctx, key, to, data)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tx, err := d.signTx(ctx, key, nonce, to, data, 3_000_000)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Client().SendTransaction(ctx, tx); err != nil {
-		t.Fatal(err)
-	}
-	for range 500 {
-		if r, err := d.Client().TransactionReceipt(ctx, tx.Hash()); err == nil {
-			if r.Status != types.ReceiptStatusSuccessful {
-				t.Fatal("transaction reverted")
-			}
-			return r
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatal("transaction not mined")
-	return nil
+	return r
 }
 
 func deployWallet(t testing.TB, d *Devnet, owner common.Address) common.Address {
 	t.Helper()
-	walletABI := mustABI(testWalletABIJSON)
-	args, err := walletABI.Pack("", owner)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	wallet, err := d.DeployTestWallet(ctx, owner)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := sendTx(t, d, DevKey(0), nil, append(hexCode(testWalletBin), args...))
-	return r.ContractAddress
+	return wallet
 }
 
 func fundUSDC(t testing.TB, d *Devnet, from *ecdsa.PrivateKey, to common.Address, units int64) {
