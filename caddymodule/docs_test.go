@@ -7,11 +7,10 @@ import (
 	"io"
 	"net/http"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
-	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
 	"github.com/aovhq/aov/apidocs"
@@ -66,16 +65,11 @@ func docsSite(up, fac, price string, perDay int, docsOptions string) string {
 // an operator's reload does.
 func docsReload(t *testing.T, base, sites string) {
 	t.Helper()
-	port := base[strings.LastIndex(base, ":")+1:]
-	cfg := fmt.Sprintf("{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n\thttp_port %s\n\tstorage file_system %s\n}\n", port, t.TempDir())
-	cfg += strings.NewReplacer("{port}", port, "{data}", t.TempDir()).Replace(sites)
-	js, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cfg), map[string]any{"filename": "Caddyfile"})
+	port, err := strconv.Atoi(base[strings.LastIndex(base, ":")+1:])
 	if err != nil {
-		t.Fatalf("adapting Caddyfile: %v", err)
+		t.Fatal(err)
 	}
-	if err := caddy.Load(js, true); err != nil {
-		t.Fatalf("reloading Caddy: %v", err)
-	}
+	loadCaddy(t, port, sites)
 }
 
 // docsOpenAPI fetches and decodes /openapi.json.
@@ -366,10 +360,7 @@ func TestDocsCaddyfileErrors(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.desc, func(t *testing.T) {
-			_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(":8080 {\n"+tc.caddyfile+"\n}\n"), nil)
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("error %v, want it to contain %q", err, tc.want)
-			}
+			wantErr(t, adaptSiteError(tc.caddyfile), tc.want)
 		})
 	}
 }

@@ -23,16 +23,7 @@ import (
 func startCaddy(t testing.TB, sites string) string {
 	t.Helper()
 	port := freePort(t)
-	cfg := fmt.Sprintf("{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n\thttp_port %d\n\tstorage file_system %s\n\tlog {\n\t\toutput discard\n\t}\n}\n", port, t.TempDir())
-	cfg += strings.NewReplacer("{port}", fmt.Sprint(port), "{data}", t.TempDir()).Replace(sites)
-	a := caddyconfig.GetAdapter("caddyfile")
-	js, _, err := a.Adapt([]byte(cfg), map[string]any{"filename": "Caddyfile"})
-	if err != nil {
-		t.Fatalf("adapting Caddyfile: %v\n%s", err, cfg)
-	}
-	if err := caddy.Load(js, true); err != nil {
-		t.Fatalf("loading Caddy config: %v", err)
-	}
+	loadCaddy(t, port, sites)
 	t.Cleanup(func() {
 		if err := caddy.Stop(); err != nil {
 			t.Logf("stopping Caddy: %v", err)
@@ -49,6 +40,43 @@ func startCaddy(t testing.TB, sites string) string {
 	}
 	t.Fatalf("Caddy did not listen on %s", base)
 	return ""
+}
+
+// loadCaddy loads sites behind the generated global block into this
+// process's Caddy, serving on port: startCaddy's first load, or a reload of
+// the running Caddy as an operator's reload does.
+func loadCaddy(t testing.TB, port int, sites string) {
+	t.Helper()
+	cfg := fmt.Sprintf("{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n\thttp_port %d\n\tstorage file_system %s\n\tlog {\n\t\toutput discard\n\t}\n}\n", port, t.TempDir())
+	cfg += strings.NewReplacer("{port}", fmt.Sprint(port), "{data}", t.TempDir()).Replace(sites)
+	js, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cfg), map[string]any{"filename": "Caddyfile"})
+	if err != nil {
+		t.Fatalf("adapting Caddyfile: %v\n%s", err, cfg)
+	}
+	if err := caddy.Load(js, true); err != nil {
+		t.Fatalf("loading Caddy config: %v", err)
+	}
+}
+
+// adaptSiteError adapts a site block holding directives and returns the
+// Caddyfile adapter's error, for the tests of Caddyfile mistakes.
+func adaptSiteError(directives string) error {
+	_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(":8080 {\n"+directives+"\n}\n"), nil)
+	return err
+}
+
+// wantErr fails t unless err contains want; with want "" err must be nil.
+func wantErr(t testing.TB, err error, want string) {
+	t.Helper()
+	if want == "" {
+		if err != nil {
+			t.Fatalf("error %v", err)
+		}
+		return
+	}
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("error %v, want it to contain %q", err, want)
+	}
 }
 
 // freePort asks the kernel for a free loopback port.

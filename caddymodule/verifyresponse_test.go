@@ -900,15 +900,7 @@ func TestVerifyResponseConfiguration(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.desc, func(t *testing.T) {
 			err := loadError(t, ":0 {\n\tverify_response {\n\t\t"+tc.body+"\n\t}\n\trespond ok\n}\n")
-			if tc.want == "" {
-				if err != nil {
-					t.Fatalf("error %v", err)
-				}
-				return
-			}
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("error %v, want it to contain %q", err, tc.want)
-			}
+			wantErr(t, err, tc.want)
 		})
 	}
 }
@@ -925,15 +917,7 @@ func TestSettleOnConfiguration(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.desc, func(t *testing.T) {
 			err := loadError(t, fmt.Sprintf(":0 {\n\tx402 {\n\t\taccept devnet $0.01 %s\n\t\tfacilitator http http://127.0.0.1:1\n\t\tstore badger %s\n\t\t%s\n\t}\n\trespond ok\n}\n", payTo.Hex(), t.TempDir(), tc.opts))
-			if tc.want == "" {
-				if err != nil {
-					t.Fatalf("error %v", err)
-				}
-				return
-			}
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("error %v, want it to contain %q", err, tc.want)
-			}
+			wantErr(t, err, tc.want)
 		})
 	}
 }

@@ -17,7 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/crypto"
 
@@ -516,10 +515,7 @@ func TestWalletAuthCaddyfileErrors(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.desc, func(t *testing.T) {
-			_, _, err := caddyconfigAdapt(":8080 {\n" + tc.caddyfile + "\n}\n")
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("error %v, want it to contain %q", err, tc.want)
-			}
+			wantErr(t, adaptSiteError(tc.caddyfile), tc.want)
 		})
 	}
 	// A mode other than required or optional fails at load.
@@ -527,10 +523,6 @@ func TestWalletAuthCaddyfileErrors(t *testing.T) {
 	if err := wa.Validate(); err == nil || !strings.Contains(err.Error(), "required or optional") {
 		t.Errorf("Validate: %v", err)
 	}
-}
-
-func caddyconfigAdapt(cfg string) ([]byte, []caddyconfig.Warning, error) {
-	return caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cfg), nil)
 }
 
 // TestContractWalletThroughChainRPC: with chain_rpc, a contract wallet
