@@ -4,8 +4,6 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
-	"os"
-	"path/filepath"
 	"reflect"
 	"testing"
 )
@@ -17,15 +15,7 @@ import (
 // as an exact EVM payload, yields a digest without error.
 func FuzzDecodePaymentSignature(f *testing.F) {
 	for _, name := range []string{"base.json", "base-sepolia.json"} {
-		data, err := os.ReadFile(filepath.Join("testdata", "official-client", name))
-		if err != nil {
-			f.Fatal(err)
-		}
-		var v officialVector
-		if err := json.Unmarshal(data, &v); err != nil {
-			f.Fatal(err)
-		}
-		f.Add(v.Header)
+		f.Add(loadOfficial(f, name).Header)
 	}
 	f.Add(b64(validPayloadJSON))
 	f.Add(b64(`{"x402Version":1}`))

@@ -33,18 +33,7 @@ func TestResolveNetwork(t *testing.T) {
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			got, err := ResolveNetwork(tc.in)
-			if tc.want == "" {
-				if err == nil {
-					t.Fatalf("accepted as %q", got)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got != tc.want {
-				t.Fatalf("got %q, want %q", got, tc.want)
-			}
+			wantParsed(t, got, err, tc.want)
 		})
 	}
 }

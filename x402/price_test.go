@@ -44,18 +44,7 @@ func TestParsePrice(t *testing.T) {
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			got, err := ParsePrice(tc.price, tc.decimals)
-			if tc.want == "" {
-				if err == nil {
-					t.Fatalf("accepted as %q", got)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got != tc.want {
-				t.Fatalf("got %q, want %q", got, tc.want)
-			}
+			wantParsed(t, got, err, tc.want)
 		})
 	}
 }
@@ -109,5 +98,23 @@ func TestFormatAmount(t *testing.T) {
 				t.Fatalf("ParsePrice(FormatAmount(x)) = %q, not x", p)
 			}
 		})
+	}
+}
+
+// wantParsed checks what a parser of operator input returned: want, or,
+// with want "", a refusal.
+func wantParsed(t *testing.T, got string, err error, want string) {
+	t.Helper()
+	if want == "" {
+		if err == nil {
+			t.Fatalf("accepted as %q", got)
+		}
+		return
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != want {
+		t.Fatalf("got %q, want %q", got, want)
 	}
 }
