@@ -87,6 +87,8 @@ var requestFields = []string{"task_id", "agent_id", "expected_schema", "submitte
 var ruleFields = []string{"type", "field", "equals_field", "equals", "other_field", "value",
 	"in_field", "values", "tolerance", "if_present"}
 
+var boundFields = []string{"min", "max", "if_present"}
+
 // operands lists, per rule type, the operand fields it takes (exactly one of
 // them must be given; unique takes none).
 var operands = map[string][2]string{
@@ -133,6 +135,22 @@ func key(prefix, name string) string {
 	b.WriteString(prefix)
 	strictjson.AppendKey(&b, name)
 	return b.String()
+}
+
+// addUnknownFields reports every member of m (the object at field) that is
+// not one of known, as "is not a field of <what>", in sorted order so a
+// request gets the same errors on every run.
+func addUnknownFields(p *problems, field string, m map[string]any, known []string, what, fix string) {
+	var unknown []string
+	for k := range m {
+		if !slices.Contains(known, k) {
+			unknown = append(unknown, k)
+		}
+	}
+	slices.Sort(unknown)
+	for _, k := range unknown {
+		p.add(key(field, k), "is not a field of "+what, fix)
+	}
 }
 
 // typeName names the JSON type of a decoded value, for "is a number, not a
@@ -261,17 +279,8 @@ func (v *Verifier) parseDoc(doc map[string]any, compile bool) (*Request, error) 
 	req.bounds = v.parseBounds(&p, doc["bounds"])
 	req.rules = v.parseRules(&p, doc["rules"])
 
-	var unknown []string
-	for k := range doc {
-		if !slices.Contains(requestFields, k) {
-			unknown = append(unknown, k)
-		}
-	}
-	slices.Sort(unknown)
-	for _, k := range unknown {
-		p.add(key("", k), "is not a field of a verification request",
-			"Remove it; the fields are task_id, agent_id, expected_schema, submitted_output, strict_content_check, bounds, rules, enforce_rules and detail.")
-	}
+	addUnknownFields(&p, "", doc, requestFields, "a verification request",
+		"Remove it; the fields are task_id, agent_id, expected_schema, submitted_output, strict_content_check, bounds, rules, enforce_rules and detail.")
 
 	// Hash before compiling: the schema hash is the cache key. Hashing can
 	// only fail on trees strictjson would not produce.
@@ -398,16 +407,7 @@ func (v *Verifier) parseBounds(p *problems, raw any) []bound {
 				b.ifPresent = bp
 			}
 		}
-		var unknown []string
-		for name := range entry {
-			if name != "min" && name != "max" && name != "if_present" {
-				unknown = append(unknown, name)
-			}
-		}
-		slices.Sort(unknown)
-		for _, name := range unknown {
-			p.add(key(field, name), "is not a field of a bound", "Remove it; a bound has min, max and if_present.")
-		}
+		addUnknownFields(p, field, entry, boundFields, "a bound", "Remove it; a bound has min, max and if_present.")
 		switch {
 		case entry["min"] == nil && entry["max"] == nil:
 			p.add(field, "has neither min nor max", `Give at least one limit, for example {"min": 0}.`)
@@ -470,17 +470,8 @@ func parseRule(p *problems, field string, m map[string]any) rule {
 		r.field = *path
 	}
 
-	var unknown []string
-	for k := range m {
-		if !slices.Contains(ruleFields, k) {
-			unknown = append(unknown, k)
-		}
-	}
-	slices.Sort(unknown)
-	for _, k := range unknown {
-		p.add(key(field, k), "is not a field of a rule",
-			"Remove it; a rule has type, field, equals_field, equals, other_field, value, in_field, values, tolerance and if_present.")
-	}
+	addUnknownFields(p, field, m, ruleFields, "a rule",
+		"Remove it; a rule has type, field, equals_field, equals, other_field, value, in_field, values, tolerance and if_present.")
 
 	switch x := m["tolerance"].(type) {
 	case nil:
