@@ -535,7 +535,12 @@ func TestContractWalletThroughChainRPC(t *testing.T) {
 	}
 	t.Cleanup(func() { d.Close() })
 	owner := walletKey(3)
-	wallet := deployTestWallet(t, d, crypto.PubkeyToAddress(owner.PublicKey))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	wallet, err := d.DeployTestWallet(ctx, crypto.PubkeyToAddress(owner.PublicKey))
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	up := walletUpstream(t)
 	base := startCaddy(t, fmt.Sprintf(`:{port} {
@@ -585,16 +590,4 @@ func TestContractWalletThroughChainRPC(t *testing.T) {
 			}
 		})
 	}
-}
-
-// deployTestWallet deploys contracts/TestSmartWallet.sol owned by owner.
-func deployTestWallet(t *testing.T, d *evmfacilitator.Devnet, owner common.Address) common.Address {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	wallet, err := d.DeployTestWallet(ctx, owner)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return wallet
 }

@@ -8,25 +8,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/crypto"
 	"github.com/ethereum/go-ethereum/ethclient"
 
 	"github.com/aovhq/aov/plugins/evmfacilitator"
 )
-
-// deploySmartWallet deploys the project's EIP-1271 test wallet
-// (contracts/TestSmartWallet.sol) owned by owner, and returns its address.
-func deploySmartWallet(t testing.TB, d *evmfacilitator.Devnet, owner common.Address) common.Address {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	wallet, err := d.DeployTestWallet(ctx, owner)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return wallet
-}
 
 // TestContractWalletSignsThroughEIP1271 deploys a contract wallet on the
 // devnet, reached over JSON-RPC as a gateway reaches a real chain, and
@@ -47,7 +33,12 @@ func TestContractWalletSignsThroughEIP1271(t *testing.T) {
 	}
 	t.Cleanup(rpc.Close)
 	owner := evmfacilitator.DevKey(3)
-	wallet := deploySmartWallet(t, d, crypto.PubkeyToAddress(owner.PublicKey))
+	deploying, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	wallet, err := d.DeployTestWallet(deploying, crypto.PubkeyToAddress(owner.PublicKey))
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	// proof signs for the wallet with key on chain.
 	proof := func(key *ecdsa.PrivateKey, chain string) string {
