@@ -127,12 +127,6 @@ func (s *Server) serveReputation(w http.ResponseWriter, r *http.Request, _ *requ
 	if err != nil {
 		return apierr.Internal(err)
 	}
-	h := w.Header()
-	h.Set("Content-Type", "application/json")
-	h.Set("Cache-Control", "no-store")
-	w.WriteHeader(http.StatusOK)
-	if r.Method != http.MethodHead {
-		w.Write(append(body, '\n'))
-	}
+	writeDoc(w, r, append(body, '\n'))
 	return nil
 }

@@ -94,13 +94,7 @@ func (s *Server) serveScore(w http.ResponseWriter, r *http.Request, _ *requestLo
 	if err != nil {
 		return err
 	}
-	h := w.Header()
-	h.Set("Content-Type", "application/json")
-	h.Set("Cache-Control", "no-store")
-	w.WriteHeader(http.StatusOK)
-	if r.Method != http.MethodHead {
-		w.Write(doc)
-	}
+	writeDoc(w, r, doc)
 	return nil
 }
 

@@ -283,6 +283,19 @@ func errString(err error) string {
 	return err.Error()
 }
 
+// writeDoc answers 200 with a JSON document that no cache may keep (each
+// is about this moment: a verification, a score, the service's health); a
+// HEAD gets the headers only.
+func writeDoc(w http.ResponseWriter, r *http.Request, doc []byte) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	if r.Method != http.MethodHead {
+		w.Write(doc)
+	}
+}
+
 // serveHealth answers 200 only when certd answers and the history store is
 // open: a verifierd that cannot sign or record cannot serve a verification.
 func (s *Server) serveHealth(w http.ResponseWriter, r *http.Request, _ *requestLog) error {
@@ -294,13 +307,7 @@ func (s *Server) serveHealth(w http.ResponseWriter, r *http.Request, _ *requestL
 	if err := s.signer.Ping(ctx); err != nil {
 		return apierr.Unavailable("signing service", 1, err)
 	}
-	h := w.Header()
-	h.Set("Content-Type", "application/json")
-	h.Set("Cache-Control", "no-store")
-	w.WriteHeader(http.StatusOK)
-	if r.Method != http.MethodHead {
-		w.Write([]byte(`{"status":"ok"}` + "\n"))
-	}
+	writeDoc(w, r, []byte(`{"status":"ok"}`+"\n"))
 	return nil
 }
 

@@ -37,11 +37,7 @@ func (s *Server) serveVerify(w http.ResponseWriter, r *http.Request, rec *reques
 	if err != nil {
 		return err
 	}
-	h := w.Header()
-	h.Set("Content-Type", "application/json")
-	h.Set("Cache-Control", "no-store")
-	w.WriteHeader(http.StatusOK)
-	w.Write(doc)
+	writeDoc(w, r, doc)
 	return nil
 }
 
