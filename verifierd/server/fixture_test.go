@@ -148,6 +148,14 @@ func (f *fixture) keySet(t testing.TB) receipt.KeySet {
 }
 
 func (f *fixture) do(method, path string, body []byte, hdr map[string]string) *httptest.ResponseRecorder {
+	w := httptest.NewRecorder()
+	f.h.ServeHTTP(w, newRequest(method, path, body, hdr))
+	return w
+}
+
+// newRequest is a request to the handler: a body is JSON unless hdr says
+// otherwise, and a header given as "" is removed.
+func newRequest(method, path string, body []byte, hdr map[string]string) *http.Request {
 	var r *http.Request
 	if body == nil {
 		r = httptest.NewRequest(method, path, nil)
@@ -162,9 +170,7 @@ func (f *fixture) do(method, path string, body []byte, hdr map[string]string) *h
 			r.Header.Set(k, v)
 		}
 	}
-	w := httptest.NewRecorder()
-	f.h.ServeHTTP(w, r)
-	return w
+	return r
 }
 
 func (f *fixture) allRecords(t testing.TB) []store.Verification {

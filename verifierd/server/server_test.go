@@ -294,23 +294,10 @@ func TestRefusals(t *testing.T) {
 		{"POST on /health is 405 with Allow: GET, HEAD", "POST", "/health", []byte(`{}`), nil, false, 405, "method_not_allowed", "GET, HEAD", ""},
 	} {
 		t.Run(c.desc, func(t *testing.T) {
-			var r *http.Request
-			if c.body == nil {
-				r = httptest.NewRequest(c.method, c.path, nil)
-			} else {
-				r = httptest.NewRequest(c.method, c.path, bytes.NewReader(c.body))
-				r.Header.Set("Content-Type", "application/json")
-			}
+			r := newRequest(c.method, c.path, c.body, c.hdr)
 			if c.chunked {
 				r.ContentLength = -1
 				r.Body = io.NopCloser(bytes.NewReader(c.body))
-			}
-			for k, v := range c.hdr {
-				if v == "" {
-					r.Header.Del(k)
-				} else {
-					r.Header.Set(k, v)
-				}
 			}
 			w := httptest.NewRecorder()
 			f.h.ServeHTTP(w, r)
