@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"sync/atomic"
 	"testing"
 )
@@ -26,10 +25,7 @@ func BenchmarkVerifyInvoice(b *testing.B) {
 			b.ReportAllocs()
 			b.SetBytes(int64(len(body)))
 			for b.Loop() {
-				r := httptest.NewRequest(http.MethodPost, "/verify/schema", bytes.NewReader(body))
-				r.Header.Set("Content-Type", "application/json")
-				w := httptest.NewRecorder()
-				f.h.ServeHTTP(w, r)
+				w := f.do(http.MethodPost, "/verify/schema", body, nil)
 				if w.Code != http.StatusOK {
 					b.Fatalf("status %d: %s", w.Code, w.Body)
 				}
@@ -50,10 +46,7 @@ func BenchmarkVerifyInvoiceParallel(b *testing.B) {
 		agent := fmt.Sprintf(`"seller-%d"`, next.Add(1))
 		body := bytes.Replace(invoice("135.0", ""), []byte(`"seller-7"`), []byte(agent), 1)
 		for pb.Next() {
-			r := httptest.NewRequest(http.MethodPost, "/verify/schema", bytes.NewReader(body))
-			r.Header.Set("Content-Type", "application/json")
-			w := httptest.NewRecorder()
-			f.h.ServeHTTP(w, r)
+			w := f.do(http.MethodPost, "/verify/schema", body, nil)
 			if w.Code != http.StatusOK {
 				b.Errorf("status %d", w.Code)
 				return
@@ -69,10 +62,7 @@ func BenchmarkRefusal(b *testing.B) {
 	body := []byte(`{"task_id":"x","expected_schema":{},"submitted_output":1,"rules":[{"type":"nope"}]}`)
 	b.ReportAllocs()
 	for b.Loop() {
-		r := httptest.NewRequest(http.MethodPost, "/verify/schema", bytes.NewReader(body))
-		r.Header.Set("Content-Type", "application/json")
-		w := httptest.NewRecorder()
-		f.h.ServeHTTP(w, r)
+		w := f.do(http.MethodPost, "/verify/schema", body, nil)
 		if w.Code != http.StatusUnprocessableEntity {
 			b.Fatalf("status %d", w.Code)
 		}
