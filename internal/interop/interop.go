@@ -17,9 +17,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/aovhq/aov/internal/syncbuf"
 )
 
 // Dir returns the interop folder, skipping (or, under CI, failing) t when
@@ -141,7 +142,7 @@ func Start(t testing.TB, script string, env []string, ready any) (stderr func() 
 	if err != nil {
 		t.Fatal(err)
 	}
-	errs := &syncBuffer{}
+	errs := &syncbuf.Buffer{}
 	cmd.Stderr = errs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -172,22 +173,4 @@ func Start(t testing.TB, script string, env []string, ready any) (stderr func() 
 		t.Fatalf("node %s did not start\n%s", script, errs.String())
 	}
 	return errs.String
-}
-
-// syncBuffer is a bytes.Buffer a running peer writes while the test reads.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

@@ -10,13 +10,13 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/aovhq/aov/agentcard"
+	"github.com/aovhq/aov/internal/syncbuf"
 	"github.com/aovhq/aov/keystore"
 	"github.com/aovhq/aov/receipt"
 	"github.com/aovhq/aov/signer"
@@ -39,7 +39,7 @@ type fixture struct {
 	db      *store.DB
 	h       *server.Server
 	reg     *prometheus.Registry
-	logs    *syncBuffer
+	logs    *syncbuf.Buffer
 	dataDir string
 }
 
@@ -66,7 +66,7 @@ func shortDir(t testing.TB) string {
 func newFixture(t testing.TB, o fixtureOpts) *fixture {
 	t.Helper()
 	dir := shortDir(t)
-	f := &fixture{socket: filepath.Join(dir, "certd.sock"), logs: &syncBuffer{}, dataDir: filepath.Join(dir, "data")}
+	f := &fixture{socket: filepath.Join(dir, "certd.sock"), logs: &syncbuf.Buffer{}, dataDir: filepath.Join(dir, "data")}
 	var err error
 	if f.keys, err = keystore.Open(filepath.Join(dir, "keys"), keystore.Options{}); err != nil {
 		t.Fatal(err)
@@ -208,22 +208,4 @@ func invoice(total string, extra string) []byte {
  "line_items":[{"sku":"A-100","qty":2,"line_total":87.0},{"sku":"B-200","qty":1,"line_total":42.5}],"total":%s},
 "rules":[{"type":"sum_equals","field":"line_items[].line_total","equals_field":"total"}],
 "enforce_rules":true%s}`, total, extra)
-}
-
-// syncBuffer is a log sink the handler writes to from many goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
