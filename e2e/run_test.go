@@ -1,43 +1,25 @@
 package e2e
 
 import (
-	"bytes"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/aovhq/aov/internal/syncbuf"
 )
-
-// syncBuffer collects a process's output while the test reads it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // runScript starts scripts/run.sh (what `make run` runs) in its own process
 // group, as a shell in a terminal would, and waits until it says the
 // service is up.
 type runScript struct {
 	cmd  *exec.Cmd
-	out  *syncBuffer
+	out  *syncbuf.Buffer
 	done chan struct{} // closed when the script has exited; err is then set
 	err  error
 }
@@ -47,7 +29,7 @@ func startRunScript(t *testing.T, env []string) *runScript {
 	cmd := exec.Command("bash", filepath.Join(repoRoot, "scripts", "run.sh"))
 	cmd.Dir = repoRoot
 	cmd.Env = append(os.Environ(), env...)
-	out := &syncBuffer{}
+	out := &syncbuf.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
