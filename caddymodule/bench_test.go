@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -143,8 +144,15 @@ func benchPaid(b *testing.B, storeOpts string) {
 	offer := x402.PaymentRequirements{Scheme: "exact", Network: x402.NetworkBase, Amount: "20000", Asset: req.Address, PayTo: "0x1111111111111111111111111111111111111111", MaxTimeoutSeconds: 60, Extra: req.Extra()}
 	// Every call needs its own authorization: the replay guard refuses a
 	// second use.
-	runPosts(b, base+"/verify/schema", func(int) map[string]string {
-		return map[string]string{x402.HeaderPaymentSignature: signHeader(b, 1, offer, base)}
+	// Signed before the clock starts, so neither the signing nor the garbage
+	// it leaves is counted as the gateway's.
+	headers := make([]string, b.N)
+	for i := range headers {
+		headers[i] = signHeader(b, 1, offer, base)
+	}
+	runtime.GC()
+	runPosts(b, base+"/verify/schema", func(i int) map[string]string {
+		return map[string]string{x402.HeaderPaymentSignature: headers[i]}
 	})
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/big"
@@ -266,7 +267,12 @@ func claimKeys(header string, p x402.PaymentPayload, offer x402.PaymentRequireme
 	keys := []string{"x402/payload/" + hex.EncodeToString(sum[:])}
 	t := now()
 	until := t.Add(time.Duration(offer.MaxTimeoutSeconds)*time.Second + time.Minute)
-	if ev, err := x402.ParseExactEVMPayload(p.Payload); err == nil {
+	// The header was already checked as a whole (valid UTF-8 JSON, no member
+	// name twice at any depth, in any letter case), so a plain decode reads
+	// the authorization exactly as the facilitator will; the full checks of
+	// the payload are the facilitator's.
+	var ev x402.ExactEVMPayload
+	if err := json.Unmarshal(p.Payload, &ev); err == nil && ev.Authorization.From != "" && ev.Authorization.Nonce != "" {
 		a := ev.Authorization
 		keys = append(keys, strings.ToLower("x402/auth/"+offer.Network+"/"+offer.Asset+"/"+a.From+"/"+a.Nonce))
 		if vb, ok := new(big.Int).SetString(a.ValidBefore, 10); ok && vb.IsInt64() {
