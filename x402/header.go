@@ -127,7 +127,11 @@ func DecodePaymentSignature(h string) (PaymentPayload, error) {
 // params._meta["x402/payment"]. The rules are DecodePaymentSignature's.
 func ParsePaymentPayload(data []byte) (PaymentPayload, error) {
 	if len(data) > MaxHeaderBytes {
-		return PaymentPayload{}, ErrHeaderTooLarge
+		return PaymentPayload{}, &PaymentError{Kind: ErrHeaderTooLarge, Reason: ReasonInvalidPayload,
+			Problem: fmt.Sprintf("is longer than %d bytes", MaxHeaderBytes)}
+	}
+	if err := checkJSONObject(data); err != nil {
+		return PaymentPayload{}, err
 	}
 	return parsePaymentPayload(data, "")
 }

@@ -298,3 +298,29 @@ func TestErrorsNeverEchoTheInput(t *testing.T) {
 		}
 	}
 }
+
+func TestParsePaymentPayloadAppliesTheHeaderRules(t *testing.T) {
+	good, err := json.Marshal(PaymentPayload{X402Version: 2, Accepted: PaymentRequirements{Scheme: "exact", Network: NetworkBase, Amount: "1", Asset: "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913", PayTo: "0x1111111111111111111111111111111111111111", MaxTimeoutSeconds: 60}, Payload: json.RawMessage(`{"signature":"0x00"}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ParsePaymentPayload(good); err != nil {
+		t.Fatalf("a well-formed payload was refused: %v", err)
+	}
+	cases := []struct {
+		desc string
+		data []byte
+	}{
+		{"a member name twice is refused", []byte(strings.Replace(string(good), `"x402Version":2`, `"x402Version":2,"x402Version":2`, 1))},
+		{"member names differing only in case are refused", []byte(strings.Replace(string(good), `{"signature"`, `{"Signature":"0x01","signature"`, 1))},
+		{"invalid UTF-8 is refused", append([]byte(`{"x402Version":2,"x":"`), 0xff, '"', '}')},
+		{"more than the header limit is refused", []byte(`{"x402Version":2,"pad":"` + strings.Repeat("a", MaxHeaderBytes) + `"}`)},
+	}
+	for _, tc := range cases {
+		t.Run(tc.desc, func(t *testing.T) {
+			if _, err := ParsePaymentPayload(tc.data); err == nil {
+				t.Fatal("accepted")
+			}
+		})
+	}
+}
