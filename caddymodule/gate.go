@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/aovhq/aov/apidocs"
 	"github.com/aovhq/aov/apierr"
 	"github.com/aovhq/aov/store"
 	"github.com/aovhq/aov/verify"
@@ -158,6 +159,7 @@ type Gate struct {
 	state       gateStore
 	verifier    *verify.Verifier
 	offers      []x402.PaymentRequirements
+	bazaar      map[string]any // x402's bazaar extension, for routes that validate
 	logger      *zap.Logger
 	ctx         caddy.Context
 }
@@ -235,6 +237,9 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 	g.state = st
 	if g.Validator == "verify_request" {
 		g.verifier = verify.New(verify.Config{MaxBodyBytes: g.MaxBody})
+		if g.MCPTool == "" {
+			g.bazaar = apidocs.BazaarVerify()
+		}
 	}
 	if g.Free != nil {
 		g.Free.provision()
@@ -480,8 +485,14 @@ func (g *Gate) paymentRequired(w http.ResponseWriter, r *http.Request, msg, reas
 		Resource:    g.resource(r),
 		Accepts:     g.offers,
 	}
-	if g.SIWX {
-		pr.Extensions = map[string]any{walletauth.SIWXExtension: walletauth.SIWXChallenge(r.Host, requestBase(r)+r.URL.Path, g.chains(), now())}
+	if g.bazaar != nil || g.SIWX {
+		pr.Extensions = map[string]any{}
+		if g.bazaar != nil {
+			pr.Extensions["bazaar"] = g.bazaar
+		}
+		if g.SIWX {
+			pr.Extensions[walletauth.SIWXExtension] = walletauth.SIWXChallenge(r.Host, requestBase(r)+r.URL.Path, g.chains(), now())
+		}
 	}
 	header, err := x402.EncodeHeader(pr)
 	if err != nil {

@@ -355,6 +355,14 @@ func TestOrderOfRefusals(t *testing.T) {
 			if !strings.HasSuffix(pr.Resource.URL, "/verify/schema") {
 				t.Errorf("resource %q", pr.Resource.URL)
 			}
+			bazaar, _ := pr.Extensions["bazaar"].(map[string]any)
+			input, _ := bazaar["info"].(map[string]any)["input"].(map[string]any)
+			if input["method"] != "POST" || input["bodyType"] != "json" || bazaar["schema"] == nil {
+				t.Errorf("bazaar extension %v", pr.Extensions["bazaar"])
+			}
+			if n := len(resp.Header.Get(x402.HeaderPaymentRequired)); n > 16<<10 {
+				t.Errorf("PAYMENT-REQUIRED is %d bytes, over common client header limits", n)
+			}
 		}},
 		{"a payment that does not decode is 400 with the demand", "POST", validRequest, map[string]string{x402.HeaderPaymentSignature: "%%%"}, 400, func(t *testing.T, resp *http.Response) {
 			paymentRequired(t, resp)
