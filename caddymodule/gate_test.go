@@ -9,6 +9,7 @@ import (
 	"math/big"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -744,5 +745,40 @@ func TestSIWXIsAdvertisedInTheDemand(t *testing.T) {
 	}
 	if !strings.Contains(fmt.Sprint(ext["supportedChains"]), "eip155:1337") {
 		t.Errorf("supported chains %v", ext["supportedChains"])
+	}
+}
+
+// TestStateSurvivesAReload reloads the config (Caddy provisions the new
+// gates before it cleans up the old ones, and Badger locks its folder): the
+// day's allowance use and a settled payment's claim must both survive.
+func TestStateSurvivesAReload(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	dir := t.TempDir()
+	site := strings.ReplaceAll(gateSite(up.URL, fac, 1, ""), "{data}", dir)
+	base := startCaddy(t, site)
+	url := base + "/verify/schema"
+	if resp := post(t, url, validRequest, nil); resp.StatusCode != 200 {
+		t.Fatalf("free call: %d", resp.StatusCode)
+	}
+	pr := paymentRequired(t, post(t, url, "", nil))
+	sig := signFor(t, pr, 1)
+	if resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}); resp.StatusCode != 200 {
+		t.Fatalf("paid call: %d", resp.StatusCode)
+	}
+
+	port, _ := strconv.Atoi(base[strings.LastIndex(base, ":")+1:])
+	loadCaddy(t, port, strings.Replace(site, "Verify an agent's JSON output", "Verify an agent's JSON output (reloaded)", 1))
+
+	resp := post(t, url, validRequest, nil)
+	if resp.StatusCode != http.StatusPaymentRequired || readJSON(t, resp)["free_trial"].(map[string]any)["remaining_calls_today"] != float64(0) {
+		t.Fatalf("after the reload the allowance was fresh again: %d", resp.StatusCode)
+	}
+	if pr := paymentRequired(t, post(t, url, "", nil)); pr.Resource.Description != "Verify an agent's JSON output (reloaded)" {
+		t.Fatalf("the reload did not take: %q", pr.Resource.Description)
+	}
+	resp = post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	if resp.StatusCode != http.StatusPaymentRequired || readJSON(t, resp)["reason"] != x402.ReasonPaymentAlreadyUsed {
+		t.Fatalf("after the reload a settled payment was accepted again: %d", resp.StatusCode)
 	}
 }
