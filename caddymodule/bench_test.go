@@ -13,8 +13,11 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
 
 	"github.com/aovhq/aov/plugins/evmfacilitator"
+	"github.com/aovhq/aov/store"
 	"github.com/aovhq/aov/x402"
 )
 
@@ -191,3 +194,60 @@ func BenchmarkPaidCallDevnet(b *testing.B) {
 	})
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "paid_calls/s")
 }
+
+// BenchmarkGatePaidDirect measures the gate alone on the paid path: its
+// ServeHTTP called in process (no HTTP, no proxy), the upstream a handler
+// that writes a small JSON answer, the facilitator the instant one, the
+// store Badger without fsync. BenchmarkUpstreamDirect is the same handler
+// without the gate; the difference is the gate's own cost per paid call.
+func BenchmarkGatePaidDirect(b *testing.B) {
+	db, err := store.Open(b.TempDir(), store.Options{NoSync: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { db.Close() })
+	usdc, _ := x402.USDC(x402.NetworkBase)
+	offer := x402.PaymentRequirements{Scheme: "exact", Network: x402.NetworkBase, Amount: "20000", Asset: usdc.Address, PayTo: "0x1111111111111111111111111111111111111111", MaxTimeoutSeconds: 60, Extra: usdc.Extra()}
+	g := &Gate{Settle: "after", MaxBuffer: defaultMaxBuffer, MaxBody: defaultMaxBody,
+		facilitator: instantFacilitator{}, state: directStore{db}, offers: []x402.PaymentRequirements{offer}, logger: zap.NewNop()}
+	headers := make([]string, b.N)
+	for i := range headers {
+		headers[i] = signHeader(b, 1, offer, "http://example.com")
+	}
+	runtime.GC()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		req := httptest.NewRequest(http.MethodPost, "http://example.com/verify/schema", strings.NewReader(validRequest))
+		req.Header.Set(x402.HeaderPaymentSignature, headers[i])
+		w := httptest.NewRecorder()
+		if err := g.ServeHTTP(w, req, benchAnswer); err != nil || w.Code != 200 {
+			b.Fatalf("status %d, %v: %s", w.Code, err, w.Body)
+		}
+	}
+}
+
+func BenchmarkUpstreamDirect(b *testing.B) {
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		req := httptest.NewRequest(http.MethodPost, "http://example.com/verify/schema", strings.NewReader(validRequest))
+		w := httptest.NewRecorder()
+		if err := benchAnswer.ServeHTTP(w, req); err != nil || w.Code != 200 {
+			b.Fatal(w.Code, err)
+		}
+	}
+}
+
+// benchAnswer stands for the upstream in the direct benchmarks.
+var benchAnswer = caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+	io.Copy(io.Discard, r.Body)
+	w.Header().Set("Content-Type", "application/json")
+	_, err := io.WriteString(w, `{"result":"pass","summary":{"result":"pass","blocking_checks":[]}}`)
+	return err
+})
+
+// directStore gives the gate a store without Caddy's module loading.
+type directStore struct{ db *store.DB }
+
+func (s directStore) Allowance() store.Allowance { return s.db.Allowance() }
+func (s directStore) Claims() store.Claims       { return s.db.Claims() }
