@@ -10,6 +10,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/aovhq/aov/internal/interop"
 	"github.com/aovhq/aov/plugins/evmfacilitator"
 	"github.com/aovhq/aov/store"
 	"github.com/aovhq/aov/x402"
@@ -109,4 +110,63 @@ func TestMCPThroughTheGateway(t *testing.T) {
 			t.Fatalf("records %+v", recs)
 		}
 	})
+}
+
+// The same through the official MCP TypeScript SDK client, paying with the
+// official x402 client's signature: after the day's only free call (used
+// over REST), verify_schema answers payment-required; the buyer pays in
+// _meta and gets a settled, signed verification; get_verification_record is
+// never free and is paid the same way.
+func TestOfficialMCPClientPaysThroughTheGateway(t *testing.T) {
+	s := newStack(t, "AOV_FREE_PER_DAY=1")
+	mustStatus(t, post(t, s.url("/verify/schema"), example(t, "invoice-fixed.json")), http.StatusOK)
+	interop.Dir(t, "@modelcontextprotocol/sdk", "@x402/evm")
+	var args map[string]any
+	if err := json.Unmarshal(example(t, "invoice-fixed.json"), &args); err != nil {
+		t.Fatal(err)
+	}
+	var out struct {
+		Tools []string `json:"tools"`
+		Calls []struct {
+			Name  string `json:"name"`
+			First struct {
+				IsError bool   `json:"isError"`
+				Code    string `json:"code"`
+				Demand  bool   `json:"demand"`
+			} `json:"first"`
+			Paid *struct {
+				IsError           bool            `json:"isError"`
+				StructuredContent json.RawMessage `json:"structuredContent"`
+				PaymentResponse   *struct {
+					Success     bool   `json:"success"`
+					Transaction string `json:"transaction"`
+				} `json:"paymentResponse"`
+			} `json:"paid"`
+		} `json:"calls"`
+	}
+	interop.Run(t, "mcp-pay.mjs", nil, map[string]any{
+		"url":        s.url("/mcp"),
+		"privateKey": evmfacilitator.DevAccounts()[6].PrivateKeyHex,
+		"calls": []map[string]any{
+			{"name": "verify_schema", "arguments": args},
+			{"name": "get_verification_record", "arguments": map[string]any{"agent_id": "seller-7"}},
+		},
+	}, &out)
+	if len(out.Tools) != 2 || len(out.Calls) != 2 {
+		t.Fatalf("tools %v, calls %d", out.Tools, len(out.Calls))
+	}
+	for _, c := range out.Calls {
+		if !c.First.IsError || !c.First.Demand {
+			t.Fatalf("%s without payment: %+v", c.Name, c.First)
+		}
+		if c.Paid == nil || c.Paid.IsError || c.Paid.PaymentResponse == nil || !c.Paid.PaymentResponse.Success || c.Paid.PaymentResponse.Transaction == "" {
+			t.Fatalf("%s paid: %+v", c.Name, c.Paid)
+		}
+		if out, code := verifyReceipt(t, s, c.Name+".json", c.Paid.StructuredContent); code != 0 {
+			t.Fatalf("%s receipt: %s", c.Name, out)
+		}
+	}
+	if out.Calls[0].First.Code != "free_trial_exhausted" {
+		t.Errorf("verify_schema after the allowance: code %q", out.Calls[0].First.Code)
+	}
 }
