@@ -4,7 +4,7 @@
 GO        ?= go
 BIN       := bin
 GOTEST    ?= $(GO) test -count=1 -timeout 25m
-FUZZTIME  ?= 5s
+FUZZTIME  ?= 2000x
 
 .PHONY: all build run test vet gotest fuzz-short bench interop-deps clean
 
@@ -47,15 +47,9 @@ gotest:
 interop-deps:
 	@if [ -f interop/package.json ]; then cd interop && npm ci --no-audit --no-fund; fi
 
-# Every FuzzXxx function in the module, FUZZTIME each.
+# Every FuzzXxx function in the module, FUZZTIME inputs each (default 2000x).
 fuzz-short:
-	@for pkg in $$($(GO) list ./...); do \
-	  dir=$$($(GO) list -f '{{.Dir}}' $$pkg); \
-	  for f in $$(grep -ho '^func Fuzz[A-Za-z0-9_]*' $$dir/*_test.go 2>/dev/null | sed 's/func //'); do \
-	    echo "fuzz $$pkg $$f"; \
-	    $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
-	  done; \
-	done
+	FUZZTIME=$(FUZZTIME) GO=$(GO) ./scripts/fuzz-short.sh
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
