@@ -106,11 +106,10 @@ func (g *Gate) serveFreeMCP(w http.ResponseWriter, r *http.Request, next caddyht
 		return g.refuse(w, apierr.Unavailable("free allowance store", 1, err))
 	}
 	r.Header.Set(HeaderUpstreamPayment, "free")
-	buf := bufPool.Get().(*bytes.Buffer)
-	buf.Reset()
-	defer bufPool.Put(buf)
+	buf := getBuffer()
+	defer putBuffer(buf)
 	bw := &bufferedWriter{header: make(http.Header), buf: buf, limit: g.MaxBuffer}
-	err = runBuffered(next, bw, r)
+	err = runUpstream(next, bw, r, neverReached)
 	ctx := context.WithoutCancel(r.Context())
 	if err != nil || bw.overflow || !ex.billable(bw) {
 		if rerr := g.state.Allowance().Release(ctx, res); rerr != nil {

@@ -130,11 +130,10 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		return next.ServeHTTP(w, r)
 	}
 
-	buf := bufPool.Get().(*bytes.Buffer)
-	buf.Reset()
-	defer bufPool.Put(buf)
+	buf := getBuffer()
+	defer putBuffer(buf)
 	bw := &bufferedWriter{header: make(http.Header), buf: buf, limit: g.MaxBuffer}
-	err = runBuffered(next, bw, r)
+	err = runUpstream(next, bw, r, neverReached)
 	if bw.overflow {
 		release()
 		return g.refuse(w, &apierr.Error{
@@ -287,7 +286,26 @@ func claimKeys(header string, p x402.PaymentPayload, offer x402.PaymentRequireme
 	return keys, until
 }
 
+// bufPool holds the buffers answers are held in (the gate's, verify_response's).
 var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// maxPooledBuffer: a larger buffer is dropped instead of pooled, so one big
+// answer does not pin memory forever.
+const maxPooledBuffer = 4 << 20
+
+// getBuffer takes an empty buffer from the pool.
+func getBuffer() *bytes.Buffer {
+	b := bufPool.Get().(*bytes.Buffer)
+	b.Reset()
+	return b
+}
+
+// putBuffer gives b back, unless it grew too large to keep.
+func putBuffer(b *bytes.Buffer) {
+	if b.Cap() <= maxPooledBuffer {
+		bufPool.Put(b)
+	}
+}
 
 // bufferedWriter holds an upstream response until the gate decides what to
 // release. It never writes to the client; past limit it drops the body and
@@ -347,18 +365,25 @@ func (b *bufferedWriter) replay(w http.ResponseWriter) {
 
 var errBufferFull = errors.New("upstream response larger than the gateway buffer")
 
-// runBuffered runs the upstream into bw. A proxy that cannot finish a
-// response it has started (here: the buffer is full, or the upstream died
-// mid-body) aborts with http.ErrAbortHandler; since nothing has reached the
-// client yet, that becomes an ordinary error the gate can answer.
-func runBuffered(next caddyhttp.Handler, bw *bufferedWriter, r *http.Request) (err error) {
+// runUpstream runs next into w, a writer that holds the answer back (the
+// gate's buffer, verify_response's hold). A proxy that cannot finish a
+// response it has started (a hold is full, or the upstream died mid-body)
+// aborts with http.ErrAbortHandler; while nothing has reached the client
+// (reached reports false) that becomes errUpstreamAborted, an ordinary error
+// the caller can answer.
+func runUpstream(next caddyhttp.Handler, w http.ResponseWriter, r *http.Request, reached func() bool) (err error) {
 	defer func() {
 		if rec := recover(); rec != nil {
-			if rec != http.ErrAbortHandler {
+			if rec != http.ErrAbortHandler || reached() {
 				panic(rec)
 			}
-			err = caddyhttp.Error(http.StatusBadGateway, errors.New("upstream response aborted"))
+			err = errUpstreamAborted
 		}
 	}()
-	return next.ServeHTTP(bw, r)
+	return next.ServeHTTP(w, r)
 }
+
+var errUpstreamAborted = caddyhttp.Error(http.StatusBadGateway, errors.New("upstream response aborted"))
+
+// neverReached is the reached of a writer that releases nothing itself.
+func neverReached() bool { return false }

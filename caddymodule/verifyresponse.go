@@ -15,7 +15,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -95,9 +94,6 @@ const (
 	maxReceiptBytes = 4 << 20
 	// maxConfigFileBytes caps a schema, bounds or rules file.
 	maxConfigFileBytes = 4 << 20
-	// maxPooledBuffer: larger buffers are dropped instead of pooled, so one
-	// big response does not pin memory forever.
-	maxPooledBuffer = 4 << 20
 )
 
 // VerifyResponse (Caddyfile directive `verify_response`) checks a seller
@@ -410,8 +406,6 @@ func (v *VerifyResponse) Cleanup() error {
 	return nil
 }
 
-var holdPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
-
 // ServeHTTP runs the upstream into a hold, verifies what it holds, and
 // releases the answer the policy calls for.
 func (v *VerifyResponse) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
@@ -425,16 +419,12 @@ func (v *VerifyResponse) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 	up.Header.Del("Range")
 	up.Header.Del("If-Range")
 
-	buf := holdPool.Get().(*bytes.Buffer)
-	buf.Reset()
-	defer func() {
-		if buf.Cap() <= maxPooledBuffer {
-			holdPool.Put(buf)
-		}
-	}()
+	buf := getBuffer()
+	defer putBuffer(buf)
 	hw := &responseHold{w: w, v: v, header: make(http.Header), buf: buf, head: r.Method == http.MethodHead}
-	err := runHeld(next, hw, up)
-	if err != nil {
+	// Over max_response the hold fails the proxy's writes; that abort is
+	// the overflow handled below, not an upstream failure.
+	if err := runUpstream(next, hw, up, hw.streaming); err != nil && !(err == errUpstreamAborted && hw.overflow) {
 		return err
 	}
 	if !hw.decided {
@@ -874,25 +864,6 @@ func (h *responseHold) Flush() {
 func (h *responseHold) streaming() bool { return h.decided && (!h.hold || h.spilled) }
 
 var errResponseTooLarge = errors.New("response larger than max_response")
-
-// runHeld runs the upstream into hw. An upstream that cannot finish a held
-// response (over max_response, or it died mid-body) aborts with
-// http.ErrAbortHandler; nothing has reached the client then, so it becomes
-// an ordinary outcome: over the limit is handled by the caller, a broken
-// upstream is a 502.
-func runHeld(next caddyhttp.Handler, hw *responseHold, r *http.Request) (err error) {
-	defer func() {
-		if rec := recover(); rec != nil {
-			if rec != http.ErrAbortHandler || hw.streaming() {
-				panic(rec)
-			}
-			if !hw.overflow {
-				err = caddyhttp.Error(http.StatusBadGateway, errors.New("upstream response aborted"))
-			}
-		}
-	}()
-	return next.ServeHTTP(hw, r)
-}
 
 // settleAllowed applies the gate's settle_on to the answer the upstream
 // gave: "any" settles every answer below 400; "pass" only one whose output
