@@ -112,10 +112,7 @@ func (g *Gate) serveFree(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	r.Header.Set(HeaderUpstreamPayment, "free")
 	sw := &statusWriter{ResponseWriter: w, onHeader: func(h http.Header, status int) {
 		if status < 400 {
-			h.Set(HeaderFreeRemaining, strconv.Itoa(res.Remaining))
-			h.Set(HeaderFreeLimit, strconv.Itoa(f.PerDay))
-			h.Set(HeaderFreeResets, nextMidnight(t).Format(time.RFC3339))
-			h.Set("Access-Control-Expose-Headers", exposedHeaders)
+			f.setHeaders(h, res, t)
 		}
 	}}
 	err = next.ServeHTTP(sw, r)
@@ -129,6 +126,15 @@ func (g *Gate) serveFree(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		g.logger.Warn("releasing free allowance unit", zap.Error(rerr))
 	}
 	return err
+}
+
+// setHeaders adds the Free-Allowance-* headers of an answer served from
+// reservation res at instant t.
+func (f *FreeAllowance) setHeaders(h http.Header, res store.Reservation, t time.Time) {
+	h.Set(HeaderFreeRemaining, strconv.Itoa(res.Remaining))
+	h.Set(HeaderFreeLimit, strconv.Itoa(f.PerDay))
+	h.Set(HeaderFreeResets, nextMidnight(t).Format(time.RFC3339))
+	h.Set("Access-Control-Expose-Headers", exposedHeaders)
 }
 
 // codeFreeTrialExhausted is the code of a 402 after the day's free calls.

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
-	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
@@ -128,11 +127,7 @@ func (g *Gate) serveFreeMCP(w http.ResponseWriter, r *http.Request, next caddyht
 		g.logger.Warn("committing free allowance unit", zap.Error(cerr))
 	}
 	metrics.outcomes.WithLabelValues("free").Inc()
-	h := w.Header()
-	h.Set(HeaderFreeRemaining, strconv.Itoa(res.Remaining))
-	h.Set(HeaderFreeLimit, strconv.Itoa(f.PerDay))
-	h.Set(HeaderFreeResets, nextMidnight(t).Format(time.RFC3339))
-	h.Set("Access-Control-Expose-Headers", exposedHeaders)
+	f.setHeaders(w.Header(), res, t)
 	bw.replay(w)
 	return nil
 }
