@@ -97,19 +97,10 @@ func nextMidnight(t time.Time) time.Time {
 // upstream answered below 400, so errors never cost the caller a free call.
 func (g *Gate) serveFree(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	f := g.Free
-	client := f.client(r)
-	if client == "" || f.PerDay == 0 {
-		return g.paymentRequired(w, r, "Payment required", "")
+	res, t, ok, err := g.reserveFree(w, r, restExchange{g})
+	if !ok {
+		return err
 	}
-	t := now()
-	res, err := g.state.Allowance().Reserve(r.Context(), f.Pool, client, t, f.PerDay)
-	if errors.Is(err, store.ErrExhausted) {
-		return g.paymentRequired(w, r, "Payment required: today's free allowance is used", codeFreeTrialExhausted)
-	}
-	if err != nil {
-		return g.refuse(w, apierr.Unavailable("free allowance store", 1, err))
-	}
-	r.Header.Set(HeaderUpstreamPayment, "free")
 	sw := &statusWriter{ResponseWriter: w, onHeader: func(h http.Header, status int) {
 		if status < 400 {
 			f.setHeaders(h, res, t)
@@ -135,6 +126,28 @@ func (f *FreeAllowance) setHeaders(h http.Header, res store.Reservation, t time.
 	h.Set(HeaderFreeLimit, strconv.Itoa(f.PerDay))
 	h.Set(HeaderFreeResets, nextMidnight(t).Format(time.RFC3339))
 	h.Set("Access-Control-Expose-Headers", exposedHeaders)
+}
+
+// reserveFree takes one unit of the caller's allowance and tells the
+// upstream the call is free. When ok is false it has answered instead (a
+// demand for payment through ex, or the store is down) and err is what the
+// handler returns.
+func (g *Gate) reserveFree(w http.ResponseWriter, r *http.Request, ex exchange) (res store.Reservation, t time.Time, ok bool, err error) {
+	f := g.Free
+	client := f.client(r)
+	if client == "" || f.PerDay == 0 {
+		return res, t, false, ex.demand(w, r, http.StatusPaymentRequired, "Payment required", "", nil)
+	}
+	t = now()
+	res, err = g.state.Allowance().Reserve(r.Context(), f.Pool, client, t, f.PerDay)
+	if errors.Is(err, store.ErrExhausted) {
+		return res, t, false, ex.demand(w, r, http.StatusPaymentRequired, "Payment required: today's free allowance is used", codeFreeTrialExhausted, nil)
+	}
+	if err != nil {
+		return res, t, false, g.refuse(w, apierr.Unavailable("free allowance store", 1, err))
+	}
+	r.Header.Set(HeaderUpstreamPayment, "free")
+	return res, t, true, nil
 }
 
 // codeFreeTrialExhausted is the code of a 402 after the day's free calls.

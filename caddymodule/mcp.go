@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"net/http"
 	"strconv"
 
@@ -12,7 +11,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/aovhq/aov/apierr"
-	"github.com/aovhq/aov/store"
 	"github.com/aovhq/aov/x402"
 )
 
@@ -92,19 +90,10 @@ func (g *Gate) serveMCP(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 // held so that a tool error (isError) gives the unit back.
 func (g *Gate) serveFreeMCP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, ex mcpExchange) error {
 	f := g.Free
-	client := f.client(r)
-	if client == "" || f.PerDay == 0 {
-		return ex.demand(w, r, http.StatusOK, "Payment required", "", nil)
+	res, t, ok, err := g.reserveFree(w, r, ex)
+	if !ok {
+		return err
 	}
-	t := now()
-	res, err := g.state.Allowance().Reserve(r.Context(), f.Pool, client, t, f.PerDay)
-	if errors.Is(err, store.ErrExhausted) {
-		return ex.demand(w, r, http.StatusOK, "Payment required: today's free allowance is used", codeFreeTrialExhausted, nil)
-	}
-	if err != nil {
-		return g.refuse(w, apierr.Unavailable("free allowance store", 1, err))
-	}
-	r.Header.Set(HeaderUpstreamPayment, "free")
 	buf := getBuffer()
 	defer putBuffer(buf)
 	bw := &bufferedWriter{header: make(http.Header), buf: buf, limit: g.MaxBuffer}
