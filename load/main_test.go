@@ -183,20 +183,32 @@ func TestPhaseCountsAnswersAndFailures(t *testing.T) {
 }
 
 // A target that does not answer 200 to the first request is reported with a
-// hint instead of being measured.
+// hint instead of being measured; a gateway that wants payment is reported
+// with what to do about it.
 func TestMeasureRefusesATargetThatDoesNotServeTheRequest(t *testing.T) {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.WriteHeader(http.StatusNotFound)
-	}))
-	defer srv.Close()
-	u, err := loopbackURL(srv.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := config{path: "/verify/schema", body: invoice, concurrency: 1, duration: 100 * time.Millisecond}
-	_, err = measure(context.Background(), cfg, target{name: "caddy", base: u})
-	if err == nil || !strings.Contains(err.Error(), "404") {
-		t.Fatalf("error = %v, want one naming the 404", err)
+	for _, tc := range []struct {
+		desc   string
+		status int
+		want   string
+	}{
+		{"a 404 is named", http.StatusNotFound, "404"},
+		{"a 402 says how to raise the free allowance", http.StatusPaymentRequired, "AOV_FREE_PER_DAY"},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.WriteHeader(tc.status)
+			}))
+			defer srv.Close()
+			u, err := loopbackURL(srv.URL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg := config{path: "/verify/schema", body: invoice, concurrency: 1, duration: 100 * time.Millisecond}
+			_, err = measure(context.Background(), cfg, target{name: "caddy", base: u})
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error = %v, want one containing %q", err, tc.want)
+			}
+		})
 	}
 }
 
@@ -214,22 +226,5 @@ func TestReportPrintsTheRatio(t *testing.T) {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, out.String())
 		}
-	}
-}
-
-// A gateway that wants payment is reported with what to do about it.
-func TestMeasureExplainsA402(t *testing.T) {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.WriteHeader(http.StatusPaymentRequired)
-	}))
-	defer srv.Close()
-	u, err := loopbackURL(srv.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := config{path: "/verify/schema", body: invoice, concurrency: 1, duration: 100 * time.Millisecond}
-	_, err = measure(context.Background(), cfg, target{name: "caddy", base: u})
-	if err == nil || !strings.Contains(err.Error(), "AOV_FREE_PER_DAY") {
-		t.Fatalf("error = %v, want one naming AOV_FREE_PER_DAY", err)
 	}
 }
