@@ -56,6 +56,9 @@ func loadCaddy(t testing.TB, port int, sites string) {
 	if err := caddy.Load(js, true); err != nil {
 		t.Fatalf("loading Caddy config: %v", err)
 	}
+	// A reload closes the old server's idle keep-alive connections; a
+	// request on one of those would be reset, so the client forgets them.
+	testClient.CloseIdleConnections()
 }
 
 // adaptSiteError adapts a site block holding directives and returns the
