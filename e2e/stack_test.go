@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -342,13 +343,30 @@ func httpOK(url string) error {
 // freeAddr returns a loopback address with a port nothing listens on now.
 func freeAddr(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := ln.Addr().String()
+		ln.Close()
+		// The kernel may hand a just-closed port out again: never give one
+		// address to two services of this test binary.
+		handedOut.Lock()
+		seen := handedOut.addrs[addr]
+		handedOut.addrs[addr] = true
+		handedOut.Unlock()
+		if !seen {
+			return addr
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
+
+// handedOut is every address freeAddr returned in this test binary.
+var handedOut = struct {
+	sync.Mutex
+	addrs map[string]bool
+}{addrs: map[string]bool{}}
 
 // response is one HTTP answer, read whole.
 type response struct {
