@@ -1,8 +1,9 @@
 // Package strictjson decodes untrusted JSON into plain Go values, refusing
 // everything that would make the same bytes mean different things to
-// different readers: duplicate object keys, invalid UTF-8, lone UTF-16
-// surrogates, integers that a double cannot hold exactly, numbers that
-// overflow a double, and trailing data after the value.
+// different readers: duplicate object keys (and, on request, keys that
+// differ only in letter case), invalid UTF-8, lone UTF-16 surrogates,
+// integers that a double cannot hold exactly, numbers that overflow a
+// double, a byte-order mark, and trailing data after the value.
 //
 // It exists because verification results are signed over RFC 8785 canonical
 // JSON (SPEC §5): an input that two JSON parsers could read differently
@@ -12,12 +13,18 @@
 // It is not a general-purpose JSON library: it decodes into any only
 // (map[string]any, []any, string, json.Number, bool, nil), never into structs,
 // and it never echoes the input back in an error.
+//
+// It is the one reader of untrusted JSON in the project: verification
+// requests (verify), x402 payments (x402) and the MCP JSON-RPC envelope the
+// gateway prices (caddymodule) all go through it.
 package strictjson
 
 import (
 	"encoding/json"
+	"slices"
 	"strconv"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -35,6 +42,13 @@ type Limits struct {
 	// MaxDepth is the deepest allowed nesting of arrays and objects; the
 	// root container is depth 1. Zero means DefaultMaxDepth.
 	MaxDepth int
+	// FoldedNames also refuses an object in which two member names are
+	// equal under Unicode simple case folding ("name" and "Name", "k" and
+	// the Kelvin sign). Turn it on for documents that a case-insensitive
+	// reader may also see: encoding/json matches struct fields in any letter
+	// case and lets the last duplicate win, so {"to":A,"To":B} would mean B
+	// to it and A to an exact reader.
+	FoldedNames bool
 }
 
 // Error reports why a document was refused: where (Path, in the
@@ -60,9 +74,14 @@ func (e *Error) Error() string {
 // map[string]any, []any, string, json.Number, bool and nil. Any refusal is
 // an *Error.
 func Decode(data []byte, lim Limits) (any, error) {
-	d := decoder{data: data, maxDepth: lim.MaxDepth}
+	d := decoder{data: data, maxDepth: lim.MaxDepth, folded: lim.FoldedNames}
 	if d.maxDepth <= 0 {
 		d.maxDepth = DefaultMaxDepth
+	}
+	if len(data) >= 3 && data[0] == 0xEF && data[1] == 0xBB && data[2] == 0xBF {
+		// RFC 8259 §8.1: a parser may ignore a BOM, so some readers skip it
+		// and others fail; refusing it keeps them from disagreeing.
+		return nil, d.fail("the document starts with a byte-order mark", "Send UTF-8 JSON without a byte-order mark (EF BB BF).")
 	}
 	d.skipSpace()
 	if d.pos >= len(d.data) {
@@ -95,6 +114,7 @@ type decoder struct {
 	buf      []byte            // scratch for strings with escapes
 	intern   map[string]string // repeated object keys
 	keys     int               // object keys read so far
+	folded   bool              // refuse member names equal under case folding
 }
 
 func (d *decoder) fail(problem, fix string) *Error {
@@ -225,6 +245,7 @@ func (d *decoder) object() (any, error) {
 		return m, nil
 	}
 	top := len(d.path)
+	var folds foldSet // folded names of this object, when folded is on
 	for {
 		d.skipSpace()
 		if d.pos >= len(d.data) || d.data[d.pos] != '"' {
@@ -238,6 +259,12 @@ func (d *decoder) object() (any, error) {
 		if _, dup := m[k]; dup {
 			return nil, d.fail("this object key appears more than once",
 				"Send each key at most once per object; readers disagree on which duplicate wins.")
+		}
+		if d.folded {
+			if !folds.add(foldName(k)) {
+				return nil, d.fail("this object key appears more than once when letter case is ignored",
+					"Send each key once per object, in one letter case; some readers match names in any case.")
+			}
 		}
 		d.skipSpace()
 		if d.pos >= len(d.data) || d.data[d.pos] != ':' {
@@ -564,4 +591,80 @@ func (d *decoder) number() (any, error) {
 	}
 	d.pos = i
 	return json.Number(text), nil
+}
+
+// foldSet holds the folded member names of one object: a short list, then
+// a map, so a wide object costs no quadratic scan.
+type foldSet struct {
+	list []string
+	set  map[string]struct{}
+}
+
+// add adds name and reports whether it was new.
+func (s *foldSet) add(name string) bool {
+	if s.set != nil {
+		if _, dup := s.set[name]; dup {
+			return false
+		}
+		s.set[name] = struct{}{}
+		return true
+	}
+	if slices.Contains(s.list, name) {
+		return false
+	}
+	s.list = append(s.list, name)
+	if len(s.list) > 16 {
+		s.set = make(map[string]struct{}, 2*len(s.list))
+		for _, n := range s.list {
+			s.set[n] = struct{}{}
+		}
+		s.list = nil
+	}
+	return true
+}
+
+// foldName maps s to a representative of its case-folding class: every rune
+// becomes the smallest rune of its simple-folding orbit, with ASCII letters
+// in lower case. "K", "k" and the Kelvin sign all become "k", the relation
+// encoding/json uses to match names.
+func foldName(s string) string {
+	ascii := true
+	for i := 0; i < len(s); i++ {
+		if s[i] >= utf8.RuneSelf {
+			ascii = false
+			break
+		}
+	}
+	if ascii {
+		return lowerASCII(s)
+	}
+	b := make([]rune, 0, len(s))
+	for _, r := range s {
+		m := r
+		for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
+			if f < m {
+				m = f
+			}
+		}
+		if 'A' <= m && m <= 'Z' { // agree with the ASCII fast path
+			m += 'a' - 'A'
+		}
+		b = append(b, m)
+	}
+	return string(b)
+}
+
+func lowerASCII(s string) string {
+	for i := 0; i < len(s); i++ {
+		if 'A' <= s[i] && s[i] <= 'Z' {
+			b := []byte(s)
+			for j := i; j < len(b); j++ {
+				if 'A' <= b[j] && b[j] <= 'Z' {
+					b[j] += 'a' - 'A'
+				}
+			}
+			return string(b)
+		}
+	}
+	return s
 }

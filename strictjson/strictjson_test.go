@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"reflect"
 	"strconv"
 	"strings"
@@ -99,7 +100,7 @@ func TestDecodeRefusesEachInvalidClass(t *testing.T) {
 		{desc: "a short unicode escape is refused", in: `"\u12"`, problem: "a \\u escape is not followed by four hex digits"},
 		{desc: "a missing colon is refused", in: `{"a" 1}`, path: "a", problem: "invalid JSON syntax (expected ':' after an object key)"},
 		{desc: "an unclosed object is refused", in: `{"a":1`, problem: "the document ends unexpectedly (expected ',' or '}')"},
-		{desc: "a byte order mark is refused", in: "\xef\xbb\xbf{}", problem: "invalid JSON syntax (expected a value)"},
+		{desc: "a byte order mark is refused", in: "\xef\xbb\xbf{}", problem: "the document starts with a byte-order mark"},
 		{desc: "a key with dots is quoted in the path", in: `{"a.b":{"c":1,"c":1}}`, path: `["a.b"].c`, problem: "this object key appears more than once"},
 	}
 	for _, tc := range tests {
@@ -248,4 +249,49 @@ func BenchmarkDecode(b *testing.B) {
 			}
 		}
 	})
+}
+
+func TestFoldedNamesRefusesNamesEqualInAnyLetterCase(t *testing.T) {
+	fold := Limits{FoldedNames: true}
+	tests := []struct {
+		desc string
+		in   string
+		path string // "" when accepted
+	}{
+		{desc: "names differing only in ASCII case are refused", in: `{"name":"a","Name":"b"}`, path: "Name"},
+		{desc: "a folded twin deep inside is refused", in: `{"params":{"x":[{"Method":1,"method":2}]}}`, path: "params.x[0].method"},
+		{desc: "the Kelvin sign folds to k", in: `{"k":1,"\u212a":2}`, path: "[\"\u212a\"]"},
+		{desc: "a twin after many distinct names is refused", in: `{` + manyKeys(40) + `,"K0":1}`, path: "K0"},
+		{desc: "distinct names pass", in: `{"name":1,"names":2,"_meta":{"a":1,"b":2}}`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.desc, func(t *testing.T) {
+			_, err := Decode([]byte(tc.in), fold)
+			if tc.path == "" {
+				if err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+				return
+			}
+			var e *Error
+			if !errors.As(err, &e) || e.Path != tc.path || e.Problem != "this object key appears more than once when letter case is ignored" {
+				t.Fatalf("error %v, want a folded duplicate at %q", err, tc.path)
+			}
+			// Without the option only exact duplicates are refused.
+			if _, err := Decode([]byte(tc.in), Limits{}); err != nil {
+				t.Errorf("refused without FoldedNames: %v", err)
+			}
+		})
+	}
+}
+
+func manyKeys(n int) string {
+	var b strings.Builder
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `"k%d":%d`, i, i)
+	}
+	return b.String()
 }

@@ -263,7 +263,7 @@ func TestDecodePaymentSignature(t *testing.T) {
 }
 
 func TestDecodePaymentSignatureKeepsPayloadAndNumbersExact(t *testing.T) {
-	in := strings.Replace(validPayloadJSON, `"extra":{`, `"extra":{"big":123456789012345678901234567890,`, 1)
+	in := strings.Replace(validPayloadJSON, `"extra":{`, `"extra":{"n":1.50000000000000000001,`, 1)
 	p, err := DecodePaymentSignature(b64(in))
 	if err != nil {
 		t.Fatal(err)
@@ -274,8 +274,14 @@ func TestDecodePaymentSignatureKeepsPayloadAndNumbersExact(t *testing.T) {
 		t.Errorf("payload changed: %s", p.Payload)
 	}
 	out, _ := json.Marshal(p.Accepted)
-	if !strings.Contains(string(out), `"big":123456789012345678901234567890`) {
-		t.Errorf("a large number in extra was rounded: %s", out)
+	if !strings.Contains(string(out), `"n":1.50000000000000000001`) {
+		t.Errorf("a number in extra was rounded: %s", out)
+	}
+	// An integer a double cannot hold is read differently by JavaScript
+	// peers and by Go; it is refused rather than passed on.
+	big := strings.Replace(validPayloadJSON, `"extra":{`, `"extra":{"big":123456789012345678901234567890,`, 1)
+	if _, err := DecodePaymentSignature(b64(big)); err == nil || !strings.Contains(err.Error(), "accepted.extra.big") {
+		t.Errorf("an unsafe integer in extra: %v", err)
 	}
 }
 

@@ -3,13 +3,17 @@ package x402
 import (
 	"bytes"
 	"encoding/json"
-	"unicode"
+	"errors"
+	"strings"
 	"unicode/utf8"
+
+	"github.com/aovhq/aov/strictjson"
 )
 
-// checkJSONObject reports whether data is one UTF-8 JSON object whose
-// objects, at every depth, have member names that stay distinct under Unicode
-// case folding.
+// checkJSONObject reports whether data is one JSON object that strictjson
+// accepts with FoldedNames: valid UTF-8, no byte-order mark, nothing after
+// the value, and member names that stay distinct under case folding at
+// every depth.
 //
 // Why case folding: encoding/json matches member names to struct fields
 // case-insensitively and lets the last duplicate win, while JavaScript peers
@@ -19,148 +23,30 @@ func checkJSONObject(data []byte) error {
 	if !utf8.Valid(data) {
 		return &PaymentError{Kind: ErrHeaderJSON, Reason: ReasonInvalidPayload, Problem: "is not valid UTF-8"}
 	}
-	if !json.Valid(data) {
-		return &PaymentError{Kind: ErrHeaderJSON, Reason: ReasonInvalidPayload, Problem: "is not valid JSON"}
+	v, err := strictjson.Decode(data, strictjson.Limits{FoldedNames: true})
+	if err != nil {
+		return &PaymentError{Kind: ErrHeaderJSON, Reason: ReasonInvalidPayload, Problem: problemOf(err)}
 	}
-	if t := bytes.TrimLeft(data, " \t\r\n"); len(t) == 0 || t[0] != '{' {
+	if _, ok := v.(map[string]any); !ok {
 		return &PaymentError{Kind: ErrHeaderJSON, Reason: ReasonInvalidPayload, Problem: "is not a JSON object"}
-	}
-	if !distinctKeys(data) {
-		return &PaymentError{Kind: ErrHeaderJSON, Reason: ReasonInvalidPayload, Problem: "has duplicate member names"}
 	}
 	return nil
 }
 
-// distinctKeys scans valid JSON and reports whether no object repeats a
-// member name (compared after case folding).
-func distinctKeys(data []byte) bool {
-	type frame struct {
-		obj       bool
-		expectKey bool
-		keys      []string
-		set       map[string]struct{}
+// problemOf words a strictjson refusal as the problem of a payment; it
+// names the place, never the content.
+func problemOf(err error) string {
+	var se *strictjson.Error
+	if !errors.As(err, &se) {
+		return "is not valid JSON"
 	}
-	var stack []frame
-	for i := 0; i < len(data); {
-		switch c := data[i]; c {
-		case '{':
-			stack = append(stack, frame{obj: true, expectKey: true})
-			i++
-		case '[':
-			stack = append(stack, frame{})
-			i++
-		case '}', ']':
-			stack = stack[:len(stack)-1]
-			i++
-		case ',':
-			if top := &stack[len(stack)-1]; top.obj {
-				top.expectKey = true
-			}
-			i++
-		case '"':
-			end, escaped := stringEnd(data, i)
-			if len(stack) > 0 {
-				if top := &stack[len(stack)-1]; top.obj && top.expectKey {
-					top.expectKey = false
-					var key string
-					if escaped {
-						if json.Unmarshal(data[i:end], &key) != nil {
-							return false
-						}
-					} else {
-						key = string(data[i+1 : end-1])
-					}
-					key = foldKey(key)
-					if top.set != nil {
-						if _, dup := top.set[key]; dup {
-							return false
-						}
-						top.set[key] = struct{}{}
-					} else {
-						for _, k := range top.keys {
-							if k == key {
-								return false
-							}
-						}
-						top.keys = append(top.keys, key)
-						if len(top.keys) > 16 { // switch to a set: no quadratic scan on wide objects
-							top.set = make(map[string]struct{}, 32)
-							for _, k := range top.keys {
-								top.set[k] = struct{}{}
-							}
-							top.keys = nil
-						}
-					}
-				}
-			}
-			i = end
-		default:
-			i++
-		}
+	switch {
+	case strings.Contains(se.Problem, "more than once"):
+		return "has duplicate member names"
+	case se.Path == "":
+		return "is not valid JSON: " + se.Problem
 	}
-	return true
-}
-
-// stringEnd returns the index just past the closing quote of the JSON string
-// starting at data[start] and whether it contains escapes. data is valid JSON.
-func stringEnd(data []byte, start int) (int, bool) {
-	escaped := false
-	for i := start + 1; i < len(data); i++ {
-		switch data[i] {
-		case '\\':
-			escaped = true
-			i++
-		case '"':
-			return i + 1, escaped
-		}
-	}
-	return len(data), escaped
-}
-
-// foldKey maps s to a representative of its case-folding class: every rune
-// becomes the smallest rune of its simple-folding orbit (lower case for
-// ASCII letters), the relation encoding/json uses to match names. "K", "k"
-// and the Kelvin sign all become "k".
-func foldKey(s string) string {
-	ascii := true
-	for i := 0; i < len(s); i++ {
-		if s[i] >= utf8.RuneSelf {
-			ascii = false
-			break
-		}
-	}
-	if ascii {
-		return toLowerASCII(s)
-	}
-	var b []rune
-	for _, r := range s {
-		m := r
-		for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
-			if f < m {
-				m = f
-			}
-		}
-		if 'A' <= m && m <= 'Z' { // agree with the ASCII fast path
-			m += 'a' - 'A'
-		}
-		b = append(b, m)
-	}
-	return string(b)
-}
-
-func toLowerASCII(s string) string {
-	for i := 0; i < len(s); i++ {
-		if 'A' <= s[i] && s[i] <= 'Z' {
-			b := []byte(s)
-			for j := i; j < len(b); j++ {
-				if 'A' <= b[j] && b[j] <= 'Z' {
-					b[j] += 'a' - 'A'
-				}
-			}
-			return string(b)
-		}
-	}
-	return s
+	return "is not valid JSON at " + se.Path + ": " + se.Problem
 }
 
 // members splits a JSON object into its members by exact name. The caller has
