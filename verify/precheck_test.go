@@ -1,0 +1,51 @@
+package verify
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/aovhq/aov/apierr"
+)
+
+func TestPrecheckRefusesWhatParseRefusesWithoutEvaluating(t *testing.T) {
+	v := New(Config{MaxSchemaSteps: 5})
+	tests := []struct {
+		desc  string
+		body  string
+		field string // "" when the request is worth paying for
+	}{
+		{desc: "a valid request passes", body: `{"task_id":"t","expected_schema":{"type":"object"},"submitted_output":{}}`},
+		{desc: "a failing output passes: a fail is a complete answer", body: `{"task_id":"t","expected_schema":{"type":"string"},"submitted_output":1}`},
+		{desc: "an output too costly to evaluate is left to the verification service", body: invoiceRequest("129.5")},
+		{desc: "malformed JSON is refused", body: `{"task_id":`, field: "task_id"},
+		{desc: "a body that is not an object is refused", body: `[1]`, field: "body"},
+		{desc: "a missing field is refused", body: `{"task_id":"t","expected_schema":{}}`, field: "submitted_output"},
+		{desc: "an unknown field is refused", body: `{"task_id":"t","expected_schema":{},"submitted_output":1,"x":1}`, field: "x"},
+		{desc: "a schema that does not compile is refused", body: `{"task_id":"t","expected_schema":{"type":"nope"},"submitted_output":1}`, field: "expected_schema"},
+		{desc: "a bad rule is refused", body: `{"task_id":"t","expected_schema":{},"submitted_output":1,"rules":[{"type":"x","field":"a"}]}`, field: "rules[0].type"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.desc, func(t *testing.T) {
+			err := v.Precheck([]byte(tc.body))
+			if tc.field == "" {
+				if err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+				return
+			}
+			var e *apierr.Error
+			if !errors.As(err, &e) || e.Status != 422 || len(e.Fields) == 0 || !strings.HasPrefix(e.Fields[0].Field, tc.field) {
+				t.Fatalf("error %v, want 422 naming %s", err, tc.field)
+			}
+			_, perr := v.Parse([]byte(tc.body))
+			var pe *apierr.Error
+			if !errors.As(perr, &pe) || pe.Fields[0] != e.Fields[0] {
+				t.Errorf("Parse refuses with %v, Precheck with %v", perr, err)
+			}
+		})
+	}
+	if err := v.Precheck([]byte(strings.Repeat(" ", int(v.cfg.MaxBodyBytes)+1))); apierr.From(err).Status != 413 {
+		t.Errorf("an oversize body: %v", err)
+	}
+}
