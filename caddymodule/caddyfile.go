@@ -70,6 +70,11 @@ func parseDiscovery(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        mcp_url  <url>
 //	        tool     <name>
 //	    }
+//	    rate_limit off | [<events> <window>] {
+//	        events <n>
+//	        window <duration>
+//	        zone   <name>
+//	    }
 //	}
 func (g *Gate) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // directive name
@@ -147,6 +152,12 @@ func (g *Gate) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			g.Free = f
+		case "rate_limit":
+			rl := new(RateLimit)
+			if err := rl.unmarshal(d); err != nil {
+				return err
+			}
+			g.RateLimit = rl
 		default:
 			return d.Errf("unrecognized x402 option '%s'", d.Val())
 		}
@@ -236,6 +247,71 @@ func (f *FreeAllowance) unmarshal(d *caddyfile.Dispenser) error {
 			return err
 		}
 	}
+	return nil
+}
+
+func (rl *RateLimit) unmarshal(d *caddyfile.Dispenser) error {
+	args := d.RemainingArgs()
+	switch {
+	case len(args) == 1 && args[0] == "off":
+		rl.Off = true
+		if d.NextBlock(d.Nesting()) {
+			return d.Err("rate_limit off takes no block")
+		}
+		return nil
+	case len(args) == 2:
+		if err := rl.setEvents(d, args[0]); err != nil {
+			return err
+		}
+		if err := rl.setWindow(d, args[1]); err != nil {
+			return err
+		}
+	case len(args) != 0:
+		return d.ArgErr()
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		var s string
+		switch d.Val() {
+		case "events":
+			if err := oneArg(d, &s); err != nil {
+				return err
+			}
+			if err := rl.setEvents(d, s); err != nil {
+				return err
+			}
+		case "window":
+			if err := oneArg(d, &s); err != nil {
+				return err
+			}
+			if err := rl.setWindow(d, s); err != nil {
+				return err
+			}
+		case "zone":
+			if err := oneArg(d, &rl.Zone); err != nil {
+				return err
+			}
+		default:
+			return d.Errf("unrecognized rate_limit option '%s'", d.Val())
+		}
+	}
+	return nil
+}
+
+func (rl *RateLimit) setEvents(d *caddyfile.Dispenser, s string) error {
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 {
+		return d.Errf("rate_limit events must be a positive number, not %q", s)
+	}
+	rl.Events = n
+	return nil
+}
+
+func (rl *RateLimit) setWindow(d *caddyfile.Dispenser, s string) error {
+	w, err := caddy.ParseDuration(s)
+	if err != nil || w <= 0 {
+		return d.Errf("rate_limit window must be a positive duration, not %q", s)
+	}
+	rl.Window = caddy.Duration(w)
 	return nil
 }
 

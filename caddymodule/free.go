@@ -1,7 +1,6 @@
 package caddymodule
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -10,7 +9,6 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"go.uber.org/zap"
 
 	"github.com/aovhq/aov/apierr"
 	"github.com/aovhq/aov/store"
@@ -92,31 +90,26 @@ func nextMidnight(t time.Time) time.Time {
 	return time.Date(y, m, d+1, 0, 0, 0, 0, time.UTC)
 }
 
-// serveFree serves the request from the caller's allowance, or answers 402
-// when it is used up. The unit is reserved first and committed only if the
-// upstream answered below 400, so errors never cost the caller a free call.
-func (g *Gate) serveFree(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+// serveFree serves the call from the caller's allowance, or answers with a
+// demand for payment when it has none left. The unit is reserved first and
+// committed only for a billable answer (serveCharged), so errors never cost
+// the caller a free call.
+func (g *Gate) serveFree(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, ex exchange) error {
 	f := g.Free
-	res, t, ok, err := g.reserveFree(w, r, restExchange{g})
-	if !ok {
-		return err
+	client := f.client(r)
+	if client == "" || f.PerDay == 0 {
+		return ex.demand(w, r, http.StatusPaymentRequired, "Payment required", "", nil)
 	}
-	sw := &statusWriter{ResponseWriter: w, onHeader: func(h http.Header, status int) {
-		if status < 400 {
-			f.setHeaders(h, res, t)
-		}
-	}}
-	err = next.ServeHTTP(sw, r)
-	ctx := context.WithoutCancel(r.Context())
-	if err == nil && sw.status > 0 && sw.status < 400 {
-		if cerr := g.state.Allowance().Commit(ctx, res); cerr != nil {
-			g.logger.Warn("committing free allowance unit", zap.Error(cerr))
-		}
-		metrics.outcomes.WithLabelValues("free").Inc()
-	} else if rerr := g.state.Allowance().Release(ctx, res); rerr != nil {
-		g.logger.Warn("releasing free allowance unit", zap.Error(rerr))
+	t := now()
+	res, err := g.state.Allowance().Reserve(r.Context(), f.Pool, client, t, f.PerDay)
+	if errors.Is(err, store.ErrExhausted) {
+		return ex.demand(w, r, http.StatusPaymentRequired, "Payment required: today's free allowance is used", codeFreeTrialExhausted, nil)
 	}
-	return err
+	if err != nil {
+		return ex.refuse(w, r, apierr.Unavailable("free allowance store", 1, err))
+	}
+	r.Header.Set(HeaderUpstreamPayment, "free")
+	return g.serveCharged(w, r, next, ex, &freeCharge{g: g, res: res, at: t})
 }
 
 // setHeaders adds the Free-Allowance-* headers of an answer served from
@@ -126,28 +119,6 @@ func (f *FreeAllowance) setHeaders(h http.Header, res store.Reservation, t time.
 	h.Set(HeaderFreeLimit, strconv.Itoa(f.PerDay))
 	h.Set(HeaderFreeResets, nextMidnight(t).Format(time.RFC3339))
 	h.Set("Access-Control-Expose-Headers", exposedHeaders)
-}
-
-// reserveFree takes one unit of the caller's allowance and tells the
-// upstream the call is free. When ok is false it has answered instead (a
-// demand for payment through ex, or the store is down) and err is what the
-// handler returns.
-func (g *Gate) reserveFree(w http.ResponseWriter, r *http.Request, ex exchange) (res store.Reservation, t time.Time, ok bool, err error) {
-	f := g.Free
-	client := f.client(r)
-	if client == "" || f.PerDay == 0 {
-		return res, t, false, ex.demand(w, r, http.StatusPaymentRequired, "Payment required", "", nil)
-	}
-	t = now()
-	res, err = g.state.Allowance().Reserve(r.Context(), f.Pool, client, t, f.PerDay)
-	if errors.Is(err, store.ErrExhausted) {
-		return res, t, false, ex.demand(w, r, http.StatusPaymentRequired, "Payment required: today's free allowance is used", codeFreeTrialExhausted, nil)
-	}
-	if err != nil {
-		return res, t, false, g.refuse(w, apierr.Unavailable("free allowance store", 1, err))
-	}
-	r.Header.Set(HeaderUpstreamPayment, "free")
-	return res, t, true, nil
 }
 
 // codeFreeTrialExhausted is the code of a 402 after the day's free calls.

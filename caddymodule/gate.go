@@ -67,6 +67,9 @@ const (
 	defaultFreeMaxBody   = 64 << 10
 	defaultMaxTimeout    = 60
 	defaultSettleTimeout = 30 * time.Second
+	// gateSchemaCache is how many compiled schemas the gate's precheck
+	// keeps: it compiles only for requests it answers itself.
+	gateSchemaCache = 8
 )
 
 // Gate is the x402 payment gate (Caddyfile directive `x402`). It answers an
@@ -149,6 +152,11 @@ type Gate struct {
 	// tool's arguments are validated. Chain one x402 per priced tool.
 	MCPTool string `json:"mcp_tool,omitempty"`
 
+	// RateLimit bounds the refused and unpaid answers one client may get
+	// (see RateLimit). Default: on, 120 per minute per client, shared by
+	// every gate of the server.
+	RateLimit *RateLimit `json:"rate_limit,omitempty"`
+
 	// SIWX advertises x402's sign-in-with-x extension in PAYMENT-REQUIRED:
 	// a wallet that already paid for this resource may sign in instead of
 	// paying again (wallet_auth with siwx verifies the proof and lets the
@@ -160,6 +168,8 @@ type Gate struct {
 	verifier    *verify.Verifier
 	offers      []x402.PaymentRequirements
 	bazaar      map[string]any // x402's bazaar extension, for routes that validate
+	rates       *rateZone      // nil when rate_limit is off
+	ratesKey    string
 	logger      *zap.Logger
 	ctx         caddy.Context
 }
@@ -235,8 +245,19 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("store module %T does not keep allowance counters and claims", mod)
 	}
 	g.state = st
+	if g.RateLimit == nil {
+		g.RateLimit = new(RateLimit)
+	}
+	g.RateLimit.provision()
+	if !g.RateLimit.Off {
+		if g.rates, g.ratesKey, err = loadZone(g.RateLimit); err != nil {
+			return fmt.Errorf("loading rate limit zone: %v", err)
+		}
+	}
 	if g.Validator == "verify_request" {
-		g.verifier = verify.New(verify.Config{MaxBodyBytes: g.MaxBody})
+		// The gate only prechecks (parse and compile, no evaluation) and
+		// only when it answers itself, so a small schema cache suffices.
+		g.verifier = verify.New(verify.Config{MaxBodyBytes: g.MaxBody, SchemaCacheSize: gateSchemaCache})
 		if g.MCPTool == "" {
 			g.bazaar = apidocs.BazaarVerify()
 		}
@@ -282,16 +303,41 @@ func (g *Gate) Validate() error {
 			return fmt.Errorf("x402: free_allowance: %v", err)
 		}
 	}
+	if err := g.RateLimit.validate(); err != nil {
+		return fmt.Errorf("x402: %v", err)
+	}
 	if g.MaxBuffer < 0 || g.MaxBody < 0 {
 		return errors.New("x402: limits must be positive")
 	}
 	return nil
 }
 
-// Cleanup withdraws the route from /.well-known/x402.
+// Cleanup withdraws the route from /.well-known/x402 and lets go of the
+// rate limit zone.
 func (g *Gate) Cleanup() error {
 	discovery.remove(g)
+	if g.rates != nil {
+		_, err := rateZones.Delete(g.ratesKey)
+		return err
+	}
 	return nil
+}
+
+// rateWait reports how many seconds the request's client must wait (0: it
+// may be served).
+func (g *Gate) rateWait(r *http.Request) int {
+	if g.rates == nil {
+		return 0
+	}
+	return g.rates.wait(rateClient(r))
+}
+
+// noteRefusal counts an answer that served nothing against the client's
+// rate limit.
+func (g *Gate) noteRefusal(r *http.Request) {
+	if g.rates != nil {
+		g.rates.note(rateClient(r))
+	}
 }
 
 // requirements builds the server's own payment requirements for one accept
@@ -358,11 +404,13 @@ func (a Accept) requirements() (x402.PaymentRequirements, error) {
 	}, nil
 }
 
-// ServeHTTP decides, in this order: OPTIONS passes free; a body over the
-// absolute limit is 413; an invalid request is 422; a bodyless POST is the
-// discovery probe (402); a payment is verified, the upstream run and the
-// payment settled; a request small enough for the free tier is served from
-// the allowance while it lasts; anything else is 402.
+// ServeHTTP decides, in this order: OPTIONS passes free; a client over its
+// refusal budget is 429; a body over the absolute limit is 413; a bodyless
+// POST is the discovery probe (402); a payment is verified, the upstream run
+// and the payment settled; a request small enough for the free tier is
+// served from the allowance while it lasts; anything else is 402. Whenever
+// the gate answers for payment itself, an invalid request is 422 instead
+// (see exchange); a call it lets through is checked by the upstream.
 func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	if r.Method == http.MethodOptions {
 		return next.ServeHTTP(w, r)
@@ -382,24 +430,25 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	if g.MCPTool != "" {
 		return g.serveMCP(w, r, next)
 	}
+	if wait := g.rateWait(r); wait > 0 {
+		return g.refuse(w, r, apierr.RateLimited(wait))
+	}
 
+	ex := &restExchange{g: g}
 	var body []byte
 	if g.verifier != nil || g.Free != nil {
 		var err error
 		if body, err = g.readBody(r); err != nil {
-			return g.refuse(w, err)
+			return g.refuse(w, r, err)
 		}
 		if g.verifier != nil {
 			if len(body) == 0 && r.Method == http.MethodPost {
 				return g.paymentRequired(w, r, "Payment required", "")
 			}
-			if _, err := g.verifier.Parse(body); err != nil {
-				return g.refuse(w, err)
-			}
+			ex.check = func() error { return g.verifier.Precheck(body) }
 		}
 	}
 	if payment != "" {
-		ex := restExchange{g}
 		payload, err := x402.DecodePaymentSignature(payment)
 		if err != nil {
 			return ex.demand(w, r, http.StatusBadRequest, "Invalid payment: "+err.Error(), reasonFor(err, x402.ReasonInvalidPayload), nil)
@@ -407,9 +456,9 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		return g.servePaid(w, r, next, ex, payload, payment)
 	}
 	if g.Free != nil && int64(len(body)) <= g.Free.MaxBody {
-		return g.serveFree(w, r, next)
+		return g.serveFree(w, r, next, ex)
 	}
-	return g.paymentRequired(w, r, "Payment required", "")
+	return ex.demand(w, r, http.StatusPaymentRequired, "Payment required", "", nil)
 }
 
 // readBody reads the whole request body, up to MaxBody, and puts it back for
@@ -439,10 +488,14 @@ func setBody(r *http.Request, body []byte) {
 	r.Header.Set("Content-Length", strconv.Itoa(len(body)))
 }
 
-// refuse writes an error in the SPEC §6 shape and counts it. The error is
-// written here, not returned, because its body is part of the contract.
-func (g *Gate) refuse(w http.ResponseWriter, err error) error {
+// refuse writes an error in the SPEC §6 shape and counts it (a 4xx also
+// against the client's rate limit). The error is written here, not
+// returned, because its body is part of the contract.
+func (g *Gate) refuse(w http.ResponseWriter, r *http.Request, err error) error {
 	e := apierr.From(err)
+	if e.Status >= 400 && e.Status < 500 && e.Code != apierr.CodeRateLimited {
+		g.noteRefusal(r)
+	}
 	if e.Status >= 500 {
 		if ce := g.logger.Check(zapcore.ErrorLevel, "request refused"); ce != nil {
 			ce.Write(zap.String("code", e.Code), zap.Error(e.Cause))
@@ -496,7 +549,7 @@ func (g *Gate) paymentRequired(w http.ResponseWriter, r *http.Request, msg, reas
 	}
 	header, err := x402.EncodeHeader(pr)
 	if err != nil {
-		return g.refuse(w, apierr.Internal(fmt.Errorf("encoding PAYMENT-REQUIRED: %w", err)))
+		return g.refuse(w, r, apierr.Internal(fmt.Errorf("encoding PAYMENT-REQUIRED: %w", err)))
 	}
 	h := w.Header()
 	h.Set(x402.HeaderPaymentRequired, header)
@@ -507,6 +560,7 @@ func (g *Gate) paymentRequired(w http.ResponseWriter, r *http.Request, msg, reas
 		label = "payment_required"
 	}
 	metrics.outcomes.WithLabelValues(label).Inc()
+	g.noteRefusal(r)
 
 	var trial *freeTrial
 	if g.Free != nil {

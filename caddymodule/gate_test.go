@@ -332,7 +332,7 @@ func TestOrderOfRefusals(t *testing.T) {
 				t.Errorf("body %v", m)
 			}
 		}},
-		{"an invalid request is 422 and never 402", "POST", `{"task_id":""}`, nil, 422, func(t *testing.T, resp *http.Response) {
+		{"an invalid request the gate would sell is 422 and never 402", "POST", `{"task_id":"","pad":"` + strings.Repeat("x", 3000) + `"}`, nil, 422, func(t *testing.T, resp *http.Response) {
 			m := readJSON(t, resp)
 			if m["code"] != "invalid_request" || m["charged"] != false {
 				t.Errorf("body %v", m)
@@ -341,7 +341,7 @@ func TestOrderOfRefusals(t *testing.T) {
 				t.Error("an invalid request was offered for sale")
 			}
 		}},
-		{"malformed JSON is 422 without echoing it", "POST", `{"task_id": "SECRET-INPUT`, nil, 422, func(t *testing.T, resp *http.Response) {
+		{"malformed JSON is 422 without echoing it", "POST", `{"task_id": "SECRET-INPUT` + strings.Repeat("x", 3000), nil, 422, func(t *testing.T, resp *http.Response) {
 			b, _ := io.ReadAll(resp.Body)
 			if bytes.Contains(b, []byte("SECRET-INPUT")) {
 				t.Errorf("input echoed: %s", b)

@@ -1,16 +1,14 @@
 package caddymodule
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
 	"net/http"
 	"strconv"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"go.uber.org/zap"
 
 	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/receipt"
 	"github.com/aovhq/aov/x402"
 )
 
@@ -20,105 +18,67 @@ const (
 	mcpMetaPaymentResponse = "x402/payment-response"
 )
 
-// rpcRequest is the part of a JSON-RPC request the gate reads.
-type rpcRequest struct {
-	JSONRPC string          `json:"jsonrpc"`
-	ID      json.RawMessage `json:"id"`
-	Method  string          `json:"method"`
-	Params  struct {
-		Name      string                     `json:"name"`
-		Arguments json.RawMessage            `json:"arguments"`
-		Meta      map[string]json.RawMessage `json:"_meta"`
-	} `json:"params"`
-}
-
 // serveMCP prices one MCP tool on a Streamable HTTP endpoint. Only a
 // tools/call of that tool is gated; initialize, tools/list, notifications and
-// every other method pass through free. The order of decisions is the
-// REST one: invalid arguments are a tool error before any payment logic; a
-// payment in params._meta["x402/payment"] is verified, the tool run and the
-// payment settled only if the result is not an error; otherwise the call is
-// served from the free allowance while it lasts, or answered with a
-// payment-required tool result.
+// every other method pass through free, but only once the gate has read the
+// message completely (readRPC): a message it cannot read is refused and
+// never reaches the tool. The order of decisions for the priced tool is the
+// REST one: a payment in params._meta["x402/payment"] is verified, the tool
+// run and the payment settled only if the result is not an error; otherwise
+// the call is served from the free allowance while it lasts, or answered
+// with a payment-required tool result. Whenever the gate answers itself,
+// invalid arguments are a tool error first (never a demand for payment).
 func (g *Gate) serveMCP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	if r.Method != http.MethodPost {
 		return next.ServeHTTP(w, r)
 	}
 	body, err := g.readBody(r)
 	if err != nil {
-		return g.refuse(w, err)
+		return g.refuse(w, r, err)
 	}
-	if trimmed := bytes.TrimLeft(body, " \t\r\n"); len(trimmed) > 0 && trimmed[0] == '[' {
-		// A batch could hide a priced call among free ones; MCP no longer
-		// allows batches, so refuse them all.
-		return writeRPC(w, http.StatusBadRequest, rpcError(nil, -32600, "JSON-RPC batches are not accepted on a paid MCP endpoint; send one request per call"))
+	msg, bad := readRPC(body)
+	if bad != nil {
+		metrics.outcomes.WithLabelValues("invalid_jsonrpc").Inc()
+		g.noteRefusal(r)
+		return writeRPC(w, http.StatusBadRequest, rpcError(nil, bad.code, bad.err))
 	}
-	var req rpcRequest
-	if json.Unmarshal(body, &req) != nil || req.Method != "tools/call" || req.Params.Name != g.MCPTool {
+	if msg.method != "tools/call" || msg.tool != g.MCPTool {
 		return next.ServeHTTP(w, r)
 	}
-	ex := mcpExchange{g: g, id: req.ID, tool: g.MCPTool}
-	if g.verifier != nil {
-		args := req.Params.Arguments
-		if len(args) == 0 {
-			args = []byte("{}")
-		}
-		if _, err := g.verifier.Parse(args); err != nil {
-			metrics.outcomes.WithLabelValues(apierr.From(err).Code).Inc()
-			return ex.toolError(w, apierr.From(err))
-		}
+	ex := &mcpExchange{g: g, id: msg.id, tool: g.MCPTool}
+	if wait := g.rateWait(r); wait > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(wait))
+		return ex.toolError(w, r, apierr.RateLimited(wait))
 	}
-	if raw, ok := req.Params.Meta[mcpMetaPayment]; ok {
-		payload, err := x402.ParsePaymentPayload(raw)
+	if g.verifier != nil {
+		args := msg.args
+		if args == nil {
+			args = map[string]any{}
+		}
+		ex.check = func() error { return g.verifier.PrecheckTree(args) }
+	}
+	if raw, ok := msg.meta[mcpMetaPayment]; ok {
+		// The payment is read from its canonical form, which is also what
+		// its replay claim is keyed on: a re-encoded copy is the same claim.
+		canon, err := receipt.AppendCanonical(nil, raw)
+		if err != nil {
+			return ex.demand(w, r, http.StatusOK, "Invalid payment: not a JSON object", x402.ReasonInvalidPayload, nil)
+		}
+		payload, err := x402.ParsePaymentPayload(canon)
 		if err != nil {
 			return ex.demand(w, r, http.StatusOK, "Invalid payment: "+err.Error(), reasonFor(err, x402.ReasonInvalidPayload), nil)
 		}
-		// The tool never sees the payment, as a REST upstream never sees
-		// PAYMENT-SIGNATURE.
-		if stripped, err := withoutPayment(body); err == nil {
-			setBody(r, stripped)
+		stripped, err := msg.withoutPayment()
+		if err != nil {
+			return ex.refuse(w, r, apierr.Internal(err))
 		}
-		return g.servePaid(w, r, next, ex, payload, string(raw))
+		setBody(r, stripped)
+		return g.servePaid(w, r, next, ex, payload, string(canon))
 	}
 	if g.Free != nil && int64(len(body)) <= g.Free.MaxBody {
-		return g.serveFreeMCP(w, r, next, ex)
+		return g.serveFree(w, r, next, ex)
 	}
 	return ex.demand(w, r, http.StatusOK, "Payment required", "", nil)
-}
-
-// serveFreeMCP runs one tool call from the caller's allowance. The result is
-// held so that a tool error (isError) gives the unit back.
-func (g *Gate) serveFreeMCP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, ex mcpExchange) error {
-	f := g.Free
-	res, t, ok, err := g.reserveFree(w, r, ex)
-	if !ok {
-		return err
-	}
-	buf := getBuffer()
-	defer putBuffer(buf)
-	bw := &bufferedWriter{header: make(http.Header), buf: buf, limit: g.MaxBuffer}
-	err = runUpstream(next, bw, r, neverReached)
-	ctx := context.WithoutCancel(r.Context())
-	if err != nil || bw.overflow || !ex.billable(bw) {
-		if rerr := g.state.Allowance().Release(ctx, res); rerr != nil {
-			g.logger.Warn("releasing free allowance unit", zap.Error(rerr))
-		}
-		if err != nil {
-			return err
-		}
-		if bw.overflow {
-			return g.refuse(w, apierr.Internal(errBufferFull))
-		}
-		bw.replay(w)
-		return nil
-	}
-	if cerr := g.state.Allowance().Commit(ctx, res); cerr != nil {
-		g.logger.Warn("committing free allowance unit", zap.Error(cerr))
-	}
-	metrics.outcomes.WithLabelValues("free").Inc()
-	f.setHeaders(w.Header(), res, t)
-	bw.replay(w)
-	return nil
 }
 
 // mcpExchange is x402 over MCP: demands are tool results with isError and
@@ -128,9 +88,13 @@ type mcpExchange struct {
 	g    *Gate
 	id   json.RawMessage
 	tool string
+	requestCheck
 }
 
-func (e mcpExchange) demand(w http.ResponseWriter, r *http.Request, _ int, msg, reason string, failed *x402.SettleResponse) error {
+func (e *mcpExchange) demand(w http.ResponseWriter, r *http.Request, _ int, msg, reason string, failed *x402.SettleResponse) error {
+	if ae := e.invalid(); ae != nil {
+		return e.toolError(w, r, ae)
+	}
 	g := e.g
 	pr := x402.PaymentRequired{
 		X402Version: x402.Version,
@@ -140,7 +104,7 @@ func (e mcpExchange) demand(w http.ResponseWriter, r *http.Request, _ int, msg, 
 	}
 	text, err := json.Marshal(pr)
 	if err != nil {
-		return g.refuse(w, apierr.Internal(err))
+		return g.refuse(w, r, apierr.Internal(err))
 	}
 	meta := map[string]any{}
 	if failed != nil {
@@ -161,6 +125,7 @@ func (e mcpExchange) demand(w http.ResponseWriter, r *http.Request, _ int, msg, 
 		label = "payment_required"
 	}
 	metrics.outcomes.WithLabelValues(label).Inc()
+	g.noteRefusal(r)
 	w.Header().Set("Cache-Control", "no-store")
 	return writeRPC(w, http.StatusOK, rpcResult(e.id, map[string]any{
 		"content":           []any{map[string]any{"type": "text", "text": string(text)}},
@@ -170,9 +135,25 @@ func (e mcpExchange) demand(w http.ResponseWriter, r *http.Request, _ int, msg, 
 	}))
 }
 
+// refuse answers a refusal of the gate (an outage, an invalid request) as a
+// tool error, as the tool itself would.
+func (e *mcpExchange) refuse(w http.ResponseWriter, r *http.Request, ae *apierr.Error) error {
+	if invalid := e.invalid(); invalid != nil {
+		ae = invalid
+	}
+	return e.toolError(w, r, ae)
+}
+
 // toolError answers a tool call with an error of the SPEC §6 shape, as the
-// tool itself would.
-func (e mcpExchange) toolError(w http.ResponseWriter, ae *apierr.Error) error {
+// tool itself would, and counts it.
+func (e *mcpExchange) toolError(w http.ResponseWriter, r *http.Request, ae *apierr.Error) error {
+	metrics.outcomes.WithLabelValues(ae.Code).Inc()
+	if ae.Status >= 400 && ae.Status < 500 && ae.Code != apierr.CodeRateLimited {
+		e.g.noteRefusal(r)
+	}
+	if ae.RetryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(ae.RetryAfter))
+	}
 	text, _ := json.Marshal(ae)
 	return writeRPC(w, http.StatusOK, rpcResult(e.id, map[string]any{
 		"content":           []any{map[string]any{"type": "text", "text": string(text)}},
@@ -185,7 +166,7 @@ func (e mcpExchange) toolError(w http.ResponseWriter, ae *apierr.Error) error {
 // answer the gate cannot read is turned into a JSON-RPC error in place: the
 // gate must not release what it cannot tell was a success, and must not
 // charge for it either.
-func (e mcpExchange) billable(bw *bufferedWriter) bool {
+func (e *mcpExchange) billable(bw *bufferedWriter) bool {
 	if bw.status() >= 400 {
 		return false
 	}
@@ -197,7 +178,12 @@ func (e mcpExchange) billable(bw *bufferedWriter) bool {
 	if err := json.Unmarshal(bw.buf.Bytes(), &resp); err != nil {
 		bw.buf.Reset()
 		bw.header.Set("Content-Type", "application/json")
-		body, _ := json.Marshal(rpcError(e.id, -32603, "the tool's answer could not be read by the payment gateway (it must answer with application/json, not a stream); nothing was charged"))
+		body, _ := json.Marshal(rpcError(e.id, rpcInternalError, &apierr.Error{
+			Code:        "upstream_answer_unreadable",
+			Message:     "The tool's answer could not be read by the payment gateway (it must answer with application/json, not a stream) and nothing was charged.",
+			Status:      http.StatusBadGateway,
+			NextActions: []apierr.Action{{Action: "contact_operator"}},
+		}))
 		bw.buf.Write(body)
 		return false
 	}
@@ -206,7 +192,7 @@ func (e mcpExchange) billable(bw *bufferedWriter) bool {
 
 // deliver adds the settlement to the result's _meta (and PAYMENT-RESPONSE
 // to the HTTP answer) and writes it.
-func (e mcpExchange) deliver(w http.ResponseWriter, bw *bufferedWriter, sr x402.SettleResponse) {
+func (e *mcpExchange) deliver(w http.ResponseWriter, bw *bufferedWriter, sr x402.SettleResponse) {
 	var resp map[string]json.RawMessage
 	if err := json.Unmarshal(bw.buf.Bytes(), &resp); err == nil {
 		var result map[string]json.RawMessage
@@ -228,57 +214,4 @@ func (e mcpExchange) deliver(w http.ResponseWriter, bw *bufferedWriter, sr x402.
 	}
 	e.g.setPaidHeaders(w.Header(), sr)
 	bw.replay(w)
-}
-
-// withoutPayment removes params._meta["x402/payment"] from a JSON-RPC
-// request body.
-func withoutPayment(body []byte) ([]byte, error) {
-	var req map[string]json.RawMessage
-	if err := json.Unmarshal(body, &req); err != nil {
-		return nil, err
-	}
-	var params map[string]json.RawMessage
-	if err := json.Unmarshal(req["params"], &params); err != nil {
-		return nil, err
-	}
-	var meta map[string]json.RawMessage
-	if err := json.Unmarshal(params["_meta"], &meta); err != nil {
-		return nil, err
-	}
-	delete(meta, mcpMetaPayment)
-	var err error
-	if params["_meta"], err = json.Marshal(meta); err != nil {
-		return nil, err
-	}
-	if req["params"], err = json.Marshal(params); err != nil {
-		return nil, err
-	}
-	return json.Marshal(req)
-}
-
-func rpcResult(id json.RawMessage, result any) map[string]any {
-	return map[string]any{"jsonrpc": "2.0", "id": rawID(id), "result": result}
-}
-
-func rpcError(id json.RawMessage, code int, msg string) map[string]any {
-	return map[string]any{"jsonrpc": "2.0", "id": rawID(id), "error": map[string]any{"code": code, "message": msg}}
-}
-
-func rawID(id json.RawMessage) json.RawMessage {
-	if len(id) == 0 {
-		return json.RawMessage("null")
-	}
-	return id
-}
-
-func writeRPC(w http.ResponseWriter, status int, v any) error {
-	body, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
-	w.WriteHeader(status)
-	_, err = w.Write(body)
-	return err
 }

@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"math/big"
 	"net/http"
 	"strings"
@@ -32,23 +31,64 @@ const maxClaimHold = 7 * 24 * time.Hour
 // (PAYMENT-SIGNATURE in, a 402 with PAYMENT-REQUIRED, PAYMENT-RESPONSE out)
 // or MCP (the payment in params._meta, payment-required tool results,
 // _meta["x402/payment-response"] on the result). The payment logic between
-// them (claim, verify, run, settle) is the same and lives in servePaid.
+// them (claim, verify, run, settle) is the same and lives in servePaid and
+// serveCharged.
+//
+// An exchange also carries the call's request-level check. Whenever the
+// gate answers a call itself instead of running the upstream (a demand for
+// payment, a refused payment, a store or facilitator outage), it first runs
+// that check, so a request that can never succeed is refused with 422 and
+// is never offered for sale (SPEC §6). A call the gate lets through is
+// checked once, by the upstream.
 type exchange interface {
 	// demand answers with a demand for payment: msg is for people, reason
 	// the x402 reason ("" for a plain demand), failed the refused
 	// settlement when there was one.
 	demand(w http.ResponseWriter, r *http.Request, status int, msg, reason string, failed *x402.SettleResponse) error
+	// refuse answers with an error of the SPEC §6 shape.
+	refuse(w http.ResponseWriter, r *http.Request, e *apierr.Error) error
 	// billable reports whether the held upstream answer is a success the
 	// buyer pays for (an error answer is never charged).
 	billable(bw *bufferedWriter) bool
 	// deliver writes the held answer with the settlement attached.
 	deliver(w http.ResponseWriter, bw *bufferedWriter, sr x402.SettleResponse)
+	// upstreamRan records that the upstream, which checks the request
+	// itself, has answered: the gate's check is no longer needed.
+	upstreamRan()
 }
 
-// restExchange is x402 over plain HTTP.
-type restExchange struct{ g *Gate }
+// requestCheck is the request-level check of one call: strict parse, field
+// checks and schema compile (verify.Precheck), never an evaluation. It runs
+// at most once, and only when the gate answers the call itself.
+type requestCheck struct {
+	check func() error // nil: nothing to check
+	done  bool
+}
 
-func (e restExchange) demand(w http.ResponseWriter, r *http.Request, status int, msg, reason string, failed *x402.SettleResponse) error {
+// invalid runs the check (once) and returns its refusal, if any.
+func (c *requestCheck) invalid() *apierr.Error {
+	if c.done || c.check == nil {
+		return nil
+	}
+	c.done = true
+	if err := c.check(); err != nil {
+		return apierr.From(err)
+	}
+	return nil
+}
+
+func (c *requestCheck) upstreamRan() { c.done = true }
+
+// restExchange is x402 over plain HTTP.
+type restExchange struct {
+	g *Gate
+	requestCheck
+}
+
+func (e *restExchange) demand(w http.ResponseWriter, r *http.Request, status int, msg, reason string, failed *x402.SettleResponse) error {
+	if ae := e.invalid(); ae != nil {
+		return e.g.refuse(w, r, ae)
+	}
 	if failed != nil {
 		if header, err := x402.EncodeHeader(failed); err == nil {
 			w.Header().Set(x402.HeaderPaymentResponse, header)
@@ -60,16 +100,24 @@ func (e restExchange) demand(w http.ResponseWriter, r *http.Request, status int,
 	return e.g.paymentRequired(w, r, msg, reason)
 }
 
-func (restExchange) billable(bw *bufferedWriter) bool { return bw.status() < 400 }
+func (e *restExchange) refuse(w http.ResponseWriter, r *http.Request, ae *apierr.Error) error {
+	if invalid := e.invalid(); invalid != nil {
+		ae = invalid
+	}
+	return e.g.refuse(w, r, ae)
+}
 
-func (e restExchange) deliver(w http.ResponseWriter, bw *bufferedWriter, sr x402.SettleResponse) {
+func (*restExchange) billable(bw *bufferedWriter) bool { return bw.status() < 400 }
+
+func (e *restExchange) deliver(w http.ResponseWriter, bw *bufferedWriter, sr x402.SettleResponse) {
 	e.g.setPaidHeaders(w.Header(), sr)
 	bw.replay(w)
 }
 
 // servePaid handles a request that carries a payment: match it against our
-// own offers, claim it, verify it, run the upstream, settle. raw is the
-// payment as received (header or JSON), for the replay guard.
+// own offers, claim it, verify it, then run the upstream and settle
+// (serveCharged). raw is the payment as received (header or JSON), for the
+// replay guard.
 func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, ex exchange, payload x402.PaymentPayload, raw string) error {
 	offer, ok := x402.Match(payload.Accepted, g.offers)
 	if !ok {
@@ -87,27 +135,23 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 			}
 			return ex.demand(w, r, http.StatusPaymentRequired, "This payment is being processed by another request; do not reuse a payment.", reasonPaymentInFlight, nil)
 		}
-		return g.refuse(w, apierr.Unavailable("payment state store", 1, err))
+		return ex.refuse(w, r, apierr.Unavailable("payment state store", 1, err))
 	}
 	// From here every path either settles the claim, releases it (nothing
 	// was charged, the client may retry with the same payment), or keeps it
 	// pending until it lapses (the outcome is unknown: never invite a second
 	// payment).
-	release := func() {
-		if err := g.state.Claims().Release(context.WithoutCancel(ctx), claim); err != nil {
-			g.logger.Warn("releasing payment claim", zap.Error(err))
-		}
-	}
+	pc := &paidCharge{g: g, ex: ex, payload: payload, offer: offer, claim: claim}
 
 	vctx, cancel := context.WithTimeout(ctx, defaultSettleTimeout)
 	defer cancel()
 	vr, err := g.facilitator.Verify(vctx, payload, offer)
 	if err != nil {
-		release()
-		return g.refuse(w, apierr.Unavailable("payment facilitator", 2, err))
+		pc.release(r)
+		return ex.refuse(w, r, apierr.Unavailable("payment facilitator", 2, err))
 	}
 	if !vr.IsValid {
-		release()
+		pc.release(r)
 		reason := vr.InvalidReason
 		if reason == "" {
 			reason = x402.ReasonInvalidPayload
@@ -122,65 +166,26 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	r.Header.Set(HeaderUpstreamNetwork, offer.Network)
 
 	if g.Settle == "before" {
-		sr, ok := g.settle(w, r, ex, payload, offer, claim, release)
-		if !ok {
+		if !pc.settle(w, r) {
 			return nil
 		}
-		g.setPaidHeaders(w.Header(), sr)
+		g.setPaidHeaders(w.Header(), pc.sr)
 		return next.ServeHTTP(w, r)
 	}
-
-	buf := getBuffer()
-	defer putBuffer(buf)
-	bw := &bufferedWriter{header: make(http.Header), buf: buf, limit: g.MaxBuffer}
-	err = runUpstream(next, bw, r, neverReached)
-	if bw.overflow {
-		release()
-		return g.refuse(w, &apierr.Error{
-			Code:        "upstream_response_too_large",
-			Message:     fmt.Sprintf("The upstream answer exceeded the gateway's %d-byte buffer and nothing was charged; ask the operator to raise max_buffer.", g.MaxBuffer),
-			Status:      http.StatusBadGateway,
-			NextActions: []apierr.Action{{Action: "contact_operator"}},
-		})
-	}
-	if err != nil {
-		release()
-		return err
-	}
-	if !ex.billable(bw) {
-		// An error is never charged: hand it over as it is.
-		release()
-		metrics.outcomes.WithLabelValues("upstream_error_not_settled").Inc()
-		bw.replay(w)
-		return nil
-	}
-	if !g.settleAllowed(r) {
-		// settle_on pass, and the output did not pass verification: the
-		// buyer gets it with its receipt and is not charged.
-		release()
-		metrics.outcomes.WithLabelValues("verification_not_passed_not_settled").Inc()
-		w.Header().Set("Cache-Control", "no-store")
-		w.Header().Set("Access-Control-Expose-Headers", exposedHeaders)
-		bw.replay(w)
-		return nil
-	}
-	sr, ok := g.settle(w, r, ex, payload, offer, claim, release)
-	if !ok {
-		return nil
-	}
-	ex.deliver(w, bw, sr)
-	return nil
+	return g.serveCharged(w, r, next, ex, pc)
 }
 
-// settle settles the claimed payment. On success it marks the claim settled
-// and returns the response for PAYMENT-RESPONSE; otherwise it has already
-// answered the client (and ok is false).
-func (g *Gate) settle(w http.ResponseWriter, r *http.Request, ex exchange, payload x402.PaymentPayload, offer x402.PaymentRequirements, claim store.Claim, release func()) (x402.SettleResponse, bool) {
+// settle settles the claimed payment: the one settlement step of the gate.
+// On success it marks the claim settled and keeps the response for
+// PAYMENT-RESPONSE; otherwise it has already answered the client. An
+// unknown outcome keeps the claim (the money may have moved).
+func (p *paidCharge) settle(w http.ResponseWriter, r *http.Request) bool {
+	g := p.g
 	// Settlement must not be abandoned because the client went away: the
 	// upstream work is done and the authorization is ours to settle.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), defaultSettleTimeout)
 	defer cancel()
-	sr, err := g.facilitator.Settle(ctx, payload, offer)
+	sr, err := g.facilitator.Settle(ctx, p.payload, p.offer)
 	if err != nil {
 		var unknown *x402.UnknownOutcomeError
 		if errors.As(err, &unknown) {
@@ -188,7 +193,7 @@ func (g *Gate) settle(w http.ResponseWriter, r *http.Request, ex exchange, paylo
 			// to wait, not to pay again.
 			g.logger.Error("settlement outcome unknown", zap.Error(err))
 			metrics.outcomes.WithLabelValues("settlement_unknown").Inc()
-			g.refuse(w, &apierr.Error{
+			g.refuse(w, r, &apierr.Error{
 				Code:        "settlement_pending",
 				Message:     "The payment's settlement outcome is not known yet and no content was released; do not sign a new payment, retry later.",
 				Status:      http.StatusServiceUnavailable,
@@ -197,31 +202,32 @@ func (g *Gate) settle(w http.ResponseWriter, r *http.Request, ex exchange, paylo
 				NextActions: []apierr.Action{{Action: "retry", After: 30}},
 				Cause:       err,
 			})
-			return sr, false
+			return false
 		}
-		release()
-		g.refuse(w, apierr.Unavailable("payment facilitator", 2, err))
-		return sr, false
+		p.release(r)
+		g.refuse(w, r, apierr.Unavailable("payment facilitator", 2, err))
+		return false
 	}
 	if !sr.Success {
-		release()
+		p.release(r)
 		if sr.Network == "" {
-			sr.Network = offer.Network
+			sr.Network = p.offer.Network
 		}
 		reason := sr.ErrorReason
 		if reason == "" {
 			reason = x402.ReasonUnexpectedSettleError
 		}
-		ex.demand(w, r, http.StatusPaymentRequired, "Settlement failed: "+reason, reason, &sr)
-		return sr, false
+		p.ex.demand(w, r, http.StatusPaymentRequired, "Settlement failed: "+reason, reason, &sr)
+		return false
 	}
-	if err := g.state.Claims().Settle(context.WithoutCancel(r.Context()), claim, sr.Transaction, time.Time{}); err != nil {
+	if err := g.state.Claims().Settle(context.WithoutCancel(r.Context()), p.claim, sr.Transaction, time.Time{}); err != nil {
 		// The money moved; the claim will still block replays until it
 		// lapses. Log loudly, serve the content that was paid for.
 		g.logger.Error("marking payment claim settled", zap.Error(err))
 	}
 	metrics.outcomes.WithLabelValues("settled").Inc()
-	return sr, true
+	p.sr = sr
+	return true
 }
 
 // setPaidHeaders adds PAYMENT-RESPONSE and the caching and CORS headers of a

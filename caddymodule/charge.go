@@ -1,0 +1,154 @@
+package caddymodule
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/store"
+	"github.com/aovhq/aov/x402"
+)
+
+// The money path. Every call the gate lets through is paid for by a charge
+// (a verified payment or a reserved free unit) and goes through serveCharged:
+// the upstream runs into one bounded hold, its answer is judged in one place
+// (outcomeOf), and the charge is then settled and the answer delivered, or
+// released and the answer handed over uncharged. REST and MCP, paid and free,
+// differ only in their exchange (how x402 is carried) and their charge.
+
+// charge is what pays for one call.
+type charge interface {
+	// settle makes the charge final for a billable answer. When it returns
+	// false it has answered the client itself (the payment failed) and the
+	// held answer must not be released.
+	settle(w http.ResponseWriter, r *http.Request) bool
+	// release gives the charge back: nothing was taken, and the same
+	// payment or free unit can be used again.
+	release(r *http.Request)
+	// deliver writes the held answer with what the charge adds to it
+	// (PAYMENT-RESPONSE, the Free-Allowance-* headers).
+	deliver(w http.ResponseWriter, bw *bufferedWriter)
+}
+
+// outcome is what the upstream's held answer is worth.
+type outcome int
+
+const (
+	outcomeBillable  outcome = iota // a success the buyer pays for
+	outcomeNotBilled                // an error answer: handed over, never charged
+	outcomeNotPassed                // settle_on pass, and the output did not pass: handed over uncharged
+	outcomeOverflow                 // larger than max_buffer: withheld, never charged
+	outcomeFailed                   // the upstream failed before answering
+)
+
+// serveCharged runs the upstream for a call paid by c, and settles or
+// releases c by what it answered. It is the only place a call is charged.
+func (g *Gate) serveCharged(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, ex exchange, c charge) error {
+	buf := getBuffer()
+	defer putBuffer(buf)
+	bw := &bufferedWriter{header: make(http.Header), buf: buf, limit: g.MaxBuffer}
+	err := runUpstream(next, bw, r, neverReached)
+	ex.upstreamRan()
+	switch g.outcomeOf(ex, bw, err, r) {
+	case outcomeFailed:
+		c.release(r)
+		return err
+	case outcomeOverflow:
+		c.release(r)
+		return g.refuse(w, r, &apierr.Error{
+			Code:        "upstream_response_too_large",
+			Message:     fmt.Sprintf("The upstream answer exceeded the gateway's %d-byte buffer and nothing was charged; ask the operator to raise max_buffer.", g.MaxBuffer),
+			Status:      http.StatusBadGateway,
+			NextActions: []apierr.Action{{Action: "contact_operator"}},
+		})
+	case outcomeNotBilled:
+		// An error is never charged: hand it over as it is. A refusal of
+		// the request (4xx, a tool error) counts against the rate limit.
+		c.release(r)
+		metrics.outcomes.WithLabelValues("upstream_error_not_settled").Inc()
+		if s := bw.status(); s < 500 {
+			g.noteRefusal(r)
+		}
+		bw.replay(w)
+		return nil
+	case outcomeNotPassed:
+		c.release(r)
+		metrics.outcomes.WithLabelValues("verification_not_passed_not_settled").Inc()
+		w.Header().Set("Cache-Control", "no-store")
+		w.Header().Set("Access-Control-Expose-Headers", exposedHeaders)
+		bw.replay(w)
+		return nil
+	}
+	if !c.settle(w, r) {
+		return nil
+	}
+	c.deliver(w, bw)
+	return nil
+}
+
+// outcomeOf judges the upstream's held answer: the one place where what a
+// call costs is decided.
+func (g *Gate) outcomeOf(ex exchange, bw *bufferedWriter, err error, r *http.Request) outcome {
+	switch {
+	case bw.overflow:
+		return outcomeOverflow
+	case err != nil:
+		return outcomeFailed
+	case !ex.billable(bw):
+		return outcomeNotBilled
+	case !g.settleAllowed(r):
+		return outcomeNotPassed
+	}
+	return outcomeBillable
+}
+
+// paidCharge is a verified, claimed payment.
+type paidCharge struct {
+	g       *Gate
+	ex      exchange
+	payload x402.PaymentPayload
+	offer   x402.PaymentRequirements
+	claim   store.Claim
+	sr      x402.SettleResponse // set by a successful settle
+}
+
+func (p *paidCharge) release(r *http.Request) {
+	if err := p.g.state.Claims().Release(context.WithoutCancel(r.Context()), p.claim); err != nil {
+		p.g.logger.Warn("releasing payment claim", zap.Error(err))
+	}
+}
+
+func (p *paidCharge) deliver(w http.ResponseWriter, bw *bufferedWriter) {
+	p.ex.deliver(w, bw, p.sr)
+}
+
+// freeCharge is one reserved unit of a client's daily allowance.
+type freeCharge struct {
+	g   *Gate
+	res store.Reservation
+	at  time.Time
+}
+
+func (f *freeCharge) release(r *http.Request) {
+	if err := f.g.state.Allowance().Release(context.WithoutCancel(r.Context()), f.res); err != nil {
+		f.g.logger.Warn("releasing free allowance unit", zap.Error(err))
+	}
+}
+
+func (f *freeCharge) settle(w http.ResponseWriter, r *http.Request) bool {
+	if err := f.g.state.Allowance().Commit(context.WithoutCancel(r.Context()), f.res); err != nil {
+		f.g.logger.Warn("committing free allowance unit", zap.Error(err))
+	}
+	metrics.outcomes.WithLabelValues("free").Inc()
+	return true
+}
+
+func (f *freeCharge) deliver(w http.ResponseWriter, bw *bufferedWriter) {
+	f.g.Free.setHeaders(w.Header(), f.res, f.at)
+	bw.replay(w)
+}

@@ -1,0 +1,189 @@
+package caddymodule
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"golang.org/x/time/rate"
+)
+
+// Defaults of rate_limit.
+const (
+	defaultRateEvents = 120
+	defaultRateWindow = time.Minute
+	defaultRateZone   = "default"
+	// maxRateClients bounds the clients one zone tracks. Past it, new
+	// clients share one budget until the sweep frees room: under an
+	// address-spraying flood the limit tightens instead of lapsing.
+	maxRateClients = 1 << 16
+)
+
+// RateLimit bounds how often one client may be refused by the gate. Every
+// answer that serves nothing counts one event: a 402 (a demand for
+// payment, a refused payment), a 4xx refusal of the gate (413, 422, a
+// refused tool call) and a 4xx answer of the upstream to a free or paid call
+// (which is then neither charged nor counted against the allowance). A
+// client with Events such answers within Window is answered 429
+// rate_limited with Retry-After until its budget refills, before the gate
+// reads its body. Served calls, paid or free, never count.
+//
+// The client is Caddy's resolved client IP (honouring the server's
+// trusted_proxies, never a raw header); IPv6 clients are counted per /64,
+// the smallest block a site is usually given. The state is kept in memory
+// per zone and survives config reloads; it is not shared between Caddy
+// instances.
+type RateLimit struct {
+	// Events is how many refused or unpaid answers one client may get per
+	// Window. Default 120.
+	Events int `json:"events,omitempty"`
+	// Window is the period Events is counted over; the budget refills
+	// evenly across it (a token bucket of Events tokens). Default 1m.
+	Window caddy.Duration `json:"window,omitempty"`
+	// Zone names the budget: gates that name the same zone (and the same
+	// events and window) share one per client. Default "default", so all
+	// gates of a server share it.
+	Zone string `json:"zone,omitempty"`
+	// Off turns the limit off.
+	Off bool `json:"off,omitempty"`
+}
+
+func (rl *RateLimit) provision() {
+	if rl.Events == 0 {
+		rl.Events = defaultRateEvents
+	}
+	if rl.Window == 0 {
+		rl.Window = caddy.Duration(defaultRateWindow)
+	}
+	if rl.Zone == "" {
+		rl.Zone = defaultRateZone
+	}
+}
+
+func (rl *RateLimit) validate() error {
+	if rl.Events < 0 || rl.Window < 0 {
+		return errors.New("rate_limit: events and window must be positive")
+	}
+	return nil
+}
+
+// rateZones keeps every zone's clients across config reloads (Caddy
+// provisions the new config before it cleans up the old one).
+var rateZones = caddy.NewUsagePool()
+
+// rateZone is one budget: a token bucket per client.
+type rateZone struct {
+	limit rate.Limit
+	burst int
+	every time.Duration
+
+	mu      sync.Mutex
+	clients map[string]*rate.Limiter
+	swept   time.Time
+}
+
+// loadZone returns the shared zone for rl, creating it on first use. The
+// caller must release it with rateZones.Delete(key) on cleanup.
+func loadZone(rl *RateLimit) (*rateZone, string, error) {
+	key := fmt.Sprintf("%s/%d/%s", rl.Zone, rl.Events, time.Duration(rl.Window))
+	v, _, err := rateZones.LoadOrNew(key, func() (caddy.Destructor, error) {
+		w := time.Duration(rl.Window)
+		return &rateZone{
+			limit:   rate.Limit(float64(rl.Events) / w.Seconds()),
+			burst:   rl.Events,
+			every:   w,
+			clients: make(map[string]*rate.Limiter),
+		}, nil
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	return v.(*rateZone), key, nil
+}
+
+// Destruct drops the zone's state when the last config using it is gone.
+func (z *rateZone) Destruct() error { return nil }
+
+// overflowClient is the shared key of clients that found the table full.
+const overflowClient = "*"
+
+// limiter returns the bucket of client, creating it when create is set.
+// Buckets that have refilled completely are swept once per window: they
+// mean the same as no bucket.
+func (z *rateZone) limiter(client string, t time.Time, create bool) *rate.Limiter {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	if l := z.clients[client]; l != nil || !create {
+		return l
+	}
+	if len(z.clients) >= maxRateClients || t.Sub(z.swept) > z.every {
+		z.swept = t
+		for k, l := range z.clients {
+			if l.TokensAt(t) >= float64(z.burst) {
+				delete(z.clients, k)
+			}
+		}
+	}
+	if len(z.clients) >= maxRateClients {
+		client = overflowClient
+		if l := z.clients[client]; l != nil {
+			return l
+		}
+	}
+	l := rate.NewLimiter(z.limit, z.burst)
+	z.clients[client] = l
+	return l
+}
+
+// wait reports how many seconds client must wait before the gate answers it
+// again; 0 when it may be served.
+func (z *rateZone) wait(client string) int {
+	t := now()
+	l := z.limiter(client, t, false)
+	if l == nil {
+		z.mu.Lock()
+		l = z.clients[overflowClient]
+		full := len(z.clients) >= maxRateClients
+		z.mu.Unlock()
+		if l == nil || !full {
+			return 0
+		}
+	}
+	tokens := l.TokensAt(t)
+	if tokens >= 1 {
+		return 0
+	}
+	return max(1, int(math.Ceil((1-tokens)/float64(z.limit))))
+}
+
+// note counts one refused or unpaid answer to client.
+func (z *rateZone) note(client string) {
+	t := now()
+	z.limiter(client, t, true).AllowN(t, 1)
+}
+
+// rateClient is the rate-limit key of the request's client: its IP, or its
+// /64 for IPv6.
+func rateClient(r *http.Request) string {
+	s, _ := caddyhttp.GetVar(r.Context(), caddyhttp.ClientIPVarKey).(string)
+	if s == "" {
+		s, _, _ = net.SplitHostPort(r.RemoteAddr)
+	}
+	ip := net.ParseIP(s)
+	if ip == nil {
+		return s
+	}
+	if ip.To4() == nil {
+		return ip.Mask(net.CIDRMask(64, 128)).String() + "/64"
+	}
+	return ip.String()
+}
+
+// Interface guards
+var _ caddy.Destructor = (*rateZone)(nil)

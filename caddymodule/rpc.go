@@ -1,0 +1,223 @@
+package caddymodule
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/receipt"
+	"github.com/aovhq/aov/strictjson"
+	"github.com/aovhq/aov/verify"
+)
+
+// The gate's reading of a JSON-RPC message on a priced MCP endpoint. It
+// decides whether a call is paid for, so it must never read a message
+// differently from the MCP server behind it. The SDK reads member names
+// exactly, lets the last duplicate win and ignores what follows the value;
+// encoding/json would match names in any letter case. The gate reads the
+// whole message with strictjson (exact names, no name twice in any letter
+// case, nothing after the value, no byte-order mark) and refuses every
+// message it does not fully understand: a batch, an unknown member, a
+// member of the wrong type. Nothing it cannot read goes upstream.
+
+// JSON-RPC error codes the gate answers with.
+const (
+	rpcParseError     = -32700
+	rpcInvalidRequest = -32600
+	rpcInternalError  = -32603
+)
+
+// maxRPCID bounds the id the gate repeats in its answers, so an answer
+// never carries more of the request than the protocol needs.
+const maxRPCID = 128
+
+// rpcDepth is the nesting the envelope adds around a tool's arguments
+// (message, params): arguments may nest as deep as a verification request.
+const rpcDepth = verify.DefaultMaxDepth + 2
+
+// rpcMessage is one JSON-RPC message as the gate read it.
+type rpcMessage struct {
+	id     json.RawMessage // the id as the gate will repeat it; nil for none
+	method string          // "" for a response
+	tree   map[string]any  // the whole message
+
+	// Set for tools/call only.
+	tool string         // params.name
+	args any            // params.arguments; nil when absent
+	meta map[string]any // params._meta; nil when absent
+}
+
+// rpcRefusal is a message the gate will not pass on, with the JSON-RPC
+// code and the SPEC §6 error it answers with.
+type rpcRefusal struct {
+	code int
+	err  *apierr.Error
+}
+
+func refuseRPC(code int, field, problem, fix string) *rpcRefusal {
+	e := apierr.Invalid(apierr.Field{Field: field, Problem: problem, Fix: fix})
+	e.Status = http.StatusBadRequest
+	return &rpcRefusal{code: code, err: e}
+}
+
+// readRPC reads one JSON-RPC message strictly. The refusal names the member
+// and the problem, never its content.
+func readRPC(body []byte) (*rpcMessage, *rpcRefusal) {
+	v, err := strictjson.Decode(body, strictjson.Limits{MaxDepth: rpcDepth, FoldedNames: true})
+	if err != nil {
+		var se *strictjson.Error
+		if !errors.As(err, &se) {
+			return nil, refuseRPC(rpcParseError, "body", "could not be read", "Send one JSON-RPC message as JSON.")
+		}
+		field := se.Path
+		if field == "" {
+			field = "body"
+		}
+		return nil, refuseRPC(rpcParseError, field, se.Problem, se.Fix)
+	}
+	tree, ok := v.(map[string]any)
+	if !ok {
+		if _, batch := v.([]any); batch {
+			// A batch could hide a priced call among free ones; MCP no
+			// longer allows batches.
+			return nil, refuseRPC(rpcInvalidRequest, "body", "is a JSON-RPC batch, which a paid MCP endpoint does not accept", "Send one JSON-RPC request per HTTP request.")
+		}
+		return nil, refuseRPC(rpcInvalidRequest, "body", "is not a JSON-RPC message object", "Send one JSON-RPC 2.0 message object.")
+	}
+	m := &rpcMessage{tree: tree}
+	for k := range tree {
+		switch k {
+		case "jsonrpc", "id", "method", "params", "result", "error":
+		default:
+			return nil, refuseRPC(rpcInvalidRequest, memberPath("", k), "is not a member of a JSON-RPC message", "Send only jsonrpc, id, method and params (or result or error).")
+		}
+	}
+	if tree["jsonrpc"] != "2.0" {
+		return nil, refuseRPC(rpcInvalidRequest, "jsonrpc", "must be \"2.0\"", `Send "jsonrpc": "2.0".`)
+	}
+	if id, ok := tree["id"]; ok {
+		switch x := id.(type) {
+		case string:
+			if len(x) > maxRPCID {
+				return nil, refuseRPC(rpcInvalidRequest, "id", "is longer than "+strconv.Itoa(maxRPCID)+" bytes", "Use a short string or a number as the request id.")
+			}
+			m.id, _ = json.Marshal(x)
+		case json.Number:
+			if len(x) > maxRPCID {
+				return nil, refuseRPC(rpcInvalidRequest, "id", "is longer than "+strconv.Itoa(maxRPCID)+" bytes", "Use a short string or a number as the request id.")
+			}
+			m.id = json.RawMessage(x)
+		default:
+			return nil, refuseRPC(rpcInvalidRequest, "id", "must be a string or a number", "Use a string or a number as the request id.")
+		}
+	}
+	method, hasMethod := tree["method"]
+	if !hasMethod {
+		// A response to a request of the server: never priced.
+		_, hasResult := tree["result"]
+		_, hasError := tree["error"]
+		if m.id == nil || hasResult == hasError || tree["params"] != nil {
+			return nil, refuseRPC(rpcInvalidRequest, "method", "is required", "Send a JSON-RPC request with a method, or a response with an id and either result or error.")
+		}
+		return m, nil
+	}
+	if m.method, ok = method.(string); !ok || m.method == "" {
+		return nil, refuseRPC(rpcInvalidRequest, "method", "must be a non-empty string", "Send the method name as a string.")
+	}
+	if _, ok := tree["result"]; ok {
+		return nil, refuseRPC(rpcInvalidRequest, "result", "is not a member of a request", "Remove it.")
+	}
+	if _, ok := tree["error"]; ok {
+		return nil, refuseRPC(rpcInvalidRequest, "error", "is not a member of a request", "Remove it.")
+	}
+	params, hasParams := tree["params"]
+	if hasParams && params != nil {
+		switch params.(type) {
+		case map[string]any, []any:
+		default:
+			return nil, refuseRPC(rpcInvalidRequest, "params", "must be an object or an array", "Send params as an object.")
+		}
+	}
+	if m.method != "tools/call" {
+		return m, nil
+	}
+	if m.id == nil {
+		return nil, refuseRPC(rpcInvalidRequest, "id", "is required for tools/call", "Send tools/call as a request with an id.")
+	}
+	p, ok := params.(map[string]any)
+	if !ok {
+		return nil, refuseRPC(rpcInvalidRequest, "params", "must be an object for tools/call", `Send params as {"name": ..., "arguments": {...}}.`)
+	}
+	for k, v := range p {
+		switch k {
+		case "name":
+			if m.tool, ok = v.(string); !ok || m.tool == "" {
+				return nil, refuseRPC(rpcInvalidRequest, "params.name", "must be a non-empty string", "Send the tool's name as a string.")
+			}
+		case "arguments":
+			if _, ok := v.(map[string]any); !ok {
+				return nil, refuseRPC(rpcInvalidRequest, "params.arguments", "must be an object", "Send the tool's arguments as a JSON object.")
+			}
+			m.args = v
+		case "_meta":
+			if m.meta, ok = v.(map[string]any); !ok {
+				return nil, refuseRPC(rpcInvalidRequest, "params._meta", "must be an object", "Send _meta as a JSON object.")
+			}
+		default:
+			return nil, refuseRPC(rpcInvalidRequest, memberPath("params", k), "is not a member of tools/call params", "Send only name, arguments and _meta.")
+		}
+	}
+	if m.tool == "" {
+		return nil, refuseRPC(rpcInvalidRequest, "params.name", "is required", "Send the tool's name.")
+	}
+	return m, nil
+}
+
+// memberPath renders member name of the object at path for a refusal
+// (cut when long, as strictjson cuts keys).
+func memberPath(path, name string) string {
+	var b strings.Builder
+	b.WriteString(path)
+	strictjson.AppendKey(&b, name)
+	return b.String()
+}
+
+// withoutPayment is the message without params._meta["x402/payment"], in
+// canonical form: what the tool receives for a paid call (a REST upstream
+// never sees PAYMENT-SIGNATURE either).
+func (m *rpcMessage) withoutPayment() ([]byte, error) {
+	delete(m.meta, mcpMetaPayment)
+	return receipt.AppendCanonical(nil, m.tree)
+}
+
+func rpcResult(id json.RawMessage, result any) map[string]any {
+	return map[string]any{"jsonrpc": "2.0", "id": rawID(id), "result": result}
+}
+
+// rpcError is a JSON-RPC error carrying the SPEC §6 error in data. Its
+// message is the gate's own wording, never the request's content.
+func rpcError(id json.RawMessage, code int, e *apierr.Error) map[string]any {
+	return map[string]any{"jsonrpc": "2.0", "id": rawID(id), "error": map[string]any{"code": code, "message": e.Message, "data": e}}
+}
+
+func rawID(id json.RawMessage) json.RawMessage {
+	if len(id) == 0 {
+		return json.RawMessage("null")
+	}
+	return id
+}
+
+func writeRPC(w http.ResponseWriter, status int, v any) error {
+	body, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(status)
+	_, err = w.Write(body)
+	return err
+}
