@@ -1,0 +1,153 @@
+package caddymodule
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/aovhq/aov/strictjson"
+)
+
+// sdkCall is what the MCP SDK made of a message: the tool it ran, with
+// which arguments.
+type sdkCall struct {
+	ran  bool
+	tool string
+	args json.RawMessage
+}
+
+// sdkReader runs bytes through the official MCP SDK's own Streamable HTTP
+// handler (stateless, JSON answers) and reports which tool it ran. It is the
+// reading the gate must agree with: verifierd's MCP endpoint is this SDK.
+type sdkReader struct {
+	mu      sync.Mutex
+	handler http.Handler
+	last    sdkCall
+}
+
+func newSDKReader() *sdkReader {
+	sr := &sdkReader{}
+	server := mcp.NewServer(&mcp.Implementation{Name: "reader", Version: "1"}, nil)
+	for _, name := range []string{"verify_schema", "get_verification_record"} {
+		server.AddTool(&mcp.Tool{Name: name, InputSchema: json.RawMessage(`{"type":"object"}`)}, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			sr.last = sdkCall{ran: true, tool: req.Params.Name, args: append(json.RawMessage(nil), req.Params.Arguments...)}
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "{}"}}}, nil
+		})
+	}
+	sr.handler = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server }, &mcp.StreamableHTTPOptions{Stateless: true, JSONResponse: true})
+	return sr
+}
+
+func (sr *sdkReader) read(body []byte) sdkCall {
+	sr.mu.Lock()
+	defer sr.mu.Unlock()
+	sr.last = sdkCall{}
+	req := httptest.NewRequest(http.MethodPost, "/mcp", strings.NewReader(string(body)))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	sr.handler.ServeHTTP(httptest.NewRecorder(), req)
+	return sr.last
+}
+
+// hostileEnvelopes are the ways of making the gate and the SDK read one
+// message differently that were tried against the gateway: each must be
+// refused by the gate or read by both alike.
+var hostileEnvelopes = []struct{ desc, body string }{
+	{"a priced call", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"verify_schema","arguments":{"task_id":"t"}}}`},
+	{"an extra Name beside name", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"verify_schema","Name":"free_tool","arguments":{}}}`},
+	{"an extra Name before name", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"Name":"free_tool","name":"verify_schema","arguments":{}}}`},
+	{"an extra Method beside method", `{"jsonrpc":"2.0","id":1,"Method":"tools/list","method":"tools/call","params":{"name":"verify_schema","arguments":{}}}`},
+	{"an extra PARAMS beside params", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"verify_schema","arguments":{}},"PARAMS":{"name":"x"}}`},
+	{"only PARAMS", `{"jsonrpc":"2.0","id":1,"method":"tools/call","PARAMS":{"name":"verify_schema","arguments":{}}}`},
+	{"trailing bytes", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"verify_schema","arguments":{}}}garbage`},
+	{"a second message after the first", `{"jsonrpc":"2.0","id":1,"method":"tools/list"} {"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"verify_schema","arguments":{}}}`},
+	{"a byte-order mark", "\xef\xbb\xbf" + `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"verify_schema","arguments":{}}}`},
+	{"a batch", `[{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"verify_schema","arguments":{}}}]`},
+	{"a duplicate name", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"get_verification_record","name":"verify_schema","arguments":{}}}`},
+	{"a duplicate method", `{"jsonrpc":"2.0","id":1,"method":"tools/list","method":"tools/call","params":{"name":"verify_schema","arguments":{}}}`},
+	{"duplicate params", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x"},"params":{"name":"verify_schema","arguments":{}}}`},
+	{"duplicate arguments", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"verify_schema","arguments":{"task_id":"a"},"arguments":{"task_id":"b"}}}`},
+	{"arguments with names in two letter cases", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"verify_schema","arguments":{"task_id":"a","Task_ID":"b"}}}`},
+	{"an escaped member name", `{"jsonrpc":"2.0","id":1,"method":"tools\/call","params":{"n\u0061me":"verify_schema","arguments":{}}}`},
+	{"a Kelvin sign in a name", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"verify_schema","arguments":{"k":1,"\u212a":2}}}`},
+	{"an unpriced tool", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"get_verification_record","arguments":{"agent_id":"a"}}}`},
+	{"a free method", `{"jsonrpc":"2.0","id":1,"method":"tools/list"}`},
+	{"a notification", `{"jsonrpc":"2.0","method":"notifications/initialized"}`},
+	{"_meta with a payment", `{"jsonrpc":"2.0","id":"a","method":"tools/call","params":{"name":"verify_schema","arguments":{},"_meta":{"x402/payment":{"x402Version":2}}}}`},
+	{"null params", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":null}`},
+	{"arguments null", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"verify_schema","arguments":null}}`},
+	{"an id that is an object", `{"jsonrpc":"2.0","id":{"a":1},"method":"tools/call","params":{"name":"verify_schema","arguments":{}}}`},
+	{"no jsonrpc member", `{"id":1,"method":"tools/call","params":{"name":"verify_schema","arguments":{}}}`},
+}
+
+// FuzzMCPEnvelopeAgreesWithTheSDK gives the same bytes to the gate's reader
+// and to the MCP SDK. Whenever the gate lets a message through, the SDK must
+// run exactly the tool the gate priced (or no tool when the gate saw no
+// tools/call), with the arguments the gate read.
+func FuzzMCPEnvelopeAgreesWithTheSDK(f *testing.F) {
+	for _, h := range hostileEnvelopes {
+		f.Add([]byte(h.body))
+	}
+	sr := newSDKReader()
+	f.Fuzz(func(t *testing.T, body []byte) {
+		checkAgreement(t, sr, body)
+	})
+}
+
+func checkAgreement(t *testing.T, sr *sdkReader, body []byte) {
+	t.Helper()
+	msg, bad := readRPC(body)
+	got := sr.read(body)
+	if bad != nil {
+		return // refused by the gate: nothing reaches the SDK
+	}
+	gateCall := msg.method == "tools/call"
+	if !got.ran {
+		return // the SDK ran nothing: nothing to charge for, nothing served
+	}
+	if !gateCall || msg.tool != got.tool {
+		t.Fatalf("the SDK ran %q, the gate read method %q tool %q: %q", got.tool, msg.method, msg.tool, body)
+	}
+	var sdkArgs any
+	if len(got.args) > 0 && string(got.args) != "null" {
+		v, err := strictjson.Decode(got.args, strictjson.Limits{MaxDepth: rpcDepth})
+		if err != nil {
+			t.Fatalf("the SDK's arguments do not decode strictly (%v): %q", err, body)
+		}
+		sdkArgs = v
+	}
+	if !reflect.DeepEqual(sdkArgs, msg.args) {
+		t.Fatalf("arguments differ: SDK %s, gate %#v: %q", got.args, msg.args, body)
+	}
+}
+
+func TestHostileEnvelopesAreRefusedOrReadAlike(t *testing.T) {
+	sr := newSDKReader()
+	refused := map[string]bool{}
+	for _, h := range hostileEnvelopes {
+		t.Run(h.desc, func(t *testing.T) {
+			checkAgreement(t, sr, []byte(h.body))
+			_, bad := readRPC([]byte(h.body))
+			refused[h.desc] = bad != nil
+		})
+	}
+	// The SDK must really run the tools, or the agreement above is empty.
+	if got := sr.read([]byte(hostileEnvelopes[0].body)); !got.ran || got.tool != "verify_schema" {
+		t.Fatalf("the SDK did not run the priced call: %+v", got)
+	}
+	for _, desc := range []string{"an extra Name beside name", "an extra Method beside method", "an extra PARAMS beside params", "only PARAMS",
+		"trailing bytes", "a second message after the first", "a byte-order mark", "a batch", "a duplicate name", "a duplicate method",
+		"duplicate params", "duplicate arguments", "arguments with names in two letter cases", "a Kelvin sign in a name", "null params",
+		"arguments null", "an id that is an object", "no jsonrpc member"} {
+		if !refused[desc] {
+			t.Errorf("%s: not refused by the gate", desc)
+		}
+	}
+}
