@@ -313,30 +313,68 @@ func putBuffer(b *bytes.Buffer) {
 	}
 }
 
-// bufferedWriter holds an upstream response until the gate decides what to
-// release. It never writes to the client; past limit it drops the body and
-// fails writes, so a runaway upstream cannot exhaust memory.
+// bufferedWriter is the gateway's one bounded response writer: it holds an
+// upstream answer until the gate (or verify_response) decides what to
+// release. Past limit it drops the body and fails writes, so a runaway
+// upstream cannot exhaust memory.
+//
+// By default it holds every answer and never writes to the client. With
+// through set it can let answers go: choose decides, at the status, which
+// answers are held (the others are written straight to through), and spill,
+// when set, lets a held answer that grows past limit go to through after
+// all (spill adjusts its headers) instead of failing it.
 type bufferedWriter struct {
 	header   http.Header
 	code     int
 	buf      *bytes.Buffer
 	limit    int64
-	overflow bool
+	overflow bool // held, then over limit: body dropped
+
+	through http.ResponseWriter
+	choose  func(status int, h http.Header) bool
+	spill   func(h http.Header)
+	held    bool // the answer is (or was) held
+	passing bool // the answer is going straight to through
 }
 
 func (b *bufferedWriter) Header() http.Header { return b.header }
 
 func (b *bufferedWriter) WriteHeader(code int) {
-	if b.code == 0 && code >= 200 {
-		b.code = code
+	if b.code != 0 || code < 200 {
+		return
 	}
+	b.code = code
+	if b.choose != nil && !b.choose(code, b.header) {
+		b.passing = true
+		copyHeader(b.through.Header(), b.header)
+		b.through.WriteHeader(code)
+		return
+	}
+	b.held = true
 }
 
 func (b *bufferedWriter) Write(p []byte) (int, error) {
 	if b.code == 0 {
-		b.code = http.StatusOK
+		b.WriteHeader(http.StatusOK)
 	}
-	if b.overflow || int64(b.buf.Len()+len(p)) > b.limit {
+	switch {
+	case b.passing:
+		return b.through.Write(p)
+	case b.overflow:
+		return 0, errBufferFull
+	case int64(b.buf.Len()+len(p)) > b.limit:
+		if b.spill != nil {
+			b.passing = true
+			dst := b.through.Header()
+			copyHeader(dst, b.header)
+			b.spill(dst)
+			b.through.WriteHeader(b.code)
+			if _, err := b.through.Write(b.buf.Bytes()); err != nil {
+				return 0, err
+			}
+			b.buf.Reset()
+			return b.through.Write(p)
+		}
 		b.overflow = true
 		b.buf.Reset()
 		return 0, errBufferFull
@@ -344,8 +382,19 @@ func (b *bufferedWriter) Write(p []byte) (int, error) {
 	return b.buf.Write(p)
 }
 
-// Flush is a no-op: nothing leaves before the payment is settled.
-func (b *bufferedWriter) Flush() {}
+// Flush passes a flush through for an answer that is not held; a held
+// answer leaves nothing before the decision.
+func (b *bufferedWriter) Flush() {
+	if b.passing {
+		http.NewResponseController(b.through).Flush()
+	}
+}
+
+// reached reports whether bytes have already gone to the client.
+func (b *bufferedWriter) reached() bool { return b.passing }
+
+// spilled reports whether a held answer grew past limit and was let go.
+func (b *bufferedWriter) spilled() bool { return b.held && b.passing }
 
 func (b *bufferedWriter) status() int {
 	if b.code == 0 {
@@ -371,8 +420,8 @@ func (b *bufferedWriter) replay(w http.ResponseWriter) {
 
 var errBufferFull = errors.New("upstream response larger than the gateway buffer")
 
-// runUpstream runs next into w, a writer that holds the answer back (the
-// gate's buffer, verify_response's hold). A proxy that cannot finish a
+// runUpstream runs next into w, a writer that holds the answer back (a
+// bufferedWriter, the gate's or verify_response's). A proxy that cannot finish a
 // response it has started (a hold is full, or the upstream died mid-body)
 // aborts with http.ErrAbortHandler; while nothing has reached the client
 // (reached reports false) that becomes errUpstreamAborted, an ordinary error

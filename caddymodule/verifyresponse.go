@@ -421,20 +421,20 @@ func (v *VerifyResponse) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 
 	buf := getBuffer()
 	defer putBuffer(buf)
-	hw := &responseHold{w: w, v: v, header: make(http.Header), buf: buf, head: r.Method == http.MethodHead}
+	hw := v.hold(w, buf, r.Method == http.MethodHead)
 	// Over max_response the hold fails the proxy's writes; that abort is
 	// the overflow handled below, not an upstream failure.
-	if err := runUpstream(next, hw, up, hw.streaming); err != nil && !(err == errUpstreamAborted && hw.overflow) {
+	if err := runUpstream(next, hw, up, hw.reached); err != nil && !(err == errUpstreamAborted && hw.overflow) {
 		return err
 	}
-	if !hw.decided {
+	if hw.code == 0 {
 		hw.WriteHeader(http.StatusOK)
 	}
 	switch {
-	case !hw.hold:
+	case !hw.held:
 		v.record(r, outcomeUnchecked)
 		return nil
-	case hw.spilled:
+	case hw.spilled():
 		v.logUnverifiable(r, errors.New("response larger than max_response"))
 		v.record(r, outcomeUnverified)
 		return nil
@@ -445,7 +445,7 @@ func (v *VerifyResponse) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 }
 
 // verifyHeld verifies the held response and releases what the policy says.
-func (v *VerifyResponse) verifyHeld(w http.ResponseWriter, hw *responseHold, r *http.Request) error {
+func (v *VerifyResponse) verifyHeld(w http.ResponseWriter, hw *bufferedWriter, r *http.Request) error {
 	body := hw.buf.Bytes()
 	if ce := hw.header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
 		return v.unverifiable(w, hw, r, v.responseError("it is compressed ("+headerValueShort(ce)+") although identity was asked for", nil))
@@ -495,7 +495,7 @@ func (v *VerifyResponse) verifyHeld(w http.ResponseWriter, hw *responseHold, r *
 		h.Del("Repr-Digest")
 	}
 	h.Set("Content-Length", strconv.Itoa(len(out)))
-	w.WriteHeader(hw.status)
+	w.WriteHeader(hw.status())
 	_, err = w.Write(out)
 	return err
 }
@@ -545,7 +545,7 @@ func (v *VerifyResponse) responseError(why string, cause error) *apierr.Error {
 }
 
 // unverifiable applies on_error to a response that could not be verified.
-func (v *VerifyResponse) unverifiable(w http.ResponseWriter, hw *responseHold, r *http.Request, e *apierr.Error) error {
+func (v *VerifyResponse) unverifiable(w http.ResponseWriter, hw *bufferedWriter, r *http.Request, e *apierr.Error) error {
 	v.logUnverifiable(r, e)
 	if v.OnError == "fail_open" {
 		v.record(r, outcomeUnverified)
@@ -553,7 +553,7 @@ func (v *VerifyResponse) unverifiable(w http.ResponseWriter, hw *responseHold, r
 		copyHeader(h, hw.header)
 		h.Set(HeaderVerificationStatus, outcomeUnverified)
 		h.Add("Access-Control-Expose-Headers", HeaderVerificationStatus)
-		w.WriteHeader(hw.status)
+		w.WriteHeader(hw.status())
 		_, err := w.Write(hw.buf.Bytes())
 		return err
 	}
@@ -785,85 +785,25 @@ func (v *VerifyResponse) selects(status int, h http.Header) bool {
 	return err == nil && slices.Contains(v.contentSet, mt)
 }
 
-// responseHold sits between verify_response and the upstream. A response
-// it does not check (per status and content type, or a HEAD) goes straight
-// through; one it checks is held, up to max_response, until verified.
+// hold is the bounded writer between verify_response and the upstream. A
+// response it does not check (per status and content type, or a HEAD)
+// goes straight through; one it checks is held, up to max_response, until
+// verified (with fail_open, a larger one goes through marked unverified).
 // Receipt and status headers from the upstream are always dropped: only
 // the gateway attaches them.
-type responseHold struct {
-	w      http.ResponseWriter
-	v      *VerifyResponse
-	header http.Header
-	buf    *bytes.Buffer
-	head   bool
-	status int
-
-	decided  bool // status known: held or passed through
-	hold     bool // held for verification
-	overflow bool // held, then over max_response (fail_closed): body dropped
-	spilled  bool // held, then over max_response (fail_open): streaming, unverified
+func (v *VerifyResponse) hold(w http.ResponseWriter, buf *bytes.Buffer, head bool) *bufferedWriter {
+	b := &bufferedWriter{header: make(http.Header), buf: buf, limit: v.MaxResponse, through: w}
+	b.choose = func(status int, h http.Header) bool {
+		h.Del(v.receiptName)
+		h.Del(HeaderVerificationReceipt)
+		h.Del(HeaderVerificationStatus)
+		return !head && v.selects(status, h)
+	}
+	if v.OnError == "fail_open" {
+		b.spill = func(h http.Header) { h.Set(HeaderVerificationStatus, outcomeUnverified) }
+	}
+	return b
 }
-
-func (h *responseHold) Header() http.Header { return h.header }
-
-func (h *responseHold) WriteHeader(code int) {
-	if h.decided || code < 200 {
-		return
-	}
-	h.decided, h.status = true, code
-	h.header.Del(h.v.receiptName)
-	h.header.Del(HeaderVerificationReceipt)
-	h.header.Del(HeaderVerificationStatus)
-	if !h.head && h.v.selects(code, h.header) {
-		h.hold = true
-		return
-	}
-	copyHeader(h.w.Header(), h.header)
-	h.w.WriteHeader(code)
-}
-
-func (h *responseHold) Write(p []byte) (int, error) {
-	if !h.decided {
-		h.WriteHeader(http.StatusOK)
-	}
-	switch {
-	case !h.hold || h.spilled:
-		return h.w.Write(p)
-	case h.overflow:
-		return 0, errResponseTooLarge
-	case int64(h.buf.Len()+len(p)) > h.v.MaxResponse:
-		if h.v.OnError == "fail_open" {
-			// Too large to verify: let it through, marked, unverified.
-			h.spilled = true
-			dst := h.w.Header()
-			copyHeader(dst, h.header)
-			dst.Set(HeaderVerificationStatus, outcomeUnverified)
-			h.w.WriteHeader(h.status)
-			if _, err := h.w.Write(h.buf.Bytes()); err != nil {
-				return 0, err
-			}
-			h.buf.Reset()
-			return h.w.Write(p)
-		}
-		h.overflow = true
-		h.buf.Reset()
-		return 0, errResponseTooLarge
-	}
-	return h.buf.Write(p)
-}
-
-// Flush passes a flush through for responses that are not held; a held
-// response leaves nothing before it is verified.
-func (h *responseHold) Flush() {
-	if h.decided && (!h.hold || h.spilled) {
-		http.NewResponseController(h.w).Flush()
-	}
-}
-
-// streaming reports whether bytes have already reached the client.
-func (h *responseHold) streaming() bool { return h.decided && (!h.hold || h.spilled) }
-
-var errResponseTooLarge = errors.New("response larger than max_response")
 
 // settleAllowed applies the gate's settle_on to the answer the upstream
 // gave: "any" settles every answer below 400; "pass" only one whose output
@@ -910,5 +850,5 @@ var (
 	_ caddy.Validator             = (*VerifyResponse)(nil)
 	_ caddy.CleanerUpper          = (*VerifyResponse)(nil)
 	_ caddyhttp.MiddlewareHandler = (*VerifyResponse)(nil)
-	_ http.Flusher                = (*responseHold)(nil)
+	_ http.Flusher                = (*bufferedWriter)(nil)
 )
