@@ -265,3 +265,18 @@ func TestRefusalsAreRateLimitedPerClient(t *testing.T) {
 		t.Errorf("upstream calls %d and %d, want the one free call", up.calls.Load(), mcpUp.calls.Load())
 	}
 }
+
+func TestRateLimitCaddyfileErrors(t *testing.T) {
+	for _, tc := range []struct{ desc, caddyfile, want string }{
+		{"events must be a number", "x402 {\n rate_limit many 1m\n}", "rate_limit events must be a positive number"},
+		{"events must be positive", "x402 {\n rate_limit {\n events 0\n }\n}", "rate_limit events must be a positive number"},
+		{"the window must be a duration", "x402 {\n rate_limit 5 soon\n}", "rate_limit window must be a positive duration"},
+		{"off takes no block", "x402 {\n rate_limit off {\n events 3\n }\n}", "rate_limit off takes no block"},
+		{"one argument is not a form", "x402 {\n rate_limit 5\n}", "wrong argument count"},
+		{"unknown options are refused", "x402 {\n rate_limit {\n burst 3\n }\n}", "unrecognized rate_limit option 'burst'"},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			wantErr(t, adaptSiteError(tc.caddyfile), tc.want)
+		})
+	}
+}
