@@ -151,3 +151,37 @@ func TestHostileEnvelopesAreRefusedOrReadAlike(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkReadRPC is the gate's strict reading of a priced tool call,
+// against encoding/json decoding the members it once read (the baseline: a
+// lenient reading of part of the message).
+func BenchmarkReadRPC(b *testing.B) {
+	body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": map[string]any{
+		"name": "verify_schema", "arguments": verifyArgs, "_meta": map[string]any{"progressToken": "p"}}})
+	b.Run("strict", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, bad := readRPC(body); bad != nil {
+				b.Fatal(bad.err)
+			}
+		}
+	})
+	b.Run("encoding-json-baseline", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			var req struct {
+				JSONRPC string          `json:"jsonrpc"`
+				ID      json.RawMessage `json:"id"`
+				Method  string          `json:"method"`
+				Params  struct {
+					Name      string                     `json:"name"`
+					Arguments json.RawMessage            `json:"arguments"`
+					Meta      map[string]json.RawMessage `json:"_meta"`
+				} `json:"params"`
+			}
+			if err := json.Unmarshal(body, &req); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
