@@ -77,9 +77,10 @@ const (
 // through a facilitator, runs the upstream into a bounded buffer, settles
 // only when the upstream answered below 400, and replays the upstream
 // response with PAYMENT-RESPONSE. Optionally it serves requests free from a
-// daily allowance and validates verification requests before any payment
-// logic, so a request that can never succeed is refused with 422 instead of
-// being sold.
+// daily allowance and checks verification requests wherever it would answer
+// for payment itself, so a request that can never succeed is refused with
+// 422 instead of being sold. It rate limits the refusals it answers per
+// client.
 //
 // Each authorization is claimed in the store (by payer+nonce and by payload
 // hash) before it is verified and stays claimed until after it expires, so a
@@ -134,12 +135,16 @@ type Gate struct {
 	// reads the body (free allowance or validation). Default 1 MiB.
 	MaxBody int64 `json:"max_body,omitempty"`
 
-	// Validator names a request validator run before any payment logic; the
-	// only one is "verify_request" (the verification request of
-	// POST /verify/schema, checked with the same code verifierd uses). A
-	// request it refuses gets 422 and is never offered for sale. With a
-	// validator, a POST without any body is the x402 discovery probe and gets
-	// the 402.
+	// Validator names a request validator; the only one is
+	// "verify_request" (the verification request of POST /verify/schema,
+	// read with the same parser verifierd uses: strict JSON, every field,
+	// the schema compiled but never evaluated). It runs whenever the gate
+	// would answer for payment itself (402, a refused payment, an outage):
+	// a request it refuses gets 422 and is never offered for sale. A call
+	// the gate lets through, free or with a verified payment, is checked
+	// once, by the upstream, and its 422 is neither charged nor counted.
+	// With a validator, a POST without any body is the x402 discovery probe
+	// and gets the 402.
 	Validator string `json:"validate,omitempty"`
 
 	// Free grants a daily free allowance on this route.
