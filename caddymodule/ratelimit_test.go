@@ -1,0 +1,50 @@
+package caddymodule
+
+import (
+	"context"
+	"fmt"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+func TestRateClientIsTheResolvedIPAndAnIPv6Slash64(t *testing.T) {
+	for _, tc := range []struct{ desc, ip, want string }{
+		{"an IPv4 client is its address", "203.0.113.7", "203.0.113.7"},
+		{"an IPv6 client is its /64", "2001:db8:1:2:aaaa::1", "2001:db8:1:2::/64"},
+		{"two addresses of one /64 are one client", "2001:db8:1:2:ffff::9", "2001:db8:1:2::/64"},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			r := httptest.NewRequest("POST", "/", nil)
+			r.RemoteAddr = "192.0.2.1:1234" // the peer: not the client when Caddy resolved one
+			r = r.WithContext(context.WithValue(r.Context(), caddyhttp.VarsCtxKey, map[string]any{caddyhttp.ClientIPVarKey: tc.ip}))
+			if got := rateClient(r); got != tc.want {
+				t.Errorf("rateClient = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestRateZoneTightensWhenItsTableIsFull(t *testing.T) {
+	z, key, err := loadZone(&RateLimit{Events: 2, Window: caddy.Duration(time.Minute), Zone: t.Name()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rateZones.Delete(key)
+	for i := range maxRateClients {
+		z.note(fmt.Sprintf("c%d", i))
+	}
+	// A new client finds the table full (no bucket has refilled): it shares
+	// one budget with every other newcomer instead of going unlimited.
+	z.note("new-1")
+	z.note("new-2")
+	if z.wait("new-3") == 0 {
+		t.Fatal("a newcomer past the table's size is not limited")
+	}
+	if z.wait("c1") != 0 {
+		t.Error("a tracked client with budget left is limited")
+	}
+}
