@@ -47,7 +47,6 @@ func (g *Gate) serveMCP(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	}
 	ex := &mcpExchange{g: g, id: msg.id, tool: g.MCPTool}
 	if wait := g.rateWait(r); wait > 0 {
-		w.Header().Set("Retry-After", strconv.Itoa(wait))
 		return ex.toolError(w, r, apierr.RateLimited(wait))
 	}
 	if g.verifier != nil {
