@@ -49,3 +49,33 @@ func TestPrecheckRefusesWhatParseRefusesWithoutEvaluating(t *testing.T) {
 		t.Errorf("an oversize body: %v", err)
 	}
 }
+
+// FuzzPrecheckAgreesWithParse gives the same bytes to the gateway's check
+// and to the verification service's parser: the gate must never refuse a
+// request the service would serve, and whatever it refuses the service
+// refuses too, with the same first problem.
+func FuzzPrecheckAgreesWithParse(f *testing.F) {
+	for _, tc := range specVectors {
+		f.Add([]byte(tc.request))
+	}
+	f.Add([]byte(invoiceRequest("135.0")))
+	f.Add([]byte(`{"task_id":"t","expected_schema":{"type":"nope"},"submitted_output":1}`))
+	f.Add([]byte(`{"task_id":"t","expected_schema":{"$ref":"#/$defs/x","$defs":{"x":{"type":"integer"}}},"submitted_output":1}`))
+	f.Add([]byte(`{"task_id":"t","task_id":"u"}`))
+	f.Add([]byte("\xef\xbb\xbf{}"))
+	v := New(Config{SchemaCacheSize: 8})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		perr := v.Precheck(data)
+		_, err := v.Parse(data)
+		if perr == nil {
+			return // Parse may still refuse: evaluation is the service's
+		}
+		if err == nil {
+			t.Fatalf("Precheck refuses (%v) what Parse accepts: %q", perr, data)
+		}
+		pe, e := apierr.From(perr), apierr.From(err)
+		if pe.Status != e.Status || len(pe.Fields) != min(len(pe.Fields), len(e.Fields)) || (len(pe.Fields) > 0 && pe.Fields[0] != e.Fields[0]) {
+			t.Fatalf("Precheck %v, Parse %v: %q", perr, err, data)
+		}
+	})
+}
