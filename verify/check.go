@@ -85,6 +85,16 @@ func (v *Verifier) Check(req *Request, id string, at time.Time) *Result {
 
 	rep := req.report
 	res.Schema = Tally{Passed: rep.Passed, Total: rep.Total}
+	for _, kw := range rep.Keywords {
+		res.addBlocking(schemaCheckPrefix + kw)
+	}
+	// The evaluation kept only the first ListCap failures and counted the
+	// rest: they go to the totals only.
+	if omitted := rep.FailuresTotal - len(rep.Failures); omitted > 0 {
+		res.ErrorsTotal += omitted
+		res.ErrorsDetailTotal += omitted
+		res.HintsTotal += omitted
+	}
 	for _, f := range rep.Failures {
 		if !c.shown(schemaCheckPrefix+f.Keyword, true) {
 			continue

@@ -1,6 +1,7 @@
 package verify
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"math"
@@ -186,6 +187,32 @@ func wrongType(p *problems, field string, v any, want, fix string) {
 // 422 naming every problem found with a fix. Check then only adds the
 // integrity checks and writes the result.
 func (v *Verifier) Parse(body []byte) (*Request, error) {
+	return v.ParseContext(context.Background(), body)
+}
+
+// ParseContext is Parse under a context: the work stops when ctx is done
+// or after Config.Timeout, whichever comes first, and the caller gets a
+// 503 verification_timeout (nothing is charged; the same request may
+// succeed on a less loaded machine).
+func (v *Verifier) ParseContext(ctx context.Context, body []byte) (*Request, error) {
+	ctx, cancel := context.WithTimeout(ctx, v.cfg.Timeout)
+	defer cancel()
+	return v.parse(ctx, body, true)
+}
+
+// Precheck does what deciding 413 or 422 takes and nothing more: the
+// strict parse, every field check, the hashes and the schema compilation
+// (with its limits), but no evaluation of the output. A gateway calls it
+// before payment; the evaluation budgets are enforced by the Parse that
+// does the verification.
+func (v *Verifier) Precheck(ctx context.Context, body []byte) error {
+	ctx, cancel := context.WithTimeout(ctx, v.cfg.Timeout)
+	defer cancel()
+	_, err := v.parse(ctx, body, false)
+	return err
+}
+
+func (v *Verifier) parse(ctx context.Context, body []byte, evaluate bool) (*Request, error) {
 	if int64(len(body)) > v.cfg.MaxBodyBytes {
 		return nil, apierr.TooLarge(v.cfg.MaxBodyBytes)
 	}
@@ -206,10 +233,13 @@ func (v *Verifier) Parse(body []byte) (*Request, error) {
 		return nil, apierr.Invalid(apierr.Field{Field: "body", Problem: "is " + typeName(tree) + ", not a JSON object",
 			Fix: `Send a JSON object with at least "task_id", "expected_schema" and "submitted_output".`})
 	}
-	return v.parseDoc(doc, true)
+	if err := ctx.Err(); err != nil {
+		return nil, apierr.Timeout(v.cfg.Timeout, err)
+	}
+	return v.parseDoc(ctx, doc, true, evaluate)
 }
 
-func (v *Verifier) parseDoc(doc map[string]any, compile bool) (*Request, error) {
+func (v *Verifier) parseDoc(ctx context.Context, doc map[string]any, compile, evaluate bool) (*Request, error) {
 	var p problems
 	req := &Request{Detail: DetailFull}
 
@@ -307,14 +337,22 @@ func (v *Verifier) parseDoc(doc map[string]any, compile bool) (*Request, error) 
 		// output (over the step budget) is a 422 like any other unusable
 		// schema, before payment, instead of a charged "fail". Only an
 		// otherwise valid request is worth the work.
-		if sch != nil && len(p.fields) == 0 {
-			rep, err := sch.EvaluateWithin(req.output, schema.Options{Undeclared: req.StrictContentCheck, MaxSteps: v.cfg.MaxSchemaSteps})
-			var tc *schema.TooComplexError
+		if sch != nil && len(p.fields) == 0 && evaluate {
+			if err := ctx.Err(); err != nil {
+				return nil, apierr.Timeout(v.cfg.Timeout, err)
+			}
+			rep, err := sch.EvaluateContext(ctx, req.output, schema.Options{
+				Undeclared: req.StrictContentCheck, MaxSteps: v.cfg.MaxSchemaSteps,
+				MaxRegexWork: v.cfg.MaxRegexWork, MaxFailures: v.cfg.ListCap,
+			})
+			var budget interface{ Fields() []apierr.Field }
 			switch {
-			case errors.As(err, &tc):
-				for _, f := range tc.Fields() {
+			case errors.As(err, &budget):
+				for _, f := range budget.Fields() {
 					p.add(f.Field, f.Problem, f.Fix)
 				}
+			case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+				return nil, apierr.Timeout(v.cfg.Timeout, err)
 			case err != nil:
 				return nil, apierr.Internal(err)
 			}

@@ -17,6 +17,8 @@
 package verify
 
 import (
+	"time"
+
 	"github.com/aovhq/aov/verify/schema"
 )
 
@@ -29,6 +31,10 @@ const (
 	DefaultMaxBounds       = 100
 	DefaultListCap         = 50
 	DefaultSchemaCacheSize = 256
+	// DefaultTimeout is the wall-clock limit of one verification. The
+	// deterministic budgets below keep every request far under it on an
+	// idle machine; it is the backstop for a loaded one.
+	DefaultTimeout = 5 * time.Second
 )
 
 // Config sets the limits of a Verifier. A zero field takes its default.
@@ -46,10 +52,29 @@ type Config struct {
 	ListCap int
 	// SchemaCacheSize is how many compiled schemas are kept, by schema hash.
 	SchemaCacheSize int
+	// SchemaCacheBytes bounds the estimated memory of the compiled schemas
+	// kept (schema.DefaultCacheBytes when zero).
+	SchemaCacheBytes int64
 	// MaxSchemaSteps bounds the work of evaluating the schema on the
 	// output, in schema applications (see verify/schema); a request over it
 	// is refused with 422. Zero means the verify/schema default.
 	MaxSchemaSteps int
+	// MaxRegexWork bounds the regular-expression work of one evaluation,
+	// pattern size × string length summed over every match
+	// (schema.DefaultMaxRegexWork when zero); a request over it is refused
+	// with 422 before the match that would pass it runs.
+	MaxRegexWork int64
+	// MaxPatternSize bounds one pattern of a schema, in compiled program
+	// instructions (schema.DefaultMaxPatternSize when zero); a larger one
+	// is a 422.
+	MaxPatternSize int
+	// MaxSchemas bounds the subschemas of one expected_schema
+	// (schema.DefaultMaxSchemas when zero); a larger schema is a 422.
+	MaxSchemas int
+	// Timeout is the wall-clock limit of one verification (DefaultTimeout
+	// when zero). Past it, or when the caller's context ends, the work
+	// stops and the caller gets 503 verification_timeout.
+	Timeout time.Duration
 	// VerifierVersion is reported as verifier_version in every result.
 	VerifierVersion string
 }
@@ -74,6 +99,24 @@ func (c Config) withDefaults() Config {
 	if c.SchemaCacheSize <= 0 {
 		c.SchemaCacheSize = DefaultSchemaCacheSize
 	}
+	if c.SchemaCacheBytes <= 0 {
+		c.SchemaCacheBytes = schema.DefaultCacheBytes
+	}
+	if c.MaxSchemaSteps <= 0 {
+		c.MaxSchemaSteps = schema.DefaultMaxSteps
+	}
+	if c.MaxRegexWork <= 0 {
+		c.MaxRegexWork = schema.DefaultMaxRegexWork
+	}
+	if c.MaxPatternSize <= 0 {
+		c.MaxPatternSize = schema.DefaultMaxPatternSize
+	}
+	if c.MaxSchemas <= 0 {
+		c.MaxSchemas = schema.DefaultMaxSchemas
+	}
+	if c.Timeout <= 0 {
+		c.Timeout = DefaultTimeout
+	}
 	return c
 }
 
@@ -88,7 +131,9 @@ type Verifier struct {
 // New returns a Verifier with cfg's limits (zero fields take defaults).
 func New(cfg Config) *Verifier {
 	cfg = cfg.withDefaults()
-	return &Verifier{cfg: cfg, cache: schema.NewCache(cfg.SchemaCacheSize)}
+	return &Verifier{cfg: cfg, cache: schema.NewCacheConfig(schema.CacheConfig{
+		Entries: cfg.SchemaCacheSize, MaxBytes: cfg.SchemaCacheBytes, MaxPatternSize: cfg.MaxPatternSize, MaxSchemas: cfg.MaxSchemas,
+	})}
 }
 
 // Config returns the effective configuration, defaults filled in.
