@@ -312,6 +312,13 @@ func (v *Verifier) parseDoc(ctx context.Context, doc map[string]any, compile, ev
 	addUnknownFields(&p, "", doc, requestFields, "a verification request",
 		"Remove it; the fields are task_id, agent_id, expected_schema, submitted_output, strict_content_check, bounds, rules, enforce_rules and detail.")
 
+	// Every number must be exactly the value its hash records (number.go).
+	for _, name := range requestFields {
+		if v, ok := doc[name]; ok && !checkNumbers(&p, name, v) {
+			break
+		}
+	}
+
 	// Hash before compiling: the schema hash is the cache key. Hashing can
 	// only fail on trees strictjson would not produce.
 	var hs hashState
