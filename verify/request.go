@@ -73,7 +73,8 @@ type rule struct {
 	typ                    string
 	check                  string // "consistency:" + typ
 	field                  Path
-	equalsField, otherPath *Path // sum_equals / gte, lte operand paths
+	fieldText              string // field exactly as the caller wrote it, for flags
+	equalsField, otherPath *Path  // sum_equals / gte, lte operand paths
 	inField                *Path
 	equals, value          *float64
 	values                 []any
@@ -513,6 +514,7 @@ func parseRule(p *problems, field string, m map[string]any) rule {
 
 	if path, ok := pathField(p, field, m, "field", true, false); ok {
 		r.field = *path
+		r.fieldText, _ = m["field"].(string)
 	}
 
 	addUnknownFields(p, field, m, ruleFields, "a rule",
