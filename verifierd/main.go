@@ -31,6 +31,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/aovhq/aov/internal/buildinfo"
 	"github.com/aovhq/aov/score"
 	"github.com/aovhq/aov/signer"
 	"github.com/aovhq/aov/store"
@@ -39,8 +40,10 @@ import (
 	"github.com/aovhq/aov/verify/schema"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
+// version overrides the build's own version when set at build time with
+// -ldflags "-X main.version=..."; otherwise the module version or VCS
+// commit the toolchain stamped is used (internal/buildinfo).
+var version string
 
 type config struct {
 	listen, adminListen   string
@@ -234,7 +237,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(api, a
 	servers := []*http.Server{api}
 	errc := make(chan error, 2)
 	go func() { errc <- api.Serve(ln) }()
-	log.Info("verifierd listening", "addr", ln.Addr().String(), "version", version, "data", c.dataDir,
+	log.Info("verifierd listening", "addr", ln.Addr().String(), "version", buildinfo.Version(version), "data", c.dataDir,
 		"public_base_url", c.publicBaseURL, "signer", signerTarget(sc))
 
 	adminAddr := ""
@@ -278,7 +281,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(api, a
 // verifyConfig is the verifier's configuration from the flags.
 func verifyConfig(c config) verify.Config {
 	vc := c.verify
-	vc.MaxBodyBytes, vc.ListCap, vc.VerifierVersion = c.maxBodyBytes, c.listCap, version
+	vc.MaxBodyBytes, vc.ListCap, vc.VerifierVersion = c.maxBodyBytes, c.listCap, buildinfo.Version(version)
 	return vc
 }
 

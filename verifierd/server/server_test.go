@@ -98,7 +98,7 @@ func TestVerifyInvoice(t *testing.T) {
 				"public_key_url":   baseURL + "/.well-known/agent-card.json",
 				"mcp":              baseURL + "/mcp",
 				"key_version":      cur.Version,
-				"service":          "json-schema-verifier",
+				"service":          "Agent Output Verifier",
 				"canonicalization": "RFC 8785 (JCS)",
 				"hash_algorithm":   "SHA-256",
 			} {
