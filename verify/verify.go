@@ -19,6 +19,7 @@ package verify
 import (
 	"time"
 
+	"github.com/aovhq/aov/internal/buildinfo"
 	"github.com/aovhq/aov/verify/schema"
 )
 
@@ -75,7 +76,8 @@ type Config struct {
 	// when zero). Past it, or when the caller's context ends, the work
 	// stops and the caller gets 503 verification_timeout.
 	Timeout time.Duration
-	// VerifierVersion is reported as verifier_version in every result.
+	// VerifierVersion is reported as verifier_version in every result;
+	// empty means the build's own version (internal/buildinfo).
 	VerifierVersion string
 }
 
@@ -116,6 +118,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Timeout <= 0 {
 		c.Timeout = DefaultTimeout
+	}
+	if c.VerifierVersion == "" {
+		c.VerifierVersion = buildinfo.Version("")
 	}
 	return c
 }
