@@ -6,6 +6,7 @@ package buildinfo
 import (
 	"runtime/debug"
 	"strings"
+	"sync"
 )
 
 // Unknown is the version of a binary built without module or VCS
@@ -22,12 +23,18 @@ func Version(override string) string {
 	if override != "" {
 		return override
 	}
+	return stamped()
+}
+
+// stamped reads the build information once: it does not change while the
+// process runs.
+var stamped = sync.OnceValue(func() string {
 	info, ok := debug.ReadBuildInfo()
 	if !ok {
 		return Unknown
 	}
 	return fromBuildInfo(info)
-}
+})
 
 func fromBuildInfo(info *debug.BuildInfo) string {
 	if v := info.Main.Version; v != "" && v != "(devel)" {
