@@ -23,32 +23,50 @@ const (
 // checkNumbers reports, for the first number in v (at path) whose text is
 // not exactly its canonical value, a problem naming where it is.
 func checkNumbers(p *problems, path string, v any) bool {
+	loc, bad := inexact(v)
+	if !bad {
+		return true
+	}
+	for i := len(loc) - 1; i >= 0; i-- { // inexact built it innermost first
+		if loc[i].idx >= 0 {
+			path += "[" + strconv.Itoa(loc[i].idx) + "]"
+		} else {
+			path = key(path, loc[i].key)
+		}
+	}
+	p.add(path, inexactProblem, inexactFix)
+	return false
+}
+
+// inexact finds the first inexact number in v. Its location comes back
+// innermost step first, built only on the way out of a find, so the
+// common case (every number exact) allocates nothing.
+func inexact(v any) ([]locStep, bool) {
 	switch x := v.(type) {
 	case json.Number:
-		if !exactNumber(string(x)) {
-			p.add(path, inexactProblem, inexactFix)
-			return false
-		}
+		return nil, !exactNumber(string(x))
 	case map[string]any:
 		for k, e := range x {
-			if _, ok := e.(string); ok { // most members: nothing to look at
+			switch e.(type) {
+			case string, bool, nil: // most members: nothing to look at
 				continue
 			}
-			if !checkNumbers(p, key(path, k), e) {
-				return false
+			if loc, bad := inexact(e); bad {
+				return append(loc, locStep{key: k, idx: -1}), true
 			}
 		}
 	case []any:
 		for i, e := range x {
-			if _, ok := e.(string); ok {
+			switch e.(type) {
+			case string, bool, nil:
 				continue
 			}
-			if !checkNumbers(p, path+"["+strconv.Itoa(i)+"]", e) {
-				return false
+			if loc, bad := inexact(e); bad {
+				return append(loc, locStep{idx: i}), true
 			}
 		}
 	}
-	return true
+	return nil, false
 }
 
 // exactNumber reports whether the decimal value of a JSON number text is
@@ -57,13 +75,11 @@ func checkNumbers(p *problems, path string, v any) bool {
 // the normal range always is (a double holds 15 decimal digits exactly);
 // only longer ones are parsed and compared.
 func exactNumber(s string) bool {
+	sig, exp := shape(s)
+	if sig == 0 || sig <= 15 && exp > -300 && exp < 300 { // zero, or short
+		return true
+	}
 	neg, digits, exp := decimal(s)
-	if digits == "" { // zero, however written
-		return true
-	}
-	if len(digits) <= 15 && exp > -300 && exp < 300 {
-		return true
-	}
 	f, err := strconv.ParseFloat(s, 64)
 	if err != nil {
 		return false
@@ -93,12 +109,67 @@ func decimal(s string) (neg bool, digits string, exp int) {
 	// strictjson has already checked the exponent fits a double's range,
 	// or the number is an integer that fits one; a huge exponent text
 	// saturates rather than wrapping.
-	n, err := strconv.Atoi(strings.TrimPrefix(e, "+"))
-	if e != "" && err != nil {
-		n = 1 << 20
-		if strings.HasPrefix(e, "-") {
-			n = -n
+	return neg, digits, exponent(e) + len(intPart) - lead - 1
+}
+
+// exponent reads an exponent's text ("", "7", "+07", "-3"), saturating
+// far beyond a double's range instead of overflowing.
+func exponent(e string) int {
+	neg := strings.HasPrefix(e, "-")
+	n := 0
+	for i := 0; i < len(e); i++ {
+		if c := e[i]; c >= '0' && c <= '9' {
+			n = min(n*10+int(c-'0'), 1<<20)
 		}
 	}
-	return neg, digits, n + len(intPart) - lead - 1
+	if neg {
+		return -n
+	}
+	return n
+}
+
+// shape is decimal without building the digits: how many significant
+// digits the text has, and the exponent of the first. It allocates
+// nothing, for the common case of short numbers.
+func shape(s string) (sig, exp int) {
+	i := 0
+	if i < len(s) && s[i] == '-' {
+		i++
+	}
+	intDigits, lead, total, trailing := 0, 0, 0, 0
+	inFrac, seen := false, false
+	for ; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '.':
+			inFrac = true
+			continue
+		case c < '0' || c > '9':
+			return exponentShape(s[i+1:], total-trailing, intDigits, lead)
+		}
+		if !inFrac {
+			intDigits++
+		}
+		if !seen {
+			if c == '0' {
+				lead++
+				continue
+			}
+			seen = true
+		}
+		total++
+		if c == '0' {
+			trailing++
+		} else {
+			trailing = 0
+		}
+	}
+	return exponentShape("", total-trailing, intDigits, lead)
+}
+
+func exponentShape(e string, sig, intDigits, lead int) (int, int) {
+	if sig == 0 {
+		return 0, 0
+	}
+	return sig, exponent(e) + intDigits - lead - 1
 }

@@ -152,11 +152,15 @@ func TestDecimal(t *testing.T) {
 	}{
 		{"120.50", false, "1205", 2}, {"0.00123", false, "123", -3}, {"1.5e3", false, "15", 3},
 		{"-1.5E-07", true, "15", -7}, {"0", false, "", 0}, {"-0.000", true, "", 0}, {"7", false, "7", 0},
-		{"1.5e+03", false, "15", 3}, {"100", false, "1", 2},
+		{"1.5e+03", false, "15", 3}, {"100", false, "1", 2}, {"0.0102e-2", false, "102", -4},
+		{"1e99999999999999999999", false, "1", 1 << 20}, {"120.50E1", false, "1205", 3},
 	} {
 		neg, digits, exp := decimal(c.in)
 		if neg != c.neg || digits != c.digits || exp != c.exp {
 			t.Errorf("decimal(%s) = %v %q %d; want %v %q %d", c.in, neg, digits, exp, c.neg, c.digits, c.exp)
+		}
+		if sig, exp := shape(c.in); sig != len(c.digits) || exp != c.exp {
+			t.Errorf("shape(%s) = %d, %d; want %d, %d", c.in, sig, exp, len(c.digits), c.exp)
 		}
 	}
 }
