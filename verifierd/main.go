@@ -99,6 +99,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.Int64Var(&c.verify.MaxRegexWork, "max-regex-work", schema.DefaultMaxRegexWork, "regular-expression budget of one verification, pattern size × string length summed over every match; past it 422")
 	fs.IntVar(&c.verify.MaxPatternSize, "max-pattern-size", schema.DefaultMaxPatternSize, "largest pattern of a schema, in compiled instructions; larger ones are 422")
 	fs.IntVar(&c.verify.MaxSchemas, "max-schemas", schema.DefaultMaxSchemas, "most subschemas of one expected_schema; more are 422")
+	fs.IntVar(&c.verify.MaxConcurrent, "max-concurrent-verifications", 0, "evaluations running at once (0: twice the CPUs); the others wait within -verify-timeout")
 	fs.Int64Var(&c.verify.SchemaCacheBytes, "schema-cache-bytes", schema.DefaultCacheBytes, "memory bound of the compiled-schema cache, in bytes (estimated)")
 	fs.BoolVar(&c.noSync, "no-sync", false, "do not fsync each history write (faster; a power loss may drop the last records)")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long in-flight requests may finish on shutdown")

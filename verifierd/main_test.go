@@ -219,13 +219,13 @@ func TestConfiguration(t *testing.T) {
 		}
 		t.Setenv("VERIFIERD_MAX_REGEX_WORK", "1000")
 		c, err = parseFlags([]string{"-verify-timeout", "2s", "-max-pattern-size", "50", "-max-schemas", "9",
-			"-max-schema-steps", "77", "-schema-cache-bytes", "4096"}, io.Discard)
+			"-max-schema-steps", "77", "-schema-cache-bytes", "4096", "-max-concurrent-verifications", "3"}, io.Discard)
 		if err != nil {
 			t.Fatal(err)
 		}
 		vc := verifyConfig(c)
 		if vc.Timeout != 2*time.Second || vc.MaxRegexWork != 1000 || vc.MaxPatternSize != 50 || vc.MaxSchemas != 9 ||
-			vc.MaxSchemaSteps != 77 || vc.SchemaCacheBytes != 4096 {
+			vc.MaxSchemaSteps != 77 || vc.SchemaCacheBytes != 4096 || vc.MaxConcurrent != 3 {
 			t.Errorf("budgets from flags and environment = %+v", vc)
 		}
 	})

@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/aovhq/aov/apierr"
 )
@@ -130,4 +131,23 @@ func TestFailureFloodMemory(t *testing.T) {
 		t.Errorf("a flood of 50,000 failures allocates %d bytes capped and %d uncapped; want the cap to save at least a third", capped, all)
 	}
 	t.Logf("50,000 failures: %d MB capped, %d MB uncapped", capped>>20, all>>20)
+}
+
+// Evaluations beyond MaxConcurrent wait for a slot, within their deadline.
+func TestConcurrentEvaluationsBounded(t *testing.T) {
+	v := New(Config{MaxConcurrent: 1, Timeout: 50 * time.Millisecond})
+	body := []byte(invoiceRequest("129.5"))
+	v.slots <- struct{}{} // every slot busy
+	_, err := v.Parse(body)
+	var e *apierr.Error
+	if !errors.As(err, &e) || e.Code != apierr.CodeVerificationTimeout {
+		t.Fatalf("Parse with every slot busy past the deadline = %v; want verification_timeout", err)
+	}
+	<-v.slots
+	if _, err := v.Parse(body); err != nil {
+		t.Fatalf("Parse with a free slot: %v", err)
+	}
+	if len(v.slots) != 0 {
+		t.Error("a finished evaluation kept its slot")
+	}
 }

@@ -346,13 +346,7 @@ func (v *Verifier) parseDoc(ctx context.Context, doc map[string]any, compile, ev
 		// schema, before payment, instead of a charged "fail". Only an
 		// otherwise valid request is worth the work.
 		if sch != nil && len(p.fields) == 0 && evaluate {
-			if err := ctx.Err(); err != nil {
-				return nil, apierr.Timeout(v.cfg.Timeout, err)
-			}
-			rep, err := sch.EvaluateContext(ctx, req.output, schema.Options{
-				Undeclared: req.StrictContentCheck, MaxSteps: v.cfg.MaxSchemaSteps,
-				MaxRegexWork: v.cfg.MaxRegexWork, MaxFailures: v.cfg.ListCap,
-			})
+			rep, err := v.evaluate(ctx, sch, req)
 			var budget interface{ Fields() []apierr.Field }
 			switch {
 			case errors.As(err, &budget):
@@ -371,6 +365,21 @@ func (v *Verifier) parseDoc(ctx context.Context, doc map[string]any, compile, ev
 		return nil, err
 	}
 	return req, nil
+}
+
+// evaluate runs the schema evaluation within the verifier's budgets, in
+// one of its MaxConcurrent slots (waiting for one as long as ctx allows).
+func (v *Verifier) evaluate(ctx context.Context, sch *schema.Schema, req *Request) (schema.Report, error) {
+	select {
+	case v.slots <- struct{}{}:
+	case <-ctx.Done():
+		return schema.Report{}, ctx.Err()
+	}
+	defer func() { <-v.slots }()
+	return sch.EvaluateContext(ctx, req.output, schema.Options{
+		Undeclared: req.StrictContentCheck, MaxSteps: v.cfg.MaxSchemaSteps,
+		MaxRegexWork: v.cfg.MaxRegexWork, MaxFailures: v.cfg.ListCap,
+	})
 }
 
 // boolField reads an optional boolean (default false).

@@ -17,6 +17,7 @@
 package verify
 
 import (
+	"runtime"
 	"time"
 
 	"github.com/aovhq/aov/internal/buildinfo"
@@ -72,6 +73,12 @@ type Config struct {
 	// MaxSchemas bounds the subschemas of one expected_schema
 	// (schema.DefaultMaxSchemas when zero); a larger schema is a 422.
 	MaxSchemas int
+	// MaxConcurrent bounds how many evaluations run at once (twice
+	// GOMAXPROCS when zero); the others wait for a slot within their
+	// Timeout. Evaluation is CPU-bound, so more would not finish sooner,
+	// and the bound is what caps the memory of many hostile requests
+	// together: each holds at most one evaluation's worth.
+	MaxConcurrent int
 	// Timeout is the wall-clock limit of one verification (DefaultTimeout
 	// when zero). Past it, or when the caller's context ends, the work
 	// stops and the caller gets 503 verification_timeout.
@@ -119,6 +126,9 @@ func (c Config) withDefaults() Config {
 	if c.Timeout <= 0 {
 		c.Timeout = DefaultTimeout
 	}
+	if c.MaxConcurrent <= 0 {
+		c.MaxConcurrent = 2 * runtime.GOMAXPROCS(0)
+	}
 	if c.VerifierVersion == "" {
 		c.VerifierVersion = buildinfo.Version("")
 	}
@@ -131,12 +141,13 @@ func (c Config) withDefaults() Config {
 type Verifier struct {
 	cfg   Config
 	cache *schema.Cache
+	slots chan struct{} // one per running evaluation
 }
 
 // New returns a Verifier with cfg's limits (zero fields take defaults).
 func New(cfg Config) *Verifier {
 	cfg = cfg.withDefaults()
-	return &Verifier{cfg: cfg, cache: schema.NewCacheConfig(schema.CacheConfig{
+	return &Verifier{cfg: cfg, slots: make(chan struct{}, cfg.MaxConcurrent), cache: schema.NewCacheConfig(schema.CacheConfig{
 		Entries: cfg.SchemaCacheSize, MaxBytes: cfg.SchemaCacheBytes, MaxPatternSize: cfg.MaxPatternSize, MaxSchemas: cfg.MaxSchemas,
 	})}
 }
