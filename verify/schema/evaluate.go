@@ -160,21 +160,17 @@ func (s *Schema) EvaluateWithin(instance any, opts Options) (Report, error) {
 // which runs first and checks ctx as it goes; the validator that runs
 // after it does no more work than the walk did, so it is not interrupted.
 func (s *Schema) EvaluateContext(ctx context.Context, instance any, opts Options) (Report, error) {
-	w := walker{s: s, undeclared: opts.Undeclared, limit: opts.MaxSteps, maxRegexWork: opts.MaxRegexWork,
-		ctx: ctx, scope: make([]scopeEntry, 0, 16)}
-	if w.limit <= 0 {
-		w.limit = DefaultMaxSteps
+	limit, maxRegex := opts.MaxSteps, opts.MaxRegexWork
+	if limit <= 0 {
+		limit = DefaultMaxSteps
 	}
-	if w.maxRegexWork <= 0 {
-		w.maxRegexWork = DefaultMaxRegexWork
+	if maxRegex <= 0 {
+		maxRegex = DefaultMaxRegexWork
 	}
-	var u uneval
-	initUneval(&u, instance, s.sch, false)
-	c := w.eval(s.sch, instance, &u, 0)
-	if w.stop != nil {
-		return Report{}, w.stop
+	c, decls, err := s.walk(ctx, instance, opts.Undeclared, limit, maxRegex)
+	if err != nil {
+		return Report{}, err
 	}
-	decls := w.decls
 
 	var rep Report
 	if err := s.sch.Validate(instance); err != nil {
@@ -201,14 +197,21 @@ func (s *Schema) EvaluateContext(ctx context.Context, instance any, opts Options
 	return rep, nil
 }
 
-// count runs the counting walk alone; ok is false when it ran out of steps.
-func (s *Schema) count(instance any, undeclared bool, limit int) (c counts, decls []decl, ok bool) {
-	w := walker{s: s, undeclared: undeclared, limit: limit, maxRegexWork: 1 << 62,
-		ctx: context.Background(), scope: make([]scopeEntry, 0, 16)}
+// walk runs the counting walk; the error says which budget stopped it.
+func (s *Schema) walk(ctx context.Context, instance any, undeclared bool, limit int, maxRegex int64) (counts, []decl, error) {
+	w := walker{s: s, undeclared: undeclared, limit: limit, maxRegexWork: maxRegex,
+		ctx: ctx, scope: make([]scopeEntry, 0, 16)}
 	var u uneval
 	initUneval(&u, instance, s.sch, false)
-	c = w.eval(s.sch, instance, &u, 0)
-	return c, w.decls, w.stop == nil
+	c := w.eval(s.sch, instance, &u, 0)
+	return c, w.decls, w.stop
+}
+
+// count runs the counting walk alone, with no regex budget; ok is false
+// when it ran out of steps.
+func (s *Schema) count(instance any, undeclared bool, limit int) (counts, []decl, bool) {
+	c, decls, err := s.walk(context.Background(), instance, undeclared, limit, 1<<62)
+	return c, decls, err == nil
 }
 
 // failureLess is the order of Report.Failures: by path (array indexes by
