@@ -182,11 +182,12 @@ func wrongType(p *problems, field string, v any, want, fix string) {
 // Parse reads a request body: strict JSON (strictjson), every rule of SPEC
 // §3, the four hashes, and the schema compiled and evaluated against the
 // output, so that a schema that cannot be used (it does not compile, it
-// refers outside the request, or it needs more than the evaluation step
-// budget on this output) is refused here, before any payment logic. A
-// refusal is an *apierr.Error: 413 for a body over MaxBodyBytes, otherwise
-// 422 naming every problem found with a fix. Check then only adds the
-// integrity checks and writes the result.
+// refers outside the request, or it needs more than the evaluation's step
+// or regular-expression budget on this output) is refused here. A refusal
+// is an *apierr.Error: 413 for a body over MaxBodyBytes, 503
+// verification_timeout past Config.Timeout, otherwise 422 naming every
+// problem found with a fix. Check then only adds the integrity checks and
+// writes the result. Before payment, a gateway calls Precheck instead.
 func (v *Verifier) Parse(body []byte) (*Request, error) {
 	return v.ParseContext(context.Background(), body)
 }
