@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math"
 	"math/big"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -164,3 +165,36 @@ func TestDecimal(t *testing.T) {
 		}
 	}
 }
+
+// FuzzExactNumber compares the number check with math/big: a number text
+// is accepted exactly when its value is the value of the shortest text of
+// its double, and the allocation-free shape agrees with decimal.
+func FuzzExactNumber(f *testing.F) {
+	for _, s := range []string{"1", "1.0", "1e0", "0.1", "9007199254740993.0", "1.00000000000000000001", "-0", "5e-324",
+		"1e-400", "0.1000000000000000055511151231257827021181583404541015625", "123456789012345678", "1.7976931348623157e308"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if len(s) > 400 || !jsonNumber.MatchString(s) {
+			return
+		}
+		neg, digits, exp := decimal(s)
+		if sig, e := shape(s); sig != len(digits) || (sig > 0 && e != exp) {
+			t.Fatalf("shape(%s) = %d, %d; decimal = %v %q %d", s, sig, e, neg, digits, exp)
+		}
+		fl, err := strconv.ParseFloat(s, 64)
+		if err != nil {
+			return // out of a double's range: strictjson refuses it first
+		}
+		exact, ok := new(big.Rat).SetString(s)
+		if !ok {
+			t.Fatalf("big.Rat cannot read %s", s)
+		}
+		canonical, _ := new(big.Rat).SetString(strconv.FormatFloat(fl, 'g', -1, 64))
+		if want := exact.Cmp(canonical) == 0; exactNumber(s) != want {
+			t.Fatalf("exactNumber(%s) = %v; its value equals its double's shortest form: %v", s, !want, want)
+		}
+	})
+}
+
+var jsonNumber = regexp.MustCompile(`^-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]{1,4})?$`)
