@@ -57,7 +57,8 @@ const (
 //     strict:placeholder (no empty or placeholder string anywhere). There
 //     are no other built-in integrity checks: the request parser already
 //     refuses what they would catch (non-finite numbers, unsafe integers,
-//     duplicate keys, invalid text), so an accepted output has none.
+//     numbers more precise than their double, duplicate keys, invalid
+//     text), so an accepted output has none.
 //   - overall: schema and integrity together.
 //
 // One failing check can report several findings (one per offending value);
