@@ -11,7 +11,7 @@ FUZZTIME  ?= 2000x
 all: build
 
 build:
-	$(GO) build -o $(BIN)/ ./cmd/...
+	$(GO) build -buildvcs=auto -o $(BIN)/ ./cmd/...
 
 # make run: build Caddy (cmd/caddy, offline) and the daemons, then run
 # certd, verifierd and Caddy with Caddyfile.example on http://localhost:8080,
@@ -24,7 +24,7 @@ run:
 # The Caddy that make run uses: standard modules plus ours, pinned by go.sum.
 # For extra third-party plugins use ./xcaddy.sh (needs the module proxy).
 build-caddy:
-	$(GO) build -o $(BIN)/caddy ./cmd/caddy
+	$(GO) build -buildvcs=auto -o $(BIN)/caddy ./cmd/caddy
 
 # make load: requests/s and p50/p99 latency through Caddy and directly at
 # verifierd, against a running make run (or a stack of its own if none is

@@ -44,7 +44,7 @@ type Provider struct {
 
 // Defaults for an unconfigured card.
 const (
-	DefaultName        = "json-schema-verifier"
+	DefaultName        = "Agent Output Verifier"
 	DefaultDescription = "Deterministic verification of agent outputs against a JSON Schema and cross-field rules, with Ed25519-signed receipts over RFC 8785 canonical JSON. Paid per call with x402 v2 after a free daily allowance."
 )
 

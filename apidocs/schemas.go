@@ -75,7 +75,7 @@ func componentSchemas() obj {
 		"errors_detail":         arrayOf(ref("ErrorDetail"), "Structured blocking failures (capped)."),
 		"errors_detail_total":   count(""),
 		"errors_detail_omitted": count(""),
-		"flags":                 arrayOf(ref("Flag"), "Findings that do not block a pass (rule violations without enforce_rules)."),
+		"flags":                 arrayOf(ref("Flag"), "Every rule violation: severity error when it blocks (enforce_rules), warning otherwise (capped)."),
 		"flags_total":           count(""),
 		"flags_omitted":         count(""),
 		"hints":                 arrayOf(ref("Hint"), "Where and what to repair, for an agent."),
@@ -143,14 +143,15 @@ func componentSchemas() obj {
 			"for":    str("Who the action is for: seller or buyer."),
 			"using":  str("What to use: hints."),
 		}},
-		"ErrorDetail": obj{"type": "object", "required": []any{"check", "path", "expected", "found"}, "properties": obj{
+		"ErrorDetail": obj{"type": "object", "required": []any{"check", "path", "expected", "found", "message"}, "properties": obj{
 			"check": str("`schema:<keyword>`, `bounds:min`, `bounds:max`, `consistency:<rule type>`, `strict:undeclared_property` or `strict:placeholder`."),
 			"path":  str("Instance path, `$` for the root."), "expected": str(""), "found": str("Never the submitted content itself."),
-			"message": str(""),
+			"message": str("The same text as the matching errors entry."),
 		}},
 		"Flag": closed([]string{"check", "field", "severity", "detail"}, obj{
-			"check": str(""), "field": str(""), "severity": obj{"type": "string", "examples": []any{"warning"}}, "detail": str(""),
-		}, "A non-blocking finding."),
+			"check": str(""), "field": str("The rule's field exactly as the request wrote it."),
+			"severity": obj{"type": "string", "enum": []any{"error", "warning"}}, "detail": str("The finding, without the check name."),
+		}, "A rule violation."),
 		"Hint": closed([]string{"source", "check", "path", "expected", "found"}, obj{
 			"source": obj{"type": "string", "enum": []any{"schema", "integrity"}}, "check": str(""), "path": str(""), "expected": str(""), "found": str(""),
 		}, "A repair hint."),

@@ -87,15 +87,24 @@ func (e *Error) Error() string {
 func (e *Error) Unwrap() error { return e.Cause }
 
 // Invalid reports a request whose fields break the contract (422). It names
-// every field so the caller can fix them all in one round trip.
+// every field so the caller can fix them all in one round trip; the message
+// names the first ("The request is invalid: rules[0].type is not one of the
+// allowed values. Nothing was charged; fix the field(s) and send it again.").
+// Field names and problems never quote request content (object keys on a
+// path aside), so neither does the message.
 func Invalid(fields ...Field) *Error {
 	names := make([]string, len(fields))
 	for i, f := range fields {
 		names[i] = f.Field
 	}
+	msg := "The request is invalid. Nothing was charged; fix the field(s) and send it again."
+	if len(fields) > 0 {
+		// The original service's wording: the first problem, named.
+		msg = "The request is invalid: " + fields[0].Field + " " + fields[0].Problem + ". Nothing was charged; fix the field(s) and send it again."
+	}
 	return &Error{
 		Code:        CodeInvalidRequest,
-		Message:     "The request is invalid and nothing was charged; fix the listed fields and send it again.",
+		Message:     msg,
 		Status:      http.StatusUnprocessableEntity,
 		NextActions: []Action{{Action: "fix_request_fields", Fields: names}},
 		Fields:      fields,
@@ -160,7 +169,7 @@ func Unauthorized(reason string) *Error {
 func RateLimited(retryAfter int) *Error {
 	return &Error{
 		Code:        CodeRateLimited,
-		Message:     fmt.Sprintf("Too many requests and nothing was charged; retry after %d seconds.", retryAfter),
+		Message:     "Too many requests and nothing was charged; retry after " + Seconds(retryAfter) + ".",
 		Status:      http.StatusTooManyRequests,
 		Retryable:   true,
 		RetryAfter:  retryAfter,
@@ -173,7 +182,7 @@ func RateLimited(retryAfter int) *Error {
 func Unavailable(what string, retryAfter int, cause error) *Error {
 	return &Error{
 		Code:        CodeUpstreamUnavailable,
-		Message:     fmt.Sprintf("The %s is unavailable and nothing was charged; retry after %d seconds.", what, retryAfter),
+		Message:     fmt.Sprintf("The %s is unavailable and nothing was charged; retry after %s.", what, Seconds(retryAfter)),
 		Status:      http.StatusServiceUnavailable,
 		Retryable:   true,
 		RetryAfter:  retryAfter,

@@ -56,13 +56,41 @@ func TestWriteShape(t *testing.T) {
 				t.Errorf("next_actions missing: %s", rec.Body)
 			}
 			msg, _ := body["message"].(string)
-			if !strings.Contains(msg, "nothing was charged") {
+			if !strings.Contains(strings.ToLower(msg), "nothing was charged") {
 				t.Errorf("message does not say nothing was charged: %q", msg)
 			}
 			if strings.Contains(rec.Body.String(), "secret detail") || strings.Contains(rec.Body.String(), "refused") {
 				t.Errorf("internal cause leaked: %s", rec.Body)
 			}
 		})
+	}
+}
+
+func TestInvalidMessageNamesTheFirstProblem(t *testing.T) {
+	e := Invalid(Field{Field: "rules[0].type", Problem: "is not one of the allowed values"}, Field{Field: "task_id", Problem: "is required"})
+	const want = "The request is invalid: rules[0].type is not one of the allowed values. Nothing was charged; fix the field(s) and send it again."
+	if e.Message != want {
+		t.Errorf("message %q\nwant    %q", e.Message, want)
+	}
+	if e := Invalid(); !strings.HasPrefix(e.Message, "The request is invalid. Nothing was charged") {
+		t.Errorf("message without fields %q", e.Message)
+	}
+}
+
+func TestDurationsAreWorded(t *testing.T) {
+	for n, want := range map[int]string{1: "1 second", 2: "2 seconds", 0: "0 seconds", 30: "30 seconds"} {
+		if got := Seconds(n); got != want {
+			t.Errorf("Seconds(%d) = %q, want %q", n, got, want)
+		}
+	}
+	if m := RateLimited(1).Message; !strings.Contains(m, "retry after 1 second.") {
+		t.Errorf("RateLimited(1): %q", m)
+	}
+	if m := Unavailable("signing service", 1, nil).Message; !strings.Contains(m, "retry after 1 second.") {
+		t.Errorf("Unavailable(1): %q", m)
+	}
+	if m := Unavailable("store", 5, nil).Message; !strings.Contains(m, "retry after 5 seconds.") {
+		t.Errorf("Unavailable(5): %q", m)
 	}
 }
 

@@ -15,13 +15,15 @@ import (
 
 	"github.com/aovhq/aov/agentcard"
 	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/internal/buildinfo"
 	"github.com/aovhq/aov/keystore"
 	"github.com/aovhq/aov/signer"
 )
 
-// version is the certd version, set at build time with
-// -ldflags "-X main.version=...".
-var version = "dev"
+// version overrides the agent card's version when set at build time with
+// -ldflags "-X main.version=..."; otherwise the build's own module version
+// or VCS commit is used (internal/buildinfo).
+var version string
 
 // serveConfig is everything `certd serve` is told.
 type serveConfig struct {
@@ -121,7 +123,7 @@ func serve(args []string, stderr io.Writer) error {
 	card, err := agentcard.NewHandler(agentcard.Config{
 		Name:     cfg.serviceName,
 		BaseURL:  cfg.publicBaseURL,
-		Version:  version,
+		Version:  buildinfo.Version(version),
 		Provider: provider,
 	}, keys, 0, log.With("endpoint", "public"))
 	if err != nil {
@@ -150,7 +152,7 @@ func serve(args []string, stderr io.Writer) error {
 	log.Info("certd ready",
 		"sign_addr", signLn.Addr().String(), "sign_transport", signLn.Addr().Network(),
 		"public_addr", pubLn.Addr().String(), "public_base_url", cfg.publicBaseURL,
-		"current_key_version", cur.Version, "key_versions", len(keys.List()), "version", version)
+		"current_key_version", cur.Version, "key_versions", len(keys.List()), "version", buildinfo.Version(version))
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()

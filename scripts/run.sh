@@ -48,7 +48,9 @@ die() { say "$*"; exit 1; }
 #    Caddy with extra third-party plugins, see xcaddy.sh.)
 say "building caddy, certd, verifierd and aov into $bindir"
 mkdir -p "$bindir"
-"$GO" build -o "$bindir/" ./cmd/caddy ./certd ./verifierd ./cmd/aov
+# -buildvcs=auto stamps the module version or commit into verifier_version and
+# the agent card's version, even where GOFLAGS says -buildvcs=false.
+"$GO" build -buildvcs=auto -o "$bindir/" ./cmd/caddy ./certd ./verifierd ./cmd/aov
 
 # 2. Data folder. Everything the service keeps lives here:
 #      keys/            certd's Ed25519 keys and their history (0700)

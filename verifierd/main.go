@@ -31,15 +31,19 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/aovhq/aov/internal/buildinfo"
 	"github.com/aovhq/aov/score"
 	"github.com/aovhq/aov/signer"
 	"github.com/aovhq/aov/store"
 	"github.com/aovhq/aov/verifierd/server"
 	"github.com/aovhq/aov/verify"
+	"github.com/aovhq/aov/verify/schema"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
+// version overrides the build's own version when set at build time with
+// -ldflags "-X main.version=..."; otherwise the module version or VCS
+// commit the toolchain stamped is used (internal/buildinfo).
+var version string
 
 type config struct {
 	listen, adminListen   string
@@ -52,6 +56,7 @@ type config struct {
 	gatewayTokenFile      string
 	maxBodyBytes          int64
 	listCap               int
+	verify                verify.Config // the verification budgets
 	noSync                bool
 	shutdownTimeout       time.Duration
 	logLevel              string
@@ -89,6 +94,13 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.gatewayTokenFile, "gateway-token-file", "", "file holding the gateway token that makes X-Aov-* headers trusted (or set AOV_GATEWAY_TOKEN)")
 	fs.Int64Var(&c.maxBodyBytes, "max-body-bytes", verify.DefaultMaxBodyBytes, "absolute request body limit; larger bodies get 413")
 	fs.IntVar(&c.listCap, "list-cap", verify.DefaultListCap, "entries shown per result list (errors, flags, hints)")
+	fs.DurationVar(&c.verify.Timeout, "verify-timeout", verify.DefaultTimeout, "wall-clock limit of one verification; past it the caller gets 503 verification_timeout")
+	fs.IntVar(&c.verify.MaxSchemaSteps, "max-schema-steps", schema.DefaultMaxSteps, "evaluation budget of one verification, in subschemas applied; past it 422")
+	fs.Int64Var(&c.verify.MaxRegexWork, "max-regex-work", schema.DefaultMaxRegexWork, "regular-expression budget of one verification, pattern size × string length summed over every match; past it 422")
+	fs.IntVar(&c.verify.MaxPatternSize, "max-pattern-size", schema.DefaultMaxPatternSize, "largest pattern of a schema, in compiled instructions; larger ones are 422")
+	fs.IntVar(&c.verify.MaxSchemas, "max-schemas", schema.DefaultMaxSchemas, "most subschemas of one expected_schema; more are 422")
+	fs.IntVar(&c.verify.MaxConcurrent, "max-concurrent-verifications", 0, "evaluations running at once (0: twice the CPUs); the others wait within -verify-timeout")
+	fs.Int64Var(&c.verify.SchemaCacheBytes, "schema-cache-bytes", schema.DefaultCacheBytes, "memory bound of the compiled-schema cache, in bytes (estimated)")
 	fs.BoolVar(&c.noSync, "no-sync", false, "do not fsync each history write (faster; a power loss may drop the last records)")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long in-flight requests may finish on shutdown")
 	fs.DurationVar(&c.scoreHalfLife, "score-half-life", score.DefaultHalfLife, "trust score: age at which a verification counts half")
@@ -197,7 +209,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(api, a
 	}
 
 	h, err := server.New(server.Config{
-		Verifier:      verify.New(verify.Config{MaxBodyBytes: c.maxBodyBytes, ListCap: c.listCap, VerifierVersion: version}),
+		Verifier:      verify.New(verifyConfig(c)),
 		Signer:        signer.NewClient(sc),
 		History:       db,
 		PublicBaseURL: c.publicBaseURL,
@@ -226,7 +238,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(api, a
 	servers := []*http.Server{api}
 	errc := make(chan error, 2)
 	go func() { errc <- api.Serve(ln) }()
-	log.Info("verifierd listening", "addr", ln.Addr().String(), "version", version, "data", c.dataDir,
+	log.Info("verifierd listening", "addr", ln.Addr().String(), "version", buildinfo.Version(version), "data", c.dataDir,
 		"public_base_url", c.publicBaseURL, "signer", signerTarget(sc))
 
 	adminAddr := ""
@@ -265,6 +277,13 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(api, a
 		}
 	}
 	return firstErr
+}
+
+// verifyConfig is the verifier's configuration from the flags.
+func verifyConfig(c config) verify.Config {
+	vc := c.verify
+	vc.MaxBodyBytes, vc.ListCap, vc.VerifierVersion = c.maxBodyBytes, c.listCap, buildinfo.Version(version)
+	return vc
 }
 
 // gatewayToken reads the token from file (which must not be readable by

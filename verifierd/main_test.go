@@ -16,6 +16,7 @@ import (
 	"github.com/aovhq/aov/keystore"
 	"github.com/aovhq/aov/signer"
 	"github.com/aovhq/aov/store"
+	"github.com/aovhq/aov/verify"
 )
 
 const passingRequest = `{"task_id":"t1","agent_id":"seller-7","expected_schema":{"type":"object","required":["ok"],"properties":{"ok":{"type":"boolean"}}},"submitted_output":{"ok":true}}`
@@ -202,6 +203,30 @@ func TestConfiguration(t *testing.T) {
 		}
 		if c.publicBaseURL != "https://env.example" || c.listCap != 7 || c.listen != "127.0.0.1:2" {
 			t.Fatalf("got base %q cap %d listen %q", c.publicBaseURL, c.listCap, c.listen)
+		}
+	})
+
+	t.Run("verification budgets have documented defaults and flags", func(t *testing.T) {
+		c, err := parseFlags(nil, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := verify.New(verifyConfig(c)).Config()
+		want := verify.New(verify.Config{}).Config()
+		if got.Timeout != want.Timeout || got.MaxRegexWork != want.MaxRegexWork || got.MaxPatternSize != want.MaxPatternSize ||
+			got.MaxSchemaSteps != want.MaxSchemaSteps || got.MaxSchemas != want.MaxSchemas || got.SchemaCacheBytes != want.SchemaCacheBytes {
+			t.Errorf("flag defaults %+v differ from the verifier's defaults %+v", got, want)
+		}
+		t.Setenv("VERIFIERD_MAX_REGEX_WORK", "1000")
+		c, err = parseFlags([]string{"-verify-timeout", "2s", "-max-pattern-size", "50", "-max-schemas", "9",
+			"-max-schema-steps", "77", "-schema-cache-bytes", "4096", "-max-concurrent-verifications", "3"}, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		vc := verifyConfig(c)
+		if vc.Timeout != 2*time.Second || vc.MaxRegexWork != 1000 || vc.MaxPatternSize != 50 || vc.MaxSchemas != 9 ||
+			vc.MaxSchemaSteps != 77 || vc.SchemaCacheBytes != 4096 || vc.MaxConcurrent != 3 {
+			t.Errorf("budgets from flags and environment = %+v", vc)
 		}
 	})
 

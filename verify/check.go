@@ -24,6 +24,7 @@ const (
 	sourceSchema             = "schema"
 	sourceIntegrity          = "integrity"
 	severityWarning          = "warning"
+	severityError            = "error"
 	enforceRulesErrorPrefix  = "enforce_rules: "
 	missingValueFound        = "missing"
 	placeholderExpected      = "real content"
@@ -56,7 +57,8 @@ const (
 //     strict:placeholder (no empty or placeholder string anywhere). There
 //     are no other built-in integrity checks: the request parser already
 //     refuses what they would catch (non-finite numbers, unsafe integers,
-//     duplicate keys, invalid text), so an accepted output has none.
+//     numbers more precise than their double, duplicate keys, invalid
+//     text), so an accepted output has none.
 //   - overall: schema and integrity together.
 //
 // One failing check can report several findings (one per offending value);
@@ -66,8 +68,11 @@ const (
 // What blocks a pass: failed schema checks and bounds always; strict checks
 // (only run when strict_content_check is on); rule violations only when
 // enforce_rules is true. A blocking finding goes to errors and
-// errors_detail; a rule violation without enforce_rules goes to flags with
-// severity "warning" instead (never to both). Every finding gets a hint.
+// errors_detail (whose message is the errors entry's text). Every rule
+// violation is also a flag, as the original service reports them: severity
+// "error" when it blocks and "warning" otherwise, the rule's field exactly
+// as the caller wrote it, and the finding without the check name as its
+// detail. Every finding gets a hint.
 func (v *Verifier) Check(req *Request, id string, at time.Time) *Result {
 	res := &Result{
 		VerificationID:     id,
@@ -85,8 +90,18 @@ func (v *Verifier) Check(req *Request, id string, at time.Time) *Result {
 
 	rep := req.report
 	res.Schema = Tally{Passed: rep.Passed, Total: rep.Total}
+	for _, kw := range rep.Keywords {
+		res.addBlocking(schemaCheckPrefix + kw)
+	}
+	// The evaluation kept only the first ListCap failures and counted the
+	// rest: they go to the totals only.
+	if omitted := rep.FailuresTotal - len(rep.Failures); omitted > 0 {
+		res.ErrorsTotal += omitted
+		res.ErrorsDetailTotal += omitted
+		res.HintsTotal += omitted
+	}
 	for _, f := range rep.Failures {
-		if !c.shown(schemaCheckPrefix+f.Keyword, true) {
+		if !c.shown(schemaCheckPrefix+f.Keyword, true, false) {
 			continue
 		}
 		msg := f.Message
@@ -95,7 +110,7 @@ func (v *Verifier) Check(req *Request, id string, at time.Time) *Result {
 		}
 		c.report(finding{
 			check: schemaCheckPrefix + f.Keyword, path: f.InstancePath,
-			expected: f.Expected, found: f.Found, message: msg, detailMessage: f.Message,
+			expected: f.Expected, found: f.Found, message: msg,
 			source: sourceSchema, blocking: true,
 		})
 	}
@@ -125,12 +140,13 @@ type finding struct {
 	expected string
 	found    string
 	message  string // the sentence after "<check> at '<path>': "
-	// detailMessage is errors_detail's message; empty omits it (the
-	// integrity checks say everything in expected and found).
-	detailMessage string
-	source        string
-	blocking      bool
-	enforced      bool // a rule violation that blocks because of enforce_rules
+	source   string
+	blocking bool
+	enforced bool // a rule violation that blocks because of enforce_rules
+	// flagged marks a rule violation: it is also a flag, under field (the
+	// rule's field as the caller wrote it).
+	flagged bool
+	field   string
 }
 
 type checker struct {
@@ -165,12 +181,17 @@ func (c *checker) report(f finding) {
 		}
 		r.ErrorsDetailTotal++
 		if len(r.ErrorsDetail) < r.listCap {
-			r.ErrorsDetail = append(r.ErrorsDetail, ErrorDetail{Check: f.check, Path: f.path, Expected: f.expected, Found: f.found, Message: f.detailMessage})
+			r.ErrorsDetail = append(r.ErrorsDetail, ErrorDetail{Check: f.check, Path: f.path, Expected: f.expected, Found: f.found, Message: sentence})
 		}
-	} else {
+	}
+	if f.flagged {
+		severity := severityWarning
+		if f.blocking {
+			severity = severityError
+		}
 		r.FlagsTotal++
 		if len(r.Flags) < r.listCap {
-			r.Flags = append(r.Flags, Flag{Check: f.check, Field: f.path, Severity: severityWarning, Detail: sentence})
+			r.Flags = append(r.Flags, Flag{Check: f.check, Field: f.field, Severity: severity, Detail: f.message})
 		}
 	}
 	r.HintsTotal++
@@ -183,22 +204,19 @@ func (c *checker) report(f finding) {
 // every list it would go to is full, it only counts the finding and
 // returns false, so the caller skips building strings nobody will see: an
 // output with a hundred thousand bad values costs counting, not text.
-func (c *checker) shown(check string, blocking bool) bool {
+func (c *checker) shown(check string, blocking, flagged bool) bool {
 	r := c.res
-	if len(r.Hints) < r.listCap {
+	if len(r.Hints) < r.listCap ||
+		blocking && (len(r.Errors) < r.listCap || len(r.ErrorsDetail) < r.listCap) ||
+		flagged && len(r.Flags) < r.listCap {
 		return true
 	}
 	if blocking {
-		if len(r.Errors) < r.listCap || len(r.ErrorsDetail) < r.listCap {
-			return true
-		}
 		r.addBlocking(check)
 		r.ErrorsTotal++
 		r.ErrorsDetailTotal++
-	} else {
-		if len(r.Flags) < r.listCap {
-			return true
-		}
+	}
+	if flagged {
 		r.FlagsTotal++
 	}
 	r.HintsTotal++
@@ -254,7 +272,7 @@ func (c *checker) bound(b bound) {
 			n, ok := v.(json.Number)
 			if !ok {
 				passed = false
-				if !c.shown(l.check, true) {
+				if !c.shown(l.check, true, false) {
 					return true
 				}
 				c.report(finding{check: l.check, path: b.path.locate(idx), source: sourceIntegrity, blocking: true,
@@ -265,7 +283,7 @@ func (c *checker) bound(b bound) {
 			f := number(n)
 			if (l.below && f < lim) || (!l.below && f > lim) {
 				passed = false
-				if !c.shown(l.check, true) {
+				if !c.shown(l.check, true, false) {
 					return true
 				}
 				word := "below the minimum"
@@ -316,7 +334,7 @@ func jsonType(v any) string {
 // ruleFinding builds a finding of rule r.
 func ruleFinding(r *rule, enforce bool, path, expected, found, message string) finding {
 	return finding{check: r.check, path: path, expected: expected, found: found, message: message,
-		source: sourceIntegrity, blocking: enforce, enforced: enforce}
+		source: sourceIntegrity, blocking: enforce, enforced: enforce, flagged: true, field: r.fieldText}
 }
 
 // operand resolves a single-value operand path of r. ok is false when the
@@ -381,7 +399,7 @@ func (c *checker) sumAt(r *rule, enforce bool, expected string) (sum float64, ok
 		n, isNum := v.(json.Number)
 		if !isNum {
 			ok = false
-			if c.shown(r.check, enforce) {
+			if c.shown(r.check, enforce, true) {
 				c.report(ruleFinding(r, enforce, r.field.locate(idx), expected, "type "+jsonType(v),
 					"the value is "+typeName(v)+", not a number"))
 			}
@@ -450,7 +468,7 @@ func (c *checker) compare(r *rule, enforce bool) bool {
 		n, isNum := v.(json.Number)
 		if !isNum {
 			passed = false
-			if !c.shown(r.check, enforce) {
+			if !c.shown(r.check, enforce, true) {
 				return true
 			}
 			c.report(ruleFinding(r, enforce, r.field.locate(idx), "a number "+expected, "type "+jsonType(v),
@@ -460,7 +478,7 @@ func (c *checker) compare(r *rule, enforce bool) bool {
 		f := number(n)
 		if (r.typ == RuleGTE && f < lim-r.tolerance) || (r.typ == RuleLTE && f > lim+r.tolerance) {
 			passed = false
-			if !c.shown(r.check, enforce) {
+			if !c.shown(r.check, enforce, true) {
 				return true
 			}
 			c.report(ruleFinding(r, enforce, r.field.locate(idx), expected, FormatNumber(f),
@@ -517,7 +535,7 @@ func (c *checker) existsIn(r *rule, enforce bool) bool {
 		seen = true
 		if !allowed[string(c.canonicalKey(v))] {
 			passed = false
-			if !c.shown(r.check, enforce) {
+			if !c.shown(r.check, enforce, true) {
 				return true
 			}
 			where := "the allowed values"
@@ -558,7 +576,7 @@ func (c *checker) unique(r *rule, enforce bool) bool {
 			return true
 		}
 		passed = false
-		if c.shown(r.check, enforce) {
+		if c.shown(r.check, enforce, true) {
 			firstAt := r.field.locate(firsts[at : at+stride])
 			c.report(ruleFinding(r, enforce, r.field.locate(idx), expected, "a duplicate of "+firstAt,
 				"the value duplicates the value at '"+shortPath(firstAt)+"'"))
@@ -573,7 +591,7 @@ func (c *checker) unique(r *rule, enforce bool) bool {
 
 func (c *checker) undeclared(paths []string) {
 	for _, p := range paths {
-		if !c.shown(CheckUndeclaredProperty, true) {
+		if !c.shown(CheckUndeclaredProperty, true, false) {
 			continue
 		}
 		c.report(finding{check: CheckUndeclaredProperty, path: p, source: sourceIntegrity, blocking: true,
@@ -619,7 +637,7 @@ func (c *checker) placeholders() {
 	walk = func(v any) {
 		switch x := v.(type) {
 		case string:
-			if bad, empty := isPlaceholder(x); bad && c.shown(CheckPlaceholder, true) {
+			if bad, empty := isPlaceholder(x); bad && c.shown(CheckPlaceholder, true, false) {
 				f := finding{check: CheckPlaceholder, path: renderLoc(loc), source: sourceIntegrity, blocking: true,
 					expected: placeholderExpected, found: placeholderFound, message: placeholderMessage}
 				if empty {

@@ -1,6 +1,7 @@
 package verify
 
 import (
+	"encoding/json"
 	"math"
 	"reflect"
 	"strconv"
@@ -38,16 +39,42 @@ func runIntegrity(t *testing.T, tests []integrityCase) {
 			if !reflect.DeepEqual(r.Errors, tc.errors) {
 				t.Errorf("errors =\n%q\nwant\n%q", r.Errors, tc.errors)
 			}
-			if tc.details != nil && !reflect.DeepEqual(r.ErrorsDetail, tc.details) {
-				t.Errorf("errors_detail =\n%+v\nwant\n%+v", r.ErrorsDetail, tc.details)
+			// Each errors_detail entry's message is its errors entry.
+			for i, d := range r.ErrorsDetail {
+				if i < len(r.Errors) && d.Message != r.Errors[i] {
+					t.Errorf("errors_detail[%d].message = %q; want the errors entry %q", i, d.Message, r.Errors[i])
+				}
 			}
-			if !reflect.DeepEqual(r.Flags, tc.flags) {
-				t.Errorf("flags =\n%+v\nwant\n%+v", r.Flags, tc.flags)
+			if tc.details != nil {
+				for i := range tc.details {
+					if i < len(r.Errors) {
+						tc.details[i].Message = r.Errors[i]
+					}
+				}
+				if !reflect.DeepEqual(r.ErrorsDetail, tc.details) {
+					t.Errorf("errors_detail =\n%+v\nwant\n%+v", r.ErrorsDetail, tc.details)
+				}
+			}
+			// Every rule violation is a flag: the warnings the case lists,
+			// and one error flag per enforced rule error, under the rule's
+			// field as written and without the check name.
+			want := tc.flags
+			for _, e := range r.Errors {
+				rest, ok := strings.CutPrefix(e, enforceRulesErrorPrefix)
+				if !ok {
+					continue
+				}
+				check, rest, _ := strings.Cut(rest, " at '")
+				_, detail, _ := strings.Cut(rest, "': ")
+				want = append(want, Flag{Check: check, Field: ruleField(t, tc.extra, check), Severity: "error", Detail: detail})
+			}
+			if !reflect.DeepEqual(r.Flags, want) && (len(r.Flags) > 0 || len(want) > 0) {
+				t.Errorf("flags =\n%+v\nwant\n%+v", r.Flags, want)
 			}
 			if r.Integrity != tc.integrity {
 				t.Errorf("integrity = %+v, want %+v", r.Integrity, tc.integrity)
 			}
-			if r.HintsTotal != r.ErrorsTotal+r.FlagsTotal {
+			if r.HintsTotal != r.ErrorsTotal+r.FlagsTotal-errorFlags(r) {
 				t.Errorf("%d hints for %d errors and %d flags", r.HintsTotal, r.ErrorsTotal, r.FlagsTotal)
 			}
 			for _, h := range r.Hints {
@@ -60,6 +87,40 @@ func runIntegrity(t *testing.T, tests []integrityCase) {
 }
 
 const enforce = `enforce_rules=true`
+
+// ruleField is the field, as written, of the rule of type check in a
+// case's request members.
+func ruleField(t *testing.T, extra []string, check string) string {
+	t.Helper()
+	for _, e := range extra {
+		raw, ok := strings.CutPrefix(e, "rules=")
+		if !ok {
+			continue
+		}
+		var rules []map[string]any
+		if err := json.Unmarshal([]byte(raw), &rules); err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rules {
+			if checkConsistencyPrefix+r["type"].(string) == check {
+				return r["field"].(string)
+			}
+		}
+	}
+	t.Fatalf("no rule for %s in %q", check, extra)
+	return ""
+}
+
+// errorFlags counts the flags that repeat an error (enforced rules).
+func errorFlags(r *Result) int {
+	n := 0
+	for _, f := range r.Flags {
+		if f.Severity == severityError {
+			n++
+		}
+	}
+	return n
+}
 
 func TestSumEquals(t *testing.T) {
 	out := `{"items":[{"p":10.0},{"p":20.5}],"total":30.5,"bad":"x"}`
@@ -79,7 +140,7 @@ func TestSumEquals(t *testing.T) {
 			errors: []string{"enforce_rules: consistency:sum_equals at 'items[].p': values sum to 30.5, expected 31.0"}},
 		{desc: "sum_equals without enforce_rules is a warning flag and the result passes", output: out, extra: []string{`rules=[{"type":"sum_equals","field":"items[].p","equals":1}]`},
 			result: "pass", integrity: Tally{0, 1},
-			flags: []Flag{{Check: "consistency:sum_equals", Field: "$.items[].p", Severity: "warning", Detail: "consistency:sum_equals at 'items[].p': values sum to 30.5, expected 1.0"}}},
+			flags: []Flag{{Check: "consistency:sum_equals", Field: "items[].p", Severity: "warning", Detail: "values sum to 30.5, expected 1.0"}}},
 		{desc: "sum_equals over a missing field fails", output: out, extra: []string{`rules=[{"type":"sum_equals","field":"none[].p","equals":1}]`, enforce},
 			result: "fail", blocking: []string{"consistency:sum_equals"}, integrity: Tally{0, 1},
 			errors: []string{"enforce_rules: consistency:sum_equals at 'none[].p': no value at this path (set if_present to skip the rule when it is absent)"}},
@@ -124,7 +185,7 @@ func TestGteAndLte(t *testing.T) {
 			errors: []string{"enforce_rules: consistency:gte at 'a[1]': the value is null, not a number"}},
 		{desc: "lte without enforce_rules only flags", output: out, extra: []string{`rules=[{"type":"lte","field":"qty[]","value":6}]`},
 			result: "pass", integrity: Tally{0, 1},
-			flags: []Flag{{Check: "consistency:lte", Field: "$.qty[2]", Severity: "warning", Detail: "consistency:lte at 'qty[2]': value 7.0 is greater than 6.0"}}},
+			flags: []Flag{{Check: "consistency:lte", Field: "qty[]", Severity: "warning", Detail: "value 7.0 is greater than 6.0"}}},
 	})
 }
 

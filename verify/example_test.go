@@ -62,18 +62,22 @@ func TestSpecWorkedExampleFailsOnTheSum(t *testing.T) {
 		"errors_detail": []any{map[string]any{
 			"check": "consistency:sum_equals", "path": "$.line_items[].line_total",
 			"expected": "a sum equal to total (135.0)", "found": "sum 129.5",
+			"message": "enforce_rules: consistency:sum_equals at 'line_items[].line_total': values sum to 129.5, expected total (135.0)",
 		}},
 		"schema_compliance": map[string]any{"ratio": 1.0, "passed": 22.0, "total": 22.0},
 		"integrity_checks":  map[string]any{"ratio": 0.0, "passed": 0.0, "total": 1.0},
 		"overall":           map[string]any{"ratio": 0.956522, "passed": 22.0, "total": 23.0},
 		"next_actions":      []any{map[string]any{"action": "repair_and_reverify", "using": "hints"}},
-		"flags":             []any{},
+		"flags": []any{map[string]any{
+			"check": "consistency:sum_equals", "field": "line_items[].line_total", "severity": "error",
+			"detail": "values sum to 129.5, expected total (135.0)",
+		}},
 		"hints": []any{map[string]any{
 			"source": "integrity", "check": "consistency:sum_equals", "path": "$.line_items[].line_total",
 			"expected": "a sum equal to total (135.0)", "found": "sum 129.5",
 		}},
 		"errors_total": 1.0, "errors_omitted": 0.0, "errors_detail_total": 1.0, "errors_detail_omitted": 0.0,
-		"flags_total": 0.0, "flags_omitted": 0.0, "hints_total": 1.0, "hints_omitted": 0.0,
+		"flags_total": 1.0, "flags_omitted": 0.0, "hints_total": 1.0, "hints_omitted": 0.0,
 	}
 	for k, w := range want {
 		if !reflect.DeepEqual(m[k], w) {

@@ -1,6 +1,7 @@
 package verify
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -211,7 +212,7 @@ func ComputeHashes(body []byte) (receipt.Hashes, error) {
 	if !ok {
 		return receipt.Hashes{}, errors.New("the request is not a JSON object")
 	}
-	req, err := v.parseDoc(doc, false)
+	req, err := v.parseDoc(context.Background(), doc, false, false)
 	if err != nil {
 		var ae *apierr.Error
 		if errors.As(err, &ae) && len(ae.Fields) > 0 {

@@ -1,6 +1,7 @@
 package verify
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"math"
@@ -72,7 +73,8 @@ type rule struct {
 	typ                    string
 	check                  string // "consistency:" + typ
 	field                  Path
-	equalsField, otherPath *Path // sum_equals / gte, lte operand paths
+	fieldText              string // field exactly as the caller wrote it, for flags
+	equalsField, otherPath *Path  // sum_equals / gte, lte operand paths
 	inField                *Path
 	equals, value          *float64
 	values                 []any
@@ -180,12 +182,39 @@ func wrongType(p *problems, field string, v any, want, fix string) {
 // Parse reads a request body: strict JSON (strictjson), every rule of SPEC
 // §3, the four hashes, and the schema compiled and evaluated against the
 // output, so that a schema that cannot be used (it does not compile, it
-// refers outside the request, or it needs more than the evaluation step
-// budget on this output) is refused here, before any payment logic. A
-// refusal is an *apierr.Error: 413 for a body over MaxBodyBytes, otherwise
-// 422 naming every problem found with a fix. Check then only adds the
-// integrity checks and writes the result.
+// refers outside the request, or it needs more than the evaluation's step
+// or regular-expression budget on this output) is refused here. A refusal
+// is an *apierr.Error: 413 for a body over MaxBodyBytes, 503
+// verification_timeout past Config.Timeout, otherwise 422 naming every
+// problem found with a fix. Check then only adds the integrity checks and
+// writes the result. Before payment, a gateway calls Precheck instead.
 func (v *Verifier) Parse(body []byte) (*Request, error) {
+	return v.ParseContext(context.Background(), body)
+}
+
+// ParseContext is Parse under a context: the work stops when ctx is done
+// or after Config.Timeout, whichever comes first, and the caller gets a
+// 503 verification_timeout (nothing is charged; the same request may
+// succeed on a less loaded machine).
+func (v *Verifier) ParseContext(ctx context.Context, body []byte) (*Request, error) {
+	ctx, cancel := context.WithTimeout(ctx, v.cfg.Timeout)
+	defer cancel()
+	return v.parse(ctx, body, true)
+}
+
+// Precheck does what deciding 413 or 422 takes and nothing more: the
+// strict parse, every field check, the hashes and the schema compilation
+// (with its limits), but no evaluation of the output. A gateway calls it
+// before payment; the evaluation budgets are enforced by the Parse that
+// does the verification.
+func (v *Verifier) Precheck(ctx context.Context, body []byte) error {
+	ctx, cancel := context.WithTimeout(ctx, v.cfg.Timeout)
+	defer cancel()
+	_, err := v.parse(ctx, body, false)
+	return err
+}
+
+func (v *Verifier) parse(ctx context.Context, body []byte, evaluate bool) (*Request, error) {
 	if int64(len(body)) > v.cfg.MaxBodyBytes {
 		return nil, apierr.TooLarge(v.cfg.MaxBodyBytes)
 	}
@@ -206,10 +235,13 @@ func (v *Verifier) Parse(body []byte) (*Request, error) {
 		return nil, apierr.Invalid(apierr.Field{Field: "body", Problem: "is " + typeName(tree) + ", not a JSON object",
 			Fix: `Send a JSON object with at least "task_id", "expected_schema" and "submitted_output".`})
 	}
-	return v.parseDoc(doc, true)
+	if err := ctx.Err(); err != nil {
+		return nil, apierr.Timeout(v.cfg.Timeout, err)
+	}
+	return v.parseDoc(ctx, doc, true, evaluate)
 }
 
-func (v *Verifier) parseDoc(doc map[string]any, compile bool) (*Request, error) {
+func (v *Verifier) parseDoc(ctx context.Context, doc map[string]any, compile, evaluate bool) (*Request, error) {
 	var p problems
 	req := &Request{Detail: DetailFull}
 
@@ -282,6 +314,13 @@ func (v *Verifier) parseDoc(doc map[string]any, compile bool) (*Request, error) 
 	addUnknownFields(&p, "", doc, requestFields, "a verification request",
 		"Remove it; the fields are task_id, agent_id, expected_schema, submitted_output, strict_content_check, bounds, rules, enforce_rules and detail.")
 
+	// Every number must be exactly the value its hash records (number.go).
+	for _, name := range requestFields {
+		if v, ok := doc[name]; ok && !checkNumbers(&p, name, v) {
+			break
+		}
+	}
+
 	// Hash before compiling: the schema hash is the cache key. Hashing can
 	// only fail on trees strictjson would not produce.
 	var hs hashState
@@ -307,14 +346,16 @@ func (v *Verifier) parseDoc(doc map[string]any, compile bool) (*Request, error) 
 		// output (over the step budget) is a 422 like any other unusable
 		// schema, before payment, instead of a charged "fail". Only an
 		// otherwise valid request is worth the work.
-		if sch != nil && len(p.fields) == 0 {
-			rep, err := sch.EvaluateWithin(req.output, schema.Options{Undeclared: req.StrictContentCheck, MaxSteps: v.cfg.MaxSchemaSteps})
-			var tc *schema.TooComplexError
+		if sch != nil && len(p.fields) == 0 && evaluate {
+			rep, err := v.evaluate(ctx, sch, req)
+			var budget interface{ Fields() []apierr.Field }
 			switch {
-			case errors.As(err, &tc):
-				for _, f := range tc.Fields() {
+			case errors.As(err, &budget):
+				for _, f := range budget.Fields() {
 					p.add(f.Field, f.Problem, f.Fix)
 				}
+			case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+				return nil, apierr.Timeout(v.cfg.Timeout, err)
 			case err != nil:
 				return nil, apierr.Internal(err)
 			}
@@ -325,6 +366,21 @@ func (v *Verifier) parseDoc(doc map[string]any, compile bool) (*Request, error) 
 		return nil, err
 	}
 	return req, nil
+}
+
+// evaluate runs the schema evaluation within the verifier's budgets, in
+// one of its MaxConcurrent slots (waiting for one as long as ctx allows).
+func (v *Verifier) evaluate(ctx context.Context, sch *schema.Schema, req *Request) (schema.Report, error) {
+	select {
+	case v.slots <- struct{}{}:
+	case <-ctx.Done():
+		return schema.Report{}, ctx.Err()
+	}
+	defer func() { <-v.slots }()
+	return sch.EvaluateContext(ctx, req.output, schema.Options{
+		Undeclared: req.StrictContentCheck, MaxSteps: v.cfg.MaxSchemaSteps,
+		MaxRegexWork: v.cfg.MaxRegexWork, MaxFailures: v.cfg.ListCap,
+	})
 }
 
 // boolField reads an optional boolean (default false).
@@ -468,6 +524,7 @@ func parseRule(p *problems, field string, m map[string]any) rule {
 
 	if path, ok := pathField(p, field, m, "field", true, false); ok {
 		r.field = *path
+		r.fieldText, _ = m["field"].(string)
 	}
 
 	addUnknownFields(p, field, m, ruleFields, "a rule",

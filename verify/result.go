@@ -53,14 +53,15 @@ type Result struct {
 	listCap int
 }
 
-// ErrorDetail is one entry of errors_detail. Message is omitted when empty:
-// integrity findings say everything in Expected and Found.
+// ErrorDetail is one entry of errors_detail. Message is the text of the
+// matching errors entry.
 type ErrorDetail struct {
 	Check, Path, Expected, Found, Message string
 }
 
-// Flag is one entry of flags: a finding that does not block a pass (a rule
-// violation without enforce_rules).
+// Flag is one entry of flags: a rule violation. Severity is "error" when it
+// blocks (enforce_rules) and "warning" otherwise; Field is the rule's field
+// as the caller wrote it; Detail is the finding without the check name.
 type Flag struct {
 	Check, Field, Severity, Detail string
 }
@@ -216,10 +217,8 @@ func (r *Result) AppendJSON(b []byte) []byte {
 			b = receipt.AppendString(b, e.Expected)
 			b = appendKey(b, "found")
 			b = receipt.AppendString(b, e.Found)
-			if e.Message != "" {
-				b = appendKey(b, "message")
-				b = receipt.AppendString(b, e.Message)
-			}
+			b = appendKey(b, "message")
+			b = receipt.AppendString(b, e.Message)
 			b = append(b, '}')
 		}
 		b = append(b, ']')

@@ -116,8 +116,12 @@ func TestResultKeyOrder(t *testing.T) {
 					}
 				}
 				dec := json.NewDecoder(bytes.NewReader(listItems(t, b, "errors_detail")[0]))
-				if got := objectKeys(t, dec); !reflect.DeepEqual(got, []string{"check", "path", "expected", "found"}) {
+				if got := objectKeys(t, dec); !reflect.DeepEqual(got, []string{"check", "path", "expected", "found", "message"}) {
 					t.Errorf("errors_detail keys %q", got)
+				}
+				dec = json.NewDecoder(bytes.NewReader(listItems(t, b, "flags")[0]))
+				if got := objectKeys(t, dec); !reflect.DeepEqual(got, []string{"check", "field", "severity", "detail"}) {
+					t.Errorf("flags keys %q", got)
 				}
 				dec = json.NewDecoder(bytes.NewReader(listItems(t, b, "hints")[0]))
 				if got := objectKeys(t, dec); !reflect.DeepEqual(got, []string{"source", "check", "path", "expected", "found"}) {

@@ -17,6 +17,10 @@
 package verify
 
 import (
+	"runtime"
+	"time"
+
+	"github.com/aovhq/aov/internal/buildinfo"
 	"github.com/aovhq/aov/verify/schema"
 )
 
@@ -29,6 +33,10 @@ const (
 	DefaultMaxBounds       = 100
 	DefaultListCap         = 50
 	DefaultSchemaCacheSize = 256
+	// DefaultTimeout is the wall-clock limit of one verification. The
+	// deterministic budgets below keep every request far under it on an
+	// idle machine; it is the backstop for a loaded one.
+	DefaultTimeout = 5 * time.Second
 )
 
 // Config sets the limits of a Verifier. A zero field takes its default.
@@ -46,11 +54,37 @@ type Config struct {
 	ListCap int
 	// SchemaCacheSize is how many compiled schemas are kept, by schema hash.
 	SchemaCacheSize int
+	// SchemaCacheBytes bounds the estimated memory of the compiled schemas
+	// kept (schema.DefaultCacheBytes when zero).
+	SchemaCacheBytes int64
 	// MaxSchemaSteps bounds the work of evaluating the schema on the
 	// output, in schema applications (see verify/schema); a request over it
 	// is refused with 422. Zero means the verify/schema default.
 	MaxSchemaSteps int
-	// VerifierVersion is reported as verifier_version in every result.
+	// MaxRegexWork bounds the regular-expression work of one evaluation,
+	// pattern size × string length summed over every match
+	// (schema.DefaultMaxRegexWork when zero); a request over it is refused
+	// with 422 before the match that would pass it runs.
+	MaxRegexWork int64
+	// MaxPatternSize bounds one pattern of a schema, in compiled program
+	// instructions (schema.DefaultMaxPatternSize when zero); a larger one
+	// is a 422.
+	MaxPatternSize int
+	// MaxSchemas bounds the subschemas of one expected_schema
+	// (schema.DefaultMaxSchemas when zero); a larger schema is a 422.
+	MaxSchemas int
+	// MaxConcurrent bounds how many evaluations run at once (twice
+	// GOMAXPROCS when zero); the others wait for a slot within their
+	// Timeout. Evaluation is CPU-bound, so more would not finish sooner,
+	// and the bound is what caps the memory of many hostile requests
+	// together: each holds at most one evaluation's worth.
+	MaxConcurrent int
+	// Timeout is the wall-clock limit of one verification (DefaultTimeout
+	// when zero). Past it, or when the caller's context ends, the work
+	// stops and the caller gets 503 verification_timeout.
+	Timeout time.Duration
+	// VerifierVersion is reported as verifier_version in every result;
+	// empty means the build's own version (internal/buildinfo).
 	VerifierVersion string
 }
 
@@ -74,6 +108,30 @@ func (c Config) withDefaults() Config {
 	if c.SchemaCacheSize <= 0 {
 		c.SchemaCacheSize = DefaultSchemaCacheSize
 	}
+	if c.SchemaCacheBytes <= 0 {
+		c.SchemaCacheBytes = schema.DefaultCacheBytes
+	}
+	if c.MaxSchemaSteps <= 0 {
+		c.MaxSchemaSteps = schema.DefaultMaxSteps
+	}
+	if c.MaxRegexWork <= 0 {
+		c.MaxRegexWork = schema.DefaultMaxRegexWork
+	}
+	if c.MaxPatternSize <= 0 {
+		c.MaxPatternSize = schema.DefaultMaxPatternSize
+	}
+	if c.MaxSchemas <= 0 {
+		c.MaxSchemas = schema.DefaultMaxSchemas
+	}
+	if c.Timeout <= 0 {
+		c.Timeout = DefaultTimeout
+	}
+	if c.MaxConcurrent <= 0 {
+		c.MaxConcurrent = 2 * runtime.GOMAXPROCS(0)
+	}
+	if c.VerifierVersion == "" {
+		c.VerifierVersion = buildinfo.Version("")
+	}
 	return c
 }
 
@@ -83,12 +141,15 @@ func (c Config) withDefaults() Config {
 type Verifier struct {
 	cfg   Config
 	cache *schema.Cache
+	slots chan struct{} // one per running evaluation
 }
 
 // New returns a Verifier with cfg's limits (zero fields take defaults).
 func New(cfg Config) *Verifier {
 	cfg = cfg.withDefaults()
-	return &Verifier{cfg: cfg, cache: schema.NewCache(cfg.SchemaCacheSize)}
+	return &Verifier{cfg: cfg, slots: make(chan struct{}, cfg.MaxConcurrent), cache: schema.NewCacheConfig(schema.CacheConfig{
+		Entries: cfg.SchemaCacheSize, MaxBytes: cfg.SchemaCacheBytes, MaxPatternSize: cfg.MaxPatternSize, MaxSchemas: cfg.MaxSchemas,
+	})}
 }
 
 // Config returns the effective configuration, defaults filled in.

@@ -60,7 +60,7 @@ func TestMCPNodeClient(t *testing.T) {
 	var out nodeMCPResult
 	interop.Run(t, "mcp-client.mjs", nil, input, &out)
 
-	if out.Server.Name != "json-schema-verifier" || out.Server.Version != "test" {
+	if out.Server.Name != "Agent Output Verifier" || out.Server.Version != "test" {
 		t.Errorf("server info %+v", out.Server)
 	}
 	tools := map[string]map[string]any{}

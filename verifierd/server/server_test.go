@@ -69,6 +69,15 @@ func TestVerifyInvoice(t *testing.T) {
 						t.Errorf("errors_detail[0].%s = %v, want %q", k, d[k], want)
 					}
 				}
+				if d["message"] != wantErr {
+					t.Errorf("errors_detail[0].message = %v, want the errors entry", d["message"])
+				}
+				// Every rule violation is a flag, as the original reports it.
+				wantFlags := []any{map[string]any{"check": "consistency:sum_equals", "field": "line_items[].line_total",
+					"severity": "error", "detail": "values sum to 129.5, expected total (135.0)"}}
+				if !reflect.DeepEqual(doc["flags"], wantFlags) || doc["flags_total"] != 1.0 {
+					t.Errorf("flags %v (total %v), want %v", doc["flags"], doc["flags_total"], wantFlags)
+				}
 			}
 
 			// The receipt verifies against the published card, under the
@@ -89,7 +98,7 @@ func TestVerifyInvoice(t *testing.T) {
 				"public_key_url":   baseURL + "/.well-known/agent-card.json",
 				"mcp":              baseURL + "/mcp",
 				"key_version":      cur.Version,
-				"service":          "json-schema-verifier",
+				"service":          "Agent Output Verifier",
 				"canonicalization": "RFC 8785 (JCS)",
 				"hash_algorithm":   "SHA-256",
 			} {

@@ -45,7 +45,7 @@ func (s *Server) serveVerify(w http.ResponseWriter, r *http.Request, rec *reques
 // or the arguments of the MCP tool verify_schema): parse, check, sign,
 // record. It returns the signed response document, or an *apierr.Error.
 func (s *Server) verifyRequest(ctx context.Context, body []byte, gw gatewayInfo, rec *requestLog) ([]byte, error) {
-	req, err := s.v.Parse(body)
+	req, err := s.v.ParseContext(ctx, body)
 	if err != nil {
 		return nil, err
 	}

@@ -12,6 +12,27 @@ import (
 // given a size below one.
 const DefaultCacheSize = 256
 
+// DefaultCacheBytes bounds the memory the compiled schemas of a cache hold
+// (as Schema estimates it) when CacheConfig.MaxBytes is 0. An invoice
+// schema holds about 15 KB, a 1 MB schema of 25,000 properties about 28 MB:
+// counting entries alone would let 256 unique large schemas hold gigabytes.
+const DefaultCacheBytes = 64 << 20
+
+// CacheConfig sets the limits of a Cache; a zero field takes its default.
+type CacheConfig struct {
+	// Entries is how many compiled schemas are kept (DefaultCacheSize).
+	Entries int
+	// MaxBytes bounds their estimated memory (DefaultCacheBytes). A schema
+	// larger than this on its own is compiled and used, but not kept.
+	MaxBytes int64
+	// MaxPatternSize bounds one regular expression of a schema, in program
+	// instructions (DefaultMaxPatternSize); a larger one does not compile.
+	MaxPatternSize int
+	// MaxSchemas bounds the subschemas of one schema (DefaultMaxSchemas);
+	// a larger schema does not compile.
+	MaxSchemas int
+}
+
 // Cache keeps the most recently used compiled schemas, keyed by the schema
 // hash the caller computed (SPEC §5: the SHA-256 of the schema's canonical
 // JSON). Agents re-verify against the same few schemas, and compiling is
@@ -19,9 +40,11 @@ const DefaultCacheSize = 256
 // It is safe for concurrent use; concurrent calls for the same uncached
 // hash share one compilation.
 type Cache struct {
-	size int
+	size     int
+	maxBytes int64
 
 	mu    sync.Mutex
+	bytes int64      // estimated memory of the schemas held
 	order *list.List // front = most recently used; values are *entry
 	byKey map[string]*list.Element
 
@@ -41,12 +64,22 @@ type entry struct {
 }
 
 // NewCache returns a cache holding at most size compiled schemas
-// (DefaultCacheSize when size < 1).
+// (DefaultCacheSize when size < 1) and the default limits otherwise.
 func NewCache(size int) *Cache {
-	if size < 1 {
-		size = DefaultCacheSize
+	return NewCacheConfig(CacheConfig{Entries: size})
+}
+
+// NewCacheConfig returns a cache with cfg's limits.
+func NewCacheConfig(cfg CacheConfig) *Cache {
+	if cfg.Entries < 1 {
+		cfg.Entries = DefaultCacheSize
 	}
-	return &Cache{size: size, order: list.New(), byKey: make(map[string]*list.Element, size), compile: compile}
+	if cfg.MaxBytes <= 0 {
+		cfg.MaxBytes = DefaultCacheBytes
+	}
+	return &Cache{size: cfg.Entries, maxBytes: cfg.MaxBytes, order: list.New(),
+		byKey: make(map[string]*list.Element, cfg.Entries), compile: compile,
+		opts: compileOptions{maxPatternSize: cfg.MaxPatternSize, maxSchemas: cfg.MaxSchemas}}
 }
 
 // Compile returns the compiled form of schemaTree, a decoded JSON value
@@ -76,6 +109,13 @@ func (c *Cache) Compile(schemaTree any, hash string) (*Schema, error) {
 	return v.(*Schema), nil
 }
 
+// Bytes reports the estimated memory of the compiled schemas held.
+func (c *Cache) Bytes() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.bytes
+}
+
 // Len reports how many compiled schemas the cache holds.
 func (c *Cache) Len() int {
 	c.mu.Lock()
@@ -101,10 +141,16 @@ func (c *Cache) put(key string, s *Schema) {
 		c.order.MoveToFront(el)
 		return
 	}
+	if s.bytes > c.maxBytes {
+		return
+	}
 	c.byKey[key] = c.order.PushFront(&entry{key: key, sch: s})
-	for c.order.Len() > c.size {
+	c.bytes += s.bytes
+	for c.order.Len() > c.size || c.bytes > c.maxBytes {
 		last := c.order.Back()
 		c.order.Remove(last)
-		delete(c.byKey, last.Value.(*entry).key)
+		e := last.Value.(*entry)
+		delete(c.byKey, e.key)
+		c.bytes -= e.sch.bytes
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/aovhq/aov/apierr"
@@ -29,7 +30,17 @@ type Schema struct {
 	sch  *jsonschema.Schema
 	nums map[*jsonschema.Schema]*numBounds
 	ints map[string]bool // locations of schemas whose type is integer
+	// bytes estimates the memory the compiled schema holds, for the
+	// cache's byte bound.
+	bytes int64
+	// maxPattern is the pattern size limit it was compiled with.
+	maxPattern int
 }
+
+// bytesPerSchema is the measured heap a compiled subschema holds with its
+// share of the maps around it (about 1.1 KB; a 1 MB schema of 25,000
+// properties holds 28 MB).
+const bytesPerSchema = 1152
 
 // CompileError reports a schema that cannot be used: it does not compile,
 // names an unsupported dialect, or refers to something outside the request.
@@ -74,6 +85,43 @@ type compileOptions struct {
 	loader             jsonschema.URLLoader // serves the suite's remotes
 	defaultDraft       *jsonschema.Draft    // the suite's draft-04..07 schemas omit $schema
 	formatAsAnnotation bool                 // the 2019-09/2020-12 default the suite's required tests assume
+	maxPatternSize     int                  // 0: DefaultMaxPatternSize
+	maxSchemas         int                  // 0: DefaultMaxSchemas
+}
+
+// DefaultMaxSchemas bounds the objects in a schema (every subschema is
+// one) when a Cache is given no limit. The compiler's work grows faster
+// than linearly with their number (5,000 take about 0.2 s, 25,000 more
+// than 3 s), and compiling happens before payment.
+const DefaultMaxSchemas = 5000
+
+// countObjects counts the JSON objects in a schema tree, outside the
+// keywords whose values are data, stopping once it reaches limit.
+func countObjects(v any, limit int) int {
+	n := 0
+	var walk func(v any)
+	walk = func(v any) {
+		if n >= limit {
+			return
+		}
+		switch v := v.(type) {
+		case map[string]any:
+			n++
+			for k, sub := range v {
+				switch k {
+				case "const", "enum", "examples", "default":
+					continue
+				}
+				walk(sub)
+			}
+		case []any:
+			for _, sub := range v {
+				walk(sub)
+			}
+		}
+	}
+	walk(v)
+	return n
 }
 
 // compile builds a Schema from a decoded tree.
@@ -90,6 +138,17 @@ func compile(tree any, opts compileOptions) (*Schema, error) {
 	if f, ok := checkDialect(tree); !ok {
 		return nil, &CompileError{Fields: []apierr.Field{f}}
 	}
+	maxSchemas := opts.maxSchemas
+	if maxSchemas <= 0 {
+		maxSchemas = DefaultMaxSchemas
+	}
+	if countObjects(tree, maxSchemas+1) > maxSchemas {
+		return nil, &CompileError{Fields: []apierr.Field{{
+			Field:   field,
+			Problem: fmt.Sprintf("has more than %d subschemas", maxSchemas),
+			Fix:     "Send a smaller schema: share repeated parts through $defs and $ref instead of writing them out again.",
+		}}}
+	}
 	c := jsonschema.NewCompiler()
 	c.DefaultDraft(jsonschema.Draft2020)
 	if opts.defaultDraft != nil {
@@ -103,15 +162,20 @@ func compile(tree any, opts compileOptions) (*Schema, error) {
 		loader = opts.loader
 	}
 	c.UseLoader(loader)
+	maxPattern := opts.maxPatternSize
+	if maxPattern <= 0 {
+		maxPattern = DefaultMaxPatternSize
+	}
+	c.UseRegexpEngine(regexpEngine(maxPattern))
 	if err := c.AddResource(baseURL, tree); err != nil {
-		return nil, translate(err, tree)
+		return nil, translate(err, tree, maxPattern)
 	}
 	sch, err := c.Compile(baseURL)
 	if err != nil {
-		return nil, translate(err, tree)
+		return nil, translate(err, tree, maxPattern)
 	}
-	nums, ints := precompute(sch)
-	return &Schema{sch: sch, nums: nums, ints: ints}, nil
+	nums, ints, n := precompute(sch)
+	return &Schema{sch: sch, nums: nums, ints: ints, bytes: int64(n) * bytesPerSchema, maxPattern: maxPattern}, nil
 }
 
 // dialects are the $schema values accepted, without scheme and trailing '#'.
@@ -224,7 +288,7 @@ const inlineFix = `Inline the referenced schema under "$defs" and point "$ref" a
 
 // translate maps a compiler error to request fields. The compiler's messages
 // quote schema content, so none of their text is reused.
-func translate(err error, tree any) error {
+func translate(err error, tree any, maxPattern int) error {
 	refs := scanRefs(tree, "", nil)
 	sort.Slice(refs, func(i, j int) bool { return refs[i].ptr < refs[j].ptr })
 	ce := &CompileError{cause: err}
@@ -250,7 +314,23 @@ func translate(err error, tree any) error {
 		var verr *jsonschema.ValidationError
 		if errors.As(meta.Err, &verr) {
 			seen := map[string]bool{}
-			metaFields(verr, seen, add)
+			metaFields(verr, "", seen, func(ptr, problem, fix string) {
+				// The metaschema's format "regex" refuses a pattern too
+				// large to evaluate just as one that does not parse; say
+				// which.
+				if problem == problemInvalidRegex {
+					// A pattern is a value (pattern) or a member name
+					// (patternProperties, checked by propertyNames).
+					pat, ok := atPointer(tree, ptr).(string)
+					if !ok {
+						pat, ok = unescapePtr(ptr[strings.LastIndexByte(ptr, '/')+1:]), ptr != ""
+					}
+					if size, err := patternSize(pat); ok && err == nil && size > maxPattern {
+						problem, fix = tooLargeProblem(size, maxPattern), tooLargeFix
+					}
+				}
+				add(ptr, problem, fix)
+			})
 		}
 		if len(ce.Fields) == 0 {
 			add("", "is not valid against the metaschema of its dialect", "Correct the schema so it validates against its dialect's metaschema.")
@@ -286,7 +366,12 @@ func translate(err error, tree any) error {
 			add("", "has a $ref that points at a location that does not exist in the schema", fix)
 		}
 	case errors.As(err, &regex):
-		add(urlPointer(regex.URL), "is not a valid regular expression", "Use a regular expression in RE2 syntax (no lookaround, no backreferences).")
+		var big *PatternTooLargeError
+		if errors.As(regex.Err, &big) {
+			add(urlPointer(regex.URL), tooLargeProblem(big.Size, big.Max), tooLargeFix)
+		} else {
+			add(urlPointer(regex.URL), problemInvalidRegex, "Use a regular expression in RE2 syntax (no lookaround, no backreferences).")
+		}
 	case errors.As(err, &dupID):
 		add(dupID.Ptr2, "repeats an $id used elsewhere in the same schema", "Give every embedded schema resource a distinct $id.")
 	case errors.As(err, &dupAnc):
@@ -299,6 +384,52 @@ func translate(err error, tree any) error {
 	return ce
 }
 
+const (
+	problemInvalidRegex = "is not a valid regular expression"
+	tooLargeFix         = "Use a smaller pattern: large repetition counts such as {1000} are expanded, so write fewer and smaller ones, or check the length with minLength/maxLength instead."
+)
+
+func tooLargeProblem(size, max int) string {
+	return fmt.Sprintf("is a regular expression too large to evaluate (about %d instructions; the limit is %d)", size, max)
+}
+
+// atPointer returns the value at a JSON pointer in tree, or nil.
+func atPointer(tree any, ptr string) any {
+	if ptr == "" {
+		return tree
+	}
+	cur := tree
+	for _, tok := range strings.Split(ptr[1:], "/") {
+		tok = unescapePtr(tok)
+		switch c := cur.(type) {
+		case map[string]any:
+			cur = c[tok]
+		case []any:
+			i, err := strconv.Atoi(tok)
+			if err != nil || i < 0 || i >= len(c) {
+				return nil
+			}
+			cur = c[i]
+		default:
+			return nil
+		}
+	}
+	return cur
+}
+
+func pointer(loc []string) string {
+	var b strings.Builder
+	for _, tok := range loc {
+		b.WriteByte('/')
+		b.WriteString(escapePtr(tok))
+	}
+	return b.String()
+}
+
+func unescapePtr(tok string) string {
+	return strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
+}
+
 // urlPointer returns the JSON pointer part of a compiled location.
 func urlPointer(u string) string {
 	_, frag, _ := strings.Cut(u, "#")
@@ -307,17 +438,24 @@ func urlPointer(u string) string {
 
 // metaFields adds one field per schema location at which the metaschema
 // failed, from the leaves of its error tree.
-func metaFields(e *jsonschema.ValidationError, seen map[string]bool, add func(ptr, problem, fix string)) {
+//
+// Inside propertyNames the metaschema validates a member name, and the
+// locations below it are relative to that name: prefix is then the
+// pointer of the name's member ("/patternProperties/<name>").
+func metaFields(e *jsonschema.ValidationError, prefix string, seen map[string]bool, add func(ptr, problem, fix string)) {
 	if len(seen) >= maxFields {
 		return
 	}
 	if len(e.Causes) > 0 {
+		if pn, ok := e.ErrorKind.(*kind.PropertyNames); ok {
+			prefix += pointer(e.InstanceLocation) + "/" + escapePtr(pn.Property)
+		}
 		for _, c := range e.Causes {
-			metaFields(c, seen, add)
+			metaFields(c, prefix, seen, add)
 		}
 		return
 	}
-	ptr := ""
+	ptr := prefix
 	for _, tok := range e.InstanceLocation {
 		ptr += "/" + escapePtr(tok)
 	}
@@ -342,7 +480,7 @@ func metaFields(e *jsonschema.ValidationError, seen map[string]bool, add func(pt
 		fix = "List each entry once."
 	case *kind.Format:
 		if k.Want == "regex" {
-			problem = "is not a valid regular expression"
+			problem = problemInvalidRegex
 			fix = "Use a regular expression in RE2 syntax (no lookaround, no backreferences)."
 		} else {
 			problem = "is not a valid " + k.Want

@@ -70,10 +70,18 @@
 // mirrors the validator's evaluation order. The official JSON Schema Test
 // Suite is run through both and they agree on every required test.
 //
-// Every evaluation has a step budget (Options.MaxSteps, one step per
-// subschema applied at one location): nested applicators that reapply
-// shared subschemas make the work exponential in the schema's size, and an
-// evaluation past the budget stops and never passes.
+// Every evaluation has budgets, enforced by the counting walk as it goes
+// (it runs before the validator and does at least the validator's work):
+// steps (Options.MaxSteps, one per subschema applied at one location),
+// since nested applicators that reapply shared subschemas make the work
+// exponential in the schema's size; regular-expression work
+// (Options.MaxRegexWork, each match charged its pattern's size times the
+// string's length before it runs, see regex.go); and a context, checked as
+// the walk goes. An evaluation past a budget stops and never passes.
+// Compilation has limits too: the number of subschemas (CacheConfig.
+// MaxSchemas) and the size of each pattern (CacheConfig.MaxPatternSize).
+// A report keeps at most Options.MaxFailures failures, so the memory of a
+// result does not grow with the number of failing values.
 //
 // Example: the invoice schema of SPEC §10 (type and required at the root,
 // type and pattern on invoice_id, enum on currency, type and minItems on

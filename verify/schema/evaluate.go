@@ -1,6 +1,8 @@
 package schema
 
 import (
+	"container/heap"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -23,6 +25,15 @@ type Options struct {
 	// (one subschema applied at one instance location). 0 means
 	// DefaultMaxSteps.
 	MaxSteps int
+	// MaxRegexWork bounds the regular-expression work of one evaluation
+	// (pattern size × string length, see DefaultMaxRegexWork). 0 means
+	// DefaultMaxRegexWork.
+	MaxRegexWork int64
+	// MaxFailures caps Report.Failures: only the first MaxFailures (in
+	// Report order) are described and kept, the rest only counted, so an
+	// output with a hundred thousand bad values does not hold a hundred
+	// thousand descriptions. 0 keeps them all.
+	MaxFailures int
 }
 
 // DefaultMaxSteps bounds an evaluation when Options.MaxSteps is 0. A
@@ -52,6 +63,26 @@ func (e *TooComplexError) Fields() []apierr.Field {
 	}}
 }
 
+// RegexBudgetError reports an evaluation whose regular expressions needed
+// more work than its budget (Options.MaxRegexWork). Like TooComplexError it
+// is a problem of the request, found before any pattern ran past it.
+type RegexBudgetError struct {
+	MaxWork int64
+}
+
+func (e *RegexBudgetError) Error() string {
+	return fmt.Sprintf("evaluating the schema's patterns needs more than %d units of regular-expression work", e.MaxWork)
+}
+
+// Fields describe the problem for an invalid_request answer.
+func (e *RegexBudgetError) Fields() []apierr.Field {
+	return []apierr.Field{{
+		Field:   field,
+		Problem: fmt.Sprintf("needs more than %d units of regular-expression work on this output (each match costs the pattern's size times the string's length)", e.MaxWork),
+		Fix:     "Use smaller patterns (large repetition counts such as {1000} multiply their size), bound the strings with maxLength before the pattern applies, or send shorter strings.",
+	}}
+}
+
 // Report is the outcome of one evaluation.
 type Report struct {
 	// Passed and Total count checks by the rules of the package doc;
@@ -60,8 +91,13 @@ type Report struct {
 	// Failures describe what failed, sorted by path. One failed check can
 	// yield several entries (required lists each missing property), so
 	// len(Failures) need not equal Total-Passed; it is zero exactly when
-	// every check passed.
-	Failures []Failure
+	// every check passed. With Options.MaxFailures it holds at most that
+	// many; FailuresTotal counts them all.
+	Failures      []Failure
+	FailuresTotal int
+	// Keywords lists the keyword of every failure, kept or not, once each,
+	// in the order of each keyword's first failure.
+	Keywords []string
 	// Undeclared holds, when Options.Undeclared is set, the instance paths
 	// ("$.a.b") of properties that appear in an object to which schemas
 	// declaring "properties" apply, but that none of those schemas declares
@@ -91,17 +127,21 @@ type Failure struct {
 // always has at least one failed check and a passing one none, so the
 // result can never read "pass" with failures or "fail" without.
 //
-// An evaluation over its step budget (Options.MaxSteps) is reported, fail
-// closed, as one failed check with keyword "complexity"; callers that want
-// to refuse such a request instead use EvaluateWithin.
+// An evaluation over a budget (Options.MaxSteps, Options.MaxRegexWork) is
+// reported, fail closed, as one failed check with keyword "complexity";
+// callers that want to refuse such a request instead use EvaluateWithin.
 func (s *Schema) Evaluate(instance any, opts Options) Report {
 	rep, err := s.EvaluateWithin(instance, opts)
-	var tc *TooComplexError
-	if errors.As(err, &tc) {
-		return Report{Total: 1, Failures: []Failure{{
+	if err != nil {
+		expected := "an evaluation within its budget"
+		var tc *TooComplexError
+		if errors.As(err, &tc) {
+			expected = fmt.Sprintf("an evaluation within %d steps", tc.MaxSteps)
+		}
+		return Report{Total: 1, FailuresTotal: 1, Keywords: []string{"complexity"}, Failures: []Failure{{
 			Keyword: "complexity", InstancePath: "$",
-			Expected: fmt.Sprintf("an evaluation within %d steps", tc.MaxSteps), Found: "more steps",
-			Message: fmt.Sprintf("expected an evaluation within %d steps, found more steps", tc.MaxSteps),
+			Expected: expected, Found: "more steps",
+			Message: "expected " + expected + ", found more steps",
 		}}}
 	}
 	return rep
@@ -112,38 +152,41 @@ func (s *Schema) Evaluate(instance any, opts Options) Report {
 // first: it does at least the validator's work, so once it has finished
 // within the budget the validator will too.
 func (s *Schema) EvaluateWithin(instance any, opts Options) (Report, error) {
-	limit := opts.MaxSteps
+	return s.EvaluateContext(context.Background(), instance, opts)
+}
+
+// EvaluateContext is EvaluateWithin that also stops when ctx is done,
+// returning ctx.Err(). Every budget is enforced by the counting walk,
+// which runs first and checks ctx as it goes; the validator that runs
+// after it does no more work than the walk did, so it is not interrupted.
+func (s *Schema) EvaluateContext(ctx context.Context, instance any, opts Options) (Report, error) {
+	limit, maxRegex := opts.MaxSteps, opts.MaxRegexWork
 	if limit <= 0 {
 		limit = DefaultMaxSteps
 	}
-	c, decls, ok := s.count(instance, opts.Undeclared, limit)
-	if !ok {
-		return Report{}, &TooComplexError{MaxSteps: limit}
+	if maxRegex <= 0 {
+		maxRegex = DefaultMaxRegexWork
+	}
+	c, decls, err := s.walk(ctx, instance, opts.Undeclared, limit, maxRegex)
+	if err != nil {
+		return Report{}, err
 	}
 
 	var rep Report
 	if err := s.sch.Validate(instance); err != nil {
 		var verr *jsonschema.ValidationError
+		fs := failureSet{max: opts.MaxFailures, firsts: map[string]string{}}
 		if errors.As(err, &verr) {
-			rep.Failures = collect(verr, instance, s, rep.Failures)
+			collect(verr, instance, s, &fs)
 		}
-		if len(rep.Failures) == 0 {
-			rep.Failures = append(rep.Failures, describeOther("schema", "$"))
+		if fs.total == 0 {
+			fs.add(describeOther("schema", "$"))
 		}
+		rep.Failures, rep.FailuresTotal, rep.Keywords = fs.sorted()
 		if c.failed == 0 {
 			c.failed = 1
 			c.total = max(c.total, 1)
 		}
-		sort.SliceStable(rep.Failures, func(i, j int) bool {
-			a, b := rep.Failures[i], rep.Failures[j]
-			if a.InstancePath != b.InstancePath {
-				return pathLess(a.InstancePath, b.InstancePath)
-			}
-			if a.Keyword != b.Keyword {
-				return a.Keyword < b.Keyword
-			}
-			return a.Expected < b.Expected
-		})
 	} else {
 		c.failed = 0
 	}
@@ -154,54 +197,242 @@ func (s *Schema) EvaluateWithin(instance any, opts Options) (Report, error) {
 	return rep, nil
 }
 
-// count runs the counting walk alone; ok is false when it ran out of steps.
-func (s *Schema) count(instance any, undeclared bool, limit int) (c counts, decls []decl, ok bool) {
-	w := walker{s: s, undeclared: undeclared, limit: limit, scope: make([]scopeEntry, 0, 16)}
+// walk runs the counting walk; the error says which budget stopped it.
+func (s *Schema) walk(ctx context.Context, instance any, undeclared bool, limit int, maxRegex int64) (counts, []decl, error) {
+	w := walker{s: s, undeclared: undeclared, limit: limit, maxRegexWork: maxRegex,
+		ctx: ctx, scope: make([]scopeEntry, 0, 16)}
 	var u uneval
 	initUneval(&u, instance, s.sch, false)
-	c = w.eval(s.sch, instance, &u, 0)
-	return c, w.decls, !w.exceeded
+	c := w.eval(s.sch, instance, &u, 0)
+	return c, w.decls, w.stop
 }
+
+// count runs the counting walk alone, with no regex budget; ok is false
+// when it ran out of steps.
+func (s *Schema) count(instance any, undeclared bool, limit int) (counts, []decl, bool) {
+	c, decls, err := s.walk(context.Background(), instance, undeclared, limit, 1<<62)
+	return c, decls, err == nil
+}
+
+// failureLess is the order of Report.Failures: by path (array indexes by
+// number), then keyword, then expected.
+func failureLess(a, b *Failure) bool {
+	if a.InstancePath != b.InstancePath {
+		return pathLess(a.InstancePath, b.InstancePath)
+	}
+	if a.Keyword != b.Keyword {
+		return a.Keyword < b.Keyword
+	}
+	return a.Expected < b.Expected
+}
+
+// failureSet gathers failures, keeping only the first max of them in
+// Report order (all when max is 0): a failure that would sort after every
+// kept one while the set is full is only counted, and never described.
+type failureSet struct {
+	max    int
+	kept   []Failure // a max-heap by failureLess while full
+	total  int
+	firsts map[string]string // keyword → path of its first failure
+}
+
+// wants reports whether a failure at path with keyword could be kept.
+func (fs *failureSet) wants(path, keyword string) bool {
+	if fs.max <= 0 || len(fs.kept) < fs.max {
+		return true
+	}
+	top := &fs.kept[0]
+	if top.InstancePath != path {
+		return pathLess(path, top.InstancePath)
+	}
+	return keyword <= top.Keyword
+}
+
+// count records a failure that is not kept.
+func (fs *failureSet) count(path, keyword string, n int) {
+	fs.total += n
+	if p, ok := fs.firsts[keyword]; !ok || pathLess(path, p) {
+		fs.firsts[keyword] = path
+	}
+}
+
+func (fs *failureSet) add(f Failure) {
+	fs.count(f.InstancePath, f.Keyword, 1)
+	if fs.max <= 0 || len(fs.kept) < fs.max {
+		fs.kept = append(fs.kept, f)
+		if fs.max > 0 && len(fs.kept) == fs.max {
+			heap.Init((*failureHeap)(&fs.kept))
+		}
+		return
+	}
+	if failureLess(&f, &fs.kept[0]) {
+		fs.kept[0] = f
+		heap.Fix((*failureHeap)(&fs.kept), 0)
+	}
+}
+
+// sorted returns the kept failures in order, the total, and the keywords
+// in the order of their first failures.
+func (fs *failureSet) sorted() ([]Failure, int, []string) {
+	sort.SliceStable(fs.kept, func(i, j int) bool { return failureLess(&fs.kept[i], &fs.kept[j]) })
+	kws := make([]string, 0, len(fs.firsts))
+	for k := range fs.firsts {
+		kws = append(kws, k)
+	}
+	sort.Slice(kws, func(i, j int) bool {
+		a, b := fs.firsts[kws[i]], fs.firsts[kws[j]]
+		if a != b {
+			return pathLess(a, b)
+		}
+		return kws[i] < kws[j]
+	})
+	return fs.kept, fs.total, kws
+}
+
+// failureHeap orders kept failures with the greatest on top.
+type failureHeap []Failure
+
+func (h failureHeap) Len() int           { return len(h) }
+func (h failureHeap) Less(i, j int) bool { return failureLess(&h[j], &h[i]) }
+func (h failureHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *failureHeap) Push(any)          { panic("failureHeap has a fixed size") }
+func (h *failureHeap) Pop() any          { panic("failureHeap has a fixed size") }
 
 // collect turns the leaves of the validator's error tree into failures.
 // Group nodes (allOf, anyOf, $ref, a oneOf no branch of which matched)
 // only carry their branches' failures; contains and propertyNames are
 // reported themselves, since what failed inside them is a search or a
 // property name.
-func collect(e *jsonschema.ValidationError, inst any, s *Schema, out []Failure) []Failure {
+func collect(e *jsonschema.ValidationError, inst any, s *Schema, fs *failureSet) {
 	switch k := e.ErrorKind.(type) {
 	case *kind.Group, *kind.Schema, *kind.AllOf, *kind.AnyOf, *kind.Reference:
 		for _, c := range e.Causes {
-			out = collect(c, inst, s, out)
+			collect(c, inst, s, fs)
 		}
-		return out
+		return
 	case *kind.OneOf:
 		if k.Subschemas == nil {
 			for _, c := range e.Causes {
-				out = collect(c, inst, s, out)
+				collect(c, inst, s, fs)
 			}
-			return out
+			return
 		}
 	case *kind.Contains, *kind.MinContains, *kind.PropertyNames:
 	default:
 		if len(e.Causes) > 0 {
 			for _, c := range e.Causes {
-				out = collect(c, inst, s, out)
+				collect(c, inst, s, fs)
 			}
-			return out
+			return
 		}
 	}
 	path, val, ok := locate(inst, e.InstanceLocation)
+	kw := leafKeyword(e)
+	if !fs.wants(path, kw) {
+		// Every failure of this leaf sorts after the kept ones (those of
+		// additionalProperties are at paths below path, which sort after
+		// it): count them without describing.
+		switch k := e.ErrorKind.(type) {
+		case *kind.Required:
+			fs.count(path, kw, len(k.Missing))
+		case *kind.DependentRequired:
+			fs.count(path, kw, len(k.Missing))
+		case *kind.Dependency:
+			fs.count(path, kw, len(k.Missing))
+		case *kind.AdditionalProperties:
+			for _, p := range k.Properties {
+				fs.count(path+PathKey(p), kw, 1)
+			}
+		default:
+			fs.count(path, kw, 1)
+		}
+		return
+	}
 	noun := "number"
 	if s.ints[e.SchemaURL] {
 		noun = "integer"
 	}
-	return describe(e, path, noun, val, ok, out)
+	var buf [4]Failure
+	for _, f := range describe(e, path, noun, val, ok, buf[:0]) {
+		fs.add(f)
+	}
+}
+
+// leafKeyword names the keyword of a leaf error, the check name of its
+// failures.
+func leafKeyword(e *jsonschema.ValidationError) string {
+	switch e.ErrorKind.(type) {
+	case *kind.Type, *kind.InvalidJsonValue:
+		return "type"
+	case *kind.Enum:
+		return "enum"
+	case *kind.Const:
+		return "const"
+	case *kind.Format:
+		return "format"
+	case *kind.Pattern:
+		return "pattern"
+	case *kind.MinLength:
+		return "minLength"
+	case *kind.MaxLength:
+		return "maxLength"
+	case *kind.Minimum:
+		return "minimum"
+	case *kind.Maximum:
+		return "maximum"
+	case *kind.ExclusiveMinimum:
+		return "exclusiveMinimum"
+	case *kind.ExclusiveMaximum:
+		return "exclusiveMaximum"
+	case *kind.MultipleOf:
+		return "multipleOf"
+	case *kind.MinItems:
+		return "minItems"
+	case *kind.MaxItems:
+		return "maxItems"
+	case *kind.MinProperties:
+		return "minProperties"
+	case *kind.MaxProperties:
+		return "maxProperties"
+	case *kind.Required:
+		return "required"
+	case *kind.DependentRequired:
+		return "dependentRequired"
+	case *kind.Dependency:
+		return "dependencies"
+	case *kind.AdditionalProperties:
+		return "additionalProperties"
+	case *kind.AdditionalItems:
+		return "additionalItems"
+	case *kind.UniqueItems:
+		return "uniqueItems"
+	case *kind.Contains:
+		return "contains"
+	case *kind.MinContains:
+		return "minContains"
+	case *kind.MaxContains:
+		return "maxContains"
+	case *kind.PropertyNames:
+		return "propertyNames"
+	case *kind.Not:
+		return "not"
+	case *kind.OneOf:
+		return "oneOf"
+	case *kind.FalseSchema:
+		return falseKeyword(e.SchemaURL)
+	case *kind.RefCycle:
+		return "$ref"
+	}
+	if kp := e.ErrorKind.KeywordPath(); len(kp) > 0 {
+		return kp[0]
+	}
+	return "schema"
 }
 
 // describe appends the failures of one leaf error.
 func describe(e *jsonschema.ValidationError, path, noun string, val any, hasVal bool, out []Failure) []Failure {
-	add := func(keyword, p, expected, found string) {
+	keyword := leafKeyword(e)
+	add := func(p, expected, found string) {
 		out = append(out, Failure{Keyword: keyword, InstancePath: p, Expected: expected, Found: found,
 			Message: "expected " + expected + ", found " + found})
 	}
@@ -213,81 +444,77 @@ func describe(e *jsonschema.ValidationError, path, noun string, val any, hasVal 
 	}
 	switch k := e.ErrorKind.(type) {
 	case *kind.Type:
-		add("type", path, "type "+strings.Join(k.Want, " or "), "type "+k.Got)
+		add(path, "type "+strings.Join(k.Want, " or "), "type "+k.Got)
 	case *kind.Enum:
-		add("enum", path, "one of "+listValues(k.Want), "a value not in the list")
+		add(path, "one of "+listValues(k.Want), "a value not in the list")
 	case *kind.Const:
-		add("const", path, "the value "+shortJSON(k.Want), "a different value")
+		add(path, "the value "+shortJSON(k.Want), "a different value")
 	case *kind.Format:
-		add("format", path, "a string in format "+k.Want, "a string that is not a valid "+k.Want)
+		add(path, "a string in format "+k.Want, "a string that is not a valid "+k.Want)
 	case *kind.Pattern:
-		add("pattern", path, "a string matching "+clip(k.Want, 120), "a string that does not match")
+		add(path, "a string matching "+clip(k.Want, 120), "a string that does not match")
 	case *kind.MinLength:
-		add("minLength", path, "a string of at least "+plural(k.Want, "character"), plural(k.Got, "character"))
+		add(path, "a string of at least "+plural(k.Want, "character"), plural(k.Got, "character"))
 	case *kind.MaxLength:
-		add("maxLength", path, "a string of at most "+plural(k.Want, "character"), plural(k.Got, "character"))
+		add(path, "a string of at most "+plural(k.Want, "character"), plural(k.Got, "character"))
 	case *kind.Minimum:
-		add("minimum", path, noun+" >= "+formatRat(k.Want), found(k.Got))
+		add(path, noun+" >= "+formatRat(k.Want), found(k.Got))
 	case *kind.Maximum:
-		add("maximum", path, noun+" <= "+formatRat(k.Want), found(k.Got))
+		add(path, noun+" <= "+formatRat(k.Want), found(k.Got))
 	case *kind.ExclusiveMinimum:
-		add("exclusiveMinimum", path, noun+" > "+formatRat(k.Want), found(k.Got))
+		add(path, noun+" > "+formatRat(k.Want), found(k.Got))
 	case *kind.ExclusiveMaximum:
-		add("exclusiveMaximum", path, noun+" < "+formatRat(k.Want), found(k.Got))
+		add(path, noun+" < "+formatRat(k.Want), found(k.Got))
 	case *kind.MultipleOf:
-		add("multipleOf", path, "a multiple of "+formatRat(k.Want), found(k.Got))
+		add(path, "a multiple of "+formatRat(k.Want), found(k.Got))
 	case *kind.MinItems:
-		add("minItems", path, "an array of at least "+plural(k.Want, "item"), plural(k.Got, "item"))
+		add(path, "an array of at least "+plural(k.Want, "item"), plural(k.Got, "item"))
 	case *kind.MaxItems:
-		add("maxItems", path, "an array of at most "+plural(k.Want, "item"), plural(k.Got, "item"))
+		add(path, "an array of at most "+plural(k.Want, "item"), plural(k.Got, "item"))
 	case *kind.MinProperties:
-		add("minProperties", path, "an object with at least "+plural(k.Want, "property"), plural(k.Got, "property"))
+		add(path, "an object with at least "+plural(k.Want, "property"), plural(k.Got, "property"))
 	case *kind.MaxProperties:
-		add("maxProperties", path, "an object with at most "+plural(k.Want, "property"), plural(k.Got, "property"))
+		add(path, "an object with at most "+plural(k.Want, "property"), plural(k.Got, "property"))
 	case *kind.Required:
 		for _, m := range k.Missing {
-			add("required", path, "property "+clip(m, 80), "missing")
+			add(path, "property "+clip(m, 80), "missing")
 		}
 	case *kind.DependentRequired:
 		for _, m := range k.Missing {
-			add("dependentRequired", path, "property "+clip(m, 80)+" (required when "+clip(k.Prop, 80)+" is present)", "missing")
+			add(path, "property "+clip(m, 80)+" (required when "+clip(k.Prop, 80)+" is present)", "missing")
 		}
 	case *kind.Dependency:
 		for _, m := range k.Missing {
-			add("dependencies", path, "property "+clip(m, 80)+" (required when "+clip(k.Prop, 80)+" is present)", "missing")
+			add(path, "property "+clip(m, 80)+" (required when "+clip(k.Prop, 80)+" is present)", "missing")
 		}
 	case *kind.AdditionalProperties:
 		for _, p := range k.Properties {
-			add("additionalProperties", path+PathKey(p), "no property here (the schema allows only the properties it declares)", "an undeclared property")
+			add(path+PathKey(p), "no property here (the schema allows only the properties it declares)", "an undeclared property")
 		}
 	case *kind.AdditionalItems:
-		add("additionalItems", path, "no items beyond those the schema lists", plural(k.Count, "extra item"))
+		add(path, "no items beyond those the schema lists", plural(k.Count, "extra item"))
 	case *kind.UniqueItems:
-		add("uniqueItems", path, "unique items", fmt.Sprintf("items %d and %d are equal", k.Duplicates[0], k.Duplicates[1]))
+		add(path, "unique items", fmt.Sprintf("items %d and %d are equal", k.Duplicates[0], k.Duplicates[1]))
 	case *kind.Contains:
-		add("contains", path, "an array with an item matching the contains schema", "no matching item")
+		add(path, "an array with an item matching the contains schema", "no matching item")
 	case *kind.MinContains:
-		add("minContains", path, "at least "+plural(k.Want, "item")+" matching the contains schema", plural(len(k.Got), "matching item"))
+		add(path, "at least "+plural(k.Want, "item")+" matching the contains schema", plural(len(k.Got), "matching item"))
 	case *kind.MaxContains:
-		add("maxContains", path, "at most "+plural(k.Want, "item")+" matching the contains schema", plural(len(k.Got), "matching item"))
+		add(path, "at most "+plural(k.Want, "item")+" matching the contains schema", plural(len(k.Got), "matching item"))
 	case *kind.PropertyNames:
-		add("propertyNames", path, "property names valid against propertyNames", "a property name that is not")
+		add(path, "property names valid against propertyNames", "a property name that is not")
 	case *kind.Not:
-		add("not", path, "a value that does not match the not schema", "a value that matches it")
+		add(path, "a value that does not match the not schema", "a value that matches it")
 	case *kind.OneOf:
-		add("oneOf", path, "a value matching exactly one oneOf schema", fmt.Sprintf("a value matching schemas %d and %d", k.Subschemas[0], k.Subschemas[1]))
+		add(path, "a value matching exactly one oneOf schema", fmt.Sprintf("a value matching schemas %d and %d", k.Subschemas[0], k.Subschemas[1]))
 	case *kind.FalseSchema:
-		add(falseKeyword(e.SchemaURL), path, "no value here (the schema at this location is false)", "a value")
+		add(path, "no value here (the schema at this location is false)", "a value")
 	case *kind.RefCycle:
-		add("$ref", path, "a schema whose references reach the instance", "a reference cycle")
+		add(path, "a schema whose references reach the instance", "a reference cycle")
 	case *kind.InvalidJsonValue:
-		add("type", path, "a JSON value", "a value JSON cannot represent")
+		add(path, "a JSON value", "a value JSON cannot represent")
 	default:
-		kw := "schema"
-		if kp := e.ErrorKind.KeywordPath(); len(kp) > 0 {
-			kw = kp[0]
-		}
-		out = append(out, describeOther(kw, path))
+		out = append(out, describeOther(keyword, path))
 	}
 	return out
 }

@@ -50,12 +50,14 @@ func dynamicAnchors(res *jsonschema.Schema) map[string]*jsonschema.Schema {
 }
 
 // precompute visits every compiled schema reachable from root and records
-// the float64 forms of numeric limits, and which schemas want integers (for
-// describing failures by location).
-func precompute(root *jsonschema.Schema) (map[*jsonschema.Schema]*numBounds, map[string]bool) {
+// the float64 forms of numeric limits, which schemas want integers (for
+// describing failures by location) and how many schemas there are.
+func precompute(root *jsonschema.Schema) (map[*jsonschema.Schema]*numBounds, map[string]bool, int) {
 	nums := map[*jsonschema.Schema]*numBounds{}
 	ints := map[string]bool{}
+	n := 0
 	eachSchema(root, func(s *jsonschema.Schema) {
+		n++
 		if s.Types != nil && typeMask(*s.Types)&(tInteger|tNumber) == tInteger {
 			ints[s.Location] = true
 		}
@@ -71,7 +73,7 @@ func precompute(root *jsonschema.Schema) (map[*jsonschema.Schema]*numBounds, map
 		}
 		nums[s] = nb
 	})
-	return nums, ints
+	return nums, ints, n
 }
 
 // eachSchema calls fn once for every schema reachable from root.

@@ -1,6 +1,7 @@
 package schema
 
 import (
+	"context"
 	"encoding/json"
 	"math"
 	"math/big"
@@ -37,10 +38,13 @@ type walker struct {
 	scope []scopeEntry
 	base  int
 
-	// steps counts schema evaluations; past limit the walk stops and sets
-	// exceeded.
-	steps, limit int
-	exceeded     bool
+	// steps counts schema evaluations and regexWork the work of regular
+	// expressions (regexCost); past limit or maxRegexWork, or once ctx is
+	// done, the walk stops and stop says why.
+	steps, limit            int
+	regexWork, maxRegexWork int64
+	ctx                     context.Context
+	stop                    error
 
 	// Undeclared-property tracking, only when asked for.
 	undeclared bool
@@ -150,8 +154,15 @@ func (w *walker) child(s *jsonschema.Schema, v any, vid int, key string, idx int
 
 func (w *walker) eval(s *jsonschema.Schema, v any, u *uneval, vid int) counts {
 	w.steps++
+	if w.stop != nil {
+		return counts{}
+	}
 	if w.steps > w.limit {
-		w.exceeded = true
+		w.stop = &TooComplexError{MaxSteps: w.limit}
+		return counts{}
+	}
+	if w.steps&1023 == 0 && w.ctx.Err() != nil {
+		w.stop = w.ctx.Err()
 		return counts{}
 	}
 	if s.Bool != nil {
@@ -206,6 +217,9 @@ func (w *walker) evalObject(s *jsonschema.Schema, v any, u *uneval, vid int) (c 
 		}
 	}
 	if s.Format != nil {
+		if str, ok := v.(string); ok && s.Format.Name == "regex" && !w.charge(regexFormatCost(str, w.s.maxPattern)) {
+			return counts{}
+		}
 		err := s.Format.Validate(v)
 		if t == tString || err != nil {
 			c.total++
@@ -245,7 +259,7 @@ func (w *walker) evalObject(s *jsonschema.Schema, v any, u *uneval, vid int) (c 
 		}
 		if s.Pattern != nil {
 			c.total++
-			if !s.Pattern.MatchString(v) {
+			if !w.match(s.Pattern, v) {
 				c.failed++
 			}
 		}
@@ -275,6 +289,31 @@ func (w *walker) evalObject(s *jsonschema.Schema, v any, u *uneval, vid int) (c 
 		w.unevaluated(s, v, u, vid, &c)
 	}
 	return c
+}
+
+// charge adds regular-expression work; false once the budget is spent or
+// the context is done (the walk then stops).
+func (w *walker) charge(cost int64) bool {
+	if w.stop != nil {
+		return false
+	}
+	w.regexWork += cost
+	if w.regexWork > w.maxRegexWork {
+		w.stop = &RegexBudgetError{MaxWork: w.maxRegexWork}
+		return false
+	}
+	if cost > 1<<16 && w.ctx.Err() != nil {
+		w.stop = w.ctx.Err()
+		return false
+	}
+	return true
+}
+
+// match runs re on s if the budget allows it. Past the budget it reports
+// false, which is never a verdict: the walk has stopped and the evaluation
+// returns an error.
+func (w *walker) match(re jsonschema.Regexp, s string) bool {
+	return w.charge(regexCost(re, s)) && re.MatchString(s)
 }
 
 func (w *walker) object(s *jsonschema.Schema, obj map[string]any, u *uneval, vid int, c *counts) {
@@ -329,7 +368,7 @@ func (w *walker) object(s *jsonschema.Schema, obj map[string]any, u *uneval, vid
 				c.add(w.child(ps, pv, vid, name, -1))
 			}
 			for re, ps := range s.PatternProperties {
-				if re.MatchString(name) {
+				if w.match(re, name) {
 					evaluated = true
 					c.add(w.child(ps, pv, vid, name, -1))
 				}

@@ -1,0 +1,175 @@
+package verify
+
+import (
+	"encoding/json"
+	"strconv"
+	"strings"
+)
+
+// A receipt hashes every number as the double it reads as (RFC 8785), but
+// the schema validator compares numbers exactly as written. A number whose
+// text carries more precision than that double (1.00000000000000000001,
+// 9007199254740993.0, the full expansion of the double nearest 0.1) would
+// be hashed as one value and checked as another: two requests with the
+// same hashes could get different verdicts, and each receipt would verify
+// against the other's request. So the parser refuses them: a number is
+// accepted only when its value is exactly the value of its canonical form.
+
+const (
+	inexactProblem = "is a number with more precision than a double holds: its receipt would record a different value than the one checked"
+	inexactFix     = "Send the number with at most 15 significant digits, or exactly as a double prints it (its shortest form), or send it as a string."
+)
+
+// checkNumbers reports, for the first number in v (at path) whose text is
+// not exactly its canonical value, a problem naming where it is.
+func checkNumbers(p *problems, path string, v any) bool {
+	loc, bad := inexact(v)
+	if !bad {
+		return true
+	}
+	for i := len(loc) - 1; i >= 0; i-- { // inexact built it innermost first
+		if loc[i].idx >= 0 {
+			path += "[" + strconv.Itoa(loc[i].idx) + "]"
+		} else {
+			path = key(path, loc[i].key)
+		}
+	}
+	p.add(path, inexactProblem, inexactFix)
+	return false
+}
+
+// inexact finds the first inexact number in v. Its location comes back
+// innermost step first, built only on the way out of a find, so the
+// common case (every number exact) allocates nothing.
+func inexact(v any) ([]locStep, bool) {
+	switch x := v.(type) {
+	case json.Number:
+		return nil, !exactNumber(string(x))
+	case map[string]any:
+		for k, e := range x {
+			switch e.(type) {
+			case string, bool, nil: // most members: nothing to look at
+				continue
+			}
+			if loc, bad := inexact(e); bad {
+				return append(loc, locStep{key: k, idx: -1}), true
+			}
+		}
+	case []any:
+		for i, e := range x {
+			switch e.(type) {
+			case string, bool, nil:
+				continue
+			}
+			if loc, bad := inexact(e); bad {
+				return append(loc, locStep{idx: i}), true
+			}
+		}
+	}
+	return nil, false
+}
+
+// exactNumber reports whether the decimal value of a JSON number text is
+// the value of the shortest text that reads back as the same double (the
+// digits RFC 8785 prints). A number with at most 15 significant digits in
+// the normal range always is (a double holds 15 decimal digits exactly);
+// only longer ones are parsed and compared.
+func exactNumber(s string) bool {
+	sig, exp := shape(s)
+	if sig == 0 || sig <= 15 && exp > -300 && exp < 300 { // zero, or short
+		return true
+	}
+	neg, digits, exp := decimal(s)
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		return false
+	}
+	cneg, cdigits, cexp := decimal(strconv.FormatFloat(f, 'e', -1, 64))
+	if cdigits == "" {
+		return false // a nonzero text that reads as zero
+	}
+	return neg == cneg && digits == cdigits && exp == cexp
+}
+
+// decimal normalizes a JSON number text to its sign, its significant
+// digits without leading or trailing zeros, and the decimal exponent of
+// the first of them ("120.50" → "1205", 2). Zero has no digits.
+func decimal(s string) (neg bool, digits string, exp int) {
+	if strings.HasPrefix(s, "-") {
+		neg, s = true, s[1:]
+	}
+	mant, e, _ := strings.Cut(strings.ToLower(s), "e")
+	intPart, frac, _ := strings.Cut(mant, ".")
+	all := intPart + frac
+	lead := len(all) - len(strings.TrimLeft(all, "0"))
+	digits = strings.TrimRight(all[lead:], "0")
+	if digits == "" {
+		return neg, "", 0
+	}
+	// strictjson has already checked the exponent fits a double's range,
+	// or the number is an integer that fits one; a huge exponent text
+	// saturates rather than wrapping.
+	return neg, digits, exponent(e) + len(intPart) - lead - 1
+}
+
+// exponent reads an exponent's text ("", "7", "+07", "-3"), saturating
+// far beyond a double's range instead of overflowing.
+func exponent(e string) int {
+	neg := strings.HasPrefix(e, "-")
+	n := 0
+	for i := 0; i < len(e); i++ {
+		if c := e[i]; c >= '0' && c <= '9' {
+			n = min(n*10+int(c-'0'), 1<<20)
+		}
+	}
+	if neg {
+		return -n
+	}
+	return n
+}
+
+// shape is decimal without building the digits: how many significant
+// digits the text has, and the exponent of the first. It allocates
+// nothing, for the common case of short numbers.
+func shape(s string) (sig, exp int) {
+	i := 0
+	if i < len(s) && s[i] == '-' {
+		i++
+	}
+	intDigits, lead, total, trailing := 0, 0, 0, 0
+	inFrac, seen := false, false
+	for ; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '.':
+			inFrac = true
+			continue
+		case c < '0' || c > '9':
+			return exponentShape(s[i+1:], total-trailing, intDigits, lead)
+		}
+		if !inFrac {
+			intDigits++
+		}
+		if !seen {
+			if c == '0' {
+				lead++
+				continue
+			}
+			seen = true
+		}
+		total++
+		if c == '0' {
+			trailing++
+		} else {
+			trailing = 0
+		}
+	}
+	return exponentShape("", total-trailing, intDigits, lead)
+}
+
+func exponentShape(e string, sig, intDigits, lead int) (int, int) {
+	if sig == 0 {
+		return 0, 0
+	}
+	return sig, exponent(e) + intDigits - lead - 1
+}

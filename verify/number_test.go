@@ -1,0 +1,200 @@
+package verify
+
+import (
+	"errors"
+	"math"
+	"math/big"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"testing/quick"
+
+	"github.com/aovhq/aov/apierr"
+)
+
+func TestInexactNumbersRefused(t *testing.T) {
+	v := New(Config{})
+	for _, c := range []struct {
+		output, field string
+	}{
+		{`{"n": 9007199254740993.0}`, "submitted_output.n"},
+		{`{"n": 9007199254740993e0}`, "submitted_output.n"},
+		{`{"n": 1.00000000000000000001}`, "submitted_output.n"},
+		{`[1, 0.1000000000000000055511151231257827021181583404541015625]`, "submitted_output[1]"},
+		{`{"a": {"b": [1e-400]}}`, "submitted_output.a.b[0]"},
+		{`{"x": 1}, "rules": [{"type": "gte", "field": "x", "value": 0.30000000000000000001}]`, "rules[0].value"},
+	} {
+		body := `{"task_id": "t", "expected_schema": {}, "submitted_output": ` + c.output + `}`
+		_, err := v.Parse([]byte(body))
+		var e *apierr.Error
+		if !errors.As(err, &e) || e.Status != 422 || len(e.Fields) != 1 || e.Fields[0].Field != c.field ||
+			!strings.Contains(e.Fields[0].Problem, "more precision than a double holds") {
+			t.Errorf("%s: %v; want a 422 naming %s", c.output, err, c.field)
+		}
+	}
+	for _, ok := range []string{`1.0`, `1e0`, `10.50`, `0.1`, `9007199254740991`, `-0`, `0.0`, `1E+2`, `1.7976931348623157e308`,
+		`5e-324`, `0.30000000000000004`, `123456789012345.6`, `1.0000000000000000000`, `2.2250738585072014e-308`} {
+		body := `{"task_id": "t", "expected_schema": {}, "submitted_output": ` + ok + `}`
+		if _, err := v.Parse([]byte(body)); err != nil {
+			t.Errorf("%s: %v; want it accepted (its text is exactly its double)", ok, err)
+		}
+	}
+	// The schema is checked too: its limits are hashed as doubles.
+	body := `{"task_id": "t", "expected_schema": {"maximum": 1.00000000000000000001}, "submitted_output": 1}`
+	if _, err := v.Parse([]byte(body)); err == nil || !strings.Contains(err.Error(), "expected_schema.maximum") {
+		t.Errorf("an inexact schema limit: %v; want a 422 naming expected_schema.maximum", err)
+	}
+}
+
+// spellings writes one double many ways: the ways that mean exactly its
+// value, and ways that read as the same double but mean another value.
+func spellings(f float64) []string {
+	short := strconv.FormatFloat(f, 'g', -1, 64)
+	e := strconv.FormatFloat(f, 'e', -1, 64)
+	mant, exp, _ := strings.Cut(e, "e")
+	n, _ := strconv.Atoi(exp)
+	out := []string{
+		short,
+		mant + "e" + strconv.Itoa(n),
+		mant + "E+0" + strconv.Itoa(n),
+		strconv.FormatFloat(f, 'e', 16, 64),         // 17 digits
+		strconv.FormatFloat(f, 'e', 20, 64),         // 21 digits, rounded
+		new(big.Float).SetFloat64(f).Text('g', 800), // the exact binary value
+	}
+	if !strings.Contains(mant, ".") {
+		mant += ".0"
+	}
+	out = append(out,
+		mant+"000e"+strconv.Itoa(n),                  // trailing zeros: same value
+		mant+"00000000000000000001e"+strconv.Itoa(n), // a little more, same double
+		mant+"0000000000000000000e"+strconv.Itoa(n),
+	)
+	return out
+}
+
+// The verdict follows the hash: requests with the same request_hash that
+// are accepted get the same result, whatever their numbers' spelling, in
+// the output and in the schema.
+func TestVerdictFollowsTheHash(t *testing.T) {
+	v := New(Config{})
+	type answer struct {
+		result string
+		text   string
+	}
+	verdict := func(body string) (hash, result string, ok bool) {
+		req, err := v.Parse([]byte(body))
+		if err != nil {
+			var e *apierr.Error
+			if !errors.As(err, &e) || e.Status != 422 {
+				t.Fatalf("%s: %v", body, err)
+			}
+			return "", "", false
+		}
+		return req.Hashes.Request, v.Check(req, "id", verifiedAt).Result, true
+	}
+	prop := func(bits uint64, scale int8) bool {
+		f := math.Float64frombits(bits)
+		if math.IsNaN(f) || math.IsInf(f, 0) {
+			return true
+		}
+		if scale%3 == 0 { // also plain, human-sized numbers
+			f = math.Round(f) / math.Pow(10, float64(scale%7))
+			if math.IsNaN(f) || math.IsInf(f, 0) {
+				return true
+			}
+		}
+		limit := strconv.FormatFloat(f, 'g', -1, 64)
+		seen := map[string]answer{}
+		for _, side := range []string{"output", "schema"} {
+			for _, s := range spellings(f) {
+				var body string
+				if side == "output" {
+					body = `{"task_id":"t","expected_schema":{"maximum":` + limit + `,"minimum":` + limit + `},"submitted_output":` + s + `}`
+				} else {
+					body = `{"task_id":"t","expected_schema":{"maximum":` + s + `,"minimum":` + s + `},"submitted_output":` + limit + `}`
+				}
+				hash, result, ok := verdict(body)
+				if !ok {
+					continue
+				}
+				if prev, dup := seen[hash]; dup && prev.result != result {
+					t.Logf("same request_hash, different verdicts: %q → %s, %q → %s", prev.text, prev.result, s, result)
+					return false
+				}
+				seen[hash] = answer{result, s}
+			}
+			// The canonical spelling itself is never refused, and passes
+			// against itself.
+			body := `{"task_id":"t","expected_schema":{"maximum":` + limit + `,"minimum":` + limit + `},"submitted_output":` + limit + `}`
+			if _, result, ok := verdict(body); !ok || result != ResultPass {
+				t.Logf("%s against itself: accepted %v, %s", limit, ok, result)
+				return false
+			}
+		}
+		return true
+	}
+	if err := quick.Check(prop, &quick.Config{MaxCount: 300}); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []float64{1, 0.1, 9007199254740992, 1e21, 1e-7, 5e-324, math.MaxFloat64, 135, 129.5} {
+		if !prop(math.Float64bits(f), 1) {
+			t.Errorf("%v: verdicts differ under one hash", f)
+		}
+	}
+}
+
+func TestDecimal(t *testing.T) {
+	for _, c := range []struct {
+		in     string
+		neg    bool
+		digits string
+		exp    int
+	}{
+		{"120.50", false, "1205", 2}, {"0.00123", false, "123", -3}, {"1.5e3", false, "15", 3},
+		{"-1.5E-07", true, "15", -7}, {"0", false, "", 0}, {"-0.000", true, "", 0}, {"7", false, "7", 0},
+		{"1.5e+03", false, "15", 3}, {"100", false, "1", 2}, {"0.0102e-2", false, "102", -4},
+		{"1e99999999999999999999", false, "1", 1 << 20}, {"120.50E1", false, "1205", 3},
+	} {
+		neg, digits, exp := decimal(c.in)
+		if neg != c.neg || digits != c.digits || exp != c.exp {
+			t.Errorf("decimal(%s) = %v %q %d; want %v %q %d", c.in, neg, digits, exp, c.neg, c.digits, c.exp)
+		}
+		if sig, exp := shape(c.in); sig != len(c.digits) || exp != c.exp {
+			t.Errorf("shape(%s) = %d, %d; want %d, %d", c.in, sig, exp, len(c.digits), c.exp)
+		}
+	}
+}
+
+// FuzzExactNumber compares the number check with math/big: a number text
+// is accepted exactly when its value is the value of the shortest text of
+// its double, and the allocation-free shape agrees with decimal.
+func FuzzExactNumber(f *testing.F) {
+	for _, s := range []string{"1", "1.0", "1e0", "0.1", "9007199254740993.0", "1.00000000000000000001", "-0", "5e-324",
+		"1e-400", "0.1000000000000000055511151231257827021181583404541015625", "123456789012345678", "1.7976931348623157e308"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if len(s) > 400 || !jsonNumber.MatchString(s) {
+			return
+		}
+		neg, digits, exp := decimal(s)
+		if sig, e := shape(s); sig != len(digits) || (sig > 0 && e != exp) {
+			t.Fatalf("shape(%s) = %d, %d; decimal = %v %q %d", s, sig, e, neg, digits, exp)
+		}
+		fl, err := strconv.ParseFloat(s, 64)
+		if err != nil {
+			return // out of a double's range: strictjson refuses it first
+		}
+		exact, ok := new(big.Rat).SetString(s)
+		if !ok {
+			t.Fatalf("big.Rat cannot read %s", s)
+		}
+		canonical, _ := new(big.Rat).SetString(strconv.FormatFloat(fl, 'g', -1, 64))
+		if want := exact.Cmp(canonical) == 0; exactNumber(s) != want {
+			t.Fatalf("exactNumber(%s) = %v; its value equals its double's shortest form: %v", s, !want, want)
+		}
+	})
+}
+
+var jsonNumber = regexp.MustCompile(`^-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]{1,4})?$`)
