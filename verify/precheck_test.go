@@ -1,6 +1,7 @@
 package verify
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -27,7 +28,7 @@ func TestPrecheckRefusesWhatParseRefusesWithoutEvaluating(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.desc, func(t *testing.T) {
-			err := v.Precheck([]byte(tc.body))
+			err := v.Precheck(context.Background(), []byte(tc.body))
 			if tc.field == "" {
 				if err != nil {
 					t.Fatalf("refused: %v", err)
@@ -45,7 +46,7 @@ func TestPrecheckRefusesWhatParseRefusesWithoutEvaluating(t *testing.T) {
 			}
 		})
 	}
-	if err := v.Precheck([]byte(strings.Repeat(" ", int(v.cfg.MaxBodyBytes)+1))); apierr.From(err).Status != 413 {
+	if err := v.Precheck(context.Background(), []byte(strings.Repeat(" ", int(v.cfg.MaxBodyBytes)+1))); apierr.From(err).Status != 413 {
 		t.Errorf("an oversize body: %v", err)
 	}
 }
@@ -65,7 +66,7 @@ func FuzzPrecheckAgreesWithParse(f *testing.F) {
 	f.Add([]byte("\xef\xbb\xbf{}"))
 	v := New(Config{SchemaCacheSize: 8})
 	f.Fuzz(func(t *testing.T, data []byte) {
-		perr := v.Precheck(data)
+		perr := v.Precheck(context.Background(), data)
 		_, err := v.Parse(data)
 		if perr == nil {
 			return // Parse may still refuse: evaluation is the service's

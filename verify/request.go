@@ -214,6 +214,20 @@ func (v *Verifier) Precheck(ctx context.Context, body []byte) error {
 	return err
 }
 
+// PrecheckTree is Precheck of a request already decoded by strictjson (the
+// arguments of an MCP tool call, read with the envelope around them).
+func (v *Verifier) PrecheckTree(ctx context.Context, tree any) error {
+	doc, ok := tree.(map[string]any)
+	if !ok {
+		return apierr.Invalid(apierr.Field{Field: "body", Problem: "is " + typeName(tree) + ", not a JSON object",
+			Fix: `Send a JSON object with at least "task_id", "expected_schema" and "submitted_output".`})
+	}
+	ctx, cancel := context.WithTimeout(ctx, v.cfg.Timeout)
+	defer cancel()
+	_, err := v.parseDoc(ctx, doc, true, false)
+	return err
+}
+
 func (v *Verifier) parse(ctx context.Context, body []byte, evaluate bool) (*Request, error) {
 	if int64(len(body)) > v.cfg.MaxBodyBytes {
 		return nil, apierr.TooLarge(v.cfg.MaxBodyBytes)
