@@ -222,6 +222,9 @@ func (s *Server) toolVerifySchema(ctx context.Context, req *mcp.CallToolRequest)
 // score document of GET /score/{agent_id}.
 func (s *Server) toolGetVerificationRecord(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 	rec := toolRec(ctx, ToolGetVerificationRecord)
+	if err := s.paidRoute(s.toolGateway(req)); err != nil {
+		return s.toolError(rec, err), nil
+	}
 	agent, err := scoreArguments(req.Params.Arguments)
 	if err != nil {
 		return s.toolError(rec, err), nil

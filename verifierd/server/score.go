@@ -88,14 +88,31 @@ const methodDescription = "Lower bound of the Wilson score interval of the pass 
 const scorePageSize = store.MaxPageSize
 
 // serveScore is GET /score/{agent_id}. Payment is the gateway's business:
-// the route is priced there and never free.
+// the route is priced there and never free, so verifierd serves it only to
+// the gateway (paidRoute).
 func (s *Server) serveScore(w http.ResponseWriter, r *http.Request, _ *requestLog) error {
+	if err := s.paidRoute(s.gatewayInfo(r.Header, r.RemoteAddr)); err != nil {
+		return err
+	}
 	doc, err := s.scoreAgent(r.Context(), strings.TrimPrefix(r.URL.Path, scorePrefix))
 	if err != nil {
 		return err
 	}
 	writeDoc(w, r, doc)
 	return nil
+}
+
+// paidRoute refuses a paid route (the score, REST or MCP) to a caller that
+// did not come through the gateway, which is where it is paid for: without
+// the gateway token anyone who reaches verifierd's listener would get it
+// free. Started with UngatedPaidRoutes (development), it serves everyone.
+func (s *Server) paidRoute(gw gatewayInfo) error {
+	if gw.trusted || s.ungated {
+		return nil
+	}
+	return apierr.Forbidden("this paid route is served only through the gateway, which takes its payment", "use_gateway",
+		apierr.Field{Field: HeaderGatewayToken, Problem: "is missing or wrong",
+			Fix: "Call the service's public URL (the gateway); verifierd's own listener serves paid routes only to it."})
 }
 
 // checkAgentID is the rule for an agent id named in a path or a tool
@@ -119,6 +136,12 @@ func (s *Server) scoreAgent(ctx context.Context, agent string) ([]byte, error) {
 			Problem: "starts with 'test-', which is reserved for examples that never get a trust score",
 			Fix:     "Ask for the score of a real agent id; a test- agent's history is free at /reputation/{agent_id}."})
 	}
+	// Only the owner's verifications are authenticated evidence (see
+	// gateway.go), whatever a record says.
+	owner, err := s.ownerOf(ctx, agent, "")
+	if err != nil {
+		return nil, apierr.Unavailable("agent owner store", 5, err)
+	}
 	at := s.now().UTC().Truncate(time.Microsecond)
 	tally := s.score.Start(at)
 	cursor := ""
@@ -128,7 +151,7 @@ func (s *Server) scoreAgent(ctx context.Context, agent string) ([]byte, error) {
 			return nil, apierr.Unavailable("verification history store", 5, err)
 		}
 		for _, v := range vs {
-			if !tally.Add(score.Evidence{At: v.VerifiedAt, Pass: v.Result == "pass", Authenticated: v.Authenticated}) {
+			if !tally.Add(score.Evidence{At: v.VerifiedAt, Pass: v.Result == "pass", Authenticated: ownerEvidence(v, owner)}) {
 				more = false
 				break
 			}

@@ -29,6 +29,10 @@ func (f *fixture) verifyAs(t testing.TB, agent, total string, hdr map[string]str
 
 const wallet = "0x2222222222222222222222222222222222222222"
 
+// viaGateway are the headers of a request the gateway forwarded (for the
+// paid score route, which verifierd serves only to the gateway).
+var viaGateway = map[string]string{"X-Aov-Gateway-Token": gatewayToken, "X-Aov-Payment": "paid"}
+
 // viaWallet are the gateway's headers for a caller who proved wallet.
 var viaWallet = map[string]string{"X-Aov-Gateway-Token": gatewayToken, "X-Aov-Payment": "paid", "X-Aov-Wallet": wallet}
 
@@ -74,7 +78,7 @@ func TestScore(t *testing.T) {
 
 	get := func(t *testing.T, agent string) map[string]any {
 		t.Helper()
-		w := f.do(http.MethodGet, "/score/"+agent, nil, nil)
+		w := f.do(http.MethodGet, "/score/"+agent, nil, viaGateway)
 		if w.Code != http.StatusOK {
 			t.Fatalf("status %d: %s", w.Code, w.Body)
 		}
@@ -88,7 +92,7 @@ func TestScore(t *testing.T) {
 	}
 
 	t.Run("a score receipt verifies against the agent card under the trust-score context and no other", func(t *testing.T) {
-		w := f.do(http.MethodGet, "/score/"+wallet, nil, nil)
+		w := f.do(http.MethodGet, "/score/"+wallet, nil, viaGateway)
 		v, err := receipt.Verify(w.Body.Bytes(), keys, "")
 		if err != nil || v.Context != receipt.ContextScore {
 			t.Fatalf("inferred context %q, %v; want %s", v.Context, err, receipt.ContextScore)
@@ -195,7 +199,7 @@ func TestScore(t *testing.T) {
 		{"POST on a score path is 405", "POST", "/score/seller-7", 405, "method_not_allowed", ""},
 	} {
 		t.Run(c.desc, func(t *testing.T) {
-			w := f.do(c.method, c.path, nil, nil)
+			w := f.do(c.method, c.path, nil, viaGateway)
 			if w.Code != c.status {
 				t.Fatalf("status %d, want %d: %s", w.Code, c.status, w.Body)
 			}
@@ -215,7 +219,7 @@ func TestScore(t *testing.T) {
 	}
 
 	t.Run("HEAD answers without a body", func(t *testing.T) {
-		w := f.do(http.MethodHead, "/score/many-passes", nil, nil)
+		w := f.do(http.MethodHead, "/score/many-passes", nil, viaGateway)
 		if w.Code != 200 || w.Body.Len() != 0 {
 			t.Fatalf("%d, %d body bytes", w.Code, w.Body.Len())
 		}
@@ -229,7 +233,7 @@ func TestScoreFollowsKeyRotation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := f.do(http.MethodGet, "/score/seller-7", nil, nil)
+	w := f.do(http.MethodGet, "/score/seller-7", nil, viaGateway)
 	if w.Code != http.StatusOK {
 		t.Fatalf("after rotation: %d %s", w.Code, w.Body)
 	}
@@ -244,7 +248,7 @@ func TestScoreFollowsKeyRotation(t *testing.T) {
 func TestScoreSignerDown(t *testing.T) {
 	f := newFixture(t, fixtureOpts{noSync: true})
 	f.stopSigner(t)
-	w := f.do(http.MethodGet, "/score/seller-7", nil, nil)
+	w := f.do(http.MethodGet, "/score/seller-7", nil, viaGateway)
 	if w.Code != http.StatusServiceUnavailable || decode(t, w)["code"] != "upstream_unavailable" || w.Header().Get("Retry-After") == "" {
 		t.Fatalf("%d %s", w.Code, w.Body)
 	}
