@@ -11,8 +11,9 @@
 //     examples and never get a score (the caller refuses them).
 //
 //  2. Weight. Each verification weighs w = a · 2^(−age / HalfLife): a is 1
-//     for an authenticated verification (the agent id was bound to the wallet
-//     the caller proved with X-Wallet-Auth) and UnauthenticatedWeight
+//     for an authenticated verification (the caller proved with
+//     X-Wallet-Auth the wallet that owns the agent id; the caller decides
+//     that, and must count only the owner's records) and UnauthenticatedWeight
 //     (default 0.5) for a bare agent_id label, which anyone can send; age is
 //     the time since the verification (0 for a timestamp in the future), and
 //     HalfLife defaults to 30 days, so a month-old pass counts half as much as
