@@ -34,9 +34,10 @@ func init() {
 const (
 	// HeaderUpstreamWallet is the verified wallet address (EIP-55).
 	HeaderUpstreamWallet = "X-Aov-Wallet"
-	// HeaderUpstreamWalletAgent is the agent_id the wallet's proof bound to
-	// itself; verifierd counts that agent's verification as authenticated
-	// when it equals the request's agent_id.
+	// HeaderUpstreamWalletAgent is the agent_id the wallet's proof names:
+	// a bind request. verifierd binds an unowned name to the wallet, refuses
+	// with 403 a proof naming an id another wallet owns, and counts the
+	// verification as authenticated when the request's agent_id is that id.
 	HeaderUpstreamWalletAgent = "X-Aov-Wallet-Agent"
 )
 
