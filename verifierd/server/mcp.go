@@ -69,8 +69,8 @@ func (s *Server) newMCP(version string) http.Handler {
 	srv.AddTool(&mcp.Tool{
 		Name:  ToolGetVerificationRecord,
 		Title: "Get an agent's trust score",
-		Description: "An agent's trust score in [0, 1] from its verification history (time-decayed, wallet-authenticated " +
-			"evidence weighted higher, Wilson lower bound so few data points score low), with the method, its inputs and " +
+		Description: "An agent's trust score in [0, 1] from its verification history (time-decayed; of an owned agent only its " +
+			"owner's wallet-authenticated evidence counts; Wilson lower bound so few data points score low), with the method, its inputs and " +
 			"all-time counts, signed under json-schema-verifier/trust-score-attestation/v1. Same as GET /score/{agent_id}. " +
 			"test- agents never get a score.",
 		InputSchema: json.RawMessage(scoreInput),

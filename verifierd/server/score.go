@@ -48,21 +48,26 @@ type ScoreMethod struct {
 
 // ScoreInputs are what the score was computed from.
 type ScoreInputs struct {
+	// Owned is whether the agent id has an owner (see gateway.go), so that
+	// only its owner's verifications are evidence.
+	Owned   bool          `json:"owned"`
 	Window  ScoreWindow   `json:"window"`
 	Counts  score.Counts  `json:"counts"`
 	Decayed score.Decayed `json:"decayed"`
 }
 
 // ScoreWindow is the evidence window: from (computed_at minus the
-// horizon) to computed_at, how many verifications were evidence, and
+// horizon) to computed_at, how many verifications were evidence, how many
+// were not (an owned agent's records its owner did not authenticate), and
 // whether the record cap left older ones out.
 type ScoreWindow struct {
-	From      string  `json:"from"`
-	To        string  `json:"to"`
-	Records   int     `json:"records"`
-	Truncated bool    `json:"truncated"`
-	Oldest    *string `json:"oldest_evidence_at"`
-	Newest    *string `json:"newest_evidence_at"`
+	From       string  `json:"from"`
+	To         string  `json:"to"`
+	Records    int     `json:"records"`
+	NotCounted int     `json:"not_counted"`
+	Truncated  bool    `json:"truncated"`
+	Oldest     *string `json:"oldest_evidence_at"`
+	Newest     *string `json:"newest_evidence_at"`
 }
 
 // ScoreCounts are an agent's all-time totals.
@@ -81,6 +86,7 @@ type PassFail struct {
 // methodDescription is published in every score document.
 const methodDescription = "Lower bound of the Wilson score interval of the pass rate over the agent's verifications, " +
 	"each weighted by 2^(-age/half-life) and by the authenticated or unauthenticated weight; " +
+	"of an agent id with an owner only the verifications its owner authenticated count; " +
 	"0 without evidence. test- agents are never scored."
 
 // scorePageSize is how many records one read of the history returns while
@@ -137,13 +143,14 @@ func (s *Server) scoreAgent(ctx context.Context, agent string) ([]byte, error) {
 			Fix:     "Ask for the score of a real agent id; a test- agent's history is free at /reputation/{agent_id}."})
 	}
 	// Only the owner's verifications are authenticated evidence (see
-	// gateway.go), whatever a record says.
-	owner, err := s.ownerOf(ctx, agent, "")
+	// gateway.go), whatever a record says, and of an owned agent nothing
+	// else is evidence.
+	owner, err := s.scoreOwner(ctx, agent)
 	if err != nil {
-		return nil, apierr.Unavailable("agent owner store", 5, err)
+		return nil, err
 	}
 	at := s.now().UTC().Truncate(time.Microsecond)
-	tally := s.score.Start(at)
+	tally := s.score.Start(at, owner != "")
 	cursor := ""
 	for more := true; more; {
 		vs, next, err := s.history.Verifications(ctx, agent, cursor, scorePageSize)
@@ -172,13 +179,15 @@ func (s *Server) scoreAgent(ctx context.Context, agent string) ([]byte, error) {
 			Description: methodDescription, Params: res.Params,
 		},
 		Inputs: ScoreInputs{
+			Owned: res.Owned,
 			Window: ScoreWindow{
-				From:      verify.FormatTime(res.Window.From),
-				To:        verify.FormatTime(res.Window.To),
-				Records:   res.Window.Records,
-				Truncated: res.Window.Truncated,
-				Oldest:    optTime(res.Window.Oldest),
-				Newest:    optTime(res.Window.Newest),
+				From:       verify.FormatTime(res.Window.From),
+				To:         verify.FormatTime(res.Window.To),
+				Records:    res.Window.Records,
+				NotCounted: res.Window.NotCounted,
+				Truncated:  res.Window.Truncated,
+				Oldest:     optTime(res.Window.Oldest),
+				Newest:     optTime(res.Window.Newest),
 			},
 			Counts:  res.Counts,
 			Decayed: res.Decayed,
@@ -199,6 +208,23 @@ func (s *Server) scoreAgent(ctx context.Context, agent string) ([]byte, error) {
 		return nil, err
 	}
 	return signed, nil
+}
+
+// scoreOwner is the owner whose evidence alone counts in agent's score, ""
+// for an agent without one (whose every verification counts as a label).
+func (s *Server) scoreOwner(ctx context.Context, agent string) (string, error) {
+	owner, err := s.ownerOf(ctx, agent, "")
+	if err != nil {
+		return "", apierr.Unavailable("agent owner store", 5, err)
+	}
+	return owner, nil
+}
+
+// countsTowardScore reports whether a recorded verification is evidence in
+// its agent's score (age and the record cap aside): any record of an agent
+// without an owner, only the owner's of an owned one.
+func countsTowardScore(v store.Verification, owner string) bool {
+	return owner == "" || ownerEvidence(v, owner)
 }
 
 func optTime(t time.Time) *string {

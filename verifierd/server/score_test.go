@@ -61,7 +61,7 @@ func TestScore(t *testing.T) {
 	keys := f.keySet(t)
 	// The wallet's own agent: 4 authenticated passes, 1 authenticated
 	// fail, and 2 passes and 1 fail sent under its address by callers who
-	// proved nothing.
+	// proved nothing (recorded, but not evidence: the address owns its id).
 	for _, total := range []string{"129.5", "129.5", "135.0", "129.5", "129.5"} {
 		f.verifyAs(t, wallet, total, viaWallet)
 	}
@@ -136,20 +136,20 @@ func TestScore(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := score.Default().Score(at, f.evidenceOf(t, wallet))
+		want := score.Default().Score(at, true, f.evidenceOf(t, wallet))
 		if doc["score"] != want.Score {
 			t.Errorf("score %v, want %v", doc["score"], want.Score)
 		}
 		in := doc["inputs"].(map[string]any)
-		if c := in["counts"].(map[string]any); c["authenticated_pass"] != 4.0 || c["unauthenticated_fail"] != 1.0 {
-			t.Errorf("window counts %v", c)
+		if c := in["counts"].(map[string]any); c["authenticated_pass"] != 4.0 || c["authenticated_fail"] != 1.0 || c["unauthenticated_pass"] != 0.0 || c["unauthenticated_fail"] != 0.0 {
+			t.Errorf("window counts %v, want the owner's 4 passes and 1 fail only", c)
 		}
-		if d := in["decayed"].(map[string]any); d["evidence"] != want.Decayed.Evidence || !(d["evidence"].(float64) > 6.4 && d["evidence"].(float64) <= 6.5) {
-			t.Errorf("decayed %v, want evidence %v (5 authenticated + 3 half-weight)", d, want.Decayed.Evidence)
+		if d := in["decayed"].(map[string]any); d["evidence"] != want.Decayed.Evidence || !(d["evidence"].(float64) > 4.9 && d["evidence"].(float64) <= 5) {
+			t.Errorf("decayed %v, want evidence %v (5 authenticated)", d, want.Decayed.Evidence)
 		}
 		win := in["window"].(map[string]any)
-		if win["records"] != 8.0 || win["truncated"] != false || win["to"] != doc["computed_at"] || win["newest_evidence_at"] == nil {
-			t.Errorf("window %v", win)
+		if in["owned"] != true || win["records"] != 5.0 || win["not_counted"] != 3.0 || win["truncated"] != false || win["to"] != doc["computed_at"] || win["newest_evidence_at"] == nil {
+			t.Errorf("owned %v, window %v", in["owned"], win)
 		}
 		vb := doc["verify"].(map[string]any)
 		cur, _ := f.keys.Current()
@@ -163,9 +163,14 @@ func TestScore(t *testing.T) {
 	})
 
 	t.Run("3 passes out of 3 score below 30 out of 30, and both above an agent never seen", func(t *testing.T) {
-		few, many, none := get(t, "few-passes")["score"].(float64), get(t, "many-passes")["score"].(float64), get(t, "nobody")["score"].(float64)
+		fewDoc := get(t, "few-passes")
+		few, many, none := fewDoc["score"].(float64), get(t, "many-passes")["score"].(float64), get(t, "nobody")["score"].(float64)
 		if !(none < few && few < many) {
 			t.Fatalf("scores: nobody %v, 3/3 %v, 30/30 %v", none, few, many)
+		}
+		// Unowned: every label is evidence, at half weight.
+		if in := fewDoc["inputs"].(map[string]any); few != 0.280815 || in["owned"] != false || in["window"].(map[string]any)["not_counted"] != 0.0 {
+			t.Fatalf("3 labels of an unowned agent: score %v, inputs %v; want 0.280815 from all three", few, in)
 		}
 	})
 
