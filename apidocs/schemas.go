@@ -263,6 +263,7 @@ func componentSchemas() obj {
 			"properties": obj{
 				"agent_id":   obj{"type": "string"},
 				"test_agent": obj{"type": "boolean", "description": "Ids starting with `test-` are examples: recorded apart, never scored."},
+				"owned":      obj{"type": "boolean", "description": "The agent_id has an owner (its address, or the first wallet that bound it): only the verifications its owner authenticated count toward its trust score."},
 				"counts": obj{"type": "object", "required": []any{"pass", "fail", "total", "pass_ratio"}, "properties": obj{
 					"pass": count(""), "fail": count(""), "total": count(""),
 					"pass_ratio":         obj{"type": "number", "minimum": 0, "maximum": 1},
@@ -274,7 +275,8 @@ func componentSchemas() obj {
 				"verifications": arrayOf(obj{"type": "object", "required": []any{"verification_id", "verified_at", "result"}, "properties": obj{
 					"verification_id": obj{"type": "string"}, "verified_at": obj{"type": "string"}, "result": resultEnum,
 					"output_hash": hexHash(""), "schema_hash": hexHash(""), "rules_hash": hexHash(""), "request_hash": hexHash(""),
-					"authenticated": obj{"type": "boolean"},
+					"authenticated":       obj{"type": "boolean"},
+					"counts_toward_score": obj{"type": "boolean", "description": "Whether the trust score counts this record as evidence (while it is inside the horizon): every record of an agent without an owner, only its owner's of an owned one, none of a test- agent."},
 				}}, "Newest first."),
 				"next_cursor": obj{"type": []any{"string", "null"}, "description": "Pass as `cursor` for the next (older) page; null on the last page."},
 			},
@@ -294,7 +296,7 @@ func componentSchemas() obj {
 						"authenticated_weight": obj{"type": "number"}, "unauthenticated_weight": obj{"type": "number"}, "z": obj{"type": "number"},
 					}},
 				}},
-				"inputs":      obj{"type": "object", "description": "The evidence window, the exact counts in it and the decayed counts the bound was computed from."},
+				"inputs":      obj{"type": "object", "description": "Whether the agent has an owner (`owned`: then only its owner's verifications are evidence), the evidence window (`not_counted`: records in it that are not evidence), the exact counts in it and the decayed counts the bound was computed from."},
 				"counts":      obj{"type": "object", "description": "All-time totals, authenticated apart from unauthenticated."},
 				"computed_at": obj{"type": "string"},
 				"verify":      ref("VerifyBlock"),

@@ -176,10 +176,12 @@ var defaultScoreMethod = func() string {
 		for i := range ev {
 			ev[i] = score.Evidence{At: at, Pass: true, Authenticated: true}
 		}
-		return m.Score(at, ev).Score
+		return m.Score(at, true, ev).Score
 	}
-	return fmt.Sprintf("Method `%s` version %s. Evidence is the agent's newest %d verifications no older than %g days. "+
-		"Each weighs 2^(−age / %g days), times %g when its agent_id was a bare label rather than bound to a wallet proven with X-Wallet-Auth. "+
+	return fmt.Sprintf("Method `%s` version %s. "+
+		"Of an agent_id with an owner (its address for an account id, else the first wallet that bound it with X-Wallet-Auth) only the verifications its owner authenticated are evidence, so nobody else can move its score; of an agent_id without an owner every verification is, as a bare label. "+
+		"The newest %d pieces of evidence no older than %g days count. "+
+		"Each weighs 2^(−age / %g days), times %g when it is a bare label. "+
 		"With P and F the weighted passes and fails and n = P + F, the score is the lower bound of the Wilson interval of p = P/n at z = %g: "+
 		"(p + z²/2n − z·√(p(1−p)/n + z²/4n²)) / (1 + z²/n), 0 without evidence, rounded to 6 decimals. "+
 		"Few data points leave the bound low: 3 authenticated passes out of 3 today score %.2f, 300 out of 300 score %.2f. "+

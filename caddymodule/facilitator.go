@@ -3,6 +3,8 @@ package caddymodule
 import (
 	"context"
 	"crypto/ecdsa"
+	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,10 +18,12 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/crypto"
 	"github.com/ethereum/go-ethereum/ethclient"
 	"go.uber.org/zap"
 
+	"github.com/aovhq/aov/apierr"
 	"github.com/aovhq/aov/plugins/evmfacilitator"
 	"github.com/aovhq/aov/x402"
 )
@@ -412,13 +416,36 @@ func (m *HTTPFacilitator) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 // Other paths answer 404. It is a terminal handler: it never calls the next
 // one.
 //
+// A facilitator submits settlements from its relayer and pays their gas,
+// so a public one would pay for anyone's transfers to anyone. This one
+// verifies and settles only payments to the operator's own addresses
+// (PayTo, required): any other payTo is refused with isValid/success false
+// and reason invalid_payment_requirements, before the chain is asked. With
+// Token set, every request must also carry Authorization: Bearer <token>,
+// or it is refused with 401.
+//
 // Module ID: http.handlers.x402_facilitator
 type FacilitatorHandler struct {
 	// FacilitatorRaw is the facilitator that does the work (a module in the
 	// x402.facilitators namespace: evm, http).
 	FacilitatorRaw json.RawMessage `json:"facilitator,omitempty" caddy:"namespace=x402.facilitators inline_key=type"`
 
-	api http.Handler
+	// PayTo lists the only recipients (payTo) this API verifies and
+	// settles payments to: the operator's own addresses, as in the x402
+	// gate's accept lines. Required. Placeholders such as {env.PAY_TO} are
+	// expanded once.
+	PayTo []string `json:"pay_to,omitempty"`
+
+	// Token, when set, is the bearer token every request must carry
+	// (Authorization: Bearer <token>); use a placeholder such as
+	// {env.AOV_FACILITATOR_TOKEN} rather than writing it in the config. A
+	// gate reaches such a facilitator with `facilitator http { header
+	// Authorization "Bearer {env.AOV_FACILITATOR_TOKEN}" }`.
+	Token string `json:"token,omitempty"`
+
+	api   http.Handler
+	token [32]byte // SHA-256 of the token, compared in constant time
+	gated bool
 }
 
 // CaddyModule returns the Caddy module information.
@@ -439,14 +466,90 @@ func (h *FacilitatorHandler) Provision(ctx caddy.Context) error {
 	if !ok {
 		return fmt.Errorf("facilitator module %T does not verify and settle payments", mod)
 	}
-	h.api = x402.NewFacilitatorHandler(f)
+	repl := caddy.NewReplacer()
+	guard := &payToGuard{Facilitator: f}
+	for _, a := range h.PayTo {
+		a = strings.TrimSpace(repl.ReplaceKnown(a, ""))
+		if a == "" || strings.ContainsAny(a, " \t{}") {
+			return fmt.Errorf("x402_facilitator: pay_to %q is not an address", a)
+		}
+		guard.payTo = append(guard.payTo, a)
+	}
+	if len(guard.payTo) == 0 {
+		return errors.New("x402_facilitator: pay_to is required: the addresses this facilitator settles payments to (your own), so it never pays gas for anyone else's transfers")
+	}
+	if h.Token != "" {
+		tok := repl.ReplaceKnown(h.Token, "")
+		if len(tok) < 16 {
+			return errors.New("x402_facilitator: token must be at least 16 characters")
+		}
+		h.token, h.gated = sha256.Sum256([]byte(tok)), true
+	}
+	h.api = x402.NewFacilitatorHandler(guard)
 	return nil
+}
+
+// payToGuard refuses payments to anyone but the operator before its
+// facilitator sees them.
+type payToGuard struct {
+	x402.Facilitator
+	payTo []string
+}
+
+// ours reports whether payTo is one of the operator's addresses: 0x
+// addresses compare without regard to case, others exactly.
+func (g *payToGuard) ours(payTo string) bool {
+	for _, a := range g.payTo {
+		if a == payTo || (common.IsHexAddress(a) && common.IsHexAddress(payTo) && strings.HasPrefix(payTo, "0x") &&
+			common.HexToAddress(a) == common.HexToAddress(payTo)) {
+			return true
+		}
+	}
+	return false
+}
+
+const foreignPayTo = "this facilitator settles payments to its operator's addresses only"
+
+// Verify implements x402.Facilitator.
+func (g *payToGuard) Verify(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.VerifyResponse, error) {
+	if !g.ours(req.PayTo) {
+		return x402.VerifyResponse{IsValid: false, InvalidReason: x402.ReasonInvalidPaymentRequirements, InvalidMessage: foreignPayTo}, nil
+	}
+	return g.Facilitator.Verify(ctx, p, req)
+}
+
+// Settle implements x402.Facilitator.
+func (g *payToGuard) Settle(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettleResponse, error) {
+	if !g.ours(req.PayTo) {
+		return x402.SettleResponse{Success: false, ErrorReason: x402.ReasonInvalidPaymentRequirements, ErrorMessage: foreignPayTo,
+			Network: req.Network}, nil
+	}
+	return g.Facilitator.Settle(ctx, p, req)
+}
+
+// authorized checks the bearer token, when one is configured, in constant
+// time over fixed-length hashes.
+func (h *FacilitatorHandler) authorized(r *http.Request) bool {
+	if !h.gated {
+		return true
+	}
+	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok || len(r.Header.Values("Authorization")) != 1 {
+		return false
+	}
+	got := sha256.Sum256([]byte(tok))
+	return subtle.ConstantTimeCompare(got[:], h.token[:]) == 1
 }
 
 // ServeHTTP answers the facilitator API. A path ending in /verify,
 // /settle or /supported is that endpoint, whatever prefix precedes it, so
 // the handler also works under a matcher without handle_path.
 func (h *FacilitatorHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
+	if !h.authorized(r) {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="x402 facilitator"`)
+		apierr.Write(w, apierr.Unauthorized("the facilitator's bearer token is missing or wrong"))
+		return nil
+	}
 	for _, ep := range facilitatorEndpoints {
 		if p := r.URL.Path; p != ep && strings.HasSuffix(p, ep) {
 			r2 := new(http.Request)
@@ -467,6 +570,8 @@ var facilitatorEndpoints = []string{"/verify", "/settle", "/supported"}
 // UnmarshalCaddyfile sets up the handler from Caddyfile tokens:
 //
 //	x402_facilitator {
+//		pay_to <address> [<address> ...]     # required: the only recipients settled
+//		token  <secret|{env.VAR}>             # optional: require Authorization: Bearer
 //		devnet [{ rpc_listen <host:port> }]   # shorthand for evm { devnet … }
 //		evm { … }                             # or any x402.facilitators module
 //		http <url> { … }
@@ -477,10 +582,24 @@ func (h *FacilitatorHandler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		return d.ArgErr()
 	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		name := d.Val()
+		switch name {
+		case "pay_to":
+			args := d.RemainingArgs()
+			if len(args) == 0 {
+				return d.ArgErr()
+			}
+			h.PayTo = append(h.PayTo, args...)
+			continue
+		case "token":
+			if err := facOneArg(d, &h.Token); err != nil {
+				return err
+			}
+			continue
+		}
 		if h.FacilitatorRaw != nil {
 			return d.Err("x402_facilitator takes one facilitator")
 		}
-		name := d.Val()
 		if name == "devnet" {
 			dn, err := facParseDevnet(d)
 			if err != nil {

@@ -83,6 +83,10 @@ func facServe(t *testing.T, h *FacilitatorHandler, method, path string, body any
 	return w.Code, w.Body.Bytes()
 }
 
+// facPayTo is the operator's address in the facilitator tests: development
+// account 2.
+func facPayTo() string { return evmfacilitator.DevAccounts()[2].Address.Hex() }
+
 func facDevnetRequirements(payTo common.Address) x402.PaymentRequirements {
 	a, _ := x402.USDC(evmfacilitator.DevnetNetwork)
 	return x402.PaymentRequirements{Scheme: x402.SchemeExact, Network: evmfacilitator.DevnetNetwork, Amount: "20000",
@@ -92,7 +96,7 @@ func facDevnetRequirements(payTo common.Address) x402.PaymentRequirements {
 // TestFacilitatorHandlerServesTheAPIOnADevnet provisions
 // `x402_facilitator { devnet }` and pays through its API.
 func TestFacilitatorHandlerServesTheAPIOnADevnet(t *testing.T) {
-	mod, cancel := facLoad(t, "http.handlers.x402_facilitator", `{"facilitator":{"type":"evm","devnet":{}}}`)
+	mod, cancel := facLoad(t, "http.handlers.x402_facilitator", `{"pay_to":["`+facPayTo()+`"],"facilitator":{"type":"evm","devnet":{}}}`)
 	defer cancel()
 	h := mod.(*FacilitatorHandler)
 	accts := evmfacilitator.DevAccounts()
@@ -169,7 +173,7 @@ func facFreeAddr(t *testing.T) string {
 // stops with its last user.
 func TestDevnetIsSharedAcrossReloads(t *testing.T) {
 	addr := facFreeAddr(t)
-	cfg := `{"facilitator":{"type":"evm","devnet":{"rpc_listen":"` + addr + `"}}}`
+	cfg := `{"pay_to":["` + facPayTo() + `"],"facilitator":{"type":"evm","devnet":{"rpc_listen":"` + addr + `"}}}`
 	oldMod, cancelOld := facLoad(t, "http.handlers.x402_facilitator", cfg)
 	newMod, cancelNew := facLoad(t, "http.handlers.x402_facilitator", cfg)
 	_ = oldMod
@@ -301,7 +305,7 @@ func TestEVMFacilitatorProvisionErrors(t *testing.T) {
 // TestHTTPFacilitatorModule reaches a facilitator API (our own handler on a
 // devnet) through the http guest module, with a header placeholder.
 func TestHTTPFacilitatorModule(t *testing.T) {
-	mod, cancel := facLoad(t, "http.handlers.x402_facilitator", `{"facilitator":{"type":"evm","devnet":{}}}`)
+	mod, cancel := facLoad(t, "http.handlers.x402_facilitator", `{"pay_to":["`+facPayTo()+`"],"facilitator":{"type":"evm","devnet":{}}}`)
 	defer cancel()
 	h := mod.(*FacilitatorHandler)
 	var gotAuth string

@@ -34,9 +34,10 @@ func init() {
 const (
 	// HeaderUpstreamWallet is the verified wallet address (EIP-55).
 	HeaderUpstreamWallet = "X-Aov-Wallet"
-	// HeaderUpstreamWalletAgent is the agent_id the wallet's proof bound to
-	// itself; verifierd counts that agent's verification as authenticated
-	// when it equals the request's agent_id.
+	// HeaderUpstreamWalletAgent is the agent_id the wallet's proof names:
+	// a bind request. verifierd binds an unowned name to the wallet, refuses
+	// with 403 a proof naming an id another wallet owns, and counts the
+	// verification as authenticated when the request's agent_id is that id.
 	HeaderUpstreamWalletAgent = "X-Aov-Wallet-Agent"
 )
 
@@ -51,7 +52,8 @@ const (
 
 // WalletAuth verifies that the caller controls a wallet (Caddyfile
 // directive `wallet_auth`): the X-Wallet-Auth header (SPEC §9), a signed,
-// single-use EIP-4361 statement bound to this host, the request's method
+// single-use EIP-4361 statement bound to one of the configured site names
+// (Domains), the request's method
 // and path and a short expiry, and optionally the x402 sign-in-with-x proof
 // (SIGN-IN-WITH-X). The verified address goes to the placeholders
 // {http.auth.wallet.address}, {http.auth.wallet.agent_id},
@@ -72,11 +74,15 @@ type WalletAuth struct {
 	// (expiration_time − issued_at). Default 5m.
 	MaxLifetime caddy.Duration `json:"max_lifetime,omitempty"`
 
-	// Domain is the host proofs must name. Default: the request's Host
-	// header (with its port, if any). Set it when clients address the
-	// gateway under a name that differs from the Host it receives.
-	// Placeholders allowed.
-	Domain string `json:"domain,omitempty"`
+	// Domains are the site names proofs must be for (required): each a
+	// host, with the port when clients address one ("localhost:8080"),
+	// compared without regard to case. A proof's domain must be one of
+	// them; the request's Host header is never used, since a client
+	// chooses it and could present a proof signed for another site under
+	// that site's name. {env.*} placeholders are expanded once. The first
+	// name also names the site in sign-in-with-x payment records, so a
+	// payment under any of the names grants access under all of them.
+	Domains []string `json:"domains,omitempty"`
 
 	// ChainRPC is a JSON-RPC URL of the EVM chain on which contract
 	// wallets (EIP-1271) may sign. Without it only ordinary accounts can
@@ -100,6 +106,7 @@ type WalletAuth struct {
 	// Default 720h (30 days).
 	SIWXAccessTTL caddy.Duration `json:"siwx_access_ttl,omitempty"`
 
+	domains  []string // Domains with placeholders expanded
 	verifier *walletauth.Verifier
 	paid     walletauth.PaidAccess
 	rpc      *ethclient.Client
@@ -131,9 +138,21 @@ func (wa *WalletAuth) Provision(ctx caddy.Context) error {
 	if !ok {
 		return fmt.Errorf("store module %T does not keep claims", mod)
 	}
+	repl := caddy.NewReplacer()
+	for _, d := range wa.Domains {
+		d = repl.ReplaceKnown(d, "")
+		if !walletauth.ValidDomain(d) {
+			return fmt.Errorf("wallet_auth: domains: %q is not a host name with an optional port", d)
+		}
+		wa.domains = append(wa.domains, d)
+	}
+	if len(wa.domains) == 0 {
+		return errors.New("wallet_auth: domains is required: the site names clients sign proofs for (e.g. verify.example.com, or localhost:8080 in development); the request's Host is never trusted for it")
+	}
 	wa.verifier = &walletauth.Verifier{
 		MaxLifetime: time.Duration(wa.MaxLifetime),
 		Nonces:      st.Claims(),
+		Domains:     wa.domains,
 		Now:         func() time.Time { return now() },
 	}
 	wa.paid = walletauth.PaidAccess{Claims: st.Claims(), TTL: time.Duration(wa.SIWXAccessTTL)}
@@ -185,10 +204,9 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 			Problem: "was sent more than once", Fix: "Send one proof per request."})
 	}
 	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	domain := r.Host
-	if wa.Domain != "" && repl != nil {
-		domain = repl.ReplaceAll(wa.Domain, "")
-	}
+	// The site as sign-in-with-x payment records name it: configured, never
+	// the client's Host.
+	site := wa.domains[0]
 	ctx := r.Context()
 	// The client signed the request as it sent it: before any rewrite or
 	// handle_path prefix stripping.
@@ -199,7 +217,7 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 
 	var proof *walletauth.Proof
 	if len(auth) == 1 {
-		p, err := wa.verifier.Verify(ctx, auth[0], walletauth.Expect{Domain: domain, Method: method, Path: path})
+		p, err := wa.verifier.Verify(ctx, auth[0], walletauth.Expect{Method: method, Path: path})
 		if err != nil {
 			return wa.refuse(w, r, err)
 		}
@@ -207,7 +225,7 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 	}
 	paidAccess := false
 	if wa.SIWX && len(siwx) == 1 {
-		p, err := wa.verifier.VerifySIWX(ctx, siwx[0], walletauth.SIWXExpect{Domain: domain})
+		p, err := wa.verifier.VerifySIWX(ctx, siwx[0], walletauth.SIWXExpect{})
 		if err != nil {
 			return wa.refuse(w, r, err)
 		}
@@ -218,7 +236,7 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 		if proof == nil {
 			proof = &p
 		}
-		paidAccess, err = wa.paid.Has(ctx, p.Address.Hex(), walletauth.PaidResource(domain, path))
+		paidAccess, err = wa.paid.Has(ctx, p.Address.Hex(), walletauth.PaidResource(site, path))
 		if err != nil {
 			return wa.refuse(w, r, apierr.Unavailable("wallet proof store", 1, err))
 		}
@@ -263,7 +281,7 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 		h.Del(HeaderUpstreamNetwork)
 	}
 	if wa.SIWX && h.Get(x402.HeaderPaymentSignature) != "" {
-		return next.ServeHTTP(wa.recordPayments(w, r, walletauth.PaidResource(domain, path)), r)
+		return next.ServeHTTP(wa.recordPayments(w, r, walletauth.PaidResource(site, path)), r)
 	}
 	return next.ServeHTTP(w, r)
 }
@@ -323,7 +341,7 @@ func parseWalletAuth(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error
 //	wallet_auth [<matcher>] [required|optional] {
 //	    mode            required|optional
 //	    max_lifetime    5m
-//	    domain          <host>
+//	    domains         <host[:port]> ...
 //	    chain_rpc       <url>
 //	    store           <module> { ... }
 //	    siwx
@@ -344,8 +362,12 @@ func (wa *WalletAuth) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			err = oneArg(d, &wa.Mode)
 		case "max_lifetime":
 			err = durationArg(d, &wa.MaxLifetime)
-		case "domain":
-			err = oneArg(d, &wa.Domain)
+		case "domains":
+			args := d.RemainingArgs()
+			if len(args) == 0 {
+				return d.ArgErr()
+			}
+			wa.Domains = append(wa.Domains, args...)
 		case "chain_rpc":
 			err = oneArg(d, &wa.ChainRPC)
 		case "store":

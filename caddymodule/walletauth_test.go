@@ -54,6 +54,7 @@ func walletSite(up, mode, extra string) string {
 	route /api/* {
 		wallet_auth %[2]s {
 			store badger {data}/gate
+			domains 127.0.0.1:{port}
 			%[3]s
 		}
 		reverse_proxy %[1]s
@@ -61,12 +62,14 @@ func walletSite(up, mode, extra string) string {
 	handle_path /stripped/* {
 		wallet_auth {
 			store badger {data}/gate
+			domains 127.0.0.1:{port}
 		}
 		reverse_proxy %[1]s
 	}
 	route /whoami {
 		wallet_auth optional {
 			store badger {data}/gate
+			domains 127.0.0.1:{port}
 		}
 		respond "{http.auth.wallet.address}|{http.auth.wallet.agent_id}|{http.auth.user.id}|{http.auth.wallet.chain_id}"
 	}
@@ -279,6 +282,7 @@ func TestFreeAllowancePerWallet(t *testing.T) {
 	route /verify/schema {
 		wallet_auth optional {
 			store badger {data}/gate
+			domains 127.0.0.1:{port}
 		}
 		x402 {
 			accept devnet $0.02 %[3]s
@@ -349,6 +353,7 @@ func TestSignInWithXGrantsWhatWasPaid(t *testing.T) {
 	route /report/* {
 		wallet_auth optional {
 			store badger {data}/gate
+			domains 127.0.0.1:{port}
 			siwx
 		}
 		@unpaid not vars {http.auth.wallet.paid_access} true
@@ -547,6 +552,7 @@ func TestContractWalletThroughChainRPC(t *testing.T) {
 	route /api/* {
 		wallet_auth {
 			store badger {data}/gate
+			domains 127.0.0.1:{port}
 			chain_rpc %[2]s
 		}
 		reverse_proxy %[1]s
@@ -554,6 +560,7 @@ func TestContractWalletThroughChainRPC(t *testing.T) {
 	route /plain/* {
 		wallet_auth {
 			store badger {data}/gate
+			domains 127.0.0.1:{port}
 		}
 		reverse_proxy %[1]s
 	}

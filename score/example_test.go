@@ -7,7 +7,8 @@ import (
 	"github.com/aovhq/aov/score"
 )
 
-// Three passes today are little evidence; three hundred are a lot.
+// Three passes today, authenticated by the agent's owner, are little
+// evidence; three hundred are a lot.
 func Example() {
 	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 	m := score.Default()
@@ -19,6 +20,6 @@ func Example() {
 	for i := range many {
 		many[i] = score.Evidence{At: now, Pass: true, Authenticated: true}
 	}
-	fmt.Println(m.Score(now, few).Score, m.Score(now, many).Score)
+	fmt.Println(m.Score(now, true, few).Score, m.Score(now, true, many).Score)
 	// Output: 0.438494 0.987357
 }

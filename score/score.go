@@ -1,27 +1,37 @@
 // Package score is the trust score method: it turns an agent's verification
-// history (pass or fail, when, and whether the agent id was bound to a
-// wallet) into one number in [0, 1] that rewards sustained passing and
+// history (pass or fail, when, and whether the agent's owner authenticated
+// it) into one number in [0, 1] that rewards sustained passing and
 // discounts old and scarce evidence.
 //
-// # Method (name "time-decayed-wilson-lower-bound", version "1")
+// # Method (name "time-decayed-wilson-lower-bound", version "2")
 //
-//  1. Window. Only the agent's newest MaxRecords verifications (default
-//     10,000) no older than Horizon (default 365 days) before the moment of
-//     computation are evidence. Agents whose id starts with "test-" are
-//     examples and never get a score (the caller refuses them).
+//  1. Evidence. An agent id with an owner (its address for an account id,
+//     else the first wallet that bound it; the caller decides that) scores
+//     only from verifications its owner authenticated: every other record
+//     under its id, which anyone can send, is not evidence at all, so
+//     nobody but the owner can raise or sink its score. An agent id without
+//     an owner scores from every verification under it, each a bare label.
+//     Agents whose id starts with "test-" are examples and never get a
+//     score (the caller refuses them).
 //
-//  2. Weight. Each verification weighs w = a · 2^(−age / HalfLife): a is 1
-//     for an authenticated verification (the agent id was bound to the wallet
-//     the caller proved with X-Wallet-Auth) and UnauthenticatedWeight
-//     (default 0.5) for a bare agent_id label, which anyone can send; age is
-//     the time since the verification (0 for a timestamp in the future), and
-//     HalfLife defaults to 30 days, so a month-old pass counts half as much as
-//     one from today.
+//  2. Window. Only the agent's newest MaxRecords pieces of evidence
+//     (default 10,000) no older than Horizon (default 365 days) before the
+//     moment of computation count. Records that are not evidence do not
+//     count toward the cap, so a flood of labels cannot push an owner's
+//     evidence out of the window.
 //
-//  3. Decayed counts. P = Σ w over passes, F = Σ w over fails, n = P + F
+//  3. Weight. Each piece of evidence weighs w = a · 2^(−age / HalfLife): a
+//     is 1 for an authenticated verification (the caller proved with
+//     X-Wallet-Auth the wallet that owns the agent id) and
+//     UnauthenticatedWeight (default 0.5) for a bare label of an agent
+//     without an owner; age is the time since the verification (0 for a
+//     timestamp in the future), and HalfLife defaults to 30 days, so a
+//     month-old pass counts half as much as one from today.
+//
+//  4. Decayed counts. P = Σ w over passes, F = Σ w over fails, n = P + F
 //     (the effective amount of evidence).
 //
-//  4. Score. The lower bound of the Wilson score interval for the pass
+//  5. Score. The lower bound of the Wilson score interval for the pass
 //     proportion p = P/n at z = Z (default 1.96, the 95% interval):
 //
 //     score = (p + z²/2n − z·√(p(1−p)/n + z²/4n²)) / (1 + z²/n)
@@ -31,9 +41,12 @@
 //     of 3 score 0.44 while 300 out of 300 score 0.99; fails pull it down;
 //     evidence that ages or is unauthenticated counts as less evidence.
 //
-// Everything is deterministic given the records, their order and the clock:
-// the score of a history is reproducible by anyone holding its records.
-// Results are rounded to 6 decimal places.
+// Version 1 counted the labels of an owned agent too, at
+// UnauthenticatedWeight, which let anyone lower an owned agent's score.
+//
+// Everything is deterministic given the records, their order, whether the
+// agent has an owner, and the clock: the score of a history is reproducible
+// by anyone holding its records. Results are rounded to 6 decimal places.
 //
 // The package is not for reading the history (the caller feeds the records,
 // newest first) nor for signing or serving the score (verifierd does).
@@ -51,7 +64,7 @@ import (
 // default does.
 const (
 	MethodName    = "time-decayed-wilson-lower-bound"
-	MethodVersion = "1"
+	MethodVersion = "2"
 )
 
 // Defaults of Config.
@@ -72,11 +85,11 @@ type Config struct {
 	// (365 days): at the default half-life its weight would be below 0.03%.
 	Horizon time.Duration
 	// MaxRecords caps the evidence to the newest verifications (10,000), so
-	// the cost of a score is bounded however busy an agent is.
+	// the arithmetic of a score is bounded however busy an agent is.
 	MaxRecords int
-	// UnauthenticatedWeight is the weight of a verification whose agent_id
-	// was a bare label, relative to 1 for one bound to a proven wallet
-	// (0.5). In (0, 1].
+	// UnauthenticatedWeight is the weight of a verification of an agent
+	// without an owner (a bare label), relative to 1 for one its owner
+	// authenticated (0.5). In (0, 1]. An owned agent's labels weigh nothing.
 	UnauthenticatedWeight float64
 	// Z is the normal quantile of the Wilson bound (1.96: the lower end of
 	// the 95% interval). Larger is more cautious with little evidence.
@@ -167,13 +180,16 @@ func (m *Method) MaxRecords() int { return m.maxRecords }
 
 // Evidence is one verification as the score sees it.
 type Evidence struct {
-	At            time.Time
-	Pass          bool
+	At   time.Time
+	Pass bool
+	// Authenticated is true when the agent's owner proved its wallet on
+	// the verification; the caller must not set it for anyone else.
 	Authenticated bool
 }
 
-// Counts are the verifications inside the window, exactly, split by
-// authentication.
+// Counts are the evidence inside the window, exactly, split by
+// authentication. An owned agent's unauthenticated counts are always 0:
+// its labels are not evidence (Window.NotCounted).
 type Counts struct {
 	AuthenticatedPass   int64 `json:"authenticated_pass"`
 	AuthenticatedFail   int64 `json:"authenticated_fail"`
@@ -181,7 +197,7 @@ type Counts struct {
 	UnauthenticatedFail int64 `json:"unauthenticated_fail"`
 }
 
-// Total is the number of verifications inside the window.
+// Total is the amount of evidence inside the window.
 func (c Counts) Total() int64 {
 	return c.AuthenticatedPass + c.AuthenticatedFail + c.UnauthenticatedPass + c.UnauthenticatedFail
 }
@@ -200,6 +216,10 @@ type Window struct {
 	From, To time.Time
 	// Records is how many verifications were evidence.
 	Records int
+	// NotCounted is how many verifications inside the window were read but
+	// are not evidence: under an owned agent id, those its owner did not
+	// authenticate.
+	NotCounted int
 	// Truncated is true when the record cap was reached: older
 	// verifications inside the horizon were left out.
 	Truncated bool
@@ -210,7 +230,10 @@ type Window struct {
 
 // Result is a score with everything it was computed from.
 type Result struct {
-	Score   float64
+	Score float64
+	// Owned is whether the agent had an owner, so that only its owner's
+	// evidence counted.
+	Owned   bool
 	Params  Params
 	Window  Window
 	Counts  Counts
@@ -221,28 +244,37 @@ type Result struct {
 // order histories are read in) and stop when Add returns false.
 type Tally struct {
 	m      *Method
+	owned  bool
 	now    time.Time
 	from   time.Time
 	counts Counts
 	pass   float64
 	fail   float64
 	n      int
+	skip   int
 	full   bool
 	oldest time.Time
 	newest time.Time
 }
 
-// Start begins a score computed at now.
-func (m *Method) Start(now time.Time) *Tally {
-	return &Tally{m: m, now: now, from: now.Add(-m.horizon)}
+// Start begins a score computed at now of an agent that has an owner
+// (owned) or not. Of an owned agent only authenticated evidence counts.
+func (m *Method) Start(now time.Time, owned bool) *Tally {
+	return &Tally{m: m, owned: owned, now: now, from: now.Add(-m.horizon)}
 }
 
-// Add counts e if it is inside the window. It returns false once e is older
-// than the horizon or the record cap is reached: for a history read newest
-// first, nothing after that can count, so the caller can stop reading.
+// Add counts e if it is evidence inside the window. It returns false once
+// e is older than the horizon or the record cap is reached: for a history
+// read newest first, nothing after that can count, so the caller can stop
+// reading. A record that is not evidence (an owned agent's label) is
+// skipped, and reading goes on.
 func (t *Tally) Add(e Evidence) bool {
 	if t.full || e.At.Before(t.from) {
 		return false
+	}
+	if t.owned && !e.Authenticated {
+		t.skip++
+		return true
 	}
 	if t.n >= t.m.maxRecords {
 		t.full = true
@@ -286,9 +318,10 @@ func (t *Tally) Result() Result {
 	n := t.pass + t.fail
 	return Result{
 		Score:  round6(WilsonLowerBound(t.pass, n, t.m.z)),
+		Owned:  t.owned,
 		Params: t.m.Params(),
 		Window: Window{
-			From: t.from, To: t.now, Records: t.n, Truncated: t.full,
+			From: t.from, To: t.now, Records: t.n, NotCounted: t.skip, Truncated: t.full,
 			Oldest: t.oldest, Newest: t.newest,
 		},
 		Counts:  t.counts,
@@ -296,9 +329,10 @@ func (t *Tally) Result() Result {
 	}
 }
 
-// Score computes the score of evidence (newest first) at now.
-func (m *Method) Score(now time.Time, evidence []Evidence) Result {
-	t := m.Start(now)
+// Score computes at now the score of an agent that has an owner (owned) or
+// not from its verifications, newest first.
+func (m *Method) Score(now time.Time, owned bool, evidence []Evidence) Result {
+	t := m.Start(now, owned)
 	for _, e := range evidence {
 		if !t.Add(e) {
 			break

@@ -59,7 +59,7 @@ func TestScoreOrdering(t *testing.T) {
 		{"no evidence scores below any pass", nil, history(1, 0, true, false)},
 	} {
 		t.Run(c.desc, func(t *testing.T) {
-			lo, hi := m.Score(now, c.lower), m.Score(now, c.higher)
+			lo, hi := m.Score(now, false, c.lower), m.Score(now, false, c.higher)
 			if !(lo.Score < hi.Score) {
 				t.Fatalf("score %v is not below %v", lo.Score, hi.Score)
 			}
@@ -84,7 +84,7 @@ func TestScoreValues(t *testing.T) {
 		{"evidence older than the horizon is not evidence", history(100, 366*day, true, true), 0},
 	} {
 		t.Run(c.desc, func(t *testing.T) {
-			got := m.Score(now, c.evidence).Score
+			got := m.Score(now, false, c.evidence).Score
 			if got != c.want {
 				t.Fatalf("score %v, want %v", got, c.want)
 			}
@@ -119,7 +119,7 @@ func TestResultInputs(t *testing.T) {
 		history(1, 60*day, false, true), // 1 authenticated fail, two half-lives old
 		history(1, 400*day, false, false),
 	)
-	r := m.Score(now, ev)
+	r := m.Score(now, false, ev)
 	wantCounts := score.Counts{AuthenticatedPass: 2, UnauthenticatedPass: 1, AuthenticatedFail: 1}
 	if r.Counts != wantCounts {
 		t.Errorf("counts %+v, want %+v", r.Counts, wantCounts)
@@ -146,7 +146,7 @@ func TestConfig(t *testing.T) {
 			t.Fatal(err)
 		}
 		ev := history(100, 30*day, true, true)
-		if f, d := fast.Score(now, ev).Score, score.Default().Score(now, ev).Score; !(f < d) {
+		if f, d := fast.Score(now, false, ev).Score, score.Default().Score(now, false, ev).Score; !(f < d) {
 			t.Fatalf("1-day half-life scores %v, not below the default's %v", f, d)
 		}
 	})
@@ -156,11 +156,11 @@ func TestConfig(t *testing.T) {
 			t.Fatal(err)
 		}
 		ev := concat(history(10, 0, true, true), history(10, 11*time.Hour, false, true))
-		r := m.Score(now, ev)
+		r := m.Score(now, false, ev)
 		if r.Window.Records != 10 || !r.Window.Truncated || r.Counts.AuthenticatedFail != 0 {
 			t.Fatalf("window %+v counts %+v", r.Window, r.Counts)
 		}
-		exact := m.Score(now, ev[:10])
+		exact := m.Score(now, false, ev[:10])
 		if exact.Window.Truncated {
 			t.Fatal("exactly the cap is reported as truncated")
 		}
@@ -170,7 +170,7 @@ func TestConfig(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r := m.Score(now, concat(history(5, 0, true, true), history(5, 8*day, false, true)))
+		r := m.Score(now, false, concat(history(5, 0, true, true), history(5, 8*day, false, true)))
 		if r.Counts.Total() != 5 || r.Counts.AuthenticatedFail != 0 {
 			t.Fatalf("counts %+v", r.Counts)
 		}
@@ -206,12 +206,16 @@ func TestDeterministicAndBounded(t *testing.T) {
 			at = at.Add(-time.Duration(rng.Int64N(int64(3 * day))))
 			ev[j] = score.Evidence{At: at, Pass: rng.IntN(4) != 0, Authenticated: rng.IntN(2) == 0}
 		}
-		a, b := m.Score(now, ev), m.Score(now, ev)
+		owned := i%2 == 0
+		a, b := m.Score(now, owned, ev), m.Score(now, owned, ev)
 		if !reflect.DeepEqual(a, b) {
 			t.Fatalf("history %d: two computations differ: %+v / %+v", i, a, b)
 		}
 		if !(a.Score >= 0 && a.Score <= 1) {
 			t.Fatalf("history %d: score %v outside [0, 1]", i, a.Score)
+		}
+		if owned && (a.Counts.UnauthenticatedPass != 0 || a.Counts.UnauthenticatedFail != 0) {
+			t.Fatalf("history %d: an owned agent's labels were counted: %+v", i, a.Counts)
 		}
 		if a.Counts.Total() != int64(a.Window.Records) {
 			t.Fatalf("history %d: counts %+v but %d records", i, a.Counts, a.Window.Records)
@@ -228,11 +232,56 @@ func TestDeterministicAndBounded(t *testing.T) {
 
 func TestAddStopsReading(t *testing.T) {
 	m := score.Default()
-	tl := m.Start(now)
+	tl := m.Start(now, false)
 	if !tl.Add(score.Evidence{At: now, Pass: true}) {
 		t.Fatal("a record from now was not counted")
 	}
 	if tl.Add(score.Evidence{At: now.Add(-400 * day), Pass: true}) {
 		t.Fatal("a record beyond the horizon asked for more")
 	}
+}
+
+// An owned agent scores only from its owner's evidence: labels, which
+// anyone can send under its id, are not evidence, whatever their number.
+func TestOwnedAgentScoresOnlyItsOwnersEvidence(t *testing.T) {
+	m := score.Default()
+	owners := same(3, 0, true, true)
+	poisoned := concat(same(4, 0, false, false), owners) // 4 labels, newer
+	t.Run("labels under an owned id leave its score unchanged", func(t *testing.T) {
+		clean, r := m.Score(now, true, owners), m.Score(now, true, poisoned)
+		if r.Score != clean.Score || r.Score != 0.438494 {
+			t.Fatalf("score %v with 4 failing labels, %v without; want 0.438494", r.Score, clean.Score)
+		}
+		if !r.Owned || r.Window.Records != 3 || r.Window.NotCounted != 4 || r.Counts != (score.Counts{AuthenticatedPass: 3}) {
+			t.Fatalf("owned %v window %+v counts %+v", r.Owned, r.Window, r.Counts)
+		}
+	})
+	t.Run("the same labels lower an unowned id's score", func(t *testing.T) {
+		r := m.Score(now, false, poisoned)
+		if !(r.Score < 0.3) || r.Owned || r.Window.NotCounted != 0 || r.Counts.UnauthenticatedFail != 4 {
+			t.Fatalf("score %v owned %v window %+v counts %+v", r.Score, r.Owned, r.Window, r.Counts)
+		}
+	})
+	t.Run("an unowned id scores from its labels", func(t *testing.T) {
+		if r := m.Score(now, false, same(3, 0, true, false)); r.Score != 0.280815 {
+			t.Fatalf("score %v, want 0.280815", r.Score)
+		}
+	})
+	t.Run("the owner's own fails count", func(t *testing.T) {
+		r := m.Score(now, true, concat(same(1, 0, false, true), owners))
+		if !(r.Score < 0.438494) || r.Counts.AuthenticatedFail != 1 {
+			t.Fatalf("score %v counts %+v", r.Score, r.Counts)
+		}
+	})
+	t.Run("labels do not count toward the record cap", func(t *testing.T) {
+		small, err := score.New(score.Config{MaxRecords: 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev := concat(history(50, 0, false, false), history(10, 2*day, true, true))
+		r := small.Score(now, true, ev)
+		if r.Window.Records != 10 || r.Window.Truncated || r.Window.NotCounted != 50 || r.Score != small.Score(now, true, ev[50:]).Score {
+			t.Fatalf("score %v window %+v", r.Score, r.Window)
+		}
+	})
 }

@@ -67,6 +67,7 @@ type config struct {
 	scoreHorizon          time.Duration
 	scoreMaxRecords       int
 	scoreUnauthWeight     float64
+	devUngatedPaidRoutes  bool
 }
 
 func main() {
@@ -106,7 +107,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&c.scoreHalfLife, "score-half-life", score.DefaultHalfLife, "trust score: age at which a verification counts half")
 	fs.DurationVar(&c.scoreHorizon, "score-horizon", score.DefaultHorizon, "trust score: age beyond which a verification is not evidence")
 	fs.IntVar(&c.scoreMaxRecords, "score-max-records", score.DefaultMaxRecords, "trust score: newest verifications considered at most")
-	fs.Float64Var(&c.scoreUnauthWeight, "score-unauthenticated-weight", score.DefaultUnauthenticatedWeight, "trust score: weight of a verification whose agent_id is not bound to a proven wallet (authenticated weigh 1), in (0, 1]")
+	fs.Float64Var(&c.scoreUnauthWeight, "score-unauthenticated-weight", score.DefaultUnauthenticatedWeight, "trust score: weight of a verification of an agent_id without an owner (authenticated ones weigh 1; an owned agent's others do not count), in (0, 1]")
+	fs.BoolVar(&c.devUngatedPaidRoutes, "dev-ungated-paid-routes", false, "development only: serve the paid routes (GET /score, MCP get_verification_record) to callers without the gateway token, i.e. free to anyone who reaches this listener")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.DurationVar(&c.signerTimeout, "signer-timeout", 5*time.Second, "timeout of one call to certd")
 	fs.DurationVar(&c.readHeaderTimeout, "read-header-timeout", 5*time.Second, "time allowed to read request headers")
@@ -162,6 +164,10 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(api, a
 		log.Warn("no gateway token configured: X-Aov-* headers are ignored and every call is recorded with payment \"unknown\"")
 	}
 
+	if c.devUngatedPaidRoutes {
+		log.Warn("-dev-ungated-paid-routes: the paid routes are served free to anyone who reaches this listener; development only")
+	}
+
 	sc := signer.ClientConfig{Timeout: c.signerTimeout}
 	if c.signerURL != "" {
 		if err := signer.CheckLoopback(hostPort(c.signerURL)); err != nil {
@@ -209,15 +215,16 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(api, a
 	}
 
 	h, err := server.New(server.Config{
-		Verifier:      verify.New(verifyConfig(c)),
-		Signer:        signer.NewClient(sc),
-		History:       db,
-		PublicBaseURL: c.publicBaseURL,
-		ServiceName:   c.serviceName,
-		GatewayToken:  gwToken,
-		Score:         scoreMethod,
-		Logger:        log,
-		Metrics:       metrics,
+		Verifier:          verify.New(verifyConfig(c)),
+		Signer:            signer.NewClient(sc),
+		History:           db,
+		PublicBaseURL:     c.publicBaseURL,
+		ServiceName:       c.serviceName,
+		GatewayToken:      gwToken,
+		Score:             scoreMethod,
+		UngatedPaidRoutes: c.devUngatedPaidRoutes,
+		Logger:            log,
+		Metrics:           metrics,
 	})
 	if err != nil {
 		return err

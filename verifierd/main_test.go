@@ -301,7 +301,7 @@ func TestDaemonServesScoreAndMCP(t *testing.T) {
 	sock := startCertd(t, dir)
 	d := startDaemon(t, "-listen", "127.0.0.1:0", "-admin-listen", "", "-no-sync",
 		"-data", filepath.Join(dir, "data"), "-signer-socket", sock, "-public-base-url", "https://verify.example.test",
-		"-score-half-life", "240h")
+		"-score-half-life", "240h", "-dev-ungated-paid-routes")
 
 	req, _ := http.NewRequest(http.MethodPost, "http://"+d.api+"/mcp", strings.NewReader(
 		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"verify_schema","arguments":`+passingRequest+`}}`))

@@ -8,7 +8,7 @@
 // The header value is standard padded base64 of one JSON object:
 //
 //	{
-//	  "domain":          "verifier.example",                  // host[:port] the request is sent to
+//	  "domain":          "verifier.example",                  // the site name (host[:port]) the request is sent to
 //	  "address":         "0x9858EfFD232B4033E47d90003D41EC34EcaEda94", // EIP-55
 //	  "uri":             "https://verifier.example/verify/schema",     // scheme://domain + path
 //	  "version":         "1",
@@ -53,7 +53,9 @@
 // therefore produce the signature.
 //
 // A verifier accepts a header only when every field is well formed, the
-// domain, method and path are those of the request, the current time is
+// domain is one of the verifier's site names (Verifier.Domains, configured
+// by the operator: never the request's Host header, which the client
+// chooses), the method and path are those of the request, the current time is
 // within [not_before, expiration_time) and after issued_at (with a small
 // clock skew), the lifetime is within the configured maximum, the signature
 // recovers to the address (or, for a contract wallet on the configured
@@ -67,8 +69,8 @@
 // camelCase CAIP-122 fields (domain, address, statement, uri, version,
 // chainId, type, nonce, issuedAt, expirationTime, notBefore, requestId,
 // resources, signature). Its text is built by the same rules (with the
-// client's own resources and request id); the domain must be the request's
-// host, the uri must be on the request's origin, issuedAt at most five
+// client's own resources and request id); the domain must be one of the
+// site names, the uri must be on that origin, issuedAt at most five
 // minutes old, and the nonce unused.
 //
 // This package has no HTTP server or Caddy code: the gateway's wallet_auth

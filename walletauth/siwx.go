@@ -198,7 +198,8 @@ func (s *SIWX) Message() string {
 
 // SIWXExpect is the request a sign-in-with-x proof must be for.
 type SIWXExpect struct {
-	// Domain is the request's host (with port if addressed with one).
+	// Domain is the request's host (with port if addressed with one);
+	// ignored when the Verifier has Domains.
 	Domain string
 	// Scheme is the request's scheme ("https"); "" accepts http and https
 	// (a gateway behind a TLS-terminating proxy cannot tell).
@@ -206,7 +207,7 @@ type SIWXExpect struct {
 }
 
 // VerifySIWX parses a SIGN-IN-WITH-X value and checks it by the extension's
-// rules: domain is the request's host, uri is on the request's origin,
+// rules: domain is this server's (see Verifier.Domains), uri is on that origin,
 // issuedAt is at most SIWXMaxAge old and not in the future,
 // expirationTime has not passed, notBefore has, the signature is the
 // address's, and the nonce was never used. Errors as Verify.
@@ -221,11 +222,11 @@ func (v *Verifier) VerifySIWX(ctx context.Context, header string, want SIWXExpec
 // VerifySIWXProof checks a parsed proof (see VerifySIWX).
 func (v *Verifier) VerifySIWXProof(ctx context.Context, s *SIWX, want SIWXExpect) (Proof, error) {
 	h := SIWXHeaderName
-	if !strings.EqualFold(s.Domain, want.Domain) {
-		return Proof{}, refuse(ErrWrongRequest, h, "domain", "is not this server's host", "Sign in on the host you send the request to.")
+	if !v.ourDomain(s.Domain, want.Domain) {
+		return Proof{}, refuse(ErrWrongRequest, h, "domain", "is not this server's site name", "Sign in on the site name you send the request to.")
 	}
 	u, _ := checkURI(h, "uri", s.URI)
-	if !strings.EqualFold(u.Host, want.Domain) || (want.Scheme != "" && u.Scheme != want.Scheme) {
+	if !strings.EqualFold(u.Host, s.Domain) || (want.Scheme != "" && u.Scheme != want.Scheme) {
 		return Proof{}, refuse(ErrWrongRequest, h, "uri", "is not on this server's origin", "Sign in with the uri the server offered.")
 	}
 	now := v.now()

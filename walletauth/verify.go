@@ -44,6 +44,13 @@ type Verifier struct {
 	// until the proof expires. Nil turns replay protection off, which only
 	// offline checks and tests may do.
 	Nonces store.Claims
+	// Domains are the site names proofs may be for (host, with the port
+	// when clients address one; compared without regard to case). When
+	// set, a proof's domain must be one of them, and Expect.Domain and
+	// SIWXExpect.Domain are not used. A gateway sets them from its
+	// configuration: the request's Host header is the client's choice, so
+	// comparing with it would accept a proof signed for another site.
+	Domains []string
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
 
@@ -54,7 +61,8 @@ type Verifier struct {
 // Expect is the request a proof must be for.
 type Expect struct {
 	// Domain is the host (and port, if the client addressed one) the
-	// request was sent to, compared without regard to case.
+	// request was sent to, compared without regard to case; ignored when
+	// the Verifier has Domains.
 	Domain string
 	// Method and Path are the request's method and path (not the query).
 	Method, Path string
@@ -74,6 +82,24 @@ type Proof struct {
 	// Expires is when the proof stops being valid.
 	Expires time.Time
 }
+
+// ourDomain reports whether domain is one the proof may name: one of
+// Domains when set, else the expected one.
+func (v *Verifier) ourDomain(domain, expected string) bool {
+	if len(v.Domains) == 0 {
+		return strings.EqualFold(domain, expected)
+	}
+	for _, d := range v.Domains {
+		if strings.EqualFold(domain, d) {
+			return true
+		}
+	}
+	return false
+}
+
+// ValidDomain reports whether s can be a proof's domain: a host name, an
+// IPv4 address or a bracketed IPv6 address, with an optional port.
+func ValidDomain(s string) bool { return authorityRE.MatchString(s) }
 
 func (v *Verifier) now() time.Time {
 	if v.Now != nil {
@@ -113,8 +139,8 @@ func (v *Verifier) Verify(ctx context.Context, header string, want Expect) (Proo
 // chain call or a store write.
 func (v *Verifier) VerifyEnvelope(ctx context.Context, e *Envelope, want Expect) (Proof, error) {
 	h := HeaderName
-	if !strings.EqualFold(e.Domain, want.Domain) {
-		return Proof{}, refuse(ErrWrongRequest, h, "domain", "is not this server's host", "Sign a proof for the host you send the request to.")
+	if !v.ourDomain(e.Domain, want.Domain) {
+		return Proof{}, refuse(ErrWrongRequest, h, "domain", "is not this server's site name", "Sign a proof for the site name you send the request to.")
 	}
 	if e.Method != want.Method {
 		return Proof{}, refuse(ErrWrongRequest, h, "method", "is not the request's method", "Sign a proof for this request's method.")

@@ -49,6 +49,8 @@ type fixtureOpts struct {
 	maxBody int64
 	// noGatewayToken configures no gateway token at all.
 	noGatewayToken bool
+	// ungated serves the paid routes without the gateway token.
+	ungated bool
 }
 
 // shortDir is a temp dir with a short path: unix socket paths must fit in
@@ -91,13 +93,14 @@ func newFixture(t testing.TB, o fixtureOpts) *fixture {
 		token = ""
 	}
 	f.h, err = server.New(server.Config{
-		Verifier:      verify.New(verify.Config{MaxBodyBytes: o.maxBody, VerifierVersion: "test"}),
-		Signer:        signer.NewClient(signer.ClientConfig{Socket: f.socket, Timeout: 2 * time.Second}),
-		History:       f.db,
-		PublicBaseURL: baseURL + "/",
-		GatewayToken:  token,
-		Logger:        slog.New(slog.NewJSONHandler(f.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
-		Metrics:       m,
+		Verifier:          verify.New(verify.Config{MaxBodyBytes: o.maxBody, VerifierVersion: "test"}),
+		Signer:            signer.NewClient(signer.ClientConfig{Socket: f.socket, Timeout: 2 * time.Second}),
+		History:           f.db,
+		PublicBaseURL:     baseURL + "/",
+		GatewayToken:      token,
+		UngatedPaidRoutes: o.ungated,
+		Logger:            slog.New(slog.NewJSONHandler(f.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Metrics:           m,
 	})
 	if err != nil {
 		t.Fatal(err)

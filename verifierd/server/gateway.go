@@ -1,13 +1,17 @@
 package server
 
 import (
+	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"fmt"
 	"net/http"
+	"regexp"
 	"strings"
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/aovhq/aov/apierr"
 	"github.com/aovhq/aov/store"
 )
 
@@ -99,25 +103,129 @@ func cleanValue(v string) string {
 	return v
 }
 
-// boundToWallet reports whether agentID is bound to the wallet the caller
-// proved control of: the agent_id the proof itself named (X-Wallet-Auth's
-// agent_id claim, forwarded as X-Aov-Wallet-Agent), or the address itself,
-// or a CAIP-10 account id ending in it (eip155:8453:0xabc...). EVM (0x)
-// addresses compare case-insensitively, since EIP-55 checksum casing is
-// only a display form; others (Solana's base58) exactly. Only such an
-// agent's history counts as authenticated.
-func boundToWallet(agentID, wallet, walletAgent string) bool {
-	if agentID == "" || wallet == "" {
+// # Who owns an agent_id
+//
+// An agent_id is the agent's name in every verification, and a wallet
+// proof (X-Wallet-Auth's agent_id, forwarded as X-Aov-Wallet-Agent) claims
+// it. Only the owner's verifications count as authenticated in the trust
+// score, so that nobody else can raise or sink it with evidence of
+// their own:
+//
+//   - An account id belongs to its address: a bare EVM address
+//     (0x + 40 hex digits, compared without regard to case), or a CAIP-10
+//     account id namespace:reference:address (eip155:8453:0xabc…,
+//     solana:5eykt4…:7xKX…), whose address part is compared like a wallet
+//     (EVM without regard to case, others exactly) and whose chain part
+//     is not: one key controls its address on every chain. Nothing is
+//     recorded for it; no other wallet can ever own it.
+//   - Any other id belongs to the first wallet whose proof named it on a
+//     verification call, recorded durably (store.Owners) and never
+//     changed. Reserved test- ids are never bound (anyone may use the
+//     examples) and never authenticated.
+//
+// A proof from another wallet for an owned id is refused with 403
+// (forbidden) before anything is checked, signed or recorded. A
+// verification counts as authenticated when its agent_id is the proven
+// wallet's own account id, or is the id its proof named and that wallet
+// owns it.
+
+// caip10RE is a CAIP-10 account id.
+var caip10RE = regexp.MustCompile(`^[-a-z0-9]{3,8}:[-_a-zA-Z0-9]{1,32}:[-.%a-zA-Z0-9]{1,128}$`)
+
+// accountAddress returns the address an account id names, and false for
+// any other id.
+func accountAddress(agentID string) (string, bool) {
+	if isEVMAddress(agentID) {
+		return agentID, true
+	}
+	if !caip10RE.MatchString(agentID) {
+		return "", false
+	}
+	addr := agentID[strings.LastIndexByte(agentID, ':')+1:]
+	if strings.HasPrefix(agentID, "eip155:") && !isEVMAddress(addr) {
+		return "", false
+	}
+	return addr, true
+}
+
+func isEVMAddress(s string) bool {
+	if len(s) != 42 || s[0] != '0' || (s[1] != 'x' && s[1] != 'X') {
 		return false
 	}
-	if walletAgent != "" && agentID == walletAgent {
-		return true
+	for i := 2; i < len(s); i++ {
+		c := s[i] | 0x20
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
 	}
-	if i := strings.LastIndexByte(agentID, ':'); i >= 0 {
-		agentID = agentID[i+1:]
+	return true
+}
+
+// sameWallet compares two wallet addresses: EVM (0x) ones without regard to
+// case, since EIP-55 casing is only a display form; others (Solana's
+// base58) exactly.
+func sameWallet(a, b string) bool {
+	if a == "" || b == "" {
+		return false
 	}
-	if strings.HasPrefix(wallet, "0x") || strings.HasPrefix(wallet, "0X") {
-		return strings.EqualFold(agentID, wallet)
+	if isEVMAddress(a) && isEVMAddress(b) {
+		return strings.EqualFold(a, b)
 	}
-	return agentID == wallet
+	return a == b
+}
+
+// ownerOf returns agentID's owner: the address of an account id, the
+// recorded owner of any other id ("" when none or when there is no owner
+// store), binding it to bindTo first when bindTo is set and the id is
+// unowned.
+func (s *Server) ownerOf(ctx context.Context, agentID, bindTo string) (string, error) {
+	if addr, ok := accountAddress(agentID); ok {
+		return addr, nil
+	}
+	if s.owners == nil || strings.HasPrefix(agentID, store.TestAgentPrefix) {
+		return "", nil
+	}
+	if bindTo != "" {
+		return s.owners.BindAgent(ctx, agentID, bindTo)
+	}
+	return s.owners.AgentOwner(ctx, agentID)
+}
+
+// authenticate decides whether a verification of agentID counts as the
+// agent's own, and enforces ownership: a proof naming an id another wallet
+// owns is refused (403), and a proof naming an unowned id binds it to the
+// proven wallet. It runs before the verification is checked, so a refusal
+// leaves no receipt and no record.
+func (s *Server) authenticate(ctx context.Context, agentID string, gw gatewayInfo) (bool, error) {
+	if gw.wallet == "" {
+		return false, nil
+	}
+	owned := false
+	if gw.walletAgent != "" {
+		owner, err := s.ownerOf(ctx, gw.walletAgent, gw.wallet)
+		if err != nil {
+			return false, apierr.Unavailable("agent owner store", 5, fmt.Errorf("binding agent: %w", err))
+		}
+		if owner != "" && !sameWallet(owner, gw.wallet) {
+			return false, apierr.Forbidden("the wallet proof names an agent_id that belongs to another wallet", "use_own_agent_id",
+				apierr.Field{Field: "X-Wallet-Auth.agent_id", Problem: "belongs to another wallet",
+					Fix: "Bind an agent_id of your own, or use your wallet's CAIP-10 account id (eip155:<chain>:<address>) as agent_id."})
+		}
+		owned = owner != ""
+	}
+	if agentID == "" {
+		return false, nil
+	}
+	if addr, ok := accountAddress(agentID); ok {
+		return sameWallet(addr, gw.wallet), nil
+	}
+	return owned && agentID == gw.walletAgent, nil
+}
+
+// ownerEvidence reports whether a recorded verification counts as the
+// owner's in a score: it was authenticated, and by the wallet that owns
+// the agent now. Records authenticated before ownership was enforced, by
+// a wallet that does not own the id, count as unauthenticated labels.
+func ownerEvidence(v store.Verification, owner string) bool {
+	return v.Authenticated && sameWallet(v.Wallet, owner)
 }

@@ -69,8 +69,8 @@ func (s *Server) newMCP(version string) http.Handler {
 	srv.AddTool(&mcp.Tool{
 		Name:  ToolGetVerificationRecord,
 		Title: "Get an agent's trust score",
-		Description: "An agent's trust score in [0, 1] from its verification history (time-decayed, wallet-authenticated " +
-			"evidence weighted higher, Wilson lower bound so few data points score low), with the method, its inputs and " +
+		Description: "An agent's trust score in [0, 1] from its verification history (time-decayed; of an owned agent only its " +
+			"owner's wallet-authenticated evidence counts; Wilson lower bound so few data points score low), with the method, its inputs and " +
 			"all-time counts, signed under json-schema-verifier/trust-score-attestation/v1. Same as GET /score/{agent_id}. " +
 			"test- agents never get a score.",
 		InputSchema: json.RawMessage(scoreInput),
@@ -129,37 +129,113 @@ func (s *Server) serveMCP(w http.ResponseWriter, r *http.Request, rec *requestLo
 	if ew.status != 0 {
 		return transportError(ew.status, limit)
 	}
+	ew.finish()
 	return nil
 }
 
 // mcpErrorWriter holds back the SDK's plain-text refusals of an HTTP
-// request (malformed JSON-RPC, an unsupported protocol version, ...):
-// their text can quote the request, and the service answers every error in
-// one shape. JSON answers, JSON-RPC errors included, pass through.
+// request (malformed JSON-RPC, an unsupported protocol version, ...), and
+// holds its JSON answers until they are complete so that a JSON-RPC error
+// can be rewritten: the SDK's error messages quote the request (an unknown
+// tool's name, the params it could not decode), and the service never
+// echoes its input. Tool results, errors included, pass unchanged.
 type mcpErrorWriter struct {
 	http.ResponseWriter
 	status int // the refusal held back, 0 if none
+	code   int // the status of the held JSON answer
+	buf    bytes.Buffer
 }
 
 func (w *mcpErrorWriter) WriteHeader(code int) {
+	if w.code != 0 || w.status != 0 {
+		return
+	}
 	if code >= 400 {
 		if mt, _, _ := mime.ParseMediaType(w.Header().Get("Content-Type")); mt != "application/json" {
 			w.status = code
 			return
 		}
 	}
-	w.ResponseWriter.WriteHeader(code)
+	w.code = code
 }
 
 func (w *mcpErrorWriter) Write(b []byte) (int, error) {
 	if w.status != 0 {
 		return len(b), nil
 	}
-	return w.ResponseWriter.Write(b)
+	if w.code == 0 {
+		w.code = http.StatusOK
+	}
+	return w.buf.Write(b)
+}
+
+// finish sends the held answer, with any JSON-RPC error made content-free.
+func (w *mcpErrorWriter) finish() {
+	body := w.buf.Bytes()
+	if bytes.Contains(body, []byte(`"error":{`)) { // only then decode
+
+		if clean, ok := cleanRPCError(body); ok {
+			body = clean
+			w.Header().Del("Content-Length")
+		}
+	}
+	if w.code == 0 {
+		w.code = http.StatusOK
+	}
+	w.ResponseWriter.WriteHeader(w.code)
+	w.ResponseWriter.Write(body)
 }
 
 // Unwrap lets http.ResponseController reach the underlying writer.
 func (w *mcpErrorWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// rpcErrorMessages are the messages of rewritten JSON-RPC errors, by code:
+// the standard meanings, and nothing of the request.
+var rpcErrorMessages = map[int]string{
+	-32700: "Parse error: the body is not one JSON-RPC 2.0 message.",
+	-32600: "Invalid request: the body is not a valid JSON-RPC 2.0 request.",
+	-32601: "Method not found: this server implements initialize, ping, tools/list and tools/call.",
+	-32602: "Invalid params: the method's params are malformed, or name something this server does not have (tools/list lists its tools and their input schemas).",
+	-32603: "Internal error.",
+}
+
+// cleanRPCError rewrites a JSON-RPC error response: the same jsonrpc, id
+// and code, a message that names the kind of error only, and no data. It
+// reports false for anything that is not an error response.
+func cleanRPCError(body []byte) ([]byte, bool) {
+	var resp struct {
+		JSONRPC string          `json:"jsonrpc"`
+		ID      json.RawMessage `json:"id"`
+		Error   *struct {
+			Code int `json:"code"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(body, &resp) != nil || resp.Error == nil {
+		return nil, false
+	}
+	msg, ok := rpcErrorMessages[resp.Error.Code]
+	if !ok {
+		msg = "Server error."
+	}
+	if len(resp.ID) == 0 {
+		resp.ID = json.RawMessage("null")
+	}
+	out, err := json.Marshal(struct {
+		JSONRPC string          `json:"jsonrpc"`
+		ID      json.RawMessage `json:"id"`
+		Error   struct {
+			Code    int    `json:"code"`
+			Message string `json:"message"`
+		} `json:"error"`
+	}{JSONRPC: "2.0", ID: resp.ID, Error: struct {
+		Code    int    `json:"code"`
+		Message string `json:"message"`
+	}{resp.Error.Code, msg}})
+	if err != nil {
+		return nil, false
+	}
+	return append(out, '\n'), true
+}
 
 // transportError is the SPEC §6 form of a refusal by the MCP transport.
 func transportError(status int, limit int64) *apierr.Error {
@@ -222,6 +298,9 @@ func (s *Server) toolVerifySchema(ctx context.Context, req *mcp.CallToolRequest)
 // score document of GET /score/{agent_id}.
 func (s *Server) toolGetVerificationRecord(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 	rec := toolRec(ctx, ToolGetVerificationRecord)
+	if err := s.paidRoute(s.toolGateway(req)); err != nil {
+		return s.toolError(rec, err), nil
+	}
 	agent, err := scoreArguments(req.Params.Arguments)
 	if err != nil {
 		return s.toolError(rec, err), nil

@@ -67,7 +67,7 @@ func BenchmarkScore10k(b *testing.B) {
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		w := f.do(http.MethodGet, "/score/seller-7", nil, nil)
+		w := f.do(http.MethodGet, "/score/seller-7", nil, viaGateway)
 		if w.Code != http.StatusOK || !bytes.Contains(w.Body.Bytes(), []byte(`"records":10000`)) {
 			b.Fatalf("status %d: %s", w.Code, w.Body)
 		}

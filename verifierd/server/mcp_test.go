@@ -271,7 +271,7 @@ func TestMCPGetVerificationRecord(t *testing.T) {
 		f.verifyAs(t, wallet, total, viaWallet)
 	}
 	f.verifyAs(t, "test-demo", "129.5", nil)
-	cs := mcpSession(t, f.serve(t), nil)
+	cs := mcpSession(t, f.serve(t), viaGateway)
 
 	t.Run("the tool answers the signed score document of GET /score/{agent_id}", func(t *testing.T) {
 		res, text, doc := call(t, cs, "get_verification_record", map[string]any{"agent_id": wallet})
@@ -282,7 +282,7 @@ func TestMCPGetVerificationRecord(t *testing.T) {
 		if err != nil || v.Context != receipt.ContextScore {
 			t.Fatalf("score receipt: context %q, %v", v.Context, err)
 		}
-		rest := decode(t, f.do(http.MethodGet, "/score/"+wallet, nil, nil))
+		rest := decode(t, f.do(http.MethodGet, "/score/"+wallet, nil, viaGateway))
 		for _, k := range []string{"agent_id", "score", "method", "counts"} {
 			if !reflect.DeepEqual(doc[k], rest[k]) {
 				t.Errorf("%s: MCP %v, REST %v", k, doc[k], rest[k])

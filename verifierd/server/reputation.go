@@ -25,8 +25,12 @@ type Reputation struct {
 	AgentID string `json:"agent_id"`
 	// TestAgent is true for agent ids starting with "test-": such agents
 	// are examples, and never get a trust score.
-	TestAgent bool             `json:"test_agent"`
-	Counts    ReputationCounts `json:"counts"`
+	TestAgent bool `json:"test_agent"`
+	// Owned is true when the agent id has an owner (see gateway.go): then
+	// only the verifications its owner authenticated count toward its
+	// trust score, and the others stay here as a record.
+	Owned  bool             `json:"owned"`
+	Counts ReputationCounts `json:"counts"`
 	// FirstVerifiedAt and LastVerifiedAt are null for an agent never seen.
 	FirstVerifiedAt *string           `json:"first_verified_at"`
 	LastVerifiedAt  *string           `json:"last_verified_at"`
@@ -56,7 +60,14 @@ type ReputationEntry struct {
 	SchemaHash     string `json:"schema_hash"`
 	RulesHash      string `json:"rules_hash"`
 	RequestHash    string `json:"request_hash"`
-	Authenticated  bool   `json:"authenticated"`
+	// Authenticated is the record's flag: a wallet proof bound the agent
+	// id when it was made.
+	Authenticated bool `json:"authenticated"`
+	// CountsTowardScore is whether the trust score counts this record as
+	// evidence (until it ages past the horizon): always for an agent
+	// without an owner, for an owned one only when its owner authenticated
+	// it; never for a test- agent.
+	CountsTowardScore bool `json:"counts_toward_score"`
 }
 
 // serveReputation is GET /reputation/{agent_id}?limit=&cursor=.
@@ -94,9 +105,15 @@ func (s *Server) serveReputation(w http.ResponseWriter, r *http.Request, _ *requ
 	if err != nil {
 		return apierr.Unavailable("verification history store", 5, err)
 	}
+	owner, err := s.scoreOwner(r.Context(), agent)
+	if err != nil {
+		return err
+	}
+	testAgent := strings.HasPrefix(agent, store.TestAgentPrefix)
 	rep := Reputation{
 		AgentID:   agent,
-		TestAgent: strings.HasPrefix(agent, store.TestAgentPrefix),
+		TestAgent: testAgent,
+		Owned:     owner != "",
 		Counts: ReputationCounts{
 			Pass: c.Pass, Fail: c.Fail, Total: c.Total(),
 			AuthenticatedPass: c.AuthenticatedPass, AuthenticatedFail: c.AuthenticatedFail,
@@ -110,14 +127,15 @@ func (s *Server) serveReputation(w http.ResponseWriter, r *http.Request, _ *requ
 	}
 	for _, v := range vs {
 		rep.Verifications = append(rep.Verifications, ReputationEntry{
-			VerificationID: v.ID,
-			VerifiedAt:     verify.FormatTime(v.VerifiedAt.Truncate(time.Microsecond)),
-			Result:         v.Result,
-			OutputHash:     v.OutputHash,
-			SchemaHash:     v.SchemaHash,
-			RulesHash:      v.RulesHash,
-			RequestHash:    v.RequestHash,
-			Authenticated:  v.Authenticated,
+			VerificationID:    v.ID,
+			VerifiedAt:        verify.FormatTime(v.VerifiedAt.Truncate(time.Microsecond)),
+			Result:            v.Result,
+			OutputHash:        v.OutputHash,
+			SchemaHash:        v.SchemaHash,
+			RulesHash:         v.RulesHash,
+			RequestHash:       v.RequestHash,
+			Authenticated:     v.Authenticated,
+			CountsTowardScore: !testAgent && countsTowardScore(v, owner),
 		})
 	}
 	if next != "" {

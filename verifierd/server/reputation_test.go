@@ -101,6 +101,16 @@ func TestReputation(t *testing.T) {
 			if doc["agent_id"] != c.agent || doc["test_agent"] != c.test || doc["counts"].(map[string]any)["total"] != c.total {
 				t.Fatalf("answer %v", doc)
 			}
+			// None of these ids has an owner: every record counts toward
+			// the score, except a test- agent's, which is never scored.
+			if doc["owned"] != false {
+				t.Fatalf("owned %v", doc["owned"])
+			}
+			for _, e := range doc["verifications"].([]any) {
+				if counts := e.(map[string]any)["counts_toward_score"]; counts != !c.test {
+					t.Fatalf("counts_toward_score %v for %s", counts, c.agent)
+				}
+			}
 			if c.total == 0 && (doc["first_verified_at"] != nil || doc["next_cursor"] != nil || len(doc["verifications"].([]any)) != 0) {
 				t.Fatalf("empty history answer %v", doc)
 			}

@@ -48,21 +48,26 @@ type ScoreMethod struct {
 
 // ScoreInputs are what the score was computed from.
 type ScoreInputs struct {
+	// Owned is whether the agent id has an owner (see gateway.go), so that
+	// only its owner's verifications are evidence.
+	Owned   bool          `json:"owned"`
 	Window  ScoreWindow   `json:"window"`
 	Counts  score.Counts  `json:"counts"`
 	Decayed score.Decayed `json:"decayed"`
 }
 
 // ScoreWindow is the evidence window: from (computed_at minus the
-// horizon) to computed_at, how many verifications were evidence, and
+// horizon) to computed_at, how many verifications were evidence, how many
+// were not (an owned agent's records its owner did not authenticate), and
 // whether the record cap left older ones out.
 type ScoreWindow struct {
-	From      string  `json:"from"`
-	To        string  `json:"to"`
-	Records   int     `json:"records"`
-	Truncated bool    `json:"truncated"`
-	Oldest    *string `json:"oldest_evidence_at"`
-	Newest    *string `json:"newest_evidence_at"`
+	From       string  `json:"from"`
+	To         string  `json:"to"`
+	Records    int     `json:"records"`
+	NotCounted int     `json:"not_counted"`
+	Truncated  bool    `json:"truncated"`
+	Oldest     *string `json:"oldest_evidence_at"`
+	Newest     *string `json:"newest_evidence_at"`
 }
 
 // ScoreCounts are an agent's all-time totals.
@@ -81,6 +86,7 @@ type PassFail struct {
 // methodDescription is published in every score document.
 const methodDescription = "Lower bound of the Wilson score interval of the pass rate over the agent's verifications, " +
 	"each weighted by 2^(-age/half-life) and by the authenticated or unauthenticated weight; " +
+	"of an agent id with an owner only the verifications its owner authenticated count; " +
 	"0 without evidence. test- agents are never scored."
 
 // scorePageSize is how many records one read of the history returns while
@@ -88,14 +94,31 @@ const methodDescription = "Lower bound of the Wilson score interval of the pass 
 const scorePageSize = store.MaxPageSize
 
 // serveScore is GET /score/{agent_id}. Payment is the gateway's business:
-// the route is priced there and never free.
+// the route is priced there and never free, so verifierd serves it only to
+// the gateway (paidRoute).
 func (s *Server) serveScore(w http.ResponseWriter, r *http.Request, _ *requestLog) error {
+	if err := s.paidRoute(s.gatewayInfo(r.Header, r.RemoteAddr)); err != nil {
+		return err
+	}
 	doc, err := s.scoreAgent(r.Context(), strings.TrimPrefix(r.URL.Path, scorePrefix))
 	if err != nil {
 		return err
 	}
 	writeDoc(w, r, doc)
 	return nil
+}
+
+// paidRoute refuses a paid route (the score, REST or MCP) to a caller that
+// did not come through the gateway, which is where it is paid for: without
+// the gateway token anyone who reaches verifierd's listener would get it
+// free. Started with UngatedPaidRoutes (development), it serves everyone.
+func (s *Server) paidRoute(gw gatewayInfo) error {
+	if gw.trusted || s.ungated {
+		return nil
+	}
+	return apierr.Forbidden("this paid route is served only through the gateway, which takes its payment", "use_gateway",
+		apierr.Field{Field: HeaderGatewayToken, Problem: "is missing or wrong",
+			Fix: "Call the service's public URL (the gateway); verifierd's own listener serves paid routes only to it."})
 }
 
 // checkAgentID is the rule for an agent id named in a path or a tool
@@ -119,8 +142,15 @@ func (s *Server) scoreAgent(ctx context.Context, agent string) ([]byte, error) {
 			Problem: "starts with 'test-', which is reserved for examples that never get a trust score",
 			Fix:     "Ask for the score of a real agent id; a test- agent's history is free at /reputation/{agent_id}."})
 	}
+	// Only the owner's verifications are authenticated evidence (see
+	// gateway.go), whatever a record says, and of an owned agent nothing
+	// else is evidence.
+	owner, err := s.scoreOwner(ctx, agent)
+	if err != nil {
+		return nil, err
+	}
 	at := s.now().UTC().Truncate(time.Microsecond)
-	tally := s.score.Start(at)
+	tally := s.score.Start(at, owner != "")
 	cursor := ""
 	for more := true; more; {
 		vs, next, err := s.history.Verifications(ctx, agent, cursor, scorePageSize)
@@ -128,7 +158,7 @@ func (s *Server) scoreAgent(ctx context.Context, agent string) ([]byte, error) {
 			return nil, apierr.Unavailable("verification history store", 5, err)
 		}
 		for _, v := range vs {
-			if !tally.Add(score.Evidence{At: v.VerifiedAt, Pass: v.Result == "pass", Authenticated: v.Authenticated}) {
+			if !tally.Add(score.Evidence{At: v.VerifiedAt, Pass: v.Result == "pass", Authenticated: ownerEvidence(v, owner)}) {
 				more = false
 				break
 			}
@@ -149,13 +179,15 @@ func (s *Server) scoreAgent(ctx context.Context, agent string) ([]byte, error) {
 			Description: methodDescription, Params: res.Params,
 		},
 		Inputs: ScoreInputs{
+			Owned: res.Owned,
 			Window: ScoreWindow{
-				From:      verify.FormatTime(res.Window.From),
-				To:        verify.FormatTime(res.Window.To),
-				Records:   res.Window.Records,
-				Truncated: res.Window.Truncated,
-				Oldest:    optTime(res.Window.Oldest),
-				Newest:    optTime(res.Window.Newest),
+				From:       verify.FormatTime(res.Window.From),
+				To:         verify.FormatTime(res.Window.To),
+				Records:    res.Window.Records,
+				NotCounted: res.Window.NotCounted,
+				Truncated:  res.Window.Truncated,
+				Oldest:     optTime(res.Window.Oldest),
+				Newest:     optTime(res.Window.Newest),
 			},
 			Counts:  res.Counts,
 			Decayed: res.Decayed,
@@ -176,6 +208,23 @@ func (s *Server) scoreAgent(ctx context.Context, agent string) ([]byte, error) {
 		return nil, err
 	}
 	return signed, nil
+}
+
+// scoreOwner is the owner whose evidence alone counts in agent's score, ""
+// for an agent without one (whose every verification counts as a label).
+func (s *Server) scoreOwner(ctx context.Context, agent string) (string, error) {
+	owner, err := s.ownerOf(ctx, agent, "")
+	if err != nil {
+		return "", apierr.Unavailable("agent owner store", 5, err)
+	}
+	return owner, nil
+}
+
+// countsTowardScore reports whether a recorded verification is evidence in
+// its agent's score (age and the record cap aside): any record of an agent
+// without an owner, only the owner's of an owned one.
+func countsTowardScore(v store.Verification, owner string) bool {
+	return owner == "" || ownerEvidence(v, owner)
 }
 
 func optTime(t time.Time) *string {

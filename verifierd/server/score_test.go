@@ -29,6 +29,10 @@ func (f *fixture) verifyAs(t testing.TB, agent, total string, hdr map[string]str
 
 const wallet = "0x2222222222222222222222222222222222222222"
 
+// viaGateway are the headers of a request the gateway forwarded (for the
+// paid score route, which verifierd serves only to the gateway).
+var viaGateway = map[string]string{"X-Aov-Gateway-Token": gatewayToken, "X-Aov-Payment": "paid"}
+
 // viaWallet are the gateway's headers for a caller who proved wallet.
 var viaWallet = map[string]string{"X-Aov-Gateway-Token": gatewayToken, "X-Aov-Payment": "paid", "X-Aov-Wallet": wallet}
 
@@ -57,7 +61,7 @@ func TestScore(t *testing.T) {
 	keys := f.keySet(t)
 	// The wallet's own agent: 4 authenticated passes, 1 authenticated
 	// fail, and 2 passes and 1 fail sent under its address by callers who
-	// proved nothing.
+	// proved nothing (recorded, but not evidence: the address owns its id).
 	for _, total := range []string{"129.5", "129.5", "135.0", "129.5", "129.5"} {
 		f.verifyAs(t, wallet, total, viaWallet)
 	}
@@ -74,7 +78,7 @@ func TestScore(t *testing.T) {
 
 	get := func(t *testing.T, agent string) map[string]any {
 		t.Helper()
-		w := f.do(http.MethodGet, "/score/"+agent, nil, nil)
+		w := f.do(http.MethodGet, "/score/"+agent, nil, viaGateway)
 		if w.Code != http.StatusOK {
 			t.Fatalf("status %d: %s", w.Code, w.Body)
 		}
@@ -88,7 +92,7 @@ func TestScore(t *testing.T) {
 	}
 
 	t.Run("a score receipt verifies against the agent card under the trust-score context and no other", func(t *testing.T) {
-		w := f.do(http.MethodGet, "/score/"+wallet, nil, nil)
+		w := f.do(http.MethodGet, "/score/"+wallet, nil, viaGateway)
 		v, err := receipt.Verify(w.Body.Bytes(), keys, "")
 		if err != nil || v.Context != receipt.ContextScore {
 			t.Fatalf("inferred context %q, %v; want %s", v.Context, err, receipt.ContextScore)
@@ -132,20 +136,20 @@ func TestScore(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := score.Default().Score(at, f.evidenceOf(t, wallet))
+		want := score.Default().Score(at, true, f.evidenceOf(t, wallet))
 		if doc["score"] != want.Score {
 			t.Errorf("score %v, want %v", doc["score"], want.Score)
 		}
 		in := doc["inputs"].(map[string]any)
-		if c := in["counts"].(map[string]any); c["authenticated_pass"] != 4.0 || c["unauthenticated_fail"] != 1.0 {
-			t.Errorf("window counts %v", c)
+		if c := in["counts"].(map[string]any); c["authenticated_pass"] != 4.0 || c["authenticated_fail"] != 1.0 || c["unauthenticated_pass"] != 0.0 || c["unauthenticated_fail"] != 0.0 {
+			t.Errorf("window counts %v, want the owner's 4 passes and 1 fail only", c)
 		}
-		if d := in["decayed"].(map[string]any); d["evidence"] != want.Decayed.Evidence || !(d["evidence"].(float64) > 6.4 && d["evidence"].(float64) <= 6.5) {
-			t.Errorf("decayed %v, want evidence %v (5 authenticated + 3 half-weight)", d, want.Decayed.Evidence)
+		if d := in["decayed"].(map[string]any); d["evidence"] != want.Decayed.Evidence || !(d["evidence"].(float64) > 4.9 && d["evidence"].(float64) <= 5) {
+			t.Errorf("decayed %v, want evidence %v (5 authenticated)", d, want.Decayed.Evidence)
 		}
 		win := in["window"].(map[string]any)
-		if win["records"] != 8.0 || win["truncated"] != false || win["to"] != doc["computed_at"] || win["newest_evidence_at"] == nil {
-			t.Errorf("window %v", win)
+		if in["owned"] != true || win["records"] != 5.0 || win["not_counted"] != 3.0 || win["truncated"] != false || win["to"] != doc["computed_at"] || win["newest_evidence_at"] == nil {
+			t.Errorf("owned %v, window %v", in["owned"], win)
 		}
 		vb := doc["verify"].(map[string]any)
 		cur, _ := f.keys.Current()
@@ -159,9 +163,14 @@ func TestScore(t *testing.T) {
 	})
 
 	t.Run("3 passes out of 3 score below 30 out of 30, and both above an agent never seen", func(t *testing.T) {
-		few, many, none := get(t, "few-passes")["score"].(float64), get(t, "many-passes")["score"].(float64), get(t, "nobody")["score"].(float64)
+		fewDoc := get(t, "few-passes")
+		few, many, none := fewDoc["score"].(float64), get(t, "many-passes")["score"].(float64), get(t, "nobody")["score"].(float64)
 		if !(none < few && few < many) {
 			t.Fatalf("scores: nobody %v, 3/3 %v, 30/30 %v", none, few, many)
+		}
+		// Unowned: every label is evidence, at half weight.
+		if in := fewDoc["inputs"].(map[string]any); few != 0.280815 || in["owned"] != false || in["window"].(map[string]any)["not_counted"] != 0.0 {
+			t.Fatalf("3 labels of an unowned agent: score %v, inputs %v; want 0.280815 from all three", few, in)
 		}
 	})
 
@@ -195,7 +204,7 @@ func TestScore(t *testing.T) {
 		{"POST on a score path is 405", "POST", "/score/seller-7", 405, "method_not_allowed", ""},
 	} {
 		t.Run(c.desc, func(t *testing.T) {
-			w := f.do(c.method, c.path, nil, nil)
+			w := f.do(c.method, c.path, nil, viaGateway)
 			if w.Code != c.status {
 				t.Fatalf("status %d, want %d: %s", w.Code, c.status, w.Body)
 			}
@@ -215,7 +224,7 @@ func TestScore(t *testing.T) {
 	}
 
 	t.Run("HEAD answers without a body", func(t *testing.T) {
-		w := f.do(http.MethodHead, "/score/many-passes", nil, nil)
+		w := f.do(http.MethodHead, "/score/many-passes", nil, viaGateway)
 		if w.Code != 200 || w.Body.Len() != 0 {
 			t.Fatalf("%d, %d body bytes", w.Code, w.Body.Len())
 		}
@@ -229,7 +238,7 @@ func TestScoreFollowsKeyRotation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := f.do(http.MethodGet, "/score/seller-7", nil, nil)
+	w := f.do(http.MethodGet, "/score/seller-7", nil, viaGateway)
 	if w.Code != http.StatusOK {
 		t.Fatalf("after rotation: %d %s", w.Code, w.Body)
 	}
@@ -244,7 +253,7 @@ func TestScoreFollowsKeyRotation(t *testing.T) {
 func TestScoreSignerDown(t *testing.T) {
 	f := newFixture(t, fixtureOpts{noSync: true})
 	f.stopSigner(t)
-	w := f.do(http.MethodGet, "/score/seller-7", nil, nil)
+	w := f.do(http.MethodGet, "/score/seller-7", nil, viaGateway)
 	if w.Code != http.StatusServiceUnavailable || decode(t, w)["code"] != "upstream_unavailable" || w.Header().Get("Retry-After") == "" {
 		t.Fatalf("%d %s", w.Code, w.Body)
 	}

@@ -77,6 +77,17 @@ type Config struct {
 	// every call is recorded with payment "unknown".
 	GatewayToken string
 
+	// Owners records who owns an agent_id (see gateway.go). Nil: History's
+	// own, when it keeps owners (*store.DB does); without any, only
+	// account ids (wallet addresses, CAIP-10) can be authenticated.
+	Owners store.Owners
+
+	// UngatedPaidRoutes serves the paid routes (GET /score/{agent_id}, the
+	// MCP tool get_verification_record) to callers without the gateway
+	// token. Development only: those routes are paid at the gateway, and
+	// without the token anyone who reaches verifierd gets them free.
+	UngatedPaidRoutes bool
+
 	// HealthTimeout bounds the health check's calls to certd and the store
 	// (default 2 s).
 	HealthTimeout time.Duration
@@ -104,6 +115,8 @@ type Server struct {
 	maxBody    int64
 	gwToken    [32]byte
 	gwEnabled  bool
+	owners     store.Owners
+	ungated    bool
 	healthWait time.Duration
 	log        *slog.Logger
 	m          *Metrics
@@ -146,11 +159,18 @@ func New(cfg Config) (*Server, error) {
 		s.gwEnabled = true
 		s.gwToken = sha256.Sum256([]byte(cfg.GatewayToken))
 	}
+	s.owners, s.ungated = cfg.Owners, cfg.UngatedPaidRoutes
+	if s.owners == nil {
+		s.owners, _ = cfg.History.(store.Owners)
+	}
 	if s.healthWait <= 0 {
 		s.healthWait = 2 * time.Second
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
+	}
+	if s.owners == nil {
+		s.log.Warn("no agent owner store: only wallet-address and CAIP-10 agent ids can be authenticated")
 	}
 	if s.newID == nil {
 		s.newID = newUUID

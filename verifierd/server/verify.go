@@ -49,6 +49,14 @@ func (s *Server) verifyRequest(ctx context.Context, body []byte, gw gatewayInfo,
 	if err != nil {
 		return nil, err
 	}
+	agentID := ""
+	if req.AgentID != nil {
+		agentID = *req.AgentID
+	}
+	authenticated, err := s.authenticate(ctx, agentID, gw) // gateway.go: who owns an agent_id
+	if err != nil {
+		return nil, err
+	}
 	id, err := s.newID()
 	if err != nil {
 		return nil, apierr.Internal(err)
@@ -84,7 +92,7 @@ func (s *Server) verifyRequest(ctx context.Context, body []byte, gw gatewayInfo,
 	}
 	if req.AgentID != nil {
 		v.AgentID = *req.AgentID
-		v.Authenticated = boundToWallet(v.AgentID, gw.wallet, gw.walletAgent)
+		v.Authenticated = authenticated
 	}
 	// Record even if the caller has gone away: the receipt was signed, and
 	// the write is short. A fresh context keeps the cancellation of the

@@ -1,0 +1,106 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/dgraph-io/badger/v4"
+)
+
+// Owners records which wallet owns an agent id that is not itself a wallet
+// address: the first wallet that binds it. verifierd asks it before it
+// counts a verification as authenticated, so that no other wallet can
+// borrow the id's reputation, and it never changes an owner once written
+// (there is no transfer and no delete: a record that could be rewritten
+// would be a record that could be stolen).
+//
+// A distributed implementation needs one atomic "set if absent, then read"
+// (Redis SET NX followed by GET in one Lua script; PostgreSQL INSERT ... ON
+// CONFLICT DO NOTHING RETURNING, then SELECT).
+type Owners interface {
+	// BindAgent makes wallet the owner of agentID unless it already has
+	// one, and returns the owner afterwards: wallet when this call bound
+	// it (or wallet already owned it), the earlier owner otherwise. Of
+	// concurrent first binders exactly one wins; the others get its
+	// address back.
+	BindAgent(ctx context.Context, agentID, wallet string) (owner string, err error)
+	// AgentOwner returns agentID's owner, or "" when nobody bound it.
+	AgentOwner(ctx context.Context, agentID string) (string, error)
+}
+
+// tagOwner is the key family of agent owners: 'o' len agent → the owner's
+// address (the bytes the gateway reported, EIP-55 for EVM wallets).
+const tagOwner = 'o'
+
+// maxOwner bounds a stored owner address; real ones are at most 44 bytes
+// (base58 Solana) or 42 (0x EVM).
+const maxOwner = 128
+
+func ownerKey(agent string) []byte {
+	k := make([]byte, 0, 3+len(agent))
+	k = append(k, tagOwner)
+	return appendComponent(k, agent)
+}
+
+// BindAgent implements Owners. The read and the write are one Badger
+// transaction: a concurrent binder that committed first makes this one
+// conflict, and the retry reads the winner.
+func (db *DB) BindAgent(ctx context.Context, agentID, wallet string) (string, error) {
+	if agentID == "" || len(agentID) > maxComponent {
+		return "", errors.New("store: agent id must be 1..65535 bytes")
+	}
+	if wallet == "" || len(wallet) > maxOwner {
+		return "", fmt.Errorf("store: owner address must be 1..%d bytes", maxOwner)
+	}
+	k := ownerKey(agentID)
+	var owner string
+	err := db.update(ctx, func(txn *badger.Txn) error {
+		cur, err := getOwner(txn, k)
+		if err != nil {
+			return err
+		}
+		if cur != "" {
+			owner = cur
+			return nil
+		}
+		owner = wallet
+		return txn.Set(k, []byte(wallet))
+	})
+	if err != nil {
+		return "", err
+	}
+	return owner, nil
+}
+
+// AgentOwner implements Owners.
+func (db *DB) AgentOwner(ctx context.Context, agentID string) (string, error) {
+	if len(agentID) > maxComponent {
+		return "", nil
+	}
+	var owner string
+	err := db.view(ctx, func(txn *badger.Txn) error {
+		var err error
+		owner, err = getOwner(txn, ownerKey(agentID))
+		return err
+	})
+	return owner, err
+}
+
+func getOwner(txn *badger.Txn, k []byte) (string, error) {
+	item, err := txn.Get(k)
+	if errors.Is(err, badger.ErrKeyNotFound) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("reading agent owner: %w", err)
+	}
+	v, err := item.ValueCopy(nil)
+	if err != nil {
+		return "", fmt.Errorf("reading agent owner: %w", err)
+	}
+	return string(v), nil
+}
+
+// Interface guard
+var _ Owners = (*DB)(nil)

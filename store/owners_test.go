@@ -1,0 +1,128 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+)
+
+func TestOwners(t *testing.T) {
+	ctx := context.Background()
+	const a, b = "0xAAaaAAaaAAaaAAaaAAaaAAaaAAaaAAaaAAaaAAaa", "0xBBbbBBbbBBbbBBbbBBbbBBbbBBbbBBbbBBbbBBbb"
+
+	t.Run("the first binder owns the id and a later binder gets the owner back", func(t *testing.T) {
+		db, _ := openTemp(t, Options{})
+		if got, err := db.AgentOwner(ctx, "seller-7"); err != nil || got != "" {
+			t.Fatalf("owner of an unbound id = %q, %v; want none", got, err)
+		}
+		if got, err := db.BindAgent(ctx, "seller-7", a); err != nil || got != a {
+			t.Fatalf("first bind = %q, %v; want %s", got, err, a)
+		}
+		if got, err := db.BindAgent(ctx, "seller-7", b); err != nil || got != a {
+			t.Fatalf("second wallet's bind = %q, %v; want the first owner %s", got, err, a)
+		}
+		if got, err := db.BindAgent(ctx, "seller-7", a); err != nil || got != a {
+			t.Fatalf("the owner binding again = %q, %v", got, err)
+		}
+		if got, err := db.AgentOwner(ctx, "seller-7"); err != nil || got != a {
+			t.Fatalf("owner = %q, %v; want %s", got, err, a)
+		}
+	})
+
+	t.Run("ids that differ in any byte are different ids", func(t *testing.T) {
+		db, _ := openTemp(t, Options{})
+		if _, err := db.BindAgent(ctx, "seller-7", a); err != nil {
+			t.Fatal(err)
+		}
+		for _, id := range []string{"Seller-7", "seller-7 ", "seller-\x007", "seller-"} {
+			if got, err := db.AgentOwner(ctx, id); err != nil || got != "" {
+				t.Fatalf("owner of %q = %q, %v; want none", id, got, err)
+			}
+		}
+	})
+
+	t.Run("an owner survives closing and reopening the database", func(t *testing.T) {
+		dir := filepath.Join(t.TempDir(), "db")
+		db, err := Open(dir, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := db.BindAgent(ctx, "seller-7", a); err != nil {
+			t.Fatal(err)
+		}
+		if err := db.Close(); err != nil {
+			t.Fatal(err)
+		}
+		db, err = Open(dir, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		if got, err := db.BindAgent(ctx, "seller-7", b); err != nil || got != a {
+			t.Fatalf("after reopening, a second wallet's bind = %q, %v; want %s", got, err, a)
+		}
+	})
+
+	t.Run("of many concurrent first binders exactly one wins and all agree on it", func(t *testing.T) {
+		db, _ := openTemp(t, Options{NoSync: true})
+		const n = 32
+		owners := make([]string, n)
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				got, err := db.BindAgent(ctx, "contested", fmt.Sprintf("0x%040x", i+1))
+				if err != nil {
+					t.Error(err)
+				}
+				owners[i] = got
+			}()
+		}
+		wg.Wait()
+		winner, _ := db.AgentOwner(ctx, "contested")
+		wins := 0
+		for i, o := range owners {
+			if o != winner {
+				t.Fatalf("binder %d was told the owner is %q, the store says %q", i, o, winner)
+			}
+			if o == fmt.Sprintf("0x%040x", i+1) {
+				wins++
+			}
+		}
+		if winner == "" || wins != 1 {
+			t.Fatalf("%d binders won (owner %q), want exactly 1", wins, winner)
+		}
+	})
+
+	t.Run("bad arguments are refused and bind nothing", func(t *testing.T) {
+		db, _ := openTemp(t, Options{})
+		for _, c := range []struct{ desc, agent, wallet string }{
+			{"an empty id", "", a},
+			{"an id over the key limit", strings.Repeat("x", maxComponent+1), a},
+			{"an empty wallet", "seller-7", ""},
+			{"a wallet over the limit", "seller-7", strings.Repeat("x", maxOwner+1)},
+		} {
+			if _, err := db.BindAgent(ctx, c.agent, c.wallet); err == nil {
+				t.Fatalf("%s: bound", c.desc)
+			}
+		}
+		if got, _ := db.AgentOwner(ctx, "seller-7"); got != "" {
+			t.Fatalf("a refused bind left owner %q", got)
+		}
+	})
+
+	t.Run("a closed database answers ErrClosed", func(t *testing.T) {
+		db, _ := openTemp(t, Options{})
+		db.Close()
+		if _, err := db.BindAgent(ctx, "seller-7", a); err != ErrClosed {
+			t.Fatalf("bind on a closed store: %v", err)
+		}
+		if _, err := db.AgentOwner(ctx, "seller-7"); err != ErrClosed {
+			t.Fatalf("lookup on a closed store: %v", err)
+		}
+	})
+}

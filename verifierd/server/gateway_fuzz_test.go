@@ -1,0 +1,43 @@
+package server
+
+import (
+	"strings"
+	"testing"
+)
+
+// FuzzAccountAddress: an agent id read as an account id names exactly the
+// address it ends in, is a bare EVM address or well-formed CAIP-10, and
+// only that address (in any letter case for EVM) is its owner.
+func FuzzAccountAddress(f *testing.F) {
+	for _, s := range []string{
+		"0x2222222222222222222222222222222222222222", "0X2222222222222222222222222222222222222222",
+		"eip155:8453:0xAbCdEf0123456789aBcDeF0123456789AbCdEf01", "eip155:8453:0x12", "solana:5eykt4UsFv8P8NJdTREpY1vzqKqZKvdp:7xKXtg2CW87d97TXJSDpbD5jBkheTqA83TZRuJosgAsU",
+		"seller-7", "my-agent:0x2222222222222222222222222222222222222222", "eip155::0x2222222222222222222222222222222222222222", "a:b:c", "EIP155:1:0x2222222222222222222222222222222222222222", "",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, id string) {
+		addr, ok := accountAddress(id)
+		if !ok {
+			if addr != "" {
+				t.Fatalf("%q: not an account but address %q", id, addr)
+			}
+			return
+		}
+		if addr == "" || (id != addr && !strings.HasSuffix(id, ":"+addr)) {
+			t.Fatalf("%q: account address %q is not its end", id, addr)
+		}
+		if id != addr && strings.Count(id, ":") != 2 {
+			t.Fatalf("%q: a CAIP-10 id has exactly three parts", id)
+		}
+		if strings.HasPrefix(id, "eip155:") && !isEVMAddress(addr) {
+			t.Fatalf("%q: an eip155 account whose address is not EVM", id)
+		}
+		if !sameWallet(addr, addr) || sameWallet(addr, addr+"0") || sameWallet(addr, "") {
+			t.Fatalf("%q: sameWallet is not exact on %q", id, addr)
+		}
+		if isEVMAddress(addr) && !sameWallet(addr, "0x"+strings.ToUpper(addr[2:])) {
+			t.Fatalf("%q: EVM addresses must compare in any letter case", id)
+		}
+	})
+}
