@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -206,6 +207,116 @@ func TestLoadScript(t *testing.T) {
 		if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
 			c.Close()
 			t.Errorf("%s still accepts connections after load.sh ended", addr)
+		}
+	}
+}
+
+// pidOf returns the pid the script last reported for name ("NAME started
+// (pid N)").
+func (rs *runScript) pidOf(t *testing.T, name string) int {
+	t.Helper()
+	out := rs.out.String()
+	marker := name + " started (pid "
+	i := strings.LastIndex(out, marker)
+	if i < 0 {
+		t.Fatalf("run.sh did not report %s's pid:\n%s", name, out)
+	}
+	rest := out[i+len(marker):]
+	pid, err := strconv.Atoi(rest[:strings.IndexByte(rest, ')')])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pid
+}
+
+// waitOutput waits until the script's output contains want n times.
+func (rs *runScript) waitOutput(t *testing.T, want string, n int, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for strings.Count(rs.out.String(), want) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("run.sh did not print %q (%d times) within %v:\n%s", want, n, within, rs.out.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// runEnv is the environment of a run.sh on free ports with its data in data.
+func runEnv(t *testing.T, data string) (env []string, base string) {
+	t.Helper()
+	http1, verifierd, certd, admin, metrics, rpc := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
+	_, port, _ := net.SplitHostPort(http1)
+	return []string{
+		"AOV_DATA=" + data,
+		"AOV_BIN=" + bin.dir,
+		"AOV_HTTP_PORT=" + port,
+		"AOV_VERIFIERD_ADDR=" + verifierd,
+		"AOV_CERTD_PUBLIC_ADDR=" + certd,
+		"AOV_ADMIN_ADDR=" + admin,
+		"AOV_VERIFIERD_METRICS_ADDR=" + metrics,
+		"AOV_DEVNET_RPC_ADDR=" + rpc,
+	}, "http://127.0.0.1:" + port
+}
+
+// Under make run, a daemon that dies is restarted with a backoff and a line
+// in the log while the others keep running; a request meanwhile is a prompt
+// 503 or a 200, never a hang; Ctrl-C still stops everything.
+func TestRunScriptRestartsADeadDaemon(t *testing.T) {
+	env, base := runEnv(t, filepath.Join(t.TempDir(), "data"))
+	rs := startRunScript(t, env)
+	certd, caddy := rs.pidOf(t, "certd"), rs.pidOf(t, "caddy")
+
+	for round, name := range []string{"verifierd", "verifierd", "certd"} {
+		pid := rs.pidOf(t, name)
+		if err := syscall.Kill(-pid, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		// Until it is back, every request is answered promptly.
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			start := time.Now()
+			r := get(t, base+"/health")
+			if took := time.Since(start); took > testUpstreamTimeout+deadlineMargin {
+				t.Fatalf("/health took %v while %s was down", took, name)
+			}
+			if r.status != http.StatusOK && r.status != http.StatusServiceUnavailable {
+				t.Fatalf("/health answered %d while %s was down", r.status, name)
+			}
+			if r.status == http.StatusOK && rs.pidOf(t, name) != pid {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s was not back within 60 s:\n%s", name, rs.out.String())
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		rs.waitOutput(t, name+" exited (status", round%2+1, time.Second)
+		rs.waitOutput(t, "restarting "+name, round%2+1, time.Second)
+	}
+	t.Run("the second restart of one daemon waits longer (backoff)", func(t *testing.T) {
+		out := rs.out.String()
+		if !strings.Contains(out, "verifierd exited (status 137) after") || !strings.Contains(out, "restarting it in 2 s") {
+			t.Fatalf("output:\n%s", out)
+		}
+	})
+	t.Run("the others kept running", func(t *testing.T) {
+		if rs.pidOf(t, "caddy") != caddy {
+			t.Error("caddy was restarted")
+		}
+		if err := syscall.Kill(caddy, 0); err != nil {
+			t.Errorf("caddy: %v", err)
+		}
+		if rs.pidOf(t, "certd") == certd {
+			t.Error("certd was not restarted")
+		}
+	})
+	t.Run("a verification is served after the restarts", func(t *testing.T) {
+		mustStatus(t, post(t, base+"/verify/schema", example(t, "invoice-fixed.json")), http.StatusOK)
+	})
+	rs.interrupt(t)
+	for _, name := range []string{"caddy stopped", "verifierd stopped", "certd stopped"} {
+		if !strings.Contains(rs.out.String(), name) {
+			t.Errorf("output lacks %q", name)
 		}
 	}
 }
