@@ -89,7 +89,12 @@ func mustUnavailable(t *testing.T, r response, took, deadline time.Duration) {
 // usdc reads who's test USDC balance on the stack's devnet.
 func usdc(t testing.TB, s *stack, asset string, who common.Address) *big.Int {
 	t.Helper()
-	c, err := ethclient.Dial("http://" + s.devnetRPC)
+	return usdcAt(t, "http://"+s.devnetRPC, asset, who)
+}
+
+func usdcAt(t testing.TB, rpcURL, asset string, who common.Address) *big.Int {
+	t.Helper()
+	c, err := ethclient.Dial(rpcURL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +112,12 @@ func usdc(t testing.TB, s *stack, asset string, who common.Address) *big.Int {
 // the x402 discovery probe).
 func offer(t *testing.T, s *stack) (x402.PaymentRequirements, x402.Resource) {
 	t.Helper()
-	r := do(t, http.MethodPost, s.url("/verify/schema"), nil, nil)
+	return offerAt(t, s.base())
+}
+
+func offerAt(t *testing.T, base string) (x402.PaymentRequirements, x402.Resource) {
+	t.Helper()
+	r := do(t, http.MethodPost, base+"/verify/schema", nil, nil)
 	mustStatus(t, r, http.StatusPaymentRequired)
 	var pr x402.PaymentRequired
 	if err := x402.DecodeHeader(r.header.Get(x402.HeaderPaymentRequired), &pr); err != nil || len(pr.Accepts) == 0 {

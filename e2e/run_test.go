@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -13,6 +14,8 @@ import (
 	"time"
 
 	"github.com/aovhq/aov/internal/syncbuf"
+	"github.com/aovhq/aov/plugins/evmfacilitator"
+	"github.com/aovhq/aov/x402"
 )
 
 // runScript starts scripts/run.sh (what `make run` runs) in its own process
@@ -242,7 +245,7 @@ func (rs *runScript) waitOutput(t *testing.T, want string, n int, within time.Du
 }
 
 // runEnv is the environment of a run.sh on free ports with its data in data.
-func runEnv(t *testing.T, data string) (env []string, base string) {
+func runEnv(t *testing.T, data string) (env []string, base, rpcURL string) {
 	t.Helper()
 	http1, verifierd, certd, admin, metrics, rpc := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
 	_, port, _ := net.SplitHostPort(http1)
@@ -255,18 +258,39 @@ func runEnv(t *testing.T, data string) (env []string, base string) {
 		"AOV_ADMIN_ADDR=" + admin,
 		"AOV_VERIFIERD_METRICS_ADDR=" + metrics,
 		"AOV_DEVNET_RPC_ADDR=" + rpc,
-	}, "http://127.0.0.1:" + port
+	}, "http://127.0.0.1:" + port, "http://" + rpc
 }
 
 // Under make run, a daemon that dies is restarted with a backoff and a line
 // in the log while the others keep running; a request meanwhile is a prompt
 // 503 or a 200, never a hang; Ctrl-C still stops everything.
 func TestRunScriptRestartsADeadDaemon(t *testing.T) {
-	env, base := runEnv(t, filepath.Join(t.TempDir(), "data"))
+	env, base, rpcURL := runEnv(t, filepath.Join(t.TempDir(), "data"))
 	rs := startRunScript(t, env)
-	certd, caddy := rs.pidOf(t, "certd"), rs.pidOf(t, "caddy")
+	certd := rs.pidOf(t, "certd")
+	body := example(t, "invoice-fixed.json")
+	payer := evmfacilitator.DevAccounts()[3]
+	req, resource := offerAt(t, base)
+	before := usdcAt(t, rpcURL, req.Asset, payer.Address)
+	pay := func(t *testing.T) {
+		t.Helper()
+		p, err := x402.SignExactEVM(payer.Key(), req, &resource, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		sig, err := x402.EncodeHeader(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := do(t, http.MethodPost, base+"/verify/schema", body, map[string]string{x402.HeaderPaymentSignature: sig})
+		mustStatus(t, r, http.StatusOK)
+		if r.header.Get(x402.HeaderPaymentResponse) == "" {
+			t.Fatal("a paid answer without PAYMENT-RESPONSE")
+		}
+	}
+	pay(t)
 
-	for round, name := range []string{"verifierd", "verifierd", "certd"} {
+	for round, name := range []string{"verifierd", "verifierd", "certd", "caddy"} {
 		pid := rs.pidOf(t, name)
 		if err := syscall.Kill(-pid, syscall.SIGKILL); err != nil {
 			t.Fatal(err)
@@ -275,14 +299,22 @@ func TestRunScriptRestartsADeadDaemon(t *testing.T) {
 		deadline := time.Now().Add(60 * time.Second)
 		for {
 			start := time.Now()
-			r := get(t, base+"/health")
+			resp, err := client.Get(base + "/health")
 			if took := time.Since(start); took > testUpstreamTimeout+deadlineMargin {
 				t.Fatalf("/health took %v while %s was down", took, name)
 			}
-			if r.status != http.StatusOK && r.status != http.StatusServiceUnavailable {
-				t.Fatalf("/health answered %d while %s was down", r.status, name)
+			status := 0
+			if err == nil {
+				status = resp.StatusCode
+				resp.Body.Close()
+			} else if name != "caddy" {
+				// Only the front door's own death refuses connections.
+				t.Fatalf("/health while %s was down: %v", name, err)
 			}
-			if r.status == http.StatusOK && rs.pidOf(t, name) != pid {
+			if status != http.StatusOK && status != http.StatusServiceUnavailable && err == nil {
+				t.Fatalf("/health answered %d while %s was down", status, name)
+			}
+			if status == http.StatusOK && rs.pidOf(t, name) != pid {
 				break
 			}
 			if time.Now().After(deadline) {
@@ -290,8 +322,12 @@ func TestRunScriptRestartsADeadDaemon(t *testing.T) {
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
-		rs.waitOutput(t, name+" exited (status", round%2+1, time.Second)
-		rs.waitOutput(t, "restarting "+name, round%2+1, time.Second)
+		n := 1
+		if round == 1 {
+			n = 2
+		}
+		rs.waitOutput(t, name+" exited (status", n, time.Second)
+		rs.waitOutput(t, "restarting "+name, n, time.Second)
 	}
 	t.Run("the second restart of one daemon waits longer (backoff)", func(t *testing.T) {
 		out := rs.out.String()
@@ -299,19 +335,27 @@ func TestRunScriptRestartsADeadDaemon(t *testing.T) {
 			t.Fatalf("output:\n%s", out)
 		}
 	})
-	t.Run("the others kept running", func(t *testing.T) {
-		if rs.pidOf(t, "caddy") != caddy {
-			t.Error("caddy was restarted")
-		}
-		if err := syscall.Kill(caddy, 0); err != nil {
-			t.Errorf("caddy: %v", err)
-		}
+	t.Run("a restart is of the dead process only", func(t *testing.T) {
 		if rs.pidOf(t, "certd") == certd {
 			t.Error("certd was not restarted")
 		}
+		if n := strings.Count(rs.out.String(), " (restart "); n != 4 {
+			t.Errorf("%d restarts, want 4 (verifierd twice, certd, caddy)", n)
+		}
 	})
-	t.Run("a verification is served after the restarts", func(t *testing.T) {
-		mustStatus(t, post(t, base+"/verify/schema", example(t, "invoice-fixed.json")), http.StatusOK)
+	t.Run("the devnet chain survived Caddy's death: the paid call is still on chain", func(t *testing.T) {
+		paid := new(big.Int).Sub(before, usdcAt(t, rpcURL, req.Asset, payer.Address))
+		if paid.String() != req.Amount {
+			t.Fatalf("after the restart the payer has paid %v, want %s", paid, req.Amount)
+		}
+	})
+	t.Run("after the restarts a verification is served, and paid on the same chain", func(t *testing.T) {
+		mustStatus(t, post(t, base+"/verify/schema", body), http.StatusOK)
+		pay(t)
+		paid := new(big.Int).Sub(before, usdcAt(t, rpcURL, req.Asset, payer.Address))
+		if want := new(big.Int).Mul(big.NewInt(2), mustBig(t, req.Amount)); paid.Cmp(want) != 0 {
+			t.Fatalf("the payer has paid %v, want %v", paid, want)
+		}
 	})
 	rs.interrupt(t)
 	for _, name := range []string{"caddy stopped", "verifierd stopped", "certd stopped"} {
@@ -319,4 +363,13 @@ func TestRunScriptRestartsADeadDaemon(t *testing.T) {
 			t.Errorf("output lacks %q", name)
 		}
 	}
+}
+
+func mustBig(t *testing.T, s string) *big.Int {
+	t.Helper()
+	n, ok := new(big.Int).SetString(s, 10)
+	if !ok {
+		t.Fatalf("not a number: %q", s)
+	}
+	return n
 }

@@ -36,6 +36,8 @@ mkdir -p "$data"
 chmod 700 "$data" # it holds the signing keys and the gateway token
 data="$(cd "$data" && pwd)"
 base="http://localhost:$AOV_HTTP_PORT"
+# The devnet chain (inside Caddy) keeps its state here across restarts.
+export AOV_DEVNET_DIR="$data/devnet"
 export AOV_PUBLIC_BASE_URL="$base"
 
 say() { printf '\033[1mrun:\033[0m %s\n' "$*" >&2; }
@@ -58,6 +60,7 @@ mkdir -p "$bindir"
 #      caddy/           Caddy's own data and autosaved config (XDG dirs),
 #                       with the gateway's Badger store (allowance, payment
 #                       claims) in caddy/data/caddy/x402
+#      devnet/          the devnet chain: blocks, balances, nonces
 #      logs/            Caddy's access log
 #      gateway-token    secret Caddy sends to verifierd (0600)
 umask 077
