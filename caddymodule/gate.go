@@ -254,6 +254,7 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 	}
 	registerMetrics(ctx)
 	discovery.add(g)
+	g.startResolver() // hook (pending.go): resolve unknown settlements
 	return nil
 }
 
@@ -290,6 +291,7 @@ func (g *Gate) Validate() error {
 
 // Cleanup withdraws the route from /.well-known/x402.
 func (g *Gate) Cleanup() error {
+	g.stopResolver() // hook (pending.go)
 	discovery.remove(g)
 	return nil
 }

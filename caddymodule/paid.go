@@ -82,6 +82,11 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	if err != nil {
 		var ce *store.ClaimedError
 		if errors.As(err, &ce) {
+			// Hook (pending.go): a claim kept for an unknown settlement is
+			// resolved on the buyer's retry.
+			if handled, err := g.resolveOnRetry(w, r, next, ex, ce.State); handled {
+				return err
+			}
 			if ce.State.Settled {
 				return ex.demand(w, r, http.StatusPaymentRequired, "This payment was already used; sign a new one.", x402.ReasonPaymentAlreadyUsed, nil)
 			}
@@ -122,7 +127,7 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	r.Header.Set(HeaderUpstreamNetwork, offer.Network)
 
 	if g.Settle == "before" {
-		sr, ok := g.settle(w, r, ex, payload, offer, claim, release)
+		sr, ok := g.settle(w, r, ex, payload, offer, claim, release, nil)
 		if !ok {
 			return nil
 		}
@@ -164,7 +169,7 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		bw.replay(w)
 		return nil
 	}
-	sr, ok := g.settle(w, r, ex, payload, offer, claim, release)
+	sr, ok := g.settle(w, r, ex, payload, offer, claim, release, bw)
 	if !ok {
 		return nil
 	}
@@ -174,8 +179,9 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 
 // settle settles the claimed payment. On success it marks the claim settled
 // and returns the response for PAYMENT-RESPONSE; otherwise it has already
-// answered the client (and ok is false).
-func (g *Gate) settle(w http.ResponseWriter, r *http.Request, ex exchange, payload x402.PaymentPayload, offer x402.PaymentRequirements, claim store.Claim, release func()) (x402.SettleResponse, bool) {
+// answered the client (and ok is false). held is the answer held back (nil
+// in settle before mode), kept when the outcome is unknown.
+func (g *Gate) settle(w http.ResponseWriter, r *http.Request, ex exchange, payload x402.PaymentPayload, offer x402.PaymentRequirements, claim store.Claim, release func(), held *bufferedWriter) (x402.SettleResponse, bool) {
 	// Settlement must not be abandoned because the client went away: the
 	// upstream work is done and the authorization is ours to settle.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), defaultSettleTimeout)
@@ -188,15 +194,10 @@ func (g *Gate) settle(w http.ResponseWriter, r *http.Request, ex exchange, paylo
 			// to wait, not to pay again.
 			g.logger.Error("settlement outcome unknown", zap.Error(err))
 			metrics.outcomes.WithLabelValues("settlement_unknown").Inc()
-			g.refuse(w, &apierr.Error{
-				Code:        "settlement_pending",
-				Message:     "The payment's settlement outcome is not known yet and no content was released; do not sign a new payment, retry later.",
-				Status:      http.StatusServiceUnavailable,
-				Retryable:   true,
-				RetryAfter:  30,
-				NextActions: []apierr.Action{{Action: "retry", After: 30}},
-				Cause:       err,
-			})
+			// Hook (pending.go): keep the payment and the held answer
+			// with the claim, for the retry and the background pass.
+			g.holdUnknown(r.Context(), claim, payload, offer, held)
+			g.refuse(w, errSettlementPending(err))
 			return sr, false
 		}
 		release()
