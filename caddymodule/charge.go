@@ -26,7 +26,8 @@ type charge interface {
 	// settle makes the charge final for a billable answer. When it returns
 	// false it has answered the client itself (the payment failed) and the
 	// held answer must not be released.
-	settle(w http.ResponseWriter, r *http.Request) bool
+	// held is the answer it pays for, kept with an unknown settlement.
+	settle(w http.ResponseWriter, r *http.Request, held *bufferedWriter) bool
 	// release gives the charge back: nothing was taken, and the same
 	// payment or free unit can be used again.
 	release(r *http.Request)
@@ -84,7 +85,7 @@ func (g *Gate) serveCharged(w http.ResponseWriter, r *http.Request, next caddyht
 		bw.replay(w)
 		return nil
 	}
-	if !c.settle(w, r) {
+	if !c.settle(w, r, bw) {
 		return nil
 	}
 	c.deliver(w, bw)
@@ -140,7 +141,7 @@ func (f *freeCharge) release(r *http.Request) {
 	}
 }
 
-func (f *freeCharge) settle(w http.ResponseWriter, r *http.Request) bool {
+func (f *freeCharge) settle(w http.ResponseWriter, r *http.Request, _ *bufferedWriter) bool {
 	if err := f.g.state.Allowance().Commit(context.WithoutCancel(r.Context()), f.res); err != nil {
 		f.g.logger.Warn("committing free allowance unit", zap.Error(err))
 	}

@@ -72,6 +72,10 @@ type FacilitatorDevnet struct {
 	// (e.g. 127.0.0.1:8545) for wallets, viem or other facilitators. Empty:
 	// the chain is reachable inside the process only.
 	RPCListen string `json:"rpc_listen,omitempty"`
+	// DataDir keeps the chain (blocks, balances, nonces, contracts) in this
+	// folder, so it survives a restart of Caddy, even a crash. Empty: the
+	// chain lives in memory and is lost on exit.
+	DataDir string `json:"data_dir,omitempty"`
 }
 
 // EVMFacilitator is a facilitator that verifies and settles x402 "exact"
@@ -123,7 +127,11 @@ func (m *EVMFacilitator) Provision(ctx caddy.Context) error {
 			return errors.New("devnet brings its own chain and relayer: drop rpc_url and relayer_key(_file)")
 		}
 		listen := repl.ReplaceKnown(m.Devnet.RPCListen, "")
+		dataDir := repl.ReplaceKnown(m.Devnet.DataDir, "")
 		key := facilitatorDevnetKeyPrefix + listen
+		if dataDir != "" {
+			key += " data_dir=" + dataDir
+		}
 		// One devnet per process: the x402 asset registry holds one devnet
 		// token, and two chains behind one network id would disagree.
 		var other string
@@ -139,7 +147,7 @@ func (m *EVMFacilitator) Provision(ctx caddy.Context) error {
 		}
 		m.poolKey = key
 		val, _, err := facilitatorPool.LoadOrNew(m.poolKey, func() (caddy.Destructor, error) {
-			d, err := evmfacilitator.StartDevnet(evmfacilitator.DevnetConfig{RPCListen: listen})
+			d, err := evmfacilitator.StartDevnet(evmfacilitator.DevnetConfig{RPCListen: listen, DataDir: dataDir})
 			if err != nil {
 				return nil, err
 			}
@@ -255,6 +263,7 @@ func (m *EVMFacilitator) Supported(ctx context.Context) (x402.SupportedResponse,
 //		receipt_timeout  <duration>
 //		devnet [{
 //			rpc_listen <host:port>
+//			data_dir   [<path>]
 //		}]
 //	}
 func (m *EVMFacilitator) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
@@ -287,7 +296,7 @@ func (m *EVMFacilitator) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return nil
 }
 
-// facParseDevnet parses `devnet [{ rpc_listen <addr> }]`.
+// facParseDevnet parses `devnet [{ rpc_listen <addr>; data_dir [<path>] }]`.
 func facParseDevnet(d *caddyfile.Dispenser) (*FacilitatorDevnet, error) {
 	dn := new(FacilitatorDevnet)
 	if d.NextArg() {
@@ -298,6 +307,15 @@ func facParseDevnet(d *caddyfile.Dispenser) (*FacilitatorDevnet, error) {
 		case "rpc_listen":
 			if err := facOneArg(d, &dn.RPCListen); err != nil {
 				return nil, err
+			}
+		case "data_dir":
+			// No path (an empty environment variable) keeps the chain in
+			// memory.
+			if d.NextArg() {
+				dn.DataDir = d.Val()
+			}
+			if d.NextArg() {
+				return nil, d.ArgErr()
 			}
 		default:
 			return nil, d.Errf("unrecognized devnet option '%s'", d.Val())

@@ -280,6 +280,7 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 	}
 	registerMetrics(ctx)
 	discovery.add(g)
+	g.startResolver() // hook (pending.go): resolve unknown settlements
 	return nil
 }
 
@@ -320,6 +321,7 @@ func (g *Gate) Validate() error {
 // Cleanup withdraws the route from /.well-known/x402 and lets go of the
 // rate limit zone.
 func (g *Gate) Cleanup() error {
+	g.stopResolver() // hook (pending.go)
 	discovery.remove(g)
 	if g.rates != nil {
 		_, err := rateZones.Delete(g.ratesKey)

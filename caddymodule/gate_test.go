@@ -720,9 +720,11 @@ func TestUnknownSettlementOutcomeNeverAsksToPayAgain(t *testing.T) {
 	if got := new(big.Int).Sub(before, balance(t, d, payer)); got.Cmp(big.NewInt(20000)) != 0 {
 		t.Fatalf("the settlement did not go through on chain (charged %v)", got)
 	}
-	// The same payment cannot be used again while its outcome is unknown.
+	// The same payment cannot be used again while its outcome is unknown
+	// (this facilitator cannot tell whether it settled): the retry is told
+	// the outcome is still pending, never to pay again.
 	resp = post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
-	if resp.StatusCode != http.StatusPaymentRequired || readJSON(t, resp)["reason"] != reasonPaymentInFlight {
+	if resp.StatusCode != http.StatusServiceUnavailable || readJSON(t, resp)["code"] != "settlement_pending" || resp.Header.Get(x402.HeaderPaymentRequired) != "" {
 		t.Fatalf("retry: status %d", resp.StatusCode)
 	}
 	if got := new(big.Int).Sub(before, balance(t, d, payer)); got.Cmp(big.NewInt(20000)) != 0 {

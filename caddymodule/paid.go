@@ -133,6 +133,11 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 			if ce.State.Settled {
 				return ex.demand(w, r, http.StatusPaymentRequired, "This payment was already used; sign a new one.", x402.ReasonPaymentAlreadyUsed, nil)
 			}
+			// A claim kept for an unknown settlement is resolved on the
+			// buyer's retry (pending.go).
+			if handled, err := g.resolveOnRetry(w, r, next, ex, ce.State); handled {
+				return err
+			}
 			return ex.demand(w, r, http.StatusPaymentRequired, "This payment is being processed by another request; do not reuse a payment.", reasonPaymentInFlight, nil)
 		}
 		return ex.refuse(w, r, apierr.Unavailable("payment state store", 1, err))
@@ -166,7 +171,7 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	r.Header.Set(HeaderUpstreamNetwork, offer.Network)
 
 	if g.Settle == "before" {
-		if !pc.settle(w, r) {
+		if !pc.settle(w, r, nil) {
 			return nil
 		}
 		g.setPaidHeaders(w.Header(), pc.sr)
@@ -178,8 +183,10 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 // settle settles the claimed payment: the one settlement step of the gate.
 // On success it marks the claim settled and keeps the response for
 // PAYMENT-RESPONSE; otherwise it has already answered the client. An
-// unknown outcome keeps the claim (the money may have moved).
-func (p *paidCharge) settle(w http.ResponseWriter, r *http.Request) bool {
+// unknown outcome keeps the claim (the money may have moved) and, with it,
+// the payment and the held answer (nil in settle-before mode), so that the
+// buyer's retry or the background pass can resolve it (pending.go).
+func (p *paidCharge) settle(w http.ResponseWriter, r *http.Request, held *bufferedWriter) bool {
 	g := p.g
 	// Settlement must not be abandoned because the client went away: the
 	// upstream work is done and the authorization is ours to settle.
@@ -193,15 +200,8 @@ func (p *paidCharge) settle(w http.ResponseWriter, r *http.Request) bool {
 			// to wait, not to pay again.
 			g.logger.Error("settlement outcome unknown", zap.Error(err))
 			metrics.outcomes.WithLabelValues("settlement_unknown").Inc()
-			g.refuse(w, r, &apierr.Error{
-				Code:        "settlement_pending",
-				Message:     "The payment's settlement outcome is not known yet and no content was released; do not sign a new payment, retry later.",
-				Status:      http.StatusServiceUnavailable,
-				Retryable:   true,
-				RetryAfter:  30,
-				NextActions: []apierr.Action{{Action: "retry", After: 30}},
-				Cause:       err,
-			})
+			g.holdUnknown(r.Context(), p.claim, p.payload, p.offer, held)
+			g.refuse(w, r, errSettlementPending(err))
 			return false
 		}
 		p.release(r)

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"mime"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -88,6 +89,7 @@ const (
 const (
 	defaultMaxResponse     = 1 << 20
 	defaultVerifierTimeout = 10 * time.Second
+	verifierDialTimeout    = 5 * time.Second
 	defaultTaskID          = "{http.request.uuid}"
 	// maxReceiptBytes caps what is read back from the verification service:
 	// a full receipt with every list at its cap is far below it.
@@ -287,10 +289,15 @@ func (v *VerifyResponse) Provision(ctx caddy.Context) error {
 	v.client = &http.Client{
 		Timeout: time.Duration(v.VerifierTimeout),
 		Transport: &http.Transport{
-			Proxy:               http.ProxyFromEnvironment,
-			MaxIdleConns:        256,
-			MaxIdleConnsPerHost: 256,
-			IdleConnTimeout:     90 * time.Second,
+			Proxy: http.ProxyFromEnvironment,
+			// Deadlines of this hop (the whole call: Timeout above): a
+			// verification service that accepts and never answers is
+			// given up on, never waited for.
+			DialContext:           (&net.Dialer{Timeout: verifierDialTimeout}).DialContext,
+			ResponseHeaderTimeout: time.Duration(v.VerifierTimeout),
+			MaxIdleConns:          256,
+			MaxIdleConnsPerHost:   256,
+			IdleConnTimeout:       90 * time.Second,
 		},
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}

@@ -1,17 +1,21 @@
 package e2e
 
 import (
+	"math/big"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/aovhq/aov/internal/syncbuf"
+	"github.com/aovhq/aov/plugins/evmfacilitator"
+	"github.com/aovhq/aov/x402"
 )
 
 // runScript starts scripts/run.sh (what `make run` runs) in its own process
@@ -208,4 +212,164 @@ func TestLoadScript(t *testing.T) {
 			t.Errorf("%s still accepts connections after load.sh ended", addr)
 		}
 	}
+}
+
+// pidOf returns the pid the script last reported for name ("NAME started
+// (pid N)").
+func (rs *runScript) pidOf(t *testing.T, name string) int {
+	t.Helper()
+	out := rs.out.String()
+	marker := name + " started (pid "
+	i := strings.LastIndex(out, marker)
+	if i < 0 {
+		t.Fatalf("run.sh did not report %s's pid:\n%s", name, out)
+	}
+	rest := out[i+len(marker):]
+	pid, err := strconv.Atoi(rest[:strings.IndexByte(rest, ')')])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pid
+}
+
+// waitOutput waits until the script's output contains want n times.
+func (rs *runScript) waitOutput(t *testing.T, want string, n int, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for strings.Count(rs.out.String(), want) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("run.sh did not print %q (%d times) within %v:\n%s", want, n, within, rs.out.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// runEnv is the environment of a run.sh on free ports with its data in data.
+func runEnv(t *testing.T, data string) (env []string, base, rpcURL string) {
+	t.Helper()
+	http1, verifierd, certd, admin, metrics, rpc := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
+	_, port, _ := net.SplitHostPort(http1)
+	return []string{
+		"AOV_DATA=" + data,
+		"AOV_BIN=" + bin.dir,
+		"AOV_HTTP_PORT=" + port,
+		"AOV_VERIFIERD_ADDR=" + verifierd,
+		"AOV_CERTD_PUBLIC_ADDR=" + certd,
+		"AOV_ADMIN_ADDR=" + admin,
+		"AOV_VERIFIERD_METRICS_ADDR=" + metrics,
+		"AOV_DEVNET_RPC_ADDR=" + rpc,
+	}, "http://127.0.0.1:" + port, "http://" + rpc
+}
+
+// Under make run, a daemon that dies is restarted with a backoff and a line
+// in the log while the others keep running; a request meanwhile is a prompt
+// 503 or a 200, never a hang; Ctrl-C still stops everything.
+func TestRunScriptRestartsADeadDaemon(t *testing.T) {
+	env, base, rpcURL := runEnv(t, filepath.Join(t.TempDir(), "data"))
+	rs := startRunScript(t, env)
+	certd := rs.pidOf(t, "certd")
+	body := example(t, "invoice-fixed.json")
+	payer := evmfacilitator.DevAccounts()[3]
+	req, resource := offerAt(t, base)
+	before := usdcAt(t, rpcURL, req.Asset, payer.Address)
+	pay := func(t *testing.T) {
+		t.Helper()
+		p, err := x402.SignExactEVM(payer.Key(), req, &resource, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		sig, err := x402.EncodeHeader(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := do(t, http.MethodPost, base+"/verify/schema", body, map[string]string{x402.HeaderPaymentSignature: sig})
+		mustStatus(t, r, http.StatusOK)
+		if r.header.Get(x402.HeaderPaymentResponse) == "" {
+			t.Fatal("a paid answer without PAYMENT-RESPONSE")
+		}
+	}
+	pay(t)
+
+	for round, name := range []string{"verifierd", "verifierd", "certd", "caddy"} {
+		pid := rs.pidOf(t, name)
+		if err := syscall.Kill(-pid, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		// Until it is back, every request is answered promptly.
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			start := time.Now()
+			resp, err := client.Get(base + "/health")
+			if took := time.Since(start); took > testUpstreamTimeout+deadlineMargin {
+				t.Fatalf("/health took %v while %s was down", took, name)
+			}
+			status := 0
+			if err == nil {
+				status = resp.StatusCode
+				resp.Body.Close()
+			} else if name != "caddy" {
+				// Only the front door's own death refuses connections.
+				t.Fatalf("/health while %s was down: %v", name, err)
+			}
+			if status != http.StatusOK && status != http.StatusServiceUnavailable && err == nil {
+				t.Fatalf("/health answered %d while %s was down", status, name)
+			}
+			if status == http.StatusOK && rs.pidOf(t, name) != pid {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s was not back within 60 s:\n%s", name, rs.out.String())
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		n := 1
+		if round == 1 {
+			n = 2
+		}
+		rs.waitOutput(t, name+" exited (status", n, time.Second)
+		rs.waitOutput(t, "restarting "+name, n, time.Second)
+	}
+	t.Run("the second restart of one daemon waits longer (backoff)", func(t *testing.T) {
+		out := rs.out.String()
+		if !strings.Contains(out, "verifierd exited (status 137) after") || !strings.Contains(out, "restarting it in 2 s") {
+			t.Fatalf("output:\n%s", out)
+		}
+	})
+	t.Run("a restart is of the dead process only", func(t *testing.T) {
+		if rs.pidOf(t, "certd") == certd {
+			t.Error("certd was not restarted")
+		}
+		if n := strings.Count(rs.out.String(), " (restart "); n != 4 {
+			t.Errorf("%d restarts, want 4 (verifierd twice, certd, caddy)", n)
+		}
+	})
+	t.Run("the devnet chain survived Caddy's death: the paid call is still on chain", func(t *testing.T) {
+		paid := new(big.Int).Sub(before, usdcAt(t, rpcURL, req.Asset, payer.Address))
+		if paid.String() != req.Amount {
+			t.Fatalf("after the restart the payer has paid %v, want %s", paid, req.Amount)
+		}
+	})
+	t.Run("after the restarts a verification is served, and paid on the same chain", func(t *testing.T) {
+		mustStatus(t, post(t, base+"/verify/schema", body), http.StatusOK)
+		pay(t)
+		paid := new(big.Int).Sub(before, usdcAt(t, rpcURL, req.Asset, payer.Address))
+		if want := new(big.Int).Mul(big.NewInt(2), mustBig(t, req.Amount)); paid.Cmp(want) != 0 {
+			t.Fatalf("the payer has paid %v, want %v", paid, want)
+		}
+	})
+	rs.interrupt(t)
+	for _, name := range []string{"caddy stopped", "verifierd stopped", "certd stopped"} {
+		if !strings.Contains(rs.out.String(), name) {
+			t.Errorf("output lacks %q", name)
+		}
+	}
+}
+
+func mustBig(t *testing.T, s string) *big.Int {
+	t.Helper()
+	n, ok := new(big.Int).SetString(s, 10)
+	if !ok {
+		t.Fatalf("not a number: %q", s)
+	}
+	return n
 }

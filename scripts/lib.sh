@@ -20,3 +20,83 @@ http_ok() {
 	exec 3<&- 3>&-
 	[ "$status" = 200 ]
 }
+
+# Supervision, for run.sh: `supervise NAME CMD...` starts CMD in a process
+# group of its own and remembers how to start it again; `supervise_forever`
+# restarts any supervised process that exits on its own, after a backoff
+# (1 s, doubling up to AOV_RESTART_MAX_BACKOFF, default 30 s; back to 1 s once
+# a process has run AOV_RESTART_RESET seconds, default 30), with a line in the
+# log each time, while the others keep running; `stop_all` stops them in
+# reverse order of start (each gets SIGTERM and 10 s, then SIGKILL). The
+# caller defines `say` and traps INT, TERM and EXIT to stop_all.
+sup_names=()    # NAME of each supervised process, in start order
+sup_cmds=()     # its command, shell-quoted, for restarts
+sup_pids=()     # its current pid (= its process group)
+sup_started=()  # $SECONDS at its last start
+sup_backoff=()  # seconds to wait before its next restart
+sup_due=()      # $SECONDS when it is due to restart; "" while it runs
+sup_restarts=() # how many times it was restarted
+sup_stopping=0
+
+sup_spawn() {
+	local i="$1"
+	eval "setsid ${sup_cmds[$i]} &"
+	sup_pids[i]=$!
+	sup_started[i]=$SECONDS
+	say "${sup_names[$i]} started (pid ${sup_pids[$i]})"
+}
+
+supervise() {
+	local name="$1" i="${#sup_names[@]}"
+	shift
+	sup_names[i]="$name"
+	sup_cmds[i]="$(printf '%q ' "$@")"
+	sup_backoff[i]=1
+	sup_due[i]=""
+	sup_restarts[i]=0
+	sup_spawn "$i"
+}
+
+supervise_forever() {
+	local i status ran max="${AOV_RESTART_MAX_BACKOFF:-30}" reset="${AOV_RESTART_RESET:-30}"
+	while [ "$sup_stopping" = 0 ]; do
+		for i in "${!sup_names[@]}"; do
+			if [ -z "${sup_due[$i]}" ]; then
+				kill -0 "${sup_pids[$i]}" 2>/dev/null && continue
+				status=0
+				wait "${sup_pids[$i]}" 2>/dev/null || status=$?
+				ran=$((SECONDS - sup_started[i]))
+				[ "$ran" -ge "$reset" ] && sup_backoff[i]=1
+				sup_due[i]=$((SECONDS + sup_backoff[i]))
+				say "${sup_names[$i]} exited (status $status) after $ran s; restarting it in ${sup_backoff[$i]} s, the others keep serving"
+				sup_backoff[i]=$((sup_backoff[i] * 2 > max ? max : sup_backoff[i] * 2))
+			elif [ "$SECONDS" -ge "${sup_due[$i]}" ]; then
+				sup_restarts[i]=$((sup_restarts[i] + 1))
+				say "restarting ${sup_names[$i]} (restart ${sup_restarts[$i]})"
+				sup_due[i]=""
+				sup_spawn "$i"
+			fi
+		done
+		sleep 0.5
+	done
+}
+
+stop_all() {
+	[ "$sup_stopping" = 1 ] && return
+	sup_stopping=1
+	trap '' INT TERM
+	say "stopping"
+	local i
+	for ((i = ${#sup_pids[@]} - 1; i >= 0; i--)); do
+		kill -TERM -- "-${sup_pids[$i]}" 2>/dev/null || true
+		kill -CONT -- "-${sup_pids[$i]}" 2>/dev/null || true # a stopped one must see it
+		# Give each its grace period, then insist.
+		for _ in $(seq 1 100); do
+			kill -0 "${sup_pids[$i]}" 2>/dev/null || break
+			sleep 0.1
+		done
+		kill -KILL -- "-${sup_pids[$i]}" 2>/dev/null || true
+		wait "${sup_pids[$i]}" 2>/dev/null || true
+		say "${sup_names[$i]} stopped"
+	done
+}

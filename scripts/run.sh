@@ -2,7 +2,8 @@
 # run.sh builds and runs the whole service on this machine (what `make run`
 # does): certd (signing keys, agent card), verifierd (verification service)
 # and Caddy (the gateway, configured by Caddyfile.example), with every piece
-# of state under one data folder. Ctrl-C stops all three.
+# of state under one data folder. A process that dies is restarted with a
+# backoff while the others keep serving; Ctrl-C (or SIGTERM) stops all three.
 #
 # Environment (all optional):
 #   AOV_DATA              data folder                       (default ./data)
@@ -35,6 +36,8 @@ mkdir -p "$data"
 chmod 700 "$data" # it holds the signing keys and the gateway token
 data="$(cd "$data" && pwd)"
 base="http://localhost:$AOV_HTTP_PORT"
+# The devnet chain (inside Caddy) keeps its state here across restarts.
+export AOV_DEVNET_DIR="$data/devnet"
 export AOV_PUBLIC_BASE_URL="$base"
 
 say() { printf '\033[1mrun:\033[0m %s\n' "$*" >&2; }
@@ -59,6 +62,7 @@ mkdir -p "$bindir"
 #      caddy/           Caddy's own data and autosaved config (XDG dirs),
 #                       with the gateway's Badger store (allowance, payment
 #                       claims) in caddy/data/caddy/x402
+#      devnet/          the devnet chain: blocks, balances, nonces
 #      logs/            Caddy's access log
 #      gateway-token    secret Caddy sends to verifierd (0600)
 umask 077
@@ -86,49 +90,23 @@ chmod 600 "$data/gateway-token"
 AOV_GATEWAY_TOKEN="$(cat "$data/gateway-token")"
 export AOV_GATEWAY_TOKEN
 
-# 5. Start the three processes. Each runs in its own process group so that
-#    stopping is explicit and ordered: Caddy first (no new requests), then
-#    verifierd, then certd.
-pids=()
-names=()
-start() {
-	local name="$1"
-	shift
-	setsid "$@" &
-	pids+=("$!")
-	names+=("$name")
-}
-stopping=0
-stop_all() {
-	[ "$stopping" = 1 ] && return
-	stopping=1
-	trap '' INT TERM
-	say "stopping"
-	local i
-	for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
-		kill -TERM -- "-${pids[$i]}" 2>/dev/null || true
-		# Give each its grace period, then insist.
-		for _ in $(seq 1 100); do
-			kill -0 "${pids[$i]}" 2>/dev/null || break
-			sleep 0.1
-		done
-		kill -KILL -- "-${pids[$i]}" 2>/dev/null || true
-		wait "${pids[$i]}" 2>/dev/null || true
-		say "${names[$i]} stopped"
-	done
-}
+# 5. Start the three processes, supervised (scripts/lib.sh): each runs in
+#    its own process group; one that exits on its own is restarted with a
+#    backoff while the others keep serving (a request meanwhile is a 503,
+#    never a hang). Stopping is explicit and ordered: Caddy first (no new
+#    requests), then verifierd, then certd.
 trap 'stop_all; exit 130' INT TERM
 trap 'stop_all' EXIT
 
 say "starting certd (agent card on $AOV_CERTD_PUBLIC_ADDR, signing socket $socket)"
-start certd "$bindir/certd" serve "${certd_dev[@]}" \
+supervise certd "$bindir/certd" serve "${certd_dev[@]}" \
 	-keys "$data/keys" \
 	-sign-socket "$socket" \
 	-public-listen "$AOV_CERTD_PUBLIC_ADDR" \
 	-public-base-url "$base"
 
 say "starting verifierd on $AOV_VERIFIERD_ADDR"
-start verifierd "$bindir/verifierd" \
+supervise verifierd "$bindir/verifierd" \
 	-listen "$AOV_VERIFIERD_ADDR" \
 	-admin-listen "$AOV_VERIFIERD_METRICS_ADDR" \
 	-data "$data/verifierd" \
@@ -137,14 +115,14 @@ start verifierd "$bindir/verifierd" \
 	-public-base-url "$base"
 
 say "starting caddy on $base"
-start caddy env XDG_DATA_HOME="$data/caddy/data" XDG_CONFIG_HOME="$data/caddy/config" AOV_LOG_DIR="$data/logs" \
+supervise caddy env XDG_DATA_HOME="$data/caddy/data" XDG_CONFIG_HOME="$data/caddy/config" AOV_LOG_DIR="$data/logs" \
 	"$bindir/caddy" run --config Caddyfile.example --adapter caddyfile
 
 # 6. Wait until the whole chain answers through Caddy.
 ok=0
 for _ in $(seq 1 300); do
-	for i in "${!pids[@]}"; do
-		kill -0 "${pids[$i]}" 2>/dev/null || die "${names[$i]} exited during start-up; see its output above"
+	for i in "${!sup_pids[@]}"; do
+		kill -0 "${sup_pids[$i]}" 2>/dev/null || die "${sup_names[$i]} exited during start-up; see its output above"
 	done
 	if http_ok "$base/health" && http_ok "$base/.well-known/agent-card.json" &&
 		http_ok "$base/facilitator/supported"; then
@@ -190,8 +168,5 @@ cat >&2 <<EOF
 
 EOF
 
-# Stay until Ctrl-C or until one of the three exits on its own.
-wait -n "${pids[@]}" || true
-for i in "${!pids[@]}"; do
-	kill -0 "${pids[$i]}" 2>/dev/null || say "${names[$i]} exited; stopping the others"
-done
+# Stay until Ctrl-C or SIGTERM, restarting whichever process exits.
+supervise_forever

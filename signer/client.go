@@ -21,6 +21,7 @@ import (
 // Defaults of ClientConfig.
 const (
 	DefaultTimeout     = 5 * time.Second
+	DefaultDialTimeout = 2 * time.Second
 	DefaultKeyCacheTTL = 5 * time.Second
 )
 
@@ -33,8 +34,12 @@ type ClientConfig struct {
 	// http://127.0.0.1:8091; Secret is its bearer secret.
 	URL    string
 	Secret string
-	// Timeout bounds each call (default 5 s).
+	// Timeout bounds each call (default 5 s), and with it the wait for the
+	// answer's headers: a certd that is stopped or stalled (its socket
+	// still accepts) makes the call a retryable 503, never a hang.
 	Timeout time.Duration
+	// DialTimeout bounds connecting to certd (default 2 s).
+	DialTimeout time.Duration
 	// KeyCacheTTL is how long CurrentKey trusts its last answer (default
 	// 5 s). A rotation is noticed sooner: a stale sign refreshes it.
 	KeyCacheTTL time.Duration
@@ -73,15 +78,21 @@ func NewClient(cfg ClientConfig) *Client {
 	if timeout <= 0 {
 		timeout = DefaultTimeout
 	}
+	dial := cfg.DialTimeout
+	if dial <= 0 {
+		dial = DefaultDialTimeout
+	}
+	d := net.Dialer{Timeout: dial}
 	tr := &http.Transport{
-		MaxIdleConns:        64,
-		MaxIdleConnsPerHost: 64,
-		IdleConnTimeout:     90 * time.Second,
-		DisableCompression:  true,
+		DialContext:           d.DialContext,
+		MaxIdleConns:          64,
+		MaxIdleConnsPerHost:   64,
+		IdleConnTimeout:       90 * time.Second,
+		ResponseHeaderTimeout: timeout,
+		DisableCompression:    true,
 	}
 	if cfg.Socket != "" {
 		socket := cfg.Socket
-		var d net.Dialer
 		tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return d.DialContext(ctx, "unix", socket)
 		}

@@ -293,3 +293,79 @@ func (cl claims) Lookup(ctx context.Context, key string) (ClaimState, error) {
 	})
 	return st, err
 }
+
+// HeldClaims is implemented by Claims stores that can keep a note with an
+// unsettled claim, for settlements whose outcome is unknown: the gateway
+// keeps the payment and the answer it held back there until the outcome is
+// resolved (the claim is then settled or released). The note lives and
+// lapses with its claim, so it is bounded in time by the claim's expiry;
+// callers bound its size (MaxHoldNoteBytes).
+type HeldClaims interface {
+	// Hold writes note on c, which must still be c's and unsettled
+	// (ErrClaimLost, ErrClaimSettled otherwise).
+	Hold(ctx context.Context, c Claim, note string) error
+	// Held calls fn with the first key and the state of every live,
+	// unsettled claim that carries a note, until fn returns false.
+	Held(ctx context.Context, fn func(key string, st ClaimState) bool) error
+}
+
+// MaxHoldNoteBytes bounds one Hold note.
+const MaxHoldNoteBytes = 4 << 20
+
+// Hold implements HeldClaims.
+func (cl claims) Hold(ctx context.Context, c Claim, note string) error {
+	if len(note) > MaxHoldNoteBytes {
+		return fmt.Errorf("store: hold note over %d bytes", MaxHoldNoteBytes)
+	}
+	return cl.db.update(ctx, func(txn *badger.Txn) error {
+		recs, err := held(txn, c, now().UnixNano())
+		if err != nil {
+			return err
+		}
+		for i, k := range c.Keys {
+			r := recs[i]
+			if r.settled {
+				return ErrClaimSettled
+			}
+			r.note = note
+			e := badger.NewEntry(claimKey(k), r.encode())
+			e.ExpiresAt = claimExpiry(r.until)
+			if err := txn.SetEntry(e); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// Held implements HeldClaims. A claim is stored under each of its keys;
+// each claim is reported once (by the first key met), told apart by its
+// token.
+func (cl claims) Held(ctx context.Context, fn func(key string, st ClaimState) bool) error {
+	return cl.db.view(ctx, func(txn *badger.Txn) error {
+		t := now().UnixNano()
+		seen := map[[16]byte]bool{}
+		opts := badger.DefaultIteratorOptions
+		opts.Prefix = claimKey("")
+		it := txn.NewIterator(opts)
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			var c claimRecord
+			if err := it.Item().Value(func(b []byte) error {
+				var err error
+				c, err = decodeClaim(b)
+				return err
+			}); err != nil {
+				return err
+			}
+			if c.settled || c.note == "" || c.until <= t || seen[c.token] {
+				continue
+			}
+			seen[c.token] = true
+			if !fn(string(it.Item().Key()[len(opts.Prefix):]), c.state()) {
+				return nil
+			}
+		}
+		return nil
+	})
+}

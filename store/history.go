@@ -14,11 +14,31 @@ import (
 )
 
 // Payment kinds of a recorded verification, as the gateway reported them.
+//
+// A paid call is recorded before its settlement (the gateway settles only
+// after the answer exists), so the gateway forwards it as pending and
+// reports the outcome afterwards (SetPayment): paid when the settlement
+// succeeded, unpaid when it failed (the answer was then never delivered).
+// Pending and unpaid records are kept, for the audit trail, but do not
+// count toward an agent's counts, reputation or score (Counted).
 const (
 	PaymentFree    = "free"
 	PaymentPaid    = "paid"
+	PaymentPending = "pending" // paid call whose settlement outcome is not known yet
+	PaymentUnpaid  = "unpaid"  // settlement failed: the answer was not delivered
 	PaymentUnknown = "unknown" // no trusted gateway said how the call was paid
 )
+
+// Counted reports whether v counts toward its agent's counts, reputation
+// and score: every delivered verification does; a pending or unpaid one
+// (not, or not yet, delivered) does not.
+func (v Verification) Counted() bool {
+	return v.Payment != PaymentPending && v.Payment != PaymentUnpaid
+}
+
+// ErrPaymentFinal reports a SetPayment on a record whose payment is no
+// longer pending.
+var ErrPaymentFinal = errors.New("store: the verification's payment is not pending")
 
 // TestAgentPrefix marks agent ids reserved for examples (SPEC §5): their
 // verifications are recorded like any other but flagged, so trust scores
@@ -56,7 +76,7 @@ type Verification struct {
 	RequestHash string    `json:"request_hash"`
 	KeyVersion  string    `json:"key_version,omitempty"` // key that signed the receipt
 
-	Payment string `json:"payment"` // PaymentFree | PaymentPaid | PaymentUnknown
+	Payment string `json:"payment"` // PaymentFree | PaymentPaid | PaymentPending | PaymentUnpaid | PaymentUnknown
 	Payer   string `json:"payer,omitempty"`
 	Network string `json:"network,omitempty"` // CAIP-2
 	// Wallet is the address the caller proved control of (X-Wallet-Auth),
@@ -98,9 +118,9 @@ func (v *Verification) validate() error {
 	switch v.Payment {
 	case "":
 		v.Payment = PaymentUnknown
-	case PaymentFree, PaymentPaid, PaymentUnknown:
+	case PaymentFree, PaymentPaid, PaymentPending, PaymentUnpaid, PaymentUnknown:
 	default:
-		return fmt.Errorf("store: payment kind %q is not free, paid or unknown", v.Payment)
+		return fmt.Errorf("store: payment kind %q is not free, paid, pending, unpaid or unknown", v.Payment)
 	}
 	return nil
 }
@@ -153,6 +173,9 @@ func (db *DB) RecordVerification(ctx context.Context, v Verification) error {
 }
 
 func (c *Counts) add(v Verification) {
+	if !v.Counted() {
+		return
+	}
 	pass := v.Result == "pass"
 	if pass {
 		c.Pass++
@@ -175,6 +198,59 @@ func (c *Counts) add(v Verification) {
 	if v.VerifiedAt.After(c.Last) {
 		c.Last = v.VerifiedAt
 	}
+}
+
+// SetPayment records the outcome of a pending verification's settlement:
+// payment is PaymentPaid (it now counts for its agent) or PaymentUnpaid (it
+// stays out of the counts). A record that is not pending is left as it is
+// (ErrPaymentFinal), so a late or repeated report cannot change history;
+// an unknown id is ErrNotFound.
+func (db *DB) SetPayment(ctx context.Context, id, payment string) error {
+	if payment != PaymentPaid && payment != PaymentUnpaid {
+		return fmt.Errorf("store: a settlement outcome is paid or unpaid, not %q", payment)
+	}
+	rk := recordKey(id)
+	return db.update(ctx, func(txn *badger.Txn) error {
+		item, err := txn.Get(rk)
+		if errors.Is(err, badger.ErrKeyNotFound) {
+			return ErrNotFound
+		}
+		if err != nil {
+			return err
+		}
+		var v Verification
+		if err := item.Value(func(b []byte) error { return json.Unmarshal(b, &v) }); err != nil {
+			return fmt.Errorf("decoding verification: %w", err)
+		}
+		if v.Payment != PaymentPending {
+			return ErrPaymentFinal
+		}
+		v.Payment = payment
+		val, err := json.Marshal(v)
+		if err != nil {
+			return fmt.Errorf("encoding verification: %w", err)
+		}
+		if err := txn.Set(rk, val); err != nil {
+			return err
+		}
+		if v.AgentID == "" {
+			return nil
+		}
+		if err := txn.Set(agentKey(v.AgentID, v.VerifiedAt, v.ID), val); err != nil {
+			return err
+		}
+		ck := countsKey(v.AgentID)
+		c, err := getCounts(txn, ck)
+		if err != nil {
+			return err
+		}
+		c.add(v)
+		cv, err := json.Marshal(c)
+		if err != nil {
+			return fmt.Errorf("encoding counts: %w", err)
+		}
+		return txn.Set(ck, cv)
+	})
 }
 
 func getCounts(txn *badger.Txn, key []byte) (Counts, error) {

@@ -18,6 +18,7 @@ import (
 // Defaults of HTTPFacilitatorConfig.
 const (
 	DefaultFacilitatorTimeout = 30 * time.Second // the reference gateways' facilitator timeout
+	DefaultDialTimeout        = 5 * time.Second
 	DefaultMaxResponseBytes   = 1 << 20
 	DefaultRetries            = 2
 	DefaultBackoff            = 200 * time.Millisecond
@@ -34,8 +35,14 @@ type HTTPFacilitatorConfig struct {
 	// Timeout bounds one call (Verify, Settle or Supported) including its
 	// retries. Default DefaultFacilitatorTimeout.
 	Timeout time.Duration
-	// Client is the HTTP client; default a new one with no timeout of its
-	// own (Timeout governs).
+	// DialTimeout bounds connecting to the facilitator (TCP and TLS), so an
+	// unreachable facilitator is known quickly and Settle can tell the
+	// caller that nothing was sent. Default DefaultDialTimeout. Ignored
+	// when Client is set.
+	DialTimeout time.Duration
+	// Client is the HTTP client; default one whose transport bounds the
+	// dial (DialTimeout) and the wait for the reply's headers (Timeout),
+	// with no timeout of its own (Timeout governs the whole call).
 	Client *http.Client
 	// MaxResponseBytes caps a reply body. Default DefaultMaxResponseBytes.
 	MaxResponseBytes int64
@@ -63,8 +70,11 @@ func NewHTTPFacilitator(cfg HTTPFacilitatorConfig) *HTTPFacilitator {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = DefaultFacilitatorTimeout
 	}
+	if cfg.DialTimeout <= 0 {
+		cfg.DialTimeout = DefaultDialTimeout
+	}
 	if cfg.Client == nil {
-		cfg.Client = &http.Client{}
+		cfg.Client = &http.Client{Transport: deadlineTransport(cfg.DialTimeout, cfg.Timeout)}
 	}
 	if cfg.MaxResponseBytes <= 0 {
 		cfg.MaxResponseBytes = DefaultMaxResponseBytes
@@ -344,4 +354,15 @@ func replyMembers(body []byte) (map[string]json.RawMessage, bool) {
 func isDialError(err error) bool {
 	var op *net.OpError
 	return errors.As(err, &op) && op.Op == "dial"
+}
+
+// deadlineTransport is http.DefaultTransport's setup with a dial deadline
+// and a deadline for the reply's headers: a facilitator whose socket accepts
+// but never answers is given up on, whatever context the caller passed.
+func deadlineTransport(dial, header time.Duration) *http.Transport {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.DialContext = (&net.Dialer{Timeout: dial, KeepAlive: 30 * time.Second}).DialContext
+	tr.TLSHandshakeTimeout = dial
+	tr.ResponseHeaderTimeout = header
+	return tr
 }

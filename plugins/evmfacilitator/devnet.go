@@ -7,13 +7,14 @@ import (
 	"fmt"
 	"math/big"
 	"net"
-	"reflect"
+	"os"
 	"strconv"
 	"sync"
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/common/hexutil"
+	"github.com/ethereum/go-ethereum/core/rawdb"
 	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/crypto"
 	"github.com/ethereum/go-ethereum/eth/ethconfig"
@@ -58,6 +59,11 @@ type DevnetConfig struct {
 	// eth_call simulations see a block time close to the wall clock.
 	// Default 2s.
 	IdleBlockAfter time.Duration
+	// DataDir, when set, keeps the chain (blocks, state: balances, nonces,
+	// contracts) in this folder, so it survives a restart: the next
+	// StartDevnet with the same folder continues from the last sealed
+	// block. Empty: the chain lives in memory and is lost on Close.
+	DataDir string
 }
 
 // Devnet is an in-process development chain (go-ethereum's simulated
@@ -66,11 +72,11 @@ type DevnetConfig struct {
 // transactions are pending, with block time following the wall clock, so
 // settlement behaves as on a real chain with fast blocks.
 //
-// It is for development and tests: state lives in memory and is lost on
-// Close, and every key on it is public.
+// It is for development and tests: every key on it is public, and its state
+// lives in memory and is lost on Close unless DevnetConfig.DataDir keeps it.
 type Devnet struct {
-	backend *simulated.Backend
-	client  simulated.Client
+	backend *chainBackend
+	client  *ethclient.Client
 	rpc     *rpc.Client
 	token   common.Address
 	rpcURL  string
@@ -111,25 +117,47 @@ func StartDevnet(cfg DevnetConfig) (*Devnet, error) {
 			nc.HTTPVirtualHosts = []string{"*"}
 		})
 	}
+	if cfg.DataDir != "" {
+		if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+			return nil, fmt.Errorf("devnet data_dir: %w", err)
+		}
+		dir := cfg.DataDir
+		opts = append(opts, func(nc *node.Config, ec *ethconfig.Config) {
+			nc.DataDir = dir
+			// go-ethereum runs pebble in asynchronous write mode (a write
+			// returns while its log entry is still in memory), so a
+			// killed process loses its recent blocks; leveldb's journal
+			// reaches the OS on every write. With archive mode
+			// (every block's state written as it is sealed, hash scheme),
+			// a crash (SIGKILL) loses no sealed block.
+			nc.DBEngine = "leveldb"
+			ec.NoPruning = true
+			ec.StateScheme = rawdb.HashScheme
+		})
+	}
 	backend, err := newBackend(alloc, opts)
 	if err != nil {
 		return nil, fmt.Errorf("starting devnet chain: %w", err)
 	}
 	d := &Devnet{
 		backend: backend,
-		client:  backend.Client(),
+		client:  backend.client,
 		rpcURL:  rpcURL,
 		cfg:     cfg,
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
 	}
-	if d.rpc, err = rawRPC(d.client); err != nil {
+	d.rpc = d.client.Client()
+	resumed, err := d.resumed()
+	if err != nil {
 		backend.Close()
-		return nil, fmt.Errorf("starting devnet chain: %w", err)
+		return nil, fmt.Errorf("resuming devnet from %s: %w", cfg.DataDir, err)
 	}
-	if err := d.setup(); err != nil {
-		backend.Close()
-		return nil, fmt.Errorf("setting up devnet: %w", err)
+	if !resumed {
+		if err := d.setup(); err != nil {
+			backend.Close()
+			return nil, fmt.Errorf("setting up devnet: %w", err)
+		}
 	}
 	if err := x402.RegisterAsset(d.Asset()); err != nil {
 		backend.Close()
@@ -137,31 +165,6 @@ func StartDevnet(cfg DevnetConfig) (*Devnet, error) {
 	}
 	go d.commitLoop()
 	return d, nil
-}
-
-// newBackend turns simulated.NewBackend's panic (e.g. the RPC port is taken)
-// into an error.
-func newBackend(alloc types.GenesisAlloc, opts []func(*node.Config, *ethconfig.Config)) (b *simulated.Backend, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("%v", r)
-		}
-	}()
-	return simulated.NewBackend(alloc, opts...), nil
-}
-
-// rawRPC digs the in-process RPC client out of the simulated backend's
-// client (a struct embedding *ethclient.Client, whose field name hides the
-// Client method). The committer needs it for txpool_status and the
-// new-pending-transaction subscription, which ethclient does not wrap.
-func rawRPC(c simulated.Client) (*rpc.Client, error) {
-	v := reflect.ValueOf(c)
-	if v.Kind() == reflect.Struct && v.NumField() > 0 {
-		if ec, ok := v.Field(0).Interface().(*ethclient.Client); ok && ec != nil {
-			return ec.Client(), nil
-		}
-	}
-	return nil, errors.New("simulated client exposes no RPC client")
 }
 
 // listenAddr splits host:port; port 0 is replaced by a free port, because
@@ -195,12 +198,11 @@ func (d *Devnet) setup() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	deployer := DevKey(0)
-	from := crypto.PubkeyToAddress(deployer.PublicKey)
 	tx, err := d.signTx(ctx, deployer, 0, nil, hexCode(testUSDCBin), 3_000_000)
 	if err != nil {
 		return fmt.Errorf("deploying test token: %w", err)
 	}
-	d.token = crypto.CreateAddress(from, 0)
+	d.token = devnetToken()
 	txs := []*types.Transaction{tx}
 	for i, a := range DevAccounts()[1:] {
 		data, err := tokenABI.Pack("mint", a.Address, big.NewInt(DevnetUSDCPerAccount))
@@ -238,6 +240,12 @@ func (d *Devnet) setup() error {
 		}
 	}
 	return nil
+}
+
+// devnetToken is where setup deploys the test token: the first contract of
+// development account 0.
+func devnetToken() common.Address {
+	return crypto.CreateAddress(crypto.PubkeyToAddress(DevKey(0).PublicKey), 0)
 }
 
 // signTx builds and signs an EIP-1559 transaction of the devnet.

@@ -191,7 +191,7 @@ func refuse(reason, payer, msg string) *checked {
 
 func (f *Facilitator) check(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (*checked, error) {
 	// Everything that needs no chain, in the reference order (x402.CheckExactEVM).
-	chk, err := x402.CheckExactEVM(p, req, now())
+	chk, err := x402.CheckExactEVM(p, req, f.checkTime(ctx))
 	if req.Network != f.network && !earlyRefusal(err) {
 		return refuse(x402.ReasonInvalidNetwork, "", "this facilitator settles on "+f.network+" only"), nil
 	}

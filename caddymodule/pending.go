@@ -1,0 +1,292 @@
+package caddymodule
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/store"
+	"github.com/aovhq/aov/x402"
+)
+
+// Settlements whose outcome is unknown.
+//
+// When the facilitator cannot say whether a settlement went through (it
+// timed out after sending), the gate keeps the payment's claim and, with it
+// in the store (store.HeldClaims), a record of the payment, the offer and
+// the answer it held back. The outcome is then resolved, never guessed, by
+// asking a facilitator that can tell (x402.SettlementChecker; for EIP-3009
+// the token's authorizationState on chain), on the buyer's retry with the
+// same payment and by a background pass over the held records:
+//
+//   - the transfer happened: the claim is marked settled and the held
+//     answer is served to the retry with PAYMENT-RESPONSE (a fresh run of
+//     the upstream when the answer was too large to keep, or in settle
+//     before mode);
+//   - it provably never will (expired unused): the claim is released, and
+//     the retry is told to sign a new payment; nothing was charged;
+//   - still undecided: the retry gets 503 settlement_pending again.
+//
+// Nothing here ever settles: the one settlement attempt was made, so a
+// payment is never settled twice, and content is released only for a
+// transfer the chain shows.
+//
+// The records live and lapse with their claims (bounded in time by the
+// claim's expiry: the authorization's validBefore plus a minute, at most
+// maxClaimHold) and each held answer is bounded by maxHeldAnswer bytes.
+
+// heldRecord is what the gate keeps with an unsettled claim whose
+// settlement outcome is unknown, as the claim's note (JSON, so it is told
+// apart from a settled claim's transaction hash).
+type heldRecord struct {
+	Keys    []string                 `json:"keys"`
+	Token   string                   `json:"token"`
+	Until   time.Time                `json:"until"`
+	Payload x402.PaymentPayload      `json:"payload"`
+	Offer   x402.PaymentRequirements `json:"offer"`
+	// Held says an answer is kept (Status, ContentType, Body); false in
+	// settle before mode or when the answer was over maxHeldAnswer.
+	Held        bool   `json:"held"`
+	Status      int    `json:"status,omitempty"`
+	ContentType string `json:"content_type,omitempty"`
+	Body        []byte `json:"body,omitempty"`
+	// Transaction is set once the transfer is known to have happened.
+	Transaction string `json:"transaction,omitempty"`
+}
+
+// maxHeldAnswer bounds an answer kept for an unknown settlement.
+const maxHeldAnswer = 1 << 20
+
+// resolveInterval is how often the background pass looks at held records;
+// resolveTimeout bounds one facilitator check. Tests shorten them.
+var (
+	resolveInterval = 30 * time.Second
+	resolveTimeout  = 10 * time.Second
+)
+
+func (h *heldRecord) claim() store.Claim {
+	return store.Claim{Keys: h.Keys, Token: h.Token, Until: h.Until}
+}
+
+func decodeHeld(note string) (*heldRecord, bool) {
+	if len(note) == 0 || note[0] != '{' {
+		return nil, false
+	}
+	var h heldRecord
+	if err := json.Unmarshal([]byte(note), &h); err != nil || len(h.Keys) == 0 || h.Token == "" {
+		return nil, false
+	}
+	return &h, true
+}
+
+// holdUnknown keeps the record of a settlement whose outcome is unknown
+// with its claim. bw is the held answer (nil in settle before mode).
+// Without a store that can hold, the claim simply stays pending until it
+// lapses, as before.
+func (g *Gate) holdUnknown(ctx context.Context, c store.Claim, p x402.PaymentPayload, offer x402.PaymentRequirements, bw *bufferedWriter) {
+	hc, ok := g.state.Claims().(store.HeldClaims)
+	if !ok {
+		return
+	}
+	h := heldRecord{Keys: c.Keys, Token: c.Token, Until: c.Until, Payload: p, Offer: offer}
+	if bw != nil && bw.buf.Len() <= maxHeldAnswer {
+		h.Held, h.Status, h.ContentType, h.Body = true, bw.status(), bw.header.Get("Content-Type"), bytes.Clone(bw.buf.Bytes())
+	}
+	note, err := json.Marshal(h)
+	if err == nil {
+		err = hc.Hold(context.WithoutCancel(ctx), c, string(note))
+	}
+	if err != nil {
+		g.logger.Error("keeping the record of an unknown settlement", zap.Error(err))
+	}
+}
+
+// checkHeld asks the facilitator whether h's transfer happened. ok is false
+// when the facilitator cannot tell (it is no SettlementChecker, or the
+// check failed): the outcome stays unknown.
+func (g *Gate) checkHeld(ctx context.Context, h *heldRecord) (x402.SettlementStatus, bool) {
+	sc, ok := g.facilitator.(x402.SettlementChecker)
+	if !ok {
+		return x402.SettlementStatus{}, false
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resolveTimeout)
+	defer cancel()
+	st, err := sc.SettlementStatus(ctx, h.Payload, h.Offer)
+	if err != nil {
+		g.logger.Warn("checking an unknown settlement", zap.Error(err))
+		return st, false
+	}
+	return st, true
+}
+
+// settleHeld applies a resolved outcome to the store: the claim marked
+// settled (keeping the record, so a retry still gets the answer) or
+// released. It reports false when the store refused (the claim lapsed or
+// changed hands).
+func (g *Gate) settleHeld(ctx context.Context, h *heldRecord, st x402.SettlementStatus) bool {
+	ctx = context.WithoutCancel(ctx)
+	var err error
+	switch st.State {
+	case x402.SettlementDone:
+		h.Transaction = st.Transaction
+		note, _ := json.Marshal(h)
+		err = g.state.Claims().Settle(ctx, h.claim(), string(note), time.Time{})
+		metrics.outcomes.WithLabelValues("unknown_resolved_settled").Inc()
+	case x402.SettlementNever:
+		err = g.state.Claims().Release(ctx, h.claim())
+		metrics.outcomes.WithLabelValues("unknown_resolved_released").Inc()
+	default:
+		return true
+	}
+	if err != nil {
+		g.logger.Warn("resolving an unknown settlement", zap.Error(err))
+		return false
+	}
+	return true
+}
+
+// resolveOnRetry answers a request whose payment is already claimed, when
+// the claim carries the record of an unknown settlement (handled false: it
+// does not, and the caller answers as before).
+func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, ex exchange, cs store.ClaimState) (bool, error) {
+	h, ok := decodeHeld(cs.Note)
+	if !ok {
+		return false, nil
+	}
+	if !cs.Settled {
+		st, known := g.checkHeld(r.Context(), h)
+		if !known || st.State == x402.SettlementUndecided || !g.settleHeld(r.Context(), h, st) {
+			return true, g.refuse(w, r, errSettlementPending(nil))
+		}
+		if st.State == x402.SettlementNever {
+			return true, ex.demand(w, r, http.StatusPaymentRequired,
+				"This payment expired before it could settle and nothing was charged; sign a new one.", x402.ReasonExactEVMValidBefore, nil)
+		}
+	}
+	// The transfer happened: deliver what was paid for.
+	sr := x402.SettleResponse{Success: true, Transaction: h.Transaction, Network: h.Offer.Network}
+	if len(h.Payload.Payload) > 0 {
+		var ev x402.ExactEVMPayload
+		if json.Unmarshal(h.Payload.Payload, &ev) == nil {
+			sr.Payer = ev.Authorization.From
+		}
+	}
+	if h.Held {
+		buf := getBuffer()
+		defer putBuffer(buf)
+		buf.Write(h.Body)
+		bw := &bufferedWriter{header: http.Header{}, buf: buf, code: h.Status, limit: int64(len(h.Body))}
+		if h.ContentType != "" {
+			bw.header.Set("Content-Type", h.ContentType)
+		}
+		ex.deliver(w, bw, sr)
+		return true, nil
+	}
+	r.Header.Set(HeaderUpstreamPayment, "paid")
+	if sr.Payer != "" {
+		r.Header.Set(HeaderUpstreamPayer, sr.Payer)
+	}
+	r.Header.Set(HeaderUpstreamNetwork, h.Offer.Network)
+	g.setPaidHeaders(w.Header(), sr)
+	return true, next.ServeHTTP(w, r)
+}
+
+// errSettlementPending is the answer while a settlement's outcome is
+// unknown: retry the same payment later, never sign a new one.
+func errSettlementPending(cause error) *apierr.Error {
+	return &apierr.Error{
+		Code:        "settlement_pending",
+		Message:     "The payment's settlement outcome is not known yet and no content was released; do not sign a new payment, retry later.",
+		Status:      http.StatusServiceUnavailable,
+		Retryable:   true,
+		RetryAfter:  30,
+		NextActions: []apierr.Action{{Action: "retry", After: 30}},
+		Cause:       cause,
+	}
+}
+
+// resolvePass resolves every held record this gate's facilitator can
+// judge (its offer is one of ours) and that has a decided outcome.
+func (g *Gate) resolvePass(ctx context.Context) {
+	hc, ok := g.state.Claims().(store.HeldClaims)
+	if !ok {
+		return
+	}
+	if _, ok := g.facilitator.(x402.SettlementChecker); !ok {
+		return
+	}
+	var todo []*heldRecord
+	err := hc.Held(ctx, func(_ string, st store.ClaimState) bool {
+		if h, ok := decodeHeld(st.Note); ok {
+			if _, ours := x402.Match(h.Offer, g.offers); ours {
+				todo = append(todo, h)
+			}
+		}
+		return ctx.Err() == nil
+	})
+	if err != nil {
+		g.logger.Warn("listing unknown settlements", zap.Error(err))
+	}
+	for _, h := range todo {
+		if ctx.Err() != nil {
+			return
+		}
+		if st, known := g.checkHeld(ctx, h); known {
+			g.settleHeld(ctx, h, st)
+		}
+	}
+}
+
+// resolvers holds the stop function of each provisioned gate's background
+// pass.
+var resolvers = struct {
+	sync.Mutex
+	stop map[*Gate]context.CancelFunc
+}{stop: map[*Gate]context.CancelFunc{}}
+
+// startResolver starts the gate's background pass over held records: once
+// at start (records from before a restart) and then every resolveInterval.
+func (g *Gate) startResolver() {
+	ctx, cancel := context.WithCancel(context.Background())
+	resolvers.Lock()
+	resolvers.stop[g] = cancel
+	resolvers.Unlock()
+	go func() {
+		t := time.NewTicker(resolveInterval)
+		defer t.Stop()
+		for {
+			g.resolvePass(ctx)
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+}
+
+// stopResolver ends the gate's background pass.
+func (g *Gate) stopResolver() {
+	resolvers.Lock()
+	cancel := resolvers.stop[g]
+	delete(resolvers.stop, g)
+	resolvers.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+}
+
+// SettlementStatus lets the gate resolve unknown settlements through the
+// evm facilitator module (x402.SettlementChecker).
+func (m *EVMFacilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettlementStatus, error) {
+	return m.f.SettlementStatus(ctx, p, req)
+}
+
+var _ x402.SettlementChecker = (*EVMFacilitator)(nil)

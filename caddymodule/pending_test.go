@@ -1,0 +1,276 @@
+package caddymodule
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/big"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/ethereum/go-ethereum/common"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/aovhq/aov/plugins/evmfacilitator"
+	"github.com/aovhq/aov/x402"
+)
+
+// faultyFacilitator is a FAKE FOR A FAULT that cannot otherwise be caused on
+// demand: a facilitator that loses track of a settlement. Around the real
+// devnet facilitator, its Settle either sends the settlement and then
+// reports an unknown outcome (mode "lose_reply": the transfer happens, the
+// reply is lost, as when a facilitator times out after sending), or reports
+// an unknown outcome without sending (mode "lose_request"). Verify and
+// SettlementStatus are the real facilitator's.
+type faultyFacilitator struct {
+	Mode string `json:"mode"`
+	f    *evmfacilitator.Facilitator
+}
+
+func init() { caddy.RegisterModule(&faultyFacilitator{}) }
+
+func (*faultyFacilitator) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{ID: "x402.facilitators.faulty_devnet", New: func() caddy.Module { return new(faultyFacilitator) }}
+}
+
+// faultyRelayer is the relayer of the faulty facilitators: its own account,
+// so its transaction nonces never race the shared facilitator's.
+const faultyRelayer = 6
+
+func (m *faultyFacilitator) Provision(caddy.Context) error {
+	if devnet == nil {
+		return errors.New("faulty_devnet needs the shared devnet")
+	}
+	f, err := evmfacilitator.New(evmfacilitator.Config{Chain: devnet.Client(), Network: evmfacilitator.DevnetNetwork,
+		RelayerKey: evmfacilitator.DevKey(faultyRelayer), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 30 * time.Second})
+	m.f = f
+	return err
+}
+
+func (m *faultyFacilitator) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next()
+	if !d.NextArg() {
+		return d.ArgErr()
+	}
+	m.Mode = d.Val()
+	return nil
+}
+
+func (m *faultyFacilitator) Verify(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.VerifyResponse, error) {
+	return m.f.Verify(ctx, p, req)
+}
+
+func (m *faultyFacilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettleResponse, error) {
+	if m.Mode == "lose_reply" {
+		if _, err := m.f.Settle(ctx, p, req); err != nil {
+			return x402.SettleResponse{}, err
+		}
+	}
+	return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Err: errors.New("fault injected: " + m.Mode)}
+}
+
+func (m *faultyFacilitator) Supported(ctx context.Context) (x402.SupportedResponse, error) {
+	return m.f.Supported(ctx)
+}
+
+func (m *faultyFacilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettlementStatus, error) {
+	return m.f.SettlementStatus(ctx, p, req)
+}
+
+// pendingSite is a paid route whose facilitator loses settlements (mode),
+// with its store in storeDir (so a restart keeps it).
+func pendingSite(up, mode, storeDir, extra string) string {
+	return fmt.Sprintf(`:{port} {
+	route /verify/schema {
+		x402 {
+			accept devnet $0.02 %[3]s
+			facilitator faulty_devnet %[2]s
+			store badger %[4]s
+			%[5]s
+		}
+		reverse_proxy %[1]s
+	}
+}
+`, strings.TrimPrefix(up, "http://"), mode, payTo.Hex(), storeDir, extra)
+}
+
+func charged(t *testing.T, d *evmfacilitator.Devnet, payer common.Address, before *big.Int) *big.Int {
+	t.Helper()
+	return new(big.Int).Sub(before, balance(t, d, payer))
+}
+
+// A settlement whose reply was lost (the transfer happened): the buyer's
+// retry with the same payment gets the answer that was held back, with
+// PAYMENT-RESPONSE, and is charged once; the held answer survives a restart
+// of the gateway; further retries get the same answer and no new charge.
+func TestUnknownSettlementResolvedOnRetry(t *testing.T) {
+	d, _ := sharedDevnet(t)
+	up := newUpstream(t)
+	storeDir := filepath.Join(t.TempDir(), "gate")
+	base := startCaddy(t, pendingSite(up.URL, "lose_reply", storeDir, ""))
+	url := base + "/verify/schema"
+	payer := evmfacilitator.DevAccounts()[7].Address
+	before := balance(t, d, payer)
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 7)
+
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusServiceUnavailable || strings.Contains(string(b), "paid_content") {
+		t.Fatalf("first try: status %d: %s", resp.StatusCode, b)
+	}
+	if got := charged(t, d, payer, before); got.Cmp(big.NewInt(20000)) != 0 {
+		t.Fatalf("charged %v on chain, want the one transfer", got)
+	}
+	calls := up.calls.Load()
+
+	// The gateway restarts before the buyer retries.
+	if err := caddy.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	base = startCaddy(t, pendingSite(up.URL, "lose_reply", storeDir, ""))
+	url = base + "/verify/schema"
+
+	for i := range 2 {
+		resp = post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+		if resp.StatusCode != http.StatusOK {
+			b, _ := io.ReadAll(resp.Body)
+			t.Fatalf("retry %d: status %d: %s", i+1, resp.StatusCode, b)
+		}
+		var sr x402.SettleResponse
+		if err := x402.DecodeHeader(resp.Header.Get(x402.HeaderPaymentResponse), &sr); err != nil || !sr.Success || !strings.EqualFold(sr.Payer, payer.Hex()) {
+			t.Fatalf("retry %d: PAYMENT-RESPONSE (%v) %+v", i+1, err, sr)
+		}
+		if m := readJSON(t, resp); m["paid_content"] != true || m["payment"] != "paid" {
+			t.Fatalf("retry %d: body %v", i+1, m)
+		}
+	}
+	if n := up.calls.Load(); n != calls {
+		t.Fatalf("the upstream ran %d more times; the held answer should have been served", n-calls)
+	}
+	if got := charged(t, d, payer, before); got.Cmp(big.NewInt(20000)) != 0 {
+		t.Fatalf("charged %v after the retries, want exactly one transfer", got)
+	}
+}
+
+// A settlement that never went out: while the authorization is valid the
+// retry is told the outcome is pending (never asked to pay again); once it
+// has expired unused, the claim is released and the retry is told to sign
+// a new payment; nothing was charged and nothing was served.
+func TestUnknownSettlementReleasedOnceExpired(t *testing.T) {
+	d, _ := sharedDevnet(t)
+	up := newUpstream(t)
+	base := startCaddy(t, pendingSite(up.URL, "lose_request", filepath.Join(t.TempDir(), "gate"), ""))
+	url := base + "/verify/schema"
+	payer := evmfacilitator.DevAccounts()[6].Address
+	before := balance(t, d, payer)
+	pr := paymentRequired(t, post(t, url, "", nil))
+	// Valid for 8 s past the chain's time (which other tests may have
+	// pushed ahead of the wall clock).
+	pr.Accepts[0].MaxTimeoutSeconds = 8
+	head, err := d.Client().HeaderByNumber(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	signAt := time.Unix(int64(head.Time), 0)
+	if signAt.Before(time.Now()) {
+		signAt = time.Now()
+	}
+	p, err := x402.SignExactEVM(evmfacilitator.DevKey(6), pr.Accepts[0], &pr.Resource, signAt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sig, err := x402.EncodeHeader(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pl x402.PaymentPayload
+	if err := x402.DecodeHeader(sig, &pl); err != nil {
+		t.Fatal(err)
+	}
+	var ev x402.ExactEVMPayload
+	if err := json.Unmarshal(pl.Payload, &ev); err != nil {
+		t.Fatal(err)
+	}
+
+	if resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}); resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("first try: status %d", resp.StatusCode)
+	}
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	if e := readJSON(t, resp); resp.StatusCode != http.StatusServiceUnavailable || e["code"] != "settlement_pending" {
+		t.Fatalf("retry while valid: status %d %v", resp.StatusCode, e)
+	}
+	// Wait until the chain's head is past validBefore (idle blocks come
+	// every 2 s).
+	var vb int64
+	fmt.Sscan(ev.Authorization.ValidBefore, &vb)
+	deadline := time.Now().Add(40 * time.Second)
+	for {
+		h, err := d.Client().HeaderByNumber(context.Background(), nil)
+		if err == nil && int64(h.Time) >= vb {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the chain did not reach validBefore")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	resp = post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusPaymentRequired || strings.Contains(string(b), "paid_content") {
+		t.Fatalf("retry after expiry: status %d: %s", resp.StatusCode, b)
+	}
+	if got := charged(t, d, payer, before); got.Sign() != 0 {
+		t.Fatalf("charged %v for a settlement that never happened", got)
+	}
+}
+
+// The background pass resolves an unknown settlement without any retry:
+// the claim is marked settled, and a later retry is served from it.
+func TestUnknownSettlementResolvedInTheBackground(t *testing.T) {
+	old := resolveInterval
+	resolveInterval = 100 * time.Millisecond
+	t.Cleanup(func() { resolveInterval = old })
+	d, _ := sharedDevnet(t)
+	up := newUpstream(t)
+	base := startCaddy(t, pendingSite(up.URL, "lose_reply", filepath.Join(t.TempDir(), "gate"), ""))
+	url := base + "/verify/schema"
+	payer := evmfacilitator.DevAccounts()[5].Address
+	before := balance(t, d, payer)
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 5)
+	resolved := func() float64 { return counterValue(t, "unknown_resolved_settled") }
+	start := resolved()
+	if resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}); resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("first try: status %d", resp.StatusCode)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for resolved() == start {
+		if time.Now().After(deadline) {
+			t.Fatal("the background pass did not resolve the settlement")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	if resp.StatusCode != http.StatusOK || resp.Header.Get(x402.HeaderPaymentResponse) == "" {
+		t.Fatalf("retry: status %d", resp.StatusCode)
+	}
+	if got := charged(t, d, payer, before); got.Cmp(big.NewInt(20000)) != 0 {
+		t.Fatalf("charged %v, want exactly one transfer", got)
+	}
+}
+
+// counterValue reads the gate's outcome counter for outcome.
+func counterValue(t *testing.T, outcome string) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := metrics.outcomes.WithLabelValues(outcome).Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
+}

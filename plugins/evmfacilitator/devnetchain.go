@@ -1,0 +1,113 @@
+package evmfacilitator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/core"
+	"github.com/ethereum/go-ethereum/core/types"
+	"github.com/ethereum/go-ethereum/eth"
+	"github.com/ethereum/go-ethereum/eth/catalyst"
+	"github.com/ethereum/go-ethereum/eth/ethconfig"
+	"github.com/ethereum/go-ethereum/eth/filters"
+	"github.com/ethereum/go-ethereum/ethclient"
+	"github.com/ethereum/go-ethereum/node"
+	"github.com/ethereum/go-ethereum/p2p"
+	"github.com/ethereum/go-ethereum/params"
+	"github.com/ethereum/go-ethereum/rpc"
+)
+
+// chainBackend is go-ethereum's simulated chain (a node with a simulated
+// beacon sealing blocks on demand), set up as simulated.NewBackend does with
+// one difference: it does not rewind the chain to genesis at start. On a
+// fresh (or in-memory) database that changes nothing; on a DataDir that
+// holds a chain, the chain continues from its last block, with its
+// balances, nonces and contracts.
+type chainBackend struct {
+	node   *node.Node
+	beacon *catalyst.SimulatedBeacon
+	client *ethclient.Client
+}
+
+// newBackend starts the chain; opts adjust the node and eth configuration as
+// simulated.NewBackend's options do.
+func newBackend(alloc types.GenesisAlloc, opts []func(*node.Config, *ethconfig.Config)) (*chainBackend, error) {
+	nodeConf := node.DefaultConfig
+	nodeConf.DataDir = ""
+	nodeConf.P2P = p2p.Config{NoDiscovery: true}
+
+	genesisAlloc := core.SystemContractAllocs()
+	maps.Copy(genesisAlloc, alloc)
+	ethConf := ethconfig.Defaults
+	ethConf.Genesis = &core.Genesis{
+		Config:   params.AllDevChainProtocolChanges,
+		GasLimit: ethconfig.Defaults.Miner.GasCeil,
+		Alloc:    genesisAlloc,
+	}
+	ethConf.SyncMode = ethconfig.FullSync
+	ethConf.TxPool.NoLocals = true
+	ethConf.LogNoHistory = true
+	for _, o := range opts {
+		o(&nodeConf, &ethConf)
+	}
+
+	stack, err := node.New(&nodeConf)
+	if err != nil {
+		return nil, err
+	}
+	backend, err := eth.New(stack, &ethConf)
+	if err != nil {
+		stack.Close()
+		return nil, err
+	}
+	fs := filters.NewFilterSystem(backend.APIBackend, filters.Config{})
+	stack.RegisterAPIs([]rpc.API{{Namespace: "eth", Service: filters.NewFilterAPI(fs)}})
+	if err := stack.Start(); err != nil {
+		stack.Close()
+		return nil, err
+	}
+	beacon, err := catalyst.NewSimulatedBeacon(0, common.Address{}, backend)
+	if err != nil {
+		stack.Close()
+		return nil, err
+	}
+	return &chainBackend{node: stack, beacon: beacon, client: ethclient.NewClient(stack.Attach())}, nil
+}
+
+// Commit seals a block of the pending transactions.
+func (b *chainBackend) Commit() common.Hash { return b.beacon.Commit() }
+
+// AdjustTime seals an empty block adjustment later than the head.
+func (b *chainBackend) AdjustTime(adjustment time.Duration) error {
+	return b.beacon.AdjustTime(adjustment)
+}
+
+// Close stops the chain; with a DataDir, go-ethereum writes what it still
+// holds in memory first.
+func (b *chainBackend) Close() error {
+	b.client.Close()
+	return errors.Join(b.beacon.Stop(), b.node.Close())
+}
+
+// resumed reports whether the chain already holds the test token: a DataDir
+// with a chain from an earlier run, which needs no setup.
+func (d *Devnet) resumed() (bool, error) {
+	if d.cfg.DataDir == "" {
+		return false, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	code, err := d.client.CodeAt(ctx, devnetToken(), nil)
+	if err != nil {
+		return false, fmt.Errorf("reading the test token: %w", err)
+	}
+	if len(code) == 0 {
+		return false, nil
+	}
+	d.token = devnetToken()
+	return true, nil
+}

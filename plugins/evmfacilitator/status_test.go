@@ -1,0 +1,49 @@
+package evmfacilitator
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/aovhq/aov/x402"
+)
+
+// SettlementStatus reads the chain: undecided while an authorization is
+// unused and valid, done once it settled, never once it expired unused.
+func TestSettlementStatus(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	req := e.requirements(payee, amount)
+	state := func(p x402.PaymentPayload) x402.SettlementState {
+		t.Helper()
+		st, err := e.f.SettlementStatus(ctx, p, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.State
+	}
+	p := mustSignExact(t, payer, req)
+	if got := state(p); got != x402.SettlementUndecided {
+		t.Fatalf("unused and valid: %v", got)
+	}
+	if r, err := e.f.Settle(ctx, p, req); err != nil || !r.Success {
+		t.Fatalf("settle: %+v %v", r, err)
+	}
+	if got := state(p); got != x402.SettlementDone {
+		t.Fatalf("settled: %v", got)
+	}
+	short := req
+	short.MaxTimeoutSeconds = 1
+	expiring := mustSignExact(t, payer, short)
+	if err := e.d.backend.AdjustTime(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if got := state(expiring); got != x402.SettlementNever {
+		t.Fatalf("expired unused: %v", got)
+	}
+	other := req
+	other.PayTo = "0x0000000000000000000000000000000000000001"
+	if _, err := e.f.SettlementStatus(ctx, p, other); err == nil {
+		t.Fatal("an authorization was judged against requirements it does not pay")
+	}
+}

@@ -1,0 +1,39 @@
+package x402
+
+import "context"
+
+// SettlementState is what a facilitator can tell of an authorization's
+// settlement after the fact.
+type SettlementState int
+
+const (
+	// SettlementUndecided: the transfer has not happened but may still
+	// (the authorization is unused and not yet expired). Ask again later.
+	SettlementUndecided SettlementState = iota
+	// SettlementDone: the transfer happened.
+	SettlementDone
+	// SettlementNever: the transfer did not happen and can no longer
+	// happen (the authorization expired unused).
+	SettlementNever
+)
+
+// SettlementStatus is a facilitator's answer to "did this authorization
+// settle?".
+type SettlementStatus struct {
+	State SettlementState
+	// Payer is the paying address, when known.
+	Payer string
+	// Transaction is the settling transaction, when known ("" otherwise:
+	// a done transfer whose transaction the facilitator cannot name).
+	Transaction string
+}
+
+// SettlementChecker is implemented by facilitators that can tell whether a
+// payment's authorization settled without settling it again, so that a
+// settlement whose outcome was unknown (the facilitator timed out after
+// sending) can be resolved: served when the money moved, released when it
+// provably never will. For EIP-3009 the evm facilitator reads the token's
+// authorizationState(authorizer, nonce) on chain.
+type SettlementChecker interface {
+	SettlementStatus(ctx context.Context, p PaymentPayload, req PaymentRequirements) (SettlementStatus, error)
+}
