@@ -125,3 +125,124 @@ func Sign(priv ed25519.PrivateKey, context, keyVersion, attestedAt string, respo
 		Signature:  base64.StdEncoding.EncodeToString(sig),
 	}, nil
 }
+
+// SigningDocument is a signing input taken apart: what ParseSigningInput
+// found in the five-key document a signer was sent.
+type SigningDocument struct {
+	Context    string
+	KeyVersion string
+	AttestedAt string
+	// Response is the canonical response object, a subslice of the input.
+	Response []byte
+}
+
+// ParseSigningInput accepts msg only when it is exactly what SigningInput
+// builds: RFC 8785 canonical bytes (checked by parsing once and comparing
+// with the canonical form) of the five-key object with algorithm Ed25519,
+// a context of this service, a key version and an attested_at free of
+// escapes, and a response object without an attestation member. A signer
+// can then sign msg as it stands: whoever rebuilds the document from the
+// response gets the same bytes.
+func ParseSigningInput(msg []byte) (SigningDocument, error) {
+	var d SigningDocument
+	if !IsCanonical(msg) {
+		return d, &SigningInputError{Problem: "is not in RFC 8785 canonical form"}
+	}
+	rest, ok := bytes.CutPrefix(msg, []byte(`{"algorithm":"`+Algorithm+`"`))
+	if !ok {
+		return d, &SigningInputError{Field: "algorithm", Problem: "is not the first member, or not " + Algorithm}
+	}
+	if rest, ok = bytes.CutPrefix(rest, []byte(`,"attested_at":`)); !ok {
+		return d, &SigningInputError{Field: "attested_at", Problem: "is not the member after algorithm (missing, or a member is extra)"}
+	}
+	var err error
+	if d.AttestedAt, rest, err = plainMember(rest, "attested_at", `,"context":`); err != nil {
+		return d, err
+	}
+	if d.Context, rest, err = plainMember(rest, "context", `,"key_version":`); err != nil {
+		return d, err
+	}
+	if d.Context != ContextVerify && d.Context != ContextScore {
+		return d, &SigningInputError{Field: "context", Problem: "is not a signing context of this service"}
+	}
+	if d.KeyVersion, rest, err = plainMember(rest, "key_version", `,"response":`); err != nil {
+		return d, err
+	}
+	// The document is canonical and "response" sorts last of the five
+	// keys, so the response is everything up to the final '}', provided it
+	// is one object and no member follows it.
+	if len(rest) < 3 || rest[0] != '{' || objectEnd(rest) != len(rest)-1 {
+		return d, &SigningInputError{Field: "response", Problem: "is not a JSON object, or members follow it"}
+	}
+	d.Response = rest[:len(rest)-1]
+	if hasTopLevelAttestation(d.Response) {
+		return d, &SigningInputError{Field: "response", Problem: "already carries an attestation"}
+	}
+	return d, nil
+}
+
+// SigningInputError says why ParseSigningInput refused a document: the
+// member at fault ("" for the document as a whole) and the problem.
+type SigningInputError struct {
+	Field   string
+	Problem string
+}
+
+func (e *SigningInputError) Error() string {
+	if e.Field == "" {
+		return "signing input " + e.Problem
+	}
+	return "signing input's " + e.Field + " " + e.Problem
+}
+
+// plainMember reads the value of member name: a canonical string without
+// escapes at the start of b, followed by next. The three strings of a
+// signing document (a context, a key version, an RFC 3339 time) never need
+// escapes.
+func plainMember(b []byte, name, next string) (string, []byte, error) {
+	bad := func(problem string) (string, []byte, error) {
+		return "", nil, &SigningInputError{Field: name, Problem: problem}
+	}
+	if len(b) == 0 || b[0] != '"' {
+		return bad("is not a string")
+	}
+	end := bytes.IndexByte(b[1:], '"') + 1
+	if end == 0 {
+		return bad("is not a string")
+	}
+	s := b[1:end]
+	if len(s) == 0 {
+		return bad("is empty")
+	}
+	if bytes.IndexByte(s, '\\') >= 0 {
+		return bad("has escapes")
+	}
+	rest, ok := bytes.CutPrefix(b[end+1:], []byte(next))
+	if !ok {
+		return bad("is not followed by " + next[1:] + " (a member is missing or extra)")
+	}
+	return string(s), rest, nil
+}
+
+// objectEnd returns the length of the canonical JSON object or array at the
+// start of b (up to and including its closing bracket), or -1.
+func objectEnd(b []byte) int {
+	depth := 0
+	for i := 0; i < len(b); i++ {
+		switch b[i] {
+		case '{', '[':
+			depth++
+		case '}', ']':
+			if depth--; depth == 0 {
+				return i + 1
+			}
+		case '"':
+			for i++; i < len(b) && b[i] != '"'; i++ {
+				if b[i] == '\\' {
+					i++
+				}
+			}
+		}
+	}
+	return -1
+}
