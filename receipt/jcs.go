@@ -24,6 +24,7 @@ import (
 	"strconv"
 	"sync"
 	"unicode/utf8"
+	"unsafe"
 )
 
 // Names of the signed contexts and algorithms. They are part of every signed
@@ -74,7 +75,12 @@ func Canonicalize(raw []byte) ([]byte, error) {
 // what Canonicalize refuses; on error dst is returned unchanged.
 func AppendCanonicalJSON(dst, raw []byte) ([]byte, error) {
 	n := len(dst)
-	r := canonReader{s: string(raw)}
+	r := readerPool.Get().(*canonReader)
+	defer r.release()
+	// The reader works on a string so that keys are substrings without
+	// copies. raw is not modified during the call and no substring
+	// outlives it (release clears them), so the bytes are viewed in place.
+	r.s = unsafe.String(unsafe.SliceData(raw), len(raw))
 	r.skipSpace()
 	if r.pos >= len(r.s) {
 		return dst, errors.New("canonicalizing JSON: no JSON value")
@@ -91,12 +97,37 @@ func AppendCanonicalJSON(dst, raw []byte) ([]byte, error) {
 	return out, nil
 }
 
+// readerPool recycles readers with their member stacks and scratch space.
+var readerPool = sync.Pool{New: func() any { return new(canonReader) }}
+
+// maxPooledScratch keeps one huge document from pinning huge buffers.
+const maxPooledScratch = 64 << 10
+
+func (r *canonReader) release() {
+	clear(r.members[:cap(r.members)])
+	members, scratch := r.members[:0], r.scratch[:0]
+	*r = canonReader{}
+	if cap(members) <= maxPooledKeys && cap(scratch) <= maxPooledScratch {
+		r.members, r.scratch = members, scratch
+		readerPool.Put(r)
+	}
+}
+
+// outPool holds the buffers IsCanonical writes its comparison copy into.
+var outPool = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
+
 // IsCanonical reports whether raw is exactly the RFC 8785 form of itself:
 // parsed once, written canonically, compared. A signer uses it to sign the
 // bytes it was sent without trusting the sender to have canonicalized them.
 func IsCanonical(raw []byte) bool {
-	c, err := Canonicalize(raw)
-	return err == nil && string(c) == string(raw)
+	bp := outPool.Get().(*[]byte)
+	c, err := AppendCanonicalJSON((*bp)[:0], raw)
+	ok := err == nil && string(c) == string(raw)
+	if cap(c) <= maxPooledScratch {
+		*bp = c[:0]
+		outPool.Put(bp)
+	}
+	return ok
 }
 
 // Hash returns the lowercase hex SHA-256 of canonical bytes: the form of every

@@ -40,27 +40,45 @@ type Attestation struct {
 // receipt and vice versa; binding key_version and attested_at stops a
 // signature from being moved to another key or instant.
 func SigningInput(context, keyVersion, attestedAt string, response []byte) ([]byte, error) {
-	canon, err := Canonicalize(response)
+	if context == "" || keyVersion == "" || attestedAt == "" {
+		return nil, errors.New("building the signed document: context, key_version and attested_at are required")
+	}
+	buf, err := appendSigningPrefix(make([]byte, 0, len(response)+len(context)+len(keyVersion)+len(attestedAt)+96), context, keyVersion, attestedAt)
 	if err != nil {
+		return nil, err
+	}
+	start := len(buf)
+	if buf, err = AppendCanonicalJSON(buf, response); err != nil {
 		return nil, fmt.Errorf("building the signed document: response: %w", err)
 	}
-	if len(canon) == 0 || canon[0] != '{' {
+	canon := buf[start:]
+	if canon[0] != '{' {
 		return nil, errors.New("building the signed document: response is not a JSON object")
 	}
 	if hasTopLevelAttestation(canon) {
 		return nil, errors.New("building the signed document: response already carries an attestation; sign the response without it")
 	}
-	return signingInputCanonical(context, keyVersion, attestedAt, canon)
+	return append(buf, '}'), nil
 }
 
 // signingInputCanonical assembles the five-key document around an already
-// canonical response. The keys are written in their RFC 8785 order
-// (algorithm < attested_at < context < key_version < response).
+// canonical response.
 func signingInputCanonical(context, keyVersion, attestedAt string, canonResponse []byte) ([]byte, error) {
 	if context == "" || keyVersion == "" || attestedAt == "" {
 		return nil, errors.New("building the signed document: context, key_version and attested_at are required")
 	}
-	buf := make([]byte, 0, len(canonResponse)+len(context)+len(keyVersion)+len(attestedAt)+96)
+	buf, err := appendSigningPrefix(make([]byte, 0, len(canonResponse)+len(context)+len(keyVersion)+len(attestedAt)+96), context, keyVersion, attestedAt)
+	if err != nil {
+		return nil, err
+	}
+	buf = append(buf, canonResponse...)
+	return append(buf, '}'), nil
+}
+
+// appendSigningPrefix writes the five-key document up to its response
+// value. The keys are written in their RFC 8785 order (algorithm <
+// attested_at < context < key_version < response).
+func appendSigningPrefix(buf []byte, context, keyVersion, attestedAt string) ([]byte, error) {
 	buf = append(buf, `{"algorithm":"`+Algorithm+`","attested_at":`...)
 	var err error
 	if buf, err = appendString(buf, attestedAt); err != nil {
@@ -74,9 +92,7 @@ func signingInputCanonical(context, keyVersion, attestedAt string, canonResponse
 	if buf, err = appendString(buf, keyVersion); err != nil {
 		return nil, fmt.Errorf("building the signed document: key_version: %w", err)
 	}
-	buf = append(buf, `,"response":`...)
-	buf = append(buf, canonResponse...)
-	return append(buf, '}'), nil
+	return append(buf, `,"response":`...), nil
 }
 
 // hasTopLevelAttestation reports whether a canonical JSON object has an
