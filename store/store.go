@@ -190,7 +190,8 @@ func (db *DB) usable(ctx context.Context) error {
 // error is returned with nothing of fn written. fn may run more than once
 // (when another fn of its group fails, the group is run again without it),
 // so it must be free of side effects outside txn, apart from setting
-// results that the last run overwrites.
+// results that the last run overwrites; and it runs on the committer, so it
+// must not call update itself.
 func (db *DB) update(ctx context.Context, fn func(txn *badger.Txn) error) error {
 	if err := db.usable(ctx); err != nil {
 		return err
