@@ -508,12 +508,7 @@ func prepare(ctx context.Context, client *http.Client, cfg config, scenario stri
 				}
 				return post(ctx, endpoint, cfg.body, map[string]string{x402.HeaderPaymentSignature: sig})
 			},
-			check: func(status int, body []byte) error {
-				if status != http.StatusOK {
-					return fmt.Errorf("status %d", status)
-				}
-				return nil
-			},
+			check: want200,
 		}, nil
 	}
 	// facilitator: one signed payment, verified again and again (verify

@@ -44,12 +44,12 @@ type Options struct {
 	// committed together by the next one, so concurrent writers share one
 	// disk flush (group commit): a lone writer pays one flush per write
 	// (about 0.2 ms on an idle SSD, several ms on a busy disk, against about
-	// 12 µs without), many writers far less each. Without it, a process crash still loses nothing
-	// (Badger's write-ahead log is in the kernel's page cache), but a power
-	// loss can drop the last commits: a free call not counted, a
-	// verification missing from the history, a replay-guard entry forgotten
-	// (the chain's own nonce check still refuses a second settlement of one
-	// authorization). The store holds money-relevant data, so it is durable
+	// 12 µs without), many writers far less each. Without it, a process
+	// crash still loses nothing (Badger's write-ahead log is in the
+	// kernel's page cache), but a power loss can drop the last commits: a
+	// free call not counted, a verification missing from the history, a
+	// replay-guard entry forgotten (the chain's own nonce check still
+	// refuses a second settlement of one authorization). The store holds money-relevant data, so it is durable
 	// unless the operator says otherwise.
 	NoSync bool
 
