@@ -4,19 +4,24 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 
 	"github.com/dgraph-io/badger/v4"
 )
 
-// committer is group commit for every read-write transaction of a DB: one
-// goroutine takes the transactions that are waiting, runs them one after
-// another inside a single Badger transaction and commits that once, so
-// concurrent writers share one commit and its fsync (Badger syncs its value
-// log and write-ahead log once per commit). A writer is answered only after
-// the commit that holds its writes has returned, synced unless
-// Options.NoSync: the durability promise of one commit per call, at the cost
-// of one commit per group.
+// committer is group commit for every read-write transaction of a DB: the
+// transactions that are waiting run one after another inside a single
+// Badger transaction that is committed once, so concurrent writers share one
+// commit and its fsync (Badger syncs its value log and write-ahead log once
+// per commit). A writer is answered only after the commit that holds its
+// writes has returned, synced unless Options.NoSync: the durability promise
+// of one commit per call, at the cost of one commit per group.
+//
+// There is no committer goroutine: the first writer to find nobody
+// committing leads, commits what is queued (its own transaction among it)
+// and hands the lead to the first writer still waiting, so a lone writer
+// commits on its own goroutine without a hand-off.
 //
 // Running the group serially inside one transaction keeps each call's
 // semantics exactly: every fn sees the writes of those before it (Badger
@@ -32,21 +37,25 @@ import (
 // replayed payment, an exhausted allowance), and each costs a re-run of the
 // successful fns before it in its group, never an extra commit.
 type committer struct {
-	bdb  *badger.DB
-	ops  chan *commitOp // unbuffered: an op is either taken by run or not sent
-	stop chan struct{}
-	done chan struct{}
+	bdb *badger.DB
+
+	mu      sync.Mutex
+	queue   []*commitOp
+	leading bool // a writer is committing a group
+	closed  bool
+	idle    *sync.Cond // signalled when leading ends
 }
 
 // maxGroup bounds the fns of one group: it bounds the work redone after a
 // failure and the latency of the group's last writer.
 const maxGroup = 64
 
-// Op states: queued until run takes it, or cancelled by a caller whose
-// context ended first (run then skips it).
+// Op states: queued until a leader takes it (or makes it the next leader),
+// or cancelled by a caller whose context ended first (leaders skip it).
 const (
 	opQueued int32 = iota
 	opTaken
+	opLead
 	opCancelled
 )
 
@@ -54,20 +63,32 @@ type commitOp struct {
 	fn    func(txn *badger.Txn) error
 	state atomic.Int32
 	err   error
-	done  chan struct{}
+	done  chan struct{} // closed when fn's outcome is known
+	lead  chan struct{} // closed when this op's caller is to lead
 }
 
 func newCommitter(bdb *badger.DB) *committer {
-	c := &committer{bdb: bdb, ops: make(chan *commitOp), stop: make(chan struct{}), done: make(chan struct{})}
-	go c.run()
+	c := &committer{bdb: bdb}
+	c.idle = sync.NewCond(&c.mu)
 	return c
 }
 
-// close stops taking transactions; the group being committed finishes
-// first. Callers waiting to be taken get ErrClosed.
+// close stops taking transactions once the group being committed is done;
+// writers still queued get ErrClosed.
 func (c *committer) close() {
-	close(c.stop)
-	<-c.done
+	c.mu.Lock()
+	c.closed = true
+	for c.leading {
+		c.idle.Wait()
+	}
+	q := c.queue
+	c.queue = nil
+	c.mu.Unlock()
+	for _, op := range q {
+		if op.state.CompareAndSwap(opQueued, opTaken) || op.state.CompareAndSwap(opLead, opTaken) {
+			op.finish(ErrClosed)
+		}
+	}
 }
 
 // do runs fn in the next group and returns once the group's commit has
@@ -76,55 +97,77 @@ func (c *committer) close() {
 // nothing written; once taken, fn's outcome is awaited (the commit is
 // bounded by the disk), so an answer never hides a write.
 func (c *committer) do(ctx context.Context, fn func(txn *badger.Txn) error) error {
-	op := &commitOp{fn: fn, done: make(chan struct{})}
-	select {
-	case c.ops <- op:
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-c.stop:
+	op := &commitOp{fn: fn, done: make(chan struct{}), lead: make(chan struct{})}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
 		return ErrClosed
 	}
+	c.queue = append(c.queue, op)
+	if !c.leading {
+		c.leading = true
+		op.state.Store(opLead)
+		c.mu.Unlock()
+		c.lead()
+		<-op.done
+		return op.err
+	}
+	c.mu.Unlock()
 	select {
 	case <-op.done:
 		return op.err
+	case <-op.lead:
+		c.lead()
 	case <-ctx.Done():
 		if op.state.CompareAndSwap(opQueued, opCancelled) {
 			return ctx.Err()
 		}
-		<-op.done
-		return op.err
+		// Taken, or made the next leader: see it through.
+		select {
+		case <-op.done:
+			return op.err
+		case <-op.lead:
+			c.lead()
+		}
 	}
+	<-op.done
+	return op.err
 }
 
-func (c *committer) run() {
-	defer close(c.done)
-	group := make([]*commitOp, 0, maxGroup)
-	for {
-		select {
-		case op := <-c.ops:
-			group = append(group[:0], op)
-		case <-c.stop:
-			return
+// lead commits one group, the queued transactions (this caller's among
+// them: a leader's op is first in the queue), then hands the lead to the
+// first writer still waiting, or ends it when nobody waits.
+func (c *committer) lead() {
+	c.mu.Lock()
+	n := min(len(c.queue), maxGroup)
+	group := append([]*commitOp(nil), c.queue[:n]...)
+	c.queue = append(c.queue[:0], c.queue[n:]...)
+	c.mu.Unlock()
+	live := group[:0]
+	for _, op := range group {
+		if op.state.CompareAndSwap(opQueued, opTaken) || op.state.CompareAndSwap(opLead, opTaken) {
+			live = append(live, op)
 		}
-	fill:
-		for len(group) < maxGroup {
-			select {
-			case op := <-c.ops:
-				group = append(group, op)
-			default:
-				break fill
-			}
+	}
+	for rest := live; len(rest) > 0; {
+		rest = c.commitGroup(rest)
+	}
+	c.mu.Lock()
+	var next *commitOp
+	for len(c.queue) > 0 && next == nil {
+		if c.queue[0].state.CompareAndSwap(opQueued, opLead) {
+			next = c.queue[0]
+		} else {
+			c.queue = c.queue[1:] // cancelled
 		}
-		live := group[:0]
-		for _, op := range group {
-			if op.state.CompareAndSwap(opQueued, opTaken) {
-				live = append(live, op)
-			}
-		}
-		for rest := live; len(rest) > 0; {
-			rest = c.commitGroup(rest)
-		}
-		clear(group)
+	}
+	if next == nil {
+		c.leading = false
+		c.idle.Broadcast()
+	}
+	c.mu.Unlock()
+	if next != nil {
+		close(next.lead)
 	}
 }
 

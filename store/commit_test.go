@@ -221,3 +221,53 @@ func TestGroupCommitRefusesAfterClose(t *testing.T) {
 		t.Fatalf("err = %v, want ErrClosed", err)
 	}
 }
+
+// TestGroupCommitCancelledWhileQueued: a writer whose context ends while
+// it waits behind a commit in progress returns the context's error and its
+// fn never runs; the writers after it are still served.
+func TestGroupCommitCancelledWhileQueued(t *testing.T) {
+	db, _ := openTemp(t, Options{NoSync: true})
+	release := make(chan struct{})
+	started := make(chan struct{})
+	first := make(chan error, 1)
+	go func() {
+		first <- db.update(context.Background(), func(txn *badger.Txn) error {
+			select {
+			case <-started:
+			default:
+				close(started)
+			}
+			<-release // the commit in progress
+			return txn.Set([]byte("test/first"), nil)
+		})
+	}()
+	<-started
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{}, 1)
+	cancelled := make(chan error, 1)
+	go func() {
+		cancelled <- db.update(ctx, func(*badger.Txn) error { ran <- struct{}{}; return nil })
+	}()
+	later := make(chan error, 1)
+	go func() {
+		time.Sleep(20 * time.Millisecond) // queued after the cancelled one
+		later <- db.update(context.Background(), func(txn *badger.Txn) error { return txn.Set([]byte("test/later"), nil) })
+	}()
+	time.Sleep(10 * time.Millisecond)
+	cancel()
+	if err := <-cancelled; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled writer: err = %v", err)
+	}
+	close(release)
+	if err := <-first; err != nil {
+		t.Fatalf("first writer: %v", err)
+	}
+	if err := <-later; err != nil {
+		t.Fatalf("later writer: %v", err)
+	}
+	select {
+	case <-ran:
+		t.Fatal("the cancelled writer's transaction ran")
+	default:
+	}
+}
