@@ -218,7 +218,7 @@ func (c *committer) commitGroup(ops []*commitOp) (rest []*commitOp) {
 }
 
 // run calls fn, turning a panic into its error: it fails this op, not the
-// committer every writer of the process depends on.
+// leader's whole group, and the lead is still handed on.
 func (op *commitOp) run(txn *badger.Txn) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
