@@ -599,7 +599,7 @@ func parseStat(b []byte) (time.Duration, bool) {
 	return time.Duration(u+s) * clockTick, true
 }
 
-// targetRate is the bar for the gateway: 2.5 × the ≈1,080 req/s of
+// targetRate is the throughput bar for the gateway: 2.5 × the ≈1,080 req/s of
 // a Python peer built the way the original service is, on a 2-core machine.
 const targetRate = 2.5 * 1080
 
