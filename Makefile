@@ -26,9 +26,11 @@ run:
 build-caddy:
 	$(GO) build -buildvcs=auto -o $(BIN)/caddy ./cmd/caddy
 
-# make load: requests/s and p50/p99 latency through Caddy and directly at
-# verifierd, against a running make run (or a stack of its own if none is
-# up). Pass options with LOAD_ARGS="-c 16 -d 20s".
+# make load: req/s, p50/p90/p99 and CPU per request of Caddy, verifierd and
+# certd for the free, paid (devnet) and MCP paths at 8 and 32 connections,
+# against a plain Caddy reverse_proxy to the same verifierd, with a running
+# make run (or a stack of its own if none is up). Pass options with
+# LOAD_ARGS="-c 16 -d 20s".
 load:
 	./scripts/load.sh $(LOAD_ARGS)
 

@@ -178,11 +178,14 @@ func TestRunScript(t *testing.T) {
 }
 
 // `make load` with nothing running: scripts/load.sh starts a stack of its
-// own, measures through Caddy and directly, prints the ratio, and stops the
-// stack again.
+// own and a plain Caddy reverse_proxy beside it, measures every scenario,
+// prints the ratios and the CPU per request of each process, and stops
+// everything it started.
 func TestLoadScript(t *testing.T) {
 	http1, verifierd, certd, admin, metrics, rpc := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
+	baseline := freeAddr(t)
 	_, port, _ := net.SplitHostPort(http1)
+	_, baselinePort, _ := net.SplitHostPort(baseline)
 	cmd := exec.Command("bash", filepath.Join(repoRoot, "scripts", "load.sh"), "-c", "2", "-d", "500ms", "-warmup", "0")
 	cmd.Dir = repoRoot
 	cmd.Env = append(os.Environ(),
@@ -193,12 +196,14 @@ func TestLoadScript(t *testing.T) {
 		"AOV_ADMIN_ADDR="+admin,
 		"AOV_VERIFIERD_METRICS_ADDR="+metrics,
 		"AOV_DEVNET_RPC_ADDR="+rpc,
+		"AOV_BASELINE_PORT="+baselinePort,
 	)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("load.sh: %v\n%s", err, out)
 	}
-	for _, want := range []string{"starting a stack of its own", "caddy", "direct", "through Caddy vs direct", "stopping the stack it started"} {
+	for _, want := range []string{"starting a stack of its own", "caddy CPU/req", "verifierd CPU/req", "certd CPU/req",
+		"free", "baseline", "direct", "mcp", "paid", "facilitator", "the plain reverse_proxy", "stopping the stack it started"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
@@ -206,7 +211,7 @@ func TestLoadScript(t *testing.T) {
 	if strings.Contains(string(out), "requests failed") {
 		t.Errorf("some load requests failed:\n%s", out)
 	}
-	for _, addr := range []string{http1, verifierd, certd} {
+	for _, addr := range []string{http1, verifierd, certd, baseline} {
 		if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
 			c.Close()
 			t.Errorf("%s still accepts connections after load.sh ended", addr)

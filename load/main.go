@@ -1,23 +1,36 @@
-// Command load measures the whole stack under a bounded, closed-loop load:
-// requests per second and latency percentiles for one verification request
-// (by default the SPEC §10 invoice, corrected so it passes), sent through
-// Caddy and directly to verifierd in the same run, and the ratio of the two,
-// which is what the gateway costs.
+// Command load measures the whole stack under a bounded, closed-loop load
+// and prints one report anyone can rerun on their own machine: for each
+// scenario and concurrency, requests per second, latency percentiles and
+// the CPU time each process spent per request (read from
+// /proc/<pid>/stat, utime+stime, before and after the phase).
 //
-//	go run ./load                         # against `make run` on the default ports
-//	go run ./load -c 16 -d 20s
-//	go run ./load -via-caddy http://127.0.0.1:8080 -direct ""   # Caddy only
+// Scenarios, all with the same verification request (by default the SPEC §10
+// invoice, corrected so it passes):
+//
+//	free         POST /verify/schema through the gateway, served from the free allowance
+//	baseline     the same through a plain Caddy reverse_proxy to the same verifierd
+//	direct       the same straight to verifierd
+//	mcp          the MCP tool verify_schema through the gateway
+//	paid         POST /verify/schema through the gateway with a fresh x402
+//	             payment per request, verified and settled on the devnet
+//	facilitator  the devnet facilitator's POST /verify alone (its own cost
+//	             per payment check; settlement waits for blocks)
+//
+//	go run ./load                                  # against `make run` on the default ports
+//	go run ./load -c 8,32 -d 10s -pid caddy=123 -pid verifierd=456
+//	scripts/load.sh                                # what `make load` runs
 //
 // It is a measuring tool for one's own machine, not a stress or attack tool:
 // it talks only to loopback addresses, and concurrency and duration are
 // capped. It is not a benchmark harness either: numbers depend on the host,
-// and nothing here fails on them.
+// and nothing here fails on them; compare ratios within one run.
 package main
 
 import (
 	"bytes"
 	"context"
 	_ "embed"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -28,10 +41,15 @@ import (
 	"os"
 	"os/signal"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"text/tabwriter"
 	"time"
+
+	"github.com/aovhq/aov/plugins/evmfacilitator"
+	"github.com/aovhq/aov/x402"
 )
 
 // invoice is the default request body: the SPEC §10 worked example with the
@@ -46,9 +64,12 @@ const (
 	maxConcurrency = 256
 	maxDuration    = 5 * time.Minute
 	maxBodyBytes   = 1 << 20
-	// maxSamples bounds the memory the latency samples take per target.
+	// maxSamples bounds the memory the latency samples take per phase.
 	maxSamples = 20_000_000
 )
+
+// Scenario names, in the order they run.
+var allScenarios = []string{"free", "baseline", "direct", "mcp", "paid", "facilitator"}
 
 func main() {
 	if err := run(os.Args[1:], os.Stdout); err != nil {
@@ -59,39 +80,57 @@ func main() {
 
 // config is one run's settings, checked by parseFlags.
 type config struct {
-	targets     []target
-	path        string
-	body        []byte
-	concurrency int
-	duration    time.Duration
-	warmup      time.Duration
+	gateway, baseline, direct *url.URL // nil: not measured
+	path                      string
+	body                      []byte
+	concurrency               []int
+	duration                  time.Duration
+	warmup                    time.Duration
+	scenarios                 []string
+	procs                     []proc
 }
 
-// target is a named base URL requests go to.
-type target struct {
+// proc is a process whose CPU time the report splits per request.
+type proc struct {
 	name string
-	base *url.URL
+	pid  int
 }
 
 func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs := flag.NewFlagSet("load", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	viaCaddy := fs.String("via-caddy", "http://127.0.0.1:8080", "base URL of Caddy (empty: skip)")
+	gateway := fs.String("gateway", "http://127.0.0.1:8080", "base URL of the gateway (Caddy with the x402 modules; empty: skip its scenarios)")
+	baseline := fs.String("baseline", "", "base URL of a plain Caddy reverse_proxy to the same verifierd (empty: skip)")
 	direct := fs.String("direct", "http://127.0.0.1:8081", "base URL of verifierd itself (empty: skip)")
-	path := fs.String("path", "/verify/schema", "request path")
+	path := fs.String("path", "/verify/schema", "request path of the REST scenarios")
 	bodyFile := fs.String("body", "", "file with the JSON request body (default: the SPEC §10 invoice, passing)")
-	c := fs.Int("c", 8, fmt.Sprintf("concurrent connections, 1..%d", maxConcurrency))
-	d := fs.Duration("d", 10*time.Second, fmt.Sprintf("measured duration per target, at most %s", maxDuration))
-	warmup := fs.Duration("warmup", time.Second, "unmeasured warm-up per target")
+	cs := fs.String("c", "8,32", fmt.Sprintf("concurrent connections, a comma-separated list, each 1..%d", maxConcurrency))
+	d := fs.Duration("d", 5*time.Second, fmt.Sprintf("measured duration per phase, at most %s", maxDuration))
+	warmup := fs.Duration("warmup", time.Second, "unmeasured warm-up per phase")
+	scen := fs.String("scenarios", strings.Join(allScenarios, ","), "scenarios to run, comma-separated")
+	var procs []proc
+	fs.Func("pid", "name=PID of a process to account CPU time to (repeatable)", func(v string) error {
+		name, p, ok := strings.Cut(v, "=")
+		pid, err := strconv.Atoi(p)
+		if !ok || name == "" || err != nil || pid <= 0 {
+			return errors.New("want name=PID")
+		}
+		procs = append(procs, proc{name: name, pid: pid})
+		return nil
+	})
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}
 	if fs.NArg() > 0 {
 		return config{}, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	cfg := config{path: *path, body: invoice, concurrency: *c, duration: *d, warmup: *warmup}
-	if cfg.concurrency < 1 || cfg.concurrency > maxConcurrency {
-		return config{}, fmt.Errorf("-c must be between 1 and %d", maxConcurrency)
+	cfg := config{path: *path, body: invoice, duration: *d, warmup: *warmup, procs: procs}
+	for _, f := range strings.Split(*cs, ",") {
+		c, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || c < 1 || c > maxConcurrency {
+			return config{}, fmt.Errorf("-c must be a list of numbers between 1 and %d", maxConcurrency)
+		}
+		cfg.concurrency = append(cfg.concurrency, c)
 	}
 	if cfg.duration <= 0 || cfg.duration > maxDuration {
 		return config{}, fmt.Errorf("-d must be positive and at most %s", maxDuration)
@@ -109,20 +148,45 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		}
 		cfg.body = b
 	}
-	for _, t := range []struct{ name, raw string }{{"caddy", *viaCaddy}, {"direct", *direct}} {
+	for _, t := range []struct {
+		flag string
+		raw  string
+		dst  **url.URL
+	}{{"gateway", *gateway, &cfg.gateway}, {"baseline", *baseline, &cfg.baseline}, {"direct", *direct, &cfg.direct}} {
 		if t.raw == "" {
 			continue
 		}
 		u, err := loopbackURL(t.raw)
 		if err != nil {
-			return config{}, fmt.Errorf("-%s: %w", map[string]string{"caddy": "via-caddy", "direct": "direct"}[t.name], err)
+			return config{}, fmt.Errorf("-%s: %w", t.flag, err)
 		}
-		cfg.targets = append(cfg.targets, target{name: t.name, base: u})
+		*t.dst = u
 	}
-	if len(cfg.targets) == 0 {
-		return config{}, errors.New("no target: set -via-caddy and/or -direct")
+	for _, s := range strings.Split(*scen, ",") {
+		s = strings.TrimSpace(s)
+		if !slices.Contains(allScenarios, s) {
+			return config{}, fmt.Errorf("-scenarios: unknown scenario %q (known: %s)", s, strings.Join(allScenarios, ", "))
+		}
+		if cfg.targetOf(s) != nil {
+			cfg.scenarios = append(cfg.scenarios, s)
+		}
+	}
+	if len(cfg.scenarios) == 0 {
+		return config{}, errors.New("no target: set -gateway, -baseline and/or -direct for the chosen scenarios")
 	}
 	return cfg, nil
+}
+
+// targetOf is the base URL a scenario talks to, nil when it is not set.
+func (cfg config) targetOf(scenario string) *url.URL {
+	switch scenario {
+	case "baseline":
+		return cfg.baseline
+	case "direct":
+		return cfg.direct
+	default:
+		return cfg.gateway
+	}
 }
 
 func readBounded(name string, limit int64) ([]byte, error) {
@@ -173,35 +237,41 @@ func run(args []string, stdout io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 
-	fmt.Fprintf(stdout, "POST %s, %d bytes, %d connections, %s per target (after %s warm-up)\n",
-		cfg.path, len(cfg.body), cfg.concurrency, cfg.duration, cfg.warmup)
+	fmt.Fprintf(stdout, "POST %s, %d bytes; %s per phase after %s warm-up; connections %v\n",
+		cfg.path, len(cfg.body), cfg.duration, cfg.warmup, cfg.concurrency)
 	var results []stats
-	for _, t := range cfg.targets {
-		st, err := measure(ctx, cfg, t)
-		if err != nil {
-			return fmt.Errorf("%s: %w", t.name, err)
+	for _, s := range cfg.scenarios {
+		for _, c := range cfg.concurrency {
+			st, err := measure(ctx, cfg, s, c)
+			if err != nil {
+				return fmt.Errorf("%s at %d connections: %w", s, c, err)
+			}
+			results = append(results, st)
 		}
-		results = append(results, st)
 	}
-	report(stdout, results)
+	report(stdout, results, cfg.procs)
 	return nil
 }
 
-// stats is what one target's measured phase produced.
+// stats is what one measured phase produced.
 type stats struct {
-	name     string
-	requests int
-	errors   int
-	elapsed  time.Duration
-	lat      []time.Duration // successful requests only, sorted
-	firstErr string
+	name        string
+	concurrency int
+	requests    int
+	errors      int
+	elapsed     time.Duration
+	lat         []time.Duration // successful requests only, sorted
+	firstErr    string
+	cpu         map[string]time.Duration // process name → CPU time during the phase
 }
+
+func (s stats) ok() int { return s.requests - s.errors }
 
 func (s stats) rate() float64 {
 	if s.elapsed <= 0 {
 		return 0
 	}
-	return float64(s.requests-s.errors) / s.elapsed.Seconds()
+	return float64(s.ok()) / s.elapsed.Seconds()
 }
 
 // percentile returns the p-th percentile (0 < p ≤ 100) of sorted samples by
@@ -215,39 +285,77 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 	return sorted[rank]
 }
 
-// measure checks the target answers the request with 200, warms it up,
-// then runs cfg.concurrency closed-loop workers for cfg.duration.
-func measure(ctx context.Context, cfg config, t target) (stats, error) {
-	client := &http.Client{
+// workload is one scenario: next builds the next request of a phase, check
+// judges its answer.
+type workload struct {
+	next  func(ctx context.Context) (*http.Request, error)
+	check func(status int, body []byte) error
+}
+
+// newClient is one phase's HTTP client: keep-alive connections, one per
+// worker, never through a proxy.
+func newClient(concurrency int) *http.Client {
+	return &http.Client{
 		Timeout: 30 * time.Second,
 		Transport: &http.Transport{
 			Proxy:               nil, // loopback only: never through a proxy
-			MaxIdleConns:        cfg.concurrency,
-			MaxIdleConnsPerHost: cfg.concurrency,
+			MaxIdleConns:        concurrency,
+			MaxIdleConnsPerHost: concurrency,
 			DisableCompression:  true,
 		},
 	}
-	defer client.CloseIdleConnections()
-	endpoint := t.base.JoinPath(cfg.path).String()
+}
 
-	if status, err := send(ctx, client, endpoint, cfg.body); err != nil {
+// measure prepares a scenario, checks that its first request succeeds,
+// warms it up, then runs c closed-loop workers for cfg.duration with the
+// processes' CPU time read before and after.
+func measure(ctx context.Context, cfg config, scenario string, c int) (stats, error) {
+	client := newClient(c)
+	defer client.CloseIdleConnections()
+	w, err := prepare(ctx, client, cfg, scenario)
+	if err != nil {
+		return stats{}, err
+	}
+	if err := once(ctx, client, w); err != nil {
 		return stats{}, fmt.Errorf("first request: %w", err)
-	} else if status == http.StatusPaymentRequired {
-		return stats{}, errors.New("first request answered 402: the free allowance is used up; load requests are unpaid, so run the stack with a large one (AOV_FREE_PER_DAY=1000000000 make run)")
-	} else if status != http.StatusOK {
-		return stats{}, fmt.Errorf("first request answered %d, want 200: is the stack running (make run)?", status)
 	}
 	if cfg.warmup > 0 {
-		phase(ctx, client, endpoint, cfg.body, cfg.concurrency, cfg.warmup)
+		phase(ctx, client, w, c, cfg.warmup)
 	}
-	st := phase(ctx, client, endpoint, cfg.body, cfg.concurrency, cfg.duration)
-	st.name = t.name
+	before := cpuTimes(cfg.procs)
+	st := phase(ctx, client, w, c, cfg.duration)
+	after := cpuTimes(cfg.procs)
+	st.name, st.concurrency = scenario, c
+	st.cpu = map[string]time.Duration{}
+	for name, t := range after {
+		if b, ok := before[name]; ok {
+			st.cpu[name] = t - b
+		}
+	}
 	return st, ctx.Err()
+}
+
+func once(ctx context.Context, client *http.Client, w workload) error {
+	req, err := w.next(ctx)
+	if err != nil {
+		return err
+	}
+	status, body, err := send(client, req)
+	if err != nil {
+		return err
+	}
+	if status == http.StatusPaymentRequired {
+		return errors.New("answered 402: the free allowance is used up; load requests are unpaid, so run the stack with a large one (AOV_FREE_PER_DAY=1000000000 make run)")
+	}
+	if err := w.check(status, body); err != nil {
+		return fmt.Errorf("%w: is the stack running (make run)?", err)
+	}
+	return nil
 }
 
 // phase runs the closed loop: each worker sends the next request as soon as
 // the previous answer is read.
-func phase(ctx context.Context, client *http.Client, endpoint string, body []byte, workers int, d time.Duration) stats {
+func phase(ctx context.Context, client *http.Client, w workload, workers int, d time.Duration) stats {
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	perWorker := maxSamples / workers
@@ -258,29 +366,34 @@ func phase(ctx context.Context, client *http.Client, endpoint string, body []byt
 	)
 	start := time.Now()
 	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			var local stats
 			local.lat = make([]time.Duration, 0, 1024)
+			fail := func(err error) {
+				local.errors++
+				if local.firstErr == "" {
+					local.firstErr = err.Error()
+				}
+			}
 			for ctx.Err() == nil {
+				req, err := w.next(ctx)
+				if err != nil {
+					local.requests++
+					fail(err)
+					continue
+				}
 				t0 := time.Now()
-				status, err := send(ctx, client, endpoint, body)
+				status, body, err := send(client, req)
 				if ctx.Err() != nil {
 					break // cut off by the end of the phase: not a sample
 				}
 				local.requests++
+				if err == nil {
+					err = w.check(status, body)
+				}
 				switch {
 				case err != nil:
-					local.errors++
-					if local.firstErr == "" {
-						local.firstErr = err.Error()
-					}
-				case status != http.StatusOK:
-					local.errors++
-					if local.firstErr == "" {
-						local.firstErr = fmt.Sprintf("status %d", status)
-					}
+					fail(err)
 				case len(local.lat) < perWorker:
 					local.lat = append(local.lat, time.Since(t0))
 				}
@@ -293,7 +406,7 @@ func phase(ctx context.Context, client *http.Client, endpoint string, body []byt
 				all.firstErr = local.firstErr
 			}
 			mu.Unlock()
-		}()
+		})
 	}
 	wg.Wait()
 	all.elapsed = time.Since(start)
@@ -301,43 +414,254 @@ func phase(ctx context.Context, client *http.Client, endpoint string, body []byt
 	return all
 }
 
-// send posts body and reads the whole answer, so the connection is reused.
-func send(ctx context.Context, client *http.Client, endpoint string, body []byte) (int, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, bytes.NewReader(body))
-	if err != nil {
-		return 0, err
-	}
-	req.Header.Set("Content-Type", "application/json")
+// maxAnswerBytes bounds what is kept of an answer for its check.
+const maxAnswerBytes = 1 << 20
+
+// send does one request and reads the whole answer, so the connection is
+// reused.
+func send(client *http.Client, req *http.Request) (int, []byte, error) {
 	resp, err := client.Do(req)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	defer resp.Body.Close()
-	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
-		return 0, err
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBytes))
+	if err != nil {
+		return 0, nil, err
 	}
-	return resp.StatusCode, nil
+	io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode, body, nil
 }
 
-func report(w io.Writer, results []stats) {
+func post(ctx context.Context, endpoint string, body []byte, hdr map[string]string) (*http.Request, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	return req, nil
+}
+
+// want200 accepts a 200 answer.
+func want200(status int, _ []byte) error {
+	if status != http.StatusOK {
+		return fmt.Errorf("status %d", status)
+	}
+	return nil
+}
+
+// prepare builds a scenario's workload; the paid ones first fetch the
+// gateway's live payment requirements from its discovery probe.
+func prepare(ctx context.Context, client *http.Client, cfg config, scenario string) (workload, error) {
+	base := cfg.targetOf(scenario)
+	switch scenario {
+	case "free", "baseline", "direct":
+		endpoint := base.JoinPath(cfg.path).String()
+		return workload{
+			next:  func(ctx context.Context) (*http.Request, error) { return post(ctx, endpoint, cfg.body, nil) },
+			check: want200,
+		}, nil
+	case "mcp":
+		endpoint := base.JoinPath("/mcp").String()
+		call := fmt.Appendf(nil, `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"verify_schema","arguments":%s}}`, bytes.TrimSpace(cfg.body))
+		return workload{
+			next: func(ctx context.Context) (*http.Request, error) {
+				return post(ctx, endpoint, call, map[string]string{"Accept": "application/json, text/event-stream"})
+			},
+			check: func(status int, body []byte) error {
+				if status != http.StatusOK {
+					return fmt.Errorf("status %d", status)
+				}
+				if bytes.Contains(body, []byte(`"isError":true`)) || !bytes.Contains(body, []byte(`"attestation"`)) {
+					return errors.New("the tool answered an error or no receipt")
+				}
+				return nil
+			},
+		}, nil
+	}
+	required, err := paymentRequired(ctx, client, base.JoinPath(cfg.path).String())
+	if err != nil {
+		return workload{}, err
+	}
+	offer := required.Accepts[0]
+	// Payers rotate over the devnet's funded accounts 1..8, so no single
+	// balance runs low; every payment has a fresh random nonce.
+	var n atomic.Int64
+	pay := func() (x402.PaymentPayload, error) {
+		key := evmfacilitator.DevKey(1 + int(n.Add(1)%8))
+		return x402.SignExactEVM(key, offer, &required.Resource, time.Now())
+	}
+	if scenario == "paid" {
+		endpoint := base.JoinPath(cfg.path).String()
+		return workload{
+			next: func(ctx context.Context) (*http.Request, error) {
+				p, err := pay()
+				if err != nil {
+					return nil, err
+				}
+				sig, err := x402.EncodeHeader(p)
+				if err != nil {
+					return nil, err
+				}
+				return post(ctx, endpoint, cfg.body, map[string]string{x402.HeaderPaymentSignature: sig})
+			},
+			check: want200,
+		}, nil
+	}
+	// facilitator: one signed payment, verified again and again (verify
+	// never consumes it).
+	p, err := pay()
+	if err != nil {
+		return workload{}, err
+	}
+	body, err := json.Marshal(map[string]any{"x402Version": 2, "paymentPayload": p, "paymentRequirements": offer})
+	if err != nil {
+		return workload{}, err
+	}
+	endpoint := base.JoinPath("/facilitator/verify").String()
+	return workload{
+		next: func(ctx context.Context) (*http.Request, error) { return post(ctx, endpoint, body, nil) },
+		check: func(status int, b []byte) error {
+			if status != http.StatusOK || !bytes.Contains(b, []byte(`"isValid":true`)) {
+				return fmt.Errorf("status %d, not a valid verification", status)
+			}
+			return nil
+		},
+	}, nil
+}
+
+// paymentRequired sends the discovery probe (a POST with no body) and
+// decodes the live PAYMENT-REQUIRED header of its 402.
+func paymentRequired(ctx context.Context, client *http.Client, endpoint string) (x402.PaymentRequired, error) {
+	var required x402.PaymentRequired
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, nil)
+	if err != nil {
+		return required, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return required, err
+	}
+	io.Copy(io.Discard, io.LimitReader(resp.Body, maxAnswerBytes))
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusPaymentRequired {
+		return required, fmt.Errorf("the discovery probe answered %d, want 402 with PAYMENT-REQUIRED", resp.StatusCode)
+	}
+	if err := x402.DecodeHeader(resp.Header.Get(x402.HeaderPaymentRequired), &required); err != nil {
+		return required, fmt.Errorf("PAYMENT-REQUIRED: %w", err)
+	}
+	if len(required.Accepts) == 0 {
+		return required, errors.New("PAYMENT-REQUIRED offers no way to pay")
+	}
+	return required, nil
+}
+
+// cpuTimes reads each process's user+system CPU time; a process that
+// cannot be read is left out (the report then shows no figure for it).
+func cpuTimes(procs []proc) map[string]time.Duration {
+	out := map[string]time.Duration{}
+	for _, p := range procs {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.pid))
+		if err != nil {
+			continue
+		}
+		if t, ok := parseStat(b); ok {
+			out[p.name] = t
+		}
+	}
+	return out
+}
+
+// clockTick is USER_HZ, the unit of /proc/<pid>/stat's times: 100 on every
+// Linux architecture's user ABI.
+const clockTick = 10 * time.Millisecond
+
+// parseStat returns utime+stime (fields 14 and 15) of a /proc/<pid>/stat
+// line. The command name (field 2) may hold spaces and parentheses, so the
+// fields are counted from its last ')'.
+func parseStat(b []byte) (time.Duration, bool) {
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return 0, false
+	}
+	u, err1 := strconv.ParseInt(f[11], 10, 64)
+	s, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, false
+	}
+	return time.Duration(u+s) * clockTick, true
+}
+
+// targetRate is the throughput bar for the gateway: 2.5 × the ≈1,080 req/s of
+// a Python peer built the way the original service is, on a 2-core machine.
+const targetRate = 2.5 * 1080
+
+func report(w io.Writer, results []stats, procs []proc) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "target\trequests\terrors\treq/s\tp50\tp90\tp99\tmax\t")
+	hdr := "scenario\tconns\trequests\terrors\treq/s\tp50\tp90\tp99\t"
+	for _, p := range procs {
+		hdr += p.name + " CPU/req\t"
+	}
+	fmt.Fprintln(tw, hdr)
 	for _, s := range results {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%.0f\t%s\t%s\t%s\t%s\t\n", s.name, s.requests, s.errors, s.rate(),
-			ms(percentile(s.lat, 50)), ms(percentile(s.lat, 90)), ms(percentile(s.lat, 99)), ms(percentile(s.lat, 100)))
+		line := fmt.Sprintf("%s\t%d\t%d\t%d\t%.0f\t%s\t%s\t%s\t", s.name, s.concurrency, s.requests, s.errors, s.rate(),
+			ms(percentile(s.lat, 50)), ms(percentile(s.lat, 90)), ms(percentile(s.lat, 99)))
+		for _, p := range procs {
+			t, ok := s.cpu[p.name]
+			if !ok || s.ok() == 0 {
+				line += "-\t"
+				continue
+			}
+			line += fmt.Sprintf("%.0fµs\t", float64(t.Microseconds())/float64(s.ok()))
+		}
+		fmt.Fprintln(tw, line)
 	}
 	tw.Flush()
 	for _, s := range results {
 		if s.errors > 0 {
-			fmt.Fprintf(w, "%s: %d of %d requests failed; first: %s\n", s.name, s.errors, s.requests, s.firstErr)
+			fmt.Fprintf(w, "%s at %d: %d of %d requests failed; first: %s\n", s.name, s.concurrency, s.errors, s.requests, s.firstErr)
 		}
 	}
-	if len(results) == 2 && results[1].rate() > 0 {
-		c, d := results[0], results[1]
-		fmt.Fprintf(w, "through Caddy vs direct: %.2fx the throughput; p50 %+.2f ms, p99 %+.2f ms\n",
-			c.rate()/d.rate(),
-			msf(percentile(c.lat, 50)-percentile(d.lat, 50)),
-			msf(percentile(c.lat, 99)-percentile(d.lat, 99)))
+	find := func(name string, c int) (stats, bool) {
+		for _, s := range results {
+			if s.name == name && s.concurrency == c && s.rate() > 0 {
+				return s, true
+			}
+		}
+		return stats{}, false
+	}
+	var cs []int
+	for _, s := range results {
+		if !slices.Contains(cs, s.concurrency) {
+			cs = append(cs, s.concurrency)
+		}
+	}
+	for _, c := range cs {
+		base, hasBase := find("baseline", c)
+		for _, name := range []string{"free", "mcp", "paid"} {
+			s, ok := find(name, c)
+			if !ok {
+				continue
+			}
+			line := fmt.Sprintf("%s at %d: %.0f req/s", name, c, s.rate())
+			if hasBase {
+				line += fmt.Sprintf(", %.2fx the plain reverse_proxy (target >= 0.9x)", s.rate()/base.rate())
+			}
+			if name != "paid" {
+				line += fmt.Sprintf(", %.2fx of 2.5 x 1,080 req/s", s.rate()/targetRate)
+			}
+			fmt.Fprintln(w, line)
+		}
+		if d, ok := find("direct", c); ok && hasBase {
+			fmt.Fprintf(w, "baseline at %d: %.2fx direct to verifierd\n", c, base.rate()/d.rate())
+		}
 	}
 }
 

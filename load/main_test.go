@@ -7,6 +7,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -77,20 +79,27 @@ func TestPercentile(t *testing.T) {
 
 func TestParseFlags(t *testing.T) {
 	tests := []struct {
-		desc    string
-		args    []string
-		wantErr string
-		targets int
+		desc      string
+		args      []string
+		wantErr   string
+		scenarios []string
+		conns     []int
 	}{
-		{"the defaults measure Caddy and verifierd", nil, "", 2},
-		{"an empty -direct measures Caddy only", []string{"-direct", ""}, "", 1},
-		{"no target at all is refused", []string{"-direct", "", "-via-caddy", ""}, "no target", 0},
-		{"concurrency above the cap is refused", []string{"-c", "257"}, "-c must be", 0},
-		{"zero concurrency is refused", []string{"-c", "0"}, "-c must be", 0},
-		{"a duration above the cap is refused", []string{"-d", "6m"}, "-d must be", 0},
-		{"a non-loopback target is refused", []string{"-direct", "http://10.1.2.3:8081"}, "loopback", 0},
-		{"a path without a leading slash is refused", []string{"-path", "verify"}, "-path", 0},
-		{"a stray argument is refused", []string{"extra"}, "unexpected argument", 0},
+		{"the defaults measure the gateway and verifierd at 8 and 32", nil, "", []string{"free", "direct", "mcp", "paid", "facilitator"}, []int{8, 32}},
+		{"a baseline adds its scenario", []string{"-baseline", "http://127.0.0.1:8090"}, "", []string{"free", "baseline", "direct", "mcp", "paid", "facilitator"}, []int{8, 32}},
+		{"an empty -direct measures the gateway only", []string{"-direct", "", "-c", "4"}, "", []string{"free", "mcp", "paid", "facilitator"}, []int{4}},
+		{"scenarios can be chosen", []string{"-scenarios", "free,direct", "-c", "1,2,3"}, "", []string{"free", "direct"}, []int{1, 2, 3}},
+		{"an unknown scenario is refused", []string{"-scenarios", "free,nope"}, "unknown scenario", nil, nil},
+		{"no target at all is refused", []string{"-direct", "", "-gateway", ""}, "no target", nil, nil},
+		{"concurrency above the cap is refused", []string{"-c", "8,257"}, "-c must be", nil, nil},
+		{"zero concurrency is refused", []string{"-c", "0"}, "-c must be", nil, nil},
+		{"a concurrency that is not a number is refused", []string{"-c", "8,x"}, "-c must be", nil, nil},
+		{"a duration above the cap is refused", []string{"-d", "6m"}, "-d must be", nil, nil},
+		{"a non-loopback target is refused", []string{"-direct", "http://10.1.2.3:8081"}, "loopback", nil, nil},
+		{"a non-loopback baseline is refused", []string{"-baseline", "http://example.com"}, "loopback", nil, nil},
+		{"a path without a leading slash is refused", []string{"-path", "verify"}, "-path", nil, nil},
+		{"a malformed -pid is refused", []string{"-pid", "caddy"}, "name=PID", nil, nil},
+		{"a stray argument is refused", []string{"extra"}, "unexpected argument", nil, nil},
 	}
 	for _, tc := range tests {
 		t.Run(tc.desc, func(t *testing.T) {
@@ -104,10 +113,30 @@ func TestParseFlags(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(cfg.targets) != tc.targets {
-				t.Fatalf("%d targets, want %d", len(cfg.targets), tc.targets)
+			if !slices.Equal(cfg.scenarios, tc.scenarios) || !slices.Equal(cfg.concurrency, tc.conns) {
+				t.Fatalf("scenarios %v at %v, want %v at %v", cfg.scenarios, cfg.concurrency, tc.scenarios, tc.conns)
 			}
 		})
+	}
+}
+
+func TestParseStatReadsUserAndSystemTime(t *testing.T) {
+	// A command name with spaces and a parenthesis, as the kernel allows.
+	line := []byte("4242 (my (odd) name) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 75 0 0 20 0 8 0 12345 0 0\n")
+	got, ok := parseStat(line)
+	if !ok || got != 325*clockTick {
+		t.Fatalf("parseStat = %v, %v; want %v", got, ok, 325*clockTick)
+	}
+	if _, ok := parseStat([]byte("garbage")); ok {
+		t.Fatal("a line without fields parsed")
+	}
+	// This process's own line parses and grows with work done.
+	self := []proc{{name: "self", pid: os.Getpid()}}
+	before := cpuTimes(self)["self"]
+	for end := time.Now().Add(50 * time.Millisecond); time.Now().Before(end); {
+	}
+	if after, ok := cpuTimes(self)["self"]; !ok || after <= before {
+		t.Fatalf("own CPU time %v then %v (%v)", before, after, ok)
 	}
 }
 
@@ -159,7 +188,12 @@ func TestPhaseCountsAnswersAndFailures(t *testing.T) {
 	}))
 	defer srv.Close()
 
-	st := phase(context.Background(), srv.Client(), srv.URL+"/verify/schema", invoice, 4, 300*time.Millisecond)
+	endpoint := srv.URL + "/verify/schema"
+	w := workload{
+		next:  func(ctx context.Context) (*http.Request, error) { return post(ctx, endpoint, invoice, nil) },
+		check: want200,
+	}
+	st := phase(context.Background(), srv.Client(), w, 4, 300*time.Millisecond)
 	if st.requests == 0 {
 		t.Fatal("no requests were sent")
 	}
@@ -203,8 +237,8 @@ func TestMeasureRefusesATargetThatDoesNotServeTheRequest(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			cfg := config{path: "/verify/schema", body: invoice, concurrency: 1, duration: 100 * time.Millisecond}
-			_, err = measure(context.Background(), cfg, target{name: "caddy", base: u})
+			cfg := config{gateway: u, path: "/verify/schema", body: invoice, duration: 100 * time.Millisecond}
+			_, err = measure(context.Background(), cfg, "free", 1)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("error = %v, want one containing %q", err, tc.want)
 			}
@@ -212,17 +246,22 @@ func TestMeasureRefusesATargetThatDoesNotServeTheRequest(t *testing.T) {
 	}
 }
 
-func TestReportPrintsTheRatio(t *testing.T) {
-	mk := func(name string, n int, lat time.Duration) stats {
-		s := stats{name: name, requests: n, elapsed: time.Second}
+func TestReportPrintsRatesCPUAndRatios(t *testing.T) {
+	mk := func(name string, c, n int, lat time.Duration, cpu time.Duration) stats {
+		s := stats{name: name, concurrency: c, requests: n, elapsed: time.Second, cpu: map[string]time.Duration{"caddy": cpu}}
 		for range n {
 			s.lat = append(s.lat, lat)
 		}
 		return s
 	}
 	var out bytes.Buffer
-	report(&out, []stats{mk("caddy", 800, 3*time.Millisecond), mk("direct", 1000, 2*time.Millisecond)})
-	for _, want := range []string{"caddy", "direct", "800", "1000", "3.00ms", "0.80x the throughput", "p50 +1.00 ms"} {
+	report(&out, []stats{
+		mk("free", 8, 2700, 3*time.Millisecond, 270*time.Millisecond),
+		mk("baseline", 8, 3000, 2*time.Millisecond, 150*time.Millisecond),
+		mk("direct", 8, 3375, 2*time.Millisecond, 0),
+	}, []proc{{name: "caddy", pid: 1}, {name: "certd", pid: 2}})
+	for _, want := range []string{"caddy CPU/req", "2700", "3.00ms", "100µs", "50µs",
+		"free at 8: 2700 req/s, 0.90x the plain reverse_proxy", "1.00x of 2.5 x 1,080", "baseline at 8: 0.89x direct"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, out.String())
 		}

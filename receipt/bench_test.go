@@ -50,6 +50,34 @@ func BenchmarkTransformFullResponse(b *testing.B) {
 	}
 }
 
+// BenchmarkCanonicalizeFullResponse is this package's raw reader on the same
+// response; BenchmarkIsCanonicalSigningInput is what certd checks before it
+// signs the canonical document it was sent.
+func BenchmarkCanonicalizeFullResponse(b *testing.B) {
+	raw := fullResponse(b, "k2")
+	b.ReportAllocs()
+	b.SetBytes(int64(len(raw)))
+	for b.Loop() {
+		if _, err := Canonicalize(raw); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkIsCanonicalSigningInput(b *testing.B) {
+	msg, err := SigningInput(ContextVerify, "k2", fixtureTime, fullResponse(b, "k2"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.SetBytes(int64(len(msg)))
+	for b.Loop() {
+		if !IsCanonical(msg) {
+			b.Fatal("not canonical")
+		}
+	}
+}
+
 func BenchmarkAppendCanonicalFullResponse(b *testing.B) {
 	raw := fullResponse(b, "k2")
 	tree := decodeTree(b, raw)

@@ -6,12 +6,17 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/gowebpki/jcs"
 )
 
-// FuzzCanonicalize checks the two canonicalization paths against each other:
-// whenever the raw parser (gowebpki/jcs) and AppendCanonical over the
-// encoding/json tree both succeed they produce the same bytes, and the
-// canonical form is a fixed point of both.
+// FuzzCanonicalize checks the canonicalizer against the reference
+// implementation (gowebpki/jcs, used by tests only): on every input both
+// refuse, or both produce the same bytes. It also checks the two paths of
+// this package against each other (whenever the raw reader and
+// AppendCanonical over the encoding/json tree both succeed they produce the
+// same bytes), that the canonical form is a fixed point of both, and that
+// IsCanonical holds exactly for the fixed points.
 func FuzzCanonicalize(f *testing.F) {
 	for _, s := range []string{
 		`{"b":1,"a":[true,false,null,"x"]}`,
@@ -20,12 +25,26 @@ func FuzzCanonicalize(f *testing.F) {
 		`"\u0000\u001f\b\t\n\f\r\"\\/\u007f"`,
 		`{"a":{"b":{"c":[[],{}]}}}`,
 		`1E+2`, `-0.0e0`, `"café ✓"`, `[5e-324,1.7976931348623157e308]`,
+		`{"\u0022":1,"\\":2,"\n":3,"a\u0000b":4,"\u00e9":5,"é":6}`,
+		`{"b":{"d":1,"c":2},"a":[{"z":0,"y":[1,{"q":1,"p":2}]}]}`,
+		`{"a":1, "a" :2}`, `{"\u0061":1,"a":2}`, `"\ud800\u0041"`, `"\udc00"`,
+		` [ 1 , 2 ] `, `[1,]`, `{"a":1,}`, `01`, `1.`, `-`, `1e`, `truex`, `[tru]`, "\"\x7f\"",
 		invoiceRequest,
 	} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		raw, rawErr := Canonicalize(data)
+		ref, refErr := jcs.Transform(data)
+		switch {
+		case (rawErr == nil) != (refErr == nil):
+			t.Fatalf("reference disagrees on %q: ours %q (%v), reference %q (%v)", data, raw, rawErr, ref, refErr)
+		case rawErr == nil && !bytes.Equal(raw, ref):
+			t.Fatalf("reference disagrees on %q:\n ours      %q\n reference %q", data, raw, ref)
+		}
+		if IsCanonical(data) != (rawErr == nil && bytes.Equal(raw, data)) {
+			t.Fatalf("IsCanonical(%q) = %v, but canonical form is %q (%v)", data, IsCanonical(data), raw, rawErr)
+		}
 		dec := json.NewDecoder(bytes.NewReader(data))
 		dec.UseNumber()
 		var tree any

@@ -40,27 +40,45 @@ type Attestation struct {
 // receipt and vice versa; binding key_version and attested_at stops a
 // signature from being moved to another key or instant.
 func SigningInput(context, keyVersion, attestedAt string, response []byte) ([]byte, error) {
-	canon, err := Canonicalize(response)
+	if context == "" || keyVersion == "" || attestedAt == "" {
+		return nil, errors.New("building the signed document: context, key_version and attested_at are required")
+	}
+	buf, err := appendSigningPrefix(make([]byte, 0, len(response)+len(context)+len(keyVersion)+len(attestedAt)+96), context, keyVersion, attestedAt)
 	if err != nil {
+		return nil, err
+	}
+	start := len(buf)
+	if buf, err = AppendCanonicalJSON(buf, response); err != nil {
 		return nil, fmt.Errorf("building the signed document: response: %w", err)
 	}
-	if len(canon) == 0 || canon[0] != '{' {
+	canon := buf[start:]
+	if canon[0] != '{' {
 		return nil, errors.New("building the signed document: response is not a JSON object")
 	}
 	if hasTopLevelAttestation(canon) {
 		return nil, errors.New("building the signed document: response already carries an attestation; sign the response without it")
 	}
-	return signingInputCanonical(context, keyVersion, attestedAt, canon)
+	return append(buf, '}'), nil
 }
 
 // signingInputCanonical assembles the five-key document around an already
-// canonical response. The keys are written in their RFC 8785 order
-// (algorithm < attested_at < context < key_version < response).
+// canonical response.
 func signingInputCanonical(context, keyVersion, attestedAt string, canonResponse []byte) ([]byte, error) {
 	if context == "" || keyVersion == "" || attestedAt == "" {
 		return nil, errors.New("building the signed document: context, key_version and attested_at are required")
 	}
-	buf := make([]byte, 0, len(canonResponse)+len(context)+len(keyVersion)+len(attestedAt)+96)
+	buf, err := appendSigningPrefix(make([]byte, 0, len(canonResponse)+len(context)+len(keyVersion)+len(attestedAt)+96), context, keyVersion, attestedAt)
+	if err != nil {
+		return nil, err
+	}
+	buf = append(buf, canonResponse...)
+	return append(buf, '}'), nil
+}
+
+// appendSigningPrefix writes the five-key document up to its response
+// value. The keys are written in their RFC 8785 order (algorithm <
+// attested_at < context < key_version < response).
+func appendSigningPrefix(buf []byte, context, keyVersion, attestedAt string) ([]byte, error) {
 	buf = append(buf, `{"algorithm":"`+Algorithm+`","attested_at":`...)
 	var err error
 	if buf, err = appendString(buf, attestedAt); err != nil {
@@ -74,9 +92,7 @@ func signingInputCanonical(context, keyVersion, attestedAt string, canonResponse
 	if buf, err = appendString(buf, keyVersion); err != nil {
 		return nil, fmt.Errorf("building the signed document: key_version: %w", err)
 	}
-	buf = append(buf, `,"response":`...)
-	buf = append(buf, canonResponse...)
-	return append(buf, '}'), nil
+	return append(buf, `,"response":`...), nil
 }
 
 // hasTopLevelAttestation reports whether a canonical JSON object has an
@@ -124,4 +140,125 @@ func Sign(priv ed25519.PrivateKey, context, keyVersion, attestedAt string, respo
 		Timestamp:  attestedAt,
 		Signature:  base64.StdEncoding.EncodeToString(sig),
 	}, nil
+}
+
+// SigningDocument is a signing input taken apart: what ParseSigningInput
+// found in the five-key document a signer was sent.
+type SigningDocument struct {
+	Context    string
+	KeyVersion string
+	AttestedAt string
+	// Response is the canonical response object, a subslice of the input.
+	Response []byte
+}
+
+// ParseSigningInput accepts msg only when it is exactly what SigningInput
+// builds: RFC 8785 canonical bytes (checked by parsing once and comparing
+// with the canonical form) of the five-key object with algorithm Ed25519,
+// a context of this service, a key version and an attested_at free of
+// escapes, and a response object without an attestation member. A signer
+// can then sign msg as it stands: whoever rebuilds the document from the
+// response gets the same bytes.
+func ParseSigningInput(msg []byte) (SigningDocument, error) {
+	var d SigningDocument
+	if !IsCanonical(msg) {
+		return d, &SigningInputError{Problem: "is not in RFC 8785 canonical form"}
+	}
+	rest, ok := bytes.CutPrefix(msg, []byte(`{"algorithm":"`+Algorithm+`"`))
+	if !ok {
+		return d, &SigningInputError{Field: "algorithm", Problem: "is not the first member, or not " + Algorithm}
+	}
+	if rest, ok = bytes.CutPrefix(rest, []byte(`,"attested_at":`)); !ok {
+		return d, &SigningInputError{Field: "attested_at", Problem: "is not the member after algorithm (missing, or a member is extra)"}
+	}
+	var err error
+	if d.AttestedAt, rest, err = plainMember(rest, "attested_at", `,"context":`); err != nil {
+		return d, err
+	}
+	if d.Context, rest, err = plainMember(rest, "context", `,"key_version":`); err != nil {
+		return d, err
+	}
+	if d.Context != ContextVerify && d.Context != ContextScore {
+		return d, &SigningInputError{Field: "context", Problem: "is not a signing context of this service"}
+	}
+	if d.KeyVersion, rest, err = plainMember(rest, "key_version", `,"response":`); err != nil {
+		return d, err
+	}
+	// The document is canonical and "response" sorts last of the five
+	// keys, so the response is everything up to the final '}', provided it
+	// is one object and no member follows it.
+	if len(rest) < 3 || rest[0] != '{' || objectEnd(rest) != len(rest)-1 {
+		return d, &SigningInputError{Field: "response", Problem: "is not a JSON object, or members follow it"}
+	}
+	d.Response = rest[:len(rest)-1]
+	if hasTopLevelAttestation(d.Response) {
+		return d, &SigningInputError{Field: "response", Problem: "already carries an attestation"}
+	}
+	return d, nil
+}
+
+// SigningInputError says why ParseSigningInput refused a document: the
+// member at fault ("" for the document as a whole) and the problem.
+type SigningInputError struct {
+	Field   string
+	Problem string
+}
+
+func (e *SigningInputError) Error() string {
+	if e.Field == "" {
+		return "signing input " + e.Problem
+	}
+	return "signing input's " + e.Field + " " + e.Problem
+}
+
+// plainMember reads the value of member name: a canonical string without
+// escapes at the start of b, followed by next. The three strings of a
+// signing document (a context, a key version, an RFC 3339 time) never need
+// escapes.
+func plainMember(b []byte, name, next string) (string, []byte, error) {
+	bad := func(problem string) (string, []byte, error) {
+		return "", nil, &SigningInputError{Field: name, Problem: problem}
+	}
+	if len(b) == 0 || b[0] != '"' {
+		return bad("is not a string")
+	}
+	end := bytes.IndexByte(b[1:], '"') + 1
+	if end == 0 {
+		return bad("is not a string")
+	}
+	s := b[1:end]
+	if len(s) == 0 {
+		return bad("is empty")
+	}
+	if bytes.IndexByte(s, '\\') >= 0 {
+		return bad("has escapes")
+	}
+	rest, ok := bytes.CutPrefix(b[end+1:], []byte(next))
+	if !ok {
+		return bad("is not followed by " + next[1:] + " (a member is missing or extra)")
+	}
+	return string(s), rest, nil
+}
+
+// objectEnd returns the length of the canonical JSON object or array at the
+// start of b (up to and including its closing bracket), or -1.
+func objectEnd(b []byte) int {
+	depth := 0
+	for i := 0; i < len(b); i++ {
+		switch b[i] {
+		case '{', '[':
+			depth++
+		case '}', ']':
+			if depth--; depth == 0 {
+				return i + 1
+			}
+		case '"':
+			for i++; i < len(b) && b[i] != '"'; i++ {
+				if b[i] == '\\' {
+					i++
+				}
+			}
+		}
+	}
+	return -1
 }

@@ -126,7 +126,7 @@ func TestVerifyReceipt(t *testing.T) {
 		}), keys: cardKeys, want: says("63 bytes, want 64")},
 		{desc: "a timestamp that is not RFC 3339 is refused", receipt: edit(t, full2, func(m map[string]any) { sub(m, "attestation")["timestamp"] = "yesterday" }), keys: cardKeys, want: says("not an RFC 3339 time")},
 		{desc: "a verify member that is not an object is refused", receipt: edit(t, full2, func(m map[string]any) { m["verify"] = 1 }), keys: cardKeys, want: says("verify is not an object")},
-		{desc: "duplicate keys are refused, so no reader sees another value", receipt: []byte(strings.Replace(string(full2), `"result":"fail"`, `"result":"pass","result":"fail"`, 1)), keys: cardKeys, want: says("Duplicate key")},
+		{desc: "duplicate keys are refused, so no reader sees another value", receipt: []byte(strings.Replace(string(full2), `"result":"fail"`, `"result":"pass","result":"fail"`, 1)), keys: cardKeys, want: says("duplicate object key")},
 		{desc: "a receipt that is not an object is refused", receipt: []byte(`[1,2]`), keys: cardKeys, want: says("not a JSON object")},
 		{desc: "a receipt that is not JSON is refused", receipt: []byte(`{"result":`), keys: cardKeys, want: says("not valid JSON")},
 	}

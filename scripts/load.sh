@@ -1,15 +1,23 @@
 #!/usr/bin/env bash
-# load.sh runs the load generator (go run ./load) against the stack that
-# `make run` serves. When nothing answers on the service's port it starts a
-# stack of its own first, with a throw-away data folder, and stops it after.
-# Load requests are unpaid: against your own make run, start it with a
-# large free allowance (AOV_FREE_PER_DAY=1000000000 make run), or the
+# load.sh is `make load`: it runs the load generator (go run ./load) against
+# the stack `make run` serves, next to a plain Caddy reverse_proxy to the
+# same verifierd (the baseline the gateway is compared with), and tells the
+# generator the process ids of Caddy, verifierd, certd and the baseline so
+# the report splits CPU time per request by process.
+#
+# When nothing answers on the service's port it starts a stack of its own
+# first, with a throw-away data folder, and stops it after. Load requests
+# are unpaid except in the paid scenario: against your own make run, start it
+# with a large free allowance (AOV_FREE_PER_DAY=1000000000 make run), or the
 # gateway answers 402 once the day's free calls are used.
 #
-#   scripts/load.sh                 # defaults: 8 connections, 10 s per target
-#   scripts/load.sh -c 16 -d 20s    # options go to the load generator
+#   scripts/load.sh                      # defaults: 8 and 32 connections, 5 s per phase
+#   scripts/load.sh -c 16 -d 20s         # options go to the load generator
+#   scripts/load.sh -scenarios free,baseline,direct
 #
-# Environment: AOV_HTTP_PORT (8080), AOV_VERIFIERD_ADDR (127.0.0.1:8081), GO.
+# Environment: AOV_HTTP_PORT (8080), AOV_VERIFIERD_ADDR (127.0.0.1:8081),
+# AOV_CERTD_PUBLIC_ADDR (127.0.0.1:8082), AOV_BASELINE_PORT (8090),
+# AOV_DATA (./data, for the gateway token), AOV_BIN (./bin), GO.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -17,6 +25,10 @@ cd "$root"
 GO="${GO:-go}"
 port="${AOV_HTTP_PORT:-8080}"
 verifierd="${AOV_VERIFIERD_ADDR:-127.0.0.1:8081}"
+certd="${AOV_CERTD_PUBLIC_ADDR:-127.0.0.1:8082}"
+baseline_port="${AOV_BASELINE_PORT:-8090}"
+bindir="${AOV_BIN:-$root/bin}"
+data="${AOV_DATA:-$root/data}"
 base="http://127.0.0.1:$port"
 
 say() { printf '\033[1mload:\033[0m %s\n' "$*" >&2; }
@@ -24,21 +36,31 @@ say() { printf '\033[1mload:\033[0m %s\n' "$*" >&2; }
 # shellcheck source=scripts/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-if ! http_ok "$base/health"; then
-	tmp="$(mktemp -d)"
-	say "nothing answers on $base: starting a stack of its own (data in $tmp, log in $tmp/run.log)"
-	# Every load request is an unpaid verification: give the throw-away
-	# stack an allowance that does not run out.
-	AOV_DATA="$tmp/data" AOV_FREE_PER_DAY=1000000000 setsid scripts/run.sh >"$tmp/run.log" 2>&1 &
-	runpid=$!
-	stop() {
+tmp="$(mktemp -d)"
+runpid=""
+basepid=""
+stop() {
+	if [ -n "$basepid" ]; then
+		kill -TERM "$basepid" 2>/dev/null || true
+		wait "$basepid" 2>/dev/null || true
+	fi
+	if [ -n "$runpid" ]; then
 		say "stopping the stack it started"
 		kill -TERM "$runpid" 2>/dev/null || true
 		wait "$runpid" 2>/dev/null || true
-		rm -rf "$tmp"
-	}
-	trap stop EXIT
-	trap 'exit 130' INT TERM
+	fi
+	rm -rf "$tmp"
+}
+trap stop EXIT
+trap 'exit 130' INT TERM
+
+if ! http_ok "$base/health"; then
+	say "nothing answers on $base: starting a stack of its own (data in $tmp/data, log in $tmp/run.log)"
+	data="$tmp/data"
+	# Every free-path load request is an unpaid verification: give the
+	# throw-away stack an allowance that does not run out.
+	AOV_DATA="$data" AOV_BIN="$bindir" AOV_FREE_PER_DAY=1000000000 setsid scripts/run.sh >"$tmp/run.log" 2>&1 &
+	runpid=$!
 	# The first build of Caddy can take minutes.
 	for _ in $(seq 1 1200); do
 		http_ok "$base/health" && break
@@ -48,4 +70,43 @@ if ! http_ok "$base/health"; then
 	http_ok "$base/health" || { cat "$tmp/run.log" >&2; say "the stack did not come up"; exit 1; }
 fi
 
-"$GO" run ./load -via-caddy "$base" -direct "http://$verifierd" "$@"
+# The baseline: the same Caddy binary with nothing but a reverse_proxy to
+# the same verifierd, adding the same gateway token header.
+[ -x "$bindir/caddy" ] || "$GO" build -o "$bindir/" ./cmd/caddy
+cat >"$tmp/Caddyfile" <<EOF
+{
+	admin off
+	auto_https off
+	persist_config off
+}
+http://127.0.0.1:$baseline_port {
+	reverse_proxy $verifierd {
+		header_up X-Aov-Gateway-Token {env.AOV_GATEWAY_TOKEN}
+	}
+}
+EOF
+mkdir -p "$tmp/caddy"
+AOV_GATEWAY_TOKEN="$(cat "$data/gateway-token" 2>/dev/null || true)" XDG_DATA_HOME="$tmp/caddy" XDG_CONFIG_HOME="$tmp/caddy" \
+	"$bindir/caddy" run --config "$tmp/Caddyfile" --adapter caddyfile >"$tmp/baseline.log" 2>&1 &
+basepid=$!
+for _ in $(seq 1 100); do
+	http_ok "http://127.0.0.1:$baseline_port/health" && break
+	kill -0 "$basepid" 2>/dev/null || { cat "$tmp/baseline.log" >&2; say "the baseline Caddy did not start"; exit 1; }
+	sleep 0.1
+done
+
+# listener_pid PORT: the process listening on a local TCP port.
+listener_pid() { ss -Htlnp "sport = :$1" 2>/dev/null | grep -o 'pid=[0-9]*' | head -1 | cut -d= -f2; }
+pids=()
+for p in "caddy=$port" "verifierd=${verifierd##*:}" "certd=${certd##*:}" "baseline=$baseline_port"; do
+	pid="$(listener_pid "${p#*=}")"
+	if [ -n "$pid" ]; then
+		pids+=(-pid "${p%%=*}=$pid")
+	else
+		say "no process found listening on port ${p#*=} (${p%%=*}): its CPU column stays empty"
+	fi
+done
+
+say "machine: $(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg) before the run"
+"$GO" run ./load -gateway "$base" -baseline "http://127.0.0.1:$baseline_port" -direct "http://$verifierd" "${pids[@]}" "$@"
+say "load average $(cut -d' ' -f1-3 /proc/loadavg) after the run"

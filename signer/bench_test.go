@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gowebpki/jcs"
+
 	"github.com/aovhq/aov/keystore"
 	"github.com/aovhq/aov/receipt"
 )
@@ -54,7 +56,9 @@ func BenchmarkSign(b *testing.B) {
 }
 
 // FuzzSignRequest feeds arbitrary bodies to the sign handler: it must answer
-// in the protocol's statuses and never panic.
+// in the protocol's statuses and never panic, and whatever it signs must be
+// a signing input exactly as receipt.SigningInput builds it, canonical by
+// the reference implementation (gowebpki/jcs) too.
 func FuzzSignRequest(f *testing.F) {
 	ks, err := keystore.Open(f.TempDir(), keystore.Options{})
 	if err != nil {
@@ -68,9 +72,18 @@ func FuzzSignRequest(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
+	for _, c := range []string{receipt.ContextVerify, receipt.ContextScore} {
+		for _, resp := range []string{`{"result":"pass"}`, `{"a":[1,2.5e300,"\u00e9"],"b":{}}`, string(sampleResponse("k1", "2026-11-29T21:00:00Z", 512))} {
+			b, err := receipt.SigningInput(c, "k1", "2026-11-29T21:00:00Z", []byte(resp))
+			if err != nil {
+				f.Fatal(err)
+			}
+			f.Add(string(b))
+		}
+	}
 	f.Add(`{"context":"json-schema-verifier/verify-schema-attestation/v1","key_version":"k1","attested_at":"2026-11-29T21:00:00Z","response":{"result":"pass"}}`)
-	f.Add(`{"context":"json-schema-verifier/trust-score-attestation/v1","key_version":"k2","attested_at":"2026-11-29T21:00:00Z","response":{"a":[1,2.5e300,"\ud800"]}}`)
-	f.Add(`{"context":1}`)
+	f.Add(`{"algorithm":"Ed25519","attested_at":"2026-11-29T21:00:00Z","context":"json-schema-verifier/verify-schema-attestation/v1","key_version":"k1","response":{"result":"pass"},"zzz":{}}`)
+	f.Add(`{"algorithm":"Ed25519","attested_at":"2026-11-29T21:00:00Z","context":"json-schema-verifier/verify-schema-attestation/v1","key_version":"k1","response":{"a":"}"}}`)
 	f.Add(`{"response":{"a":1,"a":2}}`)
 	f.Add(`[]`)
 	f.Fuzz(func(t *testing.T, body string) {
@@ -79,9 +92,22 @@ func FuzzSignRequest(f *testing.F) {
 		rec := httptest.NewRecorder()
 		srv.ServeHTTP(rec, req)
 		switch rec.Code {
-		case 200, 409, 413, 422:
+		case 200:
+		case 409, 413, 422:
+			return
 		default:
 			t.Fatalf("status %d for %q", rec.Code, body)
+		}
+		if ref, err := jcs.Transform([]byte(body)); err != nil || string(ref) != body {
+			t.Fatalf("signed a document the reference does not hold canonical: %q (%v)", body, err)
+		}
+		d, err := receipt.ParseSigningInput([]byte(body))
+		if err != nil {
+			t.Fatalf("signed what ParseSigningInput refuses: %v", err)
+		}
+		again, err := receipt.SigningInput(d.Context, d.KeyVersion, d.AttestedAt, d.Response)
+		if err != nil || string(again) != body {
+			t.Fatalf("signed %q, but its parts rebuild %q (%v)", body, again, err)
 		}
 	})
 }

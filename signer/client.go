@@ -142,9 +142,9 @@ func (c *Client) setKey(k string) {
 // *apierr.Error 503 (retryable) when certd cannot be reached; an
 // *apierr.Error 500 for a refusal, which means a bug on the calling side.
 func (c *Client) Sign(ctx context.Context, signContext, keyVersion, attestedAt string, response []byte) (receipt.Attestation, error) {
-	body, err := json.Marshal(SignRequest{Context: signContext, KeyVersion: keyVersion, AttestedAt: attestedAt, Response: response})
+	body, err := receipt.SigningInput(signContext, keyVersion, attestedAt, response)
 	if err != nil {
-		return receipt.Attestation{}, apierr.Internal(fmt.Errorf("encoding sign request: %w", err))
+		return receipt.Attestation{}, apierr.Internal(fmt.Errorf("building the signing input: %w", err))
 	}
 	var att receipt.Attestation
 	if err := c.call(ctx, http.MethodPost, PathSign, body, &att); err != nil {

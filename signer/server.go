@@ -7,8 +7,16 @@
 // shared bearer secret:
 //
 //	GET  /v1/key   → {"key_version":"k2","algorithm":"Ed25519"}
-//	POST /v1/sign  {"context","key_version","attested_at","response"} → receipt.Attestation
+//	POST /v1/sign  <the signing input> → receipt.Attestation
 //	GET  /health   → 200 while a signing key is loaded
+//
+// The body of a sign request is the document to be signed itself, as
+// receipt.SigningInput builds it: the RFC 8785 bytes of {"algorithm",
+// "attested_at", "context", "key_version", "response"}. certd signs those
+// bytes as they are after checking that they are exactly that: canonical
+// (parsed once, written canonically, compared), the five members with an
+// allowed context, attested_at near its clock and its current key version.
+// No envelope is encoded or decoded and nothing is canonicalized twice.
 //
 // The caller names the key version it put into the response's verify block;
 // certd signs only with its current key, so a response can never carry one
@@ -21,9 +29,10 @@
 package signer
 
 import (
-	"bytes"
+	"crypto/ed25519"
 	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -60,15 +69,6 @@ const (
 type KeyInfo struct {
 	KeyVersion string `json:"key_version"`
 	Algorithm  string `json:"algorithm"`
-}
-
-// SignRequest is the body of POST /v1/sign. Response is the whole response
-// document without its "attestation" member, as a JSON object.
-type SignRequest struct {
-	Context    string          `json:"context"`
-	KeyVersion string          `json:"key_version"`
-	AttestedAt string          `json:"attested_at"`
-	Response   json.RawMessage `json:"response"`
 }
 
 // StaleKeyBody is the 409 answer: the SPEC §6 error shape plus the current
@@ -237,13 +237,20 @@ func (s *Server) sign(w http.ResponseWriter, r *http.Request) {
 		apierr.Write(w, e)
 		return
 	}
-	req, fieldErrs := parseSignRequest(body)
-	if len(fieldErrs) > 0 {
-		s.log.Warn("sign request refused", "problems", fieldErrs[0].Field+" "+fieldErrs[0].Problem)
-		apierr.Write(w, apierr.Invalid(fieldErrs...))
+	doc, err := receipt.ParseSigningInput(body)
+	if err != nil {
+		f := apierr.Field{Field: "body", Problem: err.Error(), Fix: "Send the bytes receipt.SigningInput builds: the canonical five-member signing document."}
+		if se, ok := errors.AsType[*receipt.SigningInputError](err); ok {
+			f.Problem = se.Problem
+			if se.Field != "" {
+				f.Field = se.Field
+			}
+		}
+		s.log.Warn("sign request refused", "problems", f.Field+" "+f.Problem)
+		apierr.Write(w, apierr.Invalid(f))
 		return
 	}
-	if f, ok := s.checkTime(req.AttestedAt); !ok {
+	if f, ok := s.checkTime(doc.AttestedAt); !ok {
 		s.log.Warn("sign request refused", "problems", f.Field+" "+f.Problem)
 		apierr.Write(w, apierr.Invalid(f))
 		return
@@ -253,7 +260,7 @@ func (s *Server) sign(w http.ResponseWriter, r *http.Request) {
 		apierr.Write(w, apierr.Unavailable("signing key", 5, err))
 		return
 	}
-	if req.KeyVersion != k.Version {
+	if doc.KeyVersion != k.Version {
 		writeJSON(w, http.StatusConflict, StaleKeyBody{
 			Error: &apierr.Error{
 				Code:        CodeStaleKeyVersion,
@@ -267,57 +274,35 @@ func (s *Server) sign(w http.ResponseWriter, r *http.Request) {
 		})
 		return
 	}
-	att, err := receipt.Sign(k.Private, req.Context, k.Version, req.AttestedAt, req.Response)
-	if err != nil {
-		// Canonicalization refused the response (duplicate keys, numbers
-		// out of range, an attestation member): the caller's document.
-		s.log.Warn("sign request refused", "problems", "response "+err.Error())
-		apierr.Write(w, apierr.Invalid(apierr.Field{Field: "response", Problem: "cannot be canonicalized and signed",
-			Fix: "Send the response as a JSON object without duplicate keys, with numbers a double can hold, and without an attestation member."}))
-		return
-	}
-	s.log.Debug("signed", "context", req.Context, "key_version", k.Version, "attested_at", req.AttestedAt)
-	writeJSON(w, http.StatusOK, att)
+	sig := ed25519.Sign(k.Private, body)
+	s.log.Debug("signed", "context", doc.Context, "key_version", k.Version, "attested_at", doc.AttestedAt)
+	// The answer is receipt.Attestation, written directly: the key version
+	// and the time were checked above, so the bytes are known.
+	out := make([]byte, 0, 192+len(k.Version)+len(doc.AttestedAt))
+	out = append(out, `{"algorithm":"`+receipt.Algorithm+`","key_version":`...)
+	out = receipt.AppendString(out, k.Version)
+	out = append(out, `,"timestamp":`...)
+	out = receipt.AppendString(out, doc.AttestedAt)
+	out = append(out, `,"signature":"`...)
+	out = base64.StdEncoding.AppendEncode(out, sig)
+	out = append(out, "\"}\n"...)
+	h := w.Header()
+	h["Content-Type"] = jsonType
+	h["Cache-Control"] = noStore
+	w.WriteHeader(http.StatusOK)
+	w.Write(out)
 }
 
-// parseSignRequest decodes a sign request and names every field problem.
-func parseSignRequest(body []byte) (SignRequest, []apierr.Field) {
-	var req SignRequest
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		return req, []apierr.Field{{Field: "", Problem: "is not a JSON object of context, key_version, attested_at and response",
-			Fix: "Send {\"context\":...,\"key_version\":...,\"attested_at\":...,\"response\":{...}} and nothing else."}}
-	}
-	if dec.More() {
-		return req, []apierr.Field{{Field: "", Problem: "has data after the JSON object", Fix: "Send exactly one JSON object."}}
-	}
-	var fields []apierr.Field
-	switch req.Context {
-	case receipt.ContextVerify, receipt.ContextScore:
-	default:
-		fields = append(fields, apierr.Field{Field: "context", Problem: "is not a signing context of this service",
-			Fix: fmt.Sprintf("Use %q or %q.", receipt.ContextVerify, receipt.ContextScore)})
-	}
-	if req.KeyVersion == "" {
-		fields = append(fields, apierr.Field{Field: "key_version", Problem: "is missing", Fix: "Send the current key version from GET /v1/key."})
-	}
-	if req.AttestedAt == "" {
-		fields = append(fields, apierr.Field{Field: "attested_at", Problem: "is missing", Fix: "Send the response's verified_at as an RFC 3339 time."})
-	}
-	if r := strings.TrimLeft(string(req.Response), " \t\r\n"); !strings.HasPrefix(r, "{") {
-		fields = append(fields, apierr.Field{Field: "response", Problem: "is not a JSON object", Fix: "Send the whole response document, without its attestation, as a JSON object."})
-	}
-	return req, fields
-}
+// Header values set without allocating on every signature.
+var (
+	jsonType = []string{"application/json"}
+	noStore  = []string{"no-store"}
+)
 
 // checkTime accepts attested_at only as RFC 3339 within the allowed skew of
 // certd's clock, so nobody can obtain a receipt dated far from when it was
 // signed.
 func (s *Server) checkTime(at string) (apierr.Field, bool) {
-	if at == "" {
-		return apierr.Field{}, true // already reported as missing
-	}
 	t, err := time.Parse(time.RFC3339Nano, at)
 	if err != nil {
 		return apierr.Field{Field: "attested_at", Problem: "is not an RFC 3339 time",

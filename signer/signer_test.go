@@ -262,7 +262,7 @@ func TestStaleKeyAfterRotation(t *testing.T) {
 	checkSignature(t, f.keys, receipt.ContextVerify, resp, att)
 
 	// The raw 409 carries the SPEC §6 shape and the current version.
-	body, _ := json.Marshal(SignRequest{Context: receipt.ContextVerify, KeyVersion: "k1", AttestedAt: at, Response: resp})
+	body, _ := receipt.SigningInput(receipt.ContextVerify, "k1", at, resp)
 	status, m := f.raw(t, http.MethodPost, PathSign, "application/json", "", body)
 	if status != http.StatusConflict || m["code"] != CodeStaleKeyVersion || m["current_key_version"] != "k2" || m["charged"] != false || m["status"] != float64(409) {
 		t.Fatalf("stale answer = %d %v", status, m)
@@ -273,13 +273,22 @@ func TestSignRefusals(t *testing.T) {
 	fixed := time.Date(2026, 11, 29, 21, 0, 0, 0, time.UTC)
 	f := start(t, fixtureOpts{now: func() time.Time { return fixed }})
 	at := "2026-11-29T21:00:00.000000+00:00"
-	good := SignRequest{Context: receipt.ContextVerify, KeyVersion: "k1", AttestedAt: at, Response: sampleResponse("k1", at, 256)}
-	with := func(change func(*SignRequest)) []byte {
-		r := good
-		change(&r)
-		b, _ := json.Marshal(r)
+	resp := sampleResponse("k1", at, 256)
+	// doc builds a signing input the way the client does; hand-written
+	// bodies below cover what no correct client sends.
+	doc := func(context, kv, at string, resp []byte) []byte {
+		b, err := receipt.SigningInput(context, kv, at, resp)
+		if err != nil {
+			t.Fatal(err)
+		}
 		return b
 	}
+	good := doc(receipt.ContextVerify, "k1", at, resp)
+	canonResp, _ := receipt.Canonicalize(resp)
+	hand := func(members string) []byte { return []byte("{" + members + "}") }
+	const alg = `"algorithm":"Ed25519"`
+	atM, ctxM, kvM := `"attested_at":"`+at+`"`, `"context":"`+receipt.ContextVerify+`"`, `"key_version":"k1"`
+	respM := `"response":` + string(canonResp)
 	for _, tc := range []struct {
 		desc        string
 		method      string
@@ -290,25 +299,37 @@ func TestSignRefusals(t *testing.T) {
 		wantCode    string
 		wantField   string
 	}{
-		{desc: "a well-formed request is signed", body: with(func(*SignRequest) {}), wantStatus: 200},
-		{desc: "an attested_at 59 s behind certd's clock is signed", body: with(func(r *SignRequest) { r.AttestedAt = "2026-11-29T20:59:01Z" }), wantStatus: 200},
-		{desc: "an attested_at 59 s ahead in another zone is signed", body: with(func(r *SignRequest) { r.AttestedAt = "2026-11-29T22:00:59+01:00" }), wantStatus: 200},
-		{desc: "an unknown context is refused", body: with(func(r *SignRequest) { r.Context = "json-schema-verifier/other/v1" }), wantStatus: 422, wantCode: "invalid_request", wantField: "context"},
-		{desc: "an empty context is refused", body: with(func(r *SignRequest) { r.Context = "" }), wantStatus: 422, wantCode: "invalid_request", wantField: "context"},
-		{desc: "an attested_at 61 s behind certd's clock is refused", body: with(func(r *SignRequest) { r.AttestedAt = "2026-11-29T20:58:59Z" }), wantStatus: 422, wantCode: "invalid_request", wantField: "attested_at"},
-		{desc: "an attested_at 61 s ahead of certd's clock is refused", body: with(func(r *SignRequest) { r.AttestedAt = "2026-11-29T21:01:01Z" }), wantStatus: 422, wantCode: "invalid_request", wantField: "attested_at"},
-		{desc: "an attested_at that is not RFC 3339 is refused", body: with(func(r *SignRequest) { r.AttestedAt = "29/11/2026 21:00" }), wantStatus: 422, wantCode: "invalid_request", wantField: "attested_at"},
-		{desc: "a missing attested_at is refused", body: with(func(r *SignRequest) { r.AttestedAt = "" }), wantStatus: 422, wantCode: "invalid_request", wantField: "attested_at"},
-		{desc: "a missing key_version is refused", body: with(func(r *SignRequest) { r.KeyVersion = "" }), wantStatus: 422, wantCode: "invalid_request", wantField: "key_version"},
-		{desc: "a response that is an array is refused", body: with(func(r *SignRequest) { r.Response = json.RawMessage(`[1,2]`) }), wantStatus: 422, wantCode: "invalid_request", wantField: "response"},
-		{desc: "a missing response is refused", body: []byte(`{"context":"` + receipt.ContextVerify + `","key_version":"k1","attested_at":"` + at + `"}`), wantStatus: 422, wantCode: "invalid_request", wantField: "response"},
-		{desc: "a response that already carries an attestation is refused", body: with(func(r *SignRequest) { r.Response = json.RawMessage(`{"result":"pass","attestation":{}}`) }), wantStatus: 422, wantCode: "invalid_request", wantField: "response"},
-		{desc: "a response with duplicate keys is refused", body: []byte(`{"context":"` + receipt.ContextVerify + `","key_version":"k1","attested_at":"` + at + `","response":{"a":1,"a":2}}`), wantStatus: 422, wantCode: "invalid_request", wantField: "response"},
-		{desc: "an unknown request field is refused", body: []byte(`{"context":"` + receipt.ContextVerify + `","key_version":"k1","attested_at":"` + at + `","response":{},"key":"x"}`), wantStatus: 422, wantCode: "invalid_request"},
-		{desc: "trailing data after the request is refused", body: append(with(func(*SignRequest) {}), []byte(`{}`)...), wantStatus: 422, wantCode: "invalid_request"},
+		{desc: "a verification document is signed", body: good, wantStatus: 200},
+		{desc: "a trust-score document is signed", body: doc(receipt.ContextScore, "k1", at, resp), wantStatus: 200},
+		{desc: "an attested_at 59 s behind certd's clock is signed", body: doc(receipt.ContextVerify, "k1", "2026-11-29T20:59:01Z", resp), wantStatus: 200},
+		{desc: "an attested_at 59 s ahead in another zone is signed", body: doc(receipt.ContextVerify, "k1", "2026-11-29T22:00:59+01:00", resp), wantStatus: 200},
+		{desc: "an unknown context is refused", body: doc("json-schema-verifier/other/v1", "k1", at, resp), wantStatus: 422, wantCode: "invalid_request", wantField: "context"},
+		{desc: "an empty context is refused", body: hand(alg + "," + atM + `,"context":"",` + kvM + "," + respM), wantStatus: 422, wantCode: "invalid_request", wantField: "context"},
+		{desc: "an attested_at 61 s behind certd's clock is refused", body: doc(receipt.ContextVerify, "k1", "2026-11-29T20:58:59Z", resp), wantStatus: 422, wantCode: "invalid_request", wantField: "attested_at"},
+		{desc: "an attested_at 61 s ahead of certd's clock is refused", body: doc(receipt.ContextVerify, "k1", "2026-11-29T21:01:01Z", resp), wantStatus: 422, wantCode: "invalid_request", wantField: "attested_at"},
+		{desc: "an attested_at that is not RFC 3339 is refused", body: doc(receipt.ContextVerify, "k1", "29/11/2026 21:00", resp), wantStatus: 422, wantCode: "invalid_request", wantField: "attested_at"},
+		{desc: "a missing attested_at is refused", body: hand(alg + "," + ctxM + "," + kvM + "," + respM), wantStatus: 422, wantCode: "invalid_request", wantField: "attested_at"},
+		{desc: "a missing key_version is refused", body: hand(alg + "," + atM + "," + ctxM + "," + respM), wantStatus: 422, wantCode: "invalid_request", wantField: "context"},
+		{desc: "a missing algorithm is refused", body: hand(atM + "," + ctxM + "," + kvM + "," + respM), wantStatus: 422, wantCode: "invalid_request"},
+		{desc: "another algorithm is refused", body: hand(`"algorithm":"ES256",` + atM + "," + ctxM + "," + kvM + "," + respM), wantStatus: 422, wantCode: "invalid_request"},
+		{desc: "a response that is an array is refused", body: hand(alg + "," + atM + "," + ctxM + "," + kvM + `,"response":[1,2]`), wantStatus: 422, wantCode: "invalid_request", wantField: "response"},
+		{desc: "a missing response is refused", body: hand(alg + "," + atM + "," + ctxM + "," + kvM), wantStatus: 422, wantCode: "invalid_request", wantField: "key_version"},
+		{desc: "a response that already carries an attestation is refused", body: hand(alg + "," + atM + "," + ctxM + "," + kvM + `,"response":{"attestation":{},"result":"pass"}`), wantStatus: 422, wantCode: "invalid_request", wantField: "response"},
+		{desc: "a response with duplicate keys is refused", body: hand(alg + "," + atM + "," + ctxM + "," + kvM + `,"response":{"a":1,"a":2}`), wantStatus: 422, wantCode: "invalid_request"},
+		{desc: "a member after the response is refused", body: hand(alg + "," + atM + "," + ctxM + "," + kvM + "," + respM + `,"zzz":1`), wantStatus: 422, wantCode: "invalid_request", wantField: "response"},
+		{desc: "a member between the five is refused", body: hand(alg + "," + atM + "," + ctxM + `,"extra":1,` + kvM + "," + respM), wantStatus: 422, wantCode: "invalid_request", wantField: "context"},
+		{desc: "the old envelope framing is refused", body: []byte(`{"attested_at":"` + at + `","context":"` + receipt.ContextVerify + `","key_version":"k1","response":{"result":"pass"}}`), wantStatus: 422, wantCode: "invalid_request"},
+		{desc: "whitespace outside strings is refused", body: bytes.Replace(good, []byte(`,"context"`), []byte(`, "context"`), 1), wantStatus: 422, wantCode: "invalid_request"},
+		{desc: "a trailing newline is refused", body: append(bytes.Clone(good), '\n'), wantStatus: 422, wantCode: "invalid_request"},
+		{desc: "members out of order are refused", body: hand(atM + "," + alg + "," + ctxM + "," + kvM + "," + respM), wantStatus: 422, wantCode: "invalid_request"},
+		{desc: "response members out of order are refused", body: hand(alg + "," + atM + "," + ctxM + "," + kvM + `,"response":{"result":"pass","agent_id":null}`), wantStatus: 422, wantCode: "invalid_request"},
+		{desc: "a non-canonical number is refused", body: hand(alg + "," + atM + "," + ctxM + "," + kvM + `,"response":{"ratio":1.0}`), wantStatus: 422, wantCode: "invalid_request"},
+		{desc: "a needless escape is refused", body: hand(alg + "," + atM + "," + ctxM + "," + kvM + `,"response":{"result":"p\u0061ss"}`), wantStatus: 422, wantCode: "invalid_request"},
+		{desc: "an escaped key version is refused", body: hand(alg + "," + atM + "," + ctxM + `,"key_version":"k\"1",` + respM), wantStatus: 422, wantCode: "invalid_request", wantField: "key_version"},
+		{desc: "trailing data after the document is refused", body: append(bytes.Clone(good), []byte(`{}`)...), wantStatus: 422, wantCode: "invalid_request"},
 		{desc: "a body that is not JSON is refused", body: []byte(`context=x`), wantStatus: 422, wantCode: "invalid_request"},
-		{desc: "a body that is not declared JSON is refused", contentType: "text/plain", body: with(func(*SignRequest) {}), wantStatus: 415, wantCode: "unsupported_media_type"},
-		{desc: "a body over the size cap is refused", body: with(func(r *SignRequest) { r.Response = sampleResponse("k1", at, 70<<10) }), wantStatus: 413, wantCode: "payload_too_large"},
+		{desc: "a body that is not declared JSON is refused", contentType: "text/plain", body: good, wantStatus: 415, wantCode: "unsupported_media_type"},
+		{desc: "a body over the size cap is refused", body: doc(receipt.ContextVerify, "k1", at, sampleResponse("k1", at, 70<<10)), wantStatus: 413, wantCode: "payload_too_large"},
 		{desc: "GET on the sign path is refused", method: http.MethodGet, wantStatus: 405, wantCode: "method_not_allowed"},
 		{desc: "POST on the key path is refused", method: http.MethodPost, path: PathKey, wantStatus: 405, wantCode: "method_not_allowed"},
 		{desc: "an unknown path is not found", method: http.MethodGet, path: "/v1/private-key", wantStatus: 404, wantCode: "not_found"},
@@ -369,7 +390,7 @@ func TestConfigurableClockSkew(t *testing.T) {
 		{desc: "6 s outside a 5 s window is refused", at: "2026-11-29T20:59:54Z", want: 422},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
-			body, _ := json.Marshal(SignRequest{Context: receipt.ContextVerify, KeyVersion: "k1", AttestedAt: tc.at, Response: json.RawMessage(`{"result":"pass"}`)})
+			body, _ := receipt.SigningInput(receipt.ContextVerify, "k1", tc.at, []byte(`{"result":"pass"}`))
 			if status, m := f.raw(t, http.MethodPost, PathSign, "application/json", "", body); status != tc.want {
 				t.Fatalf("status = %d, want %d (%v)", status, tc.want, m)
 			}

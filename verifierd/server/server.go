@@ -238,11 +238,17 @@ type requestLog struct {
 	toolError      string // code of the tool's isError result, if any
 }
 
+// exchange is the per-request state ServeHTTP keeps, in one allocation.
+type exchange struct {
+	sw  statusWriter
+	rec requestLog
+}
+
 // ServeHTTP routes a request and answers every refusal in the SPEC §6 shape.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	rec := &requestLog{route: "unknown"}
-	sw := &statusWriter{ResponseWriter: w}
+	x := &exchange{sw: statusWriter{ResponseWriter: w}, rec: requestLog{route: "unknown"}}
+	rec, sw := &x.rec, &x.sw
 	rt, ok := lookupRoute(r.URL.Path)
 	var err error
 	switch {

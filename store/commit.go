@@ -1,0 +1,234 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/dgraph-io/badger/v4"
+)
+
+// committer is group commit for every read-write transaction of a DB: the
+// transactions that are waiting run one after another inside a single
+// Badger transaction that is committed once, so concurrent writers share one
+// commit and its fsync (Badger syncs its value log and write-ahead log once
+// per commit). A writer is answered only after the commit that holds its
+// writes has returned, synced unless Options.NoSync: the durability promise
+// of one commit per call, at the cost of one commit per group.
+//
+// There is no committer goroutine: the first writer to find nobody
+// committing leads, commits what is queued (its own transaction among it)
+// and hands the lead to the first writer still waiting, so a lone writer
+// commits on its own goroutine without a hand-off.
+//
+// Running the group serially inside one transaction keeps each call's
+// semantics exactly: every fn sees the writes of those before it (Badger
+// transactions read their own pending writes), as if they had committed one
+// by one in that order. And since no other transaction writes meanwhile,
+// there are no optimistic-concurrency conflicts to retry: the per-agent
+// counts key that every history record of an agent rewrites no longer
+// serialises concurrent records through conflicts and retries.
+//
+// Badger has no savepoints, so a fn that fails cannot be undone alone: the
+// group's transaction is discarded and the fns before it run again on a
+// fresh one, without it (commitGroup). Failures are the exception (a
+// replayed payment, an exhausted allowance), and each costs a re-run of the
+// successful fns before it in its group, never an extra commit.
+type committer struct {
+	bdb *badger.DB
+
+	mu      sync.Mutex
+	queue   []*commitOp
+	leading bool // a writer is committing a group
+	closed  bool
+	idle    *sync.Cond // signalled when leading ends
+}
+
+// maxGroup bounds the fns of one group: it bounds the work redone after a
+// failure and the latency of the group's last writer.
+const maxGroup = 64
+
+// Op states: queued until a leader takes it (or makes it the next leader),
+// or cancelled by a caller whose context ended first (leaders skip it).
+const (
+	opQueued int32 = iota
+	opTaken
+	opLead
+	opCancelled
+)
+
+type commitOp struct {
+	fn    func(txn *badger.Txn) error
+	state atomic.Int32
+	err   error
+	done  chan struct{} // closed when fn's outcome is known
+	lead  chan struct{} // closed when this op's caller is to lead
+}
+
+func newCommitter(bdb *badger.DB) *committer {
+	c := &committer{bdb: bdb}
+	c.idle = sync.NewCond(&c.mu)
+	return c
+}
+
+// close stops taking transactions once the group being committed is done;
+// writers still queued get ErrClosed.
+func (c *committer) close() {
+	c.mu.Lock()
+	c.closed = true
+	for c.leading {
+		c.idle.Wait()
+	}
+	q := c.queue
+	c.queue = nil
+	c.mu.Unlock()
+	for _, op := range q {
+		if op.state.CompareAndSwap(opQueued, opTaken) || op.state.CompareAndSwap(opLead, opTaken) {
+			op.finish(ErrClosed)
+		}
+	}
+}
+
+// do runs fn in the next group and returns once the group's commit has
+// returned: fn's error, the commit's error, or nil when fn's writes are
+// committed. A context that ends before fn was taken returns its error with
+// nothing written; once taken, fn's outcome is awaited (the commit is
+// bounded by the disk), so an answer never hides a write.
+func (c *committer) do(ctx context.Context, fn func(txn *badger.Txn) error) error {
+	op := &commitOp{fn: fn, done: make(chan struct{}), lead: make(chan struct{})}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return ErrClosed
+	}
+	c.queue = append(c.queue, op)
+	if !c.leading {
+		c.leading = true
+		op.state.Store(opLead)
+		c.mu.Unlock()
+		c.lead()
+		<-op.done
+		return op.err
+	}
+	c.mu.Unlock()
+	select {
+	case <-op.done:
+		return op.err
+	case <-op.lead:
+		c.lead()
+	case <-ctx.Done():
+		if op.state.CompareAndSwap(opQueued, opCancelled) {
+			return ctx.Err()
+		}
+		// Taken, or made the next leader: see it through.
+		select {
+		case <-op.done:
+			return op.err
+		case <-op.lead:
+			c.lead()
+		}
+	}
+	<-op.done
+	return op.err
+}
+
+// lead commits one group, the queued transactions (this caller's among
+// them: a leader's op is first in the queue), then hands the lead to the
+// first writer still waiting, or ends it when nobody waits.
+func (c *committer) lead() {
+	c.mu.Lock()
+	n := min(len(c.queue), maxGroup)
+	group := append([]*commitOp(nil), c.queue[:n]...)
+	c.queue = append(c.queue[:0], c.queue[n:]...)
+	c.mu.Unlock()
+	live := group[:0]
+	for _, op := range group {
+		if op.state.CompareAndSwap(opQueued, opTaken) || op.state.CompareAndSwap(opLead, opTaken) {
+			live = append(live, op)
+		}
+	}
+	for rest := live; len(rest) > 0; {
+		rest = c.commitGroup(rest)
+	}
+	c.mu.Lock()
+	var next *commitOp
+	for len(c.queue) > 0 && next == nil {
+		if c.queue[0].state.CompareAndSwap(opQueued, opLead) {
+			next = c.queue[0]
+		} else {
+			c.queue = c.queue[1:] // cancelled
+		}
+	}
+	if next == nil {
+		c.leading = false
+		c.idle.Broadcast()
+	}
+	c.mu.Unlock()
+	if next != nil {
+		close(next.lead)
+	}
+}
+
+// commitGroup runs ops in one transaction and commits it, answering every op
+// it settles. An op whose fn fails is answered with its error and taken out,
+// and the others run again on a fresh transaction, so the commit holds
+// exactly the writes of the ops that succeeded. An op that makes the
+// transaction too big for Badger ends the group after the ops before it: it
+// and the ones after are returned, to start the next group.
+func (c *committer) commitGroup(ops []*commitOp) (rest []*commitOp) {
+	ops = append([]*commitOp(nil), ops...) // taken apart below
+	for {
+		txn := c.bdb.NewTransaction(true)
+		failed, err := -1, error(nil)
+		for i, op := range ops {
+			if err = op.run(txn); err != nil {
+				failed = i
+				break
+			}
+		}
+		if failed < 0 {
+			err := txn.Commit()
+			if errors.Is(err, badger.ErrDBClosed) {
+				err = ErrClosed
+			} else if err != nil {
+				err = fmt.Errorf("store: committing: %w", err)
+			}
+			for _, op := range ops {
+				op.finish(err)
+			}
+			return rest
+		}
+		txn.Discard()
+		if errors.Is(err, badger.ErrTxnTooBig) && failed > 0 {
+			rest = append(ops[failed:len(ops):len(ops)], rest...)
+			ops = ops[:failed]
+			continue
+		}
+		if errors.Is(err, badger.ErrDBClosed) {
+			err = ErrClosed
+		}
+		ops[failed].finish(err)
+		ops = append(ops[:failed:failed], ops[failed+1:]...)
+		if len(ops) == 0 {
+			return rest
+		}
+	}
+}
+
+// run calls fn, turning a panic into its error: it fails this op, not the
+// leader's whole group, and the lead is still handed on.
+func (op *commitOp) run(txn *badger.Txn) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("store: transaction panicked: %v", p)
+		}
+	}()
+	return op.fn(txn)
+}
+
+func (op *commitOp) finish(err error) {
+	op.err = err
+	close(op.done)
+}

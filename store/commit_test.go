@@ -1,0 +1,273 @@
+package store
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dgraph-io/badger/v4"
+)
+
+// crashChildEnv, when set to a directory, makes
+// TestAcknowledgedWritesSurviveKill the child that writes into it.
+const crashChildEnv = "STORE_CRASH_CHILD_DIR"
+
+// TestAcknowledgedWritesSurviveKill re-runs this test binary as a child that
+// writes from many goroutines (history records, allowance reserve+commit,
+// payment claims) and prints a line for each write only after the store
+// acknowledged it. The parent kills the child with SIGKILL in mid-stream,
+// reopens the database and finds every acknowledged write.
+func TestAcknowledgedWritesSurviveKill(t *testing.T) {
+	if dir := os.Getenv(crashChildEnv); dir != "" {
+		crashChild(dir)
+		return
+	}
+	dir := filepath.Join(t.TempDir(), "db")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestAcknowledgedWritesSurviveKill$", "-test.count=1")
+	cmd.Env = append(os.Environ(), crashChildEnv+"="+dir)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var acks []string
+	sc := bufio.NewScanner(out)
+	killed := false
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "ack ") {
+			continue
+		}
+		acks = append(acks, strings.TrimPrefix(line, "ack "))
+		if len(acks) == 300 && !killed {
+			// SIGKILL: no deferred Close, no flush; what the child
+			// already printed is still read from the pipe below.
+			if err := cmd.Process.Kill(); err != nil {
+				t.Fatal(err)
+			}
+			killed = true
+		}
+	}
+	cmd.Wait()
+	if !killed {
+		t.Fatalf("the child ended before it was killed, after %d acknowledgements", len(acks))
+	}
+
+	db, err := Open(dir, Options{})
+	if err != nil {
+		t.Fatalf("reopening after the kill: %v", err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	commits := map[string]int{}
+	for _, a := range acks {
+		kind, id, _ := strings.Cut(a, " ")
+		switch kind {
+		case "record":
+			if _, err := db.Verification(ctx, id); err != nil {
+				t.Errorf("acknowledged verification %s is lost: %v", id, err)
+			}
+		case "claim":
+			if _, err := db.Claims().Lookup(ctx, id); err != nil {
+				t.Errorf("acknowledged claim %s is lost: %v", id, err)
+			}
+		case "commit":
+			commits[id]++
+		default:
+			t.Fatalf("unknown acknowledgement %q", a)
+		}
+	}
+	for client, n := range commits {
+		rem, err := db.Allowance().Remaining(ctx, "verify", client, crashDay, 1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if used := 1000 - rem; used < n {
+			t.Errorf("client %s: %d allowance units acknowledged as committed, %d survived", client, n, used)
+		}
+	}
+	t.Logf("%d acknowledged writes, all found after SIGKILL", len(acks))
+}
+
+var crashDay = time.Date(2026, 11, 29, 0, 0, 0, 0, time.UTC)
+
+// crashChild writes until it is killed, printing each acknowledged write.
+func crashChild(dir string) {
+	db, err := Open(dir, Options{})
+	if err != nil {
+		fmt.Println("open:", err)
+		os.Exit(1)
+	}
+	ctx := context.Background()
+	var mu sync.Mutex
+	ack := func(format string, a ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		fmt.Printf("ack "+format+"\n", a...)
+	}
+	var wg sync.WaitGroup
+	for g := range 12 {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				switch g % 3 {
+				case 0:
+					id := fmt.Sprintf("%02d%06d-0000-4000-8000-000000000000", g, i)
+					if db.RecordVerification(ctx, sampleVerification(id, "agent", time.Now(), "pass")) == nil {
+						ack("record %s", id)
+					}
+				case 1:
+					client := fmt.Sprintf("c%d", g)
+					r, err := db.Allowance().Reserve(ctx, "verify", client, crashDay, 1000)
+					if err == nil && db.Allowance().Commit(ctx, r) == nil {
+						ack("commit %s", client)
+					}
+				case 2:
+					key := fmt.Sprintf("nonce:%d:%d", g, i)
+					if _, err := db.Claims().Claim(ctx, []string{key}, time.Now().Add(time.Hour)); err == nil {
+						ack("claim %s", key)
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// TestGroupCommitKeepsEachCallsOutcome runs many transactions at once on
+// one key, some of which fail: the failures write nothing, every success is
+// counted exactly once, and each fn saw the writes of those before it.
+func TestGroupCommitKeepsEachCallsOutcome(t *testing.T) {
+	db, _ := openTemp(t, Options{NoSync: true})
+	ctx := context.Background()
+	key := []byte("test/counter")
+	errOdd := errors.New("odd")
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	ok, failed := 0, 0
+	for i := range 200 {
+		wg.Go(func() {
+			err := db.update(ctx, func(txn *badger.Txn) error {
+				n := 0
+				if item, err := txn.Get(key); err == nil {
+					item.Value(func(v []byte) error { n = len(v); return nil })
+				} else if !errors.Is(err, badger.ErrKeyNotFound) {
+					return err
+				}
+				if err := txn.Set(key, make([]byte, n+1)); err != nil {
+					return err
+				}
+				if i%2 == 1 {
+					return errOdd // after a write: the write must not survive
+				}
+				return nil
+			})
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				ok++
+			case errors.Is(err, errOdd):
+				failed++
+			default:
+				t.Errorf("unexpected error %v", err)
+			}
+		})
+	}
+	wg.Wait()
+	var n int
+	db.view(ctx, func(txn *badger.Txn) error {
+		item, err := txn.Get(key)
+		if err != nil {
+			return err
+		}
+		return item.Value(func(v []byte) error { n = len(v); return nil })
+	})
+	if ok != 100 || failed != 100 || n != ok {
+		t.Fatalf("%d succeeded, %d failed, counter %d; want 100, 100, 100", ok, failed, n)
+	}
+}
+
+// TestGroupCommitSurvivesAPanic: a transaction that panics fails alone; the
+// committer goes on serving the others.
+func TestGroupCommitSurvivesAPanic(t *testing.T) {
+	db, _ := openTemp(t, Options{NoSync: true})
+	ctx := context.Background()
+	err := db.update(ctx, func(*badger.Txn) error { panic("boom") })
+	if err == nil || !strings.Contains(err.Error(), "panicked") {
+		t.Fatalf("panicking transaction: err = %v", err)
+	}
+	if err := db.update(ctx, func(txn *badger.Txn) error { return txn.Set([]byte("test/after"), nil) }); err != nil {
+		t.Fatalf("the next transaction: %v", err)
+	}
+}
+
+// TestGroupCommitRefusesAfterClose: a write after Close is ErrClosed, not a
+// hang.
+func TestGroupCommitRefusesAfterClose(t *testing.T) {
+	db, _ := openTemp(t, Options{NoSync: true})
+	db.Close()
+	if err := db.update(context.Background(), func(*badger.Txn) error { return nil }); !errors.Is(err, ErrClosed) {
+		t.Fatalf("err = %v, want ErrClosed", err)
+	}
+}
+
+// TestGroupCommitCancelledWhileQueued: a writer whose context ends while
+// it waits behind a commit in progress returns the context's error and its
+// fn never runs; the writers after it are still served.
+func TestGroupCommitCancelledWhileQueued(t *testing.T) {
+	db, _ := openTemp(t, Options{NoSync: true})
+	release := make(chan struct{})
+	started := make(chan struct{})
+	first := make(chan error, 1)
+	go func() {
+		first <- db.update(context.Background(), func(txn *badger.Txn) error {
+			select {
+			case <-started:
+			default:
+				close(started)
+			}
+			<-release // the commit in progress
+			return txn.Set([]byte("test/first"), nil)
+		})
+	}()
+	<-started
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{}, 1)
+	cancelled := make(chan error, 1)
+	go func() {
+		cancelled <- db.update(ctx, func(*badger.Txn) error { ran <- struct{}{}; return nil })
+	}()
+	later := make(chan error, 1)
+	go func() {
+		time.Sleep(20 * time.Millisecond) // queued after the cancelled one
+		later <- db.update(context.Background(), func(txn *badger.Txn) error { return txn.Set([]byte("test/later"), nil) })
+	}()
+	time.Sleep(10 * time.Millisecond)
+	cancel()
+	if err := <-cancelled; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled writer: err = %v", err)
+	}
+	close(release)
+	if err := <-first; err != nil {
+		t.Fatalf("first writer: %v", err)
+	}
+	if err := <-later; err != nil {
+		t.Fatalf("later writer: %v", err)
+	}
+	select {
+	case <-ran:
+		t.Fatal("the cancelled writer's transaction ran")
+	default:
+	}
+}
