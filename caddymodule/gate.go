@@ -252,6 +252,9 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 		}
 		g.offers = append(g.offers, req)
 	}
+	if err := g.fillFeePayers(); err != nil {
+		return err
+	}
 	registerMetrics(ctx)
 	discovery.add(g)
 	return nil
@@ -313,6 +316,11 @@ func (a Accept) requirements() (x402.PaymentRequirements, error) {
 	}
 	if x402.IsEVM(network) {
 		if err := x402.CheckEVMAddress(a.PayTo); err != nil {
+			return x402.PaymentRequirements{}, fmt.Errorf("pay_to: %v", err)
+		}
+	}
+	if x402.IsSolana(network) {
+		if err := x402.CheckSolanaAddress(a.PayTo); err != nil {
 			return x402.PaymentRequirements{}, fmt.Errorf("pay_to: %v", err)
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aovhq/aov/internal/base58"
 	"github.com/aovhq/aov/internal/solanachain"
 	"github.com/aovhq/aov/x402"
 )
@@ -240,7 +241,7 @@ func TestSettlePaysOnceAndRefusesReplays(t *testing.T) {
 		t.Fatalf("settle: %+v %v", s, err)
 	}
 	tx, _ := DecodeTransaction(raw)
-	if want := base58Encode(ed25519.Sign(e.fee, tx.Message)); s.Transaction != want {
+	if want := base58.Encode(ed25519.Sign(e.fee, tx.Message)); s.Transaction != want {
 		t.Fatalf("transaction %s, want the fee payer's signature %s", s.Transaction, want)
 	}
 	if a, b := e.balances(t); a != 1_000_000-20000 || b != 20000 {

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"os"
 	"strings"
+
+	"github.com/aovhq/aov/internal/base58"
 )
 
 // ParseKey reads a fee payer key in either form Solana tools write: the
@@ -29,7 +31,7 @@ func ParseKey(text string) (ed25519.PrivateKey, error) {
 		}
 	} else {
 		var err error
-		if b, err = base58Decode(text); err != nil {
+		if b, err = base58.Decode(text); err != nil {
 			return nil, errors.New("the key is neither a JSON byte array nor base58")
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/aovhq/aov/internal/base58"
 	"github.com/aovhq/aov/x402"
 )
 
@@ -57,9 +58,9 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 		f.release(key)
 		return fail(c.resp.InvalidReason, c.resp.Payer, c.resp.InvalidMessage, ""), nil
 	}
-	sig := base58Encode(c.signed[1:65])
+	sig := base58.Encode(c.signed[1:65])
 	f.mu.Lock()
-	s.sig, s.payer, s.blockhash = sig, c.payer, base58Encode(c.tx.Blockhash[:])
+	s.sig, s.payer, s.blockhash = sig, c.payer, base58.Encode(c.tx.Blockhash[:])
 	f.mu.Unlock()
 
 	if _, err := f.rpc.Send(ctx, c.signed); err != nil {

@@ -7,19 +7,21 @@ import (
 	"fmt"
 
 	"filippo.io/edwards25519"
+
+	"github.com/aovhq/aov/internal/base58"
 )
 
 // PublicKey is a Solana account address.
 type PublicKey [32]byte
 
 // String is the base58 form.
-func (k PublicKey) String() string { return base58Encode(k[:]) }
+func (k PublicKey) String() string { return base58.Encode(k[:]) }
 
 // ParsePublicKey decodes a base58 account address; it must be exactly 32
 // bytes.
 func ParsePublicKey(s string) (PublicKey, error) {
 	var k PublicKey
-	b, err := base58Decode(s)
+	b, err := base58.Decode(s)
 	if err != nil || len(b) != 32 {
 		return k, fmt.Errorf("%q is not a base58 Solana address", truncate(s))
 	}

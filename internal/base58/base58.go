@@ -1,4 +1,7 @@
-package svmfacilitator
+// Package base58 is the Bitcoin-alphabet base58 that Solana writes keys,
+// signatures and blockhashes in. One implementation, shared by the x402
+// network checks, the Solana facilitator and Solana wallet proofs.
+package base58
 
 import (
 	"errors"
@@ -18,11 +21,11 @@ var b58Index = func() [256]int8 {
 	return t
 }()
 
-var errBase58 = errors.New("not base58")
+// ErrInvalid is returned for input that is not base58.
+var ErrInvalid = errors.New("not base58")
 
-// base58Encode is Bitcoin-alphabet base58, as Solana writes keys and
-// signatures.
-func base58Encode(b []byte) string {
+// Encode writes b in base58.
+func Encode(b []byte) string {
 	zeros := 0
 	for zeros < len(b) && b[zeros] == 0 {
 		zeros++
@@ -44,11 +47,11 @@ func base58Encode(b []byte) string {
 	return string(out)
 }
 
-// base58Decode decodes s; it refuses characters outside the alphabet and
+// Decode decodes s; it refuses characters outside the alphabet and
 // inputs longer than 128 characters (nothing Solana writes is longer).
-func base58Decode(s string) ([]byte, error) {
+func Decode(s string) ([]byte, error) {
 	if len(s) == 0 || len(s) > 128 {
-		return nil, errBase58
+		return nil, ErrInvalid
 	}
 	zeros := 0
 	for zeros < len(s) && s[zeros] == '1' {
@@ -58,7 +61,7 @@ func base58Decode(s string) ([]byte, error) {
 	for i := zeros; i < len(s); i++ {
 		v := b58Index[s[i]]
 		if v < 0 {
-			return nil, errBase58
+			return nil, ErrInvalid
 		}
 		n.Mul(n, base)
 		n.Add(n, big.NewInt(int64(v)))
