@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"context"
+	"crypto/ed25519"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -13,7 +14,9 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"go.uber.org/zap"
 
+	"github.com/aovhq/aov/internal/base58"
 	"github.com/aovhq/aov/plugins/svmfacilitator"
 	"github.com/aovhq/aov/x402"
 )
@@ -39,6 +42,10 @@ type SVMFacilitator struct {
 	// readable by its owner only (mode 0600), and the account must hold
 	// SOL.
 	FeePayerKeyFile string `json:"fee_payer_key_file,omitempty"`
+	// DevFeePayer uses the development fee payer instead of a key file: a
+	// public key (anyone can compute it) that the local chain funds. Only
+	// on solana-devnet; for development and tests.
+	DevFeePayer bool `json:"dev_fee_payer,omitempty"`
 	// ConfirmTimeout bounds the wait for a settlement's confirmation; after
 	// it the outcome is reported as pending, never as a failure. Default
 	// 30s.
@@ -68,17 +75,22 @@ func (SVMFacilitator) CaddyModule() caddy.ModuleInfo {
 
 // Provision reads the fee payer key and gets the shared facilitator. It
 // makes no network call.
-func (m *SVMFacilitator) Provision(caddy.Context) error {
+func (m *SVMFacilitator) Provision(ctx caddy.Context) error {
 	repl := caddy.NewReplacer()
-	if m.Network == "" || m.RPCURL == "" || m.FeePayerKeyFile == "" {
-		return errors.New("svm facilitator: network, rpc_url and fee_payer_key_file are required")
+	if m.Network == "" || m.RPCURL == "" || (m.FeePayerKeyFile == "") == !m.DevFeePayer {
+		return errors.New("svm facilitator: network, rpc_url and one of fee_payer_key_file or dev_fee_payer are required")
 	}
 	network, err := x402.ResolveNetwork(m.Network)
 	if err != nil || !x402.IsSolana(network) {
 		return fmt.Errorf("svm facilitator: network %q is not a Solana network", m.Network)
 	}
-	key, err := svmfacilitator.ReadKeyFile(repl.ReplaceKnown(m.FeePayerKeyFile, ""))
-	if err != nil {
+	key := svmfacilitator.DevFeePayer()
+	if m.DevFeePayer {
+		if network != x402.NetworkSolanaDevnet {
+			return errors.New("svm facilitator: dev_fee_payer is a public key, allowed on solana-devnet only")
+		}
+		ctx.Logger().Warn("svm facilitator uses the public development fee payer: development only", zap.String("fee_payer", base58.Encode(key.Public().(ed25519.PublicKey))))
+	} else if key, err = svmfacilitator.ReadKeyFile(repl.ReplaceKnown(m.FeePayerKeyFile, "")); err != nil {
 		return fmt.Errorf("svm facilitator: %v", err)
 	}
 	rpcURL := repl.ReplaceKnown(m.RPCURL, "")
@@ -130,6 +142,7 @@ func (m *SVMFacilitator) Supported(ctx context.Context) (x402.SupportedResponse,
 //		network                <solana|solana-devnet|caip2>
 //		rpc_url                <url>
 //		fee_payer_key_file     <path>
+//		dev_fee_payer          # instead of the key file, on solana-devnet only
 //		confirm_timeout        <duration>
 //		max_compute_units      <n>
 //		max_compute_unit_price <micro-lamports>
@@ -149,6 +162,11 @@ func (m *SVMFacilitator) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			err = facOneArg(d, &m.RPCURL)
 		case "fee_payer_key_file":
 			err = facOneArg(d, &m.FeePayerKeyFile)
+		case "dev_fee_payer":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			m.DevFeePayer = true
 		case "confirm_timeout":
 			err = facDurationArg(d, &m.ConfirmTimeout)
 		case "max_compute_units":

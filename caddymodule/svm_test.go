@@ -260,3 +260,37 @@ func TestSVMFacilitatorKeyFileMustBePrivate(t *testing.T) {
 		t.Fatalf("supported %+v", s)
 	}
 }
+
+// TestSVMDevFeePayerSettlesOnTheLocalChain: with dev_fee_payer the gateway
+// settles out of the box on the local chain, which funds that key; it is
+// refused on mainnet.
+func TestSVMDevFeePayerSettlesOnTheLocalChain(t *testing.T) {
+	e := newSolanaEnv(t)
+	if dev := base58.Encode(svmfacilitator.DevFeePayer().Public().(ed25519.PublicKey)); dev != e.chain.FeePayer {
+		t.Fatalf("the chain funds %s, the facilitator's dev fee payer is %s", e.chain.FeePayer, dev)
+	}
+	up := newUpstream(t)
+	base := startCaddy(t, fmt.Sprintf(`:{port} {
+	route /paid {
+		x402 {
+			accept solana-devnet $0.03 %s
+			facilitator svm {
+				network solana-devnet
+				rpc_url %s
+				dev_fee_payer
+			}
+			store badger {data}/gate
+		}
+		reverse_proxy %s
+	}
+}
+`, e.payee.Address, e.chain.URL, strings.TrimPrefix(up.URL, "http://")))
+	payOnSolana(t, e, base+"/paid", 30000)
+
+	m := &SVMFacilitator{Network: "solana", RPCURL: "http://127.0.0.1:1", DevFeePayer: true}
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	if err := m.Provision(ctx); err == nil || !strings.Contains(err.Error(), "solana-devnet only") {
+		t.Fatalf("dev_fee_payer on mainnet: %v", err)
+	}
+}

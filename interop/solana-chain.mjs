@@ -5,20 +5,22 @@
 //
 // It answers the devnet genesis hash and keeps a USDC mint (6 decimals) at
 // the devnet USDC address, so clients treat it as solana-devnet. It funds
-// the fee payers and test wallets it is told about (FUND_SOL, comma-separated
-// base58 addresses; FUND_USDC, "address:atomicAmount,..."), and the test
-// wallets derived from the public seeds in DEV_WALLET_SEED (see
-// devWallets below; their keys are public: development only).
+// with 100 SOL the development fee payer and the fee payers it is told about
+// (FUND_SOL, comma-separated base58 addresses), gives USDC to FUND_USDC
+// ("address:atomicAmount,..."), and funds DEV_WALLETS (default 4) test
+// wallets with 10 SOL and 1,000 USDC each. The development keys are derived
+// from public seeds (devKey below): development only.
 //
 // litesvm keeps its state in memory only: the chain is reset on restart.
 //
-// Listens on 127.0.0.1:$PORT (0 = a free port) and prints one JSON line
-// {"url": ...,"wallets": [...]} when ready; exits when stdin closes.
+// Listens on $HOST:$PORT (default 127.0.0.1, 0 = a free port) and prints
+// one JSON line {"url", "usdc", "feePayer", "wallets"} when ready.
 //
 // Test helpers (not Solana methods): aov_setTokenBalance [owner, mint,
 // amount, tokenProgram?], aov_createMint [address, decimals, tokenProgram?],
 // aov_airdrop [address, lamports], aov_expireBlockhash [].
 import http from "node:http";
+import { fstatSync } from "node:fs";
 import { createHash, createPrivateKey, createPublicKey } from "node:crypto";
 import { LiteSVM } from "litesvm";
 import { getAddressCodec, getBase58Decoder, getBase58Encoder, getProgramDerivedAddress } from "@solana/kit";
@@ -110,20 +112,20 @@ function airdrop(address, lamports) {
   });
 }
 
-// devWallets derives the public test wallets: the ed25519 seed of wallet i
-// is sha256(DEV_WALLET_SEED + i). Their secret keys are printed: they are
-// for development only.
-function devWallets(n) {
-  const out = [];
-  for (let i = 0; i < n; i++) {
-    const seed = createHash("sha256").update(`${DEV_WALLET_SEED}${i}`).digest();
-    const priv = createPrivateKey({ key: Buffer.concat([Buffer.from("302e020100300506032b657004220420", "hex"), seed]), format: "der", type: "pkcs8" });
-    const pub = createPublicKey(priv).export({ format: "der", type: "spki" }).subarray(12);
-    out.push({ address: b58dec.decode(pub), secretKey: b58dec.decode(Buffer.concat([seed, pub])), seedHex: seed.toString("hex") });
-  }
-  return out;
+// devKey derives a public development key: its ed25519 seed is
+// sha256(text). For development only: anyone can compute it.
+function devKey(text) {
+  const seed = createHash("sha256").update(text).digest();
+  const priv = createPrivateKey({ key: Buffer.concat([Buffer.from("302e020100300506032b657004220420", "hex"), seed]), format: "der", type: "pkcs8" });
+  const pub = createPublicKey(priv).export({ format: "der", type: "spki" }).subarray(12);
+  return { address: b58dec.decode(pub), secretKey: b58dec.decode(Buffer.concat([seed, pub])), seedHex: seed.toString("hex") };
 }
-export const DEV_WALLET_SEED = "aov solana devnet wallet ";
+// The test wallets: wallet i is devKey(DEV_WALLET_SEED + i).
+const DEV_WALLET_SEED = "aov solana devnet wallet ";
+const DEV_FEE_PAYER_SEED = "aov solana devnet fee payer";
+function devWallets(n) {
+  return Array.from({ length: n }, (_, i) => devKey(`${DEV_WALLET_SEED}${i}`));
+}
 
 function parseTokenAccount(data) {
   const b = Buffer.from(data);
@@ -343,7 +345,10 @@ const server = http.createServer((req, res) => {
 });
 
 createMint(USDC_DEVNET, 6, TOKEN);
-for (const a of (process.env.FUND_SOL ?? "").split(",").filter(Boolean)) airdrop(a, 100_000_000_000n);
+// The development fee payer (its key is public, derived from
+// DEV_FEE_PAYER_SEED; see the svm facilitator's dev_fee_payer) is always
+// funded, so a gateway on this chain can settle out of the box.
+for (const a of [devKey(DEV_FEE_PAYER_SEED).address, ...(process.env.FUND_SOL ?? "").split(",").filter(Boolean)]) airdrop(a, 100_000_000_000n);
 for (const pair of (process.env.FUND_USDC ?? "").split(",").filter(Boolean)) {
   const [owner, amount] = pair.split(":");
   await setTokenBalance(owner, USDC_DEVNET, BigInt(amount), TOKEN);
@@ -356,7 +361,11 @@ for (const w of wallets) {
 
 server.listen(Number(process.env.PORT ?? 0), process.env.HOST ?? "127.0.0.1", () => {
   const { address, port } = server.address();
-  process.stdout.write(JSON.stringify({ url: `http://${address}:${port}`, usdc: USDC_DEVNET, wallets }) + "\n");
+  process.stdout.write(JSON.stringify({ url: `http://${address}:${port}`, usdc: USDC_DEVNET, feePayer: devKey(DEV_FEE_PAYER_SEED).address, wallets }) + "\n");
 });
-process.stdin.on("end", () => process.exit(0));
-process.stdin.resume();
+// Under a test the chain's stdin is a pipe and its end stops the chain;
+// started by run.sh (stdin not a pipe) it runs until it is signalled.
+if (fstatSync(0).isFIFO()) {
+  process.stdin.on("end", () => process.exit(0));
+  process.stdin.resume();
+}

@@ -31,6 +31,8 @@ type Wallet struct {
 type Chain struct {
 	URL     string   `json:"url"`
 	Wallets []Wallet `json:"wallets"`
+	// FeePayer is the development fee payer the chain funds (100 SOL).
+	FeePayer string `json:"feePayer"`
 	t       testing.TB
 }
 

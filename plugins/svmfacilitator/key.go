@@ -2,6 +2,7 @@ package svmfacilitator
 
 import (
 	"crypto/ed25519"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -65,4 +66,16 @@ func ReadKeyFile(path string) (ed25519.PrivateKey, error) {
 		return nil, fmt.Errorf("fee payer key file %s: %w", path, err)
 	}
 	return k, nil
+}
+
+// DevFeePayerSeed is the public seed of the development fee payer: its
+// ed25519 seed is the SHA-256 of this text. The local chain
+// (interop/solana-chain.mjs) funds it at start, so a gateway on that chain
+// settles with no key file. Anyone can compute the key: development only.
+const DevFeePayerSeed = "aov solana devnet fee payer"
+
+// DevFeePayer returns the development fee payer's key.
+func DevFeePayer() ed25519.PrivateKey {
+	seed := sha256.Sum256([]byte(DevFeePayerSeed))
+	return ed25519.NewKeyFromSeed(seed[:])
 }
