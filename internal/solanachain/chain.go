@@ -33,7 +33,7 @@ type Chain struct {
 	Wallets []Wallet `json:"wallets"`
 	// FeePayer is the development fee payer the chain funds (100 SOL).
 	FeePayer string `json:"feePayer"`
-	t       testing.TB
+	t        testing.TB
 }
 
 // Start runs a fresh chain on a free loopback port for the length of t,
