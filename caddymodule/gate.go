@@ -536,7 +536,7 @@ func (g *Gate) paymentRequired(w http.ResponseWriter, r *http.Request, msg, reas
 func (g *Gate) chains() []string {
 	var out []string
 	for _, o := range g.offers {
-		if x402.IsEVM(o.Network) && !slices.Contains(out, o.Network) {
+		if (x402.IsEVM(o.Network) || x402.IsSolana(o.Network)) && !slices.Contains(out, o.Network) {
 			out = append(out, o.Network)
 		}
 	}
