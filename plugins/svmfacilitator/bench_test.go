@@ -2,7 +2,9 @@ package svmfacilitator
 
 import (
 	"context"
+	"fmt"
 	"testing"
+	"time"
 
 	"github.com/aovhq/aov/x402"
 )
@@ -52,4 +54,26 @@ func BenchmarkSVMVerifyOnChain(b *testing.B) {
 			b.Fatalf("%+v %v", v, err)
 		}
 	}
+}
+
+// BenchmarkSVMSettle is one full Settle on the local chain: verify,
+// co-sign, send, and poll until confirmed; each payment has its own memo.
+func BenchmarkSVMSettle(b *testing.B) {
+	e := newEnv(b, Config{PollInterval: time.Millisecond})
+	e.chain.SetTokenBalance(pub(e.payer).String(), "4zMMC9srt5Ri5X14GAgXhaHii3GnPAEERYPJgZJDncDU", 1<<62, "")
+	p := e.payment(b)
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.ResetTimer()
+	i := 0
+	for b.Loop() {
+		i++
+		ixs := p.instructions()
+		ixs[3] = memoIx(fmt.Sprintf("bench-%d", i))
+		s, err := e.f.Settle(ctx, payload(p.build(ixs), e.req), e.req)
+		if err != nil || !s.Success {
+			b.Fatalf("%+v %v", s, err)
+		}
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "settles/s")
 }
