@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -307,28 +308,19 @@ func (m *MultiFacilitator) Supported(ctx context.Context) (x402.SupportedRespons
 		}
 		out.Kinds = append(out.Kinds, s.Kinds...)
 		for _, e := range s.Extensions {
-			if !containsString(out.Extensions, e) {
+			if !slices.Contains(out.Extensions, e) {
 				out.Extensions = append(out.Extensions, e)
 			}
 		}
 		for fam, addrs := range s.Signers {
 			for _, a := range addrs {
-				if !containsString(out.Signers[fam], a) {
+				if !slices.Contains(out.Signers[fam], a) {
 					out.Signers[fam] = append(out.Signers[fam], a)
 				}
 			}
 		}
 	}
 	return out, nil
-}
-
-func containsString(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // UnmarshalCaddyfile sets up the module from Caddyfile tokens, one

@@ -31,7 +31,7 @@ func BenchmarkSVMCheckStatic(b *testing.B) {
 	pp := payload(p.build(p.instructions()), req)
 	b.ReportAllocs()
 	for b.Loop() {
-		c, _ := f.checkStatic(pp, req)
+		c := f.checkStatic(pp, req)
 		if c.resp.InvalidReason != "" {
 			b.Fatal(c.resp)
 		}

@@ -183,9 +183,9 @@ func DecodePayload(raw json.RawMessage) (*Transaction, error) {
 }
 
 func (f *Facilitator) check(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (*checked, error) {
-	c, err := f.checkStatic(p, req)
-	if c.resp.InvalidReason != "" || err != nil {
-		return c, err
+	c := f.checkStatic(p, req)
+	if c.resp.InvalidReason != "" {
+		return c, nil
 	}
 	// Co-sign a copy and simulate exactly what Settle will send: the chain
 	// checks every signature, the blockhash, the accounts, the balance and
@@ -207,69 +207,69 @@ func (f *Facilitator) check(ctx context.Context, p x402.PaymentPayload, req x402
 	return c, nil
 }
 
-// checkStatic runs every check that needs no chain. It never returns an
-// error; the signature keeps check's shape.
-func (f *Facilitator) checkStatic(p x402.PaymentPayload, req x402.PaymentRequirements) (*checked, error) {
+// checkStatic runs every check that needs no chain: a refusal, or the
+// decoded transaction and its payer.
+func (f *Facilitator) checkStatic(p x402.PaymentPayload, req x402.PaymentRequirements) *checked {
 	if p.X402Version != x402.Version {
-		return refuse(x402.ReasonInvalidX402Version, "", "x402Version must be 2"), nil
+		return refuse(x402.ReasonInvalidX402Version, "", "x402Version must be 2")
 	}
 	if p.Accepted.Scheme != x402.SchemeExact || req.Scheme != x402.SchemeExact {
-		return refuse(ReasonUnsupportedScheme, "", "only the exact scheme is supported"), nil
+		return refuse(ReasonUnsupportedScheme, "", "only the exact scheme is supported")
 	}
 	if p.Accepted.Network != req.Network {
-		return refuse(ReasonNetworkMismatch, "", "accepted.network is not the requirements' network"), nil
+		return refuse(ReasonNetworkMismatch, "", "accepted.network is not the requirements' network")
 	}
 	if req.Network != f.network {
-		return refuse(x402.ReasonInvalidNetwork, "", "this facilitator settles on "+f.network+" only"), nil
+		return refuse(x402.ReasonInvalidNetwork, "", "this facilitator settles on "+f.network+" only")
 	}
 	fp, _ := req.Extra["feePayer"].(string)
 	if fp == "" {
-		return refuse(ReasonMissingFeePayer, "", "extra.feePayer is required"), nil
+		return refuse(ReasonMissingFeePayer, "", "extra.feePayer is required")
 	}
 	if fp != f.feePayer.String() {
-		return refuse(ReasonFeePayerNotManaged, "", "extra.feePayer is not this facilitator's fee payer"), nil
+		return refuse(ReasonFeePayerNotManaged, "", "extra.feePayer is not this facilitator's fee payer")
 	}
 	tx, err := DecodePayload(p.Payload)
 	if err != nil {
-		return refuse(ReasonTransactionCouldNotBeDecoded, "", err.Error()), nil
+		return refuse(ReasonTransactionCouldNotBeDecoded, "", err.Error())
 	}
 	if int(tx.NumSigners) > f.cfg.MaxSigners {
-		return refuse(ReasonExcessiveSigners, "", fmt.Sprintf("%d required signatures, at most %d", tx.NumSigners, f.cfg.MaxSigners)), nil
+		return refuse(ReasonExcessiveSigners, "", fmt.Sprintf("%d required signatures, at most %d", tx.NumSigners, f.cfg.MaxSigners))
 	}
 	if tx.AccountKeys[0] != f.feePayer {
-		return refuse(ReasonFeePayerMismatch, "", "account 0 (the fee payer) is not extra.feePayer"), nil
+		return refuse(ReasonFeePayerMismatch, "", "account 0 (the fee payer) is not extra.feePayer")
 	}
 	for i := 1; i < int(tx.NumSigners); i++ {
 		if !verifySignature(tx.AccountKeys[i], tx.Message, tx.Signatures[i]) {
-			return refuse(ReasonSignatureInvalid, "", fmt.Sprintf("signature %d is not a valid signature of its signer", i)), nil
+			return refuse(ReasonSignatureInvalid, "", fmt.Sprintf("signature %d is not a valid signature of its signer", i))
 		}
 	}
 	if tx.LookupTables > 0 {
-		return refuse(ReasonLookupTables, "", "a payment uses no address lookup tables"), nil
+		return refuse(ReasonLookupTables, "", "a payment uses no address lookup tables")
 	}
 	ixs := tx.Instructions
 	if len(ixs) < 3 || len(ixs) > 7 {
-		return refuse(ReasonInstructionsLength, "", fmt.Sprintf("%d instructions, want 3 to 7", len(ixs))), nil
+		return refuse(ReasonInstructionsLength, "", fmt.Sprintf("%d instructions, want 3 to 7", len(ixs)))
 	}
 
 	// 1: SetComputeUnitLimit (discriminator 2, u32 units).
 	if ix := ixs[0]; tx.Program(ix) != ComputeBudgetProgram || len(ix.Data) != 5 || ix.Data[0] != 2 {
-		return refuse(ReasonComputeLimitInstruction, "", "instruction 1 must be SetComputeUnitLimit"), nil
+		return refuse(ReasonComputeLimitInstruction, "", "instruction 1 must be SetComputeUnitLimit")
 	} else if units := binary.LittleEndian.Uint32(ix.Data[1:]); units > f.cfg.MaxComputeUnits {
-		return refuse(ReasonComputeLimitTooHigh, "", fmt.Sprintf("compute unit limit %d is over %d", units, f.cfg.MaxComputeUnits)), nil
+		return refuse(ReasonComputeLimitTooHigh, "", fmt.Sprintf("compute unit limit %d is over %d", units, f.cfg.MaxComputeUnits))
 	}
 	// 2: SetComputeUnitPrice (discriminator 3, u64 micro-lamports).
 	if ix := ixs[1]; tx.Program(ix) != ComputeBudgetProgram || len(ix.Data) != 9 || ix.Data[0] != 3 {
-		return refuse(ReasonComputePriceInstruction, "", "instruction 2 must be SetComputeUnitPrice"), nil
+		return refuse(ReasonComputePriceInstruction, "", "instruction 2 must be SetComputeUnitPrice")
 	} else if price := binary.LittleEndian.Uint64(ix.Data[1:]); price > f.cfg.MaxComputeUnitPrice {
-		return refuse(ReasonComputePriceTooHigh, "", fmt.Sprintf("compute unit price %d micro-lamports is over %d", price, f.cfg.MaxComputeUnitPrice)), nil
+		return refuse(ReasonComputePriceTooHigh, "", fmt.Sprintf("compute unit price %d micro-lamports is over %d", price, f.cfg.MaxComputeUnitPrice))
 	}
 	// 3: TransferChecked (tag 12; source, mint, destination, authority;
 	// u64 amount, u8 decimals) on SPL Token or Token-2022.
 	xfer := ixs[2]
 	program := tx.Program(xfer)
 	if (program != TokenProgram && program != Token2022Program) || len(xfer.Data) != 10 || xfer.Data[0] != 12 || len(xfer.Accounts) < 4 {
-		return refuse(ReasonNoTransferInstruction, "", "instruction 3 must be TransferChecked of SPL Token or Token-2022"), nil
+		return refuse(ReasonNoTransferInstruction, "", "instruction 3 must be TransferChecked of SPL Token or Token-2022")
 	}
 	source, mint, dest, authority := tx.Account(xfer, 0), tx.Account(xfer, 1), tx.Account(xfer, 2), tx.Account(xfer, 3)
 	payer := authority.String()
@@ -277,22 +277,22 @@ func (f *Facilitator) checkStatic(p x402.PaymentPayload, req x402.PaymentRequire
 	// authority nor the source, nor any account of any instruction (nor a
 	// program), or a payment could move the fee payer's own funds.
 	if authority == f.feePayer || source == f.feePayer {
-		return refuse(ReasonFeePayerTransferringFunds, payer, "the fee payer is the transfer's authority or source"), nil
+		return refuse(ReasonFeePayerTransferringFunds, payer, "the fee payer is the transfer's authority or source")
 	}
 	for _, ix := range ixs {
 		if ix.ProgramIndex == 0 || bytes.IndexByte(ix.Accounts, 0) >= 0 {
-			return refuse(ReasonFeePayerTransferringFunds, payer, "the fee payer appears in an instruction"), nil
+			return refuse(ReasonFeePayerTransferringFunds, payer, "the fee payer appears in an instruction")
 		}
 	}
 	if mint.String() != req.Asset {
-		return refuse(ReasonMintMismatch, payer, "the transfer's mint is not the asset"), nil
+		return refuse(ReasonMintMismatch, payer, "the transfer's mint is not the asset")
 	}
 	payTo, err := ParsePublicKey(req.PayTo)
 	if err != nil || dest != AssociatedTokenAddress(payTo, mint, program) {
-		return refuse(ReasonRecipientMismatch, payer, "the destination is not payTo's associated token account"), nil
+		return refuse(ReasonRecipientMismatch, payer, "the destination is not payTo's associated token account")
 	}
 	if amount := binary.LittleEndian.Uint64(xfer.Data[1:9]); strconv.FormatUint(amount, 10) != req.Amount {
-		return refuse(ReasonAmountMismatch, payer, "the transfer amount is not the required amount"), nil
+		return refuse(ReasonAmountMismatch, payer, "the transfer amount is not the required amount")
 	}
 	// 4-7: only Memo or Lighthouse.
 	unknown := []string{ReasonUnknownFourthInstruction, ReasonUnknownFifthInstruction, ReasonUnknownSixthInstruction, ReasonUnknownSeventhInstruction}
@@ -303,18 +303,18 @@ func (f *Facilitator) checkStatic(p x402.PaymentPayload, req x402.PaymentRequire
 			memos = append(memos, ix.Data)
 		case LighthouseProgram:
 		default:
-			return refuse(unknown[i], payer, fmt.Sprintf("instruction %d may only be a Memo or Lighthouse", i+4)), nil
+			return refuse(unknown[i], payer, fmt.Sprintf("instruction %d may only be a Memo or Lighthouse", i+4))
 		}
 	}
 	if want, _ := req.Extra["memo"].(string); want != "" {
 		if len(memos) != 1 {
-			return refuse(ReasonMemoCount, payer, "extra.memo requires exactly one Memo instruction"), nil
+			return refuse(ReasonMemoCount, payer, "extra.memo requires exactly one Memo instruction")
 		}
 		if string(memos[0]) != want {
-			return refuse(ReasonMemoMismatch, payer, "the memo is not extra.memo"), nil
+			return refuse(ReasonMemoMismatch, payer, "the memo is not extra.memo")
 		}
 	}
-	return &checked{tx: tx, payer: payer}, nil
+	return &checked{tx: tx, payer: payer}
 }
 
 // Interface guard.

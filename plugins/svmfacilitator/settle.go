@@ -36,7 +36,7 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 	tx, err := DecodePayload(p.Payload)
 	if err != nil {
 		// Nothing to remember: verify refuses it.
-		c, _ := f.checkStatic(p, req)
+		c := f.checkStatic(p, req)
 		return fail(c.resp.InvalidReason, "", c.resp.InvalidMessage, ""), nil
 	}
 	key := tx.MessageHash()
