@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
 
 	"github.com/aovhq/aov/internal/base58"
 	"github.com/aovhq/aov/internal/interop"
@@ -292,5 +293,38 @@ func TestSVMDevFeePayerSettlesOnTheLocalChain(t *testing.T) {
 	defer cancel()
 	if err := m.Provision(ctx); err == nil || !strings.Contains(err.Error(), "solana-devnet only") {
 		t.Fatalf("dev_fee_payer on mainnet: %v", err)
+	}
+}
+
+// TestSolanaOfferWithoutAFeePayerRefusesTheConfig: a Solana offer whose
+// facilitator does not list the network (so no fee payer) cannot be paid;
+// the config is refused instead of serving an unpayable 402.
+func TestSolanaOfferWithoutAFeePayerRefusesTheConfig(t *testing.T) {
+	_, fac := sharedDevnet(t) // settles eip155:1337 only
+	cfg := fmt.Sprintf(`{
+	admin off
+	auto_https off
+	persist_config off
+	storage file_system %s
+}
+:%d {
+	x402 {
+		accept solana-devnet $0.02 14KUD4SQBR4pLAkg3VriijtxQdxZSrzYqHhSxtordWsx
+		facilitator http %s
+		store badger %s
+	}
+}
+`, t.TempDir(), freePort(t), fac, t.TempDir())
+	js, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cfg), map[string]any{"filename": "Caddyfile"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = caddy.Load(js, true)
+	if err == nil {
+		caddy.Stop()
+		t.Fatal("a Solana offer without a fee payer was loaded")
+	}
+	if !strings.Contains(err.Error(), "lists no fee payer") {
+		t.Fatalf("err = %v", err)
 	}
 }
