@@ -278,6 +278,9 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 		}
 		g.offers = append(g.offers, req)
 	}
+	if err := g.fillFeePayers(); err != nil {
+		return err
+	}
 	registerMetrics(ctx)
 	discovery.add(g)
 	g.startResolver() // hook (pending.go): resolve unknown settlements
@@ -366,6 +369,11 @@ func (a Accept) requirements() (x402.PaymentRequirements, error) {
 	}
 	if x402.IsEVM(network) {
 		if err := x402.CheckEVMAddress(a.PayTo); err != nil {
+			return x402.PaymentRequirements{}, fmt.Errorf("pay_to: %v", err)
+		}
+	}
+	if x402.IsSolana(network) {
+		if err := x402.CheckSolanaAddress(a.PayTo); err != nil {
 			return x402.PaymentRequirements{}, fmt.Errorf("pay_to: %v", err)
 		}
 	}
@@ -589,7 +597,7 @@ func (g *Gate) paymentRequired(w http.ResponseWriter, r *http.Request, msg, reas
 func (g *Gate) chains() []string {
 	var out []string
 	for _, o := range g.offers {
-		if x402.IsEVM(o.Network) && !slices.Contains(out, o.Network) {
+		if (x402.IsEVM(o.Network) || x402.IsSolana(o.Network)) && !slices.Contains(out, o.Network) {
 			out = append(out, o.Network)
 		}
 	}

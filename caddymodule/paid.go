@@ -286,6 +286,7 @@ func claimKeys(header string, p x402.PaymentPayload, offer x402.PaymentRequireme
 			}
 		}
 	}
+	keys = append(keys, svmClaimKeys(p, offer)...)
 	if until.After(t.Add(maxClaimHold)) {
 		until = t.Add(maxClaimHold)
 	}

@@ -229,14 +229,14 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 		if err != nil {
 			return wa.refuse(w, r, err)
 		}
-		if proof != nil && proof.Address != p.Address {
+		if proof != nil && proof.Wallet() != p.Wallet() {
 			return wa.refuse(w, r, &walletauth.Error{Kind: walletauth.ErrWrongRequest, Header: walletauth.SIWXHeaderName, Field: "address",
 				Problem: "is not the wallet of X-Wallet-Auth", Fix: "Prove one wallet per request."})
 		}
 		if proof == nil {
 			proof = &p
 		}
-		paidAccess, err = wa.paid.Has(ctx, p.Address.Hex(), walletauth.PaidResource(site, path))
+		paidAccess, err = wa.paid.Has(ctx, p.Wallet(), walletauth.PaidResource(site, path))
 		if err != nil {
 			return wa.refuse(w, r, apierr.Unavailable("wallet proof store", 1, err))
 		}
@@ -253,7 +253,7 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 		}
 	}
 	if proof != nil {
-		addr := proof.Address.Hex()
+		addr := proof.Wallet()
 		if repl != nil {
 			repl.Set(WalletPlaceholder, addr)
 			repl.Set(WalletAgentPlaceholder, proof.AgentID)

@@ -15,11 +15,14 @@ import { x402Client, x402HTTPClient } from "@x402/core/client";
 import { registerExactEvmScheme } from "@x402/evm/exact/client";
 import { privateKeyToAccount } from "viem/accounts";
 import { readStdinJSON, fail } from "./lib.mjs";
+import { registerSvm } from "./svm-lib.mjs";
 
 try {
   const input = await readStdinJSON();
   const payer = new x402Client();
-  registerExactEvmScheme(payer, { signer: privateKeyToAccount(input.privateKey) });
+  if (input.privateKey) registerExactEvmScheme(payer, { signer: privateKeyToAccount(input.privateKey) });
+  // {"solana": {"secretKey", "rpcUrl"}} pays on Solana instead (or too).
+  if (input.solana) await registerSvm(payer, input.solana);
   payer.setSpendControls(false); // the devnet token is not on the default list
   const http = new x402HTTPClient(payer);
 

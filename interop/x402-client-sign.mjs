@@ -6,12 +6,14 @@ import { x402Client, x402HTTPClient } from "@x402/core/client";
 import { registerExactEvmScheme } from "@x402/evm/exact/client";
 import { privateKeyToAccount } from "viem/accounts";
 import { readStdinJSON, fail } from "./lib.mjs";
+import { registerSvm } from "./svm-lib.mjs";
 
 try {
   const input = await readStdinJSON();
-  const account = privateKeyToAccount(input.privateKey);
   const client = new x402Client();
-  registerExactEvmScheme(client, { signer: account });
+  if (input.privateKey) registerExactEvmScheme(client, { signer: privateKeyToAccount(input.privateKey) });
+  // {"solana": {"secretKey", "rpcUrl"}} signs on Solana instead (or too).
+  if (input.solana) await registerSvm(client, input.solana);
   // The devnet token is unknown to the client's default allow-list.
   client.setSpendControls(false);
   const http = new x402HTTPClient(client);

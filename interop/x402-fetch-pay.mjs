@@ -10,11 +10,14 @@ import { registerExactEvmScheme } from "@x402/evm/exact/client";
 import { wrapFetchWithPayment, decodePaymentResponseHeader } from "@x402/fetch";
 import { privateKeyToAccount } from "viem/accounts";
 import { readStdinJSON, fail } from "./lib.mjs";
+import { registerSvm } from "./svm-lib.mjs";
 
 try {
   const input = await readStdinJSON();
   const client = new x402Client();
-  registerExactEvmScheme(client, { signer: privateKeyToAccount(input.privateKey) });
+  if (input.privateKey) registerExactEvmScheme(client, { signer: privateKeyToAccount(input.privateKey) });
+  // {"solana": {"secretKey", "rpcUrl"}} pays on Solana instead (or too).
+  if (input.solana) await registerSvm(client, input.solana);
   // The devnet token is unknown to the client's default allow-list.
   client.setSpendControls(false);
   const fetchWithPayment = wrapFetchWithPayment(fetch, client);

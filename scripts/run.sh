@@ -14,6 +14,7 @@
 #   AOV_ADMIN_ADDR        Caddy's admin API                 (default localhost:2019)
 #   AOV_VERIFIERD_METRICS_ADDR verifierd's /metrics         (default 127.0.0.1:9091)
 #   AOV_DEVNET_RPC_ADDR   the devnet chain's JSON-RPC       (default 127.0.0.1:8545)
+#   AOV_SOLANA_RPC_ADDR   the local Solana chain's JSON-RPC (default 127.0.0.1:8899)
 #   AOV_FREE_PER_DAY      free verification calls per client and day (default 100)
 #   AOV_PAY_TO            address paid on the devnet        (default dev account 9)
 #   GO                    go command                        (default go)
@@ -29,6 +30,7 @@ export AOV_CERTD_PUBLIC_ADDR="${AOV_CERTD_PUBLIC_ADDR:-127.0.0.1:8082}"
 export AOV_ADMIN_ADDR="${AOV_ADMIN_ADDR:-localhost:2019}"
 AOV_VERIFIERD_METRICS_ADDR="${AOV_VERIFIERD_METRICS_ADDR:-127.0.0.1:9091}"
 export AOV_DEVNET_RPC_ADDR="${AOV_DEVNET_RPC_ADDR:-127.0.0.1:8545}"
+export AOV_SOLANA_RPC_ADDR="${AOV_SOLANA_RPC_ADDR:-127.0.0.1:8899}"
 export AOV_FREE_PER_DAY="${AOV_FREE_PER_DAY:-100}"
 data="${AOV_DATA:-$root/data}"
 bindir="${AOV_BIN:-$root/bin}"
@@ -114,6 +116,17 @@ supervise verifierd "$bindir/verifierd" \
 	-gateway-token-file "$data/gateway-token" \
 	-public-base-url "$base"
 
+# The local Solana chain (litesvm in Node, from interop/; in memory only:
+# reset on every start). Its funded test wallets, keys included, are in
+# $data/solana-chain.json.
+if [ -d interop/node_modules/litesvm ]; then
+	say "starting the local Solana chain on $AOV_SOLANA_RPC_ADDR (state is reset on restart)"
+	start solana-chain env HOST="${AOV_SOLANA_RPC_ADDR%:*}" PORT="${AOV_SOLANA_RPC_ADDR##*:}" \
+		bash -c 'exec node interop/solana-chain.mjs >"$0"' "$data/solana-chain.json"
+else
+	say "interop/node_modules is missing (run: make interop-deps): Solana payments need the local Solana chain"
+fi
+
 say "starting caddy on $base"
 supervise caddy env XDG_DATA_HOME="$data/caddy/data" XDG_CONFIG_HOME="$data/caddy/config" AOV_LOG_DIR="$data/logs" \
 	"$bindir/caddy" run --config Caddyfile.example --adapter caddyfile
@@ -144,6 +157,7 @@ cat >&2 <<EOF
     x402 manifest $base/.well-known/x402   (payments: USDC on the devnet; $AOV_FREE_PER_DAY free verification calls per client and day)
     facilitator   $base/facilitator/supported   (x402 facilitator on the devnet)
     devnet RPC    http://$AOV_DEVNET_RPC_ADDR   (chain id 1337, test USDC, "test test ... junk" accounts)
+    Solana RPC    http://$AOV_SOLANA_RPC_ADDR   (solana-devnet on litesvm; test wallets in $data/solana-chain.json)
     data          $data
     access log    $data/logs/access.log
     metrics       http://$AOV_VERIFIERD_METRICS_ADDR/metrics (verifierd), http://$AOV_ADMIN_ADDR/metrics (Caddy)

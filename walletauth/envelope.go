@@ -190,14 +190,19 @@ func (e *Envelope) check() error {
 	if !authorityRE.MatchString(e.Domain) {
 		return malformed(h, "domain", "is not a host name with an optional port", "Set domain to the host the request is sent to.")
 	}
-	if err := checkAddress(h, e.Address); err != nil {
+	solana := IsSolanaChain(e.ChainID)
+	if solana {
+		if err := checkSolanaWallet(h, e.Address, e.Type, e.Signature); err != nil {
+			return err
+		}
+	} else if err := checkAddress(h, e.Address); err != nil {
 		return err
 	}
 	if e.Version != Version {
 		return malformed(h, "version", `is not "1"`, `Set version to "1".`)
 	}
-	if !chainIDRE.MatchString(e.ChainID) {
-		return malformed(h, "chain_id", "is not an eip155 CAIP-2 chain id", `Use a CAIP-2 id such as "eip155:8453".`)
+	if !solana && !chainIDRE.MatchString(e.ChainID) {
+		return malformed(h, "chain_id", "is not an eip155 or solana CAIP-2 chain id", `Use a CAIP-2 id such as "eip155:8453".`)
 	}
 	if !nonceRE.MatchString(e.Nonce) {
 		return malformed(h, "nonce", "is not 16 to 128 letters and digits", "Use a fresh random nonce of at least 16 letters and digits.")
@@ -233,6 +238,9 @@ func (e *Envelope) check() error {
 		if !utf8.ValidString(e.AgentID) || utf8.RuneCountInString(e.AgentID) > MaxAgentIDChars || !printable(e.AgentID) {
 			return malformed(h, "agent_id", fmt.Sprintf("is not 1 to %d printable characters", MaxAgentIDChars), "Use the agent_id your verification requests carry.")
 		}
+	}
+	if solana {
+		return nil // type and signature checked with the address
 	}
 	if e.Type != TypeEIP191 {
 		return malformed(h, "type", `is not "eip191"`, `Sign with EIP-191 personal_sign and set type to "eip191".`)
@@ -311,8 +319,12 @@ func parseSignature(header, s string) ([]byte, error) {
 	return b, nil
 }
 
-// chainReference is the numeric part of an eip155 CAIP-2 id.
-func chainReference(caip2 string) string { return strings.TrimPrefix(caip2, "eip155:") }
+// chainReference is the reference part of a CAIP-2 id: the numeric chain
+// id of eip155, the genesis-hash prefix of solana.
+func chainReference(caip2 string) string {
+	_, ref, _ := strings.Cut(caip2, ":")
+	return ref
+}
 
 func (e *Envelope) siwe() *siwe {
 	res := []string{MethodURN(e.Method)}
@@ -330,7 +342,7 @@ func (e *Envelope) siwe() *siwe {
 // Message is the EIP-4361 text the signature is over, rebuilt from the
 // fields. Call it on a parsed (checked) envelope; the text of an envelope
 // that fails Parse's checks means nothing.
-func (e *Envelope) Message() string { return e.siwe().text() }
+func (e *Envelope) Message() string { return e.siwe().textFor(e.ChainID) }
 
 // Encode returns the header value: standard padded base64 of the JSON.
 func (e *Envelope) Encode() (string, error) {

@@ -37,11 +37,14 @@ func PaidResource(host, path string) string { return strings.ToLower(host) + pat
 
 func paidKey(addr, resource string) string {
 	sum := sha256.Sum256([]byte(resource))
-	return "siwx/paid/" + strings.ToLower(addr) + "/" + hex.EncodeToString(sum[:])
+	if strings.HasPrefix(addr, "0x") {
+		addr = strings.ToLower(addr) // EVM case is a checksum; Solana's base58 is case-sensitive
+	}
+	return "siwx/paid/" + addr + "/" + hex.EncodeToString(sum[:])
 }
 
-// Record notes that payer paid for resource. payer is a 0x address in any
-// case (a settlement response's payer).
+// Record notes that payer paid for resource. payer is a settlement
+// response's payer: a 0x address in any case, or a Solana address.
 func (p PaidAccess) Record(ctx context.Context, payer, resource string) error {
 	if payer == "" || resource == "" {
 		return errors.New("recording paid access: payer and resource are required")

@@ -119,7 +119,12 @@ func (s *SIWX) check() error {
 	if !authorityRE.MatchString(s.Domain) {
 		return malformed(h, "domain", "is not a host name with an optional port", "Use the domain the server offered.")
 	}
-	if err := checkAddress(h, s.Address); err != nil {
+	solana := IsSolanaChain(s.ChainID)
+	if solana {
+		if err := checkSolanaWallet(h, s.Address, s.Type, s.Signature); err != nil {
+			return err
+		}
+	} else if err := checkAddress(h, s.Address); err != nil {
 		return err
 	}
 	if err := checkStatement(h, "statement", s.Statement); err != nil {
@@ -131,10 +136,10 @@ func (s *SIWX) check() error {
 	if s.Version != Version {
 		return malformed(h, "version", `is not "1"`, `Set version to "1".`)
 	}
-	if !chainIDRE.MatchString(s.ChainID) {
-		return malformed(h, "chainId", "is not an eip155 CAIP-2 chain id", "Sign with an EVM wallet on one of the offered chains.")
+	if !solana && !chainIDRE.MatchString(s.ChainID) {
+		return malformed(h, "chainId", "is not an eip155 or solana CAIP-2 chain id", "Sign with a wallet on one of the offered chains.")
 	}
-	if s.Type != TypeEIP191 {
+	if !solana && s.Type != TypeEIP191 {
 		return malformed(h, "type", `is not "eip191"`, "Sign with an EVM wallet (EIP-191 personal_sign).")
 	}
 	if !siwxNonceRE.MatchString(s.Nonce) {
@@ -160,6 +165,9 @@ func (s *SIWX) check() error {
 		if _, err := checkResource(r); err != nil {
 			return malformed(h, "resources", "holds an entry that is not a URI", "List only URIs in resources.")
 		}
+	}
+	if solana {
+		return nil // type and signature checked with the address
 	}
 	if _, err := parseSignature(h, s.Signature); err != nil {
 		return err
@@ -193,7 +201,7 @@ func (s *SIWX) Message() string {
 		issuedAt: s.IssuedAt, expirationTime: s.ExpirationTime, notBefore: s.NotBefore,
 		requestID: s.RequestID, resources: s.Resources,
 	}
-	return m.text()
+	return m.textFor(s.ChainID)
 }
 
 // SIWXExpect is the request a sign-in-with-x proof must be for.
@@ -253,6 +261,12 @@ func (v *Verifier) VerifySIWXProof(ctx context.Context, s *SIWX, want SIWXExpect
 			return Proof{}, refuse(ErrNotYetValid, h, "notBefore", "is in the future", "Send the request after notBefore.")
 		}
 	}
+	if IsSolanaChain(s.ChainID) {
+		if err := v.verifySolana(ctx, h, "siwx", s.Message(), s.Address, s.Signature, s.Nonce, until); err != nil {
+			return Proof{}, err
+		}
+		return Proof{Account: s.Address, ChainID: s.ChainID, Expires: until}, nil
+	}
 	addr := common.HexToAddress(s.Address)
 	sig, _ := parseSignature(h, s.Signature)
 	contract, err := v.checkSignature(ctx, h, s.Message(), addr, s.ChainID, sig)
@@ -273,7 +287,11 @@ func SIWXChallenge(domain, uri string, chains []string, now time.Time) map[strin
 	issued := now.UTC().Truncate(time.Millisecond)
 	supported := make([]any, 0, len(chains))
 	for _, c := range chains {
-		supported = append(supported, map[string]any{"chainId": c, "type": TypeEIP191})
+		typ := TypeEIP191
+		if IsSolanaChain(c) {
+			typ = TypeEd25519
+		}
+		supported = append(supported, map[string]any{"chainId": c, "type": typ})
 	}
 	return map[string]any{
 		"info": map[string]any{

@@ -70,8 +70,11 @@ type Expect struct {
 
 // Proof is what a verified proof establishes.
 type Proof struct {
-	// Address is the wallet that signed.
+	// Address is the wallet that signed (EVM).
 	Address common.Address
+	// Account is the wallet that signed when it is not an EVM account (a
+	// Solana account's base58 address); Wallet returns either as text.
+	Account string
 	// AgentID is the agent bound to the wallet ("" when none).
 	AgentID string
 	// ChainID is the CAIP-2 chain the proof names.
@@ -169,6 +172,12 @@ func (v *Verifier) VerifyEnvelope(ctx context.Context, e *Envelope, want Expect)
 	if !now.Before(expires) {
 		return Proof{}, refuse(ErrExpired, h, "expiration_time", "is in the past", "Sign a fresh proof for each request.")
 	}
+	if IsSolanaChain(e.ChainID) {
+		if err := v.verifySolana(ctx, h, "wallet-auth", e.Message(), e.Address, e.Signature, e.Nonce, expires); err != nil {
+			return Proof{}, err
+		}
+		return Proof{Account: e.Address, AgentID: e.AgentID, ChainID: e.ChainID, Expires: expires}, nil
+	}
 	addr := common.HexToAddress(e.Address)
 	sig, _ := parseSignature(h, e.Signature)
 	contract, err := v.checkSignature(ctx, h, e.Message(), addr, e.ChainID, sig)
@@ -254,10 +263,14 @@ func isValidSignature(ctx context.Context, c Chain, wallet common.Address, diges
 
 // claimNonce makes (address, nonce) single-use until until.
 func (v *Verifier) claimNonce(ctx context.Context, header, space string, addr common.Address, nonce string, until time.Time) error {
+	return v.claimNonceKey(ctx, header, space+"/nonce/"+strings.ToLower(addr.Hex())+"/"+nonce, until)
+}
+
+// claimNonceKey makes key single-use until until.
+func (v *Verifier) claimNonceKey(ctx context.Context, header, key string, until time.Time) error {
 	if v.Nonces == nil {
 		return nil
 	}
-	key := space + "/nonce/" + strings.ToLower(addr.Hex()) + "/" + nonce
 	_, err := v.Nonces.Claim(ctx, []string{key}, until)
 	if errors.Is(err, store.ErrClaimed) {
 		return refuse(ErrReplayed, header, "nonce", "was already used", "Sign a fresh proof with a new nonce for every request.")

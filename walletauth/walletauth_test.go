@@ -215,9 +215,12 @@ func TestRefusals(t *testing.T) {
 		{desc: "a uri with a query is refused", header: func(t *testing.T) string {
 			return encodeRaw(t, func(m map[string]any) { m["uri"] = "https://verifier.example/verify/schema?a=b" })
 		}, kind: ErrMalformed, field: "uri"},
-		{desc: "a non-EVM chain is refused", header: func(t *testing.T) string {
-			return encodeRaw(t, func(m map[string]any) { m["chain_id"] = "solana:5eykt4UsFv8P8NJdTREpY1vzqKqZKvdp" })
+		{desc: "a chain neither EVM nor Solana is refused", header: func(t *testing.T) string {
+			return encodeRaw(t, func(m map[string]any) { m["chain_id"] = "cosmos:cosmoshub-4" })
 		}, kind: ErrMalformed, field: "chain_id"},
+		{desc: "an EVM address on a Solana chain is refused", header: func(t *testing.T) string {
+			return encodeRaw(t, func(m map[string]any) { m["chain_id"] = "solana:5eykt4UsFv8P8NJdTREpY1vzqKqZKvdp" })
+		}, kind: ErrMalformed, field: "address"},
 		{desc: "another signature type is refused", header: func(t *testing.T) string {
 			return encodeRaw(t, func(m map[string]any) { m["type"] = "eip712" })
 		}, kind: ErrMalformed, field: "type"},

@@ -8,6 +8,8 @@ import (
 	"sync"
 
 	"github.com/ethereum/go-ethereum/common"
+
+	"github.com/aovhq/aov/internal/base58"
 )
 
 // CAIP-2 chain ids of the networks operators name by alias.
@@ -70,6 +72,18 @@ func ValidCAIP2(s string) bool {
 
 // IsEVM reports whether network is an eip155 chain.
 func IsEVM(network string) bool { return strings.HasPrefix(network, "eip155:") }
+
+// IsSolana reports whether network is a solana chain.
+func IsSolana(network string) bool { return strings.HasPrefix(network, "solana:") }
+
+// CheckSolanaAddress accepts a base58 Solana account address (32 bytes).
+// It is for addresses an operator types (payTo, mints).
+func CheckSolanaAddress(s string) error {
+	if b, err := base58.Decode(s); err != nil || len(b) != 32 {
+		return fmt.Errorf("address %q is not a base58 Solana address", truncate(s))
+	}
+	return nil
+}
 
 // ChainID returns the EIP-155 chain id of an eip155 CAIP-2 network; it is the
 // chainId of the EIP-712 domain that exact EVM payments sign.

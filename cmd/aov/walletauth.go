@@ -36,7 +36,10 @@ Flags:
   --url URL         the full URL the request goes to (the query is not bound)
   --agent-id ID     bind this agent_id to the wallet (verifierd then counts
                     the agent's verifications as authenticated)
-  --chain CAIP2     the wallet's chain (default eip155:8453, Base)
+  --chain CAIP2     the wallet's chain (default eip155:8453, Base). On a
+                    solana:… chain the key is a Solana wallet's (the
+                    solana-keygen JSON array, or base58) and the proof is
+                    signed with ed25519 (Sign-In with Solana text)
   --ttl DURATION    how long the proof is valid (default 5m; gateways
                     refuse more than their max_lifetime, 5m by default)
   --statement TEXT  a line of text wallets show when signing
@@ -78,6 +81,11 @@ func walletAuth(args []string, stdout, stderr io.Writer) int {
 	}
 	if *address != "" && !common.IsHexAddress(*address) {
 		return usageError(stderr, walletAuthHelp, "aov wallet-auth: --address must be a 0x address")
+	}
+	if walletauth.IsSolanaChain(*chain) {
+		return walletAuthSolana(*keyHex, *keyFile, *address, walletauth.Request{
+			Method: *method, URL: *url, ChainID: *chain, AgentID: *agentID, Statement: *statement, TTL: *ttl, Now: time.Now(),
+		}, stdout, stderr)
 	}
 	key, err := loadWalletKey(*keyHex, *keyFile)
 	if err != nil {

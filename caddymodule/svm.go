@@ -1,0 +1,422 @@
+package caddymodule
+
+import (
+	"context"
+	"crypto/ed25519"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"go.uber.org/zap"
+
+	"github.com/aovhq/aov/internal/base58"
+	"github.com/aovhq/aov/plugins/svmfacilitator"
+	"github.com/aovhq/aov/x402"
+)
+
+func init() {
+	caddy.RegisterModule(SVMFacilitator{})
+	caddy.RegisterModule(MultiFacilitator{})
+}
+
+// SVMFacilitator is a facilitator that verifies and settles x402 "exact"
+// payments on Solana itself (SPL Token and Token-2022 TransferChecked),
+// co-signing every payment with a fee-payer key it holds: the fee payer
+// pays the transaction fees, about 0.00001 SOL per payment.
+//
+// Module ID: x402.facilitators.svm
+type SVMFacilitator struct {
+	// Network is the chain: solana, solana-devnet or a solana CAIP-2 id.
+	Network string `json:"network,omitempty"`
+	// RPCURL is the chain's JSON-RPC endpoint (http or https).
+	RPCURL string `json:"rpc_url,omitempty"`
+	// FeePayerKeyFile holds the fee payer's secret key, as solana-keygen
+	// writes it (a JSON array of 64 bytes) or as base58. The file must be
+	// readable by its owner only (mode 0600), and the account must hold
+	// SOL.
+	FeePayerKeyFile string `json:"fee_payer_key_file,omitempty"`
+	// DevFeePayer uses the development fee payer instead of a key file: a
+	// public key (anyone can compute it) that the local chain funds. Only
+	// on solana-devnet; for development and tests.
+	DevFeePayer bool `json:"dev_fee_payer,omitempty"`
+	// ConfirmTimeout bounds the wait for a settlement's confirmation; after
+	// it the outcome is reported as pending, never as a failure. Default
+	// 30s.
+	ConfirmTimeout caddy.Duration `json:"confirm_timeout,omitempty"`
+	// MaxComputeUnits caps a payment's compute unit limit (default 50000)
+	// and MaxComputeUnitPrice its price in micro-lamports per unit (default
+	// 5000000): together they bound the priority fee the fee payer pays.
+	MaxComputeUnits     uint32 `json:"max_compute_units,omitempty"`
+	MaxComputeUnitPrice uint64 `json:"max_compute_unit_price,omitempty"`
+
+	poolKey string
+	f       *svmfacilitator.Facilitator
+}
+
+// pooledSVM is a facilitatorPool entry: shared across config reloads so a
+// reload never forgets which messages were settled.
+type pooledSVM struct{ f *svmfacilitator.Facilitator }
+
+// Destruct has nothing to release: the RPC client holds no connection of
+// its own.
+func (*pooledSVM) Destruct() error { return nil }
+
+// CaddyModule returns the Caddy module information.
+func (SVMFacilitator) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{ID: "x402.facilitators.svm", New: func() caddy.Module { return new(SVMFacilitator) }}
+}
+
+// Provision reads the fee payer key and gets the shared facilitator. It
+// makes no network call.
+func (m *SVMFacilitator) Provision(ctx caddy.Context) error {
+	repl := caddy.NewReplacer()
+	if m.Network == "" || m.RPCURL == "" || (m.FeePayerKeyFile == "") == !m.DevFeePayer {
+		return errors.New("svm facilitator: network, rpc_url and one of fee_payer_key_file or dev_fee_payer are required")
+	}
+	network, err := x402.ResolveNetwork(m.Network)
+	if err != nil || !x402.IsSolana(network) {
+		return fmt.Errorf("svm facilitator: network %q is not a Solana network", m.Network)
+	}
+	key := svmfacilitator.DevFeePayer()
+	if m.DevFeePayer {
+		if network != x402.NetworkSolanaDevnet {
+			return errors.New("svm facilitator: dev_fee_payer is a public key, allowed on solana-devnet only")
+		}
+		ctx.Logger().Warn("svm facilitator uses the public development fee payer: development only", zap.String("fee_payer", base58.Encode(key.Public().(ed25519.PublicKey))))
+	} else if key, err = svmfacilitator.ReadKeyFile(repl.ReplaceKnown(m.FeePayerKeyFile, "")); err != nil {
+		return fmt.Errorf("svm facilitator: %v", err)
+	}
+	rpcURL := repl.ReplaceKnown(m.RPCURL, "")
+	cfg := svmfacilitator.Config{
+		RPC: &svmfacilitator.RPC{URL: rpcURL}, Network: network, FeePayer: key,
+		ConfirmTimeout: time.Duration(m.ConfirmTimeout), MaxComputeUnits: m.MaxComputeUnits, MaxComputeUnitPrice: m.MaxComputeUnitPrice,
+	}
+	f, err := svmfacilitator.New(cfg)
+	if err != nil {
+		return err
+	}
+	m.poolKey = fmt.Sprintf("svm network=%s url=%s fee_payer=%s timeout=%d units=%d price=%d", network, rpcURL, f.FeePayer(), m.ConfirmTimeout, m.MaxComputeUnits, m.MaxComputeUnitPrice)
+	val, _, err := facilitatorPool.LoadOrNew(m.poolKey, func() (caddy.Destructor, error) { return &pooledSVM{f: f}, nil })
+	if err != nil {
+		return err
+	}
+	m.f = val.(*pooledSVM).f
+	return nil
+}
+
+// Cleanup releases this configuration's use of the shared facilitator.
+func (m *SVMFacilitator) Cleanup() error {
+	if m.poolKey == "" {
+		return nil
+	}
+	_, err := facilitatorPool.Delete(m.poolKey)
+	m.poolKey = ""
+	return err
+}
+
+// Verify implements x402.Facilitator.
+func (m *SVMFacilitator) Verify(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.VerifyResponse, error) {
+	return m.f.Verify(ctx, p, req)
+}
+
+// Settle implements x402.Facilitator.
+func (m *SVMFacilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettleResponse, error) {
+	return m.f.Settle(ctx, p, req)
+}
+
+// Supported implements x402.Facilitator.
+func (m *SVMFacilitator) Supported(ctx context.Context) (x402.SupportedResponse, error) {
+	return m.f.Supported(ctx)
+}
+
+// UnmarshalCaddyfile sets up the module from Caddyfile tokens:
+//
+//	svm {
+//		network                <solana|solana-devnet|caip2>
+//		rpc_url                <url>
+//		fee_payer_key_file     <path>
+//		dev_fee_payer          # instead of the key file, on solana-devnet only
+//		confirm_timeout        <duration>
+//		max_compute_units      <n>
+//		max_compute_unit_price <micro-lamports>
+//	}
+func (m *SVMFacilitator) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // module name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		var err error
+		var s string
+		switch d.Val() {
+		case "network":
+			err = facOneArg(d, &m.Network)
+		case "rpc_url":
+			err = facOneArg(d, &m.RPCURL)
+		case "fee_payer_key_file":
+			err = facOneArg(d, &m.FeePayerKeyFile)
+		case "dev_fee_payer":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			m.DevFeePayer = true
+		case "confirm_timeout":
+			err = facDurationArg(d, &m.ConfirmTimeout)
+		case "max_compute_units":
+			if err = facOneArg(d, &s); err == nil {
+				var n uint64
+				n, err = strconv.ParseUint(s, 10, 32)
+				m.MaxComputeUnits = uint32(n)
+			}
+		case "max_compute_unit_price":
+			if err = facOneArg(d, &s); err == nil {
+				m.MaxComputeUnitPrice, err = strconv.ParseUint(s, 10, 64)
+			}
+		default:
+			return d.Errf("unrecognized svm facilitator option '%s'", d.Val())
+		}
+		if err != nil {
+			return d.Errf("%s: %v", d.Val(), err)
+		}
+	}
+	return nil
+}
+
+// MultiFacilitator sends each payment to the first of its facilitators
+// that supports the payment's scheme and network (from their /supported,
+// remembered for five minutes), so one route can offer Base and Solana side
+// by side. Its /supported is the union of theirs.
+//
+// Module ID: x402.facilitators.multi
+type MultiFacilitator struct {
+	FacilitatorsRaw []json.RawMessage `json:"facilitators,omitempty" caddy:"namespace=x402.facilitators inline_key=type"`
+
+	fs []x402.Facilitator
+	mu *sync.Mutex
+	// supported[i] is fs[i]'s last successful /supported answer.
+	supported []x402.SupportedResponse
+	at        []time.Time
+}
+
+// CaddyModule returns the Caddy module information.
+func (MultiFacilitator) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{ID: "x402.facilitators.multi", New: func() caddy.Module { return new(MultiFacilitator) }}
+}
+
+// Provision loads the facilitators.
+func (m *MultiFacilitator) Provision(ctx caddy.Context) error {
+	if len(m.FacilitatorsRaw) == 0 {
+		return errors.New("multi facilitator: at least one facilitator is required")
+	}
+	mods, err := ctx.LoadModule(m, "FacilitatorsRaw")
+	if err != nil {
+		return fmt.Errorf("loading facilitators: %v", err)
+	}
+	for _, mod := range mods.([]any) {
+		f, ok := mod.(x402.Facilitator)
+		if !ok {
+			return fmt.Errorf("facilitator module %T does not verify and settle payments", mod)
+		}
+		m.fs = append(m.fs, f)
+	}
+	m.mu = new(sync.Mutex)
+	m.supported = make([]x402.SupportedResponse, len(m.fs))
+	m.at = make([]time.Time, len(m.fs))
+	return nil
+}
+
+const multiSupportedTTL = 5 * time.Minute
+
+func (m *MultiFacilitator) kinds(ctx context.Context, i int) (x402.SupportedResponse, error) {
+	m.mu.Lock()
+	s, at := m.supported[i], m.at[i]
+	m.mu.Unlock()
+	if !at.IsZero() && time.Since(at) < multiSupportedTTL {
+		return s, nil
+	}
+	s, err := m.fs[i].Supported(ctx)
+	if err != nil {
+		return s, err
+	}
+	m.mu.Lock()
+	m.supported[i], m.at[i] = s, time.Now()
+	m.mu.Unlock()
+	return s, nil
+}
+
+// pick returns the facilitator for req; nil with no error when none
+// supports it.
+func (m *MultiFacilitator) pick(ctx context.Context, req x402.PaymentRequirements) (x402.Facilitator, error) {
+	var errs []error
+	for i, f := range m.fs {
+		s, err := m.kinds(ctx, i)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for _, k := range s.Kinds {
+			if k.X402Version == x402.Version && k.Scheme == req.Scheme && k.Network == req.Network {
+				return f, nil
+			}
+		}
+	}
+	return nil, errors.Join(errs...)
+}
+
+// Verify implements x402.Facilitator.
+func (m *MultiFacilitator) Verify(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.VerifyResponse, error) {
+	f, err := m.pick(ctx, req)
+	if f == nil {
+		if err != nil {
+			return x402.VerifyResponse{}, err
+		}
+		return x402.VerifyResponse{IsValid: false, InvalidReason: x402.ReasonNoFacilitatorForNetwork, InvalidMessage: "no facilitator settles " + req.Network}, nil
+	}
+	return f.Verify(ctx, p, req)
+}
+
+// Settle implements x402.Facilitator. Nothing is sent when no facilitator
+// supports the payment.
+func (m *MultiFacilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettleResponse, error) {
+	f, err := m.pick(ctx, req)
+	if f == nil {
+		if err != nil {
+			return x402.SettleResponse{}, err
+		}
+		return x402.SettleResponse{ErrorReason: x402.ReasonNoFacilitatorForNetwork, Network: req.Network}, nil
+	}
+	return f.Settle(ctx, p, req)
+}
+
+// Supported implements x402.Facilitator: the union of every facilitator's
+// answer. One that does not answer is an error, so that nothing is
+// advertised without the fee payer its kinds need.
+func (m *MultiFacilitator) Supported(ctx context.Context) (x402.SupportedResponse, error) {
+	out := x402.SupportedResponse{Kinds: []x402.SupportedKind{}, Extensions: []string{}, Signers: map[string][]string{}}
+	for i := range m.fs {
+		s, err := m.kinds(ctx, i)
+		if err != nil {
+			return x402.SupportedResponse{}, err
+		}
+		out.Kinds = append(out.Kinds, s.Kinds...)
+		for _, e := range s.Extensions {
+			if !slices.Contains(out.Extensions, e) {
+				out.Extensions = append(out.Extensions, e)
+			}
+		}
+		for fam, addrs := range s.Signers {
+			for _, a := range addrs {
+				if !slices.Contains(out.Signers[fam], a) {
+					out.Signers[fam] = append(out.Signers[fam], a)
+				}
+			}
+		}
+	}
+	return out, nil
+}
+
+// UnmarshalCaddyfile sets up the module from Caddyfile tokens, one
+// facilitator per line:
+//
+//	multi {
+//		evm { … }
+//		svm { … }
+//		http <url>
+//	}
+func (m *MultiFacilitator) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // module name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		name := d.Val()
+		if name == "multi" {
+			return d.Err("multi facilitators do not nest")
+		}
+		unm, err := caddyfile.UnmarshalModule(d, "x402.facilitators."+name)
+		if err != nil {
+			return err
+		}
+		m.FacilitatorsRaw = append(m.FacilitatorsRaw, caddyconfig.JSONModuleObject(unm, "type", name, nil))
+	}
+	if len(m.FacilitatorsRaw) == 0 {
+		return d.Err("multi needs at least one facilitator")
+	}
+	return nil
+}
+
+// fillFeePayers sets extra.feePayer on the gate's Solana offers from its
+// facilitator's /supported: a Solana client builds the transaction around
+// the facilitator's fee payer and cannot pay without it. A Solana offer
+// whose network the facilitator does not list refuses the configuration.
+func (g *Gate) fillFeePayers() error {
+	need := false
+	for _, o := range g.offers {
+		need = need || x402.IsSolana(o.Network)
+	}
+	if !need || g.facilitator == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := g.facilitator.Supported(ctx)
+	if err != nil {
+		return fmt.Errorf("the facilitator's supported kinds (needed for the Solana fee payer): %v", err)
+	}
+	for i, o := range g.offers {
+		if !x402.IsSolana(o.Network) {
+			continue
+		}
+		fp := ""
+		for _, k := range s.Kinds {
+			if k.Scheme == o.Scheme && k.Network == o.Network {
+				fp, _ = k.Extra["feePayer"].(string)
+				break
+			}
+		}
+		if x402.CheckSolanaAddress(fp) != nil {
+			return fmt.Errorf("accept %d: the facilitator lists no fee payer for %s %s", i, o.Scheme, o.Network)
+		}
+		extra := map[string]any{"feePayer": fp}
+		for k, v := range o.Extra {
+			extra[k] = v
+		}
+		g.offers[i].Extra = extra
+	}
+	return nil
+}
+
+// svmClaimKeys names a Solana payment by its message (the SHA-256 of the
+// signed bytes): the client controls the bytes of the fee payer's empty
+// signature slot, so the same payment can arrive in many encodings, but
+// never with another message.
+func svmClaimKeys(p x402.PaymentPayload, offer x402.PaymentRequirements) []string {
+	if !x402.IsSolana(offer.Network) {
+		return nil
+	}
+	tx, err := svmfacilitator.DecodePayload(p.Payload)
+	if err != nil {
+		return nil
+	}
+	h := tx.MessageHash()
+	return []string{"x402/svm/" + offer.Network + "/" + hex.EncodeToString(h[:])}
+}
+
+// Interface guards
+var (
+	_ caddy.Provisioner     = (*SVMFacilitator)(nil)
+	_ caddy.CleanerUpper    = (*SVMFacilitator)(nil)
+	_ caddyfile.Unmarshaler = (*SVMFacilitator)(nil)
+	_ x402.Facilitator      = (*SVMFacilitator)(nil)
+	_ caddy.Provisioner     = (*MultiFacilitator)(nil)
+	_ caddyfile.Unmarshaler = (*MultiFacilitator)(nil)
+	_ x402.Facilitator      = (*MultiFacilitator)(nil)
+)

@@ -1,0 +1,330 @@
+package caddymodule
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"math/big"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+
+	"github.com/aovhq/aov/internal/base58"
+	"github.com/aovhq/aov/internal/interop"
+	"github.com/aovhq/aov/internal/solanachain"
+	"github.com/aovhq/aov/plugins/evmfacilitator"
+	"github.com/aovhq/aov/plugins/svmfacilitator"
+	"github.com/aovhq/aov/x402"
+)
+
+// solanaEnv is a local Solana chain with the facilitator's fee payer
+// funded and its key in a 0600 file.
+type solanaEnv struct {
+	chain   *solanachain.Chain
+	keyFile string
+	feePay  string
+	payer   solanachain.Wallet // pays (1,000 USDC)
+	payee   solanachain.Wallet // receives
+}
+
+func newSolanaEnv(t *testing.T) *solanaEnv {
+	t.Helper()
+	seed := sha256.Sum256([]byte("caddymodule svm fee payer"))
+	key := ed25519.NewKeyFromSeed(seed[:])
+	fee := base58.Encode(key.Public().(ed25519.PublicKey))
+	chain := solanachain.Start(t, fee)
+	keyFile := filepath.Join(t.TempDir(), "fee-payer.key")
+	if err := os.WriteFile(keyFile, []byte(base58.Encode(key)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return &solanaEnv{chain: chain, keyFile: keyFile, feePay: fee, payer: chain.Wallets[0], payee: chain.Wallets[1]}
+}
+
+func (e *solanaEnv) svmBlock() string {
+	return fmt.Sprintf("svm {\n\t\t\t\t\tnetwork solana-devnet\n\t\t\t\t\trpc_url %s\n\t\t\t\t\tfee_payer_key_file %s\n\t\t\t\t}", e.chain.URL, e.keyFile)
+}
+
+func (e *solanaEnv) usdc(t *testing.T, owner string) int64 {
+	t.Helper()
+	o, _ := svmfacilitator.ParsePublicKey(owner)
+	m, _ := svmfacilitator.ParsePublicKey(solanachain.USDC)
+	return e.chain.TokenBalance(svmfacilitator.AssociatedTokenAddress(o, m, svmfacilitator.TokenProgram).String())
+}
+
+func (e *solanaEnv) clientInput() map[string]any {
+	return map[string]any{"secretKey": e.payer.SecretKey, "rpcUrl": e.chain.URL}
+}
+
+// dualSite offers the EVM devnet and Solana devnet side by side on one
+// route, through one multi facilitator, and the same on an MCP tool.
+func dualSite(up, mcpUp, evmFac string, e *solanaEnv) string {
+	fac := fmt.Sprintf(`facilitator multi {
+				http %s
+				%s
+			}`, evmFac, e.svmBlock())
+	return fmt.Sprintf(`:{port} {
+	route /verify/schema {
+		x402 {
+			accept devnet $0.02 %[3]s
+			accept solana-devnet $0.02 %[4]s
+			%[5]s
+			store badger {data}/gate
+			validate verify_request
+		}
+		reverse_proxy %[1]s
+	}
+	route /mcp {
+		x402 {
+			mcp_tool verify_schema
+			accept devnet $0.02 %[3]s
+			accept solana:EtWTRABZaYq6iMfeYKouRu166VU2xqa1 $0.02 %[4]s
+			%[5]s
+			store badger {data}/gate
+			validate verify_request
+		}
+		reverse_proxy %[2]s
+	}
+}
+`, strings.TrimPrefix(up, "http://"), strings.TrimPrefix(mcpUp, "http://"), payTo.Hex(), e.payee.Address, fac)
+}
+
+// TestSolanaOfferCarriesTheFacilitatorsFeePayer: the 402 lists both
+// networks, the Solana offer with extra.feePayer from /supported.
+func TestSolanaOfferCarriesTheFacilitatorsFeePayer(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	e := newSolanaEnv(t)
+	base := startCaddy(t, dualSite(newUpstream(t).URL, newMCPUpstream(t).URL, fac, e))
+	resp := post(t, base+"/verify/schema", validRequest, nil)
+	if resp.StatusCode != 402 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	pr := paymentRequired(t, resp)
+	if len(pr.Accepts) != 2 {
+		t.Fatalf("PAYMENT-REQUIRED: %+v", pr)
+	}
+	sol := pr.Accepts[1]
+	if sol.Network != x402.NetworkSolanaDevnet || sol.Asset != solanachain.USDC || sol.Amount != "20000" || sol.PayTo != e.payee.Address || sol.Extra["feePayer"] != e.feePay {
+		t.Fatalf("solana offer %+v", sol)
+	}
+	if pr.Accepts[0].Network != evmfacilitator.DevnetNetwork || pr.Accepts[0].Extra["feePayer"] != nil {
+		t.Fatalf("evm offer %+v", pr.Accepts[0])
+	}
+}
+
+// TestOfficialSolanaClientPaysTheGate: @x402/fetch with @x402/svm pays a
+// route that also offers Base; then the EVM client pays the same route.
+func TestOfficialSolanaClientPaysTheGate(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	e := newSolanaEnv(t)
+	up := newUpstream(t)
+	base := startCaddy(t, dualSite(up.URL, newMCPUpstream(t).URL, fac, e))
+	payerBefore, payeeBefore := e.usdc(t, e.payer.Address), e.usdc(t, e.payee.Address)
+
+	var res fetchResult
+	interop.Run(t, "x402-fetch-pay.mjs", nil, map[string]any{
+		"solana": e.clientInput(), "url": base + "/verify/schema", "method": "POST", "body": validRequest,
+	}, &res)
+	if res.Status != 200 || res.PaymentResponse == nil || !res.PaymentResponse.Success || res.PaymentResponse.Network != x402.NetworkSolanaDevnet || res.PaymentResponse.Payer != e.payer.Address {
+		t.Fatalf("status %d, PAYMENT-RESPONSE %+v: %s", res.Status, res.PaymentResponse, res.Body)
+	}
+	var body map[string]any
+	if err := json.Unmarshal([]byte(res.Body), &body); err != nil || body["payment"] != "paid" || body["network"] != x402.NetworkSolanaDevnet || body["payer"] != e.payer.Address {
+		t.Fatalf("upstream saw %s", res.Body)
+	}
+	if got := payerBefore - e.usdc(t, e.payer.Address); got != 20000 {
+		t.Fatalf("payer charged %d", got)
+	}
+	if got := e.usdc(t, e.payee.Address) - payeeBefore; got != 20000 {
+		t.Fatalf("payee received %d", got)
+	}
+
+	// The same route, paid on the EVM devnet.
+	evmPayer := evmfacilitator.DevAccounts()[2]
+	before := balance(t, d, evmPayer.Address)
+	interop.Run(t, "x402-fetch-pay.mjs", nil, map[string]any{
+		"privateKey": evmPayer.PrivateKeyHex, "url": base + "/verify/schema", "method": "POST", "body": validRequest,
+	}, &res)
+	if res.Status != 200 || res.PaymentResponse == nil || res.PaymentResponse.Network != evmfacilitator.DevnetNetwork {
+		t.Fatalf("evm: status %d %+v", res.Status, res.PaymentResponse)
+	}
+	if got := new(big.Int).Sub(before, balance(t, d, evmPayer.Address)); got.Cmp(big.NewInt(20000)) != 0 {
+		t.Fatalf("evm payer charged %v", got)
+	}
+}
+
+// TestSolanaReplayIsRefused: a paid PAYMENT-SIGNATURE sent again, and the
+// same transaction re-encoded with other bytes in the fee payer's slot, are
+// refused before any facilitator is asked; the payer pays once.
+func TestSolanaReplayIsRefused(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	e := newSolanaEnv(t)
+	base := startCaddy(t, dualSite(newUpstream(t).URL, newMCPUpstream(t).URL, fac, e))
+	resp := post(t, base+"/verify/schema", validRequest, nil)
+	pr := paymentRequired(t, resp)
+	pr.Accepts = pr.Accepts[1:] // the Solana offer
+	var signed struct {
+		Header  string              `json:"header"`
+		Payload x402.PaymentPayload `json:"payload"`
+	}
+	interop.Run(t, "x402-client-sign.mjs", nil, map[string]any{"solana": e.clientInput(), "paymentRequired": pr}, &signed)
+	before := e.usdc(t, e.payer.Address)
+	if r := post(t, base+"/verify/schema", validRequest, map[string]string{x402.HeaderPaymentSignature: signed.Header}); r.StatusCode != 200 {
+		t.Fatalf("first payment: status %d", r.StatusCode)
+	}
+
+	// Re-encode: the same message with a different (still empty-looking)
+	// fee payer slot.
+	var pl struct {
+		Transaction string `json:"transaction"`
+	}
+	json.Unmarshal(signed.Payload.Payload, &pl)
+	raw, _ := base64.StdEncoding.DecodeString(pl.Transaction)
+	raw[1] ^= 0xff
+	other := signed.Payload
+	other.Payload, _ = json.Marshal(map[string]string{"transaction": base64.StdEncoding.EncodeToString(raw)})
+	otherHeader, err := x402.EncodeHeader(other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, h := range map[string]string{"same header": signed.Header, "re-encoded": otherHeader} {
+		r := post(t, base+"/verify/schema", validRequest, map[string]string{x402.HeaderPaymentSignature: h})
+		if r.StatusCode == 200 {
+			t.Fatalf("%s: replay served", name)
+		}
+	}
+	if got := before - e.usdc(t, e.payer.Address); got != 20000 {
+		t.Fatalf("payer charged %d, want one payment", got)
+	}
+}
+
+// TestOfficialSolanaClientPaysAnMCPTool: the official MCP SDK client pays
+// a tool on Solana through _meta["x402/payment"].
+func TestOfficialSolanaClientPaysAnMCPTool(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	e := newSolanaEnv(t)
+	mcpUp := newMCPUpstream(t)
+	base := startCaddy(t, dualSite(newUpstream(t).URL, mcpUp.URL, fac, e))
+	before := e.usdc(t, e.payer.Address)
+	var out struct {
+		Calls []struct {
+			Paid *struct {
+				IsError         bool                 `json:"isError"`
+				PaymentResponse *x402.SettleResponse `json:"paymentResponse"`
+			} `json:"paid"`
+		} `json:"calls"`
+	}
+	interop.Run(t, "mcp-pay.mjs", nil, map[string]any{
+		"url": base + "/mcp", "solana": e.clientInput(),
+		"calls": []map[string]any{{"name": "verify_schema", "arguments": verifyArgs}},
+	}, &out)
+	if len(out.Calls) != 1 || out.Calls[0].Paid == nil || out.Calls[0].Paid.IsError {
+		t.Fatalf("calls %+v", out.Calls)
+	}
+	pr := out.Calls[0].Paid.PaymentResponse
+	if pr == nil || !pr.Success || pr.Network != x402.NetworkSolanaDevnet || pr.Payer != e.payer.Address {
+		t.Fatalf("payment response %+v", pr)
+	}
+	if got := before - e.usdc(t, e.payer.Address); got != 20000 {
+		t.Fatalf("payer charged %d", got)
+	}
+}
+
+// TestSVMFacilitatorKeyFileMustBePrivate: a key others can read is refused
+// at provisioning, without echoing it.
+func TestSVMFacilitatorKeyFileMustBePrivate(t *testing.T) {
+	dir := t.TempDir()
+	seed := sha256.Sum256([]byte("open key"))
+	secret := base58.Encode(ed25519.NewKeyFromSeed(seed[:]))
+	file := filepath.Join(dir, "k")
+	os.WriteFile(file, []byte(secret), 0o644)
+	m := &SVMFacilitator{Network: "solana-devnet", RPCURL: "http://127.0.0.1:1", FeePayerKeyFile: file}
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	err := m.Provision(ctx)
+	if err == nil || !strings.Contains(err.Error(), "readable by others") || strings.Contains(err.Error(), secret) {
+		t.Fatalf("err = %v", err)
+	}
+	os.Chmod(file, 0o600)
+	if err := m.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer m.Cleanup()
+	s, _ := m.Supported(t.Context())
+	if len(s.Kinds) != 1 || s.Kinds[0].Extra["feePayer"] == nil || len(s.Signers["solana:*"]) != 1 {
+		t.Fatalf("supported %+v", s)
+	}
+}
+
+// TestSVMDevFeePayerSettlesOnTheLocalChain: with dev_fee_payer the gateway
+// settles out of the box on the local chain, which funds that key; it is
+// refused on mainnet.
+func TestSVMDevFeePayerSettlesOnTheLocalChain(t *testing.T) {
+	e := newSolanaEnv(t)
+	if dev := base58.Encode(svmfacilitator.DevFeePayer().Public().(ed25519.PublicKey)); dev != e.chain.FeePayer {
+		t.Fatalf("the chain funds %s, the facilitator's dev fee payer is %s", e.chain.FeePayer, dev)
+	}
+	up := newUpstream(t)
+	base := startCaddy(t, fmt.Sprintf(`:{port} {
+	route /paid {
+		x402 {
+			accept solana-devnet $0.03 %s
+			facilitator svm {
+				network solana-devnet
+				rpc_url %s
+				dev_fee_payer
+			}
+			store badger {data}/gate
+		}
+		reverse_proxy %s
+	}
+}
+`, e.payee.Address, e.chain.URL, strings.TrimPrefix(up.URL, "http://")))
+	payOnSolana(t, e, base+"/paid", 30000)
+
+	m := &SVMFacilitator{Network: "solana", RPCURL: "http://127.0.0.1:1", DevFeePayer: true}
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	if err := m.Provision(ctx); err == nil || !strings.Contains(err.Error(), "solana-devnet only") {
+		t.Fatalf("dev_fee_payer on mainnet: %v", err)
+	}
+}
+
+// TestSolanaOfferWithoutAFeePayerRefusesTheConfig: a Solana offer whose
+// facilitator does not list the network (so no fee payer) cannot be paid;
+// the config is refused instead of serving an unpayable 402.
+func TestSolanaOfferWithoutAFeePayerRefusesTheConfig(t *testing.T) {
+	_, fac := sharedDevnet(t) // settles eip155:1337 only
+	cfg := fmt.Sprintf(`{
+	admin off
+	auto_https off
+	persist_config off
+	storage file_system %s
+}
+:%d {
+	x402 {
+		accept solana-devnet $0.02 14KUD4SQBR4pLAkg3VriijtxQdxZSrzYqHhSxtordWsx
+		facilitator http %s
+		store badger %s
+	}
+}
+`, t.TempDir(), freePort(t), fac, t.TempDir())
+	js, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cfg), map[string]any{"filename": "Caddyfile"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = caddy.Load(js, true)
+	if err == nil {
+		caddy.Stop()
+		t.Fatal("a Solana offer without a fee payer was loaded")
+	}
+	if !strings.Contains(err.Error(), "lists no fee payer") {
+		t.Fatalf("err = %v", err)
+	}
+}

@@ -1,0 +1,321 @@
+package svmfacilitator
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/aovhq/aov/x402"
+)
+
+// Defaults of Config.
+const (
+	// DefaultMaxComputeUnitPrice is the reference's cap: 5 lamports per
+	// compute unit, in micro-lamports.
+	DefaultMaxComputeUnitPrice = 5_000_000
+	// DefaultMaxComputeUnits caps the compute unit limit. A TransferChecked
+	// with a memo uses well under 20,000 units (the official client asks
+	// for 20,000); at the price cap 50,000 units cost the fee payer at most
+	// 0.00025 SOL in priority fees, against about 0.007 SOL for the 1.4M
+	// units the price cap alone allows.
+	DefaultMaxComputeUnits = 50_000
+	// DefaultMaxSigners is the fee payer and the transfer authority: every
+	// further signature costs the fee payer 5,000 lamports.
+	DefaultMaxSigners = 2
+	// DuplicateWindow is how long a settled message is remembered and a
+	// repeat refused as duplicate_settlement (the reference's 120 s). A
+	// blockhash lives about 60-90 s, so after the window the chain itself
+	// can no longer include the transaction.
+	DuplicateWindow = 120 * time.Second
+)
+
+// Config configures a Facilitator.
+type Config struct {
+	// RPC is the chain's JSON-RPC endpoint.
+	RPC *RPC
+	// Network is the chain's CAIP-2 id (solana:<genesis hash prefix>).
+	Network string
+	// FeePayer signs slot 0 of every settled transaction and pays its fees;
+	// it must hold SOL.
+	FeePayer ed25519.PrivateKey
+	// MaxComputeUnitPrice caps SetComputeUnitPrice, in micro-lamports per
+	// unit. Default DefaultMaxComputeUnitPrice.
+	MaxComputeUnitPrice uint64
+	// MaxComputeUnits caps SetComputeUnitLimit. Default
+	// DefaultMaxComputeUnits.
+	MaxComputeUnits uint32
+	// MaxSigners caps the transaction's required signatures. Default
+	// DefaultMaxSigners.
+	MaxSigners int
+	// ConfirmTimeout bounds the wait for a sent transaction's confirmation;
+	// after it the outcome is reported as unknown (settlement_pending).
+	// Default 30s, as the reference SDKs poll.
+	ConfirmTimeout time.Duration
+	// PollInterval is how often the signature's status is asked. Default
+	// 400ms (one slot).
+	PollInterval time.Duration
+}
+
+// Facilitator verifies and settles x402 "exact" Solana payments on one
+// network from one fee payer. It implements x402.Facilitator.
+type Facilitator struct {
+	rpc      *RPC
+	network  string
+	key      ed25519.PrivateKey
+	feePayer PublicKey
+	cfg      Config
+
+	mu      sync.Mutex
+	settled map[[32]byte]*settlement
+}
+
+// settlement is what the facilitator remembers of a message it settles.
+type settlement struct {
+	inflight  bool   // a Settle call is working on it
+	sig       string // set once sent
+	pending   bool   // sent, outcome unknown: a retry re-polls sig
+	blockhash string
+	payer     string
+	at        time.Time
+}
+
+// now is the wall clock; tests move it.
+var now = time.Now
+
+// New returns a facilitator for cfg.Network. It makes no network call.
+func New(cfg Config) (*Facilitator, error) {
+	if cfg.RPC == nil || cfg.RPC.URL == "" {
+		return nil, errors.New("svm facilitator: no rpc endpoint")
+	}
+	if len(cfg.FeePayer) != ed25519.PrivateKeySize {
+		return nil, errors.New("svm facilitator: no fee payer key")
+	}
+	if !strings.HasPrefix(cfg.Network, "solana:") || !x402.ValidCAIP2(cfg.Network) {
+		return nil, fmt.Errorf("svm facilitator: network %q is not a solana CAIP-2 id", truncate(cfg.Network))
+	}
+	if cfg.MaxComputeUnitPrice == 0 {
+		cfg.MaxComputeUnitPrice = DefaultMaxComputeUnitPrice
+	}
+	if cfg.MaxComputeUnits == 0 {
+		cfg.MaxComputeUnits = DefaultMaxComputeUnits
+	}
+	if cfg.MaxSigners <= 0 {
+		cfg.MaxSigners = DefaultMaxSigners
+	}
+	if cfg.ConfirmTimeout <= 0 {
+		cfg.ConfirmTimeout = 30 * time.Second
+	}
+	if cfg.PollInterval <= 0 {
+		cfg.PollInterval = 400 * time.Millisecond
+	}
+	f := &Facilitator{rpc: cfg.RPC, network: cfg.Network, key: cfg.FeePayer, cfg: cfg, settled: map[[32]byte]*settlement{}}
+	copy(f.feePayer[:], cfg.FeePayer.Public().(ed25519.PublicKey))
+	return f, nil
+}
+
+// FeePayer returns the account that co-signs and pays for settlements.
+func (f *Facilitator) FeePayer() PublicKey { return f.feePayer }
+
+// Network returns the CAIP-2 network the facilitator settles on.
+func (f *Facilitator) Network() string { return f.network }
+
+// Supported reports x402 v2 "exact" on the facilitator's network with its
+// fee payer in extra.feePayer (clients build the transaction around it) and
+// under signers["solana:*"].
+func (f *Facilitator) Supported(context.Context) (x402.SupportedResponse, error) {
+	fp := f.feePayer.String()
+	return x402.SupportedResponse{
+		Kinds:      []x402.SupportedKind{{X402Version: x402.Version, Scheme: x402.SchemeExact, Network: f.network, Extra: map[string]any{"feePayer": fp}}},
+		Extensions: []string{},
+		Signers:    map[string][]string{"solana:*": {fp}},
+	}, nil
+}
+
+// checked is the outcome of the checks: a refusal, or a payment co-signed
+// and simulated, ready to send.
+type checked struct {
+	resp   x402.VerifyResponse
+	tx     *Transaction
+	signed []byte // the wire transaction with the fee payer's signature
+	payer  string
+}
+
+func refuse(reason, payer, msg string) *checked {
+	return &checked{resp: x402.VerifyResponse{IsValid: false, InvalidReason: reason, InvalidMessage: msg, Payer: payer}}
+}
+
+// Verify checks a payment against the server's requirements, in the
+// reference facilitator's order and with its reason codes, and simulates
+// the co-signed transaction. An error means the chain could not be asked.
+func (f *Facilitator) Verify(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.VerifyResponse, error) {
+	c, err := f.check(ctx, p, req)
+	if err != nil {
+		return x402.VerifyResponse{}, err
+	}
+	return c.resp, nil
+}
+
+// DecodePayload decodes an exact SVM payload, {"transaction": base64}.
+func DecodePayload(raw json.RawMessage) (*Transaction, error) {
+	var pl struct {
+		Transaction string `json:"transaction"`
+	}
+	if err := json.Unmarshal(raw, &pl); err != nil {
+		return nil, errors.New("payload is not {\"transaction\": string}")
+	}
+	if len(pl.Transaction) > base64.StdEncoding.EncodedLen(MaxTransactionSize) {
+		return nil, errors.New("transaction is over Solana's size limit")
+	}
+	b, err := base64.StdEncoding.Strict().DecodeString(pl.Transaction)
+	if err != nil {
+		return nil, errors.New("transaction is not standard base64")
+	}
+	return DecodeTransaction(b)
+}
+
+func (f *Facilitator) check(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (*checked, error) {
+	c := f.checkStatic(p, req)
+	if c.resp.InvalidReason != "" {
+		return c, nil
+	}
+	// Co-sign a copy and simulate exactly what Settle will send: the chain
+	// checks every signature, the blockhash, the accounts, the balance and
+	// the decimals.
+	c.signed = bytes.Clone(c.tx.Raw)
+	copy(c.signed[1:65], ed25519.Sign(f.key, c.tx.Message))
+	sim, err := f.rpc.Simulate(ctx, c.signed)
+	if err != nil {
+		var re *RPCError
+		if errors.As(err, &re) {
+			return refuse(ReasonSimulationFailed, c.payer, "simulation refused: "+re.Message), nil
+		}
+		return nil, fmt.Errorf("simulating: %w", err)
+	}
+	if sim.Failed() {
+		return refuse(ReasonSimulationFailed, c.payer, "simulation failed: "+truncate(string(sim.Err))), nil
+	}
+	c.resp = x402.VerifyResponse{IsValid: true, Payer: c.payer}
+	return c, nil
+}
+
+// checkStatic runs every check that needs no chain: a refusal, or the
+// decoded transaction and its payer.
+func (f *Facilitator) checkStatic(p x402.PaymentPayload, req x402.PaymentRequirements) *checked {
+	if p.X402Version != x402.Version {
+		return refuse(x402.ReasonInvalidX402Version, "", "x402Version must be 2")
+	}
+	if p.Accepted.Scheme != x402.SchemeExact || req.Scheme != x402.SchemeExact {
+		return refuse(ReasonUnsupportedScheme, "", "only the exact scheme is supported")
+	}
+	if p.Accepted.Network != req.Network {
+		return refuse(ReasonNetworkMismatch, "", "accepted.network is not the requirements' network")
+	}
+	if req.Network != f.network {
+		return refuse(x402.ReasonInvalidNetwork, "", "this facilitator settles on "+f.network+" only")
+	}
+	fp, _ := req.Extra["feePayer"].(string)
+	if fp == "" {
+		return refuse(ReasonMissingFeePayer, "", "extra.feePayer is required")
+	}
+	if fp != f.feePayer.String() {
+		return refuse(ReasonFeePayerNotManaged, "", "extra.feePayer is not this facilitator's fee payer")
+	}
+	tx, err := DecodePayload(p.Payload)
+	if err != nil {
+		return refuse(ReasonTransactionCouldNotBeDecoded, "", err.Error())
+	}
+	if int(tx.NumSigners) > f.cfg.MaxSigners {
+		return refuse(ReasonExcessiveSigners, "", fmt.Sprintf("%d required signatures, at most %d", tx.NumSigners, f.cfg.MaxSigners))
+	}
+	if tx.AccountKeys[0] != f.feePayer {
+		return refuse(ReasonFeePayerMismatch, "", "account 0 (the fee payer) is not extra.feePayer")
+	}
+	for i := 1; i < int(tx.NumSigners); i++ {
+		if !verifySignature(tx.AccountKeys[i], tx.Message, tx.Signatures[i]) {
+			return refuse(ReasonSignatureInvalid, "", fmt.Sprintf("signature %d is not a valid signature of its signer", i))
+		}
+	}
+	if tx.LookupTables > 0 {
+		return refuse(ReasonLookupTables, "", "a payment uses no address lookup tables")
+	}
+	ixs := tx.Instructions
+	if len(ixs) < 3 || len(ixs) > 7 {
+		return refuse(ReasonInstructionsLength, "", fmt.Sprintf("%d instructions, want 3 to 7", len(ixs)))
+	}
+
+	// 1: SetComputeUnitLimit (discriminator 2, u32 units).
+	if ix := ixs[0]; tx.Program(ix) != ComputeBudgetProgram || len(ix.Data) != 5 || ix.Data[0] != 2 {
+		return refuse(ReasonComputeLimitInstruction, "", "instruction 1 must be SetComputeUnitLimit")
+	} else if units := binary.LittleEndian.Uint32(ix.Data[1:]); units > f.cfg.MaxComputeUnits {
+		return refuse(ReasonComputeLimitTooHigh, "", fmt.Sprintf("compute unit limit %d is over %d", units, f.cfg.MaxComputeUnits))
+	}
+	// 2: SetComputeUnitPrice (discriminator 3, u64 micro-lamports).
+	if ix := ixs[1]; tx.Program(ix) != ComputeBudgetProgram || len(ix.Data) != 9 || ix.Data[0] != 3 {
+		return refuse(ReasonComputePriceInstruction, "", "instruction 2 must be SetComputeUnitPrice")
+	} else if price := binary.LittleEndian.Uint64(ix.Data[1:]); price > f.cfg.MaxComputeUnitPrice {
+		return refuse(ReasonComputePriceTooHigh, "", fmt.Sprintf("compute unit price %d micro-lamports is over %d", price, f.cfg.MaxComputeUnitPrice))
+	}
+	// 3: TransferChecked (tag 12; source, mint, destination, authority;
+	// u64 amount, u8 decimals) on SPL Token or Token-2022.
+	xfer := ixs[2]
+	program := tx.Program(xfer)
+	if (program != TokenProgram && program != Token2022Program) || len(xfer.Data) != 10 || xfer.Data[0] != 12 || len(xfer.Accounts) < 4 {
+		return refuse(ReasonNoTransferInstruction, "", "instruction 3 must be TransferChecked of SPL Token or Token-2022")
+	}
+	source, mint, dest, authority := tx.Account(xfer, 0), tx.Account(xfer, 1), tx.Account(xfer, 2), tx.Account(xfer, 3)
+	payer := authority.String()
+	// The fee payer signs everything it appears in: it must be neither the
+	// authority nor the source, nor any account of any instruction (nor a
+	// program), or a payment could move the fee payer's own funds.
+	if authority == f.feePayer || source == f.feePayer {
+		return refuse(ReasonFeePayerTransferringFunds, payer, "the fee payer is the transfer's authority or source")
+	}
+	for _, ix := range ixs {
+		if ix.ProgramIndex == 0 || bytes.IndexByte(ix.Accounts, 0) >= 0 {
+			return refuse(ReasonFeePayerTransferringFunds, payer, "the fee payer appears in an instruction")
+		}
+	}
+	if mint.String() != req.Asset {
+		return refuse(ReasonMintMismatch, payer, "the transfer's mint is not the asset")
+	}
+	payTo, err := ParsePublicKey(req.PayTo)
+	if err != nil || dest != AssociatedTokenAddress(payTo, mint, program) {
+		return refuse(ReasonRecipientMismatch, payer, "the destination is not payTo's associated token account")
+	}
+	if amount := binary.LittleEndian.Uint64(xfer.Data[1:9]); strconv.FormatUint(amount, 10) != req.Amount {
+		return refuse(ReasonAmountMismatch, payer, "the transfer amount is not the required amount")
+	}
+	// 4-7: only Memo or Lighthouse.
+	unknown := []string{ReasonUnknownFourthInstruction, ReasonUnknownFifthInstruction, ReasonUnknownSixthInstruction, ReasonUnknownSeventhInstruction}
+	var memos [][]byte
+	for i, ix := range ixs[3:] {
+		switch tx.Program(ix) {
+		case MemoProgram:
+			memos = append(memos, ix.Data)
+		case LighthouseProgram:
+		default:
+			return refuse(unknown[i], payer, fmt.Sprintf("instruction %d may only be a Memo or Lighthouse", i+4))
+		}
+	}
+	if want, _ := req.Extra["memo"].(string); want != "" {
+		if len(memos) != 1 {
+			return refuse(ReasonMemoCount, payer, "extra.memo requires exactly one Memo instruction")
+		}
+		if string(memos[0]) != want {
+			return refuse(ReasonMemoMismatch, payer, "the memo is not extra.memo")
+		}
+	}
+	return &checked{tx: tx, payer: payer}
+}
+
+// Interface guard.
+var _ x402.Facilitator = (*Facilitator)(nil)

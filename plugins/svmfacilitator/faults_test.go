@@ -1,0 +1,53 @@
+package svmfacilitator
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+)
+
+// serve starts the fake in front of f.target.
+func (f *faultyRPC) serve(t *testing.T) string {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		var req struct {
+			ID     json.RawMessage `json:"id"`
+			Method string          `json:"method"`
+		}
+		json.Unmarshal(body, &req)
+		f.mu.Lock()
+		target, dropSend, forward, hide := f.target, f.dropSend, f.forwardOK, f.hideStatus
+		f.mu.Unlock()
+		switch {
+		case req.Method == "sendTransaction" && dropSend:
+			if forward {
+				if resp, err := http.Post(target, "application/json", bytes.NewReader(body)); err == nil {
+					resp.Body.Close()
+				}
+			}
+			// The reply is lost: the connection breaks.
+			if hj, ok := w.(http.Hijacker); ok {
+				if c, _, err := hj.Hijack(); err == nil {
+					c.Close()
+					return
+				}
+			}
+			return
+		case req.Method == "getSignatureStatuses" && hide:
+			w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(req.ID) + `,"result":{"context":{"slot":1},"value":[null]}}`))
+			return
+		}
+		resp, err := http.Post(target, "application/json", bytes.NewReader(body))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		defer resp.Body.Close()
+		io.Copy(w, resp.Body)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}

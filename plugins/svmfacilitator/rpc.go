@@ -1,0 +1,160 @@
+package svmfacilitator
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sync/atomic"
+	"time"
+)
+
+// RPC is a Solana JSON-RPC client for the few methods a facilitator calls.
+// Every call is bounded by the context and by Timeout; replies are capped at
+// 1 MiB, so a stalled or lying node costs a bounded wait and nothing else.
+type RPC struct {
+	URL     string
+	Client  *http.Client  // default: a client with no timeout of its own
+	Timeout time.Duration // per call; default 10s
+	id      atomic.Int64
+}
+
+// RPCError is the node's answer refusing a call (a JSON-RPC error object):
+// the node was reached and said no. Anything else a call returns means no
+// answer.
+type RPCError struct {
+	Code    int             `json:"code"`
+	Message string          `json:"message"`
+	Data    json.RawMessage `json:"data,omitempty"`
+}
+
+func (e *RPCError) Error() string { return fmt.Sprintf("solana rpc error %d: %s", e.Code, e.Message) }
+
+const maxRPCReply = 1 << 20
+
+func (c *RPC) call(ctx context.Context, method string, params []any, out any) error {
+	timeout := c.Timeout
+	if timeout <= 0 {
+		timeout = 10 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	body, err := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": c.id.Add(1), "method": method, "params": params})
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.URL, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	hc := c.Client
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("solana rpc %s: %w", method, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxRPCReply+1))
+	if err != nil {
+		return fmt.Errorf("solana rpc %s: %w", method, err)
+	}
+	if len(b) > maxRPCReply {
+		return fmt.Errorf("solana rpc %s: reply over %d bytes", method, maxRPCReply)
+	}
+	var env struct {
+		Result json.RawMessage `json:"result"`
+		Error  *RPCError       `json:"error"`
+	}
+	if err := json.Unmarshal(b, &env); err != nil {
+		return fmt.Errorf("solana rpc %s: status %d, not JSON-RPC", method, resp.StatusCode)
+	}
+	if env.Error != nil {
+		return env.Error
+	}
+	if len(env.Result) == 0 {
+		return fmt.Errorf("solana rpc %s: status %d, no result", method, resp.StatusCode)
+	}
+	if out == nil {
+		return nil
+	}
+	if err := json.Unmarshal(env.Result, out); err != nil {
+		return fmt.Errorf("solana rpc %s: malformed result: %w", method, err)
+	}
+	return nil
+}
+
+// SimulateResult is simulateTransaction's value.
+type SimulateResult struct {
+	Err  json.RawMessage `json:"err"`
+	Logs []string        `json:"logs"`
+}
+
+// Failed reports whether the simulation failed (err not null).
+func (s SimulateResult) Failed() bool { return len(s.Err) > 0 && string(s.Err) != "null" }
+
+// Simulate runs a signed transaction against the latest state, checking
+// signatures and the blockhash as the chain would.
+func (c *RPC) Simulate(ctx context.Context, raw []byte) (SimulateResult, error) {
+	var out struct {
+		Value SimulateResult `json:"value"`
+	}
+	cfg := map[string]any{"encoding": "base64", "sigVerify": true, "commitment": "confirmed"}
+	err := c.call(ctx, "simulateTransaction", []any{base64.StdEncoding.EncodeToString(raw), cfg}, &out)
+	return out.Value, err
+}
+
+// Send submits a signed transaction without preflight (it was just
+// simulated) and returns its signature.
+func (c *RPC) Send(ctx context.Context, raw []byte) (string, error) {
+	var sig string
+	cfg := map[string]any{"encoding": "base64", "skipPreflight": true, "preflightCommitment": "confirmed", "maxRetries": 0}
+	err := c.call(ctx, "sendTransaction", []any{base64.StdEncoding.EncodeToString(raw), cfg}, &sig)
+	return sig, err
+}
+
+// SignatureStatus is one getSignatureStatuses entry.
+type SignatureStatus struct {
+	Slot               uint64          `json:"slot"`
+	Err                json.RawMessage `json:"err"`
+	ConfirmationStatus string          `json:"confirmationStatus"`
+}
+
+// Status returns the status of one signature; nil when the node does not
+// know it.
+func (c *RPC) Status(ctx context.Context, sig string) (*SignatureStatus, error) {
+	var out struct {
+		Value []*SignatureStatus `json:"value"`
+	}
+	if err := c.call(ctx, "getSignatureStatuses", []any{[]string{sig}, map[string]any{"searchTransactionHistory": true}}, &out); err != nil {
+		return nil, err
+	}
+	if len(out.Value) != 1 {
+		return nil, errors.New("solana rpc getSignatureStatuses: not one status for one signature")
+	}
+	return out.Value[0], nil
+}
+
+// BlockhashValid reports whether a transaction with this blockhash can
+// still be included.
+func (c *RPC) BlockhashValid(ctx context.Context, blockhash string) (bool, error) {
+	var out struct {
+		Value bool `json:"value"`
+	}
+	err := c.call(ctx, "isBlockhashValid", []any{blockhash, map[string]any{"commitment": "processed"}}, &out)
+	return out.Value, err
+}
+
+// GenesisHash returns the chain's genesis hash; its first 32 characters
+// are the CAIP-2 reference of the network.
+func (c *RPC) GenesisHash(ctx context.Context) (string, error) {
+	var h string
+	err := c.call(ctx, "getGenesisHash", nil, &h)
+	return h, err
+}

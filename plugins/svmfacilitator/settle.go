@@ -1,0 +1,184 @@
+package svmfacilitator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/aovhq/aov/internal/base58"
+	"github.com/aovhq/aov/x402"
+)
+
+// Settle re-verifies the payment, co-signs the fee payer's slot, sends the
+// transaction and polls its signature until it is confirmed.
+//
+// Guarantees:
+//   - One message (the SHA-256 of the signed bytes) is settled at most once:
+//     a second Settle of it while the first runs, or within DuplicateWindow
+//     after it settled, is refused as duplicate_settlement. The key is the
+//     message, not the wire bytes, because the client controls the bytes of
+//     the empty fee-payer slot.
+//   - A refusal (success false) is returned only when the transfer
+//     certainly did not happen: a check failed, the node refused the
+//     transaction, it failed on chain, or its blockhash expired while the
+//     chain did not know its signature.
+//   - When the outcome cannot be established before ConfirmTimeout (or the
+//     caller's deadline), the result is an *x402.UnknownOutcomeError whose
+//     Reply says settlement_pending with the transaction's signature; a
+//     later Settle of the same payment polls that signature again instead of
+//     sending anything.
+//   - Any other error means nothing was sent.
+func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettleResponse, error) {
+	fail := func(reason, payer, msg, sig string) x402.SettleResponse {
+		return x402.SettleResponse{Success: false, ErrorReason: reason, ErrorMessage: msg, Payer: payer, Transaction: sig, Network: req.Network}
+	}
+	tx, err := DecodePayload(p.Payload)
+	if err != nil {
+		// Nothing to remember: verify refuses it.
+		c := f.checkStatic(p, req)
+		return fail(c.resp.InvalidReason, "", c.resp.InvalidMessage, ""), nil
+	}
+	key := tx.MessageHash()
+	s, retry := f.claim(key)
+	if s == nil {
+		return fail(ReasonDuplicateSettlement, "", "this transaction was already settled or is being settled", ""), nil
+	}
+	if retry {
+		// An earlier Settle sent it and could not tell the outcome.
+		return f.confirm(ctx, key, s, req.Network)
+	}
+
+	c, err := f.check(ctx, p, req)
+	if err != nil {
+		f.release(key)
+		return x402.SettleResponse{}, fmt.Errorf("verifying before settlement: %w", err)
+	}
+	if c.resp.InvalidReason != "" {
+		f.release(key)
+		return fail(c.resp.InvalidReason, c.resp.Payer, c.resp.InvalidMessage, ""), nil
+	}
+	sig := base58.Encode(c.signed[1:65])
+	f.mu.Lock()
+	s.sig, s.payer, s.blockhash = sig, c.payer, base58.Encode(c.tx.Blockhash[:])
+	f.mu.Unlock()
+
+	if _, err := f.rpc.Send(ctx, c.signed); err != nil {
+		var re *RPCError
+		if errors.As(err, &re) {
+			// The node answered and refused: the transaction is not in
+			// flight.
+			f.release(key)
+			return fail(ReasonTransactionFailed, c.payer, "the node refused the transaction: "+truncate(re.Message), ""), nil
+		}
+		// No answer: it may have been accepted. The signature is known, so
+		// ask the chain rather than guess.
+	}
+	return f.confirm(ctx, key, s, req.Network)
+}
+
+// confirm polls s.sig until it is confirmed, fails, can no longer land, or
+// the deadline passes (an unknown outcome).
+func (f *Facilitator) confirm(ctx context.Context, key [32]byte, s *settlement, network string) (x402.SettleResponse, error) {
+	f.mu.Lock()
+	sig, payer, blockhash := s.sig, s.payer, s.blockhash
+	f.mu.Unlock()
+	resp := x402.SettleResponse{Transaction: sig, Network: network, Payer: payer}
+	ctx, cancel := context.WithTimeout(ctx, f.cfg.ConfirmTimeout)
+	defer cancel()
+	var lastErr error
+	for {
+		st, err := f.rpc.Status(ctx, sig)
+		switch {
+		case err != nil:
+			lastErr = err
+		case st != nil && (st.ConfirmationStatus == "confirmed" || st.ConfirmationStatus == "finalized"):
+			if len(st.Err) > 0 && string(st.Err) != "null" {
+				// Failed on chain: the fee is spent, the transfer is not
+				// made, and the same message can never land again.
+				f.finish(key, false)
+				resp.ErrorReason, resp.ErrorMessage = ReasonTransactionFailed, "the transaction failed on chain: "+truncate(string(st.Err))
+				return resp, nil
+			}
+			f.finish(key, true)
+			resp.Success = true
+			return resp, nil
+		case st == nil:
+			// Unknown to the chain: once its blockhash has expired it can
+			// never land. Ask the status once more after that answer, in
+			// case it landed in between.
+			valid, err := f.rpc.BlockhashValid(ctx, blockhash)
+			if err == nil && !valid {
+				st, err = f.rpc.Status(ctx, sig)
+				if err == nil && st == nil {
+					f.release(key)
+					resp.ErrorReason, resp.ErrorMessage, resp.Transaction = ReasonTransactionFailed, "the transaction's blockhash expired before it landed", ""
+					return resp, nil
+				}
+			}
+			if err != nil {
+				lastErr = err
+			}
+		}
+		select {
+		case <-ctx.Done():
+			f.mu.Lock()
+			s.inflight, s.pending = false, true
+			f.mu.Unlock()
+			pending := resp
+			pending.ErrorReason, pending.ErrorMessage = ReasonSettlementPending, "the transaction was sent; its outcome is not known yet"
+			cause := ctx.Err()
+			if lastErr != nil {
+				cause = fmt.Errorf("%w (last rpc error: %v)", cause, lastErr)
+			}
+			return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Reply: &pending, Err: cause}
+		case <-time.After(f.cfg.PollInterval):
+		}
+	}
+}
+
+// claim reserves key for one Settle. It returns nil when the message is
+// being settled or was settled within DuplicateWindow, and retry true when
+// an earlier Settle sent it with an unknown outcome (the caller polls it).
+func (f *Facilitator) claim(key [32]byte) (s *settlement, retry bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	t := now()
+	for k, e := range f.settled {
+		if !e.inflight && !e.pending && t.Sub(e.at) > DuplicateWindow {
+			delete(f.settled, k)
+		}
+	}
+	if e, ok := f.settled[key]; ok {
+		if e.pending && !e.inflight {
+			e.inflight = true
+			return e, true
+		}
+		return nil, false
+	}
+	s = &settlement{inflight: true, at: t}
+	f.settled[key] = s
+	return s, false
+}
+
+// release forgets key: nothing was settled, so the payment may be retried.
+func (f *Facilitator) release(key [32]byte) {
+	f.mu.Lock()
+	delete(f.settled, key)
+	f.mu.Unlock()
+}
+
+// finish records the outcome of key: settled (kept for DuplicateWindow) or
+// failed on chain (forgotten, as the reference does; the chain refuses the
+// same message again anyway).
+func (f *Facilitator) finish(key [32]byte, ok bool) {
+	if !ok {
+		f.release(key)
+		return
+	}
+	f.mu.Lock()
+	if e := f.settled[key]; e != nil {
+		e.inflight, e.pending, e.at = false, false, now()
+	}
+	f.mu.Unlock()
+}
