@@ -86,7 +86,7 @@ func LLMsTxt(s Service) []byte {
 	w("\nOther reasons come from the payment facilitator as x402 names them (`invalid_exact_evm_*`, `invalid_network`, `invalid_scheme`, ...).\n\n")
 
 	w("## Trust score\n\n")
-	w("`GET /score/{agent_id}` returns a trust score computed from the agent's verification history (`GET /reputation/{agent_id}`, free), signed like a verification receipt but with the context `%s`. It rewards sustained passing and discounts old and few data points; checks whose agent_id is bound to a wallet with `X-Wallet-Auth` count as authenticated, and of an agent_id with an owner only its owner's checks count. Agents whose id starts with `test-` are examples and never get a score.\n\n", receipt.ContextScore)
+	w("`GET /score/{agent_id}` returns a trust score computed from the agent's verification history (`GET /reputation/{agent_id}`, free), signed like a verification receipt but with the context `%s`. It rewards sustained passing and discounts old and few data points; checks whose agent_id is bound to a wallet with `X-Wallet-Auth` count as authenticated. Agents whose id starts with `test-` are examples and never get a score.\n\n", receipt.ContextScore)
 	w("%s\n\n", strings.TrimSpace(s.scoreMethod()))
 
 	w("## Verifying a receipt (offline)\n\n")

@@ -17,7 +17,9 @@ import (
 // verifierd, certd, the devnet): the victim's wallet binds its agent id;
 // four throw-away wallets each prove themselves, name the victim's id and
 // send a failing output; every one is refused with 403, nothing is
-// recorded, no free call is used, and the victim's paid score does not
+// recorded and no free call is used. Four callers with no wallet at all
+// then send failing outputs under the victim's id: they are checked and
+// recorded, but are not the owner's, so the victim's paid score does not
 // move.
 func TestScorePoisoningThroughTheStack(t *testing.T) {
 	s := newStack(t)
@@ -81,25 +83,51 @@ func TestScorePoisoningThroughTheStack(t *testing.T) {
 	if remaining != "" {
 		t.Fatalf("a refused call reported allowance %s", remaining)
 	}
-	rep := get(t, s.url("/reputation/"+victim))
-	mustStatus(t, rep, http.StatusOK)
-	if c := decode[map[string]any](t, rep)["counts"].(map[string]any); c["total"] != 3.0 || c["authenticated_pass"] != 3.0 {
-		t.Fatalf("reputation counts %v, want the victim's 3 authenticated passes only", c)
+	for range 4 {
+		r := post(t, url, failing)
+		mustStatus(t, r, http.StatusOK)
+		if v := decode[map[string]any](t, r); v["result"] != "fail" {
+			t.Fatalf("a label's result %v, want fail", v["result"])
+		}
+	}
+	rep := decode[map[string]any](t, get(t, s.url("/reputation/"+victim)))
+	if c := rep["counts"].(map[string]any); c["total"] != 7.0 || c["fail"] != 4.0 || c["authenticated_pass"] != 3.0 {
+		t.Fatalf("reputation counts %v, want the victim's 3 authenticated passes and the 4 labels", c)
+	}
+	counted := 0
+	for _, e := range rep["verifications"].([]any) {
+		if e.(map[string]any)["counts_toward_score"] == true {
+			counted++
+		}
+	}
+	if rep["owned"] != true || counted != 3 {
+		t.Fatalf("reputation owned %v, %d records count toward the score, want the owner's 3", rep["owned"], counted)
 	}
 	after := score(t)
 	if after["score"] != before["score"] {
 		t.Fatalf("the attack moved the score from %v to %v", before["score"], after["score"])
 	}
-	// 3 owner calls, 4 refusals that cost nothing: 97 of 100 free calls left.
+	if win := after["inputs"].(map[string]any)["window"].(map[string]any); win["records"] != 3.0 || win["not_counted"] != 4.0 {
+		t.Fatalf("score window %v, want the owner's 3 records and 4 not counted", win)
+	}
+	// 3 owner calls, 4 refusals that cost nothing, 4 labels and this one:
+	// 92 of 100 free calls left.
 	r := post(t, url, bytes.Replace(invoice, []byte(`"`+victim+`"`), []byte(`"e2e-bystander"`), 1))
 	mustStatus(t, r, http.StatusOK)
-	if got := r.header.Get("Free-Allowance-Remaining"); got != "96" {
-		t.Fatalf("Free-Allowance-Remaining %q after 4 refusals, want 96", got)
+	if got := r.header.Get("Free-Allowance-Remaining"); got != "92" {
+		t.Fatalf("Free-Allowance-Remaining %q after 4 refusals, want 92", got)
 	}
+	owners := 0
 	for _, rec := range s.history(t, victim) {
-		if !rec.Authenticated || !strings.EqualFold(rec.Wallet, accts[2].Address.Hex()) {
-			t.Fatalf("record %+v, want only the owner's authenticated calls", rec)
+		if rec.Authenticated {
+			owners++
+			if !strings.EqualFold(rec.Wallet, accts[2].Address.Hex()) {
+				t.Fatalf("record %+v: authenticated, but not by the owner", rec)
+			}
 		}
+	}
+	if owners != 3 {
+		t.Fatalf("%d authenticated records, want the owner's 3", owners)
 	}
 }
 

@@ -52,24 +52,44 @@ func BenchmarkTransport(b *testing.B) {
 // BenchmarkScore10k is GET /score/{agent_id} for an agent with 10,000
 // recorded verifications (the method's record cap): 100 history pages
 // read from Badger, the score computed and signed by a real certd.
+// "unowned" counts all of them; "owned" is an owned agent whose 10,000
+// newest records are others' labels, read and not counted, above 100 of
+// its owner's: what a flood of labels costs a score, in the same run.
 func BenchmarkScore10k(b *testing.B) {
 	f := newFixture(b, fixtureOpts{noSync: true})
 	now := time.Now().UTC()
-	for i := range 10000 {
+	record := func(agent string, i int, wallet string) {
 		v := store.Verification{
-			ID: fmt.Sprintf("v-%05d", i), VerifiedAt: now.Add(-time.Duration(i) * 20 * time.Minute),
-			AgentID: "seller-7", TaskID: "t", Result: []string{"pass", "pass", "pass", "fail"}[i%4],
-			OutputHash: "o", SchemaHash: "s", RulesHash: "r", RequestHash: "q", Authenticated: i%2 == 0,
+			ID: fmt.Sprintf("%s-%05d", agent, i), VerifiedAt: now.Add(-time.Duration(i) * 20 * time.Minute),
+			AgentID: agent, TaskID: "t", Result: []string{"pass", "pass", "pass", "fail"}[i%4],
+			OutputHash: "o", SchemaHash: "s", RulesHash: "r", RequestHash: "q", Wallet: wallet, Authenticated: wallet != "",
 		}
 		if err := f.db.RecordVerification(context.Background(), v); err != nil {
 			b.Fatal(err)
 		}
 	}
-	b.ReportAllocs()
-	for b.Loop() {
-		w := f.do(http.MethodGet, "/score/seller-7", nil, viaGateway)
-		if w.Code != http.StatusOK || !bytes.Contains(w.Body.Bytes(), []byte(`"records":10000`)) {
-			b.Fatalf("status %d: %s", w.Code, w.Body)
-		}
+	for i := range 10000 {
+		record("seller-7", i, "")
+		record("owned-7", i, "")
+	}
+	for i := 10000; i < 10100; i++ {
+		record("owned-7", i, wallet)
+	}
+	if _, err := f.db.BindAgent(context.Background(), "owned-7", wallet); err != nil {
+		b.Fatal(err)
+	}
+	for _, c := range []struct{ name, agent, want string }{
+		{"unowned", "seller-7", `"records":10000,"not_counted":0`},
+		{"owned", "owned-7", `"records":100,"not_counted":10000`},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				w := f.do(http.MethodGet, "/score/"+c.agent, nil, viaGateway)
+				if w.Code != http.StatusOK || !bytes.Contains(w.Body.Bytes(), []byte(c.want)) {
+					b.Fatalf("status %d: %s", w.Code, w.Body)
+				}
+			}
+		})
 	}
 }
