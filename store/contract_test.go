@@ -22,3 +22,14 @@ func newBadger(t *testing.T, ttl time.Duration) storetest.Gateway {
 
 func TestBadgerAllowanceContract(t *testing.T) { storetest.TestAllowance(t, newBadger) }
 func TestBadgerClaimsContract(t *testing.T)    { storetest.TestClaims(t, newBadger) }
+
+func TestBadgerHistoryContract(t *testing.T) {
+	storetest.TestHistory(t, func(t *testing.T) (storetest.History, storetest.History) {
+		db, err := store.Open(filepath.Join(t.TempDir(), "db"), store.Options{NoSync: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { db.Close() })
+		return db, db
+	})
+}

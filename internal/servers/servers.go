@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -76,6 +77,9 @@ func (r *Redis) Start() {
 	r.out = new(syncbuf.Buffer)
 	cmd := exec.Command(r.args[0], r.args[1:]...)
 	cmd.Stdout, cmd.Stderr = r.out, r.out
+	// The server dies with the test binary, even one killed by a timeout.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.WaitDelay = 5 * time.Second
 	if err := cmd.Start(); err != nil {
 		r.t.Fatalf("starting redis-server: %v", err)
 	}
@@ -226,7 +230,7 @@ func StartPostgres(t testing.TB) *Postgres {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	var wrap []string
+	var cred *syscall.Credential
 	if os.Geteuid() == 0 {
 		u, err := user.Lookup("postgres")
 		if err != nil {
@@ -237,12 +241,14 @@ func StartPostgres(t testing.TB) *Postgres {
 		if err := os.Chown(dir, uid, gid); err != nil {
 			t.Fatal(err)
 		}
-		wrap = []string{"runuser", "-u", "postgres", "--"}
+		cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
 	}
 	data := filepath.Join(dir, "data")
 	run := func(ctx context.Context, name string, args ...string) *exec.Cmd {
-		full := append(append(append([]string{}, wrap...), filepath.Join(bin, name)), args...)
-		return exec.CommandContext(ctx, full[0], full[1:]...)
+		cmd := exec.CommandContext(ctx, filepath.Join(bin, name), args...)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGKILL}
+		cmd.WaitDelay = 5 * time.Second
+		return cmd
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
