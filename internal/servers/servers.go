@@ -221,8 +221,9 @@ func postgresBin(t testing.TB) string {
 // StartPostgres initialises a cluster in a temporary folder and starts
 // postgres on a free loopback port (fsync off: a test server). PostgreSQL
 // refuses to run as root, so as root it runs as the "postgres" user that
-// Debian's package creates.
-func StartPostgres(t testing.TB) *Postgres {
+// Debian's package creates. extra are more server arguments ("-c",
+// "fsync=on"); later settings win.
+func StartPostgres(t testing.TB, extra ...string) *Postgres {
 	t.Helper()
 	bin := postgresBin(t)
 	dir, err := os.MkdirTemp("", "aov-pg-")
@@ -257,9 +258,10 @@ func StartPostgres(t testing.TB) *Postgres {
 	}
 	port := FreePort(t, false)
 	out := new(syncbuf.Buffer)
-	cmd := run(context.Background(), "postgres", "-D", data, "-p", strconv.Itoa(port), "-k", dir,
+	args := append([]string{"-D", data, "-p", strconv.Itoa(port), "-k", dir,
 		"-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "synchronous_commit=off",
-		"-c", "full_page_writes=off", "-c", "max_connections=200")
+		"-c", "full_page_writes=off", "-c", "max_connections=200"}, extra...)
+	cmd := run(context.Background(), "postgres", args...)
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("starting postgres: %v", err)
