@@ -56,6 +56,11 @@ var schema = []string{
 		first_ns  bigint NOT NULL,
 		last_ns   bigint NOT NULL
 	)`,
+	// Who owns an agent id: written once, never changed (owners.go).
+	`CREATE TABLE IF NOT EXISTS aov_agent_owners (
+		agent_id bytea PRIMARY KEY,
+		owner    bytea NOT NULL
+	)`,
 }
 
 // History is the verification history on one PostgreSQL database. It is
