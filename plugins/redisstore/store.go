@@ -249,14 +249,40 @@ func (a allowance) finish(ctx context.Context, r store.Reservation, commit strin
 	if err := checkAllowanceKey(r.Pool, r.Client); err != nil {
 		return err
 	}
-	v, err := a.s.write(ctx, finishScript, []string{a.key(r.Pool, r.Client, r.Day)}, r.ID, commit)
+	key := a.key(r.Pool, r.Client, r.Day)
+	v, err := a.s.write(ctx, finishScript, []string{key}, r.ID, commit)
 	if err != nil {
+		if commit == "1" {
+			// The call was served: count it. Keep trying in the background
+			// while the reservation lives (the script commits only a live,
+			// pending unit, so a late or repeated try counts it at most
+			// once); a unit never committed would come back when it lapses
+			// and be granted a second time.
+			go a.retryCommit(key, r)
+		}
 		return fmt.Errorf("redisstore: finishing reservation: %w", err)
 	}
 	if v != int64(1) {
 		return store.ErrNotReserved
 	}
 	return nil
+}
+
+// retryCommit retries a commit that failed on a transport error, with
+// backoff, until it lands, the server says the unit is no longer pending,
+// the reservation has lapsed, or the client was closed.
+func (a allowance) retryCommit(key string, r store.Reservation) {
+	delay := 50 * time.Millisecond
+	for time.Now().Before(r.Expires) {
+		time.Sleep(delay)
+		delay = min(2*delay, time.Second)
+		ctx, cancel := context.WithDeadline(context.Background(), r.Expires)
+		_, err := a.s.write(ctx, finishScript, []string{key}, r.ID, "1")
+		cancel()
+		if err == nil || errors.Is(err, redis.ErrClosed) {
+			return
+		}
+	}
 }
 
 // Remaining implements store.Allowance.

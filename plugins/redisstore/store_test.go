@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -222,5 +223,37 @@ func TestWaitForReplicas(t *testing.T) {
 	}
 	if got := rrdb.HGet(ctx, "w:{c}:k2", "s").Val(); got != "1" {
 		t.Fatalf("the replica has s=%q right after the settle returned, want 1", got)
+	}
+}
+
+// TestCommitRetriedAfterAnOutage: a commit that fails because Redis is
+// away (after the call was served) is retried until it lands, so the unit
+// counts once Redis is back instead of coming back when it lapses.
+func TestCommitRetriedAfterAnOutage(t *testing.T) {
+	ctx := context.Background()
+	srv, rdb := standalone(t, "--appendonly", "yes", "--appendfsync", "always")
+	s, err := New(ctx, rdb, Options{Prefix: "retry"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := s.Allowance().Reserve(ctx, "p", "c", time.Now(), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Stop()
+	if err := s.Allowance().Commit(ctx, r); err == nil || errors.Is(err, store.ErrNotReserved) {
+		t.Fatalf("commit with Redis down = %v, want a transport error", err)
+	}
+	srv.Start()
+	key := s.Allowance().(allowance).key("p", "c", r.Day)
+	deadline := time.Now().Add(10 * time.Second)
+	for rdb.ZScore(ctx, key, r.ID).Val() != math.Inf(1) {
+		if time.Now().After(deadline) {
+			t.Fatal("the commit never landed after Redis came back")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := s.Allowance().Commit(ctx, r); !errors.Is(err, store.ErrNotReserved) {
+		t.Fatalf("the retried commit counted the unit; a further commit = %v, want ErrNotReserved", err)
 	}
 }
