@@ -331,3 +331,26 @@ func FreePort(t testing.TB, bus bool) int {
 	t.Fatal("no free port")
 	return 0
 }
+
+// StartSentinel starts one Redis Sentinel (quorum 1) watching primary under
+// the name master, deciding a primary is down after downAfter. It runs
+// redis-server in sentinel mode (Debian's redis-sentinel is the same
+// binary), with a config file of its own it may rewrite.
+func StartSentinel(t testing.TB, primary *Redis, master string, downAfter time.Duration) *Redis {
+	t.Helper()
+	bin := redisBinary(t)
+	port := FreePort(t, false)
+	dir := t.TempDir()
+	host, pport, _ := net.SplitHostPort(primary.Addr)
+	conf := filepath.Join(dir, "sentinel.conf")
+	body := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\nsentinel monitor %s %s %s 1\n"+
+		"sentinel down-after-milliseconds %s %d\nsentinel failover-timeout %s 2000\n",
+		port, dir, master, host, pport, master, downAfter.Milliseconds(), master)
+	if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := &Redis{Addr: "127.0.0.1:" + strconv.Itoa(port), dir: dir, t: t, args: []string{bin, conf, "--sentinel"}}
+	r.Start()
+	t.Cleanup(r.Stop)
+	return r
+}

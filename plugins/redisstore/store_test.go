@@ -68,6 +68,24 @@ func TestContractCluster(t *testing.T) {
 	rdb := cluster(t)
 	t.Run("allowance", func(t *testing.T) { storetest.TestAllowance(t, backend(rdb)) })
 	t.Run("claims", func(t *testing.T) { storetest.TestClaims(t, backend(rdb)) })
+	t.Run("WAIT goes to the primary of the keys' slot", func(t *testing.T) {
+		ctx := context.Background()
+		s, err := New(ctx, rdb, Options{Prefix: "cw", WaitReplicas: 1, WaitTimeout: 20 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// No node has a replica: the script runs on the right primary
+		// (no MOVED), and the unacknowledged write is an error.
+		if _, err := s.Allowance().Reserve(ctx, "p", "c", time.Now(), 3); !errors.Is(err, ErrNotReplicated) {
+			t.Fatalf("Reserve = %v, want ErrNotReplicated", err)
+		}
+		if _, err := s.Claims().Claim(ctx, []string{"k1", "k2"}, time.Now().Add(time.Minute)); !errors.Is(err, ErrNotReplicated) {
+			t.Fatalf("Claim = %v, want ErrNotReplicated", err)
+		}
+		if n := rdb.Exists(ctx, "cw:{c}:k1", "cw:{c}:k2").Val(); n != 2 {
+			t.Fatalf("%d claim keys on the cluster, want 2 (the write ran, unacknowledged)", n)
+		}
+	})
 }
 
 func TestNewRefusesAnEvictingServer(t *testing.T) {
