@@ -34,7 +34,6 @@ import (
 	"github.com/aovhq/aov/internal/buildinfo"
 	"github.com/aovhq/aov/score"
 	"github.com/aovhq/aov/signer"
-	"github.com/aovhq/aov/store"
 	"github.com/aovhq/aov/verifierd/server"
 	"github.com/aovhq/aov/verify"
 	"github.com/aovhq/aov/verify/schema"
@@ -47,7 +46,7 @@ var version string
 
 type config struct {
 	listen, adminListen   string
-	dataDir               string
+	dataDir, history      string
 	signerSocket          string
 	signerURL             string
 	signerSecretFile      string
@@ -87,6 +86,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:8081", "address of the API (put the gateway in front of it)")
 	fs.StringVar(&c.adminListen, "admin-listen", "127.0.0.1:9091", "address of the admin listener (/metrics); empty disables it")
 	fs.StringVar(&c.dataDir, "data", "./data/verifierd", "directory of the verification history (Badger)")
+	fs.StringVar(&c.history, "history", "", "postgres://… to keep the verification history in PostgreSQL, shared by several verifierd (default: Badger in -data)")
 	fs.StringVar(&c.signerSocket, "signer-socket", "./data/certd.sock", "certd's signing socket")
 	fs.StringVar(&c.signerURL, "signer-url", "", "certd's loopback signing URL (instead of -signer-socket), e.g. http://127.0.0.1:8091")
 	fs.StringVar(&c.signerSecretFile, "signer-secret-file", "", "file holding the bearer secret for -signer-url (mode 0600)")
@@ -184,7 +184,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(api, a
 		sc.Socket = c.signerSocket
 	}
 
-	db, err := store.Open(c.dataDir, store.Options{NoSync: c.noSync, Logger: log})
+	db, err := openHistory(ctx, c, log)
 	if err != nil {
 		return err
 	}

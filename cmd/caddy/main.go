@@ -15,6 +15,8 @@ import (
 
 	// The gateway: x402 payment gate, free allowance, discovery, stores.
 	_ "github.com/aovhq/aov/caddymodule"
+	// x402.stores.redis: shared state for several gateway instances.
+	_ "github.com/aovhq/aov/plugins/redisstore"
 )
 
 func main() {

@@ -1,0 +1,356 @@
+// Package servers starts real Redis and PostgreSQL servers for tests: each
+// on loopback ports of its own, under a temporary folder, stopped when the
+// test ends. It runs the installed binaries (Debian's redis-server, and
+// PostgreSQL's initdb and postgres); without them a test is skipped, except
+// under CI (CI set in the environment), where that is a failure. Every wait
+// is bounded.
+package servers
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/aovhq/aov/internal/interop"
+	"github.com/aovhq/aov/internal/syncbuf"
+)
+
+// startTimeout bounds every wait for a server to come up.
+const startTimeout = 20 * time.Second
+
+// Redis is one running redis-server.
+type Redis struct {
+	Addr string
+	dir  string
+	args []string
+	t    testing.TB
+
+	mu  sync.Mutex
+	cmd *exec.Cmd
+	out *syncbuf.Buffer
+}
+
+// redisBinary returns the redis-server path, skipping (or failing) t.
+func redisBinary(t testing.TB) string {
+	t.Helper()
+	p, err := exec.LookPath("redis-server")
+	if err != nil {
+		interop.Missing(t, "redis-server is not installed (apt-get install redis-server); the Redis tests need it")
+	}
+	return p
+}
+
+// StartRedis starts a standalone Redis with AOF off and maxmemory-policy
+// noeviction, plus extra arguments ("--maxmemory-policy", "allkeys-lru").
+func StartRedis(t testing.TB, extra ...string) *Redis {
+	t.Helper()
+	bin := redisBinary(t)
+	port := FreePort(t, false)
+	r := &Redis{Addr: "127.0.0.1:" + strconv.Itoa(port), dir: t.TempDir(), t: t}
+	r.args = append([]string{bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--dir", r.dir, "--save", "", "--appendonly", "no", "--maxmemory-policy", "noeviction",
+		"--repl-diskless-sync-delay", "0", "--logfile", ""}, extra...)
+	r.Start()
+	t.Cleanup(r.Stop)
+	return r
+}
+
+// Start (re)starts the server on its address and waits until it answers.
+func (r *Redis) Start() {
+	r.t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cmd != nil {
+		return
+	}
+	r.out = new(syncbuf.Buffer)
+	cmd := exec.Command(r.args[0], r.args[1:]...)
+	cmd.Stdout, cmd.Stderr = r.out, r.out
+	// The server dies with the test binary, even one killed by a timeout.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.WaitDelay = 5 * time.Second
+	if err := cmd.Start(); err != nil {
+		r.t.Fatalf("starting redis-server: %v", err)
+	}
+	r.cmd = cmd
+	if err := waitRedis(r.Addr, "PING", "+PONG"); err != nil {
+		r.t.Fatalf("redis-server on %s did not come up: %v\n%s", r.Addr, err, r.out.String())
+	}
+}
+
+// Stop kills the server (SIGKILL: what a crash looks like) and waits for
+// it to exit. Calling it on a stopped server is harmless.
+func (r *Redis) Stop() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cmd == nil {
+		return
+	}
+	r.cmd.Process.Kill()
+	r.cmd.Wait()
+	r.cmd = nil
+}
+
+// waitRedis sends cmd (inline protocol) until the answer starts with want.
+func waitRedis(addr, cmd, want string) error {
+	deadline := time.Now().Add(startTimeout)
+	var last error
+	for time.Now().Before(deadline) {
+		ans, err := redisInline(addr, cmd)
+		if err == nil && strings.HasPrefix(ans, want) {
+			return nil
+		}
+		last = err
+		if err == nil {
+			last = fmt.Errorf("answered %q", ans)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return last
+}
+
+func redisInline(addr, cmd string) (string, error) {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := c.Write([]byte(cmd + "\r\n")); err != nil {
+		return "", err
+	}
+	buf := make([]byte, 4096)
+	n, err := c.Read(buf)
+	return string(buf[:n]), err
+}
+
+// Cluster is a running Redis Cluster of three masters and no replicas.
+type Cluster struct {
+	Addrs []string
+	Nodes []*Redis
+}
+
+// StartRedisCluster starts a three-master Redis Cluster on loopback. Each
+// node also binds its port + 10000 (the cluster bus), so both are chosen
+// free.
+func StartRedisCluster(t testing.TB) *Cluster {
+	t.Helper()
+	bin := redisBinary(t)
+	cli, err := exec.LookPath("redis-cli")
+	if err != nil {
+		interop.Missing(t, "redis-cli is not installed (apt-get install redis-tools); the Redis Cluster tests need it")
+	}
+	cl := &Cluster{}
+	for range 3 {
+		port := FreePort(t, true)
+		r := &Redis{Addr: "127.0.0.1:" + strconv.Itoa(port), dir: t.TempDir(), t: t}
+		r.args = []string{bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+			"--dir", r.dir, "--save", "", "--appendonly", "no", "--maxmemory-policy", "noeviction",
+			"--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(r.dir, "nodes.conf"),
+			"--cluster-node-timeout", "5000", "--logfile", ""}
+		r.Start()
+		t.Cleanup(r.Stop)
+		cl.Nodes = append(cl.Nodes, r)
+		cl.Addrs = append(cl.Addrs, r.Addr)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	args := append([]string{"--cluster", "create"}, cl.Addrs...)
+	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	if out, err := exec.CommandContext(ctx, cli, args...).CombinedOutput(); err != nil {
+		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+	}
+	for _, n := range cl.Nodes {
+		if err := waitRedis(n.Addr, "CLUSTER INFO", "$"); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(startTimeout)
+		for {
+			ans, _ := redisInline(n.Addr, "CLUSTER INFO")
+			if strings.Contains(ans, "cluster_state:ok") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("cluster node %s never reported cluster_state:ok: %q", n.Addr, ans)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	return cl
+}
+
+// Postgres is one running PostgreSQL server with trust authentication on
+// loopback; DSN connects to its "postgres" database as user "postgres".
+type Postgres struct {
+	DSN string
+}
+
+// postgresBin finds the folder of initdb and postgres: on PATH, or
+// Debian's /usr/lib/postgresql/<version>/bin (newest first).
+func postgresBin(t testing.TB) string {
+	t.Helper()
+	if p, err := exec.LookPath("initdb"); err == nil {
+		return filepath.Dir(p)
+	}
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	sort.Slice(dirs, func(i, j int) bool {
+		vi, _ := strconv.Atoi(filepath.Base(filepath.Dir(dirs[i])))
+		vj, _ := strconv.Atoi(filepath.Base(filepath.Dir(dirs[j])))
+		return vi > vj
+	})
+	for _, d := range dirs {
+		if _, err := os.Stat(filepath.Join(d, "initdb")); err == nil {
+			return d
+		}
+	}
+	interop.Missing(t, "PostgreSQL is not installed (apt-get install postgresql); the PostgreSQL tests need initdb and postgres")
+	return ""
+}
+
+// StartPostgres initialises a cluster in a temporary folder and starts
+// postgres on a free loopback port (fsync off: a test server). PostgreSQL
+// refuses to run as root, so as root it runs as the "postgres" user that
+// Debian's package creates. extra are more server arguments ("-c",
+// "fsync=on"); later settings win.
+func StartPostgres(t testing.TB, extra ...string) *Postgres {
+	t.Helper()
+	bin := postgresBin(t)
+	dir, err := os.MkdirTemp("", "aov-pg-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	var cred *syscall.Credential
+	if os.Geteuid() == 0 {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			interop.Missing(t, "running as root and there is no postgres user to run PostgreSQL as")
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		if err := os.Chown(dir, uid, gid); err != nil {
+			t.Fatal(err)
+		}
+		cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+	}
+	data := filepath.Join(dir, "data")
+	run := func(ctx context.Context, name string, args ...string) *exec.Cmd {
+		cmd := exec.CommandContext(ctx, filepath.Join(bin, name), args...)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGKILL}
+		cmd.WaitDelay = 5 * time.Second
+		return cmd
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	if out, err := run(ctx, "initdb", "-D", data, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync").CombinedOutput(); err != nil {
+		t.Fatalf("initdb: %v\n%s", err, out)
+	}
+	port := FreePort(t, false)
+	out := new(syncbuf.Buffer)
+	args := append([]string{"-D", data, "-p", strconv.Itoa(port), "-k", dir,
+		"-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "synchronous_commit=off",
+		"-c", "full_page_writes=off", "-c", "max_connections=200"}, extra...)
+	cmd := run(context.Background(), "postgres", args...)
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("starting postgres: %v", err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Signal(os.Interrupt) // fast shutdown
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+	})
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	deadline := time.Now().Add(startTimeout)
+	for {
+		if strings.Contains(out.String(), "ready to accept connections") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("postgres on %s did not come up:\n%s", addr, out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return &Postgres{DSN: "postgres://postgres@" + addr + "/postgres?sslmode=disable"}
+}
+
+var handedOut = struct {
+	sync.Mutex
+	ports map[int]bool
+}{ports: map[int]bool{}}
+
+// FreePort returns a loopback port no other caller in this process got;
+// with bus set, port+10000 is free too (a Redis Cluster node binds both).
+func FreePort(t testing.TB, bus bool) int {
+	t.Helper()
+	for range 1000 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+		if bus {
+			if port+10000 > 65535 {
+				continue
+			}
+			bl, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port+10000))
+			if err != nil {
+				continue
+			}
+			bl.Close()
+		}
+		handedOut.Lock()
+		seen := handedOut.ports[port] || (bus && handedOut.ports[port+10000])
+		handedOut.ports[port] = true
+		if bus {
+			handedOut.ports[port+10000] = true
+		}
+		handedOut.Unlock()
+		if !seen {
+			return port
+		}
+	}
+	t.Fatal("no free port")
+	return 0
+}
+
+// StartSentinel starts one Redis Sentinel (quorum 1) watching primary under
+// the name master, deciding a primary is down after downAfter. It runs
+// redis-server in sentinel mode (Debian's redis-sentinel is the same
+// binary), with a config file of its own it may rewrite.
+func StartSentinel(t testing.TB, primary *Redis, master string, downAfter time.Duration) *Redis {
+	t.Helper()
+	bin := redisBinary(t)
+	port := FreePort(t, false)
+	dir := t.TempDir()
+	host, pport, _ := net.SplitHostPort(primary.Addr)
+	conf := filepath.Join(dir, "sentinel.conf")
+	body := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\nsentinel monitor %s %s %s 1\n"+
+		"sentinel down-after-milliseconds %s %d\nsentinel failover-timeout %s 2000\n",
+		port, dir, master, host, pport, master, downAfter.Milliseconds(), master)
+	if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := &Redis{Addr: "127.0.0.1:" + strconv.Itoa(port), dir: dir, t: t, args: []string{bin, conf, "--sentinel"}}
+	r.Start()
+	t.Cleanup(r.Stop)
+	return r
+}

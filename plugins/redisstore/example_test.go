@@ -1,0 +1,66 @@
+package redisstore
+
+import (
+	"encoding/json"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	_ "github.com/caddyserver/caddy/v2/modules/standard"
+
+	_ "github.com/aovhq/aov/caddymodule"
+)
+
+// TestMultiInstanceExampleAdapts checks that the multi-instance Caddyfile
+// the README shows parses, and that every gate and wallet_auth in it uses
+// the Redis store with the documented settings.
+func TestMultiInstanceExampleAdapts(t *testing.T) {
+	b, err := os.ReadFile("../../examples/multi-instance/Caddyfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, warns, err := caddyconfig.GetAdapter("caddyfile").Adapt(b, map[string]any{"filename": "Caddyfile"})
+	if err != nil {
+		t.Fatalf("adapting: %v", err)
+	}
+	for _, w := range warns {
+		t.Logf("warning: %s", w)
+	}
+	var stores []RedisStore
+	var walk func(v any)
+	walk = func(v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			if v["type"] == "redis" {
+				b, _ := json.Marshal(v)
+				var s RedisStore
+				if err := json.Unmarshal(b, &s); err != nil {
+					t.Fatal(err)
+				}
+				stores = append(stores, s)
+			}
+			for _, x := range v {
+				walk(x)
+			}
+		case []any:
+			for _, x := range v {
+				walk(x)
+			}
+		}
+	}
+	var cfg any
+	if err := json.Unmarshal(out, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	walk(cfg)
+	// Two x402 gates and one wallet_auth.
+	if len(stores) != 3 {
+		t.Fatalf("%d redis stores in the adapted config, want 3:\n%s", len(stores), out)
+	}
+	for _, s := range stores {
+		if s.MasterName != "aov" || len(s.Addresses) != 3 || s.WaitReplicas != 1 || !strings.Contains(s.Password, "{env.") {
+			t.Errorf("store %+v, want Sentinel master aov over 3 addresses, wait_replicas 1, password from the environment", s)
+		}
+	}
+}

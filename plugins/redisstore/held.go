@@ -1,0 +1,106 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/aovhq/aov/store"
+)
+
+// Held answers: when a settlement's outcome is unknown the gateway keeps the
+// payment and the answer it held back as a note on the still-unsettled
+// claim (Hold), and looks for such claims later to resolve them (Held). The
+// claims keep an index of held claims (a sorted set by expiry, in the
+// claims' hash tag so it shares their Cluster slot) so Held does not scan
+// the keyspace.
+
+// maxHoldNote bounds one note, as the embedded store does.
+const maxHoldNote = 4 << 20
+
+// holdScript: KEYS the claim keys, then the index; ARGV token, note, the
+// caller's first key. Returns 1, 0 when the claim is lost, 2 when settled.
+var holdScript = redis.NewScript(`#!lua
+` + nowMS + `local index = table.remove(KEYS)
+` + heldCheck + `for _, k in ipairs(KEYS) do
+  if redis.call('HGET', k, 's') == '1' then return 2 end
+end
+local u = 0
+for _, k in ipairs(KEYS) do
+  redis.call('HSET', k, 'n', ARGV[2])
+  u = tonumber(redis.call('HGET', k, 'u'))
+end
+redis.call('ZADD', index, u, ARGV[3])
+redis.call('PEXPIREAT', index, math.max(u, tonumber(redis.call('PEXPIRETIME', index))))
+return 1
+`)
+
+// heldScript: KEYS[1] the index; ARGV the claim key prefix. Drops lapsed
+// and finished entries and returns the first keys of live, unsettled claims
+// that carry a note.
+var heldScript = redis.NewScript(`#!lua
+` + nowMS + `redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local out = {}
+for _, m in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  local v = redis.call('HMGET', ARGV[1] .. m, 's', 'u', 'n')
+  if v[1] == '0' and tonumber(v[2]) > now and v[3] ~= '' then
+    table.insert(out, m)
+  else
+    redis.call('ZREM', KEYS[1], m)
+  end
+end
+return out
+`)
+
+func (c claims) index() string { return c.s.opts.Prefix + ":{c}!held" }
+
+// Hold writes note on c, which must still be c's and unsettled
+// (store.ErrClaimLost, store.ErrClaimSettled otherwise).
+func (c claims) Hold(ctx context.Context, cl store.Claim, note string) error {
+	if len(note) > maxHoldNote {
+		return fmt.Errorf("store: hold note over %d bytes", maxHoldNote)
+	}
+	if !validClaim(cl) {
+		return store.ErrClaimLost
+	}
+	v, err := c.s.write(ctx, holdScript, append(c.keys(cl.Keys), c.index()), cl.Token, note, cl.Keys[0])
+	if err != nil {
+		return fmt.Errorf("redisstore: holding claim: %w", err)
+	}
+	switch v {
+	case int64(1):
+		return nil
+	case int64(2):
+		return store.ErrClaimSettled
+	}
+	return store.ErrClaimLost
+}
+
+// Held calls fn with the first key and the state of every live, unsettled
+// claim that carries a note, until fn returns false.
+func (c claims) Held(ctx context.Context, fn func(key string, st store.ClaimState) bool) error {
+	v, err := c.s.write(ctx, heldScript, []string{c.index()}, c.s.claimPrefix)
+	if err != nil {
+		return fmt.Errorf("redisstore: listing held claims: %w", err)
+	}
+	keys, _ := v.([]any)
+	for _, k := range keys {
+		key, _ := k.(string)
+		st, err := c.Lookup(ctx, key)
+		if errors.Is(err, store.ErrNotFound) {
+			continue // settled, released or lapsed since
+		}
+		if err != nil {
+			return err
+		}
+		if st.Settled || st.Note == "" {
+			continue
+		}
+		if !fn(key, st) {
+			return nil
+		}
+	}
+	return nil
+}

@@ -1,0 +1,275 @@
+package redisstore
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/aovhq/aov/store"
+)
+
+func init() {
+	caddy.RegisterModule(RedisStore{})
+}
+
+// RedisStore keeps the gateway's state (free allowance counters, payment
+// claims, wallet-proof nonces, sign-in-with-x paid access) in Redis, so
+// several gateway instances behind one load balancer share it exactly: a
+// client's free calls are granted at most per_day times across all of them,
+// a payment is settled at most once, a nonce is used once.
+//
+// It refuses to start unless the server's maxmemory-policy is noeviction,
+// and fails closed: when Redis is unreachable the gateway answers 503 with
+// Retry-After, never a free call or an unguarded payment. The client is
+// shared by every route with the same connection settings and survives
+// config reloads.
+type RedisStore struct {
+	// Addresses are host:port of the server; of the Sentinels when
+	// MasterName is set; of Cluster nodes when there are several (or
+	// Cluster is set). Default 127.0.0.1:6379.
+	Addresses []string `json:"addresses,omitempty"`
+	// MasterName is the Sentinel master name: the store follows failovers.
+	MasterName string `json:"master_name,omitempty"`
+	// Cluster treats a single address as a Cluster node.
+	Cluster bool `json:"cluster,omitempty"`
+	// Username and Password authenticate to Redis (placeholders such as
+	// {env.REDIS_PASSWORD} are replaced). SentinelPassword authenticates
+	// to the Sentinels.
+	Username         string `json:"username,omitempty"`
+	Password         string `json:"password,omitempty"`
+	SentinelPassword string `json:"sentinel_password,omitempty"`
+	// DB is the database number (standalone and Sentinel only).
+	DB int `json:"db,omitempty"`
+	// Prefix starts every key (default "aov"); several deployments can
+	// share one Redis with different prefixes.
+	Prefix string `json:"prefix,omitempty"`
+	// WaitReplicas makes every write wait until that many replicas have
+	// it (Redis WAIT); a write not acknowledged within WaitTimeout is a 503.
+	// With 1 and a replica under Sentinel, a failover loses no
+	// acknowledged claim or counted call.
+	WaitReplicas int            `json:"wait_replicas,omitempty"`
+	WaitTimeout  caddy.Duration `json:"wait_timeout,omitempty"`
+	// Timeout bounds each command's network reads and writes (default
+	// 1s); DialTimeout each connection attempt (default 1s).
+	Timeout     caddy.Duration `json:"timeout,omitempty"`
+	DialTimeout caddy.Duration `json:"dial_timeout,omitempty"`
+
+	pooled *pooledClient
+	store  *Store
+}
+
+// CaddyModule returns the Caddy module information.
+func (RedisStore) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "x402.stores.redis",
+		New: func() caddy.Module { return new(RedisStore) },
+	}
+}
+
+// clients holds one go-redis client per connection setting across config
+// reloads (Caddy provisions the new config before it cleans up the old).
+var clients = caddy.NewUsagePool()
+
+type pooledClient struct {
+	key string
+	rdb redis.UniversalClient
+}
+
+// Destruct closes the client when the last config using it is cleaned up.
+func (p *pooledClient) Destruct() error { return p.rdb.Close() }
+
+// Provision connects (or joins the shared client) and checks the server.
+func (s *RedisStore) Provision(ctx caddy.Context) error {
+	repl := caddy.NewReplacer()
+	addrs := make([]string, 0, len(s.Addresses))
+	for _, a := range s.Addresses {
+		addrs = append(addrs, repl.ReplaceKnown(a, ""))
+	}
+	if len(addrs) == 0 {
+		addrs = []string{"127.0.0.1:6379"}
+	}
+	timeout := time.Duration(s.Timeout)
+	if timeout <= 0 {
+		timeout = time.Second
+	}
+	wait := time.Duration(s.WaitTimeout)
+	if wait <= 0 {
+		wait = 100 * time.Millisecond
+	}
+	if wait < time.Millisecond {
+		// WAIT 0 would block for ever.
+		return errors.New("redis store: wait_timeout must be at least 1ms")
+	}
+	// A read must outlive the WAIT it carries.
+	timeout = max(timeout, wait+500*time.Millisecond)
+	dial := time.Duration(s.DialTimeout)
+	if dial <= 0 {
+		dial = time.Second
+	}
+	opts := &redis.UniversalOptions{
+		Addrs:            addrs,
+		MasterName:       repl.ReplaceKnown(s.MasterName, ""),
+		IsClusterMode:    s.Cluster,
+		Username:         repl.ReplaceKnown(s.Username, ""),
+		Password:         repl.ReplaceKnown(s.Password, ""),
+		SentinelPassword: repl.ReplaceKnown(s.SentinelPassword, ""),
+		DB:               s.DB,
+		DialTimeout:      dial,
+		ReadTimeout:      timeout,
+		WriteTimeout:     timeout,
+		MaxRetries:       2,
+		// A request's own deadline bounds its store calls too.
+		ContextTimeoutEnabled: true,
+	}
+	key, err := poolKey(opts)
+	if err != nil {
+		return err
+	}
+	v, _, err := clients.LoadOrNew(key, func() (caddy.Destructor, error) {
+		return &pooledClient{key: key, rdb: redis.NewUniversalClient(opts)}, nil
+	})
+	if err != nil {
+		return err
+	}
+	s.pooled = v.(*pooledClient)
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	st, err := New(cctx, s.pooled.rdb, Options{Prefix: s.Prefix, WaitReplicas: s.WaitReplicas, WaitTimeout: wait})
+	if err != nil {
+		clients.Delete(key)
+		s.pooled = nil
+		return fmt.Errorf("redis store: %v", err)
+	}
+	s.store = st
+	return nil
+}
+
+// poolKey identifies a connection setting; the password is hashed so it is
+// not kept twice in memory as a map key.
+func poolKey(o *redis.UniversalOptions) (string, error) {
+	b, err := json.Marshal(struct {
+		Addrs              []string
+		Master, User       string
+		Pass, SentinelPass [32]byte
+		DB                 int
+		Cluster            bool
+		Dial, Read, Write  time.Duration
+	}{o.Addrs, o.MasterName, o.Username, sha256.Sum256([]byte(o.Password)), sha256.Sum256([]byte(o.SentinelPassword)),
+		o.DB, o.IsClusterMode, o.DialTimeout, o.ReadTimeout, o.WriteTimeout})
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(b)
+	return "redis:" + hex.EncodeToString(sum[:]), nil
+}
+
+// Cleanup gives this config's reference to the client back.
+func (s *RedisStore) Cleanup() error {
+	if s.pooled == nil {
+		return nil
+	}
+	_, err := clients.Delete(s.pooled.key)
+	return err
+}
+
+// Allowance returns the free allowance counters.
+func (s *RedisStore) Allowance() store.Allowance { return s.store.Allowance() }
+
+// Claims returns the payment, nonce and paid-access claims.
+func (s *RedisStore) Claims() store.Claims { return s.store.Claims() }
+
+// UnmarshalCaddyfile sets up the store from Caddyfile tokens:
+//
+//	store redis [<address>...] {
+//	    address           <host:port>...
+//	    master_name       <name>
+//	    cluster
+//	    username          <user>
+//	    password          <password>
+//	    sentinel_password <password>
+//	    db                <n>
+//	    prefix            <prefix>
+//	    wait_replicas     <n>
+//	    wait_timeout      <duration>
+//	    timeout           <duration>
+//	    dial_timeout      <duration>
+//	}
+func (s *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // module name
+	s.Addresses = append(s.Addresses, d.RemainingArgs()...)
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		switch d.Val() {
+		case "address":
+			args := d.RemainingArgs()
+			if len(args) == 0 {
+				return d.ArgErr()
+			}
+			s.Addresses = append(s.Addresses, args...)
+		case "cluster":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			s.Cluster = true
+		case "master_name", "username", "password", "sentinel_password", "prefix":
+			dst := map[string]*string{"master_name": &s.MasterName, "username": &s.Username,
+				"password": &s.Password, "sentinel_password": &s.SentinelPassword, "prefix": &s.Prefix}[d.Val()]
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			*dst = d.Val()
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+		case "db", "wait_replicas":
+			name := d.Val()
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			n, err := strconv.Atoi(d.Val())
+			if err != nil || n < 0 {
+				return d.Errf("%s: want a non-negative integer, got %q", name, d.Val())
+			}
+			if name == "db" {
+				s.DB = n
+			} else {
+				s.WaitReplicas = n
+			}
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+		case "wait_timeout", "timeout", "dial_timeout":
+			name := d.Val()
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			dur, err := caddy.ParseDuration(d.Val())
+			if err != nil || dur <= 0 {
+				return d.Errf("%s: bad duration %q", name, d.Val())
+			}
+			*map[string]*caddy.Duration{"wait_timeout": &s.WaitTimeout, "timeout": &s.Timeout, "dial_timeout": &s.DialTimeout}[name] = caddy.Duration(dur)
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+		default:
+			return d.Errf("unknown redis store option %q", d.Val())
+		}
+	}
+	return nil
+}
+
+// Interface guards
+var (
+	_ caddy.Provisioner     = (*RedisStore)(nil)
+	_ caddy.CleanerUpper    = (*RedisStore)(nil)
+	_ caddyfile.Unmarshaler = (*RedisStore)(nil)
+	_ caddy.Destructor      = (*pooledClient)(nil)
+)

@@ -1,0 +1,121 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/aovhq/aov/store"
+)
+
+func TestUnmarshalCaddyfile(t *testing.T) {
+	for _, c := range []struct {
+		desc, in string
+		want     RedisStore
+		err      string
+	}{
+		{"addresses as arguments", `redis 10.0.0.1:6379 10.0.0.2:6379`,
+			RedisStore{Addresses: []string{"10.0.0.1:6379", "10.0.0.2:6379"}}, ""},
+		{"every option", `redis {
+			address 10.0.0.1:26379 10.0.0.2:26379
+			master_name mymaster
+			username gw
+			password {env.REDIS_PASSWORD}
+			sentinel_password s
+			db 2
+			prefix shop
+			wait_replicas 1
+			wait_timeout 50ms
+			timeout 2s
+			dial_timeout 500ms
+		}`, RedisStore{Addresses: []string{"10.0.0.1:26379", "10.0.0.2:26379"}, MasterName: "mymaster", Username: "gw",
+			Password: "{env.REDIS_PASSWORD}", SentinelPassword: "s", DB: 2, Prefix: "shop", WaitReplicas: 1,
+			WaitTimeout: caddy.Duration(50 * time.Millisecond), Timeout: caddy.Duration(2 * time.Second),
+			DialTimeout: caddy.Duration(500 * time.Millisecond)}, ""},
+		{"cluster with one address", "redis 10.0.0.1:7000 {\n cluster\n}", RedisStore{Addresses: []string{"10.0.0.1:7000"}, Cluster: true}, ""},
+		{"an unknown option", "redis {\n pool 3\n}", RedisStore{}, "unknown redis store option"},
+		{"a negative wait", "redis {\n wait_replicas -1\n}", RedisStore{}, "non-negative"},
+		{"a bad duration", "redis {\n wait_timeout soon\n}", RedisStore{}, "bad duration"},
+		{"a missing value", "redis {\n prefix\n}", RedisStore{}, "argument"},
+	} {
+		var got RedisStore
+		err := got.UnmarshalCaddyfile(caddyfile.NewTestDispenser(c.in))
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("%s: %v, want an error with %q", c.desc, err, c.err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%s: %v", c.desc, err)
+			continue
+		}
+		if strings.Join(got.Addresses, ",") != strings.Join(c.want.Addresses, ",") {
+			t.Errorf("%s: addresses %v, want %v", c.desc, got.Addresses, c.want.Addresses)
+		}
+		got.Addresses, c.want.Addresses = nil, nil
+		if !reflect.DeepEqual(got, c.want) {
+			t.Errorf("%s:\n got %+v\nwant %+v", c.desc, got, c.want)
+		}
+	}
+}
+
+// TestClientSurvivesReload provisions the module twice on one server, as a
+// config reload does (new config first, then the old one cleaned up): both
+// share one client, the old config's cleanup leaves it open, the last one
+// closes it.
+func TestClientSurvivesReload(t *testing.T) {
+	srv, _ := standalone(t)
+	provision := func() *RedisStore {
+		t.Helper()
+		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+		t.Cleanup(cancel)
+		s := &RedisStore{Addresses: []string{srv.Addr}, Prefix: "reload"}
+		if err := s.Provision(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	old := provision()
+	next := provision()
+	if old.pooled != next.pooled {
+		t.Fatal("a reload opened a second client")
+	}
+	ctx := context.Background()
+	if _, err := old.Claims().Claim(ctx, []string{"k"}, time.Now().Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := next.Claims().Claim(ctx, []string{"k"}, time.Now().Add(time.Minute)); !errors.Is(err, store.ErrClaimed) {
+		t.Fatalf("after the old config's cleanup the new one sees %v, want the claim the old one made", err)
+	}
+	if err := next.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	if err := next.pooled.rdb.Ping(ctx).Err(); !errors.Is(err, redis.ErrClosed) {
+		t.Fatalf("after the last cleanup the client answers %v, want ErrClosed", err)
+	}
+}
+
+func TestProvisionRefusesAnEvictingServer(t *testing.T) {
+	srv, _ := standalone(t, "--maxmemory-policy", "volatile-lru")
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	s := &RedisStore{Addresses: []string{srv.Addr}}
+	if err := s.Provision(ctx); err == nil || !strings.Contains(err.Error(), "noeviction") {
+		t.Fatalf("Provision = %v, want a refusal", err)
+	}
+	clients.Range(func(key, _ any) bool {
+		t.Errorf("a refused provision left client %v in the pool", key)
+		return true
+	})
+}

@@ -1,0 +1,132 @@
+package redisstore
+
+import "github.com/redis/go-redis/v9"
+
+// Every operation is one Lua script, so it is atomic on the server (and in
+// a Cluster on the one slot its keys share). Each script reads the time
+// from the server (redis.call('TIME')): every gateway instance judges
+// expiry by one clock, whatever its own says.
+//
+// Each script starts with a #!lua shebang line. Without it Redis checks
+// its memory limit only at a script's first write, so scripts could push
+// the server far past maxmemory; with it a write is refused up front when
+// memory is full, and the store fails closed. Read-only scripts say so
+// (flags=no-writes) and still run when memory is full.
+//
+// go-redis resends a command whose connection dropped even if the server
+// already ran it, so each script is safe to run twice: a reservation is
+// keyed by its id and a claim by its token.
+
+// nowMS is the server's clock in milliseconds.
+const nowMS = `local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+`
+
+// An allowance record is one sorted set per pool, client and UTC day:
+// member = reservation id, score = the pending unit's expiry (ms), or +inf
+// once committed. Lapsed pending units (score <= now) are dropped first.
+
+// reserveScript: KEYS[1] the client-day; ARGV limit, ttl ms, id, day end
+// (ms). Returns {1, remaining, expires} or {0}.
+var reserveScript = redis.NewScript(`#!lua
+` + nowMS + `local key, limit, ttl, id = KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
+redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+local n = redis.call('ZCARD', key)
+local had = redis.call('ZSCORE', key, id)
+if had then
+  if had == 'inf' then return {0} end
+  return {1, math.max(0, limit - n), tonumber(had)}
+end
+if n >= limit then return {0} end
+local exp = now + ttl
+redis.call('ZADD', key, exp, id)
+redis.call('PEXPIREAT', key, math.max(tonumber(ARGV[4]), now) + 86400000)
+return {1, limit - n - 1, exp}
+`)
+
+// finishScript: KEYS[1] the client-day; ARGV id, "1" to commit or "0" to
+// release. Returns 1 when the unit was pending and live, else 0.
+var finishScript = redis.NewScript(`#!lua
+` + nowMS + `local key, id = KEYS[1], ARGV[1]
+local s = redis.call('ZSCORE', key, id)
+if not s or s == 'inf' then return 0 end
+if tonumber(s) <= now then
+  redis.call('ZREM', key, id)
+  return 0
+end
+if ARGV[2] == '1' then
+  redis.call('ZADD', key, 'XX', '+inf', id)
+else
+  redis.call('ZREM', key, id)
+end
+return 1
+`)
+
+// remainingScript: KEYS[1] the client-day; ARGV limit. Counts committed
+// and live pending units.
+var remainingScript = redis.NewScript(`#!lua flags=no-writes
+` + nowMS + `local used = redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
+return math.max(0, tonumber(ARGV[1]) - used)
+`)
+
+// A claim is one hash per key: s (0 pending, 1 settled), t (the holder's
+// token), u (until, ms), n (note). The key expires at u; the scripts also
+// compare u with now, so a key is never live at or after its until.
+
+// claimScript: KEYS the claim keys; ARGV token, until ms. Returns {1} on
+// success, {2} when until is not in the future, or {0, i, settled, until,
+// note} naming the first live key held by someone else.
+var claimScript = redis.NewScript(`#!lua
+` + nowMS + `local token, untl = ARGV[1], tonumber(ARGV[2])
+if untl <= now then return {2} end
+for i, k in ipairs(KEYS) do
+  local v = redis.call('HMGET', k, 's', 't', 'u', 'n')
+  if v[1] and tonumber(v[3]) > now then
+    if v[2] == token then return {1} end
+    return {0, i, v[1], v[3], v[4]}
+  end
+end
+for _, k in ipairs(KEYS) do
+  redis.call('DEL', k)
+  redis.call('HSET', k, 's', '0', 't', token, 'u', ARGV[2], 'n', '')
+  redis.call('PEXPIREAT', k, untl)
+end
+return {1}
+`)
+
+// heldCheck returns 0 from the script unless every key is live and holds
+// ARGV[1].
+const heldCheck = `for _, k in ipairs(KEYS) do
+  local v = redis.call('HMGET', k, 't', 'u')
+  if v[1] ~= ARGV[1] or tonumber(v[2]) <= now then return 0 end
+end
+`
+
+// settleScript: KEYS the claim keys; ARGV token, note, keep-until ms (0:
+// keep the current until). Returns 1, or 0 when the claim is lost.
+var settleScript = redis.NewScript(`#!lua
+` + nowMS + heldCheck + `local keep = tonumber(ARGV[3])
+for _, k in ipairs(KEYS) do
+  local u = math.max(tonumber(redis.call('HGET', k, 'u')), keep)
+  redis.call('HSET', k, 's', '1', 'n', ARGV[2], 'u', string.format('%d', u))
+  redis.call('PEXPIREAT', k, u)
+end
+return 1
+`)
+
+// releaseScript: KEYS the claim keys; ARGV token. Returns 1, 0 when the
+// claim is lost, 2 when it is settled (and kept).
+var releaseScript = redis.NewScript(`#!lua
+` + nowMS + heldCheck + `for _, k in ipairs(KEYS) do
+  if redis.call('HGET', k, 's') == '1' then return 2 end
+end
+redis.call('DEL', unpack(KEYS))
+return 1
+`)
+
+// lookupScript: KEYS[1]; returns {} or {settled, until, note}.
+var lookupScript = redis.NewScript(`#!lua flags=no-writes
+` + nowMS + `local v = redis.call('HMGET', KEYS[1], 's', 'u', 'n')
+if not v[1] or tonumber(v[2]) <= now then return {} end
+return v
+`)

@@ -1,0 +1,455 @@
+// Package redisstore keeps the gateway's shared state (free allowance
+// counters, payment claims, wallet-proof and sign-in-with-x nonces, paid
+// access records) in Redis, so several gateway instances behind one load
+// balancer grant a client's free calls and accept a payment exactly as one
+// instance would. It implements store.Allowance and store.Claims with one
+// Lua script per operation (see scripts.go), on go-redis's UniversalClient:
+// a standalone server, a primary and replicas under Sentinel, or a Cluster.
+//
+// The Caddy module x402.stores.redis (module.go) wraps it; *Store works on
+// its own too.
+package redisstore
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/aovhq/aov/store"
+)
+
+// Options tune a Store. The zero value (with a Prefix) is the safe default.
+type Options struct {
+	// Prefix starts every key, so several deployments can share one Redis.
+	// It must not contain '{' or '}': the store adds its own Cluster hash
+	// tag after it. Default "aov".
+	Prefix string
+
+	// ReservationTTL is how long an allowance reservation holds a unit
+	// before it lapses uncommitted. Zero means store.DefaultReservationTTL.
+	ReservationTTL time.Duration
+
+	// WaitReplicas, when positive, makes every write wait (Redis WAIT) until
+	// that many replicas have it, for at most WaitTimeout. A write not
+	// acknowledged in time is an error (the caller answers 503): the write
+	// may still be on the primary, so nothing is granted or charged on it.
+	// Without it, a primary that dies before replicating loses its last
+	// writes when a replica is promoted.
+	WaitReplicas int
+	// WaitTimeout bounds each WAIT. Default 100 ms.
+	WaitTimeout time.Duration
+}
+
+// ErrNotReplicated reports a write that fewer than Options.WaitReplicas
+// replicas acknowledged in time.
+var ErrNotReplicated = errors.New("redisstore: write not acknowledged by enough replicas in time")
+
+// Store is the shared gateway state on one Redis deployment. It is safe for
+// concurrent use.
+type Store struct {
+	rdb  redis.UniversalClient
+	opts Options
+	// Key prefixes: allowance keys spread over the Cluster (each is one
+	// key); claim keys share one hash tag, because a claim takes several
+	// keys in one script and Cluster runs a script on one slot only.
+	allowPrefix, claimPrefix string
+}
+
+// New checks the server and returns a Store on rdb. It refuses a server
+// whose maxmemory-policy is not noeviction (on every Cluster primary): every
+// key of the store has a lifetime, so a volatile-* or allkeys-* policy would
+// silently evict live claims and reservations, and each evicted claim is a
+// replay the gateway would accept.
+func New(ctx context.Context, rdb redis.UniversalClient, opts Options) (*Store, error) {
+	if opts.Prefix == "" {
+		opts.Prefix = "aov"
+	}
+	if strings.ContainsAny(opts.Prefix, "{}") {
+		return nil, errors.New("redisstore: prefix must not contain '{' or '}'")
+	}
+	if opts.ReservationTTL <= 0 {
+		opts.ReservationTTL = store.DefaultReservationTTL
+	}
+	if opts.WaitTimeout <= 0 {
+		opts.WaitTimeout = 100 * time.Millisecond
+	}
+	if opts.WaitReplicas < 0 {
+		return nil, errors.New("redisstore: wait_replicas must not be negative")
+	}
+	s := &Store{rdb: rdb, opts: opts, allowPrefix: opts.Prefix + ":a:", claimPrefix: opts.Prefix + ":{c}:"}
+	if err := s.checkPolicy(ctx); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Store) checkPolicy(ctx context.Context) error {
+	check := func(ctx context.Context, c *redis.Client) error {
+		v, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
+		if err != nil {
+			return fmt.Errorf("redisstore: reading maxmemory-policy from %s: %w", c.Options().Addr, err)
+		}
+		if p := v["maxmemory-policy"]; p != "noeviction" {
+			return fmt.Errorf("redisstore: %s has maxmemory-policy %q; the store needs noeviction (an evicted claim is an accepted replay)", c.Options().Addr, p)
+		}
+		return nil
+	}
+	if cc, ok := s.rdb.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, check)
+	}
+	if c, ok := s.rdb.(*redis.Client); ok {
+		return check(ctx, c)
+	}
+	return fmt.Errorf("redisstore: unsupported client type %T", s.rdb)
+}
+
+// Ping reports whether the server answers.
+func (s *Store) Ping(ctx context.Context) error { return s.rdb.Ping(ctx).Err() }
+
+// Close closes the client.
+func (s *Store) Close() error { return s.rdb.Close() }
+
+// Allowance returns the free allowance counters.
+func (s *Store) Allowance() store.Allowance { return allowance{s} }
+
+// Claims returns the payment, nonce and paid-access claims.
+func (s *Store) Claims() store.Claims { return claims{s} }
+
+// write runs a write script and, when configured, waits for replicas on
+// the same connection (WAIT counts the writes of its own connection only).
+// In a Cluster both go to the primary of the keys' slot.
+func (s *Store) write(ctx context.Context, sc *redis.Script, keys []string, args ...any) (any, error) {
+	if s.opts.WaitReplicas == 0 {
+		return sc.Run(ctx, s.rdb, keys, args...).Result()
+	}
+	var c redis.Cmdable = s.rdb
+	if cc, ok := s.rdb.(*redis.ClusterClient); ok {
+		node, err := cc.MasterForKey(ctx, keys[0])
+		if err != nil {
+			return nil, err
+		}
+		c = node
+	}
+	for attempt := 0; ; attempt++ {
+		var res *redis.Cmd
+		var wait *redis.Cmd
+		_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			res = sc.EvalSha(ctx, p, keys, args...)
+			wait = p.Do(ctx, "wait", s.opts.WaitReplicas, s.opts.WaitTimeout.Milliseconds())
+			return nil
+		})
+		if err != nil && attempt == 0 && redis.HasErrorPrefix(res.Err(), "NOSCRIPT") {
+			if err := sc.Load(ctx, c).Err(); err != nil {
+				return nil, err
+			}
+			continue // the script did not run: run it again with WAIT
+		}
+		if err := res.Err(); err != nil {
+			return nil, err
+		}
+		acked, err := wait.Int64()
+		if err != nil {
+			return nil, err
+		}
+		if acked < int64(s.opts.WaitReplicas) {
+			return nil, ErrNotReplicated
+		}
+		return res.Val(), nil
+	}
+}
+
+func (s *Store) read(ctx context.Context, sc *redis.Script, keys []string, args ...any) (any, error) {
+	return sc.Run(ctx, s.rdb, keys, args...).Result()
+}
+
+type allowance struct{ s *Store }
+
+// allowanceKey spells pool and client in hex: their bytes are the client's
+// (an IP or a wallet), and hex can neither contain a Cluster hash tag nor
+// let "pc"+"" impersonate "p"+"c".
+func (a allowance) key(pool, client, day string) string {
+	return a.s.allowPrefix + day + ":" + hex.EncodeToString([]byte(pool)) + ":" + hex.EncodeToString([]byte(client))
+}
+
+func dayOf(day time.Time) (label string, end time.Time) {
+	d := day.UTC()
+	start := time.Date(d.Year(), d.Month(), d.Day(), 0, 0, 0, 0, time.UTC)
+	return start.Format(time.DateOnly), start.AddDate(0, 0, 1)
+}
+
+// maxComponent matches the embedded store's bound on pool and client.
+const maxComponent = 1<<16 - 1
+
+func checkAllowanceKey(pool, client string) error {
+	if len(pool) > maxComponent || len(client) > maxComponent {
+		return errors.New("store: allowance pool or client too long")
+	}
+	return nil
+}
+
+// Reserve implements store.Allowance.
+func (a allowance) Reserve(ctx context.Context, pool, client string, day time.Time, limit int) (store.Reservation, error) {
+	label, end := dayOf(day)
+	res := store.Reservation{Pool: pool, Client: client, Day: label, Limit: limit}
+	if err := checkAllowanceKey(pool, client); err != nil {
+		return res, err
+	}
+	if limit <= 0 {
+		return res, store.ErrExhausted
+	}
+	var id [16]byte
+	if _, err := rand.Read(id[:]); err != nil {
+		return res, fmt.Errorf("making reservation id: %w", err)
+	}
+	res.ID = hex.EncodeToString(id[:])
+	v, err := a.s.write(ctx, reserveScript, []string{a.key(pool, client, label)},
+		limit, a.s.opts.ReservationTTL.Milliseconds(), res.ID, end.UnixMilli())
+	if err != nil {
+		return res, fmt.Errorf("redisstore: reserving: %w", err)
+	}
+	out, ok := v.([]any)
+	if !ok || len(out) == 0 {
+		return res, fmt.Errorf("redisstore: unexpected reserve answer %v", v)
+	}
+	if out[0] != int64(1) || len(out) != 3 {
+		return res, store.ErrExhausted
+	}
+	rem, _ := out[1].(int64)
+	exp, _ := out[2].(int64)
+	res.Remaining = int(rem)
+	res.Expires = time.UnixMilli(exp)
+	return res, nil
+}
+
+// Commit implements store.Allowance.
+func (a allowance) Commit(ctx context.Context, r store.Reservation) error {
+	return a.finish(ctx, r, "1")
+}
+
+// Release implements store.Allowance.
+func (a allowance) Release(ctx context.Context, r store.Reservation) error {
+	return a.finish(ctx, r, "0")
+}
+
+func (a allowance) finish(ctx context.Context, r store.Reservation, commit string) error {
+	if n, err := hex.DecodeString(r.ID); err != nil || len(n) != 16 {
+		return store.ErrNotReserved
+	}
+	if _, err := time.Parse(time.DateOnly, r.Day); err != nil {
+		return store.ErrNotReserved
+	}
+	if err := checkAllowanceKey(r.Pool, r.Client); err != nil {
+		return err
+	}
+	key := a.key(r.Pool, r.Client, r.Day)
+	v, err := a.s.write(ctx, finishScript, []string{key}, r.ID, commit)
+	if err != nil {
+		if commit == "1" {
+			// The call was served: count it. Keep trying in the background
+			// while the reservation lives (the script commits only a live,
+			// pending unit, so a late or repeated try counts it at most
+			// once); a unit never committed would come back when it lapses
+			// and be granted a second time.
+			go a.retryCommit(key, r)
+		}
+		return fmt.Errorf("redisstore: finishing reservation: %w", err)
+	}
+	if v != int64(1) {
+		return store.ErrNotReserved
+	}
+	return nil
+}
+
+// retryCommit retries a commit that failed on a transport error, with
+// backoff, until it lands, the server says the unit is no longer pending,
+// the reservation has lapsed, or the client was closed.
+func (a allowance) retryCommit(key string, r store.Reservation) {
+	delay := 50 * time.Millisecond
+	for time.Now().Before(r.Expires) {
+		time.Sleep(delay)
+		delay = min(2*delay, time.Second)
+		ctx, cancel := context.WithDeadline(context.Background(), r.Expires)
+		_, err := a.s.write(ctx, finishScript, []string{key}, r.ID, "1")
+		cancel()
+		if err == nil || errors.Is(err, redis.ErrClosed) {
+			return
+		}
+	}
+}
+
+// Remaining implements store.Allowance.
+func (a allowance) Remaining(ctx context.Context, pool, client string, day time.Time, limit int) (int, error) {
+	if err := checkAllowanceKey(pool, client); err != nil {
+		return 0, err
+	}
+	label, _ := dayOf(day)
+	v, err := a.s.read(ctx, remainingScript, []string{a.key(pool, client, label)}, limit)
+	if err != nil {
+		return 0, fmt.Errorf("redisstore: reading allowance: %w", err)
+	}
+	n, _ := v.(int64)
+	return int(n), nil
+}
+
+type claims struct{ s *Store }
+
+func (c claims) keys(keys []string) []string {
+	out := make([]string, len(keys))
+	for i, k := range keys {
+		out[i] = c.s.claimPrefix + k
+	}
+	return out
+}
+
+// ceilMS rounds up to the millisecond Redis keeps: a claim is never held
+// for less time than asked.
+func ceilMS(t time.Time) int64 {
+	ns := t.UnixNano()
+	ms := ns / 1e6
+	if ns%1e6 > 0 {
+		ms++
+	}
+	return ms
+}
+
+// Claim implements store.Claims.
+func (c claims) Claim(ctx context.Context, keys []string, until time.Time) (store.Claim, error) {
+	if len(keys) == 0 {
+		return store.Claim{}, errors.New("store: claim of no keys")
+	}
+	for _, k := range keys {
+		if k == "" || len(k) > store.MaxClaimKeyBytes {
+			return store.Claim{}, fmt.Errorf("store: claim key must be 1..%d bytes", store.MaxClaimKeyBytes)
+		}
+	}
+	keys = uniqueInOrder(slices.Clone(keys))
+	var tok [16]byte
+	if _, err := rand.Read(tok[:]); err != nil {
+		return store.Claim{}, fmt.Errorf("making claim token: %w", err)
+	}
+	token := hex.EncodeToString(tok[:])
+	v, err := c.s.write(ctx, claimScript, c.keys(keys), token, ceilMS(until))
+	if err != nil {
+		return store.Claim{}, fmt.Errorf("redisstore: claiming: %w", err)
+	}
+	out, ok := v.([]any)
+	if !ok || len(out) == 0 {
+		return store.Claim{}, fmt.Errorf("redisstore: unexpected claim answer %v", v)
+	}
+	switch out[0] {
+	case int64(1):
+		return store.Claim{Keys: keys, Token: token, Until: until}, nil
+	case int64(2):
+		return store.Claim{}, errors.New("store: claim expiry is not in the future")
+	}
+	if len(out) != 5 {
+		return store.Claim{}, fmt.Errorf("redisstore: unexpected claim answer %v", v)
+	}
+	i, _ := out[1].(int64)
+	if i < 1 || int(i) > len(keys) {
+		return store.Claim{}, fmt.Errorf("redisstore: unexpected claim answer %v", v)
+	}
+	st, err := claimState(out[2:])
+	if err != nil {
+		return store.Claim{}, err
+	}
+	return store.Claim{}, &store.ClaimedError{Key: keys[i-1], State: st}
+}
+
+// claimState decodes {settled, until ms, note} as the scripts return them.
+func claimState(v []any) (store.ClaimState, error) {
+	if len(v) != 3 {
+		return store.ClaimState{}, errors.New("redisstore: corrupt claim record")
+	}
+	s, _ := v[0].(string)
+	u, _ := v[1].(string)
+	n, _ := v[2].(string)
+	ms, err := strconv.ParseInt(u, 10, 64)
+	if err != nil || (s != "0" && s != "1") {
+		return store.ClaimState{}, errors.New("redisstore: corrupt claim record")
+	}
+	return store.ClaimState{Settled: s == "1", Note: n, Until: time.UnixMilli(ms).UTC()}, nil
+}
+
+func uniqueInOrder(keys []string) []string {
+	seen := make(map[string]bool, len(keys))
+	out := keys[:0]
+	for _, k := range keys {
+		if !seen[k] {
+			seen[k] = true
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+func validClaim(cl store.Claim) bool {
+	t, err := hex.DecodeString(cl.Token)
+	return err == nil && len(t) == 16 && len(cl.Keys) > 0
+}
+
+// Settle implements store.Claims.
+func (c claims) Settle(ctx context.Context, cl store.Claim, note string, keepUntil time.Time) error {
+	if !validClaim(cl) {
+		return store.ErrClaimLost
+	}
+	var keep int64
+	if !keepUntil.IsZero() {
+		keep = ceilMS(keepUntil)
+	}
+	v, err := c.s.write(ctx, settleScript, c.keys(cl.Keys), cl.Token, note, keep)
+	if err != nil {
+		return fmt.Errorf("redisstore: settling claim: %w", err)
+	}
+	if v != int64(1) {
+		return store.ErrClaimLost
+	}
+	return nil
+}
+
+// Release implements store.Claims. A release the server ran whose answer
+// was lost (and which go-redis resent) reports ErrClaimLost: the keys are
+// free either way.
+func (c claims) Release(ctx context.Context, cl store.Claim) error {
+	if !validClaim(cl) {
+		return store.ErrClaimLost
+	}
+	v, err := c.s.write(ctx, releaseScript, c.keys(cl.Keys), cl.Token)
+	if err != nil {
+		return fmt.Errorf("redisstore: releasing claim: %w", err)
+	}
+	switch v {
+	case int64(1):
+		return nil
+	case int64(2):
+		return store.ErrClaimSettled
+	}
+	return store.ErrClaimLost
+}
+
+// Lookup implements store.Claims.
+func (c claims) Lookup(ctx context.Context, key string) (store.ClaimState, error) {
+	v, err := c.s.read(ctx, lookupScript, []string{c.s.claimPrefix + key})
+	if err != nil {
+		return store.ClaimState{}, fmt.Errorf("redisstore: reading claim: %w", err)
+	}
+	out, _ := v.([]any)
+	if len(out) == 0 {
+		return store.ClaimState{}, store.ErrNotFound
+	}
+	return claimState(out)
+}
+
+// Interface guards
+var (
+	_ store.Allowance = allowance{}
+	_ store.Claims    = claims{}
+)

@@ -1,0 +1,277 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/aovhq/aov/internal/servers"
+	"github.com/aovhq/aov/store"
+	"github.com/aovhq/aov/store/storetest"
+)
+
+var prefixes atomic.Int64
+
+// backend returns a contract-suite backend on rdb: a Store with a prefix of
+// its own per subtest, so subtests sharing one server never see each
+// other's keys.
+func backend(rdb redis.UniversalClient) storetest.NewGateway {
+	return func(t *testing.T, ttl time.Duration) storetest.Gateway {
+		s, err := New(context.Background(), rdb, Options{Prefix: fmt.Sprintf("t%d", prefixes.Add(1)), ReservationTTL: ttl})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return storetest.Gateway{Allowance: s.Allowance(), Claims: s.Claims()}
+	}
+}
+
+// quiet drops go-redis's connection-pool log lines (a stopped server
+// makes it log every failed dial).
+type quiet struct{}
+
+func (quiet) Printf(context.Context, string, ...any) {}
+
+func TestMain(m *testing.M) {
+	redis.SetLogger(quiet{})
+	os.Exit(m.Run())
+}
+
+func standalone(t *testing.T, extra ...string) (*servers.Redis, *redis.Client) {
+	srv := servers.StartRedis(t, extra...)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 128})
+	t.Cleanup(func() { rdb.Close() })
+	return srv, rdb
+}
+
+func cluster(t *testing.T) *redis.ClusterClient {
+	cl := servers.StartRedisCluster(t)
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs, PoolSize: 128})
+	t.Cleanup(func() { rdb.Close() })
+	return rdb
+}
+
+func TestContractStandalone(t *testing.T) {
+	_, rdb := standalone(t)
+	t.Run("allowance", func(t *testing.T) { storetest.TestAllowance(t, backend(rdb)) })
+	t.Run("claims", func(t *testing.T) { storetest.TestClaims(t, backend(rdb)) })
+}
+
+func TestContractCluster(t *testing.T) {
+	rdb := cluster(t)
+	t.Run("allowance", func(t *testing.T) { storetest.TestAllowance(t, backend(rdb)) })
+	t.Run("claims", func(t *testing.T) { storetest.TestClaims(t, backend(rdb)) })
+	t.Run("WAIT goes to the primary of the keys' slot", func(t *testing.T) {
+		ctx := context.Background()
+		s, err := New(ctx, rdb, Options{Prefix: "cw", WaitReplicas: 1, WaitTimeout: 20 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// No node has a replica: the script runs on the right primary
+		// (no MOVED), and the unacknowledged write is an error.
+		if _, err := s.Allowance().Reserve(ctx, "p", "c", time.Now(), 3); !errors.Is(err, ErrNotReplicated) {
+			t.Fatalf("Reserve = %v, want ErrNotReplicated", err)
+		}
+		if _, err := s.Claims().Claim(ctx, []string{"k1", "k2"}, time.Now().Add(time.Minute)); !errors.Is(err, ErrNotReplicated) {
+			t.Fatalf("Claim = %v, want ErrNotReplicated", err)
+		}
+		if n := rdb.Exists(ctx, "cw:{c}:k1", "cw:{c}:k2").Val(); n != 2 {
+			t.Fatalf("%d claim keys on the cluster, want 2 (the write ran, unacknowledged)", n)
+		}
+	})
+}
+
+func TestNewRefusesAnEvictingServer(t *testing.T) {
+	ctx := context.Background()
+	for _, policy := range []string{"volatile-lru", "allkeys-lru", "volatile-ttl", "allkeys-random"} {
+		t.Run(policy, func(t *testing.T) {
+			_, rdb := standalone(t, "--maxmemory-policy", policy)
+			_, err := New(ctx, rdb, Options{})
+			if err == nil || !strings.Contains(err.Error(), policy) || !strings.Contains(err.Error(), "noeviction") {
+				t.Fatalf("New against %s = %v, want a refusal naming the policy", policy, err)
+			}
+		})
+	}
+	t.Run("a prefix with a hash tag brace is refused", func(t *testing.T) {
+		_, rdb := standalone(t)
+		if _, err := New(ctx, rdb, Options{Prefix: "a{b}"}); err == nil {
+			t.Fatal("accepted a prefix with braces")
+		}
+	})
+}
+
+// TestScriptsAreSafeToRunTwice runs each write script a second time with
+// the same arguments, as go-redis does when a connection drops after the
+// server ran a command: nothing is counted or claimed twice.
+func TestScriptsAreSafeToRunTwice(t *testing.T) {
+	ctx := context.Background()
+	_, rdb := standalone(t)
+	s, err := New(ctx, rdb, Options{Prefix: "twice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := s.Allowance().(allowance).key("p", "c", "2026-12-01")
+	end := time.Now().Add(time.Hour).UnixMilli()
+	for range 2 {
+		if _, err := s.write(ctx, reserveScript, []string{key}, 2, 60000, "id-1", end); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := rdb.ZCard(ctx, key).Val(); n != 1 {
+		t.Fatalf("a reserve run twice holds %d units, want 1", n)
+	}
+	for range 2 {
+		s.write(ctx, finishScript, []string{key}, "id-1", "1")
+	}
+	if used := rdb.ZCount(ctx, key, "(0", "+inf").Val(); used != 1 {
+		t.Fatalf("a commit run twice counts %d units, want 1", used)
+	}
+	if _, err := s.write(ctx, reserveScript, []string{key}, 2, 60000, "id-1", end); err != nil {
+		t.Fatal(err)
+	}
+	if used := rdb.ZCard(ctx, key).Val(); used != 1 {
+		t.Fatalf("a reserve resent after its commit holds %d units, want 1", used)
+	}
+
+	cl := s.Claims().(claims)
+	keys := cl.keys([]string{"a", "b"})
+	until := time.Now().Add(time.Minute).UnixMilli()
+	for i := range 2 {
+		v, err := s.write(ctx, claimScript, keys, strings.Repeat("ab", 16), until)
+		if err != nil || v.([]any)[0] != int64(1) {
+			t.Fatalf("claim run %d: %v, %v; want success (the holder's own token)", i+1, v, err)
+		}
+	}
+	c := store.Claim{Keys: []string{"a", "b"}, Token: strings.Repeat("ab", 16)}
+	for i := range 2 {
+		if err := cl.Settle(ctx, c, "0xtx", time.Time{}); err != nil {
+			t.Fatalf("settle run %d: %v", i+1, err)
+		}
+	}
+	if v, err := s.write(ctx, claimScript, keys, strings.Repeat("ab", 16), until); err != nil || v.([]any)[0] != int64(1) {
+		t.Fatalf("a claim resent after its settle: %v, %v", v, err)
+	}
+	if st, err := cl.Lookup(ctx, "a"); err != nil || !st.Settled {
+		t.Fatalf("a claim resent after its settle unsettled it: %+v, %v", st, err)
+	}
+}
+
+// TestFailsClosed: with the server gone every operation is an error (the
+// gateway answers 503), never a grant, a claim or a "not found".
+func TestFailsClosed(t *testing.T) {
+	ctx := context.Background()
+	srv, rdb := standalone(t)
+	s, err := New(ctx, rdb, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := s.Allowance().Reserve(ctx, "p", "c", time.Now(), 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.Claims().Claim(ctx, []string{"k"}, time.Now().Add(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Stop()
+	sentinels := []error{store.ErrExhausted, store.ErrNotReserved, store.ErrClaimed, store.ErrClaimLost, store.ErrNotFound, store.ErrClaimSettled}
+	check := func(what string, err error) {
+		t.Helper()
+		if err == nil {
+			t.Errorf("%s with the server down succeeded", what)
+		}
+		for _, s := range sentinels {
+			if errors.Is(err, s) {
+				t.Errorf("%s with the server down = %v, a store answer instead of an outage", what, err)
+			}
+		}
+	}
+	_, err = s.Allowance().Reserve(ctx, "p", "c", time.Now(), 5)
+	check("Reserve", err)
+	check("Commit", s.Allowance().Commit(ctx, r))
+	_, err = s.Allowance().Remaining(ctx, "p", "c", time.Now(), 5)
+	check("Remaining", err)
+	_, err = s.Claims().Claim(ctx, []string{"k2"}, time.Now().Add(time.Minute))
+	check("Claim", err)
+	check("Settle", s.Claims().Settle(ctx, c, "tx", time.Time{}))
+	_, err = s.Claims().Lookup(ctx, "k")
+	check("Lookup", err)
+
+	srv.Start()
+	if err := s.Allowance().Commit(ctx, r); !errors.Is(err, store.ErrNotReserved) {
+		t.Fatalf("after the server came back (memory only, so empty): commit = %v; want ErrNotReserved", err)
+	}
+}
+
+// TestWaitForReplicas: with wait_replicas a write returns only once a
+// replica has it, and a write no replica acknowledges in time is an error.
+func TestWaitForReplicas(t *testing.T) {
+	ctx := context.Background()
+	primary, rdb := standalone(t)
+	s, err := New(ctx, rdb, Options{Prefix: "w", WaitReplicas: 1, WaitTimeout: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Claims().Claim(ctx, []string{"k"}, time.Now().Add(time.Minute)); !errors.Is(err, ErrNotReplicated) {
+		t.Fatalf("claim with no replica = %v, want ErrNotReplicated", err)
+	}
+	host, port, _ := strings.Cut(primary.Addr, ":")
+	replica, rrdb := standalone(t, "--replicaof", host, port)
+	_ = replica
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(rrdb.Info(ctx, "replication").Val(), "master_link_status:up") {
+		if time.Now().After(deadline) {
+			t.Fatal("replica never linked")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	c, err := s.Claims().Claim(ctx, []string{"k2"}, time.Now().Add(time.Minute))
+	if err != nil {
+		t.Fatalf("claim with a replica: %v", err)
+	}
+	if err := s.Claims().Settle(ctx, c, "tx", time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := rrdb.HGet(ctx, "w:{c}:k2", "s").Val(); got != "1" {
+		t.Fatalf("the replica has s=%q right after the settle returned, want 1", got)
+	}
+}
+
+// TestCommitRetriedAfterAnOutage: a commit that fails because Redis is
+// away (after the call was served) is retried until it lands, so the unit
+// counts once Redis is back instead of coming back when it lapses.
+func TestCommitRetriedAfterAnOutage(t *testing.T) {
+	ctx := context.Background()
+	srv, rdb := standalone(t, "--appendonly", "yes", "--appendfsync", "always")
+	s, err := New(ctx, rdb, Options{Prefix: "retry"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := s.Allowance().Reserve(ctx, "p", "c", time.Now(), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Stop()
+	if err := s.Allowance().Commit(ctx, r); err == nil || errors.Is(err, store.ErrNotReserved) {
+		t.Fatalf("commit with Redis down = %v, want a transport error", err)
+	}
+	srv.Start()
+	key := s.Allowance().(allowance).key("p", "c", r.Day)
+	deadline := time.Now().Add(10 * time.Second)
+	for rdb.ZScore(ctx, key, r.ID).Val() != math.Inf(1) {
+		if time.Now().After(deadline) {
+			t.Fatal("the commit never landed after Redis came back")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := s.Allowance().Commit(ctx, r); !errors.Is(err, store.ErrNotReserved) {
+		t.Fatalf("the retried commit counted the unit; a further commit = %v, want ErrNotReserved", err)
+	}
+}

@@ -1,0 +1,259 @@
+// Package pghistory keeps verifierd's verification history in PostgreSQL,
+// so several verifierd instances share one history: exact per-agent counts,
+// one record per verification id across all of them, and stable keyset
+// paging for reputation pages while others append. It implements the same
+// history contract as the embedded store (store/storetest proves both).
+//
+// Ids, agent ids and records are stored as bytea: PostgreSQL's text and
+// jsonb refuse NUL characters, which a Go string (and so an agent id) may
+// hold. Times are kept as Unix nanoseconds (bigint), as exact as the
+// embedded store.
+package pghistory
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/aovhq/aov/store"
+)
+
+// schemaVersion is the version of the tables below; a database at a newer
+// version is refused, so a downgrade fails loudly.
+const schemaVersion = 1
+
+// migrationLock is the advisory lock key that serialises schema setup:
+// two instances starting at once would otherwise race on the catalog
+// ("tuple concurrently updated").
+const migrationLock = 0x616f765f68697374 // "aov_hist"
+
+var schema = []string{
+	`CREATE TABLE IF NOT EXISTS aov_schema_version (version integer NOT NULL)`,
+	`CREATE TABLE IF NOT EXISTS aov_verifications (
+		id       bytea  PRIMARY KEY,
+		at_ns    bigint NOT NULL,
+		agent_id bytea,
+		record   bytea  NOT NULL
+	)`,
+	// Keyset paging, newest first, ties by id ascending (the embedded
+	// store's order): one index for the global listing, one per agent.
+	`CREATE INDEX IF NOT EXISTS aov_verifications_time ON aov_verifications (at_ns DESC, id)`,
+	`CREATE INDEX IF NOT EXISTS aov_verifications_agent ON aov_verifications (agent_id, at_ns DESC, id) WHERE agent_id IS NOT NULL`,
+	`CREATE TABLE IF NOT EXISTS aov_agent_counts (
+		agent_id  bytea  PRIMARY KEY,
+		pass      bigint NOT NULL,
+		fail      bigint NOT NULL,
+		auth_pass bigint NOT NULL,
+		auth_fail bigint NOT NULL,
+		paid      bigint NOT NULL,
+		first_ns  bigint NOT NULL,
+		last_ns   bigint NOT NULL
+	)`,
+	// Who owns an agent id: written once, never changed (owners.go).
+	`CREATE TABLE IF NOT EXISTS aov_agent_owners (
+		agent_id bytea PRIMARY KEY,
+		owner    bytea NOT NULL
+	)`,
+}
+
+// History is the verification history on one PostgreSQL database. It is
+// safe for concurrent use.
+type History struct {
+	pool *pgxpool.Pool
+}
+
+// Open connects to dsn (postgres://…), sets up or checks the schema under
+// an advisory lock (so instances starting together migrate once) and
+// returns the history.
+func Open(ctx context.Context, dsn string) (*History, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("history: parsing the PostgreSQL address: %w", err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("history: connecting to PostgreSQL: %w", err)
+	}
+	h := &History{pool: pool}
+	if err := h.migrate(ctx); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return h, nil
+}
+
+func (h *History) migrate(ctx context.Context) error {
+	return pgx.BeginFunc(ctx, h.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(migrationLock)); err != nil {
+			return fmt.Errorf("history: taking the migration lock: %w", err)
+		}
+		for _, stmt := range schema {
+			if _, err := tx.Exec(ctx, stmt); err != nil {
+				return fmt.Errorf("history: setting up the schema: %w", err)
+			}
+		}
+		var v int
+		err := tx.QueryRow(ctx, `SELECT version FROM aov_schema_version`).Scan(&v)
+		if errors.Is(err, pgx.ErrNoRows) {
+			_, err = tx.Exec(ctx, `INSERT INTO aov_schema_version VALUES ($1)`, schemaVersion)
+			return err
+		}
+		if err != nil {
+			return fmt.Errorf("history: reading the schema version: %w", err)
+		}
+		if v != schemaVersion {
+			return fmt.Errorf("history: the database has schema version %d; this build reads version %d", v, schemaVersion)
+		}
+		return nil
+	})
+}
+
+// Close closes the connection pool.
+func (h *History) Close() error { h.pool.Close(); return nil }
+
+// Ping reports whether the database answers.
+func (h *History) Ping(ctx context.Context) error { return h.pool.Ping(ctx) }
+
+// record inserts a verification and counts it in one statement: the counts
+// change only when the insert did (a duplicate id inserts nothing), and
+// both commit together.
+const record = `WITH ins AS (
+	INSERT INTO aov_verifications (id, at_ns, agent_id, record) VALUES ($1, $2, $3, $4)
+	ON CONFLICT (id) DO NOTHING
+	RETURNING agent_id
+), cnt AS (
+	INSERT INTO aov_agent_counts AS c (agent_id, pass, fail, auth_pass, auth_fail, paid, first_ns, last_ns)
+	SELECT agent_id, $5, $6, $7, $8, $9, $2, $2 FROM ins WHERE agent_id IS NOT NULL
+	ON CONFLICT (agent_id) DO UPDATE SET
+		pass = c.pass + EXCLUDED.pass, fail = c.fail + EXCLUDED.fail,
+		auth_pass = c.auth_pass + EXCLUDED.auth_pass, auth_fail = c.auth_fail + EXCLUDED.auth_fail,
+		paid = c.paid + EXCLUDED.paid,
+		first_ns = LEAST(c.first_ns, EXCLUDED.first_ns), last_ns = GREATEST(c.last_ns, EXCLUDED.last_ns)
+)
+SELECT count(*) FROM ins`
+
+// RecordVerification appends v and updates its agent's counts atomically;
+// a second record with the same id, from any instance, is refused with
+// store.ErrDuplicate and changes nothing.
+func (h *History) RecordVerification(ctx context.Context, v store.Verification) error {
+	if err := v.Prepare(); err != nil {
+		return err
+	}
+	val, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encoding verification: %w", err)
+	}
+	var one store.Counts
+	one.Add(v)
+	var agent []byte
+	if v.AgentID != "" {
+		agent = []byte(v.AgentID)
+	}
+	var n int
+	err = h.pool.QueryRow(ctx, record, []byte(v.ID), v.VerifiedAt.UnixNano(), agent, val,
+		one.Pass, one.Fail, one.AuthenticatedPass, one.AuthenticatedFail, one.Paid).Scan(&n)
+	if err != nil {
+		return fmt.Errorf("history: recording verification: %w", err)
+	}
+	if n == 0 {
+		return store.ErrDuplicate
+	}
+	return nil
+}
+
+// AgentCounts returns agentID's totals (zero for an agent never seen).
+func (h *History) AgentCounts(ctx context.Context, agentID string) (store.Counts, error) {
+	var c store.Counts
+	var first, last int64
+	err := h.pool.QueryRow(ctx, `SELECT pass, fail, auth_pass, auth_fail, paid, first_ns, last_ns
+		FROM aov_agent_counts WHERE agent_id = $1`, []byte(agentID)).
+		Scan(&c.Pass, &c.Fail, &c.AuthenticatedPass, &c.AuthenticatedFail, &c.Paid, &first, &last)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return store.Counts{}, nil
+	}
+	if err != nil {
+		return c, fmt.Errorf("history: reading counts: %w", err)
+	}
+	c.First, c.Last = time.Unix(0, first).UTC(), time.Unix(0, last).UTC()
+	return c, nil
+}
+
+// Verification returns the record with the given id, or store.ErrNotFound.
+func (h *History) Verification(ctx context.Context, id string) (store.Verification, error) {
+	var b []byte
+	err := h.pool.QueryRow(ctx, `SELECT record FROM aov_verifications WHERE id = $1`, []byte(id)).Scan(&b)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return store.Verification{}, store.ErrNotFound
+	}
+	var v store.Verification
+	if err == nil {
+		err = json.Unmarshal(b, &v)
+	}
+	if err != nil {
+		return v, fmt.Errorf("history: reading verification: %w", err)
+	}
+	return v, nil
+}
+
+// Verifications pages through the history newest first (ties by id), as
+// the embedded store does: agentID's records, or every record when agentID
+// is "". The cursor is the (time, id) of the last record served, so a page
+// never repeats or skips a record older than it while others append.
+func (h *History) Verifications(ctx context.Context, agentID, cursor string, limit int) ([]store.Verification, string, error) {
+	if limit <= 0 {
+		limit = store.DefaultPageSize
+	}
+	limit = min(limit, store.MaxPageSize)
+	afterAt, afterID := int64(0), []byte(nil)
+	if cursor != "" {
+		b, err := base64.RawURLEncoding.DecodeString(cursor)
+		if err != nil || len(b) < 9 {
+			return nil, "", store.ErrBadCursor
+		}
+		afterAt, afterID = int64(binary.BigEndian.Uint64(b)), b[8:]
+	}
+	// One more row than the page tells whether another page follows.
+	q := `SELECT at_ns, id, record FROM aov_verifications WHERE `
+	args := []any{afterID == nil, afterAt, afterID, limit + 1}
+	if agentID != "" {
+		q += `agent_id = $5 AND `
+		args = append(args, []byte(agentID))
+	}
+	q += `($1 OR at_ns < $2 OR (at_ns = $2 AND id > $3)) ORDER BY at_ns DESC, id LIMIT $4`
+	rows, err := h.pool.Query(ctx, q, args...)
+	if err != nil {
+		return nil, "", fmt.Errorf("history: paging: %w", err)
+	}
+	defer rows.Close()
+	out := make([]store.Verification, 0, min(limit, 16))
+	var next string
+	var lastAt int64
+	var lastID, id, b []byte
+	for rows.Next() {
+		var at int64
+		if err := rows.Scan(&at, &id, &b); err != nil {
+			return nil, "", fmt.Errorf("history: paging: %w", err)
+		}
+		if len(out) == limit {
+			next = base64.RawURLEncoding.EncodeToString(append(binary.BigEndian.AppendUint64(nil, uint64(lastAt)), lastID...))
+			break
+		}
+		var v store.Verification
+		if err := json.Unmarshal(b, &v); err != nil {
+			return nil, "", fmt.Errorf("history: decoding verification: %w", err)
+		}
+		out = append(out, v)
+		lastAt, lastID = at, append(lastID[:0], id...)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, "", fmt.Errorf("history: paging: %w", err)
+	}
+	return out, next, nil
+}

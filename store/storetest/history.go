@@ -1,0 +1,325 @@
+package storetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/aovhq/aov/store"
+)
+
+// History is a verification history backend.
+type History interface {
+	RecordVerification(ctx context.Context, v store.Verification) error
+	Verification(ctx context.Context, id string) (store.Verification, error)
+	Verifications(ctx context.Context, agentID, cursor string, limit int) ([]store.Verification, string, error)
+	AgentCounts(ctx context.Context, agentID string) (store.Counts, error)
+	Ping(ctx context.Context) error
+}
+
+// NewHistory returns two handles on one fresh, empty history: for a
+// shared backend two instances' connections, for the embedded one the
+// same database twice. It is called once per subtest.
+type NewHistory func(t *testing.T) (a, b History)
+
+// Sample is a valid verification for tests.
+func Sample(id, agent string, at time.Time, result string) store.Verification {
+	return store.Verification{
+		ID: id, VerifiedAt: at, AgentID: agent, TaskID: "task-" + id, Result: result,
+		OutputHash: strings.Repeat("a", 64), SchemaHash: strings.Repeat("b", 64),
+		RulesHash: strings.Repeat("c", 64), RequestHash: strings.Repeat("d", 64),
+		Payment: store.PaymentFree,
+	}
+}
+
+// TestHistory runs the history contract against newH.
+func TestHistory(t *testing.T, newH NewHistory) {
+	ctx := context.Background()
+	base := time.Date(2026, 11, 29, 21, 0, 0, 123456789, time.UTC)
+
+	t.Run("a record is readable by id with every field, to the nanosecond", func(t *testing.T) {
+		h, other := newH(t)
+		v := Sample("id-1", "seller-7", base, "fail")
+		v.Payment, v.Payer, v.Network, v.Wallet, v.Authenticated = store.PaymentPaid, "0xabc", "eip155:8453", "0xdef", true
+		v.KeyVersion = "k2"
+		if err := h.RecordVerification(ctx, v); err != nil {
+			t.Fatal(err)
+		}
+		got, err := other.Verification(ctx, "id-1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != v {
+			t.Fatalf("got %+v\nwant %+v", got, v)
+		}
+		if _, err := h.Verification(ctx, "nope"); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("unknown id: %v, want ErrNotFound", err)
+		}
+		if err := h.Ping(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("agents starting with test- are flagged by the store, whatever the caller says", func(t *testing.T) {
+		h, _ := newH(t)
+		for _, c := range []struct {
+			desc, agent string
+			test        bool
+		}{
+			{"a test- agent is flagged", "test-agent", true},
+			{"an ordinary agent is not flagged even if the caller claims so", "seller", false},
+			{"a prefix in the middle does not count", "my-test-agent", false},
+		} {
+			v := Sample("id-"+c.agent, c.agent, base, "pass")
+			v.Test = !c.test
+			if err := h.RecordVerification(ctx, v); err != nil {
+				t.Fatal(err)
+			}
+			got, err := h.Verification(ctx, v.ID)
+			if err != nil || got.Test != c.test {
+				t.Errorf("%s: Test = %v (%v), want %v", c.desc, got.Test, err, c.test)
+			}
+		}
+	})
+
+	t.Run("a duplicate id is refused once across instances and the counts do not change", func(t *testing.T) {
+		a, b := newH(t)
+		var ok, dup atomic.Int32
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for i := range 20 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				h := a
+				if i%2 == 1 {
+					h = b
+				}
+				v := Sample("dup", "agent", base, "pass")
+				if i > 0 {
+					v.Result = "fail"
+				}
+				switch err := h.RecordVerification(ctx, v); {
+				case err == nil:
+					ok.Add(1)
+				case errors.Is(err, store.ErrDuplicate):
+					dup.Add(1)
+				default:
+					t.Error(err)
+				}
+			}()
+		}
+		close(start)
+		wg.Wait()
+		if ok.Load() != 1 || dup.Load() != 19 {
+			t.Fatalf("%d recorded, %d refused; want 1 and 19", ok.Load(), dup.Load())
+		}
+		c, err := b.AgentCounts(ctx, "agent")
+		if err != nil || c.Total() != 1 {
+			t.Fatalf("counts %+v (%v) after refused duplicates, want one record", c, err)
+		}
+	})
+
+	t.Run("invalid records are refused", func(t *testing.T) {
+		h, _ := newH(t)
+		for _, c := range []struct {
+			desc string
+			edit func(*store.Verification)
+		}{
+			{"an empty id", func(v *store.Verification) { v.ID = "" }},
+			{"an id over 200 bytes", func(v *store.Verification) { v.ID = strings.Repeat("x", 201) }},
+			{"a result other than pass or fail", func(v *store.Verification) { v.Result = "maybe" }},
+			{"a zero time", func(v *store.Verification) { v.VerifiedAt = time.Time{} }},
+			{"an unknown payment kind", func(v *store.Verification) { v.Payment = "credit" }},
+			{"an agent id longer than a key component", func(v *store.Verification) { v.AgentID = strings.Repeat("a", 70000) }},
+		} {
+			v := Sample("x", "agent", base, "pass")
+			c.edit(&v)
+			if err := h.RecordVerification(ctx, v); err == nil {
+				t.Errorf("%s: accepted", c.desc)
+			}
+		}
+		if c, _ := h.AgentCounts(ctx, "agent"); c.Total() != 0 {
+			t.Fatalf("refused records were counted: %+v", c)
+		}
+	})
+
+	t.Run("ids and agent ids may hold NUL and any byte", func(t *testing.T) {
+		h, _ := newH(t)
+		v := Sample("a\x00b", "ag\x00ent", base, "pass")
+		v.TaskID = "t\x00"
+		if err := h.RecordVerification(ctx, v); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := h.Verification(ctx, "a\x00b"); err != nil || got != v {
+			t.Fatalf("%+v, %v", got, err)
+		}
+		if c, _ := h.AgentCounts(ctx, "ag\x00ent"); c.Pass != 1 {
+			t.Fatalf("counts %+v", c)
+		}
+		if c, _ := h.AgentCounts(ctx, "ag"); c.Total() != 0 {
+			t.Fatalf("a prefix of the agent id has counts %+v", c)
+		}
+		if vs, _, err := h.Verifications(ctx, "ag", "", 10); err != nil || len(vs) != 0 {
+			t.Fatalf("a prefix of the agent id lists %d records, %v", len(vs), err)
+		}
+	})
+
+	t.Run("counts stay exact under concurrency across instances", func(t *testing.T) {
+		a, b := newH(t)
+		now := time.Now()
+		const n = 60
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				result := "pass"
+				if i%3 == 0 {
+					result = "fail"
+				}
+				v := Sample(fmt.Sprintf("c-%d", i), "busy-agent", now.Add(time.Duration(i)*time.Millisecond), result)
+				v.Authenticated = i%2 == 0
+				if i%4 == 0 {
+					v.Payment = store.PaymentPaid
+				}
+				h := a
+				if i%2 == 1 {
+					h = b
+				}
+				if err := h.RecordVerification(ctx, v); err != nil {
+					t.Error(err)
+				}
+			}()
+		}
+		wg.Wait()
+		c, err := a.AgentCounts(ctx, "busy-agent")
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := store.Counts{Pass: 40, Fail: 20, AuthenticatedPass: 20, AuthenticatedFail: 10, Paid: 15,
+			First: now.UTC(), Last: now.Add((n - 1) * time.Millisecond).UTC()}
+		c.First, c.Last = c.First.Round(0), c.Last.Round(0)
+		want.First, want.Last = want.First.Round(0), want.Last.Round(0)
+		if c != want {
+			t.Fatalf("counts %+v, want %+v", c, want)
+		}
+		if u, _ := a.AgentCounts(ctx, "never-seen"); u != (store.Counts{}) {
+			t.Fatalf("an unknown agent has counts %+v", u)
+		}
+	})
+
+	t.Run("paging is newest first, ties by id, and stable while records arrive", func(t *testing.T) {
+		h, other := newH(t)
+		order := []int{3, 0, 7, 1, 9, 4, 2, 8, 6, 5}
+		for _, i := range order {
+			at := base.Add(time.Duration(i) * time.Second)
+			if i == 8 {
+				at = base.Add(9 * time.Second)
+			}
+			if err := h.RecordVerification(ctx, Sample(fmt.Sprintf("a%02d", i), "alpha", at, "pass")); err != nil {
+				t.Fatal(err)
+			}
+			if err := other.RecordVerification(ctx, Sample(fmt.Sprintf("b%02d", i), "alphabet", at, "fail")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := h.RecordVerification(ctx, Sample("anon", "", base.Add(time.Hour), "pass")); err != nil {
+			t.Fatal(err)
+		}
+		wantAlpha := []string{"a08", "a09", "a07", "a06", "a05", "a04", "a03", "a02", "a01", "a00"}
+		pageAll := func(agent string, limit int) ([]string, int) {
+			t.Helper()
+			var ids []string
+			cursor, pages := "", 0
+			for {
+				// Alternate instances: a cursor from one serves on the other.
+				src := h
+				if pages%2 == 1 {
+					src = other
+				}
+				vs, next, err := src.Verifications(ctx, agent, cursor, limit)
+				if err != nil {
+					t.Fatal(err)
+				}
+				pages++
+				for _, v := range vs {
+					ids = append(ids, v.ID)
+				}
+				if next == "" {
+					return ids, pages
+				}
+				if len(vs) != limit {
+					t.Fatalf("a page of %d with a next cursor, want full pages of %d", len(vs), limit)
+				}
+				cursor = next
+			}
+		}
+		for _, c := range []struct {
+			desc      string
+			agent     string
+			limit     int
+			want      []string
+			wantPages int
+		}{
+			{"one agent's records, not mixed with an agent whose id extends it", "alpha", 3, wantAlpha, 4},
+			{"a limit that divides the total ends without an empty page", "alpha", 5, wantAlpha, 2},
+			{"a limit above the total is one page", "alpha", 50, wantAlpha, 1},
+			{"an unknown agent has no records", "nobody", 10, nil, 1},
+		} {
+			got, pages := pageAll(c.agent, c.limit)
+			if strings.Join(got, ",") != strings.Join(c.want, ",") || pages != c.wantPages {
+				t.Errorf("%s:\n got %v in %d pages\nwant %v in %d", c.desc, got, pages, c.want, c.wantPages)
+			}
+		}
+		if got, _ := pageAll("", 7); len(got) != 21 || got[0] != "anon" {
+			t.Errorf("global listing %v, want 21 records starting with anon", got)
+		}
+
+		first, next, err := h.Verifications(ctx, "alpha", "", 4)
+		if err != nil || len(first) != 4 {
+			t.Fatal(err)
+		}
+		if err := other.RecordVerification(ctx, Sample("a-new", "alpha", base.Add(time.Minute), "pass")); err != nil {
+			t.Fatal(err)
+		}
+		if err := other.RecordVerification(ctx, Sample("a-old", "alpha", base.Add(-time.Minute), "pass")); err != nil {
+			t.Fatal(err)
+		}
+		rest, _, err := other.Verifications(ctx, "alpha", next, 50)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rest) != 7 || rest[0].ID != "a05" || rest[6].ID != "a-old" {
+			t.Fatalf("after the cursor: %d records, want a05..a00 then a-old", len(rest))
+		}
+
+		for i := range store.MaxPageSize + 5 {
+			h.RecordVerification(ctx, Sample(fmt.Sprintf("m%03d", i), "many", base.Add(time.Duration(i)), "pass"))
+		}
+		for _, c := range []struct {
+			desc  string
+			limit int
+			want  int
+		}{
+			{"zero means the default page size", 0, store.DefaultPageSize},
+			{"negative means the default page size", -3, store.DefaultPageSize},
+			{"over the maximum means the maximum", 1000, store.MaxPageSize},
+		} {
+			if vs, _, err := h.Verifications(ctx, "many", "", c.limit); err != nil || len(vs) != c.want {
+				t.Errorf("%s: %d records (%v), want %d", c.desc, len(vs), err, c.want)
+			}
+		}
+		for _, cur := range []string{"!!!", "AAAA", "not base64 at all"} {
+			if _, _, err := h.Verifications(ctx, "alpha", cur, 5); !errors.Is(err, store.ErrBadCursor) {
+				t.Errorf("cursor %q: %v, want ErrBadCursor", cur, err)
+			}
+		}
+	})
+}
