@@ -74,16 +74,11 @@ func LLMsTxt(s Service) []byte {
 	w("Every error that is not a payment refusal has one shape, in REST and in MCP tool results; it is never charged and never echoes input:\n\n")
 	w("```json\n{\"code\": \"invalid_request\", \"message\": \"The request is invalid and nothing was charged; fix the listed fields and send it again.\",\n \"status\": 422, \"retryable\": false, \"charged\": false,\n \"next_actions\": [{\"action\": \"fix_request_fields\", \"fields\": [\"rules[0].type\"]}],\n \"fields\": [{\"field\": \"rules[0].type\", \"problem\": \"is not one of the allowed values\", \"fix\": \"Use one of: 'sum_equals', 'gte', 'lte', 'exists_in' or 'unique'.\"}]}\n```\n\n")
 	w("A retryable error also carries `retry_after` (seconds) and the `Retry-After` header: send the same request again after it.\n\n")
-	w("| code | HTTP | retryable | meaning |\n|---|---|---|---|\n")
-	for _, e := range ErrorCodes {
-		w("| `%s` | %d | %s | %s |\n", e.Code, e.Status, yesNo(e.Retryable), e.Meaning)
-	}
-	w("\nPayment refusals are 402 (400 for a payment header that does not decode) with `PAYMENT-REQUIRED` and the reason in the body's `reason`:\n\n")
-	w("| reason | meaning |\n|---|---|\n")
-	for _, p := range PaymentCodes {
-		w("| `%s` | %s |\n", p.Code, p.Meaning)
-	}
-	w("\nOther reasons come from the payment facilitator as x402 names them (`invalid_exact_evm_*`, `invalid_network`, `invalid_scheme`, ...).\n\n")
+	w("%s", errorCodeTable())
+	w("\n## Payment errors\n\n")
+	w("A refused payment is a 402 with a fresh `PAYMENT-REQUIRED` (a 400 for a payment header that does not decode) and the reason in the body's `reason`; over MCP the payment-required tool result carries it in `_meta.reason`. Nothing was charged. Every reason this service or its facilitator sends:\n\n")
+	w("%s", paymentCodeTable())
+	w("\nA remote facilitator may send other reasons of the x402 specification; treat an unknown reason as \"not paid, sign a new payment\". Never send the same `PAYMENT-SIGNATURE` twice.\n\n")
 
 	w("## Trust score\n\n")
 	w("`GET /score/{agent_id}` returns a trust score computed from the agent's verification history (`GET /reputation/{agent_id}`, free), signed like a verification receipt but with the context `%s`. It rewards sustained passing and discounts old and few data points; checks whose agent_id is bound to a wallet with `X-Wallet-Auth` count as authenticated. Agents whose id starts with `test-` are examples and never get a score.\n\n", receipt.ContextScore)
