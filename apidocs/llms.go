@@ -97,6 +97,7 @@ func LLMsTxt(s Service) []byte {
 	w("- Endpoint: `%s` (Streamable HTTP).\n", s.mcpURL())
 	w("- `verify_schema`: the same input and output as `POST /verify/schema`; shares the REST free allowance. After the allowance, the tool result is a payment-required result (x402 MCP transport, `free_trial_exhausted` in `_meta`); pay by sending the PaymentPayload in `params._meta[\"x402/payment\"]`.\n")
 	w("- `get_verification_record`: the same as `GET /score/{agent_id}`, priced the same, never free.\n\n")
+	w("%s\n", MCPClientSetup(s.mcpURL()))
 
 	w("## Docs\n\n")
 	w("- [OpenAPI 3.1](%s/openapi.json): every route with its answers, headers, schemas and live prices\n", base)
