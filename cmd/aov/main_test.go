@@ -17,9 +17,19 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aovhq/aov/apierr"
 	"github.com/aovhq/aov/receipt"
 	"github.com/aovhq/aov/verify"
 )
+
+func mustJSON(t *testing.T, v any) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
 
 // invoiceRequest is the SPEC §10 worked example (the failing invoice).
 const invoiceRequest = `{
@@ -193,6 +203,8 @@ func TestReceiptVerify(t *testing.T) {
 		{desc: "the wrong context is invalid", receipt: genuine, args: []string{"--card", twoKeys, "--context", "score"}, code: 1, stdout: "invalid: signature does not match\n"},
 		{desc: "a key version the card does not list is invalid and named", receipt: genuine, args: []string{"--card", onlyK1}, code: 1, stdout: "invalid: no public key for key_version k2 (the keys given are k1)\n"},
 		{desc: "another request's hashes are invalid and both hashes are shown", receipt: genuine, args: []string{"--card", twoKeys, "--request", otherRequest}, code: 1, stdout: "invalid: output_hash differs: receipt has "},
+		{desc: "an error response is named as such, with its status, code and message", receipt: mustJSON(t, apierr.UnsupportedMediaType()), args: []string{"--card", twoKeys}, code: 2, stderr: "error: the input is an error response (HTTP 415 unsupported_media_type: " + apierr.UnsupportedMediaType().Message + "), not a receipt: nothing was verified or signed"},
+		{desc: "a demand for payment is named as such", receipt: []byte(`{"x402Version":2,"error":"Payment required","resource":{"url":"http://x/score/a"},"accepts":[],"reason":"free_trial_exhausted"}`), args: []string{"--card", twoKeys}, code: 2, stderr: "error: the input is a demand for payment (HTTP 402, reason free_trial_exhausted), not a receipt: pay for the call, then check its answer"},
 		{desc: "a receipt without attestation is invalid", receipt: tamper(t, genuine, func(m map[string]any) { delete(m, "attestation") }), args: []string{"--card", twoKeys}, code: 1, stdout: "invalid: receipt has no attestation\n"},
 		{desc: "no key at all is a usage error that names the receipt's card", receipt: genuine, args: nil, code: 2, stderr: `need a public key: --card FILE_OR_URL (this receipt says its card is at "https://verifier.example/.well-known/agent-card.json")`},
 		{desc: "both --card and --public-key is a usage error", receipt: genuine, args: []string{"--card", twoKeys, "--public-key", b64(pub2)}, code: 2, stderr: "not both"},

@@ -52,12 +52,17 @@ Output and exit status:
   valid              (exit 0) everything checked holds
   invalid: REASON    (exit 1) the receipt does not hold, and why
   error: REASON      (exit 2) could not check: bad flags, unreadable file,
-                     card not reachable
+                     card not reachable, or the input is an error response
+                     or a demand for payment instead of a receipt
 
 Examples:
   aov receipt verify --card https://verifier.example/.well-known/agent-card.json receipt.json
   aov receipt verify --card agent-card.json --request request.json receipt.json
-  aov receipt verify --public-key "$(cat k1.pub)" - < receipt.json
+  aov receipt verify --public-key "$(cat keys/k1.pub)" - < receipt.json
+
+--public-key takes the raw key, base64 of its 32 bytes (what "aov keygen"
+writes to LABEL.pub and agent cards publish in publicKey), not a PEM or DER
+(MCowBQ…) encoding.
 `
 
 // Size limits on what the command reads: receipts and cards are small;
@@ -96,6 +101,9 @@ func receiptVerify(args []string, stdin io.Reader, stdout, stderr io.Writer) int
 	resp, err := readInput(pos[0], stdin, maxReceiptBytes)
 	if err != nil {
 		return trouble(stderr, "reading the receipt: %v", err)
+	}
+	if what := notAReceipt(resp); what != "" {
+		return trouble(stderr, "the input is %s", what)
 	}
 
 	var keys receipt.KeySet
@@ -241,4 +249,43 @@ func cardURLOf(resp []byte) string {
 		return ""
 	}
 	return u
+}
+
+// notAReceipt recognises the answers a pipeline hands over when the call
+// did not produce a receipt (the error shape of SPEC §6, or a 402's demand
+// for payment) and describes them; "" for anything else, which is then
+// checked as a receipt. Without it, `curl … | aov receipt verify -` on a
+// refused call reports a missing attestation instead of the refusal. The
+// service's messages never echo input, so the message is safe to print.
+func notAReceipt(resp []byte) string {
+	var r struct {
+		Attestation json.RawMessage `json:"attestation"`
+		Code        string          `json:"code"`
+		Status      int             `json:"status"`
+		Message     string          `json:"message"`
+		X402Version int             `json:"x402Version"`
+		Accepts     json.RawMessage `json:"accepts"`
+		Reason      string          `json:"reason"`
+	}
+	if json.Unmarshal(resp, &r) != nil || r.Attestation != nil {
+		return ""
+	}
+	clip := func(s string) string {
+		s = oneLine(s)
+		if len(s) > 300 {
+			s = s[:300] + "…"
+		}
+		return s
+	}
+	switch {
+	case r.Code != "" && r.Status >= 400:
+		return fmt.Sprintf("an error response (HTTP %d %s: %s), not a receipt: nothing was verified or signed", r.Status, clip(r.Code), clip(r.Message))
+	case r.X402Version != 0 && r.Accepts != nil:
+		what := "a demand for payment (HTTP 402"
+		if r.Reason != "" {
+			what += ", reason " + clip(r.Reason)
+		}
+		return what + "), not a receipt: pay for the call, then check its answer"
+	}
+	return ""
 }
