@@ -2,6 +2,7 @@ package apidocs
 
 import (
 	"encoding/json"
+	"flag"
 	"go/ast"
 	"go/parser"
 	"go/token"
@@ -206,6 +207,46 @@ func TestEveryDocumentNamesEveryCode(t *testing.T) {
 	for _, p := range PaymentCodes {
 		if !strings.Contains(paymentErrors, "| `"+p.Code+"` | "+p.Meaning+" |") {
 			t.Errorf("the Payment errors section of llms.txt lacks %s with what to do", p.Code)
+		}
+	}
+}
+
+var update = flag.Bool("update", false, "rewrite the generated code tables of SPEC.md and README.md")
+
+// TestCodeTables: the code tables of SPEC.md and README.md are the ones
+// generated from ErrorCodes and PaymentCodes, between their markers; with
+// -update the test writes them.
+func TestCodeTables(t *testing.T) {
+	root := testdata.Root(t)
+	tables := map[string]string{"error codes": errorCodeTable(), "payment reasons": paymentCodeTable()}
+	for _, doc := range []string{"SPEC.md", "README.md"} {
+		path := filepath.Join(root, doc)
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		text := string(b)
+		for name, table := range tables {
+			begin := "<!-- generated: " + name + " (go test ./apidocs -run TestCodeTables -update) -->\n"
+			end := "<!-- end: " + name + " -->\n"
+			i := strings.Index(text, begin)
+			j := strings.Index(text, end)
+			if i < 0 || j < i || strings.Count(text, begin) != 1 {
+				t.Errorf("%s: no single %q … %q section", doc, strings.TrimSpace(begin), strings.TrimSpace(end))
+				continue
+			}
+			if got := text[i+len(begin) : j]; got != table {
+				if !*update {
+					t.Errorf("%s: the %s table is not the generated one; run go test ./apidocs -run TestCodeTables -update", doc, name)
+					continue
+				}
+				text = text[:i+len(begin)] + table + text[j:]
+			}
+		}
+		if *update && text != string(b) {
+			if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 }
