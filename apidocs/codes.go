@@ -1,6 +1,7 @@
 package apidocs
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
 
@@ -158,4 +159,21 @@ func errorCodeEnum() []any {
 		out[i] = e.Code
 	}
 	return out
+}
+
+// exampleInvalid is the 422 the docs show: the real answer to an unknown
+// rule type, built by apierr, so the example cannot drift from what the
+// service sends.
+func exampleInvalid() *apierr.Error {
+	return apierr.Invalid(apierr.Field{
+		Field:   "rules[0].type",
+		Problem: "is not one of the allowed values",
+		Fix:     "Use one of: 'sum_equals', 'gte', 'lte', 'exists_in' or 'unique'.",
+	})
+}
+
+// exampleJSON is v as indented JSON, for examples in markdown.
+func exampleJSON(v any) string {
+	b, _ := json.MarshalIndent(v, "", "  ") // the fixed examples above always marshal
+	return string(b)
 }
