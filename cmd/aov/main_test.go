@@ -22,6 +22,17 @@ import (
 	"github.com/aovhq/aov/verify"
 )
 
+// derB64 is pub as base64 of its DER SubjectPublicKeyInfo (what OpenSSL
+// prints), the form --public-key does not take.
+func derB64(t *testing.T, pub ed25519.PublicKey) string {
+	t.Helper()
+	der, err := x509.MarshalPKIXPublicKey(pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return base64.StdEncoding.EncodeToString(der)
+}
+
 func mustJSON(t *testing.T, v any) []byte {
 	t.Helper()
 	b, err := json.Marshal(v)
@@ -210,6 +221,7 @@ func TestReceiptVerify(t *testing.T) {
 		{desc: "both --card and --public-key is a usage error", receipt: genuine, args: []string{"--card", twoKeys, "--public-key", b64(pub2)}, code: 2, stderr: "not both"},
 		{desc: "an unknown context is a usage error", receipt: genuine, args: []string{"--card", twoKeys, "--context", "payment"}, code: 2, stderr: "--context must be verify or score"},
 		{desc: "a public key that is not base64 is a usage error", receipt: genuine, args: []string{"--public-key", "not-a-key!"}, code: 2, stderr: "--public-key: public key is not base64"},
+		{desc: "a DER public key is a usage error that says which form to give", receipt: genuine, args: []string{"--public-key", derB64(t, pub2)}, code: 2, stderr: "public key is 44 bytes, want 32 (this is a PEM or DER SubjectPublicKeyInfo; give base64 of the raw 32-byte key"},
 		{desc: "an unknown flag is a usage error with help", receipt: genuine, args: []string{"--cardd", twoKeys}, code: 2, stderr: "Usage:"},
 		{desc: "a card that cannot be fetched cannot be checked", receipt: genuine, args: []string{"--card", srv.URL + "/missing"}, code: 2, stderr: "404 Not Found"},
 		{desc: "a card file that does not exist cannot be checked", receipt: genuine, args: []string{"--card", filepath.Join(dir, "nope.json")}, code: 2, stderr: "error: loading the agent card"},

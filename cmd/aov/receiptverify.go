@@ -113,7 +113,11 @@ func receiptVerify(args []string, stdin io.Reader, stdout, stderr io.Writer) int
 	case *keyArg != "":
 		pub, err := receipt.ParsePublicKey(*keyArg)
 		if err != nil {
-			return usageError(stderr, receiptVerifyHelp, "aov receipt verify: --public-key: %v", err)
+			hint := ""
+			if strings.HasPrefix(strings.TrimSpace(*keyArg), "MCowBQYDK2Vw") || strings.Contains(*keyArg, "BEGIN PUBLIC KEY") {
+				hint = " (this is a PEM or DER SubjectPublicKeyInfo; give base64 of the raw 32-byte key, the publicKey of the agent card)"
+			}
+			return usageError(stderr, receiptVerifyHelp, "aov receipt verify: --public-key: %v%s", err, hint)
 		}
 		keys = receipt.SingleKey("", pub)
 	case *cardArg != "":
