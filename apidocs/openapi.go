@@ -3,11 +3,11 @@ package apidocs
 import (
 	"encoding/json"
 	"fmt"
-	"github.com/aovhq/aov/apierr"
 	"regexp"
 	"sort"
 	"strings"
 
+	"github.com/aovhq/aov/apierr"
 	"github.com/aovhq/aov/receipt"
 	"github.com/aovhq/aov/x402"
 )
