@@ -55,3 +55,17 @@ func TestLLMsTxtCarriesReadyMCPClientConfigurations(t *testing.T) {
 		t.Errorf("the VS Code configuration is missing or wrong: %v", vscode)
 	}
 }
+
+// The interactive docs (the OpenAPI description /docs shows first) point at
+// the one-line set-up and at the configurations.
+func TestOpenAPIDescriptionNamesTheMCPClientSetUp(t *testing.T) {
+	s := testService()
+	s.MCPURL = "https://mcp.example.net/custom/mcp"
+	doc := buildDoc(t, s)
+	desc, _ := doc["info"].(map[string]any)["description"].(string)
+	for _, want := range []string{"`npx add-mcp https://mcp.example.net/custom/mcp`", "(" + s.BaseURL + "/llms.txt)"} {
+		if !strings.Contains(desc, want) {
+			t.Errorf("info.description lacks %s:\n%s", want, desc)
+		}
+	}
+}

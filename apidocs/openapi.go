@@ -168,7 +168,7 @@ func infoDescription(s *Service) string {
 		}
 		b.WriteString(" Answers served free carry `Free-Allowance-Remaining`, `Free-Allowance-Limit` and `Free-Allowance-Resets`.\n\n")
 	}
-	fmt.Fprintf(&b, "**MCP.** Streamable HTTP at `%s` with the tools `verify_schema` and `get_verification_record`.", s.mcpURL())
+	fmt.Fprintf(&b, "**MCP.** Streamable HTTP at `%s` with the tools `verify_schema` and `get_verification_record`. Add it to Claude Code, Cursor, VS Code and other clients with `npx add-mcp %s`; ready configurations are in [llms.txt](%s/llms.txt) (MCP client set-up).", s.mcpURL(), s.mcpURL(), s.BaseURL)
 	return b.String()
 }
 
