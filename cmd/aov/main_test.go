@@ -16,6 +16,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/aovhq/aov/apierr"
 	"github.com/aovhq/aov/receipt"
@@ -461,4 +463,30 @@ func TestOversizedInputsCannotBeChecked(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzNotAReceipt: whatever the input, the description of a non-receipt
+// is one line of printable UTF-8, at most 300 runes per field it quotes.
+func FuzzNotAReceipt(f *testing.F) {
+	f.Add([]byte(`{"code":"unsupported_media_type","status":415,"message":"m"}`))
+	f.Add([]byte(`{"x402Version":2,"accepts":[],"reason":"free_trial_exhausted"}`))
+	f.Add([]byte(`{"code":"x","status":500,"message":"a\n\u001b[31mred\ufffd"}`))
+	f.Add([]byte(`{"attestation":{},"code":"x","status":500}`))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		what := notAReceipt(in)
+		if !utf8.ValidString(what) {
+			t.Fatalf("invalid UTF-8: %q", what)
+		}
+		for _, r := range what {
+			if !unicode.IsPrint(r) {
+				t.Fatalf("unprintable %U in %q", r, what)
+			}
+		}
+		if what != "" && bytes.Contains(in, []byte(`"attestation"`)) && json.Valid(in) {
+			var m map[string]json.RawMessage
+			if json.Unmarshal(in, &m) == nil && m["attestation"] != nil {
+				t.Fatalf("a document with an attestation is described as %q", what)
+			}
+		}
+	})
 }

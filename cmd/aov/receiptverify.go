@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/aovhq/aov/receipt"
 	"github.com/aovhq/aov/verify"
@@ -274,12 +275,23 @@ func notAReceipt(resp []byte) string {
 	if json.Unmarshal(resp, &r) != nil || r.Attestation != nil {
 		return ""
 	}
+	// The input may be anything: print at most 300 runes of it, control
+	// characters and invalid UTF-8 replaced, so it cannot steer a terminal.
 	clip := func(s string) string {
-		s = oneLine(s)
-		if len(s) > 300 {
-			s = s[:300] + "…"
+		var b strings.Builder
+		n := 0
+		for _, r := range s {
+			if n == 300 {
+				b.WriteString("…")
+				break
+			}
+			if !unicode.IsPrint(r) {
+				r = '?'
+			}
+			b.WriteRune(r)
+			n++
 		}
-		return s
+		return b.String()
 	}
 	switch {
 	case r.Code != "" && r.Status >= 400:
