@@ -118,3 +118,24 @@ func TestSpecWorkedExampleCountsAreTheVerifiers(t *testing.T) {
 		}
 	}
 }
+
+// TestSpecNextActionsAreTheVerifiers: the next_actions SPEC §4 gives for a
+// pass and a fail are the ones the verifier sends, byte for byte.
+func TestSpecNextActionsAreTheVerifiers(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(testdata.Root(t), "SPEC.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, total := range []float64{129.5, 135.0} {
+		var r struct {
+			Result      string          `json:"result"`
+			NextActions json.RawMessage `json:"next_actions"`
+		}
+		if err := json.Unmarshal(signedResult(t, mustJSON(t, invoiceRequest(total)), verify.DetailFull), &r); err != nil {
+			t.Fatal(err)
+		}
+		if want := "`" + string(r.NextActions) + "`"; !strings.Contains(string(b), want) {
+			t.Errorf("SPEC.md does not give the %s result's next_actions %s", r.Result, want)
+		}
+	}
+}
