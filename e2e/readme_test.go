@@ -364,22 +364,22 @@ func runReadmeGroup(t *testing.T, s *stack, g readmeGroup, blocks []readmeBlock)
 	// A reader types consecutive shell blocks into one terminal, so they
 	// run as one shell (variables carry over); a background block is
 	// another terminal and ends that run.
-	var session []readmeBlock
+	var pending []readmeBlock
 	flush := func() {
-		if len(session) == 0 {
+		if len(pending) == 0 {
 			return
 		}
 		var script strings.Builder
 		script.WriteString("set -e\n" + prelude.String())
-		for i, b := range session {
+		for i, b := range pending {
 			fmt.Fprintf(&script, "printf '\\n%s%d\\n'\n%s", blockMark, i, forStack(b.code, s))
 		}
-		out := runReadmeBlocks(t, session, command("bash", "-c", script.String()))
-		for i, b := range session {
+		out := runReadmeBlocks(t, pending, command("bash", "-c", script.String()))
+		for i, b := range pending {
 			checkPrints(t, b, out[i], s)
 			all.WriteString(out[i])
 		}
-		session = nil
+		pending = nil
 	}
 	for i, b := range blocks {
 		switch {
@@ -398,7 +398,7 @@ func runReadmeGroup(t *testing.T, s *stack, g readmeGroup, blocks []readmeBlock)
 			checkPrints(t, b, out[0], s)
 			all.WriteString(out[0])
 		default:
-			session = append(session, b)
+			pending = append(pending, b)
 		}
 	}
 	flush()
