@@ -1,6 +1,10 @@
 package apidocs
 
 import (
+	"encoding/json"
+	"fmt"
+	"strings"
+
 	"github.com/aovhq/aov/apierr"
 	"github.com/aovhq/aov/x402"
 )
@@ -20,41 +24,156 @@ var ErrorCodes = []ErrorCode{
 	{apierr.CodeInvalidRequest, 422, false, "The request breaks the contract; `fields` names each problem with a concrete fix. Checked before any payment logic: an invalid request is never offered for sale."},
 	{apierr.CodePayloadTooLarge, 413, false, "The body is over the absolute size limit; the message says the limit."},
 	{apierr.CodeUnauthorized, 401, false, "A missing, bad, expired or replayed `X-Wallet-Auth` credential."},
+	{"forbidden", 403, false, "The credential is valid but does not grant this (for example a wallet proof for an agent id another wallet owns); a fresh credential of the same caller does not change it."},
 	{apierr.CodeNotFound, 404, false, "No such route or record."},
 	{apierr.CodeMethodNotAllowed, 405, false, "Known path, wrong method; the `Allow` header lists the right ones."},
 	{apierr.CodeUnsupportedMediaType, 415, false, "The body is not declared as JSON."},
 	{apierr.CodeRateLimited, 429, true, "Too many requests; retry after `retry_after` seconds."},
 	{apierr.CodeInternal, 500, true, "A fault of ours; nothing was charged."},
+	{"upstream_answer_unreadable", 502, false, "An MCP tool's answer could not be read by the gateway (it must be application/json, not a stream); nothing was charged, tell the operator."},
 	{"upstream_response_too_large", 502, false, "The upstream answer exceeded the gateway's buffer; nothing was charged."},
 	{apierr.CodeUpstreamUnavailable, 503, true, "A daemon, the state store or the payment facilitator is down; retry the same request after `retry_after` seconds."},
 	{apierr.CodeVerificationTimeout, 503, true, "The verification did not finish within its wall-clock limit (verifierd's -verify-timeout, default 5 s) on a loaded machine; nothing was charged. Retry after `retry_after` seconds, or send a smaller output or simpler schema. (Deterministic budgets, such as a pattern too costly for its strings, are 422 invalid_request.)"},
+	{"output_failed_verification", 502, false, "Seller mode (`verify_response` with `on_fail block`): the seller agent's answer failed verification and was withheld; the body carries the verifier's hints. Nothing was charged."},
+	{"response_unverifiable", 503, true, "Seller mode: the seller agent's answer could not be verified (not JSON, compressed, too large, or the verifier refused it); nothing was charged, retry later."},
 	{x402.ReasonSettlementPending, 503, true, "A payment was submitted but its settlement outcome is not known yet; no content was released. Do not sign a new payment: retry the same request later."},
 }
 
-// PaymentCode documents one refusal reason of a 402 (or a 400 for a payment
-// header that does not decode): the `reason` member of the body.
+// PaymentCode documents one refusal reason of a payment: the `reason`
+// member of a 402 body (or of a 400 for a payment header that does not
+// decode), `_meta.reason` of an MCP payment-required result, and the
+// facilitator's invalidReason / errorReason. Meaning says what happened and
+// what the payer should do.
 type PaymentCode struct {
 	Code    string
 	Meaning string
 }
 
-// PaymentCodes are the refusal reasons a 402 body carries in `reason`
-// (x402 reasons plus the gateway's own); the free allowance's
-// free_trial_exhausted also appears in `free_trial.code`.
+// PaymentCodes are every payment reason the code base can send: the
+// gateway's own, then those of a payment header that does not decode, then
+// the facilitator's verdicts (x402 names, as the specification and the
+// reference facilitators spell them). A test walks the source for reason
+// and code constants and fails when one is missing here.
 var PaymentCodes = []PaymentCode{
+	// The gateway's own.
 	{"free_trial_exhausted", "Today's free allowance is used; pay with x402 or come back after `free_trial.resets_at` (next UTC midnight)."},
 	{x402.ReasonPaymentAlreadyUsed, "This authorization was already settled; sign a new payment (new nonce). You were not charged again."},
 	{"payment_in_flight", "Another request is using this authorization right now; never reuse a payment, sign a new one if you need a second call."},
-	{"no_matching_requirements", "The `accepted` requirements in PAYMENT-SIGNATURE match none of the offers in PAYMENT-REQUIRED."},
-	{x402.ReasonInvalidPayload, "PAYMENT-SIGNATURE is not valid base64 JSON of an x402 v2 PaymentPayload (a 400), or its payload is malformed."},
-	{x402.ReasonInvalidVersion, "PAYMENT-SIGNATURE is not x402 version 2 (a 400)."},
-	{x402.ReasonInsufficientFunds, "The payer's balance is below the price."},
-	{x402.ReasonExactEVMInsufficientBalance, "The payer's token balance is below the price (exact EVM)."},
-	{x402.ReasonExactEVMSignature, "The EIP-3009 signature does not recover to the payer."},
-	{x402.ReasonExactEVMValueMismatch, "The authorized value differs from the price."},
-	{x402.ReasonExactEVMRecipientMismatch, "The authorization pays someone other than `payTo`."},
-	{x402.ReasonExactEVMValidBefore, "The authorization expires too soon (or has expired)."},
-	{x402.ReasonExactEVMValidAfter, "The authorization is not valid yet."},
-	{x402.ReasonExactEVMNonceAlreadyUsed, "The EIP-3009 nonce was already used on chain."},
+	{"no_matching_requirements", "The `accepted` requirements in PAYMENT-SIGNATURE match none of the offers in PAYMENT-REQUIRED; copy one offer of the latest PAYMENT-REQUIRED unchanged into `accepted` and sign that."},
+
+	// A payment header that does not decode (400, nothing sent to a facilitator).
+	{x402.ReasonInvalidPayload, "PAYMENT-SIGNATURE is not valid base64 JSON of an x402 v2 PaymentPayload (a 400), or its payload is malformed; rebuild it with an x402 v2 client."},
+	{x402.ReasonInvalidVersion, "PAYMENT-SIGNATURE is not x402 version 2 (a 400); send `x402Version: 2` in the PAYMENT-SIGNATURE header (version 1's X-PAYMENT is not accepted)."},
+
+	// Verdicts of the facilitator, passed on as it names them.
+	{x402.ReasonInvalidX402Version, "The facilitator refuses the x402 version; pay with x402 version 2."},
+	{x402.ReasonInvalidV2Payload, "The facilitator finds the v2 payment payload malformed; rebuild it with an x402 v2 client."},
+	{x402.ReasonInvalidV2Requirements, "The facilitator finds the offer malformed: a configuration fault of this server; tell its operator."},
+	{x402.ReasonInvalidPaymentRequirements, "The facilitator finds the offer malformed: a configuration fault of this server; tell its operator."},
+	{x402.ReasonInvalidNetwork, "The payment is for a network the facilitator does not serve; pay with an offer of PAYMENT-REQUIRED."},
+	{x402.ReasonNoFacilitatorForNetwork, "No facilitator is configured for the payment's network; pay with another offer of PAYMENT-REQUIRED."},
+	{x402.ReasonInvalidScheme, "The payment's scheme is not the offer's; pay with scheme `exact` as offered."},
+	{x402.ReasonUnsupportedScheme, "The facilitator does not support this scheme; pay with an offer of PAYMENT-REQUIRED."},
+	{x402.ReasonUnsupportedPayloadType, "The payload type is not supported (for example Permit2); sign an EIP-3009 `transferWithAuthorization`."},
+	{x402.ReasonInsufficientFunds, "The payer's balance is below the price; fund the wallet and sign a new payment."},
+	{x402.ReasonInvalidTransactionState, "The payment transaction is in a state the facilitator cannot settle; sign a new payment."},
+	{x402.ReasonUnexpectedVerifyError, "The facilitator could not check the payment for a reason it did not name; nothing was charged, try again."},
 	{x402.ReasonUnexpectedSettleError, "Settlement failed for a reason the facilitator did not name; nothing was charged."},
+	{x402.ReasonExactEVMScheme, "The payment is not an `exact` EVM payment; pay with an offer of PAYMENT-REQUIRED."},
+	{x402.ReasonExactEVMNetworkMismatch, "The payment is for another chain than the offer; sign it for the offer's `network`."},
+	{x402.ReasonExactEVMRecipientMismatch, "`authorization.to` is not the offer's `payTo`; sign a payment to `payTo`."},
+	{x402.ReasonSpecRecipientMismatch, "The x402 specification's name for a recipient other than `payTo`; sign a payment to `payTo`."},
+	{x402.ReasonExactEVMValueMismatch, "The authorized value is not exactly the offer's `amount`; sign exactly `amount`."},
+	{x402.ReasonExactEVMValidBefore, "The authorization has expired or expires within 6 seconds; sign a new one with a later `validBefore`."},
+	{x402.ReasonExactEVMValidAfter, "The authorization is not valid yet (`validAfter` is in the future); sign one valid now."},
+	{x402.ReasonExactEVMMissingEIP712Domain, "The offer lacks the token's EIP-712 `name` and `version`: a configuration fault of this server; tell its operator."},
+	{x402.ReasonExactEVMTokenNameMismatch, "The EIP-712 domain name is not the token's; sign with `extra.name` of the offer."},
+	{x402.ReasonExactEVMTokenVersionMismatch, "The EIP-712 domain version is not the token's; sign with `extra.version` of the offer."},
+	{x402.ReasonExactEVMSignature, "The EIP-3009 signature is malformed, malleable (high s) or not the payer's; sign again with the payer's key."},
+	{x402.ReasonSpecSignature, "The x402 specification's name for a signature that does not verify; sign again with the payer's key."},
+	{x402.ReasonExactEVMUndeployedSmartWallet, "The payer is a smart wallet that is not deployed yet; deploy it (or use an ERC-6492 signature) and sign again."},
+	{x402.ReasonSmartWalletDeploymentFailed, "Deploying the payer's smart wallet failed; nothing was charged."},
+	{x402.ReasonExactEVMEIP3009NotSupported, "The asset does not support EIP-3009 `transferWithAuthorization`; pay with an offer whose asset does (USDC)."},
+	{x402.ReasonExactEVMNonceAlreadyUsed, "The chain has already used this authorization's nonce; sign a new payment with a fresh nonce."},
+	{x402.ReasonExactEVMInsufficientBalance, "The payer's token balance is below the price; fund the wallet and sign a new payment."},
+	{x402.ReasonExactEVMSimulationFailed, "The transfer would fail on chain (simulation); check the balance and the authorization, then sign a new payment."},
+	{x402.ReasonExactEVMTransactionFailed, "The settlement transaction reverted or transferred nothing; nothing was charged, sign a new payment."},
+	{x402.ReasonExactEVMFailedToExecuteTransfer, "The token refused the transfer; nothing was charged, check the balance and sign a new payment."},
+	{x402.ReasonExactEVMFailedToGetReceipt, "The settlement was sent but its receipt could not be read: the outcome is unknown, so no content was released (503); do not pay again, retry the same request later."},
+	// Solana (exact scheme, the facilitator of plugins/svmfacilitator; names as the reference TypeScript facilitator spells them).
+	{"invalid_exact_svm_unsupported_scheme", "The Solana payment is not an `exact` payment; pay with an offer of PAYMENT-REQUIRED."},
+	{"invalid_exact_svm_network_mismatch", "The Solana payment is for another cluster than the offer; sign it for the offer's `network`."},
+	{"invalid_exact_svm_payload_missing_fee_payer", "The offer names no fee payer (`extra.feePayer`): a configuration fault of this server; tell its operator."},
+	{"invalid_exact_svm_fee_payer_not_managed_by_facilitator", "The transaction's fee payer is not one of the facilitator's; build it with the offer's `extra.feePayer`."},
+	{"invalid_exact_svm_fee_payer_mismatch", "The transaction's fee payer is not the offer's `extra.feePayer`; build it with that fee payer."},
+	{"invalid_exact_svm_payload_transaction_could_not_be_decoded", "The payload's transaction does not decode; build it with an x402 Solana client."},
+	{"invalid_exact_svm_payload_signature_invalid", "A required signature of the transaction is missing or does not verify; sign again with the payer's key."},
+	{"invalid_exact_svm_payload_excessive_signers", "The transaction asks for more signers than a payment needs; build a plain payment transaction."},
+	{"invalid_exact_svm_payload_transaction_instructions_length", "The transaction has too few or too many instructions for a payment; build a plain payment transaction."},
+	{"invalid_exact_svm_payload_transaction_instructions_compute_limit_instruction", "The compute-unit limit instruction is missing or malformed; build the transaction with an x402 Solana client."},
+	{"invalid_exact_svm_payload_transaction_instructions_compute_limit_instruction_too_high", "The compute-unit limit is above what the facilitator pays for; lower it."},
+	{"invalid_exact_svm_payload_transaction_instructions_compute_price_instruction", "The compute-unit price instruction is missing or malformed; build the transaction with an x402 Solana client."},
+	{"invalid_exact_svm_payload_transaction_instructions_compute_price_instruction_too_high", "The compute-unit price is above what the facilitator pays; lower it."},
+	{"invalid_exact_svm_payload_no_transfer_instruction", "The transaction has no token transfer; sign a transfer of `amount` to `payTo`."},
+	{"invalid_exact_svm_payload_transaction_fee_payer_transferring_funds", "The fee payer appears in a transfer; only the payer's tokens may move."},
+	{"invalid_exact_svm_payload_mint_mismatch", "The transfer moves another token than the offer's `asset`; pay in that mint."},
+	{"invalid_exact_svm_payload_recipient_mismatch", "The transfer pays someone other than `payTo`; sign a transfer to `payTo`."},
+	{"invalid_exact_svm_payload_amount_mismatch", "The transfer is not exactly the offer's `amount`; sign exactly `amount`."},
+	{"invalid_exact_svm_payload_unknown_fourth_instruction", "The transaction's fourth instruction is not one a payment may carry; build a plain payment transaction."},
+	{"invalid_exact_svm_payload_unknown_fifth_instruction", "The transaction's fifth instruction is not one a payment may carry; build a plain payment transaction."},
+	{"invalid_exact_svm_payload_unknown_sixth_instruction", "The transaction's sixth instruction is not one a payment may carry; build a plain payment transaction."},
+	{"invalid_exact_svm_payload_unknown_seventh_instruction", "The transaction's seventh instruction is not one a payment may carry; build a plain payment transaction."},
+	{"invalid_exact_svm_payload_memo_count", "The transaction carries more memos than allowed; send at most one."},
+	{"invalid_exact_svm_payload_memo_mismatch", "The memo is not the one the offer asks for; use the offer's memo."},
+	{"invalid_exact_svm_smart_wallet_alt_resolution_not_available", "The transaction uses address lookup tables, which a payment never needs; build it without them."},
+	{"invalid_exact_svm_transaction_simulation_failed", "The transaction would fail on chain (simulation); check the balance and the transaction, then sign a new payment."},
+	{"invalid_exact_svm_transaction_failed", "The settlement transaction failed on chain; nothing was charged, sign a new payment."},
+	{"duplicate_settlement", "The facilitator has already settled (or is settling) this exact transaction; never reuse a payment, sign a new one."},
+}
+
+// errorCodeTable is the markdown table of ErrorCodes, as llms.txt and the
+// OpenAPI description show it.
+func errorCodeTable() string {
+	var b strings.Builder
+	b.WriteString("| code | HTTP | retryable | meaning |\n|---|---|---|---|\n")
+	for _, e := range ErrorCodes {
+		fmt.Fprintf(&b, "| `%s` | %d | %s | %s |\n", e.Code, e.Status, yesNo(e.Retryable), e.Meaning)
+	}
+	return b.String()
+}
+
+// paymentCodeTable is the markdown table of PaymentCodes.
+func paymentCodeTable() string {
+	var b strings.Builder
+	b.WriteString("| reason | meaning and what to do |\n|---|---|\n")
+	for _, p := range PaymentCodes {
+		fmt.Fprintf(&b, "| `%s` | %s |\n", p.Code, p.Meaning)
+	}
+	return b.String()
+}
+
+// errorCodeEnum lists the codes of ErrorCodes, for the Error schema.
+func errorCodeEnum() []any {
+	out := make([]any, len(ErrorCodes))
+	for i, e := range ErrorCodes {
+		out[i] = e.Code
+	}
+	return out
+}
+
+// exampleInvalid is the 422 the docs show: the real answer to an unknown
+// rule type, built by apierr, so the example cannot drift from what the
+// service sends.
+func exampleInvalid() *apierr.Error {
+	return apierr.Invalid(apierr.Field{
+		Field:   "rules[0].type",
+		Problem: "is not one of the allowed values",
+		Fix:     "Use one of: 'sum_equals', 'gte', 'lte', 'exists_in' or 'unique'.",
+	})
+}
+
+// exampleJSON is v as indented JSON, for examples in markdown.
+func exampleJSON(v any) string {
+	b, _ := json.MarshalIndent(v, "", "  ") // the fixed examples above always marshal
+	return string(b)
 }

@@ -72,18 +72,13 @@ func LLMsTxt(s Service) []byte {
 
 	w("## Errors\n\n")
 	w("Every error that is not a payment refusal has one shape, in REST and in MCP tool results; it is never charged and never echoes input:\n\n")
-	w("```json\n{\"code\": \"invalid_request\", \"message\": \"The request is invalid: rules[0].type is not one of the allowed values. Nothing was charged; fix the field(s) and send it again.\",\n \"status\": 422, \"retryable\": false, \"charged\": false,\n \"next_actions\": [{\"action\": \"fix_request_fields\", \"fields\": [\"rules[0].type\"]}],\n \"fields\": [{\"field\": \"rules[0].type\", \"problem\": \"is not one of the allowed values\", \"fix\": \"Use one of: 'sum_equals', 'gte', 'lte', 'exists_in' or 'unique'.\"}]}\n```\n\n")
+	w("```json\n%s\n```\n\n", exampleJSON(exampleInvalid()))
 	w("A retryable error also carries `retry_after` (seconds) and the `Retry-After` header: send the same request again after it.\n\n")
-	w("| code | HTTP | retryable | meaning |\n|---|---|---|---|\n")
-	for _, e := range ErrorCodes {
-		w("| `%s` | %d | %s | %s |\n", e.Code, e.Status, yesNo(e.Retryable), e.Meaning)
-	}
-	w("\nPayment refusals are 402 (400 for a payment header that does not decode) with `PAYMENT-REQUIRED` and the reason in the body's `reason`:\n\n")
-	w("| reason | meaning |\n|---|---|\n")
-	for _, p := range PaymentCodes {
-		w("| `%s` | %s |\n", p.Code, p.Meaning)
-	}
-	w("\nOther reasons come from the payment facilitator as x402 names them (`invalid_exact_evm_*`, `invalid_network`, `invalid_scheme`, ...).\n\n")
+	w("%s", errorCodeTable())
+	w("\n## Payment errors\n\n")
+	w("A refused payment is a 402 with a fresh `PAYMENT-REQUIRED` (a 400 for a payment header that does not decode) and the reason in the body's `reason`; over MCP the payment-required tool result carries it in `_meta.reason`. Nothing was charged. Every reason this service or its facilitator sends:\n\n")
+	w("%s", paymentCodeTable())
+	w("\nA remote facilitator may send other reasons of the x402 specification; treat an unknown reason as \"not paid, sign a new payment\". Never send the same `PAYMENT-SIGNATURE` twice.\n\n")
 
 	w("## Trust score\n\n")
 	w("`GET /score/{agent_id}` returns a trust score computed from the agent's verification history (`GET /reputation/{agent_id}`, free), signed like a verification receipt but with the context `%s`. It rewards sustained passing and discounts old and few data points; checks whose agent_id is bound to a wallet with `X-Wallet-Auth` count as authenticated. Agents whose id starts with `test-` are examples and never get a score.\n\n", receipt.ContextScore)
@@ -102,6 +97,7 @@ func LLMsTxt(s Service) []byte {
 	w("- Endpoint: `%s` (Streamable HTTP).\n", s.mcpURL())
 	w("- `verify_schema`: the same input and output as `POST /verify/schema`; shares the REST free allowance. After the allowance, the tool result is a payment-required result (x402 MCP transport, `free_trial_exhausted` in `_meta`); pay by sending the PaymentPayload in `params._meta[\"x402/payment\"]`.\n")
 	w("- `get_verification_record`: the same as `GET /score/{agent_id}`, priced the same, never free.\n\n")
+	w("%s\n", MCPClientSetup(s.mcpURL()))
 
 	w("## Docs\n\n")
 	w("- [OpenAPI 3.1](%s/openapi.json): every route with its answers, headers, schemas and live prices\n", base)

@@ -25,7 +25,7 @@ func TestLLMsTxtFollowsTheConventions(t *testing.T) {
 			t.Errorf("line %d is a second H1: %q", i+1, l)
 		}
 	}
-	for _, h := range []string{"## Routes and prices", "## Free allowance", "## How to pay (x402 v2)", "## Errors", "## Trust score", "## Verifying a receipt (offline)", "## MCP", "## Docs"} {
+	for _, h := range []string{"## Routes and prices", "## Free allowance", "## How to pay (x402 v2)", "## Errors", "## Payment errors", "## Trust score", "## Verifying a receipt (offline)", "## MCP", "## Docs"} {
 		if !strings.Contains(txt, "\n"+h+"\n") {
 			t.Errorf("no section %q", h)
 		}

@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/aovhq/aov/apierr"
 	"github.com/aovhq/aov/receipt"
 	"github.com/aovhq/aov/x402"
 )
@@ -167,7 +168,7 @@ func infoDescription(s *Service) string {
 		}
 		b.WriteString(" Answers served free carry `Free-Allowance-Remaining`, `Free-Allowance-Limit` and `Free-Allowance-Resets`.\n\n")
 	}
-	fmt.Fprintf(&b, "**MCP.** Streamable HTTP at `%s` with the tools `verify_schema` and `get_verification_record`.", s.mcpURL())
+	fmt.Fprintf(&b, "**MCP.** Streamable HTTP at `%s` with the tools `verify_schema` and `get_verification_record`. Add it to Claude Code, Cursor, VS Code and other clients with `npx add-mcp %s`; ready configurations are in [llms.txt](%s/llms.txt) (MCP client set-up).", s.mcpURL(), s.mcpURL(), s.BaseURL)
 	return b.String()
 }
 
@@ -209,29 +210,14 @@ func components() obj {
 				"headers":     obj{x402.HeaderPaymentRequired: obj{"$ref": "#/components/headers/PaymentRequired"}},
 				"content":     obj{"application/json": obj{"schema": ref("PaymentRequiredBody")}},
 			},
-			"TooLarge": errorBody("payload_too_large: the body is over the absolute size limit; nothing was charged.", obj{
-				"code": "payload_too_large", "message": "The request body is larger than the limit of 1048576 bytes and nothing was charged; send a smaller body.",
-				"status": 413, "retryable": false, "charged": false, "next_actions": []any{obj{"action": "reduce_request_size"}},
-			}),
-			"Invalid": errorBody("invalid_request: the request breaks the contract; nothing was charged and it is never offered for sale.", obj{
-				"code": "invalid_request", "message": "The request is invalid: rules[0].type is not one of the allowed values. Nothing was charged; fix the field(s) and send it again.",
-				"status": 422, "retryable": false, "charged": false,
-				"next_actions": []any{obj{"action": "fix_request_fields", "fields": []any{"rules[0].type"}}},
-				"fields": []any{obj{"field": "rules[0].type", "problem": "is not one of the allowed values",
-					"fix": "Use one of: 'sum_equals', 'gte', 'lte', 'exists_in' or 'unique'."}},
-			}),
+			"TooLarge": errorBody("payload_too_large: the body is over the absolute size limit; nothing was charged.", apierr.TooLarge(1<<20)),
+			"Invalid":  errorBody("invalid_request: the request breaks the contract; nothing was charged and it is never offered for sale.", exampleInvalid()),
 			"Unavailable": obj{
 				"description": "upstream_unavailable (a daemon, the state store or the facilitator is down) or settlement_pending (a payment's outcome is not known yet: do not pay again). Retryable: send the same request after Retry-After seconds. Nothing was charged.",
 				"headers":     obj{"Retry-After": obj{"$ref": "#/components/headers/RetryAfter"}},
-				"content": obj{"application/json": obj{"schema": ref("Error"), "example": obj{
-					"code": "upstream_unavailable", "message": "The payment facilitator is unavailable and nothing was charged; retry after 2 seconds.",
-					"status": 503, "retryable": true, "retry_after": 2, "charged": false, "next_actions": []any{obj{"action": "retry", "after_seconds": 2}},
-				}}},
+				"content":     obj{"application/json": obj{"schema": ref("Error"), "example": apierr.Unavailable("payment facilitator", 2, nil)}},
 			},
-			"NotFound": errorBody("not_found.", obj{
-				"code": "not_found", "message": "No endpoint exists here and nothing was charged; check the path against /openapi.json.",
-				"status": 404, "retryable": false, "charged": false, "next_actions": []any{obj{"action": "check_path"}},
-			}),
+			"NotFound": errorBody("not_found.", apierr.NotFound("endpoint")),
 			"MethodNotAllowed": obj{
 				"description": "method_not_allowed: the Allow header lists the methods.",
 				"headers":     obj{"Allow": obj{"schema": obj{"type": "string"}}},

@@ -175,7 +175,7 @@ func componentSchemas() obj {
 			"required":    []any{"code", "message", "status", "retryable", "charged", "next_actions"},
 			"description": "SPEC §6: every error that is not a payment refusal. Never charged; never echoes input.",
 			"properties": obj{
-				"code":        obj{"type": "string", "examples": []any{"invalid_request"}, "description": "Stable; switch on it."},
+				"code":        obj{"type": "string", "enum": errorCodeEnum(), "description": "Stable; switch on it.\n\n" + errorCodeTable()},
 				"message":     str("One sentence: says nothing was charged and what to do."),
 				"status":      obj{"type": "integer"},
 				"retryable":   obj{"type": "boolean", "description": "Whether the same request can succeed later."},
@@ -223,7 +223,7 @@ func componentSchemas() obj {
 		"PaymentRequiredBody": obj{
 			"description": "The JSON body of a 402 (or of a 400 for a payment header that does not decode): the PaymentRequired document, the refusal reason, and the caller's live free allowance.",
 			"allOf": []any{ref("PaymentRequired"), obj{"type": "object", "properties": obj{
-				"reason":     obj{"type": "string", "description": "Why a payment was refused (see the payment codes); absent on a plain demand for payment."},
+				"reason":     obj{"type": "string", "description": "Why a payment was refused; absent on a plain demand for payment. Nothing was charged.\n\n" + paymentCodeTable()},
 				"free_trial": ref("FreeTrial"),
 			}}},
 		},

@@ -16,10 +16,33 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
+	"github.com/aovhq/aov/apierr"
 	"github.com/aovhq/aov/receipt"
 	"github.com/aovhq/aov/verify"
 )
+
+// derB64 is pub as base64 of its DER SubjectPublicKeyInfo (what OpenSSL
+// prints), the form --public-key does not take.
+func derB64(t *testing.T, pub ed25519.PublicKey) string {
+	t.Helper()
+	der, err := x509.MarshalPKIXPublicKey(pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return base64.StdEncoding.EncodeToString(der)
+}
+
+func mustJSON(t *testing.T, v any) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
 
 // invoiceRequest is the SPEC §10 worked example (the failing invoice).
 const invoiceRequest = `{
@@ -193,11 +216,14 @@ func TestReceiptVerify(t *testing.T) {
 		{desc: "the wrong context is invalid", receipt: genuine, args: []string{"--card", twoKeys, "--context", "score"}, code: 1, stdout: "invalid: signature does not match\n"},
 		{desc: "a key version the card does not list is invalid and named", receipt: genuine, args: []string{"--card", onlyK1}, code: 1, stdout: "invalid: no public key for key_version k2 (the keys given are k1)\n"},
 		{desc: "another request's hashes are invalid and both hashes are shown", receipt: genuine, args: []string{"--card", twoKeys, "--request", otherRequest}, code: 1, stdout: "invalid: output_hash differs: receipt has "},
+		{desc: "an error response is named as such, with its status, code and message", receipt: mustJSON(t, apierr.UnsupportedMediaType()), args: []string{"--card", twoKeys}, code: 2, stderr: "error: the input is an error response (HTTP 415 unsupported_media_type: " + apierr.UnsupportedMediaType().Message + "), not a receipt: nothing was verified or signed"},
+		{desc: "a demand for payment is named as such", receipt: []byte(`{"x402Version":2,"error":"Payment required","resource":{"url":"http://x/score/a"},"accepts":[],"reason":"free_trial_exhausted"}`), args: []string{"--card", twoKeys}, code: 2, stderr: "error: the input is a demand for payment (HTTP 402, reason free_trial_exhausted), not a receipt: pay for the call, then check its answer"},
 		{desc: "a receipt without attestation is invalid", receipt: tamper(t, genuine, func(m map[string]any) { delete(m, "attestation") }), args: []string{"--card", twoKeys}, code: 1, stdout: "invalid: receipt has no attestation\n"},
 		{desc: "no key at all is a usage error that names the receipt's card", receipt: genuine, args: nil, code: 2, stderr: `need a public key: --card FILE_OR_URL (this receipt says its card is at "https://verifier.example/.well-known/agent-card.json")`},
 		{desc: "both --card and --public-key is a usage error", receipt: genuine, args: []string{"--card", twoKeys, "--public-key", b64(pub2)}, code: 2, stderr: "not both"},
 		{desc: "an unknown context is a usage error", receipt: genuine, args: []string{"--card", twoKeys, "--context", "payment"}, code: 2, stderr: "--context must be verify or score"},
 		{desc: "a public key that is not base64 is a usage error", receipt: genuine, args: []string{"--public-key", "not-a-key!"}, code: 2, stderr: "--public-key: public key is not base64"},
+		{desc: "a DER public key is a usage error that says which form to give", receipt: genuine, args: []string{"--public-key", derB64(t, pub2)}, code: 2, stderr: "public key is 44 bytes, want 32 (this is a PEM or DER SubjectPublicKeyInfo; give base64 of the raw 32-byte key"},
 		{desc: "an unknown flag is a usage error with help", receipt: genuine, args: []string{"--cardd", twoKeys}, code: 2, stderr: "Usage:"},
 		{desc: "a card that cannot be fetched cannot be checked", receipt: genuine, args: []string{"--card", srv.URL + "/missing"}, code: 2, stderr: "404 Not Found"},
 		{desc: "a card file that does not exist cannot be checked", receipt: genuine, args: []string{"--card", filepath.Join(dir, "nope.json")}, code: 2, stderr: "error: loading the agent card"},
@@ -437,4 +463,30 @@ func TestOversizedInputsCannotBeChecked(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzNotAReceipt: whatever the input, the description of a non-receipt
+// is one line of printable UTF-8, at most 300 runes per field it quotes.
+func FuzzNotAReceipt(f *testing.F) {
+	f.Add([]byte(`{"code":"unsupported_media_type","status":415,"message":"m"}`))
+	f.Add([]byte(`{"x402Version":2,"accepts":[],"reason":"free_trial_exhausted"}`))
+	f.Add([]byte(`{"code":"x","status":500,"message":"a\n\u001b[31mred\ufffd"}`))
+	f.Add([]byte(`{"attestation":{},"code":"x","status":500}`))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		what := notAReceipt(in)
+		if !utf8.ValidString(what) {
+			t.Fatalf("invalid UTF-8: %q", what)
+		}
+		for _, r := range what {
+			if !unicode.IsPrint(r) {
+				t.Fatalf("unprintable %U in %q", r, what)
+			}
+		}
+		if what != "" && bytes.Contains(in, []byte(`"attestation"`)) && json.Valid(in) {
+			var m map[string]json.RawMessage
+			if json.Unmarshal(in, &m) == nil && m["attestation"] != nil {
+				t.Fatalf("a document with an attestation is described as %q", what)
+			}
+		}
+	})
 }

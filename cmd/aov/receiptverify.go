@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/aovhq/aov/receipt"
 	"github.com/aovhq/aov/verify"
@@ -52,12 +53,17 @@ Output and exit status:
   valid              (exit 0) everything checked holds
   invalid: REASON    (exit 1) the receipt does not hold, and why
   error: REASON      (exit 2) could not check: bad flags, unreadable file,
-                     card not reachable
+                     card not reachable, or the input is an error response
+                     or a demand for payment instead of a receipt
 
 Examples:
   aov receipt verify --card https://verifier.example/.well-known/agent-card.json receipt.json
   aov receipt verify --card agent-card.json --request request.json receipt.json
-  aov receipt verify --public-key "$(cat k1.pub)" - < receipt.json
+  aov receipt verify --public-key "$(cat keys/k1.pub)" - < receipt.json
+
+--public-key takes the raw key, base64 of its 32 bytes (what "aov keygen"
+writes to LABEL.pub and agent cards publish in publicKey), not a PEM or DER
+(MCowBQ…) encoding.
 `
 
 // Size limits on what the command reads: receipts and cards are small;
@@ -97,6 +103,9 @@ func receiptVerify(args []string, stdin io.Reader, stdout, stderr io.Writer) int
 	if err != nil {
 		return trouble(stderr, "reading the receipt: %v", err)
 	}
+	if what := notAReceipt(resp); what != "" {
+		return trouble(stderr, "the input is %s", what)
+	}
 
 	var keys receipt.KeySet
 	switch {
@@ -105,7 +114,11 @@ func receiptVerify(args []string, stdin io.Reader, stdout, stderr io.Writer) int
 	case *keyArg != "":
 		pub, err := receipt.ParsePublicKey(*keyArg)
 		if err != nil {
-			return usageError(stderr, receiptVerifyHelp, "aov receipt verify: --public-key: %v", err)
+			hint := ""
+			if strings.HasPrefix(strings.TrimSpace(*keyArg), "MCowBQYDK2Vw") || strings.Contains(*keyArg, "BEGIN PUBLIC KEY") {
+				hint = " (this is a PEM or DER SubjectPublicKeyInfo; give base64 of the raw 32-byte key, the publicKey of the agent card)"
+			}
+			return usageError(stderr, receiptVerifyHelp, "aov receipt verify: --public-key: %v%s", err, hint)
 		}
 		keys = receipt.SingleKey("", pub)
 	case *cardArg != "":
@@ -241,4 +254,54 @@ func cardURLOf(resp []byte) string {
 		return ""
 	}
 	return u
+}
+
+// notAReceipt recognises the answers a pipeline hands over when the call
+// did not produce a receipt (the error shape of SPEC §6, or a 402's demand
+// for payment) and describes them; "" for anything else, which is then
+// checked as a receipt. Without it, `curl … | aov receipt verify -` on a
+// refused call reports a missing attestation instead of the refusal. The
+// service's messages never echo input, so the message is safe to print.
+func notAReceipt(resp []byte) string {
+	var r struct {
+		Attestation json.RawMessage `json:"attestation"`
+		Code        string          `json:"code"`
+		Status      int             `json:"status"`
+		Message     string          `json:"message"`
+		X402Version int             `json:"x402Version"`
+		Accepts     json.RawMessage `json:"accepts"`
+		Reason      string          `json:"reason"`
+	}
+	if json.Unmarshal(resp, &r) != nil || r.Attestation != nil {
+		return ""
+	}
+	// The input may be anything: print at most 300 runes of it, control
+	// characters and invalid UTF-8 replaced, so it cannot steer a terminal.
+	clip := func(s string) string {
+		var b strings.Builder
+		n := 0
+		for _, r := range s {
+			if n == 300 {
+				b.WriteString("…")
+				break
+			}
+			if !unicode.IsPrint(r) {
+				r = '?'
+			}
+			b.WriteRune(r)
+			n++
+		}
+		return b.String()
+	}
+	switch {
+	case r.Code != "" && r.Status >= 400:
+		return fmt.Sprintf("an error response (HTTP %d %s: %s), not a receipt: nothing was verified or signed", r.Status, clip(r.Code), clip(r.Message))
+	case r.X402Version != 0 && r.Accepts != nil:
+		what := "a demand for payment (HTTP 402"
+		if r.Reason != "" {
+			what += ", reason " + clip(r.Reason)
+		}
+		return what + "), not a receipt: pay for the call, then check its answer"
+	}
+	return ""
 }

@@ -33,7 +33,8 @@ service's public key, published in its agent card.
 Examples:
   aov receipt verify --card https://verifier.example/.well-known/agent-card.json receipt.json
   aov receipt verify --card agent-card.json --request request.json receipt.json
-  curl -s ... | aov receipt verify --public-key 'MCowBQ...=' -
+  curl -s https://verifier.example/verify/schema -H 'Content-Type: application/json' \
+    -d @request.json | aov receipt verify --public-key "$(cat keys/k1.pub)" -
 
 Run "aov receipt verify -h" or "aov keygen -h" for the flags.
 `

@@ -1,10 +1,10 @@
-// Package testdata locates the shared conformance vectors (JSON-Schema-Test-
-// Suite, RFC 8785, Ed25519, eddsa-jcs-2022) that live beside the repository
-// in ../shared/testdata rather than inside it.
+// Package testdata locates the conformance vectors (JSON-Schema-Test-Suite,
+// RFC 8785, Ed25519, eddsa-jcs-2022) kept in the repository's top-level
+// testdata/ folder, and the contract document (SPEC.md) whose test vectors
+// the tests read.
 //
-// Tests call Dir, which skips the test with a clear message when the folder
-// is absent (a bare clone), so a missing folder never looks like a pass of
-// the vectors it holds.
+// A missing data set fails the test that needs it: a skipped conformance
+// test would let `go test` report ok for vectors that never ran.
 package testdata
 
 import (
@@ -13,41 +13,32 @@ import (
 	"testing"
 )
 
-// EnvVar overrides where the vectors are looked for.
-const EnvVar = "AOV_TESTDATA"
-
-// Dir returns the shared testdata folder (or sub, below it), skipping t when
-// it does not exist.
+// Dir returns the repository's testdata folder (or sub, below it), failing
+// t when it does not exist.
 func Dir(t testing.TB, sub ...string) string {
 	t.Helper()
-	base := os.Getenv(EnvVar)
-	if base == "" {
-		root, err := repoRoot()
-		if err != nil {
-			t.Skipf("shared test vectors not found: %v (set %s)", err, EnvVar)
-		}
-		base = filepath.Join(root, "..", "shared", "testdata")
-	}
-	dir := filepath.Join(append([]string{base}, sub...)...)
+	dir := filepath.Join(append([]string{Root(t), "testdata"}, sub...)...)
 	if _, err := os.Stat(dir); err != nil {
-		t.Skipf("shared test vectors not found at %s: this checkout has no ../shared/testdata beside it (set %s to point at a copy)", dir, EnvVar)
+		t.Fatalf("conformance data missing: %v (testdata/README.md lists each data set and its source)", err)
 	}
 	return dir
 }
 
-// repoRoot walks up from the working directory to the folder with go.mod.
-func repoRoot() (string, error) {
+// Root returns the repository's root folder (the one holding go.mod),
+// failing t when there is none above the working directory.
+func Root(t testing.TB) string {
+	t.Helper()
 	dir, err := os.Getwd()
 	if err != nil {
-		return "", err
+		t.Fatal(err)
 	}
 	for {
 		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
+			return dir
 		}
 		parent := filepath.Dir(dir)
 		if parent == dir {
-			return "", os.ErrNotExist
+			t.Fatal("no go.mod above the working directory: not inside the repository")
 		}
 		dir = parent
 	}

@@ -1,0 +1,530 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/aovhq/aov/internal/interop"
+)
+
+// The README's commands are run as written, so they cannot rot: every
+// fenced block preceded by a marker line
+//
+//	<!-- readme-test: GROUP [prelude | background ready=URL] -->
+//
+// belongs to GROUP, and the blocks of a group run in document order in one
+// scratch folder that looks like the repository's top (every top-level
+// entry linked, bin/ holding the binaries `make build` makes). Unmarked
+// blocks are documentation only and never run.
+//
+//   - a plain block runs in bash with `set -e`; a js block runs in Node;
+//   - a prelude block is put in front of every later block of its group
+//     (the variables a reader pastes into each terminal);
+//   - a background block is a server a reader starts in another terminal:
+//     it keeps running until the group ends, and the next block waits until
+//     URL answers;
+//   - a `# prints: TEXT` or `// prints: TEXT` comment says what the block's
+//     output must contain, in that order.
+//
+// The stack stands in for `make run`: localhost:8080 and 127.0.0.1:8080 in
+// a block are the stack's gateway.
+const readmeMarker = "<!-- readme-test:"
+
+type readmeBlock struct {
+	group      string
+	line       int // of the opening fence, 1-based
+	lang       string
+	code       string
+	prelude    bool
+	background bool
+	ready      string
+}
+
+var (
+	fenceOpen = regexp.MustCompile("^(\\s*)```([a-z]*)\\s*$")
+	printsRe  = regexp.MustCompile(`(?m)(?:#|//) prints: (.+?)\s*$`)
+)
+
+// readmeBlocks parses the marked blocks of the README. A marker not
+// followed by a fenced block is an error, so an edit cannot silently
+// detach a test from its block.
+func readmeBlocks(readme string) ([]readmeBlock, error) {
+	lines := strings.Split(readme, "\n")
+	var out []readmeBlock
+	for i := 0; i < len(lines); i++ {
+		l := strings.TrimSpace(lines[i])
+		if !strings.HasPrefix(l, readmeMarker) {
+			continue
+		}
+		spec, ok := strings.CutSuffix(strings.TrimPrefix(l, readmeMarker), "-->")
+		fields := strings.Fields(spec)
+		if !ok || len(fields) == 0 {
+			return nil, fmt.Errorf("README line %d: a marker reads %s GROUP [prelude|background ready=URL] -->", i+1, readmeMarker)
+		}
+		b := readmeBlock{group: fields[0]}
+		for _, f := range fields[1:] {
+			switch {
+			case f == "prelude":
+				b.prelude = true
+			case f == "background":
+				b.background = true
+			case strings.HasPrefix(f, "ready="):
+				b.ready = strings.TrimPrefix(f, "ready=")
+			default:
+				return nil, fmt.Errorf("README line %d: unknown marker option %q", i+1, f)
+			}
+		}
+		if b.background != (b.ready != "") {
+			return nil, fmt.Errorf("README line %d: a background block needs ready=URL, and only it", i+1)
+		}
+		if i+1 >= len(lines) {
+			return nil, fmt.Errorf("README line %d: the marker is not followed by a fenced block", i+1)
+		}
+		m := fenceOpen.FindStringSubmatch(lines[i+1])
+		if m == nil {
+			return nil, fmt.Errorf("README line %d: the marker is not followed by a fenced block", i+1)
+		}
+		indent, lang := m[1], m[2]
+		switch lang {
+		case "sh", "bash":
+			lang = "sh"
+		case "js":
+		default:
+			return nil, fmt.Errorf("README line %d: a marked block must be sh or js, not %q", i+2, lang)
+		}
+		b.line, b.lang = i+2, lang
+		var code strings.Builder
+		closed := false
+		for i += 2; i < len(lines); i++ {
+			if strings.TrimSpace(lines[i]) == "```" {
+				closed = true
+				break
+			}
+			code.WriteString(strings.TrimPrefix(lines[i], indent))
+			code.WriteByte('\n')
+		}
+		if !closed {
+			return nil, fmt.Errorf("README line %d: the block never closes", b.line)
+		}
+		b.code = code.String()
+		out = append(out, b)
+	}
+	return out, nil
+}
+
+func TestReadmeBlocksParse(t *testing.T) {
+	doc := strings.Join([]string{
+		"text", "```sh", "not run", "```",
+		"<!-- readme-test: g prelude -->", "```sh", ": ${A:=1}", "```",
+		"1. step", "   <!-- readme-test: g -->", "   ```sh", "   cat <<'EOF'", "   x", "   EOF", "   ```",
+		"<!-- readme-test: g background ready=http://$A/ -->", "```js", "run()", "```",
+	}, "\n")
+	bs, err := readmeBlocks(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(bs) != 3 || !bs[0].prelude || bs[1].code != "cat <<'EOF'\nx\nEOF\n" || !bs[2].background || bs[2].ready != "http://$A/" || bs[2].lang != "js" {
+		t.Fatalf("parsed %+v", bs)
+	}
+	for _, bad := range []string{
+		"<!-- readme-test: g -->\ntext\n```sh\nx\n```",
+		"<!-- readme-test: g -->\n```python\nx\n```",
+		"<!-- readme-test: g background -->\n```sh\nx\n```",
+		"<!-- readme-test: g colour=red -->\n```sh\nx\n```",
+		"<!-- readme-test: g -->\n```sh\nx",
+	} {
+		if _, err := readmeBlocks(bad); err == nil {
+			t.Errorf("accepted %q", bad)
+		}
+	}
+}
+
+// readmeGroup is what a group needs besides its blocks: the files a
+// reader already holds, extra environment, what must be installed, and
+// checks of the whole output.
+type readmeGroup struct {
+	needsPeers bool // the npm peers of interop/ (the official x402 client)
+	tools      []string
+	setup      func(t *testing.T, s *stack, work string) []string // returns extra environment
+	check      func(t *testing.T, work, output string)
+}
+
+func TestReadmeSnippetsRunAsWritten(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join(repoRoot, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks, err := readmeBlocks(string(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	groups := map[string]readmeGroup{
+		"quickstart": {tools: []string{"curl", "jq"}},
+		"pay-js":     {needsPeers: true},
+		"receipt-aov": {
+			tools: []string{"curl"},
+			setup: func(t *testing.T, s *stack, work string) []string {
+				keptReceipt(t, s, work)
+				return nil
+			},
+		},
+		"receipt-by-hand": {
+			tools: []string{"curl", "jq", "xxd", "openssl", "base64", "sha256sum", "node"},
+			setup: func(t *testing.T, s *stack, work string) []string {
+				keptReceipt(t, s, work)
+				return nil
+			},
+			check: func(t *testing.T, work, output string) {
+				var r struct {
+					OutputHash string `json:"output_hash"`
+					SchemaHash string `json:"schema_hash"`
+					RulesHash  string `json:"rules_hash"`
+				}
+				b, _ := os.ReadFile(filepath.Join(work, "receipt.json"))
+				if err := json.Unmarshal(b, &r); err != nil || r.OutputHash == "" {
+					t.Fatalf("receipt.json: %v", err)
+				}
+				// Each hash twice: recomputed by the reader's pipeline (sha256sum)
+				// and printed from the receipt.
+				for _, h := range []string{r.OutputHash, r.SchemaHash, r.RulesHash} {
+					if strings.Count(output, h) != 2 {
+						t.Errorf("the recomputed hashes do not reproduce %s:\n%s", h, output)
+					}
+				}
+			},
+		},
+		"seller": {
+			needsPeers: true,
+			tools:      []string{"curl", "jq", "base64", "go"},
+			setup: func(t *testing.T, s *stack, work string) []string {
+				if err := os.MkdirAll(filepath.Join(work, "data"), 0o700); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(filepath.Join(work, "data", "gateway-token"), []byte(s.token+"\n"), 0o600); err != nil {
+					t.Fatal(err)
+				}
+				_, port, _ := net.SplitHostPort(freeAddr(t))
+				return []string{
+					"AOV_URL=" + s.base(),
+					"AOV_VERIFIERD_ADDR=" + s.verifierdAddr,
+					"SELLER_AGENT_ADDR=" + freeAddr(t),
+					"SELLER_PORT=" + port,
+					"SELLER_ADMIN_ADDR=" + freeAddr(t),
+				}
+			},
+		},
+	}
+	byGroup := map[string][]readmeBlock{}
+	for _, b := range blocks {
+		if _, ok := groups[b.group]; !ok {
+			t.Errorf("README line %d: group %q is not one this test knows (add it to the groups here)", b.line, b.group)
+		}
+		byGroup[b.group] = append(byGroup[b.group], b)
+	}
+	for name := range groups {
+		if len(byGroup[name]) == 0 {
+			t.Errorf("no README block is marked %s", readmeMarker+" "+name+" -->")
+		}
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+
+	s := newStack(t)
+	for _, name := range []string{"quickstart", "pay-js", "receipt-aov", "receipt-by-hand", "seller"} {
+		g := groups[name]
+		t.Run(name, func(t *testing.T) {
+			if g.needsPeers {
+				interop.Dir(t, "@x402/fetch", "viem")
+			}
+			for _, tool := range g.tools {
+				if _, err := exec.LookPath(tool); err != nil {
+					interop.Missing(t, tool+" is not on PATH; the README's commands use it")
+				}
+			}
+			runReadmeGroup(t, s, g, byGroup[name])
+		})
+	}
+}
+
+// keptReceipt writes what a reader of the receipt sections holds: the
+// request they sent (request.json), the answer they kept (receipt.json) and
+// the service's public key as a bare base64 file (k1.pub).
+func keptReceipt(t *testing.T, s *stack, work string) {
+	t.Helper()
+	req := example(t, "invoice-fixed.json")
+	r := post(t, s.url("/verify/schema"), req)
+	if r.status != http.StatusOK {
+		t.Fatalf("the fixed invoice: %d %s", r.status, r.body)
+	}
+	var card struct {
+		Capabilities struct {
+			Extensions []struct {
+				Params struct {
+					CurrentKeyVersion string `json:"currentKeyVersion"`
+					PublicKeys        []struct {
+						KeyVersion string `json:"keyVersion"`
+						PublicKey  string `json:"publicKey"`
+					} `json:"publicKeys"`
+				} `json:"params"`
+			} `json:"extensions"`
+		} `json:"capabilities"`
+	}
+	if err := json.Unmarshal(get(t, s.cardURL()).body, &card); err != nil {
+		t.Fatal(err)
+	}
+	pub := ""
+	for _, e := range card.Capabilities.Extensions {
+		for _, k := range e.Params.PublicKeys {
+			if k.KeyVersion == e.Params.CurrentKeyVersion {
+				pub = k.PublicKey
+			}
+		}
+	}
+	if pub == "" {
+		t.Fatal("the card names no current public key")
+	}
+	for name, b := range map[string][]byte{"request.json": req, "receipt.json": r.body, "k1.pub": []byte(pub + "\n")} {
+		if err := os.WriteFile(filepath.Join(work, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// readmeWorkdir makes a folder that looks like the repository's top to the
+// commands: every top-level entry linked (the files the commands write
+// land beside the links, not in the repository), bin/ with the built
+// binaries, and node_modules for a script saved beside interop's.
+func readmeWorkdir(t *testing.T) string {
+	t.Helper()
+	work := t.TempDir()
+	entries, err := os.ReadDir(repoRoot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		switch e.Name() {
+		case ".git", "bin", "data":
+			continue
+		}
+		if err := os.Symlink(filepath.Join(repoRoot, e.Name()), filepath.Join(work, e.Name())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink(bin.dir, filepath.Join(work, "bin")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(repoRoot, "interop", "node_modules"), filepath.Join(work, "node_modules")); err != nil {
+		t.Fatal(err)
+	}
+	return work
+}
+
+// forStack points a block at the stack instead of make run's fixed port.
+func forStack(code string, s *stack) string {
+	return strings.NewReplacer("localhost:8080", s.caddyAddr, "127.0.0.1:8080", s.caddyAddr).Replace(code)
+}
+
+func runReadmeGroup(t *testing.T, s *stack, g readmeGroup, blocks []readmeBlock) {
+	work := readmeWorkdir(t)
+	env := append(os.Environ(), "PATH="+bin.dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+	if g.setup != nil {
+		env = append(env, g.setup(t, s, work)...)
+	}
+	lookup := func(name string) string {
+		for i := len(env) - 1; i >= 0; i-- {
+			if k, v, _ := strings.Cut(env[i], "="); k == name {
+				return v
+			}
+		}
+		return ""
+	}
+	command := func(name string, args ...string) *exec.Cmd {
+		cmd := exec.Command(name, args...)
+		cmd.Dir, cmd.Env = work, env
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		return cmd
+	}
+	var prelude, all strings.Builder
+	// A reader types consecutive shell blocks into one terminal, so they
+	// run as one shell (variables carry over); a background block is
+	// another terminal and ends that run.
+	var pending []readmeBlock
+	flush := func() {
+		if len(pending) == 0 {
+			return
+		}
+		var script strings.Builder
+		script.WriteString("set -e\n" + prelude.String())
+		for i, b := range pending {
+			fmt.Fprintf(&script, "printf '\\n%s%d\\n'\n%s", blockMark, i, forStack(b.code, s))
+		}
+		out := runReadmeBlocks(t, pending, command("bash", "-c", script.String()))
+		for i, b := range pending {
+			checkPrints(t, b, out[i], s)
+			all.WriteString(out[i])
+		}
+		pending = nil
+	}
+	for i, b := range blocks {
+		switch {
+		case b.prelude:
+			prelude.WriteString(forStack(b.code, s))
+		case b.background:
+			flush()
+			startReadmeServer(t, b, command("bash", "-c", "set -e\n"+prelude.String()+forStack(b.code, s)), os.Expand(b.ready, lookup))
+		case b.lang == "js":
+			flush()
+			script := filepath.Join(work, fmt.Sprintf("readme-%d.mjs", i))
+			if err := os.WriteFile(script, []byte(forStack(b.code, s)), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			out := runReadmeBlocks(t, []readmeBlock{b}, command("node", script))
+			checkPrints(t, b, out[0], s)
+			all.WriteString(out[0])
+		default:
+			pending = append(pending, b)
+		}
+	}
+	flush()
+	if g.check != nil {
+		g.check(t, work, all.String())
+	}
+}
+
+// blockMark starts each block's output in a shell run of several blocks.
+const blockMark = "@@readme-block "
+
+// checkPrints fails t unless out shows every `prints:` text of b, in order.
+func checkPrints(t *testing.T, b readmeBlock, out string, s *stack) {
+	t.Helper()
+	rest := out
+	for _, m := range printsRe.FindAllStringSubmatch(b.code, -1) {
+		want := forStack(m[1], s)
+		i := strings.Index(rest, want)
+		if i < 0 {
+			t.Fatalf("README line %d: the output does not show %q (in this order):\n%s", b.line, want, out)
+		}
+		rest = rest[i+len(want):]
+	}
+}
+
+// runReadmeBlocks runs blocks (one, or several as one shell script whose
+// blocks print blockMark and their index first) to the end, within a
+// deadline, and returns each block's output. A failure fails the test
+// naming the block that was running.
+func runReadmeBlocks(t *testing.T, blocks []readmeBlock, cmd *exec.Cmd) []string {
+	t.Helper()
+	var buf bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &buf, &buf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(3 * time.Minute):
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-done
+		err = errors.New("still running after 3 minutes")
+	}
+	out := make([]string, len(blocks))
+	last := 0
+	parts := strings.Split(buf.String(), "\n"+blockMark)
+	if len(blocks) == 1 && len(parts) == 1 {
+		out[0] = parts[0]
+	}
+	for _, p := range parts[1:] {
+		idx, rest, _ := strings.Cut(p, "\n")
+		if n, e := strconv.Atoi(idx); e == nil && n < len(blocks) {
+			out[n], last = rest, n
+		}
+	}
+	if err != nil {
+		b := blocks[last]
+		t.Fatalf("README line %d: %v\n--- block ---\n%s--- output ---\n%s", b.line, err, b.code, out[last])
+	}
+	return out
+}
+
+// startReadmeServer starts a background block, stops it (its whole process
+// group: `go run` starts a child) when the test ends, and waits until ready
+// answers with any HTTP status.
+func startReadmeServer(t *testing.T, b readmeBlock, cmd *exec.Cmd, ready string) {
+	t.Helper()
+	logPath := filepath.Join(t.TempDir(), "server.log")
+	f, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = f, f
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); f.Close(); close(done) }()
+	t.Cleanup(func() {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			<-done
+		}
+		if t.Failed() {
+			log, _ := os.ReadFile(logPath)
+			t.Logf("---- README line %d server output ----\n%s", b.line, tailLines(string(log), 40))
+		}
+	})
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		select {
+		case <-done:
+			log, _ := os.ReadFile(logPath)
+			t.Fatalf("README line %d: the server exited before %s answered:\n%s", b.line, ready, log)
+		default:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, ready, nil)
+		resp, err := http.DefaultClient.Do(req)
+		cancel()
+		if err == nil {
+			resp.Body.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("README line %d: %s did not answer within 3 minutes: %v", b.line, ready, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func tailLines(s string, n int) string {
+	var lines []string
+	sc := bufio.NewScanner(strings.NewReader(s))
+	for sc.Scan() {
+		lines = append(lines, sc.Text())
+	}
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
