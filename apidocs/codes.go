@@ -27,7 +27,6 @@ var ErrorCodes = []ErrorCode{
 	{apierr.CodeInternal, 500, true, "A fault of ours; nothing was charged."},
 	{"upstream_response_too_large", 502, false, "The upstream answer exceeded the gateway's buffer; nothing was charged."},
 	{apierr.CodeUpstreamUnavailable, 503, true, "A daemon, the state store or the payment facilitator is down; retry the same request after `retry_after` seconds."},
-	{apierr.CodeVerificationTimeout, 503, true, "The verification did not finish within its wall-clock limit (verifierd's -verify-timeout, default 5 s) on a loaded machine; nothing was charged. Retry after `retry_after` seconds, or send a smaller output or simpler schema. (Deterministic budgets, such as a pattern too costly for its strings, are 422 invalid_request.)"},
 	{x402.ReasonSettlementPending, 503, true, "A payment was submitted but its settlement outcome is not known yet; no content was released. Do not sign a new payment: retry the same request later."},
 }
 

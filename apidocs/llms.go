@@ -72,7 +72,7 @@ func LLMsTxt(s Service) []byte {
 
 	w("## Errors\n\n")
 	w("Every error that is not a payment refusal has one shape, in REST and in MCP tool results; it is never charged and never echoes input:\n\n")
-	w("```json\n{\"code\": \"invalid_request\", \"message\": \"The request is invalid: rules[0].type is not one of the allowed values. Nothing was charged; fix the field(s) and send it again.\",\n \"status\": 422, \"retryable\": false, \"charged\": false,\n \"next_actions\": [{\"action\": \"fix_request_fields\", \"fields\": [\"rules[0].type\"]}],\n \"fields\": [{\"field\": \"rules[0].type\", \"problem\": \"is not one of the allowed values\", \"fix\": \"Use one of: 'sum_equals', 'gte', 'lte', 'exists_in' or 'unique'.\"}]}\n```\n\n")
+	w("```json\n{\"code\": \"invalid_request\", \"message\": \"The request is invalid and nothing was charged; fix the listed fields and send it again.\",\n \"status\": 422, \"retryable\": false, \"charged\": false,\n \"next_actions\": [{\"action\": \"fix_request_fields\", \"fields\": [\"rules[0].type\"]}],\n \"fields\": [{\"field\": \"rules[0].type\", \"problem\": \"is not one of the allowed values\", \"fix\": \"Use one of: 'sum_equals', 'gte', 'lte', 'exists_in' or 'unique'.\"}]}\n```\n\n")
 	w("A retryable error also carries `retry_after` (seconds) and the `Retry-After` header: send the same request again after it.\n\n")
 	w("| code | HTTP | retryable | meaning |\n|---|---|---|---|\n")
 	for _, e := range ErrorCodes {

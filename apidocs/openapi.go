@@ -214,7 +214,7 @@ func components() obj {
 				"status": 413, "retryable": false, "charged": false, "next_actions": []any{obj{"action": "reduce_request_size"}},
 			}),
 			"Invalid": errorBody("invalid_request: the request breaks the contract; nothing was charged and it is never offered for sale.", obj{
-				"code": "invalid_request", "message": "The request is invalid: rules[0].type is not one of the allowed values. Nothing was charged; fix the field(s) and send it again.",
+				"code": "invalid_request", "message": "The request is invalid and nothing was charged; fix the listed fields and send it again.",
 				"status": 422, "retryable": false, "charged": false,
 				"next_actions": []any{obj{"action": "fix_request_fields", "fields": []any{"rules[0].type"}}},
 				"fields": []any{obj{"field": "rules[0].type", "problem": "is not one of the allowed values",
