@@ -460,7 +460,7 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 			if len(body) == 0 && r.Method == http.MethodPost {
 				return g.paymentRequired(w, r, "Payment required", "")
 			}
-			ex.check = func() error { return g.verifier.Precheck(r.Context(), body) }
+			ex.check = func() error { return g.verifier.Precheck(body) }
 		}
 	}
 	if payment != "" {

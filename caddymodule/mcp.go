@@ -54,7 +54,7 @@ func (g *Gate) serveMCP(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		if args == nil {
 			args = map[string]any{}
 		}
-		ex.check = func() error { return g.verifier.PrecheckTree(r.Context(), args) }
+		ex.check = func() error { return g.verifier.PrecheckTree(args) }
 	}
 	if raw, ok := msg.meta[mcpMetaPayment]; ok {
 		// The payment is read from its canonical form, which is also what

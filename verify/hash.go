@@ -1,7 +1,6 @@
 package verify
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -212,7 +211,7 @@ func ComputeHashes(body []byte) (receipt.Hashes, error) {
 	if !ok {
 		return receipt.Hashes{}, errors.New("the request is not a JSON object")
 	}
-	req, err := v.parseDoc(context.Background(), doc, false, false)
+	req, err := v.parseDoc(doc, false)
 	if err != nil {
 		var ae *apierr.Error
 		if errors.As(err, &ae) && len(ae.Fields) > 0 {

@@ -187,7 +187,7 @@ func wrongType(p *problems, field string, v any, want, fix string) {
 // is an *apierr.Error: 413 for a body over MaxBodyBytes, 503
 // verification_timeout past Config.Timeout, otherwise 422 naming every
 // problem found with a fix. Check then only adds the integrity checks and
-// writes the result. Before payment, a gateway calls Precheck instead.
+// writes the result.
 func (v *Verifier) Parse(body []byte) (*Request, error) {
 	return v.ParseContext(context.Background(), body)
 }
@@ -199,36 +199,10 @@ func (v *Verifier) Parse(body []byte) (*Request, error) {
 func (v *Verifier) ParseContext(ctx context.Context, body []byte) (*Request, error) {
 	ctx, cancel := context.WithTimeout(ctx, v.cfg.Timeout)
 	defer cancel()
-	return v.parse(ctx, body, true)
+	return v.parse(ctx, body)
 }
 
-// Precheck does what deciding 413 or 422 takes and nothing more: the
-// strict parse, every field check, the hashes and the schema compilation
-// (with its limits), but no evaluation of the output. A gateway calls it
-// before payment; the evaluation budgets are enforced by the Parse that
-// does the verification.
-func (v *Verifier) Precheck(ctx context.Context, body []byte) error {
-	ctx, cancel := context.WithTimeout(ctx, v.cfg.Timeout)
-	defer cancel()
-	_, err := v.parse(ctx, body, false)
-	return err
-}
-
-// PrecheckTree is Precheck of a request already decoded by strictjson (the
-// arguments of an MCP tool call, read with the envelope around them).
-func (v *Verifier) PrecheckTree(ctx context.Context, tree any) error {
-	doc, ok := tree.(map[string]any)
-	if !ok {
-		return apierr.Invalid(apierr.Field{Field: "body", Problem: "is " + typeName(tree) + ", not a JSON object",
-			Fix: `Send a JSON object with at least "task_id", "expected_schema" and "submitted_output".`})
-	}
-	ctx, cancel := context.WithTimeout(ctx, v.cfg.Timeout)
-	defer cancel()
-	_, err := v.parseDoc(ctx, doc, true, false)
-	return err
-}
-
-func (v *Verifier) parse(ctx context.Context, body []byte, evaluate bool) (*Request, error) {
+func (v *Verifier) parse(ctx context.Context, body []byte) (*Request, error) {
 	if int64(len(body)) > v.cfg.MaxBodyBytes {
 		return nil, apierr.TooLarge(v.cfg.MaxBodyBytes)
 	}
@@ -252,10 +226,17 @@ func (v *Verifier) parse(ctx context.Context, body []byte, evaluate bool) (*Requ
 	if err := ctx.Err(); err != nil {
 		return nil, apierr.Timeout(v.cfg.Timeout, err)
 	}
-	return v.parseDoc(ctx, doc, true, evaluate)
+	return v.parseDocContext(ctx, doc, true)
 }
 
-func (v *Verifier) parseDoc(ctx context.Context, doc map[string]any, compile, evaluate bool) (*Request, error) {
+// parseDoc checks a decoded request; with compile it also compiles and
+// evaluates the schema (without, neither: the hashes alone, or a caller
+// that compiles for itself).
+func (v *Verifier) parseDoc(doc map[string]any, compile bool) (*Request, error) {
+	return v.parseDocContext(context.Background(), doc, compile)
+}
+
+func (v *Verifier) parseDocContext(ctx context.Context, doc map[string]any, compile bool) (*Request, error) {
 	var p problems
 	req := &Request{Detail: DetailFull}
 
@@ -360,7 +341,7 @@ func (v *Verifier) parseDoc(ctx context.Context, doc map[string]any, compile, ev
 		// output (over the step budget) is a 422 like any other unusable
 		// schema, before payment, instead of a charged "fail". Only an
 		// otherwise valid request is worth the work.
-		if sch != nil && len(p.fields) == 0 && evaluate {
+		if sch != nil && len(p.fields) == 0 {
 			rep, err := v.evaluate(ctx, sch, req)
 			var budget interface{ Fields() []apierr.Field }
 			switch {

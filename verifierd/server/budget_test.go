@@ -37,7 +37,7 @@ func TestHostileVerificationsStayWithinBudgets(t *testing.T) {
 		spent := cpuTime(t) - before
 		m := decode(t, w)
 		if w.Code != http.StatusUnprocessableEntity || m["code"] != "invalid_request" || m["charged"] != false ||
-			!strings.Contains(m["message"].(string), "expected_schema needs more than 50000000 units of regular-expression work") {
+			!strings.Contains(m["message"].(string), "expected_schema needs more than 10000000 units of regular-expression work") {
 			t.Fatalf("status %d %v", w.Code, m)
 		}
 		if strings.Contains(w.Body.String(), "aaaa") {

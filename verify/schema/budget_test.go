@@ -218,3 +218,28 @@ func TestTooManySubschemas(t *testing.T) {
 		t.Errorf("objects inside enum counted as subschemas: %v", err)
 	}
 }
+
+// A long enum over many values is charged to the step budget.
+func TestLongEnumIsCharged(t *testing.T) {
+	var b strings.Builder
+	b.WriteString(`{"items": {"enum": [`)
+	for i := range 20_000 {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `"v%d"`, i)
+	}
+	b.WriteString(`]}}`)
+	s := mustCompile(t, b.String())
+	inst := make([]any, 2000)
+	for i := range inst {
+		inst[i] = "absent"
+	}
+	var tc *TooComplexError
+	if _, err := s.EvaluateWithin(inst, Options{}); !errors.As(err, &tc) {
+		t.Fatalf("20,000 enum members × 2,000 values: %v; want a *TooComplexError", err)
+	}
+	if rep, err := s.EvaluateWithin(inst[:10], Options{}); err != nil || rep.Total != 10 {
+		t.Errorf("the same enum on 10 values: %+v, %v", rep, err)
+	}
+}

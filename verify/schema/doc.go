@@ -72,7 +72,8 @@
 //
 // Every evaluation has budgets, enforced by the counting walk as it goes
 // (it runs before the validator and does at least the validator's work):
-// steps (Options.MaxSteps, one per subschema applied at one location),
+// steps (Options.MaxSteps, one per subschema applied at one location and
+// one per 16 enum members compared),
 // since nested applicators that reapply shared subschemas make the work
 // exponential in the schema's size; regular-expression work
 // (Options.MaxRegexWork, each match charged its pattern's size times the

@@ -205,12 +205,18 @@ func (w *walker) evalObject(s *jsonschema.Schema, v any, u *uneval, vid int) (c 
 	if s.Enum != nil {
 		c.total++
 		found := false
+		n := 0
 		for _, item := range s.Enum.Values {
+			n++
 			if equal(v, item) {
 				found = true
 				break
 			}
 		}
+		// A long enum applied to many values is work the step count
+		// would not see (50,000 members × 100,000 items is seconds of
+		// CPU): every 16 comparisons count one step.
+		w.steps += (n + 15) / 16
 		if !found {
 			c.failed++
 			return c
