@@ -101,6 +101,9 @@ type Gate struct {
 
 	// Route names this route in /.well-known/x402 as "METHOD /path"
 	// (e.g. "POST /verify/schema"). Without it the route is not listed.
+	// With it, the gate answers any other method (but OPTIONS, and HEAD
+	// when the method is GET) with 405 and Allow, before any payment logic:
+	// a request the route cannot serve is never offered for sale.
 	Route string `json:"route,omitempty"`
 
 	// FacilitatorRaw is the facilitator that verifies and settles payments
@@ -173,6 +176,7 @@ type Gate struct {
 	verifier    *verify.Verifier
 	offers      []x402.PaymentRequirements
 	bazaar      map[string]any // x402's bazaar extension, for routes that validate
+	allow       []string       // the methods Route names (OPTIONS always passes); nil: any
 	rates       *rateZone      // nil when rate_limit is off
 	ratesKey    string
 	logger      *zap.Logger
@@ -250,6 +254,12 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("store module %T does not keep allowance counters and claims", mod)
 	}
 	g.state = st
+	if method, _, ok := strings.Cut(g.Route, " "); ok && method != "" {
+		g.allow = []string{strings.ToUpper(method)}
+		if g.allow[0] == http.MethodGet {
+			g.allow = append(g.allow, http.MethodHead)
+		}
+	}
 	if g.RateLimit == nil {
 		g.RateLimit = new(RateLimit)
 	}
@@ -447,6 +457,9 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	}
 	if wait := g.rateWait(r); wait > 0 {
 		return g.refuse(w, r, apierr.RateLimited(wait))
+	}
+	if g.allow != nil && !slices.Contains(g.allow, r.Method) {
+		return g.refuse(w, r, apierr.MethodNotAllowed(g.allow...))
 	}
 
 	ex := &restExchange{g: g}

@@ -280,3 +280,41 @@ func TestRateLimitCaddyfileErrors(t *testing.T) {
 		})
 	}
 }
+
+func TestWrongMethodsOfPricedRoutesAre405BeforePayment(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	base := startCaddy(t, gateSite(up.URL, fac, 0, ""))
+	for _, tc := range []struct {
+		desc, method, path, allow string
+		status                    int
+	}{
+		{"GET of the verify route is 405", http.MethodGet, "/verify/schema", "POST", 405},
+		{"PUT of the verify route is 405", http.MethodPut, "/verify/schema", "POST", 405},
+		{"POST of the score route is 405", http.MethodPost, "/score/agent-1", "GET, HEAD", 405},
+		{"HEAD of the score route is priced like GET", http.MethodHead, "/score/agent-1", "", 402},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			req, _ := http.NewRequest(tc.method, base+tc.path, strings.NewReader(validRequest))
+			resp, err := testClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			if resp.StatusCode != tc.status || resp.Header.Get("Allow") != tc.allow {
+				t.Fatalf("status %d, Allow %q; want %d, %q", resp.StatusCode, resp.Header.Get("Allow"), tc.status, tc.allow)
+			}
+			if tc.status == 405 {
+				if m := readJSON(t, resp); m["code"] != "method_not_allowed" || m["charged"] != false {
+					t.Errorf("body %v", m)
+				}
+				if resp.Header.Get(x402.HeaderPaymentRequired) != "" {
+					t.Error("a request the route cannot serve was offered for sale")
+				}
+			}
+		})
+	}
+	if up.calls.Load() != 0 {
+		t.Errorf("the upstream ran %d times", up.calls.Load())
+	}
+}

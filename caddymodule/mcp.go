@@ -32,16 +32,26 @@ func (g *Gate) serveMCP(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	if r.Method != http.MethodPost {
 		return next.ServeHTTP(w, r)
 	}
-	body, err := g.readBody(r)
-	if err != nil {
-		return g.refuse(w, r, err)
+	// One gate per priced tool: the first reads the message, the others
+	// reuse its reading (a gate that changes the body never passes it on).
+	read, _ := caddyhttp.GetVar(r.Context(), varRPCMessage).(*rpcRead)
+	if read == nil {
+		body, err := g.readBody(r)
+		if err != nil {
+			return g.refuse(w, r, err)
+		}
+		msg, bad := readRPC(body)
+		if bad != nil {
+			metrics.outcomes.WithLabelValues("invalid_jsonrpc").Inc()
+			g.noteRefusal(r)
+			return writeRPC(w, http.StatusBadRequest, rpcError(nil, bad.code, bad.err))
+		}
+		read = &rpcRead{msg: msg, size: len(body)}
+		caddyhttp.SetVar(r.Context(), varRPCMessage, read)
+	} else if int64(read.size) > g.MaxBody {
+		return g.refuse(w, r, apierr.TooLarge(g.MaxBody))
 	}
-	msg, bad := readRPC(body)
-	if bad != nil {
-		metrics.outcomes.WithLabelValues("invalid_jsonrpc").Inc()
-		g.noteRefusal(r)
-		return writeRPC(w, http.StatusBadRequest, rpcError(nil, bad.code, bad.err))
-	}
+	msg := read.msg
 	if msg.method != "tools/call" || msg.tool != g.MCPTool {
 		return next.ServeHTTP(w, r)
 	}
@@ -74,10 +84,19 @@ func (g *Gate) serveMCP(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		setBody(r, stripped)
 		return g.servePaid(w, r, next, ex, payload, string(canon))
 	}
-	if g.Free != nil && int64(len(body)) <= g.Free.MaxBody {
+	if g.Free != nil && int64(read.size) <= g.Free.MaxBody {
 		return g.serveFree(w, r, next, ex)
 	}
 	return ex.demand(w, r, http.StatusOK, "Payment required", "", nil)
+}
+
+// varRPCMessage holds the gates' reading of the request's JSON-RPC message.
+const varRPCMessage = "aov.x402.rpc"
+
+// rpcRead is a message as read, with the size of its body.
+type rpcRead struct {
+	msg  *rpcMessage
+	size int
 }
 
 // mcpExchange is x402 over MCP: demands are tool results with isError and

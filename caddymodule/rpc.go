@@ -57,6 +57,10 @@ type rpcRefusal struct {
 	err  *apierr.Error
 }
 
+// refuseRPC builds a refusal of the message itself. It is a transport-level
+// refusal (MCP's Streamable HTTP answers an unreadable message with HTTP
+// 400), so its error carries status 400; the invalid_request code and the
+// field list are the SPEC §6 ones.
 func refuseRPC(code int, field, problem, fix string) *rpcRefusal {
 	e := apierr.Invalid(apierr.Field{Field: field, Problem: problem, Fix: fix})
 	e.Status = http.StatusBadRequest
