@@ -130,13 +130,13 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	if err != nil {
 		var ce *store.ClaimedError
 		if errors.As(err, &ce) {
-			if ce.State.Settled {
-				return ex.demand(w, r, http.StatusPaymentRequired, "This payment was already used; sign a new one.", x402.ReasonPaymentAlreadyUsed, nil)
-			}
 			// A claim kept for an unknown settlement is resolved on the
-			// buyer's retry (pending.go).
+			// buyer's retry (pending.go), settled or not by now.
 			if handled, err := g.resolveOnRetry(w, r, next, ex, ce.State); handled {
 				return err
+			}
+			if ce.State.Settled {
+				return ex.demand(w, r, http.StatusPaymentRequired, "This payment was already used; sign a new one.", x402.ReasonPaymentAlreadyUsed, nil)
 			}
 			return ex.demand(w, r, http.StatusPaymentRequired, "This payment is being processed by another request; do not reuse a payment.", reasonPaymentInFlight, nil)
 		}

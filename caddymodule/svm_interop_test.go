@@ -77,11 +77,12 @@ func TestOfficialExpressServerUsesOurFacilitator(t *testing.T) {
 	base := startCaddy(t, fmt.Sprintf(`:{port} {
 	handle_path /facilitator/* {
 		x402_facilitator {
+			pay_to %s
 			%s
 		}
 	}
 }
-`, e.svmBlock()))
+`, e.payee.Address, e.svmBlock()))
 	var ready struct {
 		URL string `json:"url"`
 	}
