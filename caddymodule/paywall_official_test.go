@@ -278,3 +278,34 @@ func TestOfficialPaywallPaysInABrowser(t *testing.T) {
 		}
 	}
 }
+
+// TestOfficialPaywallRendersASolanaOfferInABrowser: a Solana first offer
+// gets the official Solana page, which renders our demand in Chromium.
+func TestOfficialPaywallRendersASolanaOfferInABrowser(t *testing.T) {
+	chromium := chromiumPath(t)
+	interop.Dir(t, "playwright-core")
+	asset, ok := x402.USDC(x402.NetworkSolanaDevnet)
+	if !ok {
+		t.Fatal("no USDC on Solana devnet")
+	}
+	pr := x402.PaymentRequired{X402Version: 2, Resource: x402.Resource{URL: "http://127.0.0.1/score/agent-1", Description: "An agent's trust score"},
+		Accepts: []x402.PaymentRequirements{{Scheme: "exact", Network: x402.NetworkSolanaDevnet, Amount: "10000", Asset: asset.Address,
+			PayTo: "9xQeWvG816bUx9EPjHmaT23yvVM2ZWbrrpZb9PusVFin", MaxTimeoutSeconds: 60,
+			Extra: map[string]any{"feePayer": "2wKupLR9q6wXYppw8Gr2NvWxKBUqm4PPJKkQfoxHDBg4"}}}}
+	p := &Paywall{Mode: PaywallOfficial, AppName: "Agent Verifier"}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := p.serve(w, pr, nil, "http://"+r.Host+r.URL.RequestURI()); err != nil {
+			t.Error(err)
+		}
+	}))
+	t.Cleanup(srv.Close)
+
+	var res paywallBrowserResult
+	interop.Run(t, "paywall-browser.mjs", nil, map[string]any{"url": srv.URL + "/score/agent-1", "chromium": chromium}, &res)
+	t.Logf("the page showed:\n%s", res.Text)
+	for _, want := range []string{"Payment Required", "An agent's trust score", "$0.01", "Solana Devnet"} {
+		if !strings.Contains(res.Text, want) {
+			t.Errorf("the Solana page does not show %q", want)
+		}
+	}
+}
