@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -271,6 +272,14 @@ func (w *corsWriter) Write(b []byte) (int, error) {
 		w.WriteHeader(http.StatusOK)
 	}
 	return w.ResponseWriterWrapper.Write(b)
+}
+
+// ReadFrom is io.Copy's path; the wrapper's own would skip WriteHeader.
+func (w *corsWriter) ReadFrom(r io.Reader) (int64, error) {
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	return w.ResponseWriterWrapper.ReadFrom(r)
 }
 
 // parseCORS parses

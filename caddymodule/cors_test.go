@@ -2,14 +2,17 @@ package caddymodule
 
 import (
 	"fmt"
+	"io"
 	"math/big"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/aovhq/aov/plugins/evmfacilitator"
 	"github.com/aovhq/aov/x402"
@@ -223,5 +226,41 @@ func TestCORSConfigErrors(t *testing.T) {
 	}
 	if c, w := strings.Index(string(js), `"x402_cors"`), strings.Index(string(js), `"wallet_auth"`); c < 0 || w < 0 || c > w {
 		t.Errorf("x402_cors is not ordered before wallet_auth: %s", js)
+	}
+}
+
+// TestCORSHeadersSurviveTheNextHandler: a handler that replaces the CORS
+// headers (an upstream's own Access-Control-Allow-Origin, the gate's
+// Expose-Headers, a Vary without Origin) gets them set again when it
+// writes, by Write, WriteHeader or io.Copy.
+func TestCORSHeadersSurviveTheNextHandler(t *testing.T) {
+	c := &CORS{Origins: []string{corsOrigin}}
+	if err := c.Provision(caddy.Context{}); err != nil {
+		t.Fatal(err)
+	}
+	for name, write := range map[string]func(http.ResponseWriter){
+		"Write":       func(w http.ResponseWriter) { w.Write([]byte("x")) },
+		"WriteHeader": func(w http.ResponseWriter) { w.WriteHeader(http.StatusTeapot) },
+		"ReadFrom":    func(w http.ResponseWriter) { io.Copy(w, io.LimitReader(strings.NewReader("x"), 1)) },
+	} {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest(http.MethodGet, "/", nil)
+		req.Header.Set("Origin", corsOrigin)
+		err := c.ServeHTTP(rec, req, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+			h := w.Header()
+			h.Set("Access-Control-Allow-Origin", "*")
+			h.Set("Access-Control-Expose-Headers", "X-Own")
+			h.Set("Vary", "Accept-Encoding")
+			write(w)
+			return nil
+		}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := rec.Result().Header
+		exp := h.Get("Access-Control-Expose-Headers")
+		if h.Get("Access-Control-Allow-Origin") != corsOrigin || !strings.Contains(exp, "X-Own") || !strings.Contains(exp, x402.HeaderPaymentRequired) || !headerHasToken(h, "Vary", "Origin") {
+			t.Errorf("%s: headers %v", name, h)
+		}
 	}
 }
