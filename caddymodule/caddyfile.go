@@ -122,6 +122,12 @@ func (g *Gate) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 			g.SIWX = true
+		case "paywall":
+			p, err := parsePaywall(d)
+			if err != nil {
+				return err
+			}
+			g.Paywall = p
 		case "mcp_tool":
 			if err := oneArg(d, &g.MCPTool); err != nil {
 				return err

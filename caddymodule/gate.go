@@ -171,6 +171,10 @@ type Gate struct {
 	// request skip the gate; see its documentation).
 	SIWX bool `json:"siwx,omitempty"`
 
+	// Paywall is what browsers get with a 402: the static page (default),
+	// the official @x402/paywall wallet app, or no page (see Paywall).
+	Paywall *Paywall `json:"paywall,omitempty"`
+
 	facilitator x402.Facilitator
 	state       gateStore
 	verifier    *verify.Verifier
@@ -227,6 +231,11 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 	}
 	if g.MaxBuffer == 0 {
 		g.MaxBuffer = defaultMaxBuffer
+	}
+	if g.Paywall != nil {
+		if err := g.Paywall.validate(); err != nil {
+			return err
+		}
 	}
 	if g.MaxBody == 0 {
 		g.MaxBody = defaultMaxBody
@@ -594,10 +603,8 @@ func (g *Gate) paymentRequired(w http.ResponseWriter, r *http.Request, msg, reas
 	if g.Free != nil {
 		trial = g.Free.trial(r, g)
 	}
-	if wantsHTML(r) {
-		h.Set("Content-Type", "text/html; charset=utf-8")
-		w.WriteHeader(http.StatusPaymentRequired)
-		return paywallPage(w, pr, trial)
+	if wantsHTML(r) && g.Paywall.html() {
+		return g.Paywall.serve(w, pr, trial, requestBase(r)+r.URL.RequestURI())
 	}
 	body := paymentRequiredBody{PaymentRequired: pr, Reason: reason, FreeTrial: trial}
 	h.Set("Content-Type", "application/json")

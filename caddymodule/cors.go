@@ -1,0 +1,359 @@
+package caddymodule
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/aovhq/aov/walletauth"
+	"github.com/aovhq/aov/x402"
+)
+
+func init() {
+	caddy.RegisterModule(CORS{})
+	httpcaddyfile.RegisterHandlerDirective("x402_cors", parseCORS)
+	// Before basic_auth, and so before wallet_auth (after request_header)
+	// and x402 (before encode): a preflight is answered before any proof or
+	// payment logic runs, and every later answer, the gate's 402s included,
+	// carries the CORS headers.
+	httpcaddyfile.RegisterDirectiveOrder("x402_cors", httpcaddyfile.Before, "basic_auth")
+}
+
+// Defaults of the x402_cors directive: what x402 buyers and wallet proofs
+// send and read.
+var (
+	corsDefaultMethods = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodOptions}
+	corsDefaultHeaders = []string{
+		x402.HeaderPaymentSignature, walletauth.HeaderName, walletauth.SIWXHeaderName, "Content-Type",
+	}
+	corsDefaultExpose = []string{
+		x402.HeaderPaymentRequired, x402.HeaderPaymentResponse,
+		HeaderFreeRemaining, HeaderFreeLimit, HeaderFreeResets,
+		HeaderVerificationReceipt, HeaderVerificationStatus, "Retry-After",
+	}
+)
+
+const corsDefaultMaxAge = 10 * time.Minute
+
+// CORS lets web pages on other origins call the gateway (Caddyfile
+// directive `x402_cors`): a browser buyer must read PAYMENT-REQUIRED from a
+// 402 and send PAYMENT-SIGNATURE, which a cross-origin fetch() can do only
+// with these headers. A preflight (OPTIONS with Access-Control-Request-Method)
+// is answered 204 here, before any proof or payment logic. Every other
+// answer, whoever writes it (the gate's 402, an upstream, handle_errors),
+// carries Access-Control-Allow-Origin for an allowed origin,
+// Access-Control-Expose-Headers and Vary: Origin: they are set before the
+// next handler runs, and set again when the answer is written, because a
+// handler (the gate, an upstream) may replace them.
+type CORS struct {
+	// Origins allowed to read answers: exact origins
+	// ("https://app.example.com", scheme, host and port only) or "*" for any.
+	Origins []string `json:"origins,omitempty"`
+
+	// Credentials sends Access-Control-Allow-Credentials: true, so pages
+	// may send cookies and HTTP authentication. Off by default: x402 proofs
+	// travel in headers, not cookies. With credentials the allowed origin
+	// is echoed, never "*".
+	Credentials bool `json:"credentials,omitempty"`
+
+	// Methods answered in preflights. Default GET, HEAD, POST, OPTIONS.
+	Methods []string `json:"methods,omitempty"`
+
+	// Headers are request headers allowed in addition to PAYMENT-SIGNATURE,
+	// X-Wallet-Auth, SIGN-IN-WITH-X and Content-Type.
+	Headers []string `json:"headers,omitempty"`
+
+	// Expose are response headers pages may read in addition to
+	// PAYMENT-REQUIRED, PAYMENT-RESPONSE, the Free-Allowance-* headers,
+	// Verification-Receipt, Verification-Status and Retry-After.
+	Expose []string `json:"expose,omitempty"`
+
+	// MaxAge is how long a browser may cache a preflight answer. Default 10m.
+	MaxAge caddy.Duration `json:"max_age,omitempty"`
+
+	anyOrigin bool
+	origins   map[string]bool
+	methods   string
+	headers   string
+	expose    string
+	maxAge    string
+}
+
+// CaddyModule returns the Caddy module information.
+func (CORS) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{ID: "http.handlers.x402_cors", New: func() caddy.Module { return new(CORS) }}
+}
+
+// Provision checks the origins and joins the header values once.
+func (c *CORS) Provision(caddy.Context) error {
+	if len(c.Origins) == 0 {
+		return fmt.Errorf("x402_cors: name the allowed origins (for example https://app.example.com) or *")
+	}
+	c.origins = map[string]bool{}
+	for _, o := range c.Origins {
+		if o == "*" {
+			c.anyOrigin = true
+			continue
+		}
+		norm, err := normalizeOrigin(o)
+		if err != nil {
+			return fmt.Errorf("x402_cors: origin %q: %v", o, err)
+		}
+		c.origins[norm] = true
+	}
+	methods := c.Methods
+	if len(methods) == 0 {
+		methods = corsDefaultMethods
+	}
+	for _, m := range methods {
+		if m == "" || strings.ContainsAny(m, " ,\t") {
+			return fmt.Errorf("x402_cors: method %q is not an HTTP method", m)
+		}
+	}
+	c.methods = strings.Join(methods, ", ")
+	c.headers = joinHeaders(corsDefaultHeaders, c.Headers)
+	c.expose = joinHeaders(corsDefaultExpose, c.Expose)
+	if c.MaxAge < 0 {
+		return fmt.Errorf("x402_cors: max_age must not be negative")
+	}
+	if c.MaxAge == 0 {
+		c.MaxAge = caddy.Duration(corsDefaultMaxAge)
+	}
+	c.maxAge = strconv.Itoa(int(time.Duration(c.MaxAge) / time.Second))
+	return nil
+}
+
+// normalizeOrigin returns the serialised origin of o (lower-case scheme and
+// host, the port kept) as browsers send it, refusing anything with a path,
+// query, fragment or user info.
+func normalizeOrigin(o string) (string, error) {
+	u, err := url.Parse(o)
+	if err != nil {
+		return "", err
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return "", fmt.Errorf("want scheme://host[:port], http or https")
+	}
+	if u.User != nil || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" || strings.HasSuffix(o, "?") {
+		return "", fmt.Errorf("an origin has no path, query, fragment or user info")
+	}
+	return strings.ToLower(u.Scheme) + "://" + strings.ToLower(u.Host), nil
+}
+
+func joinHeaders(defaults, extra []string) string {
+	seen := map[string]bool{}
+	var out []string
+	for _, h := range append(append([]string{}, defaults...), extra...) {
+		k := http.CanonicalHeaderKey(h)
+		if h == "" || seen[k] {
+			continue
+		}
+		seen[k] = true
+		out = append(out, h)
+	}
+	return strings.Join(out, ", ")
+}
+
+// allowed returns the Access-Control-Allow-Origin value for the request's
+// Origin, or "" when that origin may not read the answer.
+func (c *CORS) allowed(origin string) string {
+	if origin == "" {
+		return ""
+	}
+	if c.anyOrigin {
+		if c.Credentials {
+			return origin
+		}
+		return "*"
+	}
+	if c.origins[origin] {
+		return origin
+	}
+	return ""
+}
+
+// ServeHTTP answers preflights and marks every other answer.
+func (c *CORS) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	allow := c.allowed(r.Header.Get("Origin"))
+	h := w.Header()
+	h.Add("Vary", "Origin")
+	if r.Method == http.MethodOptions && r.Header.Get("Access-Control-Request-Method") != "" {
+		h.Add("Vary", "Access-Control-Request-Method")
+		h.Add("Vary", "Access-Control-Request-Headers")
+		if allow != "" {
+			c.setAllow(h, allow)
+			h.Set("Access-Control-Allow-Methods", c.methods)
+			h.Set("Access-Control-Allow-Headers", c.headers)
+			h.Set("Access-Control-Max-Age", c.maxAge)
+		}
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	}
+	if allow == "" {
+		return next.ServeHTTP(w, r)
+	}
+	c.mark(h, allow)
+	return next.ServeHTTP(&corsWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, c: c, allow: allow}, r)
+}
+
+func (c *CORS) setAllow(h http.Header, allow string) {
+	h.Set("Access-Control-Allow-Origin", allow)
+	if c.Credentials {
+		h.Set("Access-Control-Allow-Credentials", "true")
+	}
+}
+
+// mark sets the headers of an actual (non-preflight) answer. Handlers that
+// set Access-Control-Expose-Headers themselves (the gate names its own)
+// keep what they added.
+func (c *CORS) mark(h http.Header, allow string) {
+	c.setAllow(h, allow)
+	exp := c.expose
+	for _, v := range h.Values("Access-Control-Expose-Headers") {
+		if v != c.expose {
+			exp = joinHeaders(strings.Split(exp, ", "), splitList(v))
+		}
+	}
+	h.Set("Access-Control-Expose-Headers", exp)
+	if !headerHasToken(h, "Vary", "Origin") {
+		h.Add("Vary", "Origin")
+	}
+}
+
+func splitList(v string) []string {
+	var out []string
+	for _, p := range strings.Split(v, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func headerHasToken(h http.Header, name, token string) bool {
+	for _, v := range h.Values(name) {
+		for _, p := range splitList(v) {
+			if strings.EqualFold(p, token) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// corsWriter sets the CORS headers again just before the answer's header
+// is written, over whatever a later handler put there.
+type corsWriter struct {
+	*caddyhttp.ResponseWriterWrapper
+	c           *CORS
+	allow       string
+	wroteHeader bool
+}
+
+func (w *corsWriter) WriteHeader(status int) {
+	if !w.wroteHeader && status >= 200 {
+		w.wroteHeader = true
+		w.c.mark(w.Header(), w.allow)
+	}
+	w.ResponseWriterWrapper.WriteHeader(status)
+}
+
+func (w *corsWriter) Write(b []byte) (int, error) {
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	return w.ResponseWriterWrapper.Write(b)
+}
+
+// ReadFrom is io.Copy's path; the wrapper's own would skip WriteHeader.
+func (w *corsWriter) ReadFrom(r io.Reader) (int64, error) {
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	return w.ResponseWriterWrapper.ReadFrom(r)
+}
+
+// parseCORS parses
+//
+//	x402_cors [<origins...>] {
+//		origins <origin...>|*
+//		credentials
+//		methods <method...>
+//		headers <header...>
+//		expose <header...>
+//		max_age <duration>
+//	}
+func parseCORS(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	c := new(CORS)
+	if err := c.UnmarshalCaddyfile(h.Dispenser); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// UnmarshalCaddyfile sets up the handler from Caddyfile tokens.
+func (c *CORS) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // the directive name
+	c.Origins = append(c.Origins, d.RemainingArgs()...)
+	for d.NextBlock(0) {
+		switch d.Val() {
+		case "origins":
+			args := d.RemainingArgs()
+			if len(args) == 0 {
+				return d.ArgErr()
+			}
+			c.Origins = append(c.Origins, args...)
+		case "credentials":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			c.Credentials = true
+		case "methods", "headers", "expose":
+			opt, args := d.Val(), d.RemainingArgs()
+			if len(args) == 0 {
+				return d.ArgErr()
+			}
+			switch opt {
+			case "methods":
+				for _, m := range args {
+					c.Methods = append(c.Methods, strings.ToUpper(m))
+				}
+			case "headers":
+				c.Headers = append(c.Headers, args...)
+			default:
+				c.Expose = append(c.Expose, args...)
+			}
+		case "max_age":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			dur, err := caddy.ParseDuration(d.Val())
+			if err != nil {
+				return d.Errf("max_age: %v", err)
+			}
+			c.MaxAge = caddy.Duration(dur)
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+		default:
+			return d.Errf("x402_cors: unknown option %q (want origins, credentials, methods, headers, expose or max_age)", d.Val())
+		}
+	}
+	return nil
+}
+
+// Interface guards
+var (
+	_ caddy.Provisioner           = (*CORS)(nil)
+	_ caddyhttp.MiddlewareHandler = (*CORS)(nil)
+	_ caddyfile.Unmarshaler       = (*CORS)(nil)
+)

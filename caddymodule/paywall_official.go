@@ -1,0 +1,216 @@
+package caddymodule
+
+import (
+	"embed"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/big"
+	"net/http"
+	"net/url"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/aovhq/aov/x402"
+)
+
+// officialPages holds the official x402 paywall pages, vendored byte for
+// byte from the @x402/paywall npm package by paywall/update.sh.
+//
+//go:embed paywall/evm.html paywall/svm.html paywall/VERSION paywall/LICENSE paywall/NOTICE
+var officialPages embed.FS
+
+// Paywall modes of the x402 directive's `paywall` option.
+const (
+	PaywallOff      = "off"      // browsers get the JSON 402 like any client
+	PaywallStatic   = "static"   // the built-in page: price, network, pay-to; no script (default)
+	PaywallOfficial = "official" // the official @x402/paywall wallet app
+)
+
+// Paywall is what a browser (Accept: text/html) gets with a 402. The
+// official page is the wallet app of the @x402/paywall package (the one the
+// reference Go middleware embeds): it connects the visitor's wallet, signs
+// the payment for the first offer and fetches the resource again with
+// PAYMENT-SIGNATURE. It exists for EVM and Solana offers; for any other
+// first offer the static page is served instead. Every page, like every
+// 402, carries PAYMENT-REQUIRED.
+type Paywall struct {
+	// Mode is off, static (default) or official.
+	Mode string `json:"mode,omitempty"`
+	// AppName is the name the official page shows and gives wallets.
+	AppName string `json:"app_name,omitempty"`
+	// AppLogo is the URL of the logo the official page shows.
+	AppLogo string `json:"app_logo,omitempty"`
+}
+
+// officialPage is one vendored page split where the configuration script
+// goes (before </head>, as the package's own generateHtml puts it).
+type officialPage struct{ head, rest string }
+
+var evmPage, svmPage = loadOfficialPage("paywall/evm.html"), loadOfficialPage("paywall/svm.html")
+
+func loadOfficialPage(name string) officialPage {
+	b, err := officialPages.ReadFile(name)
+	if err != nil {
+		panic(err) // embedded: cannot happen in a built binary
+	}
+	s := string(b)
+	i := strings.Index(s, "</head>")
+	if i < 0 {
+		panic(name + " has no </head>")
+	}
+	return officialPage{head: s[:i], rest: s[i:]}
+}
+
+// html reports whether browsers get a page at all.
+func (p *Paywall) html() bool { return p == nil || p.Mode != PaywallOff }
+
+// validate checks the mode and the logo URL.
+func (p *Paywall) validate() error {
+	switch p.Mode {
+	case "", PaywallOff, PaywallStatic, PaywallOfficial:
+	default:
+		return fmt.Errorf("paywall: mode %q is not off, static or official", p.Mode)
+	}
+	if p.AppLogo != "" {
+		u, err := url.Parse(p.AppLogo)
+		if err != nil || (u.Scheme != "https" && u.Scheme != "http" && !strings.HasPrefix(p.AppLogo, "/")) {
+			return fmt.Errorf("paywall: app_logo %q is not an http(s) URL or a path", p.AppLogo)
+		}
+	}
+	return nil
+}
+
+// serve writes the 402 page for pr; currentURL is the URL the official page
+// fetches again with the payment.
+func (p *Paywall) serve(w http.ResponseWriter, pr x402.PaymentRequired, trial *freeTrial, currentURL string) error {
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	page, ok := officialPage{}, false
+	if p != nil && p.Mode == PaywallOfficial && len(pr.Accepts) > 0 {
+		switch n := pr.Accepts[0].Network; {
+		case x402.IsEVM(n):
+			page, ok = evmPage, true
+		case strings.HasPrefix(n, "solana:"):
+			page, ok = svmPage, true
+		}
+	}
+	w.WriteHeader(http.StatusPaymentRequired)
+	if !ok {
+		return paywallPage(w, pr, trial)
+	}
+	return p.writeOfficial(w, page, pr, currentURL)
+}
+
+// officialConfig is window.x402, the page's configuration, with the fields
+// the package's generateHtml sets.
+type officialConfig struct {
+	Amount          float64               `json:"amount"`
+	PaymentRequired x402.PaymentRequired  `json:"paymentRequired"`
+	Testnet         bool                  `json:"testnet"`
+	CurrentURL      string                `json:"currentUrl"`
+	Config          officialChainSettings `json:"config"`
+	AppName         string                `json:"appName"`
+	AppLogo         string                `json:"appLogo"`
+}
+
+type officialChainSettings struct {
+	ChainConfig map[string]officialChain `json:"chainConfig"`
+}
+
+type officialChain struct {
+	USDCAddress string `json:"usdcAddress"`
+	USDCName    string `json:"usdcName"`
+}
+
+// evmChainConfig is the chain table the package's EVM generateHtml passes.
+var evmChainConfig = map[string]officialChain{
+	"base":         {USDCAddress: "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913", USDCName: "USDC"},
+	"base-sepolia": {USDCAddress: "0x036CbD53842c5426634e7929541eC2318f3dCF7e", USDCName: "USDC"},
+}
+
+func (p *Paywall) writeOfficial(w io.Writer, page officialPage, pr x402.PaymentRequired, currentURL string) error {
+	offer := pr.Accepts[0]
+	cfg := officialConfig{
+		Amount:          unitAmount(offer),
+		PaymentRequired: pr,
+		Testnet:         offer.Network != x402.NetworkBase && offer.Network != x402.NetworkSolana,
+		CurrentURL:      currentURL,
+		Config:          officialChainSettings{ChainConfig: map[string]officialChain{}},
+		AppName:         p.AppName,
+		AppLogo:         p.AppLogo,
+	}
+	if x402.IsEVM(offer.Network) {
+		cfg.Config.ChainConfig = evmChainConfig
+	}
+	// encoding/json escapes <, > and & (and U+2028/9), so nothing in the
+	// demand (its resource URL comes from the request) can close the
+	// script element.
+	js, err := json.Marshal(cfg)
+	if err != nil {
+		return err
+	}
+	if _, err := io.WriteString(w, page.head); err != nil {
+		return err
+	}
+	if _, err := fmt.Fprintf(w, "<script>window.x402 = %s;</script>\n", js); err != nil {
+		return err
+	}
+	_, err = io.WriteString(w, page.rest)
+	return err
+}
+
+// unitAmount is the offer's amount in whole tokens, as the page shows it
+// (the asset's decimals when it is a known USDC, else 6, as the package
+// assumes).
+func unitAmount(o x402.PaymentRequirements) float64 {
+	n, ok := new(big.Int).SetString(o.Amount, 10)
+	if !ok {
+		return 0
+	}
+	decimals := 6
+	if a, ok := x402.USDC(o.Network); ok && strings.EqualFold(a.Address, o.Asset) {
+		decimals = a.Decimals
+	}
+	f, _ := new(big.Rat).SetFrac(n, new(big.Int).Exp(big.NewInt(10), big.NewInt(int64(decimals)), nil)).Float64()
+	return f
+}
+
+// parsePaywall parses the x402 directive's option
+//
+//	paywall off|static|official {
+//		app_name <name>
+//		app_logo <url>
+//	}
+func parsePaywall(d *caddyfile.Dispenser) (*Paywall, error) {
+	p := &Paywall{}
+	if !d.NextArg() {
+		return nil, d.ArgErr()
+	}
+	p.Mode = d.Val()
+	if d.NextArg() {
+		return nil, d.ArgErr()
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		var field *string
+		switch d.Val() {
+		case "app_name":
+			field = &p.AppName
+		case "app_logo":
+			field = &p.AppLogo
+		default:
+			return nil, d.Errf("paywall: unknown option %q (want app_name or app_logo)", d.Val())
+		}
+		if !d.NextArg() {
+			return nil, d.ArgErr()
+		}
+		*field = d.Val()
+		if d.NextArg() {
+			return nil, d.ArgErr()
+		}
+	}
+	if err := p.validate(); err != nil {
+		return nil, d.Err(err.Error())
+	}
+	return p, nil
+}

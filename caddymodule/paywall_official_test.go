@@ -1,0 +1,311 @@
+package caddymodule
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/big"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/ethereum/go-ethereum/crypto"
+
+	"github.com/aovhq/aov/internal/interop"
+	"github.com/aovhq/aov/plugins/evmfacilitator"
+	"github.com/aovhq/aov/x402"
+)
+
+// paywallSite prices /score/* with the given paywall option.
+func paywallSite(up, fac, option string) string {
+	return fmt.Sprintf(`:{port} {
+	route /score/* {
+		x402 {
+			accept devnet $0.01 %[3]s
+			description "An agent's trust score"
+			route "GET /score/{agent_id}"
+			facilitator http {
+				url %[2]s
+			}
+			store badger {data}/gate
+			%[4]s
+		}
+		reverse_proxy %[1]s
+	}
+}
+`, strings.TrimPrefix(up, "http://"), fac, payTo.Hex(), option)
+}
+
+func getHTML(t *testing.T, url string) (*http.Response, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, url, nil)
+	req.Header.Set("Accept", "text/html,application/xhtml+xml")
+	req.Header.Set("User-Agent", "Mozilla/5.0")
+	resp, err := testClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, string(b)
+}
+
+var windowX402 = regexp.MustCompile(`<script>window\.x402 = (\{.*?\});</script>\n</head>`)
+
+// officialConfigOf extracts window.x402 from an official page.
+func officialConfigOf(t *testing.T, page string) officialConfig {
+	t.Helper()
+	m := windowX402.FindStringSubmatch(page)
+	if m == nil {
+		t.Fatalf("no window.x402 before </head> in the page (%d bytes): %.300s", len(page), page)
+	}
+	var cfg officialConfig
+	if err := json.Unmarshal([]byte(m[1]), &cfg); err != nil {
+		t.Fatalf("window.x402 is not JSON: %v", err)
+	}
+	return cfg
+}
+
+// TestPaywallModesThroughCaddy: official serves the vendored page with the
+// live demand, app name and logo in window.x402; static (the default) the
+// built-in page; off the JSON 402. Every answer carries PAYMENT-REQUIRED.
+func TestPaywallModesThroughCaddy(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	base := startCaddy(t, paywallSite(up.URL, fac, "paywall official {\n\t\t\t\tapp_name \"Agent Verifier\"\n\t\t\t\tapp_logo https://example.com/logo.png\n\t\t\t}"))
+
+	resp, page := getHTML(t, base+"/score/agent-1?x=1")
+	if resp.StatusCode != http.StatusPaymentRequired || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/html") {
+		t.Fatalf("official: status %d, %s", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	pr := paymentRequired(t, resp)
+	cfg := officialConfigOf(t, page)
+	if cfg.AppName != "Agent Verifier" || cfg.AppLogo != "https://example.com/logo.png" || !cfg.Testnet || cfg.Amount != 0.01 {
+		t.Errorf("window.x402 %+v", cfg)
+	}
+	if cfg.CurrentURL != base+"/score/agent-1?x=1" {
+		t.Errorf("currentUrl %q, want the requested URL", cfg.CurrentURL)
+	}
+	got, _ := json.Marshal(cfg.PaymentRequired)
+	want, _ := json.Marshal(pr)
+	if !bytes.Equal(got, want) {
+		t.Errorf("window.x402.paymentRequired\n%s\nis not PAYMENT-REQUIRED\n%s", got, want)
+	}
+	if !strings.Contains(page, `<div id="root"></div>`) || len(page) < 1<<20 {
+		t.Errorf("not the official page (%d bytes)", len(page))
+	}
+
+	// An API client still gets JSON.
+	api := corsDo(t, http.MethodGet, base+"/score/agent-1", nil)
+	if api.StatusCode != http.StatusPaymentRequired || api.Header.Get("Content-Type") != "application/json" {
+		t.Errorf("API client: status %d, %s", api.StatusCode, api.Header.Get("Content-Type"))
+	}
+
+	loadCaddy(t, portOf(t, base), paywallSite(up.URL, fac, ""))
+	resp, page = getHTML(t, base+"/score/agent-1")
+	if resp.StatusCode != http.StatusPaymentRequired || !strings.Contains(page, "is paid per call with") || strings.Contains(page, "window.x402") {
+		t.Errorf("default (static): status %d, page %.200s", resp.StatusCode, page)
+	}
+	paymentRequired(t, resp)
+
+	loadCaddy(t, portOf(t, base), paywallSite(up.URL, fac, "paywall off"))
+	resp, page = getHTML(t, base+"/score/agent-1")
+	if resp.StatusCode != http.StatusPaymentRequired || resp.Header.Get("Content-Type") != "application/json" || !strings.HasPrefix(page, "{") {
+		t.Errorf("off: status %d, %s, %.100s", resp.StatusCode, resp.Header.Get("Content-Type"), page)
+	}
+	paymentRequired(t, resp)
+	if n := up.calls.Load(); n != 0 {
+		t.Errorf("the upstream was called %d times for unpaid requests", n)
+	}
+}
+
+func portOf(t *testing.T, base string) int {
+	t.Helper()
+	var port int
+	if _, err := fmt.Sscanf(base[strings.LastIndex(base, ":")+1:], "%d", &port); err != nil {
+		t.Fatal(err)
+	}
+	return port
+}
+
+// TestOfficialPaywallConfigCannotCloseTheScript: the demand's resource URL
+// (from the request) and the app name cannot end the configuration script.
+func TestOfficialPaywallConfigCannotCloseTheScript(t *testing.T) {
+	p := &Paywall{Mode: PaywallOfficial, AppName: `</script><script>alert(1)</script>`}
+	pr := x402.PaymentRequired{X402Version: 2, Resource: x402.Resource{URL: "http://h/</script><b>"},
+		Accepts: []x402.PaymentRequirements{{Scheme: "exact", Network: x402.NetworkDevnet, Amount: "10000", Asset: "0x1", PayTo: "0x2"}}}
+	rec := httptest.NewRecorder()
+	if err := p.serve(rec, pr, nil, "http://h/\u2028</script>"); err != nil {
+		t.Fatal(err)
+	}
+	page := rec.Body.String()
+	cfg := officialConfigOf(t, page)
+	if cfg.AppName != p.AppName || cfg.PaymentRequired.Resource.URL != pr.Resource.URL {
+		t.Errorf("the values did not survive: %+v", cfg)
+	}
+	if head := page[:strings.Index(page, "</head>")]; strings.Count(head, "</script>") != 1 || strings.Contains(head, "\u2028") {
+		t.Error("the configuration script can be closed or broken by the values it carries")
+	}
+}
+
+// TestOfficialPaywallPicksThePageOfTheFirstOffer: EVM and Solana get their
+// official page; any other network the static page.
+func TestOfficialPaywallPicksThePageOfTheFirstOffer(t *testing.T) {
+	p := &Paywall{Mode: PaywallOfficial}
+	for _, tc := range []struct{ network, want string }{
+		{x402.NetworkBase, evmPage.rest},
+		{x402.NetworkSolanaDevnet, svmPage.rest},
+		{"algorand:SGO1GKSzyE7IEPItTxCByw9x8FmnrCDexi9/cOUJOiI=", "is paid per call with"},
+	} {
+		rec := httptest.NewRecorder()
+		pr := x402.PaymentRequired{X402Version: 2, Accepts: []x402.PaymentRequirements{{Network: tc.network, Amount: "10000"}}}
+		if err := p.serve(rec, pr, nil, "http://h/x"); err != nil {
+			t.Fatal(err)
+		}
+		if rec.Code != http.StatusPaymentRequired || !strings.Contains(rec.Body.String(), tc.want[:min(len(tc.want), 4000)]) {
+			t.Errorf("%s: status %d, not the expected page", tc.network, rec.Code)
+		}
+	}
+	if evmPage.rest == svmPage.rest {
+		t.Fatal("the EVM and Solana pages are the same")
+	}
+}
+
+func TestPaywallOption(t *testing.T) {
+	for _, tc := range []struct{ cfg, want string }{
+		{"paywall official", ""},
+		{"paywall static", ""},
+		{"paywall off", ""},
+		{"paywall official {\n\tapp_name \"My shop\"\n\tapp_logo /logo.png\n}", ""},
+		{"paywall", "wrong argument count"},
+		{"paywall sometimes", "not off, static or official"},
+		{"paywall official extra", "wrong argument count"},
+		{"paywall official {\n\tapp_logo javascript:alert(1)\n}", "not an http(s) URL"},
+		{"paywall official {\n\tcolour red\n}", "unknown option"},
+	} {
+		d := caddyfile.NewTestDispenser(tc.cfg)
+		d.Next()
+		_, err := parsePaywall(d)
+		wantErr(t, err, tc.want)
+	}
+	// Through the x402 directive.
+	wantErr(t, adaptSiteError("x402 {\n\taccept devnet $0.01 "+payTo.Hex()+"\n\tpaywall official {\n\t\tapp_name Shop\n\t}\n}"), "")
+	wantErr(t, adaptSiteError("x402 {\n\taccept devnet $0.01 "+payTo.Hex()+"\n\tpaywall maybe\n}"), "not off, static or official")
+}
+
+// TestOfficialPaywallIsVendored: the pages, their version and licence are
+// in the binary.
+func TestOfficialPaywallIsVendored(t *testing.T) {
+	v, _ := officialPages.ReadFile("paywall/VERSION")
+	if !regexp.MustCompile(`^@x402/paywall \d+\.\d+\.\d+\nintegrity sha512-[A-Za-z0-9+/=]+\n$`).Match(v) {
+		t.Errorf("VERSION %q", v)
+	}
+	lic, _ := officialPages.ReadFile("paywall/LICENSE")
+	notice, _ := officialPages.ReadFile("paywall/NOTICE")
+	if !bytes.Contains(lic, []byte("Apache License")) || !bytes.Contains(notice, []byte("@x402/paywall")) {
+		t.Error("LICENSE or NOTICE missing")
+	}
+	for _, p := range []officialPage{evmPage, svmPage} {
+		if !strings.Contains(p.rest, `id="root"`) || !strings.Contains(p.rest, "Bundled license information") {
+			t.Error("a vendored page is not the package's page")
+		}
+	}
+}
+
+type paywallBrowserResult struct {
+	Status          int      `json:"status"`
+	Text            string   `json:"text"`
+	Paid            string   `json:"paid"`
+	OffPageRequests []string `json:"offPageRequests"`
+	Signed          int      `json:"signed"`
+	ConsoleErrors   []string `json:"consoleErrors"`
+}
+
+// TestOfficialPaywallPaysInABrowser: headless Chromium opens a priced URL
+// and gets the official page, which shows our demand (price, token,
+// network). A devnet key behind an injected EIP-1193 provider stands in for
+// a wallet extension: the person connects it and presses "Pay now"; the
+// page signs once, fetches the URL again with PAYMENT-SIGNATURE and shows
+// the paid content. The token moves once, the upstream runs once.
+func TestOfficialPaywallPaysInABrowser(t *testing.T) {
+	chromium := chromiumPath(t)
+	interop.Dir(t, "playwright-core")
+	d, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	base := startCaddy(t, paywallSite(up.URL, fac, "paywall official {\n\t\t\t\tapp_name \"Agent Verifier\"\n\t\t\t}"))
+
+	key := evmfacilitator.DevKey(5)
+	payer := evmfacilitator.DevAccounts()[5].Address
+	before, payeeBefore := balance(t, d, payer), balance(t, d, payTo)
+
+	var res paywallBrowserResult
+	interop.Run(t, "paywall-browser.mjs", nil, map[string]any{
+		"url": base + "/score/agent-1", "chromium": chromium, "rpc": d.RPCURL(),
+		"key": fmt.Sprintf("0x%x", crypto.FromECDSA(key)),
+	}, &res)
+	t.Logf("the page showed:\n%s\nafter paying:\n%s", res.Text, res.Paid)
+	if res.Status != http.StatusPaymentRequired {
+		t.Errorf("the page came with status %d, want 402", res.Status)
+	}
+	for _, want := range []string{"Payment Required", "An agent's trust score", "$0.01", "USD Coin"} {
+		if !strings.Contains(res.Text, want) {
+			t.Errorf("the page does not show %q", want)
+		}
+	}
+	if res.Signed != 1 {
+		t.Errorf("the wallet signed %d times, want once", res.Signed)
+	}
+	if !strings.Contains(res.Paid, `"paid_content":true`) || !strings.Contains(res.Paid, `"payment":"paid"`) {
+		t.Fatalf("after paying the page shows %q", res.Paid)
+	}
+	amount := big.NewInt(10000)
+	if got := new(big.Int).Sub(before, balance(t, d, payer)); got.Cmp(amount) != 0 {
+		t.Errorf("payer paid %v, want %v once", got, amount)
+	}
+	if got := new(big.Int).Sub(balance(t, d, payTo), payeeBefore); got.Cmp(amount) != 0 {
+		t.Errorf("payee received %v, want %v", got, amount)
+	}
+	if n := up.calls.Load(); n != 1 {
+		t.Errorf("the upstream ran %d times, want once", n)
+	}
+	for _, u := range res.OffPageRequests {
+		if !strings.HasPrefix(u, "http://127.0.0.1:8545") && !strings.Contains(u, "rpc") {
+			t.Logf("the page also asked (and was refused) %s", u)
+		}
+	}
+}
+
+// TestOfficialPaywallRendersASolanaOfferInABrowser: a Solana first offer
+// gets the official Solana page, which renders our demand in Chromium.
+func TestOfficialPaywallRendersASolanaOfferInABrowser(t *testing.T) {
+	chromium := chromiumPath(t)
+	interop.Dir(t, "playwright-core")
+	asset, ok := x402.USDC(x402.NetworkSolanaDevnet)
+	if !ok {
+		t.Fatal("no USDC on Solana devnet")
+	}
+	pr := x402.PaymentRequired{X402Version: 2, Resource: x402.Resource{URL: "http://127.0.0.1/score/agent-1", Description: "An agent's trust score"},
+		Accepts: []x402.PaymentRequirements{{Scheme: "exact", Network: x402.NetworkSolanaDevnet, Amount: "10000", Asset: asset.Address,
+			PayTo: "9xQeWvG816bUx9EPjHmaT23yvVM2ZWbrrpZb9PusVFin", MaxTimeoutSeconds: 60,
+			Extra: map[string]any{"feePayer": "2wKupLR9q6wXYppw8Gr2NvWxKBUqm4PPJKkQfoxHDBg4"}}}}
+	p := &Paywall{Mode: PaywallOfficial, AppName: "Agent Verifier"}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := p.serve(w, pr, nil, "http://"+r.Host+r.URL.RequestURI()); err != nil {
+			t.Error(err)
+		}
+	}))
+	t.Cleanup(srv.Close)
+
+	var res paywallBrowserResult
+	interop.Run(t, "paywall-browser.mjs", nil, map[string]any{"url": srv.URL + "/score/agent-1", "chromium": chromium}, &res)
+	t.Logf("the page showed:\n%s", res.Text)
+	for _, want := range []string{"Payment Required", "An agent's trust score", "$0.01", "Solana Devnet"} {
+		if !strings.Contains(res.Text, want) {
+			t.Errorf("the Solana page does not show %q", want)
+		}
+	}
+}

@@ -1,0 +1,135 @@
+// A person on the official x402 paywall: headless Chromium (the system's,
+// driven by playwright-core) opens a priced URL as a browser does (Accept:
+// text/html), and the gateway answers 402 with the official @x402/paywall
+// page. The page's text is reported. With input.key set, a wallet extension
+// is stood in for by an injected EIP-1193 provider (window.ethereum, also
+// announced over EIP-6963) whose accounts and signatures come from that
+// devnet key, held here in Node (viem), never in the page; the person
+// connects it, presses "Pay now", and the page signs, fetches the URL again
+// with PAYMENT-SIGNATURE and shows the content. The page's JSON-RPC reads
+// (balance, token metadata) go to its chain's default RPC URL; they are
+// routed to input.rpc. Nothing else leaves the gateway's origin.
+// Input on stdin: {"url", "chromium", "rpc"?, "key"?}.
+// Output on stdout: {"status", "text": "<page text>", "paid": "<text after paying>",
+// "offPageRequests": [urls], "signed": <number of typed-data signatures>,
+// "consoleErrors": [...]}.
+import { chromium } from "playwright-core";
+import { privateKeyToAccount } from "viem/accounts";
+import { readStdinJSON, fail } from "./lib.mjs";
+
+try {
+  const input = await readStdinJSON();
+  const origin = new URL(input.url).origin;
+  const browser = await chromium.launch({
+    executablePath: input.chromium,
+    headless: true,
+    args: [
+      "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+      "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    ],
+  });
+  try {
+    const context = await browser.newContext();
+    const offPageRequests = [];
+    const consoleErrors = [];
+    let signed = 0;
+    await context.route((u) => u.origin !== origin && u.protocol.startsWith("http"), async (route) => {
+      const req = route.request();
+      offPageRequests.push(req.url());
+      if (input.rpc && req.method() === "POST" && (req.postData() ?? "").includes('"jsonrpc"')) {
+        const r = await fetch(input.rpc, { method: "POST", headers: { "Content-Type": "application/json" }, body: req.postData() });
+        return route.fulfill({ status: r.status, contentType: "application/json", body: await r.text(), headers: { "Access-Control-Allow-Origin": "*" } });
+      }
+      return route.abort();
+    });
+    if (input.key) {
+      const account = privateKeyToAccount(input.key);
+      const chainId = "0x" + Number(input.chainId ?? 1337).toString(16);
+      await context.exposeBinding("__walletSign", async (_src, typedJSON) => {
+        signed++;
+        const td = JSON.parse(typedJSON);
+        const { EIP712Domain, ...types } = td.types;
+        return account.signTypedData({ domain: td.domain, types, primaryType: td.primaryType, message: td.message });
+      });
+      await context.exposeBinding("__walletRPC", async (_src, body) => {
+        const r = await fetch(input.rpc, { method: "POST", headers: { "Content-Type": "application/json" }, body });
+        return r.text();
+      });
+      await context.addInitScript(({ address, chainId }) => {
+        const listeners = {};
+        let id = 0;
+        const provider = {
+          isMetaMask: false,
+          async request({ method, params }) {
+            switch (method) {
+              case "eth_requestAccounts":
+              case "eth_accounts":
+                return [address];
+              case "eth_chainId":
+                return chainId;
+              case "net_version":
+                return String(parseInt(chainId, 16));
+              case "wallet_switchEthereumChain":
+              case "wallet_addEthereumChain":
+                return null;
+              case "wallet_requestPermissions":
+              case "wallet_getPermissions":
+                return [{ parentCapability: "eth_accounts" }];
+              case "eth_signTypedData_v4": {
+                const [from, data] = params;
+                if (from.toLowerCase() !== address.toLowerCase()) throw new Error("unknown account " + from);
+                return window.__walletSign(typeof data === "string" ? data : JSON.stringify(data));
+              }
+              default: {
+                const res = JSON.parse(await window.__walletRPC(JSON.stringify({ jsonrpc: "2.0", id: ++id, method, params: params ?? [] })));
+                if (res.error) throw Object.assign(new Error(res.error.message), { code: res.error.code });
+                return res.result;
+              }
+            }
+          },
+          on(ev, fn) { (listeners[ev] ??= []).push(fn); return provider; },
+          removeListener(ev, fn) { listeners[ev] = (listeners[ev] ?? []).filter((f) => f !== fn); return provider; },
+        };
+        window.ethereum = provider;
+        const info = { uuid: "5b1a3f0e-0000-4000-8000-000000000402", name: "Devnet Wallet", icon: "data:image/svg+xml,<svg xmlns='http://www.w3.org/2000/svg'/>", rdns: "dev.devnet.wallet" };
+        const announce = () => window.dispatchEvent(new CustomEvent("eip6963:announceProvider", { detail: Object.freeze({ info, provider }) }));
+        window.addEventListener("eip6963:requestProvider", announce);
+        announce();
+      }, { address: account.address, chainId });
+    }
+    const page = await context.newPage();
+    page.on("console", (msg) => { if (msg.type() === "error") consoleErrors.push(msg.text()); });
+    page.on("pageerror", (err) => consoleErrors.push(String(err)));
+
+    const resp = await page.goto(input.url, { waitUntil: "load" });
+    await page.waitForSelector(".container .title", { timeout: 30000 });
+    await page.waitForTimeout(500);
+    const text = await page.locator("body").innerText();
+    let paid = "";
+    if (input.key) {
+      const pay = page.getByRole("button", { name: "Pay now" });
+      const select = page.locator("select.input");
+      await select.or(pay).first().waitFor({ timeout: 30000 });
+      if (await select.isVisible()) {
+        // The wallet list fills in as wallets announce themselves.
+        await page.waitForFunction(() => document.querySelectorAll("select.input option").length > 1, null, { timeout: 15000 }).catch(() => {});
+        const options = await select.locator("option").evaluateAll((os) => os.map((o) => ({ value: o.value, text: o.textContent })));
+        const wallet = options.find((o) => /devnet wallet/i.test(o.text)) ?? options.find((o) => /injected/i.test(o.text) || o.value === "injected");
+        if (!wallet) throw new Error("no injected wallet offered: " + JSON.stringify(options) + "; the page says: " + await page.locator("body").innerText());
+        await select.selectOption(wallet.value);
+        await page.getByRole("button", { name: "Connect wallet" }).click();
+      }
+      await pay.waitFor({ timeout: 30000 });
+      await pay.click();
+      await page.waitForURL((u) => u.protocol === "blob:" || !u.href.startsWith(input.url), { timeout: 60000 }).catch(async () => {
+        throw new Error("the page did not show the content; it says: " + await page.locator("body").innerText());
+      });
+      paid = await page.locator("body").innerText();
+    }
+    process.stdout.write(JSON.stringify({ status: resp.status(), text, paid, offPageRequests, signed, consoleErrors }) + "\n");
+  } finally {
+    await browser.close();
+  }
+} catch (e) {
+  fail(e);
+}
