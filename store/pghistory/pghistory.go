@@ -213,11 +213,10 @@ func (h *History) Verifications(ctx context.Context, agentID, cursor string, lim
 	limit = min(limit, store.MaxPageSize)
 	afterAt, afterID := int64(0), []byte(nil)
 	if cursor != "" {
-		b, err := base64.RawURLEncoding.DecodeString(cursor)
-		if err != nil || len(b) < 9 {
-			return nil, "", store.ErrBadCursor
+		var err error
+		if afterAt, afterID, err = parseCursor(cursor); err != nil {
+			return nil, "", err
 		}
-		afterAt, afterID = int64(binary.BigEndian.Uint64(b)), b[8:]
 	}
 	// One more row than the page tells whether another page follows.
 	q := `SELECT at_ns, id, record FROM aov_verifications WHERE `
@@ -242,7 +241,7 @@ func (h *History) Verifications(ctx context.Context, agentID, cursor string, lim
 			return nil, "", fmt.Errorf("history: paging: %w", err)
 		}
 		if len(out) == limit {
-			next = base64.RawURLEncoding.EncodeToString(append(binary.BigEndian.AppendUint64(nil, uint64(lastAt)), lastID...))
+			next = makeCursor(lastAt, lastID)
 			break
 		}
 		var v store.Verification
@@ -256,4 +255,19 @@ func (h *History) Verifications(ctx context.Context, agentID, cursor string, lim
 		return nil, "", fmt.Errorf("history: paging: %w", err)
 	}
 	return out, next, nil
+}
+
+// A paging cursor is the (time, id) of the last record served: eight bytes
+// of Unix nanoseconds, then the id, in unpadded URL-safe base64. It comes
+// back from the client, so parseCursor accepts nothing else.
+func makeCursor(at int64, id []byte) string {
+	return base64.RawURLEncoding.EncodeToString(append(binary.BigEndian.AppendUint64(nil, uint64(at)), id...))
+}
+
+func parseCursor(s string) (at int64, id []byte, err error) {
+	b, err := base64.RawURLEncoding.Strict().DecodeString(s)
+	if err != nil || len(b) < 9 || len(b) > 8+200 {
+		return 0, nil, store.ErrBadCursor
+	}
+	return int64(binary.BigEndian.Uint64(b)), b[8:], nil
 }
