@@ -29,6 +29,7 @@
 package signer
 
 import (
+	"bytes"
 	"crypto/ed25519"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -36,7 +37,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"mime"
 	"net/http"
@@ -225,7 +225,7 @@ func (s *Server) sign(w http.ResponseWriter, r *http.Request) {
 		apierr.Write(w, apierr.UnsupportedMediaType())
 		return
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.maxBody))
+	body, err := readBody(w, r, s.maxBody)
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
@@ -298,6 +298,18 @@ var (
 	jsonType = []string{"application/json"}
 	noStore  = []string{"no-store"}
 )
+
+// readBody reads the whole body up to limit, into one buffer sized from the
+// announced length (a signing input is read once, not grown in steps).
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	size := 512
+	if r.ContentLength > 0 && r.ContentLength <= limit {
+		size = int(r.ContentLength) + 1 // +1 so the read sees EOF without growing
+	}
+	buf := bytes.NewBuffer(make([]byte, 0, size))
+	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, limit))
+	return buf.Bytes(), err
+}
 
 // checkTime accepts attested_at only as RFC 3339 within the allowed skew of
 // certd's clock, so nobody can obtain a receipt dated far from when it was
