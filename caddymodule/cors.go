@@ -96,7 +96,7 @@ func (CORS) CaddyModule() caddy.ModuleInfo {
 // Provision checks the origins and joins the header values once.
 func (c *CORS) Provision(caddy.Context) error {
 	if len(c.Origins) == 0 {
-		return fmt.Errorf("x402_cors: name the allowed origins (for example https://app.example.com) or *")
+		return fmt.Errorf("x402_cors: name the allowed origins (for example https://app.example.com), or write `origins *` in the block for any origin (a lone * after the directive is Caddy's match-all matcher)")
 	}
 	c.origins = map[string]bool{}
 	for _, o := range c.Origins {

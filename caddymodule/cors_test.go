@@ -26,7 +26,10 @@ func corsSite(up, fac, cors string) string {
 	return fmt.Sprintf(`:{port} {
 	%[4]s
 	route /score/* {
-		wallet_auth optional
+		wallet_auth optional {
+			store badger {data}/wallet
+			domains 127.0.0.1:{port}
+		}
 		x402 {
 			accept devnet $0.01 %[3]s
 			route "GET /score/{agent_id}"
