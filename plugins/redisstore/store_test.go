@@ -215,7 +215,7 @@ func TestFailsClosed(t *testing.T) {
 func TestWaitForReplicas(t *testing.T) {
 	ctx := context.Background()
 	primary, rdb := standalone(t)
-	s, err := New(ctx, rdb, Options{Prefix: "w", WaitReplicas: 1, WaitTimeout: 50 * time.Millisecond})
+	s, err := New(ctx, rdb, Options{Prefix: "w", WaitReplicas: 1, WaitTimeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
