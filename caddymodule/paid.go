@@ -125,6 +125,7 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		r.Header.Set(HeaderUpstreamPayer, vr.Payer)
 	}
 	r.Header.Set(HeaderUpstreamNetwork, offer.Network)
+	g.markSettlementPending(r, ex) // hook (pending.go): the outcome is reported
 
 	if g.Settle == "before" {
 		sr, ok := g.settle(w, r, ex, payload, offer, claim, release, nil)
@@ -170,6 +171,7 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		return nil
 	}
 	sr, ok := g.settle(w, r, ex, payload, offer, claim, release, bw)
+	g.reportOutcome(r, next, bw, claim, ok) // hook (pending.go): tell the upstream
 	if !ok {
 		return nil
 	}
