@@ -6,11 +6,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
@@ -384,11 +386,47 @@ func (g *Gate) keepReport(ctx context.Context, h *heldRecord, path, id string) {
 	}
 }
 
-// report sends one outcome through next, bounded by reportTimeout. A lost
-// report leaves the record pending (not counted), never wrongly paid.
+// reportRetries are the waits before each further attempt of a report the
+// upstream did not take (it was down or stalled); tests shorten them.
+var reportRetries = []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second}
+
+// report sends one outcome through next, bounded by reportTimeout per
+// attempt; when the upstream does not take it, it is retried in the
+// background (reportRetries). A report lost for good leaves the record
+// pending (not counted), never wrongly paid.
 func (g *Gate) report(r *http.Request, next caddyhttp.Handler, path, id, payment string) {
+	if g.reportOnce(r, next, path, id, payment) {
+		return
+	}
+	// The retries outlive the request: they run on a copy with a fresh
+	// replacer and a copy of the variables (the proxy reads the client IP
+	// from them), so nothing they set races the request's access log.
+	vars := map[string]any{}
+	if v, ok := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any); ok {
+		maps.Copy(vars, v)
+	}
+	base := r.Clone(context.WithValue(context.WithValue(context.WithoutCancel(r.Context()),
+		caddy.ReplacerCtxKey, caddy.NewReplacer()), caddyhttp.VarsCtxKey, vars))
+	go func() {
+		defer func() {
+			if rec := recover(); rec != nil {
+				g.logger.Error("reporting a settlement outcome panicked", zap.Any("panic", rec))
+			}
+		}()
+		for _, wait := range reportRetries {
+			time.Sleep(wait)
+			if g.reportOnce(base, next, path, id, payment) {
+				return
+			}
+		}
+		g.logger.Error("settlement outcome not reported; the verification stays pending", zap.String("verification_id", id), zap.String("payment", payment))
+	}()
+}
+
+// reportOnce makes one attempt and reports whether the upstream took it.
+func (g *Gate) reportOnce(r *http.Request, next caddyhttp.Handler, path, id, payment string) bool {
 	body, _ := json.Marshal(map[string]string{"verification_id": id, "payment": payment})
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), reportTimeout)
+	ctx, cancel := context.WithTimeout(r.Context(), reportTimeout)
 	defer cancel()
 	rr := r.Clone(ctx)
 	rr.Method = http.MethodPost
@@ -409,7 +447,8 @@ func (g *Gate) report(r *http.Request, next caddyhttp.Handler, path, id, payment
 	}
 	if err != nil {
 		g.logger.Warn("reporting a settlement outcome", zap.String("verification_id", id), zap.String("payment", payment), zap.Error(err))
-		return
+		return false
 	}
 	metrics.outcomes.WithLabelValues("reported_" + payment).Inc()
+	return true
 }
