@@ -335,10 +335,10 @@ func TestSettlementOutcomeIsReportedToTheUpstream(t *testing.T) {
 		up := newReportingUpstream(t)
 		base := startCaddy(t, pendingSite(up.URL, "none", filepath.Join(t.TempDir(), "gate"), ""))
 		url := base + "/verify/schema"
-		sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 4)
+		sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 2)
 		resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
 		if resp.StatusCode != http.StatusOK || resp.Header.Get(headerSettlementReport) != "" {
-			t.Fatalf("status %d, report header %q", resp.StatusCode, resp.Header.Get(headerSettlementReport))
+			t.Fatalf("status %d (%s), report header %q", resp.StatusCode, readJSONString(t, resp), resp.Header.Get(headerSettlementReport))
 		}
 		if got := up.got(); len(got) != 1 || got[0] != "v-1=paid" {
 			t.Fatalf("reports %v", got)
@@ -348,7 +348,7 @@ func TestSettlementOutcomeIsReportedToTheUpstream(t *testing.T) {
 		up := newReportingUpstream(t)
 		base := startCaddy(t, pendingSite(up.URL, "lose_reply", filepath.Join(t.TempDir(), "gate"), ""))
 		url := base + "/verify/schema"
-		sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 4)
+		sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 2)
 		if resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}); resp.StatusCode != http.StatusServiceUnavailable {
 			t.Fatalf("first try: %d", resp.StatusCode)
 		}
