@@ -189,7 +189,9 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 			sr.Payer = ev.Authorization.From
 		}
 	}
-	if !cs.Settled && h.ReportPath != "" {
+	if h.ReportPath != "" {
+		// Also after a background resolution (which has no request to
+		// report through); a repeated report changes nothing upstream.
 		g.report(r, next, h.ReportPath, h.VerificationID, store.PaymentPaid)
 	}
 	if h.Held {
