@@ -112,6 +112,7 @@ func (g *Gate) outcomeOf(ex exchange, bw *bufferedWriter, err error, r *http.Req
 type paidCharge struct {
 	g       *Gate
 	ex      exchange
+	next    caddyhttp.Handler // the upstream, told the settlement's outcome
 	payload x402.PaymentPayload
 	offer   x402.PaymentRequirements
 	claim   store.Claim

@@ -146,7 +146,7 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	// was charged, the client may retry with the same payment), or keeps it
 	// pending until it lapses (the outcome is unknown: never invite a second
 	// payment).
-	pc := &paidCharge{g: g, ex: ex, payload: payload, offer: offer, claim: claim}
+	pc := &paidCharge{g: g, ex: ex, next: next, payload: payload, offer: offer, claim: claim}
 
 	vctx, cancel := context.WithTimeout(ctx, defaultSettleTimeout)
 	defer cancel()
@@ -169,6 +169,7 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		r.Header.Set(HeaderUpstreamPayer, vr.Payer)
 	}
 	r.Header.Set(HeaderUpstreamNetwork, offer.Network)
+	g.markSettlementPending(r, ex) // the outcome is reported after settling (pending.go)
 
 	if g.Settle == "before" {
 		if !pc.settle(w, r, nil) {
@@ -187,6 +188,16 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 // the payment and the held answer (nil in settle-before mode), so that the
 // buyer's retry or the background pass can resolve it (pending.go).
 func (p *paidCharge) settle(w http.ResponseWriter, r *http.Request, held *bufferedWriter) bool {
+	ok := p.settleOnce(w, r, held)
+	if held != nil {
+		// Tell the upstream, which recorded the call as pending, how it
+		// ended (pending.go).
+		p.g.reportOutcome(r, p.next, held, p.claim, ok)
+	}
+	return ok
+}
+
+func (p *paidCharge) settleOnce(w http.ResponseWriter, r *http.Request, held *bufferedWriter) bool {
 	g := p.g
 	// Settlement must not be abandoned because the client went away: the
 	// upstream work is done and the authorization is ours to settle.

@@ -4,10 +4,15 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
@@ -59,6 +64,9 @@ type heldRecord struct {
 	Body        []byte `json:"body,omitempty"`
 	// Transaction is set once the transfer is known to have happened.
 	Transaction string `json:"transaction,omitempty"`
+	// ReportPath and VerificationID: the upstream asked for the outcome.
+	ReportPath     string `json:"report_path,omitempty"`
+	VerificationID string `json:"verification_id,omitempty"`
 }
 
 // maxHeldAnswer bounds an answer kept for an unknown settlement.
@@ -166,6 +174,9 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 			return true, g.refuse(w, r, errSettlementPending(nil))
 		}
 		if st.State == x402.SettlementNever {
+			if h.ReportPath != "" {
+				g.report(r, next, h.ReportPath, h.VerificationID, store.PaymentUnpaid)
+			}
 			return true, ex.demand(w, r, http.StatusPaymentRequired,
 				"This payment expired before it could settle and nothing was charged; sign a new one.", x402.ReasonExactEVMValidBefore, nil)
 		}
@@ -177,6 +188,11 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 		if json.Unmarshal(h.Payload.Payload, &ev) == nil {
 			sr.Payer = ev.Authorization.From
 		}
+	}
+	if h.ReportPath != "" {
+		// Also after a background resolution (which has no request to
+		// report through); a repeated report changes nothing upstream.
+		g.report(r, next, h.ReportPath, h.VerificationID, store.PaymentPaid)
 	}
 	if h.Held {
 		buf := getBuffer()
@@ -290,3 +306,151 @@ func (m *EVMFacilitator) SettlementStatus(ctx context.Context, p x402.PaymentPay
 }
 
 var _ x402.SettlementChecker = (*EVMFacilitator)(nil)
+
+// Settlement reports to the upstream (verifierd's history).
+//
+// A paid REST call is forwarded with X-Aov-Settlement: pending, telling the
+// upstream the payment settles after its answer. An upstream that wants the
+// outcome (verifierd, to record the call as paid only once it is) answers
+// with X-Aov-Settlement-Report naming a path; after settling, the gate
+// POSTs {"verification_id", "payment": "paid"|"unpaid"} to that path
+// through the same handler chain (so the reverse proxy adds the gateway
+// token: the authenticated channel). An unknown outcome is reported when
+// the buyer's retry resolves it.
+const (
+	HeaderUpstreamSettlement = "X-Aov-Settlement"
+	headerSettlementReport   = "X-Aov-Settlement-Report"
+	reportTimeout            = 5 * time.Second
+)
+
+// markSettlementPending tells the upstream of a paid REST call settled
+// after its answer that the outcome will be reported.
+func (g *Gate) markSettlementPending(r *http.Request, ex exchange) {
+	r.Header.Del(HeaderUpstreamSettlement)
+	if _, rest := ex.(*restExchange); rest && g.Settle != "before" {
+		r.Header.Set(HeaderUpstreamSettlement, "pending")
+	}
+}
+
+// reportRequest is what the upstream asked to be told: where, and about
+// which verification.
+func reportRequest(bw *bufferedWriter) (path, id string) {
+	path = bw.header.Get(headerSettlementReport)
+	bw.header.Del(headerSettlementReport) // never shown to the client
+	if path == "" || path[0] != '/' || strings.HasPrefix(path, "//") || strings.ContainsAny(path, "?#") {
+		return "", ""
+	}
+	var doc struct {
+		ID string `json:"verification_id"`
+	}
+	if json.Unmarshal(bw.buf.Bytes(), &doc) != nil || doc.ID == "" {
+		return "", ""
+	}
+	return path, doc.ID
+}
+
+// reportOutcome reports a settlement's outcome after servePaid's settle:
+// paid when it succeeded; unpaid when it failed for sure (the claim was
+// released); nothing while the outcome is unknown (the claim is held: the
+// report comes with the resolution).
+func (g *Gate) reportOutcome(r *http.Request, next caddyhttp.Handler, bw *bufferedWriter, c store.Claim, settled bool) {
+	path, id := reportRequest(bw)
+	if path == "" {
+		return
+	}
+	payment := store.PaymentPaid
+	if !settled {
+		if st, err := g.state.Claims().Lookup(context.WithoutCancel(r.Context()), c.Keys[0]); err == nil && !st.Settled {
+			if h, ok := decodeHeld(st.Note); ok && h.Token == c.Token {
+				g.keepReport(r.Context(), h, path, id)
+				return
+			}
+		}
+		payment = store.PaymentUnpaid
+	}
+	g.report(r, next, path, id, payment)
+}
+
+// keepReport adds the report request to a held record, for the retry that
+// resolves it.
+func (g *Gate) keepReport(ctx context.Context, h *heldRecord, path, id string) {
+	hc, ok := g.state.Claims().(store.HeldClaims)
+	if !ok {
+		return
+	}
+	h.ReportPath, h.VerificationID = path, id
+	note, err := json.Marshal(h)
+	if err == nil {
+		err = hc.Hold(context.WithoutCancel(ctx), h.claim(), string(note))
+	}
+	if err != nil {
+		g.logger.Warn("keeping a settlement report for later", zap.Error(err))
+	}
+}
+
+// reportRetries are the waits before each further attempt of a report the
+// upstream did not take (it was down or stalled); tests shorten them.
+var reportRetries = []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second}
+
+// report sends one outcome through next, bounded by reportTimeout per
+// attempt; when the upstream does not take it, it is retried in the
+// background (reportRetries). A report lost for good leaves the record
+// pending (not counted), never wrongly paid.
+func (g *Gate) report(r *http.Request, next caddyhttp.Handler, path, id, payment string) {
+	if g.reportOnce(r, next, path, id, payment) {
+		return
+	}
+	// The retries outlive the request: they run on a copy with a fresh
+	// replacer and a copy of the variables (the proxy reads the client IP
+	// from them), so nothing they set races the request's access log.
+	vars := map[string]any{}
+	if v, ok := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any); ok {
+		maps.Copy(vars, v)
+	}
+	base := r.Clone(context.WithValue(context.WithValue(context.WithoutCancel(r.Context()),
+		caddy.ReplacerCtxKey, caddy.NewReplacer()), caddyhttp.VarsCtxKey, vars))
+	go func() {
+		defer func() {
+			if rec := recover(); rec != nil {
+				g.logger.Error("reporting a settlement outcome panicked", zap.Any("panic", rec))
+			}
+		}()
+		for _, wait := range reportRetries {
+			time.Sleep(wait)
+			if g.reportOnce(base, next, path, id, payment) {
+				return
+			}
+		}
+		g.logger.Error("settlement outcome not reported; the verification stays pending", zap.String("verification_id", id), zap.String("payment", payment))
+	}()
+}
+
+// reportOnce makes one attempt and reports whether the upstream took it.
+func (g *Gate) reportOnce(r *http.Request, next caddyhttp.Handler, path, id, payment string) bool {
+	body, _ := json.Marshal(map[string]string{"verification_id": id, "payment": payment})
+	ctx, cancel := context.WithTimeout(r.Context(), reportTimeout)
+	defer cancel()
+	rr := r.Clone(ctx)
+	rr.Method = http.MethodPost
+	u := *r.URL
+	u.Path, u.RawPath, u.RawQuery, u.Fragment = path, "", "", ""
+	rr.URL = &u
+	rr.RequestURI = path
+	rr.Header = http.Header{"Content-Type": {"application/json"}}
+	rr.Body = io.NopCloser(bytes.NewReader(body))
+	rr.ContentLength = int64(len(body))
+	rr.GetBody = nil
+	buf := getBuffer()
+	defer putBuffer(buf)
+	out := &bufferedWriter{header: http.Header{}, buf: buf, limit: 4096}
+	err := runUpstream(next, out, rr, neverReached)
+	if err == nil && out.status() >= 300 {
+		err = fmt.Errorf("status %d", out.status())
+	}
+	if err != nil {
+		g.logger.Warn("reporting a settlement outcome", zap.String("verification_id", id), zap.String("payment", payment), zap.Error(err))
+		return false
+	}
+	metrics.outcomes.WithLabelValues("reported_" + payment).Inc()
+	return true
+}

@@ -8,8 +8,11 @@ import (
 	"io"
 	"math/big"
 	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -68,6 +71,9 @@ func (m *faultyFacilitator) Verify(ctx context.Context, p x402.PaymentPayload, r
 }
 
 func (m *faultyFacilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettleResponse, error) {
+	if m.Mode == "none" {
+		return m.f.Settle(ctx, p, req)
+	}
 	if m.Mode == "lose_reply" {
 		if _, err := m.f.Settle(ctx, p, req); err != nil {
 			return x402.SettleResponse{}, err
@@ -273,4 +279,97 @@ func counterValue(t *testing.T, outcome string) float64 {
 		t.Fatal(err)
 	}
 	return m.GetCounter().GetValue()
+}
+
+// reportingUpstream stands in for verifierd's side of settlement reports: it
+// asks for a report on paid calls the gate marks pending, and records the
+// reports it gets.
+type reportingUpstream struct {
+	*httptest.Server
+	mu      sync.Mutex
+	reports []string // "id=payment"
+	n       atomic.Int64
+}
+
+func newReportingUpstream(t *testing.T) *reportingUpstream {
+	u := &reportingUpstream{}
+	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/gateway/settlement" {
+			var rep struct {
+				VerificationID string `json:"verification_id"`
+				Payment        string `json:"payment"`
+			}
+			if err := json.NewDecoder(r.Body).Decode(&rep); err != nil {
+				http.Error(w, err.Error(), 400)
+				return
+			}
+			u.mu.Lock()
+			u.reports = append(u.reports, rep.VerificationID+"="+rep.Payment)
+			u.mu.Unlock()
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
+		id := fmt.Sprintf("v-%d", u.n.Add(1))
+		if r.Header.Get(HeaderUpstreamSettlement) == "pending" {
+			w.Header().Set(headerSettlementReport, "/v1/gateway/settlement")
+		}
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"verification_id":%q,"paid_content":true}`, id)
+	}))
+	t.Cleanup(u.Close)
+	return u
+}
+
+func (u *reportingUpstream) got() []string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return append([]string(nil), u.reports...)
+}
+
+// The gate reports each paid call's settlement outcome to an upstream that
+// asks for it: paid once settled, and for an unknown outcome only when the
+// retry resolves it; the request for a report never reaches the client.
+func TestSettlementOutcomeIsReportedToTheUpstream(t *testing.T) {
+	_, _ = sharedDevnet(t)
+	t.Run("a settled call is reported paid", func(t *testing.T) {
+		up := newReportingUpstream(t)
+		base := startCaddy(t, pendingSite(up.URL, "none", filepath.Join(t.TempDir(), "gate"), ""))
+		url := base + "/verify/schema"
+		sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 2)
+		resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+		if resp.StatusCode != http.StatusOK || resp.Header.Get(headerSettlementReport) != "" {
+			t.Fatalf("status %d (%s), report header %q", resp.StatusCode, readJSONString(t, resp), resp.Header.Get(headerSettlementReport))
+		}
+		if got := up.got(); len(got) != 1 || got[0] != "v-1=paid" {
+			t.Fatalf("reports %v", got)
+		}
+	})
+	t.Run("an unknown outcome is reported when the retry resolves it", func(t *testing.T) {
+		up := newReportingUpstream(t)
+		base := startCaddy(t, pendingSite(up.URL, "lose_reply", filepath.Join(t.TempDir(), "gate"), ""))
+		url := base + "/verify/schema"
+		sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 2)
+		if resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}); resp.StatusCode != http.StatusServiceUnavailable {
+			t.Fatalf("first try: %d", resp.StatusCode)
+		}
+		if got := up.got(); len(got) != 0 {
+			t.Fatalf("reported before the outcome was known: %v", got)
+		}
+		resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+		if resp.StatusCode != http.StatusOK || !strings.Contains(readJSONString(t, resp), `"v-1"`) {
+			t.Fatalf("retry: %d", resp.StatusCode)
+		}
+		if got := up.got(); len(got) != 1 || got[0] != "v-1=paid" {
+			t.Fatalf("reports %v", got)
+		}
+	})
+}
+
+func readJSONString(t *testing.T, resp *http.Response) string {
+	t.Helper()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }

@@ -27,6 +27,9 @@ const (
 	HeaderNetwork      = "X-Aov-Network"       // CAIP-2 network of that payment
 	HeaderWallet       = "X-Aov-Wallet"        // address proven by X-Wallet-Auth
 	HeaderWalletAgent  = "X-Aov-Wallet-Agent"  // agent_id that proof binds to the wallet
+	// HeaderSettlement "pending" on a paid call: the gateway settles after
+	// this answer and reports the outcome (settlement.go).
+	HeaderSettlement = "X-Aov-Settlement"
 )
 
 // maxGatewayValue bounds a reported address or network; anything longer or
@@ -66,6 +69,9 @@ func (s *Server) gatewayInfo(h http.Header, remote string) gatewayInfo {
 	switch p := h.Get(HeaderPayment); p {
 	case store.PaymentFree, store.PaymentPaid:
 		info.payment = p
+	}
+	if info.payment == store.PaymentPaid && h.Get(HeaderSettlement) == "pending" {
+		info.payment = store.PaymentPending
 	}
 	info.payer = cleanValue(h.Get(HeaderPayer))
 	info.network = cleanValue(h.Get(HeaderNetwork))

@@ -162,6 +162,9 @@ func (s *Server) scoreAgent(ctx context.Context, agent string) ([]byte, error) {
 			return nil, apierr.Unavailable("verification history store", 5, err)
 		}
 		for _, v := range vs {
+			if !v.Counted() {
+				continue // not (yet) delivered: a pending or unpaid call
+			}
 			if !tally.Add(score.Evidence{At: v.VerifiedAt, Pass: v.Result == "pass", Authenticated: ownerEvidence(v, owner)}) {
 				more = false
 				break

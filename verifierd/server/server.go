@@ -207,6 +207,7 @@ var routes = map[string]route{
 	"/verify/deliverable": {name: "verify_deliverable", methods: []string{http.MethodPost}, serve: (*Server).serveVerify},
 	"/health":             {name: "health", methods: []string{http.MethodGet, http.MethodHead}, serve: (*Server).serveHealth},
 	"/mcp":                {name: "mcp", methods: []string{http.MethodPost}, serve: (*Server).serveMCP},
+	PathSettlement:        {name: "gateway_settlement", methods: []string{http.MethodPost}, serve: (*Server).serveSettlement},
 }
 
 var scoreRoute = route{name: "score", methods: []string{http.MethodGet, http.MethodHead}, serve: (*Server).serveScore}

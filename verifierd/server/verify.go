@@ -33,10 +33,12 @@ func (s *Server) serveVerify(w http.ResponseWriter, r *http.Request, rec *reques
 	if err != nil {
 		return err
 	}
-	doc, err := s.verifyRequest(r.Context(), body, s.gatewayInfo(r.Header, r.RemoteAddr), rec)
+	gw := s.gatewayInfo(r.Header, r.RemoteAddr)
+	doc, err := s.verifyRequest(r.Context(), body, gw, rec)
 	if err != nil {
 		return err
 	}
+	askSettlementReport(w, gw)
 	writeDoc(w, r, doc)
 	return nil
 }

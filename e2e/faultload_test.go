@@ -1,0 +1,225 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"math/big"
+	"net/http"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aovhq/aov/plugins/evmfacilitator"
+	"github.com/aovhq/aov/store"
+	"github.com/aovhq/aov/x402"
+)
+
+// outcome is one request of the fault load.
+type outcome struct {
+	paid     bool
+	status   int
+	settled  bool // a 2xx with a successful PAYMENT-RESPONSE
+	free     bool // a 2xx served from the free allowance
+	took     time.Duration
+	body     []byte
+	transErr error
+}
+
+// Paid and free verifications run through Caddy while verifierd and certd
+// are stalled (SIGSTOP) and killed and restarted. Afterwards the books
+// balance: the test USDC that left the payers is exactly the price of the
+// answers delivered with PAYMENT-RESPONSE, the free calls counted are the
+// free answers delivered, every 2xx carries a receipt that verifies, no
+// request waited longer than its deadline plus a margin, and verifierd's
+// history counts as paid exactly the settled calls. (The facilitator runs
+// inside Caddy on the devnet: stalling it would stall the front door, so
+// its faults are covered by the gateway's own tests.)
+func TestBooksBalanceUnderFaults(t *testing.T) {
+	const (
+		freePerDay = 1000
+		workers    = 4
+		agent      = "e2e-fault-load"
+		price      = 20000
+	)
+	s := faultStack(t, "AOV_FREE_PER_DAY="+strconv.Itoa(freePerDay))
+	body := bytes.Replace(example(t, "invoice-fixed.json"), []byte(`"test-seller-1"`), []byte(`"`+agent+`"`), 1)
+	req, resource := offer(t, s)
+	payers := evmfacilitator.DevAccounts()[1 : 1+workers]
+	before := make([]*big.Int, len(payers))
+	for i, p := range payers {
+		before[i] = usdc(t, s, req.Asset, p.Address)
+	}
+
+	ctx, stop := context.WithCancel(context.Background())
+	var mu sync.Mutex
+	var outs []outcome
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ctx.Err() == nil; i++ {
+				o := outcome{paid: i%2 == 1}
+				hdr := map[string]string{"Content-Type": "application/json"}
+				if o.paid {
+					p, err := x402.SignExactEVM(payers[w].Key(), req, &resource, time.Now())
+					if err != nil {
+						panic(err)
+					}
+					sig, _ := x402.EncodeHeader(p)
+					hdr[x402.HeaderPaymentSignature] = sig
+				}
+				r, _ := http.NewRequest(http.MethodPost, s.url("/verify/schema"), bytes.NewReader(body))
+				for k, v := range hdr {
+					r.Header.Set(k, v)
+				}
+				start := time.Now()
+				resp, err := client.Do(r)
+				if err == nil {
+					o.body, err = io.ReadAll(resp.Body)
+					resp.Body.Close()
+					o.status = resp.StatusCode
+					if o.status < 300 {
+						var sr x402.SettleResponse
+						if x402.DecodeHeader(resp.Header.Get(x402.HeaderPaymentResponse), &sr) == nil && sr.Success {
+							o.settled = true
+						} else if resp.Header.Get("Free-Allowance-Remaining") != "" {
+							o.free = true
+						}
+					}
+				}
+				o.took, o.transErr = time.Since(start), err
+				mu.Lock()
+				outs = append(outs, o)
+				mu.Unlock()
+			}
+		}()
+	}
+
+	// The faults, one after another, with service in between.
+	step := func(d time.Duration) { time.Sleep(d) }
+	step(2 * time.Second)
+	s.verifierd.pause(t)
+	step(4 * time.Second)
+	s.verifierd.resume(t)
+	step(2 * time.Second)
+	s.certd.pause(t)
+	step(4 * time.Second)
+	s.certd.resume(t)
+	step(2 * time.Second)
+	s.verifierd.stop(t) // dies; the test restarts it as a supervisor would
+	step(time.Second)
+	s.startVerifierd(t)
+	s.certd.stop(t)
+	step(time.Second)
+	s.startCertd(t, false)
+	step(3 * time.Second)
+	stop()
+	wg.Wait()
+
+	var settled, free, unavailable, other int
+	var maxFree, maxPaid time.Duration
+	for i, o := range outs {
+		if o.transErr != nil {
+			t.Errorf("request %d: %v", i, o.transErr)
+			continue
+		}
+		switch {
+		case o.settled:
+			settled++
+		case o.free:
+			free++
+		case o.status == http.StatusServiceUnavailable:
+			unavailable++
+		default:
+			other++
+			t.Errorf("request %d (paid %v): status %d: %.200s", i, o.paid, o.status, o.body)
+		}
+		if o.paid {
+			maxPaid = max(maxPaid, o.took)
+		} else {
+			maxFree = max(maxFree, o.took)
+		}
+		if o.status < 300 {
+			if out, code := verifyReceipt(t, s, fmt.Sprintf("r%d.json", i), o.body); code != 0 {
+				t.Errorf("request %d: the receipt does not verify: %s", i, out)
+			}
+		}
+	}
+	// A free call waits at most the upstream deadline (certd's signer
+	// deadline inside it); a paid one also waits for its settlement on the
+	// devnet, which seals at most a block a second.
+	if limit := testUpstreamTimeout + deadlineMargin; maxFree > limit {
+		t.Errorf("a free call waited %v, over %v", maxFree, limit)
+	}
+	if limit := testUpstreamTimeout + 15*time.Second; maxPaid > limit {
+		t.Errorf("a paid call waited %v, over %v", maxPaid, limit)
+	}
+
+	var spent int64
+	for i, p := range payers {
+		spent += new(big.Int).Sub(before[i], usdc(t, s, req.Asset, p.Address)).Int64()
+	}
+	// One more free call tells how many the gateway counted.
+	last := post(t, s.url("/verify/schema"), body)
+	mustStatus(t, last, http.StatusOK)
+	remaining, _ := strconv.Atoi(last.header.Get("Free-Allowance-Remaining"))
+	counted := freePerDay - remaining - 1
+
+	// Outcome reports the upstream could not take while it was down are
+	// retried by the gateway for up to 15 s; give the last ones time.
+	time.Sleep(10 * time.Second)
+	var historyPaid, historyPending int
+	kinds := map[string]int{}
+	for _, v := range s.historyAll(t, agent) {
+		kinds[v.Payment]++
+		switch v.Payment {
+		case store.PaymentPaid:
+			historyPaid++
+		case store.PaymentPending:
+			historyPending++
+		}
+	}
+	t.Logf("history by payment: %v", kinds)
+	t.Logf("requests %d: settled %d, free %d, 503 %d, other %d; max wait free %v, paid %v", len(outs), settled, free, unavailable, other, maxFree, maxPaid)
+	t.Logf("on chain %d atomic units = %d x %d; free calls counted %d for %d delivered; history paid %d (pending, never delivered: %d)",
+		spent, spent/price, price, counted, free, historyPaid, historyPending)
+	if settled == 0 || free == 0 || unavailable == 0 {
+		t.Errorf("the load did not see service and faults: settled %d, free %d, 503 %d", settled, free, unavailable)
+	}
+	if spent != int64(settled)*price {
+		t.Errorf("the payers paid %d, but %d answers were delivered paid (%d)", spent, settled, int64(settled)*price)
+	}
+	if counted != free {
+		t.Errorf("the gateway counted %d free calls, %d were delivered", counted, free)
+	}
+	if historyPaid != settled {
+		t.Errorf("history has %d paid calls, %d were settled", historyPaid, settled)
+	}
+}
+
+// historyAll is every record verifierd holds for agent, all pages.
+func (s *stack) historyAll(t *testing.T, agent string) []store.Verification {
+	t.Helper()
+	s.verifierd.stop(t)
+	db, err := store.Open(s.historyDir(), store.Options{})
+	if err != nil {
+		t.Fatalf("opening verifierd's history: %v", err)
+	}
+	defer db.Close()
+	var all []store.Verification
+	for cursor := ""; ; {
+		recs, next, err := db.Verifications(context.Background(), agent, cursor, store.MaxPageSize)
+		if err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, recs...)
+		if next == "" {
+			return all
+		}
+		cursor = next
+	}
+}

@@ -1,0 +1,85 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/store"
+)
+
+// Settlement outcomes, reported by the gateway.
+//
+// A paid REST verification is recorded before it is paid for: the gateway
+// settles only once the answer exists. The gateway forwards such a call
+// with X-Aov-Settlement: pending; verifierd records it as payment "pending"
+// (kept, not counted toward counts, reputation or score) and asks for the
+// outcome with X-Aov-Settlement-Report on its answer. After settling, the
+// gateway POSTs {"verification_id", "payment": "paid"|"unpaid"} to that
+// path over the same authenticated channel (the gateway token); verifierd
+// then counts a paid one and leaves an unpaid one (its answer was never
+// delivered) out. An outcome is recorded once: a later report changes
+// nothing.
+const (
+	// PathSettlement is where the gateway reports outcomes.
+	PathSettlement = "/v1/gateway/settlement"
+	// HeaderSettlementReport on an answer asks the gateway to report its
+	// settlement's outcome to the path it names.
+	HeaderSettlementReport = "X-Aov-Settlement-Report"
+)
+
+// askSettlementReport asks the gateway for the outcome of a pending call.
+func askSettlementReport(w http.ResponseWriter, gw gatewayInfo) {
+	if gw.payment == store.PaymentPending {
+		w.Header().Set(HeaderSettlementReport, PathSettlement)
+	}
+}
+
+// settlementSetter is the part of a history store that records outcomes.
+type settlementSetter interface {
+	SetPayment(ctx context.Context, id, payment string) error
+}
+
+// serveSettlement records a settlement outcome the gateway reports. Only
+// the gateway (its token) may report; anyone else is 404, as if the path
+// did not exist.
+func (s *Server) serveSettlement(w http.ResponseWriter, r *http.Request, _ *requestLog) error {
+	if !s.gatewayInfo(r.Header, r.RemoteAddr).trusted {
+		return apierr.NotFound("endpoint")
+	}
+	set, ok := s.history.(settlementSetter)
+	if !ok {
+		return apierr.NotFound("endpoint")
+	}
+	b, err := io.ReadAll(io.LimitReader(r.Body, 4096))
+	if err != nil {
+		return apierr.Unavailable("gateway", 1, err)
+	}
+	var rep struct {
+		VerificationID string `json:"verification_id"`
+		Payment        string `json:"payment"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&rep); err != nil || rep.VerificationID == "" || (rep.Payment != store.PaymentPaid && rep.Payment != store.PaymentUnpaid) {
+		return &apierr.Error{Code: "invalid_request", Status: http.StatusUnprocessableEntity,
+			Message: "A settlement report is {\"verification_id\": <id>, \"payment\": \"paid\"|\"unpaid\"}."}
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 10*time.Second)
+	defer cancel()
+	switch err := set.SetPayment(ctx, rep.VerificationID, rep.Payment); {
+	case err == nil, errors.Is(err, store.ErrPaymentFinal):
+	case errors.Is(err, store.ErrNotFound):
+		return apierr.NotFound("verification")
+	default:
+		return apierr.Unavailable("verification history store", 5, fmt.Errorf("recording a settlement outcome: %w", err))
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
