@@ -88,7 +88,7 @@ func newCluster(t *testing.T) *cluster {
 		facilitatorRoute := ""
 		if i == 0 {
 			facilitator = fmt.Sprintf("facilitator evm {\n\t\t\t\tdevnet {\n\t\t\t\t\trpc_listen %s\n\t\t\t\t}\n\t\t\t}", rpc)
-			facilitatorRoute = fmt.Sprintf("handle_path /facilitator/* {\n\t\tx402_facilitator {\n\t\t\tdevnet {\n\t\t\t\trpc_listen %s\n\t\t\t}\n\t\t}\n\t}", rpc)
+			facilitatorRoute = fmt.Sprintf("handle_path /facilitator/* {\n\t\tx402_facilitator {\n\t\t\tpay_to %s\n\t\t\tdevnet {\n\t\t\t\trpc_listen %s\n\t\t\t}\n\t\t}\n\t}", payTo, rpc)
 		}
 		_, port, _ := net.SplitHostPort(c.gateways[i])
 		cfg := fmt.Sprintf(`{
@@ -105,6 +105,8 @@ http://:%[2]s {
 			store redis %[3]s {
 				prefix e2e
 			}
+			# One site name for both: they stand behind one load balancer.
+			domains %[10]s
 		}
 		x402 {
 			accept devnet $0.02 %[4]s {
@@ -134,7 +136,8 @@ http://:%[2]s {
 	}
 	%[9]s
 }
-`, freeAddr(t), port, c.redis.Addr, payTo, facilitator, multiPerDay, c.verifierd[i], s.token, facilitatorRoute)
+`, freeAddr(t), port, c.redis.Addr, payTo, facilitator, multiPerDay, c.verifierd[i], s.token, facilitatorRoute,
+			c.gateways[0]+" "+c.gateways[1])
 		path := filepath.Join(dir, fmt.Sprintf("Caddyfile%d", i))
 		if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 			t.Fatal(err)
@@ -326,7 +329,9 @@ func TestMultiInstance(t *testing.T) {
 			Counts json.RawMessage `json:"counts"`
 		}
 		for v := range 2 {
-			r := get(t, "http://"+c.verifierd[v]+"/score/"+agent)
+			// Straight at each verifierd, as the gateway would ask it.
+			r := do(t, http.MethodGet, "http://"+c.verifierd[v]+"/score/"+agent, nil,
+				map[string]string{"X-Aov-Gateway-Token": c.certd.token})
 			mustStatus(t, r, http.StatusOK)
 			if err := json.Unmarshal(r.body, &scores[v]); err != nil {
 				t.Fatal(err)

@@ -99,6 +99,7 @@ func TestRunScript(t *testing.T) {
 		"AOV_ADMIN_ADDR=" + admin,
 		"AOV_VERIFIERD_METRICS_ADDR=" + metrics,
 		"AOV_DEVNET_RPC_ADDR=" + rpc,
+		"AOV_SOLANA_RPC_ADDR=" + freeAddr(t),
 	}
 	base := "http://127.0.0.1:" + port
 	card := base + "/.well-known/agent-card.json"
@@ -196,6 +197,7 @@ func TestLoadScript(t *testing.T) {
 		"AOV_ADMIN_ADDR="+admin,
 		"AOV_VERIFIERD_METRICS_ADDR="+metrics,
 		"AOV_DEVNET_RPC_ADDR="+rpc,
+		"AOV_SOLANA_RPC_ADDR="+freeAddr(t),
 		"AOV_BASELINE_PORT="+baselinePort,
 	)
 	out, err := cmd.CombinedOutput()
@@ -263,6 +265,7 @@ func runEnv(t *testing.T, data string) (env []string, base, rpcURL string) {
 		"AOV_ADMIN_ADDR=" + admin,
 		"AOV_VERIFIERD_METRICS_ADDR=" + metrics,
 		"AOV_DEVNET_RPC_ADDR=" + rpc,
+		"AOV_SOLANA_RPC_ADDR=" + freeAddr(t),
 	}, "http://127.0.0.1:" + port, "http://" + rpc
 }
 

@@ -121,7 +121,7 @@ supervise verifierd "$bindir/verifierd" \
 # $data/solana-chain.json.
 if [ -d interop/node_modules/litesvm ]; then
 	say "starting the local Solana chain on $AOV_SOLANA_RPC_ADDR (state is reset on restart)"
-	start solana-chain env HOST="${AOV_SOLANA_RPC_ADDR%:*}" PORT="${AOV_SOLANA_RPC_ADDR##*:}" \
+	supervise solana-chain env HOST="${AOV_SOLANA_RPC_ADDR%:*}" PORT="${AOV_SOLANA_RPC_ADDR##*:}" \
 		bash -c 'exec node interop/solana-chain.mjs >"$0"' "$data/solana-chain.json"
 else
 	say "interop/node_modules is missing (run: make interop-deps): Solana payments need the local Solana chain"

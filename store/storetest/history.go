@@ -19,6 +19,7 @@ type History interface {
 	Verification(ctx context.Context, id string) (store.Verification, error)
 	Verifications(ctx context.Context, agentID, cursor string, limit int) ([]store.Verification, string, error)
 	AgentCounts(ctx context.Context, agentID string) (store.Counts, error)
+	SetPayment(ctx context.Context, id, payment string) error
 	Ping(ctx context.Context) error
 }
 
@@ -320,6 +321,85 @@ func TestHistory(t *testing.T, newH NewHistory) {
 			if _, _, err := h.Verifications(ctx, "alpha", cur, 5); !errors.Is(err, store.ErrBadCursor) {
 				t.Errorf("cursor %q: %v, want ErrBadCursor", cur, err)
 			}
+		}
+	})
+	t.Run("a pending paid call counts only once reported paid, an unpaid one never, and the outcome is set once across instances", func(t *testing.T) {
+		h, other := newH(t)
+		rec := func(id, payment string) {
+			t.Helper()
+			v := Sample(id, "agent-p", base, "pass")
+			v.Payment = payment
+			if err := h.RecordVerification(ctx, v); err != nil {
+				t.Fatal(err)
+			}
+		}
+		counts := func() store.Counts {
+			t.Helper()
+			c, err := other.AgentCounts(ctx, "agent-p")
+			if err != nil {
+				t.Fatal(err)
+			}
+			return c
+		}
+		rec("free-1", store.PaymentFree)
+		rec("paid-1", store.PaymentPending)
+		rec("paid-2", store.PaymentPending)
+		if c := counts(); c.Pass != 1 || c.Paid != 0 {
+			t.Fatalf("pending records counted: %+v", c)
+		}
+		// Two instances report the same outcome at once: it counts once.
+		var wg sync.WaitGroup
+		var ok atomic.Int32
+		for _, db := range []History{h, other} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := db.SetPayment(ctx, "paid-1", store.PaymentPaid); err == nil {
+					ok.Add(1)
+				} else if !errors.Is(err, store.ErrPaymentFinal) {
+					t.Error(err)
+				}
+			}()
+		}
+		wg.Wait()
+		if ok.Load() != 1 {
+			t.Fatalf("%d reports took effect, want 1", ok.Load())
+		}
+		if err := other.SetPayment(ctx, "paid-2", store.PaymentUnpaid); err != nil {
+			t.Fatal(err)
+		}
+		if c := counts(); c.Pass != 2 || c.Paid != 1 {
+			t.Fatalf("after the outcomes: %+v, want 2 passes, 1 paid", c)
+		}
+		for _, tc := range []struct {
+			id, payment string
+			want        error
+		}{
+			{"paid-1", store.PaymentUnpaid, store.ErrPaymentFinal},
+			{"paid-2", store.PaymentPaid, store.ErrPaymentFinal},
+			{"free-1", store.PaymentPaid, store.ErrPaymentFinal},
+			{"nope", store.PaymentPaid, store.ErrNotFound},
+		} {
+			if err := h.SetPayment(ctx, tc.id, tc.payment); !errors.Is(err, tc.want) {
+				t.Errorf("SetPayment(%s, %s) = %v, want %v", tc.id, tc.payment, err, tc.want)
+			}
+		}
+		if err := h.SetPayment(ctx, "paid-1", store.PaymentFree); err == nil {
+			t.Error("an outcome other than paid or unpaid was accepted")
+		}
+		if c := counts(); c.Pass != 2 || c.Paid != 1 {
+			t.Fatalf("refused reports changed the counts: %+v", c)
+		}
+		recs, _, err := other.Verifications(ctx, "agent-p", "", store.MaxPageSize)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]string{}
+		for _, v := range recs {
+			got[v.ID] = v.Payment
+		}
+		if got["paid-1"] != store.PaymentPaid || got["paid-2"] != store.PaymentUnpaid || got["free-1"] != store.PaymentFree {
+			t.Fatalf("history %v", got)
 		}
 	})
 }
