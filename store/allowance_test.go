@@ -4,53 +4,9 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 )
-
-func TestAllowanceNeverExceedsTheLimitUnderConcurrency(t *testing.T) {
-	ctx := context.Background()
-	db, _ := openTemp(t, Options{})
-	al := db.Allowance()
-	day := time.Now()
-	const limit, callers = 10, 100
-	var ok, exhausted atomic.Int32
-	var wg sync.WaitGroup
-	start := make(chan struct{})
-	for range callers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			r, err := al.Reserve(ctx, "verify", "198.51.100.7", day, limit)
-			switch {
-			case err == nil:
-				ok.Add(1)
-				if err := al.Commit(ctx, r); err != nil {
-					t.Errorf("Commit: %v", err)
-				}
-			case errors.Is(err, ErrExhausted):
-				exhausted.Add(1)
-				if r.Remaining != 0 {
-					t.Errorf("exhausted reservation reports %d remaining", r.Remaining)
-				}
-			default:
-				t.Errorf("Reserve: %v", err)
-			}
-		}()
-	}
-	close(start)
-	wg.Wait()
-	if ok.Load() != limit || exhausted.Load() != callers-limit {
-		t.Fatalf("%d reserved, %d exhausted; want exactly %d and %d", ok.Load(), exhausted.Load(), limit, callers-limit)
-	}
-	rem, err := al.Remaining(ctx, "verify", "198.51.100.7", day, limit)
-	if err != nil || rem != 0 {
-		t.Fatalf("Remaining = %d, %v; want 0", rem, err)
-	}
-}
 
 func TestAllowance(t *testing.T) {
 	ctx := context.Background()

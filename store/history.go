@@ -152,24 +152,31 @@ func (db *DB) RecordVerification(ctx context.Context, v Verification) error {
 		if err := txn.Set(timeKey(v.VerifiedAt, v.ID), nil); err != nil {
 			return err
 		}
-		if v.AgentID == "" {
-			return nil
-		}
-		if err := txn.Set(agentKey(v.AgentID, v.VerifiedAt, v.ID), val); err != nil {
-			return err
-		}
-		ck := countsKey(v.AgentID)
-		c, err := getCounts(txn, ck)
-		if err != nil {
-			return err
-		}
-		c.add(v)
-		cv, err := json.Marshal(c)
-		if err != nil {
-			return fmt.Errorf("encoding counts: %w", err)
-		}
-		return txn.Set(ck, cv)
+		return putAgentRecord(txn, v, val)
 	})
+}
+
+// putAgentRecord writes v (encoded as val) under its agent and counts it in
+// the agent's totals (Counts.add: only what counts). It is the one place
+// both a new record and a settled one reach an agent's history.
+func putAgentRecord(txn *badger.Txn, v Verification, val []byte) error {
+	if v.AgentID == "" {
+		return nil
+	}
+	if err := txn.Set(agentKey(v.AgentID, v.VerifiedAt, v.ID), val); err != nil {
+		return err
+	}
+	ck := countsKey(v.AgentID)
+	c, err := getCounts(txn, ck)
+	if err != nil {
+		return err
+	}
+	c.add(v)
+	cv, err := json.Marshal(c)
+	if err != nil {
+		return fmt.Errorf("encoding counts: %w", err)
+	}
+	return txn.Set(ck, cv)
 }
 
 func (c *Counts) add(v Verification) {
@@ -233,23 +240,7 @@ func (db *DB) SetPayment(ctx context.Context, id, payment string) error {
 		if err := txn.Set(rk, val); err != nil {
 			return err
 		}
-		if v.AgentID == "" {
-			return nil
-		}
-		if err := txn.Set(agentKey(v.AgentID, v.VerifiedAt, v.ID), val); err != nil {
-			return err
-		}
-		ck := countsKey(v.AgentID)
-		c, err := getCounts(txn, ck)
-		if err != nil {
-			return err
-		}
-		c.add(v)
-		cv, err := json.Marshal(c)
-		if err != nil {
-			return fmt.Errorf("encoding counts: %w", err)
-		}
-		return txn.Set(ck, cv)
+		return putAgentRecord(txn, v, val)
 	})
 }
 

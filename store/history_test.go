@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
@@ -126,48 +125,6 @@ func TestRecordVerification(t *testing.T) {
 			t.Fatalf("payment %q, want unknown", got.Payment)
 		}
 	})
-}
-
-func TestCountsStayExactUnderConcurrency(t *testing.T) {
-	ctx := context.Background()
-	db, _ := openTemp(t, Options{NoSync: true})
-	base := time.Now()
-	const n = 60
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			result := "pass"
-			if i%3 == 0 {
-				result = "fail"
-			}
-			v := sampleVerification(fmt.Sprintf("c-%d", i), "busy-agent", base.Add(time.Duration(i)*time.Millisecond), result)
-			v.Authenticated = i%2 == 0
-			if i%4 == 0 {
-				v.Payment = PaymentPaid
-			}
-			if err := db.RecordVerification(ctx, v); err != nil {
-				t.Error(err)
-			}
-		}()
-	}
-	wg.Wait()
-	c, err := db.AgentCounts(ctx, "busy-agent")
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := Counts{Pass: 40, Fail: 20, AuthenticatedPass: 20, AuthenticatedFail: 10, Paid: 15}
-	if c.Pass != want.Pass || c.Fail != want.Fail || c.AuthenticatedPass != want.AuthenticatedPass ||
-		c.AuthenticatedFail != want.AuthenticatedFail || c.Paid != want.Paid {
-		t.Fatalf("counts %+v, want %+v", c, want)
-	}
-	if !c.First.Equal(base.UTC()) || !c.Last.Equal(base.Add((n-1)*time.Millisecond).UTC()) {
-		t.Fatalf("first/last %v/%v, want %v/%v", c.First, c.Last, base, base.Add((n-1)*time.Millisecond))
-	}
-	if c.Total() != n {
-		t.Fatalf("Total %d, want %d", c.Total(), n)
-	}
 }
 
 func TestVerificationsPaging(t *testing.T) {
