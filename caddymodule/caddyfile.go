@@ -118,10 +118,13 @@ func (g *Gate) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 		case "siwx":
+			g.SIWX = true
+			if d.NextArg() {
+				g.SIWXDomain = d.Val()
+			}
 			if d.NextArg() {
 				return d.ArgErr()
 			}
-			g.SIWX = true
 		case "paywall":
 			p, err := parsePaywall(d)
 			if err != nil {

@@ -170,6 +170,12 @@ type Gate struct {
 	// paying again (wallet_auth with siwx verifies the proof and lets the
 	// request skip the gate; see its documentation).
 	SIWX bool `json:"siwx,omitempty"`
+	// SIWXDomain is the site name the sign-in challenge asks wallets to
+	// sign for: one of wallet_auth's domains, which are the only names a
+	// proof is accepted for. Default: the request's Host, which a client
+	// controls, so set it whenever clients may reach the site under a name
+	// wallet_auth does not list (their proof would then be refused).
+	SIWXDomain string `json:"siwx_domain,omitempty"`
 
 	// Paywall is what browsers get with a 402: the static page (default),
 	// the official @x402/paywall wallet app, or no page (see Paywall).
@@ -581,7 +587,11 @@ func (g *Gate) paymentRequired(w http.ResponseWriter, r *http.Request, msg, reas
 			pr.Extensions["bazaar"] = g.bazaar
 		}
 		if g.SIWX {
-			pr.Extensions[walletauth.SIWXExtension] = walletauth.SIWXChallenge(r.Host, requestBase(r)+r.URL.Path, g.chains(), now())
+			domain := r.Host
+			if g.SIWXDomain != "" {
+				domain = g.SIWXDomain
+			}
+			pr.Extensions[walletauth.SIWXExtension] = walletauth.SIWXChallenge(domain, requestBase(r)+r.URL.Path, g.chains(), now())
 		}
 	}
 	header, err := x402.EncodeHeader(pr)

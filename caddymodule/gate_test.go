@@ -750,6 +750,29 @@ func TestSIWXIsAdvertisedInTheDemand(t *testing.T) {
 	}
 }
 
+// With a domain, the challenge names the site wallet_auth accepts proofs
+// for, whatever Host the client sent.
+func TestSIWXChallengeNamesTheConfiguredDomain(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	base := startCaddy(t, gateSite(up.URL, fac, 0, "siwx verify.example.com"))
+	req, err := http.NewRequest(http.MethodPost, base+"/verify/schema", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Host = "attacker.example"
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pr := paymentRequired(t, resp)
+	ext, _ := pr.Extensions["sign-in-with-x"].(map[string]any)
+	info, _ := ext["info"].(map[string]any)
+	if info == nil || info["domain"] != "verify.example.com" {
+		t.Fatalf("challenge %v, want the domain verify.example.com", ext)
+	}
+}
+
 // TestStateSurvivesAReload reloads the config (Caddy provisions the new
 // gates before it cleans up the old ones, and Badger locks its folder): the
 // day's allowance use and a settled payment's claim must both survive.
