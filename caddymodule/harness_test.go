@@ -59,6 +59,26 @@ func loadCaddy(t testing.TB, port int, sites string) {
 	// A reload closes the old server's idle keep-alive connections; a
 	// request on one of those would be reset, so the client forgets them.
 	testClient.CloseIdleConnections()
+	waitServing(t, port)
+}
+
+// waitServing waits until a request on a new connection to port gets an
+// answer: while Caddy hands the listener from the old server to the new
+// one, a connection can still be reset, which a test's POST (never retried
+// by net/http) would report as a failure of the code under test.
+func waitServing(t testing.TB, port int) {
+	t.Helper()
+	probe := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
+	var err error
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		var resp *http.Response
+		if resp, err = probe.Get(url); err == nil {
+			resp.Body.Close()
+			return
+		}
+	}
+	t.Fatalf("Caddy does not answer on port %d: %v", port, err)
 }
 
 // adaptSiteError adapts a site block holding directives and returns the

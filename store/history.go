@@ -301,8 +301,10 @@ func (db *DB) Verifications(ctx context.Context, agentID, cursor string, limit i
 	var after []byte
 	if cursor != "" {
 		var err error
-		after, err = base64.RawURLEncoding.DecodeString(cursor)
-		if err != nil || len(after) < 9 {
+		// Strict, and no \r or \n (which the decoder skips): one
+		// spelling per cursor.
+		after, err = base64.RawURLEncoding.Strict().DecodeString(cursor)
+		if err != nil || strings.ContainsAny(cursor, "\r\n") || len(after) < 9 {
 			return nil, "", ErrBadCursor
 		}
 	}

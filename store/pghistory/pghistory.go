@@ -17,6 +17,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -265,8 +266,10 @@ func makeCursor(at int64, id []byte) string {
 }
 
 func parseCursor(s string) (at int64, id []byte, err error) {
+	// The decoder skips \r and \n even in strict mode; refusing them keeps
+	// one spelling per cursor.
 	b, err := base64.RawURLEncoding.Strict().DecodeString(s)
-	if err != nil || len(b) < 9 || len(b) > 8+200 {
+	if err != nil || strings.ContainsAny(s, "\r\n") || len(b) < 9 || len(b) > 8+200 {
 		return 0, nil, store.ErrBadCursor
 	}
 	return int64(binary.BigEndian.Uint64(b)), b[8:], nil
