@@ -54,6 +54,11 @@ func receiptFacts(t *testing.T, body []byte) map[string]any {
 		t.Fatalf("answer is not JSON (%v): %.300s", err, body)
 	}
 	facts := map[string]any{}
+	for _, k := range []string{"output_hash", "schema_hash", "rules_hash"} {
+		if h, _ := m[k].(string); len(h) != 64 {
+			t.Fatalf("receipt %s %v, want a SHA-256 hex digest", k, m[k])
+		}
+	}
 	for _, k := range []string{"result", "agent_id", "task_id", "output_hash", "schema_hash", "rules_hash", "request_hash", "verify"} {
 		facts[k] = m[k]
 	}
@@ -133,6 +138,11 @@ func TestPaidVerificationOnSolana(t *testing.T) {
 		}
 		if out, code := verifyReceipt(t, s, "paid-on-solana.json", []byte(res.Body)); code != 0 {
 			t.Fatalf("aov receipt verify: exit %d\n%s", code, out)
+		}
+		// The check can fail: the receipt edited to name another agent does not verify.
+		forged := bytes.Replace([]byte(res.Body), []byte(`"`+agent+`"`), []byte(`"e2e-someone-else"`), 1)
+		if out, code := verifyReceipt(t, s, "forged.json", forged); code == 0 {
+			t.Fatalf("aov receipt verify accepted an edited receipt\n%s", out)
 		}
 	})
 
@@ -225,13 +235,8 @@ func TestAgentOwnedBySolanaAccount(t *testing.T) {
 		return map[string]string{"X-Wallet-Auth": strings.TrimSpace(string(out))}
 	}
 
-	for range 2 {
-		r := do(t, http.MethodPost, url, invoice, proof(t, x402.NetworkSolanaDevnet, []byte(base58.Encode(ownerKey))))
-		mustStatus(t, r, http.StatusOK)
-		if v := decode[result](t, r); v.Result != "pass" || v.AgentID == nil || *v.AgentID != agent {
-			t.Fatalf("the owner's verification: result %q, agent_id %v", v.Result, v.AgentID)
-		}
-	}
+	// Before the owner has ever used the id: an account id is owned by its
+	// address, not by the first wallet to name it.
 	for name, h := range map[string]map[string]string{
 		"another Solana wallet": proof(t, x402.NetworkSolanaDevnet, []byte(base58.Encode(otherKey))),
 		"an EVM wallet":         proof(t, "eip155:1337", []byte(evmfacilitator.DevAccounts()[3].PrivateKeyHex)),
@@ -248,6 +253,13 @@ func TestAgentOwnedBySolanaAccount(t *testing.T) {
 		})
 	}
 
+	for range 2 {
+		r := do(t, http.MethodPost, url, invoice, proof(t, x402.NetworkSolanaDevnet, []byte(base58.Encode(ownerKey))))
+		mustStatus(t, r, http.StatusOK)
+		if v := decode[result](t, r); v.Result != "pass" || v.AgentID == nil || *v.AgentID != agent {
+			t.Fatalf("the owner's verification: result %q, agent_id %v", v.Result, v.AgentID)
+		}
+	}
 	rep := decode[map[string]any](t, get(t, s.url("/reputation/"+agent)))
 	c, _ := rep["counts"].(map[string]any)
 	if rep["owned"] != true || c == nil || c["total"] != 2.0 || c["authenticated_pass"] != 2.0 || c["fail"] != 0.0 {
