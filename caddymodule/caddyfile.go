@@ -135,6 +135,18 @@ func (g *Gate) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err := oneArg(d, &g.MCPTool); err != nil {
 				return err
 			}
+		case "upstream_timeout":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			dur, err := caddy.ParseDuration(d.Val())
+			if err != nil || dur <= 0 {
+				return d.Errf("upstream_timeout: %q is not a positive duration", d.Val())
+			}
+			g.UpstreamTimeout = caddy.Duration(dur)
+			if d.NextArg() {
+				return d.ArgErr()
+			}
 		case "max_buffer":
 			if err := sizeArg(d, &g.MaxBuffer); err != nil {
 				return err

@@ -53,7 +53,11 @@ func (g *Gate) serveCharged(w http.ResponseWriter, r *http.Request, next caddyht
 	buf := getBuffer()
 	defer putBuffer(buf)
 	bw := &bufferedWriter{header: make(http.Header), buf: buf, limit: g.MaxBuffer}
-	err := runUpstream(next, bw, r, neverReached)
+	// One deadline for the whole upstream call; the request that settles
+	// and reports afterwards keeps its own context.
+	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(g.UpstreamTimeout))
+	err := runUpstream(next, bw, r.WithContext(ctx), neverReached)
+	cancel()
 	ex.upstreamRan()
 	switch g.outcomeOf(ex, bw, err, r) {
 	case outcomeFailed:

@@ -62,11 +62,12 @@ var exposedHeaders = strings.Join([]string{
 
 // Defaults for the limits an operator can change.
 const (
-	defaultMaxBody       = 1 << 20
-	defaultMaxBuffer     = 10 << 20
-	defaultFreeMaxBody   = 64 << 10
-	defaultMaxTimeout    = 60
-	defaultSettleTimeout = 30 * time.Second
+	defaultMaxBody         = 1 << 20
+	defaultMaxBuffer       = 10 << 20
+	defaultFreeMaxBody     = 64 << 10
+	defaultMaxTimeout      = 60
+	defaultSettleTimeout   = 30 * time.Second
+	defaultUpstreamTimeout = 30 * time.Second
 	// gateSchemaCache is how many compiled schemas the gate's precheck
 	// keeps: it compiles only for requests it answers itself.
 	gateSchemaCache = 8
@@ -133,6 +134,15 @@ type Gate struct {
 	// MaxBuffer caps the buffered upstream response in "after" mode. A larger
 	// response is an error (502) and nothing is settled. Default 10 MiB.
 	MaxBuffer int64 `json:"max_buffer,omitempty"`
+
+	// UpstreamTimeout bounds the whole upstream call of a charged request,
+	// from sending it to the last byte of the answer (the transport's own
+	// timeouts bound each step, not the total). Past it the call fails
+	// (reverse_proxy answers 504, which handle_errors can turn into 503
+	// upstream_unavailable), nothing is charged, the free unit is kept and
+	// the payment can be sent again. Keep it well under the offers' max
+	// timeout, so a retried authorization is still valid. Default 30s.
+	UpstreamTimeout caddy.Duration `json:"upstream_timeout,omitempty"`
 
 	// MaxBody is the absolute request body limit (413) applied when the gate
 	// reads the body (free allowance or validation). Default 1 MiB.
@@ -234,6 +244,9 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 	g.logger = ctx.Logger()
 	if g.Settle == "" {
 		g.Settle = "after"
+	}
+	if g.UpstreamTimeout == 0 {
+		g.UpstreamTimeout = caddy.Duration(defaultUpstreamTimeout)
 	}
 	if g.MaxBuffer == 0 {
 		g.MaxBuffer = defaultMaxBuffer

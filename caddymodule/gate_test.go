@@ -807,3 +807,40 @@ func TestStateSurvivesAReload(t *testing.T) {
 		t.Fatalf("after the reload a settled payment was accepted again: %d", resp.StatusCode)
 	}
 }
+
+// A stalled upstream is cut at upstream_timeout (the transport here has no
+// timeouts of its own): the call fails with 504, the free unit is kept and
+// the payment can be sent again.
+func TestUpstreamTimeoutBoundsTheWholeCall(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	var stall atomic.Bool
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	up.during = func() {
+		if stall.Load() {
+			<-release
+		}
+	}
+	base := startCaddy(t, gateSite(up.URL, fac, 1, "upstream_timeout 300ms"))
+	url := base + "/verify/schema"
+
+	stall.Store(true)
+	if resp := post(t, url, validRequest, nil); resp.StatusCode != http.StatusGatewayTimeout {
+		t.Fatalf("stalled free call: %d, want 504", resp.StatusCode)
+	}
+	stall.Store(false)
+	if resp := post(t, url, validRequest, nil); resp.StatusCode != http.StatusOK {
+		t.Fatalf("the free unit was used by the stalled call: %d", resp.StatusCode)
+	}
+
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 1)
+	stall.Store(true)
+	if resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}); resp.StatusCode != http.StatusGatewayTimeout || resp.Header.Get(x402.HeaderPaymentResponse) != "" {
+		t.Fatalf("stalled paid call: %d, want 504 and no settlement", resp.StatusCode)
+	}
+	stall.Store(false)
+	if resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}); resp.StatusCode != http.StatusOK || resp.Header.Get(x402.HeaderPaymentResponse) == "" {
+		t.Fatalf("the same payment after the stall: %d, want 200 and settled", resp.StatusCode)
+	}
+}
