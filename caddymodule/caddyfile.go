@@ -59,7 +59,7 @@ func parseDiscovery(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    settle_on     pass|any
 //	    max_buffer    <size>
 //	    max_body      <size>
-//	    validate      verify_request
+//	    validate      verify_request|score_request
 //	    mcp_tool      <tool name>
 //	    siwx
 //	    free_allowance {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/aovhq/aov/apidocs"
 	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/score"
 	"github.com/aovhq/aov/store"
 	"github.com/aovhq/aov/verify"
 	"github.com/aovhq/aov/walletauth"
@@ -148,9 +149,16 @@ type Gate struct {
 	// reads the body (free allowance or validation). Default 1 MiB.
 	MaxBody int64 `json:"max_body,omitempty"`
 
-	// Validator names a request validator; the only one is
-	// "verify_request" (the verification request of POST /verify/schema,
-	// read with the same parser verifierd uses: strict JSON, every field,
+	// Validator names a request validator. "score_request" is the score
+	// request: the agent id of GET /score/{agent_id} (the path after the
+	// route's path up to {agent_id}, "/score/" without a route) or of the
+	// score tool's arguments, checked with verifierd's own rule
+	// (score.CheckAgent: 1 to 200 characters, never a test- id). It is
+	// cheap, so it runs first, before any payment is read: a refused
+	// request is 422 (a tool error over MCP), never a demand, and a payment
+	// sent with it is neither verified nor settled.
+	// "verify_request" is the verification request of POST /verify/schema
+	// (read with the same parser verifierd uses: strict JSON, every field,
 	// the schema compiled but never evaluated). It runs whenever the gate
 	// would answer for payment itself (402, a refused payment, an outage):
 	// a request it refuses gets 422 and is never offered for sale. A call
@@ -339,8 +347,8 @@ func (g *Gate) Validate() error {
 	if err := g.validateSettleOn(); err != nil {
 		return err
 	}
-	if g.Validator != "" && g.Validator != "verify_request" {
-		return fmt.Errorf("x402: unknown validator %q (the only one is verify_request)", g.Validator)
+	if g.Validator != "" && g.Validator != "verify_request" && g.Validator != validateScore {
+		return fmt.Errorf("x402: unknown validator %q (validators: verify_request, score_request)", g.Validator)
 	}
 	if g.MCPTool != "" && g.Settle == "before" {
 		return errors.New("x402: an MCP tool is settled after its result (settle before cannot tell a tool error from a success)")
@@ -491,6 +499,11 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	}
 
 	ex := &restExchange{g: g}
+	if g.Validator == validateScore {
+		if err := score.CheckAgent(g.pathAgent(r)); err != nil {
+			return g.refuse(w, r, err)
+		}
+	}
 	var body []byte
 	if g.verifier != nil || g.Free != nil {
 		var err error

@@ -9,6 +9,7 @@ import (
 
 	"github.com/aovhq/aov/apierr"
 	"github.com/aovhq/aov/receipt"
+	"github.com/aovhq/aov/score"
 	"github.com/aovhq/aov/x402"
 )
 
@@ -58,6 +59,12 @@ func (g *Gate) serveMCP(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	ex := &mcpExchange{g: g, id: msg.id, tool: g.MCPTool}
 	if wait := g.rateWait(r); wait > 0 {
 		return ex.toolError(w, r, apierr.RateLimited(wait))
+	}
+	if g.Validator == validateScore {
+		args, _ := msg.args.(map[string]any) // an object or absent (readRPC)
+		if _, err := score.ToolAgent(args); err != nil {
+			return ex.toolError(w, r, apierr.From(err))
+		}
 	}
 	if g.verifier != nil {
 		args := msg.args

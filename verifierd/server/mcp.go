@@ -14,6 +14,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/score"
 	"github.com/aovhq/aov/strictjson"
 )
 
@@ -312,8 +313,8 @@ func (s *Server) toolGetVerificationRecord(ctx context.Context, req *mcp.CallToo
 	return toolDocument(doc), nil
 }
 
-// scoreArguments reads {"agent_id": "..."} strictly: no other member, no
-// duplicate, a string.
+// scoreArguments reads {"agent_id": "..."} strictly (no duplicate) and
+// checks it with the rule the gateway also applies (score.ToolAgent).
 func scoreArguments(raw json.RawMessage) (string, error) {
 	if len(bytes.TrimSpace(raw)) == 0 {
 		raw = []byte("{}")
@@ -333,27 +334,7 @@ func scoreArguments(raw json.RawMessage) (string, error) {
 		return "", apierr.Invalid(apierr.Field{Field: "arguments", Problem: "is not a JSON object",
 			Fix: `Send the arguments as {"agent_id": "seller-7"}.`})
 	}
-	var fields []apierr.Field
-	agent, isString := m["agent_id"].(string)
-	switch _, present := m["agent_id"]; {
-	case !present:
-		fields = append(fields, apierr.Field{Field: "agent_id", Problem: "is required",
-			Fix: "Name the agent_id used in verification requests, 1 to 200 characters."})
-	case !isString:
-		fields = append(fields, apierr.Field{Field: "agent_id", Problem: "is not a string",
-			Fix: "Name the agent_id used in verification requests, 1 to 200 characters."})
-	}
-	for k := range m {
-		if k != "agent_id" {
-			fields = append(fields, apierr.Field{Field: "arguments", Problem: "has a member other than agent_id",
-				Fix: "Remove it; get_verification_record takes only agent_id."})
-			break
-		}
-	}
-	if len(fields) > 0 {
-		return "", apierr.Invalid(fields...)
-	}
-	return agent, nil
+	return score.ToolAgent(m)
 }
 
 // problemOf is the problem of a strictjson error without its position.

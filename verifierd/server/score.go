@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/aovhq/aov/apierr"
 	"github.com/aovhq/aov/receipt"
@@ -121,26 +120,11 @@ func (s *Server) paidRoute(gw gatewayInfo) error {
 			Fix: "Call the service's public URL (the gateway); verifierd's own listener serves paid routes only to it."})
 }
 
-// checkAgentID is the rule for an agent id named in a path or a tool
-// argument: what verification requests accept.
-func checkAgentID(agent, example string) *apierr.Error {
-	if agent == "" || !utf8.ValidString(agent) || utf8.RuneCountInString(agent) > 200 {
-		return apierr.Invalid(apierr.Field{Field: "agent_id", Problem: "must be 1 to 200 characters",
-			Fix: "Name the agent_id used in verification requests" + example + "."})
-	}
-	return nil
-}
-
 // scoreAgent computes, signs and returns agent's score document. A test-
 // agent is refused (422): such ids are examples and never get a score.
 func (s *Server) scoreAgent(ctx context.Context, agent string) ([]byte, error) {
-	if err := checkAgentID(agent, ", URL-encoded in the path: /score/seller-7"); err != nil {
+	if err := score.CheckAgent(agent); err != nil {
 		return nil, err
-	}
-	if strings.HasPrefix(agent, store.TestAgentPrefix) {
-		return nil, apierr.Invalid(apierr.Field{Field: "agent_id",
-			Problem: "starts with 'test-', which is reserved for examples that never get a trust score",
-			Fix:     "Ask for the score of a real agent id; a test- agent's history is free at /reputation/{agent_id}."})
 	}
 	// Only the owner's verifications are authenticated evidence (see
 	// gateway.go), whatever a record says, and of an owned agent nothing

@@ -1,0 +1,27 @@
+package caddymodule
+
+import (
+	"net/http"
+	"strings"
+)
+
+// validateScore is the validator of score requests (see Gate.Validator).
+const validateScore = "score_request"
+
+// pathAgent is the agent id a score request names in its path: what
+// follows the route's path up to "{agent_id}" ("/score/" without one),
+// decoded as verifierd reads it. A path outside that prefix names no
+// agent, which the rule refuses.
+func (g *Gate) pathAgent(r *http.Request) string {
+	prefix := "/score/"
+	if _, path, ok := strings.Cut(g.Route, " "); ok {
+		if before, _, found := strings.Cut(path, "{agent_id}"); found {
+			prefix = before
+		}
+	}
+	agent, ok := strings.CutPrefix(r.URL.Path, prefix)
+	if !ok {
+		return ""
+	}
+	return agent
+}
