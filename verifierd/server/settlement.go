@@ -16,7 +16,8 @@ import (
 
 // Settlement outcomes, reported by the gateway.
 //
-// A paid REST verification is recorded before it is paid for: the gateway
+// A paid verification (REST, or the MCP tool verify_schema) is recorded
+// before it is paid for: the gateway
 // settles only once the answer exists. The gateway forwards such a call
 // with X-Aov-Settlement: pending; verifierd records it as payment "pending"
 // (kept, not counted toward counts, reputation or score) and asks for the
@@ -34,9 +35,11 @@ const (
 	HeaderSettlementReport = "X-Aov-Settlement-Report"
 )
 
-// askSettlementReport asks the gateway for the outcome of a pending call.
-func askSettlementReport(w http.ResponseWriter, gw gatewayInfo) {
-	if gw.payment == store.PaymentPending {
+// askSettlementReport asks the gateway for the outcome of a call recorded
+// as pending (payment is what was recorded, "" if nothing was). An MCP
+// tool call asks on the HTTP answer that carries its result, as REST does.
+func askSettlementReport(w http.ResponseWriter, payment string) {
+	if payment == store.PaymentPending {
 		w.Header().Set(HeaderSettlementReport, PathSettlement)
 	}
 }
