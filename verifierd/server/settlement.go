@@ -17,11 +17,12 @@ import (
 // Settlement outcomes, reported by the gateway.
 //
 // A paid verification (REST, or the MCP tool verify_schema) is recorded
-// before it is paid for: the gateway
-// settles only once the answer exists. The gateway forwards such a call
-// with X-Aov-Settlement: pending; verifierd records it as payment "pending"
-// (kept, not counted toward counts, reputation or score) and asks for the
-// outcome with X-Aov-Settlement-Report on its answer. After settling, the
+// before it is paid for: the gateway settles only once the answer exists.
+// The gateway forwards such a call with X-Aov-Settlement: pending;
+// verifierd records it as payment "pending" (kept, not counted toward
+// counts, reputation or score) and asks for the outcome with
+// X-Aov-Settlement-Report on its HTTP answer (for MCP, the one carrying the
+// tool result). After settling, the
 // gateway POSTs {"verification_id", "payment": "paid"|"unpaid"} to that
 // path over the same authenticated channel (the gateway token); verifierd
 // then counts a paid one and leaves an unpaid one (its answer was never
