@@ -167,8 +167,8 @@ func TestPaidMCPHistoryTellsTheTruth(t *testing.T) {
 				t.Fatal(err)
 			}
 			resp, body = postMCP(t, url, toolCall(t, "get_verification_record", map[string]any{"agent_id": agent}, &p))
-			if resp.Header.Get(headerSettlementReport) != "" {
-				t.Fatalf("score tool: report header reached the client")
+			if _, isErr := toolResultOf(t, body); resp.Header.Get(headerSettlementReport) != "" || isErr == tc.counted {
+				t.Fatalf("score tool: report header %q, isError %v: %s", resp.Header.Get(headerSettlementReport), isErr, body)
 			}
 			if recs, _, _ := vf.db.Verifications(ctx, "", "", 10); len(recs) != 2 {
 				t.Fatalf("the score tool recorded something: %d records (%s)", len(recs), body)
