@@ -176,3 +176,52 @@ func TestPaidMCPHistoryTellsTheTruth(t *testing.T) {
 		})
 	}
 }
+
+// A paid MCP verify_schema whose settlement outcome is lost (the transfer
+// happened) stays pending, uncounted, until the buyer's retry with the same
+// payment resolves it: then it is recorded paid, once, and charged once.
+func TestPaidMCPUnknownOutcomeIsReportedOnRetry(t *testing.T) {
+	d, _ := sharedDevnet(t)
+	vf := startVerifier(t)
+	url := startCaddy(t, mcpHistorySite(vf, "lose_reply", filepath.Join(t.TempDir(), "gate"))) + "/mcp"
+	agent := "seller-mcp-lost"
+	args := map[string]any{"task_id": "t-mcp", "agent_id": agent,
+		"expected_schema": map[string]any{"type": "object"}, "submitted_output": map[string]any{"ok": true}}
+	ctx := context.Background()
+	postMCP(t, url, toolCall(t, "verify_schema", map[string]any{"task_id": "t-free", "expected_schema": map[string]any{}, "submitted_output": 1}, nil)) // the free call of the day
+	_, body := postMCP(t, url, toolCall(t, "verify_schema", args, nil))
+	demand, _ := toolResultOf(t, body)
+	b, _ := json.Marshal(demand)
+	var pr x402.PaymentRequired
+	if json.Unmarshal(b, &pr) != nil || len(pr.Accepts) == 0 {
+		t.Fatalf("not a demand: %s", body)
+	}
+	payer := evmfacilitator.DevAccounts()[2].Address
+	before := balance(t, d, payer)
+	p, err := x402.SignExactEVM(evmfacilitator.DevKey(2), pr.Accepts[0], &pr.Resource, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, body = postMCP(t, url, toolCall(t, "verify_schema", args, &p)); !strings.Contains(string(body), "settlement_pending") {
+		t.Fatalf("first try: %s", body)
+	}
+	recs, _, err := vf.db.Verifications(ctx, agent, "", 10)
+	if err != nil || len(recs) != 1 || recs[0].Payment != store.PaymentPending {
+		t.Fatalf("before the retry: %+v, %v", recs, err)
+	}
+	for range 2 {
+		_, body = postMCP(t, url, toolCall(t, "verify_schema", args, &p))
+		if doc, isErr := toolResultOf(t, body); isErr || doc["verification_id"] != recs[0].ID {
+			t.Fatalf("retry: %s", body)
+		}
+	}
+	if v, err := vf.db.Verification(ctx, recs[0].ID); err != nil || v.Payment != store.PaymentPaid {
+		t.Fatalf("after the retry: %+v, %v", v, err)
+	}
+	if c, err := vf.db.AgentCounts(ctx, agent); err != nil || c.Total() != 1 || c.Paid != 1 {
+		t.Fatalf("counts %+v, %v", c, err)
+	}
+	if got := charged(t, d, payer, before); got.Int64() != 20000 {
+		t.Fatalf("charged %s", got)
+	}
+}
