@@ -169,7 +169,7 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		r.Header.Set(HeaderUpstreamPayer, vr.Payer)
 	}
 	r.Header.Set(HeaderUpstreamNetwork, offer.Network)
-	g.markSettlementPending(r, ex) // the outcome is reported after settling (pending.go)
+	g.markSettlementPending(r) // the outcome is reported after settling (pending.go)
 
 	if g.Settle == "before" {
 		if !pc.settle(w, r, nil) {

@@ -309,41 +309,60 @@ var _ x402.SettlementChecker = (*EVMFacilitator)(nil)
 
 // Settlement reports to the upstream (verifierd's history).
 //
-// A paid REST call is forwarded with X-Aov-Settlement: pending, telling the
-// upstream the payment settles after its answer. An upstream that wants the
-// outcome (verifierd, to record the call as paid only once it is) answers
-// with X-Aov-Settlement-Report naming a path; after settling, the gate
-// POSTs {"verification_id", "payment": "paid"|"unpaid"} to that path
-// through the same handler chain (so the reverse proxy adds the gateway
-// token: the authenticated channel). An unknown outcome is reported when
-// the buyer's retry resolves it.
+// A paid call (REST, or an MCP tool call) is forwarded with
+// X-Aov-Settlement: pending, telling the upstream the payment settles after
+// its answer. An upstream that wants the outcome (verifierd, to record the
+// call as paid only once it is) answers with X-Aov-Settlement-Report naming
+// a path, on the HTTP answer in both cases (the gate holds the whole HTTP
+// answer of an MCP call too); after settling, the gate POSTs
+// {"verification_id", "payment": "paid"|"unpaid"} to that path through the
+// same handler chain (so the reverse proxy adds the gateway token: the
+// authenticated channel). An unknown outcome is reported when the buyer's
+// retry resolves it.
 const (
 	HeaderUpstreamSettlement = "X-Aov-Settlement"
 	headerSettlementReport   = "X-Aov-Settlement-Report"
 	reportTimeout            = 5 * time.Second
 )
 
-// markSettlementPending tells the upstream of a paid REST call settled
-// after its answer that the outcome will be reported.
-func (g *Gate) markSettlementPending(r *http.Request, ex exchange) {
+// markSettlementPending tells the upstream of a paid call settled after
+// its answer that the outcome will be reported.
+func (g *Gate) markSettlementPending(r *http.Request) {
 	r.Header.Del(HeaderUpstreamSettlement)
-	if _, rest := ex.(*restExchange); rest && g.Settle != "before" {
+	if g.Settle != "before" {
 		r.Header.Set(HeaderUpstreamSettlement, "pending")
 	}
 }
 
 // reportRequest is what the upstream asked to be told: where, and about
-// which verification.
+// which verification. The answer names its verification as a REST document
+// does (verification_id at the top) or as an MCP tool result carries that
+// document (result.structuredContent.verification_id).
 func reportRequest(bw *bufferedWriter) (path, id string) {
 	path = bw.header.Get(headerSettlementReport)
 	bw.header.Del(headerSettlementReport) // never shown to the client
 	if path == "" || path[0] != '/' || strings.HasPrefix(path, "//") || strings.ContainsAny(path, "?#") {
 		return "", ""
 	}
-	var doc struct {
+	type named struct {
 		ID string `json:"verification_id"`
 	}
-	if json.Unmarshal(bw.buf.Bytes(), &doc) != nil || doc.ID == "" {
+	var doc struct {
+		named
+		Result json.RawMessage `json:"result"` // a REST verdict string, or a JSON-RPC result
+	}
+	if json.Unmarshal(bw.buf.Bytes(), &doc) != nil {
+		return "", ""
+	}
+	if doc.ID == "" && len(doc.Result) > 0 && doc.Result[0] == '{' {
+		var res struct {
+			Doc named `json:"structuredContent"`
+		}
+		if json.Unmarshal(doc.Result, &res) == nil {
+			doc.ID = res.Doc.ID
+		}
+	}
+	if doc.ID == "" {
 		return "", ""
 	}
 	return path, doc.ID

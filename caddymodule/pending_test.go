@@ -30,8 +30,10 @@ import (
 // devnet facilitator, its Settle either sends the settlement and then
 // reports an unknown outcome (mode "lose_reply": the transfer happens, the
 // reply is lost, as when a facilitator times out after sending), or reports
-// an unknown outcome without sending (mode "lose_request"). Verify and
-// SettlementStatus are the real facilitator's.
+// an unknown outcome without sending (mode "lose_request"), or refuses the
+// settlement without sending (mode "refuse": a settlement that fails for
+// sure, as when the payer spent the funds between verify and settle).
+// Verify and SettlementStatus are the real facilitator's.
 type faultyFacilitator struct {
 	Mode string `json:"mode"`
 	f    *evmfacilitator.Facilitator
@@ -73,6 +75,9 @@ func (m *faultyFacilitator) Verify(ctx context.Context, p x402.PaymentPayload, r
 func (m *faultyFacilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettleResponse, error) {
 	if m.Mode == "none" {
 		return m.f.Settle(ctx, p, req)
+	}
+	if m.Mode == "refuse" {
+		return x402.SettleResponse{Success: false, ErrorReason: "insufficient_funds", Network: req.Network}, nil
 	}
 	if m.Mode == "lose_reply" {
 		if _, err := m.f.Settle(ctx, p, req); err != nil {

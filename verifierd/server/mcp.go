@@ -130,6 +130,7 @@ func (s *Server) serveMCP(w http.ResponseWriter, r *http.Request, rec *requestLo
 	if ew.status != 0 {
 		return transportError(ew.status, limit)
 	}
+	askSettlementReport(ew, rec.payment) // set by a tool that recorded a verification
 	ew.finish()
 	return nil
 }

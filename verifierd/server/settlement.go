@@ -16,11 +16,13 @@ import (
 
 // Settlement outcomes, reported by the gateway.
 //
-// A paid REST verification is recorded before it is paid for: the gateway
-// settles only once the answer exists. The gateway forwards such a call
-// with X-Aov-Settlement: pending; verifierd records it as payment "pending"
-// (kept, not counted toward counts, reputation or score) and asks for the
-// outcome with X-Aov-Settlement-Report on its answer. After settling, the
+// A paid verification (REST, or the MCP tool verify_schema) is recorded
+// before it is paid for: the gateway settles only once the answer exists.
+// The gateway forwards such a call with X-Aov-Settlement: pending;
+// verifierd records it as payment "pending" (kept, not counted toward
+// counts, reputation or score) and asks for the outcome with
+// X-Aov-Settlement-Report on its HTTP answer (for MCP, the one carrying the
+// tool result). After settling, the
 // gateway POSTs {"verification_id", "payment": "paid"|"unpaid"} to that
 // path over the same authenticated channel (the gateway token); verifierd
 // then counts a paid one and leaves an unpaid one (its answer was never
@@ -34,9 +36,11 @@ const (
 	HeaderSettlementReport = "X-Aov-Settlement-Report"
 )
 
-// askSettlementReport asks the gateway for the outcome of a pending call.
-func askSettlementReport(w http.ResponseWriter, gw gatewayInfo) {
-	if gw.payment == store.PaymentPending {
+// askSettlementReport asks the gateway for the outcome of a call recorded
+// as pending (payment is what was recorded, "" if nothing was). An MCP
+// tool call asks on the HTTP answer that carries its result, as REST does.
+func askSettlementReport(w http.ResponseWriter, payment string) {
+	if payment == store.PaymentPending {
 		w.Header().Set(HeaderSettlementReport, PathSettlement)
 	}
 }

@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"testing"
 
@@ -68,5 +69,52 @@ func TestSettlementReports(t *testing.T) {
 	}
 	if c.Paid != 1 || c.Total() != 1 {
 		t.Fatalf("counts %+v: only the paid call counts", c)
+	}
+}
+
+// The MCP tool verify_schema follows the same mechanism: marked pending by
+// the gateway, it is recorded pending and its HTTP answer asks for the
+// report; the score tool records nothing and asks for none; a call the
+// gateway did not mark (free, or an unknown caller) asks for none.
+func TestSettlementReportsOverMCP(t *testing.T) {
+	f := newFixture(t, fixtureOpts{})
+	pending := map[string]string{"X-Aov-Gateway-Token": gatewayToken, "X-Aov-Payment": "paid", "X-Aov-Settlement": "pending",
+		"Accept": "application/json, text/event-stream"}
+	free := map[string]string{"X-Aov-Gateway-Token": gatewayToken, "X-Aov-Payment": "free", "X-Aov-Settlement": "pending",
+		"Accept": "application/json, text/event-stream"}
+	toolResult := func(hdr map[string]string, tool string, args []byte) (report string, doc map[string]any) {
+		t.Helper()
+		w := f.do(http.MethodPost, "/mcp", mcpCall(tool, args), hdr)
+		var resp struct {
+			Result struct {
+				IsError           bool           `json:"isError"`
+				StructuredContent map[string]any `json:"structuredContent"`
+			} `json:"result"`
+		}
+		if w.Code != http.StatusOK || json.Unmarshal(w.Body.Bytes(), &resp) != nil || resp.Result.IsError {
+			t.Fatalf("%s: status %d: %s", tool, w.Code, w.Body.Bytes())
+		}
+		return w.Header().Get("X-Aov-Settlement-Report"), resp.Result.StructuredContent
+	}
+	ctx := context.Background()
+
+	report, doc := toolResult(pending, "verify_schema", invoice("129.5", ""))
+	if report != "/v1/gateway/settlement" {
+		t.Fatalf("a pending tool call asked for report %q", report)
+	}
+	rec, err := f.db.Verification(ctx, doc["verification_id"].(string))
+	if err != nil || rec.Payment != store.PaymentPending || rec.Counted() {
+		t.Fatalf("recorded %+v, %v; want pending, uncounted", rec, err)
+	}
+	report, doc = toolResult(free, "verify_schema", invoice("129.5", ""))
+	if rec, err := f.db.Verification(ctx, doc["verification_id"].(string)); report != "" || err != nil || rec.Payment != store.PaymentFree {
+		t.Fatalf("a free tool call: report %q, recorded %+v, %v", report, rec, err)
+	}
+	before, _, _ := f.db.Verifications(ctx, "", "", 10)
+	if report, _ := toolResult(pending, "get_verification_record", []byte(`{"agent_id":"seller-7"}`)); report != "" {
+		t.Fatalf("the score tool asked for report %q", report)
+	}
+	if after, _, _ := f.db.Verifications(ctx, "", "", 10); len(after) != len(before) {
+		t.Fatalf("the score tool recorded something: %d records, then %d", len(before), len(after))
 	}
 }

@@ -38,7 +38,7 @@ func (s *Server) serveVerify(w http.ResponseWriter, r *http.Request, rec *reques
 	if err != nil {
 		return err
 	}
-	askSettlementReport(w, gw)
+	askSettlementReport(w, rec.payment)
 	writeDoc(w, r, doc)
 	return nil
 }

@@ -1,0 +1,227 @@
+package caddymodule
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aovhq/aov/plugins/evmfacilitator"
+	"github.com/aovhq/aov/store"
+	"github.com/aovhq/aov/x402"
+)
+
+// mcpHistorySite puts the gate, with a facilitator in mode (pending_test.go),
+// in front of a real verifierd's /mcp: one free call a day, then paid.
+func mcpHistorySite(vf *verifierFixture, mode, storeDir string) string {
+	return fmt.Sprintf(`:{port} {
+	route /mcp {
+		x402 {
+			mcp_tool verify_schema
+			accept devnet $0.02 %[3]s
+			facilitator faulty_devnet %[2]s
+			store badger %[4]s
+			free_allowance {
+				per_day 1
+			}
+		}
+		x402 {
+			mcp_tool get_verification_record
+			accept devnet $0.01 %[3]s
+			facilitator faulty_devnet %[2]s
+			store badger %[4]s
+		}
+		reverse_proxy %[1]s {
+			header_up X-Aov-Gateway-Token %[5]s
+		}
+	}
+}
+`, strings.TrimPrefix(vf.srv.URL, "http://"), mode, payTo.Hex(), storeDir, verifierToken)
+}
+
+// toolCall is a raw JSON-RPC tools/call body, with a payment in _meta when
+// payment is not nil.
+func toolCall(t *testing.T, tool string, args map[string]any, payment *x402.PaymentPayload) string {
+	t.Helper()
+	params := map[string]any{"name": tool, "arguments": args}
+	if payment != nil {
+		params["_meta"] = map[string]any{mcpMetaPayment: payment}
+	}
+	b, err := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// toolResultOf reads a JSON-RPC tool result: its structuredContent and
+// whether it is an error.
+func toolResultOf(t *testing.T, body []byte) (doc map[string]any, isError bool) {
+	t.Helper()
+	var m struct {
+		Result *struct {
+			IsError           bool           `json:"isError"`
+			StructuredContent map[string]any `json:"structuredContent"`
+		} `json:"result"`
+	}
+	if err := json.Unmarshal(body, &m); err != nil || m.Result == nil {
+		t.Fatalf("not a tool result: %s", body)
+	}
+	return m.Result.StructuredContent, m.Result.IsError
+}
+
+// A paid MCP verify_schema is recorded like a paid REST call: pending while
+// the gate settles, then paid once it has, or unpaid (never counted) when
+// settlement failed; a free call stays free; the score tool records nothing
+// and asks for no report. The request for a report never reaches the client.
+func TestPaidMCPHistoryTellsTheTruth(t *testing.T) {
+	d, _ := sharedDevnet(t)
+	for _, tc := range []struct {
+		mode, want string
+		counted    bool
+	}{{"none", store.PaymentPaid, true}, {"refuse", store.PaymentUnpaid, false}} {
+		t.Run(tc.mode, func(t *testing.T) {
+			vf := startVerifier(t)
+			url := startCaddy(t, mcpHistorySite(vf, tc.mode, filepath.Join(t.TempDir(), "gate"))) + "/mcp"
+			agent := "seller-mcp-" + tc.mode
+			args := map[string]any{"task_id": "t-mcp", "agent_id": agent,
+				"expected_schema": map[string]any{"type": "object"}, "submitted_output": map[string]any{"ok": true}}
+			ctx := context.Background()
+
+			// The free call of the day: recorded free, counted.
+			resp, body := postMCP(t, url, toolCall(t, "verify_schema", args, nil))
+			freeDoc, isErr := toolResultOf(t, body)
+			if isErr || resp.Header.Get(headerSettlementReport) != "" {
+				t.Fatalf("free call: %s, report header %q", body, resp.Header.Get(headerSettlementReport))
+			}
+			if v, err := vf.db.Verification(ctx, freeDoc["verification_id"].(string)); err != nil || v.Payment != store.PaymentFree {
+				t.Fatalf("free call recorded %+v, %v", v, err)
+			}
+
+			// The next one is demanded, then paid.
+			_, body = postMCP(t, url, toolCall(t, "verify_schema", args, nil))
+			demand, isErr := toolResultOf(t, body)
+			b, _ := json.Marshal(demand)
+			var pr x402.PaymentRequired
+			if !isErr || json.Unmarshal(b, &pr) != nil || len(pr.Accepts) == 0 {
+				t.Fatalf("not a demand: %s", body)
+			}
+			payer := evmfacilitator.DevAccounts()[2].Address
+			before := balance(t, d, payer)
+			p, err := x402.SignExactEVM(evmfacilitator.DevKey(2), pr.Accepts[0], &pr.Resource, time.Now())
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp, body = postMCP(t, url, toolCall(t, "verify_schema", args, &p))
+			if h := resp.Header.Get(headerSettlementReport); h != "" {
+				t.Fatalf("the report request reached the client: %q", h)
+			}
+			paidDoc, isErr := toolResultOf(t, body)
+			if isErr == tc.counted {
+				t.Fatalf("paid call (%s): isError %v: %s", tc.mode, isErr, body)
+			}
+			wantCharge := int64(0)
+			if tc.counted {
+				wantCharge = 20000
+				if _, ok := paidDoc["verification_id"].(string); !ok {
+					t.Fatalf("no verification_id in %s", body)
+				}
+			}
+			if got := charged(t, d, payer, before); got.Int64() != wantCharge {
+				t.Fatalf("charged %s, want %d", got, wantCharge)
+			}
+
+			recs, _, err := vf.db.Verifications(ctx, agent, "", 10)
+			if err != nil || len(recs) != 2 {
+				t.Fatalf("records %+v, %v", recs, err)
+			}
+			paid := recs[0] // newest first
+			if paid.ID == freeDoc["verification_id"] {
+				paid = recs[1]
+			}
+			if paid.Payment != tc.want || paid.Counted() != tc.counted {
+				t.Fatalf("paid call recorded as %q (counted %v), want %q", paid.Payment, paid.Counted(), tc.want)
+			}
+			c, err := vf.db.AgentCounts(ctx, agent)
+			wantTotal, wantPaid := int64(1), int64(0)
+			if tc.counted {
+				wantTotal, wantPaid = 2, 1
+			}
+			if err != nil || c.Total() != wantTotal || c.Paid != wantPaid {
+				t.Fatalf("counts %+v (total %d), want total %d paid %d", c, c.Total(), wantTotal, wantPaid)
+			}
+
+			// The score tool, paid, records nothing and asks for no report.
+			_, body = postMCP(t, url, toolCall(t, "get_verification_record", map[string]any{"agent_id": agent}, nil))
+			demand, _ = toolResultOf(t, body)
+			b, _ = json.Marshal(demand)
+			pr = x402.PaymentRequired{}
+			if json.Unmarshal(b, &pr) != nil || len(pr.Accepts) == 0 {
+				t.Fatalf("score tool: not a demand: %s", body)
+			}
+			p, err = x402.SignExactEVM(evmfacilitator.DevKey(2), pr.Accepts[0], &pr.Resource, time.Now())
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp, body = postMCP(t, url, toolCall(t, "get_verification_record", map[string]any{"agent_id": agent}, &p))
+			if _, isErr := toolResultOf(t, body); resp.Header.Get(headerSettlementReport) != "" || isErr == tc.counted {
+				t.Fatalf("score tool: report header %q, isError %v: %s", resp.Header.Get(headerSettlementReport), isErr, body)
+			}
+			if recs, _, _ := vf.db.Verifications(ctx, "", "", 10); len(recs) != 2 {
+				t.Fatalf("the score tool recorded something: %d records (%s)", len(recs), body)
+			}
+		})
+	}
+}
+
+// A paid MCP verify_schema whose settlement outcome is lost (the transfer
+// happened) stays pending, uncounted, until the buyer's retry with the same
+// payment resolves it: then it is recorded paid, once, and charged once.
+func TestPaidMCPUnknownOutcomeIsReportedOnRetry(t *testing.T) {
+	d, _ := sharedDevnet(t)
+	vf := startVerifier(t)
+	url := startCaddy(t, mcpHistorySite(vf, "lose_reply", filepath.Join(t.TempDir(), "gate"))) + "/mcp"
+	agent := "seller-mcp-lost"
+	args := map[string]any{"task_id": "t-mcp", "agent_id": agent,
+		"expected_schema": map[string]any{"type": "object"}, "submitted_output": map[string]any{"ok": true}}
+	ctx := context.Background()
+	postMCP(t, url, toolCall(t, "verify_schema", map[string]any{"task_id": "t-free", "expected_schema": map[string]any{}, "submitted_output": 1}, nil)) // the free call of the day
+	_, body := postMCP(t, url, toolCall(t, "verify_schema", args, nil))
+	demand, _ := toolResultOf(t, body)
+	b, _ := json.Marshal(demand)
+	var pr x402.PaymentRequired
+	if json.Unmarshal(b, &pr) != nil || len(pr.Accepts) == 0 {
+		t.Fatalf("not a demand: %s", body)
+	}
+	payer := evmfacilitator.DevAccounts()[2].Address
+	before := balance(t, d, payer)
+	p, err := x402.SignExactEVM(evmfacilitator.DevKey(2), pr.Accepts[0], &pr.Resource, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, body = postMCP(t, url, toolCall(t, "verify_schema", args, &p)); !strings.Contains(string(body), "settlement_pending") {
+		t.Fatalf("first try: %s", body)
+	}
+	recs, _, err := vf.db.Verifications(ctx, agent, "", 10)
+	if err != nil || len(recs) != 1 || recs[0].Payment != store.PaymentPending {
+		t.Fatalf("before the retry: %+v, %v", recs, err)
+	}
+	for range 2 {
+		_, body = postMCP(t, url, toolCall(t, "verify_schema", args, &p))
+		if doc, isErr := toolResultOf(t, body); isErr || doc["verification_id"] != recs[0].ID {
+			t.Fatalf("retry: %s", body)
+		}
+	}
+	if v, err := vf.db.Verification(ctx, recs[0].ID); err != nil || v.Payment != store.PaymentPaid {
+		t.Fatalf("after the retry: %+v, %v", v, err)
+	}
+	if c, err := vf.db.AgentCounts(ctx, agent); err != nil || c.Total() != 1 || c.Paid != 1 {
+		t.Fatalf("counts %+v, %v", c, err)
+	}
+	if got := charged(t, d, payer, before); got.Int64() != 20000 {
+		t.Fatalf("charged %s", got)
+	}
+}
