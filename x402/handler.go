@@ -86,9 +86,7 @@ func (h *facilitatorHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			writeError(w, apierr.Unavailable("facilitator", 1, err))
 			return
 		}
-		if resp.Kinds == nil {
-			resp.Kinds = []SupportedKind{}
-		}
+		resp.Kinds = withAssetExtra(resp.Kinds)
 		if resp.Extensions == nil {
 			resp.Extensions = []string{}
 		}
