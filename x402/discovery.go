@@ -69,7 +69,7 @@ type discoveryEntry struct {
 }
 
 // record notes a resource a payment was valid for. Only an absolute
-// http(s) URL (the payload's resource, which the facilitator verified the
+// http(s) or mcp URL (the payload's resource, which the facilitator verified the
 // payment together with) is listed; its bazaar extension, when the client
 // echoed one, is kept as the description of how to call it.
 func (c *discoveryCatalog) record(p PaymentPayload, req PaymentRequirements, now time.Time) {
@@ -77,13 +77,18 @@ func (c *discoveryCatalog) record(p PaymentPayload, req PaymentRequirements, now
 		return
 	}
 	u, err := url.Parse(p.Resource.URL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || len(p.Resource.URL) > 2048 {
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https" && u.Scheme != "mcp") || u.Host == "" || len(p.Resource.URL) > 2048 {
 		return
 	}
-	typ := "http"
+	typ, resource := "http", p.Resource.URL
 	var ext map[string]any
 	if b, ok := p.Extensions["bazaar"].(map[string]any); ok {
 		ext = map[string]any{"bazaar": b}
+		// One entry per route, as the official facilitator catalogs it:
+		// the origin and the route's template, not each URL.
+		if tmpl, _ := b["routeTemplate"].(string); validRouteTemplate(tmpl) {
+			resource = u.Scheme + "://" + u.Host + tmpl
+		}
 		if info, _ := b["info"].(map[string]any); info != nil {
 			if in, _ := info["input"].(map[string]any); in != nil && in["type"] == "mcp" {
 				typ = "mcp"
@@ -95,15 +100,15 @@ func (c *discoveryCatalog) record(p PaymentPayload, req PaymentRequirements, now
 	if c.items == nil {
 		c.items = map[string]*discoveryEntry{}
 	}
-	e, ok := c.items[p.Resource.URL]
+	e, ok := c.items[resource]
 	if !ok {
 		if len(c.items) >= c.max {
 			c.evictOldest()
 		}
 		e = &discoveryEntry{}
-		c.items[p.Resource.URL] = e
+		c.items[resource] = e
 	}
-	e.Resource, e.Type, e.X402Version = p.Resource.URL, typ, Version
+	e.Resource, e.Type, e.X402Version = resource, typ, Version
 	e.Description, e.MimeType = truncateField(p.Resource.Description), truncateField(p.Resource.MimeType)
 	if ext != nil {
 		e.Extensions = ext
@@ -119,6 +124,12 @@ func (c *discoveryCatalog) record(p PaymentPayload, req PaymentRequirements, now
 	case len(e.Accepts) < maxDiscoveryAccepts:
 		e.Accepts = append(e.Accepts, req)
 	}
+}
+
+// validRouteTemplate accepts a path template such as /score/:agent_id.
+func validRouteTemplate(t string) bool {
+	return strings.HasPrefix(t, "/") && !strings.HasPrefix(t, "//") && len(t) <= 512 &&
+		!strings.ContainsAny(t, "?#\\ \t\r\n") && !strings.Contains(t, "..")
 }
 
 func (c *discoveryCatalog) evictOldest() {
