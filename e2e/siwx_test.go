@@ -1,8 +1,8 @@
 package e2e
 
 import (
+	"net"
 	"net/http"
-	"strings"
 	"testing"
 	"time"
 
@@ -18,7 +18,12 @@ import (
 func TestSignInWithXReturningBuyer(t *testing.T) {
 	interop.Dir(t, "@x402/extensions", "viem")
 	s := newStack(t)
-	url := s.url("/score/e2e-siwx-agent")
+	// The sign-in challenge names the site as the README's commands
+	// address it, localhost:<port>.
+	_, port, _ := net.SplitHostPort(s.caddyAddr)
+	site := "localhost:" + port
+	at := func(path string) string { return "http://" + site + path }
+	url := at("/score/e2e-siwx-agent")
 	payer, other := evmfacilitator.DevAccounts()[4], evmfacilitator.DevAccounts()[5]
 
 	demand := func(t *testing.T, url string) (x402.PaymentRequired, map[string]any) {
@@ -31,8 +36,8 @@ func TestSignInWithXReturningBuyer(t *testing.T) {
 		}
 		ext, _ := pr.Extensions["sign-in-with-x"].(map[string]any)
 		info, _ := ext["info"].(map[string]any)
-		if info == nil || info["domain"] != strings.TrimPrefix(s.base(), "http://") || info["uri"] != url {
-			t.Fatalf("sign-in-with-x challenge %v, want domain %s and uri %s", ext, s.base(), url)
+		if info == nil || info["domain"] != site || info["uri"] != url {
+			t.Fatalf("sign-in-with-x challenge %v, want domain %s and uri %s", ext, site, url)
 		}
 		return pr, info
 	}
@@ -80,7 +85,7 @@ func TestSignInWithXReturningBuyer(t *testing.T) {
 		mustStatus(t, r, http.StatusPaymentRequired)
 	})
 	t.Run("the payer's proof for another agent's score does not let it in", func(t *testing.T) {
-		u := s.url("/score/e2e-other-agent")
+		u := at("/score/e2e-other-agent")
 		r := do(t, http.MethodGet, u, nil, map[string]string{"SIGN-IN-WITH-X": signIn(t, payer, u)})
 		mustStatus(t, r, http.StatusPaymentRequired)
 	})

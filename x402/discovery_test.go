@@ -1,0 +1,67 @@
+package x402
+
+import (
+	"fmt"
+	"net/url"
+	"testing"
+	"time"
+)
+
+func catalogPayload(u string, bazaar map[string]any) PaymentPayload {
+	p := PaymentPayload{X402Version: 2, Resource: &Resource{URL: u}}
+	if bazaar != nil {
+		p.Extensions = map[string]any{"bazaar": bazaar}
+	}
+	return p
+}
+
+var catalogReq = PaymentRequirements{Scheme: SchemeExact, Network: NetworkDevnet, Amount: "10000", Asset: "0x1", PayTo: "0x2"}
+
+// TestDiscoveryCatalogBoundsAndRefuses: the list never grows past its
+// bound (the resource paid for longest ago goes), lists only absolute
+// http(s) or mcp URLs, and takes a routeTemplate only when it is a plain
+// path.
+func TestDiscoveryCatalogBoundsAndRefuses(t *testing.T) {
+	c := &discoveryCatalog{max: 3}
+	t0 := time.Unix(1_800_000_000, 0)
+	for i := range 5 {
+		c.record(catalogPayload(fmt.Sprintf("https://a.example/r/%d", i), nil), catalogReq, t0.Add(time.Duration(i)*time.Second))
+	}
+	for _, u := range []string{"", "/relative", "javascript:alert(1)", "ftp://a.example/x", "https://"} {
+		c.record(catalogPayload(u, nil), catalogReq, t0.Add(time.Hour))
+	}
+	c.record(PaymentPayload{X402Version: 2}, catalogReq, t0.Add(time.Hour))
+	list, err := c.list(url.Values{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if list.Pagination.Total != 3 || list.Items[0].Resource != "https://a.example/r/4" || list.Items[2].Resource != "https://a.example/r/2" {
+		t.Fatalf("list %+v, want r/4, r/3, r/2", list)
+	}
+
+	for tmpl, want := range map[string]string{
+		"/score/:agent_id":     "https://b.example/score/:agent_id",
+		"//evil.example/x":     "https://b.example/score/a",
+		"/x/../admin":          "https://b.example/score/a",
+		"https://evil.example": "https://b.example/score/a",
+	} {
+		c := &discoveryCatalog{max: 3}
+		c.record(catalogPayload("https://b.example/score/a", map[string]any{"routeTemplate": tmpl}), catalogReq, t0)
+		if l, _ := c.list(url.Values{}); len(l.Items) != 1 || l.Items[0].Resource != want {
+			t.Errorf("routeTemplate %q: %+v, want %s", tmpl, l.Items, want)
+		}
+	}
+
+	t.Run("the same resource paid again is one item with its ways to pay merged", func(t *testing.T) {
+		c := &discoveryCatalog{max: 3}
+		other := catalogReq
+		other.Network = NetworkBase
+		c.record(catalogPayload("https://a.example/x", nil), catalogReq, t0)
+		c.record(catalogPayload("https://a.example/x", nil), catalogReq, t0.Add(time.Second))
+		c.record(catalogPayload("https://a.example/x", nil), other, t0.Add(2*time.Second))
+		l, _ := c.list(url.Values{})
+		if len(l.Items) != 1 || len(l.Items[0].Accepts) != 2 {
+			t.Fatalf("%+v", l.Items)
+		}
+	})
+}
