@@ -65,3 +65,31 @@ func TestDiscoveryCatalogBoundsAndRefuses(t *testing.T) {
 		}
 	})
 }
+
+// FuzzDiscoveryQuery: any query string is a page within bounds or a 400,
+// never a panic.
+func FuzzDiscoveryQuery(f *testing.F) {
+	for _, s := range []string{"", "limit=1&offset=1", "limit=0", "offset=-1", "type=mcp&payTo=0x2", "limit=1&limit=2", "limit=%zz"} {
+		f.Add(s)
+	}
+	c := &discoveryCatalog{max: 4}
+	for i := range 4 {
+		c.record(catalogPayload(fmt.Sprintf("https://a.example/%d", i), nil), catalogReq, time.Unix(int64(i), 0))
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		q, err := url.ParseQuery(s)
+		if err != nil {
+			return
+		}
+		l, e := c.list(q)
+		if e != nil {
+			if e.Status != 400 {
+				t.Fatalf("%q: %+v", s, e)
+			}
+			return
+		}
+		if l.Pagination.Limit < 1 || l.Pagination.Limit > MaxDiscoveryLimit || len(l.Items) > l.Pagination.Limit || l.Pagination.Total > 4 {
+			t.Fatalf("%q: %+v", s, l.Pagination)
+		}
+	})
+}
