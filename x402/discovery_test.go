@@ -93,3 +93,28 @@ func FuzzDiscoveryQuery(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkDiscoveryRecord is the cost a verify or settle pays for the
+// list: a known resource (the steady state) against a full list that
+// evicts on every new one.
+func BenchmarkDiscoveryRecord(b *testing.B) {
+	p := catalogPayload("https://a.example/score/a", map[string]any{"routeTemplate": "/score/:agent_id"})
+	b.Run("known", func(b *testing.B) {
+		c := &discoveryCatalog{max: MaxDiscoveryResources}
+		b.ReportAllocs()
+		for i := 0; i < b.N; i++ {
+			c.record(p, catalogReq, time.Unix(int64(i), 0))
+		}
+	})
+	b.Run("new_evicting", func(b *testing.B) {
+		c := &discoveryCatalog{max: MaxDiscoveryResources}
+		urls := make([]string, 4096)
+		for i := range urls {
+			urls[i] = fmt.Sprintf("https://a.example/r/%d", i)
+		}
+		b.ReportAllocs()
+		for i := 0; i < b.N; i++ {
+			c.record(catalogPayload(urls[i%len(urls)], nil), catalogReq, time.Unix(int64(i), 0))
+		}
+	})
+}
