@@ -1,6 +1,8 @@
 package x402
 
 import (
+	"encoding/json"
+	"math"
 	"net/http"
 	"net/url"
 	"slices"
@@ -21,8 +23,12 @@ const (
 	// for longest ago is dropped, so a flood of paid-for URLs costs memory
 	// once, not without limit.
 	MaxDiscoveryResources = 1024
-	// maxDiscoveryAccepts bounds the ways to pay kept per resource.
-	maxDiscoveryAccepts = 8
+	// maxDiscoveryAccepts bounds the ways to pay kept per resource, and
+	// the two sizes below what one entry holds (a request may be 1 MiB): a
+	// larger way to pay is not listed, a larger bazaar extension dropped.
+	maxDiscoveryAccepts        = 8
+	maxDiscoveryAcceptBytes    = 4 << 10
+	maxDiscoveryExtensionBytes = 32 << 10
 	// DefaultDiscoveryLimit and MaxDiscoveryLimit are the page sizes of
 	// GET /discovery/resources without, and at most with, ?limit.
 	DefaultDiscoveryLimit = 100
@@ -82,7 +88,10 @@ func (c *discoveryCatalog) record(p PaymentPayload, req PaymentRequirements, now
 	}
 	typ, resource := "http", p.Resource.URL
 	var ext map[string]any
-	if b, ok := p.Extensions["bazaar"].(map[string]any); ok {
+	if r, err := json.Marshal(req); err != nil || len(r) > maxDiscoveryAcceptBytes {
+		return
+	}
+	if b, ok := p.Extensions["bazaar"].(map[string]any); ok && jsonSize(b) <= maxDiscoveryExtensionBytes {
 		ext = map[string]any{"bazaar": b}
 		// One entry per route, as the official facilitator catalogs it:
 		// the origin and the route's template, not each URL.
@@ -141,6 +150,14 @@ func (c *discoveryCatalog) evictOldest() {
 		}
 	}
 	delete(c.items, oldest)
+}
+
+func jsonSize(v any) int {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return math.MaxInt
+	}
+	return len(b)
 }
 
 func truncateField(s string) string {

@@ -3,6 +3,7 @@ package x402
 import (
 	"fmt"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 )
@@ -117,4 +118,18 @@ func BenchmarkDiscoveryRecord(b *testing.B) {
 			c.record(catalogPayload(urls[i%len(urls)], nil), catalogReq, time.Unix(int64(i), 0))
 		}
 	})
+}
+
+// TestDiscoveryCatalogBoundsEntrySize: a request may be 1 MiB; an entry
+// keeps neither an oversized way to pay nor an oversized extension.
+func TestDiscoveryCatalogBoundsEntrySize(t *testing.T) {
+	c := &discoveryCatalog{max: 3}
+	big := catalogReq
+	big.Extra = map[string]any{"pad": strings.Repeat("x", 8<<10)}
+	c.record(catalogPayload("https://a.example/big", nil), big, time.Unix(1, 0))
+	c.record(catalogPayload("https://a.example/ext", map[string]any{"info": strings.Repeat("x", 64<<10)}), catalogReq, time.Unix(2, 0))
+	l, _ := c.list(url.Values{})
+	if len(l.Items) != 1 || l.Items[0].Resource != "https://a.example/ext" || l.Items[0].Extensions != nil {
+		t.Fatalf("%+v", l.Items)
+	}
 }
