@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -71,7 +72,9 @@ func (r *registry) live() []*Gate {
 // The shape follows the open proposals for origin discovery: "version",
 // "resources" (a list of "METHOD /path", as x402scan crawls) and
 // "instructions", plus "items" in the facilitator discovery's resource
-// envelope ({resource, type, x402Version, accepts, lastUpdated, metadata}).
+// envelope ({resource, type, x402Version, accepts, lastUpdated, metadata,
+// extensions}): resource is the route's URL on the origin the manifest was
+// asked on, and extensions the bazaar extension its 402 carries.
 type Discovery struct {
 	// Instructions is free text for agents: how to pay, where the docs are.
 	Instructions string `json:"instructions,omitempty"`
@@ -100,6 +103,7 @@ type discoveryItem struct {
 	Accepts     []x402.PaymentRequirements `json:"accepts"`
 	LastUpdated string                     `json:"lastUpdated"`
 	Metadata    discoveryMetadata          `json:"metadata"`
+	Extensions  map[string]any             `json:"extensions,omitempty"`
 }
 
 type discoveryMetadata struct {
@@ -129,12 +133,15 @@ func (d *Discovery) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhtt
 	doc := discoveryDoc{Version: 1, X402Version: x402.Version, Resources: []string{}, Items: []discoveryItem{}, Instructions: d.Instructions}
 	for _, g := range discovery.live() {
 		item := discoveryItem{
-			Resource:    g.Route,
+			Resource:    routeURL(r, g.Route),
 			Type:        "http",
 			X402Version: x402.Version,
 			Accepts:     g.offers,
 			LastUpdated: started.Format(time.RFC3339),
 			Metadata:    discoveryMetadata{Description: g.Description, MimeType: g.MimeType, Settle: g.Settle},
+		}
+		if g.bazaar != nil {
+			item.Extensions = map[string]any{"bazaar": g.bazaar}
 		}
 		if f := g.Free; f != nil && f.PerDay > 0 {
 			item.Metadata.FreeAllowance = &freePolicy{Pool: f.Pool, CallsPerClientPerDay: f.PerDay, ClientKey: f.Key, MaxBodyBytes: f.MaxBody, Resets: "daily at 00:00 UTC"}
@@ -148,6 +155,14 @@ func (d *Discovery) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhtt
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(doc)
+}
+
+// routeURL is the URL of a `route` ("METHOD /path") on the origin the
+// manifest was asked on, its {name} segments written as the bazaar
+// routeTemplate's :name.
+func routeURL(r *http.Request, route string) string {
+	_, path, _ := strings.Cut(route, " ")
+	return requestBase(r) + routeParam.ReplaceAllString(path, ":$1")
 }
 
 // Interface guards

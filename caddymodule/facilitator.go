@@ -583,7 +583,7 @@ func (h *FacilitatorHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, _
 	return nil
 }
 
-var facilitatorEndpoints = []string{"/verify", "/settle", "/supported"}
+var facilitatorEndpoints = []string{"/verify", "/settle", "/supported", "/discovery/resources"}
 
 // UnmarshalCaddyfile sets up the handler from Caddyfile tokens:
 //

@@ -313,6 +313,9 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 			g.bazaar = apidocs.BazaarVerify()
 		}
 	}
+	if g.bazaar == nil {
+		g.bazaar = routeBazaar(g)
+	}
 	if g.Free != nil {
 		g.Free.provision()
 	}

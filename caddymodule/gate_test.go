@@ -623,6 +623,14 @@ func TestDiscoveryListsLiveRoutes(t *testing.T) {
 	if doc.Items[0].Metadata.FreeAllowance != nil {
 		t.Error("score is listed with a free allowance")
 	}
+	if doc.Items[0].Resource != base+"/score/:agent_id" || doc.Items[1].Resource != base+"/verify/schema" {
+		t.Errorf("item resources %q, %q, want the routes' URLs", doc.Items[0].Resource, doc.Items[1].Resource)
+	}
+	for _, it := range doc.Items {
+		if _, ok := it.Extensions["bazaar"].(map[string]any); !ok {
+			t.Errorf("item %s has no bazaar extension: %v", it.Resource, it.Extensions)
+		}
+	}
 }
 
 func TestSettleBeforeStreamsAfterPayment(t *testing.T) {

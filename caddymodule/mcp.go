@@ -127,6 +127,9 @@ func (e *mcpExchange) demand(w http.ResponseWriter, r *http.Request, _ int, msg,
 		Resource:    x402.Resource{URL: "mcp://tool/" + e.tool, Description: g.Description, MimeType: "application/json"},
 		Accepts:     g.offers,
 	}
+	if g.bazaar != nil {
+		pr.Extensions = map[string]any{"bazaar": g.bazaar}
+	}
 	text, err := json.Marshal(pr)
 	if err != nil {
 		return g.refuse(w, r, apierr.Internal(err))

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/aovhq/aov/apierr"
 )
@@ -18,8 +19,10 @@ import (
 const MaxFacilitatorRequestBytes = 1 << 20
 
 // NewFacilitatorHandler serves f over the x402 facilitator HTTP API:
-// POST /verify, POST /settle and GET /supported, at paths relative to where
-// it is mounted (use http.StripPrefix to serve it under a prefix).
+// POST /verify, POST /settle, GET /supported and GET /discovery/resources
+// (the bazaar list of the resources it verified or settled for, see
+// DiscoveryResources), at paths relative to where it is mounted (use
+// http.StripPrefix to serve it under a prefix).
 //
 // Request bodies must be JSON (Content-Type application/json), at most
 // MaxFacilitatorRequestBytes, and exactly {x402Version: 2, paymentPayload,
@@ -36,10 +39,13 @@ const MaxFacilitatorRequestBytes = 1 << 20
 // fields, ...) plus an "error" member with the code, which is what x402
 // facilitator clients print.
 func NewFacilitatorHandler(f Facilitator) http.Handler {
-	return &facilitatorHandler{f: f}
+	return &facilitatorHandler{f: f, catalog: &discoveryCatalog{max: MaxDiscoveryResources}}
 }
 
-type facilitatorHandler struct{ f Facilitator }
+type facilitatorHandler struct {
+	f       Facilitator
+	catalog *discoveryCatalog // what GET /discovery/resources lists
+}
 
 func (h *facilitatorHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch r.URL.Path {
@@ -59,6 +65,9 @@ func (h *facilitatorHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				writeError(w, apierr.Unavailable("facilitator", 1, err))
 				return
 			}
+			if resp.IsValid {
+				h.catalog.record(req.PaymentPayload, req.PaymentRequirements, time.Now())
+			}
 			writeJSON(w, http.StatusOK, resp)
 			return
 		}
@@ -75,6 +84,9 @@ func (h *facilitatorHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if resp.Network == "" {
 			resp.Network = req.PaymentRequirements.Network
 		}
+		if resp.Success {
+			h.catalog.record(req.PaymentPayload, req.PaymentRequirements, time.Now())
+		}
 		writeJSON(w, http.StatusOK, resp)
 	case "/supported":
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
@@ -86,9 +98,7 @@ func (h *facilitatorHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			writeError(w, apierr.Unavailable("facilitator", 1, err))
 			return
 		}
-		if resp.Kinds == nil {
-			resp.Kinds = []SupportedKind{}
-		}
+		resp.Kinds = withAssetExtra(resp.Kinds)
 		if resp.Extensions == nil {
 			resp.Extensions = []string{}
 		}
@@ -96,6 +106,17 @@ func (h *facilitatorHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			resp.Signers = map[string][]string{}
 		}
 		writeJSON(w, http.StatusOK, resp)
+	case "/discovery/resources":
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			writeError(w, apierr.MethodNotAllowed(http.MethodGet))
+			return
+		}
+		list, err := h.catalog.list(r.URL.Query())
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, list)
 	default:
 		writeError(w, apierr.NotFound("facilitator endpoint"))
 	}

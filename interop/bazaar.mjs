@@ -1,0 +1,24 @@
+// The official bazaar helpers of @x402/extensions 2.27 against our
+// gateway: lists a facilitator's discovery resources with
+// withBazaar(HTTPFacilitatorClient).listResources(params) for each of
+// "lists", and checks each of "extensions" (bazaar extensions as a 402 or
+// the /.well-known/x402 manifest carries them) with
+// validateDiscoveryExtension. Input on stdin: {"facilitatorURL": …,
+// "lists": [params…], "extensions": [ext…]}. Output: {"pages": [response…],
+// "validations": [{valid, errors?}…]}.
+import { withBazaar, validateDiscoveryExtension } from "@x402/extensions/bazaar";
+import { HTTPFacilitatorClient } from "@x402/core/server";
+import { readStdinJSON, fail } from "./lib.mjs";
+
+try {
+  const input = await readStdinJSON();
+  const pages = [];
+  if (input.facilitatorURL) {
+    const client = withBazaar(new HTTPFacilitatorClient({ url: input.facilitatorURL }));
+    for (const params of input.lists ?? []) pages.push(await client.extensions.bazaar.listResources(params));
+  }
+  const validations = (input.extensions ?? []).map((ext) => validateDiscoveryExtension(ext));
+  process.stdout.write(JSON.stringify({ pages, validations }) + "\n");
+} catch (e) {
+  fail(e);
+}
