@@ -1,11 +1,13 @@
 package caddymodule
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/aovhq/aov/internal/interop"
 	"github.com/aovhq/aov/plugins/evmfacilitator"
@@ -131,6 +133,43 @@ func TestOfficialBazaarClientListsWhatOurFacilitatorSettled(t *testing.T) {
 	if p := out.Pages[5]; p.Pagination.Total != 0 {
 		t.Errorf("another network %+v, want none", p)
 	}
+
+	t.Run("a payment only verified lists nothing", func(t *testing.T) {
+		// Verifying is free for its sender, so a resource it names (here
+		// one of its own choosing) must not reach the list.
+		req, _ := http.NewRequest(http.MethodGet, base+"/score/agent-b", nil)
+		resp, err := testClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pr := paymentRequired(t, resp)
+		resp.Body.Close()
+		pr.Resource.URL = "https://spam.example/buy-now"
+		p, err := x402.SignExactEVM(evmfacilitator.DevKey(2), pr.Accepts[0], &pr.Resource, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := json.Marshal(map[string]any{"x402Version": 2, "paymentPayload": p, "paymentRequirements": pr.Accepts[0]})
+		vresp, err := testClient.Post(base+"/facilitator/verify", "application/json", bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v := readJSON(t, vresp); vresp.StatusCode != 200 || v["isValid"] != true {
+			t.Fatalf("verify: %d %v", vresp.StatusCode, v)
+		}
+		lresp, err := testClient.Get(base + "/facilitator/discovery/resources")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var list x402.DiscoveryResources
+		if err := json.NewDecoder(lresp.Body).Decode(&list); err != nil {
+			t.Fatal(err)
+		}
+		lresp.Body.Close()
+		if list.Pagination.Total != 2 {
+			t.Fatalf("after a verification alone the list holds %d resources, want the 2 settled: %+v", list.Pagination.Total, list.Items)
+		}
+	})
 
 	t.Run("a bad page parameter is a 400 naming it", func(t *testing.T) {
 		for _, q := range []string{"limit=0", "limit=abc", "offset=-1", "limit=1&limit=2", "limit=100000"} {

@@ -15,7 +15,7 @@ import (
 )
 
 // The bazaar discovery list a facilitator serves at GET
-// /discovery/resources: the resources it verified or settled a payment
+// /discovery/resources: the resources it settled a payment
 // for, as the official withBazaar(HTTPFacilitatorClient).listResources()
 // reads them ({x402Version, items, pagination: {limit, offset, total}}).
 const (

@@ -20,7 +20,7 @@ const MaxFacilitatorRequestBytes = 1 << 20
 
 // NewFacilitatorHandler serves f over the x402 facilitator HTTP API:
 // POST /verify, POST /settle, GET /supported and GET /discovery/resources
-// (the bazaar list of the resources it verified or settled for, see
+// (the bazaar list of the resources it settled a payment for, see
 // DiscoveryResources), at paths relative to where it is mounted (use
 // http.StripPrefix to serve it under a prefix).
 //
@@ -65,9 +65,9 @@ func (h *facilitatorHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				writeError(w, apierr.Unavailable("facilitator", 1, err))
 				return
 			}
-			if resp.IsValid {
-				h.catalog.record(req.PaymentPayload, req.PaymentRequirements, time.Now())
-			}
+			// A verification costs its sender nothing, so it lists nothing:
+			// only a settled payment (money moved to the operator) may put
+			// a resource, which its sender named, on the discovery list.
 			writeJSON(w, http.StatusOK, resp)
 			return
 		}
