@@ -27,7 +27,12 @@ func TestSentinelFailover(t *testing.T) {
 	replica := servers.StartRedis(t, "--replicaof", host, port)
 	rr := redis.NewClient(&redis.Options{Addr: replica.Addr})
 	defer rr.Close()
-	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(rr.Info(ctx, "replication").Val(), "master_link_status:up"); {
+	pr := redis.NewClient(&redis.Options{Addr: primary.Addr})
+	defer pr.Close()
+	// Linked on the replica's side and online on the primary's: only an
+	// online replica acknowledges a WAIT.
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(rr.Info(ctx, "replication").Val(), "master_link_status:up") ||
+		!strings.Contains(pr.Info(ctx, "replication").Val(), "state=online"); {
 		if time.Now().After(deadline) {
 			t.Fatal("replica never linked")
 		}

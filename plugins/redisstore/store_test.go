@@ -226,7 +226,10 @@ func TestWaitForReplicas(t *testing.T) {
 	replica, rrdb := standalone(t, "--replicaof", host, port)
 	_ = replica
 	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(rrdb.Info(ctx, "replication").Val(), "master_link_status:up") {
+	// Linked on the replica's side, and online on the primary's (only an
+	// online replica acknowledges a WAIT).
+	for !strings.Contains(rrdb.Info(ctx, "replication").Val(), "master_link_status:up") ||
+		!strings.Contains(rdb.Info(ctx, "replication").Val(), "state=online") {
 		if time.Now().After(deadline) {
 			t.Fatal("replica never linked")
 		}
