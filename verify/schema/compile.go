@@ -331,6 +331,11 @@ func translate(err error, tree any, maxPattern int) error {
 				}
 				add(ptr, problem, fix)
 			})
+			// The metaschema's errors come in the order the library met
+			// them, which follows Go map iteration over the schema's
+			// members: order them by path, so the first problem (the
+			// 422's message) is the same on every compile of one schema.
+			sort.SliceStable(ce.Fields, func(i, j int) bool { return ce.Fields[i].Field < ce.Fields[j].Field })
 		}
 		if len(ce.Fields) == 0 {
 			add("", "is not valid against the metaschema of its dialect", "Correct the schema so it validates against its dialect's metaschema.")
