@@ -11,19 +11,11 @@
 // Input on stdin: {"page", "api", "chromium", "signature", "body"}.
 // Output on stdout: {"unpaid": {status, paymentRequired}, "paid": {status,
 // paymentResponse, body}, "blocked": "<fetch error, or empty if it was not blocked>"}.
-import { chromium } from "playwright-core";
-import { readStdinJSON, fail } from "./lib.mjs";
+import { readStdinJSON, fail, launchChromium } from "./lib.mjs";
 
 try {
   const input = await readStdinJSON();
-  const browser = await chromium.launch({
-    executablePath: input.chromium,
-    headless: true,
-    args: [
-      "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-      "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    ],
-  });
+  const browser = await launchChromium(input.chromium);
   try {
     const page = await browser.newPage();
     await page.goto(input.page, { waitUntil: "load" });

@@ -8,21 +8,12 @@
 // Output on stdout: {"title", "operations": ["POST /verify/schema", …],
 // "status": "200", "requestURL", "response": "<rendered response text>",
 // "otherOrigins": [urls requested from another origin], "consoleErrors": [...]}.
-import { chromium } from "playwright-core";
-import { readStdinJSON, fail } from "./lib.mjs";
+import { readStdinJSON, fail, launchChromium } from "./lib.mjs";
 
 try {
   const input = await readStdinJSON();
   const origin = new URL(input.base).origin;
-  const browser = await chromium.launch({
-    executablePath: input.chromium,
-    headless: true,
-    // playwright-core gives every launch a fresh temporary profile.
-    args: [
-      "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-      "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    ],
-  });
+  const browser = await launchChromium(input.chromium);
   try {
     const page = await browser.newPage();
     const otherOrigins = [];

@@ -40,3 +40,19 @@ export function serveFacilitator(facilitator, ready = {}) {
   process.stdin.on("end", () => server.close(() => process.exit(0)));
   process.stdin.resume();
 }
+
+// launchChromium starts headless Chromium (Debian's, at path) with the
+// flags a closed-network machine needs: no sandbox as root, no GPU, QUIC,
+// first-run or background networking (whose connections would be refused).
+// playwright-core gives every launch a fresh temporary profile.
+export async function launchChromium(path) {
+  const { chromium } = await import("playwright-core");
+  return chromium.launch({
+    executablePath: path,
+    headless: true,
+    args: [
+      "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+      "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    ],
+  });
+}

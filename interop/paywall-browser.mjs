@@ -13,21 +13,13 @@
 // Output on stdout: {"status", "text": "<page text>", "paid": "<text after paying>",
 // "offPageRequests": [urls], "signed": <number of typed-data signatures>,
 // "consoleErrors": [...]}.
-import { chromium } from "playwright-core";
 import { privateKeyToAccount } from "viem/accounts";
-import { readStdinJSON, fail } from "./lib.mjs";
+import { readStdinJSON, fail, launchChromium } from "./lib.mjs";
 
 try {
   const input = await readStdinJSON();
   const origin = new URL(input.url).origin;
-  const browser = await chromium.launch({
-    executablePath: input.chromium,
-    headless: true,
-    args: [
-      "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-      "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    ],
-  });
+  const browser = await launchChromium(input.chromium);
   try {
     const context = await browser.newContext();
     const offPageRequests = [];
