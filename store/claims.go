@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/dgraph-io/badger/v4"
@@ -157,22 +156,16 @@ type claims struct{ db *DB }
 
 // Claim implements Claims.
 func (cl claims) Claim(ctx context.Context, keys []string, until time.Time) (Claim, error) {
-	if len(keys) == 0 {
-		return Claim{}, errors.New("store: claim of no keys")
+	keys, err := ClaimKeys(keys)
+	if err != nil {
+		return Claim{}, err
 	}
-	keys = slices.Clone(keys)
-	for _, k := range keys {
-		if k == "" || len(k) > MaxClaimKeyBytes {
-			return Claim{}, fmt.Errorf("store: claim key must be 1..%d bytes", MaxClaimKeyBytes)
-		}
-	}
-	keys = uniqueInOrder(keys)
 	rec := claimRecord{until: until.UnixNano()}
 	if _, err := rand.Read(rec.token[:]); err != nil {
 		return Claim{}, fmt.Errorf("making claim token: %w", err)
 	}
 	val := rec.encode()
-	err := cl.db.update(ctx, func(txn *badger.Txn) error {
+	err = cl.db.update(ctx, func(txn *badger.Txn) error {
 		t := now().UnixNano()
 		if rec.until <= t {
 			return errors.New("store: claim expiry is not in the future")
@@ -199,18 +192,6 @@ func (cl claims) Claim(ctx context.Context, keys []string, until time.Time) (Cla
 		return Claim{}, err
 	}
 	return Claim{Keys: keys, Token: hex.EncodeToString(rec.token[:]), Until: until}, nil
-}
-
-func uniqueInOrder(keys []string) []string {
-	seen := make(map[string]bool, len(keys))
-	out := keys[:0]
-	for _, k := range keys {
-		if !seen[k] {
-			seen[k] = true
-			out = append(out, k)
-		}
-	}
-	return out
 }
 
 // held checks that every key of c is still c's (same token, live at t) and

@@ -1,6 +1,10 @@
 package store
 
-import "strings"
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
 
 // Prepare checks v and normalises it exactly as RecordVerification does
 // before writing (time in UTC, Test set from the agent id, an empty payment
@@ -17,3 +21,24 @@ func (v *Verification) Prepare() error {
 // Add counts v into c as RecordVerification does, for history backends
 // that keep counts of their own.
 func (c *Counts) Add(v Verification) { c.add(v) }
+
+// ClaimKeys checks the keys of a claim as Claims.Claim does (at least one,
+// each 1..MaxClaimKeyBytes bytes) and returns them without repeats, in
+// order, in a new slice, so every backend claims the same set.
+func ClaimKeys(keys []string) ([]string, error) {
+	if len(keys) == 0 {
+		return nil, errors.New("store: claim of no keys")
+	}
+	out := make([]string, 0, len(keys))
+	seen := make(map[string]bool, len(keys))
+	for _, k := range keys {
+		if k == "" || len(k) > MaxClaimKeyBytes {
+			return nil, fmt.Errorf("store: claim key must be 1..%d bytes", MaxClaimKeyBytes)
+		}
+		if !seen[k] {
+			seen[k] = true
+			out = append(out, k)
+		}
+	}
+	return out, nil
+}

@@ -16,7 +16,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -322,15 +321,10 @@ func ceilMS(t time.Time) int64 {
 
 // Claim implements store.Claims.
 func (c claims) Claim(ctx context.Context, keys []string, until time.Time) (store.Claim, error) {
-	if len(keys) == 0 {
-		return store.Claim{}, errors.New("store: claim of no keys")
+	keys, err := store.ClaimKeys(keys)
+	if err != nil {
+		return store.Claim{}, err
 	}
-	for _, k := range keys {
-		if k == "" || len(k) > store.MaxClaimKeyBytes {
-			return store.Claim{}, fmt.Errorf("store: claim key must be 1..%d bytes", store.MaxClaimKeyBytes)
-		}
-	}
-	keys = uniqueInOrder(slices.Clone(keys))
 	var tok [16]byte
 	if _, err := rand.Read(tok[:]); err != nil {
 		return store.Claim{}, fmt.Errorf("making claim token: %w", err)
@@ -377,18 +371,6 @@ func claimState(v []any) (store.ClaimState, error) {
 		return store.ClaimState{}, errors.New("redisstore: corrupt claim record")
 	}
 	return store.ClaimState{Settled: s == "1", Note: n, Until: time.UnixMilli(ms).UTC()}, nil
-}
-
-func uniqueInOrder(keys []string) []string {
-	seen := make(map[string]bool, len(keys))
-	out := keys[:0]
-	for _, k := range keys {
-		if !seen[k] {
-			seen[k] = true
-			out = append(out, k)
-		}
-	}
-	return out
 }
 
 func validClaim(cl store.Claim) bool {
