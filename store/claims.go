@@ -164,7 +164,6 @@ func (cl claims) Claim(ctx context.Context, keys []string, until time.Time) (Cla
 	if _, err := rand.Read(rec.token[:]); err != nil {
 		return Claim{}, fmt.Errorf("making claim token: %w", err)
 	}
-	val := rec.encode()
 	err = cl.db.update(ctx, func(txn *badger.Txn) error {
 		t := now().UnixNano()
 		if rec.until <= t {
@@ -180,9 +179,7 @@ func (cl claims) Claim(ctx context.Context, keys []string, until time.Time) (Cla
 			}
 		}
 		for _, k := range keys {
-			e := badger.NewEntry(claimKey(k), val)
-			e.ExpiresAt = claimExpiry(rec.until)
-			if err := txn.SetEntry(e); err != nil {
+			if err := putClaim(txn, k, rec); err != nil {
 				return err
 			}
 		}
@@ -229,14 +226,20 @@ func (cl claims) Settle(ctx context.Context, c Claim, note string, keepUntil tim
 			if !keepUntil.IsZero() {
 				r.until = max(r.until, keepUntil.UnixNano())
 			}
-			e := badger.NewEntry(claimKey(k), r.encode())
-			e.ExpiresAt = claimExpiry(r.until)
-			if err := txn.SetEntry(e); err != nil {
+			if err := putClaim(txn, k, r); err != nil {
 				return err
 			}
 		}
 		return nil
 	})
+}
+
+// putClaim writes r under key k, expiring with the claim (Badger drops it
+// after claimExpiry).
+func putClaim(txn *badger.Txn, k string, r claimRecord) error {
+	e := badger.NewEntry(claimKey(k), r.encode())
+	e.ExpiresAt = claimExpiry(r.until)
+	return txn.SetEntry(e)
 }
 
 // Release implements Claims.
@@ -309,9 +312,7 @@ func (cl claims) Hold(ctx context.Context, c Claim, note string) error {
 				return ErrClaimSettled
 			}
 			r.note = note
-			e := badger.NewEntry(claimKey(k), r.encode())
-			e.ExpiresAt = claimExpiry(r.until)
-			if err := txn.SetEntry(e); err != nil {
+			if err := putClaim(txn, k, r); err != nil {
 				return err
 			}
 		}
