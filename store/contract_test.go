@@ -33,3 +33,14 @@ func TestBadgerHistoryContract(t *testing.T) {
 		return db, db
 	})
 }
+
+func TestBadgerAuthenticatedIndexContract(t *testing.T) {
+	storetest.TestAuthenticatedIndex(t, func(t *testing.T) (storetest.AuthenticatedHistory, storetest.AuthenticatedHistory) {
+		db, err := store.Open(filepath.Join(t.TempDir(), "db"), store.Options{NoSync: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { db.Close() })
+		return db, db
+	})
+}

@@ -166,6 +166,9 @@ func putAgentRecord(txn *badger.Txn, v Verification, val []byte) error {
 	if err := txn.Set(agentKey(v.AgentID, v.VerifiedAt, v.ID), val); err != nil {
 		return err
 	}
+	if err := putAuthenticatedRecord(txn, v, val); err != nil {
+		return err
+	}
 	ck := countsKey(v.AgentID)
 	c, err := getCounts(txn, ck)
 	if err != nil {
@@ -298,15 +301,9 @@ func (db *DB) Verifications(ctx context.Context, agentID, cursor string, limit i
 		limit = DefaultPageSize
 	}
 	limit = min(limit, MaxPageSize)
-	var after []byte
-	if cursor != "" {
-		var err error
-		// Strict, and no \r or \n (which the decoder skips): one
-		// spelling per cursor.
-		after, err = base64.RawURLEncoding.Strict().DecodeString(cursor)
-		if err != nil || strings.ContainsAny(cursor, "\r\n") || len(after) < 9 {
-			return nil, "", ErrBadCursor
-		}
+	after, err := parseCursor(cursor)
+	if err != nil {
+		return nil, "", err
 	}
 	if len(agentID) > maxComponent {
 		return nil, "", nil
@@ -321,7 +318,7 @@ func (db *DB) Verifications(ctx context.Context, agentID, cursor string, limit i
 	out := make([]Verification, 0, min(limit, 16))
 	var next string
 	var lastSuffix []byte
-	err := db.view(ctx, func(txn *badger.Txn) error {
+	err = db.view(ctx, func(txn *badger.Txn) error {
 		it := txn.NewIterator(badger.IteratorOptions{
 			Prefix:         prefix,
 			PrefetchValues: byAgent,

@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// Key layout (layout version 1). Every key starts with a one-byte family
+// Key layout (layout version 2). Every key starts with a one-byte family
 // tag. Variable-length components that are not last are length-prefixed
 // (two bytes, big endian) so no value of one component can impersonate
 // another: an agent id may contain any character, NUL included.
@@ -19,6 +19,7 @@ import (
 //	'q' len pool len client day            → allowance state of one client-day (binary, see allowance.go)
 //	'c' claimKey                           → claim (binary, see claims.go)
 //	'o' len agent                          → owner address of a bound agent id (see owners.go)
+//	'u' len agent inv(at) id               → Verification (JSON); one agent's authenticated, newest first (see ownerindex.go)
 //
 // inv(at) is math.MaxUint64 minus the verification's Unix time in
 // nanoseconds, big endian: Badger iterates keys in ascending byte order, so
@@ -26,8 +27,12 @@ import (
 // the UTC date as eight ASCII digits (20261129).
 //
 // The verification record is written twice (by id and under its agent) so
-// that a history page is one range read; both copies and the counts change
-// in one transaction.
+// that a history page is one range read, and a third time when it is
+// authenticated (so a score of an owned agent reads only those); all copies
+// and the counts change in one transaction.
+//
+// Version 2 added the 'u' family; a version 1 database gets it built from
+// its 'a' records when it is opened (migrateLayout).
 const (
 	tagRecord    = 'r'
 	tagTime      = 't'
@@ -36,7 +41,7 @@ const (
 	tagAllowance = 'q'
 	tagClaim     = 'c'
 
-	layoutVersion = 1
+	layoutVersion = 2
 )
 
 var keyLayoutVersion = []byte("\x00layout")

@@ -210,11 +210,13 @@ func (db *DB) view(ctx context.Context, fn func(txn *badger.Txn) error) error {
 	return err
 }
 
-// checkLayout writes the key-layout version into a new database and refuses
-// a database written with a layout this build does not know, so an
-// accidental downgrade fails loudly instead of misreading keys.
+// checkLayout writes the key-layout version into a new database, migrates
+// one written with an older layout, and refuses one written with a layout
+// this build does not know, so an accidental downgrade fails loudly
+// instead of misreading keys.
 func (db *DB) checkLayout() error {
-	return db.update(context.Background(), func(txn *badger.Txn) error {
+	from := byte(layoutVersion)
+	err := db.update(context.Background(), func(txn *badger.Txn) error {
 		item, err := txn.Get(keyLayoutVersion)
 		if errors.Is(err, badger.ErrKeyNotFound) {
 			return txn.Set(keyLayoutVersion, []byte{layoutVersion})
@@ -223,12 +225,20 @@ func (db *DB) checkLayout() error {
 			return fmt.Errorf("reading store layout version: %w", err)
 		}
 		return item.Value(func(v []byte) error {
+			if len(v) == 1 && v[0] < layoutVersion {
+				from = v[0]
+				return nil
+			}
 			if len(v) != 1 || v[0] != layoutVersion {
 				return fmt.Errorf("store in %s has key layout version %v; this build reads version %d", db.dir, v, layoutVersion)
 			}
 			return nil
 		})
 	})
+	if err != nil || from == layoutVersion {
+		return err
+	}
+	return db.migrateLayout(from)
 }
 
 // badgerLogger adapts Badger's printf-style logger to slog, keeping only

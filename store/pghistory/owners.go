@@ -2,10 +2,13 @@ package pghistory
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/aovhq/aov/store"
 )
 
 // Bounds of an owner record, as the embedded store keeps them.
@@ -58,4 +61,61 @@ func (h *History) AgentOwner(ctx context.Context, agentID string) (string, error
 		return "", fmt.Errorf("history: reading agent owner: %w", err)
 	}
 	return string(owner), nil
+}
+
+// AuthenticatedVerifications pages through agentID's authenticated
+// verifications newest first, as the embedded store does: the rows of the
+// partial index aov_verifications_authenticated only, so a score of an
+// owned agent never reads the labels others recorded under its id.
+func (h *History) AuthenticatedVerifications(ctx context.Context, agentID, cursor string, limit int) ([]store.Verification, string, error) {
+	if agentID == "" { // records without an agent are never authenticated
+		if cursor != "" {
+			if _, _, err := parseCursor(cursor); err != nil {
+				return nil, "", err
+			}
+		}
+		return nil, "", nil
+	}
+	return h.page(ctx, agentID, true, cursor, limit)
+}
+
+// migrateAuthenticated brings a version 1 database to version 2: it sets
+// the authenticated column (added by the schema statements) of every
+// authenticated record, read from the record itself, then the version.
+// It runs inside the migration's transaction, so it happens once and
+// entirely or not at all.
+func migrateAuthenticated(ctx context.Context, tx pgx.Tx) error {
+	rows, err := tx.Query(ctx, `SELECT id, record FROM aov_verifications WHERE agent_id IS NOT NULL`)
+	if err != nil {
+		return fmt.Errorf("history: migrating to schema version 2: %w", err)
+	}
+	var ids [][]byte
+	for rows.Next() {
+		var id, b []byte
+		if err := rows.Scan(&id, &b); err != nil {
+			rows.Close()
+			return fmt.Errorf("history: migrating to schema version 2: %w", err)
+		}
+		var v struct {
+			Authenticated bool `json:"authenticated"`
+		}
+		if err := json.Unmarshal(b, &v); err != nil {
+			rows.Close()
+			return fmt.Errorf("history: migrating to schema version 2: decoding verification: %w", err)
+		}
+		if v.Authenticated {
+			ids = append(ids, id)
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("history: migrating to schema version 2: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE aov_verifications SET authenticated = true WHERE id = ANY($1)`, ids); err != nil {
+		return fmt.Errorf("history: migrating to schema version 2: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE aov_schema_version SET version = $1`, schemaVersion); err != nil {
+		return fmt.Errorf("history: migrating to schema version 2: %w", err)
+	}
+	return nil
 }

@@ -6,8 +6,10 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/aovhq/aov/internal/servers"
+	"github.com/aovhq/aov/store/storetest"
 )
 
 // TestOwners: of concurrent first binders of one agent id on two instances
@@ -61,5 +63,42 @@ func TestOwners(t *testing.T) {
 	}
 	if o, err := a.BindAgent(ctx, "nul\x00agent", "0xn"); err != nil || o != "0xn" {
 		t.Fatalf("an agent id with NUL: %q, %v", o, err)
+	}
+}
+
+// TestSchema1Migrates: a version 1 database (no authenticated column) gets
+// the column set from its records when an instance opens it, and is
+// version 2 afterwards.
+func TestSchema1Migrates(t *testing.T) {
+	srv := servers.StartPostgres(t)
+	dsn := freshDB(t, srv)
+	ctx := context.Background()
+	h := open(t, dsn)
+	at := time.Date(2026, 11, 29, 21, 0, 0, 0, time.UTC)
+	for i, auth := range []bool{true, false, true} {
+		v := storetest.Sample(fmt.Sprint("v", i), "seller-7", at.Add(time.Duration(i)*time.Second), "pass")
+		v.Authenticated, v.Wallet = auth, "0xowner"
+		if err := h.RecordVerification(ctx, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// What version 1 wrote: no flag, version 1.
+	if _, err := h.pool.Exec(ctx, `UPDATE aov_verifications SET authenticated = false`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.pool.Exec(ctx, `UPDATE aov_schema_version SET version = 1`); err != nil {
+		t.Fatal(err)
+	}
+	if got, _, err := h.AuthenticatedVerifications(ctx, "seller-7", "", 10); err != nil || len(got) != 0 {
+		t.Fatalf("the downgraded index still lists %v (%v)", got, err)
+	}
+	h2 := open(t, dsn)
+	got, _, err := h2.AuthenticatedVerifications(ctx, "seller-7", "", 10)
+	if err != nil || len(got) != 2 || got[0].ID != "v2" || got[1].ID != "v0" {
+		t.Fatalf("after the migration: %+v, %v; want v2 and v0", got, err)
+	}
+	var v int
+	if err := h2.pool.QueryRow(ctx, `SELECT version FROM aov_schema_version`).Scan(&v); err != nil || v != schemaVersion {
+		t.Fatalf("schema version %d (%v) after the migration, want %d", v, err, schemaVersion)
 	}
 }

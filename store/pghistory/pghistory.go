@@ -28,7 +28,7 @@ import (
 
 // schemaVersion is the version of the tables below; a database at a newer
 // version is refused, so a downgrade fails loudly.
-const schemaVersion = 1
+const schemaVersion = 2
 
 // migrationLock is the advisory lock key that serialises schema setup:
 // two instances starting at once would otherwise race on the catalog
@@ -62,6 +62,10 @@ var schema = []string{
 		agent_id bytea PRIMARY KEY,
 		owner    bytea NOT NULL
 	)`,
+	// Version 2: the authenticated flag of each record, indexed, so a
+	// score of an owned agent reads only those rows (owners.go).
+	`ALTER TABLE aov_verifications ADD COLUMN IF NOT EXISTS authenticated boolean NOT NULL DEFAULT false`,
+	`CREATE INDEX IF NOT EXISTS aov_verifications_authenticated ON aov_verifications (agent_id, at_ns DESC, id) WHERE authenticated`,
 }
 
 // History is the verification history on one PostgreSQL database. It is
@@ -109,6 +113,9 @@ func (h *History) migrate(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("history: reading the schema version: %w", err)
 		}
+		if v == 1 {
+			return migrateAuthenticated(ctx, tx)
+		}
 		if v != schemaVersion {
 			return fmt.Errorf("history: the database has schema version %d; this build reads version %d", v, schemaVersion)
 		}
@@ -126,7 +133,7 @@ func (h *History) Ping(ctx context.Context) error { return h.pool.Ping(ctx) }
 // change only when the insert did (a duplicate id inserts nothing), and
 // both commit together.
 const record = `WITH ins AS (
-	INSERT INTO aov_verifications (id, at_ns, agent_id, record) VALUES ($1, $2, $3, $4)
+	INSERT INTO aov_verifications (id, at_ns, agent_id, record, authenticated) VALUES ($1, $2, $3, $4, $10)
 	ON CONFLICT (id) DO NOTHING
 	RETURNING agent_id
 ), cnt AS (
@@ -159,7 +166,7 @@ func (h *History) RecordVerification(ctx context.Context, v store.Verification) 
 	}
 	var n int
 	err = h.pool.QueryRow(ctx, record, []byte(v.ID), v.VerifiedAt.UnixNano(), agent, val,
-		one.Pass, one.Fail, one.AuthenticatedPass, one.AuthenticatedFail, one.Paid).Scan(&n)
+		one.Pass, one.Fail, one.AuthenticatedPass, one.AuthenticatedFail, one.Paid, v.Authenticated).Scan(&n)
 	if err != nil {
 		return fmt.Errorf("history: recording verification: %w", err)
 	}
@@ -208,6 +215,12 @@ func (h *History) Verification(ctx context.Context, id string) (store.Verificati
 // is "". The cursor is the (time, id) of the last record served, so a page
 // never repeats or skips a record older than it while others append.
 func (h *History) Verifications(ctx context.Context, agentID, cursor string, limit int) ([]store.Verification, string, error) {
+	return h.page(ctx, agentID, false, cursor, limit)
+}
+
+// page is Verifications, of agentID's authenticated records only when
+// authenticated is set (AuthenticatedVerifications).
+func (h *History) page(ctx context.Context, agentID string, authenticated bool, cursor string, limit int) ([]store.Verification, string, error) {
 	if limit <= 0 {
 		limit = store.DefaultPageSize
 	}
@@ -225,6 +238,9 @@ func (h *History) Verifications(ctx context.Context, agentID, cursor string, lim
 	if agentID != "" {
 		q += `agent_id = $5 AND `
 		args = append(args, []byte(agentID))
+	}
+	if authenticated {
+		q += `authenticated AND `
 	}
 	q += `($1 OR at_ns < $2 OR (at_ns = $2 AND id > $3)) ORDER BY at_ns DESC, id LIMIT $4`
 	rows, err := h.pool.Query(ctx, q, args...)

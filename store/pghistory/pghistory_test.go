@@ -51,6 +51,14 @@ func TestHistoryContract(t *testing.T) {
 	})
 }
 
+func TestAuthenticatedIndexContract(t *testing.T) {
+	srv := servers.StartPostgres(t)
+	storetest.TestAuthenticatedIndex(t, func(t *testing.T) (storetest.AuthenticatedHistory, storetest.AuthenticatedHistory) {
+		dsn := freshDB(t, srv)
+		return open(t, dsn), open(t, dsn)
+	})
+}
+
 // TestConcurrentMigrations starts eight instances on one empty database at
 // once: the advisory lock lets them all set up the schema without a
 // catalog conflict, and they share one history.

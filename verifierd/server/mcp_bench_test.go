@@ -53,8 +53,9 @@ func BenchmarkTransport(b *testing.B) {
 // recorded verifications (the method's record cap): 100 history pages
 // read from Badger, the score computed and signed by a real certd.
 // "unowned" counts all of them; "owned" is an owned agent whose 10,000
-// newest records are others' labels, read and not counted, above 100 of
-// its owner's: what a flood of labels costs a score, in the same run.
+// newest records are others' labels above 100 of its owner's: the score
+// reads only the owner's (the store's authenticated index), so the flood
+// costs it nothing, against the unowned read in the same run.
 func BenchmarkScore10k(b *testing.B) {
 	f := newFixture(b, fixtureOpts{noSync: true})
 	now := time.Now().UTC()

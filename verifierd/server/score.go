@@ -57,8 +57,8 @@ type ScoreInputs struct {
 
 // ScoreWindow is the evidence window: from (computed_at minus the
 // horizon) to computed_at, how many verifications were evidence, how many
-// were not (an owned agent's records its owner did not authenticate), and
-// whether the record cap left older ones out.
+// of those recorded under the id were not (notCounted), and whether the
+// record cap left older ones out.
 type ScoreWindow struct {
 	From       string  `json:"from"`
 	To         string  `json:"to"`
@@ -134,14 +134,20 @@ func (s *Server) scoreAgent(ctx context.Context, agent string) ([]byte, error) {
 		return nil, err
 	}
 	at := s.now().UTC().Truncate(time.Microsecond)
-	// Of an owned agent, others' records are read and skipped until the
-	// owner's evidence fills the cap or the horizon is reached: reading
-	// grows with the labels inside the horizon (about as fast per record
-	// as counting them, BenchmarkScore10k), never the score they could move.
+	// Of an owned agent only the authenticated records are read (the
+	// store's authenticated index): the labels anyone can record under its
+	// id are not evidence, and reading them would let a flood of them slow
+	// every score of it (BenchmarkScore10k). verifierd marks a record
+	// authenticated only for the id's owner, and ownerEvidence still
+	// checks each one.
+	page := s.history.Verifications
+	if owner != "" {
+		page = s.history.AuthenticatedVerifications
+	}
 	tally := s.score.Start(at, owner != "")
 	cursor := ""
 	for more := true; more; {
-		vs, next, err := s.history.Verifications(ctx, agent, cursor, scorePageSize)
+		vs, next, err := page(ctx, agent, cursor, scorePageSize)
 		if err != nil {
 			return nil, apierr.Unavailable("verification history store", 5, err)
 		}
@@ -175,7 +181,7 @@ func (s *Server) scoreAgent(ctx context.Context, agent string) ([]byte, error) {
 				From:       verify.FormatTime(res.Window.From),
 				To:         verify.FormatTime(res.Window.To),
 				Records:    res.Window.Records,
-				NotCounted: res.Window.NotCounted,
+				NotCounted: notCounted(c, res),
 				Truncated:  res.Window.Truncated,
 				Oldest:     optTime(res.Window.Oldest),
 				Newest:     optTime(res.Window.Newest),
@@ -216,6 +222,15 @@ func (s *Server) scoreOwner(ctx context.Context, agent string) (string, error) {
 // without an owner, only the owner's of an owned one.
 func countsTowardScore(v store.Verification, owner string) bool {
 	return owner == "" || ownerEvidence(v, owner)
+}
+
+// notCounted is how many delivered verifications recorded under the id are
+// not evidence of res: counts.total minus window.records, so others'
+// labels of an owned id, and records older than the horizon or beyond the
+// record cap. It comes from the exact counts, not from reading those
+// records: a score of an owned id never reads its labels.
+func notCounted(c store.Counts, res score.Result) int {
+	return max(int(c.Total())-res.Window.Records, 0)
 }
 
 func optTime(t time.Time) *string {

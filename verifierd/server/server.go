@@ -50,6 +50,10 @@ type Signer interface {
 type History interface {
 	RecordVerification(ctx context.Context, v store.Verification) error
 	Verifications(ctx context.Context, agentID, cursor string, limit int) ([]store.Verification, string, error)
+	// AuthenticatedVerifications pages like Verifications through the
+	// agent's authenticated records only (what a score of an owned agent
+	// reads).
+	AuthenticatedVerifications(ctx context.Context, agentID, cursor string, limit int) ([]store.Verification, string, error)
 	AgentCounts(ctx context.Context, agentID string) (store.Counts, error)
 	Ping(ctx context.Context) error
 }
