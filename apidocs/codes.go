@@ -22,6 +22,7 @@ type ErrorCode struct {
 // service sends.
 var ErrorCodes = []ErrorCode{
 	{apierr.CodeInvalidRequest, 422, false, "The request breaks the contract; `fields` names each problem with a concrete fix. Checked before any payment logic: an invalid request is never offered for sale."},
+	{apierr.CodeInvalidMessage, 400, false, "MCP only: the body is not one JSON-RPC 2.0 message the server fully reads (not JSON, a batch, an unknown member or a name twice in any letter case, a member of the wrong type, a long or object id). HTTP 400 as MCP's Streamable HTTP transport requires, with a JSON-RPC error (-32700 parse error or -32600 invalid request, `id` null) whose `data` is this error; `fields` names the member. Nothing was charged and nothing reached a tool. Wrong tool arguments are `invalid_request` in an `isError` tool result instead."},
 	{apierr.CodePayloadTooLarge, 413, false, "The body is over the absolute size limit; the message says the limit."},
 	{apierr.CodeUnauthorized, 401, false, "A missing, bad, expired or replayed `X-Wallet-Auth` credential."},
 	{"forbidden", 403, false, "The credential is valid but does not grant this (for example a wallet proof for an agent id another wallet owns); a fresh credential of the same caller does not change it."},

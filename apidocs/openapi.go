@@ -416,6 +416,8 @@ func mcpOp(s *Service, o obj) {
 	resp["200"] = obj{"description": "A JSON-RPC response (application/json) or an SSE stream of them (text/event-stream).",
 		"content": obj{"application/json": obj{"schema": obj{"type": "object"}}, "text/event-stream": obj{"schema": obj{"type": "string"}}}}
 	resp["202"] = obj{"description": "A notification or response was accepted."}
+	resp["400"] = obj{"description": "invalid_message: the body is not one JSON-RPC message the server fully reads (the transport's 400). A JSON-RPC error, code -32700 or -32600 and id null, whose data is the error shape with code invalid_message; nothing was charged and no tool ran.",
+		"content": obj{"application/json": obj{"schema": obj{"type": "object"}}}}
 	resp["413"] = respRef("TooLarge")
 	resp["503"] = respRef("Unavailable")
 	o["x-mcp-tools"] = []any{

@@ -57,14 +57,14 @@ type rpcRefusal struct {
 	err  *apierr.Error
 }
 
-// refuseRPC builds a refusal of the message itself. It is a transport-level
-// refusal (MCP's Streamable HTTP answers an unreadable message with HTTP
-// 400), so its error carries status 400; the invalid_request code and the
-// field list are the SPEC §6 ones.
+// refuseRPC builds a refusal of the message itself: a transport-level
+// refusal, which MCP's Streamable HTTP transport answers with HTTP 400 Bad
+// Request (as the official SDK does), here with a JSON-RPC error (code
+// -32700 or -32600, id null) whose data is the SPEC §6 invalid_message
+// error. Wrong arguments of a readable tools/call are not this: they are a
+// tool error with invalid_request (422), like REST.
 func refuseRPC(code int, field, problem, fix string) *rpcRefusal {
-	e := apierr.Invalid(apierr.Field{Field: field, Problem: problem, Fix: fix})
-	e.Status = http.StatusBadRequest
-	return &rpcRefusal{code: code, err: e}
+	return &rpcRefusal{code: code, err: apierr.InvalidMessage(apierr.Field{Field: field, Problem: problem, Fix: fix})}
 }
 
 // readRPC reads one JSON-RPC message strictly. The refusal names the member

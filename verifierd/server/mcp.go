@@ -252,7 +252,7 @@ func transportError(status int, limit int64) *apierr.Error {
 	if status >= 500 {
 		return apierr.Internal(fmt.Errorf("the MCP transport answered %d", status))
 	}
-	return apierr.Invalid(apierr.Field{Field: "body",
+	return apierr.InvalidMessage(apierr.Field{Field: "body",
 		Problem: "is not a valid MCP request",
 		Fix: "Send one JSON-RPC 2.0 message as the body (for example a tools/call request), " +
 			"with an MCP-Protocol-Version header the server supports or none."})

@@ -445,8 +445,8 @@ func TestMCPWire(t *testing.T) {
 		{"GET /mcp is 405 with Allow: POST (stateless: no event stream)", "GET", nil, nil, 405, "method_not_allowed"},
 		{"a body not declared as JSON is 415", "POST", callBody(invoice("129.5", "")), map[string]string{"Content-Type": "text/plain"}, 415, "unsupported_media_type"},
 		{"a body over the limit is 413 naming it", "POST", callBody(big), nil, 413, "payload_too_large"},
-		{"a body that is not JSON-RPC is 422, never the SDK's text quoting it", "POST", []byte(`{"jsonrpc":"2.0","id":1,SECRET}`), nil, 422, "invalid_request"},
-		{"an unsupported MCP-Protocol-Version is 422", "POST", callBody(invoice("129.5", "")), map[string]string{"MCP-Protocol-Version": "1999-01-01"}, 422, "invalid_request"},
+		{"a body that is not JSON-RPC is 400 invalid_message, never the SDK's text quoting it", "POST", []byte(`{"jsonrpc":"2.0","id":1,SECRET}`), nil, 400, "invalid_message"},
+		{"an unsupported MCP-Protocol-Version is 400 invalid_message", "POST", callBody(invoice("129.5", "")), map[string]string{"MCP-Protocol-Version": "1999-01-01"}, 400, "invalid_message"},
 	} {
 		t.Run(c.desc, func(t *testing.T) {
 			req, _ := http.NewRequest(c.method, base+"/mcp", bytes.NewReader(c.body))

@@ -1,0 +1,92 @@
+package caddymodule
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/aovhq/aov/apidocs"
+	"github.com/aovhq/aov/apierr"
+)
+
+// TestMCPEnvelopeRefusalsAreOneTruth: a JSON-RPC message the gate refuses
+// is answered as MCP's Streamable HTTP transport requires and the official
+// SDK does (HTTP 400), with the JSON-RPC code the refusal calls for, id
+// null, and data carrying invalid_message with the status the code table
+// documents; nothing reaches the tool. Wrong arguments of a readable call
+// stay a tool error with invalid_request (TestMCPInvalidArgumentsAreToolErrors).
+func TestMCPEnvelopeRefusalsAreOneTruth(t *testing.T) {
+	var documented int
+	for _, c := range apidocs.ErrorCodes {
+		if c.Code == apierr.CodeInvalidMessage {
+			documented = c.Status
+		}
+	}
+	if documented != http.StatusBadRequest {
+		t.Fatalf("the code table gives invalid_message status %d, want 400", documented)
+	}
+	_, fac := sharedDevnet(t)
+	up := newMCPUpstream(t)
+	base := startCaddy(t, mcpSite(up.URL, fac, 5))
+	for _, c := range []struct {
+		desc, body string
+		rpcCode    int
+		field      string
+	}{
+		{"not JSON", `{"jsonrpc":"2.0","id":1,SECRET}`, -32700, "body"},
+		{"trailing bytes", `{"jsonrpc":"2.0","id":1,"method":"tools/list"}SECRET`, -32700, "body"},
+		{"a name twice in two letter cases", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"verify_schema","Name":"SECRET","arguments":{}}}`, -32700, "params.Name"},
+		{"a batch", `[{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"verify_schema","arguments":{}}}]`, -32600, "body"},
+		{"an unknown member", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"verify_schema","arguments":{}},"SECRET":1}`, -32600, "SECRET"},
+		{"an object id", `{"jsonrpc":"2.0","id":{"SECRET":1},"method":"tools/list"}`, -32600, "id"},
+	} {
+		t.Run(c.desc, func(t *testing.T) {
+			req, _ := http.NewRequest(http.MethodPost, base+"/mcp", strings.NewReader(c.body))
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Accept", "application/json, text/event-stream")
+			resp, err := testClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			raw, _ := io.ReadAll(resp.Body)
+			var msg struct {
+				JSONRPC string          `json:"jsonrpc"`
+				ID      json.RawMessage `json:"id"`
+				Error   struct {
+					Code int `json:"code"`
+					Data struct {
+						Code    string `json:"code"`
+						Status  int    `json:"status"`
+						Charged bool   `json:"charged"`
+						Fields  []struct {
+							Field string `json:"field"`
+						} `json:"fields"`
+					} `json:"data"`
+				} `json:"error"`
+			}
+			if err := json.Unmarshal(raw, &msg); err != nil {
+				t.Fatalf("%d %s: %v", resp.StatusCode, raw, err)
+			}
+			d := msg.Error.Data
+			if resp.StatusCode != documented || msg.JSONRPC != "2.0" || string(msg.ID) != "null" || msg.Error.Code != c.rpcCode ||
+				d.Code != apierr.CodeInvalidMessage || d.Status != documented || d.Charged || len(d.Fields) == 0 {
+				t.Fatalf("answer %d %s; want HTTP 400, JSON-RPC %d, id null, data invalid_message with status 400", resp.StatusCode, raw, c.rpcCode)
+			}
+			if c.field != "SECRET" && strings.Contains(string(raw), "SECRET") {
+				t.Fatalf("the refusal quotes the request: %s", raw)
+			}
+			if !strings.HasPrefix(d.Fields[0].Field, c.field) {
+				t.Fatalf("field %q, want %q", d.Fields[0].Field, c.field)
+			}
+			if resp.Header.Get("Content-Type") != "application/json" {
+				t.Fatalf("Content-Type %q", resp.Header.Get("Content-Type"))
+			}
+		})
+	}
+	if up.calls.Load() != 0 {
+		t.Fatalf("%d refused messages reached the tool", up.calls.Load())
+	}
+}
