@@ -18,10 +18,24 @@ import (
 // differently from the MCP server behind it. The SDK reads member names
 // exactly, lets the last duplicate win and ignores what follows the value;
 // encoding/json would match names in any letter case. The gate reads the
-// whole message with strictjson (exact names, no name twice in any letter
-// case, nothing after the value, no byte-order mark) and refuses every
-// message it does not fully understand: a batch, an unknown member, a
-// member of the wrong type. Nothing it cannot read goes upstream.
+// whole message with strictjson (exact names, no name twice, nothing after
+// the value, no byte-order mark) and refuses every message it does not
+// fully understand: a batch, an unknown member, a member of the wrong type.
+// Nothing it cannot read goes upstream.
+//
+// Names equal in another letter case ("name" and "Name") are refused where
+// a server reads the bytes into named fields, since a case-insensitive
+// reader there may take either: the envelope, params, _meta (payments are
+// decoded into structs) and a tool's own argument names (a tool's SDK may
+// decode its arguments into a struct). Below a tool's argument names the
+// values are the tool's data (a verification's submitted_output and
+// expected_schema), kept as free-form JSON by every reader that sees them:
+// the gate (strictjson, exact keys), verifierd's MCP SDK (the arguments as
+// raw bytes) and verifierd's request parser and request hash (exact keys,
+// canonical JSON). There such names are distinct keys, as they are in the
+// REST body, so MCP accepts them exactly where REST does and both give one
+// verdict and one request hash (FuzzMCPEnvelopeAgreesWithTheSDK,
+// TestCaseTwinsAreOneRuleForRESTAndMCP).
 
 // JSON-RPC error codes the gate answers with.
 const (
@@ -70,7 +84,7 @@ func refuseRPC(code int, field, problem, fix string) *rpcRefusal {
 // readRPC reads one JSON-RPC message strictly. The refusal names the member
 // and the problem, never its content.
 func readRPC(body []byte) (*rpcMessage, *rpcRefusal) {
-	v, err := strictjson.Decode(body, strictjson.Limits{MaxDepth: rpcDepth, FoldedNames: true})
+	v, err := strictjson.Decode(body, strictjson.Limits{MaxDepth: rpcDepth})
 	if err != nil {
 		var se *strictjson.Error
 		if !errors.As(err, &se) {
@@ -126,6 +140,11 @@ func readRPC(body []byte) (*rpcMessage, *rpcRefusal) {
 		if m.id == nil || hasResult == hasError || tree["params"] != nil {
 			return nil, refuseRPC(rpcInvalidRequest, "method", "is required", "Send a JSON-RPC request with a method, or a response with an id and either result or error.")
 		}
+		for _, k := range []string{"result", "error"} {
+			if bad := foldedTwins(k, tree[k], true); bad != nil {
+				return nil, bad
+			}
+		}
 		return m, nil
 	}
 	if m.method, ok = method.(string); !ok || m.method == "" {
@@ -146,6 +165,9 @@ func readRPC(body []byte) (*rpcMessage, *rpcRefusal) {
 		}
 	}
 	if m.method != "tools/call" {
+		if bad := foldedTwins("params", params, true); bad != nil {
+			return nil, bad
+		}
 		return m, nil
 	}
 	if m.id == nil {
@@ -177,7 +199,43 @@ func readRPC(body []byte) (*rpcMessage, *rpcRefusal) {
 	if m.tool == "" {
 		return nil, refuseRPC(rpcInvalidRequest, "params.name", "is required", "Send the tool's name.")
 	}
+	if bad := foldedTwins("params._meta", p["_meta"], true); bad != nil {
+		return nil, bad
+	}
+	// The arguments' own names only: below them is the tool's data.
+	if bad := foldedTwins("params.arguments", m.args, false); bad != nil {
+		return nil, bad
+	}
 	return m, nil
+}
+
+// foldedTwins refuses an object at path (and, deep, every object below it)
+// with two member names equal in another letter case (strictjson's
+// FoldedNames relation); see the top of this file for where that applies.
+func foldedTwins(path string, v any, deep bool) *rpcRefusal {
+	switch x := v.(type) {
+	case map[string]any:
+		if k, twin := strictjson.FoldedTwin(x); twin {
+			return refuseRPC(rpcInvalidRequest, memberPath(path, k), "appears more than once when letter case is ignored",
+				"Send each name once per object, in one letter case; some readers match names in any case.")
+		}
+		if deep {
+			for k, e := range x {
+				if bad := foldedTwins(memberPath(path, k), e, true); bad != nil {
+					return bad
+				}
+			}
+		}
+	case []any:
+		if deep {
+			for i, e := range x {
+				if bad := foldedTwins(path+"["+strconv.Itoa(i)+"]", e, true); bad != nil {
+					return bad
+				}
+			}
+		}
+	}
+	return nil
 }
 
 // memberPath renders member name of the object at path for a refusal

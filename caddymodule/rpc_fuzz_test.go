@@ -85,7 +85,22 @@ var hostileEnvelopes = []struct{ desc, body string }{
 	{"arguments null", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"verify_schema","arguments":null}}`},
 	{"an id that is an object", `{"jsonrpc":"2.0","id":{"a":1},"method":"tools/call","params":{"name":"verify_schema","arguments":{}}}`},
 	{"no jsonrpc member", `{"id":1,"method":"tools/call","params":{"name":"verify_schema","arguments":{}}}`},
+	// Names in two letter cases inside a tool's data are distinct keys to
+	// every reader (accepted, as over REST); in _meta, in params of other
+	// methods and among the arguments' own names they are refused.
+	{"submitted_output with names in two letter cases", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"verify_schema","arguments":{"task_id":"t","expected_schema":{"type":"object"},"submitted_output":{"total":1,"Total":2,"TOTAL":[{"k":1,"\u212a":2}]}}}}`},
+	{"expected_schema with names in two letter cases", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"verify_schema","arguments":{"task_id":"t","expected_schema":{"type":"object","Type":"array","properties":{"a":{},"A":{}}},"submitted_output":{}}}}`},
+	{"bounds and rule values in two letter cases", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"verify_schema","arguments":{"task_id":"t","expected_schema":{},"submitted_output":{"a":1,"A":2},"bounds":{"a":{"min":0},"A":{"max":5}},"rules":[{"type":"exists_in","field":"a","values":[{"x":1,"X":2}]}]}}}`},
+	{"_meta with names in two letter cases", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"verify_schema","arguments":{},"_meta":{"progressToken":1,"ProgressToken":2}}}`},
+	{"a payment with names in two letter cases", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"verify_schema","arguments":{},"_meta":{"x402/payment":{"x402Version":2,"accepted":{"payTo":"a","PayTo":"b"}}}}}`},
+	{"initialize params with names in two letter cases", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"a","Name":"b","version":"1"}}}`},
+	{"a response with names in two letter cases", `{"jsonrpc":"2.0","id":1,"result":{"content":[],"Content":[{"type":"text","text":"x"}]}}`},
 }
+
+// acceptedTwins are the hostile envelopes whose names in two letter cases
+// lie inside a tool's data: the gate must pass them, and the SDK read them
+// alike (checkAgreement).
+var acceptedTwins = []string{"submitted_output with names in two letter cases", "expected_schema with names in two letter cases", "bounds and rule values in two letter cases"}
 
 // FuzzMCPEnvelopeAgreesWithTheSDK gives the same bytes to the gate's reader
 // and to the MCP SDK. Whenever the gate lets a message through, the SDK must
@@ -145,9 +160,20 @@ func TestHostileEnvelopesAreRefusedOrReadAlike(t *testing.T) {
 	for _, desc := range []string{"an extra Name beside name", "an extra Method beside method", "an extra PARAMS beside params", "only PARAMS",
 		"trailing bytes", "a second message after the first", "a byte-order mark", "a batch", "a duplicate name", "a duplicate method",
 		"duplicate params", "duplicate arguments", "arguments with names in two letter cases", "a Kelvin sign in a name", "null params",
-		"arguments null", "an id that is an object", "no jsonrpc member"} {
+		"arguments null", "an id that is an object", "no jsonrpc member", "_meta with names in two letter cases",
+		"a payment with names in two letter cases", "initialize params with names in two letter cases", "a response with names in two letter cases"} {
 		if !refused[desc] {
 			t.Errorf("%s: not refused by the gate", desc)
+		}
+	}
+	for _, desc := range acceptedTwins {
+		if refused[desc] {
+			t.Errorf("%s: refused by the gate, accepted over REST", desc)
+		}
+		for _, h := range hostileEnvelopes {
+			if got := sr.read([]byte(h.body)); h.desc == desc && (!got.ran || got.tool != "verify_schema") {
+				t.Errorf("%s: the SDK did not run the call (%+v), so the agreement checked nothing", desc, got)
+			}
 		}
 	}
 }

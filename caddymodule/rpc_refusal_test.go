@@ -37,7 +37,10 @@ func TestMCPEnvelopeRefusalsAreOneTruth(t *testing.T) {
 	}{
 		{"not JSON", `{"jsonrpc":"2.0","id":1,SECRET}`, -32700, "body"},
 		{"trailing bytes", `{"jsonrpc":"2.0","id":1,"method":"tools/list"}SECRET`, -32700, "body"},
-		{"a name twice in two letter cases", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"verify_schema","Name":"SECRET","arguments":{}}}`, -32700, "params.Name"},
+		{"a name beside its twin in another letter case", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"verify_schema","Name":"SECRET","arguments":{}}}`, -32600, "params.Name"},
+		{"argument names in two letter cases", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"verify_schema","arguments":{"task_id":"SECRET","Task_ID":"SECRET"}}}`, -32600, "params.arguments.task_id"},
+		{"_meta names in two letter cases", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"verify_schema","arguments":{},"_meta":{"x402/payment":{"x402Version":2,"X402version":1}}}}`, -32600, `params._meta["x402/payment"].x402Version`},
+		{"initialize params in two letter cases", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","ProtocolVersion":"SECRET"}}`, -32600, "params.protocolVersion"},
 		{"a batch", `[{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"verify_schema","arguments":{}}}]`, -32600, "body"},
 		{"an unknown member", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"verify_schema","arguments":{}},"SECRET":1}`, -32600, "SECRET"},
 		{"an object id", `{"jsonrpc":"2.0","id":{"SECRET":1},"method":"tools/list"}`, -32600, "id"},

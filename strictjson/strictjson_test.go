@@ -295,3 +295,29 @@ func manyKeys(n int) string {
 	}
 	return b.String()
 }
+
+func TestFoldedTwin(t *testing.T) {
+	for _, c := range []struct {
+		m    map[string]any
+		twin string
+	}{
+		{map[string]any{}, ""},
+		{map[string]any{"name": 1}, ""},
+		{map[string]any{"name": 1, "names": 2, "Other": 3}, ""},
+		{map[string]any{"name": 1, "Name": 2}, "name"},
+		{map[string]any{"k": 1, "\u212a": 2}, "\u212a"},
+		{map[string]any{"a": 1, "b": 2, "c": 3, "d": 4, "e": 5, "f": 6, "g": 7, "h": 8, "i": 9, "j": 10,
+			"l": 11, "m": 12, "n": 13, "o": 14, "p": 15, "q": 16, "r": 17, "s": 18, "T": 19, "t": 20}, "t"},
+	} {
+		got, ok := FoldedTwin(c.m)
+		if got != c.twin || ok != (c.twin != "") {
+			t.Errorf("FoldedTwin(%v) = %q, %v; want %q", c.m, got, ok, c.twin)
+		}
+		// It agrees with the decoder's FoldedNames.
+		b, _ := json.Marshal(c.m)
+		_, err := Decode(b, Limits{FoldedNames: true})
+		if (err != nil) != ok {
+			t.Errorf("%s: FoldedTwin says %v, Decode with FoldedNames says %v", b, ok, err)
+		}
+	}
+}
