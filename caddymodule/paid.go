@@ -237,6 +237,7 @@ func (p *paidCharge) settleOnce(w http.ResponseWriter, r *http.Request, held *bu
 		g.logger.Error("marking payment claim settled", zap.Error(err))
 	}
 	metrics.outcomes.WithLabelValues("settled").Inc()
+	g.creditSettled(r) // the 402 before this payment no longer counts (ratelimit.go)
 	p.sr = sr
 	return true
 }

@@ -32,7 +32,9 @@ const (
 // (which is then neither charged nor counted against the allowance). A
 // client with Events such answers within Window is answered 429
 // rate_limited with Retry-After until its budget refills, before the gate
-// reads its body. Served calls, paid or free, never count.
+// reads its body. Served calls, paid or free, never count, and a settled
+// payment gives one event back (rateZone.credit): the 402 that told the
+// client the price.
 //
 // The client is Caddy's resolved client IP (honouring the server's
 // trusted_proxies, never a raw header); IPv6 clients are counted per /64,
@@ -166,6 +168,32 @@ func (z *rateZone) wait(client string) int {
 func (z *rateZone) note(client string) {
 	t := now()
 	z.limiter(client, t, true).AllowN(t, 1)
+}
+
+// credit gives client back one event, up to a full budget, for a payment
+// that settled. In the x402 flow a paying client's first attempt at every
+// paid call is answered 402 (it learns the price), which counts; without
+// the credit the limit would cap paying clients at Events paid calls per
+// Window. The credit does not reopen what the limit closes (refusals that
+// cost the gate work and bring nothing): it is earned only by a settled
+// payment, never by a refused, replayed or unsettled one, so an unpaying
+// client still gets Events refusals per Window, and a paying one at most
+// one more per payment; and a budget never grows beyond Events, so no
+// credit can be saved up.
+func (z *rateZone) credit(client string) {
+	t := now()
+	l := z.limiter(client, t, false) // the overflow budget is shared: no credit
+	if l == nil || l.TokensAt(t) > float64(z.burst)-1 {
+		return
+	}
+	l.AllowN(t, -1) // taking -1 events adds one token (x/time/rate: tokens -= n)
+}
+
+// creditSettled is credit for the request's client (see rateZone.credit).
+func (g *Gate) creditSettled(r *http.Request) {
+	if g.rates != nil {
+		g.rates.credit(rateClient(r))
+	}
 }
 
 // rateClient is the rate-limit key of the request's client: its IP, or its

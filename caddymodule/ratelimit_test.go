@@ -48,3 +48,37 @@ func TestRateZoneTightensWhenItsTableIsFull(t *testing.T) {
 		t.Error("a tracked client with budget left is limited")
 	}
 }
+
+func TestRateZoneCreditIsBoundedByTheBudget(t *testing.T) {
+	z, key, err := loadZone(&RateLimit{Events: 2, Window: caddy.Duration(time.Minute), Zone: t.Name()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rateZones.Delete(key)
+	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	now = func() time.Time { return t0 }
+	t.Cleanup(func() { now = time.Now })
+	z.credit("unknown") // no budget yet: nothing to give back, nothing created
+	if z.limiter("unknown", t0, false) != nil {
+		t.Fatal("a credit created a budget")
+	}
+	z.note("c")
+	z.note("c")
+	if z.wait("c") == 0 {
+		t.Fatal("two refusals of two did not limit")
+	}
+	z.credit("c")
+	if z.wait("c") != 0 {
+		t.Fatal("a credit did not give one refusal back")
+	}
+	// A full budget takes no more credit: three credits, then two
+	// refusals, limit again.
+	z.credit("c")
+	z.credit("c")
+	z.credit("c")
+	z.note("c")
+	z.note("c")
+	if z.wait("c") == 0 {
+		t.Fatal("credits were saved up beyond the budget")
+	}
+}
