@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -212,30 +213,58 @@ func readRPC(body []byte) (*rpcMessage, *rpcRefusal) {
 // foldedTwins refuses an object at path (and, deep, every object below it)
 // with two member names equal in another letter case (strictjson's
 // FoldedNames relation); see the top of this file for where that applies.
+// Of several, it names the first in key order, so a message always gets the
+// same refusal.
 func foldedTwins(path string, v any, deep bool) *rpcRefusal {
+	at, ok := findTwin(v, deep)
+	if !ok {
+		return nil
+	}
+	for i := len(at) - 1; i >= 0; i-- { // at is innermost first
+		switch seg := at[i].(type) {
+		case string:
+			path = memberPath(path, seg)
+		case int:
+			path += "[" + strconv.Itoa(seg) + "]"
+		}
+	}
+	return refuseRPC(rpcInvalidRequest, path, "appears more than once when letter case is ignored",
+		"Send each name once per object, in one letter case; some readers match names in any case.")
+}
+
+// findTwin returns the path below v (member names and indexes, innermost
+// first) of the first name with a twin in another letter case, and false
+// when there is none.
+func findTwin(v any, deep bool) ([]any, bool) {
 	switch x := v.(type) {
 	case map[string]any:
 		if k, twin := strictjson.FoldedTwin(x); twin {
-			return refuseRPC(rpcInvalidRequest, memberPath(path, k), "appears more than once when letter case is ignored",
-				"Send each name once per object, in one letter case; some readers match names in any case.")
+			return []any{k}, true
 		}
-		if deep {
-			for k, e := range x {
-				if bad := foldedTwins(memberPath(path, k), e, true); bad != nil {
-					return bad
-				}
+		if !deep {
+			return nil, false
+		}
+		keys := make([]string, 0, len(x))
+		for k := range x {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			if at, ok := findTwin(x[k], true); ok {
+				return append(at, k), true
 			}
 		}
 	case []any:
-		if deep {
-			for i, e := range x {
-				if bad := foldedTwins(path+"["+strconv.Itoa(i)+"]", e, true); bad != nil {
-					return bad
-				}
+		if !deep {
+			return nil, false
+		}
+		for i, e := range x {
+			if at, ok := findTwin(e, true); ok {
+				return append(at, i), true
 			}
 		}
 	}
-	return nil
+	return nil, false
 }
 
 // memberPath renders member name of the object at path for a refusal

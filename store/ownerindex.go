@@ -113,7 +113,8 @@ func parseCursor(cursor string) ([]byte, error) {
 
 // migrateLayout brings a database of layout version from up to
 // layoutVersion. From 1 it builds the authenticated index from the agents'
-// records, in bounded transactions, and writes the new version last: a
+// records (one read, written in bounded batches by a Badger WriteBatch),
+// and writes the new version last: a
 // migration cut short by a crash is run again on the next open (its writes
 // are idempotent), and a database is never marked migrated before it is.
 func (db *DB) migrateLayout(from byte) error {
