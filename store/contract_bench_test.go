@@ -35,3 +35,12 @@ func BenchmarkBadgerHistory(b *testing.B) {
 	defer db.Close()
 	storetest.BenchmarkHistory(b, db)
 }
+
+func BenchmarkBadgerOwnedRead(b *testing.B) {
+	db, err := store.Open(filepath.Join(b.TempDir(), "db"), store.Options{NoSync: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer db.Close()
+	storetest.BenchmarkOwnedRead(b, db, 10000)
+}

@@ -21,3 +21,16 @@ func BenchmarkPostgresHistory(b *testing.B) {
 	defer h.Close()
 	storetest.BenchmarkHistory(b, h)
 }
+
+// BenchmarkPostgresOwnedRead is storetest.BenchmarkOwnedRead on a fresh
+// database (fsync off: the reads are what is measured).
+func BenchmarkPostgresOwnedRead(b *testing.B) {
+	srv := servers.StartPostgres(b)
+	ctx := context.Background()
+	h, err := Open(ctx, srv.DSN)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer h.Close()
+	storetest.BenchmarkOwnedRead(b, h, 10000)
+}

@@ -158,3 +158,47 @@ func TestAuthenticatedIndex(t *testing.T, newH NewAuthenticatedHistory) {
 		}
 	})
 }
+
+// BenchmarkOwnedRead is what a score of an owned agent reads: its owner's
+// 100 authenticated records under labels others recorded under its id
+// (foreign, newest first), read through the authenticated index, against
+// the full history paged and filtered (the read before the index) in the
+// same run. h must be empty.
+func BenchmarkOwnedRead(b *testing.B, h AuthenticatedHistory, foreign int) {
+	ctx := context.Background()
+	base := time.Now().UTC()
+	for i := range foreign + 100 {
+		v := Sample(fmt.Sprintf("r-%06d", i), "owned-7", base.Add(-time.Duration(i)*time.Second), "pass")
+		if i >= foreign {
+			v.Wallet, v.Authenticated = "0xowner", true
+		}
+		if err := h.RecordVerification(ctx, v); err != nil {
+			b.Fatal(err)
+		}
+	}
+	read := func(b *testing.B, page func(ctx context.Context, agentID, cursor string, limit int) ([]store.Verification, string, error)) {
+		b.ReportAllocs()
+		for b.Loop() {
+			n, cursor := 0, ""
+			for {
+				vs, next, err := page(ctx, "owned-7", cursor, store.MaxPageSize)
+				if err != nil {
+					b.Fatal(err)
+				}
+				for _, v := range vs {
+					if v.Authenticated {
+						n++
+					}
+				}
+				if cursor = next; next == "" {
+					break
+				}
+			}
+			if n != 100 {
+				b.Fatalf("%d authenticated records, want 100", n)
+			}
+		}
+	}
+	b.Run("full-history", func(b *testing.B) { read(b, h.Verifications) })
+	b.Run("authenticated-index", func(b *testing.B) { read(b, h.AuthenticatedVerifications) })
+}
