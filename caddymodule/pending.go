@@ -190,8 +190,9 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 		}
 	}
 	if h.ReportPath != "" {
-		// Also after a background resolution (which has no request to
-		// report through); a repeated report changes nothing upstream.
+		// Also after a background resolution (reported then too, when
+		// the gate had a way to: reportResolved); a repeated report
+		// changes nothing upstream.
 		g.report(r, next, h.ReportPath, h.VerificationID, store.PaymentPaid)
 	}
 	if h.Held {
@@ -254,10 +255,49 @@ func (g *Gate) resolvePass(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		if st, known := g.checkHeld(ctx, h); known {
-			g.settleHeld(ctx, h, st)
+		if st, known := g.checkHeld(ctx, h); known && st.State != x402.SettlementUndecided && g.settleHeld(ctx, h, st) {
+			g.reportResolved(h, st.State)
 		}
 	}
+}
+
+// reporter is how the background pass reaches the upstream: the gate's
+// handler chain (the same for every request to this gate) and a request
+// detached from the one that asked for a report, carrying what the chain
+// reads (the server, the client's address, the variables).
+type reporter struct {
+	next caddyhttp.Handler
+	base *http.Request
+}
+
+// rememberReporter keeps a way to report for g, from a request whose
+// outcome is being held.
+func (g *Gate) rememberReporter(r *http.Request, next caddyhttp.Handler) {
+	resolvers.Lock()
+	resolvers.via[g] = &reporter{next: next, base: detached(r)}
+	resolvers.Unlock()
+}
+
+// reportResolved reports an outcome the background pass resolved to the
+// upstream that asked for it, at once (with report's retries), so history
+// turns from pending without the buyer's retry. Without a way to report
+// yet (the gateway restarted and has carried no report since), the retry
+// reports it, as it always does; a repeated report changes nothing.
+func (g *Gate) reportResolved(h *heldRecord, state x402.SettlementState) {
+	if h.ReportPath == "" {
+		return
+	}
+	resolvers.Lock()
+	rep := resolvers.via[g]
+	resolvers.Unlock()
+	if rep == nil {
+		return
+	}
+	payment := store.PaymentPaid
+	if state == x402.SettlementNever {
+		payment = store.PaymentUnpaid
+	}
+	g.report(rep.base, rep.next, h.ReportPath, h.VerificationID, payment)
 }
 
 // resolvers holds the stop function of each provisioned gate's background
@@ -265,7 +305,8 @@ func (g *Gate) resolvePass(ctx context.Context) {
 var resolvers = struct {
 	sync.Mutex
 	stop map[*Gate]context.CancelFunc
-}{stop: map[*Gate]context.CancelFunc{}}
+	via  map[*Gate]*reporter
+}{stop: map[*Gate]context.CancelFunc{}, via: map[*Gate]*reporter{}}
 
 // startResolver starts the gate's background pass over held records: once
 // at start (records from before a restart) and then every resolveInterval.
@@ -293,6 +334,7 @@ func (g *Gate) stopResolver() {
 	resolvers.Lock()
 	cancel := resolvers.stop[g]
 	delete(resolvers.stop, g)
+	delete(resolvers.via, g)
 	resolvers.Unlock()
 	if cancel != nil {
 		cancel()
@@ -317,8 +359,8 @@ var _ x402.SettlementChecker = (*EVMFacilitator)(nil)
 // answer of an MCP call too); after settling, the gate POSTs
 // {"verification_id", "payment": "paid"|"unpaid"} to that path through the
 // same handler chain (so the reverse proxy adds the gateway token: the
-// authenticated channel). An unknown outcome is reported when the buyer's
-// retry resolves it.
+// authenticated channel). An unknown outcome is reported when it is
+// resolved: by the background pass at once, or by the buyer's retry.
 const (
 	HeaderUpstreamSettlement = "X-Aov-Settlement"
 	headerSettlementReport   = "X-Aov-Settlement-Report"
@@ -382,6 +424,7 @@ func (g *Gate) reportOutcome(r *http.Request, next caddyhttp.Handler, bw *buffer
 		if st, err := g.state.Claims().Lookup(context.WithoutCancel(r.Context()), c.Keys[0]); err == nil && !st.Settled {
 			if h, ok := decodeHeld(st.Note); ok && h.Token == c.Token {
 				g.keepReport(r.Context(), h, path, id)
+				g.rememberReporter(r, next)
 				return
 			}
 		}
@@ -419,15 +462,7 @@ func (g *Gate) report(r *http.Request, next caddyhttp.Handler, path, id, payment
 	if g.reportOnce(r, next, path, id, payment) {
 		return
 	}
-	// The retries outlive the request: they run on a copy with a fresh
-	// replacer and a copy of the variables (the proxy reads the client IP
-	// from them), so nothing they set races the request's access log.
-	vars := map[string]any{}
-	if v, ok := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any); ok {
-		maps.Copy(vars, v)
-	}
-	base := r.Clone(context.WithValue(context.WithValue(context.WithoutCancel(r.Context()),
-		caddy.ReplacerCtxKey, caddy.NewReplacer()), caddyhttp.VarsCtxKey, vars))
+	base := detached(r)
 	go func() {
 		defer func() {
 			if rec := recover(); rec != nil {
@@ -442,6 +477,19 @@ func (g *Gate) report(r *http.Request, next caddyhttp.Handler, path, id, payment
 		}
 		g.logger.Error("settlement outcome not reported; the verification stays pending", zap.String("verification_id", id), zap.String("payment", payment))
 	}()
+}
+
+// detached is a copy of r for work that outlives it (report retries, the
+// background pass): not cancelled with r, with a fresh replacer and a copy
+// of the variables (the proxy reads the client IP from them), so nothing
+// set on it races r's access log.
+func detached(r *http.Request) *http.Request {
+	vars := map[string]any{}
+	if v, ok := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any); ok {
+		maps.Copy(vars, v)
+	}
+	return r.Clone(context.WithValue(context.WithValue(context.WithoutCancel(r.Context()),
+		caddy.ReplacerCtxKey, caddy.NewReplacer()), caddyhttp.VarsCtxKey, vars))
 }
 
 // reportOnce makes one attempt and reports whether the upstream took it.

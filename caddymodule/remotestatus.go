@@ -1,0 +1,118 @@
+package caddymodule
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/ethereum/go-ethereum/ethclient"
+
+	"github.com/aovhq/aov/plugins/evmfacilitator"
+	"github.com/aovhq/aov/x402"
+)
+
+// Unknown settlements with a remote facilitator.
+//
+// The x402 facilitator API has no status call, so when a remote
+// facilitator's /settle times out after sending, it cannot be asked later
+// whether the money moved. The gate reads the chain itself instead, from
+// the endpoints named by `rpc <network> <rpc-url>` in `facilitator http`:
+// for EIP-3009 (EVM networks) the token's authorizationState(authorizer,
+// nonce), judged by evmfacilitator.StatusReader exactly as the embedded
+// facilitator judges it (used: the transfer happened; unused with
+// validBefore reached by the head block's time: it never can; otherwise
+// undecided). Each read is bounded by the facilitator's timeout. Nothing is
+// ever sent.
+//
+// Solana is not resolved this way: a Solana transaction is named by its
+// first signature, the facilitator's fee-payer signature, which only the
+// facilitator makes and which a lost reply never told the gate; so `rpc`
+// refuses Solana networks, and such a claim stays pending (the buyer is told
+// to retry, never to pay again, and nothing is served) until it lapses.
+
+// remoteStatus is what HTTPFacilitator reads settlement outcomes with.
+type remoteStatus struct {
+	readers map[string]*evmfacilitator.StatusReader // by CAIP-2 network
+	clients []*ethclient.Client
+	timeout time.Duration
+}
+
+// provisionStatus dials the rpc endpoints (an http(s) dial makes no
+// request; the chain is first asked when an outcome is unknown).
+func (m *HTTPFacilitator) provisionStatus(repl *caddy.Replacer) error {
+	m.status = remoteStatus{readers: map[string]*evmfacilitator.StatusReader{}, timeout: time.Duration(m.Timeout)}
+	if m.status.timeout <= 0 {
+		m.status.timeout = x402.DefaultFacilitatorTimeout
+	}
+	for name, raw := range m.RPC {
+		network, err := x402.ResolveNetwork(name)
+		if err != nil {
+			return fmt.Errorf("http facilitator: rpc %s: %v", name, err)
+		}
+		if !x402.IsEVM(network) {
+			return fmt.Errorf("http facilitator: rpc %s: settlement outcomes are read on EVM chains only (a Solana transaction is named by the facilitator's own signature, which a lost reply never told)", name)
+		}
+		if _, dup := m.status.readers[network]; dup {
+			return fmt.Errorf("http facilitator: rpc %s: network %s named twice", name, network)
+		}
+		c, err := ethclient.Dial(repl.ReplaceKnown(raw, ""))
+		if err != nil {
+			m.Cleanup()
+			return fmt.Errorf("http facilitator: rpc %s: %v", name, err)
+		}
+		m.status.clients = append(m.status.clients, c)
+		r, err := evmfacilitator.NewStatusReader(c, network)
+		if err != nil {
+			m.Cleanup()
+			return err
+		}
+		m.status.readers[network] = r
+	}
+	return nil
+}
+
+// Cleanup closes the rpc connections.
+func (m *HTTPFacilitator) Cleanup() error {
+	for _, c := range m.status.clients {
+		c.Close()
+	}
+	m.status.clients = nil
+	return nil
+}
+
+// SettlementStatus implements x402.SettlementChecker from the chain of
+// req's network, when an rpc endpoint is configured for it.
+func (m *HTTPFacilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettlementStatus, error) {
+	r := m.status.readers[req.Network]
+	if r == nil {
+		return x402.SettlementStatus{}, fmt.Errorf("no rpc endpoint for %s is configured on the http facilitator (rpc <network> <url>); the settlement stays pending until its claim lapses", req.Network)
+	}
+	ctx, cancel := context.WithTimeout(ctx, m.status.timeout)
+	defer cancel()
+	return r.SettlementStatus(ctx, p, req)
+}
+
+// SettlementStatus implements x402.SettlementChecker through the
+// facilitator that settles req's network, when it can tell.
+func (m *MultiFacilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettlementStatus, error) {
+	f, err := m.pick(ctx, req)
+	if f == nil {
+		if err == nil {
+			err = errors.New("no facilitator settles " + req.Network)
+		}
+		return x402.SettlementStatus{}, err
+	}
+	sc, ok := f.(x402.SettlementChecker)
+	if !ok {
+		return x402.SettlementStatus{}, fmt.Errorf("the %s facilitator cannot tell a settlement's outcome", req.Network)
+	}
+	return sc.SettlementStatus(ctx, p, req)
+}
+
+var (
+	_ x402.SettlementChecker = (*HTTPFacilitator)(nil)
+	_ x402.SettlementChecker = (*MultiFacilitator)(nil)
+	_ caddy.CleanerUpper     = (*HTTPFacilitator)(nil)
+)
