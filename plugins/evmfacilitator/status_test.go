@@ -62,3 +62,11 @@ func TestSettlementStatus(t *testing.T) {
 		t.Fatal("a status reader was made for a network that is not EVM")
 	}
 }
+
+// The devnet's token is where x402 expects it before any devnet runs, so a
+// gateway whose facilitator is another process prices devnet routes right.
+func TestDefaultDevnetAssetIsTheDevnetsToken(t *testing.T) {
+	if got := (&Devnet{token: devnetToken()}).Asset(); got != x402.DefaultDevnetAsset {
+		t.Fatalf("the devnet deploys %+v, x402 expects %+v", got, x402.DefaultDevnetAsset)
+	}
+}
