@@ -30,7 +30,9 @@ import (
 // first signature, the facilitator's fee-payer signature, which only the
 // facilitator makes and which a lost reply never told the gate; so `rpc`
 // refuses Solana networks, and such a claim stays pending (the buyer is told
-// to retry, never to pay again, and nothing is served) until it lapses.
+// to retry, never to pay again, and nothing is served) until it lapses. The
+// embedded Solana facilitator (svm) remembers what it sent and answers
+// itself.
 
 // remoteStatus is what HTTPFacilitator reads settlement outcomes with.
 type remoteStatus struct {
@@ -111,7 +113,15 @@ func (m *MultiFacilitator) SettlementStatus(ctx context.Context, p x402.PaymentP
 	return sc.SettlementStatus(ctx, p, req)
 }
 
+// SettlementStatus lets the gate resolve unknown settlements of the
+// embedded Solana facilitator: it polls the signature of the transaction it
+// sent, as long as it remembers it (in memory: not across a restart).
+func (m *SVMFacilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettlementStatus, error) {
+	return m.f.SettlementStatus(ctx, p, req)
+}
+
 var (
+	_ x402.SettlementChecker = (*SVMFacilitator)(nil)
 	_ x402.SettlementChecker = (*HTTPFacilitator)(nil)
 	_ x402.SettlementChecker = (*MultiFacilitator)(nil)
 	_ caddy.CleanerUpper     = (*HTTPFacilitator)(nil)
