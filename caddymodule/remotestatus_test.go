@@ -73,22 +73,24 @@ func newLossyProxy(t *testing.T, facURL, mode string) *lossyProxy {
 }
 
 // remoteSite is a paid route whose gate reaches its facilitator through
-// `facilitator http`, with rpc (an `rpc <network> <url>` line, or "").
-func remoteSite(up, facURL, rpc, storeDir string) string {
+// `facilitator http`, with rpc (an `rpc <network> <url>` line, or ""),
+// inside `facilitator multi` when multi is set.
+func remoteSite(up, facURL, rpc, storeDir string, multi ...bool) string {
+	fac := fmt.Sprintf("http %s {\n\t\t\t\ttimeout 5s\n\t\t\t\t%s\n\t\t\t}", facURL, rpc)
+	if len(multi) > 0 && multi[0] {
+		fac = "multi {\n\t\t\t\t" + fac + "\n\t\t\t}"
+	}
 	return fmt.Sprintf(`:{port} {
 	route /verify/schema {
 		x402 {
 			accept devnet $0.02 %[3]s
-			facilitator http %[2]s {
-				timeout 5s
-				%[4]s
-			}
-			store badger %[5]s
+			facilitator %[2]s
+			store badger %[4]s
 		}
 		reverse_proxy %[1]s
 	}
 }
-`, strings.TrimPrefix(up, "http://"), facURL, payTo.Hex(), rpc, storeDir)
+`, strings.TrimPrefix(up, "http://"), fac, payTo.Hex(), storeDir)
 }
 
 // With a remote facilitator that settled and lost its answer, the gate
@@ -100,15 +102,19 @@ func remoteSite(up, facURL, rpc, storeDir string) string {
 func TestRemoteUnknownSettlementResolvedFromTheChain(t *testing.T) {
 	d, facURL := sharedDevnet(t)
 	payer := evmfacilitator.DevAccounts()[8].Address
-	for _, withRPC := range []bool{true, false} {
-		t.Run(fmt.Sprintf("rpc %v", withRPC), func(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		withRPC, multi bool
+	}{{"rpc", true, false}, {"rpc, inside multi", true, true}, {"no rpc", false, false}} {
+		withRPC := tc.withRPC
+		t.Run(tc.name, func(t *testing.T) {
 			up := newReportingUpstream(t)
 			proxy := newLossyProxy(t, facURL, "lose_reply")
 			rpc := ""
 			if withRPC {
 				rpc = "rpc devnet " + d.RPCURL()
 			}
-			base := startCaddy(t, remoteSite(up.URL, proxy.URL, rpc, filepath.Join(t.TempDir(), "gate")))
+			base := startCaddy(t, remoteSite(up.URL, proxy.URL, rpc, filepath.Join(t.TempDir(), "gate"), tc.multi))
 			url := base + "/verify/schema"
 			before := balance(t, d, payer)
 			sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 8)
