@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/plugins/svmfacilitator"
 	"github.com/aovhq/aov/store"
 	"github.com/aovhq/aov/x402"
 )
@@ -27,9 +28,13 @@ import (
 // timed out after sending), the gate keeps the payment's claim and, with it
 // in the store (store.HeldClaims), a record of the payment, the offer and
 // the answer it held back. The outcome is then resolved, never guessed, by
-// asking a facilitator that can tell (x402.SettlementChecker; for EIP-3009
-// the token's authorizationState on chain), on the buyer's retry with the
-// same payment and by a background pass over the held records:
+// asking a facilitator that can tell (x402.SettlementChecker: for EIP-3009
+// the token's authorizationState on chain, read by the embedded evm
+// facilitator or, for a remote one, from the gate's own `rpc` endpoint;
+// the embedded Solana facilitator polls the signature it sent; see
+// remotestatus.go), on the buyer's retry with the same payment and by a
+// background pass over the held records, which also reports what it
+// resolves to the upstream at once (reportResolved):
 //
 //   - the transfer happened: the claim is marked settled and the held
 //     answer is served to the retry with PAYMENT-RESPONSE (a fresh run of
@@ -177,8 +182,13 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 			if h.ReportPath != "" {
 				g.report(r, next, h.ReportPath, h.VerificationID, store.PaymentUnpaid)
 			}
+			reason := x402.ReasonExactEVMValidBefore
+			if x402.IsSolana(h.Offer.Network) {
+				// Failed on chain or its blockhash expired unsent.
+				reason = svmfacilitator.ReasonTransactionFailed
+			}
 			return true, ex.demand(w, r, http.StatusPaymentRequired,
-				"This payment expired before it could settle and nothing was charged; sign a new one.", x402.ReasonExactEVMValidBefore, nil)
+				"This payment can no longer settle and nothing was charged; sign a new one.", reason, nil)
 		}
 	}
 	// The transfer happened: deliver what was paid for.
