@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -180,6 +181,7 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 		}
 		if st.State == x402.SettlementNever {
 			if h.ReportPath != "" {
+				takeReporter(h) // this request reports
 				g.report(r, next, h.ReportPath, h.VerificationID, store.PaymentUnpaid)
 			}
 			reason := x402.ReasonExactEVMValidBefore
@@ -203,6 +205,7 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 		// Also after a background resolution (reported then too, when
 		// the gate had a way to: reportResolved); a repeated report
 		// changes nothing upstream.
+		takeReporter(h)
 		g.report(r, next, h.ReportPath, h.VerificationID, store.PaymentPaid)
 	}
 	if h.Held {
@@ -271,35 +274,48 @@ func (g *Gate) resolvePass(ctx context.Context) {
 	}
 }
 
-// reporter is how the background pass reaches the upstream: the gate's
-// handler chain (the same for every request to this gate) and a request
-// detached from the one that asked for a report, carrying what the chain
-// reads (the server, the client's address, the variables).
+// reporter is how the background pass reaches the upstream that asked
+// for a held record's outcome: the handler chain of the request that
+// produced the record (another gate's pass may resolve it, and its own
+// chain may lead elsewhere) and a copy of that request detached from it,
+// carrying what the chain reads (the server, the client's address, the
+// variables). Kept in memory by the record's first claim key, at most
+// maxReporters of them; without one (the gateway restarted, or too many
+// are pending) the buyer's retry reports, as it always does.
 type reporter struct {
 	next caddyhttp.Handler
 	base *http.Request
 }
 
-// rememberReporter keeps a way to report for g, from a request whose
-// outcome is being held.
-func (g *Gate) rememberReporter(r *http.Request, next caddyhttp.Handler) {
+const maxReporters = 4096
+
+// rememberReporter keeps the way to report h's outcome.
+func rememberReporter(h *heldRecord, r *http.Request, next caddyhttp.Handler) {
 	resolvers.Lock()
-	resolvers.via[g] = &reporter{next: next, base: detached(r)}
-	resolvers.Unlock()
+	defer resolvers.Unlock()
+	if len(resolvers.via) < maxReporters {
+		resolvers.via[h.Keys[0]] = &reporter{next: next, base: detached(r)}
+	}
+}
+
+// takeReporter returns and forgets the way to report h's outcome.
+func takeReporter(h *heldRecord) *reporter {
+	resolvers.Lock()
+	defer resolvers.Unlock()
+	rep := resolvers.via[h.Keys[0]]
+	delete(resolvers.via, h.Keys[0])
+	return rep
 }
 
 // reportResolved reports an outcome the background pass resolved to the
 // upstream that asked for it, at once (with report's retries), so history
-// turns from pending without the buyer's retry. Without a way to report
-// yet (the gateway restarted and has carried no report since), the retry
-// reports it, as it always does; a repeated report changes nothing.
+// turns from pending without the buyer's retry; a later report by the
+// retry changes nothing.
 func (g *Gate) reportResolved(h *heldRecord, state x402.SettlementState) {
 	if h.ReportPath == "" {
 		return
 	}
-	resolvers.Lock()
-	rep := resolvers.via[g]
-	resolvers.Unlock()
+	rep := takeReporter(h)
 	if rep == nil {
 		return
 	}
@@ -315,8 +331,8 @@ func (g *Gate) reportResolved(h *heldRecord, state x402.SettlementState) {
 var resolvers = struct {
 	sync.Mutex
 	stop map[*Gate]context.CancelFunc
-	via  map[*Gate]*reporter
-}{stop: map[*Gate]context.CancelFunc{}, via: map[*Gate]*reporter{}}
+	via  map[string]*reporter // by a held record's first claim key
+}{stop: map[*Gate]context.CancelFunc{}, via: map[string]*reporter{}}
 
 // startResolver starts the gate's background pass over held records: once
 // at start (records from before a restart) and then every resolveInterval.
@@ -344,7 +360,6 @@ func (g *Gate) stopResolver() {
 	resolvers.Lock()
 	cancel := resolvers.stop[g]
 	delete(resolvers.stop, g)
-	delete(resolvers.via, g)
 	resolvers.Unlock()
 	if cancel != nil {
 		cancel()
@@ -433,9 +448,20 @@ func (g *Gate) reportOutcome(r *http.Request, next caddyhttp.Handler, bw *buffer
 	if !settled {
 		if st, err := g.state.Claims().Lookup(context.WithoutCancel(r.Context()), c.Keys[0]); err == nil && !st.Settled {
 			if h, ok := decodeHeld(st.Note); ok && h.Token == c.Token {
-				g.keepReport(r.Context(), h, path, id)
-				g.rememberReporter(r, next)
-				return
+				switch err := g.keepReport(r.Context(), h, path, id); {
+				case err == nil:
+					rememberReporter(h, r, next)
+					return
+				case errors.Is(err, store.ErrClaimSettled):
+					// The background pass found the transfer in between.
+					g.report(r, next, path, id, store.PaymentPaid)
+					return
+				case errors.Is(err, store.ErrClaimLost):
+					// It found it can never happen, and released the claim.
+					g.report(r, next, path, id, store.PaymentUnpaid)
+					return
+				}
+				return // not kept: the buyer's retry cannot report; it stays pending
 			}
 		}
 		payment = store.PaymentUnpaid
@@ -443,21 +469,23 @@ func (g *Gate) reportOutcome(r *http.Request, next caddyhttp.Handler, bw *buffer
 	g.report(r, next, path, id, payment)
 }
 
-// keepReport adds the report request to a held record, for the retry that
-// resolves it.
-func (g *Gate) keepReport(ctx context.Context, h *heldRecord, path, id string) {
+// keepReport adds the report request to a held record, for whatever
+// resolves it. ErrClaimSettled or ErrClaimLost: the background pass
+// resolved the record in between (settled, or released).
+func (g *Gate) keepReport(ctx context.Context, h *heldRecord, path, id string) error {
 	hc, ok := g.state.Claims().(store.HeldClaims)
 	if !ok {
-		return
+		return errors.New("the store keeps no held records")
 	}
 	h.ReportPath, h.VerificationID = path, id
 	note, err := json.Marshal(h)
 	if err == nil {
 		err = hc.Hold(context.WithoutCancel(ctx), h.claim(), string(note))
 	}
-	if err != nil {
+	if err != nil && !errors.Is(err, store.ErrClaimSettled) && !errors.Is(err, store.ErrClaimLost) {
 		g.logger.Warn("keeping a settlement report for later", zap.Error(err))
 	}
+	return err
 }
 
 // reportRetries are the waits before each further attempt of a report the
