@@ -451,17 +451,14 @@ func (g *Gate) reportOutcome(r *http.Request, next caddyhttp.Handler, bw *buffer
 				switch err := g.keepReport(r.Context(), h, path, id); {
 				case err == nil:
 					rememberReporter(h, r, next)
-					return
 				case errors.Is(err, store.ErrClaimSettled):
 					// The background pass found the transfer in between.
 					g.report(r, next, path, id, store.PaymentPaid)
-					return
 				case errors.Is(err, store.ErrClaimLost):
 					// It found it can never happen, and released the claim.
 					g.report(r, next, path, id, store.PaymentUnpaid)
-					return
 				}
-				return // not kept: the buyer's retry cannot report; it stays pending
+				return
 			}
 		}
 		payment = store.PaymentUnpaid
