@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/aovhq/aov/internal/base58"
 	"github.com/aovhq/aov/x402"
 )
 
@@ -94,3 +95,51 @@ func (f *Facilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayloa
 }
 
 var _ x402.SettlementChecker = (*Facilitator)(nil)
+
+// StatusReader tells whether a Solana payment's transaction landed, from a
+// chain endpoint alone, given the signature a facilitator named for it: it
+// holds no key and sends nothing. A gateway whose facilitator is remote uses
+// it when that facilitator reported the outcome unknown together with the
+// signature. The judgement is poll's, as in Settle.
+type StatusReader struct{ f *Facilitator }
+
+// NewStatusReader reads network (a solana CAIP-2 id) through rpc.
+func NewStatusReader(rpc *RPC, network string) (*StatusReader, error) {
+	if rpc == nil || rpc.URL == "" {
+		return nil, errors.New("svm status reader: no rpc endpoint")
+	}
+	if !x402.IsSolana(network) {
+		return nil, fmt.Errorf("svm status reader: %q is not a Solana network", network)
+	}
+	return &StatusReader{f: &Facilitator{rpc: rpc, network: network}}, nil
+}
+
+// SentSettlementStatus implements x402.SentSettlementChecker. The
+// signature is taken only when it is the fee payer's signature over the
+// payment's own message, so it names this transaction and no other (a
+// facilitator's word alone could name any transaction that landed).
+func (r *StatusReader) SentSettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sig string) (x402.SettlementStatus, error) {
+	var out x402.SettlementStatus
+	if req.Network != r.f.network {
+		return out, fmt.Errorf("this reader reads %s, not %s", r.f.network, req.Network)
+	}
+	tx, err := DecodePayload(p.Payload)
+	if err != nil {
+		return out, fmt.Errorf("payment payload: %w", err)
+	}
+	raw, err := base58.Decode(sig)
+	if err != nil || len(raw) != 64 || len(tx.AccountKeys) == 0 || !verifySignature(tx.AccountKeys[0], tx.Message, raw) {
+		return out, errors.New("the named transaction is not this payment's: not the fee payer's signature over its message")
+	}
+	o, err := r.f.poll(ctx, sig, base58.Encode(tx.Blockhash[:]))
+	if err != nil {
+		return out, err
+	}
+	out.State = o.state
+	if o.state == x402.SettlementDone {
+		out.Transaction = sig
+	}
+	return out, nil
+}
+
+var _ x402.SentSettlementChecker = (*StatusReader)(nil)
