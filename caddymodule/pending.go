@@ -70,6 +70,10 @@ type heldRecord struct {
 	Body        []byte `json:"body,omitempty"`
 	// Transaction is set once the transfer is known to have happened.
 	Transaction string `json:"transaction,omitempty"`
+	// Sent is the transaction the facilitator named when it reported the
+	// outcome unknown, if it did (on Solana, the only way to find it);
+	// a checker proves it is the payment's own before judging by it.
+	Sent string `json:"sent,omitempty"`
 	// ReportPath and VerificationID: the upstream asked for the outcome.
 	ReportPath     string `json:"report_path,omitempty"`
 	VerificationID string `json:"verification_id,omitempty"`
@@ -104,12 +108,15 @@ func decodeHeld(note string) (*heldRecord, bool) {
 // with its claim. bw is the held answer (nil in settle before mode).
 // Without a store that can hold, the claim simply stays pending until it
 // lapses, as before.
-func (g *Gate) holdUnknown(ctx context.Context, c store.Claim, p x402.PaymentPayload, offer x402.PaymentRequirements, bw *bufferedWriter) {
+func (g *Gate) holdUnknown(ctx context.Context, c store.Claim, p x402.PaymentPayload, offer x402.PaymentRequirements, bw *bufferedWriter, unknown *x402.UnknownOutcomeError) {
 	hc, ok := g.state.Claims().(store.HeldClaims)
 	if !ok {
 		return
 	}
 	h := heldRecord{Keys: c.Keys, Token: c.Token, Until: c.Until, Payload: p, Offer: offer}
+	if unknown != nil && unknown.Reply != nil {
+		h.Sent = unknown.Reply.Transaction
+	}
 	if bw != nil && bw.buf.Len() <= maxHeldAnswer {
 		h.Held, h.Status, h.ContentType, h.Body = true, bw.status(), bw.header.Get("Content-Type"), bytes.Clone(bw.buf.Bytes())
 	}
@@ -132,7 +139,13 @@ func (g *Gate) checkHeld(ctx context.Context, h *heldRecord) (x402.SettlementSta
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resolveTimeout)
 	defer cancel()
-	st, err := sc.SettlementStatus(ctx, h.Payload, h.Offer)
+	var st x402.SettlementStatus
+	var err error
+	if ssc, ok := g.facilitator.(x402.SentSettlementChecker); ok && h.Sent != "" {
+		st, err = ssc.SentSettlementStatus(ctx, h.Payload, h.Offer, h.Sent)
+	} else {
+		st, err = sc.SettlementStatus(ctx, h.Payload, h.Offer)
+	}
 	if err != nil {
 		g.logger.Warn("checking an unknown settlement", zap.Error(err))
 		return st, false

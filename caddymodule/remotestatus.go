@@ -10,6 +10,7 @@ import (
 	"github.com/ethereum/go-ethereum/ethclient"
 
 	"github.com/aovhq/aov/plugins/evmfacilitator"
+	"github.com/aovhq/aov/plugins/svmfacilitator"
 	"github.com/aovhq/aov/x402"
 )
 
@@ -26,10 +27,13 @@ import (
 // undecided). Each read is bounded by the facilitator's timeout. Nothing is
 // ever sent.
 //
-// Solana is not resolved this way: a Solana transaction is named by its
-// first signature, the facilitator's fee-payer signature, which only the
-// facilitator makes and which a lost reply never told the gate; so `rpc`
-// refuses Solana networks, and such a claim stays pending (the buyer is told
+// On Solana the transaction is named by its first signature, the
+// facilitator's own fee-payer signature, which only the facilitator makes.
+// When the facilitator named it in its settlement_pending answer (ours
+// does), the gate polls it with getSignatureStatuses on the Solana `rpc`
+// (svmfacilitator.StatusReader, after checking it is the fee payer's
+// signature over the payment's own message); when the reply was lost
+// whole, nothing names it, and the claim stays pending (the buyer is told
 // to retry, never to pay again, and nothing is served) until it lapses. The
 // embedded Solana facilitator (svm) remembers what it sent and answers
 // itself.
@@ -37,6 +41,7 @@ import (
 // remoteStatus is what HTTPFacilitator reads settlement outcomes with.
 type remoteStatus struct {
 	readers map[string]*evmfacilitator.StatusReader // by CAIP-2 network
+	solana  map[string]*svmfacilitator.StatusReader
 	clients []*ethclient.Client
 	timeout time.Duration
 }
@@ -44,7 +49,8 @@ type remoteStatus struct {
 // provisionStatus dials the rpc endpoints (an http(s) dial makes no
 // request; the chain is first asked when an outcome is unknown).
 func (m *HTTPFacilitator) provisionStatus(repl *caddy.Replacer) error {
-	m.status = remoteStatus{readers: map[string]*evmfacilitator.StatusReader{}, timeout: time.Duration(m.Timeout)}
+	m.status = remoteStatus{readers: map[string]*evmfacilitator.StatusReader{}, solana: map[string]*svmfacilitator.StatusReader{},
+		timeout: time.Duration(m.Timeout)}
 	if m.status.timeout <= 0 {
 		m.status.timeout = x402.DefaultFacilitatorTimeout
 	}
@@ -53,11 +59,21 @@ func (m *HTTPFacilitator) provisionStatus(repl *caddy.Replacer) error {
 		if err != nil {
 			return fmt.Errorf("http facilitator: rpc %s: %v", name, err)
 		}
-		if !x402.IsEVM(network) {
-			return fmt.Errorf("http facilitator: rpc %s: settlement outcomes are read on EVM chains only (a Solana transaction is named by the facilitator's own signature, which a lost reply never told)", name)
-		}
-		if _, dup := m.status.readers[network]; dup {
+		_, dupEVM := m.status.readers[network]
+		_, dupSVM := m.status.solana[network]
+		if dupEVM || dupSVM {
 			return fmt.Errorf("http facilitator: rpc %s: network %s named twice", name, network)
+		}
+		if x402.IsSolana(network) {
+			r, err := svmfacilitator.NewStatusReader(&svmfacilitator.RPC{URL: repl.ReplaceKnown(raw, "")}, network)
+			if err != nil {
+				return err
+			}
+			m.status.solana[network] = r
+			continue
+		}
+		if !x402.IsEVM(network) {
+			return fmt.Errorf("http facilitator: rpc %s: settlement outcomes are read on EVM and Solana chains only", name)
 		}
 		c, err := ethclient.Dial(repl.ReplaceKnown(raw, ""))
 		if err != nil {
@@ -87,24 +103,44 @@ func (m *HTTPFacilitator) Cleanup() error {
 // SettlementStatus implements x402.SettlementChecker from the chain of
 // req's network, when an rpc endpoint is configured for it.
 func (m *HTTPFacilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettlementStatus, error) {
-	r := m.status.readers[req.Network]
-	if r == nil {
-		return x402.SettlementStatus{}, fmt.Errorf("no rpc endpoint for %s is configured on the http facilitator (rpc <network> <url>); the settlement stays pending until its claim lapses", req.Network)
-	}
+	return m.SentSettlementStatus(ctx, p, req, "")
+}
+
+// SentSettlementStatus implements x402.SentSettlementChecker: as
+// SettlementStatus, and on Solana by the transaction the facilitator named.
+func (m *HTTPFacilitator) SentSettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sent string) (x402.SettlementStatus, error) {
 	ctx, cancel := context.WithTimeout(ctx, m.status.timeout)
 	defer cancel()
-	return r.SettlementStatus(ctx, p, req)
+	if r := m.status.readers[req.Network]; r != nil {
+		return r.SettlementStatus(ctx, p, req)
+	}
+	if r := m.status.solana[req.Network]; r != nil {
+		if sent == "" {
+			return x402.SettlementStatus{}, errors.New("the facilitator named no transaction for this Solana payment; the settlement stays pending until its claim lapses")
+		}
+		return r.SentSettlementStatus(ctx, p, req, sent)
+	}
+	return x402.SettlementStatus{}, fmt.Errorf("no rpc endpoint for %s is configured on the http facilitator (rpc <network> <url>); the settlement stays pending until its claim lapses", req.Network)
 }
 
 // SettlementStatus implements x402.SettlementChecker through the
 // facilitator that settles req's network, when it can tell.
 func (m *MultiFacilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettlementStatus, error) {
+	return m.SentSettlementStatus(ctx, p, req, "")
+}
+
+// SentSettlementStatus implements x402.SentSettlementChecker through the
+// facilitator that settles req's network.
+func (m *MultiFacilitator) SentSettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sent string) (x402.SettlementStatus, error) {
 	f, err := m.pick(ctx, req)
 	if f == nil {
 		if err == nil {
 			err = errors.New("no facilitator settles " + req.Network)
 		}
 		return x402.SettlementStatus{}, err
+	}
+	if ssc, ok := f.(x402.SentSettlementChecker); ok && sent != "" {
+		return ssc.SentSettlementStatus(ctx, p, req, sent)
 	}
 	sc, ok := f.(x402.SettlementChecker)
 	if !ok {
@@ -121,8 +157,10 @@ func (m *SVMFacilitator) SettlementStatus(ctx context.Context, p x402.PaymentPay
 }
 
 var (
-	_ x402.SettlementChecker = (*SVMFacilitator)(nil)
-	_ x402.SettlementChecker = (*HTTPFacilitator)(nil)
-	_ x402.SettlementChecker = (*MultiFacilitator)(nil)
-	_ caddy.CleanerUpper     = (*HTTPFacilitator)(nil)
+	_ x402.SettlementChecker     = (*SVMFacilitator)(nil)
+	_ x402.SettlementChecker     = (*HTTPFacilitator)(nil)
+	_ x402.SettlementChecker     = (*MultiFacilitator)(nil)
+	_ x402.SentSettlementChecker = (*HTTPFacilitator)(nil)
+	_ x402.SentSettlementChecker = (*MultiFacilitator)(nil)
+	_ caddy.CleanerUpper         = (*HTTPFacilitator)(nil)
 )

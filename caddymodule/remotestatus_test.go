@@ -241,15 +241,19 @@ func TestBackgroundResolutionIsReportedAtOnce(t *testing.T) {
 	})
 }
 
-// The http facilitator reads outcomes on EVM chains only, and refuses a
-// network it does not know.
+// The http facilitator reads outcomes on EVM and Solana chains, once per
+// network, and refuses a network it does not know.
 func TestRemoteStatusRPCConfig(t *testing.T) {
+	ok := &HTTPFacilitator{}
+	if err := unmarshalAndProvision(t, ok, "http http://127.0.0.1:1 {\nrpc devnet http://127.0.0.1:1\nrpc solana-devnet http://127.0.0.1:2\n}"); err != nil {
+		t.Fatalf("an EVM and a Solana rpc: %v", err)
+	}
 	for _, tc := range []struct{ rpc, want string }{
-		{"rpc solana-devnet http://127.0.0.1:1", "EVM chains only"},
 		{"rpc nowhere http://127.0.0.1:1", "rpc nowhere"},
+		{"rpc devnet http://127.0.0.1:1\nrpc eip155:1337 http://127.0.0.1:2", "named twice"},
 		{"rpc devnet http://127.0.0.1:1 extra", "wrong argument count"},
 	} {
-		m := &HTTPFacilitator{URL: "http://127.0.0.1:1"}
+		m := &HTTPFacilitator{}
 		err := unmarshalAndProvision(t, m, "http http://127.0.0.1:1 {\n"+tc.rpc+"\n}")
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%q: %v, want an error naming %q", tc.rpc, err, tc.want)
