@@ -40,8 +40,8 @@ import (
 
 // remoteStatus is what HTTPFacilitator reads settlement outcomes with.
 type remoteStatus struct {
-	readers map[string]*evmfacilitator.StatusReader // by CAIP-2 network
-	solana  map[string]*svmfacilitator.StatusReader
+	readers map[string]*evmfacilitator.StatusReader // EVM networks, by CAIP-2 id
+	solana  map[string]*svmfacilitator.StatusReader // Solana networks
 	clients []*ethclient.Client
 	timeout time.Duration
 }
@@ -67,6 +67,7 @@ func (m *HTTPFacilitator) provisionStatus(repl *caddy.Replacer) error {
 		if x402.IsSolana(network) {
 			r, err := svmfacilitator.NewStatusReader(&svmfacilitator.RPC{URL: repl.ReplaceKnown(raw, "")}, network)
 			if err != nil {
+				m.Cleanup()
 				return err
 			}
 			m.status.solana[network] = r
