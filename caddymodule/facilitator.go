@@ -338,8 +338,13 @@ type HTTPFacilitator struct {
 	Headers map[string]string `json:"headers,omitempty"`
 	// Timeout bounds one call, retries included. Default 30s.
 	Timeout caddy.Duration `json:"timeout,omitempty"`
+	// RPC maps a network to a chain JSON-RPC endpoint the gate reads to
+	// resolve a settlement whose outcome this facilitator could not tell
+	// (remotestatus.go). Values may use placeholders.
+	RPC map[string]string `json:"rpc,omitempty"`
 
-	f *x402.HTTPFacilitator
+	f      *x402.HTTPFacilitator
+	status remoteStatus // remotestatus.go
 }
 
 // CaddyModule returns the Caddy module information.
@@ -358,7 +363,7 @@ func (m *HTTPFacilitator) Provision(caddy.Context) error {
 	if err := m.f.Err(); err != nil {
 		return err
 	}
-	return nil
+	return m.provisionStatus(repl) // remotestatus.go
 }
 
 // Verify implements x402.Facilitator.
@@ -382,6 +387,7 @@ func (m *HTTPFacilitator) Supported(ctx context.Context) (x402.SupportedResponse
 //		url     <url>
 //		header  <name> <value>
 //		timeout <duration>
+//		rpc     <network> <rpc-url>   # repeatable; see remotestatus.go
 //	}
 func (m *HTTPFacilitator) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // module name
@@ -407,6 +413,15 @@ func (m *HTTPFacilitator) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			m.Headers[args[0]] = args[1]
 		case "timeout":
 			err = facDurationArg(d, &m.Timeout)
+		case "rpc":
+			args := d.RemainingArgs()
+			if len(args) != 2 {
+				return d.ArgErr()
+			}
+			if m.RPC == nil {
+				m.RPC = map[string]string{}
+			}
+			m.RPC[args[0]] = args[1]
 		default:
 			return d.Errf("unrecognized http facilitator option '%s'", d.Val())
 		}

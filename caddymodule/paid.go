@@ -211,7 +211,7 @@ func (p *paidCharge) settleOnce(w http.ResponseWriter, r *http.Request, held *bu
 			// to wait, not to pay again.
 			g.logger.Error("settlement outcome unknown", zap.Error(err))
 			metrics.outcomes.WithLabelValues("settlement_unknown").Inc()
-			g.holdUnknown(r.Context(), p.claim, p.payload, p.offer, held)
+			g.holdUnknown(r.Context(), p.claim, p.payload, p.offer, held, unknown)
 			g.refuse(w, r, errSettlementPending(err))
 			return false
 		}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -17,6 +18,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/plugins/svmfacilitator"
 	"github.com/aovhq/aov/store"
 	"github.com/aovhq/aov/x402"
 )
@@ -27,9 +29,13 @@ import (
 // timed out after sending), the gate keeps the payment's claim and, with it
 // in the store (store.HeldClaims), a record of the payment, the offer and
 // the answer it held back. The outcome is then resolved, never guessed, by
-// asking a facilitator that can tell (x402.SettlementChecker; for EIP-3009
-// the token's authorizationState on chain), on the buyer's retry with the
-// same payment and by a background pass over the held records:
+// asking a facilitator that can tell (x402.SettlementChecker: for EIP-3009
+// the token's authorizationState on chain, read by the embedded evm
+// facilitator or, for a remote one, from the gate's own `rpc` endpoint;
+// the embedded Solana facilitator polls the signature it sent; see
+// remotestatus.go), on the buyer's retry with the same payment and by a
+// background pass over the held records, which also reports what it
+// resolves to the upstream at once (reportResolved):
 //
 //   - the transfer happened: the claim is marked settled and the held
 //     answer is served to the retry with PAYMENT-RESPONSE (a fresh run of
@@ -64,6 +70,10 @@ type heldRecord struct {
 	Body        []byte `json:"body,omitempty"`
 	// Transaction is set once the transfer is known to have happened.
 	Transaction string `json:"transaction,omitempty"`
+	// Sent is the transaction the facilitator named when it reported the
+	// outcome unknown, if it did (on Solana, the only way to find it);
+	// a checker proves it is the payment's own before judging by it.
+	Sent string `json:"sent,omitempty"`
 	// ReportPath and VerificationID: the upstream asked for the outcome.
 	ReportPath     string `json:"report_path,omitempty"`
 	VerificationID string `json:"verification_id,omitempty"`
@@ -98,12 +108,15 @@ func decodeHeld(note string) (*heldRecord, bool) {
 // with its claim. bw is the held answer (nil in settle before mode).
 // Without a store that can hold, the claim simply stays pending until it
 // lapses, as before.
-func (g *Gate) holdUnknown(ctx context.Context, c store.Claim, p x402.PaymentPayload, offer x402.PaymentRequirements, bw *bufferedWriter) {
+func (g *Gate) holdUnknown(ctx context.Context, c store.Claim, p x402.PaymentPayload, offer x402.PaymentRequirements, bw *bufferedWriter, unknown *x402.UnknownOutcomeError) {
 	hc, ok := g.state.Claims().(store.HeldClaims)
 	if !ok {
 		return
 	}
 	h := heldRecord{Keys: c.Keys, Token: c.Token, Until: c.Until, Payload: p, Offer: offer}
+	if unknown != nil && unknown.Reply != nil {
+		h.Sent = unknown.Reply.Transaction
+	}
 	if bw != nil && bw.buf.Len() <= maxHeldAnswer {
 		h.Held, h.Status, h.ContentType, h.Body = true, bw.status(), bw.header.Get("Content-Type"), bytes.Clone(bw.buf.Bytes())
 	}
@@ -126,7 +139,13 @@ func (g *Gate) checkHeld(ctx context.Context, h *heldRecord) (x402.SettlementSta
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resolveTimeout)
 	defer cancel()
-	st, err := sc.SettlementStatus(ctx, h.Payload, h.Offer)
+	var st x402.SettlementStatus
+	var err error
+	if ssc, ok := g.facilitator.(x402.SentSettlementChecker); ok && h.Sent != "" {
+		st, err = ssc.SentSettlementStatus(ctx, h.Payload, h.Offer, h.Sent)
+	} else {
+		st, err = sc.SettlementStatus(ctx, h.Payload, h.Offer)
+	}
 	if err != nil {
 		g.logger.Warn("checking an unknown settlement", zap.Error(err))
 		return st, false
@@ -175,10 +194,16 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 		}
 		if st.State == x402.SettlementNever {
 			if h.ReportPath != "" {
+				takeReporter(h) // this request reports
 				g.report(r, next, h.ReportPath, h.VerificationID, store.PaymentUnpaid)
 			}
+			reason := x402.ReasonExactEVMValidBefore
+			if x402.IsSolana(h.Offer.Network) {
+				// Failed on chain or its blockhash expired unsent.
+				reason = svmfacilitator.ReasonTransactionFailed
+			}
 			return true, ex.demand(w, r, http.StatusPaymentRequired,
-				"This payment expired before it could settle and nothing was charged; sign a new one.", x402.ReasonExactEVMValidBefore, nil)
+				"This payment can no longer settle and nothing was charged; sign a new one.", reason, nil)
 		}
 	}
 	// The transfer happened: deliver what was paid for.
@@ -190,8 +215,10 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 		}
 	}
 	if h.ReportPath != "" {
-		// Also after a background resolution (which has no request to
-		// report through); a repeated report changes nothing upstream.
+		// Also after a background resolution (reported then too, when
+		// the gate had a way to: reportResolved); a repeated report
+		// changes nothing upstream.
+		takeReporter(h)
 		g.report(r, next, h.ReportPath, h.VerificationID, store.PaymentPaid)
 	}
 	if h.Held {
@@ -254,10 +281,62 @@ func (g *Gate) resolvePass(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		if st, known := g.checkHeld(ctx, h); known {
-			g.settleHeld(ctx, h, st)
+		if st, known := g.checkHeld(ctx, h); known && st.State != x402.SettlementUndecided && g.settleHeld(ctx, h, st) {
+			g.reportResolved(h, st.State)
 		}
 	}
+}
+
+// reporter is how the background pass reaches the upstream that asked
+// for a held record's outcome: the handler chain of the request that
+// produced the record (another gate's pass may resolve it, and its own
+// chain may lead elsewhere) and a copy of that request detached from it,
+// carrying what the chain reads (the server, the client's address, the
+// variables). Kept in memory by the record's first claim key, at most
+// maxReporters of them; without one (the gateway restarted, or too many
+// are pending) the buyer's retry reports, as it always does.
+type reporter struct {
+	next caddyhttp.Handler
+	base *http.Request
+}
+
+const maxReporters = 4096
+
+// rememberReporter keeps the way to report h's outcome.
+func rememberReporter(h *heldRecord, r *http.Request, next caddyhttp.Handler) {
+	resolvers.Lock()
+	defer resolvers.Unlock()
+	if len(resolvers.via) < maxReporters {
+		resolvers.via[h.Keys[0]] = &reporter{next: next, base: detached(r)}
+	}
+}
+
+// takeReporter returns and forgets the way to report h's outcome.
+func takeReporter(h *heldRecord) *reporter {
+	resolvers.Lock()
+	defer resolvers.Unlock()
+	rep := resolvers.via[h.Keys[0]]
+	delete(resolvers.via, h.Keys[0])
+	return rep
+}
+
+// reportResolved reports an outcome the background pass resolved to the
+// upstream that asked for it, at once (with report's retries), so history
+// turns from pending without the buyer's retry; a later report by the
+// retry changes nothing.
+func (g *Gate) reportResolved(h *heldRecord, state x402.SettlementState) {
+	if h.ReportPath == "" {
+		return
+	}
+	rep := takeReporter(h)
+	if rep == nil {
+		return
+	}
+	payment := store.PaymentPaid
+	if state == x402.SettlementNever {
+		payment = store.PaymentUnpaid
+	}
+	g.report(rep.base, rep.next, h.ReportPath, h.VerificationID, payment)
 }
 
 // resolvers holds the stop function of each provisioned gate's background
@@ -265,7 +344,8 @@ func (g *Gate) resolvePass(ctx context.Context) {
 var resolvers = struct {
 	sync.Mutex
 	stop map[*Gate]context.CancelFunc
-}{stop: map[*Gate]context.CancelFunc{}}
+	via  map[string]*reporter // by a held record's first claim key
+}{stop: map[*Gate]context.CancelFunc{}, via: map[string]*reporter{}}
 
 // startResolver starts the gate's background pass over held records: once
 // at start (records from before a restart) and then every resolveInterval.
@@ -317,8 +397,8 @@ var _ x402.SettlementChecker = (*EVMFacilitator)(nil)
 // answer of an MCP call too); after settling, the gate POSTs
 // {"verification_id", "payment": "paid"|"unpaid"} to that path through the
 // same handler chain (so the reverse proxy adds the gateway token: the
-// authenticated channel). An unknown outcome is reported when the buyer's
-// retry resolves it.
+// authenticated channel). An unknown outcome is reported when it is
+// resolved: by the background pass at once, or by the buyer's retry.
 const (
 	HeaderUpstreamSettlement = "X-Aov-Settlement"
 	headerSettlementReport   = "X-Aov-Settlement-Report"
@@ -381,7 +461,16 @@ func (g *Gate) reportOutcome(r *http.Request, next caddyhttp.Handler, bw *buffer
 	if !settled {
 		if st, err := g.state.Claims().Lookup(context.WithoutCancel(r.Context()), c.Keys[0]); err == nil && !st.Settled {
 			if h, ok := decodeHeld(st.Note); ok && h.Token == c.Token {
-				g.keepReport(r.Context(), h, path, id)
+				switch err := g.keepReport(r.Context(), h, path, id); {
+				case err == nil:
+					rememberReporter(h, r, next)
+				case errors.Is(err, store.ErrClaimSettled):
+					// The background pass found the transfer in between.
+					g.report(r, next, path, id, store.PaymentPaid)
+				case errors.Is(err, store.ErrClaimLost):
+					// It found it can never happen, and released the claim.
+					g.report(r, next, path, id, store.PaymentUnpaid)
+				}
 				return
 			}
 		}
@@ -390,21 +479,23 @@ func (g *Gate) reportOutcome(r *http.Request, next caddyhttp.Handler, bw *buffer
 	g.report(r, next, path, id, payment)
 }
 
-// keepReport adds the report request to a held record, for the retry that
-// resolves it.
-func (g *Gate) keepReport(ctx context.Context, h *heldRecord, path, id string) {
+// keepReport adds the report request to a held record, for whatever
+// resolves it. ErrClaimSettled or ErrClaimLost: the background pass
+// resolved the record in between (settled, or released).
+func (g *Gate) keepReport(ctx context.Context, h *heldRecord, path, id string) error {
 	hc, ok := g.state.Claims().(store.HeldClaims)
 	if !ok {
-		return
+		return errors.New("the store keeps no held records")
 	}
 	h.ReportPath, h.VerificationID = path, id
 	note, err := json.Marshal(h)
 	if err == nil {
 		err = hc.Hold(context.WithoutCancel(ctx), h.claim(), string(note))
 	}
-	if err != nil {
+	if err != nil && !errors.Is(err, store.ErrClaimSettled) && !errors.Is(err, store.ErrClaimLost) {
 		g.logger.Warn("keeping a settlement report for later", zap.Error(err))
 	}
+	return err
 }
 
 // reportRetries are the waits before each further attempt of a report the
@@ -419,15 +510,7 @@ func (g *Gate) report(r *http.Request, next caddyhttp.Handler, path, id, payment
 	if g.reportOnce(r, next, path, id, payment) {
 		return
 	}
-	// The retries outlive the request: they run on a copy with a fresh
-	// replacer and a copy of the variables (the proxy reads the client IP
-	// from them), so nothing they set races the request's access log.
-	vars := map[string]any{}
-	if v, ok := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any); ok {
-		maps.Copy(vars, v)
-	}
-	base := r.Clone(context.WithValue(context.WithValue(context.WithoutCancel(r.Context()),
-		caddy.ReplacerCtxKey, caddy.NewReplacer()), caddyhttp.VarsCtxKey, vars))
+	base := detached(r)
 	go func() {
 		defer func() {
 			if rec := recover(); rec != nil {
@@ -442,6 +525,19 @@ func (g *Gate) report(r *http.Request, next caddyhttp.Handler, path, id, payment
 		}
 		g.logger.Error("settlement outcome not reported; the verification stays pending", zap.String("verification_id", id), zap.String("payment", payment))
 	}()
+}
+
+// detached is a copy of r for work that outlives it (report retries, the
+// background pass): not cancelled with r, with a fresh replacer and a copy
+// of the variables (the proxy reads the client IP from them), so nothing
+// set on it races r's access log.
+func detached(r *http.Request) *http.Request {
+	vars := map[string]any{}
+	if v, ok := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any); ok {
+		maps.Copy(vars, v)
+	}
+	return r.Clone(context.WithValue(context.WithValue(context.WithoutCancel(r.Context()),
+		caddy.ReplacerCtxKey, caddy.NewReplacer()), caddyhttp.VarsCtxKey, vars))
 }
 
 // reportOnce makes one attempt and reports whether the upstream took it.

@@ -84,6 +84,15 @@ func (m *faultyFacilitator) Settle(ctx context.Context, p x402.PaymentPayload, r
 			return x402.SettleResponse{}, err
 		}
 	}
+	if m.Mode == "pending_named" {
+		// Sent, and the facilitator says so, naming its transaction.
+		sr, err := m.f.Settle(ctx, p, req)
+		if err != nil {
+			return x402.SettleResponse{}, err
+		}
+		reply := x402.SettleResponse{ErrorReason: x402.ReasonSettlementPending, Transaction: sr.Transaction, Network: req.Network}
+		return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Reply: &reply, Err: errors.New("fault injected: " + m.Mode)}
+	}
 	return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Err: errors.New("fault injected: " + m.Mode)}
 }
 
@@ -92,6 +101,21 @@ func (m *faultyFacilitator) Supported(ctx context.Context) (x402.SupportedRespon
 }
 
 func (m *faultyFacilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettlementStatus, error) {
+	return m.f.SettlementStatus(ctx, p, req)
+}
+
+// sentSeen records the transactions the gate judged held records by.
+var sentSeen struct {
+	sync.Mutex
+	list []string
+}
+
+// SentSettlementStatus records the transaction the gate names and judges
+// as SettlementStatus does.
+func (m *faultyFacilitator) SentSettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sent string) (x402.SettlementStatus, error) {
+	sentSeen.Lock()
+	sentSeen.list = append(sentSeen.list, sent)
+	sentSeen.Unlock()
 	return m.f.SettlementStatus(ctx, p, req)
 }
 
@@ -377,4 +401,42 @@ func readJSONString(t *testing.T, resp *http.Response) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// When the facilitator names the transaction it sent with its unknown
+// outcome, the gate keeps that name with the held record (in the store:
+// it survives a restart) and judges the record by it.
+func TestUnknownSettlementIsJudgedByTheNamedTransaction(t *testing.T) {
+	d, _ := sharedDevnet(t)
+	up := newUpstream(t)
+	storeDir := filepath.Join(t.TempDir(), "gate")
+	base := startCaddy(t, pendingSite(up.URL, "pending_named", storeDir, ""))
+	url := base + "/verify/schema"
+	payer := evmfacilitator.DevAccounts()[1].Address
+	before := balance(t, d, payer)
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 1)
+	sentSeen.Lock()
+	sentSeen.list = nil
+	sentSeen.Unlock()
+	if resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}); resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("first try: status %d", resp.StatusCode)
+	}
+	if err := caddy.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	base = startCaddy(t, pendingSite(up.URL, "pending_named", storeDir, ""))
+	resp := post(t, base+"/verify/schema", validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	var sr x402.SettleResponse
+	if resp.StatusCode != http.StatusOK || x402.DecodeHeader(resp.Header.Get(x402.HeaderPaymentResponse), &sr) != nil || !sr.Success {
+		t.Fatalf("retry: status %d %+v", resp.StatusCode, sr)
+	}
+	sentSeen.Lock()
+	seen := append([]string(nil), sentSeen.list...)
+	sentSeen.Unlock()
+	if len(seen) == 0 || !strings.HasPrefix(seen[len(seen)-1], "0x") || len(seen[len(seen)-1]) != 66 {
+		t.Fatalf("the gate judged by %q, want the transaction hash the facilitator named", seen)
+	}
+	if got := charged(t, d, payer, before); got.Cmp(big.NewInt(20000)) != 0 {
+		t.Fatalf("charged %v, want exactly one transfer", got)
+	}
 }

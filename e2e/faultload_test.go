@@ -23,20 +23,23 @@ type outcome struct {
 	status   int
 	settled  bool // a 2xx with a successful PAYMENT-RESPONSE
 	free     bool // a 2xx served from the free allowance
+	retry    bool // the same payment again, after settlement_pending
 	took     time.Duration
 	body     []byte
 	transErr error
 }
 
-// Paid and free verifications run through Caddy while verifierd and certd
-// are stalled (SIGSTOP) and killed and restarted. Afterwards the books
-// balance: the test USDC that left the payers is exactly the price of the
-// answers delivered with PAYMENT-RESPONSE, the free calls counted are the
-// free answers delivered, every 2xx carries a receipt that verifies, no
-// request waited longer than its deadline plus a margin, and verifierd's
-// history counts as paid exactly the settled calls. (The facilitator runs
-// inside Caddy on the devnet: stalling it would stall the front door, so
-// its faults are covered by the gateway's own tests.)
+// Paid and free verifications run through Caddy while verifierd, certd and
+// the facilitator (its own process here, examples/facilitator/Caddyfile
+// with the devnet inside it; the gate reaches it with AOV_FACILITATOR=remote)
+// are stalled (SIGSTOP) and killed and restarted. A buyer told
+// settlement_pending retries the same payment, as the answer says, until it
+// is served or refused. Afterwards the books balance: the test USDC that
+// left the payers is exactly the price of the answers delivered with
+// PAYMENT-RESPONSE, the free calls counted are the free answers delivered,
+// every 2xx carries a receipt that verifies, no request waited longer than
+// its deadlines plus a margin, and verifierd's history counts as paid
+// exactly the settled calls.
 func TestBooksBalanceUnderFaults(t *testing.T) {
 	const (
 		freePerDay = 1000
@@ -44,7 +47,9 @@ func TestBooksBalanceUnderFaults(t *testing.T) {
 		agent      = "e2e-fault-load"
 		price      = 20000
 	)
-	s := faultStack(t, "AOV_FREE_PER_DAY="+strconv.Itoa(freePerDay))
+	fac := startFacilitator(t)
+	s := faultStack(t, append(fac.remoteFacilitatorEnv(), "AOV_FREE_PER_DAY="+strconv.Itoa(freePerDay))...)
+	s.devnetRPC = fac.rpc // the chain is the facilitator's
 	body := bytes.Replace(example(t, "invoice-fixed.json"), []byte(`"test-seller-1"`), []byte(`"`+agent+`"`), 1)
 	req, resource := offer(t, s)
 	payers := evmfacilitator.DevAccounts()[1 : 1+workers]
@@ -53,48 +58,72 @@ func TestBooksBalanceUnderFaults(t *testing.T) {
 		before[i] = usdc(t, s, req.Asset, p.Address)
 	}
 
+	// Payments valid for 30 s: one whose settlement never went out is
+	// released (and refused with 402) soon after, rather than pending for
+	// the default minute.
+	short := req
+	short.MaxTimeoutSeconds = 30
 	ctx, stop := context.WithCancel(context.Background())
 	var mu sync.Mutex
 	var outs []outcome
+	var pendingRetries, unresolved int
 	var wg sync.WaitGroup
+	send := func(hdr map[string]string, retry bool) outcome {
+		o := outcome{paid: hdr[x402.HeaderPaymentSignature] != "", retry: retry}
+		r, _ := http.NewRequest(http.MethodPost, s.url("/verify/schema"), bytes.NewReader(body))
+		for k, v := range hdr {
+			r.Header.Set(k, v)
+		}
+		start := time.Now()
+		resp, err := client.Do(r)
+		if err == nil {
+			o.body, err = io.ReadAll(resp.Body)
+			resp.Body.Close()
+			o.status = resp.StatusCode
+			if o.status < 300 {
+				var sr x402.SettleResponse
+				if x402.DecodeHeader(resp.Header.Get(x402.HeaderPaymentResponse), &sr) == nil && sr.Success {
+					o.settled = true
+				} else if resp.Header.Get("Free-Allowance-Remaining") != "" {
+					o.free = true
+				}
+			}
+		}
+		o.took, o.transErr = time.Since(start), err
+		mu.Lock()
+		outs = append(outs, o)
+		mu.Unlock()
+		return o
+	}
 	for w := range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for i := 0; ctx.Err() == nil; i++ {
-				o := outcome{paid: i%2 == 1}
 				hdr := map[string]string{"Content-Type": "application/json"}
-				if o.paid {
-					p, err := x402.SignExactEVM(payers[w].Key(), req, &resource, time.Now())
-					if err != nil {
-						panic(err)
+				if i%2 == 0 {
+					send(hdr, false)
+					continue
+				}
+				p, err := x402.SignExactEVM(payers[w].Key(), short, &resource, time.Now())
+				if err != nil {
+					panic(err)
+				}
+				sig, _ := x402.EncodeHeader(p)
+				hdr[x402.HeaderPaymentSignature] = sig
+				first := time.Now()
+				for o := send(hdr, false); o.status == http.StatusServiceUnavailable && bytes.Contains(o.body, []byte(`"settlement_pending"`)); o = send(hdr, true) {
+					if time.Since(first) > 90*time.Second {
+						mu.Lock()
+						unresolved++
+						mu.Unlock()
+						break
 					}
-					sig, _ := x402.EncodeHeader(p)
-					hdr[x402.HeaderPaymentSignature] = sig
+					mu.Lock()
+					pendingRetries++
+					mu.Unlock()
+					time.Sleep(time.Second)
 				}
-				r, _ := http.NewRequest(http.MethodPost, s.url("/verify/schema"), bytes.NewReader(body))
-				for k, v := range hdr {
-					r.Header.Set(k, v)
-				}
-				start := time.Now()
-				resp, err := client.Do(r)
-				if err == nil {
-					o.body, err = io.ReadAll(resp.Body)
-					resp.Body.Close()
-					o.status = resp.StatusCode
-					if o.status < 300 {
-						var sr x402.SettleResponse
-						if x402.DecodeHeader(resp.Header.Get(x402.HeaderPaymentResponse), &sr) == nil && sr.Success {
-							o.settled = true
-						} else if resp.Header.Get("Free-Allowance-Remaining") != "" {
-							o.free = true
-						}
-					}
-				}
-				o.took, o.transErr = time.Since(start), err
-				mu.Lock()
-				outs = append(outs, o)
-				mu.Unlock()
 			}
 		}()
 	}
@@ -117,10 +146,18 @@ func TestBooksBalanceUnderFaults(t *testing.T) {
 	step(time.Second)
 	s.startCertd(t, false)
 	step(3 * time.Second)
+	fac.p.pause(t)
+	step(5 * time.Second)
+	fac.p.resume(t)
+	step(3 * time.Second)
+	fac.p.stop(t) // dies (its chain is on disk); restarted as a supervisor would
+	step(time.Second)
+	fac.start(t)
+	step(4 * time.Second)
 	stop()
 	wg.Wait()
 
-	var settled, free, unavailable, other int
+	var settled, free, unavailable, released, other int
 	var maxFree, maxPaid time.Duration
 	for i, o := range outs {
 		if o.transErr != nil {
@@ -134,6 +171,10 @@ func TestBooksBalanceUnderFaults(t *testing.T) {
 			free++
 		case o.status == http.StatusServiceUnavailable:
 			unavailable++
+		case o.status == http.StatusPaymentRequired && o.retry:
+			// Its settlement never went out and it expired: released,
+			// nothing charged, the buyer asked for a new payment.
+			released++
 		default:
 			other++
 			t.Errorf("request %d (paid %v): status %d: %.200s", i, o.paid, o.status, o.body)
@@ -150,13 +191,17 @@ func TestBooksBalanceUnderFaults(t *testing.T) {
 		}
 	}
 	// A free call waits at most the upstream deadline (certd's signer
-	// deadline inside it); a paid one also waits for its settlement on the
-	// devnet, which seals at most a block a second.
+	// deadline inside it); a paid one also waits for the facilitator's
+	// verify and settle, each bounded by the facilitator deadline (a
+	// retry's chain read too).
 	if limit := testUpstreamTimeout + deadlineMargin; maxFree > limit {
 		t.Errorf("a free call waited %v, over %v", maxFree, limit)
 	}
-	if limit := testUpstreamTimeout + 15*time.Second; maxPaid > limit {
+	if limit := testUpstreamTimeout + 2*testFacilitatorTimeout + deadlineMargin; maxPaid > limit {
 		t.Errorf("a paid call waited %v, over %v", maxPaid, limit)
+	}
+	if unresolved != 0 {
+		t.Errorf("%d payments were still settlement_pending after 90 s of retries", unresolved)
 	}
 
 	var spent int64
@@ -184,7 +229,8 @@ func TestBooksBalanceUnderFaults(t *testing.T) {
 		}
 	}
 	t.Logf("history by payment: %v", kinds)
-	t.Logf("requests %d: settled %d, free %d, 503 %d, other %d; max wait free %v, paid %v", len(outs), settled, free, unavailable, other, maxFree, maxPaid)
+	t.Logf("requests %d: settled %d, free %d, 503 %d (of which settlement_pending retried with the same payment: %d), released after pending %d, other %d; max wait free %v, paid %v",
+		len(outs), settled, free, unavailable, pendingRetries, released, other, maxFree, maxPaid)
 	t.Logf("on chain %d atomic units = %d x %d; free calls counted %d for %d delivered; history paid %d (pending, never delivered: %d)",
 		spent, spent/price, price, counted, free, historyPaid, historyPending)
 	if settled == 0 || free == 0 || unavailable == 0 {

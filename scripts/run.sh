@@ -17,6 +17,11 @@
 #   AOV_SOLANA_RPC_ADDR   the local Solana chain's JSON-RPC (default 127.0.0.1:8899)
 #   AOV_FREE_PER_DAY      free verification calls per client and day (default 100)
 #   AOV_PAY_TO            address paid on the devnet        (default dev account 9)
+#   AOV_FACILITATOR       devnet: the facilitator and the devnet run inside
+#                         Caddy (default); remote: they run as a fourth
+#                         supervised process (examples/facilitator/Caddyfile)
+#                         that the gateway reaches over the x402 API
+#   AOV_FACILITATOR_ADDR  that process's address             (default 127.0.0.1:8546)
 #   GO                    go command                        (default go)
 set -euo pipefail
 
@@ -125,6 +130,23 @@ if [ -d interop/node_modules/litesvm ]; then
 		bash -c 'exec node interop/solana-chain.mjs >"$0"' "$data/solana-chain.json"
 else
 	say "interop/node_modules is missing (run: make interop-deps): Solana payments need the local Solana chain"
+fi
+
+# The facilitator as its own process (AOV_FACILITATOR=remote), with the
+# devnet inside it. It starts before Caddy: the gateway reads its
+# /supported when it loads its config.
+export AOV_FACILITATOR="${AOV_FACILITATOR:-devnet}"
+if [ "$AOV_FACILITATOR" = remote ]; then
+	export AOV_FACILITATOR_ADDR="${AOV_FACILITATOR_ADDR:-127.0.0.1:8546}"
+	mkdir -p "$data/facilitator/data" "$data/facilitator/config"
+	say "starting the facilitator on $AOV_FACILITATOR_ADDR (devnet JSON-RPC on $AOV_DEVNET_RPC_ADDR)"
+	supervise facilitator env XDG_DATA_HOME="$data/facilitator/data" XDG_CONFIG_HOME="$data/facilitator/config" \
+		AOV_FACILITATOR_PORT="${AOV_FACILITATOR_ADDR##*:}" AOV_BIND="${AOV_FACILITATOR_ADDR%:*}" \
+		"$bindir/caddy" run --config examples/facilitator/Caddyfile --adapter caddyfile
+	for _ in $(seq 1 300); do
+		http_ok "http://$AOV_FACILITATOR_ADDR/supported" && break
+		sleep 0.2
+	done
 fi
 
 say "starting caddy on $base"

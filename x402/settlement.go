@@ -37,3 +37,13 @@ type SettlementStatus struct {
 type SettlementChecker interface {
 	SettlementStatus(ctx context.Context, p PaymentPayload, req PaymentRequirements) (SettlementStatus, error)
 }
+
+// SentSettlementChecker is implemented by facilitators (or their clients)
+// that judge a settlement from the transaction a facilitator named when it
+// reported the outcome unknown (UnknownOutcomeError.Reply.Transaction): on
+// Solana the transaction's id is the facilitator's own fee-payer
+// signature, which nothing else tells. The checker must establish that
+// transaction is the payment's own before it judges by it.
+type SentSettlementChecker interface {
+	SentSettlementStatus(ctx context.Context, p PaymentPayload, req PaymentRequirements, transaction string) (SettlementStatus, error)
+}

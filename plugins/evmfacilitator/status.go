@@ -56,3 +56,30 @@ func (f *Facilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayloa
 }
 
 var _ x402.SettlementChecker = (*Facilitator)(nil)
+
+// StatusReader tells whether EIP-3009 authorizations settled, from a chain
+// endpoint alone: it holds no key and sends nothing. A gateway whose
+// facilitator is remote uses it to resolve a settlement whose outcome the
+// facilitator could not tell (the x402 facilitator API has no status
+// call); the judgement is Facilitator.SettlementStatus's, so the embedded
+// and the remote case agree.
+type StatusReader struct{ f *Facilitator }
+
+// NewStatusReader reads the chain of network (a CAIP-2 eip155 id) through
+// chain (an *ethclient.Client of any endpoint).
+func NewStatusReader(chain Chain, network string) (*StatusReader, error) {
+	if chain == nil {
+		return nil, errors.New("evm status reader: no chain client")
+	}
+	if _, err := x402.ChainID(network); err != nil {
+		return nil, fmt.Errorf("evm status reader: network %q: %w", network, err)
+	}
+	return &StatusReader{f: &Facilitator{chain: chain, network: network}}, nil
+}
+
+// SettlementStatus implements x402.SettlementChecker.
+func (r *StatusReader) SettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettlementStatus, error) {
+	return r.f.SettlementStatus(ctx, p, req)
+}
+
+var _ x402.SettlementChecker = (*StatusReader)(nil)

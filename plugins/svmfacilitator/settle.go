@@ -88,37 +88,25 @@ func (f *Facilitator) confirm(ctx context.Context, key [32]byte, s *settlement, 
 	defer cancel()
 	var lastErr error
 	for {
-		st, err := f.rpc.Status(ctx, sig)
-		switch {
-		case err != nil:
+		o, err := f.poll(ctx, sig, blockhash)
+		if err != nil {
 			lastErr = err
-		case st != nil && (st.ConfirmationStatus == "confirmed" || st.ConfirmationStatus == "finalized"):
-			if len(st.Err) > 0 && string(st.Err) != "null" {
-				// Failed on chain: the fee is spent, the transfer is not
-				// made, and the same message can never land again.
-				f.finish(key, false)
-				resp.ErrorReason, resp.ErrorMessage = ReasonTransactionFailed, "the transaction failed on chain: "+truncate(string(st.Err))
-				return resp, nil
-			}
+		}
+		switch {
+		case o.state == x402.SettlementNever && o.failed != "":
+			// Failed on chain: the fee is spent, the transfer is not
+			// made, and the same message can never land again.
+			f.finish(key, false)
+			resp.ErrorReason, resp.ErrorMessage = ReasonTransactionFailed, "the transaction failed on chain: "+truncate(o.failed)
+			return resp, nil
+		case o.state == x402.SettlementNever:
+			f.release(key)
+			resp.ErrorReason, resp.ErrorMessage, resp.Transaction = ReasonTransactionFailed, "the transaction's blockhash expired before it landed", ""
+			return resp, nil
+		case o.state == x402.SettlementDone:
 			f.finish(key, true)
 			resp.Success = true
 			return resp, nil
-		case st == nil:
-			// Unknown to the chain: once its blockhash has expired it can
-			// never land. Ask the status once more after that answer, in
-			// case it landed in between.
-			valid, err := f.rpc.BlockhashValid(ctx, blockhash)
-			if err == nil && !valid {
-				st, err = f.rpc.Status(ctx, sig)
-				if err == nil && st == nil {
-					f.release(key)
-					resp.ErrorReason, resp.ErrorMessage, resp.Transaction = ReasonTransactionFailed, "the transaction's blockhash expired before it landed", ""
-					return resp, nil
-				}
-			}
-			if err != nil {
-				lastErr = err
-			}
 		}
 		select {
 		case <-ctx.Done():

@@ -1,0 +1,167 @@
+package caddymodule
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/ethereum/go-ethereum/ethclient"
+
+	"github.com/aovhq/aov/plugins/evmfacilitator"
+	"github.com/aovhq/aov/plugins/svmfacilitator"
+	"github.com/aovhq/aov/x402"
+)
+
+// Unknown settlements with a remote facilitator.
+//
+// The x402 facilitator API has no status call, so when a remote
+// facilitator's /settle times out after sending, it cannot be asked later
+// whether the money moved. The gate reads the chain itself instead, from
+// the endpoints named by `rpc <network> <rpc-url>` in `facilitator http`:
+// for EIP-3009 (EVM networks) the token's authorizationState(authorizer,
+// nonce), judged by evmfacilitator.StatusReader exactly as the embedded
+// facilitator judges it (used: the transfer happened; unused with
+// validBefore reached by the head block's time: it never can; otherwise
+// undecided). Each read is bounded by the facilitator's timeout. Nothing is
+// ever sent.
+//
+// On Solana the transaction is named by its first signature, the
+// facilitator's own fee-payer signature, which only the facilitator makes.
+// When the facilitator named it in its settlement_pending answer (ours
+// does), the gate polls it with getSignatureStatuses on the Solana `rpc`
+// (svmfacilitator.StatusReader, after checking it is the fee payer's
+// signature over the payment's own message); when the reply was lost
+// whole, nothing names it, and the claim stays pending (the buyer is told
+// to retry, never to pay again, and nothing is served) until it lapses. The
+// embedded Solana facilitator (svm) remembers what it sent and answers
+// itself.
+
+// remoteStatus is what HTTPFacilitator reads settlement outcomes with.
+type remoteStatus struct {
+	readers map[string]*evmfacilitator.StatusReader // EVM networks, by CAIP-2 id
+	solana  map[string]*svmfacilitator.StatusReader // Solana networks
+	clients []*ethclient.Client
+	timeout time.Duration
+}
+
+// provisionStatus dials the rpc endpoints (an http(s) dial makes no
+// request; the chain is first asked when an outcome is unknown).
+func (m *HTTPFacilitator) provisionStatus(repl *caddy.Replacer) error {
+	m.status = remoteStatus{readers: map[string]*evmfacilitator.StatusReader{}, solana: map[string]*svmfacilitator.StatusReader{},
+		timeout: time.Duration(m.Timeout)}
+	if m.status.timeout <= 0 {
+		m.status.timeout = x402.DefaultFacilitatorTimeout
+	}
+	for name, raw := range m.RPC {
+		network, err := x402.ResolveNetwork(name)
+		if err != nil {
+			return fmt.Errorf("http facilitator: rpc %s: %v", name, err)
+		}
+		_, dupEVM := m.status.readers[network]
+		_, dupSVM := m.status.solana[network]
+		if dupEVM || dupSVM {
+			return fmt.Errorf("http facilitator: rpc %s: network %s named twice", name, network)
+		}
+		if x402.IsSolana(network) {
+			r, err := svmfacilitator.NewStatusReader(&svmfacilitator.RPC{URL: repl.ReplaceKnown(raw, "")}, network)
+			if err != nil {
+				m.Cleanup()
+				return err
+			}
+			m.status.solana[network] = r
+			continue
+		}
+		if !x402.IsEVM(network) {
+			return fmt.Errorf("http facilitator: rpc %s: settlement outcomes are read on EVM and Solana chains only", name)
+		}
+		c, err := ethclient.Dial(repl.ReplaceKnown(raw, ""))
+		if err != nil {
+			m.Cleanup()
+			return fmt.Errorf("http facilitator: rpc %s: %v", name, err)
+		}
+		m.status.clients = append(m.status.clients, c)
+		r, err := evmfacilitator.NewStatusReader(c, network)
+		if err != nil {
+			m.Cleanup()
+			return err
+		}
+		m.status.readers[network] = r
+	}
+	return nil
+}
+
+// Cleanup closes the rpc connections.
+func (m *HTTPFacilitator) Cleanup() error {
+	for _, c := range m.status.clients {
+		c.Close()
+	}
+	m.status.clients = nil
+	return nil
+}
+
+// SettlementStatus implements x402.SettlementChecker from the chain of
+// req's network, when an rpc endpoint is configured for it.
+func (m *HTTPFacilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettlementStatus, error) {
+	return m.SentSettlementStatus(ctx, p, req, "")
+}
+
+// SentSettlementStatus implements x402.SentSettlementChecker: as
+// SettlementStatus, and on Solana by the transaction the facilitator named.
+func (m *HTTPFacilitator) SentSettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sent string) (x402.SettlementStatus, error) {
+	ctx, cancel := context.WithTimeout(ctx, m.status.timeout)
+	defer cancel()
+	if r := m.status.readers[req.Network]; r != nil {
+		return r.SettlementStatus(ctx, p, req)
+	}
+	if r := m.status.solana[req.Network]; r != nil {
+		if sent == "" {
+			return x402.SettlementStatus{}, errors.New("the facilitator named no transaction for this Solana payment; the settlement stays pending until its claim lapses")
+		}
+		return r.SentSettlementStatus(ctx, p, req, sent)
+	}
+	return x402.SettlementStatus{}, fmt.Errorf("no rpc endpoint for %s is configured on the http facilitator (rpc <network> <url>); the settlement stays pending until its claim lapses", req.Network)
+}
+
+// SettlementStatus implements x402.SettlementChecker through the
+// facilitator that settles req's network, when it can tell.
+func (m *MultiFacilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettlementStatus, error) {
+	return m.SentSettlementStatus(ctx, p, req, "")
+}
+
+// SentSettlementStatus implements x402.SentSettlementChecker through the
+// facilitator that settles req's network.
+func (m *MultiFacilitator) SentSettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sent string) (x402.SettlementStatus, error) {
+	f, err := m.pick(ctx, req)
+	if f == nil {
+		if err == nil {
+			err = errors.New("no facilitator settles " + req.Network)
+		}
+		return x402.SettlementStatus{}, err
+	}
+	if ssc, ok := f.(x402.SentSettlementChecker); ok && sent != "" {
+		return ssc.SentSettlementStatus(ctx, p, req, sent)
+	}
+	sc, ok := f.(x402.SettlementChecker)
+	if !ok {
+		return x402.SettlementStatus{}, fmt.Errorf("the %s facilitator cannot tell a settlement's outcome", req.Network)
+	}
+	return sc.SettlementStatus(ctx, p, req)
+}
+
+// SettlementStatus lets the gate resolve unknown settlements of the
+// embedded Solana facilitator: it polls the signature of the transaction it
+// sent, as long as it remembers it (in memory: not across a restart).
+func (m *SVMFacilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettlementStatus, error) {
+	return m.f.SettlementStatus(ctx, p, req)
+}
+
+var (
+	_ x402.SettlementChecker     = (*SVMFacilitator)(nil)
+	_ x402.SettlementChecker     = (*HTTPFacilitator)(nil)
+	_ x402.SettlementChecker     = (*MultiFacilitator)(nil)
+	_ x402.SentSettlementChecker = (*HTTPFacilitator)(nil)
+	_ x402.SentSettlementChecker = (*MultiFacilitator)(nil)
+	_ caddy.CleanerUpper         = (*HTTPFacilitator)(nil)
+)

@@ -1,0 +1,271 @@
+package caddymodule
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"math/big"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/aovhq/aov/plugins/evmfacilitator"
+	"github.com/aovhq/aov/x402"
+)
+
+// lossyProxy is a FAKE FOR A FAULT that cannot otherwise be caused on
+// demand: a network path to a real remote facilitator (the devnet
+// facilitator's x402 HTTP API) that loses a /settle. In mode "lose_reply" it
+// forwards /settle, lets the facilitator settle, and then drops the
+// connection instead of passing the answer on (a facilitator that times out
+// after sending); in mode "lose_request" it drops the connection without
+// forwarding (nothing settles). Every other call is forwarded unchanged.
+type lossyProxy struct {
+	*httptest.Server
+	settles atomic.Int64 // /settle calls forwarded
+}
+
+func newLossyProxy(t *testing.T, facURL, mode string) *lossyProxy {
+	t.Helper()
+	p := &lossyProxy{}
+	p.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		drop := func() {
+			conn, _, err := w.(http.Hijacker).Hijack()
+			if err == nil {
+				conn.Close()
+			}
+		}
+		settle := strings.HasSuffix(r.URL.Path, "/settle")
+		if settle && mode == "lose_request" {
+			drop()
+			return
+		}
+		req, _ := http.NewRequestWithContext(r.Context(), r.Method, facURL+r.URL.Path, bytes.NewReader(body))
+		req.Header = r.Header.Clone()
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		reply, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if settle {
+			p.settles.Add(1)
+			drop()
+			return
+		}
+		w.Header().Set("Content-Type", resp.Header.Get("Content-Type"))
+		w.WriteHeader(resp.StatusCode)
+		w.Write(reply)
+	}))
+	t.Cleanup(p.Close)
+	return p
+}
+
+// remoteSite is a paid route whose gate reaches its facilitator through
+// `facilitator http`, with rpc (an `rpc <network> <url>` line, or ""),
+// inside `facilitator multi` when multi is set.
+func remoteSite(up, facURL, rpc, storeDir string, multi ...bool) string {
+	fac := fmt.Sprintf("http %s {\n\t\t\t\ttimeout 5s\n\t\t\t\t%s\n\t\t\t}", facURL, rpc)
+	if len(multi) > 0 && multi[0] {
+		fac = "multi {\n\t\t\t\t" + fac + "\n\t\t\t}"
+	}
+	return fmt.Sprintf(`:{port} {
+	route /verify/schema {
+		x402 {
+			accept devnet $0.02 %[3]s
+			facilitator %[2]s
+			store badger %[4]s
+		}
+		reverse_proxy %[1]s
+	}
+}
+`, strings.TrimPrefix(up, "http://"), fac, payTo.Hex(), storeDir)
+}
+
+// With a remote facilitator that settled and lost its answer, the gate
+// reads the outcome from the chain it is given (rpc): the buyer's retry
+// with the same payment gets the held answer with PAYMENT-RESPONSE, charged
+// once, and the upstream hears "paid". Without rpc the gate cannot tell,
+// and the retry is still told to wait (never served, never asked to pay
+// again).
+func TestRemoteUnknownSettlementResolvedFromTheChain(t *testing.T) {
+	d, facURL := sharedDevnet(t)
+	payer := evmfacilitator.DevAccounts()[8].Address
+	for _, tc := range []struct {
+		name           string
+		withRPC, multi bool
+	}{{"rpc", true, false}, {"rpc, inside multi", true, true}, {"no rpc", false, false}} {
+		withRPC := tc.withRPC
+		t.Run(tc.name, func(t *testing.T) {
+			up := newReportingUpstream(t)
+			proxy := newLossyProxy(t, facURL, "lose_reply")
+			rpc := ""
+			if withRPC {
+				rpc = "rpc devnet " + d.RPCURL()
+			}
+			base := startCaddy(t, remoteSite(up.URL, proxy.URL, rpc, filepath.Join(t.TempDir(), "gate"), tc.multi))
+			url := base + "/verify/schema"
+			before := balance(t, d, payer)
+			sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 8)
+
+			resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+			if e := readJSON(t, resp); resp.StatusCode != http.StatusServiceUnavailable || e["code"] != "settlement_pending" {
+				t.Fatalf("first try: status %d %v", resp.StatusCode, e)
+			}
+			if got := charged(t, d, payer, before); proxy.settles.Load() != 1 || got.Cmp(big.NewInt(20000)) != 0 {
+				t.Fatalf("%d settlements forwarded, %v charged; want the one transfer", proxy.settles.Load(), got)
+			}
+
+			resp = post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+			body := readJSONString(t, resp)
+			if !withRPC {
+				if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(body, "settlement_pending") || strings.Contains(body, "paid_content") {
+					t.Fatalf("retry without rpc: status %d: %s", resp.StatusCode, body)
+				}
+				if got := up.got(); len(got) != 0 {
+					t.Fatalf("reported %v without knowing the outcome", got)
+				}
+				return
+			}
+			var sr x402.SettleResponse
+			if resp.StatusCode != http.StatusOK || !strings.Contains(body, `"v-1"`) ||
+				x402.DecodeHeader(resp.Header.Get(x402.HeaderPaymentResponse), &sr) != nil || !sr.Success {
+				t.Fatalf("retry: status %d, PAYMENT-RESPONSE %+v: %s", resp.StatusCode, sr, body)
+			}
+			if got := charged(t, d, payer, before); proxy.settles.Load() != 1 || got.Cmp(big.NewInt(20000)) != 0 {
+				t.Fatalf("after the retry: %d settlements forwarded, %v charged", proxy.settles.Load(), got)
+			}
+			if up.n.Load() != 1 {
+				t.Fatalf("the upstream ran %d times; the held answer should have been served", up.n.Load())
+			}
+			waitReports(t, up, "v-1=paid")
+		})
+	}
+}
+
+// waitReports waits until the upstream has received exactly want.
+func waitReports(t *testing.T, up *reportingUpstream, want ...string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		got := up.got()
+		slices.Sort(got)
+		if slices.Equal(got, want) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("reports %v, want %v", got, want)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// The background pass resolves unknown settlements of a remote facilitator
+// from the chain and reports each outcome to the upstream at once, with no
+// retry by the buyer: a transfer that happened as paid, an authorization
+// that expired unused as unpaid (its claim released, nothing charged).
+func TestBackgroundResolutionIsReportedAtOnce(t *testing.T) {
+	old := resolveInterval
+	resolveInterval = 100 * time.Millisecond
+	t.Cleanup(func() { resolveInterval = old })
+	d, facURL := sharedDevnet(t)
+	rpc := "rpc devnet " + d.RPCURL()
+
+	t.Run("settled: paid", func(t *testing.T) {
+		up := newReportingUpstream(t)
+		proxy := newLossyProxy(t, facURL, "lose_reply")
+		base := startCaddy(t, remoteSite(up.URL, proxy.URL, rpc, filepath.Join(t.TempDir(), "gate")))
+		url := base + "/verify/schema"
+		sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 8)
+		if resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}); resp.StatusCode != http.StatusServiceUnavailable {
+			t.Fatalf("first try: status %d", resp.StatusCode)
+		}
+		waitReports(t, up, "v-1=paid")
+	})
+
+	t.Run("expired unused: unpaid", func(t *testing.T) {
+		up := newReportingUpstream(t)
+		proxy := newLossyProxy(t, facURL, "lose_request")
+		base := startCaddy(t, remoteSite(up.URL, proxy.URL, rpc, filepath.Join(t.TempDir(), "gate")))
+		url := base + "/verify/schema"
+		payer := evmfacilitator.DevAccounts()[4].Address
+		before := balance(t, d, payer)
+		pr := paymentRequired(t, post(t, url, "", nil))
+		// Valid for 6 s past the chain's time (which may run ahead of the
+		// wall clock).
+		pr.Accepts[0].MaxTimeoutSeconds = 6
+		head, err := d.Client().HeaderByNumber(context.Background(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		signAt := time.Unix(int64(head.Time), 0)
+		if signAt.Before(time.Now()) {
+			signAt = time.Now()
+		}
+		p, err := x402.SignExactEVM(evmfacilitator.DevKey(4), pr.Accepts[0], &pr.Resource, signAt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sig, err := x402.EncodeHeader(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}); resp.StatusCode != http.StatusServiceUnavailable {
+			t.Fatalf("first try: status %d", resp.StatusCode)
+		}
+		// Idle blocks come every 2 s; the head passes validBefore within
+		// about 10 s.
+		deadline := time.Now().Add(40 * time.Second)
+		for len(up.got()) == 0 && time.Now().Before(deadline) {
+			time.Sleep(100 * time.Millisecond)
+		}
+		waitReports(t, up, "v-1=unpaid")
+		if got := charged(t, d, payer, before); got.Sign() != 0 || proxy.settles.Load() != 0 {
+			t.Fatalf("charged %v (%d settlements forwarded) for a settlement that never happened", got, proxy.settles.Load())
+		}
+		resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+		if b := readJSONString(t, resp); resp.StatusCode != http.StatusPaymentRequired || strings.Contains(b, "paid_content") {
+			t.Fatalf("retry after the release: status %d: %s", resp.StatusCode, b)
+		}
+	})
+}
+
+// The http facilitator reads outcomes on EVM and Solana chains, once per
+// network, and refuses a network it does not know.
+func TestRemoteStatusRPCConfig(t *testing.T) {
+	ok := &HTTPFacilitator{}
+	if err := unmarshalAndProvision(t, ok, "http http://127.0.0.1:1 {\nrpc devnet http://127.0.0.1:1\nrpc solana-devnet http://127.0.0.1:2\n}"); err != nil {
+		t.Fatalf("an EVM and a Solana rpc: %v", err)
+	}
+	for _, tc := range []struct{ rpc, want string }{
+		{"rpc nowhere http://127.0.0.1:1", "rpc nowhere"},
+		{"rpc devnet http://127.0.0.1:1\nrpc eip155:1337 http://127.0.0.1:2", "named twice"},
+		{"rpc devnet http://127.0.0.1:1 extra", "wrong argument count"},
+	} {
+		m := &HTTPFacilitator{}
+		err := unmarshalAndProvision(t, m, "http http://127.0.0.1:1 {\n"+tc.rpc+"\n}")
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: %v, want an error naming %q", tc.rpc, err, tc.want)
+		}
+	}
+}
+
+func unmarshalAndProvision(t *testing.T, m *HTTPFacilitator, input string) error {
+	t.Helper()
+	if err := m.UnmarshalCaddyfile(caddyfile.NewTestDispenser(input)); err != nil {
+		return err
+	}
+	defer m.Cleanup()
+	return m.Provision(caddy.Context{})
+}

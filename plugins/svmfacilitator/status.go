@@ -1,0 +1,145 @@
+package svmfacilitator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/aovhq/aov/internal/base58"
+	"github.com/aovhq/aov/x402"
+)
+
+// polled is what one look at a sent transaction tells.
+type polled struct {
+	// state: done (landed and succeeded), never (failed on chain, or its
+	// blockhash expired while the chain did not know it), or undecided.
+	state x402.SettlementState
+	// failed is the on-chain error of a transaction that landed and failed.
+	failed string
+}
+
+// poll looks once at signature sig of a transaction built on blockhash.
+// An unknown signature is judged unable to land only when the blockhash has
+// expired and the chain still does not know the signature after that
+// answer (in case it landed in between).
+func (f *Facilitator) poll(ctx context.Context, sig, blockhash string) (polled, error) {
+	st, err := f.rpc.Status(ctx, sig)
+	switch {
+	case err != nil:
+		return polled{}, err
+	case st != nil && (st.ConfirmationStatus == "confirmed" || st.ConfirmationStatus == "finalized"):
+		if len(st.Err) > 0 && string(st.Err) != "null" {
+			return polled{state: x402.SettlementNever, failed: string(st.Err)}, nil
+		}
+		return polled{state: x402.SettlementDone}, nil
+	case st != nil:
+		return polled{}, nil // seen, not yet confirmed
+	}
+	valid, err := f.rpc.BlockhashValid(ctx, blockhash)
+	if err != nil || valid {
+		return polled{}, err
+	}
+	if st, err = f.rpc.Status(ctx, sig); err != nil || st != nil {
+		return polled{}, err
+	}
+	return polled{state: x402.SettlementNever}, nil
+}
+
+// SettlementStatus implements x402.SettlementChecker for a payment this
+// facilitator sent and could not confirm in time (Settle's unknown
+// outcome): it polls the transaction's signature once, sending nothing, and
+// records what it learns as a later Settle would. It can tell only what it
+// remembers: a payment whose record it no longer holds (it restarted, or
+// the record aged out DuplicateWindow after settling) is an error, and the
+// caller's outcome stays unknown.
+func (f *Facilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettlementStatus, error) {
+	var out x402.SettlementStatus
+	if req.Network != f.network {
+		return out, fmt.Errorf("this facilitator settles on %s, not %s", f.network, req.Network)
+	}
+	tx, err := DecodePayload(p.Payload)
+	if err != nil {
+		return out, fmt.Errorf("payment payload: %w", err)
+	}
+	key := tx.MessageHash()
+	f.mu.Lock()
+	e := f.settled[key]
+	var sig, blockhash string
+	var inflight, pending bool
+	if e != nil {
+		sig, blockhash, inflight, pending, out.Payer = e.sig, e.blockhash, e.inflight, e.pending, e.payer
+	}
+	f.mu.Unlock()
+	switch {
+	case e == nil:
+		return out, errors.New("this facilitator holds no record of the payment's transaction")
+	case inflight || sig == "":
+		return out, nil // a Settle is working on it
+	case !pending:
+		out.State, out.Transaction = x402.SettlementDone, sig
+		return out, nil
+	}
+	o, err := f.poll(ctx, sig, blockhash)
+	if err != nil {
+		return out, err
+	}
+	switch {
+	case o.state == x402.SettlementDone:
+		f.finish(key, true)
+		out.Transaction = sig
+	case o.state == x402.SettlementNever:
+		f.release(key)
+	}
+	out.State = o.state
+	return out, nil
+}
+
+var _ x402.SettlementChecker = (*Facilitator)(nil)
+
+// StatusReader tells whether a Solana payment's transaction landed, from a
+// chain endpoint alone, given the signature a facilitator named for it: it
+// holds no key and sends nothing. A gateway whose facilitator is remote uses
+// it when that facilitator reported the outcome unknown together with the
+// signature. The judgement is poll's, as in Settle.
+type StatusReader struct{ f *Facilitator }
+
+// NewStatusReader reads network (a solana CAIP-2 id) through rpc.
+func NewStatusReader(rpc *RPC, network string) (*StatusReader, error) {
+	if rpc == nil || rpc.URL == "" {
+		return nil, errors.New("svm status reader: no rpc endpoint")
+	}
+	if !x402.IsSolana(network) {
+		return nil, fmt.Errorf("svm status reader: %q is not a Solana network", network)
+	}
+	return &StatusReader{f: &Facilitator{rpc: rpc, network: network}}, nil
+}
+
+// SentSettlementStatus implements x402.SentSettlementChecker. The
+// signature is taken only when it is the fee payer's signature over the
+// payment's own message, so it names this transaction and no other (a
+// facilitator's word alone could name any transaction that landed).
+func (r *StatusReader) SentSettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sig string) (x402.SettlementStatus, error) {
+	var out x402.SettlementStatus
+	if req.Network != r.f.network {
+		return out, fmt.Errorf("this reader reads %s, not %s", r.f.network, req.Network)
+	}
+	tx, err := DecodePayload(p.Payload)
+	if err != nil {
+		return out, fmt.Errorf("payment payload: %w", err)
+	}
+	raw, err := base58.Decode(sig)
+	if err != nil || len(raw) != 64 || len(tx.AccountKeys) == 0 || !verifySignature(tx.AccountKeys[0], tx.Message, raw) {
+		return out, errors.New("the named transaction is not this payment's: not the fee payer's signature over its message")
+	}
+	o, err := r.f.poll(ctx, sig, base58.Encode(tx.Blockhash[:]))
+	if err != nil {
+		return out, err
+	}
+	out.State = o.state
+	if o.state == x402.SettlementDone {
+		out.Transaction = sig
+	}
+	return out, nil
+}
+
+var _ x402.SentSettlementChecker = (*StatusReader)(nil)

@@ -1,0 +1,140 @@
+package svmfacilitator
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/aovhq/aov/internal/base58"
+	"github.com/aovhq/aov/x402"
+)
+
+// A settlement whose outcome Settle could not tell is resolved by
+// SettlementStatus without sending anything: undecided while the chain
+// does not show it, done (with its signature) once it does; the payment is
+// then remembered as settled, so a second Settle is refused.
+func TestSettlementStatusResolvesALostReply(t *testing.T) {
+	fr := &faultyRPC{}
+	srv := fr.serve(t)
+	e := newEnv(t, Config{RPC: &RPC{URL: srv}, ConfirmTimeout: 300 * time.Millisecond, PollInterval: 20 * time.Millisecond})
+	fr.set(func(f *faultyRPC) { f.target, f.dropSend, f.forwardOK, f.hideStatus = e.chain.URL, true, true, true })
+	pp := payload(e.payment(t).build(e.payment(t).instructions()), e.req)
+	ctx := context.Background()
+
+	if _, err := e.f.SettlementStatus(ctx, pp, e.req); err == nil {
+		t.Fatal("a payment never sent has a status")
+	}
+	_, err := e.f.Settle(ctx, pp, e.req)
+	var unknown *x402.UnknownOutcomeError
+	if !errors.As(err, &unknown) || unknown.Reply == nil {
+		t.Fatalf("want an unknown outcome, got %v", err)
+	}
+	if st, err := e.f.SettlementStatus(ctx, pp, e.req); err != nil || st.State != x402.SettlementUndecided {
+		t.Fatalf("while the chain hides it: %+v %v", st, err)
+	}
+	fr.set(func(f *faultyRPC) { f.dropSend, f.hideStatus = false, false })
+	st, err := e.f.SettlementStatus(ctx, pp, e.req)
+	if err != nil || st.State != x402.SettlementDone || st.Transaction != unknown.Reply.Transaction || st.Payer == "" {
+		t.Fatalf("once the chain shows it: %+v %v", st, err)
+	}
+	if a, b := e.balances(t); a != 1_000_000-20000 || b != 20000 {
+		t.Fatalf("balances payer %d payee %d", a, b)
+	}
+	if s, err := e.f.Settle(ctx, pp, e.req); err != nil || s.Success || s.ErrorReason != ReasonDuplicateSettlement {
+		t.Fatalf("a second Settle after the resolution: %+v %v", s, err)
+	}
+	other := e.req
+	other.Network = x402.NetworkSolana
+	if _, err := e.f.SettlementStatus(ctx, pp, other); err == nil {
+		t.Fatal("judged a payment on another network")
+	}
+}
+
+// A send whose request was lost is undecided while its blockhash is valid
+// and can never land once it has expired: released, nothing moved.
+func TestSettlementStatusReleasesAnExpiredLostSend(t *testing.T) {
+	fr := &faultyRPC{}
+	srv := fr.serve(t)
+	e := newEnv(t, Config{RPC: &RPC{URL: srv}, ConfirmTimeout: 300 * time.Millisecond, PollInterval: 20 * time.Millisecond})
+	fr.set(func(f *faultyRPC) { f.target, f.dropSend = e.chain.URL, true })
+	pp := payload(e.payment(t).build(e.payment(t).instructions()), e.req)
+	ctx := context.Background()
+	_, err := e.f.Settle(ctx, pp, e.req)
+	var unknown *x402.UnknownOutcomeError
+	if !errors.As(err, &unknown) {
+		t.Fatalf("want an unknown outcome, got %v", err)
+	}
+	if st, err := e.f.SettlementStatus(ctx, pp, e.req); err != nil || st.State != x402.SettlementUndecided {
+		t.Fatalf("with a valid blockhash: %+v %v", st, err)
+	}
+	e.chain.ExpireBlockhash()
+	if st, err := e.f.SettlementStatus(ctx, pp, e.req); err != nil || st.State != x402.SettlementNever {
+		t.Fatalf("after the blockhash expired: %+v %v", st, err)
+	}
+	if a, b := e.balances(t); a != 1_000_000 || b != 0 {
+		t.Fatalf("balances payer %d payee %d", a, b)
+	}
+}
+
+// A gateway's StatusReader, on the chain alone, judges a payment by the
+// signature its facilitator named: done once it landed, never once a lost
+// send's blockhash expired; a signature that is not the fee payer's over
+// the payment's message is refused, whatever landed under it.
+func TestStatusReaderJudgesByTheNamedSignature(t *testing.T) {
+	ctx := context.Background()
+	t.Run("landed", func(t *testing.T) {
+		fr := &faultyRPC{}
+		srv := fr.serve(t)
+		e := newEnv(t, Config{RPC: &RPC{URL: srv}, ConfirmTimeout: 300 * time.Millisecond, PollInterval: 20 * time.Millisecond})
+		fr.set(func(f *faultyRPC) { f.target, f.dropSend, f.forwardOK, f.hideStatus = e.chain.URL, true, true, true })
+		pp := payload(e.payment(t).build(e.payment(t).instructions()), e.req)
+		_, err := e.f.Settle(ctx, pp, e.req)
+		var unknown *x402.UnknownOutcomeError
+		if !errors.As(err, &unknown) || unknown.Reply == nil || unknown.Reply.Transaction == "" {
+			t.Fatalf("want an unknown outcome naming the signature, got %v", err)
+		}
+		r, err := NewStatusReader(&RPC{URL: e.chain.URL}, x402.NetworkSolanaDevnet)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := r.SentSettlementStatus(ctx, pp, e.req, unknown.Reply.Transaction)
+		if err != nil || st.State != x402.SettlementDone || st.Transaction != unknown.Reply.Transaction {
+			t.Fatalf("%+v %v", st, err)
+		}
+		tx, err := DecodePayload(pp.Payload)
+		if err != nil {
+			t.Fatal(err)
+		}
+		payerSig := base58.Encode(tx.Signatures[1])
+		if _, err := r.SentSettlementStatus(ctx, pp, e.req, payerSig); err == nil {
+			t.Fatal("took the payer's signature for the transaction's id")
+		}
+		if _, err := r.SentSettlementStatus(ctx, pp, e.req, "not base58!"); err == nil {
+			t.Fatal("took a malformed signature")
+		}
+	})
+	t.Run("lost send, blockhash expired", func(t *testing.T) {
+		fr := &faultyRPC{}
+		srv := fr.serve(t)
+		e := newEnv(t, Config{RPC: &RPC{URL: srv}, ConfirmTimeout: 300 * time.Millisecond, PollInterval: 20 * time.Millisecond})
+		fr.set(func(f *faultyRPC) { f.target, f.dropSend = e.chain.URL, true })
+		pp := payload(e.payment(t).build(e.payment(t).instructions()), e.req)
+		_, err := e.f.Settle(ctx, pp, e.req)
+		var unknown *x402.UnknownOutcomeError
+		if !errors.As(err, &unknown) || unknown.Reply == nil {
+			t.Fatalf("want an unknown outcome, got %v", err)
+		}
+		r, _ := NewStatusReader(&RPC{URL: e.chain.URL}, x402.NetworkSolanaDevnet)
+		if st, err := r.SentSettlementStatus(ctx, pp, e.req, unknown.Reply.Transaction); err != nil || st.State != x402.SettlementUndecided {
+			t.Fatalf("valid blockhash: %+v %v", st, err)
+		}
+		e.chain.ExpireBlockhash()
+		if st, err := r.SentSettlementStatus(ctx, pp, e.req, unknown.Reply.Transaction); err != nil || st.State != x402.SettlementNever {
+			t.Fatalf("expired blockhash: %+v %v", st, err)
+		}
+	})
+	if _, err := NewStatusReader(&RPC{URL: "http://127.0.0.1:1"}, x402.NetworkDevnet); err == nil {
+		t.Fatal("a Solana reader for an EVM network")
+	}
+}
