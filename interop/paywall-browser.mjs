@@ -21,7 +21,8 @@
 // the gateway's origin: every other request is refused and reported.
 // Input on stdin: {"url", "chromium", "rpc"?, "key"?, "solanaKey"?}.
 // Output on stdout: {"status", "text": "<page text>", "paid": "<text after paying>",
-// "offPageRequests": [urls], "signed": <number of signatures the wallet made>,
+// "offPageRequests": [urls off the origin], "refused": [those not answered],
+// "signed": <number of signatures the wallet made>,
 // "chains": [the chain of each Solana signing request], "consoleErrors": [...]}.
 import { privateKeyToAccount } from "viem/accounts";
 import {
