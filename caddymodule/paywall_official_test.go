@@ -220,6 +220,7 @@ type paywallBrowserResult struct {
 	Status          int      `json:"status"`
 	Text            string   `json:"text"`
 	Paid            string   `json:"paid"`
+	Balance         string   `json:"balance"`
 	OffPageRequests []string `json:"offPageRequests"`
 	Refused         []string `json:"refused"`
 	Signed          int      `json:"signed"`
@@ -249,7 +250,7 @@ func TestOfficialPaywallPaysInABrowser(t *testing.T) {
 		"url": base + "/score/agent-1", "chromium": chromium, "rpc": d.RPCURL(),
 		"key": fmt.Sprintf("0x%x", crypto.FromECDSA(key)),
 	}, &res)
-	t.Logf("the page showed:\n%s\nafter paying:\n%s", res.Text, res.Paid)
+	t.Logf("the page showed:\n%s\nthe balance %q; after paying:\n%s", res.Text, res.Balance, res.Paid)
 	if res.Status != http.StatusPaymentRequired {
 		t.Errorf("the page came with status %d, want 402", res.Status)
 	}
@@ -257,6 +258,12 @@ func TestOfficialPaywallPaysInABrowser(t *testing.T) {
 		if !strings.Contains(res.Text, want) {
 			t.Errorf("the page does not show %q", want)
 		}
+	}
+	// The page read the payer's token balance on the devnet (viem's
+	// formatUnits: no trailing zeros).
+	whole := strings.TrimRight(strings.TrimRight(new(big.Rat).SetFrac(before, big.NewInt(1e6)).FloatString(6), "0"), ".")
+	if want := "$" + whole + " USD Coin"; res.Balance != want {
+		t.Errorf("the page shows the balance %q, want %q", res.Balance, want)
 	}
 	if res.Signed != 1 {
 		t.Errorf("the wallet signed %d times, want once", res.Signed)
@@ -331,6 +338,10 @@ func TestOfficialPaywallPaysOnSolanaInABrowser(t *testing.T) {
 		if !strings.Contains(res.Text, want) {
 			t.Errorf("the page does not show %q", want)
 		}
+	}
+	// The page read the buyer's USDC account on the local chain (1,000 USDC).
+	if res.Balance != "$1000 USDC" {
+		t.Errorf("the page shows the balance %q, want $1000 USDC", res.Balance)
 	}
 	if res.Signed != 1 || len(res.Chains) != 1 || res.Chains[0] != "solana:devnet" {
 		t.Errorf("the wallet signed %d times on %q, want once on solana:devnet", res.Signed, res.Chains)

@@ -21,6 +21,7 @@
 // the gateway's origin: every other request is refused and reported.
 // Input on stdin: {"url", "chromium", "rpc"?, "key"?, "solanaKey"?}.
 // Output on stdout: {"status", "text": "<page text>", "paid": "<text after paying>",
+// "balance": "<the balance the page shows once connected>",
 // "offPageRequests": [urls off the origin], "refused": [those not answered],
 // "signed": <number of signatures the wallet made>,
 // "chains": [the chain of each Solana signing request], "consoleErrors": [...]}.
@@ -192,7 +193,7 @@ try {
     await page.waitForSelector(".container .title", { timeout: 30000 });
     await page.waitForTimeout(500);
     const text = await page.locator("body").innerText();
-    let paid = "";
+    let paid = "", balance = "";
     if (input.key || input.solanaKey) {
       const pay = page.getByRole("button", { name: "Pay now" });
       const select = page.locator("select.input");
@@ -207,13 +208,20 @@ try {
         await page.getByRole("button", { name: "Connect wallet" }).click();
       }
       await pay.waitFor({ timeout: 30000 });
+      // The person reveals the balance the page read from the chain.
+      const shown = page.locator("button.balance-button");
+      if (await shown.count()) {
+        await shown.click();
+        await page.waitForFunction(() => /\$\d/.test(document.querySelector("button.balance-button")?.textContent ?? ""), null, { timeout: 15000 }).catch(() => {});
+        balance = await shown.innerText();
+      }
       await pay.click();
       await page.waitForURL((u) => u.protocol === "blob:" || !u.href.startsWith(input.url), { timeout: 60000 }).catch(async () => {
         throw new Error("the page did not show the content; it says: " + await page.locator("body").innerText());
       });
       paid = await page.locator("body").innerText();
     }
-    process.stdout.write(JSON.stringify({ status: resp.status(), text, paid, offPageRequests, refused, signed, chains, consoleErrors }) + "\n");
+    process.stdout.write(JSON.stringify({ status: resp.status(), text, paid, balance, offPageRequests, refused, signed, chains, consoleErrors }) + "\n");
   } finally {
     await browser.close();
   }
