@@ -17,9 +17,15 @@
 //     the person has connected, as a wallet that was never authorised does.
 // The page's JSON-RPC calls (balances, token metadata, the blockhash) go to
 // its chain's public RPC URL, which the page does not let a site configure;
-// they are answered from input.rpc (the local chain). Nothing else leaves
-// the gateway's origin: every other request is refused and reported.
-// Input on stdin: {"url", "chromium", "rpc"?, "key"?, "solanaKey"?}.
+// they are answered from input.rpc (the local chain). With input.rpcAt (the
+// URL the page calls, http only) nothing is intercepted: Chromium connects
+// to input.rpc's host and port whenever the page calls rpcAt's
+// (--host-resolver-rules), so the chain's own answers, CORS headers and
+// preflights included, reach the page, and the browser enforces CORS on
+// them. Otherwise the calls are answered here (a fulfilled answer skips the
+// browser's CORS check). Nothing else leaves the gateway's origin: every
+// other request is refused and reported.
+// Input on stdin: {"url", "chromium", "rpc"?, "rpcAt"?, "key"?, "solanaKey"?}.
 // Output on stdout: {"status", "text": "<page text>", "paid": "<text after paying>",
 // "balance": "<the balance the page shows once connected>",
 // "offPageRequests": [urls off the origin], "refused": [those not answered],
@@ -35,7 +41,10 @@ import { readStdinJSON, fail, launchChromium } from "./lib.mjs";
 try {
   const input = await readStdinJSON();
   const origin = new URL(input.url).origin;
-  const browser = await launchChromium(input.chromium);
+  const rpcAt = input.rpcAt ? new URL(input.rpcAt) : null;
+  const browser = await launchChromium(input.chromium, rpcAt
+    ? [`--host-resolver-rules=MAP ${rpcAt.host} ${new URL(input.rpc).host}`]
+    : []);
   try {
     const context = await browser.newContext();
     const offPageRequests = [];
@@ -43,9 +52,12 @@ try {
     const consoleErrors = [];
     const chains = [];
     let signed = 0;
-    await context.route((u) => u.origin !== origin && u.protocol.startsWith("http"), async (route) => {
+    context.on("request", (req) => {
+      const u = new URL(req.url());
+      if (u.origin !== origin && u.protocol.startsWith("http")) offPageRequests.push(req.url());
+    });
+    await context.route((u) => u.origin !== origin && u.protocol.startsWith("http") && u.origin !== rpcAt?.origin, async (route) => {
       const req = route.request();
-      offPageRequests.push(req.url());
       if (input.rpc && req.method() === "POST" && (req.postData() ?? "").includes('"jsonrpc"')) {
         const r = await fetch(input.rpc, { method: "POST", headers: { "Content-Type": "application/json" }, body: req.postData() });
         return route.fulfill({ status: r.status, contentType: "application/json", body: await r.text(), headers: { "Access-Control-Allow-Origin": "*" } });
