@@ -60,9 +60,13 @@ type mcpBrowserStep struct {
 // its defaults only. The browser sends every request the official SDK
 // client sends (MCP-Protocol-Version and Mcp-Session-Id after initialize,
 // the SSE GET, Last-Event-ID, the DELETE that ends the session) only after
-// a preflight the gateway allowed, and the page reads Mcp-Session-Id. The
-// browser enforces CORS itself (nothing is stubbed), so the test fails if
-// a default header, method or exposed header is missing.
+// a preflight the gateway allowed, and the page reads Mcp-Session-Id.
+// First a hand-written client that makes each of those requests in turn
+// (Last-Event-ID included, which the SDK sends only to resume), then the
+// official TypeScript SDK client itself, loaded into a page from
+// node_modules. The browser enforces CORS itself (nothing is intercepted),
+// so the test fails if a default header, method or exposed header is
+// missing.
 func TestCORSLetsABrowserMCPClientThrough(t *testing.T) {
 	chromium := chromiumPath(t)
 	interop.Dir(t, "playwright-core")
@@ -73,8 +77,11 @@ func TestCORSLetsABrowserMCPClientThrough(t *testing.T) {
 		fmt.Fprint(w, "<!doctype html><title>agent</title><p>an agent's page</p>")
 	}))
 	t.Cleanup(page.Close)
-	api := startCaddy(t, fmt.Sprintf(`:{port} {
-	route /mcp {
+	// The same priced MCP route twice: for the hand-written client's page
+	// (its exact origin) and for the SDK's page, whose port the script
+	// picks (any origin, as Caddyfile.example).
+	route := func(path, cors string) string {
+		return fmt.Sprintf(`route %[5]s {
 		x402_cors %[4]s
 		x402 {
 			mcp_tool verify_schema
@@ -89,9 +96,9 @@ func TestCORSLetsABrowserMCPClientThrough(t *testing.T) {
 			}
 		}
 		reverse_proxy %[1]s
+	}`, strings.TrimPrefix(up.URL, "http://"), fac, payTo.Hex(), cors, path)
 	}
-}
-`, strings.TrimPrefix(up.URL, "http://"), fac, payTo.Hex(), page.URL))
+	api := startCaddy(t, ":{port} {\n\t"+route("/mcp", page.URL)+"\n\t"+route("/any/mcp", "{\n\t\t\torigins *\n\t\t}")+"\n}\n")
 
 	var res struct {
 		Steps []mcpBrowserStep `json:"steps"`
@@ -131,23 +138,69 @@ func TestCORSLetsABrowserMCPClientThrough(t *testing.T) {
 		t.Errorf("tools/call (free allowance): %s", b)
 	}
 
-	// What reached the MCP server: every request after initialize carried
-	// the session and the negotiated version, and the DELETE ended it.
-	up.mu.Lock()
-	defer up.mu.Unlock()
-	var deletes int
-	for i, s := range up.seen {
-		if i == 0 {
+	up.checkSession(t, session)
+
+	// The official SDK client itself, in a page the script serves.
+	up.reset()
+	var sdk struct {
+		SessionID string   `json:"sessionId"`
+		Tools     []string `json:"tools"`
+		Call      *struct {
+			IsError           bool           `json:"isError"`
+			StructuredContent map[string]any `json:"structuredContent"`
+		} `json:"call"`
+		Terminated     bool     `json:"terminated"`
+		AfterTerminate string   `json:"afterTerminate"`
+		Error          string   `json:"error"`
+		ConsoleErrors  []string `json:"consoleErrors"`
+	}
+	interop.Run(t, "mcp-sdk-browser.mjs", nil, map[string]any{
+		"mcp": api + "/any/mcp", "chromium": chromium, "tool": "verify_schema", "args": verifyArgs,
+	}, &sdk)
+	if sdk.Error != "" || sdk.SessionID == "" {
+		t.Fatalf("the SDK client in the page: session %q, error %s; console: %q", sdk.SessionID, sdk.Error, sdk.ConsoleErrors)
+	}
+	if len(sdk.Tools) != 1 || sdk.Tools[0] != "verify_schema" {
+		t.Errorf("the SDK client listed %q", sdk.Tools)
+	}
+	if sdk.Call == nil || sdk.Call.IsError || sdk.Call.StructuredContent["result"] != "pass" {
+		t.Errorf("the SDK client's tool call (free allowance): %+v", sdk.Call)
+	}
+	if !sdk.Terminated || sdk.AfterTerminate == "" {
+		t.Errorf("ending the session: terminated %v, a later call answered %q", sdk.Terminated, sdk.AfterTerminate)
+	}
+	up.checkSession(t, sdk.SessionID)
+}
+
+func (u *sessionMCPUpstream) reset() {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.seen = nil
+}
+
+// checkSession fails t unless every request after initialize (and before
+// the session ended) reached the server with the session and a protocol
+// version, one of them the SSE GET, and exactly one DELETE ended it.
+func (u *sessionMCPUpstream) checkSession(t *testing.T, session string) {
+	t.Helper()
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	var gets, deletes int
+	for i, s := range u.seen {
+		if i == 0 || deletes > 0 {
 			continue
 		}
 		if !strings.Contains(s, "session="+session+" ") || strings.HasSuffix(s, "version=") {
 			t.Errorf("request %d reached the server as %q, want session %s and a protocol version", i, s, session)
 		}
-		if strings.HasPrefix(s, http.MethodDelete) {
+		switch {
+		case strings.HasPrefix(s, http.MethodGet):
+			gets++
+		case strings.HasPrefix(s, http.MethodDelete):
 			deletes++
 		}
 	}
-	if deletes != 1 {
-		t.Errorf("the server saw %d DELETEs, want 1: %v", deletes, up.seen)
+	if gets == 0 || deletes != 1 {
+		t.Errorf("the server saw %d SSE GETs and %d DELETEs, want some and 1: %q", gets, deletes, u.seen)
 	}
 }
