@@ -28,17 +28,33 @@ func init() {
 	httpcaddyfile.RegisterDirectiveOrder("x402_cors", httpcaddyfile.Before, "basic_auth")
 }
 
-// Defaults of the x402_cors directive: what x402 buyers and wallet proofs
-// send and read.
+// Headers of MCP's Streamable HTTP transport (MCP 2025-06-18 and
+// 2025-11-25, basic/transports): after initialize a client sends the
+// negotiated MCP-Protocol-Version on every request, and the Mcp-Session-Id
+// the server gave in the initialize answer, which it must read; a client
+// resuming an SSE stream sends Last-Event-ID.
+const (
+	headerMCPProtocolVersion = "MCP-Protocol-Version"
+	headerMCPSessionID       = "Mcp-Session-Id"
+	headerLastEventID        = "Last-Event-ID"
+)
+
+// Defaults of the x402_cors directive: what x402 buyers, wallet proofs and
+// MCP clients (the official TypeScript SDK's StreamableHTTPClientTransport)
+// send and read. DELETE ends an MCP session and GET opens its SSE stream.
+// Allowing a method or header in a preflight only lets the browser send
+// what any other HTTP client can send already; the route still decides.
 var (
-	corsDefaultMethods = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodOptions}
+	corsDefaultMethods = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodDelete, http.MethodOptions}
 	corsDefaultHeaders = []string{
 		x402.HeaderPaymentSignature, walletauth.HeaderName, walletauth.SIWXHeaderName, "Content-Type",
+		headerMCPProtocolVersion, headerMCPSessionID, headerLastEventID,
 	}
 	corsDefaultExpose = []string{
 		x402.HeaderPaymentRequired, x402.HeaderPaymentResponse,
 		HeaderFreeRemaining, HeaderFreeLimit, HeaderFreeResets,
 		HeaderVerificationReceipt, HeaderVerificationStatus, "Retry-After",
+		headerMCPSessionID,
 	}
 )
 
@@ -65,16 +81,19 @@ type CORS struct {
 	// is echoed, never "*".
 	Credentials bool `json:"credentials,omitempty"`
 
-	// Methods answered in preflights. Default GET, HEAD, POST, OPTIONS.
+	// Methods answered in preflights. Default GET, HEAD, POST, DELETE,
+	// OPTIONS.
 	Methods []string `json:"methods,omitempty"`
 
 	// Headers are request headers allowed in addition to PAYMENT-SIGNATURE,
-	// X-Wallet-Auth, SIGN-IN-WITH-X and Content-Type.
+	// X-Wallet-Auth, SIGN-IN-WITH-X, Content-Type and MCP's
+	// MCP-Protocol-Version, Mcp-Session-Id and Last-Event-ID.
 	Headers []string `json:"headers,omitempty"`
 
 	// Expose are response headers pages may read in addition to
 	// PAYMENT-REQUIRED, PAYMENT-RESPONSE, the Free-Allowance-* headers,
-	// Verification-Receipt, Verification-Status and Retry-After.
+	// Verification-Receipt, Verification-Status, Retry-After and MCP's
+	// Mcp-Session-Id.
 	Expose []string `json:"expose,omitempty"`
 
 	// MaxAge is how long a browser may cache a preflight answer. Default 10m.

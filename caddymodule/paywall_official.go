@@ -38,9 +38,11 @@ const (
 type Paywall struct {
 	// Mode is off, static (default) or official.
 	Mode string `json:"mode,omitempty"`
-	// AppName is the name the official page shows and gives wallets.
+	// AppName and AppLogo (an http(s) URL or a path) head the static
+	// page. The official page gets both in window.x402, as the package's
+	// generateHtml passes them; its EVM page (2.12.0) hands the name to the
+	// Coinbase Wallet connector, and neither page shows them itself.
 	AppName string `json:"app_name,omitempty"`
-	// AppLogo is the URL of the logo the official page shows.
 	AppLogo string `json:"app_logo,omitempty"`
 }
 
@@ -97,7 +99,7 @@ func (p *Paywall) serve(w http.ResponseWriter, pr x402.PaymentRequired, trial *f
 	}
 	w.WriteHeader(http.StatusPaymentRequired)
 	if !ok {
-		return paywallPage(w, pr, trial)
+		return paywallPage(w, pr, trial, p)
 	}
 	return p.writeOfficial(w, page, pr, currentURL)
 }

@@ -220,8 +220,11 @@ type paywallBrowserResult struct {
 	Status          int      `json:"status"`
 	Text            string   `json:"text"`
 	Paid            string   `json:"paid"`
+	Balance         string   `json:"balance"`
 	OffPageRequests []string `json:"offPageRequests"`
+	Refused         []string `json:"refused"`
 	Signed          int      `json:"signed"`
+	Chains          []string `json:"chains"`
 	ConsoleErrors   []string `json:"consoleErrors"`
 }
 
@@ -230,7 +233,9 @@ type paywallBrowserResult struct {
 // network). A devnet key behind an injected EIP-1193 provider stands in for
 // a wallet extension: the person connects it and presses "Pay now"; the
 // page signs once, fetches the URL again with PAYMENT-SIGNATURE and shows
-// the paid content. The token moves once, the upstream runs once.
+// the paid content. The token moves once, the upstream runs once. The
+// page's own calls to the chain go to the devnet's JSON-RPC as they would
+// under make run, with the browser enforcing CORS on its answers.
 func TestOfficialPaywallPaysInABrowser(t *testing.T) {
 	chromium := chromiumPath(t)
 	interop.Dir(t, "playwright-core")
@@ -245,9 +250,9 @@ func TestOfficialPaywallPaysInABrowser(t *testing.T) {
 	var res paywallBrowserResult
 	interop.Run(t, "paywall-browser.mjs", nil, map[string]any{
 		"url": base + "/score/agent-1", "chromium": chromium, "rpc": d.RPCURL(),
-		"key": fmt.Sprintf("0x%x", crypto.FromECDSA(key)),
+		"rpcAt": "http://127.0.0.1:8545", "key": fmt.Sprintf("0x%x", crypto.FromECDSA(key)),
 	}, &res)
-	t.Logf("the page showed:\n%s\nafter paying:\n%s", res.Text, res.Paid)
+	t.Logf("the page showed:\n%s\nthe balance %q; after paying:\n%s", res.Text, res.Balance, res.Paid)
 	if res.Status != http.StatusPaymentRequired {
 		t.Errorf("the page came with status %d, want 402", res.Status)
 	}
@@ -255,6 +260,12 @@ func TestOfficialPaywallPaysInABrowser(t *testing.T) {
 		if !strings.Contains(res.Text, want) {
 			t.Errorf("the page does not show %q", want)
 		}
+	}
+	// The page read the payer's token balance on the devnet (viem's
+	// formatUnits: no trailing zeros).
+	whole := strings.TrimRight(strings.TrimRight(new(big.Rat).SetFrac(before, big.NewInt(1e6)).FloatString(6), "0"), ".")
+	if want := "$" + whole + " USD Coin"; res.Balance != want {
+		t.Errorf("the page shows the balance %q, want %q", res.Balance, want)
 	}
 	if res.Signed != 1 {
 		t.Errorf("the wallet signed %d times, want once", res.Signed)
@@ -272,40 +283,96 @@ func TestOfficialPaywallPaysInABrowser(t *testing.T) {
 	if n := up.calls.Load(); n != 1 {
 		t.Errorf("the upstream ran %d times, want once", n)
 	}
+	// The page reads the chain at viem's URL for chain 1337, which the
+	// browser reaches on the devnet's real RPC (nothing intercepted, so the
+	// devnet's own CORS answers let the page read it); it asks for nothing
+	// else off its origin.
+	if len(res.Refused) != 0 {
+		t.Errorf("the page asked for more than JSON-RPC off its origin: %q", res.Refused)
+	}
 	for _, u := range res.OffPageRequests {
-		if !strings.HasPrefix(u, "http://127.0.0.1:8545") && !strings.Contains(u, "rpc") {
-			t.Logf("the page also asked (and was refused) %s", u)
+		if u != "http://127.0.0.1:8545/" {
+			t.Errorf("the page called %s, not the chain's RPC", u)
 		}
 	}
 }
 
-// TestOfficialPaywallRendersASolanaOfferInABrowser: a Solana first offer
-// gets the official Solana page, which renders our demand in Chromium.
-func TestOfficialPaywallRendersASolanaOfferInABrowser(t *testing.T) {
+// TestOfficialPaywallPaysOnSolanaInABrowser: a priced route whose first
+// offer is Solana devnet gets the official Solana page, which shows our
+// demand. A devnet keypair behind an injected wallet-standard wallet stands
+// in for a wallet extension: the person selects and connects it and presses
+// "Pay now"; the page reads the USDC mint and balance and a blockhash from
+// the local chain, has the wallet sign the transfer once, fetches the URL
+// again with PAYMENT-SIGNATURE and shows the content. The gate settles
+// through our Solana facilitator: the buyer's USDC moved once by the price,
+// the upstream ran once.
+func TestOfficialPaywallPaysOnSolanaInABrowser(t *testing.T) {
 	chromium := chromiumPath(t)
 	interop.Dir(t, "playwright-core")
-	asset, ok := x402.USDC(x402.NetworkSolanaDevnet)
-	if !ok {
-		t.Fatal("no USDC on Solana devnet")
-	}
-	pr := x402.PaymentRequired{X402Version: 2, Resource: x402.Resource{URL: "http://127.0.0.1/score/agent-1", Description: "An agent's trust score"},
-		Accepts: []x402.PaymentRequirements{{Scheme: "exact", Network: x402.NetworkSolanaDevnet, Amount: "10000", Asset: asset.Address,
-			PayTo: "9xQeWvG816bUx9EPjHmaT23yvVM2ZWbrrpZb9PusVFin", MaxTimeoutSeconds: 60,
-			Extra: map[string]any{"feePayer": "2wKupLR9q6wXYppw8Gr2NvWxKBUqm4PPJKkQfoxHDBg4"}}}}
-	p := &Paywall{Mode: PaywallOfficial, AppName: "Agent Verifier"}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if err := p.serve(w, pr, nil, "http://"+r.Host+r.URL.RequestURI()); err != nil {
-			t.Error(err)
+	e := newSolanaEnv(t)
+	up := newUpstream(t)
+	base := startCaddy(t, fmt.Sprintf(`:{port} {
+	route /score/* {
+		x402 {
+			accept solana-devnet $0.01 %s
+			description "An agent's trust score"
+			route "GET /score/{agent_id}"
+			facilitator %s
+			store badger {data}/gate
+			paywall official {
+				app_name "Agent Verifier"
+			}
 		}
-	}))
-	t.Cleanup(srv.Close)
+		reverse_proxy %s
+	}
+}
+`, e.payee.Address, e.svmBlock(), strings.TrimPrefix(up.URL, "http://")))
+	payerBefore, payeeBefore := e.usdc(t, e.payer.Address), e.usdc(t, e.payee.Address)
+	feeBefore := e.chain.Lamports(e.feePay)
 
 	var res paywallBrowserResult
-	interop.Run(t, "paywall-browser.mjs", nil, map[string]any{"url": srv.URL + "/score/agent-1", "chromium": chromium}, &res)
-	t.Logf("the page showed:\n%s", res.Text)
+	interop.Run(t, "paywall-browser.mjs", nil, map[string]any{
+		"url": base + "/score/agent-1", "chromium": chromium, "rpc": e.chain.URL, "solanaKey": e.payer.SecretKey,
+	}, &res)
+	t.Logf("the page showed:\n%s\nafter paying:\n%s", res.Text, res.Paid)
+	if res.Status != http.StatusPaymentRequired {
+		t.Errorf("the page came with status %d, want 402", res.Status)
+	}
 	for _, want := range []string{"Payment Required", "An agent's trust score", "$0.01", "Solana Devnet"} {
 		if !strings.Contains(res.Text, want) {
-			t.Errorf("the Solana page does not show %q", want)
+			t.Errorf("the page does not show %q", want)
+		}
+	}
+	// The page read the buyer's USDC account on the local chain (1,000 USDC).
+	if res.Balance != "$1000 USDC" {
+		t.Errorf("the page shows the balance %q, want $1000 USDC", res.Balance)
+	}
+	if res.Signed != 1 || len(res.Chains) != 1 || res.Chains[0] != "solana:devnet" {
+		t.Errorf("the wallet signed %d times on %q, want once on solana:devnet", res.Signed, res.Chains)
+	}
+	var paid map[string]any
+	if err := json.Unmarshal([]byte(res.Paid), &paid); err != nil || paid["paid_content"] != true || paid["payment"] != "paid" ||
+		paid["network"] != x402.NetworkSolanaDevnet || paid["payer"] != e.payer.Address {
+		t.Fatalf("after paying the page shows %q", res.Paid)
+	}
+	if got := payerBefore - e.usdc(t, e.payer.Address); got != 10000 {
+		t.Errorf("the buyer paid %d, want 10000 once", got)
+	}
+	if got := e.usdc(t, e.payee.Address) - payeeBefore; got != 10000 {
+		t.Errorf("the payee received %d, want 10000", got)
+	}
+	if e.chain.Lamports(e.feePay) >= feeBefore {
+		t.Error("the facilitator's fee payer paid no fee: the payment was not settled by it")
+	}
+	if n := up.calls.Load(); n != 1 {
+		t.Errorf("the upstream ran %d times, want once", n)
+	}
+	if len(res.Refused) != 0 {
+		t.Errorf("the page asked for more than JSON-RPC off its origin: %q", res.Refused)
+	}
+	for _, u := range res.OffPageRequests {
+		if u != "https://api.devnet.solana.com/" {
+			t.Errorf("the page called %s, not the devnet RPC", u)
 		}
 	}
 }

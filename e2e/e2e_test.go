@@ -230,6 +230,52 @@ func TestRefusalsThroughCaddy(t *testing.T) {
 		mustStatus(t, r, http.StatusNotFound)
 		assertSameJSON(t, r.body, apierr.NotFound("endpoint"))
 	})
+
+	t.Run("a page on another origin may pay and speak MCP: preflights and a 402 carry the CORS headers", func(t *testing.T) {
+		const origin = "https://buyer.example"
+		has := func(list, want string) bool {
+			for _, v := range strings.Split(list, ",") {
+				if strings.EqualFold(strings.TrimSpace(v), want) {
+					return true
+				}
+			}
+			return false
+		}
+		for _, pre := range []struct{ path, method, headers string }{
+			{"/verify/schema", "POST", "content-type, payment-signature, x-wallet-auth"},
+			{"/score/agent-1", "GET", "sign-in-with-x"},
+			{"/mcp", "POST", "content-type, mcp-protocol-version, mcp-session-id"},
+			{"/mcp", "GET", "mcp-protocol-version, mcp-session-id, last-event-id"},
+			{"/mcp", "DELETE", "mcp-protocol-version, mcp-session-id"},
+		} {
+			r := do(t, http.MethodOptions, s.url(pre.path), nil, map[string]string{
+				"Origin": origin, "Access-Control-Request-Method": pre.method, "Access-Control-Request-Headers": pre.headers,
+			})
+			mustStatus(t, r, http.StatusNoContent)
+			if got := r.header.Get("Access-Control-Allow-Origin"); got != "*" {
+				t.Errorf("preflight %s %s: Access-Control-Allow-Origin %q, want *", pre.method, pre.path, got)
+			}
+			if !has(r.header.Get("Access-Control-Allow-Methods"), pre.method) {
+				t.Errorf("preflight %s %s: Access-Control-Allow-Methods %q", pre.method, pre.path, r.header.Get("Access-Control-Allow-Methods"))
+			}
+			for _, h := range strings.Split(pre.headers, ", ") {
+				if !has(r.header.Get("Access-Control-Allow-Headers"), h) {
+					t.Errorf("preflight %s %s: %s not in Access-Control-Allow-Headers %q", pre.method, pre.path, h, r.header.Get("Access-Control-Allow-Headers"))
+				}
+			}
+		}
+		r := do(t, http.MethodGet, s.url("/score/agent-1"), nil, map[string]string{"Origin": origin})
+		mustStatus(t, r, http.StatusPaymentRequired)
+		if got := r.header.Get("Access-Control-Allow-Origin"); got != "*" {
+			t.Errorf("the 402: Access-Control-Allow-Origin %q, want *", got)
+		}
+		if r.header.Get("Payment-Required") == "" || !has(r.header.Get("Access-Control-Expose-Headers"), "PAYMENT-REQUIRED") {
+			t.Errorf("the 402: PAYMENT-REQUIRED %q, Access-Control-Expose-Headers %q", r.header.Get("Payment-Required"), r.header.Get("Access-Control-Expose-Headers"))
+		}
+		if r.header.Get("Access-Control-Allow-Credentials") != "" {
+			t.Errorf("the 402 allows credentials")
+		}
+	})
 }
 
 // certd's signing endpoint is a unix socket (mode 0600) that only verifierd

@@ -44,8 +44,9 @@ export function serveFacilitator(facilitator, ready = {}) {
 // launchChromium starts headless Chromium (Debian's, at path) with the
 // flags a closed-network machine needs: no sandbox as root, no GPU, QUIC,
 // first-run or background networking (whose connections would be refused).
-// playwright-core gives every launch a fresh temporary profile.
-export async function launchChromium(path) {
+// playwright-core gives every launch a fresh temporary profile; args are
+// added to those flags.
+export async function launchChromium(path, args = []) {
   const { chromium } = await import("playwright-core");
   return chromium.launch({
     executablePath: path,
@@ -53,6 +54,7 @@ export async function launchChromium(path) {
     args: [
       "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
       "--disable-background-networking", "--disable-component-update", "--disable-sync",
+      ...args,
     ],
   });
 }

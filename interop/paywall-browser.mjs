@@ -1,37 +1,68 @@
 // A person on the official x402 paywall: headless Chromium (the system's,
 // driven by playwright-core) opens a priced URL as a browser does (Accept:
 // text/html), and the gateway answers 402 with the official @x402/paywall
-// page. The page's text is reported. With input.key set, a wallet extension
-// is stood in for by an injected EIP-1193 provider (window.ethereum, also
-// announced over EIP-6963) whose accounts and signatures come from that
-// devnet key, held here in Node (viem), never in the page; the person
+// page. The page's text is reported. With a key, a wallet extension is stood
+// in for by an injected wallet whose accounts and signatures come from that
+// devnet key, held here in Node, never in the page; the person selects and
 // connects it, presses "Pay now", and the page signs, fetches the URL again
-// with PAYMENT-SIGNATURE and shows the content. The page's JSON-RPC reads
-// (balance, token metadata) go to its chain's default RPC URL; they are
-// routed to input.rpc. Nothing else leaves the gateway's origin.
-// Input on stdin: {"url", "chromium", "rpc"?, "key"?}.
+// with PAYMENT-SIGNATURE and shows the content.
+//   - input.key (0x hex): an EIP-1193 provider (window.ethereum, also
+//     announced over EIP-6963) signing EIP-712 typed data with viem.
+//   - input.solanaKey (base58 of the 64-byte secret key): a wallet-standard
+//     wallet (registered as @wallet-standard/wallet's registerWallet does,
+//     over the wallet-standard:register-wallet / app-ready events) with
+//     standard:connect, standard:disconnect, standard:events and
+//     solana:signTransaction on solana:devnet, signing with @solana/kit.
+//     A silent connect (the page tries one on load) gets no accounts until
+//     the person has connected, as a wallet that was never authorised does.
+// The page's JSON-RPC calls (balances, token metadata, the blockhash) go to
+// its chain's public RPC URL, which the page does not let a site configure;
+// they are answered from input.rpc (the local chain). With input.rpcAt (the
+// URL the page calls, http only) nothing is intercepted: Chromium connects
+// to input.rpc's host and port whenever the page calls rpcAt's
+// (--host-resolver-rules), so the chain's own answers, CORS headers and
+// preflights included, reach the page, and the browser enforces CORS on
+// them. Otherwise the calls are answered here (a fulfilled answer skips the
+// browser's CORS check). Nothing else leaves the gateway's origin: every
+// other request is refused and reported.
+// Input on stdin: {"url", "chromium", "rpc"?, "rpcAt"?, "key"?, "solanaKey"?}.
 // Output on stdout: {"status", "text": "<page text>", "paid": "<text after paying>",
-// "offPageRequests": [urls], "signed": <number of typed-data signatures>,
-// "consoleErrors": [...]}.
+// "balance": "<the balance the page shows once connected>",
+// "offPageRequests": [urls off the origin], "refused": [those not answered],
+// "signed": <number of signatures the wallet made>,
+// "chains": [the chain of each Solana signing request], "consoleErrors": [...]}.
 import { privateKeyToAccount } from "viem/accounts";
+import {
+  createKeyPairFromBytes, getAddressFromPublicKey, getBase58Encoder,
+  getTransactionDecoder, getTransactionEncoder, partiallySignTransaction,
+} from "@solana/kit";
 import { readStdinJSON, fail, launchChromium } from "./lib.mjs";
 
 try {
   const input = await readStdinJSON();
   const origin = new URL(input.url).origin;
-  const browser = await launchChromium(input.chromium);
+  const rpcAt = input.rpcAt ? new URL(input.rpcAt) : null;
+  const browser = await launchChromium(input.chromium, rpcAt
+    ? [`--host-resolver-rules=MAP ${rpcAt.host} ${new URL(input.rpc).host}`]
+    : []);
   try {
     const context = await browser.newContext();
     const offPageRequests = [];
+    const refused = [];
     const consoleErrors = [];
+    const chains = [];
     let signed = 0;
-    await context.route((u) => u.origin !== origin && u.protocol.startsWith("http"), async (route) => {
+    context.on("request", (req) => {
+      const u = new URL(req.url());
+      if (u.origin !== origin && u.protocol.startsWith("http")) offPageRequests.push(req.url());
+    });
+    await context.route((u) => u.origin !== origin && u.protocol.startsWith("http") && u.origin !== rpcAt?.origin, async (route) => {
       const req = route.request();
-      offPageRequests.push(req.url());
       if (input.rpc && req.method() === "POST" && (req.postData() ?? "").includes('"jsonrpc"')) {
         const r = await fetch(input.rpc, { method: "POST", headers: { "Content-Type": "application/json" }, body: req.postData() });
         return route.fulfill({ status: r.status, contentType: "application/json", body: await r.text(), headers: { "Access-Control-Allow-Origin": "*" } });
       }
+      refused.push(req.url());
       return route.abort();
     });
     if (input.key) {
@@ -89,6 +120,83 @@ try {
         announce();
       }, { address: account.address, chainId });
     }
+    if (input.solanaKey) {
+      const keyPair = await createKeyPairFromBytes(getBase58Encoder().encode(input.solanaKey));
+      const address = await getAddressFromPublicKey(keyPair.publicKey);
+      const publicKey = [...getBase58Encoder().encode(address)];
+      // The wallet signs in Node: the page hands over the wire bytes of a
+      // transaction (base64) and gets them back with this key's signature
+      // added; the fee payer's slot stays empty for the facilitator.
+      await context.exposeBinding("__solanaSign", async (_src, b64, chain) => {
+        chains.push(chain);
+        if (chain !== "solana:devnet") throw new Error(`this wallet signs on solana:devnet only, not ${chain}`);
+        const tx = getTransactionDecoder().decode(Buffer.from(b64, "base64"));
+        const out = await partiallySignTransaction([keyPair], tx);
+        signed++;
+        return Buffer.from(getTransactionEncoder().encode(out)).toString("base64");
+      });
+      await context.addInitScript(({ address, publicKey }) => {
+        const chain = "solana:devnet";
+        const account = Object.freeze({
+          address, publicKey: new Uint8Array(publicKey), chains: [chain],
+          features: ["solana:signTransaction"], label: "Devnet buyer",
+        });
+        const listeners = { change: [] };
+        let authorised = false;
+        const b64 = (bytes) => btoa(String.fromCharCode(...bytes));
+        const unb64 = (s) => Uint8Array.from(atob(s), (c) => c.charCodeAt(0));
+        const wallet = {
+          version: "1.0.0",
+          name: "Devnet Wallet",
+          icon: "data:image/svg+xml;base64," + btoa("<svg xmlns='http://www.w3.org/2000/svg' viewBox='0 0 1 1'/>"),
+          chains: [chain],
+          get accounts() { return authorised ? [account] : []; },
+          features: {
+            "standard:connect": {
+              version: "1.0.0",
+              async connect({ silent } = {}) {
+                if (!silent && !authorised) {
+                  authorised = true;
+                  listeners.change.forEach((f) => f({ accounts: wallet.accounts }));
+                }
+                return { accounts: wallet.accounts };
+              },
+            },
+            "standard:disconnect": {
+              version: "1.0.0",
+              async disconnect() {
+                authorised = false;
+                listeners.change.forEach((f) => f({ accounts: [] }));
+              },
+            },
+            "standard:events": {
+              version: "1.0.0",
+              on(event, fn) {
+                (listeners[event] ??= []).push(fn);
+                return () => { listeners[event] = listeners[event].filter((f) => f !== fn); };
+              },
+            },
+            "solana:signTransaction": {
+              version: "1.0.0",
+              supportedTransactionVersions: ["legacy", 0],
+              async signTransaction(...inputs) {
+                const out = [];
+                for (const { account: a, transaction, chain: c } of inputs) {
+                  if (!authorised || a?.address !== address) throw new Error("account not connected: " + a?.address);
+                  out.push({ signedTransaction: unb64(await window.__solanaSign(b64(transaction), c ?? "")) });
+                }
+                return out;
+              },
+            },
+          },
+        };
+        // As @wallet-standard/wallet's registerWallet: announce the wallet to
+        // an app already listening, and answer the app's ready event.
+        const callback = ({ register }) => register(wallet);
+        window.dispatchEvent(new CustomEvent("wallet-standard:register-wallet", { detail: callback }));
+        window.addEventListener("wallet-standard:app-ready", ({ detail }) => callback(detail));
+      }, { address, publicKey });
+    }
     const page = await context.newPage();
     page.on("console", (msg) => { if (msg.type() === "error") consoleErrors.push(msg.text()); });
     page.on("pageerror", (err) => consoleErrors.push(String(err)));
@@ -97,8 +205,8 @@ try {
     await page.waitForSelector(".container .title", { timeout: 30000 });
     await page.waitForTimeout(500);
     const text = await page.locator("body").innerText();
-    let paid = "";
-    if (input.key) {
+    let paid = "", balance = "";
+    if (input.key || input.solanaKey) {
       const pay = page.getByRole("button", { name: "Pay now" });
       const select = page.locator("select.input");
       await select.or(pay).first().waitFor({ timeout: 30000 });
@@ -112,13 +220,20 @@ try {
         await page.getByRole("button", { name: "Connect wallet" }).click();
       }
       await pay.waitFor({ timeout: 30000 });
+      // The person reveals the balance the page read from the chain.
+      const shown = page.locator("button.balance-button");
+      if (await shown.count()) {
+        await shown.click();
+        await page.waitForFunction(() => /\$\d/.test(document.querySelector("button.balance-button")?.textContent ?? ""), null, { timeout: 15000 }).catch(() => {});
+        balance = await shown.innerText();
+      }
       await pay.click();
       await page.waitForURL((u) => u.protocol === "blob:" || !u.href.startsWith(input.url), { timeout: 60000 }).catch(async () => {
         throw new Error("the page did not show the content; it says: " + await page.locator("body").innerText());
       });
       paid = await page.locator("body").innerText();
     }
-    process.stdout.write(JSON.stringify({ status: resp.status(), text, paid, offPageRequests, signed, consoleErrors }) + "\n");
+    process.stdout.write(JSON.stringify({ status: resp.status(), text, paid, balance, offPageRequests, refused, signed, chains, consoleErrors }) + "\n");
   } finally {
     await browser.close();
   }

@@ -40,12 +40,29 @@ const DevnetUSDCPerAccount = 1_000_000_000_000
 // devnetETHPerAccount is each development account's genesis ETH: 10,000 ETH.
 var devnetETHPerAccount = new(big.Int).Mul(big.NewInt(10_000), big.NewInt(1e18))
 
+// devnetRPCOrigins are the web origins whose pages may call the devnet's
+// JSON-RPC from a browser (CORS): any page served from this machine's
+// loopback names, on any port, such as the official paywall page of a
+// gateway under make run (it reads the chain, balances and token metadata
+// from the chain's RPC), a wallet or a dapp in development. A page from
+// any other site gets no CORS answer, so the browser keeps it from
+// reading or sending anything but a simple request (which go-ethereum
+// refuses: it takes only application/json). Pages that may call it can
+// read the chain and send transactions signed with its keys, all of which
+// are public test keys; no key is unlocked on the node.
+var devnetRPCOrigins = []string{
+	"http://localhost", "http://localhost:*",
+	"http://127.0.0.1", "http://127.0.0.1:*",
+	"http://[::1]", "http://[::1]:*",
+}
+
 // DevnetConfig configures StartDevnet.
 type DevnetConfig struct {
 	// RPCListen, when set, serves the chain's JSON-RPC over HTTP (namespaces
 	// eth, net, web3) on this host:port, for wallets, viem or another
 	// facilitator. Port 0 picks a free port (see Devnet.RPCURL). Empty: the
-	// chain is reachable in process only.
+	// chain is reachable in process only. Web pages on a loopback origin
+	// (devnetRPCOrigins) may call it from a browser.
 	RPCListen string
 	// MaxClockLead bounds how far block timestamps may run ahead of the wall
 	// clock. Every block must be at least one second after its parent, so a
@@ -115,6 +132,7 @@ func StartDevnet(cfg DevnetConfig) (*Devnet, error) {
 			nc.HTTPPort = port
 			nc.HTTPModules = []string{"eth", "net", "web3"}
 			nc.HTTPVirtualHosts = []string{"*"}
+			nc.HTTPCors = devnetRPCOrigins
 		})
 	}
 	if cfg.DataDir != "" {

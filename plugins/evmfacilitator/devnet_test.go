@@ -259,3 +259,56 @@ func TestTestUSDCRevertStrings(t *testing.T) {
 		})
 	}
 }
+
+// TestDevnetRPCAnswersLoopbackPagesOnly: the devnet's JSON-RPC lets a web
+// page on a loopback origin (any port) call it from a browser, answering
+// its preflight and its calls with Access-Control-Allow-Origin, and gives
+// pages of any other site, look-alike names included, no CORS answer. No
+// account is unlocked on the node, so a page it answers holds no key it
+// did not have.
+func TestDevnetRPCAnswersLoopbackPagesOnly(t *testing.T) {
+	d := startDevnet(t, DevnetConfig{RPCListen: "127.0.0.1:0"})
+	do := func(method, origin, body string) *http.Response {
+		t.Helper()
+		req, _ := http.NewRequest(method, d.RPCURL(), strings.NewReader(body))
+		req.Header.Set("Origin", origin)
+		if method == http.MethodOptions {
+			req.Header.Set("Access-Control-Request-Method", "POST")
+			req.Header.Set("Access-Control-Request-Headers", "content-type")
+		} else {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { resp.Body.Close() })
+		return resp
+	}
+	const chainID = `{"jsonrpc":"2.0","id":1,"method":"eth_chainId","params":[]}`
+	for _, origin := range []string{"http://localhost:8080", "http://127.0.0.1:5173", "http://[::1]:3000", "http://localhost"} {
+		pre := do(http.MethodOptions, origin, "")
+		if got := pre.Header.Get("Access-Control-Allow-Origin"); got != origin || pre.StatusCode >= 300 {
+			t.Errorf("preflight from %s: status %d, Access-Control-Allow-Origin %q", origin, pre.StatusCode, got)
+		}
+		if got := pre.Header.Get("Access-Control-Allow-Headers"); !strings.EqualFold(got, "content-type") {
+			t.Errorf("preflight from %s: Access-Control-Allow-Headers %q", origin, got)
+		}
+		resp := do(http.MethodPost, origin, chainID)
+		body, _ := io.ReadAll(resp.Body)
+		if got := resp.Header.Get("Access-Control-Allow-Origin"); got != origin || !strings.Contains(string(body), `"0x539"`) {
+			t.Errorf("eth_chainId from %s: Access-Control-Allow-Origin %q, body %s", origin, got, body)
+		}
+	}
+	for _, origin := range []string{"https://shop.example", "http://127.0.0.1.shop.example", "http://localhost.shop.example:8080", "https://localhost:8080", "null"} {
+		for _, method := range []string{http.MethodOptions, http.MethodPost} {
+			if got := do(method, origin, chainID).Header.Get("Access-Control-Allow-Origin"); got != "" {
+				t.Errorf("%s from %s: Access-Control-Allow-Origin %q, want none", method, origin, got)
+			}
+		}
+	}
+	resp := do(http.MethodPost, "http://localhost:8080", `{"jsonrpc":"2.0","id":1,"method":"eth_accounts","params":[]}`)
+	if body, _ := io.ReadAll(resp.Body); !strings.Contains(string(body), `"result":[]`) {
+		t.Errorf("eth_accounts: %s, want no unlocked account", body)
+	}
+}
