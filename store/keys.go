@@ -19,6 +19,7 @@ import (
 //	'q' len pool len client day            → allowance state of one client-day (binary, see allowance.go)
 //	'c' claimKey                           → claim (binary, see claims.go)
 //	'o' len agent                          → owner address of a bound agent id (see owners.go)
+//	'p' id                                 → payment identifier binding (binary, see idempotency.go)
 //
 // inv(at) is math.MaxUint64 minus the verification's Unix time in
 // nanoseconds, big endian: Badger iterates keys in ascending byte order, so
