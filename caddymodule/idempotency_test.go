@@ -9,6 +9,7 @@ import (
 	"math/big"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -535,5 +536,59 @@ func TestPaymentIdentifierCaddyfile(t *testing.T) {
 	g.PaymentIdentifier = &PaymentIdentifier{Window: caddy.Duration(8 * 24 * time.Hour)}
 	if err := g.PaymentIdentifier.provision(&g); err == nil {
 		t.Error("a window over 7 days was provisioned")
+	}
+}
+
+// A settlement whose outcome is unknown keeps the id bound: another
+// payment under it is a conflict (the first may have moved the money),
+// while the same payment's retry is resolved as without an id (pending.go)
+// and gets the held answer, charged once.
+func TestPaymentIdentifierWithAnUnknownSettlement(t *testing.T) {
+	d, _ := sharedDevnet(t)
+	up := newUpstream(t)
+	base := startCaddy(t, pendingSite(up.URL, "lose_reply", filepath.Join(t.TempDir(), "gate"), "payment_identifier"))
+	url := base + "/verify/schema"
+	payer := evmfacilitator.DevAccounts()[7]
+	before := balance(t, d, payer.Address)
+	pr := paymentRequired(t, post(t, url, "", nil))
+	const id = "pay_unknown_settlement_001"
+	sig := signWithID(t, pr, payer.Key(), id)
+	if resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}); resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("first call: %d", resp.StatusCode)
+	}
+	if resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: signWithID(t, pr, payer.Key(), id)}); resp.StatusCode != http.StatusConflict || idemCode(t, resp) != codePaymentIDConflict {
+		t.Fatalf("another payment under the id: %d", resp.StatusCode)
+	}
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	if m := readJSON(t, resp); resp.StatusCode != 200 || m["paid_content"] != true {
+		t.Fatalf("the same payment's retry: %d %v", resp.StatusCode, m)
+	}
+	if got := charged(t, d, payer.Address, before); got.Cmp(big.NewInt(20000)) != 0 || up.calls.Load() != 1 {
+		t.Fatalf("charged %v, upstream ran %d times", got, up.calls.Load())
+	}
+}
+
+// In settle before mode the answer is streamed, so it is never saved: the
+// retry is told it was paid and answered, and is not charged again.
+func TestPaymentIdentifierSettleBeforeIsNotKept(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	base := startCaddy(t, gateSite(up.URL, fac, 0, "settle before\n\t\t\tpayment_identifier"))
+	url := base + "/verify/schema"
+	pr := paymentRequired(t, post(t, url, "", nil))
+	payer := evmfacilitator.DevAccounts()[8]
+	before := balance(t, d, payer.Address)
+	sig := signWithID(t, pr, payer.Key(), "pay_settle_before_0000001")
+	first := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	if first.StatusCode != 200 {
+		t.Fatalf("first call: %d", first.StatusCode)
+	}
+	tx := settlementOf(t, first).Transaction
+	again := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	if again.StatusCode != http.StatusConflict || idemCode(t, again) != codePaymentIDAnswerNotKept || settlementOf(t, again).Transaction != tx {
+		t.Fatalf("retry: %d", again.StatusCode)
+	}
+	if got := charged(t, d, payer.Address, before); got.Cmp(big.NewInt(20000)) != 0 || up.calls.Load() != 1 {
+		t.Fatalf("charged %v, upstream ran %d times", got, up.calls.Load())
 	}
 }
