@@ -187,19 +187,19 @@ var (
 		Code:        codeInvalidPaymentID,
 		Message:     fmt.Sprintf("The payment's extensions[\"payment-identifier\"].info.id must be a string of %d to %d characters from a-z, A-Z, 0-9, '_' and '-'; nothing was charged.", x402.PaymentIDMinLength, x402.PaymentIDMaxLength),
 		Status:      http.StatusBadRequest,
-		NextActions: []apierr.Action{{Action: "sign_new_payment"}},
+		NextActions: []apierr.Action{{Action: "fix_request_fields", Fields: []string{"extensions.payment-identifier.info.id"}}},
 	}
 	errPaymentIDRequired = apierr.Error{
 		Code:        codePaymentIDRequired,
 		Message:     "This route requires a payment identifier: echo the payment-identifier extension of PAYMENT-REQUIRED in the payment with info.id set (for example with appendPaymentIdentifierToExtensions); nothing was charged.",
 		Status:      http.StatusBadRequest,
-		NextActions: []apierr.Action{{Action: "sign_new_payment"}},
+		NextActions: []apierr.Action{{Action: "fix_request_fields", Fields: []string{"extensions.payment-identifier.info.id"}}},
 	}
 	errPaymentIDConflict = apierr.Error{
 		Code:        codePaymentIDConflict,
 		Message:     "This payment identifier is already bound to another payment or another request; nothing was charged. Use a new identifier for a new request.",
 		Status:      http.StatusConflict,
-		NextActions: []apierr.Action{{Action: "sign_new_payment"}},
+		NextActions: []apierr.Action{{Action: "use_new_payment_identifier"}},
 	}
 	errPaymentIDInProgress = apierr.Error{
 		Code:        codePaymentIDInProgress,
