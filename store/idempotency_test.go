@@ -18,3 +18,14 @@ func TestBadgerPaymentIDsContract(t *testing.T) {
 		return db.PaymentIDs()
 	})
 }
+
+// BenchmarkBadgerPaymentIDs: Badger with fsync (the default), against its
+// own claim in the same run.
+func BenchmarkBadgerPaymentIDs(b *testing.B) {
+	db, err := store.Open(filepath.Join(b.TempDir(), "db"), store.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer db.Close()
+	storetest.BenchmarkPaymentIDs(b, db.PaymentIDs(), db.Claims())
+}

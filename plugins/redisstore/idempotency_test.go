@@ -8,6 +8,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/aovhq/aov/internal/servers"
 	"github.com/aovhq/aov/store"
 	"github.com/aovhq/aov/store/storetest"
 )
@@ -74,4 +75,17 @@ func TestPaymentIDScriptsAreSafeToRunTwice(t *testing.T) {
 	if n := rdb.Exists(ctx, "pidtwice:p:"+fmt.Sprintf("%x", id)).Val(); n != 1 {
 		t.Fatalf("the binding is not under its documented key (%d)", n)
 	}
+}
+
+// BenchmarkRedisPaymentIDs: a local Redis with AOF fsync every second,
+// against its own claim in the same run.
+func BenchmarkRedisPaymentIDs(b *testing.B) {
+	srv := servers.StartRedis(b, "--appendonly", "yes", "--appendfsync", "everysec")
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 128})
+	defer rdb.Close()
+	s, err := New(context.Background(), rdb, Options{Prefix: "pidbench"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	storetest.BenchmarkPaymentIDs(b, s.PaymentIDs(), s.Claims())
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -183,5 +184,44 @@ func TestPaymentIDs(t *testing.T, newP NewPaymentIDs) {
 		if _, err := p.Lookup(ctx, id); !errors.Is(err, store.ErrNotFound) {
 			t.Fatalf("a refused call wrote: %v", err)
 		}
+	})
+}
+
+// BenchmarkPaymentIDs measures what a paid call with a payment identifier
+// adds to the store's work: binding its id and saving a 2 KiB answer, a
+// replay's lookup of the saved answer, and, as the baseline in the same
+// run, the payment claim every paid call takes.
+func BenchmarkPaymentIDs(b *testing.B, p store.PaymentIDs, cl store.Claims) {
+	ctx := context.Background()
+	run := fmt.Sprint(time.Now().UnixNano())
+	answer := bytes.Repeat([]byte("a"), 2<<10)
+	var seq atomic.Int64
+	for _, c := range Concurrency {
+		b.Run(fmt.Sprintf("claim(baseline)/c=%d", c), func(b *testing.B) {
+			parallel(b, c, func(int) error {
+				k := fmt.Sprintf("%s-%d", run, seq.Add(1))
+				_, err := cl.Claim(ctx, []string{"payload:" + k, "nonce:" + k}, time.Now().Add(time.Minute))
+				return err
+			})
+		})
+		b.Run(fmt.Sprintf("bind+save/c=%d", c), func(b *testing.B) {
+			parallel(b, c, func(int) error {
+				id := fmt.Sprintf("pay_%s_%d", run, seq.Add(1))
+				if _, _, err := p.Bind(ctx, id, "fp", time.Now().Add(time.Hour)); err != nil {
+					return err
+				}
+				return p.Save(ctx, id, "fp", answer, time.Now().Add(time.Hour))
+			})
+		})
+	}
+	id := fmt.Sprintf("pay_%s_saved", run)
+	if err := p.Save(ctx, id, "fp", answer, time.Now().Add(time.Hour)); err != nil {
+		b.Fatal(err)
+	}
+	b.Run("lookup", func(b *testing.B) {
+		parallel(b, 1, func(int) error {
+			_, err := p.Lookup(ctx, id)
+			return err
+		})
 	})
 }
