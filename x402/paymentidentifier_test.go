@@ -71,3 +71,31 @@ func FuzzValidPaymentID(f *testing.F) {
 		}
 	})
 }
+
+// FuzzPaymentIDFromPayload reads the id of arbitrary payment payloads as
+// the gate does (ParsePaymentPayload, then PaymentID): never a panic, and
+// an id it returns always obeys the reference rule.
+func FuzzPaymentIDFromPayload(f *testing.F) {
+	const head = `{"x402Version":2,"accepted":{"scheme":"exact","network":"eip155:8453","amount":"1","asset":"0xa","payTo":"0xb"},"payload":{},"extensions":`
+	for _, ext := range []string{
+		`{"payment-identifier":{"info":{"required":false,"id":"pay_7d5d747be160e280504c099d984bcfe0"}}}`,
+		`{"payment-identifier":{"info":{"id":"short"}}}`,
+		`{"payment-identifier":{"info":{"id":null}}}`,
+		`{"payment-identifier":{"info":[]}}`,
+		`{"payment-identifier":[]}`,
+		`{"payment-identifier":{"info":{"id":"pay_7d5d747be160e2\u00e9280504c0"}}}`,
+		`{}`,
+	} {
+		f.Add([]byte(head + ext + "}"))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		p, err := ParsePaymentPayload(data)
+		if err != nil {
+			return
+		}
+		id, err := PaymentID(p)
+		if err == nil && id != "" && !referenceValid(id) {
+			t.Fatalf("PaymentID returned %q, which the reference rule refuses", id)
+		}
+	})
+}
