@@ -149,13 +149,13 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		}
 		return ex.refuse(w, r, apierr.Unavailable("payment state store", 1, err))
 	}
+	if handled, err := pid.bind(w, r, ex, claim); handled {
+		return err
+	}
 	// From here every path either settles the claim, releases it (nothing
 	// was charged, the client may retry with the same payment), or keeps it
 	// pending until it lapses (the outcome is unknown: never invite a second
 	// payment).
-	if handled, err := pid.bind(w, r, ex, claim); handled {
-		return err
-	}
 	pc := &paidCharge{g: g, ex: ex, next: next, payload: payload, offer: offer, claim: claim, pid: pid}
 
 	vctx, cancel := context.WithTimeout(ctx, defaultSettleTimeout)
