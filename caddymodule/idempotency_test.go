@@ -283,7 +283,8 @@ func TestPaymentIdentifierFailedAttemptThenAGoodOne(t *testing.T) {
 func TestPaymentIdentifierWindowExpires(t *testing.T) {
 	d, fac := sharedDevnet(t)
 	up := newUpstream(t)
-	base := startCaddy(t, gateSite(up.URL, fac, 0, "payment_identifier {\n\t\t\t\twindow 1s\n\t\t\t}"))
+	const window = 3 * time.Second
+	base := startCaddy(t, gateSite(up.URL, fac, 0, "payment_identifier {\n\t\t\t\twindow 3s\n\t\t\t}"))
 	url := base + "/verify/schema"
 	pr := paymentRequired(t, post(t, url, "", nil))
 	payer := evmfacilitator.DevAccounts()[1]
@@ -293,10 +294,14 @@ func TestPaymentIdentifierWindowExpires(t *testing.T) {
 	if resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}); resp.StatusCode != 200 {
 		t.Fatalf("first call: %d", resp.StatusCode)
 	}
+	saved := time.Now() // the answer was saved before it was sent
 	if resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}); resp.StatusCode != 200 {
-		t.Fatalf("retry within the window: %d", resp.StatusCode)
+		if time.Since(saved) < window {
+			t.Fatalf("retry within the window: %d", resp.StatusCode)
+		}
+		t.Logf("the machine is too slow to retry within %v", window)
 	}
-	time.Sleep(1200 * time.Millisecond)
+	time.Sleep(time.Until(saved.Add(window + 200*time.Millisecond)))
 	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
 	if m := readJSON(t, resp); resp.StatusCode != http.StatusPaymentRequired || m["reason"] != x402.ReasonPaymentAlreadyUsed {
 		t.Fatalf("the same payment after the window: %d %v", resp.StatusCode, m["reason"])
