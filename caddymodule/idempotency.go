@@ -58,8 +58,9 @@ import (
 // upstream error, a 422, a failed settlement), so a later attempt with
 // the same id (and a corrected request or a new payment) is served
 // normally. A settlement whose outcome is unknown keeps both: the same
-// payment's retry is resolved by pending.go, any other payment under the id
-// is a conflict until the binding lapses. A binding lives for the window,
+// payment's retry is resolved by pending.go (and the held answer it gets,
+// once the transfer is found, becomes the id's saved answer), any other
+// payment under the id is a conflict until the binding lapses. A binding lives for the window,
 // and at least as long as its payment's claim, so no second payment can
 // take an id while the first could still settle.
 //
@@ -372,6 +373,13 @@ func (c *paymentIDCall) save(bw *bufferedWriter, sr x402.SettleResponse) {
 	if c == nil || !c.bound {
 		return
 	}
+	c.record(bw, sr)
+}
+
+// record writes the answer of a settled payment as the id's saved answer.
+// The store takes it only for the binding's own fingerprint (or an id no
+// longer bound), so a call may record without holding the binding.
+func (c *paymentIDCall) record(bw *bufferedWriter, sr x402.SettleResponse) {
 	ans := savedAnswer{Settlement: sr}
 	if bw != nil {
 		h := bw.header.Clone()
@@ -392,13 +400,38 @@ func (c *paymentIDCall) save(bw *bufferedWriter, sr x402.SettleResponse) {
 		err = c.ids.Save(c.ctx, c.id, c.fp, b, now().Add(time.Duration(c.g.PaymentIdentifier.Window)))
 	}
 	label := "payment_identifier_saved"
-	if err != nil {
+	switch {
+	case errors.Is(err, store.ErrPaymentIDTaken):
+		label = "payment_identifier_not_saved" // the id is another request's
+	case err != nil:
 		c.g.logger.Error("saving a payment identifier's answer", zap.Error(err))
 		label = "payment_identifier_save_failed"
-	} else if !ans.Kept {
+	case !ans.Kept:
 		label = "payment_identifier_not_kept"
 	}
 	metrics.outcomes.WithLabelValues(label).Inc()
+}
+
+// resolving is the exchange resolveOnRetry answers through: when an
+// unknown settlement turns out done and it delivers the held answer, that
+// answer becomes the id's saved answer too, so later retries get it from
+// the binding, also once the payment's claim (and the held record with it)
+// has lapsed.
+func (c *paymentIDCall) resolving(ex exchange) exchange {
+	if c == nil {
+		return ex
+	}
+	return &resolvingExchange{exchange: ex, c: c}
+}
+
+type resolvingExchange struct {
+	exchange
+	c *paymentIDCall
+}
+
+func (e *resolvingExchange) deliver(w http.ResponseWriter, bw *bufferedWriter, sr x402.SettleResponse) {
+	e.c.record(bw, sr)
+	e.exchange.deliver(w, bw, sr)
 }
 
 // serveSaved answers a retry with the answer its id's call bought.

@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"bytes"
+	"context"
 	"crypto/ecdsa"
 	"encoding/json"
 	"fmt"
@@ -22,6 +23,7 @@ import (
 	"github.com/aovhq/aov/internal/servers"
 	"github.com/aovhq/aov/plugins/evmfacilitator"
 	_ "github.com/aovhq/aov/plugins/redisstore" // the redis store module
+	"github.com/aovhq/aov/store"
 	"github.com/aovhq/aov/x402"
 )
 
@@ -551,7 +553,8 @@ func TestPaymentIdentifierCaddyfile(t *testing.T) {
 func TestPaymentIdentifierWithAnUnknownSettlement(t *testing.T) {
 	d, _ := sharedDevnet(t)
 	up := newUpstream(t)
-	base := startCaddy(t, pendingSite(up.URL, "lose_reply", filepath.Join(t.TempDir(), "gate"), "payment_identifier"))
+	storeDir := filepath.Join(t.TempDir(), "gate")
+	base := startCaddy(t, pendingSite(up.URL, "lose_reply", storeDir, "payment_identifier"))
 	url := base + "/verify/schema"
 	payer := evmfacilitator.DevAccounts()[7]
 	before := balance(t, d, payer.Address)
@@ -570,6 +573,17 @@ func TestPaymentIdentifierWithAnUnknownSettlement(t *testing.T) {
 	}
 	if got := charged(t, d, payer.Address, before); got.Cmp(big.NewInt(20000)) != 0 || up.calls.Load() != 1 {
 		t.Fatalf("charged %v, upstream ran %d times", got, up.calls.Load())
+	}
+	// The resolved answer is now the id's saved answer too, for the retries
+	// that come after the claim and its held record have lapsed.
+	db, err := store.Shared(storeDir, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	st, err := db.PaymentIDs().Lookup(context.Background(), id)
+	if err != nil || !st.Done || !bytes.Contains(st.Answer, []byte(`"kept":true`)) {
+		t.Fatalf("binding after the resolution: %+v, %v", st, err)
 	}
 }
 

@@ -136,7 +136,7 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		if errors.As(err, &ce) {
 			// A claim kept for an unknown settlement is resolved on the
 			// buyer's retry (pending.go), settled or not by now.
-			if handled, err := g.resolveOnRetry(w, r, next, ex, ce.State); handled {
+			if handled, err := g.resolveOnRetry(w, r, next, pid.resolving(ex), ce.State); handled {
 				return err
 			}
 			if handled, err := pid.claimed(w, r, ex, ce.State); handled {
