@@ -60,9 +60,9 @@ import (
 // normally. A settlement whose outcome is unknown keeps both: the same
 // payment's retry is resolved by pending.go (and the held answer it gets,
 // once the transfer is found, becomes the id's saved answer), any other
-// payment under the id is a conflict until the binding lapses. A binding lives for the window,
-// and at least as long as its payment's claim, so no second payment can
-// take an id while the first could still settle.
+// payment under the id is a conflict until the binding lapses. A binding
+// lives for the window, and at least as long as its payment's claim, so no
+// second payment can take an id while the first could still settle.
 //
 // Bindings and answers live in the gateway store (store.PaymentIDs), so
 // they hold across instances sharing a Redis store.
