@@ -38,6 +38,12 @@ var ErrorCodes = []ErrorCode{
 	{"output_failed_verification", 502, false, "Seller mode (`verify_response` with `on_fail block`): the seller agent's answer failed verification and was withheld; the body carries the verifier's hints. Nothing was charged."},
 	{"response_unverifiable", 503, true, "Seller mode: the seller agent's answer could not be verified (not JSON, compressed, too large, or the verifier refused it); nothing was charged, retry later."},
 	{x402.ReasonSettlementPending, 503, true, "A payment was submitted but its settlement outcome is not known yet; no content was released. Do not sign a new payment: retry the same request later."},
+	// x402's payment-identifier extension (the gate's payment_identifier option).
+	{"invalid_payment_identifier", 400, false, "The payment's `extensions[\"payment-identifier\"].info.id` is not a string of 16 to 128 characters from `a-z A-Z 0-9 _ -`; nothing was claimed or charged, send the payment again with a well-formed id."},
+	{"payment_identifier_required", 400, false, "The route requires a payment identifier and the payment carries none: echo the `payment-identifier` extension of PAYMENT-REQUIRED with `info.id` set; nothing was claimed or charged."},
+	{"payment_identifier_conflict", 409, false, "The payment identifier is already bound to another payment or another request (within the route's window); nothing was charged. Use a new identifier for a new request."},
+	{"payment_identifier_in_progress", 409, true, "A call with this payment identifier and this very payment is still being served; nothing was charged for this one. Retry the same request after `retry_after` seconds to get its answer."},
+	{"payment_identifier_answer_not_kept", 409, false, "This payment identifier's call was paid and answered, but its answer was over the route's `max_answer` (or streamed, in settle before mode) and was not kept for retries; PAYMENT-RESPONSE names the settlement. Nothing was charged again."},
 }
 
 // PaymentCode documents one refusal reason of a payment: the `reason`

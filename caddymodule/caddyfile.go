@@ -62,6 +62,10 @@ func parseDiscovery(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    validate      verify_request|score_request
 //	    mcp_tool      <tool name>
 //	    siwx
+//	    payment_identifier [optional|required] {
+//	        window     <duration>
+//	        max_answer <size>
+//	    }
 //	    free_allowance {
 //	        pool     <name>
 //	        per_day  <n>
@@ -131,6 +135,12 @@ func (g *Gate) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			g.Paywall = p
+		case "payment_identifier":
+			p, err := parsePaymentIdentifier(d)
+			if err != nil {
+				return err
+			}
+			g.PaymentIdentifier = p
 		case "mcp_tool":
 			if err := oneArg(d, &g.MCPTool); err != nil {
 				return err

@@ -121,15 +121,18 @@ type paidCharge struct {
 	offer   x402.PaymentRequirements
 	claim   store.Claim
 	sr      x402.SettleResponse // set by a successful settle
+	pid     *paymentIDCall      // the call's payment identifier, if any (idempotency.go)
 }
 
 func (p *paidCharge) release(r *http.Request) {
+	p.pid.unbind() // before the claim: see idempotency.go
 	if err := p.g.state.Claims().Release(context.WithoutCancel(r.Context()), p.claim); err != nil {
 		p.g.logger.Warn("releasing payment claim", zap.Error(err))
 	}
 }
 
 func (p *paidCharge) deliver(w http.ResponseWriter, bw *bufferedWriter) {
+	p.pid.save(bw, p.sr)
 	p.ex.deliver(w, bw, p.sr)
 }
 

@@ -199,6 +199,10 @@ type Gate struct {
 	// the official @x402/paywall wallet app, or no page (see Paywall).
 	Paywall *Paywall `json:"paywall,omitempty"`
 
+	// PaymentIdentifier enables x402's payment-identifier extension:
+	// idempotent retries of a paid call (see idempotency.go).
+	PaymentIdentifier *PaymentIdentifier `json:"payment_identifier,omitempty"`
+
 	facilitator x402.Facilitator
 	state       gateStore
 	verifier    *verify.Verifier
@@ -290,6 +294,9 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("store module %T does not keep allowance counters and claims", mod)
 	}
 	g.state = st
+	if err := g.PaymentIdentifier.provision(g); err != nil {
+		return err
+	}
 	if method, _, ok := strings.Cut(g.Route, " "); ok && method != "" {
 		g.allow = []string{strings.ToUpper(method)}
 		if g.allow[0] == http.MethodGet {
@@ -623,6 +630,7 @@ func (g *Gate) paymentRequired(w http.ResponseWriter, r *http.Request, msg, reas
 			pr.Extensions[walletauth.SIWXExtension] = walletauth.SIWXChallenge(domain, requestBase(r)+r.URL.Path, g.chains(), now())
 		}
 	}
+	pr.Extensions = g.PaymentIdentifier.declare(pr.Extensions)
 	header, err := x402.EncodeHeader(pr)
 	if err != nil {
 		return g.refuse(w, r, apierr.Internal(fmt.Errorf("encoding PAYMENT-REQUIRED: %w", err)))

@@ -130,6 +130,7 @@ func (e *mcpExchange) demand(w http.ResponseWriter, r *http.Request, _ int, msg,
 	if g.bazaar != nil {
 		pr.Extensions = map[string]any{"bazaar": g.bazaar}
 	}
+	pr.Extensions = g.PaymentIdentifier.declare(pr.Extensions)
 	text, err := json.Marshal(pr)
 	if err != nil {
 		return g.refuse(w, r, apierr.Internal(err))

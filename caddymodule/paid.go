@@ -119,6 +119,10 @@ func (e *restExchange) deliver(w http.ResponseWriter, bw *bufferedWriter, sr x40
 // (serveCharged). raw is the payment as received (header or JSON), for the
 // replay guard.
 func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, ex exchange, payload x402.PaymentPayload, raw string) error {
+	pid, err := g.paymentIDOf(r, payload, raw)
+	if err != nil {
+		return ex.refuse(w, r, apierr.From(err))
+	}
 	offer, ok := x402.Match(payload.Accepted, g.offers)
 	if !ok {
 		return ex.demand(w, r, http.StatusPaymentRequired, x402.ReasonNoMatchingRequirements, "no_matching_requirements", nil)
@@ -132,7 +136,10 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		if errors.As(err, &ce) {
 			// A claim kept for an unknown settlement is resolved on the
 			// buyer's retry (pending.go), settled or not by now.
-			if handled, err := g.resolveOnRetry(w, r, next, ex, ce.State); handled {
+			if handled, err := g.resolveOnRetry(w, r, next, pid.resolving(ex), ce.State); handled {
+				return err
+			}
+			if handled, err := pid.claimed(w, r, ex, ce.State); handled {
 				return err
 			}
 			if ce.State.Settled {
@@ -142,11 +149,14 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		}
 		return ex.refuse(w, r, apierr.Unavailable("payment state store", 1, err))
 	}
+	if handled, err := pid.bind(w, r, ex, claim); handled {
+		return err
+	}
 	// From here every path either settles the claim, releases it (nothing
 	// was charged, the client may retry with the same payment), or keeps it
 	// pending until it lapses (the outcome is unknown: never invite a second
 	// payment).
-	pc := &paidCharge{g: g, ex: ex, next: next, payload: payload, offer: offer, claim: claim}
+	pc := &paidCharge{g: g, ex: ex, next: next, payload: payload, offer: offer, claim: claim, pid: pid}
 
 	vctx, cancel := context.WithTimeout(ctx, defaultSettleTimeout)
 	defer cancel()
@@ -175,6 +185,7 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		if !pc.settle(w, r, nil) {
 			return nil
 		}
+		pid.save(nil, pc.sr) // streamed: settled, its answer not kept
 		g.setPaidHeaders(w.Header(), pc.sr)
 		return next.ServeHTTP(w, r)
 	}

@@ -20,6 +20,7 @@ import (
 //	'c' claimKey                           → claim (binary, see claims.go)
 //	'o' len agent                          → owner address of a bound agent id (see owners.go)
 //	'u' len agent inv(at) id               → Verification (JSON); one agent's authenticated, newest first (see ownerindex.go)
+//	'p' id                                 → payment identifier binding (binary, see idempotency.go)
 //
 // inv(at) is math.MaxUint64 minus the verification's Unix time in
 // nanoseconds, big endian: Badger iterates keys in ascending byte order, so

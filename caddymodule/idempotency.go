@@ -1,0 +1,473 @@
+package caddymodule
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/dustin/go-humanize"
+	"go.uber.org/zap"
+
+	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/receipt"
+	"github.com/aovhq/aov/store"
+	"github.com/aovhq/aov/x402"
+)
+
+// Payment identifiers: x402's payment-identifier extension.
+//
+// A route that enables it declares the extension in PAYMENT-REQUIRED (and
+// in MCP payment-required results). A client that wants its retries to be
+// idempotent sends an id it chose in its payment
+// (extensions["payment-identifier"].info.id). The gate then binds the id to
+// the call's fingerprint: a hash of the payment exactly as sent and of the
+// request it pays for (method, path and query, and body; for an MCP call
+// the tool and its arguments). What a call with an id gets:
+//
+//   - a new id: the call is served and charged as any paid call; once the
+//     payment settled, the answer it bought (status, the upstream's
+//     headers, body, and the settlement for PAYMENT-RESPONSE) is saved for
+//     the window;
+//   - the same id and fingerprint within the window: the saved answer,
+//     with the first call's PAYMENT-RESPONSE, and no second settlement
+//     (the upstream does not run again);
+//   - the same id with another payment or another request: 409
+//     payment_identifier_conflict, nothing charged;
+//   - the same id and fingerprint while the first call is still running:
+//     409 payment_identifier_in_progress, retryable (Retry-After 1);
+//   - an answer over max_answer (or any answer in settle before mode,
+//     which is streamed) is delivered but not saved: a retry gets 409
+//     payment_identifier_answer_not_kept with the first call's
+//     PAYMENT-RESPONSE, nothing charged again;
+//   - a malformed id is 400 invalid_payment_identifier; no id on a route
+//     that requires one is 400 payment_identifier_required. Neither is
+//     charged.
+//
+// The binding never moves money; the payment's claim (paid.go) does. A
+// call binds its id only while it holds its payment's claim, so of the
+// copies of one payment exactly one runs. It unbinds the id before it
+// releases a claim on which nothing was charged (a refused payment, an
+// upstream error, a 422, a failed settlement), so a later attempt with
+// the same id (and a corrected request or a new payment) is served
+// normally. A settlement whose outcome is unknown keeps both: the same
+// payment's retry is resolved by pending.go (and the held answer it gets,
+// once the transfer is found, becomes the id's saved answer), any other
+// payment under the id is a conflict until the binding lapses. A binding
+// lives for the window, and at least as long as its payment's claim, so no
+// second payment can take an id while the first could still settle.
+//
+// Bindings and answers live in the gateway store (store.PaymentIDs), so
+// they hold across instances sharing a Redis store.
+
+// Defaults of payment_identifier.
+const (
+	defaultPaymentIDWindow    = time.Hour
+	defaultPaymentIDMaxAnswer = 256 << 10
+	maxPaymentIDWindow        = maxClaimHold
+)
+
+// PaymentIdentifier enables x402's payment-identifier extension on a route.
+type PaymentIdentifier struct {
+	// Required makes the id mandatory: a payment without one is 400
+	// payment_identifier_required (declared as info.required true).
+	Required bool `json:"required,omitempty"`
+	// Window is how long a settled call's answer is kept for retries with
+	// the same id. Default 1h, at most 7 days.
+	Window caddy.Duration `json:"window,omitempty"`
+	// MaxAnswer bounds one saved answer (body plus headers). A larger
+	// answer is delivered but not saved. Default 256 KiB, at most 16 MiB.
+	MaxAnswer int64 `json:"max_answer,omitempty"`
+}
+
+// paymentIDStore is a gateway store that keeps payment identifiers.
+type paymentIDStore interface {
+	PaymentIDs() store.PaymentIDs
+}
+
+// provision sets the defaults and checks the store.
+func (p *PaymentIdentifier) provision(g *Gate) error {
+	if p == nil {
+		return nil
+	}
+	if p.Window == 0 {
+		p.Window = caddy.Duration(defaultPaymentIDWindow)
+	}
+	if p.MaxAnswer == 0 {
+		p.MaxAnswer = defaultPaymentIDMaxAnswer
+	}
+	switch {
+	case p.Window < 0 || time.Duration(p.Window) > maxPaymentIDWindow:
+		return fmt.Errorf("x402: payment_identifier window must be positive and at most %v", maxPaymentIDWindow)
+	case p.MaxAnswer < 0 || p.MaxAnswer > store.MaxPaymentIDAnswerBytes/2:
+		return fmt.Errorf("x402: payment_identifier max_answer must be positive and at most %s", humanize.IBytes(store.MaxPaymentIDAnswerBytes/2))
+	}
+	if _, ok := g.state.(paymentIDStore); !ok {
+		return fmt.Errorf("x402: payment_identifier needs a store that keeps payment identifiers (badger, redis); %T does not", g.state)
+	}
+	return nil
+}
+
+// declare adds the extension's declaration to a PaymentRequired's
+// extensions (creating them when nil) and returns them.
+func (p *PaymentIdentifier) declare(ext map[string]any) map[string]any {
+	if p == nil {
+		return ext
+	}
+	if ext == nil {
+		ext = map[string]any{}
+	}
+	ext[x402.PaymentIdentifierExtension] = x402.DeclarePaymentIdentifier(p.Required)
+	return ext
+}
+
+// parsePaymentIdentifier reads
+//
+//	payment_identifier [optional|required] {
+//		window     <duration>
+//		max_answer <size>
+//	}
+func parsePaymentIdentifier(d *caddyfile.Dispenser) (*PaymentIdentifier, error) {
+	p := &PaymentIdentifier{}
+	if d.NextArg() {
+		switch d.Val() {
+		case "optional":
+		case "required":
+			p.Required = true
+		default:
+			return nil, d.Errf("payment_identifier: %q is neither optional nor required", d.Val())
+		}
+		if d.NextArg() {
+			return nil, d.ArgErr()
+		}
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		switch d.Val() {
+		case "window":
+			var s string
+			if err := oneArg(d, &s); err != nil {
+				return nil, err
+			}
+			w, err := caddy.ParseDuration(s)
+			if err != nil || w <= 0 {
+				return nil, d.Errf("payment_identifier window must be a positive duration, not %q", s)
+			}
+			p.Window = caddy.Duration(w)
+		case "max_answer":
+			if err := sizeArg(d, &p.MaxAnswer); err != nil {
+				return nil, err
+			}
+			if p.MaxAnswer <= 0 {
+				return nil, d.Err("payment_identifier max_answer must be positive")
+			}
+		default:
+			return nil, d.Errf("payment_identifier: unknown option %q (want window or max_answer)", d.Val())
+		}
+	}
+	return p, nil
+}
+
+// Error codes of payment identifiers (SPEC §6).
+const (
+	codeInvalidPaymentID       = "invalid_payment_identifier"
+	codePaymentIDRequired      = "payment_identifier_required"
+	codePaymentIDConflict      = "payment_identifier_conflict"
+	codePaymentIDInProgress    = "payment_identifier_in_progress"
+	codePaymentIDAnswerNotKept = "payment_identifier_answer_not_kept"
+)
+
+var (
+	errInvalidPaymentID = apierr.Error{
+		Code:        codeInvalidPaymentID,
+		Message:     fmt.Sprintf("The payment's extensions[\"payment-identifier\"].info.id must be a string of %d to %d characters from a-z, A-Z, 0-9, '_' and '-'; nothing was charged.", x402.PaymentIDMinLength, x402.PaymentIDMaxLength),
+		Status:      http.StatusBadRequest,
+		NextActions: []apierr.Action{{Action: "fix_request_fields", Fields: []string{"extensions.payment-identifier.info.id"}}},
+	}
+	errPaymentIDRequired = apierr.Error{
+		Code:        codePaymentIDRequired,
+		Message:     "This route requires a payment identifier: echo the payment-identifier extension of PAYMENT-REQUIRED in the payment with info.id set (for example with appendPaymentIdentifierToExtensions); nothing was charged.",
+		Status:      http.StatusBadRequest,
+		NextActions: []apierr.Action{{Action: "fix_request_fields", Fields: []string{"extensions.payment-identifier.info.id"}}},
+	}
+	errPaymentIDConflict = apierr.Error{
+		Code:        codePaymentIDConflict,
+		Message:     "This payment identifier is already bound to another payment or another request; nothing was charged. Use a new identifier for a new request.",
+		Status:      http.StatusConflict,
+		NextActions: []apierr.Action{{Action: "use_new_payment_identifier"}},
+	}
+	errPaymentIDInProgress = apierr.Error{
+		Code:        codePaymentIDInProgress,
+		Message:     "A call with this payment identifier and payment is still being served; nothing was charged for this one. Retry the same request shortly to get its answer.",
+		Status:      http.StatusConflict,
+		Retryable:   true,
+		RetryAfter:  1,
+		NextActions: []apierr.Action{{Action: "retry", After: 1}},
+	}
+	errPaymentIDAnswerNotKept = apierr.Error{
+		Code:        codePaymentIDAnswerNotKept,
+		Message:     "This payment identifier's call was paid and answered (see PAYMENT-RESPONSE), but its answer was too large, or streamed, to be kept for retries; nothing was charged again.",
+		Status:      http.StatusConflict,
+		NextActions: []apierr.Action{{Action: "contact_operator"}},
+	}
+)
+
+// fresh returns a copy of one of the errors above to answer with.
+func fresh(e apierr.Error) *apierr.Error { return &e }
+
+// paymentIDCall is one paid call that carries a payment identifier on a
+// route that enables the extension. A nil *paymentIDCall (no extension, no
+// id) does nothing.
+type paymentIDCall struct {
+	g      *Gate
+	ids    store.PaymentIDs
+	id, fp string
+	ctx    context.Context // outlives the client: a save or unbind is never abandoned
+	bound  bool            // this call holds the binding (it holds the payment's claim)
+}
+
+// paymentIDOf reads the payment identifier of a paid call: nil when the
+// route does not enable the extension or the call carries no id. A
+// malformed id, or none where one is required, is an error of the SPEC §6
+// shape, answered before anything is claimed.
+func (g *Gate) paymentIDOf(r *http.Request, payload x402.PaymentPayload, raw string) (*paymentIDCall, error) {
+	p := g.PaymentIdentifier
+	if p == nil {
+		return nil, nil
+	}
+	id, err := x402.PaymentID(payload)
+	switch {
+	case err != nil:
+		return nil, fresh(errInvalidPaymentID)
+	case id == "" && p.Required:
+		return nil, fresh(errPaymentIDRequired)
+	case id == "":
+		return nil, nil
+	}
+	fp, err := g.fingerprint(r, raw)
+	if err != nil {
+		return nil, err
+	}
+	return &paymentIDCall{g: g, ids: g.state.(paymentIDStore).PaymentIDs(), id: id, fp: fp, ctx: context.WithoutCancel(r.Context())}, nil
+}
+
+// fingerprint hashes what an id is bound to: the payment as sent and the
+// request it pays for, each part length-delimited by its own hash.
+func (g *Gate) fingerprint(r *http.Request, raw string) (string, error) {
+	h := sha256.New()
+	part := func(b []byte) {
+		s := sha256.Sum256(b)
+		h.Write(s[:])
+	}
+	part([]byte(raw))
+	if read, ok := caddyhttp.GetVar(r.Context(), varRPCMessage).(*rpcRead); ok && g.MCPTool != "" {
+		args, err := receipt.AppendCanonical(nil, read.msg.args)
+		if err != nil {
+			return "", apierr.Internal(err)
+		}
+		part([]byte("mcp"))
+		part([]byte(read.msg.tool))
+		part(args)
+	} else {
+		body, err := g.readBody(r)
+		if err != nil {
+			return "", err
+		}
+		part([]byte("http"))
+		part([]byte(r.Method))
+		part([]byte(r.URL.RequestURI()))
+		part(body)
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// claimed answers a call whose payment is already claimed by another call
+// (handled false: the caller answers as without an id).
+func (c *paymentIDCall) claimed(w http.ResponseWriter, r *http.Request, ex exchange, cs store.ClaimState) (bool, error) {
+	if c == nil {
+		return false, nil
+	}
+	st, err := c.ids.Lookup(c.ctx, c.id)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		if cs.Settled {
+			return false, nil // the window is over: the payment was used
+		}
+		return true, ex.refuse(w, r, fresh(errPaymentIDInProgress)) // the first copy is about to bind
+	case err != nil:
+		return true, ex.refuse(w, r, apierr.Unavailable("payment state store", 1, err))
+	case st.Fingerprint != c.fp:
+		return true, ex.refuse(w, r, fresh(errPaymentIDConflict))
+	case st.Done:
+		return true, c.serveSaved(w, r, ex, st)
+	}
+	return true, ex.refuse(w, r, fresh(errPaymentIDInProgress))
+}
+
+// bind binds the id to the call while it holds claim (handled true: it
+// answered, and released the claim, nothing charged).
+func (c *paymentIDCall) bind(w http.ResponseWriter, r *http.Request, ex exchange, claim store.Claim) (bool, error) {
+	if c == nil {
+		return false, nil
+	}
+	until := now().Add(time.Duration(c.g.PaymentIdentifier.Window))
+	if claim.Until.After(until) {
+		until = claim.Until
+	}
+	st, _, err := c.ids.Bind(c.ctx, c.id, c.fp, until)
+	if err == nil && st.Fingerprint == c.fp && !st.Done {
+		// Bound now, or earlier by a copy of this payment whose claim is
+		// gone; either way this call holds the payment's claim, so it is
+		// the one copy that may charge.
+		c.bound = true
+		return false, nil
+	}
+	if rerr := c.g.state.Claims().Release(c.ctx, claim); rerr != nil {
+		c.g.logger.Warn("releasing payment claim", zap.Error(rerr))
+	}
+	switch {
+	case err != nil:
+		return true, ex.refuse(w, r, apierr.Unavailable("payment state store", 1, err))
+	case st.Fingerprint != c.fp:
+		return true, ex.refuse(w, r, fresh(errPaymentIDConflict))
+	}
+	return true, c.serveSaved(w, r, ex, st) // done, its claim lapsed since
+}
+
+// unbind drops the binding of a call on which nothing was charged, before
+// its claim is released.
+func (c *paymentIDCall) unbind() {
+	if c == nil || !c.bound {
+		return
+	}
+	c.bound = false
+	if err := c.ids.Unbind(c.ctx, c.id, c.fp); err != nil {
+		// Fail closed: the id stays bound to a payment that was not
+		// charged until the binding lapses (a conflict for other payments).
+		c.g.logger.Warn("unbinding payment identifier", zap.Error(err))
+	}
+}
+
+// savedAnswer is what a settled call's binding keeps: the settlement, and
+// the held answer unless it was over max_answer or streamed (Kept false).
+type savedAnswer struct {
+	Settlement x402.SettleResponse `json:"settlement"`
+	Kept       bool                `json:"kept"`
+	Status     int                 `json:"status,omitempty"`
+	Header     http.Header         `json:"header,omitempty"`
+	Body       []byte              `json:"body,omitempty"`
+}
+
+// save records the answer a settled call bought (bw nil: it was streamed).
+// A failed save is logged and the answer still delivered: the money moved.
+// The binding then stays unfinished until it lapses, and the same
+// payment's retry gets payment_identifier_in_progress, never a second
+// charge.
+func (c *paymentIDCall) save(bw *bufferedWriter, sr x402.SettleResponse) {
+	if c == nil || !c.bound {
+		return
+	}
+	c.record(bw, sr)
+}
+
+// record writes the answer of a settled payment as the id's saved answer.
+// The store takes it only for the binding's own fingerprint (or an id no
+// longer bound), so a call may record without holding the binding.
+func (c *paymentIDCall) record(bw *bufferedWriter, sr x402.SettleResponse) {
+	ans := savedAnswer{Settlement: sr}
+	if bw != nil {
+		h := bw.header.Clone()
+		h.Del("Content-Length")
+		h.Del("Date")
+		size := int64(bw.buf.Len())
+		for k, vs := range h {
+			for _, v := range vs {
+				size += int64(len(k) + len(v) + 4)
+			}
+		}
+		if size <= c.g.PaymentIdentifier.MaxAnswer {
+			ans.Kept, ans.Status, ans.Header, ans.Body = true, bw.status(), h, bw.buf.Bytes()
+		}
+	}
+	b, err := json.Marshal(ans)
+	if err == nil {
+		err = c.ids.Save(c.ctx, c.id, c.fp, b, now().Add(time.Duration(c.g.PaymentIdentifier.Window)))
+	}
+	label := "payment_identifier_saved"
+	switch {
+	case errors.Is(err, store.ErrPaymentIDTaken):
+		label = "payment_identifier_not_saved" // the id is another request's
+	case err != nil:
+		c.g.logger.Error("saving a payment identifier's answer", zap.Error(err))
+		label = "payment_identifier_save_failed"
+	case !ans.Kept:
+		label = "payment_identifier_not_kept"
+	}
+	metrics.outcomes.WithLabelValues(label).Inc()
+}
+
+// resolving is the exchange resolveOnRetry answers through: when an
+// unknown settlement turns out done and it delivers the held answer, that
+// answer becomes the id's saved answer too, so later retries get it from
+// the binding, also once the payment's claim (and the held record with it)
+// has lapsed.
+func (c *paymentIDCall) resolving(ex exchange) exchange {
+	if c == nil {
+		return ex
+	}
+	return &resolvingExchange{exchange: ex, c: c}
+}
+
+type resolvingExchange struct {
+	exchange
+	c *paymentIDCall
+}
+
+func (e *resolvingExchange) deliver(w http.ResponseWriter, bw *bufferedWriter, sr x402.SettleResponse) {
+	e.c.record(bw, sr)
+	e.exchange.deliver(w, bw, sr)
+}
+
+// serveSaved answers a retry with the answer its id's call bought.
+func (c *paymentIDCall) serveSaved(w http.ResponseWriter, r *http.Request, ex exchange, st store.PaymentIDState) error {
+	var ans savedAnswer
+	if err := json.Unmarshal(st.Answer, &ans); err != nil {
+		return ex.refuse(w, r, apierr.Internal(fmt.Errorf("decoding a saved answer: %w", err)))
+	}
+	if !ans.Kept {
+		c.g.setPaidHeaders(w.Header(), ans.Settlement)
+		return ex.refuse(w, r, fresh(errPaymentIDAnswerNotKept))
+	}
+	body := ans.Body
+	if m, ok := ex.(*mcpExchange); ok {
+		// The answer of a JSON-RPC call names the call: the retry's id.
+		var resp map[string]json.RawMessage
+		if err := json.Unmarshal(body, &resp); err == nil {
+			resp["id"] = m.id
+			if b, err := json.Marshal(resp); err == nil {
+				body = b
+			}
+		}
+	}
+	buf := getBuffer()
+	defer putBuffer(buf)
+	buf.Write(body)
+	header := ans.Header
+	if header == nil {
+		header = http.Header{}
+	}
+	metrics.outcomes.WithLabelValues("payment_identifier_replayed").Inc()
+	ex.deliver(w, &bufferedWriter{header: header, buf: buf, code: ans.Status, limit: int64(len(body))}, ans.Settlement)
+	return nil
+}
+
+// PaymentIDs returns the payment identifiers.
+func (s *BadgerStore) PaymentIDs() store.PaymentIDs { return s.db.PaymentIDs() }
+
+var _ paymentIDStore = (*BadgerStore)(nil)
