@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/dgraph-io/badger/v4"
@@ -159,12 +160,18 @@ func CheckDiscoveryEntry(e DiscoveryEntry, l DiscoveryLimits) error {
 	case len(e.Accepts) == 0 || len(e.Accepts) > MaxDiscoveryAccepts:
 		return bad("no way to pay, or too many")
 	}
+	if hasControl(e.Resource) || hasControl(e.Type) {
+		return bad("resource or type with a control character")
+	}
 	for _, x := range e.Extensions {
-		if x == "" || len(x) > MaxDiscoveryFieldBytes {
-			return bad("extension name empty or too long")
+		if x == "" || len(x) > MaxDiscoveryFieldBytes || hasControl(x) {
+			return bad("extension name empty, too long or with a control character")
 		}
 	}
 	for _, a := range e.Accepts {
+		if hasControl(a.Scheme + a.Network + a.Asset + a.PayTo) {
+			return bad("way to pay with a control character")
+		}
 		if len(a.Scheme) > MaxDiscoveryFieldBytes || len(a.Network) > MaxDiscoveryFieldBytes ||
 			len(a.Asset) > MaxDiscoveryFieldBytes || len(a.PayTo) > MaxDiscoveryFieldBytes {
 			return bad("way to pay with a field too long")
@@ -174,6 +181,12 @@ func CheckDiscoveryEntry(e DiscoveryEntry, l DiscoveryLimits) error {
 		}
 	}
 	return nil
+}
+
+// hasControl reports an ASCII control character: none may be in what a
+// backend keys or separates entries by.
+func hasControl(s string) bool {
+	return strings.ContainsFunc(s, func(r rune) bool { return r < 0x20 || r == 0x7f })
 }
 
 // MergeDiscoveryAccepts is the accepts of an entry after Record: old with

@@ -128,7 +128,7 @@ func TestDiscovery(t *testing.T, newD NewDiscovery) {
 		d := newD(t, store.DiscoveryLimits{})
 		must(t, d.Record(ctx, entry("https://a.example/h", "http", `{}`, accept("eip155:1337", "0xpay", "1"), accept("solana:dev", "So1", "1"))))
 		tick()
-		mcp := entry("https://a.example/mcp\x00verify_schema", "mcp", `{}`, accept("eip155:1337", "0xother", "1"))
+		mcp := entry("https://a.example/mcp verify_schema", "mcp", `{}`, accept("eip155:1337", "0xother", "1"))
 		mcp.Extensions = nil
 		must(t, d.Record(ctx, mcp))
 		for _, c := range []struct {
@@ -177,6 +177,7 @@ func TestDiscovery(t *testing.T, newD NewDiscovery) {
 			"item over MaxItemBytes": entry("r", "http", `{"v":"`+strings.Repeat("x", 64)+`"}`),
 			"item not JSON":          entry("r", "http", `{"v":`),
 			"no resource":            entry("", "http", `{}`),
+			"control character":      entry("r\n", "http", `{}`),
 			"resource too long":      entry(strings.Repeat("r", store.MaxDiscoveryResourceBytes+1), "http", `{}`),
 			"no way to pay":          {Resource: "r", Type: "http", Item: json.RawMessage(`{}`)},
 			"too many ways to pay":   tooMany,
