@@ -8,9 +8,10 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/store"
+	"github.com/aovhq/aov/verify/schema"
 )
 
 // MaxFacilitatorRequestBytes caps a /verify or /settle request body. A
@@ -19,10 +20,10 @@ import (
 const MaxFacilitatorRequestBytes = 1 << 20
 
 // NewFacilitatorHandler serves f over the x402 facilitator HTTP API:
-// POST /verify, POST /settle, GET /supported and GET /discovery/resources
-// (the bazaar list of the resources it settled a payment for, see
-// DiscoveryResources), at paths relative to where it is mounted (use
-// http.StripPrefix to serve it under a prefix).
+// POST /verify, POST /settle and GET /supported, at paths relative to where
+// it is mounted (use http.StripPrefix to serve it under a prefix). With
+// FacilitatorHandlerConfig.Discovery it also serves GET
+// /discovery/resources (NewFacilitatorHandlerWith).
 //
 // Request bodies must be JSON (Content-Type application/json), at most
 // MaxFacilitatorRequestBytes, and exactly {x402Version: 2, paymentPayload,
@@ -39,12 +40,48 @@ const MaxFacilitatorRequestBytes = 1 << 20
 // fields, ...) plus an "error" member with the code, which is what x402
 // facilitator clients print.
 func NewFacilitatorHandler(f Facilitator) http.Handler {
-	return &facilitatorHandler{f: f, catalog: &discoveryCatalog{max: MaxDiscoveryResources}}
+	return NewFacilitatorHandlerWith(f, FacilitatorHandlerConfig{})
 }
 
+// FacilitatorHandlerConfig adds the discovery list to a facilitator
+// handler.
+type FacilitatorHandlerConfig struct {
+	// Discovery keeps the bazaar list of GET /discovery/resources: every
+	// settled payment whose payer echoed a valid bazaar extension puts its
+	// resource there (see discoveryEntry). Nil: the endpoint is 404.
+	Discovery store.Discovery
+	// MaxItemBytes bounds what one entry keeps of the bazaar extension and
+	// description (default store.DefaultDiscoveryItemBytes); give the store
+	// the same bound.
+	MaxItemBytes int
+	// OnDiscoveryError hears a failed store write (the settlement itself
+	// is answered regardless), e.g. to log it.
+	OnDiscoveryError func(error)
+}
+
+// NewFacilitatorHandlerWith is NewFacilitatorHandler with a discovery
+// list.
+func NewFacilitatorHandlerWith(f Facilitator, c FacilitatorHandlerConfig) http.Handler {
+	h := &facilitatorHandler{f: f, discovery: c.Discovery, maxItem: c.MaxItemBytes, onDiscoveryError: c.OnDiscoveryError}
+	if h.maxItem <= 0 {
+		h.maxItem = store.DefaultDiscoveryItemBytes
+	}
+	if h.discovery != nil {
+		h.schemas = schema.NewCache(discoverySchemaCache)
+	}
+	return h
+}
+
+// discoverySchemaCache is the number of compiled bazaar schemas kept: a
+// facilitator sees one per route it settles for.
+const discoverySchemaCache = 64
+
 type facilitatorHandler struct {
-	f       Facilitator
-	catalog *discoveryCatalog // what GET /discovery/resources lists
+	f                Facilitator
+	discovery        store.Discovery // nil: no GET /discovery/resources
+	maxItem          int
+	schemas          *schema.Cache
+	onDiscoveryError func(error)
 }
 
 func (h *facilitatorHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -84,8 +121,8 @@ func (h *facilitatorHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if resp.Network == "" {
 			resp.Network = req.PaymentRequirements.Network
 		}
-		if resp.Success {
-			h.catalog.record(req.PaymentPayload, req.PaymentRequirements, time.Now())
+		if resp.Success && h.discovery != nil {
+			h.record(r.Context(), req.PaymentPayload, req.PaymentRequirements)
 		}
 		writeJSON(w, http.StatusOK, resp)
 	case "/supported":
@@ -107,11 +144,15 @@ func (h *facilitatorHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		writeJSON(w, http.StatusOK, resp)
 	case "/discovery/resources":
+		if h.discovery == nil {
+			writeError(w, apierr.NotFound("facilitator endpoint"))
+			return
+		}
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
 			writeError(w, apierr.MethodNotAllowed(http.MethodGet))
 			return
 		}
-		list, err := h.catalog.list(r.URL.Query())
+		list, err := h.list(r)
 		if err != nil {
 			writeError(w, err)
 			return
