@@ -81,7 +81,7 @@ func TestOfficialBazaarClientListsWhatOurFacilitatorSettled(t *testing.T) {
 	for _, it := range doc.Items {
 		exts = append(exts, it.Extensions["bazaar"])
 	}
-	exts = append(exts, mcpBazaar("verify_schema", "Verify an agent's JSON output"))
+	exts = append(exts, mcpBazaar("verify_schema", "Verify an agent's JSON output", toolInputSchema("verify_request")))
 
 	var out bazaarResult
 	interop.Run(t, "bazaar.mjs", nil, map[string]any{
