@@ -38,6 +38,7 @@ func TestOfficialBazaarClientListsWhatOurFacilitatorSettled(t *testing.T) {
 	handle_path /facilitator/* {
 		x402_facilitator {
 			pay_to %s
+			store badger {data}/facilitator
 			http %s
 		}
 	}
