@@ -141,14 +141,11 @@ func TestMCPBazaarDescribesTheToolsArguments(t *testing.T) {
 		"facilitatorURL": base + "/facilitator",
 		"lists":          []any{map[string]any{"type": "mcp"}, map[string]any{"type": "http"}},
 		"extensions":     exts,
+		"payments":       []any{map[string]any{"url": verifyDemand.Resource.URL, "extension": verifyDemand.Extensions["bazaar"]}},
 	}, &out)
-	for i, v := range out.Validations {
-		if !v.Valid {
-			t.Errorf("extension %d is invalid for the official helper: %v", i, v.Errors)
-		}
-	}
-	if len(out.Validations) != 2 {
-		t.Fatalf("%d validations, want 2", len(out.Validations))
+	out.checkValidations(t, exts)
+	if x := out.Extracted; len(x) != 1 || x[0] == nil || x[0].ResourceURL != base+"/mcp" || x[0].ToolName != "verify_schema" {
+		t.Fatalf("official extractDiscoveryInfo of the tool's payment: %+v", x)
 	}
 	l := out.Pages[0]
 	if l.Pagination.Total != 1 || len(l.Items) != 1 {
