@@ -120,6 +120,10 @@ type DiscoveryQuery struct {
 	Offset, Limit                           int
 }
 
+func (q DiscoveryQuery) unfiltered() bool {
+	return q.Type == "" && q.Extension == "" && q.Scheme == "" && q.Network == "" && q.PayTo == ""
+}
+
 // Matches reports whether e is selected by q's filters.
 func (q DiscoveryQuery) Matches(e *DiscoveryEntry) bool {
 	if q.Type != "" && e.Type != q.Type {
@@ -398,6 +402,13 @@ func (d discovery) List(ctx context.Context, q DiscoveryQuery) (DiscoveryPage, e
 			}
 			seen++
 			res := string(k[10:])
+			if q.unfiltered() {
+				// Every live entry matches: only the page's are read.
+				page.Total++
+				if page.Total <= q.Offset || len(page.Entries) >= q.Limit {
+					continue
+				}
+			}
 			m, _, err := d.get(txn, res, cutoff, false)
 			if err != nil {
 				return err
@@ -406,12 +417,14 @@ func (d discovery) List(ctx context.Context, q DiscoveryQuery) (DiscoveryPage, e
 				continue
 			}
 			e := m.entry(res)
-			if !q.Matches(&e) {
-				continue
-			}
-			page.Total++
-			if page.Total <= q.Offset || len(page.Entries) >= q.Limit {
-				continue
+			if !q.unfiltered() {
+				if !q.Matches(&e) {
+					continue
+				}
+				page.Total++
+				if page.Total <= q.Offset || len(page.Entries) >= q.Limit {
+					continue
+				}
 			}
 			_, b, err := d.get(txn, res, cutoff, true)
 			if err != nil {

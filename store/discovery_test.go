@@ -47,3 +47,14 @@ func TestDiscoverySurvivesReopen(t *testing.T) {
 		t.Fatalf("after reopening: %+v, %v; want the recorded entry", p, err)
 	}
 }
+
+// BenchmarkBadgerDiscovery is the embedded baseline of
+// BenchmarkRedisDiscovery (plugins/redisstore), with fsync.
+func BenchmarkBadgerDiscovery(b *testing.B) {
+	db, err := store.Open(filepath.Join(b.TempDir(), "db"), store.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer db.Close()
+	storetest.BenchmarkDiscovery(b, db.Discovery(store.DiscoveryLimits{}))
+}

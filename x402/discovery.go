@@ -250,6 +250,16 @@ func (h *facilitatorHandler) list(r *http.Request) (DiscoveryResources, error) {
 	}
 	q := store.DiscoveryQuery{Type: qs.Get("type"), Extension: qs.Get("extensions"), Scheme: qs.Get("scheme"),
 		Network: qs.Get("network"), PayTo: payToKey(qs.Get("payTo")), Offset: offset, Limit: limit}
+	wait := time.NewTimer(h.listWait)
+	defer wait.Stop()
+	select {
+	case h.listSlots <- struct{}{}:
+		defer func() { <-h.listSlots }()
+	case <-wait.C:
+		return DiscoveryResources{}, apierr.RateLimited(1)
+	case <-r.Context().Done():
+		return DiscoveryResources{}, apierr.RateLimited(1)
+	}
 	page, serr := h.discovery.List(r.Context(), q)
 	if serr != nil {
 		return DiscoveryResources{}, apierr.Unavailable("discovery list", 1, serr)

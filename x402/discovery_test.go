@@ -275,3 +275,94 @@ func BenchmarkDiscoveryRecord(b *testing.B) {
 		}
 	})
 }
+
+// FuzzDiscoveryEntry: whatever resource URL and bazaar extension a payer
+// sends, the entry is refused or within every bound, at an http(s) URL
+// without control characters, and the store takes it.
+func FuzzDiscoveryEntry(f *testing.F) {
+	seed, _ := json.Marshal(with(httpBazaar(), "routeTemplate", "/score/:agent_id"))
+	mcpSeed, _ := json.Marshal(mcpToolBazaar("verify_schema"))
+	for _, s := range []struct{ u, ext string }{
+		{"https://a.example/score/a", string(seed)},
+		{"https://a.example/mcp", string(mcpSeed)},
+		{"http://A.example:80/x?y#z", `{"info":{"input":{"type":"http"}},"schema":{}}`},
+		{"https://a.example/x", `{"info":{"input":{"type":"http"}},"schema":{"$ref":"#/$defs/a","$defs":{"a":{"$ref":"#/$defs/a"}}}}`},
+	} {
+		f.Add(s.u, s.ext)
+	}
+	h := discoveryHandler(f, store.DiscoveryLimits{})
+	f.Fuzz(func(t *testing.T, u, ext string) {
+		var bz map[string]any
+		dec := json.NewDecoder(strings.NewReader(ext))
+		dec.UseNumber()
+		if dec.Decode(&bz) != nil {
+			return
+		}
+		e, ok := h.discoveryEntry(catalogPayload(u, bz), catalogReq)
+		if !ok {
+			return
+		}
+		if err := store.CheckDiscoveryEntry(e, store.DiscoveryLimits{}.WithDefaults()); err != nil {
+			t.Fatalf("%q: %v", u, err)
+		}
+		var it discoveryItem
+		if err := json.Unmarshal(e.Item, &it); err != nil {
+			t.Fatalf("item %s: %v", e.Item, err)
+		}
+		p, err := url.Parse(it.Resource)
+		if err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" || p.RawQuery != "" || p.Fragment != "" {
+			t.Fatalf("listed resource %q from %q", it.Resource, u)
+		}
+		if err := h.discovery.Record(context.Background(), e); err != nil {
+			t.Fatalf("Record: %v", err)
+		}
+	})
+}
+
+// stalledDiscovery is a fake for a fault: a store whose List does not
+// answer until released (a real one cannot be made to stall on demand).
+type stalledDiscovery struct {
+	store.Discovery
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (s *stalledDiscovery) List(ctx context.Context, q store.DiscoveryQuery) (store.DiscoveryPage, error) {
+	s.entered <- struct{}{}
+	<-s.release
+	return s.Discovery.List(ctx, q)
+}
+
+// TestDiscoveryListsAreBounded: at most discoveryListers lists are read
+// from the store at once; one more waits its turn, or gets 429 with
+// Retry-After when the wait is over.
+func TestDiscoveryListsAreBounded(t *testing.T) {
+	st := &stalledDiscovery{Discovery: discoveryStore(t, store.DiscoveryLimits{}), entered: make(chan struct{}, 8), release: make(chan struct{})}
+	h := NewFacilitatorHandlerWith(&fakeFacilitator{}, FacilitatorHandlerConfig{Discovery: st}).(*facilitatorHandler)
+	h.listWait = 50 * time.Millisecond
+	done := make(chan int, discoveryListers)
+	for range discoveryListers {
+		go func() {
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, httptest.NewRequest("GET", "/discovery/resources", nil))
+			done <- rec.Code
+		}()
+		<-st.entered
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("GET", "/discovery/resources", nil))
+	if rec.Code != 429 || rec.Header().Get("Retry-After") != "1" || len(st.entered) != 0 {
+		t.Fatalf("a list over the bound: %d %q, %d reads entered the store", rec.Code, rec.Header().Get("Retry-After"), len(st.entered))
+	}
+	close(st.release)
+	for range discoveryListers {
+		if c := <-done; c != 200 {
+			t.Fatalf("a list within the bound: %d", c)
+		}
+	}
+	rec = httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("GET", "/discovery/resources", nil))
+	if rec.Code != 200 {
+		t.Fatalf("after the others finished: %d", rec.Code)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/aovhq/aov/apierr"
 	"github.com/aovhq/aov/store"
@@ -68,6 +69,7 @@ func NewFacilitatorHandlerWith(f Facilitator, c FacilitatorHandlerConfig) http.H
 	}
 	if h.discovery != nil {
 		h.schemas = schema.NewCache(discoverySchemaCache)
+		h.listSlots, h.listWait = make(chan struct{}, discoveryListers), discoveryListWait
 	}
 	return h
 }
@@ -82,7 +84,18 @@ type facilitatorHandler struct {
 	maxItem          int
 	schemas          *schema.Cache
 	onDiscoveryError func(error)
+	listSlots        chan struct{} // one per list being read from the store
+	listWait         time.Duration // how long a list waits for a slot
 }
+
+// A filtered list reads every entry (about 20 ms for 1000 on a loaded
+// machine, Badger or Redis, where it holds the server for that long), and
+// the endpoint is public: at most discoveryListers lists are read at once,
+// and one that waits longer than discoveryListWait for its turn is 429.
+const (
+	discoveryListers  = 2
+	discoveryListWait = 2 * time.Second
+)
 
 func (h *facilitatorHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch r.URL.Path {

@@ -83,6 +83,28 @@ local function split(s)
     r[#r + 1] = string.sub(s, i, j - 1); i = j + 1
   end
 end
+local function row(m, score, t, x)
+  local n = tonumber(redis.call('HGET', h, m .. '\0n') or '0')
+  local e = {m, score, t, x, redis.call('HGET', h, m .. '\0i') or 'null', n}
+  for k = 1, n do
+    e[#e + 1] = redis.call('HGET', h, m .. '\0k' .. k) or ''
+    e[#e + 1] = redis.call('HGET', h, m .. '\0r' .. k) or 'null'
+  end
+  return e
+end
+if typ == '' and ext == '' and scheme == '' and network == '' and payto == '' then
+  -- Every live entry matches: only the page is read.
+  local total = math.min(redis.call('ZCOUNT', z, '-inf', age - now), max)
+  local out = {}
+  if offset < total then
+    local page = redis.call('ZRANGEBYSCORE', z, '-inf', age - now, 'WITHSCORES', 'LIMIT', offset, math.min(limit, total - offset))
+    for i = 1, #page, 2 do
+      local m = page[i]
+      out[#out + 1] = row(m, page[i + 1], redis.call('HGET', h, m .. '\0t') or '', redis.call('HGET', h, m .. '\0x') or '')
+    end
+  end
+  return {total, out}
+end
 local members = redis.call('ZRANGEBYSCORE', z, '-inf', age - now, 'WITHSCORES', 'LIMIT', 0, max)
 local total, out = 0, {}
 for i = 1, #members, 2 do
@@ -90,21 +112,17 @@ for i = 1, #members, 2 do
   local t = redis.call('HGET', h, m .. '\0t')
   local x = redis.call('HGET', h, m .. '\0x') or ''
   if t and (typ == '' or t == typ) and (ext == '' or string.find('\n' .. x .. '\n', '\n' .. ext .. '\n', 1, true)) then
-    local n = tonumber(redis.call('HGET', h, m .. '\0n') or '0')
-    local ids = {}
     local ok = scheme == '' and network == '' and payto == ''
-    for k = 1, n do
-      ids[k] = redis.call('HGET', h, m .. '\0k' .. k) or ''
-      local p = split(ids[k])
-      if (scheme == '' or p[1] == scheme) and (network == '' or p[2] == network) and (payto == '' or p[4] == payto) then ok = true end
+    if not ok then
+      local n = tonumber(redis.call('HGET', h, m .. '\0n') or '0')
+      for k = 1, n do
+        local p = split(redis.call('HGET', h, m .. '\0k' .. k) or '')
+        if (scheme == '' or p[1] == scheme) and (network == '' or p[2] == network) and (payto == '' or p[4] == payto) then ok = true; break end
+      end
     end
     if ok then
       total = total + 1
-      if total > offset and #out < limit then
-        local e = {m, members[i + 1], t, x, redis.call('HGET', h, m .. '\0i') or 'null', n}
-        for k = 1, n do e[#e + 1] = ids[k]; e[#e + 1] = redis.call('HGET', h, m .. '\0r' .. k) or 'null' end
-        out[#out + 1] = e
-      end
+      if total > offset and #out < limit then out[#out + 1] = row(m, members[i + 1], t, x) end
     end
   end
 end

@@ -7,6 +7,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/aovhq/aov/internal/servers"
 	"github.com/aovhq/aov/store"
 	"github.com/aovhq/aov/store/storetest"
 )
@@ -28,4 +29,18 @@ func TestDiscoveryContractStandalone(t *testing.T) {
 
 func TestDiscoveryContractCluster(t *testing.T) {
 	storetest.TestDiscovery(t, discoveryBackend(cluster(t)))
+}
+
+// BenchmarkRedisDiscovery runs the discovery benchmarks of store/storetest
+// on a local Redis (AOF with fsync every second); the Badger baseline is
+// BenchmarkBadgerDiscovery in package store.
+func BenchmarkRedisDiscovery(b *testing.B) {
+	srv := servers.StartRedis(b, "--appendonly", "yes", "--appendfsync", "everysec")
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer rdb.Close()
+	s, err := New(context.Background(), rdb, Options{Prefix: "benchd"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	storetest.BenchmarkDiscovery(b, s.Discovery(store.DiscoveryLimits{}))
 }
