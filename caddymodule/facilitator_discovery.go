@@ -69,11 +69,10 @@ func (h *FacilitatorHandler) facilitatorAPI(ctx caddy.Context, f x402.Facilitato
 	if !ok {
 		return x402.FacilitatorHandlerConfig{}, fmt.Errorf("store module %T does not keep a discovery list", mod)
 	}
-	lim := store.DiscoveryLimits{MaxEntries: d.MaxEntries, MaxItemBytes: d.MaxEntryBytes, MaxAge: time.Duration(d.MaxAge)}.WithDefaults()
+	lim := store.DiscoveryLimits{MaxEntries: d.MaxEntries, MaxItemBytes: d.MaxEntryBytes, MaxAge: time.Duration(d.MaxAge)}
 	log := ctx.Logger()
 	return x402.FacilitatorHandlerConfig{
-		Discovery:    st.Discovery(lim),
-		MaxItemBytes: lim.MaxItemBytes,
+		Discovery: st.Discovery(lim),
 		OnDiscoveryError: func(err error) {
 			log.Warn("discovery list not updated after a settlement", zap.Error(err))
 		},

@@ -38,6 +38,8 @@ type Discovery interface {
 	// most q.Limit, with the number of matches. An entry not seen for
 	// MaxAge is gone: neither listed nor counted.
 	List(ctx context.Context, q DiscoveryQuery) (DiscoveryPage, error)
+	// Limits reports the list's bounds, defaults filled in.
+	Limits() DiscoveryLimits
 }
 
 // DiscoveryLimits bound a discovery list. The zero value of each field is
@@ -262,6 +264,9 @@ type discovery struct {
 	db  *DB
 	lim DiscoveryLimits
 }
+
+// Limits implements Discovery.
+func (d discovery) Limits() DiscoveryLimits { return d.lim }
 
 // Record implements Discovery.
 func (d discovery) Record(ctx context.Context, e DiscoveryEntry) error {

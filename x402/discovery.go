@@ -137,7 +137,7 @@ func (h *facilitatorHandler) discoveryEntry(p PaymentPayload, req PaymentRequire
 		e.Resource = resource + " " + tool
 	}
 	e.Accepts = []store.DiscoveryAccept{{Scheme: req.Scheme, Network: req.Network, Asset: req.Asset, PayTo: payToKey(req.PayTo), Raw: acc}}
-	return e, store.CheckDiscoveryEntry(e, store.DiscoveryLimits{MaxItemBytes: h.maxItem}) == nil
+	return e, store.CheckDiscoveryEntry(e, h.discovery.Limits()) == nil
 }
 
 // validBazaar checks a bazaar extension as the official

@@ -49,12 +49,9 @@ func NewFacilitatorHandler(f Facilitator) http.Handler {
 type FacilitatorHandlerConfig struct {
 	// Discovery keeps the bazaar list of GET /discovery/resources: every
 	// settled payment whose payer echoed a valid bazaar extension puts its
-	// resource there (see discoveryEntry). Nil: the endpoint is 404.
+	// resource there (see discoveryEntry), within the store's Limits.
+	// Nil: the endpoint is 404.
 	Discovery store.Discovery
-	// MaxItemBytes bounds what one entry keeps of the bazaar extension and
-	// description (default store.DefaultDiscoveryItemBytes); give the store
-	// the same bound.
-	MaxItemBytes int
 	// OnDiscoveryError hears a failed store write (the settlement itself
 	// is answered regardless), e.g. to log it.
 	OnDiscoveryError func(error)
@@ -63,11 +60,9 @@ type FacilitatorHandlerConfig struct {
 // NewFacilitatorHandlerWith is NewFacilitatorHandler with a discovery
 // list.
 func NewFacilitatorHandlerWith(f Facilitator, c FacilitatorHandlerConfig) http.Handler {
-	h := &facilitatorHandler{f: f, discovery: c.Discovery, maxItem: c.MaxItemBytes, onDiscoveryError: c.OnDiscoveryError}
-	if h.maxItem <= 0 {
-		h.maxItem = store.DefaultDiscoveryItemBytes
-	}
+	h := &facilitatorHandler{f: f, discovery: c.Discovery, onDiscoveryError: c.OnDiscoveryError}
 	if h.discovery != nil {
+		h.maxItem = h.discovery.Limits().MaxItemBytes
 		h.schemas = schema.NewCache(discoverySchemaCache)
 		h.listSlots, h.listWait = make(chan struct{}, discoveryListers), discoveryListWait
 	}
@@ -81,7 +76,7 @@ const discoverySchemaCache = 64
 type facilitatorHandler struct {
 	f                Facilitator
 	discovery        store.Discovery // nil: no GET /discovery/resources
-	maxItem          int
+	maxItem          int // the store's bound on an entry's item
 	schemas          *schema.Cache
 	onDiscoveryError func(error)
 	listSlots        chan struct{} // one per list being read from the store

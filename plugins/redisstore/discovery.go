@@ -142,6 +142,9 @@ type discovery struct {
 	keys []string
 }
 
+// Limits implements store.Discovery.
+func (d discovery) Limits() store.DiscoveryLimits { return d.lim }
+
 // Record implements store.Discovery.
 func (d discovery) Record(ctx context.Context, e store.DiscoveryEntry) error {
 	if err := store.CheckDiscoveryEntry(e, d.lim); err != nil {
