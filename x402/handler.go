@@ -76,7 +76,7 @@ const discoverySchemaCache = 64
 type facilitatorHandler struct {
 	f                Facilitator
 	discovery        store.Discovery // nil: no GET /discovery/resources
-	maxItem          int // the store's bound on an entry's item
+	maxItem          int             // the store's bound on an entry's item
 	schemas          *schema.Cache
 	onDiscoveryError func(error)
 	listSlots        chan struct{} // one per list being read from the store
