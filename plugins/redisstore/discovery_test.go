@@ -44,3 +44,26 @@ func BenchmarkRedisDiscovery(b *testing.B) {
 	}
 	storetest.BenchmarkDiscovery(b, s.Discovery(store.DiscoveryLimits{}))
 }
+
+// TestDiscoveryRecordIsSafeToRunTwice: the record script run again with the
+// same arguments (go-redis resends after a dropped connection) leaves one
+// entry with one way to pay.
+func TestDiscoveryRecordIsSafeToRunTwice(t *testing.T) {
+	ctx := context.Background()
+	_, rdb := standalone(t)
+	s, err := New(ctx, rdb, Options{Prefix: "twiced"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := s.Discovery(store.DiscoveryLimits{}).(discovery)
+	args := []any{10, 60000, store.MaxDiscoveryAccepts, "https://a.example/x", "http", "bazaar", `{}`, "exact\x00n\x00a\x00p", `{"amount":"1"}`}
+	for range 2 {
+		if _, err := d.s.write(ctx, discoveryRecordScript, d.keys, args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p, err := d.List(ctx, store.DiscoveryQuery{Limit: 10})
+	if err != nil || p.Total != 1 || len(p.Entries[0].Accepts) != 1 || string(p.Entries[0].Accepts[0].Raw) != `{"amount":"1"}` {
+		t.Fatalf("after running the record twice: %+v, %v", p, err)
+	}
+}
