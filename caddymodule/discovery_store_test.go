@@ -32,6 +32,9 @@ func discoverySite(d *evmfacilitator.Devnet, fac, gateStore, facStore string) st
 		x402_facilitator {
 			pay_to %[1]s
 			store %[3]s
+			discovery {
+				origins http://127.0.0.1:{port}
+			}
 			http %[2]s
 		}
 	}

@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -31,6 +33,12 @@ type FacilitatorDiscovery struct {
 	// MaxAge drops a resource no payment was settled for in this long.
 	// Default 720h (30 days).
 	MaxAge caddy.Duration `json:"max_age,omitempty"`
+	// Origins, when set, are the only origins (scheme://host[:port], as
+	// your sites are addressed) whose resources are listed. The resource
+	// URL is the payer's choice: without it, anyone who pays for one of
+	// your routes may list a URL of their own under its description.
+	// Placeholders such as {env.AOV_PUBLIC_BASE_URL} are expanded.
+	Origins []string `json:"origins,omitempty"`
 }
 
 // discoveryStore is a store module that keeps a discovery list (badger,
@@ -71,7 +79,17 @@ func (h *FacilitatorHandler) facilitatorAPI(ctx caddy.Context, f x402.Facilitato
 	}
 	lim := store.DiscoveryLimits{MaxEntries: d.MaxEntries, MaxItemBytes: d.MaxEntryBytes, MaxAge: time.Duration(d.MaxAge)}
 	log := ctx.Logger()
+	repl := caddy.NewReplacer()
+	var origins []string
+	for _, o := range d.Origins {
+		o = repl.ReplaceKnown(o, "")
+		if u, err := url.Parse(o); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || strings.TrimSuffix(u.Path, "/") != "" || u.RawQuery != "" {
+			return x402.FacilitatorHandlerConfig{}, fmt.Errorf("x402_facilitator: discovery origins: %q is not scheme://host[:port]", o)
+		}
+		origins = append(origins, o)
+	}
 	return x402.FacilitatorHandlerConfig{
+		Origins:   origins,
 		Discovery: st.Discovery(lim),
 		OnDiscoveryError: func(err error) {
 			log.Warn("discovery list not updated after a settlement", zap.Error(err))
@@ -86,6 +104,7 @@ func (h *FacilitatorHandler) facilitatorAPI(ctx caddy.Context, f x402.Facilitato
 //		max_entries     <n>
 //		max_entry_bytes <size>
 //		max_age         <duration>
+//		origins         <scheme://host[:port]>...
 //	}
 func parseFacilitatorDiscovery(d *caddyfile.Dispenser) (*FacilitatorDiscovery, error) {
 	fd := new(FacilitatorDiscovery)
@@ -124,6 +143,12 @@ func parseFacilitatorDiscovery(d *caddyfile.Dispenser) (*FacilitatorDiscovery, e
 			if fd.MaxAge <= 0 {
 				return nil, d.Err("max_age must be positive")
 			}
+		case "origins":
+			args := d.RemainingArgs()
+			if len(args) == 0 {
+				return nil, d.ArgErr()
+			}
+			fd.Origins = append(fd.Origins, args...)
 		default:
 			return nil, d.Errf("unrecognized discovery option '%s'", d.Val())
 		}

@@ -18,6 +18,7 @@ func TestFacilitatorDiscoveryCaddyfileErrors(t *testing.T) {
 		{"max_age is positive", "discovery {\n\t\tmax_age -1h\n\t}", "max_age must be positive"},
 		{"an unknown option is named", "discovery {\n\t\tsize 1\n\t}", "unrecognized discovery option 'size'"},
 		{"store needs a module", "store", "wrong argument count"},
+		{"origins needs one", "discovery {\n\t\torigins\n\t}", "wrong argument count"},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			wantErr(t, adaptSiteError("x402_facilitator {\n\tpay_to "+facPayTo()+"\n\t"+tc.option+"\n\tdevnet\n}"), tc.want)
@@ -37,4 +38,9 @@ func TestFacilitatorDiscoveryOffAndStore(t *testing.T) {
 	defer cancel2()
 	_, err := ctx.LoadModuleByID("http.handlers.x402_facilitator", json.RawMessage(`{"pay_to":["`+facPayTo()+`"],"discovery":{"off":true},"store":{"type":"badger","path":"`+t.TempDir()+`"},"facilitator":{"type":"evm","devnet":{}}}`))
 	wantErr(t, err, "store is set but discovery is off")
+
+	for _, o := range []string{"verify.example", "ftp://verify.example", "https://verify.example/score", "https://"} {
+		_, err := ctx.LoadModuleByID("http.handlers.x402_facilitator", json.RawMessage(`{"pay_to":["`+facPayTo()+`"],"discovery":{"origins":["`+o+`"]},"store":{"type":"badger","path":"`+t.TempDir()+`"},"facilitator":{"type":"evm","devnet":{}}}`))
+		wantErr(t, err, "is not scheme://host[:port]")
+	}
 }

@@ -81,7 +81,8 @@ type discoveryItem struct {
 // settled, but the payer chose it (the resource and its bazaar extension
 // are copied from the 402 by the client), so each is checked as untrusted:
 //
-//   - the resource is an absolute http(s) URL without user info, at most
+//   - the resource is an absolute http(s) URL without user info, on one of
+//     the configured origins when there are any, at most
 //     store.MaxDiscoveryResourceBytes, listed as its origin and path (the
 //     query and fragment dropped) or, with a valid routeTemplate, the origin
 //     and the template, as the official facilitators catalog it;
@@ -106,6 +107,9 @@ func (h *facilitatorHandler) discoveryEntry(p PaymentPayload, req PaymentRequire
 		return e, false
 	}
 	origin := u.Scheme + "://" + strings.ToLower(u.Host)
+	if h.origins != nil && !h.origins[origin] {
+		return e, false
+	}
 	bz, ok := p.Extensions["bazaar"].(map[string]any)
 	if !ok {
 		return e, false

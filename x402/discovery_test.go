@@ -132,6 +132,21 @@ func TestDiscoveryEntryChecksWhatThePayerChose(t *testing.T) {
 			}
 		}
 	})
+	t.Run("with origins, only resources on them are listed", func(t *testing.T) {
+		h := NewFacilitatorHandlerWith(&fakeFacilitator{}, FacilitatorHandlerConfig{Discovery: discoveryStore(t, store.DiscoveryLimits{}),
+			Origins: []string{"https://Verify.example/", "http://localhost:8080"}}).(*facilitatorHandler)
+		for u, want := range map[string]bool{
+			"https://verify.example/score/a": true,
+			"http://localhost:8080/mcp":      true,
+			"https://spam.example/buy-now":   false,
+			"http://verify.example/score/a":  false,
+			"http://localhost:8081/x":        false,
+		} {
+			if _, ok := h.discoveryEntry(catalogPayload(u, httpBazaar()), catalogReq); ok != want {
+				t.Errorf("%s: listed %v, want %v", u, ok, want)
+			}
+		}
+	})
 	t.Run("payTo is filtered without regard to a 0x address's case", func(t *testing.T) {
 		e, _ := h.discoveryEntry(catalogPayload("https://a.example/x", httpBazaar()), catalogReq)
 		if e.Accepts[0].PayTo != strings.ToLower(catalogReq.PayTo) {

@@ -52,6 +52,11 @@ type FacilitatorHandlerConfig struct {
 	// resource there (see discoveryEntry), within the store's Limits.
 	// Nil: the endpoint is 404.
 	Discovery store.Discovery
+	// Origins, when set, are the only origins (scheme://host[:port]) whose
+	// resources are listed: the resource URL is the payer's choice, so
+	// without it anyone paying for one route may list a URL of their own
+	// under that route's description. Compared without regard to case.
+	Origins []string
 	// OnDiscoveryError hears a failed store write (the settlement itself
 	// is answered regardless), e.g. to log it.
 	OnDiscoveryError func(error)
@@ -61,6 +66,12 @@ type FacilitatorHandlerConfig struct {
 // list.
 func NewFacilitatorHandlerWith(f Facilitator, c FacilitatorHandlerConfig) http.Handler {
 	h := &facilitatorHandler{f: f, discovery: c.Discovery, onDiscoveryError: c.OnDiscoveryError}
+	for _, o := range c.Origins {
+		if h.origins == nil {
+			h.origins = map[string]bool{}
+		}
+		h.origins[strings.ToLower(strings.TrimSuffix(o, "/"))] = true
+	}
 	if h.discovery != nil {
 		h.maxItem = h.discovery.Limits().MaxItemBytes
 		h.schemas = schema.NewCache(discoverySchemaCache)
@@ -77,6 +88,7 @@ type facilitatorHandler struct {
 	f                Facilitator
 	discovery        store.Discovery // nil: no GET /discovery/resources
 	maxItem          int             // the store's bound on an entry's item
+	origins          map[string]bool // nil: any origin is listed
 	schemas          *schema.Cache
 	onDiscoveryError func(error)
 	listSlots        chan struct{} // one per list being read from the store
