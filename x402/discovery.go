@@ -98,29 +98,36 @@ type discoveryItem struct {
 // An MCP tool is one entry per (URL, tool name), as the specification
 // requires: many tools share one endpoint.
 func (h *facilitatorHandler) discoveryEntry(p PaymentPayload, req PaymentRequirements) (store.DiscoveryEntry, bool) {
+	e, why := h.catalogEntry(p, req)
+	return e, why == ""
+}
+
+// catalogEntry is discoveryEntry with the reason an entry is refused ("":
+// listed), for the bazaar status of EXTENSION-RESPONSES.
+func (h *facilitatorHandler) catalogEntry(p PaymentPayload, req PaymentRequirements) (store.DiscoveryEntry, string) {
 	var e store.DiscoveryEntry
 	if p.Resource == nil || len(p.Resource.URL) > store.MaxDiscoveryResourceBytes {
-		return e, false
+		return e, "the resource has no URL, or one over 2 KiB"
 	}
 	u, err := url.Parse(p.Resource.URL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil || u.Opaque != "" {
-		return e, false
+		return e, "the resource is not an absolute http(s) URL without user info"
 	}
 	origin := u.Scheme + "://" + strings.ToLower(u.Host)
 	if h.origins != nil && !h.origins[origin] {
-		return e, false
+		return e, "the resource is not on this facilitator's origins"
 	}
 	bz, ok := p.Extensions["bazaar"].(map[string]any)
 	if !ok {
-		return e, false
+		return e, "the payment carries no bazaar extension"
 	}
 	raw, err := json.Marshal(bz)
 	if err != nil || len(raw) > h.maxItem {
-		return e, false
+		return e, "the bazaar extension is larger than this facilitator keeps"
 	}
 	typ, tool, ok := h.validBazaar(raw)
 	if !ok {
-		return e, false
+		return e, "the bazaar extension's info is not valid against its schema (or is neither an http nor an mcp input)"
 	}
 	resource := origin + u.EscapedPath()
 	if tmpl, _ := bz["routeTemplate"].(string); typ == "http" && validRouteTemplate(tmpl) {
@@ -130,18 +137,21 @@ func (h *facilitatorHandler) discoveryEntry(p PaymentPayload, req PaymentRequire
 		Description: cleanText(p.Resource.Description), MimeType: cleanText(p.Resource.MimeType)}
 	e.Item, err = json.Marshal(item)
 	if err != nil {
-		return e, false
+		return e, "the entry cannot be encoded"
 	}
 	acc, err := json.Marshal(req)
 	if err != nil || len(acc) > store.MaxDiscoveryAcceptBytes {
-		return e, false
+		return e, "the payment requirements are larger than this facilitator keeps"
 	}
 	e.Resource, e.Type, e.Extensions = resource, typ, []string{"bazaar"}
 	if typ == "mcp" {
 		e.Resource = resource + " " + tool
 	}
 	e.Accepts = []store.DiscoveryAccept{{Scheme: req.Scheme, Network: req.Network, Asset: req.Asset, PayTo: payToKey(req.PayTo), Raw: acc}}
-	return e, store.CheckDiscoveryEntry(e, h.discovery.Limits()) == nil
+	if store.CheckDiscoveryEntry(e, h.discovery.Limits()) != nil {
+		return e, "the entry breaks a bound of the discovery list"
+	}
+	return e, ""
 }
 
 // validBazaar checks a bazaar extension as the official
@@ -224,17 +234,33 @@ func payToKey(a string) string {
 
 // record puts a settled payment's resource on the list, within a deadline
 // of its own: the settlement is done and answered whatever the store says.
-func (h *facilitatorHandler) record(ctx context.Context, p PaymentPayload, req PaymentRequirements) {
-	e, ok := h.discoveryEntry(p, req)
-	if !ok {
-		return
+// It returns the bazaar extension's response (the bazaar specification's
+// EXTENSION-RESPONSES entry), nil when the payment carried no bazaar
+// extension.
+func (h *facilitatorHandler) record(ctx context.Context, p PaymentPayload, req PaymentRequirements) map[string]any {
+	e, why := h.catalogEntry(p, req)
+	if why == "" {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), discoveryRecordTimeout)
+		defer cancel()
+		if err := h.discovery.Record(ctx, e); err != nil {
+			if h.onDiscoveryError != nil {
+				h.onDiscoveryError(err)
+			}
+			why = "the discovery list could not be updated"
+		}
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), discoveryRecordTimeout)
-	defer cancel()
-	if err := h.discovery.Record(ctx, e); err != nil && h.onDiscoveryError != nil {
-		h.onDiscoveryError(err)
+	if _, ok := p.Extensions["bazaar"]; !ok {
+		return nil
 	}
+	if why != "" {
+		return map[string]any{"status": "rejected", "rejectedReason": why}
+	}
+	return map[string]any{"status": "success"}
 }
+
+// HeaderExtensionResponses carries a facilitator's per-extension outcomes
+// of a verify or settle (base64 JSON keyed by extension name).
+const HeaderExtensionResponses = "EXTENSION-RESPONSES"
 
 // discoveryRecordTimeout bounds the store write after a settlement.
 const discoveryRecordTimeout = 2 * time.Second

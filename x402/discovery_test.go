@@ -2,6 +2,7 @@ package x402
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -227,6 +228,47 @@ func TestDiscoveryThroughTheHandler(t *testing.T) {
 		}
 	}
 
+	t.Run("a settle answers the bazaar outcome in EXTENSION-RESPONSES", func(t *testing.T) {
+		settle := func(u string, bazaar map[string]any) map[string]any {
+			t.Helper()
+			req := devnetRequirements()
+			p, err := SignExactEVM(testKey(t), req, &Resource{URL: u}, now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if bazaar != nil {
+				p.Extensions = map[string]any{"bazaar": bazaar}
+			}
+			body, _ := json.Marshal(FacilitatorRequest{X402Version: 2, PaymentPayload: p, PaymentRequirements: req})
+			rec := httptest.NewRecorder()
+			r := httptest.NewRequest("POST", "/settle", strings.NewReader(string(body)))
+			r.Header.Set("Content-Type", "application/json")
+			h.ServeHTTP(rec, r)
+			if rec.Code != 200 {
+				t.Fatalf("settle: %d %s", rec.Code, rec.Body)
+			}
+			v := rec.Header().Get(HeaderExtensionResponses)
+			if v == "" {
+				return nil
+			}
+			raw, err := base64.StdEncoding.DecodeString(v)
+			var m map[string]any
+			if err != nil || json.Unmarshal(raw, &m) != nil {
+				t.Fatalf("EXTENSION-RESPONSES %q", v)
+			}
+			return m
+		}
+		if m := settle("https://a.example/y", httpBazaar()); fmt.Sprint(m) != "map[bazaar:map[status:success]]" {
+			t.Errorf("listed: %v", m)
+		}
+		if m := settle("mcp://tool/x", mcpToolBazaar("x")); fmt.Sprint(m["bazaar"].(map[string]any)["status"]) != "rejected" ||
+			!strings.Contains(fmt.Sprint(m), "http(s)") {
+			t.Errorf("an mcp: URL: %v", m)
+		}
+		if m := settle("https://a.example/z", nil); m != nil {
+			t.Errorf("without a bazaar extension: %v, want no header", m)
+		}
+	})
 	t.Run("without a store the endpoint is 404", func(t *testing.T) {
 		rec := httptest.NewRecorder()
 		NewFacilitatorHandler(&fakeFacilitator{}).ServeHTTP(rec, httptest.NewRequest("GET", "/discovery/resources", nil))

@@ -142,7 +142,11 @@ func (h *facilitatorHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			resp.Network = req.PaymentRequirements.Network
 		}
 		if resp.Success && h.discovery != nil {
-			h.record(r.Context(), req.PaymentPayload, req.PaymentRequirements)
+			if bz := h.record(r.Context(), req.PaymentPayload, req.PaymentRequirements); bz != nil {
+				if v, err := EncodeHeader(map[string]any{"bazaar": bz}); err == nil {
+					w.Header().Set(HeaderExtensionResponses, v)
+				}
+			}
 		}
 		writeJSON(w, http.StatusOK, resp)
 	case "/supported":
