@@ -515,7 +515,7 @@ func (h *FacilitatorHandler) Provision(ctx caddy.Context) error {
 		}
 		h.token, h.gated = sha256.Sum256([]byte(tok)), true
 	}
-	cfg, err := h.facilitatorAPI(ctx, guard)
+	cfg, err := h.discoveryConfig(ctx)
 	if err != nil {
 		return err
 	}

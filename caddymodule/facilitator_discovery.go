@@ -50,9 +50,9 @@ type discoveryStore interface {
 // Discovery returns the facilitator's discovery list in this database.
 func (s *BadgerStore) Discovery(l store.DiscoveryLimits) store.Discovery { return s.db.Discovery(l) }
 
-// facilitatorAPI builds the x402 facilitator handler over f, with the
+// discoveryConfig is the x402 facilitator handler's configuration: the
 // discovery list in the configured store unless it is off.
-func (h *FacilitatorHandler) facilitatorAPI(ctx caddy.Context, f x402.Facilitator) (x402.FacilitatorHandlerConfig, error) {
+func (h *FacilitatorHandler) discoveryConfig(ctx caddy.Context) (x402.FacilitatorHandlerConfig, error) {
 	d := h.Discovery
 	if d == nil {
 		d = new(FacilitatorDiscovery)
