@@ -609,6 +609,7 @@ var facilitatorEndpoints = []string{"/verify", "/settle", "/supported", "/discov
 //		store  <module> { … }                 # the discovery list's store (default badger)
 //		discovery off | {                     # the discovery list's bounds
 //			max_entries <n>; max_entry_bytes <size>; max_age <duration>
+//			origins <scheme://host[:port]>...
 //		}
 //		devnet [{ rpc_listen <host:port> }]   # shorthand for evm { devnet … }
 //		evm { … }                             # or any x402.facilitators module
