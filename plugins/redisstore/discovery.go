@@ -21,7 +21,8 @@ import (
 //	prefix:{d}:e  hash: resource+"\0t" type, "\0x" extension names (newline-separated),
 //	              "\0i" item, "\0n" number of ways to pay, "\0k"+i and "\0r"+i the
 //	              i-th way's identity (scheme, network, asset, payTo, NUL-separated)
-//	              and requirements
+//	              and requirements, "\0f" what a filtered list reads (type, the
+//	              extension names, each identity; one HGET per entry)
 //
 // store.CheckDiscoveryEntry refuses control characters in every name, so
 // the NUL and newline separators are unambiguous. Both keys expire MaxAge
@@ -29,7 +30,7 @@ import (
 
 const discoveryDel = `local function del(m)
   local n = tonumber(redis.call('HGET', h, m .. '\0n') or '0')
-  local f = {m .. '\0t', m .. '\0x', m .. '\0i', m .. '\0n'}
+  local f = {m .. '\0t', m .. '\0x', m .. '\0i', m .. '\0n', m .. '\0f'}
   for i = 1, n do f[#f + 1] = m .. '\0k' .. i; f[#f + 1] = m .. '\0r' .. i end
   redis.call('HDEL', h, unpack(f))
   redis.call('ZREM', z, m)
@@ -61,6 +62,9 @@ for j = 8, #ARGV, 2 do
   if slot then redis.call('HSET', h, res .. '\0k' .. slot, ARGV[j], res .. '\0r' .. slot, ARGV[j + 1]) end
 end
 redis.call('HSET', h, res .. '\0n', n)
+local ids = {}
+for i = 1, n do ids[i] = redis.call('HGET', h, res .. '\0k' .. i) end
+redis.call('HSET', h, res .. '\0f', ARGV[5] .. '\n' .. (string.gsub(ARGV[6], '\n', '\2')) .. '\n' .. table.concat(ids, '\n'))
 redis.call('ZADD', z, -now, res)
 redis.call('PEXPIRE', z, age)
 redis.call('PEXPIRE', h, age)
@@ -75,10 +79,10 @@ var discoveryListScript = redis.NewScript(`#!lua flags=no-writes
 ` + nowMS + `local z, h = KEYS[1], KEYS[2]
 local age, max, offset, limit = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local typ, ext, scheme, network, payto = ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
-local function split(s)
+local function split(s, sep)
   local r, i = {}, 1
   while true do
-    local j = string.find(s, '\0', i, true)
+    local j = string.find(s, sep, i, true)
     if not j then r[#r + 1] = string.sub(s, i); return r end
     r[#r + 1] = string.sub(s, i, j - 1); i = j + 1
   end
@@ -109,20 +113,20 @@ local members = redis.call('ZRANGEBYSCORE', z, '-inf', age - now, 'WITHSCORES', 
 local total, out = 0, {}
 for i = 1, #members, 2 do
   local m = members[i]
-  local t = redis.call('HGET', h, m .. '\0t')
-  local x = redis.call('HGET', h, m .. '\0x') or ''
-  if t and (typ == '' or t == typ) and (ext == '' or string.find('\n' .. x .. '\n', '\n' .. ext .. '\n', 1, true)) then
-    local ok = scheme == '' and network == '' and payto == ''
-    if not ok then
-      local n = tonumber(redis.call('HGET', h, m .. '\0n') or '0')
-      for k = 1, n do
-        local p = split(redis.call('HGET', h, m .. '\0k' .. k) or '')
-        if (scheme == '' or p[1] == scheme) and (network == '' or p[2] == network) and (payto == '' or p[4] == payto) then ok = true; break end
+  local f = redis.call('HGET', h, m .. '\0f')
+  if f then
+    local parts = split(f, '\n')
+    if (typ == '' or parts[1] == typ) and (ext == '' or string.find('\2' .. parts[2] .. '\2', '\2' .. ext .. '\2', 1, true)) then
+      local ok = scheme == '' and network == '' and payto == ''
+      for k = 3, #parts do
+        if ok then break end
+        local p = split(parts[k], '\0')
+        ok = (scheme == '' or p[1] == scheme) and (network == '' or p[2] == network) and (payto == '' or p[4] == payto)
       end
-    end
-    if ok then
-      total = total + 1
-      if total > offset and #out < limit then out[#out + 1] = row(m, members[i + 1], t, x) end
+      if ok then
+        total = total + 1
+        if total > offset and #out < limit then out[#out + 1] = row(m, members[i + 1], parts[1], redis.call('HGET', h, m .. '\0x') or '') end
+      end
     end
   end
 end
