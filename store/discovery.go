@@ -211,7 +211,7 @@ func MergeDiscoveryAccepts(old, add []DiscoveryAccept) []DiscoveryAccept {
 
 // Badger layout of the discovery list (tag 'd', see keys.go):
 //
-//	'd' 'm' resource            → discoveryMeta (JSON): last seen, type, extensions, accept identities
+//	'd' 'm' resource            → discoveryMeta (binary, see encode): last seen, type, extensions, accept identities
 //	'd' 'b' resource            → discoveryBody (JSON): the item and the accepts' requirements
 //	'd' 't' inv(lastSeen) resource → empty; the list, most recently seen first
 //
@@ -221,10 +221,67 @@ func MergeDiscoveryAccepts(old, add []DiscoveryAccept) []DiscoveryAccept {
 const tagDiscovery = 'd'
 
 type discoveryMeta struct {
-	At      int64       `json:"at"` // Unix nanoseconds
-	Type    string      `json:"t"`
-	Ext     []string    `json:"x,omitempty"`
-	Accepts [][4]string `json:"a"`
+	At      int64 // Unix nanoseconds
+	Type    string
+	Ext     []string
+	Accepts [][4]string
+}
+
+// encode is the meta record: At (8 bytes, big endian), then the type, the
+// extension names and each accept's identity fields, each followed by a
+// NUL (no name may hold a control character), the groups separated by
+// 0x01. A filtered List decodes one per entry, so it is not JSON.
+func (m *discoveryMeta) encode() []byte {
+	b := binary.BigEndian.AppendUint64(nil, uint64(m.At))
+	b = append(append(b, m.Type...), 0, 1)
+	for _, x := range m.Ext {
+		b = append(append(b, x...), 0)
+	}
+	for _, a := range m.Accepts {
+		b = append(b, 1)
+		for _, f := range a {
+			b = append(append(b, f...), 0)
+		}
+	}
+	return b
+}
+
+var errDiscoveryMeta = errors.New("store: malformed discovery entry")
+
+// decode reads what encode wrote.
+func (m *discoveryMeta) decode(v []byte) error {
+	if len(v) < 8 {
+		return errDiscoveryMeta
+	}
+	m.At = int64(binary.BigEndian.Uint64(v))
+	groups := bytes.Split(v[8:], []byte{1})
+	if len(groups) < 2 {
+		return errDiscoveryMeta
+	}
+	fields := func(g []byte) []string {
+		var out []string
+		for len(g) > 0 {
+			i := bytes.IndexByte(g, 0)
+			if i < 0 {
+				return nil
+			}
+			out, g = append(out, string(g[:i])), g[i+1:]
+		}
+		return out
+	}
+	t := fields(groups[0])
+	if len(t) != 1 {
+		return errDiscoveryMeta
+	}
+	m.Type, m.Ext, m.Accepts = t[0], fields(groups[1]), nil
+	for _, g := range groups[2:] {
+		f := fields(g)
+		if len(f) != 4 {
+			return errDiscoveryMeta
+		}
+		m.Accepts = append(m.Accepts, [4]string{f[0], f[1], f[2], f[3]})
+	}
+	return nil
 }
 
 type discoveryBody struct {
@@ -301,10 +358,7 @@ func (d discovery) Record(ctx context.Context, e DiscoveryEntry) error {
 			meta.Accepts = append(meta.Accepts, [4]string{a.Scheme, a.Network, a.Asset, a.PayTo})
 			body.Accepts = append(body.Accepts, a.Raw)
 		}
-		mb, err := json.Marshal(meta)
-		if err != nil {
-			return err
-		}
+		mb := meta.encode()
 		bb, err := json.Marshal(body)
 		if err != nil {
 			return err
@@ -336,7 +390,7 @@ func (d discovery) get(txn *badger.Txn, resource string, cutoff int64, body bool
 		return nil, nil, err
 	}
 	m := new(discoveryMeta)
-	if err := item.Value(func(v []byte) error { return json.Unmarshal(v, m) }); err != nil {
+	if err := item.Value(m.decode); err != nil {
 		return nil, nil, fmt.Errorf("store: reading discovery entry: %w", err)
 	}
 	if m.At < cutoff {
