@@ -95,10 +95,10 @@ type facilitatorHandler struct {
 	listWait         time.Duration // how long a list waits for a slot
 }
 
-// A filtered list reads every entry (about 20 ms for 1000 on a loaded
-// machine, Badger or Redis, where it holds the server for that long), and
-// the endpoint is public: at most discoveryListers lists are read at once,
-// and one that waits longer than discoveryListWait for its turn is 429.
+// A filtered list reads every entry (a few ms for 1000 on a loaded
+// machine, on Redis holding the server for that long), and the endpoint is
+// public: at most discoveryListers lists are read at once, and one that
+// waits longer than discoveryListWait for its turn is 429.
 const (
 	discoveryListers  = 2
 	discoveryListWait = 2 * time.Second
