@@ -105,7 +105,7 @@ func listResources(t *testing.T, base string) x402.DiscoveryResources {
 	return l
 }
 
-func listed(l x402.DiscoveryResources) string {
+func listedResources(l x402.DiscoveryResources) string {
 	var s []string
 	for _, it := range l.Items {
 		s = append(s, it.Resource)
@@ -122,13 +122,13 @@ func TestDiscoveryListSurvivesAReload(t *testing.T) {
 	base := startCaddy(t, site)
 	payThing(t, base, "a", 1)
 	before := listResources(t, base)
-	if listed(before) != base+"/thing/:id" {
-		t.Fatalf("listed %q, want the route", listed(before))
+	if listedResources(before) != base+"/thing/:id" {
+		t.Fatalf("listed %q, want the route", listedResources(before))
 	}
 	var port int
 	fmt.Sscanf(base, "http://127.0.0.1:%d", &port)
 	loadCaddy(t, port, strings.Replace(site, `description "A thing"`, `description "A thing, reloaded"`, 1))
-	if after := listResources(t, base); listed(after) != listed(before) || after.Items[0].LastUpdated != before.Items[0].LastUpdated {
+	if after := listResources(t, base); listedResources(after) != listedResources(before) || after.Items[0].LastUpdated != before.Items[0].LastUpdated {
 		t.Fatalf("after a reload %+v, want %+v", after, before)
 	}
 }
@@ -209,7 +209,7 @@ func TestDiscoveryListSurvivesARestart(t *testing.T) {
 	first.kill()
 	second := startCaddyProcess(t, site)
 	after := listResources(t, second.base)
-	if after.Pagination.Total != 1 || listed(after) != first.base+"/thing/:id" || after.Items[0].LastUpdated != before.Items[0].LastUpdated {
+	if after.Pagination.Total != 1 || listedResources(after) != first.base+"/thing/:id" || after.Items[0].LastUpdated != before.Items[0].LastUpdated {
 		t.Fatalf("after a restart %+v, want %+v", after, before)
 	}
 }
@@ -228,8 +228,8 @@ func TestDiscoveryListSharedOnRedis(t *testing.T) {
 	payThing(t, b.base, "2", 2)
 	la, lb := listResources(t, a.base), listResources(t, b.base)
 	want := b.base + "/thing/:id," + a.base + "/thing/:id"
-	if listed(la) != want || listed(lb) != want || la.Pagination.Total != 2 {
-		t.Fatalf("A lists %q, B lists %q; want both %q", listed(la), listed(lb), want)
+	if listedResources(la) != want || listedResources(lb) != want || la.Pagination.Total != 2 {
+		t.Fatalf("A lists %q, B lists %q; want both %q", listedResources(la), listedResources(lb), want)
 	}
 	ja, _ := json.Marshal(la)
 	jb, _ := json.Marshal(lb)

@@ -68,7 +68,7 @@ func catalogPayload(u string, bazaar map[string]any) PaymentPayload {
 
 var catalogReq = PaymentRequirements{Scheme: SchemeExact, Network: NetworkDevnet, Amount: "10000", Asset: "0x1", PayTo: "0xa0Ee7A142d267C1f36714E4a8F75612F20a79720"}
 
-func with(m map[string]any, k string, v any) map[string]any {
+func withMember(m map[string]any, k string, v any) map[string]any {
 	m[k] = v
 	return m
 }
@@ -89,9 +89,9 @@ func TestDiscoveryEntryChecksWhatThePayerChose(t *testing.T) {
 	}{
 		{"a GET route", "https://a.example/x?q=1#f", httpBazaar(), "https://a.example/x", "http"},
 		{"the host in lower case", "https://A.Example:8443/x", httpBazaar(), "https://a.example:8443/x", "http"},
-		{"a route template", "https://a.example/score/a", with(httpBazaar(), "routeTemplate", "/score/:agent_id"), "https://a.example/score/:agent_id", "http"},
-		{"a template with ..", "https://a.example/score/a", with(httpBazaar(), "routeTemplate", "/x/%2e%2e/admin"), "https://a.example/score/a", "http"},
-		{"a template with a scheme", "https://a.example/score/a", with(httpBazaar(), "routeTemplate", "/x/http://evil"), "https://a.example/score/a", "http"},
+		{"a route template", "https://a.example/score/a", withMember(httpBazaar(), "routeTemplate", "/score/:agent_id"), "https://a.example/score/:agent_id", "http"},
+		{"a template with ..", "https://a.example/score/a", withMember(httpBazaar(), "routeTemplate", "/x/%2e%2e/admin"), "https://a.example/score/a", "http"},
+		{"a template with a scheme", "https://a.example/score/a", withMember(httpBazaar(), "routeTemplate", "/x/http://evil"), "https://a.example/score/a", "http"},
 		{"an MCP tool", "https://a.example/mcp", mcpToolBazaar("verify_schema"), "https://a.example/mcp verify_schema", "mcp"},
 		{"no bazaar extension", "https://a.example/x", nil, "", ""},
 		{"info against its schema fails", "https://a.example/x", badInfo, "", ""},
@@ -106,9 +106,9 @@ func TestDiscoveryEntryChecksWhatThePayerChose(t *testing.T) {
 		{"no host", "https:///x", httpBazaar(), "", ""},
 		{"a control character", "https://a.example/x\n", httpBazaar(), "", ""},
 		{"a URL over 2 KiB", "https://a.example/" + strings.Repeat("x", store.MaxDiscoveryResourceBytes), httpBazaar(), "", ""},
-		{"an extension over the item bound", "https://a.example/x", with(httpBazaar(), "pad", strings.Repeat("x", store.DefaultDiscoveryItemBytes)), "", ""},
-		{"a schema with a remote $ref", "https://a.example/x", with(httpBazaar(), "schema", map[string]any{"$ref": "https://evil.example/s.json"}), "", ""},
-		{"a schema reading a file", "https://a.example/x", with(httpBazaar(), "schema", map[string]any{"$ref": "file:///etc/passwd"}), "", ""},
+		{"an extension over the item bound", "https://a.example/x", withMember(httpBazaar(), "pad", strings.Repeat("x", store.DefaultDiscoveryItemBytes)), "", ""},
+		{"a schema with a remote $ref", "https://a.example/x", withMember(httpBazaar(), "schema", map[string]any{"$ref": "https://evil.example/s.json"}), "", ""},
+		{"a schema reading a file", "https://a.example/x", withMember(httpBazaar(), "schema", map[string]any{"$ref": "file:///etc/passwd"}), "", ""},
 	} {
 		e, ok := h.discoveryEntry(catalogPayload(c.url, c.bazaar), catalogReq)
 		if ok != (c.want != "") || (ok && (e.Resource != c.want || e.Type != c.typ)) {
@@ -316,7 +316,7 @@ func FuzzDiscoveryQuery(f *testing.F) {
 // write of a known resource, against the checks alone.
 func BenchmarkDiscoveryRecord(b *testing.B) {
 	h := discoveryHandler(b, store.DiscoveryLimits{})
-	p := catalogPayload("https://a.example/score/a", with(httpBazaar(), "routeTemplate", "/score/:agent_id"))
+	p := catalogPayload("https://a.example/score/a", withMember(httpBazaar(), "routeTemplate", "/score/:agent_id"))
 	b.Run("checks", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
@@ -337,7 +337,7 @@ func BenchmarkDiscoveryRecord(b *testing.B) {
 // sends, the entry is refused or within every bound, at an http(s) URL
 // without control characters, and the store takes it.
 func FuzzDiscoveryEntry(f *testing.F) {
-	seed, _ := json.Marshal(with(httpBazaar(), "routeTemplate", "/score/:agent_id"))
+	seed, _ := json.Marshal(withMember(httpBazaar(), "routeTemplate", "/score/:agent_id"))
 	mcpSeed, _ := json.Marshal(mcpToolBazaar("verify_schema"))
 	for _, s := range []struct{ u, ext string }{
 		{"https://a.example/score/a", string(seed)},

@@ -18,19 +18,19 @@ import (
 type NewDiscovery func(t *testing.T, l store.DiscoveryLimits) store.Discovery
 
 // accept is a way to pay for the discovery tests.
-func accept(network, payTo, amount string) store.DiscoveryAccept {
+func discAccept(network, payTo, amount string) store.DiscoveryAccept {
 	raw := fmt.Sprintf(`{"scheme":"exact","network":%q,"amount":%q,"asset":"0xA","payTo":%q}`, network, amount, payTo)
 	return store.DiscoveryAccept{Scheme: "exact", Network: network, Asset: "0xA", PayTo: payTo, Raw: json.RawMessage(raw)}
 }
 
-func entry(resource, typ, item string, accepts ...store.DiscoveryAccept) store.DiscoveryEntry {
+func discEntry(resource, typ, item string, accepts ...store.DiscoveryAccept) store.DiscoveryEntry {
 	if len(accepts) == 0 {
-		accepts = []store.DiscoveryAccept{accept("eip155:1337", "0xpay", "10000")}
+		accepts = []store.DiscoveryAccept{discAccept("eip155:1337", "0xpay", "10000")}
 	}
 	return store.DiscoveryEntry{Resource: resource, Type: typ, Extensions: []string{"bazaar"}, Item: json.RawMessage(item), Accepts: accepts}
 }
 
-func resources(p store.DiscoveryPage) string {
+func discResources(p store.DiscoveryPage) string {
 	var names []string
 	for _, e := range p.Entries {
 		names = append(names, e.Resource)
@@ -49,7 +49,7 @@ func TestDiscovery(t *testing.T, newD NewDiscovery) {
 	t.Run("an entry comes back as recorded", func(t *testing.T) {
 		d := newD(t, store.DiscoveryLimits{})
 		before := time.Now()
-		e := entry("https://a.example/score/:agent_id", "http", `{"description":"Trust score","extensions":{"bazaar":{"x":[]}}}`)
+		e := discEntry("https://a.example/score/:agent_id", "http", `{"description":"Trust score","extensions":{"bazaar":{"x":[]}}}`)
 		if err := d.Record(ctx, e); err != nil {
 			t.Fatal(err)
 		}
@@ -71,15 +71,15 @@ func TestDiscovery(t *testing.T, newD NewDiscovery) {
 	t.Run("one entry per resource: the item is replaced, ways to pay merged, last seen moves", func(t *testing.T) {
 		d := newD(t, store.DiscoveryLimits{})
 		r := "https://a.example/verify/schema"
-		must(t, d.Record(ctx, entry(r, "http", `{"v":1}`, accept("eip155:1337", "0xpay", "10000"))))
+		discMust(t, d.Record(ctx, discEntry(r, "http", `{"v":1}`, discAccept("eip155:1337", "0xpay", "10000"))))
 		tick()
-		must(t, d.Record(ctx, entry("https://b.example/x", "http", `{}`)))
+		discMust(t, d.Record(ctx, discEntry("https://b.example/x", "http", `{}`)))
 		first, _ := d.List(ctx, all)
 		tick()
-		must(t, d.Record(ctx, entry(r, "http", `{"v":2}`, accept("eip155:1337", "0xpay", "20000"), accept("solana:dev", "So1", "5"))))
+		discMust(t, d.Record(ctx, discEntry(r, "http", `{"v":2}`, discAccept("eip155:1337", "0xpay", "20000"), discAccept("solana:dev", "So1", "5"))))
 		p, err := d.List(ctx, all)
-		if err != nil || p.Total != 2 || resources(p) != r+",https://b.example/x" {
-			t.Fatalf("List = %q (total %d), %v; want %s first (seen last), then b", resources(p), p.Total, err, r)
+		if err != nil || p.Total != 2 || discResources(p) != r+",https://b.example/x" {
+			t.Fatalf("List = %q (total %d), %v; want %s first (seen last), then b", discResources(p), p.Total, err, r)
 		}
 		got := p.Entries[0]
 		if string(got.Item) != `{"v":2}` || len(got.Accepts) != 2 || !strings.Contains(string(got.Accepts[0].Raw), `"20000"`) ||
@@ -94,7 +94,7 @@ func TestDiscovery(t *testing.T, newD NewDiscovery) {
 	t.Run("an entry keeps at most MaxDiscoveryAccepts ways to pay", func(t *testing.T) {
 		d := newD(t, store.DiscoveryLimits{})
 		for i := range store.MaxDiscoveryAccepts + 3 {
-			must(t, d.Record(ctx, entry("https://a.example/x", "http", `{}`, accept("eip155:1337", fmt.Sprintf("0x%d", i), "1"))))
+			discMust(t, d.Record(ctx, discEntry("https://a.example/x", "http", `{}`, discAccept("eip155:1337", fmt.Sprintf("0x%d", i), "1"))))
 		}
 		p, _ := d.List(ctx, all)
 		if p.Total != 1 || len(p.Entries[0].Accepts) != store.MaxDiscoveryAccepts || p.Entries[0].Accepts[0].PayTo != "0x0" {
@@ -105,7 +105,7 @@ func TestDiscovery(t *testing.T, newD NewDiscovery) {
 	t.Run("paging is deterministic: most recently seen first, then by resource", func(t *testing.T) {
 		d := newD(t, store.DiscoveryLimits{})
 		for _, r := range []string{"r1", "r2", "r3", "r4", "r5"} {
-			must(t, d.Record(ctx, entry("https://a.example/"+r, "http", `{}`)))
+			discMust(t, d.Record(ctx, discEntry("https://a.example/"+r, "http", `{}`)))
 			tick()
 		}
 		var pages []string
@@ -114,7 +114,7 @@ func TestDiscovery(t *testing.T, newD NewDiscovery) {
 			if err != nil || p.Total != 5 {
 				t.Fatalf("page at %d: total %d, %v", off, p.Total, err)
 			}
-			pages = append(pages, strings.ReplaceAll(resources(p), "https://a.example/", ""))
+			pages = append(pages, strings.ReplaceAll(discResources(p), "https://a.example/", ""))
 		}
 		if got := strings.Join(pages, "|"); got != "r5,r4|r3,r2|r1" {
 			t.Fatalf("pages = %s, want r5,r4|r3,r2|r1", got)
@@ -126,11 +126,11 @@ func TestDiscovery(t *testing.T, newD NewDiscovery) {
 
 	t.Run("filters: type, extension, and scheme, network and payTo on one way to pay", func(t *testing.T) {
 		d := newD(t, store.DiscoveryLimits{})
-		must(t, d.Record(ctx, entry("https://a.example/h", "http", `{}`, accept("eip155:1337", "0xpay", "1"), accept("solana:dev", "So1", "1"))))
+		discMust(t, d.Record(ctx, discEntry("https://a.example/h", "http", `{}`, discAccept("eip155:1337", "0xpay", "1"), discAccept("solana:dev", "So1", "1"))))
 		tick()
-		mcp := entry("https://a.example/mcp verify_schema", "mcp", `{}`, accept("eip155:1337", "0xother", "1"))
+		mcp := discEntry("https://a.example/mcp verify_schema", "mcp", `{}`, discAccept("eip155:1337", "0xother", "1"))
 		mcp.Extensions = nil
-		must(t, d.Record(ctx, mcp))
+		discMust(t, d.Record(ctx, mcp))
 		for _, c := range []struct {
 			q    store.DiscoveryQuery
 			want string
@@ -146,8 +146,8 @@ func TestDiscovery(t *testing.T, newD NewDiscovery) {
 		} {
 			c.q.Limit = 10
 			p, err := d.List(ctx, c.q)
-			if err != nil || resources(p) != c.want || p.Total != len(p.Entries) {
-				t.Errorf("List(%+v) = %q (total %d), %v; want %q", c.q, resources(p), p.Total, err, c.want)
+			if err != nil || discResources(p) != c.want || p.Total != len(p.Entries) {
+				t.Errorf("List(%+v) = %q (total %d), %v; want %q", c.q, discResources(p), p.Total, err, c.want)
 			}
 		}
 	})
@@ -155,33 +155,33 @@ func TestDiscovery(t *testing.T, newD NewDiscovery) {
 	t.Run("a full list evicts the entry seen longest ago", func(t *testing.T) {
 		d := newD(t, store.DiscoveryLimits{MaxEntries: 3})
 		for _, r := range []string{"r1", "r2", "r3"} {
-			must(t, d.Record(ctx, entry(r, "http", `{}`)))
+			discMust(t, d.Record(ctx, discEntry(r, "http", `{}`)))
 			tick()
 		}
-		must(t, d.Record(ctx, entry("r1", "http", `{}`))) // seen again: r2 is now the oldest
+		discMust(t, d.Record(ctx, discEntry("r1", "http", `{}`))) // seen again: r2 is now the oldest
 		tick()
-		must(t, d.Record(ctx, entry("r4", "http", `{}`)))
-		if p, _ := d.List(ctx, all); resources(p) != "r4,r1,r3" || p.Total != 3 {
-			t.Fatalf("List = %q (total %d), want r4,r1,r3", resources(p), p.Total)
+		discMust(t, d.Record(ctx, discEntry("r4", "http", `{}`)))
+		if p, _ := d.List(ctx, all); discResources(p) != "r4,r1,r3" || p.Total != 3 {
+			t.Fatalf("List = %q (total %d), want r4,r1,r3", discResources(p), p.Total)
 		}
 	})
 
 	t.Run("an entry out of bounds is refused and changes nothing", func(t *testing.T) {
 		d := newD(t, store.DiscoveryLimits{MaxItemBytes: 64})
-		must(t, d.Record(ctx, entry("r", "http", `{"v":1}`)))
-		tooMany := entry("r", "http", `{}`)
+		discMust(t, d.Record(ctx, discEntry("r", "http", `{"v":1}`)))
+		tooMany := discEntry("r", "http", `{}`)
 		for i := range store.MaxDiscoveryAccepts + 1 {
-			tooMany.Accepts = append(tooMany.Accepts, accept("n", fmt.Sprint(i), "1"))
+			tooMany.Accepts = append(tooMany.Accepts, discAccept("n", fmt.Sprint(i), "1"))
 		}
 		for name, e := range map[string]store.DiscoveryEntry{
-			"item over MaxItemBytes": entry("r", "http", `{"v":"`+strings.Repeat("x", 64)+`"}`),
-			"item not JSON":          entry("r", "http", `{"v":`),
-			"no resource":            entry("", "http", `{}`),
-			"control character":      entry("r\n", "http", `{}`),
-			"resource too long":      entry(strings.Repeat("r", store.MaxDiscoveryResourceBytes+1), "http", `{}`),
+			"item over MaxItemBytes": discEntry("r", "http", `{"v":"`+strings.Repeat("x", 64)+`"}`),
+			"item not JSON":          discEntry("r", "http", `{"v":`),
+			"no resource":            discEntry("", "http", `{}`),
+			"control character":      discEntry("r\n", "http", `{}`),
+			"resource too long":      discEntry(strings.Repeat("r", store.MaxDiscoveryResourceBytes+1), "http", `{}`),
 			"no way to pay":          {Resource: "r", Type: "http", Item: json.RawMessage(`{}`)},
 			"too many ways to pay":   tooMany,
-			"way to pay too large": entry("r", "http", `{}`, store.DiscoveryAccept{Scheme: "exact", Network: "n",
+			"way to pay too large": discEntry("r", "http", `{}`, store.DiscoveryAccept{Scheme: "exact", Network: "n",
 				Raw: json.RawMessage(`"` + strings.Repeat("x", store.MaxDiscoveryAcceptBytes) + `"`)}),
 		} {
 			if err := d.Record(ctx, e); !errors.Is(err, store.ErrDiscoveryEntry) {
@@ -195,11 +195,11 @@ func TestDiscovery(t *testing.T, newD NewDiscovery) {
 
 	t.Run("an entry not seen for MaxAge is gone", func(t *testing.T) {
 		d := newD(t, store.DiscoveryLimits{MaxAge: lifetime})
-		must(t, d.Record(ctx, entry("old", "http", `{}`)))
+		discMust(t, d.Record(ctx, discEntry("old", "http", `{}`)))
 		time.Sleep(lifetime + 50*time.Millisecond)
-		must(t, d.Record(ctx, entry("new", "http", `{}`)))
-		if p, _ := d.List(ctx, all); resources(p) != "new" || p.Total != 1 {
-			t.Fatalf("List = %q (total %d), want only new", resources(p), p.Total)
+		discMust(t, d.Record(ctx, discEntry("new", "http", `{}`)))
+		if p, _ := d.List(ctx, all); discResources(p) != "new" || p.Total != 1 {
+			t.Fatalf("List = %q (total %d), want only new", discResources(p), p.Total)
 		}
 	})
 
@@ -210,11 +210,11 @@ func TestDiscovery(t *testing.T, newD NewDiscovery) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if err := d.Record(ctx, entry(fmt.Sprintf("r%d", i), "http", `{}`)); err != nil {
+				if err := d.Record(ctx, discEntry(fmt.Sprintf("r%d", i), "http", `{}`)); err != nil {
 					t.Error(err)
 				}
 				if i < store.MaxDiscoveryAccepts {
-					if err := shared.Record(ctx, entry("shared", "http", `{}`, accept("n", fmt.Sprint(i), "1"))); err != nil {
+					if err := shared.Record(ctx, discEntry("shared", "http", `{}`, discAccept("n", fmt.Sprint(i), "1"))); err != nil {
 						t.Error(err)
 					}
 				}
@@ -232,7 +232,7 @@ func TestDiscovery(t *testing.T, newD NewDiscovery) {
 	})
 }
 
-func must(t *testing.T, err error) {
+func discMust(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)

@@ -20,7 +20,7 @@ import (
 func BenchmarkDiscovery(b *testing.B, d store.Discovery) {
 	ctx := context.Background()
 	item := json.RawMessage(`{"pad":"` + strings.Repeat("x", 2<<10) + `"}`)
-	mk := func(r string) store.DiscoveryEntry { return entry(r, "http", string(item)) }
+	mk := func(r string) store.DiscoveryEntry { return discEntry(r, "http", string(item)) }
 	for i := range store.DefaultDiscoveryEntries {
 		if err := d.Record(ctx, mk(fmt.Sprintf("https://a.example/r/%d", i))); err != nil {
 			b.Fatal(err)
