@@ -1,8 +1,12 @@
 package caddymodule
 
 import (
+	"bytes"
+	"encoding/json"
 	"regexp"
 	"strings"
+
+	"github.com/aovhq/aov/verifierd/server/mcpschema"
 )
 
 // routeBazaar is x402's bazaar extension for a priced route that has no
@@ -15,7 +19,7 @@ import (
 // says too little to describe the call.
 func routeBazaar(g *Gate) map[string]any {
 	if g.MCPTool != "" {
-		return mcpBazaar(g.MCPTool, g.Description)
+		return mcpBazaar(g.MCPTool, g.Description, toolInputSchema(g.Validator))
 	}
 	method, path, ok := strings.Cut(g.Route, " ")
 	if !ok || (method != "GET" && method != "HEAD" && method != "DELETE") || !strings.HasPrefix(path, "/") {
@@ -44,18 +48,19 @@ func routeBazaar(g *Gate) map[string]any {
 // routeParam is a {name} segment of a `route` path.
 var routeParam = regexp.MustCompile(`\{([a-zA-Z_][a-zA-Z0-9_]*)\}`)
 
-// mcpBazaar describes a priced MCP tool. Its arguments are what the MCP
-// server's tools/list says; the gate in front of it does not restate them.
-func mcpBazaar(tool, description string) map[string]any {
+// mcpBazaar describes a priced MCP tool: its name, its transport, and the
+// JSON Schema of its arguments (MCP's Tool.inputSchema, which the bazaar
+// specification asks servers to reuse).
+func mcpBazaar(tool, description string, inputSchema map[string]any) map[string]any {
 	info := map[string]any{
 		"type":        "mcp",
 		"toolName":    tool,
 		"transport":   "streamable-http",
-		"inputSchema": map[string]any{"type": "object", "description": "The tool's arguments, as the MCP server's tools/list describes them."},
+		"inputSchema": inputSchema,
 	}
 	props := map[string]any{
 		"type":        map[string]any{"type": "string", "const": "mcp"},
-		"toolName":    map[string]any{"type": "string"},
+		"toolName":    map[string]any{"type": "string", "const": tool},
 		"transport":   map[string]any{"type": "string", "enum": []any{"streamable-http"}},
 		"inputSchema": map[string]any{"type": "object"},
 	}
@@ -72,6 +77,30 @@ func mcpBazaar(tool, description string) map[string]any {
 			"additionalProperties": false,
 		}),
 	}
+}
+
+// toolInputSchema is the argument schema of a tool whose arguments the
+// gate validates: the validator reads exactly what verifierd's tool of
+// that kind declares in tools/list (verifierd/server/mcpschema). For a
+// tool the gate does not validate it says only that the arguments are an
+// object, described by the MCP server's tools/list.
+func toolInputSchema(validator string) map[string]any {
+	var raw []byte
+	switch validator {
+	case "verify_request":
+		raw = mcpschema.VerifySchema()
+	case validateScore:
+		raw = mcpschema.GetVerificationRecord()
+	default:
+		return map[string]any{"type": "object", "description": "The tool's arguments, as the MCP server's tools/list describes them."}
+	}
+	var s map[string]any
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	if err := dec.Decode(&s); err != nil {
+		panic("mcpschema: " + err.Error()) // embedded at build time and tested
+	}
+	return s
 }
 
 func bazaarSchema(input map[string]any) map[string]any {

@@ -19,7 +19,31 @@ type bazaarResult struct {
 	Validations []struct {
 		Valid  bool     `json:"valid"`
 		Errors []string `json:"errors"`
+		Spec   struct {
+			Valid  bool     `json:"valid"`
+			Errors []string `json:"errors"`
+		} `json:"spec"`
 	} `json:"validations"`
+	// Extracted is what the official extractDiscoveryInfo catalogs of each
+	// payment: its resource URL, method or tool.
+	Extracted []*struct {
+		ResourceURL string `json:"resourceUrl"`
+		Method      string `json:"method"`
+		ToolName    string `json:"toolName"`
+	} `json:"extracted"`
+}
+
+// checkValidations fails t for every extension the official helpers refuse.
+func (b *bazaarResult) checkValidations(t *testing.T, exts []any) {
+	t.Helper()
+	if len(b.Validations) != len(exts) {
+		t.Fatalf("%d validations, want %d", len(b.Validations), len(exts))
+	}
+	for i, v := range b.Validations {
+		if !v.Valid || !v.Spec.Valid {
+			t.Errorf("extension %d (%v) is invalid for the official helpers: %v %v", i, exts[i], v.Errors, v.Spec.Errors)
+		}
+	}
 }
 
 // TestOfficialBazaarClientListsWhatOurFacilitatorSettled: a gate whose
@@ -38,13 +62,14 @@ func TestOfficialBazaarClientListsWhatOurFacilitatorSettled(t *testing.T) {
 	handle_path /facilitator/* {
 		x402_facilitator {
 			pay_to %s
+			store badger {data}/facilitator
 			http %s
 		}
 	}
 `, payTo.Hex(), fac), 1)
 	base := startCaddy(t, site)
 
-	var exts []any
+	var exts, payments []any
 	for _, c := range []struct{ method, path, body string }{{"POST", "/verify/schema", validRequest}, {"GET", "/score/agent-a", ""}} {
 		req, _ := http.NewRequest(c.method, base+c.path, nil)
 		resp, err := testClient.Do(req)
@@ -58,6 +83,7 @@ func TestOfficialBazaarClientListsWhatOurFacilitatorSettled(t *testing.T) {
 			t.Fatalf("%s %s: 402 without a bazaar extension: %v", c.method, c.path, pr.Extensions)
 		}
 		exts = append(exts, b)
+		payments = append(payments, map[string]any{"url": pr.Resource.URL, "extension": b})
 
 		in := map[string]any{"privateKey": evmfacilitator.DevAccounts()[1].PrivateKeyHex, "url": base + c.path, "method": c.method}
 		if c.body != "" {
@@ -81,7 +107,7 @@ func TestOfficialBazaarClientListsWhatOurFacilitatorSettled(t *testing.T) {
 	for _, it := range doc.Items {
 		exts = append(exts, it.Extensions["bazaar"])
 	}
-	exts = append(exts, mcpBazaar("verify_schema", "Verify an agent's JSON output"))
+	exts = append(exts, mcpBazaar("verify_schema", "Verify an agent's JSON output", toolInputSchema("verify_request")))
 
 	var out bazaarResult
 	interop.Run(t, "bazaar.mjs", nil, map[string]any{
@@ -95,15 +121,9 @@ func TestOfficialBazaarClientListsWhatOurFacilitatorSettled(t *testing.T) {
 			map[string]any{"network": "eip155:8453"},
 		},
 		"extensions": exts,
+		"payments":   payments,
 	}, &out)
-	for i, v := range out.Validations {
-		if !v.Valid {
-			t.Errorf("extension %d (%v) is invalid for the official helper: %v", i, exts[i], v.Errors)
-		}
-	}
-	if len(out.Validations) != 5 {
-		t.Fatalf("%d validations, want 5 (two 402s, two manifest items, one MCP tool)", len(out.Validations))
-	}
+	out.checkValidations(t, exts) // two 402s, two manifest items, one MCP tool
 	all := out.Pages[0]
 	if all.X402Version != 2 || all.Pagination.Total != 2 || len(all.Items) != 2 {
 		t.Fatalf("the list %+v, want the two routes paid for", all)
@@ -112,6 +132,12 @@ func TestOfficialBazaarClientListsWhatOurFacilitatorSettled(t *testing.T) {
 	score, verify := all.Items[0], all.Items[1]
 	if score.Resource != base+"/score/:agent_id" || verify.Resource != base+"/verify/schema" {
 		t.Fatalf("resources %q, %q", score.Resource, verify.Resource)
+	}
+	// Our facilitator lists each route as the official one catalogs it.
+	if len(out.Extracted) != 2 || out.Extracted[0] == nil || out.Extracted[1] == nil ||
+		out.Extracted[0].ResourceURL != verify.Resource || out.Extracted[0].Method != "POST" ||
+		out.Extracted[1].ResourceURL != score.Resource || out.Extracted[1].Method != "GET" {
+		t.Fatalf("official extractDiscoveryInfo: %+v, want %s and %s", out.Extracted, verify.Resource, score.Resource)
 	}
 	for _, it := range all.Items {
 		if it.Type != "http" || len(it.Accepts) != 1 || !strings.EqualFold(it.Accepts[0].PayTo, payTo.Hex()) || it.Extensions["bazaar"] == nil || it.LastUpdated == "" {

@@ -436,9 +436,12 @@ func (m *HTTPFacilitator) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 }
 
 // FacilitatorHandler serves the x402 facilitator HTTP API, backed by a
-// facilitator module: POST verify, POST settle and GET supported at the
-// request path's end (/verify, /settle, /supported), answering the
-// reference facilitators' JSON. Mount it under a prefix, e.g.:
+// facilitator module: POST verify, POST settle, GET supported and GET
+// discovery/resources at the request path's end (/verify, /settle,
+// /supported, /discovery/resources), answering the reference facilitators'
+// JSON. The discovery list (x402's bazaar) holds the resources it settled
+// a payment for, kept in a store (Discovery, StoreRaw). Mount it under a
+// prefix, e.g.:
 //
 //	handle_path /facilitator/* {
 //		x402_facilitator {
@@ -475,6 +478,15 @@ type FacilitatorHandler struct {
 	// gate reaches such a facilitator with `facilitator http { header
 	// Authorization "Bearer {env.AOV_FACILITATOR_TOKEN}" }`.
 	Token string `json:"token,omitempty"`
+
+	// StoreRaw keeps the bazaar discovery list (a module in the
+	// x402.stores namespace: badger, redis). Default: Badger under Caddy's
+	// data directory, the gate's default store, so the list survives
+	// reloads and restarts; with redis, every instance lists the same
+	// resources.
+	StoreRaw json.RawMessage `json:"store,omitempty" caddy:"namespace=x402.stores inline_key=type"`
+	// Discovery bounds the discovery list or turns it off.
+	Discovery *FacilitatorDiscovery `json:"discovery,omitempty"`
 
 	api   http.Handler
 	token [32]byte // SHA-256 of the token, compared in constant time
@@ -518,7 +530,11 @@ func (h *FacilitatorHandler) Provision(ctx caddy.Context) error {
 		}
 		h.token, h.gated = sha256.Sum256([]byte(tok)), true
 	}
-	h.api = x402.NewFacilitatorHandler(guard)
+	cfg, err := h.discoveryConfig(ctx)
+	if err != nil {
+		return err
+	}
+	h.api = x402.NewFacilitatorHandlerWith(guard, cfg)
 	return nil
 }
 
@@ -605,6 +621,11 @@ var facilitatorEndpoints = []string{"/verify", "/settle", "/supported", "/discov
 //	x402_facilitator {
 //		pay_to <address> [<address> ...]     # required: the only recipients settled
 //		token  <secret|{env.VAR}>             # optional: require Authorization: Bearer
+//		store  <module> { … }                 # the discovery list's store (default badger)
+//		discovery off | {                     # the discovery list's bounds
+//			max_entries <n>; max_entry_bytes <size>; max_age <duration>
+//			origins <scheme://host[:port]>...
+//		}
 //		devnet [{ rpc_listen <host:port> }]   # shorthand for evm { devnet … }
 //		evm { … }                             # or any x402.facilitators module
 //		http <url> { … }
@@ -628,6 +649,20 @@ func (h *FacilitatorHandler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err := facOneArg(d, &h.Token); err != nil {
 				return err
 			}
+			continue
+		case "store":
+			raw, err := guestModule(d, "x402.stores")
+			if err != nil {
+				return err
+			}
+			h.StoreRaw = raw
+			continue
+		case "discovery":
+			fd, err := parseFacilitatorDiscovery(d)
+			if err != nil {
+				return err
+			}
+			h.Discovery = fd
 			continue
 		}
 		if h.FacilitatorRaw != nil {

@@ -121,10 +121,15 @@ func (e *mcpExchange) demand(w http.ResponseWriter, r *http.Request, _ int, msg,
 		return e.toolError(w, r, ae)
 	}
 	g := e.g
+	// The resource is the MCP endpoint's URL (the bazaar specification's
+	// form, which a catalog can locate; the tool is named in the bazaar
+	// extension), not x402's placeholder mcp://tool/<name>.
+	res := g.resource(r)
+	res.MimeType = "application/json"
 	pr := x402.PaymentRequired{
 		X402Version: x402.Version,
 		Error:       msg,
-		Resource:    x402.Resource{URL: "mcp://tool/" + e.tool, Description: g.Description, MimeType: "application/json"},
+		Resource:    res,
 		Accepts:     g.offers,
 	}
 	if g.bazaar != nil {

@@ -175,7 +175,7 @@ func TestMCPToolsArePricedLikeTheirRESTTwins(t *testing.T) {
 	// Then a payment-required result, with free_trial_exhausted in _meta.
 	res := callTool(t, s, "verify_schema", verifyArgs, nil)
 	pr := demandOf(t, res)
-	if res.Meta["code"] != "free_trial_exhausted" || pr.Resource.URL != "mcp://tool/verify_schema" || pr.Accepts[0].Amount != "20000" {
+	if res.Meta["code"] != "free_trial_exhausted" || pr.Resource.URL != base+"/mcp" || pr.Accepts[0].Amount != "20000" {
 		t.Fatalf("demand %+v, _meta %v", pr, res.Meta)
 	}
 

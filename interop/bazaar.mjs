@@ -3,10 +3,19 @@
 // withBazaar(HTTPFacilitatorClient).listResources(params) for each of
 // "lists", and checks each of "extensions" (bazaar extensions as a 402 or
 // the /.well-known/x402 manifest carries them) with
-// validateDiscoveryExtension. Input on stdin: {"facilitatorURL": …,
-// "lists": [params…], "extensions": [ext…]}. Output: {"pages": [response…],
-// "validations": [{valid, errors?}…]}.
-import { withBazaar, validateDiscoveryExtension } from "@x402/extensions/bazaar";
+// validateDiscoveryExtension and validateDiscoveryExtensionSpec, and for
+// each of "payments" ({url, extension}: what a paying client sends) reads
+// what a facilitator catalogs with extractDiscoveryInfo. Input on stdin:
+// {"facilitatorURL": …, "lists": [params…], "extensions": [ext…],
+// "payments": [{url, extension}…]}. Output: {"pages": [response…],
+// "validations": [{valid, errors?, spec: {valid, errors?}}…], "extracted":
+// [{resourceUrl, method?, toolName?} | null…]}.
+import {
+  withBazaar,
+  validateDiscoveryExtension,
+  validateDiscoveryExtensionSpec,
+  extractDiscoveryInfo,
+} from "@x402/extensions/bazaar";
 import { HTTPFacilitatorClient } from "@x402/core/server";
 import { readStdinJSON, fail } from "./lib.mjs";
 
@@ -17,8 +26,15 @@ try {
     const client = withBazaar(new HTTPFacilitatorClient({ url: input.facilitatorURL }));
     for (const params of input.lists ?? []) pages.push(await client.extensions.bazaar.listResources(params));
   }
-  const validations = (input.extensions ?? []).map((ext) => validateDiscoveryExtension(ext));
-  process.stdout.write(JSON.stringify({ pages, validations }) + "\n");
+  const validations = (input.extensions ?? []).map((ext) => ({
+    ...validateDiscoveryExtension(ext),
+    spec: validateDiscoveryExtensionSpec(ext),
+  }));
+  const extracted = (input.payments ?? []).map(({ url, extension }) => {
+    const info = extractDiscoveryInfo({ x402Version: 2, resource: { url }, extensions: { bazaar: extension } }, {});
+    return info && { resourceUrl: info.resourceUrl, method: info.method, toolName: info.toolName };
+  });
+  process.stdout.write(JSON.stringify({ pages, validations, extracted }) + "\n");
 } catch (e) {
   fail(e);
 }

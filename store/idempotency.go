@@ -62,7 +62,6 @@ const (
 )
 
 const (
-	tagPaymentID        = 'p'
 	paymentIDHeader     = 1 + 8 + 2 // state, until, fingerprint length
 	paymentIDStateBound = 0
 	paymentIDStateDone  = 1

@@ -21,6 +21,7 @@ import (
 //	'o' len agent                          → owner address of a bound agent id (see owners.go)
 //	'u' len agent inv(at) id               → Verification (JSON); one agent's authenticated, newest first (see ownerindex.go)
 //	'p' id                                 → payment identifier binding (binary, see idempotency.go)
+//	'd' 'm'|'b'|'t' …                      → the facilitator's discovery list (see discovery.go)
 //
 // inv(at) is math.MaxUint64 minus the verification's Unix time in
 // nanoseconds, big endian: Badger iterates keys in ascending byte order, so
@@ -35,12 +36,16 @@ import (
 // Version 2 added the 'u' family; a version 1 database gets it built from
 // its 'a' records when it is opened (migrateLayout).
 const (
-	tagRecord    = 'r'
-	tagTime      = 't'
-	tagAgent     = 'a'
-	tagCounts    = 'n'
-	tagAllowance = 'q'
-	tagClaim     = 'c'
+	tagRecord        = 'r'
+	tagTime          = 't'
+	tagAgent         = 'a'
+	tagCounts        = 'n'
+	tagAllowance     = 'q'
+	tagClaim         = 'c'
+	tagOwner         = 'o' // the owner's address: the bytes the gateway reported, EIP-55 for EVM wallets
+	tagAuthenticated = 'u'
+	tagPaymentID     = 'p'
+	tagDiscovery     = 'd'
 
 	layoutVersion = 2
 )

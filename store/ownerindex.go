@@ -30,7 +30,6 @@ import (
 // verifierd marks a record authenticated only for the wallet that owns the
 // id (an account id's address, or its first binder), and refuses a proof
 // from any other wallet before anything is recorded.
-const tagAuthenticated = 'u'
 
 func authenticatedPrefix(agent string) []byte {
 	k := make([]byte, 0, 3+len(agent)+8+36)

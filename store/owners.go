@@ -29,10 +29,6 @@ type Owners interface {
 	AgentOwner(ctx context.Context, agentID string) (string, error)
 }
 
-// tagOwner is the key family of agent owners: 'o' len agent → the owner's
-// address (the bytes the gateway reported, EIP-55 for EVM wallets).
-const tagOwner = 'o'
-
 // maxOwner bounds a stored owner address; real ones are at most 44 bytes
 // (base58 Solana) or 42 (0x EVM).
 const maxOwner = 128

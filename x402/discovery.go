@@ -1,38 +1,44 @@
 package x402
 
 import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
-	"math"
 	"net/http"
 	"net/url"
-	"slices"
+	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/store"
+	"github.com/aovhq/aov/verify/schema"
 )
 
 // The bazaar discovery list a facilitator serves at GET
-// /discovery/resources: the resources it settled a payment
-// for, as the official withBazaar(HTTPFacilitatorClient).listResources()
-// reads them ({x402Version, items, pagination: {limit, offset, total}}).
+// /discovery/resources: the resources it settled a payment for, as the
+// official withBazaar(HTTPFacilitatorClient).listResources() reads them
+// ({x402Version, items, pagination: {limit, offset, total}}). The list
+// lives in a store.Discovery (Badger on one machine, Redis for several
+// instances), which bounds it; this file decides what a settled payment
+// puts there.
 const (
-	// MaxDiscoveryResources bounds the list: past it, the resource paid
-	// for longest ago is dropped, so a flood of paid-for URLs costs memory
-	// once, not without limit.
-	MaxDiscoveryResources = 1024
-	// maxDiscoveryAccepts bounds the ways to pay kept per resource, and
-	// the two sizes below what one entry holds (a request may be 1 MiB): a
-	// larger way to pay is not listed, a larger bazaar extension dropped.
-	maxDiscoveryAccepts        = 8
-	maxDiscoveryAcceptBytes    = 4 << 10
-	maxDiscoveryExtensionBytes = 32 << 10
 	// DefaultDiscoveryLimit and MaxDiscoveryLimit are the page sizes of
 	// GET /discovery/resources without, and at most with, ?limit.
 	DefaultDiscoveryLimit = 100
 	MaxDiscoveryLimit     = 1000
+	// maxDiscoveryOffset bounds ?offset: past the largest list a store
+	// keeps there is nothing to page to.
+	maxDiscoveryOffset = 1 << 20
+	// maxDiscoveryText bounds a listed description or mime type.
+	maxDiscoveryText = 1024
+	// maxToolName bounds an MCP tool's name (MCP suggests at most 128).
+	maxToolName = 128
 )
 
 // DiscoveryResource is one item of the bazaar discovery list.
@@ -61,163 +67,251 @@ type DiscoveryPagination struct {
 	Total  int `json:"total"`
 }
 
-// discoveryCatalog keeps the resources a facilitator handler verified or
-// settled for, in memory and bounded by max.
-type discoveryCatalog struct {
-	mu    sync.Mutex
-	max   int
-	items map[string]*discoveryEntry
+// discoveryItem is what the store keeps of an item besides its resource,
+// type and ways to pay.
+type discoveryItem struct {
+	Resource    string         `json:"resource"`
+	Description string         `json:"description,omitempty"`
+	MimeType    string         `json:"mimeType,omitempty"`
+	Extensions  map[string]any `json:"extensions"`
 }
 
-type discoveryEntry struct {
-	DiscoveryResource
-	at time.Time
+// discoveryEntry is the list entry of a settled payment, or false when the
+// payment lists nothing. Every part comes from what the facilitator just
+// settled, but the payer chose it (the resource and its bazaar extension
+// are copied from the 402 by the client), so each is checked as untrusted:
+//
+//   - the resource is an absolute http(s) URL without user info, on one of
+//     the configured origins when there are any, at most
+//     store.MaxDiscoveryResourceBytes, listed as its origin and path (the
+//     query and fragment dropped) or, with a valid routeTemplate, the origin
+//     and the template, as the official facilitators catalog it;
+//   - the bazaar extension is required (without it nothing is cataloged, as
+//     the bazaar specification says), at most maxItem bytes, with info.input
+//     of type http or mcp (an MCP tool with a name) and info valid against
+//     the extension's own schema (compiled without fetching anything);
+//   - the description and mime type are valid UTF-8 without control
+//     characters and at most maxDiscoveryText bytes (dropped otherwise);
+//   - the way to pay is the requirements the payment was verified and
+//     settled against, at most store.MaxDiscoveryAcceptBytes.
+//
+// An MCP tool is one entry per (URL, tool name), as the specification
+// requires: many tools share one endpoint.
+func (h *facilitatorHandler) discoveryEntry(p PaymentPayload, req PaymentRequirements) (store.DiscoveryEntry, bool) {
+	e, why := h.catalogEntry(p, req)
+	return e, why == ""
 }
 
-// record notes a resource a payment was valid for. Only an absolute
-// http(s) or mcp URL (the payload's resource, which the facilitator verified the
-// payment together with) is listed; its bazaar extension, when the client
-// echoed one, is kept as the description of how to call it.
-func (c *discoveryCatalog) record(p PaymentPayload, req PaymentRequirements, now time.Time) {
-	if p.Resource == nil {
-		return
+// catalogEntry is discoveryEntry with the reason an entry is refused ("":
+// listed), for the bazaar status of EXTENSION-RESPONSES.
+func (h *facilitatorHandler) catalogEntry(p PaymentPayload, req PaymentRequirements) (store.DiscoveryEntry, string) {
+	var e store.DiscoveryEntry
+	if p.Resource == nil || len(p.Resource.URL) > store.MaxDiscoveryResourceBytes {
+		return e, "the resource has no URL, or one over 2 KiB"
 	}
 	u, err := url.Parse(p.Resource.URL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https" && u.Scheme != "mcp") || u.Host == "" || len(p.Resource.URL) > 2048 {
-		return
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil || u.Opaque != "" {
+		return e, "the resource is not an absolute http(s) URL without user info"
 	}
-	typ, resource := "http", p.Resource.URL
-	var ext map[string]any
-	if r, err := json.Marshal(req); err != nil || len(r) > maxDiscoveryAcceptBytes {
-		return
+	origin := u.Scheme + "://" + strings.ToLower(u.Host)
+	if h.origins != nil && !h.origins[origin] {
+		return e, "the resource is not on this facilitator's origins"
 	}
-	if b, ok := p.Extensions["bazaar"].(map[string]any); ok && jsonSize(b) <= maxDiscoveryExtensionBytes {
-		ext = map[string]any{"bazaar": b}
-		// One entry per route, as the official facilitator catalogs it:
-		// the origin and the route's template, not each URL.
-		if tmpl, _ := b["routeTemplate"].(string); validRouteTemplate(tmpl) {
-			resource = u.Scheme + "://" + u.Host + tmpl
-		}
-		if info, _ := b["info"].(map[string]any); info != nil {
-			if in, _ := info["input"].(map[string]any); in != nil && in["type"] == "mcp" {
-				typ = "mcp"
-			}
-		}
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.items == nil {
-		c.items = map[string]*discoveryEntry{}
-	}
-	e, ok := c.items[resource]
+	bz, ok := p.Extensions["bazaar"].(map[string]any)
 	if !ok {
-		if len(c.items) >= c.max {
-			c.evictOldest()
-		}
-		e = &discoveryEntry{}
-		c.items[resource] = e
+		return e, "the payment carries no bazaar extension"
 	}
-	e.Resource, e.Type, e.X402Version = resource, typ, Version
-	e.Description, e.MimeType = truncateField(p.Resource.Description), truncateField(p.Resource.MimeType)
-	if ext != nil {
-		e.Extensions = ext
+	raw, err := json.Marshal(bz)
+	if err != nil || len(raw) > h.maxItem {
+		return e, "the bazaar extension is larger than this facilitator keeps"
 	}
-	e.at = now
-	e.LastUpdated = now.UTC().Format(time.RFC3339)
-	i := slices.IndexFunc(e.Accepts, func(a PaymentRequirements) bool {
-		return a.Scheme == req.Scheme && a.Network == req.Network && a.Asset == req.Asset && a.PayTo == req.PayTo
-	})
-	switch {
-	case i >= 0:
-		e.Accepts[i] = req
-	case len(e.Accepts) < maxDiscoveryAccepts:
-		e.Accepts = append(e.Accepts, req)
+	typ, tool, ok := h.validBazaar(raw)
+	if !ok {
+		return e, "the bazaar extension's info is not valid against its schema (or is neither an http nor an mcp input)"
 	}
-}
-
-// validRouteTemplate accepts a path template such as /score/:agent_id.
-func validRouteTemplate(t string) bool {
-	return strings.HasPrefix(t, "/") && !strings.HasPrefix(t, "//") && len(t) <= 512 &&
-		!strings.ContainsAny(t, "?#\\ \t\r\n") && !strings.Contains(t, "..")
-}
-
-func (c *discoveryCatalog) evictOldest() {
-	var oldest string
-	var at time.Time
-	for k, e := range c.items {
-		if oldest == "" || e.at.Before(at) {
-			oldest, at = k, e.at
-		}
+	resource := origin + u.EscapedPath()
+	if tmpl, _ := bz["routeTemplate"].(string); typ == "http" && validRouteTemplate(tmpl) {
+		resource = origin + tmpl
 	}
-	delete(c.items, oldest)
-}
-
-func jsonSize(v any) int {
-	b, err := json.Marshal(v)
+	item := discoveryItem{Resource: resource, Extensions: map[string]any{"bazaar": json.RawMessage(raw)},
+		Description: cleanText(p.Resource.Description), MimeType: cleanText(p.Resource.MimeType)}
+	e.Item, err = json.Marshal(item)
 	if err != nil {
-		return math.MaxInt
+		return e, "the entry cannot be encoded"
 	}
-	return len(b)
+	acc, err := json.Marshal(req)
+	if err != nil || len(acc) > store.MaxDiscoveryAcceptBytes {
+		return e, "the payment requirements are larger than this facilitator keeps"
+	}
+	e.Resource, e.Type, e.Extensions = resource, typ, []string{"bazaar"}
+	if typ == "mcp" {
+		e.Resource = resource + " " + tool
+	}
+	e.Accepts = []store.DiscoveryAccept{{Scheme: req.Scheme, Network: req.Network, Asset: req.Asset, PayTo: payToKey(req.PayTo), Raw: acc}}
+	if store.CheckDiscoveryEntry(e, h.discovery.Limits()) != nil {
+		return e, "the entry breaks a bound of the discovery list"
+	}
+	return e, ""
 }
 
-func truncateField(s string) string {
-	if len(s) > 1024 {
-		return s[:1024]
+// validBazaar checks a bazaar extension as the official
+// validateDiscoveryExtension and validateDiscoveryExtensionSpec do, and
+// returns its input type and, for an MCP tool, the tool's name.
+func (h *facilitatorHandler) validBazaar(raw []byte) (typ, tool string, ok bool) {
+	var ext struct {
+		Info   any `json:"info"`
+		Schema any `json:"schema"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	if dec.Decode(&ext) != nil {
+		return "", "", false
+	}
+	info, _ := ext.Info.(map[string]any)
+	input, _ := info["input"].(map[string]any)
+	switch typ, _ = input["type"].(string); typ {
+	case "http":
+	case "mcp":
+		tool, _ = input["toolName"].(string)
+		if tool == "" || len(tool) > maxToolName || strings.ContainsFunc(tool, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) {
+			return "", "", false
+		}
+		if _, ok := input["inputSchema"].(map[string]any); !ok {
+			return "", "", false
+		}
+	default:
+		return "", "", false
+	}
+	if _, ok := ext.Schema.(map[string]any); !ok {
+		return "", "", false
+	}
+	sum := sha256.Sum256(raw)
+	sch, err := h.schemas.Compile(ext.Schema, hex.EncodeToString(sum[:]))
+	if err != nil {
+		return "", "", false
+	}
+	rep, err := sch.EvaluateWithin(ext.Info, schema.Options{MaxFailures: 1})
+	if err != nil || rep.Passed != rep.Total {
+		return "", "", false
+	}
+	return typ, tool, true
+}
+
+// routeTemplatePattern is the official isValidRouteTemplate's shape.
+var routeTemplatePattern = regexp.MustCompile(`^/[a-zA-Z0-9_/:.\-~%]+$`)
+
+// validRouteTemplate is the bazaar specification's rule for a
+// routeTemplate (e.g. /score/:agent_id): the official pattern, and no ".."
+// or "://" even once percent-decoded.
+func validRouteTemplate(t string) bool {
+	if len(t) > 512 || !routeTemplatePattern.MatchString(t) {
+		return false
+	}
+	dec, err := url.PathUnescape(t)
+	if err != nil {
+		return false
+	}
+	return !strings.Contains(dec, "..") && !strings.Contains(dec, "://")
+}
+
+// cleanText is s when it is valid UTF-8 of at most maxDiscoveryText bytes
+// without control characters, else "".
+func cleanText(s string) string {
+	if len(s) > maxDiscoveryText || !utf8.ValidString(s) || strings.ContainsFunc(s, unicode.IsControl) {
+		return ""
 	}
 	return s
 }
 
-// list answers one page of the catalog, newest first, filtered by the
-// official client's query parameters (type, payTo, scheme, network,
-// extensions, limit, offset).
-func (c *discoveryCatalog) list(q url.Values) (DiscoveryResources, *apierr.Error) {
-	limit, err := pageParam(q, "limit", DefaultDiscoveryLimit, 1, MaxDiscoveryLimit)
-	if err != nil {
-		return DiscoveryResources{}, err
+// payToKey is the form a payTo is filtered by: a 0x address in lower case
+// (its case is only a checksum), anything else as written.
+func payToKey(a string) string {
+	if len(a) == 42 && strings.HasPrefix(a, "0x") {
+		return strings.ToLower(a)
 	}
-	offset, err := pageParam(q, "offset", 0, 0, MaxDiscoveryResources)
-	if err != nil {
-		return DiscoveryResources{}, err
-	}
-	c.mu.Lock()
-	all := make([]*discoveryEntry, 0, len(c.items))
-	for _, e := range c.items {
-		if matchesDiscovery(e, q) {
-			all = append(all, e)
-		}
-	}
-	slices.SortFunc(all, func(a, b *discoveryEntry) int {
-		if d := b.at.Compare(a.at); d != 0 {
-			return d
-		}
-		return strings.Compare(a.Resource, b.Resource)
-	})
-	items := []DiscoveryResource{}
-	for i := offset; i < len(all) && len(items) < limit; i++ {
-		r := all[i].DiscoveryResource
-		r.Accepts = slices.Clone(r.Accepts)
-		items = append(items, r)
-	}
-	c.mu.Unlock()
-	return DiscoveryResources{X402Version: Version, Items: items, Pagination: DiscoveryPagination{Limit: limit, Offset: offset, Total: len(all)}}, nil
+	return a
 }
 
-func matchesDiscovery(e *discoveryEntry, q url.Values) bool {
-	if t := q.Get("type"); t != "" && e.Type != t {
-		return false
-	}
-	if x := q.Get("extensions"); x != "" {
-		if _, ok := e.Extensions[x]; !ok {
-			return false
+// record puts a settled payment's resource on the list, within a deadline
+// of its own: the settlement is done and answered whatever the store says.
+// It returns the bazaar extension's response (the bazaar specification's
+// EXTENSION-RESPONSES entry), nil when the payment carried no bazaar
+// extension.
+func (h *facilitatorHandler) record(ctx context.Context, p PaymentPayload, req PaymentRequirements) map[string]any {
+	e, why := h.catalogEntry(p, req)
+	if why == "" {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), discoveryRecordTimeout)
+		defer cancel()
+		if err := h.discovery.Record(ctx, e); err != nil {
+			if h.onDiscoveryError != nil {
+				h.onDiscoveryError(err)
+			}
+			why = "the discovery list could not be updated"
 		}
 	}
-	payTo, scheme, network := q.Get("payTo"), q.Get("scheme"), q.Get("network")
-	if payTo == "" && scheme == "" && network == "" {
-		return true
+	if _, ok := p.Extensions["bazaar"]; !ok {
+		return nil
 	}
-	return slices.ContainsFunc(e.Accepts, func(a PaymentRequirements) bool {
-		return (payTo == "" || strings.EqualFold(a.PayTo, payTo)) && (scheme == "" || a.Scheme == scheme) && (network == "" || a.Network == network)
-	})
+	if why != "" {
+		return map[string]any{"status": "rejected", "rejectedReason": why}
+	}
+	return map[string]any{"status": "success"}
+}
+
+// HeaderExtensionResponses carries a facilitator's per-extension outcomes
+// of a verify or settle (base64 JSON keyed by extension name).
+const HeaderExtensionResponses = "EXTENSION-RESPONSES"
+
+// discoveryRecordTimeout bounds the store write after a settlement.
+const discoveryRecordTimeout = 2 * time.Second
+
+// list answers one page of the list, filtered by the official client's
+// query parameters (type, payTo, scheme, network, extensions, limit,
+// offset).
+func (h *facilitatorHandler) list(r *http.Request) (DiscoveryResources, error) {
+	qs := r.URL.Query()
+	limit, err := pageParam(qs, "limit", DefaultDiscoveryLimit, 1, MaxDiscoveryLimit)
+	if err != nil {
+		return DiscoveryResources{}, err
+	}
+	offset, err := pageParam(qs, "offset", 0, 0, maxDiscoveryOffset)
+	if err != nil {
+		return DiscoveryResources{}, err
+	}
+	q := store.DiscoveryQuery{Type: qs.Get("type"), Extension: qs.Get("extensions"), Scheme: qs.Get("scheme"),
+		Network: qs.Get("network"), PayTo: payToKey(qs.Get("payTo")), Offset: offset, Limit: limit}
+	wait := time.NewTimer(h.listWait)
+	defer wait.Stop()
+	select {
+	case h.listSlots <- struct{}{}:
+		defer func() { <-h.listSlots }()
+	case <-wait.C:
+		return DiscoveryResources{}, apierr.RateLimited(1)
+	case <-r.Context().Done():
+		return DiscoveryResources{}, apierr.RateLimited(1)
+	}
+	page, serr := h.discovery.List(r.Context(), q)
+	if serr != nil {
+		return DiscoveryResources{}, apierr.Unavailable("discovery list", 1, serr)
+	}
+	out := DiscoveryResources{X402Version: Version, Items: make([]DiscoveryResource, 0, len(page.Entries)),
+		Pagination: DiscoveryPagination{Limit: limit, Offset: offset, Total: page.Total}}
+	for _, e := range page.Entries {
+		var it discoveryItem
+		if json.Unmarshal(e.Item, &it) != nil {
+			continue
+		}
+		res := DiscoveryResource{Resource: it.Resource, Type: e.Type, X402Version: Version, Description: it.Description,
+			MimeType: it.MimeType, Extensions: it.Extensions, LastUpdated: e.LastSeen.UTC().Format(time.RFC3339)}
+		for _, a := range e.Accepts {
+			var req PaymentRequirements
+			if json.Unmarshal(a.Raw, &req) == nil {
+				res.Accepts = append(res.Accepts, req)
+			}
+		}
+		out.Items = append(out.Items, res)
+	}
+	return out, nil
 }
 
 func pageParam(q url.Values, name string, def, lo, hi int) (int, *apierr.Error) {

@@ -1,68 +1,279 @@
 package x402
 
 import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/store"
 )
 
+// discoveryStore is a real embedded store in a fresh folder.
+func discoveryStore(t testing.TB, l store.DiscoveryLimits) store.Discovery {
+	db, err := store.Open(t.TempDir(), store.Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db.Discovery(l)
+}
+
+func discoveryHandler(t testing.TB, l store.DiscoveryLimits) *facilitatorHandler {
+	return NewFacilitatorHandlerWith(&fakeFacilitator{}, FacilitatorHandlerConfig{Discovery: discoveryStore(t, l)}).(*facilitatorHandler)
+}
+
+// httpBazaar is the bazaar extension of a GET route, as
+// declareDiscoveryExtension writes it.
+func httpBazaar() map[string]any {
+	return map[string]any{
+		"info": map[string]any{"input": map[string]any{"type": "http", "method": "GET"}},
+		"schema": map[string]any{
+			"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object", "required": []any{"input"},
+			"properties": map[string]any{"input": map[string]any{
+				"type": "object", "required": []any{"type", "method"}, "additionalProperties": false,
+				"properties": map[string]any{
+					"type":       map[string]any{"type": "string", "const": "http"},
+					"method":     map[string]any{"type": "string", "enum": []any{"GET"}},
+					"pathParams": map[string]any{"type": "object"},
+				},
+			}},
+		},
+	}
+}
+
+func mcpToolBazaar(tool string) map[string]any {
+	return map[string]any{
+		"info": map[string]any{"input": map[string]any{"type": "mcp", "toolName": tool, "inputSchema": map[string]any{"type": "object"}}},
+		"schema": map[string]any{"type": "object", "properties": map[string]any{"input": map[string]any{
+			"type": "object", "required": []any{"type", "toolName", "inputSchema"},
+		}}},
+	}
+}
+
 func catalogPayload(u string, bazaar map[string]any) PaymentPayload {
-	p := PaymentPayload{X402Version: 2, Resource: &Resource{URL: u}}
+	p := PaymentPayload{X402Version: 2, Resource: &Resource{URL: u, Description: "d", MimeType: "application/json"}}
 	if bazaar != nil {
 		p.Extensions = map[string]any{"bazaar": bazaar}
 	}
 	return p
 }
 
-var catalogReq = PaymentRequirements{Scheme: SchemeExact, Network: NetworkDevnet, Amount: "10000", Asset: "0x1", PayTo: "0x2"}
+var catalogReq = PaymentRequirements{Scheme: SchemeExact, Network: NetworkDevnet, Amount: "10000", Asset: "0x1", PayTo: "0xa0Ee7A142d267C1f36714E4a8F75612F20a79720"}
 
-// TestDiscoveryCatalogBoundsAndRefuses: the list never grows past its
-// bound (the resource paid for longest ago goes), lists only absolute
-// http(s) or mcp URLs, and takes a routeTemplate only when it is a plain
-// path.
-func TestDiscoveryCatalogBoundsAndRefuses(t *testing.T) {
-	c := &discoveryCatalog{max: 3}
-	t0 := time.Unix(1_800_000_000, 0)
-	for i := range 5 {
-		c.record(catalogPayload(fmt.Sprintf("https://a.example/r/%d", i), nil), catalogReq, t0.Add(time.Duration(i)*time.Second))
-	}
-	for _, u := range []string{"", "/relative", "javascript:alert(1)", "ftp://a.example/x", "https://"} {
-		c.record(catalogPayload(u, nil), catalogReq, t0.Add(time.Hour))
-	}
-	c.record(PaymentPayload{X402Version: 2}, catalogReq, t0.Add(time.Hour))
-	list, err := c.list(url.Values{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if list.Pagination.Total != 3 || list.Items[0].Resource != "https://a.example/r/4" || list.Items[2].Resource != "https://a.example/r/2" {
-		t.Fatalf("list %+v, want r/4, r/3, r/2", list)
-	}
+func withMember(m map[string]any, k string, v any) map[string]any {
+	m[k] = v
+	return m
+}
 
-	for tmpl, want := range map[string]string{
-		"/score/:agent_id":     "https://b.example/score/:agent_id",
-		"//evil.example/x":     "https://b.example/score/a",
-		"/x/../admin":          "https://b.example/score/a",
-		"https://evil.example": "https://b.example/score/a",
+// TestDiscoveryEntryChecksWhatThePayerChose: the resource URL and the
+// bazaar extension are the payer's; only an absolute http(s) URL with a
+// bazaar extension that is valid against its own schema is listed, as its
+// origin and path or route template; MCP tools are one entry per tool.
+func TestDiscoveryEntryChecksWhatThePayerChose(t *testing.T) {
+	h := discoveryHandler(t, store.DiscoveryLimits{})
+	badInfo := httpBazaar()
+	badInfo["info"] = map[string]any{"input": map[string]any{"type": "http", "method": "POST"}}
+	for _, c := range []struct {
+		name, url string
+		bazaar    map[string]any
+		want      string // the store key; "" lists nothing
+		typ       string
+	}{
+		{"a GET route", "https://a.example/x?q=1#f", httpBazaar(), "https://a.example/x", "http"},
+		{"the host in lower case", "https://A.Example:8443/x", httpBazaar(), "https://a.example:8443/x", "http"},
+		{"a route template", "https://a.example/score/a", withMember(httpBazaar(), "routeTemplate", "/score/:agent_id"), "https://a.example/score/:agent_id", "http"},
+		{"a template with ..", "https://a.example/score/a", withMember(httpBazaar(), "routeTemplate", "/x/%2e%2e/admin"), "https://a.example/score/a", "http"},
+		{"a template with a scheme", "https://a.example/score/a", withMember(httpBazaar(), "routeTemplate", "/x/http://evil"), "https://a.example/score/a", "http"},
+		{"an MCP tool", "https://a.example/mcp", mcpToolBazaar("verify_schema"), "https://a.example/mcp verify_schema", "mcp"},
+		{"no bazaar extension", "https://a.example/x", nil, "", ""},
+		{"info against its schema fails", "https://a.example/x", badInfo, "", ""},
+		{"an input type of neither http nor mcp", "https://a.example/x", map[string]any{"info": map[string]any{"input": map[string]any{"type": "ftp"}}, "schema": map[string]any{}}, "", ""},
+		{"an MCP tool without a name", "https://a.example/mcp", mcpToolBazaar(""), "", ""},
+		{"an MCP tool name with a space", "https://a.example/mcp", mcpToolBazaar("a b"), "", ""},
+		{"an mcp: URL", "mcp://tool/verify_schema", mcpToolBazaar("verify_schema"), "", ""},
+		{"a relative URL", "/x", httpBazaar(), "", ""},
+		{"javascript:", "javascript:alert(1)", httpBazaar(), "", ""},
+		{"ftp:", "ftp://a.example/x", httpBazaar(), "", ""},
+		{"user info", "https://u:p@a.example/x", httpBazaar(), "", ""},
+		{"no host", "https:///x", httpBazaar(), "", ""},
+		{"a control character", "https://a.example/x\n", httpBazaar(), "", ""},
+		{"a URL over 2 KiB", "https://a.example/" + strings.Repeat("x", store.MaxDiscoveryResourceBytes), httpBazaar(), "", ""},
+		{"an extension over the item bound", "https://a.example/x", withMember(httpBazaar(), "pad", strings.Repeat("x", store.DefaultDiscoveryItemBytes)), "", ""},
+		{"a schema with a remote $ref", "https://a.example/x", withMember(httpBazaar(), "schema", map[string]any{"$ref": "https://evil.example/s.json"}), "", ""},
+		{"a schema reading a file", "https://a.example/x", withMember(httpBazaar(), "schema", map[string]any{"$ref": "file:///etc/passwd"}), "", ""},
 	} {
-		c := &discoveryCatalog{max: 3}
-		c.record(catalogPayload("https://b.example/score/a", map[string]any{"routeTemplate": tmpl}), catalogReq, t0)
-		if l, _ := c.list(url.Values{}); len(l.Items) != 1 || l.Items[0].Resource != want {
-			t.Errorf("routeTemplate %q: %+v, want %s", tmpl, l.Items, want)
+		e, ok := h.discoveryEntry(catalogPayload(c.url, c.bazaar), catalogReq)
+		if ok != (c.want != "") || (ok && (e.Resource != c.want || e.Type != c.typ)) {
+			t.Errorf("%s: %q %v, want %q (%s)", c.name, e.Resource, ok, c.want, c.typ)
 		}
 	}
 
-	t.Run("the same resource paid again is one item with its ways to pay merged", func(t *testing.T) {
-		c := &discoveryCatalog{max: 3}
-		other := catalogReq
-		other.Network = NetworkBase
-		c.record(catalogPayload("https://a.example/x", nil), catalogReq, t0)
-		c.record(catalogPayload("https://a.example/x", nil), catalogReq, t0.Add(time.Second))
-		c.record(catalogPayload("https://a.example/x", nil), other, t0.Add(2*time.Second))
-		l, _ := c.list(url.Values{})
-		if len(l.Items) != 1 || len(l.Items[0].Accepts) != 2 {
-			t.Fatalf("%+v", l.Items)
+	t.Run("an oversized way to pay lists nothing", func(t *testing.T) {
+		big := catalogReq
+		big.Extra = map[string]any{"pad": strings.Repeat("x", store.MaxDiscoveryAcceptBytes)}
+		if _, ok := h.discoveryEntry(catalogPayload("https://a.example/x", httpBazaar()), big); ok {
+			t.Fatal("listed a way to pay over the bound")
+		}
+	})
+	t.Run("a description with control characters or over 1 KiB is dropped", func(t *testing.T) {
+		for _, d := range []string{"a\x1b[31mred", strings.Repeat("x", 1025), "\xff"} {
+			p := catalogPayload("https://a.example/x", httpBazaar())
+			p.Resource.Description = d
+			e, ok := h.discoveryEntry(p, catalogReq)
+			if !ok || strings.Contains(string(e.Item), `"description"`) {
+				t.Errorf("%q: item %s, %v", d, e.Item, ok)
+			}
+		}
+	})
+	t.Run("with origins, only resources on them are listed", func(t *testing.T) {
+		h := NewFacilitatorHandlerWith(&fakeFacilitator{}, FacilitatorHandlerConfig{Discovery: discoveryStore(t, store.DiscoveryLimits{}),
+			Origins: []string{"https://Verify.example/", "http://localhost:8080"}}).(*facilitatorHandler)
+		for u, want := range map[string]bool{
+			"https://verify.example/score/a": true,
+			"http://localhost:8080/mcp":      true,
+			"https://spam.example/buy-now":   false,
+			"http://verify.example/score/a":  false,
+			"http://localhost:8081/x":        false,
+		} {
+			if _, ok := h.discoveryEntry(catalogPayload(u, httpBazaar()), catalogReq); ok != want {
+				t.Errorf("%s: listed %v, want %v", u, ok, want)
+			}
+		}
+	})
+	t.Run("payTo is filtered without regard to a 0x address's case", func(t *testing.T) {
+		e, _ := h.discoveryEntry(catalogPayload("https://a.example/x", httpBazaar()), catalogReq)
+		if e.Accepts[0].PayTo != strings.ToLower(catalogReq.PayTo) {
+			t.Fatalf("payTo key %q", e.Accepts[0].PayTo)
+		}
+	})
+}
+
+// TestDiscoveryThroughTheHandler: a settled payment lists its resource, a
+// verified one does not, and the list pages and filters as the official
+// client asks.
+func TestDiscoveryThroughTheHandler(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	h := NewFacilitatorHandlerWith(&fakeFacilitator{now: now}, FacilitatorHandlerConfig{Discovery: discoveryStore(t, store.DiscoveryLimits{})})
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	post := func(path string, u string, bazaar map[string]any) map[string]any {
+		t.Helper()
+		req := devnetRequirements()
+		p, err := SignExactEVM(testKey(t), req, &Resource{URL: u}, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bazaar != nil {
+			p.Extensions = map[string]any{"bazaar": bazaar}
+		}
+		body, _ := json.Marshal(FacilitatorRequest{X402Version: 2, PaymentPayload: p, PaymentRequirements: req})
+		resp, err := http.Post(srv.URL+path, "application/json", strings.NewReader(string(body)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var m map[string]any
+		json.NewDecoder(resp.Body).Decode(&m)
+		return m
+	}
+	list := func(q string) (DiscoveryResources, int) {
+		t.Helper()
+		resp, err := http.Get(srv.URL + "/discovery/resources?" + q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var l DiscoveryResources
+		json.NewDecoder(resp.Body).Decode(&l)
+		return l, resp.StatusCode
+	}
+	if v := post("/verify", "https://spam.example/buy-now", httpBazaar()); v["isValid"] != true {
+		t.Fatalf("verify: %v", v)
+	}
+	if l, _ := list(""); l.Pagination.Total != 0 {
+		t.Fatalf("a verification listed %+v", l.Items)
+	}
+	if s := post("/settle", "https://a.example/x", httpBazaar()); s["success"] != true {
+		t.Fatalf("settle: %v", s)
+	}
+	if s := post("/settle", "https://a.example/mcp", mcpToolBazaar("verify_schema")); s["success"] != true {
+		t.Fatalf("settle: %v", s)
+	}
+	l, status := list("")
+	if status != 200 || l.X402Version != 2 || l.Pagination != (DiscoveryPagination{Limit: DefaultDiscoveryLimit, Total: 2}) ||
+		l.Items[0].Resource != "https://a.example/mcp" || l.Items[0].Type != "mcp" || l.Items[1].Resource != "https://a.example/x" ||
+		len(l.Items[1].Accepts) != 1 || l.Items[1].Accepts[0].Amount != devnetRequirements().Amount || l.Items[1].Extensions["bazaar"] == nil {
+		t.Fatalf("list %d %+v", status, l)
+	}
+	if l, _ := list("type=mcp&limit=1"); l.Pagination.Total != 1 || l.Items[0].Type != "mcp" {
+		t.Fatalf("type=mcp: %+v", l)
+	}
+	if l, _ := list("payTo=" + strings.ToUpper(devnetRequirements().PayTo[2:]) + "&offset=1"); l.Pagination.Total != 0 {
+		t.Fatalf("a payTo without 0x matched: %+v", l)
+	}
+	if l, _ := list("payTo=0x" + strings.ToUpper(devnetRequirements().PayTo[2:]) + "&offset=1"); l.Pagination.Total != 2 || len(l.Items) != 1 {
+		t.Fatalf("payTo in upper case, second page: %+v", l)
+	}
+	for _, q := range []string{"limit=0", "limit=abc", "offset=-1", "limit=1&limit=2", "limit=100000"} {
+		if _, status := list(q); status != 400 {
+			t.Errorf("?%s: %d, want 400", q, status)
+		}
+	}
+
+	t.Run("a settle answers the bazaar outcome in EXTENSION-RESPONSES", func(t *testing.T) {
+		settle := func(u string, bazaar map[string]any) map[string]any {
+			t.Helper()
+			req := devnetRequirements()
+			p, err := SignExactEVM(testKey(t), req, &Resource{URL: u}, now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if bazaar != nil {
+				p.Extensions = map[string]any{"bazaar": bazaar}
+			}
+			body, _ := json.Marshal(FacilitatorRequest{X402Version: 2, PaymentPayload: p, PaymentRequirements: req})
+			rec := httptest.NewRecorder()
+			r := httptest.NewRequest("POST", "/settle", strings.NewReader(string(body)))
+			r.Header.Set("Content-Type", "application/json")
+			h.ServeHTTP(rec, r)
+			if rec.Code != 200 {
+				t.Fatalf("settle: %d %s", rec.Code, rec.Body)
+			}
+			v := rec.Header().Get(HeaderExtensionResponses)
+			if v == "" {
+				return nil
+			}
+			raw, err := base64.StdEncoding.DecodeString(v)
+			var m map[string]any
+			if err != nil || json.Unmarshal(raw, &m) != nil {
+				t.Fatalf("EXTENSION-RESPONSES %q", v)
+			}
+			return m
+		}
+		if m := settle("https://a.example/y", httpBazaar()); fmt.Sprint(m) != "map[bazaar:map[status:success]]" {
+			t.Errorf("listed: %v", m)
+		}
+		if m := settle("mcp://tool/x", mcpToolBazaar("x")); fmt.Sprint(m["bazaar"].(map[string]any)["status"]) != "rejected" ||
+			!strings.Contains(fmt.Sprint(m), "http(s)") {
+			t.Errorf("an mcp: URL: %v", m)
+		}
+		if m := settle("https://a.example/z", nil); m != nil {
+			t.Errorf("without a bazaar extension: %v, want no header", m)
+		}
+	})
+	t.Run("without a store the endpoint is 404", func(t *testing.T) {
+		rec := httptest.NewRecorder()
+		NewFacilitatorHandler(&fakeFacilitator{}).ServeHTTP(rec, httptest.NewRequest("GET", "/discovery/resources", nil))
+		if rec.Code != 404 {
+			t.Fatalf("%d", rec.Code)
 		}
 	})
 }
@@ -73,19 +284,24 @@ func FuzzDiscoveryQuery(f *testing.F) {
 	for _, s := range []string{"", "limit=1&offset=1", "limit=0", "offset=-1", "type=mcp&payTo=0x2", "limit=1&limit=2", "limit=%zz"} {
 		f.Add(s)
 	}
-	c := &discoveryCatalog{max: 4}
+	h := discoveryHandler(f, store.DiscoveryLimits{})
 	for i := range 4 {
-		c.record(catalogPayload(fmt.Sprintf("https://a.example/%d", i), nil), catalogReq, time.Unix(int64(i), 0))
+		e, ok := h.discoveryEntry(catalogPayload(fmt.Sprintf("https://a.example/%d", i), httpBazaar()), catalogReq)
+		if !ok {
+			f.Fatal("not listed")
+		}
+		if err := h.discovery.Record(context.Background(), e); err != nil {
+			f.Fatal(err)
+		}
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		q, err := url.ParseQuery(s)
-		if err != nil {
+		if _, err := url.ParseQuery(s); err != nil {
 			return
 		}
-		l, e := c.list(q)
-		if e != nil {
-			if e.Status != 400 {
-				t.Fatalf("%q: %+v", s, e)
+		l, err := h.list(httptest.NewRequest("GET", "/discovery/resources?"+url.PathEscape(s), nil))
+		if err != nil {
+			if apierr.From(err).Status != 400 {
+				t.Fatalf("%q: %v", s, err)
 			}
 			return
 		}
@@ -95,41 +311,115 @@ func FuzzDiscoveryQuery(f *testing.F) {
 	})
 }
 
-// BenchmarkDiscoveryRecord is the cost a verify or settle pays for the
-// list: a known resource (the steady state) against a full list that
-// evicts on every new one.
+// BenchmarkDiscoveryRecord is what a settlement adds for the list: the
+// checks (the bazaar schema compiled once, then cached) and the store
+// write of a known resource, against the checks alone.
 func BenchmarkDiscoveryRecord(b *testing.B) {
-	p := catalogPayload("https://a.example/score/a", map[string]any{"routeTemplate": "/score/:agent_id"})
-	b.Run("known", func(b *testing.B) {
-		c := &discoveryCatalog{max: MaxDiscoveryResources}
+	h := discoveryHandler(b, store.DiscoveryLimits{})
+	p := catalogPayload("https://a.example/score/a", withMember(httpBazaar(), "routeTemplate", "/score/:agent_id"))
+	b.Run("checks", func(b *testing.B) {
 		b.ReportAllocs()
-		for i := 0; i < b.N; i++ {
-			c.record(p, catalogReq, time.Unix(int64(i), 0))
+		for b.Loop() {
+			if _, ok := h.discoveryEntry(p, catalogReq); !ok {
+				b.Fatal("not listed")
+			}
 		}
 	})
-	b.Run("new_evicting", func(b *testing.B) {
-		c := &discoveryCatalog{max: MaxDiscoveryResources}
-		urls := make([]string, 4096)
-		for i := range urls {
-			urls[i] = fmt.Sprintf("https://a.example/r/%d", i)
-		}
+	b.Run("checks_and_badger_write", func(b *testing.B) {
 		b.ReportAllocs()
-		for i := 0; i < b.N; i++ {
-			c.record(catalogPayload(urls[i%len(urls)], nil), catalogReq, time.Unix(int64(i), 0))
+		for b.Loop() {
+			h.record(context.Background(), p, catalogReq)
 		}
 	})
 }
 
-// TestDiscoveryCatalogBoundsEntrySize: a request may be 1 MiB; an entry
-// keeps neither an oversized way to pay nor an oversized extension.
-func TestDiscoveryCatalogBoundsEntrySize(t *testing.T) {
-	c := &discoveryCatalog{max: 3}
-	big := catalogReq
-	big.Extra = map[string]any{"pad": strings.Repeat("x", 8<<10)}
-	c.record(catalogPayload("https://a.example/big", nil), big, time.Unix(1, 0))
-	c.record(catalogPayload("https://a.example/ext", map[string]any{"info": strings.Repeat("x", 64<<10)}), catalogReq, time.Unix(2, 0))
-	l, _ := c.list(url.Values{})
-	if len(l.Items) != 1 || l.Items[0].Resource != "https://a.example/ext" || l.Items[0].Extensions != nil {
-		t.Fatalf("%+v", l.Items)
+// FuzzDiscoveryEntry: whatever resource URL and bazaar extension a payer
+// sends, the entry is refused or within every bound, at an http(s) URL
+// without control characters, and the store takes it.
+func FuzzDiscoveryEntry(f *testing.F) {
+	seed, _ := json.Marshal(withMember(httpBazaar(), "routeTemplate", "/score/:agent_id"))
+	mcpSeed, _ := json.Marshal(mcpToolBazaar("verify_schema"))
+	for _, s := range []struct{ u, ext string }{
+		{"https://a.example/score/a", string(seed)},
+		{"https://a.example/mcp", string(mcpSeed)},
+		{"http://A.example:80/x?y#z", `{"info":{"input":{"type":"http"}},"schema":{}}`},
+		{"https://a.example/x", `{"info":{"input":{"type":"http"}},"schema":{"$ref":"#/$defs/a","$defs":{"a":{"$ref":"#/$defs/a"}}}}`},
+	} {
+		f.Add(s.u, s.ext)
+	}
+	h := discoveryHandler(f, store.DiscoveryLimits{})
+	f.Fuzz(func(t *testing.T, u, ext string) {
+		var bz map[string]any
+		dec := json.NewDecoder(strings.NewReader(ext))
+		dec.UseNumber()
+		if dec.Decode(&bz) != nil {
+			return
+		}
+		e, ok := h.discoveryEntry(catalogPayload(u, bz), catalogReq)
+		if !ok {
+			return
+		}
+		if err := store.CheckDiscoveryEntry(e, store.DiscoveryLimits{}.WithDefaults()); err != nil {
+			t.Fatalf("%q: %v", u, err)
+		}
+		var it discoveryItem
+		if err := json.Unmarshal(e.Item, &it); err != nil {
+			t.Fatalf("item %s: %v", e.Item, err)
+		}
+		p, err := url.Parse(it.Resource)
+		if err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" || p.RawQuery != "" || p.Fragment != "" {
+			t.Fatalf("listed resource %q from %q", it.Resource, u)
+		}
+		if err := h.discovery.Record(context.Background(), e); err != nil {
+			t.Fatalf("Record: %v", err)
+		}
+	})
+}
+
+// stalledDiscovery is a fake for a fault: a store whose List does not
+// answer until released (a real one cannot be made to stall on demand).
+type stalledDiscovery struct {
+	store.Discovery
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (s *stalledDiscovery) List(ctx context.Context, q store.DiscoveryQuery) (store.DiscoveryPage, error) {
+	s.entered <- struct{}{}
+	<-s.release
+	return s.Discovery.List(ctx, q)
+}
+
+// TestDiscoveryListsAreBounded: at most discoveryListers lists are read
+// from the store at once; one more waits its turn, or gets 429 with
+// Retry-After when the wait is over.
+func TestDiscoveryListsAreBounded(t *testing.T) {
+	st := &stalledDiscovery{Discovery: discoveryStore(t, store.DiscoveryLimits{}), entered: make(chan struct{}, 8), release: make(chan struct{})}
+	h := NewFacilitatorHandlerWith(&fakeFacilitator{}, FacilitatorHandlerConfig{Discovery: st}).(*facilitatorHandler)
+	h.listWait = 50 * time.Millisecond
+	done := make(chan int, discoveryListers)
+	for range discoveryListers {
+		go func() {
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, httptest.NewRequest("GET", "/discovery/resources", nil))
+			done <- rec.Code
+		}()
+		<-st.entered
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("GET", "/discovery/resources", nil))
+	if rec.Code != 429 || rec.Header().Get("Retry-After") != "1" || len(st.entered) != 0 {
+		t.Fatalf("a list over the bound: %d %q, %d reads entered the store", rec.Code, rec.Header().Get("Retry-After"), len(st.entered))
+	}
+	close(st.release)
+	for range discoveryListers {
+		if c := <-done; c != 200 {
+			t.Fatalf("a list within the bound: %d", c)
+		}
+	}
+	rec = httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("GET", "/discovery/resources", nil))
+	if rec.Code != 200 {
+		t.Fatalf("after the others finished: %d", rec.Code)
 	}
 }

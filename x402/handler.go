@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/store"
+	"github.com/aovhq/aov/verify/schema"
 )
 
 // MaxFacilitatorRequestBytes caps a /verify or /settle request body. A
@@ -19,10 +21,10 @@ import (
 const MaxFacilitatorRequestBytes = 1 << 20
 
 // NewFacilitatorHandler serves f over the x402 facilitator HTTP API:
-// POST /verify, POST /settle, GET /supported and GET /discovery/resources
-// (the bazaar list of the resources it settled a payment for, see
-// DiscoveryResources), at paths relative to where it is mounted (use
-// http.StripPrefix to serve it under a prefix).
+// POST /verify, POST /settle and GET /supported, at paths relative to where
+// it is mounted (use http.StripPrefix to serve it under a prefix). With
+// FacilitatorHandlerConfig.Discovery it also serves GET
+// /discovery/resources (NewFacilitatorHandlerWith).
 //
 // Request bodies must be JSON (Content-Type application/json), at most
 // MaxFacilitatorRequestBytes, and exactly {x402Version: 2, paymentPayload,
@@ -39,13 +41,68 @@ const MaxFacilitatorRequestBytes = 1 << 20
 // fields, ...) plus an "error" member with the code, which is what x402
 // facilitator clients print.
 func NewFacilitatorHandler(f Facilitator) http.Handler {
-	return &facilitatorHandler{f: f, catalog: &discoveryCatalog{max: MaxDiscoveryResources}}
+	return NewFacilitatorHandlerWith(f, FacilitatorHandlerConfig{})
 }
 
-type facilitatorHandler struct {
-	f       Facilitator
-	catalog *discoveryCatalog // what GET /discovery/resources lists
+// FacilitatorHandlerConfig adds the discovery list to a facilitator
+// handler.
+type FacilitatorHandlerConfig struct {
+	// Discovery keeps the bazaar list of GET /discovery/resources: every
+	// settled payment whose payer echoed a valid bazaar extension puts its
+	// resource there (see discoveryEntry), within the store's Limits.
+	// Nil: the endpoint is 404.
+	Discovery store.Discovery
+	// Origins, when set, are the only origins (scheme://host[:port]) whose
+	// resources are listed: the resource URL is the payer's choice, so
+	// without it anyone paying for one route may list a URL of their own
+	// under that route's description. Compared without regard to case.
+	Origins []string
+	// OnDiscoveryError hears a failed store write (the settlement itself
+	// is answered regardless), e.g. to log it.
+	OnDiscoveryError func(error)
 }
+
+// NewFacilitatorHandlerWith is NewFacilitatorHandler with a discovery
+// list.
+func NewFacilitatorHandlerWith(f Facilitator, c FacilitatorHandlerConfig) http.Handler {
+	h := &facilitatorHandler{f: f, discovery: c.Discovery, onDiscoveryError: c.OnDiscoveryError}
+	for _, o := range c.Origins {
+		if h.origins == nil {
+			h.origins = map[string]bool{}
+		}
+		h.origins[strings.ToLower(strings.TrimSuffix(o, "/"))] = true
+	}
+	if h.discovery != nil {
+		h.maxItem = h.discovery.Limits().MaxItemBytes
+		h.schemas = schema.NewCache(discoverySchemaCache)
+		h.listSlots, h.listWait = make(chan struct{}, discoveryListers), discoveryListWait
+	}
+	return h
+}
+
+// discoverySchemaCache is the number of compiled bazaar schemas kept: a
+// facilitator sees one per route it settles for.
+const discoverySchemaCache = 64
+
+type facilitatorHandler struct {
+	f                Facilitator
+	discovery        store.Discovery // nil: no GET /discovery/resources
+	maxItem          int             // the store's bound on an entry's item
+	origins          map[string]bool // nil: any origin is listed
+	schemas          *schema.Cache
+	onDiscoveryError func(error)
+	listSlots        chan struct{} // one per list being read from the store
+	listWait         time.Duration // how long a list waits for a slot
+}
+
+// A filtered list reads every entry (a few ms for 1000 on a loaded
+// machine, on Redis holding the server for that long), and the endpoint is
+// public: at most discoveryListers lists are read at once, and one that
+// waits longer than discoveryListWait for its turn is 429.
+const (
+	discoveryListers  = 2
+	discoveryListWait = 2 * time.Second
+)
 
 func (h *facilitatorHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch r.URL.Path {
@@ -84,8 +141,12 @@ func (h *facilitatorHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if resp.Network == "" {
 			resp.Network = req.PaymentRequirements.Network
 		}
-		if resp.Success {
-			h.catalog.record(req.PaymentPayload, req.PaymentRequirements, time.Now())
+		if resp.Success && h.discovery != nil {
+			if bz := h.record(r.Context(), req.PaymentPayload, req.PaymentRequirements); bz != nil {
+				if v, err := EncodeHeader(map[string]any{"bazaar": bz}); err == nil {
+					w.Header().Set(HeaderExtensionResponses, v)
+				}
+			}
 		}
 		writeJSON(w, http.StatusOK, resp)
 	case "/supported":
@@ -107,11 +168,15 @@ func (h *facilitatorHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		writeJSON(w, http.StatusOK, resp)
 	case "/discovery/resources":
+		if h.discovery == nil {
+			writeError(w, apierr.NotFound("facilitator endpoint"))
+			return
+		}
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
 			writeError(w, apierr.MethodNotAllowed(http.MethodGet))
 			return
 		}
-		list, err := h.catalog.list(r.URL.Query())
+		list, err := h.list(r)
 		if err != nil {
 			writeError(w, err)
 			return

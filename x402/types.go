@@ -23,7 +23,8 @@ const (
 )
 
 // Resource describes what is being paid for. URL is the resource's own URL
-// (for MCP tools "mcp://tool/<name>").
+// (for an MCP tool its server's endpoint, or x402's placeholder
+// "mcp://tool/<name>").
 type Resource struct {
 	URL         string `json:"url"`
 	Description string `json:"description,omitempty"`

@@ -1,0 +1,209 @@
+package redisstore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/aovhq/aov/store"
+)
+
+// The discovery list is two keys under one hash tag (prefix:{d}:), so each
+// script touches one Cluster slot:
+//
+//	prefix:{d}:z  sorted set: member = resource, score = minus its last-seen time (ms),
+//	              so ascending order is most recently seen first, then by resource
+//	prefix:{d}:e  hash: resource+"\0t" type, "\0x" extension names (newline-separated),
+//	              "\0i" item, "\0n" number of ways to pay, "\0k"+i and "\0r"+i the
+//	              i-th way's identity (scheme, network, asset, payTo, NUL-separated)
+//	              and requirements, "\0f" what a filtered list reads (type, the
+//	              extension names, each identity; one HGET per entry)
+//
+// store.CheckDiscoveryEntry refuses control characters in every name, so
+// the NUL and newline separators are unambiguous. Both keys expire MaxAge
+// after the last record; each entry's age is judged by its score.
+
+const discoveryDel = `local function del(m)
+  local n = tonumber(redis.call('HGET', h, m .. '\0n') or '0')
+  local f = {m .. '\0t', m .. '\0x', m .. '\0i', m .. '\0n', m .. '\0f'}
+  for i = 1, n do f[#f + 1] = m .. '\0k' .. i; f[#f + 1] = m .. '\0r' .. i end
+  redis.call('HDEL', h, unpack(f))
+  redis.call('ZREM', z, m)
+end
+`
+
+// discoveryRecordScript: KEYS z, e; ARGV max entries, max age (ms), max
+// accepts, resource, type, extensions, item, then identity and
+// requirements of each way to pay. Safe to run twice: it sets the same
+// entry again.
+var discoveryRecordScript = redis.NewScript(`#!lua
+` + nowMS + `local z, h = KEYS[1], KEYS[2]
+local max, age, maxacc = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local res = ARGV[4]
+` + discoveryDel + `for _, m in ipairs(redis.call('ZRANGEBYSCORE', z, '(' .. (age - now), '+inf')) do del(m) end
+local n = 0
+if redis.call('ZSCORE', z, res) then
+  n = tonumber(redis.call('HGET', h, res .. '\0n') or '0')
+else
+  while redis.call('ZCARD', z) >= max do del(redis.call('ZRANGE', z, -1, -1)[1]) end
+end
+redis.call('HSET', h, res .. '\0t', ARGV[5], res .. '\0x', ARGV[6], res .. '\0i', ARGV[7])
+for j = 8, #ARGV, 2 do
+  local slot
+  for i = 1, n do
+    if redis.call('HGET', h, res .. '\0k' .. i) == ARGV[j] then slot = i; break end
+  end
+  if not slot and n < maxacc then n = n + 1; slot = n end
+  if slot then redis.call('HSET', h, res .. '\0k' .. slot, ARGV[j], res .. '\0r' .. slot, ARGV[j + 1]) end
+end
+redis.call('HSET', h, res .. '\0n', n)
+local ids = {}
+for i = 1, n do ids[i] = redis.call('HGET', h, res .. '\0k' .. i) end
+redis.call('HSET', h, res .. '\0f', ARGV[5] .. '\n' .. (string.gsub(ARGV[6], '\n', '\2')) .. '\n' .. table.concat(ids, '\n'))
+redis.call('ZADD', z, -now, res)
+redis.call('PEXPIRE', z, age)
+redis.call('PEXPIRE', h, age)
+return 1
+`)
+
+// discoveryListScript: KEYS z, e; ARGV max age (ms), max entries, offset,
+// limit, type, extension, scheme, network, payTo. Returns {total, then per
+// listed entry: resource, -score, type, extensions, item, n, n × (identity,
+// requirements)}.
+var discoveryListScript = redis.NewScript(`#!lua flags=no-writes
+` + nowMS + `local z, h = KEYS[1], KEYS[2]
+local age, max, offset, limit = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local typ, ext, scheme, network, payto = ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
+local function split(s, sep)
+  local r, i = {}, 1
+  while true do
+    local j = string.find(s, sep, i, true)
+    if not j then r[#r + 1] = string.sub(s, i); return r end
+    r[#r + 1] = string.sub(s, i, j - 1); i = j + 1
+  end
+end
+local function row(m, score, t, x)
+  local n = tonumber(redis.call('HGET', h, m .. '\0n') or '0')
+  local e = {m, score, t, x, redis.call('HGET', h, m .. '\0i') or 'null', n}
+  for k = 1, n do
+    e[#e + 1] = redis.call('HGET', h, m .. '\0k' .. k) or ''
+    e[#e + 1] = redis.call('HGET', h, m .. '\0r' .. k) or 'null'
+  end
+  return e
+end
+if typ == '' and ext == '' and scheme == '' and network == '' and payto == '' then
+  -- Every live entry matches: only the page is read.
+  local total = math.min(redis.call('ZCOUNT', z, '-inf', age - now), max)
+  local out = {}
+  if offset < total then
+    local page = redis.call('ZRANGEBYSCORE', z, '-inf', age - now, 'WITHSCORES', 'LIMIT', offset, math.min(limit, total - offset))
+    for i = 1, #page, 2 do
+      local m = page[i]
+      out[#out + 1] = row(m, page[i + 1], redis.call('HGET', h, m .. '\0t') or '', redis.call('HGET', h, m .. '\0x') or '')
+    end
+  end
+  return {total, out}
+end
+local members = redis.call('ZRANGEBYSCORE', z, '-inf', age - now, 'WITHSCORES', 'LIMIT', 0, max)
+local total, out = 0, {}
+for i = 1, #members, 2 do
+  local m = members[i]
+  local f = redis.call('HGET', h, m .. '\0f')
+  if f then
+    local parts = split(f, '\n')
+    if (typ == '' or parts[1] == typ) and (ext == '' or string.find('\2' .. parts[2] .. '\2', '\2' .. ext .. '\2', 1, true)) then
+      local ok = scheme == '' and network == '' and payto == ''
+      for k = 3, #parts do
+        if ok then break end
+        local p = split(parts[k], '\0')
+        ok = (scheme == '' or p[1] == scheme) and (network == '' or p[2] == network) and (payto == '' or p[4] == payto)
+      end
+      if ok then
+        total = total + 1
+        if total > offset and #out < limit then out[#out + 1] = row(m, members[i + 1], parts[1], redis.call('HGET', h, m .. '\0x') or '') end
+      end
+    end
+  end
+end
+return {total, out}
+`)
+
+// Discovery returns the facilitator's discovery list bounded by l (zero
+// fields: the defaults), shared by every instance on this Redis and prefix.
+func (s *Store) Discovery(l store.DiscoveryLimits) store.Discovery {
+	p := s.opts.Prefix + ":{d}:"
+	return discovery{s: s, lim: l.WithDefaults(), keys: []string{p + "z", p + "e"}}
+}
+
+type discovery struct {
+	s    *Store
+	lim  store.DiscoveryLimits
+	keys []string
+}
+
+// Limits implements store.Discovery.
+func (d discovery) Limits() store.DiscoveryLimits { return d.lim }
+
+// Record implements store.Discovery.
+func (d discovery) Record(ctx context.Context, e store.DiscoveryEntry) error {
+	if err := store.CheckDiscoveryEntry(e, d.lim); err != nil {
+		return err
+	}
+	args := []any{d.lim.MaxEntries, d.lim.MaxAge.Milliseconds(), store.MaxDiscoveryAccepts,
+		e.Resource, e.Type, strings.Join(e.Extensions, "\n"), string(e.Item)}
+	for _, a := range e.Accepts {
+		args = append(args, a.Scheme+"\x00"+a.Network+"\x00"+a.Asset+"\x00"+a.PayTo, string(a.Raw))
+	}
+	_, err := d.s.write(ctx, discoveryRecordScript, d.keys, args...)
+	return err
+}
+
+// List implements store.Discovery.
+func (d discovery) List(ctx context.Context, q store.DiscoveryQuery) (store.DiscoveryPage, error) {
+	v, err := d.s.read(ctx, discoveryListScript, d.keys, d.lim.MaxAge.Milliseconds(), d.lim.MaxEntries,
+		q.Offset, q.Limit, q.Type, q.Extension, q.Scheme, q.Network, q.PayTo)
+	if err != nil {
+		return store.DiscoveryPage{}, err
+	}
+	bad := errors.New("redisstore: malformed discovery list reply")
+	top, ok := v.([]any)
+	if !ok || len(top) != 2 {
+		return store.DiscoveryPage{}, bad
+	}
+	total, _ := top[0].(int64)
+	rows, _ := top[1].([]any)
+	page := store.DiscoveryPage{Total: int(total), Entries: make([]store.DiscoveryEntry, 0, len(rows))}
+	for _, r := range rows {
+		f, ok := r.([]any)
+		if !ok || len(f) < 6 {
+			return store.DiscoveryPage{}, bad
+		}
+		str := func(i int) string { s, _ := f[i].(string); return s }
+		score, err := strconv.ParseFloat(str(1), 64)
+		n, _ := f[5].(int64)
+		if err != nil || len(f) != 6+2*int(n) {
+			return store.DiscoveryPage{}, bad
+		}
+		e := store.DiscoveryEntry{Resource: str(0), Type: str(2), Item: json.RawMessage(str(4)), LastSeen: time.UnixMilli(int64(-score))}
+		if x := str(3); x != "" {
+			e.Extensions = strings.Split(x, "\n")
+		}
+		for k := range int(n) {
+			id := strings.Split(str(6+2*k), "\x00")
+			if len(id) != 4 {
+				return store.DiscoveryPage{}, bad
+			}
+			e.Accepts = append(e.Accepts, store.DiscoveryAccept{Scheme: id[0], Network: id[1], Asset: id[2], PayTo: id[3], Raw: json.RawMessage(str(7 + 2*k))})
+		}
+		page.Entries = append(page.Entries, e)
+	}
+	return page, nil
+}
+
+// Discovery returns the facilitator's discovery list (see Store.Discovery).
+func (s *RedisStore) Discovery(l store.DiscoveryLimits) store.Discovery { return s.store.Discovery(l) }

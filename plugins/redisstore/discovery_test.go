@@ -1,0 +1,69 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/aovhq/aov/internal/servers"
+	"github.com/aovhq/aov/store"
+	"github.com/aovhq/aov/store/storetest"
+)
+
+func discoveryBackend(rdb redis.UniversalClient) storetest.NewDiscovery {
+	return func(t *testing.T, l store.DiscoveryLimits) store.Discovery {
+		s, err := New(context.Background(), rdb, Options{Prefix: fmt.Sprintf("t%d", prefixes.Add(1))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.Discovery(l)
+	}
+}
+
+func TestDiscoveryContractStandalone(t *testing.T) {
+	_, rdb := standalone(t)
+	storetest.TestDiscovery(t, discoveryBackend(rdb))
+}
+
+func TestDiscoveryContractCluster(t *testing.T) {
+	storetest.TestDiscovery(t, discoveryBackend(cluster(t)))
+}
+
+// BenchmarkRedisDiscovery runs the discovery benchmarks of store/storetest
+// on a local Redis (AOF with fsync every second); the Badger baseline is
+// BenchmarkBadgerDiscovery in package store.
+func BenchmarkRedisDiscovery(b *testing.B) {
+	srv := servers.StartRedis(b, "--appendonly", "yes", "--appendfsync", "everysec")
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer rdb.Close()
+	s, err := New(context.Background(), rdb, Options{Prefix: "benchd"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	storetest.BenchmarkDiscovery(b, s.Discovery(store.DiscoveryLimits{}))
+}
+
+// TestDiscoveryRecordIsSafeToRunTwice: the record script run again with the
+// same arguments (go-redis resends after a dropped connection) leaves one
+// entry with one way to pay.
+func TestDiscoveryRecordIsSafeToRunTwice(t *testing.T) {
+	ctx := context.Background()
+	_, rdb := standalone(t)
+	s, err := New(ctx, rdb, Options{Prefix: "twiced"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := s.Discovery(store.DiscoveryLimits{}).(discovery)
+	args := []any{10, 60000, store.MaxDiscoveryAccepts, "https://a.example/x", "http", "bazaar", `{}`, "exact\x00n\x00a\x00p", `{"amount":"1"}`}
+	for range 2 {
+		if _, err := d.s.write(ctx, discoveryRecordScript, d.keys, args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p, err := d.List(ctx, store.DiscoveryQuery{Limit: 10})
+	if err != nil || p.Total != 1 || len(p.Entries[0].Accepts) != 1 || string(p.Entries[0].Accepts[0].Raw) != `{"amount":"1"}` {
+		t.Fatalf("after running the record twice: %+v, %v", p, err)
+	}
+}
