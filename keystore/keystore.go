@@ -3,7 +3,8 @@
 // creation, retirement and compromise times.
 //
 // It is for the signing daemon (and the operator commands that rotate or mark
-// keys) only: nothing else in the product reads a private key. It is not a
+// keys) and for verifierd's in-process signer (signer.Local, which only
+// reads): nothing else in the product reads a private key. It is not a
 // general secret store and does not encrypt keys at rest; the protection is
 // the file mode (0600, enforced on load) and the host.
 //
