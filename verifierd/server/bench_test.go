@@ -13,10 +13,11 @@ import (
 )
 
 // BenchmarkVerifyInvoice is one verification of the SPEC §10 invoice end to
-// end in process: parse, check, sign by a real certd over its unix socket,
-// record in Badger, answer. "core" is the verification alone (parse with
-// the four hashes, check) of the same request, the baseline the whole
-// request is measured against in the same run.
+// end in process: parse, check, sign by a real certd over its unix socket
+// (or, "inprocess", by the in-process signer with the same keys), record in
+// Badger, answer. "core" is the verification alone (parse with the four
+// hashes, check) of the same request, the baseline the whole request is
+// measured against in the same run.
 func BenchmarkVerifyInvoice(b *testing.B) {
 	b.Run("core", func(b *testing.B) {
 		v := verify.New(verify.Config{VerifierVersion: "test"})
@@ -35,14 +36,16 @@ func BenchmarkVerifyInvoice(b *testing.B) {
 		}
 	})
 	for _, c := range []struct {
-		name   string
-		noSync bool
+		name          string
+		noSync, local bool
 	}{
-		{"fsync", false},
-		{"nosync", true},
+		{"fsync", false, false},
+		{"nosync", true, false},
+		{"fsync-inprocess", false, true},
+		{"nosync-inprocess", true, true},
 	} {
 		b.Run(c.name, func(b *testing.B) {
-			f := newFixture(b, fixtureOpts{noSync: c.noSync})
+			f := newFixture(b, fixtureOpts{noSync: c.noSync, localSigner: c.local})
 			body := invoice("135.0", "")
 			b.ReportAllocs()
 			b.SetBytes(int64(len(body)))
@@ -65,14 +68,16 @@ func BenchmarkVerifyInvoice(b *testing.B) {
 func BenchmarkVerifyInvoiceParallel(b *testing.B) {
 	for _, clients := range []int{8, 32} {
 		for _, c := range []struct {
-			name   string
-			noSync bool
+			name          string
+			noSync, local bool
 		}{
-			{"fsync", false},
-			{"nosync", true},
+			{"fsync", false, false},
+			{"nosync", true, false},
+			{"fsync-inprocess", false, true},
+			{"nosync-inprocess", true, true},
 		} {
 			b.Run(fmt.Sprintf("clients=%d/%s", clients, c.name), func(b *testing.B) {
-				f := newFixture(b, fixtureOpts{noSync: c.noSync})
+				f := newFixture(b, fixtureOpts{noSync: c.noSync, localSigner: c.local})
 				var next atomic.Int32
 				b.ReportAllocs()
 				b.SetParallelism((clients + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))

@@ -51,6 +51,9 @@ type fixtureOpts struct {
 	noGatewayToken bool
 	// ungated serves the paid routes without the gateway token.
 	ungated bool
+	// localSigner signs in process with the fixture's key directory
+	// (verifierd -signer-keys) instead of over certd's socket.
+	localSigner bool
 }
 
 // shortDir is a temp dir with a short path: unix socket paths must fit in
@@ -92,9 +95,15 @@ func newFixture(t testing.TB, o fixtureOpts) *fixture {
 	if o.noGatewayToken {
 		token = ""
 	}
+	var sig server.Signer = signer.NewClient(signer.ClientConfig{Socket: f.socket, Timeout: 2 * time.Second})
+	if o.localSigner {
+		if sig, err = signer.NewLocal(f.keys.Dir(), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
 	f.h, err = server.New(server.Config{
 		Verifier:          verify.New(verify.Config{MaxBodyBytes: o.maxBody, VerifierVersion: "test"}),
-		Signer:            signer.NewClient(signer.ClientConfig{Socket: f.socket, Timeout: 2 * time.Second}),
+		Signer:            sig,
 		History:           f.db,
 		PublicBaseURL:     baseURL + "/",
 		GatewayToken:      token,
