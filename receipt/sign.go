@@ -30,6 +30,22 @@ type Attestation struct {
 	Signature  string `json:"signature"`
 }
 
+// AppendJSON appends a as a JSON object, its members in declared order
+// (the order encoding/json writes them in), its strings as AppendString
+// writes them. certd's sign answer and the attestation verifierd attaches to
+// a response are written with it, without encoding/json's reflection.
+func (a Attestation) AppendJSON(b []byte) []byte {
+	b = append(b, `{"algorithm":`...)
+	b = AppendString(b, a.Algorithm)
+	b = append(b, `,"key_version":`...)
+	b = AppendString(b, a.KeyVersion)
+	b = append(b, `,"timestamp":`...)
+	b = AppendString(b, a.Timestamp)
+	b = append(b, `,"signature":`...)
+	b = AppendString(b, a.Signature)
+	return append(b, '}')
+}
+
 // SigningInput returns the bytes an attestation signs: the RFC 8785 form of
 // exactly {"context", "algorithm": "Ed25519", "key_version", "attested_at",
 // "response"}. response is the JSON object of the whole response without its

@@ -268,16 +268,9 @@ func (s *Server) sign(w http.ResponseWriter, r *http.Request) {
 	}
 	sig := ed25519.Sign(k.Private, body)
 	s.log.Debug("signed", "context", doc.Context, "key_version", k.Version, "attested_at", doc.AttestedAt)
-	// The answer is receipt.Attestation, written directly: the key version
-	// and the time were checked above, so the bytes are known.
-	out := make([]byte, 0, 192+len(k.Version)+len(doc.AttestedAt))
-	out = append(out, `{"algorithm":"`+receipt.Algorithm+`","key_version":`...)
-	out = receipt.AppendString(out, k.Version)
-	out = append(out, `,"timestamp":`...)
-	out = receipt.AppendString(out, doc.AttestedAt)
-	out = append(out, `,"signature":"`...)
-	out = base64.StdEncoding.AppendEncode(out, sig)
-	out = append(out, "\"}\n"...)
+	att := receipt.Attestation{Algorithm: receipt.Algorithm, KeyVersion: k.Version, Timestamp: doc.AttestedAt,
+		Signature: base64.StdEncoding.EncodeToString(sig)}
+	out := append(att.AppendJSON(make([]byte, 0, 160+len(k.Version)+len(doc.AttestedAt))), '\n')
 	h := w.Header()
 	h["Content-Type"] = jsonType
 	h["Cache-Control"] = noStore

@@ -3,7 +3,6 @@ package server
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"mime"
@@ -212,15 +211,11 @@ func attach(unsigned []byte, att receipt.Attestation) ([]byte, error) {
 	if len(body) < 2 || body[len(body)-1] != '}' {
 		return nil, errors.New("attaching attestation: result is not a JSON object")
 	}
-	a, err := json.Marshal(att)
-	if err != nil {
-		return nil, fmt.Errorf("attaching attestation: %w", err)
-	}
 	out := body[:len(body)-1]
 	if len(body) > 2 {
 		out = append(out, ',')
 	}
 	out = append(out, `"attestation":`...)
-	out = append(out, a...)
+	out = att.AppendJSON(out)
 	return append(out, '}', '\n'), nil
 }
