@@ -29,15 +29,17 @@ import (
 // for the previous key gets *StaleKeyError and is rebuilt, exactly as over
 // the socket.
 //
-// The trade-off: the private key then lives in the process that parses
-// untrusted schemas and documents. Someone who takes over verifierd through
-// certd's socket can have documents signed only while they are in, dated
-// within certd's clock skew, so marking the key compromised from the
-// intrusion on is enough. Someone who takes over a verifierd that holds the
-// key can carry it away and sign receipts dated whenever they like, so the
-// key must be marked compromised from its creation, and every receipt it
-// ever signed is then refused. Where verifierd runs exposed or under
-// another user than certd, use certd's socket (the default).
+// The trade-off: the current private key then lives in the process that
+// parses untrusted schemas and documents (only that one: Local opens the
+// directory keystore.Options.CurrentOnly, and forgets a key once it is
+// rotated away). Someone who takes over verifierd through certd's socket
+// can have documents signed only while they are in, dated within certd's
+// clock skew, so marking the key compromised from the intrusion on is
+// enough. Someone who takes over a verifierd that holds the key can carry
+// it away and sign receipts dated whenever they like, so the key must be
+// marked compromised from its creation, and every receipt it ever signed is
+// then refused. Where verifierd runs exposed or under another user than
+// certd, use certd's socket (the default).
 type Local struct {
 	keys *keystore.Store
 	log  *slog.Logger
@@ -56,7 +58,7 @@ func NewLocal(dir string, log *slog.Logger) (*Local, error) {
 	if !fi.IsDir() {
 		return nil, fmt.Errorf("in-process signer: %s is not a directory", dir)
 	}
-	keys, err := keystore.Open(dir, keystore.Options{})
+	keys, err := keystore.Open(dir, keystore.Options{CurrentOnly: true})
 	if err != nil {
 		return nil, fmt.Errorf("in-process signer: %w", err)
 	}

@@ -150,3 +150,25 @@ func TestLocalRefusesAReadableKeyFile(t *testing.T) {
 		t.Fatal("NewLocal accepted a key file readable by its group")
 	}
 }
+
+// The in-process signer holds the current private key alone: a key rotated
+// away is no longer in its memory.
+func TestLocalHoldsOnlyTheCurrentKey(t *testing.T) {
+	f := start(t, fixtureOpts{})
+	l, err := NewLocal(f.keysDir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := f.keys.Rotate(); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range l.keys.List() {
+		if (k.Private != nil) != (k.Version == "k2") {
+			t.Errorf("key %s: private held %v", k.Version, k.Private != nil)
+		}
+	}
+}
