@@ -627,13 +627,13 @@ func reportCores(w io.Writer, results []stats, procs []proc, cores int) {
 			ms(percentile(s.lat, 50)), ms(percentile(s.lat, 90)), ms(percentile(s.lat, 99)))
 		var sum time.Duration
 		for _, p := range procs {
-			t, ok := s.cpu[p.name]
-			if !ok || s.ok() == 0 {
+			per, ok := perRequest(s, p.name)
+			if !ok {
 				line += "-\t"
 				continue
 			}
-			sum += t
-			line += fmt.Sprintf("%.0fµs\t", float64(t.Microseconds())/float64(s.ok()))
+			sum += s.cpu[p.name]
+			line += fmt.Sprintf("%.0fµs\t", per)
 		}
 		if len(procs) > 0 {
 			if sum > 0 && s.ok() > 0 {
@@ -684,7 +684,26 @@ func reportCores(w io.Writer, results []stats, procs []proc, cores int) {
 		if d, ok := find("direct", c); ok && hasBase {
 			fmt.Fprintf(w, "baseline at %d: %.2fx direct to verifierd\n", c, base.rate()/d.rate())
 		}
+		// The devnet facilitator runs inside the gateway's Caddy: its own
+		// cost per payment check (the facilitator scenario) is shown apart
+		// from what the paid path costs Caddy in all.
+		paid, okP := find("paid", c)
+		fac, okF := find("facilitator", c)
+		if pc, ok := perRequest(paid, "caddy"); ok && okP && okF {
+			if fc, ok := perRequest(fac, "caddy"); ok {
+				fmt.Fprintf(w, "paid at %d: caddy CPU/req %.0fµs, of which the facilitator's own payment check ≈ %.0fµs (the facilitator scenario); the gate, proxy and settlement the rest\n", c, pc, fc)
+			}
+		}
 	}
+}
+
+// perRequest is a process's CPU time per successful request of a phase.
+func perRequest(s stats, proc string) (float64, bool) {
+	t, ok := s.cpu[proc]
+	if !ok || s.ok() == 0 {
+		return 0, false
+	}
+	return float64(t.Microseconds()) / float64(s.ok()), true
 }
 
 func msf(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -259,11 +259,14 @@ func TestReportPrintsRatesCPUAndRatios(t *testing.T) {
 		mk("free", 8, 2700, 3*time.Millisecond, 270*time.Millisecond),
 		mk("baseline", 8, 3000, 2*time.Millisecond, 150*time.Millisecond),
 		mk("direct", 8, 3375, 2*time.Millisecond, 0),
+		mk("paid", 8, 10, time.Second, 30*time.Millisecond),
+		mk("facilitator", 8, 1000, 5*time.Millisecond, 1000*time.Millisecond),
 	}, []proc{{name: "caddy", pid: 1}, {name: "certd", pid: 2}}, 2)
 	// 100 µs of stack CPU per request is 20,000 req/s on two cores; a phase
 	// without CPU figures has none.
 	for _, want := range []string{"caddy CPU/req", "2700", "3.00ms", "100µs", "50µs",
 		"stack CPU/req", "req/s on 2 cores at that CPU",
+		"paid at 8: caddy CPU/req 3000µs, of which the facilitator's own payment check ≈ 1000µs",
 		"free at 8: 2700 req/s, 0.90x the plain reverse_proxy", "1.00x of 2.5 x 1,080", "baseline at 8: 0.89x direct"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, out.String())
