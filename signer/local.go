@@ -31,8 +31,8 @@ import (
 //
 // The trade-off: the current private key then lives in the process that
 // parses untrusted schemas and documents (only that one: Local opens the
-// directory keystore.Options.CurrentOnly, and forgets a key once it is
-// rotated away). Someone who takes over verifierd through certd's socket
+// directory with keystore.Options.CurrentOnly, so it never reads a retired
+// key and forgets a key once it is rotated away). Someone who takes over verifierd through certd's socket
 // can have documents signed only while they are in, dated within certd's
 // clock skew, so marking the key compromised from the intrusion on is
 // enough. Someone who takes over a verifierd that holds the key can carry
