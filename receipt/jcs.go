@@ -476,6 +476,14 @@ func appendFloat(dst []byte, f float64) ([]byte, error) {
 	return appendES6Number(dst, f), nil
 }
 
+// AppendNumber appends a finite double in its RFC 8785 form, as
+// ECMAScript's Number.prototype.toString prints it. Writers that produce
+// canonical JSON directly (a verification result's signed form) use it for
+// their numbers; f must not be NaN or an infinity, which JSON cannot hold.
+func AppendNumber(dst []byte, f float64) []byte {
+	return appendES6Number(dst, f)
+}
+
 // appendES6Number prints a finite double as ECMAScript's Number.prototype
 // .toString does (RFC 8785 §3.2.2.3): the shortest digits that round-trip,
 // plain notation from 1e-6 up to 1e21, exponent notation outside it with no

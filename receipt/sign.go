@@ -77,6 +77,23 @@ func SigningInput(context, keyVersion, attestedAt string, response []byte) ([]by
 	return append(buf, '}'), nil
 }
 
+// SigningInputCanonical is SigningInput for a response its writer produced
+// in RFC 8785 form already (verify.Result.AppendCanonical): the document is
+// assembled around canonResponse as it stands, without a second canonical
+// pass over it. The caller vouches for the form (the writer's tests hold it
+// to AppendCanonicalJSON); certd still checks it (ParseSigningInput) when
+// the input comes over its socket. A response that is not an object, or
+// still carries an attestation, is refused as SigningInput refuses it.
+func SigningInputCanonical(context, keyVersion, attestedAt string, canonResponse []byte) ([]byte, error) {
+	if len(canonResponse) < 2 || canonResponse[0] != '{' || canonResponse[len(canonResponse)-1] != '}' {
+		return nil, errors.New("building the signed document: response is not a JSON object")
+	}
+	if hasTopLevelAttestation(canonResponse) {
+		return nil, errors.New("building the signed document: response already carries an attestation; sign the response without it")
+	}
+	return signingInputCanonical(context, keyVersion, attestedAt, canonResponse)
+}
+
 // signingInputCanonical assembles the five-key document around an already
 // canonical response.
 func signingInputCanonical(context, keyVersion, attestedAt string, canonResponse []byte) ([]byte, error) {

@@ -89,6 +89,20 @@ func (l *Local) CurrentKey(context.Context) (string, error) {
 // one). Errors are those of Client.Sign: 503 without a usable key, 500 for
 // a request certd would refuse.
 func (l *Local) Sign(_ context.Context, signContext, keyVersion, attestedAt string, response []byte) (receipt.Attestation, error) {
+	return l.sign(receipt.SigningInput, signContext, keyVersion, attestedAt, response)
+}
+
+// SignCanonical is Sign for a response already in RFC 8785 form (see
+// receipt.SigningInputCanonical): the signing input is assembled around it
+// without canonicalizing it again.
+func (l *Local) SignCanonical(_ context.Context, signContext, keyVersion, attestedAt string, canonResponse []byte) (receipt.Attestation, error) {
+	return l.sign(receipt.SigningInputCanonical, signContext, keyVersion, attestedAt, canonResponse)
+}
+
+// signingInput is receipt.SigningInput or receipt.SigningInputCanonical.
+type signingInput func(context, keyVersion, attestedAt string, response []byte) ([]byte, error)
+
+func (l *Local) sign(input signingInput, signContext, keyVersion, attestedAt string, response []byte) (receipt.Attestation, error) {
 	if signContext != receipt.ContextVerify && signContext != receipt.ContextScore {
 		return receipt.Attestation{}, apierr.Internal(fmt.Errorf("in-process signer: %q is not a signing context of this service", signContext))
 	}
@@ -99,7 +113,7 @@ func (l *Local) Sign(_ context.Context, signContext, keyVersion, attestedAt stri
 	if k.Version != keyVersion {
 		return receipt.Attestation{}, &StaleKeyError{Current: k.Version}
 	}
-	msg, err := receipt.SigningInput(signContext, keyVersion, attestedAt, response)
+	msg, err := input(signContext, keyVersion, attestedAt, response)
 	if err != nil {
 		return receipt.Attestation{}, apierr.Internal(fmt.Errorf("building the signing input: %w", err))
 	}

@@ -172,3 +172,45 @@ func TestLocalHoldsOnlyTheCurrentKey(t *testing.T) {
 		}
 	}
 }
+
+// SignCanonical signs a response already in canonical form exactly as Sign
+// signs any form of it, in process and over the socket; certd still
+// refuses an input that is not canonical (the caller's word is not taken
+// over the socket), and neither signer signs a response that carries an
+// attestation.
+func TestSignCanonicalSignsLikeSign(t *testing.T) {
+	f := start(t, fixtureOpts{})
+	l, err := NewLocal(f.keysDir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	c := f.client("")
+	kv, at := "k1", nowString()
+	resp := sampleResponse(kv, at, 1024)
+	loose := append([]byte("{ "), resp[1:]...) // the same document, not canonical
+	canon, err := receipt.Canonicalize(resp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := l.Sign(ctx, receipt.ContextVerify, kv, at, loose)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkSignature(t, f.keys, receipt.ContextVerify, loose, want)
+	for name, s := range map[string]interface {
+		SignCanonical(context.Context, string, string, string, []byte) (receipt.Attestation, error)
+	}{"in process": l, "over the socket": c} {
+		got, err := s.SignCanonical(ctx, receipt.ContextVerify, kv, at, canon)
+		if err != nil || got != want {
+			t.Fatalf("%s: SignCanonical = %+v, %v; Sign gave %+v", name, got, err, want)
+		}
+		withAtt := append(canon[:len(canon)-1:len(canon)-1], `,"attestation":{}}`...)
+		if _, err := s.SignCanonical(ctx, receipt.ContextVerify, kv, at, withAtt); apierr.From(err).Status != http.StatusInternalServerError {
+			t.Fatalf("%s: a response carrying an attestation: err = %v, want a 500", name, err)
+		}
+	}
+	if _, err := c.SignCanonical(ctx, receipt.ContextVerify, kv, at, loose); apierr.From(err).Status != http.StatusInternalServerError {
+		t.Fatalf("certd signed a signing input that is not canonical: err = %v, want a 500", err)
+	}
+}

@@ -38,10 +38,12 @@ import (
 )
 
 // Signer is certd's signing protocol as verifierd uses it; *signer.Client
-// implements it.
+// (over certd's socket) and *signer.Local (in process) implement it.
 type Signer interface {
 	CurrentKey(ctx context.Context) (string, error)
 	Sign(ctx context.Context, signContext, keyVersion, attestedAt string, response []byte) (receipt.Attestation, error)
+	// SignCanonical is Sign for a response already in RFC 8785 form.
+	SignCanonical(ctx context.Context, signContext, keyVersion, attestedAt string, canonResponse []byte) (receipt.Attestation, error)
 	Ping(ctx context.Context) error
 }
 

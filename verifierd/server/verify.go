@@ -66,11 +66,13 @@ func (s *Server) verifyRequest(ctx context.Context, body []byte, gw gatewayInfo,
 	res := s.v.Check(req, id, at)
 	rec.verificationID = id
 
-	doc, keyVersion, err := s.sign(ctx, receipt.ContextVerify, res.VerifiedAt, func(kv string) ([]byte, error) {
+	// The result writes its canonical form itself, so signing does not
+	// canonicalize the document a second time.
+	doc, keyVersion, err := s.signWith(ctx, receipt.ContextVerify, res.VerifiedAt, func(kv string) (unsignedDoc, error) {
 		res.Verify = s.verify
 		res.Verify.KeyVersion = kv
 		res.Attestation = nil
-		return res.AppendJSON(make([]byte, 0, 4096)), nil
+		return unsignedDoc{doc: res.AppendJSON(make([]byte, 0, 4096)), canonical: res.AppendCanonical(make([]byte, 0, 4096))}, nil
 	})
 	if err != nil {
 		return nil, err
@@ -156,6 +158,20 @@ func isJSON(ct string) bool {
 // failure is an *apierr.Error: unreachable certd is 503 retryable,
 // anything else 500. Nothing unsigned is returned.
 func (s *Server) sign(ctx context.Context, signContext, attestedAt string, build func(keyVersion string) ([]byte, error)) ([]byte, string, error) {
+	return s.signWith(ctx, signContext, attestedAt, func(kv string) (unsignedDoc, error) {
+		doc, err := build(kv)
+		return unsignedDoc{doc: doc}, err
+	})
+}
+
+// unsignedDoc is a response about to be signed: doc as it is sent (without
+// its attestation) and, when its writer produces it directly, canonical,
+// the RFC 8785 form of the same document, which is then signed as it
+// stands. With canonical nil the signer canonicalizes doc.
+type unsignedDoc struct{ doc, canonical []byte }
+
+// signWith is sign for a build that may also write the canonical form.
+func (s *Server) signWith(ctx context.Context, signContext, attestedAt string, build func(keyVersion string) (unsignedDoc, error)) ([]byte, string, error) {
 	kv, err := s.signer.CurrentKey(ctx)
 	if err != nil {
 		s.m.signerError(signerErrorKind(err))
@@ -166,7 +182,12 @@ func (s *Server) sign(ctx context.Context, signContext, attestedAt string, build
 		if err != nil {
 			return nil, "", apierr.Internal(err)
 		}
-		att, err := s.signer.Sign(ctx, signContext, kv, attestedAt, unsigned)
+		var att receipt.Attestation
+		if unsigned.canonical != nil {
+			att, err = s.signer.SignCanonical(ctx, signContext, kv, attestedAt, unsigned.canonical)
+		} else {
+			att, err = s.signer.Sign(ctx, signContext, kv, attestedAt, unsigned.doc)
+		}
 		var stale *signer.StaleKeyError
 		if errors.As(err, &stale) {
 			s.m.signerError("stale_key")
@@ -182,7 +203,7 @@ func (s *Server) sign(ctx context.Context, signContext, attestedAt string, build
 			s.m.signerError(signerErrorKind(err))
 			return nil, "", err
 		}
-		doc, err := attach(unsigned, att)
+		doc, err := attach(unsigned.doc, att)
 		if err != nil {
 			return nil, "", apierr.Internal(err)
 		}
