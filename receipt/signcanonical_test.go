@@ -49,3 +49,18 @@ func TestAppendNumber(t *testing.T) {
 		}
 	}
 }
+
+// plain8 never calls a block plain that holds a byte AppendString must
+// look at, whatever the byte and its place.
+func TestPlain8(t *testing.T) {
+	for pos := range 8 {
+		for c := range 256 {
+			b := []byte("abcdefgh")
+			b[pos] = byte(c)
+			look := c < 0x20 || c == '"' || c == '\\' || c >= 0x80
+			if got := plain8(string(b)); got == look {
+				t.Errorf("plain8(%q) = %v", b, got)
+			}
+		}
+	}
+}

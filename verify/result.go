@@ -201,7 +201,7 @@ func (r *Result) AppendJSON(b []byte) []byte {
 			b = receipt.AppendString(b, e)
 		}
 		b = append(b, ']')
-		b = appendCounts(b, "errors", r.ErrorsTotal, len(r.Errors))
+		b = appendCounts(b, "errors_total", "errors_omitted", r.ErrorsTotal, len(r.Errors))
 
 		b = appendKey(b, "errors_detail")
 		b = append(b, '[')
@@ -222,7 +222,7 @@ func (r *Result) AppendJSON(b []byte) []byte {
 			b = append(b, '}')
 		}
 		b = append(b, ']')
-		b = appendCounts(b, "errors_detail", r.ErrorsDetailTotal, len(r.ErrorsDetail))
+		b = appendCounts(b, "errors_detail_total", "errors_detail_omitted", r.ErrorsDetailTotal, len(r.ErrorsDetail))
 
 		b = appendKey(b, "flags")
 		b = append(b, '[')
@@ -241,7 +241,7 @@ func (r *Result) AppendJSON(b []byte) []byte {
 			b = append(b, '}')
 		}
 		b = append(b, ']')
-		b = appendCounts(b, "flags", r.FlagsTotal, len(r.Flags))
+		b = appendCounts(b, "flags_total", "flags_omitted", r.FlagsTotal, len(r.Flags))
 
 		b = appendKey(b, "hints")
 		b = append(b, '[')
@@ -262,7 +262,7 @@ func (r *Result) AppendJSON(b []byte) []byte {
 			b = append(b, '}')
 		}
 		b = append(b, ']')
-		b = appendCounts(b, "hints", r.HintsTotal, len(r.Hints))
+		b = appendCounts(b, "hints_total", "hints_omitted", r.HintsTotal, len(r.Hints))
 
 		b = appendTally(b, "schema_compliance", r.Schema)
 		b = appendTally(b, "integrity_checks", r.Integrity)
@@ -351,8 +351,8 @@ func (r *Result) AppendCanonical(b []byte) []byte {
 			b = append(b, '}')
 		}
 		b = append(b, ']')
-		b = appendCanonicalCounts(b, "errors_detail", r.ErrorsDetailTotal, len(r.ErrorsDetail))
-		b = appendCanonicalCounts(b, "errors", r.ErrorsTotal, len(r.Errors))
+		b = appendCanonicalCounts(b, "errors_detail_omitted", "errors_detail_total", r.ErrorsDetailTotal, len(r.ErrorsDetail))
+		b = appendCanonicalCounts(b, "errors_omitted", "errors_total", r.ErrorsTotal, len(r.Errors))
 
 		b = appendKey(b, "flags")
 		b = append(b, '[')
@@ -371,7 +371,7 @@ func (r *Result) AppendCanonical(b []byte) []byte {
 			b = append(b, '}')
 		}
 		b = append(b, ']')
-		b = appendCanonicalCounts(b, "flags", r.FlagsTotal, len(r.Flags))
+		b = appendCanonicalCounts(b, "flags_omitted", "flags_total", r.FlagsTotal, len(r.Flags))
 
 		b = appendKey(b, "hints")
 		b = append(b, '[')
@@ -392,7 +392,7 @@ func (r *Result) AppendCanonical(b []byte) []byte {
 			b = append(b, '}')
 		}
 		b = append(b, ']')
-		b = appendCanonicalCounts(b, "hints", r.HintsTotal, len(r.Hints))
+		b = appendCanonicalCounts(b, "hints_omitted", "hints_total", r.HintsTotal, len(r.Hints))
 		b = appendCanonicalTally(b, "integrity_checks", r.Integrity)
 	}
 	b = appendKey(b, "next_actions")
@@ -451,10 +451,10 @@ func (r *Result) AppendCanonical(b []byte) []byte {
 }
 
 // appendCanonicalCounts is appendCounts with the two keys in sorted order.
-func appendCanonicalCounts(b []byte, list string, total, shown int) []byte {
-	b = appendKey(b, list+"_omitted")
+func appendCanonicalCounts(b []byte, omittedKey, totalKey string, total, shown int) []byte {
+	b = appendKey(b, omittedKey)
 	b = strconv.AppendInt(b, int64(total-shown), 10)
-	b = appendKey(b, list+"_total")
+	b = appendKey(b, totalKey)
 	return strconv.AppendInt(b, int64(total), 10)
 }
 
@@ -490,10 +490,13 @@ func appendKey(b []byte, name string) []byte {
 	return append(b, '"', ':')
 }
 
-func appendCounts(b []byte, list string, total, shown int) []byte {
-	b = appendKey(b, list+"_total")
+// appendCounts writes a list's total and how many of it were left out. The
+// keys are spelled out by the caller: constant strings, not concatenations
+// made for every response.
+func appendCounts(b []byte, totalKey, omittedKey string, total, shown int) []byte {
+	b = appendKey(b, totalKey)
 	b = strconv.AppendInt(b, int64(total), 10)
-	b = appendKey(b, list+"_omitted")
+	b = appendKey(b, omittedKey)
 	return strconv.AppendInt(b, int64(total-shown), 10)
 }
 
