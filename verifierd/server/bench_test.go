@@ -93,6 +93,31 @@ func (c cpuClock) report(b *testing.B) {
 // one run.
 func BenchmarkVerifyInvoiceParallel(b *testing.B) {
 	for _, clients := range []int{8, 32} {
+		// The core (parse and check) with as many callers: the baseline of
+		// the rows below, whose CPU per request is lower than sequentially
+		// (Badger's commits are shared, its goroutines wake less often).
+		b.Run(fmt.Sprintf("clients=%d/core", clients), func(b *testing.B) {
+			v := verify.New(verify.Config{VerifierVersion: "test"})
+			at := time.Now()
+			b.ReportAllocs()
+			b.SetParallelism((clients + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
+			cpu := startCPU()
+			defer cpu.report(b)
+			b.RunParallel(func(pb *testing.PB) {
+				body := invoice("135.0", "")
+				for pb.Next() {
+					req, err := v.Parse(body)
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					if res := v.Check(req, "3f1c2b9e-6f0a-4a7e-9d7c-2f7c1f1e8a11", at); res.Result != "fail" {
+						b.Errorf("result %s", res.Result)
+						return
+					}
+				}
+			})
+		})
 		for _, c := range []struct {
 			name          string
 			noSync, local bool
