@@ -18,9 +18,9 @@ const (
 // Result is an unsigned verification result (SPEC §4). Check fills
 // everything except Verify and Attestation, which the caller sets around
 // signing. MarshalJSON writes it in the contract's exact key order for
-// Detail; receipts are signed over the canonical form of those bytes, so
-// the order matters only to people reading them, but it is part of the
-// contract all the same.
+// Detail; receipts are signed over the canonical form of those bytes
+// (which AppendCanonical writes directly), so the order matters only to
+// people reading them, but it is part of the contract all the same.
 type Result struct {
 	VerificationID     string
 	TaskID             string
