@@ -3,7 +3,8 @@
 // creation, retirement and compromise times.
 //
 // It is for the signing daemon (and the operator commands that rotate or mark
-// keys) only: nothing else in the product reads a private key. It is not a
+// keys) and for verifierd's in-process signer (signer.Local, which only
+// reads): nothing else in the product reads a private key. It is not a
 // general secret store and does not encrypt keys at rest; the protection is
 // the file mode (0600, enforced on load) and the host.
 //
@@ -97,15 +98,23 @@ type Options struct {
 	// refuses, which is exactly when an operator needs them. Keys then have
 	// a nil Private.
 	PublicOnly bool
+	// CurrentOnly reads the private key of the current key version alone:
+	// the other keys have a nil Private, and a key that stops being current
+	// is forgotten on the next reload. For a process that only ever signs
+	// with the current key and parses untrusted input (verifierd's
+	// in-process signer): whoever takes it over cannot sign with a retired
+	// key, whose receipts verifiers still accept.
+	CurrentOnly bool
 }
 
 // Store is an open key directory. It is safe for concurrent use; writers
 // are also serialised across processes by an advisory lock, so `certd
 // rotate` can run while `certd serve` reads the same directory.
 type Store struct {
-	dir        string
-	now        func() time.Time
-	publicOnly bool
+	dir         string
+	now         func() time.Time
+	publicOnly  bool
+	currentOnly bool
 
 	mu   sync.RWMutex
 	keys []Key       // creation order
@@ -145,7 +154,7 @@ func Open(dir string, opts Options) (*Store, error) {
 	}
 	// Microseconds, like every timestamp of a receipt: enough to order a
 	// compromise against receipts, and readable.
-	s := &Store{dir: dir, publicOnly: opts.PublicOnly, now: func() time.Time { return now().UTC().Truncate(time.Microsecond) }}
+	s := &Store{dir: dir, publicOnly: opts.PublicOnly, currentOnly: opts.CurrentOnly, now: func() time.Time { return now().UTC().Truncate(time.Microsecond) }}
 	if err := s.Reload(); err != nil {
 		return nil, err
 	}
@@ -312,11 +321,16 @@ func (s *Store) reloadLocked() error {
 		return fmt.Errorf("the key index %s disappeared; keeping the %d keys loaded before (restore it from a backup)", filepath.Join(s.dir, IndexFile), len(s.keys))
 	}
 	keys := make([]Key, 0, len(idx.Keys))
-	for _, e := range idx.Keys {
+	cur := lastActive(idx.Keys)
+	for i, e := range idx.Keys {
 		var k Key
-		if old, ok := findKey(s.keys, e.Version); ok && old.Public.Equal(mustPublic(e.PublicKey)) {
-			k.Private, k.Public = old.Private, old.Public
-		} else if s.publicOnly {
+		publicOnly := s.publicOnly || (s.currentOnly && i != cur)
+		if old, ok := findKey(s.keys, e.Version); ok && old.Public.Equal(mustPublic(e.PublicKey)) && (old.Private != nil || publicOnly) {
+			k.Public = old.Public
+			if !publicOnly {
+				k.Private = old.Private
+			}
+		} else if publicOnly {
 			if k.Public = mustPublic(e.PublicKey); k.Public == nil {
 				return fmt.Errorf("reading key index: key %s has a bad public_key", e.Version)
 			}

@@ -502,3 +502,66 @@ func TestPublicOnlyOpensWithoutReadingPrivateKeys(t *testing.T) {
 		t.Fatalf("List = %s", got)
 	}
 }
+
+// CurrentOnly holds the private key of the current version alone: older
+// key files are never read (one with a wrong mode does not stop it), and a
+// key rotated away is forgotten on the next refresh.
+func TestCurrentOnlyHoldsOnlyTheCurrentPrivateKey(t *testing.T) {
+	dir := t.TempDir()
+	c := newClock()
+	certd := open(t, dir, c)
+	if _, err := certd.Generate(); err != nil {
+		t.Fatal(err)
+	}
+	c.Add(time.Minute)
+	if _, err := certd.Rotate(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(filepath.Join(dir, "k1.key"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(dir, Options{CurrentOnly: true})
+	if err != nil {
+		t.Fatalf("CurrentOnly Open with a retired key file of mode 0644: %v", err)
+	}
+	privates := func() string {
+		var out []string
+		for _, k := range s.List() {
+			if k.Private != nil {
+				out = append(out, k.Version)
+			}
+		}
+		return strings.Join(out, ",")
+	}
+	if got := privates(); got != "k2" {
+		t.Fatalf("private keys held: %q, want k2", got)
+	}
+	cur, err := s.Current()
+	if err != nil || cur.Version != "k2" || cur.Private == nil {
+		t.Fatalf("Current = %s (private %v), %v", cur.Version, cur.Private != nil, err)
+	}
+	c.Add(time.Minute)
+	if _, err := certd.Rotate(); err != nil {
+		t.Fatal(err)
+	}
+	if changed, err := s.Refresh(); err != nil || !changed {
+		t.Fatalf("Refresh = %v, %v", changed, err)
+	}
+	if got := privates(); got != "k3" {
+		t.Fatalf("after a rotation, private keys held: %q, want k3", got)
+	}
+	if got := versions(s.List()); got != "k1:retired,k2:retired,k3:current" {
+		t.Fatalf("List = %s", got)
+	}
+	// The current key's file is still checked like certd checks it.
+	c.Add(time.Minute)
+	if _, err := certd.Rotate(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(filepath.Join(dir, "k4.key"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(dir, Options{CurrentOnly: true}); err == nil {
+		t.Fatal("CurrentOnly accepted a current key file of mode 0640")
+	}
+}

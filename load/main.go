@@ -40,6 +40,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -604,22 +605,43 @@ func parseStat(b []byte) (time.Duration, bool) {
 const targetRate = 2.5 * 1080
 
 func report(w io.Writer, results []stats, procs []proc) {
+	reportCores(w, results, procs, runtime.NumCPU())
+}
+
+// reportCores is report for a machine of cores CPUs. Besides each
+// process's CPU per request it prints their sum ("stack": the load
+// generator excluded) and the rate that sum allows on all cores, which is
+// what a run on a machine shared with other work still tells reliably.
+func reportCores(w io.Writer, results []stats, procs []proc, cores int) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	hdr := "scenario\tconns\trequests\terrors\treq/s\tp50\tp90\tp99\t"
 	for _, p := range procs {
 		hdr += p.name + " CPU/req\t"
 	}
+	if len(procs) > 0 {
+		hdr += fmt.Sprintf("stack CPU/req\treq/s on %d cores at that CPU\t", cores)
+	}
 	fmt.Fprintln(tw, hdr)
 	for _, s := range results {
 		line := fmt.Sprintf("%s\t%d\t%d\t%d\t%.0f\t%s\t%s\t%s\t", s.name, s.concurrency, s.requests, s.errors, s.rate(),
 			ms(percentile(s.lat, 50)), ms(percentile(s.lat, 90)), ms(percentile(s.lat, 99)))
+		var sum time.Duration
 		for _, p := range procs {
-			t, ok := s.cpu[p.name]
-			if !ok || s.ok() == 0 {
+			per, ok := perRequest(s, p.name)
+			if !ok {
 				line += "-\t"
 				continue
 			}
-			line += fmt.Sprintf("%.0fµs\t", float64(t.Microseconds())/float64(s.ok()))
+			sum += s.cpu[p.name]
+			line += fmt.Sprintf("%.0fµs\t", per)
+		}
+		if len(procs) > 0 {
+			if sum > 0 && s.ok() > 0 {
+				per := float64(sum.Microseconds()) / float64(s.ok())
+				line += fmt.Sprintf("%.0fµs\t%.0f\t", per, float64(cores)*1e6/per)
+			} else {
+				line += "-\t-\t"
+			}
 		}
 		fmt.Fprintln(tw, line)
 	}
@@ -662,7 +684,26 @@ func report(w io.Writer, results []stats, procs []proc) {
 		if d, ok := find("direct", c); ok && hasBase {
 			fmt.Fprintf(w, "baseline at %d: %.2fx direct to verifierd\n", c, base.rate()/d.rate())
 		}
+		// The devnet facilitator runs inside the gateway's Caddy: its own
+		// cost per payment check (the facilitator scenario) is shown apart
+		// from what the paid path costs Caddy in all.
+		paid, okP := find("paid", c)
+		fac, okF := find("facilitator", c)
+		if pc, ok := perRequest(paid, "caddy"); ok && okP && okF {
+			if fc, ok := perRequest(fac, "caddy"); ok {
+				fmt.Fprintf(w, "paid at %d: caddy CPU/req %.0fµs, of which the facilitator's own payment check ≈ %.0fµs (the facilitator scenario); the gate, proxy and settlement the rest\n", c, pc, fc)
+			}
+		}
 	}
+}
+
+// perRequest is a process's CPU time per successful request of a phase.
+func perRequest(s stats, proc string) (float64, bool) {
+	t, ok := s.cpu[proc]
+	if !ok || s.ok() == 0 {
+		return 0, false
+	}
+	return float64(t.Microseconds()) / float64(s.ok()), true
 }
 
 func msf(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -255,15 +255,37 @@ func TestReportPrintsRatesCPUAndRatios(t *testing.T) {
 		return s
 	}
 	var out bytes.Buffer
-	report(&out, []stats{
+	reportCores(&out, []stats{
 		mk("free", 8, 2700, 3*time.Millisecond, 270*time.Millisecond),
 		mk("baseline", 8, 3000, 2*time.Millisecond, 150*time.Millisecond),
 		mk("direct", 8, 3375, 2*time.Millisecond, 0),
-	}, []proc{{name: "caddy", pid: 1}, {name: "certd", pid: 2}})
+		mk("paid", 8, 10, time.Second, 30*time.Millisecond),
+		mk("facilitator", 8, 1000, 5*time.Millisecond, 1000*time.Millisecond),
+	}, []proc{{name: "caddy", pid: 1}, {name: "certd", pid: 2}}, 2)
+	// 100 µs of stack CPU per request is 20,000 req/s on two cores; a phase
+	// without CPU figures has none.
 	for _, want := range []string{"caddy CPU/req", "2700", "3.00ms", "100µs", "50µs",
+		"stack CPU/req", "req/s on 2 cores at that CPU",
+		"paid at 8: caddy CPU/req 3000µs, of which the facilitator's own payment check ≈ 1000µs",
 		"free at 8: 2700 req/s, 0.90x the plain reverse_proxy", "1.00x of 2.5 x 1,080", "baseline at 8: 0.89x direct"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, out.String())
 		}
+	}
+	lastTwo := map[string]string{"free": "100µs 20000", "baseline": "50µs 40000", "direct": "- -"}
+	for _, line := range strings.Split(out.String(), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		if want, ok := lastTwo[f[0]]; ok {
+			if got := strings.Join(f[len(f)-2:], " "); got != want {
+				t.Errorf("%s: stack CPU and rate %q, want %q:\n%s", f[0], got, want, out.String())
+			}
+			delete(lastTwo, f[0])
+		}
+	}
+	if len(lastTwo) > 0 {
+		t.Errorf("no table line for %v:\n%s", lastTwo, out.String())
 	}
 }

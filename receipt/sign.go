@@ -30,6 +30,22 @@ type Attestation struct {
 	Signature  string `json:"signature"`
 }
 
+// AppendJSON appends a as a JSON object, its members in declared order
+// (the order encoding/json writes them in), its strings as AppendString
+// writes them. certd's sign answer and the attestation verifierd attaches to
+// a response are written with it, without encoding/json's reflection.
+func (a Attestation) AppendJSON(b []byte) []byte {
+	b = append(b, `{"algorithm":`...)
+	b = AppendString(b, a.Algorithm)
+	b = append(b, `,"key_version":`...)
+	b = AppendString(b, a.KeyVersion)
+	b = append(b, `,"timestamp":`...)
+	b = AppendString(b, a.Timestamp)
+	b = append(b, `,"signature":`...)
+	b = AppendString(b, a.Signature)
+	return append(b, '}')
+}
+
 // SigningInput returns the bytes an attestation signs: the RFC 8785 form of
 // exactly {"context", "algorithm": "Ed25519", "key_version", "attested_at",
 // "response"}. response is the JSON object of the whole response without its
@@ -59,6 +75,23 @@ func SigningInput(context, keyVersion, attestedAt string, response []byte) ([]by
 		return nil, errors.New("building the signed document: response already carries an attestation; sign the response without it")
 	}
 	return append(buf, '}'), nil
+}
+
+// SigningInputCanonical is SigningInput for a response its writer produced
+// in RFC 8785 form already (verify.Result.AppendCanonical): the document is
+// assembled around canonResponse as it stands, without a second canonical
+// pass over it. The caller vouches for the form (the writer's tests hold it
+// to AppendCanonicalJSON); certd still checks it (ParseSigningInput) when
+// the input comes over its socket. A response that is not an object, or
+// still carries an attestation, is refused as SigningInput refuses it.
+func SigningInputCanonical(context, keyVersion, attestedAt string, canonResponse []byte) ([]byte, error) {
+	if len(canonResponse) < 2 || canonResponse[0] != '{' || canonResponse[len(canonResponse)-1] != '}' {
+		return nil, errors.New("building the signed document: response is not a JSON object")
+	}
+	if hasTopLevelAttestation(canonResponse) {
+		return nil, errors.New("building the signed document: response already carries an attestation; sign the response without it")
+	}
+	return signingInputCanonical(context, keyVersion, attestedAt, canonResponse)
 }
 
 // signingInputCanonical assembles the five-key document around an already

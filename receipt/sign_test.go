@@ -1,8 +1,10 @@
 package receipt
 
 import (
+	"bytes"
 	"crypto/ed25519"
 	"encoding/base64"
+	"encoding/json"
 	"strings"
 	"testing"
 )
@@ -107,5 +109,30 @@ func TestSignProducesAVerifiableAttestation(t *testing.T) {
 	}
 	if _, err := Sign(priv[:10], ContextVerify, "k7", "t", resp); err == nil || !strings.Contains(err.Error(), "private key") {
 		t.Errorf("short key: %v", err)
+	}
+}
+
+// Attestation.AppendJSON writes what encoding/json writes for the strings
+// an attestation holds (encoding/json also escapes <, >, &, U+2028 and
+// U+2029, which none of them contain), and what it writes always decodes
+// back to the same attestation.
+func TestAttestationAppendJSON(t *testing.T) {
+	for _, a := range []Attestation{
+		{Algorithm: Algorithm, KeyVersion: "k12", Timestamp: "2026-11-29T21:22:28.123456+00:00", Signature: "q83vEjRWeJA+/w=="},
+		{},
+		{Algorithm: "x\"y\\z", KeyVersion: "k\n\t\u0001", Timestamp: "é€😀", Signature: "AAAA"},
+	} {
+		want, err := json.Marshal(a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := a.AppendJSON([]byte("prefix"))
+		if !bytes.HasPrefix(got, []byte("prefix")) || !bytes.Equal(got[len("prefix"):], want) {
+			t.Errorf("AppendJSON(%+v) = %s, want %s", a, got, want)
+		}
+		var back Attestation
+		if err := json.Unmarshal(got[len("prefix"):], &back); err != nil || back != a {
+			t.Errorf("AppendJSON(%+v) decodes to %+v, %v", a, back, err)
+		}
 	}
 }

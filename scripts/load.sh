@@ -15,7 +15,12 @@
 #   scripts/load.sh -c 16 -d 20s         # options go to the load generator
 #   scripts/load.sh -scenarios free,baseline,direct
 #
-# Environment: AOV_HTTP_PORT (8080), AOV_VERIFIERD_ADDR (127.0.0.1:8081),
+# On a machine shared with other work, read the CPU per request columns
+# (and the stack's sum) rather than req/s: they do not depend on what else
+# runs.
+#
+# Environment: AOV_SIGNER (inprocess or certd, for a stack it starts, as in
+# scripts/run.sh), AOV_HTTP_PORT (8080), AOV_VERIFIERD_ADDR (127.0.0.1:8081),
 # AOV_CERTD_PUBLIC_ADDR (127.0.0.1:8082), AOV_BASELINE_PORT (8090),
 # AOV_DATA (./data, for the gateway token), AOV_BIN (./bin), GO.
 set -euo pipefail
@@ -55,7 +60,7 @@ trap stop EXIT
 trap 'exit 130' INT TERM
 
 if ! http_ok "$base/health"; then
-	say "nothing answers on $base: starting a stack of its own (data in $tmp/data, log in $tmp/run.log)"
+	say "nothing answers on $base: starting a stack of its own (data in $tmp/data, log in $tmp/run.log; verifierd signs ${AOV_SIGNER:-inprocess}, AOV_SIGNER=certd|inprocess)"
 	data="$tmp/data"
 	# Every free-path load request is an unpaid verification: give the
 	# throw-away stack an allowance that does not run out.

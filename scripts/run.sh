@@ -22,6 +22,8 @@
 #                         supervised process (examples/facilitator/Caddyfile)
 #                         that the gateway reaches over the x402 API
 #   AOV_FACILITATOR_ADDR  that process's address             (default 127.0.0.1:8546)
+#   AOV_SIGNER            inprocess: verifierd signs with certd's keys itself;
+#                         certd: it asks certd over the socket (default inprocess)
 #   GO                    go command                        (default go)
 set -euo pipefail
 
@@ -112,12 +114,22 @@ supervise certd "$bindir/certd" serve "${certd_dev[@]}" \
 	-public-listen "$AOV_CERTD_PUBLIC_ADDR" \
 	-public-base-url "$base"
 
+# verifierd signs in its own process with the keys certd manages (certd
+# still makes, rotates and publishes them): here both run as you, so the
+# socket would isolate nothing, and the round trip to certd costs more CPU
+# than the signature. AOV_SIGNER=certd asks certd over its socket, as an
+# install with certd under its own user does.
+case "${AOV_SIGNER:-inprocess}" in
+inprocess) signer_args=(-signer-keys "$data/keys") ;;
+certd) signer_args=(-signer-socket "$socket") ;;
+*) die "AOV_SIGNER is ${AOV_SIGNER}: want inprocess or certd" ;;
+esac
 say "starting verifierd on $AOV_VERIFIERD_ADDR"
 supervise verifierd "$bindir/verifierd" \
 	-listen "$AOV_VERIFIERD_ADDR" \
 	-admin-listen "$AOV_VERIFIERD_METRICS_ADDR" \
 	-data "$data/verifierd" \
-	-signer-socket "$socket" \
+	"${signer_args[@]}" \
 	-gateway-token-file "$data/gateway-token" \
 	-public-base-url "$base"
 

@@ -111,3 +111,24 @@ func FuzzSignRequest(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkSignLocal is the same signature by the in-process signer
+// (verifierd -signer-keys): the index check, canonicalization and Ed25519,
+// without the round trip of BenchmarkSignRoundTripUnix.
+func BenchmarkSignLocal(b *testing.B) {
+	f := start(b, fixtureOpts{})
+	l, err := NewLocal(f.keysDir, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	at := nowString()
+	resp := sampleResponse("k1", at, 2048)
+	b.SetBytes(int64(len(resp)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := l.Sign(ctx, receipt.ContextVerify, "k1", at, resp); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

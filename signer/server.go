@@ -1,6 +1,8 @@
 // Package signer is certd's signing protocol: the HTTP handler certd serves
 // on its private socket, and the client verifierd uses to have responses
-// signed.
+// signed. Local is the same signing in verifierd's own process, with the
+// keys of certd's key directory, for one-machine installs (see its doc for
+// what that gives up).
 //
 // The protocol is small JSON over HTTP, on a unix socket (mode 0600: file
 // permissions are the authentication) or on a loopback TCP address with a
@@ -188,19 +190,9 @@ func (s *Server) authorized(w http.ResponseWriter, r *http.Request) bool {
 	return false
 }
 
-// currentKey refreshes the key store (a rotation by `certd rotate` shows up
-// on the next request) and returns the current key. A refresh that fails
-// keeps the keys already loaded: they are still valid, and the error is
-// logged for the operator.
-func (s *Server) currentKey() (keystore.Key, error) {
-	if changed, err := s.keys.Refresh(); err != nil {
-		s.log.Error("reloading keys failed; still signing with the keys loaded before", "error", err)
-	} else if changed {
-		cur, _ := s.keys.Current()
-		s.log.Info("keys reloaded", "current_key_version", cur.Version, "versions", len(s.keys.List()))
-	}
-	return s.keys.Current()
-}
+// currentKey is the current key after a refresh (see currentKey in
+// local.go): a rotation by `certd rotate` shows up on the next request.
+func (s *Server) currentKey() (keystore.Key, error) { return currentKey(s.keys, s.log) }
 
 func (s *Server) health(w http.ResponseWriter) {
 	k, err := s.currentKey()
@@ -276,16 +268,9 @@ func (s *Server) sign(w http.ResponseWriter, r *http.Request) {
 	}
 	sig := ed25519.Sign(k.Private, body)
 	s.log.Debug("signed", "context", doc.Context, "key_version", k.Version, "attested_at", doc.AttestedAt)
-	// The answer is receipt.Attestation, written directly: the key version
-	// and the time were checked above, so the bytes are known.
-	out := make([]byte, 0, 192+len(k.Version)+len(doc.AttestedAt))
-	out = append(out, `{"algorithm":"`+receipt.Algorithm+`","key_version":`...)
-	out = receipt.AppendString(out, k.Version)
-	out = append(out, `,"timestamp":`...)
-	out = receipt.AppendString(out, doc.AttestedAt)
-	out = append(out, `,"signature":"`...)
-	out = base64.StdEncoding.AppendEncode(out, sig)
-	out = append(out, "\"}\n"...)
+	att := receipt.Attestation{Algorithm: receipt.Algorithm, KeyVersion: k.Version, Timestamp: doc.AttestedAt,
+		Signature: base64.StdEncoding.EncodeToString(sig)}
+	out := append(att.AppendJSON(make([]byte, 0, 160+len(k.Version)+len(doc.AttestedAt))), '\n')
 	h := w.Header()
 	h["Content-Type"] = jsonType
 	h["Cache-Control"] = noStore

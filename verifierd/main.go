@@ -1,6 +1,7 @@
 // Command verifierd is the verification daemon: POST /verify/schema and
 // POST /verify/deliverable check a JSON output against a schema and rules,
-// have the answer signed by certd and record it in the verification history;
+// have the answer signed by certd (or, with -signer-keys, sign it in process
+// with certd's keys) and record it in the verification history;
 // GET /reputation/{agent_id} serves that history and GET /score/{agent_id}
 // a signed trust score computed from it; /mcp serves the same verification
 // and score as the MCP tools verify_schema and get_verification_record.
@@ -48,6 +49,7 @@ type config struct {
 	listen, adminListen   string
 	dataDir, history      string
 	signerSocket          string
+	signerKeys            string
 	signerURL             string
 	signerSecretFile      string
 	publicBaseURL         string
@@ -88,6 +90,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.dataDir, "data", "./data/verifierd", "directory of the verification history (Badger)")
 	fs.StringVar(&c.history, "history", "", "postgres://… to keep the verification history in PostgreSQL, shared by several verifierd (default: Badger in -data)")
 	fs.StringVar(&c.signerSocket, "signer-socket", "./data/certd.sock", "certd's signing socket")
+	fs.StringVar(&c.signerKeys, "signer-keys", "", "sign in this process with the keys of certd's key directory (one-machine installs where verifierd runs as certd's user; certd still makes, rotates and publishes the keys) instead of asking certd over -signer-socket")
 	fs.StringVar(&c.signerURL, "signer-url", "", "certd's loopback signing URL (instead of -signer-socket), e.g. http://127.0.0.1:8091")
 	fs.StringVar(&c.signerSecretFile, "signer-secret-file", "", "file holding the bearer secret for -signer-url (mode 0600)")
 	fs.StringVar(&c.publicBaseURL, "public-base-url", "http://localhost:8080", "the service's public origin as callers see it (the gateway's)")
@@ -168,20 +171,9 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(api, a
 		log.Warn("-dev-ungated-paid-routes: the paid routes are served free to anyone who reaches this listener; development only")
 	}
 
-	sc := signer.ClientConfig{Timeout: c.signerTimeout}
-	if c.signerURL != "" {
-		if err := signer.CheckLoopback(hostPort(c.signerURL)); err != nil {
-			return err
-		}
-		sc.URL = c.signerURL
-		if c.signerSecretFile == "" {
-			return errors.New("-signer-url needs -signer-secret-file")
-		}
-		if sc.Secret, err = signer.ReadSecretFile(c.signerSecretFile); err != nil {
-			return err
-		}
-	} else {
-		sc.Socket = c.signerSocket
+	sig, target, err := newSigner(c, log)
+	if err != nil {
+		return err
 	}
 
 	db, err := openHistory(ctx, c, log)
@@ -216,7 +208,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(api, a
 
 	h, err := server.New(server.Config{
 		Verifier:          verify.New(verifyConfig(c)),
-		Signer:            signer.NewClient(sc),
+		Signer:            sig,
 		History:           db,
 		PublicBaseURL:     c.publicBaseURL,
 		ServiceName:       c.serviceName,
@@ -246,7 +238,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(api, a
 	errc := make(chan error, 2)
 	go func() { errc <- api.Serve(ln) }()
 	log.Info("verifierd listening", "addr", ln.Addr().String(), "version", buildinfo.Version(version), "data", c.dataDir,
-		"public_base_url", c.publicBaseURL, "signer", signerTarget(sc))
+		"public_base_url", c.publicBaseURL, "signer", target)
 
 	adminAddr := ""
 	if c.adminListen != "" {
@@ -318,9 +310,35 @@ func hostPort(rawURL string) string {
 	return s
 }
 
-func signerTarget(sc signer.ClientConfig) string {
-	if sc.Socket != "" {
-		return "unix:" + sc.Socket
+// newSigner is the signer the flags name and how to describe it in the
+// log: in process with certd's keys (-signer-keys), or certd over its
+// loopback URL or (the default) its unix socket.
+func newSigner(c config, log *slog.Logger) (server.Signer, string, error) {
+	if c.signerKeys != "" {
+		if c.signerURL != "" {
+			return nil, "", errors.New("-signer-keys and -signer-url are two signers: choose one")
+		}
+		l, err := signer.NewLocal(c.signerKeys, log)
+		if err != nil {
+			return nil, "", err
+		}
+		return l, "in process, keys in " + c.signerKeys, nil
 	}
-	return sc.URL
+	sc := signer.ClientConfig{Timeout: c.signerTimeout}
+	if c.signerURL == "" {
+		sc.Socket = c.signerSocket
+		return signer.NewClient(sc), "unix:" + sc.Socket, nil
+	}
+	if err := signer.CheckLoopback(hostPort(c.signerURL)); err != nil {
+		return nil, "", err
+	}
+	if c.signerSecretFile == "" {
+		return nil, "", errors.New("-signer-url needs -signer-secret-file")
+	}
+	var err error
+	if sc.Secret, err = signer.ReadSecretFile(c.signerSecretFile); err != nil {
+		return nil, "", err
+	}
+	sc.URL = c.signerURL
+	return signer.NewClient(sc), sc.URL, nil
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/aovhq/aov/keystore"
+	"github.com/aovhq/aov/receipt"
 	"github.com/aovhq/aov/signer"
 	"github.com/aovhq/aov/store"
 	"github.com/aovhq/aov/verify"
@@ -337,5 +338,62 @@ func TestDaemonServesScoreAndMCP(t *testing.T) {
 	resp.Body.Close()
 	if err != nil || resp.StatusCode != 200 || doc.Counts.Total != 1 || !(doc.Score > 0) || doc.Method.Params.HalfLifeDays != 10 {
 		t.Fatalf("score over TCP: %d %+v %v", resp.StatusCode, doc, err)
+	}
+}
+
+// TestDaemonSignsInProcess runs the daemon with -signer-keys and no certd
+// listening: receipts are signed with the directory's current key, and a
+// rotation made there by another process (as `certd rotate` is) signs the
+// next verification.
+func TestDaemonSignsInProcess(t *testing.T) {
+	dir := shortDir(t)
+	keysDir := filepath.Join(dir, "keys")
+	certd, err := keystore.Open(keysDir, keystore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := certd.Generate(); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, "-listen", "127.0.0.1:0", "-admin-listen", "", "-no-sync",
+		"-data", filepath.Join(dir, "data"), "-signer-keys", keysDir, "-signer-socket", filepath.Join(dir, "nobody.sock"),
+		"-public-base-url", "http://127.0.0.1:1")
+	verifyWith := func(want string) {
+		t.Helper()
+		resp, err := http.Post("http://"+d.api+"/verify/schema", "application/json", strings.NewReader(passingRequest))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("verification: %d %s", resp.StatusCode, body)
+		}
+		k, _ := certd.Lookup(want)
+		v, err := receipt.Verify(body, receipt.SingleKey(want, k.Public), receipt.ContextVerify)
+		if err != nil || v.KeyVersion != want {
+			t.Fatalf("receipt: %+v, %v; want one signed by %s", v, err, want)
+		}
+	}
+	verifyWith("k1")
+	if _, err := certd.Rotate(); err != nil {
+		t.Fatal(err)
+	}
+	verifyWith("k2")
+
+	for _, c := range []struct {
+		desc string
+		args []string
+		want string
+	}{
+		{"-signer-keys with -signer-url is refused", []string{"-signer-keys", keysDir, "-signer-url", "http://127.0.0.1:8091"}, "choose one"},
+		{"a missing key directory is refused", []string{"-signer-keys", filepath.Join(dir, "nope")}, "key directory"},
+	} {
+		t.Run(c.desc, func(t *testing.T) {
+			args := append([]string{"-data", filepath.Join(dir, "data2"), "-admin-listen", ""}, c.args...)
+			if err := run(context.Background(), args, io.Discard, nil); err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("err = %v, want one saying %q", err, c.want)
+			}
+		})
 	}
 }

@@ -18,9 +18,9 @@ const (
 // Result is an unsigned verification result (SPEC §4). Check fills
 // everything except Verify and Attestation, which the caller sets around
 // signing. MarshalJSON writes it in the contract's exact key order for
-// Detail; receipts are signed over the canonical form of those bytes, so
-// the order matters only to people reading them, but it is part of the
-// contract all the same.
+// Detail; receipts are signed over the canonical form of those bytes
+// (which AppendCanonical writes directly), so the order matters only to
+// people reading them, but it is part of the contract all the same.
 type Result struct {
 	VerificationID     string
 	TaskID             string
@@ -201,7 +201,7 @@ func (r *Result) AppendJSON(b []byte) []byte {
 			b = receipt.AppendString(b, e)
 		}
 		b = append(b, ']')
-		b = appendCounts(b, "errors", r.ErrorsTotal, len(r.Errors))
+		b = appendCounts(b, "errors_total", "errors_omitted", r.ErrorsTotal, len(r.Errors))
 
 		b = appendKey(b, "errors_detail")
 		b = append(b, '[')
@@ -222,7 +222,7 @@ func (r *Result) AppendJSON(b []byte) []byte {
 			b = append(b, '}')
 		}
 		b = append(b, ']')
-		b = appendCounts(b, "errors_detail", r.ErrorsDetailTotal, len(r.ErrorsDetail))
+		b = appendCounts(b, "errors_detail_total", "errors_detail_omitted", r.ErrorsDetailTotal, len(r.ErrorsDetail))
 
 		b = appendKey(b, "flags")
 		b = append(b, '[')
@@ -241,7 +241,7 @@ func (r *Result) AppendJSON(b []byte) []byte {
 			b = append(b, '}')
 		}
 		b = append(b, ']')
-		b = appendCounts(b, "flags", r.FlagsTotal, len(r.Flags))
+		b = appendCounts(b, "flags_total", "flags_omitted", r.FlagsTotal, len(r.Flags))
 
 		b = appendKey(b, "hints")
 		b = append(b, '[')
@@ -262,7 +262,7 @@ func (r *Result) AppendJSON(b []byte) []byte {
 			b = append(b, '}')
 		}
 		b = append(b, ']')
-		b = appendCounts(b, "hints", r.HintsTotal, len(r.Hints))
+		b = appendCounts(b, "hints_total", "hints_omitted", r.HintsTotal, len(r.Hints))
 
 		b = appendTally(b, "schema_compliance", r.Schema)
 		b = appendTally(b, "integrity_checks", r.Integrity)
@@ -297,6 +297,191 @@ func (r *Result) AppendJSON(b []byte) []byte {
 	return append(b, '}')
 }
 
+// AppendCanonical appends the RFC 8785 form of AppendJSON's document to b,
+// written directly rather than by re-reading those bytes: the members of
+// every object in the sorted order of their (ASCII) keys, numbers as
+// ECMAScript prints them, strings as AppendString writes them (which is
+// RFC 8785's string form). It is what a response is signed over, so that
+// signing does not canonicalize the 4 KB document a second time; the tests
+// hold it to receipt.AppendCanonicalJSON(AppendJSON) byte for byte.
+//
+// The keys of a result are the contract's fixed names, so their order is
+// fixed too; a member added to AppendJSON must be added here in its sorted
+// place (the property test fails until it is).
+func (r *Result) AppendCanonical(b []byte) []byte {
+	full := r.Detail != DetailCompact
+	b = append(b, `{"agent_id":`...)
+	if r.AgentID == nil {
+		b = append(b, "null"...)
+	} else {
+		b = receipt.AppendString(b, *r.AgentID)
+	}
+	if a := r.Attestation; a != nil {
+		b = append(b, `,"attestation":{"algorithm":`...)
+		b = receipt.AppendString(b, a.Algorithm)
+		b = appendKey(b, "key_version")
+		b = receipt.AppendString(b, a.KeyVersion)
+		b = appendKey(b, "signature")
+		b = receipt.AppendString(b, a.Signature)
+		b = appendKey(b, "timestamp")
+		b = receipt.AppendString(b, a.Timestamp)
+		b = append(b, '}')
+	}
+	b = appendKey(b, "enforce_rules")
+	b = strconv.AppendBool(b, r.EnforceRules)
+	if full {
+		b = appendKey(b, "errors")
+		b = appendStrings(b, r.Errors)
+		b = appendKey(b, "errors_detail")
+		b = append(b, '[')
+		for i, e := range r.ErrorsDetail {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = append(b, `{"check":`...)
+			b = receipt.AppendString(b, e.Check)
+			b = appendKey(b, "expected")
+			b = receipt.AppendString(b, e.Expected)
+			b = appendKey(b, "found")
+			b = receipt.AppendString(b, e.Found)
+			b = appendKey(b, "message")
+			b = receipt.AppendString(b, e.Message)
+			b = appendKey(b, "path")
+			b = receipt.AppendString(b, e.Path)
+			b = append(b, '}')
+		}
+		b = append(b, ']')
+		b = appendCanonicalCounts(b, "errors_detail_omitted", "errors_detail_total", r.ErrorsDetailTotal, len(r.ErrorsDetail))
+		b = appendCanonicalCounts(b, "errors_omitted", "errors_total", r.ErrorsTotal, len(r.Errors))
+
+		b = appendKey(b, "flags")
+		b = append(b, '[')
+		for i, f := range r.Flags {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = append(b, `{"check":`...)
+			b = receipt.AppendString(b, f.Check)
+			b = appendKey(b, "detail")
+			b = receipt.AppendString(b, f.Detail)
+			b = appendKey(b, "field")
+			b = receipt.AppendString(b, f.Field)
+			b = appendKey(b, "severity")
+			b = receipt.AppendString(b, f.Severity)
+			b = append(b, '}')
+		}
+		b = append(b, ']')
+		b = appendCanonicalCounts(b, "flags_omitted", "flags_total", r.FlagsTotal, len(r.Flags))
+
+		b = appendKey(b, "hints")
+		b = append(b, '[')
+		for i, h := range r.Hints {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = append(b, `{"check":`...)
+			b = receipt.AppendString(b, h.Check)
+			b = appendKey(b, "expected")
+			b = receipt.AppendString(b, h.Expected)
+			b = appendKey(b, "found")
+			b = receipt.AppendString(b, h.Found)
+			b = appendKey(b, "path")
+			b = receipt.AppendString(b, h.Path)
+			b = appendKey(b, "source")
+			b = receipt.AppendString(b, h.Source)
+			b = append(b, '}')
+		}
+		b = append(b, ']')
+		b = appendCanonicalCounts(b, "hints_omitted", "hints_total", r.HintsTotal, len(r.Hints))
+		b = appendCanonicalTally(b, "integrity_checks", r.Integrity)
+	}
+	b = appendKey(b, "next_actions")
+	if r.Result == ResultPass {
+		b = append(b, `[{"action":"attach_receipt","for":"seller"},{"action":"proceed_to_payment","for":"buyer"}]`...)
+	} else {
+		b = append(b, `[{"action":"repair_and_reverify","using":"hints"}]`...)
+	}
+	b = appendKey(b, "output_hash")
+	b = receipt.AppendString(b, r.Hashes.Output)
+	if full {
+		b = appendCanonicalTally(b, "overall", r.Overall)
+		b = appendKey(b, "request_hash")
+		b = receipt.AppendString(b, r.Hashes.Request)
+	}
+	b = appendKey(b, "result")
+	b = receipt.AppendString(b, r.Result)
+	b = appendKey(b, "rules_hash")
+	b = receipt.AppendString(b, r.Hashes.Rules)
+	if full {
+		b = appendCanonicalTally(b, "schema_compliance", r.Schema)
+	}
+	b = appendKey(b, "schema_hash")
+	b = receipt.AppendString(b, r.Hashes.Schema)
+	b = appendKey(b, "strict_content_check")
+	b = strconv.AppendBool(b, r.StrictContentCheck)
+	b = appendKey(b, "summary")
+	b = append(b, `{"blocking_checks":`...)
+	b = appendStrings(b, r.BlockingChecks)
+	b = appendKey(b, "result")
+	b = receipt.AppendString(b, r.Result)
+	b = append(b, '}')
+	b = appendKey(b, "task_id")
+	b = receipt.AppendString(b, r.TaskID)
+	b = appendKey(b, "verification_id")
+	b = receipt.AppendString(b, r.VerificationID)
+	b = appendKey(b, "verified_at")
+	b = receipt.AppendString(b, r.VerifiedAt)
+	b = appendKey(b, "verifier_version")
+	b = receipt.AppendString(b, r.VerifierVersion)
+	b = appendKey(b, "verify")
+	b = append(b, `{"canonicalization":`...)
+	b = receipt.AppendString(b, r.Verify.Canonicalization)
+	b = appendKey(b, "hash_algorithm")
+	b = receipt.AppendString(b, r.Verify.HashAlgorithm)
+	b = appendKey(b, "key_version")
+	b = receipt.AppendString(b, r.Verify.KeyVersion)
+	b = appendKey(b, "mcp")
+	b = receipt.AppendString(b, r.Verify.MCP)
+	b = appendKey(b, "public_key_url")
+	b = receipt.AppendString(b, r.Verify.PublicKeyURL)
+	b = appendKey(b, "service")
+	b = receipt.AppendString(b, r.Verify.Service)
+	b = append(b, '}')
+	return append(b, '}')
+}
+
+// appendCanonicalCounts is appendCounts with the two keys in sorted order.
+func appendCanonicalCounts(b []byte, omittedKey, totalKey string, total, shown int) []byte {
+	b = appendKey(b, omittedKey)
+	b = strconv.AppendInt(b, int64(total-shown), 10)
+	b = appendKey(b, totalKey)
+	return strconv.AppendInt(b, int64(total), 10)
+}
+
+func appendStrings(b []byte, list []string) []byte {
+	b = append(b, '[')
+	for i, s := range list {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = receipt.AppendString(b, s)
+	}
+	return append(b, ']')
+}
+
+// appendCanonicalTally is appendTally in RFC 8785 form: keys sorted, and the
+// ratio as ECMAScript prints it ("1", not "1.0").
+func appendCanonicalTally(b []byte, name string, t Tally) []byte {
+	b = appendKey(b, name)
+	b = append(b, `{"passed":`...)
+	b = strconv.AppendInt(b, int64(t.Passed), 10)
+	b = append(b, `,"ratio":`...)
+	b = receipt.AppendNumber(b, t.Ratio())
+	b = append(b, `,"total":`...)
+	b = strconv.AppendInt(b, int64(t.Total), 10)
+	return append(b, '}')
+}
+
 // appendKey writes `,"name":`; every key after the first of an object goes
 // through it.
 func appendKey(b []byte, name string) []byte {
@@ -305,10 +490,13 @@ func appendKey(b []byte, name string) []byte {
 	return append(b, '"', ':')
 }
 
-func appendCounts(b []byte, list string, total, shown int) []byte {
-	b = appendKey(b, list+"_total")
+// appendCounts writes a list's total and how many of it were left out. The
+// keys are spelled out by the caller: constant strings, not concatenations
+// made for every response.
+func appendCounts(b []byte, totalKey, omittedKey string, total, shown int) []byte {
+	b = appendKey(b, totalKey)
 	b = strconv.AppendInt(b, int64(total), 10)
-	b = appendKey(b, list+"_omitted")
+	b = appendKey(b, omittedKey)
 	return strconv.AppendInt(b, int64(total-shown), 10)
 }
 

@@ -289,7 +289,7 @@ func (s *Server) toolVerifySchema(ctx context.Context, req *mcp.CallToolRequest)
 	if len(bytes.TrimSpace(args)) == 0 {
 		args = []byte("{}")
 	}
-	doc, err := s.verifyRequest(ctx, args, s.toolGateway(req), rec)
+	doc, err := s.verifyRequest(ctx, args, s.toolGateway(req), rec, make([]byte, 0, 8<<10))
 	if err != nil {
 		return s.toolError(rec, err), nil
 	}

@@ -19,8 +19,8 @@ func mcpCall(tool string, args []byte) []byte {
 
 // BenchmarkTransport is one verification of the SPEC §10 invoice in
 // process, through REST (POST /verify/schema) and through MCP (tools/call
-// verify_schema on /mcp): the same parse, check, sign and record, so the
-// difference is what the MCP transport costs (JSON-RPC, a stateless
+// verify_schema on /mcp): the same parse, check, sign (in process) and
+// record, so the difference is what the MCP transport costs (JSON-RPC, a stateless
 // session per request, the result wrapped twice).
 func BenchmarkTransport(b *testing.B) {
 	body := invoice("135.0", "")
@@ -32,9 +32,11 @@ func BenchmarkTransport(b *testing.B) {
 		{"mcp", "/mcp", mcpCall("verify_schema", body)},
 	} {
 		b.Run(c.name, func(b *testing.B) {
-			f := newFixture(b, fixtureOpts{noSync: true})
+			f := newFixture(b, fixtureOpts{noSync: true, localSigner: true})
 			b.ReportAllocs()
 			b.SetBytes(int64(len(c.body)))
+			cpu := startCPU()
+			defer cpu.report(b)
 			for b.Loop() {
 				r := httptest.NewRequest(http.MethodPost, c.path, bytes.NewReader(c.body))
 				r.Header.Set("Content-Type", "application/json")

@@ -38,10 +38,12 @@ import (
 )
 
 // Signer is certd's signing protocol as verifierd uses it; *signer.Client
-// implements it.
+// (over certd's socket) and *signer.Local (in process) implement it.
 type Signer interface {
 	CurrentKey(ctx context.Context) (string, error)
 	Sign(ctx context.Context, signContext, keyVersion, attestedAt string, response []byte) (receipt.Attestation, error)
+	// SignCanonical is Sign for a response already in RFC 8785 form.
+	SignCanonical(ctx context.Context, signContext, keyVersion, attestedAt string, canonResponse []byte) (receipt.Attestation, error)
 	Ping(ctx context.Context) error
 }
 
@@ -277,25 +279,39 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	elapsed := time.Since(start)
 	s.m.observeRequest(rec, elapsed)
 	if s.log.Enabled(r.Context(), slog.LevelInfo) {
-		attrs := []slog.Attr{
-			slog.String("method", r.Method),
-			slog.String("route", rec.route),
-			slog.Int("status", rec.status),
-			slog.Float64("duration_ms", float64(elapsed.Microseconds())/1000),
-			slog.String("remote", r.RemoteAddr),
-		}
-		if rec.tool != "" {
-			attrs = append(attrs, slog.String("tool", rec.tool))
-			if rec.toolError != "" {
-				attrs = append(attrs, slog.String("tool_error", rec.toolError))
-			}
-		}
-		if rec.verificationID != "" {
-			attrs = append(attrs, slog.String("verification_id", rec.verificationID),
-				slog.String("result", rec.result), slog.String("payment", rec.payment))
-		}
-		s.log.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
+		s.logRequest(r, rec, elapsed)
 	}
+}
+
+// logRequest writes the access log line of one request. It builds the
+// record itself, with its attributes in a local array, rather than through
+// Logger.LogAttrs, whose variadic slice escapes: one allocation less per
+// request (the record still allocates for attributes beyond its first
+// five). The line and its fields are those of Logger.LogAttrs.
+func (s *Server) logRequest(r *http.Request, rec *requestLog, elapsed time.Duration) {
+	var attrs [10]slog.Attr
+	a := append(attrs[:0],
+		slog.String("method", r.Method),
+		slog.String("route", rec.route),
+		slog.Int("status", rec.status),
+		slog.Float64("duration_ms", float64(elapsed.Microseconds())/1000),
+		slog.String("remote", r.RemoteAddr),
+	)
+	if rec.tool != "" {
+		a = append(a, slog.String("tool", rec.tool))
+		if rec.toolError != "" {
+			a = append(a, slog.String("tool_error", rec.toolError))
+		}
+	}
+	if rec.verificationID != "" {
+		a = append(a, slog.String("verification_id", rec.verificationID),
+			slog.String("result", rec.result), slog.String("payment", rec.payment))
+	}
+	// PC 0: no caller is recorded (the daemon's handler does not print a
+	// source), which also saves Logger's runtime.Callers.
+	lr := slog.NewRecord(time.Now(), slog.LevelInfo, "request", 0)
+	lr.AddAttrs(a...)
+	_ = s.log.Handler().Handle(r.Context(), lr) // as Logger.LogAttrs, a failing sink does not fail the request
 }
 
 func allowed(methods []string, m string) bool {
@@ -319,13 +335,20 @@ func errString(err error) string {
 // HEAD gets the headers only.
 func writeDoc(w http.ResponseWriter, r *http.Request, doc []byte) {
 	h := w.Header()
-	h.Set("Content-Type", "application/json")
-	h.Set("Cache-Control", "no-store")
+	// Shared, full slices instead of Header.Set's fresh one per value: an
+	// Add by anyone after us appends to a copy, never to these.
+	h["Content-Type"] = contentTypeJSON
+	h["Cache-Control"] = cacheNoStore
 	w.WriteHeader(http.StatusOK)
 	if r.Method != http.MethodHead {
 		w.Write(doc)
 	}
 }
+
+var (
+	contentTypeJSON = []string{"application/json"}
+	cacheNoStore    = []string{"no-store"}
+)
 
 // serveHealth answers 200 only when certd answers and the history store is
 // open: a verifierd that cannot sign or record cannot serve a verification.

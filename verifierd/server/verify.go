@@ -3,11 +3,11 @@ package server
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"mime"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -28,25 +28,35 @@ import (
 // failure therefore answers 503 (retryable, nothing charged, since the
 // gateway settles only successful answers) and the signed receipt is
 // discarded; the caller's retry gets a fresh verification.
+//
+// The body and the response are pooled buffers: nothing keeps a reference
+// to either once the answer is written (the parsed request copies what it
+// keeps, and a ResponseWriter copies what it is given).
 func (s *Server) serveVerify(w http.ResponseWriter, r *http.Request, rec *requestLog) error {
-	body, err := s.readBody(w, r)
+	bodyBuf := getBuffer()
+	body, err := s.readBody(w, r, *bodyBuf)
+	defer func() { putBuffer(bodyBuf, body) }()
 	if err != nil {
 		return err
 	}
 	gw := s.gatewayInfo(r.Header, r.RemoteAddr)
-	doc, err := s.verifyRequest(r.Context(), body, gw, rec)
+	docBuf := getBuffer()
+	doc, err := s.verifyRequest(r.Context(), body, gw, rec, *docBuf)
 	if err != nil {
+		putBuffer(docBuf, *docBuf)
 		return err
 	}
 	askSettlementReport(w, rec.payment)
 	writeDoc(w, r, doc)
+	putBuffer(docBuf, doc)
 	return nil
 }
 
 // verifyRequest is one verification, whichever way it arrived (a REST body
 // or the arguments of the MCP tool verify_schema): parse, check, sign,
-// record. It returns the signed response document, or an *apierr.Error.
-func (s *Server) verifyRequest(ctx context.Context, body []byte, gw gatewayInfo, rec *requestLog) ([]byte, error) {
+// record. It returns the signed response document, appended to dst[:0], or
+// an *apierr.Error.
+func (s *Server) verifyRequest(ctx context.Context, body []byte, gw gatewayInfo, rec *requestLog, dst []byte) ([]byte, error) {
 	req, err := s.v.ParseContext(ctx, body)
 	if err != nil {
 		return nil, err
@@ -67,12 +77,19 @@ func (s *Server) verifyRequest(ctx context.Context, body []byte, gw gatewayInfo,
 	res := s.v.Check(req, id, at)
 	rec.verificationID = id
 
-	doc, keyVersion, err := s.sign(ctx, receipt.ContextVerify, res.VerifiedAt, func(kv string) ([]byte, error) {
+	// The result writes its canonical form itself, so signing does not
+	// canonicalize the document a second time. The canonical form is only
+	// signed, so its buffer is reused as soon as the signature is made.
+	canonBuf := getBuffer()
+	canon := *canonBuf
+	doc, keyVersion, err := s.signWith(ctx, receipt.ContextVerify, res.VerifiedAt, func(kv string) (unsignedDoc, error) {
 		res.Verify = s.verify
 		res.Verify.KeyVersion = kv
 		res.Attestation = nil
-		return res.AppendJSON(make([]byte, 0, 4096)), nil
+		canon = res.AppendCanonical(canon[:0])
+		return unsignedDoc{doc: res.AppendJSON(dst[:0]), canonical: canon}, nil
 	})
+	putBuffer(canonBuf, canon)
 	if err != nil {
 		return nil, err
 	}
@@ -113,28 +130,31 @@ func (s *Server) verifyRequest(ctx context.Context, body []byte, gw gatewayInfo,
 // readBody reads the request body up to the absolute limit. A body declared
 // as anything but JSON is 415; one over the limit is 413 naming the limit,
 // whether it announced its length or not.
-func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+//
+// The body is appended to dst[:0]; the result (or, on error, the buffer
+// grown so far) is returned either way, so that the caller can reuse it.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request, dst []byte) ([]byte, error) {
 	if r.ContentLength != 0 && !isJSON(r.Header.Get("Content-Type")) {
-		return nil, apierr.UnsupportedMediaType()
+		return dst[:0], apierr.UnsupportedMediaType()
 	}
 	if r.ContentLength > s.maxBody {
-		return nil, apierr.TooLarge(s.maxBody)
+		return dst[:0], apierr.TooLarge(s.maxBody)
 	}
 	size := 4096
 	if r.ContentLength > 0 {
 		size = int(r.ContentLength) + 1 // +1 so ReadFrom sees EOF without growing
 	}
-	buf := bytes.NewBuffer(make([]byte, 0, size))
+	buf := bytes.NewBuffer(slices.Grow(dst[:0], size))
 	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, s.maxBody))
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			return nil, apierr.TooLarge(s.maxBody)
+			return buf.Bytes()[:0], apierr.TooLarge(s.maxBody)
 		}
 		e := apierr.Invalid(apierr.Field{Field: "body", Problem: "could not be read completely",
 			Fix: "Send the whole body again, with a Content-Length that matches it."})
 		e.Cause = err
-		return nil, e
+		return buf.Bytes()[:0], e
 	}
 	return buf.Bytes(), nil
 }
@@ -157,6 +177,20 @@ func isJSON(ct string) bool {
 // failure is an *apierr.Error: unreachable certd is 503 retryable,
 // anything else 500. Nothing unsigned is returned.
 func (s *Server) sign(ctx context.Context, signContext, attestedAt string, build func(keyVersion string) ([]byte, error)) ([]byte, string, error) {
+	return s.signWith(ctx, signContext, attestedAt, func(kv string) (unsignedDoc, error) {
+		doc, err := build(kv)
+		return unsignedDoc{doc: doc}, err
+	})
+}
+
+// unsignedDoc is a response about to be signed: doc as it is sent (without
+// its attestation) and, when its writer produces it directly, canonical,
+// the RFC 8785 form of the same document, which is then signed as it
+// stands. With canonical nil the signer canonicalizes doc.
+type unsignedDoc struct{ doc, canonical []byte }
+
+// signWith is sign for a build that may also write the canonical form.
+func (s *Server) signWith(ctx context.Context, signContext, attestedAt string, build func(keyVersion string) (unsignedDoc, error)) ([]byte, string, error) {
 	kv, err := s.signer.CurrentKey(ctx)
 	if err != nil {
 		s.m.signerError(signerErrorKind(err))
@@ -167,7 +201,12 @@ func (s *Server) sign(ctx context.Context, signContext, attestedAt string, build
 		if err != nil {
 			return nil, "", apierr.Internal(err)
 		}
-		att, err := s.signer.Sign(ctx, signContext, kv, attestedAt, unsigned)
+		var att receipt.Attestation
+		if unsigned.canonical != nil {
+			att, err = s.signer.SignCanonical(ctx, signContext, kv, attestedAt, unsigned.canonical)
+		} else {
+			att, err = s.signer.Sign(ctx, signContext, kv, attestedAt, unsigned.doc)
+		}
 		var stale *signer.StaleKeyError
 		if errors.As(err, &stale) {
 			s.m.signerError("stale_key")
@@ -183,7 +222,7 @@ func (s *Server) sign(ctx context.Context, signContext, attestedAt string, build
 			s.m.signerError(signerErrorKind(err))
 			return nil, "", err
 		}
-		doc, err := attach(unsigned, att)
+		doc, err := attach(unsigned.doc, att)
 		if err != nil {
 			return nil, "", apierr.Internal(err)
 		}
@@ -212,15 +251,11 @@ func attach(unsigned []byte, att receipt.Attestation) ([]byte, error) {
 	if len(body) < 2 || body[len(body)-1] != '}' {
 		return nil, errors.New("attaching attestation: result is not a JSON object")
 	}
-	a, err := json.Marshal(att)
-	if err != nil {
-		return nil, fmt.Errorf("attaching attestation: %w", err)
-	}
 	out := body[:len(body)-1]
 	if len(body) > 2 {
 		out = append(out, ',')
 	}
 	out = append(out, `"attestation":`...)
-	out = append(out, a...)
+	out = att.AppendJSON(out)
 	return append(out, '}', '\n'), nil
 }

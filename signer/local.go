@@ -1,0 +1,157 @@
+package signer
+
+import (
+	"context"
+	"crypto/ed25519"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+
+	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/keystore"
+	"github.com/aovhq/aov/receipt"
+)
+
+// Local is the signing protocol without the protocol: verifierd signs in
+// its own process with the current key of the key directory certd manages,
+// for one-machine installs where both run as the same user anyway (that
+// user can read the 0600 key files, so the socket isolates nothing there).
+// It saves the round trip to certd on every verification: two HTTP stacks,
+// the canonical re-check of the signing input, and the scheduling between
+// three processes on a small machine.
+//
+// certd stays the keys' owner: it generates and rotates them and publishes
+// every version in the agent card. Local only reads the directory. Like
+// certd it re-checks the key index before every signature (one stat), so a
+// `certd rotate` takes effect on the next verification, and a response built
+// for the previous key gets *StaleKeyError and is rebuilt, exactly as over
+// the socket.
+//
+// The trade-off: the current private key then lives in the process that
+// parses untrusted schemas and documents (only that one: Local opens the
+// directory with keystore.Options.CurrentOnly, so it never reads a retired
+// key and forgets a key once it is rotated away). Someone who takes over verifierd through certd's socket
+// can have documents signed only while they are in, dated within certd's
+// clock skew, so marking the key compromised from the intrusion on is
+// enough. Someone who takes over a verifierd that holds the key can carry
+// it away and sign receipts dated whenever they like, so the key must be
+// marked compromised from its creation, and every receipt it ever signed is
+// then refused. Where verifierd runs exposed or under another user than
+// certd, use certd's socket (the default).
+type Local struct {
+	keys *keystore.Store
+	log  *slog.Logger
+}
+
+// NewLocal opens the key directory dir for signing in process. The
+// directory must exist (certd creates it); it may still be empty, in which
+// case every signature is a retryable 503 until certd has made the first
+// key. A private key file readable by group or others is refused, as certd
+// refuses it.
+func NewLocal(dir string, log *slog.Logger) (*Local, error) {
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return nil, fmt.Errorf("in-process signer: key directory: %w", err)
+	}
+	if !fi.IsDir() {
+		return nil, fmt.Errorf("in-process signer: %s is not a directory", dir)
+	}
+	keys, err := keystore.Open(dir, keystore.Options{CurrentOnly: true})
+	if err != nil {
+		return nil, fmt.Errorf("in-process signer: %w", err)
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Local{keys: keys, log: log}, nil
+}
+
+// CurrentKey reports the current key version as of the last signature
+// (the directory is re-read only when no key is loaded yet): Sign checks
+// the index anyway, and a response built for a key rotated away meanwhile
+// gets *StaleKeyError, as from a Client whose cache is behind. This saves
+// a second stat per verification.
+func (l *Local) CurrentKey(context.Context) (string, error) {
+	if k, err := l.keys.Current(); err == nil {
+		return k.Version, nil
+	}
+	k, err := l.current()
+	if err != nil {
+		return "", err
+	}
+	return k.Version, nil
+}
+
+// Sign signs response under signContext at attestedAt with the current key,
+// which must be keyVersion (*StaleKeyError otherwise, naming the current
+// one). Errors are those of Client.Sign: 503 without a usable key, 500 for
+// a request certd would refuse.
+func (l *Local) Sign(_ context.Context, signContext, keyVersion, attestedAt string, response []byte) (receipt.Attestation, error) {
+	return l.sign(receipt.SigningInput, signContext, keyVersion, attestedAt, response)
+}
+
+// SignCanonical is Sign for a response already in RFC 8785 form (see
+// receipt.SigningInputCanonical): the signing input is assembled around it
+// without canonicalizing it again.
+func (l *Local) SignCanonical(_ context.Context, signContext, keyVersion, attestedAt string, canonResponse []byte) (receipt.Attestation, error) {
+	return l.sign(receipt.SigningInputCanonical, signContext, keyVersion, attestedAt, canonResponse)
+}
+
+// signingInput is receipt.SigningInput or receipt.SigningInputCanonical.
+type signingInput func(context, keyVersion, attestedAt string, response []byte) ([]byte, error)
+
+func (l *Local) sign(input signingInput, signContext, keyVersion, attestedAt string, response []byte) (receipt.Attestation, error) {
+	if signContext != receipt.ContextVerify && signContext != receipt.ContextScore {
+		return receipt.Attestation{}, apierr.Internal(fmt.Errorf("in-process signer: %q is not a signing context of this service", signContext))
+	}
+	k, err := l.current()
+	if err != nil {
+		return receipt.Attestation{}, err
+	}
+	if k.Version != keyVersion {
+		return receipt.Attestation{}, &StaleKeyError{Current: k.Version}
+	}
+	msg, err := input(signContext, keyVersion, attestedAt, response)
+	if err != nil {
+		return receipt.Attestation{}, apierr.Internal(fmt.Errorf("building the signing input: %w", err))
+	}
+	return receipt.Attestation{
+		Algorithm:  receipt.Algorithm,
+		KeyVersion: keyVersion,
+		Timestamp:  attestedAt,
+		Signature:  base64.StdEncoding.EncodeToString(ed25519.Sign(k.Private, msg)),
+	}, nil
+}
+
+// Ping reports whether a signing key is loaded.
+func (l *Local) Ping(context.Context) error {
+	_, err := l.current()
+	return err
+}
+
+func (l *Local) current() (keystore.Key, error) {
+	k, err := currentKey(l.keys, l.log)
+	if err != nil {
+		if errors.Is(err, keystore.ErrNoKey) {
+			err = fmt.Errorf("%w (certd makes the first key)", err)
+		}
+		return keystore.Key{}, apierr.Unavailable("signing key", 5, err)
+	}
+	return k, nil
+}
+
+// currentKey refreshes keys (a rotation by `certd rotate` shows up on the
+// next call) and returns the current key. A refresh that fails keeps the
+// keys already loaded: they are still valid, and the error is logged for
+// the operator. certd's handler and Local both sign with what it returns.
+func currentKey(keys *keystore.Store, log *slog.Logger) (keystore.Key, error) {
+	if changed, err := keys.Refresh(); err != nil {
+		log.Error("reloading keys failed; still signing with the keys loaded before", "error", err)
+	} else if changed {
+		cur, _ := keys.Current()
+		log.Info("keys reloaded", "current_key_version", cur.Version, "versions", len(keys.List()))
+	}
+	return keys.Current()
+}
