@@ -202,9 +202,11 @@ func TestBackgroundResolutionIsReportedAtOnce(t *testing.T) {
 		payer := evmfacilitator.DevAccounts()[4].Address
 		before := balance(t, d, payer)
 		pr := paymentRequired(t, post(t, url, "", nil))
-		// Valid for 6 s past the chain's time (which may run ahead of the
-		// wall clock).
-		pr.Accepts[0].MaxTimeoutSeconds = 6
+		// Valid for 9 s past the chain's time (which may run ahead of the
+		// wall clock): the facilitator wants x402.ValidBeforeMargin (6 s)
+		// left when it verifies, so 3 s of slack for the seconds the chain
+		// head or the clock move on before it does.
+		pr.Accepts[0].MaxTimeoutSeconds = 9
 		head, err := d.Client().HeaderByNumber(context.Background(), nil)
 		if err != nil {
 			t.Fatal(err)
