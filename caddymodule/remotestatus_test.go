@@ -195,6 +195,11 @@ func TestBackgroundResolutionIsReportedAtOnce(t *testing.T) {
 	})
 
 	t.Run("expired unused: unpaid", func(t *testing.T) {
+		// A devnet of its own: the shared one's head time leaps ahead while
+		// other tests seal blocks, which would expire this short payment
+		// before the facilitator verifies it.
+		d, facURL := ownDevnet(t)
+		rpc := "rpc devnet " + d.RPCURL()
 		up := newReportingUpstream(t)
 		proxy := newLossyProxy(t, facURL, "lose_request")
 		base := startCaddy(t, remoteSite(up.URL, proxy.URL, rpc, filepath.Join(t.TempDir(), "gate")))
@@ -224,7 +229,7 @@ func TestBackgroundResolutionIsReportedAtOnce(t *testing.T) {
 			t.Fatal(err)
 		}
 		if resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}); resp.StatusCode != http.StatusServiceUnavailable {
-			t.Fatalf("first try: status %d", resp.StatusCode)
+			t.Fatalf("first try: status %d: %s", resp.StatusCode, readJSONString(t, resp))
 		}
 		// Idle blocks come every 2 s; the head passes validBefore within
 		// about 10 s.
@@ -241,6 +246,23 @@ func TestBackgroundResolutionIsReportedAtOnce(t *testing.T) {
 			t.Fatalf("retry after the release: status %d: %s", resp.StatusCode, b)
 		}
 	})
+}
+
+// ownDevnet is a devnet and its facilitator for one test, stopped with it.
+func ownDevnet(t *testing.T) (*evmfacilitator.Devnet, string) {
+	t.Helper()
+	d, err := evmfacilitator.StartDevnet(evmfacilitator.DevnetConfig{RPCListen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatalf("starting devnet: %v", err)
+	}
+	t.Cleanup(func() { d.Close() })
+	f, err := d.NewFacilitator()
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(x402.NewFacilitatorHandler(f))
+	t.Cleanup(srv.Close)
+	return d, srv.URL
 }
 
 // The http facilitator reads outcomes on EVM and Solana chains, once per
