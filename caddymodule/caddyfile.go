@@ -364,7 +364,7 @@ func (dh *Discovery) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 //	store badger [<path>] {
 //	    path    <folder>
 //	    no_sync
-//	    allowance_flush <interval> [<units>]
+//	    allowance_flush <interval>|off [<units>]
 //	}
 func (s *BadgerStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // module name
@@ -386,6 +386,10 @@ func (s *BadgerStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			args := d.RemainingArgs()
 			if len(args) < 1 || len(args) > 2 {
 				return d.ArgErr()
+			}
+			if args[0] == "off" && len(args) == 1 {
+				s.AllowanceFlush, s.AllowanceFlushUnits = 0, 0
+				continue
 			}
 			every, err := caddy.ParseDuration(args[0])
 			if err != nil || every <= 0 {
