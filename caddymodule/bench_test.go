@@ -239,8 +239,16 @@ func BenchmarkGatePaidDirect(b *testing.B) {
 // path: the gate's ServeHTTP in process, serving every call from the
 // allowance (Badger without fsync, the verify_request validator on, as in
 // Caddyfile.example).
-func BenchmarkGateFreeDirect(b *testing.B) {
-	db, err := store.Open(b.TempDir(), store.Options{NoSync: true})
+func BenchmarkGateFreeDirect(b *testing.B) { benchGateFreeDirect(b, store.Options{NoSync: true}) }
+
+// BenchmarkGateFreeDirectBatched is the same with the counts batched
+// (allowance_flush 100ms, fsync on).
+func BenchmarkGateFreeDirectBatched(b *testing.B) {
+	benchGateFreeDirect(b, store.Options{AllowanceFlush: 100 * time.Millisecond})
+}
+
+func benchGateFreeDirect(b *testing.B, opts store.Options) {
+	db, err := store.Open(b.TempDir(), opts)
 	if err != nil {
 		b.Fatal(err)
 	}
