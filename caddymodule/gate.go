@@ -544,9 +544,11 @@ func (g *Gate) readBody(r *http.Request) ([]byte, error) {
 	}
 	var body []byte
 	var err error
-	if r.ContentLength > 0 {
+	if r.ContentLength > 0 && r.ContentLength <= exactBodyAlloc {
 		// The size is announced (and enforced by the server): one
 		// allocation of exactly that size instead of a growing buffer.
+		// Only for small bodies, so a client announcing a large body it
+		// never sends does not make the gate hold that much memory.
 		body = make([]byte, r.ContentLength)
 		_, err = io.ReadFull(r.Body, body)
 	} else {
@@ -561,6 +563,9 @@ func (g *Gate) readBody(r *http.Request) ([]byte, error) {
 	setBody(r, body)
 	return body, nil
 }
+
+// exactBodyAlloc is the largest announced body readBody allocates at once.
+const exactBodyAlloc = 64 << 10
 
 // setBody makes body the request body the upstream reads.
 func setBody(r *http.Request, body []byte) {

@@ -207,6 +207,36 @@ func dayOf(pool, client string, t time.Time) (allowanceDay, time.Time) {
 	return allowanceDay{pool: pool, client: client, day: start.Unix()}, start.AddDate(0, 0, 1)
 }
 
+// dayLabel is a Reservation's Day for the UTC day starting at Unix second
+// day, formatted once per day rather than per call.
+func dayLabel(day int64) string {
+	if l := lastLabel.Load(); l != nil && l.day == day {
+		return l.text
+	}
+	l := &labelledDay{day: day, text: time.Unix(day, 0).UTC().Format(time.DateOnly)}
+	lastLabel.Store(l)
+	return l.text
+}
+
+// parseDayLabel is dayLabel's inverse: the day's start in Unix seconds.
+func parseDayLabel(s string) (int64, bool) {
+	if l := lastLabel.Load(); l != nil && l.text == s {
+		return l.day, true
+	}
+	t, err := time.Parse(time.DateOnly, s)
+	if err != nil {
+		return 0, false
+	}
+	return t.Unix(), true
+}
+
+type labelledDay struct {
+	day  int64
+	text string
+}
+
+var lastLabel atomic.Pointer[labelledDay]
+
 func (k allowanceDay) key() []byte {
 	return allowanceKey(k.pool, k.client, time.Unix(k.day, 0).UTC().Format("20060102"))
 }
@@ -295,7 +325,7 @@ func (a *allowances) Reserve(ctx context.Context, pool, client string, day time.
 		return Reservation{}, err
 	}
 	k, end := dayOf(pool, client, day)
-	res := Reservation{Pool: pool, Client: client, Day: time.Unix(k.day, 0).UTC().Format(time.DateOnly), Limit: limit}
+	res := Reservation{Pool: pool, Client: client, Day: dayLabel(k.day), Limit: limit}
 	if err := a.db.usable(ctx); err != nil {
 		return res, err
 	}
@@ -353,14 +383,14 @@ func (a *allowances) finish(ctx context.Context, r Reservation, commit bool) err
 	if err := checkAllowanceKey(r.Pool, r.Client); err != nil {
 		return err
 	}
-	day, err := time.Parse(time.DateOnly, r.Day)
-	if err != nil {
+	day, ok := parseDayLabel(r.Day)
+	if !ok {
 		return ErrNotReserved
 	}
 	if err := a.db.usable(ctx); err != nil {
 		return err
 	}
-	k, _ := dayOf(r.Pool, r.Client, day)
+	k := allowanceDay{pool: r.Pool, client: r.Client, day: day}
 	s := a.shard(k)
 	batched := commit && a.every > 0
 	if batched {
@@ -399,7 +429,7 @@ func (a *allowances) finish(ctx context.Context, r Reservation, commit bool) err
 	}
 	c.writes++
 	s.mu.Unlock()
-	_, err = a.write(ctx, []dirtyDay{{s: s, k: k, day: c}})
+	_, err := a.write(ctx, []dirtyDay{{s: s, k: k, day: c}})
 	return err
 }
 
