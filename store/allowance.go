@@ -624,19 +624,3 @@ func (a *allowances) close() {
 		a.flush()
 	})
 }
-
-// crash stops the flusher without writing what it holds, as a killed
-// process would. For tests of the loss bound only.
-func (a *allowances) crash() {
-	if a.every <= 0 {
-		return
-	}
-	a.closeOnce.Do(func() {
-		a.fmu.Lock()
-		a.closing = true
-		a.flushed.Broadcast()
-		a.fmu.Unlock()
-		close(a.stop)
-		<-a.stopped
-	})
-}

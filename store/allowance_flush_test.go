@@ -307,3 +307,19 @@ func flushChild(dir string) {
 	}
 	wg.Wait()
 }
+
+// crash stops the flusher without writing what it holds, as a killed
+// process would. The fault the loss-bound tests cause.
+func (a *allowances) crash() {
+	if a.every <= 0 {
+		return
+	}
+	a.closeOnce.Do(func() {
+		a.fmu.Lock()
+		a.closing = true
+		a.flushed.Broadcast()
+		a.fmu.Unlock()
+		close(a.stop)
+		<-a.stopped
+	})
+}
