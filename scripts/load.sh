@@ -78,8 +78,7 @@ fi
 # gateway's site without our modules (same timeouts, access log and upstream
 # deadlines), its access log in the throw-away folder.
 [ -x "$bindir/caddy" ] || "$GO" build -o "$bindir/" ./cmd/caddy
-mkdir -p "$tmp/caddy"
-mkdir -p "$tmp/baseline-logs"
+mkdir -p "$tmp/caddy" "$tmp/baseline-logs"
 AOV_GATEWAY_TOKEN="$(cat "$data/gateway-token" 2>/dev/null || true)" XDG_DATA_HOME="$tmp/caddy" XDG_CONFIG_HOME="$tmp/caddy" \
 	AOV_BASELINE_PORT="$baseline_port" AOV_VERIFIERD_ADDR="$verifierd" AOV_LOG_DIR="$tmp/baseline-logs" \
 	"$bindir/caddy" run --config load/baseline.Caddyfile --adapter caddyfile >"$tmp/baseline.log" 2>&1 &
