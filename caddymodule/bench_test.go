@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 
 	"github.com/aovhq/aov/plugins/evmfacilitator"
 	"github.com/aovhq/aov/store"
+	"github.com/aovhq/aov/verify"
 	"github.com/aovhq/aov/x402"
 )
 
@@ -27,6 +29,8 @@ import (
 //	BenchmarkPlainProxy           baseline: reverse_proxy to a small upstream
 //	BenchmarkFreePath             the gate serving from the free allowance
 //	BenchmarkFreePathNoSync       the same with the store's fsync off
+//	BenchmarkFreePathBatched      the same with fsync on and the allowance
+//	                              counts flushed every 100ms (allowance_flush)
 //	BenchmarkPaidPathNoSettlement a paid call whose facilitator answers at
 //	                              once: decode, match, claim, verify call,
 //	                              buffer, settle call, claim settled
@@ -79,6 +83,7 @@ func runPosts(b *testing.B, url string, header func(i int) map[string]string) {
 	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 4}}
 	b.ReportAllocs()
 	b.ResetTimer()
+	defer reportCPU(b)()
 	for i := 0; i < b.N; i++ {
 		req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(validRequest))
 		req.Header.Set("Content-Type", "application/json")
@@ -128,6 +133,9 @@ func benchFree(b *testing.B, storeOpts string) {
 
 func BenchmarkFreePath(b *testing.B)       { benchFree(b, "") }
 func BenchmarkFreePathNoSync(b *testing.B) { benchFree(b, "{\n\t\t\tno_sync\n\t\t}") }
+func BenchmarkFreePathBatched(b *testing.B) {
+	benchFree(b, "{\n\t\t\tallowance_flush 100ms\n\t\t}")
+}
 
 func BenchmarkPaidPathNoSettlement(b *testing.B)       { benchPaid(b, "") }
 func BenchmarkPaidPathNoSettlementNoSync(b *testing.B) { benchPaid(b, "{\n\t\t\tno_sync\n\t\t}") }
@@ -227,6 +235,42 @@ func BenchmarkGatePaidDirect(b *testing.B) {
 	}
 }
 
+// BenchmarkGateFreeDirect is BenchmarkGatePaidDirect's twin for the free
+// path: the gate's ServeHTTP in process, serving every call from the
+// allowance (Badger without fsync, the verify_request validator on, as in
+// Caddyfile.example).
+func BenchmarkGateFreeDirect(b *testing.B) { benchGateFreeDirect(b, store.Options{NoSync: true}) }
+
+// BenchmarkGateFreeDirectBatched is the same with the counts batched
+// (allowance_flush 100ms, fsync on).
+func BenchmarkGateFreeDirectBatched(b *testing.B) {
+	benchGateFreeDirect(b, store.Options{AllowanceFlush: 100 * time.Millisecond})
+}
+
+func benchGateFreeDirect(b *testing.B, opts store.Options) {
+	db, err := store.Open(b.TempDir(), opts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { db.Close() })
+	usdc, _ := x402.USDC(x402.NetworkBase)
+	offer := x402.PaymentRequirements{Scheme: "exact", Network: x402.NetworkBase, Amount: "20000", Asset: usdc.Address, PayTo: "0x1111111111111111111111111111111111111111", MaxTimeoutSeconds: 60, Extra: usdc.Extra()}
+	g := &Gate{Settle: "after", MaxBuffer: defaultMaxBuffer, MaxBody: defaultMaxBody, UpstreamTimeout: caddy.Duration(defaultUpstreamTimeout),
+		facilitator: instantFacilitator{}, state: directStore{db}, offers: []x402.PaymentRequirements{offer}, logger: zap.NewNop(),
+		verifier: verify.New(verify.Config{MaxBodyBytes: defaultMaxBody, SchemaCacheSize: gateSchemaCache}),
+		Free:     &FreeAllowance{PerDay: 1 << 30}}
+	g.Free.provision()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		req := httptest.NewRequest(http.MethodPost, "http://example.com/verify/schema", strings.NewReader(validRequest))
+		w := httptest.NewRecorder()
+		if err := g.ServeHTTP(w, req, benchAnswer); err != nil || w.Code != 200 {
+			b.Fatalf("status %d, %v: %s", w.Code, err, w.Body)
+		}
+	}
+}
+
 func BenchmarkUpstreamDirect(b *testing.B) {
 	b.ReportAllocs()
 	for i := 0; i < b.N; i++ {
@@ -251,3 +295,82 @@ type directStore struct{ db *store.DB }
 
 func (s directStore) Allowance() store.Allowance { return s.db.Allowance() }
 func (s directStore) Claims() store.Claims       { return s.db.Claims() }
+
+// BenchmarkGatewayParallel compares, at 8 and 32 concurrent clients in one
+// run, the plain reverse_proxy with the gate's free path (one client IP,
+// so every call counts on one allowance record), durable and batched. The
+// ratio plain/free is the gate's cost under load.
+func BenchmarkGatewayParallel(b *testing.B) {
+	for _, clients := range []int{8, 32} {
+		for _, c := range []struct{ name, store string }{
+			{"plain", ""},
+			{"free", ""},
+			{"free-batched", "{\n\t\t\tallowance_flush 100ms\n\t\t}"},
+		} {
+			b.Run(fmt.Sprintf("clients=%d/%s", clients, c.name), func(b *testing.B) {
+				up := benchUpstream(b)
+				cfg := fmt.Sprintf(":{port} {\n\treverse_proxy %s\n}\n", up)
+				if c.name != "plain" {
+					cfg = fmt.Sprintf(`:{port} {
+	x402 {
+		accept base $0.02 0x1111111111111111111111111111111111111111
+		facilitator instant_benchmark_only
+		store badger {data}/gate %s
+		validate verify_request
+		free_allowance {
+			per_day 1000000000
+		}
+	}
+	reverse_proxy %s
+}
+`, c.store, up)
+				}
+				runParallelPosts(b, startCaddy(b, cfg)+"/verify/schema", clients)
+			})
+		}
+	}
+}
+
+// runParallelPosts posts the valid request from clients goroutines.
+func runParallelPosts(b *testing.B, url string, clients int) {
+	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: clients}}
+	b.ReportAllocs()
+	b.SetParallelism((clients + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
+	b.ResetTimer()
+	defer reportCPU(b)()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(validRequest))
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := client.Do(req)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				b.Errorf("status %d", resp.StatusCode)
+				return
+			}
+		}
+	})
+}
+
+// reportCPU reports the process's CPU time (user and system) per operation
+// from now until the returned function runs, as cpu-ns/op. Client, Caddy
+// and upstream share the process, so against the plain proxy in the same
+// run the difference is the gate's CPU, whatever else the machine runs
+// (wall time is not: on a shared machine it measures the neighbours too).
+func reportCPU(b *testing.B) func() {
+	start := processCPU()
+	return func() {
+		b.ReportMetric(float64(processCPU()-start)/float64(b.N), "cpu-ns/op")
+	}
+}
+
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}

@@ -374,6 +374,7 @@ func (dh *Discovery) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 //	store badger [<path>] {
 //	    path    <folder>
 //	    no_sync
+//	    allowance_flush <interval>|off [<units>]
 //	}
 func (s *BadgerStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // module name
@@ -391,6 +392,27 @@ func (s *BadgerStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 		case "no_sync":
 			s.NoSync = true
+		case "allowance_flush":
+			args := d.RemainingArgs()
+			if len(args) < 1 || len(args) > 2 {
+				return d.ArgErr()
+			}
+			if args[0] == "off" && len(args) == 1 {
+				s.AllowanceFlush, s.AllowanceFlushUnits = 0, 0
+				continue
+			}
+			every, err := caddy.ParseDuration(args[0])
+			if err != nil || every <= 0 {
+				return d.Errf("allowance_flush: interval %q must be a positive duration", args[0])
+			}
+			s.AllowanceFlush = caddy.Duration(every)
+			if len(args) == 2 {
+				n, err := strconv.Atoi(args[1])
+				if err != nil || n <= 0 {
+					return d.Errf("allowance_flush: units %q must be a positive number", args[1])
+				}
+				s.AllowanceFlushUnits = n
+			}
 		default:
 			return d.Errf("unrecognized badger store option '%s'", d.Val())
 		}

@@ -153,7 +153,7 @@ func (f *freeCharge) settle(w http.ResponseWriter, r *http.Request, _ *bufferedW
 	if err := f.g.state.Allowance().Commit(context.WithoutCancel(r.Context()), f.res); err != nil {
 		f.g.logger.Warn("committing free allowance unit", zap.Error(err))
 	}
-	metrics.outcomes.WithLabelValues("free").Inc()
+	outcomeFree.Inc()
 	return true
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -36,6 +37,8 @@ type FreeAllowance struct {
 	MCPURL string `json:"mcp_url,omitempty"`
 	// Tool is the MCP tool that shares the allowance. Default verify_schema.
 	Tool string `json:"tool,omitempty"`
+
+	perDay string // PerDay, formatted for Free-Allowance-Limit
 }
 
 func (f *FreeAllowance) provision() {
@@ -51,6 +54,7 @@ func (f *FreeAllowance) provision() {
 	if f.Tool == "" {
 		f.Tool = "verify_schema"
 	}
+	f.perDay = strconv.Itoa(f.PerDay)
 }
 
 func (f *FreeAllowance) validate() error {
@@ -115,11 +119,30 @@ func (g *Gate) serveFree(w http.ResponseWriter, r *http.Request, next caddyhttp.
 // setHeaders adds the Free-Allowance-* headers of an answer served from
 // reservation res at instant t.
 func (f *FreeAllowance) setHeaders(h http.Header, res store.Reservation, t time.Time) {
-	h.Set(HeaderFreeRemaining, strconv.Itoa(res.Remaining))
-	h.Set(HeaderFreeLimit, strconv.Itoa(f.PerDay))
-	h.Set(HeaderFreeResets, nextMidnight(t).Format(time.RFC3339))
-	h.Set("Access-Control-Expose-Headers", exposedHeaders)
+	// The keys are canonical already: assigned, not canonicalized again.
+	h[HeaderFreeRemaining] = []string{strconv.Itoa(res.Remaining)}
+	h[HeaderFreeLimit] = []string{f.perDay}
+	h[HeaderFreeResets] = []string{resetsAt(t)}
+	h["Access-Control-Expose-Headers"] = []string{exposedHeaders}
 }
+
+// resetsAt is nextMidnight(t) in RFC 3339, formatted once per UTC day.
+func resetsAt(t time.Time) string {
+	next := nextMidnight(t)
+	if c := resets.Load(); c != nil && c.at.Equal(next) {
+		return c.text
+	}
+	c := &midnight{at: next, text: next.Format(time.RFC3339)}
+	resets.Store(c)
+	return c.text
+}
+
+type midnight struct {
+	at   time.Time
+	text string
+}
+
+var resets atomic.Pointer[midnight]
 
 // codeFreeTrialExhausted is the code of a 402 after the day's free calls.
 const codeFreeTrialExhausted = "free_trial_exhausted"
@@ -168,7 +191,7 @@ func (f *FreeAllowance) trial(r *http.Request, g *Gate) *freeTrial {
 		Tool:           f.Tool,
 		CallsPerDay:    f.PerDay,
 		RemainingToday: remaining,
-		ResetsAt:       nextMidnight(t).Format(time.RFC3339),
+		ResetsAt:       resetsAt(t),
 		Client:         clientDoc,
 		RESTFree:       true,
 		Launch:         true,

@@ -6,6 +6,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -203,14 +204,20 @@ func rateClient(r *http.Request) string {
 	if s == "" {
 		s, _, _ = net.SplitHostPort(r.RemoteAddr)
 	}
-	ip := net.ParseIP(s)
-	if ip == nil {
+	// netip parses without allocating; a plain IPv4 address (the common
+	// case) is its own key as it stands, since netip accepts only the
+	// canonical dotted form.
+	ip, err := netip.ParseAddr(s)
+	if err != nil || ip.Zone() != "" {
 		return s
 	}
-	if ip.To4() == nil {
-		return ip.Mask(net.CIDRMask(64, 128)).String() + "/64"
+	if ip.Is4() {
+		return s
 	}
-	return ip.String()
+	if ip.Is4In6() {
+		return ip.Unmap().String()
+	}
+	return netip.PrefixFrom(ip, 64).Masked().Addr().String() + "/64"
 }
 
 // Interface guards

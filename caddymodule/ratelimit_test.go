@@ -16,6 +16,10 @@ func TestRateClientIsTheResolvedIPAndAnIPv6Slash64(t *testing.T) {
 		{"an IPv4 client is its address", "203.0.113.7", "203.0.113.7"},
 		{"an IPv6 client is its /64", "2001:db8:1:2:aaaa::1", "2001:db8:1:2::/64"},
 		{"two addresses of one /64 are one client", "2001:db8:1:2:ffff::9", "2001:db8:1:2::/64"},
+		{"an IPv4-mapped IPv6 address is the IPv4 client", "::ffff:203.0.113.7", "203.0.113.7"},
+		{"an uncompressed IPv6 address is its canonical /64", "2001:0db8:0001:0002:0000:0000:0000:0001", "2001:db8:1:2::/64"},
+		{"an address with a zone is kept as it is", "fe80::1%eth0", "fe80::1%eth0"},
+		{"what is not an address is kept as it is", "not-an-ip", "not-an-ip"},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			r := httptest.NewRequest("POST", "/", nil)

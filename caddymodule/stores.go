@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap/exp/zapslog"
@@ -31,6 +32,16 @@ type BadgerStore struct {
 	// can forget the last counters and claims (the chain still refuses a
 	// second settlement of one authorization).
 	NoSync bool `json:"no_sync,omitempty"`
+	// AllowanceFlush batches the free-allowance counts: written together
+	// every interval instead of once per free call. Off (0) by default:
+	// every free call's count is on disk before its answer is delivered.
+	// With it, a crash loses at most AllowanceFlushUnits counted free calls
+	// (and, while the disk keeps up, only those of the last interval): the
+	// clients get those calls again, never fewer. Claims are never batched.
+	AllowanceFlush caddy.Duration `json:"allowance_flush,omitempty"`
+	// AllowanceFlushUnits bounds the counted free calls not yet on disk
+	// with AllowanceFlush; commits wait for a flush past it. Default 1000.
+	AllowanceFlushUnits int `json:"allowance_flush_units,omitempty"`
 
 	db *store.DB
 }
@@ -49,8 +60,10 @@ func (s *BadgerStore) Provision(ctx caddy.Context) error {
 		s.Path = filepath.Join(caddy.AppDataDir(), "x402")
 	}
 	db, err := store.Shared(s.Path, store.Options{
-		NoSync: s.NoSync,
-		Logger: slog.New(zapslog.NewHandler(ctx.Logger().Core())),
+		NoSync:              s.NoSync,
+		AllowanceFlush:      time.Duration(s.AllowanceFlush),
+		AllowanceFlushUnits: s.AllowanceFlushUnits,
+		Logger:              slog.New(zapslog.NewHandler(ctx.Logger().Core())),
 	})
 	if err != nil {
 		return fmt.Errorf("opening gateway store at %s: %v", s.Path, err)

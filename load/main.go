@@ -89,6 +89,9 @@ type config struct {
 	warmup                    time.Duration
 	scenarios                 []string
 	procs                     []proc
+	// allowanceMode names the gateway's free-allowance mode (durable or
+	// batched) for the report; the caller reads it from the gateway.
+	allowanceMode string
 }
 
 // proc is a process whose CPU time the report splits per request.
@@ -108,6 +111,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	cs := fs.String("c", "8,32", fmt.Sprintf("concurrent connections, a comma-separated list, each 1..%d", maxConcurrency))
 	d := fs.Duration("d", 5*time.Second, fmt.Sprintf("measured duration per phase, at most %s", maxDuration))
 	warmup := fs.Duration("warmup", time.Second, "unmeasured warm-up per phase")
+	mode := fs.String("allowance-mode", "", "the gateway's free-allowance mode, printed with the results (scripts/load.sh reads it from Caddy's admin API)")
 	scen := fs.String("scenarios", strings.Join(allScenarios, ","), "scenarios to run, comma-separated")
 	var procs []proc
 	fs.Func("pid", "name=PID of a process to account CPU time to (repeatable)", func(v string) error {
@@ -125,7 +129,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	if fs.NArg() > 0 {
 		return config{}, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	cfg := config{path: *path, body: invoice, duration: *d, warmup: *warmup, procs: procs}
+	cfg := config{path: *path, body: invoice, duration: *d, warmup: *warmup, procs: procs, allowanceMode: *mode}
 	for _, f := range strings.Split(*cs, ",") {
 		c, err := strconv.Atoi(strings.TrimSpace(f))
 		if err != nil || c < 1 || c > maxConcurrency {
@@ -240,6 +244,9 @@ func run(args []string, stdout io.Writer) error {
 
 	fmt.Fprintf(stdout, "POST %s, %d bytes; %s per phase after %s warm-up; connections %v\n",
 		cfg.path, len(cfg.body), cfg.duration, cfg.warmup, cfg.concurrency)
+	if cfg.allowanceMode != "" {
+		fmt.Fprintf(stdout, "gateway free allowance: %s\n", cfg.allowanceMode)
+	}
 	var results []stats
 	for _, s := range cfg.scenarios {
 		for _, c := range cfg.concurrency {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # load.sh is `make load`: it runs the load generator (go run ./load) against
 # the stack `make run` serves, next to a plain Caddy reverse_proxy to the
-# same verifierd (the baseline the gateway is compared with), and tells the
+# same verifierd (load/baseline.Caddyfile: the gateway's site minus our
+# modules, the baseline the gateway is compared with), and tells the
 # generator the process ids of Caddy, verifierd, certd and the baseline so
 # the report splits CPU time per request by process.
 #
@@ -14,6 +15,8 @@
 #   scripts/load.sh                      # defaults: 8 and 32 connections, 5 s per phase
 #   scripts/load.sh -c 16 -d 20s         # options go to the load generator
 #   scripts/load.sh -scenarios free,baseline,direct
+#   AOV_ALLOWANCE_FLUSH=100ms scripts/load.sh   # batched allowance counts
+#                                        # (applies to the stack it starts)
 #
 # On a machine shared with other work, read the CPU per request columns
 # (and the stack's sum) rather than req/s: they do not depend on what else
@@ -22,7 +25,8 @@
 # Environment: AOV_SIGNER (inprocess or certd, for a stack it starts, as in
 # scripts/run.sh), AOV_HTTP_PORT (8080), AOV_VERIFIERD_ADDR (127.0.0.1:8081),
 # AOV_CERTD_PUBLIC_ADDR (127.0.0.1:8082), AOV_BASELINE_PORT (8090),
-# AOV_DATA (./data, for the gateway token), AOV_BIN (./bin), GO.
+# AOV_DATA (./data, for the gateway token), AOV_BIN (./bin), AOV_ADMIN_ADDR
+# (localhost:2019, to read the allowance mode), AOV_ALLOWANCE_FLUSH (off), GO.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -75,24 +79,14 @@ if ! http_ok "$base/health"; then
 	http_ok "$base/health" || { cat "$tmp/run.log" >&2; say "the stack did not come up"; exit 1; }
 fi
 
-# The baseline: the same Caddy binary with nothing but a reverse_proxy to
-# the same verifierd, adding the same gateway token header.
+# The baseline: the same Caddy binary serving load/baseline.Caddyfile, the
+# gateway's site without our modules (same timeouts, access log and upstream
+# deadlines), its access log in the throw-away folder.
 [ -x "$bindir/caddy" ] || "$GO" build -o "$bindir/" ./cmd/caddy
-cat >"$tmp/Caddyfile" <<EOF
-{
-	admin off
-	auto_https off
-	persist_config off
-}
-http://127.0.0.1:$baseline_port {
-	reverse_proxy $verifierd {
-		header_up X-Aov-Gateway-Token {env.AOV_GATEWAY_TOKEN}
-	}
-}
-EOF
-mkdir -p "$tmp/caddy"
+mkdir -p "$tmp/caddy" "$tmp/baseline-logs"
 AOV_GATEWAY_TOKEN="$(cat "$data/gateway-token" 2>/dev/null || true)" XDG_DATA_HOME="$tmp/caddy" XDG_CONFIG_HOME="$tmp/caddy" \
-	"$bindir/caddy" run --config "$tmp/Caddyfile" --adapter caddyfile >"$tmp/baseline.log" 2>&1 &
+	AOV_BASELINE_PORT="$baseline_port" AOV_VERIFIERD_ADDR="$verifierd" AOV_LOG_DIR="$tmp/baseline-logs" \
+	"$bindir/caddy" run --config load/baseline.Caddyfile --adapter caddyfile >"$tmp/baseline.log" 2>&1 &
 basepid=$!
 for _ in $(seq 1 100); do
 	http_ok "http://127.0.0.1:$baseline_port/health" && break
@@ -112,6 +106,25 @@ for p in "caddy=$port" "verifierd=${verifierd##*:}" "certd=${certd##*:}" "baseli
 	fi
 done
 
+# The free allowance's mode, read from the gateway's loaded config (the
+# admin API) so the report names what was measured, not what was asked for.
+mode=""
+if command -v curl >/dev/null 2>&1; then
+	flush="$(curl -fs --max-time 5 "http://${AOV_ADMIN_ADDR:-localhost:2019}/config/" 2>/dev/null | grep -o '"allowance_flush":[0-9]*' | head -1 | cut -d: -f2 || true)"
+	if [ -n "$flush" ]; then
+		mode="batched, allowance_flush $((flush / 1000000))ms"
+	elif curl -fs -o /dev/null --max-time 5 "http://${AOV_ADMIN_ADDR:-localhost:2019}/config/"; then
+		mode="durable, every count synced before its answer"
+	fi
+fi
+if [ -z "$mode" ] && [ -n "$runpid" ]; then
+	case "${AOV_ALLOWANCE_FLUSH:-off}" in
+	off) mode="durable, every count synced before its answer" ;;
+	*) mode="batched, allowance_flush ${AOV_ALLOWANCE_FLUSH}" ;;
+	esac
+fi
+say "free allowance: ${mode:-unknown (no admin API)}"
+
 say "machine: $(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg) before the run"
-"$GO" run ./load -gateway "$base" -baseline "http://127.0.0.1:$baseline_port" -direct "http://$verifierd" "${pids[@]}" "$@"
+"$GO" run ./load -gateway "$base" -baseline "http://127.0.0.1:$baseline_port" -direct "http://$verifierd" -allowance-mode "${mode:-unknown}" "${pids[@]}" "$@"
 say "load average $(cut -d' ' -f1-3 /proc/loadavg) after the run"

@@ -2,11 +2,13 @@ package store
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash/maphash"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dgraph-io/badger/v4"
@@ -17,7 +19,8 @@ import (
 // a success it commits the reservation, otherwise it releases it. Live
 // reservations count against the limit, so concurrent requests can never
 // be served more than the limit, and a reservation neither committed nor
-// released (a crash) lapses after a TTL and gives its unit back.
+// released (a hung request, a crash) lapses after a TTL and gives its unit
+// back.
 //
 // Every operation is atomic on the one client-day record. A Redis
 // implementation keeps that record in one hash (committed count plus a
@@ -62,79 +65,234 @@ var (
 	ErrNotReserved = errors.New("store: reservation is not pending")
 )
 
-// allowanceState is the value of one client-day: the committed count and
-// the pending reservations. Binary: committed uint32, then per pending
-// reservation 16 id bytes and its expiry (Unix ns, int64), all big endian.
-type allowanceState struct {
-	committed int
+// The embedded implementation.
+//
+// Badger locks its folder, so one process owns a database, and only the
+// committed count of a client-day needs the disk: the reservations in
+// flight are a guard between concurrent requests of that one process, and
+// they live in memory (allowances). A crash then gives the units of
+// unanswered requests back at once instead of after their TTL, which is
+// what the TTL was for: a reserved unit is committed before its answer is
+// delivered, so no delivered call loses its count.
+//
+// Commit is durable before it returns (one write per free call, sharing a
+// group commit with concurrent writers) unless Options.AllowanceFlush asks
+// for batched writes with a bounded loss (see there). Reserve, Release and
+// Remaining never write; Reserve reads the disk only for a client-day it
+// does not hold in memory.
+
+// allowanceDay identifies one client-day in memory.
+type allowanceDay struct {
+	pool, client string
+	day          int64 // Unix seconds of the day's UTC midnight
+}
+
+// clientDay is the live state of one client-day.
+type clientDay struct {
+	committed int // used units, counting those not yet on disk
+	durable   int // used units known to be on disk
 	pending   []pendingUnit
+	end       time.Time // when the UTC day ends
+	writes    int       // writes of this record under way
+	dirty     bool      // queued for the next batched flush
 }
 
 type pendingUnit struct {
-	id      [16]byte
-	expires int64
+	id      uint64 // 0: left on disk by an older version, never issued
+	expires int64  // Unix ns
 }
 
-const pendingSize = 16 + 8
-
-func decodeAllowance(b []byte) (allowanceState, error) {
-	var s allowanceState
-	if len(b) < 4 || (len(b)-4)%pendingSize != 0 {
-		return s, errors.New("store: corrupt allowance record")
-	}
-	s.committed = int(binary.BigEndian.Uint32(b))
-	b = b[4:]
-	s.pending = make([]pendingUnit, 0, len(b)/pendingSize+1)
-	for ; len(b) > 0; b = b[pendingSize:] {
-		var p pendingUnit
-		copy(p.id[:], b)
-		p.expires = int64(binary.BigEndian.Uint64(b[16:]))
-		s.pending = append(s.pending, p)
-	}
-	return s, nil
-}
-
-func (s allowanceState) encode() []byte {
-	b := make([]byte, 4, 4+len(s.pending)*pendingSize)
-	binary.BigEndian.PutUint32(b, uint32(s.committed))
-	for _, p := range s.pending {
-		b = append(b, p.id[:]...)
-		b = binary.BigEndian.AppendUint64(b, uint64(p.expires))
-	}
-	return b
+// clean reports whether the entry holds nothing the disk lacks, so it can
+// be dropped and read again later.
+func (c *clientDay) clean() bool {
+	return c.committed == c.durable && len(c.pending) == 0 && c.writes == 0 && !c.dirty
 }
 
 // dropLapsed removes pending units whose TTL has passed at t.
-func (s *allowanceState) dropLapsed(t int64) {
-	live := s.pending[:0]
-	for _, p := range s.pending {
+func (c *clientDay) dropLapsed(t int64) {
+	live := c.pending[:0]
+	for _, p := range c.pending {
 		if p.expires > t {
 			live = append(live, p)
 		}
 	}
-	s.pending = live
+	c.pending = live
 }
 
-func (s *allowanceState) remaining(limit int) int {
-	return max(0, limit-s.committed-len(s.pending))
+func (c *clientDay) remaining(limit int) int {
+	return max(0, limit-c.committed-len(c.pending))
 }
 
 // take removes id from the pending units and reports whether it was there
 // and still live at t.
-func (s *allowanceState) take(id [16]byte, t int64) bool {
-	for i, p := range s.pending {
+func (c *clientDay) take(id uint64, t int64) bool {
+	for i, p := range c.pending {
 		if p.id == id {
-			s.pending = append(s.pending[:i], s.pending[i+1:]...)
+			c.pending = append(c.pending[:i], c.pending[i+1:]...)
 			return p.expires > t
 		}
 	}
 	return false
 }
 
-func dayKey(day time.Time) (key, label string, end time.Time) {
-	d := day.UTC()
+// allowanceShards spreads the client-days over locks, so a disk read for
+// one client holds up only the clients of its shard.
+const allowanceShards = 32
+
+// maxCleanPerShard bounds the clean client-days a shard keeps for fast
+// reserves; past it the clean ones are dropped (they are on disk).
+const maxCleanPerShard = 2048
+
+// allowances is the in-memory part of the embedded Allowance, one per
+// database (every handle of Shared shares it).
+type allowances struct {
+	db     *DB
+	seed   maphash.Seed
+	nextID atomic.Uint64
+	shards [allowanceShards]allowanceShard
+
+	// Batched flushing (Options.AllowanceFlush > 0).
+	every     time.Duration
+	maxUnits  int
+	fmu       sync.Mutex
+	flushed   *sync.Cond    // broadcast after every flush, and on close
+	unflushed int           // units acknowledged (or being) that no completed flush covers
+	applying  int           // commits between taking a slot and counting their unit
+	flushErr  error         // the last flush's error, nil after a good one
+	queue     []*dirtyDay   // client-days with units not yet on disk
+	kick      chan struct{} // asks the flusher for a flush now
+	stop      chan struct{} // closed by close
+	stopped   chan struct{} // closed when the flusher has finished
+	closing   bool
+	closeOnce sync.Once
+}
+
+type allowanceShard struct {
+	mu   sync.Mutex
+	days map[allowanceDay]*clientDay
+}
+
+type dirtyDay struct {
+	s   *allowanceShard
+	k   allowanceDay
+	day *clientDay
+}
+
+func newAllowances(db *DB) *allowances {
+	a := &allowances{db: db, seed: maphash.MakeSeed(), every: db.opts.AllowanceFlush, maxUnits: db.opts.AllowanceFlushUnits}
+	for i := range a.shards {
+		a.shards[i].days = make(map[allowanceDay]*clientDay)
+	}
+	a.flushed = sync.NewCond(&a.fmu)
+	if a.every > 0 {
+		if a.maxUnits <= 0 {
+			a.maxUnits = DefaultAllowanceFlushUnits
+		}
+		a.kick = make(chan struct{}, 1)
+		a.stop = make(chan struct{})
+		a.stopped = make(chan struct{})
+		go a.flusher()
+	}
+	return a
+}
+
+func (a *allowances) shard(k allowanceDay) *allowanceShard {
+	return &a.shards[maphash.String(a.seed, k.client)%allowanceShards]
+}
+
+// dayOf is the client-day of an instant: its key, its label and its end.
+func dayOf(pool, client string, t time.Time) (allowanceDay, time.Time) {
+	d := t.UTC()
 	start := time.Date(d.Year(), d.Month(), d.Day(), 0, 0, 0, 0, time.UTC)
-	return start.Format("20060102"), start.Format(time.DateOnly), start.AddDate(0, 0, 1)
+	return allowanceDay{pool: pool, client: client, day: start.Unix()}, start.AddDate(0, 0, 1)
+}
+
+// dayLabel is a Reservation's Day for the UTC day starting at Unix second
+// day, formatted once per day rather than per call.
+func dayLabel(day int64) string {
+	if l := lastLabel.Load(); l != nil && l.day == day {
+		return l.text
+	}
+	l := &labelledDay{day: day, text: time.Unix(day, 0).UTC().Format(time.DateOnly)}
+	lastLabel.Store(l)
+	return l.text
+}
+
+// parseDayLabel is dayLabel's inverse: the day's start in Unix seconds.
+func parseDayLabel(s string) (int64, bool) {
+	if l := lastLabel.Load(); l != nil && l.text == s {
+		return l.day, true
+	}
+	t, err := time.Parse(time.DateOnly, s)
+	if err != nil {
+		return 0, false
+	}
+	return t.Unix(), true
+}
+
+type labelledDay struct {
+	day  int64
+	text string
+}
+
+var lastLabel atomic.Pointer[labelledDay]
+
+func (k allowanceDay) key() []byte {
+	return allowanceKey(k.pool, k.client, time.Unix(k.day, 0).UTC().Format("20060102"))
+}
+
+// entry returns the live state of k, reading it from disk when it is not in
+// memory. The shard must be locked.
+func (a *allowances) entry(ctx context.Context, s *allowanceShard, k allowanceDay, end time.Time) (*clientDay, error) {
+	if c := s.days[k]; c != nil {
+		return c, nil
+	}
+	var committed int
+	var pending []pendingUnit
+	err := a.db.view(ctx, func(txn *badger.Txn) error {
+		item, err := txn.Get(k.key())
+		if errors.Is(err, badger.ErrKeyNotFound) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("reading allowance: %w", err)
+		}
+		return item.Value(func(b []byte) error {
+			committed, pending, err = decodeAllowance(b)
+			return err
+		})
+	})
+	if err != nil {
+		return nil, err
+	}
+	if len(s.days) >= maxCleanPerShard {
+		for k, c := range s.days {
+			if c.clean() {
+				delete(s.days, k)
+			}
+		}
+	}
+	c := &clientDay{committed: committed, durable: committed, pending: pending, end: end}
+	s.days[k] = c
+	return c, nil
+}
+
+// decodeAllowance reads a client-day record: the committed count (uint32,
+// big endian), which is all this version writes, followed in records of
+// older versions by their pending reservations (16 id bytes and the
+// expiry in Unix ns, int64, each). Those are kept as anonymous pending
+// units until they lapse, as their writer promised.
+func decodeAllowance(b []byte) (int, []pendingUnit, error) {
+	const pendingSize = 16 + 8
+	if len(b) < 4 || (len(b)-4)%pendingSize != 0 {
+		return 0, nil, errors.New("store: corrupt allowance record")
+	}
+	committed := int(binary.BigEndian.Uint32(b))
+	var pending []pendingUnit
+	for b = b[4:]; len(b) > 0; b = b[pendingSize:] {
+		pending = append(pending, pendingUnit{expires: int64(binary.BigEndian.Uint64(b[16:]))})
+	}
+	return committed, pending, nil
 }
 
 // allowanceExpiry is when Badger may drop a client-day record: a day after
@@ -144,21 +302,11 @@ func allowanceExpiry(dayEnd time.Time) uint64 {
 	return uint64(max(dayEnd.Add(24*time.Hour).Unix(), time.Now().Add(24*time.Hour).Unix()))
 }
 
-func readAllowance(txn *badger.Txn, key []byte) (allowanceState, error) {
-	item, err := txn.Get(key)
-	if errors.Is(err, badger.ErrKeyNotFound) {
-		return allowanceState{}, nil
-	}
-	if err != nil {
-		return allowanceState{}, fmt.Errorf("reading allowance: %w", err)
-	}
-	var s allowanceState
-	err = item.Value(func(b []byte) error {
-		var err error
-		s, err = decodeAllowance(b)
-		return err
-	})
-	return s, err
+// setCommitted writes the committed count n of k into txn.
+func setCommitted(txn *badger.Txn, k allowanceDay, n int, end time.Time) error {
+	e := badger.NewEntry(k.key(), binary.BigEndian.AppendUint32(nil, uint32(n)))
+	e.ExpiresAt = allowanceExpiry(end)
+	return txn.SetEntry(e)
 }
 
 func checkAllowanceKey(pool, client string) error {
@@ -169,105 +317,310 @@ func checkAllowanceKey(pool, client string) error {
 }
 
 // Allowance returns the embedded implementation of Allowance.
-func (db *DB) Allowance() Allowance { return allowance{db} }
-
-type allowance struct{ db *DB }
+func (db *DB) Allowance() Allowance { return db.allow }
 
 // Reserve implements Allowance.
-func (a allowance) Reserve(ctx context.Context, pool, client string, day time.Time, limit int) (Reservation, error) {
+func (a *allowances) Reserve(ctx context.Context, pool, client string, day time.Time, limit int) (Reservation, error) {
 	if err := checkAllowanceKey(pool, client); err != nil {
 		return Reservation{}, err
 	}
-	dk, label, end := dayKey(day)
-	key := allowanceKey(pool, client, dk)
-	res := Reservation{Pool: pool, Client: client, Day: label, Limit: limit}
-	var id [16]byte
-	if _, err := rand.Read(id[:]); err != nil {
-		return res, fmt.Errorf("making reservation id: %w", err)
+	k, end := dayOf(pool, client, day)
+	res := Reservation{Pool: pool, Client: client, Day: dayLabel(k.day), Limit: limit}
+	if err := a.db.usable(ctx); err != nil {
+		return res, err
 	}
-	res.ID = hex.EncodeToString(id[:])
-	err := a.db.update(ctx, func(txn *badger.Txn) error {
-		s, err := readAllowance(txn, key)
-		if err != nil {
-			return err
-		}
-		t := now()
-		s.dropLapsed(t.UnixNano())
-		if s.remaining(limit) == 0 {
-			res.Remaining = 0
-			return ErrExhausted
-		}
-		res.Expires = t.Add(a.db.opts.ReservationTTL)
-		s.pending = append(s.pending, pendingUnit{id: id, expires: res.Expires.UnixNano()})
-		res.Remaining = s.remaining(limit)
-		e := badger.NewEntry(key, s.encode())
-		e.ExpiresAt = allowanceExpiry(end)
-		return txn.SetEntry(e)
-	})
-	return res, err
+	s := a.shard(k)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c, err := a.entry(ctx, s, k, end)
+	if err != nil {
+		return res, err
+	}
+	t := now()
+	c.dropLapsed(t.UnixNano())
+	if c.remaining(limit) == 0 {
+		return res, ErrExhausted
+	}
+	id := a.nextID.Add(1)
+	res.ID = formatReservationID(id)
+	res.Expires = t.Add(a.db.opts.ReservationTTL)
+	c.pending = append(c.pending, pendingUnit{id: id, expires: res.Expires.UnixNano()})
+	res.Remaining = c.remaining(limit)
+	return res, nil
+}
+
+func formatReservationID(id uint64) string {
+	return hex.EncodeToString(binary.BigEndian.AppendUint64(nil, id))
+}
+
+func parseReservationID(s string) (uint64, bool) {
+	var b [8]byte
+	if len(s) != 16 {
+		return 0, false
+	}
+	if _, err := hex.Decode(b[:], []byte(s)); err != nil {
+		return 0, false
+	}
+	id := binary.BigEndian.Uint64(b[:])
+	return id, id != 0
 }
 
 // Commit implements Allowance.
-func (a allowance) Commit(ctx context.Context, r Reservation) error {
+func (a *allowances) Commit(ctx context.Context, r Reservation) error {
 	return a.finish(ctx, r, true)
 }
 
 // Release implements Allowance.
-func (a allowance) Release(ctx context.Context, r Reservation) error {
+func (a *allowances) Release(ctx context.Context, r Reservation) error {
 	return a.finish(ctx, r, false)
 }
 
-func (a allowance) finish(ctx context.Context, r Reservation, commit bool) error {
-	var id [16]byte
-	if n, err := hex.Decode(id[:], []byte(r.ID)); err != nil || n != 16 {
+func (a *allowances) finish(ctx context.Context, r Reservation, commit bool) error {
+	id, ok := parseReservationID(r.ID)
+	if !ok {
 		return ErrNotReserved
 	}
 	if err := checkAllowanceKey(r.Pool, r.Client); err != nil {
 		return err
 	}
-	day, err := time.Parse(time.DateOnly, r.Day)
-	if err != nil {
+	day, ok := parseDayLabel(r.Day)
+	if !ok {
 		return ErrNotReserved
 	}
-	dk, _, end := dayKey(day)
-	key := allowanceKey(r.Pool, r.Client, dk)
-	return a.db.update(ctx, func(txn *badger.Txn) error {
-		s, err := readAllowance(txn, key)
-		if err != nil {
+	if err := a.db.usable(ctx); err != nil {
+		return err
+	}
+	k := allowanceDay{pool: r.Pool, client: r.Client, day: day}
+	s := a.shard(k)
+	batched := commit && a.every > 0
+	if batched {
+		if err := a.takeSlot(); err != nil {
 			return err
 		}
-		t := now().UnixNano()
-		if !s.take(id, t) {
-			// Nothing to change: a lapsed unit is dropped by the next
-			// Reserve anyway.
-			return ErrNotReserved
+	}
+	s.mu.Lock()
+	c := s.days[k]
+	t := now().UnixNano()
+	if c == nil || !c.take(id, t) {
+		// A lapsed unit is dropped by the next Reserve anyway.
+		s.mu.Unlock()
+		if batched {
+			a.giveSlot(false)
 		}
-		s.dropLapsed(t)
-		if commit {
-			s.committed++
+		return ErrNotReserved
+	}
+	c.dropLapsed(t)
+	if !commit {
+		s.mu.Unlock()
+		return nil
+	}
+	c.committed++
+	if batched {
+		queue := !c.dirty
+		c.dirty = true
+		s.mu.Unlock()
+		a.giveSlot(true)
+		if queue {
+			a.fmu.Lock()
+			a.queue = append(a.queue, &dirtyDay{s: s, k: k, day: c})
+			a.fmu.Unlock()
 		}
-		e := badger.NewEntry(key, s.encode())
-		e.ExpiresAt = allowanceExpiry(end)
-		return txn.SetEntry(e)
+		return nil
+	}
+	c.writes++
+	s.mu.Unlock()
+	_, err := a.write(ctx, []dirtyDay{{s: s, k: k, day: c}})
+	return err
+}
+
+// write puts the committed counts of days on disk in one commit (synced
+// unless Options.NoSync), each as it stands when the commit runs, and
+// records them as durable. It returns how many units it made durable. The
+// caller has counted a write on each day.
+func (a *allowances) write(ctx context.Context, days []dirtyDay) (int, error) {
+	wrote := make([]int, len(days))
+	err := a.db.update(ctx, func(txn *badger.Txn) error {
+		for i, d := range days {
+			d.s.mu.Lock()
+			n, end := d.day.committed, d.day.end
+			d.s.mu.Unlock()
+			wrote[i] = n
+			if err := setCommitted(txn, d.k, n, end); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
+	made := 0
+	for i, d := range days {
+		d.s.mu.Lock()
+		d.day.writes--
+		if err == nil && wrote[i] > d.day.durable {
+			made += wrote[i] - d.day.durable
+			d.day.durable = wrote[i]
+		}
+		d.s.mu.Unlock()
+	}
+	return made, err
 }
 
 // Remaining implements Allowance.
-func (a allowance) Remaining(ctx context.Context, pool, client string, day time.Time, limit int) (int, error) {
+func (a *allowances) Remaining(ctx context.Context, pool, client string, day time.Time, limit int) (int, error) {
 	if err := checkAllowanceKey(pool, client); err != nil {
 		return 0, err
 	}
-	dk, _, _ := dayKey(day)
-	key := allowanceKey(pool, client, dk)
-	var rem int
-	err := a.db.view(ctx, func(txn *badger.Txn) error {
-		s, err := readAllowance(txn, key)
-		if err != nil {
-			return err
+	if err := a.db.usable(ctx); err != nil {
+		return 0, err
+	}
+	k, end := dayOf(pool, client, day)
+	s := a.shard(k)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c, err := a.entry(ctx, s, k, end)
+	if err != nil {
+		return 0, err
+	}
+	c.dropLapsed(now().UnixNano())
+	return c.remaining(limit), nil
+}
+
+// Batched flushing.
+//
+// With Options.AllowanceFlush set, Commit counts the unit in memory and
+// returns; a flusher writes every changed client-day in one synced commit
+// every AllowanceFlush, and at once when AllowanceFlushUnits acknowledged
+// units are waiting, in which case further commits wait for that flush
+// (takeSlot). So at any instant at most AllowanceFlushUnits acknowledged
+// units are missing from the disk, and none committed more than
+// AllowanceFlush (plus the duration of one flush) ago while the disk keeps
+// up. Close flushes everything.
+
+// takeSlot reserves room for one unit that is not yet on disk, waiting for
+// a flush when AllowanceFlushUnits are waiting. It fails when the store is
+// closing or the flush it waited for failed: the commit is then refused,
+// never acknowledged without its bound.
+func (a *allowances) takeSlot() error {
+	a.fmu.Lock()
+	defer a.fmu.Unlock()
+	for a.unflushed >= a.maxUnits && !a.closing {
+		a.askFlush()
+		a.flushErr = nil
+		a.flushed.Wait()
+		if a.flushErr != nil && a.unflushed >= a.maxUnits {
+			return a.flushErr
 		}
-		s.dropLapsed(now().UnixNano())
-		rem = s.remaining(limit)
-		return nil
+	}
+	if a.closing {
+		return ErrClosed
+	}
+	a.unflushed++
+	a.applying++
+	return nil
+}
+
+// giveSlot ends a commit that took a slot: counted (its unit waits for the
+// next flush) or not (the slot is given back).
+func (a *allowances) giveSlot(counted bool) {
+	a.fmu.Lock()
+	a.applying--
+	if !counted {
+		a.unflushed--
+	}
+	a.flushed.Broadcast()
+	a.fmu.Unlock()
+}
+
+func (a *allowances) askFlush() {
+	select {
+	case a.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (a *allowances) flusher() {
+	defer close(a.stopped)
+	tick := time.NewTicker(a.every)
+	defer tick.Stop()
+	for {
+		select {
+		case <-tick.C:
+		case <-a.kick:
+		case <-a.stop:
+			return
+		}
+		a.flush()
+	}
+}
+
+// maxFlushDays bounds the client-days of one flush commit (Badger bounds a
+// transaction's size).
+const maxFlushDays = 1024
+
+// flush writes every queued client-day and counts its units as flushed.
+func (a *allowances) flush() error {
+	a.fmu.Lock()
+	queue := a.queue
+	a.queue = nil
+	a.fmu.Unlock()
+	var firstErr error
+	for len(queue) > 0 {
+		batch := queue[:min(len(queue), maxFlushDays)]
+		queue = queue[len(batch):]
+		days := make([]dirtyDay, len(batch))
+		for i, d := range batch {
+			d.s.mu.Lock()
+			d.day.dirty = false
+			d.day.writes++
+			d.s.mu.Unlock()
+			days[i] = *d
+		}
+		made, err := a.write(context.Background(), days)
+		a.fmu.Lock()
+		if err != nil {
+			// Queue them again: their units stay unflushed, and the
+			// commits waiting on the bound are told.
+			for _, d := range batch {
+				d.s.mu.Lock()
+				if !d.day.dirty {
+					d.day.dirty = true
+					a.queue = append(a.queue, d)
+				}
+				d.s.mu.Unlock()
+			}
+			a.flushErr = err
+			if firstErr == nil {
+				firstErr = err
+			}
+			if a.db.opts.Logger != nil {
+				a.db.opts.Logger.Warn("flushing free allowance counts", "error", err.Error())
+			}
+		}
+		// made counts every unit this flush put on disk, including those
+		// committed while it ran (the write reads each count as it
+		// stands); a failed write made none.
+		a.unflushed -= made
+		a.flushed.Broadcast()
+		a.fmu.Unlock()
+	}
+	return firstErr
+}
+
+// close stops the flusher after writing every counted unit; commits after
+// it are refused. It runs before the database closes.
+func (a *allowances) close() {
+	if a.every <= 0 {
+		return
+	}
+	a.closeOnce.Do(func() {
+		a.fmu.Lock()
+		a.closing = true
+		a.flushed.Broadcast()
+		for a.applying > 0 {
+			a.flushed.Wait()
+		}
+		a.fmu.Unlock()
+		close(a.stop)
+		<-a.stopped
+		a.flush()
 	})
-	return rem, err
 }

@@ -39,8 +39,11 @@ import (
 type committer struct {
 	bdb *badger.DB
 
-	mu      sync.Mutex
-	queue   []*commitOp
+	mu    sync.Mutex
+	queue []*commitOp
+	// spare is the queue's other buffer: a leader takes the queue whole
+	// and leaves spare in its place, so taking a group allocates nothing.
+	spare   []*commitOp
 	leading bool // a writer is committing a group
 	closed  bool
 	idle    *sync.Cond // signalled when leading ends
@@ -63,8 +66,11 @@ type commitOp struct {
 	fn    func(txn *badger.Txn) error
 	state atomic.Int32
 	err   error
-	done  chan struct{} // closed when fn's outcome is known
-	lead  chan struct{} // closed when this op's caller is to lead
+	// done and lead exist only for an op queued behind a leader (a leader
+	// learns its own outcome by committing it): done is closed when fn's
+	// outcome is known, lead when this op's caller is to lead.
+	done chan struct{}
+	lead chan struct{}
 }
 
 func newCommitter(bdb *badger.DB) *committer {
@@ -97,21 +103,25 @@ func (c *committer) close() {
 // nothing written; once taken, fn's outcome is awaited (the commit is
 // bounded by the disk), so an answer never hides a write.
 func (c *committer) do(ctx context.Context, fn func(txn *badger.Txn) error) error {
-	op := &commitOp{fn: fn, done: make(chan struct{}), lead: make(chan struct{})}
+	op := &commitOp{fn: fn}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
 		return ErrClosed
 	}
-	c.queue = append(c.queue, op)
 	if !c.leading {
+		// Nobody commits: lead at once. The op is first in the queue, so
+		// the group lead takes holds it and commits (or fails) it before
+		// lead returns.
+		c.queue = append(c.queue, op)
 		c.leading = true
 		op.state.Store(opLead)
 		c.mu.Unlock()
 		c.lead()
-		<-op.done
 		return op.err
 	}
+	op.done, op.lead = make(chan struct{}), make(chan struct{})
+	c.queue = append(c.queue, op)
 	c.mu.Unlock()
 	select {
 	case <-op.done:
@@ -139,9 +149,13 @@ func (c *committer) do(ctx context.Context, fn func(txn *badger.Txn) error) erro
 // first writer still waiting, or ends it when nobody waits.
 func (c *committer) lead() {
 	c.mu.Lock()
-	n := min(len(c.queue), maxGroup)
-	group := append([]*commitOp(nil), c.queue[:n]...)
-	c.queue = append(c.queue[:0], c.queue[n:]...)
+	var group []*commitOp
+	if len(c.queue) <= maxGroup {
+		group, c.queue, c.spare = c.queue, c.spare[:0], nil
+	} else {
+		group = append([]*commitOp(nil), c.queue[:maxGroup]...)
+		c.queue = append(c.queue[:0], c.queue[maxGroup:]...)
+	}
 	c.mu.Unlock()
 	live := group[:0]
 	for _, op := range group {
@@ -152,7 +166,11 @@ func (c *committer) lead() {
 	for rest := live; len(rest) > 0; {
 		rest = c.commitGroup(rest)
 	}
+	clear(group) // the ops are answered: do not keep them alive
 	c.mu.Lock()
+	if c.spare == nil {
+		c.spare = group[:0]
+	}
 	var next *commitOp
 	for len(c.queue) > 0 && next == nil {
 		if c.queue[0].state.CompareAndSwap(opQueued, opLead) {
@@ -178,7 +196,7 @@ func (c *committer) lead() {
 // transaction too big for Badger ends the group after the ops before it: it
 // and the ones after are returned, to start the next group.
 func (c *committer) commitGroup(ops []*commitOp) (rest []*commitOp) {
-	ops = append([]*commitOp(nil), ops...) // taken apart below
+	// ops is never written below: a shortened group is a new slice.
 	for {
 		txn := c.bdb.NewTransaction(true)
 		failed, err := -1, error(nil)
@@ -230,5 +248,7 @@ func (op *commitOp) run(txn *badger.Txn) (err error) {
 
 func (op *commitOp) finish(err error) {
 	op.err = err
-	close(op.done)
+	if op.done != nil {
+		close(op.done)
+	}
 }

@@ -64,6 +64,24 @@ type Options struct {
 	// means DefaultReservationTTL.
 	ReservationTTL time.Duration
 
+	// AllowanceFlush, when set, batches the free-allowance counts instead of
+	// writing each before Commit returns: Commit counts the unit in memory,
+	// and every AllowanceFlush one synced commit writes every count that
+	// changed. It is the one weaker promise the store offers, and only for
+	// the free-allowance counter (never for claims or history): a crash
+	// (kill, power loss) loses at most AllowanceFlushUnits acknowledged
+	// units in total and, while the disk keeps up, only those committed in
+	// the last AllowanceFlush plus one flush's duration. A lost unit gives
+	// a free call back (the client may get that many free calls over its
+	// daily limit on the day of a crash); it never takes one away. Close
+	// writes everything. Zero (the default): every Commit is durable
+	// before it returns.
+	AllowanceFlush time.Duration
+	// AllowanceFlushUnits bounds the acknowledged units not yet on disk
+	// with AllowanceFlush: when that many wait, a flush starts at once and
+	// further commits wait for it. Zero means DefaultAllowanceFlushUnits.
+	AllowanceFlushUnits int
+
 	// InMemory keeps everything in memory (nothing on disk, dir ignored).
 	// For tests and throwaway runs only.
 	InMemory bool
@@ -73,11 +91,16 @@ type Options struct {
 // with a wide margin.
 const DefaultReservationTTL = 5 * time.Minute
 
+// DefaultAllowanceFlushUnits is the loss bound of AllowanceFlush when
+// AllowanceFlushUnits is not set.
+const DefaultAllowanceFlushUnits = 1000
+
 // DB is an open store. It is safe for concurrent use. It implements
 // Allowance and Claims, and the verification history.
 type DB struct {
 	bdb     *badger.DB
-	commits *committer // every read-write transaction goes through it
+	commits *committer  // every read-write transaction goes through it
+	allow   *allowances // the live free-allowance counters
 	dir     string
 	opts    Options
 	life    *lifecycle // shared by every handle on this Badger database
@@ -120,7 +143,9 @@ func Open(dir string, opts Options) (*DB, error) {
 		return nil, fmt.Errorf("opening store in %s: %w", dir, err)
 	}
 	db := &DB{bdb: bdb, commits: newCommitter(bdb), dir: dir, opts: opts, life: &lifecycle{closed: make(chan struct{})}}
+	db.allow = newAllowances(db)
 	if err := db.checkLayout(); err != nil {
+		db.allow.close()
 		db.commits.close()
 		bdb.Close()
 		return nil, err
@@ -152,6 +177,7 @@ type lifecycle struct {
 
 func (db *DB) closeBadger() error {
 	db.life.once.Do(func() {
+		db.allow.close() // batched allowance counts are written first
 		close(db.life.closed)
 		db.commits.close() // the group being committed finishes first
 		if err := db.bdb.Close(); err != nil {
@@ -279,6 +305,6 @@ func absPath(dir string) (string, error) {
 
 // Interface guards
 var (
-	_ Allowance = allowance{}
+	_ Allowance = (*allowances)(nil)
 	_ Claims    = claims{}
 )
