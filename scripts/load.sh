@@ -15,7 +15,7 @@
 #   scripts/load.sh                      # defaults: 8 and 32 connections, 5 s per phase
 #   scripts/load.sh -c 16 -d 20s         # options go to the load generator
 #   scripts/load.sh -scenarios free,baseline,direct
-#   AOV_ALLOWANCE_FLUSH=100ms scripts/load.sh   # batched allowance counts
+#   AOV_ALLOWANCE_FLUSH=off scripts/load.sh     # every allowance count synced
 #                                        # (applies to the stack it starts)
 #
 # On a machine shared with other work, read the CPU per request columns
@@ -26,7 +26,7 @@
 # scripts/run.sh), AOV_HTTP_PORT (8080), AOV_VERIFIERD_ADDR (127.0.0.1:8081),
 # AOV_CERTD_PUBLIC_ADDR (127.0.0.1:8082), AOV_BASELINE_PORT (8090),
 # AOV_DATA (./data, for the gateway token), AOV_BIN (./bin), AOV_ADMIN_ADDR
-# (localhost:2019, to read the allowance mode), AOV_ALLOWANCE_FLUSH (off), GO.
+# (localhost:2019, to read the allowance mode), AOV_ALLOWANCE_FLUSH (100ms; off for durable counts), GO.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -118,7 +118,7 @@ if command -v curl >/dev/null 2>&1; then
 	fi
 fi
 if [ -z "$mode" ] && [ -n "$runpid" ]; then
-	case "${AOV_ALLOWANCE_FLUSH:-off}" in
+	case "${AOV_ALLOWANCE_FLUSH:-100ms}" in
 	off) mode="durable, every count synced before its answer" ;;
 	*) mode="batched, allowance_flush ${AOV_ALLOWANCE_FLUSH}" ;;
 	esac
