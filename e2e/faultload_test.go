@@ -32,7 +32,7 @@ type outcome struct {
 // Paid and free verifications run through Caddy while verifierd, certd and
 // the facilitator (its own process here, examples/facilitator/Caddyfile
 // with the devnet inside it; the gate reaches it with AOV_FACILITATOR=remote)
-// are stalled (SIGSTOP) and killed and restarted. A buyer told
+// are stalled (SIGSTOP), killed (SIGKILL) and restarted. A buyer told
 // settlement_pending retries the same payment, as the answer says, until it
 // is served or refused. Afterwards the books balance: the test USDC that
 // left the payers is exactly the price of the answers delivered with
@@ -139,10 +139,10 @@ func TestBooksBalanceUnderFaults(t *testing.T) {
 	step(4 * time.Second)
 	s.certd.resume(t)
 	step(2 * time.Second)
-	s.verifierd.stop(t) // dies; the test restarts it as a supervisor would
+	s.verifierd.kill(t) // crashes; the test restarts it as a supervisor would
 	step(time.Second)
 	s.startVerifierd(t)
-	s.certd.stop(t)
+	s.certd.kill(t)
 	step(time.Second)
 	s.startCertd(t, false)
 	step(3 * time.Second)
@@ -150,7 +150,7 @@ func TestBooksBalanceUnderFaults(t *testing.T) {
 	step(5 * time.Second)
 	fac.p.resume(t)
 	step(3 * time.Second)
-	fac.p.stop(t) // dies (its chain is on disk); restarted as a supervisor would
+	fac.p.kill(t) // crashes (its chain is on disk); restarted as a supervisor would
 	step(time.Second)
 	fac.start(t)
 	step(4 * time.Second)

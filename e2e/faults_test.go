@@ -53,6 +53,19 @@ func (p *proc) pause(t testing.TB) {
 	t.Cleanup(func() { _ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGCONT) })
 }
 
+// kill ends a process at once (SIGKILL), as a crash or the OOM killer does:
+// no shutdown handler runs, whatever it was doing is cut off.
+func (p *proc) kill(t testing.TB) {
+	t.Helper()
+	if !p.running() {
+		return
+	}
+	if err := syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL); err != nil {
+		t.Fatalf("SIGKILL %s: %v", p.name, err)
+	}
+	<-p.done
+}
+
 // resume continues a paused process.
 func (p *proc) resume(t testing.TB) {
 	t.Helper()
