@@ -56,6 +56,19 @@ var devnetRPCOrigins = []string{
 	"http://[::1]", "http://[::1]:*",
 }
 
+// devnetRPCHosts are the Host header names the devnet's JSON-RPC answers:
+// localhost and the name it listens on. go-ethereum answers any IP address
+// itself, so a client on 127.0.0.1 or the listen address always gets
+// through; what this keeps out is a page of another site that points its
+// own DNS name at this machine (DNS rebinding) to get round CORS.
+func devnetRPCHosts(listenHost string) []string {
+	hosts := []string{"localhost"}
+	if listenHost != "" && listenHost != "localhost" && net.ParseIP(listenHost) == nil {
+		hosts = append(hosts, listenHost)
+	}
+	return hosts
+}
+
 // DevnetConfig configures StartDevnet.
 type DevnetConfig struct {
 	// RPCListen, when set, serves the chain's JSON-RPC over HTTP (namespaces
@@ -131,7 +144,7 @@ func StartDevnet(cfg DevnetConfig) (*Devnet, error) {
 			nc.HTTPHost = host
 			nc.HTTPPort = port
 			nc.HTTPModules = []string{"eth", "net", "web3"}
-			nc.HTTPVirtualHosts = []string{"*"}
+			nc.HTTPVirtualHosts = devnetRPCHosts(host)
 			nc.HTTPCors = devnetRPCOrigins
 		})
 	}

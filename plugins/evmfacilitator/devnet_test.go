@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math/big"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -310,5 +311,32 @@ func TestDevnetRPCAnswersLoopbackPagesOnly(t *testing.T) {
 	resp := do(http.MethodPost, "http://localhost:8080", `{"jsonrpc":"2.0","id":1,"method":"eth_accounts","params":[]}`)
 	if body, _ := io.ReadAll(resp.Body); !strings.Contains(string(body), `"result":[]`) {
 		t.Errorf("eth_accounts: %s, want no unlocked account", body)
+	}
+}
+
+// TestDevnetRPCRefusesOtherHostNames: a request whose Host is another name
+// (what a DNS-rebinding page sends) is refused; localhost and IP addresses
+// are answered.
+func TestDevnetRPCRefusesOtherHostNames(t *testing.T) {
+	d := startDevnet(t, DevnetConfig{RPCListen: "127.0.0.1:0"})
+	_, port, _ := net.SplitHostPort(strings.TrimPrefix(d.RPCURL(), "http://"))
+	const chainID = `{"jsonrpc":"2.0","id":1,"method":"eth_chainId","params":[]}`
+	for host, want := range map[string]int{
+		"localhost:" + port:           http.StatusOK,
+		"127.0.0.1:" + port:           http.StatusOK,
+		"rebind.shop.example:" + port: http.StatusForbidden,
+		"localhost.shop.example":      http.StatusForbidden,
+	} {
+		req, _ := http.NewRequest(http.MethodPost, d.RPCURL(), strings.NewReader(chainID))
+		req.Host = host
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("Host %s: status %d, want %d", host, resp.StatusCode, want)
+		}
 	}
 }
