@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -56,6 +57,9 @@ func (g *Gate) serveCharged(w http.ResponseWriter, r *http.Request, next caddyht
 	// One deadline for the whole upstream call; the request that settles
 	// and reports afterwards keeps its own context.
 	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(g.UpstreamTimeout))
+	if dl, ok := ctx.Deadline(); ok {
+		r.Header.Set(HeaderUpstreamAnswerBy, strconv.FormatInt(dl.UnixMilli(), 10))
+	}
 	err := runUpstream(next, bw, r.WithContext(ctx), neverReached)
 	cancel()
 	ex.upstreamRan()

@@ -40,6 +40,11 @@ const (
 	HeaderUpstreamPayment = "X-Aov-Payment" // "paid" or "free"
 	HeaderUpstreamPayer   = "X-Aov-Payer"   // the payer's address, paid calls only
 	HeaderUpstreamNetwork = "X-Aov-Network" // CAIP-2 network of the payment
+	// HeaderUpstreamAnswerBy is when the gate stops waiting for the
+	// upstream's answer (Unix milliseconds, the upstream_timeout deadline).
+	// verifierd records no verification it finishes later: its answer would
+	// never be delivered.
+	HeaderUpstreamAnswerBy = "X-Aov-Answer-By"
 )
 
 // varGated marks a request some gate has already cleaned of client copies
@@ -495,6 +500,7 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		r.Header.Del(HeaderUpstreamPayment)
 		r.Header.Del(HeaderUpstreamPayer)
 		r.Header.Del(HeaderUpstreamNetwork)
+		r.Header.Del(HeaderUpstreamAnswerBy)
 	}
 	payment := r.Header.Get(x402.HeaderPaymentSignature)
 	r.Header.Del(x402.HeaderPaymentSignature)

@@ -104,6 +104,7 @@ func newUpstream(t *testing.T) *upstream {
 			"payment":           r.Header.Get(HeaderUpstreamPayment),
 			"payer":             r.Header.Get(HeaderUpstreamPayer),
 			"network":           r.Header.Get(HeaderUpstreamNetwork),
+			"answer_by":         r.Header.Get(HeaderUpstreamAnswerBy),
 			"payment_signature": r.Header.Get(x402.HeaderPaymentSignature),
 			"body_bytes":        len(body),
 		})
@@ -850,5 +851,28 @@ func TestUpstreamTimeoutBoundsTheWholeCall(t *testing.T) {
 	stall.Store(false)
 	if resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}); resp.StatusCode != http.StatusOK || resp.Header.Get(x402.HeaderPaymentResponse) == "" {
 		t.Fatalf("the same payment after the stall: %d, want 200 and settled", resp.StatusCode)
+	}
+}
+
+// The upstream of a charged call is told when the gate stops waiting for
+// its answer (X-Aov-Answer-By: the upstream_timeout deadline, Unix ms), so
+// verifierd can decline to record a verification nobody will deliver; a
+// client's copy of the header never reaches it.
+func TestUpstreamIsToldWhenTheGateStopsWaiting(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	base := startCaddy(t, gateSite(up.URL, fac, 5, "upstream_timeout 7s"))
+	sent := time.Now()
+	resp := post(t, base+"/verify/schema", validRequest, map[string]string{HeaderUpstreamAnswerBy: "99999999999999"})
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	got, err := strconv.ParseInt(readJSON(t, resp)["answer_by"].(string), 10, 64)
+	if err != nil {
+		t.Fatalf("answer_by: %v", err)
+	}
+	by := time.UnixMilli(got)
+	if lo, hi := sent.Add(7*time.Second-time.Second), time.Now().Add(7*time.Second+time.Second); by.Before(lo) || by.After(hi) {
+		t.Fatalf("X-Aov-Answer-By %v, want about 7 s after %v", by, sent)
 	}
 }

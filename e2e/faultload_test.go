@@ -245,6 +245,12 @@ func TestBooksBalanceUnderFaults(t *testing.T) {
 	if historyPaid != settled {
 		t.Errorf("history has %d paid calls, %d were settled", historyPaid, settled)
 	}
+	// Free verifications a stalled verifierd finished after the gateway gave
+	// up are not recorded (X-Aov-Answer-By): history holds the free answers
+	// delivered, plus the one that read the count.
+	if got := kinds[store.PaymentFree]; got != free+1 {
+		t.Errorf("history has %d free calls, %d were delivered (+1 that read the count)", got, free)
+	}
 }
 
 // historyAll is every record verifierd holds for agent, all pages.

@@ -4,10 +4,13 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"errors"
 	"fmt"
 	"net/http"
 	"regexp"
+	"strconv"
 	"strings"
+	"time"
 	"unicode"
 	"unicode/utf8"
 
@@ -27,6 +30,7 @@ const (
 	HeaderNetwork      = "X-Aov-Network"       // CAIP-2 network of that payment
 	HeaderWallet       = "X-Aov-Wallet"        // address proven by X-Wallet-Auth
 	HeaderWalletAgent  = "X-Aov-Wallet-Agent"  // agent_id that proof binds to the wallet
+	HeaderAnswerBy     = "X-Aov-Answer-By"     // Unix milliseconds after which the gateway no longer waits for the answer
 	// HeaderSettlement "pending" on a paid call: the gateway settles after
 	// this answer and reports the outcome (settlement.go).
 	HeaderSettlement = "X-Aov-Settlement"
@@ -46,6 +50,10 @@ type gatewayInfo struct {
 	wallet  string
 	// walletAgent is the agent_id the wallet proof named, if any.
 	walletAgent string
+	// answerBy is when the gateway stops waiting for this answer (zero:
+	// not said). A verification finished later would be recorded but never
+	// delivered, so verifyRequest records none past it (answerMargin).
+	answerBy time.Time
 }
 
 // gatewayInfo reads the X-Aov-* headers when the request carries the right
@@ -79,7 +87,30 @@ func (s *Server) gatewayInfo(h http.Header, remote string) gatewayInfo {
 	if info.wallet != "" {
 		info.walletAgent = cleanAgent(h.Get(HeaderWalletAgent))
 	}
+	if ms, err := strconv.ParseInt(h.Get(HeaderAnswerBy), 10, 64); err == nil && ms > 0 {
+		info.answerBy = time.UnixMilli(ms)
+	}
 	return info
+}
+
+// answerMargin is how long before the gateway's answer-by instant a
+// verification stops being recorded: the time the answer needs to reach the
+// gateway, and the clock difference between two machines it tolerates.
+const answerMargin = 100 * time.Millisecond
+
+// tooLate reports whether the gateway will have stopped waiting by the time
+// an answer made now reaches it. It is what keeps a verifierd that was
+// stalled (paused, swapping, starved) from recording verifications whose
+// answers nobody will deliver: those would count toward the agent's
+// reputation as if a buyer had seen them.
+func (gw gatewayInfo) tooLate(now time.Time) bool {
+	return !gw.answerBy.IsZero() && !now.Before(gw.answerBy.Add(-answerMargin))
+}
+
+// errGatewayGaveUp answers a verification finished after the gateway
+// stopped waiting: nothing was recorded (and the gateway charged nothing).
+func errGatewayGaveUp() error {
+	return apierr.Unavailable("verifier", 1, errors.New("finished after the gateway's answer-by time; not recorded"))
 }
 
 // cleanAgent accepts an agent_id as the gateway forwards it: UTF-8, at most

@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"strconv"
 	"testing"
+	"time"
 
 	"github.com/aovhq/aov/store"
 )
@@ -116,5 +118,50 @@ func TestSettlementReportsOverMCP(t *testing.T) {
 	}
 	if after, _, _ := f.db.Verifications(ctx, "", "", 10); len(after) != len(before) {
 		t.Fatalf("the score tool recorded something: %d records, then %d", len(before), len(after))
+	}
+}
+
+// A verification the gateway has stopped waiting for (its X-Aov-Answer-By
+// has passed, or will have by the time the answer reaches it) is neither
+// signed nor recorded: it would count for an agent although no buyer saw
+// it. The header is believed only with the gateway token.
+func TestNoRecordAfterTheGatewayGaveUp(t *testing.T) {
+	f := newFixture(t, fixtureOpts{})
+	by := func(d time.Duration) string { return strconv.FormatInt(time.Now().Add(d).UnixMilli(), 10) }
+	for _, tc := range []struct {
+		name   string
+		hdr    map[string]string
+		status int
+	}{
+		{"passed", map[string]string{"X-Aov-Gateway-Token": gatewayToken, "X-Aov-Payment": "free", "X-Aov-Answer-By": by(-time.Second)}, http.StatusServiceUnavailable},
+		{"within the margin", map[string]string{"X-Aov-Gateway-Token": gatewayToken, "X-Aov-Payment": "free", "X-Aov-Answer-By": by(20 * time.Millisecond)}, http.StatusServiceUnavailable},
+		{"in time", map[string]string{"X-Aov-Gateway-Token": gatewayToken, "X-Aov-Payment": "free", "X-Aov-Answer-By": by(10 * time.Second)}, http.StatusOK},
+		{"not from the gateway", map[string]string{"X-Aov-Answer-By": by(-time.Second)}, http.StatusOK},
+		{"unreadable", map[string]string{"X-Aov-Gateway-Token": gatewayToken, "X-Aov-Payment": "free", "X-Aov-Answer-By": "soon"}, http.StatusOK},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before, err := f.db.AgentCounts(context.Background(), "seller-7")
+			if err != nil {
+				t.Fatal(err)
+			}
+			w := f.do(http.MethodPost, "/verify/schema", invoice("129.5", ""), tc.hdr)
+			if w.Code != tc.status {
+				t.Fatalf("status %d, want %d: %s", w.Code, tc.status, w.Body)
+			}
+			after, err := f.db.AgentCounts(context.Background(), "seller-7")
+			if err != nil {
+				t.Fatal(err)
+			}
+			recorded := after.Total() - before.Total()
+			if want := map[bool]int64{true: 1, false: 0}[tc.status == http.StatusOK]; recorded != want {
+				t.Fatalf("recorded %d verifications, want %d", recorded, want)
+			}
+			if tc.status != http.StatusOK {
+				var e map[string]any
+				if err := json.Unmarshal(w.Body.Bytes(), &e); err != nil || e["code"] != "upstream_unavailable" || e["charged"] != false {
+					t.Fatalf("refusal %s", w.Body)
+				}
+			}
+		})
 	}
 }

@@ -73,6 +73,9 @@ func (s *Server) verifyRequest(ctx context.Context, body []byte, gw gatewayInfo,
 	if err != nil {
 		return nil, apierr.Internal(err)
 	}
+	if gw.tooLate(time.Now()) {
+		return nil, errGatewayGaveUp()
+	}
 	at := s.now().UTC().Truncate(time.Microsecond)
 	res := s.v.Check(req, id, at)
 	rec.verificationID = id
@@ -117,6 +120,13 @@ func (s *Server) verifyRequest(ctx context.Context, body []byte, gw gatewayInfo,
 	// the write is short. A fresh context keeps the cancellation of the
 	// request from leaving a signed-but-unrecorded verification behind
 	// when the caller disconnects at the wrong instant.
+	//
+	// But not when the gateway has stopped waiting (this process was
+	// stalled, or the signer was slow): the answer would never be
+	// delivered, and the record would count for an agent no buyer saw.
+	if gw.tooLate(time.Now()) {
+		return nil, errGatewayGaveUp()
+	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	if err := s.history.RecordVerification(rctx, v); err != nil {
