@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -218,6 +219,10 @@ type Gate struct {
 	ratesKey    string
 	logger      *zap.Logger
 	ctx         caddy.Context
+	// route is the way to this gate's upstream, from the first request it
+	// served (pending.go: reports whose own way was lost in a restart).
+	// Set in Provision; a pointer because a Gate is copied by value.
+	route *atomic.Pointer[reporter]
 }
 
 // Accept is one way to pay: a scheme on a network, an amount of an asset,
@@ -343,6 +348,7 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 		return err
 	}
 	registerMetrics(ctx)
+	g.route = new(atomic.Pointer[reporter])
 	discovery.add(g)
 	g.startResolver() // hook (pending.go): resolve unknown settlements
 	return nil
@@ -490,6 +496,9 @@ func (a Accept) requirements() (x402.PaymentRequirements, error) {
 func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	if r.Method == http.MethodOptions {
 		return next.ServeHTTP(w, r)
+	}
+	if g.route != nil && g.route.Load() == nil {
+		g.learnRoute(r, next)
 	}
 	// The upstream must never see a client's claim to have paid, nor the
 	// payment itself. The first gate on the request removes them; a later

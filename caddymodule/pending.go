@@ -77,7 +77,15 @@ type heldRecord struct {
 	// ReportPath and VerificationID: the upstream asked for the outcome.
 	ReportPath     string `json:"report_path,omitempty"`
 	VerificationID string `json:"verification_id,omitempty"`
+	// Gate names the gate that held it (gateID), so that after a restart
+	// its outcome is reported through the same gate's upstream.
+	Gate string `json:"gate,omitempty"`
 }
+
+// gateID names a gate among those of one configuration: its route and its
+// MCP tool. Gates with equal names make the same offers to the same
+// upstream, as far as the configuration says.
+func (g *Gate) gateID() string { return g.Route + "\x00" + g.MCPTool }
 
 // maxHeldAnswer bounds an answer kept for an unknown settlement.
 const maxHeldAnswer = 1 << 20
@@ -113,7 +121,7 @@ func (g *Gate) holdUnknown(ctx context.Context, c store.Claim, p x402.PaymentPay
 	if !ok {
 		return
 	}
-	h := heldRecord{Keys: c.Keys, Token: c.Token, Until: c.Until, Payload: p, Offer: offer}
+	h := heldRecord{Keys: c.Keys, Token: c.Token, Until: c.Until, Payload: p, Offer: offer, Gate: g.gateID()}
 	if unknown != nil && unknown.Reply != nil {
 		h.Sent = unknown.Reply.Transaction
 	}
@@ -294,7 +302,8 @@ func (g *Gate) resolvePass(ctx context.Context) {
 // carrying what the chain reads (the server, the client's address, the
 // variables). Kept in memory by the record's first claim key, at most
 // maxReporters of them; without one (the gateway restarted, or too many
-// are pending) the buyer's retry reports, as it always does.
+// are pending) the outcome waits for the first request a gate with the
+// same offer serves (learnRoute), or the buyer's retry, whichever is first.
 type reporter struct {
 	next caddyhttp.Handler
 	base *http.Request
@@ -328,23 +337,93 @@ func (g *Gate) reportResolved(h *heldRecord, state x402.SettlementState) {
 	if h.ReportPath == "" {
 		return
 	}
-	rep := takeReporter(h)
-	if rep == nil {
-		return
-	}
 	payment := store.PaymentPaid
 	if state == x402.SettlementNever {
 		payment = store.PaymentUnpaid
 	}
-	g.report(rep.base, rep.next, h.ReportPath, h.VerificationID, payment)
+	if rep := takeReporter(h); rep != nil {
+		g.report(rep.base, rep.next, h.ReportPath, h.VerificationID, payment)
+		return
+	}
+	// Its own way is gone (the gateway restarted since, or too many were
+	// kept): report through a live gate that makes the same offer, once it
+	// has served a request, so history does not wait for the buyer's retry.
+	o := orphanReport{gate: h.Gate, offer: h.Offer, path: h.ReportPath, id: h.VerificationID, payment: payment}
+	if rg, rep := routeFor(o); rep != nil {
+		rg.report(rep.base, rep.next, o.path, o.id, o.payment)
+		return
+	}
+	resolvers.Lock()
+	if len(resolvers.orphans) < maxReporters {
+		resolvers.orphans = append(resolvers.orphans, o)
+	}
+	resolvers.Unlock()
+}
+
+// orphanReport is a resolved outcome waiting for a gate that can deliver
+// it: one like the gate that held the payment (the same gateID, and its
+// offers include the payment's).
+type orphanReport struct {
+	gate              string
+	offer             x402.PaymentRequirements
+	path, id, payment string
+}
+
+func (o orphanReport) deliverableBy(g *Gate) bool {
+	_, ok := x402.Match(o.offer, g.offers)
+	return ok && o.gate == g.gateID()
+}
+
+// routeFor is a live gate that can deliver o, and its way to its upstream,
+// if it has served a request since it was provisioned.
+func routeFor(o orphanReport) (*Gate, *reporter) {
+	resolvers.Lock()
+	defer resolvers.Unlock()
+	for g := range resolvers.stop {
+		if o.deliverableBy(g) {
+			if rep := g.route.Load(); rep != nil {
+				return g, rep
+			}
+		}
+	}
+	return nil, nil
+}
+
+// learnRoute keeps the way to the gate's upstream from its first request,
+// and sends the outcomes that were waiting for it.
+func (g *Gate) learnRoute(r *http.Request, next caddyhttp.Handler) {
+	rep := &reporter{next: next, base: detached(r)}
+	if !g.route.CompareAndSwap(nil, rep) {
+		return
+	}
+	resolvers.Lock()
+	var mine []orphanReport
+	kept := resolvers.orphans[:0]
+	for _, o := range resolvers.orphans {
+		if o.deliverableBy(g) {
+			mine = append(mine, o)
+		} else {
+			kept = append(kept, o)
+		}
+	}
+	resolvers.orphans = kept
+	resolvers.Unlock()
+	if len(mine) > 0 {
+		go func() {
+			for _, o := range mine {
+				g.report(rep.base, rep.next, o.path, o.id, o.payment)
+			}
+		}()
+	}
 }
 
 // resolvers holds the stop function of each provisioned gate's background
 // pass.
 var resolvers = struct {
 	sync.Mutex
-	stop map[*Gate]context.CancelFunc
-	via  map[string]*reporter // by a held record's first claim key
+	stop    map[*Gate]context.CancelFunc
+	via     map[string]*reporter // by a held record's first claim key
+	orphans []orphanReport       // resolved outcomes whose way was lost, at most maxReporters
 }{stop: map[*Gate]context.CancelFunc{}, via: map[string]*reporter{}}
 
 // startResolver starts the gate's background pass over held records: once

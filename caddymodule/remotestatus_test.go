@@ -293,3 +293,44 @@ func unmarshalAndProvision(t *testing.T, m *HTTPFacilitator, input string) error
 	defer m.Cleanup()
 	return m.Provision(caddy.Context{})
 }
+
+// After a restart the in-memory way to report a held payment's outcome is
+// gone; the background pass of the new gateway resolves it from the store
+// and reports it through the first request the same offer's gate serves,
+// not only on the buyer's own retry. (Caddy runs in this process, so the
+// restart is a stop and a fresh start on the same state, with the
+// reporters a real restart loses forgotten by hand.)
+func TestResolvedAfterARestartIsReported(t *testing.T) {
+	old := resolveInterval
+	resolveInterval = time.Hour // only the pass each gateway runs when it starts
+	t.Cleanup(func() { resolveInterval = old })
+	d, facURL := sharedDevnet(t)
+	rpc := "rpc devnet " + d.RPCURL()
+	up := newReportingUpstream(t)
+	proxy := newLossyProxy(t, facURL, "lose_reply")
+	dir := filepath.Join(t.TempDir(), "gate")
+
+	base := startCaddy(t, remoteSite(up.URL, proxy.URL, rpc, dir))
+	url := base + "/verify/schema"
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 9)
+	if resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}); resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("first try: status %d: %s", resp.StatusCode, readJSONString(t, resp))
+	}
+	if err := caddy.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	resolvers.Lock()
+	clear(resolvers.via)
+	resolvers.Unlock()
+
+	base = startCaddy(t, remoteSite(up.URL, proxy.URL, rpc, dir))
+	time.Sleep(time.Second) // the new gateway's first pass resolves the payment
+	if got := up.got(); len(got) != 0 {
+		t.Fatalf("reported %v before the gate had a way to its upstream", got)
+	}
+	// Anyone's request shows the gate the way; a 402 is enough.
+	if resp := post(t, base+"/verify/schema", "", nil); resp.StatusCode != http.StatusPaymentRequired {
+		t.Fatalf("probe: status %d", resp.StatusCode)
+	}
+	waitReports(t, up, "v-1=paid")
+}
