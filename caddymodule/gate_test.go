@@ -44,22 +44,28 @@ var payTo = evmfacilitator.DevAccounts()[9].Address
 func sharedDevnet(t testing.TB) (*evmfacilitator.Devnet, string) {
 	t.Helper()
 	devnetOnce.Do(func() {
-		devnet, devnetErr = evmfacilitator.StartDevnet(evmfacilitator.DevnetConfig{RPCListen: "127.0.0.1:0"})
-		if devnetErr != nil {
-			return
-		}
-		var f *evmfacilitator.Facilitator
-		f, devnetErr = devnet.NewFacilitator()
-		if devnetErr != nil {
-			return
-		}
-		srv := httptest.NewServer(x402.NewFacilitatorHandler(f))
-		facURL = srv.URL
+		devnet, facURL, _, devnetErr = startDevnetFacilitator()
 	})
 	if devnetErr != nil {
 		t.Fatalf("starting devnet: %v", devnetErr)
 	}
 	return devnet, facURL
+}
+
+// startDevnetFacilitator starts a devnet and our facilitator on it over
+// HTTP; stop closes both.
+func startDevnetFacilitator() (d *evmfacilitator.Devnet, url string, stop func(), err error) {
+	d, err = evmfacilitator.StartDevnet(evmfacilitator.DevnetConfig{RPCListen: "127.0.0.1:0"})
+	if err != nil {
+		return nil, "", nil, err
+	}
+	f, err := d.NewFacilitator()
+	if err != nil {
+		d.Close()
+		return nil, "", nil, err
+	}
+	srv := httptest.NewServer(x402.NewFacilitatorHandler(f))
+	return d, srv.URL, func() { srv.Close(); d.Close() }, nil
 }
 
 // balance reads an address's test USDC balance from the chain.

@@ -205,26 +205,7 @@ func TestUnknownSettlementReleasedOnceExpired(t *testing.T) {
 	url := base + "/verify/schema"
 	payer := evmfacilitator.DevAccounts()[6].Address
 	before := balance(t, d, payer)
-	pr := paymentRequired(t, post(t, url, "", nil))
-	// Valid for 8 s past the chain's time (which other tests may have
-	// pushed ahead of the wall clock).
-	pr.Accepts[0].MaxTimeoutSeconds = 8
-	head, err := d.Client().HeaderByNumber(context.Background(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	signAt := time.Unix(int64(head.Time), 0)
-	if signAt.Before(time.Now()) {
-		signAt = time.Now()
-	}
-	p, err := x402.SignExactEVM(evmfacilitator.DevKey(6), pr.Accepts[0], &pr.Resource, signAt)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sig, err := x402.EncodeHeader(p)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sig := signExpiring(t, d, paymentRequired(t, post(t, url, "", nil)), 6, 8)
 	var pl x402.PaymentPayload
 	if err := x402.DecodeHeader(sig, &pl); err != nil {
 		t.Fatal(err)
@@ -439,4 +420,30 @@ func TestUnknownSettlementIsJudgedByTheNamedTransaction(t *testing.T) {
 	if got := charged(t, d, payer, before); got.Cmp(big.NewInt(20000)) != 0 {
 		t.Fatalf("charged %v, want exactly one transfer", got)
 	}
+}
+
+// signExpiring signs the first offer of pr with development key key, valid
+// for seconds past the later of the wall clock and the chain's head time
+// (which other tests may have pushed ahead): a payment that expires soon.
+// The facilitator wants x402.ValidBeforeMargin (6 s) left when it verifies.
+func signExpiring(t *testing.T, d *evmfacilitator.Devnet, pr x402.PaymentRequired, key int, seconds int) string {
+	t.Helper()
+	pr.Accepts[0].MaxTimeoutSeconds = seconds
+	head, err := d.Client().HeaderByNumber(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	signAt := time.Unix(int64(head.Time), 0)
+	if signAt.Before(time.Now()) {
+		signAt = time.Now()
+	}
+	p, err := x402.SignExactEVM(evmfacilitator.DevKey(key), pr.Accepts[0], &pr.Resource, signAt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sig, err := x402.EncodeHeader(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sig
 }

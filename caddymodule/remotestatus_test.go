@@ -2,7 +2,6 @@ package caddymodule
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"io"
 	"math/big"
@@ -206,28 +205,9 @@ func TestBackgroundResolutionIsReportedAtOnce(t *testing.T) {
 		url := base + "/verify/schema"
 		payer := evmfacilitator.DevAccounts()[4].Address
 		before := balance(t, d, payer)
-		pr := paymentRequired(t, post(t, url, "", nil))
-		// Valid for 9 s past the chain's time (which may run ahead of the
-		// wall clock): the facilitator wants x402.ValidBeforeMargin (6 s)
-		// left when it verifies, so 3 s of slack for the seconds the chain
-		// head or the clock move on before it does.
-		pr.Accepts[0].MaxTimeoutSeconds = 9
-		head, err := d.Client().HeaderByNumber(context.Background(), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		signAt := time.Unix(int64(head.Time), 0)
-		if signAt.Before(time.Now()) {
-			signAt = time.Now()
-		}
-		p, err := x402.SignExactEVM(evmfacilitator.DevKey(4), pr.Accepts[0], &pr.Resource, signAt)
-		if err != nil {
-			t.Fatal(err)
-		}
-		sig, err := x402.EncodeHeader(p)
-		if err != nil {
-			t.Fatal(err)
-		}
+		// 9 s: 3 s of slack past the facilitator's margin for the seconds
+		// the chain head or the clock move on before it verifies.
+		sig := signExpiring(t, d, paymentRequired(t, post(t, url, "", nil)), 4, 9)
 		if resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}); resp.StatusCode != http.StatusServiceUnavailable {
 			t.Fatalf("first try: status %d: %s", resp.StatusCode, readJSONString(t, resp))
 		}
@@ -251,18 +231,12 @@ func TestBackgroundResolutionIsReportedAtOnce(t *testing.T) {
 // ownDevnet is a devnet and its facilitator for one test, stopped with it.
 func ownDevnet(t *testing.T) (*evmfacilitator.Devnet, string) {
 	t.Helper()
-	d, err := evmfacilitator.StartDevnet(evmfacilitator.DevnetConfig{RPCListen: "127.0.0.1:0"})
+	d, url, stop, err := startDevnetFacilitator()
 	if err != nil {
 		t.Fatalf("starting devnet: %v", err)
 	}
-	t.Cleanup(func() { d.Close() })
-	f, err := d.NewFacilitator()
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(x402.NewFacilitatorHandler(f))
-	t.Cleanup(srv.Close)
-	return d, srv.URL
+	t.Cleanup(stop)
+	return d, url
 }
 
 // The http facilitator reads outcomes on EVM and Solana chains, once per
