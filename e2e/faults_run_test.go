@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/aovhq/aov/plugins/evmfacilitator"
-	"github.com/aovhq/aov/x402"
 )
 
 // AOV_FACILITATOR=remote make run: the facilitator (with the devnet) runs
@@ -25,22 +24,7 @@ func TestRunScriptRemoteFacilitator(t *testing.T) {
 	payer := evmfacilitator.DevAccounts()[4]
 	req, resource := offerAt(t, base)
 	before := usdcAt(t, rpcURL, req.Asset, payer.Address)
-	pay := func(t *testing.T) {
-		t.Helper()
-		p, err := x402.SignExactEVM(payer.Key(), req, &resource, time.Now())
-		if err != nil {
-			t.Fatal(err)
-		}
-		sig, err := x402.EncodeHeader(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r := do(t, http.MethodPost, base+"/verify/schema", body, map[string]string{x402.HeaderPaymentSignature: sig})
-		mustStatus(t, r, http.StatusOK)
-		if r.header.Get(x402.HeaderPaymentResponse) == "" {
-			t.Fatal("a paid answer without PAYMENT-RESPONSE")
-		}
-	}
+	pay := func(t *testing.T) { payVerify(t, base, body, payer, req, resource) }
 	pay(t)
 	mustStatus(t, get(t, base+"/facilitator/supported"), http.StatusOK)
 

@@ -280,22 +280,7 @@ func TestRunScriptRestartsADeadDaemon(t *testing.T) {
 	payer := evmfacilitator.DevAccounts()[3]
 	req, resource := offerAt(t, base)
 	before := usdcAt(t, rpcURL, req.Asset, payer.Address)
-	pay := func(t *testing.T) {
-		t.Helper()
-		p, err := x402.SignExactEVM(payer.Key(), req, &resource, time.Now())
-		if err != nil {
-			t.Fatal(err)
-		}
-		sig, err := x402.EncodeHeader(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r := do(t, http.MethodPost, base+"/verify/schema", body, map[string]string{x402.HeaderPaymentSignature: sig})
-		mustStatus(t, r, http.StatusOK)
-		if r.header.Get(x402.HeaderPaymentResponse) == "" {
-			t.Fatal("a paid answer without PAYMENT-RESPONSE")
-		}
-	}
+	pay := func(t *testing.T) { payVerify(t, base, body, payer, req, resource) }
 	pay(t)
 
 	for round, name := range []string{"verifierd", "verifierd", "certd", "caddy"} {
@@ -380,4 +365,23 @@ func mustBig(t *testing.T, s string) *big.Int {
 		t.Fatalf("not a number: %q", s)
 	}
 	return n
+}
+
+// payVerify pays one POST /verify/schema of body at base with payer's
+// fresh authorization for req, and wants the paid answer.
+func payVerify(t *testing.T, base string, body []byte, payer evmfacilitator.DevAccount, req x402.PaymentRequirements, resource x402.Resource) {
+	t.Helper()
+	p, err := x402.SignExactEVM(payer.Key(), req, &resource, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sig, err := x402.EncodeHeader(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := do(t, http.MethodPost, base+"/verify/schema", body, map[string]string{x402.HeaderPaymentSignature: sig})
+	mustStatus(t, r, http.StatusOK)
+	if r.header.Get(x402.HeaderPaymentResponse) == "" {
+		t.Fatal("a paid answer without PAYMENT-RESPONSE")
+	}
 }
