@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -233,16 +232,7 @@ func TestAllowanceFlushSurvivesKill(t *testing.T) {
 		return
 	}
 	dir := filepath.Join(t.TempDir(), "db")
-	cmd := exec.Command(os.Args[0], "-test.run=^TestAllowanceFlushSurvivesKill$", "-test.count=1")
-	cmd.Env = append(os.Environ(), flushChildEnv+"="+dir)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	cmd, out := startChild(t, "TestAllowanceFlushSurvivesKill", flushChildEnv, dir)
 	acks := map[string]int{}
 	total := 0
 	sc := bufio.NewScanner(out)

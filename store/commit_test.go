@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -31,16 +32,7 @@ func TestAcknowledgedWritesSurviveKill(t *testing.T) {
 		return
 	}
 	dir := filepath.Join(t.TempDir(), "db")
-	cmd := exec.Command(os.Args[0], "-test.run=^TestAcknowledgedWritesSurviveKill$", "-test.count=1")
-	cmd.Env = append(os.Environ(), crashChildEnv+"="+dir)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	cmd, out := startChild(t, "TestAcknowledgedWritesSurviveKill", crashChildEnv, dir)
 	var acks []string
 	sc := bufio.NewScanner(out)
 	killed := false
@@ -270,4 +262,22 @@ func TestGroupCommitCancelledWhileQueued(t *testing.T) {
 		t.Fatal("the cancelled writer's transaction ran")
 	default:
 	}
+}
+
+// startChild runs test name of this binary again as a child process, with
+// env set to dir (the child's cue to do its part), and returns it and its
+// standard output.
+func startChild(t *testing.T, name, env, dir string) (*exec.Cmd, io.ReadCloser) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^"+name+"$", "-test.count=1")
+	cmd.Env = append(os.Environ(), env+"="+dir)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return cmd, out
 }
