@@ -249,7 +249,7 @@ func (a *allowances) entry(ctx context.Context, s *allowanceShard, k allowanceDa
 	}
 	var committed int
 	var pending []pendingUnit
-	err := a.db.view(ctx, func(txn *badger.Txn) error {
+	err := a.db.view(ctx, func(txn *tx) error {
 		item, err := txn.Get(k.key())
 		if errors.Is(err, badger.ErrKeyNotFound) {
 			return nil
@@ -303,7 +303,7 @@ func allowanceExpiry(dayEnd time.Time) uint64 {
 }
 
 // setCommitted writes the committed count n of k into txn.
-func setCommitted(txn *badger.Txn, k allowanceDay, n int, end time.Time) error {
+func setCommitted(txn *tx, k allowanceDay, n int, end time.Time) error {
 	e := badger.NewEntry(k.key(), binary.BigEndian.AppendUint32(nil, uint32(n)))
 	e.ExpiresAt = allowanceExpiry(end)
 	return txn.SetEntry(e)
@@ -439,7 +439,7 @@ func (a *allowances) finish(ctx context.Context, r Reservation, commit bool) err
 // caller has counted a write on each day.
 func (a *allowances) write(ctx context.Context, days []dirtyDay) (int, error) {
 	wrote := make([]int, len(days))
-	err := a.db.update(ctx, func(txn *badger.Txn) error {
+	err := a.db.update(ctx, func(txn *tx) error {
 		for i, d := range days {
 			d.s.mu.Lock()
 			n, end := d.day.committed, d.day.end

@@ -100,7 +100,7 @@ func TestAllowanceFlushInterval(t *testing.T) {
 	deadline := time.Now().Add(20 * time.Second) // a bound for a stuck flusher, not a speed test
 	for {
 		var onDisk int
-		err := db.view(context.Background(), func(txn *badger.Txn) error {
+		err := db.view(context.Background(), func(txn *tx) error {
 			item, err := txn.Get(k.key())
 			if errors.Is(err, badger.ErrKeyNotFound) {
 				return nil

@@ -124,7 +124,7 @@ func (c claimRecord) state() ClaimState {
 
 // readClaim returns the live claim on key (ok false when absent or expired
 // by the store's clock).
-func readClaim(txn *badger.Txn, key []byte, t int64) (claimRecord, bool, error) {
+func readClaim(txn *tx, key []byte, t int64) (claimRecord, bool, error) {
 	item, err := txn.Get(key)
 	if errors.Is(err, badger.ErrKeyNotFound) {
 		return claimRecord{}, false, nil
@@ -164,7 +164,7 @@ func (cl claims) Claim(ctx context.Context, keys []string, until time.Time) (Cla
 	if _, err := rand.Read(rec.token[:]); err != nil {
 		return Claim{}, fmt.Errorf("making claim token: %w", err)
 	}
-	err = cl.db.update(ctx, func(txn *badger.Txn) error {
+	err = cl.db.update(ctx, func(txn *tx) error {
 		t := now().UnixNano()
 		if rec.until <= t {
 			return errors.New("store: claim expiry is not in the future")
@@ -193,7 +193,7 @@ func (cl claims) Claim(ctx context.Context, keys []string, until time.Time) (Cla
 
 // held checks that every key of c is still c's (same token, live at t) and
 // returns the records.
-func held(txn *badger.Txn, c Claim, t int64) ([]claimRecord, error) {
+func held(txn *tx, c Claim, t int64) ([]claimRecord, error) {
 	var token [16]byte
 	if n, err := hex.Decode(token[:], []byte(c.Token)); err != nil || n != 16 || len(c.Keys) == 0 {
 		return nil, ErrClaimLost
@@ -214,7 +214,7 @@ func held(txn *badger.Txn, c Claim, t int64) ([]claimRecord, error) {
 
 // Settle implements Claims.
 func (cl claims) Settle(ctx context.Context, c Claim, note string, keepUntil time.Time) error {
-	return cl.db.update(ctx, func(txn *badger.Txn) error {
+	return cl.db.update(ctx, func(txn *tx) error {
 		recs, err := held(txn, c, now().UnixNano())
 		if err != nil {
 			return err
@@ -236,7 +236,7 @@ func (cl claims) Settle(ctx context.Context, c Claim, note string, keepUntil tim
 
 // putClaim writes r under key k, expiring with the claim (Badger drops it
 // after claimExpiry).
-func putClaim(txn *badger.Txn, k string, r claimRecord) error {
+func putClaim(txn *tx, k string, r claimRecord) error {
 	e := badger.NewEntry(claimKey(k), r.encode())
 	e.ExpiresAt = claimExpiry(r.until)
 	return txn.SetEntry(e)
@@ -244,7 +244,7 @@ func putClaim(txn *badger.Txn, k string, r claimRecord) error {
 
 // Release implements Claims.
 func (cl claims) Release(ctx context.Context, c Claim) error {
-	return cl.db.update(ctx, func(txn *badger.Txn) error {
+	return cl.db.update(ctx, func(txn *tx) error {
 		recs, err := held(txn, c, now().UnixNano())
 		if err != nil {
 			return err
@@ -264,7 +264,7 @@ func (cl claims) Release(ctx context.Context, c Claim) error {
 // Lookup implements Claims.
 func (cl claims) Lookup(ctx context.Context, key string) (ClaimState, error) {
 	var st ClaimState
-	err := cl.db.view(ctx, func(txn *badger.Txn) error {
+	err := cl.db.view(ctx, func(txn *tx) error {
 		c, live, err := readClaim(txn, claimKey(key), now().UnixNano())
 		if err != nil {
 			return err
@@ -301,7 +301,7 @@ func (cl claims) Hold(ctx context.Context, c Claim, note string) error {
 	if len(note) > MaxHoldNoteBytes {
 		return fmt.Errorf("store: hold note over %d bytes", MaxHoldNoteBytes)
 	}
-	return cl.db.update(ctx, func(txn *badger.Txn) error {
+	return cl.db.update(ctx, func(txn *tx) error {
 		recs, err := held(txn, c, now().UnixNano())
 		if err != nil {
 			return err
@@ -324,7 +324,7 @@ func (cl claims) Hold(ctx context.Context, c Claim, note string) error {
 // each claim is reported once (by the first key met), told apart by its
 // token.
 func (cl claims) Held(ctx context.Context, fn func(key string, st ClaimState) bool) error {
-	return cl.db.view(ctx, func(txn *badger.Txn) error {
+	return cl.db.view(ctx, func(txn *tx) error {
 		t := now().UnixNano()
 		seen := map[[16]byte]bool{}
 		opts := badger.DefaultIteratorOptions

@@ -63,7 +63,7 @@ const (
 )
 
 type commitOp struct {
-	fn    func(txn *badger.Txn) error
+	fn    func(txn *tx) error
 	state atomic.Int32
 	err   error
 	// done and lead exist only for an op queued behind a leader (a leader
@@ -102,7 +102,7 @@ func (c *committer) close() {
 // committed. A context that ends before fn was taken returns its error with
 // nothing written; once taken, fn's outcome is awaited (the commit is
 // bounded by the disk), so an answer never hides a write.
-func (c *committer) do(ctx context.Context, fn func(txn *badger.Txn) error) error {
+func (c *committer) do(ctx context.Context, fn func(txn *tx) error) error {
 	op := &commitOp{fn: fn}
 	c.mu.Lock()
 	if c.closed {
@@ -201,7 +201,7 @@ func (c *committer) commitGroup(ops []*commitOp) (rest []*commitOp) {
 		txn := c.bdb.NewTransaction(true)
 		failed, err := -1, error(nil)
 		for i, op := range ops {
-			if err = op.run(txn); err != nil {
+			if err = op.run(&tx{b: txn}); err != nil {
 				failed = i
 				break
 			}
@@ -237,7 +237,7 @@ func (c *committer) commitGroup(ops []*commitOp) (rest []*commitOp) {
 
 // run calls fn, turning a panic into its error: it fails this op, not the
 // leader's whole group, and the lead is still handed on.
-func (op *commitOp) run(txn *badger.Txn) (err error) {
+func (op *commitOp) run(txn *tx) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("store: transaction panicked: %v", p)

@@ -149,7 +149,7 @@ func TestGroupCommitKeepsEachCallsOutcome(t *testing.T) {
 	ok, failed := 0, 0
 	for i := range 200 {
 		wg.Go(func() {
-			err := db.update(ctx, func(txn *badger.Txn) error {
+			err := db.update(ctx, func(txn *tx) error {
 				n := 0
 				if item, err := txn.Get(key); err == nil {
 					item.Value(func(v []byte) error { n = len(v); return nil })
@@ -178,7 +178,7 @@ func TestGroupCommitKeepsEachCallsOutcome(t *testing.T) {
 	}
 	wg.Wait()
 	var n int
-	db.view(ctx, func(txn *badger.Txn) error {
+	db.view(ctx, func(txn *tx) error {
 		item, err := txn.Get(key)
 		if err != nil {
 			return err
@@ -195,11 +195,11 @@ func TestGroupCommitKeepsEachCallsOutcome(t *testing.T) {
 func TestGroupCommitSurvivesAPanic(t *testing.T) {
 	db, _ := openTemp(t, Options{NoSync: true})
 	ctx := context.Background()
-	err := db.update(ctx, func(*badger.Txn) error { panic("boom") })
+	err := db.update(ctx, func(*tx) error { panic("boom") })
 	if err == nil || !strings.Contains(err.Error(), "panicked") {
 		t.Fatalf("panicking transaction: err = %v", err)
 	}
-	if err := db.update(ctx, func(txn *badger.Txn) error { return txn.Set([]byte("test/after"), nil) }); err != nil {
+	if err := db.update(ctx, func(txn *tx) error { return txn.Set([]byte("test/after"), nil) }); err != nil {
 		t.Fatalf("the next transaction: %v", err)
 	}
 }
@@ -209,7 +209,7 @@ func TestGroupCommitSurvivesAPanic(t *testing.T) {
 func TestGroupCommitRefusesAfterClose(t *testing.T) {
 	db, _ := openTemp(t, Options{NoSync: true})
 	db.Close()
-	if err := db.update(context.Background(), func(*badger.Txn) error { return nil }); !errors.Is(err, ErrClosed) {
+	if err := db.update(context.Background(), func(*tx) error { return nil }); !errors.Is(err, ErrClosed) {
 		t.Fatalf("err = %v, want ErrClosed", err)
 	}
 }
@@ -223,7 +223,7 @@ func TestGroupCommitCancelledWhileQueued(t *testing.T) {
 	started := make(chan struct{})
 	first := make(chan error, 1)
 	go func() {
-		first <- db.update(context.Background(), func(txn *badger.Txn) error {
+		first <- db.update(context.Background(), func(txn *tx) error {
 			select {
 			case <-started:
 			default:
@@ -238,12 +238,12 @@ func TestGroupCommitCancelledWhileQueued(t *testing.T) {
 	ran := make(chan struct{}, 1)
 	cancelled := make(chan error, 1)
 	go func() {
-		cancelled <- db.update(ctx, func(*badger.Txn) error { ran <- struct{}{}; return nil })
+		cancelled <- db.update(ctx, func(*tx) error { ran <- struct{}{}; return nil })
 	}()
 	later := make(chan error, 1)
 	go func() {
 		time.Sleep(20 * time.Millisecond) // queued after the cancelled one
-		later <- db.update(context.Background(), func(txn *badger.Txn) error { return txn.Set([]byte("test/later"), nil) })
+		later <- db.update(context.Background(), func(txn *tx) error { return txn.Set([]byte("test/later"), nil) })
 	}()
 	time.Sleep(10 * time.Millisecond)
 	cancel()

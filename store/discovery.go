@@ -329,7 +329,7 @@ func (d discovery) Record(ctx context.Context, e DiscoveryEntry) error {
 	if err := CheckDiscoveryEntry(e, d.lim); err != nil {
 		return err
 	}
-	return d.db.update(ctx, func(txn *badger.Txn) error {
+	return d.db.update(ctx, func(txn *tx) error {
 		at := now().UnixNano()
 		cutoff := at - d.lim.MaxAge.Nanoseconds()
 		old, oldBody, err := d.get(txn, e.Resource, cutoff, true)
@@ -380,7 +380,7 @@ func (d discovery) Record(ctx context.Context, e DiscoveryEntry) error {
 
 // get reads the live meta (and, with body, the body) of resource; nil when
 // it is not listed or has aged out.
-func (d discovery) get(txn *badger.Txn, resource string, cutoff int64, body bool) (*discoveryMeta, *discoveryBody, error) {
+func (d discovery) get(txn *tx, resource string, cutoff int64, body bool) (*discoveryMeta, *discoveryBody, error) {
 	item, err := txn.Get(discoveryKey('m', resource))
 	if errors.Is(err, badger.ErrKeyNotFound) {
 		return nil, nil, nil
@@ -414,7 +414,7 @@ func (d discovery) get(txn *badger.Txn, resource string, cutoff int64, body bool
 
 // makeRoom deletes the entries that aged out and, while the list is full,
 // the one seen longest ago, so one more fits.
-func (d discovery) makeRoom(txn *badger.Txn, cutoff int64) error {
+func (d discovery) makeRoom(txn *tx, cutoff int64) error {
 	var live, dead [][]byte
 	it := txn.NewIterator(badger.IteratorOptions{Prefix: discoveryOrderPrefix})
 	for it.Rewind(); it.Valid(); it.Next() {
@@ -449,7 +449,7 @@ func orderAt(k []byte) int64 {
 func (d discovery) List(ctx context.Context, q DiscoveryQuery) (DiscoveryPage, error) {
 	page := DiscoveryPage{Entries: []DiscoveryEntry{}}
 	cutoff := now().UnixNano() - d.lim.MaxAge.Nanoseconds()
-	err := d.db.view(ctx, func(txn *badger.Txn) error {
+	err := d.db.view(ctx, func(txn *tx) error {
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: discoveryOrderPrefix})
 		defer it.Close()
 		var seen int

@@ -140,7 +140,7 @@ func (db *DB) RecordVerification(ctx context.Context, v Verification) error {
 		return fmt.Errorf("encoding verification: %w", err)
 	}
 	rk := recordKey(v.ID)
-	return db.update(ctx, func(txn *badger.Txn) error {
+	return db.update(ctx, func(txn *tx) error {
 		if _, err := txn.Get(rk); err == nil {
 			return ErrDuplicate
 		} else if !errors.Is(err, badger.ErrKeyNotFound) {
@@ -159,7 +159,7 @@ func (db *DB) RecordVerification(ctx context.Context, v Verification) error {
 // putAgentRecord writes v (encoded as val) under its agent and counts it in
 // the agent's totals (Counts.add: only what counts). It is the one place
 // both a new record and a settled one reach an agent's history.
-func putAgentRecord(txn *badger.Txn, v Verification, val []byte) error {
+func putAgentRecord(txn *tx, v Verification, val []byte) error {
 	if v.AgentID == "" {
 		return nil
 	}
@@ -220,7 +220,7 @@ func (db *DB) SetPayment(ctx context.Context, id, payment string) error {
 		return fmt.Errorf("store: a settlement outcome is paid or unpaid, not %q", payment)
 	}
 	rk := recordKey(id)
-	return db.update(ctx, func(txn *badger.Txn) error {
+	return db.update(ctx, func(txn *tx) error {
 		item, err := txn.Get(rk)
 		if errors.Is(err, badger.ErrKeyNotFound) {
 			return ErrNotFound
@@ -247,7 +247,7 @@ func (db *DB) SetPayment(ctx context.Context, id, payment string) error {
 	})
 }
 
-func getCounts(txn *badger.Txn, key []byte) (Counts, error) {
+func getCounts(txn *tx, key []byte) (Counts, error) {
 	var c Counts
 	item, err := txn.Get(key)
 	if errors.Is(err, badger.ErrKeyNotFound) {
@@ -266,7 +266,7 @@ func getCounts(txn *badger.Txn, key []byte) (Counts, error) {
 // AgentCounts returns agentID's totals (zero for an agent never seen).
 func (db *DB) AgentCounts(ctx context.Context, agentID string) (Counts, error) {
 	var c Counts
-	err := db.view(ctx, func(txn *badger.Txn) error {
+	err := db.view(ctx, func(txn *tx) error {
 		var err error
 		c, err = getCounts(txn, countsKey(agentID))
 		return err
@@ -277,7 +277,7 @@ func (db *DB) AgentCounts(ctx context.Context, agentID string) (Counts, error) {
 // Verification returns the record with the given id, or ErrNotFound.
 func (db *DB) Verification(ctx context.Context, id string) (Verification, error) {
 	var v Verification
-	err := db.view(ctx, func(txn *badger.Txn) error {
+	err := db.view(ctx, func(txn *tx) error {
 		item, err := txn.Get(recordKey(id))
 		if errors.Is(err, badger.ErrKeyNotFound) {
 			return ErrNotFound
@@ -318,7 +318,7 @@ func (db *DB) Verifications(ctx context.Context, agentID, cursor string, limit i
 	out := make([]Verification, 0, min(limit, 16))
 	var next string
 	var lastSuffix []byte
-	err = db.view(ctx, func(txn *badger.Txn) error {
+	err = db.view(ctx, func(txn *tx) error {
 		it := txn.NewIterator(badger.IteratorOptions{
 			Prefix:         prefix,
 			PrefetchValues: byAgent,

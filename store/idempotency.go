@@ -125,7 +125,7 @@ func (p paymentIDRecord) state() PaymentIDState {
 
 // readPaymentID returns id's live binding (ok false when absent or expired
 // by the store's clock).
-func readPaymentID(txn *badger.Txn, id string, t int64) (paymentIDRecord, bool, error) {
+func readPaymentID(txn *tx, id string, t int64) (paymentIDRecord, bool, error) {
 	item, err := txn.Get(paymentIDKey(id))
 	if errors.Is(err, badger.ErrKeyNotFound) {
 		return paymentIDRecord{}, false, nil
@@ -144,7 +144,7 @@ func readPaymentID(txn *badger.Txn, id string, t int64) (paymentIDRecord, bool, 
 	return p, p.until > t, nil
 }
 
-func putPaymentID(txn *badger.Txn, id string, p paymentIDRecord) error {
+func putPaymentID(txn *tx, id string, p paymentIDRecord) error {
 	e := badger.NewEntry(paymentIDKey(id), p.encode())
 	e.ExpiresAt = claimExpiry(p.until)
 	return txn.SetEntry(e)
@@ -162,7 +162,7 @@ func (s paymentIDs) Bind(ctx context.Context, id, fp string, until time.Time) (P
 	}
 	var st PaymentIDState
 	var bound bool
-	err := s.db.update(ctx, func(txn *badger.Txn) error {
+	err := s.db.update(ctx, func(txn *tx) error {
 		t := now().UnixNano()
 		if until.UnixNano() <= t {
 			return errors.New("store: binding expiry is not in the future")
@@ -192,7 +192,7 @@ func (s paymentIDs) Lookup(ctx context.Context, id string) (PaymentIDState, erro
 		return PaymentIDState{}, ErrNotFound
 	}
 	var st PaymentIDState
-	err := s.db.view(ctx, func(txn *badger.Txn) error {
+	err := s.db.view(ctx, func(txn *tx) error {
 		p, live, err := readPaymentID(txn, id, now().UnixNano())
 		if err != nil {
 			return err
@@ -211,7 +211,7 @@ func (s paymentIDs) Save(ctx context.Context, id, fp string, answer []byte, unti
 	if err := CheckPaymentID(id, fp, answer); err != nil {
 		return err
 	}
-	return s.db.update(ctx, func(txn *badger.Txn) error {
+	return s.db.update(ctx, func(txn *tx) error {
 		t := now().UnixNano()
 		p, live, err := readPaymentID(txn, id, t)
 		if err != nil {
@@ -232,7 +232,7 @@ func (s paymentIDs) Unbind(ctx context.Context, id, fp string) error {
 	if err := CheckPaymentID(id, fp, nil); err != nil {
 		return err
 	}
-	return s.db.update(ctx, func(txn *badger.Txn) error {
+	return s.db.update(ctx, func(txn *tx) error {
 		p, live, err := readPaymentID(txn, id, now().UnixNano())
 		if err != nil || !live || p.done || p.fp != fp {
 			return err

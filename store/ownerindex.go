@@ -39,7 +39,7 @@ func authenticatedPrefix(agent string) []byte {
 
 // putAuthenticatedRecord writes the index copy of v (encoded as val) when v
 // is authenticated; putAgentRecord calls it for every record it writes.
-func putAuthenticatedRecord(txn *badger.Txn, v Verification, val []byte) error {
+func putAuthenticatedRecord(txn *tx, v Verification, val []byte) error {
 	if !v.Authenticated || v.AgentID == "" {
 		return nil
 	}
@@ -67,7 +67,7 @@ func (db *DB) AuthenticatedVerifications(ctx context.Context, agentID, cursor st
 	prefix := authenticatedPrefix(agentID)
 	out := make([]Verification, 0, min(limit, 16))
 	var next string
-	err = db.view(ctx, func(txn *badger.Txn) error {
+	err = db.view(ctx, func(txn *tx) error {
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: true, PrefetchSize: limit + 1})
 		defer it.Close()
 		var lastSuffix []byte
@@ -123,7 +123,7 @@ func (db *DB) migrateLayout(from byte) error {
 	wb := db.bdb.NewWriteBatch()
 	defer wb.Cancel()
 	indexed := 0
-	err := db.bdb.View(func(txn *badger.Txn) error {
+	err := db.view(context.Background(), func(txn *tx) error {
 		prefix := []byte{tagAgent}
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: true, PrefetchSize: 100})
 		defer it.Close()
@@ -153,7 +153,7 @@ func (db *DB) migrateLayout(from byte) error {
 	if err != nil {
 		return fmt.Errorf("store in %s: building the authenticated index (layout 1 to %d): %w", db.dir, layoutVersion, err)
 	}
-	err = db.update(context.Background(), func(txn *badger.Txn) error {
+	err = db.update(context.Background(), func(txn *tx) error {
 		return txn.Set(keyLayoutVersion, []byte{layoutVersion})
 	})
 	if err == nil && db.opts.Logger != nil {

@@ -31,7 +31,7 @@ func TestLayout1Migrates(t *testing.T) {
 		}
 	}
 	// Make it what layout 1 wrote: no 'u' keys, version 1.
-	err = db.bdb.Update(func(txn *badger.Txn) error {
+	err = db.update(ctx, func(txn *tx) error {
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte{tagAuthenticated}})
 		var keys [][]byte
 		for it.Rewind(); it.Valid(); it.Next() {

@@ -51,7 +51,7 @@ func (db *DB) BindAgent(ctx context.Context, agentID, wallet string) (string, er
 	}
 	k := ownerKey(agentID)
 	var owner string
-	err := db.update(ctx, func(txn *badger.Txn) error {
+	err := db.update(ctx, func(txn *tx) error {
 		cur, err := getOwner(txn, k)
 		if err != nil {
 			return err
@@ -75,7 +75,7 @@ func (db *DB) AgentOwner(ctx context.Context, agentID string) (string, error) {
 		return "", nil
 	}
 	var owner string
-	err := db.view(ctx, func(txn *badger.Txn) error {
+	err := db.view(ctx, func(txn *tx) error {
 		var err error
 		owner, err = getOwner(txn, ownerKey(agentID))
 		return err
@@ -83,7 +83,7 @@ func (db *DB) AgentOwner(ctx context.Context, agentID string) (string, error) {
 	return owner, err
 }
 
-func getOwner(txn *badger.Txn, k []byte) (string, error) {
+func getOwner(txn *tx, k []byte) (string, error) {
 	item, err := txn.Get(k)
 	if errors.Is(err, badger.ErrKeyNotFound) {
 		return "", nil

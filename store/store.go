@@ -189,10 +189,7 @@ func (db *DB) closeBadger() error {
 
 // Ping reports whether the database is open and readable, for health checks.
 func (db *DB) Ping(ctx context.Context) error {
-	if err := db.usable(ctx); err != nil {
-		return err
-	}
-	return db.bdb.View(func(txn *badger.Txn) error {
+	return db.view(ctx, func(txn *tx) error {
 		_, err := txn.Get(keyLayoutVersion)
 		return err
 	})
@@ -218,18 +215,18 @@ func (db *DB) usable(ctx context.Context) error {
 // so it must be free of side effects outside txn, apart from setting
 // results that the last run overwrites; and it runs on the committer, so it
 // must not call update itself.
-func (db *DB) update(ctx context.Context, fn func(txn *badger.Txn) error) error {
+func (db *DB) update(ctx context.Context, fn func(txn *tx) error) error {
 	if err := db.usable(ctx); err != nil {
 		return err
 	}
 	return db.commits.do(ctx, fn)
 }
 
-func (db *DB) view(ctx context.Context, fn func(txn *badger.Txn) error) error {
+func (db *DB) view(ctx context.Context, fn func(txn *tx) error) error {
 	if err := db.usable(ctx); err != nil {
 		return err
 	}
-	err := db.bdb.View(fn)
+	err := db.bdb.View(func(b *badger.Txn) error { return fn(&tx{b: b}) })
 	if errors.Is(err, badger.ErrDBClosed) {
 		return ErrClosed
 	}
@@ -242,7 +239,7 @@ func (db *DB) view(ctx context.Context, fn func(txn *badger.Txn) error) error {
 // instead of misreading keys.
 func (db *DB) checkLayout() error {
 	from := byte(layoutVersion)
-	err := db.update(context.Background(), func(txn *badger.Txn) error {
+	err := db.update(context.Background(), func(txn *tx) error {
 		item, err := txn.Get(keyLayoutVersion)
 		if errors.Is(err, badger.ErrKeyNotFound) {
 			return txn.Set(keyLayoutVersion, []byte{layoutVersion})
