@@ -13,10 +13,11 @@ import (
 // committer is group commit for every read-write transaction of a DB: the
 // transactions that are waiting run one after another inside a single
 // Badger transaction that is committed once, so concurrent writers share one
-// commit and its fsync (Badger syncs its value log and write-ahead log once
-// per commit). A writer is answered only after the commit that holds its
-// writes has returned, synced unless Options.NoSync: the durability promise
-// of one commit per call, at the cost of one commit per group.
+// commit and one write to the write-ahead log (wal.go). A writer is answered
+// only after the group that holds its writes is durable (unless
+// Options.NoSync): its record written to the log, then its Badger
+// transaction committed. That is the durability promise of one commit per
+// call at the cost of one log write per group.
 //
 // There is no committer goroutine: the first writer to find nobody
 // committing leads, commits what is queued (its own transaction among it)
@@ -38,6 +39,7 @@ import (
 // successful fns before it in its group, never an extra commit.
 type committer struct {
 	bdb *badger.DB
+	log *wal // nil without a log (Options.NoSync, InMemory)
 
 	mu    sync.Mutex
 	queue []*commitOp
@@ -47,7 +49,19 @@ type committer struct {
 	leading bool // a writer is committing a group
 	closed  bool
 	idle    *sync.Cond // signalled when leading ends
+	// broken is set when a group failed after its record may have
+	// reached the log (see fail): every later write gets it.
+	broken error
 }
+
+// ErrNeedsReopen is returned by every write after one failed half-way: its
+// record may be in the write-ahead log but Badger did not take it, or a
+// write to the log itself failed. The log and Badger may then disagree
+// until Open replays the log, so the store refuses writes (reads go on)
+// until it is closed and opened again. The writes of the failed group were
+// answered with the failure; the replay may still apply them (like any
+// write whose commit failed, its outcome is unknown to its caller).
+var ErrNeedsReopen = errors.New("store: a commit failed after it was logged; writes are refused until the store is reopened")
 
 // maxGroup bounds the fns of one group: it bounds the work redone after a
 // failure and the latency of the group's last writer.
@@ -73,8 +87,8 @@ type commitOp struct {
 	lead chan struct{}
 }
 
-func newCommitter(bdb *badger.DB) *committer {
-	c := &committer{bdb: bdb}
+func newCommitter(bdb *badger.DB, log *wal) *committer {
+	c := &committer{bdb: bdb, log: log}
 	c.idle = sync.NewCond(&c.mu)
 	return c
 }
@@ -108,6 +122,11 @@ func (c *committer) do(ctx context.Context, fn func(txn *tx) error) error {
 	if c.closed {
 		c.mu.Unlock()
 		return ErrClosed
+	}
+	if c.broken != nil {
+		err := c.broken
+		c.mu.Unlock()
+		return err
 	}
 	if !c.leading {
 		// Nobody commits: lead at once. The op is first in the queue, so
@@ -191,34 +210,40 @@ func (c *committer) lead() {
 
 // commitGroup runs ops in one transaction and commits it, answering every op
 // it settles. An op whose fn fails is answered with its error and taken out,
-// and the others run again on a fresh transaction, so the commit holds
-// exactly the writes of the ops that succeeded. An op that makes the
-// transaction too big for Badger ends the group after the ops before it: it
-// and the ones after are returned, to start the next group.
+// and the others run again on a fresh transaction (and a fresh log record),
+// so the commit holds exactly the writes of the ops that succeeded. An op
+// that makes the transaction too big for Badger (or for the log) ends the
+// group after the ops before it: it and the ones after are returned, to
+// start the next group.
 func (c *committer) commitGroup(ops []*commitOp) (rest []*commitOp) {
 	// ops is never written below: a shortened group is a new slice.
 	for {
-		txn := c.bdb.NewTransaction(true)
-		failed, err := -1, error(nil)
-		for i, op := range ops {
-			if err = op.run(&tx{b: txn}); err != nil {
-				failed = i
-				break
-			}
-		}
-		if failed < 0 {
-			err := txn.Commit()
-			if errors.Is(err, badger.ErrDBClosed) {
-				err = ErrClosed
-			} else if err != nil {
-				err = fmt.Errorf("store: committing: %w", err)
-			}
+		if err := c.brokenErr(); err != nil {
 			for _, op := range ops {
 				op.finish(err)
 			}
 			return rest
 		}
-		txn.Discard()
+		txn := &tx{b: c.bdb.NewTransaction(true)}
+		if c.log != nil {
+			txn.rec = &c.log.rec
+			txn.rec.reset()
+		}
+		failed, err := -1, error(nil)
+		for i, op := range ops {
+			if err = op.run(txn); err != nil {
+				failed = i
+				break
+			}
+		}
+		if failed < 0 {
+			err := c.commit(txn)
+			for _, op := range ops {
+				op.finish(err)
+			}
+			return rest
+		}
+		txn.b.Discard()
 		if errors.Is(err, badger.ErrTxnTooBig) && failed > 0 {
 			rest = append(ops[failed:len(ops):len(ops)], rest...)
 			ops = ops[:failed]
@@ -233,6 +258,52 @@ func (c *committer) commitGroup(ops []*commitOp) (rest []*commitOp) {
 			return rest
 		}
 	}
+}
+
+// commit makes txn durable, then visible: its record is written to the
+// log, and only then is the Badger transaction committed (unsynced: the
+// log holds it). A failure once the record may be in the log breaks the
+// committer (fail).
+func (c *committer) commit(txn *tx) error {
+	logged := txn.rec != nil && txn.rec.ops > 0
+	if logged {
+		if err := c.log.append(txn.rec); err != nil {
+			txn.b.Discard()
+			return c.fail(err)
+		}
+	}
+	err := txn.b.Commit()
+	switch {
+	case err == nil:
+		return nil
+	case logged:
+		return c.fail(fmt.Errorf("store: committing a logged group: %w", err))
+	case errors.Is(err, badger.ErrDBClosed):
+		return ErrClosed
+	default:
+		return fmt.Errorf("store: committing: %w", err)
+	}
+}
+
+// fail breaks the committer after err left the log and Badger possibly
+// disagreeing, and returns err for the group that failed. Going on would
+// acknowledge later groups on top of a state that a reopen changes: after
+// a failed synced write neither the bytes on disk nor the kernel's copy of
+// them can be trusted (it may drop the pages it failed to write), and a
+// record Badger refused would be replayed after groups committed later.
+func (c *committer) fail(err error) error {
+	c.mu.Lock()
+	if c.broken == nil {
+		c.broken = fmt.Errorf("%w (%v)", ErrNeedsReopen, err)
+	}
+	c.mu.Unlock()
+	return err
+}
+
+func (c *committer) brokenErr() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.broken
 }
 
 // run calls fn, turning a panic into its error: it fails this op, not the

@@ -150,6 +150,11 @@ func (db *DB) migrateLayout(from byte) error {
 	if err == nil {
 		err = wb.Flush()
 	}
+	if err == nil && db.commits.log != nil {
+		// The batch bypassed the log: it must be durable before the
+		// version written through the log says it is there.
+		err = syncBadger(db.bdb, db.dir)
+	}
 	if err != nil {
 		return fmt.Errorf("store in %s: building the authenticated index (layout 1 to %d): %w", db.dir, layoutVersion, err)
 	}

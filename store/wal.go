@@ -1,0 +1,463 @@
+package store
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"os"
+	"path/filepath"
+
+	"github.com/dgraph-io/badger/v4"
+)
+
+// The write-ahead log makes a durable store cheap: Badger runs without
+// syncing its own files, and each commit group (commit.go) is made durable
+// by one write to this log before its Badger transaction commits. A synced
+// Badger commit flushes two memory-mapped files (its value log and its
+// memtable's log), each a flush of its own with a journal commit for the
+// file's metadata; one write to a preallocated file opened O_DSYNC is a
+// single data write.
+//
+// Since groups are committed one at a time, the log's order is the commit
+// order, and everything Badger shows is already in the log (or, before the
+// last checkpoint, synced in Badger's own files). After a crash, Open
+// replays the log into Badger: the writes Badger's unsynced files lost
+// come back, in order.
+//
+// The file (walFile in the store directory; Badger reads only the files it
+// names, so it leaves this one alone) is:
+//
+//	header   [8]magic [8]epoch (little endian) [4]CRC-32C of the 16 bytes
+//	         before, alone in the first walHeaderSize bytes
+//	records  from walHeaderSize on, back to back:
+//	         [4]length of payload [4]CRC-32C of (epoch, length, payload)
+//	         payload: ops, each
+//	           walSet    key (uvarint length, bytes), value (same),
+//	                     expiresAt (uvarint), user meta (1 byte)
+//	           walDelete key (uvarint length, bytes)
+//
+// The log is read from the start to the first record that is short,
+// zero-length or fails its CRC: a record torn by a crash was never
+// acknowledged, so the log ends there.
+//
+// When the next record does not fit, the log checkpoints: it makes every
+// Badger file durable (syncBadger), writes a header with the next epoch, and
+// starts again at walHeaderSize, over the old records. Those carry the old
+// epoch in their CRC, so none can be read as a record of the new one: the
+// first stale record ends the log. A checkpoint writes its header only after
+// Badger is durable, so a header that fails its CRC (a crash during that
+// write, or during the file's creation) means nothing needs replaying.
+const walFile = "aov.wal"
+
+const (
+	walHeaderSize   = 4096
+	walRecordHeader = 8
+	// walChunk is how far ahead of the last record the file is filled
+	// with zeros: a record then overwrites allocated blocks, which takes
+	// no journal commit for the file's metadata, while a new store does
+	// not write its whole log at once.
+	walChunk = 1 << 20
+	// walMinSize is the smallest capacity of the log before it wraps.
+	walMinSize = 16 << 20
+	// walMaxRecord bounds one group's record (tx turns a bigger one into
+	// badger.ErrTxnTooBig, which splits the group): above the largest
+	// single write the store takes, a saved answer of
+	// MaxPaymentIDAnswerBytes.
+	walMaxRecord = 32 << 20
+)
+
+const (
+	walSet    byte = 1
+	walDelete byte = 2
+)
+
+var walMagic = [8]byte{'a', 'o', 'v', 'w', 'a', 'l', 0, 1}
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// errWALCorrupt reports a record whose CRC holds but whose payload does not
+// decode: not a torn write (those fail their CRC) but a bug or damage, so
+// Open refuses to go on rather than drop the records after it.
+var errWALCorrupt = errors.New("store: corrupt write-ahead log record")
+
+// walRecord is one group's writes, encoded as they are made.
+type walRecord struct {
+	buf []byte // record header (filled by seal), then the payload
+	ops int
+}
+
+func (r *walRecord) reset() {
+	if cap(r.buf) > walChunk {
+		r.buf = nil // one big group does not pin its buffer
+	}
+	r.buf = append(r.buf[:0], make([]byte, walRecordHeader)...)
+	r.ops = 0
+}
+
+func (r *walRecord) set(key, value []byte, expiresAt uint64, meta byte) {
+	r.buf = append(r.buf, walSet)
+	r.buf = binary.AppendUvarint(r.buf, uint64(len(key)))
+	r.buf = append(r.buf, key...)
+	r.buf = binary.AppendUvarint(r.buf, uint64(len(value)))
+	r.buf = append(r.buf, value...)
+	r.buf = binary.AppendUvarint(r.buf, expiresAt)
+	r.buf = append(r.buf, meta)
+	r.ops++
+}
+
+func (r *walRecord) delete(key []byte) {
+	r.buf = append(r.buf, walDelete)
+	r.buf = binary.AppendUvarint(r.buf, uint64(len(key)))
+	r.buf = append(r.buf, key...)
+	r.ops++
+}
+
+// full reports whether the record outgrew walMaxRecord.
+func (r *walRecord) full() bool { return len(r.buf) > walMaxRecord }
+
+// seal fills the record's header for epoch.
+func (r *walRecord) seal(epoch uint64) {
+	payload := r.buf[walRecordHeader:]
+	binary.LittleEndian.PutUint32(r.buf, uint32(len(payload)))
+	binary.LittleEndian.PutUint32(r.buf[4:], recordCRC(epoch, payload))
+}
+
+func recordCRC(epoch uint64, payload []byte) uint32 {
+	var h [12]byte
+	binary.LittleEndian.PutUint64(h[:], epoch)
+	binary.LittleEndian.PutUint32(h[8:], uint32(len(payload)))
+	return crc32.Update(crc32.Checksum(h[:], castagnoli), castagnoli, payload)
+}
+
+// walOp is one decoded write. Its slices point into the payload.
+type walOp struct {
+	kind       byte
+	key, value []byte
+	expiresAt  uint64
+	meta       byte
+}
+
+// decodeWALPayload calls fn with each op of payload, in order. A payload
+// that does not decode exactly (an unknown kind, a length past the end, an
+// empty key, no op at all) is errWALCorrupt.
+func decodeWALPayload(payload []byte, fn func(walOp) error) error {
+	if len(payload) == 0 {
+		return errWALCorrupt
+	}
+	bytesAt := func(p []byte) ([]byte, []byte, bool) {
+		n, w := binary.Uvarint(p)
+		if w <= 0 || n > uint64(len(p)-w) {
+			return nil, nil, false
+		}
+		return p[w : w+int(n)], p[w+int(n):], true
+	}
+	for p := payload; len(p) > 0; {
+		op := walOp{kind: p[0]}
+		var ok bool
+		if op.key, p, ok = bytesAt(p[1:]); !ok || len(op.key) == 0 {
+			return errWALCorrupt
+		}
+		switch op.kind {
+		case walSet:
+			if op.value, p, ok = bytesAt(p); !ok {
+				return errWALCorrupt
+			}
+			var w int
+			if op.expiresAt, w = binary.Uvarint(p); w <= 0 || len(p) < w+1 {
+				return errWALCorrupt
+			}
+			op.meta, p = p[w], p[w+1:]
+		case walDelete:
+		default:
+			return errWALCorrupt
+		}
+		if err := fn(op); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// scanWAL calls fn with the payload of each record of epoch in r, in order,
+// from walHeaderSize up to size, and returns the offset after the last one.
+// It stops at the first record that is zero-length, short or fails its CRC
+// (a torn write, zeros never written over, or a record of an older epoch).
+// fn's payload is valid until fn returns.
+func scanWAL(r io.ReaderAt, size int64, epoch uint64, fn func(payload []byte) error) (int64, error) {
+	off := int64(walHeaderSize)
+	var h [walRecordHeader]byte
+	var buf []byte
+	for off+walRecordHeader <= size {
+		if _, err := r.ReadAt(h[:], off); err != nil {
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			return off, fmt.Errorf("store: reading the write-ahead log: %w", err)
+		}
+		n := int64(binary.LittleEndian.Uint32(h[:]))
+		if n == 0 || n > size-off-walRecordHeader {
+			break
+		}
+		if int64(cap(buf)) < n {
+			buf = make([]byte, n)
+		}
+		buf = buf[:n]
+		if _, err := r.ReadAt(buf, off+walRecordHeader); err != nil {
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			return off, fmt.Errorf("store: reading the write-ahead log: %w", err)
+		}
+		if recordCRC(epoch, buf) != binary.LittleEndian.Uint32(h[4:]) {
+			break
+		}
+		if err := fn(buf); err != nil {
+			return off, err
+		}
+		off += walRecordHeader + n
+	}
+	return off, nil
+}
+
+func encodeWALHeader(epoch uint64) []byte {
+	b := append(walMagic[:0:0], walMagic[:]...)
+	b = binary.LittleEndian.AppendUint64(b, epoch)
+	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
+}
+
+// decodeWALHeader returns the epoch of a header, or false for one that is
+// not whole (a crash during its write) or not a header at all.
+func decodeWALHeader(b []byte) (uint64, bool) {
+	if len(b) < 20 || [8]byte(b[:8]) != walMagic || crc32.Checksum(b[:16], castagnoli) != binary.LittleEndian.Uint32(b[16:]) {
+		return 0, false
+	}
+	return binary.LittleEndian.Uint64(b[8:]), true
+}
+
+// wal is an open write-ahead log. Only the committer's leader uses it, one
+// group at a time, so it needs no lock of its own.
+type wal struct {
+	f     *os.File
+	dsync bool // f was opened O_DSYNC: a write is durable when it returns
+	epoch uint64
+	off   int64 // where the next record goes
+	// filled is how much of the file is written (zeros at least); size is
+	// the capacity the log wraps at.
+	filled, size int64
+	rec          walRecord
+	// checkpoint makes everything written to Badger durable.
+	syncBadger func() error
+}
+
+// openWAL opens the log in dir (creating it), replays the records of its
+// current epoch through apply, and checkpoints: on return the log is empty,
+// at a new epoch. size is the capacity the log wraps at.
+func openWAL(dir string, size int64, syncBadger func() error, apply func(payload []byte) error) (w *wal, replayed int, err error) {
+	path := filepath.Join(dir, walFile)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|walOpenFlags, 0o600)
+	if err != nil {
+		return nil, 0, fmt.Errorf("store: opening the write-ahead log: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			f.Close()
+		}
+	}()
+	w = &wal{f: f, dsync: walOpenFlags != 0, size: size, syncBadger: syncBadger}
+	st, err := f.Stat()
+	if err != nil {
+		return nil, 0, fmt.Errorf("store: opening the write-ahead log: %w", err)
+	}
+	w.filled = st.Size()
+	h := make([]byte, 20)
+	n, _ := f.ReadAt(h, 0)
+	epoch, ok := decodeWALHeader(h[:n])
+	if ok {
+		_, err = scanWAL(f, w.filled, epoch, func(p []byte) error {
+			replayed++
+			return apply(p)
+		})
+		if err != nil {
+			return nil, 0, err
+		}
+	} else {
+		// Never a header (a new log, or a crash while creating it), or a
+		// crash while a checkpoint wrote it: Badger was durable before
+		// that write began, so nothing is lost by starting afresh. The
+		// records still in the file may be of any epoch: cut them off,
+		// so that no epoch chosen now can read one.
+		if err := f.Truncate(0); err != nil {
+			return nil, 0, fmt.Errorf("store: resetting the write-ahead log: %w", err)
+		}
+		if err := f.Sync(); err != nil {
+			return nil, 0, fmt.Errorf("store: resetting the write-ahead log: %w", err)
+		}
+		w.filled, epoch = 0, 0
+		if st.Size() == 0 {
+			if err := syncDir(dir); err != nil {
+				return nil, 0, err
+			}
+		}
+	}
+	w.size = max(w.size, w.filled)
+	w.epoch = epoch
+	if err := w.checkpoint(); err != nil {
+		return nil, 0, err
+	}
+	return w, replayed, nil
+}
+
+// append makes r durable as the next record, checkpointing first when it
+// does not fit. On error the log's state on disk is unknown (a failed
+// synced write may have reached the disk in part, or not at all, and the
+// kernel may have dropped the pages it could not write): the committer
+// takes no more writes (see committer.fail).
+func (w *wal) append(r *walRecord) error {
+	n := int64(len(r.buf))
+	if w.off+n > w.size {
+		// A record bigger than the whole log grows it to fit.
+		w.size = max(w.size, walHeaderSize+n)
+		if err := w.checkpoint(); err != nil {
+			return err
+		}
+	}
+	if err := w.fill(w.off + n); err != nil {
+		return err
+	}
+	r.seal(w.epoch)
+	if err := w.write(r.buf, w.off); err != nil {
+		return fmt.Errorf("store: writing the write-ahead log: %w", err)
+	}
+	w.off += n
+	return nil
+}
+
+// checkpoint makes Badger durable, then starts the log afresh at the next
+// epoch (durable when it returns).
+func (w *wal) checkpoint() error {
+	if err := w.syncBadger(); err != nil {
+		return err
+	}
+	if err := w.fill(walHeaderSize + walRecordHeader); err != nil {
+		return err
+	}
+	if err := w.write(encodeWALHeader(w.epoch+1), 0); err != nil {
+		return fmt.Errorf("store: writing the write-ahead log's header: %w", err)
+	}
+	w.epoch++
+	w.off = walHeaderSize
+	return nil
+}
+
+// fill writes zeros from the end of what is written to at least end (in
+// whole chunks, up to the log's size), durably.
+func (w *wal) fill(end int64) error {
+	if end <= w.filled {
+		return nil
+	}
+	to := min(max(w.size, end), (end+walChunk-1)/walChunk*walChunk)
+	zeros := make([]byte, min(to-w.filled, walChunk))
+	for w.filled < to {
+		n := min(to-w.filled, int64(len(zeros)))
+		if err := w.write(zeros[:n], w.filled); err != nil {
+			return fmt.Errorf("store: growing the write-ahead log: %w", err)
+		}
+		w.filled += n
+	}
+	return nil
+}
+
+func (w *wal) write(b []byte, off int64) error {
+	if _, err := w.f.WriteAt(b, off); err != nil {
+		return err
+	}
+	if w.dsync {
+		return nil
+	}
+	return w.f.Sync()
+}
+
+func (w *wal) close() error { return w.f.Close() }
+
+// replayRecord applies one record's payload to bdb, in order, in as few
+// transactions as Badger allows (a record holds one group's writes, which
+// fitted in one transaction when they were made; replay does not depend on
+// it). Replaying a record twice ends in the same state, so a crash during
+// replay only means replaying again.
+func replayRecord(bdb *badger.DB, payload []byte) error {
+	txn := bdb.NewTransaction(true)
+	defer func() { txn.Discard() }()
+	err := decodeWALPayload(payload, func(op walOp) error {
+		for {
+			var err error
+			if op.kind == walSet {
+				e := badger.NewEntry(op.key, op.value)
+				e.ExpiresAt, e.UserMeta = op.expiresAt, op.meta
+				err = txn.SetEntry(e)
+			} else {
+				err = txn.Delete(op.key)
+			}
+			if !errors.Is(err, badger.ErrTxnTooBig) {
+				return err
+			}
+			if err := txn.Commit(); err != nil {
+				return err
+			}
+			txn = bdb.NewTransaction(true)
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("store: replaying the write-ahead log: %w", err)
+	}
+	if err := txn.Commit(); err != nil {
+		return fmt.Errorf("store: replaying the write-ahead log: %w", err)
+	}
+	return nil
+}
+
+// syncBadger makes everything written to the Badger database in dir
+// durable. bdb.Sync flushes the value log and the active memtable's log,
+// but not the logs of memtables that are full and wait for their flush to
+// a table (Badger flushes them unsynced when it runs without SyncWrites):
+// so every file of the directory is synced, and the directory itself.
+func syncBadger(bdb *badger.DB, dir string) error {
+	if err := bdb.Sync(); err != nil {
+		return fmt.Errorf("store: syncing: %w", err)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("store: syncing: %w", err)
+	}
+	for _, e := range entries {
+		if !e.Type().IsRegular() || e.Name() == walFile {
+			continue
+		}
+		f, err := os.Open(filepath.Join(dir, e.Name()))
+		if errors.Is(err, os.ErrNotExist) {
+			continue // a memtable's log deleted after its flush
+		}
+		if err != nil {
+			return fmt.Errorf("store: syncing: %w", err)
+		}
+		err = f.Sync()
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("store: syncing %s: %w", e.Name(), err)
+		}
+	}
+	return syncDir(dir)
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("store: syncing: %w", err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("store: syncing the directory: %w", err)
+	}
+	return nil
+}

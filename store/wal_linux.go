@@ -1,0 +1,8 @@
+package store
+
+import "syscall"
+
+// walOpenFlags opens the write-ahead log O_DSYNC: each write returns once
+// its data is on disk, without the separate fdatasync call (one system
+// call, and measurably less CPU, per commit).
+const walOpenFlags = syscall.O_DSYNC
