@@ -61,7 +61,7 @@ type committer struct {
 // until it is closed and opened again. The writes of the failed group were
 // answered with the failure; the replay may still apply them (like any
 // write whose commit failed, its outcome is unknown to its caller).
-var ErrNeedsReopen = errors.New("store: a commit failed after it was logged; writes are refused until the store is reopened")
+var ErrNeedsReopen = errors.New("store: a commit failed half-way; writes are refused until the store is reopened")
 
 // maxGroup bounds the fns of one group: it bounds the work redone after a
 // failure and the latency of the group's last writer.
