@@ -169,6 +169,11 @@ func Open(dir string, opts Options) (*DB, error) {
 		if replayed > 0 && opts.Logger != nil {
 			opts.Logger.Info("store: replayed the write-ahead log", "dir", dir, "records", replayed)
 		}
+		if log.reset && opts.Logger != nil {
+			// Expected only after a crash during a checkpoint, when
+			// Badger was already synced: nothing was lost.
+			opts.Logger.Warn("store: the write-ahead log's header was torn; started a new log", "dir", dir)
+		}
 	}
 	db := &DB{bdb: bdb, commits: newCommitter(bdb, log), dir: dir, opts: opts, life: &lifecycle{closed: make(chan struct{})}}
 	db.allow = newAllowances(db)

@@ -247,8 +247,12 @@ type wal struct {
 	// the capacity the log wraps at.
 	filled, size int64
 	rec          walRecord
-	// checkpoint makes everything written to Badger durable.
+	// syncBadger makes everything written to Badger durable: the first
+	// step of a checkpoint.
 	syncBadger func() error
+	// reset is set by openWAL when it found a log whose header failed
+	// its CRC, and started afresh.
+	reset bool
 }
 
 // openWAL opens the log in dir (creating it), replays the records of its
@@ -294,7 +298,7 @@ func openWAL(dir string, size int64, syncBadger func() error, apply func(payload
 		if err := f.Sync(); err != nil {
 			return nil, 0, fmt.Errorf("store: resetting the write-ahead log: %w", err)
 		}
-		w.filled, epoch = 0, 0
+		w.filled, epoch, w.reset = 0, 0, st.Size() > 0
 		if st.Size() == 0 {
 			if err := syncDir(dir); err != nil {
 				return nil, 0, err

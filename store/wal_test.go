@@ -445,8 +445,8 @@ func TestWALCorruptHeaderStartsAfresh(t *testing.T) {
 	if v, _ := getKey(t, db, "test/key"); !strings.HasPrefix(v, "v14.") {
 		t.Errorf("test/key = %.10q..., want v14...", v)
 	}
-	if db.commits.log.epoch != 1 {
-		t.Errorf("epoch %d after a reset, want 1", db.commits.log.epoch)
+	if db.commits.log.epoch != 1 || !db.commits.log.reset {
+		t.Errorf("epoch %d, reset %v after a torn header, want 1, true", db.commits.log.epoch, db.commits.log.reset)
 	}
 	// The reset cut the old records off: were any kept, the epochs that
 	// follow (1, like the first one they were written under, and on)
