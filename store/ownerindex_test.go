@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"testing"
 	"time"
@@ -11,11 +12,18 @@ import (
 
 // TestLayout1Migrates: a database of key layout 1 (no authenticated
 // index) gets the index built from its agents' records when opened, and
-// is marked layout 2 afterwards.
+// is marked layout 2 afterwards; durable (the index written around the
+// write-ahead log, then synced) and not.
 func TestLayout1Migrates(t *testing.T) {
+	for _, opts := range []Options{{NoSync: true}, {}} {
+		t.Run(fmt.Sprintf("nosync=%v", opts.NoSync), func(t *testing.T) { testLayout1Migrates(t, opts) })
+	}
+}
+
+func testLayout1Migrates(t *testing.T, opts Options) {
 	ctx := context.Background()
 	dir := filepath.Join(t.TempDir(), "db")
-	db, err := Open(dir, Options{NoSync: true})
+	db, err := Open(dir, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +64,7 @@ func TestLayout1Migrates(t *testing.T) {
 	}
 	db.Close()
 
-	db, err = Open(dir, Options{NoSync: true})
+	db, err = Open(dir, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
