@@ -765,3 +765,44 @@ func FuzzWALScan(f *testing.F) {
 		}
 	})
 }
+
+// TestWALGrowsForARecordBiggerThanTheLog: a group bigger than the whole log
+// (a large saved answer in a small log) grows the log to hold it, and is
+// replayed like any other.
+func TestWALGrowsForARecordBiggerThanTheLog(t *testing.T) {
+	opts := Options{walSize: 64 << 10}
+	dir := openClosed(t, opts, func(*DB) {})
+	snap, _ := lostBadger(t, dir)
+	db, err := Open(dir, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	big := strings.Repeat("a", 3*walChunk/2)
+	if err := setKey(db, "test/big", big); err != nil {
+		t.Fatal(err)
+	}
+	if db.commits.log.size < int64(len(big)) {
+		t.Fatalf("the log's capacity is %d, below the %d bytes of its record", db.commits.log.size, len(big))
+	}
+	b, err := os.ReadFile(filepath.Join(dir, walFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The log goes on after it (a checkpoint first: the big record
+	// filled it).
+	if err := setKey(db, "test/after", "x"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(snap, walFile), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got, err := Open(snap, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer got.Close()
+	if v, _ := getKey(t, got, "test/big"); v != big {
+		t.Errorf("the big value has %d bytes after replay, want %d", len(v), len(big))
+	}
+}
