@@ -217,14 +217,15 @@ func (db *DB) closeBadger() error {
 		close(db.life.closed)
 		db.commits.close() // the group being committed finishes first
 		var errs []error
-		if log := db.commits.log; log != nil && db.commits.brokenErr() == nil {
+		log := db.commits.log
+		if log != nil && db.commits.brokenErr() == nil {
 			// Badger made durable and the log emptied, so the next Open
 			// has nothing to replay. A broken store keeps its log: the
 			// next Open replays what Badger may lack.
 			errs = append(errs, log.checkpoint())
 		}
 		errs = append(errs, db.bdb.Close())
-		if log := db.commits.log; log != nil {
+		if log != nil {
 			errs = append(errs, log.close())
 		}
 		if err := errors.Join(errs...); err != nil {
