@@ -218,7 +218,7 @@ func (db *DB) closeBadger() error {
 		db.commits.close() // the group being committed finishes first
 		var errs []error
 		log := db.commits.log
-		if log != nil && db.commits.brokenErr() == nil {
+		if log != nil && !log.empty() && db.commits.brokenErr() == nil {
 			// Badger made durable and the log emptied, so the next Open
 			// has nothing to replay. A broken store keeps its log: the
 			// next Open replays what Badger may lack.

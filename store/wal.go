@@ -279,7 +279,7 @@ func openWAL(dir string, size int64, syncBadger func() error, apply func(payload
 	n, _ := f.ReadAt(h, 0)
 	epoch, ok := decodeWALHeader(h[:n])
 	if ok {
-		_, err = scanWAL(f, w.filled, epoch, func(p []byte) error {
+		w.off, err = scanWAL(f, w.filled, epoch, func(p []byte) error {
 			replayed++
 			return apply(p)
 		})
@@ -339,10 +339,13 @@ func (w *wal) append(r *walRecord) error {
 }
 
 // checkpoint makes Badger durable, then starts the log afresh at the next
-// epoch (durable when it returns).
+// epoch (durable when it returns). A log that holds no record covers
+// nothing, so Badger is synced only when there is one.
 func (w *wal) checkpoint() error {
-	if err := w.syncBadger(); err != nil {
-		return err
+	if w.off > walHeaderSize {
+		if err := w.syncBadger(); err != nil {
+			return err
+		}
 	}
 	if err := w.fill(walHeaderSize + walRecordHeader); err != nil {
 		return err
@@ -384,6 +387,9 @@ func (w *wal) write(b []byte, off int64) error {
 }
 
 func (w *wal) close() error { return w.f.Close() }
+
+// empty reports whether the log holds no record since its last checkpoint.
+func (w *wal) empty() bool { return w.off == walHeaderSize }
 
 // replayRecord applies one record's payload to bdb, in order, in as few
 // transactions as Badger allows (a record holds one group's writes, which

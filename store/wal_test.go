@@ -831,3 +831,50 @@ func TestWALCloseLeavesNothingToReplay(t *testing.T) {
 		t.Fatalf("test/k = %q after a clean reopen, want v", v)
 	}
 }
+
+// TestWALCheckpointSyncsBadgerWhenItHoldsRecords: a checkpoint that drops
+// records syncs Badger first (they are in Badger alone afterwards); one
+// of a log with no record has nothing to make durable and skips the sync.
+func TestWALCheckpointSyncsBadgerWhenItHoldsRecords(t *testing.T) {
+	dir := t.TempDir()
+	syncs := 0
+	count := func() error { syncs++; return nil }
+	var replayed [][]byte
+	apply := func(p []byte) error { replayed = append(replayed, bytes.Clone(p)); return nil }
+	w, _, err := openWAL(dir, walMinSize, count, apply)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if syncs != 0 {
+		t.Errorf("creating the log synced Badger %d times, want 0", syncs)
+	}
+	w.rec.reset()
+	w.rec.set([]byte("k"), []byte("v"), 0, 0)
+	if err := w.append(&w.rec); err != nil {
+		t.Fatal(err)
+	}
+	w.close()
+	// A crash: the reopen replays the record, then checkpoints.
+	w, n, err := openWAL(dir, walMinSize, count, apply)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.close()
+	if n != 1 || len(replayed) != 1 || syncs != 1 {
+		t.Fatalf("reopen: %d replayed, %d synced; want 1, 1", n, syncs)
+	}
+	if err := decodeWALPayload(replayed[0], func(op walOp) error {
+		if op.kind != walSet || string(op.key) != "k" || string(op.value) != "v" {
+			t.Errorf("replayed %+v", op)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if !w.empty() {
+		t.Error("the log holds records after the checkpoint")
+	}
+	if err := w.checkpoint(); err != nil || syncs != 1 {
+		t.Errorf("checkpoint of an empty log: %v, %d syncs; want no sync", err, syncs)
+	}
+}
