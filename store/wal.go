@@ -292,18 +292,18 @@ func openWAL(dir string, size int64, syncBadger func() error, apply func(payload
 		// that write began, so nothing is lost by starting afresh. The
 		// records still in the file may be of any epoch: cut them off,
 		// so that no epoch chosen now can read one.
-		if err := f.Truncate(0); err != nil {
-			return nil, 0, fmt.Errorf("store: resetting the write-ahead log: %w", err)
-		}
-		if err := f.Sync(); err != nil {
-			return nil, 0, fmt.Errorf("store: resetting the write-ahead log: %w", err)
-		}
-		w.filled, epoch, w.reset = 0, 0, st.Size() > 0
-		if st.Size() == 0 {
-			if err := syncDir(dir); err != nil {
-				return nil, 0, err
+		if st.Size() > 0 {
+			if err := f.Truncate(0); err != nil {
+				return nil, 0, fmt.Errorf("store: resetting the write-ahead log: %w", err)
 			}
+			if err := f.Sync(); err != nil {
+				return nil, 0, fmt.Errorf("store: resetting the write-ahead log: %w", err)
+			}
+			w.reset = true
+		} else if err := syncDir(dir); err != nil { // a new file's name
+			return nil, 0, err
 		}
+		w.filled, epoch = 0, 0
 	}
 	w.size = max(w.size, w.filled)
 	w.epoch = epoch
