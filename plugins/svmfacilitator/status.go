@@ -129,8 +129,7 @@ var _ x402.SettlementChecker = (*Facilitator)(nil)
 // chain endpoint alone: it holds no key and sends nothing. A gateway whose
 // facilitator is remote uses it when that facilitator reported the outcome
 // unknown, by the signature it named (judged by poll, as in Settle) or,
-// when it named none, by searching the chain for the payment
-// (FindSettlementStatus).
+// when it named none, by searching the chain for the payment (search).
 type StatusReader struct{ f *Facilitator }
 
 // NewStatusReader reads network (a solana CAIP-2 id) through rpc.
@@ -145,16 +144,12 @@ func NewStatusReader(rpc *RPC, network string) (*StatusReader, error) {
 }
 
 // SentSettlementStatus implements x402.SentSettlementChecker: by the named
-// signature when there is one, else by FindSettlementStatus from
-// sent.After. A named signature is taken only when it is the fee payer's
-// signature over the payment's own message, so it names this transaction
-// and no other (a facilitator's word alone could name any transaction that
-// landed).
+// signature when it is the fee payer's signature over the payment's own
+// message (so it names this transaction and no other), else, as when none
+// was named, by searching the chain for the payment no further back than
+// sent.After (search: a facilitator's word alone could name any
+// transaction that landed, and is not needed).
 func (r *StatusReader) SentSettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sent x402.SentSettlement) (x402.SettlementStatus, error) {
-	if sent.Transaction == "" {
-		return r.FindSettlementStatus(ctx, p, req, sent.After)
-	}
-	sig := sent.Transaction
 	var out x402.SettlementStatus
 	if req.Network != r.f.network {
 		return out, fmt.Errorf("this reader reads %s, not %s", r.f.network, req.Network)
@@ -163,11 +158,13 @@ func (r *StatusReader) SentSettlementStatus(ctx context.Context, p x402.PaymentP
 	if err != nil {
 		return out, fmt.Errorf("payment payload: %w", err)
 	}
-	raw, err := base58.Decode(sig)
-	if err != nil || len(raw) != 64 || len(tx.AccountKeys) == 0 || !verifySignature(tx.AccountKeys[0], tx.Message, raw) {
-		return out, errors.New("the named transaction is not this payment's: not the fee payer's signature over its message")
+	var o polled
+	sig := sent.Transaction
+	if raw, derr := base58.Decode(sig); derr == nil && len(raw) == 64 && len(tx.AccountKeys) > 0 && verifySignature(tx.AccountKeys[0], tx.Message, raw) {
+		o, err = r.f.poll(ctx, sig, base58.Encode(tx.Blockhash[:]))
+	} else {
+		o, sig, err = r.f.search(ctx, tx, sent.After)
 	}
-	o, err := r.f.poll(ctx, sig, base58.Encode(tx.Blockhash[:]))
 	if err != nil {
 		return out, err
 	}

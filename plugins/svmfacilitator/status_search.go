@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/aovhq/aov/internal/base58"
@@ -195,31 +194,4 @@ func (f *Facilitator) search(ctx context.Context, tx *Transaction, after time.Ti
 		return polled{state: x402.SettlementNever}, "", nil
 	}
 	return polled{}, "", nil
-}
-
-// FindSettlementStatus judges a payment whose transaction nobody named (a
-// remote facilitator's reply was lost whole) by looking for it on chain
-// (see find): done with its signature once it landed and succeeded; never
-// when it failed on chain, or when a complete search after its blockhash
-// expired does not find it; undecided otherwise, also when a bound of the
-// search was hit. after, when not zero, is a time before which the
-// settlement was not asked for (the search looks no further back).
-func (r *StatusReader) FindSettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, after time.Time) (x402.SettlementStatus, error) {
-	var out x402.SettlementStatus
-	if req.Network != r.f.network {
-		return out, fmt.Errorf("this reader reads %s, not %s", r.f.network, req.Network)
-	}
-	tx, err := DecodePayload(p.Payload)
-	if err != nil {
-		return out, fmt.Errorf("payment payload: %w", err)
-	}
-	o, sig, err := r.f.search(ctx, tx, after)
-	if err != nil {
-		return out, err
-	}
-	out.State = o.state
-	if o.state == x402.SettlementDone {
-		out.Transaction = sig
-	}
-	return out, nil
 }

@@ -8,6 +8,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -55,7 +57,7 @@ func setBounds(t *testing.T, page, listed, fetched int) {
 // A payment nobody named a transaction for is found on chain by its
 // message: done with the fee payer's signature, past newer transfers of
 // the same buyer (another message: not taken), across pages.
-func TestFindSettlementStatusFindsTheLandedPayment(t *testing.T) {
+func TestSearchFindsTheLandedPayment(t *testing.T) {
 	setBounds(t, 1, 1000, 64) // one signature per page: the cursor is used
 	e := newEnv(t, Config{})
 	ctx := context.Background()
@@ -72,19 +74,19 @@ func TestFindSettlementStatusFindsTheLandedPayment(t *testing.T) {
 	// A payment of the same buyer that never landed is not mistaken for
 	// one that did.
 	other := payload(e.payment(t).withMemo("never sent"), e.req)
-	if st, err := e.reader(t).FindSettlementStatus(ctx, other, e.req, time.Time{}); err != nil || st.State != x402.SettlementUndecided {
+	if st, err := e.reader(t).SentSettlementStatus(ctx, other, e.req, x402.SentSettlement{}); err != nil || st.State != x402.SettlementUndecided {
 		t.Fatalf("a payment never sent, its blockhash valid: %+v %v", st, err)
 	}
 	e.chain.ExpireBlockhash()
-	if st, err := e.reader(t).FindSettlementStatus(ctx, other, e.req, time.Time{}); err != nil || st.State != x402.SettlementNever {
+	if st, err := e.reader(t).SentSettlementStatus(ctx, other, e.req, x402.SentSettlement{}); err != nil || st.State != x402.SettlementNever {
 		t.Fatalf("a payment never sent, its blockhash expired: %+v %v", st, err)
 	}
 	// The landed one is still done once its blockhash expired.
-	if st, err := e.reader(t).FindSettlementStatus(ctx, pp, e.req, time.Time{}); err != nil || st.State != x402.SettlementDone || st.Transaction != s.Transaction {
+	if st, err := e.reader(t).SentSettlementStatus(ctx, pp, e.req, x402.SentSettlement{}); err != nil || st.State != x402.SettlementDone || st.Transaction != s.Transaction {
 		t.Fatalf("after expiry: %+v %v", st, err)
 	}
 	other.Accepted.Network = x402.NetworkSolana
-	if _, err := e.reader(t).FindSettlementStatus(ctx, other, other.Accepted, time.Time{}); err == nil {
+	if _, err := e.reader(t).SentSettlementStatus(ctx, other, other.Accepted, x402.SentSettlement{}); err == nil {
 		t.Fatal("judged a payment on another network")
 	}
 }
@@ -92,7 +94,7 @@ func TestFindSettlementStatusFindsTheLandedPayment(t *testing.T) {
 // A send whose request was lost: undecided while its blockhash is valid,
 // never once it expired (the buyer's other transfers are not taken for it),
 // and nothing moved.
-func TestFindSettlementStatusReleasesALostSend(t *testing.T) {
+func TestSearchReleasesALostSend(t *testing.T) {
 	fr := &faultyRPC{}
 	srv := fr.serve(t)
 	e := newEnv(t, Config{RPC: &RPC{URL: srv}, ConfirmTimeout: 300 * time.Millisecond, PollInterval: 20 * time.Millisecond})
@@ -105,11 +107,11 @@ func TestFindSettlementStatusReleasesALostSend(t *testing.T) {
 	fr.set(func(f *faultyRPC) { f.dropSend = false })
 	e.settleNoise(t, 1)
 	r := e.reader(t)
-	if st, err := r.FindSettlementStatus(ctx, pp, e.req, time.Now().Add(-time.Minute)); err != nil || st.State != x402.SettlementUndecided {
+	if st, err := r.SentSettlementStatus(ctx, pp, e.req, x402.SentSettlement{After: time.Now().Add(-time.Minute)}); err != nil || st.State != x402.SettlementUndecided {
 		t.Fatalf("valid blockhash: %+v %v", st, err)
 	}
 	e.chain.ExpireBlockhash()
-	if st, err := r.FindSettlementStatus(ctx, pp, e.req, time.Now().Add(-time.Minute)); err != nil || st.State != x402.SettlementNever {
+	if st, err := r.SentSettlementStatus(ctx, pp, e.req, x402.SentSettlement{After: time.Now().Add(-time.Minute)}); err != nil || st.State != x402.SettlementNever {
 		t.Fatalf("expired blockhash: %+v %v", st, err)
 	}
 	if a, b := e.balances(t); a != 1_000_000-20000 || b != 20000 {
@@ -119,7 +121,7 @@ func TestFindSettlementStatusReleasesALostSend(t *testing.T) {
 
 // A payment that landed and failed on chain is never, at once: the same
 // message can never land again.
-func TestFindSettlementStatusFailedOnChain(t *testing.T) {
+func TestSearchFailedOnChain(t *testing.T) {
 	e := newEnv(t, Config{})
 	ctx := context.Background()
 	p := e.payment(t)
@@ -139,7 +141,7 @@ func TestFindSettlementStatusFailedOnChain(t *testing.T) {
 	if st, _ := (&RPC{URL: e.chain.URL}).Status(ctx, sig); st == nil || len(st.Err) == 0 || string(st.Err) == "null" {
 		t.Fatalf("the transfer did not land failed (%+v); the test needs it to", st)
 	}
-	st, err := e.reader(t).FindSettlementStatus(ctx, payload(raw, e.req), e.req, time.Time{})
+	st, err := e.reader(t).SentSettlementStatus(ctx, payload(raw, e.req), e.req, x402.SentSettlement{})
 	if err != nil || st.State != x402.SettlementNever || st.Transaction != "" {
 		t.Fatalf("%+v %v", st, err)
 	}
@@ -148,7 +150,7 @@ func TestFindSettlementStatusFailedOnChain(t *testing.T) {
 // The search is bounded, and fails closed: a payment pushed out of reach by
 // newer transactions of the same account (anyone may add them, the payer
 // first) stays undecided, also once its blockhash expired, never "never".
-func TestFindSettlementStatusBoundHitStaysUndecided(t *testing.T) {
+func TestSearchBoundHitStaysUndecided(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct {
 		name                  string
@@ -167,12 +169,12 @@ func TestFindSettlementStatusBoundHitStaysUndecided(t *testing.T) {
 			e.chain.ExpireBlockhash()
 			setBounds(t, tc.page, tc.listed, tc.fetched)
 			for name, p := range map[string]x402.PaymentPayload{"landed": pp, "never sent": missing} {
-				if st, err := e.reader(t).FindSettlementStatus(ctx, p, e.req, time.Time{}); err != nil || st.State != x402.SettlementUndecided {
+				if st, err := e.reader(t).SentSettlementStatus(ctx, p, e.req, x402.SentSettlement{}); err != nil || st.State != x402.SettlementUndecided {
 					t.Fatalf("%s, out of the bound: %+v %v", name, st, err)
 				}
 			}
 			setBounds(t, 100, 1000, 64)
-			if st, err := e.reader(t).FindSettlementStatus(ctx, pp, e.req, time.Time{}); err != nil || st.State != x402.SettlementDone {
+			if st, err := e.reader(t).SentSettlementStatus(ctx, pp, e.req, x402.SentSettlement{}); err != nil || st.State != x402.SettlementDone {
 				t.Fatalf("within the bound: %+v %v", st, err)
 			}
 		})
@@ -326,4 +328,81 @@ func FuzzMatchLanded(f *testing.F) {
 			}
 		}
 	})
+}
+
+// lyingNode is a FAKE FOR A FAULT no real chain produces on demand: a node
+// whose getSignaturesForAddress pages are whatever page returns, whose
+// getTransaction serves one other transaction for every signature, and
+// whose blockhashes are all expired.
+func lyingNode(t *testing.T, page func(before string) []SignatureInfo, other []byte) *RPC {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			ID     json.RawMessage   `json:"id"`
+			Method string            `json:"method"`
+			Params []json.RawMessage `json:"params"`
+		}
+		json.NewDecoder(r.Body).Decode(&req)
+		var result any
+		switch req.Method {
+		case "getSignaturesForAddress":
+			var cfg struct {
+				Before string `json:"before"`
+			}
+			json.Unmarshal(req.Params[1], &cfg)
+			result = page(cfg.Before)
+		case "getTransaction":
+			result = map[string]any{"slot": 1, "meta": map[string]any{"err": nil}, "transaction": []string{base64.StdEncoding.EncodeToString(other), "base64"}}
+		case "isBlockhashValid":
+			result = map[string]any{"context": map[string]any{"slot": 1}, "value": false}
+		}
+		b, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": req.ID, "result": result})
+		w.Write(b)
+	}))
+	t.Cleanup(srv.Close)
+	return &RPC{URL: srv.URL}
+}
+
+// A node that lies about its listing gets no decision out of the search:
+// pages out of order are an error, an endless history hits the listing
+// bound (undecided, never "never"), and another transaction served under
+// the listed signatures is not taken.
+func TestSearchAgainstALyingNode(t *testing.T) {
+	fee, payer := testKey("fee payer"), testKey("payer")
+	p := paymentTx{feePayer: pub(fee), authority: payer, mint: TokenProgram, program: TokenProgram, payTo: pub(testKey("payee")), amount: 5, decimals: 6}
+	req := x402.PaymentRequirements{Scheme: "exact", Network: x402.NetworkSolanaDevnet}
+	pp := payload(p.build(p.instructions()), req)
+	other := p.withMemo("another transfer")
+	entry := func(i int, slot uint64) SignatureInfo {
+		return SignatureInfo{Signature: base58.Encode(bytes.Repeat([]byte{byte(i + 1)}, 64)), Slot: slot}
+	}
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name    string
+		page    func(before string) []SignatureInfo
+		wantErr bool
+	}{
+		{"oldest first", func(string) []SignatureInfo { return []SignatureInfo{entry(0, 5), entry(1, 9)} }, true},
+		{"endless history", func(string) []SignatureInfo {
+			out := make([]SignatureInfo, searchPage)
+			for i := range out {
+				out[i] = entry(i, 100)
+			}
+			return out
+		}, false},
+		{"a short history of other transactions", func(string) []SignatureInfo { return []SignatureInfo{entry(0, 9), entry(1, 5)} }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			setBounds(t, 4, 8, 64)
+			r := &StatusReader{f: &Facilitator{rpc: lyingNode(t, tc.page, other), network: x402.NetworkSolanaDevnet}}
+			st, err := r.SentSettlementStatus(ctx, pp, req, x402.SentSettlement{})
+			if tc.wantErr != (err != nil) || st.State == x402.SettlementDone {
+				t.Fatalf("%+v %v", st, err)
+			}
+			// Only a complete listing of other transactions, made after
+			// the blockhash expired, is "never".
+			if want := tc.name == "a short history of other transactions"; want != (st.State == x402.SettlementNever) {
+				t.Fatalf("state %v", st.State)
+			}
+		})
+	}
 }
