@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -76,9 +75,9 @@ func signSolana(t *testing.T, e *solanaEnv, url string) (header, txid string) {
 	return signed.Header, base58.Encode(ed25519.Sign(svmFeeKey(), tx.Message))
 }
 
-// paidWith checks a 200 with the held answer and PAYMENT-RESPONSE naming
+// wantPaidWith checks a 200 with the held answer and PAYMENT-RESPONSE naming
 // transaction txid.
-func paidWith(t *testing.T, resp *http.Response, txid string) {
+func wantPaidWith(t *testing.T, resp *http.Response, txid string) {
 	t.Helper()
 	body := readJSONString(t, resp)
 	var sr x402.SettleResponse
@@ -89,7 +88,7 @@ func paidWith(t *testing.T, resp *http.Response, txid string) {
 	}
 }
 
-func pending(t *testing.T, resp *http.Response, what string) {
+func wantSettlementPending(t *testing.T, resp *http.Response, what string) {
 	t.Helper()
 	if e := readJSON(t, resp); resp.StatusCode != http.StatusServiceUnavailable || e["code"] != "settlement_pending" {
 		t.Fatalf("%s: status %d %v", what, resp.StatusCode, e)
@@ -111,17 +110,17 @@ func TestRemoteSolanaLostReplyFoundOnChain(t *testing.T) {
 	payerBefore, payeeBefore := e.usdc(t, e.payer.Address), e.usdc(t, e.payee.Address)
 
 	first, firstTx := signSolana(t, e, url)
-	pending(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: first}), "first payment")
+	wantSettlementPending(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: first}), "first payment")
 	second, secondTx := signSolana(t, e, url)
-	pending(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: second}), "second payment")
+	wantSettlementPending(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: second}), "second payment")
 	if firstTx == secondTx || proxy.settles.Load() != 2 {
 		t.Fatalf("%d settlements forwarded, transactions %s %s", proxy.settles.Load(), firstTx, secondTx)
 	}
 
-	paidWith(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: second}), secondTx)
-	paidWith(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: first}), firstTx)
+	wantPaidWith(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: second}), secondTx)
+	wantPaidWith(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: first}), firstTx)
 	// Again: the same answer, never a second charge.
-	paidWith(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: first}), firstTx)
+	wantPaidWith(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: first}), firstTx)
 	if got := payerBefore - e.usdc(t, e.payer.Address); got != 40000 {
 		t.Fatalf("payer charged %d, want two payments of 20000", got)
 	}
@@ -147,8 +146,8 @@ func TestRemoteSolanaLostRequestReleasedOnceExpired(t *testing.T) {
 	payerBefore := e.usdc(t, e.payer.Address)
 
 	sig, _ := signSolana(t, e, url)
-	pending(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}), "first try")
-	pending(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}), "retry, blockhash valid")
+	wantSettlementPending(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}), "first try")
+	wantSettlementPending(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}), "retry, blockhash valid")
 	e.chain.ExpireBlockhash()
 	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
 	if b := readJSONString(t, resp); resp.StatusCode != http.StatusPaymentRequired || strings.Contains(b, "paid_content") {
@@ -161,27 +160,20 @@ func TestRemoteSolanaLostRequestReleasedOnceExpired(t *testing.T) {
 
 	proxy.pass.Store(true)
 	next, nextTx := signSolana(t, e, url)
-	paidWith(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: next}), nextTx)
+	wantPaidWith(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: next}), nextTx)
 	if got := payerBefore - e.usdc(t, e.payer.Address); got != 20000 {
 		t.Fatalf("payer charged %d, want the new payment only", got)
 	}
 }
 
-// droppingSolanaRPC is a FAKE FOR A FAULT that cannot otherwise be caused on
+// newDroppingSolanaRPC is a FAKE FOR A FAULT that cannot otherwise be caused on
 // demand: the path from the embedded facilitator to the chain, which
 // forwards sendTransaction and then loses its reply, and answers
-// getSignatureStatuses with "unknown" while hide is set (the node has not
-// seen it yet), so the facilitator's Settle ends with an unknown outcome
-// although the transfer landed. Everything else is forwarded.
-type droppingSolanaRPC struct {
-	*httptest.Server
-	hide atomic.Bool
-}
-
-func newDroppingSolanaRPC(t *testing.T, chain string) *droppingSolanaRPC {
-	d := &droppingSolanaRPC{}
-	d.hide.Store(true)
-	d.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+// getSignatureStatuses with "unknown" (the node has not seen it yet), so the
+// facilitator's Settle ends with an unknown outcome although the transfer
+// landed. Everything else is forwarded.
+func newDroppingSolanaRPC(t *testing.T, chain string) string {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		resp, err := http.Post(chain, "application/json", bytes.NewReader(body))
 		if err != nil {
@@ -196,14 +188,14 @@ func newDroppingSolanaRPC(t *testing.T, chain string) *droppingSolanaRPC {
 				conn.Close()
 			}
 			return
-		case bytes.Contains(body, []byte(`"getSignatureStatuses"`)) && d.hide.Load():
+		case bytes.Contains(body, []byte(`"getSignatureStatuses"`)):
 			reply = []byte(`{"jsonrpc":"2.0","id":1,"result":{"context":{"slot":1},"value":[null]}}`)
 		}
 		w.Header().Set("Content-Type", "application/json")
 		w.Write(reply)
 	}))
-	t.Cleanup(d.Close)
-	return d
+	t.Cleanup(srv.Close)
+	return srv.URL
 }
 
 // The embedded Solana facilitator lost a settlement's outcome, and the
@@ -218,20 +210,20 @@ func TestEmbeddedSolanaResolvedAfterARestart(t *testing.T) {
 	svm := func(url string) string {
 		return fmt.Sprintf("svm {\n\t\t\t\tnetwork solana-devnet\n\t\t\t\trpc_url %s\n\t\t\t\tfee_payer_key_file %s\n\t\t\t\tconfirm_timeout 1s\n\t\t\t}", url, e.keyFile)
 	}
-	url := startCaddy(t, solanaSite(up.URL, svm(rpc.URL), e, dir)) + "/verify/schema"
+	url := startCaddy(t, solanaSite(up.URL, svm(rpc), e, dir)) + "/verify/schema"
 	payerBefore := e.usdc(t, e.payer.Address)
 	sig, txid := signSolana(t, e, url)
-	pending(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}), "first try")
+	wantSettlementPending(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}), "first try")
 	if got := payerBefore - e.usdc(t, e.payer.Address); got != 20000 {
 		t.Fatalf("the transfer did not land (charged %d); the test needs it to", got)
 	}
-	pending(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}), "retry while the node hides it")
+	wantSettlementPending(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}), "retry while the node hides it")
 
 	if err := caddy.Stop(); err != nil {
 		t.Fatal(err)
 	}
 	url = startCaddy(t, solanaSite(up.URL, svm(e.chain.URL), e, dir)) + "/verify/schema"
-	paidWith(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}), txid)
+	wantPaidWith(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}), txid)
 	if got := payerBefore - e.usdc(t, e.payer.Address); got != 20000 || up.n.Load() != 1 {
 		t.Fatalf("charged %d, upstream ran %d times; want one payment, one run", got, up.n.Load())
 	}
