@@ -158,9 +158,15 @@ func (r *StatusReader) SentSettlementStatus(ctx context.Context, p x402.PaymentP
 	if err != nil {
 		return out, fmt.Errorf("payment payload: %w", err)
 	}
+	// The fee payer must be the offer's (the facilitator's, from
+	// /supported): a payer who is also the fee payer could sign and send
+	// the transaction alone.
+	if fp, _ := req.Extra["feePayer"].(string); len(tx.AccountKeys) == 0 || tx.AccountKeys[0].String() != fp {
+		return out, errors.New("the payment's fee payer is not the offer's extra.feePayer")
+	}
 	var o polled
 	sig := sent.Transaction
-	if raw, derr := base58.Decode(sig); derr == nil && len(raw) == 64 && len(tx.AccountKeys) > 0 && verifySignature(tx.AccountKeys[0], tx.Message, raw) {
+	if raw, derr := base58.Decode(sig); derr == nil && len(raw) == 64 && verifySignature(tx.AccountKeys[0], tx.Message, raw) {
 		o, err = r.f.poll(ctx, sig, base58.Encode(tx.Blockhash[:]))
 	} else {
 		o, sig, err = r.f.search(ctx, tx, sent.After)

@@ -85,6 +85,13 @@ func TestSearchFindsTheLandedPayment(t *testing.T) {
 	if st, err := e.reader(t).SentSettlementStatus(ctx, pp, e.req, x402.SentSettlement{}); err != nil || st.State != x402.SettlementDone || st.Transaction != s.Transaction {
 		t.Fatalf("after expiry: %+v %v", st, err)
 	}
+	// A payment whose fee payer is not the offer's is not judged: its payer
+	// could be its fee payer, and send it alone.
+	foreign := e.req
+	foreign.Extra = map[string]any{"feePayer": pub(e.payer).String()}
+	if _, err := e.reader(t).SentSettlementStatus(ctx, pp, foreign, x402.SentSettlement{}); err == nil {
+		t.Fatal("judged a payment whose fee payer is not the offer's")
+	}
 	other.Accepted.Network = x402.NetworkSolana
 	if _, err := e.reader(t).SentSettlementStatus(ctx, other, other.Accepted, x402.SentSettlement{}); err == nil {
 		t.Fatal("judged a payment on another network")
@@ -369,7 +376,7 @@ func lyingNode(t *testing.T, page func(before string) []SignatureInfo, other []b
 func TestSearchAgainstALyingNode(t *testing.T) {
 	fee, payer := testKey("fee payer"), testKey("payer")
 	p := paymentTx{feePayer: pub(fee), authority: payer, mint: TokenProgram, program: TokenProgram, payTo: pub(testKey("payee")), amount: 5, decimals: 6}
-	req := x402.PaymentRequirements{Scheme: "exact", Network: x402.NetworkSolanaDevnet}
+	req := x402.PaymentRequirements{Scheme: "exact", Network: x402.NetworkSolanaDevnet, Extra: map[string]any{"feePayer": pub(fee).String()}}
 	pp := payload(p.build(p.instructions()), req)
 	other := p.withMemo("another transfer")
 	entry := func(i int, slot uint64) SignatureInfo {
