@@ -28,7 +28,7 @@ func (p paymentTx) withMemo(memo string) []byte {
 // settleNoise lands n other payments of the env's buyer, each its own
 // message, so the source token account has other transactions newer than
 // the one looked for.
-func (e *env) settleNoise(t *testing.T, n int) {
+func (e *env) settleNoise(t testing.TB, n int) {
 	t.Helper()
 	for i := range n {
 		pp := payload(e.payment(t).withMemo(fmt.Sprintf("noise %d %d", i, time.Now().UnixNano())), e.req)
@@ -412,4 +412,34 @@ func TestSearchAgainstALyingNode(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzLandedReply: any getTransaction result a node sends decodes (or is
+// refused) without panic, and is taken only when it carries the payment.
+func FuzzLandedReply(f *testing.F) {
+	fee, payer := testKey("fee payer"), testKey("payer")
+	p := paymentTx{feePayer: pub(fee), authority: payer, mint: TokenProgram, program: TokenProgram, payTo: pub(testKey("payee")), amount: 5, decimals: 6}
+	want, _ := DecodeTransaction(p.build(p.instructions()))
+	good := bytes.Clone(want.Raw)
+	gtx, _ := DecodeTransaction(good)
+	copy(gtx.Signatures[0], ed25519.Sign(fee, gtx.Message))
+	sig := base58.Encode(gtx.Signatures[0])
+	b64 := base64.StdEncoding.EncodeToString(good)
+	f.Add([]byte(`{"slot":3,"blockTime":null,"meta":{"err":null},"transaction":["` + b64 + `","base64"],"version":0}`))
+	f.Add([]byte(`{"slot":3,"meta":{"err":{"InstructionError":[2,{"Custom":1}]}},"transaction":["` + b64 + `","base64"]}`))
+	f.Add([]byte(`{"meta":null,"transaction":null}`))
+	f.Add([]byte(`null`))
+	f.Fuzz(func(t *testing.T, reply []byte) {
+		var lt *LandedTransaction
+		if json.Unmarshal(reply, &lt) != nil {
+			return
+		}
+		if _, ok := matchLanded(want, sig, lt); ok {
+			raw, err := base64.StdEncoding.DecodeString(lt.Transaction[0])
+			got, derr := DecodeTransaction(raw)
+			if err != nil || derr != nil || !bytes.Equal(got.Message, want.Message) || !bytes.Equal(got.Signatures[0], gtx.Signatures[0]) {
+				t.Fatalf("took a reply that is not the payment: %s", reply)
+			}
+		}
+	})
 }
