@@ -26,8 +26,8 @@ import (
 // is the fee payer's over that message.
 //
 // Anyone (the payer first) can put more transactions on that account, so
-// the search is bounded: at most searchListed signatures listed and
-// searchFetched transactions fetched, and no further back than a lower
+// the search is bounded: at most searchFetched transactions looked at
+// (every signature listed is fetched), and no further back than a lower
 // bound of time when the caller knows one (the settlement was asked for no
 // earlier; blockTime, less blockTimeSkew). "Not found" counts only when the
 // search was complete: the account's history ended, or the bound of time
@@ -36,9 +36,8 @@ import (
 
 // Bounds of one search; tests lower them.
 var (
-	searchPage    = 100  // signatures per getSignaturesForAddress call
-	searchListed  = 1000 // signatures listed per search
-	searchFetched = 64   // transactions fetched per search
+	searchPage    = 100 // signatures per getSignaturesForAddress call
+	searchFetched = 64  // transactions fetched per search
 )
 
 // blockTimeSkew is how far a block's blockTime (the validators' estimate)
@@ -104,7 +103,7 @@ func (f *Facilitator) find(ctx context.Context, tx *Transaction, after time.Time
 	if !after.IsZero() {
 		floor = after.Add(-blockTimeSkew).Unix()
 	}
-	before, listed, fetched := "", 0, 0
+	before, fetched := "", 0
 	lastSlot := ^uint64(0)
 	for {
 		page, err := f.rpc.SignaturesForAddress(ctx, source.String(), before, searchPage)
@@ -136,12 +135,8 @@ func (f *Facilitator) find(ctx context.Context, tx *Transaction, after time.Time
 				return findResult{sig: e.Signature, failed: failed}, nil
 			}
 		}
-		listed += len(page)
 		if len(page) < searchPage {
 			return findResult{complete: true}, nil // the account's whole history
-		}
-		if listed >= searchListed {
-			return findResult{}, nil
 		}
 		before = page[len(page)-1].Signature
 	}

@@ -48,17 +48,17 @@ func (e *env) reader(t *testing.T) *StatusReader {
 }
 
 // setBounds lowers the search's bounds for one test.
-func setBounds(t *testing.T, page, listed, fetched int) {
-	op, ol, of := searchPage, searchListed, searchFetched
-	searchPage, searchListed, searchFetched = page, listed, fetched
-	t.Cleanup(func() { searchPage, searchListed, searchFetched = op, ol, of })
+func setBounds(t *testing.T, page, fetched int) {
+	op, of := searchPage, searchFetched
+	searchPage, searchFetched = page, fetched
+	t.Cleanup(func() { searchPage, searchFetched = op, of })
 }
 
 // A payment nobody named a transaction for is found on chain by its
 // message: done with the fee payer's signature, past newer transfers of
 // the same buyer (another message: not taken), across pages.
 func TestSearchFindsTheLandedPayment(t *testing.T) {
-	setBounds(t, 1, 1000, 64) // one signature per page: the cursor is used
+	setBounds(t, 1, 64) // one signature per page: the cursor is used
 	e := newEnv(t, Config{})
 	ctx := context.Background()
 	pp := payload(e.payment(t).build(e.payment(t).instructions()), e.req)
@@ -160,9 +160,9 @@ func TestSearchFailedOnChain(t *testing.T) {
 func TestSearchBoundHitStaysUndecided(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct {
-		name                  string
-		page, listed, fetched int
-	}{{"fetch bound", 100, 1000, 2}, {"listing bound", 1, 2, 64}} {
+		name          string
+		page, fetched int
+	}{{"one page", 100, 2}, {"across pages", 1, 2}} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, Config{})
 			pp := payload(e.payment(t).build(e.payment(t).instructions()), e.req)
@@ -174,13 +174,13 @@ func TestSearchBoundHitStaysUndecided(t *testing.T) {
 			e.chain.ExpireBlockhash()
 			missing := payload(e.payment(t).withMemo("never sent"), e.req)
 			e.chain.ExpireBlockhash()
-			setBounds(t, tc.page, tc.listed, tc.fetched)
+			setBounds(t, tc.page, tc.fetched)
 			for name, p := range map[string]x402.PaymentPayload{"landed": pp, "never sent": missing} {
 				if st, err := e.reader(t).SentSettlementStatus(ctx, p, e.req, x402.SentSettlement{}); err != nil || st.State != x402.SettlementUndecided {
 					t.Fatalf("%s, out of the bound: %+v %v", name, st, err)
 				}
 			}
-			setBounds(t, 100, 1000, 64)
+			setBounds(t, 100, 64)
 			if st, err := e.reader(t).SentSettlementStatus(ctx, pp, e.req, x402.SentSettlement{}); err != nil || st.State != x402.SettlementDone {
 				t.Fatalf("within the bound: %+v %v", st, err)
 			}
@@ -370,8 +370,8 @@ func lyingNode(t *testing.T, page func(before string) []SignatureInfo, other []b
 }
 
 // A node that lies about its listing gets no decision out of the search:
-// pages out of order are an error, an endless history hits the listing
-// bound (undecided, never "never"), and another transaction served under
+// pages out of order are an error, an endless history hits the bound
+// (undecided, never "never"), and another transaction served under
 // the listed signatures is not taken.
 func TestSearchAgainstALyingNode(t *testing.T) {
 	fee, payer := testKey("fee payer"), testKey("payer")
@@ -399,7 +399,7 @@ func TestSearchAgainstALyingNode(t *testing.T) {
 		{"a short history of other transactions", func(string) []SignatureInfo { return []SignatureInfo{entry(0, 9), entry(1, 5)} }, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			setBounds(t, 4, 8, 64)
+			setBounds(t, 4, 8)
 			r := &StatusReader{f: &Facilitator{rpc: lyingNode(t, tc.page, other), network: x402.NetworkSolanaDevnet}}
 			st, err := r.SentSettlementStatus(ctx, pp, req, x402.SentSettlement{})
 			if tc.wantErr != (err != nil) || st.State == x402.SettlementDone {
