@@ -221,7 +221,9 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 	}
 	// The transfer happened: deliver what was paid for.
 	sr := x402.SettleResponse{Success: true, Transaction: h.Transaction, Network: h.Offer.Network}
-	if len(h.Payload.Payload) > 0 {
+	if x402.IsSolana(h.Offer.Network) {
+		sr.Payer = svmfacilitator.PayerOf(h.Payload)
+	} else if len(h.Payload.Payload) > 0 {
 		var ev x402.ExactEVMPayload
 		if json.Unmarshal(h.Payload.Payload, &ev) == nil {
 			sr.Payer = ev.Authorization.From

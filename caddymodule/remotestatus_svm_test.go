@@ -76,14 +76,14 @@ func signSolana(t *testing.T, e *solanaEnv, url string) (header, txid string) {
 }
 
 // wantPaidWith checks a 200 with the held answer and PAYMENT-RESPONSE naming
-// transaction txid.
-func wantPaidWith(t *testing.T, resp *http.Response, txid string) {
+// transaction txid and the env's payer.
+func wantPaidWith(t *testing.T, e *solanaEnv, resp *http.Response, txid string) {
 	t.Helper()
 	body := readJSONString(t, resp)
 	var sr x402.SettleResponse
 	if resp.StatusCode != http.StatusOK || !strings.Contains(body, "paid_content") ||
 		x402.DecodeHeader(resp.Header.Get(x402.HeaderPaymentResponse), &sr) != nil || !sr.Success ||
-		sr.Transaction != txid || sr.Network != x402.NetworkSolanaDevnet {
+		sr.Transaction != txid || sr.Network != x402.NetworkSolanaDevnet || sr.Payer != e.payer.Address {
 		t.Fatalf("status %d, PAYMENT-RESPONSE %+v (want transaction %s): %s", resp.StatusCode, sr, txid, body)
 	}
 }
@@ -117,10 +117,10 @@ func TestRemoteSolanaLostReplyFoundOnChain(t *testing.T) {
 		t.Fatalf("%d settlements forwarded, transactions %s %s", proxy.settles.Load(), firstTx, secondTx)
 	}
 
-	wantPaidWith(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: second}), secondTx)
-	wantPaidWith(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: first}), firstTx)
+	wantPaidWith(t, e, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: second}), secondTx)
+	wantPaidWith(t, e, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: first}), firstTx)
 	// Again: the same answer, never a second charge.
-	wantPaidWith(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: first}), firstTx)
+	wantPaidWith(t, e, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: first}), firstTx)
 	if got := payerBefore - e.usdc(t, e.payer.Address); got != 40000 {
 		t.Fatalf("payer charged %d, want two payments of 20000", got)
 	}
@@ -160,7 +160,7 @@ func TestRemoteSolanaLostRequestReleasedOnceExpired(t *testing.T) {
 
 	proxy.pass.Store(true)
 	next, nextTx := signSolana(t, e, url)
-	wantPaidWith(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: next}), nextTx)
+	wantPaidWith(t, e, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: next}), nextTx)
 	if got := payerBefore - e.usdc(t, e.payer.Address); got != 20000 {
 		t.Fatalf("payer charged %d, want the new payment only", got)
 	}
@@ -223,7 +223,7 @@ func TestEmbeddedSolanaResolvedAfterARestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	url = startCaddy(t, solanaSite(up.URL, svm(e.chain.URL), e, dir)) + "/verify/schema"
-	wantPaidWith(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}), txid)
+	wantPaidWith(t, e, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}), txid)
 	if got := payerBefore - e.usdc(t, e.payer.Address); got != 20000 || up.n.Load() != 1 {
 		t.Fatalf("charged %d, upstream ran %d times; want one payment, one run", got, up.n.Load())
 	}

@@ -54,17 +54,40 @@ type findResult struct {
 	complete bool
 }
 
-// paymentSource is the source token account of the payment's transfer:
-// the first TransferChecked of SPL Token or Token-2022.
-func paymentSource(tx *Transaction) (PublicKey, error) {
+// transfer is the payment's transfer: the first TransferChecked of SPL
+// Token or Token-2022 (accounts source, mint, destination, authority).
+func (tx *Transaction) transfer() (Instruction, bool) {
 	if tx.LookupTables == 0 {
 		for _, ix := range tx.Instructions {
 			if p := tx.Program(ix); (p == TokenProgram || p == Token2022Program) && len(ix.Data) == 10 && ix.Data[0] == 12 && len(ix.Accounts) >= 4 {
-				return tx.Account(ix, 0), nil
+				return ix, true
 			}
 		}
 	}
-	return PublicKey{}, errors.New("the payment has no TransferChecked to find it by")
+	return Instruction{}, false
+}
+
+// paymentSource is the source token account of the payment's transfer.
+func paymentSource(tx *Transaction) (PublicKey, error) {
+	ix, ok := tx.transfer()
+	if !ok {
+		return PublicKey{}, errors.New("the payment has no TransferChecked to find it by")
+	}
+	return tx.Account(ix, 0), nil
+}
+
+// PayerOf is the payer of an exact SVM payment, its transfer's authority
+// (as Verify and Settle report it), "" when the payload is not one.
+func PayerOf(p x402.PaymentPayload) string {
+	tx, err := DecodePayload(p.Payload)
+	if err != nil {
+		return ""
+	}
+	ix, ok := tx.transfer()
+	if !ok {
+		return ""
+	}
+	return tx.Account(ix, 3).String()
 }
 
 // matchLanded reports whether lt, the transaction the node returned for
