@@ -249,3 +249,41 @@ func waitOutcomes(t *testing.T, up *reportingUpstream, want ...string) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// The same with the official @x402/svm facilitator as the remote one (its
+// own fee payer): the search needs nothing of our facilitator, only the
+// payment and the chain.
+func TestRemoteSolanaLostReplyOfTheOfficialFacilitator(t *testing.T) {
+	e := newSolanaEnv(t)
+	seed := sha256.Sum256([]byte("official facilitator fee payer"))
+	key := ed25519.NewKeyFromSeed(seed[:])
+	e.chain.Airdrop(base58.Encode(key.Public().(ed25519.PublicKey)), 10_000_000_000)
+	var ready struct {
+		URL string `json:"url"`
+	}
+	interop.Start(t, "svm-facilitator-server.mjs", []string{"RPC_URL=" + e.chain.URL, "SECRET_KEY=" + base58.Encode(key)}, &ready)
+	up := newReportingUpstream(t)
+	proxy := newLossyProxy(t, ready.URL, "lose_reply")
+	fac := fmt.Sprintf("http %s {\n\t\t\t\ttimeout 10s\n\t\t\t\trpc solana-devnet %s\n\t\t\t}", proxy.URL, e.chain.URL)
+	url := startCaddy(t, solanaSite(up.URL, fac, e, filepath.Join(t.TempDir(), "gate"))) + "/verify/schema"
+	payerBefore := e.usdc(t, e.payer.Address)
+
+	sig, _ := signSolana(t, e, url)
+	wantSettlementPending(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}), "first try")
+	if got := payerBefore - e.usdc(t, e.payer.Address); got != 20000 || proxy.settles.Load() != 1 {
+		t.Fatalf("charged %d with %d settlements forwarded; the test needs the one transfer", got, proxy.settles.Load())
+	}
+	var pp x402.PaymentPayload
+	if err := x402.DecodeHeader(sig, &pp); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := svmfacilitator.DecodePayload(pp.Payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantPaidWith(t, e, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}), base58.Encode(ed25519.Sign(key, tx.Message)))
+	if got := payerBefore - e.usdc(t, e.payer.Address); got != 20000 || up.n.Load() != 1 {
+		t.Fatalf("charged %d, upstream ran %d times", got, up.n.Load())
+	}
+	waitOutcomes(t, up, "v-1=paid")
+}
