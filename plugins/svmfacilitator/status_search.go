@@ -182,34 +182,25 @@ func (f *Facilitator) blockhashExpired(ctx context.Context, blockhash string) (b
 // search judges tx by finding its transaction: done or never (failed) when
 // found; never when not found by a complete search made after its blockhash
 // was seen expired; undecided otherwise. sig is the transaction when found.
-func (f *Facilitator) search(ctx context.Context, tx *Transaction, after time.Time) (o polled, sig string, err error) {
-	judge := func(r findResult) (polled, string) {
-		if r.failed != "" {
-			return polled{state: x402.SettlementNever, failed: r.failed}, r.sig
+func (f *Facilitator) search(ctx context.Context, tx *Transaction, after time.Time) (polled, string, error) {
+	for again := false; ; again = true {
+		r, err := f.find(ctx, tx, after)
+		switch {
+		case err != nil:
+			return polled{}, "", err
+		case r.sig != "" && r.failed != "":
+			return polled{state: x402.SettlementNever, failed: r.failed}, r.sig, nil
+		case r.sig != "":
+			return polled{state: x402.SettlementDone}, r.sig, nil
+		case !r.complete:
+			return polled{}, "", nil
+		case again:
+			return polled{state: x402.SettlementNever}, "", nil
 		}
-		return polled{state: x402.SettlementDone}, r.sig
-	}
-	r, err := f.find(ctx, tx, after)
-	if err != nil || !r.complete {
-		if r.sig != "" {
-			o, sig = judge(r)
+		expired, err := f.blockhashExpired(ctx, base58.Encode(tx.Blockhash[:]))
+		if err != nil || !expired {
+			return polled{}, "", err
 		}
-		return o, sig, err
+		// Once more, after that answer: it may have landed in between.
 	}
-	expired, err := f.blockhashExpired(ctx, base58.Encode(tx.Blockhash[:]))
-	if err != nil || !expired {
-		return polled{}, "", err
-	}
-	// Once more, after that answer: it may have landed in between.
-	if r, err = f.find(ctx, tx, after); err != nil {
-		return polled{}, "", err
-	}
-	switch {
-	case r.sig != "":
-		o, sig = judge(r)
-		return o, sig, nil
-	case r.complete:
-		return polled{state: x402.SettlementNever}, "", nil
-	}
-	return polled{}, "", nil
 }
