@@ -10,10 +10,12 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/aovhq/aov/internal/base58"
+	"github.com/aovhq/aov/internal/solanachain"
 	"github.com/aovhq/aov/x402"
 )
 
@@ -442,4 +444,49 @@ func FuzzLandedReply(f *testing.F) {
 			}
 		}
 	})
+}
+
+// The local chain's getSignaturesForAddress has a node's semantics, which
+// the search relies on: newest first, limit, before and until, each entry
+// with its slot, error, blockTime and confirmation status.
+func TestChainListsSignaturesNewestFirst(t *testing.T) {
+	e := newEnv(t, Config{})
+	ctx := context.Background()
+	e.settleNoise(t, 3)
+	source := AssociatedTokenAddress(pub(e.payer), mustKey(solanachain.USDC), TokenProgram).String()
+	rpc := &RPC{URL: e.chain.URL}
+	all, err := rpc.SignaturesForAddress(ctx, source, "", 1000)
+	if err != nil || len(all) != 3 {
+		t.Fatalf("%d entries %v", len(all), err)
+	}
+	for i, s := range all {
+		if (i > 0 && s.Slot >= all[i-1].Slot) || s.BlockTime == nil || s.ConfirmationStatus != "finalized" || string(s.Err) != "null" {
+			t.Fatalf("entry %d: %+v", i, s)
+		}
+	}
+	sigs := func(list []SignatureInfo) (out []string) {
+		for _, s := range list {
+			out = append(out, s.Signature)
+		}
+		return out
+	}
+	if got, _ := rpc.SignaturesForAddress(ctx, source, "", 1); !slices.Equal(sigs(got), sigs(all[:1])) {
+		t.Fatalf("limit 1: %v", sigs(got))
+	}
+	if got, _ := rpc.SignaturesForAddress(ctx, source, all[0].Signature, 1000); !slices.Equal(sigs(got), sigs(all[1:])) {
+		t.Fatalf("before the newest: %v", sigs(got))
+	}
+	var until []SignatureInfo
+	e.chain.Call("getSignaturesForAddress", &until, source, map[string]any{"until": all[2].Signature})
+	if !slices.Equal(sigs(until), sigs(all[:2])) {
+		t.Fatalf("until the oldest: %v", sigs(until))
+	}
+	for _, limit := range []int{0, 1001} {
+		if _, err := rpc.SignaturesForAddress(ctx, source, "", limit); err == nil {
+			t.Fatalf("limit %d accepted", limit)
+		}
+	}
+	if got, err := rpc.SignaturesForAddress(ctx, pub(testKey("nobody")).String(), "", 10); err != nil || len(got) != 0 {
+		t.Fatalf("an account with no history: %v %v", got, err)
+	}
 }
