@@ -71,9 +71,13 @@ type heldRecord struct {
 	// Transaction is set once the transfer is known to have happened.
 	Transaction string `json:"transaction,omitempty"`
 	// Sent is the transaction the facilitator named when it reported the
-	// outcome unknown, if it did (on Solana, the only way to find it);
+	// outcome unknown, if it did (on Solana, the quickest way to find it);
 	// a checker proves it is the payment's own before judging by it.
 	Sent string `json:"sent,omitempty"`
+	// SentAfter is a time before which the settlement was not asked for
+	// (the attempt's deadline back from when it ended unknown): a checker
+	// that searches the chain for the transaction looks no further back.
+	SentAfter time.Time `json:"sent_after,omitzero"`
 	// ReportPath and VerificationID: the upstream asked for the outcome.
 	ReportPath     string `json:"report_path,omitempty"`
 	VerificationID string `json:"verification_id,omitempty"`
@@ -121,7 +125,8 @@ func (g *Gate) holdUnknown(ctx context.Context, c store.Claim, p x402.PaymentPay
 	if !ok {
 		return
 	}
-	h := heldRecord{Keys: c.Keys, Token: c.Token, Until: c.Until, Payload: p, Offer: offer, Gate: g.gateID()}
+	h := heldRecord{Keys: c.Keys, Token: c.Token, Until: c.Until, Payload: p, Offer: offer, Gate: g.gateID(),
+		SentAfter: now().Add(-defaultSettleTimeout)}
 	if unknown != nil && unknown.Reply != nil {
 		h.Sent = unknown.Reply.Transaction
 	}
@@ -149,8 +154,8 @@ func (g *Gate) checkHeld(ctx context.Context, h *heldRecord) (x402.SettlementSta
 	defer cancel()
 	var st x402.SettlementStatus
 	var err error
-	if ssc, ok := g.facilitator.(x402.SentSettlementChecker); ok && h.Sent != "" {
-		st, err = ssc.SentSettlementStatus(ctx, h.Payload, h.Offer, h.Sent)
+	if ssc, ok := g.facilitator.(x402.SentSettlementChecker); ok {
+		st, err = ssc.SentSettlementStatus(ctx, h.Payload, h.Offer, x402.SentSettlement{Transaction: h.Sent, After: h.SentAfter})
 	} else {
 		st, err = sc.SettlementStatus(ctx, h.Payload, h.Offer)
 	}
@@ -216,7 +221,9 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 	}
 	// The transfer happened: deliver what was paid for.
 	sr := x402.SettleResponse{Success: true, Transaction: h.Transaction, Network: h.Offer.Network}
-	if len(h.Payload.Payload) > 0 {
+	if x402.IsSolana(h.Offer.Network) {
+		sr.Payer = svmfacilitator.PayerOf(h.Payload)
+	} else if len(h.Payload.Payload) > 0 {
 		var ev x402.ExactEVMPayload
 		if json.Unmarshal(h.Payload.Payload, &ev) == nil {
 			sr.Payer = ev.Authorization.From

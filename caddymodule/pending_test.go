@@ -112,9 +112,9 @@ var sentSeen struct {
 
 // SentSettlementStatus records the transaction the gate names and judges
 // as SettlementStatus does.
-func (m *faultyFacilitator) SentSettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sent string) (x402.SettlementStatus, error) {
+func (m *faultyFacilitator) SentSettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sent x402.SentSettlement) (x402.SettlementStatus, error) {
 	sentSeen.Lock()
-	sentSeen.list = append(sentSeen.list, sent)
+	sentSeen.list = append(sentSeen.list, sent.Transaction)
 	sentSeen.Unlock()
 	return m.f.SettlementStatus(ctx, p, req)
 }

@@ -33,10 +33,12 @@ import (
 // does), the gate polls it with getSignatureStatuses on the Solana `rpc`
 // (svmfacilitator.StatusReader, after checking it is the fee payer's
 // signature over the payment's own message); when the reply was lost
-// whole, nothing names it, and the claim stays pending (the buyer is told
-// to retry, never to pay again, and nothing is served) until it lapses. The
-// embedded Solana facilitator (svm) remembers what it sent and answers
-// itself.
+// whole, the reader searches the chain for the payment's own message among
+// the transactions of its source token account, no further back than the
+// settlement attempt (svmfacilitator's status_search.go, bounded; a bound
+// hit leaves the outcome undecided). The embedded Solana facilitator (svm)
+// signs the transaction's id again from its key and answers itself, also
+// after a restart.
 
 // remoteStatus is what HTTPFacilitator reads settlement outcomes with.
 type remoteStatus struct {
@@ -104,21 +106,19 @@ func (m *HTTPFacilitator) Cleanup() error {
 // SettlementStatus implements x402.SettlementChecker from the chain of
 // req's network, when an rpc endpoint is configured for it.
 func (m *HTTPFacilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettlementStatus, error) {
-	return m.SentSettlementStatus(ctx, p, req, "")
+	return m.SentSettlementStatus(ctx, p, req, x402.SentSettlement{})
 }
 
 // SentSettlementStatus implements x402.SentSettlementChecker: as
-// SettlementStatus, and on Solana by the transaction the facilitator named.
-func (m *HTTPFacilitator) SentSettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sent string) (x402.SettlementStatus, error) {
+// SettlementStatus, and on Solana by the transaction the facilitator named
+// or, when it named none, by the payment found on chain.
+func (m *HTTPFacilitator) SentSettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sent x402.SentSettlement) (x402.SettlementStatus, error) {
 	ctx, cancel := context.WithTimeout(ctx, m.status.timeout)
 	defer cancel()
 	if r := m.status.readers[req.Network]; r != nil {
 		return r.SettlementStatus(ctx, p, req)
 	}
 	if r := m.status.solana[req.Network]; r != nil {
-		if sent == "" {
-			return x402.SettlementStatus{}, errors.New("the facilitator named no transaction for this Solana payment; the settlement stays pending until its claim lapses")
-		}
 		return r.SentSettlementStatus(ctx, p, req, sent)
 	}
 	return x402.SettlementStatus{}, fmt.Errorf("no rpc endpoint for %s is configured on the http facilitator (rpc <network> <url>); the settlement stays pending until its claim lapses", req.Network)
@@ -127,12 +127,12 @@ func (m *HTTPFacilitator) SentSettlementStatus(ctx context.Context, p x402.Payme
 // SettlementStatus implements x402.SettlementChecker through the
 // facilitator that settles req's network, when it can tell.
 func (m *MultiFacilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettlementStatus, error) {
-	return m.SentSettlementStatus(ctx, p, req, "")
+	return m.SentSettlementStatus(ctx, p, req, x402.SentSettlement{})
 }
 
 // SentSettlementStatus implements x402.SentSettlementChecker through the
 // facilitator that settles req's network.
-func (m *MultiFacilitator) SentSettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sent string) (x402.SettlementStatus, error) {
+func (m *MultiFacilitator) SentSettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sent x402.SentSettlement) (x402.SettlementStatus, error) {
 	f, err := m.pick(ctx, req)
 	if f == nil {
 		if err == nil {
@@ -140,7 +140,7 @@ func (m *MultiFacilitator) SentSettlementStatus(ctx context.Context, p x402.Paym
 		}
 		return x402.SettlementStatus{}, err
 	}
-	if ssc, ok := f.(x402.SentSettlementChecker); ok && sent != "" {
+	if ssc, ok := f.(x402.SentSettlementChecker); ok {
 		return ssc.SentSettlementStatus(ctx, p, req, sent)
 	}
 	sc, ok := f.(x402.SettlementChecker)
@@ -152,7 +152,8 @@ func (m *MultiFacilitator) SentSettlementStatus(ctx context.Context, p x402.Paym
 
 // SettlementStatus lets the gate resolve unknown settlements of the
 // embedded Solana facilitator: it polls the signature of the transaction it
-// sent, as long as it remembers it (in memory: not across a restart).
+// sent, signed again from its key when it does not remember it (after a
+// restart).
 func (m *SVMFacilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettlementStatus, error) {
 	return m.f.SettlementStatus(ctx, p, req)
 }

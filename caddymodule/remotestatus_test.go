@@ -27,10 +27,12 @@ import (
 // forwards /settle, lets the facilitator settle, and then drops the
 // connection instead of passing the answer on (a facilitator that times out
 // after sending); in mode "lose_request" it drops the connection without
-// forwarding (nothing settles). Every other call is forwarded unchanged.
+// forwarding (nothing settles). Every other call is forwarded unchanged,
+// and so is /settle once pass is set (the path healed).
 type lossyProxy struct {
 	*httptest.Server
 	settles atomic.Int64 // /settle calls forwarded
+	pass    atomic.Bool
 }
 
 func newLossyProxy(t *testing.T, facURL, mode string) *lossyProxy {
@@ -44,7 +46,7 @@ func newLossyProxy(t *testing.T, facURL, mode string) *lossyProxy {
 				conn.Close()
 			}
 		}
-		settle := strings.HasSuffix(r.URL.Path, "/settle")
+		settle := strings.HasSuffix(r.URL.Path, "/settle") && !p.pass.Load()
 		if settle && mode == "lose_request" {
 			drop()
 			return

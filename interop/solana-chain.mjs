@@ -37,8 +37,12 @@ const b58enc = getBase58Encoder(); // string -> bytes
 const b58dec = getBase58Decoder(); // bytes -> string
 
 const svm = new LiteSVM();
-// signature (base58) -> {slot, err}
+// signature (base58) -> {slot, err, blockTime, bytes}: every transaction
+// that landed (succeeded or failed in a program).
 const statuses = new Map();
+// account (base58) -> signatures of the landed transactions whose static
+// account keys include it, oldest first (getSignaturesForAddress).
+const byAccount = new Map();
 // Blockhashes this chain has handed out, and whether they are still valid.
 const blockhashes = new Map();
 let slot = 1n;
@@ -198,6 +202,42 @@ function messageBlockhash(b) {
   return b58dec.decode(b.subarray(off, off + 32));
 }
 
+// The static account keys of a wire transaction, and whether it is v0.
+function accountKeys(b) {
+  const [n, k] = shortvec(b, 0);
+  let off = k + 64 * n;
+  const versioned = (b[off] & 0x80) !== 0;
+  if (versioned) off++;
+  off += 3;
+  const [keys, kk] = shortvec(b, off);
+  off += kk;
+  const out = [];
+  for (let i = 0; i < keys; i++) out.push(b58dec.decode(b.subarray(off + 32 * i, off + 32 * (i + 1))));
+  return { keys: out, versioned };
+}
+
+// getSignaturesForAddress [address, {limit, before, until}]: newest first,
+// at most limit (default and cap 1000), starting after `before` and
+// stopping before `until` (signatures this chain does not know start or
+// stop nothing).
+function signaturesFor(address, cfg) {
+  const limit = cfg?.limit ?? 1000;
+  if (!Number.isInteger(limit) || limit < 1 || limit > 1000) throw rpcError(-32602, "Invalid limit; max 1000");
+  const sigs = byAccount.get(address) ?? [];
+  let end = sigs.length;
+  if (cfg?.before) {
+    const i = sigs.indexOf(cfg.before);
+    if (i >= 0) end = i;
+  }
+  const out = [];
+  for (let i = end - 1; i >= 0 && out.length < limit; i--) {
+    if (cfg?.until && sigs[i] === cfg.until) break;
+    const st = statuses.get(sigs[i]);
+    out.push({ signature: sigs[i], slot: st.slot, err: st.err, memo: null, blockTime: st.blockTime, confirmationStatus: "finalized" });
+  }
+  return out;
+}
+
 function run(bytes, simulate) {
   const versioned = (() => {
     const [n, k] = shortvec(bytes, 0);
@@ -207,9 +247,18 @@ function run(bytes, simulate) {
   return versioned ? svm.inner.sendVersionedTransaction(bytes) : svm.inner.sendLegacyTransaction(bytes);
 }
 
+// errOf is a failed result's error in the JSON-RPC shape; an instruction's
+// error is {"InstructionError": [index, {"Custom": code} | name]}, as a
+// node reports it (litesvm's error objects serialize to nothing).
 function errOf(res) {
   if (typeof res.err !== "function") return null;
   const e = res.err();
+  if (e && typeof e === "object" && typeof e.err === "function" && typeof e.index === "number") {
+    const ie = e.err();
+    const inner = ie && typeof ie === "object" && "code" in ie ? { Custom: Number(ie.code) }
+      : ie && typeof ie === "object" && "msg" in ie ? { BorshIoError: String(ie.msg) } : String(ie);
+    return { InstructionError: [e.index, inner] };
+  }
   return JSON.parse(JSON.stringify({ TransactionError: e ?? String(res) }, (_, v) => (typeof v === "bigint" ? v.toString() : v)));
 }
 
@@ -288,17 +337,32 @@ const methods = {
     const landed = !err || JSON.stringify(err).includes("InstructionError");
     if (!landed) throw rpcError(-32002, "Transaction simulation failed", { err, ...metaOf(res) });
     slot += 1n;
-    statuses.set(sig, { slot: Number(slot), err });
+    statuses.set(sig, { slot: Number(slot), err, blockTime: Math.floor(Date.now() / 1000), bytes: Buffer.from(bytes) });
+    for (const a of new Set(accountKeys(bytes).keys)) {
+      if (!byAccount.has(a)) byAccount.set(a, []);
+      byAccount.get(a).push(sig);
+    }
     return sig;
   },
   getSignatureStatuses: ([sigs]) => ({ context: ctx(), value: sigs.map((s) => {
     const st = statuses.get(s);
     return st ? { slot: st.slot, confirmations: null, err: st.err, status: st.err ? { Err: st.err } : { Ok: null }, confirmationStatus: "finalized" } : null;
   }) }),
-  getTransaction: ([s]) => {
+  // With encoding base64 (or base58) the landed wire transaction; other
+  // encodings are not served (transaction null). A v0 transaction needs
+  // maxSupportedTransactionVersion, as on a real node.
+  getTransaction: ([s, cfg]) => {
     const st = statuses.get(s);
-    return st ? { slot: st.slot, blockTime: Math.floor(Date.now() / 1000), meta: { err: st.err, fee: 5000 }, transaction: null } : null;
+    if (!st) return null;
+    const { versioned } = accountKeys(st.bytes);
+    if (versioned && cfg?.maxSupportedTransactionVersion === undefined) {
+      throw rpcError(-32015, "Transaction version (0) is not supported by the requesting client. Please try the request again with the following configuration parameter: \"maxSupportedTransactionVersion\": 0");
+    }
+    const enc = cfg?.encoding;
+    const transaction = enc === "base64" ? [st.bytes.toString("base64"), "base64"] : enc === "base58" ? [b58dec.decode(st.bytes), "base58"] : null;
+    return { slot: st.slot, blockTime: st.blockTime, meta: { err: st.err, fee: 5000, status: st.err ? { Err: st.err } : { Ok: null } }, transaction, version: versioned ? 0 : "legacy" };
   },
+  getSignaturesForAddress: ([a, cfg]) => signaturesFor(a, cfg),
   aov_createMint: ([address, decimals, program]) => (createMint(address, decimals, program ?? TOKEN), address),
   aov_setTokenBalance: async ([owner, mint, amount, program]) => setTokenBalance(owner, mint, BigInt(amount), program ?? TOKEN),
   aov_airdrop: ([a, lamports]) => (airdrop(a, lamports), null),

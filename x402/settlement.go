@@ -1,6 +1,9 @@
 package x402
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // SettlementState is what a facilitator can tell of an authorization's
 // settlement after the fact.
@@ -39,11 +42,24 @@ type SettlementChecker interface {
 }
 
 // SentSettlementChecker is implemented by facilitators (or their clients)
-// that judge a settlement from the transaction a facilitator named when it
-// reported the outcome unknown (UnknownOutcomeError.Reply.Transaction): on
-// Solana the transaction's id is the facilitator's own fee-payer
-// signature, which nothing else tells. The checker must establish that
-// transaction is the payment's own before it judges by it.
+// that judge a settlement also from what the gate knows of the attempt
+// (SentSettlement): on Solana the transaction's id is the facilitator's own
+// fee-payer signature, which nothing else tells, and without it the
+// transaction is searched for on chain, no further back than the attempt.
+// The checker must establish that a named transaction is the payment's own
+// before it judges by it.
 type SentSettlementChecker interface {
-	SentSettlementStatus(ctx context.Context, p PaymentPayload, req PaymentRequirements, transaction string) (SettlementStatus, error)
+	SentSettlementStatus(ctx context.Context, p PaymentPayload, req PaymentRequirements, sent SentSettlement) (SettlementStatus, error)
+}
+
+// SentSettlement is what a gate knows of a settlement attempt whose outcome
+// is unknown.
+type SentSettlement struct {
+	// Transaction is the transaction the facilitator named when it reported
+	// the outcome unknown (UnknownOutcomeError.Reply.Transaction), "" when
+	// it named none (its reply was lost whole).
+	Transaction string
+	// After is a time before which the settlement was not asked for (zero:
+	// not known), so its transaction cannot have landed earlier.
+	After time.Time
 }

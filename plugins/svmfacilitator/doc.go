@@ -12,7 +12,11 @@
 // accepts a forged signature from one). It settles by co-signing the fee
 // payer's slot, sending, and polling the signature's status under a
 // deadline; an outcome it cannot establish is reported as unknown, never
-// as a failure.
+// as a failure. It resolves such an outcome later from the chain, also
+// after a restart (the transaction's id is its own deterministic
+// signature), and StatusReader does so for a remote facilitator from the
+// chain endpoint alone, finding the payment's transaction by its message
+// when nothing named it (status_search.go).
 //
 // The transaction decoder is small and on the standard library (plus
 // filippo.io/edwards25519 for curve checks): a payment is one v0 or legacy

@@ -144,11 +144,64 @@ func (c *RPC) Status(ctx context.Context, sig string) (*SignatureStatus, error) 
 // BlockhashValid reports whether a transaction with this blockhash can
 // still be included.
 func (c *RPC) BlockhashValid(ctx context.Context, blockhash string) (bool, error) {
+	return c.BlockhashValidAt(ctx, blockhash, "processed")
+}
+
+// BlockhashValidAt is BlockhashValid as the bank of one commitment level
+// sees it.
+func (c *RPC) BlockhashValidAt(ctx context.Context, blockhash, commitment string) (bool, error) {
 	var out struct {
 		Value bool `json:"value"`
 	}
-	err := c.call(ctx, "isBlockhashValid", []any{blockhash, map[string]any{"commitment": "processed"}}, &out)
+	err := c.call(ctx, "isBlockhashValid", []any{blockhash, map[string]any{"commitment": commitment}}, &out)
 	return out.Value, err
+}
+
+// SignatureInfo is one getSignaturesForAddress entry.
+type SignatureInfo struct {
+	Signature          string          `json:"signature"`
+	Slot               uint64          `json:"slot"`
+	Err                json.RawMessage `json:"err"`
+	BlockTime          *int64          `json:"blockTime"`
+	ConfirmationStatus string          `json:"confirmationStatus"`
+}
+
+// SignaturesForAddress lists the confirmed transactions that name address
+// among their accounts, newest first: at most limit (1 to 1000) of them,
+// older than the transaction before ("" for the newest).
+func (c *RPC) SignaturesForAddress(ctx context.Context, address, before string, limit int) ([]SignatureInfo, error) {
+	cfg := map[string]any{"limit": limit, "commitment": "confirmed"}
+	if before != "" {
+		cfg["before"] = before
+	}
+	var out []SignatureInfo
+	if err := c.call(ctx, "getSignaturesForAddress", []any{address, cfg}, &out); err != nil {
+		return nil, err
+	}
+	if len(out) > limit {
+		return nil, fmt.Errorf("solana rpc getSignaturesForAddress: %d entries for a limit of %d", len(out), limit)
+	}
+	return out, nil
+}
+
+// LandedTransaction is getTransaction's value with the base64 encoding.
+type LandedTransaction struct {
+	Slot      uint64 `json:"slot"`
+	BlockTime *int64 `json:"blockTime"`
+	Meta      *struct {
+		Err json.RawMessage `json:"err"`
+	} `json:"meta"`
+	// Transaction is [base64 wire transaction, "base64"].
+	Transaction []string `json:"transaction"`
+}
+
+// Transaction returns the confirmed transaction of signature sig, nil when
+// the node does not know it.
+func (c *RPC) Transaction(ctx context.Context, sig string) (*LandedTransaction, error) {
+	var out *LandedTransaction
+	cfg := map[string]any{"encoding": "base64", "commitment": "confirmed", "maxSupportedTransactionVersion": 0}
+	err := c.call(ctx, "getTransaction", []any{sig, cfg}, &out)
+	return out, err
 }
 
 // GenesisHash returns the chain's genesis hash; its first 32 characters

@@ -2,6 +2,7 @@ package svmfacilitator
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 
@@ -48,10 +49,12 @@ func (f *Facilitator) poll(ctx context.Context, sig, blockhash string) (polled, 
 // SettlementStatus implements x402.SettlementChecker for a payment this
 // facilitator sent and could not confirm in time (Settle's unknown
 // outcome): it polls the transaction's signature once, sending nothing, and
-// records what it learns as a later Settle would. It can tell only what it
-// remembers: a payment whose record it no longer holds (it restarted, or
-// the record aged out DuplicateWindow after settling) is an error, and the
-// caller's outcome stays unknown.
+// records what it learns as a later Settle would. A payment whose record it
+// no longer holds (it restarted, or the record aged out DuplicateWindow
+// after settling) is judged the same way: ed25519 signing is
+// deterministic, so the fee payer's signature over the payment's message,
+// the transaction's id, is signed again rather than remembered. A payment
+// whose fee payer is not this facilitator's is an error.
 func (f *Facilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettlementStatus, error) {
 	var out x402.SettlementStatus
 	if req.Network != f.network {
@@ -72,7 +75,7 @@ func (f *Facilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayloa
 	f.mu.Unlock()
 	switch {
 	case e == nil:
-		return out, errors.New("this facilitator holds no record of the payment's transaction")
+		return f.unrecorded(ctx, tx)
 	case inflight || sig == "":
 		return out, nil // a Settle is working on it
 	case !pending:
@@ -94,13 +97,39 @@ func (f *Facilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayloa
 	return out, nil
 }
 
+// unrecorded judges a payment the facilitator holds no record of by the
+// signature it would have sent it under.
+func (f *Facilitator) unrecorded(ctx context.Context, tx *Transaction) (x402.SettlementStatus, error) {
+	var out x402.SettlementStatus
+	if len(tx.AccountKeys) == 0 || tx.AccountKeys[0] != f.feePayer {
+		return out, errors.New("the payment's fee payer is not this facilitator's")
+	}
+	sig := base58.Encode(ed25519.Sign(f.key, tx.Message))
+	o, err := f.poll(ctx, sig, base58.Encode(tx.Blockhash[:]))
+	if err != nil {
+		return out, err
+	}
+	out.State = o.state
+	if o.state == x402.SettlementDone {
+		out.Transaction = sig
+		// Remembered as settled, as Settle would: a second Settle of it
+		// is a duplicate.
+		f.mu.Lock()
+		if f.settled[tx.MessageHash()] == nil {
+			f.settled[tx.MessageHash()] = &settlement{sig: sig, blockhash: base58.Encode(tx.Blockhash[:]), at: now()}
+		}
+		f.mu.Unlock()
+	}
+	return out, nil
+}
+
 var _ x402.SettlementChecker = (*Facilitator)(nil)
 
 // StatusReader tells whether a Solana payment's transaction landed, from a
-// chain endpoint alone, given the signature a facilitator named for it: it
-// holds no key and sends nothing. A gateway whose facilitator is remote uses
-// it when that facilitator reported the outcome unknown together with the
-// signature. The judgement is poll's, as in Settle.
+// chain endpoint alone: it holds no key and sends nothing. A gateway whose
+// facilitator is remote uses it when that facilitator reported the outcome
+// unknown, by the signature it named (judged by poll, as in Settle) or,
+// when it named none, by searching the chain for the payment (search).
 type StatusReader struct{ f *Facilitator }
 
 // NewStatusReader reads network (a solana CAIP-2 id) through rpc.
@@ -114,11 +143,13 @@ func NewStatusReader(rpc *RPC, network string) (*StatusReader, error) {
 	return &StatusReader{f: &Facilitator{rpc: rpc, network: network}}, nil
 }
 
-// SentSettlementStatus implements x402.SentSettlementChecker. The
-// signature is taken only when it is the fee payer's signature over the
-// payment's own message, so it names this transaction and no other (a
-// facilitator's word alone could name any transaction that landed).
-func (r *StatusReader) SentSettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sig string) (x402.SettlementStatus, error) {
+// SentSettlementStatus implements x402.SentSettlementChecker: by the named
+// signature when it is the fee payer's signature over the payment's own
+// message (so it names this transaction and no other), else, as when none
+// was named, by searching the chain for the payment no further back than
+// sent.After (search: a facilitator's word alone could name any
+// transaction that landed, and is not needed).
+func (r *StatusReader) SentSettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sent x402.SentSettlement) (x402.SettlementStatus, error) {
 	var out x402.SettlementStatus
 	if req.Network != r.f.network {
 		return out, fmt.Errorf("this reader reads %s, not %s", r.f.network, req.Network)
@@ -127,11 +158,19 @@ func (r *StatusReader) SentSettlementStatus(ctx context.Context, p x402.PaymentP
 	if err != nil {
 		return out, fmt.Errorf("payment payload: %w", err)
 	}
-	raw, err := base58.Decode(sig)
-	if err != nil || len(raw) != 64 || len(tx.AccountKeys) == 0 || !verifySignature(tx.AccountKeys[0], tx.Message, raw) {
-		return out, errors.New("the named transaction is not this payment's: not the fee payer's signature over its message")
+	// The fee payer must be the offer's (the facilitator's, from
+	// /supported): a payer who is also the fee payer could sign and send
+	// the transaction alone.
+	if fp, _ := req.Extra["feePayer"].(string); len(tx.AccountKeys) == 0 || tx.AccountKeys[0].String() != fp {
+		return out, errors.New("the payment's fee payer is not the offer's extra.feePayer")
 	}
-	o, err := r.f.poll(ctx, sig, base58.Encode(tx.Blockhash[:]))
+	var o polled
+	sig := sent.Transaction
+	if raw, derr := base58.Decode(sig); derr == nil && len(raw) == 64 && verifySignature(tx.AccountKeys[0], tx.Message, raw) {
+		o, err = r.f.poll(ctx, sig, base58.Encode(tx.Blockhash[:]))
+	} else {
+		o, sig, err = r.f.search(ctx, tx, sent.After)
+	}
 	if err != nil {
 		return out, err
 	}

@@ -22,8 +22,8 @@ func TestSettlementStatusResolvesALostReply(t *testing.T) {
 	pp := payload(e.payment(t).build(e.payment(t).instructions()), e.req)
 	ctx := context.Background()
 
-	if _, err := e.f.SettlementStatus(ctx, pp, e.req); err == nil {
-		t.Fatal("a payment never sent has a status")
+	if st, err := e.f.SettlementStatus(ctx, pp, e.req); err != nil || st.State != x402.SettlementUndecided {
+		t.Fatalf("a payment never sent, its blockhash valid: %+v %v", st, err)
 	}
 	_, err := e.f.Settle(ctx, pp, e.req)
 	var unknown *x402.UnknownOutcomeError
@@ -80,7 +80,7 @@ func TestSettlementStatusReleasesAnExpiredLostSend(t *testing.T) {
 // A gateway's StatusReader, on the chain alone, judges a payment by the
 // signature its facilitator named: done once it landed, never once a lost
 // send's blockhash expired; a signature that is not the fee payer's over
-// the payment's message is refused, whatever landed under it.
+// the payment's message is not taken, whatever landed under it.
 func TestStatusReaderJudgesByTheNamedSignature(t *testing.T) {
 	ctx := context.Background()
 	t.Run("landed", func(t *testing.T) {
@@ -98,7 +98,7 @@ func TestStatusReaderJudgesByTheNamedSignature(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		st, err := r.SentSettlementStatus(ctx, pp, e.req, unknown.Reply.Transaction)
+		st, err := r.SentSettlementStatus(ctx, pp, e.req, x402.SentSettlement{Transaction: unknown.Reply.Transaction})
 		if err != nil || st.State != x402.SettlementDone || st.Transaction != unknown.Reply.Transaction {
 			t.Fatalf("%+v %v", st, err)
 		}
@@ -107,11 +107,13 @@ func TestStatusReaderJudgesByTheNamedSignature(t *testing.T) {
 			t.Fatal(err)
 		}
 		payerSig := base58.Encode(tx.Signatures[1])
-		if _, err := r.SentSettlementStatus(ctx, pp, e.req, payerSig); err == nil {
-			t.Fatal("took the payer's signature for the transaction's id")
-		}
-		if _, err := r.SentSettlementStatus(ctx, pp, e.req, "not base58!"); err == nil {
-			t.Fatal("took a malformed signature")
+		// A name that is not the fee payer's signature over the message is
+		// not taken; the payment is searched for instead, and found under
+		// its own id.
+		for _, wrong := range []string{payerSig, "not base58!"} {
+			if st, err := r.SentSettlementStatus(ctx, pp, e.req, x402.SentSettlement{Transaction: wrong}); err != nil || st.State != x402.SettlementDone || st.Transaction != unknown.Reply.Transaction {
+				t.Fatalf("named %q: %+v %v", wrong, st, err)
+			}
 		}
 	})
 	t.Run("lost send, blockhash expired", func(t *testing.T) {
@@ -126,11 +128,11 @@ func TestStatusReaderJudgesByTheNamedSignature(t *testing.T) {
 			t.Fatalf("want an unknown outcome, got %v", err)
 		}
 		r, _ := NewStatusReader(&RPC{URL: e.chain.URL}, x402.NetworkSolanaDevnet)
-		if st, err := r.SentSettlementStatus(ctx, pp, e.req, unknown.Reply.Transaction); err != nil || st.State != x402.SettlementUndecided {
+		if st, err := r.SentSettlementStatus(ctx, pp, e.req, x402.SentSettlement{Transaction: unknown.Reply.Transaction}); err != nil || st.State != x402.SettlementUndecided {
 			t.Fatalf("valid blockhash: %+v %v", st, err)
 		}
 		e.chain.ExpireBlockhash()
-		if st, err := r.SentSettlementStatus(ctx, pp, e.req, unknown.Reply.Transaction); err != nil || st.State != x402.SettlementNever {
+		if st, err := r.SentSettlementStatus(ctx, pp, e.req, x402.SentSettlement{Transaction: unknown.Reply.Transaction}); err != nil || st.State != x402.SettlementNever {
 			t.Fatalf("expired blockhash: %+v %v", st, err)
 		}
 	})

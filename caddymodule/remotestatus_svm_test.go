@@ -1,0 +1,289 @@
+package caddymodule
+
+import (
+	"bytes"
+	"crypto/ed25519"
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/aovhq/aov/internal/base58"
+	"github.com/aovhq/aov/internal/interop"
+	"github.com/aovhq/aov/plugins/svmfacilitator"
+	"github.com/aovhq/aov/x402"
+)
+
+// svmFeeKey is the fee payer newSolanaEnv funds and writes to its key file.
+func svmFeeKey() ed25519.PrivateKey {
+	seed := sha256.Sum256([]byte("caddymodule svm fee payer"))
+	return ed25519.NewKeyFromSeed(seed[:])
+}
+
+// remoteSVMFacilitator is our Solana facilitator behind the x402 HTTP API,
+// on the env's chain: a remote facilitator.
+func remoteSVMFacilitator(t *testing.T, e *solanaEnv) string {
+	t.Helper()
+	f, err := svmfacilitator.New(svmfacilitator.Config{RPC: &svmfacilitator.RPC{URL: e.chain.URL}, Network: x402.NetworkSolanaDevnet, FeePayer: svmFeeKey()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(x402.NewFacilitatorHandler(f))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// solanaSite is a paid Solana route with facilitator fac, its store in
+// storeDir.
+func solanaSite(up, fac string, e *solanaEnv, storeDir string) string {
+	return fmt.Sprintf(`:{port} {
+	route /verify/schema {
+		x402 {
+			accept solana-devnet $0.02 %[3]s
+			facilitator %[2]s
+			store badger %[4]s
+		}
+		reverse_proxy %[1]s
+	}
+}
+`, strings.TrimPrefix(up, "http://"), fac, e.payee.Address, storeDir)
+}
+
+// signSolana has the official client sign the route's Solana offer; it
+// returns the header and the transaction id the fee payer's signature will
+// give it.
+func signSolana(t *testing.T, e *solanaEnv, url string) (header, txid string) {
+	t.Helper()
+	pr := paymentRequired(t, post(t, url, "", nil))
+	var signed struct {
+		Header  string              `json:"header"`
+		Payload x402.PaymentPayload `json:"payload"`
+	}
+	interop.Run(t, "x402-client-sign.mjs", nil, map[string]any{"solana": e.clientInput(), "paymentRequired": pr}, &signed)
+	tx, err := svmfacilitator.DecodePayload(signed.Payload.Payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return signed.Header, base58.Encode(ed25519.Sign(svmFeeKey(), tx.Message))
+}
+
+// wantPaidWith checks a 200 with the held answer and PAYMENT-RESPONSE naming
+// transaction txid and the env's payer.
+func wantPaidWith(t *testing.T, e *solanaEnv, resp *http.Response, txid string) {
+	t.Helper()
+	body := readJSONString(t, resp)
+	var sr x402.SettleResponse
+	if resp.StatusCode != http.StatusOK || !strings.Contains(body, "paid_content") ||
+		x402.DecodeHeader(resp.Header.Get(x402.HeaderPaymentResponse), &sr) != nil || !sr.Success ||
+		sr.Transaction != txid || sr.Network != x402.NetworkSolanaDevnet || sr.Payer != e.payer.Address {
+		t.Fatalf("status %d, PAYMENT-RESPONSE %+v (want transaction %s): %s", resp.StatusCode, sr, txid, body)
+	}
+}
+
+func wantSettlementPending(t *testing.T, resp *http.Response, what string) {
+	t.Helper()
+	if e := readJSON(t, resp); resp.StatusCode != http.StatusServiceUnavailable || e["code"] != "settlement_pending" {
+		t.Fatalf("%s: status %d %v", what, resp.StatusCode, e)
+	}
+}
+
+// A remote Solana facilitator settled and its /settle reply was lost
+// whole: nothing names the transaction, and the gate finds it on chain
+// from the payment (`rpc solana-devnet`). Two such payments of the same
+// buyer are pending at once, so each search passes the other's transfer
+// (another message: not taken): each retry gets its held answer with its
+// own transaction, the buyer is charged exactly twice, history says paid.
+func TestRemoteSolanaLostReplyFoundOnChain(t *testing.T) {
+	e := newSolanaEnv(t)
+	up := newReportingUpstream(t)
+	proxy := newLossyProxy(t, remoteSVMFacilitator(t, e), "lose_reply")
+	fac := fmt.Sprintf("http %s {\n\t\t\t\ttimeout 5s\n\t\t\t\trpc solana-devnet %s\n\t\t\t}", proxy.URL, e.chain.URL)
+	url := startCaddy(t, solanaSite(up.URL, fac, e, filepath.Join(t.TempDir(), "gate"))) + "/verify/schema"
+	payerBefore, payeeBefore := e.usdc(t, e.payer.Address), e.usdc(t, e.payee.Address)
+
+	first, firstTx := signSolana(t, e, url)
+	wantSettlementPending(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: first}), "first payment")
+	second, secondTx := signSolana(t, e, url)
+	wantSettlementPending(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: second}), "second payment")
+	if firstTx == secondTx || proxy.settles.Load() != 2 {
+		t.Fatalf("%d settlements forwarded, transactions %s %s", proxy.settles.Load(), firstTx, secondTx)
+	}
+
+	wantPaidWith(t, e, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: second}), secondTx)
+	wantPaidWith(t, e, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: first}), firstTx)
+	// Again: the same answer, never a second charge.
+	wantPaidWith(t, e, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: first}), firstTx)
+	if got := payerBefore - e.usdc(t, e.payer.Address); got != 40000 {
+		t.Fatalf("payer charged %d, want two payments of 20000", got)
+	}
+	if got := e.usdc(t, e.payee.Address) - payeeBefore; got != 40000 {
+		t.Fatalf("payee received %d", got)
+	}
+	if up.n.Load() != 2 || proxy.settles.Load() != 2 {
+		t.Fatalf("upstream ran %d times, %d settlements forwarded; the held answers should have been served", up.n.Load(), proxy.settles.Load())
+	}
+	waitOutcomes(t, up, "v-1=paid", "v-2=paid")
+}
+
+// A remote Solana facilitator never got the /settle (the request was lost):
+// the retry is told to wait while the payment's blockhash is valid; once it
+// expired the claim is released (402, nothing charged, history unpaid), and
+// a new payment pays.
+func TestRemoteSolanaLostRequestReleasedOnceExpired(t *testing.T) {
+	e := newSolanaEnv(t)
+	up := newReportingUpstream(t)
+	proxy := newLossyProxy(t, remoteSVMFacilitator(t, e), "lose_request")
+	fac := fmt.Sprintf("http %s {\n\t\t\t\ttimeout 5s\n\t\t\t\trpc solana-devnet %s\n\t\t\t}", proxy.URL, e.chain.URL)
+	url := startCaddy(t, solanaSite(up.URL, fac, e, filepath.Join(t.TempDir(), "gate"))) + "/verify/schema"
+	payerBefore := e.usdc(t, e.payer.Address)
+
+	sig, _ := signSolana(t, e, url)
+	wantSettlementPending(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}), "first try")
+	wantSettlementPending(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}), "retry, blockhash valid")
+	e.chain.ExpireBlockhash()
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	if b := readJSONString(t, resp); resp.StatusCode != http.StatusPaymentRequired || strings.Contains(b, "paid_content") {
+		t.Fatalf("retry, blockhash expired: status %d: %s", resp.StatusCode, b)
+	}
+	if got := payerBefore - e.usdc(t, e.payer.Address); got != 0 || proxy.settles.Load() != 0 {
+		t.Fatalf("charged %d (%d settlements forwarded) for a settlement that never happened", got, proxy.settles.Load())
+	}
+	waitOutcomes(t, up, "v-1=unpaid")
+
+	proxy.pass.Store(true)
+	next, nextTx := signSolana(t, e, url)
+	wantPaidWith(t, e, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: next}), nextTx)
+	if got := payerBefore - e.usdc(t, e.payer.Address); got != 20000 {
+		t.Fatalf("payer charged %d, want the new payment only", got)
+	}
+}
+
+// newDroppingSolanaRPC is a FAKE FOR A FAULT that cannot otherwise be caused on
+// demand: the path from the embedded facilitator to the chain, which
+// forwards sendTransaction and then loses its reply, and answers
+// getSignatureStatuses with "unknown" (the node has not seen it yet), so the
+// facilitator's Settle ends with an unknown outcome although the transfer
+// landed. Everything else is forwarded.
+func newDroppingSolanaRPC(t *testing.T, chain string) string {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		resp, err := http.Post(chain, "application/json", bytes.NewReader(body))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		reply, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		switch {
+		case bytes.Contains(body, []byte(`"sendTransaction"`)):
+			if conn, _, err := w.(http.Hijacker).Hijack(); err == nil {
+				conn.Close()
+			}
+			return
+		case bytes.Contains(body, []byte(`"getSignatureStatuses"`)):
+			reply = []byte(`{"jsonrpc":"2.0","id":1,"result":{"context":{"slot":1},"value":[null]}}`)
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Write(reply)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// The embedded Solana facilitator lost a settlement's outcome, and the
+// gateway restarted: the new facilitator remembers nothing, signs the
+// transaction's id again from its key and finds it on chain, so the retry
+// gets the held answer with that transaction, charged once.
+func TestEmbeddedSolanaResolvedAfterARestart(t *testing.T) {
+	e := newSolanaEnv(t)
+	up := newReportingUpstream(t)
+	rpc := newDroppingSolanaRPC(t, e.chain.URL)
+	dir := filepath.Join(t.TempDir(), "gate")
+	svm := func(url string) string {
+		return fmt.Sprintf("svm {\n\t\t\t\tnetwork solana-devnet\n\t\t\t\trpc_url %s\n\t\t\t\tfee_payer_key_file %s\n\t\t\t\tconfirm_timeout 1s\n\t\t\t}", url, e.keyFile)
+	}
+	url := startCaddy(t, solanaSite(up.URL, svm(rpc), e, dir)) + "/verify/schema"
+	payerBefore := e.usdc(t, e.payer.Address)
+	sig, txid := signSolana(t, e, url)
+	wantSettlementPending(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}), "first try")
+	if got := payerBefore - e.usdc(t, e.payer.Address); got != 20000 {
+		t.Fatalf("the transfer did not land (charged %d); the test needs it to", got)
+	}
+	wantSettlementPending(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}), "retry while the node hides it")
+
+	if err := caddy.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	url = startCaddy(t, solanaSite(up.URL, svm(e.chain.URL), e, dir)) + "/verify/schema"
+	wantPaidWith(t, e, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}), txid)
+	if got := payerBefore - e.usdc(t, e.payer.Address); got != 20000 || up.n.Load() != 1 {
+		t.Fatalf("charged %d, upstream ran %d times; want one payment, one run", got, up.n.Load())
+	}
+	waitOutcomes(t, up, "v-1=paid")
+}
+
+// waitOutcomes waits until the upstream has heard exactly the outcomes
+// want, each at least once (the retry and the background pass may both
+// report one; a repeat changes nothing upstream).
+func waitOutcomes(t *testing.T, up *reportingUpstream, want ...string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		got := up.got()
+		slices.Sort(got)
+		got = slices.Compact(got)
+		if slices.Equal(got, want) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("outcomes reported %v, want %v", got, want)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// The same with the official @x402/svm facilitator as the remote one (its
+// own fee payer): the search needs nothing of our facilitator, only the
+// payment and the chain.
+func TestRemoteSolanaLostReplyOfTheOfficialFacilitator(t *testing.T) {
+	e := newSolanaEnv(t)
+	seed := sha256.Sum256([]byte("official facilitator fee payer"))
+	key := ed25519.NewKeyFromSeed(seed[:])
+	e.chain.Airdrop(base58.Encode(key.Public().(ed25519.PublicKey)), 10_000_000_000)
+	var ready struct {
+		URL string `json:"url"`
+	}
+	interop.Start(t, "svm-facilitator-server.mjs", []string{"RPC_URL=" + e.chain.URL, "SECRET_KEY=" + base58.Encode(key)}, &ready)
+	up := newReportingUpstream(t)
+	proxy := newLossyProxy(t, ready.URL, "lose_reply")
+	fac := fmt.Sprintf("http %s {\n\t\t\t\ttimeout 10s\n\t\t\t\trpc solana-devnet %s\n\t\t\t}", proxy.URL, e.chain.URL)
+	url := startCaddy(t, solanaSite(up.URL, fac, e, filepath.Join(t.TempDir(), "gate"))) + "/verify/schema"
+	payerBefore := e.usdc(t, e.payer.Address)
+
+	sig, _ := signSolana(t, e, url)
+	wantSettlementPending(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}), "first try")
+	if got := payerBefore - e.usdc(t, e.payer.Address); got != 20000 || proxy.settles.Load() != 1 {
+		t.Fatalf("charged %d with %d settlements forwarded; the test needs the one transfer", got, proxy.settles.Load())
+	}
+	var pp x402.PaymentPayload
+	if err := x402.DecodeHeader(sig, &pp); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := svmfacilitator.DecodePayload(pp.Payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantPaidWith(t, e, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}), base58.Encode(ed25519.Sign(key, tx.Message)))
+	if got := payerBefore - e.usdc(t, e.payer.Address); got != 20000 || up.n.Load() != 1 {
+		t.Fatalf("charged %d, upstream ran %d times", got, up.n.Load())
+	}
+	waitOutcomes(t, up, "v-1=paid")
+}
