@@ -130,16 +130,15 @@ func (s *Server) serveMCP(w http.ResponseWriter, r *http.Request, rec *requestLo
 	if r.ContentLength > limit {
 		return apierr.TooLarge(limit)
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	// The body and the held answer are pooled buffers: the SDK reads the
+	// body into a copy of its own before it decodes anything, and the held
+	// answer is copied to the connection by finish; neither is referred to
+	// once ServeHTTP has returned.
+	bodyBuf, heldBuf := getBuffer(), getBuffer()
+	body, err := readLimited(w, r, limit, *bodyBuf)
+	defer func() { putBuffer(bodyBuf, body) }()
 	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			return apierr.TooLarge(limit)
-		}
-		e := apierr.Invalid(apierr.Field{Field: "body", Problem: "could not be read completely",
-			Fix: "Send the whole body again, with a Content-Length that matches it."})
-		e.Cause = err
-		return e
+		return err
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	// Every answer of /mcp is application/json; a client that did not list
@@ -147,7 +146,8 @@ func (s *Server) serveMCP(w http.ResponseWriter, r *http.Request, rec *requestLo
 	// all the same.
 	r.Header.Set("Accept", "application/json, text/event-stream")
 	r = r.WithContext(context.WithValue(r.Context(), recKey{}, rec))
-	ew := &mcpErrorWriter{ResponseWriter: w}
+	ew := &mcpErrorWriter{ResponseWriter: w, buf: bytes.NewBuffer(*heldBuf)}
+	defer func() { putBuffer(heldBuf, ew.buf.Bytes()) }()
 	s.mcp.ServeHTTP(ew, r)
 	if ew.status != 0 {
 		return transportError(ew.status, limit)
@@ -167,7 +167,7 @@ type mcpErrorWriter struct {
 	http.ResponseWriter
 	status int // the refusal held back, 0 if none
 	code   int // the status of the held JSON answer
-	buf    bytes.Buffer
+	buf    *bytes.Buffer
 }
 
 func (w *mcpErrorWriter) WriteHeader(code int) {
