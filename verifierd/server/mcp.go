@@ -127,14 +127,11 @@ func (s *Server) serveMCP(w http.ResponseWriter, r *http.Request, rec *requestLo
 		return apierr.UnsupportedMediaType()
 	}
 	limit := s.maxBody + mcpEnvelope
-	if r.ContentLength > limit {
-		return apierr.TooLarge(limit)
-	}
 	// The body and the held answer are pooled buffers: the SDK reads the
 	// body into a copy of its own before it decodes anything, and the held
 	// answer is copied to the connection by finish; neither is referred to
 	// once ServeHTTP has returned.
-	bodyBuf, heldBuf := getBuffer(), getBuffer()
+	bodyBuf := getBuffer()
 	body, err := readLimited(w, r, limit, *bodyBuf)
 	defer func() { putBuffer(bodyBuf, body) }()
 	if err != nil {
@@ -146,6 +143,7 @@ func (s *Server) serveMCP(w http.ResponseWriter, r *http.Request, rec *requestLo
 	// all the same.
 	r.Header.Set("Accept", "application/json, text/event-stream")
 	r = r.WithContext(context.WithValue(r.Context(), recKey{}, rec))
+	heldBuf := getBuffer()
 	ew := &mcpErrorWriter{ResponseWriter: w, buf: bytes.NewBuffer(*heldBuf)}
 	defer func() { putBuffer(heldBuf, ew.buf.Bytes()) }()
 	s.mcp.ServeHTTP(ew, r)
