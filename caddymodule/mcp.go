@@ -2,7 +2,9 @@ package caddymodule
 
 import (
 	"encoding/json"
+	"maps"
 	"net/http"
+	"slices"
 	"strconv"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -225,27 +227,43 @@ func (e *mcpExchange) billable(bw *bufferedWriter) bool {
 }
 
 // deliver adds the settlement to the result's _meta (and PAYMENT-RESPONSE
-// to the HTTP answer) and writes it.
+// to the HTTP answer) and writes it. The answer is read as billable reads
+// it (encoding/json) and written back member by member, each value as it
+// was read, with only result._meta rewritten: the document is not encoded
+// again (a 5 KB tool result encoded back through maps of raw members cost
+// ≈ 200 µs of CPU, more than reading it).
 func (e *mcpExchange) deliver(w http.ResponseWriter, bw *bufferedWriter, sr x402.SettleResponse) {
-	var resp map[string]json.RawMessage
-	if err := json.Unmarshal(bw.buf.Bytes(), &resp); err == nil {
-		var result map[string]json.RawMessage
-		if err := json.Unmarshal(resp["result"], &result); err == nil {
-			meta := map[string]json.RawMessage{}
-			if raw, ok := result["_meta"]; ok {
-				json.Unmarshal(raw, &meta)
-			}
-			if b, err := json.Marshal(sr); err == nil {
-				meta[mcpMetaPaymentResponse] = b
-			}
-			result["_meta"], _ = json.Marshal(meta)
-			resp["result"], _ = json.Marshal(result)
-			if body, err := json.Marshal(resp); err == nil {
-				bw.buf.Reset()
-				bw.buf.Write(body)
-			}
+	var resp, result map[string]json.RawMessage
+	if json.Unmarshal(bw.buf.Bytes(), &resp) == nil && json.Unmarshal(resp["result"], &result) == nil && result != nil {
+		meta := map[string]json.RawMessage{}
+		if raw, ok := result["_meta"]; ok {
+			json.Unmarshal(raw, &meta)
 		}
+		if b, err := json.Marshal(sr); err == nil {
+			meta[mcpMetaPaymentResponse] = b
+		}
+		result["_meta"] = appendMembers(nil, meta)
+		resp["result"] = appendMembers(make([]byte, 0, len(resp["result"])+len(result["_meta"])+16), result)
+		body := appendMembers(make([]byte, 0, bw.buf.Len()+len(result["_meta"])+16), resp)
+		bw.buf.Reset()
+		bw.buf.Write(body)
 	}
 	e.g.setPaidHeaders(w.Header(), sr)
 	bw.replay(w)
+}
+
+// appendMembers writes m as a JSON object with its members in key order,
+// as encoding/json writes a map, and each value as it was read (valid JSON:
+// encoding/json read it).
+func appendMembers(b []byte, m map[string]json.RawMessage) []byte {
+	b = append(b, '{')
+	for i, k := range slices.Sorted(maps.Keys(m)) {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = receipt.AppendString(b, k)
+		b = append(b, ':')
+		b = append(b, m[k]...)
+	}
+	return append(b, '}')
 }
