@@ -236,9 +236,12 @@ func (e *mcpExchange) billable(bw *bufferedWriter) bool {
 func (e *mcpExchange) deliver(w http.ResponseWriter, bw *bufferedWriter, sr x402.SettleResponse) {
 	var resp, result map[string]json.RawMessage
 	if json.Unmarshal(bw.buf.Bytes(), &resp) == nil && json.Unmarshal(resp["result"], &result) == nil && result != nil {
-		meta := map[string]json.RawMessage{}
+		var meta map[string]json.RawMessage
 		if raw, ok := result["_meta"]; ok {
 			json.Unmarshal(raw, &meta)
+		}
+		if meta == nil { // absent, null, or not an object
+			meta = map[string]json.RawMessage{}
 		}
 		if b, err := json.Marshal(sr); err == nil {
 			meta[mcpMetaPaymentResponse] = b

@@ -29,6 +29,8 @@ func TestMCPDeliverAddsOnlyThePaymentResponse(t *testing.T) {
 			map[string]any{"progressToken": 7.0, "x": map[string]any{"a": "<&>"}}},
 		{"a _meta that is not an object is replaced",
 			`{"jsonrpc":"2.0","id":1,"result":{"content":[],"_meta":5}}`, nil},
+		{"a _meta of null is replaced (it made deliver panic after settling)",
+			`{"jsonrpc":"2.0","id":1,"result":{"content":[],"_meta":null}}`, nil},
 		{"an earlier payment response is replaced",
 			`{"jsonrpc":"2.0","id":1,"result":{"content":[],"_meta":{"x402/payment-response":{"success":false},"k":"v"}}}`,
 			map[string]any{"k": "v"}},
@@ -71,4 +73,50 @@ func deliverOnce(t *testing.T, answer []byte, sr x402.SettleResponse) []byte {
 		t.Fatalf("status %d, headers %v", w.Code, w.Header())
 	}
 	return w.Body.Bytes()
+}
+
+// FuzzMCPDeliver: for any answer encoding/json reads as an object with a
+// result object, the delivered answer is JSON that reads back as the same
+// answer with result._meta holding the upstream's members and the
+// settlement; any other answer is delivered unchanged.
+func FuzzMCPDeliver(f *testing.F) {
+	for _, s := range []string{
+		string(mcpBenchAnswer),
+		`{"jsonrpc":"2.0","id":1,"result":{"content":[],"_meta":{"k":[1,2.50,{"\u00e9":null}]}}}`,
+		`{"result":{"_meta":5,"a":"\ud83d\ude00<>&"},"result":{"b":true}}`,
+		`{"jsonrpc":"2.0","id":1,"result":null}`,
+		`{"Result":{},"result":{"x":"\xff"}}`,
+		`{"jsonrpc":"2.0","id":1,"result":{"content":[],"_meta":null}}`,
+		`[1]`,
+	} {
+		f.Add([]byte(s))
+	}
+	sr := x402.SettleResponse{Success: true, Transaction: "0x01", Network: x402.NetworkBase}
+	srJSON, _ := json.Marshal(sr)
+	var srTree any
+	json.Unmarshal(srJSON, &srTree)
+	f.Fuzz(func(t *testing.T, answer []byte) {
+		out := deliverOnce(t, answer, sr)
+		var want map[string]any
+		result, ok := any(nil), json.Unmarshal(answer, &want) == nil
+		if ok {
+			result, ok = want["result"].(map[string]any)
+		}
+		if !ok {
+			if !bytes.Equal(out, answer) {
+				t.Fatalf("%q delivered as %q, want it unchanged", answer, out)
+			}
+			return
+		}
+		meta, _ := result.(map[string]any)["_meta"].(map[string]any)
+		if meta == nil {
+			meta = map[string]any{}
+		}
+		meta[mcpMetaPaymentResponse] = srTree
+		result.(map[string]any)["_meta"] = meta
+		var got map[string]any
+		if err := json.Unmarshal(out, &got); err != nil || !reflect.DeepEqual(got, want) {
+			t.Fatalf("%q delivered as %q (%v), want it with result._meta %v", answer, out, err, meta)
+		}
+	})
 }
