@@ -85,16 +85,28 @@ func BenchmarkGateMCPFreeDirect(b *testing.B) {
 	}
 }
 
-// BenchmarkMCPDeliver is the last step of a paid tools/call: the held
-// verify_schema answer gets its settlement in result._meta and is written
-// out.
+// BenchmarkMCPDeliver is the end of a paid tools/call on the held
+// verify_schema answer: "billable+deliver" judges it (billable) and writes
+// it with its settlement in result._meta (deliver), as the paid path does;
+// "deliver" is the writing alone, as for a saved answer replayed.
 func BenchmarkMCPDeliver(b *testing.B) {
-	e := &mcpExchange{g: &Gate{}}
 	sr := x402.SettleResponse{Success: true, Transaction: "0x0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", Network: x402.NetworkBase, Payer: "0x70997970C51812dc3A010C7d01b50e0d17dc79C8"}
-	b.ReportAllocs()
-	for b.Loop() {
-		bw := &bufferedWriter{header: http.Header{"Content-Type": {"application/json"}}, code: 200,
-			buf: bytes.NewBuffer(append([]byte(nil), mcpBenchAnswer...)), limit: 1 << 20, held: true}
-		e.deliver(httptest.NewRecorder(), bw, sr)
+	for _, judge := range []bool{true, false} {
+		name := "deliver"
+		if judge {
+			name = "billable+deliver"
+		}
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				e := &mcpExchange{g: &Gate{}, paid: true}
+				bw := &bufferedWriter{header: http.Header{"Content-Type": {"application/json"}}, code: 200,
+					buf: bytes.NewBuffer(append([]byte(nil), mcpBenchAnswer...)), limit: 1 << 20, held: true}
+				if judge && !e.billable(bw) {
+					b.Fatal("not billable")
+				}
+				e.deliver(httptest.NewRecorder(), bw, sr)
+			}
+		})
 	}
 }
