@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"mime"
 	"net/http"
 
@@ -51,8 +52,9 @@ const mcpInstructions = "Verify a JSON output against a JSON Schema and cross-fi
 // event stream, so the gateway in front can read a tool result and settle
 // its payment.
 func (s *Server) newMCP(version string) http.Handler {
+	sdkLog := slog.New(warnAndAbove{s.log.Handler()})
 	srv := mcp.NewServer(&mcp.Implementation{Name: s.verify.Service, Version: version},
-		&mcp.ServerOptions{Instructions: mcpInstructions, Logger: s.log})
+		&mcp.ServerOptions{Instructions: mcpInstructions, Logger: sdkLog})
 	notDestructive, closedWorld := false, false
 	srv.AddTool(&mcp.Tool{
 		Name:  ToolVerifySchema,
@@ -82,7 +84,7 @@ func (s *Server) newMCP(version string) http.Handler {
 	return mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, &mcp.StreamableHTTPOptions{
 		Stateless:    true,
 		JSONResponse: true,
-		Logger:       s.log,
+		Logger:       sdkLog,
 		// verifierd listens on loopback behind the gateway, which forwards
 		// the public Host: the SDK's DNS-rebinding guard (for MCP servers
 		// on a user's own machine) would refuse every proxied call. The
@@ -90,6 +92,26 @@ func (s *Server) newMCP(version string) http.Handler {
 		DisableLocalhostProtection: true,
 		MaxRequestBodyBytes:        s.maxBody + mcpEnvelope,
 	})
+}
+
+// warnAndAbove is the SDK's view of the service log: its warnings and
+// errors only. In stateless mode every POST is a session of its own, and
+// the SDK logs "server connecting", "server session connected" and
+// "server session disconnected" at info for each: three lines per tool
+// call that name no session (the ID is empty) and say nothing the access
+// log line does not, at a few microseconds of JSON formatting each.
+type warnAndAbove struct{ slog.Handler }
+
+func (h warnAndAbove) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= slog.LevelWarn && h.Handler.Enabled(ctx, l)
+}
+
+func (h warnAndAbove) WithAttrs(as []slog.Attr) slog.Handler {
+	return warnAndAbove{h.Handler.WithAttrs(as)}
+}
+
+func (h warnAndAbove) WithGroup(name string) slog.Handler {
+	return warnAndAbove{h.Handler.WithGroup(name)}
 }
 
 // recKey carries the request's log record to the tool handlers, which the
@@ -105,19 +127,15 @@ func (s *Server) serveMCP(w http.ResponseWriter, r *http.Request, rec *requestLo
 		return apierr.UnsupportedMediaType()
 	}
 	limit := s.maxBody + mcpEnvelope
-	if r.ContentLength > limit {
-		return apierr.TooLarge(limit)
-	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	// The body and the held answer are pooled buffers: the SDK reads the
+	// body into a copy of its own before it decodes anything, and the held
+	// answer is copied to the connection by finish; neither is referred to
+	// once ServeHTTP has returned.
+	bodyBuf := getBuffer()
+	body, err := readLimited(w, r, limit, *bodyBuf)
+	defer func() { putBuffer(bodyBuf, body) }()
 	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			return apierr.TooLarge(limit)
-		}
-		e := apierr.Invalid(apierr.Field{Field: "body", Problem: "could not be read completely",
-			Fix: "Send the whole body again, with a Content-Length that matches it."})
-		e.Cause = err
-		return e
+		return err
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	// Every answer of /mcp is application/json; a client that did not list
@@ -125,7 +143,9 @@ func (s *Server) serveMCP(w http.ResponseWriter, r *http.Request, rec *requestLo
 	// all the same.
 	r.Header.Set("Accept", "application/json, text/event-stream")
 	r = r.WithContext(context.WithValue(r.Context(), recKey{}, rec))
-	ew := &mcpErrorWriter{ResponseWriter: w}
+	heldBuf := getBuffer()
+	ew := &mcpErrorWriter{ResponseWriter: w, buf: bytes.NewBuffer(*heldBuf)}
+	defer func() { putBuffer(heldBuf, ew.buf.Bytes()) }()
 	s.mcp.ServeHTTP(ew, r)
 	if ew.status != 0 {
 		return transportError(ew.status, limit)
@@ -145,7 +165,7 @@ type mcpErrorWriter struct {
 	http.ResponseWriter
 	status int // the refusal held back, 0 if none
 	code   int // the status of the held JSON answer
-	buf    bytes.Buffer
+	buf    *bytes.Buffer
 }
 
 func (w *mcpErrorWriter) WriteHeader(code int) {

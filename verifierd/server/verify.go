@@ -147,19 +147,26 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request, dst []byte) ([
 	if r.ContentLength != 0 && !isJSON(r.Header.Get("Content-Type")) {
 		return dst[:0], apierr.UnsupportedMediaType()
 	}
-	if r.ContentLength > s.maxBody {
-		return dst[:0], apierr.TooLarge(s.maxBody)
+	return readLimited(w, r, s.maxBody, dst)
+}
+
+// readLimited reads the request body, at most limit bytes (413 naming the
+// limit beyond), appended to dst[:0]. Like readBody it returns the buffer
+// either way.
+func readLimited(w http.ResponseWriter, r *http.Request, limit int64, dst []byte) ([]byte, error) {
+	if r.ContentLength > limit {
+		return dst[:0], apierr.TooLarge(limit)
 	}
 	size := 4096
 	if r.ContentLength > 0 {
 		size = int(r.ContentLength) + 1 // +1 so ReadFrom sees EOF without growing
 	}
 	buf := bytes.NewBuffer(slices.Grow(dst[:0], size))
-	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, s.maxBody))
+	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, limit))
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			return buf.Bytes()[:0], apierr.TooLarge(s.maxBody)
+			return buf.Bytes()[:0], apierr.TooLarge(limit)
 		}
 		e := apierr.Invalid(apierr.Field{Field: "body", Problem: "could not be read completely",
 			Fix: "Send the whole body again, with a Content-Length that matches it."})

@@ -1,0 +1,112 @@
+package caddymodule
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/aovhq/aov/store"
+	"github.com/aovhq/aov/verify"
+	"github.com/aovhq/aov/x402"
+)
+
+// mcpBenchAnswer is verifierd's answer to a tools/call of verify_schema
+// with the SPEC §10 invoice: the signed document as text and as
+// structuredContent.
+var mcpBenchAnswer = func() []byte {
+	b, err := os.ReadFile("testdata/mcp_verify_schema_answer.json")
+	if err != nil {
+		panic(err)
+	}
+	return b
+}()
+
+// BenchmarkGateMCPFreeDirect is a tools/call of the priced MCP tool served
+// from the free allowance by the gate alone (no Caddy, no network; Badger
+// without fsync; the verify_request validator on, as in
+// Caddyfile.example), answered by an upstream that writes a fixed result
+// of verify_schema's size. "upstream" is that upstream alone with the same
+// request: the difference is the gate's MCP cost (reading the JSON-RPC
+// message, the allowance, holding the answer and reading whether it is an
+// error).
+func BenchmarkGateMCPFreeDirect(b *testing.B) {
+	body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+		"params": map[string]any{"name": "verify_schema", "arguments": json.RawMessage(validRequest)}})
+	upstream := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, err := w.Write(mcpBenchAnswer)
+		return err
+	})
+	db, err := store.Open(b.TempDir(), store.Options{NoSync: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { db.Close() })
+	usdc, _ := x402.USDC(x402.NetworkBase)
+	offer := x402.PaymentRequirements{Scheme: "exact", Network: x402.NetworkBase, Amount: "20000", Asset: usdc.Address, PayTo: "0x1111111111111111111111111111111111111111", MaxTimeoutSeconds: 60, Extra: usdc.Extra()}
+	g := &Gate{Settle: "after", MaxBuffer: defaultMaxBuffer, MaxBody: defaultMaxBody, UpstreamTimeout: caddy.Duration(defaultUpstreamTimeout),
+		MCPTool: "verify_schema", facilitator: instantFacilitator{}, state: directStore{db}, offers: []x402.PaymentRequirements{offer}, logger: zap.NewNop(),
+		verifier: verify.New(verify.Config{MaxBodyBytes: defaultMaxBody, SchemaCacheSize: gateSchemaCache}),
+		Free:     &FreeAllowance{PerDay: 1 << 30}}
+	g.Free.provision()
+	request := func() *http.Request {
+		r := httptest.NewRequest(http.MethodPost, "http://example.com/mcp", bytes.NewReader(body))
+		r.Header.Set("Content-Type", "application/json")
+		return r.WithContext(context.WithValue(r.Context(), caddyhttp.VarsCtxKey, map[string]any{}))
+	}
+	for _, c := range []struct {
+		name  string
+		serve func(w http.ResponseWriter, r *http.Request) error
+	}{
+		{"upstream", upstream.ServeHTTP},
+		{"gate", func(w http.ResponseWriter, r *http.Request) error { return g.ServeHTTP(w, r, upstream) }},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			defer reportCPU(b)()
+			for b.Loop() {
+				w := httptest.NewRecorder()
+				if err := c.serve(w, request()); err != nil || w.Code != 200 || !strings.Contains(w.Body.String(), `"structuredContent"`) {
+					b.Fatalf("status %d, %v: %.300s", w.Code, err, w.Body)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkMCPDeliver is the end of a paid tools/call on the held
+// verify_schema answer: "billable+deliver" judges it (billable) and writes
+// it with its settlement in result._meta (deliver), as the paid path does;
+// "deliver" is the writing alone, as for a saved answer replayed.
+func BenchmarkMCPDeliver(b *testing.B) {
+	sr := x402.SettleResponse{Success: true, Transaction: "0x0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", Network: x402.NetworkBase, Payer: "0x70997970C51812dc3A010C7d01b50e0d17dc79C8"}
+	for _, judge := range []bool{true, false} {
+		name := "deliver"
+		if judge {
+			name = "billable+deliver"
+		}
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				e := &mcpExchange{g: &Gate{}, paid: true}
+				bw := &bufferedWriter{header: http.Header{"Content-Type": {"application/json"}}, code: 200,
+					buf: bytes.NewBuffer(append([]byte(nil), mcpBenchAnswer...)), limit: 1 << 20, held: true}
+				if judge && !e.billable(bw) {
+					b.Fatal("not billable")
+				}
+				e.deliver(httptest.NewRecorder(), bw, sr)
+			}
+		})
+	}
+}
