@@ -1,0 +1,61 @@
+package caddymodule
+
+import (
+	"net/http"
+	"testing"
+
+	"github.com/aovhq/aov/x402"
+)
+
+// The pieces of the gate's own work on a paid call, each alone, so a change
+// to one shows apart from the store's and the proxy's share
+// (BenchmarkGatePaidDirect is them all together).
+
+func benchPayment(b *testing.B) (string, x402.PaymentPayload, x402.PaymentRequirements) {
+	usdc, _ := x402.USDC(x402.NetworkBase)
+	offer := x402.PaymentRequirements{Scheme: "exact", Network: x402.NetworkBase, Amount: "20000", Asset: usdc.Address, PayTo: "0x1111111111111111111111111111111111111111", MaxTimeoutSeconds: 60, Extra: usdc.Extra()}
+	h := signHeader(b, 1, offer, "http://example.com")
+	p, err := x402.DecodePaymentSignature(h)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return h, p, offer
+}
+
+// BenchmarkPaidDecode is the PAYMENT-SIGNATURE decode and check.
+func BenchmarkPaidDecode(b *testing.B) {
+	h, _, _ := benchPayment(b)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := x402.DecodePaymentSignature(h); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkPaidClaimKeys is naming the authorization for the replay guard.
+func BenchmarkPaidClaimKeys(b *testing.B) {
+	h, p, offer := benchPayment(b)
+	b.ReportAllocs()
+	for b.Loop() {
+		if keys, _ := claimKeys(h, p, offer); len(keys) != 2 {
+			b.Fatal(keys)
+		}
+	}
+}
+
+// BenchmarkPaidHeaders is PAYMENT-RESPONSE and the other headers of a paid
+// answer.
+func BenchmarkPaidHeaders(b *testing.B) {
+	g := &Gate{}
+	sr := x402.SettleResponse{Success: true, Payer: "0x70997970C51812dc3A010C7d01b50e0d17dc79C8",
+		Transaction: "0x5c504ed432cb51138bcf09aa5e8a410dd4a1e204ef84bfed1be16dfba1b22060", Network: x402.NetworkBase}
+	b.ReportAllocs()
+	for b.Loop() {
+		h := make(http.Header, 4)
+		g.setPaidHeaders(h, sr)
+		if h.Get(x402.HeaderPaymentResponse) == "" {
+			b.Fatal("no PAYMENT-RESPONSE")
+		}
+	}
+}
