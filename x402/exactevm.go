@@ -228,12 +228,9 @@ func ParseSignature(s string) ([]byte, error) {
 // paths relative to the payload ("authorization.nonce").
 func ParseExactEVMPayload(raw json.RawMessage) (ExactEVMPayload, error) {
 	var p ExactEVMPayload
-	if err := checkJSONObject(raw); err != nil {
-		return p, invalid("", "must be a JSON object with distinct member names")
-	}
-	m, err := members(raw, "")
+	m, err := checkJSONObject(raw)
 	if err != nil {
-		return p, err
+		return p, invalid("", "must be a JSON object with distinct member names")
 	}
 	if p.Signature, err = stringMember(m, "signature", "signature"); err != nil {
 		return p, err
@@ -241,7 +238,7 @@ func ParseExactEVMPayload(raw json.RawMessage) (ExactEVMPayload, error) {
 	if _, err := ParseSignature(p.Signature); err != nil {
 		return p, err
 	}
-	rawAuth, ok := m["authorization"]
+	av, ok := m["authorization"]
 	if !ok {
 		if _, permit2 := m["permit2Authorization"]; permit2 {
 			return p, &PaymentError{Kind: ErrInvalidPayment, Reason: ReasonUnsupportedPayloadType,
@@ -249,7 +246,7 @@ func ParseExactEVMPayload(raw json.RawMessage) (ExactEVMPayload, error) {
 		}
 		return p, invalid("authorization", "is required")
 	}
-	am, err := members(rawAuth, "authorization")
+	am, err := object(av, "authorization")
 	if err != nil {
 		return p, err
 	}

@@ -201,7 +201,8 @@ func readFacilitatorRequest(w http.ResponseWriter, r *http.Request) (Facilitator
 		}
 		return req, badRequest("", "could not be read")
 	}
-	if err := checkJSONObject(body); err != nil {
+	top, err := checkJSONObject(body)
+	if err != nil {
 		return req, badRequest("", "must be one JSON object with distinct member names")
 	}
 	m, err := members(body, "")
@@ -221,13 +222,14 @@ func readFacilitatorRequest(w http.ResponseWriter, r *http.Request) (Facilitator
 	if !ok {
 		return req, badRequest("paymentPayload", "is required")
 	}
-	if req.PaymentPayload, err = parsePaymentPayload(raw, "paymentPayload"); err != nil {
+	if req.PaymentPayload, err = parsePaymentPayload(top["paymentPayload"], raw, "paymentPayload"); err != nil {
 		return req, fromPaymentError(err)
 	}
-	if raw, ok = m["paymentRequirements"]; !ok {
+	pr, ok := top["paymentRequirements"]
+	if !ok {
 		return req, badRequest("paymentRequirements", "is required")
 	}
-	if req.PaymentRequirements, err = parseRequirements(raw, "paymentRequirements"); err != nil {
+	if req.PaymentRequirements, err = parseRequirements(pr, "paymentRequirements"); err != nil {
 		return req, fromPaymentError(err)
 	}
 	return req, nil
