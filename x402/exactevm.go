@@ -232,7 +232,7 @@ func ParseExactEVMPayload(raw json.RawMessage) (ExactEVMPayload, error) {
 	if err != nil {
 		return p, invalid("", "must be a JSON object with distinct member names")
 	}
-	if p.Signature, err = stringMember(m, "signature", "signature"); err != nil {
+	if p.Signature, err = stringMember(m, "", "signature"); err != nil {
 		return p, err
 	}
 	if _, err := ParseSignature(p.Signature); err != nil {
@@ -255,7 +255,7 @@ func ParseExactEVMPayload(raw json.RawMessage) (ExactEVMPayload, error) {
 		name string
 		dst  *string
 	}{{"from", &a.From}, {"to", &a.To}, {"value", &a.Value}, {"validAfter", &a.ValidAfter}, {"validBefore", &a.ValidBefore}, {"nonce", &a.Nonce}} {
-		if *f.dst, err = stringMember(am, f.name, "authorization."+f.name); err != nil {
+		if *f.dst, err = stringMember(am, "authorization", f.name); err != nil {
 			return p, err
 		}
 	}

@@ -183,23 +183,24 @@ func parsePaymentPayload(v any, data []byte, prefix string) (PaymentPayload, err
 	p.Payload = raw.Payload
 
 	if rv, ok := m["resource"]; ok && rv != nil {
-		rm, err := object(rv, join(prefix, "resource"))
+		rpath := join(prefix, "resource")
+		rm, err := object(rv, rpath)
 		if err != nil {
 			return p, err
 		}
 		var r Resource
-		if r.URL, err = optStringMember(rm, "url", join(prefix, "resource.url")); err != nil {
+		if r.URL, err = optStringMember(rm, rpath, "url"); err != nil {
 			return p, err
 		}
-		if r.Description, err = optStringMember(rm, "description", join(prefix, "resource.description")); err != nil {
+		if r.Description, err = optStringMember(rm, rpath, "description"); err != nil {
 			return p, err
 		}
-		if r.MimeType, err = optStringMember(rm, "mimeType", join(prefix, "resource.mimeType")); err != nil {
+		if r.MimeType, err = optStringMember(rm, rpath, "mimeType"); err != nil {
 			return p, err
 		}
 		p.Resource = &r
 	}
-	if p.Extensions, err = objectMember(m, "extensions", join(prefix, "extensions")); err != nil {
+	if p.Extensions, err = objectMember(m, prefix, "extensions"); err != nil {
 		return p, err
 	}
 	return p, nil
@@ -213,25 +214,25 @@ func parseRequirements(v any, path string) (PaymentRequirements, error) {
 	if err != nil {
 		return r, err
 	}
-	if r.Scheme, err = stringMember(m, "scheme", join(path, "scheme")); err != nil {
+	if r.Scheme, err = stringMember(m, path, "scheme"); err != nil {
 		return r, err
 	}
-	if r.Network, err = stringMember(m, "network", join(path, "network")); err != nil {
+	if r.Network, err = stringMember(m, path, "network"); err != nil {
 		return r, err
 	}
 	if !ValidCAIP2(r.Network) {
 		return r, invalid(join(path, "network"), "must be a CAIP-2 chain id")
 	}
-	if r.Amount, err = stringMember(m, "amount", join(path, "amount")); err != nil {
+	if r.Amount, err = stringMember(m, path, "amount"); err != nil {
 		return r, err
 	}
 	if !canonicalUint(r.Amount) {
 		return r, invalid(join(path, "amount"), "must be a canonical decimal integer string")
 	}
-	if r.Asset, err = stringMember(m, "asset", join(path, "asset")); err != nil {
+	if r.Asset, err = stringMember(m, path, "asset"); err != nil {
 		return r, err
 	}
-	if r.PayTo, err = stringMember(m, "payTo", join(path, "payTo")); err != nil {
+	if r.PayTo, err = stringMember(m, path, "payTo"); err != nil {
 		return r, err
 	}
 	if tv, ok := m["maxTimeoutSeconds"]; ok && tv != nil {
@@ -244,7 +245,7 @@ func parseRequirements(v any, path string) (PaymentRequirements, error) {
 		}
 		r.MaxTimeoutSeconds = t
 	}
-	if r.Extra, err = objectMember(m, "extra", join(path, "extra")); err != nil {
+	if r.Extra, err = objectMember(m, path, "extra"); err != nil {
 		return r, err
 	}
 	return r, nil

@@ -76,31 +76,32 @@ func object(v any, field string) (map[string]any, error) {
 	return m, nil
 }
 
-// stringMember reads the required string member name of m.
-func stringMember(m map[string]any, name, path string) (string, error) {
+// stringMember reads the required string member name of m, the object at
+// path (the member's own path is built only for a refusal).
+func stringMember(m map[string]any, path, name string) (string, error) {
 	v, ok := m[name]
 	if !ok {
-		return "", invalid(path, "is required")
+		return "", invalid(join(path, name), "is required")
 	}
 	s, ok := v.(string)
 	if !ok {
-		return "", invalid(path, "must be a string")
+		return "", invalid(join(path, name), "must be a string")
 	}
 	if s == "" {
-		return "", invalid(path, "must not be empty")
+		return "", invalid(join(path, name), "must not be empty")
 	}
 	return s, nil
 }
 
 // optStringMember reads an optional string member; absent and null are "".
-func optStringMember(m map[string]any, name, path string) (string, error) {
+func optStringMember(m map[string]any, path, name string) (string, error) {
 	v, ok := m[name]
 	if !ok || v == nil {
 		return "", nil
 	}
 	s, ok := v.(string)
 	if !ok {
-		return "", invalid(path, "must be a string")
+		return "", invalid(join(path, name), "must be a string")
 	}
 	return s, nil
 }
@@ -108,10 +109,10 @@ func optStringMember(m map[string]any, name, path string) (string, error) {
 // objectMember reads an optional JSON object member; absent and null give
 // nil. Its numbers are json.Number, exactly as sent, so re-encoding the map
 // (to forward it to a facilitator) does not round them through float64.
-func objectMember(m map[string]any, name, path string) (map[string]any, error) {
+func objectMember(m map[string]any, path, name string) (map[string]any, error) {
 	v, ok := m[name]
 	if !ok || v == nil {
 		return nil, nil
 	}
-	return object(v, path)
+	return object(v, join(path, name))
 }
