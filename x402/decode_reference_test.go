@@ -16,7 +16,7 @@ import (
 // refusal.
 
 func refDecodePaymentSignature(h string) (PaymentPayload, error) {
-	data, _, err := decodeHeaderBytes(h)
+	data, _, _, err := decodeHeaderBytes(h)
 	if err != nil {
 		return PaymentPayload{}, err
 	}
@@ -193,7 +193,7 @@ func refObjectMember(m map[string]json.RawMessage, name, path string) (map[strin
 }
 func refParseExactEVMPayload(raw json.RawMessage) (ExactEVMPayload, error) {
 	var p ExactEVMPayload
-	if _, err := checkJSONObject(raw); err != nil {
+	if _, _, err := checkJSONObject(raw); err != nil {
 		return p, invalid("", "must be a JSON object with distinct member names")
 	}
 	m, err := refMembers(raw, "")

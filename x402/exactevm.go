@@ -228,7 +228,7 @@ func ParseSignature(s string) ([]byte, error) {
 // paths relative to the payload ("authorization.nonce").
 func ParseExactEVMPayload(raw json.RawMessage) (ExactEVMPayload, error) {
 	var p ExactEVMPayload
-	m, err := checkJSONObject(raw)
+	m, _, err := checkJSONObject(raw)
 	if err != nil {
 		return p, invalid("", "must be a JSON object with distinct member names")
 	}

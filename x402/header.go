@@ -46,7 +46,7 @@ func EncodeHeader(v any) (string, error) {
 // Errors are *PaymentError wrapping ErrHeaderTooLarge, ErrHeaderEncoding or
 // ErrHeaderJSON.
 func DecodeHeader(h string, v any) error {
-	data, _, err := decodeHeaderBytes(h)
+	data, _, _, err := decodeHeaderBytes(h)
 	if err != nil {
 		return err
 	}
@@ -56,27 +56,27 @@ func DecodeHeader(h string, v any) error {
 	return nil
 }
 
-// decodeHeaderBytes returns the JSON of a header and the object as
-// checkJSONObject read it.
-func decodeHeaderBytes(h string) ([]byte, map[string]any, error) {
+// decodeHeaderBytes returns the JSON of a header, and the object and its
+// members' bytes as checkJSONObject read them.
+func decodeHeaderBytes(h string) ([]byte, map[string]any, map[string][]byte, error) {
 	if len(h) > MaxHeaderBytes {
-		return nil, nil, &PaymentError{Kind: ErrHeaderTooLarge, Reason: ReasonInvalidPayload,
+		return nil, nil, nil, &PaymentError{Kind: ErrHeaderTooLarge, Reason: ReasonInvalidPayload,
 			Problem: fmt.Sprintf("is longer than %d bytes", MaxHeaderBytes)}
 	}
 	if !canonicalBase64(h) {
-		return nil, nil, &PaymentError{Kind: ErrHeaderEncoding, Reason: ReasonInvalidPayload,
+		return nil, nil, nil, &PaymentError{Kind: ErrHeaderEncoding, Reason: ReasonInvalidPayload,
 			Problem: "is not standard padded base64"}
 	}
 	data, err := base64.StdEncoding.Strict().DecodeString(h)
 	if err != nil { // non-zero trailing bits
-		return nil, nil, &PaymentError{Kind: ErrHeaderEncoding, Reason: ReasonInvalidPayload,
+		return nil, nil, nil, &PaymentError{Kind: ErrHeaderEncoding, Reason: ReasonInvalidPayload,
 			Problem: "is not canonical base64"}
 	}
-	obj, err := checkJSONObject(data)
+	obj, spans, err := checkJSONObject(data)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return data, obj, nil
+	return data, obj, spans, nil
 }
 
 // canonicalBase64 reports whether h uses only the standard alphabet, has a
@@ -119,11 +119,11 @@ func canonicalBase64(h string) bool {
 // payload byte for byte. Names are matched exactly (not case-insensitively),
 // as JavaScript peers do.
 func DecodePaymentSignature(h string) (PaymentPayload, error) {
-	data, obj, err := decodeHeaderBytes(h)
+	_, obj, spans, err := decodeHeaderBytes(h)
 	if err != nil {
 		return PaymentPayload{}, err
 	}
-	return parsePaymentPayload(obj, data, "")
+	return parsePaymentPayload(obj, spans["payload"], "")
 }
 
 // ParsePaymentPayload checks a PaymentPayload given as a JSON object rather
@@ -134,18 +134,18 @@ func ParsePaymentPayload(data []byte) (PaymentPayload, error) {
 		return PaymentPayload{}, &PaymentError{Kind: ErrHeaderTooLarge, Reason: ReasonInvalidPayload,
 			Problem: fmt.Sprintf("is longer than %d bytes", MaxHeaderBytes)}
 	}
-	obj, err := checkJSONObject(data)
+	obj, spans, err := checkJSONObject(data)
 	if err != nil {
 		return PaymentPayload{}, err
 	}
-	return parsePaymentPayload(obj, data, "")
+	return parsePaymentPayload(obj, spans["payload"], "")
 }
 
 // parsePaymentPayload checks a PaymentPayload object: v as
-// checkJSONObject read it, data its bytes (for the scheme payload, which is
-// kept byte for byte). prefix is the JSON path of the object ("" for a
-// header, "paymentPayload" in a facilitator request).
-func parsePaymentPayload(v any, data []byte, prefix string) (PaymentPayload, error) {
+// checkJSONObject read it, payload the bytes of its payload member (the
+// scheme payload is kept byte for byte). prefix is the JSON path of the
+// object ("" for a header, "paymentPayload" in a facilitator request).
+func parsePaymentPayload(v any, payload []byte, prefix string) (PaymentPayload, error) {
 	var p PaymentPayload
 	m, err := object(v, prefix)
 	if err != nil {
@@ -172,15 +172,10 @@ func parsePaymentPayload(v any, data []byte, prefix string) (PaymentPayload, err
 	if _, ok := pl.(map[string]any); !ok {
 		return p, invalid(join(prefix, "payload"), "must be a JSON object")
 	}
-	// The scheme payload's own bytes. No other member folds to "payload"
-	// (checkJSONObject), so encoding/json picks exactly this one.
-	var raw struct {
-		Payload json.RawMessage `json:"payload"`
-	}
-	if err := json.Unmarshal(data, &raw); err != nil || len(raw.Payload) == 0 || raw.Payload[0] != '{' {
+	if len(payload) == 0 || payload[0] != '{' {
 		return p, invalid(join(prefix, "payload"), "must be a JSON object")
 	}
-	p.Payload = raw.Payload
+	p.Payload = append(json.RawMessage(nil), payload...)
 
 	if rv, ok := m["resource"]; ok && rv != nil {
 		rpath := join(prefix, "resource")

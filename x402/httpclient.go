@@ -339,7 +339,7 @@ func (f *HTTPFacilitator) do(ctx context.Context, method, path string, body []by
 // replyMembers splits a reply into its top-level members when it is a JSON
 // object with distinct member names.
 func replyMembers(body []byte) (map[string]json.RawMessage, bool) {
-	if _, err := checkJSONObject(body); err != nil {
+	if _, _, err := checkJSONObject(body); err != nil {
 		return nil, false
 	}
 	var m map[string]json.RawMessage

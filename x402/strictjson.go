@@ -1,8 +1,6 @@
 package x402
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"strings"
 	"unicode/utf8"
@@ -14,26 +12,26 @@ import (
 // accepts with FoldedNames: valid UTF-8, no byte-order mark, nothing after
 // the value, and member names that stay distinct under case folding at
 // every depth. It returns the object as strictjson read it (numbers as
-// json.Number, exactly as sent), so a caller reads its members from this
-// one parse instead of parsing the bytes again.
+// json.Number, exactly as sent) and each member's value as its bytes in
+// data, so a caller reads the document from this one parse instead of
+// parsing it again.
 //
 // Why case folding: encoding/json matches member names to struct fields
 // case-insensitively and lets the last duplicate win, while JavaScript peers
 // (the official facilitator) take names exactly. {"to":A,"To":B} would be read
 // as B here and A there. Refusing such objects removes the disagreement.
-func checkJSONObject(data []byte) (map[string]any, error) {
+func checkJSONObject(data []byte) (map[string]any, map[string][]byte, error) {
 	if !utf8.Valid(data) {
-		return nil, &PaymentError{Kind: ErrHeaderJSON, Reason: ReasonInvalidPayload, Problem: "is not valid UTF-8"}
+		return nil, nil, &PaymentError{Kind: ErrHeaderJSON, Reason: ReasonInvalidPayload, Problem: "is not valid UTF-8"}
 	}
-	v, err := strictjson.Decode(data, strictjson.Limits{FoldedNames: true})
+	m, spans, err := strictjson.DecodeMembers(data, strictjson.Limits{FoldedNames: true})
 	if err != nil {
-		return nil, &PaymentError{Kind: ErrHeaderJSON, Reason: ReasonInvalidPayload, Problem: problemOf(err)}
+		return nil, nil, &PaymentError{Kind: ErrHeaderJSON, Reason: ReasonInvalidPayload, Problem: problemOf(err)}
 	}
-	m, ok := v.(map[string]any)
-	if !ok {
-		return nil, &PaymentError{Kind: ErrHeaderJSON, Reason: ReasonInvalidPayload, Problem: "is not a JSON object"}
+	if m == nil {
+		return nil, nil, &PaymentError{Kind: ErrHeaderJSON, Reason: ReasonInvalidPayload, Problem: "is not a JSON object"}
 	}
-	return m, nil
+	return m, spans, nil
 }
 
 // problemOf words a strictjson refusal as the problem of a payment; it
@@ -50,21 +48,6 @@ func problemOf(err error) string {
 		return "is not valid JSON: " + se.Problem
 	}
 	return "is not valid JSON at " + se.Path + ": " + se.Problem
-}
-
-// members splits a JSON object into its members by exact name, each as
-// its bytes. The caller has already checked the document with
-// checkJSONObject, or gets an error here.
-func members(raw json.RawMessage, field string) (map[string]json.RawMessage, error) {
-	t := bytes.TrimLeft(raw, " \t\r\n")
-	if len(t) == 0 || t[0] != '{' {
-		return nil, invalid(field, "must be a JSON object")
-	}
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &m); err != nil {
-		return nil, invalid(field, "must be a JSON object")
-	}
-	return m, nil
 }
 
 // object is v, a member of a document checkJSONObject read, as an object.
