@@ -36,6 +36,11 @@ import (
 //	                              buffer, settle call, claim settled
 //	BenchmarkPaidPathNoSettlementNoSync  the same with the store's fsync off
 //	BenchmarkPaidCallDevnet       a real paid call settled on the devnet
+//	BenchmarkPaidPathRemoteParallel  paid calls from 8 and 32 clients through
+//	                              a facilitator reached over HTTP, beside the
+//	                              plain proxy at the same concurrency
+//	                              (paid_bench_test.go, with the gate's own
+//	                              pieces alone: decode, claim keys, headers)
 //
 // Subtract the baseline from the others for the gate's own cost.
 
@@ -338,6 +343,12 @@ func BenchmarkGatewayParallel(b *testing.B) {
 
 // runParallelPosts posts the valid request from clients goroutines.
 func runParallelPosts(b *testing.B, url string, clients int) {
+	runParallelPostsWith(b, url, clients, nil)
+}
+
+// runParallelPostsWith is runParallelPosts with each request passed to
+// prepare (when set) before it is sent.
+func runParallelPostsWith(b *testing.B, url string, clients int, prepare func(*http.Request)) {
 	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: clients}}
 	b.ReportAllocs()
 	b.SetParallelism((clients + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
@@ -347,6 +358,9 @@ func runParallelPosts(b *testing.B, url string, clients int) {
 		for pb.Next() {
 			req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(validRequest))
 			req.Header.Set("Content-Type", "application/json")
+			if prepare != nil {
+				prepare(req)
+			}
 			resp, err := client.Do(req)
 			if err != nil {
 				b.Error(err)

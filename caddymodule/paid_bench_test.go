@@ -1,7 +1,11 @@
 package caddymodule
 
 import (
+	"fmt"
 	"net/http"
+	"net/http/httptest"
+	"runtime"
+	"sync/atomic"
 	"testing"
 
 	"github.com/aovhq/aov/x402"
@@ -56,6 +60,60 @@ func BenchmarkPaidHeaders(b *testing.B) {
 		g.setPaidHeaders(h, sr)
 		if h.Get(x402.HeaderPaymentResponse) == "" {
 			b.Fatal("no PAYMENT-RESPONSE")
+		}
+	}
+}
+
+// BenchmarkPaidPathRemoteParallel is the paid path as a gateway with a
+// remote facilitator runs it: the gate reaches the (instant) facilitator
+// over the x402 facilitator HTTP API, from 8 and 32 concurrent clients,
+// each call with its own payment, the store without fsync; the plain
+// reverse_proxy at the same concurrency in the same run is its baseline.
+// The facilitator's handler runs in the same process, so cpu-ns/op includes
+// its side of the two calls as well as the gate's.
+func BenchmarkPaidPathRemoteParallel(b *testing.B) {
+	fac := httptest.NewServer(x402.NewFacilitatorHandler(instantFacilitator{}))
+	b.Cleanup(fac.Close)
+	usdc, _ := x402.USDC(x402.NetworkBase)
+	offer := x402.PaymentRequirements{Scheme: "exact", Network: x402.NetworkBase, Amount: "20000", Asset: usdc.Address, PayTo: "0x1111111111111111111111111111111111111111", MaxTimeoutSeconds: 60, Extra: usdc.Extra()}
+	for _, clients := range []int{8, 32} {
+		for _, paid := range []bool{false, true} {
+			name := "plain"
+			if paid {
+				name = "paid-remote-nosync"
+			}
+			b.Run(fmt.Sprintf("clients=%d/%s", clients, name), func(b *testing.B) {
+				up := benchUpstream(b)
+				cfg := fmt.Sprintf(":{port} {\n\treverse_proxy %s\n}\n", up)
+				if paid {
+					cfg = fmt.Sprintf(`:{port} {
+	x402 {
+		accept base $0.02 0x1111111111111111111111111111111111111111
+		facilitator http %s
+		store badger {data}/gate {
+			no_sync
+		}
+	}
+	reverse_proxy %s
+}
+`, fac.URL, up)
+				}
+				base := startCaddy(b, cfg)
+				var headers []string
+				if paid {
+					headers = make([]string, b.N)
+					for i := range headers {
+						headers[i] = signHeader(b, 1, offer, base)
+					}
+					runtime.GC()
+				}
+				var next atomic.Int64
+				runParallelPostsWith(b, base+"/verify/schema", clients, func(req *http.Request) {
+					if headers != nil {
+						req.Header.Set(x402.HeaderPaymentSignature, headers[next.Add(1)-1])
+					}
+				})
+			})
 		}
 	}
 }
