@@ -709,14 +709,7 @@ func reportCores(w io.Writer, results []stats, procs []proc, cores int) {
 			fmt.Fprintf(w, "%s at %d: %d of %d requests failed; first: %s\n", s.name, s.concurrency, s.errors, s.requests, s.firstErr)
 		}
 	}
-	find := func(name string, c int) (stats, bool) {
-		for _, s := range results {
-			if s.name == name && s.concurrency == c && s.rate() > 0 {
-				return s, true
-			}
-		}
-		return stats{}, false
-	}
+	find := func(name string, c int) (stats, bool) { return phaseOf(results, name, c) }
 	var cs []int
 	for _, s := range results {
 		if !slices.Contains(cs, s.concurrency) {
@@ -749,10 +742,10 @@ func reportCores(w io.Writer, results []stats, procs []proc, cores int) {
 // paidLine says what a paid call costs the gateway at c connections. Its
 // rate is the devnet's, not the gateway's: each paid call waits for the
 // block of its settlement (one a second), so it is not compared with the
-// plain reverse_proxy's rate; its CPU per call is. So few calls make a
-// phase that what a process spends with no load (the idle phase) is a large
-// part of its CPU per call: the figure beyond that is shown too, and is the
-// one compared.
+// plain reverse_proxy's rate; its CPU per call is. A paid phase has so few
+// calls that what a process spends with no load (the idle phase) is a large
+// part of its CPU per call, so the figure beyond that is shown too, and it
+// is the one compared.
 //
 // With the facilitator in its own process (a "facilitator" CPU column: make
 // load's own stack, AOV_FACILITATOR=remote), Caddy's CPU per paid call is
@@ -763,14 +756,7 @@ func reportCores(w io.Writer, results []stats, procs []proc, cores int) {
 // check can be shown apart (the facilitator scenario); its settlement and
 // the in-process devnet stay in Caddy's figure.
 func paidLine(results []stats, c int) (string, bool) {
-	find := func(name string) (stats, bool) {
-		for _, s := range results {
-			if s.name == name && s.concurrency == c && s.ok() > 0 {
-				return s, true
-			}
-		}
-		return stats{}, false
-	}
+	find := func(name string) (stats, bool) { return phaseOf(results, name, c) }
 	paid, ok := find("paid")
 	if !ok {
 		return "", false
@@ -811,6 +797,17 @@ func paidLine(results []stats, c int) (string, bool) {
 		}
 	}
 	return "", false
+}
+
+// phaseOf is the phase of scenario name at c connections, when it served
+// any request.
+func phaseOf(results []stats, name string, c int) (stats, bool) {
+	for _, s := range results {
+		if s.name == name && s.concurrency == c && s.rate() > 0 {
+			return s, true
+		}
+	}
+	return stats{}, false
 }
 
 // idleOf is the phase without load, when there was one.

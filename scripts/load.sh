@@ -26,8 +26,9 @@
 # scripts/run.sh), AOV_FACILITATOR (remote: the facilitator and the devnet
 # in a process of their own, the default for a stack it starts, so Caddy's
 # CPU per paid call is the gateway's alone; devnet: inside Caddy, as make
-# run's default), AOV_FACILITATOR_ADDR (127.0.0.1:8546), AOV_HTTP_PORT (8080), AOV_VERIFIERD_ADDR (127.0.0.1:8081),
-# AOV_CERTD_PUBLIC_ADDR (127.0.0.1:8082), AOV_BASELINE_PORT (8090),
+# run's default), AOV_FACILITATOR_ADDR (127.0.0.1:8546), AOV_HTTP_PORT
+# (8080), AOV_VERIFIERD_ADDR (127.0.0.1:8081), AOV_CERTD_PUBLIC_ADDR
+# (127.0.0.1:8082), AOV_BASELINE_PORT (8090),
 # AOV_DATA (./data, for the gateway token), AOV_BIN (./bin), AOV_ADMIN_ADDR
 # (localhost:2019, to read the allowance mode), AOV_ALLOWANCE_FLUSH (100ms; off for durable counts), GO.
 set -euo pipefail
