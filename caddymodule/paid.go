@@ -7,8 +7,8 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"math/big"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -247,11 +247,15 @@ func (p *paidCharge) settleOnce(w http.ResponseWriter, r *http.Request, held *bu
 		// lapses. Log loudly, serve the content that was paid for.
 		g.logger.Error("marking payment claim settled", zap.Error(err))
 	}
-	metrics.outcomes.WithLabelValues("settled").Inc()
+	outcomeSettled.Inc()
 	g.creditSettled(r) // the 402 before this payment no longer counts (ratelimit.go)
 	p.sr = sr
 	return true
 }
+
+// outcomeSettled counts settled payments (looked up once: every paid call
+// counts on it).
+var outcomeSettled = metrics.outcomes.WithLabelValues("settled")
 
 // setPaidHeaders adds PAYMENT-RESPONSE and the caching and CORS headers of a
 // paid answer.
@@ -292,19 +296,28 @@ func reasonFor(err error, fallback string) string {
 // lapse: after the authorization can no longer settle.
 func claimKeys(header string, p x402.PaymentPayload, offer x402.PaymentRequirements) ([]string, time.Time) {
 	sum := sha256.Sum256([]byte(header))
-	keys := []string{"x402/payload/" + hex.EncodeToString(sum[:])}
+	keys := make([]string, 1, 2)
+	keys[0] = string(hex.AppendEncode([]byte(claimPayloadPrefix), sum[:]))
 	t := now()
 	until := t.Add(time.Duration(offer.MaxTimeoutSeconds)*time.Second + time.Minute)
 	// The header was already checked as a whole (valid UTF-8 JSON, no member
 	// name twice at any depth, in any letter case), so a plain decode reads
 	// the authorization exactly as the facilitator will; the full checks of
-	// the payload are the facilitator's.
-	var ev x402.ExactEVMPayload
+	// the payload are the facilitator's. Only the three members the keys
+	// need are read: a payload whose other members are malformed is still
+	// named by its payer and nonce (the facilitator refuses it anyway).
+	var ev struct {
+		Authorization struct {
+			From        string `json:"from"`
+			Nonce       string `json:"nonce"`
+			ValidBefore string `json:"validBefore"`
+		} `json:"authorization"`
+	}
 	if err := json.Unmarshal(p.Payload, &ev); err == nil && ev.Authorization.From != "" && ev.Authorization.Nonce != "" {
 		a := ev.Authorization
 		keys = append(keys, strings.ToLower("x402/auth/"+offer.Network+"/"+offer.Asset+"/"+a.From+"/"+a.Nonce))
-		if vb, ok := new(big.Int).SetString(a.ValidBefore, 10); ok && vb.IsInt64() {
-			if exp := time.Unix(vb.Int64(), 0).Add(time.Minute); exp.After(until) {
+		if vb, err := strconv.ParseInt(a.ValidBefore, 10, 64); err == nil {
+			if exp := time.Unix(vb, 0).Add(time.Minute); exp.After(until) {
 				until = exp
 			}
 		}
@@ -315,6 +328,9 @@ func claimKeys(header string, p x402.PaymentPayload, offer x402.PaymentRequireme
 	}
 	return keys, until
 }
+
+// claimPayloadPrefix starts the claim key of an exact header.
+const claimPayloadPrefix = "x402/payload/"
 
 // bufPool holds the buffers answers are held in (the gate's, verify_response's).
 var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}

@@ -184,7 +184,7 @@ func TestRunScript(t *testing.T) {
 // everything it started.
 func TestLoadScript(t *testing.T) {
 	http1, verifierd, certd, admin, metrics, rpc := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
-	baseline := freeAddr(t)
+	baseline, facilitator := freeAddr(t), freeAddr(t)
 	_, port, _ := net.SplitHostPort(http1)
 	_, baselinePort, _ := net.SplitHostPort(baseline)
 	cmd := exec.Command("bash", filepath.Join(repoRoot, "scripts", "load.sh"), "-c", "2", "-d", "500ms", "-warmup", "0")
@@ -199,13 +199,16 @@ func TestLoadScript(t *testing.T) {
 		"AOV_DEVNET_RPC_ADDR="+rpc,
 		"AOV_SOLANA_RPC_ADDR="+freeAddr(t),
 		"AOV_BASELINE_PORT="+baselinePort,
+		"AOV_FACILITATOR_ADDR="+facilitator,
+		"AOV_FACILITATOR_ADMIN_ADDR="+freeAddr(t),
 	)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("load.sh: %v\n%s", err, out)
 	}
 	for _, want := range []string{"starting a stack of its own", "caddy CPU/req", "verifierd CPU/req", "certd CPU/req",
-		"free", "baseline", "direct", "mcp", "paid", "facilitator", "the plain reverse_proxy", "stopping the stack it started"} {
+		"free", "baseline", "direct", "mcp", "paid", "facilitator", "the plain reverse_proxy", "stopping the stack it started",
+		"facilitator: its own process", "facilitator CPU/req", "gateway caddy CPU/req"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
@@ -213,7 +216,7 @@ func TestLoadScript(t *testing.T) {
 	if strings.Contains(string(out), "requests failed") {
 		t.Errorf("some load requests failed:\n%s", out)
 	}
-	for _, addr := range []string{http1, verifierd, certd, baseline} {
+	for _, addr := range []string{http1, verifierd, certd, baseline, facilitator} {
 		if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
 			c.Close()
 			t.Errorf("%s still accepts connections after load.sh ended", addr)

@@ -13,8 +13,13 @@
 //	mcp          the MCP tool verify_schema through the gateway
 //	paid         POST /verify/schema through the gateway with a fresh x402
 //	             payment per request, verified and settled on the devnet
+//	             (its rate is the devnet's: one block a second)
 //	facilitator  the devnet facilitator's POST /verify alone (its own cost
 //	             per payment check; settlement waits for blocks)
+//
+// With a -pid facilitator=PID (the facilitator in a process of its own, as
+// scripts/load.sh runs it), a paid call's CPU is measured apart: Caddy's is
+// the gateway's alone, set beside the baseline Caddy's per call.
 //
 //	go run ./load                                  # against `make run` on the default ports
 //	go run ./load -c 8,32 -d 10s -pid caddy=123 -pid verifierd=456
@@ -92,6 +97,9 @@ type config struct {
 	// allowanceMode names the gateway's free-allowance mode (durable or
 	// batched) for the report; the caller reads it from the gateway.
 	allowanceMode string
+	// idle is how long the processes' CPU is read before any load, for
+	// their CPU without requests (0: not measured).
+	idle time.Duration
 }
 
 // proc is a process whose CPU time the report splits per request.
@@ -111,6 +119,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	cs := fs.String("c", "8,32", fmt.Sprintf("concurrent connections, a comma-separated list, each 1..%d", maxConcurrency))
 	d := fs.Duration("d", 5*time.Second, fmt.Sprintf("measured duration per phase, at most %s", maxDuration))
 	warmup := fs.Duration("warmup", time.Second, "unmeasured warm-up per phase")
+	idle := fs.Duration("idle", time.Second, "how long to read the processes' CPU without load before the scenarios (0: skip)")
 	mode := fs.String("allowance-mode", "", "the gateway's free-allowance mode, printed with the results (scripts/load.sh reads it from Caddy's admin API)")
 	scen := fs.String("scenarios", strings.Join(allScenarios, ","), "scenarios to run, comma-separated")
 	var procs []proc
@@ -129,7 +138,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	if fs.NArg() > 0 {
 		return config{}, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	cfg := config{path: *path, body: invoice, duration: *d, warmup: *warmup, procs: procs, allowanceMode: *mode}
+	cfg := config{path: *path, body: invoice, duration: *d, warmup: *warmup, idle: *idle, procs: procs, allowanceMode: *mode}
 	for _, f := range strings.Split(*cs, ",") {
 		c, err := strconv.Atoi(strings.TrimSpace(f))
 		if err != nil || c < 1 || c > maxConcurrency {
@@ -142,6 +151,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	}
 	if cfg.warmup < 0 || cfg.warmup > maxDuration {
 		return config{}, fmt.Errorf("-warmup must be between 0 and %s", maxDuration)
+	}
+	if cfg.idle < 0 || cfg.idle > maxDuration {
+		return config{}, fmt.Errorf("-idle must be between 0 and %s", maxDuration)
 	}
 	if !strings.HasPrefix(cfg.path, "/") {
 		return config{}, errors.New("-path must start with /")
@@ -248,6 +260,9 @@ func run(args []string, stdout io.Writer) error {
 		fmt.Fprintf(stdout, "gateway free allowance: %s\n", cfg.allowanceMode)
 	}
 	var results []stats
+	if len(cfg.procs) > 0 && cfg.idle > 0 {
+		results = append(results, idleCPU(ctx, cfg.procs, cfg.idle))
+	}
 	for _, s := range cfg.scenarios {
 		for _, c := range cfg.concurrency {
 			st, err := measure(ctx, cfg, s, c)
@@ -341,6 +356,30 @@ func measure(ctx context.Context, cfg config, scenario string, c int) (stats, er
 		}
 	}
 	return st, ctx.Err()
+}
+
+// idleName names the phase without requests in the results.
+const idleName = "idle"
+
+// idleCPU reads the processes' CPU over d without sending anything: what
+// they spend with no requests (timers, the devnet sealing empty blocks,
+// background flushes), which a phase of few requests would otherwise count
+// as the cost of its requests.
+func idleCPU(ctx context.Context, procs []proc, d time.Duration) stats {
+	before := cpuTimes(procs)
+	start := time.Now()
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+	after := cpuTimes(procs)
+	st := stats{name: idleName, elapsed: time.Since(start), cpu: map[string]time.Duration{}}
+	for name, t := range after {
+		if b, ok := before[name]; ok {
+			st.cpu[name] = t - b
+		}
+	}
+	return st
 }
 
 func once(ctx context.Context, client *http.Client, w workload) error {
@@ -630,6 +669,9 @@ func reportCores(w io.Writer, results []stats, procs []proc, cores int) {
 	}
 	fmt.Fprintln(tw, hdr)
 	for _, s := range results {
+		if s.name == idleName {
+			continue
+		}
 		line := fmt.Sprintf("%s\t%d\t%d\t%d\t%.0f\t%s\t%s\t%s\t", s.name, s.concurrency, s.requests, s.errors, s.rate(),
 			ms(percentile(s.lat, 50)), ms(percentile(s.lat, 90)), ms(percentile(s.lat, 99)))
 		var sum time.Duration
@@ -653,19 +695,21 @@ func reportCores(w io.Writer, results []stats, procs []proc, cores int) {
 		fmt.Fprintln(tw, line)
 	}
 	tw.Flush()
+	if idle, ok := idleOf(results); ok {
+		line := fmt.Sprintf("with no load (%.1fs before the scenarios), CPU per second:", idle.elapsed.Seconds())
+		for _, p := range procs {
+			if t, ok := idle.cpu[p.name]; ok {
+				line += fmt.Sprintf(" %s %.1fms", p.name, msf(t)/idle.elapsed.Seconds())
+			}
+		}
+		fmt.Fprintln(w, line)
+	}
 	for _, s := range results {
 		if s.errors > 0 {
 			fmt.Fprintf(w, "%s at %d: %d of %d requests failed; first: %s\n", s.name, s.concurrency, s.errors, s.requests, s.firstErr)
 		}
 	}
-	find := func(name string, c int) (stats, bool) {
-		for _, s := range results {
-			if s.name == name && s.concurrency == c && s.rate() > 0 {
-				return s, true
-			}
-		}
-		return stats{}, false
-	}
+	find := func(name string, c int) (stats, bool) { return phaseOf(results, name, c) }
 	var cs []int
 	for _, s := range results {
 		if !slices.Contains(cs, s.concurrency) {
@@ -674,7 +718,7 @@ func reportCores(w io.Writer, results []stats, procs []proc, cores int) {
 	}
 	for _, c := range cs {
 		base, hasBase := find("baseline", c)
-		for _, name := range []string{"free", "mcp", "paid"} {
+		for _, name := range []string{"free", "mcp"} {
 			s, ok := find(name, c)
 			if !ok {
 				continue
@@ -683,25 +727,97 @@ func reportCores(w io.Writer, results []stats, procs []proc, cores int) {
 			if hasBase {
 				line += fmt.Sprintf(", %.2fx the plain reverse_proxy (target >= 0.9x)", s.rate()/base.rate())
 			}
-			if name != "paid" {
-				line += fmt.Sprintf(", %.2fx of 2.5 x 1,080 req/s", s.rate()/targetRate)
-			}
+			line += fmt.Sprintf(", %.2fx of 2.5 x 1,080 req/s", s.rate()/targetRate)
 			fmt.Fprintln(w, line)
 		}
 		if d, ok := find("direct", c); ok && hasBase {
 			fmt.Fprintf(w, "baseline at %d: %.2fx direct to verifierd\n", c, base.rate()/d.rate())
 		}
-		// The devnet facilitator runs inside the gateway's Caddy: its own
-		// cost per payment check (the facilitator scenario) is shown apart
-		// from what the paid path costs Caddy in all.
-		paid, okP := find("paid", c)
-		fac, okF := find("facilitator", c)
-		if pc, ok := perRequest(paid, "caddy"); ok && okP && okF {
-			if fc, ok := perRequest(fac, "caddy"); ok {
-				fmt.Fprintf(w, "paid at %d: caddy CPU/req %.0fµs, of which the facilitator's own payment check ≈ %.0fµs (the facilitator scenario); the gate, proxy and settlement the rest\n", c, pc, fc)
-			}
+		if line, ok := paidLine(results, c); ok {
+			fmt.Fprintln(w, line)
 		}
 	}
+}
+
+// paidLine says what a paid call costs the gateway at c connections. Its
+// rate is the devnet's, not the gateway's: each paid call waits for the
+// block of its settlement (one a second), so it is not compared with the
+// plain reverse_proxy's rate; its CPU per call is. A paid phase has so few
+// calls that what a process spends with no load (the idle phase) is a large
+// part of its CPU per call, so the figure beyond that is shown too, and it
+// is the one compared.
+//
+// With the facilitator in its own process (a "facilitator" CPU column: make
+// load's own stack, AOV_FACILITATOR=remote), Caddy's CPU per paid call is
+// the gateway's alone (the gate, the proxy and its side of the two
+// facilitator API calls), set beside the baseline Caddy's CPU per call of
+// the same request unpaid, and the facilitator's verify and settle are
+// shown apart, measured. With the facilitator inside Caddy only its payment
+// check can be shown apart (the facilitator scenario); its settlement and
+// the in-process devnet stay in Caddy's figure.
+func paidLine(results []stats, c int) (string, bool) {
+	find := func(name string) (stats, bool) { return phaseOf(results, name, c) }
+	paid, ok := find("paid")
+	if !ok {
+		return "", false
+	}
+	pc, ok := perRequest(paid, "caddy")
+	if !ok {
+		return "", false
+	}
+	idle, hasIdle := idleOf(results)
+	// cost is a process's CPU per paid call, and beyond its idle CPU.
+	cost := func(name string, per float64) (string, float64) {
+		if !hasIdle {
+			return fmt.Sprintf("%.0fµs", per), per
+		}
+		t, ok := idle.cpu[name]
+		if !ok {
+			return fmt.Sprintf("%.0fµs", per), per
+		}
+		share := float64(t.Microseconds()) / idle.elapsed.Seconds() * paid.elapsed.Seconds() / float64(paid.ok())
+		beyond := max(per-share, 0)
+		return fmt.Sprintf("%.0fµs (%.0fµs beyond its CPU with no load)", per, beyond), beyond
+	}
+	head := fmt.Sprintf("paid at %d: %.0f req/s, bound by the devnet's blocks (one a second); ", c, paid.rate())
+	if fc, ok := perRequest(paid, "facilitator"); ok {
+		gw, gwCost := cost("caddy", pc)
+		fac, _ := cost("facilitator", fc)
+		line := head + fmt.Sprintf("gateway caddy CPU/req %s; the facilitator in its own process, for its verify and settle: %s", gw, fac)
+		if base, ok := find("baseline"); ok {
+			if bc, ok := perRequest(base, "baseline"); ok && gwCost > 0 {
+				line += fmt.Sprintf("; the plain reverse_proxy's caddy %.0fµs per call: %.2fx (target >= 0.9x)", bc, bc/gwCost)
+			}
+		}
+		return line, true
+	}
+	if fac, ok := find("facilitator"); ok {
+		if fc, ok := perRequest(fac, "caddy"); ok {
+			return head + fmt.Sprintf("caddy CPU/req %.0fµs, of which the facilitator's own payment check ≈ %.0fµs (the facilitator scenario); the gate, proxy, settlement and the in-process devnet the rest (AOV_FACILITATOR=remote measures the gateway alone)", pc, fc), true
+		}
+	}
+	return "", false
+}
+
+// phaseOf is the phase of scenario name at c connections, when it served
+// any request.
+func phaseOf(results []stats, name string, c int) (stats, bool) {
+	for _, s := range results {
+		if s.name == name && s.concurrency == c && s.rate() > 0 {
+			return s, true
+		}
+	}
+	return stats{}, false
+}
+
+// idleOf is the phase without load, when there was one.
+func idleOf(results []stats) (stats, bool) {
+	for _, s := range results {
+		if s.name == idleName && s.elapsed > 0 {
+			return s, true
+		}
+	}
+	return stats{}, false
 }
 
 // perRequest is a process's CPU time per successful request of a phase.

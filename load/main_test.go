@@ -99,6 +99,8 @@ func TestParseFlags(t *testing.T) {
 		{"a non-loopback baseline is refused", []string{"-baseline", "http://example.com"}, "loopback", nil, nil},
 		{"a path without a leading slash is refused", []string{"-path", "verify"}, "-path", nil, nil},
 		{"a malformed -pid is refused", []string{"-pid", "caddy"}, "name=PID", nil, nil},
+		{"a negative -idle is refused", []string{"-idle", "-1s"}, "-idle must be", nil, nil},
+		{"an -idle above the cap is refused", []string{"-idle", "6m"}, "-idle must be", nil, nil},
 		{"a stray argument is refused", []string{"extra"}, "unexpected argument", nil, nil},
 	}
 	for _, tc := range tests {
@@ -266,7 +268,7 @@ func TestReportPrintsRatesCPUAndRatios(t *testing.T) {
 	// without CPU figures has none.
 	for _, want := range []string{"caddy CPU/req", "2700", "3.00ms", "100µs", "50µs",
 		"stack CPU/req", "req/s on 2 cores at that CPU",
-		"paid at 8: caddy CPU/req 3000µs, of which the facilitator's own payment check ≈ 1000µs",
+		"paid at 8: 10 req/s, bound by the devnet's blocks (one a second); caddy CPU/req 3000µs, of which the facilitator's own payment check ≈ 1000µs",
 		"free at 8: 2700 req/s, 0.90x the plain reverse_proxy", "1.00x of 2.5 x 1,080", "baseline at 8: 0.89x direct"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, out.String())
@@ -287,5 +289,57 @@ func TestReportPrintsRatesCPUAndRatios(t *testing.T) {
 	}
 	if len(lastTwo) > 0 {
 		t.Errorf("no table line for %v:\n%s", lastTwo, out.String())
+	}
+}
+
+// With the facilitator in its own process, the paid line sets the
+// gateway's Caddy CPU per paid call beside the baseline Caddy's per call
+// and the facilitator's own, each measured, and never compares the paid
+// rate (the chain's) with the proxy's.
+func TestReportPaidWithARemoteFacilitator(t *testing.T) {
+	mk := func(name string, n int, cpu map[string]time.Duration) stats {
+		s := stats{name: name, concurrency: 32, requests: n, elapsed: time.Second, cpu: cpu}
+		for range n {
+			s.lat = append(s.lat, time.Millisecond)
+		}
+		return s
+	}
+	procs := []proc{{name: "caddy", pid: 1}, {name: "facilitator", pid: 2}, {name: "baseline", pid: 3}}
+	var out bytes.Buffer
+	reportCores(&out, []stats{
+		mk("baseline", 1000, map[string]time.Duration{"caddy": 10 * time.Millisecond, "facilitator": 0, "baseline": 300 * time.Millisecond}),
+		mk("paid", 20, map[string]time.Duration{"caddy": 8 * time.Millisecond, "facilitator": 30 * time.Millisecond, "baseline": 0}),
+		mk("facilitator", 100, map[string]time.Duration{"caddy": 10 * time.Millisecond, "facilitator": 50 * time.Millisecond}),
+	}, procs, 2)
+	want := "paid at 32: 20 req/s, bound by the devnet's blocks (one a second); gateway caddy CPU/req 400µs; the facilitator in its own process, for its verify and settle: 1500µs; the plain reverse_proxy's caddy 300µs per call: 0.75x (target >= 0.9x)"
+	if !strings.Contains(out.String(), want) {
+		t.Errorf("report lacks %q:\n%s", want, out.String())
+	}
+	if strings.Contains(out.String(), "payment check ≈") || strings.Contains(out.String(), "paid at 32: 20 req/s, 0.") {
+		t.Errorf("the paid line estimates or compares rates although the facilitator was measured:\n%s", out.String())
+	}
+
+	// With the CPU the processes spend with no load (2 ms and 10 ms a
+	// second; the paid phase lasts a second for 20 calls), the paid figures
+	// beyond it are shown too and the ratio is taken from them; the idle
+	// phase is no table row.
+	idle := stats{name: idleName, elapsed: 2 * time.Second, cpu: map[string]time.Duration{"caddy": 4 * time.Millisecond, "facilitator": 20 * time.Millisecond}}
+	out.Reset()
+	reportCores(&out, []stats{idle,
+		mk("baseline", 1000, map[string]time.Duration{"caddy": 10 * time.Millisecond, "baseline": 300 * time.Millisecond}),
+		mk("paid", 20, map[string]time.Duration{"caddy": 8 * time.Millisecond, "facilitator": 30 * time.Millisecond}),
+	}, procs, 2)
+	for _, want := range []string{
+		"with no load (2.0s before the scenarios), CPU per second: caddy 2.0ms facilitator 10.0ms",
+		"gateway caddy CPU/req 400µs (300µs beyond its CPU with no load); the facilitator in its own process, for its verify and settle: 1500µs (1000µs beyond its CPU with no load); the plain reverse_proxy's caddy 300µs per call: 1.00x (target >= 0.9x)",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, out.String())
+		}
+	}
+	for _, line := range strings.Split(out.String(), "\n") {
+		if strings.HasPrefix(strings.TrimSpace(line), idleName+" ") {
+			t.Errorf("the idle phase has a table row: %q", line)
+		}
 	}
 }

@@ -23,8 +23,12 @@
 # runs.
 #
 # Environment: AOV_SIGNER (inprocess or certd, for a stack it starts, as in
-# scripts/run.sh), AOV_HTTP_PORT (8080), AOV_VERIFIERD_ADDR (127.0.0.1:8081),
-# AOV_CERTD_PUBLIC_ADDR (127.0.0.1:8082), AOV_BASELINE_PORT (8090),
+# scripts/run.sh), AOV_FACILITATOR (remote: the facilitator and the devnet
+# in a process of their own, the default for a stack it starts, so Caddy's
+# CPU per paid call is the gateway's alone; devnet: inside Caddy, as make
+# run's default), AOV_FACILITATOR_ADDR (127.0.0.1:8546), AOV_HTTP_PORT
+# (8080), AOV_VERIFIERD_ADDR (127.0.0.1:8081), AOV_CERTD_PUBLIC_ADDR
+# (127.0.0.1:8082), AOV_BASELINE_PORT (8090),
 # AOV_DATA (./data, for the gateway token), AOV_BIN (./bin), AOV_ADMIN_ADDR
 # (localhost:2019, to read the allowance mode), AOV_ALLOWANCE_FLUSH (100ms; off for durable counts), GO.
 set -euo pipefail
@@ -36,6 +40,8 @@ port="${AOV_HTTP_PORT:-8080}"
 verifierd="${AOV_VERIFIERD_ADDR:-127.0.0.1:8081}"
 certd="${AOV_CERTD_PUBLIC_ADDR:-127.0.0.1:8082}"
 baseline_port="${AOV_BASELINE_PORT:-8090}"
+facilitator="${AOV_FACILITATOR_ADDR:-127.0.0.1:8546}"
+facilitator_mode="${AOV_FACILITATOR:-remote}"
 bindir="${AOV_BIN:-$root/bin}"
 data="${AOV_DATA:-$root/data}"
 base="http://127.0.0.1:$port"
@@ -64,11 +70,14 @@ trap stop EXIT
 trap 'exit 130' INT TERM
 
 if ! http_ok "$base/health"; then
-	say "nothing answers on $base: starting a stack of its own (data in $tmp/data, log in $tmp/run.log; verifierd signs ${AOV_SIGNER:-inprocess}, AOV_SIGNER=certd|inprocess)"
+	say "nothing answers on $base: starting a stack of its own (data in $tmp/data, log in $tmp/run.log; verifierd signs ${AOV_SIGNER:-inprocess}, AOV_SIGNER=certd|inprocess; the facilitator runs ${facilitator_mode}, AOV_FACILITATOR=remote|devnet)"
 	data="$tmp/data"
 	# Every free-path load request is an unpaid verification: give the
-	# throw-away stack an allowance that does not run out.
-	AOV_DATA="$data" AOV_BIN="$bindir" AOV_FREE_PER_DAY=1000000000 setsid scripts/run.sh >"$tmp/run.log" 2>&1 &
+	# throw-away stack an allowance that does not run out. The facilitator
+	# (and the devnet) run in a process of their own unless asked
+	# otherwise, so Caddy's CPU per paid call is the gateway's alone.
+	AOV_DATA="$data" AOV_BIN="$bindir" AOV_FREE_PER_DAY=1000000000 AOV_FACILITATOR="$facilitator_mode" \
+		setsid scripts/run.sh >"$tmp/run.log" 2>&1 &
 	runpid=$!
 	# The first build of Caddy can take minutes.
 	for _ in $(seq 1 1200); do
@@ -105,6 +114,15 @@ for p in "caddy=$port" "verifierd=${verifierd##*:}" "certd=${certd##*:}" "baseli
 		say "no process found listening on port ${p#*=} (${p%%=*}): its CPU column stays empty"
 	fi
 done
+# A facilitator in its own process (AOV_FACILITATOR=remote) gets a column of
+# its own; without one it runs inside the gateway's Caddy.
+pid="$(listener_pid "${facilitator##*:}")"
+if [ -n "$pid" ] && [ "$pid" != "$(listener_pid "$port")" ]; then
+	pids+=(-pid "facilitator=$pid")
+	say "facilitator: its own process on $facilitator (pid $pid)"
+else
+	say "facilitator: inside the gateway's Caddy (its settlement is part of Caddy's CPU per paid call)"
+fi
 
 # The free allowance's mode, read from the gateway's loaded config (the
 # admin API) so the report names what was measured, not what was asked for.

@@ -73,8 +73,12 @@ func (e *Error) Error() string {
 // Decode parses exactly one JSON value from data. Values are
 // map[string]any, []any, string, json.Number, bool and nil. Any refusal is
 // an *Error.
-func Decode(data []byte, lim Limits) (any, error) {
-	d := decoder{data: data, maxDepth: lim.MaxDepth, folded: lim.FoldedNames}
+func Decode(data []byte, lim Limits) (any, error) { return decode(data, lim, nil) }
+
+// decode is Decode, recording the root object's member values in spans
+// when it is not nil (DecodeMembers).
+func decode(data []byte, lim Limits, spans map[string][]byte) (any, error) {
+	d := decoder{data: data, maxDepth: lim.MaxDepth, folded: lim.FoldedNames, spans: spans}
 	if d.maxDepth <= 0 {
 		d.maxDepth = DefaultMaxDepth
 	}
@@ -115,6 +119,7 @@ type decoder struct {
 	intern   map[string]string // repeated object keys
 	keys     int               // object keys read so far
 	folded   bool              // refuse member names equal under case folding
+	spans    map[string][]byte // the root object's member values as bytes (DecodeMembers)
 }
 
 func (d *decoder) fail(problem, fix string) *Error {
@@ -272,11 +277,15 @@ func (d *decoder) object() (any, error) {
 		}
 		d.pos++
 		d.skipSpace()
+		start := d.pos
 		v, err := d.value()
 		if err != nil {
 			return nil, err
 		}
 		m[k] = v
+		if d.spans != nil && d.depth == 1 {
+			d.spans[k] = d.data[start:d.pos]
+		}
 		d.path = d.path[:top]
 		d.skipSpace()
 		if d.pos >= len(d.data) {

@@ -1,6 +1,9 @@
 package x402
 
 import (
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 )
@@ -63,6 +66,21 @@ func BenchmarkCheckExactEVM(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := CheckExactEVM(p, p.Accepted, now); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkReadFacilitatorRequest is a facilitator's cost to read and check
+// one /verify or /settle request body (a facilitator run apart from the
+// gateway reads two per paid call).
+func BenchmarkReadFacilitatorRequest(b *testing.B) {
+	body := `{"x402Version":2,"paymentPayload":` + validPayloadJSON + `,"paymentRequirements":{"scheme":"exact","network":"eip155:84532","amount":"20000","asset":"0x036CbD53842c5426634e7929541eC2318f3dCF7e","payTo":"0x209693bc6afc0c5328ba36faf03c514ef312287c","maxTimeoutSeconds":300,"extra":{"name":"USDC","version":"2"}}}`
+	b.ReportAllocs()
+	for b.Loop() {
+		r := httptest.NewRequest(http.MethodPost, "/verify", strings.NewReader(body))
+		r.Header.Set("Content-Type", "application/json")
+		if _, err := readFacilitatorRequest(httptest.NewRecorder(), r); err != nil {
 			b.Fatal(err)
 		}
 	}

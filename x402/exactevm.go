@@ -228,20 +228,17 @@ func ParseSignature(s string) ([]byte, error) {
 // paths relative to the payload ("authorization.nonce").
 func ParseExactEVMPayload(raw json.RawMessage) (ExactEVMPayload, error) {
 	var p ExactEVMPayload
-	if err := checkJSONObject(raw); err != nil {
+	m, _, err := checkJSONObject(raw)
+	if err != nil {
 		return p, invalid("", "must be a JSON object with distinct member names")
 	}
-	m, err := members(raw, "")
-	if err != nil {
-		return p, err
-	}
-	if p.Signature, err = stringMember(m, "signature", "signature"); err != nil {
+	if p.Signature, err = stringMember(m, "", "signature"); err != nil {
 		return p, err
 	}
 	if _, err := ParseSignature(p.Signature); err != nil {
 		return p, err
 	}
-	rawAuth, ok := m["authorization"]
+	av, ok := m["authorization"]
 	if !ok {
 		if _, permit2 := m["permit2Authorization"]; permit2 {
 			return p, &PaymentError{Kind: ErrInvalidPayment, Reason: ReasonUnsupportedPayloadType,
@@ -249,7 +246,7 @@ func ParseExactEVMPayload(raw json.RawMessage) (ExactEVMPayload, error) {
 		}
 		return p, invalid("authorization", "is required")
 	}
-	am, err := members(rawAuth, "authorization")
+	am, err := object(av, "authorization")
 	if err != nil {
 		return p, err
 	}
@@ -258,7 +255,7 @@ func ParseExactEVMPayload(raw json.RawMessage) (ExactEVMPayload, error) {
 		name string
 		dst  *string
 	}{{"from", &a.From}, {"to", &a.To}, {"value", &a.Value}, {"validAfter", &a.ValidAfter}, {"validBefore", &a.ValidBefore}, {"nonce", &a.Nonce}} {
-		if *f.dst, err = stringMember(am, f.name, "authorization."+f.name); err != nil {
+		if *f.dst, err = stringMember(am, "authorization", f.name); err != nil {
 			return p, err
 		}
 	}

@@ -201,33 +201,34 @@ func readFacilitatorRequest(w http.ResponseWriter, r *http.Request) (Facilitator
 		}
 		return req, badRequest("", "could not be read")
 	}
-	if err := checkJSONObject(body); err != nil {
+	top, members, err := checkJSONObject(body)
+	if err != nil {
 		return req, badRequest("", "must be one JSON object with distinct member names")
 	}
-	m, err := members(body, "")
-	if err != nil {
-		return req, badRequest("", "must be a JSON object")
-	}
-	for name := range m {
+	for name := range top {
 		if name != "x402Version" && name != "paymentPayload" && name != "paymentRequirements" {
 			return req, badRequest("", "has a member other than x402Version, paymentPayload and paymentRequirements")
 		}
 	}
-	if raw, ok := m["x402Version"]; !ok || string(raw) != "2" {
+	if raw, ok := members["x402Version"]; !ok || string(raw) != "2" {
 		return req, badRequest("x402Version", "must be 2")
 	}
 	req.X402Version = Version
-	raw, ok := m["paymentPayload"]
+	raw, ok := members["paymentPayload"]
 	if !ok {
 		return req, badRequest("paymentPayload", "is required")
 	}
-	if req.PaymentPayload, err = parsePaymentPayload(raw, "paymentPayload"); err != nil {
+	// The payment's own members, for its payload's bytes (none when it is
+	// not an object, which parsePaymentPayload refuses).
+	_, inner, _ := checkJSONObject(raw)
+	if req.PaymentPayload, err = parsePaymentPayload(top["paymentPayload"], inner["payload"], "paymentPayload"); err != nil {
 		return req, fromPaymentError(err)
 	}
-	if raw, ok = m["paymentRequirements"]; !ok {
+	pr, ok := top["paymentRequirements"]
+	if !ok {
 		return req, badRequest("paymentRequirements", "is required")
 	}
-	if req.PaymentRequirements, err = parseRequirements(raw, "paymentRequirements"); err != nil {
+	if req.PaymentRequirements, err = parseRequirements(pr, "paymentRequirements"); err != nil {
 		return req, fromPaymentError(err)
 	}
 	return req, nil

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"strconv"
 )
 
 // MaxHeaderBytes caps the length of an encoded PAYMENT-* header (64 KiB, the
@@ -45,7 +46,7 @@ func EncodeHeader(v any) (string, error) {
 // Errors are *PaymentError wrapping ErrHeaderTooLarge, ErrHeaderEncoding or
 // ErrHeaderJSON.
 func DecodeHeader(h string, v any) error {
-	data, err := decodeHeaderBytes(h)
+	data, _, _, err := decodeHeaderBytes(h)
 	if err != nil {
 		return err
 	}
@@ -55,24 +56,27 @@ func DecodeHeader(h string, v any) error {
 	return nil
 }
 
-func decodeHeaderBytes(h string) ([]byte, error) {
+// decodeHeaderBytes returns the JSON of a header, and the object and its
+// members' bytes as checkJSONObject read them.
+func decodeHeaderBytes(h string) ([]byte, map[string]any, map[string][]byte, error) {
 	if len(h) > MaxHeaderBytes {
-		return nil, &PaymentError{Kind: ErrHeaderTooLarge, Reason: ReasonInvalidPayload,
+		return nil, nil, nil, &PaymentError{Kind: ErrHeaderTooLarge, Reason: ReasonInvalidPayload,
 			Problem: fmt.Sprintf("is longer than %d bytes", MaxHeaderBytes)}
 	}
 	if !canonicalBase64(h) {
-		return nil, &PaymentError{Kind: ErrHeaderEncoding, Reason: ReasonInvalidPayload,
+		return nil, nil, nil, &PaymentError{Kind: ErrHeaderEncoding, Reason: ReasonInvalidPayload,
 			Problem: "is not standard padded base64"}
 	}
 	data, err := base64.StdEncoding.Strict().DecodeString(h)
 	if err != nil { // non-zero trailing bits
-		return nil, &PaymentError{Kind: ErrHeaderEncoding, Reason: ReasonInvalidPayload,
+		return nil, nil, nil, &PaymentError{Kind: ErrHeaderEncoding, Reason: ReasonInvalidPayload,
 			Problem: "is not canonical base64"}
 	}
-	if err := checkJSONObject(data); err != nil {
-		return nil, err
+	obj, spans, err := checkJSONObject(data)
+	if err != nil {
+		return nil, nil, nil, err
 	}
-	return data, nil
+	return data, obj, spans, nil
 }
 
 // canonicalBase64 reports whether h uses only the standard alphabet, has a
@@ -115,11 +119,11 @@ func canonicalBase64(h string) bool {
 // payload byte for byte. Names are matched exactly (not case-insensitively),
 // as JavaScript peers do.
 func DecodePaymentSignature(h string) (PaymentPayload, error) {
-	data, err := decodeHeaderBytes(h)
+	_, obj, spans, err := decodeHeaderBytes(h)
 	if err != nil {
 		return PaymentPayload{}, err
 	}
-	return parsePaymentPayload(data, "")
+	return parsePaymentPayload(obj, spans["payload"], "")
 }
 
 // ParsePaymentPayload checks a PaymentPayload given as a JSON object rather
@@ -130,100 +134,113 @@ func ParsePaymentPayload(data []byte) (PaymentPayload, error) {
 		return PaymentPayload{}, &PaymentError{Kind: ErrHeaderTooLarge, Reason: ReasonInvalidPayload,
 			Problem: fmt.Sprintf("is longer than %d bytes", MaxHeaderBytes)}
 	}
-	if err := checkJSONObject(data); err != nil {
+	obj, spans, err := checkJSONObject(data)
+	if err != nil {
 		return PaymentPayload{}, err
 	}
-	return parsePaymentPayload(data, "")
+	return parsePaymentPayload(obj, spans["payload"], "")
 }
 
-// parsePaymentPayload checks a PaymentPayload object; prefix is the JSON path
-// of the object ("" for a header, "paymentPayload" in a facilitator request).
-func parsePaymentPayload(data []byte, prefix string) (PaymentPayload, error) {
+// parsePaymentPayload checks a PaymentPayload object: v as
+// checkJSONObject read it, payload the bytes of its payload member (the
+// scheme payload is kept byte for byte). prefix is the JSON path of the
+// object ("" for a header, "paymentPayload" in a facilitator request).
+func parsePaymentPayload(v any, payload []byte, prefix string) (PaymentPayload, error) {
 	var p PaymentPayload
-	m, err := members(data, prefix)
+	m, err := object(v, prefix)
 	if err != nil {
 		return p, err
 	}
-	if raw, ok := m["x402Version"]; !ok || string(raw) != "2" {
+	if n, ok := m["x402Version"].(json.Number); !ok || n != "2" {
 		return p, &PaymentError{Kind: ErrUnsupportedVersion, Reason: ReasonInvalidX402Version,
 			Field: join(prefix, "x402Version"), Problem: "must be 2"}
 	}
 	p.X402Version = Version
 
-	rawAcc, ok := m["accepted"]
+	acc, ok := m["accepted"]
 	if !ok {
 		return p, invalid(join(prefix, "accepted"), "is required")
 	}
-	if p.Accepted, err = parseRequirements(rawAcc, join(prefix, "accepted")); err != nil {
+	if p.Accepted, err = parseRequirements(acc, join(prefix, "accepted")); err != nil {
 		return p, err
 	}
 
-	raw, ok := m["payload"]
+	pl, ok := m["payload"]
 	if !ok {
 		return p, invalid(join(prefix, "payload"), "is required")
 	}
-	if raw[0] != '{' {
+	if _, ok := pl.(map[string]any); !ok {
 		return p, invalid(join(prefix, "payload"), "must be a JSON object")
 	}
-	p.Payload = append(json.RawMessage(nil), raw...)
+	if len(payload) == 0 || payload[0] != '{' {
+		return p, invalid(join(prefix, "payload"), "must be a JSON object")
+	}
+	p.Payload = append(json.RawMessage(nil), payload...)
 
-	if raw, ok := m["resource"]; ok && string(raw) != "null" {
-		rm, err := members(raw, join(prefix, "resource"))
+	if rv, ok := m["resource"]; ok && rv != nil {
+		rpath := join(prefix, "resource")
+		rm, err := object(rv, rpath)
 		if err != nil {
 			return p, err
 		}
 		var r Resource
-		if r.URL, err = optStringMember(rm, "url", join(prefix, "resource.url")); err != nil {
+		if r.URL, err = optStringMember(rm, rpath, "url"); err != nil {
 			return p, err
 		}
-		if r.Description, err = optStringMember(rm, "description", join(prefix, "resource.description")); err != nil {
+		if r.Description, err = optStringMember(rm, rpath, "description"); err != nil {
 			return p, err
 		}
-		if r.MimeType, err = optStringMember(rm, "mimeType", join(prefix, "resource.mimeType")); err != nil {
+		if r.MimeType, err = optStringMember(rm, rpath, "mimeType"); err != nil {
 			return p, err
 		}
 		p.Resource = &r
 	}
-	if p.Extensions, err = objectMember(m, "extensions", join(prefix, "extensions")); err != nil {
+	if p.Extensions, err = objectMember(m, prefix, "extensions"); err != nil {
 		return p, err
 	}
 	return p, nil
 }
 
-// parseRequirements checks one PaymentRequirements object.
-func parseRequirements(raw json.RawMessage, path string) (PaymentRequirements, error) {
+// parseRequirements checks one PaymentRequirements object, v as
+// checkJSONObject read it.
+func parseRequirements(v any, path string) (PaymentRequirements, error) {
 	var r PaymentRequirements
-	m, err := members(raw, path)
+	m, err := object(v, path)
 	if err != nil {
 		return r, err
 	}
-	if r.Scheme, err = stringMember(m, "scheme", join(path, "scheme")); err != nil {
+	if r.Scheme, err = stringMember(m, path, "scheme"); err != nil {
 		return r, err
 	}
-	if r.Network, err = stringMember(m, "network", join(path, "network")); err != nil {
+	if r.Network, err = stringMember(m, path, "network"); err != nil {
 		return r, err
 	}
 	if !ValidCAIP2(r.Network) {
 		return r, invalid(join(path, "network"), "must be a CAIP-2 chain id")
 	}
-	if r.Amount, err = stringMember(m, "amount", join(path, "amount")); err != nil {
+	if r.Amount, err = stringMember(m, path, "amount"); err != nil {
 		return r, err
 	}
 	if !canonicalUint(r.Amount) {
 		return r, invalid(join(path, "amount"), "must be a canonical decimal integer string")
 	}
-	if r.Asset, err = stringMember(m, "asset", join(path, "asset")); err != nil {
+	if r.Asset, err = stringMember(m, path, "asset"); err != nil {
 		return r, err
 	}
-	if r.PayTo, err = stringMember(m, "payTo", join(path, "payTo")); err != nil {
+	if r.PayTo, err = stringMember(m, path, "payTo"); err != nil {
 		return r, err
 	}
-	if raw, ok := m["maxTimeoutSeconds"]; ok && string(raw) != "null" {
-		if err := json.Unmarshal(raw, &r.MaxTimeoutSeconds); err != nil || r.MaxTimeoutSeconds < 0 {
+	if tv, ok := m["maxTimeoutSeconds"]; ok && tv != nil {
+		// As encoding/json reads an int: an integer literal, no fraction
+		// or exponent.
+		n, isNum := tv.(json.Number)
+		t, err := strconv.Atoi(string(n))
+		if !isNum || err != nil || t < 0 {
 			return r, invalid(join(path, "maxTimeoutSeconds"), "must be a non-negative integer")
 		}
+		r.MaxTimeoutSeconds = t
 	}
-	if r.Extra, err = objectMember(m, "extra", join(path, "extra")); err != nil {
+	if r.Extra, err = objectMember(m, path, "extra"); err != nil {
 		return r, err
 	}
 	return r, nil

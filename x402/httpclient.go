@@ -339,7 +339,7 @@ func (f *HTTPFacilitator) do(ctx context.Context, method, path string, body []by
 // replyMembers splits a reply into its top-level members when it is a JSON
 // object with distinct member names.
 func replyMembers(body []byte) (map[string]json.RawMessage, bool) {
-	if checkJSONObject(body) != nil {
+	if _, _, err := checkJSONObject(body); err != nil {
 		return nil, false
 	}
 	var m map[string]json.RawMessage
@@ -359,10 +359,17 @@ func isDialError(err error) bool {
 // deadlineTransport is http.DefaultTransport's setup with a dial deadline
 // and a deadline for the reply's headers: a facilitator whose socket accepts
 // but never answers is given up on, whatever context the caller passed.
+//
+// Every call goes to the one facilitator host, and a settlement holds its
+// connection until the chain confirms (a second or more), so concurrent
+// paid calls use as many connections. All of them stay open for the next
+// calls (DefaultTransport keeps 2 per host: every other call would dial a
+// new connection, and its TLS handshake, and leave one in TIME_WAIT).
 func deadlineTransport(dial, header time.Duration) *http.Transport {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.DialContext = (&net.Dialer{Timeout: dial, KeepAlive: 30 * time.Second}).DialContext
 	tr.TLSHandshakeTimeout = dial
 	tr.ResponseHeaderTimeout = header
+	tr.MaxIdleConnsPerHost = tr.MaxIdleConns
 	return tr
 }

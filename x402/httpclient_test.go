@@ -346,3 +346,44 @@ func TestHTTPFacilitatorBadURL(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// Concurrent calls keep their connections: a second round of as many
+// concurrent verifications as the first dials nothing new.
+func TestHTTPFacilitatorKeepsConcurrentConnections(t *testing.T) {
+	var dials atomic.Int32
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		time.Sleep(20 * time.Millisecond) // the calls overlap
+		io.WriteString(w, `{"isValid":true,"payer":"0x857b06519E91e3A54538791bDbb0E22373e36b66"}`)
+	}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			dials.Add(1)
+		}
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	f := testClient(srv.URL)
+	p, req := samplePayment(t)
+	const concurrent = 16
+	round := func() {
+		errs := make(chan error, concurrent)
+		for range concurrent {
+			go func() {
+				_, err := f.Verify(context.Background(), p, req)
+				errs <- err
+			}()
+		}
+		for range concurrent {
+			if err := <-errs; err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	round()
+	first := dials.Load()
+	round()
+	if n := dials.Load() - first; n != 0 {
+		t.Errorf("the second round of %d concurrent calls dialed %d new connections (the first dialed %d)", concurrent, n, first)
+	}
+}

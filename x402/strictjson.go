@@ -1,8 +1,6 @@
 package x402
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"strings"
 	"unicode/utf8"
@@ -13,24 +11,27 @@ import (
 // checkJSONObject reports whether data is one JSON object that strictjson
 // accepts with FoldedNames: valid UTF-8, no byte-order mark, nothing after
 // the value, and member names that stay distinct under case folding at
-// every depth.
+// every depth. It returns the object as strictjson read it (numbers as
+// json.Number, exactly as sent) and each member's value as its bytes in
+// data, so a caller reads the document from this one parse instead of
+// parsing it again.
 //
 // Why case folding: encoding/json matches member names to struct fields
 // case-insensitively and lets the last duplicate win, while JavaScript peers
 // (the official facilitator) take names exactly. {"to":A,"To":B} would be read
 // as B here and A there. Refusing such objects removes the disagreement.
-func checkJSONObject(data []byte) error {
+func checkJSONObject(data []byte) (map[string]any, map[string][]byte, error) {
 	if !utf8.Valid(data) {
-		return &PaymentError{Kind: ErrHeaderJSON, Reason: ReasonInvalidPayload, Problem: "is not valid UTF-8"}
+		return nil, nil, &PaymentError{Kind: ErrHeaderJSON, Reason: ReasonInvalidPayload, Problem: "is not valid UTF-8"}
 	}
-	v, err := strictjson.Decode(data, strictjson.Limits{FoldedNames: true})
+	m, spans, err := strictjson.DecodeMembers(data, strictjson.Limits{FoldedNames: true})
 	if err != nil {
-		return &PaymentError{Kind: ErrHeaderJSON, Reason: ReasonInvalidPayload, Problem: problemOf(err)}
+		return nil, nil, &PaymentError{Kind: ErrHeaderJSON, Reason: ReasonInvalidPayload, Problem: problemOf(err)}
 	}
-	if _, ok := v.(map[string]any); !ok {
-		return &PaymentError{Kind: ErrHeaderJSON, Reason: ReasonInvalidPayload, Problem: "is not a JSON object"}
+	if m == nil {
+		return nil, nil, &PaymentError{Kind: ErrHeaderJSON, Reason: ReasonInvalidPayload, Problem: "is not a JSON object"}
 	}
-	return nil
+	return m, spans, nil
 }
 
 // problemOf words a strictjson refusal as the problem of a payment; it
@@ -49,83 +50,52 @@ func problemOf(err error) string {
 	return "is not valid JSON at " + se.Path + ": " + se.Problem
 }
 
-// members splits a JSON object into its members by exact name. The caller has
-// already checked the document with checkJSONObject, or gets an error here.
-func members(raw json.RawMessage, field string) (map[string]json.RawMessage, error) {
-	t := bytes.TrimLeft(raw, " \t\r\n")
-	if len(t) == 0 || t[0] != '{' {
-		return nil, invalid(field, "must be a JSON object")
-	}
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &m); err != nil {
+// object is v, a member of a document checkJSONObject read, as an object.
+func object(v any, field string) (map[string]any, error) {
+	m, ok := v.(map[string]any)
+	if !ok {
 		return nil, invalid(field, "must be a JSON object")
 	}
 	return m, nil
 }
 
-// stringMember reads the required string member name of m.
-func stringMember(m map[string]json.RawMessage, name, path string) (string, error) {
-	raw, ok := m[name]
+// stringMember reads the required string member name of m, the object at
+// path (the member's own path is built only for a refusal).
+func stringMember(m map[string]any, path, name string) (string, error) {
+	v, ok := m[name]
 	if !ok {
-		return "", invalid(path, "is required")
+		return "", invalid(join(path, name), "is required")
 	}
-	s, ok := unquote(raw)
+	s, ok := v.(string)
 	if !ok {
-		return "", invalid(path, "must be a string")
+		return "", invalid(join(path, name), "must be a string")
 	}
 	if s == "" {
-		return "", invalid(path, "must not be empty")
+		return "", invalid(join(path, name), "must not be empty")
 	}
 	return s, nil
 }
 
 // optStringMember reads an optional string member; absent and null are "".
-func optStringMember(m map[string]json.RawMessage, name, path string) (string, error) {
-	raw, ok := m[name]
-	if !ok || string(raw) == "null" {
+func optStringMember(m map[string]any, path, name string) (string, error) {
+	v, ok := m[name]
+	if !ok || v == nil {
 		return "", nil
 	}
-	s, ok := unquote(raw)
+	s, ok := v.(string)
 	if !ok {
-		return "", invalid(path, "must be a string")
+		return "", invalid(join(path, name), "must be a string")
 	}
 	return s, nil
 }
 
-// unquote decodes a JSON string value. Strings without escapes (almost all
-// of them) are sliced rather than decoded; the document is already known to
-// be valid UTF-8 JSON.
-func unquote(raw json.RawMessage) (string, bool) {
-	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' {
-		return "", false
-	}
-	if bytes.IndexByte(raw, '\\') < 0 {
-		return string(raw[1 : len(raw)-1]), true
-	}
-	var s string
-	if json.Unmarshal(raw, &s) != nil {
-		return "", false
-	}
-	return s, true
-}
-
-// objectMember reads an optional JSON object member as a map; absent and
-// null give nil.
-func objectMember(m map[string]json.RawMessage, name, path string) (map[string]any, error) {
-	raw, ok := m[name]
-	if !ok || string(raw) == "null" {
+// objectMember reads an optional JSON object member; absent and null give
+// nil. Its numbers are json.Number, exactly as sent, so re-encoding the map
+// (to forward it to a facilitator) does not round them through float64.
+func objectMember(m map[string]any, path, name string) (map[string]any, error) {
+	v, ok := m[name]
+	if !ok || v == nil {
 		return nil, nil
 	}
-	if len(raw) == 0 || raw[0] != '{' {
-		return nil, invalid(path, "must be a JSON object")
-	}
-	// UseNumber keeps numbers exactly as sent, so re-encoding the map
-	// (to forward it to a facilitator) does not round them through float64.
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.UseNumber()
-	var v map[string]any
-	if err := dec.Decode(&v); err != nil {
-		return nil, invalid(path, "must be a JSON object")
-	}
-	return v, nil
+	return object(v, join(path, name))
 }
