@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -72,4 +73,32 @@ func mustInt(t *testing.T, s string) int64 {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// A Solana payment's claim outlives its transaction's blockhash and the
+// passes that judge it "never" after that: it lasts svmClaimHold at the
+// least, although its offer's maxTimeoutSeconds alone would end it sooner.
+// The transaction is the smallest legacy one that decodes: one signer, no
+// instruction (the claim keys read the message, not what it does).
+func TestSolanaClaimOutlivesItsBlockhash(t *testing.T) {
+	raw := []byte{1}
+	raw = append(raw, make([]byte, 64)...) // the fee payer's signature slot
+	raw = append(raw, 1, 0, 0, 1)          // header; one account key
+	raw = append(raw, make([]byte, 32)...) // the key
+	raw = append(raw, make([]byte, 32)...) // recent blockhash
+	raw = append(raw, 0)                   // no instruction
+	payload, _ := json.Marshal(map[string]string{"transaction": base64.StdEncoding.EncodeToString(raw)})
+	offer := x402.PaymentRequirements{Scheme: "exact", Network: x402.NetworkSolanaDevnet, Amount: "10000", MaxTimeoutSeconds: 60}
+	p := x402.PaymentPayload{X402Version: 2, Accepted: offer, Payload: payload}
+	start := now()
+	keys, until := claimKeys("header", p, offer)
+	if len(keys) != 2 || !strings.HasPrefix(keys[1], "x402/svm/"+offer.Network+"/") {
+		t.Fatalf("keys %q, want the header's and the message's", keys)
+	}
+	if until.Before(start.Add(svmClaimHold)) {
+		t.Errorf("the claim lapses %v after it is made, before svmClaimHold (%v)", until.Sub(start), svmClaimHold)
+	}
+	if until.After(now().Add(svmClaimHold + time.Second)) {
+		t.Errorf("the claim lasts %v, longer than svmClaimHold", until.Sub(start))
+	}
 }

@@ -322,7 +322,12 @@ func claimKeys(header string, p x402.PaymentPayload, offer x402.PaymentRequireme
 			}
 		}
 	}
-	keys = append(keys, svmClaimKeys(p, offer)...)
+	if svm := svmClaimKeys(p, offer); len(svm) > 0 {
+		keys = append(keys, svm...)
+		if hold := t.Add(svmClaimHold); hold.After(until) {
+			until = hold
+		}
+	}
 	if until.After(t.Add(maxClaimHold)) {
 		until = t.Add(maxClaimHold)
 	}

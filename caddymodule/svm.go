@@ -398,6 +398,16 @@ func (g *Gate) fillFeePayers() error {
 // signed bytes): the client controls the bytes of the fee payer's empty
 // signature slot, so the same payment can arrive in many encodings, but
 // never with another message.
+// svmClaimHold is how long a Solana payment's claim lasts at the least. Its
+// transaction can land until its blockhash expires, 150 blocks after the
+// blockhash (60–90 s at usual slot times, longer when slots slow down), and
+// an unknown outcome is judged "never" only by a look after that expiry (on
+// the buyer's retry, or the background pass every resolveInterval). A claim
+// that lapsed first would take its held answer with it: the outcome would
+// stay unknown, the history pending, and a transfer that landed would have
+// bought nothing. The claim therefore outlives expiry and a few passes.
+const svmClaimHold = 10 * time.Minute
+
 func svmClaimKeys(p x402.PaymentPayload, offer x402.PaymentRequirements) []string {
 	if !x402.IsSolana(offer.Network) {
 		return nil
