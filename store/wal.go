@@ -19,8 +19,9 @@ import (
 // by one write to this log before its Badger transaction commits. A synced
 // Badger commit flushes two memory-mapped files (its value log and its
 // memtable's log), each a flush of its own with a journal commit for the
-// file's metadata; one write to a preallocated file opened O_DSYNC is a
-// single data write.
+// file's metadata; one write to a preallocated file opened O_DSYNC (and
+// O_DIRECT where the file system takes it, see writeRecord) is a single
+// data write.
 //
 // Since groups are committed one at a time, the log's order is the commit
 // order, and everything Badger shows is already in the log (or, before the
@@ -377,8 +378,9 @@ func (w *wal) direct() bool { return w.recf != w.f }
 // is written again with the records before it in that block (kept in
 // w.blk, identical bytes), and the block b ends in is zero padded after
 // it, which readers take for the end of the log. A direct write skips the
-// copy into the page cache and its writeback, which is most of a synced
-// write's time when the block is already allocated.
+// copy into the page cache and its writeback: into blocks already
+// allocated, it measured about a quarter less time and CPU per record
+// than the buffered synced write (BenchmarkWALAppend).
 func (w *wal) writeRecord(b []byte) error {
 	if !w.direct() {
 		return w.write(b, w.off)
