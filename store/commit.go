@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 
@@ -47,8 +48,10 @@ type committer struct {
 	// and leaves spare in its place, so taking a group allocates nothing.
 	spare   []*commitOp
 	leading bool // a writer is committing a group
-	closed  bool
-	idle    *sync.Cond // signalled when leading ends
+	// lastGroup is how many ops the last group answered (see lead).
+	lastGroup int
+	closed    bool
+	idle      *sync.Cond // signalled when leading ends
 	// broken is set when a group failed after its record may have
 	// reached the log (see fail): every later write gets it.
 	broken error
@@ -166,8 +169,23 @@ func (c *committer) do(ctx context.Context, fn func(txn *tx) error) error {
 // lead commits one group, the queued transactions (this caller's among
 // them: a leader's op is first in the queue), then hands the lead to the
 // first writer still waiting, or ends it when nobody waits.
+//
+// When the last group answered others besides its leader, the new leader
+// first yields its processor once (runtime.Gosched) before it takes the
+// queue. Writers answered together come back together: without the
+// yield, the first one back (often the last leader, which was running
+// already) commits a group of its own and the others queue behind its log
+// write, so groups alternate between small and large. The yield lets the
+// writers that are runnable reach the queue first, and costs a lone
+// writer nothing (its last group answered only itself), nor does it ever
+// wait for a writer that is not already running or runnable.
 func (c *committer) lead() {
 	c.mu.Lock()
+	if c.lastGroup > 1 {
+		c.mu.Unlock()
+		runtime.Gosched()
+		c.mu.Lock()
+	}
 	var group []*commitOp
 	if len(c.queue) <= maxGroup {
 		group, c.queue, c.spare = c.queue, c.spare[:0], nil
@@ -187,6 +205,7 @@ func (c *committer) lead() {
 	}
 	clear(group) // the ops are answered: do not keep them alive
 	c.mu.Lock()
+	c.lastGroup = len(live)
 	if c.spare == nil {
 		c.spare = group[:0]
 	}

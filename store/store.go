@@ -91,6 +91,9 @@ type Options struct {
 	// walSize is the write-ahead log's capacity before it wraps (zero:
 	// walMinSize or more); tests make it small to wrap often.
 	walSize int64
+	// walBuffered keeps the log's records off O_DIRECT, as on a file
+	// system that refuses it: tests run both ways.
+	walBuffered bool
 }
 
 // DefaultReservationTTL covers the slowest upstream call the gateway allows
@@ -159,7 +162,7 @@ func Open(dir string, opts Options) (*DB, error) {
 			size = max(walMinSize, 4*bdb.MaxBatchSize())
 		}
 		var replayed int
-		log, replayed, err = openWAL(dir, size,
+		log, replayed, err = openWAL(dir, size, !opts.walBuffered,
 			func() error { return syncBadger(bdb, dir) },
 			func(p []byte) error { return replayRecord(bdb, p) })
 		if err != nil {

@@ -8,6 +8,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"syscall"
+	"unsafe"
 
 	"github.com/dgraph-io/badger/v4"
 )
@@ -17,8 +19,9 @@ import (
 // by one write to this log before its Badger transaction commits. A synced
 // Badger commit flushes two memory-mapped files (its value log and its
 // memtable's log), each a flush of its own with a journal commit for the
-// file's metadata; one write to a preallocated file opened O_DSYNC is a
-// single data write.
+// file's metadata; one write to a preallocated file opened O_DSYNC (and
+// O_DIRECT where the file system takes it, see writeRecord) is a single
+// data write.
 //
 // Since groups are committed one at a time, the log's order is the commit
 // order, and everything Badger shows is already in the log (or, before the
@@ -52,7 +55,10 @@ import (
 const walFile = "aov.wal"
 
 const (
-	walHeaderSize   = 4096
+	// walBlock is the unit of a direct write: its offset, length and
+	// buffer address are multiples of it.
+	walBlock        = 4096
+	walHeaderSize   = walBlock
 	walRecordHeader = 8
 	// walChunk is how far ahead of the last record the file is filled
 	// with zeros: a record then overwrites allocated blocks, which takes
@@ -241,6 +247,14 @@ func decodeWALHeader(b []byte) (uint64, bool) {
 type wal struct {
 	f     *os.File
 	dsync bool // f was opened O_DSYNC: a write is durable when it returns
+	// recf is what records are written with: a second descriptor of the
+	// file opened O_DIRECT as well (see writeRecord), or f where the file
+	// system refuses direct I/O. f writes the header and the zeros ahead
+	// and reads the log at open.
+	recf *os.File
+	// blk is the aligned buffer of direct writes; its first off%walBlock
+	// bytes are the records already in the block the next one starts in.
+	blk   []byte
 	epoch uint64
 	off   int64 // where the next record goes
 	// filled is how much of the file is written (zeros at least); size is
@@ -258,18 +272,21 @@ type wal struct {
 // openWAL opens the log in dir (creating it), replays the records of its
 // current epoch through apply, and checkpoints: on return the log is empty,
 // at a new epoch. size is the capacity the log wraps at.
-func openWAL(dir string, size int64, syncBadger func() error, apply func(payload []byte) error) (w *wal, replayed int, err error) {
+//
+// With direct, records are written with O_DIRECT where the file system
+// takes it (see writeRecord); the header and the zeros ahead never are.
+func openWAL(dir string, size int64, direct bool, syncBadger func() error, apply func(payload []byte) error) (w *wal, replayed int, err error) {
 	path := filepath.Join(dir, walFile)
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|walOpenFlags, 0o600)
 	if err != nil {
 		return nil, 0, fmt.Errorf("store: opening the write-ahead log: %w", err)
 	}
+	w = &wal{f: f, recf: f, dsync: walOpenFlags != 0, size: size, syncBadger: syncBadger}
 	defer func() {
 		if err != nil {
-			f.Close()
+			w.close()
 		}
 	}()
-	w = &wal{f: f, dsync: walOpenFlags != 0, size: size, syncBadger: syncBadger}
 	st, err := f.Stat()
 	if err != nil {
 		return nil, 0, fmt.Errorf("store: opening the write-ahead log: %w", err)
@@ -310,7 +327,88 @@ func openWAL(dir string, size int64, syncBadger func() error, apply func(payload
 	if err := w.checkpoint(); err != nil {
 		return nil, 0, err
 	}
+	if direct && walDirectFlag != 0 && w.dsync {
+		if err := w.openDirect(path); err != nil {
+			return nil, 0, err
+		}
+	}
 	return w, replayed, nil
+}
+
+// openDirect makes records go through a descriptor opened O_DIRECT (and
+// O_DSYNC), unless the file system refuses direct I/O (EINVAL at the open
+// or at the first aligned write): then they stay on f. The first write
+// covers the first record block, which the checkpoint before it left
+// holding nothing of the current epoch.
+func (w *wal) openDirect(path string) error {
+	df, err := os.OpenFile(path, os.O_RDWR|walOpenFlags|walDirectFlag, 0)
+	if errors.Is(err, syscall.EINVAL) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("store: opening the write-ahead log: %w", err)
+	}
+	w.blk = alignedBlock(walBlock)
+	if _, err := df.WriteAt(w.blk, w.off); err != nil {
+		df.Close()
+		w.blk = nil
+		if errors.Is(err, syscall.EINVAL) {
+			return nil
+		}
+		return fmt.Errorf("store: writing the write-ahead log: %w", err)
+	}
+	w.recf = df
+	return nil
+}
+
+// alignedBlock returns n zero bytes (a multiple of walBlock) at an address
+// aligned to walBlock, as O_DIRECT wants.
+func alignedBlock(n int) []byte {
+	b := make([]byte, n+walBlock)
+	skip := (walBlock - int(uintptr(unsafe.Pointer(unsafe.SliceData(b)))%walBlock)) % walBlock
+	return b[skip : skip+n : skip+n]
+}
+
+// direct reports whether records are written with O_DIRECT.
+func (w *wal) direct() bool { return w.recf != w.f }
+
+// writeRecord writes b durably at w.off. Without O_DIRECT it is one
+// synced write of b. With it, the write must start and end on a block
+// boundary, so it covers the whole blocks b touches: the block b starts in
+// is written again with the records before it in that block (kept in
+// w.blk, identical bytes), and the block b ends in is zero padded after
+// it, which readers take for the end of the log. A direct write skips the
+// copy into the page cache and its writeback: into blocks already
+// allocated, it measured about a quarter less time and CPU per record
+// than the buffered synced write (BenchmarkWALAppend).
+func (w *wal) writeRecord(b []byte) error {
+	if !w.direct() {
+		return w.write(b, w.off)
+	}
+	start := w.off &^ (walBlock - 1)
+	head := int(w.off - start)
+	end := head + len(b)
+	n := (end + walBlock - 1) &^ (walBlock - 1)
+	if n > len(w.blk) {
+		blk := alignedBlock(n)
+		copy(blk, w.blk[:head])
+		w.blk = blk
+	}
+	copy(w.blk[head:], b)
+	clear(w.blk[end:n])
+	if _, err := w.recf.WriteAt(w.blk[:n], start); err != nil {
+		return err
+	}
+	// Keep the bytes of the new tail block at the front for the next one.
+	tail := w.blk[end-end%walBlock : end]
+	if len(w.blk) > walChunk {
+		blk := alignedBlock(walBlock) // one big group does not pin its buffer
+		copy(blk, tail)
+		w.blk = blk
+	} else {
+		copy(w.blk, tail)
+	}
+	return nil
 }
 
 // append makes r durable as the next record, checkpointing first when it
@@ -327,11 +425,15 @@ func (w *wal) append(r *walRecord) error {
 			return err
 		}
 	}
-	if err := w.fill(w.off + n); err != nil {
+	end := w.off + n
+	if w.direct() {
+		end = (end + walBlock - 1) &^ (walBlock - 1)
+	}
+	if err := w.fill(end); err != nil {
 		return err
 	}
 	r.seal(w.epoch)
-	if err := w.write(r.buf, w.off); err != nil {
+	if err := w.writeRecord(r.buf); err != nil {
 		return fmt.Errorf("store: writing the write-ahead log: %w", err)
 	}
 	w.off += n
@@ -386,7 +488,12 @@ func (w *wal) write(b []byte, off int64) error {
 	return w.f.Sync()
 }
 
-func (w *wal) close() error { return w.f.Close() }
+func (w *wal) close() error {
+	if w.direct() {
+		w.recf.Close()
+	}
+	return w.f.Close()
+}
 
 // empty reports whether the log holds no record since its last checkpoint.
 func (w *wal) empty() bool { return w.off == walHeaderSize }

@@ -531,7 +531,7 @@ func TestWALBrokenAfterBadgerRefusesALoggedGroup(t *testing.T) {
 // the group is not there and writes work.
 func TestWALBrokenAfterALogWriteFails(t *testing.T) {
 	db, dir := openTemp(t, Options{})
-	db.commits.log.f.Close()
+	db.commits.log.recf.Close()
 	if err := setKey(db, "test/unlogged", "u"); err == nil || errors.Is(err, ErrNeedsReopen) {
 		t.Fatalf("the group whose log write failed got %v, want the write's error", err)
 	}
@@ -841,7 +841,7 @@ func TestWALCheckpointSyncsBadgerWhenItHoldsRecords(t *testing.T) {
 	count := func() error { syncs++; return nil }
 	var replayed [][]byte
 	apply := func(p []byte) error { replayed = append(replayed, bytes.Clone(p)); return nil }
-	w, _, err := openWAL(dir, walMinSize, count, apply)
+	w, _, err := openWAL(dir, walMinSize, true, count, apply)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -855,7 +855,7 @@ func TestWALCheckpointSyncsBadgerWhenItHoldsRecords(t *testing.T) {
 	}
 	w.close()
 	// A crash: the reopen replays the record, then checkpoints.
-	w, n, err := openWAL(dir, walMinSize, count, apply)
+	w, n, err := openWAL(dir, walMinSize, true, count, apply)
 	if err != nil {
 		t.Fatal(err)
 	}
