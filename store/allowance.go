@@ -464,7 +464,7 @@ func (a *allowances) finish(ctx context.Context, r Reservation, commit bool) err
 		// A lapsed unit is dropped by the next Reserve anyway.
 		s.mu.Unlock()
 		if batched {
-			a.giveSlot(nil)
+			a.giveSlot(nil, k, false)
 		}
 		return ErrNotReserved
 	}
@@ -478,7 +478,7 @@ func (a *allowances) finish(ctx context.Context, r Reservation, commit bool) err
 		s.mu.Unlock()
 		// Counted before it is queued, so the flush that takes it
 		// reads a count that includes it.
-		a.giveSlot(&queuedDay{s: s, k: k, units: 1})
+		a.giveSlot(s, k, true)
 		return nil
 	}
 	c.writes++
@@ -568,30 +568,31 @@ func (a *allowances) takeSlot() error {
 	return nil
 }
 
-// giveSlot ends a commit that took a slot: counted (its unit, q, waits
-// for the next flush) or not (q nil: the slot is given back).
-func (a *allowances) giveSlot(q *queuedDay) {
+// giveSlot ends a commit that took a slot: counted (its unit, of
+// client-day k in shard s, waits for the next flush) or not (the slot is
+// given back).
+func (a *allowances) giveSlot(s *allowanceShard, k allowanceDay, counted bool) {
 	a.fmu.Lock()
 	a.applying--
-	if q == nil {
-		a.unflushed--
+	if counted {
+		a.enqueue(s, k, 1)
 	} else {
-		a.enqueue(q)
+		a.unflushed--
 	}
 	a.flushed.Broadcast()
 	a.fmu.Unlock()
 }
 
-// enqueue adds q's units to the queue. a.fmu must be held.
-func (a *allowances) enqueue(q *queuedDay) {
-	if have := a.queue[q.k]; have != nil {
-		have.units += q.units
+// enqueue adds units of client-day k to the queue. a.fmu must be held.
+func (a *allowances) enqueue(s *allowanceShard, k allowanceDay, units int) {
+	if q := a.queue[k]; q != nil {
+		q.units += units
 		return
 	}
 	if a.queue == nil {
 		a.queue = make(map[allowanceDay]*queuedDay)
 	}
-	a.queue[q.k] = q
+	a.queue[k] = &queuedDay{s: s, k: k, units: units}
 }
 
 func (a *allowances) askFlush() {
@@ -661,7 +662,7 @@ func (a *allowances) flush() error {
 			// Queue them again: their units stay unflushed, and the
 			// commits waiting on the bound are told.
 			for _, q := range live {
-				a.enqueue(q)
+				a.enqueue(q.s, q.k, q.units)
 			}
 			units = gone
 			a.flushErr = err
