@@ -31,6 +31,8 @@ import (
 //	BenchmarkFreePathNoSync       the same with the store's fsync off
 //	BenchmarkFreePathBatched      the same with fsync on and the allowance
 //	                              counts flushed every 100ms (allowance_flush)
+//	BenchmarkFreePathBatchedBehindWallet  the same behind wallet_auth on
+//	                              the same store, as in Caddyfile.example
 //	BenchmarkPaidPathNoSettlement a paid call whose facilitator answers at
 //	                              once: decode, match, claim, verify call,
 //	                              buffer, settle call, claim settled
@@ -141,6 +143,36 @@ func BenchmarkFreePath(b *testing.B)       { benchFree(b, "") }
 func BenchmarkFreePathNoSync(b *testing.B) { benchFree(b, "{\n\t\t\tno_sync\n\t\t}") }
 func BenchmarkFreePathBatched(b *testing.B) {
 	benchFree(b, "{\n\t\t\tallowance_flush 100ms\n\t\t}")
+}
+
+// BenchmarkFreePathBatchedBehindWallet is BenchmarkFreePathBatched with
+// wallet_auth in front of the gate on the same store folder, as in
+// Caddyfile.example: wallet_auth opens the store first, with the defaults,
+// and the gate's allowance_flush must still batch its counts.
+func BenchmarkFreePathBatchedBehindWallet(b *testing.B) {
+	up := benchUpstream(b)
+	base := startCaddy(b, fmt.Sprintf(`:{port} {
+	route {
+		wallet_auth optional {
+			domains localhost
+			store badger {data}/gate
+		}
+		x402 {
+			accept base $0.02 0x1111111111111111111111111111111111111111
+			facilitator instant_benchmark_only
+			store badger {data}/gate {
+				allowance_flush 100ms
+			}
+			validate verify_request
+			free_allowance {
+				per_day 1000000000
+			}
+		}
+		reverse_proxy %s
+	}
+}
+`, up))
+	runPosts(b, base+"/verify/schema", nil)
 }
 
 func BenchmarkPaidPathNoSettlement(b *testing.B)       { benchPaid(b, "") }

@@ -94,7 +94,6 @@ type clientDay struct {
 	pending   []pendingUnit
 	end       time.Time // when the UTC day ends
 	writes    int       // writes of this record under way
-	dirty     bool      // queued for the next batched flush
 }
 
 type pendingUnit struct {
@@ -103,9 +102,10 @@ type pendingUnit struct {
 }
 
 // clean reports whether the entry holds nothing the disk lacks, so it can
-// be dropped and read again later.
+// be dropped and read again later. A batched flush may still name a clean
+// entry; it finds it gone and knows its units are on disk (flush).
 func (c *clientDay) clean() bool {
-	return c.committed == c.durable && len(c.pending) == 0 && c.writes == 0 && !c.dirty
+	return c.committed == c.durable && len(c.pending) == 0 && c.writes == 0
 }
 
 // dropLapsed removes pending units whose TTL has passed at t.
@@ -143,28 +143,53 @@ const allowanceShards = 32
 // reserves; past it the clean ones are dropped (they are on disk).
 const maxCleanPerShard = 2048
 
-// allowances is the in-memory part of the embedded Allowance, one per
-// database (every handle of Shared shares it).
-type allowances struct {
-	db     *DB
+// allowanceCounts is the in-memory part of the embedded Allowance, one per
+// database: every handle of Shared counts in the same client-days, so the
+// limit holds across them.
+type allowanceCounts struct {
+	db     *DB // the handle that opened the database
 	seed   maphash.Seed
 	nextID atomic.Uint64
 	shards [allowanceShards]allowanceShard
+
+	// The handles on these counts by the way they commit: handles that
+	// ask alike share one, so one flusher and one loss bound serve them
+	// all.
+	hmu     sync.Mutex
+	handles map[commitMode]*allowances
+}
+
+// commitMode is how a handle commits: AllowanceFlush and
+// AllowanceFlushUnits (zero: durable).
+type commitMode struct {
+	every time.Duration
+	units int
+}
+
+// allowances is one handle's Allowance: the database's counts, committed
+// the way that handle's Options ask (durable, or batched by its own
+// flusher). Handles of one database may ask differently: a Caddy config
+// whose wallet_auth opens the store with the defaults must not decide
+// whether the gate's counts are batched, and a reload that changes
+// allowance_flush takes effect with the new config.
+type allowances struct {
+	*allowanceCounts
 
 	// Batched flushing (Options.AllowanceFlush > 0).
 	every     time.Duration
 	maxUnits  int
 	fmu       sync.Mutex
-	flushed   *sync.Cond    // broadcast after every flush, and on close
-	unflushed int           // units acknowledged (or being) that no completed flush covers
-	applying  int           // commits between taking a slot and counting their unit
-	flushErr  error         // the last flush's error, nil after a good one
-	queue     []*dirtyDay   // client-days with units not yet on disk
-	kick      chan struct{} // asks the flusher for a flush now
-	stop      chan struct{} // closed by close
-	stopped   chan struct{} // closed when the flusher has finished
+	flushed   *sync.Cond                  // broadcast after every flush, and on close
+	unflushed int                         // units acknowledged (or being) that no completed flush covers
+	applying  int                         // commits between taking a slot and counting their unit
+	flushErr  error                       // the last flush's error, nil after a good one
+	queue     map[allowanceDay]*queuedDay // client-days with units this handle has not yet put on disk
+	kick      chan struct{}               // asks the flusher for a flush now
+	stop      chan struct{}               // closed by close
+	stopped   chan struct{}               // closed when the flusher has finished
 	closing   bool
 	closeOnce sync.Once
+	refs      int // handles given out, under allowanceCounts.hmu
 }
 
 type allowanceShard struct {
@@ -178,16 +203,50 @@ type dirtyDay struct {
 	day *clientDay
 }
 
+// queuedDay is a client-day with units a batching handle acknowledged and
+// has not yet written.
+type queuedDay struct {
+	s     *allowanceShard
+	k     allowanceDay
+	units int
+}
+
+// newAllowances makes the counts of a database just opened, and the
+// opener's handle on them.
 func newAllowances(db *DB) *allowances {
-	a := &allowances{db: db, seed: maphash.MakeSeed(), every: db.opts.AllowanceFlush, maxUnits: db.opts.AllowanceFlushUnits}
-	for i := range a.shards {
-		a.shards[i].days = make(map[allowanceDay]*clientDay)
+	c := &allowanceCounts{db: db, seed: maphash.MakeSeed(), handles: make(map[commitMode]*allowances)}
+	for i := range c.shards {
+		c.shards[i].days = make(map[allowanceDay]*clientDay)
 	}
+	return c.handle(db.opts)
+}
+
+// join is another handle on a's counts, committing as opts ask; close
+// gives it back.
+func (a *allowances) join(opts Options) *allowances {
+	return a.allowanceCounts.handle(opts)
+}
+
+// handle returns the handle that commits as opts ask, making it on first
+// use.
+func (c *allowanceCounts) handle(opts Options) *allowances {
+	m := commitMode{}
+	if opts.AllowanceFlush > 0 {
+		m = commitMode{every: opts.AllowanceFlush, units: opts.AllowanceFlushUnits}
+		if m.units <= 0 {
+			m.units = DefaultAllowanceFlushUnits
+		}
+	}
+	c.hmu.Lock()
+	defer c.hmu.Unlock()
+	if a := c.handles[m]; a != nil {
+		a.refs++
+		return a
+	}
+	a := &allowances{allowanceCounts: c, every: m.every, maxUnits: m.units, refs: 1}
+	c.handles[m] = a
 	a.flushed = sync.NewCond(&a.fmu)
 	if a.every > 0 {
-		if a.maxUnits <= 0 {
-			a.maxUnits = DefaultAllowanceFlushUnits
-		}
 		a.kick = make(chan struct{}, 1)
 		a.stop = make(chan struct{})
 		a.stopped = make(chan struct{})
@@ -196,7 +255,7 @@ func newAllowances(db *DB) *allowances {
 	return a
 }
 
-func (a *allowances) shard(k allowanceDay) *allowanceShard {
+func (a *allowanceCounts) shard(k allowanceDay) *allowanceShard {
 	return &a.shards[maphash.String(a.seed, k.client)%allowanceShards]
 }
 
@@ -243,7 +302,7 @@ func (k allowanceDay) key() []byte {
 
 // entry returns the live state of k, reading it from disk when it is not in
 // memory. The shard must be locked.
-func (a *allowances) entry(ctx context.Context, s *allowanceShard, k allowanceDay, end time.Time) (*clientDay, error) {
+func (a *allowanceCounts) entry(ctx context.Context, s *allowanceShard, k allowanceDay, end time.Time) (*clientDay, error) {
 	if c := s.days[k]; c != nil {
 		return c, nil
 	}
@@ -405,7 +464,7 @@ func (a *allowances) finish(ctx context.Context, r Reservation, commit bool) err
 		// A lapsed unit is dropped by the next Reserve anyway.
 		s.mu.Unlock()
 		if batched {
-			a.giveSlot(false)
+			a.giveSlot(nil, k, false)
 		}
 		return ErrNotReserved
 	}
@@ -416,28 +475,21 @@ func (a *allowances) finish(ctx context.Context, r Reservation, commit bool) err
 	}
 	c.committed++
 	if batched {
-		queue := !c.dirty
-		c.dirty = true
 		s.mu.Unlock()
-		a.giveSlot(true)
-		if queue {
-			a.fmu.Lock()
-			a.queue = append(a.queue, &dirtyDay{s: s, k: k, day: c})
-			a.fmu.Unlock()
-		}
+		// Counted before it is queued, so the flush that takes it
+		// reads a count that includes it.
+		a.giveSlot(s, k, true)
 		return nil
 	}
 	c.writes++
 	s.mu.Unlock()
-	_, err := a.write(ctx, []dirtyDay{{s: s, k: k, day: c}})
-	return err
+	return a.write(ctx, []dirtyDay{{s: s, k: k, day: c}})
 }
 
 // write puts the committed counts of days on disk in one commit (synced
 // unless Options.NoSync), each as it stands when the commit runs, and
-// records them as durable. It returns how many units it made durable. The
-// caller has counted a write on each day.
-func (a *allowances) write(ctx context.Context, days []dirtyDay) (int, error) {
+// records them as durable. The caller has counted a write on each day.
+func (a *allowanceCounts) write(ctx context.Context, days []dirtyDay) error {
 	wrote := make([]int, len(days))
 	err := a.db.update(ctx, func(txn *tx) error {
 		for i, d := range days {
@@ -451,17 +503,15 @@ func (a *allowances) write(ctx context.Context, days []dirtyDay) (int, error) {
 		}
 		return nil
 	})
-	made := 0
 	for i, d := range days {
 		d.s.mu.Lock()
 		d.day.writes--
 		if err == nil && wrote[i] > d.day.durable {
-			made += wrote[i] - d.day.durable
 			d.day.durable = wrote[i]
 		}
 		d.s.mu.Unlock()
 	}
-	return made, err
+	return err
 }
 
 // Remaining implements Allowance.
@@ -518,16 +568,31 @@ func (a *allowances) takeSlot() error {
 	return nil
 }
 
-// giveSlot ends a commit that took a slot: counted (its unit waits for the
-// next flush) or not (the slot is given back).
-func (a *allowances) giveSlot(counted bool) {
+// giveSlot ends a commit that took a slot: counted (its unit, of
+// client-day k in shard s, waits for the next flush) or not (the slot is
+// given back).
+func (a *allowances) giveSlot(s *allowanceShard, k allowanceDay, counted bool) {
 	a.fmu.Lock()
 	a.applying--
-	if !counted {
+	if counted {
+		a.enqueue(s, k, 1)
+	} else {
 		a.unflushed--
 	}
 	a.flushed.Broadcast()
 	a.fmu.Unlock()
+}
+
+// enqueue adds units of client-day k to the queue. a.fmu must be held.
+func (a *allowances) enqueue(s *allowanceShard, k allowanceDay, units int) {
+	if q := a.queue[k]; q != nil {
+		q.units += units
+		return
+	}
+	if a.queue == nil {
+		a.queue = make(map[allowanceDay]*queuedDay)
+	}
+	a.queue[k] = &queuedDay{s: s, k: k, units: units}
 }
 
 func (a *allowances) askFlush() {
@@ -557,36 +622,49 @@ func (a *allowances) flusher() {
 const maxFlushDays = 1024
 
 // flush writes every queued client-day and counts its units as flushed.
+// Each count is written as it stands, so it covers every unit queued
+// before the flush took the queue (each was counted before it was
+// queued). A client-day no longer in memory was dropped because it was
+// clean: its units are on disk already.
 func (a *allowances) flush() error {
 	a.fmu.Lock()
-	queue := a.queue
+	queue := make([]*queuedDay, 0, len(a.queue))
+	for _, q := range a.queue {
+		queue = append(queue, q)
+	}
 	a.queue = nil
 	a.fmu.Unlock()
 	var firstErr error
 	for len(queue) > 0 {
 		batch := queue[:min(len(queue), maxFlushDays)]
 		queue = queue[len(batch):]
-		days := make([]dirtyDay, len(batch))
-		for i, d := range batch {
-			d.s.mu.Lock()
-			d.day.dirty = false
-			d.day.writes++
-			d.s.mu.Unlock()
-			days[i] = *d
+		days := make([]dirtyDay, 0, len(batch))
+		live := batch[:0:0]
+		units, gone := 0, 0
+		for _, q := range batch {
+			units += q.units
+			q.s.mu.Lock()
+			if c := q.s.days[q.k]; c != nil {
+				c.writes++
+				days = append(days, dirtyDay{s: q.s, k: q.k, day: c})
+				live = append(live, q)
+			} else {
+				gone += q.units
+			}
+			q.s.mu.Unlock()
 		}
-		made, err := a.write(context.Background(), days)
+		var err error
+		if len(days) > 0 {
+			err = a.write(context.Background(), days)
+		}
 		a.fmu.Lock()
 		if err != nil {
 			// Queue them again: their units stay unflushed, and the
 			// commits waiting on the bound are told.
-			for _, d := range batch {
-				d.s.mu.Lock()
-				if !d.day.dirty {
-					d.day.dirty = true
-					a.queue = append(a.queue, d)
-				}
-				d.s.mu.Unlock()
+			for _, q := range live {
+				a.enqueue(q.s, q.k, q.units)
 			}
+			units = gone
 			a.flushErr = err
 			if firstErr == nil {
 				firstErr = err
@@ -595,20 +673,25 @@ func (a *allowances) flush() error {
 				a.db.opts.Logger.Warn("flushing free allowance counts", "error", err.Error())
 			}
 		}
-		// made counts every unit this flush put on disk, including those
-		// committed while it ran (the write reads each count as it
-		// stands); a failed write made none.
-		a.unflushed -= made
+		a.unflushed -= units
 		a.flushed.Broadcast()
 		a.fmu.Unlock()
 	}
 	return firstErr
 }
 
-// close stops the flusher after writing every counted unit; commits after
-// it are refused. It runs before the database closes.
+// close gives a handle back. The last one of its mode stops the flusher
+// after writing every counted unit; commits after it are refused. It runs
+// before the database closes.
 func (a *allowances) close() {
-	if a.every <= 0 {
+	a.hmu.Lock()
+	a.refs--
+	last := a.refs == 0
+	if last {
+		delete(a.handles, commitMode{every: a.every, units: a.maxUnits})
+	}
+	a.hmu.Unlock()
+	if !last || a.every <= 0 {
 		return
 	}
 	a.closeOnce.Do(func() {

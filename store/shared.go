@@ -23,7 +23,9 @@ type sharedDB struct {
 // It exists because Badger locks its directory while a server reloading its
 // configuration (Caddy provisions the new config before cleaning up the old)
 // needs the same database open in both generations at once. The options of
-// the first opener win: changing them takes a restart, not a reload. A
+// the first opener win (changing them takes a restart, not a reload),
+// except the free allowance's AllowanceFlush and AllowanceFlushUnits: each
+// handle commits the shared counts as its own options say. A
 // Caddy module may use this or keep a *DB from Open in a caddy.UsagePool
 // (DB has the Destruct method the pool calls); both count the same way.
 func Shared(dir string, opts Options) (*DB, error) {
@@ -35,7 +37,11 @@ func Shared(dir string, opts Options) (*DB, error) {
 	defer shared.Unlock()
 	s, ok := shared.dbs[key]
 	if !ok {
-		db, err := Open(key, opts)
+		// The opener's own allowance handle is never given out: each
+		// handle below commits counts as its own options ask.
+		base := opts
+		base.AllowanceFlush, base.AllowanceFlushUnits = 0, 0
+		db, err := Open(key, base)
 		if err != nil {
 			return nil, err
 		}
@@ -44,10 +50,12 @@ func Shared(dir string, opts Options) (*DB, error) {
 	}
 	s.refs++
 	handle := *s.db // same Badger handle, own release
+	handle.allow = s.db.allow.join(opts)
 	var once sync.Once
 	handle.release = func() error {
 		var err error
 		once.Do(func() {
+			handle.allow.close() // this handle's batched counts are written first
 			shared.Lock()
 			defer shared.Unlock()
 			s.refs--
