@@ -10,6 +10,7 @@ import (
 	"strconv"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	sjson "github.com/segmentio/encoding/json"
 
 	"github.com/aovhq/aov/apierr"
 	"github.com/aovhq/aov/receipt"
@@ -237,10 +238,9 @@ func (e *mcpExchange) billable(bw *bufferedWriter) bool {
 // (unreadable); null, an answer without a result (a JSON-RPC error) and
 // isError true are readable and not successful. It reads what encoding/json
 // reads into maps of raw members (exact names, the last of duplicates, as
-// JSON.parse keeps; FuzzToolSucceeded holds it to that), in one check of
-// the whole answer and one walk over it, allocating nothing: the answer is
-// a 4.7 KB signed document, and decoding it was half of the gate's CPU on a
-// free MCP call.
+// JSON.parse keeps; FuzzToolSucceeded holds it to that) without decoding
+// anything and allocating nothing: the answer is a 4.7 KB signed document,
+// and decoding it was half of the gate's CPU on a free MCP call.
 func toolSucceeded(body []byte) (bool, error) {
 	result, _, err := answerResult(body)
 	if err != nil || result == nil || string(result) == "null" {
@@ -249,7 +249,7 @@ func toolSucceeded(body []byte) (bool, error) {
 	if result[0] != '{' {
 		return false, errors.New("the result is not an object")
 	}
-	switch v, _ := lastMember(result, "isError"); string(v) {
+	switch v, _, _ := lastMember(result, "isError"); string(v) {
 	case "", "false", "null":
 		return true, nil
 	case "true":
@@ -259,49 +259,61 @@ func toolSucceeded(body []byte) (bool, error) {
 	}
 }
 
+// maxAnswerDepth is encoding/json's limit on nesting: an answer nested
+// deeper is not JSON to it, so not to the gate either.
+const maxAnswerDepth = 10000
+
 // answerResult returns the value of a JSON-RPC answer's result member, and
 // its offset in body; nil when the answer is null or has no result. It is an
-// error when the answer is not JSON or not an object or null.
+// error when the answer is not JSON or not an object or null. The members
+// are found by a walk that only finds where strings and values end, then
+// the whole answer is checked to be JSON by segmentio/encoding's
+// validator (the MCP SDK's JSON library; a quarter of encoding/json's
+// Valid's CPU on this answer), which has no nesting limit of its own: the
+// walk measures the depth first.
 func answerResult(body []byte) ([]byte, int, error) {
-	if !json.Valid(body) {
+	i := skipSpace(body, 0)
+	if i == len(body) || body[i] != '{' {
+		if i < len(body) && body[i] == 'n' && sjson.Valid(body) {
+			return nil, 0, nil
+		}
+		return nil, 0, errors.New("the answer is not a JSON object")
+	}
+	v, at, depth := lastMember(body[i:], "result")
+	if depth > maxAnswerDepth || !sjson.Valid(body) {
 		return nil, 0, errors.New("the answer is not JSON")
 	}
-	i := skipSpace(body, 0)
-	switch body[i] {
-	case 'n':
-		return nil, 0, nil
-	case '{':
-	default:
-		return nil, 0, errors.New("the answer is not an object")
-	}
-	v, at := lastMember(body[i:], "result")
 	return v, i + at, nil
 }
 
 // lastMember returns the value of the last member named name (compared
-// after unescaping, exactly) of the JSON object obj starts with, and its
-// offset in obj; nil when there is none. obj must be valid JSON (the
-// callers check it with json.Valid): the walk below only finds the ends of
-// strings and values, it does not check them.
-func lastMember(obj []byte, name string) ([]byte, int) {
-	var val []byte
-	var at int
+// after unescaping, exactly) of the JSON object obj starts with, its offset
+// in obj (nil when there is none), and the object's nesting depth (1 for an
+// object of scalars). The walk only finds where strings and values end and
+// checks nothing else: on bytes that are not JSON it stops within obj with
+// a meaningless answer, and the caller's check of the whole answer
+// discards it.
+func lastMember(obj []byte, name string) (val []byte, at, depth int) {
+	depth = 1
 	i := skipSpace(obj, 1)
 	for i < len(obj) && obj[i] == '"' {
 		end := skipString(obj, i)
 		key := obj[i:end]
-		i = skipSpace(obj, skipSpace(obj, end)+1) // past the ':'
-		vend := skipValue(obj, i)
+		if i = skipSpace(obj, end); i < len(obj) {
+			i++ // the ':'
+		}
+		i = skipSpace(obj, i)
+		vend, d := skipValue(obj, i)
+		depth = max(depth, 1+d)
 		if memberNamed(key, name) {
 			val, at = obj[i:vend], i
 		}
-		i = skipSpace(obj, vend)
-		if i >= len(obj) || obj[i] != ',' {
+		if i = skipSpace(obj, vend); i >= len(obj) || obj[i] != ',' {
 			break
 		}
 		i = skipSpace(obj, i+1)
 	}
-	return val, at
+	return val, at, depth
 }
 
 // memberNamed reports whether the quoted member name reads as name.
@@ -330,36 +342,41 @@ func skipString(b []byte, i int) int {
 			return i + 1
 		}
 	}
-	return i
+	return len(b)
 }
 
-// skipValue returns the end of the valid JSON value that starts at b[i].
-func skipValue(b []byte, i int) int {
+// skipValue returns the end of the value that starts at b[i], and its
+// nesting depth (0 for a scalar).
+func skipValue(b []byte, i int) (end, depth int) {
+	if i >= len(b) {
+		return len(b), 0
+	}
 	switch b[i] {
 	case '"':
-		return skipString(b, i)
+		return skipString(b, i), 0
 	case '{', '[':
-		depth := 0
+		open := 0
 		for i < len(b) {
 			switch b[i] {
 			case '"':
 				i = skipString(b, i)
 				continue
 			case '{', '[':
-				depth++
+				open++
+				depth = max(depth, open)
 			case '}', ']':
-				if depth--; depth == 0 {
-					return i + 1
+				if open--; open == 0 {
+					return i + 1, depth
 				}
 			}
 			i++
 		}
-		return i
+		return len(b), depth
 	}
 	for i < len(b) && b[i] != ',' && b[i] != '}' && b[i] != ']' && b[i] != ' ' && b[i] != '\t' && b[i] != '\n' && b[i] != '\r' {
 		i++
 	}
-	return i
+	return i, 0
 }
 
 // deliver adds the settlement to the result's _meta (and PAYMENT-RESPONSE

@@ -82,6 +82,28 @@ var answerCases = []struct {
 	{`{"result":{}`, false, true},
 	{`data: {"result":{}}`, false, true},
 	{``, false, true},
+	// Bytes where one JSON validator might differ from encoding/json's:
+	// numbers, escapes, control characters, white space, literals.
+	{`{"result":{"n":01}}`, false, true},
+	{`{"result":{"n":1.}}`, false, true},
+	{`{"result":{"n":-}}`, false, true},
+	{`{"result":{"n":1e}}`, false, true},
+	{`{"result":{"n":.5}}`, false, true},
+	{`{"result":{"n":+1}}`, false, true},
+	{`{"result":{"n":-0.0e-0}}`, true, false},
+	{"{\"result\":{\"s\":\"a\x00b\"}}", false, true},
+	{"{\"result\":{\"s\":\"\xff\xfe\"}}", true, false},
+	{`{"result":{"s":"\u12"}}`, false, true},
+	{`{"result":{"s":"\ud800"}}`, true, false},
+	{`{"result":{"s":"\x"}}`, false, true},
+	{"{\"result\":{}\x0b}", false, true},
+	{"\x00{\"result\":{}}", false, true},
+	{`{"result":{},}`, false, true},
+	{`{"result":{"a":[1,]}}`, false, true},
+	{`{"result":{"isError":tru}}`, false, true},
+	{`{"result":{"isError":false}} x`, false, true},
+	{`nul`, false, true},
+	{` null `, false, false},
 }
 
 func TestToolSucceededReadsExactNames(t *testing.T) {
@@ -176,5 +198,33 @@ func TestMCPFreeAnswerIsReadWithExactNames(t *testing.T) {
 	}
 	if got := call(); served.Load() != 3 || !strings.Contains(got, "free_trial_exhausted") {
 		t.Fatalf("the day's unit was not taken by the success: served %d times, answered %.300s", served.Load(), got)
+	}
+}
+
+// encoding/json refuses an answer nested deeper than 10,000 levels, and so
+// does the gate, wherever the depth is: inside the result or in another
+// member, in arrays or objects.
+func TestToolSucceededRefusesWhatEncodingJSONNestsTooDeep(t *testing.T) {
+	nest := func(n int, open, close string) string {
+		return strings.Repeat(open, n) + strings.Repeat(close, n)
+	}
+	for _, c := range []struct {
+		name string
+		mk   func(n int) string
+	}{
+		{"arrays in the result", func(n int) string { return `{"result":{"x":` + nest(n-2, "[", "]") + `}}` }},
+		{"objects in the result", func(n int) string {
+			return `{"result":{"x":` + strings.Repeat(`{"a":`, n-2) + "1" + strings.Repeat("}", n-2) + `}}`
+		}},
+		{"arrays beside the result", func(n int) string { return `{"id":` + nest(n-1, "[", "]") + `,"result":{}}` }},
+	} {
+		for _, n := range []int{maxAnswerDepth, maxAnswerDepth + 1} {
+			answer := []byte(c.mk(n))
+			ok, err := toolSucceeded(answer)
+			rok, rerr := answerMembersReference(answer)
+			if ok != rok || (err != nil) != (rerr != nil) || (n > maxAnswerDepth) != (err != nil) {
+				t.Errorf("%s, depth %d: ok %v, err %v; encoding/json reads ok %v, err %v", c.name, n, ok, err, rok, rerr)
+			}
+		}
 	}
 }
