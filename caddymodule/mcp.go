@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"maps"
@@ -9,6 +10,7 @@ import (
 	"strconv"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	sjson "github.com/segmentio/encoding/json"
 
 	"github.com/aovhq/aov/apierr"
 	"github.com/aovhq/aov/receipt"
@@ -92,7 +94,6 @@ func (g *Gate) serveMCP(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 			return ex.refuse(w, r, apierr.Internal(err))
 		}
 		setBody(r, stripped)
-		ex.paid = true
 		return g.servePaid(w, r, next, ex, payload, string(canon))
 	}
 	if g.Free != nil && int64(read.size) <= g.Free.MaxBody {
@@ -118,12 +119,6 @@ type mcpExchange struct {
 	id   json.RawMessage
 	tool string
 	requestCheck
-	// paid: the call carries a payment. billable then reads the answer
-	// member by member (answerMembers) and keeps that reading, of the
-	// answer held in read, for deliver.
-	paid         bool
-	read         *bufferedWriter
-	resp, result map[string]json.RawMessage
 }
 
 func (e *mcpExchange) demand(w http.ResponseWriter, r *http.Request, _ int, msg, reason string, failed *x402.SettleResponse) error {
@@ -211,32 +206,17 @@ func (e *mcpExchange) toolError(w http.ResponseWriter, r *http.Request, ae *apie
 // gate must not release what it cannot tell was a success, and must not
 // charge for it either.
 //
-// A paid call's answer is read with exact member names (answerMembers),
-// as the buyer's client reads it: encoding/json matches struct fields in
-// any letter case and keeps the last, so {"isError":true,"IsError":false}
-// would be a success to a struct and an error to the client. The free path
-// keeps the struct (one decode instead of two, about half the CPU of
-// reading the answer) for what is at most a free call given back.
+// Free and paid calls read the answer one way (toolSucceeded): with exact
+// member names, as the buyer's client reads it. encoding/json's struct
+// matching takes a field in any letter case and keeps the last, so
+// {"isError":true,"IsError":false} would be a success to a struct and an
+// error to the client.
 func (e *mcpExchange) billable(bw *bufferedWriter) bool {
 	if bw.status() >= 400 {
 		return false
 	}
-	var ok bool
-	var err error
-	if e.paid {
-		e.resp, e.result, ok, err = answerMembers(bw.buf.Bytes())
-		e.read = bw
-	} else {
-		var resp struct {
-			Result *struct {
-				IsError bool `json:"isError"`
-			} `json:"result"`
-		}
-		err = json.Unmarshal(bw.buf.Bytes(), &resp)
-		ok = err == nil && resp.Result != nil && !resp.Result.IsError
-	}
+	ok, err := toolSucceeded(bw.buf.Bytes())
 	if err != nil {
-		e.read = nil
 		bw.buf.Reset()
 		bw.header.Set("Content-Type", "application/json")
 		body, _ := json.Marshal(rpcError(e.id, rpcInternalError, &apierr.Error{
@@ -251,51 +231,168 @@ func (e *mcpExchange) billable(bw *bufferedWriter) bool {
 	return ok
 }
 
-// answerMembers reads a JSON-RPC answer's members and its result's, with
-// exact names (the last of duplicates, as JSON.parse keeps), and reports
-// whether it is a successful tool result: a result object whose isError is
-// absent, false or null. An answer that is not JSON, a result that is not
-// an object or null, or an isError that is not a boolean or null is an
-// error (unreadable); null, an answer without a result (a JSON-RPC error)
-// and isError true are readable and not successful.
-func answerMembers(body []byte) (resp, result map[string]json.RawMessage, ok bool, err error) {
-	if err = json.Unmarshal(body, &resp); err != nil || resp == nil {
-		return nil, nil, false, err
+// toolSucceeded reports whether a JSON-RPC answer is a successful tool
+// result: a result object whose isError is absent, false or null. An answer
+// that is not JSON, not an object or null, a result that is not an object or
+// null, or an isError that is not a boolean or null is an error
+// (unreadable); null, an answer without a result (a JSON-RPC error) and
+// isError true are readable and not successful. It reads what encoding/json
+// reads into maps of raw members (exact names, the last of duplicates, as
+// JSON.parse keeps; FuzzToolSucceeded holds it to that) without decoding
+// anything and allocating nothing: the answer is a 4.7 KB signed document,
+// and decoding it was half of the gate's CPU on a free MCP call.
+func toolSucceeded(body []byte) (bool, error) {
+	result, _, err := answerResult(body)
+	if err != nil || result == nil || string(result) == "null" {
+		return false, err
 	}
-	raw, has := resp["result"]
-	if !has || string(raw) == "null" {
-		return resp, nil, false, nil
+	if result[0] != '{' {
+		return false, errors.New("the result is not an object")
 	}
-	if err = json.Unmarshal(raw, &result); err != nil {
-		return nil, nil, false, err
-	}
-	switch v := string(result["isError"]); v {
+	switch v, _, _ := lastMember(result, "isError"); string(v) {
 	case "", "false", "null":
-		return resp, result, true, nil
+		return true, nil
 	case "true":
-		return resp, result, false, nil
+		return false, nil
 	default:
-		return nil, nil, false, errors.New("isError is not a boolean")
+		return false, errors.New("isError is not a boolean")
 	}
 }
 
-// deliver adds the settlement to the result's _meta (and PAYMENT-RESPONSE
-// to the HTTP answer) and writes it. The answer is read as billable reads
-// it (encoding/json) and written back member by member, each value as it
-// was read, with only result._meta rewritten: the document is not encoded
-// again (json.Marshal of maps of raw members compacts every member once
-// more at each level, which cost more than reading the answer;
-// BenchmarkMCPDeliver).
-func (e *mcpExchange) deliver(w http.ResponseWriter, bw *bufferedWriter, sr x402.SettleResponse) {
-	resp, result := e.resp, e.result
-	if e.read != bw { // an answer billable has not read (a saved or resolved one)
-		resp, result = nil, nil
-		if json.Unmarshal(bw.buf.Bytes(), &resp) != nil || json.Unmarshal(resp["result"], &result) != nil {
-			result = nil
+// maxAnswerDepth is encoding/json's limit on nesting: an answer nested
+// deeper is not JSON to it, so not to the gate either.
+const maxAnswerDepth = 10000
+
+// answerResult returns the value of a JSON-RPC answer's result member, and
+// its offset in body; nil when the answer is null or has no result. It is an
+// error when the answer is not JSON or not an object or null. The members
+// are found by a walk that only finds where strings and values end, then
+// the whole answer is checked to be JSON by segmentio/encoding's
+// validator (the MCP SDK's JSON library; a quarter of encoding/json's
+// Valid's CPU on this answer), which has no nesting limit of its own: the
+// walk measures the depth first.
+func answerResult(body []byte) ([]byte, int, error) {
+	i := skipSpace(body, 0)
+	if i == len(body) || body[i] != '{' {
+		if i < len(body) && body[i] == 'n' && sjson.Valid(body) {
+			return nil, 0, nil
+		}
+		return nil, 0, errors.New("the answer is not a JSON object")
+	}
+	v, at, depth := lastMember(body[i:], "result")
+	if depth > maxAnswerDepth || !sjson.Valid(body) {
+		return nil, 0, errors.New("the answer is not JSON")
+	}
+	return v, i + at, nil
+}
+
+// lastMember returns the value of the last member named name (compared
+// after unescaping, exactly) of the JSON object obj starts with, its offset
+// in obj (nil when there is none), and the object's nesting depth (1 for an
+// object of scalars). The walk only finds where strings and values end and
+// checks nothing else: on bytes that are not JSON it stops within obj with
+// a meaningless answer, and the caller's check of the whole answer
+// discards it.
+func lastMember(obj []byte, name string) (val []byte, at, depth int) {
+	depth = 1
+	i := skipSpace(obj, 1)
+	for i < len(obj) && obj[i] == '"' {
+		end := skipString(obj, i)
+		key := obj[i:end]
+		if i = skipSpace(obj, end); i < len(obj) {
+			i++ // the ':'
+		}
+		i = skipSpace(obj, i)
+		vend, d := skipValue(obj, i)
+		depth = max(depth, 1+d)
+		if memberNamed(key, name) {
+			val, at = obj[i:vend], i
+		}
+		if i = skipSpace(obj, vend); i >= len(obj) || obj[i] != ',' {
+			break
+		}
+		i = skipSpace(obj, i+1)
+	}
+	return val, at, depth
+}
+
+// memberNamed reports whether the quoted member name reads as name.
+func memberNamed(quoted []byte, name string) bool {
+	if bytes.IndexByte(quoted, '\\') < 0 {
+		return len(quoted) == len(name)+2 && string(quoted[1:len(quoted)-1]) == name
+	}
+	var s string
+	return json.Unmarshal(quoted, &s) == nil && s == name
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// skipString returns the end of the string that starts at b[i].
+func skipString(b []byte, i int) int {
+	for i++; i < len(b); i++ {
+		switch b[i] {
+		case '\\':
+			i++
+		case '"':
+			return i + 1
 		}
 	}
-	e.read, e.resp, e.result = nil, nil, nil
-	if result != nil {
+	return len(b)
+}
+
+// skipValue returns the end of the value that starts at b[i], and its
+// nesting depth (0 for a scalar).
+func skipValue(b []byte, i int) (end, depth int) {
+	if i >= len(b) {
+		return len(b), 0
+	}
+	switch b[i] {
+	case '"':
+		return skipString(b, i), 0
+	case '{', '[':
+		open := 0
+		for i < len(b) {
+			switch b[i] {
+			case '"':
+				i = skipString(b, i)
+				continue
+			case '{', '[':
+				open++
+				depth = max(depth, open)
+			case '}', ']':
+				if open--; open == 0 {
+					return i + 1, depth
+				}
+			}
+			i++
+		}
+		return len(b), depth
+	}
+	for i < len(b) && b[i] != ',' && b[i] != '}' && b[i] != ']' && b[i] != ' ' && b[i] != '\t' && b[i] != '\n' && b[i] != '\r' {
+		i++
+	}
+	return i, 0
+}
+
+// deliver adds the settlement to the result's _meta (and PAYMENT-RESPONSE
+// to the HTTP answer) and writes it. The result is found as billable finds
+// it (answerResult), read into raw members and written back in its place,
+// member by member, each value as it was read, with only _meta rewritten:
+// the rest of the answer is copied byte for byte and nothing is encoded
+// again (json.Marshal of maps of raw members compacts every member once
+// more at each level, which cost more than reading the answer;
+// BenchmarkMCPDeliver). An answer without a result object is written
+// unchanged.
+func (e *mcpExchange) deliver(w http.ResponseWriter, bw *bufferedWriter, sr x402.SettleResponse) {
+	body := bw.buf.Bytes()
+	var result map[string]json.RawMessage
+	raw, at, err := answerResult(body)
+	if err == nil && raw != nil && json.Unmarshal(raw, &result) == nil && result != nil {
 		var meta map[string]json.RawMessage
 		if raw, ok := result["_meta"]; ok {
 			json.Unmarshal(raw, &meta)
@@ -307,10 +404,12 @@ func (e *mcpExchange) deliver(w http.ResponseWriter, bw *bufferedWriter, sr x402
 			meta[mcpMetaPaymentResponse] = b
 		}
 		result["_meta"] = appendMembers(nil, meta)
-		resp["result"] = appendMembers(make([]byte, 0, len(resp["result"])+len(result["_meta"])+16), result)
-		body := appendMembers(make([]byte, 0, bw.buf.Len()+len(result["_meta"])+16), resp)
+		out := make([]byte, 0, len(body)+len(result["_meta"])+16)
+		out = append(out, body[:at]...)
+		out = appendMembers(out, result)
+		out = append(out, body[at+len(raw):]...)
 		bw.buf.Reset()
-		bw.buf.Write(body)
+		bw.buf.Write(out)
 	}
 	e.g.setPaidHeaders(w.Header(), sr)
 	bw.replay(w)

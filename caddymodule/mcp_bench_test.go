@@ -99,13 +99,46 @@ func BenchmarkMCPDeliver(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				e := &mcpExchange{g: &Gate{}, paid: true}
+				e := &mcpExchange{g: &Gate{}}
 				bw := &bufferedWriter{header: http.Header{"Content-Type": {"application/json"}}, code: 200,
 					buf: bytes.NewBuffer(append([]byte(nil), mcpBenchAnswer...)), limit: 1 << 20, held: true}
 				if judge && !e.billable(bw) {
 					b.Fatal("not billable")
 				}
 				e.deliver(httptest.NewRecorder(), bw, sr)
+			}
+		})
+	}
+}
+
+// BenchmarkMCPAnswerRead is the judging of verifierd's held verify_schema
+// answer alone, three ways: "struct" is encoding/json into a struct (the
+// free path's reading before toolSucceeded: any letter case), "members"
+// encoding/json into maps of raw members (the paid path's before, and
+// toolSucceeded's reference), "walk" toolSucceeded.
+func BenchmarkMCPAnswerRead(b *testing.B) {
+	for _, c := range []struct {
+		name string
+		read func([]byte) (bool, error)
+	}{
+		{"struct", func(body []byte) (bool, error) {
+			var resp struct {
+				Result *struct {
+					IsError bool `json:"isError"`
+				} `json:"result"`
+			}
+			err := json.Unmarshal(body, &resp)
+			return err == nil && resp.Result != nil && !resp.Result.IsError, err
+		}},
+		{"members", answerMembersReference},
+		{"walk", toolSucceeded},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if ok, err := c.read(mcpBenchAnswer); !ok || err != nil {
+					b.Fatal(ok, err)
+				}
 			}
 		})
 	}

@@ -208,7 +208,8 @@ func TestLoadScript(t *testing.T) {
 	}
 	for _, want := range []string{"starting a stack of its own", "caddy CPU/req", "verifierd CPU/req", "certd CPU/req",
 		"free", "baseline", "direct", "mcp", "paid", "facilitator", "the plain reverse_proxy", "stopping the stack it started",
-		"facilitator: its own process", "facilitator CPU/req", "gateway caddy CPU/req"} {
+		"facilitator: its own process", "facilitator CPU/req", "gateway caddy CPU/req",
+		"mcp-baseline", "the plain reverse_proxy carrying the same MCP call", "the MCP transport's own cost"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}

@@ -92,6 +92,12 @@ func TestBaselineAdapts(t *testing.T) {
 	if len(warn) > 0 {
 		t.Errorf("warnings: %v", warn)
 	}
+	// One reverse_proxy for the whole site, no path matcher: /mcp reaches
+	// verifierd as /verify/schema does, as the gateway's @mcp route sends
+	// it (the mcp-baseline scenario).
+	if strings.Contains(string(cfg), `"path":`) {
+		t.Errorf("the baseline routes by path, so some path may not reach verifierd as through the gateway:\n%s", cfg)
+	}
 	for _, want := range []string{`"read_header_timeout":5000000000`, `"listen":["127.0.0.1:8090"]`, `"response_header_timeout":15000000000`, `"filename":"./data/logs/access.log"`, `"handler":"reverse_proxy"`} {
 		if !strings.Contains(string(cfg), want) {
 			t.Errorf("adapted config lacks %s:\n%s", want, cfg)

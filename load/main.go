@@ -11,6 +11,10 @@
 //	baseline     the same through a plain Caddy reverse_proxy to the same verifierd
 //	direct       the same straight to verifierd
 //	mcp          the MCP tool verify_schema through the gateway
+//	mcp-baseline the same MCP call through the plain reverse_proxy: what the
+//	             gateway's MCP path is compared with, since MCP (JSON-RPC over
+//	             Streamable HTTP, the MCP SDK in verifierd) costs verifierd
+//	             more than the REST call does whatever the gate does
 //	paid         POST /verify/schema through the gateway with a fresh x402
 //	             payment per request, verified and settled on the devnet
 //	             (its rate is the devnet's: one block a second)
@@ -75,7 +79,7 @@ const (
 )
 
 // Scenario names, in the order they run.
-var allScenarios = []string{"free", "baseline", "direct", "mcp", "paid", "facilitator"}
+var allScenarios = []string{"free", "baseline", "direct", "mcp", "mcp-baseline", "paid", "facilitator"}
 
 func main() {
 	if err := run(os.Args[1:], os.Stdout); err != nil {
@@ -197,7 +201,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 // targetOf is the base URL a scenario talks to, nil when it is not set.
 func (cfg config) targetOf(scenario string) *url.URL {
 	switch scenario {
-	case "baseline":
+	case "baseline", "mcp-baseline":
 		return cfg.baseline
 	case "direct":
 		return cfg.direct
@@ -511,7 +515,7 @@ func prepare(ctx context.Context, client *http.Client, cfg config, scenario stri
 			next:  func(ctx context.Context) (*http.Request, error) { return post(ctx, endpoint, cfg.body, nil) },
 			check: want200,
 		}, nil
-	case "mcp":
+	case "mcp", "mcp-baseline":
 		endpoint := base.JoinPath("/mcp").String()
 		call := fmt.Appendf(nil, `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"verify_schema","arguments":%s}}`, bytes.TrimSpace(cfg.body))
 		return workload{
@@ -718,25 +722,74 @@ func reportCores(w io.Writer, results []stats, procs []proc, cores int) {
 	}
 	for _, c := range cs {
 		base, hasBase := find("baseline", c)
-		for _, name := range []string{"free", "mcp"} {
-			s, ok := find(name, c)
-			if !ok {
-				continue
-			}
-			line := fmt.Sprintf("%s at %d: %.0f req/s", name, c, s.rate())
+		if s, ok := find("free", c); ok {
+			line := fmt.Sprintf("free at %d: %.0f req/s", c, s.rate())
 			if hasBase {
 				line += fmt.Sprintf(", %.2fx the plain reverse_proxy (target >= 0.9x)", s.rate()/base.rate())
 			}
 			line += fmt.Sprintf(", %.2fx of 2.5 x 1,080 req/s", s.rate()/targetRate)
 			fmt.Fprintln(w, line)
 		}
+		if line, ok := mcpLine(results, c); ok {
+			fmt.Fprintln(w, line)
+		}
 		if d, ok := find("direct", c); ok && hasBase {
 			fmt.Fprintf(w, "baseline at %d: %.2fx direct to verifierd\n", c, base.rate()/d.rate())
+		}
+		if line, ok := transportLine(results, c); ok {
+			fmt.Fprintln(w, line)
 		}
 		if line, ok := paidLine(results, c); ok {
 			fmt.Fprintln(w, line)
 		}
 	}
+}
+
+// mcpLine compares the gateway's MCP path with the plain reverse_proxy
+// carrying the same MCP call (mcp-baseline): both pay verifierd's MCP
+// transport, so the ratio is the gate's cost alone, by rate and by Caddy's
+// CPU per call. Without mcp-baseline it falls back to the REST baseline and
+// says that the ratio then includes the transport.
+func mcpLine(results []stats, c int) (string, bool) {
+	s, ok := phaseOf(results, "mcp", c)
+	if !ok {
+		return "", false
+	}
+	line := fmt.Sprintf("mcp at %d: %.0f req/s", c, s.rate())
+	mb, proxied := phaseOf(results, "mcp-baseline", c)
+	if proxied {
+		line += fmt.Sprintf(", %.2fx the plain reverse_proxy carrying the same MCP call (target >= 0.9x)", s.rate()/mb.rate())
+	} else if base, ok := phaseOf(results, "baseline", c); ok {
+		line += fmt.Sprintf(", %.2fx the plain reverse_proxy carrying the REST call (the MCP transport's own cost included; run mcp-baseline for the gate's alone)", s.rate()/base.rate())
+	}
+	line += fmt.Sprintf(", %.2fx of 2.5 x 1,080 req/s", s.rate()/targetRate)
+	if proxied {
+		gc, ok1 := perRequest(s, "caddy")
+		bc, ok2 := perRequest(mb, "baseline")
+		if ok1 && ok2 && gc > 0 {
+			line += fmt.Sprintf("; gateway caddy CPU/req %.0fµs against the plain reverse_proxy's %.0fµs for the same call (%.2fx)", gc, bc, bc/gc)
+		}
+	}
+	return line, true
+}
+
+// transportLine is what MCP itself costs, gate aside: the same verification
+// as an MCP tools/call and as a REST request, both through the plain
+// reverse_proxy, by rate and by verifierd's CPU per call (the difference is
+// mostly the MCP SDK's work in verifierd).
+func transportLine(results []stats, c int) (string, bool) {
+	mb, ok1 := phaseOf(results, "mcp-baseline", c)
+	base, ok2 := phaseOf(results, "baseline", c)
+	if !ok1 || !ok2 {
+		return "", false
+	}
+	line := fmt.Sprintf("mcp-baseline at %d: %.0f req/s, %.2fx the REST baseline: the MCP transport's own cost", c, mb.rate(), mb.rate()/base.rate())
+	mv, ok1 := perRequest(mb, "verifierd")
+	rv, ok2 := perRequest(base, "verifierd")
+	if ok1 && ok2 {
+		line += fmt.Sprintf(" (verifierd CPU/req %.0fµs over MCP against %.0fµs over REST, +%.0fµs)", mv, rv, mv-rv)
+	}
+	return line, true
 }
 
 // paidLine says what a paid call costs the gateway at c connections. Its

@@ -86,7 +86,7 @@ func TestParseFlags(t *testing.T) {
 		conns     []int
 	}{
 		{"the defaults measure the gateway and verifierd at 8 and 32", nil, "", []string{"free", "direct", "mcp", "paid", "facilitator"}, []int{8, 32}},
-		{"a baseline adds its scenario", []string{"-baseline", "http://127.0.0.1:8090"}, "", []string{"free", "baseline", "direct", "mcp", "paid", "facilitator"}, []int{8, 32}},
+		{"a baseline adds its scenario", []string{"-baseline", "http://127.0.0.1:8090"}, "", []string{"free", "baseline", "direct", "mcp", "mcp-baseline", "paid", "facilitator"}, []int{8, 32}},
 		{"an empty -direct measures the gateway only", []string{"-direct", "", "-c", "4"}, "", []string{"free", "mcp", "paid", "facilitator"}, []int{4}},
 		{"scenarios can be chosen", []string{"-scenarios", "free,direct", "-c", "1,2,3"}, "", []string{"free", "direct"}, []int{1, 2, 3}},
 		{"an unknown scenario is refused", []string{"-scenarios", "free,nope"}, "unknown scenario", nil, nil},
@@ -341,5 +341,44 @@ func TestReportPaidWithARemoteFacilitator(t *testing.T) {
 		if strings.HasPrefix(strings.TrimSpace(line), idleName+" ") {
 			t.Errorf("the idle phase has a table row: %q", line)
 		}
+	}
+}
+
+// The MCP path is compared with the plain reverse_proxy carrying the same
+// MCP call, by rate and by Caddy's CPU per call, and the MCP transport's
+// own cost (the same call over MCP and over REST, both through the plain
+// proxy) is printed apart; without mcp-baseline the MCP line says that its
+// ratio includes the transport.
+func TestReportMCPAgainstTheSameCallProxied(t *testing.T) {
+	mk := func(name string, n int, cpu map[string]time.Duration) stats {
+		s := stats{name: name, concurrency: 8, requests: n, elapsed: time.Second, cpu: cpu}
+		for range n {
+			s.lat = append(s.lat, time.Millisecond)
+		}
+		return s
+	}
+	procs := []proc{{name: "caddy", pid: 1}, {name: "verifierd", pid: 2}, {name: "baseline", pid: 3}}
+	baseline := mk("baseline", 2000, map[string]time.Duration{"caddy": 0, "verifierd": 400 * time.Millisecond, "baseline": 500 * time.Millisecond})
+	gateway := mk("mcp", 1000, map[string]time.Duration{"caddy": 600 * time.Millisecond, "verifierd": 550 * time.Millisecond, "baseline": 0})
+	proxied := mk("mcp-baseline", 1100, map[string]time.Duration{"caddy": 0, "verifierd": 605 * time.Millisecond, "baseline": 330 * time.Millisecond})
+	var out bytes.Buffer
+	reportCores(&out, []stats{baseline, gateway, proxied}, procs, 2)
+	for _, want := range []string{
+		"mcp at 8: 1000 req/s, 0.91x the plain reverse_proxy carrying the same MCP call (target >= 0.9x), 0.37x of 2.5 x 1,080 req/s; gateway caddy CPU/req 600µs against the plain reverse_proxy's 300µs for the same call (0.50x)",
+		"mcp-baseline at 8: 1100 req/s, 0.55x the REST baseline: the MCP transport's own cost (verifierd CPU/req 550µs over MCP against 200µs over REST, +350µs)",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, out.String())
+		}
+	}
+	if strings.Contains(out.String(), "carrying the REST call") {
+		t.Errorf("the MCP line is set against the REST call although the same MCP call was proxied:\n%s", out.String())
+	}
+
+	out.Reset()
+	reportCores(&out, []stats{baseline, gateway}, procs, 2)
+	want := "mcp at 8: 1000 req/s, 0.50x the plain reverse_proxy carrying the REST call (the MCP transport's own cost included; run mcp-baseline for the gate's alone), 0.37x of 2.5 x 1,080 req/s"
+	if !strings.Contains(out.String(), want) || strings.Contains(out.String(), "mcp-baseline at 8") {
+		t.Errorf("report lacks %q or has a transport line without mcp-baseline:\n%s", want, out.String())
 	}
 }
