@@ -251,15 +251,7 @@ func BenchmarkPaidCallDevnet(b *testing.B) {
 // store Badger without fsync. BenchmarkUpstreamDirect is the same handler
 // without the gate; the difference is the gate's own cost per paid call.
 func BenchmarkGatePaidDirect(b *testing.B) {
-	db, err := store.Open(b.TempDir(), store.Options{NoSync: true})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { db.Close() })
-	usdc, _ := x402.USDC(x402.NetworkBase)
-	offer := x402.PaymentRequirements{Scheme: "exact", Network: x402.NetworkBase, Amount: "20000", Asset: usdc.Address, PayTo: "0x1111111111111111111111111111111111111111", MaxTimeoutSeconds: 60, Extra: usdc.Extra()}
-	g := &Gate{Settle: "after", MaxBuffer: defaultMaxBuffer, MaxBody: defaultMaxBody,
-		facilitator: instantFacilitator{}, state: directStore{db}, offers: []x402.PaymentRequirements{offer}, logger: zap.NewNop()}
+	g, offer := directGate(b, store.Options{NoSync: true}, nil)
 	headers := make([]string, b.N)
 	for i := range headers {
 		headers[i] = signHeader(b, 1, offer, "http://example.com")
@@ -290,18 +282,7 @@ func BenchmarkGateFreeDirectBatched(b *testing.B) {
 }
 
 func benchGateFreeDirect(b *testing.B, opts store.Options) {
-	db, err := store.Open(b.TempDir(), opts)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { db.Close() })
-	usdc, _ := x402.USDC(x402.NetworkBase)
-	offer := x402.PaymentRequirements{Scheme: "exact", Network: x402.NetworkBase, Amount: "20000", Asset: usdc.Address, PayTo: "0x1111111111111111111111111111111111111111", MaxTimeoutSeconds: 60, Extra: usdc.Extra()}
-	g := &Gate{Settle: "after", MaxBuffer: defaultMaxBuffer, MaxBody: defaultMaxBody, UpstreamTimeout: caddy.Duration(defaultUpstreamTimeout),
-		facilitator: instantFacilitator{}, state: directStore{db}, offers: []x402.PaymentRequirements{offer}, logger: zap.NewNop(),
-		verifier: verify.New(verify.Config{MaxBodyBytes: defaultMaxBody, SchemaCacheSize: gateSchemaCache}),
-		Free:     &FreeAllowance{PerDay: 1 << 30}}
-	g.Free.provision()
+	g, _ := directGate(b, opts, func(g *Gate) { g.Free = &FreeAllowance{PerDay: 1 << 30} })
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -424,4 +405,30 @@ func processCPU() time.Duration {
 	var ru syscall.Rusage
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// directGate is a gate called in process, as the Direct benchmarks and the
+// MCP answer tests run it: a store of its own in Badger (opts), the instant
+// facilitator, one offer of 0.02 USDC on Base, the verify_request
+// validator on, as in Caddyfile.example. set adjusts it (a free allowance,
+// an MCP tool) before its allowance is provisioned.
+func directGate(tb testing.TB, opts store.Options, set func(*Gate)) (*Gate, x402.PaymentRequirements) {
+	tb.Helper()
+	db, err := store.Open(tb.TempDir(), opts)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { db.Close() })
+	usdc, _ := x402.USDC(x402.NetworkBase)
+	offer := x402.PaymentRequirements{Scheme: "exact", Network: x402.NetworkBase, Amount: "20000", Asset: usdc.Address, PayTo: "0x1111111111111111111111111111111111111111", MaxTimeoutSeconds: 60, Extra: usdc.Extra()}
+	g := &Gate{Settle: "after", MaxBuffer: defaultMaxBuffer, MaxBody: defaultMaxBody, UpstreamTimeout: caddy.Duration(defaultUpstreamTimeout),
+		facilitator: instantFacilitator{}, state: directStore{db}, offers: []x402.PaymentRequirements{offer}, logger: zap.NewNop(),
+		verifier: verify.New(verify.Config{MaxBodyBytes: defaultMaxBody, SchemaCacheSize: gateSchemaCache})}
+	if set != nil {
+		set(g)
+	}
+	if g.Free != nil {
+		g.Free.provision()
+	}
+	return g, offer
 }

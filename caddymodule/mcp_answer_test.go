@@ -12,13 +12,9 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"go.uber.org/zap"
 
 	"github.com/aovhq/aov/store"
-	"github.com/aovhq/aov/verify"
-	"github.com/aovhq/aov/x402"
 )
 
 // answerMembersReference is the reading toolSucceeded must agree with:
@@ -162,18 +158,9 @@ func TestMCPFreeAnswerIsReadWithExactNames(t *testing.T) {
 		_, err := io.WriteString(w, answer.Load().(string))
 		return err
 	})
-	db, err := store.Open(t.TempDir(), store.Options{NoSync: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	usdc, _ := x402.USDC(x402.NetworkBase)
-	offer := x402.PaymentRequirements{Scheme: "exact", Network: x402.NetworkBase, Amount: "20000", Asset: usdc.Address, PayTo: "0x1111111111111111111111111111111111111111", MaxTimeoutSeconds: 60, Extra: usdc.Extra()}
-	g := &Gate{Settle: "after", MaxBuffer: defaultMaxBuffer, MaxBody: defaultMaxBody, UpstreamTimeout: caddy.Duration(defaultUpstreamTimeout),
-		MCPTool: "verify_schema", facilitator: instantFacilitator{}, state: directStore{db}, offers: []x402.PaymentRequirements{offer}, logger: zap.NewNop(),
-		verifier: verify.New(verify.Config{MaxBodyBytes: defaultMaxBody, SchemaCacheSize: gateSchemaCache}),
-		Free:     &FreeAllowance{PerDay: 1}}
-	g.Free.provision()
+	g, _ := directGate(t, store.Options{NoSync: true}, func(g *Gate) {
+		g.MCPTool, g.Free = "verify_schema", &FreeAllowance{PerDay: 1}
+	})
 	call := func() string {
 		t.Helper()
 		r := httptest.NewRequest(http.MethodPost, "http://example.com/mcp", bytes.NewReader(body))
