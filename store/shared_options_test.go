@@ -102,7 +102,7 @@ func TestSharedOptionsThatMayDiffer(t *testing.T) {
 		}
 	}
 	for opts, option := range map[*Options]string{
-		{InMemory: true}:             "InMemory",
+		{InMemory: true}:              "InMemory",
 		{ReservationTTL: time.Minute}: "ReservationTTL",
 	} {
 		_, err := Shared(dir, *opts)
