@@ -31,7 +31,9 @@ type BadgerStore struct {
 	Path string `json:"path,omitempty"`
 	// NoSync skips the fsync after each commit: faster, but a power loss
 	// can forget the last counters and claims (the chain still refuses a
-	// second settlement of one authorization).
+	// second settlement of one authorization). It is the database's: every
+	// store naming this folder must set it alike, and changing it takes a
+	// restart (provisioning refuses otherwise, see optionsConflict).
 	NoSync bool `json:"no_sync,omitempty"`
 	// AllowanceFlush batches the free-allowance counts: written together
 	// every interval instead of once per free call. Off (0) by default:
