@@ -59,7 +59,9 @@ func wantStoreConflict(t *testing.T, err error, dir string, asked, open bool) {
 // TestStoreOptionsRefusalAtLoad: two modules of one config naming one
 // folder, one with no_sync and one without, fail to load (whichever
 // provisions first opens the database; the other cannot have its no_sync).
-// Made to agree, the same config loads.
+// Made to agree, the same config loads: which also shows the refused
+// config gave back the reference its first module took, or the folder
+// would still be open without no_sync.
 func TestStoreOptionsRefusalAtLoad(t *testing.T) {
 	_, fac := sharedDevnet(t)
 	up := newUpstream(t)
