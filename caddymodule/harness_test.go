@@ -47,19 +47,26 @@ func startCaddy(t testing.TB, sites string) string {
 // the running Caddy as an operator's reload does.
 func loadCaddy(t testing.TB, port int, sites string) {
 	t.Helper()
-	cfg := fmt.Sprintf("{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n\thttp_port %d\n\tstorage file_system %s\n\tlog {\n\t\toutput discard\n\t}\n}\n", port, t.TempDir())
-	cfg += strings.NewReplacer("{port}", fmt.Sprint(port), "{data}", t.TempDir()).Replace(sites)
-	js, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cfg), map[string]any{"filename": "Caddyfile"})
-	if err != nil {
-		t.Fatalf("adapting Caddyfile: %v\n%s", err, cfg)
-	}
-	if err := caddy.Load(js, true); err != nil {
+	if err := tryLoadCaddy(t, port, sites); err != nil {
 		t.Fatalf("loading Caddy config: %v", err)
 	}
 	// A reload closes the old server's idle keep-alive connections; a
 	// request on one of those would be reset, so the client forgets them.
 	testClient.CloseIdleConnections()
 	waitServing(t, port)
+}
+
+// tryLoadCaddy is loadCaddy's load alone, for the tests of configs Caddy
+// must refuse: it returns caddy.Load's error.
+func tryLoadCaddy(t testing.TB, port int, sites string) error {
+	t.Helper()
+	cfg := fmt.Sprintf("{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n\thttp_port %d\n\tstorage file_system %s\n\tlog {\n\t\toutput discard\n\t}\n}\n", port, t.TempDir())
+	cfg += strings.NewReplacer("{port}", fmt.Sprint(port), "{data}", t.TempDir()).Replace(sites)
+	js, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cfg), map[string]any{"filename": "Caddyfile"})
+	if err != nil {
+		t.Fatalf("adapting Caddyfile: %v\n%s", err, cfg)
+	}
+	return caddy.Load(js, true)
 }
 
 // waitServing waits until a request on a new connection to port gets an

@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"path/filepath"
@@ -30,7 +31,9 @@ type BadgerStore struct {
 	Path string `json:"path,omitempty"`
 	// NoSync skips the fsync after each commit: faster, but a power loss
 	// can forget the last counters and claims (the chain still refuses a
-	// second settlement of one authorization).
+	// second settlement of one authorization). It is the database's: every
+	// store naming this folder must set it alike, and changing it takes a
+	// restart (provisioning refuses otherwise, see optionsConflict).
 	NoSync bool `json:"no_sync,omitempty"`
 	// AllowanceFlush batches the free-allowance counts: written together
 	// every interval instead of once per free call. Off (0) by default:
@@ -65,11 +68,34 @@ func (s *BadgerStore) Provision(ctx caddy.Context) error {
 		AllowanceFlushUnits: s.AllowanceFlushUnits,
 		Logger:              slog.New(zapslog.NewHandler(ctx.Logger().Core())),
 	})
+	var conflict *store.OptionsConflictError
+	if errors.As(err, &conflict) {
+		return optionsConflict(conflict)
+	}
 	if err != nil {
 		return fmt.Errorf("opening gateway store at %s: %v", s.Path, err)
 	}
 	s.db = db
 	return nil
+}
+
+// badgerOptionNames spells store.Options fields as this module's
+// directives; store.OptionsConflictError names the field.
+var badgerOptionNames = map[string]string{"NoSync": "no_sync"}
+
+// optionsConflict is the provisioning error for a store whose options the
+// database already open in its folder cannot take (see store.Shared): every
+// module naming one folder gets the one open database, so they must agree,
+// and the database stays open while the running config holds it.
+func optionsConflict(c *store.OptionsConflictError) error {
+	name := badgerOptionNames[c.Option]
+	if name == "" {
+		name = c.Option
+	}
+	return fmt.Errorf("gateway store at %s: %s is %v here, but the database in that folder is already open with %s %v "+
+		"(by another module of this config, or by the running config): every store naming one folder must set %s alike, "+
+		"so make the modules agree; to change %s, restart Caddy (a reload cannot reopen a database the running config holds)",
+		c.Dir, name, c.Asked, name, c.Open, name, name)
 }
 
 // Cleanup drops this config's reference; the last one closes the database.

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"fmt"
 	"sync"
 )
 
@@ -23,9 +24,11 @@ type sharedDB struct {
 // It exists because Badger locks its directory while a server reloading its
 // configuration (Caddy provisions the new config before cleaning up the old)
 // needs the same database open in both generations at once. The options of
-// the first opener win (changing them takes a restart, not a reload),
-// except the free allowance's AllowanceFlush and AllowanceFlushUnits: each
-// handle commits the shared counts as its own options say. A
+// the open database cannot change, so a handle that asks for different
+// ones (see mustAgree) is refused with an *OptionsConflictError and the open
+// database is left as it was: changing them takes a restart, not a reload.
+// The free allowance's AllowanceFlush and AllowanceFlushUnits may differ:
+// each handle commits the shared counts as its own options say. A
 // Caddy module may use this or keep a *DB from Open in a caddy.UsagePool
 // (DB has the Destruct method the pool calls); both count the same way.
 func Shared(dir string, opts Options) (*DB, error) {
@@ -36,7 +39,11 @@ func Shared(dir string, opts Options) (*DB, error) {
 	shared.Lock()
 	defer shared.Unlock()
 	s, ok := shared.dbs[key]
-	if !ok {
+	if ok {
+		if err := agree(key, s.db.opts, opts); err != nil {
+			return nil, err
+		}
+	} else {
 		// The opener's own allowance handle is never given out: each
 		// handle below commits counts as its own options ask.
 		base := opts
@@ -67,4 +74,72 @@ func Shared(dir string, opts Options) (*DB, error) {
 		return err
 	}
 	return &handle, nil
+}
+
+// OptionsConflictError refuses a Shared handle whose options differ from
+// those the database in Dir was opened with, in an option that is fixed for
+// the database's lifetime (see mustAgree).
+type OptionsConflictError struct {
+	Dir    string // the database folder, absolute
+	Option string // the Options field
+	Open   any    // its value in the open database
+	Asked  any    // its value in the refused handle
+}
+
+func (e *OptionsConflictError) Error() string {
+	return fmt.Sprintf("store: %s is already open with %s %v, this handle asks for %s %v: "+
+		"every user of one folder must ask for the same %s; changing it takes a restart "+
+		"(the database stays open while anyone holds it, so a configuration reload cannot reopen it)",
+		e.Dir, e.Option, e.Open, e.Option, e.Asked, e.Option)
+}
+
+// namedOption is one Options field's value, by field name.
+type namedOption struct {
+	name  string
+	value any
+}
+
+// mustAgree lists the options fixed when the database opens, which every
+// Shared handle on it must therefore ask for alike:
+//   - NoSync decides whether the write-ahead log exists, and so whether
+//     every write through any handle is durable: one handle cannot have it
+//     otherwise.
+//   - InMemory decides whether there is a folder at all.
+//   - ReservationTTL is kept by the one set of allowance counts every handle
+//     shares (a reservation made through one handle is released or lapses
+//     through any other); zero means DefaultReservationTTL.
+//   - walSize and walBuffered shape the one log (tests only).
+//
+// The rest may differ per handle (perHandle).
+func mustAgree(o Options) []namedOption {
+	if o.ReservationTTL <= 0 {
+		o.ReservationTTL = DefaultReservationTTL
+	}
+	return []namedOption{
+		{"NoSync", o.NoSync},
+		{"InMemory", o.InMemory},
+		{"ReservationTTL", o.ReservationTTL},
+		{"walSize", o.walSize},
+		{"walBuffered", o.walBuffered},
+	}
+}
+
+// perHandle lists the options each Shared handle may set its own way:
+//   - AllowanceFlush and AllowanceFlushUnits: each handle commits the shared
+//     counts in its own mode (allowance.go), and handles asking alike share
+//     one flusher and one loss bound.
+//   - Logger: only where warnings go. Badger's own lines and the store's
+//     go to the opener's logger; a joining handle's is not used.
+var perHandle = []string{"AllowanceFlush", "AllowanceFlushUnits", "Logger"}
+
+// agree returns the first option of mustAgree in which asked differs from
+// open, the options of the database open in dir, or nil.
+func agree(dir string, open, asked Options) error {
+	o, a := mustAgree(open), mustAgree(asked)
+	for i := range o {
+		if o[i].value != a[i].value {
+			return &OptionsConflictError{Dir: dir, Option: o[i].name, Open: o[i].value, Asked: a[i].value}
+		}
+	}
+	return nil
 }
