@@ -1,10 +1,12 @@
 package svmfacilitator
 
 import (
+	"context"
 	"crypto/ed25519"
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
+	"fmt"
 	"sort"
 
 	"github.com/aovhq/aov/x402"
@@ -205,4 +207,22 @@ func (p Payment) Transaction() []byte { return p.Build(p.Instructions()) }
 func Payload(raw []byte, req x402.PaymentRequirements) x402.PaymentPayload {
 	b, _ := json.Marshal(map[string]string{"transaction": base64.StdEncoding.EncodeToString(raw)})
 	return x402.PaymentPayload{X402Version: 2, Accepted: req, Payload: b}
+}
+
+// LatestBlockhash is the blockhash a new transaction names: the buyer's
+// one chain read before it signs.
+func (c *RPC) LatestBlockhash(ctx context.Context) ([32]byte, error) {
+	var out struct {
+		Value struct {
+			Blockhash string `json:"blockhash"`
+		} `json:"value"`
+	}
+	if err := c.call(ctx, "getLatestBlockhash", []any{map[string]any{"commitment": "confirmed"}}, &out); err != nil {
+		return [32]byte{}, err
+	}
+	k, err := ParsePublicKey(out.Value.Blockhash)
+	if err != nil {
+		return [32]byte{}, fmt.Errorf("getLatestBlockhash: %w", err)
+	}
+	return k, nil
 }
