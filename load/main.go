@@ -331,6 +331,9 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 type workload struct {
 	next  func(ctx context.Context) (*http.Request, error)
 	check func(status int, body []byte) error
+	// paid: its requests carry a payment, so a 402 is a refused payment,
+	// not a used-up free allowance.
+	paid bool
 }
 
 // newClient is one phase's HTTP client: keep-alive connections, one per
@@ -408,6 +411,9 @@ func once(ctx context.Context, client *http.Client, w workload) error {
 	status, body, err := send(client, req)
 	if err != nil {
 		return err
+	}
+	if status == http.StatusPaymentRequired && w.paid {
+		return fmt.Errorf("answered 402: the payment was refused: %.300s", body)
 	}
 	if status == http.StatusPaymentRequired {
 		return errors.New("answered 402: the free allowance is used up; load requests are unpaid, so run the stack with a large one (AOV_FREE_PER_DAY=1000000000 make run)")
@@ -576,6 +582,7 @@ func prepare(ctx context.Context, client *http.Client, cfg config, scenario stri
 				return post(ctx, endpoint, cfg.body, map[string]string{x402.HeaderPaymentSignature: sig})
 			},
 			check: want200,
+			paid:  true,
 		}, nil
 	}
 	// facilitator: one signed payment, verified again and again (verify

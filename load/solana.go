@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -136,6 +135,7 @@ func prepareSolana(ctx context.Context, client *http.Client, cfg config, endpoin
 			return post(ctx, endpoint, cfg.body, map[string]string{x402.HeaderPaymentSignature: sig})
 		},
 		check: want200,
+		paid:  true,
 	}, nil
 }
 
@@ -156,7 +156,7 @@ func (b *blockhashes) get(ctx context.Context) ([32]byte, error) {
 	}
 	h, err := b.rpc.LatestBlockhash(ctx)
 	if err != nil {
-		return h, errors.Join(errors.New("getLatestBlockhash"), err)
+		return h, fmt.Errorf("getLatestBlockhash: %w", err)
 	}
 	b.hash, b.at = h, time.Now()
 	return h, nil

@@ -84,6 +84,21 @@ func TestPaidSolanaPaymentsVerifyAndSettle(t *testing.T) {
 	if got, want := after-before, 20000*served.Load(); got != want || served.Load() < int64(st.ok())+1 {
 		t.Fatalf("the payee got %d for %d served calls (%d measured), want %d", got, served.Load(), st.ok(), want)
 	}
+
+	// A refused payment is named as one, not as a used-up free allowance.
+	refuse := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set(x402.HeaderPaymentRequired, required)
+		w.WriteHeader(http.StatusPaymentRequired)
+		if r.Header.Get(x402.HeaderPaymentSignature) != "" {
+			w.Write([]byte(`{"error":"payment_invalid"}`))
+		}
+	}))
+	defer refuse.Close()
+	cfg.gateway, _ = loopbackURL(refuse.URL)
+	if _, err := measure(context.Background(), cfg, "paid-solana", 1); err == nil ||
+		!strings.Contains(err.Error(), `the payment was refused: {"error":"payment_invalid"}`) {
+		t.Fatalf("error = %v, want the refused payment named", err)
+	}
 }
 
 func mustPub(t *testing.T, s string) svmfacilitator.PublicKey {

@@ -8,7 +8,9 @@
 #
 # When nothing answers on the service's port it starts a stack of its own
 # first, with a throw-away data folder, and stops it after. Load requests
-# are unpaid except in the paid scenario: against your own make run, start it
+# are unpaid except in the paid scenarios (paid on the EVM devnet,
+# paid-solana on the local Solana chain, whose wallet file
+# $data/solana-chain.json it passes on): against your own make run, start it
 # with a large free allowance (AOV_FREE_PER_DAY=1000000000 make run), or the
 # gateway answers 402 once the day's free calls are used.
 #
