@@ -74,6 +74,9 @@ func prepareSolana(ctx context.Context, client *http.Client, cfg config, endpoin
 	if offer == nil {
 		return workload{}, skipped{"the route offers no exact payment on solana-devnet"}
 	}
+	if m, _ := offer.Extra["memo"].(string); m != "" {
+		return workload{}, skipped{"the offer names its memo (extra.memo), and payments here differ only in theirs"}
+	}
 	if offer.Asset != chain.USDC {
 		return workload{}, fmt.Errorf("the offer asks for %s, not the chain's USDC %s", offer.Asset, chain.USDC)
 	}
