@@ -214,6 +214,15 @@ func TestLoadScript(t *testing.T) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
 	}
+	// paid-solana runs on the local Solana chain when the stack has one
+	// (the npm peers of interop/ installed), and says why not otherwise.
+	solana := "paid-solana: skipped: no Solana chain"
+	if _, err := os.Stat(filepath.Join(repoRoot, "interop", "node_modules", "litesvm")); err == nil {
+		solana = "paid-solana at 2: "
+	}
+	if !strings.Contains(string(out), solana) {
+		t.Errorf("output lacks %q:\n%s", solana, out)
+	}
 	if strings.Contains(string(out), "requests failed") {
 		t.Errorf("some load requests failed:\n%s", out)
 	}

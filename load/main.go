@@ -20,6 +20,11 @@
 //	             (its rate is the devnet's: one block a second)
 //	facilitator  the devnet facilitator's POST /verify alone (its own cost
 //	             per payment check; settlement waits for blocks)
+//	paid-solana  POST /verify/schema through the gateway with a fresh SVM
+//	             exact payment per request from the local Solana chain's
+//	             funded wallets (-solana-chain), verified and settled on that
+//	             chain: no block time bounds it, so its rate is compared with
+//	             the plain reverse_proxy's (skipped without the chain)
 //
 // With a -pid facilitator=PID (the facilitator in a process of its own, as
 // scripts/load.sh runs it), a paid call's CPU is measured apart: Caddy's is
@@ -79,7 +84,7 @@ const (
 )
 
 // Scenario names, in the order they run.
-var allScenarios = []string{"free", "baseline", "direct", "mcp", "mcp-baseline", "paid", "facilitator"}
+var allScenarios = []string{"free", "baseline", "direct", "mcp", "mcp-baseline", "paid", "facilitator", "paid-solana"}
 
 func main() {
 	if err := run(os.Args[1:], os.Stdout); err != nil {
@@ -104,6 +109,9 @@ type config struct {
 	// idle is how long the processes' CPU is read before any load, for
 	// their CPU without requests (0: not measured).
 	idle time.Duration
+	// solanaChain is the local Solana chain's wallet file, for
+	// paid-solana ("": that scenario is skipped).
+	solanaChain string
 }
 
 // proc is a process whose CPU time the report splits per request.
@@ -125,6 +133,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	warmup := fs.Duration("warmup", time.Second, "unmeasured warm-up per phase")
 	idle := fs.Duration("idle", time.Second, "how long to read the processes' CPU without load before the scenarios (0: skip)")
 	mode := fs.String("allowance-mode", "", "the gateway's free-allowance mode, printed with the results (scripts/load.sh reads it from Caddy's admin API)")
+	solanaChain := fs.String("solana-chain", "", "the local Solana chain's wallet file (make run writes $data/solana-chain.json), for paid-solana (empty: skip it)")
 	scen := fs.String("scenarios", strings.Join(allScenarios, ","), "scenarios to run, comma-separated")
 	var procs []proc
 	fs.Func("pid", "name=PID of a process to account CPU time to (repeatable)", func(v string) error {
@@ -142,7 +151,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	if fs.NArg() > 0 {
 		return config{}, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	cfg := config{path: *path, body: invoice, duration: *d, warmup: *warmup, idle: *idle, procs: procs, allowanceMode: *mode}
+	cfg := config{path: *path, body: invoice, duration: *d, warmup: *warmup, idle: *idle, procs: procs, allowanceMode: *mode, solanaChain: *solanaChain}
 	for _, f := range strings.Split(*cs, ",") {
 		c, err := strconv.Atoi(strings.TrimSpace(f))
 		if err != nil || c < 1 || c > maxConcurrency {
@@ -270,6 +279,11 @@ func run(args []string, stdout io.Writer) error {
 	for _, s := range cfg.scenarios {
 		for _, c := range cfg.concurrency {
 			st, err := measure(ctx, cfg, s, c)
+			var skip skipped
+			if errors.As(err, &skip) {
+				fmt.Fprintf(stdout, "%s: skipped: %s\n", s, skip.why)
+				break
+			}
 			if err != nil {
 				return fmt.Errorf("%s at %d connections: %w", s, c, err)
 			}
@@ -317,6 +331,9 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 type workload struct {
 	next  func(ctx context.Context) (*http.Request, error)
 	check func(status int, body []byte) error
+	// paid: its requests carry a payment, so a 402 is a refused payment,
+	// not a used-up free allowance.
+	paid bool
 }
 
 // newClient is one phase's HTTP client: keep-alive connections, one per
@@ -394,6 +411,9 @@ func once(ctx context.Context, client *http.Client, w workload) error {
 	status, body, err := send(client, req)
 	if err != nil {
 		return err
+	}
+	if status == http.StatusPaymentRequired && w.paid {
+		return fmt.Errorf("answered 402: the payment was refused: %.300s", body)
 	}
 	if status == http.StatusPaymentRequired {
 		return errors.New("answered 402: the free allowance is used up; load requests are unpaid, so run the stack with a large one (AOV_FREE_PER_DAY=1000000000 make run)")
@@ -532,6 +552,8 @@ func prepare(ctx context.Context, client *http.Client, cfg config, scenario stri
 				return nil
 			},
 		}, nil
+	case "paid-solana":
+		return prepareSolana(ctx, client, cfg, base.JoinPath(cfg.path).String())
 	}
 	required, err := paymentRequired(ctx, client, base.JoinPath(cfg.path).String())
 	if err != nil {
@@ -560,6 +582,7 @@ func prepare(ctx context.Context, client *http.Client, cfg config, scenario stri
 				return post(ctx, endpoint, cfg.body, map[string]string{x402.HeaderPaymentSignature: sig})
 			},
 			check: want200,
+			paid:  true,
 		}, nil
 	}
 	// facilitator: one signed payment, verified again and again (verify
@@ -740,6 +763,9 @@ func reportCores(w io.Writer, results []stats, procs []proc, cores int) {
 			fmt.Fprintln(w, line)
 		}
 		if line, ok := paidLine(results, c); ok {
+			fmt.Fprintln(w, line)
+		}
+		if line, ok := paidSolanaLine(results, c); ok {
 			fmt.Fprintln(w, line)
 		}
 	}

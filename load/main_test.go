@@ -85,9 +85,9 @@ func TestParseFlags(t *testing.T) {
 		scenarios []string
 		conns     []int
 	}{
-		{"the defaults measure the gateway and verifierd at 8 and 32", nil, "", []string{"free", "direct", "mcp", "paid", "facilitator"}, []int{8, 32}},
-		{"a baseline adds its scenario", []string{"-baseline", "http://127.0.0.1:8090"}, "", []string{"free", "baseline", "direct", "mcp", "mcp-baseline", "paid", "facilitator"}, []int{8, 32}},
-		{"an empty -direct measures the gateway only", []string{"-direct", "", "-c", "4"}, "", []string{"free", "mcp", "paid", "facilitator"}, []int{4}},
+		{"the defaults measure the gateway and verifierd at 8 and 32", nil, "", []string{"free", "direct", "mcp", "paid", "facilitator", "paid-solana"}, []int{8, 32}},
+		{"a baseline adds its scenario", []string{"-baseline", "http://127.0.0.1:8090"}, "", []string{"free", "baseline", "direct", "mcp", "mcp-baseline", "paid", "facilitator", "paid-solana"}, []int{8, 32}},
+		{"an empty -direct measures the gateway only", []string{"-direct", "", "-c", "4"}, "", []string{"free", "mcp", "paid", "facilitator", "paid-solana"}, []int{4}},
 		{"scenarios can be chosen", []string{"-scenarios", "free,direct", "-c", "1,2,3"}, "", []string{"free", "direct"}, []int{1, 2, 3}},
 		{"an unknown scenario is refused", []string{"-scenarios", "free,nope"}, "unknown scenario", nil, nil},
 		{"no target at all is refused", []string{"-direct", "", "-gateway", ""}, "no target", nil, nil},

@@ -8,7 +8,9 @@
 #
 # When nothing answers on the service's port it starts a stack of its own
 # first, with a throw-away data folder, and stops it after. Load requests
-# are unpaid except in the paid scenario: against your own make run, start it
+# are unpaid except in the paid scenarios (paid on the EVM devnet,
+# paid-solana on the local Solana chain, whose wallet file
+# $data/solana-chain.json it passes on): against your own make run, start it
 # with a large free allowance (AOV_FREE_PER_DAY=1000000000 make run), or the
 # gateway answers 402 once the day's free calls are used.
 #
@@ -27,7 +29,9 @@
 # in a process of their own, the default for a stack it starts, so Caddy's
 # CPU per paid call is the gateway's alone; devnet: inside Caddy, as make
 # run's default), AOV_FACILITATOR_ADDR (127.0.0.1:8546), AOV_HTTP_PORT
-# (8080), AOV_VERIFIERD_ADDR (127.0.0.1:8081), AOV_CERTD_PUBLIC_ADDR
+# (8080), AOV_SOLANA_RPC_ADDR (127.0.0.1:8899, the local Solana chain of
+# the paid-solana scenario; its wallets are read from
+# $AOV_DATA/solana-chain.json), AOV_VERIFIERD_ADDR (127.0.0.1:8081), AOV_CERTD_PUBLIC_ADDR
 # (127.0.0.1:8082), AOV_BASELINE_PORT (8090),
 # AOV_DATA (./data, for the gateway token), AOV_BIN (./bin), AOV_ADMIN_ADDR
 # (localhost:2019, to read the allowance mode), AOV_ALLOWANCE_FLUSH (100ms; off for durable counts), GO.
@@ -42,6 +46,7 @@ certd="${AOV_CERTD_PUBLIC_ADDR:-127.0.0.1:8082}"
 baseline_port="${AOV_BASELINE_PORT:-8090}"
 facilitator="${AOV_FACILITATOR_ADDR:-127.0.0.1:8546}"
 facilitator_mode="${AOV_FACILITATOR:-remote}"
+solana="${AOV_SOLANA_RPC_ADDR:-127.0.0.1:8899}"
 bindir="${AOV_BIN:-$root/bin}"
 data="${AOV_DATA:-$root/data}"
 base="http://127.0.0.1:$port"
@@ -106,7 +111,7 @@ done
 # listener_pid PORT: the process listening on a local TCP port.
 listener_pid() { ss -Htlnp "sport = :$1" 2>/dev/null | grep -o 'pid=[0-9]*' | head -1 | cut -d= -f2; }
 pids=()
-for p in "caddy=$port" "verifierd=${verifierd##*:}" "certd=${certd##*:}" "baseline=$baseline_port"; do
+for p in "caddy=$port" "verifierd=${verifierd##*:}" "certd=${certd##*:}" "baseline=$baseline_port" "solana-chain=${solana##*:}"; do
 	pid="$(listener_pid "${p#*=}")"
 	if [ -n "$pid" ]; then
 		pids+=(-pid "${p%%=*}=$pid")
@@ -144,5 +149,6 @@ fi
 say "free allowance: ${mode:-unknown (no admin API)}"
 
 say "machine: $(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg) before the run"
-"$GO" run ./load -gateway "$base" -baseline "http://127.0.0.1:$baseline_port" -direct "http://$verifierd" -allowance-mode "${mode:-unknown}" "${pids[@]}" "$@"
+"$GO" run ./load -gateway "$base" -baseline "http://127.0.0.1:$baseline_port" -direct "http://$verifierd" -allowance-mode "${mode:-unknown}" \
+	-solana-chain "$data/solana-chain.json" "${pids[@]}" "$@"
 say "load average $(cut -d' ' -f1-3 /proc/loadavg) after the run"

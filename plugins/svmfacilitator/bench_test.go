@@ -24,11 +24,11 @@ func BenchmarkSVMCheckStatic(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	p := paymentTx{feePayer: pub(fee), authority: testKey("payer"), mint: mustKey("4zMMC9srt5Ri5X14GAgXhaHii3GnPAEERYPJgZJDncDU"),
-		program: TokenProgram, payTo: pub(testKey("payee")), amount: 20000, decimals: 6}
-	req := x402.PaymentRequirements{Scheme: "exact", Network: x402.NetworkSolanaDevnet, Amount: "20000", Asset: p.mint.String(),
-		PayTo: p.payTo.String(), MaxTimeoutSeconds: 60, Extra: map[string]any{"feePayer": pub(fee).String()}}
-	pp := payload(p.build(p.instructions()), req)
+	p := Payment{FeePayer: pub(fee), Authority: testKey("payer"), Mint: mustKey("4zMMC9srt5Ri5X14GAgXhaHii3GnPAEERYPJgZJDncDU"),
+		Program: TokenProgram, PayTo: pub(testKey("payee")), Amount: 20000, Decimals: 6}
+	req := x402.PaymentRequirements{Scheme: "exact", Network: x402.NetworkSolanaDevnet, Amount: "20000", Asset: p.Mint.String(),
+		PayTo: p.PayTo.String(), MaxTimeoutSeconds: 60, Extra: map[string]any{"feePayer": pub(fee).String()}}
+	pp := Payload(p.Build(p.Instructions()), req)
 	b.ReportAllocs()
 	for b.Loop() {
 		c := f.checkStatic(pp, req)
@@ -44,7 +44,7 @@ func BenchmarkSVMCheckStatic(b *testing.B) {
 func BenchmarkSVMVerifyOnChain(b *testing.B) {
 	e := newEnv(b, Config{})
 	p := e.payment(b)
-	pp := payload(p.build(p.instructions()), e.req)
+	pp := Payload(p.Build(p.Instructions()), e.req)
 	ctx := context.Background()
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -68,9 +68,9 @@ func BenchmarkSVMSettle(b *testing.B) {
 	i := 0
 	for b.Loop() {
 		i++
-		ixs := p.instructions()
-		ixs[3] = memoIx(fmt.Sprintf("bench-%d", i))
-		s, err := e.f.Settle(ctx, payload(p.build(ixs), e.req), e.req)
+		ixs := p.Instructions()
+		ixs[3] = MemoIx(fmt.Sprintf("bench-%d", i))
+		s, err := e.f.Settle(ctx, Payload(p.Build(ixs), e.req), e.req)
 		if err != nil || !s.Success {
 			b.Fatalf("%+v %v", s, err)
 		}

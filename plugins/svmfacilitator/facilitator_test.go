@@ -62,14 +62,14 @@ func newEnv(t testing.TB, cfg Config) *env {
 	}}
 }
 
-func (e *env) payment(t testing.TB) paymentTx {
+func (e *env) payment(t testing.TB) Payment {
 	t.Helper()
 	bh, err := ParsePublicKey(e.chain.LatestBlockhash())
 	if err != nil {
 		t.Fatal(err)
 	}
-	return paymentTx{feePayer: pub(e.fee), authority: e.payer, mint: mustKey(solanachain.USDC), program: TokenProgram,
-		payTo: e.payTo, amount: 20000, decimals: 6, blockhash: bh}
+	return Payment{FeePayer: pub(e.fee), Authority: e.payer, Mint: mustKey(solanachain.USDC), Program: TokenProgram,
+		PayTo: e.payTo, Amount: 20000, Decimals: 6, Blockhash: bh}
 }
 
 func (e *env) balances(t *testing.T) (payer, payee int64) {
@@ -84,19 +84,19 @@ func (e *env) balances(t *testing.T) (payer, payee int64) {
 func TestVerifyRefusals(t *testing.T) {
 	e := newEnv(t, Config{})
 	p := e.payment(t)
-	auth := p.authorityKey()
+	auth := p.AuthorityKey()
 	fee := pub(e.fee)
 	usdc := mustKey(solanachain.USDC)
 	srcATA := AssociatedTokenAddress(auth, usdc, TokenProgram)
 	dstATA := AssociatedTokenAddress(e.payTo, usdc, TokenProgram)
-	good := p.instructions()
-	with := func(i int, ix testIx) []testIx {
-		out := append([]testIx(nil), good...)
+	good := p.Instructions()
+	with := func(i int, ix Ix) []Ix {
+		out := append([]Ix(nil), good...)
 		out[i] = ix
 		return out
 	}
-	tokenIx := func(source, dest, authority PublicKey, amount uint64) testIx {
-		return transferCheckedIx(TokenProgram, source, usdc, dest, authority, amount, 6)
+	tokenIx := func(source, dest, authority PublicKey, amount uint64) Ix {
+		return TransferCheckedIx(TokenProgram, source, usdc, dest, authority, amount, 6)
 	}
 	// The identity point: crypto/ed25519 accepts (R = identity, S = 0) as
 	// its signature over anything.
@@ -104,7 +104,7 @@ func TestVerifyRefusals(t *testing.T) {
 	identity[0] = 1
 	forged := func() []byte {
 		ixs := with(2, tokenIx(AssociatedTokenAddress(identity, usdc, TokenProgram), dstATA, identity, 20000))
-		raw := compile(fee, p.blockhash, ixs)
+		raw := Compile(fee, p.Blockhash, ixs)
 		tx, err := DecodeTransaction(raw)
 		if err != nil {
 			t.Fatal(err)
@@ -116,17 +116,17 @@ func TestVerifyRefusals(t *testing.T) {
 		return raw
 	}
 	tampered := func() []byte {
-		raw := p.build(good)
+		raw := p.Build(good)
 		raw[1+64+5] ^= 1 // a byte of the authority's signature
 		return raw
 	}
 	third := testKey("third signer")
 	stale := p
-	stale.blockhash = sha256.Sum256([]byte("not a blockhash of this chain"))
+	stale.Blockhash = sha256.Sum256([]byte("not a blockhash of this chain"))
 	unfunded := p
-	unfunded.authority = testKey("unfunded")
+	unfunded.Authority = testKey("unfunded")
 	lookup := func() []byte {
-		raw := p.build(good)
+		raw := p.Build(good)
 		raw = raw[:len(raw)-1]
 		raw = append(raw, 1)
 		raw = append(raw, make([]byte, 32)...)
@@ -146,58 +146,58 @@ func TestVerifyRefusals(t *testing.T) {
 		reason string
 	}
 	cases := []tc{
-		{name: "version", raw: p.build(good), mutate: func(pp *x402.PaymentPayload, _ *x402.PaymentRequirements) { pp.X402Version = 1 }, reason: x402.ReasonInvalidX402Version},
-		{name: "scheme", raw: p.build(good), mutate: func(pp *x402.PaymentPayload, r *x402.PaymentRequirements) {
+		{name: "version", raw: p.Build(good), mutate: func(pp *x402.PaymentPayload, _ *x402.PaymentRequirements) { pp.X402Version = 1 }, reason: x402.ReasonInvalidX402Version},
+		{name: "scheme", raw: p.Build(good), mutate: func(pp *x402.PaymentPayload, r *x402.PaymentRequirements) {
 			pp.Accepted.Scheme, r.Scheme = "upto", "upto"
 		}, reason: ReasonUnsupportedScheme},
-		{name: "accepted network differs", raw: p.build(good), mutate: func(pp *x402.PaymentPayload, _ *x402.PaymentRequirements) { pp.Accepted.Network = x402.NetworkSolana }, reason: ReasonNetworkMismatch},
-		{name: "network not ours", raw: p.build(good), mutate: func(pp *x402.PaymentPayload, r *x402.PaymentRequirements) {
+		{name: "accepted network differs", raw: p.Build(good), mutate: func(pp *x402.PaymentPayload, _ *x402.PaymentRequirements) { pp.Accepted.Network = x402.NetworkSolana }, reason: ReasonNetworkMismatch},
+		{name: "network not ours", raw: p.Build(good), mutate: func(pp *x402.PaymentPayload, r *x402.PaymentRequirements) {
 			pp.Accepted.Network, r.Network = x402.NetworkSolana, x402.NetworkSolana
 		}, reason: x402.ReasonInvalidNetwork},
-		{name: "no feePayer", raw: p.build(good), mutate: func(_ *x402.PaymentPayload, r *x402.PaymentRequirements) { r.Extra = nil }, reason: ReasonMissingFeePayer},
-		{name: "feePayer not ours", raw: p.build(good), mutate: func(_ *x402.PaymentPayload, r *x402.PaymentRequirements) {
+		{name: "no feePayer", raw: p.Build(good), mutate: func(_ *x402.PaymentPayload, r *x402.PaymentRequirements) { r.Extra = nil }, reason: ReasonMissingFeePayer},
+		{name: "feePayer not ours", raw: p.Build(good), mutate: func(_ *x402.PaymentPayload, r *x402.PaymentRequirements) {
 			r.Extra = map[string]any{"feePayer": auth.String()}
 		}, reason: ReasonFeePayerNotManaged},
 		{name: "not base64", mutate: func(pp *x402.PaymentPayload, _ *x402.PaymentRequirements) {
 			pp.Payload = json.RawMessage(`{"transaction":"!!"}`)
 		}, reason: ReasonTransactionCouldNotBeDecoded},
 		{name: "not a transaction", raw: []byte{1, 2, 3}, reason: ReasonTransactionCouldNotBeDecoded},
-		{name: "three signers", raw: compile(fee, p.blockhash, append(append([]testIx(nil), good...), memoIx("x", pub(third))), e.payer, third), reason: ReasonExcessiveSigners},
-		{name: "fee payer not account 0", raw: compile(pub(third), p.blockhash, good, e.payer), reason: ReasonFeePayerMismatch},
+		{name: "three signers", raw: Compile(fee, p.Blockhash, append(append([]Ix(nil), good...), MemoIx("x", pub(third))), e.payer, third), reason: ReasonExcessiveSigners},
+		{name: "fee payer not account 0", raw: Compile(pub(third), p.Blockhash, good, e.payer), reason: ReasonFeePayerMismatch},
 		{name: "bad signature", raw: tampered(), reason: ReasonSignatureInvalid},
-		{name: "missing signature", raw: compile(fee, p.blockhash, good), reason: ReasonSignatureInvalid},
+		{name: "missing signature", raw: Compile(fee, p.Blockhash, good), reason: ReasonSignatureInvalid},
 		{name: "small-order signer", raw: forged(), reason: ReasonSignatureInvalid},
 		{name: "lookup tables", raw: lookup(), reason: ReasonLookupTables},
-		{name: "two instructions", raw: p.build(good[:2]), reason: ReasonInstructionsLength},
-		{name: "eight instructions", raw: p.build(append(append([]testIx(nil), good...), memoIx("a"), memoIx("b"), memoIx("c"), memoIx("d"))), reason: ReasonInstructionsLength},
-		{name: "limit not first", raw: p.build(with(0, computePriceIx(1))), reason: ReasonComputeLimitInstruction},
-		{name: "limit too high", raw: p.build(with(0, computeLimitIx(1_400_000))), reason: ReasonComputeLimitTooHigh},
-		{name: "price not second", raw: p.build(with(1, computeLimitIx(1))), reason: ReasonComputePriceInstruction},
-		{name: "price too high", raw: p.build(with(1, computePriceIx(5_000_001))), reason: ReasonComputePriceTooHigh},
-		{name: "plain Transfer", raw: p.build(with(2, testIx{program: TokenProgram, data: []byte{3, 1, 0, 0, 0, 0, 0, 0, 0}, accounts: good[2].accounts})), reason: ReasonNoTransferInstruction},
-		{name: "fee payer is authority", raw: compile(fee, p.blockhash, with(2, tokenIx(AssociatedTokenAddress(fee, usdc, TokenProgram), dstATA, fee, 20000))), reason: ReasonFeePayerTransferringFunds},
-		{name: "fee payer is source", raw: p.build(with(2, tokenIx(fee, dstATA, auth, 20000))), reason: ReasonFeePayerTransferringFunds},
-		{name: "fee payer in a memo", raw: p.build(with(3, testIx{program: MemoProgram, data: []byte("m"), accounts: []meta{{key: fee, signer: true}}})), reason: ReasonFeePayerTransferringFunds},
+		{name: "two instructions", raw: p.Build(good[:2]), reason: ReasonInstructionsLength},
+		{name: "eight instructions", raw: p.Build(append(append([]Ix(nil), good...), MemoIx("a"), MemoIx("b"), MemoIx("c"), MemoIx("d"))), reason: ReasonInstructionsLength},
+		{name: "limit not first", raw: p.Build(with(0, ComputePriceIx(1))), reason: ReasonComputeLimitInstruction},
+		{name: "limit too high", raw: p.Build(with(0, ComputeLimitIx(1_400_000))), reason: ReasonComputeLimitTooHigh},
+		{name: "price not second", raw: p.Build(with(1, ComputeLimitIx(1))), reason: ReasonComputePriceInstruction},
+		{name: "price too high", raw: p.Build(with(1, ComputePriceIx(5_000_001))), reason: ReasonComputePriceTooHigh},
+		{name: "plain Transfer", raw: p.Build(with(2, Ix{program: TokenProgram, data: []byte{3, 1, 0, 0, 0, 0, 0, 0, 0}, accounts: good[2].accounts})), reason: ReasonNoTransferInstruction},
+		{name: "fee payer is authority", raw: Compile(fee, p.Blockhash, with(2, tokenIx(AssociatedTokenAddress(fee, usdc, TokenProgram), dstATA, fee, 20000))), reason: ReasonFeePayerTransferringFunds},
+		{name: "fee payer is source", raw: p.Build(with(2, tokenIx(fee, dstATA, auth, 20000))), reason: ReasonFeePayerTransferringFunds},
+		{name: "fee payer in a memo", raw: p.Build(with(3, Ix{program: MemoProgram, data: []byte("m"), accounts: []meta{{key: fee, signer: true}}})), reason: ReasonFeePayerTransferringFunds},
 		{name: "mint", mutate: func(_ *x402.PaymentPayload, r *x402.PaymentRequirements) {
 			r.Asset = "EPjFWdd5AufqSSqeM2qN1xzybapC8G4wEGGkZwyTDt1v"
-		}, raw: p.build(good), reason: ReasonMintMismatch},
-		{name: "destination not payTo's ATA", raw: p.build(with(2, tokenIx(srcATA, AssociatedTokenAddress(pub(third), usdc, TokenProgram), auth, 20000))), reason: ReasonRecipientMismatch},
-		{name: "destination is payTo itself", raw: p.build(with(2, tokenIx(srcATA, e.payTo, auth, 20000))), reason: ReasonRecipientMismatch},
-		{name: "amount", raw: p.build(with(2, tokenIx(srcATA, dstATA, auth, 19999))), reason: ReasonAmountMismatch},
-		{name: "unknown fourth", raw: p.build(with(3, testIx{program: AssociatedTokenProg})), reason: ReasonUnknownFourthInstruction},
-		{name: "unknown fifth", raw: p.build(append(append([]testIx(nil), good...), testIx{program: TokenProgram, data: []byte{9}})), reason: ReasonUnknownFifthInstruction},
-		{name: "memo required, none", raw: p.build(good[:3]), mutate: func(_ *x402.PaymentPayload, r *x402.PaymentRequirements) { r.Extra["memo"] = "order-7" }, reason: ReasonMemoCount},
-		{name: "memo differs", raw: p.build(with(3, memoIx("order-8"))), mutate: func(_ *x402.PaymentPayload, r *x402.PaymentRequirements) { r.Extra["memo"] = "order-7" }, reason: ReasonMemoMismatch},
-		{name: "stale blockhash", raw: stale.build(stale.instructions()), reason: ReasonSimulationFailed},
-		{name: "payer has no token account", raw: unfunded.build(unfunded.instructions()), reason: ReasonSimulationFailed},
-		{name: "wrong decimals", raw: p.build(with(2, transferCheckedIx(TokenProgram, srcATA, usdc, dstATA, auth, 20000, 9))), reason: ReasonSimulationFailed},
+		}, raw: p.Build(good), reason: ReasonMintMismatch},
+		{name: "destination not payTo's ATA", raw: p.Build(with(2, tokenIx(srcATA, AssociatedTokenAddress(pub(third), usdc, TokenProgram), auth, 20000))), reason: ReasonRecipientMismatch},
+		{name: "destination is payTo itself", raw: p.Build(with(2, tokenIx(srcATA, e.payTo, auth, 20000))), reason: ReasonRecipientMismatch},
+		{name: "amount", raw: p.Build(with(2, tokenIx(srcATA, dstATA, auth, 19999))), reason: ReasonAmountMismatch},
+		{name: "unknown fourth", raw: p.Build(with(3, Ix{program: AssociatedTokenProg})), reason: ReasonUnknownFourthInstruction},
+		{name: "unknown fifth", raw: p.Build(append(append([]Ix(nil), good...), Ix{program: TokenProgram, data: []byte{9}})), reason: ReasonUnknownFifthInstruction},
+		{name: "memo required, none", raw: p.Build(good[:3]), mutate: func(_ *x402.PaymentPayload, r *x402.PaymentRequirements) { r.Extra["memo"] = "order-7" }, reason: ReasonMemoCount},
+		{name: "memo differs", raw: p.Build(with(3, MemoIx("order-8"))), mutate: func(_ *x402.PaymentPayload, r *x402.PaymentRequirements) { r.Extra["memo"] = "order-7" }, reason: ReasonMemoMismatch},
+		{name: "stale blockhash", raw: stale.Build(stale.Instructions()), reason: ReasonSimulationFailed},
+		{name: "payer has no token account", raw: unfunded.Build(unfunded.Instructions()), reason: ReasonSimulationFailed},
+		{name: "wrong decimals", raw: p.Build(with(2, TransferCheckedIx(TokenProgram, srcATA, usdc, dstATA, auth, 20000, 9))), reason: ReasonSimulationFailed},
 	}
 	beforePayer, beforePayee := e.balances(t)
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			req := e.req
 			req.Extra = map[string]any{"feePayer": fee.String()}
-			pp := payload(c.raw, req)
+			pp := Payload(c.raw, req)
 			if c.mutate != nil {
 				c.mutate(&pp, &req)
 			}
@@ -228,8 +228,8 @@ func TestVerifyRefusals(t *testing.T) {
 func TestSettlePaysOnceAndRefusesReplays(t *testing.T) {
 	e := newEnv(t, Config{})
 	p := e.payment(t)
-	raw := p.build(p.instructions())
-	pp := payload(raw, e.req)
+	raw := p.Build(p.Instructions())
+	pp := Payload(raw, e.req)
 
 	v, err := e.f.Verify(context.Background(), pp, e.req)
 	if err != nil || !v.IsValid || v.Payer != pub(e.payer).String() {
@@ -255,7 +255,7 @@ func TestSettlePaysOnceAndRefusesReplays(t *testing.T) {
 	replay := append([]byte(nil), raw...)
 	copy(replay[1:65], []byte(strings.Repeat("x", 64)))
 	for _, r := range [][]byte{raw, replay} {
-		s, err := e.f.Settle(context.Background(), payload(r, e.req), e.req)
+		s, err := e.f.Settle(context.Background(), Payload(r, e.req), e.req)
 		if err != nil || s.Success || s.ErrorReason != ReasonDuplicateSettlement {
 			t.Fatalf("replay: %+v %v", s, err)
 		}
@@ -276,7 +276,7 @@ func TestSettlePaysOnceAndRefusesReplays(t *testing.T) {
 func TestConcurrentSettlesPayOnce(t *testing.T) {
 	e := newEnv(t, Config{})
 	p := e.payment(t)
-	pp := payload(p.build(p.instructions()), e.req)
+	pp := Payload(p.Build(p.Instructions()), e.req)
 	var wg sync.WaitGroup
 	results := make([]x402.SettleResponse, 8)
 	for i := range results {
@@ -318,10 +318,10 @@ func TestToken2022(t *testing.T) {
 		t.Fatalf("ATA derivation disagrees with the chain's: %s", dst)
 	}
 	p := e.payment(t)
-	p.mint, p.program = mint, Token2022Program
+	p.Mint, p.Program = mint, Token2022Program
 	req := e.req
 	req.Asset = mint.String()
-	s, err := e.f.Settle(context.Background(), payload(p.build(p.instructions()), req), req)
+	s, err := e.f.Settle(context.Background(), Payload(p.Build(p.Instructions()), req), req)
 	if err != nil || !s.Success {
 		t.Fatalf("settle: %+v %v", s, err)
 	}
@@ -354,7 +354,7 @@ func TestUnknownOutcomeIsPendingThenResolves(t *testing.T) {
 	e := newEnv(t, Config{RPC: &RPC{URL: srv}, ConfirmTimeout: 300 * time.Millisecond, PollInterval: 20 * time.Millisecond})
 	fr.set(func(f *faultyRPC) { f.target, f.dropSend, f.forwardOK, f.hideStatus = e.chain.URL, true, true, true })
 	p := e.payment(t)
-	pp := payload(p.build(p.instructions()), e.req)
+	pp := Payload(p.Build(p.Instructions()), e.req)
 
 	_, err := e.f.Settle(context.Background(), pp, e.req)
 	var unknown *x402.UnknownOutcomeError
@@ -382,7 +382,7 @@ func TestLostSendFailsOnceTheBlockhashExpires(t *testing.T) {
 	e := newEnv(t, Config{RPC: &RPC{URL: srv}, ConfirmTimeout: 5 * time.Second, PollInterval: 20 * time.Millisecond})
 	fr.set(func(f *faultyRPC) { f.target, f.dropSend = e.chain.URL, true })
 	p := e.payment(t)
-	pp := payload(p.build(p.instructions()), e.req)
+	pp := Payload(p.Build(p.Instructions()), e.req)
 	go func() {
 		time.Sleep(200 * time.Millisecond)
 		e.chain.ExpireBlockhash()

@@ -48,10 +48,10 @@ func encode(tx *Transaction) []byte {
 // exactly what it read: re-encoding the decoded fields gives the input
 // bytes back, and the message is the signed suffix.
 func FuzzDecodeTransaction(f *testing.F) {
-	p := paymentTx{feePayer: pub(testKey("fee payer")), authority: testKey("payer"), mint: mustKey("4zMMC9srt5Ri5X14GAgXhaHii3GnPAEERYPJgZJDncDU"),
-		program: TokenProgram, payTo: pub(testKey("payee")), amount: 20000, decimals: 6}
-	f.Add(p.build(p.instructions()))
-	f.Add(p.build(p.instructions()[:1]))
+	p := Payment{FeePayer: pub(testKey("fee payer")), Authority: testKey("payer"), Mint: mustKey("4zMMC9srt5Ri5X14GAgXhaHii3GnPAEERYPJgZJDncDU"),
+		Program: TokenProgram, PayTo: pub(testKey("payee")), Amount: 20000, Decimals: 6}
+	f.Add(p.Build(p.Instructions()))
+	f.Add(p.Build(p.Instructions()[:1]))
 	f.Add([]byte{1})
 	f.Add([]byte{0x80, 0x80, 0x04})
 	f.Fuzz(func(t *testing.T, raw []byte) {

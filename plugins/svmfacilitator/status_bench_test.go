@@ -19,7 +19,7 @@ import (
 func BenchmarkSVMSettlementOutcome(b *testing.B) {
 	e := newEnv(b, Config{})
 	ctx := context.Background()
-	pp := payload(e.payment(b).build(e.payment(b).instructions()), e.req)
+	pp := Payload(e.payment(b).Build(e.payment(b).Instructions()), e.req)
 	s, err := e.f.Settle(ctx, pp, e.req)
 	if err != nil || !s.Success {
 		b.Fatalf("settle: %+v %v", s, err)

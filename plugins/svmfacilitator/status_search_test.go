@@ -21,10 +21,10 @@ import (
 
 // withMemo is p's payment with another memo: another transfer of the same
 // buyer, from the same source token account.
-func (p paymentTx) withMemo(memo string) []byte {
-	ixs := p.instructions()
-	ixs[3] = memoIx(memo)
-	return p.build(ixs)
+func (p Payment) withMemo(memo string) []byte {
+	ixs := p.Instructions()
+	ixs[3] = MemoIx(memo)
+	return p.Build(ixs)
 }
 
 // settleNoise lands n other payments of the env's buyer, each its own
@@ -33,7 +33,7 @@ func (p paymentTx) withMemo(memo string) []byte {
 func (e *env) settleNoise(t testing.TB, n int) {
 	t.Helper()
 	for i := range n {
-		pp := payload(e.payment(t).withMemo(fmt.Sprintf("noise %d %d", i, time.Now().UnixNano())), e.req)
+		pp := Payload(e.payment(t).withMemo(fmt.Sprintf("noise %d %d", i, time.Now().UnixNano())), e.req)
 		if s, err := e.f.Settle(context.Background(), pp, e.req); err != nil || !s.Success {
 			t.Fatalf("noise payment %d: %+v %v", i, s, err)
 		}
@@ -63,7 +63,7 @@ func TestSearchFindsTheLandedPayment(t *testing.T) {
 	setBounds(t, 1, 64) // one signature per page: the cursor is used
 	e := newEnv(t, Config{})
 	ctx := context.Background()
-	pp := payload(e.payment(t).build(e.payment(t).instructions()), e.req)
+	pp := Payload(e.payment(t).Build(e.payment(t).Instructions()), e.req)
 	s, err := e.f.Settle(ctx, pp, e.req)
 	if err != nil || !s.Success {
 		t.Fatalf("settle: %+v %v", s, err)
@@ -75,7 +75,7 @@ func TestSearchFindsTheLandedPayment(t *testing.T) {
 	}
 	// A payment of the same buyer that never landed is not mistaken for
 	// one that did.
-	other := payload(e.payment(t).withMemo("never sent"), e.req)
+	other := Payload(e.payment(t).withMemo("never sent"), e.req)
 	if st, err := e.reader(t).SentSettlementStatus(ctx, other, e.req, x402.SentSettlement{}); err != nil || st.State != x402.SettlementUndecided {
 		t.Fatalf("a payment never sent, its blockhash valid: %+v %v", st, err)
 	}
@@ -109,7 +109,7 @@ func TestSearchReleasesALostSend(t *testing.T) {
 	e := newEnv(t, Config{RPC: &RPC{URL: srv}, ConfirmTimeout: 300 * time.Millisecond, PollInterval: 20 * time.Millisecond})
 	fr.set(func(f *faultyRPC) { f.target, f.dropSend = e.chain.URL, true })
 	ctx := context.Background()
-	pp := payload(e.payment(t).build(e.payment(t).instructions()), e.req)
+	pp := Payload(e.payment(t).Build(e.payment(t).Instructions()), e.req)
 	if _, err := e.f.Settle(ctx, pp, e.req); !errors.As(err, new(*x402.UnknownOutcomeError)) {
 		t.Fatalf("want an unknown outcome, got %v", err)
 	}
@@ -134,8 +134,8 @@ func TestSearchFailedOnChain(t *testing.T) {
 	e := newEnv(t, Config{})
 	ctx := context.Background()
 	p := e.payment(t)
-	p.amount = 2_000_000 // over the buyer's balance: the transfer fails
-	raw := p.build(p.instructions())
+	p.Amount = 2_000_000 // over the buyer's balance: the transfer fails
+	raw := p.Build(p.Instructions())
 	tx, err := DecodeTransaction(raw)
 	if err != nil {
 		t.Fatal(err)
@@ -150,7 +150,7 @@ func TestSearchFailedOnChain(t *testing.T) {
 	if st, _ := (&RPC{URL: e.chain.URL}).Status(ctx, sig); st == nil || len(st.Err) == 0 || string(st.Err) == "null" {
 		t.Fatalf("the transfer did not land failed (%+v); the test needs it to", st)
 	}
-	st, err := e.reader(t).SentSettlementStatus(ctx, payload(raw, e.req), e.req, x402.SentSettlement{})
+	st, err := e.reader(t).SentSettlementStatus(ctx, Payload(raw, e.req), e.req, x402.SentSettlement{})
 	if err != nil || st.State != x402.SettlementNever || st.Transaction != "" {
 		t.Fatalf("%+v %v", st, err)
 	}
@@ -167,14 +167,14 @@ func TestSearchBoundHitStaysUndecided(t *testing.T) {
 	}{{"one page", 100, 2}, {"across pages", 1, 2}} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, Config{})
-			pp := payload(e.payment(t).build(e.payment(t).instructions()), e.req)
+			pp := Payload(e.payment(t).Build(e.payment(t).Instructions()), e.req)
 			s, err := e.f.Settle(ctx, pp, e.req)
 			if err != nil || !s.Success {
 				t.Fatalf("settle: %+v %v", s, err)
 			}
 			e.settleNoise(t, 2)
 			e.chain.ExpireBlockhash()
-			missing := payload(e.payment(t).withMemo("never sent"), e.req)
+			missing := Payload(e.payment(t).withMemo("never sent"), e.req)
 			e.chain.ExpireBlockhash()
 			setBounds(t, tc.page, tc.fetched)
 			for name, p := range map[string]x402.PaymentPayload{"landed": pp, "never sent": missing} {
@@ -206,7 +206,7 @@ func TestSettlementStatusAfterARestart(t *testing.T) {
 		srv := fr.serve(t)
 		e := newEnv(t, Config{RPC: &RPC{URL: srv}, ConfirmTimeout: 300 * time.Millisecond, PollInterval: 20 * time.Millisecond})
 		fr.set(func(f *faultyRPC) { f.target, f.dropSend, f.forwardOK, f.hideStatus = e.chain.URL, true, true, true })
-		pp := payload(e.payment(t).build(e.payment(t).instructions()), e.req)
+		pp := Payload(e.payment(t).Build(e.payment(t).Instructions()), e.req)
 		_, err := e.f.Settle(ctx, pp, e.req)
 		var unknown *x402.UnknownOutcomeError
 		if !errors.As(err, &unknown) || unknown.Reply == nil {
@@ -229,7 +229,7 @@ func TestSettlementStatusAfterARestart(t *testing.T) {
 		srv := fr.serve(t)
 		e := newEnv(t, Config{RPC: &RPC{URL: srv}, ConfirmTimeout: 300 * time.Millisecond, PollInterval: 20 * time.Millisecond})
 		fr.set(func(f *faultyRPC) { f.target, f.dropSend = e.chain.URL, true })
-		pp := payload(e.payment(t).build(e.payment(t).instructions()), e.req)
+		pp := Payload(e.payment(t).Build(e.payment(t).Instructions()), e.req)
 		if _, err := e.f.Settle(ctx, pp, e.req); !errors.As(err, new(*x402.UnknownOutcomeError)) {
 			t.Fatalf("want an unknown outcome, got %v", err)
 		}
@@ -248,8 +248,8 @@ func TestSettlementStatusAfterARestart(t *testing.T) {
 	t.Run("another fee payer", func(t *testing.T) {
 		e := newEnv(t, Config{})
 		p := e.payment(t)
-		p.feePayer = pub(testKey("someone else"))
-		if _, err := restart(t, e).SettlementStatus(ctx, payload(p.build(p.instructions()), e.req), e.req); err == nil {
+		p.FeePayer = pub(testKey("someone else"))
+		if _, err := restart(t, e).SettlementStatus(ctx, Payload(p.Build(p.Instructions()), e.req), e.req); err == nil {
 			t.Fatal("judged a payment another fee payer would send")
 		}
 	})
@@ -261,8 +261,8 @@ func TestMatchLanded(t *testing.T) {
 	fee, payer := testKey("fee payer"), testKey("payer")
 	var bh [32]byte
 	bh[0] = 7
-	p := paymentTx{feePayer: pub(fee), authority: payer, mint: TokenProgram, program: TokenProgram, payTo: pub(testKey("payee")), amount: 5, decimals: 6, blockhash: bh}
-	raw := p.build(p.instructions())
+	p := Payment{FeePayer: pub(fee), Authority: payer, Mint: TokenProgram, Program: TokenProgram, PayTo: pub(testKey("payee")), Amount: 5, Decimals: 6, Blockhash: bh}
+	raw := p.Build(p.Instructions())
 	want, _ := DecodeTransaction(raw)
 	signed := func(raw []byte, key ed25519.PrivateKey) ([]byte, string) {
 		out := bytes.Clone(raw)
@@ -314,8 +314,8 @@ func TestMatchLanded(t *testing.T) {
 // the fee payer's signature.
 func FuzzMatchLanded(f *testing.F) {
 	fee, payer := testKey("fee payer"), testKey("payer")
-	p := paymentTx{feePayer: pub(fee), authority: payer, mint: TokenProgram, program: TokenProgram, payTo: pub(testKey("payee")), amount: 5, decimals: 6}
-	want, _ := DecodeTransaction(p.build(p.instructions()))
+	p := Payment{FeePayer: pub(fee), Authority: payer, Mint: TokenProgram, Program: TokenProgram, PayTo: pub(testKey("payee")), Amount: 5, Decimals: 6}
+	want, _ := DecodeTransaction(p.Build(p.Instructions()))
 	good := bytes.Clone(want.Raw)
 	gtx, _ := DecodeTransaction(good)
 	copy(gtx.Signatures[0], ed25519.Sign(fee, gtx.Message))
@@ -377,9 +377,9 @@ func lyingNode(t *testing.T, page func(before string) []SignatureInfo, other []b
 // the listed signatures is not taken.
 func TestSearchAgainstALyingNode(t *testing.T) {
 	fee, payer := testKey("fee payer"), testKey("payer")
-	p := paymentTx{feePayer: pub(fee), authority: payer, mint: TokenProgram, program: TokenProgram, payTo: pub(testKey("payee")), amount: 5, decimals: 6}
+	p := Payment{FeePayer: pub(fee), Authority: payer, Mint: TokenProgram, Program: TokenProgram, PayTo: pub(testKey("payee")), Amount: 5, Decimals: 6}
 	req := x402.PaymentRequirements{Scheme: "exact", Network: x402.NetworkSolanaDevnet, Extra: map[string]any{"feePayer": pub(fee).String()}}
-	pp := payload(p.build(p.instructions()), req)
+	pp := Payload(p.Build(p.Instructions()), req)
 	other := p.withMemo("another transfer")
 	entry := func(i int, slot uint64) SignatureInfo {
 		return SignatureInfo{Signature: base58.Encode(bytes.Repeat([]byte{byte(i + 1)}, 64)), Slot: slot}
@@ -420,8 +420,8 @@ func TestSearchAgainstALyingNode(t *testing.T) {
 // refused) without panic, and is taken only when it carries the payment.
 func FuzzLandedReply(f *testing.F) {
 	fee, payer := testKey("fee payer"), testKey("payer")
-	p := paymentTx{feePayer: pub(fee), authority: payer, mint: TokenProgram, program: TokenProgram, payTo: pub(testKey("payee")), amount: 5, decimals: 6}
-	want, _ := DecodeTransaction(p.build(p.instructions()))
+	p := Payment{FeePayer: pub(fee), Authority: payer, Mint: TokenProgram, Program: TokenProgram, PayTo: pub(testKey("payee")), Amount: 5, Decimals: 6}
+	want, _ := DecodeTransaction(p.Build(p.Instructions()))
 	good := bytes.Clone(want.Raw)
 	gtx, _ := DecodeTransaction(good)
 	copy(gtx.Signatures[0], ed25519.Sign(fee, gtx.Message))

@@ -19,7 +19,7 @@ func TestSettlementStatusResolvesALostReply(t *testing.T) {
 	srv := fr.serve(t)
 	e := newEnv(t, Config{RPC: &RPC{URL: srv}, ConfirmTimeout: 300 * time.Millisecond, PollInterval: 20 * time.Millisecond})
 	fr.set(func(f *faultyRPC) { f.target, f.dropSend, f.forwardOK, f.hideStatus = e.chain.URL, true, true, true })
-	pp := payload(e.payment(t).build(e.payment(t).instructions()), e.req)
+	pp := Payload(e.payment(t).Build(e.payment(t).Instructions()), e.req)
 	ctx := context.Background()
 
 	if st, err := e.f.SettlementStatus(ctx, pp, e.req); err != nil || st.State != x402.SettlementUndecided {
@@ -58,7 +58,7 @@ func TestSettlementStatusReleasesAnExpiredLostSend(t *testing.T) {
 	srv := fr.serve(t)
 	e := newEnv(t, Config{RPC: &RPC{URL: srv}, ConfirmTimeout: 300 * time.Millisecond, PollInterval: 20 * time.Millisecond})
 	fr.set(func(f *faultyRPC) { f.target, f.dropSend = e.chain.URL, true })
-	pp := payload(e.payment(t).build(e.payment(t).instructions()), e.req)
+	pp := Payload(e.payment(t).Build(e.payment(t).Instructions()), e.req)
 	ctx := context.Background()
 	_, err := e.f.Settle(ctx, pp, e.req)
 	var unknown *x402.UnknownOutcomeError
@@ -88,7 +88,7 @@ func TestStatusReaderJudgesByTheNamedSignature(t *testing.T) {
 		srv := fr.serve(t)
 		e := newEnv(t, Config{RPC: &RPC{URL: srv}, ConfirmTimeout: 300 * time.Millisecond, PollInterval: 20 * time.Millisecond})
 		fr.set(func(f *faultyRPC) { f.target, f.dropSend, f.forwardOK, f.hideStatus = e.chain.URL, true, true, true })
-		pp := payload(e.payment(t).build(e.payment(t).instructions()), e.req)
+		pp := Payload(e.payment(t).Build(e.payment(t).Instructions()), e.req)
 		_, err := e.f.Settle(ctx, pp, e.req)
 		var unknown *x402.UnknownOutcomeError
 		if !errors.As(err, &unknown) || unknown.Reply == nil || unknown.Reply.Transaction == "" {
@@ -121,7 +121,7 @@ func TestStatusReaderJudgesByTheNamedSignature(t *testing.T) {
 		srv := fr.serve(t)
 		e := newEnv(t, Config{RPC: &RPC{URL: srv}, ConfirmTimeout: 300 * time.Millisecond, PollInterval: 20 * time.Millisecond})
 		fr.set(func(f *faultyRPC) { f.target, f.dropSend = e.chain.URL, true })
-		pp := payload(e.payment(t).build(e.payment(t).instructions()), e.req)
+		pp := Payload(e.payment(t).Build(e.payment(t).Instructions()), e.req)
 		_, err := e.f.Settle(ctx, pp, e.req)
 		var unknown *x402.UnknownOutcomeError
 		if !errors.As(err, &unknown) || unknown.Reply == nil {
