@@ -504,6 +504,26 @@ func send(client *http.Client, req *http.Request) (int, []byte, error) {
 	return resp.StatusCode, body, nil
 }
 
+// paidWorkload posts body to endpoint with a fresh payment from pay in
+// PAYMENT-SIGNATURE on every request: the paid scenarios of either chain.
+func paidWorkload(endpoint string, body []byte, pay func(context.Context) (x402.PaymentPayload, error)) workload {
+	return workload{
+		next: func(ctx context.Context) (*http.Request, error) {
+			p, err := pay(ctx)
+			if err != nil {
+				return nil, err
+			}
+			sig, err := x402.EncodeHeader(p)
+			if err != nil {
+				return nil, err
+			}
+			return post(ctx, endpoint, body, map[string]string{x402.HeaderPaymentSignature: sig})
+		},
+		check: want200,
+		paid:  true,
+	}
+}
+
 func post(ctx context.Context, endpoint string, body []byte, hdr map[string]string) (*http.Request, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, bytes.NewReader(body))
 	if err != nil {
@@ -568,22 +588,7 @@ func prepare(ctx context.Context, client *http.Client, cfg config, scenario stri
 		return x402.SignExactEVM(key, offer, &required.Resource, time.Now())
 	}
 	if scenario == "paid" {
-		endpoint := base.JoinPath(cfg.path).String()
-		return workload{
-			next: func(ctx context.Context) (*http.Request, error) {
-				p, err := pay()
-				if err != nil {
-					return nil, err
-				}
-				sig, err := x402.EncodeHeader(p)
-				if err != nil {
-					return nil, err
-				}
-				return post(ctx, endpoint, cfg.body, map[string]string{x402.HeaderPaymentSignature: sig})
-			},
-			check: want200,
-			paid:  true,
-		}, nil
+		return paidWorkload(base.JoinPath(cfg.path).String(), cfg.body, func(context.Context) (x402.PaymentPayload, error) { return pay() }), nil
 	}
 	// facilitator: one signed payment, verified again and again (verify
 	// never consumes it).

@@ -120,26 +120,18 @@ func prepareSolana(ctx context.Context, client *http.Client, cfg config, endpoin
 		return workload{}, skipped{fmt.Sprintf("the Solana chain at %s does not answer: %v", rpcURL, err)}
 	}
 	var n atomic.Int64
-	return workload{
-		next: func(ctx context.Context) (*http.Request, error) {
-			hash, err := bh.get(ctx)
-			if err != nil {
-				return nil, err
-			}
-			p := payers[int(n.Add(1))%len(payers)]
-			p.Blockhash = hash
-			var nonce [16]byte
-			rand.Read(nonce[:])
-			p.Memo = hex.EncodeToString(nonce[:])
-			sig, err := x402.EncodeHeader(svmfacilitator.Payload(p.Transaction(), *offer))
-			if err != nil {
-				return nil, err
-			}
-			return post(ctx, endpoint, cfg.body, map[string]string{x402.HeaderPaymentSignature: sig})
-		},
-		check: want200,
-		paid:  true,
-	}, nil
+	return paidWorkload(endpoint, cfg.body, func(ctx context.Context) (x402.PaymentPayload, error) {
+		hash, err := bh.get(ctx)
+		if err != nil {
+			return x402.PaymentPayload{}, err
+		}
+		p := payers[int(n.Add(1))%len(payers)]
+		p.Blockhash = hash
+		var nonce [16]byte
+		rand.Read(nonce[:])
+		p.Memo = hex.EncodeToString(nonce[:])
+		return svmfacilitator.Payload(p.Transaction(), *offer), nil
+	}), nil
 }
 
 // blockhashes hands out one recent blockhash, read again when it is older
