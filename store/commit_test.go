@@ -151,13 +151,7 @@ func TestGroupCommitKeepsEachCallsOutcome(t *testing.T) {
 	for i := range 200 {
 		wg.Go(func() {
 			err := db.update(ctx, func(txn *tx) error {
-				n := 0
-				if item, err := txn.Get(key); err == nil {
-					item.Value(func(v []byte) error { n = len(v); return nil })
-				} else if !errors.Is(err, badger.ErrKeyNotFound) {
-					return err
-				}
-				if err := txn.Set(key, make([]byte, n+1)); err != nil {
+				if err := growCounter(txn, key); err != nil {
 					return err
 				}
 				if i%2 == 1 {
@@ -189,6 +183,18 @@ func TestGroupCommitKeepsEachCallsOutcome(t *testing.T) {
 	if ok != 100 || failed != 100 || n != ok {
 		t.Fatalf("%d succeeded, %d failed, counter %d; want 100, 100, 100", ok, failed, n)
 	}
+}
+
+// growCounter makes the value at key one byte longer: a read-modify-write
+// whose final length counts the transactions that committed it.
+func growCounter(txn *tx, key []byte) error {
+	n := 0
+	if item, err := txn.Get(key); err == nil {
+		item.Value(func(v []byte) error { n = len(v); return nil })
+	} else if !errors.Is(err, badger.ErrKeyNotFound) {
+		return err
+	}
+	return txn.Set(key, make([]byte, n+1))
 }
 
 // TestGroupCommitSurvivesAPanic: a transaction that panics fails alone; the

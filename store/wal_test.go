@@ -166,13 +166,7 @@ func TestWALReplayRestoresWhatBadgerLost(t *testing.T) {
 	for i := range 100 {
 		wg.Go(func() {
 			err := db.update(ctx, func(txn *tx) error {
-				n := 0
-				if item, err := txn.Get(key); err == nil {
-					item.Value(func(v []byte) error { n = len(v); return nil })
-				} else if !errors.Is(err, badger.ErrKeyNotFound) {
-					return err
-				}
-				if err := txn.Set(key, make([]byte, n+1)); err != nil {
+				if err := growCounter(txn, key); err != nil {
 					return err
 				}
 				if i%2 == 1 {
