@@ -12,8 +12,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/dgraph-io/badger/v4"
 )
 
 // commitUnits reserves and commits n units of client, failing the test on
@@ -96,26 +94,9 @@ func TestAllowanceFlushInterval(t *testing.T) {
 	}
 	defer db.Close()
 	commitUnits(t, db.Allowance(), "c", 3)
-	k, _ := dayOf("verify", "c", crashDay)
 	deadline := time.Now().Add(20 * time.Second) // a bound for a stuck flusher, not a speed test
 	for {
-		var onDisk int
-		err := db.view(context.Background(), func(txn *tx) error {
-			item, err := txn.Get(k.key())
-			if errors.Is(err, badger.ErrKeyNotFound) {
-				return nil
-			}
-			if err != nil {
-				return err
-			}
-			return item.Value(func(b []byte) error {
-				onDisk, _, err = decodeAllowance(b)
-				return err
-			})
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
+		onDisk := countOnDisk(t, db, "c")
 		if onDisk == 3 {
 			return
 		}
