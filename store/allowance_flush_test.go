@@ -1,14 +1,12 @@
 package store
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -214,27 +212,10 @@ func TestAllowanceFlushSurvivesKill(t *testing.T) {
 	}
 	dir := filepath.Join(t.TempDir(), "db")
 	cmd, out := startChild(t, "TestAllowanceFlushSurvivesKill", flushChildEnv, dir)
+	acked := killAfterAcks(t, cmd, out, 2000)
 	acks := map[string]int{}
-	total := 0
-	sc := bufio.NewScanner(out)
-	killed := false
-	for sc.Scan() {
-		client, ok := strings.CutPrefix(sc.Text(), "ack ")
-		if !ok {
-			continue
-		}
+	for _, client := range acked {
 		acks[client]++
-		total++
-		if total == 2000 && !killed {
-			if err := cmd.Process.Kill(); err != nil {
-				t.Fatal(err)
-			}
-			killed = true
-		}
-	}
-	cmd.Wait()
-	if !killed {
-		t.Fatalf("the child ended before it was killed, after %d acknowledgements", total)
 	}
 	lost := 0
 	for client, n := range acks {
@@ -249,7 +230,7 @@ func TestAllowanceFlushSurvivesKill(t *testing.T) {
 	if lost > killBound {
 		t.Fatalf("the kill lost %d acknowledged units, more than the bound of %d", lost, killBound)
 	}
-	t.Logf("%d acknowledged units, %d lost by the kill (bound %d)", total, lost, killBound)
+	t.Logf("%d acknowledged units, %d lost by the kill (bound %d)", len(acked), lost, killBound)
 }
 
 const flushGoroutines, flushClients = 12, 4

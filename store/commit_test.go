@@ -34,28 +34,7 @@ func TestAcknowledgedWritesSurviveKill(t *testing.T) {
 	}
 	dir := filepath.Join(t.TempDir(), "db")
 	cmd, out := startChild(t, "TestAcknowledgedWritesSurviveKill", crashChildEnv, dir)
-	var acks []string
-	sc := bufio.NewScanner(out)
-	killed := false
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, "ack ") {
-			continue
-		}
-		acks = append(acks, strings.TrimPrefix(line, "ack "))
-		if len(acks) == 300 && !killed {
-			// SIGKILL: no deferred Close, no flush; what the child
-			// already printed is still read from the pipe below.
-			if err := cmd.Process.Kill(); err != nil {
-				t.Fatal(err)
-			}
-			killed = true
-		}
-	}
-	cmd.Wait()
-	if !killed {
-		t.Fatalf("the child ended before it was killed, after %d acknowledgements", len(acks))
-	}
+	acks := killAfterAcks(t, cmd, out, 300)
 
 	db, err := Open(dir, Options{})
 	if err != nil {
@@ -287,6 +266,35 @@ func startChild(t *testing.T, name, env, dir string) (*exec.Cmd, io.ReadCloser) 
 		t.Fatal(err)
 	}
 	return cmd, out
+}
+
+// killAfterAcks reads the child's "ack <what>" lines from out, SIGKILLs it
+// after the n-th (no deferred Close, no flush: what it already printed is
+// still read from the pipe), and returns every acknowledged <what>,
+// including those printed before the kill took effect.
+func killAfterAcks(t *testing.T, cmd *exec.Cmd, out io.Reader, n int) []string {
+	t.Helper()
+	var acks []string
+	killed := false
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		a, ok := strings.CutPrefix(sc.Text(), "ack ")
+		if !ok {
+			continue
+		}
+		acks = append(acks, a)
+		if len(acks) == n && !killed {
+			if err := cmd.Process.Kill(); err != nil {
+				t.Fatal(err)
+			}
+			killed = true
+		}
+	}
+	cmd.Wait()
+	if !killed {
+		t.Fatalf("the child ended before it was killed, after %d acknowledgements", len(acks))
+	}
+	return acks
 }
 
 // TestGroupCommitTakesTheWritersAnsweredTogether: writers answered by one

@@ -1,7 +1,6 @@
 package store
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/binary"
@@ -592,26 +591,7 @@ func TestWALWrapsUnderLoadAndSurvivesKill(t *testing.T) {
 	}
 	dir := filepath.Join(t.TempDir(), "db")
 	cmd, out := startChild(t, "TestWALWrapsUnderLoadAndSurvivesKill", walKillChildEnv, dir)
-	var acks []string
-	killed := false
-	sc := bufio.NewScanner(out)
-	for sc.Scan() {
-		a, ok := strings.CutPrefix(sc.Text(), "ack ")
-		if !ok {
-			continue
-		}
-		acks = append(acks, a)
-		if len(acks) == 3000 && !killed {
-			if err := cmd.Process.Kill(); err != nil {
-				t.Fatal(err)
-			}
-			killed = true
-		}
-	}
-	cmd.Wait()
-	if !killed {
-		t.Fatalf("the child ended before it was killed, after %d acknowledgements", len(acks))
-	}
+	acks := killAfterAcks(t, cmd, out, 3000)
 	// Epoch 1 is the log's first (its creation's checkpoint); each wrap
 	// is one more.
 	h := make([]byte, 20)
