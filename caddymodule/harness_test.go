@@ -69,19 +69,27 @@ func tryLoadCaddy(t testing.TB, port int, sites string) error {
 	return caddy.Load(js, true)
 }
 
-// waitServing waits until a request on a new connection to port gets an
-// answer: while Caddy hands the listener from the old server to the new
+// waitServing waits until requests on new connections to port get answers
+// in a row: while Caddy hands the listener from the old server to the new
 // one, a connection can still be reset, which a test's POST (never retried
 // by net/http) would report as a failure of the code under test.
 func waitServing(t testing.TB, port int) {
 	t.Helper()
 	probe := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
+	// Caddy stops the old servers in goroutines after caddy.Load returns,
+	// so one answer can still come from the new server while the old one
+	// accepts (and then drops) the next connection: wait for a run of
+	// answers in a row.
 	var err error
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+	for ok, deadline := 0, time.Now().Add(5*time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		var resp *http.Response
-		if resp, err = probe.Get(url); err == nil {
-			resp.Body.Close()
+		if resp, err = probe.Get(url); err != nil {
+			ok = 0
+			continue
+		}
+		resp.Body.Close()
+		if ok++; ok == 5 {
 			return
 		}
 	}
