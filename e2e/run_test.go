@@ -150,6 +150,30 @@ func TestRunScript(t *testing.T) {
 		}
 	})
 
+	t.Run("make load measures a running stack and leaves it running", func(t *testing.T) {
+		// make run's default runs the facilitator inside Caddy: nothing
+		// listens on the facilitator's port, which load.sh must take in
+		// its stride. Only scenarios that do not draw on the 100 free
+		// calls a day of this stack.
+		_, baselinePort, _ := net.SplitHostPort(freeAddr(t))
+		cmd := exec.Command("bash", filepath.Join(repoRoot, "scripts", "load.sh"), "-scenarios", "baseline,direct", "-c", "1", "-d", "200ms", "-warmup", "0", "-idle", "0")
+		cmd.Dir = repoRoot
+		cmd.Env = append(os.Environ(), append(env, "AOV_BASELINE_PORT="+baselinePort, "AOV_FACILITATOR_ADDR="+freeAddr(t))...)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("load.sh: %v\n%s", err, out)
+		}
+		for _, want := range []string{"facilitator: inside the gateway's Caddy", "baseline at 1: "} {
+			if !strings.Contains(string(out), want) {
+				t.Errorf("output lacks %q:\n%s", want, out)
+			}
+		}
+		if strings.Contains(string(out), "starting a stack of its own") || strings.Contains(string(out), "requests failed") {
+			t.Errorf("load.sh did not measure the running stack cleanly:\n%s", out)
+		}
+		mustStatus(t, get(t, base+"/health"), http.StatusOK)
+	})
+
 	first.interrupt(t)
 	t.Run("Ctrl-C stops Caddy, verifierd and certd", func(t *testing.T) {
 		out := first.out.String()

@@ -108,8 +108,10 @@ for _ in $(seq 1 100); do
 	sleep 0.1
 done
 
-# listener_pid PORT: the process listening on a local TCP port.
-listener_pid() { ss -Htlnp "sport = :$1" 2>/dev/null | grep -o 'pid=[0-9]*' | head -1 | cut -d= -f2; }
+# listener_pid PORT: the process listening on a local TCP port; nothing
+# (and success: set -o pipefail would otherwise end the script without a
+# word) when none listens, as the facilitator's port with make run's default.
+listener_pid() { { ss -Htlnp "sport = :$1" 2>/dev/null | grep -o 'pid=[0-9]*' | head -1 | cut -d= -f2; } || true; }
 pids=()
 for p in "caddy=$port" "verifierd=${verifierd##*:}" "certd=${certd##*:}" "baseline=$baseline_port" "solana-chain=${solana##*:}"; do
 	pid="$(listener_pid "${p#*=}")"
