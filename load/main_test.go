@@ -192,17 +192,17 @@ func TestPhaseCountsAnswersAndFailures(t *testing.T) {
 
 	endpoint := srv.URL + "/verify/schema"
 	w := workload{
-		next:  func(ctx context.Context) (*http.Request, error) { return post(ctx, endpoint, invoice, nil) },
+		next:  func(context.Context) (request, error) { return post(endpoint, invoice), nil },
 		check: want200,
 	}
-	st := phase(context.Background(), srv.Client(), w, 4, 300*time.Millisecond)
+	st := phase(context.Background(), newClient(4), w, 4, 300*time.Millisecond)
 	if st.requests == 0 {
 		t.Fatal("no requests were sent")
 	}
 	// Requests cut off by the end of the phase are not counted, so the
 	// server may have seen a few more than the phase reports.
 	if got := int64(st.requests); got > served.Load() || served.Load()-got > 4 {
-		t.Fatalf("phase counted %d requests, server answered %d", got, served.Load())
+		t.Fatalf("phase counted %d requests, server answered %d; first error %s", got, served.Load(), st.firstErr)
 	}
 	if st.errors == 0 || int64(st.errors) > failed.Load() {
 		t.Fatalf("phase counted %d errors, server failed %d", st.errors, failed.Load())
@@ -250,7 +250,8 @@ func TestMeasureRefusesATargetThatDoesNotServeTheRequest(t *testing.T) {
 
 func TestReportPrintsRatesCPUAndRatios(t *testing.T) {
 	mk := func(name string, c, n int, lat time.Duration, cpu time.Duration) stats {
-		s := stats{name: name, concurrency: c, requests: n, elapsed: time.Second, cpu: map[string]time.Duration{"caddy": cpu}}
+		s := stats{name: name, concurrency: c, requests: n, elapsed: time.Second, cpu: map[string]time.Duration{"caddy": cpu},
+			self: time.Duration(n) * 10 * time.Microsecond}
 		for range n {
 			s.lat = append(s.lat, lat)
 		}
@@ -265,24 +266,25 @@ func TestReportPrintsRatesCPUAndRatios(t *testing.T) {
 		mk("facilitator", 8, 1000, 5*time.Millisecond, 1000*time.Millisecond),
 	}, []proc{{name: "caddy", pid: 1}, {name: "certd", pid: 2}}, 2)
 	// 100 µs of stack CPU per request is 20,000 req/s on two cores; a phase
-	// without CPU figures has none.
+	// without CPU figures has none. The load generator's own CPU per
+	// request (10 µs in each phase here) comes last, outside the stack's.
 	for _, want := range []string{"caddy CPU/req", "2700", "3.00ms", "100µs", "50µs",
-		"stack CPU/req", "req/s on 2 cores at that CPU",
+		"stack CPU/req", "req/s on 2 cores at that CPU", "load generator CPU/req",
 		"paid at 8: 10 req/s, bound by the devnet's blocks (one a second); caddy CPU/req 3000µs, of which the facilitator's own payment check ≈ 1000µs",
 		"free at 8: 2700 req/s, 0.90x the plain reverse_proxy", "1.00x of 2.5 x 1,080", "baseline at 8: 0.89x direct"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, out.String())
 		}
 	}
-	lastTwo := map[string]string{"free": "100µs 20000", "baseline": "50µs 40000", "direct": "- -"}
+	lastTwo := map[string]string{"free": "100µs 20000 10µs", "baseline": "50µs 40000 10µs", "direct": "- - 10µs"}
 	for _, line := range strings.Split(out.String(), "\n") {
 		f := strings.Fields(line)
 		if len(f) < 2 {
 			continue
 		}
 		if want, ok := lastTwo[f[0]]; ok {
-			if got := strings.Join(f[len(f)-2:], " "); got != want {
-				t.Errorf("%s: stack CPU and rate %q, want %q:\n%s", f[0], got, want, out.String())
+			if got := strings.Join(f[len(f)-3:], " "); got != want {
+				t.Errorf("%s: stack CPU, rate and the load generator's CPU %q, want %q:\n%s", f[0], got, want, out.String())
 			}
 			delete(lastTwo, f[0])
 		}

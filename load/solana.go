@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -45,7 +44,7 @@ const blockhashAge = 10 * time.Second
 // differ in a random memo (the chain refuses a transaction it has seen;
 // the facilitator accepts any memo unless the offer names one), so many
 // share one recent blockhash, read again every blockhashAge.
-func prepareSolana(ctx context.Context, client *http.Client, cfg config, endpoint string) (workload, error) {
+func prepareSolana(ctx context.Context, client *client, cfg config, endpoint string) (workload, error) {
 	if cfg.solanaChain == "" {
 		return workload{}, skipped{"no Solana chain (-solana-chain: the wallet file the local chain writes, $data/solana-chain.json under make run)"}
 	}
