@@ -201,11 +201,12 @@ func TestRefusalsThroughCaddy(t *testing.T) {
 		})
 	}
 
-	t.Run("the access log records requests without payment or wallet credentials", func(t *testing.T) {
-		const pay, wallet = "PAYMENT-CANARY-41d2", "WALLET-CANARY-90ae"
+	t.Run("the access log records requests without headers: no payment or wallet credential", func(t *testing.T) {
+		const pay, wallet, siwx = "PAYMENT-CANARY-41d2", "WALLET-CANARY-90ae", "SIWX-CANARY-7c31"
 		r := do(t, http.MethodGet, s.url("/health?probe=access-log"), nil, map[string]string{
 			"Payment-Signature": pay,
 			"X-Wallet-Auth":     wallet,
+			"Sign-In-With-X":    siwx,
 		})
 		mustStatus(t, r, http.StatusOK)
 		var log []byte
@@ -220,8 +221,11 @@ func TestRefusalsThroughCaddy(t *testing.T) {
 			}
 			return nil
 		})
-		if bytes.Contains(log, []byte(pay)) || bytes.Contains(log, []byte(wallet)) {
+		if bytes.Contains(log, []byte(pay)) || bytes.Contains(log, []byte(wallet)) || bytes.Contains(log, []byte(siwx)) {
 			t.Fatalf("the access log holds a credential:\n%s", log)
+		}
+		if bytes.Contains(log, []byte(`"headers"`)) || bytes.Contains(log, []byte(`"resp_headers"`)) {
+			t.Fatalf("the access log holds headers:\n%s", log)
 		}
 	})
 
