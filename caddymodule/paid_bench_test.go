@@ -2,11 +2,14 @@ package caddymodule
 
 import (
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/aovhq/aov/x402"
 )
@@ -115,5 +118,60 @@ func BenchmarkPaidPathRemoteParallel(b *testing.B) {
 				})
 			})
 		}
+	}
+}
+
+// BenchmarkPaidPathReportedParallel is BenchmarkPaidPathRemoteParallel's
+// paid path with an upstream that asks for each call's settlement outcome,
+// as verifierd does: the gate reports every settled call before its answer
+// goes out. The upstream takes a report in about a millisecond, the latency
+// of the synced write verifierd makes for it (a wait, not CPU), during which
+// the reports of other calls queue and go together in the next request.
+func BenchmarkPaidPathReportedParallel(b *testing.B) {
+	fac := httptest.NewServer(x402.NewFacilitatorHandler(instantFacilitator{}))
+	b.Cleanup(fac.Close)
+	usdc, _ := x402.USDC(x402.NetworkBase)
+	offer := x402.PaymentRequirements{Scheme: "exact", Network: x402.NetworkBase, Amount: "20000", Asset: usdc.Address, PayTo: "0x1111111111111111111111111111111111111111", MaxTimeoutSeconds: 60, Extra: usdc.Extra()}
+	var ids, reports atomic.Int64
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		if r.URL.Path == "/v1/gateway/settlement" {
+			reports.Add(1)
+			time.Sleep(time.Millisecond)
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
+		if r.Header.Get(HeaderUpstreamSettlement) == "pending" {
+			w.Header().Set(headerSettlementReport, "/v1/gateway/settlement")
+		}
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"summary":{"result":"pass","blocking_checks":[]},"result":"pass","verification_id":"v-%d"}`, ids.Add(1))
+	}))
+	b.Cleanup(up.Close)
+	for _, clients := range []int{8, 32} {
+		b.Run(fmt.Sprintf("clients=%d", clients), func(b *testing.B) {
+			base := startCaddy(b, fmt.Sprintf(`:{port} {
+	x402 {
+		accept base $0.02 0x1111111111111111111111111111111111111111
+		facilitator http %s
+		store badger {data}/gate {
+			no_sync
+		}
+	}
+	reverse_proxy %s
+}
+`, fac.URL, strings.TrimPrefix(up.URL, "http://")))
+			headers := make([]string, b.N)
+			for i := range headers {
+				headers[i] = signHeader(b, 1, offer, base)
+			}
+			runtime.GC()
+			reports.Store(0)
+			var next atomic.Int64
+			runParallelPostsWith(b, base+"/verify/schema", clients, func(req *http.Request) {
+				req.Header.Set(x402.HeaderPaymentSignature, headers[next.Add(1)-1])
+			})
+			b.ReportMetric(float64(reports.Load())/float64(b.N), "report-requests/op")
+		})
 	}
 }

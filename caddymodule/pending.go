@@ -463,6 +463,12 @@ func (g *Gate) stopResolver() {
 	if cancel != nil {
 		cancel()
 	}
+	reportQueues.Range(func(k, _ any) bool {
+		if k.(reportQueueKey).g == g {
+			reportQueues.Delete(k)
+		}
+		return true
+	})
 }
 
 // SettlementStatus lets the gate resolve unknown settlements through the
@@ -589,11 +595,13 @@ func (g *Gate) keepReport(ctx context.Context, h *heldRecord, path, id string) e
 var reportRetries = []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second}
 
 // report sends one outcome through next, bounded by reportTimeout per
-// attempt; when the upstream does not take it, it is retried in the
-// background (reportRetries). A report lost for good leaves the record
-// pending (not counted), never wrongly paid.
+// attempt, in a batch with the outcomes other requests are reporting to the
+// same path at the same time (reportBatched); when the upstream does not
+// take it, it is retried alone in the background (reportRetries). A report
+// lost for good leaves the record pending (not counted), never wrongly
+// paid.
 func (g *Gate) report(r *http.Request, next caddyhttp.Handler, path, id, payment string) {
-	if g.reportOnce(r, next, path, id, payment) {
+	if g.reportBatched(r, next, path, outcomeReport{VerificationID: id, Payment: payment}) {
 		return
 	}
 	base := detached(r)
@@ -605,12 +613,113 @@ func (g *Gate) report(r *http.Request, next caddyhttp.Handler, path, id, payment
 		}()
 		for _, wait := range reportRetries {
 			time.Sleep(wait)
-			if g.reportOnce(base, next, path, id, payment) {
+			if g.reportOnce(base, next, path, []outcomeReport{{VerificationID: id, Payment: payment}}) {
 				return
 			}
 		}
 		g.logger.Error("settlement outcome not reported; the verification stays pending", zap.String("verification_id", id), zap.String("payment", payment))
 	}()
+}
+
+// outcomeReport is one settlement outcome, as the upstream reads it.
+type outcomeReport struct {
+	VerificationID string `json:"verification_id"`
+	Payment        string `json:"payment"`
+}
+
+// Batched reports. Every paid call reports its outcome before its answer
+// is delivered (so history is never behind what a buyer was given), and
+// each report was a request of its own to the upstream, which records it
+// with a synced write: under load, as much work for verifierd as the
+// verification, and a tenth of the gateway's CPU per paid call. The
+// reports to one path are sent the way a group commit writes: one request
+// at a time; the report that finds none in flight sends at once, the
+// reports that arrive meanwhile wait and go together in the next request,
+// {"reports": [{"verification_id", "payment"}, ...]} (a lone report keeps
+// the single form). Nothing waits longer than one request in flight, and
+// nothing is sent on a timer.
+//
+// A report of a batch the upstream did not take is retried alone, as
+// before; the upstream answers a batch with success only when it recorded
+// every outcome in it, and a repeated report changes nothing.
+const maxReportBatch = 128
+
+// reportQueue is the reports waiting for one (gate, path).
+type reportQueue struct {
+	mu      sync.Mutex
+	sending bool
+	waiting []*queuedReport
+}
+
+// queuedReport is one waiting report; done gets its fate: reportSent,
+// reportFailed, or reportLead (the waiter now sends the next batch).
+type queuedReport struct {
+	outcomeReport
+	done chan int
+}
+
+const (
+	reportFailed = iota
+	reportSent
+	reportLead
+)
+
+type reportQueueKey struct {
+	g    *Gate
+	path string
+}
+
+// reportQueues holds the queues by gate and path (dropped with the gate,
+// stopResolver).
+var reportQueues sync.Map
+
+// reportBatched sends rep in the next batch to path and reports whether
+// the upstream took it. The request that sends a batch is the one whose
+// report found the queue idle, or the first of those waiting when the
+// previous batch returned: each request sends at most one batch.
+func (g *Gate) reportBatched(r *http.Request, next caddyhttp.Handler, path string, rep outcomeReport) bool {
+	v, _ := reportQueues.LoadOrStore(reportQueueKey{g, path}, &reportQueue{})
+	q := v.(*reportQueue)
+	me := &queuedReport{outcomeReport: rep, done: make(chan int, 1)}
+	q.mu.Lock()
+	q.waiting = append(q.waiting, me)
+	if q.sending {
+		q.mu.Unlock()
+		if fate := <-me.done; fate != reportLead {
+			return fate == reportSent
+		}
+		q.mu.Lock()
+	}
+	q.sending = true
+	n := min(len(q.waiting), maxReportBatch)
+	batch := q.waiting[:n:n]
+	q.waiting = q.waiting[n:]
+	q.mu.Unlock()
+
+	reps := make([]outcomeReport, len(batch))
+	for i, b := range batch {
+		reps[i] = b.outcomeReport
+	}
+	fate := reportFailed
+	if g.reportSafely(r, next, path, reps) {
+		fate = reportSent
+	}
+	mine := reportFailed
+	for _, b := range batch {
+		if b == me {
+			mine = fate
+		} else {
+			b.done <- fate
+		}
+	}
+	q.mu.Lock()
+	if len(q.waiting) > 0 {
+		q.waiting[0].done <- reportLead // q.sending stays true
+	} else {
+		q.sending = false
+	}
+	q.mu.Unlock()
+	return mine == reportSent
 }
 
 // detached is a copy of r for work that outlives it (report retries, the
@@ -626,9 +735,29 @@ func detached(r *http.Request) *http.Request {
 		caddy.ReplacerCtxKey, caddy.NewReplacer()), caddyhttp.VarsCtxKey, vars))
 }
 
-// reportOnce makes one attempt and reports whether the upstream took it.
-func (g *Gate) reportOnce(r *http.Request, next caddyhttp.Handler, path, id, payment string) bool {
-	body, _ := json.Marshal(map[string]string{"verification_id": id, "payment": payment})
+// reportSafely is reportOnce, with a panic in the handler chain counted
+// as a failed attempt: the requests waiting on the batch must hear of it.
+func (g *Gate) reportSafely(r *http.Request, next caddyhttp.Handler, path string, reps []outcomeReport) (ok bool) {
+	defer func() {
+		if rec := recover(); rec != nil {
+			g.logger.Error("reporting a settlement outcome panicked", zap.Any("panic", rec))
+			ok = false
+		}
+	}()
+	return g.reportOnce(r, next, path, reps)
+}
+
+// reportOnce makes one attempt with reps (one report, or a batch) and
+// reports whether the upstream took them.
+func (g *Gate) reportOnce(r *http.Request, next caddyhttp.Handler, path string, reps []outcomeReport) bool {
+	var body []byte
+	if len(reps) == 1 {
+		body, _ = json.Marshal(reps[0])
+	} else {
+		body, _ = json.Marshal(struct {
+			Reports []outcomeReport `json:"reports"`
+		}{reps})
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), reportTimeout)
 	defer cancel()
 	rr := r.Clone(ctx)
@@ -649,9 +778,13 @@ func (g *Gate) reportOnce(r *http.Request, next caddyhttp.Handler, path, id, pay
 		err = fmt.Errorf("status %d", out.status())
 	}
 	if err != nil {
-		g.logger.Warn("reporting a settlement outcome", zap.String("verification_id", id), zap.String("payment", payment), zap.Error(err))
+		for _, rep := range reps {
+			g.logger.Warn("reporting a settlement outcome", zap.String("verification_id", rep.VerificationID), zap.String("payment", rep.Payment), zap.Int("batch", len(reps)), zap.Error(err))
+		}
 		return false
 	}
-	metrics.outcomes.WithLabelValues("reported_" + payment).Inc()
+	for _, rep := range reps {
+		metrics.outcomes.WithLabelValues("reported_" + rep.Payment).Inc()
+	}
 	return true
 }

@@ -218,10 +218,9 @@ func readFacilitatorRequest(w http.ResponseWriter, r *http.Request) (Facilitator
 	if !ok {
 		return req, badRequest("paymentPayload", "is required")
 	}
-	// The payment's own members, for its payload's bytes (none when it is
-	// not an object, which parsePaymentPayload refuses).
-	_, inner, _ := checkJSONObject(raw)
-	if req.PaymentPayload, err = parsePaymentPayload(top["paymentPayload"], inner["payload"], "paymentPayload"); err != nil {
+	// The payload's bytes, exactly as sent (none when the payment is not an
+	// object, which parsePaymentPayload refuses).
+	if req.PaymentPayload, err = parsePaymentPayload(top["paymentPayload"], payloadBytes(raw), "paymentPayload"); err != nil {
 		return req, fromPaymentError(err)
 	}
 	pr, ok := top["paymentRequirements"]

@@ -31,7 +31,7 @@ func BenchmarkSVMCheckStatic(b *testing.B) {
 	pp := Payload(p.Build(p.Instructions()), req)
 	b.ReportAllocs()
 	for b.Loop() {
-		c := f.checkStatic(pp, req)
+		c := f.checkStatic(pp, req, false)
 		if c.resp.InvalidReason != "" {
 			b.Fatal(c.resp)
 		}

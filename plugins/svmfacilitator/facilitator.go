@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/ed25519"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
@@ -36,6 +37,28 @@ const (
 	// blockhash lives about 60-90 s, so after the window the chain itself
 	// can no longer include the transaction.
 	DuplicateWindow = 120 * time.Second
+	// SimulationReuse is how long a successful simulation in Verify stands
+	// for the Settle of the same transaction: a gateway verifies, runs the
+	// call it sells (milliseconds) and settles, and a second
+	// simulateTransaction of the very same bytes then costs the chain and
+	// the facilitator as much as the first and tells nothing new. Past it,
+	// Settle simulates again. What the reuse risks is bounded: a transfer
+	// that no longer succeeds (the buyer spent the tokens in between) fails
+	// on chain, is reported as failed (nothing is served) and costs the fee
+	// payer the fee, as a spend between Settle's own simulation and its send
+	// always could.
+	SimulationReuse = 2 * time.Second
+	// maxSimulations bounds the simulations kept for reuse (a verify that
+	// is never settled leaves one until the sweep); past it nothing more is
+	// kept and Settle simulates.
+	maxSimulations = 1 << 14
+	// sweepEvery is how often the records of settled messages past
+	// DuplicateWindow (and simulations past SimulationReuse) are dropped.
+	// Between sweeps an expired record found by a lookup counts as gone, so
+	// the windows are exact; only the memory is freed in batches, and a
+	// Settle costs a map lookup instead of a walk over every payment of the
+	// last two minutes.
+	sweepEvery = DuplicateWindow / 8
 )
 
 // Config configures a Facilitator.
@@ -76,6 +99,16 @@ type Facilitator struct {
 
 	mu      sync.Mutex
 	settled map[[32]byte]*settlement
+	// simulated holds the payments Verify simulated successfully, by the
+	// SHA-256 of the buyer's wire transaction, for Settle (SimulationReuse).
+	simulated map[[32]byte]simulation
+	sweptAt   time.Time
+}
+
+// simulation is a co-signed payment that simulated successfully.
+type simulation struct {
+	signed []byte
+	at     time.Time
 }
 
 // settlement is what the facilitator remembers of a message it settles.
@@ -86,6 +119,12 @@ type settlement struct {
 	blockhash string
 	payer     string
 	at        time.Time
+}
+
+// expired reports whether a finished record's DuplicateWindow has passed at
+// t: it no longer refuses a repeat.
+func (s *settlement) expired(t time.Time) bool {
+	return !s.inflight && !s.pending && t.Sub(s.at) > DuplicateWindow
 }
 
 // now is the wall clock; tests move it.
@@ -117,7 +156,7 @@ func New(cfg Config) (*Facilitator, error) {
 	if cfg.PollInterval <= 0 {
 		cfg.PollInterval = 400 * time.Millisecond
 	}
-	f := &Facilitator{rpc: cfg.RPC, network: cfg.Network, key: cfg.FeePayer, cfg: cfg, settled: map[[32]byte]*settlement{}}
+	f := &Facilitator{rpc: cfg.RPC, network: cfg.Network, key: cfg.FeePayer, cfg: cfg, settled: map[[32]byte]*settlement{}, simulated: map[[32]byte]simulation{}}
 	copy(f.feePayer[:], cfg.FeePayer.Public().(ed25519.PublicKey))
 	return f, nil
 }
@@ -157,7 +196,7 @@ func refuse(reason, payer, msg string) *checked {
 // reference facilitator's order and with its reason codes, and simulates
 // the co-signed transaction. An error means the chain could not be asked.
 func (f *Facilitator) Verify(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.VerifyResponse, error) {
-	c, err := f.check(ctx, p, req)
+	c, err := f.check(ctx, p, req, false)
 	if err != nil {
 		return x402.VerifyResponse{}, err
 	}
@@ -182,9 +221,18 @@ func DecodePayload(raw json.RawMessage) (*Transaction, error) {
 	return DecodeTransaction(b)
 }
 
-func (f *Facilitator) check(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (*checked, error) {
-	c := f.checkStatic(p, req)
+// check runs every check of p against req and simulates the co-signed
+// transaction. Settling, a simulation Verify made of the same transaction
+// within SimulationReuse stands for a new one (the requirement checks still
+// run; the signatures were verified on the same bytes); verifying, a
+// successful simulation is kept for the Settle that follows.
+func (f *Facilitator) check(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, settling bool) (*checked, error) {
+	c := f.checkStatic(p, req, settling)
 	if c.resp.InvalidReason != "" {
+		return c, nil
+	}
+	if c.signed != nil {
+		c.resp = x402.VerifyResponse{IsValid: true, Payer: c.payer}
 		return c, nil
 	}
 	// Co-sign a copy and simulate exactly what Settle will send: the chain
@@ -204,12 +252,65 @@ func (f *Facilitator) check(ctx context.Context, p x402.PaymentPayload, req x402
 		return refuse(ReasonSimulationFailed, c.payer, "simulation failed: "+truncate(string(sim.Err))), nil
 	}
 	c.resp = x402.VerifyResponse{IsValid: true, Payer: c.payer}
+	if !settling {
+		f.keepSimulation(c)
+	}
 	return c, nil
 }
 
+// keepSimulation keeps c's successful simulation for its Settle.
+func (f *Facilitator) keepSimulation(c *checked) {
+	t := now()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.sweep(t)
+	if len(f.simulated) < maxSimulations {
+		f.simulated[sha256.Sum256(c.tx.Raw)] = simulation{signed: c.signed, at: t}
+	}
+}
+
+// takeSimulation returns (and forgets) the co-signed bytes of tx when
+// Verify simulated tx, byte for byte, within SimulationReuse; nil if not.
+func (f *Facilitator) takeSimulation(tx *Transaction) []byte {
+	key := sha256.Sum256(tx.Raw)
+	t := now()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	s, ok := f.simulated[key]
+	if !ok {
+		return nil
+	}
+	delete(f.simulated, key)
+	if d := t.Sub(s.at); d < 0 || d > SimulationReuse {
+		return nil
+	}
+	return s.signed
+}
+
+// sweep drops, at most once per sweepEvery, the settled records past
+// DuplicateWindow and the simulations past SimulationReuse. f.mu is held.
+func (f *Facilitator) sweep(t time.Time) {
+	if d := t.Sub(f.sweptAt); d >= 0 && d < sweepEvery {
+		return
+	}
+	f.sweptAt = t
+	for k, e := range f.settled {
+		if e.expired(t) {
+			delete(f.settled, k)
+		}
+	}
+	for k, s := range f.simulated {
+		if t.Sub(s.at) > SimulationReuse {
+			delete(f.simulated, k)
+		}
+	}
+}
+
 // checkStatic runs every check that needs no chain: a refusal, or the
-// decoded transaction and its payer.
-func (f *Facilitator) checkStatic(p x402.PaymentPayload, req x402.PaymentRequirements) *checked {
+// decoded transaction and its payer. With reuse, a simulation Verify kept
+// for the same bytes (takeSimulation) is taken: the signatures it verified
+// are not verified again, and the result carries its co-signed bytes.
+func (f *Facilitator) checkStatic(p x402.PaymentPayload, req x402.PaymentRequirements, reuse bool) *checked {
 	if p.X402Version != x402.Version {
 		return refuse(x402.ReasonInvalidX402Version, "", "x402Version must be 2")
 	}
@@ -239,7 +340,11 @@ func (f *Facilitator) checkStatic(p x402.PaymentPayload, req x402.PaymentRequire
 	if tx.AccountKeys[0] != f.feePayer {
 		return refuse(ReasonFeePayerMismatch, "", "account 0 (the fee payer) is not extra.feePayer")
 	}
-	for i := 1; i < int(tx.NumSigners); i++ {
+	var signed []byte
+	if reuse {
+		signed = f.takeSimulation(tx)
+	}
+	for i := 1; i < int(tx.NumSigners) && signed == nil; i++ {
 		if !verifySignature(tx.AccountKeys[i], tx.Message, tx.Signatures[i]) {
 			return refuse(ReasonSignatureInvalid, "", fmt.Sprintf("signature %d is not a valid signature of its signer", i))
 		}
@@ -314,7 +419,7 @@ func (f *Facilitator) checkStatic(p x402.PaymentPayload, req x402.PaymentRequire
 			return refuse(ReasonMemoMismatch, payer, "the memo is not extra.memo")
 		}
 	}
-	return &checked{tx: tx, payer: payer}
+	return &checked{tx: tx, payer: payer, signed: signed}
 }
 
 // Interface guard.

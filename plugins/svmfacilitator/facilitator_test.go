@@ -340,6 +340,7 @@ type faultyRPC struct {
 	dropSend   bool
 	forwardOK  bool // forward a dropped send before losing its reply
 	hideStatus bool
+	calls      map[string]int // by method
 }
 
 func (f *faultyRPC) set(fn func(*faultyRPC)) {

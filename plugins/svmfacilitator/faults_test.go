@@ -20,6 +20,10 @@ func (f *faultyRPC) serve(t *testing.T) string {
 		json.Unmarshal(body, &req)
 		f.mu.Lock()
 		target, dropSend, forward, hide := f.target, f.dropSend, f.forwardOK, f.hideStatus
+		if f.calls == nil {
+			f.calls = map[string]int{}
+		}
+		f.calls[req.Method]++
 		f.mu.Unlock()
 		switch {
 		case req.Method == "sendTransaction" && dropSend:
@@ -50,4 +54,11 @@ func (f *faultyRPC) serve(t *testing.T) string {
 	}))
 	t.Cleanup(srv.Close)
 	return srv.URL
+}
+
+// count is how many calls of method it has seen.
+func (f *faultyRPC) count(method string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.calls[method]
 }

@@ -18,9 +18,24 @@ import (
 // 1 MiB, so a stalled or lying node costs a bounded wait and nothing else.
 type RPC struct {
 	URL     string
-	Client  *http.Client  // default: a client with no timeout of its own
+	Client  *http.Client  // default: rpcClient
 	Timeout time.Duration // per call; default 10s
 	id      atomic.Int64
+}
+
+// rpcClient is the default client: http.DefaultClient's transport keeps two
+// idle connections per host, and a facilitator talks to one node with as
+// many calls in flight as payments (a Settle holds its call while it
+// polls), so every further call dialed a fresh connection and left one in
+// TIME_WAIT, a TCP handshake for both processes on most calls under load.
+// This one keeps them all open for the next calls. It has no timeout of
+// its own (Timeout and the caller's context bound each call).
+var rpcClient = &http.Client{Transport: keepAliveTransport()}
+
+func keepAliveTransport() *http.Transport {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConnsPerHost = tr.MaxIdleConns
+	return tr
 }
 
 // RPCError is the node's answer refusing a call (a JSON-RPC error object):
@@ -54,7 +69,7 @@ func (c *RPC) call(ctx context.Context, method string, params []any, out any) er
 	req.Header.Set("Content-Type", "application/json")
 	hc := c.Client
 	if hc == nil {
-		hc = http.DefaultClient
+		hc = rpcClient
 	}
 	resp, err := hc.Do(req)
 	if err != nil {

@@ -36,7 +36,7 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 	tx, err := DecodePayload(p.Payload)
 	if err != nil {
 		// Nothing to remember: verify refuses it.
-		c := f.checkStatic(p, req)
+		c := f.checkStatic(p, req, false)
 		return fail(c.resp.InvalidReason, "", c.resp.InvalidMessage, ""), nil
 	}
 	key := tx.MessageHash()
@@ -49,7 +49,7 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 		return f.confirm(ctx, key, s, req.Network)
 	}
 
-	c, err := f.check(ctx, p, req)
+	c, err := f.check(ctx, p, req, true)
 	if err != nil {
 		f.release(key)
 		return x402.SettleResponse{}, fmt.Errorf("verifying before settlement: %w", err)
@@ -132,12 +132,8 @@ func (f *Facilitator) claim(key [32]byte) (s *settlement, retry bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	t := now()
-	for k, e := range f.settled {
-		if !e.inflight && !e.pending && t.Sub(e.at) > DuplicateWindow {
-			delete(f.settled, k)
-		}
-	}
-	if e, ok := f.settled[key]; ok {
+	f.sweep(t)
+	if e, ok := f.settled[key]; ok && !e.expired(t) {
 		if e.pending && !e.inflight {
 			e.inflight = true
 			return e, true

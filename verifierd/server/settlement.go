@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/aovhq/aov/apierr"
@@ -28,13 +29,27 @@ import (
 // then counts a paid one and leaves an unpaid one (its answer was never
 // delivered) out. An outcome is recorded once: a later report changes
 // nothing.
+//
+// A gateway that has several outcomes to report at once sends them in one
+// request, {"reports": [{"verification_id", "payment"}, ...]} (at most
+// MaxSettlementBatch), recorded side by side so that they share the history
+// store's group commit; it is answered 204 only when every outcome in it is
+// recorded (or was final already), and otherwise with the status a single
+// report of the first failing one would get, so the gateway retries them
+// (the recorded ones again, which changes nothing).
 const (
 	// PathSettlement is where the gateway reports outcomes.
 	PathSettlement = "/v1/gateway/settlement"
 	// HeaderSettlementReport on an answer asks the gateway to report its
 	// settlement's outcome to the path it names.
 	HeaderSettlementReport = "X-Aov-Settlement-Report"
+	// MaxSettlementBatch bounds the outcomes of one batched report.
+	MaxSettlementBatch = 256
 )
+
+// maxSettlementBody bounds a report's body: a batch of MaxSettlementBatch
+// outcomes with ids of up to 128 bytes.
+const maxSettlementBody = MaxSettlementBatch * 192
 
 // askSettlementReport asks the gateway for the outcome of a call recorded
 // as pending (payment is what was recorded, "" if nothing was). An MCP
@@ -61,29 +76,75 @@ func (s *Server) serveSettlement(w http.ResponseWriter, r *http.Request, _ *requ
 	if !ok {
 		return apierr.NotFound("endpoint")
 	}
-	b, err := io.ReadAll(io.LimitReader(r.Body, 4096))
+	b, err := io.ReadAll(io.LimitReader(r.Body, maxSettlementBody+1))
 	if err != nil {
 		return apierr.Unavailable("gateway", 1, err)
 	}
-	var rep struct {
-		VerificationID string `json:"verification_id"`
-		Payment        string `json:"payment"`
-	}
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&rep); err != nil || rep.VerificationID == "" || (rep.Payment != store.PaymentPaid && rep.Payment != store.PaymentUnpaid) {
+	reps, ok := decodeSettlementReports(b)
+	if !ok {
 		return &apierr.Error{Code: "invalid_request", Status: http.StatusUnprocessableEntity,
-			Message: "A settlement report is {\"verification_id\": <id>, \"payment\": \"paid\"|\"unpaid\"}."}
+			Message: fmt.Sprintf("A settlement report is {\"verification_id\": <id>, \"payment\": \"paid\"|\"unpaid\"}, or {\"reports\": [...]} of 1 to %d of them.", MaxSettlementBatch)}
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 10*time.Second)
 	defer cancel()
-	switch err := set.SetPayment(ctx, rep.VerificationID, rep.Payment); {
-	case err == nil, errors.Is(err, store.ErrPaymentFinal):
-	case errors.Is(err, store.ErrNotFound):
-		return apierr.NotFound("verification")
-	default:
-		return apierr.Unavailable("verification history store", 5, fmt.Errorf("recording a settlement outcome: %w", err))
+	errs := make([]error, len(reps))
+	if len(reps) == 1 {
+		errs[0] = set.SetPayment(ctx, reps[0].VerificationID, reps[0].Payment)
+	} else {
+		var wg sync.WaitGroup
+		for i, rep := range reps {
+			wg.Go(func() { errs[i] = set.SetPayment(ctx, rep.VerificationID, rep.Payment) })
+		}
+		wg.Wait()
+	}
+	for _, err := range errs {
+		switch {
+		case err == nil, errors.Is(err, store.ErrPaymentFinal):
+		case errors.Is(err, store.ErrNotFound):
+			return apierr.NotFound("verification")
+		default:
+			return apierr.Unavailable("verification history store", 5, fmt.Errorf("recording a settlement outcome: %w", err))
+		}
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
+}
+
+// settlementReport is one reported outcome.
+type settlementReport struct {
+	VerificationID string `json:"verification_id"`
+	Payment        string `json:"payment"`
+}
+
+// decodeSettlementReports reads a report body: one outcome, or a batch of
+// 1 to MaxSettlementBatch. Unknown members, an empty id and any payment but
+// paid or unpaid are refused.
+func decodeSettlementReports(b []byte) ([]settlementReport, bool) {
+	if len(b) > maxSettlementBody {
+		return nil, false
+	}
+	var body struct {
+		settlementReport
+		Reports []settlementReport `json:"reports"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&body); err != nil || dec.More() {
+		return nil, false
+	}
+	reps := body.Reports
+	switch {
+	case reps == nil && body.VerificationID == "" && body.Payment == "":
+		return nil, false
+	case reps == nil:
+		reps = []settlementReport{body.settlementReport}
+	case body.VerificationID != "" || body.Payment != "" || len(reps) == 0 || len(reps) > MaxSettlementBatch:
+		return nil, false
+	}
+	for _, rep := range reps {
+		if rep.VerificationID == "" || (rep.Payment != store.PaymentPaid && rep.Payment != store.PaymentUnpaid) {
+			return nil, false
+		}
+	}
+	return reps, true
 }

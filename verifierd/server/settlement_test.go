@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/aovhq/aov/store"
+	"github.com/aovhq/aov/verifierd/server"
 )
 
 // A paid call the gateway marks pending is recorded pending, uncounted, and
@@ -164,4 +165,124 @@ func TestNoRecordAfterTheGatewayGaveUp(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A gateway reporting several outcomes at once sends them in one batch:
+// each is recorded as a single report would be, the answer is 204 only
+// when all are, and a malformed batch records nothing.
+func TestSettlementReportBatches(t *testing.T) {
+	f := newFixture(t, fixtureOpts{})
+	pending := map[string]string{"X-Aov-Gateway-Token": gatewayToken, "X-Aov-Payment": "paid", "X-Aov-Settlement": "pending"}
+	gw := map[string]string{"X-Aov-Gateway-Token": gatewayToken, "Content-Type": "application/json"}
+	ctx := context.Background()
+	verifyPending := func() string {
+		t.Helper()
+		w := f.do(http.MethodPost, "/verify/schema", invoice("129.5", ""), pending)
+		if w.Code != http.StatusOK {
+			t.Fatalf("status %d", w.Code)
+		}
+		return decode(t, w)["verification_id"].(string)
+	}
+	payment := func(id string) string {
+		t.Helper()
+		rec, err := f.db.Verification(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rec.Payment
+	}
+	type rep struct {
+		ID      string `json:"verification_id"`
+		Payment string `json:"payment"`
+	}
+	batch := func(hdr map[string]string, reps ...rep) int {
+		t.Helper()
+		b, _ := json.Marshal(map[string][]rep{"reports": reps})
+		return f.do(http.MethodPost, "/v1/gateway/settlement", b, hdr).Code
+	}
+
+	ids := make([]string, 6)
+	for i := range ids {
+		ids[i] = verifyPending()
+	}
+	if code := batch(map[string]string{"Content-Type": "application/json"}, rep{ids[0], "paid"}); code != http.StatusNotFound || payment(ids[0]) != store.PaymentPending {
+		t.Fatalf("a batch without the gateway token: %d, record %q", code, payment(ids[0]))
+	}
+	if code := batch(gw, rep{ids[0], "paid"}, rep{ids[1], "unpaid"}, rep{ids[2], "paid"}); code != http.StatusNoContent {
+		t.Fatalf("batch: %d", code)
+	}
+	for i, want := range []string{store.PaymentPaid, store.PaymentUnpaid, store.PaymentPaid, store.PaymentPending} {
+		if got := payment(ids[i]); got != want {
+			t.Fatalf("record %d: %q, want %q", i, got, want)
+		}
+	}
+	// An unknown id fails the batch (the gateway retries it) but the
+	// others are recorded; recorded ones repeated change nothing.
+	if code := batch(gw, rep{ids[0], "unpaid"}, rep{"no-such-id", "paid"}, rep{ids[3], "paid"}); code != http.StatusNotFound {
+		t.Fatalf("a batch with an unknown id: %d", code)
+	}
+	if payment(ids[0]) != store.PaymentPaid || payment(ids[3]) != store.PaymentPaid {
+		t.Fatalf("records %q %q after a batch with an unknown id", payment(ids[0]), payment(ids[3]))
+	}
+	many := make([]rep, server.MaxSettlementBatch+1)
+	for i := range many {
+		many[i] = rep{ids[4], "paid"}
+	}
+	for name, body := range map[string]string{
+		"empty":            `{"reports":[]}`,
+		"a free outcome":   `{"reports":[{"verification_id":"` + ids[4] + `","payment":"paid"},{"verification_id":"` + ids[5] + `","payment":"free"}]}`,
+		"no id":            `{"reports":[{"verification_id":"` + ids[4] + `","payment":"paid"},{"payment":"paid"}]}`,
+		"both forms":       `{"verification_id":"` + ids[4] + `","payment":"paid","reports":[{"verification_id":"` + ids[5] + `","payment":"paid"}]}`,
+		"an unknown field": `{"reports":[{"verification_id":"` + ids[4] + `","payment":"paid","note":1}]}`,
+		"not a list":       `{"reports":{"verification_id":"` + ids[4] + `","payment":"paid"}}`,
+		"nothing":          `{}`,
+		"too many":         func() string { b, _ := json.Marshal(map[string][]rep{"reports": many}); return string(b) }(),
+	} {
+		if code := f.do(http.MethodPost, "/v1/gateway/settlement", []byte(body), gw).Code; code != http.StatusUnprocessableEntity {
+			t.Fatalf("%s: %d, want 422", name, code)
+		}
+	}
+	if payment(ids[4]) != store.PaymentPending || payment(ids[5]) != store.PaymentPending {
+		t.Fatalf("a refused batch recorded %q %q", payment(ids[4]), payment(ids[5]))
+	}
+	c, err := f.db.AgentCounts(ctx, "seller-7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Paid != 3 || c.Total() != 3 {
+		t.Fatalf("counts %+v: the three paid calls count", c)
+	}
+}
+
+// FuzzSettlementReport: whatever the gateway's channel carries, a report
+// is recorded only as paid or unpaid, and nothing panics.
+func FuzzSettlementReport(f *testing.F) {
+	fx := newFixture(f, fixtureOpts{})
+	pending := map[string]string{"X-Aov-Gateway-Token": gatewayToken, "X-Aov-Payment": "paid", "X-Aov-Settlement": "pending"}
+	w := fx.do(http.MethodPost, "/verify/schema", invoice("129.5", ""), pending)
+	var doc map[string]any
+	if json.Unmarshal(w.Body.Bytes(), &doc) != nil {
+		f.Fatalf("verify: %d", w.Code)
+	}
+	id, _ := doc["verification_id"].(string)
+	for _, s := range []string{`{"verification_id":"` + id + `","payment":"paid"}`, `{"reports":[{"verification_id":"` + id + `","payment":"unpaid"}]}`,
+		`{"reports":[]}`, `{"reports":null}`, `{"verification_id":"` + id + `"}`, `[]`, `{"reports":[{}],"payment":"paid"}`} {
+		f.Add([]byte(s))
+	}
+	gw := map[string]string{"X-Aov-Gateway-Token": gatewayToken, "Content-Type": "application/json"}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		code := fx.do(http.MethodPost, "/v1/gateway/settlement", body, gw).Code
+		switch code {
+		case http.StatusNoContent, http.StatusNotFound, http.StatusUnprocessableEntity, http.StatusBadRequest, http.StatusUnsupportedMediaType, http.StatusRequestEntityTooLarge:
+		default:
+			t.Fatalf("status %d for %q", code, body)
+		}
+		rec, err := fx.db.Verification(context.Background(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p := rec.Payment; p != store.PaymentPending && p != store.PaymentPaid && p != store.PaymentUnpaid {
+			t.Fatalf("recorded %q", p)
+		}
+	})
 }
