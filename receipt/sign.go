@@ -155,14 +155,33 @@ func hasTopLevelAttestation(canon []byte) bool {
 			if depth == 1 && (canon[i-1] == '{' || canon[i-1] == ',') && bytes.HasPrefix(canon[i:], []byte(key)) {
 				return true
 			}
-			for i++; i < len(canon) && canon[i] != '"'; i++ {
-				if canon[i] == '\\' {
-					i++
-				}
-			}
+			i = stringEnd(canon, i)
 		}
 	}
 	return false
+}
+
+// stringEnd returns the index of the quote that closes the string opened by
+// the quote at b[open], or len(b) when none does. Most of a response is
+// strings, so they are skipped a quote at a time (bytes.IndexByte), not a
+// byte at a time: a quote closes the string unless an odd run of
+// backslashes escapes it.
+func stringEnd(b []byte, open int) int {
+	for from := open + 1; ; {
+		k := bytes.IndexByte(b[from:], '"')
+		if k < 0 {
+			return len(b)
+		}
+		q := from + k
+		escapes := 0
+		for p := q - 1; p > open && b[p] == '\\'; p-- {
+			escapes++
+		}
+		if escapes%2 == 0 {
+			return q
+		}
+		from = q + 1
+	}
 }
 
 // Sign signs response (a JSON object without "attestation") under context
@@ -296,11 +315,7 @@ func objectEnd(b []byte) int {
 				return i + 1
 			}
 		case '"':
-			for i++; i < len(b) && b[i] != '"'; i++ {
-				if b[i] == '\\' {
-					i++
-				}
-			}
+			i = stringEnd(b, i)
 		}
 	}
 	return -1
