@@ -54,7 +54,10 @@ func openWatch(dir string) (int, error) {
 // any, and whether the watch still holds (false when the directory was
 // removed or moved, or the instance failed: the caller then stats instead).
 func pollWatch(fd int) (events, alive bool) {
-	var buf [4096]byte
+	// Room for one event with the longest name (the kernel refuses a read
+	// that cannot take the next event whole), small enough for the stack
+	// of the signing goroutine that calls this before every signature.
+	var buf [syscall.SizeofInotifyEvent + syscall.NAME_MAX + 1 + 128]byte
 	for {
 		n, err := syscall.Read(fd, buf[:])
 		switch {
