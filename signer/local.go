@@ -74,7 +74,7 @@ func NewLocal(dir string, log *slog.Logger) (*Local, error) {
 // (the directory is re-read only when no key is loaded yet): Sign checks
 // the index anyway, and a response built for a key rotated away meanwhile
 // gets *StaleKeyError, as from a Client whose cache is behind. This saves
-// a second stat per verification.
+// a second check of the index per verification.
 func (l *Local) CurrentKey(context.Context) (string, error) {
 	if k, err := l.keys.Current(); err == nil {
 		return k.Version, nil
