@@ -15,8 +15,10 @@ const dirEvents = syscall.IN_CREATE | syscall.IN_DELETE | syscall.IN_MODIFY | sy
 	syscall.IN_MOVED_FROM | syscall.IN_MOVED_TO | syscall.IN_ATTRIB | syscall.IN_DELETE_SELF | syscall.IN_MOVE_SELF
 
 // File systems whose files other machines can change: the kernel sends no
-// event for those changes, so a directory on one is not watched.
-var remoteFileSystems = map[int64]bool{
+// event for those changes, so a directory on one is not watched. The magic
+// numbers are 32 bits; Statfs_t.Type is signed, and 32 bits wide on some
+// platforms, so it is compared as uint32.
+var remoteFileSystems = map[uint32]bool{
 	0x6969:     true, // NFS
 	0x517b:     true, // SMB
 	0xff534d42: true, // CIFS
@@ -36,7 +38,7 @@ func openWatch(dir string) (int, error) {
 	if err := syscall.Statfs(dir, &fs); err != nil {
 		return -1, err
 	}
-	if remoteFileSystems[int64(fs.Type)] {
+	if remoteFileSystems[uint32(fs.Type)] {
 		return -1, errors.New("the key directory is on a network file system")
 	}
 	fd, err := syscall.InotifyInit1(syscall.IN_CLOEXEC | syscall.IN_NONBLOCK)
