@@ -105,6 +105,14 @@ type Options struct {
 	// in-process signer): whoever takes it over cannot sign with a retired
 	// key, whose receipts verifiers still accept.
 	CurrentOnly bool
+	// Watch has the kernel report changes to the directory (inotify, on
+	// Linux), so that a Refresh that finds none costs no stat of the index;
+	// a change made by any process is still seen by the next Refresh after
+	// it (see watch). For a process that refreshes before every signature.
+	// Where the directory cannot be watched (another system, a network file
+	// system whose other clients the kernel does not hear from) every
+	// Refresh stats, as without it. Close ends the watch.
+	Watch bool
 }
 
 // Store is an open key directory. It is safe for concurrent use; writers
@@ -119,7 +127,12 @@ type Store struct {
 	mu   sync.RWMutex
 	keys []Key       // creation order
 	seen fs.FileInfo // index file as last loaded, to notice changes
+
+	watch *watch // nil: Refresh stats the index every time
 }
+
+// statIndex is Refresh's stat of the index; tests count its calls.
+var statIndex = os.Stat
 
 // indexEntry is one key in index.json. Times are RFC 3339 UTC strings so the
 // file reads well and the card copies them verbatim.
@@ -155,7 +168,12 @@ func Open(dir string, opts Options) (*Store, error) {
 	// Microseconds, like every timestamp of a receipt: enough to order a
 	// compromise against receipts, and readable.
 	s := &Store{dir: dir, publicOnly: opts.PublicOnly, currentOnly: opts.CurrentOnly, now: func() time.Time { return now().UTC().Truncate(time.Microsecond) }}
+	if opts.Watch {
+		// Before the first load: a change from then on is an event.
+		s.attachWatch()
+	}
 	if err := s.Reload(); err != nil {
+		s.Close()
 		return nil, err
 	}
 	return s, nil
@@ -282,10 +300,19 @@ func (s *Store) Reload() error {
 
 // Refresh reloads the index when it changed on disk since the last load (a
 // rotation by another process) and reports whether it did. It costs one
-// stat when nothing changed, so certd calls it before every signature and
-// card build: `certd rotate` takes effect on the next request.
+// stat when nothing changed (with Options.Watch, not even that), so certd
+// calls it before every signature and card build: `certd rotate` takes
+// effect on the next request.
 func (s *Store) Refresh() (bool, error) {
-	fi, err := os.Stat(filepath.Join(s.dir, IndexFile))
+	if s.watch != nil {
+		return s.watch.refresh(s.refresh)
+	}
+	return s.refresh()
+}
+
+// refresh is Refresh's stat of the index, and the reload if it changed.
+func (s *Store) refresh() (bool, error) {
+	fi, err := statIndex(filepath.Join(s.dir, IndexFile))
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return false, fmt.Errorf("checking key index: %w", err)
 	}

@@ -114,7 +114,7 @@ func FuzzVerifyReceipt(f *testing.F) {
 		}
 		delete(doc, "attestation")
 		canon, _ := AppendCanonical(nil, doc)
-		got, _ := signingInputCanonical(v.Context, v.KeyVersion, v.Timestamp, canon)
+		got, _ := appendSigningInputCanonical(nil, v.Context, v.KeyVersion, v.Timestamp, canon)
 		if !signed[string(got)] {
 			t.Fatalf("a receipt other than the genuine one verified:\n%s", got)
 		}

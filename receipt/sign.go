@@ -85,22 +85,32 @@ func SigningInput(context, keyVersion, attestedAt string, response []byte) ([]by
 // the input comes over its socket. A response that is not an object, or
 // still carries an attestation, is refused as SigningInput refuses it.
 func SigningInputCanonical(context, keyVersion, attestedAt string, canonResponse []byte) ([]byte, error) {
+	return AppendSigningInputCanonical(nil, context, keyVersion, attestedAt, canonResponse)
+}
+
+// AppendSigningInputCanonical is SigningInputCanonical appending to dst,
+// for a signer that reuses its buffer from one signature to the next.
+func AppendSigningInputCanonical(dst []byte, context, keyVersion, attestedAt string, canonResponse []byte) ([]byte, error) {
 	if len(canonResponse) < 2 || canonResponse[0] != '{' || canonResponse[len(canonResponse)-1] != '}' {
 		return nil, errors.New("building the signed document: response is not a JSON object")
 	}
 	if hasTopLevelAttestation(canonResponse) {
 		return nil, errors.New("building the signed document: response already carries an attestation; sign the response without it")
 	}
-	return signingInputCanonical(context, keyVersion, attestedAt, canonResponse)
+	return appendSigningInputCanonical(dst, context, keyVersion, attestedAt, canonResponse)
 }
 
-// signingInputCanonical assembles the five-key document around an already
-// canonical response.
-func signingInputCanonical(context, keyVersion, attestedAt string, canonResponse []byte) ([]byte, error) {
+// appendSigningInputCanonical assembles the five-key document around an
+// already canonical response, appended to dst (nil: a buffer of the right
+// size).
+func appendSigningInputCanonical(dst []byte, context, keyVersion, attestedAt string, canonResponse []byte) ([]byte, error) {
 	if context == "" || keyVersion == "" || attestedAt == "" {
 		return nil, errors.New("building the signed document: context, key_version and attested_at are required")
 	}
-	buf, err := appendSigningPrefix(make([]byte, 0, len(canonResponse)+len(context)+len(keyVersion)+len(attestedAt)+96), context, keyVersion, attestedAt)
+	if dst == nil {
+		dst = make([]byte, 0, len(canonResponse)+len(context)+len(keyVersion)+len(attestedAt)+96)
+	}
+	buf, err := appendSigningPrefix(dst, context, keyVersion, attestedAt)
 	if err != nil {
 		return nil, err
 	}
@@ -145,14 +155,33 @@ func hasTopLevelAttestation(canon []byte) bool {
 			if depth == 1 && (canon[i-1] == '{' || canon[i-1] == ',') && bytes.HasPrefix(canon[i:], []byte(key)) {
 				return true
 			}
-			for i++; i < len(canon) && canon[i] != '"'; i++ {
-				if canon[i] == '\\' {
-					i++
-				}
-			}
+			i = stringEnd(canon, i)
 		}
 	}
 	return false
+}
+
+// stringEnd returns the index of the quote that closes the string opened by
+// the quote at b[open], or len(b) when none does. Most of a response is
+// strings, so they are skipped a quote at a time (bytes.IndexByte), not a
+// byte at a time: a quote closes the string unless an odd run of
+// backslashes escapes it.
+func stringEnd(b []byte, open int) int {
+	for from := open + 1; ; {
+		k := bytes.IndexByte(b[from:], '"')
+		if k < 0 {
+			return len(b)
+		}
+		q := from + k
+		escapes := 0
+		for p := q - 1; p > open && b[p] == '\\'; p-- {
+			escapes++
+		}
+		if escapes%2 == 0 {
+			return q
+		}
+		from = q + 1
+	}
 }
 
 // Sign signs response (a JSON object without "attestation") under context
@@ -286,11 +315,7 @@ func objectEnd(b []byte) int {
 				return i + 1
 			}
 		case '"':
-			for i++; i < len(b) && b[i] != '"'; i++ {
-				if b[i] == '\\' {
-					i++
-				}
-			}
+			i = stringEnd(b, i)
 		}
 	}
 	return -1

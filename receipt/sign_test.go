@@ -136,3 +136,34 @@ func TestAttestationAppendJSON(t *testing.T) {
 		}
 	}
 }
+
+// stringEndByteWise is the byte-at-a-time string skip stringEnd replaced:
+// the reference it is held to.
+func stringEndByteWise(b []byte, open int) int {
+	i := open + 1
+	for ; i < len(b) && b[i] != '"'; i++ {
+		if b[i] == '\\' {
+			i++
+		}
+	}
+	return min(i, len(b))
+}
+
+// FuzzStringEnd: stringEnd finds the closing quote the byte-at-a-time scan
+// finds, in any bytes, so hasTopLevelAttestation and objectEnd decide as
+// they did.
+func FuzzStringEnd(f *testing.F) {
+	for _, s := range []string{`"abc"`, `"a\"b"`, `"a\\"b"`, `"a\\\"b"`, `"\\\\"`, `"unterminated`, `"ends\`, `""`, `"\u0022"x"`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		for open := range b {
+			if b[open] != '"' {
+				continue
+			}
+			if got, want := stringEnd(b, open), stringEndByteWise(b, open); got != want {
+				t.Fatalf("%q from %d: stringEnd %d, byte-wise %d", b, open, got, want)
+			}
+		}
+	})
+}

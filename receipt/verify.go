@@ -166,7 +166,7 @@ func Verify(resp []byte, keys KeySet, context string) (Verified, error) {
 	if err != nil {
 		return Verified{}, fmt.Errorf("receipt: %w", err)
 	}
-	msg, err := signingInputCanonical(context, att.KeyVersion, att.Timestamp, canon)
+	msg, err := appendSigningInputCanonical(nil, context, att.KeyVersion, att.Timestamp, canon)
 	if err != nil {
 		return Verified{}, fmt.Errorf("receipt: %w", err)
 	}

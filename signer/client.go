@@ -142,7 +142,7 @@ func (c *Client) setKey(k string) {
 // *apierr.Error 503 (retryable) when certd cannot be reached; an
 // *apierr.Error 500 for a refusal, which means a bug on the calling side.
 func (c *Client) Sign(ctx context.Context, signContext, keyVersion, attestedAt string, response []byte) (receipt.Attestation, error) {
-	return c.sign(ctx, receipt.SigningInput, signContext, keyVersion, attestedAt, response)
+	return c.sign(ctx, appendSigningInput, signContext, keyVersion, attestedAt, response)
 }
 
 // SignCanonical is Sign for a response already in RFC 8785 form (see
@@ -150,11 +150,11 @@ func (c *Client) Sign(ctx context.Context, signContext, keyVersion, attestedAt s
 // without canonicalizing it again. certd checks the input's form as it
 // checks every input.
 func (c *Client) SignCanonical(ctx context.Context, signContext, keyVersion, attestedAt string, canonResponse []byte) (receipt.Attestation, error) {
-	return c.sign(ctx, receipt.SigningInputCanonical, signContext, keyVersion, attestedAt, canonResponse)
+	return c.sign(ctx, receipt.AppendSigningInputCanonical, signContext, keyVersion, attestedAt, canonResponse)
 }
 
 func (c *Client) sign(ctx context.Context, input signingInput, signContext, keyVersion, attestedAt string, response []byte) (receipt.Attestation, error) {
-	body, err := input(signContext, keyVersion, attestedAt, response)
+	body, err := input(nil, signContext, keyVersion, attestedAt, response)
 	if err != nil {
 		return receipt.Attestation{}, apierr.Internal(fmt.Errorf("building the signing input: %w", err))
 	}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sync"
 
 	"github.com/aovhq/aov/apierr"
 	"github.com/aovhq/aov/keystore"
@@ -24,10 +25,11 @@ import (
 //
 // certd stays the keys' owner: it generates and rotates them and publishes
 // every version in the agent card. Local only reads the directory. Like
-// certd it re-checks the key index before every signature (one stat), so a
-// `certd rotate` takes effect on the next verification, and a response built
-// for the previous key gets *StaleKeyError and is rebuilt, exactly as over
-// the socket.
+// certd it re-checks the key index before every signature, so a `certd
+// rotate` takes effect on the next verification, and a response built for
+// the previous key gets *StaleKeyError and is rebuilt, exactly as over the
+// socket. It watches the directory (keystore.Options.Watch): the re-check
+// is a look for a change the kernel reported, not a stat of the index.
 //
 // The trade-off: the current private key then lives in the process that
 // parses untrusted schemas and documents (only that one: Local opens the
@@ -58,7 +60,7 @@ func NewLocal(dir string, log *slog.Logger) (*Local, error) {
 	if !fi.IsDir() {
 		return nil, fmt.Errorf("in-process signer: %s is not a directory", dir)
 	}
-	keys, err := keystore.Open(dir, keystore.Options{CurrentOnly: true})
+	keys, err := keystore.Open(dir, keystore.Options{CurrentOnly: true, Watch: true})
 	if err != nil {
 		return nil, fmt.Errorf("in-process signer: %w", err)
 	}
@@ -72,7 +74,7 @@ func NewLocal(dir string, log *slog.Logger) (*Local, error) {
 // (the directory is re-read only when no key is loaded yet): Sign checks
 // the index anyway, and a response built for a key rotated away meanwhile
 // gets *StaleKeyError, as from a Client whose cache is behind. This saves
-// a second stat per verification.
+// a second check of the index per verification.
 func (l *Local) CurrentKey(context.Context) (string, error) {
 	if k, err := l.keys.Current(); err == nil {
 		return k.Version, nil
@@ -84,23 +86,42 @@ func (l *Local) CurrentKey(context.Context) (string, error) {
 	return k.Version, nil
 }
 
+// Close releases the watch of the key directory. A closed Local still
+// signs, with a stat of the key index before every signature.
+func (l *Local) Close() error { return l.keys.Close() }
+
 // Sign signs response under signContext at attestedAt with the current key,
 // which must be keyVersion (*StaleKeyError otherwise, naming the current
 // one). Errors are those of Client.Sign: 503 without a usable key, 500 for
 // a request certd would refuse.
 func (l *Local) Sign(_ context.Context, signContext, keyVersion, attestedAt string, response []byte) (receipt.Attestation, error) {
-	return l.sign(receipt.SigningInput, signContext, keyVersion, attestedAt, response)
+	return l.sign(appendSigningInput, signContext, keyVersion, attestedAt, response)
 }
 
 // SignCanonical is Sign for a response already in RFC 8785 form (see
 // receipt.SigningInputCanonical): the signing input is assembled around it
 // without canonicalizing it again.
 func (l *Local) SignCanonical(_ context.Context, signContext, keyVersion, attestedAt string, canonResponse []byte) (receipt.Attestation, error) {
-	return l.sign(receipt.SigningInputCanonical, signContext, keyVersion, attestedAt, canonResponse)
+	return l.sign(receipt.AppendSigningInputCanonical, signContext, keyVersion, attestedAt, canonResponse)
 }
 
-// signingInput is receipt.SigningInput or receipt.SigningInputCanonical.
-type signingInput func(context, keyVersion, attestedAt string, response []byte) ([]byte, error)
+// signingInput is receipt.AppendSigningInputCanonical or
+// appendSigningInput.
+type signingInput func(dst []byte, context, keyVersion, attestedAt string, response []byte) ([]byte, error)
+
+// appendSigningInput is receipt.SigningInput as a signingInput; it
+// canonicalizes into a buffer of its own.
+func appendSigningInput(_ []byte, context, keyVersion, attestedAt string, response []byte) ([]byte, error) {
+	return receipt.SigningInput(context, keyVersion, attestedAt, response)
+}
+
+// inputs holds signing inputs (a response of a few kilobytes in its
+// five-member document) from one signature to the next: nothing keeps one
+// once it is signed.
+var inputs = sync.Pool{New: func() any { b := make([]byte, 0, 8<<10); return &b }}
+
+// maxPooledInput is the largest signing input kept for reuse.
+const maxPooledInput = 256 << 10
 
 func (l *Local) sign(input signingInput, signContext, keyVersion, attestedAt string, response []byte) (receipt.Attestation, error) {
 	if signContext != receipt.ContextVerify && signContext != receipt.ContextScore {
@@ -113,16 +134,23 @@ func (l *Local) sign(input signingInput, signContext, keyVersion, attestedAt str
 	if k.Version != keyVersion {
 		return receipt.Attestation{}, &StaleKeyError{Current: k.Version}
 	}
-	msg, err := input(signContext, keyVersion, attestedAt, response)
+	buf := inputs.Get().(*[]byte)
+	msg, err := input((*buf)[:0], signContext, keyVersion, attestedAt, response)
 	if err != nil {
+		inputs.Put(buf)
 		return receipt.Attestation{}, apierr.Internal(fmt.Errorf("building the signing input: %w", err))
 	}
-	return receipt.Attestation{
+	att := receipt.Attestation{
 		Algorithm:  receipt.Algorithm,
 		KeyVersion: keyVersion,
 		Timestamp:  attestedAt,
 		Signature:  base64.StdEncoding.EncodeToString(ed25519.Sign(k.Private, msg)),
-	}, nil
+	}
+	if cap(msg) <= maxPooledInput {
+		*buf = msg[:0]
+	}
+	inputs.Put(buf)
+	return att, nil
 }
 
 // Ping reports whether a signing key is loaded.

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/aovhq/aov/apierr"
 	"github.com/aovhq/aov/keystore"
@@ -100,6 +102,85 @@ func TestLocalFollowsRotation(t *testing.T) {
 	if _, err := l.Sign(ctx, receipt.ContextVerify, "k2", at, resp); !errors.As(err, &stale) || stale.Current != "k3" {
 		t.Fatalf("Sign with the compromised key: err = %v, want StaleKeyError{k3}", err)
 	}
+}
+
+// `certd rotate` and `certd compromise` are other processes. Once one has
+// returned, the very next signature in process is refused for the key it
+// replaced (StaleKeyError naming the new one), with no delay: the kernel
+// reports the replaced index before the other process's rename returns,
+// and the signer looks for that report before every signature.
+func TestLocalFollowsARotationByAnotherProcess(t *testing.T) {
+	f := start(t, fixtureOpts{})
+	l, err := NewLocal(f.keysDir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	ctx := context.Background()
+	operate := func(op string) {
+		t.Helper()
+		cmd := exec.Command(os.Args[0], "-test.run=^TestKeyOperatorProcess$", "-test.count=1")
+		cmd.Env = append(os.Environ(), "AOV_TEST_KEYS_DIR="+f.keysDir, "AOV_TEST_KEYS_OP="+op)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("certd %s in another process: %v\n%s", op, err, out)
+		}
+	}
+	sign := func(kv string) error {
+		at := nowString()
+		_, err := l.SignCanonical(ctx, receipt.ContextVerify, kv, at, canonical(t, sampleResponse(kv, at, 512)))
+		return err
+	}
+	for range 100 {
+		if err := sign("k1"); err != nil {
+			t.Fatalf("Sign with k1: %v", err)
+		}
+	}
+	for _, c := range []struct{ op, old, next string }{{"rotate", "k1", "k2"}, {"compromise", "k2", "k3"}} {
+		operate(c.op)
+		var stale *StaleKeyError
+		if err := sign(c.old); !errors.As(err, &stale) || stale.Current != c.next {
+			t.Fatalf("the first signature with %s after certd %s: err = %v, want StaleKeyError{%s}", c.old, c.op, err, c.next)
+		}
+		if err := sign(c.next); err != nil {
+			t.Fatalf("Sign with %s: %v", c.next, err)
+		}
+	}
+}
+
+// TestKeyOperatorProcess is the other process of
+// TestLocalFollowsARotationByAnotherProcess: it does to the key directory
+// what `certd rotate` or `certd compromise` does (the same keystore calls),
+// then exits.
+func TestKeyOperatorProcess(t *testing.T) {
+	dir := os.Getenv("AOV_TEST_KEYS_DIR")
+	if dir == "" {
+		t.Skip("run by TestLocalFollowsARotationByAnotherProcess")
+	}
+	ks, err := keystore.Open(dir, keystore.Options{PublicOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	switch op := os.Getenv("AOV_TEST_KEYS_OP"); op {
+	case "rotate":
+		_, err = ks.Rotate()
+	case "compromise":
+		cur, _ := ks.Current()
+		err = ks.MarkCompromised(cur.Version, time.Now().Add(-time.Second))
+	default:
+		t.Fatalf("unknown operation %q", op)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func canonical(t *testing.T, doc []byte) []byte {
+	t.Helper()
+	c, err := receipt.Canonicalize(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
 
 // Without a key the in-process signer is a retryable 503 (like an

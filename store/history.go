@@ -135,7 +135,7 @@ func (db *DB) RecordVerification(ctx context.Context, v Verification) error {
 	}
 	v.VerifiedAt = v.VerifiedAt.UTC()
 	v.Test = strings.HasPrefix(v.AgentID, TestAgentPrefix)
-	val, err := json.Marshal(v)
+	val, err := encodeRecord(&v)
 	if err != nil {
 		return fmt.Errorf("encoding verification: %w", err)
 	}
@@ -175,7 +175,7 @@ func putAgentRecord(txn *tx, v Verification, val []byte) error {
 		return err
 	}
 	c.add(v)
-	cv, err := json.Marshal(c)
+	cv, err := encodeCounts(&c)
 	if err != nil {
 		return fmt.Errorf("encoding counts: %w", err)
 	}
@@ -236,7 +236,7 @@ func (db *DB) SetPayment(ctx context.Context, id, payment string) error {
 			return ErrPaymentFinal
 		}
 		v.Payment = payment
-		val, err := json.Marshal(v)
+		val, err := encodeRecord(&v)
 		if err != nil {
 			return fmt.Errorf("encoding verification: %w", err)
 		}
@@ -256,7 +256,7 @@ func getCounts(txn *tx, key []byte) (Counts, error) {
 	if err != nil {
 		return c, fmt.Errorf("reading counts: %w", err)
 	}
-	err = item.Value(func(b []byte) error { return json.Unmarshal(b, &c) })
+	err = item.Value(func(b []byte) (err error) { c, err = decodeCounts(b); return err })
 	if err != nil {
 		return c, fmt.Errorf("decoding counts: %w", err)
 	}

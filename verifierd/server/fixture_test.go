@@ -98,9 +98,12 @@ func newFixture(t testing.TB, o fixtureOpts) *fixture {
 	}
 	var sig server.Signer = signer.NewClient(signer.ClientConfig{Socket: f.socket, Timeout: 2 * time.Second})
 	if o.localSigner {
-		if sig, err = signer.NewLocal(f.keys.Dir(), nil); err != nil {
+		l, err := signer.NewLocal(f.keys.Dir(), nil)
+		if err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(func() { l.Close() })
+		sig = l
 	}
 	f.h, err = server.New(server.Config{
 		Verifier:          verify.New(verify.Config{MaxBodyBytes: o.maxBody, VerifierVersion: "test"}),

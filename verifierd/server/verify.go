@@ -177,8 +177,13 @@ func readLimited(w http.ResponseWriter, r *http.Request, limit int64, dst []byte
 }
 
 // isJSON accepts application/json and any +json media type (with
-// parameters such as charset); an empty Content-Type is not JSON.
+// parameters such as charset); an empty Content-Type is not JSON. The
+// plain "application/json" most callers send is taken as it is, without
+// mime.ParseMediaType's map of parameters.
 func isJSON(ct string) bool {
+	if ct == "application/json" {
+		return true
+	}
 	mt, _, err := mime.ParseMediaType(ct)
 	if err != nil {
 		return false

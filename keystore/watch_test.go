@@ -1,0 +1,239 @@
+package keystore
+
+import (
+	"io/fs"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"testing"
+)
+
+// countStats counts Refresh's stats of the index while the test runs.
+func countStats(t *testing.T) func() int {
+	var mu sync.Mutex
+	n := 0
+	statIndex = func(name string) (fs.FileInfo, error) {
+		mu.Lock()
+		n++
+		mu.Unlock()
+		return os.Stat(name)
+	}
+	t.Cleanup(func() { statIndex = os.Stat })
+	return func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return n
+	}
+}
+
+func openWatched(t *testing.T, dir string, c *clock) *Store {
+	t.Helper()
+	s, err := Open(dir, Options{Now: c.Now, Watch: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if runtime.GOOS == "linux" && (s.watch == nil || !s.watch.watching()) {
+		t.Fatal("the key directory is not watched")
+	}
+	return s
+}
+
+// With a watch, a Refresh that finds no change does not stat the index;
+// a rotation by another Store (as `certd rotate` is another process) is
+// still seen by the very next Refresh, and a write of the store's own is
+// not mistaken for a change.
+func TestWatchedRefreshSeesEveryRotationWithoutAStatPerCall(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("directory watches are implemented on Linux")
+	}
+	dir := t.TempDir()
+	c := newClock()
+	serving := openWatched(t, dir, c)
+	stats := countStats(t)
+	if changed, err := serving.Refresh(); err != nil || changed {
+		t.Fatalf("Refresh of an empty directory = %v, %v", changed, err)
+	}
+	operator := open(t, dir, c)
+	for i, want := range []string{"k1", "k2", "k3"} {
+		if _, err := operator.Rotate(); err != nil {
+			t.Fatal(err)
+		}
+		if changed, err := serving.Refresh(); err != nil || !changed {
+			t.Fatalf("Refresh right after rotation %d = %v, %v; want true", i+1, changed, err)
+		}
+		if cur, _ := serving.Current(); cur.Version != want {
+			t.Fatalf("after rotation %d the current key is %s, want %s", i+1, cur.Version, want)
+		}
+		before := stats()
+		for range 1000 {
+			if changed, err := serving.Refresh(); err != nil || changed {
+				t.Fatalf("Refresh without a change = %v, %v", changed, err)
+			}
+		}
+		if n := stats() - before; n != 0 {
+			t.Fatalf("1000 Refreshes without a change statted the index %d times", n)
+		}
+	}
+	if _, err := serving.Rotate(); err != nil { // its own write
+		t.Fatal(err)
+	}
+	if changed, err := serving.Refresh(); err != nil || changed {
+		t.Fatalf("Refresh after the store's own rotation = %v, %v; want false", changed, err)
+	}
+	if got := versions(serving.List()); got != "k1:retired,k2:retired,k3:retired,k4:current" {
+		t.Fatalf("List = %s", got)
+	}
+}
+
+// An index edited in place (not replaced) is seen too.
+func TestWatchedRefreshSeesAnIndexEditedInPlace(t *testing.T) {
+	dir := t.TempDir()
+	c := newClock()
+	serving := openWatched(t, dir, c)
+	if _, err := serving.Generate(); err != nil {
+		t.Fatal(err)
+	}
+	other := t.TempDir()
+	donor := open(t, other, c)
+	if _, err := donor.Generate(); err != nil {
+		t.Fatal(err)
+	}
+	c.Add(1)
+	if _, err := donor.Rotate(); err != nil {
+		t.Fatal(err)
+	}
+	// The donor's keys, then its index written over ours in place.
+	for _, name := range []string{"k1.key", "k2.key"} {
+		copyFile(t, filepath.Join(other, name), filepath.Join(dir, name), 0o600)
+	}
+	f, err := os.OpenFile(filepath.Join(dir, IndexFile), os.O_WRONLY|os.O_TRUNC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	idx, err := os.ReadFile(filepath.Join(other, IndexFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write(idx); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if changed, err := serving.Refresh(); err != nil || !changed {
+		t.Fatalf("Refresh after an edit in place = %v, %v; want true", changed, err)
+	}
+	if cur, _ := serving.Current(); cur.Version != "k2" {
+		t.Fatalf("current key %s, want k2", cur.Version)
+	}
+}
+
+func copyFile(t *testing.T, from, to string, perm os.FileMode) {
+	t.Helper()
+	b, err := os.ReadFile(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(to, b, perm); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(to, perm); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// When the watched directory is moved away and another put in its place
+// (a restore from a backup), the watch ends and Refresh goes back to a
+// stat per call, so the restored directory's keys are found.
+func TestWatchEndsWhenTheDirectoryIsReplaced(t *testing.T) {
+	parent := t.TempDir()
+	dir := filepath.Join(parent, "keys")
+	c := newClock()
+	serving := openWatched(t, dir, c)
+	if _, err := serving.Generate(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(dir, filepath.Join(parent, "keys.old")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"k1.key", IndexFile} {
+		copyFile(t, filepath.Join(parent, "keys.old", name), filepath.Join(dir, name), 0o600)
+	}
+	if _, err := open(t, dir, c).Rotate(); err != nil {
+		t.Fatal(err)
+	}
+	if changed, err := serving.Refresh(); err != nil || !changed {
+		t.Fatalf("Refresh after the directory was replaced = %v, %v; want true", changed, err)
+	}
+	if serving.watch != nil && serving.watch.watching() {
+		t.Fatal("still watching a directory that was moved away")
+	}
+	if cur, _ := serving.Current(); cur.Version != "k2" {
+		t.Fatalf("current key %s, want k2", cur.Version)
+	}
+	stats := countStats(t)
+	serving.Refresh()
+	if stats() != 1 {
+		t.Fatal("without its watch, Refresh did not stat the index")
+	}
+}
+
+// A reload that fails (a corrupt index) is retried by the next Refresh
+// although no new event came, as without a watch; the keys loaded before
+// stay in use meanwhile.
+func TestWatchedRefreshRetriesAFailedReload(t *testing.T) {
+	dir := t.TempDir()
+	c := newClock()
+	serving := openWatched(t, dir, c)
+	if _, err := serving.Generate(); err != nil {
+		t.Fatal(err)
+	}
+	good, err := os.ReadFile(filepath.Join(dir, IndexFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, IndexFile), []byte("{not json"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		if _, err := serving.Refresh(); err == nil {
+			t.Fatalf("Refresh %d of a corrupt index succeeded", i+1)
+		}
+		if cur, err := serving.Current(); err != nil || cur.Version != "k1" {
+			t.Fatalf("after a failed reload: current %s, %v; want k1 kept", cur.Version, err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, IndexFile), good, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := serving.Refresh(); err != nil {
+		t.Fatalf("Refresh of the repaired index: %v", err)
+	}
+	if _, err := serving.Refresh(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Close ends the watch; the Store still follows rotations, by stat.
+func TestClosedWatchFallsBackToStat(t *testing.T) {
+	dir := t.TempDir()
+	c := newClock()
+	serving := openWatched(t, dir, c)
+	if err := serving.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := serving.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := open(t, dir, c).Rotate(); err != nil {
+		t.Fatal(err)
+	}
+	if changed, err := serving.Refresh(); err != nil || !changed {
+		t.Fatalf("Refresh after Close and a rotation = %v, %v; want true", changed, err)
+	}
+}
