@@ -94,6 +94,7 @@ func serve(args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	defer keys.Close()
 
 	// Signing endpoint: private.
 	var secret string
@@ -195,7 +196,10 @@ loop:
 // key. Outside dev mode an empty directory is refused: a production key is
 // made deliberately, with `certd rotate`.
 func openKeys(cfg serveConfig, log *slog.Logger) (*keystore.Store, error) {
-	keys, err := keystore.Open(cfg.keysDir, keystore.Options{})
+	// Watch: every signature checks the index for a rotation by
+	// `certd rotate` or `certd compromise` (other processes), and the
+	// kernel's report of a change makes that check free when there was none.
+	keys, err := keystore.Open(cfg.keysDir, keystore.Options{Watch: true})
 	if err != nil {
 		return nil, err
 	}
