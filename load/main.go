@@ -364,6 +364,9 @@ func post(endpoint string, body []byte, header ...string) request {
 // reference HTTP load tool, does in C.
 type client struct{ fc *fasthttp.Client }
 
+// maxHeaderBytes bounds an answer's header block.
+const maxHeaderBytes = 64 << 10
+
 // requestTimeout bounds one request, whatever the phase's deadline.
 const requestTimeout = 30 * time.Second
 
@@ -371,8 +374,11 @@ const requestTimeout = 30 * time.Second
 // worker, never through a proxy (fasthttp has none).
 func newClient(concurrency int) *client {
 	return &client{fc: &fasthttp.Client{
-		MaxConnsPerHost:          concurrency,
-		MaxResponseBodySize:      maxAnswerBytes,
+		MaxConnsPerHost:     concurrency,
+		MaxResponseBodySize: maxAnswerBytes,
+		// A 402's PAYMENT-REQUIRED header alone is several KiB (the
+		// offers and the route's schema); fasthttp's default is 4 KiB.
+		ReadBufferSize:           maxHeaderBytes,
 		ReadTimeout:              requestTimeout,
 		WriteTimeout:             requestTimeout,
 		NoDefaultUserAgentHeader: true,
