@@ -366,3 +366,257 @@ func TestGroupCommitTakesTheWritersAnsweredTogether(t *testing.T) {
 		t.Fatalf("the writers answered together shared their next group in %d of %d trials", shared, trials)
 	}
 }
+
+// holdLog makes the store's next log write (the n-th from now) wait: it
+// returns a channel closed when that write is about to start (with after,
+// when it returned, before its group is committed) and a function that lets
+// it go on.
+func holdLog(t *testing.T, db *DB, after bool) (held <-chan struct{}, release func()) {
+	t.Helper()
+	at := db.commits.logged + 1
+	h, r := make(chan struct{}), make(chan struct{})
+	hook := func(n int) {
+		if n == at {
+			close(h)
+			<-r
+		}
+	}
+	if after {
+		db.commits.afterLog = hook
+	} else {
+		db.commits.beforeLog = hook
+	}
+	var once sync.Once
+	release = func() { once.Do(func() { close(r) }) }
+	t.Cleanup(release)
+	return h, release
+}
+
+// waitQueued waits until n writers are queued behind the lead.
+func waitQueued(t *testing.T, db *DB, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		db.commits.mu.Lock()
+		q := len(db.commits.queue)
+		db.commits.mu.Unlock()
+		if q == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d writers queued, want %d", q, n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func counterLen(t *testing.T, db *DB, key string) int {
+	t.Helper()
+	v, _ := getKey(t, db, key)
+	return len(v)
+}
+
+// TestGroupCommitPipelinesTheLogWrite: while a group's record is being
+// written, the next group is built on its writes (a read-modify-write sees
+// the value the group being written leaves), and neither is visible to a
+// reader until it is durable; then both are committed, in order.
+func TestGroupCommitPipelinesTheLogWrite(t *testing.T) {
+	db, _ := openTemp(t, Options{})
+	ctx := context.Background()
+	key := []byte("test/counter")
+	held, release := holdLog(t, db, false)
+	first := make(chan error, 1)
+	go func() { first <- db.update(ctx, func(txn *tx) error { return growCounter(txn, key) }) }()
+	<-held
+	built := make(chan int, 1)
+	second := make(chan error, 1)
+	go func() {
+		second <- db.update(ctx, func(txn *tx) error {
+			if err := growCounter(txn, key); err != nil {
+				return err
+			}
+			item, err := txn.Get(key)
+			if err != nil {
+				return err
+			}
+			return item.Value(func(v []byte) error {
+				select {
+				case built <- len(v):
+				default:
+				}
+				return nil
+			})
+		})
+	}()
+	select {
+	case n := <-built:
+		if n != 2 {
+			t.Fatalf("the group built during the first one's log write left the counter at %d, want 2 (on the first one's write)", n)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the next group was not built while the first one's record was written")
+	}
+	if n := counterLen(t, db, string(key)); n != 0 {
+		t.Fatalf("a reader sees the counter at %d before any group is durable", n)
+	}
+	release()
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-second; err != nil {
+		t.Fatal(err)
+	}
+	if n := counterLen(t, db, string(key)); n != 2 {
+		t.Fatalf("the counter is %d after both groups, want 2", n)
+	}
+}
+
+// TestGroupCommitJoinsWritersQueuedDuringTheWrite: a writer that queues
+// while the group before is being written joins the group already built
+// for the next write (one record for both), after its fns; one whose fn
+// fails there leaves nothing, and the group is built again without it.
+func TestGroupCommitJoinsWritersQueuedDuringTheWrite(t *testing.T) {
+	for _, fail := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fail=%v", fail), func(t *testing.T) {
+			db, _ := openTemp(t, Options{})
+			ctx := context.Background()
+			key := []byte("test/counter")
+			held, release := holdLog(t, db, false)
+			errs := make(chan error, 3)
+			go func() { errs <- db.update(ctx, func(txn *tx) error { return growCounter(txn, key) }) }()
+			<-held
+			built := make(chan struct{})
+			go func() {
+				errs <- db.update(ctx, func(txn *tx) error {
+					select {
+					case <-built:
+					default:
+						close(built)
+					}
+					return growCounter(txn, key)
+				})
+			}()
+			<-built // the next group, waiting for the log
+			errFn := errors.New("refused")
+			joined := make(chan error, 1)
+			go func() {
+				joined <- db.update(ctx, func(txn *tx) error {
+					if err := growCounter(txn, key); err != nil {
+						return err
+					}
+					if fail {
+						return errFn
+					}
+					return nil
+				})
+			}()
+			waitQueued(t, db, 1)
+			before := db.commits.logged
+			release()
+			for range 2 {
+				if err := <-errs; err != nil {
+					t.Fatal(err)
+				}
+			}
+			err := <-joined
+			want := 3
+			if fail {
+				want = 2
+				if !errors.Is(err, errFn) {
+					t.Fatalf("the failed writer got %v", err)
+				}
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			if n := counterLen(t, db, string(key)); n != want {
+				t.Fatalf("counter %d, want %d", n, want)
+			}
+			if n := db.commits.logged - before; n != 1 {
+				t.Fatalf("%d records after the held one, want 1 for the two writers", n)
+			}
+		})
+	}
+}
+
+// TestGroupCommitCheckpointWaitsForTheGroupBefore: a record that makes the
+// log wrap is written only once the group before it is committed to
+// Badger: the checkpoint syncs Badger and drops the log's records, so a
+// group logged and not yet committed would be in neither after a power
+// loss.
+func TestGroupCommitCheckpointWaitsForTheGroupBefore(t *testing.T) {
+	db, dir := openTemp(t, Options{walSize: 2 * walBlock})
+	ctx := context.Background()
+	epoch := func() uint64 {
+		h := make([]byte, 20)
+		f, err := os.Open(filepath.Join(dir, walFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		f.ReadAt(h, 0)
+		e, _ := decodeWALHeader(h)
+		return e
+	}
+	value := make([]byte, walBlock*3/4) // two do not fit in the log
+	held, release := holdLog(t, db, true)
+	first := make(chan error, 1)
+	go func() { first <- db.update(ctx, func(txn *tx) error { return txn.Set([]byte("test/a"), value) }) }()
+	<-held // logged, not committed
+	e := epoch()
+	second := make(chan error, 1)
+	go func() { second <- db.update(ctx, func(txn *tx) error { return txn.Set([]byte("test/b"), value) }) }()
+	time.Sleep(100 * time.Millisecond)
+	if epoch() != e {
+		t.Fatal("the log wrapped while the group before was not in Badger")
+	}
+	release()
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-second; err != nil {
+		t.Fatal(err)
+	}
+	if epoch() != e+1 {
+		t.Fatalf("the log is at epoch %d, want %d: the test did not make it wrap", epoch(), e+1)
+	}
+}
+
+// TestGroupCommitFailedLogWriteFailsTheGroupBuiltOnIt: when a group's log
+// write fails, the group built on its writes meanwhile is not written and
+// fails with ErrNeedsReopen; neither is in Badger.
+func TestGroupCommitFailedLogWriteFailsTheGroupBuiltOnIt(t *testing.T) {
+	db, _ := openTemp(t, Options{})
+	ctx := context.Background()
+	held, release := holdLog(t, db, false)
+	first := make(chan error, 1)
+	go func() { first <- setKeyErr(db, "test/a") }()
+	<-held
+	built := make(chan struct{})
+	second := make(chan error, 1)
+	go func() {
+		second <- db.update(ctx, func(txn *tx) error {
+			select {
+			case <-built:
+			default:
+				close(built)
+			}
+			return txn.Set([]byte("test/b"), nil)
+		})
+	}()
+	<-built
+	db.commits.log.recf.Close()
+	release()
+	if err := <-first; err == nil || errors.Is(err, ErrNeedsReopen) {
+		t.Fatalf("the group whose write failed got %v, want the write's error", err)
+	}
+	if err := <-second; !errors.Is(err, ErrNeedsReopen) {
+		t.Fatalf("the group built on it got %v, want ErrNeedsReopen", err)
+	}
+	for _, k := range []string{"test/a", "test/b"} {
+		if _, ok := getKey(t, db, k); ok {
+			t.Errorf("%s is in Badger", k)
+		}
+	}
+}
+
+func setKeyErr(db *DB, key string) error { return setKey(db, key, "v") }
