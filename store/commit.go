@@ -25,21 +25,22 @@ import (
 // among it), and later hands the lead to the first writer still waiting, so
 // a lone writer commits on its own goroutine without a hand-off.
 //
-// With the log, groups are pipelined: the lead is handed on when the
+// With the log, groups are pipelined: the lead is handed on as soon as the
 // group's record starts its write to the log, not when the group is done,
 // so the next group's fns run (and its writers' requests are gathered)
 // while the disk writes this one; the log is kept busy instead of waiting
 // for a group's fns, its Badger commit and the hand-off between writers.
 // Order is kept by each group waiting for the one built before it twice:
 // its record is written only after the previous record's write returned,
-// and it is committed to Badger only after the previous one was. So the
-// log's order is the commit order, Badger shows nothing that is not
+// and its Badger transaction commits only after the previous one's did. So
+// the log's order is the commit order, Badger shows nothing that is not
 // durable, and a writer is answered only once its group is durable and
 // visible. A group built while the one before it is not yet committed sees
 // that one's writes because they are copied into its Badger transaction
-// first (carry); such a transaction is only the view its fns run on: what
-// is committed is the group's record, its own writes alone. Without the
-// log (Options.NoSync) there is no write to overlap, and a group is
+// first (pipeline), and committed again with it, unchanged or overwritten:
+// every group's transaction holds the writes of the groups it was built
+// on, exactly as a reader of the committed state will find them. Without
+// the log (Options.NoSync) there is no write to overlap, and a group is
 // committed before the lead is handed on.
 //
 // Running the group serially inside one transaction keeps each call's
@@ -64,7 +65,8 @@ type committer struct {
 	mu    sync.Mutex
 	queue []*commitOp
 	// spare is the queue's other buffer: a leader takes the queue whole
-	// (copying out the ops still live) and leaves spare in its place.
+	// and leaves spare in its place, so taking a group allocates nothing
+	// once its buffer is given back (when the group is answered).
 	spare   []*commitOp
 	leading bool // a writer holds the lead (builds groups)
 	// lastGroup is how many ops the last group answered (see lead).
@@ -442,9 +444,9 @@ func (c *committer) extend(g *group) {
 			c.freeRecord(g.txn.rec)
 			built, rest := c.build(all)
 			if built != nil {
-				g.ops, g.txn, g.carried = built.ops, built.txn, built.carried
+				g.ops, g.txn = built.ops, built.txn
 			} else {
-				g.ops, g.txn, g.carried = nil, &tx{b: c.bdb.NewTransaction(true)}, false
+				g.ops, g.txn = nil, &tx{b: c.bdb.NewTransaction(true)}
 			}
 			if len(rest) > 0 {
 				c.requeue(rest)
