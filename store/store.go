@@ -131,10 +131,6 @@ func Open(dir string, opts Options) (*DB, error) {
 	// commit durable; with NoSync nothing does.
 	bo := badger.DefaultOptions(dir).
 		WithSyncWrites(false).
-		// Every read-write transaction goes through the committer, one
-		// group at a time: there is nothing to conflict with (and a
-		// pipelined group starts before the one it follows commits).
-		WithDetectConflicts(false).
 		WithLogger(badgerLogger{opts.Logger}).
 		// Sized for a small service on a small machine: Badger's defaults
 		// (64 MiB memtables, 256 MiB block cache, 1 GiB value-log files)

@@ -23,11 +23,9 @@ import (
 // O_DIRECT where the file system takes it, see writeRecord) is a single
 // data write.
 //
-// Groups are written one at a time and committed to Badger in the same
-// order, each after its record is written, so the log's order is the commit
+// Since groups are committed one at a time, the log's order is the commit
 // order, and everything Badger shows is already in the log (or, before the
-// last checkpoint, synced in Badger's own files). A checkpoint waits until
-// every group already logged is in Badger (commit.go). After a crash, Open
+// last checkpoint, synced in Badger's own files). After a crash, Open
 // replays the log into Badger: the writes Badger's unsynced files lost
 // come back, in order.
 //
@@ -244,9 +242,8 @@ func decodeWALHeader(b []byte) (uint64, bool) {
 	return binary.LittleEndian.Uint64(b[8:]), true
 }
 
-// wal is an open write-ahead log. The committer's groups use it one at a
-// time (each appends only once the one before it returned), so it needs no
-// lock of its own.
+// wal is an open write-ahead log. Only the committer's leader uses it, one
+// group at a time, so it needs no lock of its own.
 type wal struct {
 	f     *os.File
 	dsync bool // f was opened O_DSYNC: a write is durable when it returns
@@ -263,6 +260,7 @@ type wal struct {
 	// filled is how much of the file is written (zeros at least); size is
 	// the capacity the log wraps at.
 	filled, size int64
+	rec          walRecord
 	// syncBadger makes everything written to Badger durable: the first
 	// step of a checkpoint.
 	syncBadger func() error
@@ -420,7 +418,7 @@ func (w *wal) writeRecord(b []byte) error {
 // takes no more writes (see committer.fail).
 func (w *wal) append(r *walRecord) error {
 	n := int64(len(r.buf))
-	if w.wraps(r) {
+	if w.off+n > w.size {
 		// A record bigger than the whole log grows it to fit.
 		w.size = max(w.size, walHeaderSize+n)
 		if err := w.checkpoint(); err != nil {
@@ -441,9 +439,6 @@ func (w *wal) append(r *walRecord) error {
 	w.off += n
 	return nil
 }
-
-// wraps reports whether appending r checkpoints first (see append).
-func (w *wal) wraps(r *walRecord) bool { return w.off+int64(len(r.buf)) > w.size }
 
 // checkpoint makes Badger durable, then starts the log afresh at the next
 // epoch (durable when it returns). A log that holds no record covers
@@ -503,26 +498,24 @@ func (w *wal) close() error {
 // empty reports whether the log holds no record since its last checkpoint.
 func (w *wal) empty() bool { return w.off == walHeaderSize }
 
-// replayRecord applies one record's payload to bdb (applyRecord). Replaying
-// a record twice ends in the same state, so a crash during replay only
-// means replaying again.
-func replayRecord(bdb *badger.DB, payload []byte) error {
-	if err := applyRecord(bdb, payload); err != nil {
-		return fmt.Errorf("store: replaying the write-ahead log: %w", err)
-	}
-	return nil
-}
-
-// applyRecord commits one record's payload to bdb, in order, in as few
+// replayRecord applies one record's payload to bdb, in order, in as few
 // transactions as Badger allows (a record holds one group's writes, which
 // fitted in one transaction when they were made; replay does not depend on
-// it).
-func applyRecord(bdb *badger.DB, payload []byte) error {
+// it). Replaying a record twice ends in the same state, so a crash during
+// replay only means replaying again.
+func replayRecord(bdb *badger.DB, payload []byte) error {
 	txn := bdb.NewTransaction(true)
 	defer func() { txn.Discard() }()
 	err := decodeWALPayload(payload, func(op walOp) error {
 		for {
-			err := setOp(txn, op)
+			var err error
+			if op.kind == walSet {
+				e := badger.NewEntry(op.key, op.value)
+				e.ExpiresAt, e.UserMeta = op.expiresAt, op.meta
+				err = txn.SetEntry(e)
+			} else {
+				err = txn.Delete(op.key)
+			}
 			if !errors.Is(err, badger.ErrTxnTooBig) {
 				return err
 			}
@@ -533,23 +526,12 @@ func applyRecord(bdb *badger.DB, payload []byte) error {
 		}
 	})
 	if err != nil {
-		return err
+		return fmt.Errorf("store: replaying the write-ahead log: %w", err)
 	}
-	return txn.Commit()
-}
-
-// setPayload writes the ops of payload into txn, in order.
-func setPayload(txn *badger.Txn, payload []byte) error {
-	return decodeWALPayload(payload, func(op walOp) error { return setOp(txn, op) })
-}
-
-func setOp(txn *badger.Txn, op walOp) error {
-	if op.kind == walDelete {
-		return txn.Delete(op.key)
+	if err := txn.Commit(); err != nil {
+		return fmt.Errorf("store: replaying the write-ahead log: %w", err)
 	}
-	e := badger.NewEntry(op.key, op.value)
-	e.ExpiresAt, e.UserMeta = op.expiresAt, op.meta
-	return txn.SetEntry(e)
+	return nil
 }
 
 // syncBadger makes everything written to the Badger database in dir

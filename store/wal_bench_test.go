@@ -39,12 +39,11 @@ func BenchmarkWALAppend(b *testing.B) {
 			value := make([]byte, 1400)
 			b.ReportAllocs()
 			b.SetBytes(int64(len(value)))
-			var rec walRecord
 			cpu, start := processCPU(), time.Now()
 			for b.Loop() {
-				rec.reset()
-				rec.set([]byte("record/0000"), value, 0, 0)
-				if err := w.append(&rec); err != nil {
+				w.rec.reset()
+				w.rec.set([]byte("record/0000"), value, 0, 0)
+				if err := w.append(&w.rec); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -822,10 +822,9 @@ func TestWALCheckpointSyncsBadgerWhenItHoldsRecords(t *testing.T) {
 	if syncs != 0 {
 		t.Errorf("creating the log synced Badger %d times, want 0", syncs)
 	}
-	var rec walRecord
-	rec.reset()
-	rec.set([]byte("k"), []byte("v"), 0, 0)
-	if err := w.append(&rec); err != nil {
+	w.rec.reset()
+	w.rec.set([]byte("k"), []byte("v"), 0, 0)
+	if err := w.append(&w.rec); err != nil {
 		t.Fatal(err)
 	}
 	w.close()
