@@ -413,7 +413,8 @@ func (c *client) send(ctx context.Context, r request, want string) (status int, 
 	if err := c.fc.DoDeadline(req, resp, deadline); err != nil {
 		// The context's own timer may fire a moment after its deadline
 		// passed: a timeout at the phase's end is the end, not a failure.
-		if phaseEnd && errors.Is(err, fasthttp.ErrTimeout) && !time.Now().Before(deadline) {
+		// fasthttp names it ErrTimeout or the connection's i/o timeout.
+		if phaseEnd && !time.Now().Before(deadline) {
 			return 0, nil, "", context.DeadlineExceeded
 		}
 		return 0, nil, "", err
