@@ -67,6 +67,47 @@ func BenchmarkPaidHeaders(b *testing.B) {
 	}
 }
 
+// remotePaidBench is the paid gate of the parallel benchmarks: an instant
+// facilitator reached over the x402 facilitator HTTP API and the offer the
+// gate makes.
+type remotePaidBench struct {
+	fac   *httptest.Server
+	offer x402.PaymentRequirements
+}
+
+func newRemotePaidBench(b *testing.B) remotePaidBench {
+	fac := httptest.NewServer(x402.NewFacilitatorHandler(instantFacilitator{}))
+	b.Cleanup(fac.Close)
+	usdc, _ := x402.USDC(x402.NetworkBase)
+	return remotePaidBench{fac: fac, offer: x402.PaymentRequirements{Scheme: "exact", Network: x402.NetworkBase, Amount: "20000", Asset: usdc.Address, PayTo: "0x1111111111111111111111111111111111111111", MaxTimeoutSeconds: 60, Extra: usdc.Extra()}}
+}
+
+// config is the site that sells upstream (host:port) through the gate,
+// its store without fsync.
+func (p remotePaidBench) config(upstream string) string {
+	return fmt.Sprintf(`:{port} {
+	x402 {
+		accept base $0.02 0x1111111111111111111111111111111111111111
+		facilitator http %s
+		store badger {data}/gate {
+			no_sync
+		}
+	}
+	reverse_proxy %s
+}
+`, p.fac.URL, upstream)
+}
+
+// headers signs b.N payments for the gate at base, before the clock runs.
+func (p remotePaidBench) headers(b *testing.B, base string) []string {
+	headers := make([]string, b.N)
+	for i := range headers {
+		headers[i] = signHeader(b, 1, p.offer, base)
+	}
+	runtime.GC()
+	return headers
+}
+
 // BenchmarkPaidPathRemoteParallel is the paid path as a gateway with a
 // remote facilitator runs it: the gate reaches the (instant) facilitator
 // over the x402 facilitator HTTP API, from 8 and 32 concurrent clients,
@@ -75,10 +116,7 @@ func BenchmarkPaidHeaders(b *testing.B) {
 // The facilitator's handler runs in the same process, so cpu-ns/op includes
 // its side of the two calls as well as the gate's.
 func BenchmarkPaidPathRemoteParallel(b *testing.B) {
-	fac := httptest.NewServer(x402.NewFacilitatorHandler(instantFacilitator{}))
-	b.Cleanup(fac.Close)
-	usdc, _ := x402.USDC(x402.NetworkBase)
-	offer := x402.PaymentRequirements{Scheme: "exact", Network: x402.NetworkBase, Amount: "20000", Asset: usdc.Address, PayTo: "0x1111111111111111111111111111111111111111", MaxTimeoutSeconds: 60, Extra: usdc.Extra()}
+	p := newRemotePaidBench(b)
 	for _, clients := range []int{8, 32} {
 		for _, paid := range []bool{false, true} {
 			name := "plain"
@@ -89,26 +127,12 @@ func BenchmarkPaidPathRemoteParallel(b *testing.B) {
 				up := benchUpstream(b)
 				cfg := fmt.Sprintf(":{port} {\n\treverse_proxy %s\n}\n", up)
 				if paid {
-					cfg = fmt.Sprintf(`:{port} {
-	x402 {
-		accept base $0.02 0x1111111111111111111111111111111111111111
-		facilitator http %s
-		store badger {data}/gate {
-			no_sync
-		}
-	}
-	reverse_proxy %s
-}
-`, fac.URL, up)
+					cfg = p.config(up)
 				}
 				base := startCaddy(b, cfg)
 				var headers []string
 				if paid {
-					headers = make([]string, b.N)
-					for i := range headers {
-						headers[i] = signHeader(b, 1, offer, base)
-					}
-					runtime.GC()
+					headers = p.headers(b, base)
 				}
 				var next atomic.Int64
 				runParallelPostsWith(b, base+"/verify/schema", clients, func(req *http.Request) {
@@ -128,10 +152,7 @@ func BenchmarkPaidPathRemoteParallel(b *testing.B) {
 // of the synced write verifierd makes for it (a wait, not CPU), during which
 // the reports of other calls queue and go together in the next request.
 func BenchmarkPaidPathReportedParallel(b *testing.B) {
-	fac := httptest.NewServer(x402.NewFacilitatorHandler(instantFacilitator{}))
-	b.Cleanup(fac.Close)
-	usdc, _ := x402.USDC(x402.NetworkBase)
-	offer := x402.PaymentRequirements{Scheme: "exact", Network: x402.NetworkBase, Amount: "20000", Asset: usdc.Address, PayTo: "0x1111111111111111111111111111111111111111", MaxTimeoutSeconds: 60, Extra: usdc.Extra()}
+	p := newRemotePaidBench(b)
 	var ids, reports atomic.Int64
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
@@ -150,22 +171,8 @@ func BenchmarkPaidPathReportedParallel(b *testing.B) {
 	b.Cleanup(up.Close)
 	for _, clients := range []int{8, 32} {
 		b.Run(fmt.Sprintf("clients=%d", clients), func(b *testing.B) {
-			base := startCaddy(b, fmt.Sprintf(`:{port} {
-	x402 {
-		accept base $0.02 0x1111111111111111111111111111111111111111
-		facilitator http %s
-		store badger {data}/gate {
-			no_sync
-		}
-	}
-	reverse_proxy %s
-}
-`, fac.URL, strings.TrimPrefix(up.URL, "http://")))
-			headers := make([]string, b.N)
-			for i := range headers {
-				headers[i] = signHeader(b, 1, offer, base)
-			}
-			runtime.GC()
+			base := startCaddy(b, p.config(strings.TrimPrefix(up.URL, "http://")))
+			headers := p.headers(b, base)
 			reports.Store(0)
 			var next atomic.Int64
 			runParallelPostsWith(b, base+"/verify/schema", clients, func(req *http.Request) {

@@ -112,16 +112,22 @@ func FuzzSignRequest(f *testing.F) {
 	})
 }
 
-// BenchmarkSignLocal is the same signature by the in-process signer
-// (verifierd -signer-keys): the index check, canonicalization and Ed25519,
-// without the round trip of BenchmarkSignRoundTripUnix.
-func BenchmarkSignLocal(b *testing.B) {
+// benchLocal is an in-process signer over a fresh fixture's keys.
+func benchLocal(b *testing.B) *Local {
 	f := start(b, fixtureOpts{})
 	l, err := NewLocal(f.keysDir, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer l.Close()
+	b.Cleanup(func() { l.Close() })
+	return l
+}
+
+// BenchmarkSignLocal is the same signature by the in-process signer
+// (verifierd -signer-keys): the index check, canonicalization and Ed25519,
+// without the round trip of BenchmarkSignRoundTripUnix.
+func BenchmarkSignLocal(b *testing.B) {
+	l := benchLocal(b)
 	ctx := context.Background()
 	at := nowString()
 	resp := sampleResponse("k1", at, 2048)
@@ -138,12 +144,7 @@ func BenchmarkSignLocal(b *testing.B) {
 // in canonical form, as verifierd signs a verification: the index check
 // and Ed25519, nothing canonicalized.
 func BenchmarkSignLocalCanonical(b *testing.B) {
-	f := start(b, fixtureOpts{})
-	l, err := NewLocal(f.keysDir, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer l.Close()
+	l := benchLocal(b)
 	ctx := context.Background()
 	at := nowString()
 	resp, err := receipt.Canonicalize(sampleResponse("k1", at, 2048))
