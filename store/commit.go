@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/dgraph-io/badger/v4"
 )
@@ -80,6 +81,7 @@ const (
 )
 
 type commitOp struct {
+	ctx   context.Context
 	fn    func(txn *tx) error
 	state atomic.Int32
 	err   error
@@ -116,11 +118,18 @@ func (c *committer) close() {
 
 // do runs fn in the next group and returns once the group's commit has
 // returned: fn's error, the commit's error, or nil when fn's writes are
-// committed. A context that ends before fn was taken returns its error with
-// nothing written; once taken, fn's outcome is awaited (the commit is
-// bounded by the disk), so an answer never hides a write.
+// committed. A context that ends (or whose deadline passes) before a leader
+// takes fn returns its error with nothing written; once taken, fn's outcome
+// is awaited (the commit is bounded by the disk), so an answer never hides
+// a write.
+//
+// The deadline is read from the clock when the group is formed, not only
+// from ctx.Done: a process resumed after a stall runs its leader before the
+// context's timer has fired, and a caller's deadline (verifierd's: when the
+// gateway stops waiting for the answer) must hold at the last instant
+// before the write is made.
 func (c *committer) do(ctx context.Context, fn func(txn *tx) error) error {
-	op := &commitOp{fn: fn}
+	op := &commitOp{ctx: ctx, fn: fn}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -194,11 +203,17 @@ func (c *committer) lead() {
 		c.queue = append(c.queue[:0], c.queue[maxGroup:]...)
 	}
 	c.mu.Unlock()
+	now := time.Now()
 	live := group[:0]
 	for _, op := range group {
-		if op.state.CompareAndSwap(opQueued, opTaken) || op.state.CompareAndSwap(opLead, opTaken) {
-			live = append(live, op)
+		if !op.state.CompareAndSwap(opQueued, opTaken) && !op.state.CompareAndSwap(opLead, opTaken) {
+			continue
 		}
+		if err := ContextEnded(op.ctx, now); err != nil {
+			op.finish(err)
+			continue
+		}
+		live = append(live, op)
 	}
 	for rest := live; len(rest) > 0; {
 		rest = c.commitGroup(rest)
@@ -334,6 +349,19 @@ func (op *commitOp) run(txn *tx) (err error) {
 		}
 	}()
 	return op.fn(txn)
+}
+
+// ContextEnded is ctx's error, or context.DeadlineExceeded once now has
+// reached its deadline even if its timer has not fired yet. Every history
+// backend checks it just before a write is made.
+func ContextEnded(ctx context.Context, now time.Time) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if d, ok := ctx.Deadline(); ok && !now.Before(d) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 func (op *commitOp) finish(err error) {

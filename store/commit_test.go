@@ -250,6 +250,74 @@ func TestGroupCommitCancelledWhileQueued(t *testing.T) {
 	}
 }
 
+// unfiredDeadline is a context whose deadline has passed but whose timer
+// has not fired: what a process resumed after a stall sees until its timer
+// goroutine runs.
+type unfiredDeadline struct {
+	context.Context
+	at time.Time
+}
+
+func (c unfiredDeadline) Deadline() (time.Time, bool) { return c.at, true }
+
+// TestGroupCommitDeadlinePassed: a write whose context's deadline has passed
+// when a leader takes it is not made, whether it leads its own group or
+// waits behind one, and whether or not the context's timer has fired yet:
+// verifierd's deadline (when the gateway stops waiting) must hold at the
+// last instant before the write.
+func TestGroupCommitDeadlinePassed(t *testing.T) {
+	db, _ := openTemp(t, Options{NoSync: true})
+	past := time.Now().Add(-time.Millisecond)
+	expired, cancel := context.WithDeadline(context.Background(), past)
+	defer cancel()
+	for _, tc := range []struct {
+		name   string
+		ctx    context.Context
+		queued bool
+	}{
+		{"leading, timer fired", expired, false},
+		{"leading, timer not fired", unfiredDeadline{context.Background(), past}, false},
+		{"queued, timer not fired", unfiredDeadline{context.Background(), past}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			key := []byte("test/deadline/" + tc.name)
+			release := make(chan struct{})
+			first := make(chan error, 1)
+			if tc.queued {
+				started := make(chan struct{})
+				go func() {
+					first <- db.update(context.Background(), func(txn *tx) error {
+						close(started)
+						<-release
+						return nil
+					})
+				}()
+				<-started
+				go func() {
+					time.Sleep(20 * time.Millisecond) // queued behind the commit in progress
+					close(release)
+				}()
+			} else {
+				close(release)
+				first <- nil
+			}
+			err := db.update(tc.ctx, func(txn *tx) error { return txn.Set(key, nil) })
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("err = %v, want the deadline", err)
+			}
+			if err := <-first; err != nil {
+				t.Fatal(err)
+			}
+			db.view(context.Background(), func(txn *tx) error {
+				if _, err := txn.Get(key); !errors.Is(err, badger.ErrKeyNotFound) {
+					t.Fatalf("the write was made: %v", err)
+				}
+				return nil
+			})
+		})
+	}
+}
+
 // startChild runs test name of this binary again as a child process, with
 // env set to dir (the child's cue to do its part), and returns it and its
 // standard output.

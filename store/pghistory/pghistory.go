@@ -164,6 +164,11 @@ func (h *History) RecordVerification(ctx context.Context, v store.Verification) 
 	if v.AgentID != "" {
 		agent = []byte(v.AgentID)
 	}
+	// The caller's deadline holds at the last instant before the write,
+	// even in a process resumed before the context's timer fired.
+	if err := store.ContextEnded(ctx, time.Now()); err != nil {
+		return err
+	}
 	var n int
 	err = h.pool.QueryRow(ctx, record, []byte(v.ID), v.VerifiedAt.UnixNano(), agent, val,
 		one.Pass, one.Fail, one.AuthenticatedPass, one.AuthenticatedFail, one.Paid, v.Authenticated).Scan(&n)

@@ -28,6 +28,16 @@ type History interface {
 // same database twice. It is called once per subtest.
 type NewHistory func(t *testing.T) (a, b History)
 
+// unfiredDeadline is a context whose deadline has passed but whose timer
+// has not fired: what a process resumed after a stall sees until its timer
+// goroutine runs.
+type unfiredDeadline struct {
+	context.Context
+	at time.Time
+}
+
+func (c unfiredDeadline) Deadline() (time.Time, bool) { return c.at, true }
+
 // Sample is a valid verification for tests.
 func Sample(id, agent string, at time.Time, result string) store.Verification {
 	return store.Verification{
@@ -42,6 +52,21 @@ func Sample(id, agent string, at time.Time, result string) store.Verification {
 func TestHistory(t *testing.T, newH NewHistory) {
 	ctx := context.Background()
 	base := time.Date(2026, 11, 29, 21, 0, 0, 123456789, time.UTC)
+
+	t.Run("a record whose deadline has passed is not made, even before the context's timer fired", func(t *testing.T) {
+		h, other := newH(t)
+		past := time.Now().Add(-time.Millisecond)
+		err := h.RecordVerification(unfiredDeadline{ctx, past}, Sample("id-late", "seller-7", base, "pass"))
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("err = %v, want the deadline", err)
+		}
+		if _, err := other.Verification(ctx, "id-late"); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("the record was made: %v", err)
+		}
+		if c, err := other.AgentCounts(ctx, "seller-7"); err != nil || c.Total() != 0 {
+			t.Fatalf("counted %+v, %v", c, err)
+		}
+	})
 
 	t.Run("a record is readable by id with every field, to the nanosecond", func(t *testing.T) {
 		h, other := newH(t)

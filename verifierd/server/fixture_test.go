@@ -55,6 +55,9 @@ type fixtureOpts struct {
 	// localSigner signs in process with the fixture's key directory
 	// (verifierd -signer-keys) instead of over certd's socket.
 	localSigner bool
+	// history wraps the real store (a fault the real disk cannot be made
+	// to show on cue).
+	history func(*store.DB) server.History
 }
 
 // shortDir is a temp dir with a short path: unix socket paths must fit in
@@ -105,10 +108,14 @@ func newFixture(t testing.TB, o fixtureOpts) *fixture {
 		t.Cleanup(func() { l.Close() })
 		sig = l
 	}
+	var history server.History = f.db
+	if o.history != nil {
+		history = o.history(f.db)
+	}
 	f.h, err = server.New(server.Config{
 		Verifier:          verify.New(verify.Config{MaxBodyBytes: o.maxBody, VerifierVersion: "test"}),
 		Signer:            sig,
-		History:           f.db,
+		History:           history,
 		PublicBaseURL:     baseURL + "/",
 		GatewayToken:      token,
 		UngatedPaidRoutes: o.ungated,

@@ -107,6 +107,21 @@ func (gw gatewayInfo) tooLate(now time.Time) bool {
 	return !gw.answerBy.IsZero() && !now.Before(gw.answerBy.Add(-answerMargin))
 }
 
+// recordTimeout bounds a history write when the gateway set no answer-by
+// time.
+const recordTimeout = 10 * time.Second
+
+// recordBy is the deadline of the history write of a verification answered
+// now: the last instant its answer still reaches the gateway in time, and
+// at most recordTimeout away.
+func (gw gatewayInfo) recordBy(now time.Time) time.Time {
+	by := now.Add(recordTimeout)
+	if last := gw.answerBy.Add(-answerMargin); !gw.answerBy.IsZero() && last.Before(by) {
+		by = last
+	}
+	return by
+}
+
 // errGatewayGaveUp answers a verification finished after the gateway
 // stopped waiting: nothing was recorded (and the gateway charged nothing).
 func errGatewayGaveUp() error {

@@ -167,6 +167,47 @@ func TestNoRecordAfterTheGatewayGaveUp(t *testing.T) {
 	}
 }
 
+// slowDisk is a fake: the real store behind a history write that takes
+// delay before it reaches the store's group commit (a slow disk, or a
+// commit queue the process was stalled in).
+type slowDisk struct {
+	*store.DB
+	delay time.Duration
+}
+
+func (d slowDisk) RecordVerification(ctx context.Context, v store.Verification) error {
+	time.Sleep(d.delay)
+	return d.DB.RecordVerification(ctx, v)
+}
+
+// A verification whose history write is still waiting when the gateway's
+// answer-by time (less the margin) passes is not recorded: the store gets
+// the gateway's deadline and checks it at the last instant before the
+// write, and the answer is the same refusal as for one signed too late.
+func TestNoRecordWhenTheWriteOutlastsTheGateway(t *testing.T) {
+	f := newFixture(t, fixtureOpts{history: func(db *store.DB) server.History {
+		return slowDisk{db, 300 * time.Millisecond}
+	}})
+	hdr := map[string]string{"X-Aov-Gateway-Token": gatewayToken, "X-Aov-Payment": "free",
+		"X-Aov-Answer-By": strconv.FormatInt(time.Now().Add(350*time.Millisecond).UnixMilli(), 10)}
+	w := f.do(http.MethodPost, "/verify/schema", invoice("129.5", ""), hdr)
+	var e map[string]any
+	if err := json.Unmarshal(w.Body.Bytes(), &e); w.Code != http.StatusServiceUnavailable || err != nil || e["code"] != "upstream_unavailable" || e["charged"] != false {
+		t.Fatalf("status %d: %s", w.Code, w.Body)
+	}
+	if c, err := f.db.AgentCounts(context.Background(), "seller-7"); err != nil || c.Total() != 0 {
+		t.Fatalf("recorded %+v, %v", c, err)
+	}
+	// Without an answer-by time the same slow write is recorded.
+	delete(hdr, "X-Aov-Answer-By")
+	if w := f.do(http.MethodPost, "/verify/schema", invoice("129.5", ""), hdr); w.Code != http.StatusOK {
+		t.Fatalf("status %d: %s", w.Code, w.Body)
+	}
+	if c, err := f.db.AgentCounts(context.Background(), "seller-7"); err != nil || c.Total() != 1 {
+		t.Fatalf("recorded %+v, %v", c, err)
+	}
+}
+
 // A gateway reporting several outcomes at once sends them in one batch:
 // each is recorded as a single report would be, the answer is 204 only
 // when all are, and a malformed batch records nothing.

@@ -124,12 +124,19 @@ func (s *Server) verifyRequest(ctx context.Context, body []byte, gw gatewayInfo,
 	// But not when the gateway has stopped waiting (this process was
 	// stalled, or the signer was slow): the answer would never be
 	// delivered, and the record would count for an agent no buyer saw.
+	//
+	// The same holds while the write waits for its group commit: the
+	// record's deadline is the gateway's (less the margin), and the store
+	// checks it against the clock at the last instant before writing.
 	if gw.tooLate(time.Now()) {
 		return nil, errGatewayGaveUp()
 	}
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	rctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), gw.recordBy(time.Now()))
 	defer cancel()
 	if err := s.history.RecordVerification(rctx, v); err != nil {
+		if errors.Is(err, context.DeadlineExceeded) && gw.tooLate(time.Now()) {
+			return nil, errGatewayGaveUp()
+		}
 		s.m.storeError()
 		return nil, apierr.Unavailable("verification history store", 5, fmt.Errorf("recording verification: %w", err))
 	}
