@@ -3,7 +3,6 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"math/big"
@@ -282,13 +281,11 @@ func TestBooksBalanceUnderFaults(t *testing.T) {
 // decodeID is the verification_id of an answer.
 func decodeID(t *testing.T, body []byte) string {
 	t.Helper()
-	var a struct {
-		ID string `json:"verification_id"`
-	}
-	if err := json.Unmarshal(body, &a); err != nil || a.ID == "" {
+	id := decode[result](t, response{body: body}).VerificationID
+	if id == "" {
 		t.Fatalf("an answer without a verification_id: %.200s", body)
 	}
-	return a.ID
+	return id
 }
 
 // historyAll is every record verifierd holds for agent, all pages.
