@@ -40,8 +40,8 @@ import (
 // replayed payment, an exhausted allowance), and each costs a re-run of the
 // successful fns before it in its group, never an extra commit.
 type committer struct {
-	bdb *badger.DB
-	log *wal // nil without a log (Options.NoSync, InMemory)
+	vers *versions
+	log  *wal // nil without a log (Options.NoSync, InMemory)
 
 	mu    sync.Mutex
 	queue []*commitOp
@@ -92,8 +92,8 @@ type commitOp struct {
 	lead chan struct{}
 }
 
-func newCommitter(bdb *badger.DB, log *wal) *committer {
-	c := &committer{bdb: bdb, log: log}
+func newCommitter(vers *versions, log *wal) *committer {
+	c := &committer{vers: vers, log: log}
 	c.idle = sync.NewCond(&c.mu)
 	return c
 }
@@ -258,7 +258,7 @@ func (c *committer) commitGroup(ops []*commitOp) (rest []*commitOp) {
 			}
 			return rest
 		}
-		txn := &tx{b: c.bdb.NewTransaction(true)}
+		txn := &tx{b: c.vers.write()}
 		if c.log != nil {
 			txn.rec = &c.log.rec
 			txn.rec.reset()
@@ -306,7 +306,7 @@ func (c *committer) commit(txn *tx) error {
 			return c.fail(err)
 		}
 	}
-	err := txn.b.Commit()
+	err := c.vers.commit(txn.b)
 	switch {
 	case err == nil:
 		return nil

@@ -112,16 +112,29 @@ func parseCursor(cursor string) ([]byte, error) {
 
 // migrateLayout brings a database of layout version from up to
 // layoutVersion. From 1 it builds the authenticated index from the agents'
-// records (one read, written in bounded batches by a Badger WriteBatch),
-// and writes the new version last: a
-// migration cut short by a crash is run again on the next open (its writes
-// are idempotent), and a database is never marked migrated before it is.
+// records (one read, written through the committer in bounded chunks, so
+// through the write-ahead log like any write), and writes the new version
+// last: a migration cut short by a crash is run again on the next open
+// (its writes are idempotent), and a database is never marked migrated
+// before it is.
 func (db *DB) migrateLayout(from byte) error {
 	if from != 1 {
 		return fmt.Errorf("store in %s has key layout version %d; this build reads version %d", db.dir, from, layoutVersion)
 	}
-	wb := db.bdb.NewWriteBatch()
-	defer wb.Cancel()
+	type entry struct{ key, val []byte }
+	var chunk []entry
+	write := func() error {
+		err := db.update(context.Background(), func(txn *tx) error {
+			for _, e := range chunk {
+				if err := txn.Set(e.key, e.val); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		chunk = chunk[:0]
+		return err
+	}
 	indexed := 0
 	err := db.view(context.Background(), func(txn *tx) error {
 		prefix := []byte{tagAgent}
@@ -140,20 +153,18 @@ func (db *DB) migrateLayout(from byte) error {
 				continue
 			}
 			k := binary.BigEndian.AppendUint64(authenticatedPrefix(v.AgentID), invTime(v.VerifiedAt))
-			if err := wb.Set(append(k, v.ID...), val); err != nil {
-				return err
-			}
+			chunk = append(chunk, entry{append(k, v.ID...), val})
 			indexed++
+			if len(chunk) == migrationChunk {
+				if err := write(); err != nil {
+					return err
+				}
+			}
 		}
 		return nil
 	})
-	if err == nil {
-		err = wb.Flush()
-	}
-	if err == nil && db.commits.log != nil {
-		// The batch bypassed the log: it must be durable before the
-		// version written through the log says it is there.
-		err = syncBadger(db.bdb, db.dir)
+	if err == nil && len(chunk) > 0 {
+		err = write()
 	}
 	if err != nil {
 		return fmt.Errorf("store in %s: building the authenticated index (layout 1 to %d): %w", db.dir, layoutVersion, err)
@@ -166,3 +177,7 @@ func (db *DB) migrateLayout(from byte) error {
 	}
 	return err
 }
+
+// migrationChunk bounds the index entries one migration write holds:
+// well inside one transaction and one log record.
+const migrationChunk = 256

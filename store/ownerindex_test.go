@@ -12,8 +12,8 @@ import (
 
 // TestLayout1Migrates: a database of key layout 1 (no authenticated
 // index) gets the index built from its agents' records when opened, and
-// is marked layout 2 afterwards; durable (the index written around the
-// write-ahead log, then synced) and not.
+// is marked layout 2 afterwards; durable (the index written through the
+// write-ahead log) and not.
 func TestLayout1Migrates(t *testing.T) {
 	for _, opts := range []Options{{NoSync: true}, {}} {
 		t.Run(fmt.Sprintf("nosync=%v", opts.NoSync), func(t *testing.T) { testLayout1Migrates(t, opts) })
@@ -73,7 +73,7 @@ func testLayout1Migrates(t *testing.T, opts Options) {
 	if err != nil || len(got) != 2 || got[0].ID != "c" || got[1].ID != "a" || !got[0].Authenticated {
 		t.Fatalf("after the migration: %+v, %v; want c and a", got, err)
 	}
-	err = db.bdb.View(func(txn *badger.Txn) error {
+	err = db.view(ctx, func(txn *tx) error {
 		item, err := txn.Get(keyLayoutVersion)
 		if err != nil {
 			return err

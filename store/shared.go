@@ -108,7 +108,8 @@ type namedOption struct {
 //   - ReservationTTL is kept by the one set of allowance counts every handle
 //     shares (a reservation made through one handle is released or lapses
 //     through any other); zero means DefaultReservationTTL.
-//   - walSize and walBuffered shape the one log (tests only).
+//   - walSize and walBuffered shape the one log, memTableSize the one
+//     Badger (tests only).
 //
 // The rest may differ per handle (perHandle).
 func mustAgree(o Options) []namedOption {
@@ -121,6 +122,7 @@ func mustAgree(o Options) []namedOption {
 		{"ReservationTTL", o.ReservationTTL},
 		{"walSize", o.walSize},
 		{"walBuffered", o.walBuffered},
+		{"memTableSize", o.memTableSize},
 	}
 }
 

@@ -94,6 +94,10 @@ type Options struct {
 	// walBuffered keeps the log's records off O_DIRECT, as on a file
 	// system that refuses it: tests run both ways.
 	walBuffered bool
+	// memTableSize, when set, replaces the memtable size below: tests
+	// that need Badger to flush memtables to tables and compact them
+	// make it small.
+	memTableSize int64
 }
 
 // DefaultReservationTTL covers the slowest upstream call the gateway allows
@@ -108,6 +112,7 @@ const DefaultAllowanceFlushUnits = 1000
 // Allowance and Claims, and the verification history.
 type DB struct {
 	bdb     *badger.DB
+	vers    *versions   // which version each transaction reads and commits
 	commits *committer  // every read-write transaction goes through it
 	allow   *allowances // the live free-allowance counters
 	dir     string
@@ -141,7 +146,13 @@ func Open(dir string, opts Options) (*DB, error) {
 		WithValueLogFileSize(64 << 20).
 		WithNumCompactors(2).
 		WithNumGoroutines(2).
-		WithMetricsEnabled(false)
+		WithMetricsEnabled(false).
+		// Writes are serial (committer): there is nothing for Badger's
+		// optimistic conflict detection to find.
+		WithDetectConflicts(false)
+	if opts.memTableSize > 0 {
+		bo = bo.WithMemTableSize(opts.memTableSize)
+	}
 	if opts.InMemory {
 		bo = bo.WithInMemory(true).WithDir("").WithValueDir("")
 	} else {
@@ -149,10 +160,11 @@ func Open(dir string, opts Options) (*DB, error) {
 			return nil, fmt.Errorf("creating store directory: %w", err)
 		}
 	}
-	bdb, err := badger.Open(bo)
+	bdb, err := badger.OpenManaged(bo) // versions are the store's: versions.go
 	if err != nil {
 		return nil, fmt.Errorf("opening store in %s: %w", dir, err)
 	}
+	vers := newVersions(bdb)
 	var log *wal
 	if !opts.NoSync && !opts.InMemory {
 		// Before anything reads the database: the replay brings back
@@ -164,7 +176,7 @@ func Open(dir string, opts Options) (*DB, error) {
 		var replayed int
 		log, replayed, err = openWAL(dir, size, !opts.walBuffered,
 			func() error { return syncBadger(bdb, dir) },
-			func(p []byte) error { return replayRecord(bdb, p) })
+			func(p []byte) error { return replayRecord(vers, p) })
 		if err != nil {
 			bdb.Close()
 			return nil, fmt.Errorf("opening store in %s: %w", dir, err)
@@ -178,7 +190,7 @@ func Open(dir string, opts Options) (*DB, error) {
 			opts.Logger.Warn("store: the write-ahead log's header was torn; started a new log", "dir", dir)
 		}
 	}
-	db := &DB{bdb: bdb, commits: newCommitter(bdb, log), dir: dir, opts: opts, life: &lifecycle{closed: make(chan struct{})}}
+	db := &DB{bdb: bdb, vers: vers, commits: newCommitter(vers, log), dir: dir, opts: opts, life: &lifecycle{closed: make(chan struct{})}}
 	db.allow = newAllowances(db)
 	if err := db.checkLayout(); err != nil {
 		db.allow.close()
@@ -277,7 +289,9 @@ func (db *DB) view(ctx context.Context, fn func(txn *tx) error) error {
 	if err := db.usable(ctx); err != nil {
 		return err
 	}
-	err := db.bdb.View(func(b *badger.Txn) error { return fn(&tx{b: b}) })
+	b := db.vers.read()
+	defer db.vers.done(b)
+	err := fn(&tx{b: b})
 	if errors.Is(err, badger.ErrDBClosed) {
 		return ErrClosed
 	}

@@ -503,8 +503,8 @@ func (w *wal) empty() bool { return w.off == walHeaderSize }
 // fitted in one transaction when they were made; replay does not depend on
 // it). Replaying a record twice ends in the same state, so a crash during
 // replay only means replaying again.
-func replayRecord(bdb *badger.DB, payload []byte) error {
-	txn := bdb.NewTransaction(true)
+func replayRecord(vers *versions, payload []byte) error {
+	txn := vers.write()
 	defer func() { txn.Discard() }()
 	err := decodeWALPayload(payload, func(op walOp) error {
 		for {
@@ -519,16 +519,16 @@ func replayRecord(bdb *badger.DB, payload []byte) error {
 			if !errors.Is(err, badger.ErrTxnTooBig) {
 				return err
 			}
-			if err := txn.Commit(); err != nil {
+			if err := vers.commit(txn); err != nil {
 				return err
 			}
-			txn = bdb.NewTransaction(true)
+			txn = vers.write()
 		}
 	})
 	if err != nil {
 		return fmt.Errorf("store: replaying the write-ahead log: %w", err)
 	}
-	if err := txn.Commit(); err != nil {
+	if err := vers.commit(txn); err != nil {
 		return fmt.Errorf("store: replaying the write-ahead log: %w", err)
 	}
 	return nil
