@@ -289,6 +289,9 @@ func (db *DB) view(ctx context.Context, fn func(txn *tx) error) error {
 	if err := db.usable(ctx); err != nil {
 		return err
 	}
+	if db.bdb.IsClosed() { // as badger.DB.View checks
+		return ErrClosed
+	}
 	b := db.vers.read()
 	defer db.vers.done(b)
 	err := fn(&tx{b: b})
