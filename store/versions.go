@@ -14,8 +14,8 @@ import (
 // Badger's own oracle exists to order concurrent optimistic transactions:
 // it keeps two watermarks, each a goroutine fed over a channel, and every
 // transaction sends it two marks (a write transaction four). On a small
-// machine each send wakes that goroutine, which made the watermarks a
-// tenth of a history write's cost. The store needs none of it: its writes
+// machine each send wakes that goroutine: the watermarks were about a
+// tenth of a verifierd request's CPU. The store needs none of it: its writes
 // are already serial, one commit group at a time (committer), so the next
 // version is a counter the group's leader alone advances, and a read sees
 // the last group committed.
@@ -29,7 +29,8 @@ type versions struct {
 	// every read from now on sees it and everything before it.
 	committed atomic.Uint64
 	// next is the last version handed to a commit; only the committer's
-	// leader (and Open, before anybody writes) advance it.
+	// leader (and Open's replay of the log, before anybody writes)
+	// advance it.
 	next uint64
 
 	mu sync.Mutex
