@@ -6,11 +6,12 @@ import (
 	"fmt"
 	"runtime"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/aovhq/aov/internal/callers"
 )
 
 // The benchmarks run durable (the default: the write-ahead log) and with
@@ -190,26 +191,17 @@ func BenchmarkDurableRatio(b *testing.B) {
 			dbs[1], _ = openTemp(b, Options{})
 			var wall, cpu [2]time.Duration
 			var id atomic.Int64
-			// Many short rounds: the other work on a shared machine
-			// changes while the benchmark runs, and both stores should
-			// see the same.
-			rounds := min(b.N, 16)
 			b.ReportAllocs()
-			for round := range rounds {
-				n := b.N / rounds
-				if round == rounds-1 {
-					n = b.N - n*(rounds-1)
-				}
-				for i, db := range dbs {
-					w, c := runWriters(clients, n, func(agent int) error {
-						requestWork()
-						i := id.Add(1)
-						return db.RecordVerification(ctx, sampleVerification(fmt.Sprintf("%08d-0000-4000-8000-000000000000", i), "agent-"+strconv.Itoa(agent), at.Add(time.Duration(i)), "pass"))
-					})
-					wall[i] += w
-					cpu[i] += c
-				}
-			}
+			callers.Rounds(b.N, len(dbs), func(kind, n int) {
+				db := dbs[kind]
+				w, c := runWriters(clients, n, func(agent int) error {
+					requestWork()
+					i := id.Add(1)
+					return db.RecordVerification(ctx, sampleVerification(fmt.Sprintf("%08d-0000-4000-8000-000000000000", i), "agent-"+strconv.Itoa(agent), at.Add(time.Duration(i)), "pass"))
+				})
+				wall[kind] += w
+				cpu[kind] += c
+			})
 			if b.Failed() {
 				return
 			}
@@ -225,26 +217,12 @@ func BenchmarkDurableRatio(b *testing.B) {
 // runWriters makes n calls of write from clients goroutines (each passing
 // its own number) and returns the wall and process CPU time they took.
 func runWriters(clients, n int, write func(client int) error) (wall, cpu time.Duration) {
-	var left atomic.Int64
-	left.Store(int64(n))
-	var wg sync.WaitGroup
-	var failed atomic.Value
-	c0, start := processCPU(), time.Now()
-	for client := range clients {
-		wg.Go(func() {
-			for left.Add(-1) >= 0 {
-				if err := write(client); err != nil {
-					failed.CompareAndSwap(nil, err)
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	if err, _ := failed.Load().(error); err != nil {
+	c0 := processCPU()
+	wall, err := callers.Run(clients, n, write)
+	if err != nil {
 		panic(err)
 	}
-	return time.Since(start), processCPU() - c0
+	return wall, processCPU() - c0
 }
 
 // requestWorkBytes is hashed by requestWork: about 150 µs of one core of

@@ -4,11 +4,10 @@ import (
 	"bytes"
 	"fmt"
 	"net/http"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/aovhq/aov/internal/callers"
 	"github.com/aovhq/aov/verify"
 )
 
@@ -59,21 +58,14 @@ func BenchmarkVerifyRatio(b *testing.B) {
 			}
 			kinds := []func(int) error{core, request(nosync), request(durable)}
 			var wall [3]time.Duration
-			rounds := min(b.N, 16)
 			b.ReportAllocs()
-			for round := range rounds {
-				n := b.N / rounds
-				if round == rounds-1 {
-					n = b.N - n*(rounds-1)
+			callers.Rounds(b.N, len(kinds), func(kind, calls int) {
+				w, err := callers.Run(clients, calls, kinds[kind])
+				if err != nil {
+					b.Fatal(err)
 				}
-				for i, call := range kinds {
-					w, err := runCallers(clients, n, call)
-					if err != nil {
-						b.Fatal(err)
-					}
-					wall[i] += w
-				}
-			}
+				wall[kind] += w
+			})
 			b.ReportMetric(float64(wall[1])/float64(wall[0]), "request/core")
 			b.ReportMetric(float64(wall[1])/float64(wall[2]), "durable/nosync")
 			b.ReportMetric(float64(wall[0])/float64(b.N), "core-ns/op")
@@ -81,29 +73,4 @@ func BenchmarkVerifyRatio(b *testing.B) {
 			b.ReportMetric(float64(wall[2])/float64(b.N), "durable-ns/op")
 		})
 	}
-}
-
-// runCallers makes n calls of call from clients goroutines (each passing
-// its own number) and returns the wall time they took, or the first error.
-func runCallers(clients, n int, call func(client int) error) (time.Duration, error) {
-	var left atomic.Int64
-	left.Store(int64(n))
-	var wg sync.WaitGroup
-	var failed atomic.Value
-	start := time.Now()
-	for client := range clients {
-		wg.Go(func() {
-			for left.Add(-1) >= 0 {
-				if err := call(client); err != nil {
-					failed.CompareAndSwap(nil, err)
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	if err, _ := failed.Load().(error); err != nil {
-		return 0, err
-	}
-	return time.Since(start), nil
 }
