@@ -98,13 +98,24 @@ func (s *Server) gatewayInfo(h http.Header, remote string) gatewayInfo {
 // gateway, and the clock difference between two machines it tolerates.
 const answerMargin = 100 * time.Millisecond
 
+// lastAnswer is the last instant an answer still reaches the gateway in
+// time (its answer-by time less answerMargin); false when the gateway set
+// none.
+func (gw gatewayInfo) lastAnswer() (time.Time, bool) {
+	if gw.answerBy.IsZero() {
+		return time.Time{}, false
+	}
+	return gw.answerBy.Add(-answerMargin), true
+}
+
 // tooLate reports whether the gateway will have stopped waiting by the time
 // an answer made now reaches it. It is what keeps a verifierd that was
 // stalled (paused, swapping, starved) from recording verifications whose
 // answers nobody will deliver: those would count toward the agent's
 // reputation as if a buyer had seen them.
 func (gw gatewayInfo) tooLate(now time.Time) bool {
-	return !gw.answerBy.IsZero() && !now.Before(gw.answerBy.Add(-answerMargin))
+	last, ok := gw.lastAnswer()
+	return ok && !now.Before(last)
 }
 
 // recordTimeout bounds a history write when the gateway set no answer-by
@@ -112,11 +123,10 @@ func (gw gatewayInfo) tooLate(now time.Time) bool {
 const recordTimeout = 10 * time.Second
 
 // recordBy is the deadline of the history write of a verification answered
-// now: the last instant its answer still reaches the gateway in time, and
-// at most recordTimeout away.
+// now: lastAnswer, and at most recordTimeout away.
 func (gw gatewayInfo) recordBy(now time.Time) time.Time {
 	by := now.Add(recordTimeout)
-	if last := gw.answerBy.Add(-answerMargin); !gw.answerBy.IsZero() && last.Before(by) {
+	if last, ok := gw.lastAnswer(); ok && last.Before(by) {
 		by = last
 	}
 	return by
