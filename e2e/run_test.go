@@ -154,16 +154,19 @@ func TestRunScript(t *testing.T) {
 		// make run's default runs the facilitator inside Caddy: nothing
 		// listens on the facilitator's port, which load.sh must take in
 		// its stride. Only scenarios that do not draw on the 100 free
-		// calls a day of this stack.
+		// calls a day of this stack. The durability pair it starts
+		// beside the baseline signs with the running stack's keys.
 		_, baselinePort, _ := net.SplitHostPort(freeAddr(t))
-		cmd := exec.Command("bash", filepath.Join(repoRoot, "scripts", "load.sh"), "-scenarios", "baseline,direct", "-c", "1", "-d", "200ms", "-warmup", "0", "-idle", "0")
+		durable, nosync := freeAddr(t), freeAddr(t)
+		cmd := exec.Command("bash", filepath.Join(repoRoot, "scripts", "load.sh"), "-scenarios", "baseline,direct,durable,nosync", "-c", "1", "-d", "200ms", "-warmup", "0", "-idle", "0")
 		cmd.Dir = repoRoot
-		cmd.Env = append(os.Environ(), append(env, "AOV_BASELINE_PORT="+baselinePort, "AOV_FACILITATOR_ADDR="+freeAddr(t))...)
+		cmd.Env = append(os.Environ(), append(env, "AOV_BASELINE_PORT="+baselinePort, "AOV_FACILITATOR_ADDR="+freeAddr(t),
+			"AOV_DURABLE_VERIFIERD_ADDR="+durable, "AOV_NOSYNC_VERIFIERD_ADDR="+nosync)...)
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			t.Fatalf("load.sh: %v\n%s", err, out)
 		}
-		for _, want := range []string{"facilitator: inside the gateway's Caddy", "baseline at 1: "} {
+		for _, want := range []string{"facilitator: inside the gateway's Caddy", "baseline at 1: ", "verifierd-durable CPU/req", "verifierd-nosync CPU/req", "durable at 1: ", " req/s of the same verifierd with -no-sync"} {
 			if !strings.Contains(string(out), want) {
 				t.Errorf("output lacks %q:\n%s", want, out)
 			}
@@ -172,6 +175,12 @@ func TestRunScript(t *testing.T) {
 			t.Errorf("load.sh did not measure the running stack cleanly:\n%s", out)
 		}
 		mustStatus(t, get(t, base+"/health"), http.StatusOK)
+		for _, addr := range []string{durable, nosync} {
+			if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+				c.Close()
+				t.Errorf("the durability pair's verifierd on %s still accepts connections after load.sh ended", addr)
+			}
+		}
 	})
 
 	first.interrupt(t)
@@ -208,7 +217,7 @@ func TestRunScript(t *testing.T) {
 // everything it started.
 func TestLoadScript(t *testing.T) {
 	http1, verifierd, certd, admin, metrics, rpc := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
-	baseline, facilitator := freeAddr(t), freeAddr(t)
+	baseline, facilitator, durable, nosync := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
 	_, port, _ := net.SplitHostPort(http1)
 	_, baselinePort, _ := net.SplitHostPort(baseline)
 	cmd := exec.Command("bash", filepath.Join(repoRoot, "scripts", "load.sh"), "-c", "2", "-d", "500ms", "-warmup", "0")
@@ -225,6 +234,8 @@ func TestLoadScript(t *testing.T) {
 		"AOV_BASELINE_PORT="+baselinePort,
 		"AOV_FACILITATOR_ADDR="+facilitator,
 		"AOV_FACILITATOR_ADMIN_ADDR="+freeAddr(t),
+		"AOV_DURABLE_VERIFIERD_ADDR="+durable,
+		"AOV_NOSYNC_VERIFIERD_ADDR="+nosync,
 	)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
@@ -233,7 +244,8 @@ func TestLoadScript(t *testing.T) {
 	for _, want := range []string{"starting a stack of its own", "caddy CPU/req", "verifierd CPU/req", "certd CPU/req",
 		"free", "baseline", "direct", "mcp", "paid", "facilitator", "the plain reverse_proxy", "stopping the stack it started",
 		"facilitator: its own process", "facilitator CPU/req", "gateway caddy CPU/req",
-		"mcp-baseline", "the plain reverse_proxy carrying the same MCP call", "the MCP transport's own cost"} {
+		"mcp-baseline", "the plain reverse_proxy carrying the same MCP call", "the MCP transport's own cost",
+		"verifierd-durable CPU/req", "verifierd-nosync CPU/req", "durable at 2: ", " req/s of the same verifierd with -no-sync"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
@@ -250,7 +262,7 @@ func TestLoadScript(t *testing.T) {
 	if strings.Contains(string(out), "requests failed") {
 		t.Errorf("some load requests failed:\n%s", out)
 	}
-	for _, addr := range []string{http1, verifierd, certd, baseline, facilitator} {
+	for _, addr := range []string{http1, verifierd, certd, baseline, facilitator, durable, nosync} {
 		if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
 			c.Close()
 			t.Errorf("%s still accepts connections after load.sh ended", addr)

@@ -10,6 +10,13 @@
 //	free         POST /verify/schema through the gateway, served from the free allowance
 //	baseline     the same through a plain Caddy reverse_proxy to the same verifierd
 //	direct       the same straight to verifierd
+//	durable      the same straight to a verifierd of the run's own (-durable),
+//	             started on an empty history: every history write synced, as
+//	             verifierd runs by default
+//	nosync       the same straight to a second such verifierd run with
+//	             -no-sync (-nosync): durable's rate as a share of this one is
+//	             what the synced history writes cost, the two alike in all
+//	             else (binary, keys, a history as long)
 //	mcp          the MCP tool verify_schema through the gateway
 //	mcp-baseline the same MCP call through the plain reverse_proxy: what the
 //	             gateway's MCP path is compared with, since MCP (JSON-RPC over
@@ -86,7 +93,7 @@ const (
 )
 
 // Scenario names, in the order they run.
-var allScenarios = []string{"free", "baseline", "direct", "mcp", "mcp-baseline", "paid", "facilitator", "paid-solana"}
+var allScenarios = []string{"free", "baseline", "direct", "durable", "nosync", "mcp", "mcp-baseline", "paid", "facilitator", "paid-solana"}
 
 func main() {
 	if err := run(os.Args[1:], os.Stdout); err != nil {
@@ -98,13 +105,16 @@ func main() {
 // config is one run's settings, checked by parseFlags.
 type config struct {
 	gateway, baseline, direct *url.URL // nil: not measured
-	path                      string
-	body                      []byte
-	concurrency               []int
-	duration                  time.Duration
-	warmup                    time.Duration
-	scenarios                 []string
-	procs                     []proc
+	// durable and nosync are two more verifierds, the second run with
+	// -no-sync, both started on an empty history (nil: not measured).
+	durable, nosync *url.URL
+	path            string
+	body            []byte
+	concurrency     []int
+	duration        time.Duration
+	warmup          time.Duration
+	scenarios       []string
+	procs           []proc
 	// allowanceMode names the gateway's free-allowance mode (durable or
 	// batched) for the report; the caller reads it from the gateway.
 	allowanceMode string
@@ -128,6 +138,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	gateway := fs.String("gateway", "http://127.0.0.1:8080", "base URL of the gateway (Caddy with the x402 modules; empty: skip its scenarios)")
 	baseline := fs.String("baseline", "", "base URL of a plain Caddy reverse_proxy to the same verifierd (empty: skip)")
 	direct := fs.String("direct", "http://127.0.0.1:8081", "base URL of verifierd itself (empty: skip)")
+	durable := fs.String("durable", "", "base URL of a verifierd started on an empty history, for the durable scenario (empty: skip)")
+	nosync := fs.String("nosync", "", "base URL of a verifierd like -durable's but run with -no-sync, for the nosync scenario (empty: skip)")
 	path := fs.String("path", "/verify/schema", "request path of the REST scenarios")
 	bodyFile := fs.String("body", "", "file with the JSON request body (default: the SPEC §10 invoice, passing)")
 	cs := fs.String("c", "8,32", fmt.Sprintf("concurrent connections, a comma-separated list, each 1..%d", maxConcurrency))
@@ -184,7 +196,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		flag string
 		raw  string
 		dst  **url.URL
-	}{{"gateway", *gateway, &cfg.gateway}, {"baseline", *baseline, &cfg.baseline}, {"direct", *direct, &cfg.direct}} {
+	}{{"gateway", *gateway, &cfg.gateway}, {"baseline", *baseline, &cfg.baseline}, {"direct", *direct, &cfg.direct}, {"durable", *durable, &cfg.durable}, {"nosync", *nosync, &cfg.nosync}} {
 		if t.raw == "" {
 			continue
 		}
@@ -216,6 +228,10 @@ func (cfg config) targetOf(scenario string) *url.URL {
 		return cfg.baseline
 	case "direct":
 		return cfg.direct
+	case "durable":
+		return cfg.durable
+	case "nosync":
+		return cfg.nosync
 	default:
 		return cfg.gateway
 	}
@@ -597,7 +613,7 @@ func want200(status int, _ []byte) error {
 func prepare(ctx context.Context, client *client, cfg config, scenario string) (workload, error) {
 	base := cfg.targetOf(scenario)
 	switch scenario {
-	case "free", "baseline", "direct":
+	case "free", "baseline", "direct", "durable", "nosync":
 		endpoint := base.JoinPath(cfg.path).String()
 		return workload{
 			next:  func(context.Context) (request, error) { return post(endpoint, cfg.body), nil },
@@ -820,6 +836,11 @@ func reportCores(w io.Writer, results []stats, procs []proc, cores int) {
 		}
 		if d, ok := find("direct", c); ok && hasBase {
 			fmt.Fprintf(w, "baseline at %d: %.2fx direct to verifierd\n", c, base.rate()/d.rate())
+		}
+		if d, ok := find("durable", c); ok {
+			if n, ok := find("nosync", c); ok {
+				fmt.Fprintf(w, "durable at %d: %.0f req/s with every history write synced, %.2fx the %.0f req/s of the same verifierd with -no-sync (target >= 0.7x)\n", c, d.rate(), d.rate()/n.rate(), n.rate())
+			}
 		}
 		if line, ok := transportLine(results, c); ok {
 			fmt.Fprintln(w, line)

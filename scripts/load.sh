@@ -2,9 +2,11 @@
 # load.sh is `make load`: it runs the load generator (go run ./load) against
 # the stack `make run` serves, next to a plain Caddy reverse_proxy to the
 # same verifierd (load/baseline.Caddyfile: the gateway's site minus our
-# modules, the baseline the gateway is compared with), and tells the
-# generator the process ids of Caddy, verifierd, certd and the baseline so
-# the report splits CPU time per request by process.
+# modules, the baseline the gateway is compared with) and a pair of
+# verifierds on empty throw-away histories, one of them with -no-sync (what
+# synced history writes cost), and tells the generator the process ids of
+# Caddy, verifierd, certd and the baselines so the report splits CPU time
+# per request by process.
 #
 # When nothing answers on the service's port it starts a stack of its own
 # first, with a throw-away data folder, and stops it after. Load requests
@@ -32,7 +34,8 @@
 # (8080), AOV_SOLANA_RPC_ADDR (127.0.0.1:8899, the local Solana chain of
 # the paid-solana scenario; its wallets are read from
 # $AOV_DATA/solana-chain.json), AOV_VERIFIERD_ADDR (127.0.0.1:8081), AOV_CERTD_PUBLIC_ADDR
-# (127.0.0.1:8082), AOV_BASELINE_PORT (8090),
+# (127.0.0.1:8082), AOV_BASELINE_PORT (8090), AOV_DURABLE_VERIFIERD_ADDR and
+# AOV_NOSYNC_VERIFIERD_ADDR (127.0.0.1:8091 and 8092, the durability pair),
 # AOV_DATA (./data, for the gateway token), AOV_BIN (./bin), AOV_ADMIN_ADDR
 # (localhost:2019, to read the allowance mode), AOV_ALLOWANCE_FLUSH (100ms; off for durable counts), GO.
 set -euo pipefail
@@ -44,6 +47,8 @@ port="${AOV_HTTP_PORT:-8080}"
 verifierd="${AOV_VERIFIERD_ADDR:-127.0.0.1:8081}"
 certd="${AOV_CERTD_PUBLIC_ADDR:-127.0.0.1:8082}"
 baseline_port="${AOV_BASELINE_PORT:-8090}"
+durable="${AOV_DURABLE_VERIFIERD_ADDR:-127.0.0.1:8091}"
+nosync="${AOV_NOSYNC_VERIFIERD_ADDR:-127.0.0.1:8092}"
 facilitator="${AOV_FACILITATOR_ADDR:-127.0.0.1:8546}"
 facilitator_mode="${AOV_FACILITATOR:-remote}"
 solana="${AOV_SOLANA_RPC_ADDR:-127.0.0.1:8899}"
@@ -59,11 +64,12 @@ say() { printf '\033[1mload:\033[0m %s\n' "$*" >&2; }
 tmp="$(mktemp -d)"
 runpid=""
 basepid=""
+pairpids=""
 stop() {
-	if [ -n "$basepid" ]; then
-		kill -TERM "$basepid" 2>/dev/null || true
-		wait "$basepid" 2>/dev/null || true
-	fi
+	for pid in $basepid $pairpids; do
+		kill -TERM "$pid" 2>/dev/null || true
+		wait "$pid" 2>/dev/null || true
+	done
 	if [ -n "$runpid" ]; then
 		say "stopping the stack it started"
 		kill -TERM "$runpid" 2>/dev/null || true
@@ -108,12 +114,51 @@ for _ in $(seq 1 100); do
 	sleep 0.1
 done
 
+# The durability pair: two verifierds like the stack's (same binary and
+# signing keys, in process or through certd's socket as AOV_SIGNER says),
+# each on an empty history in the throw-away folder, the second with
+# -no-sync. The durable scenario's rate as a share of nosync's is what the
+# fsync per group of history writes costs, with nothing else different
+# (the stack's own verifierd has the history of the scenarios before it,
+# and whatever make run kept). Skipped, with the reason, when the stack's
+# keys are not where make run keeps them.
+case "${AOV_SIGNER:-inprocess}" in
+certd) signer_args=(-signer-socket "$data/certd/sign.sock") ;;
+*) signer_args=(-signer-keys "$data/keys") ;;
+esac
+pair=()
+if [ -d "$data/keys" ] || [ -S "$data/certd/sign.sock" ]; then
+	[ -x "$bindir/verifierd" ] || "$GO" build -o "$bindir/" ./verifierd
+	for v in "durable=$durable" "nosync=$nosync"; do
+		name="${v%%=*}" addr="${v#*=}"
+		flags=()
+		[ "$name" = nosync ] && flags=(-no-sync)
+		mkdir -p "$tmp/$name"
+		"$bindir/verifierd" -listen "$addr" -admin-listen "" -data "$tmp/$name" "${flags[@]}" "${signer_args[@]}" \
+			-public-base-url "$base" >"$tmp/$name.log" 2>&1 &
+		pairpids="$pairpids $!"
+		for _ in $(seq 1 100); do
+			http_ok "http://$addr/health" && break
+			kill -0 "$!" 2>/dev/null || break
+			sleep 0.1
+		done
+		if http_ok "http://$addr/health"; then
+			pair+=(-"$name" "http://$addr")
+		else
+			cat "$tmp/$name.log" >&2
+			say "the $name verifierd did not start on $addr: the $name scenario is skipped"
+		fi
+	done
+else
+	say "no signing keys in $data/keys (AOV_DATA): the durable and nosync scenarios are skipped"
+fi
+
 # listener_pid PORT: the process listening on a local TCP port; nothing
 # (and success: set -o pipefail would otherwise end the script without a
 # word) when none listens, as the facilitator's port with make run's default.
 listener_pid() { { ss -Htlnp "sport = :$1" 2>/dev/null | grep -o 'pid=[0-9]*' | head -1 | cut -d= -f2; } || true; }
 pids=()
-for p in "caddy=$port" "verifierd=${verifierd##*:}" "certd=${certd##*:}" "baseline=$baseline_port" "solana-chain=${solana##*:}"; do
+for p in "caddy=$port" "verifierd=${verifierd##*:}" "certd=${certd##*:}" "baseline=$baseline_port" "verifierd-durable=${durable##*:}" "verifierd-nosync=${nosync##*:}" "solana-chain=${solana##*:}"; do
 	pid="$(listener_pid "${p#*=}")"
 	if [ -n "$pid" ]; then
 		pids+=(-pid "${p%%=*}=$pid")
@@ -151,6 +196,6 @@ fi
 say "free allowance: ${mode:-unknown (no admin API)}"
 
 say "machine: $(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg) before the run"
-"$GO" run ./load -gateway "$base" -baseline "http://127.0.0.1:$baseline_port" -direct "http://$verifierd" -allowance-mode "${mode:-unknown}" \
+"$GO" run ./load -gateway "$base" -baseline "http://127.0.0.1:$baseline_port" -direct "http://$verifierd" "${pair[@]}" -allowance-mode "${mode:-unknown}" \
 	-solana-chain "$data/solana-chain.json" "${pids[@]}" "$@"
 say "load average $(cut -d' ' -f1-3 /proc/loadavg) after the run"
