@@ -12,8 +12,8 @@
 // as an ES module holding that package's files, run by a minimal
 // require() over one registry of the page's CommonJS files.
 //
-// The page connects (initialize, notifications/initialized, the SSE GET),
-// lists the tools, calls input.tool with input.args, ends the session
+// The page connects (initialize, notifications/initialized, the SSE GET,
+// whose answer it waits for), lists the tools, calls input.tool with input.args, ends the session
 // (DELETE) and lists the tools once more on the ended session.
 // Input on stdin: {"mcp", "chromium", "tool", "args"}.
 // Output on stdout: {"sessionId", "tools": [names], "call": {isError,
@@ -197,8 +197,22 @@ try {
       const out = { sessionId: "", tools: [], call: null, terminated: false, afterTerminate: "", error: "" };
       try {
         const client = new Client({ name: "page", version: "1" });
-        const transport = new StreamableHTTPClientTransport(new URL(mcp));
+        // The SDK opens its SSE stream (a GET) once initialized without
+        // waiting for it, so on a busy machine the GET could reach the
+        // server after the session's DELETE. The page waits (10 s at most)
+        // until the browser has the GET's answer before going on; the
+        // transport's fetch option is the browser's own fetch, watched, not
+        // changed.
+        let sseAnswered;
+        const sse = new Promise((ok) => (sseAnswered = ok));
+        const watched = async (url, init) => {
+          const res = await fetch(url, init);
+          if ((init?.method ?? "GET") === "GET") sseAnswered();
+          return res;
+        };
+        const transport = new StreamableHTTPClientTransport(new URL(mcp), { fetch: watched });
         await client.connect(transport);
+        await Promise.race([sse, new Promise((ok) => setTimeout(ok, 10000))]);
         out.sessionId = transport.sessionId ?? "";
         out.tools = (await client.listTools()).tools.map((t) => t.name);
         const res = await client.callTool({ name: tool, arguments: args });
