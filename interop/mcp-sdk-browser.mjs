@@ -13,8 +13,9 @@
 // require() over one registry of the page's CommonJS files.
 //
 // The page connects (initialize, notifications/initialized, the SSE GET,
-// whose answer it waits for), lists the tools, calls input.tool with input.args, ends the session
-// (DELETE) and lists the tools once more on the ended session.
+// whose answer it waits for), lists the tools, calls input.tool with
+// input.args, ends the session (DELETE) and lists the tools once more on
+// the ended session.
 // Input on stdin: {"mcp", "chromium", "tool", "args"}.
 // Output on stdout: {"sessionId", "tools": [names], "call": {isError,
 // structuredContent}, "terminated": bool, "afterTerminate": "<error>",
