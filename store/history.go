@@ -216,35 +216,80 @@ func (c *Counts) add(v Verification) {
 // (ErrPaymentFinal), so a late or repeated report cannot change history;
 // an unknown id is ErrNotFound.
 func (db *DB) SetPayment(ctx context.Context, id, payment string) error {
-	if payment != PaymentPaid && payment != PaymentUnpaid {
-		return fmt.Errorf("store: a settlement outcome is paid or unpaid, not %q", payment)
+	errs, err := db.SetPayments(ctx, []PaymentOutcome{{ID: id, Payment: payment}})
+	if err != nil {
+		return err
 	}
-	rk := recordKey(id)
-	return db.update(ctx, func(txn *tx) error {
-		item, err := txn.Get(rk)
-		if errors.Is(err, badger.ErrKeyNotFound) {
-			return ErrNotFound
+	return errs[0]
+}
+
+// PaymentOutcome is one settlement outcome for SetPayments.
+type PaymentOutcome struct {
+	ID      string
+	Payment string // PaymentPaid or PaymentUnpaid
+}
+
+// SetPayments records outcomes as SetPayment records each, one after
+// another, in one transaction: a gateway's batch of reports costs one
+// commit (one synced write), not one per outcome. errs[i] is outcome i's
+// own refusal (ErrNotFound, ErrPaymentFinal, or a payment that is neither
+// paid nor unpaid), which leaves the others to be recorded; err is a
+// failure of the transaction, which records none of them.
+func (db *DB) SetPayments(ctx context.Context, outs []PaymentOutcome) (errs []error, err error) {
+	errs = make([]error, len(outs))
+	err = db.update(ctx, func(txn *tx) error {
+		for i, o := range outs {
+			errs[i] = setPayment(txn, o)
+			if errs[i] != nil && !isOutcomeRefusal(errs[i]) {
+				return errs[i]
+			}
 		}
-		if err != nil {
-			return err
-		}
-		var v Verification
-		if err := item.Value(func(b []byte) error { return json.Unmarshal(b, &v) }); err != nil {
-			return fmt.Errorf("decoding verification: %w", err)
-		}
-		if v.Payment != PaymentPending {
-			return ErrPaymentFinal
-		}
-		v.Payment = payment
-		val, err := encodeRecord(&v)
-		if err != nil {
-			return fmt.Errorf("encoding verification: %w", err)
-		}
-		if err := txn.Set(rk, val); err != nil {
-			return err
-		}
-		return putAgentRecord(txn, v, val)
+		return nil
 	})
+	if err != nil {
+		return nil, err
+	}
+	return errs, nil
+}
+
+// errBadOutcome refuses an outcome other than paid or unpaid.
+var errBadOutcome = errors.New("store: a settlement outcome is paid or unpaid")
+
+// isOutcomeRefusal reports whether err refuses one outcome of a batch (it
+// wrote nothing of it) rather than failing the batch's transaction.
+func isOutcomeRefusal(err error) bool {
+	return errors.Is(err, ErrNotFound) || errors.Is(err, ErrPaymentFinal) || errors.Is(err, errBadOutcome)
+}
+
+// setPayment records o in txn, or refuses it having written nothing.
+func setPayment(txn *tx, o PaymentOutcome) error {
+	if o.Payment != PaymentPaid && o.Payment != PaymentUnpaid {
+		return fmt.Errorf("%w, not %q", errBadOutcome, o.Payment)
+	}
+	rk := recordKey(o.ID)
+	item, err := txn.Get(rk)
+	if errors.Is(err, badger.ErrKeyNotFound) {
+		return ErrNotFound
+	}
+	if err != nil {
+		return err
+	}
+	var v Verification
+	if err := item.Value(func(b []byte) error { return json.Unmarshal(b, &v) }); err != nil {
+		return fmt.Errorf("decoding verification: %w", err)
+	}
+	if v.Payment != PaymentPending {
+		return ErrPaymentFinal
+	}
+	v.Payment = o.Payment
+	val, err := encodeRecord(&v)
+	if err != nil {
+		return fmt.Errorf("encoding verification: %w", err)
+	}
+	if err := txn.Set(rk, val); err != nil {
+		return err
+	}
+	return putAgentRecord(txn, v, val)
 }
 
 func getCounts(txn *tx, key []byte) (Counts, error) {

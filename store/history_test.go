@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -97,4 +98,51 @@ func FuzzVerificationsCursor(f *testing.F) {
 			t.Fatalf("%d records over the page cap", len(vs))
 		}
 	})
+}
+
+// TestSetPaymentsIsOneCommit: a batch of outcomes is one commit of the
+// store, one record in its write-ahead log (one synced write), however
+// many outcomes it holds; the outcomes it refuses leave the rest recorded.
+func TestSetPaymentsIsOneCommit(t *testing.T) {
+	ctx := context.Background()
+	db, dir := openTemp(t, Options{})
+	at := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
+	var outs []PaymentOutcome
+	for i := range 16 {
+		v := sampleVerification(fmt.Sprintf("p-%02d", i), "agent-b", at, "pass")
+		v.Payment = PaymentPending
+		if err := db.RecordVerification(ctx, v); err != nil {
+			t.Fatal(err)
+		}
+		outs = append(outs, PaymentOutcome{ID: v.ID, Payment: PaymentPaid})
+	}
+	outs = append(outs, PaymentOutcome{ID: "unknown", Payment: PaymentPaid})
+	logged := func() int {
+		t.Helper()
+		b, err := os.ReadFile(filepath.Join(dir, walFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(walRecords(t, b))
+	}
+	before := logged()
+	errs, err := db.SetPayments(ctx, outs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, err := range errs {
+		if i == 16 {
+			if !errors.Is(err, ErrNotFound) {
+				t.Errorf("the unknown id: %v, want ErrNotFound", err)
+			}
+		} else if err != nil {
+			t.Errorf("outcome %d: %v", i, err)
+		}
+	}
+	if n := logged() - before; n != 1 {
+		t.Errorf("the batch took %d records of the log, want 1", n)
+	}
+	if c, err := db.AgentCounts(ctx, "agent-b"); err != nil || c.Paid != 16 {
+		t.Errorf("counts %+v, %v; want 16 paid", c, err)
+	}
 }

@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -18,44 +21,105 @@ import (
 // instance cannot change history; the row lock makes two concurrent reports
 // count once.
 func (h *History) SetPayment(ctx context.Context, id, payment string) error {
-	if payment != store.PaymentPaid && payment != store.PaymentUnpaid {
-		return fmt.Errorf("history: a settlement outcome is paid or unpaid, not %q", payment)
+	errs, err := h.SetPayments(ctx, []store.PaymentOutcome{{ID: id, Payment: payment}})
+	if err != nil {
+		return err
 	}
-	return pgx.BeginFunc(ctx, h.pool, func(tx pgx.Tx) error {
-		var b []byte
-		err := tx.QueryRow(ctx, `SELECT record FROM aov_verifications WHERE id = $1 FOR UPDATE`, []byte(id)).Scan(&b)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return store.ErrNotFound
+	return errs[0]
+}
+
+// SetPayments records outcomes as SetPayment records each, one after
+// another, in one transaction, as the embedded store does: errs[i] is
+// outcome i's own refusal (store.ErrNotFound, store.ErrPaymentFinal, or a
+// payment that is neither paid nor unpaid), err a failure of the
+// transaction, which records none of them.
+//
+// Rows are locked in one order whatever the batch's: the verification rows
+// by id, then the agents' counts by agent id, so two batches from two
+// instances never wait on each other in a cycle (which PostgreSQL would
+// break by failing one of them).
+func (h *History) SetPayments(ctx context.Context, outs []store.PaymentOutcome) (errs []error, err error) {
+	order := make([]int, len(outs))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return strings.Compare(outs[a].ID, outs[b].ID) })
+	err = pgx.BeginFunc(ctx, h.pool, func(tx pgx.Tx) error {
+		errs = make([]error, len(outs))
+		counts := map[string]*store.Counts{}
+		for _, i := range order {
+			v, err := setPayment(ctx, tx, outs[i])
+			if err != nil {
+				if !errors.Is(err, store.ErrNotFound) && !errors.Is(err, store.ErrPaymentFinal) && !errors.Is(err, errBadOutcome) {
+					return err
+				}
+				errs[i] = err
+				continue
+			}
+			var one store.Counts
+			one.Add(v)
+			if v.AgentID == "" || one == (store.Counts{}) {
+				continue
+			}
+			c := counts[v.AgentID]
+			if c == nil {
+				c = new(store.Counts)
+				counts[v.AgentID] = c
+			}
+			c.Pass += one.Pass
+			c.Fail += one.Fail
+			c.AuthenticatedPass += one.AuthenticatedPass
+			c.AuthenticatedFail += one.AuthenticatedFail
+			c.Paid += one.Paid
 		}
-		if err != nil {
-			return fmt.Errorf("history: reading verification: %w", err)
-		}
-		var v store.Verification
-		if err := json.Unmarshal(b, &v); err != nil {
-			return fmt.Errorf("history: decoding verification: %w", err)
-		}
-		if v.Payment != store.PaymentPending {
-			return store.ErrPaymentFinal
-		}
-		v.Payment = payment
-		val, err := json.Marshal(v)
-		if err != nil {
-			return fmt.Errorf("history: encoding verification: %w", err)
-		}
-		if _, err := tx.Exec(ctx, `UPDATE aov_verifications SET record = $2 WHERE id = $1`, []byte(id), val); err != nil {
-			return fmt.Errorf("history: updating verification: %w", err)
-		}
-		var one store.Counts
-		one.Add(v)
-		if v.AgentID == "" || one == (store.Counts{}) {
-			return nil
-		}
-		_, err = tx.Exec(ctx, `UPDATE aov_agent_counts SET
-			pass = pass + $2, fail = fail + $3, auth_pass = auth_pass + $4, auth_fail = auth_fail + $5, paid = paid + $6
-			WHERE agent_id = $1`, []byte(v.AgentID), one.Pass, one.Fail, one.AuthenticatedPass, one.AuthenticatedFail, one.Paid)
-		if err != nil {
-			return fmt.Errorf("history: counting verification: %w", err)
+		for _, agent := range slices.Sorted(maps.Keys(counts)) {
+			c := counts[agent]
+			_, err := tx.Exec(ctx, `UPDATE aov_agent_counts SET
+				pass = pass + $2, fail = fail + $3, auth_pass = auth_pass + $4, auth_fail = auth_fail + $5, paid = paid + $6
+				WHERE agent_id = $1`, []byte(agent), c.Pass, c.Fail, c.AuthenticatedPass, c.AuthenticatedFail, c.Paid)
+			if err != nil {
+				return fmt.Errorf("history: counting verification: %w", err)
+			}
 		}
 		return nil
 	})
+	if err != nil {
+		return nil, err
+	}
+	return errs, nil
+}
+
+// errBadOutcome refuses an outcome other than paid or unpaid.
+var errBadOutcome = errors.New("history: a settlement outcome is paid or unpaid")
+
+// setPayment sets o's record in tx and returns it as it now stands, or
+// refuses o having written nothing.
+func setPayment(ctx context.Context, tx pgx.Tx, o store.PaymentOutcome) (store.Verification, error) {
+	var v store.Verification
+	if o.Payment != store.PaymentPaid && o.Payment != store.PaymentUnpaid {
+		return v, fmt.Errorf("%w, not %q", errBadOutcome, o.Payment)
+	}
+	var b []byte
+	err := tx.QueryRow(ctx, `SELECT record FROM aov_verifications WHERE id = $1 FOR UPDATE`, []byte(o.ID)).Scan(&b)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return v, store.ErrNotFound
+	}
+	if err != nil {
+		return v, fmt.Errorf("history: reading verification: %w", err)
+	}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return v, fmt.Errorf("history: decoding verification: %w", err)
+	}
+	if v.Payment != store.PaymentPending {
+		return v, store.ErrPaymentFinal
+	}
+	v.Payment = o.Payment
+	val, err := json.Marshal(v)
+	if err != nil {
+		return v, fmt.Errorf("history: encoding verification: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE aov_verifications SET record = $2 WHERE id = $1`, []byte(o.ID), val); err != nil {
+		return v, fmt.Errorf("history: updating verification: %w", err)
+	}
+	return v, nil
 }

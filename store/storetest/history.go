@@ -20,6 +20,7 @@ type History interface {
 	Verifications(ctx context.Context, agentID, cursor string, limit int) ([]store.Verification, string, error)
 	AgentCounts(ctx context.Context, agentID string) (store.Counts, error)
 	SetPayment(ctx context.Context, id, payment string) error
+	SetPayments(ctx context.Context, outs []store.PaymentOutcome) ([]error, error)
 	Ping(ctx context.Context) error
 }
 
@@ -425,6 +426,104 @@ func TestHistory(t *testing.T, newH NewHistory) {
 		}
 		if got["paid-1"] != store.PaymentPaid || got["paid-2"] != store.PaymentUnpaid || got["free-1"] != store.PaymentFree {
 			t.Fatalf("history %v", got)
+		}
+	})
+	t.Run("a batch of outcomes is recorded as one by one, each refusal its own, and two instances' batches in opposite orders count each outcome once", func(t *testing.T) {
+		h, other := newH(t)
+		for i, id := range []string{"b-1", "b-2", "b-3", "b-4", "b-5", "b-6"} {
+			v := Sample(id, []string{"agent-x", "agent-y"}[i%2], base.Add(time.Duration(i)), "pass")
+			v.Payment = store.PaymentPending
+			if err := h.RecordVerification(ctx, v); err != nil {
+				t.Fatal(err)
+			}
+		}
+		free := Sample("b-free", "agent-x", base, "fail")
+		if err := h.RecordVerification(ctx, free); err != nil {
+			t.Fatal(err)
+		}
+		errs, err := other.SetPayments(ctx, []store.PaymentOutcome{
+			{ID: "b-2", Payment: store.PaymentPaid},
+			{ID: "nope", Payment: store.PaymentPaid},
+			{ID: "b-1", Payment: store.PaymentUnpaid},
+			{ID: "b-free", Payment: store.PaymentPaid},
+			{ID: "b-2", Payment: store.PaymentUnpaid}, // the same id again: final by now
+			{ID: "b-3", Payment: store.PaymentFree},
+			{ID: "b-4", Payment: store.PaymentPaid},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, want := range []error{nil, store.ErrNotFound, nil, store.ErrPaymentFinal, store.ErrPaymentFinal, nil, nil} {
+			switch {
+			case i == 5 && errs[i] == nil:
+				t.Error("outcome 5 (payment free) was accepted")
+			case i != 5 && !errors.Is(errs[i], want):
+				t.Errorf("outcome %d: %v, want %v", i, errs[i], want)
+			}
+		}
+		payments := func() map[string]string {
+			t.Helper()
+			got := map[string]string{}
+			for _, agent := range []string{"agent-x", "agent-y"} {
+				recs, _, err := h.Verifications(ctx, agent, "", store.MaxPageSize)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, v := range recs {
+					got[v.ID] = v.Payment
+				}
+			}
+			return got
+		}
+		want := map[string]string{"b-1": store.PaymentUnpaid, "b-2": store.PaymentPaid, "b-3": store.PaymentPending,
+			"b-4": store.PaymentPaid, "b-5": store.PaymentPending, "b-6": store.PaymentPending, "b-free": store.PaymentFree}
+		if got := payments(); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("after the batch: %v, want %v", got, want)
+		}
+		// Two instances report overlapping batches at once, in opposite
+		// orders and across both agents: every outcome counts once, and
+		// neither batch fails for the other.
+		var wg sync.WaitGroup
+		var took atomic.Int32
+		for _, c := range []struct {
+			db  History
+			ids []string
+		}{{h, []string{"b-3", "b-5", "b-6"}}, {other, []string{"b-6", "b-5", "b-3"}}} {
+			wg.Go(func() {
+				outs := make([]store.PaymentOutcome, len(c.ids))
+				for i, id := range c.ids {
+					outs[i] = store.PaymentOutcome{ID: id, Payment: store.PaymentPaid}
+				}
+				errs, err := c.db.SetPayments(ctx, outs)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				for _, err := range errs {
+					if err == nil {
+						took.Add(1)
+					} else if !errors.Is(err, store.ErrPaymentFinal) {
+						t.Error(err)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		if took.Load() != 3 {
+			t.Fatalf("%d outcomes took effect, want 3", took.Load())
+		}
+		cx, err := other.AgentCounts(ctx, "agent-x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cy, err := other.AgentCounts(ctx, "agent-y")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// agent-x: b-1 unpaid, b-3 and b-5 paid, b-free free (a fail);
+		// agent-y: b-2, b-4 and b-6 paid.
+		if cx.Pass != 2 || cx.Fail != 1 || cx.Paid != 2 || cy.Pass != 3 || cy.Paid != 3 {
+			t.Fatalf("counts x %+v, y %+v; want x 2 passes, 1 fail, 2 paid; y 3 passes, 3 paid", cx, cy)
 		}
 	})
 }

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"sync"
 	"time"
 
 	"github.com/aovhq/aov/apierr"
@@ -32,11 +31,11 @@ import (
 //
 // A gateway that has several outcomes to report at once sends them in one
 // request, {"reports": [{"verification_id", "payment"}, ...]} (at most
-// MaxSettlementBatch), recorded side by side so that they share the history
-// store's group commit; it is answered 204 only when every outcome in it is
-// recorded (or was final already), and otherwise with the status a single
-// report of the first failing one would get, so the gateway retries them
-// (the recorded ones again, which changes nothing).
+// MaxSettlementBatch), recorded in one transaction of the history store
+// (one commit for the batch); it is answered 204 only when every outcome
+// in it is recorded (or was final already), and otherwise with the status
+// a single report of the first failing one would get, so the gateway
+// retries them (the recorded ones again, which changes nothing).
 const (
 	// PathSettlement is where the gateway reports outcomes.
 	PathSettlement = "/v1/gateway/settlement"
@@ -62,7 +61,7 @@ func askSettlementReport(w http.ResponseWriter, payment string) {
 
 // settlementSetter is the part of a history store that records outcomes.
 type settlementSetter interface {
-	SetPayment(ctx context.Context, id, payment string) error
+	SetPayments(ctx context.Context, outs []store.PaymentOutcome) ([]error, error)
 }
 
 // serveSettlement records a settlement outcome the gateway reports. Only
@@ -87,15 +86,9 @@ func (s *Server) serveSettlement(w http.ResponseWriter, r *http.Request, _ *requ
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 10*time.Second)
 	defer cancel()
-	errs := make([]error, len(reps))
-	if len(reps) == 1 {
-		errs[0] = set.SetPayment(ctx, reps[0].VerificationID, reps[0].Payment)
-	} else {
-		var wg sync.WaitGroup
-		for i, rep := range reps {
-			wg.Go(func() { errs[i] = set.SetPayment(ctx, rep.VerificationID, rep.Payment) })
-		}
-		wg.Wait()
+	errs, err := set.SetPayments(ctx, reps)
+	if err != nil {
+		return apierr.Unavailable("verification history store", 5, fmt.Errorf("recording settlement outcomes: %w", err))
 	}
 	for _, err := range errs {
 		switch {
@@ -119,7 +112,7 @@ type settlementReport struct {
 // decodeSettlementReports reads a report body: one outcome, or a batch of
 // 1 to MaxSettlementBatch. Unknown members, an empty id and any payment but
 // paid or unpaid are refused.
-func decodeSettlementReports(b []byte) ([]settlementReport, bool) {
+func decodeSettlementReports(b []byte) ([]store.PaymentOutcome, bool) {
 	if len(b) > maxSettlementBody {
 		return nil, false
 	}
@@ -141,10 +134,12 @@ func decodeSettlementReports(b []byte) ([]settlementReport, bool) {
 	case body.VerificationID != "" || body.Payment != "" || len(reps) == 0 || len(reps) > MaxSettlementBatch:
 		return nil, false
 	}
-	for _, rep := range reps {
+	outs := make([]store.PaymentOutcome, len(reps))
+	for i, rep := range reps {
 		if rep.VerificationID == "" || (rep.Payment != store.PaymentPaid && rep.Payment != store.PaymentUnpaid) {
 			return nil, false
 		}
+		outs[i] = store.PaymentOutcome{ID: rep.VerificationID, Payment: rep.Payment}
 	}
-	return reps, true
+	return outs, true
 }
