@@ -240,7 +240,7 @@ func (db *DB) SetPayments(ctx context.Context, outs []PaymentOutcome) (errs []er
 	err = db.update(ctx, func(txn *tx) error {
 		for i, o := range outs {
 			errs[i] = setPayment(txn, o)
-			if errs[i] != nil && !isOutcomeRefusal(errs[i]) {
+			if errs[i] != nil && !OutcomeRefused(errs[i]) {
 				return errs[i]
 			}
 		}
@@ -252,19 +252,20 @@ func (db *DB) SetPayments(ctx context.Context, outs []PaymentOutcome) (errs []er
 	return errs, nil
 }
 
-// errBadOutcome refuses an outcome other than paid or unpaid.
-var errBadOutcome = errors.New("store: a settlement outcome is paid or unpaid")
+// ErrBadOutcome refuses an outcome other than paid or unpaid.
+var ErrBadOutcome = errors.New("store: a settlement outcome is paid or unpaid")
 
-// isOutcomeRefusal reports whether err refuses one outcome of a batch (it
-// wrote nothing of it) rather than failing the batch's transaction.
-func isOutcomeRefusal(err error) bool {
-	return errors.Is(err, ErrNotFound) || errors.Is(err, ErrPaymentFinal) || errors.Is(err, errBadOutcome)
+// OutcomeRefused reports whether err, from a history backend's
+// SetPayments, refuses one outcome of a batch (nothing of it was written)
+// rather than failing the batch's transaction.
+func OutcomeRefused(err error) bool {
+	return errors.Is(err, ErrNotFound) || errors.Is(err, ErrPaymentFinal) || errors.Is(err, ErrBadOutcome)
 }
 
 // setPayment records o in txn, or refuses it having written nothing.
 func setPayment(txn *tx, o PaymentOutcome) error {
 	if o.Payment != PaymentPaid && o.Payment != PaymentUnpaid {
-		return fmt.Errorf("%w, not %q", errBadOutcome, o.Payment)
+		return fmt.Errorf("%w, not %q", ErrBadOutcome, o.Payment)
 	}
 	rk := recordKey(o.ID)
 	item, err := txn.Get(rk)

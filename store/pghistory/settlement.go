@@ -50,7 +50,7 @@ func (h *History) SetPayments(ctx context.Context, outs []store.PaymentOutcome) 
 		for _, i := range order {
 			v, err := setPayment(ctx, tx, outs[i])
 			if err != nil {
-				if !errors.Is(err, store.ErrNotFound) && !errors.Is(err, store.ErrPaymentFinal) && !errors.Is(err, errBadOutcome) {
+				if !store.OutcomeRefused(err) {
 					return err
 				}
 				errs[i] = err
@@ -89,15 +89,12 @@ func (h *History) SetPayments(ctx context.Context, outs []store.PaymentOutcome) 
 	return errs, nil
 }
 
-// errBadOutcome refuses an outcome other than paid or unpaid.
-var errBadOutcome = errors.New("history: a settlement outcome is paid or unpaid")
-
 // setPayment sets o's record in tx and returns it as it now stands, or
 // refuses o having written nothing.
 func setPayment(ctx context.Context, tx pgx.Tx, o store.PaymentOutcome) (store.Verification, error) {
 	var v store.Verification
 	if o.Payment != store.PaymentPaid && o.Payment != store.PaymentUnpaid {
-		return v, fmt.Errorf("%w, not %q", errBadOutcome, o.Payment)
+		return v, fmt.Errorf("%w, not %q", store.ErrBadOutcome, o.Payment)
 	}
 	var b []byte
 	err := tx.QueryRow(ctx, `SELECT record FROM aov_verifications WHERE id = $1 FOR UPDATE`, []byte(o.ID)).Scan(&b)
