@@ -293,6 +293,14 @@ func TestSettlementReportBatches(t *testing.T) {
 	if c.Paid != 3 || c.Total() != 3 {
 		t.Fatalf("counts %+v: the three paid calls count", c)
 	}
+	// The store failing the batch's transaction is the store's outage (the
+	// gateway retries), not any outcome's refusal.
+	f.db.Close()
+	w := f.do(http.MethodPost, "/v1/gateway/settlement", []byte(`{"reports":[{"verification_id":"`+ids[4]+`","payment":"paid"},{"verification_id":"`+ids[5]+`","payment":"paid"}]}`), gw)
+	var e map[string]any
+	if err := json.Unmarshal(w.Body.Bytes(), &e); w.Code != http.StatusServiceUnavailable || err != nil || e["code"] != "upstream_unavailable" {
+		t.Fatalf("a batch the store cannot take: %d %s, want 503 upstream_unavailable", w.Code, w.Body)
+	}
 }
 
 // FuzzSettlementReport: whatever the gateway's channel carries, a report
