@@ -56,9 +56,7 @@ func (h *History) SetPayments(ctx context.Context, outs []store.PaymentOutcome) 
 				errs[i] = err
 				continue
 			}
-			var one store.Counts
-			one.Add(v)
-			if v.AgentID == "" || one == (store.Counts{}) {
+			if v.AgentID == "" || !v.Counted() {
 				continue
 			}
 			c := counts[v.AgentID]
@@ -66,11 +64,7 @@ func (h *History) SetPayments(ctx context.Context, outs []store.PaymentOutcome) 
 				c = new(store.Counts)
 				counts[v.AgentID] = c
 			}
-			c.Pass += one.Pass
-			c.Fail += one.Fail
-			c.AuthenticatedPass += one.AuthenticatedPass
-			c.AuthenticatedFail += one.AuthenticatedFail
-			c.Paid += one.Paid
+			c.Add(v)
 		}
 		for _, agent := range slices.Sorted(maps.Keys(counts)) {
 			c := counts[agent]

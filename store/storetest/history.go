@@ -453,10 +453,7 @@ func TestHistory(t *testing.T, newH NewHistory) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for i, want := range []error{nil, store.ErrNotFound, nil, store.ErrPaymentFinal, store.ErrPaymentFinal, nil, nil} {
-			if i == 5 {
-				want = store.ErrBadOutcome // payment free
-			}
+		for i, want := range []error{nil, store.ErrNotFound, nil, store.ErrPaymentFinal, store.ErrPaymentFinal, store.ErrBadOutcome, nil} {
 			if !errors.Is(errs[i], want) {
 				t.Errorf("outcome %d: %v, want %v", i, errs[i], want)
 			}
