@@ -403,16 +403,12 @@ func newClient(concurrency int) *client {
 
 func (c *client) close() { c.fc.CloseIdleConnections() }
 
-// send does one request and reads the whole answer (at most
-// maxAnswerBytes), so the connection is reused. The answer's body is a
-// copy the caller keeps; want names a response header to return.
+// send does one request, within requestTimeout, and reads the whole answer
+// (at most maxAnswerBytes), so the connection is reused. The answer's body
+// is a copy the caller keeps; want names a response header to return.
 func (c *client) send(ctx context.Context, r request, want string) (status int, body []byte, header string, err error) {
 	if err := ctx.Err(); err != nil {
 		return 0, nil, "", err
-	}
-	deadline, phaseEnd := time.Now().Add(requestTimeout), false
-	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-		deadline, phaseEnd = d, true
 	}
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
@@ -426,13 +422,7 @@ func (c *client) send(ctx context.Context, r request, want string) (status int, 
 		req.Header.Set(r.header[i], r.header[i+1])
 	}
 	req.SetBodyRaw(r.body)
-	if err := c.fc.DoDeadline(req, resp, deadline); err != nil {
-		// The context's own timer may fire a moment after its deadline
-		// passed: a timeout at the phase's end is the end, not a failure.
-		// fasthttp names it ErrTimeout or the connection's i/o timeout.
-		if phaseEnd && !time.Now().Before(deadline) {
-			return 0, nil, "", context.DeadlineExceeded
-		}
+	if err := c.fc.DoTimeout(req, resp, requestTimeout); err != nil {
 		return 0, nil, "", err
 	}
 	if want != "" {
@@ -511,16 +501,25 @@ func once(ctx context.Context, client *client, w workload) error {
 		return errors.New("answered 402: the free allowance is used up; load requests are unpaid, so run the stack with a large one (AOV_FREE_PER_DAY=1000000000 make run)")
 	}
 	if err := w.check(status, body); err != nil {
-		return fmt.Errorf("%w: is the stack running (make run)?", err)
+		if len(bytes.TrimSpace(body)) == 0 {
+			return fmt.Errorf("%w: is the stack running (make run)?", err)
+		}
+		// The stack answered: what it said (the contract's error code and
+		// message) is the diagnosis, not a guess that nothing runs.
+		return fmt.Errorf("%w; the answer: %.300s", err, bytes.TrimSpace(body))
 	}
 	return nil
 }
 
 // phase runs the closed loop: each worker sends the next request as soon as
-// the previous answer is read.
+// the previous answer is read, until d has passed. A request under way then
+// is waited for (each is bounded by requestTimeout) and counted, not cut
+// off: a gateway sees a request its client abandons as a 499, releases its
+// charge and counts it against the client's rate limit (an abandoned call
+// took work and paid nothing), so cutting off the calls in flight at every
+// phase's end would make the later phases of one run answer 429.
 func phase(ctx context.Context, client *client, w workload, workers int, d time.Duration) stats {
-	ctx, cancel := context.WithTimeout(ctx, d)
-	defer cancel()
+	end := time.Now().Add(d)
 	perWorker := maxSamples / workers
 	var (
 		mu  sync.Mutex
@@ -538,7 +537,7 @@ func phase(ctx context.Context, client *client, w workload, workers int, d time.
 					local.firstErr = err.Error()
 				}
 			}
-			for ctx.Err() == nil {
+			for ctx.Err() == nil && time.Now().Before(end) {
 				req, err := w.next(ctx)
 				if err != nil {
 					local.requests++
@@ -547,8 +546,8 @@ func phase(ctx context.Context, client *client, w workload, workers int, d time.
 				}
 				t0 := time.Now()
 				status, body, _, err := client.send(ctx, req, "")
-				if ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded) {
-					break // cut off by the end of the phase: not a sample
+				if ctx.Err() != nil {
+					break // the run was stopped: not a sample
 				}
 				local.requests++
 				if err == nil {
