@@ -29,11 +29,13 @@ const (
 // RateLimit bounds how often one client may be refused by the gate. Every
 // answer that serves nothing counts one event: a 402 (a demand for
 // payment, a refused payment), a 4xx refusal of the gate (413, 422, a
-// refused tool call) and a 4xx answer of the upstream to a free or paid call
-// (which is then neither charged nor counted against the allowance). A
-// client with Events such answers within Window is answered 429
-// rate_limited with Retry-After until its budget refills, before the gate
-// reads its body. Served calls, paid or free, never count, and a settled
+// refused tool call), a 4xx answer of the upstream to a free or paid call
+// (which is then neither charged nor counted against the allowance), and a
+// call its client abandons while the upstream works (Caddy's proxy ends it
+// with 499: its charge is given back, so uncounted it would be work had for
+// free by leaving just before the answer). A client with Events such
+// answers within Window is answered 429 rate_limited with Retry-After until
+// its budget refills, before the gate reads its body. Served calls, paid or free, never count, and a settled
 // payment gives one event back (rateZone.credit): the 402 that told the
 // client the price.
 //
