@@ -33,6 +33,13 @@
 //	             chain: no block time bounds it, so its rate is compared with
 //	             the plain reverse_proxy's (skipped without the chain)
 //
+// The report sets free against baseline, mcp against mcp-baseline and
+// durable against nosync. When both of such a pair run, their phases
+// alternate in -rounds slices of the duration (five by default), so that
+// background work of a shared process (a Badger compaction in the verifierd
+// both reach, the machine's other load) falls on both alike instead of on
+// whichever ran when it struck.
+//
 // With a -pid facilitator=PID (the facilitator in a process of its own, as
 // scripts/load.sh runs it), a paid call's CPU is measured apart: Caddy's is
 // the gateway's alone, set beside the baseline Caddy's per call.
@@ -88,6 +95,10 @@ const (
 	maxConcurrency = 256
 	maxDuration    = 5 * time.Minute
 	maxBodyBytes   = 1 << 20
+	// maxRounds and minSlice bound how finely a pair's phases alternate:
+	// each switch leaves the connections of the other scenario idle.
+	maxRounds = 100
+	minSlice  = 100 * time.Millisecond
 	// maxSamples bounds the memory the latency samples take per phase.
 	maxSamples = 20_000_000
 )
@@ -113,8 +124,10 @@ type config struct {
 	concurrency     []int
 	duration        time.Duration
 	warmup          time.Duration
-	scenarios       []string
-	procs           []proc
+	// rounds is how many alternating slices a pair's phases are cut into.
+	rounds    int
+	scenarios []string
+	procs     []proc
 	// allowanceMode names the gateway's free-allowance mode (durable or
 	// batched) for the report; the caller reads it from the gateway.
 	allowanceMode string
@@ -145,6 +158,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	cs := fs.String("c", "8,32", fmt.Sprintf("concurrent connections, a comma-separated list, each 1..%d", maxConcurrency))
 	d := fs.Duration("d", 5*time.Second, fmt.Sprintf("measured duration per phase, at most %s", maxDuration))
 	warmup := fs.Duration("warmup", time.Second, "unmeasured warm-up per phase")
+	rounds := fs.Int("rounds", 5, fmt.Sprintf("alternating slices each phase of a compared pair (free and baseline, mcp and mcp-baseline, durable and nosync) is cut into, 1..%d (fewer when a slice of -d would be under %s)", maxRounds, minSlice))
 	idle := fs.Duration("idle", time.Second, "how long to read the processes' CPU without load before the scenarios (0: skip)")
 	mode := fs.String("allowance-mode", "", "the gateway's free-allowance mode, printed with the results (scripts/load.sh reads it from Caddy's admin API)")
 	solanaChain := fs.String("solana-chain", "", "the local Solana chain's wallet file (make run writes $data/solana-chain.json), for paid-solana (empty: skip it)")
@@ -165,7 +179,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	if fs.NArg() > 0 {
 		return config{}, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	cfg := config{path: *path, body: invoice, duration: *d, warmup: *warmup, idle: *idle, procs: procs, allowanceMode: *mode, solanaChain: *solanaChain}
+	cfg := config{path: *path, body: invoice, duration: *d, warmup: *warmup, rounds: *rounds, idle: *idle, procs: procs, allowanceMode: *mode, solanaChain: *solanaChain}
 	for _, f := range strings.Split(*cs, ",") {
 		c, err := strconv.Atoi(strings.TrimSpace(f))
 		if err != nil || c < 1 || c > maxConcurrency {
@@ -176,6 +190,11 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	if cfg.duration <= 0 || cfg.duration > maxDuration {
 		return config{}, fmt.Errorf("-d must be positive and at most %s", maxDuration)
 	}
+	if cfg.rounds < 1 || cfg.rounds > maxRounds {
+		return config{}, fmt.Errorf("-rounds must be between 1 and %d", maxRounds)
+	}
+	// A slice is at least minSlice: a short -d gets fewer of them.
+	cfg.rounds = max(1, min(cfg.rounds, int(cfg.duration/minSlice)))
 	if cfg.warmup < 0 || cfg.warmup > maxDuration {
 		return config{}, fmt.Errorf("-warmup must be between 0 and %s", maxDuration)
 	}
@@ -285,8 +304,8 @@ func run(args []string, stdout io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 
-	fmt.Fprintf(stdout, "POST %s, %d bytes; %s per phase after %s warm-up; connections %v\n",
-		cfg.path, len(cfg.body), cfg.duration, cfg.warmup, cfg.concurrency)
+	fmt.Fprintf(stdout, "POST %s, %d bytes; %s per phase after %s warm-up (a compared pair's phases alternate in %d slices); connections %v\n",
+		cfg.path, len(cfg.body), cfg.duration, cfg.warmup, cfg.rounds, cfg.concurrency)
 	if cfg.allowanceMode != "" {
 		fmt.Fprintf(stdout, "gateway free allowance: %s\n", cfg.allowanceMode)
 	}
@@ -294,22 +313,50 @@ func run(args []string, stdout io.Writer) error {
 	if len(cfg.procs) > 0 && cfg.idle > 0 {
 		results = append(results, idleCPU(ctx, cfg.procs, cfg.idle))
 	}
+	done := map[string]bool{}
 	for _, s := range cfg.scenarios {
+		if done[s] {
+			continue
+		}
+		group, rounds := []string{s}, 1
+		if p := partner(s); p != "" && slices.Contains(cfg.scenarios, p) {
+			group, rounds = append(group, p), cfg.rounds
+		}
+		for _, g := range group {
+			done[g] = true
+		}
 		for _, c := range cfg.concurrency {
-			st, err := measure(ctx, cfg, s, c)
+			sts, err := measureRounds(ctx, cfg, group, c, rounds)
 			var skip skipped
 			if errors.As(err, &skip) {
 				fmt.Fprintf(stdout, "%s: skipped: %s\n", s, skip.why)
 				break
 			}
 			if err != nil {
-				return fmt.Errorf("%s at %d connections: %w", s, c, err)
+				return err
 			}
-			results = append(results, st)
+			results = append(results, sts...)
 		}
 	}
 	report(stdout, results, cfg.procs)
 	return nil
+}
+
+// pairs are the scenarios the report compares: a gateway path and its
+// baseline, the synced history and the unsynced one.
+var pairs = [][2]string{{"free", "baseline"}, {"mcp", "mcp-baseline"}, {"durable", "nosync"}}
+
+// partner is the scenario s is compared with ("" when none).
+func partner(s string) string {
+	for _, p := range pairs {
+		switch s {
+		case p[0]:
+			return p[1]
+		case p[1]:
+			return p[0]
+		}
+	}
+	return ""
 }
 
 // stats is what one measured phase produced.
@@ -329,6 +376,18 @@ type stats struct {
 }
 
 func (s stats) ok() int { return s.requests - s.errors }
+
+// add counts phase p, one slice of s's phase, in s (its latencies
+// unsorted: the caller sorts once all are in).
+func (s *stats) add(p stats) {
+	s.requests += p.requests
+	s.errors += p.errors
+	s.elapsed += p.elapsed
+	s.lat = append(s.lat, p.lat...)
+	if s.firstErr == "" {
+		s.firstErr = p.firstErr
+	}
+}
 
 func (s stats) rate() float64 {
 	if s.elapsed <= 0 {
@@ -431,34 +490,69 @@ func (c *client) send(ctx context.Context, r request, want string) (status int, 
 	return resp.StatusCode(), append([]byte(nil), resp.Body()...), header, nil
 }
 
-// measure prepares a scenario, checks that its first request succeeds,
-// warms it up, then runs c closed-loop workers for cfg.duration with the
-// processes' CPU time read before and after.
+// measure is measureRounds for one scenario in one round.
 func measure(ctx context.Context, cfg config, scenario string, c int) (stats, error) {
-	client := newClient(c)
-	defer client.close()
-	w, err := prepare(ctx, client, cfg, scenario)
+	sts, err := measureRounds(ctx, cfg, []string{scenario}, c, 1)
 	if err != nil {
 		return stats{}, err
 	}
-	if err := once(ctx, client, w); err != nil {
-		return stats{}, fmt.Errorf("first request: %w", err)
+	return sts[0], nil
+}
+
+// measureRounds measures scenarios at c connections: it prepares each,
+// checks that its first request succeeds and warms it up, then runs c
+// closed-loop workers on each in turn for cfg.duration/rounds, rounds
+// times, with the processes' CPU time read before and after each slice.
+// Each scenario's slices add up to one phase of cfg.duration.
+func measureRounds(ctx context.Context, cfg config, scenarios []string, c, rounds int) ([]stats, error) {
+	type runner struct {
+		client *client
+		w      workload
+	}
+	runners := make([]runner, 0, len(scenarios))
+	defer func() {
+		for _, r := range runners {
+			r.client.close()
+		}
+	}()
+	out := make([]stats, len(scenarios))
+	for i, s := range scenarios {
+		client := newClient(c)
+		runners = append(runners, runner{client: client})
+		w, err := prepare(ctx, client, cfg, s)
+		if err != nil {
+			return nil, fmt.Errorf("%s at %d connections: %w", s, c, err)
+		}
+		if err := once(ctx, client, w); err != nil {
+			return nil, fmt.Errorf("%s at %d connections: first request: %w", s, c, err)
+		}
+		runners[i].w = w
+		out[i] = stats{name: s, concurrency: c, cpu: map[string]time.Duration{}}
 	}
 	if cfg.warmup > 0 {
-		phase(ctx, client, w, c, cfg.warmup)
-	}
-	before, selfBefore := cpuTimes(cfg.procs), selfCPU()
-	st := phase(ctx, client, w, c, cfg.duration)
-	after := cpuTimes(cfg.procs)
-	st.self = selfCPU() - selfBefore
-	st.name, st.concurrency = scenario, c
-	st.cpu = map[string]time.Duration{}
-	for name, t := range after {
-		if b, ok := before[name]; ok {
-			st.cpu[name] = t - b
+		for _, r := range runners {
+			phase(ctx, r.client, r.w, c, cfg.warmup)
 		}
 	}
-	return st, ctx.Err()
+	slice := cfg.duration / time.Duration(rounds)
+	for range rounds {
+		for i, r := range runners {
+			before, selfBefore := cpuTimes(cfg.procs), selfCPU()
+			st := phase(ctx, r.client, r.w, c, slice)
+			after := cpuTimes(cfg.procs)
+			for name, t := range after {
+				if b, ok := before[name]; ok {
+					out[i].cpu[name] += t - b
+				}
+			}
+			out[i].self += selfCPU() - selfBefore
+			out[i].add(st)
+		}
+	}
+	for i := range out {
+		slices.Sort(out[i].lat)
+	}
+	return out, ctx.Err()
 }
 
 // idleName names the phase without requests in the results.

@@ -7,9 +7,11 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -219,6 +221,55 @@ func TestPhaseCountsAnswersAndFailures(t *testing.T) {
 	}
 	if st.rate() <= 0 {
 		t.Fatalf("rate %v", st.rate())
+	}
+}
+
+// A compared pair's phases alternate in rounds: the gateway's slice, then
+// the baseline's, and so on, each slice's calls answered before the next
+// slice starts; each scenario's stats add up its own slices.
+func TestPairsAlternateInRounds(t *testing.T) {
+	var mu sync.Mutex
+	var order []string
+	served := map[string]int{}
+	server := func(name string) *url.URL {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			io.Copy(io.Discard, r.Body)
+			mu.Lock()
+			order = append(order, name)
+			served[name]++
+			mu.Unlock()
+			w.Write([]byte(`{"result":"pass"}`))
+		}))
+		t.Cleanup(srv.Close)
+		u, err := loopbackURL(srv.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return u
+	}
+	const rounds = 4
+	cfg := config{gateway: server("gateway"), baseline: server("baseline"), path: "/verify/schema", body: invoice, duration: 400 * time.Millisecond}
+	sts, err := measureRounds(context.Background(), cfg, []string{"free", "baseline"}, 2, rounds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs := 0
+	for i := range order {
+		if i == 0 || order[i] != order[i-1] {
+			runs++
+		}
+	}
+	// The two first requests, then a slice of each per round.
+	if want := 2 + 2*rounds; runs != want {
+		t.Fatalf("the servers saw %d runs of calls, want %d (alternating slices)", runs, want)
+	}
+	for i, name := range []string{"gateway", "baseline"} {
+		if st := sts[i]; st.requests+1 != served[name] || st.errors != 0 || len(st.lat) != st.requests {
+			t.Fatalf("%s: %d requests, %d errors, %d samples counted; %s served %d (one of them the first request)", st.name, st.requests, st.errors, len(st.lat), name, served[name])
+		}
+		if !slices.IsSorted(sts[i].lat) {
+			t.Fatalf("%s: latencies not sorted", sts[i].name)
+		}
 	}
 }
 
