@@ -271,7 +271,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		e := apierr.From(err)
 		apierr.Write(sw, e)
-		if e.Status >= 500 {
+		switch {
+		case e.Status >= 500 && r.Context().Err() != nil:
+			// The caller went away (a client that gave up, the gateway
+			// cancelling for its own client): nothing is wrong here, and
+			// an operator's error alerts must not fire on it.
+			s.log.Info("request abandoned by its caller", "route", rec.route, "status", e.Status, "code", e.Code, "error", errString(e.Cause), "verification_id", rec.verificationID)
+		case e.Status >= 500:
 			s.log.Error("request failed", "route", rec.route, "status", e.Status, "code", e.Code, "error", errString(e.Cause), "verification_id", rec.verificationID)
 		}
 	}

@@ -533,3 +533,30 @@ func metric(t testing.TB, f *fixture, name string, labels map[string]string) *dt
 	}
 	return nil
 }
+
+// A 5xx is logged as an error only when the caller is still there: a
+// request its caller abandoned (a client that gave up, the gateway
+// cancelling for its own client) is logged at info, so an operator's error
+// alerts do not fire on clients' timeouts; a failure of verifierd's own
+// (here its history store closed) stays an error.
+func TestAnAbandonedRequestIsNotLoggedAsAnError(t *testing.T) {
+	f := newFixture(t, fixtureOpts{})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	w := httptest.NewRecorder()
+	f.h.ServeHTTP(w, newRequest(http.MethodPost, "/verify/schema", invoice("135.0", ""), nil).WithContext(ctx))
+	if w.Code != http.StatusServiceUnavailable {
+		t.Fatalf("abandoned request: status %d, want 503: %s", w.Code, w.Body)
+	}
+	logs := f.logs.String()
+	if !strings.Contains(logs, `"level":"INFO","msg":"request abandoned by its caller"`) || strings.Contains(logs, `"level":"ERROR"`) {
+		t.Fatalf("an abandoned request is not logged at info alone:\n%s", logs)
+	}
+	f.db.Close()
+	if w := f.do(http.MethodPost, "/verify/schema", invoice("135.0", ""), nil); w.Code != http.StatusServiceUnavailable {
+		t.Fatalf("with the store closed: status %d, want 503: %s", w.Code, w.Body)
+	}
+	if logs := f.logs.String(); !strings.Contains(logs, `"level":"ERROR","msg":"request failed"`) {
+		t.Fatalf("a failure of verifierd's own is not logged as an error:\n%s", logs)
+	}
+}
