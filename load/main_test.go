@@ -138,13 +138,34 @@ func TestParseStatReadsUserAndSystemTime(t *testing.T) {
 	if _, ok := parseStat([]byte("garbage")); ok {
 		t.Fatal("a line without fields parsed")
 	}
-	// This process's own line parses and grows with work done.
-	self := []proc{{name: "self", pid: os.Getpid()}}
-	before := cpuTimes(self)["self"]
-	for end := time.Now().Add(50 * time.Millisecond); time.Now().Before(end); {
+}
+
+// A process's CPU time is read per thread in nanoseconds, so a short
+// stretch of work shows as what it cost, not as 0 or 10 ms ticks.
+func TestCPUTimesResolveNanoseconds(t *testing.T) {
+	if got, ok := parseSchedstat([]byte("1846156 482788 12\n")); !ok || got != 1846156*time.Nanosecond {
+		t.Fatalf("parseSchedstat = %v, %v", got, ok)
 	}
-	if after, ok := cpuTimes(self)["self"]; !ok || after <= before {
-		t.Fatalf("own CPU time %v then %v (%v)", before, after, ok)
+	if _, ok := parseSchedstat([]byte("")); ok {
+		t.Fatal("an empty schedstat parsed")
+	}
+	self := []proc{{name: "self", pid: os.Getpid()}}
+	before := cpuTimes(self)
+	if len(before["self"]) < 2 {
+		t.Skipf("no per-thread schedstat on this kernel: %v", before)
+	}
+	for end := time.Now().Add(15 * time.Millisecond); time.Now().Before(end); {
+	}
+	d, ok := cpuTimes(self).since(before)["self"]
+	if !ok || d <= 0 || d > time.Second || d%clockTick == 0 {
+		t.Fatalf("own CPU time over a 15 ms spin: %v (%v), want a positive figure finer than a tick", d, ok)
+	}
+	// A thread that was not there before counts whole; one gone since
+	// is not subtracted.
+	then := cpuSnapshot{"p": {1: 10 * time.Millisecond, 2: 5 * time.Millisecond}}
+	now := cpuSnapshot{"p": {1: 12 * time.Millisecond, 3: time.Millisecond}, "q": {1: time.Second}}
+	if got := now.since(then); len(got) != 1 || got["p"] != 3*time.Millisecond {
+		t.Fatalf("since = %v, want p: 3ms and nothing for a process not read before", got)
 	}
 }
 
