@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -345,6 +346,10 @@ func writeDoc(w http.ResponseWriter, r *http.Request, doc []byte) {
 	// Add by anyone after us appends to a copy, never to these.
 	h["Content-Type"] = contentTypeJSON
 	h["Cache-Control"] = cacheNoStore
+	// The length, said before WriteHeader: net/http otherwise sends a
+	// body over its 2 KiB buffer (a verification answer is about that)
+	// chunked, which the gateway's proxy must then decode.
+	h["Content-Length"] = []string{strconv.Itoa(len(doc))}
 	w.WriteHeader(http.StatusOK)
 	if r.Method != http.MethodHead {
 		w.Write(doc)

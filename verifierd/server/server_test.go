@@ -560,3 +560,27 @@ func TestAnAbandonedRequestIsNotLoggedAsAnError(t *testing.T) {
 		t.Fatalf("a failure of verifierd's own is not logged as an error:\n%s", logs)
 	}
 }
+
+// A document goes out with its length, not chunked: a verification's
+// answer is over net/http's 2 KiB buffer, and the gateway's proxy would
+// otherwise have to decode the chunks of every answer.
+func TestAnswersAreSentWithTheirLength(t *testing.T) {
+	f := newFixture(t, fixtureOpts{noSync: true, localSigner: true})
+	srv := httptest.NewServer(f.h)
+	defer srv.Close()
+	resp, err := http.Post(srv.URL+"/verify/schema", "application/json", bytes.NewReader(invoice("135.0", "")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusOK || len(body) <= 2048 {
+		t.Fatalf("status %d, %d bytes: want a 200 over 2 KiB to show the point", resp.StatusCode, len(body))
+	}
+	if len(resp.TransferEncoding) != 0 || resp.ContentLength != int64(len(body)) {
+		t.Fatalf("answer sent with Transfer-Encoding %v and Content-Length %d for a %d-byte body", resp.TransferEncoding, resp.ContentLength, len(body))
+	}
+}
