@@ -458,7 +458,12 @@ func (b *bufferedWriter) replay(w http.ResponseWriter) {
 		}
 		h[k] = v
 	}
-	h.Del("Content-Length")
+	// The upstream's length stays when it is the held body's (the answer
+	// then goes out sized, not chunked); anything else (an answer to HEAD,
+	// a length that does not match) is left to net/http to work out.
+	if cl := h["Content-Length"]; len(cl) != 1 || cl[0] != strconv.Itoa(b.buf.Len()) {
+		h.Del("Content-Length")
+	}
 	w.WriteHeader(b.status())
 	w.Write(b.buf.Bytes())
 }
