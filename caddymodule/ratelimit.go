@@ -32,12 +32,12 @@ const (
 // refused tool call), a 4xx answer of the upstream to a free or paid call
 // (which is then neither charged nor counted against the allowance), and a
 // call its client abandons while the upstream works (Caddy's proxy ends it
-// with 499: its charge is given back, so uncounted it would be work had for
-// free by leaving just before the answer). A client with Events such
-// answers within Window is answered 429 rate_limited with Retry-After until
-// its budget refills, before the gate reads its body. Served calls, paid or free, never count, and a settled
-// payment gives one event back (rateZone.credit): the 402 that told the
-// client the price.
+// with 499 and its charge is given back; were it not counted, a client
+// could have work done free by leaving just before each answer). A client
+// with Events such answers within Window is answered 429 rate_limited with
+// Retry-After until its budget refills, before the gate reads its body.
+// Served calls, paid or free, never count, and a settled payment gives one
+// event back (rateZone.credit): the 402 that told the client the price.
 //
 // The client is Caddy's resolved client IP (honouring the server's
 // trusted_proxies, never a raw header); IPv6 clients are counted per /64,
