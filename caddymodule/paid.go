@@ -458,11 +458,13 @@ func (b *bufferedWriter) replay(w http.ResponseWriter) {
 		}
 		h[k] = v
 	}
-	// The upstream's length stays when it is the held body's (the answer
-	// then goes out sized, not chunked); anything else (an answer to HEAD,
-	// a length that does not match) is left to net/http to work out.
-	if cl := h["Content-Length"]; len(cl) != 1 || cl[0] != strconv.Itoa(b.buf.Len()) {
-		h.Del("Content-Length")
+	// The held body is the whole answer, so it goes out sized, not chunked
+	// (net/http chunks a body over 2 KiB whose length it is not told),
+	// whatever the upstream sent and whatever the gate rewrote. Nothing
+	// held: the upstream's own length stands (an answer to HEAD carries
+	// the length of the GET's body).
+	if b.buf.Len() > 0 {
+		h["Content-Length"] = []string{strconv.Itoa(b.buf.Len())}
 	}
 	w.WriteHeader(b.status())
 	w.Write(b.buf.Bytes())
