@@ -4,6 +4,7 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"time"
 )
 
 // TestRun: exactly n calls, spread over the callers' own numbers.
@@ -31,17 +32,25 @@ func TestRun(t *testing.T) {
 }
 
 // TestRunStopsAtAnError: the first error is returned, and the other callers
-// stop instead of making the calls left.
+// stop instead of making the calls left. The caller that got the error
+// records it just after its call returns; calls after it take a
+// millisecond each, so that on a busy machine the other caller cannot run
+// through all the calls left in that moment (with instant calls it could,
+// when the scheduler paused the erring caller right there).
 func TestRunStopsAtAnError(t *testing.T) {
 	boom := errors.New("boom")
 	var mu sync.Mutex
 	calls := 0
 	_, err := Run(2, 1000, func(int) error {
 		mu.Lock()
-		defer mu.Unlock()
 		calls++
-		if calls == 10 {
+		n := calls
+		mu.Unlock()
+		switch {
+		case n == 10:
 			return boom
+		case n > 10:
+			time.Sleep(time.Millisecond)
 		}
 		return nil
 	})
