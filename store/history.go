@@ -255,6 +255,16 @@ func (db *DB) SetPayments(ctx context.Context, outs []PaymentOutcome) (errs []er
 // ErrBadOutcome refuses an outcome other than paid or unpaid.
 var ErrBadOutcome = errors.New("store: a settlement outcome is paid or unpaid")
 
+// Check refuses (ErrBadOutcome) a payment other than paid or unpaid: the
+// one test of an outcome, for every history backend and for verifierd's
+// reading of a report.
+func (o PaymentOutcome) Check() error {
+	if o.Payment != PaymentPaid && o.Payment != PaymentUnpaid {
+		return fmt.Errorf("%w, not %q", ErrBadOutcome, o.Payment)
+	}
+	return nil
+}
+
 // OutcomeRefused reports whether err, from a history backend's
 // SetPayments, refuses one outcome of a batch (nothing of it was written)
 // rather than failing the batch's transaction.
@@ -264,8 +274,8 @@ func OutcomeRefused(err error) bool {
 
 // setPayment records o in txn, or refuses it having written nothing.
 func setPayment(txn *tx, o PaymentOutcome) error {
-	if o.Payment != PaymentPaid && o.Payment != PaymentUnpaid {
-		return fmt.Errorf("%w, not %q", ErrBadOutcome, o.Payment)
+	if err := o.Check(); err != nil {
+		return err
 	}
 	rk := recordKey(o.ID)
 	item, err := txn.Get(rk)

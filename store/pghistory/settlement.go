@@ -87,8 +87,8 @@ func (h *History) SetPayments(ctx context.Context, outs []store.PaymentOutcome) 
 // refuses o having written nothing.
 func setPayment(ctx context.Context, tx pgx.Tx, o store.PaymentOutcome) (store.Verification, error) {
 	var v store.Verification
-	if o.Payment != store.PaymentPaid && o.Payment != store.PaymentUnpaid {
-		return v, fmt.Errorf("%w, not %q", store.ErrBadOutcome, o.Payment)
+	if err := o.Check(); err != nil {
+		return v, err
 	}
 	var b []byte
 	err := tx.QueryRow(ctx, `SELECT record FROM aov_verifications WHERE id = $1 FOR UPDATE`, []byte(o.ID)).Scan(&b)

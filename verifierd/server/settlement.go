@@ -136,10 +136,10 @@ func decodeSettlementReports(b []byte) ([]store.PaymentOutcome, bool) {
 	}
 	outs := make([]store.PaymentOutcome, len(reps))
 	for i, rep := range reps {
-		if rep.VerificationID == "" || (rep.Payment != store.PaymentPaid && rep.Payment != store.PaymentUnpaid) {
+		outs[i] = store.PaymentOutcome{ID: rep.VerificationID, Payment: rep.Payment}
+		if rep.VerificationID == "" || outs[i].Check() != nil {
 			return nil, false
 		}
-		outs[i] = store.PaymentOutcome{ID: rep.VerificationID, Payment: rep.Payment}
 	}
 	return outs, true
 }
