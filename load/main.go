@@ -490,15 +490,6 @@ func (c *client) send(ctx context.Context, r request, want string) (status int, 
 	return resp.StatusCode(), append([]byte(nil), resp.Body()...), header, nil
 }
 
-// measure is measureRounds for one scenario in one round.
-func measure(ctx context.Context, cfg config, scenario string, c int) (stats, error) {
-	sts, err := measureRounds(ctx, cfg, []string{scenario}, c, 1)
-	if err != nil {
-		return stats{}, err
-	}
-	return sts[0], nil
-}
-
 // measureRounds measures scenarios at c connections: it prepares each,
 // checks that its first request succeeds and warms it up, then runs c
 // closed-loop workers on each in turn for cfg.duration/rounds, rounds

@@ -245,6 +245,15 @@ func TestPhaseCountsAnswersAndFailures(t *testing.T) {
 	}
 }
 
+// measure is measureRounds for one scenario in one round.
+func measure(ctx context.Context, cfg config, scenario string, c int) (stats, error) {
+	sts, err := measureRounds(ctx, cfg, []string{scenario}, c, 1)
+	if err != nil {
+		return stats{}, err
+	}
+	return sts[0], nil
+}
+
 // A compared pair's phases alternate in rounds: the gateway's slice, then
 // the baseline's, and so on, each slice's calls answered before the next
 // slice starts; each scenario's stats add up its own slices.
