@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -286,7 +285,7 @@ func setPayment(txn *tx, o PaymentOutcome) error {
 		return err
 	}
 	var v Verification
-	if err := item.Value(func(b []byte) error { return json.Unmarshal(b, &v) }); err != nil {
+	if err := item.Value(func(b []byte) error { return decodeRecord(b, &v) }); err != nil {
 		return fmt.Errorf("decoding verification: %w", err)
 	}
 	if v.Payment != PaymentPending {
@@ -341,7 +340,7 @@ func (db *DB) Verification(ctx context.Context, id string) (Verification, error)
 		if err != nil {
 			return err
 		}
-		return item.Value(func(b []byte) error { return json.Unmarshal(b, &v) })
+		return item.Value(func(b []byte) error { return decodeRecord(b, &v) })
 	})
 	return v, err
 }
@@ -394,7 +393,7 @@ func (db *DB) Verifications(ctx context.Context, agentID, cursor string, limit i
 			}
 			var v Verification
 			if byAgent {
-				if err := it.Item().Value(func(b []byte) error { return json.Unmarshal(b, &v) }); err != nil {
+				if err := it.Item().Value(func(b []byte) error { return decodeRecord(b, &v) }); err != nil {
 					return fmt.Errorf("decoding verification: %w", err)
 				}
 			} else {
@@ -402,7 +401,7 @@ func (db *DB) Verifications(ctx context.Context, agentID, cursor string, limit i
 				if err != nil {
 					return fmt.Errorf("reading verification: %w", err)
 				}
-				if err := item.Value(func(b []byte) error { return json.Unmarshal(b, &v) }); err != nil {
+				if err := item.Value(func(b []byte) error { return decodeRecord(b, &v) }); err != nil {
 					return fmt.Errorf("decoding verification: %w", err)
 				}
 			}

@@ -6,20 +6,20 @@ import (
 	"time"
 )
 
-// Key layout (layout version 2). Every key starts with a one-byte family
+// Key layout (layout version 3). Every key starts with a one-byte family
 // tag. Variable-length components that are not last are length-prefixed
 // (two bytes, big endian) so no value of one component can impersonate
 // another: an agent id may contain any character, NUL included.
 //
 //	0x00 "layout"                          → layout version byte
-//	'r' id                                 → Verification (JSON), by verification id
+//	'r' id                                 → Verification (record.go), by verification id
 //	't' inv(at) id                         → empty; all verifications, newest first
-//	'a' len agent inv(at) id               → Verification (JSON); one agent's, newest first
-//	'n' len agent                          → Counts (JSON), exact totals per agent
+//	'a' len agent inv(at) id               → Verification (record.go); one agent's, newest first
+//	'n' len agent                          → Counts (record.go), exact totals per agent
 //	'q' len pool len client day            → allowance state of one client-day (binary, see allowance.go)
 //	'c' claimKey                           → claim (binary, see claims.go)
 //	'o' len agent                          → owner address of a bound agent id (see owners.go)
-//	'u' len agent inv(at) id               → Verification (JSON); one agent's authenticated, newest first (see ownerindex.go)
+//	'u' len agent inv(at) id               → Verification (record.go); one agent's authenticated, newest first (see ownerindex.go)
 //	'p' id                                 → payment identifier binding (binary, see idempotency.go)
 //	'd' 'm'|'b'|'t' …                      → the facilitator's discovery list (see discovery.go)
 //
@@ -34,7 +34,9 @@ import (
 // and the counts change in one transaction.
 //
 // Version 2 added the 'u' family; a version 1 database gets it built from
-// its 'a' records when it is opened (migrateLayout).
+// its 'a' records when it is opened (migrateLayout). Version 3 added the
+// binary form of a record beside JSON (record.go); the records a version 2
+// database holds are read as they are.
 const (
 	tagRecord        = 'r'
 	tagTime          = 't'
@@ -47,7 +49,7 @@ const (
 	tagPaymentID     = 'p'
 	tagDiscovery     = 'd'
 
-	layoutVersion = 2
+	layoutVersion = 3
 )
 
 var keyLayoutVersion = []byte("\x00layout")

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
 	"strings"
 
@@ -21,7 +20,7 @@ import (
 // the id slow, so each authenticated record is also kept under its own key
 // family, and a score reads only that:
 //
-//	'u' len agent inv(at) id               → Verification (JSON); one agent's authenticated, newest first
+//	'u' len agent inv(at) id               → Verification (record.go); one agent's authenticated, newest first
 //
 // The index holds every authenticated record (pending, unpaid and test
 // ones too: Counted and the score decide, as they do for the agent's full
@@ -81,7 +80,7 @@ func (db *DB) AuthenticatedVerifications(ctx context.Context, agentID, cursor st
 				return nil
 			}
 			var v Verification
-			if err := it.Item().Value(func(b []byte) error { return json.Unmarshal(b, &v) }); err != nil {
+			if err := it.Item().Value(func(b []byte) error { return decodeRecord(b, &v) }); err != nil {
 				return fmt.Errorf("decoding verification: %w", err)
 			}
 			out = append(out, v)
@@ -111,16 +110,40 @@ func parseCursor(cursor string) ([]byte, error) {
 }
 
 // migrateLayout brings a database of layout version from up to
-// layoutVersion. From 1 it builds the authenticated index from the agents'
-// records (one read, written through the committer in bounded chunks, so
-// through the write-ahead log like any write), and writes the new version
-// last: a migration cut short by a crash is run again on the next open
-// (its writes are idempotent), and a database is never marked migrated
-// before it is.
+// layoutVersion, and writes the new version last: a migration cut short by
+// a crash is run again on the next open (its writes are idempotent), and a
+// database is never marked migrated before it is.
+//
+// From 1 it builds the authenticated index from the agents' records. From
+// 2 there is nothing to rewrite: version 3 adds the binary form of a
+// record (record.go), and the JSON records already stored read as they
+// are; the version is raised so that an older build, which reads only
+// JSON records, refuses the database instead of misreading it.
 func (db *DB) migrateLayout(from byte) error {
-	if from != 1 {
+	if from != 1 && from != 2 {
 		return fmt.Errorf("store in %s has key layout version %d; this build reads version %d", db.dir, from, layoutVersion)
 	}
+	indexed := 0
+	if from == 1 {
+		var err error
+		if indexed, err = db.buildAuthenticatedIndex(); err != nil {
+			return fmt.Errorf("store in %s: building the authenticated index (layout 1 to %d): %w", db.dir, layoutVersion, err)
+		}
+	}
+	err := db.update(context.Background(), func(txn *tx) error {
+		return txn.Set(keyLayoutVersion, []byte{layoutVersion})
+	})
+	if err == nil && db.opts.Logger != nil {
+		db.opts.Logger.Info("store: migrated the key layout", "dir", db.dir, "from", from, "to", layoutVersion, "authenticated_records_indexed", indexed)
+	}
+	return err
+}
+
+// buildAuthenticatedIndex writes the 'u' copy of every authenticated
+// record under an agent (one read, written through the committer in
+// bounded chunks, so through the write-ahead log like any write) and
+// reports how many it wrote.
+func (db *DB) buildAuthenticatedIndex() (int, error) {
 	type entry struct{ key, val []byte }
 	var chunk []entry
 	write := func() error {
@@ -146,7 +169,7 @@ func (db *DB) migrateLayout(from byte) error {
 				return err
 			}
 			var v Verification
-			if err := json.Unmarshal(val, &v); err != nil {
+			if err := decodeRecord(val, &v); err != nil {
 				return fmt.Errorf("decoding verification: %w", err)
 			}
 			if !v.Authenticated || v.AgentID == "" {
@@ -166,16 +189,7 @@ func (db *DB) migrateLayout(from byte) error {
 	if err == nil && len(chunk) > 0 {
 		err = write()
 	}
-	if err != nil {
-		return fmt.Errorf("store in %s: building the authenticated index (layout 1 to %d): %w", db.dir, layoutVersion, err)
-	}
-	err = db.update(context.Background(), func(txn *tx) error {
-		return txn.Set(keyLayoutVersion, []byte{layoutVersion})
-	})
-	if err == nil && db.opts.Logger != nil {
-		db.opts.Logger.Info("store: migrated the key layout", "dir", db.dir, "from", from, "to", layoutVersion, "authenticated_records_indexed", indexed)
-	}
-	return err
+	return indexed, err
 }
 
 // migrationChunk bounds the index entries one migration write holds:

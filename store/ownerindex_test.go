@@ -2,8 +2,10 @@ package store
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"path/filepath"
+	"reflect"
 	"testing"
 	"time"
 
@@ -38,8 +40,11 @@ func testLayout1Migrates(t *testing.T, opts Options) {
 			t.Fatal(err)
 		}
 	}
-	// Make it what layout 1 wrote: no 'u' keys, version 1.
+	// Make it what layout 1 wrote: JSON records, no 'u' keys, version 1.
 	err = db.update(ctx, func(txn *tx) error {
+		if err := recordsToJSON(txn); err != nil {
+			return err
+		}
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte{tagAuthenticated}})
 		var keys [][]byte
 		for it.Rewind(); it.Valid(); it.Next() {
@@ -73,7 +78,107 @@ func testLayout1Migrates(t *testing.T, opts Options) {
 	if err != nil || len(got) != 2 || got[0].ID != "c" || got[1].ID != "a" || !got[0].Authenticated {
 		t.Fatalf("after the migration: %+v, %v; want c and a", got, err)
 	}
-	err = db.view(ctx, func(txn *tx) error {
+	checkLayoutVersion(t, db)
+}
+
+// TestLayout2Migrates: a database of key layout 2 (every record JSON) is
+// marked layout 3 when opened, reads its JSON records as before, and takes
+// binary ones beside them: pages mix both, and a JSON record's pending
+// payment is settled like any other.
+func TestLayout2Migrates(t *testing.T) {
+	ctx := context.Background()
+	dir := filepath.Join(t.TempDir(), "db")
+	db, err := Open(dir, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Date(2026, 11, 29, 21, 0, 0, 0, time.UTC)
+	old := sampleVerification("3f1c2b9e-6f0a-4a7e-9d7c-2f7c1f1e8a11", "seller-7", at, "pass")
+	old.Payment, old.Payer = PaymentPending, "0xpayer"
+	if err := db.RecordVerification(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	err = db.update(ctx, func(txn *tx) error {
+		if err := recordsToJSON(txn); err != nil {
+			return err
+		}
+		if err := txn.Set(keyLayoutVersion, []byte{2}); err != nil {
+			return err
+		}
+		item, err := txn.Get(recordKey(old.ID))
+		if err != nil {
+			return err
+		}
+		return item.Value(func(b []byte) error {
+			if b[0] != '{' {
+				t.Fatalf("the downgraded record is not JSON: %q", b)
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+
+	db, err = Open(dir, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	checkLayoutVersion(t, db)
+	if got, err := db.Verification(ctx, old.ID); err != nil || !reflect.DeepEqual(got, old) {
+		t.Fatalf("the JSON record reads %+v (%v), want %+v", got, err, old)
+	}
+	if err := db.SetPayment(ctx, old.ID, PaymentPaid); err != nil {
+		t.Fatal(err)
+	}
+	fresh := sampleVerification("7a0c9d2e-1b3f-4c5d-8e6f-0a1b2c3d4e5f", "seller-7", at.Add(time.Second), "fail")
+	if err := db.RecordVerification(ctx, fresh); err != nil {
+		t.Fatal(err)
+	}
+	old.Payment = PaymentPaid
+	page, _, err := db.Verifications(ctx, "seller-7", "", 10)
+	if err != nil || !reflect.DeepEqual(page, []Verification{fresh, old}) {
+		t.Fatalf("page %+v (%v), want %+v and %+v", page, err, fresh, old)
+	}
+	if c, err := db.AgentCounts(ctx, "seller-7"); err != nil || c.Pass != 1 || c.Fail != 1 || c.Paid != 1 {
+		t.Fatalf("counts %+v (%v), want 1 pass (paid) and 1 fail", c, err)
+	}
+}
+
+// recordsToJSON rewrites every record as earlier layouts stored it.
+func recordsToJSON(txn *tx) error {
+	for _, tag := range []byte{tagRecord, tagAgent, tagAuthenticated} {
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte{tag}})
+		type kv struct{ k, v []byte }
+		var all []kv
+		for it.Rewind(); it.Valid(); it.Next() {
+			var v Verification
+			if err := it.Item().Value(func(b []byte) error { return decodeRecord(b, &v) }); err != nil {
+				it.Close()
+				return err
+			}
+			j, err := json.Marshal(v)
+			if err != nil {
+				it.Close()
+				return err
+			}
+			all = append(all, kv{it.Item().KeyCopy(nil), j})
+		}
+		it.Close()
+		for _, e := range all {
+			if err := txn.Set(e.k, e.v); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func checkLayoutVersion(t *testing.T, db *DB) {
+	t.Helper()
+	err := db.view(context.Background(), func(txn *tx) error {
 		item, err := txn.Get(keyLayoutVersion)
 		if err != nil {
 			return err
