@@ -100,7 +100,8 @@ func appendRecordString(b []byte, s string) []byte {
 }
 
 // appendHexBytes appends the bytes whose lowercase hex s is (lowerHex,
-// of even length).
+// of even length). It reads the string in place: hex.AppendDecode would
+// need s as a []byte, a heap copy for each 64-digit hash on every write.
 func appendHexBytes(b []byte, s string) []byte {
 	for i := 0; i < len(s); i += 2 {
 		b = append(b, nibble(s[i])<<4|nibble(s[i+1]))
