@@ -65,7 +65,9 @@ func TestBaselineCopiesTheGatewaysSite(t *testing.T) {
 	}
 	for _, want := range []string{
 		"request_header -X-Aov-*",
+		"request_header -Incremental",
 		"header_up X-Aov-Gateway-Token {env.AOV_GATEWAY_TOKEN}",
+		"request_buffers 1MiB",
 		"import upstream_deadlines",
 	} {
 		if !strings.Contains(string(base), want) || !strings.Contains(string(example), want) {
