@@ -58,6 +58,14 @@ func TestMultiInstanceExampleAdapts(t *testing.T) {
 	if len(stores) != 3 {
 		t.Fatalf("%d redis stores in the adapted config, want 3:\n%s", len(stores), out)
 	}
+	// Client copies of the headers verifierd trusts from the gateway alone
+	// are dropped site-wide, as Caddyfile.example drops them; so is a
+	// client's Incremental, which the buffered proxy would refuse.
+	for _, want := range []string{`"delete":["X-Aov-*"]`, `"delete":["Incremental"]`, `"request_buffers":1048576`} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("adapted config lacks %s:\n%s", want, out)
+		}
+	}
 	for _, s := range stores {
 		if s.MasterName != "aov" || len(s.Addresses) != 3 || s.WaitReplicas != 1 || !strings.Contains(s.Password, "{env.") {
 			t.Errorf("store %+v, want Sentinel master aov over 3 addresses, wait_replicas 1, password from the environment", s)
