@@ -81,3 +81,70 @@ func TestShippedCaddyfilesAdapt(t *testing.T) {
 		})
 	}
 }
+
+// TestExampleBuffersGatedBodies checks where Caddyfile.example's proxy to
+// verifierd buffers request bodies: behind every x402 gate (the gate holds
+// the body already, and the buffered request leaves in one write), and
+// nowhere else (the free routes take no body, and an ungated body is not
+// held in memory).
+func TestExampleBuffersGatedBodies(t *testing.T) {
+	raw, err := os.ReadFile("../Caddyfile.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg any
+	if err := json.Unmarshal([]byte(adapt(t, string(raw))), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	var gated, free int
+	var walk func(v any)
+	walk = func(v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			if v["handler"] == "subroute" {
+				var gate bool
+				var proxies []map[string]any
+				for _, r := range v["routes"].([]any) {
+					for _, h := range r.(map[string]any)["handle"].([]any) {
+						h := h.(map[string]any)
+						switch h["handler"] {
+						case "x402":
+							gate = true
+						case "reverse_proxy":
+							if ups, _ := json.Marshal(h["upstreams"]); strings.Contains(string(ups), "127.0.0.1:8081") {
+								proxies = append(proxies, h)
+							}
+						}
+					}
+				}
+				for _, p := range proxies {
+					buffers, _ := p["request_buffers"].(float64)
+					switch {
+					case gate && buffers != 1<<20:
+						t.Errorf("a gated route's proxy to verifierd has request_buffers %v, want 1 MiB", p["request_buffers"])
+					case !gate && p["request_buffers"] != nil:
+						t.Errorf("an ungated route's proxy to verifierd buffers request bodies (%v)", p["request_buffers"])
+					}
+					if gate {
+						gated++
+					} else {
+						free++
+					}
+				}
+			}
+			for _, x := range v {
+				walk(x)
+			}
+		case []any:
+			for _, x := range v {
+				walk(x)
+			}
+		}
+	}
+	walk(cfg)
+	// /verify/schema, /verify/deliverable, /score/*, /mcp; /reputation/*
+	// and /health.
+	if gated != 4 || free != 1 {
+		t.Fatalf("%d gated and %d free proxies to verifierd, want 4 and 1", gated, free)
+	}
+}
