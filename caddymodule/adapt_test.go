@@ -96,41 +96,14 @@ func TestExampleBuffersGatedBodies(t *testing.T) {
 	if err := json.Unmarshal([]byte(adapt(t, string(raw))), &cfg); err != nil {
 		t.Fatal(err)
 	}
-	var gated, free int
+	// Every subroute of the adapted config: a handle block's handlers.
+	var subroutes []map[string]any
 	var walk func(v any)
 	walk = func(v any) {
 		switch v := v.(type) {
 		case map[string]any:
 			if v["handler"] == "subroute" {
-				var gate bool
-				var proxies []map[string]any
-				for _, r := range v["routes"].([]any) {
-					for _, h := range r.(map[string]any)["handle"].([]any) {
-						h := h.(map[string]any)
-						switch h["handler"] {
-						case "x402":
-							gate = true
-						case "reverse_proxy":
-							if ups, _ := json.Marshal(h["upstreams"]); strings.Contains(string(ups), "127.0.0.1:8081") {
-								proxies = append(proxies, h)
-							}
-						}
-					}
-				}
-				for _, p := range proxies {
-					buffers, _ := p["request_buffers"].(float64)
-					switch {
-					case gate && buffers != 1<<20:
-						t.Errorf("a gated route's proxy to verifierd has request_buffers %v, want 1 MiB", p["request_buffers"])
-					case !gate && p["request_buffers"] != nil:
-						t.Errorf("an ungated route's proxy to verifierd buffers request bodies (%v)", p["request_buffers"])
-					}
-					if gate {
-						gated++
-					} else {
-						free++
-					}
-				}
+				subroutes = append(subroutes, v)
 			}
 			for _, x := range v {
 				walk(x)
@@ -142,6 +115,37 @@ func TestExampleBuffersGatedBodies(t *testing.T) {
 		}
 	}
 	walk(cfg)
+	var gated, free int
+	for _, sub := range subroutes {
+		var gate bool
+		var proxies []map[string]any
+		for _, r := range sub["routes"].([]any) {
+			for _, h := range r.(map[string]any)["handle"].([]any) {
+				h := h.(map[string]any)
+				ups, _ := json.Marshal(h["upstreams"])
+				switch {
+				case h["handler"] == "x402":
+					gate = true
+				case h["handler"] == "reverse_proxy" && strings.Contains(string(ups), "127.0.0.1:8081"):
+					proxies = append(proxies, h)
+				}
+			}
+		}
+		for _, p := range proxies {
+			buffers, _ := p["request_buffers"].(float64)
+			switch {
+			case gate && buffers != 1<<20:
+				t.Errorf("a gated route's proxy to verifierd has request_buffers %v, want 1 MiB", p["request_buffers"])
+			case !gate && p["request_buffers"] != nil:
+				t.Errorf("an ungated route's proxy to verifierd buffers request bodies (%v)", p["request_buffers"])
+			}
+			if gate {
+				gated++
+			} else {
+				free++
+			}
+		}
+	}
 	// /verify/schema, /verify/deliverable, /score/*, /mcp; /reputation/*
 	// and /health.
 	if gated != 4 || free != 1 {
