@@ -10,6 +10,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
+
+	"github.com/aovhq/aov/internal/jsontree"
 )
 
 // TestCaddyfileAdapt checks every directive form of the gateway's
@@ -96,27 +98,11 @@ func TestExampleBuffersGatedBodies(t *testing.T) {
 	if err := json.Unmarshal([]byte(adapt(t, string(raw))), &cfg); err != nil {
 		t.Fatal(err)
 	}
-	// Every subroute of the adapted config: a handle block's handlers.
-	var subroutes []map[string]any
-	var walk func(v any)
-	walk = func(v any) {
-		switch v := v.(type) {
-		case map[string]any:
-			if v["handler"] == "subroute" {
-				subroutes = append(subroutes, v)
-			}
-			for _, x := range v {
-				walk(x)
-			}
-		case []any:
-			for _, x := range v {
-				walk(x)
-			}
-		}
-	}
-	walk(cfg)
 	var gated, free int
-	for _, sub := range subroutes {
+	for _, sub := range jsontree.Objects(cfg) {
+		if sub["handler"] != "subroute" {
+			continue
+		}
 		var gate bool
 		var proxies []map[string]any
 		for _, r := range sub["routes"].([]any) {

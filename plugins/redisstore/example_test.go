@@ -10,6 +10,7 @@ import (
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
 	_ "github.com/aovhq/aov/caddymodule"
+	"github.com/aovhq/aov/internal/jsontree"
 )
 
 // TestMultiInstanceExampleAdapts checks that the multi-instance Caddyfile
@@ -27,33 +28,22 @@ func TestMultiInstanceExampleAdapts(t *testing.T) {
 	for _, w := range warns {
 		t.Logf("warning: %s", w)
 	}
-	var stores []RedisStore
-	var walk func(v any)
-	walk = func(v any) {
-		switch v := v.(type) {
-		case map[string]any:
-			if v["type"] == "redis" {
-				b, _ := json.Marshal(v)
-				var s RedisStore
-				if err := json.Unmarshal(b, &s); err != nil {
-					t.Fatal(err)
-				}
-				stores = append(stores, s)
-			}
-			for _, x := range v {
-				walk(x)
-			}
-		case []any:
-			for _, x := range v {
-				walk(x)
-			}
-		}
-	}
 	var cfg any
 	if err := json.Unmarshal(out, &cfg); err != nil {
 		t.Fatal(err)
 	}
-	walk(cfg)
+	var stores []RedisStore
+	for _, v := range jsontree.Objects(cfg) {
+		if v["type"] != "redis" {
+			continue
+		}
+		b, _ := json.Marshal(v)
+		var s RedisStore
+		if err := json.Unmarshal(b, &s); err != nil {
+			t.Fatal(err)
+		}
+		stores = append(stores, s)
+	}
 	// Two x402 gates and one wallet_auth.
 	if len(stores) != 3 {
 		t.Fatalf("%d redis stores in the adapted config, want 3:\n%s", len(stores), out)
