@@ -404,6 +404,7 @@ func TestServeRefusals(t *testing.T) {
 		{desc: "a signing address on the network is refused", args: []string{"serve", "-dev", "-keys", filepath.Join(dir, "k2"), "-sign-listen", "192.0.2.1:8091", "-sign-secret-file", secretFile, "-public-listen", "127.0.0.1:0"}, wantCode: 1, wantErr: "not a loopback address"},
 		{desc: "TCP signing without a secret file is a usage error", args: []string{"serve", "-dev", "-keys", filepath.Join(dir, "k2"), "-sign-listen", "127.0.0.1:0"}, wantCode: 2, wantErr: "-sign-secret-file"},
 		{desc: "a secret file readable by others is refused", args: []string{"serve", "-dev", "-keys", filepath.Join(dir, "k2"), "-sign-listen", "127.0.0.1:0", "-sign-secret-file", loose, "-public-listen", "127.0.0.1:0"}, wantCode: 1, wantErr: "chmod 600"},
+		{desc: "a clock skew beyond what receipt verifiers allow is refused", args: []string{"serve", "-dev", "-keys", filepath.Join(dir, "k2"), "-sign-socket", sock, "-public-listen", "127.0.0.1:0", "-max-skew", "6m"}, wantCode: 1, wantErr: "max skew 6m0s is above 5m0s"},
 		{desc: "compromise without -since is a usage error", args: []string{"compromise", "-keys", leaky, "-version", "k1"}, wantCode: 2, wantErr: "-since"},
 		{desc: "compromise with a bad time is a usage error", args: []string{"compromise", "-keys", leaky, "-version", "k1", "-since", "yesterday"}, wantCode: 2, wantErr: "RFC 3339"},
 		{desc: "listing a key directory that does not exist is refused, not created", args: []string{"keys", "-keys", filepath.Join(dir, "typo")}, wantCode: 1, wantErr: "no such file"},
@@ -417,5 +418,35 @@ func TestServeRefusals(t *testing.T) {
 				t.Fatalf("exit %d, stderr %q; want exit %d mentioning %q", code, errOut, tc.wantCode, tc.wantErr)
 			}
 		})
+	}
+}
+
+// TestServeNeverReadsARetiredKey: certd signs with the current key only, so
+// it loads no retired private key (whoever takes the process over cannot
+// sign with one), and the operator may even delete retired key files: the
+// card still publishes their public keys from the index.
+func TestServeNeverReadsARetiredKey(t *testing.T) {
+	keys := filepath.Join(shortDir(t), "keys")
+	for range 2 {
+		if out, errOut, code := certd(t, "rotate", "-keys", keys); code != 0 {
+			t.Fatalf("rotate: %s %s", out, errOut)
+		}
+	}
+	if err := os.Remove(filepath.Join(keys, "k1.key")); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(shortDir(t), "certd.sock")
+	d := startServe(t, "-keys", keys, "-sign-socket", sock, "-public-listen", "127.0.0.1:0")
+	card, _ := fetchCard(t, d.publicAddr)
+	set, err := receipt.KeysFromCard(card)
+	if err != nil || set.Current() != "k2" || !slices.Equal(set.Versions(), []string{"k1", "k2"}) {
+		t.Fatalf("card: current %q, versions %v, %v; want k2 of k1, k2", set.Current(), set.Versions(), err)
+	}
+	signed, err := signedResponse(t, signer.NewClient(signer.ClientConfig{Socket: sock}), "k2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := receipt.VerifyReceipt(signed, set, ""); err != nil {
+		t.Fatalf("a k2 receipt against the card: %v", err)
 	}
 }

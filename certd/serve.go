@@ -199,7 +199,10 @@ func openKeys(cfg serveConfig, log *slog.Logger) (*keystore.Store, error) {
 	// Watch: every signature checks the index for a rotation by
 	// `certd rotate` or `certd compromise` (other processes), and the
 	// kernel's report of a change makes that check free when there was none.
-	keys, err := keystore.Open(cfg.keysDir, keystore.Options{Watch: true})
+	// CurrentOnly: certd signs with the current key alone, so it holds no
+	// retired private key that a takeover of the process could sign with
+	// (receipts dated within a retired key's service life still verify).
+	keys, err := keystore.Open(cfg.keysDir, keystore.Options{Watch: true, CurrentOnly: true})
 	if err != nil {
 		return nil, err
 	}

@@ -134,14 +134,24 @@ func seededKey(b byte) (ed25519.PublicKey, ed25519.PrivateKey) {
 
 type cardKey struct {
 	version, status, compromisedSince string
-	pub                               ed25519.PublicKey
+	// createdAt defaults to 2026-01-01T00:00:00Z; retiredAt is left out
+	// when empty.
+	createdAt, retiredAt string
+	pub                  ed25519.PublicKey
 }
 
 // cardWith builds an agent card in the shape agentcard/ publishes.
 func cardWith(current string, keys ...cardKey) []byte {
 	var pks []string
 	for _, k := range keys {
-		e := `{"keyVersion":"` + k.version + `","algorithm":"Ed25519","publicKey":"` + base64.StdEncoding.EncodeToString(k.pub) + `","publicKeyEncoding":"base64","status":"` + k.status + `","createdAt":"2026-01-01T00:00:00Z"`
+		created := k.createdAt
+		if created == "" {
+			created = "2026-01-01T00:00:00Z"
+		}
+		e := `{"keyVersion":"` + k.version + `","algorithm":"Ed25519","publicKey":"` + base64.StdEncoding.EncodeToString(k.pub) + `","publicKeyEncoding":"base64","status":"` + k.status + `","createdAt":"` + created + `"`
+		if k.retiredAt != "" {
+			e += `,"retiredAt":"` + k.retiredAt + `"`
+		}
 		if k.compromisedSince != "" {
 			e += `,"compromisedSince":"` + k.compromisedSince + `"`
 		}

@@ -40,6 +40,9 @@ type key struct {
 	// since is when the key stopped being trustworthy; zero with
 	// compromised set means "from the start": nothing it signed is trusted.
 	since time.Time
+	// created and retired bound when the key could sign (zero: not
+	// published): see Verify.
+	created, retired time.Time
 }
 
 // KeySet is the set of public keys a receipt may be checked against, by key
@@ -183,6 +186,19 @@ func parseCardKey(pk PublicKey) (key, error) {
 		return key{}, fmt.Errorf("publicKey is %d bytes, want %d", len(raw), ed25519.PublicKeySize)
 	}
 	k := key{version: pk.KeyVersion, pub: ed25519.PublicKey(raw)}
+	for _, f := range []struct {
+		name, value string
+		dst         *time.Time
+	}{{"createdAt", pk.CreatedAt, &k.created}, {"retiredAt", pk.RetiredAt, &k.retired}} {
+		if f.value == "" {
+			continue
+		}
+		t, err := time.Parse(time.RFC3339Nano, f.value)
+		if err != nil {
+			return key{}, fmt.Errorf("%s is not an RFC 3339 time", f.name)
+		}
+		*f.dst = t
+	}
 	if pk.Status == StatusCompromised || pk.CompromisedSince != "" {
 		k.compromised = true
 		if pk.CompromisedSince != "" {

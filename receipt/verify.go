@@ -45,6 +45,31 @@ func (e *CompromisedKeyError) Error() string {
 	return fmt.Sprintf("key %s is marked compromised since %s and this receipt is dated %s", quoteShort(e.KeyVersion), e.Since.UTC().Format(time.RFC3339), quoteShort(e.Timestamp))
 }
 
+// MaxSigningSkew is the furthest a signer may date a receipt from its own
+// clock: certd refuses an attested_at further than its -max-skew from its
+// clock, and refuses a -max-skew above this. So a receipt dated more than
+// this after its key was retired, or before it was created, was not signed
+// while the key was in service.
+const MaxSigningSkew = 5 * time.Minute
+
+// KeyLifetimeError reports a receipt dated outside its key's service life
+// (as the card publishes it, widened by MaxSigningSkew): certd never signs
+// with a retired key, so such a receipt was made with the key after it left
+// service, by whoever still had it.
+type KeyLifetimeError struct {
+	KeyVersion string
+	Created    time.Time // zero: not published
+	Retired    time.Time // zero: not retired
+	Timestamp  string
+}
+
+func (e *KeyLifetimeError) Error() string {
+	if !e.Retired.IsZero() {
+		return fmt.Sprintf("key %s was retired at %s and this receipt is dated %s, after it left service", quoteShort(e.KeyVersion), e.Retired.UTC().Format(time.RFC3339), quoteShort(e.Timestamp))
+	}
+	return fmt.Sprintf("key %s was created at %s and this receipt is dated %s, before it existed", quoteShort(e.KeyVersion), e.Created.UTC().Format(time.RFC3339), quoteShort(e.Timestamp))
+}
+
 // HashMismatch is one hash of a receipt that differs from the one
 // recomputed from the data the holder kept.
 type HashMismatch struct {
@@ -106,8 +131,16 @@ func VerifyReceipt(resp []byte, keys KeySet, context string) error {
 // Beyond the signature it checks what a reader would otherwise trust
 // without proof: attestation.algorithm is Ed25519, attestation.key_version
 // equals verify.key_version, attestation.timestamp is the same instant as
-// verified_at (where the response has one), and the key is not marked
-// compromised at the receipt's timestamp.
+// verified_at (where the response has one), the key is not marked
+// compromised at the receipt's timestamp, and the timestamp lies within the
+// key's service life as the card publishes it (createdAt to retiredAt, each
+// widened by MaxSigningSkew).
+//
+// About retired keys: a retired key's receipts stay valid, but only those
+// dated while it was in service. certd never signs with a retired key, so a
+// later date means someone signed with a copy of it (an old backup, a
+// decommissioned machine); refusing those makes a leaked retired key worth
+// nothing without the operator having to notice the leak.
 //
 // About compromised keys: a card entry with status "compromised" and a
 // compromisedSince time rejects receipts dated at or after that time and
@@ -160,6 +193,12 @@ func Verify(resp []byte, keys KeySet, context string) (Verified, error) {
 	}
 	if k.compromised && (k.since.IsZero() || !at.Before(k.since)) {
 		return Verified{}, &CompromisedKeyError{KeyVersion: att.KeyVersion, Since: k.since, Timestamp: att.Timestamp}
+	}
+	if !k.retired.IsZero() && at.After(k.retired.Add(MaxSigningSkew)) {
+		return Verified{}, &KeyLifetimeError{KeyVersion: att.KeyVersion, Created: k.created, Retired: k.retired, Timestamp: att.Timestamp}
+	}
+	if !k.created.IsZero() && at.Before(k.created.Add(-MaxSigningSkew)) {
+		return Verified{}, &KeyLifetimeError{KeyVersion: att.KeyVersion, Created: k.created, Timestamp: att.Timestamp}
 	}
 
 	canon, err := AppendCanonical(nil, doc)

@@ -85,7 +85,8 @@ type ServerConfig struct {
 	// Keys is the key directory; its current key signs.
 	Keys *keystore.Store
 	// MaxSkew is how far attested_at may be from certd's clock (default
-	// 60 s). It stops a caller from back- or forward-dating receipts.
+	// 60 s, at most receipt.MaxSigningSkew). It stops a caller from back-
+	// or forward-dating receipts.
 	MaxSkew time.Duration
 	// MaxBodyBytes caps a sign request (default 4 MiB).
 	MaxBodyBytes int64
@@ -123,6 +124,12 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	}
 	if s.maxSkew <= 0 {
 		s.maxSkew = DefaultMaxSkew
+	}
+	if s.maxSkew > receipt.MaxSigningSkew {
+		// Verifiers refuse a receipt dated further than this outside its
+		// key's service life; signing further from the clock could make
+		// genuine receipts of a key rotated just after fail.
+		return nil, fmt.Errorf("signing server: max skew %v is above %v, the most receipt verifiers allow around a key's retirement", s.maxSkew, receipt.MaxSigningSkew)
 	}
 	if s.maxBody <= 0 {
 		s.maxBody = DefaultMaxBodyBytes

@@ -37,7 +37,10 @@ func TestReceiptVerifyAgainstTheServedCard(t *testing.T) {
 	defer srv.Close()
 	cardURL := srv.URL + "/.well-known/agent-card.json"
 
-	r1 := writeFile(t, t.TempDir(), "r1.json", signedReceipt(t, invoiceRequest, k1.Private, k1.Version))
+	// r1 is dated while k1 was current; r1late after k1 was retired, which
+	// certd never does: someone signed with a copy of the retired key.
+	r1 := writeFile(t, t.TempDir(), "r1.json", signedReceiptAt(t, invoiceRequest, k1.Private, k1.Version, at.Add(-36*time.Hour)))
+	r1late := writeFile(t, t.TempDir(), "r1late.json", signedReceipt(t, invoiceRequest, k1.Private, k1.Version))
 	r2 := writeFile(t, t.TempDir(), "r2.json", signedReceipt(t, invoiceRequest, k2.Private, k2.Version))
 	check := func(desc, file string, code int, out string) {
 		t.Helper()
@@ -49,6 +52,7 @@ func TestReceiptVerifyAgainstTheServedCard(t *testing.T) {
 	}
 	check("a receipt of the current key is valid", r2, 0, "valid\n")
 	check("a receipt of the retired key stays valid", r1, 0, "valid\n")
+	check("a receipt of the retired key dated after its retirement is invalid", r1late, 1, "invalid: key "+k1.Version+" was retired at")
 
 	// k2 marked compromised from before the receipt was made: the card
 	// now says so and the receipt no longer holds; k1's receipt still does.

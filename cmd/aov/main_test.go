@@ -73,12 +73,18 @@ var at = time.Date(2026, 11, 29, 21, 22, 28, 123456000, time.UTC)
 // over body and returns the response as a client receives it.
 func signedReceipt(t *testing.T, body string, priv ed25519.PrivateKey, kv string) []byte {
 	t.Helper()
+	return signedReceiptAt(t, body, priv, kv, at)
+}
+
+// signedReceiptAt is signedReceipt dated when.
+func signedReceiptAt(t *testing.T, body string, priv ed25519.PrivateKey, kv string, when time.Time) []byte {
+	t.Helper()
 	v := verify.New(verify.Config{VerifierVersion: "test"})
 	req, err := v.Parse([]byte(body))
 	if err != nil {
 		t.Fatalf("parsing request: %v", err)
 	}
-	res := v.Check(req, "5b1f4c9e-8d0a-4f8e-9b3c-2a7d6e1f0c44", at)
+	res := v.Check(req, "5b1f4c9e-8d0a-4f8e-9b3c-2a7d6e1f0c44", when)
 	res.Verify = receipt.VerifyBlock{
 		PublicKeyURL: "https://verifier.example/.well-known/agent-card.json", KeyVersion: kv,
 		Canonicalization: receipt.Canonicalization, HashAlgorithm: receipt.HashAlgorithm,
