@@ -103,6 +103,7 @@ func FuzzVerifyReceipt(f *testing.F) {
 	f.Add([]byte(`{"attestation":null,"verify":[],"verified_at":1}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		_ = CheckHashes(data, Hashes{Output: "a", Schema: "b", Rules: "c", Request: "d"})
+		_ = CheckRequest(data, Expected{Hashes: Hashes{Output: "a", Schema: "b", Rules: "c", Request: "d"}, TaskID: "t"})
 		_, _ = KeysFromCard(data)
 		v, err := Verify(data, keys, "")
 		if err != nil {

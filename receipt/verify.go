@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -70,19 +71,25 @@ func (e *KeyLifetimeError) Error() string {
 	return fmt.Sprintf("key %s was created at %s and this receipt is dated %s, before it existed", quoteShort(e.KeyVersion), e.Created.UTC().Format(time.RFC3339), quoteShort(e.Timestamp))
 }
 
-// HashMismatch is one hash of a receipt that differs from the one
-// recomputed from the data the holder kept.
+// HashMismatch is one member of a receipt that differs from what the data
+// the holder kept gives: a hash (CheckHashes), or a request member the
+// receipt states (CheckRequest).
 type HashMismatch struct {
-	Field   string // "output_hash", "schema_hash", "rules_hash", "request_hash"
+	// Field is "output_hash", "schema_hash", "rules_hash", "request_hash",
+	// or "task_id", "agent_id", "strict_content_check", "enforce_rules".
+	Field string
+	// Receipt and Want are the two values as printed: a hash as it is
+	// (quoted when it holds anything else than plain characters), a
+	// request member as JSON text with every non-ASCII character escaped.
 	Receipt string
 	Want    string
 }
 
 func (m HashMismatch) Error() string {
-	return fmt.Sprintf("%s differs: receipt has %s, request gives %s", m.Field, quoteShort(m.Receipt), m.Want)
+	return fmt.Sprintf("%s differs: receipt has %s, request gives %s", m.Field, m.Receipt, m.Want)
 }
 
-// HashesError lists every hash that did not match.
+// HashesError lists every member that did not match.
 type HashesError struct{ Mismatches []HashMismatch }
 
 func (e *HashesError) Error() string {
@@ -314,12 +321,97 @@ func attestationOf(doc map[string]any) (parsedAttestation, error) {
 // responses do not) and want has one. Every mismatch is reported, as a
 // *HashesError.
 //
-// CheckHashes does not check the signature: call VerifyReceipt too.
+// CheckHashes does not check the signature: call VerifyReceipt too. To
+// know that a receipt is about a request, use CheckRequest.
 func CheckHashes(resp []byte, want Hashes) error {
 	doc, err := decodeResponse(resp)
 	if err != nil {
 		return err
 	}
+	bad, err := hashMismatches(doc, want)
+	if err != nil {
+		return err
+	}
+	if len(bad) > 0 {
+		return &HashesError{Mismatches: bad}
+	}
+	return nil
+}
+
+// Expected is what a verification receipt must state about the request
+// the holder kept (verify.ComputeExpected of its body): its hashes, and the
+// request members the receipt carries.
+type Expected struct {
+	Hashes
+	TaskID             string
+	AgentID            *string // nil: null
+	StrictContentCheck bool
+	EnforceRules       bool
+}
+
+// CheckRequest is CheckHashes, and also task_id, agent_id,
+// strict_content_check and enforce_rules must be present and equal the
+// request's. A compact receipt has no request_hash, and its other hashes
+// cover none of these four: without them, a compact receipt made with
+// enforce_rules false (rule violations only warned about) would pass for a
+// request that enforced its rules, or for another task or agent.
+func CheckRequest(resp []byte, want Expected) error {
+	doc, err := decodeResponse(resp)
+	if err != nil {
+		return err
+	}
+	bad, err := hashMismatches(doc, want.Hashes)
+	if err != nil {
+		return err
+	}
+	var agent any
+	if want.AgentID != nil {
+		agent = *want.AgentID
+	}
+	for _, f := range []struct {
+		name string
+		want any
+	}{
+		{"task_id", want.TaskID},
+		{"agent_id", agent},
+		{"strict_content_check", want.StrictContentCheck},
+		{"enforce_rules", want.EnforceRules},
+	} {
+		got, present := doc[f.name]
+		if !present {
+			return fmt.Errorf("receipt has no %s", f.name)
+		}
+		if got != f.want {
+			bad = append(bad, HashMismatch{Field: f.name, Receipt: memberText(got), Want: memberText(f.want)})
+		}
+	}
+	if len(bad) > 0 {
+		return &HashesError{Mismatches: bad}
+	}
+	return nil
+}
+
+// memberText prints a decoded string, boolean or null member as JSON text,
+// escaping everything but printable ASCII (a receipt's strings come from
+// whoever made it) and cutting it short.
+func memberText(v any) string {
+	switch v := v.(type) {
+	case nil:
+		return "null"
+	case bool:
+		return strconv.FormatBool(v)
+	case string:
+		if len(v) > 80 {
+			return strconv.QuoteToASCII(v[:80]) + "…"
+		}
+		return strconv.QuoteToASCII(v)
+	default:
+		return fmt.Sprintf("a %T", v)
+	}
+}
+
+// hashMismatches is CheckHashes's comparison on a decoded response.
+func hashMismatches(doc map[string]any, want Hashes) ([]HashMismatch, error) {
 	var bad []HashMismatch
 	for _, f := range []struct {
 		name, want string
@@ -335,26 +427,23 @@ func CheckHashes(resp []byte, want Hashes) error {
 			if f.optional {
 				continue
 			}
-			return fmt.Errorf("receipt has no %s", f.name)
+			return nil, fmt.Errorf("receipt has no %s", f.name)
 		}
 		got, ok := raw.(string)
 		if !ok {
-			return fmt.Errorf("receipt's %s is not a string", f.name)
+			return nil, fmt.Errorf("receipt's %s is not a string", f.name)
 		}
 		if f.want == "" {
 			if f.optional {
 				continue
 			}
-			return fmt.Errorf("no %s was computed to compare with", f.name)
+			return nil, fmt.Errorf("no %s was computed to compare with", f.name)
 		}
 		if got != f.want {
-			bad = append(bad, HashMismatch{Field: f.name, Receipt: got, Want: f.want})
+			bad = append(bad, HashMismatch{Field: f.name, Receipt: quoteShort(got), Want: f.want})
 		}
 	}
-	if len(bad) > 0 {
-		return &HashesError{Mismatches: bad}
-	}
-	return nil
+	return bad, nil
 }
 
 // quoteShort renders a value taken from a receipt for an error message:

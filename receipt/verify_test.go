@@ -345,3 +345,39 @@ func TestOversizedReceiptsAreRefusedBeforeParsing(t *testing.T) {
 		}
 	}
 }
+
+func TestCheckRequest(t *testing.T) {
+	_, priv := seededKey(5)
+	full := attach(t, priv, ContextVerify, "k2", fixtureTime, fullResponse(t, "k2"))
+	hs := hashesOf(t, invoiceRequest)
+	agent := "test-seller-1"
+	want := Expected{Hashes: Hashes{Output: hs.Output, Schema: hs.Schema, Rules: hs.Rules}, TaskID: "invoice-7731", AgentID: &agent, EnforceRules: true}
+	with := func(f func(e *Expected)) Expected { e := want; f(&e); return e }
+	other := "seller-\u202e9"
+	for _, tc := range []struct {
+		desc    string
+		receipt []byte
+		want    Expected
+		err     string
+	}{
+		{desc: "the receipt states the request's members", receipt: full, want: want},
+		{desc: "a null agent_id differs from the receipt's", receipt: full, want: with(func(e *Expected) { e.AgentID = nil }), err: `agent_id differs: receipt has "test-seller-1", request gives null`},
+		{desc: "another agent_id is printed escaped", receipt: full, want: with(func(e *Expected) { e.AgentID = &other }), err: `agent_id differs: receipt has "test-seller-1", request gives "seller-\u202e9"`},
+		{desc: "strict_content_check is compared", receipt: full, want: with(func(e *Expected) { e.StrictContentCheck = true }), err: "strict_content_check differs: receipt has false, request gives true"},
+		{desc: "hashes and members are reported together", receipt: full, want: with(func(e *Expected) { e.Output = "a"; e.EnforceRules = false }), err: "output_hash differs: receipt has " + hs.Output + ", request gives a; enforce_rules differs: receipt has true, request gives false"},
+		{desc: "a receipt without the member is refused", receipt: edit(t, full, func(m map[string]any) { delete(m, "enforce_rules") }), want: want, err: "receipt has no enforce_rules"},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			err := CheckRequest(tc.receipt, tc.want)
+			if tc.err == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil || err.Error() != tc.err {
+				t.Fatalf("got %v\nwant %s", err, tc.err)
+			}
+		})
+	}
+}

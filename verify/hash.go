@@ -198,26 +198,40 @@ func normalRules(raw any) any {
 const hashMaxDepth = 10000
 
 // ComputeHashes recomputes the four hashes of SPEC §5 from a request body a
-// holder kept (the aov command-line tool's offline receipt check). The body
-// must be a request the service would accept, apart from size and count
-// limits; the schema is not compiled.
+// holder kept. The body must be a request the service would accept, apart
+// from size and count limits; the schema is not compiled.
 func ComputeHashes(body []byte) (receipt.Hashes, error) {
+	want, err := ComputeExpected(body)
+	return want.Hashes, err
+}
+
+// ComputeExpected is what a verification receipt of the request body a
+// holder kept must state (receipt.CheckRequest; the aov command-line
+// tool's offline receipt check): the four hashes of ComputeHashes and the
+// request members a receipt carries.
+func ComputeExpected(body []byte) (receipt.Expected, error) {
 	v := New(Config{MaxBodyBytes: math.MaxInt64, MaxDepth: hashMaxDepth, MaxRules: math.MaxInt32, MaxBounds: math.MaxInt32})
 	tree, err := strictjson.Decode(body, strictjson.Limits{MaxDepth: hashMaxDepth})
 	if err != nil {
-		return receipt.Hashes{}, err
+		return receipt.Expected{}, err
 	}
 	doc, ok := tree.(map[string]any)
 	if !ok {
-		return receipt.Hashes{}, errors.New("the request is not a JSON object")
+		return receipt.Expected{}, errors.New("the request is not a JSON object")
 	}
 	req, err := v.parseDoc(doc, false)
 	if err != nil {
 		var ae *apierr.Error
 		if errors.As(err, &ae) && len(ae.Fields) > 0 {
-			return receipt.Hashes{}, errors.New("the request is invalid: " + ae.Fields[0].Field + " " + ae.Fields[0].Problem)
+			return receipt.Expected{}, errors.New("the request is invalid: " + ae.Fields[0].Field + " " + ae.Fields[0].Problem)
 		}
-		return receipt.Hashes{}, err
+		return receipt.Expected{}, err
 	}
-	return req.Hashes, nil
+	return receipt.Expected{
+		Hashes:             req.Hashes,
+		TaskID:             req.TaskID,
+		AgentID:            req.AgentID,
+		StrictContentCheck: req.StrictContentCheck,
+		EnforceRules:       req.EnforceRules,
+	}, nil
 }

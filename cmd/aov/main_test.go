@@ -181,6 +181,14 @@ func TestReceiptVerify(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A compact receipt has no request_hash: the request members it states
+	// are compared one by one. The same output, schema and rules sent with
+	// enforce_rules false gets the same three hashes.
+	compactRequest := strings.Replace(invoiceRequest, "{", `{"detail": "compact",`, 1)
+	compact := signedReceipt(t, strings.Replace(compactRequest, `"enforce_rules": true`, `"enforce_rules": false`, 1), priv2, "k2")
+	compactSent := writeFile(t, dir, "compact-sent.json", []byte(strings.Replace(compactRequest, `"enforce_rules": true`, `"enforce_rules": false`, 1)))
+	compactEnforced := writeFile(t, dir, "compact-enforced.json", []byte(compactRequest))
+	compactOtherTask := writeFile(t, dir, "compact-task.json", []byte(strings.Replace(strings.Replace(compactRequest, `"enforce_rules": true`, `"enforce_rules": false`, 1), `"invoice-7731"`, `"invoice-9"`, 1)))
 
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
@@ -221,6 +229,9 @@ func TestReceiptVerify(t *testing.T) {
 		{desc: "the wrong public key is invalid", receipt: genuine, args: []string{"--public-key", b64(pubX)}, code: 1, stdout: "invalid: signature does not match\n"},
 		{desc: "the wrong context is invalid", receipt: genuine, args: []string{"--card", twoKeys, "--context", "score"}, code: 1, stdout: "invalid: signature does not match\n"},
 		{desc: "a key version the card does not list is invalid and named", receipt: genuine, args: []string{"--card", onlyK1}, code: 1, stdout: "invalid: no public key for key_version k2 (the keys given are k1)\n"},
+		{desc: "a compact receipt with the request it answers is valid", receipt: compact, args: []string{"--card", twoKeys, "--request", compactSent}, code: 0, stdout: "valid\n"},
+		{desc: "a compact receipt made without enforce_rules is invalid for a request that enforced them", receipt: compact, args: []string{"--card", twoKeys, "--request", compactEnforced}, code: 1, stdout: "invalid: enforce_rules differs: receipt has false, request gives true\n"},
+		{desc: "a compact receipt of another task is invalid", receipt: compact, args: []string{"--card", twoKeys, "--request", compactOtherTask}, code: 1, stdout: "invalid: task_id differs: receipt has \"invoice-7731\", request gives \"invoice-9\"\n"},
 		{desc: "another request's hashes are invalid and both hashes are shown", receipt: genuine, args: []string{"--card", twoKeys, "--request", otherRequest}, code: 1, stdout: "invalid: output_hash differs: receipt has "},
 		{desc: "an error response is named as such, with its status, code and message", receipt: mustJSON(t, apierr.UnsupportedMediaType()), args: []string{"--card", twoKeys}, code: 2, stderr: "error: the input is an error response (HTTP 415 unsupported_media_type: " + apierr.UnsupportedMediaType().Message + "), not a receipt: nothing was verified or signed"},
 		{desc: "a demand for payment is named as such", receipt: []byte(`{"x402Version":2,"error":"Payment required","resource":{"url":"http://x/score/a"},"accepts":[],"reason":"free_trial_exhausted"}`), args: []string{"--card", twoKeys}, code: 2, stderr: "error: the input is a demand for payment (HTTP 402, reason free_trial_exhausted), not a receipt: pay for the call, then check its answer"},

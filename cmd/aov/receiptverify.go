@@ -36,8 +36,11 @@ Where the public key comes from (one is required):
 Optional:
   --request FILE       the request body you sent (or received with the
                        output). Its output_hash, schema_hash, rules_hash and
-                       request_hash are recomputed and must equal the
-                       receipt's: this proves the receipt is about your data.
+                       request_hash are recomputed, and with its task_id,
+                       agent_id, strict_content_check and enforce_rules
+                       must equal the receipt's (a compact receipt has no
+                       request_hash): this proves the receipt is about your
+                       data.
   --context verify|score
                        what kind of response this is. Default: inferred, a
                        response with an output_hash is a verification
@@ -47,7 +50,9 @@ What is checked: the Ed25519 signature over the RFC 8785 form of
 {context, algorithm, key_version, attested_at, response without
 attestation}; that attestation.key_version equals verify.key_version and
 attestation.timestamp equals verified_at; that the card does not mark the
-key compromised at the receipt's time; with --request, every hash.
+key compromised at the receipt's time, and that the time lies within the
+key's service life (createdAt to retiredAt, 5 minutes either side); with
+--request, every hash and the four request members above.
 
 Output and exit status:
   valid              (exit 0) everything checked holds
@@ -137,13 +142,13 @@ func receiptVerify(args []string, stdin io.Reader, stdout, stderr io.Writer) int
 		return usageError(stderr, receiptVerifyHelp, "aov receipt verify: need a public key: --card FILE_OR_URL%s or --public-key BASE64", hint)
 	}
 
-	var want receipt.Hashes
+	var want receipt.Expected
 	if *requestArg != "" {
 		body, err := readInput(*requestArg, stdin, maxRequestBytes)
 		if err != nil {
 			return trouble(stderr, "reading the request: %v", err)
 		}
-		if want, err = verify.ComputeHashes(body); err != nil {
+		if want, err = verify.ComputeExpected(body); err != nil {
 			return trouble(stderr, "recomputing hashes from the request: %v", err)
 		}
 	}
@@ -153,7 +158,7 @@ func receiptVerify(args []string, stdin io.Reader, stdout, stderr io.Writer) int
 		return exitInvalid
 	}
 	if *requestArg != "" {
-		if err := receipt.CheckHashes(resp, want); err != nil {
+		if err := receipt.CheckRequest(resp, want); err != nil {
 			fmt.Fprintf(stdout, "invalid: %s\n", oneLine(err.Error()))
 			return exitInvalid
 		}
