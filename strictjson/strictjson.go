@@ -3,7 +3,9 @@
 // different readers: duplicate object keys (and, on request, keys that
 // differ only in letter case), invalid UTF-8, lone UTF-16 surrogates,
 // integers that a double cannot hold exactly, numbers that overflow a
-// double, a byte-order mark, and trailing data after the value.
+// double or that are not zero but read as zero, numbers written with more
+// than MaxNumberLen characters, a byte-order mark, and trailing data after
+// the value.
 //
 // It exists because verification results are signed over RFC 8785 canonical
 // JSON (SPEC §5): an input that two JSON parsers could read differently
@@ -21,6 +23,7 @@ package strictjson
 
 import (
 	"encoding/json"
+	"errors"
 	"slices"
 	"strconv"
 	"strings"
@@ -525,6 +528,54 @@ func hex4(data []byte, i int) (rune, bool) {
 	return r, true
 }
 
+// MaxNumberLen is the most characters a number may be written with.
+//
+// Every double, written out without an exponent in its shortest digits,
+// fits in 327 characters (-5e-324 is -0. then 323 zeros then 5; no
+// 17-digit value needs more), and serializers write far fewer, switching
+// to an exponent. Beyond that a text is padding, and padding costs every
+// reader after this one: the exact (big.Rat) arithmetic of the schema
+// validator is quadratic in a number's digits, so one number of a million
+// zeros took seconds. The limit also keeps strconv.ParseFloat right:
+// it stops reading an exponent after five digits, which misreads a number
+// only when its value is in range though its exponent is not, and that
+// takes thousands of leading zeros ("0.<100000 zeros>5e100001" is 5 but
+// reads as 0).
+const MaxNumberLen = 400
+
+// The ways Float64 refuses a number.
+var (
+	errTooLong   = errors.New("strictjson: a number is written with more than MaxNumberLen characters")
+	errOverflow  = errors.New("strictjson: a number overflows a double")
+	errUnderflow = errors.New("strictjson: a nonzero number underflows a double to 0")
+)
+
+// Float64 reads a JSON number text (RFC 8259 grammar, already checked)
+// as the double nearest its value, and refuses it when that double does
+// not stand for the value: written with more than MaxNumberLen characters,
+// beyond ±1.7976931348623157e308, or nonzero but nearer 0 than the
+// smallest double (strconv.ParseFloat returns 0 without an error). It is
+// the reading every RFC 8785 canonicalizer makes, so a number it accepts
+// means one value to the hash, the schema validator and the checks. It
+// allocates nothing.
+func Float64(text string) (float64, error) {
+	if len(text) > MaxNumberLen {
+		return 0, errTooLong
+	}
+	f, err := strconv.ParseFloat(text, 64)
+	if err != nil {
+		return 0, errOverflow // the only error of a valid JSON number
+	}
+	if f == 0 {
+		for i := 0; i < len(text) && text[i] != 'e' && text[i] != 'E'; i++ {
+			if text[i] >= '1' && text[i] <= '9' {
+				return 0, errUnderflow
+			}
+		}
+	}
+	return f, nil
+}
+
 // number scans a JSON number per RFC 8259 and checks it can be represented
 // exactly (integers) or at all (doubles).
 func (d *decoder) number() (any, error) {
@@ -580,6 +631,11 @@ func (d *decoder) number() (any, error) {
 			return nil, d.syntax("a digit in the exponent")
 		}
 	}
+	if i-start > MaxNumberLen {
+		d.pos = start
+		return nil, d.fail("a number is written with more than "+strconv.Itoa(MaxNumberLen)+" characters",
+			"Write numbers in at most "+strconv.Itoa(MaxNumberLen)+" characters (no double needs more than 24, as in -2.2250738585072014e-308), or send them as strings.")
+	}
 	text := string(data[start:i])
 	if integer {
 		// 2^53−1 has 16 digits: anything shorter is safe without parsing.
@@ -591,8 +647,14 @@ func (d *decoder) number() (any, error) {
 					"Send integers between -9007199254740991 and 9007199254740991, or send large identifiers and amounts as strings.")
 			}
 		}
-	} else if exp || intDigits > 300 {
-		if _, err := strconv.ParseFloat(text, 64); err != nil {
+	} else if exp || len(text) > 300 { // shorter, without an exponent: within range
+		switch _, err := Float64(text); err {
+		case nil:
+		case errUnderflow:
+			d.pos = start
+			return nil, d.fail("a number is too small to be represented as a double: it would read as 0",
+				"Send nonzero numbers no smaller in magnitude than 5e-324, or send them as strings.")
+		default:
 			d.pos = start
 			return nil, d.fail("a number is too large to be represented as a double",
 				"Send numbers within ±1.7976931348623157e308, or send them as strings.")

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/big"
 	"reflect"
 	"strconv"
 	"strings"
@@ -39,6 +40,9 @@ func TestDecodeAcceptsWhatEncodingJSONReadsTheSame(t *testing.T) {
 		{desc: "numbers with fractions and exponents are kept as written", in: `[1.0,1e+21,1E-7,-0,0.000001,1e308]`},
 		{desc: "an integer written with an exponent is a double, not an integer", in: `1e20`},
 		{desc: "long fractions are accepted", in: `0.1000000000000000055511151231257827021181583404541015625`},
+		{desc: "a number of 400 characters is accepted", in: `-1.` + strings.Repeat("0", 397)},
+		{desc: "zero is zero whatever its exponent", in: `[0e-400,-0.0e100000,0.000e999]`},
+		{desc: "the smallest doubles are accepted", in: `[5e-324,-5e-324,3e-324,0.` + strings.Repeat("0", 322) + `5]`},
 		{desc: "escaped keys are decoded", in: `{"a\u0062":1,"ab2":2}`},
 		{desc: "empty containers", in: `[{},[],""]`},
 	}
@@ -82,6 +86,15 @@ func TestDecodeRefusesEachInvalidClass(t *testing.T) {
 		{desc: "an integer beyond int64 is refused", in: `123456789012345678901234567890`, problem: "an integer is outside ±(2^53−1) and cannot be represented exactly"},
 		{desc: "a number overflowing a double is refused", in: `{"x":[1e400]}`, path: "x[0]", problem: "a number is too large to be represented as a double"},
 		{desc: "a negative number overflowing a double is refused", in: `-1.5e309`, problem: "a number is too large to be represented as a double"},
+		{desc: "a nonzero number underflowing a double is refused", in: `{"x":[1e-400]}`, path: "x[0]", problem: "a number is too small to be represented as a double: it would read as 0"},
+		{desc: "a number below half the smallest double is refused", in: `-2e-324`, problem: "a number is too small to be represented as a double: it would read as 0"},
+		{desc: "an underflowing number with a long exponent is refused", in: `1e-100000`, problem: "a number is too small to be represented as a double: it would read as 0"},
+		{desc: "an overflowing number with a long exponent is refused", in: `1e100000`, problem: "a number is too large to be represented as a double"},
+		{desc: "a number written in more than 400 characters is refused", in: `{"x":1.` + strings.Repeat("0", 399) + `}`, path: "x", problem: "a number is written with more than 400 characters"},
+		{desc: "a long integer is refused for its length", in: `[` + strings.Repeat("1", 401) + `]`, path: "[0]", problem: "a number is written with more than 400 characters"},
+		// 5 exactly, but strconv.ParseFloat stops reading an exponent past
+		// 10000 and reads it as 0: a canonicalizer would hash 0.
+		{desc: "a number strconv misreads is refused for its length", in: `{"x":0.` + strings.Repeat("0", 100000) + `5e100001}`, path: "x", problem: "a number is written with more than 400 characters"},
 		{desc: "nesting over the default limit is refused", in: deep, path: strings.Repeat("[0]", 64), problem: "nesting is deeper than the limit of 64 levels"},
 		{desc: "nesting over a configured limit is refused", in: `{"a":{"b":{}}}`, lim: Limits{MaxDepth: 2}, path: "a.b", problem: "nesting is deeper than the limit of 2 levels"},
 		{desc: "trailing data is refused", in: `{} {}`, problem: "there is data after the end of the JSON value"},
@@ -197,6 +210,9 @@ func FuzzDecode(f *testing.F) {
 		`{"task_id":"t","submitted_output":{"a":[1,2.5,-3e2,"x",true,null]}}`,
 		`"\ud83d\ude00\u00e9\n"`, `[9007199254740991]`, `1e400`, `{"a":1,"a":2}`,
 		"\"\xff\"", `"\ud800"`, `[[[[]]]]`, `{} x`, `0.000001`, `-0`, `{"a\u0062":{"":""}}`,
+		`[1e-400,2.4703282292062328e-324,2.4703282292062327e-324,-0e99999]`, `1e100000`, `1e-100000`,
+		`0.` + strings.Repeat("0", 9999) + `5e100000`, `[1.` + strings.Repeat("0", 398) + `]`,
+		`1` + strings.Repeat("0", 9999) + `e-100000`,
 	}
 	for _, s := range seeds {
 		f.Add([]byte(s))
@@ -214,7 +230,53 @@ func FuzzDecode(f *testing.F) {
 		if want := stdDecode(t, data); !reflect.DeepEqual(v, want) {
 			t.Fatalf("Decode = %#v, encoding/json = %#v", v, want)
 		}
+		eachNumber(v, func(n json.Number) { checkNumberReadsAlike(t, string(n)) })
 	})
+}
+
+// checkNumberReadsAlike is the differential property of the numbers
+// strictjson accepts: the double strconv reads (what a canonicalizer
+// hashes) is the double nearest the exact value math/big reads (what the
+// schema validator compares), zero only for zero, and its shortest text
+// (the canonical form) reads back as the same double.
+func checkNumberReadsAlike(t *testing.T, s string) {
+	t.Helper()
+	if len(s) > MaxNumberLen {
+		t.Fatalf("a number of %d characters was accepted", len(s))
+	}
+	f, err := Float64(s)
+	if err != nil {
+		t.Fatalf("accepted %s, which Float64 refuses: %v", s, err)
+	}
+	if g, err := strconv.ParseFloat(s, 64); err != nil || g != f {
+		t.Fatalf("Float64(%s) = %v; strconv.ParseFloat = %v, %v", s, f, g, err)
+	}
+	exact, ok := new(big.Rat).SetString(s)
+	if !ok {
+		t.Fatalf("math/big cannot read %s", s)
+	}
+	if nearest, _ := exact.Float64(); nearest != f || (f == 0) != (exact.Sign() == 0) {
+		t.Fatalf("%s reads as %v; its exact value's nearest double is %v (sign %d)", s, f, nearest, exact.Sign())
+	}
+	canonical := strconv.FormatFloat(f, 'g', -1, 64)
+	if back, err := strconv.ParseFloat(canonical, 64); err != nil || back != f {
+		t.Fatalf("%s: canonical form %s reads back as %v, %v", s, canonical, back, err)
+	}
+}
+
+func eachNumber(v any, fn func(json.Number)) {
+	switch x := v.(type) {
+	case json.Number:
+		fn(x)
+	case map[string]any:
+		for _, e := range x {
+			eachNumber(e, fn)
+		}
+	case []any:
+		for _, e := range x {
+			eachNumber(e, fn)
+		}
+	}
 }
 
 func BenchmarkDecode(b *testing.B) {

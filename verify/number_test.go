@@ -22,7 +22,6 @@ func TestInexactNumbersRefused(t *testing.T) {
 		{`{"n": 9007199254740993e0}`, "submitted_output.n"},
 		{`{"n": 1.00000000000000000001}`, "submitted_output.n"},
 		{`[1, 0.1000000000000000055511151231257827021181583404541015625]`, "submitted_output[1]"},
-		{`{"a": {"b": [1e-400]}}`, "submitted_output.a.b[0]"},
 		{`{"x": 1}, "rules": [{"type": "gte", "field": "x", "value": 0.30000000000000000001}]`, "rules[0].value"},
 	} {
 		body := `{"task_id": "t", "expected_schema": {}, "submitted_output": ` + c.output + `}`
