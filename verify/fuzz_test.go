@@ -3,6 +3,7 @@ package verify
 import (
 	"encoding/json"
 	"errors"
+	"math/big"
 	"strings"
 	"testing"
 
@@ -23,6 +24,8 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte(`{"task_id":"t","expected_schema":{"$ref":"#/$defs/x","$defs":{"x":{"type":"integer"}}},"submitted_output":1}`))
 	f.Add([]byte(`{"task_id":"t","task_id":"u"}`))
 	f.Add([]byte(`[]`))
+	f.Add([]byte(`{"task_id":"t","expected_schema":{"minimum":0.4,"multipleOf":1e-300},"submitted_output":[1e-400,0e-99999,5e-324,1e100000,1.` + strings.Repeat("0", 400) + `]}`))
+	f.Add([]byte(`{"task_id":"t","expected_schema":{},"submitted_output":0.` + strings.Repeat("0", 100000) + `5e100001}`))
 
 	v := New(Config{ListCap: 5, SchemaCacheSize: 8})
 	f.Fuzz(func(t *testing.T, data []byte) {
@@ -59,6 +62,20 @@ func FuzzParse(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// Every number means one value to every reader: its canonical
+		// form (what is hashed) is exactly the value math/big reads from
+		// its text (what the schema validator compares).
+		eachNumber(tree, func(n json.Number) {
+			c, err := receipt.Canonicalize([]byte(n))
+			if err != nil {
+				t.Fatalf("accepted number %.40s cannot be canonicalized: %v", n, err)
+			}
+			written, ok1 := new(big.Rat).SetString(string(n))
+			hashed, ok2 := new(big.Rat).SetString(string(c))
+			if !ok1 || !ok2 || written.Cmp(hashed) != 0 {
+				t.Fatalf("accepted number %.40s is hashed as %s", n, c)
+			}
+		})
 		if receipt.Hash(canon) != req.Hashes.Request {
 			t.Fatalf("streamed request_hash differs from the hash of %s", canon)
 		}
@@ -128,4 +145,20 @@ func FuzzCheck(f *testing.F) {
 			t.Fatalf("result is not JSON: %s", b)
 		}
 	})
+}
+
+// eachNumber calls fn on every number of a decoded tree.
+func eachNumber(v any, fn func(json.Number)) {
+	switch x := v.(type) {
+	case json.Number:
+		fn(x)
+	case map[string]any:
+		for _, e := range x {
+			eachNumber(e, fn)
+		}
+	case []any:
+		for _, e := range x {
+			eachNumber(e, fn)
+		}
+	}
 }

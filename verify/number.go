@@ -72,11 +72,12 @@ func inexact(v any) ([]locStep, bool) {
 // exactNumber reports whether the decimal value of a JSON number text is
 // the value of the shortest text that reads back as the same double (the
 // digits RFC 8785 prints). A number with at most 15 significant digits in
-// the normal range always is (a double holds 15 decimal digits exactly);
-// only longer ones are parsed and compared.
+// the normal range always is (a double holds 15 decimal digits exactly),
+// if strconv reads its exponent as written; only others are parsed and
+// compared.
 func exactNumber(s string) bool {
 	sig, exp := shape(s)
-	if sig == 0 || sig <= 15 && exp > -300 && exp < 300 { // zero, or short
+	if sig == 0 || sig <= 15 && exp > -300 && exp < 300 && exponentRead(s) { // zero, or short
 		return true
 	}
 	neg, digits, exp := decimal(s)
@@ -89,6 +90,21 @@ func exactNumber(s string) bool {
 		return false // a nonzero text that reads as zero
 	}
 	return neg == cneg && digits == cdigits && exp == cexp
+}
+
+// exponentRead reports whether strconv.ParseFloat reads the exponent of s
+// as written. It stops adding exponent digits once the exponent reaches
+// 10000, so "0.<100000 zeros>5e100001", exactly 5 and short by its
+// digits, reads as 0: such a text must be compared, not assumed exact.
+// (strictjson refuses it first, for its length; this keeps exactNumber
+// right on its own.)
+func exponentRead(s string) bool {
+	i := strings.IndexAny(s, "eE")
+	if i < 0 {
+		return true
+	}
+	e := exponent(s[i+1:])
+	return e > -10000 && e < 10000
 }
 
 // decimal normalizes a JSON number text to its sign, its significant

@@ -167,14 +167,17 @@ func TestDecimal(t *testing.T) {
 
 // FuzzExactNumber compares the number check with math/big: a number text
 // is accepted exactly when its value is the value of the shortest text of
-// its double, and the allocation-free shape agrees with decimal.
+// the double strconv reads (whatever its length, and even where strconv
+// misreads the exponent), and the allocation-free shape agrees with
+// decimal.
 func FuzzExactNumber(f *testing.F) {
 	for _, s := range []string{"1", "1.0", "1e0", "0.1", "9007199254740993.0", "1.00000000000000000001", "-0", "5e-324",
-		"1e-400", "0.1000000000000000055511151231257827021181583404541015625", "123456789012345678", "1.7976931348623157e308"} {
+		"1e-400", "0.1000000000000000055511151231257827021181583404541015625", "123456789012345678", "1.7976931348623157e308",
+		"1e-100000", "0e100000", "0." + strings.Repeat("0", 390) + "5e391", "0." + strings.Repeat("0", 100000) + "5e100001"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		if len(s) > 400 || !jsonNumber.MatchString(s) {
+		if !jsonNumber.MatchString(s) {
 			return
 		}
 		neg, digits, exp := decimal(s)
@@ -196,4 +199,81 @@ func FuzzExactNumber(f *testing.F) {
 	})
 }
 
-var jsonNumber = regexp.MustCompile(`^-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]{1,4})?$`)
+// Exponents up to six digits: strconv.ParseFloat misreads some of those.
+var jsonNumber = regexp.MustCompile(`^-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]{1,6})?$`)
+
+// A number that is not zero but that a double reads as zero is refused
+// where the request is parsed, wherever it is: the receipt would hash 0
+// and the bounds and rules would see 0, while the schema validator compares
+// its exact value. "0.<100000 zeros>5e100001" is exactly 5, but
+// strconv.ParseFloat stops reading an exponent past 10000 and reads 0: it
+// used to pass "minimum": 0.4 under the hashes of {"x":0}.
+func TestNumbersThatReadAsZeroRefused(t *testing.T) {
+	saturated := "0." + strings.Repeat("0", 100000) + "5e100001"
+	if exactNumber(saturated) {
+		t.Errorf("exactNumber calls a text strconv reads as 0 exact")
+	}
+	v := New(Config{})
+	schema := `{"type":"object","required":["x"],"properties":{"x":{"type":"number","minimum":0.4}}}`
+	for _, c := range []struct{ body, field, problem string }{
+		{`{"task_id":"t","expected_schema":` + schema + `,"submitted_output":{"x":` + saturated + `}}`,
+			"submitted_output.x", "a number is written with more than 400 characters"},
+		{`{"task_id":"t","expected_schema":` + schema + `,"submitted_output":{"x":[1,1e-400]}}`,
+			"submitted_output.x[1]", "a number is too small to be represented as a double: it would read as 0"},
+		{`{"task_id":"t","expected_schema":{"minimum":-2e-324},"submitted_output":0}`,
+			"expected_schema.minimum", "a number is too small to be represented as a double: it would read as 0"},
+		{`{"task_id":"t","expected_schema":{},"submitted_output":{"x":1},"rules":[{"type":"gte","field":"x","value":1e-99999}]}`,
+			"rules[0].value", "a number is too small to be represented as a double: it would read as 0"},
+		{`{"task_id":"t","expected_schema":{},"submitted_output":{"x":1},"bounds":{"x":{"max":-1e-400}}}`,
+			"bounds.x.max", "a number is too small to be represented as a double: it would read as 0"},
+	} {
+		_, err := v.Parse([]byte(c.body))
+		var e *apierr.Error
+		if !errors.As(err, &e) || e.Status != 422 || e.Code != "invalid_request" || len(e.Fields) != 1 ||
+			e.Fields[0].Field != c.field || e.Fields[0].Problem != c.problem || e.Fields[0].Fix == "" {
+			t.Errorf("%.80s…: %v; want a 422 naming %s: %s", c.body, err, c.field, c.problem)
+		}
+	}
+	// Zero stays zero however it is written, and the smallest double is a
+	// number like any other.
+	for _, ok := range []string{`0e-400`, `-0.0e99999`, `5e-324`, `-5e-324`} {
+		body := `{"task_id":"t","expected_schema":{},"submitted_output":` + ok + `}`
+		if _, err := v.Parse([]byte(body)); err != nil {
+			t.Errorf("%s: %v; want it accepted", ok, err)
+		}
+	}
+}
+
+// A number's text is capped (strictjson.MaxNumberLen) in the output, the
+// schema, the rules and the bounds alike: the validator's exact arithmetic
+// is quadratic in a number's digits, and "1.000…0" with a million zeros
+// (one significant digit, so exact) took seconds, past a timeout that
+// cannot interrupt the validator.
+func TestLongNumbersRefused(t *testing.T) {
+	v := New(Config{})
+	long := "1." + strings.Repeat("0", 1_000_000)
+	problem := "a number is written with more than 400 characters"
+	for _, c := range []struct{ body, field string }{
+		{`{"task_id":"t","expected_schema":{"properties":{"x":{"minimum":0,"multipleOf":0.5}}},"submitted_output":{"x":` + long + `}}`, "submitted_output.x"},
+		{`{"task_id":"t","expected_schema":{"properties":{"x":{"multipleOf":` + long + `}}},"submitted_output":{"x":1}}`, "expected_schema.properties.x.multipleOf"},
+		{`{"task_id":"t","expected_schema":{},"submitted_output":{"x":1},"rules":[{"type":"lte","field":"x","value":` + long + `}]}`, "rules[0].value"},
+		{`{"task_id":"t","expected_schema":{},"submitted_output":{"x":1},"bounds":{"x":{"min":` + long + `}}}`, "bounds.x.min"},
+		{`{"task_id":"t","expected_schema":{},"submitted_output":[-1.` + strings.Repeat("5", 398) + `]}`, "submitted_output[0]"},
+	} {
+		_, err := v.Parse([]byte(c.body))
+		var e *apierr.Error
+		if !errors.As(err, &e) || e.Status != 422 || len(e.Fields) != 1 || e.Fields[0].Field != c.field ||
+			e.Fields[0].Problem != problem || !strings.Contains(e.Fields[0].Fix, "400") {
+			t.Errorf("%.80s…: %v; want a 422 naming %s", c.body, err, c.field)
+		}
+	}
+	// 400 characters are accepted, and the number means what it says.
+	at := "-1." + strings.Repeat("0", 397)
+	req, err := v.Parse([]byte(`{"task_id":"t","expected_schema":{"maximum":-1,"minimum":-1},"submitted_output":` + at + `}`))
+	if err != nil {
+		t.Fatalf("a number of 400 characters: %v", err)
+	}
+	if r := v.Check(req, "id", verifiedAt); r.Result != ResultPass {
+		t.Errorf("%d-character -1 against maximum and minimum -1: %s", len(at), r.Result)
+	}
+}
