@@ -3,11 +3,15 @@ package receipt
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/gowebpki/jcs"
+
+	"github.com/aovhq/aov/strictjson"
 )
 
 // FuzzCanonicalize checks the canonicalizer against the reference
@@ -29,6 +33,8 @@ func FuzzCanonicalize(f *testing.F) {
 		`{"b":{"d":1,"c":2},"a":[{"z":0,"y":[1,{"q":1,"p":2}]}]}`,
 		`{"a":1, "a" :2}`, `{"\u0061":1,"a":2}`, `"\ud800\u0041"`, `"\udc00"`,
 		` [ 1 , 2 ] `, `[1,]`, `{"a":1,}`, `01`, `1.`, `-`, `1e`, `truex`, `[tru]`, "\"\x7f\"",
+		`[1e-400,0e-400,5e-324,2.5e-324]`, `1e-100000`, `1e100000`, `[1.` + strings.Repeat("0", 398) + `]`,
+		`0.` + strings.Repeat("0", 9999) + `5e100000`,
 		invoiceRequest,
 	} {
 		f.Add([]byte(s))
@@ -36,6 +42,11 @@ func FuzzCanonicalize(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		raw, rawErr := Canonicalize(data)
 		ref, refErr := jcs.Transform(data)
+		if refErr == nil && (errors.Is(rawErr, strictjson.ErrNumberUnderflow) || errors.Is(rawErr, strictjson.ErrNumberTooLong)) {
+			// The reference reads numbers with strconv alone: 1e-400 as 0,
+			// and "0.<100000 zeros>5e100001" (5) as 0 too.
+			return
+		}
 		switch {
 		case (rawErr == nil) != (refErr == nil):
 			t.Fatalf("reference disagrees on %q: ours %q (%v), reference %q (%v)", data, raw, rawErr, ref, refErr)

@@ -25,6 +25,8 @@ import (
 	"sync"
 	"unicode/utf8"
 	"unsafe"
+
+	"github.com/aovhq/aov/strictjson"
 )
 
 // Names of the signed contexts and algorithms. They are part of every signed
@@ -56,13 +58,16 @@ const maxSafeInteger = 1 << 53
 
 // Canonicalize returns the RFC 8785 form of raw JSON. It rejects what RFC 8785
 // cannot canonicalize unambiguously: duplicate keys, invalid UTF-8, lone
-// surrogates, numbers outside the double range, trailing data.
+// surrogates, numbers outside the double range (nonzero numbers that read
+// as 0 included), numbers longer than strictjson.MaxNumberLen, trailing
+// data.
 //
 // It is the project's one canonicalizer: a single pass that writes the
 // canonical bytes as it reads (see canonReader), agreeing byte for byte with
 // the reference implementation github.com/gowebpki/jcs on every RFC 8785
 // vector and under differential fuzzing (the reference is used by the tests
-// only).
+// only), except that the reference, reading numbers with strconv alone,
+// accepts the numbers strictjson.Float64 refuses.
 func Canonicalize(raw []byte) ([]byte, error) {
 	out, err := AppendCanonicalJSON(make([]byte, 0, len(raw)), raw)
 	if err != nil {
@@ -158,8 +163,9 @@ type Hashes struct {
 //
 // It refuses what cannot be canonicalized unambiguously: strings that are not
 // valid UTF-8, NaN and infinities, json.Number text that is not a JSON number
-// or overflows a double, and int/int64 values beyond ±2^53 (they would be
-// silently rounded). On error dst is returned unchanged.
+// or that strictjson.Float64 refuses (it overflows a double, or is nonzero
+// but reads as 0, or is longer than strictjson.MaxNumberLen), and int/int64
+// values beyond ±2^53 (they would be silently rounded). On error dst is returned unchanged.
 func AppendCanonical(dst []byte, v any) ([]byte, error) {
 	n := len(dst)
 	out, err := appendValue(dst, v, 0)
@@ -421,9 +427,14 @@ func appendNumberText(dst []byte, s string) ([]byte, error) {
 		}
 		return append(dst, s...), nil
 	}
-	f, err := strconv.ParseFloat(s, 64)
+	// strictjson.Float64, not strconv.ParseFloat alone: a nonzero number
+	// below the smallest double, or one whose exponent strconv misreads,
+	// would canonicalize to the bytes of another number (0, or 5 for
+	// "0.<9999 zeros>5e100000"), so a receipt rewritten that way would
+	// still verify while its text means another value to other readers.
+	f, err := strictjson.Float64(s)
 	if err != nil {
-		return dst, errors.New("canonicalizing JSON: number out of the IEEE-754 double range")
+		return dst, fmt.Errorf("canonicalizing JSON: %w", err)
 	}
 	return appendFloat(dst, f)
 }

@@ -202,6 +202,8 @@ func TestAppendCanonicalRefusesWhatIsNotCanonicalizable(t *testing.T) {
 		{desc: "NaN", in: math.NaN()},
 		{desc: "infinity", in: math.Inf(-1)},
 		{desc: "a json.Number overflowing a double", in: json.Number("1e400")},
+		{desc: "a json.Number underflowing a double", in: json.Number("-1e-400")},
+		{desc: "a json.Number over 400 characters", in: json.Number("1." + strings.Repeat("0", 399))},
 		{desc: "a json.Number that is not JSON (hex float)", in: json.Number("0x1p4")},
 		{desc: "a json.Number that is not JSON (Inf)", in: json.Number("Inf")},
 		{desc: "a json.Number that is not JSON (leading plus)", in: json.Number("+1")},
@@ -243,6 +245,15 @@ func TestCanonicalizeRefusesAmbiguousJSON(t *testing.T) {
 		{desc: "a lone surrogate escape", in: `"\ud800"`},
 		{desc: "trailing data", in: `{} {}`},
 		{desc: "a number beyond the double range", in: `1e400`},
+		// Both read as 0 by strconv (5 exactly, and 5e-324 / 10), so a
+		// receipt holding one in place of a signed 0 would verify, while
+		// a reader of its exact value (math/big, a decimal library, or a
+		// JavaScript parser for the first) sees another number.
+		{desc: "a number strconv misreads as 0", in: `{"passed":0.` + strings.Repeat("0", 100000) + `5e100001}`},
+		{desc: "a nonzero number below the smallest double", in: `[5e-325]`},
+		// strconv reads 5; its value is 5e90000.
+		{desc: "a number strconv misreads as 5", in: `0.` + strings.Repeat("0", 9999) + `5e100000`},
+		{desc: "a number written with more than 400 characters", in: `1.` + strings.Repeat("0", 399)},
 		{desc: "nothing at all", in: ``},
 	}
 	for _, tc := range tests {

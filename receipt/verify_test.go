@@ -1,6 +1,7 @@
 package receipt
 
 import (
+	"bytes"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -379,5 +380,32 @@ func TestCheckRequest(t *testing.T) {
 				t.Fatalf("got %v\nwant %s", err, tc.err)
 			}
 		})
+	}
+}
+
+// A signed receipt with a number rewritten as a text strconv misreads is
+// refused: "0.<100000 zeros>1e100001" is exactly 1 (to a JavaScript
+// parser or math/big), but strconv reads 0, so it canonicalized to the
+// signed bytes of "passed":0 and verified.
+func TestVerifyRefusesANumberStrconvMisreads(t *testing.T) {
+	pub, priv := seededKey(2)
+	card := cardWith("k2", cardKey{version: "k2", status: StatusCurrent, pub: pub})
+	keys, err := KeysFromCard(card)
+	if err != nil {
+		t.Fatal(err)
+	}
+	signed := attach(t, priv, ContextVerify, "k2", fixtureTime, fullResponse(t, "k2"))
+	if err := VerifyReceipt(signed, keys, ContextVerify); err != nil {
+		t.Fatalf("the genuine receipt: %v", err)
+	}
+	for _, forged := range []string{"0." + strings.Repeat("0", 100000) + "1e100001", "1e-400"} {
+		was := `"integrity_checks":{"ratio":0.0,"passed":0,`
+		resp := bytes.Replace(signed, []byte(was), []byte(`"integrity_checks":{"ratio":0.0,"passed":`+forged+`,`), 1)
+		if bytes.Equal(resp, signed) {
+			t.Fatal("fixture changed: no integrity_checks.passed of 0")
+		}
+		if err := VerifyReceipt(resp, keys, ContextVerify); err == nil {
+			t.Errorf("a receipt with passed %.20s… in place of the signed 0 verifies", forged)
+		}
 	}
 }

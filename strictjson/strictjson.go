@@ -543,11 +543,11 @@ func hex4(data []byte, i int) (rune, bool) {
 // reads as 0).
 const MaxNumberLen = 400
 
-// The ways Float64 refuses a number.
+// The errors of Float64.
 var (
-	errTooLong   = errors.New("strictjson: a number is written with more than MaxNumberLen characters")
-	errOverflow  = errors.New("strictjson: a number overflows a double")
-	errUnderflow = errors.New("strictjson: a nonzero number underflows a double to 0")
+	ErrNumberTooLong   = errors.New("a number is written with more than " + strconv.Itoa(MaxNumberLen) + " characters")
+	ErrNumberOverflow  = errors.New("a number overflows a double")
+	ErrNumberUnderflow = errors.New("a nonzero number underflows a double to 0")
 )
 
 // Float64 reads a JSON number text (RFC 8259 grammar, already checked)
@@ -560,16 +560,16 @@ var (
 // allocates nothing.
 func Float64(text string) (float64, error) {
 	if len(text) > MaxNumberLen {
-		return 0, errTooLong
+		return 0, ErrNumberTooLong
 	}
 	f, err := strconv.ParseFloat(text, 64)
 	if err != nil {
-		return 0, errOverflow // the only error of a valid JSON number
+		return 0, ErrNumberOverflow // the only error of a valid JSON number
 	}
 	if f == 0 {
 		for i := 0; i < len(text) && text[i] != 'e' && text[i] != 'E'; i++ {
 			if text[i] >= '1' && text[i] <= '9' {
-				return 0, errUnderflow
+				return 0, ErrNumberUnderflow
 			}
 		}
 	}
@@ -650,7 +650,7 @@ func (d *decoder) number() (any, error) {
 	} else if exp || len(text) > 300 { // shorter, without an exponent: within range
 		switch _, err := Float64(text); err {
 		case nil:
-		case errUnderflow:
+		case ErrNumberUnderflow:
 			d.pos = start
 			return nil, d.fail("a number is too small to be represented as a double: it would read as 0",
 				"Send nonzero numbers no smaller in magnitude than 5e-324, or send them as strings.")
