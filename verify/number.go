@@ -14,6 +14,10 @@ import (
 // same hashes could get different verdicts, and each receipt would verify
 // against the other's request. So the parser refuses them: a number is
 // accepted only when its value is exactly the value of its canonical form.
+// strictjson has already refused the numbers no double stands for (beyond
+// its range, or nonzero but read as 0) and those written with more than
+// strictjson.MaxNumberLen characters, which keeps strconv's reading, the
+// hash's, right and the validator's exact arithmetic cheap.
 
 const (
 	inexactProblem = "is a number with more precision than a double holds: its receipt would record a different value than the one checked"
