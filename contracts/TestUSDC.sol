@@ -2,7 +2,7 @@
 pragma solidity ^0.8.20;
 
 /// @title TestUSDC: a local stand-in for USDC on the development chain.
-/// @notice An ERC-20 with EIP-3009 (transfer/receive with authorization) whose
+/// @notice An ERC-20 with EIP-3009 (transfer/receive/cancel with authorization) whose
 /// EIP-712 domain, decimals and revert strings match USDC's, so x402 clients and
 /// facilitators treat it exactly like the real token. Only the deployer can mint:
 /// it funds the development accounts. Not for any production network.
@@ -16,6 +16,8 @@ contract TestUSDC {
         keccak256("TransferWithAuthorization(address from,address to,uint256 value,uint256 validAfter,uint256 validBefore,bytes32 nonce)");
     bytes32 public constant RECEIVE_WITH_AUTHORIZATION_TYPEHASH =
         keccak256("ReceiveWithAuthorization(address from,address to,uint256 value,uint256 validAfter,uint256 validBefore,bytes32 nonce)");
+    bytes32 public constant CANCEL_AUTHORIZATION_TYPEHASH =
+        keccak256("CancelAuthorization(address authorizer,bytes32 nonce)");
     bytes32 private constant EIP712_DOMAIN_TYPEHASH =
         keccak256("EIP712Domain(string name,string version,uint256 chainId,address verifyingContract)");
     bytes4 private constant EIP1271_MAGIC = 0x1626ba7e;
@@ -29,6 +31,7 @@ contract TestUSDC {
     event Transfer(address indexed from, address indexed to, uint256 value);
     event Approval(address indexed owner, address indexed spender, uint256 value);
     event AuthorizationUsed(address indexed authorizer, bytes32 indexed nonce);
+    event AuthorizationCanceled(address indexed authorizer, bytes32 indexed nonce);
 
     constructor() {
         minter = msg.sender;
@@ -100,6 +103,26 @@ contract TestUSDC {
     ) external {
         require(to == msg.sender, "caller must be the payee");
         _authorizedTransfer(RECEIVE_WITH_AUTHORIZATION_TYPEHASH, from, to, value, validAfter, validBefore, nonce, signature);
+    }
+
+    /// @notice Marks an unused authorization nonce used without a transfer, as
+    /// USDC's cancelAuthorization does: authorizationState turns true and only
+    /// AuthorizationCanceled tells it apart from a transfer.
+    function cancelAuthorization(address authorizer, bytes32 nonce, uint8 v, bytes32 r, bytes32 s) external {
+        _cancelAuthorization(authorizer, nonce, abi.encodePacked(r, s, v));
+    }
+
+    function cancelAuthorization(address authorizer, bytes32 nonce, bytes memory signature) external {
+        _cancelAuthorization(authorizer, nonce, signature);
+    }
+
+    function _cancelAuthorization(address authorizer, bytes32 nonce, bytes memory signature) private {
+        require(!_authorizationStates[authorizer][nonce], "authorization is used or canceled");
+        bytes32 structHash = keccak256(abi.encode(CANCEL_AUTHORIZATION_TYPEHASH, authorizer, nonce));
+        bytes32 digest = keccak256(abi.encodePacked("\x19\x01", DOMAIN_SEPARATOR(), structHash));
+        require(_isValidSignature(authorizer, digest, signature), "invalid signature");
+        _authorizationStates[authorizer][nonce] = true;
+        emit AuthorizationCanceled(authorizer, nonce);
     }
 
     function _authorizedTransfer(
