@@ -16,7 +16,8 @@ const (
 	// SettlementDone: the transfer happened.
 	SettlementDone
 	// SettlementNever: the transfer did not happen and can no longer
-	// happen (the authorization expired unused).
+	// happen (the authorization expired unused, or its nonce was spent
+	// without paying: cancelled, or used by another authorization).
 	SettlementNever
 )
 
@@ -29,6 +30,10 @@ type SettlementStatus struct {
 	// Transaction is the settling transaction, when known ("" otherwise:
 	// a done transfer whose transaction the facilitator cannot name).
 	Transaction string
+	// Reason is why a SettlementNever can never settle, as an x402 reason
+	// code, when it is not the payment's expiry ("" otherwise): the buyer
+	// is told it with the release.
+	Reason string
 }
 
 // SettlementChecker is implemented by facilitators that can tell whether a
@@ -36,7 +41,9 @@ type SettlementStatus struct {
 // settlement whose outcome was unknown (the facilitator timed out after
 // sending) can be resolved: served when the money moved, released when it
 // provably never will. For EIP-3009 the evm facilitator reads the token's
-// authorizationState(authorizer, nonce) on chain.
+// authorizationState(authorizer, nonce) on chain and, when the nonce is
+// used, the transaction that used it (a used nonce alone is no payment: the
+// payer can cancel it or spend it on another authorization).
 type SettlementChecker interface {
 	SettlementStatus(ctx context.Context, p PaymentPayload, req PaymentRequirements) (SettlementStatus, error)
 }
@@ -45,8 +52,10 @@ type SettlementChecker interface {
 // that judge a settlement also from what the gate knows of the attempt
 // (SentSettlement): on Solana the transaction's id is the facilitator's own
 // fee-payer signature, which nothing else tells, and without it the
-// transaction is searched for on chain, no further back than the attempt.
-// The checker must establish that a named transaction is the payment's own
+// transaction is searched for on chain, no further back than the attempt;
+// on EIP-3009 chains the transaction that used the authorization's nonce is
+// searched for in the blocks from the attempt on, to prove it paid. The
+// checker must establish that a named transaction is the payment's own
 // before it judges by it.
 type SentSettlementChecker interface {
 	SentSettlementStatus(ctx context.Context, p PaymentPayload, req PaymentRequirements, sent SentSettlement) (SettlementStatus, error)

@@ -129,9 +129,9 @@ type FacilitatorRequest struct {
 // An error means "no answer" (down, timeout, malformed reply): the gateway
 // answers 503 retryable and settles nothing. IsValid false and Success false
 // are answers, not errors. A facilitator never reports an unknown settlement
-// outcome as a failure: it resolves it (for EIP-3009, authorizationState) or
-// returns an *UnknownOutcomeError, which the gateway must not turn into
-// "pay again".
+// outcome as a failure: it resolves it (for EIP-3009, from the transaction
+// that used the authorization's nonce) or returns an *UnknownOutcomeError,
+// which the gateway must not turn into "pay again".
 type Facilitator interface {
 	Verify(ctx context.Context, p PaymentPayload, req PaymentRequirements) (VerifyResponse, error)
 	Settle(ctx context.Context, p PaymentPayload, req PaymentRequirements) (SettleResponse, error)

@@ -33,6 +33,9 @@ type Chain interface {
 	ethereum.TransactionReader
 	ethereum.PendingStateReader
 	CodeAt(ctx context.Context, account common.Address, blockNumber *big.Int) ([]byte, error)
+	// FilterLogs finds the transaction that used an authorization's nonce
+	// (status.go).
+	FilterLogs(ctx context.Context, q ethereum.FilterQuery) ([]types.Log, error)
 	HeaderByNumber(ctx context.Context, number *big.Int) (*types.Header, error)
 }
 
@@ -46,7 +49,8 @@ type Config struct {
 	// RelayerKey signs the settlement transactions and pays their gas.
 	RelayerKey *ecdsa.PrivateKey
 	// ReceiptTimeout bounds the wait for a settlement's receipt; after it
-	// the outcome is resolved from the token's authorizationState. Default
+	// the outcome is resolved from the chain (the token's
+	// authorizationState and the transaction that used the nonce). Default
 	// 2 minutes.
 	ReceiptTimeout time.Duration
 	// PollInterval is how often the receipt is polled. Default 1s.

@@ -528,15 +528,20 @@ func fundUSDC(t testing.TB, d *Devnet, from *ecdsa.PrivateKey, to common.Address
 }
 
 // lossyChain is a fake for faults that cannot be caused on a real chain on
-// demand: it wraps the devnet client and loses receipts, or drops sends
-// while pretending the connection broke, or breaks reads after a send.
+// demand: it wraps the devnet client and loses receipts (until the outcome
+// is being resolved, or for good), or drops sends while pretending the
+// connection broke (onSend then runs in their place), or breaks reads after
+// a send.
 type lossyChain struct {
 	Chain
-	loseReceipts  bool
+	loseReceipts  bool // until the facilitator reads the chain again after the send
+	neverReceipts bool
 	dropSends     bool
+	onSend        func()
 	breakAfterTx  bool
 	mu            sync.Mutex
 	sent          bool
+	resolving     bool
 	sentTxs       int
 	errConnection error
 }
@@ -547,6 +552,9 @@ func (c *lossyChain) SendTransaction(ctx context.Context, tx *types.Transaction)
 	c.sentTxs++
 	c.mu.Unlock()
 	if c.dropSends {
+		if c.onSend != nil {
+			c.onSend()
+		}
 		return c.errConnection
 	}
 	if err := c.Chain.SendTransaction(ctx, tx); err != nil {
@@ -559,7 +567,10 @@ func (c *lossyChain) SendTransaction(ctx context.Context, tx *types.Transaction)
 }
 
 func (c *lossyChain) TransactionReceipt(ctx context.Context, h common.Hash) (*types.Receipt, error) {
-	if c.loseReceipts {
+	c.mu.Lock()
+	lost := c.neverReceipts || c.loseReceipts && !c.resolving
+	c.mu.Unlock()
+	if lost {
 		return nil, ethereum.NotFound
 	}
 	return c.Chain.TransactionReceipt(ctx, h)
@@ -568,6 +579,7 @@ func (c *lossyChain) TransactionReceipt(ctx context.Context, h common.Hash) (*ty
 func (c *lossyChain) CallContract(ctx context.Context, msg ethereum.CallMsg, block *big.Int) ([]byte, error) {
 	c.mu.Lock()
 	broken := c.breakAfterTx && c.sent
+	c.resolving = c.resolving || c.sent // after the send, only the resolution reads state
 	c.mu.Unlock()
 	if broken {
 		return nil, c.errConnection
@@ -575,7 +587,7 @@ func (c *lossyChain) CallContract(ctx context.Context, msg ethereum.CallMsg, blo
 	return c.Chain.CallContract(ctx, msg, block)
 }
 
-func TestUnknownOutcomesAreResolvedFromAuthorizationState(t *testing.T) {
+func TestUnknownOutcomesAreResolvedFromTheChain(t *testing.T) {
 	connErr := errors.New("connection reset by peer (fake)")
 	cases := []struct {
 		desc        string
@@ -584,8 +596,11 @@ func TestUnknownOutcomesAreResolvedFromAuthorizationState(t *testing.T) {
 		wantUnknown bool
 		wantMoved   bool
 	}{
-		{desc: "a settlement whose receipt never arrives but whose authorization is used is a success",
+		{desc: "a settlement whose receipt comes too late is a success, proven by that receipt",
 			chain: func(c Chain) *lossyChain { return &lossyChain{Chain: c, loseReceipts: true} }, wantSuccess: true, wantMoved: true},
+		{desc: "a used authorization whose transaction's receipt cannot be read is an unknown outcome, never a success",
+			chain:       func(c Chain) *lossyChain { return &lossyChain{Chain: c, neverReceipts: true} },
+			wantUnknown: true, wantMoved: true},
 		{desc: "a send lost before reaching the node leaves the authorization unused and is a failure",
 			chain: func(c Chain) *lossyChain { return &lossyChain{Chain: c, dropSends: true, errConnection: connErr} }},
 		{desc: "a send whose connection broke and whose state cannot be read is an unknown outcome, never a failure",
@@ -616,6 +631,8 @@ func TestUnknownOutcomesAreResolvedFromAuthorizationState(t *testing.T) {
 				t.Fatalf("settle = %+v; want success %v", r, tc.wantSuccess)
 			case !r.Success && r.ErrorReason == "":
 				t.Fatalf("failure without a reason: %+v", r)
+			case r.Success && len(common.FromHex(r.Transaction)) != common.HashLength:
+				t.Fatalf("success without the transaction: %+v", r)
 			}
 			if lc.sentTxs != 1 {
 				t.Errorf("%d transactions sent, want 1", lc.sentTxs)

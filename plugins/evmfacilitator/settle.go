@@ -26,10 +26,14 @@ import (
 //   - A refusal (success false) is returned only when nothing was sent or
 //     the sent transaction certainly did not transfer.
 //   - When the outcome is unknown (the receipt did not arrive in time, the
-//     connection broke after sending), the token's authorizationState
-//     decides: used means settled (success); unused while the transaction
-//     can no longer execute means not settled; otherwise the result is an
-//     *x402.UnknownOutcomeError, never a failure.
+//     connection broke after sending), the chain decides. A used nonce is
+//     not proof (the payer can cancel it, or spend it on another
+//     authorization): settled (success, naming the transaction) only when
+//     the transaction that used it, ours or another, carries the
+//     authorization's Transfer to payTo; not settled when the nonce was
+//     spent without it, or is unused while our transaction can no longer
+//     execute; otherwise the result is an *x402.UnknownOutcomeError, never
+//     a failure and never a success.
 //   - Any other error (chain unreachable before sending, relayer unfunded)
 //     means nothing was sent.
 func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettleResponse, error) {
@@ -74,6 +78,9 @@ func settleKey(p x402.PaymentPayload, req x402.PaymentRequirements) (authKey, bo
 }
 
 func (f *Facilitator) settle(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettleResponse, error) {
+	// The nonce is unused when check reads it: whatever uses it lands after
+	// start, which bounds the search for it (resolve).
+	start := now()
 	c, err := f.check(ctx, p, req)
 	if err != nil {
 		return x402.SettleResponse{}, fmt.Errorf("verifying before settlement: %w", err)
@@ -89,14 +96,14 @@ func (f *Facilitator) settle(ctx context.Context, p x402.PaymentPayload, req x40
 		case errors.As(err, &ce): // the gas estimate reverted: nothing sent
 			return f.failure(revertReason(ce.reason, x402.ReasonExactEVMFailedToExecuteTransfer), c.payer, "the transfer would revert: "+ce.reason, ""), nil
 		case errors.As(err, &ue):
-			return f.resolve(c, ue.tx, ue.err)
+			return f.resolve(c, ue.tx, start, ue.err)
 		default:
 			return x402.SettleResponse{}, err
 		}
 	}
 	rcpt, err := f.waitReceipt(ctx, tx.Hash())
 	if err != nil {
-		return f.resolve(c, tx, err)
+		return f.resolve(c, tx, start, err)
 	}
 	if rcpt.Status != types.ReceiptStatusSuccessful {
 		reason := x402.ReasonExactEVMTransactionFailed
@@ -126,15 +133,19 @@ func (f *Facilitator) success(c *checked, txHash string) x402.SettleResponse {
 // Transfer(from, to, value) for the authorization.
 func hasTransfer(r *types.Receipt, token common.Address, a x402.AuthorizationValues) bool {
 	for _, l := range r.Logs {
-		if l.Address != token || len(l.Topics) != 3 || l.Topics[0] != transferEventID {
-			continue
-		}
-		if common.BytesToAddress(l.Topics[1].Bytes()) == a.From && common.BytesToAddress(l.Topics[2].Bytes()) == a.To &&
-			new(big.Int).SetBytes(l.Data).Cmp(a.Value) == 0 {
+		if isTransfer(l, token, a) {
 			return true
 		}
 	}
 	return false
+}
+
+// isTransfer reports whether l is the token's Transfer(from, to, value) for
+// the authorization.
+func isTransfer(l *types.Log, token common.Address, a x402.AuthorizationValues) bool {
+	return l.Address == token && len(l.Topics) == 3 && l.Topics[0] == transferEventID &&
+		common.BytesToAddress(l.Topics[1].Bytes()) == a.From && common.BytesToAddress(l.Topics[2].Bytes()) == a.To &&
+		new(big.Int).SetBytes(l.Data).Cmp(a.Value) == 0
 }
 
 // unknownSend is a send whose fate is unknown: the node may have accepted
@@ -276,10 +287,12 @@ func (f *Facilitator) waitReceipt(ctx context.Context, h common.Hash) (*types.Re
 // even when the caller's context has ended.
 const resolveTimeout = 10 * time.Second
 
-// resolve decides an unknown outcome from the chain: the authorization used
-// means the payment settled; unused while our transaction can no longer run
-// means it did not; anything else stays unknown.
-func (f *Facilitator) resolve(c *checked, tx *types.Transaction, cause error) (x402.SettleResponse, error) {
+// resolve decides an unknown outcome of our transaction tx, sent after
+// start, from the chain. The authorization used: judged by the transaction
+// that used it, ours looked at first (usedStatus, the judgement the status
+// readers make); unused while our transaction can no longer run: not
+// settled; anything else stays unknown.
+func (f *Facilitator) resolve(c *checked, tx *types.Transaction, start time.Time, cause error) (x402.SettleResponse, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), resolveTimeout)
 	defer cancel()
 	unknown := func(err error) (x402.SettleResponse, error) {
@@ -290,11 +303,14 @@ func (f *Facilitator) resolve(c *checked, tx *types.Transaction, cause error) (x
 		return unknown(fmt.Errorf("%v; then reading authorizationState: %w", cause, err))
 	}
 	if used {
-		hash := ""
-		if r, err := f.chain.TransactionReceipt(ctx, tx.Hash()); err == nil && r.Status == types.ReceiptStatusSuccessful {
-			hash = tx.Hash().Hex()
+		st, err := f.usedStatus(ctx, c.token, c.auth, tx.Hash(), start)
+		switch {
+		case err != nil:
+			return unknown(fmt.Errorf("%v; then: %w", cause, err))
+		case st.State == x402.SettlementDone:
+			return f.success(c, st.Transaction), nil
 		}
-		return f.success(c, hash), nil
+		return f.failure(st.Reason, c.payer, "the authorization's nonce was used without paying (cancelled, or spent by another authorization); nothing was transferred to payTo", ""), nil
 	}
 	// Unused. If our transaction is still pending it may yet execute.
 	_, pending, err := f.chain.TransactionByHash(ctx, tx.Hash())

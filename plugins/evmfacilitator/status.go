@@ -7,20 +7,42 @@ import (
 	"fmt"
 	"math/big"
 	"strings"
+	"time"
 
+	"github.com/ethereum/go-ethereum"
 	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/core/types"
 
 	"github.com/aovhq/aov/x402"
 )
 
-// SettlementStatus implements x402.SettlementChecker for EIP-3009 payments:
-// the token's authorizationState(from, nonce) true means the transfer
-// happened (the authorization fixes the recipient and the amount, so
-// whoever submitted it paid req.PayTo); false with validBefore reached by the
-// head block's time means it can never happen (the token requires
-// block.timestamp < validBefore, and block time never goes back); false
-// otherwise is undecided. It sends nothing.
+// SettlementStatus implements x402.SettlementChecker for EIP-3009 payments,
+// knowing nothing of the settlement attempt: SentSettlementStatus with a
+// zero x402.SentSettlement.
 func (f *Facilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettlementStatus, error) {
+	return f.SentSettlementStatus(ctx, p, req, x402.SentSettlement{})
+}
+
+// SentSettlementStatus implements x402.SentSettlementChecker for EIP-3009
+// payments. It sends nothing.
+//
+// The token's authorizationState(from, nonce) true does not by itself mean
+// the transfer happened: the payer can mark the nonce used with
+// cancelAuthorization, or with any other authorization of the same nonce
+// (a worthless transfer to themselves), and then nothing reaches payTo.
+// So a used nonce is judged by the transaction that used it (usedStatus):
+// the settlement is done only when that transaction carries the
+// authorization's own Transfer(from, payTo, value); never when the nonce
+// went another way; and an error, never done, while that transaction cannot
+// be found or read. Unused with validBefore reached by the head block's time
+// means it can never happen (the token requires block.timestamp <
+// validBefore, and block time never goes back); unused otherwise is
+// undecided.
+//
+// sent.Transaction, when it names a transaction, is looked at first;
+// sent.After bounds the search for the transaction that used the nonce
+// (see findNonceLog).
+func (f *Facilitator) SentSettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sent x402.SentSettlement) (x402.SettlementStatus, error) {
 	var st x402.SettlementStatus
 	if req.Network != f.network {
 		return st, fmt.Errorf("this facilitator settles on %s, not %s", f.network, req.Network)
@@ -37,13 +59,19 @@ func (f *Facilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayloa
 		return st, errors.New("the authorization does not pay these requirements")
 	}
 	st.Payer = auth.From.Hex()
-	used, err := f.authorizationState(ctx, common.HexToAddress(req.Asset), auth.From, auth.Nonce)
+	token := common.HexToAddress(req.Asset)
+	used, err := f.authorizationState(ctx, token, auth.From, auth.Nonce)
 	if err != nil {
 		return st, fmt.Errorf("reading authorizationState: %w", err)
 	}
 	if used {
-		st.State = x402.SettlementDone
-		return st, nil
+		var hint common.Hash
+		if b := common.FromHex(sent.Transaction); len(b) == common.HashLength && strings.HasPrefix(sent.Transaction, "0x") {
+			hint = common.BytesToHash(b)
+		}
+		u, err := f.usedStatus(ctx, token, auth, hint, sent.After)
+		u.Payer = st.Payer
+		return u, err
 	}
 	head, err := f.chain.HeaderByNumber(ctx, nil)
 	if err != nil {
@@ -55,14 +83,221 @@ func (f *Facilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayloa
 	return st, nil
 }
 
-var _ x402.SettlementChecker = (*Facilitator)(nil)
+var (
+	_ x402.SettlementChecker     = (*Facilitator)(nil)
+	_ x402.SentSettlementChecker = (*Facilitator)(nil)
+)
+
+// The bounds of the search for the transaction that used a nonce.
+var (
+	// sentSlack is how far before the settlement attempt's time the search
+	// starts: block timestamps and the gate's clock disagree by seconds,
+	// and the embedded facilitator's own resolution may end after the
+	// gate's deadline for the attempt (resolveTimeout).
+	sentSlack = 5 * time.Minute
+	// logChunkBlocks is the block range of one eth_getLogs: providers
+	// refuse wide ranges (some above 500 or 1,000 blocks).
+	logChunkBlocks uint64 = 500
+	// maxLogBlocks is how many blocks are searched in all, from the start
+	// (10 eth_getLogs calls at most). A nonce used further on is not looked
+	// for: the outcome stays undecided rather than guessed. On Base (2 s
+	// blocks) it is almost 3 hours, far more than a payment's validity
+	// window, so it matters only without the attempt's time.
+	maxLogBlocks uint64 = 5000
+)
+
+// usedStatus judges an authorization whose nonce is used, by the
+// transaction that used it: done (naming that transaction) when it carries
+// the authorization's Transfer; never when the nonce was cancelled or spent
+// without it, since the authorization can no longer execute; an error,
+// never done, when that transaction cannot be found or read. hint, when
+// not zero, is a transaction that may be it (our own settlement, or the one
+// the facilitator named), looked at first; otherwise, or when it is not,
+// the nonce's log is searched for from after on (findNonceLog). The
+// embedded facilitator's Settle and every status reader judge by this one
+// function, so they agree.
+func (f *Facilitator) usedStatus(ctx context.Context, token common.Address, a x402.AuthorizationValues, hint common.Hash, after time.Time) (x402.SettlementStatus, error) {
+	if hint != (common.Hash{}) {
+		if r, err := f.chain.TransactionReceipt(ctx, hint); err == nil {
+			if st, found, err := judgeReceipt(r, token, a); found || err != nil {
+				return st, err
+			}
+		}
+	}
+	l, err := f.findNonceLog(ctx, token, a, after)
+	if err != nil {
+		return x402.SettlementStatus{}, fmt.Errorf("the authorization's nonce is used, but by which transaction is unknown: %w", err)
+	}
+	if l.Topics[0] == authorizationCanceledEventID {
+		return never(), nil
+	}
+	r, err := f.chain.TransactionReceipt(ctx, l.TxHash)
+	if err != nil {
+		return x402.SettlementStatus{}, fmt.Errorf("the authorization's nonce was used by %s, whose receipt cannot be read: %w", l.TxHash.Hex(), err)
+	}
+	st, found, err := judgeReceipt(r, token, a)
+	if !found && err == nil {
+		err = fmt.Errorf("the receipt of %s lacks the log that names it as the user of the authorization's nonce", l.TxHash.Hex())
+	}
+	return st, err
+}
+
+func never() x402.SettlementStatus {
+	return x402.SettlementStatus{State: x402.SettlementNever, Reason: x402.ReasonExactEVMNonceAlreadyUsed}
+}
+
+// judgeReceipt judges an authorization by a receipt that may carry its
+// nonce's AuthorizationUsed or AuthorizationCanceled log (found false when
+// it carries neither). A used nonce paid only when the token's next log is
+// the Transfer(from, payTo, value) the authorization made (EIP-3009 and
+// USDC emit AuthorizationUsed, then the Transfer): a matching Transfer
+// elsewhere in the transaction may be another payment's, and one transfer
+// must not settle two. Such a Transfer that cannot be attributed is an
+// error (the money may have moved), not a release.
+func judgeReceipt(r *types.Receipt, token common.Address, a x402.AuthorizationValues) (x402.SettlementStatus, bool, error) {
+	var st x402.SettlementStatus
+	for i, l := range r.Logs {
+		if !isNonceLog(l, token, a) {
+			continue
+		}
+		switch {
+		case l.Topics[0] == authorizationCanceledEventID:
+			return never(), true, nil
+		case r.Status != types.ReceiptStatusSuccessful:
+			return st, true, fmt.Errorf("the transaction %s that used the nonce failed, yet logged it", r.TxHash.Hex())
+		case i+1 < len(r.Logs) && isTransfer(r.Logs[i+1], token, a):
+			return x402.SettlementStatus{State: x402.SettlementDone, Transaction: r.TxHash.Hex()}, true, nil
+		case hasTransfer(r, token, a):
+			return st, true, fmt.Errorf("the transaction %s used the nonce and carries a matching Transfer that is not the authorization's own", r.TxHash.Hex())
+		}
+		return never(), true, nil
+	}
+	return st, false, nil
+}
+
+// isNonceLog reports whether l is the token's AuthorizationUsed or
+// AuthorizationCanceled for a's authorizer and nonce.
+func isNonceLog(l *types.Log, token common.Address, a x402.AuthorizationValues) bool {
+	return l.Address == token && !l.Removed && len(l.Topics) == 3 &&
+		(l.Topics[0] == authorizationUsedEventID || l.Topics[0] == authorizationCanceledEventID) &&
+		l.Topics[1] == common.BytesToHash(a.From.Bytes()) && l.Topics[2] == common.Hash(a.Nonce)
+}
+
+// findNonceLog finds the log that marked a's nonce used, with eth_getLogs
+// filtered by the token and both indexed topics, in at most maxLogBlocks
+// blocks, logChunkBlocks per call. The search starts at the first block
+// whose time is at or after after less sentSlack: the nonce was unused when
+// the payment was verified just before the settlement was sent, and no
+// settlement was sent before after. Without after (zero: a caller that
+// knows nothing of the attempt) it starts at validAfter, before which the
+// authorization could not execute; a nonce cancelled or spent earlier, or
+// further on than maxLogBlocks, is then not found. Not found is an error:
+// the caller never takes it for a transfer.
+func (f *Facilitator) findNonceLog(ctx context.Context, token common.Address, a x402.AuthorizationValues, after time.Time) (*types.Log, error) {
+	var from time.Time
+	switch {
+	case !after.IsZero():
+		from = after.Add(-sentSlack)
+	case a.ValidAfter.IsInt64():
+		from = time.Unix(a.ValidAfter.Int64(), 0)
+	default:
+		return nil, errors.New("validAfter is beyond any block time")
+	}
+	head, err := f.chain.HeaderByNumber(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("reading the head block: %w", err)
+	}
+	lo, err := f.firstBlockAt(ctx, from, head)
+	if err != nil {
+		return nil, err
+	}
+	hi := head.Number.Uint64()
+	if lo > hi {
+		return nil, fmt.Errorf("no block at or after %s yet", from.UTC().Format(time.RFC3339))
+	}
+	capped := hi-lo >= maxLogBlocks
+	if capped {
+		hi = lo + maxLogBlocks - 1
+	}
+	q := ethereum.FilterQuery{Addresses: []common.Address{token}, Topics: [][]common.Hash{
+		{authorizationUsedEventID, authorizationCanceledEventID},
+		{common.BytesToHash(a.From.Bytes())},
+		{common.Hash(a.Nonce)},
+	}}
+	for start := lo; start <= hi; start += logChunkBlocks {
+		end := min(start+logChunkBlocks-1, hi)
+		q.FromBlock, q.ToBlock = new(big.Int).SetUint64(start), new(big.Int).SetUint64(end)
+		logs, err := f.chain.FilterLogs(ctx, q)
+		if err != nil {
+			return nil, fmt.Errorf("reading the token's logs of blocks %d to %d: %w", start, end, err)
+		}
+		for i := range logs {
+			if isNonceLog(&logs[i], token, a) {
+				return &logs[i], nil
+			}
+		}
+	}
+	if capped {
+		return nil, fmt.Errorf("not in the %d blocks searched (%d to %d)", maxLogBlocks, lo, hi)
+	}
+	return nil, fmt.Errorf("not in blocks %d to %d", lo, hi)
+}
+
+// firstBlockAt returns the number of the first block whose time is at or
+// after t (head's number plus one when there is none yet). It gallops back
+// from the head, then bisects: about 2·log2(blocks between t and the head)
+// header reads, each under ctx, so a recent t costs few.
+func (f *Facilitator) firstBlockAt(ctx context.Context, t time.Time, head *types.Header) (uint64, error) {
+	target := uint64(max(t.Unix(), 0))
+	hi := head.Number.Uint64()
+	if head.Time < target {
+		return hi + 1, nil
+	}
+	timeOf := func(n uint64) (uint64, error) {
+		h, err := f.chain.HeaderByNumber(ctx, new(big.Int).SetUint64(n))
+		if err != nil {
+			return 0, fmt.Errorf("reading block %d: %w", n, err)
+		}
+		return h.Time, nil
+	}
+	// hi is at or after t; find lo before it.
+	var lo uint64
+	for step := uint64(1); ; step *= 2 {
+		if hi == 0 {
+			return 0, nil
+		}
+		n := hi - min(step, hi)
+		bt, err := timeOf(n)
+		if err != nil {
+			return 0, err
+		}
+		if bt < target {
+			lo = n
+			break
+		}
+		hi = n
+	}
+	for hi-lo > 1 {
+		mid := lo + (hi-lo)/2
+		bt, err := timeOf(mid)
+		if err != nil {
+			return 0, err
+		}
+		if bt < target {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return hi, nil
+}
 
 // StatusReader tells whether EIP-3009 authorizations settled, from a chain
 // endpoint alone: it holds no key and sends nothing. A gateway whose
 // facilitator is remote uses it to resolve a settlement whose outcome the
 // facilitator could not tell (the x402 facilitator API has no status
-// call); the judgement is Facilitator.SettlementStatus's, so the embedded
-// and the remote case agree.
+// call); the judgement is Facilitator.SentSettlementStatus's, so the
+// embedded and the remote case agree.
 type StatusReader struct{ f *Facilitator }
 
 // NewStatusReader reads the chain of network (a CAIP-2 eip155 id) through
@@ -82,4 +317,12 @@ func (r *StatusReader) SettlementStatus(ctx context.Context, p x402.PaymentPaylo
 	return r.f.SettlementStatus(ctx, p, req)
 }
 
-var _ x402.SettlementChecker = (*StatusReader)(nil)
+// SentSettlementStatus implements x402.SentSettlementChecker.
+func (r *StatusReader) SentSettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sent x402.SentSettlement) (x402.SettlementStatus, error) {
+	return r.f.SentSettlementStatus(ctx, p, req, sent)
+}
+
+var (
+	_ x402.SettlementChecker     = (*StatusReader)(nil)
+	_ x402.SentSettlementChecker = (*StatusReader)(nil)
+)

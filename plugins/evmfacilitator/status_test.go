@@ -2,8 +2,19 @@ package evmfacilitator
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"errors"
+	"fmt"
+	"math/big"
+	"math/bits"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/ethereum/go-ethereum"
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/core/types"
+	"github.com/ethereum/go-ethereum/crypto"
 
 	"github.com/aovhq/aov/x402"
 )
@@ -35,11 +46,16 @@ func TestSettlementStatus(t *testing.T) {
 	if got := state(p); got != x402.SettlementUndecided {
 		t.Fatalf("unused and valid: %v", got)
 	}
-	if r, err := e.f.Settle(ctx, p, req); err != nil || !r.Success {
+	r, err := e.f.Settle(ctx, p, req)
+	if err != nil || !r.Success {
 		t.Fatalf("settle: %+v %v", r, err)
 	}
 	if got := state(p); got != x402.SettlementDone {
 		t.Fatalf("settled: %v", got)
+	}
+	// Done names the transaction that paid, found from the nonce's log.
+	if st, err := reader.SentSettlementStatus(ctx, p, req, x402.SentSettlement{After: time.Now().Add(-time.Minute)}); err != nil || st.Transaction != r.Transaction {
+		t.Fatalf("settled, with the attempt's time: %+v (%v), want the transaction %s", st, err, r.Transaction)
 	}
 	short := req
 	short.MaxTimeoutSeconds = 1
@@ -68,5 +84,322 @@ func TestSettlementStatus(t *testing.T) {
 func TestDefaultDevnetAssetIsTheDevnetsToken(t *testing.T) {
 	if got := (&Devnet{token: devnetToken()}).Asset(); got != x402.DefaultDevnetAsset {
 		t.Fatalf("the devnet deploys %+v, x402 expects %+v", got, x402.DefaultDevnetAsset)
+	}
+}
+
+// spendNonce marks p's nonce used on chain the way its payer can without
+// paying, in a transaction the payer sends: "burn" executes a worthless
+// authorization of the same nonce (0 units, to the payer itself); "cancel"
+// calls the token's cancelAuthorization.
+func spendNonce(t testing.TB, d *Devnet, how string, key *ecdsa.PrivateKey, p x402.PaymentPayload, req x402.PaymentRequirements) {
+	t.Helper()
+	pl, err := x402.ParseExactEVMPayload(p.Payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	from := crypto.PubkeyToAddress(key.PublicKey)
+	chainID, name, version, token, err := x402.ExactEVMDomain(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nonce := common.HexToHash(pl.Authorization.Nonce)
+	var data []byte
+	switch how {
+	case "burn":
+		a := x402.Authorization{From: from.Hex(), To: from.Hex(), Value: "0", ValidAfter: "0",
+			ValidBefore: fmt.Sprint(time.Now().Unix() + 3600), Nonce: pl.Authorization.Nonce}
+		digest, err := x402.TransferWithAuthorizationDigest(chainID, name, version, token, a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sig, err := crypto.Sign(digest[:], key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, _ := a.Values()
+		data, _ = transferCallData(v, sig, false)
+	case "cancel":
+		typeHash := crypto.Keccak256Hash([]byte("CancelAuthorization(address authorizer,bytes32 nonce)"))
+		structHash := crypto.Keccak256Hash(typeHash[:], common.LeftPadBytes(from.Bytes(), 32), nonce[:])
+		digest := x402.TypedDataDigest(x402.DomainSeparator(chainID, name, version, token), structHash)
+		sig, err := crypto.Sign(digest[:], key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r, s [32]byte
+		copy(r[:], sig[:32])
+		copy(s[:], sig[32:64])
+		data, _ = tokenABI.Pack(findMethod("cancelAuthorization", 5), from, [32]byte(nonce), sig[64]+27, r, s)
+	default:
+		t.Fatalf("spendNonce %q", how)
+	}
+	if r := sendTx(t, d, key, &token, data); r.Status != types.ReceiptStatusSuccessful {
+		t.Fatalf("%s the nonce: the transaction reverted", how)
+	}
+}
+
+// A used nonce is no payment: the payer can cancel it or spend it on a
+// worthless authorization of its own, and then nothing reaches payTo. The
+// status is then "never" (the authorization can no longer execute) with
+// the reason nonce_already_used, whether the attempt's time is known or
+// not, for the facilitator and the status reader alike; it is never done.
+func TestSpentNonceIsNeverSettled(t *testing.T) {
+	e := newEnv(t)
+	reader, err := NewStatusReader(e.d.Client(), DevnetNetwork)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := e.requirements(payee, amount)
+	for _, how := range []string{"burn", "cancel"} {
+		t.Run(how, func(t *testing.T) {
+			ctx := context.Background()
+			p := mustSignExact(t, payer, req)
+			sent := x402.SentSettlement{After: time.Now().Add(-time.Minute)}
+			before := usdcBalance(t, e.d, payee)
+			spendNonce(t, e.d, how, payer, p, req)
+			for name, check := range map[string]func() (x402.SettlementStatus, error){
+				"facilitator":                  func() (x402.SettlementStatus, error) { return e.f.SentSettlementStatus(ctx, p, req, sent) },
+				"facilitator, attempt unknown": func() (x402.SettlementStatus, error) { return e.f.SettlementStatus(ctx, p, req) },
+				"reader":                       func() (x402.SettlementStatus, error) { return reader.SentSettlementStatus(ctx, p, req, sent) },
+				"reader, attempt unknown":      func() (x402.SettlementStatus, error) { return reader.SettlementStatus(ctx, p, req) },
+			} {
+				st, err := check()
+				if err != nil || st.State != x402.SettlementNever || st.Reason != x402.ReasonExactEVMNonceAlreadyUsed || st.Transaction != "" {
+					t.Errorf("%s: %+v, %v; want never, nonce_already_used", name, st, err)
+				}
+			}
+			if got := usdcBalance(t, e.d, payee); got.Cmp(before) != 0 {
+				t.Fatalf("payTo's balance moved from %v to %v", before, got)
+			}
+		})
+	}
+}
+
+// When the embedded facilitator's own send is lost and the payer spends the
+// nonce meanwhile, the unknown outcome resolves to a refusal (nothing was
+// transferred to payTo), not to a success because the nonce is used.
+func TestUnknownOutcomeWithTheNonceSpentElsewhereIsARefusal(t *testing.T) {
+	for _, how := range []string{"burn", "cancel"} {
+		t.Run(how, func(t *testing.T) {
+			e := newEnv(t)
+			req := e.requirements(payee, amount)
+			p := mustSignExact(t, payer, req)
+			lc := &lossyChain{Chain: e.d.Client(), dropSends: true, errConnection: errors.New("connection reset by peer (fake)"),
+				onSend: func() { spendNonce(t, e.d, how, payer, p, req) }}
+			f, err := New(Config{Chain: lc, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 500 * time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			before := usdcBalance(t, e.d, payee)
+			r, err := f.Settle(context.Background(), p, req)
+			if err != nil || r.Success || r.ErrorReason != x402.ReasonExactEVMNonceAlreadyUsed || r.Transaction != "" {
+				t.Fatalf("settle = %+v, %v; want a refusal for the spent nonce", r, err)
+			}
+			if got := usdcBalance(t, e.d, payee); got.Cmp(before) != 0 {
+				t.Fatalf("payTo's balance moved from %v to %v", before, got)
+			}
+		})
+	}
+}
+
+// logSpy wraps a real chain client and records what the nonce search asks
+// of it (no fault: every answer is the chain's).
+type logSpy struct {
+	Chain
+	mu      sync.Mutex
+	headers int
+	ranges  [][2]uint64
+}
+
+func (s *logSpy) HeaderByNumber(ctx context.Context, n *big.Int) (*types.Header, error) {
+	s.mu.Lock()
+	s.headers++
+	s.mu.Unlock()
+	return s.Chain.HeaderByNumber(ctx, n)
+}
+
+func (s *logSpy) FilterLogs(ctx context.Context, q ethereum.FilterQuery) ([]types.Log, error) {
+	s.mu.Lock()
+	s.ranges = append(s.ranges, [2]uint64{q.FromBlock.Uint64(), q.ToBlock.Uint64()})
+	s.mu.Unlock()
+	return s.Chain.FilterLogs(ctx, q)
+}
+
+func (s *logSpy) reset() (headers int, ranges [][2]uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	headers, ranges = s.headers, s.ranges
+	s.headers, s.ranges = 0, nil
+	return headers, ranges
+}
+
+// The search for the transaction that used a nonce is bounded: it starts
+// at the first block at or after the attempt's time (found in about
+// 2·log2(distance) header reads), asks for at most logChunkBlocks blocks
+// per eth_getLogs and maxLogBlocks in all. A nonce used beyond the bound
+// is not found, and not found is an error, never a settlement.
+func TestNonceSearchIsBounded(t *testing.T) {
+	oldChunk, oldMax, oldSlack := logChunkBlocks, maxLogBlocks, sentSlack
+	logChunkBlocks, maxLogBlocks, sentSlack = 2, 6, 0
+	t.Cleanup(func() { logChunkBlocks, maxLogBlocks, sentSlack = oldChunk, oldMax, oldSlack })
+
+	d := startDevnet(t, DevnetConfig{MaxClockLead: time.Hour})
+	ctx := context.Background()
+	for range 12 {
+		d.backend.Commit()
+	}
+	spy := &logSpy{Chain: d.Client()}
+	f, err := New(Config{Chain: spy, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &testEnv{d: d, f: f}
+	req := e.requirements(payee, amount)
+	// validAfter 0: without the attempt's time the search starts at genesis.
+	a := auth(payer, req)
+	a.ValidAfter = "0"
+	p := sign(t, payer, a, req, req)
+	head, err := d.Client().HeaderByNumber(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := f.Settle(ctx, p, req)
+	if err != nil || !r.Success {
+		t.Fatalf("settle = %+v, %v", r, err)
+	}
+	for range 40 {
+		d.backend.Commit()
+	}
+	spy.reset()
+
+	within := func(ranges [][2]uint64, lo uint64) {
+		t.Helper()
+		var total uint64
+		for _, rg := range ranges {
+			if rg[1] < rg[0] || rg[1]-rg[0]+1 > logChunkBlocks || rg[0] < lo {
+				t.Errorf("eth_getLogs over blocks %d to %d", rg[0], rg[1])
+			}
+			total += rg[1] - rg[0] + 1
+		}
+		if total > maxLogBlocks {
+			t.Errorf("%d blocks searched, more than %d", total, maxLogBlocks)
+		}
+	}
+
+	// From the attempt's time: found near the start, with its transaction.
+	st, err := f.SentSettlementStatus(ctx, p, req, x402.SentSettlement{After: time.Unix(int64(head.Time), 0)})
+	if err != nil || st.State != x402.SettlementDone || st.Transaction != r.Transaction {
+		t.Fatalf("with the attempt's time: %+v, %v; want done by %s", st, err, r.Transaction)
+	}
+	headers, ranges := spy.reset()
+	within(ranges, head.Number.Uint64())
+	if max := 2*bits.Len(40+2) + 3; headers > max {
+		t.Errorf("%d header reads to find the first block, want at most %d", headers, max)
+	}
+
+	// Without it: validAfter is the start (genesis here), and the nonce was
+	// used more than maxLogBlocks later: not found, an error, never done.
+	st, err = f.SettlementStatus(ctx, p, req)
+	if err == nil || st.State == x402.SettlementDone {
+		t.Fatalf("beyond the bound: %+v, %v; want an error", st, err)
+	}
+	_, ranges = spy.reset()
+	within(ranges, 0)
+	if len(ranges) != int(maxLogBlocks/logChunkBlocks) || ranges[0][0] != 0 {
+		t.Errorf("searched %v, want blocks 0 to %d in chunks of %d", ranges, maxLogBlocks-1, logChunkBlocks)
+	}
+}
+
+// firstBlockAt finds, for any time, the first block at or after it.
+func TestFirstBlockAt(t *testing.T) {
+	d := startDevnet(t, DevnetConfig{MaxClockLead: time.Hour})
+	for range 20 {
+		d.backend.Commit()
+	}
+	ctx := context.Background()
+	spy := &logSpy{Chain: d.Client()}
+	f := &Facilitator{chain: spy}
+	head, err := d.Client().HeaderByNumber(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := head.Number.Uint64()
+	for i := uint64(0); i <= n; i++ {
+		h, err := d.Client().HeaderByNumber(ctx, new(big.Int).SetUint64(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		spy.reset()
+		got, err := f.firstBlockAt(ctx, time.Unix(int64(h.Time), 0), head)
+		if err != nil || got != i {
+			t.Errorf("block %d's time: got block %d (%v)", i, got, err)
+		}
+		if reads, _ := spy.reset(); reads > 2*bits.Len64(n-i+1)+2 {
+			t.Errorf("block %d: %d header reads", i, reads)
+		}
+	}
+	if got, _ := f.firstBlockAt(ctx, time.Unix(int64(head.Time)+1, 0), head); got != n+1 {
+		t.Errorf("after the head: got %d, want %d", got, n+1)
+	}
+	if got, _ := f.firstBlockAt(ctx, time.Unix(0, 0), head); got != 0 {
+		t.Errorf("before genesis: got %d, want 0", got)
+	}
+}
+
+// The event ids the search filters by are USDC's (FiatTokenV2) and
+// EIP-3009's, which the test token declares alike.
+func TestAuthorizationEventsAreUSDCs(t *testing.T) {
+	for id, sig := range map[common.Hash]string{
+		authorizationUsedEventID:     "AuthorizationUsed(address,bytes32)",
+		authorizationCanceledEventID: "AuthorizationCanceled(address,bytes32)",
+		transferEventID:              "Transfer(address,address,uint256)",
+	} {
+		if id != crypto.Keccak256Hash([]byte(sig)) {
+			t.Errorf("the event id of %s is %s", sig, id.Hex())
+		}
+	}
+}
+
+// judgeReceipt credits a used nonce only with the Transfer its
+// authorization made (the token's next log): a matching Transfer elsewhere
+// in the transaction may pay another authorization, and one transfer must
+// not settle two payments.
+func TestJudgeReceiptAttributesTheTransfer(t *testing.T) {
+	token := common.HexToAddress("0x5FbDB2315678afecb367f032d93F642f64180aa3")
+	from := crypto.PubkeyToAddress(payer.PublicKey)
+	a := x402.AuthorizationValues{From: from, To: payee, Value: big.NewInt(20000), Nonce: [32]byte{1}}
+	addr := func(x common.Address) common.Hash { return common.BytesToHash(x.Bytes()) }
+	used := &types.Log{Address: token, Topics: []common.Hash{authorizationUsedEventID, addr(from), common.Hash(a.Nonce)}}
+	otherUsed := &types.Log{Address: token, Topics: []common.Hash{authorizationUsedEventID, addr(from), {2}}}
+	canceled := &types.Log{Address: token, Topics: []common.Hash{authorizationCanceledEventID, addr(from), common.Hash(a.Nonce)}}
+	transfer := func(to common.Address, v int64) *types.Log {
+		return &types.Log{Address: token, Topics: []common.Hash{transferEventID, addr(from), addr(to)}, Data: common.LeftPadBytes(big.NewInt(v).Bytes(), 32)}
+	}
+	pays := transfer(payee, 20000)
+	for _, tc := range []struct {
+		desc   string
+		status uint64
+		logs   []*types.Log
+		found  bool
+		state  x402.SettlementState
+		err    bool
+	}{
+		{"its own transfer", 1, []*types.Log{used, pays}, true, x402.SettlementDone, false},
+		{"cancelled", 1, []*types.Log{canceled}, true, x402.SettlementNever, false},
+		{"spent on a worthless transfer", 1, []*types.Log{used, transfer(from, 0)}, true, x402.SettlementNever, false},
+		{"spent paying less", 1, []*types.Log{used, transfer(payee, 1)}, true, x402.SettlementNever, false},
+		{"spent, with another authorization's payment beside", 1, []*types.Log{used, transfer(from, 0), otherUsed, pays}, true, 0, true},
+		{"a failed transaction", 0, []*types.Log{used, pays}, true, 0, true},
+		{"not the nonce's transaction", 1, []*types.Log{otherUsed, pays}, false, 0, false},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			st, found, err := judgeReceipt(&types.Receipt{Status: tc.status, Logs: tc.logs}, token, a)
+			if found != tc.found || (err != nil) != tc.err || (!tc.err && st.State != tc.state) {
+				t.Fatalf("got %+v found %v err %v", st, found, err)
+			}
+			if err != nil && st.State == x402.SettlementDone {
+				t.Fatal("done with an error")
+			}
+		})
 	}
 }

@@ -38,6 +38,15 @@ var erc1271Magic = [4]byte{0x16, 0x26, 0xba, 0x7e}
 // transferEventID is the topic of ERC-20 Transfer(address,address,uint256).
 var transferEventID = tokenABI.Events["Transfer"].ID
 
+// The EIP-3009 events that mark a nonce used, as USDC declares them (both
+// indexed by authorizer and nonce): AuthorizationUsed when an authorization
+// executes (its Transfer follows it), AuthorizationCanceled when the payer
+// cancels it. Each (authorizer, nonce) gets at most one of them, ever.
+var (
+	authorizationUsedEventID     = tokenABI.Events["AuthorizationUsed"].ID
+	authorizationCanceledEventID = tokenABI.Events["AuthorizationCanceled"].ID
+)
+
 // The two transferWithAuthorization overloads, as solc names them in the ABI
 // (the first declared keeps the plain name).
 var (
