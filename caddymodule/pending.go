@@ -32,8 +32,9 @@ import (
 // in the store (store.HeldClaims), a record of the payment, the offer and
 // the answer it held back. The outcome is then resolved, never guessed, by
 // asking a facilitator that can tell (x402.SettlementChecker: for EIP-3009
-// the token's authorizationState on chain, read by the embedded evm
-// facilitator or, for a remote one, from the gate's own `rpc` endpoint;
+// the token's authorizationState and the transaction that used the nonce,
+// read on chain by the embedded evm facilitator or, for a remote one,
+// through the gate's own `rpc` endpoint;
 // the embedded Solana facilitator polls the signature it sent; see
 // remotestatus.go), on the buyer's retry with the same payment and by a
 // background pass over the held records, which also reports what it
@@ -43,7 +44,8 @@ import (
 //     answer is served to the retry with PAYMENT-RESPONSE (a fresh run of
 //     the upstream when the answer was too large to keep, or in settle
 //     before mode);
-//   - it provably never will (expired unused): the claim is released, and
+//   - it provably never will (expired unused, or its nonce spent without
+//     paying): the claim is released, and
 //     the retry is told to sign a new payment; nothing was charged;
 //   - still undecided: the retry gets 503 settlement_pending again.
 //
@@ -216,6 +218,9 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 			if x402.IsSolana(h.Offer.Network) {
 				// Failed on chain or its blockhash expired unsent.
 				reason = svmfacilitator.ReasonTransactionFailed
+			}
+			if st.Reason != "" { // e.g. the nonce cancelled or spent without paying
+				reason = st.Reason
 			}
 			return true, ex.demand(w, r, http.StatusPaymentRequired,
 				"This payment can no longer settle and nothing was charged; sign a new one.", reason, nil)

@@ -19,6 +19,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/crypto"
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/aovhq/aov/plugins/evmfacilitator"
@@ -111,12 +112,12 @@ var sentSeen struct {
 }
 
 // SentSettlementStatus records the transaction the gate names and judges
-// as SettlementStatus does.
+// as the real facilitator does.
 func (m *faultyFacilitator) SentSettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sent x402.SentSettlement) (x402.SettlementStatus, error) {
 	sentSeen.Lock()
 	sentSeen.list = append(sentSeen.list, sent.Transaction)
 	sentSeen.Unlock()
-	return m.f.SettlementStatus(ctx, p, req)
+	return m.f.SentSettlementStatus(ctx, p, req, sent)
 }
 
 // pendingSite is a paid route whose facilitator loses settlements (mode),
@@ -182,6 +183,7 @@ func TestUnknownSettlementResolvedOnRetry(t *testing.T) {
 		if err := x402.DecodeHeader(resp.Header.Get(x402.HeaderPaymentResponse), &sr); err != nil || !sr.Success || !strings.EqualFold(sr.Payer, payer.Hex()) {
 			t.Fatalf("retry %d: PAYMENT-RESPONSE (%v) %+v", i+1, err, sr)
 		}
+		paidBy(t, d, sr.Transaction)
 		if m := readJSON(t, resp); m["paid_content"] != true || m["payment"] != "paid" {
 			t.Fatalf("retry %d: body %v", i+1, m)
 		}
@@ -192,6 +194,26 @@ func TestUnknownSettlementResolvedOnRetry(t *testing.T) {
 	if got := charged(t, d, payer, before); got.Cmp(big.NewInt(20000)) != 0 {
 		t.Fatalf("charged %v after the retries, want exactly one transfer", got)
 	}
+}
+
+// paidBy checks that tx, named in a PAYMENT-RESPONSE, is a successful
+// transaction moving test USDC to payTo.
+func paidBy(t *testing.T, d *evmfacilitator.Devnet, tx string) {
+	t.Helper()
+	if len(common.FromHex(tx)) != common.HashLength {
+		t.Fatalf("PAYMENT-RESPONSE names the transaction %q, want the settlement's hash", tx)
+	}
+	r, err := d.Client().TransactionReceipt(context.Background(), common.HexToHash(tx))
+	if err != nil || r.Status != 1 {
+		t.Fatalf("the transaction %s named as the payment: receipt %+v, %v", tx, r, err)
+	}
+	transfer := crypto.Keccak256Hash([]byte("Transfer(address,address,uint256)"))
+	for _, l := range r.Logs {
+		if l.Address == d.Token() && len(l.Topics) == 3 && l.Topics[0] == transfer && common.BytesToAddress(l.Topics[2].Bytes()) == payTo {
+			return
+		}
+	}
+	t.Fatalf("the transaction %s named as the payment pays nothing to payTo", tx)
 }
 
 // A settlement that never went out: while the authorization is valid the

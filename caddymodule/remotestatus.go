@@ -22,10 +22,15 @@ import (
 // the endpoints named by `rpc <network> <rpc-url>` in `facilitator http`:
 // for EIP-3009 (EVM networks) the token's authorizationState(authorizer,
 // nonce), judged by evmfacilitator.StatusReader exactly as the embedded
-// facilitator judges it (used: the transfer happened; unused with
-// validBefore reached by the head block's time: it never can; otherwise
-// undecided). Each read is bounded by the facilitator's timeout. Nothing is
-// ever sent.
+// facilitator judges it. Used is not proof by itself (the payer can cancel
+// the nonce or spend it on another authorization): the transaction that
+// used it is found by the token's AuthorizationUsed/AuthorizationCanceled
+// log, searched from the settlement attempt on (SentSettlement.After), and
+// the transfer happened only when it carries the authorization's Transfer
+// to payTo; the nonce spent otherwise: it never can; used by a transaction
+// that cannot be found or read: still undecided. Unused with validBefore
+// reached by the head block's time: it never can; otherwise undecided.
+// Each check is bounded by the facilitator's timeout. Nothing is ever sent.
 //
 // On Solana the transaction is named by its first signature, the
 // facilitator's own fee-payer signature, which only the facilitator makes.
@@ -109,14 +114,14 @@ func (m *HTTPFacilitator) SettlementStatus(ctx context.Context, p x402.PaymentPa
 	return m.SentSettlementStatus(ctx, p, req, x402.SentSettlement{})
 }
 
-// SentSettlementStatus implements x402.SentSettlementChecker: as
-// SettlementStatus, and on Solana by the transaction the facilitator named
-// or, when it named none, by the payment found on chain.
+// SentSettlementStatus implements x402.SentSettlementChecker: by the
+// transaction the facilitator named or, when it named none, by the
+// payment's transaction found on chain, no further back than the attempt.
 func (m *HTTPFacilitator) SentSettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sent x402.SentSettlement) (x402.SettlementStatus, error) {
 	ctx, cancel := context.WithTimeout(ctx, m.status.timeout)
 	defer cancel()
 	if r := m.status.readers[req.Network]; r != nil {
-		return r.SettlementStatus(ctx, p, req)
+		return r.SentSettlementStatus(ctx, p, req, sent)
 	}
 	if r := m.status.solana[req.Network]; r != nil {
 		return r.SentSettlementStatus(ctx, p, req, sent)
@@ -158,7 +163,15 @@ func (m *SVMFacilitator) SettlementStatus(ctx context.Context, p x402.PaymentPay
 	return m.f.SettlementStatus(ctx, p, req)
 }
 
+// SentSettlementStatus lets the gate resolve unknown settlements of the
+// embedded evm facilitator from what it knows of the attempt: the nonce's
+// user is searched for no further back than it (x402.SentSettlementChecker).
+func (m *EVMFacilitator) SentSettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sent x402.SentSettlement) (x402.SettlementStatus, error) {
+	return m.f.SentSettlementStatus(ctx, p, req, sent)
+}
+
 var (
+	_ x402.SentSettlementChecker = (*EVMFacilitator)(nil)
 	_ x402.SettlementChecker     = (*SVMFacilitator)(nil)
 	_ x402.SettlementChecker     = (*HTTPFacilitator)(nil)
 	_ x402.SettlementChecker     = (*MultiFacilitator)(nil)

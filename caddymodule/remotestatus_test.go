@@ -144,6 +144,7 @@ func TestRemoteUnknownSettlementResolvedFromTheChain(t *testing.T) {
 				x402.DecodeHeader(resp.Header.Get(x402.HeaderPaymentResponse), &sr) != nil || !sr.Success {
 				t.Fatalf("retry: status %d, PAYMENT-RESPONSE %+v: %s", resp.StatusCode, sr, body)
 			}
+			paidBy(t, d, sr.Transaction)
 			if got := charged(t, d, payer, before); proxy.settles.Load() != 1 || got.Cmp(big.NewInt(20000)) != 0 {
 				t.Fatalf("after the retry: %d settlements forwarded, %v charged", proxy.settles.Load(), got)
 			}
