@@ -131,14 +131,17 @@ func (h *History) Ping(ctx context.Context) error { return h.pool.Ping(ctx) }
 
 // record inserts a verification and counts it in one statement: the counts
 // change only when the insert did (a duplicate id inserts nothing), and
-// both commit together.
+// both commit together. A record that does not count ($11 false: pending
+// or unpaid) leaves its agent's counts alone, first and last included, as
+// the embedded store's Counts.Add does; SetPayments counts it if it is
+// reported paid.
 const record = `WITH ins AS (
 	INSERT INTO aov_verifications (id, at_ns, agent_id, record, authenticated) VALUES ($1, $2, $3, $4, $10)
 	ON CONFLICT (id) DO NOTHING
 	RETURNING agent_id
 ), cnt AS (
 	INSERT INTO aov_agent_counts AS c (agent_id, pass, fail, auth_pass, auth_fail, paid, first_ns, last_ns)
-	SELECT agent_id, $5, $6, $7, $8, $9, $2, $2 FROM ins WHERE agent_id IS NOT NULL
+	SELECT agent_id, $5, $6, $7, $8, $9, $2, $2 FROM ins WHERE agent_id IS NOT NULL AND $11
 	ON CONFLICT (agent_id) DO UPDATE SET
 		pass = c.pass + EXCLUDED.pass, fail = c.fail + EXCLUDED.fail,
 		auth_pass = c.auth_pass + EXCLUDED.auth_pass, auth_fail = c.auth_fail + EXCLUDED.auth_fail,
@@ -171,7 +174,7 @@ func (h *History) RecordVerification(ctx context.Context, v store.Verification) 
 	}
 	var n int
 	err = h.pool.QueryRow(ctx, record, []byte(v.ID), v.VerifiedAt.UnixNano(), agent, val,
-		one.Pass, one.Fail, one.AuthenticatedPass, one.AuthenticatedFail, one.Paid, v.Authenticated).Scan(&n)
+		one.Pass, one.Fail, one.AuthenticatedPass, one.AuthenticatedFail, one.Paid, v.Authenticated, v.Counted()).Scan(&n)
 	if err != nil {
 		return fmt.Errorf("history: recording verification: %w", err)
 	}

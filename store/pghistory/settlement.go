@@ -67,10 +67,18 @@ func (h *History) SetPayments(ctx context.Context, outs []store.PaymentOutcome) 
 			c.Add(v)
 		}
 		for _, agent := range slices.Sorted(maps.Keys(counts)) {
+			// An upsert: a pending record did not count when it was
+			// made, so its agent may have no counts yet; and a record
+			// that counts from now on moves first and last.
 			c := counts[agent]
-			_, err := tx.Exec(ctx, `UPDATE aov_agent_counts SET
-				pass = pass + $2, fail = fail + $3, auth_pass = auth_pass + $4, auth_fail = auth_fail + $5, paid = paid + $6
-				WHERE agent_id = $1`, []byte(agent), c.Pass, c.Fail, c.AuthenticatedPass, c.AuthenticatedFail, c.Paid)
+			_, err := tx.Exec(ctx, `INSERT INTO aov_agent_counts AS c (agent_id, pass, fail, auth_pass, auth_fail, paid, first_ns, last_ns)
+				VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+				ON CONFLICT (agent_id) DO UPDATE SET
+				pass = c.pass + EXCLUDED.pass, fail = c.fail + EXCLUDED.fail,
+				auth_pass = c.auth_pass + EXCLUDED.auth_pass, auth_fail = c.auth_fail + EXCLUDED.auth_fail,
+				paid = c.paid + EXCLUDED.paid,
+				first_ns = LEAST(c.first_ns, EXCLUDED.first_ns), last_ns = GREATEST(c.last_ns, EXCLUDED.last_ns)`,
+				[]byte(agent), c.Pass, c.Fail, c.AuthenticatedPass, c.AuthenticatedFail, c.Paid, c.First.UnixNano(), c.Last.UnixNano())
 			if err != nil {
 				return fmt.Errorf("history: counting verification: %w", err)
 			}

@@ -428,6 +428,69 @@ func TestHistory(t *testing.T, newH NewHistory) {
 			t.Fatalf("history %v", got)
 		}
 	})
+	t.Run("first and last are the times of counted records only: pending and unpaid ones do not move them, a pending one reported paid does", func(t *testing.T) {
+		h, other := newH(t)
+		at := func(hours int) time.Time { return base.Add(time.Duration(hours) * time.Hour) }
+		rec := func(id string, hours int, payment string) {
+			t.Helper()
+			v := Sample(id, "agent-fl", at(hours), "pass")
+			v.Payment = payment
+			if err := h.RecordVerification(ctx, v); err != nil {
+				t.Fatal(err)
+			}
+		}
+		check := func(stage string, first, last time.Time) {
+			t.Helper()
+			c, err := other.AgentCounts(ctx, "agent-fl")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !c.First.Equal(first) || !c.Last.Equal(last) {
+				t.Fatalf("%s: first %v, last %v; want %v, %v", stage, c.First, c.Last, first, last)
+			}
+		}
+		// Only uncounted records: the agent has no first or last yet.
+		rec("early-pending", 0, store.PaymentPending)
+		rec("late-pending", 4, store.PaymentPending)
+		check("pending records only", time.Time{}, time.Time{})
+		rec("free", 2, store.PaymentFree)
+		check("one free record", at(2), at(2))
+		// Settled unpaid: they never count, so they never move first/last.
+		if _, err := other.SetPayments(ctx, []store.PaymentOutcome{{ID: "early-pending", Payment: store.PaymentUnpaid}, {ID: "late-pending", Payment: store.PaymentUnpaid}}); err != nil {
+			t.Fatal(err)
+		}
+		check("pending records reported unpaid", at(2), at(2))
+		// Pending records reported paid count from then on, at their own time.
+		rec("earliest-pending", -1, store.PaymentPending)
+		rec("latest-pending", 5, store.PaymentPending)
+		check("new pending records", at(2), at(2))
+		if err := other.SetPayment(ctx, "latest-pending", store.PaymentPaid); err != nil {
+			t.Fatal(err)
+		}
+		check("a later pending record reported paid", at(2), at(5))
+		if err := h.SetPayment(ctx, "earliest-pending", store.PaymentPaid); err != nil {
+			t.Fatal(err)
+		}
+		check("an earlier pending record reported paid", at(-1), at(5))
+	})
+	t.Run("an agent whose only record is reported paid gets its counts", func(t *testing.T) {
+		h, other := newH(t)
+		v := Sample("only", "agent-one", base, "fail")
+		v.Payment = store.PaymentPending
+		if err := h.RecordVerification(ctx, v); err != nil {
+			t.Fatal(err)
+		}
+		if c, err := other.AgentCounts(ctx, "agent-one"); err != nil || c != (store.Counts{}) {
+			t.Fatalf("a pending record counted: %+v, %v", c, err)
+		}
+		if err := other.SetPayment(ctx, "only", store.PaymentPaid); err != nil {
+			t.Fatal(err)
+		}
+		want := store.Counts{Fail: 1, Paid: 1, First: base, Last: base}
+		if c, err := h.AgentCounts(ctx, "agent-one"); err != nil || !c.First.Equal(want.First) || !c.Last.Equal(want.Last) || c.Fail != 1 || c.Paid != 1 || c.Pass != 0 {
+			t.Fatalf("counts %+v, %v; want %+v", c, err, want)
+		}
+	})
 	t.Run("a batch of outcomes is recorded as one by one, each refusal its own, and two instances' batches in opposite orders count each outcome once", func(t *testing.T) {
 		h, other := newH(t)
 		for i, id := range []string{"b-1", "b-2", "b-3", "b-4", "b-5", "b-6"} {
