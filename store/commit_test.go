@@ -72,6 +72,86 @@ func TestAcknowledgedWritesSurviveKill(t *testing.T) {
 	t.Logf("%d acknowledged writes, all found after SIGKILL", len(acks))
 }
 
+// TestStaleLogNotReplayedAfterNoSyncRun: a durable store is killed with
+// records in its write-ahead log (Badger has them too: a kill loses no
+// page cache), runs a while NoSync (Caddy's no_sync, verifierd -no-sync),
+// and is opened durable again. The log must not outlive the NoSync run:
+// replayed then, its old records would set the newer allowance counts
+// back, and the clients would get those free calls a second time.
+func TestStaleLogNotReplayedAfterNoSyncRun(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "db")
+	cmd, out := startChild(t, "TestAcknowledgedWritesSurviveKill", crashChildEnv, dir)
+	killAfterAcks(t, cmd, out, 300)
+	if n := liveLogRecords(t, dir); n == 0 {
+		t.Fatal("the kill left no record in the log: the test proves nothing")
+	}
+
+	ctx := context.Background()
+	clients := []string{"c1", "c4", "c7", "c10"} // crashChild's allowance writers
+	db, err := Open(dir, Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int{}
+	for _, c := range clients {
+		for range 5 {
+			r, err := db.Allowance().Reserve(ctx, "verify", c, crashDay, 1000)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := db.Allowance().Commit(ctx, r); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if want[c], err = db.Allowance().Remaining(ctx, "verify", c, crashDay, 1000); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	db, err = Open(dir, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	for _, c := range clients {
+		rem, err := db.Allowance().Remaining(ctx, "verify", c, crashDay, 1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rem != want[c] {
+			t.Errorf("client %s: %d units remaining after the durable reopen, %d when the NoSync run ended: the stale log was replayed over newer counts", c, rem, want[c])
+		}
+	}
+}
+
+// liveLogRecords counts the records of the current epoch in dir's log.
+func liveLogRecords(t *testing.T, dir string) int {
+	t.Helper()
+	f, err := os.Open(filepath.Join(dir, walFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := make([]byte, 20)
+	n, _ := f.ReadAt(h, 0)
+	epoch, ok := decodeWALHeader(h[:n])
+	if !ok {
+		return 0
+	}
+	records := 0
+	if _, err := scanWAL(f, st.Size(), epoch, func([]byte) error { records++; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	return records
+}
+
 var crashDay = time.Date(2026, 11, 29, 0, 0, 0, 0, time.UTC)
 
 // crashChild writes until it is killed, printing each acknowledged write.

@@ -53,6 +53,10 @@ type Options struct {
 	// replay-guard entry forgotten (the chain's own nonce check still
 	// refuses a second settlement of one authorization). The store holds money-relevant data, so it is durable
 	// unless the operator says otherwise.
+	//
+	// A log left by an earlier durable run is replayed and emptied by a
+	// NoSync Open too, so switching between the two never replays old
+	// records over newer writes.
 	NoSync bool
 
 	// Logger receives Badger's warnings and errors; its chatty info and
@@ -166,7 +170,13 @@ func Open(dir string, opts Options) (*DB, error) {
 	}
 	vers := newVersions(bdb)
 	var log *wal
-	if !opts.NoSync && !opts.InMemory {
+	// A NoSync store keeps no log, but one a durable run left behind is
+	// replayed and checkpointed all the same: the replay brings back what
+	// Badger lost, and a log left in place past a period it did not cover
+	// would be replayed by the next durable Open over everything written
+	// since (counts, claims and outcomes set back).
+	_, statErr := os.Stat(filepath.Join(dir, walFile))
+	if !opts.InMemory && (!opts.NoSync || statErr == nil) {
 		// Before anything reads the database: the replay brings back
 		// what Badger's unsynced files lost in a crash.
 		size := opts.walSize
@@ -174,7 +184,7 @@ func Open(dir string, opts Options) (*DB, error) {
 			size = max(walMinSize, 4*bdb.MaxBatchSize())
 		}
 		var replayed int
-		log, replayed, err = openWAL(dir, size, !opts.walBuffered,
+		log, replayed, err = openWAL(dir, size, !opts.walBuffered && !opts.NoSync,
 			func() error { return syncBadger(bdb, dir) },
 			func(p []byte) error { return replayRecord(vers, p) })
 		if err != nil {
@@ -188,6 +198,15 @@ func Open(dir string, opts Options) (*DB, error) {
 			// Expected only after a crash during a checkpoint, when
 			// Badger was already synced: nothing was lost.
 			opts.Logger.Warn("store: the write-ahead log's header was torn; started a new log", "dir", dir)
+		}
+		if opts.NoSync {
+			// Checkpointed (empty, at a new epoch): nothing in it for
+			// a later Open to replay.
+			if err := log.close(); err != nil {
+				bdb.Close()
+				return nil, fmt.Errorf("opening store in %s: %w", dir, err)
+			}
+			log = nil
 		}
 	}
 	db := &DB{bdb: bdb, vers: vers, commits: newCommitter(vers, log), dir: dir, opts: opts, life: &lifecycle{closed: make(chan struct{})}}
