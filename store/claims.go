@@ -37,6 +37,13 @@ type Claims interface {
 	Release(ctx context.Context, c Claim) error
 	// Lookup reports the live claim on key, or ErrNotFound.
 	Lookup(ctx context.Context, key string) (ClaimState, error)
+	// Record writes a settled claim on key with a note until until, in
+	// one write, for a fact known only once its payment settled (a
+	// wallet's paid access): there is no pending claim for a second
+	// write to leave behind when it fails. A live settled claim on key is
+	// kept as it is (nil error); a live unsettled one is replaced, since
+	// its holder could only have been recording the same fact.
+	Record(ctx context.Context, key, note string, until time.Time) error
 }
 
 // Claim is a held set of keys. Token proves the holder, so a holder whose
@@ -189,6 +196,29 @@ func (cl claims) Claim(ctx context.Context, keys []string, until time.Time) (Cla
 		return Claim{}, err
 	}
 	return Claim{Keys: keys, Token: hex.EncodeToString(rec.token[:]), Until: until}, nil
+}
+
+// Record implements Claims.
+func (cl claims) Record(ctx context.Context, key, note string, until time.Time) error {
+	keys, err := ClaimKeys([]string{key})
+	if err != nil {
+		return err
+	}
+	rec := claimRecord{settled: true, until: until.UnixNano(), note: note}
+	if _, err := rand.Read(rec.token[:]); err != nil {
+		return fmt.Errorf("making claim token: %w", err)
+	}
+	return cl.db.update(ctx, func(txn *tx) error {
+		t := now().UnixNano()
+		if rec.until <= t {
+			return errors.New("store: claim expiry is not in the future")
+		}
+		c, live, err := readClaim(txn, claimKey(keys[0]), t)
+		if err != nil || (live && c.settled) {
+			return err
+		}
+		return putClaim(txn, keys[0], rec)
+	})
 }
 
 // held checks that every key of c is still c's (same token, live at t) and

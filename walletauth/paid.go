@@ -22,8 +22,11 @@ const DefaultPaidAccessTTL = 30 * 24 * time.Hour
 // per payer and resource), so a distributed store shares them across
 // gateway instances like the replay guard.
 //
-// A record is written once and lasts TTL from the first payment; paying
-// again while it lasts does not extend it.
+// A record is written once, settled, in one write (store.Claims.Record):
+// a claim settled by a second write would stay pending for the whole TTL
+// when that write failed, and every later payment would take it for
+// "already recorded". It lasts TTL from the first payment; paying again
+// while it lasts does not extend it.
 type PaidAccess struct {
 	Claims store.Claims
 	// TTL is how long a payment grants access. Default DefaultPaidAccessTTL.
@@ -53,14 +56,7 @@ func (p PaidAccess) Record(ctx context.Context, payer, resource string) error {
 	if ttl <= 0 {
 		ttl = DefaultPaidAccessTTL
 	}
-	c, err := p.Claims.Claim(ctx, []string{paidKey(payer, resource)}, time.Now().Add(ttl))
-	if errors.Is(err, store.ErrClaimed) {
-		return nil // already recorded
-	}
-	if err != nil {
-		return fmt.Errorf("recording paid access: %w", err)
-	}
-	if err := p.Claims.Settle(ctx, c, "paid", time.Time{}); err != nil {
+	if err := p.Claims.Record(ctx, paidKey(payer, resource), "paid", time.Now().Add(ttl)); err != nil {
 		return fmt.Errorf("recording paid access: %w", err)
 	}
 	return nil

@@ -124,6 +124,20 @@ redis.call('DEL', unpack(KEYS))
 return 1
 `)
 
+// recordScript: KEYS[1] the claim key; ARGV token, until ms, note.
+// Writes a settled claim unless a live settled one is there. Returns 1
+// when written, 0 when kept, 2 when until is not in the future.
+var recordScript = redis.NewScript(`#!lua
+` + nowMS + `local untl = tonumber(ARGV[2])
+if untl <= now then return 2 end
+local v = redis.call('HMGET', KEYS[1], 's', 'u')
+if v[1] == '1' and tonumber(v[2]) > now then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 's', '1', 't', ARGV[1], 'u', ARGV[2], 'n', ARGV[3])
+redis.call('PEXPIREAT', KEYS[1], untl)
+return 1
+`)
+
 // lookupScript: KEYS[1]; returns {} or {settled, until, note}.
 var lookupScript = redis.NewScript(`#!lua flags=no-writes
 ` + nowMS + `local v = redis.call('HMGET', KEYS[1], 's', 'u', 'n')

@@ -417,6 +417,30 @@ func (c claims) Release(ctx context.Context, cl store.Claim) error {
 	return store.ErrClaimLost
 }
 
+// Record implements store.Claims. Run twice (go-redis resends a command
+// whose answer was lost) it keeps what the first run wrote.
+func (c claims) Record(ctx context.Context, key, note string, until time.Time) error {
+	keys, err := store.ClaimKeys([]string{key})
+	if err != nil {
+		return err
+	}
+	var tok [16]byte
+	if _, err := rand.Read(tok[:]); err != nil {
+		return fmt.Errorf("making claim token: %w", err)
+	}
+	v, err := c.s.write(ctx, recordScript, c.keys(keys), hex.EncodeToString(tok[:]), ceilMS(until), note)
+	if err != nil {
+		return fmt.Errorf("redisstore: recording claim: %w", err)
+	}
+	switch v {
+	case int64(0), int64(1):
+		return nil
+	case int64(2):
+		return errors.New("store: claim expiry is not in the future")
+	}
+	return fmt.Errorf("redisstore: unexpected record answer %v", v)
+}
+
 // Lookup implements store.Claims.
 func (c claims) Lookup(ctx context.Context, key string) (store.ClaimState, error) {
 	v, err := c.s.read(ctx, lookupScript, []string{c.s.claimPrefix + key})

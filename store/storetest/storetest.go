@@ -449,6 +449,77 @@ func TestClaims(t *testing.T, newGW NewGateway) {
 		}
 	})
 
+	t.Run("a record is a settled claim in one write, kept by a second record and replacing a pending claim", func(t *testing.T) {
+		cl := newGW(t, time.Minute).Claims
+		until := time.Now().Add(time.Hour)
+		if err := cl.Record(ctx, "paid:a", "paid", until); err != nil {
+			t.Fatal(err)
+		}
+		st, err := cl.Lookup(ctx, "paid:a")
+		if err != nil || !st.Settled || st.Note != "paid" || !near(st.Until, until) {
+			t.Fatalf("recorded claim %+v, %v; want settled, noted, until %v", st, err, until)
+		}
+		// A second record while the first lives changes nothing.
+		if err := cl.Record(ctx, "paid:a", "other", until.Add(time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+		if st2, err := cl.Lookup(ctx, "paid:a"); err != nil || st2 != st {
+			t.Fatalf("after a second record %+v, %v; want %+v", st2, err, st)
+		}
+		var ce *store.ClaimedError
+		if _, err := cl.Claim(ctx, []string{"paid:a"}, until); !errors.As(err, &ce) || !ce.State.Settled {
+			t.Fatalf("claiming a recorded key = %v, want a ClaimedError, settled", err)
+		}
+		// A pending claim on the key is replaced; its holder has lost it.
+		pending, err := cl.Claim(ctx, []string{"paid:b"}, time.Now().Add(time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.Record(ctx, "paid:b", "paid", until); err != nil {
+			t.Fatal(err)
+		}
+		if st, err := cl.Lookup(ctx, "paid:b"); err != nil || !st.Settled || !near(st.Until, until) {
+			t.Fatalf("a record over a pending claim: %+v, %v", st, err)
+		}
+		if err := cl.Release(ctx, pending); !errors.Is(err, store.ErrClaimLost) {
+			t.Fatalf("releasing the replaced claim = %v, want ErrClaimLost", err)
+		}
+		if err := cl.Settle(ctx, pending, "x", time.Time{}); !errors.Is(err, store.ErrClaimLost) {
+			t.Fatalf("settling the replaced claim = %v, want ErrClaimLost", err)
+		}
+		// Refused like a claim: nothing written.
+		for _, c := range []struct {
+			desc, key string
+			until     time.Time
+		}{
+			{"an empty key", "", until},
+			{"a key over the size cap", strings.Repeat("k", store.MaxClaimKeyBytes+1), until},
+			{"an expiry in the past", "paid:c", time.Now().Add(-time.Second)},
+		} {
+			if err := cl.Record(ctx, c.key, "paid", c.until); err == nil {
+				t.Errorf("%s: recorded", c.desc)
+			}
+		}
+		if _, err := cl.Lookup(ctx, "paid:c"); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("a refused record left a key: %v", err)
+		}
+	})
+
+	t.Run("an expired record can be recorded again", func(t *testing.T) {
+		cl := newGW(t, time.Minute).Claims
+		if err := cl.Record(ctx, "paid:e", "paid", time.Now().Add(lifetime)); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(lifetime + 50*time.Millisecond)
+		until := time.Now().Add(time.Hour)
+		if err := cl.Record(ctx, "paid:e", "paid", until); err != nil {
+			t.Fatal(err)
+		}
+		if st, err := cl.Lookup(ctx, "paid:e"); err != nil || !st.Settled || !near(st.Until, until) {
+			t.Fatalf("%+v, %v; want a new record until %v", st, err, until)
+		}
+	})
+
 	t.Run("a key named twice in one claim is claimed once", func(t *testing.T) {
 		cl := newGW(t, time.Minute).Claims
 		c, err := cl.Claim(ctx, []string{"d", "d"}, time.Now().Add(time.Minute))
