@@ -39,7 +39,8 @@ type Options struct {
 	// WaitReplicas, when positive, makes every write wait (Redis WAIT) until
 	// that many replicas have it, for at most WaitTimeout. A write not
 	// acknowledged in time is an error (the caller answers 503): the write
-	// may still be on the primary, so nothing is granted or charged on it.
+	// may still be on the primary, so nothing is granted or charged on it
+	// (a claim or reservation is undone: see Store.undo).
 	// Without it, a primary that dies before replicating loses its last
 	// writes when a replica is promoted.
 	WaitReplicas int
@@ -165,6 +166,26 @@ func (s *Store) write(ctx context.Context, sc *redis.Script, keys []string, args
 	}
 }
 
+// undoTimeout bounds undo: the gateway answers the failed call only
+// after it, and tells the client to retry after a second.
+const undoTimeout = 500 * time.Millisecond
+
+// undo makes a best-effort run of sc, a release keyed by the failed
+// write's own claim token or reservation id, after a Claim or Reserve whose
+// write failed once it may have reached the server (a lost reply, go-redis's
+// resends exhausted, a timeout, a WAIT not acknowledged): the caller is
+// told nothing was taken (the gateway answers 503, retry), so what the
+// script may have taken must not be left to hold the client's retry off
+// until it lapses. The token or id is the call's alone, so undoing a write
+// that never ran, or that another resend made, touches nothing else. It
+// runs even when ctx was cancelled (the client left), for undoTimeout at
+// most.
+func (s *Store) undo(ctx context.Context, sc *redis.Script, keys []string, args ...any) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), undoTimeout)
+	defer cancel()
+	s.write(ctx, sc, keys, args...) // best effort: otherwise it lapses
+}
+
 func (s *Store) read(ctx context.Context, sc *redis.Script, keys []string, args ...any) (any, error) {
 	return sc.Run(ctx, s.rdb, keys, args...).Result()
 }
@@ -209,9 +230,11 @@ func (a allowance) Reserve(ctx context.Context, pool, client string, day time.Ti
 		return res, fmt.Errorf("making reservation id: %w", err)
 	}
 	res.ID = hex.EncodeToString(id[:])
-	v, err := a.s.write(ctx, reserveScript, []string{a.key(pool, client, label)},
+	key := a.key(pool, client, label)
+	v, err := a.s.write(ctx, reserveScript, []string{key},
 		limit, a.s.opts.ReservationTTL.Milliseconds(), res.ID, end.UnixMilli())
 	if err != nil {
+		a.s.undo(ctx, finishScript, []string{key}, res.ID, "0")
 		return res, fmt.Errorf("redisstore: reserving: %w", err)
 	}
 	out, ok := v.([]any)
@@ -332,6 +355,7 @@ func (c claims) Claim(ctx context.Context, keys []string, until time.Time) (stor
 	token := hex.EncodeToString(tok[:])
 	v, err := c.s.write(ctx, claimScript, c.keys(keys), token, ceilMS(until))
 	if err != nil {
+		c.s.undo(ctx, releaseScript, c.keys(keys), token)
 		return store.Claim{}, fmt.Errorf("redisstore: claiming: %w", err)
 	}
 	out, ok := v.([]any)

@@ -75,15 +75,16 @@ func TestContractCluster(t *testing.T) {
 			t.Fatal(err)
 		}
 		// No node has a replica: the script runs on the right primary
-		// (no MOVED), and the unacknowledged write is an error.
+		// (no MOVED), the unacknowledged write is an error, and it is
+		// undone there (the caller answers 503: retry).
 		if _, err := s.Allowance().Reserve(ctx, "p", "c", time.Now(), 3); !errors.Is(err, ErrNotReplicated) {
 			t.Fatalf("Reserve = %v, want ErrNotReplicated", err)
 		}
 		if _, err := s.Claims().Claim(ctx, []string{"k1", "k2"}, time.Now().Add(time.Minute)); !errors.Is(err, ErrNotReplicated) {
 			t.Fatalf("Claim = %v, want ErrNotReplicated", err)
 		}
-		if n := rdb.Exists(ctx, "cw:{c}:k1", "cw:{c}:k2").Val(); n != 2 {
-			t.Fatalf("%d claim keys on the cluster, want 2 (the write ran, unacknowledged)", n)
+		if n := rdb.Exists(ctx, "cw:{c}:k1", "cw:{c}:k2").Val(); n != 0 {
+			t.Fatalf("%d claim keys on the cluster, want 0 (the write ran, unacknowledged, and was undone)", n)
 		}
 	})
 }
@@ -160,6 +161,16 @@ func TestScriptsAreSafeToRunTwice(t *testing.T) {
 	}
 	if st, err := cl.Lookup(ctx, "a"); err != nil || !st.Settled {
 		t.Fatalf("a claim resent after its settle unsettled it: %+v, %v", st, err)
+	}
+
+	rk := cl.keys([]string{"paid"})
+	for i := range 2 {
+		if _, err := s.write(ctx, recordScript, rk, strings.Repeat("cd", 16), until+int64(i), "paid"); err != nil {
+			t.Fatalf("record run %d: %v", i+1, err)
+		}
+	}
+	if st, err := cl.Lookup(ctx, "paid"); err != nil || !st.Settled || st.Until.UnixMilli() != until {
+		t.Fatalf("a record run twice: %+v, %v; want settled until the first run's %d", st, err, until)
 	}
 }
 
