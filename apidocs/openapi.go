@@ -351,7 +351,7 @@ func clientKeyDoc(key string) string {
 	if key == "wallet" {
 		return "per wallet proven with X-Wallet-Auth"
 	}
-	return "per client IP address"
+	return "per client IP address, an IPv6 client per /64"
 }
 
 func jsonBody(schema obj, examples obj) obj {

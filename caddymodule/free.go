@@ -24,8 +24,9 @@ type FreeAllowance struct {
 	Pool string `json:"pool,omitempty"`
 	// PerDay is the number of free calls per client per UTC day.
 	PerDay int `json:"per_day"`
-	// Key identifies the client: "ip" (default; Caddy's resolved client IP,
-	// which honours the server's trusted_proxies and never a raw header) or
+	// Key identifies the client: "ip" (default; clientAddr: Caddy's resolved
+	// client IP, which honours the server's trusted_proxies and never a raw
+	// header, an IPv6 client per /64, as the rate limit counts it) or
 	// "wallet" (the address verified by wallet_auth; a request without one
 	// gets no free calls).
 	Key string `json:"key,omitempty"`
@@ -81,11 +82,7 @@ func (f *FreeAllowance) client(r *http.Request) string {
 		}
 		return ""
 	}
-	ip, _ := caddyhttp.GetVar(r.Context(), caddyhttp.ClientIPVarKey).(string)
-	if ip == "" {
-		ip = r.RemoteAddr
-	}
-	return "ip:" + ip
+	return "ip:" + clientAddr(r)
 }
 
 // nextMidnight is the next UTC midnight after t: when today's allowance resets.

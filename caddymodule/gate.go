@@ -406,14 +406,14 @@ func (g *Gate) rateWait(r *http.Request) int {
 	if g.rates == nil {
 		return 0
 	}
-	return g.rates.wait(rateClient(r))
+	return g.rates.wait(clientAddr(r))
 }
 
 // noteRefusal counts an answer that served nothing against the client's
 // rate limit.
 func (g *Gate) noteRefusal(r *http.Request) {
 	if g.rates != nil {
-		g.rates.note(rateClient(r))
+		g.rates.note(clientAddr(r))
 	}
 }
 

@@ -4,14 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"net"
 	"net/http"
-	"net/netip"
 	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"golang.org/x/time/rate"
 )
 
@@ -39,9 +36,9 @@ const (
 // Served calls, paid or free, never count, and a settled payment gives one
 // event back (rateZone.credit): the 402 that told the client the price.
 //
-// The client is Caddy's resolved client IP (honouring the server's
-// trusted_proxies, never a raw header); IPv6 clients are counted per /64,
-// the smallest block a site is usually given. The state is kept in memory
+// The client is clientAddr: Caddy's resolved client IP (honouring the
+// server's trusted_proxies, never a raw header), an IPv6 client per /64,
+// the same identity the free allowance counts. The state is kept in memory
 // per zone and survives config reloads; it is not shared between Caddy
 // instances.
 type RateLimit struct {
@@ -195,31 +192,8 @@ func (z *rateZone) credit(client string) {
 // creditSettled is credit for the request's client (see rateZone.credit).
 func (g *Gate) creditSettled(r *http.Request) {
 	if g.rates != nil {
-		g.rates.credit(rateClient(r))
+		g.rates.credit(clientAddr(r))
 	}
-}
-
-// rateClient is the rate-limit key of the request's client: its IP, or its
-// /64 for IPv6.
-func rateClient(r *http.Request) string {
-	s, _ := caddyhttp.GetVar(r.Context(), caddyhttp.ClientIPVarKey).(string)
-	if s == "" {
-		s, _, _ = net.SplitHostPort(r.RemoteAddr)
-	}
-	// netip parses without allocating; a plain IPv4 address (the common
-	// case) is its own key as it stands, since netip accepts only the
-	// canonical dotted form.
-	ip, err := netip.ParseAddr(s)
-	if err != nil || ip.Zone() != "" {
-		return s
-	}
-	if ip.Is4() {
-		return s
-	}
-	if ip.Is4In6() {
-		return ip.Unmap().String()
-	}
-	return netip.PrefixFrom(ip, 64).Masked().Addr().String() + "/64"
 }
 
 // Interface guards

@@ -11,7 +11,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
-func TestRateClientIsTheResolvedIPAndAnIPv6Slash64(t *testing.T) {
+func TestClientAddrIsTheResolvedIPAndAnIPv6Slash64(t *testing.T) {
 	for _, tc := range []struct{ desc, ip, want string }{
 		{"an IPv4 client is its address", "203.0.113.7", "203.0.113.7"},
 		{"an IPv6 client is its /64", "2001:db8:1:2:aaaa::1", "2001:db8:1:2::/64"},
@@ -20,13 +20,14 @@ func TestRateClientIsTheResolvedIPAndAnIPv6Slash64(t *testing.T) {
 		{"an uncompressed IPv6 address is its canonical /64", "2001:0db8:0001:0002:0000:0000:0000:0001", "2001:db8:1:2::/64"},
 		{"an address with a zone is kept as it is", "fe80::1%eth0", "fe80::1%eth0"},
 		{"what is not an address is kept as it is", "not-an-ip", "not-an-ip"},
+		{"without a resolved client IP, the peer's address without its port", "", "192.0.2.1"},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			r := httptest.NewRequest("POST", "/", nil)
 			r.RemoteAddr = "192.0.2.1:1234" // the peer: not the client when Caddy resolved one
 			r = r.WithContext(context.WithValue(r.Context(), caddyhttp.VarsCtxKey, map[string]any{caddyhttp.ClientIPVarKey: tc.ip}))
-			if got := rateClient(r); got != tc.want {
-				t.Errorf("rateClient = %q, want %q", got, tc.want)
+			if got := clientAddr(r); got != tc.want {
+				t.Errorf("clientAddr = %q, want %q", got, tc.want)
 			}
 		})
 	}

@@ -1,0 +1,71 @@
+package caddymodule
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+)
+
+// startCaddyServers is startCaddy with server options (the body of the
+// global `servers { … }` block) and the default logger writing to logFile
+// ("" discards it).
+func startCaddyServers(t *testing.T, servers, logFile, sites string) string {
+	t.Helper()
+	port := freePort(t)
+	output := "discard"
+	if logFile != "" {
+		output = "file " + logFile
+	}
+	cfg := fmt.Sprintf("{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n\thttp_port %d\n\tstorage file_system %s\n\tlog {\n\t\toutput %s\n\t}\n\tservers {\n%s\n\t}\n}\n",
+		port, t.TempDir(), output, servers)
+	cfg += strings.NewReplacer("{port}", fmt.Sprint(port), "{data}", t.TempDir()).Replace(sites)
+	js, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cfg), map[string]any{"filename": "Caddyfile"})
+	if err != nil {
+		t.Fatalf("adapting: %v", err)
+	}
+	if err := caddy.Load(js, true); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { caddy.Stop() })
+	testClient.CloseIdleConnections()
+	waitServing(t, port)
+	return fmt.Sprintf("http://127.0.0.1:%d", port)
+}
+
+// servedFree reports whether resp is a call served from the allowance.
+func servedFree(resp *http.Response) bool {
+	return resp.StatusCode == http.StatusOK && resp.Header.Get(HeaderFreeRemaining) != ""
+}
+
+// An IPv6 client is its /64 for the free allowance, as for the rate limit:
+// one /64 holds 2^64 addresses, so counting each address would hand one
+// client as many allowances as it likes. An IPv4-mapped IPv6 address is the
+// IPv4 client. (From the audit: one /64 got 20 free calls with per_day 1.)
+func TestFreeAllowanceCountsAnIPv6ClientPer64(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	base := startCaddyServers(t, "\t\ttrusted_proxies static 127.0.0.1/32", "", gateSite(up.URL, fac, 1, ""))
+	url := base + "/verify/schema"
+	served := 0
+	for i := 1; i <= 20; i++ {
+		if servedFree(post(t, url, validRequest, map[string]string{"X-Forwarded-For": fmt.Sprintf("2001:db8:1:2::%x", i)})) {
+			served++
+		}
+	}
+	if served != 1 {
+		t.Errorf("one /64 got %d free calls with per_day 1", served)
+	}
+	if !servedFree(post(t, url, validRequest, map[string]string{"X-Forwarded-For": "2001:db8:1:3::1"})) {
+		t.Error("the next /64 is another client, yet it got no free call")
+	}
+	if !servedFree(post(t, url, validRequest, map[string]string{"X-Forwarded-For": "::ffff:203.0.113.9"})) {
+		t.Fatal("an IPv4-mapped client got no free call")
+	}
+	if servedFree(post(t, url, validRequest, map[string]string{"X-Forwarded-For": "203.0.113.9"})) {
+		t.Error("203.0.113.9 got a second free call after using its allowance as ::ffff:203.0.113.9")
+	}
+}
