@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
@@ -67,5 +68,87 @@ func TestFreeAllowanceCountsAnIPv6ClientPer64(t *testing.T) {
 	}
 	if servedFree(post(t, url, validRequest, map[string]string{"X-Forwarded-For": "203.0.113.9"})) {
 		t.Error("203.0.113.9 got a second free call after using its allowance as ::ffff:203.0.113.9")
+	}
+}
+
+// walletRateSite is a route with wallet_auth before a gate whose rate
+// limit allows two refusals a minute.
+func walletRateSite(up, fac string) string {
+	return fmt.Sprintf(`:{port} {
+	route /verify/schema {
+		wallet_auth optional {
+			store badger {data}/gate
+			domains 127.0.0.1:{port}
+		}
+		x402 {
+			accept devnet $0.02 %[3]s
+			route "POST /verify/schema"
+			facilitator http {
+				url %[2]s
+			}
+			store badger {data}/gate
+			rate_limit 2 1m
+		}
+		reverse_proxy %[1]s
+	}
+}
+`, strings.TrimPrefix(up, "http://"), fac, payTo.Hex())
+}
+
+// A client over the gate's rate limit is refused 429 before wallet_auth
+// does any work: no proof is verified (ecrecover, eth_call) and no nonce
+// claimed (a synced write). A valid proof sent while limited is therefore
+// still unused once the budget refills.
+func TestWalletAuthHonoursTheGateRateLimit(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	base := startCaddyServers(t, "", "", walletRateSite(up.URL, fac))
+	url := base + "/verify/schema"
+	for i := 0; i < 2; i++ {
+		if resp := post(t, url, "", nil); resp.StatusCode != http.StatusPaymentRequired {
+			t.Fatalf("unpaid probe %d: %d", i, resp.StatusCode)
+		}
+	}
+	if resp := post(t, url, "", nil); resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("client not rate limited after two refusals: %d", resp.StatusCode)
+	}
+	for i := 0; i < 5; i++ {
+		resp := post(t, url, "", map[string]string{"X-Wallet-Auth": "e30="})
+		if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {
+			t.Fatalf("garbage proof %d from a rate-limited client: %d, want 429 with Retry-After", i, resp.StatusCode)
+		}
+	}
+	h := walletProof(t, walletKey(1), "POST", url, nil)
+	if resp := post(t, url, "", map[string]string{"X-Wallet-Auth": h}); resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("valid proof from a rate-limited client: %d, want 429", resp.StatusCode)
+	}
+	// A minute later the budget has refilled: the same proof is accepted
+	// (the gate then asks for payment), so it was never claimed.
+	now = func() time.Time { return time.Now().Add(time.Minute) }
+	t.Cleanup(func() { now = time.Now })
+	resp := post(t, url, "", map[string]string{"X-Wallet-Auth": h})
+	if resp.StatusCode != http.StatusPaymentRequired {
+		t.Errorf("the proof sent while limited, sent again after the refill: %d %v, want 402 (accepted, then asked to pay)", resp.StatusCode, readJSON(t, resp)["message"])
+	}
+}
+
+// wallet_auth's refusals count against the client's rate limit like the
+// gate's own: a client sending bad proofs is limited after the budget's
+// number of them.
+func TestWalletAuthRefusalsCountAgainstTheRateLimit(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	base := startCaddyServers(t, "", "", walletRateSite(up.URL, fac))
+	url := base + "/verify/schema"
+	for i := 0; i < 2; i++ {
+		if resp := post(t, url, "", map[string]string{"X-Wallet-Auth": "e30="}); resp.StatusCode != http.StatusUnauthorized {
+			t.Fatalf("garbage proof %d: %d, want 401", i, resp.StatusCode)
+		}
+	}
+	if resp := post(t, url, "", map[string]string{"X-Wallet-Auth": "e30="}); resp.StatusCode != http.StatusTooManyRequests {
+		t.Errorf("third garbage proof with a budget of two: %d, want 429", resp.StatusCode)
+	}
+	if resp := post(t, url, "", nil); resp.StatusCode != http.StatusTooManyRequests {
+		t.Errorf("the gate after two wallet refusals: %d, want 429", resp.StatusCode)
 	}
 }

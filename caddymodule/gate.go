@@ -217,6 +217,7 @@ type Gate struct {
 	allow       []string       // the methods Route names (OPTIONS always passes); nil: any
 	rates       *rateZone      // nil when rate_limit is off
 	ratesKey    string
+	server      *caddyhttp.Server // where rates is registered for wallet_auth (serverZones)
 	logger      *zap.Logger
 	ctx         caddy.Context
 	// route is the way to this gate's upstream, from the first request it
@@ -321,6 +322,11 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 		if g.rates, g.ratesKey, err = loadZone(g.RateLimit); err != nil {
 			return fmt.Errorf("loading rate limit zone: %v", err)
 		}
+		// wallet_auth in front of the gate answers within this budget
+		// (serverZones).
+		if g.server, _ = ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server); g.server != nil {
+			addServerZone(g.server, g.rates)
+		}
 	}
 	if g.Validator == "verify_request" {
 		// The gate only prechecks (parse and compile, no evaluation) and
@@ -394,6 +400,9 @@ func (g *Gate) Cleanup() error {
 	g.stopResolver() // hook (pending.go)
 	discovery.remove(g)
 	if g.rates != nil {
+		if g.server != nil {
+			removeServerZone(g.server, g.rates)
+		}
 		_, err := rateZones.Delete(g.ratesKey)
 		return err
 	}
@@ -608,7 +617,7 @@ func setBody(r *http.Request, body []byte) {
 // returned, because its body is part of the contract.
 func (g *Gate) refuse(w http.ResponseWriter, r *http.Request, err error) error {
 	e := apierr.From(err)
-	if e.Status >= 400 && e.Status < 500 && e.Code != apierr.CodeRateLimited {
+	if countsAgainstRate(e) {
 		g.noteRefusal(r)
 	}
 	if e.Status >= 500 {

@@ -9,7 +9,10 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"golang.org/x/time/rate"
+
+	"github.com/aovhq/aov/apierr"
 )
 
 // Defaults of rate_limit.
@@ -187,6 +190,85 @@ func (z *rateZone) credit(client string) {
 		return
 	}
 	l.AllowN(t, -1) // taking -1 events adds one token (x/time/rate: tokens -= n)
+}
+
+// countsAgainstRate reports whether answering e counts one event against
+// the client's rate limit: every refusal of the request (4xx) but the 429
+// itself, by the gate or by wallet_auth in front of it.
+func countsAgainstRate(e *apierr.Error) bool {
+	return e.Status >= 400 && e.Status < 500 && e.Code != apierr.CodeRateLimited
+}
+
+// serverZones lists the rate zones of each server's gates, so that
+// wallet_auth, which runs before any gate and verifies proofs at a cost
+// (ecrecover, an eth_call for a contract wallet, a synced nonce claim),
+// answers within the same budgets: a client its server's gates would answer
+// 429 gets 429 before any proof is checked, and every proof refused counts
+// like a gate's refusal. Neither module can see the other (they are
+// siblings in a route, and wallet_auth is provisioned first), but both see
+// their server: a gate registers its zone under the server it is
+// provisioned for, and wallet_auth finds it through the request's server.
+// With several zones on one server (gates naming different zones), each is
+// honoured and each counts the refusal: the limit can only tighten.
+var serverZones = struct {
+	sync.RWMutex
+	m map[*caddyhttp.Server]map[*rateZone]int // zone -> gates using it
+}{m: make(map[*caddyhttp.Server]map[*rateZone]int)}
+
+// addServerZone registers z for srv's gates (one reference per gate).
+func addServerZone(srv *caddyhttp.Server, z *rateZone) {
+	serverZones.Lock()
+	defer serverZones.Unlock()
+	if serverZones.m[srv] == nil {
+		serverZones.m[srv] = make(map[*rateZone]int)
+	}
+	serverZones.m[srv][z]++
+}
+
+// removeServerZone drops one gate's reference to z (Cleanup).
+func removeServerZone(srv *caddyhttp.Server, z *rateZone) {
+	serverZones.Lock()
+	defer serverZones.Unlock()
+	zs := serverZones.m[srv]
+	if zs[z]--; zs[z] <= 0 {
+		delete(zs, z)
+	}
+	if len(zs) == 0 {
+		delete(serverZones.m, srv)
+	}
+}
+
+// serverRateWait is how many seconds the request's client must wait before
+// its server's gates answer it again (0: it may be served).
+func serverRateWait(r *http.Request) int {
+	srv, _ := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
+	serverZones.RLock()
+	defer serverZones.RUnlock()
+	wait := 0
+	if zs := serverZones.m[srv]; len(zs) > 0 {
+		client := clientAddr(r)
+		for z := range zs {
+			wait = max(wait, z.wait(client))
+		}
+	}
+	return wait
+}
+
+// noteServerRefusal counts the refusal e, if it counts, against the
+// request's client in its server's gates' zones.
+func noteServerRefusal(r *http.Request, e *apierr.Error) {
+	if !countsAgainstRate(e) {
+		return
+	}
+	srv, _ := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
+	serverZones.RLock()
+	defer serverZones.RUnlock()
+	if zs := serverZones.m[srv]; len(zs) > 0 {
+		client := clientAddr(r)
+		for z := range zs {
+			z.note(client)
+		}
+	}
 }
 
 // creditSettled is credit for the request's client (see rateZone.credit).

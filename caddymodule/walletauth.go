@@ -199,6 +199,13 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 	if r.Method == http.MethodOptions {
 		return next.ServeHTTP(w, r) // a CORS preflight cannot carry a proof
 	}
+	if len(auth)+len(siwx) > 0 || wa.Mode == "required" {
+		// A client the gates of this server would answer 429 gets it before
+		// any proof is checked (serverZones).
+		if wait := serverRateWait(r); wait > 0 {
+			return wa.refuse(w, r, apierr.RateLimited(wait))
+		}
+	}
 	if len(auth) > 1 || len(siwx) > 1 {
 		return wa.refuse(w, r, &walletauth.Error{Kind: walletauth.ErrMalformed, Header: walletauth.HeaderName,
 			Problem: "was sent more than once", Fix: "Send one proof per request."})
@@ -305,8 +312,8 @@ func (wa *WalletAuth) recordPayments(w http.ResponseWriter, r *http.Request, res
 	}}
 }
 
-// refuse answers a refused proof with 401 (or the store's 503) in the
-// service's error shape.
+// refuse answers a refused proof with 401 (or the store's 503, or the rate
+// limit's 429) in the service's error shape.
 func (wa *WalletAuth) refuse(w http.ResponseWriter, r *http.Request, err error) error {
 	var we *walletauth.Error
 	var e *apierr.Error
@@ -326,6 +333,7 @@ func (wa *WalletAuth) refuse(w http.ResponseWriter, r *http.Request, err error) 
 	if e.Status == http.StatusUnauthorized {
 		w.Header().Set("WWW-Authenticate", walletauth.HeaderName)
 	}
+	noteServerRefusal(r, e) // a refused proof counts like a gate's refusal
 	apierr.Write(w, e)
 	return nil
 }
