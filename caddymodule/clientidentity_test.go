@@ -3,6 +3,8 @@ package caddymodule
 import (
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -68,6 +70,67 @@ func TestFreeAllowanceCountsAnIPv6ClientPer64(t *testing.T) {
 	}
 	if servedFree(post(t, url, validRequest, map[string]string{"X-Forwarded-For": "203.0.113.9"})) {
 		t.Error("203.0.113.9 got a second free call after using its allowance as ::ffff:203.0.113.9")
+	}
+}
+
+// The documented setup behind a load balancer that appends the peer's
+// address to the client's own X-Forwarded-For (nginx
+// $proxy_add_x_forwarded_for, AWS ALB, Google Cloud LB): trusted_proxies
+// with trusted_proxies_strict, which reads the header right to left, so the
+// client is the address the balancer appended, whatever it wrote itself.
+// (From the audit: without strict, one client got 10 free calls with
+// per_day 1 by writing a new leftmost address each time.)
+func TestFreeAllowanceBehindAnAppendingProxyIsTheAppendedAddress(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	base := startCaddyServers(t, "\t\ttrusted_proxies static 127.0.0.1/32\n\t\ttrusted_proxies_strict", "", gateSite(up.URL, fac, 1, ""))
+	url := base + "/verify/schema"
+	served := 0
+	for i := 1; i <= 10; i++ {
+		// What the trusted balancer forwards: the client's own header,
+		// then the client's real address (198.51.100.7) appended.
+		if servedFree(post(t, url, validRequest, map[string]string{"X-Forwarded-For": fmt.Sprintf("203.0.113.%d, 198.51.100.7", i)})) {
+			served++
+		}
+	}
+	if served != 1 {
+		t.Errorf("one real client (198.51.100.7) got %d free calls with per_day 1", served)
+	}
+}
+
+// A gate that keys by client IP warns, once, at the first request a trusted
+// proxy forwarded, when its server reads X-Forwarded-For left to right
+// (trusted_proxies without trusted_proxies_strict); with strict it says
+// nothing.
+func TestGateWarnsOfNonStrictTrustedProxies(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	for _, tc := range []struct {
+		desc, servers string
+		warn          bool
+	}{
+		{"non-strict", "\t\ttrusted_proxies static 127.0.0.1/32", true},
+		{"strict", "\t\ttrusted_proxies static 127.0.0.1/32\n\t\ttrusted_proxies_strict", false},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			logFile := filepath.Join(t.TempDir(), "caddy.log")
+			base := startCaddyServers(t, tc.servers, logFile, gateSite(up.URL, fac, 1, ""))
+			for i := 1; i <= 3; i++ {
+				post(t, base+"/verify/schema", validRequest, map[string]string{"X-Forwarded-For": fmt.Sprintf("203.0.113.%d, 198.51.100.7", i)})
+			}
+			caddy.Stop()
+			log, err := os.ReadFile(logFile)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := strings.Count(string(log), `"msg":"`+msgLeftmostClientIP+`"`)
+			switch {
+			case tc.warn && n != 1:
+				t.Errorf("the warning was logged %d times, want once:\n%s", n, log)
+			case !tc.warn && n != 0:
+				t.Errorf("a strict server got the warning:\n%s", log)
+			}
+		})
 	}
 }
 

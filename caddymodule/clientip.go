@@ -4,8 +4,10 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"sync/atomic"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
 )
 
 // clientAddr is the identity of the request's client wherever the gateway
@@ -42,4 +44,46 @@ func clientAddr(r *http.Request) string {
 		return ip.Unmap().String()
 	}
 	return netip.PrefixFrom(ip, 64).Masked().Addr().String() + "/64"
+}
+
+// msgLeftmostClientIP is the warning of a gate whose server lets a client
+// behind an appending proxy choose its own client IP.
+const msgLeftmostClientIP = "client IP read left to right from a trusted proxy's X-Forwarded-For: set trusted_proxies_strict"
+
+// watchClientIP arms the warning of warnLeftmostClientIP when the gate
+// counts per client IP (the rate limit, or the free allowance with key ip)
+// and srv, the server it is provisioned for, resolves client IPs in
+// Caddy's default non-strict mode.
+//
+// Caddy then takes the leftmost X-Forwarded-For address from a trusted
+// proxy. A proxy that appends the peer's address to the client's own
+// header (nginx's $proxy_add_x_forwarded_for, AWS ALB, Google Cloud load
+// balancers) leaves the leftmost entry to the client, which then names a
+// new client, with a new allowance and a new rate budget, in every
+// request; trusted_proxies_strict reads the header right to left and stops
+// at the first untrusted address, the one the proxy appended. Whether
+// trusted_proxies is set at all cannot be seen at provision time (Caddy
+// loads and clears it before it provisions routes, keeping only an
+// unexported source), so the warning waits for the first request a trusted
+// proxy forwarded, which Caddy marks in the trusted_proxy variable: exact,
+// and once.
+func (g *Gate) watchClientIP(srv *caddyhttp.Server) {
+	byIP := g.rates != nil || (g.Free != nil && g.Free.Key == "ip")
+	if srv != nil && srv.TrustedProxiesStrict == 0 && byIP {
+		g.leftmostWarned = new(atomic.Bool)
+	}
+}
+
+// warnLeftmostClientIP logs msgLeftmostClientIP once per gate, at the first
+// request from a trusted proxy (see watchClientIP).
+func (g *Gate) warnLeftmostClientIP(r *http.Request) {
+	if g.leftmostWarned == nil || g.leftmostWarned.Load() {
+		return
+	}
+	if trusted, _ := caddyhttp.GetVar(r.Context(), caddyhttp.TrustedProxyVarKey).(bool); !trusted || g.leftmostWarned.Swap(true) {
+		return
+	}
+	g.logger.Warn(msgLeftmostClientIP,
+		zap.String("why", "without trusted_proxies_strict the client IP is the leftmost X-Forwarded-For address; a load balancer that appends to the header (nginx $proxy_add_x_forwarded_for, AWS ALB, Google Cloud) leaves it to the client, who then gets a new free allowance and rate budget per request"),
+		zap.String("fix", "add trusted_proxies_strict to the server options (global servers block), unless the proxy overwrites X-Forwarded-For"))
 }

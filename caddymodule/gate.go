@@ -218,8 +218,12 @@ type Gate struct {
 	rates       *rateZone      // nil when rate_limit is off
 	ratesKey    string
 	server      *caddyhttp.Server // where rates is registered for wallet_auth (serverZones)
-	logger      *zap.Logger
-	ctx         caddy.Context
+	// leftmostWarned is set once the gate warned of a non-strict trusted
+	// proxy; nil when there is nothing to warn of (clientip.go). A pointer
+	// because a Gate is copied by value.
+	leftmostWarned *atomic.Bool
+	logger         *zap.Logger
+	ctx            caddy.Context
 	// route is the way to this gate's upstream, from the first request it
 	// served (pending.go: reports whose own way was lost in a restart).
 	// Set in Provision; a pointer because a Gate is copied by value.
@@ -314,6 +318,8 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 			g.allow = append(g.allow, http.MethodHead)
 		}
 	}
+	// The server this gate is provisioned for (nil outside an HTTP server).
+	srv, _ := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
 	if g.RateLimit == nil {
 		g.RateLimit = new(RateLimit)
 	}
@@ -324,8 +330,8 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 		}
 		// wallet_auth in front of the gate answers within this budget
 		// (serverZones).
-		if g.server, _ = ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server); g.server != nil {
-			addServerZone(g.server, g.rates)
+		if g.server = srv; srv != nil {
+			addServerZone(srv, g.rates)
 		}
 	}
 	if g.Validator == "verify_request" {
@@ -342,6 +348,7 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 	if g.Free != nil {
 		g.Free.provision()
 	}
+	g.watchClientIP(srv)
 	g.offers = make([]x402.PaymentRequirements, 0, len(g.Accepts))
 	for i, a := range g.Accepts {
 		req, err := a.requirements()
@@ -509,6 +516,7 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	if g.route != nil && g.route.Load() == nil {
 		g.learnRoute(r, next)
 	}
+	g.warnLeftmostClientIP(r)
 	// The upstream must never see a client's claim to have paid, nor the
 	// payment itself. The first gate on the request removes them; a later
 	// gate in the same route (one per MCP tool) must keep what an earlier

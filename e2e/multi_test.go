@@ -96,6 +96,7 @@ func newCluster(t *testing.T) *cluster {
 	auto_https off
 	servers {
 		trusted_proxies static 127.0.0.1/32
+		trusted_proxies_strict
 	}
 }
 http://:%[2]s {

@@ -51,7 +51,9 @@ func TestMultiInstanceExampleAdapts(t *testing.T) {
 	// Client copies of the headers verifierd trusts from the gateway alone
 	// are dropped site-wide, as Caddyfile.example drops them; so is a
 	// client's Incremental, which the buffered proxy would refuse.
-	for _, want := range []string{`"delete":["X-Aov-*"]`, `"delete":["Incremental"]`, `"request_buffers":1048576`} {
+	// Behind the load balancer, X-Forwarded-For is read right to left, so
+	// a client cannot name itself by writing the header's first entry.
+	for _, want := range []string{`"delete":["X-Aov-*"]`, `"delete":["Incremental"]`, `"request_buffers":1048576`, `"trusted_proxies_strict":1`} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("adapted config lacks %s:\n%s", want, out)
 		}
