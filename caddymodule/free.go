@@ -68,6 +68,33 @@ func (f *FreeAllowance) validate() error {
 	return nil
 }
 
+// The longest a free call may hold its reserved unit. serveFree reserves
+// the unit before the upstream runs and commits it after the answer is
+// judged, and every store lets a reservation lapse after
+// store.DefaultReservationTTL: a call that outlived it would have its
+// commit refused (the call never counted) while the lapsed unit was granted
+// again, so concurrent calls could exceed per_day. Between the two the gate
+// waits for the upstream, bounded by upstream_timeout, and for a
+// verify_response later in the route, whose call to the verifier keeps its
+// own verifier_timeout after the gate's deadline (it must finish even when
+// the client leaves). Each gets a ceiling, and both together, with a
+// minute's margin for the rest (the commit, scheduling), stay below the
+// reservation's lifetime.
+const (
+	maxVerifierTimeout = time.Minute
+	maxUpstreamTimeout = store.DefaultReservationTTL - maxVerifierTimeout - time.Minute
+)
+
+// checkFreeUpstreamTimeout refuses an upstream_timeout a free call could
+// outlive its reservation with.
+func checkFreeUpstreamTimeout(d time.Duration) error {
+	if d > maxUpstreamTimeout {
+		return fmt.Errorf("upstream_timeout %s is too long for a route with a free allowance: a free call's reserved unit lapses after %s, and the upstream call plus a verify_response check (verifier_timeout, at most %s) must end before it; use at most %s",
+			d, store.DefaultReservationTTL, maxVerifierTimeout, maxUpstreamTimeout)
+	}
+	return nil
+}
+
 // WalletPlaceholder holds the address wallet_auth verified for the request.
 const WalletPlaceholder = "http.auth.wallet.address"
 

@@ -148,7 +148,9 @@ type Gate struct {
 	// (reverse_proxy answers 504, which handle_errors can turn into 503
 	// upstream_unavailable), nothing is charged, the free unit is kept and
 	// the payment can be sent again. Keep it well under the offers' max
-	// timeout, so a retried authorization is still valid. Default 30s.
+	// timeout, so a retried authorization is still valid. Default 30s; at
+	// most maxUpstreamTimeout (3m) with a free allowance, whose reserved
+	// unit must outlive the call.
 	UpstreamTimeout caddy.Duration `json:"upstream_timeout,omitempty"`
 
 	// MaxBody is the absolute request body limit (413) applied when the gate
@@ -390,6 +392,9 @@ func (g *Gate) Validate() error {
 	if g.Free != nil {
 		if err := g.Free.validate(); err != nil {
 			return fmt.Errorf("x402: free_allowance: %v", err)
+		}
+		if err := checkFreeUpstreamTimeout(time.Duration(g.UpstreamTimeout)); err != nil {
+			return fmt.Errorf("x402: %v", err)
 		}
 	}
 	if err := g.RateLimit.validate(); err != nil {

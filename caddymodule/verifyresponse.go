@@ -159,7 +159,8 @@ type VerifyResponse struct {
 	// such as {env.AOV_GATEWAY_TOKEN} are resolved at load time.
 	VerifierToken string `json:"verifier_token,omitempty"`
 	// VerifierTimeout bounds one call to the verification service.
-	// Default 10s.
+	// Default 10s, at most 1m (maxVerifierTimeout: a free call's
+	// reservation must outlive it).
 	VerifierTimeout caddy.Duration `json:"verifier_timeout,omitempty"`
 
 	// ReceiptHeader names the header that carries the receipt. Default
@@ -366,6 +367,11 @@ func (v *VerifyResponse) Validate() error {
 	u, err := url.Parse(v.VerifierURL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return fmt.Errorf("verify_response: verifier_url %q must be an http:// or https:// URL", v.VerifierURL)
+	}
+	if d := time.Duration(v.VerifierTimeout); d > maxVerifierTimeout {
+		// Behind a gate's free allowance the check runs while the call
+		// holds its reserved unit (see maxVerifierTimeout).
+		return fmt.Errorf("verify_response: verifier_timeout %s is over %s: behind an x402 free allowance the check runs while the free call holds its reserved unit, which must not lapse", d, maxVerifierTimeout)
 	}
 	if v.OnFail != "pass" && v.OnFail != "block" {
 		return fmt.Errorf("verify_response: on_fail must be pass or block, not %q", v.OnFail)

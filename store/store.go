@@ -104,8 +104,9 @@ type Options struct {
 	memTableSize int64
 }
 
-// DefaultReservationTTL covers the slowest upstream call the gateway allows
-// with a wide margin.
+// DefaultReservationTTL covers the slowest free call the gateway allows
+// with a margin: the x402 gate refuses an upstream_timeout and a
+// verify_response verifier_timeout that together could reach it.
 const DefaultReservationTTL = 5 * time.Minute
 
 // DefaultAllowanceFlushUnits is the loss bound of AllowanceFlush when
