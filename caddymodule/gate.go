@@ -219,17 +219,19 @@ type Gate struct {
 	allow       []string       // the methods Route names (OPTIONS always passes); nil: any
 	rates       *rateZone      // nil when rate_limit is off
 	ratesKey    string
-	server      *caddyhttp.Server // where rates is registered for wallet_auth (serverZones)
-	// leftmostWarned is set once the gate warned of a non-strict trusted
-	// proxy; nil when there is nothing to warn of (clientip.go). A pointer
-	// because a Gate is copied by value.
-	leftmostWarned *atomic.Bool
-	logger         *zap.Logger
-	ctx            caddy.Context
+	logger      *zap.Logger
+	ctx         caddy.Context
 	// route is the way to this gate's upstream, from the first request it
 	// served (pending.go: reports whose own way was lost in a restart).
 	// Set in Provision; a pointer because a Gate is copied by value.
 	route *atomic.Pointer[reporter]
+
+	// server is where rates is registered for wallet_auth (serverZones).
+	server *caddyhttp.Server
+	// leftmostWarned is set once the gate warned of a non-strict trusted
+	// proxy; nil when there is nothing to warn of (clientip.go). A pointer
+	// because a Gate is copied by value.
+	leftmostWarned *atomic.Bool
 }
 
 // Accept is one way to pay: a scheme on a network, an amount of an asset,
