@@ -72,8 +72,9 @@
 //
 // Every evaluation has budgets, enforced by the counting walk as it goes
 // (it runs before the validator and does at least the validator's work):
-// steps (Options.MaxSteps, one per subschema applied at one location and
-// one per 16 enum members compared),
+// steps (Options.MaxSteps, one per subschema applied at one location, one
+// per 16 enum members compared, and for uniqueItems one per value hashed
+// plus the comparisons the validator will make, see unique.go),
 // since nested applicators that reapply shared subschemas make the work
 // exponential in the schema's size; regular-expression work
 // (Options.MaxRegexWork, each match charged its pattern's size times the

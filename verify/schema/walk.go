@@ -457,7 +457,11 @@ func (w *walker) array(s *jsonschema.Schema, arr []any, u *uneval, vid int, c *c
 	}
 	if s.UniqueItems {
 		c.total++
-		if hasDuplicates(arr) {
+		dup := w.hasDuplicates(arr)
+		if w.stop != nil {
+			return
+		}
+		if dup {
 			c.failed++
 		}
 	}
@@ -965,53 +969,4 @@ func equal(a, b any) bool {
 	ar, aok := toRat(a)
 	br, bok := toRat(b)
 	return aok && bok && ar.Cmp(br) == 0
-}
-
-type dupKey struct {
-	kind int
-	f    float64
-	s    string
-}
-
-func hasDuplicates(arr []any) bool {
-	if len(arr) < 2 {
-		return false
-	}
-	if len(arr) <= 32 {
-		for i := 1; i < len(arr); i++ {
-			for j := 0; j < i; j++ {
-				if equal(arr[i], arr[j]) {
-					return true
-				}
-			}
-		}
-		return false
-	}
-	seen := make(map[dupKey][]int, len(arr))
-	for i, v := range arr {
-		k := dupKey{kind: typeOf(v)}
-		switch x := v.(type) {
-		case string:
-			k.s = x
-		case bool:
-			if x {
-				k.f = 1
-			}
-		case map[string]any:
-			k.f = float64(len(x))
-		case []any:
-			k.f = float64(len(x))
-		default:
-			if f, ok := toFloat(v); ok {
-				k.f = f
-			}
-		}
-		for _, j := range seen[k] {
-			if equal(v, arr[j]) {
-				return true
-			}
-		}
-		seen[k] = append(seen[k], i)
-	}
-	return false
 }
