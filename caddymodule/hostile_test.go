@@ -118,6 +118,9 @@ func TestHostileRequestsAreNeitherServedNorRecorded(t *testing.T) {
 		{"a member twice", strings.Replace(validRequest, `{"task_id":"t-1",`, `{"task_id":"t-1","task_id":"t-2",`, 1), 422},
 		{"a valid request without payment", validRequest, 402},
 		{"a pathological pattern over a long string", hostileCosts[0].body(), 402},
+		// Deterministic, unlike the pattern's cost: the gate's precheck
+		// counts it and refuses before asking for payment.
+		{"a hundred rules over one large array", overIntegrityBudget(), 422},
 		{"a body over the limit", `{"pad":"` + strings.Repeat("x", 1<<20) + `"}`, 413},
 	}
 	for _, tc := range rest {
@@ -317,4 +320,19 @@ func TestWrongMethodsOfPricedRoutesAre405BeforePayment(t *testing.T) {
 	if up.calls.Load() != 0 {
 		t.Errorf("the upstream ran %d times", up.calls.Load())
 	}
+}
+
+// overIntegrityBudget is a 100 KB request whose hundred unique rules over
+// one array of 12,000 numbers need more than the integrity-work budget
+// (about 20,000,000 units of verify.DefaultMaxIntegrityWork's 16,777,216).
+func overIntegrityBudget() string {
+	var b strings.Builder
+	b.WriteString(`{"task_id":"t","expected_schema":{},"rules":[`)
+	b.WriteString(strings.TrimSuffix(strings.Repeat(`{"type":"unique","field":"a[]"},`, 100), ","))
+	b.WriteString(`],"submitted_output":{"a":[0`)
+	for i := 1; i < 12000; i++ {
+		b.WriteString("," + strconv.Itoa(i))
+	}
+	b.WriteString(`]}}`)
+	return b.String()
 }

@@ -215,18 +215,19 @@ func TestConfiguration(t *testing.T) {
 		got := verify.New(verifyConfig(c)).Config()
 		want := verify.New(verify.Config{}).Config()
 		if got.Timeout != want.Timeout || got.MaxRegexWork != want.MaxRegexWork || got.MaxPatternSize != want.MaxPatternSize ||
-			got.MaxSchemaSteps != want.MaxSchemaSteps || got.MaxSchemas != want.MaxSchemas || got.SchemaCacheBytes != want.SchemaCacheBytes {
+			got.MaxSchemaSteps != want.MaxSchemaSteps || got.MaxSchemas != want.MaxSchemas || got.SchemaCacheBytes != want.SchemaCacheBytes ||
+			got.MaxIntegrityWork != want.MaxIntegrityWork {
 			t.Errorf("flag defaults %+v differ from the verifier's defaults %+v", got, want)
 		}
 		t.Setenv("VERIFIERD_MAX_REGEX_WORK", "1000")
 		c, err = parseFlags([]string{"-verify-timeout", "2s", "-max-pattern-size", "50", "-max-schemas", "9",
-			"-max-schema-steps", "77", "-schema-cache-bytes", "4096", "-max-concurrent-verifications", "3"}, io.Discard)
+			"-max-schema-steps", "77", "-schema-cache-bytes", "4096", "-max-concurrent-verifications", "3", "-max-integrity-work", "555"}, io.Discard)
 		if err != nil {
 			t.Fatal(err)
 		}
 		vc := verifyConfig(c)
 		if vc.Timeout != 2*time.Second || vc.MaxRegexWork != 1000 || vc.MaxPatternSize != 50 || vc.MaxSchemas != 9 ||
-			vc.MaxSchemaSteps != 77 || vc.SchemaCacheBytes != 4096 || vc.MaxConcurrent != 3 {
+			vc.MaxSchemaSteps != 77 || vc.SchemaCacheBytes != 4096 || vc.MaxConcurrent != 3 || vc.MaxIntegrityWork != 555 {
 			t.Errorf("budgets from flags and environment = %+v", vc)
 		}
 	})

@@ -1,6 +1,7 @@
 package verify
 
 import (
+	"context"
 	"encoding/json"
 	"math"
 	"slices"
@@ -39,11 +40,13 @@ const (
 	missingBoundValueMessage = "no value at this path (set if_present to allow its absence)"
 )
 
-// Check runs the integrity checks on a parsed request, combines them with
-// the schema evaluation Parse already did, and builds the unsigned result;
-// id is the verification id (a UUID v4 the caller made) and at the
-// verification instant. It cannot fail: everything that could make a
-// request unanswerable was refused by Parse.
+// Check builds the result of a request Parse accepted; id is the
+// verification id (a UUID v4 the caller made) and at the verification
+// instant. It cannot fail and does no work that grows with the request:
+// Parse already evaluated the schema and ran the integrity checks, within
+// the verification's budgets, time limit and concurrency slot, so that
+// everything that could make a request unanswerable (422, 503) happened
+// before the caller made an id, signed or recorded anything.
 //
 // How checks are counted (SPEC §4):
 //
@@ -73,20 +76,34 @@ const (
 // "error" when it blocks and "warning" otherwise, the rule's field exactly
 // as the caller wrote it, and the finding without the check name as its
 // detail. Every finding gets a hint.
+//
+// Each call returns a new Result; the lists of results of one Request are
+// shared, and must not be appended to.
 func (v *Verifier) Check(req *Request, id string, at time.Time) *Result {
-	res := &Result{
-		VerificationID:     id,
+	res := new(Result)
+	*res = req.result
+	res.VerificationID = id
+	res.VerifiedAt = FormatTime(at)
+	return res
+}
+
+// integrity runs the integrity checks of a parsed request whose schema
+// Parse has evaluated, and builds its result (all but the id and instant,
+// which Check adds). Their work was counted (integrityWork) and is within the
+// budget; it stops with ctx's error when ctx is done.
+func (v *Verifier) integrity(ctx context.Context, req *Request) error {
+	req.result = Result{
 		TaskID:             req.TaskID,
 		AgentID:            req.AgentID,
 		Hashes:             req.Hashes,
-		VerifiedAt:         FormatTime(at),
 		VerifierVersion:    v.cfg.VerifierVersion,
 		EnforceRules:       req.EnforceRules,
 		StrictContentCheck: req.StrictContentCheck,
 		Detail:             req.Detail,
 		listCap:            v.cfg.ListCap,
 	}
-	c := checker{res: res, output: req.output}
+	res := &req.result
+	c := checker{res: res, output: req.output, ctx: ctx}
 
 	rep := req.report
 	res.Schema = Tally{Passed: rep.Passed, Total: rep.Total}
@@ -120,6 +137,9 @@ func (v *Verifier) Check(req *Request, id string, at time.Time) *Result {
 	for i := range req.rules {
 		c.rule(&req.rules[i], req.EnforceRules)
 	}
+	if c.err != nil {
+		return c.err
+	}
 	if req.StrictContentCheck {
 		c.undeclared(rep.Undeclared)
 		c.placeholders()
@@ -130,7 +150,7 @@ func (v *Verifier) Check(req *Request, id string, at time.Time) *Result {
 	if len(res.BlockingChecks) > 0 {
 		res.Result = ResultFail
 	}
-	return res
+	return nil
 }
 
 // finding is one offending value of one check.
@@ -153,6 +173,22 @@ type checker struct {
 	res    *Result
 	output any
 	scrap  []byte
+
+	// ctx is looked at every liveEvery values; once it is done, err holds
+	// its error and every walk stops.
+	ctx    context.Context
+	err    error
+	values int
+}
+
+const liveEvery = 1 << 10
+
+// live counts one value and reports whether the checks may go on.
+func (c *checker) live() bool {
+	if c.values++; c.values%liveEvery == 0 && c.err == nil {
+		c.err = c.ctx.Err()
+	}
+	return c.err == nil
 }
 
 // shortPath is a display path without its "$." root, as error sentences
@@ -256,6 +292,9 @@ func describe(v any) string {
 }
 
 func (c *checker) bound(b bound) {
+	if c.err != nil {
+		return
+	}
 	type limit struct {
 		check string
 		val   *float64
@@ -268,6 +307,9 @@ func (c *checker) bound(b bound) {
 		lim := *l.val
 		passed, seen := true, false
 		b.path.walk(c.output, func(v any, idx []int) bool {
+			if !c.live() {
+				return false
+			}
 			seen = true
 			n, ok := v.(json.Number)
 			if !ok {
@@ -365,6 +407,9 @@ func (c *checker) operand(r *rule, enforce bool, p *Path, expect string) (val fl
 }
 
 func (c *checker) rule(r *rule, enforce bool) {
+	if c.err != nil {
+		return
+	}
 	passed := true
 	switch r.typ {
 	case RuleSumEquals:
@@ -395,6 +440,9 @@ func (c *checker) missingField(r *rule, enforce bool, expected string) bool {
 func (c *checker) sumAt(r *rule, enforce bool, expected string) (sum float64, ok, seen bool) {
 	ok = true
 	r.field.walk(c.output, func(v any, idx []int) bool {
+		if !c.live() {
+			return false
+		}
 		seen = true
 		n, isNum := v.(json.Number)
 		if !isNum {
@@ -464,6 +512,9 @@ func (c *checker) compare(r *rule, enforce bool) bool {
 	expected := op + " " + limText
 	passed, seen := true, false
 	r.field.walk(c.output, func(v any, idx []int) bool {
+		if !c.live() {
+			return false
+		}
 		seen = true
 		n, isNum := v.(json.Number)
 		if !isNum {
@@ -513,6 +564,9 @@ func (c *checker) existsIn(r *rule, enforce bool) bool {
 		expected = "one of the values at " + r.inField.String()
 		seen := false
 		r.inField.walk(c.output, func(v any, _ []int) bool {
+			if !c.live() {
+				return false
+			}
 			seen = true
 			allowed[string(c.canonicalKey(v))] = true
 			return true
@@ -532,6 +586,9 @@ func (c *checker) existsIn(r *rule, enforce bool) bool {
 	}
 	passed, seen := true, false
 	r.field.walk(c.output, func(v any, idx []int) bool {
+		if !c.live() {
+			return false
+		}
 		seen = true
 		if !allowed[string(c.canonicalKey(v))] {
 			passed = false
@@ -567,6 +624,9 @@ func (c *checker) unique(r *rule, enforce bool) bool {
 	var firsts []int
 	passed, seen := true, false
 	r.field.walk(c.output, func(v any, idx []int) bool {
+		if !c.live() {
+			return false
+		}
 		seen = true
 		k := c.canonicalKey(v)
 		at, dup := first[string(k)]

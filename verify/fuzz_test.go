@@ -26,9 +26,23 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte(`[]`))
 	f.Add([]byte(`{"task_id":"t","expected_schema":{"minimum":0.4,"multipleOf":1e-300},"submitted_output":[1e-400,0e-99999,5e-324,1e100000,1.` + strings.Repeat("0", 400) + `]}`))
 	f.Add([]byte(`{"task_id":"t","expected_schema":{},"submitted_output":0.` + strings.Repeat("0", 100000) + `5e100001}`))
+	f.Add([]byte(body(`rules=[{"type":"unique","field":"a[]"},{"type":"exists_in","field":"a[]","in_field":"a[]"}]`, `submitted_output={"a":[1,2,3,4,5,6]}`)))
+	f.Add([]byte(body(`bounds={"a[]":{"min":0},"$.a[]":{"max":9}}`, `submitted_output={"a":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21]}`)))
 
 	v := New(Config{ListCap: 5, SchemaCacheSize: 8})
+	// tight has an integrity-work budget small enough for the fuzzer to
+	// pass: the gateway's precheck must refuse what Parse refuses for it.
+	tight := New(Config{ListCap: 5, SchemaCacheSize: 8, MaxIntegrityWork: 40})
 	f.Fuzz(func(t *testing.T, data []byte) {
+		if _, err := tight.Parse(data); err != nil {
+			var ae *apierr.Error
+			if errors.As(err, &ae) && len(ae.Fields) > 0 && strings.Contains(ae.Fields[0].Problem, "integrity-check work") {
+				var pe *apierr.Error
+				if perr := tight.Precheck(data); !errors.As(perr, &pe) || pe.Fields[0] != ae.Fields[0] {
+					t.Fatalf("Parse refuses %+v; Precheck: %v", ae.Fields[0], perr)
+				}
+			}
+		}
 		req, err := v.Parse(data)
 		if err != nil {
 			var ae *apierr.Error

@@ -199,7 +199,8 @@ const hashMaxDepth = 10000
 
 // ComputeHashes recomputes the four hashes of SPEC §5 from a request body a
 // holder kept. The body must be a request the service would accept, apart
-// from size and count limits; the schema is not compiled.
+// from size and count limits and the integrity-work budget; the schema is
+// not compiled.
 func ComputeHashes(body []byte) (receipt.Hashes, error) {
 	want, err := ComputeExpected(body)
 	return want.Hashes, err
@@ -210,7 +211,8 @@ func ComputeHashes(body []byte) (receipt.Hashes, error) {
 // tool's offline receipt check): the four hashes of ComputeHashes and the
 // request members a receipt carries.
 func ComputeExpected(body []byte) (receipt.Expected, error) {
-	v := New(Config{MaxBodyBytes: math.MaxInt64, MaxDepth: hashMaxDepth, MaxRules: math.MaxInt32, MaxBounds: math.MaxInt32})
+	v := New(Config{MaxBodyBytes: math.MaxInt64, MaxDepth: hashMaxDepth, MaxRules: math.MaxInt32, MaxBounds: math.MaxInt32,
+		MaxIntegrityWork: math.MaxInt64})
 	tree, err := strictjson.Decode(body, strictjson.Limits{MaxDepth: hashMaxDepth})
 	if err != nil {
 		return receipt.Expected{}, err

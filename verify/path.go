@@ -166,11 +166,19 @@ func (p Path) single() bool {
 // the wrong kind of value (a key on a non-object, "[]" on a non-array),
 // resolve to nothing.
 func (p Path) walk(v any, fn func(v any, idx []int) bool) {
-	var idx []int
-	p.walkFrom(v, 0, &idx, fn)
+	var steps int64
+	p.walkCounting(v, &steps, fn)
 }
 
-func (p Path) walkFrom(v any, at int, idx *[]int, fn func(any, []int) bool) bool {
+// walkCounting is walk that also adds to *steps one per value the walk
+// enters (an array element, or a member found), the work a bound or a rule
+// pays for its path (work.go).
+func (p Path) walkCounting(v any, steps *int64, fn func(v any, idx []int) bool) {
+	var idx []int
+	p.walkFrom(v, 0, &idx, steps, fn)
+}
+
+func (p Path) walkFrom(v any, at int, idx *[]int, steps *int64, fn func(any, []int) bool) bool {
 	for ; at < len(p.steps); at++ {
 		s := p.steps[at]
 		if s.each {
@@ -178,9 +186,10 @@ func (p Path) walkFrom(v any, at int, idx *[]int, fn func(any, []int) bool) bool
 			if !ok {
 				return true
 			}
+			*steps += int64(len(a))
 			for i, e := range a {
 				*idx = append(*idx, i)
-				more := p.walkFrom(e, at+1, idx, fn)
+				more := p.walkFrom(e, at+1, idx, steps, fn)
 				*idx = (*idx)[:len(*idx)-1]
 				if !more {
 					return false
@@ -195,6 +204,7 @@ func (p Path) walkFrom(v any, at int, idx *[]int, fn func(any, []int) bool) bool
 		if v, ok = m[s.key]; !ok {
 			return true
 		}
+		*steps++
 	}
 	return fn(v, *idx)
 }

@@ -59,6 +59,7 @@ type Request struct {
 	report schema.Report // the schema evaluation, done by Parse
 	bounds []bound
 	rules  []rule
+	result Result // the result but for its id and instant, built by Parse
 }
 
 // bound is one entry of "bounds", limits parsed.
@@ -183,10 +184,11 @@ func wrongType(p *problems, field string, v any, want, fix string) {
 // §3, the four hashes, and the schema compiled and evaluated against the
 // output, so that a schema that cannot be used (it does not compile, it
 // refers outside the request, or it needs more than the evaluation's step
-// or regular-expression budget on this output) is refused here. A refusal
-// is an *apierr.Error: 413 for a body over MaxBodyBytes, 503
-// verification_timeout past Config.Timeout, otherwise 422 naming every
-// problem found with a fix. Check then only adds the integrity checks and
+// or regular-expression budget on this output) is refused here, as are
+// bounds and rules that need more than the integrity-work budget. It then
+// runs the integrity checks. A refusal is an *apierr.Error: 413 for a body
+// over MaxBodyBytes, 503 verification_timeout past Config.Timeout,
+// otherwise 422 naming every problem found with a fix. Check then only
 // writes the result.
 func (v *Verifier) Parse(body []byte) (*Request, error) {
 	return v.ParseContext(context.Background(), body)
@@ -316,6 +318,15 @@ func (v *Verifier) parseDocContext(ctx context.Context, doc map[string]any, comp
 		}
 	}
 
+	// The work of the bounds and rules is counted here, before anything
+	// is evaluated (and in the gateway's precheck, before payment): only
+	// a well-formed request can be counted.
+	if len(p.fields) == 0 {
+		if _, over := integrityWork(output, req.bounds, req.rules, v.cfg.MaxIntegrityWork); over != "" {
+			p.add(over, integrityWorkProblem(v.cfg.MaxIntegrityWork), integrityWorkFix)
+		}
+	}
+
 	// Hash before compiling: the schema hash is the cache key. Hashing can
 	// only fail on trees strictjson would not produce.
 	var hs hashState
@@ -339,10 +350,12 @@ func (v *Verifier) parseDocContext(ctx context.Context, doc map[string]any, comp
 		}
 		// Evaluate here, not in Check, so that a schema too complex for its
 		// output (over the step budget) is a 422 like any other unusable
-		// schema, before payment, instead of a charged "fail". Only an
-		// otherwise valid request is worth the work.
+		// schema, before payment, instead of a charged "fail"; and run the
+		// integrity checks here too, so that one time limit and one slot
+		// cover all of a verification's work. Only an otherwise valid
+		// request is worth the work.
 		if sch != nil && len(p.fields) == 0 {
-			rep, err := v.evaluate(ctx, sch, req)
+			err := v.verify(ctx, sch, req)
 			var budget interface{ Fields() []apierr.Field }
 			switch {
 			case errors.As(err, &budget):
@@ -354,7 +367,6 @@ func (v *Verifier) parseDocContext(ctx context.Context, doc map[string]any, comp
 			case err != nil:
 				return nil, apierr.Internal(err)
 			}
-			req.report = rep
 		}
 	}
 	if err := p.err(); err != nil {
@@ -363,19 +375,25 @@ func (v *Verifier) parseDocContext(ctx context.Context, doc map[string]any, comp
 	return req, nil
 }
 
-// evaluate runs the schema evaluation within the verifier's budgets, in
-// one of its MaxConcurrent slots (waiting for one as long as ctx allows).
-func (v *Verifier) evaluate(ctx context.Context, sch *schema.Schema, req *Request) (schema.Report, error) {
+// verify runs the schema evaluation within the verifier's budgets, then
+// the integrity checks, in one of its MaxConcurrent slots (waiting for one
+// as long as ctx allows) and until ctx is done.
+func (v *Verifier) verify(ctx context.Context, sch *schema.Schema, req *Request) error {
 	select {
 	case v.slots <- struct{}{}:
 	case <-ctx.Done():
-		return schema.Report{}, ctx.Err()
+		return ctx.Err()
 	}
 	defer func() { <-v.slots }()
-	return sch.EvaluateContext(ctx, req.output, schema.Options{
+	rep, err := sch.EvaluateContext(ctx, req.output, schema.Options{
 		Undeclared: req.StrictContentCheck, MaxSteps: v.cfg.MaxSchemaSteps,
 		MaxRegexWork: v.cfg.MaxRegexWork, MaxFailures: v.cfg.ListCap,
 	})
+	if err != nil {
+		return err
+	}
+	req.report = rep
+	return v.integrity(ctx, req)
 }
 
 // boolField reads an optional boolean (default false).

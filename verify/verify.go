@@ -66,6 +66,11 @@ type Config struct {
 	// (schema.DefaultMaxRegexWork when zero); a request over it is refused
 	// with 422 before the match that would pass it runs.
 	MaxRegexWork int64
+	// MaxIntegrityWork bounds the work of the bounds and rules of one
+	// request on its output (DefaultMaxIntegrityWork when zero; see
+	// work.go for the units). It is counted before any check runs, and a
+	// request over it is refused with 422.
+	MaxIntegrityWork int64
 	// MaxPatternSize bounds one pattern of a schema, in compiled program
 	// instructions (schema.DefaultMaxPatternSize when zero); a larger one
 	// is a 422.
@@ -73,9 +78,10 @@ type Config struct {
 	// MaxSchemas bounds the subschemas of one expected_schema
 	// (schema.DefaultMaxSchemas when zero); a larger schema is a 422.
 	MaxSchemas int
-	// MaxConcurrent bounds how many evaluations run at once (twice
-	// GOMAXPROCS when zero); the others wait for a slot within their
-	// Timeout. Evaluation is CPU-bound, so more would not finish sooner,
+	// MaxConcurrent bounds how many verifications (schema evaluation and
+	// integrity checks) run at once (twice GOMAXPROCS when zero); the
+	// others wait for a slot within their Timeout. Verification is
+	// CPU-bound, so more would not finish sooner,
 	// and the bound is what caps the memory of many hostile requests
 	// together: each holds at most one evaluation's worth.
 	MaxConcurrent int
@@ -116,6 +122,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxRegexWork <= 0 {
 		c.MaxRegexWork = schema.DefaultMaxRegexWork
+	}
+	if c.MaxIntegrityWork <= 0 {
+		c.MaxIntegrityWork = DefaultMaxIntegrityWork
 	}
 	if c.MaxPatternSize <= 0 {
 		c.MaxPatternSize = schema.DefaultMaxPatternSize

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -69,6 +70,37 @@ func TestHostileVerificationsStayWithinBudgets(t *testing.T) {
 		}
 	})
 
+	t.Run("rules over the integrity-work budget are a 422 before any check runs, nothing recorded", func(t *testing.T) {
+		// Before the budget, Check spent about 7 s of CPU on this request,
+		// after the time limit and outside the concurrency slots.
+		out, _ := numbersOutput(1<<20 - 8000)
+		body := rulesBody(strings.Repeat(`{"type":"unique","field":"a[]"},`, 99)+`{"type":"unique","field":"a[]"}`, out)
+		before := len(f.allRecords(t))
+		w := f.do("POST", "/verify/schema", body, map[string]string{"X-Aov-Gateway-Token": gatewayToken})
+		m := decode(t, w)
+		if w.Code != http.StatusUnprocessableEntity || m["code"] != "invalid_request" || m["charged"] != false ||
+			!strings.Contains(m["message"].(string), "rules need more than 16777216 units of integrity-check work") {
+			t.Fatalf("status %d %v", w.Code, m)
+		}
+		if strings.Contains(w.Body.String(), "0.5,") {
+			t.Error("the refusal echoes the output")
+		}
+		if after := len(f.allRecords(t)); after != before {
+			t.Errorf("a refused verification was recorded (%d → %d records)", before, after)
+		}
+	})
+
+	t.Run("a 1 MiB output under a handful of rules is checked", func(t *testing.T) {
+		out, sum := numbersOutput(1<<20 - 2000)
+		body := rulesBody(`{"type":"sum_equals","field":"a[]","equals":`+strconv.FormatFloat(sum, 'f', 1, 64)+`,"tolerance":1},`+
+			`{"type":"gte","field":"a[]","value":0},{"type":"unique","field":"a[]"},{"type":"exists_in","field":"a[]","in_field":"a[]"}`, out)
+		w := f.do("POST", "/verify/schema", body, map[string]string{"X-Aov-Gateway-Token": gatewayToken})
+		m := decode(t, w)
+		if w.Code != http.StatusOK || m["result"] != "pass" {
+			t.Fatalf("status %d, result %v, errors %v", w.Code, m["result"], m["errors"])
+		}
+	})
+
 	t.Run("a caller that goes away stops the verification: 503, nothing recorded", func(t *testing.T) {
 		before := len(f.allRecords(t))
 		ctx, cancel := context.WithCancel(context.Background())
@@ -84,4 +116,26 @@ func TestHostileVerificationsStayWithinBudgets(t *testing.T) {
 			t.Errorf("a stopped verification was recorded (%d → %d records)", before, after)
 		}
 	})
+}
+
+// numbersOutput is an output {"a": [0.5, 1.5, ...]} of about size bytes,
+// and the sum of its numbers.
+func numbersOutput(size int) (string, float64) {
+	var b strings.Builder
+	b.WriteString(`{"a":[`)
+	sum := 0.0
+	for i := 0; b.Len() < size; i++ {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.Itoa(i))
+		b.WriteString(".5")
+		sum += float64(i) + 0.5
+	}
+	b.WriteString(`]}`)
+	return b.String(), sum
+}
+
+func rulesBody(rules, output string) []byte {
+	return []byte(`{"task_id":"t","expected_schema":{"type":"object"},"rules":[` + rules + `],"submitted_output":` + output + `}`)
 }
