@@ -87,6 +87,9 @@ var (
 	ErrClaimLost = errors.New("store: claim no longer held")
 	// ErrClaimSettled reports a release of a settled claim.
 	ErrClaimSettled = errors.New("store: claim is settled")
+	// ErrNoteChanged reports a Swap whose claim no longer carries the
+	// note it expected: someone else moved it first.
+	ErrNoteChanged = errors.New("store: claim note changed")
 )
 
 // MaxClaimKeyBytes bounds one claim key; callers hash anything longer.
@@ -321,6 +324,14 @@ type HeldClaims interface {
 	// Held calls fn with the first key and the state of every live,
 	// unsettled claim that carries a note, until fn returns false.
 	Held(ctx context.Context, fn func(key string, st ClaimState) bool) error
+	// Swap marks c settled with note if its note is still old
+	// (ErrNoteChanged otherwise, ErrClaimLost as Settle). It is how a held
+	// record moves on (unknown to settled, settled to delivered): of the
+	// requests, background passes or gateways moving the same record at
+	// once, exactly one succeeds, so a step taken on the strength of the
+	// old note (content released) is taken once. Settle, which overwrites
+	// whatever note it finds, cannot promise that.
+	Swap(ctx context.Context, c Claim, old, note string) error
 }
 
 // MaxHoldNoteBytes bounds one Hold note.
@@ -342,6 +353,32 @@ func (cl claims) Hold(ctx context.Context, c Claim, note string) error {
 				return ErrClaimSettled
 			}
 			r.note = note
+			if err := putClaim(txn, k, r); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// Swap implements HeldClaims.
+func (cl claims) Swap(ctx context.Context, c Claim, old, note string) error {
+	if len(note) > MaxHoldNoteBytes {
+		return fmt.Errorf("store: hold note over %d bytes", MaxHoldNoteBytes)
+	}
+	return cl.db.update(ctx, func(txn *tx) error {
+		recs, err := held(txn, c, now().UnixNano())
+		if err != nil {
+			return err
+		}
+		for i := range c.Keys {
+			if recs[i].note != old {
+				return ErrNoteChanged
+			}
+		}
+		for i, k := range c.Keys {
+			r := recs[i]
+			r.settled, r.note = true, note
 			if err := putClaim(txn, k, r); err != nil {
 				return err
 			}

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -82,6 +83,63 @@ func TestHeldClaims(t *testing.T) {
 		}
 		if st, err := db.Claims().Lookup(ctx, "k"); err != nil || st.Note != "" {
 			t.Fatalf("lookup %+v %v", st, err)
+		}
+	})
+	t.Run("swap moves a note on once: the second swap from the same note loses", func(t *testing.T) {
+		db, _ := openTemp(t, Options{})
+		cl := db.Claims().(HeldClaims)
+		c, _ := db.Claims().Claim(ctx, []string{"a", "b"}, time.Now().Add(time.Hour))
+		if err := cl.Hold(ctx, c, "unknown"); err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.Swap(ctx, c, "other", "settled"); !errors.Is(err, ErrNoteChanged) {
+			t.Fatalf("swap from a note it does not carry: %v", err)
+		}
+		if st, err := db.Claims().Lookup(ctx, "b"); err != nil || st.Settled || st.Note != "unknown" {
+			t.Fatalf("a lost swap changed the claim: %+v %v", st, err)
+		}
+		if err := cl.Swap(ctx, c, "unknown", "settled"); err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.Swap(ctx, c, "settled", "delivered"); err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.Swap(ctx, c, "settled", "delivered again"); !errors.Is(err, ErrNoteChanged) {
+			t.Fatalf("second swap from the same note: %v", err)
+		}
+		for _, k := range c.Keys {
+			if st, err := db.Claims().Lookup(ctx, k); err != nil || !st.Settled || st.Note != "delivered" {
+				t.Fatalf("%s: %+v %v", k, st, err)
+			}
+		}
+		if err := cl.Swap(ctx, Claim{Keys: c.Keys, Token: strings.Repeat("0", 32)}, "delivered", "x"); !errors.Is(err, ErrClaimLost) {
+			t.Fatalf("swap by another holder: %v", err)
+		}
+	})
+
+	t.Run("of concurrent swaps from one note exactly one wins", func(t *testing.T) {
+		db, _ := openTemp(t, Options{})
+		cl := db.Claims().(HeldClaims)
+		c, _ := db.Claims().Claim(ctx, []string{"k"}, time.Now().Add(time.Hour))
+		if err := db.Claims().Settle(ctx, c, "settled", time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+		const n = 16
+		errs := make(chan error, n)
+		for i := range n {
+			go func() { errs <- cl.Swap(ctx, c, "settled", fmt.Sprint("delivered ", i)) }()
+		}
+		won := 0
+		for range n {
+			switch err := <-errs; {
+			case err == nil:
+				won++
+			case !errors.Is(err, ErrNoteChanged):
+				t.Fatal(err)
+			}
+		}
+		if won != 1 {
+			t.Fatalf("%d swaps won", won)
 		}
 	})
 }
