@@ -48,6 +48,24 @@ const (
 	HeaderUpstreamAnswerBy = "X-Aov-Answer-By"
 )
 
+// upstreamHeaders are the headers the gate tells the upstream, all of them
+// (HeaderUpstreamSettlement is in pending.go): the one list of what
+// clearUpstreamHeaders removes from a client's request, so that a header
+// added to what the gate sets is never one a client can also send. The
+// gate must not rely on a site-wide strip of X-Aov-* in the Caddyfile.
+var upstreamHeaders = []string{
+	HeaderUpstreamPayment, HeaderUpstreamPayer, HeaderUpstreamNetwork,
+	HeaderUpstreamAnswerBy, HeaderUpstreamSettlement,
+}
+
+// clearUpstreamHeaders removes every client copy of the headers the gate
+// tells the upstream.
+func clearUpstreamHeaders(h http.Header) {
+	for _, k := range upstreamHeaders {
+		h.Del(k)
+	}
+}
+
 // varGated marks a request some gate has already cleaned of client copies
 // of the upstream headers.
 const varGated = "aov.x402.gated"
@@ -517,6 +535,14 @@ func (a Accept) requirements() (x402.PaymentRequirements, error) {
 // the gate answers for payment itself, an invalid request is 422 instead
 // (see exchange); a call it lets through is checked by the upstream.
 func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	// The upstream must never see a client's claim to have paid (nor the
+	// payment itself), on any path, OPTIONS included. The first gate on
+	// the request removes them; a later gate in the same route (one per
+	// MCP tool) must keep what an earlier one set.
+	if caddyhttp.GetVar(r.Context(), varGated) == nil {
+		caddyhttp.SetVar(r.Context(), varGated, true)
+		clearUpstreamHeaders(r.Header)
+	}
 	if r.Method == http.MethodOptions {
 		return next.ServeHTTP(w, r)
 	}
@@ -524,17 +550,6 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		g.learnRoute(r, next)
 	}
 	g.warnLeftmostClientIP(r)
-	// The upstream must never see a client's claim to have paid, nor the
-	// payment itself. The first gate on the request removes them; a later
-	// gate in the same route (one per MCP tool) must keep what an earlier
-	// one set.
-	if caddyhttp.GetVar(r.Context(), varGated) == nil {
-		caddyhttp.SetVar(r.Context(), varGated, true)
-		r.Header.Del(HeaderUpstreamPayment)
-		r.Header.Del(HeaderUpstreamPayer)
-		r.Header.Del(HeaderUpstreamNetwork)
-		r.Header.Del(HeaderUpstreamAnswerBy)
-	}
 	payment := r.Header.Get(x402.HeaderPaymentSignature)
 	r.Header.Del(x402.HeaderPaymentSignature)
 	if g.MCPTool != "" {
@@ -610,12 +625,25 @@ func (g *Gate) readBody(r *http.Request) ([]byte, error) {
 	return body, nil
 }
 
+// gateBody is a request body the gate has read: the upstream reads it as
+// any body, and the gate can still name it once the upstream has
+// (heldRequest, pending.go). One allocation, as io.NopCloser of a
+// bytes.Reader was two.
+type gateBody struct {
+	bytes.Reader
+	b []byte
+}
+
+func (*gateBody) Close() error { return nil }
+
 // exactBodyAlloc is the largest announced body readBody allocates at once.
 const exactBodyAlloc = 64 << 10
 
 // setBody makes body the request body the upstream reads.
 func setBody(r *http.Request, body []byte) {
-	r.Body = io.NopCloser(bytes.NewReader(body))
+	gb := &gateBody{b: body}
+	gb.Reset(body)
+	r.Body = gb
 	if r.ContentLength == int64(len(body)) {
 		if v := r.Header["Content-Length"]; len(v) == 1 {
 			if n, err := strconv.ParseInt(v[0], 10, 64); err == nil && n == r.ContentLength {

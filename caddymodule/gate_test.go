@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math/big"
 	"net/http"
 	"net/http/httptest"
@@ -111,6 +112,7 @@ func newUpstream(t *testing.T) *upstream {
 			"payer":             r.Header.Get(HeaderUpstreamPayer),
 			"network":           r.Header.Get(HeaderUpstreamNetwork),
 			"answer_by":         r.Header.Get(HeaderUpstreamAnswerBy),
+			"settlement":        r.Header.Get(HeaderUpstreamSettlement),
 			"payment_signature": r.Header.Get(x402.HeaderPaymentSignature),
 			"body_bytes":        len(body),
 		})
@@ -880,5 +882,56 @@ func TestUpstreamIsToldWhenTheGateStopsWaiting(t *testing.T) {
 	by := time.UnixMilli(got)
 	if lo, hi := sent.Add(7*time.Second-time.Second), time.Now().Add(7*time.Second+time.Second); by.Before(lo) || by.After(hi) {
 		t.Fatalf("X-Aov-Answer-By %v, want about 7 s after %v", by, sent)
+	}
+}
+
+// The gate removes a client's copy of every header it tells the upstream,
+// on every path (a free call, a paid call in settle before mode, which
+// sets no X-Aov-Settlement, an OPTIONS request), without relying on a
+// site-wide strip of X-Aov-* (gateSite has none).
+func TestGateClearsEveryUpstreamHeaderItOwns(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	base := startCaddy(t, gateSite(up.URL, fac, 5, "settle before"))
+	url := base + "/verify/schema"
+	forged := map[string]string{HeaderUpstreamPayment: "paid", HeaderUpstreamPayer: "0xforged",
+		HeaderUpstreamNetwork: "eip155:1", HeaderUpstreamAnswerBy: "1", HeaderUpstreamSettlement: "pending"}
+	if len(forged) != len(upstreamHeaders) {
+		t.Fatalf("the test forges %d headers, the gate owns %d", len(forged), len(upstreamHeaders))
+	}
+	with := func(extra map[string]string) map[string]string {
+		h := maps.Clone(forged)
+		maps.Copy(h, extra)
+		return h
+	}
+	check := func(desc string, m map[string]any, payment string) {
+		t.Helper()
+		if m["payment"] != payment || m["payer"] == "0xforged" || m["network"] == "eip155:1" || m["answer_by"] == "1" || m["settlement"] != "" {
+			t.Errorf("%s: the upstream was told %v", desc, m)
+		}
+	}
+
+	resp := post(t, url, validRequest, forged)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("free call: %d", resp.StatusCode)
+	}
+	check("free call", readJSON(t, resp), "free")
+
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 9)
+	resp = post(t, url, validRequest, with(map[string]string{x402.HeaderPaymentSignature: sig}))
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("paid call: %d", resp.StatusCode)
+	}
+	check("paid call", readJSON(t, resp), "paid")
+
+	req, _ := http.NewRequest(http.MethodOptions, url, nil)
+	for k, v := range forged {
+		req.Header.Set(k, v)
+	}
+	if resp, err := testClient.Do(req); err != nil {
+		t.Fatal(err)
+	} else {
+		defer resp.Body.Close()
+		check("OPTIONS", readJSON(t, resp), "")
 	}
 }

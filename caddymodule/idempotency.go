@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
 	"net/http"
 	"time"
 
@@ -261,30 +262,52 @@ func (g *Gate) paymentIDOf(r *http.Request, payload x402.PaymentPayload, raw str
 // request it pays for, each part length-delimited by its own hash.
 func (g *Gate) fingerprint(r *http.Request, raw string) (string, error) {
 	h := sha256.New()
-	part := func(b []byte) {
+	part := partWriter(h)
+	part([]byte(raw))
+	if err := g.requestParts(r, part, g.readBody); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// partWriter writes each part to h as its own hash, so parts are
+// length-delimited.
+func partWriter(h hash.Hash) func([]byte) {
+	return func(b []byte) {
 		s := sha256.Sum256(b)
 		h.Write(s[:])
 	}
-	part([]byte(raw))
-	if read, ok := caddyhttp.GetVar(r.Context(), varRPCMessage).(*rpcRead); ok && g.MCPTool != "" {
-		args, err := receipt.AppendCanonical(nil, read.msg.args)
+}
+
+// requestParts writes the request a payment pays for, part by part: for an
+// MCP call the tool and its arguments; otherwise the method, the path and
+// query, and the body as read returns it (read nil: the body is left out,
+// for a held record whose body the gate could not read; pending.go).
+func (g *Gate) requestParts(r *http.Request, part func([]byte), read func(*http.Request) ([]byte, error)) error {
+	if rr, ok := caddyhttp.GetVar(r.Context(), varRPCMessage).(*rpcRead); ok && g.MCPTool != "" {
+		args, err := receipt.AppendCanonical(nil, rr.msg.args)
 		if err != nil {
-			return "", apierr.Internal(err)
+			return apierr.Internal(err)
 		}
 		part([]byte("mcp"))
-		part([]byte(read.msg.tool))
+		part([]byte(rr.msg.tool))
 		part(args)
-	} else {
-		body, err := g.readBody(r)
-		if err != nil {
-			return "", err
+		return nil
+	}
+	var body []byte
+	if read != nil {
+		var err error
+		if body, err = read(r); err != nil {
+			return err
 		}
-		part([]byte("http"))
-		part([]byte(r.Method))
-		part([]byte(r.URL.RequestURI()))
+	}
+	part([]byte("http"))
+	part([]byte(r.Method))
+	part([]byte(r.URL.RequestURI()))
+	if read != nil {
 		part(body)
 	}
-	return hex.EncodeToString(h.Sum(nil)), nil
+	return nil
 }
 
 // claimed answers a call whose payment is already claimed by another call
@@ -444,17 +467,7 @@ func (c *paymentIDCall) serveSaved(w http.ResponseWriter, r *http.Request, ex ex
 		c.g.setPaidHeaders(w.Header(), ans.Settlement)
 		return ex.refuse(w, r, fresh(errPaymentIDAnswerNotKept))
 	}
-	body := ans.Body
-	if m, ok := ex.(*mcpExchange); ok {
-		// The answer of a JSON-RPC call names the call: the retry's id.
-		var resp map[string]json.RawMessage
-		if err := json.Unmarshal(body, &resp); err == nil {
-			resp["id"] = m.id
-			if b, err := json.Marshal(resp); err == nil {
-				body = b
-			}
-		}
-	}
+	body := ex.retold(ans.Body)
 	buf := getBuffer()
 	defer putBuffer(buf)
 	buf.Write(body)
@@ -463,6 +476,7 @@ func (c *paymentIDCall) serveSaved(w http.ResponseWriter, r *http.Request, ex ex
 		header = http.Header{}
 	}
 	metrics.outcomes.WithLabelValues("payment_identifier_replayed").Inc()
+	noteSettled(r, ans.Settlement)
 	ex.deliver(w, &bufferedWriter{header: header, buf: buf, code: ans.Status, limit: int64(len(body))}, ans.Settlement)
 	return nil
 }

@@ -379,6 +379,23 @@ func skipValue(b []byte, i int) (end, depth int) {
 	return i, 0
 }
 
+// retold is a kept answer under this call's JSON-RPC id: an MCP client
+// sends each request, a retry too, with an id of its own and drops an
+// answer that names another. An answer that is not a JSON object is left
+// as it is.
+func (e *mcpExchange) retold(body []byte) []byte {
+	var resp map[string]json.RawMessage
+	if err := json.Unmarshal(body, &resp); err != nil || resp == nil {
+		return body
+	}
+	resp["id"] = e.id
+	b, err := json.Marshal(resp)
+	if err != nil {
+		return body
+	}
+	return b
+}
+
 // deliver adds the settlement to the result's _meta (and PAYMENT-RESPONSE
 // to the HTTP answer) and writes it. The result is found as billable finds
 // it (answerResult), read into raw members and written back in its place,

@@ -225,3 +225,59 @@ func TestPaidMCPUnknownOutcomeIsReportedOnRetry(t *testing.T) {
 		t.Fatalf("charged %s", got)
 	}
 }
+
+// The answer held back for an unknown settlement is delivered to the
+// buyer's retry under the retry's own JSON-RPC id (an MCP client sends
+// each request with a new id and drops an answer naming another), with the
+// settlement in its _meta.
+func TestPaidMCPHeldAnswerNamesTheRetry(t *testing.T) {
+	d, _ := sharedDevnet(t)
+	vf := startVerifier(t)
+	url := startCaddy(t, mcpHistorySite(vf, "lose_reply", filepath.Join(t.TempDir(), "gate"))) + "/mcp"
+	args := map[string]any{"task_id": "t-mcp-id", "agent_id": "seller-mcp-id",
+		"expected_schema": map[string]any{"type": "object"}, "submitted_output": map[string]any{"ok": true}}
+	postMCP(t, url, toolCall(t, "verify_schema", map[string]any{"task_id": "t-free", "expected_schema": map[string]any{}, "submitted_output": 1}, nil)) // the free call of the day
+	_, body := postMCP(t, url, toolCall(t, "verify_schema", args, nil))
+	demand, _ := toolResultOf(t, body)
+	b, _ := json.Marshal(demand)
+	var pr x402.PaymentRequired
+	if json.Unmarshal(b, &pr) != nil || len(pr.Accepts) == 0 {
+		t.Fatalf("not a demand: %s", body)
+	}
+	payer := evmfacilitator.DevAccounts()[3].Address
+	before := balance(t, d, payer)
+	p, err := x402.SignExactEVM(evmfacilitator.DevKey(3), pr.Accepts[0], &pr.Resource, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	call := toolCall(t, "verify_schema", args, &p)
+	if _, body = postMCP(t, url, call); !strings.Contains(string(body), "settlement_pending") {
+		t.Fatalf("first try: %s", body)
+	}
+	for _, id := range []string{`"retry-1"`, `42`} {
+		retry := strings.Replace(call, `"id":1,`, `"id":`+id+`,`, 1)
+		if retry == call {
+			t.Fatal("the call's id was not found")
+		}
+		_, body = postMCP(t, url, retry)
+		var resp struct {
+			ID     json.RawMessage `json:"id"`
+			Result struct {
+				Meta map[string]json.RawMessage `json:"_meta"`
+			} `json:"result"`
+		}
+		if err := json.Unmarshal(body, &resp); err != nil || string(resp.ID) != id {
+			t.Fatalf("retry with id %s answered as id %s (%v): %s", id, resp.ID, err, body)
+		}
+		var sr x402.SettleResponse
+		if json.Unmarshal(resp.Result.Meta[mcpMetaPaymentResponse], &sr) != nil || !sr.Success {
+			t.Fatalf("retry with id %s: no settlement in _meta: %s", id, body)
+		}
+		if doc, isErr := toolResultOf(t, body); isErr || doc["task_id"] != "t-mcp-id" {
+			t.Fatalf("retry with id %s: %s", id, body)
+		}
+	}
+	if got := charged(t, d, payer, before); got.Int64() != 20000 {
+		t.Fatalf("charged %s", got)
+	}
+}

@@ -55,6 +55,10 @@ type exchange interface {
 	// upstreamRan records that the upstream, which checks the request
 	// itself, has answered: the gate's check is no longer needed.
 	upstreamRan()
+	// retold is a kept answer's body (a payment identifier's saved answer,
+	// the answer held for an unknown settlement) as the answer to this
+	// call, a retry of the call that produced it.
+	retold(body []byte) []byte
 }
 
 // requestCheck is the request-level check of one call: strict parse, field
@@ -108,6 +112,9 @@ func (e *restExchange) refuse(w http.ResponseWriter, r *http.Request, ae *apierr
 }
 
 func (*restExchange) billable(bw *bufferedWriter) bool { return bw.status() < 400 }
+
+// retold: an HTTP answer names no request; it is the same answer.
+func (*restExchange) retold(body []byte) []byte { return body }
 
 func (e *restExchange) deliver(w http.ResponseWriter, bw *bufferedWriter, sr x402.SettleResponse) {
 	e.g.setPaidHeaders(w.Header(), sr)
@@ -186,8 +193,7 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 			return nil
 		}
 		pid.save(nil, pc.sr) // streamed: settled, its answer not kept
-		g.setPaidHeaders(w.Header(), pc.sr)
-		return next.ServeHTTP(w, r)
+		return next.ServeHTTP(g.paidStream(w, pc.sr), r)
 	}
 	return g.serveCharged(w, r, next, ex, pc)
 }
@@ -222,7 +228,7 @@ func (p *paidCharge) settleOnce(w http.ResponseWriter, r *http.Request, held *bu
 			// to wait, not to pay again.
 			g.logger.Error("settlement outcome unknown", zap.Error(err))
 			metrics.outcomes.WithLabelValues("settlement_unknown").Inc()
-			g.holdUnknown(r.Context(), p.claim, p.payload, p.offer, held, unknown)
+			g.holdUnknown(r, p.claim, p.payload, p.offer, held, unknown)
 			g.refuse(w, r, errSettlementPending(err))
 			return false
 		}
@@ -249,6 +255,7 @@ func (p *paidCharge) settleOnce(w http.ResponseWriter, r *http.Request, held *bu
 	}
 	outcomeSettled.Inc()
 	g.creditSettled(r) // the 402 before this payment no longer counts (ratelimit.go)
+	noteSettled(r, sr)
 	p.sr = sr
 	return true
 }
@@ -266,6 +273,33 @@ func (g *Gate) setPaidHeaders(h http.Header, sr x402.SettleResponse) {
 	h.Set("Cache-Control", "no-store")
 	h.Set("Access-Control-Expose-Headers", exposedHeaders)
 }
+
+// paidStream is w for a paid answer the upstream writes straight to the
+// client (settle before mode; a run again after an unknown settlement,
+// pending.go), with the paid headers set: whatever headers the upstream
+// adds, PAYMENT-RESPONSE goes out as the gate set it (sr) and an
+// upstream's PAYMENT-REQUIRED not at all. Only the gate speaks x402 to the
+// client: an upstream that is itself an x402 client (a seller's agent
+// calling another paid API) must not hand its receipts on as the buyer's.
+// A held answer is cleaned the same way when it is replayed.
+func (g *Gate) paidStream(w http.ResponseWriter, sr x402.SettleResponse) http.ResponseWriter {
+	g.setPaidHeaders(w.Header(), sr)
+	own := w.Header()[keyPaymentResponse]
+	return &statusWriter{ResponseWriter: w, onHeader: func(h http.Header, _ int) {
+		delete(h, keyPaymentRequired)
+		delete(h, keyPaymentResponse)
+		if own != nil {
+			h[keyPaymentResponse] = own
+		}
+	}}
+}
+
+// keyPaymentResponse and keyPaymentRequired are the x402 headers' keys in
+// an http.Header (canonical: x402 spells them in capitals).
+var (
+	keyPaymentResponse = http.CanonicalHeaderKey(x402.HeaderPaymentResponse)
+	keyPaymentRequired = http.CanonicalHeaderKey(x402.HeaderPaymentRequired)
+)
 
 // reasonPaymentInFlight refuses a payment that another request is using
 // right now.
@@ -449,11 +483,16 @@ func (b *bufferedWriter) status() int {
 }
 
 // replay writes the held response to w (whose headers the gate may already
-// have set).
+// have set). The upstream's own PAYMENT-RESPONSE and PAYMENT-REQUIRED never
+// go out: the client is told of payments by the gate alone (see
+// paidStream), which set its own on w before, or none.
 func (b *bufferedWriter) replay(w http.ResponseWriter) {
 	h := w.Header()
 	for k, v := range b.header {
-		if _, set := h[k]; set && (k == "Cache-Control" || k == x402.HeaderPaymentResponse || k == "Access-Control-Expose-Headers") {
+		if k == keyPaymentResponse || k == keyPaymentRequired {
+			continue
+		}
+		if _, set := h[k]; set && (k == "Cache-Control" || k == "Access-Control-Expose-Headers") {
 			continue
 		}
 		h[k] = v

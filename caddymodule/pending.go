@@ -3,6 +3,8 @@ package caddymodule
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -41,9 +43,13 @@ import (
 // resolves to the upstream at once (reportResolved):
 //
 //   - the transfer happened: the claim is marked settled and the held
-//     answer is served to the retry with PAYMENT-RESPONSE (a fresh run of
-//     the upstream when the answer was too large to keep, or in settle
-//     before mode);
+//     answer is served to the retry with PAYMENT-RESPONSE. When no answer
+//     was kept (it was too large, or in settle before mode) the upstream
+//     runs again, once: the record is first moved to delivered (a
+//     compare-and-swap in the store, so of concurrent retries, or
+//     gateways, exactly one runs it), and only for the request the
+//     payment was made for, as far as the gate knew it (heldRequest);
+//     every later retry is payment_already_used;
 //   - it provably never will (expired unused, or its nonce spent without
 //     paying): the claim is released, and
 //     the retry is told to sign a new payment; nothing was charged;
@@ -82,6 +88,15 @@ type heldRecord struct {
 	// (the attempt's deadline back from when it ended unknown): a checker
 	// that searches the chain for the transaction looks no further back.
 	SentAfter time.Time `json:"sent_after,omitzero"`
+	// Request names the request the payment paid for (heldRequest), ""
+	// when the gate could not name it; RequestBody says its body is part
+	// of the name. Only a request of that name is run again.
+	Request     string `json:"request,omitempty"`
+	RequestBody bool   `json:"request_body,omitempty"`
+	// Delivered is set, with the claim settled, once the upstream has been
+	// run again for an answer that was not kept: the payment bought that
+	// run, and no other.
+	Delivered bool `json:"delivered,omitempty"`
 	// ReportPath and VerificationID: the upstream asked for the outcome.
 	ReportPath     string `json:"report_path,omitempty"`
 	VerificationID string `json:"verification_id,omitempty"`
@@ -124,7 +139,8 @@ func decodeHeld(note string) (*heldRecord, bool) {
 // with its claim. bw is the held answer (nil in settle before mode).
 // Without a store that can hold, the claim simply stays pending until it
 // lapses, as before.
-func (g *Gate) holdUnknown(ctx context.Context, c store.Claim, p x402.PaymentPayload, offer x402.PaymentRequirements, bw *bufferedWriter, unknown *x402.UnknownOutcomeError) {
+func (g *Gate) holdUnknown(r *http.Request, c store.Claim, p x402.PaymentPayload, offer x402.PaymentRequirements, bw *bufferedWriter, unknown *x402.UnknownOutcomeError) {
+	ctx := r.Context()
 	hc, ok := g.state.Claims().(store.HeldClaims)
 	if !ok {
 		return
@@ -136,6 +152,8 @@ func (g *Gate) holdUnknown(ctx context.Context, c store.Claim, p x402.PaymentPay
 	}
 	if bw != nil && bw.buf.Len() <= maxHeldAnswer {
 		h.Held, h.Status, h.ContentType, h.Body = true, bw.status(), bw.header.Get("Content-Type"), bytes.Clone(bw.buf.Bytes())
+	} else {
+		h.Request, h.RequestBody = g.heldRequest(r, bw == nil)
 	}
 	note, err := json.Marshal(h)
 	if err == nil {
@@ -144,6 +162,37 @@ func (g *Gate) holdUnknown(ctx context.Context, c store.Claim, p x402.PaymentPay
 	if err != nil {
 		g.logger.Error("keeping the record of an unknown settlement", zap.Error(err))
 	}
+}
+
+// heldRequest names the request a payment paid for, for a held record
+// whose answer was not kept: the request as payment identifiers name it
+// (requestParts), the body included when the gate can still read it (it
+// read the body itself, or unread is true: in settle before mode nothing
+// has read it yet). A body the upstream alone has read is left out
+// (body false): the retry is then matched by method, path and query. ""
+// when the request cannot be named (it was refused as it was read).
+func (g *Gate) heldRequest(r *http.Request, unread bool) (name string, body bool) {
+	var read func(*http.Request) ([]byte, error)
+	if b, ok := r.Body.(*gateBody); ok {
+		read = func(*http.Request) ([]byte, error) { return b.b, nil }
+	} else if unread {
+		read = g.readBody
+	}
+	name, err := g.requestName(r, read)
+	if err != nil {
+		g.logger.Warn("naming the request of an unknown settlement", zap.Error(err))
+		return "", false
+	}
+	return name, read != nil
+}
+
+// requestName hashes requestParts, with body read by read (nil: left out).
+func (g *Gate) requestName(r *http.Request, read func(*http.Request) ([]byte, error)) (string, error) {
+	h := sha256.New()
+	if err := g.requestParts(r, partWriter(h), read); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // checkHeld asks the facilitator whether h's transfer happened. ok is false
@@ -172,28 +221,34 @@ func (g *Gate) checkHeld(ctx context.Context, h *heldRecord) (x402.SettlementSta
 
 // settleHeld applies a resolved outcome to the store: the claim marked
 // settled (keeping the record, so a retry still gets the answer) or
-// released. It reports false when the store refused (the claim lapsed or
-// changed hands).
-func (g *Gate) settleHeld(ctx context.Context, h *heldRecord, st x402.SettlementStatus) bool {
+// released. old is the record's note as read: the claim is settled only if
+// it still carries it (HeldClaims.Swap), so a record another request has
+// moved on since (settled, and delivered) is never set back. It reports
+// false when the store refused (the claim lapsed, changed hands, or was
+// moved on), and the settled record's note.
+func (g *Gate) settleHeld(ctx context.Context, h *heldRecord, old string, st x402.SettlementStatus) (string, bool) {
 	ctx = context.WithoutCancel(ctx)
 	var err error
+	var note []byte
 	switch st.State {
 	case x402.SettlementDone:
 		h.Transaction = st.Transaction
-		note, _ := json.Marshal(h)
-		err = g.state.Claims().Settle(ctx, h.claim(), string(note), time.Time{})
+		note, _ = json.Marshal(h)
+		if hc, ok := g.state.Claims().(store.HeldClaims); ok { // always: only such a store holds records
+			err = hc.Swap(ctx, h.claim(), old, string(note))
+		}
 		metrics.outcomes.WithLabelValues("unknown_resolved_settled").Inc()
 	case x402.SettlementNever:
 		err = g.state.Claims().Release(ctx, h.claim())
 		metrics.outcomes.WithLabelValues("unknown_resolved_released").Inc()
 	default:
-		return true
+		return old, true
 	}
 	if err != nil {
 		g.logger.Warn("resolving an unknown settlement", zap.Error(err))
-		return false
+		return "", false
 	}
-	return true
+	return string(note), true
 }
 
 // resolveOnRetry answers a request whose payment is already claimed, when
@@ -204,9 +259,13 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 	if !ok {
 		return false, nil
 	}
+	note := cs.Note
 	if !cs.Settled {
 		st, known := g.checkHeld(r.Context(), h)
-		if !known || st.State == x402.SettlementUndecided || !g.settleHeld(r.Context(), h, st) {
+		if !known || st.State == x402.SettlementUndecided {
+			return true, g.refuse(w, r, errSettlementPending(nil))
+		}
+		if note, ok = g.settleHeld(r.Context(), h, cs.Note, st); !ok {
 			return true, g.refuse(w, r, errSettlementPending(nil))
 		}
 		if st.State == x402.SettlementNever {
@@ -227,6 +286,9 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 		}
 	}
 	// The transfer happened: deliver what was paid for.
+	if h.Delivered {
+		return true, alreadyUsed(w, r, ex)
+	}
 	sr := x402.SettleResponse{Success: true, Transaction: h.Transaction, Network: h.Offer.Network}
 	if x402.IsSolana(h.Offer.Network) {
 		sr.Payer = svmfacilitator.PayerOf(h.Payload)
@@ -244,23 +306,62 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 		g.report(r, next, h.ReportPath, h.VerificationID, store.PaymentPaid)
 	}
 	if h.Held {
+		body := ex.retold(h.Body)
 		buf := getBuffer()
 		defer putBuffer(buf)
-		buf.Write(h.Body)
-		bw := &bufferedWriter{header: http.Header{}, buf: buf, code: h.Status, limit: int64(len(h.Body))}
+		buf.Write(body)
+		bw := &bufferedWriter{header: http.Header{}, buf: buf, code: h.Status, limit: int64(len(body))}
 		if h.ContentType != "" {
 			bw.header.Set("Content-Type", h.ContentType)
 		}
+		noteSettled(r, sr)
 		ex.deliver(w, bw, sr)
 		return true, nil
 	}
+	// No answer was kept: the upstream runs again, once, for the request
+	// that was paid for.
+	if h.Request != "" {
+		var read func(*http.Request) ([]byte, error)
+		if h.RequestBody {
+			read = g.readBody
+		}
+		name, err := g.requestName(r, read)
+		if err != nil {
+			return true, ex.refuse(w, r, apierr.From(err))
+		}
+		if name != h.Request {
+			return true, ex.demand(w, r, http.StatusPaymentRequired,
+				"This payment paid for another request, whose answer is still owed: retry that request with it, or sign a new payment for this one.",
+				x402.ReasonPaymentAlreadyUsed, nil)
+		}
+	}
+	hc, ok := g.state.Claims().(store.HeldClaims)
+	if !ok { // never: only such a store keeps records
+		return true, alreadyUsed(w, r, ex)
+	}
+	h.Delivered = true
+	delivered, _ := json.Marshal(h)
+	switch err := hc.Swap(context.WithoutCancel(r.Context()), h.claim(), note, string(delivered)); {
+	case errors.Is(err, store.ErrNoteChanged):
+		return true, alreadyUsed(w, r, ex) // another retry took the run
+	case err != nil:
+		return true, ex.refuse(w, r, apierr.Unavailable("payment state store", 1, err))
+	}
+	metrics.outcomes.WithLabelValues("unknown_resolved_run_again").Inc()
 	r.Header.Set(HeaderUpstreamPayment, "paid")
 	if sr.Payer != "" {
 		r.Header.Set(HeaderUpstreamPayer, sr.Payer)
 	}
 	r.Header.Set(HeaderUpstreamNetwork, h.Offer.Network)
-	g.setPaidHeaders(w.Header(), sr)
-	return true, next.ServeHTTP(w, r)
+	noteSettled(r, sr)
+	return true, next.ServeHTTP(g.paidStream(w, sr), r)
+}
+
+// alreadyUsed refuses a retry of a payment whose one delivery was made.
+func alreadyUsed(w http.ResponseWriter, r *http.Request, ex exchange) error {
+	return ex.demand(w, r, http.StatusPaymentRequired,
+		"This payment was already used: its call was answered once its settlement was confirmed; sign a new one.",
+		x402.ReasonPaymentAlreadyUsed, nil)
 }
 
 // errSettlementPending is the answer while a settlement's outcome is
@@ -287,11 +388,15 @@ func (g *Gate) resolvePass(ctx context.Context) {
 	if _, ok := g.facilitator.(x402.SettlementChecker); !ok {
 		return
 	}
-	var todo []*heldRecord
+	type held struct {
+		h    *heldRecord
+		note string
+	}
+	var todo []held
 	err := hc.Held(ctx, func(_ string, st store.ClaimState) bool {
 		if h, ok := decodeHeld(st.Note); ok {
 			if _, ours := x402.Match(h.Offer, g.offers); ours {
-				todo = append(todo, h)
+				todo = append(todo, held{h, st.Note})
 			}
 		}
 		return ctx.Err() == nil
@@ -299,12 +404,14 @@ func (g *Gate) resolvePass(ctx context.Context) {
 	if err != nil {
 		g.logger.Warn("listing unknown settlements", zap.Error(err))
 	}
-	for _, h := range todo {
+	for _, t := range todo {
 		if ctx.Err() != nil {
 			return
 		}
-		if st, known := g.checkHeld(ctx, h); known && st.State != x402.SettlementUndecided && g.settleHeld(ctx, h, st) {
-			g.reportResolved(h, st.State)
+		if st, known := g.checkHeld(ctx, t.h); known && st.State != x402.SettlementUndecided {
+			if _, ok := g.settleHeld(ctx, t.h, t.note, st); ok {
+				g.reportResolved(t.h, st.State)
+			}
 		}
 	}
 }
@@ -507,8 +614,7 @@ const (
 // markSettlementPending tells the upstream of a paid call settled after
 // its answer that the outcome will be reported.
 func (g *Gate) markSettlementPending(r *http.Request) {
-	r.Header.Del(HeaderUpstreamSettlement)
-	if g.Settle != "before" {
+	if g.Settle != "before" { // a client's copy is gone (clearUpstreamHeaders)
 		r.Header.Set(HeaderUpstreamSettlement, "pending")
 	}
 }

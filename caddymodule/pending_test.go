@@ -469,3 +469,118 @@ func signExpiring(t *testing.T, d *evmfacilitator.Devnet, pr x402.PaymentRequire
 	}
 	return sig
 }
+
+// reason reads the x402 reason of a refusal: the body's reason member.
+func reasonOf(t *testing.T, resp *http.Response) string {
+	t.Helper()
+	m := readJSON(t, resp)
+	r, _ := m["reason"].(string)
+	return r
+}
+
+// A settlement whose reply was lost, in settle before mode (no answer is
+// kept): once the transfer is found, the upstream runs again for the
+// buyer's retry, once, and only for the request the payment was made for.
+// A retry with another request is refused and does not use up the run;
+// every retry after the run is payment_already_used and runs nothing.
+// (Found by an audit: each retry ran the upstream again, as paid.) The
+// retry also carries a client's X-Aov-Settlement, on a site that does not
+// strip X-Aov-* itself: the upstream must not see it.
+func TestUnknownSettlementNotKeptRunsAgainOnce(t *testing.T) {
+	d, _ := sharedDevnet(t)
+	up := newUpstream(t)
+	base := startCaddy(t, pendingSite(up.URL, "lose_reply", filepath.Join(t.TempDir(), "gate"), "settle before"))
+	url := base + "/verify/schema"
+	payer := evmfacilitator.DevAccounts()[7].Address
+	before := balance(t, d, payer)
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 7)
+
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	if b, _ := io.ReadAll(resp.Body); resp.StatusCode != http.StatusServiceUnavailable || strings.Contains(string(b), "paid_content") {
+		t.Fatalf("first try: status %d: %s", resp.StatusCode, b)
+	}
+	calls := up.calls.Load()
+
+	other := strings.Replace(validRequest, "t-1", "t-other", 1)
+	resp = post(t, url, other, map[string]string{x402.HeaderPaymentSignature: sig})
+	if resp.StatusCode != http.StatusPaymentRequired || reasonOf(t, resp) != x402.ReasonPaymentAlreadyUsed {
+		t.Fatalf("retry with another request: status %d", resp.StatusCode)
+	}
+	if n := up.calls.Load() - calls; n != 0 {
+		t.Fatalf("the upstream ran %d times for another request under the payment", n)
+	}
+
+	resp = post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig,
+		HeaderUpstreamSettlement: "pending", HeaderUpstreamAnswerBy: "1"})
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("retry: status %d: %s", resp.StatusCode, b)
+	}
+	var sr x402.SettleResponse
+	if v := resp.Header.Values(x402.HeaderPaymentResponse); len(v) != 1 || x402.DecodeHeader(v[0], &sr) != nil || !sr.Success || !strings.EqualFold(sr.Payer, payer.Hex()) {
+		t.Fatalf("retry: PAYMENT-RESPONSE %q", v)
+	}
+	if m := readJSON(t, resp); m["paid_content"] != true || m["payment"] != "paid" || m["settlement"] != "" || m["answer_by"] != "" {
+		t.Fatalf("retry: the upstream was told %v", m)
+	}
+
+	for i := range 4 {
+		resp = post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+		if resp.StatusCode != http.StatusPaymentRequired || reasonOf(t, resp) != x402.ReasonPaymentAlreadyUsed {
+			t.Fatalf("retry %d after the run: status %d", i+2, resp.StatusCode)
+		}
+	}
+	if n := up.calls.Load() - calls; n != 1 {
+		t.Fatalf("one payment ran the upstream %d times after its settlement was found", n)
+	}
+	if got := charged(t, d, payer, before); got.Cmp(big.NewInt(20000)) != 0 {
+		t.Fatalf("charged %v", got)
+	}
+}
+
+// Retries of one such payment at once, the first of them resolving it: the
+// upstream runs for exactly one of them.
+func TestUnknownSettlementNotKeptRunsOnceForConcurrentRetries(t *testing.T) {
+	d, _ := sharedDevnet(t)
+	up := newUpstream(t)
+	base := startCaddy(t, pendingSite(up.URL, "lose_reply", filepath.Join(t.TempDir(), "gate"), "settle before"))
+	url := base + "/verify/schema"
+	payer := evmfacilitator.DevAccounts()[8].Address
+	before := balance(t, d, payer)
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 8)
+	if resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}); resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("first try: status %d", resp.StatusCode)
+	}
+	calls := up.calls.Load()
+
+	const n = 8
+	statuses := make(chan int, n)
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+			io.Copy(io.Discard, resp.Body)
+			statuses <- resp.StatusCode
+		}()
+	}
+	wg.Wait()
+	close(statuses)
+	served := 0
+	for s := range statuses {
+		switch s {
+		case http.StatusOK:
+			served++
+		case http.StatusPaymentRequired, http.StatusServiceUnavailable: // used, or lost the race to settle: retry later
+		default:
+			t.Errorf("status %d", s)
+		}
+	}
+	if ran := up.calls.Load() - calls; served != 1 || ran != 1 {
+		t.Fatalf("%d answers served, the upstream ran %d times; want one of each", served, ran)
+	}
+	if got := charged(t, d, payer, before); got.Cmp(big.NewInt(20000)) != 0 {
+		t.Fatalf("charged %v", got)
+	}
+}

@@ -283,9 +283,7 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 	if paidAccess {
 		// Let through on an earlier payment: the upstream must not believe
 		// a client's own claim to have paid now.
-		h.Del(HeaderUpstreamPayment)
-		h.Del(HeaderUpstreamPayer)
-		h.Del(HeaderUpstreamNetwork)
+		clearUpstreamHeaders(h)
 	}
 	if wa.SIWX && h.Get(x402.HeaderPaymentSignature) != "" {
 		return next.ServeHTTP(wa.recordPayments(w, r, walletauth.PaidResource(site, path)), r)
@@ -293,17 +291,37 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 	return next.ServeHTTP(w, r)
 }
 
+// varSettled holds a *settledSlot while wallet_auth waits to hear of the
+// request's payment (recordPayments).
+const varSettled = "aov.x402.settled"
+
+// settledSlot is where the gate that settled the request's payment puts
+// its settlement (noteSettled): how sign-in-with-x learns of a payment,
+// from the gate itself and never from a PAYMENT-RESPONSE header, which an
+// upstream can set as well as the gate can.
+type settledSlot struct {
+	sr x402.SettleResponse
+	ok bool
+}
+
+// noteSettled tells a waiting wallet_auth (if any) that the request's
+// payment settled as sr and its answer is being delivered.
+func noteSettled(r *http.Request, sr x402.SettleResponse) {
+	if s, ok := caddyhttp.GetVar(r.Context(), varSettled).(*settledSlot); ok {
+		s.sr, s.ok = sr, true
+	}
+}
+
 // recordPayments wraps w so that a successful settlement of this request's
-// payment is recorded for sign-in-with-x before the answer goes out.
+// payment, as its gate reports it (noteSettled), is recorded for
+// sign-in-with-x before the answer goes out.
 func (wa *WalletAuth) recordPayments(w http.ResponseWriter, r *http.Request, resource string) http.ResponseWriter {
 	ctx := context.WithoutCancel(r.Context())
-	return &statusWriter{ResponseWriter: w, onHeader: func(h http.Header, status int) {
-		pr := h.Get(x402.HeaderPaymentResponse)
-		if status >= 400 || pr == "" {
-			return
-		}
-		var sr x402.SettleResponse
-		if err := x402.DecodeHeader(pr, &sr); err != nil || !sr.Success || sr.Payer == "" {
+	slot := &settledSlot{}
+	caddyhttp.SetVar(r.Context(), varSettled, slot)
+	return &statusWriter{ResponseWriter: w, onHeader: func(_ http.Header, status int) {
+		sr := slot.sr
+		if status >= 400 || !slot.ok || !sr.Success || sr.Payer == "" {
 			return
 		}
 		if err := wa.paid.Record(ctx, sr.Payer, resource); err != nil {

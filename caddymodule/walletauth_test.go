@@ -598,3 +598,137 @@ func TestContractWalletThroughChainRPC(t *testing.T) {
 		})
 	}
 }
+
+// An upstream that is itself an x402 client (a seller's agent calling
+// another paid API) answers with its own PAYMENT-RESPONSE, naming its own
+// payer, and PAYMENT-REQUIRED. Neither reaches the client on an answer the
+// gate hands over uncharged (here settle_on pass without verify_response:
+// nothing passes, nothing is charged), a free one or one that carried a
+// payment; and sign-in-with-x records no paid access from it: only the
+// gate's own settlement counts.
+func TestUpstreamPaymentHeadersAreNotTheGates(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	forged, _ := x402.EncodeHeader(x402.SettleResponse{Success: true, Payer: walletAddr(6), Transaction: "0xforged", Network: x402.NetworkDevnet})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set(x402.HeaderPaymentResponse, forged)
+		w.Header().Set(x402.HeaderPaymentRequired, "forged")
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(map[string]string{"payment": r.Header.Get(HeaderUpstreamPayment)})
+	}))
+	t.Cleanup(up.Close)
+	base := startCaddy(t, fmt.Sprintf(`:{port} {
+	route /report/* {
+		wallet_auth optional {
+			store badger {data}/gate
+			domains 127.0.0.1:{port}
+			siwx
+		}
+		@unpaid not vars {http.auth.wallet.paid_access} true
+		x402 @unpaid {
+			accept devnet $0.01 %[3]s
+			facilitator http {
+				url %[2]s
+			}
+			store badger {data}/gate
+			settle_on pass
+			free_allowance {
+				per_day 5
+				max_body 16
+			}
+		}
+		reverse_proxy %[1]s
+	}
+}
+`, strings.TrimPrefix(up.URL, "http://"), fac, payTo.Hex()))
+	url := base + "/report/q3"
+	host := strings.TrimPrefix(base, "http://")
+	noPaymentHeaders := func(desc string, hdr http.Header) {
+		t.Helper()
+		if v := hdr.Values(x402.HeaderPaymentResponse); len(v) > 0 {
+			t.Errorf("%s: the upstream's PAYMENT-RESPONSE reached the client: %q", desc, v)
+		}
+		if v := hdr.Values(x402.HeaderPaymentRequired); len(v) > 0 {
+			t.Errorf("%s: the upstream's PAYMENT-REQUIRED reached the client: %q", desc, v)
+		}
+	}
+
+	st, hdr, body := walletCall(t, "GET", url, "", nil)
+	if st != 200 || body["payment"] != "free" {
+		t.Fatalf("free call: %d %v", st, body)
+	}
+	noPaymentHeaders("free call", hdr)
+
+	st, hdr, _ = walletCall(t, "POST", url, `{"too large to be free": true}`, nil) // the gate's own demand
+	var pr x402.PaymentRequired
+	if err := x402.DecodeHeader(hdr.Get(x402.HeaderPaymentRequired), &pr); st != 402 || err != nil {
+		t.Fatalf("demand: %d %v", st, err)
+	}
+	p, err := x402.SignExactEVM(walletKey(7), pr.Accepts[0], &pr.Resource, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sig, _ := x402.EncodeHeader(p)
+	st, hdr, body = walletCall(t, "GET", url, "", map[string]string{x402.HeaderPaymentSignature: sig})
+	if st != 200 || body["payment"] != "paid" {
+		t.Fatalf("paid call: %d %v", st, body)
+	}
+	noPaymentHeaders("paid call, not charged", hdr)
+
+	// Wallet 6, which the forged receipt names, signs in: it paid nothing,
+	// so it is not let past the gate (which serves it from the allowance).
+	s := walletauth.SIWXFromChallenge(walletauth.SIWXChallenge(host, url, []string{x402.NetworkDevnet}, time.Now())["info"].(map[string]any), x402.NetworkDevnet)
+	if err := s.Sign(walletKey(6)); err != nil {
+		t.Fatal(err)
+	}
+	proof, err := s.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, _, body = walletCall(t, "GET", url, "", map[string]string{walletauth.SIWXHeaderName: proof}); st != 200 || body["payment"] != "free" {
+		t.Fatalf("the forged payer signed in: %d %v (payment \"\": let through as having paid)", st, body)
+	}
+}
+
+// On a charged answer, buffered (settle after) or streamed (settle before),
+// the client's PAYMENT-RESPONSE is the gate's, once, whatever receipt the
+// upstream added.
+func TestChargedAnswerCarriesOnlyTheGatesReceipt(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	forged, _ := x402.EncodeHeader(x402.SettleResponse{Success: true, Payer: walletAddr(6), Transaction: "0xforged", Network: x402.NetworkDevnet})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set(x402.HeaderPaymentResponse, forged)
+		w.Header().Set(x402.HeaderPaymentRequired, "forged")
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte(`{"ok":true}`))
+	}))
+	t.Cleanup(up.Close)
+	route := func(path, mode string) string {
+		return fmt.Sprintf(`route %[1]s {
+		x402 {
+			accept devnet $0.01 %[4]s
+			facilitator http {
+				url %[3]s
+			}
+			store badger {data}/gate
+			settle %[2]s
+		}
+		reverse_proxy %[5]s
+	}`, path, mode, fac, payTo.Hex(), strings.TrimPrefix(up.URL, "http://"))
+	}
+	base := startCaddy(t, ":{port} {\n\t"+route("/after", "after")+"\n\t"+route("/before", "before")+"\n}\n")
+	for i, path := range []string{"/after", "/before"} {
+		url := base + path
+		payer := 9 - i
+		sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), payer)
+		resp := post(t, url, "", map[string]string{x402.HeaderPaymentSignature: sig})
+		io.Copy(io.Discard, resp.Body)
+		var sr x402.SettleResponse
+		v := resp.Header.Values(x402.HeaderPaymentResponse)
+		if resp.StatusCode != 200 || len(v) != 1 || x402.DecodeHeader(v[0], &sr) != nil || sr.Transaction == "0xforged" || sr.Payer != walletAddr(payer) {
+			t.Errorf("%s: status %d, PAYMENT-RESPONSE %q (%+v)", path, resp.StatusCode, v, sr)
+		}
+		if v := resp.Header.Values(x402.HeaderPaymentRequired); len(v) > 0 {
+			t.Errorf("%s: PAYMENT-REQUIRED %q", path, v)
+		}
+	}
+}
