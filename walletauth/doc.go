@@ -71,7 +71,11 @@
 // resources, signature). Its text is built by the same rules (with the
 // client's own resources and request id); the domain must be one of the
 // site names, the uri must be on that origin, issuedAt at most five
-// minutes old, and the nonce unused.
+// minutes old, no resource may be X-Wallet-Auth's (urn:x-wallet-auth:…:
+// such a text is an X-Wallet-Auth proof, bound to one method and path,
+// not a sign-in), and the nonce unused. Both headers claim a wallet's
+// nonces in one namespace, so one signature is spent once whichever
+// header carries it.
 //
 // This package has no HTTP server or Caddy code: the gateway's wallet_auth
 // handler (package caddymodule) calls it, and the aov command builds headers

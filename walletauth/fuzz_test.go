@@ -3,6 +3,7 @@ package walletauth
 import (
 	"context"
 	"encoding/base64"
+	"strings"
 	"testing"
 	"time"
 )
@@ -52,6 +53,8 @@ func FuzzParseSIWX(f *testing.F) {
 	f.Add("")
 	f.Add("e30=")
 	f.Add(base64.StdEncoding.EncodeToString([]byte(`{"resources":[1,{"a":[]}]}`)))
+	f.Add(siwxHeader(f, siwxProof(f, time.Unix(1_800_000_000, 0), func(s *SIWX) { s.Resources = []string{"urn:x-wallet-auth:method:POST"} })))
+	f.Add(siwxHeader(f, siwxProof(f, time.Unix(1_800_000_000, 0), func(s *SIWX) { s.Resources = []string{"Urn:X-Wallet-Auth:agent:a"} })))
 	f.Fuzz(func(t *testing.T, h string) {
 		s, err := ParseSIWX(h)
 		if err != nil {
@@ -59,6 +62,13 @@ func FuzzParseSIWX(f *testing.F) {
 				t.Fatalf("refusal %T is not *Error", err)
 			}
 			return
+		}
+		// No accepted sign-in may carry X-Wallet-Auth's resources: its
+		// text would then be an X-Wallet-Auth proof's too.
+		for _, r := range s.Resources {
+			if strings.HasPrefix(strings.ToLower(r), "urn:x-wallet-auth:") {
+				t.Fatalf("accepted a sign-in listing X-Wallet-Auth resource %q", r)
+			}
 		}
 		_ = s.Message()
 	})

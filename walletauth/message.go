@@ -61,10 +61,21 @@ func (m *siwe) text() string {
 
 // Resource URNs of X-Wallet-Auth: they put the method and the agent id
 // under the signature in a form every EIP-4361 library accepts as a URI.
+// The namespace is X-Wallet-Auth's alone: every X-Wallet-Auth text lists
+// its method URN, and a sign-in-with-x proof may list none of them (see
+// isWalletAuthResource), so no signed text is both kinds of proof.
 const (
-	methodURNPrefix = "urn:x-wallet-auth:method:"
-	agentURNPrefix  = "urn:x-wallet-auth:agent:"
+	walletAuthURNPrefix = "urn:x-wallet-auth:"
+	methodURNPrefix     = walletAuthURNPrefix + "method:"
+	agentURNPrefix      = walletAuthURNPrefix + "agent:"
 )
+
+// isWalletAuthResource reports whether r is in X-Wallet-Auth's URN
+// namespace, in any letter case (RFC 8141 compares a URN's scheme and
+// namespace without regard to case).
+func isWalletAuthResource(r string) bool {
+	return len(r) >= len(walletAuthURNPrefix) && strings.EqualFold(r[:len(walletAuthURNPrefix)], walletAuthURNPrefix)
+}
 
 // AgentURN returns the resource that binds agentID in the signed text:
 // urn:x-wallet-auth:agent: followed by agentID with every byte outside the

@@ -165,6 +165,12 @@ func (s *SIWX) check() error {
 		if _, err := checkResource(r); err != nil {
 			return malformed(h, "resources", "holds an entry that is not a URI", "List only URIs in resources.")
 		}
+		// Without this, an X-Wallet-Auth proof (whose text is this format's
+		// with X-Wallet-Auth's URNs as resources) would be a valid
+		// sign-in-with-x proof too, for any path and method.
+		if isWalletAuthResource(r) {
+			return malformed(h, "resources", "holds an X-Wallet-Auth resource (urn:x-wallet-auth:)", "Sign in with the resources the server offered; an X-Wallet-Auth proof is not a sign-in.")
+		}
 	}
 	if solana {
 		return nil // type and signature checked with the address
@@ -262,7 +268,7 @@ func (v *Verifier) VerifySIWXProof(ctx context.Context, s *SIWX, want SIWXExpect
 		}
 	}
 	if IsSolanaChain(s.ChainID) {
-		if err := v.verifySolana(ctx, h, "siwx", s.Message(), s.Address, s.Signature, s.Nonce, until); err != nil {
+		if err := v.verifySolana(ctx, h, s.Message(), s.Address, s.Signature, s.Nonce, until); err != nil {
 			return Proof{}, err
 		}
 		return Proof{Account: s.Address, ChainID: s.ChainID, Expires: until}, nil
@@ -273,7 +279,7 @@ func (v *Verifier) VerifySIWXProof(ctx context.Context, s *SIWX, want SIWXExpect
 	if err != nil {
 		return Proof{}, err
 	}
-	if err := v.claimNonce(ctx, h, "siwx", addr, s.Nonce, until); err != nil {
+	if err := v.claimNonce(ctx, h, addr, s.Nonce, until); err != nil {
 		return Proof{}, err
 	}
 	return Proof{Address: addr, ChainID: s.ChainID, Contract: contract, Expires: until}, nil

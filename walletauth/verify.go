@@ -173,7 +173,7 @@ func (v *Verifier) VerifyEnvelope(ctx context.Context, e *Envelope, want Expect)
 		return Proof{}, refuse(ErrExpired, h, "expiration_time", "is in the past", "Sign a fresh proof for each request.")
 	}
 	if IsSolanaChain(e.ChainID) {
-		if err := v.verifySolana(ctx, h, "wallet-auth", e.Message(), e.Address, e.Signature, e.Nonce, expires); err != nil {
+		if err := v.verifySolana(ctx, h, e.Message(), e.Address, e.Signature, e.Nonce, expires); err != nil {
 			return Proof{}, err
 		}
 		return Proof{Account: e.Address, AgentID: e.AgentID, ChainID: e.ChainID, Expires: expires}, nil
@@ -184,7 +184,7 @@ func (v *Verifier) VerifyEnvelope(ctx context.Context, e *Envelope, want Expect)
 	if err != nil {
 		return Proof{}, err
 	}
-	if err := v.claimNonce(ctx, h, "wallet-auth", addr, e.Nonce, expires); err != nil {
+	if err := v.claimNonce(ctx, h, addr, e.Nonce, expires); err != nil {
 		return Proof{}, err
 	}
 	return Proof{Address: addr, AgentID: e.AgentID, ChainID: e.ChainID, Contract: contract, Expires: expires}, nil
@@ -261,9 +261,23 @@ func isValidSignature(ctx context.Context, c Chain, wallet common.Address, diges
 	return len(out) >= 4 && [4]byte(out[:4]) == erc1271Magic, nil
 }
 
+// nonceKey is the claim that makes a wallet's nonce single-use, the same
+// for every proof format: X-Wallet-Auth and sign-in-with-x sign the same
+// kind of text, so a claim per format would let one signature be spent
+// once under each header. Keying on (wallet, nonce) rather than on the
+// signed text's hash makes the nonce itself single-use, as EIP-4361 and
+// SPEC §9 mean it: a wallet that signs two different texts with one nonce
+// gets one of them accepted, whichever headers carry them, and a proof
+// format added later is covered without a thought. wallet is the lower-case
+// hex address of an EVM account, "solana/" and the base58 address of a
+// Solana one. The prefix is the one X-Wallet-Auth always claimed under, so
+// its live claims carry over an upgrade; sign-in-with-x's old
+// "siwx/nonce/…" claims simply lapse (within SIWXMaxAge).
+func nonceKey(wallet, nonce string) string { return "wallet-auth/nonce/" + wallet + "/" + nonce }
+
 // claimNonce makes (address, nonce) single-use until until.
-func (v *Verifier) claimNonce(ctx context.Context, header, space string, addr common.Address, nonce string, until time.Time) error {
-	return v.claimNonceKey(ctx, header, space+"/nonce/"+strings.ToLower(addr.Hex())+"/"+nonce, until)
+func (v *Verifier) claimNonce(ctx context.Context, header string, addr common.Address, nonce string, until time.Time) error {
+	return v.claimNonceKey(ctx, header, nonceKey(strings.ToLower(addr.Hex()), nonce), until)
 }
 
 // claimNonceKey makes key single-use until until.
