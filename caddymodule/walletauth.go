@@ -89,6 +89,12 @@ type WalletAuth struct {
 	// sign. Placeholders such as {env.RPC_URL} are expanded once.
 	ChainRPC string `json:"chain_rpc,omitempty"`
 
+	// ChainTimeout bounds how long a contract-wallet check waits on
+	// chain_rpc (anyone can cause one with a signature that does not
+	// recover); past it the request gets 503 upstream_unavailable,
+	// retryable. Default 5s.
+	ChainTimeout caddy.Duration `json:"chain_timeout,omitempty"`
+
 	// StoreRaw keeps the single-use nonce claims (and sign-in-with-x
 	// payment records): a module in the x402.stores namespace. Default:
 	// the same Badger database the x402 gate uses by default.
@@ -127,6 +133,9 @@ func (wa *WalletAuth) Provision(ctx caddy.Context) error {
 	if wa.Mode == "" {
 		wa.Mode = "required"
 	}
+	if wa.ChainTimeout == 0 {
+		wa.ChainTimeout = caddy.Duration(walletauth.DefaultChainTimeout)
+	}
 	if wa.StoreRaw == nil {
 		wa.StoreRaw = json.RawMessage(`{"type":"badger"}`)
 	}
@@ -150,15 +159,19 @@ func (wa *WalletAuth) Provision(ctx caddy.Context) error {
 		return errors.New("wallet_auth: domains is required: the site names clients sign proofs for (e.g. verify.example.com, or localhost:8080 in development); the request's Host is never trusted for it")
 	}
 	wa.verifier = &walletauth.Verifier{
-		MaxLifetime: time.Duration(wa.MaxLifetime),
-		Nonces:      st.Claims(),
-		Domains:     wa.domains,
-		Now:         func() time.Time { return now() },
+		MaxLifetime:  time.Duration(wa.MaxLifetime),
+		ChainTimeout: time.Duration(wa.ChainTimeout),
+		Nonces:       st.Claims(),
+		Domains:      wa.domains,
+		Now:          func() time.Time { return now() },
 	}
 	wa.paid = walletauth.PaidAccess{Claims: st.Claims(), TTL: time.Duration(wa.SIWXAccessTTL)}
 	if wa.ChainRPC != "" {
 		url := caddy.NewReplacer().ReplaceKnown(wa.ChainRPC, "")
-		c, err := ethclient.DialContext(ctx, url)
+		// A ws:// endpoint connects here: bounded like every chain call.
+		dialing, cancel := context.WithTimeout(ctx, time.Duration(wa.ChainTimeout))
+		c, err := ethclient.DialContext(dialing, url)
+		cancel()
 		if err != nil {
 			return fmt.Errorf("wallet_auth: connecting to chain_rpc: %v", err)
 		}
@@ -173,7 +186,7 @@ func (wa *WalletAuth) Validate() error {
 	if wa.Mode != "required" && wa.Mode != "optional" {
 		return fmt.Errorf("wallet_auth: mode must be required or optional, not %q", wa.Mode)
 	}
-	if wa.MaxLifetime < 0 || wa.SIWXAccessTTL < 0 {
+	if wa.MaxLifetime < 0 || wa.SIWXAccessTTL < 0 || wa.ChainTimeout < 0 {
 		return errors.New("wallet_auth: durations must be positive")
 	}
 	return nil
@@ -369,6 +382,7 @@ func parseWalletAuth(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error
 //	    max_lifetime    5m
 //	    domains         <host[:port]> ...
 //	    chain_rpc       <url>
+//	    chain_timeout   5s
 //	    store           <module> { ... }
 //	    siwx
 //	    siwx_access_ttl 720h
@@ -396,6 +410,8 @@ func (wa *WalletAuth) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			wa.Domains = append(wa.Domains, args...)
 		case "chain_rpc":
 			err = oneArg(d, &wa.ChainRPC)
+		case "chain_timeout":
+			err = durationArg(d, &wa.ChainTimeout)
 		case "store":
 			wa.StoreRaw, err = guestModule(d, "x402.stores")
 		case "siwx":

@@ -13,6 +13,7 @@ import (
 	"github.com/ethereum/go-ethereum/accounts"
 	"github.com/ethereum/go-ethereum/accounts/abi"
 	"github.com/ethereum/go-ethereum/common"
+	"golang.org/x/sync/singleflight"
 
 	"github.com/aovhq/aov/store"
 	"github.com/aovhq/aov/x402"
@@ -40,6 +41,14 @@ type Verifier struct {
 	// isValidSignature, on this chain only (a proof naming another chain
 	// is refused).
 	Chain Chain
+	// ChainTimeout bounds how long a contract-wallet check waits on Chain
+	// (for its id and isValidSignature together); past it the check fails
+	// with an error, not a refusal (the gateway's 503). Anyone can make
+	// the verifier call: a proof whose signature does not recover costs an
+	// eth_call. Without a bound of its own a stalled RPC would hold each
+	// such request for as long as its client waits. Default
+	// DefaultChainTimeout.
+	ChainTimeout time.Duration
 	// Nonces makes every nonce single-use: it is claimed (per address)
 	// until the proof expires. Nil turns replay protection off, which only
 	// offline checks and tests may do.
@@ -54,9 +63,14 @@ type Verifier struct {
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
 
-	chainMu sync.Mutex
-	chainID string // CAIP-2 of Chain, once known
+	chainMu  sync.Mutex
+	chainID  string             // CAIP-2 of Chain, once known
+	chainAsk singleflight.Group // the one eth_chainId in flight
 }
+
+// DefaultChainTimeout is ChainTimeout unless set: a healthy RPC answers an
+// eth_call in well under a second.
+const DefaultChainTimeout = 5 * time.Second
 
 // Expect is the request a proof must be for.
 type Expect struct {
@@ -116,6 +130,13 @@ func (v *Verifier) maxLifetime() time.Duration {
 		return v.MaxLifetime
 	}
 	return DefaultMaxLifetime
+}
+
+func (v *Verifier) chainTimeout() time.Duration {
+	if v.ChainTimeout > 0 {
+		return v.ChainTimeout
+	}
+	return DefaultChainTimeout
 }
 
 func (v *Verifier) skew() time.Duration {
@@ -203,6 +224,10 @@ func (v *Verifier) checkSignature(ctx context.Context, header, text string, addr
 	if v.Chain == nil {
 		return false, bad
 	}
+	// One deadline for the whole check, so a request waits at most
+	// ChainTimeout on the chain, however many calls it takes.
+	ctx, cancel := context.WithTimeout(ctx, v.chainTimeout())
+	defer cancel()
 	ours, err := v.chain(ctx)
 	if err != nil {
 		return false, err
@@ -220,19 +245,42 @@ func (v *Verifier) checkSignature(ctx context.Context, header, text string, addr
 	return true, nil
 }
 
-// chain returns the configured chain's CAIP-2 id, asking it once.
+// chain returns the configured chain's CAIP-2 id, asking it until it is
+// known. No lock is held across the call: concurrent checks share the one
+// call in flight (so a stalled RPC gets one eth_chainId, not one per
+// request), and each waits only as long as its own context allows. The
+// call itself is detached from the request that started it, so that
+// client leaving does not fail the others, and bounded by ChainTimeout.
+// A failure is not remembered: the next check asks again.
 func (v *Verifier) chain(ctx context.Context) (string, error) {
 	v.chainMu.Lock()
-	defer v.chainMu.Unlock()
-	if v.chainID != "" {
-		return v.chainID, nil
+	id := v.chainID
+	v.chainMu.Unlock()
+	if id != "" {
+		return id, nil
 	}
-	id, err := v.Chain.ChainID(ctx)
-	if err != nil {
-		return "", fmt.Errorf("asking the chain for its id: %w", err)
+	asked := v.chainAsk.DoChan("", func() (any, error) {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), v.chainTimeout())
+		defer cancel()
+		n, err := v.Chain.ChainID(ctx)
+		if err != nil {
+			return "", err
+		}
+		id := "eip155:" + n.String()
+		v.chainMu.Lock()
+		v.chainID = id
+		v.chainMu.Unlock()
+		return id, nil
+	})
+	select {
+	case r := <-asked:
+		if r.Err != nil {
+			return "", fmt.Errorf("asking the chain for its id: %w", r.Err)
+		}
+		return r.Val.(string), nil
+	case <-ctx.Done():
+		return "", fmt.Errorf("asking the chain for its id: %w", context.Cause(ctx))
 	}
-	v.chainID = "eip155:" + id.String()
-	return v.chainID, nil
 }
 
 // erc1271 is EIP-1271's one method.
