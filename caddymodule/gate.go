@@ -330,6 +330,7 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 	if !ok {
 		return fmt.Errorf("store module %T does not keep allowance counters and claims", mod)
 	}
+	noteStore(ctx, "x402", mod)
 	g.state = st
 	if err := g.PaymentIdentifier.provision(g); err != nil {
 		return err

@@ -147,6 +147,7 @@ func (wa *WalletAuth) Provision(ctx caddy.Context) error {
 	if !ok {
 		return fmt.Errorf("store module %T does not keep claims", mod)
 	}
+	noteStore(ctx, "wallet_auth", mod)
 	repl := caddy.NewReplacer()
 	for _, d := range wa.Domains {
 		d = repl.ReplaceKnown(d, "")
