@@ -143,7 +143,8 @@ func (s *RedisStore) Provision(ctx caddy.Context) error {
 	s.pooled = v.(*pooledClient)
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	st, err := New(cctx, s.pooled.rdb, Options{Prefix: s.Prefix, WaitReplicas: s.WaitReplicas, WaitTimeout: wait})
+	st, err := New(cctx, s.pooled.rdb, Options{Prefix: s.Prefix, WaitReplicas: s.WaitReplicas, WaitTimeout: wait,
+		Logger: ctx.Slogger()})
 	if err != nil {
 		clients.Delete(key)
 		s.pooled = nil

@@ -16,6 +16,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"time"
@@ -46,6 +47,10 @@ type Options struct {
 	WaitReplicas int
 	// WaitTimeout bounds each WAIT. Default 100 ms.
 	WaitTimeout time.Duration
+
+	// Logger receives the start-up check's warnings (see checkPolicy).
+	// Nil discards them.
+	Logger *slog.Logger
 }
 
 // ErrNotReplicated reports a write that fewer than Options.WaitReplicas
@@ -64,7 +69,8 @@ type Store struct {
 }
 
 // New checks the server and returns a Store on rdb. It refuses a server
-// whose maxmemory-policy is not noeviction (on every Cluster primary): every
+// whose maxmemory-policy is not noeviction (every primary and connected
+// replica; see checkPolicy): every
 // key of the store has a lifetime, so a volatile-* or allkeys-* policy would
 // silently evict live claims and reservations, and each evicted claim is a
 // replay the gateway would accept.
@@ -89,26 +95,6 @@ func New(ctx context.Context, rdb redis.UniversalClient, opts Options) (*Store, 
 		return nil, err
 	}
 	return s, nil
-}
-
-func (s *Store) checkPolicy(ctx context.Context) error {
-	check := func(ctx context.Context, c *redis.Client) error {
-		v, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
-		if err != nil {
-			return fmt.Errorf("redisstore: reading maxmemory-policy from %s: %w", c.Options().Addr, err)
-		}
-		if p := v["maxmemory-policy"]; p != "noeviction" {
-			return fmt.Errorf("redisstore: %s has maxmemory-policy %q; the store needs noeviction (an evicted claim is an accepted replay)", c.Options().Addr, p)
-		}
-		return nil
-	}
-	if cc, ok := s.rdb.(*redis.ClusterClient); ok {
-		return cc.ForEachMaster(ctx, check)
-	}
-	if c, ok := s.rdb.(*redis.Client); ok {
-		return check(ctx, c)
-	}
-	return fmt.Errorf("redisstore: unsupported client type %T", s.rdb)
 }
 
 // Ping reports whether the server answers.

@@ -1,0 +1,144 @@
+package redisstore
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// checkPolicy checks, at start, every server that holds or may come to
+// hold the store's keys: the primary (every Cluster primary), and the
+// replicas a failover would promote.
+//
+// A maxmemory-policy other than noeviction is refused, on a replica too:
+// a replica does not evict while it follows a primary, but once Sentinel
+// promotes it, it evicts live claims with its own policy, and each evicted
+// claim is a replay the gateway would accept. Nothing runs this check
+// again after a failover, so it must hold before one.
+//
+// Warnings, not refusals: appendonly off (a crash loses the writes since
+// the last snapshot; a deliberate choice for some, see the README), and a
+// replica that cannot be reached at the address it announces, or will not
+// answer CONFIG GET (it is then not checked: the gateway must not depend on
+// a replica to start).
+//
+// Replicas are those the primary lists as connected now (INFO
+// replication; a Cluster's own node list): one that is down at start, or
+// added later, is not checked.
+func (s *Store) checkPolicy(ctx context.Context) error {
+	log := s.opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if cc, ok := s.rdb.(*redis.ClusterClient); ok {
+		if err := cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			return checkServer(ctx, c, "primary", log)
+		}); err != nil {
+			return err
+		}
+		return cc.ForEachSlave(ctx, func(ctx context.Context, c *redis.Client) error {
+			return checkReplica(ctx, c, log)
+		})
+	}
+	c, ok := s.rdb.(*redis.Client)
+	if !ok {
+		return fmt.Errorf("redisstore: unsupported client type %T", s.rdb)
+	}
+	if err := checkServer(ctx, c, "primary", log); err != nil {
+		return err
+	}
+	info, err := c.Info(ctx, "replication").Result()
+	if err != nil {
+		return fmt.Errorf("redisstore: listing the replicas: %w", err)
+	}
+	for _, addr := range replicaAddrs(info) {
+		// The primary's connection settings (password, TLS, timeouts),
+		// but the replica's address: drop a Sentinel client's dialer,
+		// which always dials the current primary.
+		o := *c.Options()
+		// One attempt: an unreachable replica is a warning, soon.
+		o.Addr, o.Dialer, o.OnConnect, o.MaxRetries = addr, nil, nil, -1
+		rc := redis.NewClient(&o)
+		err := checkReplica(ctx, rc, log)
+		rc.Close()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkReplica is checkServer for a replica: one it cannot ask is a
+// warning.
+func checkReplica(ctx context.Context, c *redis.Client, log *slog.Logger) error {
+	err := checkServer(ctx, c, "replica", log)
+	if err != nil && !isPolicyError(err) {
+		log.Warn("redis store: replica not checked: it did not answer CONFIG GET at the address it announces; make sure its maxmemory-policy is noeviction and appendonly is yes, or a failover to it may lose or evict claims",
+			"replica", c.Options().Addr, "error", err.Error())
+		return nil
+	}
+	return err
+}
+
+// policyError is a server whose maxmemory-policy evicts.
+type policyError struct{ msg string }
+
+func (e *policyError) Error() string { return e.msg }
+
+func isPolicyError(err error) bool {
+	_, ok := err.(*policyError)
+	return ok
+}
+
+// checkServer refuses an evicting server and warns about one without AOF.
+func checkServer(ctx context.Context, c *redis.Client, role string, log *slog.Logger) error {
+	addr := c.Options().Addr
+	v, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
+	if err != nil {
+		return fmt.Errorf("redisstore: reading maxmemory-policy from %s %s: %w", role, addr, err)
+	}
+	if p := v["maxmemory-policy"]; p != "noeviction" {
+		return &policyError{fmt.Sprintf("redisstore: %s %s has maxmemory-policy %q; the store needs noeviction (an evicted claim is an accepted replay)", role, addr, p)}
+	}
+	v, err = c.ConfigGet(ctx, "appendonly").Result()
+	if err != nil {
+		return fmt.Errorf("redisstore: reading appendonly from %s %s: %w", role, addr, err)
+	}
+	if v["appendonly"] != "yes" {
+		log.Warn("redis store: appendonly is off: a crash of this server loses the claims and counted calls written since its last snapshot (a lost claim lets a still-valid authorization be presented again, a lost nonce lets a proof be replayed); set appendonly yes",
+			"role", role, "server", addr)
+	}
+	return nil
+}
+
+// replicaAddrs reads the connected replicas' addresses from the primary's
+// INFO replication ("slave0:ip=10.0.0.2,port=6379,state=online,...").
+func replicaAddrs(info string) []string {
+	var addrs []string
+	sc := bufio.NewScanner(strings.NewReader(info))
+	for sc.Scan() {
+		name, val, ok := strings.Cut(strings.TrimSpace(sc.Text()), ":")
+		if !ok || !strings.HasPrefix(name, "slave") || strings.HasPrefix(name, "slave_") {
+			continue
+		}
+		var ip, port string
+		for kv := range strings.SplitSeq(val, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			switch k {
+			case "ip":
+				ip = v
+			case "port":
+				port = v
+			}
+		}
+		if ip != "" && port != "" {
+			addrs = append(addrs, net.JoinHostPort(ip, port))
+		}
+	}
+	return addrs
+}
