@@ -683,34 +683,52 @@ func jsonString(v []byte) string {
 }
 
 // reportOutcome reports a settlement's outcome after servePaid's settle:
-// paid when it succeeded; unpaid when it failed for sure (the claim was
-// released); nothing while the outcome is unknown (the claim is held: the
-// report comes with the resolution).
+// paid when it succeeded, or when the payment's claim is settled by now
+// (the background pass found the transfer in between); unpaid when it
+// failed for sure (the claim was released); nothing while the outcome is
+// unknown (the claim is held: the report comes with the resolution).
+//
+// An outcome that cannot be told is not reported at all: a failed lookup
+// (the store blipped), or a claim kept without our held record (its hold
+// failed, or the store keeps none). The record then stays pending, which
+// counts for nothing; unpaid would be final, and wrong if the transfer
+// happened.
 func (g *Gate) reportOutcome(r *http.Request, next caddyhttp.Handler, bw *bufferedWriter, c store.Claim, settled bool) {
 	path, id := reportRequest(bw)
 	if path == "" {
 		return
 	}
-	payment := store.PaymentPaid
-	if !settled {
-		if st, err := g.state.Claims().Lookup(context.WithoutCancel(r.Context()), c.Keys[0]); err == nil && !st.Settled {
-			if h, ok := decodeHeld(st.Note); ok && h.Token == c.Token {
-				switch err := g.keepReport(r.Context(), h, path, id); {
-				case err == nil:
-					rememberReporter(h, r, next)
-				case errors.Is(err, store.ErrClaimSettled):
-					// The background pass found the transfer in between.
-					g.report(r, next, path, id, store.PaymentPaid)
-				case errors.Is(err, store.ErrClaimLost):
-					// It found it can never happen, and released the claim.
-					g.report(r, next, path, id, store.PaymentUnpaid)
-				}
-				return
-			}
-		}
-		payment = store.PaymentUnpaid
+	if settled {
+		g.report(r, next, path, id, store.PaymentPaid)
+		return
 	}
-	g.report(r, next, path, id, payment)
+	st, err := g.state.Claims().Lookup(context.WithoutCancel(r.Context()), c.Keys[0])
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		g.report(r, next, path, id, store.PaymentUnpaid)
+		return
+	case err != nil:
+		g.logger.Warn("the settlement's outcome is unknown and its claim could not be read; its verification stays pending", zap.Error(err))
+		return
+	case st.Settled:
+		g.report(r, next, path, id, store.PaymentPaid)
+		return
+	}
+	h, ok := decodeHeld(st.Note)
+	if !ok || h.Token != c.Token {
+		g.logger.Warn("the settlement's outcome is unknown and no record of it is held; its verification stays pending")
+		return
+	}
+	switch err := g.keepReport(r.Context(), h, path, id); {
+	case err == nil:
+		rememberReporter(h, r, next)
+	case errors.Is(err, store.ErrClaimSettled):
+		// The background pass found the transfer in between.
+		g.report(r, next, path, id, store.PaymentPaid)
+	case errors.Is(err, store.ErrClaimLost):
+		// It found it can never happen, and released the claim.
+		g.report(r, next, path, id, store.PaymentUnpaid)
+	}
 }
 
 // keepReport adds the report request to a held record, for whatever

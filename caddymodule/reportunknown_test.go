@@ -1,0 +1,110 @@
+package caddymodule
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/aovhq/aov/plugins/evmfacilitator"
+	"github.com/aovhq/aov/store"
+	"github.com/aovhq/aov/x402"
+)
+
+func init() { caddy.RegisterModule(blindStore{}) }
+
+// blindStore is a named fake for two store faults the real stores cannot
+// be made to show on demand: it is the Badger store, but its claims keep
+// no held records (as a store without store.HeldClaims), or, with
+// "lookup_fails", they keep them but cannot be read back (a store that
+// blips right after the settlement).
+type blindStore struct {
+	BadgerStore
+	LookupFails bool `json:"lookup_fails,omitempty"`
+}
+
+func (blindStore) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{ID: "x402.stores.blind_badger", New: func() caddy.Module { return new(blindStore) }}
+}
+
+func (s *blindStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next()
+	if !d.NextArg() {
+		return d.ArgErr()
+	}
+	s.Path = d.Val()
+	if d.NextArg() {
+		s.LookupFails = d.Val() == "lookup_fails"
+	}
+	return nil
+}
+
+func (s *blindStore) Claims() store.Claims {
+	if s.LookupFails {
+		return failingLookup{s.BadgerStore.Claims().(heldClaims)}
+	}
+	return struct{ store.Claims }{s.BadgerStore.Claims()}
+}
+
+type heldClaims interface {
+	store.Claims
+	store.HeldClaims
+}
+
+type failingLookup struct{ heldClaims }
+
+func (failingLookup) Lookup(context.Context, string) (store.ClaimState, error) {
+	return store.ClaimState{}, errors.New("blind_badger: the store is unreachable")
+}
+
+// A paid call whose settlement outcome is unknown is never reported
+// unpaid when the gate cannot tell the outcome: not when its store keeps
+// no held record of it, nor when the claim cannot be read back. unpaid is
+// final, and the transfer did happen here (lose_reply): the verification
+// stays pending, which counts for nothing, instead of being recorded as
+// never paid.
+func TestUnknownOutcomeNotToldIsNeverReportedUnpaid(t *testing.T) {
+	sharedDevnet(t)
+	for _, fault := range []string{"", "lookup_fails"} {
+		t.Run("store "+fault, func(t *testing.T) {
+			vf := startVerifier(t)
+			site := strings.Replace(mcpHistorySite(vf, "lose_reply", "{dir}"), "store badger {dir}", "store blind_badger {dir} "+fault, 2)
+			site = strings.ReplaceAll(site, "{dir}", filepath.Join(t.TempDir(), "gate"))
+			url := startCaddy(t, site) + "/mcp"
+			agent := "seller-unknown-" + fault
+			args := map[string]any{"task_id": "t-mcp", "agent_id": agent,
+				"expected_schema": map[string]any{"type": "object"}, "submitted_output": map[string]any{"ok": true}}
+			postMCP(t, url, toolCall(t, "verify_schema", map[string]any{"task_id": "t-free", "expected_schema": map[string]any{}, "submitted_output": 1}, nil)) // the free call of the day
+			_, body := postMCP(t, url, toolCall(t, "verify_schema", args, nil))
+			demand, _ := toolResultOf(t, body)
+			b, _ := json.Marshal(demand)
+			var pr x402.PaymentRequired
+			if json.Unmarshal(b, &pr) != nil || len(pr.Accepts) == 0 {
+				t.Fatalf("not a demand: %s", body)
+			}
+			p, err := x402.SignExactEVM(evmfacilitator.DevKey(3), pr.Accepts[0], &pr.Resource, time.Now())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, body = postMCP(t, url, toolCall(t, "verify_schema", args, &p)); !strings.Contains(string(body), "settlement_pending") {
+				t.Fatalf("paid call: %s", body)
+			}
+			// A report is made before the answer (settle, then
+			// reportOutcome): what verifierd holds now is final.
+			recs, _, err := vf.db.Verifications(context.Background(), agent, "", 10)
+			if err != nil || len(recs) != 1 {
+				t.Fatalf("records %+v, %v", recs, err)
+			}
+			if recs[0].Payment != store.PaymentPending {
+				t.Fatalf("recorded %s, want %s: %s", recs[0].Payment, store.PaymentPending, fmt.Sprint(recs[0]))
+			}
+		})
+	}
+}
