@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -50,6 +51,40 @@ func TestRegexBudgetRefusesBeforeMatching(t *testing.T) {
 	if !errors.As(err, &e) || e.Status != 422 || !strings.Contains(e.Fields[0].Problem, "too large to evaluate") ||
 		e.Fields[0].Field != "expected_schema/properties/s/pattern" {
 		t.Errorf("Parse with MaxPatternSize 100: %v; want a 422 at the pattern", err)
+	}
+}
+
+// constAttack applies a const of n numbers to the same array through allOf
+// uses times: the validator compares them deeply (as big.Rat) and is not
+// interrupted, so with 50,000 numbers and 50 uses (580 KB) it took seconds.
+func constAttack(n, uses int) []byte {
+	var arr strings.Builder
+	arr.WriteByte('[')
+	for i := range n {
+		if i > 0 {
+			arr.WriteByte(',')
+		}
+		arr.WriteString(strconv.Itoa(i))
+	}
+	arr.WriteByte(']')
+	return []byte(`{"task_id":"t","expected_schema":{"$defs":{"c":{"const":` + arr.String() + `}},"allOf":[` +
+		strings.TrimSuffix(strings.Repeat(`{"$ref":"#/$defs/c"},`, uses), ",") + `]},"submitted_output":` + arr.String() + `}`)
+}
+
+func TestLargeConstRefusedBeforeTheValidator(t *testing.T) {
+	v := New(Config{})
+	_, err := v.Parse(constAttack(50_000, 50))
+	var e *apierr.Error
+	if !errors.As(err, &e) || e.Status != http.StatusUnprocessableEntity || e.Code != apierr.CodeInvalidRequest || e.Charged ||
+		len(e.Fields) != 1 || e.Fields[0].Field != "expected_schema" || !strings.Contains(e.Fields[0].Problem, "evaluation steps") {
+		t.Fatalf("Parse(const attack) = %v; want a 422 naming expected_schema's evaluation steps", err)
+	}
+	if strings.Contains(e.Error(), "49999") {
+		t.Error("the refusal echoes the schema or the output")
+	}
+	// The same const applied once runs, and passes.
+	if _, err := v.Parse(constAttack(50_000, 1)); err != nil {
+		t.Errorf("the const applied once: %v", err)
 	}
 }
 

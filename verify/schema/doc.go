@@ -72,9 +72,12 @@
 //
 // Every evaluation has budgets, enforced by the counting walk as it goes
 // (it runs before the validator and does at least the validator's work):
-// steps (Options.MaxSteps, one per subschema applied at one location, one
-// per 16 enum members compared, and for uniqueItems one per value hashed
-// plus the comparisons the validator will make, see unique.go),
+// steps (Options.MaxSteps, one per subschema applied at one location; for
+// const and enum, each comparison by the size of the smaller value when
+// it goes past the top level, one for two numbers, one per 16 otherwise,
+// see walker.compare; for uniqueItems one per value hashed plus the
+// comparisons the validator will make, see unique.go; a string counts one
+// value per 4 KB of its text),
 // since nested applicators that reapply shared subschemas make the work
 // exponential in the schema's size; regular-expression work
 // (Options.MaxRegexWork, each match charged its pattern's size times the

@@ -59,7 +59,7 @@ func (e *TooComplexError) Fields() []apierr.Field {
 	return []apierr.Field{{
 		Field:   field,
 		Problem: fmt.Sprintf("needs more than %d evaluation steps on this output", e.MaxSteps),
-		Fix:     "Simplify the schema: avoid allOf, anyOf or oneOf branches that apply the same subschemas again at the same location, and nesting them; apply uniqueItems to large arrays once.",
+		Fix:     "Simplify the schema: avoid allOf, anyOf or oneOf branches that apply the same subschemas again at the same location, and nesting them; apply uniqueItems to large arrays, and const or enum with large values, once.",
 	}}
 }
 

@@ -20,6 +20,7 @@ func FuzzEvaluate(f *testing.F) {
 	f.Add([]byte(`{"properties": {"a": {"$ref": "#/$defs/x"}}, "$defs": {"x": {"oneOf": [{"minimum": 1}, {"multipleOf": 0.5}]}}, "unevaluatedProperties": false}`), []byte(`{"a": 2, "b": 1}`))
 	f.Add([]byte(`{"$schema": "http://json-schema.org/draft-04/schema#", "dependencies": {"a": ["b"]}, "additionalProperties": {"format": "email"}}`), []byte(`{"a": "x@y.z"}`))
 	f.Add([]byte(`{"$dynamicAnchor": "n", "contains": {"$dynamicRef": "#n"}, "if": {"required": ["x"]}, "then": {"propertyNames": {"pattern": "^[a-z]+$"}}}`), []byte(`[{"x": 1, "Y": [1, 1]}]`))
+	f.Add([]byte(`{"allOf": [{"const": {"a": [1, 2.0, "x"]}}, {"enum": ["x", [1], {"a": [1, 2, "x"]}, 3]}], "items": {"enum": [1e0, -0]}}`), []byte(`{"a": [1.0, 2, "x"]}`))
 	f.Fuzz(func(t *testing.T, schemaJSON, instanceJSON []byte) {
 		tree, ok := decodeBytes(schemaJSON)
 		if !ok {

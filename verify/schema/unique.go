@@ -18,9 +18,10 @@ import (
 // schema applying uniqueItems many times, or an array built to defeat a
 // hash, is refused (TooComplexError) instead of running for seconds:
 //
-//   - one step per value hashed (every item and everything inside it),
-//     which covers this walk's hash and the validator's, whose hash of a
-//     number (a big.Rat) costs about what a step does;
+//   - one step per value hashed (every item and everything inside it; a
+//     long string one per bytesPerValue of its text), which covers this
+//     walk's hash and the validator's, whose hash of a number (a big.Rat)
+//     costs about what a step does;
 //   - for every comparison of two items the validator will make, the size
 //     of the smaller one (its equality check stops at the first difference,
 //     but where that is depends on map order, so the charge is the bound).
@@ -133,9 +134,16 @@ func (w *walker) spend(n int) bool {
 	return true
 }
 
-// compareCost bounds the work of one equality check of a and b, whose
-// sizes in values are na and nb: nothing past the top level when their
-// types or lengths differ, else the smaller size.
+// compareCost bounds the work of one equality check of a and b (the
+// validator's equals, and the walk's equal): nothing past the top level
+// when their types or lengths differ, else the size of the smaller one
+// (the pairs of values the check can visit before it stops). uniqueItems
+// and const and enum all price their comparisons here.
+//
+// na and nb are the sizes of a and b (valueSize), or 0 when the caller
+// has not counted them: then they are counted here, only as far as the
+// smaller one goes, so that a small value compared with a large one (an
+// enum member with the whole output) costs little to price.
 func compareCost(a, b any, na, nb int) int {
 	switch a := a.(type) {
 	case map[string]any:
@@ -146,24 +154,73 @@ func compareCost(a, b any, na, nb int) int {
 		if b, ok := b.([]any); !ok || len(a) != len(b) {
 			return 1
 		}
+	case string:
+		if b, ok := b.(string); !ok || len(a) != len(b) {
+			return 1
+		}
+	default:
+		return 1
+	}
+	if na == 0 || nb == 0 {
+		return minSize(a, b)
 	}
 	return min(na, nb)
 }
 
-// countValues is the number of values in v, itself included.
+// bytesPerValue is the length of string text that counts as one more
+// value in a size. Comparing or hashing 4 KB of text costs the walk and
+// the validator together a fraction of what a step does, so strings of
+// ordinary length are one value each, and only long ones weigh more.
+const bytesPerValue = 4096
+
+// valueSize is the size of one value without what is inside it: 1, plus
+// the length of a string's text in bytesPerValue.
+func valueSize(v any) int {
+	if s, ok := v.(string); ok {
+		return 1 + len(s)/bytesPerValue
+	}
+	return 1
+}
+
+// countValues is the size of v: the valueSize of every value in it,
+// itself included.
 func countValues(v any) int {
-	n := 1
+	return countUpTo(v, math.MaxInt)
+}
+
+// countUpTo is countValues(v), or limit if that is more: it stops
+// counting there.
+func countUpTo(v any, limit int) int {
+	n := valueSize(v)
 	switch v := v.(type) {
 	case map[string]any:
 		for _, m := range v {
-			n += countValues(m)
+			if n >= limit {
+				break
+			}
+			n += countUpTo(m, limit-n)
 		}
 	case []any:
 		for _, e := range v {
-			n += countValues(e)
+			if n >= limit {
+				break
+			}
+			n += countUpTo(e, limit-n)
 		}
 	}
-	return n
+	return min(n, limit)
+}
+
+// minSize is min(countValues(a), countValues(b)), counted in time
+// proportional to it: both are counted up to a limit that doubles until
+// one of them falls short of it.
+func minSize(a, b any) int {
+	for limit := 64; ; limit *= 2 {
+		na, nb := countUpTo(a, limit), countUpTo(b, limit)
+		if na < limit || nb < limit {
+			return min(na, nb)
+		}
+	}
 }
 
 // Tags of contentHash, one per JSON type.
@@ -181,7 +238,7 @@ const (
 // hash equal: numbers by value (1 and 1.0 are one number: equal values
 // have one float64 form, and the rare distinct values that share one are
 // told apart by equal), objects by the sum of their members' hashes, so
-// key order does not matter. n counts the values hashed.
+// key order does not matter. n counts the size hashed (countValues).
 func contentHash(v any, n *int) uint64 {
 	*n++
 	switch x := v.(type) {
@@ -205,6 +262,7 @@ func contentHash(v any, n *int) uint64 {
 		}
 		return mix(hBool, 0, 0)
 	case string:
+		*n += valueSize(x) - 1
 		return mix(hString, maphash.String(hashSeed, x), uint64(len(x)))
 	}
 	if f, ok := toFloat(v); ok {

@@ -38,10 +38,12 @@ type walker struct {
 	scope []scopeEntry
 	base  int
 
-	// steps counts schema evaluations and regexWork the work of regular
-	// expressions (regexCost); past limit or maxRegexWork, or once ctx is
-	// done, the walk stops and stop says why.
-	steps, limit            int
+	// steps counts schema evaluations (and the work of uniqueItems, const
+	// and enum, see compare), cheap the comparisons charged one step per
+	// 16, and regexWork the work of regular expressions (regexCost); past
+	// limit or maxRegexWork, or once ctx is done, the walk stops and stop
+	// says why.
+	steps, limit, cheap     int
 	regexWork, maxRegexWork int64
 	ctx                     context.Context
 	stop                    error
@@ -197,7 +199,11 @@ func (w *walker) evalObject(s *jsonschema.Schema, v any, u *uneval, vid int) (c 
 	}
 	if s.Const != nil {
 		c.total++
-		if !equal(v, *s.Const) {
+		eq, ok := w.compare(v, *s.Const)
+		if !ok {
+			return counts{}
+		}
+		if !eq {
 			c.failed++
 			return c
 		}
@@ -205,18 +211,16 @@ func (w *walker) evalObject(s *jsonschema.Schema, v any, u *uneval, vid int) (c 
 	if s.Enum != nil {
 		c.total++
 		found := false
-		n := 0
 		for _, item := range s.Enum.Values {
-			n++
-			if equal(v, item) {
+			eq, ok := w.compare(v, item)
+			if !ok {
+				return counts{}
+			}
+			if eq {
 				found = true
 				break
 			}
 		}
-		// A long enum applied to many values is work the step count
-		// would not see (50,000 members × 100,000 items is seconds of
-		// CPU): every 16 comparisons count one step.
-		w.steps += (n + 15) / 16
 		if !found {
 			c.failed++
 			return c
@@ -313,6 +317,39 @@ func (w *walker) charge(cost int64) bool {
 		return false
 	}
 	return true
+}
+
+// compare reports whether v equals want, a const or an enum member, once
+// the step budget has paid for the check; ok is false once the walk has
+// stopped (the answer is then meaningless). The validator makes the same
+// checks after the walk, comparing numbers as big.Rat, and nothing
+// interrupts it, so a large const applied many times, or a long enum of
+// numbers over many values, would otherwise cost it seconds the budget
+// never saw. A check is charged:
+//
+//   - compareCost when it goes past the top level (two objects with as
+//     many members, two arrays of one length, two long strings of one
+//     length): the size of the smaller value;
+//   - one step for two numbers (two big.Rat to the validator, about a
+//     step's work);
+//   - else, a comparison of two short strings, or of values that differ
+//     at the top, one step per 16 of them.
+func (w *walker) compare(v, want any) (eq, ok bool) {
+	if w.stop != nil {
+		return false, false
+	}
+	cost := compareCost(v, want, 0, 0)
+	if cost == 1 && (typeOf(v) != tNumber || typeOf(want) != tNumber) {
+		w.cheap++
+		cost = 0
+		if w.cheap%16 == 0 {
+			cost = 1
+		}
+	}
+	if !w.spend(cost) {
+		return false, false
+	}
+	return equal(v, want), true
 }
 
 // match runs re on s if the budget allows it. Past the budget it reports
