@@ -81,7 +81,7 @@ func TestConstAndEnumSteps(t *testing.T) {
 		{`{"const": ` + big + `}`, `[1]`, 1},                           // lengths differ, however large
 		{`{"const": [` + big + `]}`, `[1]`, 1 + 2},                     // the smaller size counts
 		{`{"const": [1]}`, `[` + big + `]`, 1 + 2},                     // ... either way round
-		{`{"const": "` + long + `"}`, `"` + long + `"`, 1 + 3},         // 1 + 8 KB / 4 KB
+		{`{"const": "` + long + `"}`, `"` + long + `"`, 1 + 3 + 8},     // compared (1 + 8 KB / 4 KB), applied to (8 KB / 1 KB)
 		{`{"const": ["` + long + `"]}`, `["` + other + `"]`, 1 + 4},    // compared to the end
 		{`{"const": ["` + long + `"]}`, `["` + long[1:] + `"]`, 1 + 3}, // the smaller size, a bound
 		{`{"const": "` + long + `"}`, `"` + long[1:] + `"`, 1},         // lengths differ: 1/16
@@ -136,5 +136,31 @@ func TestHonestConstAndEnumWithinBudget(t *testing.T) {
 	}
 	if rep, err := s.EvaluateWithin(inst, Options{}); err != nil || rep.Passed != rep.Total {
 		t.Errorf("10,000 honest items: %+v, %v; want a pass", rep, err)
+	}
+}
+
+// The validator copies a string at every schema applied to it (for
+// contentEncoding, whether or not the schema has one), so a 300 KB string
+// under a hundred thousand applications (five nested allOf of ten) cost
+// it about a minute in 222,222 steps. Each application is charged the
+// string's length, one step per KB. Only the walk runs here.
+func TestLongStringApplicationsAreCharged(t *testing.T) {
+	schema := `{"$defs": {"l0": {"type": "string"}`
+	for k := 1; k <= 5; k++ {
+		schema += `, "l` + strconv.Itoa(k) + `": {"allOf": [` +
+			strings.TrimSuffix(strings.Repeat(`{"$ref": "#/$defs/l`+strconv.Itoa(k-1)+`"},`, 10), ",") + `]}`
+	}
+	schema += `}, "$ref": "#/$defs/l5"}`
+	s := mustCompile(t, schema)
+	if _, _, ok := s.count(strings.Repeat("a", 300_000), false, DefaultMaxSteps); ok {
+		t.Error("a 300 KB string under 222,222 schema applications is within the step budget")
+	}
+	// Deterministic: one step for the schema, one per KB of the string.
+	str := mustCompile(t, `{"type": "string", "maxLength": 20000}`)
+	if got, want := stepsOf(t, str, strings.Repeat("é", 5000)), 1+10_000/1024; got != want {
+		t.Errorf("a 10,000-byte string: %d steps; want %d", got, want)
+	}
+	if got, want := stepsOf(t, str, "short"), 1; got != want {
+		t.Errorf("a short string: %d steps; want %d", got, want)
 	}
 }

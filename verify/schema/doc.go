@@ -77,7 +77,8 @@
 // it goes past the top level, one for two numbers, one per 16 otherwise,
 // see walker.compare; for uniqueItems one per value hashed plus the
 // comparisons the validator will make, see unique.go; a string counts one
-// value per 4 KB of its text),
+// value per 4 KB of its text, and costs one step per KB each time a
+// schema is applied to it, which the validator copies it for),
 // since nested applicators that reapply shared subschemas make the work
 // exponential in the schema's size; regular-expression work
 // (Options.MaxRegexWork, each match charged its pattern's size times the
