@@ -99,7 +99,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.Int64Var(&c.maxBodyBytes, "max-body-bytes", verify.DefaultMaxBodyBytes, "absolute request body limit; larger bodies get 413")
 	fs.IntVar(&c.listCap, "list-cap", verify.DefaultListCap, "entries shown per result list (errors, flags, hints)")
 	fs.DurationVar(&c.verify.Timeout, "verify-timeout", verify.DefaultTimeout, "wall-clock limit of one verification; past it the caller gets 503 verification_timeout")
-	fs.IntVar(&c.verify.MaxSchemaSteps, "max-schema-steps", schema.DefaultMaxSteps, "evaluation budget of one verification, in subschemas applied; past it 422")
+	fs.IntVar(&c.verify.MaxSchemaSteps, "max-schema-steps", schema.DefaultMaxSteps, "evaluation budget of one verification, in steps (a subschema applied; the work of uniqueItems, const and enum comparisons and of long strings); past it 422")
 	fs.Int64Var(&c.verify.MaxRegexWork, "max-regex-work", schema.DefaultMaxRegexWork, "regular-expression budget of one verification, pattern size × string length summed over every match; past it 422")
 	fs.Int64Var(&c.verify.MaxIntegrityWork, "max-integrity-work", verify.DefaultMaxIntegrityWork, "work budget of the bounds and rules of one verification (one unit per value a path enters, more for what unique and exists_in compare), counted before they run; past it 422")
 	fs.IntVar(&c.verify.MaxPatternSize, "max-pattern-size", schema.DefaultMaxPatternSize, "largest pattern of a schema, in compiled instructions; larger ones are 422")

@@ -1,6 +1,7 @@
 package schema
 
 import (
+	"context"
 	"errors"
 	"strconv"
 	"strings"
@@ -162,5 +163,18 @@ func TestLongStringApplicationsAreCharged(t *testing.T) {
 	}
 	if got, want := stepsOf(t, str, "short"), 1; got != want {
 		t.Errorf("a short string: %d steps; want %d", got, want)
+	}
+}
+
+// A walk whose steps are charged many at a time (each comparison of a
+// large const costs its size) still notices its context: the count skips
+// past multiples of 1,024 instead of landing on them.
+func TestContextCheckedUnderLargeCharges(t *testing.T) {
+	numbers := jsonArray(2_000, strconv.Itoa)
+	s := mustCompile(t, constUses(numbers, 100, false))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := s.EvaluateContext(ctx, decode(t, numbers), Options{}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("a cancelled evaluation of a const of 2,000 numbers applied 100 times: %v; want context.Canceled", err)
 	}
 }

@@ -121,14 +121,24 @@ func (w *walker) hasDuplicates(arr []any) bool {
 	return false
 }
 
-// spend charges n steps; false once the budget is spent.
+// spend charges n steps: the one place the step budget is charged, a
+// schema applied (one step) or a comparison's work (many at once). false
+// once the budget is spent or the context is done. The context is checked
+// each time the count passes a multiple of 1,024, however large the charge
+// that passes it: checking only on an exact multiple would let charges of
+// many steps at once skip every check.
 func (w *walker) spend(n int) bool {
 	if w.stop != nil {
 		return false
 	}
+	before := w.steps
 	w.steps += n
 	if w.steps > w.limit {
 		w.stop = &TooComplexError{MaxSteps: w.limit}
+		return false
+	}
+	if before>>10 != w.steps>>10 && w.ctx.Err() != nil {
+		w.stop = w.ctx.Err()
 		return false
 	}
 	return true

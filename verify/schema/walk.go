@@ -155,16 +155,7 @@ func (w *walker) child(s *jsonschema.Schema, v any, vid int, key string, idx int
 }
 
 func (w *walker) eval(s *jsonschema.Schema, v any, u *uneval, vid int) counts {
-	w.steps++
-	if w.stop != nil {
-		return counts{}
-	}
-	if w.steps > w.limit {
-		w.stop = &TooComplexError{MaxSteps: w.limit}
-		return counts{}
-	}
-	if w.steps&1023 == 0 && w.ctx.Err() != nil {
-		w.stop = w.ctx.Err()
+	if !w.spend(1) {
 		return counts{}
 	}
 	if s.Bool != nil {
