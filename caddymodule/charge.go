@@ -44,6 +44,7 @@ const (
 	outcomeBillable  outcome = iota // a success the buyer pays for
 	outcomeNotBilled                // an error answer: handed over, never charged
 	outcomeNotPassed                // settle_on pass, and the output did not pass: handed over uncharged
+	outcomeWithheld                 // settle_on pass, and content verify_response did not check: withheld, never charged
 	outcomeOverflow                 // larger than max_buffer: withheld, never charged
 	outcomeFailed                   // the upstream failed before answering
 )
@@ -85,6 +86,10 @@ func (g *Gate) serveCharged(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		bw.replay(w)
 		return nil
+	case outcomeWithheld:
+		c.release(r)
+		metrics.outcomes.WithLabelValues("unchecked_answer_withheld").Inc()
+		return g.refuse(w, r, uncheckedAnswer(bw))
 	case outcomeNotPassed:
 		c.release(r)
 		metrics.outcomes.WithLabelValues("verification_not_passed_not_settled").Inc()
@@ -110,10 +115,42 @@ func (g *Gate) outcomeOf(ex exchange, bw *bufferedWriter, err error, r *http.Req
 		return outcomeFailed
 	case !ex.billable(bw):
 		return outcomeNotBilled
+	case !g.settleAllowed(r) && uncheckedContent(r, bw):
+		return outcomeWithheld
 	case !g.settleAllowed(r):
 		return outcomeNotPassed
 	}
 	return outcomeBillable
+}
+
+// uncheckedContent reports whether the held answer is content that
+// verify_response let through unchecked (a status or a content type it
+// does not check): a success with a body. Under settle_on pass such an
+// answer can be neither charged (nothing verified it) nor handed over
+// free: a buyer who can steer the agent to it (an Accept header asking
+// for CSV instead of JSON) would get the work for nothing. An answer
+// without content (HEAD, 204, a redirect) is still handed over.
+func uncheckedContent(r *http.Request, bw *bufferedWriter) bool {
+	outcome, _ := caddyhttp.GetVar(r.Context(), VerificationVar).(string)
+	s := bw.status()
+	return outcome == outcomeUnchecked && s >= 200 && s < 300 && bw.buf.Len() > 0
+}
+
+// uncheckedAnswer is the refusal of an answer withheld by uncheckedContent.
+func uncheckedAnswer(bw *bufferedWriter) *apierr.Error {
+	ct := headerValueShort(bw.header.Get("Content-Type"))
+	if ct == "" {
+		ct = "none"
+	}
+	return &apierr.Error{
+		Code: codeResponseUnverifiable,
+		Message: fmt.Sprintf("The answer could not be verified because it is not one verify_response checks (status %d, content type %s); "+
+			"it was withheld and nothing was charged; ask for JSON, or retry later.", bw.status(), ct),
+		Status:      http.StatusServiceUnavailable,
+		Retryable:   true,
+		RetryAfter:  1,
+		NextActions: []apierr.Action{{Action: "retry", After: 1}},
+	}
 }
 
 // paidCharge is a verified, claimed payment.

@@ -26,6 +26,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/aovhq/aov/agentcard"
+	"github.com/aovhq/aov/apierr"
 	"github.com/aovhq/aov/internal/interop"
 	"github.com/aovhq/aov/keystore"
 	"github.com/aovhq/aov/plugins/evmfacilitator"
@@ -1105,5 +1106,60 @@ func TestSettleOnPassWithoutVerificationNeverCharges(t *testing.T) {
 	}
 	if balance(t, d, payer).Cmp(before) != 0 {
 		t.Fatal("settle_on pass charged an answer nothing verified")
+	}
+}
+
+// Under settle_on pass, an answer verify_response lets through unchecked
+// (a content type it does not check) can be neither charged nor handed
+// over free: a buyer who steers the agent to another type (here an Accept
+// asking for CSV) would get the work for nothing. It is withheld with
+// response_unverifiable and the payment released; an answer without
+// content (204) is still handed over, uncharged.
+func TestSettleOnPassWithholdsUncheckedContent(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	buildBinaries(t)
+	vf := startVerifier(t)
+	agent := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.URL.Path == "/invoices/none":
+			w.WriteHeader(http.StatusNoContent)
+		case strings.Contains(r.Header.Get("Accept"), "text/csv"):
+			w.Header().Set("Content-Type", "text/csv")
+			io.WriteString(w, "sku,qty,line_total\nA-100,2,87.0\n")
+		default:
+			w.Header().Set("Content-Type", "application/json")
+			io.WriteString(w, `{"invoice_id":"INV-7731"}`)
+		}
+	}))
+	t.Cleanup(agent.Close)
+	base := startCaddy(t, sellerPaidSite(agent.URL, fac, vf))
+	payerIdx := 7
+	payer := evmfacilitator.DevAccounts()[payerIdx].Address
+	before := balance(t, d, payer)
+
+	resp, _ := getBody(t, base+"/invoices/INV-7731", map[string]string{"Accept": "text/csv"})
+	if resp.StatusCode != http.StatusPaymentRequired {
+		t.Fatalf("unpaid: status %d, want 402", resp.StatusCode)
+	}
+	sig := signFor(t, paymentRequired(t, resp), payerIdx)
+	resp, body := getBody(t, base+"/invoices/INV-7731", map[string]string{"Accept": "text/csv", x402.HeaderPaymentSignature: sig})
+	var e apierr.Error
+	if resp.StatusCode != http.StatusServiceUnavailable || json.Unmarshal(body, &e) != nil || e.Code != "response_unverifiable" || e.Charged {
+		t.Fatalf("paid CSV: status %d: %s", resp.StatusCode, body)
+	}
+	if strings.Contains(string(body), "A-100") || resp.Header.Get(x402.HeaderPaymentResponse) != "" {
+		t.Fatalf("the unchecked answer, or a receipt of payment, reached the buyer: %s", body)
+	}
+	if !strings.Contains(e.Message, "content type text/csv") {
+		t.Errorf("message %q does not name the content type", e.Message)
+	}
+	// The payment was released: the same signature buys a 204 (handed
+	// over, uncharged, nothing to withhold).
+	resp, body = getBody(t, base+"/invoices/none", map[string]string{x402.HeaderPaymentSignature: sig})
+	if resp.StatusCode != http.StatusNoContent || resp.Header.Get(x402.HeaderPaymentResponse) != "" {
+		t.Fatalf("204: status %d, PAYMENT-RESPONSE %q: %s", resp.StatusCode, resp.Header.Get(x402.HeaderPaymentResponse), body)
+	}
+	if balance(t, d, payer).Cmp(before) != 0 {
+		t.Fatal("charged for answers nothing verified")
 	}
 }
