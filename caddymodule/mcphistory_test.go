@@ -42,6 +42,23 @@ func mcpHistorySite(vf *verifierFixture, mode, storeDir string) string {
 `, strings.TrimPrefix(vf.srv.URL, "http://"), mode, payTo.Hex(), storeDir, verifierToken)
 }
 
+// payDemand signs, for the devnet account payer, the payment a tool
+// call's answer demands (an isError result carrying PaymentRequired).
+func payDemand(t *testing.T, body []byte, payer int) x402.PaymentPayload {
+	t.Helper()
+	demand, isErr := toolResultOf(t, body)
+	b, _ := json.Marshal(demand)
+	var pr x402.PaymentRequired
+	if !isErr || json.Unmarshal(b, &pr) != nil || len(pr.Accepts) == 0 {
+		t.Fatalf("not a demand: %s", body)
+	}
+	p, err := x402.SignExactEVM(evmfacilitator.DevKey(payer), pr.Accepts[0], &pr.Resource, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 // toolCall is a raw JSON-RPC tools/call body, with a payment in _meta when
 // payment is not nil.
 func toolCall(t *testing.T, tool string, args map[string]any, payment *x402.PaymentPayload) string {
@@ -103,18 +120,9 @@ func TestPaidMCPHistoryTellsTheTruth(t *testing.T) {
 
 			// The next one is demanded, then paid.
 			_, body = postMCP(t, url, toolCall(t, "verify_schema", args, nil))
-			demand, isErr := toolResultOf(t, body)
-			b, _ := json.Marshal(demand)
-			var pr x402.PaymentRequired
-			if !isErr || json.Unmarshal(b, &pr) != nil || len(pr.Accepts) == 0 {
-				t.Fatalf("not a demand: %s", body)
-			}
 			payer := evmfacilitator.DevAccounts()[2].Address
 			before := balance(t, d, payer)
-			p, err := x402.SignExactEVM(evmfacilitator.DevKey(2), pr.Accepts[0], &pr.Resource, time.Now())
-			if err != nil {
-				t.Fatal(err)
-			}
+			p := payDemand(t, body, 2)
 			resp, body = postMCP(t, url, toolCall(t, "verify_schema", args, &p))
 			if h := resp.Header.Get(headerSettlementReport); h != "" {
 				t.Fatalf("the report request reached the client: %q", h)
@@ -156,16 +164,7 @@ func TestPaidMCPHistoryTellsTheTruth(t *testing.T) {
 
 			// The score tool, paid, records nothing and asks for no report.
 			_, body = postMCP(t, url, toolCall(t, "get_verification_record", map[string]any{"agent_id": agent}, nil))
-			demand, _ = toolResultOf(t, body)
-			b, _ = json.Marshal(demand)
-			pr = x402.PaymentRequired{}
-			if json.Unmarshal(b, &pr) != nil || len(pr.Accepts) == 0 {
-				t.Fatalf("score tool: not a demand: %s", body)
-			}
-			p, err = x402.SignExactEVM(evmfacilitator.DevKey(2), pr.Accepts[0], &pr.Resource, time.Now())
-			if err != nil {
-				t.Fatal(err)
-			}
+			p = payDemand(t, body, 2)
 			resp, body = postMCP(t, url, toolCall(t, "get_verification_record", map[string]any{"agent_id": agent}, &p))
 			if _, isErr := toolResultOf(t, body); resp.Header.Get(headerSettlementReport) != "" || isErr == tc.counted {
 				t.Fatalf("score tool: report header %q, isError %v: %s", resp.Header.Get(headerSettlementReport), isErr, body)
@@ -190,18 +189,9 @@ func TestPaidMCPUnknownOutcomeIsReportedOnRetry(t *testing.T) {
 	ctx := context.Background()
 	postMCP(t, url, toolCall(t, "verify_schema", map[string]any{"task_id": "t-free", "expected_schema": map[string]any{}, "submitted_output": 1}, nil)) // the free call of the day
 	_, body := postMCP(t, url, toolCall(t, "verify_schema", args, nil))
-	demand, _ := toolResultOf(t, body)
-	b, _ := json.Marshal(demand)
-	var pr x402.PaymentRequired
-	if json.Unmarshal(b, &pr) != nil || len(pr.Accepts) == 0 {
-		t.Fatalf("not a demand: %s", body)
-	}
 	payer := evmfacilitator.DevAccounts()[2].Address
 	before := balance(t, d, payer)
-	p, err := x402.SignExactEVM(evmfacilitator.DevKey(2), pr.Accepts[0], &pr.Resource, time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := payDemand(t, body, 2)
 	if _, body = postMCP(t, url, toolCall(t, "verify_schema", args, &p)); !strings.Contains(string(body), "settlement_pending") {
 		t.Fatalf("first try: %s", body)
 	}
@@ -238,18 +228,9 @@ func TestPaidMCPHeldAnswerNamesTheRetry(t *testing.T) {
 		"expected_schema": map[string]any{"type": "object"}, "submitted_output": map[string]any{"ok": true}}
 	postMCP(t, url, toolCall(t, "verify_schema", map[string]any{"task_id": "t-free", "expected_schema": map[string]any{}, "submitted_output": 1}, nil)) // the free call of the day
 	_, body := postMCP(t, url, toolCall(t, "verify_schema", args, nil))
-	demand, _ := toolResultOf(t, body)
-	b, _ := json.Marshal(demand)
-	var pr x402.PaymentRequired
-	if json.Unmarshal(b, &pr) != nil || len(pr.Accepts) == 0 {
-		t.Fatalf("not a demand: %s", body)
-	}
 	payer := evmfacilitator.DevAccounts()[3].Address
 	before := balance(t, d, payer)
-	p, err := x402.SignExactEVM(evmfacilitator.DevKey(3), pr.Accepts[0], &pr.Resource, time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := payDemand(t, body, 3)
 	call := toolCall(t, "verify_schema", args, &p)
 	if _, body = postMCP(t, url, call); !strings.Contains(string(body), "settlement_pending") {
 		t.Fatalf("first try: %s", body)

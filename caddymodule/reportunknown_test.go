@@ -2,20 +2,16 @@ package caddymodule
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
-	"github.com/aovhq/aov/plugins/evmfacilitator"
 	"github.com/aovhq/aov/store"
-	"github.com/aovhq/aov/x402"
 )
 
 func init() { caddy.RegisterModule(blindStore{}) }
@@ -83,16 +79,7 @@ func TestUnknownOutcomeNotToldIsNeverReportedUnpaid(t *testing.T) {
 				"expected_schema": map[string]any{"type": "object"}, "submitted_output": map[string]any{"ok": true}}
 			postMCP(t, url, toolCall(t, "verify_schema", map[string]any{"task_id": "t-free", "expected_schema": map[string]any{}, "submitted_output": 1}, nil)) // the free call of the day
 			_, body := postMCP(t, url, toolCall(t, "verify_schema", args, nil))
-			demand, _ := toolResultOf(t, body)
-			b, _ := json.Marshal(demand)
-			var pr x402.PaymentRequired
-			if json.Unmarshal(b, &pr) != nil || len(pr.Accepts) == 0 {
-				t.Fatalf("not a demand: %s", body)
-			}
-			p, err := x402.SignExactEVM(evmfacilitator.DevKey(3), pr.Accepts[0], &pr.Resource, time.Now())
-			if err != nil {
-				t.Fatal(err)
-			}
+			p := payDemand(t, body, 3)
 			if _, body = postMCP(t, url, toolCall(t, "verify_schema", args, &p)); !strings.Contains(string(body), "settlement_pending") {
 				t.Fatalf("paid call: %s", body)
 			}
