@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/big"
 	"net/http"
 	"os"
 	"strings"
@@ -455,8 +456,9 @@ func (m *HTTPFacilitator) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 // A facilitator submits settlements from its relayer and pays their gas,
 // so a public one would pay for anyone's transfers to anyone. This one
 // verifies and settles only payments to the operator's own addresses
-// (PayTo, required): any other payTo is refused with isValid/success false
-// and reason invalid_payment_requirements, before the chain is asked. With
+// (PayTo, required), in the network's USDC, of at least MinPrice: any
+// other is refused with isValid/success false and reason
+// invalid_payment_requirements, before the chain is asked. With
 // Token set, every request must also carry Authorization: Bearer <token>,
 // or it is refused with 401.
 //
@@ -471,6 +473,14 @@ type FacilitatorHandler struct {
 	// gate's accept lines. Required. Placeholders such as {env.PAY_TO} are
 	// expanded once.
 	PayTo []string `json:"pay_to,omitempty"`
+
+	// MinPrice is the smallest payment this API verifies or settles, in
+	// the network's USDC ("$0.01", the default). The caller writes the
+	// requirements it asks to settle, and every settlement costs the
+	// relayer or fee payer its gas or fee: without a floor, anyone could
+	// have the operator pay for a stream of one-atom payments to the
+	// operator's own address.
+	MinPrice string `json:"min_price,omitempty"`
 
 	// Token, when set, is the bearer token every request must carry
 	// (Authorization: Bearer <token>); use a placeholder such as
@@ -523,6 +533,13 @@ func (h *FacilitatorHandler) Provision(ctx caddy.Context) error {
 	if len(guard.payTo) == 0 {
 		return errors.New("x402_facilitator: pay_to is required: the addresses this facilitator settles payments to (your own), so it never pays gas for anyone else's transfers")
 	}
+	guard.minPrice = h.MinPrice
+	if guard.minPrice == "" {
+		guard.minPrice = defaultFacilitatorMinPrice
+	}
+	if _, err := x402.ParsePrice(guard.minPrice, 6); err != nil {
+		return fmt.Errorf("x402_facilitator: min_price: %v", err)
+	}
 	if h.Token != "" {
 		tok := repl.ReplaceKnown(h.Token, "")
 		if len(tok) < 16 {
@@ -538,11 +555,37 @@ func (h *FacilitatorHandler) Provision(ctx caddy.Context) error {
 	return nil
 }
 
-// payToGuard refuses payments to anyone but the operator before its
-// facilitator sees them.
+// defaultFacilitatorMinPrice is MinPrice's default.
+const defaultFacilitatorMinPrice = "$0.01"
+
+// payToGuard refuses, before its facilitator sees them, payments that are
+// not the operator's to take: to anyone but the operator, in anything but
+// the network's USDC, or below MinPrice. The caller writes the
+// requirements: a payTo check alone let anyone have the operator's fee
+// payer settle one atom of a mint they made themselves, to the operator's
+// address, as often as they liked.
 type payToGuard struct {
 	x402.Facilitator
-	payTo []string
+	payTo    []string
+	minPrice string
+}
+
+// refusal is why the guard refuses req ("" when it does not).
+func (g *payToGuard) refusal(req x402.PaymentRequirements) string {
+	if !g.ours(req.PayTo) {
+		return foreignPayTo
+	}
+	a, ok := x402.LookupAsset(req.Network, req.Asset)
+	if !ok {
+		return "this facilitator settles its network's USDC only"
+	}
+	floor, err := x402.ParsePrice(g.minPrice, a.Decimals)
+	amount, okAmount := new(big.Int).SetString(req.Amount, 10)
+	least, okLeast := new(big.Int).SetString(floor, 10)
+	if err != nil || !okAmount || !okLeast || amount.Cmp(least) < 0 {
+		return "this facilitator settles payments of at least " + g.minPrice + " only"
+	}
+	return ""
 }
 
 // ours reports whether payTo is one of the operator's addresses: 0x
@@ -561,16 +604,16 @@ const foreignPayTo = "this facilitator settles payments to its operator's addres
 
 // Verify implements x402.Facilitator.
 func (g *payToGuard) Verify(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.VerifyResponse, error) {
-	if !g.ours(req.PayTo) {
-		return x402.VerifyResponse{IsValid: false, InvalidReason: x402.ReasonInvalidPaymentRequirements, InvalidMessage: foreignPayTo}, nil
+	if why := g.refusal(req); why != "" {
+		return x402.VerifyResponse{IsValid: false, InvalidReason: x402.ReasonInvalidPaymentRequirements, InvalidMessage: why}, nil
 	}
 	return g.Facilitator.Verify(ctx, p, req)
 }
 
 // Settle implements x402.Facilitator.
 func (g *payToGuard) Settle(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettleResponse, error) {
-	if !g.ours(req.PayTo) {
-		return x402.SettleResponse{Success: false, ErrorReason: x402.ReasonInvalidPaymentRequirements, ErrorMessage: foreignPayTo,
+	if why := g.refusal(req); why != "" {
+		return x402.SettleResponse{Success: false, ErrorReason: x402.ReasonInvalidPaymentRequirements, ErrorMessage: why,
 			Network: req.Network}, nil
 	}
 	return g.Facilitator.Settle(ctx, p, req)
@@ -620,6 +663,7 @@ var facilitatorEndpoints = []string{"/verify", "/settle", "/supported", "/discov
 //
 //	x402_facilitator {
 //		pay_to <address> [<address> ...]     # required: the only recipients settled
+//		min_price <price>                     # the smallest payment settled (default $0.01)
 //		token  <secret|{env.VAR}>             # optional: require Authorization: Bearer
 //		store  <module> { … }                 # the discovery list's store (default badger)
 //		discovery off | {                     # the discovery list's bounds
@@ -647,6 +691,11 @@ func (h *FacilitatorHandler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			continue
 		case "token":
 			if err := facOneArg(d, &h.Token); err != nil {
+				return err
+			}
+			continue
+		case "min_price":
+			if err := facOneArg(d, &h.MinPrice); err != nil {
 				return err
 			}
 			continue

@@ -114,6 +114,42 @@ func TestFacilitatorAPIGuards(t *testing.T) {
 		})
 	}
 
+	// The caller writes the requirements: a payment to the operator's own
+	// address in a token of the caller's making, or of one atom, would
+	// still cost the relayer its gas (the fee payer its fee on Solana),
+	// as often as the caller liked.
+	for _, c := range []struct {
+		desc, why string
+		edit      func(r *x402.PaymentRequirements)
+	}{
+		{"in another token", "its network's USDC only", func(r *x402.PaymentRequirements) { r.Asset = accts[4].Address.Hex() }},
+		{"below min_price ($0.01)", "at least $0.01", func(r *x402.PaymentRequirements) { r.Amount = "9999" }},
+	} {
+		for _, ep := range []string{"/verify", "/settle"} {
+			t.Run(ep+" of a payment "+c.desc+" is refused with invalid_payment_requirements", func(t *testing.T) {
+				before := sent(t)
+				req := facDevnetRequirements(accts[2].Address)
+				c.edit(&req)
+				p, err := x402.SignExactEVM(accts[1].Key(), req, nil, time.Now())
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, _ := json.Marshal(x402.FacilitatorRequest{X402Version: 2, PaymentPayload: p, PaymentRequirements: req})
+				status, _, m := walletCall(t, "POST", base+"/facilitator"+ep, string(b), map[string]string{"Authorization": good})
+				reason, message, ok := "invalidReason", "invalidMessage", m["isValid"] == false
+				if ep == "/settle" {
+					reason, message, ok = "errorReason", "errorMessage", m["success"] == false && m["transaction"] == ""
+				}
+				if status != 200 || !ok || m[reason] != x402.ReasonInvalidPaymentRequirements || !strings.Contains(fmt.Sprint(m[message]), c.why) {
+					t.Fatalf("%d %v", status, m)
+				}
+				if after := sent(t); after != before {
+					t.Fatalf("the relayer sent %d transactions", after-before)
+				}
+			})
+		}
+	}
+
 	t.Run("a settle to the operator's own pay_to goes through", func(t *testing.T) {
 		status, _, m := walletCall(t, "POST", base+"/facilitator/settle", body(t, 1, 2), map[string]string{"Authorization": good})
 		if status != 200 || m["success"] != true {
@@ -137,6 +173,7 @@ func TestFacilitatorHandlerConfigErrors(t *testing.T) {
 		{"pay_to is required", `{"facilitator":{"type":"evm","devnet":{}}}`, "pay_to is required"},
 		{"an empty pay_to is refused", `{"pay_to":[" "],"facilitator":{"type":"evm","devnet":{}}}`, "is not an address"},
 		{"an unset placeholder is not an address", `{"pay_to":["{env.FAC_UNSET_PAY_TO_X}"],"facilitator":{"type":"evm","devnet":{}}}`, "is not an address"},
+		{"a min_price that is not a price is refused", `{"pay_to":["` + facPayTo() + `"],"min_price":"1e-2","facilitator":{"type":"evm","devnet":{}}}`, "min_price"},
 		{"a short token is refused", `{"pay_to":["` + facPayTo() + `"],"token":"short","facilitator":{"type":"evm","devnet":{}}}`, "at least 16"},
 	} {
 		t.Run(c.desc, func(t *testing.T) {

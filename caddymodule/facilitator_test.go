@@ -327,10 +327,10 @@ func TestHTTPFacilitatorModule(t *testing.T) {
 	}
 	accts := evmfacilitator.DevAccounts()
 	req := facDevnetRequirements(accts[2].Address)
-	req.Amount = "1"
+	req.Amount = "20000"
 	p, _ := x402.SignExactEVM(accts[3].Key(), req, nil, time.Now())
 	more := req
-	more.Amount = "2"
+	more.Amount = "20001"
 	v, err := f.Verify(context.Background(), p, more)
 	if err != nil || v.IsValid || v.InvalidReason != x402.ReasonExactEVMValueMismatch {
 		t.Fatalf("verify = %+v, %v; want an isValid:false answer", v, err)
