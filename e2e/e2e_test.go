@@ -320,6 +320,27 @@ func TestSigningEndpointIsNotReachableThroughCaddy(t *testing.T) {
 	}
 }
 
+// A path Caddy's matcher cleans to a free route (/health, /reputation/*)
+// is proxied as sent, with the gateway's token: verifierd must not read it
+// as the paid /score/{agent_id}. The same score, asked for plainly, is a
+// 402.
+func TestPathsCleanedToAFreeRouteReachNoPaidRoute(t *testing.T) {
+	s := newStack(t)
+	for _, p := range []string{
+		"/score/x/../../health",
+		"/score/victim/..%2F..%2Freputation%2Fa",
+		"/score/a/../../reputation/b",
+	} {
+		r := do(t, http.MethodGet, s.url(p), nil, nil)
+		if r.status == http.StatusOK || bytes.Contains(r.body, []byte(`"score"`)) || bytes.Contains(r.body, []byte(`"attestation"`)) {
+			t.Errorf("GET %s: %d %.300s", p, r.status, r.body)
+		}
+	}
+	if r := do(t, http.MethodGet, s.url("/score/x"), nil, nil); r.status != http.StatusPaymentRequired {
+		t.Errorf("GET /score/x: %d, want 402", r.status)
+	}
+}
+
 // The gateway's own copy of X-Aov-* is the only one verifierd sees: a
 // client cannot claim to have paid, nor pose as the gateway; a free call is
 // recorded as free because the gateway says so. A client's Incremental goes

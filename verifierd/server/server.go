@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"path"
 	"strconv"
 	"strings"
 	"time"
@@ -221,14 +222,22 @@ var scoreRoute = route{name: "score", methods: []string{http.MethodGet, http.Met
 
 var reputationRoute = route{name: "reputation", methods: []string{http.MethodGet, http.MethodHead}, serve: (*Server).serveReputation}
 
-func lookupRoute(path string) (route, bool) {
-	if rt, ok := routes[path]; ok {
+func lookupRoute(p string) (route, bool) {
+	if rt, ok := routes[p]; ok {
 		return rt, true
 	}
-	if strings.HasPrefix(path, reputationPrefix) {
+	// A path with a "." or ".." segment, an empty one or a trailing slash
+	// is no route. The gateway routes by the cleaned path (Caddy's
+	// matchers clean it) but proxies the path as sent, so
+	// "/score/x/../../health" came through its free /health route, with
+	// the gateway's token, and was served here as a paid score.
+	if path.Clean(p) != p {
+		return route{}, false
+	}
+	if strings.HasPrefix(p, reputationPrefix) {
 		return reputationRoute, true
 	}
-	if strings.HasPrefix(path, scorePrefix) {
+	if strings.HasPrefix(p, scorePrefix) {
 		return scoreRoute, true
 	}
 	return route{}, false
