@@ -227,11 +227,12 @@ func lookupRoute(p string) (route, bool) {
 		return rt, true
 	}
 	// A path with a "." or ".." segment, an empty one or a trailing slash
-	// is no route. The gateway routes by the cleaned path (Caddy's
-	// matchers clean it) but proxies the path as sent, so
-	// "/score/x/../../health" came through its free /health route, with
-	// the gateway's token, and was served here as a paid score.
-	if path.Clean(p) != p {
+	// is no route (but a bare prefix, an empty agent id, gets its 422).
+	// The gateway routes by the cleaned path (Caddy's matchers clean it)
+	// but proxies the path as sent, so "/score/x/../../health" came
+	// through its free /health route, with the gateway's token, and was
+	// served here as a paid score.
+	if path.Clean(p) != p && p != scorePrefix && p != reputationPrefix {
 		return route{}, false
 	}
 	if strings.HasPrefix(p, reputationPrefix) {
