@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"regexp/syntax"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -241,5 +242,61 @@ func TestLongEnumIsCharged(t *testing.T) {
 	}
 	if rep, err := s.EvaluateWithin(inst[:10], Options{}); err != nil || rep.Total != 10 {
 		t.Errorf("the same enum on 10 values: %+v, %v", rep, err)
+	}
+}
+
+// The patterns of one schema are bounded together, every place a pattern
+// is written counted: the gateway compiles a request's schema to answer
+// its 402, unpaid, and 4,900 patterns of [\p{L}]{999}, each within the
+// per-pattern limit, cost it 2 s of CPU and kept 222 MB per schema.
+func TestPatternsOfASchemaAreBoundedTogether(t *testing.T) {
+	c := NewCacheConfig(CacheConfig{})
+	props := func(n int, pattern string) string {
+		var b strings.Builder
+		b.WriteString(`{"type": "object", "properties": {`)
+		for i := range n {
+			if i > 0 {
+				b.WriteString(",")
+			}
+			b.WriteString(`"p` + strconv.Itoa(i) + `": {"type": "string", "pattern": "` + pattern + `"}`)
+		}
+		b.WriteString(`}}`)
+		return b.String()
+	}
+	// 4,900 distinct patterns of about 1,000 instructions each.
+	var b strings.Builder
+	b.WriteString(`{"type": "object", "properties": {`)
+	for i := range 4900 {
+		if i > 0 {
+			b.WriteString(",")
+		}
+		b.WriteString(`"p` + strconv.Itoa(i) + `": {"type": "string", "pattern": "[\\p{L}]{` + strconv.Itoa(999-i%500) + `}"}`)
+	}
+	b.WriteString(`}}`)
+	hostile := b.String()
+	_, err := c.Compile(decode(t, hostile), hashOf(hostile))
+	var ce *CompileError
+	if !errors.As(err, &ce) || len(ce.Fields) == 0 || !strings.Contains(ce.Fields[0].Problem, "more than the limit of 100000 for all of them together") ||
+		!strings.HasPrefix(ce.Fields[0].Field, "expected_schema/properties/p") {
+		t.Fatalf("4,900 distinct patterns of up to 1,000 instructions: %v; want a CompileError naming the patterns' total", err)
+	}
+	// One pattern written in 4,900 places is compiled, and counted, once.
+	same := props(4900, `[\\p{L}]{999}`)
+	s, err := c.Compile(decode(t, same), hashOf(same))
+	if err != nil {
+		t.Fatalf("one pattern in 4,900 places: %v", err)
+	}
+	if s.bytes > 4901*bytesPerSchema+2000*bytesPerInstruction {
+		t.Errorf("one pattern in 4,900 places is estimated at %d bytes, as if compiled more than once", s.bytes)
+	}
+	// Many small patterns, as real schemas have, are far below it.
+	honest := props(200, `^INV-[0-9]{4}$`)
+	s, err = c.Compile(decode(t, honest), hashOf(honest))
+	if err != nil {
+		t.Fatalf("200 small patterns: %v", err)
+	}
+	// The cache's byte bound sees what the patterns keep.
+	if s.bytes < 201*bytesPerSchema+12*bytesPerInstruction {
+		t.Errorf("a schema of 200 properties and a pattern is estimated at %d bytes", s.bytes)
 	}
 }

@@ -166,16 +166,17 @@ func compile(tree any, opts compileOptions) (*Schema, error) {
 	if maxPattern <= 0 {
 		maxPattern = DefaultMaxPatternSize
 	}
-	c.UseRegexpEngine(regexpEngine(maxPattern))
+	var patterns int // instructions of every pattern compiled
+	c.UseRegexpEngine(regexpEngine(maxPattern, &patterns))
 	if err := c.AddResource(baseURL, tree); err != nil {
-		return nil, translate(err, tree, maxPattern)
+		return nil, translate(err, tree, maxPattern, patterns)
 	}
 	sch, err := c.Compile(baseURL)
 	if err != nil {
-		return nil, translate(err, tree, maxPattern)
+		return nil, translate(err, tree, maxPattern, patterns)
 	}
 	nums, ints, n := precompute(sch)
-	return &Schema{sch: sch, nums: nums, ints: ints, bytes: int64(n) * bytesPerSchema, maxPattern: maxPattern}, nil
+	return &Schema{sch: sch, nums: nums, ints: ints, bytes: int64(n)*bytesPerSchema + int64(patterns)*bytesPerInstruction, maxPattern: maxPattern}, nil
 }
 
 // dialects are the $schema values accepted, without scheme and trailing '#'.
@@ -287,8 +288,9 @@ func findRef(refs []ref, url string, fragment bool) (ref, bool) {
 const inlineFix = `Inline the referenced schema under "$defs" and point "$ref" at it, for example "#/$defs/address"; schemas outside the request are never fetched.`
 
 // translate maps a compiler error to request fields. The compiler's messages
-// quote schema content, so none of their text is reused.
-func translate(err error, tree any, maxPattern int) error {
+// quote schema content, so none of their text is reused. patterns is the
+// instructions of the patterns compiled before it failed (regexpEngine).
+func translate(err error, tree any, maxPattern, patterns int) error {
 	refs := scanRefs(tree, "", nil)
 	sort.Slice(refs, func(i, j int) bool { return refs[i].ptr < refs[j].ptr })
 	ce := &CompileError{cause: err}
@@ -327,6 +329,8 @@ func translate(err error, tree any, maxPattern int) error {
 					}
 					if size, err := patternSize(pat); ok && err == nil && size > maxPattern {
 						problem, fix = tooLargeProblem(size, maxPattern), tooLargeFix
+					} else if ok && err == nil && patterns+size > MaxPatternsSize {
+						problem, fix = patternsTooLargeProblem(patterns+size), patternsTooLargeFix
 					}
 				}
 				add(ptr, problem, fix)
@@ -372,9 +376,13 @@ func translate(err error, tree any, maxPattern int) error {
 		}
 	case errors.As(err, &regex):
 		var big *PatternTooLargeError
-		if errors.As(regex.Err, &big) {
+		var all *PatternsTooLargeError
+		switch {
+		case errors.As(regex.Err, &big):
 			add(urlPointer(regex.URL), tooLargeProblem(big.Size, big.Max), tooLargeFix)
-		} else {
+		case errors.As(regex.Err, &all):
+			add(urlPointer(regex.URL), patternsTooLargeProblem(all.Size), patternsTooLargeFix)
+		default:
 			add(urlPointer(regex.URL), problemInvalidRegex, "Use a regular expression in RE2 syntax (no lookaround, no backreferences).")
 		}
 	case errors.As(err, &dupID):
@@ -393,6 +401,12 @@ const (
 	problemInvalidRegex = "is not a valid regular expression"
 	tooLargeFix         = "Use a smaller pattern: large repetition counts such as {1000} are expanded, so write fewer and smaller ones, or check the length with minLength/maxLength instead."
 )
+
+const patternsTooLargeFix = "Use fewer and smaller patterns (one pattern written in many places counts once), or check lengths with minLength/maxLength."
+
+func patternsTooLargeProblem(size int) string {
+	return fmt.Sprintf("brings the schema's regular expressions to about %d instructions, more than the limit of %d for all of them together", size, MaxPatternsSize)
+}
 
 func tooLargeProblem(size, max int) string {
 	return fmt.Sprintf("is a regular expression too large to evaluate (about %d instructions; the limit is %d)", size, max)
