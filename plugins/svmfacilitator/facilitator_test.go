@@ -340,7 +340,10 @@ type faultyRPC struct {
 	dropSend   bool
 	forwardOK  bool // forward a dropped send before losing its reply
 	hideStatus bool
-	calls      map[string]int // by method
+	// errorAfterSend forwards a send, then answers it as a proxy whose
+	// upstream broke might: HTTP 502 with a JSON-RPC internal error.
+	errorAfterSend bool
+	calls          map[string]int // by method
 }
 
 func (f *faultyRPC) set(fn func(*faultyRPC)) {
@@ -371,6 +374,26 @@ func TestUnknownOutcomeIsPendingThenResolves(t *testing.T) {
 	s, err := e.f.Settle(context.Background(), pp, e.req)
 	if err != nil || !s.Success || s.Transaction != unknown.Reply.Transaction {
 		t.Fatalf("retry: %+v %v", s, err)
+	}
+	if a, b := e.balances(t); a != 1_000_000-20000 || b != 20000 {
+		t.Fatalf("balances payer %d payee %d", a, b)
+	}
+}
+
+// An error reply to a send that may have come after the transaction was
+// forwarded (here a proxy's 502 carrying a JSON-RPC internal error, the
+// transaction on chain) is no refusal: the chain is asked, and the payment
+// that landed is reported settled, not failed and released.
+func TestAnErrorAfterForwardingIsNoRefusal(t *testing.T) {
+	fr := &faultyRPC{}
+	srv := fr.serve(t)
+	e := newEnv(t, Config{RPC: &RPC{URL: srv}, ConfirmTimeout: 2 * time.Second, PollInterval: 20 * time.Millisecond})
+	fr.set(func(f *faultyRPC) { f.target, f.errorAfterSend = e.chain.URL, true })
+	p := e.payment(t)
+	pp := Payload(p.Build(p.Instructions()), e.req)
+	s, err := e.f.Settle(context.Background(), pp, e.req)
+	if err != nil || !s.Success || s.Transaction == "" {
+		t.Fatalf("settle: %+v, %v; want success, the transaction having landed", s, err)
 	}
 	if a, b := e.balances(t); a != 1_000_000-20000 || b != 20000 {
 		t.Fatalf("balances payer %d payee %d", a, b)

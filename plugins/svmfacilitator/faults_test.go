@@ -19,7 +19,7 @@ func (f *faultyRPC) serve(t *testing.T) string {
 		}
 		json.Unmarshal(body, &req)
 		f.mu.Lock()
-		target, dropSend, forward, hide := f.target, f.dropSend, f.forwardOK, f.hideStatus
+		target, dropSend, forward, hide, errorAfter := f.target, f.dropSend, f.forwardOK, f.hideStatus, f.errorAfterSend
 		if f.calls == nil {
 			f.calls = map[string]int{}
 		}
@@ -39,6 +39,14 @@ func (f *faultyRPC) serve(t *testing.T) string {
 					return
 				}
 			}
+			return
+		case req.Method == "sendTransaction" && errorAfter:
+			if resp, err := http.Post(target, "application/json", bytes.NewReader(body)); err == nil {
+				resp.Body.Close()
+			}
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusBadGateway)
+			w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(req.ID) + `,"error":{"code":-32603,"message":"Internal error"}}`))
 			return
 		case req.Method == "getSignatureStatuses" && hide:
 			w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(req.ID) + `,"result":{"context":{"slot":1},"value":[null]}}`))

@@ -45,9 +45,29 @@ type RPCError struct {
 	Code    int             `json:"code"`
 	Message string          `json:"message"`
 	Data    json.RawMessage `json:"data,omitempty"`
+	// HTTPStatus is the status of the reply that carried the error.
+	HTTPStatus int `json:"-"`
 }
 
 func (e *RPCError) Error() string { return fmt.Sprintf("solana rpc error %d: %s", e.Code, e.Message) }
+
+// Refused reports whether a sendTransaction answered with e was certainly
+// not forwarded: the node itself answered (HTTP 200) with a code it gives
+// before forwarding (-32002 preflight simulation failed, -32003 signature
+// verification failed, -32600/-32601/-32602 a request it could not take).
+// Anything else, an internal error or an error body behind a proxy's 502
+// or 504, may have come after the transaction went out: the caller must
+// ask the chain, not take it for a refusal.
+func (e *RPCError) Refused() bool {
+	if e.HTTPStatus != http.StatusOK {
+		return false
+	}
+	switch e.Code {
+	case -32002, -32003, -32600, -32601, -32602:
+		return true
+	}
+	return false
+}
 
 const maxRPCReply = 1 << 20
 
@@ -91,6 +111,7 @@ func (c *RPC) call(ctx context.Context, method string, params []any, out any) er
 		return fmt.Errorf("solana rpc %s: status %d, not JSON-RPC", method, resp.StatusCode)
 	}
 	if env.Error != nil {
+		env.Error.HTTPStatus = resp.StatusCode
 		return env.Error
 	}
 	if len(env.Result) == 0 {

@@ -65,14 +65,15 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 
 	if _, err := f.rpc.Send(ctx, c.signed); err != nil {
 		var re *RPCError
-		if errors.As(err, &re) {
+		if errors.As(err, &re) && re.Refused() {
 			// The node answered and refused: the transaction is not in
 			// flight.
 			f.release(key)
 			return fail(ReasonTransactionFailed, c.payer, "the node refused the transaction: "+truncate(re.Message), ""), nil
 		}
-		// No answer: it may have been accepted. The signature is known, so
-		// ask the chain rather than guess.
+		// No answer, or an error that may have come after forwarding: it
+		// may have been accepted. The signature is known, so ask the chain
+		// rather than guess.
 	}
 	return f.confirm(ctx, key, s, req.Network)
 }
