@@ -115,12 +115,12 @@ func (g *Gate) outcomeOf(ex exchange, bw *bufferedWriter, err error, r *http.Req
 		return outcomeFailed
 	case !ex.billable(bw):
 		return outcomeNotBilled
-	case !g.settleAllowed(r) && uncheckedContent(r, bw):
+	case g.settleAllowed(r):
+		return outcomeBillable
+	case uncheckedContent(r, bw):
 		return outcomeWithheld
-	case !g.settleAllowed(r):
-		return outcomeNotPassed
 	}
-	return outcomeBillable
+	return outcomeNotPassed
 }
 
 // uncheckedContent reports whether the held answer is content that
