@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/aovhq/aov/internal/jsontree"
 )
 
 // stdDecode is the reference reading of a valid document.
@@ -230,7 +232,9 @@ func FuzzDecode(f *testing.F) {
 		if want := stdDecode(t, data); !reflect.DeepEqual(v, want) {
 			t.Fatalf("Decode = %#v, encoding/json = %#v", v, want)
 		}
-		eachNumber(v, func(n json.Number) { checkNumberReadsAlike(t, string(n)) })
+		for _, n := range jsontree.Numbers(v) {
+			checkNumberReadsAlike(t, string(n))
+		}
 	})
 }
 
@@ -261,21 +265,6 @@ func checkNumberReadsAlike(t *testing.T, s string) {
 	canonical := strconv.FormatFloat(f, 'g', -1, 64)
 	if back, err := strconv.ParseFloat(canonical, 64); err != nil || back != f {
 		t.Fatalf("%s: canonical form %s reads back as %v, %v", s, canonical, back, err)
-	}
-}
-
-func eachNumber(v any, fn func(json.Number)) {
-	switch x := v.(type) {
-	case json.Number:
-		fn(x)
-	case map[string]any:
-		for _, e := range x {
-			eachNumber(e, fn)
-		}
-	case []any:
-		for _, e := range x {
-			eachNumber(e, fn)
-		}
 	}
 }
 

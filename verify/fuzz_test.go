@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/internal/jsontree"
 	"github.com/aovhq/aov/receipt"
 	"github.com/aovhq/aov/strictjson"
 )
@@ -79,7 +80,7 @@ func FuzzParse(f *testing.F) {
 		// Every number means one value to every reader: its canonical
 		// form (what is hashed) is exactly the value math/big reads from
 		// its text (what the schema validator compares).
-		eachNumber(tree, func(n json.Number) {
+		for _, n := range jsontree.Numbers(tree) {
 			c, err := receipt.Canonicalize([]byte(n))
 			if err != nil {
 				t.Fatalf("accepted number %.40s cannot be canonicalized: %v", n, err)
@@ -89,7 +90,7 @@ func FuzzParse(f *testing.F) {
 			if !ok1 || !ok2 || written.Cmp(hashed) != 0 {
 				t.Fatalf("accepted number %.40s is hashed as %s", n, c)
 			}
-		})
+		}
 		if receipt.Hash(canon) != req.Hashes.Request {
 			t.Fatalf("streamed request_hash differs from the hash of %s", canon)
 		}
@@ -159,20 +160,4 @@ func FuzzCheck(f *testing.F) {
 			t.Fatalf("result is not JSON: %s", b)
 		}
 	})
-}
-
-// eachNumber calls fn on every number of a decoded tree.
-func eachNumber(v any, fn func(json.Number)) {
-	switch x := v.(type) {
-	case json.Number:
-		fn(x)
-	case map[string]any:
-		for _, e := range x {
-			eachNumber(e, fn)
-		}
-	case []any:
-		for _, e := range x {
-			eachNumber(e, fn)
-		}
-	}
 }

@@ -3,6 +3,7 @@ package jsontree
 import (
 	"encoding/json"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -21,5 +22,22 @@ func TestObjects(t *testing.T) {
 	}
 	if got := Objects("scalar"); len(got) != 0 {
 		t.Fatalf("a scalar has %d objects, want none", len(got))
+	}
+}
+
+func TestNumbers(t *testing.T) {
+	d := json.NewDecoder(strings.NewReader(`{"a":1,"b":[2.5,{"c":-3e2}],"d":"4","e":null}`))
+	d.UseNumber()
+	var v any
+	if err := d.Decode(&v); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, n := range Numbers(v) {
+		got = append(got, n.String())
+	}
+	slices.Sort(got)
+	if !slices.Equal(got, []string{"-3e2", "1", "2.5"}) {
+		t.Fatalf("numbers %v, want -3e2, 1 and 2.5", got)
 	}
 }
