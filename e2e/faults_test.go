@@ -2,12 +2,15 @@ package e2e
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"math/big"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strconv"
 	"syscall"
 	"testing"
@@ -51,6 +54,37 @@ func (p *proc) pause(t testing.TB) {
 		t.Fatalf("SIGSTOP %s: %v", p.name, err)
 	}
 	t.Cleanup(func() { _ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGCONT) })
+	p.waitStopped(t)
+}
+
+// waitStopped returns once every thread of the process is stopped. kill
+// returns when SIGSTOP is queued, not when it has taken effect: a thread
+// running on the other processor can still answer a request for a moment,
+// and a test that then expects a stall sees an answer.
+func (p *proc) waitStopped(t testing.TB) {
+	t.Helper()
+	dir := fmt.Sprintf("/proc/%d/task", p.cmd.Process.Pid)
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		tasks, err := os.ReadDir(dir)
+		if err != nil {
+			t.Fatalf("reading %s's threads: %v", p.name, err)
+		}
+		stopped := true
+		for _, task := range tasks {
+			stat, err := os.ReadFile(filepath.Join(dir, task.Name(), "stat"))
+			// The state follows the command name's closing parenthesis.
+			if i := bytes.LastIndexByte(stat, ')'); err == nil && i >= 0 && i+2 < len(stat) && stat[i+2] != 'T' && stat[i+2] != 't' {
+				stopped = false
+				break
+			}
+		}
+		if stopped {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not stop within 5 s of SIGSTOP", p.name)
+		}
+	}
 }
 
 // kill ends a process at once (SIGKILL), as a crash or the OOM killer does:
