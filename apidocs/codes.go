@@ -135,6 +135,8 @@ var PaymentCodes = []PaymentCode{
 	{"invalid_exact_svm_smart_wallet_alt_resolution_not_available", "The transaction uses address lookup tables, which a payment never needs; build it without them."},
 	{"invalid_exact_svm_transaction_simulation_failed", "The transaction would fail on chain (simulation); check the balance and the transaction, then sign a new payment."},
 	{"invalid_exact_svm_transaction_failed", "The settlement transaction failed on chain; nothing was charged, sign a new payment."},
+	{"invalid_exact_svm_payer_failure_budget_exhausted", "This payer's recent settlements failed on chain (by default 3 within an hour), each at the fee payer's cost, or too many of its settlements are in flight at once (by default 16); nothing was charged or sent. Pay again after the window, or once your settlements in flight are confirmed; keep the tokens in place until a payment settles."},
+	{"invalid_exact_svm_payload_optional_instructions_suspended", "Settlements that failed on chain have used the facilitator's budget for failures for now, so a payment may carry no Lighthouse instruction and at most one Memo; nothing was charged or sent. Sign a plain payment (compute limit, compute price, the transfer, at most one Memo)."},
 	{"duplicate_settlement", "The facilitator has already settled (or is settling) this exact transaction; never reuse a payment, sign a new one."},
 }
 

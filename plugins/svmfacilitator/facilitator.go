@@ -86,6 +86,27 @@ type Config struct {
 	// PollInterval is how often the signature's status is asked. Default
 	// 400ms (one slot).
 	PollInterval time.Duration
+	// The failure budgets (budget.go). A settlement that simulated and then
+	// fails on chain still costs the fee payer its fee, and a payer can
+	// make its own fail at will (a Lighthouse assertion, or moving its
+	// tokens between simulation and landing), so the fee payer would pay
+	// for failures without end.
+	//
+	// MaxFailedPerPayer: a payer (its authority or its source token
+	// account) with this many failures within FailureWindow is refused.
+	// Default DefaultMaxFailedPerPayer.
+	MaxFailedPerPayer int
+	// MaxInFlightPerPayer caps a payer's settlements sent and not yet
+	// confirmed. Default DefaultMaxInFlightPerPayer.
+	MaxInFlightPerPayer int
+	// MaxFailedLamports: once failures within FailureWindow cost the fee
+	// payer this much, payments carrying optional instructions (Lighthouse,
+	// a second Memo) are refused; plain ones are not. Default
+	// DefaultMaxFailedLamports.
+	MaxFailedLamports uint64
+	// FailureWindow is how long a failure counts. Default
+	// DefaultFailureWindow.
+	FailureWindow time.Duration
 }
 
 // Facilitator verifies and settles x402 "exact" Solana payments on one
@@ -103,6 +124,8 @@ type Facilitator struct {
 	// SHA-256 of the buyer's wire transaction, for Settle (SimulationReuse).
 	simulated map[[32]byte]simulation
 	sweptAt   time.Time
+
+	budget *budget
 }
 
 // simulation is a co-signed payment that simulated successfully.
@@ -119,6 +142,10 @@ type settlement struct {
 	blockhash string
 	payer     string
 	at        time.Time
+	// exposure is what the settlement risks; reserved while it holds a
+	// place in flight in the budget.
+	exposure exposure
+	reserved bool
 }
 
 // expired reports whether a finished record's DuplicateWindow has passed at
@@ -156,7 +183,20 @@ func New(cfg Config) (*Facilitator, error) {
 	if cfg.PollInterval <= 0 {
 		cfg.PollInterval = 400 * time.Millisecond
 	}
-	f := &Facilitator{rpc: cfg.RPC, network: cfg.Network, key: cfg.FeePayer, cfg: cfg, settled: map[[32]byte]*settlement{}, simulated: map[[32]byte]simulation{}}
+	if cfg.MaxFailedPerPayer <= 0 {
+		cfg.MaxFailedPerPayer = DefaultMaxFailedPerPayer
+	}
+	if cfg.MaxInFlightPerPayer <= 0 {
+		cfg.MaxInFlightPerPayer = DefaultMaxInFlightPerPayer
+	}
+	if cfg.MaxFailedLamports == 0 {
+		cfg.MaxFailedLamports = DefaultMaxFailedLamports
+	}
+	if cfg.FailureWindow <= 0 {
+		cfg.FailureWindow = DefaultFailureWindow
+	}
+	f := &Facilitator{rpc: cfg.RPC, network: cfg.Network, key: cfg.FeePayer, cfg: cfg, settled: map[[32]byte]*settlement{}, simulated: map[[32]byte]simulation{},
+		budget: &budget{perPayer: cfg.MaxFailedPerPayer, inFlight: cfg.MaxInFlightPerPayer, lamports: cfg.MaxFailedLamports, window: cfg.FailureWindow, ids: map[PublicKey]*identity{}}}
 	copy(f.feePayer[:], cfg.FeePayer.Public().(ed25519.PublicKey))
 	return f, nil
 }
@@ -182,10 +222,11 @@ func (f *Facilitator) Supported(context.Context) (x402.SupportedResponse, error)
 // checked is the outcome of the checks: a refusal, or a payment co-signed
 // and simulated, ready to send.
 type checked struct {
-	resp   x402.VerifyResponse
-	tx     *Transaction
-	signed []byte // the wire transaction with the fee payer's signature
-	payer  string
+	resp     x402.VerifyResponse
+	tx       *Transaction
+	signed   []byte // the wire transaction with the fee payer's signature
+	payer    string
+	exposure exposure
 }
 
 func refuse(reason, payer, msg string) *checked {
@@ -360,13 +401,17 @@ func (f *Facilitator) checkStatic(p x402.PaymentPayload, req x402.PaymentRequire
 	// 1: SetComputeUnitLimit (discriminator 2, u32 units).
 	if ix := ixs[0]; tx.Program(ix) != ComputeBudgetProgram || len(ix.Data) != 5 || ix.Data[0] != 2 {
 		return refuse(ReasonComputeLimitInstruction, "", "instruction 1 must be SetComputeUnitLimit")
-	} else if units := binary.LittleEndian.Uint32(ix.Data[1:]); units > f.cfg.MaxComputeUnits {
+	}
+	units := binary.LittleEndian.Uint32(ixs[0].Data[1:])
+	if units > f.cfg.MaxComputeUnits {
 		return refuse(ReasonComputeLimitTooHigh, "", fmt.Sprintf("compute unit limit %d is over %d", units, f.cfg.MaxComputeUnits))
 	}
 	// 2: SetComputeUnitPrice (discriminator 3, u64 micro-lamports).
 	if ix := ixs[1]; tx.Program(ix) != ComputeBudgetProgram || len(ix.Data) != 9 || ix.Data[0] != 3 {
 		return refuse(ReasonComputePriceInstruction, "", "instruction 2 must be SetComputeUnitPrice")
-	} else if price := binary.LittleEndian.Uint64(ix.Data[1:]); price > f.cfg.MaxComputeUnitPrice {
+	}
+	price := binary.LittleEndian.Uint64(ixs[1].Data[1:])
+	if price > f.cfg.MaxComputeUnitPrice {
 		return refuse(ReasonComputePriceTooHigh, "", fmt.Sprintf("compute unit price %d micro-lamports is over %d", price, f.cfg.MaxComputeUnitPrice))
 	}
 	// 3: TransferChecked (tag 12; source, mint, destination, authority;
@@ -402,11 +447,13 @@ func (f *Facilitator) checkStatic(p x402.PaymentPayload, req x402.PaymentRequire
 	// 4-7: only Memo or Lighthouse.
 	unknown := []string{ReasonUnknownFourthInstruction, ReasonUnknownFifthInstruction, ReasonUnknownSixthInstruction, ReasonUnknownSeventhInstruction}
 	var memos [][]byte
+	lighthouse := false
 	for i, ix := range ixs[3:] {
 		switch tx.Program(ix) {
 		case MemoProgram:
 			memos = append(memos, ix.Data)
 		case LighthouseProgram:
+			lighthouse = true
 		default:
 			return refuse(unknown[i], payer, fmt.Sprintf("instruction %d may only be a Memo or Lighthouse", i+4))
 		}
@@ -419,7 +466,13 @@ func (f *Facilitator) checkStatic(p x402.PaymentPayload, req x402.PaymentRequire
 			return refuse(ReasonMemoMismatch, payer, "the memo is not extra.memo")
 		}
 	}
-	return &checked{tx: tx, payer: payer, signed: signed}
+	// Last, the failure budgets: every earlier refusal names what is wrong
+	// with the payment itself.
+	x := exposure{fee: feeOf(int(tx.NumSigners), units, price), ids: [2]PublicKey{authority, source}, optional: lighthouse || len(memos) > 1}
+	if reason, msg := f.budget.check(x); reason != "" {
+		return refuse(reason, payer, msg)
+	}
+	return &checked{tx: tx, payer: payer, signed: signed, exposure: x}
 }
 
 // Interface guard.

@@ -343,7 +343,11 @@ type faultyRPC struct {
 	// errorAfterSend forwards a send, then answers it as a proxy whose
 	// upstream broke might: HTTP 502 with a JSON-RPC internal error.
 	errorAfterSend bool
-	calls          map[string]int // by method
+	// beforeSend, when set, runs before a sendTransaction is handled: a
+	// test does there what the chain must see between the facilitator's
+	// simulation and its send.
+	beforeSend func()
+	calls      map[string]int // by method
 }
 
 func (f *faultyRPC) set(fn func(*faultyRPC)) {

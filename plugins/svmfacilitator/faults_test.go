@@ -19,12 +19,15 @@ func (f *faultyRPC) serve(t *testing.T) string {
 		}
 		json.Unmarshal(body, &req)
 		f.mu.Lock()
-		target, dropSend, forward, hide, errorAfter := f.target, f.dropSend, f.forwardOK, f.hideStatus, f.errorAfterSend
+		target, dropSend, forward, hide, errorAfter, before := f.target, f.dropSend, f.forwardOK, f.hideStatus, f.errorAfterSend, f.beforeSend
 		if f.calls == nil {
 			f.calls = map[string]int{}
 		}
 		f.calls[req.Method]++
 		f.mu.Unlock()
+		if req.Method == "sendTransaction" && before != nil {
+			before()
+		}
 		switch {
 		case req.Method == "sendTransaction" && dropSend:
 			if forward {

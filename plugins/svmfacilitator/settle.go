@@ -58,9 +58,18 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 		f.release(key)
 		return fail(c.resp.InvalidReason, c.resp.Payer, c.resp.InvalidMessage, ""), nil
 	}
+	// The payer's place in flight is taken last, atomically with the
+	// budget check: concurrent settlements of one payer, all simulated
+	// against the same balance, must not all pass a check made before any
+	// of them failed.
+	if reason, msg := f.budget.reserve(c.exposure); reason != "" {
+		f.release(key)
+		return fail(reason, c.payer, msg, ""), nil
+	}
 	sig := base58.Encode(c.signed[1:65])
 	f.mu.Lock()
 	s.sig, s.payer, s.blockhash = sig, c.payer, base58.Encode(c.tx.Blockhash[:])
+	s.exposure, s.reserved = c.exposure, true
 	f.mu.Unlock()
 
 	if _, err := f.rpc.Send(ctx, c.signed); err != nil {
@@ -68,6 +77,7 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 		if errors.As(err, &re) && re.Refused() {
 			// The node answered and refused: the transaction is not in
 			// flight.
+			f.outcome(s, false)
 			f.release(key)
 			return fail(ReasonTransactionFailed, c.payer, "the node refused the transaction: "+truncate(re.Message), ""), nil
 		}
@@ -97,20 +107,24 @@ func (f *Facilitator) confirm(ctx context.Context, key [32]byte, s *settlement, 
 		case o.state == x402.SettlementNever && o.failed != "":
 			// Failed on chain: the fee is spent, the transfer is not
 			// made, and the same message can never land again.
+			f.outcome(s, true)
 			f.finish(key, false)
 			resp.ErrorReason, resp.ErrorMessage = ReasonTransactionFailed, "the transaction failed on chain: "+truncate(o.failed)
 			return resp, nil
 		case o.state == x402.SettlementNever:
+			f.outcome(s, false)
 			f.release(key)
 			resp.ErrorReason, resp.ErrorMessage, resp.Transaction = ReasonTransactionFailed, "the transaction's blockhash expired before it landed", ""
 			return resp, nil
 		case o.state == x402.SettlementDone:
+			f.outcome(s, false)
 			f.finish(key, true)
 			resp.Success = true
 			return resp, nil
 		}
 		select {
 		case <-ctx.Done():
+			f.outcome(s, false)
 			f.mu.Lock()
 			s.inflight, s.pending = false, true
 			f.mu.Unlock()
@@ -123,6 +137,28 @@ func (f *Facilitator) confirm(ctx context.Context, key [32]byte, s *settlement, 
 			return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Reply: &pending, Err: cause}
 		case <-time.After(f.cfg.PollInterval):
 		}
+	}
+}
+
+// outcome gives back s's place in flight in the budget, if it holds one,
+// and records a failure on chain (failed) against s's payer and the
+// overall budget, once however many callers learn it. An outcome still
+// unknown gives the place back too: a pending settlement is not held
+// against its payer for as long as nobody asks about it, and whoever
+// learns later that it failed records it.
+func (f *Facilitator) outcome(s *settlement, failed bool) {
+	f.mu.Lock()
+	x, reserved := s.exposure, s.reserved
+	s.reserved = false
+	if failed {
+		s.exposure = exposure{}
+	}
+	f.mu.Unlock()
+	if reserved {
+		f.budget.release(x)
+	}
+	if failed {
+		f.budget.fail(x)
 	}
 }
 

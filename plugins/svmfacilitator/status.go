@@ -91,6 +91,7 @@ func (f *Facilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayloa
 		f.finish(key, true)
 		out.Transaction = sig
 	case o.state == x402.SettlementNever:
+		f.outcome(e, o.failed != "")
 		f.release(key)
 	}
 	out.State = o.state

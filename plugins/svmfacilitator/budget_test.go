@@ -1,0 +1,290 @@
+package svmfacilitator
+
+import (
+	"context"
+	"crypto/ed25519"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aovhq/aov/internal/solanachain"
+	"github.com/aovhq/aov/x402"
+)
+
+// failedFee is what a payment of env's layout (two signatures, 20,000
+// units at 1 micro-lamport) costs the fee payer when it fails on chain:
+// 5,000 lamports per signature and ceil(20,000 × 1 / 10⁶) of priority fee.
+const failedFee = 2*5000 + 1
+
+// spentLamports is the fees of the failures in the window.
+func (b *budget) spentLamports() uint64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.prune(now())
+	return b.spent
+}
+
+// budgetEnv is an env whose facilitator reaches the chain through a
+// faultyRPC, with the payer's token account funded to 1,000,000.
+func budgetEnv(t *testing.T, cfg Config) (*env, *faultyRPC) {
+	t.Helper()
+	fr := &faultyRPC{}
+	srv := fr.serve(t)
+	cfg.RPC = &RPC{URL: srv}
+	cfg.PollInterval = 20 * time.Millisecond
+	e := newEnv(t, cfg)
+	fr.set(func(f *faultyRPC) { f.target = e.chain.URL })
+	return e, fr
+}
+
+// fund gives payer 1 SOL and exactly 1,000,000 USDC units.
+func (e *env) fund(payer ed25519.PrivateKey) {
+	e.chain.Airdrop(pub(payer).String(), 1_000_000_000)
+	e.chain.SetTokenBalance(pub(payer).String(), solanachain.USDC, 1_000_000, "")
+}
+
+// pay is a payment of e's requirements by payer, told apart by memo, with
+// extra instructions after the memo.
+func (e *env) pay(t *testing.T, payer ed25519.PrivateKey, memo string, extra ...Ix) x402.PaymentPayload {
+	t.Helper()
+	p := e.payment(t)
+	p.Authority, p.Memo = payer, memo
+	return Payload(p.Build(append(p.Instructions(), extra...)), e.req)
+}
+
+// drainOnSend arms fr so that, before each settlement is forwarded to the
+// chain, payer moves its whole USDC balance (1,000,000) away with a real
+// transaction it signs and pays for itself: the hostile payer's race
+// between the facilitator's simulation and its send. The settlement then
+// fails on chain, and the fee payer pays its fee. The returned function
+// reports the first error the move met.
+func (e *env) drainOnSend(fr *faultyRPC, payer ed25519.PrivateKey) func() error {
+	stash := pub(testKey("stash"))
+	e.chain.SetTokenBalance(stash.String(), solanachain.USDC, 0, "")
+	usdc := mustKey(solanachain.USDC)
+	auth := pub(payer)
+	rpc := &RPC{URL: e.chain.URL}
+	var mu sync.Mutex
+	var n int
+	var firstErr error
+	fr.set(func(f *faultyRPC) {
+		f.beforeSend = func() {
+			mu.Lock()
+			defer mu.Unlock()
+			n++
+			ctx := context.Background()
+			bh, err := rpc.LatestBlockhash(ctx)
+			if err == nil {
+				raw := Compile(auth, bh, []Ix{
+					TransferCheckedIx(TokenProgram, AssociatedTokenAddress(auth, usdc, TokenProgram), usdc,
+						AssociatedTokenAddress(stash, usdc, TokenProgram), auth, 1_000_000, 6),
+					MemoIx(fmt.Sprint("drain ", n)),
+				}, payer)
+				_, err = rpc.Send(ctx, raw)
+			}
+			if err != nil && firstErr == nil {
+				firstErr = fmt.Errorf("draining the payer: %w", err)
+			}
+		}
+	})
+	return func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		return firstErr
+	}
+}
+
+// TestFailedSettlementsSpendThePayersBudget: a payer whose settlements
+// pass simulation and then fail on chain (it moves its USDC away in
+// between) costs the fee payer a real fee each time; after
+// DefaultMaxFailedPerPayer such failures its next payment is refused at
+// verify and at settle before the chain sees it, another payer is not
+// affected, and once the window has passed the payer may pay again.
+func TestFailedSettlementsSpendThePayersBudget(t *testing.T) {
+	e, fr := budgetEnv(t, Config{})
+	ctx := context.Background()
+	fee := pub(e.fee).String()
+	drainErr := e.drainOnSend(fr, e.payer)
+
+	for i := range DefaultMaxFailedPerPayer {
+		e.fund(e.payer)
+		pp := e.pay(t, e.payer, fmt.Sprint("fails ", i))
+		if v, err := e.f.Verify(ctx, pp, e.req); err != nil || !v.IsValid {
+			t.Fatalf("verify %d: %+v %v", i, v, err)
+		}
+		before := e.chain.Lamports(fee)
+		s, err := e.f.Settle(ctx, pp, e.req)
+		if err != nil || s.Success || s.ErrorReason != ReasonTransactionFailed || s.Transaction == "" || !strings.Contains(s.ErrorMessage, "on chain") {
+			t.Fatalf("settle %d: %+v %v; want a failure on chain", i, s, err)
+		}
+		if err := drainErr(); err != nil {
+			t.Fatal(err)
+		}
+		if paid := before - e.chain.Lamports(fee); paid != failedFee {
+			t.Fatalf("failure %d cost the fee payer %d lamports, want %d", i, paid, failedFee)
+		}
+	}
+
+	// Recorded overall too: exactly what the fee payer paid.
+	if got := e.f.budget.spentLamports(); got != DefaultMaxFailedPerPayer*failedFee {
+		t.Fatalf("the budget recorded %d lamports of failures, want %d", got, DefaultMaxFailedPerPayer*failedFee)
+	}
+
+	// The next one passes simulation as the others did, but is refused
+	// before anything reaches the chain.
+	e.fund(e.payer)
+	pp := e.pay(t, e.payer, "refused")
+	sims, sends, before := fr.count("simulateTransaction"), fr.count("sendTransaction"), e.chain.Lamports(fee)
+	v, err := e.f.Verify(ctx, pp, e.req)
+	if err != nil || v.IsValid || v.InvalidReason != ReasonPayerFailureBudget || v.Payer != pub(e.payer).String() {
+		t.Fatalf("verify past the budget: %+v %v", v, err)
+	}
+	if !strings.Contains(v.InvalidMessage, "3 settlements of this payer failed on chain") {
+		t.Fatalf("message %q", v.InvalidMessage)
+	}
+	s, err := e.f.Settle(ctx, pp, e.req)
+	if err != nil || s.Success || s.ErrorReason != ReasonPayerFailureBudget || s.Transaction != "" {
+		t.Fatalf("settle past the budget: %+v %v", s, err)
+	}
+	if fr.count("simulateTransaction") != sims || fr.count("sendTransaction") != sends {
+		t.Fatal("the refused payment reached the chain")
+	}
+	if got := e.chain.Lamports(fee); got != before {
+		t.Fatalf("the refused payment cost the fee payer %d lamports", before-got)
+	}
+	if a, _ := e.balances(t); a != 1_000_000 {
+		t.Fatalf("the refused payer's balance is %d", a)
+	}
+
+	// Another payer pays as usual.
+	fr.set(func(f *faultyRPC) { f.beforeSend = nil })
+	other := testKey("another payer")
+	e.fund(other)
+	if s, err := e.f.Settle(ctx, e.pay(t, other, "other"), e.req); err != nil || !s.Success {
+		t.Fatalf("another payer: %+v %v", s, err)
+	}
+
+	// Past the window the failures are forgotten.
+	now = func() time.Time { return time.Now().Add(DefaultFailureWindow + time.Second) }
+	defer func() { now = time.Now }()
+	if s, err := e.f.Settle(ctx, e.pay(t, e.payer, "after the window"), e.req); err != nil || !s.Success {
+		t.Fatalf("after the window: %+v %v", s, err)
+	}
+}
+
+// lighthouseIx is a Lighthouse assertion instruction (its data is not
+// read: the local chain does not have the program, so a transaction
+// carrying one fails simulation when the facilitator lets it through).
+func lighthouseIx() Ix { return Ix{program: LighthouseProgram, data: []byte{0, 1, 2, 3}} }
+
+// TestFailedLamportsSuspendOptionalInstructions: once failures overall
+// cost the fee payer MaxFailedLamports within the window, a payment
+// carrying a Lighthouse instruction or a second Memo is refused before the
+// chain sees it, from any payer, while a plain payment still settles; past
+// the window they are accepted again.
+func TestFailedLamportsSuspendOptionalInstructions(t *testing.T) {
+	e, fr := budgetEnv(t, Config{MaxFailedLamports: failedFee, MaxFailedPerPayer: 100})
+	ctx := context.Background()
+	fee := pub(e.fee).String()
+	buyer := testKey("honest buyer")
+	e.fund(buyer)
+
+	// Under the budget a second Memo settles, and a Lighthouse
+	// instruction passes every check of ours (the chain refuses it).
+	if s, err := e.f.Settle(ctx, e.pay(t, buyer, "two memos", MemoIx("second")), e.req); err != nil || !s.Success {
+		t.Fatalf("two memos under the budget: %+v %v", s, err)
+	}
+	if v, err := e.f.Verify(ctx, e.pay(t, buyer, "lighthouse", lighthouseIx()), e.req); err != nil || v.InvalidReason != ReasonSimulationFailed {
+		t.Fatalf("lighthouse under the budget: %+v %v; want the chain's refusal", v, err)
+	}
+
+	// One failure spends the budget.
+	drainErr := e.drainOnSend(fr, e.payer)
+	e.fund(e.payer)
+	if s, err := e.f.Settle(ctx, e.pay(t, e.payer, "fails"), e.req); err != nil || s.ErrorReason != ReasonTransactionFailed || s.Transaction == "" {
+		t.Fatalf("settle: %+v %v; want a failure on chain", s, err)
+	}
+	if err := drainErr(); err != nil {
+		t.Fatal(err)
+	}
+	fr.set(func(f *faultyRPC) { f.beforeSend = nil })
+
+	sims, sends, before := fr.count("simulateTransaction"), fr.count("sendTransaction"), e.chain.Lamports(fee)
+	for name, pp := range map[string]x402.PaymentPayload{
+		"lighthouse": e.pay(t, buyer, "lighthouse 2", lighthouseIx()),
+		"two memos":  e.pay(t, buyer, "two memos 2", MemoIx("second")),
+	} {
+		v, err := e.f.Verify(ctx, pp, e.req)
+		if err != nil || v.IsValid || v.InvalidReason != ReasonOptionalInstructionsSuspended || v.Payer != pub(buyer).String() {
+			t.Fatalf("%s: verify %+v %v", name, v, err)
+		}
+		s, err := e.f.Settle(ctx, pp, e.req)
+		if err != nil || s.Success || s.ErrorReason != ReasonOptionalInstructionsSuspended || s.Transaction != "" {
+			t.Fatalf("%s: settle %+v %v", name, s, err)
+		}
+	}
+	if fr.count("simulateTransaction") != sims || fr.count("sendTransaction") != sends || e.chain.Lamports(fee) != before {
+		t.Fatal("a refused payment reached the chain")
+	}
+	// A plain payment still settles, from the buyer and from the payer
+	// whose settlement failed (one failure is within its own budget).
+	for _, payer := range []ed25519.PrivateKey{buyer, e.payer} {
+		e.fund(payer)
+		if s, err := e.f.Settle(ctx, e.pay(t, payer, "plain"), e.req); err != nil || !s.Success {
+			t.Fatalf("plain payment: %+v %v", s, err)
+		}
+	}
+
+	now = func() time.Time { return time.Now().Add(DefaultFailureWindow + time.Second) }
+	defer func() { now = time.Now }()
+	if s, err := e.f.Settle(ctx, e.pay(t, buyer, "two memos 3", MemoIx("second")), e.req); err != nil || !s.Success {
+		t.Fatalf("two memos after the window: %+v %v", s, err)
+	}
+}
+
+// TestSettlementsInFlightArePlacesInTheBudget: a payer's settlements sent
+// and not yet confirmed hold places (MaxInFlightPerPayer): one move of its
+// tokens would fail them all at once, before any failure is recorded.
+// Verify does not count them; a place is given back once the outcome is
+// known.
+func TestSettlementsInFlightArePlacesInTheBudget(t *testing.T) {
+	e, fr := budgetEnv(t, Config{MaxInFlightPerPayer: 1, ConfirmTimeout: time.Minute})
+	ctx := context.Background()
+	sent := make(chan struct{})
+	var once sync.Once
+	fr.set(func(f *faultyRPC) {
+		f.hideStatus = true
+		f.beforeSend = func() { once.Do(func() { close(sent) }) }
+	})
+	first := make(chan x402.SettleResponse, 1)
+	go func() {
+		s, err := e.f.Settle(ctx, e.pay(t, e.payer, "first"), e.req)
+		if err != nil {
+			t.Error(err)
+		}
+		first <- s
+	}()
+	<-sent // the first settlement holds its place and is on its way
+
+	second := e.pay(t, e.payer, "second")
+	if v, err := e.f.Verify(ctx, second, e.req); err != nil || !v.IsValid {
+		t.Fatalf("verify while one is in flight: %+v %v", v, err)
+	}
+	s, err := e.f.Settle(ctx, second, e.req)
+	if err != nil || s.Success || s.ErrorReason != ReasonPayerFailureBudget || !strings.Contains(s.ErrorMessage, "in flight") || s.Transaction != "" {
+		t.Fatalf("settle while one is in flight: %+v %v", s, err)
+	}
+	if n := fr.count("sendTransaction"); n != 1 {
+		t.Fatalf("%d sends, want only the first", n)
+	}
+
+	fr.set(func(f *faultyRPC) { f.hideStatus = false })
+	if s := <-first; !s.Success {
+		t.Fatalf("first: %+v", s)
+	}
+	if s, err := e.f.Settle(ctx, second, e.req); err != nil || !s.Success {
+		t.Fatalf("second, once the first is confirmed: %+v %v", s, err)
+	}
+}
