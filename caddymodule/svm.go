@@ -56,6 +56,19 @@ type SVMFacilitator struct {
 	// 5000000): together they bound the priority fee the fee payer pays.
 	MaxComputeUnits     uint32 `json:"max_compute_units,omitempty"`
 	MaxComputeUnitPrice uint64 `json:"max_compute_unit_price,omitempty"`
+	// The failure budgets: a settlement that simulated and then failed on
+	// chain still cost the fee payer its fee, and a payer can make its own
+	// fail at will. MaxFailedPerPayer failures of one payer within
+	// FailureWindow refuse its payments (default 3 in 1h);
+	// MaxInFlightPerPayer caps its settlements awaiting confirmation
+	// (default 16); once failures within the window cost MaxFailedLamports
+	// (default 5000000, 0.005 SOL), payments carrying Lighthouse
+	// instructions or a second Memo are refused. Kept in memory, per
+	// process (and across reloads with the same settings).
+	MaxFailedPerPayer   int            `json:"max_failed_per_payer,omitempty"`
+	MaxInFlightPerPayer int            `json:"max_in_flight_per_payer,omitempty"`
+	MaxFailedLamports   uint64         `json:"max_failed_lamports,omitempty"`
+	FailureWindow       caddy.Duration `json:"failure_window,omitempty"`
 
 	poolKey string
 	f       *svmfacilitator.Facilitator
@@ -98,12 +111,14 @@ func (m *SVMFacilitator) Provision(ctx caddy.Context) error {
 	cfg := svmfacilitator.Config{
 		RPC: &svmfacilitator.RPC{URL: rpcURL}, Network: network, FeePayer: key,
 		ConfirmTimeout: time.Duration(m.ConfirmTimeout), MaxComputeUnits: m.MaxComputeUnits, MaxComputeUnitPrice: m.MaxComputeUnitPrice,
+		MaxFailedPerPayer: m.MaxFailedPerPayer, MaxInFlightPerPayer: m.MaxInFlightPerPayer, MaxFailedLamports: m.MaxFailedLamports, FailureWindow: time.Duration(m.FailureWindow),
 	}
 	f, err := svmfacilitator.New(cfg)
 	if err != nil {
 		return err
 	}
-	m.poolKey = fmt.Sprintf("svm network=%s url=%s fee_payer=%s timeout=%d units=%d price=%d", network, rpcURL, f.FeePayer(), m.ConfirmTimeout, m.MaxComputeUnits, m.MaxComputeUnitPrice)
+	m.poolKey = fmt.Sprintf("svm network=%s url=%s fee_payer=%s timeout=%d units=%d price=%d failed=%d inflight=%d lamports=%d window=%d",
+		network, rpcURL, f.FeePayer(), m.ConfirmTimeout, m.MaxComputeUnits, m.MaxComputeUnitPrice, m.MaxFailedPerPayer, m.MaxInFlightPerPayer, m.MaxFailedLamports, m.FailureWindow)
 	val, _, err := facilitatorPool.LoadOrNew(m.poolKey, func() (caddy.Destructor, error) { return &pooledSVM{f: f}, nil })
 	if err != nil {
 		return err
@@ -147,6 +162,10 @@ func (m *SVMFacilitator) Supported(ctx context.Context) (x402.SupportedResponse,
 //		confirm_timeout        <duration>
 //		max_compute_units      <n>
 //		max_compute_unit_price <micro-lamports>
+//		max_failed_per_payer    <n>
+//		max_in_flight_per_payer <n>
+//		max_failed_lamports     <lamports>
+//		failure_window          <duration>
 //	}
 func (m *SVMFacilitator) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // module name
@@ -180,6 +199,20 @@ func (m *SVMFacilitator) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err = facOneArg(d, &s); err == nil {
 				m.MaxComputeUnitPrice, err = strconv.ParseUint(s, 10, 64)
 			}
+		case "max_failed_per_payer":
+			err = facPositiveInt(d, &m.MaxFailedPerPayer)
+		case "max_in_flight_per_payer":
+			err = facPositiveInt(d, &m.MaxInFlightPerPayer)
+		case "max_failed_lamports":
+			if err = facOneArg(d, &s); err == nil {
+				if m.MaxFailedLamports, err = strconv.ParseUint(s, 10, 64); err == nil && m.MaxFailedLamports == 0 {
+					err = errors.New("must be at least 1")
+				}
+			}
+		case "failure_window":
+			if err = facDurationArg(d, &m.FailureWindow); err == nil && m.FailureWindow <= 0 {
+				err = errors.New("must be positive")
+			}
 		default:
 			return d.Errf("unrecognized svm facilitator option '%s'", d.Val())
 		}
@@ -187,6 +220,21 @@ func (m *SVMFacilitator) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return d.Errf("%s: %v", d.Val(), err)
 		}
 	}
+	return nil
+}
+
+// facPositiveInt reads one argument, a whole number of at least 1 (0 would
+// read as "the default" in the JSON config, so it is not accepted here).
+func facPositiveInt(d *caddyfile.Dispenser, dst *int) error {
+	var s string
+	if err := facOneArg(d, &s); err != nil {
+		return err
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 {
+		return errors.New("must be a whole number of at least 1")
+	}
+	*dst = n
 	return nil
 }
 

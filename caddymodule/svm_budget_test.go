@@ -1,0 +1,74 @@
+package caddymodule
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/sha256"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/aovhq/aov/internal/base58"
+	"github.com/aovhq/aov/internal/solanachain"
+	"github.com/aovhq/aov/plugins/svmfacilitator"
+	"github.com/aovhq/aov/x402"
+)
+
+// TestSVMFacilitatorFailureBudgetOptions: the failure budget knobs parse
+// from the svm block, bad values are refused, and the provisioned
+// facilitator applies them: with max_failed_lamports 1 no fee fits, so a
+// payment carrying a second Memo is refused before the chain is asked (the
+// rpc_url answers nothing).
+func TestSVMFacilitatorFailureBudgetOptions(t *testing.T) {
+	seed := sha256.Sum256([]byte("svm budget options fee payer"))
+	key := ed25519.NewKeyFromSeed(seed[:])
+	keyFile := filepath.Join(t.TempDir(), "k")
+	if err := os.WriteFile(keyFile, []byte(base58.Encode(key)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m := new(SVMFacilitator)
+	err := m.UnmarshalCaddyfile(caddyfile.NewTestDispenser(`svm {
+		network solana-devnet
+		rpc_url http://127.0.0.1:1
+		fee_payer_key_file ` + keyFile + `
+		max_failed_per_payer 5
+		max_in_flight_per_payer 7
+		max_failed_lamports 1
+		failure_window 30m
+	}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.MaxFailedPerPayer != 5 || m.MaxInFlightPerPayer != 7 || m.MaxFailedLamports != 1 || time.Duration(m.FailureWindow) != 30*time.Minute {
+		t.Fatalf("parsed %+v", m)
+	}
+	for _, bad := range []string{"max_failed_per_payer 0", "max_failed_per_payer x", "max_in_flight_per_payer -1", "max_failed_lamports 0", "failure_window 0s", "failure_window soon"} {
+		if err := new(SVMFacilitator).UnmarshalCaddyfile(caddyfile.NewTestDispenser("svm {\n" + bad + "\n}")); err == nil {
+			t.Errorf("%q was accepted", bad)
+		}
+	}
+
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	if err := m.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer m.Cleanup()
+	payer := ed25519.NewKeyFromSeed(make([]byte, 32))
+	var fp, payTo svmfacilitator.PublicKey
+	copy(fp[:], key.Public().(ed25519.PublicKey))
+	payTo[0] = 9
+	mint, _ := svmfacilitator.ParsePublicKey(solanachain.USDC)
+	p := svmfacilitator.Payment{FeePayer: fp, Authority: payer, Mint: mint, Program: svmfacilitator.TokenProgram, PayTo: payTo, Amount: 20000, Decimals: 6}
+	req := x402.PaymentRequirements{Scheme: "exact", Network: x402.NetworkSolanaDevnet, Amount: "20000", Asset: solanachain.USDC,
+		PayTo: payTo.String(), MaxTimeoutSeconds: 60, Extra: map[string]any{"feePayer": fp.String()}}
+	v, err := m.Verify(t.Context(), svmfacilitator.Payload(p.Build(append(p.Instructions(), svmfacilitator.MemoIx("second"))), req), req)
+	if err != nil || v.InvalidReason != svmfacilitator.ReasonOptionalInstructionsSuspended || !strings.Contains(v.InvalidMessage, "Lighthouse") {
+		t.Fatalf("verify: %+v %v", v, err)
+	}
+}
