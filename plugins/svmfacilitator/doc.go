@@ -9,9 +9,12 @@
 // unit limit (the price cap alone lets a payment cost the fee payer about
 // 0.007 SOL), the fee payer in no instruction at all, and small-order
 // public keys refused before signatures are checked (crypto/ed25519
-// accepts a forged signature from one). It settles by co-signing the fee
-// payer's slot, sending, and polling the signature's status under a
-// deadline; an outcome it cannot establish is reported as unknown, never
+// accepts a forged signature from one). Settlements that pass simulation
+// and then fail on chain still cost the fee payer its fee, so they are
+// budgeted per payer and overall (budget.go), and a payer or a payment
+// past the budget is refused before anything is sent. It settles by
+// co-signing the fee payer's slot, sending, and polling the signature's
+// status under a deadline; an outcome it cannot establish is reported as unknown, never
 // as a failure. It resolves such an outcome later from the chain, also
 // after a restart (the transaction's id is its own deterministic
 // signature), and StatusReader does so for a remote facilitator from the
