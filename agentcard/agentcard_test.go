@@ -381,3 +381,54 @@ func TestNewHandlerRefusesAStoreWithoutKeys(t *testing.T) {
 		t.Fatal("NewHandler accepted a key directory without keys")
 	}
 }
+
+// certd's store (CurrentOnly, as certd opens it) after `certd compromise`
+// marked the current key and wrote a new key file certd cannot load: the
+// card must not go on publishing the compromised key as current. It
+// publishes the index as it is on disk (the compromise and the new current
+// key, public halves only), while signing stops until the file loads.
+func TestCardPublishesACompromiseWhoseNewKeyCannotLoad(t *testing.T) {
+	c := &clock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	dir := t.TempDir()
+	ks, err := keystore.Open(dir, keystore.Options{Now: c.Now, CurrentOnly: true, Watch: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ks.Close()
+	if _, err := ks.Generate(); err != nil {
+		t.Fatal(err)
+	}
+	h, err := NewHandler(cfg, ks, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	operator, err := keystore.Open(dir, keystore.Options{Now: c.Now, PublicOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.t = c.t.Add(time.Hour)
+	if err := operator.MarkCompromised("k1", c.t.Add(-time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(filepath.Join(dir, "k2.key"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/.well-known/agent-card.json", nil))
+	if rec.Code != http.StatusOK {
+		t.Fatalf("card: status %d %s", rec.Code, rec.Body)
+	}
+	set, err := receipt.KeysFromCard(rec.Body.Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if set.Current() != "k2" {
+		t.Errorf("the card publishes %q as current; the index marks k1 compromised and makes k2 current", set.Current())
+	}
+	if !strings.Contains(rec.Body.String(), `"status":"compromised"`) {
+		t.Errorf("the card does not publish k1's compromise: %s", rec.Body)
+	}
+	if _, err := ks.Current(); err == nil {
+		t.Error("the store offers a key to sign with although k2.key cannot be loaded")
+	}
+}

@@ -24,6 +24,15 @@ const DefaultMaxAge = 60 * time.Second
 // request (one stat when nothing changed), so a rotation or compromise mark
 // made by `certd rotate` or `certd compromise` shows without a restart, and
 // rebuilds the card only when the key history changed.
+//
+// When the key directory cannot be fully loaded, the card shows the newest
+// key history that could be read (keystore.Store.List), not a 503: if the
+// index loaded and only a private key file failed, that is the new index,
+// so a compromise mark is published at once although certd cannot sign
+// with the new key yet (it answers 503 meanwhile); if the index itself
+// cannot be read, it is the history loaded before, which nothing readable
+// contradicts. A 503 would leave verifiers with no card at all, unable to
+// check even old receipts, for as long as the directory is broken.
 type Handler struct {
 	cfg    Config
 	keys   *keystore.Store
@@ -56,7 +65,7 @@ func NewHandler(cfg Config, keys *keystore.Store, maxAge time.Duration, logger *
 // history changed.
 func (h *Handler) card() ([]byte, string, error) {
 	if _, err := h.keys.Refresh(); err != nil {
-		h.log.Error("reloading keys failed; the card keeps the keys loaded before", "error", err)
+		h.log.Error("reloading keys failed; the card shows the newest key history that could be read", "error", err)
 	}
 	list := h.keys.List()
 	fp := fingerprint(list)

@@ -174,7 +174,7 @@ loop:
 			break loop
 		case <-hup:
 			if err := keys.Reload(); err != nil {
-				log.Error("reloading keys on SIGHUP failed; keeping the keys loaded before", "error", err)
+				log.Error("reloading keys on SIGHUP failed; not signing until the key directory loads", "error", err)
 				continue
 			}
 			cur, _ := keys.Current()

@@ -23,6 +23,7 @@ package keystore
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/ed25519"
 	"crypto/rand"
 	"crypto/x509"
@@ -63,9 +64,10 @@ var ErrNoKey = errors.New("the key directory holds no signing key")
 // a new key next to existing ones is a rotation.
 var ErrKeysExist = errors.New("the key directory already holds keys; use rotate to add a new one")
 
-// Key is one key version. Private is nil only in a Store opened PublicOnly;
-// otherwise a key whose file cannot be read makes Open fail, so every Key
-// has both halves.
+// Key is one key version. Private is nil in a Store opened PublicOnly, for
+// the keys CurrentOnly does not read, and for a key whose file could not be
+// loaded when the index changed after Open (Current then refuses, see
+// Store.Current); a key whose file cannot be read makes Open fail.
 type Key struct {
 	Version          string
 	Private          ed25519.PrivateKey
@@ -127,6 +129,10 @@ type Store struct {
 	mu   sync.RWMutex
 	keys []Key       // creation order
 	seen fs.FileInfo // index file as last loaded, to notice changes
+	// broken is why the index on disk is not fully loaded (a reload after
+	// a change failed); nil when it is. While it is set, Current refuses
+	// and every Refresh tries again. See reloadLocked.
+	broken error
 
 	watch *watch // nil: Refresh stats the index every time
 }
@@ -183,10 +189,17 @@ func Open(dir string, opts Options) (*Store, error) {
 func (s *Store) Dir() string { return s.dir }
 
 // Current reports the key that signs now: the newest key that is not
-// retired. It is ErrNoKey when there is none.
+// retired. It is ErrNoKey when there is none, and an error naming the
+// cause while the index on disk cannot be fully loaded: the key the
+// process holds may be the one that index retires or marks compromised,
+// and SPEC §5 has no receipt signed by a retired key. Signing stops until
+// a Refresh or Reload succeeds.
 func (s *Store) Current() (Key, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
+	if s.broken != nil {
+		return Key{}, fmt.Errorf("no key signs until the key directory loads again: %w", s.broken)
+	}
 	return current(s.keys)
 }
 
@@ -201,6 +214,10 @@ func current(keys []Key) (Key, error) {
 
 // List reports every key version ever used, oldest first. The agent card
 // publishes all of them so receipts signed before a rotation stay verifiable.
+// After a failed reload it is the history of the newest index that could be
+// read: the new index itself when only a private key file failed (so a
+// rotation or compromise mark is published even while signing stops),
+// otherwise the keys loaded before.
 func (s *Store) List() []Key {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
@@ -317,7 +334,7 @@ func (s *Store) refresh() (bool, error) {
 		return false, fmt.Errorf("checking key index: %w", err)
 	}
 	s.mu.RLock()
-	same := sameFile(s.seen, fi)
+	same := sameFile(s.seen, fi) && s.broken == nil
 	s.mu.RUnlock()
 	if same {
 		return false, nil
@@ -337,7 +354,20 @@ func sameFile(a, b fs.FileInfo) bool {
 	return os.SameFile(a, b) && a.ModTime().Equal(b.ModTime()) && a.Size() == b.Size()
 }
 
+// reloadLocked loads the index on disk and the private keys it needs, and
+// records in s.broken whether that failed. It never falls back to signing
+// with the keys loaded before: the index that failed to load may retire or
+// mark compromised the key they hold (an operator's `certd compromise`
+// whose new key file certd cannot read), so Current refuses until a load
+// succeeds. What List reports meanwhile is the newest history that could
+// be read; see List.
 func (s *Store) reloadLocked() error {
+	err := s.loadLocked()
+	s.broken = err
+	return err
+}
+
+func (s *Store) loadLocked() error {
 	idx, fi, err := s.readIndex()
 	if err != nil {
 		return err
@@ -345,10 +375,11 @@ func (s *Store) reloadLocked() error {
 	if fi == nil && len(s.keys) > 0 {
 		// Never forget keys because a file vanished: the history is what
 		// keeps old receipts verifiable.
-		return fmt.Errorf("the key index %s disappeared; keeping the %d keys loaded before (restore it from a backup)", filepath.Join(s.dir, IndexFile), len(s.keys))
+		return fmt.Errorf("the key index %s disappeared; the agent card keeps the %d keys loaded before (restore it from a backup)", filepath.Join(s.dir, IndexFile), len(s.keys))
 	}
 	keys := make([]Key, 0, len(idx.Keys))
 	cur := lastActive(idx.Keys)
+	var keyErr error // the first private key file that failed to load
 	for i, e := range idx.Keys {
 		var k Key
 		publicOnly := s.publicOnly || (s.currentOnly && i != cur)
@@ -357,12 +388,19 @@ func (s *Store) reloadLocked() error {
 			if !publicOnly {
 				k.Private = old.Private
 			}
-		} else if publicOnly {
+		} else if !publicOnly {
+			// A key file that fails leaves the key public only, so the
+			// new history is still published (Open fails on it anyway);
+			// s.broken stops signing.
+			if k, err = s.loadKeyFile(e); err != nil {
+				keyErr = cmp.Or(keyErr, err)
+				k = Key{}
+			}
+		}
+		if k.Public == nil {
 			if k.Public = mustPublic(e.PublicKey); k.Public == nil {
 				return fmt.Errorf("reading key index: key %s has a bad public_key", e.Version)
 			}
-		} else if k, err = s.loadKeyFile(e); err != nil {
-			return err
 		}
 		k.Version = e.Version
 		if k.CreatedAt, err = parseTime(e.CreatedAt, e.Version, "created_at"); err != nil {
@@ -377,7 +415,7 @@ func (s *Store) reloadLocked() error {
 		keys = append(keys, k)
 	}
 	s.keys, s.seen = keys, fi
-	return nil
+	return keyErr
 }
 
 func findKey(keys []Key, version string) (Key, bool) {

@@ -453,20 +453,41 @@ func TestConcurrentReadersDuringRotation(t *testing.T) {
 	}
 }
 
-func TestAVanishedIndexNeverDropsLoadedKeys(t *testing.T) {
+// A vanished index never makes the store forget its keys (the card keeps
+// publishing them, so old receipts stay verifiable), but nothing signs
+// until it is back: an index that cannot be read may be one that retires
+// the key held.
+func TestAVanishedIndexKeepsTheKeysAndStopsSigning(t *testing.T) {
 	dir := t.TempDir()
 	s := open(t, dir, newClock())
 	if _, err := s.Generate(); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Remove(filepath.Join(dir, IndexFile)); err != nil {
+	path := filepath.Join(dir, IndexFile)
+	saved, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(path); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Refresh(); err == nil || !strings.Contains(err.Error(), "disappeared") {
 		t.Fatalf("Refresh after the index vanished: err = %v", err)
 	}
+	if cur, err := s.Current(); err == nil || !strings.Contains(err.Error(), "disappeared") {
+		t.Fatalf("Current after the index vanished = %s, %v; want a refusal naming the cause", cur.Version, err)
+	}
+	if got := versions(s.List()); got != "k1:current" {
+		t.Fatalf("List after the index vanished = %s; want k1 kept", got)
+	}
+	if err := os.WriteFile(path, saved, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Refresh(); err != nil {
+		t.Fatalf("Refresh after the index was restored: %v", err)
+	}
 	if cur, err := s.Current(); err != nil || cur.Version != "k1" {
-		t.Fatalf("Current after the index vanished = %s, %v; want k1 still", cur.Version, err)
+		t.Fatalf("Current after the index was restored = %s, %v", cur.Version, err)
 	}
 }
 

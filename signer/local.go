@@ -171,12 +171,16 @@ func (l *Local) current() (keystore.Key, error) {
 }
 
 // currentKey refreshes keys (a rotation by `certd rotate` shows up on the
-// next call) and returns the current key. A refresh that fails keeps the
-// keys already loaded: they are still valid, and the error is logged for
-// the operator. certd's handler and Local both sign with what it returns.
+// next call) and returns the current key. A refresh that fails leaves no
+// current key (keystore.Store.Current): the index it could not load may be
+// a `certd compromise` whose new key file this process cannot read, and
+// the key loaded before is then exactly the one that must not sign. So
+// signing answers 503 until the directory loads, and the cause is logged
+// for the operator. certd's handler and Local both sign with what it
+// returns.
 func currentKey(keys *keystore.Store, log *slog.Logger) (keystore.Key, error) {
 	if changed, err := keys.Refresh(); err != nil {
-		log.Error("reloading keys failed; still signing with the keys loaded before", "error", err)
+		log.Error("reloading keys failed; not signing until the key directory loads", "error", err)
 	} else if changed {
 		cur, _ := keys.Current()
 		log.Info("keys reloaded", "current_key_version", cur.Version, "versions", len(keys.List()))
