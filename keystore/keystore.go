@@ -18,7 +18,8 @@
 // Every write is a temp file in the same directory, fsynced, renamed over the
 // target, then the directory is fsynced, so a crash leaves either the old or
 // the new state, never half a key. A new key file is always written before
-// the index that names it; a key file the index does not name is ignored.
+// the index that names it; a key file the index does not name is ignored on
+// load, and a new key never takes its name (see addKey).
 package keystore
 
 import (
@@ -36,6 +37,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -241,11 +243,11 @@ func (s *Store) Lookup(version string) (Key, bool) {
 // key beside production ones.
 func (s *Store) Generate() (Key, error) {
 	var out Key
-	err := s.update(func(idx *index) error {
+	err := s.update(func(idx *index, now time.Time) error {
 		if len(idx.Keys) > 0 {
 			return ErrKeysExist
 		}
-		k, err := s.addKey(idx)
+		k, err := s.addKey(idx, now)
 		out = k
 		return err
 	})
@@ -257,8 +259,8 @@ func (s *Store) Generate() (Key, error) {
 // they signed. On an empty directory it creates the first key.
 func (s *Store) Rotate() (Key, error) {
 	var out Key
-	err := s.update(func(idx *index) error {
-		k, err := s.addKey(idx)
+	err := s.update(func(idx *index, now time.Time) error {
+		k, err := s.addKey(idx, now)
 		out = k
 		return err
 	})
@@ -270,11 +272,10 @@ func (s *Store) Rotate() (Key, error) {
 // then on. Marking the current key also rotates: a compromised key never
 // signs again. since may not lie in the future.
 func (s *Store) MarkCompromised(version string, since time.Time) error {
-	now := s.now().UTC()
-	if since.After(now) {
-		return fmt.Errorf("marking key %s compromised: the time %s is in the future", version, since.UTC().Format(time.RFC3339))
-	}
-	return s.update(func(idx *index) error {
+	return s.update(func(idx *index, now time.Time) error {
+		if since.After(now) {
+			return fmt.Errorf("marking key %s compromised: the time %s is in the future", version, since.UTC().Format(time.RFC3339))
+		}
 		i := -1
 		for j := range idx.Keys {
 			if idx.Keys[j].Version == version {
@@ -290,7 +291,7 @@ func (s *Store) MarkCompromised(version string, since time.Time) error {
 			// addKey retires the newest non-retired key; with this one
 			// already marked, retire it here so its retired_at is set.
 			idx.Keys[i].RetiredAt = formatTime(now)
-			if _, err := s.addKey(idx); err != nil {
+			if _, err := s.addKey(idx, now); err != nil {
 				return err
 			}
 		}
@@ -547,8 +548,11 @@ func MarshalPrivateKey(priv ed25519.PrivateKey) ([]byte, error) {
 
 // update runs change on the index under the in-process and cross-process
 // writer locks, against the index as it is on disk now (another process may
-// have rotated), then writes the new index and reloads.
-func (s *Store) update(change func(*index) error) error {
+// have rotated), then writes the new index and reloads. change gets the
+// one instant every time it records is taken from, and update refuses
+// before calling it when that instant is earlier than a time the index
+// already holds (see checkClock).
+func (s *Store) update(change func(idx *index, now time.Time) error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	unlock, err := lockDir(s.dir)
@@ -560,7 +564,11 @@ func (s *Store) update(change func(*index) error) error {
 	if err != nil {
 		return err
 	}
-	if err := change(&idx); err != nil {
+	now := s.now()
+	if err := checkClock(idx, now); err != nil {
+		return err
+	}
+	if err := change(&idx, now); err != nil {
 		return err
 	}
 	data, err := json.MarshalIndent(idx, "", "  ")
@@ -573,14 +581,49 @@ func (s *Store) update(change func(*index) error) error {
 	return s.reloadLocked()
 }
 
+// checkClock refuses a change to the index when now is earlier than a time
+// the index already records. The clock of the process changing the index
+// dates the new key and the retirement of the old one: behind (an NTP step,
+// a restored VM) it would retire a key before it was created and create
+// its successor before it, and verifiers reject every receipt dated
+// outside a key's published service life.
+func checkClock(idx index, now time.Time) error {
+	var latest time.Time
+	var what string
+	for _, e := range idx.Keys {
+		for _, f := range []struct{ name, value string }{{"created_at", e.CreatedAt}, {"retired_at", e.RetiredAt}, {"compromised_since", e.CompromisedSince}} {
+			t, err := parseTime(f.value, e.Version, f.name)
+			if err != nil {
+				return err
+			}
+			if t.After(latest) {
+				latest, what = t, "the "+f.name+" of key "+e.Version
+			}
+		}
+	}
+	if now.Before(latest) {
+		return fmt.Errorf("refusing to change the key index: this host's clock reads %s, earlier than %s (%s); keys changed now would be dated before their predecessors and verifiers would reject their receipts. Correct the clock (NTP) and run the command again; nothing was changed",
+			formatTime(now), formatTime(latest), what)
+	}
+	return nil
+}
+
 // addKey generates a key, writes its file and appends it to idx as the new
-// current key, retiring the previous current key.
-func (s *Store) addKey(idx *index) (Key, error) {
+// current key, retiring the previous current key. It refuses while the
+// directory holds a key file the index does not name (see strayKeyFiles),
+// so a new key can never take the name, or overwrite the file, of a key
+// that may have signed receipts.
+func (s *Store) addKey(idx *index, now time.Time) (Key, error) {
 	next := 1
 	for _, e := range idx.Keys {
 		if n, _ := versionNumber(e.Version); n >= next {
 			next = n + 1
 		}
+	}
+	if stray, err := s.strayKeyFiles(*idx); err != nil {
+		return Key{}, err
+	} else if len(stray) > 0 {
+		return Key{}, &StrayKeyFilesError{Dir: s.dir, Files: stray}
 	}
 	version := "k" + strconv.Itoa(next)
 	pub, priv, err := ed25519.GenerateKey(rand.Reader)
@@ -594,7 +637,6 @@ func (s *Store) addKey(idx *index) (Key, error) {
 	if err := writeFileAtomic(filepath.Join(s.dir, version+".key"), pemBytes, 0o600); err != nil {
 		return Key{}, fmt.Errorf("writing key %s: %w", version, err)
 	}
-	now := s.now().UTC()
 	if i := lastActive(idx.Keys); i >= 0 {
 		idx.Keys[i].RetiredAt = formatTime(now)
 	}
@@ -605,6 +647,62 @@ func (s *Store) addKey(idx *index) (Key, error) {
 		CreatedAt: formatTime(now),
 	})
 	return Key{Version: version, Private: priv, Public: pub, CreatedAt: now}, nil
+}
+
+// strayKeyFiles lists the key files (k<n>.key) in the directory that idx
+// does not name, in version order.
+func (s *Store) strayKeyFiles(idx index) ([]string, error) {
+	entries, err := os.ReadDir(s.dir)
+	if err != nil {
+		return nil, fmt.Errorf("listing the key directory: %w", err)
+	}
+	named := make(map[string]bool, len(idx.Keys))
+	for _, e := range idx.Keys {
+		named[e.Version] = true
+	}
+	type file struct {
+		n    int
+		name string
+	}
+	var stray []file
+	for _, d := range entries {
+		v, ok := strings.CutSuffix(d.Name(), ".key")
+		n, err := versionNumber(v)
+		if ok && err == nil && !named[v] {
+			stray = append(stray, file{n, d.Name()})
+		}
+	}
+	slices.SortFunc(stray, func(a, b file) int { return cmp.Compare(a.n, b.n) })
+	names := make([]string, len(stray))
+	for i, f := range stray {
+		names[i] = f.name
+	}
+	return names, nil
+}
+
+// StrayKeyFilesError refuses a new key while the key directory holds key
+// files its index does not name. Either the index was restored from a
+// backup older than those keys (they may have signed receipts, which stay
+// verifiable only if the index names them again), or a rotation was
+// interrupted between writing the key file and the index (that key never
+// signed). The store cannot tell which, and a new key under the same
+// version would overwrite a private key and give one version two keys, so
+// the operator decides.
+type StrayKeyFilesError struct {
+	Dir   string
+	Files []string // file names, in version order
+}
+
+func (e *StrayKeyFilesError) Error() string {
+	list := e.Files
+	more := ""
+	if len(list) > 5 {
+		list, more = list[:5], fmt.Sprintf(" (+%d more)", len(e.Files)-5)
+	}
+	return fmt.Sprintf("refusing to add a key: %s holds %s%s, which %s does not name, and a new key must never take the name of an existing one. "+
+		"If the index was restored from an older backup, restore the newest one (the keys after it may have signed receipts); "+
+		"if a rotation was interrupted before writing the index, that key never signed: move the file out of the directory. Then run the command again; nothing was changed",
+		e.Dir, strings.Join(list, ", "), more, IndexFile)
 }
 
 // versionNumber parses a version label "k<n>", n ≥ 1 without leading zeros.
