@@ -112,10 +112,25 @@ func FuzzVerifyReceipt(f *testing.F) {
 	f.Add(card)
 	f.Add([]byte(`{"attestation":{"algorithm":"Ed25519","key_version":"k","timestamp":"2026-01-01T00:00:00Z","signature":"` + string(bytes.Repeat([]byte("A"), 86)) + `=="}}`))
 	f.Add([]byte(`{"attestation":null,"verify":[],"verified_at":1}`))
+	// A hostile card: its key versions reach NoKeyError's message.
+	f.Add(cardWith("k1", cardKey{version: `\u001b]0;owned\u0007\u009b2J`, status: StatusCurrent, pub: pub}, cardKey{version: "k1\u0085", status: StatusRetired, pub: pub}))
+	// The receipt genuine is checked against whatever card data is: its
+	// messages, built from the card's strings, must carry no control
+	// character to the terminal of `aov receipt verify`.
+	noControl := func(t *testing.T, what string, err error) {
+		if err != nil && strings.ContainsFunc(err.Error(), func(r rune) bool { return r < ' ' || (r >= 0x7f && r <= 0x9f) }) {
+			t.Fatalf("%s: a control character reaches the message: %q", what, err)
+		}
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		_ = CheckHashes(data, Hashes{Output: "a", Schema: "b", Rules: "c", Request: "d"})
 		_ = CheckRequest(data, Expected{Hashes: Hashes{Output: "a", Schema: "b", Rules: "c", Request: "d"}, TaskID: "t"})
-		_, _ = KeysFromCard(data)
+		if cardKeys, err := KeysFromCard(data); err != nil {
+			noControl(t, "KeysFromCard", err)
+		} else {
+			_, err := Verify(genuine, cardKeys, "")
+			noControl(t, "Verify against the card", err)
+		}
 		v, err := Verify(data, keys, "")
 		if err != nil {
 			return

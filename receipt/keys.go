@@ -157,7 +157,7 @@ func KeysFromCard(cardJSON []byte) (KeySet, error) {
 				return KeySet{}, fmt.Errorf("reading agent card: publicKeys[%d]: %w", i, err)
 			}
 			if old, dup := ks.keys[k.version]; dup && !old.pub.Equal(k.pub) {
-				return KeySet{}, fmt.Errorf("reading agent card: key version %q is listed twice with different keys", k.version)
+				return KeySet{}, fmt.Errorf("reading agent card: key version %s is listed twice with different keys", quoteShort(k.version))
 			}
 			ks.keys[k.version] = k
 		}
@@ -176,7 +176,7 @@ func parseCardKey(pk PublicKey) (key, error) {
 		return key{}, errors.New("keyVersion is empty")
 	}
 	if pk.PublicKeyEncoding != "" && pk.PublicKeyEncoding != "base64" {
-		return key{}, fmt.Errorf("publicKeyEncoding %q is not supported (want base64)", pk.PublicKeyEncoding)
+		return key{}, fmt.Errorf("publicKeyEncoding %s is not supported (want base64)", quoteShort(pk.PublicKeyEncoding))
 	}
 	raw, err := base64.StdEncoding.Strict().DecodeString(pk.PublicKey)
 	if err != nil {

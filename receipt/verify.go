@@ -23,10 +23,23 @@ type NoKeyError struct {
 	Known      []string // versions the set does hold
 }
 
+// maxKnownListed caps the versions NoKeyError lists: they come from the
+// card, which may be hostile, and the message ends up on a terminal.
+const maxKnownListed = 10
+
 func (e *NoKeyError) Error() string {
 	msg := "no public key for key_version " + quoteShort(e.KeyVersion)
 	if len(e.Known) > 0 {
-		msg += " (the keys given are " + strings.Join(e.Known, ", ") + ")"
+		known := e.Known[:min(len(e.Known), maxKnownListed)]
+		quoted := make([]string, len(known))
+		for i, v := range known {
+			quoted[i] = quoteShort(v)
+		}
+		msg += " (the keys given are " + strings.Join(quoted, ", ")
+		if more := len(e.Known) - len(known); more > 0 {
+			msg += fmt.Sprintf(", ... (+%d more)", more)
+		}
+		msg += ")"
 	}
 	return msg
 }

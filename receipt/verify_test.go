@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -201,7 +202,7 @@ func TestKeysFromCard(t *testing.T) {
 		{desc: "an extension with no Ed25519 key is refused", card: wrap(ext(ExtensionURI, "")), err: "lists no Ed25519 public key"},
 		{desc: "a key that is not base64 is refused", card: wrap(ext(ExtensionURI, entry("k1", "Ed25519", "not base64!", "base64"))), err: "publicKeys[0]: publicKey is not standard base64"},
 		{desc: "a key of the wrong length is refused", card: wrap(ext(ExtensionURI, entry("k1", "Ed25519", b64(pub1[:31]), "base64"))), err: "31 bytes, want 32"},
-		{desc: "an unknown key encoding is refused", card: wrap(ext(ExtensionURI, entry("k1", "Ed25519", b64(pub1), "hex"))), err: `publicKeyEncoding "hex" is not supported`},
+		{desc: "an unknown key encoding is refused", card: wrap(ext(ExtensionURI, entry("k1", "Ed25519", b64(pub1), "hex"))), err: `publicKeyEncoding hex is not supported`},
 		{desc: "a key without a version is refused", card: wrap(ext(ExtensionURI, entry("", "Ed25519", b64(pub1), "base64"))), err: "keyVersion is empty"},
 		{desc: "one version with two different keys is refused", card: wrap(ext(ExtensionURI, entry("k1", "Ed25519", b64(pub1), "base64")+","+entry("k1", "Ed25519", b64(pub2), "base64"))), err: "listed twice with different keys"},
 		{desc: "a retiredAt that is not a time is refused", card: wrap(ext(ExtensionURI, `{"keyVersion":"k1","algorithm":"Ed25519","publicKey":"`+b64(pub1)+`","publicKeyEncoding":"base64","status":"retired","retiredAt":"yesterday"}`)), err: "retiredAt is not an RFC 3339 time"},
@@ -407,5 +408,23 @@ func TestVerifyRefusesANumberStrconvMisreads(t *testing.T) {
 		if err := VerifyReceipt(resp, keys, ContextVerify); err == nil {
 			t.Errorf("a receipt with passed %.20s… in place of the signed 0 verifies", forged)
 		}
+	}
+}
+
+// The key versions NoKeyError lists come from the card, which may be
+// hostile: each is quoted when it is not plain (so no control character
+// reaches a terminal) and cut at 80 bytes, and the list stops at ten.
+func TestNoKeyErrorQuotesAndCapsTheCardsVersions(t *testing.T) {
+	known := []string{"k1", "\x1b]0;owned\x07\x1b[2J", strings.Repeat("k", 200)}
+	for i := range 20 {
+		known = append(known, fmt.Sprintf("v%d", i))
+	}
+	got := (&NoKeyError{KeyVersion: "k9", Known: known}).Error()
+	want := `no public key for key_version k9 (the keys given are k1, "\x1b]0;owned\a\x1b[2J", "` + strings.Repeat("k", 80) + `"…, v0, v1, v2, v3, v4, v5, v6, ... (+13 more))`
+	if got != want {
+		t.Errorf("NoKeyError = %q\nwant          %q", got, want)
+	}
+	if strings.ContainsFunc(got, func(r rune) bool { return r < ' ' || r == 0x7f }) {
+		t.Errorf("a control character reaches the message: %q", got)
 	}
 }
