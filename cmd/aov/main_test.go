@@ -242,7 +242,7 @@ func TestReceiptVerify(t *testing.T) {
 		{desc: "a public key that is not base64 is a usage error", receipt: genuine, args: []string{"--public-key", "not-a-key!"}, code: 2, stderr: "--public-key: public key is not base64"},
 		{desc: "a DER public key is a usage error that says which form to give", receipt: genuine, args: []string{"--public-key", derB64(t, pub2)}, code: 2, stderr: "public key is 44 bytes, want 32 (this is a PEM or DER SubjectPublicKeyInfo; give base64 of the raw 32-byte key"},
 		{desc: "an unknown flag is a usage error with help", receipt: genuine, args: []string{"--cardd", twoKeys}, code: 2, stderr: "Usage:"},
-		{desc: "a card that cannot be fetched cannot be checked", receipt: genuine, args: []string{"--card", srv.URL + "/missing"}, code: 2, stderr: "404 Not Found"},
+		{desc: "a card that cannot be fetched cannot be checked", receipt: genuine, args: []string{"--card", srv.URL + "/missing"}, code: 2, stderr: "answered HTTP 404\n"},
 		{desc: "a card file that does not exist cannot be checked", receipt: genuine, args: []string{"--card", filepath.Join(dir, "nope.json")}, code: 2, stderr: "error: loading the agent card"},
 		{desc: "a card without keys cannot be checked", receipt: genuine, args: []string{"--card", request}, code: 2, stderr: "no capabilities.extensions entry"},
 		{desc: "a request that is not a verification request cannot be checked", receipt: genuine, args: []string{"--card", twoKeys, "--request", twoKeys}, code: 2, stderr: "recomputing hashes from the request"},

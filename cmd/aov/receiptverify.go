@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -30,6 +31,9 @@ Where the public key comes from (one is required):
                        keep verifying after a key rotation. The receipt names
                        its card in verify.public_key_url; fetch it from an
                        address you trust, not just the one the receipt names.
+                       An https URL is never followed to plain http: such a
+                       redirect is refused (exit 2), since whoever answers
+                       on the plain leg would choose the keys.
   --public-key BASE64  a bare Ed25519 public key (base64 of its 32 bytes),
                        tried for whatever key_version the receipt names.
 
@@ -181,13 +185,36 @@ func contextFlag(v string) (string, bool) {
 	return "", false
 }
 
+// trouble prints an error line and returns the exit status for it. Errors
+// may carry text of a card, a receipt or a server, so they pass printable
+// first.
 func trouble(stderr io.Writer, format string, args ...any) int {
-	fmt.Fprintf(stderr, "error: "+format+"\n", args...)
+	fmt.Fprintf(stderr, "error: %s\n", printable(fmt.Sprintf(format, args...)))
 	return exitTrouble
 }
 
-// oneLine keeps a reason on the single line scripts read.
-func oneLine(s string) string { return strings.ReplaceAll(s, "\n", "; ") }
+// oneLine keeps a reason on the single line scripts read, printable.
+func oneLine(s string) string { return printable(strings.ReplaceAll(s, "\n", "; ")) }
+
+// printable replaces every character that is not printable (control
+// characters, invalid UTF-8) with '?', so text from a card, a receipt or a
+// server cannot steer the terminal it is printed on. The packages quote
+// what they echo; this is the last line, where everything is printed.
+func printable(s string) string {
+	if !strings.ContainsFunc(s, notPrintable) {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if notPrintable(r) {
+			r = '?'
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+func notPrintable(r rune) bool { return r != '\n' && !unicode.IsPrint(r) }
 
 // readInput reads a file, or standard input for "-", refusing more than
 // limit bytes.
@@ -225,13 +252,16 @@ func loadCard(src string) ([]byte, error) {
 		return nil, err
 	}
 	req.Header.Set("Accept", "application/json")
-	res, err := httpClient.Do(req)
+	client := *httpClient
+	client.CheckRedirect = checkCardRedirect
+	res, err := client.Do(req)
 	if err != nil {
 		return nil, err
 	}
 	defer res.Body.Close()
 	if res.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%s answered %s", src, res.Status)
+		// The code alone: the reason phrase is the server's text.
+		return nil, fmt.Errorf("%s answered HTTP %d", src, res.StatusCode)
 	}
 	b, err := io.ReadAll(io.LimitReader(res.Body, maxCardBytes+1))
 	if err != nil {
@@ -241,6 +271,34 @@ func loadCard(src string) ([]byte, error) {
 		return nil, fmt.Errorf("%s sent more than %d bytes", src, maxCardBytes)
 	}
 	return b, nil
+}
+
+// runeOffset is the byte offset of the n-th rune of s, len(s) if s has
+// fewer.
+func runeOffset(s string, n int) int {
+	for i := range s {
+		if n == 0 {
+			return i
+		}
+		n--
+	}
+	return len(s)
+}
+
+// checkCardRedirect follows a card URL's redirects (at most 10, as
+// net/http does) but never from https to anything else: the keys on the
+// card decide which receipts verify, and a plain-http leg lets whoever is
+// on the network path supply them.
+func checkCardRedirect(req *http.Request, via []*http.Request) error {
+	if len(via) >= 10 {
+		return errors.New("stopped after 10 redirects")
+	}
+	for _, prev := range via {
+		if prev.URL.Scheme == "https" && req.URL.Scheme != "https" {
+			return fmt.Errorf("refusing the redirect to %s: a card requested over https is never fetched over %s; give the card's https address", req.URL.Scheme+"://"+req.URL.Host, req.URL.Scheme)
+		}
+	}
+	return nil
 }
 
 // cardURLOf reports the receipt's verify.public_key_url, for the hint when
@@ -283,20 +341,10 @@ func notAReceipt(resp []byte) string {
 	// The input may be anything: print at most 300 runes of it, control
 	// characters and invalid UTF-8 replaced, so it cannot steer a terminal.
 	clip := func(s string) string {
-		var b strings.Builder
-		n := 0
-		for _, r := range s {
-			if n == 300 {
-				b.WriteString("…")
-				break
-			}
-			if !unicode.IsPrint(r) {
-				r = '?'
-			}
-			b.WriteRune(r)
-			n++
+		if i := runeOffset(s, 300); i < len(s) {
+			s = s[:i] + "…"
 		}
-		return b.String()
+		return printable(strings.ReplaceAll(s, "\n", "?"))
 	}
 	switch {
 	case r.Code != "" && r.Status >= 400:

@@ -31,7 +31,10 @@ Flags:
   --key HEX         the wallet's secp256k1 private key, hex (0x optional).
                     Prefer --key-file: a key on the command line is visible
                     to other users of the machine.
-  --key-file FILE   a file holding the key as hex
+  --key-file FILE   a file holding the key as hex: a regular file of at most
+                    4 KiB. A file that group or others can read is used
+                    with a warning on stderr (chmod 600 it; consider the
+                    wallet exposed if others could read it).
   --method METHOD   the request's HTTP method (GET, POST, ...)
   --url URL         the full URL the request goes to (the query is not bound)
   --agent-id ID     bind this agent_id to the wallet (verifierd then counts
@@ -87,7 +90,7 @@ func walletAuth(args []string, stdout, stderr io.Writer) int {
 			Method: *method, URL: *url, ChainID: *chain, AgentID: *agentID, Statement: *statement, TTL: *ttl, Now: time.Now(),
 		}, stdout, stderr)
 	}
-	key, err := loadWalletKey(*keyHex, *keyFile)
+	key, err := loadWalletKey(*keyHex, *keyFile, stderr)
 	if err != nil {
 		return trouble(stderr, "aov wallet-auth: %v", err)
 	}
@@ -114,12 +117,12 @@ func walletAuth(args []string, stdout, stderr io.Writer) int {
 
 // loadWalletKey reads a secp256k1 key given as hex, inline or in a file.
 // Errors never repeat the key material.
-func loadWalletKey(inline, file string) (*ecdsa.PrivateKey, error) {
+func loadWalletKey(inline, file string, stderr io.Writer) (*ecdsa.PrivateKey, error) {
 	s := inline
 	if file != "" {
-		b, err := os.ReadFile(file)
+		b, err := readKeyFile(file, stderr)
 		if err != nil {
-			return nil, fmt.Errorf("reading the key file: %w", err)
+			return nil, err
 		}
 		s = string(b)
 	}
@@ -129,4 +132,49 @@ func loadWalletKey(inline, file string) (*ecdsa.PrivateKey, error) {
 		return nil, fmt.Errorf("the key is not a secp256k1 private key in hex (64 hex digits)")
 	}
 	return key, nil
+}
+
+// maxKeyFileBytes bounds a --key-file: a key in hex is under 70 bytes and
+// a solana-keygen JSON array a few hundred, so anything larger is the wrong
+// file.
+const maxKeyFileBytes = 4 << 10
+
+// readKeyFile reads a wallet key file (either chain): a regular file (a
+// FIFO or a device could block or never end) of at most maxKeyFileBytes.
+// A file others can read is used, with a warning: unlike certd's key
+// files, which a daemon would go on signing with unattended, this one is
+// read by its owner at the terminal, who can act on the warning, and
+// refusing would not undo the exposure.
+func readKeyFile(path string, stderr io.Writer) ([]byte, error) {
+	// Stat before opening: opening a FIFO blocks until someone writes.
+	before, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading the key file: %w", err)
+	}
+	if !before.Mode().IsRegular() {
+		return nil, fmt.Errorf("reading the key file: %s is not a regular file", path)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading the key file: %w", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("reading the key file: %w", err)
+	}
+	if !fi.Mode().IsRegular() || !os.SameFile(before, fi) {
+		return nil, fmt.Errorf("reading the key file: %s changed while it was opened", path)
+	}
+	if perm := fi.Mode().Perm(); perm&0o077 != 0 {
+		fmt.Fprintf(stderr, "warning: the key file %s has mode %04o and is readable by group or others; restrict it with `chmod 600 %s` (and consider the wallet exposed if others could read it)\n", printable(path), perm, printable(path))
+	}
+	b, err := io.ReadAll(io.LimitReader(f, maxKeyFileBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("reading the key file: %w", err)
+	}
+	if len(b) > maxKeyFileBytes {
+		return nil, fmt.Errorf("reading the key file: %s is larger than %d bytes, which no key is", path, maxKeyFileBytes)
+	}
+	return b, nil
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"io"
-	"os"
 
 	"github.com/aovhq/aov/plugins/svmfacilitator"
 	"github.com/aovhq/aov/walletauth"
@@ -19,9 +18,9 @@ func walletAuthSolana(inline, file, address string, req walletauth.Request, stdo
 	}
 	text := inline
 	if file != "" {
-		b, err := os.ReadFile(file)
+		b, err := readKeyFile(file, stderr)
 		if err != nil {
-			return trouble(stderr, "aov wallet-auth: reading the key file: %v", err)
+			return trouble(stderr, "aov wallet-auth: %v", err)
 		}
 		text = string(b)
 	}
