@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -18,16 +19,30 @@ const MinSecretBytes = 16
 
 // ListenUnix listens on a unix socket at path that only certd's own user can
 // connect to (mode 0600). The socket's directory is created with mode 0700
-// when missing: the directory closes the instant between bind and chmod.
+// when missing.
+//
+// The socket file never exists at path with any other mode. bind creates
+// it with the process umask's mode, and chmod can only follow, so binding
+// at path would leave an instant in which another user may connect
+// wherever the directory lets them through (an existing /run/aov of mode
+// 0755, say). Instead the socket is bound in a fresh directory of mode
+// 0700 inside path's directory, restricted to 0600 there, where nobody
+// else can reach it, and then hard-linked to path: link, unlike rename,
+// fails when path exists, so of two certds starting at once one gets the
+// path and the other is refused, as bind would. Setting the umask around
+// bind would do too, but the umask is the whole process's, and ListenUnix
+// runs while other goroutines may create files.
 //
 // A socket file left by a certd that died is removed; a live one (something
 // answers on it) is refused, so two certds never fight over one socket. A
-// path that exists and is not a socket is never deleted.
+// path that exists and is not a socket is never deleted. Close removes the
+// socket file.
 func ListenUnix(path string) (net.Listener, error) {
 	if path == "" {
 		return nil, errors.New("listening on unix socket: no path given")
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("listening on unix socket: creating its directory: %w", err)
 	}
 	if fi, err := os.Lstat(path); err == nil {
@@ -45,15 +60,54 @@ func ListenUnix(path string) (net.Listener, error) {
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("listening on unix socket: %w", err)
 	}
-	ln, err := net.Listen("unix", path)
+	private, err := os.MkdirTemp(dir, ".sock") // mode 0700
+	if err != nil {
+		return nil, fmt.Errorf("listening on unix socket: creating a private directory in %s: %w", dir, err)
+	}
+	defer os.RemoveAll(private)
+	tmp := filepath.Join(private, "s")
+	if len(tmp) > maxSocketPath {
+		return nil, fmt.Errorf("listening on unix socket: the socket is first made at %s, %d bytes long, over the %d a socket path may have; choose a shorter path than %s", tmp, len(tmp), maxSocketPath, path)
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: tmp, Net: "unix"})
 	if err != nil {
 		return nil, fmt.Errorf("listening on unix socket: %w", err)
 	}
-	if err := os.Chmod(path, 0o600); err != nil {
+	ln.SetUnlinkOnClose(false) // its name is gone; unixListener removes path
+	if err := os.Chmod(tmp, 0o600); err != nil {
 		ln.Close()
-		return nil, fmt.Errorf("listening on unix socket: restricting %s to mode 0600: %w", path, err)
+		return nil, fmt.Errorf("listening on unix socket: restricting it to mode 0600: %w", err)
 	}
-	return ln, nil
+	if err := os.Link(tmp, path); err != nil {
+		ln.Close()
+		if errors.Is(err, fs.ErrExist) {
+			return nil, fmt.Errorf("listening on unix socket: %s appeared while certd was starting (another certd?); not replacing it", path)
+		}
+		return nil, fmt.Errorf("listening on unix socket: %w", err)
+	}
+	return &unixListener{UnixListener: ln, addr: &net.UnixAddr{Name: path, Net: "unix"}}, nil
+}
+
+// maxSocketPath is the longest socket path bind accepts on Linux (108
+// bytes of sun_path with the terminating NUL); other systems allow fewer
+// or as many, and bind reports it then.
+const maxSocketPath = 107
+
+// unixListener is ListenUnix's listener: the socket was bound under a
+// temporary name, so it reports path as its address and removes path when
+// closed, as a net.UnixListener does with its own name.
+type unixListener struct {
+	*net.UnixListener
+	addr   *net.UnixAddr
+	remove sync.Once
+}
+
+func (l *unixListener) Addr() net.Addr { return l.addr }
+
+func (l *unixListener) Close() error {
+	err := l.UnixListener.Close()
+	l.remove.Do(func() { os.Remove(l.addr.Name) })
+	return err
 }
 
 // ListenTCP listens on a loopback TCP address and refuses any other: the
