@@ -332,7 +332,13 @@ func (s *Store) Refresh() (bool, error) {
 func (s *Store) refresh() (bool, error) {
 	fi, err := statIndex(filepath.Join(s.dir, IndexFile))
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return false, fmt.Errorf("checking key index: %w", err)
+		// An index that cannot even be looked at may retire the key
+		// held, as one that cannot be read may.
+		err = fmt.Errorf("checking key index: %w", err)
+		s.mu.Lock()
+		s.broken = err
+		s.mu.Unlock()
+		return false, err
 	}
 	s.mu.RLock()
 	same := sameFile(s.seen, fi) && s.broken == nil

@@ -1,9 +1,11 @@
 package keystore
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -68,5 +70,33 @@ func TestAReloadThatCannotLoadTheNewKeyStopsSigning(t *testing.T) {
 		if cur, err := serving.Current(); err != nil || cur.Version != "k2" || cur.Private == nil {
 			t.Fatalf("watched %v: after the repair Current = %s, %v", watched, cur.Version, err)
 		}
+	}
+}
+
+// An index that cannot even be stat'ed stops signing too, until it can.
+// The stat error is a fake (statIndex replaced): an I/O error on the key
+// directory cannot be caused portably, and a directory without search
+// permission does not stop root.
+func TestAnIndexThatCannotBeCheckedStopsSigning(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir, newClock())
+	if _, err := s.Generate(); err != nil {
+		t.Fatal(err)
+	}
+	fakeIOError := &os.PathError{Op: "stat", Path: filepath.Join(dir, IndexFile), Err: syscall.EIO}
+	statIndex = func(string) (os.FileInfo, error) { return nil, fakeIOError }
+	t.Cleanup(func() { statIndex = os.Stat })
+	if _, err := s.Refresh(); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("Refresh with the index unreadable: err = %v", err)
+	}
+	if cur, err := s.Current(); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("Current with the index unreadable = %s, %v; want a refusal carrying the cause", cur.Version, err)
+	}
+	statIndex = os.Stat
+	if _, err := s.Refresh(); err != nil {
+		t.Fatalf("Refresh once the index can be read: %v", err)
+	}
+	if cur, err := s.Current(); err != nil || cur.Version != "k1" {
+		t.Fatalf("Current once the index can be read = %s, %v", cur.Version, err)
 	}
 }
