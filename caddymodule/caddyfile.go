@@ -19,6 +19,12 @@ func init() {
 	// before encode, so it sees requests as the client sent them and buffers
 	// the upstream answer before any compression.
 	httpcaddyfile.RegisterDirectiveOrder("x402", httpcaddyfile.Before, "encode")
+	// aov_rate_limit right after x402 (both before encode, in this order,
+	// which is why it is registered here): after x402_cors, so a preflight
+	// is answered before it, and after the gates, so it can tell a call a
+	// gate serves (never limited) from a message a gate passes on free;
+	// before reverse_proxy, aov_docs and every other responder.
+	httpcaddyfile.RegisterDirectiveOrder("aov_rate_limit", httpcaddyfile.Before, "encode")
 	httpcaddyfile.RegisterDirectiveOrder("x402_discovery", httpcaddyfile.Before, "respond")
 }
 
@@ -281,20 +287,24 @@ func (f *FreeAllowance) unmarshal(d *caddyfile.Dispenser) error {
 	return nil
 }
 
+// unmarshal reads the rate_limit subdirective of x402 and the
+// aov_rate_limit directive, which take the same form; errors name the one
+// written.
 func (rl *RateLimit) unmarshal(d *caddyfile.Dispenser) error {
+	name := d.Val()
 	args := d.RemainingArgs()
 	switch {
 	case len(args) == 1 && args[0] == "off":
 		rl.Off = true
 		if d.NextBlock(d.Nesting()) {
-			return d.Err("rate_limit off takes no block")
+			return d.Errf("%s off takes no block", name)
 		}
 		return nil
 	case len(args) == 2:
-		if err := rl.setEvents(d, args[0]); err != nil {
+		if err := rl.setEvents(d, name, args[0]); err != nil {
 			return err
 		}
-		if err := rl.setWindow(d, args[1]); err != nil {
+		if err := rl.setWindow(d, name, args[1]); err != nil {
 			return err
 		}
 	case len(args) != 0:
@@ -307,14 +317,14 @@ func (rl *RateLimit) unmarshal(d *caddyfile.Dispenser) error {
 			if err := oneArg(d, &s); err != nil {
 				return err
 			}
-			if err := rl.setEvents(d, s); err != nil {
+			if err := rl.setEvents(d, name, s); err != nil {
 				return err
 			}
 		case "window":
 			if err := oneArg(d, &s); err != nil {
 				return err
 			}
-			if err := rl.setWindow(d, s); err != nil {
+			if err := rl.setWindow(d, name, s); err != nil {
 				return err
 			}
 		case "zone":
@@ -322,25 +332,25 @@ func (rl *RateLimit) unmarshal(d *caddyfile.Dispenser) error {
 				return err
 			}
 		default:
-			return d.Errf("unrecognized rate_limit option '%s'", d.Val())
+			return d.Errf("unrecognized %s option '%s'", name, d.Val())
 		}
 	}
 	return nil
 }
 
-func (rl *RateLimit) setEvents(d *caddyfile.Dispenser, s string) error {
+func (rl *RateLimit) setEvents(d *caddyfile.Dispenser, name, s string) error {
 	n, err := strconv.Atoi(s)
 	if err != nil || n < 1 {
-		return d.Errf("rate_limit events must be a positive number, not %q", s)
+		return d.Errf("%s events must be a positive number, not %q", name, s)
 	}
 	rl.Events = n
 	return nil
 }
 
-func (rl *RateLimit) setWindow(d *caddyfile.Dispenser, s string) error {
+func (rl *RateLimit) setWindow(d *caddyfile.Dispenser, name, s string) error {
 	w, err := caddy.ParseDuration(s)
 	if err != nil || w <= 0 {
-		return d.Errf("rate_limit window must be a positive duration, not %q", s)
+		return d.Errf("%s window must be a positive duration, not %q", name, s)
 	}
 	rl.Window = caddy.Duration(w)
 	return nil

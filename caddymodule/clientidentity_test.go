@@ -19,6 +19,15 @@ import (
 func startCaddyServers(t *testing.T, servers, logFile, sites string) string {
 	t.Helper()
 	port := freePort(t)
+	loadCaddyServers(t, port, servers, logFile, sites)
+	t.Cleanup(func() { caddy.Stop() })
+	return fmt.Sprintf("http://127.0.0.1:%d", port)
+}
+
+// loadCaddyServers is loadCaddy with server options and a logger, as
+// startCaddyServers: its first load, or a reload with the same options.
+func loadCaddyServers(t *testing.T, port int, servers, logFile, sites string) {
+	t.Helper()
 	output := "discard"
 	if logFile != "" {
 		output = "file " + logFile
@@ -33,10 +42,8 @@ func startCaddyServers(t *testing.T, servers, logFile, sites string) string {
 	if err := caddy.Load(js, true); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { caddy.Stop() })
 	testClient.CloseIdleConnections()
 	waitServing(t, port)
-	return fmt.Sprintf("http://127.0.0.1:%d", port)
 }
 
 // servedFree reports whether resp is a call served from the allowance.

@@ -348,7 +348,7 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 	}
 	g.RateLimit.provision()
 	if !g.RateLimit.Off {
-		if g.rates, g.ratesKey, err = loadZone(g.RateLimit); err != nil {
+		if g.rates, g.ratesKey, err = loadZone(g.RateLimit, zoneRefusals); err != nil {
 			return fmt.Errorf("loading rate limit zone: %v", err)
 		}
 		// wallet_auth in front of the gate answers within this budget

@@ -93,10 +93,21 @@ type rateZone struct {
 	swept   time.Time
 }
 
-// loadZone returns the shared zone for rl, creating it on first use. The
-// caller must release it with rateZones.Delete(key) on cleanup.
-func loadZone(rl *RateLimit) (*rateZone, string, error) {
-	key := fmt.Sprintf("%s/%d/%s", rl.Zone, rl.Events, time.Duration(rl.Window))
+// What a zone counts: a gate's rate_limit counts refusals, aov_rate_limit
+// counts requests. The two never share a bucket, even under one zone name:
+// a gate refuses a client whose refusal budget is spent, paid calls
+// included, so requests counted into it would let free traffic stop a
+// buyer from paying.
+const (
+	zoneRefusals = "refusals"
+	zoneRequests = "requests"
+)
+
+// loadZone returns the shared zone of kind (zoneRefusals or zoneRequests)
+// for rl, creating it on first use. The caller must release it with
+// rateZones.Delete(key) on cleanup.
+func loadZone(rl *RateLimit, kind string) (*rateZone, string, error) {
+	key := fmt.Sprintf("%s:%s/%d/%s", kind, rl.Zone, rl.Events, time.Duration(rl.Window))
 	v, _, err := rateZones.LoadOrNew(key, func() (caddy.Destructor, error) {
 		w := time.Duration(rl.Window)
 		return &rateZone{
@@ -160,11 +171,30 @@ func (z *rateZone) wait(client string) int {
 			return 0
 		}
 	}
+	return z.retryAfter(l, t)
+}
+
+// retryAfter is how many whole seconds from t until bucket l holds one
+// event again; 0 when it holds one now.
+func (z *rateZone) retryAfter(l *rate.Limiter, t time.Time) int {
 	tokens := l.TokensAt(t)
 	if tokens >= 1 {
 		return 0
 	}
 	return max(1, int(math.Ceil((1-tokens)/float64(z.limit))))
+}
+
+// take counts one request of client (aov_rate_limit) and returns 0, or,
+// when its budget is spent, how many seconds it must wait; a request
+// refused is not counted, so a client that keeps asking is told the same
+// wait, not a longer one.
+func (z *rateZone) take(client string) int {
+	t := now()
+	l := z.limiter(client, t, true)
+	if l.AllowN(t, 1) {
+		return 0
+	}
+	return z.retryAfter(l, t)
 }
 
 // note counts one refused or unpaid answer to client.

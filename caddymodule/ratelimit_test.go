@@ -34,7 +34,7 @@ func TestClientAddrIsTheResolvedIPAndAnIPv6Slash64(t *testing.T) {
 }
 
 func TestRateZoneTightensWhenItsTableIsFull(t *testing.T) {
-	z, key, err := loadZone(&RateLimit{Events: 2, Window: caddy.Duration(time.Minute), Zone: t.Name()})
+	z, key, err := loadZone(&RateLimit{Events: 2, Window: caddy.Duration(time.Minute), Zone: t.Name()}, zoneRefusals)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +55,7 @@ func TestRateZoneTightensWhenItsTableIsFull(t *testing.T) {
 }
 
 func TestRateZoneCreditIsBoundedByTheBudget(t *testing.T) {
-	z, key, err := loadZone(&RateLimit{Events: 2, Window: caddy.Duration(time.Minute), Zone: t.Name()})
+	z, key, err := loadZone(&RateLimit{Events: 2, Window: caddy.Duration(time.Minute), Zone: t.Name()}, zoneRefusals)
 	if err != nil {
 		t.Fatal(err)
 	}
