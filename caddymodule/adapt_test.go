@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -136,5 +137,66 @@ func TestExampleBuffersGatedBodies(t *testing.T) {
 	// and /health.
 	if gated != 4 || free != 1 {
 		t.Fatalf("%d gated and %d free proxies to verifierd, want 4 and 1", gated, free)
+	}
+}
+
+// TestExampleRateLimitsFreeRoutes checks that every route of
+// Caddyfile.example no gate prices (the proxies to verifierd and certd, the
+// docs, the discovery manifest) counts its requests in the `free` zone
+// before it does any work, and that on the MCP route, where gates pass
+// unpriced messages on, the limit comes after every gate, so that the calls
+// the gates serve are never counted.
+func TestExampleRateLimitsFreeRoutes(t *testing.T) {
+	raw, err := os.ReadFile("../Caddyfile.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg any
+	if err := json.Unmarshal([]byte(adapt(t, string(raw))), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	// The handlers of each subroute, in the order they run.
+	limited := map[string]int{}
+	for _, sub := range jsontree.Objects(cfg) {
+		if sub["handler"] != "subroute" {
+			continue
+		}
+		var handlers []map[string]any
+		for _, r := range sub["routes"].([]any) {
+			for _, h := range r.(map[string]any)["handle"].([]any) {
+				handlers = append(handlers, h.(map[string]any))
+			}
+		}
+		limit, gates, mcp := -1, 0, false
+		for i, h := range handlers {
+			switch h["handler"] {
+			case "aov_rate_limit":
+				if h["zone"] != "free" || h["off"] != nil {
+					t.Errorf("a free route's limit is %v, want zone free", h)
+				}
+				limit = i
+			case "x402":
+				gates++
+				mcp = mcp || h["mcp_tool"] != nil
+				if limit >= 0 {
+					t.Errorf("the rate limit runs before the gate of %v", h["mcp_tool"])
+				}
+			case "reverse_proxy", "aov_docs", "x402_discovery":
+				if gates > 0 && !mcp {
+					continue // a priced REST route: its gate bounds it
+				}
+				ups, _ := json.Marshal(h["upstreams"])
+				name := fmt.Sprint(h["handler"], string(ups))
+				if limit < 0 {
+					t.Errorf("%s answers a free route with no rate limit before it", name)
+				}
+				limited[name]++
+			}
+		}
+	}
+	// /mcp and /reputation/* + /health to verifierd, the agent card to
+	// certd, the docs, /.well-known/x402.
+	if len(limited) != 4 || limited[`reverse_proxy[{"dial":"127.0.0.1:8081"}]`] != 2 {
+		t.Fatalf("free responders behind the limit: %v", limited)
 	}
 }
