@@ -16,6 +16,8 @@
 #   AOV_DEVNET_RPC_ADDR   the devnet chain's JSON-RPC       (default 127.0.0.1:8545)
 #   AOV_SOLANA_RPC_ADDR   the local Solana chain's JSON-RPC (default 127.0.0.1:8899)
 #   AOV_FREE_PER_DAY      free verification calls per client and day (default 100)
+#   AOV_FREE_RATE         requests per client and minute to the free routes
+#                         and unpriced MCP messages (default 600)
 #   AOV_PAY_TO            address paid on the devnet        (default dev account 9)
 #   AOV_FACILITATOR       devnet: the facilitator and the devnet run inside
 #                         Caddy (default); remote: they run as a fourth
