@@ -46,14 +46,15 @@ func clientAddr(r *http.Request) string {
 	return netip.PrefixFrom(ip, 64).Masked().Addr().String() + "/64"
 }
 
-// msgLeftmostClientIP is the warning of a gate whose server lets a client
-// behind an appending proxy choose its own client IP.
+// msgLeftmostClientIP is the warning of a module counting per client IP
+// (a gate, aov_rate_limit) whose server lets a client behind an appending
+// proxy choose its own client IP.
 const msgLeftmostClientIP = "client IP read left to right from a trusted proxy's X-Forwarded-For: set trusted_proxies_strict"
 
-// watchClientIP arms the warning of warnLeftmostClientIP when the gate
-// counts per client IP (the rate limit, or the free allowance with key ip)
-// and srv, the server it is provisioned for, resolves client IPs in
-// Caddy's default non-strict mode.
+// leftmostWatch is the warning of msgLeftmostClientIP for one module that
+// counts per client IP (a gate's rate limit or free allowance with key ip,
+// aov_rate_limit), on a server srv that resolves client IPs in Caddy's
+// default non-strict mode.
 //
 // Caddy then takes the leftmost X-Forwarded-For address from a trusted
 // proxy. A proxy that appends the peer's address to the client's own
@@ -67,23 +68,31 @@ const msgLeftmostClientIP = "client IP read left to right from a trusted proxy's
 // unexported source), so the warning waits for the first request a trusted
 // proxy forwarded, which Caddy marks in the trusted_proxy variable: exact,
 // and once.
-func (g *Gate) watchClientIP(srv *caddyhttp.Server) {
-	byIP := g.rates != nil || (g.Free != nil && g.Free.Key == "ip")
-	if srv != nil && srv.TrustedProxiesStrict == 0 && byIP {
-		g.leftmostWarned = new(atomic.Bool)
-	}
+type leftmostWatch struct {
+	warned atomic.Bool
+	logger *zap.Logger
 }
 
-// warnLeftmostClientIP logs msgLeftmostClientIP once per gate, at the first
-// request from a trusted proxy (see watchClientIP).
-func (g *Gate) warnLeftmostClientIP(r *http.Request) {
-	if g.leftmostWarned == nil || g.leftmostWarned.Load() {
+// watchLeftmost returns the watch of a module provisioned for srv (nil
+// outside an HTTP server) that counts per client IP when byIP is set; nil
+// when there is nothing to warn of.
+func watchLeftmost(srv *caddyhttp.Server, byIP bool, logger *zap.Logger) *leftmostWatch {
+	if srv == nil || srv.TrustedProxiesStrict != 0 || !byIP {
+		return nil
+	}
+	return &leftmostWatch{logger: logger}
+}
+
+// check logs msgLeftmostClientIP once, at the first request from a
+// trusted proxy.
+func (lw *leftmostWatch) check(r *http.Request) {
+	if lw == nil || lw.warned.Load() {
 		return
 	}
-	if trusted, _ := caddyhttp.GetVar(r.Context(), caddyhttp.TrustedProxyVarKey).(bool); !trusted || g.leftmostWarned.Swap(true) {
+	if trusted, _ := caddyhttp.GetVar(r.Context(), caddyhttp.TrustedProxyVarKey).(bool); !trusted || lw.warned.Swap(true) {
 		return
 	}
-	g.logger.Warn(msgLeftmostClientIP,
+	lw.logger.Warn(msgLeftmostClientIP,
 		zap.String("why", "without trusted_proxies_strict the client IP is the leftmost X-Forwarded-For address; a load balancer that appends to the header (nginx $proxy_add_x_forwarded_for, AWS ALB, Google Cloud) leaves it to the client, who then gets a new free allowance and rate budget per request"),
 		zap.String("fix", "add trusted_proxies_strict to the server options (global servers block), unless the proxy overwrites X-Forwarded-For"))
 }

@@ -246,10 +246,9 @@ type Gate struct {
 
 	// server is where rates is registered for wallet_auth (serverZones).
 	server *caddyhttp.Server
-	// leftmostWarned is set once the gate warned of a non-strict trusted
-	// proxy; nil when there is nothing to warn of (clientip.go). A pointer
-	// because a Gate is copied by value.
-	leftmostWarned *atomic.Bool
+	// leftmost warns of a non-strict trusted proxy; nil when there is
+	// nothing to warn of (clientip.go).
+	leftmost *leftmostWatch
 }
 
 // Accept is one way to pay: a scheme on a network, an amount of an asset,
@@ -371,7 +370,7 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 	if g.Free != nil {
 		g.Free.provision()
 	}
-	g.watchClientIP(srv)
+	g.leftmost = watchLeftmost(srv, g.rates != nil || (g.Free != nil && g.Free.Key == "ip"), g.logger)
 	g.offers = make([]x402.PaymentRequirements, 0, len(g.Accepts))
 	for i, a := range g.Accepts {
 		req, err := a.requirements()
@@ -550,7 +549,7 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	if g.route != nil && g.route.Load() == nil {
 		g.learnRoute(r, next)
 	}
-	g.warnLeftmostClientIP(r)
+	g.leftmost.check(r)
 	payment := r.Header.Get(x402.HeaderPaymentSignature)
 	r.Header.Del(x402.HeaderPaymentSignature)
 	if g.MCPTool != "" {

@@ -51,8 +51,9 @@ func init() {
 type RequestRateLimit struct {
 	RateLimit
 
-	zone *rateZone // nil when off
-	key  string
+	zone     *rateZone // nil when off
+	key      string
+	leftmost *leftmostWatch
 }
 
 // CaddyModule returns the Caddy module information.
@@ -65,7 +66,7 @@ func (RequestRateLimit) CaddyModule() caddy.ModuleInfo {
 
 // Provision loads the zone, shared with every aov_rate_limit naming it
 // (and the same events and window), and with the previous config's.
-func (h *RequestRateLimit) Provision(caddy.Context) error {
+func (h *RequestRateLimit) Provision(ctx caddy.Context) error {
 	h.RateLimit.provision()
 	if err := h.RateLimit.validate(); err != nil {
 		return fmt.Errorf("aov_rate_limit: %v", err)
@@ -77,6 +78,8 @@ func (h *RequestRateLimit) Provision(caddy.Context) error {
 	if h.zone, h.key, err = loadZone(&h.RateLimit, zoneRequests); err != nil {
 		return fmt.Errorf("aov_rate_limit: loading zone: %v", err)
 	}
+	srv, _ := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
+	h.leftmost = watchLeftmost(srv, true, ctx.Logger())
 	return nil
 }
 
@@ -95,6 +98,7 @@ func (h *RequestRateLimit) ServeHTTP(w http.ResponseWriter, r *http.Request, nex
 	if h.zone == nil || servedByGate(r) {
 		return next.ServeHTTP(w, r)
 	}
+	h.leftmost.check(r)
 	if wait := h.zone.take(clientAddr(r)); wait > 0 {
 		apierr.Write(w, apierr.RateLimited(wait))
 		return nil

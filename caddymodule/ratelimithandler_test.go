@@ -8,10 +8,14 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/caddyserver/caddy/v2"
 
 	"github.com/aovhq/aov/plugins/evmfacilitator"
 	"github.com/aovhq/aov/x402"
@@ -288,6 +292,42 @@ func TestFreeRateLimitCaddyfileErrors(t *testing.T) {
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			wantErr(t, adaptSiteError(tc.caddyfile), tc.want)
+		})
+	}
+}
+
+// aov_rate_limit counts per client IP like a gate, so a server without
+// gates gets the gate's warning too: once, at the first request a trusted
+// proxy forwarded, when X-Forwarded-For is read left to right.
+func TestFreeRateLimitWarnsOfNonStrictTrustedProxies(t *testing.T) {
+	up := newUpstream(t)
+	for _, tc := range []struct {
+		desc, servers string
+		warn          bool
+	}{
+		{"non-strict", "\t\ttrusted_proxies static 127.0.0.1/32", true},
+		{"strict", "\t\ttrusted_proxies static 127.0.0.1/32\n\t\ttrusted_proxies_strict", false},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			logFile := filepath.Join(t.TempDir(), "caddy.log")
+			base := startCaddyServers(t, tc.servers, logFile, freeRateSite(up.URL))
+			for i := 1; i <= 3; i++ {
+				send(t, http.MethodGet, base+"/health", "", from(fmt.Sprintf("203.0.113.%d, 198.51.100.7", i)))
+			}
+			caddy.Stop()
+			log, err := os.ReadFile(logFile)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Once per handler that saw a forwarded request: here only
+			// /health's.
+			n := strings.Count(string(log), `"msg":"`+msgLeftmostClientIP+`"`)
+			switch {
+			case tc.warn && n != 1:
+				t.Errorf("the warning was logged %d times, want once:\n%s", n, log)
+			case !tc.warn && n != 0:
+				t.Errorf("a strict server got the warning:\n%s", log)
+			}
 		})
 	}
 }
