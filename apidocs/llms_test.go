@@ -72,7 +72,7 @@ func TestLLMsTxtSaysWhatTheConfigurationSays(t *testing.T) {
 func TestLLMsTxtListsEveryErrorCode(t *testing.T) {
 	txt := string(LLMsTxt(testService()))
 	codes := []string{
-		apierr.CodeInvalidRequest, apierr.CodePayloadTooLarge, apierr.CodeNotFound, apierr.CodeMethodNotAllowed,
+		apierr.CodeInvalidRequest, apierr.CodePayloadTooLarge, apierr.CodeURITooLong, apierr.CodeNotFound, apierr.CodeMethodNotAllowed,
 		apierr.CodeUnsupportedMediaType, apierr.CodeUnauthorized, apierr.CodeRateLimited,
 		apierr.CodeUpstreamUnavailable, apierr.CodeInternal,
 		"free_trial_exhausted", x402.ReasonPaymentAlreadyUsed, "payment_in_flight", x402.ReasonSettlementPending,

@@ -9,6 +9,7 @@ import (
 
 	"github.com/aovhq/aov/apierr"
 	"github.com/aovhq/aov/receipt"
+	"github.com/aovhq/aov/store"
 	"github.com/aovhq/aov/x402"
 )
 
@@ -210,8 +211,9 @@ func components() obj {
 				"headers":     obj{x402.HeaderPaymentRequired: obj{"$ref": "#/components/headers/PaymentRequired"}},
 				"content":     obj{"application/json": obj{"schema": ref("PaymentRequiredBody")}},
 			},
-			"TooLarge": errorBody("payload_too_large: the body is over the absolute size limit; nothing was charged.", apierr.TooLarge(1<<20)),
-			"Invalid":  errorBody("invalid_request: the request breaks the contract; nothing was charged and it is never offered for sale.", exampleInvalid()),
+			"TooLarge":   errorBody("payload_too_large: the body is over the absolute size limit; nothing was charged.", apierr.TooLarge(1<<20)),
+			"URITooLong": errorBody("uri_too_long: the request URL without its query is longer than a 402 may name as its resource; refused before any payment logic, nothing was charged.", apierr.URITooLong(store.MaxDiscoveryResourceBytes)),
+			"Invalid":    errorBody("invalid_request: the request breaks the contract; nothing was charged and it is never offered for sale.", exampleInvalid()),
 			"Unavailable": obj{
 				"description": "upstream_unavailable (a daemon, the state store or the facilitator is down) or settlement_pending (a payment's outcome is not known yet: do not pay again). Retryable: send the same request after Retry-After seconds. Nothing was charged.",
 				"headers":     obj{"Retry-After": obj{"$ref": "#/components/headers/RetryAfter"}},
@@ -288,6 +290,7 @@ func addAnswers(o obj, r Route, body bool) {
 	resp := o["responses"].(obj)
 	resp["400"] = respRef("BadPayment")
 	resp["402"] = respRef("PaymentRequired")
+	resp["414"] = respRef("URITooLong")
 	resp["422"] = respRef("Invalid")
 	resp["503"] = respRef("Unavailable")
 	if body {

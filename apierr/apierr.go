@@ -23,6 +23,7 @@ import (
 const (
 	CodeInvalidRequest       = "invalid_request"
 	CodePayloadTooLarge      = "payload_too_large"
+	CodeURITooLong           = "uri_too_long"
 	CodeNotFound             = "not_found"
 	CodeMethodNotAllowed     = "method_not_allowed"
 	CodeUnsupportedMediaType = "unsupported_media_type"
@@ -118,6 +119,17 @@ func TooLarge(limit int64) *Error {
 		Message:     fmt.Sprintf("The request body is larger than the limit of %d bytes and nothing was charged; send a smaller body.", limit),
 		Status:      http.StatusRequestEntityTooLarge,
 		NextActions: []Action{{Action: "reduce_request_size"}},
+	}
+}
+
+// URITooLong reports a request URL over the limit of what the service names
+// back to the client (414), naming the limit. The URL is not repeated.
+func URITooLong(limit int) *Error {
+	return &Error{
+		Code:        CodeURITooLong,
+		Message:     fmt.Sprintf("The request URL (scheme, host and path; the query does not count) is longer than the limit of %d bytes and nothing was charged; send a shorter URL.", limit),
+		Status:      http.StatusRequestURITooLong,
+		NextActions: []Action{{Action: "shorten_url"}},
 	}
 }
 

@@ -21,6 +21,7 @@ func TestWriteShape(t *testing.T) {
 	}{
 		{"invalid request names its fields", Invalid(Field{"rules[0].type", "is not one of the allowed values", "Use one of: 'sum_equals'."}), 422, CodeInvalidRequest, false, "", ""},
 		{"too large names the limit", TooLarge(1 << 20), 413, CodePayloadTooLarge, false, "", ""},
+		{"a URL too long names the limit", URITooLong(2048), 414, CodeURITooLong, false, "", ""},
 		{"not found", NotFound("route"), 404, CodeNotFound, false, "", ""},
 		{"method not allowed sets Allow", MethodNotAllowed("POST"), 405, CodeMethodNotAllowed, false, "", "POST"},
 		{"unsupported media type", UnsupportedMediaType(), 415, CodeUnsupportedMediaType, false, "", ""},

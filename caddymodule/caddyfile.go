@@ -58,6 +58,7 @@ func parseDiscovery(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    description   <text>
 //	    mime_type     <type>
 //	    resource      <url>
+//	    public_base_url <origin>
 //	    route         "<METHOD> <path>"
 //	    facilitator   <module> { ... }
 //	    store         <module> { ... }
@@ -109,6 +110,10 @@ func (g *Gate) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 		case "resource":
 			if err := oneArg(d, &g.Resource); err != nil {
+				return err
+			}
+		case "public_base_url":
+			if err := oneArg(d, &g.PublicBaseURL); err != nil {
 				return err
 			}
 		case "route":

@@ -122,8 +122,19 @@ type Gate struct {
 	MimeType    string `json:"mime_type,omitempty"`
 
 	// Resource is the resource URL sent in PAYMENT-REQUIRED. Default: the
-	// request's own URL (scheme://host/path?query). Placeholders allowed.
+	// request's URL without its query (PublicBaseURL, or the request's
+	// scheme://host, then the path): the route is what is priced, and a
+	// query, unlike a path, is neither matched nor bounded by the route, so
+	// it stays out of the header an unpaid client gets. Placeholders
+	// allowed.
 	Resource string `json:"resource,omitempty"`
+
+	// PublicBaseURL is the site's public origin (https://verify.example.com)
+	// for the default resource URL and the browser paywall's URL, instead
+	// of the scheme and Host of each request: the Host is the client's
+	// choice, and behind a TLS-terminating proxy the gate sees http. Env
+	// placeholders are expanded when the config loads.
+	PublicBaseURL string `json:"public_base_url,omitempty"`
 
 	// Route names this route in /.well-known/x402 as "METHOD /path"
 	// (e.g. "POST /verify/schema"). Without it the route is not listed.
@@ -235,6 +246,7 @@ type Gate struct {
 	offers      []x402.PaymentRequirements
 	bazaar      map[string]any // x402's bazaar extension, for routes that validate
 	allow       []string       // the methods Route names (OPTIONS always passes); nil: any
+	base        string         // PublicBaseURL as checked (publicOrigin); "": the request's
 	rates       *rateZone      // nil when rate_limit is off
 	ratesKey    string
 	logger      *zap.Logger
@@ -331,6 +343,11 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 	}
 	noteStore(ctx, "x402", mod)
 	g.state = st
+	if g.PublicBaseURL != "" {
+		if g.base, err = publicOrigin(g.PublicBaseURL); err != nil {
+			return fmt.Errorf("x402: public_base_url: %v", err)
+		}
+	}
 	if err := g.PaymentIdentifier.provision(g); err != nil {
 		return err
 	}
@@ -528,7 +545,8 @@ func (a Accept) requirements() (x402.PaymentRequirements, error) {
 }
 
 // ServeHTTP decides, in this order: OPTIONS passes free; a client over its
-// refusal budget is 429; a body over the absolute limit is 413; a bodyless
+// refusal budget is 429; a URL the 402 could not name (checkURL) is 414; a
+// body over the absolute limit is 413; a bodyless
 // POST is the discovery probe (402); a payment is verified, the upstream run
 // and the payment settled; a request small enough for the free tier is
 // served from the allowance while it lasts; anything else is 402. Whenever
@@ -560,6 +578,9 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	}
 	if g.allow != nil && !slices.Contains(g.allow, r.Method) {
 		return g.refuse(w, r, apierr.MethodNotAllowed(g.allow...))
+	}
+	if ae := g.checkURL(r); ae != nil {
+		return g.refuse(w, r, ae)
 	}
 
 	ex := &restExchange{g: g}
@@ -682,18 +703,25 @@ func (g *Gate) resource(r *http.Request) x402.Resource {
 			url = repl.ReplaceAll(url, "")
 		}
 	} else {
-		url = requestBase(r) + r.URL.RequestURI()
+		url = siteBase(g.base, r) + r.URL.EscapedPath()
 	}
 	return x402.Resource{URL: url, Description: g.Description, MimeType: g.MimeType}
 }
 
-// requestBase is scheme://host of the request as the client addressed it.
-func requestBase(r *http.Request) string {
-	scheme := "http"
-	if r.TLS != nil {
-		scheme = "https"
+// checkURL refuses (414) a request whose URL the gate could not name
+// within maxResourceURL: the resource URL of its 402, and the request's
+// own origin and path, which a sign-in-with-x challenge repeats. Counted
+// without building the URL, so a request that passes costs no allocation;
+// a configured resource is expanded only when it has placeholders.
+func (g *Gate) checkURL(r *http.Request) *apierr.Error {
+	n := len(r.URL.EscapedPath()) + max(len(g.base), len("https://")+len(r.Host))
+	if g.Resource != "" && strings.Contains(g.Resource, "{") {
+		n = max(n, len(g.resource(r).URL))
 	}
-	return scheme + "://" + r.Host
+	if n > maxResourceURL {
+		return apierr.URITooLong(maxResourceURL)
+	}
+	return nil
 }
 
 // paymentRequired answers 402 with PAYMENT-REQUIRED. reason is the x402
@@ -739,7 +767,9 @@ func (g *Gate) paymentRequired(w http.ResponseWriter, r *http.Request, msg, reas
 		trial = g.Free.trial(r, g)
 	}
 	if wantsHTML(r) && g.Paywall.html() {
-		return g.Paywall.serve(w, pr, trial, requestBase(r)+r.URL.RequestURI())
+		// The page fetches this URL again with the payment: the request
+		// as sent, query included (a page body, not a header).
+		return g.Paywall.serve(w, pr, trial, siteBase(g.base, r)+r.URL.RequestURI())
 	}
 	body := paymentRequiredBody{PaymentRequired: pr, Reason: reason, FreeTrial: trial}
 	h.Set("Content-Type", "application/json")

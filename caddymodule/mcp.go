@@ -65,6 +65,9 @@ func (g *Gate) serveMCP(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	if wait := g.rateWait(r); wait > 0 {
 		return ex.toolError(w, r, apierr.RateLimited(wait))
 	}
+	if ae := g.checkURL(r); ae != nil {
+		return ex.toolError(w, r, ae)
+	}
 	if g.Validator == validateScore {
 		args, _ := msg.args.(map[string]any) // an object or absent (readRPC)
 		if _, err := score.ToolAgent(args); err != nil {

@@ -1,0 +1,59 @@
+package caddymodule
+
+import (
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/aovhq/aov/store"
+)
+
+// The absolute URLs the gateway writes into its answers (the resource of a
+// 402, the routes of /.well-known/x402) start with the site's origin. The
+// request's own Host and scheme are what the client chose (and, behind a
+// TLS-terminating proxy, not even the public scheme), so a module that may
+// be cached for others, or whose URLs a payer signs and a catalog records,
+// takes the origin from its public_base_url instead.
+
+// maxResourceURL bounds the URL a 402 names as its resource: the longest a
+// facilitator's discovery list keeps, so a payer never signs for a URL no
+// catalog takes. The gate refuses a request it could not name within it
+// (414 uri_too_long) before any payment logic, so PAYMENT-REQUIRED cannot
+// grow with what an unpaid client sends.
+const maxResourceURL = store.MaxDiscoveryResourceBytes
+
+// publicOrigin checks a configured public base URL when the config loads:
+// placeholders known then ({env.NAME}) are expanded, and the result must be
+// an http(s) origin with nothing after it (a trailing slash aside). It
+// returns scheme://host[:port] in lower case, the form URLs are built from
+// and origins compared in.
+func publicOrigin(raw string) (string, error) {
+	s := caddy.NewReplacer().ReplaceKnown(raw, "")
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil ||
+		strings.ContainsAny(u.Host, "{}") || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
+		return "", fmt.Errorf("%q is not an http(s) origin (scheme://host[:port], no path, query or user; only placeholders known when the config loads, such as {env.NAME})", s)
+	}
+	return u.Scheme + "://" + strings.ToLower(u.Host), nil
+}
+
+// siteBase is the origin of the URLs built for r: the configured public
+// origin, or else the request's own.
+func siteBase(public string, r *http.Request) string {
+	if public != "" {
+		return public
+	}
+	return requestBase(r)
+}
+
+// requestBase is scheme://host of the request as the client addressed it.
+func requestBase(r *http.Request) string {
+	scheme := "http"
+	if r.TLS != nil {
+		scheme = "https"
+	}
+	return scheme + "://" + r.Host
+}

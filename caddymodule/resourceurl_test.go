@@ -1,0 +1,261 @@
+package caddymodule
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/big"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/aovhq/aov/plugins/evmfacilitator"
+	"github.com/aovhq/aov/x402"
+)
+
+// The two URLs the gateway builds from what a client sends: the resource
+// URL of a 402 (PAYMENT-REQUIRED) and the route URLs of /.well-known/x402.
+
+// get sends a GET with the given Host (none: the URL's) and headers.
+func getWith(t *testing.T, url, host string, hdr map[string]string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if host != "" {
+		req.Host = host
+	}
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := testClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	return resp
+}
+
+// TestResourceURLLeavesOutTheQuery: the 402 names the route's URL without
+// the request's query, so an unpaid client cannot make PAYMENT-REQUIRED
+// grow with what it sends (a 7 KB query made a 16.5 KB header, past the
+// header limit of many proxies and clients). A payment signed for that
+// 402 is still accepted on the retry, query and all, and settled.
+func TestResourceURLLeavesOutTheQuery(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	base := startCaddy(t, gateSite(up.URL, fac, 0, ""))
+	long := base + "/score/agent-1?q=" + strings.Repeat("x", 7000)
+
+	short := getWith(t, base+"/score/agent-1", "", nil)
+	resp := getWith(t, long, "", nil)
+	if resp.StatusCode != http.StatusPaymentRequired {
+		t.Fatalf("status %d, want 402", resp.StatusCode)
+	}
+	pr := paymentRequired(t, resp)
+	if pr.Resource.URL != base+"/score/agent-1" {
+		t.Errorf("resource.url %.120q, want %s (the route's URL, without the query)", pr.Resource.URL, base+"/score/agent-1")
+	}
+	if got, want := len(resp.Header.Get(x402.HeaderPaymentRequired)), len(short.Header.Get(x402.HeaderPaymentRequired)); got != want {
+		t.Errorf("PAYMENT-REQUIRED is %d bytes with a 7 KB query, %d without: it grows with the query", got, want)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	if strings.Contains(string(body), "xxxxxxxx") {
+		t.Errorf("the 402 body repeats the query (%d bytes)", len(body))
+	}
+
+	payer := evmfacilitator.DevAccounts()[5].Address
+	before := balance(t, d, payer)
+	paid := getWith(t, long, "", map[string]string{x402.HeaderPaymentSignature: signFor(t, pr, 5)})
+	if paid.StatusCode != http.StatusOK || paid.Header.Get(x402.HeaderPaymentResponse) == "" {
+		t.Fatalf("paid retry: status %d, PAYMENT-RESPONSE %q", paid.StatusCode, paid.Header.Get(x402.HeaderPaymentResponse))
+	}
+	if got := new(big.Int).Sub(before, balance(t, d, payer)); got.Cmp(big.NewInt(10000)) != 0 {
+		t.Fatalf("charged %v, want 10000", got)
+	}
+}
+
+// longURLSite is a priced route with a free allowance of one call a day
+// under a prefix, so a request can carry a path of any length, and the
+// same offer without an allowance at /probe, whose 402 a payment is
+// signed from.
+func longURLSite(up, fac, extra string) string {
+	return fmt.Sprintf(`:{port} {
+	route /score/* {
+		x402 {
+			accept devnet $0.01 %[3]s
+			route "GET /score/{agent_id}"
+			facilitator http {
+				url %[2]s
+			}
+			store badger {data}/gate
+			free_allowance {
+				pool long
+				per_day 1
+			}
+			%[4]s
+		}
+		reverse_proxy %[1]s
+	}
+	route /probe {
+		x402 {
+			accept devnet $0.01 %[3]s
+			facilitator http {
+				url %[2]s
+			}
+			store badger {data}/gate
+		}
+		reverse_proxy %[1]s
+	}
+	x402_discovery /.well-known/x402
+}
+`, strings.TrimPrefix(up, "http://"), fac, payTo.Hex(), extra)
+}
+
+// TestOverlongURLIsRefusedBeforePayment: a request whose URL (without its
+// query) is longer than a resource URL may be is 414 uri_too_long in the
+// error shape, before any payment logic: its payment is neither claimed
+// nor charged, no free call is spent, the upstream never runs, and the
+// answer repeats nothing of the request.
+func TestOverlongURLIsRefusedBeforePayment(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	base := startCaddy(t, longURLSite(up.URL, fac, ""))
+	sig := signFor(t, paymentRequired(t, getWith(t, base+"/probe", "", nil)), 8) // 4 is drained by another test
+	payer := evmfacilitator.DevAccounts()[8].Address
+	before := balance(t, d, payer)
+
+	longPath := base + "/score/" + strings.Repeat("a", 3000)
+	cases := []struct {
+		desc, url, host string
+		hdr             map[string]string
+	}{
+		{"a long path with a payment", longPath, "", map[string]string{x402.HeaderPaymentSignature: sig}},
+		{"a long path without one", longPath, "", nil},
+		{"a long Host", base + "/score/agent-1", strings.Repeat("h", 3000) + ".example", nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.desc, func(t *testing.T) {
+			resp := getWith(t, tc.url, tc.host, tc.hdr)
+			raw, _ := io.ReadAll(resp.Body)
+			var e struct {
+				Code    string `json:"code"`
+				Status  int    `json:"status"`
+				Charged bool   `json:"charged"`
+				Message string `json:"message"`
+			}
+			if err := json.Unmarshal(raw, &e); err != nil {
+				t.Fatalf("status %d, body not JSON: %.200s", resp.StatusCode, raw)
+			}
+			if resp.StatusCode != http.StatusRequestURITooLong || e.Code != "uri_too_long" || e.Status != 414 || e.Charged {
+				t.Fatalf("status %d, body %.300s; want 414 uri_too_long, charged false", resp.StatusCode, raw)
+			}
+			if !strings.Contains(e.Message, "2048") || strings.Contains(string(raw), "aaaa") || strings.Contains(string(raw), "hhhh") {
+				t.Errorf("message %q: it must name the limit and repeat nothing of the request", e.Message)
+			}
+			if resp.Header.Get(x402.HeaderPaymentRequired) != "" || resp.Header.Get(x402.HeaderPaymentResponse) != "" {
+				t.Error("a refused URL got payment headers")
+			}
+		})
+	}
+	if n := up.calls.Load(); n != 0 {
+		t.Fatalf("the upstream ran %d times", n)
+	}
+	if balance(t, d, payer).Cmp(before) != 0 {
+		t.Fatal("a refused URL was charged")
+	}
+	// The day's one free call is still there, and the payment was never
+	// claimed: it pays for a request the route can name.
+	if resp := getWith(t, base+"/score/agent-1", "", nil); resp.StatusCode != 200 || resp.Header.Get(HeaderFreeRemaining) != "0" {
+		t.Fatalf("free call: status %d, remaining %q; the refusals must not spend it", resp.StatusCode, resp.Header.Get(HeaderFreeRemaining))
+	}
+	if resp := getWith(t, base+"/score/agent-1", "", map[string]string{x402.HeaderPaymentSignature: sig}); resp.StatusCode != 200 {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("the payment sent with a refused URL: status %d, want it still good: %.400s", resp.StatusCode, b)
+	}
+	if got := new(big.Int).Sub(before, balance(t, d, payer)); got.Cmp(big.NewInt(10000)) != 0 {
+		t.Fatalf("charged %v, want 10000 once", got)
+	}
+}
+
+// TestGatePublicBaseURL: with public_base_url the 402 names the site's
+// public origin whatever Host and scheme the request came with (behind a
+// TLS-terminating proxy the gate sees http), so the URL a payer signs for
+// and a facilitator catalogs is the site's.
+func TestGatePublicBaseURL(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	base := startCaddy(t, gateSite(up.URL, fac, 0, "public_base_url https://verify.example.com/"))
+	req, err := http.NewRequest(http.MethodPost, base+"/verify/schema?x=1", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Host = "attacker.example"
+	resp, err := testClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusPaymentRequired {
+		t.Fatalf("status %d, want 402", resp.StatusCode)
+	}
+	if got := paymentRequired(t, resp).Resource.URL; got != "https://verify.example.com/verify/schema" {
+		t.Errorf("resource.url %q, want https://verify.example.com/verify/schema", got)
+	}
+}
+
+// TestPublicBaseURLIsAnOrigin: public_base_url is checked when the config
+// loads: an http(s) origin, nothing after it; env placeholders expanded.
+func TestPublicBaseURLIsAnOrigin(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	for _, bad := range []string{"https://verify.example.com/api", "ftp://verify.example.com", "https://verify.example.com?x=1", "verify.example.com", "https://{http.request.host}", "https://user@verify.example.com"} {
+		for _, where := range []string{"gate"} {
+			t.Run(where+" "+bad, func(t *testing.T) {
+				site := longURLSite(up.URL, fac, "public_base_url "+bad)
+				if where == "discovery" {
+					site = longURLSite(up.URL, fac, "")
+					site = strings.Replace(site, "x402_discovery /.well-known/x402", "x402_discovery /.well-known/x402 {\n\t\tpublic_base_url "+bad+"\n\t}", 1)
+				}
+				wantErr(t, tryLoadCaddy(t, freePort(t), site), "public_base_url")
+			})
+		}
+	}
+}
+
+// TestMCPOverlongURLIsAToolError: a priced tool call on an endpoint URL
+// over the limit is an isError tool result with uri_too_long, before any
+// payment logic: the tool does not run and no free call is spent.
+func TestMCPOverlongURLIsAToolError(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newMCPUpstream(t)
+	base := startCaddy(t, strings.Replace(mcpSite(up.URL, fac, 1), "route /mcp {", "route /mcp* {", 1))
+	call := `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"verify_schema","arguments":{"task_id":"t-long","expected_schema":{"type":"object"},"submitted_output":{"ok":true}}}}`
+	resp := post(t, base+"/mcp/"+strings.Repeat("m", 3000), call, map[string]string{"Accept": "application/json, text/event-stream"})
+	var rpc struct {
+		Result struct {
+			IsError           bool `json:"isError"`
+			StructuredContent struct {
+				Code    string `json:"code"`
+				Status  int    `json:"status"`
+				Charged bool   `json:"charged"`
+			} `json:"structuredContent"`
+		} `json:"result"`
+	}
+	raw, _ := io.ReadAll(resp.Body)
+	if err := json.Unmarshal(raw, &rpc); err != nil || !rpc.Result.IsError || rpc.Result.StructuredContent.Code != "uri_too_long" || rpc.Result.StructuredContent.Charged {
+		t.Fatalf("status %d, body %.300s; want an isError result with uri_too_long", resp.StatusCode, raw)
+	}
+	if strings.Contains(string(raw), "mmmm") {
+		t.Error("the answer repeats the URL")
+	}
+	if up.calls.Load() != 0 {
+		t.Fatalf("the tool ran %d times", up.calls.Load())
+	}
+	// The day's free call is still there.
+	s := mcpSession(t, base+"/mcp")
+	if res := callTool(t, s, "verify_schema", verifyArgs, nil); res.IsError {
+		t.Fatalf("the free call after the refusal: %+v", res)
+	}
+}
