@@ -364,7 +364,8 @@ func (rl *RateLimit) setWindow(d *caddyfile.Dispenser, name, s string) error {
 // UnmarshalCaddyfile sets up the discovery handler:
 //
 //	x402_discovery {
-//	    instructions <text>
+//	    instructions    <text>
+//	    public_base_url <origin>
 //	}
 func (dh *Discovery) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next()
@@ -375,6 +376,10 @@ func (dh *Discovery) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		switch d.Val() {
 		case "instructions":
 			if err := oneArg(d, &dh.Instructions); err != nil {
+				return err
+			}
+		case "public_base_url":
+			if err := oneArg(d, &dh.PublicBaseURL); err != nil {
 				return err
 			}
 		default:

@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"sort"
 	"strings"
@@ -73,11 +74,22 @@ func (r *registry) live() []*Gate {
 // "resources" (a list of "METHOD /path", as x402scan crawls) and
 // "instructions", plus "items" in the facilitator discovery's resource
 // envelope ({resource, type, x402Version, accepts, lastUpdated, metadata,
-// extensions}): resource is the route's URL on the origin the manifest was
-// asked on, and extensions the bazaar extension its 402 carries.
+// extensions}): resource is the route's URL on the site's public origin,
+// and extensions the bazaar extension its 402 carries.
 type Discovery struct {
 	// Instructions is free text for agents: how to pay, where the docs are.
 	Instructions string `json:"instructions,omitempty"`
+
+	// PublicBaseURL is the site's public origin (https://verify.example.com)
+	// the route URLs are on. With it the manifest is the same for every
+	// request and is served publicly cacheable; without it the URLs are on
+	// the origin each request addressed (its Host, the client's choice), so
+	// the manifest is private to that client: a shared cache must not hand
+	// one client's Host to everyone. Env placeholders are expanded when the
+	// config loads.
+	PublicBaseURL string `json:"public_base_url,omitempty"`
+
+	base string // PublicBaseURL as checked (publicOrigin)
 }
 
 // CaddyModule returns the Caddy module information.
@@ -86,6 +98,18 @@ func (Discovery) CaddyModule() caddy.ModuleInfo {
 		ID:  "http.handlers.x402_discovery",
 		New: func() caddy.Module { return new(Discovery) },
 	}
+}
+
+// Provision checks PublicBaseURL.
+func (d *Discovery) Provision(caddy.Context) error {
+	if d.PublicBaseURL == "" {
+		return nil
+	}
+	var err error
+	if d.base, err = publicOrigin(d.PublicBaseURL); err != nil {
+		return fmt.Errorf("x402_discovery: public_base_url: %v", err)
+	}
+	return nil
 }
 
 type discoveryDoc struct {
@@ -130,10 +154,11 @@ func (d *Discovery) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhtt
 		w.Header().Set("Allow", "GET, HEAD")
 		return caddyhttp.Error(http.StatusMethodNotAllowed, nil)
 	}
+	base := siteBase(d.base, r)
 	doc := discoveryDoc{Version: 1, X402Version: x402.Version, Resources: []string{}, Items: []discoveryItem{}, Instructions: d.Instructions}
 	for _, g := range discovery.live() {
 		item := discoveryItem{
-			Resource:    routeURL(r, g.Route),
+			Resource:    routeURL(base, g.Route),
 			Type:        "http",
 			X402Version: x402.Version,
 			Accepts:     g.offers,
@@ -149,21 +174,29 @@ func (d *Discovery) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhtt
 		doc.Resources = append(doc.Resources, g.Route)
 		doc.Items = append(doc.Items, item)
 	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "public, max-age=60")
-	w.Header().Set("Access-Control-Allow-Origin", "*")
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	if d.base != "" {
+		h.Set("Cache-Control", "public, max-age=60")
+	} else {
+		h.Set("Cache-Control", "private, max-age=60")
+		h.Set("Vary", "Host")
+	}
+	h.Set("Access-Control-Allow-Origin", "*")
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(doc)
 }
 
-// routeURL is the URL of a `route` ("METHOD /path") on the origin the
-// manifest was asked on, its {name} segments written as the bazaar
-// routeTemplate's :name.
-func routeURL(r *http.Request, route string) string {
+// routeURL is the URL of a `route` ("METHOD /path") on origin base, its
+// {name} segments written as the bazaar routeTemplate's :name.
+func routeURL(base, route string) string {
 	_, path, _ := strings.Cut(route, " ")
-	return requestBase(r) + routeParam.ReplaceAllString(path, ":$1")
+	return base + routeParam.ReplaceAllString(path, ":$1")
 }
 
 // Interface guards
-var _ caddyhttp.MiddlewareHandler = (*Discovery)(nil)
+var (
+	_ caddy.Provisioner           = (*Discovery)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Discovery)(nil)
+)

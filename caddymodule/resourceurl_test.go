@@ -205,13 +205,60 @@ func TestGatePublicBaseURL(t *testing.T) {
 	}
 }
 
+// TestDiscoveryPublicBaseURL: with public_base_url every URL of the
+// manifest is on that origin, whatever Host the request carries, so the
+// publicly cached manifest cannot be poisoned with another host's URLs.
+func TestDiscoveryPublicBaseURL(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	site := strings.Replace(gateSite(up.URL, fac, 3, ""), "x402_discovery /.well-known/x402",
+		"x402_discovery /.well-known/x402 {\n\t\tpublic_base_url {env.AOV_TEST_PUBLIC_BASE}\n\t}", 1)
+	t.Setenv("AOV_TEST_PUBLIC_BASE", "https://Verify.Example.com/")
+	base := startCaddy(t, site)
+	resp := getWith(t, base+"/.well-known/x402", "attacker.example", nil)
+	var doc discoveryDoc
+	if err := json.NewDecoder(resp.Body).Decode(&doc); err != nil {
+		t.Fatal(err)
+	}
+	if len(doc.Items) != 2 || doc.Items[0].Resource != "https://verify.example.com/score/:agent_id" || doc.Items[1].Resource != "https://verify.example.com/verify/schema" {
+		t.Fatalf("items %+v, want the routes on https://verify.example.com", doc.Items)
+	}
+	if cc := resp.Header.Get("Cache-Control"); cc != "public, max-age=60" {
+		t.Errorf("Cache-Control %q, want public, max-age=60", cc)
+	}
+}
+
+// TestDiscoveryWithoutPublicBaseURLIsNotSharedCacheable: without
+// public_base_url the manifest's URLs come from the request's Host, so no
+// shared cache may keep one client's copy for another.
+func TestDiscoveryWithoutPublicBaseURLIsNotSharedCacheable(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	base := startCaddy(t, gateSite(up.URL, fac, 3, ""))
+	resp := getWith(t, base+"/.well-known/x402", "attacker.example", nil)
+	var doc discoveryDoc
+	if err := json.NewDecoder(resp.Body).Decode(&doc); err != nil {
+		t.Fatal(err)
+	}
+	if len(doc.Items) == 0 || !strings.HasPrefix(doc.Items[0].Resource, "http://attacker.example/") {
+		t.Fatalf("items %+v", doc.Items)
+	}
+	cc := resp.Header.Get("Cache-Control")
+	if strings.Contains(cc, "public") || !strings.Contains(cc, "private") {
+		t.Errorf("Cache-Control %q for Host-derived URLs, want private", cc)
+	}
+	if resp.Header.Get("Vary") != "Host" {
+		t.Errorf("Vary %q, want Host", resp.Header.Get("Vary"))
+	}
+}
+
 // TestPublicBaseURLIsAnOrigin: public_base_url is checked when the config
 // loads: an http(s) origin, nothing after it; env placeholders expanded.
 func TestPublicBaseURLIsAnOrigin(t *testing.T) {
 	_, fac := sharedDevnet(t)
 	up := newUpstream(t)
 	for _, bad := range []string{"https://verify.example.com/api", "ftp://verify.example.com", "https://verify.example.com?x=1", "verify.example.com", "https://{http.request.host}", "https://user@verify.example.com"} {
-		for _, where := range []string{"gate"} {
+		for _, where := range []string{"gate", "discovery"} {
 			t.Run(where+" "+bad, func(t *testing.T) {
 				site := longURLSite(up.URL, fac, "public_base_url "+bad)
 				if where == "discovery" {
