@@ -3,6 +3,7 @@ package x402
 import (
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -177,7 +178,18 @@ func TestParseExactEVMPayload(t *testing.T) {
 		desc, in, reason, field string
 	}{
 		{"the official client's payload parses", good, "", ""},
-		{"unknown members are ignored", `{"x":1,` + good[1:], "", ""},
+		// The official @x402/evm facilitator routes on the payload's shape:
+		// "permit2Authorization" in payload is a Permit2 payment whatever
+		// else it carries. An accepted payload must mean one thing to it.
+		{"a Permit2 member beside an authorization is an unsupported payload type", `{"permit2Authorization":{},` + good[1:], ReasonUnsupportedPayloadType, "permit2Authorization"},
+		{"a member the scheme does not define is refused", `{"x":1,` + good[1:], ReasonInvalidPayload, ""},
+		{"a member the scheme does not define in the authorization is refused", strings.Replace(good, `"authorization":{`, `"authorization":{"x":1,`, 1), ReasonInvalidPayload, "authorization"},
+		// BigInt reads these as numbers the signature may cover; Values reads
+		// canonical decimal only, so they are refused, never misread.
+		{"a hex validBefore is refused", strings.Replace(good, `"validBefore":"1795988428"`, `"validBefore":"0x6b0cc6cc"`, 1), ReasonInvalidPayload, "authorization.validBefore"},
+		{"a padded validBefore is refused", strings.Replace(good, `"validBefore":"1795988428"`, `"validBefore":" 1795988428"`, 1), ReasonInvalidPayload, "authorization.validBefore"},
+		{"a signed validAfter is refused", strings.Replace(good, `"validAfter":"0"`, `"validAfter":"+0"`, 1), ReasonInvalidPayload, "authorization.validAfter"},
+		{"an empty value is refused", strings.Replace(good, `"value":"20000"`, `"value":""`, 1), ReasonInvalidPayload, "authorization.value"},
 		{"a Permit2 payload is an unsupported payload type", `{"signature":"0x` + repeat("11", 65) + `","permit2Authorization":{}}`, ReasonUnsupportedPayloadType, "permit2Authorization"},
 		{"a missing signature is refused", `{"authorization":{}}`, ReasonInvalidPayload, "signature"},
 		{"a numeric signature is refused", `{"signature":5}`, ReasonInvalidPayload, "signature"},
@@ -205,6 +217,27 @@ func TestParseExactEVMPayload(t *testing.T) {
 				t.Fatalf("got %#v, want reason %s field %s", err, tc.reason, tc.field)
 			}
 		})
+	}
+}
+
+// ExactEVMValues is what a gate reads before it claims a payment: the
+// numbers of an accepted payload, and refusals named from the header's root
+// (the gate's 400 names payload.authorization.validBefore, not a path the
+// client cannot place).
+func TestExactEVMValues(t *testing.T) {
+	var p PaymentPayload
+	if err := json.Unmarshal([]byte(validPayloadJSON), &p); err != nil {
+		t.Fatal(err)
+	}
+	v, err := ExactEVMValues(p)
+	if err != nil || v.ValidBefore.Int64() != 1795988428 || v.Value.Int64() != 20000 || v.From != common.HexToAddress("0x2c7536E3605D9C16a7a3D7b1898e529396a65c23") {
+		t.Fatalf("values %+v, %v", v, err)
+	}
+	p.Payload = json.RawMessage(strings.Replace(string(p.Payload), `"validBefore":"1795988428"`, `"validBefore":"0x6b0cc6cc"`, 1))
+	_, err = ExactEVMValues(p)
+	var pe *PaymentError
+	if !errors.As(err, &pe) || pe.Reason != ReasonInvalidPayload || pe.Field != "payload.authorization.validBefore" || strings.Contains(err.Error(), "0x6b0cc6cc") {
+		t.Fatalf("a hex validBefore: %#v, want invalid_payload at payload.authorization.validBefore, not echoing it", err)
 	}
 }
 

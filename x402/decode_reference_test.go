@@ -200,6 +200,15 @@ func refParseExactEVMPayload(raw json.RawMessage) (ExactEVMPayload, error) {
 	if err != nil {
 		return p, err
 	}
+	if _, permit2 := m["permit2Authorization"]; permit2 {
+		return p, &PaymentError{Kind: ErrInvalidPayment, Reason: ReasonUnsupportedPayloadType,
+			Field: "permit2Authorization", Problem: "Permit2 payloads are not supported; use an EIP-3009 authorization"}
+	}
+	for k := range m {
+		if k != "signature" && k != "authorization" {
+			return p, invalid("", "must have only the members signature and authorization")
+		}
+	}
 	if p.Signature, err = refStringMember(m, "signature", "signature"); err != nil {
 		return p, err
 	}
@@ -208,15 +217,18 @@ func refParseExactEVMPayload(raw json.RawMessage) (ExactEVMPayload, error) {
 	}
 	rawAuth, ok := m["authorization"]
 	if !ok {
-		if _, permit2 := m["permit2Authorization"]; permit2 {
-			return p, &PaymentError{Kind: ErrInvalidPayment, Reason: ReasonUnsupportedPayloadType,
-				Field: "permit2Authorization", Problem: "Permit2 payloads are not supported; use an EIP-3009 authorization"}
-		}
 		return p, invalid("authorization", "is required")
 	}
 	am, err := refMembers(rawAuth, "authorization")
 	if err != nil {
 		return p, err
+	}
+	for k := range am {
+		switch k {
+		case "from", "to", "value", "validAfter", "validBefore", "nonce":
+		default:
+			return p, invalid("authorization", "must have only the members from, to, value, validAfter, validBefore and nonce")
+		}
 	}
 	a := &p.Authorization
 	for _, f := range []struct {

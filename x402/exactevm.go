@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/big"
+	"slices"
 	"strings"
 	"time"
 
@@ -221,16 +222,31 @@ func ParseSignature(s string) ([]byte, error) {
 }
 
 // ParseExactEVMPayload decodes and checks an exact EVM EIP-3009 payload
-// (PaymentPayload.Payload). The object must have a signature (ParseSignature
-// rules) and an authorization whose six members are present, are strings and
-// satisfy Authorization.Values. Names are matched exactly; unknown members
-// are ignored (see DecodePaymentSignature). Errors are *PaymentError with
+// (PaymentPayload.Payload). The object must be exactly what the scheme
+// defines and official clients send: a signature (ParseSignature rules) and
+// an authorization of six string members that satisfy Authorization.Values,
+// and nothing else. Names are matched exactly. Errors are *PaymentError with
 // paths relative to the payload ("authorization.nonce").
+//
+// It is strict, unlike the header around it, because facilitators read the
+// shape: the official @x402/evm facilitator takes any payload with a
+// permit2Authorization member for a Permit2 payment, whatever else it
+// carries, so a payload that is accepted here must be read the same way
+// everywhere. A permit2Authorization member is reason
+// unsupported_payload_type; any other member the scheme does not define is
+// invalid_payload, and the refusal names where it is, never the member.
 func ParseExactEVMPayload(raw json.RawMessage) (ExactEVMPayload, error) {
 	var p ExactEVMPayload
 	m, _, err := checkJSONObject(raw)
 	if err != nil {
 		return p, invalid("", "must be a JSON object with distinct member names")
+	}
+	if _, permit2 := m["permit2Authorization"]; permit2 {
+		return p, &PaymentError{Kind: ErrInvalidPayment, Reason: ReasonUnsupportedPayloadType,
+			Field: "permit2Authorization", Problem: "Permit2 payloads are not supported; use an EIP-3009 authorization"}
+	}
+	if !onlyMembers(m, exactEVMPayloadMembers) {
+		return p, invalid("", "must have only the members signature and authorization")
 	}
 	if p.Signature, err = stringMember(m, "", "signature"); err != nil {
 		return p, err
@@ -240,15 +256,14 @@ func ParseExactEVMPayload(raw json.RawMessage) (ExactEVMPayload, error) {
 	}
 	av, ok := m["authorization"]
 	if !ok {
-		if _, permit2 := m["permit2Authorization"]; permit2 {
-			return p, &PaymentError{Kind: ErrInvalidPayment, Reason: ReasonUnsupportedPayloadType,
-				Field: "permit2Authorization", Problem: "Permit2 payloads are not supported; use an EIP-3009 authorization"}
-		}
 		return p, invalid("authorization", "is required")
 	}
 	am, err := object(av, "authorization")
 	if err != nil {
 		return p, err
+	}
+	if !onlyMembers(am, authorizationMembers) {
+		return p, invalid("authorization", "must have only the members from, to, value, validAfter, validBefore and nonce")
 	}
 	a := &p.Authorization
 	for _, f := range []struct {
@@ -263,6 +278,41 @@ func ParseExactEVMPayload(raw json.RawMessage) (ExactEVMPayload, error) {
 		return p, err
 	}
 	return p, nil
+}
+
+// The members of an exact EVM EIP-3009 payload and of its authorization.
+var (
+	exactEVMPayloadMembers = []string{"signature", "authorization"}
+	authorizationMembers   = []string{"from", "to", "value", "validAfter", "validBefore", "nonce"}
+)
+
+// onlyMembers reports whether every member of m is one of names.
+func onlyMembers(m map[string]any, names []string) bool {
+	if len(m) > len(names) {
+		return false
+	}
+	for k := range m {
+		if !slices.Contains(names, k) {
+			return false
+		}
+	}
+	return true
+}
+
+// ExactEVMValues reads the authorization of an exact EVM payment p as a
+// gate must before it claims or forwards it: ParseExactEVMPayload's rules,
+// then the numbers the token will take. What it accepts every reader (this
+// package, a facilitator using BigInt) takes for the same transfer, so a
+// claim named and timed by these values holds whoever settles. Errors are
+// *PaymentError with paths from the header's root
+// ("payload.authorization.validBefore").
+func ExactEVMValues(p PaymentPayload) (AuthorizationValues, error) {
+	ep, err := ParseExactEVMPayload(p.Payload)
+	if err != nil {
+		return AuthorizationValues{}, prefixField(err, "payload")
+	}
+	// Cannot fail: ParseExactEVMPayload checked these very strings.
+	return ep.Authorization.Values()
 }
 
 // ExactEVMDomain returns the EIP-712 domain that exact EVM payments for req

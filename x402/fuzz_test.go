@@ -4,7 +4,11 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"maps"
+	"math/big"
 	"reflect"
+	"slices"
+	"strings"
 	"testing"
 )
 
@@ -12,7 +16,9 @@ import (
 // Properties: it never panics; every refusal is a *PaymentError of one of
 // the package's kinds with a reason code; every accepted payload survives an
 // encode/decode round trip unchanged, and its scheme payload, when it parses
-// as an exact EVM payload, yields a digest without error.
+// as an exact EVM payload, yields a digest without error; a payload a gate
+// accepts for an EVM offer is plain EIP-3009 with canonical numbers
+// (checkGateReads).
 func FuzzDecodePaymentSignature(f *testing.F) {
 	for _, name := range []string{"base.json", "base-sepolia.json"} {
 		f.Add(loadOfficial(f, name).Header)
@@ -22,6 +28,8 @@ func FuzzDecodePaymentSignature(f *testing.F) {
 	f.Add(b64(`{"x402Version":2,"accepted":{},"payload":{}}`))
 	f.Add(b64(`{"a":1,"A":2}`))
 	f.Add(b64(`{"\u212a":1,"k":2}`))
+	f.Add(b64(strings.Replace(validPayloadJSON, `"payload":{`, `"payload":{"permit2Authorization":{"nonce":"7"},`, 1)))
+	f.Add(b64(strings.Replace(validPayloadJSON, `"validBefore":"1795988428"`, `"validBefore":"0x6b0cc6cc"`, 1)))
 	f.Add("e30=")
 	f.Add("e31=")
 	f.Add("e30")
@@ -36,6 +44,8 @@ func FuzzPaymentPayloadJSON(f *testing.F) {
 	f.Add([]byte(`{"x402Version":2,"accepted":{"scheme":"exact","network":"eip155:1","amount":"1","asset":"a","payTo":"b"},"payload":{}}`))
 	f.Add([]byte(`{"x402Version":2,"x402version":2}`))
 	f.Add([]byte(`{"x402Version":2,"payload":{"authorization":{"from":"0x0000000000000000000000000000000000000000"}}}`))
+	f.Add([]byte(strings.Replace(validPayloadJSON, `"authorization":{`, `"authorization":{"extra":1,`, 1)))
+	f.Add([]byte(strings.Replace(validPayloadJSON, `"value":"20000"`, `"value":" 20000"`, 1)))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		if len(data) > MaxHeaderBytes/2 {
 			return
@@ -107,6 +117,40 @@ func checkDecode(t *testing.T, h string) {
 	if ep, err := ParseExactEVMPayload(p.Payload); err == nil {
 		if _, err := TransferWithAuthorizationDigest(bigOne, "n", "v", [20]byte{}, ep.Authorization); err != nil {
 			t.Fatalf("a parsed authorization has no digest: %v", err)
+		}
+	}
+	checkGateReads(t, p)
+}
+
+// checkGateReads holds, for a decoded payment, what a gate that accepts it
+// for an EVM offer (ExactEVMValues) relies on: the payload is read the same
+// way by every facilitator. It has no permit2Authorization (the official
+// facilitator would take it for Permit2) and no member the scheme does not
+// define, and each number is written as its canonical decimal, the one
+// spelling BigInt and Values agree on.
+func checkGateReads(t *testing.T, p PaymentPayload) {
+	v, err := ExactEVMValues(p)
+	if err != nil {
+		var pe *PaymentError
+		if !errors.As(err, &pe) || pe.Reason == "" || !strings.HasPrefix(pe.Field, "payload") {
+			t.Fatalf("gate refusal %#v is not a *PaymentError under payload", err)
+		}
+		return
+	}
+	var members, auth map[string]json.RawMessage
+	if err := json.Unmarshal(p.Payload, &members); err != nil {
+		t.Fatalf("an accepted payload is not an object: %v", err)
+	}
+	if _, ok := members["permit2Authorization"]; ok || len(members) != 2 {
+		t.Fatalf("the gate accepted a payload with members %v", slices.Collect(maps.Keys(members)))
+	}
+	if err := json.Unmarshal(members["authorization"], &auth); err != nil || len(auth) != 6 {
+		t.Fatalf("the gate accepted an authorization with members %v", slices.Collect(maps.Keys(auth)))
+	}
+	for name, n := range map[string]*big.Int{"value": v.Value, "validAfter": v.ValidAfter, "validBefore": v.ValidBefore} {
+		var s string
+		if err := json.Unmarshal(auth[name], &s); err != nil || s != n.String() {
+			t.Fatalf("authorization.%s %s was accepted, but it is not the canonical decimal %s", name, auth[name], n)
 		}
 	}
 }
