@@ -5,11 +5,9 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"net/http"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -135,7 +133,21 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		return ex.demand(w, r, http.StatusPaymentRequired, x402.ReasonNoMatchingRequirements, "no_matching_requirements", nil)
 	}
 
-	keys, until := claimKeys(raw, payload, offer)
+	// An EVM payment is read once, here, before it is claimed or forwarded,
+	// as every facilitator will read it: plain EIP-3009 (the official
+	// facilitator takes a payload with permit2Authorization for Permit2,
+	// which our offers never advertise and its claim could not name) with
+	// canonical decimal numbers (the only spelling BigInt and our readers
+	// agree on). The claim is named and timed by what was read.
+	var auth *x402.AuthorizationValues
+	if x402.IsEVM(offer.Network) {
+		v, err := x402.ExactEVMValues(payload)
+		if err != nil {
+			return ex.demand(w, r, http.StatusBadRequest, "Invalid payment: "+err.Error(), reasonFor(err, x402.ReasonInvalidPayload), nil)
+		}
+		auth = &v
+	}
+	keys, until := claimKeys(raw, payload, offer, auth)
 	ctx := r.Context()
 	claim, err := g.state.Claims().Claim(ctx, keys, until)
 	if err != nil {
@@ -324,36 +336,24 @@ func reasonFor(err error, fallback string) string {
 	return fallback
 }
 
-// claimKeys names an authorization twice: by what it authorizes (payer and
-// nonce on the asset's network, for EVM), so a re-encoded copy is caught, and
-// by the exact header, so any scheme is covered. until is when the claim may
-// lapse: after the authorization can no longer settle.
-func claimKeys(header string, p x402.PaymentPayload, offer x402.PaymentRequirements) ([]string, time.Time) {
+// claimKeys names an authorization twice: by what it authorizes (for EVM,
+// auth, the payment as servePaid read it: payer and nonce on the asset's
+// network), so a re-encoded copy is caught, and by the exact header, so any
+// scheme is covered. until is when the claim may lapse: after the
+// authorization can no longer settle (auth's validBefore, the very number
+// the token will judge).
+func claimKeys(header string, p x402.PaymentPayload, offer x402.PaymentRequirements, auth *x402.AuthorizationValues) ([]string, time.Time) {
 	sum := sha256.Sum256([]byte(header))
 	keys := make([]string, 1, 2)
 	keys[0] = string(hex.AppendEncode([]byte(claimPayloadPrefix), sum[:]))
 	t := now()
 	until := t.Add(time.Duration(offer.MaxTimeoutSeconds)*time.Second + time.Minute)
-	// The header was already checked as a whole (valid UTF-8 JSON, no member
-	// name twice at any depth, in any letter case), so a plain decode reads
-	// the authorization exactly as the facilitator will; the full checks of
-	// the payload are the facilitator's. Only the three members the keys
-	// need are read: a payload whose other members are malformed is still
-	// named by its payer and nonce (the facilitator refuses it anyway).
-	var ev struct {
-		Authorization struct {
-			From        string `json:"from"`
-			Nonce       string `json:"nonce"`
-			ValidBefore string `json:"validBefore"`
-		} `json:"authorization"`
-	}
-	if err := json.Unmarshal(p.Payload, &ev); err == nil && ev.Authorization.From != "" && ev.Authorization.Nonce != "" {
-		a := ev.Authorization
-		keys = append(keys, strings.ToLower("x402/auth/"+offer.Network+"/"+offer.Asset+"/"+a.From+"/"+a.Nonce))
-		if vb, err := strconv.ParseInt(a.ValidBefore, 10, 64); err == nil {
-			if exp := time.Unix(vb, 0).Add(time.Minute); exp.After(until) {
-				until = exp
-			}
+	if auth != nil {
+		keys = append(keys, evmClaimKey(offer, auth))
+		if vb := auth.ValidBefore; !vb.IsInt64() {
+			until = t.Add(maxClaimHold) // beyond any date: capped below
+		} else if exp := time.Unix(vb.Int64(), 0).Add(time.Minute); exp.After(until) {
+			until = exp
 		}
 	}
 	if svm := svmClaimKeys(p, offer); len(svm) > 0 {
@@ -366,6 +366,28 @@ func claimKeys(header string, p x402.PaymentPayload, offer x402.PaymentRequireme
 		until = t.Add(maxClaimHold)
 	}
 	return keys, until
+}
+
+// evmClaimKey names an EIP-3009 authorization by payer and nonce on the
+// offer's asset: "x402/auth/<network>/<asset>/<from>/<nonce>", all in lower
+// case, addresses and nonce as 0x hex (the key claims made before the gate
+// read payments with Values had, so a claim survives an upgrade).
+func evmClaimKey(offer x402.PaymentRequirements, auth *x402.AuthorizationValues) string {
+	b := make([]byte, 0, len("x402/auth///")+len(offer.Network)+len(offer.Asset)+2+40+1+2+64)
+	b = append(b, "x402/auth/"...)
+	b = append(b, offer.Network...)
+	b = append(b, '/')
+	b = append(b, offer.Asset...)
+	b = append(b, "/0x"...)
+	b = hex.AppendEncode(b, auth.From[:])
+	b = append(b, "/0x"...)
+	b = hex.AppendEncode(b, auth.Nonce[:])
+	for i, c := range b {
+		if 'A' <= c && c <= 'Z' {
+			b[i] = c + ('a' - 'A')
+		}
+	}
+	return string(b)
 }
 
 // claimPayloadPrefix starts the claim key of an exact header.

@@ -40,12 +40,17 @@ func BenchmarkPaidDecode(b *testing.B) {
 	}
 }
 
-// BenchmarkPaidClaimKeys is naming the authorization for the replay guard.
+// BenchmarkPaidClaimKeys is reading the authorization (ExactEVMValues) and
+// naming it for the replay guard.
 func BenchmarkPaidClaimKeys(b *testing.B) {
 	h, p, offer := benchPayment(b)
 	b.ReportAllocs()
 	for b.Loop() {
-		if keys, _ := claimKeys(h, p, offer); len(keys) != 2 {
+		v, err := x402.ExactEVMValues(p)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if keys, _ := claimKeys(h, p, offer, &v); len(keys) != 2 {
 			b.Fatal(keys)
 		}
 	}

@@ -57,14 +57,11 @@ func CheckExactEVM(p PaymentPayload, req PaymentRequirements, now time.Time) (Ex
 	if m, ok := req.Extra["assetTransferMethod"]; ok && m != "eip3009" {
 		return fail(ReasonUnsupportedPayloadType, "extra.assetTransferMethod", "only eip3009 is supported")
 	}
-	ep, err := ParseExactEVMPayload(p.Payload)
+	ep, values, err := parseExactEVM(p.Payload)
 	if err != nil {
 		return c, prefixField(err, "payload")
 	}
-	c.Payload = ep
-	if c.Values, err = ep.Authorization.Values(); err != nil {
-		return c, prefixField(err, "payload")
-	}
+	c.Payload, c.Values = ep, values
 	if !sameHexAddress(ep.Authorization.To, req.PayTo) {
 		return fail(ReasonExactEVMRecipientMismatch, "payload.authorization.to", "is not the requirements' payTo")
 	}

@@ -236,34 +236,42 @@ func ParseSignature(s string) ([]byte, error) {
 // unsupported_payload_type; any other member the scheme does not define is
 // invalid_payload, and the refusal names where it is, never the member.
 func ParseExactEVMPayload(raw json.RawMessage) (ExactEVMPayload, error) {
+	p, _, err := parseExactEVM(raw)
+	return p, err
+}
+
+// parseExactEVM is ParseExactEVMPayload returning the authorization's values
+// too, so that no caller parses the numbers twice.
+func parseExactEVM(raw json.RawMessage) (ExactEVMPayload, AuthorizationValues, error) {
 	var p ExactEVMPayload
+	var v AuthorizationValues
 	m, _, err := checkJSONObject(raw)
 	if err != nil {
-		return p, invalid("", "must be a JSON object with distinct member names")
+		return p, v, invalid("", "must be a JSON object with distinct member names")
 	}
 	if _, permit2 := m["permit2Authorization"]; permit2 {
-		return p, &PaymentError{Kind: ErrInvalidPayment, Reason: ReasonUnsupportedPayloadType,
+		return p, v, &PaymentError{Kind: ErrInvalidPayment, Reason: ReasonUnsupportedPayloadType,
 			Field: "permit2Authorization", Problem: "Permit2 payloads are not supported; use an EIP-3009 authorization"}
 	}
 	if !onlyMembers(m, exactEVMPayloadMembers) {
-		return p, invalid("", "must have only the members signature and authorization")
+		return p, v, invalid("", "must have only the members signature and authorization")
 	}
 	if p.Signature, err = stringMember(m, "", "signature"); err != nil {
-		return p, err
+		return p, v, err
 	}
 	if _, err := ParseSignature(p.Signature); err != nil {
-		return p, err
+		return p, v, err
 	}
 	av, ok := m["authorization"]
 	if !ok {
-		return p, invalid("authorization", "is required")
+		return p, v, invalid("authorization", "is required")
 	}
 	am, err := object(av, "authorization")
 	if err != nil {
-		return p, err
+		return p, v, err
 	}
 	if !onlyMembers(am, authorizationMembers) {
-		return p, invalid("authorization", "must have only the members from, to, value, validAfter, validBefore and nonce")
+		return p, v, invalid("authorization", "must have only the members from, to, value, validAfter, validBefore and nonce")
 	}
 	a := &p.Authorization
 	for _, f := range []struct {
@@ -271,13 +279,13 @@ func ParseExactEVMPayload(raw json.RawMessage) (ExactEVMPayload, error) {
 		dst  *string
 	}{{"from", &a.From}, {"to", &a.To}, {"value", &a.Value}, {"validAfter", &a.ValidAfter}, {"validBefore", &a.ValidBefore}, {"nonce", &a.Nonce}} {
 		if *f.dst, err = stringMember(am, "authorization", f.name); err != nil {
-			return p, err
+			return p, v, err
 		}
 	}
-	if _, err := a.Values(); err != nil {
-		return p, err
+	if v, err = a.Values(); err != nil {
+		return p, v, err
 	}
-	return p, nil
+	return p, v, nil
 }
 
 // The members of an exact EVM EIP-3009 payload and of its authorization.
@@ -307,12 +315,11 @@ func onlyMembers(m map[string]any, names []string) bool {
 // *PaymentError with paths from the header's root
 // ("payload.authorization.validBefore").
 func ExactEVMValues(p PaymentPayload) (AuthorizationValues, error) {
-	ep, err := ParseExactEVMPayload(p.Payload)
+	_, v, err := parseExactEVM(p.Payload)
 	if err != nil {
-		return AuthorizationValues{}, prefixField(err, "payload")
+		return v, prefixField(err, "payload")
 	}
-	// Cannot fail: ParseExactEVMPayload checked these very strings.
-	return ep.Authorization.Values()
+	return v, nil
 }
 
 // ExactEVMDomain returns the EIP-712 domain that exact EVM payments for req
