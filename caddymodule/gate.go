@@ -503,7 +503,14 @@ func (a Accept) requirements() (x402.PaymentRequirements, error) {
 		}
 	}
 	asset := x402.Asset{Network: network, Address: a.Asset, Name: a.AssetName, Version: a.AssetVersion, Decimals: a.AssetDecimals}
-	if usdc, ok := x402.USDC(network); ok && (a.Asset == "" || strings.EqualFold(a.Asset, usdc.Address)) {
+	// USDC by default, or when asset is its address: compared by the
+	// network's rule (LookupAsset), so an EVM address in any letter case is
+	// USDC but a Solana mint only exactly (base58 is case-sensitive).
+	if a.Asset == "" {
+		if usdc, ok := x402.USDC(network); ok {
+			asset = usdc
+		}
+	} else if usdc, ok := x402.LookupAsset(network, a.Asset); ok {
 		asset = usdc
 	}
 	if asset.Address == "" {

@@ -328,3 +328,30 @@ func TestSolanaOfferWithoutAFeePayerRefusesTheConfig(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 }
+
+// An accept block names the network's USDC by its address: an EVM address
+// in any letter case (checksums are presentation), a Solana mint exactly
+// (base58 is case-sensitive, so a mint spelt in another case is another
+// mint, or none). Taking a re-cased mint for USDC priced and paid the offer
+// in a token the operator did not write.
+func TestAcceptNamesUSDCByTheNetworksAddressRule(t *testing.T) {
+	sol, _ := x402.USDC(x402.NetworkSolana)
+	other := "e" + sol.Address[1:] // EPjF… with its first letter in lower case
+	req, err := Accept{Network: "solana", Asset: other, Price: "$0.01", PayTo: sol.Address}.requirements()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if req.Asset != other {
+		t.Errorf("asset %s (a re-cased USDC mint) became %s", other, req.Asset)
+	}
+	req, err = Accept{Network: "solana", Asset: sol.Address, Price: "$0.01", PayTo: sol.Address}.requirements()
+	if err != nil || req.Asset != sol.Address {
+		t.Errorf("the USDC mint itself: %+v, %v", req, err)
+	}
+
+	base, _ := x402.USDC(x402.NetworkBase)
+	req, err = Accept{Network: "base", Asset: strings.ToLower(base.Address), Price: "$0.01", PayTo: payTo.Hex()}.requirements()
+	if err != nil || req.Asset != base.Address || req.Extra["name"] != base.Name {
+		t.Errorf("Base USDC in lower case: %+v, %v; want USDC with its domain", req, err)
+	}
+}
