@@ -373,7 +373,7 @@ func claimKeys(header string, p x402.PaymentPayload, offer x402.PaymentRequireme
 // case, addresses and nonce as 0x hex (the key claims made before the gate
 // read payments with Values had, so a claim survives an upgrade).
 func evmClaimKey(offer x402.PaymentRequirements, auth *x402.AuthorizationValues) string {
-	b := make([]byte, 0, len("x402/auth///")+len(offer.Network)+len(offer.Asset)+2+40+1+2+64)
+	b := make([]byte, 0, len("x402/auth/")+len(offer.Network)+1+len(offer.Asset)+len("/0x")+40+len("/0x")+64)
 	b = append(b, "x402/auth/"...)
 	b = append(b, offer.Network...)
 	b = append(b, '/')
