@@ -336,3 +336,51 @@ func overIntegrityBudget() string {
 	b.WriteString(`]}}`)
 	return b.String()
 }
+
+// TestPaidMCPCallChecksTheNumbersAsSent: a number a double cannot hold
+// exactly is refused by verifierd (it would be recorded as another value
+// than the one checked), over REST and over a paid MCP call alike. The
+// gate takes the payment out of the paid call by cutting its bytes out of
+// the message, not by encoding the message again, which would have
+// rounded 1.00000000000000000001 to 1 and had a verdict on 1 certified
+// and settled.
+func TestPaidMCPCallChecksTheNumbersAsSent(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	vf := startVerifier(t)
+	base := startCaddy(t, realSite(vf, fac, 0, "rate_limit off"))
+	args := `{"task_id":"t-num","expected_schema":{"type":"object","properties":{"n":{"type":"number","maximum":1}}},"submitted_output":{"n":1.00000000000000000001}}`
+
+	resp := post(t, base+"/verify/schema", args, nil)
+	if m := readJSON(t, resp); resp.StatusCode != http.StatusUnprocessableEntity || m["code"] != "invalid_request" {
+		t.Fatalf("REST: %d %v", resp.StatusCode, m)
+	}
+
+	s := mcpSession(t, base+"/mcp")
+	pr := demandOf(t, callTool(t, s, "verify_schema", verifyArgs, nil))
+	payer := evmfacilitator.DevAccounts()[3].Address
+	before := balance(t, d, payer)
+	meta, _ := json.Marshal(map[string]any(payMeta(t, pr, 3)))
+	// The payment between the arguments and another _meta member: the cut
+	// takes it and one comma, and leaves the rest as sent.
+	_, raw := postMCP(t, base+"/mcp", `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"verify_schema","arguments":`+args+
+		`,"_meta":{"x402/payment":`+string(meta[len(`{"x402/payment":`):len(meta)-1])+` , "progressToken":"p"}}}`)
+	var msg struct {
+		Result *struct {
+			IsError           bool           `json:"isError"`
+			StructuredContent map[string]any `json:"structuredContent"`
+			Meta              map[string]any `json:"_meta"`
+		} `json:"result"`
+	}
+	if err := json.Unmarshal(raw, &msg); err != nil || msg.Result == nil {
+		t.Fatalf("paid MCP: %s", raw)
+	}
+	if !msg.Result.IsError || msg.Result.StructuredContent["code"] != "invalid_request" || msg.Result.Meta[mcpMetaPaymentResponse] != nil {
+		t.Fatalf("paid MCP call with an inexact number: %s; want the invalid_request tool error REST gives, not settled", raw)
+	}
+	if !strings.Contains(fmt.Sprint(msg.Result.StructuredContent["message"]), "submitted_output.n") {
+		t.Fatalf("the refusal does not name submitted_output.n: %v", msg.Result.StructuredContent["message"])
+	}
+	if balance(t, d, payer).Cmp(before) != 0 {
+		t.Fatal("the refused call was charged")
+	}
+}

@@ -92,11 +92,7 @@ func (g *Gate) serveMCP(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		if err != nil {
 			return ex.demand(w, r, http.StatusOK, "Invalid payment: "+err.Error(), reasonFor(err, x402.ReasonInvalidPayload), nil)
 		}
-		stripped, err := msg.withoutPayment()
-		if err != nil {
-			return ex.refuse(w, r, apierr.Internal(err))
-		}
-		setBody(r, stripped)
+		setBody(r, msg.withoutPayment())
 		return g.servePaid(w, r, next, ex, payload, string(canon))
 	}
 	if g.Free != nil && int64(read.size) <= g.Free.MaxBody {

@@ -9,7 +9,6 @@ import (
 	"strings"
 
 	"github.com/aovhq/aov/apierr"
-	"github.com/aovhq/aov/receipt"
 	"github.com/aovhq/aov/strictjson"
 	"github.com/aovhq/aov/verify"
 )
@@ -53,11 +52,17 @@ const maxRPCID = 128
 // (message, params): arguments may nest as deep as a verification request.
 const rpcDepth = verify.DefaultMaxDepth + 2
 
+// paymentPath is where a tools/call carries its payment:
+// params._meta["x402/payment"].
+var paymentPath = []string{"params", "_meta", mcpMetaPayment}
+
 // rpcMessage is one JSON-RPC message as the gate read it.
 type rpcMessage struct {
-	id     json.RawMessage // the id as the gate will repeat it; nil for none
-	method string          // "" for a response
-	tree   map[string]any  // the whole message
+	id      json.RawMessage // the id as the gate will repeat it; nil for none
+	method  string          // "" for a response
+	tree    map[string]any  // the whole message
+	body    []byte          // the message as sent
+	payment strictjson.Cut  // where body holds the payment; zero for none
 
 	// Set for tools/call only.
 	tool string         // params.name
@@ -85,7 +90,7 @@ func refuseRPC(code int, field, problem, fix string) *rpcRefusal {
 // readRPC reads one JSON-RPC message strictly. The refusal names the member
 // and the problem, never its content.
 func readRPC(body []byte) (*rpcMessage, *rpcRefusal) {
-	v, err := strictjson.Decode(body, strictjson.Limits{MaxDepth: rpcDepth})
+	v, payment, err := strictjson.DecodeCut(body, strictjson.Limits{MaxDepth: rpcDepth}, paymentPath)
 	if err != nil {
 		var se *strictjson.Error
 		if !errors.As(err, &se) {
@@ -106,7 +111,7 @@ func readRPC(body []byte) (*rpcMessage, *rpcRefusal) {
 		}
 		return nil, refuseRPC(rpcInvalidRequest, "body", "is not a JSON-RPC message object", "Send one JSON-RPC 2.0 message object.")
 	}
-	m := &rpcMessage{tree: tree}
+	m := &rpcMessage{tree: tree, body: body, payment: payment}
 	for k := range tree {
 		switch k {
 		case "jsonrpc", "id", "method", "params", "result", "error":
@@ -276,12 +281,16 @@ func memberPath(path, name string) string {
 	return b.String()
 }
 
-// withoutPayment is the message without params._meta["x402/payment"], in
-// canonical form: what the tool receives for a paid call (a REST upstream
-// never sees PAYMENT-SIGNATURE either).
-func (m *rpcMessage) withoutPayment() ([]byte, error) {
-	delete(m.meta, mcpMetaPayment)
-	return receipt.AppendCanonical(nil, m.tree)
+// withoutPayment is the message without params._meta["x402/payment"]: what
+// the tool receives for a paid call (a REST upstream never sees
+// PAYMENT-SIGNATURE either). The member's bytes are cut out of the message
+// as sent and every other byte is kept: encoding the tree again would write
+// each number as a double, so the tool would check 1 where the buyer sent
+// 1.00000000000000000001, a number verifierd refuses as inexact over REST
+// and in a free call (FuzzMCPEnvelopeAgreesWithTheSDK holds the rest of the
+// message to what was sent).
+func (m *rpcMessage) withoutPayment() []byte {
+	return m.payment.Remove(m.body)
 }
 
 func rpcResult(id json.RawMessage, result any) map[string]any {

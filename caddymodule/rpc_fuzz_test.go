@@ -1,17 +1,20 @@
 package caddymodule
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/aovhq/aov/internal/jsontree"
 	"github.com/aovhq/aov/strictjson"
 )
 
@@ -81,6 +84,9 @@ var hostileEnvelopes = []struct{ desc, body string }{
 	{"a free method", `{"jsonrpc":"2.0","id":1,"method":"tools/list"}`},
 	{"a notification", `{"jsonrpc":"2.0","method":"notifications/initialized"}`},
 	{"_meta with a payment", `{"jsonrpc":"2.0","id":"a","method":"tools/call","params":{"name":"verify_schema","arguments":{},"_meta":{"x402/payment":{"x402Version":2}}}}`},
+	{"a payment among other _meta members, numbers a double cannot hold", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"_meta":{"progressToken":1.50, "x402/payment" : {"x402Version":2,"n":1e2} ,"b":[0.1E-1]},"name":"verify_schema","arguments":{"submitted_output":{"n":1.00000000000000000001,"m":-0.0,"x402/payment":1}}}}`},
+	{"a payment as the last _meta member", ` { "jsonrpc" : "2.0" , "id" : 2 , "method" : "tools/call" , "params" : { "name" : "verify_schema" , "arguments" : { "n" : 9007199254740991 } , "_meta" : { "a" : "\u00e9" , "x402\/payment" : { } } } } `},
+	{"a payment named like the member the gate cuts, elsewhere", `{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"verify_schema","arguments":{"_meta":{"x402/payment":{}}},"_meta":{"x402/payments":1}}}`},
 	{"null params", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":null}`},
 	{"arguments null", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"verify_schema","arguments":null}}`},
 	{"an id that is an object", `{"jsonrpc":"2.0","id":{"a":1},"method":"tools/call","params":{"name":"verify_schema","arguments":{}}}`},
@@ -105,7 +111,9 @@ var acceptedTwins = []string{"submitted_output with names in two letter cases", 
 // FuzzMCPEnvelopeAgreesWithTheSDK gives the same bytes to the gate's reader
 // and to the MCP SDK. Whenever the gate lets a message through, the SDK must
 // run exactly the tool the gate priced (or no tool when the gate saw no
-// tools/call), with the arguments the gate read.
+// tools/call), with the arguments the gate read; and the message the tool
+// of a paid call receives is the message as sent without exactly its
+// payment (checkWithoutPayment).
 func FuzzMCPEnvelopeAgreesWithTheSDK(f *testing.F) {
 	for _, h := range hostileEnvelopes {
 		f.Add([]byte(h.body))
@@ -123,6 +131,7 @@ func checkAgreement(t *testing.T, sr *sdkReader, body []byte) {
 	if bad != nil {
 		return // refused by the gate: nothing reaches the SDK
 	}
+	checkWithoutPayment(t, sr, msg, body)
 	gateCall := msg.method == "tools/call"
 	if !got.ran {
 		return // the SDK ran nothing: nothing to charge for, nothing served
@@ -141,6 +150,71 @@ func checkAgreement(t *testing.T, sr *sdkReader, body []byte) {
 	if !reflect.DeepEqual(sdkArgs, msg.args) {
 		t.Fatalf("arguments differ: SDK %s, gate %#v: %q", got.args, msg.args, body)
 	}
+}
+
+// checkWithoutPayment holds withoutPayment to the message as sent: the
+// stripped message decodes to the original without params._meta's
+// "x402/payment" and nothing else changed (compared as decoded with
+// json.Number, so every number keeps its text: 1.50 stays 1.50, not 1.5),
+// its bytes are the original's less one contiguous run, and the SDK runs
+// the same tool with the same arguments on it. A message without a payment
+// is passed on as it came.
+func checkWithoutPayment(t *testing.T, sr *sdkReader, msg *rpcMessage, body []byte) {
+	t.Helper()
+	stripped := msg.withoutPayment()
+	want, err := strictjson.Decode(body, strictjson.Limits{MaxDepth: rpcDepth})
+	if err != nil {
+		t.Fatalf("the gate accepted what strictjson refuses (%v): %q", err, body)
+	}
+	params, _ := want.(map[string]any)["params"].(map[string]any)
+	meta, _ := params["_meta"].(map[string]any)
+	_, paid := meta[mcpMetaPayment]
+	if _, gatePaid := msg.meta[mcpMetaPayment]; paid != gatePaid || (paid && msg.method != "tools/call") {
+		return // only a tools/call's payment is read, and cut
+	}
+	if !paid {
+		if !bytes.Equal(stripped, body) {
+			t.Fatalf("a message without a payment was changed: %q became %q", body, stripped)
+		}
+		return
+	}
+	delete(meta, mcpMetaPayment)
+	got, err := strictjson.Decode(stripped, strictjson.Limits{MaxDepth: rpcDepth})
+	if err != nil {
+		t.Fatalf("the message without its payment does not decode (%v): %q", err, stripped)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("without its payment the message reads %v, want %v: %q", got, want, stripped)
+	}
+	if !slices.Equal(sortedNumbers(got), sortedNumbers(want)) {
+		t.Fatalf("numbers changed: %v, want %v", sortedNumbers(got), sortedNumbers(want))
+	}
+	pre := 0
+	for pre < len(stripped) && stripped[pre] == body[pre] {
+		pre++
+	}
+	if !bytes.HasSuffix(body, stripped[pre:]) {
+		t.Fatalf("more than the payment's bytes were changed: %q became %q", body, stripped)
+	}
+	if got := sr.read(stripped); got.ran {
+		var args any
+		if len(got.args) > 0 && string(got.args) != "null" {
+			args, _ = strictjson.Decode(got.args, strictjson.Limits{MaxDepth: rpcDepth})
+		}
+		if got.tool != msg.tool || !reflect.DeepEqual(args, msg.args) {
+			t.Fatalf("without its payment the SDK ran %q with %s, the gate priced %q with %v", got.tool, got.args, msg.tool, msg.args)
+		}
+	}
+}
+
+// sortedNumbers is every number's text in v, sorted.
+func sortedNumbers(v any) []string {
+	var out []string
+	for _, n := range jsontree.Numbers(v) {
+		out = append(out, string(n))
+	}
+	slices.Sort(out)
+	return out
 }
 
 func TestHostileEnvelopesAreRefusedOrReadAlike(t *testing.T) {

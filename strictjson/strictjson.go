@@ -82,6 +82,12 @@ func Decode(data []byte, lim Limits) (any, error) { return decode(data, lim, nil
 // when it is not nil (DecodeMembers).
 func decode(data []byte, lim Limits, spans map[string][]byte) (any, error) {
 	d := decoder{data: data, maxDepth: lim.MaxDepth, folded: lim.FoldedNames, spans: spans}
+	return d.run()
+}
+
+// run decodes the whole document.
+func (d *decoder) run() (any, error) {
+	data := d.data
 	if d.maxDepth <= 0 {
 		d.maxDepth = DefaultMaxDepth
 	}
@@ -123,6 +129,8 @@ type decoder struct {
 	keys     int               // object keys read so far
 	folded   bool              // refuse member names equal under case folding
 	spans    map[string][]byte // the root object's member values as bytes (DecodeMembers)
+	cutPath  []string          // the member DecodeCut locates
+	cut      Cut               // where it is, once read
 }
 
 func (d *decoder) fail(problem, fix string) *Error {
@@ -254,11 +262,13 @@ func (d *decoder) object() (any, error) {
 	}
 	top := len(d.path)
 	var folds foldSet // folded names of this object, when folded is on
+	prevComma := -1   // the comma before this member (DecodeCut)
 	for {
 		d.skipSpace()
 		if d.pos >= len(d.data) || d.data[d.pos] != '"' {
 			return nil, d.syntax("an object key in double quotes")
 		}
+		keyStart := d.pos
 		k, err := d.key()
 		if err != nil {
 			return nil, err
@@ -289,13 +299,18 @@ func (d *decoder) object() (any, error) {
 		if d.spans != nil && d.depth == 1 {
 			d.spans[k] = d.data[start:d.pos]
 		}
-		d.path = d.path[:top]
+		valueEnd := d.pos
 		d.skipSpace()
+		if d.cutPath != nil && d.atCut(top, k) {
+			d.markCut(keyStart, valueEnd, prevComma)
+		}
+		d.path = d.path[:top]
 		if d.pos >= len(d.data) {
 			return nil, d.syntax("',' or '}'")
 		}
 		switch d.data[d.pos] {
 		case ',':
+			prevComma = d.pos
 			d.pos++
 		case '}':
 			d.pos++

@@ -1,0 +1,69 @@
+package strictjson
+
+// Cut locates one object member in a document: data[Start:End] is the
+// member (its name, the colon and its value) with the comma that separates
+// it from a neighbour, so the document without those bytes is the document
+// without that member and with every other byte as it was sent. The zero
+// Cut locates nothing.
+type Cut struct{ Start, End int }
+
+// DecodeCut is Decode that also locates the member at path, member names
+// from the root object down (["params", "_meta", "x402/payment"] is
+// params._meta["x402/payment"]); the Cut is zero when the document has no
+// such member. It exists for a reader that must pass a document on without
+// one member: encoding the decoded tree again would change what the rest
+// says (a number a double cannot hold would be rounded), so the member's
+// bytes are cut out of the document instead, located by this one parse.
+// Member names are unique (Decode refuses duplicates), so the member is
+// unambiguous.
+func DecodeCut(data []byte, lim Limits, path []string) (any, Cut, error) {
+	if len(path) == 0 {
+		v, err := Decode(data, lim)
+		return v, Cut{}, err
+	}
+	d := decoder{data: data, maxDepth: lim.MaxDepth, folded: lim.FoldedNames, cutPath: path}
+	v, err := d.run()
+	if err != nil {
+		return nil, Cut{}, err
+	}
+	return v, d.cut, nil
+}
+
+// Remove returns a copy of data without the bytes c locates (data itself,
+// not a copy, when c is zero).
+func (c Cut) Remove(data []byte) []byte {
+	if c.End == 0 {
+		return data
+	}
+	out := make([]byte, 0, len(data)-(c.End-c.Start))
+	out = append(out, data[:c.Start]...)
+	return append(out, data[c.End:]...)
+}
+
+// atCut reports whether member k of the object whose path is d.path[:top]
+// is the member DecodeCut locates.
+func (d *decoder) atCut(top int, k string) bool {
+	if top != len(d.cutPath)-1 || k != d.cutPath[top] {
+		return false
+	}
+	for i, s := range d.path[:top] {
+		if s.index >= 0 || s.key != d.cutPath[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// markCut records the member from keyStart to valueEnd, d.pos being at the
+// next token: with the comma after it when there is one, else with the
+// comma before it (prevComma, -1 for none), else alone.
+func (d *decoder) markCut(keyStart, valueEnd, prevComma int) {
+	switch {
+	case d.pos < len(d.data) && d.data[d.pos] == ',':
+		d.cut = Cut{keyStart, d.pos + 1}
+	case prevComma >= 0:
+		d.cut = Cut{prevComma, valueEnd}
+	default:
+		d.cut = Cut{keyStart, valueEnd}
+	}
+}
