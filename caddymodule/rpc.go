@@ -130,8 +130,12 @@ func readRPC(body []byte) (*rpcMessage, *rpcRefusal) {
 			}
 			m.id, _ = json.Marshal(x)
 		case json.Number:
-			if len(x) > maxRPCID {
-				return nil, refuseRPC(rpcInvalidRequest, "id", "is longer than "+strconv.Itoa(maxRPCID)+" bytes", "Use a short string or a number as the request id.")
+			// The MCP SDK reads a numeric id as an int64 and answers under
+			// that: 1.5 and 1e0 would be answered as 1 and -0 as 0, an id
+			// the client did not send, so it would drop an answer it may
+			// have paid for. strictjson keeps integers within ±(2^53−1).
+			if strings.ContainsAny(string(x), ".eE") || x == "-0" {
+				return nil, refuseRPC(rpcInvalidRequest, "id", "is a number that is not an integer written without a fraction or exponent", "Use a string or an integer such as 1 as the request id.")
 			}
 			m.id = json.RawMessage(x)
 		default:

@@ -87,6 +87,9 @@ var hostileEnvelopes = []struct{ desc, body string }{
 	{"a payment among other _meta members, numbers a double cannot hold", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"_meta":{"progressToken":1.50, "x402/payment" : {"x402Version":2,"n":1e2} ,"b":[0.1E-1]},"name":"verify_schema","arguments":{"submitted_output":{"n":1.00000000000000000001,"m":-0.0,"x402/payment":1}}}}`},
 	{"a payment as the last _meta member", ` { "jsonrpc" : "2.0" , "id" : 2 , "method" : "tools/call" , "params" : { "name" : "verify_schema" , "arguments" : { "n" : 9007199254740991 } , "_meta" : { "a" : "\u00e9" , "x402\/payment" : { } } } } `},
 	{"a payment named like the member the gate cuts, elsewhere", `{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"verify_schema","arguments":{"_meta":{"x402/payment":{}}},"_meta":{"x402/payments":1}}}`},
+	{"a fractional id", `{"jsonrpc":"2.0","id":1.5,"method":"tools/call","params":{"name":"verify_schema","arguments":{}}}`},
+	{"an exponent id", `{"jsonrpc":"2.0","id":1e0,"method":"tools/call","params":{"name":"verify_schema","arguments":{}}}`},
+	{"a negative zero id", `{"jsonrpc":"2.0","id":-0,"method":"tools/call","params":{"name":"verify_schema","arguments":{}}}`},
 	{"null params", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":null}`},
 	{"arguments null", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"verify_schema","arguments":null}}`},
 	{"an id that is an object", `{"jsonrpc":"2.0","id":{"a":1},"method":"tools/call","params":{"name":"verify_schema","arguments":{}}}`},
@@ -235,7 +238,8 @@ func TestHostileEnvelopesAreRefusedOrReadAlike(t *testing.T) {
 		"trailing bytes", "a second message after the first", "a byte-order mark", "a batch", "a duplicate name", "a duplicate method",
 		"duplicate params", "duplicate arguments", "arguments with names in two letter cases", "a Kelvin sign in a name", "null params",
 		"arguments null", "an id that is an object", "no jsonrpc member", "_meta with names in two letter cases",
-		"a payment with names in two letter cases", "initialize params with names in two letter cases", "a response with names in two letter cases"} {
+		"a payment with names in two letter cases", "initialize params with names in two letter cases", "a response with names in two letter cases",
+		"a fractional id", "an exponent id", "a negative zero id"} {
 		if !refused[desc] {
 			t.Errorf("%s: not refused by the gate", desc)
 		}

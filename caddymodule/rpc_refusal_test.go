@@ -93,3 +93,53 @@ func TestMCPEnvelopeRefusalsAreOneTruth(t *testing.T) {
 		t.Fatalf("%d refused messages reached the tool", up.calls.Load())
 	}
 }
+
+// TestMCPNonIntegerNumericIDsAreRefusedBeforeAnyCharge: the MCP SDK reads a
+// numeric id as an int64 and answers 1.5 and 1e0 under id 1 (and -0 under
+// 0), an id the client did not send, so the client drops an answer it was
+// charged for. The gate refuses such ids as an invalid message before the
+// allowance is touched; the same call with an integer id then gets the
+// one free unit, answered under its own id.
+func TestMCPNonIntegerNumericIDsAreRefusedBeforeAnyCharge(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newMCPUpstream(t)
+	base := startCaddy(t, mcpSite(up.URL, fac, 1))
+	call := func(id string) string {
+		return `{"jsonrpc":"2.0","id":` + id + `,"method":"tools/call","params":{"name":"verify_schema","arguments":{"task_id":"t"}}}`
+	}
+	for _, id := range []string{"1.5", "1e0", "1E2", "1.0", "-0", "-2.5e-1"} {
+		resp, raw := postMCP(t, base+"/mcp", call(id))
+		var msg struct {
+			ID    json.RawMessage `json:"id"`
+			Error struct {
+				Code int `json:"code"`
+				Data struct {
+					Code   string `json:"code"`
+					Fields []struct {
+						Field string `json:"field"`
+					} `json:"fields"`
+				} `json:"data"`
+			} `json:"error"`
+		}
+		json.Unmarshal(raw, &msg)
+		if resp.StatusCode != http.StatusBadRequest || msg.Error.Code != rpcInvalidRequest || msg.Error.Data.Code != apierr.CodeInvalidMessage ||
+			len(msg.Error.Data.Fields) != 1 || msg.Error.Data.Fields[0].Field != "id" || string(msg.ID) != "null" {
+			t.Fatalf("id %s: %d %s; want HTTP 400, -32600, invalid_message on id", id, resp.StatusCode, raw)
+		}
+		if got := resp.Header.Get(HeaderFreeRemaining); got != "" {
+			t.Fatalf("id %s: the refusal touched the allowance (Free-Allowance-Remaining %q)", id, got)
+		}
+	}
+	if up.calls.Load() != 0 {
+		t.Fatalf("%d refused calls reached the tool", up.calls.Load())
+	}
+	for _, id := range []string{"7", "-3", `"1.5"`} {
+		if _, bad := readRPC([]byte(call(id))); bad != nil {
+			t.Fatalf("id %s refused: %v", id, bad.err.Fields)
+		}
+	}
+	resp, raw := postMCP(t, base+"/mcp", call("7"))
+	if resp.Header.Get(HeaderFreeRemaining) != "0" || !strings.Contains(string(raw), `"id":7`) {
+		t.Fatalf("the integer id did not get the free unit under its own id: %q %s", resp.Header.Get(HeaderFreeRemaining), raw)
+	}
+}
