@@ -93,8 +93,7 @@ func (g *Gate) serveCharged(w http.ResponseWriter, r *http.Request, next caddyht
 	case outcomeNotPassed:
 		c.release(r)
 		metrics.outcomes.WithLabelValues("verification_not_passed_not_settled").Inc()
-		w.Header().Set("Cache-Control", "no-store")
-		w.Header().Set("Access-Control-Expose-Headers", exposedHeaders)
+		setChargedHeaders(w.Header())
 		bw.replay(w)
 		return nil
 	}
@@ -200,5 +199,26 @@ func (f *freeCharge) settle(w http.ResponseWriter, r *http.Request, _ *bufferedW
 
 func (f *freeCharge) deliver(w http.ResponseWriter, bw *bufferedWriter) {
 	f.g.Free.setHeaders(w.Header(), f.res, f.at)
+	setChargedHeaders(w.Header())
 	bw.replay(w)
 }
+
+// setChargedHeaders sets the headers every answer of a priced route the
+// gate decides on carries, whatever the upstream said (replay keeps them):
+// a paid or free answer, a demand for payment, a verdict that did not
+// pass. Each is one buyer's answer under one payment or allowance, so no
+// shared cache may keep it: a CDN in front of the gateway storing a free
+// answer the upstream marked public would serve the paid content to every
+// later buyer of the URL, unpaid. Pages may read the gate's headers on it.
+// The values are shared, not allocated per answer (the free path is the
+// hot one): net/http only reads them, and an Add appends to a copy, each
+// slice being full.
+func setChargedHeaders(h http.Header) {
+	h["Cache-Control"] = noStore
+	h["Access-Control-Expose-Headers"] = exposed
+}
+
+var (
+	noStore = []string{"no-store"}
+	exposed = []string{exposedHeaders}
+)

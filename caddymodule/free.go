@@ -147,7 +147,6 @@ func (f *FreeAllowance) setHeaders(h http.Header, res store.Reservation, t time.
 	h[HeaderFreeRemaining] = []string{strconv.Itoa(res.Remaining)}
 	h[HeaderFreeLimit] = []string{f.perDay}
 	h[HeaderFreeResets] = []string{resetsAt(t)}
-	h["Access-Control-Expose-Headers"] = []string{exposedHeaders}
 }
 
 // resetsAt is nextMidnight(t) in RFC 3339, formatted once per UTC day.

@@ -760,8 +760,7 @@ func (g *Gate) paymentRequired(w http.ResponseWriter, r *http.Request, msg, reas
 	}
 	h := w.Header()
 	h.Set(x402.HeaderPaymentRequired, header)
-	h.Set("Cache-Control", "no-store")
-	h.Set("Access-Control-Expose-Headers", exposedHeaders)
+	setChargedHeaders(h)
 	label := reason
 	if label == "" {
 		label = "payment_required"

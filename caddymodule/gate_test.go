@@ -10,6 +10,7 @@ import (
 	"math/big"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -412,6 +413,71 @@ func TestOrderOfRefusals(t *testing.T) {
 	}
 	if up.calls.Load() != 0 {
 		t.Errorf("the upstream was called %d times for refused requests", up.calls.Load())
+	}
+}
+
+// cacheableUpstream serves every method alike, with the paid content
+// marked public for a day: a seller API that expects shared caches in
+// front of it.
+func cacheableUpstream(t *testing.T) *upstream {
+	u := &upstream{}
+	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u.calls.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "public, max-age=86400")
+		io.WriteString(w, `{"report":"the paid content"}`)
+	}))
+	t.Cleanup(u.Close)
+	return u
+}
+
+// reportSite prices /report (with `route "GET /report"`) and /open (without
+// route) in front of up, each with perDay free calls a day.
+func reportSite(up, fac string, perDay int) string {
+	site := ""
+	for _, r := range []struct{ path, route string }{{"/report", `route "GET /report"`}, {"/open", ""}} {
+		site += fmt.Sprintf(`
+	route %[1]s {
+		x402 {
+			accept devnet $0.02 %[4]s
+			%[2]s
+			facilitator http {
+				url %[3]s
+			}
+			store badger {data}/gate
+			free_allowance {
+				pool %[1]s
+				per_day %[5]d
+			}
+		}
+		reverse_proxy %[6]s
+	}`, r.path, r.route, fac, payTo.Hex(), perDay, strings.TrimPrefix(up, "http://"))
+	}
+	return ":{port} {" + site + "\n}\n"
+}
+
+// TestFreeAnswerIsNeverStoredByASharedCache: a free answer is the paid
+// content, so it goes out with Cache-Control: no-store (and the gate's
+// headers exposed) as a paid answer does, whatever the upstream said; a
+// shared cache (a CDN in front of the gateway) would otherwise serve it to
+// every later buyer of the URL, unpaid.
+func TestFreeAnswerIsNeverStoredByASharedCache(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := cacheableUpstream(t)
+	base := startCaddy(t, reportSite(up.URL, fac, 1))
+	resp, body := getBody(t, base+"/report", nil)
+	if resp.StatusCode != http.StatusOK || resp.Header.Get(HeaderFreeRemaining) != "0" {
+		t.Fatalf("free call: %d %q %s", resp.StatusCode, resp.Header.Get(HeaderFreeRemaining), body)
+	}
+	if cc := resp.Header.Values("Cache-Control"); !slices.Equal(cc, []string{"no-store"}) {
+		t.Fatalf("the free answer goes out with Cache-Control %q, want no-store alone", cc)
+	}
+	if exp := resp.Header.Get("Access-Control-Expose-Headers"); !strings.Contains(exp, HeaderFreeRemaining) {
+		t.Fatalf("Access-Control-Expose-Headers %q does not name %s", exp, HeaderFreeRemaining)
+	}
+	resp, _ = getBody(t, base+"/report", nil)
+	if resp.StatusCode != http.StatusPaymentRequired || resp.Header.Get("Cache-Control") != "no-store" {
+		t.Fatalf("then: %d, Cache-Control %q", resp.StatusCode, resp.Header.Get("Cache-Control"))
 	}
 }
 

@@ -282,8 +282,7 @@ func (g *Gate) setPaidHeaders(h http.Header, sr x402.SettleResponse) {
 	if header, err := x402.EncodeHeader(sr); err == nil {
 		h.Set(x402.HeaderPaymentResponse, header)
 	}
-	h.Set("Cache-Control", "no-store")
-	h.Set("Access-Control-Expose-Headers", exposedHeaders)
+	setChargedHeaders(h)
 }
 
 // paidStream is w for a paid answer the upstream writes straight to the
