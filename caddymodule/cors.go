@@ -63,7 +63,7 @@ const corsDefaultMaxAge = 10 * time.Minute
 // CORS lets web pages on other origins call the gateway (Caddyfile
 // directive `x402_cors`): a browser buyer must read PAYMENT-REQUIRED from a
 // 402 and send PAYMENT-SIGNATURE, which a cross-origin fetch() can do only
-// with these headers. A preflight (OPTIONS with Access-Control-Request-Method)
+// with these headers. A preflight (OPTIONS with Origin and Access-Control-Request-Method)
 // is answered 204 here, before any proof or payment logic. Every other
 // answer, whoever writes it (the gate's 402, an upstream, handle_errors),
 // carries Access-Control-Allow-Origin for an allowed origin,
@@ -200,12 +200,24 @@ func (c *CORS) allowed(origin string) string {
 	return ""
 }
 
+// isPreflight reports whether r is a CORS preflight: the OPTIONS request
+// with Origin and Access-Control-Request-Method a browser sends, without
+// credentials or a body, to ask whether it may send a cross-origin request.
+// It asks nothing of the resource, so x402_cors answers it and wallet_auth
+// and the gate let it through without a proof or a payment (a browser
+// cannot add either to it). Any other OPTIONS is a request like another:
+// an upstream that serves every method alike would hand it the paid
+// content.
+func isPreflight(r *http.Request) bool {
+	return r.Method == http.MethodOptions && r.Header.Get("Origin") != "" && r.Header.Get("Access-Control-Request-Method") != ""
+}
+
 // ServeHTTP answers preflights and marks every other answer.
 func (c *CORS) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	allow := c.allowed(r.Header.Get("Origin"))
 	h := w.Header()
 	h.Add("Vary", "Origin")
-	if r.Method == http.MethodOptions && r.Header.Get("Access-Control-Request-Method") != "" {
+	if isPreflight(r) {
 		h.Add("Vary", "Access-Control-Request-Method")
 		h.Add("Vary", "Access-Control-Request-Headers")
 		if allow != "" {

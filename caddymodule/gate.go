@@ -138,9 +138,10 @@ type Gate struct {
 
 	// Route names this route in /.well-known/x402 as "METHOD /path"
 	// (e.g. "POST /verify/schema"). Without it the route is not listed.
-	// With it, the gate answers any other method (but OPTIONS, and HEAD
-	// when the method is GET) with 405 and Allow, before any payment logic:
-	// a request the route cannot serve is never offered for sale.
+	// With it, the gate answers any other method (but a CORS preflight,
+	// and HEAD when the method is GET) with 405 and Allow, before any
+	// payment logic: a request the route cannot serve is never offered for
+	// sale.
 	Route string `json:"route,omitempty"`
 
 	// FacilitatorRaw is the facilitator that verifies and settles payments
@@ -245,7 +246,7 @@ type Gate struct {
 	verifier    *verify.Verifier
 	offers      []x402.PaymentRequirements
 	bazaar      map[string]any // x402's bazaar extension, for routes that validate
-	allow       []string       // the methods Route names (OPTIONS always passes); nil: any
+	allow       []string       // the methods Route names (a CORS preflight always passes); nil: any
 	base        string         // PublicBaseURL as checked (publicOrigin); "": the request's
 	rates       *rateZone      // nil when rate_limit is off
 	ratesKey    string
@@ -551,24 +552,26 @@ func (a Accept) requirements() (x402.PaymentRequirements, error) {
 	}, nil
 }
 
-// ServeHTTP decides, in this order: OPTIONS passes free; a client over its
-// refusal budget is 429; a URL the 402 could not name (checkURL) is 414; a
-// body over the absolute limit is 413; a bodyless
-// POST is the discovery probe (402); a payment is verified, the upstream run
-// and the payment settled; a request small enough for the free tier is
-// served from the allowance while it lasts; anything else is 402. Whenever
+// ServeHTTP decides, in this order: a CORS preflight passes free (any
+// other OPTIONS is a request like another: 405 under Route, which does not
+// name it, else priced); a client over its refusal budget is 429; a URL
+// the 402 could not name (checkURL) is 414; a body over the absolute limit
+// is 413; a bodyless POST is the discovery probe (402); a payment is
+// verified, the upstream run and the payment settled; a request small
+// enough for the free tier is served from the allowance while it lasts;
+// anything else is 402. Whenever
 // the gate answers for payment itself, an invalid request is 422 instead
 // (see exchange); a call it lets through is checked by the upstream.
 func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	// The upstream must never see a client's claim to have paid (nor the
-	// payment itself), on any path, OPTIONS included. The first gate on
+	// payment itself), on any path, preflights included. The first gate on
 	// the request removes them; a later gate in the same route (one per
 	// MCP tool) must keep what an earlier one set.
 	if caddyhttp.GetVar(r.Context(), varGated) == nil {
 		caddyhttp.SetVar(r.Context(), varGated, true)
 		clearUpstreamHeaders(r.Header)
 	}
-	if r.Method == http.MethodOptions {
+	if isPreflight(r) {
 		return next.ServeHTTP(w, r)
 	}
 	if g.route != nil && g.route.Load() == nil {

@@ -481,18 +481,49 @@ func TestFreeAnswerIsNeverStoredByASharedCache(t *testing.T) {
 	}
 }
 
-func TestOptionsIsNeverCharged(t *testing.T) {
+// TestOnlyAPreflightPassesTheGateUnpaid: a CORS preflight (Origin and
+// Access-Control-Request-Method) passes to the upstream unpaid, as a
+// browser can add no payment to it. Any other OPTIONS is a request like
+// another: 405 with the route's Allow where `route` names the method, and
+// priced where no route is named, or an upstream that serves every method
+// alike would hand it the paid content.
+func TestOnlyAPreflightPassesTheGateUnpaid(t *testing.T) {
 	_, fac := sharedDevnet(t)
-	up := newUpstream(t)
-	base := startCaddy(t, gateSite(up.URL, fac, 0, ""))
-	req, _ := http.NewRequest(http.MethodOptions, base+"/score/agent-1", nil)
-	resp, err := testClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
+	up := cacheableUpstream(t)
+	base := startCaddy(t, reportSite(up.URL, fac, 0))
+	options := func(path string, hdr map[string]string) (*http.Response, string) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodOptions, base+path, nil)
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		resp, err := testClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp, string(b)
 	}
-	resp.Body.Close()
-	if resp.StatusCode != 200 || up.calls.Load() != 1 {
-		t.Fatalf("OPTIONS: status %d, upstream calls %d", resp.StatusCode, up.calls.Load())
+	preflight := map[string]string{"Origin": "https://app.example", "Access-Control-Request-Method": "GET"}
+	for _, path := range []string{"/report", "/open"} {
+		if resp, body := options(path, preflight); resp.StatusCode != http.StatusOK || up.calls.Load() != 1 {
+			t.Fatalf("preflight of %s: %d %s, upstream calls %d; want it passed on unpaid", path, resp.StatusCode, body, up.calls.Load())
+		}
+		up.calls.Store(0)
+	}
+	for _, hdr := range []map[string]string{nil, {"Access-Control-Request-Method": "GET"}, {"Origin": "https://app.example"}} {
+		resp, body := options("/report", hdr)
+		if resp.StatusCode != http.StatusMethodNotAllowed || resp.Header.Get("Allow") != "GET, HEAD" || !strings.Contains(body, `"method_not_allowed"`) {
+			t.Fatalf("OPTIONS %v of a route named GET: %d Allow %q %s; want 405 with Allow GET, HEAD", hdr, resp.StatusCode, resp.Header.Get("Allow"), body)
+		}
+		resp, body = options("/open", hdr)
+		if resp.StatusCode != http.StatusPaymentRequired || resp.Header.Get(x402.HeaderPaymentRequired) == "" || strings.Contains(body, "paid content") {
+			t.Fatalf("OPTIONS %v of a route without route: %d %s; want 402", hdr, resp.StatusCode, body)
+		}
+	}
+	if n := up.calls.Load(); n != 0 {
+		t.Fatalf("OPTIONS that is not a preflight reached the upstream %d times", n)
 	}
 }
 
@@ -994,6 +1025,8 @@ func TestGateClearsEveryUpstreamHeaderItOwns(t *testing.T) {
 	for k, v := range forged {
 		req.Header.Set(k, v)
 	}
+	req.Header.Set("Origin", "https://app.example") // a CORS preflight: passed on unpaid
+	req.Header.Set("Access-Control-Request-Method", "POST")
 	if resp, err := testClient.Do(req); err != nil {
 		t.Fatal(err)
 	} else {

@@ -210,7 +210,7 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 	auth, siwx := h.Values(walletauth.HeaderName), h.Values(walletauth.SIWXHeaderName)
 	h.Del(walletauth.HeaderName)
 	h.Del(walletauth.SIWXHeaderName)
-	if r.Method == http.MethodOptions {
+	if isPreflight(r) {
 		return next.ServeHTTP(w, r) // a CORS preflight cannot carry a proof
 	}
 	if len(auth)+len(siwx) > 0 || wa.Mode == "required" {
