@@ -37,7 +37,7 @@ var ErrorCodes = []ErrorCode{
 	{apierr.CodeUpstreamUnavailable, 503, true, "A daemon, the state store or the payment facilitator is down; retry the same request after `retry_after` seconds."},
 	{apierr.CodeVerificationTimeout, 503, true, "The verification did not finish within its wall-clock limit (verifierd's -verify-timeout, default 5 s) on a loaded machine; nothing was charged. Retry after `retry_after` seconds, or send a smaller output or simpler schema. (Deterministic budgets, such as a pattern too costly for its strings, are 422 invalid_request.)"},
 	{"output_failed_verification", 502, false, "Seller mode (`verify_response` with `on_fail block`): the seller agent's answer failed verification and was withheld; the body carries the verifier's hints. Nothing was charged."},
-	{"response_unverifiable", 503, true, "Seller mode: the seller agent's answer could not be verified (not JSON, compressed, too large, or the verifier refused it); nothing was charged, retry later."},
+	{"response_unverifiable", 503, true, "Seller mode: the seller agent's answer could not be verified (not JSON, compressed, two `Content-Type` or `Content-Encoding` values, too large, or the verifier refused it); nothing was charged, retry later."},
 	{x402.ReasonSettlementPending, 503, true, "A payment was submitted but its settlement outcome is not known yet; no content was released. Do not sign a new payment: retry the same request later."},
 	// x402's payment-identifier extension (the gate's payment_identifier option).
 	{"invalid_payment_identifier", 400, false, "The payment's `extensions[\"payment-identifier\"].info.id` is not a string of 16 to 128 characters from `a-z A-Z 0-9 _ -`; nothing was claimed or charged, send the payment again with a well-formed id."},

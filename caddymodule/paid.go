@@ -8,6 +8,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -433,11 +434,27 @@ type bufferedWriter struct {
 	through http.ResponseWriter
 	choose  func(status int, h http.Header) bool
 	spill   func(h http.Header)
-	held    bool // the answer is (or was) held
-	passing bool // the answer is going straight to through
+	held    bool        // the answer is (or was) held
+	passing bool        // the answer is going straight to through
+	late    http.Header // what is set on a held answer after its header
 }
 
-func (b *bufferedWriter) Header() http.Header { return b.header }
+// Header is the header of the answer until it is written. Once a held
+// answer's header is written it is fixed: what the handler sets afterwards
+// (reverse_proxy copies the upstream's trailers into the header map after
+// the body) goes to a map nobody reads. A held answer is released whole and
+// sized, so trailers cannot follow it as trailers, and released as headers
+// they would be headers no one checked when the answer was judged: a
+// Verification-Receipt, a second Content-Type.
+func (b *bufferedWriter) Header() http.Header {
+	if !b.held {
+		return b.header
+	}
+	if b.late == nil {
+		b.late = make(http.Header)
+	}
+	return b.late
+}
 
 func (b *bufferedWriter) WriteHeader(code int) {
 	if b.code != 0 || code < 200 {
@@ -451,6 +468,13 @@ func (b *bufferedWriter) WriteHeader(code int) {
 		return
 	}
 	b.held = true
+	// No trailers follow a held answer (Header): it does not announce any.
+	delete(b.header, "Trailer")
+	for k := range b.header {
+		if strings.HasPrefix(k, http.TrailerPrefix) {
+			delete(b.header, k)
+		}
+	}
 }
 
 func (b *bufferedWriter) Write(p []byte) (int, error) {

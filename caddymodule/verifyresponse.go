@@ -460,7 +460,18 @@ func (v *VerifyResponse) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 // verifyHeld verifies the held response and releases what the policy says.
 func (v *VerifyResponse) verifyHeld(w http.ResponseWriter, hw *bufferedWriter, r *http.Request) error {
 	body := hw.buf.Bytes()
-	if ce := hw.header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
+	// Readers take different values of a repeated header (Get the first, a
+	// browser the last valid Content-Type), so the answer would be checked
+	// as one thing and read as another: JSON verified and receipted, then
+	// rendered as text/html on the gateway's origin; plain bytes checked,
+	// then decoded as gzip.
+	if len(hw.header.Values("Content-Type")) > 1 {
+		return v.unverifiable(w, hw, r, v.responseError("it has more than one Content-Type", nil))
+	}
+	if len(hw.header.Values("Content-Encoding")) > 1 {
+		return v.unverifiable(w, hw, r, v.responseError("it has more than one Content-Encoding", nil))
+	}
+	if ce := hw.header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(strings.TrimSpace(ce), "identity") {
 		return v.unverifiable(w, hw, r, v.responseError("it is compressed ("+headerValueShort(ce)+") although identity was asked for", nil))
 	}
 	// The output hash the receipt must carry, computed the way the
@@ -494,7 +505,7 @@ func (v *VerifyResponse) verifyHeld(w http.ResponseWriter, hw *bufferedWriter, r
 	v.record(r, rc.view.Result)
 
 	h := w.Header()
-	copyHeader(h, hw.header)
+	v.releaseHeader(h, hw.header)
 	h.Set(v.receiptName, base64.StdEncoding.EncodeToString(rc.raw))
 	h.Set(HeaderVerificationStatus, rc.view.Result)
 	h.Add("Access-Control-Expose-Headers", v.receiptName+", "+HeaderVerificationStatus)
@@ -521,6 +532,20 @@ func envelope(output, rcpt []byte) []byte {
 	out = append(out, `,"verification":`...)
 	out = append(out, rcpt...)
 	return append(out, "}\n"...)
+}
+
+// releaseHeader sets the header of a held answer on h, the header of the
+// answer verify_response releases: without the names only the gateway sets
+// (the upstream's own receipt and status never go out; hold drops them
+// when the upstream writes its header, and trailers cannot bring them back
+// after it, bufferedWriter.Header), and with nosniff, so a browser reads
+// the answer as the Content-Type it was checked under and nothing else.
+func (v *VerifyResponse) releaseHeader(h, held http.Header) {
+	copyHeader(h, held)
+	h.Del(v.receiptName)
+	h.Del(HeaderVerificationReceipt)
+	h.Del(HeaderVerificationStatus)
+	h.Set("X-Content-Type-Options", "nosniff")
 }
 
 // copyHeader sets every header of src on dst.
@@ -563,7 +588,7 @@ func (v *VerifyResponse) unverifiable(w http.ResponseWriter, hw *bufferedWriter,
 	if v.OnError == "fail_open" {
 		v.record(r, outcomeUnverified)
 		h := w.Header()
-		copyHeader(h, hw.header)
+		v.releaseHeader(h, hw.header)
 		h.Set(HeaderVerificationStatus, outcomeUnverified)
 		h.Add("Access-Control-Expose-Headers", HeaderVerificationStatus)
 		w.WriteHeader(hw.status())
@@ -794,8 +819,15 @@ func (v *VerifyResponse) selects(status int, h http.Header) bool {
 	if !slices.Contains(v.Statuses, status) {
 		return false
 	}
-	mt, _, err := mime.ParseMediaType(h.Get("Content-Type"))
-	return err == nil && slices.Contains(v.contentSet, mt)
+	// Any of several values selects the answer, which is then held and
+	// found unverifiable (verifyHeld): none may go out unchecked under a
+	// type verify_response checks.
+	for _, ct := range h.Values("Content-Type") {
+		if mt, _, err := mime.ParseMediaType(ct); err == nil && slices.Contains(v.contentSet, mt) {
+			return true
+		}
+	}
+	return false
 }
 
 // hold is the bounded writer between verify_response and the upstream. A

@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -1161,5 +1162,122 @@ func TestSettleOnPassWithholdsUncheckedContent(t *testing.T) {
 	}
 	if balance(t, d, payer).Cmp(before) != 0 {
 		t.Fatal("charged for answers nothing verified")
+	}
+}
+
+// headerGames is an upstream that says one thing in headers verify_response
+// reads and another in headers a browser reads: two values where readers
+// take different ones, and headers sent as trailers after the body.
+func headerGames(t *testing.T) *httptest.Server {
+	forged := base64.StdEncoding.EncodeToString([]byte(`{"result":"pass","forged":true}`))
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("Content-Type", "application/json")
+		switch r.URL.Path {
+		case "/good":
+			io.WriteString(w, goodInvoice)
+		case "/twoct":
+			// Header.Get reads the first, a browser the last valid one
+			// (Fetch, "extract a MIME type").
+			h["Content-Type"] = []string{"application/json", "text/html"}
+			io.WriteString(w, `{"invoice_id":"<img src=x onerror=alert(document.domain)>"}`)
+		case "/twoce":
+			h["Content-Encoding"] = []string{"identity", "gzip"}
+			io.WriteString(w, goodInvoice)
+		case "/celist":
+			h.Set("Content-Encoding", "identity, gzip")
+			io.WriteString(w, goodInvoice)
+		case "/trailer":
+			// Not JSON (unverifiable), with a receipt and a second
+			// Content-Type as trailers, after the hold dropped the receipt
+			// headers.
+			h.Set("Trailer", HeaderVerificationReceipt+", "+HeaderVerificationStatus+", Content-Type")
+			io.WriteString(w, "not json")
+			h.Set(HeaderVerificationReceipt, forged)
+			h.Set(HeaderVerificationStatus, "pass")
+			h.Set("Content-Type", "text/html")
+		case "/trailer-good":
+			h.Set("Trailer", "Content-Type, X-Late")
+			io.WriteString(w, goodInvoice)
+			h.Set("Content-Type", "text/html")
+			h.Set("X-Late", "1")
+		case "/plain":
+			// Not a response verify_response checks: passed through.
+			h.Set("Content-Type", "text/plain")
+			h.Set("Trailer", HeaderVerificationStatus+", "+HeaderVerificationReceipt)
+			io.WriteString(w, "plain text")
+			h.Set(HeaderVerificationStatus, "pass")
+			h.Set(HeaderVerificationReceipt, forged)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// TestVerifyResponseReleasesOnlyWhatItChecked: an answer with two
+// Content-Type or Content-Encoding values (or a list of encodings) is
+// unverifiable, and on_error decides (fail_closed withholds it, fail_open
+// releases it without a receipt): otherwise JSON would be verified and
+// receipted, then rendered as HTML by a browser on the gateway's origin, or
+// plain bytes checked and released labelled gzip. Nothing the upstream sends
+// after the body (trailers) is released, on any path, so it cannot plant a
+// receipt, a status or a second Content-Type. Every answer verify_response
+// releases carries X-Content-Type-Options: nosniff.
+func TestVerifyResponseReleasesOnlyWhatItChecked(t *testing.T) {
+	buildBinaries(t)
+	vf := startVerifier(t)
+	up := headerGames(t)
+	base := startCaddy(t, ":{port} {"+
+		sellerRoute("/closed", up.URL, vf, "")+
+		sellerRoute("/open", up.URL, vf, "on_error fail_open")+
+		"}\n")
+	noTrailers := func(t *testing.T, path string, resp *http.Response) {
+		t.Helper()
+		if len(resp.Trailer) != 0 || resp.Header.Get("Trailer") != "" {
+			t.Errorf("%s: trailers released: %v (Trailer %q)", path, resp.Trailer, resp.Header.Get("Trailer"))
+		}
+	}
+
+	resp, body := getBody(t, base+"/closed/good", nil)
+	if resp.StatusCode != 200 || resp.Header.Get(HeaderVerificationReceipt) == "" || resp.Header.Get("X-Content-Type-Options") != "nosniff" {
+		t.Fatalf("a verified answer: %d receipt %t nosniff %q: %s", resp.StatusCode, resp.Header.Get(HeaderVerificationReceipt) != "", resp.Header.Get("X-Content-Type-Options"), body)
+	}
+	for _, path := range []string{"/twoct", "/twoce", "/celist"} {
+		resp, body := getBody(t, base+"/closed"+path, nil)
+		var e map[string]any
+		json.Unmarshal(body, &e)
+		if resp.StatusCode != http.StatusServiceUnavailable || e["code"] != codeResponseUnverifiable || e["charged"] != false ||
+			resp.Header.Get(HeaderVerificationReceipt) != "" || bytes.Contains(body, []byte("onerror")) || bytes.Contains(body, []byte("INV-7731")) {
+			t.Errorf("fail_closed %s: %d %s; want 503 %s without the output", path, resp.StatusCode, body, codeResponseUnverifiable)
+		}
+		resp, body = getBody(t, base+"/open"+path, nil)
+		if resp.StatusCode != 200 || resp.Header.Get(HeaderVerificationStatus) != outcomeUnverified || resp.Header.Get(HeaderVerificationReceipt) != "" ||
+			resp.Header.Get("X-Content-Type-Options") != "nosniff" {
+			t.Errorf("fail_open %s: %d status %q receipt %t nosniff %q; want it released unverified, without a receipt", path, resp.StatusCode,
+				resp.Header.Get(HeaderVerificationStatus), resp.Header.Get(HeaderVerificationReceipt) != "", resp.Header.Get("X-Content-Type-Options"))
+		}
+		noTrailers(t, path, resp)
+	}
+
+	resp, body = getBody(t, base+"/open/trailer", nil)
+	if resp.StatusCode != 200 || string(body) != "not json" || resp.Header.Get(HeaderVerificationStatus) != outcomeUnverified ||
+		resp.Header.Get(HeaderVerificationReceipt) != "" || resp.Trailer.Get(HeaderVerificationReceipt) != "" ||
+		!slices.Equal(resp.Header.Values("Content-Type"), []string{"application/json"}) {
+		t.Errorf("fail_open with a receipt as a trailer: %d status %q receipt %q trailer %v Content-Type %q",
+			resp.StatusCode, resp.Header.Get(HeaderVerificationStatus), resp.Header.Get(HeaderVerificationReceipt), resp.Trailer, resp.Header.Values("Content-Type"))
+	}
+	noTrailers(t, "/open/trailer", resp)
+
+	resp, body = getBody(t, base+"/closed/trailer-good", nil)
+	if resp.StatusCode != 200 || resp.Header.Get(HeaderVerificationStatus) != "pass" || resp.Header.Get(HeaderVerificationReceipt) == "" ||
+		!slices.Equal(resp.Header.Values("Content-Type"), []string{"application/json"}) || resp.Header.Get("X-Late") != "" {
+		t.Errorf("a verified answer with a Content-Type trailer: %d status %q Content-Type %q X-Late %q: %s", resp.StatusCode,
+			resp.Header.Get(HeaderVerificationStatus), resp.Header.Values("Content-Type"), resp.Header.Get("X-Late"), body)
+	}
+	noTrailers(t, "/closed/trailer-good", resp)
+
+	resp, _ = getBody(t, base+"/closed/plain", nil)
+	if resp.Header.Get(HeaderVerificationStatus) != "" || resp.Trailer.Get(HeaderVerificationStatus) != "" || resp.Trailer.Get(HeaderVerificationReceipt) != "" {
+		t.Errorf("an unchecked answer carries the upstream's status or receipt: header %q, trailers %v", resp.Header.Get(HeaderVerificationStatus), resp.Trailer)
 	}
 }
