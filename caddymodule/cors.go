@@ -77,8 +77,9 @@ type CORS struct {
 
 	// Credentials sends Access-Control-Allow-Credentials: true, so pages
 	// may send cookies and HTTP authentication. Off by default: x402 proofs
-	// travel in headers, not cookies. With credentials the allowed origin
-	// is echoed, never "*".
+	// travel in headers, not cookies. It needs named origins: with "*" it
+	// is refused, since echoing any page's origin with credentials would
+	// let every site on the web act as the visitor and read the answers.
 	Credentials bool `json:"credentials,omitempty"`
 
 	// Methods answered in preflights. Default GET, HEAD, POST, DELETE,
@@ -120,6 +121,9 @@ func (c *CORS) Provision(caddy.Context) error {
 	c.origins = map[string]bool{}
 	for _, o := range c.Origins {
 		if o == "*" {
+			if c.Credentials {
+				return fmt.Errorf("x402_cors: `origins *` cannot be combined with `credentials`: every web page could then send the visitor's cookies and HTTP authentication and read the answers; name the origins to allow instead (x402 payments and wallet proofs travel in headers and need no credentials)")
+			}
 			c.anyOrigin = true
 			continue
 		}
@@ -189,10 +193,7 @@ func (c *CORS) allowed(origin string) string {
 		return ""
 	}
 	if c.anyOrigin {
-		if c.Credentials {
-			return origin
-		}
-		return "*"
+		return "*" // never with credentials (Provision)
 	}
 	if c.origins[origin] {
 		return origin

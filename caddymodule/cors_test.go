@@ -173,14 +173,16 @@ func TestCORSThroughCaddy(t *testing.T) {
 	}
 }
 
-// TestCORSAnyOriginAndCredentials: "*" answers "*"; with credentials the
-// origin is echoed (browsers refuse "*" with credentials).
+// TestCORSAnyOriginAndCredentials: "*" answers "*", without credentials;
+// credentials go with named origins only, each echoed (browsers refuse
+// "*" with credentials). "*" with credentials is refused at provision
+// (TestCORSConfigErrors).
 func TestCORSAnyOriginAndCredentials(t *testing.T) {
 	for _, tc := range []struct {
 		cfg, want, creds string
 	}{
 		{"*", "*", ""},
-		{"* {\n\t\tcredentials\n\t}", corsOrigin, "true"},
+		{corsOrigin + " {\n\t\tcredentials\n\t}", corsOrigin, "true"},
 	} {
 		c := new(CORS)
 		tokens := "x402_cors " + tc.cfg
@@ -211,6 +213,9 @@ func TestCORSConfigErrors(t *testing.T) {
 		{"x402_cors * {\n\tmethods\n}", "wrong argument count"},
 		{"x402_cors * {\n\tcolour red\n}", "unknown option"},
 		{"x402_cors * {\n\tmethods GET,POST\n}", "not an HTTP method"},
+		{"x402_cors * {\n\tcredentials\n}", "`origins *` cannot be combined with `credentials`"},
+		{"x402_cors https://app.example * {\n\tcredentials\n}", "`origins *` cannot be combined with `credentials`"},
+		{"x402_cors {\n\torigins *\n\tcredentials\n}", "`origins *` cannot be combined with `credentials`"},
 	} {
 		c := new(CORS)
 		err := c.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.cfg))
