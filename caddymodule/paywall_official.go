@@ -87,7 +87,16 @@ func (p *Paywall) validate() error {
 // serve writes the 402 page for pr; currentURL is the URL the official page
 // fetches again with the payment.
 func (p *Paywall) serve(w http.ResponseWriter, pr x402.PaymentRequired, trial *freeTrial, currentURL string) error {
-	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	h := w.Header()
+	h.Set("Content-Type", "text/html; charset=utf-8")
+	// A page that asks a visitor to pay must not be framed by another
+	// site, which could lay a decoy over it and have the visitor press
+	// "Pay now" unknowingly (clickjacking). Only framing is restricted:
+	// the official page runs its own inline scripts and reaches wallets
+	// and RPC nodes it chooses, which a script or connect policy would
+	// break.
+	h.Set("Content-Security-Policy", "frame-ancestors 'none'")
+	h.Set("X-Frame-Options", "DENY")
 	page, ok := officialPage{}, false
 	if p != nil && p.Mode == PaywallOfficial && len(pr.Accepts) > 0 {
 		switch n := pr.Accepts[0].Network; {

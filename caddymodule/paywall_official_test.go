@@ -98,6 +98,7 @@ func TestPaywallModesThroughCaddy(t *testing.T) {
 	if !strings.Contains(page, `<div id="root"></div>`) || len(page) < 1<<20 {
 		t.Errorf("not the official page (%d bytes)", len(page))
 	}
+	notFramable(t, "official", resp)
 
 	// An API client still gets JSON.
 	api := corsDo(t, http.MethodGet, base+"/score/agent-1", nil)
@@ -111,6 +112,7 @@ func TestPaywallModesThroughCaddy(t *testing.T) {
 		t.Errorf("default (static): status %d, page %.200s", resp.StatusCode, page)
 	}
 	paymentRequired(t, resp)
+	notFramable(t, "static", resp)
 
 	loadCaddy(t, portOf(t, base), paywallSite(up.URL, fac, "paywall off"))
 	resp, page = getHTML(t, base+"/score/agent-1")
@@ -120,6 +122,15 @@ func TestPaywallModesThroughCaddy(t *testing.T) {
 	paymentRequired(t, resp)
 	if n := up.calls.Load(); n != 0 {
 		t.Errorf("the upstream was called %d times for unpaid requests", n)
+	}
+}
+
+// notFramable checks that a paywall page may not be framed by any site
+// (clickjacking a "Pay now" button), in the CSP and the legacy header.
+func notFramable(t *testing.T, mode string, resp *http.Response) {
+	t.Helper()
+	if csp := resp.Header.Get("Content-Security-Policy"); csp != "frame-ancestors 'none'" || resp.Header.Get("X-Frame-Options") != "DENY" {
+		t.Errorf("%s paywall: Content-Security-Policy %q, X-Frame-Options %q; want frame-ancestors 'none' and DENY", mode, csp, resp.Header.Get("X-Frame-Options"))
 	}
 }
 
