@@ -436,24 +436,24 @@ type bufferedWriter struct {
 	spill   func(h http.Header)
 	held    bool        // the answer is (or was) held
 	passing bool        // the answer is going straight to through
-	late    http.Header // what is set on a held answer after its header
+	late    http.Header // trailers a held answer announced, dropped (Header)
 }
 
-// Header is the header of the answer until it is written. Once a held
-// answer's header is written it is fixed: what the handler sets afterwards
-// (reverse_proxy copies the upstream's trailers into the header map after
-// the body) goes to a map nobody reads. A held answer is released whole and
+// Header is the header of the answer. A held answer is released whole and
 // sized, so trailers cannot follow it as trailers, and released as headers
-// they would be headers no one checked when the answer was judged: a
-// Verification-Receipt, a second Content-Type.
+// they would be headers no one checked when the answer was judged (a
+// Verification-Receipt, a second Content-Type): they are dropped.
+// reverse_proxy copies an upstream's trailers into the header map after the
+// body, as the keys it announced in Trailer before the header was written,
+// or, when the upstream sent others, every one under http.TrailerPrefix. So
+// a held answer that announced trailers gets, once written, a map nobody
+// reads for them (made only then: the common answer costs nothing), and
+// prefixed keys are dropped when it is released (dropTrailers).
 func (b *bufferedWriter) Header() http.Header {
-	if !b.held {
-		return b.header
+	if b.late != nil {
+		return b.late
 	}
-	if b.late == nil {
-		b.late = make(http.Header)
-	}
-	return b.late
+	return b.header
 }
 
 func (b *bufferedWriter) WriteHeader(code int) {
@@ -468,11 +468,20 @@ func (b *bufferedWriter) WriteHeader(code int) {
 		return
 	}
 	b.held = true
-	// No trailers follow a held answer (Header): it does not announce any.
-	delete(b.header, "Trailer")
-	for k := range b.header {
+	if _, announced := b.header["Trailer"]; announced {
+		b.late = make(http.Header)
+	}
+	dropTrailers(b.header)
+}
+
+// dropTrailers removes from h, the header of a held answer, the
+// announcement of trailers and any trailer set under http.TrailerPrefix:
+// no trailers follow a held answer (bufferedWriter.Header).
+func dropTrailers(h http.Header) {
+	delete(h, "Trailer")
+	for k := range h {
 		if strings.HasPrefix(k, http.TrailerPrefix) {
-			delete(b.header, k)
+			delete(h, k)
 		}
 	}
 }
@@ -533,6 +542,7 @@ func (b *bufferedWriter) status() int {
 // paidStream), which set its own on w before, or none.
 func (b *bufferedWriter) replay(w http.ResponseWriter) {
 	h := w.Header()
+	dropTrailers(b.header)
 	for k, v := range b.header {
 		if k == keyPaymentResponse || k == keyPaymentRequired {
 			continue

@@ -535,12 +535,13 @@ func envelope(output, rcpt []byte) []byte {
 }
 
 // releaseHeader sets the header of a held answer on h, the header of the
-// answer verify_response releases: without the names only the gateway sets
-// (the upstream's own receipt and status never go out; hold drops them
-// when the upstream writes its header, and trailers cannot bring them back
-// after it, bufferedWriter.Header), and with nosniff, so a browser reads
-// the answer as the Content-Type it was checked under and nothing else.
+// answer verify_response releases: without trailers (bufferedWriter.Header)
+// and the names only the gateway sets (the upstream's own receipt and
+// status never go out, whether sent as headers or as trailers), and with
+// nosniff, so a browser reads the answer as the Content-Type it was checked
+// under and nothing else.
 func (v *VerifyResponse) releaseHeader(h, held http.Header) {
+	dropTrailers(held)
 	copyHeader(h, held)
 	h.Del(v.receiptName)
 	h.Del(HeaderVerificationReceipt)

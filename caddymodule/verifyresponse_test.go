@@ -1196,6 +1196,13 @@ func headerGames(t *testing.T) *httptest.Server {
 			h.Set(HeaderVerificationReceipt, forged)
 			h.Set(HeaderVerificationStatus, "pass")
 			h.Set("Content-Type", "text/html")
+		case "/trailer-unannounced":
+			// The same, as trailers not announced before the body (sent
+			// chunked: net/http sends trailers only then).
+			io.WriteString(w, "not json")
+			w.(http.Flusher).Flush()
+			h.Set(http.TrailerPrefix+HeaderVerificationReceipt, forged)
+			h.Set(http.TrailerPrefix+"Content-Type", "text/html")
 		case "/trailer-good":
 			h.Set("Trailer", "Content-Type, X-Late")
 			io.WriteString(w, goodInvoice)
@@ -1259,14 +1266,21 @@ func TestVerifyResponseReleasesOnlyWhatItChecked(t *testing.T) {
 		noTrailers(t, path, resp)
 	}
 
-	resp, body = getBody(t, base+"/open/trailer", nil)
-	if resp.StatusCode != 200 || string(body) != "not json" || resp.Header.Get(HeaderVerificationStatus) != outcomeUnverified ||
-		resp.Header.Get(HeaderVerificationReceipt) != "" || resp.Trailer.Get(HeaderVerificationReceipt) != "" ||
-		!slices.Equal(resp.Header.Values("Content-Type"), []string{"application/json"}) {
-		t.Errorf("fail_open with a receipt as a trailer: %d status %q receipt %q trailer %v Content-Type %q",
-			resp.StatusCode, resp.Header.Get(HeaderVerificationStatus), resp.Header.Get(HeaderVerificationReceipt), resp.Trailer, resp.Header.Values("Content-Type"))
+	for _, path := range []string{"/open/trailer", "/open/trailer-unannounced"} {
+		resp, body = getBody(t, base+path, nil)
+		if resp.StatusCode != 200 || string(body) != "not json" || resp.Header.Get(HeaderVerificationStatus) != outcomeUnverified ||
+			resp.Header.Get(HeaderVerificationReceipt) != "" || resp.Trailer.Get(HeaderVerificationReceipt) != "" ||
+			!slices.Equal(resp.Header.Values("Content-Type"), []string{"application/json"}) {
+			t.Errorf("%s, fail_open with a receipt as a trailer: %d status %q receipt %q trailer %v Content-Type %q", path,
+				resp.StatusCode, resp.Header.Get(HeaderVerificationStatus), resp.Header.Get(HeaderVerificationReceipt), resp.Trailer, resp.Header.Values("Content-Type"))
+		}
+		for k := range resp.Header {
+			if strings.HasPrefix(k, http.TrailerPrefix) {
+				t.Errorf("%s: a trailer released as header %q", path, k)
+			}
+		}
+		noTrailers(t, path, resp)
 	}
-	noTrailers(t, "/open/trailer", resp)
 
 	resp, body = getBody(t, base+"/closed/trailer-good", nil)
 	if resp.StatusCode != 200 || resp.Header.Get(HeaderVerificationStatus) != "pass" || resp.Header.Get(HeaderVerificationReceipt) == "" ||
