@@ -256,6 +256,11 @@ type Gate struct {
 	// served (pending.go: reports whose own way was lost in a restart).
 	// Set in Provision; a pointer because a Gate is copied by value.
 	route *atomic.Pointer[reporter]
+	// stopped is set by Cleanup (stopResolver): the gate's requests may
+	// still be running, but nothing keyed by the gate may be created any
+	// more, as nothing would drop it (reportBatched). Set in Provision, a
+	// pointer like route.
+	stopped *atomic.Bool
 
 	// server is where rates is registered for wallet_auth (serverZones).
 	server *caddyhttp.Server
@@ -402,6 +407,7 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 	}
 	registerMetrics(ctx)
 	g.route = new(atomic.Pointer[reporter])
+	g.stopped = new(atomic.Bool)
 	discovery.add(g)
 	g.startResolver() // hook (pending.go): resolve unknown settlements
 	return nil

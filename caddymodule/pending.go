@@ -568,8 +568,14 @@ func (g *Gate) startResolver() {
 	}()
 }
 
-// stopResolver ends the gate's background pass.
+// stopResolver ends the gate's background pass and drops its report
+// queues. The gate's requests still in flight (on a reload Caddy cleans up
+// the old config while they run) still report: their reports go unbatched
+// (reportBatched), since a queue they made now would never be dropped.
 func (g *Gate) stopResolver() {
+	if g.stopped != nil {
+		g.stopped.Store(true) // before the queues are dropped: see reportBatched
+	}
 	resolvers.Lock()
 	cancel := resolvers.stop[g]
 	delete(resolvers.stop, g)
@@ -837,8 +843,21 @@ var reportQueues sync.Map
 // the upstream took it. The request that sends a batch is the one whose
 // report found the queue idle, or the first of those waiting when the
 // previous batch returned: each request sends at most one batch.
+//
+// A gate already cleaned up (stopped) keeps no queue: the report of a
+// request that outlived its config goes alone. A queue created as the gate
+// stopped is dropped again here: stopped is set before stopResolver looks
+// for queues, and checked after the queue is stored, so one of the two
+// sees it.
 func (g *Gate) reportBatched(r *http.Request, next caddyhttp.Handler, path string, rep outcomeReport) bool {
-	v, _ := reportQueues.LoadOrStore(reportQueueKey{g, path}, &reportQueue{})
+	if g.stopped != nil && g.stopped.Load() {
+		return g.reportSafely(r, next, path, []outcomeReport{rep})
+	}
+	key := reportQueueKey{g, path}
+	v, _ := reportQueues.LoadOrStore(key, &reportQueue{})
+	if g.stopped != nil && g.stopped.Load() {
+		reportQueues.CompareAndDelete(key, v) // the queue still serves the reports in it
+	}
 	q := v.(*reportQueue)
 	me := &queuedReport{outcomeReport: rep, done: make(chan int, 1)}
 	q.mu.Lock()

@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -178,5 +179,30 @@ func TestARefusedBatchIsRetriedReportByReport(t *testing.T) {
 	slices.Sort(ids)
 	if !slices.Equal(ids, []string{"first", "x", "y"}) {
 		t.Fatalf("reported %v", ids)
+	}
+}
+
+// On a reload Caddy cleans up the old config's modules while its requests
+// still run (caddyhttp.App.stop waits only when the process exits).
+// Gate.Cleanup drops the gate's report queues (stopResolver); a paid call
+// still in flight on the old gate then reports its outcome: the report
+// must still reach the upstream, and must not leave a queue keyed by the
+// cleaned-up gate, which nothing would drop (one old Gate, its verifier,
+// offers and store handle, pinned per reload for the life of the process).
+func TestReportAfterCleanupIsSentAndKeepsNoQueue(t *testing.T) {
+	g := &Gate{Route: "POST /verify/schema", logger: zap.NewNop(), stopped: new(atomic.Bool)} // as Provision sets it
+	g.stopResolver()                                                                          // what Cleanup does
+	sink := &reportSink{}
+	r := httptest.NewRequest(http.MethodPost, "/verify/schema", nil)
+	const path = "/internal/report"
+	if !g.reportBatched(r, caddyhttp.Handler(sink), path, outcomeReport{VerificationID: "v1", Payment: "paid"}) {
+		t.Fatal("the report of a request that outlived its config was not taken")
+	}
+	if got := sink.got(); len(got) != 1 || len(got[0]) != 1 || got[0][0].VerificationID != "v1" {
+		t.Fatalf("upstream got %v, want the one report", got)
+	}
+	if _, ok := reportQueues.Load(reportQueueKey{g, path}); ok {
+		reportQueues.Delete(reportQueueKey{g, path})
+		t.Fatal("a report queue keyed by a cleaned-up gate was created after its Cleanup; nothing drops it (it pins the old gate)")
 	}
 }
