@@ -166,6 +166,17 @@ type claims struct{ db *DB }
 
 // Claim implements Claims.
 func (cl claims) Claim(ctx context.Context, keys []string, until time.Time) (Claim, error) {
+	return cl.claim(ctx, keys, until, nil)
+}
+
+// ClaimHeld implements HeldClaims.
+func (cl claims) ClaimHeld(ctx context.Context, keys []string, until time.Time, note func(Claim) (string, error)) (Claim, error) {
+	return cl.claim(ctx, keys, until, note)
+}
+
+// claim is Claim, with the note made by note (nil: none) written on the
+// new claim in the same write.
+func (cl claims) claim(ctx context.Context, keys []string, until time.Time, note func(Claim) (string, error)) (Claim, error) {
 	keys, err := ClaimKeys(keys)
 	if err != nil {
 		return Claim{}, err
@@ -173,6 +184,15 @@ func (cl claims) Claim(ctx context.Context, keys []string, until time.Time) (Cla
 	rec := claimRecord{until: until.UnixNano()}
 	if _, err := rand.Read(rec.token[:]); err != nil {
 		return Claim{}, fmt.Errorf("making claim token: %w", err)
+	}
+	c := Claim{Keys: keys, Token: hex.EncodeToString(rec.token[:]), Until: until}
+	if note != nil {
+		if rec.note, err = note(c); err != nil {
+			return Claim{}, err
+		}
+		if len(rec.note) > MaxHoldNoteBytes {
+			return Claim{}, fmt.Errorf("store: hold note over %d bytes", MaxHoldNoteBytes)
+		}
 	}
 	err = cl.db.update(ctx, func(txn *tx) error {
 		t := now().UnixNano()
@@ -198,7 +218,7 @@ func (cl claims) Claim(ctx context.Context, keys []string, until time.Time) (Cla
 	if err != nil {
 		return Claim{}, err
 	}
-	return Claim{Keys: keys, Token: hex.EncodeToString(rec.token[:]), Until: until}, nil
+	return c, nil
 }
 
 // Record implements Claims.
@@ -318,6 +338,20 @@ func (cl claims) Lookup(ctx context.Context, key string) (ClaimState, error) {
 // lapses with its claim, so it is bounded in time by the claim's expiry;
 // callers bound its size (MaxHoldNoteBytes).
 type HeldClaims interface {
+	// ClaimHeld is Claims.Claim with a note on the new claim, in the same
+	// write: note is called once, with the claim about to be written (its
+	// keys as stored, and its token), and its error is returned with
+	// nothing claimed. It is how a payment's record is on disk before its
+	// settlement is attempted, so that a gateway that dies mid-attempt
+	// leaves what the next one needs to resolve it, at no write more than
+	// the claim.
+	ClaimHeld(ctx context.Context, keys []string, until time.Time, note func(Claim) (string, error)) (Claim, error)
+	// Session names this opening of the store when no other process can
+	// use it at the same time (the embedded store: Badger locks its
+	// folder), and is "" for a store several gateways share. A note
+	// written in another session was left by a process that is gone: no
+	// request is still working on its claim.
+	Session() string
 	// Hold writes note on c, which must still be c's and unsettled
 	// (ErrClaimLost, ErrClaimSettled otherwise).
 	Hold(ctx context.Context, c Claim, note string) error
@@ -336,6 +370,9 @@ type HeldClaims interface {
 
 // MaxHoldNoteBytes bounds one Hold note.
 const MaxHoldNoteBytes = 4 << 20
+
+// Session implements HeldClaims: the open database's, made at Open.
+func (cl claims) Session() string { return cl.db.life.session }
 
 // Hold implements HeldClaims.
 func (cl claims) Hold(ctx context.Context, c Claim, note string) error {

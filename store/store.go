@@ -17,6 +17,7 @@ package store
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -210,7 +211,7 @@ func Open(dir string, opts Options) (*DB, error) {
 			log = nil
 		}
 	}
-	db := &DB{bdb: bdb, vers: vers, commits: newCommitter(vers, log), dir: dir, opts: opts, life: &lifecycle{closed: make(chan struct{})}}
+	db := &DB{bdb: bdb, vers: vers, commits: newCommitter(vers, log), dir: dir, opts: opts, life: &lifecycle{closed: make(chan struct{}), session: rand.Text()}}
 	db.allow = newAllowances(db)
 	if err := db.checkLayout(); err != nil {
 		db.allow.close()
@@ -244,6 +245,8 @@ type lifecycle struct {
 	once   sync.Once
 	closed chan struct{}
 	err    error
+	// session names this opening of the database (HeldClaims.Session).
+	session string
 }
 
 func (db *DB) closeBadger() error {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -56,6 +57,53 @@ return out
 
 func (c claims) index() string { return c.s.opts.Prefix + ":{c}!held" }
 
+// swapScript: KEYS the claim keys; ARGV token, old note, note. Marks the
+// claim settled with note if every key still carries old. Returns 1, 0 when
+// the claim is lost, 3 when the note changed.
+var swapScript = redis.NewScript(`#!lua
+` + nowMS + heldCheck + `for _, k in ipairs(KEYS) do
+  if redis.call('HGET', k, 'n') ~= ARGV[2] then return 3 end
+end
+for _, k in ipairs(KEYS) do
+  redis.call('HSET', k, 's', '1', 'n', ARGV[3])
+end
+return 1
+`)
+
+// Swap implements store.HeldClaims. Run twice (go-redis resends a command
+// whose answer was lost), the second run finds the new note and reports
+// store.ErrNoteChanged: the caller takes that as another's move and does
+// not act on the old note, which errs on the side of delivering nothing
+// twice.
+func (c claims) Swap(ctx context.Context, cl store.Claim, old, note string) error {
+	if len(note) > maxHoldNote {
+		return fmt.Errorf("store: hold note over %d bytes", maxHoldNote)
+	}
+	if !validClaim(cl) {
+		return store.ErrClaimLost
+	}
+	v, err := c.s.write(ctx, swapScript, c.keys(cl.Keys), cl.Token, old, note)
+	if err != nil {
+		return fmt.Errorf("redisstore: swapping claim note: %w", err)
+	}
+	switch v {
+	case int64(1):
+		return nil
+	case int64(3):
+		return store.ErrNoteChanged
+	}
+	return store.ErrClaimLost
+}
+
+// ClaimHeld implements store.HeldClaims.
+func (c claims) ClaimHeld(ctx context.Context, keys []string, until time.Time, note func(store.Claim) (string, error)) (store.Claim, error) {
+	return c.claim(ctx, keys, until, note)
+}
+
+// Session implements store.HeldClaims: "" as the store is shared by every
+// gateway that names it, so a note's writer may be alive on another.
+func (claims) Session() string { return "" }
+
 // Hold writes note on c, which must still be c's and unsettled
 // (store.ErrClaimLost, store.ErrClaimSettled otherwise).
 func (c claims) Hold(ctx context.Context, cl store.Claim, note string) error {
@@ -104,3 +152,5 @@ func (c claims) Held(ctx context.Context, fn func(key string, st store.ClaimStat
 	}
 	return nil
 }
+
+var _ store.HeldClaims = claims{}

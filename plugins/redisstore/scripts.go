@@ -77,7 +77,13 @@ return math.max(0, tonumber(ARGV[1]) - used)
 // success, {2} when until is not in the future, or {0, i, settled, until,
 // note} naming the first live key held by someone else.
 var claimScript = redis.NewScript(`#!lua
-` + nowMS + `local token, untl = ARGV[1], tonumber(ARGV[2])
+` + nowMS + `local note = ''
+` + claimBody + `return {1}
+`)
+
+// claimBody claims KEYS for ARGV[1] (token) until ARGV[2] (ms) with note,
+// or returns as claimScript says.
+const claimBody = `local token, untl = ARGV[1], tonumber(ARGV[2])
 if untl <= now then return {2} end
 for i, k in ipairs(KEYS) do
   local v = redis.call('HMGET', k, 's', 't', 'u', 'n')
@@ -88,9 +94,19 @@ for i, k in ipairs(KEYS) do
 end
 for _, k in ipairs(KEYS) do
   redis.call('DEL', k)
-  redis.call('HSET', k, 's', '0', 't', token, 'u', ARGV[2], 'n', '')
+  redis.call('HSET', k, 's', '0', 't', token, 'u', ARGV[2], 'n', note)
   redis.call('PEXPIREAT', k, untl)
 end
+`
+
+// claimHeldScript is claimScript with a note (ARGV[3]) on the new claim,
+// listed in the index of held claims (the last of KEYS) by its first key
+// (ARGV[4]), as holdScript lists it. Same answers.
+var claimHeldScript = redis.NewScript(`#!lua
+` + nowMS + `local index = table.remove(KEYS)
+local note = ARGV[3]
+` + claimBody + `redis.call('ZADD', index, untl, ARGV[4])
+redis.call('PEXPIREAT', index, math.max(untl, tonumber(redis.call('PEXPIRETIME', index))))
 return {1}
 `)
 

@@ -330,6 +330,12 @@ func ceilMS(t time.Time) int64 {
 
 // Claim implements store.Claims.
 func (c claims) Claim(ctx context.Context, keys []string, until time.Time) (store.Claim, error) {
+	return c.claim(ctx, keys, until, nil)
+}
+
+// claim is Claim, with the note made by note (nil: none) written on the
+// new claim in the same script (store.HeldClaims.ClaimHeld).
+func (c claims) claim(ctx context.Context, keys []string, until time.Time, note func(store.Claim) (string, error)) (store.Claim, error) {
 	keys, err := store.ClaimKeys(keys)
 	if err != nil {
 		return store.Claim{}, err
@@ -339,7 +345,19 @@ func (c claims) Claim(ctx context.Context, keys []string, until time.Time) (stor
 		return store.Claim{}, fmt.Errorf("making claim token: %w", err)
 	}
 	token := hex.EncodeToString(tok[:])
-	v, err := c.s.write(ctx, claimScript, c.keys(keys), token, ceilMS(until))
+	var v any
+	if note == nil {
+		v, err = c.s.write(ctx, claimScript, c.keys(keys), token, ceilMS(until))
+	} else {
+		var n string
+		if n, err = note(store.Claim{Keys: keys, Token: token, Until: until}); err != nil {
+			return store.Claim{}, err
+		}
+		if len(n) > maxHoldNote {
+			return store.Claim{}, fmt.Errorf("store: hold note over %d bytes", maxHoldNote)
+		}
+		v, err = c.s.write(ctx, claimHeldScript, append(c.keys(keys), c.index()), token, ceilMS(until), n, keys[0])
+	}
 	if err != nil {
 		c.s.undo(ctx, releaseScript, c.keys(keys), token)
 		return store.Claim{}, fmt.Errorf("redisstore: claiming: %w", err)

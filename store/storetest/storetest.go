@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -446,6 +447,86 @@ func TestClaims(t *testing.T, newGW NewGateway) {
 		}
 		if _, err := cl.Lookup(ctx, "k"); !errors.Is(err, store.ErrNotFound) {
 			t.Fatalf("a refused claim left a key: %v", err)
+		}
+	})
+
+	t.Run("a held claim is claimed with its note in one write, listed, and moved on by Swap", func(t *testing.T) {
+		cl := newGW(t, time.Minute).Claims
+		hc, ok := cl.(store.HeldClaims)
+		if !ok {
+			t.Skip("the backend keeps no held records")
+		}
+		until := time.Now().Add(time.Hour)
+		var asked store.Claim
+		c, err := hc.ClaimHeld(ctx, []string{"h1", "h2"}, until, func(c store.Claim) (string, error) {
+			asked = c
+			return "record of " + c.Token, nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if asked.Token != c.Token || !slices.Equal(asked.Keys, c.Keys) || !slices.Equal(c.Keys, []string{"h1", "h2"}) {
+			t.Fatalf("the note was made for %+v, the claim is %+v", asked, c)
+		}
+		want := "record of " + c.Token
+		for _, k := range c.Keys {
+			if st, err := cl.Lookup(ctx, k); err != nil || st.Settled || st.Note != want || !near(st.Until, until) {
+				t.Fatalf("%s: %+v, %v; want pending with the note until %v", k, st, err, until)
+			}
+		}
+		var ce *store.ClaimedError
+		if _, err := cl.Claim(ctx, []string{"h2"}, until); !errors.As(err, &ce) || ce.State.Note != want {
+			t.Fatalf("a second claim = %v, want a ClaimedError carrying the note", err)
+		}
+		var listed []string
+		list := func() {
+			listed = nil
+			if err := hc.Held(ctx, func(key string, st store.ClaimState) bool {
+				listed = append(listed, key+"="+st.Note)
+				return true
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if list(); !slices.Equal(listed, []string{"h1=" + want}) {
+			t.Fatalf("held %v, want the claim once with its note", listed)
+		}
+		// The record moves on by compare-and-swap, as the gateway moves it.
+		if err := hc.Swap(ctx, c, "another note", "settled"); !errors.Is(err, store.ErrNoteChanged) {
+			t.Fatalf("Swap from a note the claim does not carry = %v, want ErrNoteChanged", err)
+		}
+		if err := hc.Swap(ctx, c, want, "settled"); err != nil {
+			t.Fatal(err)
+		}
+		if st, err := cl.Lookup(ctx, "h2"); err != nil || !st.Settled || st.Note != "settled" {
+			t.Fatalf("after Swap %+v, %v; want settled with the new note", st, err)
+		}
+		if list(); len(listed) != 0 {
+			t.Fatalf("a settled claim is still listed: %v", listed)
+		}
+		if s1, s2 := hc.Session(), hc.Session(); s1 != s2 {
+			t.Fatalf("the session changed while the store is open: %q, %q", s1, s2)
+		}
+	})
+
+	t.Run("a held claim whose note cannot be made, or is too large, claims nothing", func(t *testing.T) {
+		cl := newGW(t, time.Minute).Claims
+		hc, ok := cl.(store.HeldClaims)
+		if !ok {
+			t.Skip("the backend keeps no held records")
+		}
+		until := time.Now().Add(time.Hour)
+		bad := errors.New("no note")
+		if _, err := hc.ClaimHeld(ctx, []string{"n1"}, until, func(store.Claim) (string, error) { return "", bad }); !errors.Is(err, bad) {
+			t.Fatalf("ClaimHeld = %v, want the note's error", err)
+		}
+		if _, err := hc.ClaimHeld(ctx, []string{"n1"}, until, func(store.Claim) (string, error) {
+			return strings.Repeat("x", store.MaxHoldNoteBytes+1), nil
+		}); err == nil {
+			t.Fatal("a note over MaxHoldNoteBytes was taken")
+		}
+		if _, err := cl.Lookup(ctx, "n1"); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("a refused held claim left a key: %v", err)
 		}
 	})
 
