@@ -150,7 +150,7 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	}
 	keys, until := claimKeys(raw, payload, offer, auth)
 	ctx := r.Context()
-	claim, err := g.state.Claims().Claim(ctx, keys, until)
+	claim, err := g.claimPaid(r, keys, until, payload, offer)
 	if err != nil {
 		var ce *store.ClaimedError
 		if errors.As(err, &ce) {

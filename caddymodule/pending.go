@@ -103,6 +103,58 @@ type heldRecord struct {
 	// Gate names the gate that held it (gateID), so that after a restart
 	// its outcome is reported through the same gate's upstream.
 	Gate string `json:"gate,omitempty"`
+	// Attempt is set on the record written with the claim (claimPaid),
+	// before anything was asked of the facilitator: until then the request
+	// that claimed the payment may still be verifying, running the
+	// upstream or settling, and the record is not the gate's to resolve
+	// (attempting). A record still so after it, or written in another
+	// Session of a store only one process can open (the writer is gone),
+	// was left by a gateway that died mid-attempt, maybe after the
+	// transfer was sent: its outcome is unknown, and resolved as any
+	// other. Zero once the attempt ended unknown (holdUnknown).
+	Attempt time.Time `json:"attempt,omitzero"`
+	Session string    `json:"session,omitempty"`
+}
+
+// attemptMargin is added to the sum of the timeouts that bound a paid
+// call's attempt (attemptSpan), for what they do not bound: the store's
+// writes, scheduling, a clock step.
+const attemptMargin = time.Minute
+
+// attemptSpan bounds how long the request that claimed a payment works on
+// it: verifying, running the upstream, settling, each within its timeout.
+func (g *Gate) attemptSpan() time.Duration {
+	return defaultSettleTimeout + time.Duration(g.UpstreamTimeout) + defaultSettleTimeout + attemptMargin
+}
+
+// claimPaid claims a payment's keys and, with a store that holds records,
+// writes its record in the same write (store.HeldClaims.ClaimHeld): the
+// payment, the offer, the request it pays for and when its attempt began.
+// Should the gateway die after the facilitator sent the transfer and
+// before its reply, the next one finds what it needs to resolve the
+// payment from the chain, as it does an unknown outcome.
+func (g *Gate) claimPaid(r *http.Request, keys []string, until time.Time, p x402.PaymentPayload, offer x402.PaymentRequirements) (store.Claim, error) {
+	hc, ok := g.state.Claims().(store.HeldClaims)
+	if !ok {
+		return g.state.Claims().Claim(r.Context(), keys, until)
+	}
+	return hc.ClaimHeld(r.Context(), keys, until, func(c store.Claim) (string, error) {
+		t := now()
+		h := heldRecord{Keys: c.Keys, Token: c.Token, Until: c.Until, Payload: p, Offer: offer, Gate: g.gateID(),
+			SentAfter: t, Attempt: t.Add(g.attemptSpan()), Session: hc.Session()}
+		h.Request, h.RequestBody = g.heldRequest(r, false)
+		note, err := json.Marshal(h)
+		return string(note), err
+	})
+}
+
+// attempting reports whether the request that claimed h's payment may
+// still be at work on it (see heldRecord.Attempt).
+func attempting(h *heldRecord, hc store.HeldClaims) bool {
+	if h.Attempt.IsZero() || !now().Before(h.Attempt) {
+		return false
+	}
+	return h.Session == "" || h.Session == hc.Session()
 }
 
 // gateID names a gate among those of one configuration: its route and its
@@ -259,6 +311,9 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 	if !ok {
 		return false, nil
 	}
+	if hc, ok := g.state.Claims().(store.HeldClaims); ok && !cs.Settled && attempting(h, hc) {
+		return false, nil // in flight: the caller answers as it does
+	}
 	note := cs.Note
 	if !cs.Settled {
 		st, known := g.checkHeld(r.Context(), h)
@@ -394,7 +449,7 @@ func (g *Gate) resolvePass(ctx context.Context) {
 	}
 	var todo []held
 	err := hc.Held(ctx, func(_ string, st store.ClaimState) bool {
-		if h, ok := decodeHeld(st.Note); ok {
+		if h, ok := decodeHeld(st.Note); ok && !attempting(h, hc) {
 			if _, ours := x402.Match(h.Offer, g.offers); ours {
 				todo = append(todo, held{h, st.Note})
 			}

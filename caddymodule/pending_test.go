@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -582,5 +583,136 @@ func TestUnknownSettlementNotKeptRunsOnceForConcurrentRetries(t *testing.T) {
 	}
 	if got := charged(t, d, payer, before); got.Cmp(big.NewInt(20000)) != 0 {
 		t.Fatalf("charged %v", got)
+	}
+}
+
+// killedFacilitator is a FAKE FOR A FAULT that cannot otherwise be caused
+// in one test process: a gateway killed mid-settlement. Its Settle settles
+// for real on the devnet, then ends the request's goroutine
+// (runtime.Goexit): nothing the gate would do after the facilitator's reply
+// happens, as when the process is killed (a SIGKILL after the stop grace, a
+// crash) after the transfer was sent and before the reply arrived. The
+// request's deferred calls run, as the process's exit frees everything.
+type killedFacilitator struct {
+	f *evmfacilitator.Facilitator
+}
+
+func init() { caddy.RegisterModule(&killedFacilitator{}) }
+
+func (*killedFacilitator) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{ID: "x402.facilitators.killed_devnet", New: func() caddy.Module { return new(killedFacilitator) }}
+}
+
+func (m *killedFacilitator) Provision(caddy.Context) error {
+	if devnet == nil {
+		return errors.New("killed_devnet needs the shared devnet")
+	}
+	f, err := evmfacilitator.New(evmfacilitator.Config{Chain: devnet.Client(), Network: evmfacilitator.DevnetNetwork,
+		RelayerKey: evmfacilitator.DevKey(faultyRelayer), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 30 * time.Second})
+	m.f = f
+	return err
+}
+
+func (m *killedFacilitator) UnmarshalCaddyfile(d *caddyfile.Dispenser) error { d.Next(); return nil }
+func (m *killedFacilitator) Verify(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.VerifyResponse, error) {
+	return m.f.Verify(ctx, p, req)
+}
+func (m *killedFacilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettleResponse, error) {
+	m.f.Settle(ctx, p, req)
+	runtime.Goexit() // killed here: the reply never reaches the gate
+	panic("unreachable")
+}
+func (m *killedFacilitator) Supported(ctx context.Context) (x402.SupportedResponse, error) {
+	return m.f.Supported(ctx)
+}
+
+// killSite is a paid route whose store is in storeDir, settled by fac.
+func killSite(up, fac, storeDir string) string {
+	return fmt.Sprintf(`:{port} {
+	route /verify/schema {
+		x402 {
+			accept devnet $0.02 %[3]s
+			facilitator %[2]s
+			store badger %[4]s
+		}
+		reverse_proxy %[1]s
+	}
+}
+`, strings.TrimPrefix(up, "http://"), fac, payTo.Hex(), storeDir)
+}
+
+// A gateway killed after the facilitator sent the transfer and before its
+// reply: the payment's record was written with its claim, before the
+// settlement was asked for, so the restarted gateway (a new opening of the
+// same store) resolves it from the chain on the buyer's retry with the
+// same payment: the transfer happened, so the upstream runs again, once,
+// and the buyer gets the answer paid for. Before, the claim was bare: the
+// retry was told payment_in_flight until the claim lapsed, and then the
+// chain refused the used nonce: paid, never served.
+//
+// Run twice: resolved by the retry itself, and by the background pass
+// before any retry (the retry then gets the run it is owed).
+func TestKilledMidSettlementIsResolvedAfterRestart(t *testing.T) {
+	t.Run("on the retry", func(t *testing.T) { testKilledMidSettlement(t, false) })
+	t.Run("in the background", func(t *testing.T) { testKilledMidSettlement(t, true) })
+}
+
+func testKilledMidSettlement(t *testing.T, background bool) {
+	if background {
+		old := resolveInterval
+		resolveInterval = 50 * time.Millisecond
+		t.Cleanup(func() { resolveInterval = old })
+	}
+	resolved := counterValue(t, "unknown_resolved_settled")
+	d, _ := sharedDevnet(t)
+	up := newUpstream(t)
+	storeDir := filepath.Join(t.TempDir(), "gate")
+	base := startCaddy(t, killSite(up.URL, "killed_devnet", storeDir))
+	url := base + "/verify/schema"
+	payer := evmfacilitator.DevAccounts()[8].Address
+	before := balance(t, d, payer)
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 8)
+
+	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(validRequest))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(x402.HeaderPaymentSignature, sig)
+	if resp, err := (&http.Client{Timeout: 20 * time.Second}).Do(req); err == nil {
+		resp.Body.Close()
+		t.Fatalf("the killed request was answered: %d", resp.StatusCode)
+	}
+	if got := charged(t, d, payer, before); got.Cmp(big.NewInt(20000)) != 0 {
+		t.Fatalf("charged %v before the restart, want 20000", got)
+	}
+	if err := caddy.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	base = startCaddy(t, killSite(up.URL, "faulty_devnet none", storeDir))
+	url = base + "/verify/schema"
+	if background {
+		for deadline := time.Now().Add(10 * time.Second); counterValue(t, "unknown_resolved_settled") == resolved; time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("the background pass never resolved the payment of the killed request")
+			}
+		}
+	}
+
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK || resp.Header.Get(x402.HeaderPaymentResponse) == "" {
+		t.Fatalf("retry after the restart: %d %s (PAYMENT-RESPONSE %q); want the paid answer", resp.StatusCode, b, resp.Header.Get(x402.HeaderPaymentResponse))
+	}
+	if !strings.Contains(string(b), `"payment":"paid"`) {
+		t.Fatalf("retry answered %s, want the upstream's answer to a paid call", b)
+	}
+	resp = post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	b, _ = io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusPaymentRequired || !strings.Contains(string(b)+resp.Header.Get(x402.HeaderPaymentRequired), x402.ReasonPaymentAlreadyUsed) {
+		t.Fatalf("a second retry: %d %s; want payment_already_used (delivered once)", resp.StatusCode, b)
+	}
+	if got := charged(t, d, payer, before); got.Cmp(big.NewInt(20000)) != 0 {
+		t.Fatalf("charged %v in all, want 20000 once", got)
+	}
+	if got := counterValue(t, "unknown_resolved_settled") - resolved; got != 1 {
+		t.Fatalf("resolved as settled %v times, want once", got)
 	}
 }
