@@ -27,7 +27,13 @@ http_ok() {
 # (1 s, doubling up to AOV_RESTART_MAX_BACKOFF, default 30 s; back to 1 s once
 # a process has run AOV_RESTART_RESET seconds, default 30), with a line in the
 # log each time, while the others keep running; `stop_all` stops them in
-# reverse order of start (each gets SIGTERM and 10 s, then SIGKILL). The
+# reverse order of start (each gets SIGTERM and AOV_STOP_GRACE seconds,
+# default 120, then SIGKILL). The grace covers the longest paid call the
+# gateway may be finishing: verify (30 s) + upstream_timeout (30 s by
+# default, 15 s in Caddyfile.example) + settlement (30 s), with a margin. A
+# gateway killed mid-settlement loses nothing (the payment's record is
+# written before settling, and resolved from the chain after the restart),
+# but its buyer waits for that resolution instead of getting the answer. The
 # caller defines `say` and traps INT, TERM and EXIT to stop_all.
 sup_names=()    # NAME of each supervised process, in start order
 sup_cmds=()     # its command, shell-quoted, for restarts
@@ -86,12 +92,12 @@ stop_all() {
 	sup_stopping=1
 	trap '' INT TERM
 	say "stopping"
-	local i
+	local i grace="${AOV_STOP_GRACE:-120}"
 	for ((i = ${#sup_pids[@]} - 1; i >= 0; i--)); do
 		kill -TERM -- "-${sup_pids[$i]}" 2>/dev/null || true
 		kill -CONT -- "-${sup_pids[$i]}" 2>/dev/null || true # a stopped one must see it
 		# Give each its grace period, then insist.
-		for _ in $(seq 1 100); do
+		for _ in $(seq 1 $((grace * 10))); do
 			kill -0 "${sup_pids[$i]}" 2>/dev/null || break
 			sleep 0.1
 		done
