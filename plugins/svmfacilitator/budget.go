@@ -138,8 +138,10 @@ func (b *budget) prune(t time.Time) {
 }
 
 // refusal is why x may not be settled at t, with the reason code; "" when
-// it may. Settling (reserving) also counts what is in flight.
-func (b *budget) refusal(x exposure, t time.Time, settling bool) (reason, msg string) {
+// it may. Verify and Settle ask the same: a payer at its cap of
+// settlements in flight is refused at verify too, before a gateway that
+// settles after the call runs it.
+func (b *budget) refusal(x exposure, t time.Time) (reason, msg string) {
 	b.prune(t)
 	for _, k := range x.ids {
 		id := b.ids[k]
@@ -149,7 +151,7 @@ func (b *budget) refusal(x exposure, t time.Time, settling bool) (reason, msg st
 		if n := b.recent(id, t); n >= b.perPayer {
 			return ReasonPayerFailureBudget, fmt.Sprintf("%d settlements of this payer failed on chain within %s, each paid for by the fee payer; pay again later", n, b.window)
 		}
-		if settling && id.inFlight >= b.inFlight {
+		if id.inFlight >= b.inFlight {
 			return ReasonPayerFailureBudget, fmt.Sprintf("%d settlements of this payer are in flight; pay again once they are confirmed", id.inFlight)
 		}
 	}
@@ -164,7 +166,7 @@ func (b *budget) check(x exposure) (reason, msg string) {
 	t := now()
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.refusal(x, t, false)
+	return b.refusal(x, t)
 }
 
 // reserve counts x in flight unless it is refused; the caller sends it and
@@ -173,7 +175,7 @@ func (b *budget) reserve(x exposure) (reason, msg string) {
 	t := now()
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if reason, msg = b.refusal(x, t, true); reason != "" {
+	if reason, msg = b.refusal(x, t); reason != "" {
 		return reason, msg
 	}
 	for _, k := range x.ids {

@@ -246,9 +246,11 @@ func TestFailedLamportsSuspendOptionalInstructions(t *testing.T) {
 
 // TestSettlementsInFlightArePlacesInTheBudget: a payer's settlements sent
 // and not yet confirmed hold places (MaxInFlightPerPayer): one move of its
-// tokens would fail them all at once, before any failure is recorded.
-// Verify does not count them; a place is given back once the outcome is
-// known.
+// tokens would fail them all at once, before any failure is recorded. A
+// payer at its cap is refused at verify too, before anything is simulated
+// (a gateway that settles after the call would otherwise run the call and
+// then fail to settle); verify takes no place. A place is given back once
+// the outcome is known.
 func TestSettlementsInFlightArePlacesInTheBudget(t *testing.T) {
 	e, fr := budgetEnv(t, Config{MaxInFlightPerPayer: 1, ConfirmTimeout: time.Minute})
 	ctx := context.Background()
@@ -269,8 +271,13 @@ func TestSettlementsInFlightArePlacesInTheBudget(t *testing.T) {
 	<-sent // the first settlement holds its place and is on its way
 
 	second := e.pay(t, e.payer, "second")
-	if v, err := e.f.Verify(ctx, second, e.req); err != nil || !v.IsValid {
+	sims := fr.count("simulateTransaction")
+	v, err := e.f.Verify(ctx, second, e.req)
+	if err != nil || v.IsValid || v.InvalidReason != ReasonPayerFailureBudget || !strings.Contains(v.InvalidMessage, "1 settlements of this payer are in flight") {
 		t.Fatalf("verify while one is in flight: %+v %v", v, err)
+	}
+	if fr.count("simulateTransaction") != sims {
+		t.Fatal("verify simulated a payment it refused")
 	}
 	s, err := e.f.Settle(ctx, second, e.req)
 	if err != nil || s.Success || s.ErrorReason != ReasonPayerFailureBudget || !strings.Contains(s.ErrorMessage, "in flight") || s.Transaction != "" {
@@ -283,6 +290,9 @@ func TestSettlementsInFlightArePlacesInTheBudget(t *testing.T) {
 	fr.set(func(f *faultyRPC) { f.hideStatus = false })
 	if s := <-first; !s.Success {
 		t.Fatalf("first: %+v", s)
+	}
+	if v, err := e.f.Verify(ctx, second, e.req); err != nil || !v.IsValid {
+		t.Fatalf("verify once the first is confirmed: %+v %v", v, err)
 	}
 	if s, err := e.f.Settle(ctx, second, e.req); err != nil || !s.Success {
 		t.Fatalf("second, once the first is confirmed: %+v %v", s, err)
