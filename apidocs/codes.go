@@ -137,7 +137,7 @@ var PaymentCodes = []PaymentCode{
 	{"invalid_exact_svm_transaction_simulation_failed", "The transaction would fail on chain (simulation); check the balance and the transaction, then sign a new payment."},
 	{"invalid_exact_svm_transaction_failed", "The settlement transaction failed on chain; nothing was charged, sign a new payment."},
 	{"invalid_exact_svm_payer_failure_budget_exhausted", "This payer's recent settlements failed on chain (by default 3 within an hour), each at the fee payer's cost, or too many of its settlements are in flight at once (by default 16); nothing was charged or sent. Pay again after the window, or once your settlements in flight are confirmed; keep the tokens in place until a payment settles."},
-	{"invalid_exact_svm_payload_optional_instructions_suspended", "Settlements that failed on chain have used the facilitator's budget for failures for now, so a payment may carry no Lighthouse instruction and at most one Memo; nothing was charged or sent. Sign a plain payment (compute limit, compute price, the transfer, at most one Memo)."},
+	{"invalid_exact_svm_failure_budget_priority_fee_too_high", "Settlements that failed on chain have used the facilitator's budget for failures for now (by default 0.005 SOL within an hour), so a payment may ask for a priority fee (compute unit limit × price) of at most a small cap (by default 5,000 lamports; the message says the cap); nothing was charged or sent. Sign a new payment with a lower compute unit price: the official client's (1 micro-lamport per unit) always passes."},
 	{"duplicate_settlement", "The facilitator has already settled (or is settling) this exact transaction; never reuse a payment, sign a new one."},
 }
 

@@ -62,13 +62,16 @@ type SVMFacilitator struct {
 	// FailureWindow refuse its payments (default 3 in 1h);
 	// MaxInFlightPerPayer caps its settlements awaiting confirmation
 	// (default 16); once failures within the window cost MaxFailedLamports
-	// (default 5000000, 0.005 SOL), payments carrying Lighthouse
-	// instructions or a second Memo are refused. Kept in memory, per
-	// process (and across reloads with the same settings).
-	MaxFailedPerPayer   int            `json:"max_failed_per_payer,omitempty"`
-	MaxInFlightPerPayer int            `json:"max_in_flight_per_payer,omitempty"`
-	MaxFailedLamports   uint64         `json:"max_failed_lamports,omitempty"`
-	FailureWindow       caddy.Duration `json:"failure_window,omitempty"`
+	// (default 5000000, 0.005 SOL), payments asking for a priority fee
+	// above MaxPriorityFeePastBudget lamports (default 5000) are refused,
+	// so that each further failure costs the fee payer about what the
+	// payer spends on making it fail. Kept in memory, per process (and
+	// across reloads with the same settings).
+	MaxFailedPerPayer        int            `json:"max_failed_per_payer,omitempty"`
+	MaxInFlightPerPayer      int            `json:"max_in_flight_per_payer,omitempty"`
+	MaxFailedLamports        uint64         `json:"max_failed_lamports,omitempty"`
+	MaxPriorityFeePastBudget uint64         `json:"max_priority_fee_past_budget,omitempty"`
+	FailureWindow            caddy.Duration `json:"failure_window,omitempty"`
 
 	poolKey string
 	f       *svmfacilitator.Facilitator
@@ -111,14 +114,15 @@ func (m *SVMFacilitator) Provision(ctx caddy.Context) error {
 	cfg := svmfacilitator.Config{
 		RPC: &svmfacilitator.RPC{URL: rpcURL}, Network: network, FeePayer: key,
 		ConfirmTimeout: time.Duration(m.ConfirmTimeout), MaxComputeUnits: m.MaxComputeUnits, MaxComputeUnitPrice: m.MaxComputeUnitPrice,
-		MaxFailedPerPayer: m.MaxFailedPerPayer, MaxInFlightPerPayer: m.MaxInFlightPerPayer, MaxFailedLamports: m.MaxFailedLamports, FailureWindow: time.Duration(m.FailureWindow),
+		MaxFailedPerPayer: m.MaxFailedPerPayer, MaxInFlightPerPayer: m.MaxInFlightPerPayer, MaxFailedLamports: m.MaxFailedLamports,
+		MaxPriorityFeePastBudget: m.MaxPriorityFeePastBudget, FailureWindow: time.Duration(m.FailureWindow),
 	}
 	f, err := svmfacilitator.New(cfg)
 	if err != nil {
 		return err
 	}
-	m.poolKey = fmt.Sprintf("svm network=%s url=%s fee_payer=%s timeout=%d units=%d price=%d failed=%d inflight=%d lamports=%d window=%d",
-		network, rpcURL, f.FeePayer(), m.ConfirmTimeout, m.MaxComputeUnits, m.MaxComputeUnitPrice, m.MaxFailedPerPayer, m.MaxInFlightPerPayer, m.MaxFailedLamports, m.FailureWindow)
+	m.poolKey = fmt.Sprintf("svm network=%s url=%s fee_payer=%s timeout=%d units=%d price=%d failed=%d inflight=%d lamports=%d priority=%d window=%d",
+		network, rpcURL, f.FeePayer(), m.ConfirmTimeout, m.MaxComputeUnits, m.MaxComputeUnitPrice, m.MaxFailedPerPayer, m.MaxInFlightPerPayer, m.MaxFailedLamports, m.MaxPriorityFeePastBudget, m.FailureWindow)
 	val, _, err := facilitatorPool.LoadOrNew(m.poolKey, func() (caddy.Destructor, error) { return &pooledSVM{f: f}, nil })
 	if err != nil {
 		return err
@@ -162,10 +166,11 @@ func (m *SVMFacilitator) Supported(ctx context.Context) (x402.SupportedResponse,
 //		confirm_timeout        <duration>
 //		max_compute_units      <n>
 //		max_compute_unit_price <micro-lamports>
-//		max_failed_per_payer    <n>
-//		max_in_flight_per_payer <n>
-//		max_failed_lamports     <lamports>
-//		failure_window          <duration>
+//		max_failed_per_payer         <n>
+//		max_in_flight_per_payer      <n>
+//		max_failed_lamports          <lamports>
+//		max_priority_fee_past_budget <lamports>
+//		failure_window               <duration>
 //	}
 func (m *SVMFacilitator) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // module name
@@ -204,11 +209,9 @@ func (m *SVMFacilitator) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "max_in_flight_per_payer":
 			err = facPositiveInt(d, &m.MaxInFlightPerPayer)
 		case "max_failed_lamports":
-			if err = facOneArg(d, &s); err == nil {
-				if m.MaxFailedLamports, err = strconv.ParseUint(s, 10, 64); err == nil && m.MaxFailedLamports == 0 {
-					err = errors.New("must be at least 1")
-				}
-			}
+			err = facPositiveUint(d, &m.MaxFailedLamports)
+		case "max_priority_fee_past_budget":
+			err = facPositiveUint(d, &m.MaxPriorityFeePastBudget)
 		case "failure_window":
 			if err = facDurationArg(d, &m.FailureWindow); err == nil && m.FailureWindow <= 0 {
 				err = errors.New("must be positive")
@@ -231,6 +234,20 @@ func facPositiveInt(d *caddyfile.Dispenser, dst *int) error {
 		return err
 	}
 	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 {
+		return errors.New("must be a whole number of at least 1")
+	}
+	*dst = n
+	return nil
+}
+
+// facPositiveUint is facPositiveInt for a uint64 (lamports).
+func facPositiveUint(d *caddyfile.Dispenser, dst *uint64) error {
+	var s string
+	if err := facOneArg(d, &s); err != nil {
+		return err
+	}
+	n, err := strconv.ParseUint(s, 10, 64)
 	if err != nil || n < 1 {
 		return errors.New("must be a whole number of at least 1")
 	}

@@ -22,8 +22,10 @@ import (
 // TestSVMFacilitatorFailureBudgetOptions: the failure budget knobs parse
 // from the svm block, bad values are refused, and the provisioned
 // facilitator applies them: with max_failed_lamports 1 no fee fits, so a
-// payment carrying a second Memo is refused before the chain is asked (the
-// rpc_url answers nothing).
+// payment asking for a priority fee over max_priority_fee_past_budget is
+// refused before the chain is asked, while one within it (with a second
+// Memo, which the budget does not look at) goes on to the chain's
+// simulation (the rpc_url answers nothing, so that is an error).
 func TestSVMFacilitatorFailureBudgetOptions(t *testing.T) {
 	seed := sha256.Sum256([]byte("svm budget options fee payer"))
 	key := ed25519.NewKeyFromSeed(seed[:])
@@ -39,15 +41,16 @@ func TestSVMFacilitatorFailureBudgetOptions(t *testing.T) {
 		max_failed_per_payer 5
 		max_in_flight_per_payer 7
 		max_failed_lamports 1
+		max_priority_fee_past_budget 2
 		failure_window 30m
 	}`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m.MaxFailedPerPayer != 5 || m.MaxInFlightPerPayer != 7 || m.MaxFailedLamports != 1 || time.Duration(m.FailureWindow) != 30*time.Minute {
+	if m.MaxFailedPerPayer != 5 || m.MaxInFlightPerPayer != 7 || m.MaxFailedLamports != 1 || m.MaxPriorityFeePastBudget != 2 || time.Duration(m.FailureWindow) != 30*time.Minute {
 		t.Fatalf("parsed %+v", m)
 	}
-	for _, bad := range []string{"max_failed_per_payer 0", "max_failed_per_payer x", "max_in_flight_per_payer -1", "max_failed_lamports 0", "failure_window 0s", "failure_window soon"} {
+	for _, bad := range []string{"max_failed_per_payer 0", "max_failed_per_payer x", "max_in_flight_per_payer -1", "max_failed_lamports 0", "max_priority_fee_past_budget 0", "max_priority_fee_past_budget -1", "max_priority_fee_past_budget", "failure_window 0s", "failure_window soon"} {
 		if err := new(SVMFacilitator).UnmarshalCaddyfile(caddyfile.NewTestDispenser("svm {\n" + bad + "\n}")); err == nil {
 			t.Errorf("%q was accepted", bad)
 		}
@@ -67,8 +70,14 @@ func TestSVMFacilitatorFailureBudgetOptions(t *testing.T) {
 	p := svmfacilitator.Payment{FeePayer: fp, Authority: payer, Mint: mint, Program: svmfacilitator.TokenProgram, PayTo: payTo, Amount: 20000, Decimals: 6}
 	req := x402.PaymentRequirements{Scheme: "exact", Network: x402.NetworkSolanaDevnet, Amount: "20000", Asset: solanachain.USDC,
 		PayTo: payTo.String(), MaxTimeoutSeconds: 60, Extra: map[string]any{"feePayer": fp.String()}}
-	v, err := m.Verify(t.Context(), svmfacilitator.Payload(p.Build(append(p.Instructions(), svmfacilitator.MemoIx("second"))), req), req)
-	if err != nil || v.InvalidReason != svmfacilitator.ReasonOptionalInstructionsSuspended || !strings.Contains(v.InvalidMessage, "Lighthouse") {
-		t.Fatalf("verify: %+v %v", v, err)
+	ixs := p.Instructions()
+	ixs[1] = svmfacilitator.ComputePriceIx(150) // × 20,000 units: 3 lamports
+	v, err := m.Verify(t.Context(), svmfacilitator.Payload(p.Build(ixs), req), req)
+	if err != nil || v.InvalidReason != svmfacilitator.ReasonFailureBudgetPriorityFee || !strings.Contains(v.InvalidMessage, "at most 2 lamports, this one asks for 3") {
+		t.Fatalf("verify over the priority fee cap: %+v %v", v, err)
+	}
+	v, err = m.Verify(t.Context(), svmfacilitator.Payload(p.Build(append(p.Instructions(), svmfacilitator.MemoIx("second"))), req), req)
+	if err == nil || !strings.Contains(err.Error(), "simulating") {
+		t.Fatalf("verify within the priority fee cap: %+v %v; want the chain asked", v, err)
 	}
 }

@@ -19,11 +19,21 @@ const (
 	// yet confirmed: one move of its tokens fails them all at once, so
 	// without a cap the failure budget would count only after the damage.
 	DefaultMaxInFlightPerPayer = 16
-	// DefaultMaxFailedLamports is what all failed settlements together may
-	// cost the fee payer within FailureWindow (0.005 SOL, about 500 failures
-	// of the official client's payment) before payments carrying optional
-	// instructions are refused.
+	// DefaultMaxFailedLamports is what failed settlements may cost the fee
+	// payer within FailureWindow before payments asking for a priority fee
+	// above MaxPriorityFeePastBudget are refused (0.005 SOL: it holds 19
+	// failures at the default caps, 260,000 lamports each, or 499 of the
+	// official client's payment, 10,001 each).
 	DefaultMaxFailedLamports = 5_000_000
+	// DefaultMaxPriorityFeePastBudget is the priority fee a payment may ask
+	// for once failures have used MaxFailedLamports: one signature's base
+	// fee, what a payer pays itself for each move of its tokens that makes
+	// settlements fail. Past the budget a failure then costs the fee payer
+	// at most 15,000 lamports (two signatures and this), instead of the
+	// 260,000 the caps allow. It admits the official client's priority fee
+	// (1 micro-lamport × 20,000 units: 1 lamport) and any wallet's up to
+	// 100,000 micro-lamports per unit at the 50,000-unit cap.
+	DefaultMaxPriorityFeePastBudget = lamportsPerSignature
 	// DefaultFailureWindow is how long a failure counts.
 	DefaultFailureWindow = time.Hour
 )
@@ -33,10 +43,11 @@ const (
 const lamportsPerSignature = 5000
 
 // exposure is what one settlement puts at risk: the fee the fee payer pays
-// if it fails on chain, the identities a failure is charged to, and
-// whether it carries optional instructions.
+// if it fails on chain, the part of it the payment chose (its priority
+// fee), and the identities a failure is charged to.
 type exposure struct {
-	fee uint64
+	fee      uint64
+	priority uint64
 	// ids are the transfer's authority and source token account. The
 	// attacker controls both, and a new one of either is cheap alone (a
 	// delegate needs one Approve; another token account under the same key
@@ -44,17 +55,13 @@ type exposure struct {
 	// budget refuses the payment: escaping it takes a new key with a new
 	// funded token account.
 	ids [2]PublicKey
-	// optional: Lighthouse instructions or a second Memo, the parts of a
-	// payment that a plain transfer does not need and that can make a
-	// transaction that simulated fail when it lands.
-	optional bool
 }
 
-// feeOf is the fee the fee payer pays for a transaction of signers
-// signatures with a compute unit limit of units at price micro-lamports
-// per unit, landed or failed: the base fee per signature plus the priority
-// fee, charged on the limit asked for, not the units used. It saturates.
-func feeOf(signers int, units uint32, price uint64) uint64 {
+// priorityFee is the priority fee of a compute unit limit of units at
+// price micro-lamports per unit, in lamports: charged on the limit asked
+// for, not the units used, rounded up as the chain rounds it. It
+// saturates.
+func priorityFee(units uint32, price uint64) uint64 {
 	hi, lo := bits.Mul64(price, uint64(units))
 	if hi >= 1_000_000 {
 		return math.MaxUint64
@@ -63,22 +70,37 @@ func feeOf(signers int, units uint32, price uint64) uint64 {
 	if r > 0 {
 		q++
 	}
-	base := uint64(signers) * lamportsPerSignature
-	if q > math.MaxUint64-base {
-		return math.MaxUint64
-	}
-	return q + base
+	return q
+}
+
+// feeOf is the fee the fee payer pays for a transaction of signers
+// signatures with a priority fee of priority lamports, landed or failed:
+// the base fee per signature plus the priority fee. It saturates.
+func feeOf(signers int, priority uint64) uint64 {
+	return sat(uint64(signers)*lamportsPerSignature, priority)
 }
 
 // budget records the settlements that failed on chain, per payer identity
 // and in lamports overall, and the settlements in flight, and refuses the
 // payments that would go past either budget. It lives in the facilitator's
 // memory: per process, empty after a restart.
+//
+// The overall budget never refuses a payment for what it carries: a plain
+// transfer fails as well as any when its payer moves the tokens away, so
+// refusing what some wallets add (Phantom's Lighthouse assertions) would
+// protect nothing and let a few failures refuse those wallets' payers.
+// What a failure costs the fee payer is the fee its payment asked for, so
+// that is what the budget limits: past it a payment may ask for a priority
+// fee of at most maxPriority, and each further failure costs the fee payer
+// its base fee and at most that (by default at most three times the 5,000
+// lamports the payer spends on the move that fails it), not the 260,000
+// the caps allow.
 type budget struct {
-	perPayer int
-	inFlight int
-	lamports uint64
-	window   time.Duration
+	perPayer    int
+	inFlight    int
+	lamports    uint64
+	maxPriority uint64
+	window      time.Duration
 
 	mu sync.Mutex
 	// ids holds the identities with a failure in the window or a
@@ -89,11 +111,12 @@ type budget struct {
 	// their fees.
 	failed []failure
 	spent  uint64
-	// optionalInFlight is the fees of the settlements in flight that carry
-	// optional instructions: counted against the lamport budget before
-	// they are sent, so concurrent ones cannot pass it together.
-	optionalInFlight uint64
-	sweptAt          time.Time
+	// costlyInFlight is the fees of the settlements in flight whose
+	// priority fee is above maxPriority: counted against the lamport
+	// budget before they are sent, so concurrent ones cannot pass it
+	// together.
+	costlyInFlight uint64
+	sweptAt        time.Time
 }
 
 type identity struct {
@@ -137,6 +160,10 @@ func (b *budget) prune(t time.Time) {
 	}
 }
 
+// costly reports whether x asks for a priority fee above what the
+// budget allows once it is used.
+func (b *budget) costly(x exposure) bool { return x.priority > b.maxPriority }
+
 // refusal is why x may not be settled at t, with the reason code; "" when
 // it may. Verify and Settle ask the same: a payer at its cap of
 // settlements in flight is refused at verify too, before a gateway that
@@ -155,10 +182,18 @@ func (b *budget) refusal(x exposure, t time.Time) (reason, msg string) {
 			return ReasonPayerFailureBudget, fmt.Sprintf("%d settlements of this payer are in flight; pay again once they are confirmed", id.inFlight)
 		}
 	}
-	if x.optional && b.spent+b.optionalInFlight+x.fee > b.lamports {
-		return ReasonOptionalInstructionsSuspended, "settlements that failed on chain have used the fee payer's budget for now; a payment may carry no Lighthouse instruction and at most one Memo"
+	if b.costly(x) && sat(sat(b.spent, b.costlyInFlight), x.fee) > b.lamports {
+		return ReasonFailureBudgetPriorityFee, fmt.Sprintf("settlements that failed on chain have used the fee payer's budget for now; a payment may ask for a priority fee (compute unit limit × price) of at most %d lamports, this one asks for %d", b.maxPriority, x.priority)
 	}
 	return "", ""
+}
+
+// sat is a+b, saturating.
+func sat(a, b uint64) uint64 {
+	if s := a + b; s >= a {
+		return s
+	}
+	return math.MaxUint64
 }
 
 // check is refusal without reserving: Verify's answer.
@@ -186,8 +221,8 @@ func (b *budget) reserve(x exposure) (reason, msg string) {
 		}
 		id.inFlight++
 	}
-	if x.optional {
-		b.optionalInFlight += x.fee
+	if b.costly(x) {
+		b.costlyInFlight = sat(b.costlyInFlight, x.fee)
 	}
 	return "", ""
 }
@@ -203,8 +238,8 @@ func (b *budget) release(x exposure) {
 			id.inFlight--
 		}
 	}
-	if x.optional {
-		b.optionalInFlight -= min(x.fee, b.optionalInFlight)
+	if b.costly(x) {
+		b.costlyInFlight -= min(x.fee, b.costlyInFlight)
 	}
 }
 
@@ -229,7 +264,5 @@ func (b *budget) fail(x exposure) {
 		}
 	}
 	b.failed = append(b.failed, failure{at: t, fee: x.fee})
-	if b.spent += x.fee; b.spent < x.fee {
-		b.spent = math.MaxUint64 // only with an absurd max_compute_unit_price
-	}
+	b.spent = sat(b.spent, x.fee) // saturates only with an absurd max_compute_unit_price
 }

@@ -179,68 +179,139 @@ func TestFailedSettlementsSpendThePayersBudget(t *testing.T) {
 // carrying one fails simulation when the facilitator lets it through).
 func lighthouseIx() Ix { return Ix{program: LighthouseProgram, data: []byte{0, 1, 2, 3}} }
 
-// TestFailedLamportsSuspendOptionalInstructions: once failures overall
-// cost the fee payer MaxFailedLamports within the window, a payment
-// carrying a Lighthouse instruction or a second Memo is refused before the
-// chain sees it, from any payer, while a plain payment still settles; past
-// the window they are accepted again.
-func TestFailedLamportsSuspendOptionalInstructions(t *testing.T) {
-	e, fr := budgetEnv(t, Config{MaxFailedLamports: failedFee, MaxFailedPerPayer: 100})
+// payAt is pay with a compute unit limit of units at price micro-lamports
+// per unit instead of the official client's 20,000 at 1.
+func (e *env) payAt(t *testing.T, payer ed25519.PrivateKey, memo string, units uint32, price uint64, extra ...Ix) x402.PaymentPayload {
+	t.Helper()
+	p := e.payment(t)
+	p.Authority, p.Memo = payer, memo
+	ixs := p.Instructions()
+	ixs[0], ixs[1] = ComputeLimitIx(units), ComputePriceIx(price)
+	return Payload(p.Build(append(ixs, extra...)), e.req)
+}
+
+// TestFailedLamportsCapThePriorityFee is a hostile review's scenario on
+// the real chain, at the defaults: throwaway keys, 3 failures each with
+// plain transfers they make fail (moving their USDC away before each
+// send), at the highest fee the caps allow (260,000 lamports). The lamport
+// budget takes 19 of them; then the attacker's costly payments are
+// refused before the chain sees them, while honest payers keep paying,
+// with a second Memo or a Lighthouse assertion as Phantom adds (the local
+// chain has no Lighthouse program, so such a payment is shown to pass every
+// check of ours and reach the chain's simulation, which refuses it), and
+// a failure from then on costs the fee payer only the base fee and a
+// priority fee within the cap. Past the window the caps apply again.
+func TestFailedLamportsCapThePriorityFee(t *testing.T) {
+	e, fr := budgetEnv(t, Config{})
 	ctx := context.Background()
 	fee := pub(e.fee).String()
-	buyer := testKey("honest buyer")
-	e.fund(buyer)
+	const atCaps = 2*5000 + 250_000
+	start := e.chain.Lamports(fee)
 
-	// Under the budget a second Memo settles, and a Lighthouse
-	// instruction passes every check of ours (the chain refuses it).
-	if s, err := e.f.Settle(ctx, e.pay(t, buyer, "two memos", MemoIx("second")), e.req); err != nil || !s.Success {
-		t.Fatalf("two memos under the budget: %+v %v", s, err)
-	}
-	if v, err := e.f.Verify(ctx, e.pay(t, buyer, "lighthouse", lighthouseIx()), e.req); err != nil || v.InvalidReason != ReasonSimulationFailed {
-		t.Fatalf("lighthouse under the budget: %+v %v; want the chain's refusal", v, err)
-	}
-
-	// One failure spends the budget.
-	drainErr := e.drainOnSend(fr, e.payer)
-	e.fund(e.payer)
-	if s, err := e.f.Settle(ctx, e.pay(t, e.payer, "fails"), e.req); err != nil || s.ErrorReason != ReasonTransactionFailed || s.Transaction == "" {
-		t.Fatalf("settle: %+v %v; want a failure on chain", s, err)
-	}
-	if err := drainErr(); err != nil {
-		t.Fatal(err)
+	failures, refused := 0, 0
+	for k := range 7 {
+		key := testKey(fmt.Sprint("throwaway ", k))
+		drainErr := e.drainOnSend(fr, key)
+		for i := range DefaultMaxFailedPerPayer {
+			e.fund(key)
+			pp := e.payAt(t, key, fmt.Sprint("fails ", k, " ", i), DefaultMaxComputeUnits, DefaultMaxComputeUnitPrice)
+			sends := fr.count("sendTransaction")
+			s, err := e.f.Settle(ctx, pp, e.req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s.ErrorReason == ReasonFailureBudgetPriorityFee {
+				if s.Transaction != "" || fr.count("sendTransaction") != sends {
+					t.Fatalf("key %d: the refused payment reached the chain: %+v", k, s)
+				}
+				refused++
+				break
+			}
+			if s.Success || s.ErrorReason != ReasonTransactionFailed || s.Transaction == "" {
+				t.Fatalf("key %d, payment %d: %+v; want a failure on chain", k, i, s)
+			}
+			if err := drainErr(); err != nil {
+				t.Fatal(err)
+			}
+			failures++
+		}
 	}
 	fr.set(func(f *faultyRPC) { f.beforeSend = nil })
+	lost := start - e.chain.Lamports(fee)
+	if failures != 19 || refused != 1 || lost != 19*atCaps || e.f.budget.spentLamports() != lost {
+		t.Fatalf("%d failures cost the fee payer %d lamports (budget: %d), %d keys refused; want 19 failures at %d, the 20th refused",
+			failures, lost, e.f.budget.spentLamports(), refused, atCaps)
+	}
 
-	sims, sends, before := fr.count("simulateTransaction"), fr.count("sendTransaction"), e.chain.Lamports(fee)
+	// The 60,000 lamports left hold no failure at the caps. The attacker
+	// goes on with cheap payments (the official client's fees) from two
+	// more keys: they are admitted, and each failure costs the fee payer
+	// 10,001 lamports, against the 5,000 the attacker pays for each move
+	// of its tokens.
+	for k := range 2 {
+		key := testKey(fmt.Sprint("cheap throwaway ", k))
+		drainErr := e.drainOnSend(fr, key)
+		for i := range DefaultMaxFailedPerPayer {
+			e.fund(key)
+			before := e.chain.Lamports(fee)
+			if s, err := e.f.Settle(ctx, e.pay(t, key, fmt.Sprint("cheap failure ", k, " ", i)), e.req); err != nil || s.ErrorReason != ReasonTransactionFailed || s.Transaction == "" {
+				t.Fatalf("cheap failure %d of key %d: %+v %v", i, k, s, err)
+			}
+			if err := drainErr(); err != nil {
+				t.Fatal(err)
+			}
+			if paid := before - e.chain.Lamports(fee); paid != failedFee {
+				t.Fatalf("a cheap failure cost the fee payer %d lamports, want %d", paid, failedFee)
+			}
+		}
+	}
+	fr.set(func(f *faultyRPC) { f.beforeSend = nil })
+	if got := e.f.budget.spentLamports(); got != 19*atCaps+6*failedFee {
+		t.Fatalf("the budget recorded %d lamports", got)
+	}
+
+	// Honest payers, at the official client's fees, are not refused: a
+	// plain payment and a second Memo settle, a Lighthouse assertion
+	// passes our checks and only the chain refuses it.
+	buyer := testKey("honest buyer")
+	e.fund(buyer)
 	for name, pp := range map[string]x402.PaymentPayload{
-		"lighthouse": e.pay(t, buyer, "lighthouse 2", lighthouseIx()),
-		"two memos":  e.pay(t, buyer, "two memos 2", MemoIx("second")),
+		"plain":     e.pay(t, buyer, "plain"),
+		"two memos": e.pay(t, buyer, "two memos", MemoIx("second")),
 	} {
-		v, err := e.f.Verify(ctx, pp, e.req)
-		if err != nil || v.IsValid || v.InvalidReason != ReasonOptionalInstructionsSuspended || v.Payer != pub(buyer).String() {
-			t.Fatalf("%s: verify %+v %v", name, v, err)
+		if s, err := e.f.Settle(ctx, pp, e.req); err != nil || !s.Success {
+			t.Fatalf("%s: %+v %v", name, s, err)
 		}
-		s, err := e.f.Settle(ctx, pp, e.req)
-		if err != nil || s.Success || s.ErrorReason != ReasonOptionalInstructionsSuspended || s.Transaction != "" {
-			t.Fatalf("%s: settle %+v %v", name, s, err)
-		}
+	}
+	if v, err := e.f.Verify(ctx, e.pay(t, buyer, "lighthouse", lighthouseIx()), e.req); err != nil || v.InvalidReason != ReasonSimulationFailed {
+		t.Fatalf("lighthouse past the budget: %+v %v; want the chain's refusal", v, err)
+	}
+	// A priority fee of exactly the cap (50,000 units × 100,000
+	// micro-lamports = 5,000 lamports) settles.
+	if s, err := e.f.Settle(ctx, e.payAt(t, buyer, "at the cap", DefaultMaxComputeUnits, 100_000), e.req); err != nil || !s.Success {
+		t.Fatalf("at the priority fee cap: %+v %v", s, err)
+	}
+	// One micro-lamport more per unit is refused at verify and at settle,
+	// before the chain sees it, at no cost to anyone.
+	sims, sends, before := fr.count("simulateTransaction"), fr.count("sendTransaction"), e.chain.Lamports(fee)
+	pp := e.payAt(t, buyer, "over the cap", DefaultMaxComputeUnits, 100_001)
+	v, err := e.f.Verify(ctx, pp, e.req)
+	if err != nil || v.IsValid || v.InvalidReason != ReasonFailureBudgetPriorityFee || v.Payer != pub(buyer).String() ||
+		!strings.Contains(v.InvalidMessage, "at most 5000 lamports, this one asks for 5001") {
+		t.Fatalf("verify over the cap: %+v %v", v, err)
+	}
+	s, err := e.f.Settle(ctx, pp, e.req)
+	if err != nil || s.Success || s.ErrorReason != ReasonFailureBudgetPriorityFee || s.Transaction != "" {
+		t.Fatalf("settle over the cap: %+v %v", s, err)
 	}
 	if fr.count("simulateTransaction") != sims || fr.count("sendTransaction") != sends || e.chain.Lamports(fee) != before {
 		t.Fatal("a refused payment reached the chain")
 	}
-	// A plain payment still settles, from the buyer and from the payer
-	// whose settlement failed (one failure is within its own budget).
-	for _, payer := range []ed25519.PrivateKey{buyer, e.payer} {
-		e.fund(payer)
-		if s, err := e.f.Settle(ctx, e.pay(t, payer, "plain"), e.req); err != nil || !s.Success {
-			t.Fatalf("plain payment: %+v %v", s, err)
-		}
-	}
 
 	now = func() time.Time { return time.Now().Add(DefaultFailureWindow + time.Second) }
 	defer func() { now = time.Now }()
-	if s, err := e.f.Settle(ctx, e.pay(t, buyer, "two memos 3", MemoIx("second")), e.req); err != nil || !s.Success {
-		t.Fatalf("two memos after the window: %+v %v", s, err)
+	if s, err := e.f.Settle(ctx, e.payAt(t, buyer, "at the caps after the window", DefaultMaxComputeUnits, DefaultMaxComputeUnitPrice), e.req); err != nil || !s.Success {
+		t.Fatalf("at the caps after the window: %+v %v", s, err)
 	}
 }
 

@@ -11,8 +11,9 @@
 // public keys refused before signatures are checked (crypto/ed25519
 // accepts a forged signature from one). Settlements that pass simulation
 // and then fail on chain still cost the fee payer its fee, so they are
-// budgeted per payer and overall (budget.go), and a payer or a payment
-// past the budget is refused before anything is sent. It settles by
+// budgeted per payer and overall (budget.go): a payer past its budget, or
+// a payment asking for more than a small priority fee once the overall
+// budget is used, is refused before anything is sent. It settles by
 // co-signing the fee payer's slot, sending, and polling the signature's
 // status under a deadline; an outcome it cannot establish is reported as unknown, never
 // as a failure. It resolves such an outcome later from the chain, also

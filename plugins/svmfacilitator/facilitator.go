@@ -88,9 +88,9 @@ type Config struct {
 	PollInterval time.Duration
 	// The failure budgets (budget.go). A settlement that simulated and then
 	// fails on chain still costs the fee payer its fee, and a payer can
-	// make its own fail at will (a Lighthouse assertion, or moving its
-	// tokens between simulation and landing), so the fee payer would pay
-	// for failures without end.
+	// make its own fail at will (moving its tokens between simulation and
+	// landing, or a Lighthouse assertion on state it changes), so the fee
+	// payer would pay for failures without end.
 	//
 	// MaxFailedPerPayer: a payer (its authority or its source token
 	// account) with this many failures within FailureWindow is refused.
@@ -99,11 +99,16 @@ type Config struct {
 	// MaxInFlightPerPayer caps a payer's settlements sent and not yet
 	// confirmed. Default DefaultMaxInFlightPerPayer.
 	MaxInFlightPerPayer int
-	// MaxFailedLamports: once failures within FailureWindow cost the fee
-	// payer this much, payments carrying optional instructions (Lighthouse,
-	// a second Memo) are refused; plain ones are not. Default
-	// DefaultMaxFailedLamports.
+	// MaxFailedLamports: once failures within FailureWindow (and the
+	// settlements in flight that ask for more than MaxPriorityFeePastBudget)
+	// cost the fee payer this much, payments asking for a priority fee
+	// above MaxPriorityFeePastBudget are refused; the others are not.
+	// Default DefaultMaxFailedLamports.
 	MaxFailedLamports uint64
+	// MaxPriorityFeePastBudget is the priority fee, in lamports (compute
+	// unit limit × price / 10⁶, rounded up), a payment may ask for once
+	// MaxFailedLamports is used. Default DefaultMaxPriorityFeePastBudget.
+	MaxPriorityFeePastBudget uint64
 	// FailureWindow is how long a failure counts. Default
 	// DefaultFailureWindow.
 	FailureWindow time.Duration
@@ -192,11 +197,15 @@ func New(cfg Config) (*Facilitator, error) {
 	if cfg.MaxFailedLamports == 0 {
 		cfg.MaxFailedLamports = DefaultMaxFailedLamports
 	}
+	if cfg.MaxPriorityFeePastBudget == 0 {
+		cfg.MaxPriorityFeePastBudget = DefaultMaxPriorityFeePastBudget
+	}
 	if cfg.FailureWindow <= 0 {
 		cfg.FailureWindow = DefaultFailureWindow
 	}
 	f := &Facilitator{rpc: cfg.RPC, network: cfg.Network, key: cfg.FeePayer, cfg: cfg, settled: map[[32]byte]*settlement{}, simulated: map[[32]byte]simulation{},
-		budget: &budget{perPayer: cfg.MaxFailedPerPayer, inFlight: cfg.MaxInFlightPerPayer, lamports: cfg.MaxFailedLamports, window: cfg.FailureWindow, ids: map[PublicKey]*identity{}}}
+		budget: &budget{perPayer: cfg.MaxFailedPerPayer, inFlight: cfg.MaxInFlightPerPayer, lamports: cfg.MaxFailedLamports,
+			maxPriority: cfg.MaxPriorityFeePastBudget, window: cfg.FailureWindow, ids: map[PublicKey]*identity{}}}
 	copy(f.feePayer[:], cfg.FeePayer.Public().(ed25519.PublicKey))
 	return f, nil
 }
@@ -447,13 +456,13 @@ func (f *Facilitator) checkStatic(p x402.PaymentPayload, req x402.PaymentRequire
 	// 4-7: only Memo or Lighthouse.
 	unknown := []string{ReasonUnknownFourthInstruction, ReasonUnknownFifthInstruction, ReasonUnknownSixthInstruction, ReasonUnknownSeventhInstruction}
 	var memos [][]byte
-	lighthouse := false
 	for i, ix := range ixs[3:] {
 		switch tx.Program(ix) {
 		case MemoProgram:
 			memos = append(memos, ix.Data)
 		case LighthouseProgram:
-			lighthouse = true
+			// A wallet's assertion (Phantom adds them): allowed, and
+			// nothing of ours depends on it.
 		default:
 			return refuse(unknown[i], payer, fmt.Sprintf("instruction %d may only be a Memo or Lighthouse", i+4))
 		}
@@ -468,7 +477,8 @@ func (f *Facilitator) checkStatic(p x402.PaymentPayload, req x402.PaymentRequire
 	}
 	// Last, the failure budgets: every earlier refusal names what is wrong
 	// with the payment itself.
-	x := exposure{fee: feeOf(int(tx.NumSigners), units, price), ids: [2]PublicKey{authority, source}, optional: lighthouse || len(memos) > 1}
+	pf := priorityFee(units, price)
+	x := exposure{fee: feeOf(int(tx.NumSigners), pf), priority: pf, ids: [2]PublicKey{authority, source}}
 	if reason, msg := f.budget.check(x); reason != "" {
 		return refuse(reason, payer, msg)
 	}

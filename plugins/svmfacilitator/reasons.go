@@ -37,11 +37,11 @@ const (
 	// address lookup tables it cannot resolve; a payment needs none, so
 	// this facilitator refuses every such transaction with it.
 	ReasonLookupTables = "invalid_exact_svm_smart_wallet_alt_resolution_not_available"
-	// ReasonPayerFailureBudget and ReasonOptionalInstructionsSuspended are
-	// this facilitator's own (budget.go): a payer whose settlements keep
-	// failing on chain, each at the fee payer's cost, is refused for a
-	// while, and while failures overall are past their budget a payment
-	// may carry nothing beyond a plain transfer.
-	ReasonPayerFailureBudget            = "invalid_exact_svm_payer_failure_budget_exhausted"
-	ReasonOptionalInstructionsSuspended = "invalid_exact_svm_payload_optional_instructions_suspended"
+	// ReasonPayerFailureBudget and ReasonFailureBudgetPriorityFee are this
+	// facilitator's own (budget.go): a payer whose settlements keep failing
+	// on chain, each at the fee payer's cost, is refused for a while, and
+	// while failures overall are past their budget a payment may ask the
+	// fee payer for a small priority fee only.
+	ReasonPayerFailureBudget       = "invalid_exact_svm_payer_failure_budget_exhausted"
+	ReasonFailureBudgetPriorityFee = "invalid_exact_svm_failure_budget_priority_fee_too_high"
 )
