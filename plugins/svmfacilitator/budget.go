@@ -68,6 +68,9 @@ func priorityFee(units uint32, price uint64) uint64 {
 	}
 	q, r := bits.Div64(hi, lo, 1_000_000)
 	if r > 0 {
+		if q == math.MaxUint64 {
+			return q // rounding up would wrap to 0: a free payment
+		}
 		q++
 	}
 	return q

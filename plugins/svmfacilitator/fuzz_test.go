@@ -2,6 +2,8 @@ package svmfacilitator
 
 import (
 	"bytes"
+	"math"
+	"math/big"
 	"testing"
 )
 
@@ -72,6 +74,40 @@ func FuzzDecodeTransaction(f *testing.F) {
 					_ = tx.Account(ix, i)
 				}
 			}
+		}
+	})
+}
+
+// FuzzPriorityFee: the fee a payment's compute budget asks the fee payer
+// to risk, which the failure budget compares with its cap, is the chain's
+// ceil(units × price / 10⁶) for any limit and price the payment names,
+// saturating instead of wrapping, and the base fee is added without
+// wrapping either.
+func FuzzPriorityFee(f *testing.F) {
+	f.Add(uint32(20_000), uint64(1), 2)
+	f.Add(uint32(DefaultMaxComputeUnits), uint64(DefaultMaxComputeUnitPrice), 2)
+	f.Add(uint32(DefaultMaxComputeUnits), uint64(100_001), 2)
+	f.Add(uint32(math.MaxUint32), uint64(math.MaxUint64), 255)
+	f.Add(uint32(1_000_001), uint64(18446725626983924632), 2) // floor is MaxUint64, with a remainder
+	f.Fuzz(func(t *testing.T, units uint32, price uint64, signers int) {
+		if signers < 0 || signers > 255 {
+			return // NumSigners is one byte
+		}
+		want := new(big.Int).Mul(new(big.Int).SetUint64(price), new(big.Int).SetUint64(uint64(units)))
+		want.Add(want, big.NewInt(999_999)).Quo(want, big.NewInt(1_000_000))
+		sat := func(v *big.Int) uint64 {
+			if !v.IsUint64() {
+				return math.MaxUint64
+			}
+			return v.Uint64()
+		}
+		pf := priorityFee(units, price)
+		if pf != sat(want) {
+			t.Fatalf("priorityFee(%d, %d) = %d, want %s", units, price, pf, want)
+		}
+		want.Add(want, big.NewInt(int64(signers)*lamportsPerSignature))
+		if got := feeOf(signers, pf); got != sat(want) {
+			t.Fatalf("feeOf(%d, %d) = %d, want %s", signers, pf, got, want)
 		}
 	})
 }
