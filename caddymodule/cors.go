@@ -204,13 +204,29 @@ func (c *CORS) allowed(origin string) string {
 // isPreflight reports whether r is a CORS preflight: the OPTIONS request
 // with Origin and Access-Control-Request-Method a browser sends, without
 // credentials or a body, to ask whether it may send a cross-origin request.
-// It asks nothing of the resource, so x402_cors answers it and wallet_auth
-// and the gate let it through without a proof or a payment (a browser
-// cannot add either to it). Any other OPTIONS is a request like another:
-// an upstream that serves every method alike would hand it the paid
-// content.
+// It asks nothing of the resource, so it needs no proof or payment (a
+// browser cannot add either to it). But any client can send those two
+// headers, so a preflight is answered (x402_cors, answerPreflight), never
+// passed unpaid to an upstream that may serve every method alike. Any
+// other OPTIONS is a request like another.
 func isPreflight(r *http.Request) bool {
 	return r.Method == http.MethodOptions && r.Header.Get("Origin") != "" && r.Header.Get("Access-Control-Request-Method") != ""
+}
+
+// answerPreflight is the answer of the gate, and of wallet_auth where it
+// requires a proof, to a preflight x402_cors did not answer first: 204
+// with no body and no CORS grant (granting is x402_cors's: without it a
+// page on another origin may not call the route, so the browser stops
+// here), and Allow naming allow when the route names its methods.
+// Passing it on with the body dropped would keep an upstream's own CORS,
+// but the upstream would still do the work of an unpaid request whose
+// method and headers the client chose.
+func answerPreflight(w http.ResponseWriter, allow []string) error {
+	if len(allow) > 0 {
+		w.Header().Set("Allow", strings.Join(allow, ", "))
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
 }
 
 // ServeHTTP answers preflights and marks every other answer.

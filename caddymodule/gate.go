@@ -139,9 +139,9 @@ type Gate struct {
 	// Route names this route in /.well-known/x402 as "METHOD /path"
 	// (e.g. "POST /verify/schema"). Without it the route is not listed.
 	// With it, the gate answers any other method (but a CORS preflight,
-	// and HEAD when the method is GET) with 405 and Allow, before any
-	// payment logic: a request the route cannot serve is never offered for
-	// sale.
+	// answered 204 with Allow, and HEAD when the method is GET) with 405
+	// and Allow, before any payment logic: a request the route cannot
+	// serve is never offered for sale.
 	Route string `json:"route,omitempty"`
 
 	// FacilitatorRaw is the facilitator that verifies and settles payments
@@ -246,7 +246,7 @@ type Gate struct {
 	verifier    *verify.Verifier
 	offers      []x402.PaymentRequirements
 	bazaar      map[string]any // x402's bazaar extension, for routes that validate
-	allow       []string       // the methods Route names (a CORS preflight always passes); nil: any
+	allow       []string       // the methods Route names (a CORS preflight is always answered); nil: any
 	base        string         // PublicBaseURL as checked (publicOrigin); "": the request's
 	rates       *rateZone      // nil when rate_limit is off
 	ratesKey    string
@@ -558,9 +558,10 @@ func (a Accept) requirements() (x402.PaymentRequirements, error) {
 	}, nil
 }
 
-// ServeHTTP decides, in this order: a CORS preflight passes free (any
-// other OPTIONS is a request like another: 405 under Route, which does not
-// name it, else priced); a client over its refusal budget is 429; a URL
+// ServeHTTP decides, in this order: a CORS preflight is answered 204
+// unpaid and never passed on (answerPreflight; any other OPTIONS is a
+// request like another: 405 under Route, which does not name it, else
+// priced); a client over its refusal budget is 429; a URL
 // the 402 could not name (checkURL) is 414; a body over the absolute limit
 // is 413; a bodyless POST is the discovery probe (402); a payment is
 // verified, the upstream run and the payment settled; a request small
@@ -578,7 +579,12 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		clearUpstreamHeaders(r.Header)
 	}
 	if isPreflight(r) {
-		return next.ServeHTTP(w, r)
+		if g.MCPTool != "" {
+			// Only a POSTed tools/call is priced: any OPTIONS passes
+			// like a GET, so the upstream's own CORS answers.
+			return next.ServeHTTP(w, r)
+		}
+		return answerPreflight(w, g.allow)
 	}
 	if g.route != nil && g.route.Load() == nil {
 		g.learnRoute(r, next)

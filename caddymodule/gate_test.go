@@ -481,13 +481,16 @@ func TestFreeAnswerIsNeverStoredByASharedCache(t *testing.T) {
 	}
 }
 
-// TestOnlyAPreflightPassesTheGateUnpaid: a CORS preflight (Origin and
-// Access-Control-Request-Method) passes to the upstream unpaid, as a
-// browser can add no payment to it. Any other OPTIONS is a request like
+// TestOnlyAPreflightIsAnsweredUnpaid: a CORS preflight (Origin and
+// Access-Control-Request-Method) is answered by the gate unpaid, as a
+// browser can add no payment to it: 204, no body, no CORS grant (that is
+// x402_cors's, which answers preflights before the gate), Allow where
+// `route` names the methods, and never passed to the upstream, since any
+// client can send those two headers. Any other OPTIONS is a request like
 // another: 405 with the route's Allow where `route` names the method, and
 // priced where no route is named, or an upstream that serves every method
 // alike would hand it the paid content.
-func TestOnlyAPreflightPassesTheGateUnpaid(t *testing.T) {
+func TestOnlyAPreflightIsAnsweredUnpaid(t *testing.T) {
 	_, fac := sharedDevnet(t)
 	up := cacheableUpstream(t)
 	base := startCaddy(t, reportSite(up.URL, fac, 0))
@@ -506,11 +509,20 @@ func TestOnlyAPreflightPassesTheGateUnpaid(t *testing.T) {
 		return resp, string(b)
 	}
 	preflight := map[string]string{"Origin": "https://app.example", "Access-Control-Request-Method": "GET"}
-	for _, path := range []string{"/report", "/open"} {
-		if resp, body := options(path, preflight); resp.StatusCode != http.StatusOK || up.calls.Load() != 1 {
-			t.Fatalf("preflight of %s: %d %s, upstream calls %d; want it passed on unpaid", path, resp.StatusCode, body, up.calls.Load())
+	for path, allow := range map[string]string{"/report": "GET, HEAD", "/open": ""} {
+		resp, body := options(path, preflight)
+		if resp.StatusCode != http.StatusNoContent || body != "" || resp.Header.Get("Allow") != allow {
+			t.Fatalf("preflight of %s: %d Allow %q %q; want 204, Allow %q, no body", path, resp.StatusCode, resp.Header.Get("Allow"), body, allow)
 		}
-		up.calls.Store(0)
+		if acao := resp.Header.Get("Access-Control-Allow-Origin"); acao != "" {
+			t.Fatalf("preflight of %s: Access-Control-Allow-Origin %q without x402_cors", path, acao)
+		}
+		if resp.Header.Get(x402.HeaderPaymentRequired) != "" {
+			t.Fatalf("preflight of %s was priced", path)
+		}
+	}
+	if n := up.calls.Load(); n != 0 {
+		t.Fatalf("a preflight reached the upstream %d times", n)
 	}
 	for _, hdr := range []map[string]string{nil, {"Access-Control-Request-Method": "GET"}, {"Origin": "https://app.example"}} {
 		resp, body := options("/report", hdr)
@@ -524,6 +536,34 @@ func TestOnlyAPreflightPassesTheGateUnpaid(t *testing.T) {
 	}
 	if n := up.calls.Load(); n != 0 {
 		t.Fatalf("OPTIONS that is not a preflight reached the upstream %d times", n)
+	}
+}
+
+// TestForgedPreflightGetsNoPaidContent: "preflight" is decided by two
+// request headers the client controls. A non-browser client adds them to
+// an OPTIONS; were preflights handed to the upstream unpaid, an upstream
+// that serves every method alike would return the paid content and the
+// gate would relay its body. A preflight needs no body at all.
+func TestForgedPreflightGetsNoPaidContent(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := cacheableUpstream(t)
+	base := startCaddy(t, reportSite(up.URL, fac, 0)) // no free calls at all
+	for _, path := range []string{"/report", "/open"} {
+		req, _ := http.NewRequest(http.MethodOptions, base+path, nil)
+		req.Header.Set("Origin", "https://attacker.example")
+		req.Header.Set("Access-Control-Request-Method", "GET")
+		resp, err := testClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if strings.Contains(string(b), "paid content") {
+			t.Errorf("forged preflight of %s: %d, Cache-Control %q, body %s: the paid content, unpaid", path, resp.StatusCode, resp.Header.Get("Cache-Control"), b)
+		}
+	}
+	if n := up.calls.Load(); n != 0 {
+		t.Errorf("forged preflights reached the upstream %d times", n)
 	}
 }
 
@@ -984,8 +1024,9 @@ func TestUpstreamIsToldWhenTheGateStopsWaiting(t *testing.T) {
 
 // The gate removes a client's copy of every header it tells the upstream,
 // on every path (a free call, a paid call in settle before mode, which
-// sets no X-Aov-Settlement, an OPTIONS request), without relying on a
-// site-wide strip of X-Aov-* (gateSite has none).
+// sets no X-Aov-Settlement), without relying on a site-wide strip of
+// X-Aov-* (gateSite has none). A preflight never reaches the upstream
+// (TestOnlyAPreflightIsAnsweredUnpaid).
 func TestGateClearsEveryUpstreamHeaderItOwns(t *testing.T) {
 	_, fac := sharedDevnet(t)
 	up := newUpstream(t)
@@ -1020,17 +1061,4 @@ func TestGateClearsEveryUpstreamHeaderItOwns(t *testing.T) {
 		t.Fatalf("paid call: %d", resp.StatusCode)
 	}
 	check("paid call", readJSON(t, resp), "paid")
-
-	req, _ := http.NewRequest(http.MethodOptions, url, nil)
-	for k, v := range forged {
-		req.Header.Set(k, v)
-	}
-	req.Header.Set("Origin", "https://app.example") // a CORS preflight: passed on unpaid
-	req.Header.Set("Access-Control-Request-Method", "POST")
-	if resp, err := testClient.Do(req); err != nil {
-		t.Fatal(err)
-	} else {
-		defer resp.Body.Close()
-		check("OPTIONS", readJSON(t, resp), "")
-	}
 }

@@ -211,7 +211,13 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 	h.Del(walletauth.HeaderName)
 	h.Del(walletauth.SIWXHeaderName)
 	if isPreflight(r) {
-		return next.ServeHTTP(w, r) // a CORS preflight cannot carry a proof
+		// A CORS preflight cannot carry a proof. Where one is required,
+		// it is answered here: anyone can make an OPTIONS look like a
+		// preflight, and the upstream must not serve it unproven.
+		if wa.Mode == "required" {
+			return answerPreflight(w, nil)
+		}
+		return next.ServeHTTP(w, r)
 	}
 	if len(auth)+len(siwx) > 0 || wa.Mode == "required" {
 		// A client the gates of this server would answer 429 gets it before

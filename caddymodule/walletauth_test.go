@@ -204,8 +204,13 @@ func TestWalletAuthRequired(t *testing.T) {
 			}},
 		{desc: "two proofs in one request are refused", method: "POST",
 			hdr: map[string]string{walletauth.HeaderName: walletProof(t, walletKey(1), "POST", url, nil) + "\x00" + walletProof(t, walletKey(2), "POST", url, nil)}, status: 401, field: "X-Wallet-Auth"},
-		{desc: "a CORS preflight passes without a proof", method: "OPTIONS", status: 200,
-			hdr: map[string]string{"Origin": "https://app.example", "Access-Control-Request-Method": "POST"}},
+		{desc: "a CORS preflight is answered without a proof, never passed on", method: "OPTIONS", status: 204,
+			hdr: map[string]string{"Origin": "https://app.example", "Access-Control-Request-Method": "POST"},
+			check: func(m map[string]any) {
+				if len(m) != 1 || m["text"] != "" {
+					t.Errorf("the preflight got a body: %v", m)
+				}
+			}},
 		{desc: "an OPTIONS that is not a preflight needs a proof", method: "OPTIONS", status: 401, field: "X-Wallet-Auth"},
 		{desc: "the proof binds the path the client sent, before handle_path strips it", method: "POST", url: base + "/stripped/x",
 			hdr: map[string]string{walletauth.HeaderName: walletProof(t, walletKey(2), "POST", base+"/stripped/x", nil)}, status: 200},
