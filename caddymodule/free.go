@@ -34,7 +34,8 @@ type FreeAllowance struct {
 	// payment). Default 64 KiB.
 	MaxBody int64 `json:"max_body,omitempty"`
 	// MCPURL is where the same allowance is available over MCP, for the
-	// free_trial document. Default: <request origin>/mcp.
+	// free_trial document. Default: <site origin>/mcp, the origin being
+	// the gate's public_base_url, else the request's.
 	MCPURL string `json:"mcp_url,omitempty"`
 	// Tool is the MCP tool that shares the allowance. Default verify_schema.
 	Tool string `json:"tool,omitempty"`
@@ -200,7 +201,7 @@ func (f *FreeAllowance) trial(r *http.Request, g *Gate) *freeTrial {
 	}
 	url := f.MCPURL
 	if url == "" {
-		url = requestBase(r) + "/mcp"
+		url = siteBase(g.base, r) + "/mcp"
 	}
 	clientDoc := "identified by request IP address; the same address's REST and MCP verification calls share one allowance"
 	if f.Key == "wallet" {

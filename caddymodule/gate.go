@@ -228,9 +228,12 @@ type Gate struct {
 	SIWX bool `json:"siwx,omitempty"`
 	// SIWXDomain is the site name the sign-in challenge asks wallets to
 	// sign for: one of wallet_auth's domains, which are the only names a
-	// proof is accepted for. Default: the request's Host, which a client
-	// controls, so set it whenever clients may reach the site under a name
-	// wallet_auth does not list (their proof would then be refused).
+	// proof is accepted for. Default: the host of public_base_url, else
+	// the request's Host, which a client controls, so set one of them
+	// whenever clients may reach the site under a name wallet_auth does
+	// not list (their proof would then be refused). The challenge's uri
+	// is on this name (wallet_auth requires it), with the scheme of
+	// public_base_url (else the request's).
 	SIWXDomain string `json:"siwx_domain,omitempty"`
 
 	// Paywall is what browsers get with a 402: the static page (default),
@@ -761,11 +764,7 @@ func (g *Gate) paymentRequired(w http.ResponseWriter, r *http.Request, msg, reas
 			pr.Extensions["bazaar"] = g.bazaar
 		}
 		if g.SIWX {
-			domain := r.Host
-			if g.SIWXDomain != "" {
-				domain = g.SIWXDomain
-			}
-			pr.Extensions[walletauth.SIWXExtension] = walletauth.SIWXChallenge(domain, requestBase(r)+r.URL.Path, g.chains(), now())
+			pr.Extensions[walletauth.SIWXExtension] = g.siwxChallenge(r)
 		}
 	}
 	pr.Extensions = g.PaymentIdentifier.declare(pr.Extensions)
@@ -796,6 +795,19 @@ func (g *Gate) paymentRequired(w http.ResponseWriter, r *http.Request, msg, reas
 	h.Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusPaymentRequired)
 	return json.NewEncoder(w).Encode(body)
+}
+
+// siwxChallenge is the sign-in-with-x challenge of a 402 for r. wallet_auth
+// accepts a proof whose domain it lists and whose uri is on that domain, so
+// the challenge's uri is built on its domain: SIWXDomain, else the host of
+// the site's base (public_base_url, else the request's), with the base's
+// scheme. With either configured, the client's Host is never in it.
+func (g *Gate) siwxChallenge(r *http.Request) map[string]any {
+	scheme, domain, _ := strings.Cut(siteBase(g.base, r), "://")
+	if g.SIWXDomain != "" {
+		domain = g.SIWXDomain
+	}
+	return walletauth.SIWXChallenge(domain, scheme+"://"+domain+r.URL.Path, g.chains(), now())
 }
 
 // chains lists the EVM networks the gate accepts payment on, for the

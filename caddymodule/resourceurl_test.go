@@ -205,6 +205,58 @@ func TestGatePublicBaseURL(t *testing.T) {
 	}
 }
 
+// TestPublicBaseURLNamesEveryURLOfTheDemand: with public_base_url every
+// URL a 402 names is on the site's origin, whatever Host the request
+// carries: the resource, the sign-in-with-x challenge (whose uri must be
+// on its domain, so the domain defaults to the public origin's host) and
+// free_trial.url. With siwx naming another site, the challenge is for
+// that site, on the public origin's scheme.
+func TestPublicBaseURLNamesEveryURLOfTheDemand(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	for _, tc := range []struct{ siwx, domain, uri string }{
+		{"siwx", "verify.example.com", "https://verify.example.com/verify/schema"},
+		{"siwx localhost:8443", "localhost:8443", "https://localhost:8443/verify/schema"},
+	} {
+		base := startCaddy(t, gateSite(up.URL, fac, 0, "public_base_url https://verify.example.com/\n\t\t\t"+tc.siwx))
+		req, err := http.NewRequest(http.MethodPost, base+"/verify/schema", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Host = "attacker.example"
+		resp, err := testClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusPaymentRequired {
+			t.Fatalf("%s: status %d, want 402", tc.siwx, resp.StatusCode)
+		}
+		pr := paymentRequired(t, resp)
+		if got := pr.Resource.URL; got != "https://verify.example.com/verify/schema" {
+			t.Errorf("%s: resource.url %q", tc.siwx, got)
+		}
+		ext, _ := pr.Extensions["sign-in-with-x"].(map[string]any)
+		info, _ := ext["info"].(map[string]any)
+		if info == nil || info["domain"] != tc.domain || info["uri"] != tc.uri {
+			t.Errorf("%s: sign-in-with-x challenge %v, want domain %s and uri %s", tc.siwx, info, tc.domain, tc.uri)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		var m struct {
+			FreeTrial struct {
+				URL string `json:"url"`
+			} `json:"free_trial"`
+		}
+		if err := json.Unmarshal(body, &m); err != nil || m.FreeTrial.URL != "https://verify.example.com/mcp" {
+			t.Errorf("%s: free_trial.url %q (%v), want https://verify.example.com/mcp", tc.siwx, m.FreeTrial.URL, err)
+		}
+		header, _ := json.Marshal(pr)
+		if strings.Contains(string(body)+string(header), "attacker.example") {
+			t.Errorf("%s: the 402 names the client's Host", tc.siwx)
+		}
+	}
+}
+
 // TestDiscoveryPublicBaseURL: with public_base_url every URL of the
 // manifest is on that origin, whatever Host the request carries, so the
 // publicly cached manifest cannot be poisoned with another host's URLs.

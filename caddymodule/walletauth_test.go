@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -450,6 +451,102 @@ func TestSignInWithXGrantsWhatWasPaid(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestSignInWithXOnThePublicOrigin: behind a proxy the gate sees any Host
+// (here the client's forged one), yet with public_base_url the challenge
+// asks for a proof on the public origin, and that proof is what
+// wallet_auth, listing only the public name, accepts: the wallet that
+// paid signs the challenge as offered and re-enters without paying. The
+// domain check is unchanged: a proof for the Host the client sent is
+// refused.
+func TestSignInWithXOnThePublicOrigin(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := walletUpstream(t)
+	base := startCaddy(t, fmt.Sprintf(`:{port} {
+	route /report/* {
+		wallet_auth optional {
+			store badger {data}/gate
+			domains verify.example.com
+			siwx
+		}
+		@unpaid not vars {http.auth.wallet.paid_access} true
+		x402 @unpaid {
+			accept devnet $0.01 %[3]s
+			public_base_url https://verify.example.com
+			siwx
+			facilitator http {
+				url %[2]s
+			}
+			store badger {data}/gate
+		}
+		reverse_proxy %[1]s
+	}
+}
+`, strings.TrimPrefix(up.URL, "http://"), fac, payTo.Hex()))
+	url := base + "/report/q3"
+	call := func(host string, hdr map[string]string) *http.Response {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, url, nil)
+		req.Host = host
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		resp, err := testClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { resp.Body.Close() })
+		return resp
+	}
+	demand := func() x402.PaymentRequired {
+		t.Helper()
+		resp := call("attacker.example", nil)
+		if resp.StatusCode != http.StatusPaymentRequired {
+			t.Fatalf("unpaid: %d", resp.StatusCode)
+		}
+		return paymentRequired(t, resp)
+	}
+	signIn := func(info map[string]any) string {
+		t.Helper()
+		s := walletauth.SIWXFromChallenge(info, x402.NetworkDevnet)
+		if err := s.Sign(walletKey(6)); err != nil {
+			t.Fatal(err)
+		}
+		h, err := s.Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+
+	pr := demand()
+	p, err := x402.SignExactEVM(walletKey(6), pr.Accepts[0], &pr.Resource, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sig, _ := x402.EncodeHeader(p)
+	if resp := call("attacker.example", map[string]string{x402.HeaderPaymentSignature: sig}); resp.StatusCode != http.StatusOK {
+		t.Fatalf("payment: %d", resp.StatusCode)
+	}
+
+	info, _ := demand().Extensions[walletauth.SIWXExtension].(map[string]any)["info"].(map[string]any)
+	if info["domain"] != "verify.example.com" || info["uri"] != "https://verify.example.com/report/q3" {
+		t.Fatalf("challenge %v: not on the public origin", info)
+	}
+	resp := call("attacker.example", map[string]string{walletauth.SIWXHeaderName: signIn(info)})
+	if resp.StatusCode != http.StatusOK || resp.Header.Get(x402.HeaderPaymentResponse) != "" {
+		t.Fatalf("the payer's sign-in on the public origin: %d, PAYMENT-RESPONSE %q", resp.StatusCode, resp.Header.Get(x402.HeaderPaymentResponse))
+	}
+
+	forged := maps.Clone(demand().Extensions[walletauth.SIWXExtension].(map[string]any)["info"].(map[string]any))
+	forged["domain"], forged["uri"] = "attacker.example", "http://attacker.example/report/q3"
+	forged["resources"] = []any{forged["uri"]}
+	resp = call("attacker.example", map[string]string{walletauth.SIWXHeaderName: signIn(forged)})
+	b, _ := io.ReadAll(resp.Body)
+	var m map[string]any
+	json.Unmarshal(b, &m)
+	wantUnauthorized(t, resp.StatusCode, resp.Header, m, "SIGN-IN-WITH-X.domain")
 }
 
 var (
