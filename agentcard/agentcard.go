@@ -121,8 +121,10 @@ var jsonModes = []string{"application/json"}
 
 // Build returns the card for cfg and the key history keys (every version
 // ever used, oldest first, as keystore.Store.List gives it). It fails when
-// no key is current: a card without a signing key would make every fresh
-// receipt unverifiable.
+// there is no key at all. A history with no current key is a compromise of
+// the current key whose replacement could not be created yet
+// (keystore.ReplacementRefusedError): nothing signs then, and the card
+// must still publish the mark, so currentKeyVersion is empty.
 func Build(cfg Config, keys []keystore.Key) (*Card, error) {
 	base := strings.TrimRight(cfg.BaseURL, "/")
 	if base == "" {
@@ -157,8 +159,8 @@ func Build(cfg Config, keys []keystore.Key) (*Card, error) {
 		}
 		pubs = append(pubs, p)
 	}
-	if current == "" {
-		return nil, errors.New("building agent card: no current signing key")
+	if len(pubs) == 0 {
+		return nil, errors.New("building agent card: no signing key")
 	}
 	vectors, err := TestVectors()
 	if err != nil {

@@ -1,6 +1,7 @@
 package agentcard
 
 import (
+	"bytes"
 	"crypto/ed25519"
 	"encoding/base64"
 	"encoding/json"
@@ -261,8 +262,7 @@ func TestBuildRefusals(t *testing.T) {
 		wantErr string
 	}{
 		{desc: "a card without a public base URL is refused", cfg: Config{}, keys: ks.List(), wantErr: "base URL"},
-		{desc: "a card without a current key is refused", cfg: cfg, keys: ks.List()[:2], wantErr: "no current signing key"},
-		{desc: "a card with no key at all is refused", cfg: cfg, wantErr: "no current signing key"},
+		{desc: "a card with no key at all is refused", cfg: cfg, wantErr: "no signing key"},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			if _, err := Build(tc.cfg, tc.keys); err == nil || !strings.Contains(err.Error(), tc.wantErr) {
@@ -270,6 +270,32 @@ func TestBuildRefusals(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A compromise of the current key whose replacement was refused leaves no
+// key current: the card still publishes the history, the mark included,
+// with no current version, so verifiers distrust the key at once.
+func TestCardWithoutACurrentKeyPublishesTheHistory(t *testing.T) {
+	c, err := Build(cfg, mustHistory(t)[:2]) // k1 compromised, k2 retired
+	if err != nil {
+		t.Fatalf("Build without a current key: %v", err)
+	}
+	body, err := c.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := receipt.KeysFromCard(body)
+	if err != nil || set.Current() != "" || !slices.Equal(set.Versions(), []string{"k1", "k2"}) {
+		t.Fatalf("card: current %q, versions %v, %v", set.Current(), set.Versions(), err)
+	}
+	if !bytes.Contains(body, []byte(`"status":"compromised"`)) {
+		t.Errorf("the card does not publish the compromise: %s", body)
+	}
+}
+
+func mustHistory(t *testing.T) []keystore.Key {
+	ks, _ := history(t)
+	return ks.List()
 }
 
 // A receipt signed by a retired key still verifies against the card; one

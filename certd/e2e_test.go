@@ -353,6 +353,67 @@ func TestEndToEndSignRotateCompromise(t *testing.T) {
 	}
 }
 
+// TestCompromiseIsRecordedWhenItsNewKeyIsRefused: `certd compromise` of
+// the current key while a key file the index does not name is in the way
+// still marks and retires the key (the card says so at once) and a running
+// certd stops signing with it; the command fails saying the mark is
+// recorded and how to make the new key, and `certd rotate`, once the file
+// is moved out, does.
+func TestCompromiseIsRecordedWhenItsNewKeyIsRefused(t *testing.T) {
+	keys := filepath.Join(shortDir(t), "keys")
+	if out, errOut, code := certd(t, "rotate", "-keys", keys); code != 0 {
+		t.Fatalf("rotate: %s %s", out, errOut)
+	}
+	sock := filepath.Join(shortDir(t), "certd.sock")
+	d := startServe(t, "-keys", keys, "-sign-socket", sock, "-public-listen", "127.0.0.1:0")
+	c := signer.NewClient(signer.ClientConfig{Socket: sock})
+	if kv, err := c.CurrentKey(context.Background()); err != nil || kv != "k1" {
+		t.Fatalf("CurrentKey = %q, %v", kv, err)
+	}
+	stray := filepath.Join(keys, "k2.key")
+	if err := os.WriteFile(stray, []byte("a key of a k2 the index does not name"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	out, errOut, code := certd(t, "compromise", "-keys", keys, "-version", "k1", "-since", time.Now().Add(-time.Minute).UTC().Format(time.RFC3339))
+	if code != 1 {
+		t.Fatalf("certd compromise with its new key refused: exit %d, stdout %q, stderr %q; want exit 1", code, out, errOut)
+	}
+	for _, want := range []string{"k1 IS marked compromised", "k2.key", "`certd rotate`"} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("stderr %q does not mention %q", errOut, want)
+		}
+	}
+	out, _, code = certd(t, "keys", "-keys", keys, "-json")
+	var rows []keyRow
+	if code != 0 || json.Unmarshal([]byte(out), &rows) != nil || len(rows) != 1 || rows[0].Status != "compromised" || rows[0].RetiredAt == "" {
+		t.Fatalf("certd keys -json after the compromise: %d %s", code, out)
+	}
+	if card, _ := fetchCard(t, d.publicAddr); !bytes.Contains(card, []byte(`"status":"compromised"`)) {
+		t.Errorf("the card does not show k1 as compromised: %s", card)
+	}
+	if _, err := signedResponse(t, c, "k1"); err == nil {
+		t.Fatal("certd still signs with the compromised k1")
+	}
+	if err := c.Ping(context.Background()); err == nil {
+		t.Fatal("certd reports a signing key while none is current")
+	}
+
+	if err := os.Remove(stray); err != nil {
+		t.Fatal(err)
+	}
+	if out, errOut, code := certd(t, "rotate", "-keys", keys); code != 0 || !strings.Contains(out, "k2 is now the current signing key") {
+		t.Fatalf("rotate once the file is moved out: %d %q %q", code, out, errOut)
+	}
+	if _, err := signedResponse(t, c, "k2"); err != nil {
+		t.Fatalf("signing with k2 after the rotation: %v", err)
+	}
+	card, _ := fetchCard(t, d.publicAddr)
+	if set, err := receipt.KeysFromCard(card); err != nil || set.Current() != "k2" {
+		t.Fatalf("card after the rotation: current %q, %v", set.Current(), err)
+	}
+}
+
 func TestEndToEndLoopbackTCPWithSecret(t *testing.T) {
 	dir := shortDir(t)
 	secretFile := filepath.Join(dir, "secret")

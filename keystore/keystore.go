@@ -269,12 +269,19 @@ func (s *Store) Rotate() (Key, error) {
 
 // MarkCompromised records that the key of version may have been used by
 // someone else since the instant since, so verifiers reject its receipts from
-// then on. Marking the current key also rotates: a compromised key never
-// signs again. since may not lie in the future.
+// then on. Marking the current key also retires it and rotates: a
+// compromised key never signs again. since may not lie in the future.
+//
+// The mark is what matters in an emergency, so it is recorded even when
+// the new key cannot be created (a stray key file, a clock behind the
+// index: see addKey): the error is then a *ReplacementRefusedError, the
+// directory has no current key and nothing signs (ErrNoKey) until Rotate
+// succeeds. The mark's only time is the operator's since, so a clock
+// behind the index does not stop it.
 func (s *Store) MarkCompromised(version string, since time.Time) error {
 	return s.update(func(idx *index, now time.Time) error {
 		if since.After(now) {
-			return fmt.Errorf("marking key %s compromised: the time %s is in the future", version, since.UTC().Format(time.RFC3339))
+			return fmt.Errorf("marking key %s compromised: the time %s is in the future (this host's clock reads %s); give the earliest possible leak, which cannot be later than now; nothing was changed", version, since.UTC().Format(time.RFC3339), now.Format(time.RFC3339))
 		}
 		i := -1
 		for j := range idx.Keys {
@@ -287,16 +294,61 @@ func (s *Store) MarkCompromised(version string, since time.Time) error {
 		}
 		wasCurrent := idx.Keys[i].RetiredAt == "" && idx.Keys[i].CompromisedSince == "" && i == lastActive(idx.Keys)
 		idx.Keys[i].CompromisedSince = formatTime(since)
-		if wasCurrent {
-			// addKey retires the newest non-retired key; with this one
-			// already marked, retire it here so its retired_at is set.
-			idx.Keys[i].RetiredAt = formatTime(now)
-			if _, err := s.addKey(idx, now); err != nil {
-				return err
-			}
+		if !wasCurrent {
+			return nil
+		}
+		// addKey retires the newest non-retired key; with this one already
+		// marked, retire it here so its retired_at is set whatever becomes
+		// of the new key. A clock behind the key's created_at would retire
+		// it before it existed (an index verifiers must reject); created_at
+		// instead loses nothing: since is not after this clock, so the key
+		// is then compromised since before it was created and every
+		// receipt it signed is rejected anyway.
+		created, err := parseTime(idx.Keys[i].CreatedAt, version, "created_at")
+		if err != nil {
+			return err
+		}
+		retired := now
+		if retired.Before(created) {
+			retired = created
+		}
+		idx.Keys[i].RetiredAt = formatTime(retired)
+		if _, err := s.addKey(idx, now); err != nil {
+			return &ReplacementRefusedError{Version: version, Since: since, Dir: s.dir, Err: err}
 		}
 		return nil
 	})
+}
+
+// ReplacementRefusedError reports a compromise of the current key that IS
+// recorded (the key marked and retired: it never signs again) while the new
+// key to replace it was refused. No key signs until one exists: signing
+// answers ErrNoKey (certd: 503) until Rotate succeeds.
+type ReplacementRefusedError struct {
+	Version string    // the key marked compromised
+	Since   time.Time // its compromised_since
+	Dir     string
+	Err     error // why the new key was refused (*StrayKeyFilesError, *ClockBehindError, ...)
+}
+
+func (e *ReplacementRefusedError) Error() string {
+	problem, fix := e.Err.Error(), "Fix the cause"
+	if r, ok := e.Err.(refusal); ok {
+		problem, fix = r.problem(), r.fix()
+	}
+	return fmt.Sprintf("key %s IS marked compromised since %s and retired in %s: it signs nothing more and verifiers reject its receipts from then on. "+
+		"But no new key was created: %s. Until one exists nothing is signed (certd answers 503). %s, then run `certd rotate` to create the new key",
+		e.Version, formatTime(e.Since), filepath.Join(e.Dir, IndexFile), problem, fix)
+}
+
+func (e *ReplacementRefusedError) Unwrap() error { return e.Err }
+
+// refusal is an error refusing a new key, in two parts, so that
+// ReplacementRefusedError can tell what was recorded and what was not
+// without the refusal's own "nothing was changed".
+type refusal interface {
+	problem() string // what stands in the way
+	fix() string     // what the operator does about it
 }
 
 func lastActive(entries []indexEntry) int {
@@ -555,9 +607,8 @@ func MarshalPrivateKey(priv ed25519.PrivateKey) ([]byte, error) {
 // update runs change on the index under the in-process and cross-process
 // writer locks, against the index as it is on disk now (another process may
 // have rotated), then writes the new index and reloads. change gets the
-// one instant every time it records is taken from, and update refuses
-// before calling it when that instant is earlier than a time the index
-// already holds (see checkClock).
+// one instant every time it records is taken from; a new key refuses it
+// when it is earlier than a time the index already holds (addKey).
 func (s *Store) update(change func(idx *index, now time.Time) error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -570,12 +621,12 @@ func (s *Store) update(change func(idx *index, now time.Time) error) error {
 	if err != nil {
 		return err
 	}
-	now := s.now()
-	if err := checkClock(idx, now); err != nil {
-		return err
-	}
-	if err := change(&idx, now); err != nil {
-		return err
+	// A compromise whose new key was refused is recorded all the same:
+	// the index is written, then the refusal reported.
+	changeErr := change(&idx, s.now())
+	var refused *ReplacementRefusedError
+	if changeErr != nil && !errors.As(changeErr, &refused) {
+		return changeErr
 	}
 	data, err := json.MarshalIndent(idx, "", "  ")
 	if err != nil {
@@ -584,15 +635,18 @@ func (s *Store) update(change func(idx *index, now time.Time) error) error {
 	if err := writeFileAtomic(filepath.Join(s.dir, IndexFile), append(data, '\n'), 0o644); err != nil {
 		return fmt.Errorf("writing key index: %w", err)
 	}
-	return s.reloadLocked()
+	if err := s.reloadLocked(); err != nil {
+		return err
+	}
+	return changeErr
 }
 
-// checkClock refuses a change to the index when now is earlier than a time
-// the index already records. The clock of the process changing the index
-// dates the new key and the retirement of the old one: behind (an NTP step,
-// a restored VM) it would retire a key before it was created and create
-// its successor before it, and verifiers reject every receipt dated
-// outside a key's published service life.
+// checkClock refuses a new key when now is earlier than a time the index
+// already records. The clock of the process changing the index dates the
+// new key and the retirement of the old one: behind (an NTP step, a
+// restored VM) it would retire a key before it was created and create its
+// successor before it, and verifiers reject every receipt dated outside a
+// key's published service life.
 func checkClock(idx index, now time.Time) error {
 	var latest time.Time
 	var what string
@@ -608,18 +662,39 @@ func checkClock(idx index, now time.Time) error {
 		}
 	}
 	if now.Before(latest) {
-		return fmt.Errorf("refusing to change the key index: this host's clock reads %s, earlier than %s (%s); keys changed now would be dated before their predecessors and verifiers would reject their receipts. Correct the clock (NTP) and run the command again; nothing was changed",
-			formatTime(now), formatTime(latest), what)
+		return &ClockBehindError{Now: now, Latest: latest, What: what}
 	}
 	return nil
 }
 
+// ClockBehindError refuses a new key while this host's clock reads earlier
+// than a time the index records (see checkClock).
+type ClockBehindError struct {
+	Now, Latest time.Time
+	What        string // the time Latest is, e.g. "the created_at of key k1"
+}
+
+func (e *ClockBehindError) Error() string {
+	return "refusing to change the key index: " + e.problem() + ". " + e.fix() + " and run the command again; nothing was changed"
+}
+
+func (e *ClockBehindError) problem() string {
+	return fmt.Sprintf("this host's clock reads %s, earlier than %s (%s); keys changed now would be dated before their predecessors and verifiers would reject their receipts",
+		formatTime(e.Now), formatTime(e.Latest), e.What)
+}
+
+func (e *ClockBehindError) fix() string { return "Correct the clock (NTP)" }
+
 // addKey generates a key, writes its file and appends it to idx as the new
-// current key, retiring the previous current key. It refuses while the
+// current key, retiring the previous current key. It refuses while now is
+// earlier than a time the index records (see checkClock), and while the
 // directory holds a key file the index does not name (see strayKeyFiles),
 // so a new key can never take the name, or overwrite the file, of a key
 // that may have signed receipts.
 func (s *Store) addKey(idx *index, now time.Time) (Key, error) {
+	if err := checkClock(*idx, now); err != nil {
+		return Key{}, err
+	}
 	next := 1
 	for _, e := range idx.Keys {
 		if n, _ := versionNumber(e.Version); n >= next {
@@ -700,15 +775,22 @@ type StrayKeyFilesError struct {
 }
 
 func (e *StrayKeyFilesError) Error() string {
+	return "refusing to add a key: " + e.problem() + ". " + e.fix() + ". Then run the command again; nothing was changed"
+}
+
+func (e *StrayKeyFilesError) problem() string {
 	list := e.Files
 	more := ""
 	if len(list) > 5 {
 		list, more = list[:5], fmt.Sprintf(" (+%d more)", len(e.Files)-5)
 	}
-	return fmt.Sprintf("refusing to add a key: %s holds %s%s, which %s does not name, and a new key must never take the name of an existing one. "+
-		"If the index was restored from an older backup, restore the newest one (the keys after it may have signed receipts); "+
-		"if a rotation was interrupted before writing the index, that key never signed: move the file out of the directory. Then run the command again; nothing was changed",
+	return fmt.Sprintf("%s holds %s%s, which %s does not name, and a new key must never take the name of an existing one",
 		e.Dir, strings.Join(list, ", "), more, IndexFile)
+}
+
+func (e *StrayKeyFilesError) fix() string {
+	return "If the index was restored from an older backup, restore the newest one (the keys after it may have signed receipts); " +
+		"if a rotation was interrupted before writing the index, that key never signed: move the file out of the directory"
 }
 
 // versionNumber parses a version label "k<n>", n ≥ 1 without leading zeros.
