@@ -160,6 +160,7 @@ type paidCharge struct {
 	payload x402.PaymentPayload
 	offer   x402.PaymentRequirements
 	claim   store.Claim
+	note    string              // the record written with the claim ("" if none: claimPaid)
 	sr      x402.SettleResponse // set by a successful settle
 	pid     *paymentIDCall      // the call's payment identifier, if any (idempotency.go)
 }

@@ -5,7 +5,9 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -150,7 +152,7 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	}
 	keys, until := claimKeys(raw, payload, offer, auth)
 	ctx := r.Context()
-	claim, err := g.claimPaid(r, keys, until, payload, offer)
+	claim, note, err := g.claimPaid(r, keys, until, payload, offer)
 	if err != nil {
 		var ce *store.ClaimedError
 		if errors.As(err, &ce) {
@@ -169,6 +171,9 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		}
 		return ex.refuse(w, r, apierr.Unavailable("payment state store", 1, err))
 	}
+	if note != "" {
+		defer endLive(claim.Token) // after the last move on the claim (claimPaid)
+	}
 	if handled, err := pid.bind(w, r, ex, claim); handled {
 		return err
 	}
@@ -176,7 +181,7 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	// was charged, the client may retry with the same payment), or keeps it
 	// pending until it lapses (the outcome is unknown: never invite a second
 	// payment).
-	pc := &paidCharge{g: g, ex: ex, next: next, payload: payload, offer: offer, claim: claim, pid: pid}
+	pc := &paidCharge{g: g, ex: ex, next: next, payload: payload, offer: offer, claim: claim, note: note, pid: pid}
 
 	vctx, cancel := context.WithTimeout(ctx, defaultSettleTimeout)
 	defer cancel()
@@ -261,16 +266,109 @@ func (p *paidCharge) settleOnce(w http.ResponseWriter, r *http.Request, held *bu
 		p.ex.demand(w, r, http.StatusPaymentRequired, "Settlement failed: "+reason, reason, &sr)
 		return false
 	}
-	if err := g.state.Claims().Settle(context.WithoutCancel(r.Context()), p.claim, sr.Transaction, time.Time{}); err != nil {
-		// The money moved; the claim will still block replays until it
-		// lapses. Log loudly, serve the content that was paid for.
+	// Nothing is delivered before the store records the settlement (in
+	// both settle modes the answer is still held, or the upstream not yet
+	// run): the claim's record, written with it, would otherwise be
+	// resolved from the chain by a later retry and delivered a second time.
+	switch err := p.recordSettled(r.Context(), sr); {
+	case err == nil:
+	case errors.Is(err, store.ErrNoteChanged):
+		// While this request waited, past its attempt span, another
+		// gateway resolved the payment from the chain and took its one
+		// delivery.
+		g.logger.Warn("payment settled, and resolved elsewhere meanwhile: not delivered again", zap.String("transaction", sr.Transaction))
+		metrics.outcomes.WithLabelValues("settled_resolved_elsewhere").Inc()
+		alreadyUsed(w, r, p.ex)
+		return false
+	case errors.Is(err, store.ErrClaimLost) || p.note == "":
+		// No record of the payment is left for anything to resolve and
+		// deliver by (the claim is gone, or the store keeps none), and
+		// the transfer spent the authorization, so no new claim of it
+		// can verify: this request's delivery is the only one.
 		g.logger.Error("marking payment claim settled", zap.Error(err))
+	default:
+		// The store is down: the payment is kept as an unknown outcome
+		// (if the store takes even that), and resolved from the chain on
+		// the buyer's retry, which gets the one delivery.
+		g.logger.Error("payment settled but not recorded: not delivered; the retry is answered from the chain",
+			zap.String("transaction", sr.Transaction), zap.Error(err))
+		metrics.outcomes.WithLabelValues("settled_unrecorded").Inc()
+		g.holdUnknown(r, p.claim, p.payload, p.offer, held, &x402.UnknownOutcomeError{Op: "settle", Reply: &sr, Err: err})
+		g.refuse(w, r, errSettlementPending(err))
+		return false
 	}
 	outcomeSettled.Inc()
 	g.creditSettled(r) // the 402 before this payment no longer counts (ratelimit.go)
 	noteSettled(r, sr)
 	p.sr = sr
 	return true
+}
+
+// settleWriteWaits are the waits before each further try of the write that
+// records a settlement the store failed: a blip (a failover, a timeout)
+// must not cost the buyer the answer paid for. Counted in attemptSpan.
+var settleWriteWaits = []time.Duration{100 * time.Millisecond, 500 * time.Millisecond, 2 * time.Second}
+
+// recordSettled marks the claim settled with the transaction: with a store
+// that holds records, as a compare-and-swap from the record written with
+// the claim (store.ErrNoteChanged: something else has moved it on since).
+// A failed write is tried again (settleWriteWaits); ErrNoteChanged and
+// store.ErrClaimLost are final.
+func (p *paidCharge) recordSettled(ctx context.Context, sr x402.SettleResponse) error {
+	ctx = context.WithoutCancel(ctx)
+	cl := p.g.state.Claims()
+	for i := 0; ; i++ {
+		var err error
+		if p.note == "" {
+			err = cl.Settle(ctx, p.claim, sr.Transaction, time.Time{})
+		} else {
+			err = cl.(store.HeldClaims).Swap(ctx, p.claim, p.note, sr.Transaction)
+		}
+		if errors.Is(err, store.ErrNoteChanged) {
+			return p.settledMeanwhile(ctx, sr, err)
+		}
+		if err == nil || errors.Is(err, store.ErrClaimLost) || i == len(settleWriteWaits) {
+			return err
+		}
+		p.g.logger.Warn("recording a settlement; trying again", zap.Error(err))
+		time.Sleep(settleWriteWaits[i])
+	}
+}
+
+// settledMeanwhile is recordSettled's answer when the claim no longer
+// carries the record written with it (err, store.ErrNoteChanged): nil when
+// this request may deliver after all, because the settled note is its own
+// (a try whose answer was lost wrote it: resolvers write records, never a
+// bare transaction) or because the claim was resolved from the chain
+// elsewhere (a background pass) and its one delivery not yet made, which
+// this request then takes as a retry would (the Swap to delivered); err
+// when that delivery is made or taken. A claim that cannot be read, or is
+// still unsettled under another note, is an error of the store: nothing is
+// delivered, and the chain decides on the retry.
+func (p *paidCharge) settledMeanwhile(ctx context.Context, sr x402.SettleResponse, err error) error {
+	st, lerr := p.g.state.Claims().Lookup(ctx, p.claim.Keys[0])
+	switch {
+	case errors.Is(lerr, store.ErrNotFound):
+		return store.ErrClaimLost // gone since: see settleOnce
+	case lerr != nil:
+		return fmt.Errorf("reading the claim whose record changed: %v", lerr)
+	}
+	if !st.Settled {
+		return errors.New("the claim's record changed, and it is not settled")
+	}
+	if st.Note == sr.Transaction {
+		return nil
+	}
+	h, ok := decodeHeld(st.Note)
+	if !ok || h.Token != p.claim.Token || h.Delivered || h.Held {
+		return err
+	}
+	h.Delivered = true
+	delivered, merr := json.Marshal(h)
+	if merr != nil || p.g.state.Claims().(store.HeldClaims).Swap(ctx, p.claim, st.Note, string(delivered)) != nil {
+		return err
+	}
+	return nil
 }
 
 // outcomeSettled counts settled payments (looked up once: every paid call

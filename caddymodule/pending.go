@@ -104,14 +104,18 @@ type heldRecord struct {
 	// its outcome is reported through the same gate's upstream.
 	Gate string `json:"gate,omitempty"`
 	// Attempt is set on the record written with the claim (claimPaid),
-	// before anything was asked of the facilitator: until then the request
-	// that claimed the payment may still be verifying, running the
-	// upstream or settling, and the record is not the gate's to resolve
-	// (attempting). A record still so after it, or written in another
-	// Session of a store only one process can open (the writer is gone),
-	// was left by a gateway that died mid-attempt, maybe after the
-	// transfer was sent: its outcome is unknown, and resolved as any
-	// other. Zero once the attempt ended unknown (holdUnknown).
+	// before anything was asked of the facilitator: the end of the span
+	// (attemptSpan) in which the request that claimed the payment may
+	// still be verifying, running the upstream or settling. While that
+	// request lives, the record is not the gate's to resolve (attempting:
+	// in this process it knows, elsewhere it goes by the span). A record
+	// still so when its request is gone (past the span, or of this
+	// process's Session and no longer live, or of another Session of a
+	// store only one process can open) was left by a request that ended
+	// mid-attempt (the gateway died, or the store failed the write that
+	// records the settlement), maybe after the transfer was sent: its
+	// outcome is unknown, and resolved as any other. Zero once the attempt
+	// ended unknown (holdUnknown).
 	Attempt time.Time `json:"attempt,omitzero"`
 	Session string    `json:"session,omitempty"`
 }
@@ -122,39 +126,122 @@ type heldRecord struct {
 const attemptMargin = time.Minute
 
 // attemptSpan bounds how long the request that claimed a payment works on
-// it: verifying, running the upstream, settling, each within its timeout.
+// it, as the sum of every wait on its way, each bounded by its timeout:
+// the verify (defaultSettleTimeout), the upstream (upstream_timeout), a
+// verify_response later in the route, whose call to the verifier keeps its
+// own verifier_timeout past the upstream's deadline (at most
+// maxVerifierTimeout, whatever the route says), the settle
+// (defaultSettleTimeout), the embedded EVM facilitator's reads after a
+// failed send (facilitatorResolveTimeout, on a context of their own), and
+// the tries to record the settlement (settleWriteWaits). It is the only
+// place the span is computed: a timeout added on the way belongs here.
+//
+// On one gateway the span decides nothing while the request lives (its
+// claim is in liveClaims); it is what another gateway sharing the store
+// goes by, and what is left once the request is gone.
 func (g *Gate) attemptSpan() time.Duration {
-	return defaultSettleTimeout + time.Duration(g.UpstreamTimeout) + defaultSettleTimeout + attemptMargin
+	d := defaultSettleTimeout + time.Duration(g.UpstreamTimeout) + maxVerifierTimeout +
+		defaultSettleTimeout + facilitatorResolveTimeout + attemptMargin
+	for _, w := range settleWriteWaits {
+		d += w
+	}
+	return d
 }
+
+// facilitatorResolveTimeout is how long the embedded EVM facilitator may
+// read the chain after its settle's deadline, to tell a failed send from a
+// sent one (evmfacilitator's resolveTimeout).
+const facilitatorResolveTimeout = 10 * time.Second
 
 // claimPaid claims a payment's keys and, with a store that holds records,
 // writes its record in the same write (store.HeldClaims.ClaimHeld): the
 // payment, the offer, the request it pays for and when its attempt began.
 // Should the gateway die after the facilitator sent the transfer and
 // before its reply, the next one finds what it needs to resolve the
-// payment from the chain, as it does an unknown outcome.
-func (g *Gate) claimPaid(r *http.Request, keys []string, until time.Time, p x402.PaymentPayload, offer x402.PaymentRequirements) (store.Claim, error) {
+// payment from the chain, as it does an unknown outcome. note is the
+// record as written ("" with a store that holds none): the request's
+// settlement is a compare-and-swap from it (paidCharge.recordSettled).
+//
+// The claim is live (liveClaims) from before its write until the caller
+// calls endLive: no retry or background pass of this process resolves it
+// meanwhile, however long the request takes.
+func (g *Gate) claimPaid(r *http.Request, keys []string, until time.Time, p x402.PaymentPayload, offer x402.PaymentRequirements) (c store.Claim, note string, err error) {
 	hc, ok := g.state.Claims().(store.HeldClaims)
 	if !ok {
-		return g.state.Claims().Claim(r.Context(), keys, until)
+		c, err = g.state.Claims().Claim(r.Context(), keys, until)
+		return c, "", err
 	}
-	return hc.ClaimHeld(r.Context(), keys, until, func(c store.Claim) (string, error) {
+	var token string
+	c, err = hc.ClaimHeld(r.Context(), keys, until, func(c store.Claim) (string, error) {
 		t := now()
 		h := heldRecord{Keys: c.Keys, Token: c.Token, Until: c.Until, Payload: p, Offer: offer, Gate: g.gateID(),
 			SentAfter: t, Attempt: t.Add(g.attemptSpan()), Session: hc.Session()}
 		h.Request, h.RequestBody = g.heldRequest(r, false)
-		note, err := json.Marshal(h)
-		return string(note), err
+		b, err := json.Marshal(h)
+		if err == nil {
+			token, note = c.Token, string(b)
+			beginLive(token)
+		}
+		return note, err
 	})
+	if err != nil {
+		if token != "" {
+			endLive(token)
+		}
+		return store.Claim{}, "", err
+	}
+	return c, note, nil
+}
+
+// liveClaims holds the tokens of the paid claims this process's requests
+// are working on right now (claimPaid to endLive). Such a claim's record
+// is never resolved here, whatever the clock says: the request may still
+// deliver, and a second resolver would deliver too. It is process-wide,
+// not per gate or store, so it holds across a reload that reopens the
+// store while the old configuration's requests still run.
+var liveClaims = struct {
+	sync.Mutex
+	tokens map[string]struct{}
+}{tokens: map[string]struct{}{}}
+
+func beginLive(token string) {
+	liveClaims.Lock()
+	liveClaims.tokens[token] = struct{}{}
+	liveClaims.Unlock()
+}
+
+// endLive ends what beginLive began, once the request made its last move
+// on the claim (settled, released, or held as unknown).
+func endLive(token string) {
+	liveClaims.Lock()
+	delete(liveClaims.tokens, token)
+	liveClaims.Unlock()
+}
+
+func isLive(token string) bool {
+	liveClaims.Lock()
+	_, ok := liveClaims.tokens[token]
+	liveClaims.Unlock()
+	return ok
 }
 
 // attempting reports whether the request that claimed h's payment may
-// still be at work on it (see heldRecord.Attempt).
-func attempting(h *heldRecord, hc store.HeldClaims) bool {
-	if h.Attempt.IsZero() || !now().Before(h.Attempt) {
+// still be at work on it (see heldRecord.Attempt): it is live in this
+// process; or, for a record of a store several gateways share (no
+// Session), its attempt span has not passed, as another gateway's request
+// may be. A record written in this process's session whose claim is not
+// live was left by a request that ended without moving it on (its last
+// write failed); one of another session, by a process that is gone.
+func attempting(h *heldRecord) bool {
+	switch {
+	case h.Attempt.IsZero():
+		return false
+	case isLive(h.Token):
+		return true
+	case h.Session != "":
 		return false
 	}
-	return h.Session == "" || h.Session == hc.Session()
+	return now().Before(h.Attempt)
 }
 
 // gateID names a gate among those of one configuration: its route and its
@@ -311,7 +398,7 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 	if !ok {
 		return false, nil
 	}
-	if hc, ok := g.state.Claims().(store.HeldClaims); ok && !cs.Settled && attempting(h, hc) {
+	if !cs.Settled && attempting(h) {
 		return false, nil // in flight: the caller answers as it does
 	}
 	note := cs.Note
@@ -449,7 +536,7 @@ func (g *Gate) resolvePass(ctx context.Context) {
 	}
 	var todo []held
 	err := hc.Held(ctx, func(_ string, st store.ClaimState) bool {
-		if h, ok := decodeHeld(st.Note); ok && !attempting(h, hc) {
+		if h, ok := decodeHeld(st.Note); ok && !attempting(h) {
 			if _, ours := x402.Match(h.Offer, g.offers); ours {
 				todo = append(todo, held{h, st.Note})
 			}

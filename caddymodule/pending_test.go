@@ -24,6 +24,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/aovhq/aov/plugins/evmfacilitator"
+	"github.com/aovhq/aov/store"
 	"github.com/aovhq/aov/x402"
 )
 
@@ -714,5 +715,365 @@ func testKilledMidSettlement(t *testing.T, background bool) {
 	}
 	if got := counterValue(t, "unknown_resolved_settled") - resolved; got != 1 {
 		t.Fatalf("resolved as settled %v times, want once", got)
+	}
+}
+
+func init() { caddy.RegisterModule(settleBlipStore{}) }
+
+// settleBlipStore is a FAKE FOR A FAULT that cannot otherwise be caused in
+// a test: the real Badger store, whose write marking a paid claim settled
+// (Settle, or the Swap from the claim's record) fails while settleBlips is
+// above zero, as a store blip right after the transfer landed would (a
+// Redis failover, a timeout).
+type settleBlipStore struct {
+	BadgerStore
+}
+
+var settleBlips atomic.Int32
+
+func (settleBlipStore) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{ID: "x402.stores.settle_blip_badger", New: func() caddy.Module { return new(settleBlipStore) }}
+}
+
+func (s *settleBlipStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next()
+	if !d.NextArg() {
+		return d.ArgErr()
+	}
+	s.Path = d.Val()
+	return nil
+}
+
+func (s *settleBlipStore) Claims() store.Claims {
+	return settleBlip{s.BadgerStore.Claims().(heldClaims)}
+}
+
+type settleBlip struct{ heldClaims }
+
+var errSettleBlip = errors.New("settle_blip: the store is unreachable")
+
+func (c settleBlip) Settle(ctx context.Context, cl store.Claim, note string, keep time.Time) error {
+	if settleBlips.Add(-1) >= 0 {
+		return errSettleBlip
+	}
+	return c.heldClaims.Settle(ctx, cl, note, keep)
+}
+
+func (c settleBlip) Swap(ctx context.Context, cl store.Claim, old, note string) error {
+	if settleBlips.Add(-1) >= 0 {
+		return errSettleBlip
+	}
+	return c.heldClaims.Swap(ctx, cl, old, note)
+}
+
+// blipSite is a paid route settled by the faulty facilitator in mode none
+// (it settles for real), its store settle_blip_badger in a new folder.
+func blipSite(t *testing.T, up string) string {
+	return fmt.Sprintf(`:{port} {
+	route /verify/schema {
+		x402 {
+			accept devnet $0.02 %[3]s
+			facilitator faulty_devnet none
+			store settle_blip_badger %[2]s
+		}
+		reverse_proxy %[1]s
+	}
+}
+`, strings.TrimPrefix(up, "http://"), filepath.Join(t.TempDir(), "gate"), payTo.Hex())
+}
+
+// spanOfDefaultGate is the attempt span a gate with the default timeouts
+// writes on a paid claim's record.
+func spanOfDefaultGate() time.Duration {
+	return (&Gate{UpstreamTimeout: caddy.Duration(defaultUpstreamTimeout)}).attemptSpan()
+}
+
+// One payment, settled once; the store fails once to mark the claim settled
+// right after. The gate tries the write again before it delivers, so the
+// claim is marked settled and a later retry with the same payment is
+// payment_already_used. Before, the gate logged the failure and delivered
+// with the claim still carrying its claim-time record, which looks like a
+// gateway that died mid-attempt: once the attempt span passed, the retry
+// found the transfer on chain and ran the upstream again, a second delivery
+// for one payment.
+func TestSettleWriteBlipDoesNotDeliverTwice(t *testing.T) {
+	d, _ := sharedDevnet(t)
+	up := newUpstream(t)
+	base := startCaddy(t, blipSite(t, up.URL))
+	url := base + "/verify/schema"
+	payer := evmfacilitator.DevAccounts()[5].Address
+	before := balance(t, d, payer)
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 5)
+
+	settleBlips.Store(1)
+	t.Cleanup(func() { settleBlips.Store(0) })
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK || resp.Header.Get(x402.HeaderPaymentResponse) == "" {
+		t.Fatalf("paid call: %d %s; want the paid answer once the write went through", resp.StatusCode, b)
+	}
+	calls := up.calls.Load()
+	if got := charged(t, d, payer, before); got.Cmp(big.NewInt(20000)) != 0 {
+		t.Fatalf("charged %v, want 20000", got)
+	}
+
+	now = func() time.Time { return time.Now().Add(spanOfDefaultGate() + 5*time.Second) }
+	t.Cleanup(func() { now = time.Now })
+
+	resp = post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	b, _ = io.ReadAll(resp.Body)
+	if n := up.calls.Load() - calls; n != 0 || resp.StatusCode != http.StatusPaymentRequired ||
+		!strings.Contains(string(b)+resp.Header.Get(x402.HeaderPaymentRequired), x402.ReasonPaymentAlreadyUsed) {
+		t.Fatalf("a retry of a payment already served: ran the upstream %d more time(s), answered %d %.200s; want payment_already_used", n, resp.StatusCode, b)
+	}
+	if got := charged(t, d, payer, before); got.Cmp(big.NewInt(20000)) != 0 {
+		t.Fatalf("charged %v in all, want 20000 once", got)
+	}
+}
+
+// The store cannot mark the claim settled at all after the transfer landed
+// (every try of the write fails): nothing is delivered on that request,
+// which is answered 503 settlement_pending, as an unknown outcome is, and
+// its record is kept as one. The buyer's retry with the same payment, once
+// the store is back, is answered from the chain: the paid answer, once
+// (the answer held back is served; the upstream does not run again).
+func TestSettleWriteDownAnswersPendingThenDeliversOnce(t *testing.T) {
+	d, _ := sharedDevnet(t)
+	up := newUpstream(t)
+	base := startCaddy(t, blipSite(t, up.URL))
+	url := base + "/verify/schema"
+	payer := evmfacilitator.DevAccounts()[5].Address
+	before := balance(t, d, payer)
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 5)
+
+	settleBlips.Store(1000)
+	t.Cleanup(func() { settleBlips.Store(0) })
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(b), `"settlement_pending"`) ||
+		strings.Contains(string(b), `"payment":"paid"`) || resp.Header.Get(x402.HeaderPaymentResponse) != "" {
+		t.Fatalf("paid call whose settlement could not be recorded: %d %s; want 503 settlement_pending and nothing delivered", resp.StatusCode, b)
+	}
+	calls := up.calls.Load()
+	if got := charged(t, d, payer, before); got.Cmp(big.NewInt(20000)) != 0 {
+		t.Fatalf("charged %v, want 20000", got)
+	}
+
+	settleBlips.Store(0) // the store is back
+	resp = post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	b, _ = io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK || resp.Header.Get(x402.HeaderPaymentResponse) == "" || !strings.Contains(string(b), `"payment":"paid"`) {
+		t.Fatalf("the retry once the store is back: %d %s; want the paid answer", resp.StatusCode, b)
+	}
+	if n := up.calls.Load() - calls; n != 0 {
+		t.Fatalf("the retry ran the upstream %d more time(s); the answer was held", n)
+	}
+	if got := charged(t, d, payer, before); got.Cmp(big.NewInt(20000)) != 0 {
+		t.Fatalf("charged %v in all, want 20000 once", got)
+	}
+}
+
+func init() { caddy.RegisterModule(&slowReplyFacilitator{}) }
+
+// slowReplyFacilitator is a FAKE FOR A FAULT that cannot otherwise be
+// caused in a test: a facilitator whose reply comes after the attempt span
+// the gate wrote on the payment's record. It settles for real on the
+// devnet, moves the gate's clock past the span (as a verify_response
+// verifier call or a slow facilitator would take it), tells the test
+// (slowReply.sent) and waits for it (slowReply.resume) before replying.
+type slowReplyFacilitator struct {
+	faultyFacilitator
+}
+
+var slowReply struct {
+	sent    chan struct{}
+	resume  chan struct{}
+	advance time.Duration
+}
+
+func (*slowReplyFacilitator) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{ID: "x402.facilitators.slow_reply_devnet", New: func() caddy.Module { return new(slowReplyFacilitator) }}
+}
+
+func (m *slowReplyFacilitator) UnmarshalCaddyfile(d *caddyfile.Dispenser) error { d.Next(); return nil }
+
+func (m *slowReplyFacilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettleResponse, error) {
+	sr, err := m.f.Settle(ctx, p, req)
+	adv := slowReply.advance
+	now = func() time.Time { return time.Now().Add(adv) }
+	close(slowReply.sent)
+	<-slowReply.resume
+	return sr, err
+}
+
+// slowAttempt starts a paid call settled by slow_reply_devnet and returns
+// once its transfer is on chain and its reply held back: the retry to make
+// then, and the channel the original's status comes on once resumed.
+type slowAttempt struct {
+	d          *evmfacilitator.Devnet
+	up         *upstream
+	url, sig   string
+	before     *big.Int
+	calls      int64
+	first      chan *http.Response
+	payer      common.Address
+	resumeOnce sync.Once
+}
+
+func startSlowAttempt(t *testing.T, payerIdx int) *slowAttempt {
+	d, _ := sharedDevnet(t)
+	up := newUpstream(t)
+	site := fmt.Sprintf(`:{port} {
+	route /verify/schema {
+		x402 {
+			accept devnet $0.02 %[3]s
+			facilitator slow_reply_devnet
+			store badger %[2]s
+		}
+		reverse_proxy %[1]s
+	}
+}
+`, strings.TrimPrefix(up.URL, "http://"), filepath.Join(t.TempDir(), "gate"), payTo.Hex())
+	base := startCaddy(t, site)
+	a := &slowAttempt{d: d, up: up, url: base + "/verify/schema", payer: evmfacilitator.DevAccounts()[payerIdx].Address, first: make(chan *http.Response, 1)}
+	a.before = balance(t, d, a.payer)
+	a.sig = signFor(t, paymentRequired(t, post(t, a.url, "", nil)), payerIdx)
+	slowReply.sent, slowReply.resume = make(chan struct{}), make(chan struct{})
+	slowReply.advance = spanOfDefaultGate() + 5*time.Second // just past the span
+	t.Cleanup(func() { a.resume(); now = time.Now })
+	go func() {
+		a.first <- post(t, a.url, validRequest, map[string]string{x402.HeaderPaymentSignature: a.sig})
+	}()
+	select {
+	case <-slowReply.sent:
+	case resp := <-a.first:
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("the paid call was answered before it settled: %d %.300s", resp.StatusCode, b)
+	}
+	a.calls = up.calls.Load()
+	return a
+}
+
+func (a *slowAttempt) resume() { a.resumeOnce.Do(func() { close(slowReply.resume) }) }
+
+// original resumes the held-back reply and returns the original request's
+// answer.
+func (a *slowAttempt) original() (*http.Response, string) {
+	a.resume()
+	resp := <-a.first
+	b, _ := io.ReadAll(resp.Body)
+	return resp, string(b)
+}
+
+// A live paid call that outlasts its attempt span: the transfer is on
+// chain, the facilitator's reply not yet back. A retry with the same
+// payment on the same gateway is told payment_in_flight, whatever the
+// clock says (the claim is live in this process), and runs nothing; the
+// original then delivers, once. Before, the retry found the record no
+// longer "attempting", resolved it from the chain and ran the upstream
+// again, and then the original delivered too: two deliveries.
+func TestAttemptOutlivingItsSpanIsLeftToItsRequest(t *testing.T) {
+	a := startSlowAttempt(t, 3) // not 4: TestSettlementFailureReleasesNoContent drains it
+	resp := post(t, a.url, validRequest, map[string]string{x402.HeaderPaymentSignature: a.sig})
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusPaymentRequired || !strings.Contains(string(b)+resp.Header.Get(x402.HeaderPaymentRequired), reasonPaymentInFlight) {
+		t.Fatalf("a retry while the original works: %d %.200s; want payment_in_flight", resp.StatusCode, b)
+	}
+	orig, ob := a.original()
+	if orig.StatusCode != http.StatusOK || !strings.Contains(ob, `"payment":"paid"`) {
+		t.Fatalf("the original: %d %.200s; want the paid answer", orig.StatusCode, ob)
+	}
+	if n := a.up.calls.Load() - a.calls; n != 0 {
+		t.Fatalf("one payment: the upstream ran %d more time(s) after the transfer", n)
+	}
+	if got := charged(t, a.d, a.payer, a.before); got.Cmp(big.NewInt(20000)) != 0 {
+		t.Fatalf("charged %v", got)
+	}
+}
+
+// asIfAnotherGateway is a FAKE FOR A FAULT that cannot otherwise be caused
+// in one test process: the next retry is served by another gateway on the
+// same shared store, which does not know the claims this one is working
+// on. It forgets them.
+func asIfAnotherGateway() {
+	liveClaims.Lock()
+	clear(liveClaims.tokens)
+	liveClaims.Unlock()
+}
+
+// The same, with the retry served by another gateway past the attempt span
+// (a shared store, where the span is all a gateway has to go by): it
+// resolves the payment from the chain and delivers. The original, whose
+// reply comes after, finds its claim's record moved on (its settlement is a
+// compare-and-swap from the record it wrote with the claim) and does not
+// deliver a second time: payment_already_used. Before, its Settle
+// overwrote the record and it delivered too.
+func TestAttemptResolvedElsewhereIsNotDeliveredAgain(t *testing.T) {
+	a := startSlowAttempt(t, 3) // not 4: TestSettlementFailureReleasesNoContent drains it
+	asIfAnotherGateway()
+	resp := post(t, a.url, validRequest, map[string]string{x402.HeaderPaymentSignature: a.sig})
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), `"payment":"paid"`) {
+		t.Fatalf("the retry elsewhere, past the span: %d %.200s; want the paid answer from the chain", resp.StatusCode, b)
+	}
+	orig, ob := a.original()
+	if orig.StatusCode != http.StatusPaymentRequired || !strings.Contains(ob+orig.Header.Get(x402.HeaderPaymentRequired), x402.ReasonPaymentAlreadyUsed) {
+		t.Fatalf("the original after the retry delivered: %d %.200s; want payment_already_used", orig.StatusCode, ob)
+	}
+	if n := a.up.calls.Load() - a.calls; n != 1 {
+		t.Fatalf("one payment: the upstream ran %d time(s) after the transfer, want once", n)
+	}
+	if got := charged(t, a.d, a.payer, a.before); got.Cmp(big.NewInt(20000)) != 0 {
+		t.Fatalf("charged %v", got)
+	}
+}
+
+// The attempt span another gateway goes by counts every wait of a paid
+// call's request, those past the upstream's deadline included: a
+// verify_response call at its longest verifier_timeout, the EVM
+// facilitator's chain reads after a failed send, the store's retries.
+// Before, it counted verify, upstream and settle alone (2m30s), and a live
+// request could outlast it. README gives the default (3 m 43 s).
+func TestAttemptSpanCountsEveryWait(t *testing.T) {
+	if got, want := spanOfDefaultGate(), 3*time.Minute+42600*time.Millisecond; got != want {
+		t.Fatalf("span with the defaults %v, want %v (as README says)", got, want)
+	}
+	g := &Gate{UpstreamTimeout: caddy.Duration(2 * time.Minute)}
+	if got, min := g.attemptSpan(), 2*defaultSettleTimeout+2*time.Minute+maxVerifierTimeout+facilitatorResolveTimeout; got <= min {
+		t.Fatalf("span %v does not cover the waits it bounds (%v)", got, min)
+	}
+}
+
+// The same, with the payment resolved from the chain by another gateway's
+// background pass (settled, its delivery still owed) before the original's
+// reply comes: the original takes that one delivery (the Swap to
+// delivered, as a retry would) and answers; a retry after it is
+// payment_already_used and runs nothing.
+func TestAttemptResolvedInTheBackgroundIsDeliveredByItsRequest(t *testing.T) {
+	old := resolveInterval
+	resolveInterval = 50 * time.Millisecond
+	t.Cleanup(func() { resolveInterval = old })
+	resolved := counterValue(t, "unknown_resolved_settled")
+	a := startSlowAttempt(t, 3) // not 4: TestSettlementFailureReleasesNoContent drains it
+	asIfAnotherGateway()
+	for deadline := time.Now().Add(10 * time.Second); counterValue(t, "unknown_resolved_settled") == resolved; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the background pass never resolved the payment")
+		}
+	}
+	orig, ob := a.original()
+	if orig.StatusCode != http.StatusOK || !strings.Contains(ob, `"payment":"paid"`) || orig.Header.Get(x402.HeaderPaymentResponse) == "" {
+		t.Fatalf("the original, its payment resolved meanwhile and not delivered: %d %.200s; want the paid answer", orig.StatusCode, ob)
+	}
+	resp := post(t, a.url, validRequest, map[string]string{x402.HeaderPaymentSignature: a.sig})
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusPaymentRequired || !strings.Contains(string(b)+resp.Header.Get(x402.HeaderPaymentRequired), x402.ReasonPaymentAlreadyUsed) {
+		t.Fatalf("a retry after the original delivered: %d %.200s; want payment_already_used", resp.StatusCode, b)
+	}
+	if n := a.up.calls.Load() - a.calls; n != 0 {
+		t.Fatalf("one payment: the upstream ran %d more time(s) after the transfer", n)
+	}
+	if got := charged(t, a.d, a.payer, a.before); got.Cmp(big.NewInt(20000)) != 0 {
+		t.Fatalf("charged %v", got)
 	}
 }
