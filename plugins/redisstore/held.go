@@ -55,18 +55,30 @@ end
 return out
 `)
 
-func (c claims) index() string { return c.s.opts.Prefix + ":{c}!held" }
+// indexedKeys is keys as stored (claims.keys), followed by the index of
+// held claims (in the claims' hash tag, so in their Cluster slot), in one
+// allocation: how every script that indexes a claim, or ends one, is
+// given them.
+func (c claims) indexedKeys(keys []string) []string {
+	out := make([]string, len(keys), len(keys)+1)
+	for i, k := range keys {
+		out[i] = c.s.claimPrefix + k
+	}
+	return append(out, c.s.heldIndex)
+}
 
-// swapScript: KEYS the claim keys; ARGV token, old note, note. Marks the
-// claim settled with note if every key still carries old. Returns 1, 0 when
-// the claim is lost, 3 when the note changed.
+// swapScript: KEYS the claim keys, then the index of held claims; ARGV
+// token, old note, note, the claim's first key. Marks the claim settled
+// with note if every key still carries old, and takes it off the index.
+// Returns 1, 0 when the claim is lost, 3 when the note changed.
 var swapScript = redis.NewScript(`#!lua
-` + nowMS + heldCheck + `for _, k in ipairs(KEYS) do
+` + nowMS + unindex + heldCheck + `for _, k in ipairs(KEYS) do
   if redis.call('HGET', k, 'n') ~= ARGV[2] then return 3 end
 end
 for _, k in ipairs(KEYS) do
   redis.call('HSET', k, 's', '1', 'n', ARGV[3])
 end
+redis.call('ZREM', index, ARGV[4])
 return 1
 `)
 
@@ -82,7 +94,7 @@ func (c claims) Swap(ctx context.Context, cl store.Claim, old, note string) erro
 	if !validClaim(cl) {
 		return store.ErrClaimLost
 	}
-	v, err := c.s.write(ctx, swapScript, c.keys(cl.Keys), cl.Token, old, note)
+	v, err := c.s.write(ctx, swapScript, c.indexedKeys(cl.Keys), cl.Token, old, note, cl.Keys[0])
 	if err != nil {
 		return fmt.Errorf("redisstore: swapping claim note: %w", err)
 	}
@@ -113,7 +125,7 @@ func (c claims) Hold(ctx context.Context, cl store.Claim, note string) error {
 	if !validClaim(cl) {
 		return store.ErrClaimLost
 	}
-	v, err := c.s.write(ctx, holdScript, append(c.keys(cl.Keys), c.index()), cl.Token, note, cl.Keys[0])
+	v, err := c.s.write(ctx, holdScript, c.indexedKeys(cl.Keys), cl.Token, note, cl.Keys[0])
 	if err != nil {
 		return fmt.Errorf("redisstore: holding claim: %w", err)
 	}
@@ -129,7 +141,7 @@ func (c claims) Hold(ctx context.Context, cl store.Claim, note string) error {
 // Held calls fn with the first key and the state of every live, unsettled
 // claim that carries a note, until fn returns false.
 func (c claims) Held(ctx context.Context, fn func(key string, st store.ClaimState) bool) error {
-	v, err := c.s.write(ctx, heldScript, []string{c.index()}, c.s.claimPrefix)
+	v, err := c.s.write(ctx, heldScript, []string{c.s.heldIndex}, c.s.claimPrefix)
 	if err != nil {
 		return fmt.Errorf("redisstore: listing held claims: %w", err)
 	}

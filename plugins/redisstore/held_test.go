@@ -53,6 +53,26 @@ func testHeld(t *testing.T, rdb redis.UniversalClient) {
 	if err := cl.Release(ctx, c); err != nil {
 		t.Fatal(err)
 	}
+	// Settle and Release take a claim off the index themselves: it lists
+	// only records that still need resolving, not every claim since the
+	// background pass last pruned it.
+	d, err := cl.ClaimHeld(ctx, []string{"d1"}, time.Now().Add(time.Minute), func(store.Claim) (string, error) { return "record", nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.Swap(ctx, d, "record", "0xtx"); err != nil {
+		t.Fatal(err)
+	}
+	e, err := cl.ClaimHeld(ctx, []string{"e1"}, time.Now().Add(time.Minute), func(store.Claim) (string, error) { return "record", nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.Release(ctx, e); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := rdb.ZRange(ctx, s.heldIndex, 0, -1).Result(); err != nil || len(got) != 1 || got[0] != "b1" {
+		t.Fatalf("the index holds %v (%v) after a1 settled, c1 released, d1 swapped to settled and e1 released; want b1 alone", got, err)
+	}
 	time.Sleep(time.Until(b.Until) + 5*time.Millisecond)
 	if err := cl.Hold(ctx, b, "late"); !errors.Is(err, store.ErrClaimLost) {
 		t.Fatalf("Hold of a lapsed claim = %v, want ErrClaimLost", err)

@@ -118,27 +118,40 @@ const heldCheck = `for _, k in ipairs(KEYS) do
 end
 `
 
-// settleScript: KEYS the claim keys; ARGV token, note, keep-until ms (0:
-// keep the current until). Returns 1, or 0 when the claim is lost.
+// settleScript: KEYS the claim keys, then the index of held claims; ARGV
+// token, note, keep-until ms (0: keep the current until), the claim's
+// first key. Returns 1, or 0 when the claim is lost. A settled claim
+// leaves the index (unindex).
 var settleScript = redis.NewScript(`#!lua
-` + nowMS + heldCheck + `local keep = tonumber(ARGV[3])
+` + nowMS + unindex + heldCheck + `local keep = tonumber(ARGV[3])
 for _, k in ipairs(KEYS) do
   local u = math.max(tonumber(redis.call('HGET', k, 'u')), keep)
   redis.call('HSET', k, 's', '1', 'n', ARGV[2], 'u', string.format('%d', u))
   redis.call('PEXPIREAT', k, u)
 end
+redis.call('ZREM', index, ARGV[4])
 return 1
 `)
 
-// releaseScript: KEYS the claim keys; ARGV token. Returns 1, 0 when the
-// claim is lost, 2 when it is settled (and kept).
+// releaseScript: KEYS the claim keys, then the index of held claims; ARGV
+// token, the claim's first key. Returns 1, 0 when the claim is lost, 2
+// when it is settled (and kept). A released claim leaves the index.
 var releaseScript = redis.NewScript(`#!lua
-` + nowMS + heldCheck + `for _, k in ipairs(KEYS) do
+` + nowMS + unindex + heldCheck + `for _, k in ipairs(KEYS) do
   if redis.call('HGET', k, 's') == '1' then return 2 end
 end
 redis.call('DEL', unpack(KEYS))
+redis.call('ZREM', index, ARGV[2])
 return 1
 `)
+
+// unindex takes the index of held claims off the end of KEYS (as index),
+// for a script that ends a claim: every paid call's claim is indexed with
+// its record (claimHeldScript), and only one that still needs resolving
+// should stay there, or the background pass (heldScript) walks every paid
+// call since its last pass.
+const unindex = `local index = table.remove(KEYS)
+`
 
 // recordScript: KEYS[1] the claim key; ARGV token, until ms, note.
 // Writes a settled claim unless a live settled one is there. Returns 1

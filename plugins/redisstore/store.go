@@ -66,6 +66,7 @@ type Store struct {
 	// key); claim keys share one hash tag, because a claim takes several
 	// keys in one script and Cluster runs a script on one slot only.
 	allowPrefix, claimPrefix string
+	heldIndex                string // the index of held claims (held.go)
 }
 
 // New checks the server and returns a Store on rdb. It refuses a server
@@ -90,7 +91,7 @@ func New(ctx context.Context, rdb redis.UniversalClient, opts Options) (*Store, 
 	if opts.WaitReplicas < 0 {
 		return nil, errors.New("redisstore: wait_replicas must not be negative")
 	}
-	s := &Store{rdb: rdb, opts: opts, allowPrefix: opts.Prefix + ":a:", claimPrefix: opts.Prefix + ":{c}:"}
+	s := &Store{rdb: rdb, opts: opts, allowPrefix: opts.Prefix + ":a:", claimPrefix: opts.Prefix + ":{c}:", heldIndex: opts.Prefix + ":{c}!held"}
 	if err := s.checkPolicy(ctx); err != nil {
 		return nil, err
 	}
@@ -356,10 +357,10 @@ func (c claims) claim(ctx context.Context, keys []string, until time.Time, note 
 		if len(n) > maxHoldNote {
 			return store.Claim{}, fmt.Errorf("store: hold note over %d bytes", maxHoldNote)
 		}
-		v, err = c.s.write(ctx, claimHeldScript, append(c.keys(keys), c.index()), token, ceilMS(until), n, keys[0])
+		v, err = c.s.write(ctx, claimHeldScript, c.indexedKeys(keys), token, ceilMS(until), n, keys[0])
 	}
 	if err != nil {
-		c.s.undo(ctx, releaseScript, c.keys(keys), token)
+		c.s.undo(ctx, releaseScript, c.indexedKeys(keys), token, keys[0])
 		return store.Claim{}, fmt.Errorf("redisstore: claiming: %w", err)
 	}
 	out, ok := v.([]any)
@@ -415,7 +416,7 @@ func (c claims) Settle(ctx context.Context, cl store.Claim, note string, keepUnt
 	if !keepUntil.IsZero() {
 		keep = ceilMS(keepUntil)
 	}
-	v, err := c.s.write(ctx, settleScript, c.keys(cl.Keys), cl.Token, note, keep)
+	v, err := c.s.write(ctx, settleScript, c.indexedKeys(cl.Keys), cl.Token, note, keep, cl.Keys[0])
 	if err != nil {
 		return fmt.Errorf("redisstore: settling claim: %w", err)
 	}
@@ -432,7 +433,7 @@ func (c claims) Release(ctx context.Context, cl store.Claim) error {
 	if !validClaim(cl) {
 		return store.ErrClaimLost
 	}
-	v, err := c.s.write(ctx, releaseScript, c.keys(cl.Keys), cl.Token)
+	v, err := c.s.write(ctx, releaseScript, c.indexedKeys(cl.Keys), cl.Token, cl.Keys[0])
 	if err != nil {
 		return fmt.Errorf("redisstore: releasing claim: %w", err)
 	}
