@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"errors"
 	"math/big"
 	"net"
 	"net/http"
@@ -432,5 +433,27 @@ func payVerify(t *testing.T, base string, body []byte, payer evmfacilitator.DevA
 	mustStatus(t, r, http.StatusOK)
 	if r.header.Get(x402.HeaderPaymentResponse) == "" {
 		t.Fatal("a paid answer without PAYMENT-RESPONSE")
+	}
+}
+
+// `make run` with AOV_STOP_GRACE=2m (a duration where whole seconds are
+// asked for) is refused at once, with a message naming the variable, and
+// starts nothing. Before, it started, and on Ctrl-C stop_all's arithmetic
+// read the value as an error or 0: Caddy was killed without its grace,
+// mid-way through the paid calls it was finishing.
+func TestRunScriptRefusesAStopGraceWithAUnit(t *testing.T) {
+	for _, grace := range []string{"2m", "1.5", "-3", "86401"} {
+		data := filepath.Join(t.TempDir(), "data")
+		cmd := exec.Command("bash", filepath.Join(repoRoot, "scripts", "run.sh"))
+		cmd.Dir = repoRoot
+		cmd.Env = append(os.Environ(), "AOV_STOP_GRACE="+grace, "AOV_DATA="+data, "AOV_BIN="+filepath.Join(data, "bin"))
+		out, err := cmd.CombinedOutput()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(out), "AOV_STOP_GRACE="+grace+": must be a whole number of seconds") {
+			t.Fatalf("AOV_STOP_GRACE=%s: %v\n%s\nwant exit status 2 and the reason", grace, err, out)
+		}
+		if strings.Contains(string(out), "started") {
+			t.Fatalf("AOV_STOP_GRACE=%s started something:\n%s", grace, out)
+		}
 	}
 }

@@ -21,6 +21,28 @@ http_ok() {
 	[ "$status" = 200 ]
 }
 
+# stop_grace prints AOV_STOP_GRACE (default 120) as whole seconds, or fails
+# with a message saying why it cannot. It is checked below, when the
+# script sources this file, before anything starts: in stop_all's
+# arithmetic a value with a unit ("2m") was a bash error or 0, an immediate
+# SIGKILL of a gateway still finishing its paid calls.
+stop_grace() {
+	local g="${AOV_STOP_GRACE:-120}"
+	case "$g" in
+	'' | *[!0-9]* | ???????*)
+		printf 'AOV_STOP_GRACE=%q: must be a whole number of seconds, at most 86400 (for example 120 for two minutes)\n' "$g" >&2
+		return 1
+		;;
+	esac
+	g=$((10#$g)) # a leading zero is not octal
+	if ((g > 86400)); then
+		printf 'AOV_STOP_GRACE=%q: must be a whole number of seconds, at most 86400 (for example 120 for two minutes)\n' "${AOV_STOP_GRACE}" >&2
+		return 1
+	fi
+	echo "$g"
+}
+stop_grace >/dev/null || exit 2
+
 # Supervision, for run.sh: `supervise NAME CMD...` starts CMD in a process
 # group of its own and remembers how to start it again; `supervise_forever`
 # restarts any supervised process that exits on its own, after a backoff
@@ -28,7 +50,7 @@ http_ok() {
 # a process has run AOV_RESTART_RESET seconds, default 30), with a line in the
 # log each time, while the others keep running; `stop_all` stops them in
 # reverse order of start (each gets SIGTERM and AOV_STOP_GRACE seconds,
-# default 120, then SIGKILL). The grace covers the longest paid call the
+# default 120, whole seconds only (stop_grace), then SIGKILL). The grace covers the longest paid call the
 # gateway may be finishing: verify (30 s) + upstream_timeout (30 s by
 # default, 15 s in Caddyfile.example) + settlement (30 s), with a margin. A
 # gateway killed mid-settlement loses nothing (the payment's record is
@@ -92,7 +114,8 @@ stop_all() {
 	sup_stopping=1
 	trap '' INT TERM
 	say "stopping"
-	local i grace="${AOV_STOP_GRACE:-120}"
+	local i grace
+	grace="$(stop_grace)" || grace=120 # refused at start; never reached
 	for ((i = ${#sup_pids[@]} - 1; i >= 0; i--)); do
 		kill -TERM -- "-${sup_pids[$i]}" 2>/dev/null || true
 		kill -CONT -- "-${sup_pids[$i]}" 2>/dev/null || true # a stopped one must see it
