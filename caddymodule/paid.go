@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -363,9 +362,7 @@ func (p *paidCharge) settledMeanwhile(ctx context.Context, sr x402.SettleRespons
 	if !ok || h.Token != p.claim.Token || h.Delivered || h.Held {
 		return err
 	}
-	h.Delivered = true
-	delivered, merr := json.Marshal(h)
-	if merr != nil || p.g.state.Claims().(store.HeldClaims).Swap(ctx, p.claim, st.Note, string(delivered)) != nil {
+	if markDelivered(ctx, p.g.state.Claims().(store.HeldClaims), p.claim, h, st.Note) != nil {
 		return err
 	}
 	return nil

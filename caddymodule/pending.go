@@ -174,8 +174,8 @@ func (g *Gate) claimPaid(r *http.Request, keys []string, until time.Time, p x402
 	var token string
 	c, err = hc.ClaimHeld(r.Context(), keys, until, func(c store.Claim) (string, error) {
 		t := now()
-		h := heldRecord{Keys: c.Keys, Token: c.Token, Until: c.Until, Payload: p, Offer: offer, Gate: g.gateID(),
-			SentAfter: t, Attempt: t.Add(g.attemptSpan()), Session: hc.Session()}
+		h := g.newHeldRecord(c, p, offer, t)
+		h.Attempt, h.Session = t.Add(g.attemptSpan()), hc.Session()
 		h.Request, h.RequestBody = g.heldRequest(r, false)
 		b, err := json.Marshal(h)
 		if err == nil {
@@ -274,6 +274,27 @@ func decodeHeld(note string) (*heldRecord, bool) {
 	return &h, true
 }
 
+// newHeldRecord starts the record of a payment claimed by c: what every
+// record carries, whoever writes it (claimPaid with the claim, holdUnknown
+// when the outcome is unknown). sentAfter is a time before which the
+// settlement was not asked for.
+func (g *Gate) newHeldRecord(c store.Claim, p x402.PaymentPayload, offer x402.PaymentRequirements, sentAfter time.Time) heldRecord {
+	return heldRecord{Keys: c.Keys, Token: c.Token, Until: c.Until, Payload: p, Offer: offer, Gate: g.gateID(), SentAfter: sentAfter}
+}
+
+// markDelivered records, by a compare-and-swap from old (the note c
+// carries now), that the one delivery h's payment bought is being made:
+// store.ErrNoteChanged when something else made or took it first.
+func markDelivered(ctx context.Context, hc store.HeldClaims, c store.Claim, h *heldRecord, old string) error {
+	d := *h
+	d.Delivered = true
+	b, err := json.Marshal(d)
+	if err != nil {
+		return err
+	}
+	return hc.Swap(ctx, c, old, string(b))
+}
+
 // holdUnknown keeps the record of a settlement whose outcome is unknown
 // with its claim. bw is the held answer (nil in settle before mode).
 // Without a store that can hold, the claim simply stays pending until it
@@ -284,8 +305,7 @@ func (g *Gate) holdUnknown(r *http.Request, c store.Claim, p x402.PaymentPayload
 	if !ok {
 		return
 	}
-	h := heldRecord{Keys: c.Keys, Token: c.Token, Until: c.Until, Payload: p, Offer: offer, Gate: g.gateID(),
-		SentAfter: now().Add(-defaultSettleTimeout)}
+	h := g.newHeldRecord(c, p, offer, now().Add(-defaultSettleTimeout))
 	if unknown != nil && unknown.Reply != nil {
 		h.Sent = unknown.Reply.Transaction
 	}
@@ -481,9 +501,7 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 	if !ok { // never: only such a store keeps records
 		return true, alreadyUsed(w, r, ex)
 	}
-	h.Delivered = true
-	delivered, _ := json.Marshal(h)
-	switch err := hc.Swap(context.WithoutCancel(r.Context()), h.claim(), note, string(delivered)); {
+	switch err := markDelivered(context.WithoutCancel(r.Context()), hc, h.claim(), h, note); {
 	case errors.Is(err, store.ErrNoteChanged):
 		return true, alreadyUsed(w, r, ex) // another retry took the run
 	case err != nil:
