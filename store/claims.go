@@ -190,8 +190,8 @@ func (cl claims) claim(ctx context.Context, keys []string, until time.Time, note
 		if rec.note, err = note(c); err != nil {
 			return Claim{}, err
 		}
-		if len(rec.note) > MaxHoldNoteBytes {
-			return Claim{}, fmt.Errorf("store: hold note over %d bytes", MaxHoldNoteBytes)
+		if err := CheckHoldNote(rec.note); err != nil {
+			return Claim{}, err
 		}
 	}
 	err = cl.db.update(ctx, func(txn *tx) error {
@@ -371,13 +371,22 @@ type HeldClaims interface {
 // MaxHoldNoteBytes bounds one Hold note.
 const MaxHoldNoteBytes = 4 << 20
 
+// CheckHoldNote refuses a note over MaxHoldNoteBytes: the one check every
+// HeldClaims implementation makes before it writes one.
+func CheckHoldNote(note string) error {
+	if len(note) > MaxHoldNoteBytes {
+		return fmt.Errorf("store: hold note over %d bytes", MaxHoldNoteBytes)
+	}
+	return nil
+}
+
 // Session implements HeldClaims: the open database's, made at Open.
 func (cl claims) Session() string { return cl.db.life.session }
 
 // Hold implements HeldClaims.
 func (cl claims) Hold(ctx context.Context, c Claim, note string) error {
-	if len(note) > MaxHoldNoteBytes {
-		return fmt.Errorf("store: hold note over %d bytes", MaxHoldNoteBytes)
+	if err := CheckHoldNote(note); err != nil {
+		return err
 	}
 	return cl.db.update(ctx, func(txn *tx) error {
 		recs, err := held(txn, c, now().UnixNano())
@@ -400,8 +409,8 @@ func (cl claims) Hold(ctx context.Context, c Claim, note string) error {
 
 // Swap implements HeldClaims.
 func (cl claims) Swap(ctx context.Context, c Claim, old, note string) error {
-	if len(note) > MaxHoldNoteBytes {
-		return fmt.Errorf("store: hold note over %d bytes", MaxHoldNoteBytes)
+	if err := CheckHoldNote(note); err != nil {
+		return err
 	}
 	return cl.db.update(ctx, func(txn *tx) error {
 		recs, err := held(txn, c, now().UnixNano())

@@ -18,9 +18,6 @@ import (
 // claims' hash tag so it shares their Cluster slot) so Held does not scan
 // the keyspace.
 
-// maxHoldNote bounds one note, as the embedded store does.
-const maxHoldNote = 4 << 20
-
 // holdScript: KEYS the claim keys, then the index; ARGV token, note, the
 // caller's first key. Returns 1, 0 when the claim is lost, 2 when settled.
 var holdScript = redis.NewScript(`#!lua
@@ -88,8 +85,8 @@ return 1
 // not act on the old note, which errs on the side of delivering nothing
 // twice.
 func (c claims) Swap(ctx context.Context, cl store.Claim, old, note string) error {
-	if len(note) > maxHoldNote {
-		return fmt.Errorf("store: hold note over %d bytes", maxHoldNote)
+	if err := store.CheckHoldNote(note); err != nil {
+		return err
 	}
 	if !validClaim(cl) {
 		return store.ErrClaimLost
@@ -119,8 +116,8 @@ func (claims) Session() string { return "" }
 // Hold writes note on c, which must still be c's and unsettled
 // (store.ErrClaimLost, store.ErrClaimSettled otherwise).
 func (c claims) Hold(ctx context.Context, cl store.Claim, note string) error {
-	if len(note) > maxHoldNote {
-		return fmt.Errorf("store: hold note over %d bytes", maxHoldNote)
+	if err := store.CheckHoldNote(note); err != nil {
+		return err
 	}
 	if !validClaim(cl) {
 		return store.ErrClaimLost

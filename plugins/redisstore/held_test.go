@@ -80,7 +80,7 @@ func testHeld(t *testing.T, rdb redis.UniversalClient) {
 	if got := held(); len(got) != 0 {
 		t.Fatalf("after settle, release and lapse: held %v, want none", got)
 	}
-	if err := cl.Hold(ctx, c, strings.Repeat("x", maxHoldNote+1)); err == nil {
+	if err := cl.Hold(ctx, c, strings.Repeat("x", store.MaxHoldNoteBytes+1)); err == nil {
 		t.Fatal("a note over the bound was accepted")
 	}
 }

@@ -354,8 +354,8 @@ func (c claims) claim(ctx context.Context, keys []string, until time.Time, note 
 		if n, err = note(store.Claim{Keys: keys, Token: token, Until: until}); err != nil {
 			return store.Claim{}, err
 		}
-		if len(n) > maxHoldNote {
-			return store.Claim{}, fmt.Errorf("store: hold note over %d bytes", maxHoldNote)
+		if err := store.CheckHoldNote(n); err != nil {
+			return store.Claim{}, err
 		}
 		v, err = c.s.write(ctx, claimHeldScript, c.indexedKeys(keys), token, ceilMS(until), n, keys[0])
 	}
