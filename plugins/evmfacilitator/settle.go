@@ -66,11 +66,10 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 
 // settleKey identifies an authorization: the token, the payer and the nonce.
 func settleKey(p x402.PaymentPayload, req x402.PaymentRequirements) (authKey, bool) {
-	pl, err := x402.ParseExactEVMPayload(p.Payload)
-	if err != nil || !common.IsHexAddress(req.Asset) {
+	if !common.IsHexAddress(req.Asset) {
 		return authKey{}, false
 	}
-	v, err := pl.Authorization.Values()
+	v, err := x402.ExactEVMValues(p)
 	if err != nil {
 		return authKey{}, false
 	}
