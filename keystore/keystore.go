@@ -375,9 +375,17 @@ func (s *Store) Reload() error {
 // effect on the next request.
 func (s *Store) Refresh() (bool, error) {
 	if s.watch != nil {
-		return s.watch.refresh(s.refresh)
+		return s.watch.refresh(s.refresh, s.isBroken)
 	}
 	return s.refresh()
+}
+
+// isBroken reports whether the index on disk is not fully loaded (see
+// reloadLocked).
+func (s *Store) isBroken() bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.broken != nil
 }
 
 // refresh is Refresh's stat of the index, and the reload if it changed.

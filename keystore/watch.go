@@ -24,9 +24,6 @@ type watch struct {
 	// directory was moved or removed, the instance failed, or Close): then
 	// every Refresh stats, as without a watch.
 	fd int
-	// retry is set when a reload failed: the next Refresh stats again
-	// although no event came, as a Store without a watch would.
-	retry bool
 }
 
 // startWatch watches dir, or returns nil where it cannot (no inotify, a
@@ -41,8 +38,10 @@ func startWatch(dir string) *watch {
 }
 
 // refresh is Store.Refresh through the watch: reload runs only when an
-// event came (or the watch has ended, or the last reload failed).
-func (w *watch) refresh(reload func() (bool, error)) (bool, error) {
+// event came, the watch has ended, or the store is broken (its last load
+// failed, however it was asked for: the next Refresh tries again although
+// no event came, as a Store without a watch would).
+func (w *watch) refresh(reload func() (bool, error), broken func() bool) (bool, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.fd >= 0 {
@@ -50,13 +49,11 @@ func (w *watch) refresh(reload func() (bool, error)) (bool, error) {
 		if !alive {
 			w.stopLocked()
 		}
-		if !events && !w.retry {
+		if !events && !broken() {
 			return false, nil
 		}
 	}
-	changed, err := reload()
-	w.retry = err != nil
-	return changed, err
+	return reload()
 }
 
 // watching reports whether the watch still holds.
