@@ -97,8 +97,8 @@ type clientDay struct {
 }
 
 type pendingUnit struct {
-	id      uint64 // 0: left on disk by an older version, never issued
-	expires int64  // Unix ns
+	id      uint64        // 0: left on disk by an older version, never issued
+	expires time.Duration // on the monotonic clock, elapsed
 }
 
 // clean reports whether the entry holds nothing the disk lacks, so it can
@@ -108,8 +108,8 @@ func (c *clientDay) clean() bool {
 	return c.committed == c.durable && len(c.pending) == 0 && c.writes == 0
 }
 
-// dropLapsed removes pending units whose TTL has passed at t.
-func (c *clientDay) dropLapsed(t int64) {
+// dropLapsed removes pending units whose TTL has passed at t (elapsed).
+func (c *clientDay) dropLapsed(t time.Duration) {
 	live := c.pending[:0]
 	for _, p := range c.pending {
 		if p.expires > t {
@@ -124,8 +124,8 @@ func (c *clientDay) remaining(limit int) int {
 }
 
 // take removes id from the pending units and reports whether it was there
-// and still live at t.
-func (c *clientDay) take(id uint64, t int64) bool {
+// and still live at t (elapsed).
+func (c *clientDay) take(id uint64, t time.Duration) bool {
 	for i, p := range c.pending {
 		if p.id == id {
 			c.pending = append(c.pending[:i], c.pending[i+1:]...)
@@ -340,7 +340,8 @@ func (a *allowanceCounts) entry(ctx context.Context, s *allowanceShard, k allowa
 // big endian), which is all this version writes, followed in records of
 // older versions by their pending reservations (16 id bytes and the
 // expiry in Unix ns, int64, each). Those are kept as anonymous pending
-// units until they lapse, as their writer promised.
+// units until they lapse, as their writer promised (their wall-clock
+// expiry moved onto the monotonic clock as read now).
 func decodeAllowance(b []byte) (int, []pendingUnit, error) {
 	const pendingSize = 16 + 8
 	if len(b) < 4 || (len(b)-4)%pendingSize != 0 {
@@ -349,7 +350,8 @@ func decodeAllowance(b []byte) (int, []pendingUnit, error) {
 	committed := int(binary.BigEndian.Uint32(b))
 	var pending []pendingUnit
 	for b = b[4:]; len(b) > 0; b = b[pendingSize:] {
-		pending = append(pending, pendingUnit{expires: int64(binary.BigEndian.Uint64(b[16:]))})
+		left := time.Unix(0, int64(binary.BigEndian.Uint64(b[16:]))).Sub(now())
+		pending = append(pending, pendingUnit{expires: elapsed() + left})
 	}
 	return committed, pending, nil
 }
@@ -395,15 +397,15 @@ func (a *allowances) Reserve(ctx context.Context, pool, client string, day time.
 	if err != nil {
 		return res, err
 	}
-	t := now()
-	c.dropLapsed(t.UnixNano())
+	t := elapsed()
+	c.dropLapsed(t)
 	if c.remaining(limit) == 0 {
 		return res, ErrExhausted
 	}
 	id := a.nextID.Add(1)
 	res.ID = formatReservationID(id)
-	res.Expires = t.Add(a.db.opts.ReservationTTL)
-	c.pending = append(c.pending, pendingUnit{id: id, expires: res.Expires.UnixNano()})
+	res.Expires = now().Add(a.db.opts.ReservationTTL)
+	c.pending = append(c.pending, pendingUnit{id: id, expires: t + a.db.opts.ReservationTTL})
 	res.Remaining = c.remaining(limit)
 	return res, nil
 }
@@ -459,7 +461,7 @@ func (a *allowances) finish(ctx context.Context, r Reservation, commit bool) err
 	}
 	s.mu.Lock()
 	c := s.days[k]
-	t := now().UnixNano()
+	t := elapsed()
 	if c == nil || !c.take(id, t) {
 		// A lapsed unit is dropped by the next Reserve anyway.
 		s.mu.Unlock()
@@ -530,7 +532,7 @@ func (a *allowances) Remaining(ctx context.Context, pool, client string, day tim
 	if err != nil {
 		return 0, err
 	}
-	c.dropLapsed(now().UnixNano())
+	c.dropLapsed(elapsed())
 	return c.remaining(limit), nil
 }
 

@@ -33,6 +33,15 @@ import (
 // without sleeping; nothing else may assign it.
 var now = time.Now
 
+// elapsed is the store's monotonic clock: time since the process started,
+// which does not follow steps of the wall clock. A reservation's lifetime
+// is measured on it, so that a clock set an hour forward does not lapse the
+// reservations of calls still running and grant their units again. Tests
+// move it with now (fakeClock.Advance), or alone for a wall-clock step.
+var elapsed = func() time.Duration { return time.Since(started) }
+
+var started = time.Now()
+
 // ErrClosed is returned by every operation on a closed database, so a caller
 // racing a shutdown gets a clear answer instead of a Badger panic.
 var ErrClosed = errors.New("store: database is closed")

@@ -25,19 +25,35 @@ func openTemp(t testing.TB, opts Options) (*DB, string) {
 	return db, dir
 }
 
-// fakeClock replaces the store's clock for one test.
+// fakeClock replaces the store's clocks for one test: the wall clock (now)
+// and the monotonic one (elapsed), which Advance moves together and Step
+// tells apart, as a wall-clock step does.
 type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
+	mu   sync.Mutex
+	t    time.Time
+	mono time.Duration
 }
 
 func useFakeClock(t *testing.T) *fakeClock {
 	t.Helper()
 	c := &fakeClock{t: time.Now().UTC()}
-	old := now
-	now = c.Now
-	t.Cleanup(func() { now = old })
+	oldNow, oldElapsed := now, elapsed
+	now, elapsed = c.Now, c.Elapsed
+	t.Cleanup(func() { now, elapsed = oldNow, oldElapsed })
 	return c
+}
+
+func (c *fakeClock) Elapsed() time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.mono
+}
+
+// Step sets the wall clock d ahead (or back) without time passing.
+func (c *fakeClock) Step(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
 }
 
 func (c *fakeClock) Now() time.Time {
@@ -49,6 +65,7 @@ func (c *fakeClock) Now() time.Time {
 func (c *fakeClock) Advance(d time.Duration) {
 	c.mu.Lock()
 	c.t = c.t.Add(d)
+	c.mono += d
 	c.mu.Unlock()
 }
 
