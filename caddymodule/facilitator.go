@@ -475,7 +475,9 @@ type FacilitatorHandler struct {
 	PayTo []string `json:"pay_to,omitempty"`
 
 	// MinPrice is the smallest payment this API verifies or settles, in
-	// the network's USDC ("$0.01", the default). The caller writes the
+	// the network's USDC ("$0.01", the default), read in the token's own
+	// decimals (minAtoms): a floor finer than the token of a network the
+	// facilitator settles on can express refuses the config. The caller writes the
 	// requirements it asks to settle, and every settlement costs the
 	// relayer or fee payer its gas or fee: without a floor, anyone could
 	// have the operator pay for a stream of one-atom payments to the
@@ -537,7 +539,7 @@ func (h *FacilitatorHandler) Provision(ctx caddy.Context) error {
 	if guard.minPrice == "" {
 		guard.minPrice = defaultFacilitatorMinPrice
 	}
-	if _, err := x402.ParsePrice(guard.minPrice, 6); err != nil {
+	if err := guard.checkMinPrice(settledNetworks(f)); err != nil {
 		return fmt.Errorf("x402_facilitator: min_price: %v", err)
 	}
 	if h.Token != "" {
@@ -579,13 +581,77 @@ func (g *payToGuard) refusal(req x402.PaymentRequirements) string {
 	if !ok {
 		return "this facilitator settles its network's USDC only"
 	}
-	floor, err := x402.ParsePrice(g.minPrice, a.Decimals)
-	amount, okAmount := new(big.Int).SetString(req.Amount, 10)
-	least, okLeast := new(big.Int).SetString(floor, 10)
-	if err != nil || !okAmount || !okLeast || amount.Cmp(least) < 0 {
+	least, err := minAtoms(g.minPrice, a)
+	if err != nil {
+		// Only an asset unknown at provision (a remote facilitator's)
+		// gets here: the operator's floor cannot be stated in it.
+		return fmt.Sprintf("this facilitator's min_price %s is finer than the %d decimals of %s; it settles no payment in it", g.minPrice, a.Decimals, assetName(a))
+	}
+	amount, ok := new(big.Int).SetString(req.Amount, 10)
+	if !ok || amount.Cmp(least) < 0 {
 		return "this facilitator settles payments of at least " + g.minPrice + " only"
 	}
 	return ""
+}
+
+// minAtoms is the floor min_price sets in atomic units of a: the one rule
+// by which Provision checks min_price and every request is compared with
+// it. The price is read in a's own decimals, as a gate's accept price is,
+// and a floor finer than a can express is an error, never rounded.
+func minAtoms(minPrice string, a x402.Asset) (*big.Int, error) {
+	atoms, err := x402.ParsePrice(minPrice, a.Decimals)
+	if err != nil {
+		return nil, err
+	}
+	n, _ := new(big.Int).SetString(atoms, 10) // ParsePrice returns a canonical integer
+	return n, nil
+}
+
+// checkMinPrice refuses a min_price that is not a price, or that cannot be
+// stated in the asset of one of networks (those the facilitator settles
+// on that are known at provision): such a floor would refuse every payment
+// in that asset. The networks of a remote facilitator are not known here;
+// a request in an asset too coarse for the floor is refused saying so.
+func (g *payToGuard) checkMinPrice(networks []string) error {
+	// The form, whatever the asset: read in as many decimals as it writes
+	// (at most an asset's 77), so that only the form can fail here.
+	_, frac, _ := strings.Cut(g.minPrice, ".")
+	if _, err := x402.ParsePrice(g.minPrice, min(len(frac), 77)); err != nil {
+		return err
+	}
+	for _, n := range networks {
+		a, ok := x402.USDC(n)
+		if !ok {
+			continue
+		}
+		if _, err := minAtoms(g.minPrice, a); err != nil {
+			return fmt.Errorf("%v (%s)", err, assetName(a))
+		}
+	}
+	return nil
+}
+
+// assetName names a's token in messages.
+func assetName(a x402.Asset) string { return "the token of " + a.Network }
+
+// settledNetworks lists the networks f settles on by itself, as known at
+// provision: an evm or svm facilitator's own, a multi's of its members. A
+// remote (http) facilitator's are the remote's to say, over the network,
+// and are not asked for here.
+func settledNetworks(f x402.Facilitator) []string {
+	switch m := f.(type) {
+	case *EVMFacilitator:
+		return []string{m.f.Network()}
+	case *SVMFacilitator:
+		return []string{m.f.Network()}
+	case *MultiFacilitator:
+		var out []string
+		for _, member := range m.fs {
+			out = append(out, settledNetworks(member)...)
+		}
+		return out
+	}
+	return nil
 }
 
 // ours reports whether payTo is one of the operator's addresses: 0x
