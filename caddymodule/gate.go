@@ -445,7 +445,7 @@ func (g *Gate) Validate() error {
 		}
 	}
 	if err := g.RateLimit.validate(); err != nil {
-		return fmt.Errorf("x402: %v", err)
+		return fmt.Errorf("x402: rate_limit: %v", err)
 	}
 	if g.MaxBuffer < 0 || g.MaxBody < 0 {
 		return errors.New("x402: limits must be positive")

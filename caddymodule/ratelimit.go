@@ -1,7 +1,6 @@
 package caddymodule
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"net/http"
@@ -71,9 +70,15 @@ func (rl *RateLimit) provision() {
 	}
 }
 
+// validate refuses what only the JSON config can say (the Caddyfile
+// refuses it while parsing). The error names the field, not the directive:
+// the caller prefixes its own name (x402's rate_limit, aov_rate_limit).
 func (rl *RateLimit) validate() error {
-	if rl.Events < 0 || rl.Window < 0 {
-		return errors.New("rate_limit: events and window must be positive")
+	if rl.Events < 0 {
+		return fmt.Errorf("events must be positive, not %d", rl.Events)
+	}
+	if rl.Window < 0 {
+		return fmt.Errorf("window must be positive, not %s", time.Duration(rl.Window))
 	}
 	return nil
 }

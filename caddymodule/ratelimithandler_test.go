@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -292,6 +293,20 @@ func TestFreeRateLimitCaddyfileErrors(t *testing.T) {
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			wantErr(t, adaptSiteError(tc.caddyfile), tc.want)
+		})
+	}
+	// The JSON config reaches Provision unchecked: its errors, whole.
+	for _, tc := range []struct{ desc, json, want string }{
+		{"negative events in JSON", `{"events":-1}`, "aov_rate_limit: events must be positive, not -1"},
+		{"a negative window in JSON", `{"events":5,"window":-1000000000}`, "aov_rate_limit: window must be positive, not -1s"},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+			defer cancel()
+			_, err := ctx.LoadModuleByID("http.handlers.aov_rate_limit", json.RawMessage(tc.json))
+			if err == nil || strings.TrimPrefix(err.Error(), "provision http.handlers.aov_rate_limit: ") != tc.want {
+				t.Fatalf("error %v, want %q", err, tc.want)
+			}
 		})
 	}
 }
