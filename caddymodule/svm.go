@@ -205,13 +205,13 @@ func (m *SVMFacilitator) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				m.MaxComputeUnitPrice, err = strconv.ParseUint(s, 10, 64)
 			}
 		case "max_failed_per_payer":
-			err = facPositiveInt(d, &m.MaxFailedPerPayer)
+			err = facPositive(d, &m.MaxFailedPerPayer)
 		case "max_in_flight_per_payer":
-			err = facPositiveInt(d, &m.MaxInFlightPerPayer)
+			err = facPositive(d, &m.MaxInFlightPerPayer)
 		case "max_failed_lamports":
-			err = facPositiveUint(d, &m.MaxFailedLamports)
+			err = facPositive(d, &m.MaxFailedLamports)
 		case "max_priority_fee_past_budget":
-			err = facPositiveUint(d, &m.MaxPriorityFeePastBudget)
+			err = facPositive(d, &m.MaxPriorityFeePastBudget)
 		case "failure_window":
 			if err = facDurationArg(d, &m.FailureWindow); err == nil && m.FailureWindow <= 0 {
 				err = errors.New("must be positive")
@@ -226,32 +226,20 @@ func (m *SVMFacilitator) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return nil
 }
 
-// facPositiveInt reads one argument, a whole number of at least 1 (0 would
-// read as "the default" in the JSON config, so it is not accepted here).
-func facPositiveInt(d *caddyfile.Dispenser, dst *int) error {
-	var s string
-	if err := facOneArg(d, &s); err != nil {
-		return err
-	}
-	n, err := strconv.Atoi(s)
-	if err != nil || n < 1 {
-		return errors.New("must be a whole number of at least 1")
-	}
-	*dst = n
-	return nil
-}
-
-// facPositiveUint is facPositiveInt for a uint64 (lamports).
-func facPositiveUint(d *caddyfile.Dispenser, dst *uint64) error {
+// facPositive reads one argument, a plain decimal of at least 1 that fits
+// dst (a count or lamports): 0 would read as "the default" in the JSON
+// config, so it is not accepted here, and neither is a sign.
+func facPositive[T int | uint64](d *caddyfile.Dispenser, dst *T) error {
 	var s string
 	if err := facOneArg(d, &s); err != nil {
 		return err
 	}
 	n, err := strconv.ParseUint(s, 10, 64)
-	if err != nil || n < 1 {
+	// T(n) < 1: a uint64 past math.MaxInt wraps to a negative int.
+	if err != nil || n < 1 || uint64(T(n)) != n || T(n) < 1 {
 		return errors.New("must be a whole number of at least 1")
 	}
-	*dst = n
+	*dst = T(n)
 	return nil
 }
 

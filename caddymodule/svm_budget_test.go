@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/sha256"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -54,6 +55,22 @@ func TestSVMFacilitatorFailureBudgetOptions(t *testing.T) {
 		if err := new(SVMFacilitator).UnmarshalCaddyfile(caddyfile.NewTestDispenser("svm {\n" + bad + "\n}")); err == nil {
 			t.Errorf("%q was accepted", bad)
 		}
+	}
+	// The counts (int) and the lamports (uint64) are read by one rule: a
+	// plain decimal of at least 1 that fits the field, no sign.
+	for _, bad := range []string{
+		"max_failed_per_payer 9223372036854775808", "max_in_flight_per_payer +3", "max_failed_per_payer 1.0",
+		"max_failed_lamports 18446744073709551616", "max_priority_fee_past_budget +3", "max_failed_lamports 0x10",
+	} {
+		err := new(SVMFacilitator).UnmarshalCaddyfile(caddyfile.NewTestDispenser("svm {\n" + bad + "\n}"))
+		if err == nil || !strings.Contains(err.Error(), "must be a whole number of at least 1") {
+			t.Errorf("%q: error %v", bad, err)
+		}
+	}
+	big := new(SVMFacilitator)
+	if err := big.UnmarshalCaddyfile(caddyfile.NewTestDispenser("svm {\nmax_in_flight_per_payer 9223372036854775807\nmax_failed_lamports 18446744073709551615\n}")); err != nil ||
+		big.MaxInFlightPerPayer != math.MaxInt || big.MaxFailedLamports != math.MaxUint64 {
+		t.Errorf("the largest values: %v, %+v", err, big)
 	}
 
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
