@@ -180,7 +180,8 @@ func (m *SVMFacilitator) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		var err error
 		var s string
-		switch d.Val() {
+		name := d.Val() // d.Val() moves on to the argument
+		switch name {
 		case "network":
 			err = facOneArg(d, &m.Network)
 		case "rpc_url":
@@ -220,7 +221,7 @@ func (m *SVMFacilitator) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return d.Errf("unrecognized svm facilitator option '%s'", d.Val())
 		}
 		if err != nil {
-			return d.Errf("%s: %v", d.Val(), err)
+			return d.Errf("%s: %v", name, err)
 		}
 	}
 	return nil

@@ -63,7 +63,8 @@ func TestSVMFacilitatorFailureBudgetOptions(t *testing.T) {
 		"max_failed_lamports 18446744073709551616", "max_priority_fee_past_budget +3", "max_failed_lamports 0x10",
 	} {
 		err := new(SVMFacilitator).UnmarshalCaddyfile(caddyfile.NewTestDispenser("svm {\n" + bad + "\n}"))
-		if err == nil || !strings.Contains(err.Error(), "must be a whole number of at least 1") {
+		// The error names the option, not only the value.
+		if name, _, _ := strings.Cut(bad, " "); err == nil || !strings.Contains(err.Error(), name+": must be a whole number of at least 1") {
 			t.Errorf("%q: error %v", bad, err)
 		}
 	}
