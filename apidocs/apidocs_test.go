@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/aovhq/aov/apierr"
 	"github.com/aovhq/aov/internal/interop"
 	"github.com/aovhq/aov/x402"
 )
@@ -166,18 +167,18 @@ func TestOpenAPIDocumentsEveryContractRoute(t *testing.T) {
 		desc, op string
 		want     []string // answers the operation must document
 	}{
-		{"verification is sold: 400 bad payment, 402, 413, 422, 503", "POST /verify/schema", []string{"200", "400", "402", "413", "422", "500", "503"}},
-		{"the deliverable route documents the contract's answers even when not priced here", "POST /verify/deliverable", []string{"200", "400", "402", "413", "422", "500", "503"}},
-		{"the score is sold and reads no body", "GET /score/{agent_id}", []string{"200", "400", "402", "422", "503"}},
-		{"reputation is free and pages", "GET /reputation/{agent_id}", []string{"200", "422", "503"}},
-		{"liveness", "GET /health", []string{"200"}},
-		{"the agent card", "GET /.well-known/agent-card.json", []string{"200"}},
-		{"the x402 manifest", "GET /.well-known/x402", []string{"200"}},
-		{"llms.txt", "GET /llms.txt", []string{"200"}},
-		{"the docs page", "GET /docs", []string{"200"}},
-		{"the document itself", "GET /openapi.json", []string{"200"}},
-		{"the MCP endpoint", "POST /mcp", []string{"200", "202"}},
-		{"a seller's own paid route is documented from the live config", "GET /reports/{report_id}", []string{"200", "400", "402", "422", "503"}},
+		{"verification is sold: 400 bad payment, 402, 413, 422, 503", "POST /verify/schema", []string{"200", "400", "402", "413", "422", "500", "503", "429"}},
+		{"the deliverable route documents the contract's answers even when not priced here", "POST /verify/deliverable", []string{"200", "400", "402", "413", "422", "500", "503", "429"}},
+		{"the score is sold and reads no body", "GET /score/{agent_id}", []string{"200", "400", "402", "422", "503", "429"}},
+		{"reputation is free and pages", "GET /reputation/{agent_id}", []string{"200", "422", "503", "429"}},
+		{"liveness", "GET /health", []string{"200", "429"}},
+		{"the agent card", "GET /.well-known/agent-card.json", []string{"200", "429"}},
+		{"the x402 manifest", "GET /.well-known/x402", []string{"200", "429"}},
+		{"llms.txt", "GET /llms.txt", []string{"200", "429"}},
+		{"the docs page", "GET /docs", []string{"200", "429"}},
+		{"the document itself", "GET /openapi.json", []string{"200", "429"}},
+		{"the MCP endpoint", "POST /mcp", []string{"200", "202", "429"}},
+		{"a seller's own paid route is documented from the live config", "GET /reports/{report_id}", []string{"200", "400", "402", "422", "503", "429"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.desc, func(t *testing.T) {
@@ -216,6 +217,22 @@ func TestOpenAPIPaidAnswersCarryTheirHeaders(t *testing.T) {
 	un := deref(doc, verify["responses"].(map[string]any)["503"])
 	if un["headers"].(map[string]any)["Retry-After"] == nil {
 		t.Error("the 503 does not document Retry-After")
+	}
+	// Every route is rate limited (the free ones and MCP by aov_rate_limit,
+	// the priced ones by their gate's rate_limit): the 429 is the error
+	// shape with code rate_limited and Retry-After.
+	for name, o := range ops {
+		rl := deref(doc, o["responses"].(map[string]any)["429"])
+		if h, _ := rl["headers"].(map[string]any); h == nil || h["Retry-After"] == nil {
+			t.Errorf("the 429 of %s does not document Retry-After: %v", name, rl)
+			continue
+		}
+		mt := rl["content"].(map[string]any)["application/json"].(map[string]any)
+		ex, _ := mt["example"].(map[string]any)
+		if deref(doc, mt["schema"])["properties"] == nil || ex["code"] != apierr.CodeRateLimited || ex["status"] != 429.0 ||
+			ex["retryable"] != true || ex["charged"] != false || ex["retry_after"] == nil {
+			t.Errorf("the 429 of %s is not the error shape with rate_limited: %v", name, mt)
+		}
 	}
 	var sig bool
 	for _, p := range verify["parameters"].([]any) {

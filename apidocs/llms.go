@@ -11,7 +11,8 @@ import (
 // LLMsTxt returns the service's llms.txt (llmstxt.org conventions: an H1,
 // a one-paragraph summary in a blockquote, then sections of markdown):
 // what the service does, its routes and live prices, the free allowance
-// with its live numbers, how to pay, the error codes, the trust score, how
+// with its live numbers, how to pay, the rate limits (429), the error
+// codes, the trust score, how
 // to verify a receipt, and the MCP endpoint.
 func LLMsTxt(s Service) []byte {
 	var b strings.Builder
@@ -69,6 +70,15 @@ func LLMsTxt(s Service) []byte {
 	w("4. An error (4xx/5xx in the error shape below) is never charged; a `fail` verification result is a complete answer and is charged like a `pass`. A payment is single-use: never send the same `PAYMENT-SIGNATURE` twice.\n")
 	w("5. An invalid request is refused with 422 before any payment logic; a POST with no body at all is the x402 discovery probe and gets the 402.\n\n")
 	w("Any x402 v2 client (for example `@x402/fetch`) does steps 1 to 3 automatically.\n\n")
+
+	w("## Rate limits\n\n")
+	var free []string
+	for _, c := range contract {
+		if !c.paid && c.priceNote == "" {
+			free = append(free, "`"+c.method+" "+c.path+"`")
+		}
+	}
+	w("The free routes (%s) and every MCP message that is not a priced tool call are rate limited per client (its IP address, an IPv6 client per /64). Past the limit the answer is HTTP 429 `rate_limited` in the error shape below, with `retry_after` and the `Retry-After` header, before any work is done; the refused request does not count. A priced call, paid or from the free allowance, never counts against this limit. A priced route counts its refused and unpaid answers (402, 4xx) per client instead, with the same 429 past its limit. The limits are this server's configuration.\n\n", strings.Join(free, ", "))
 
 	w("## Errors\n\n")
 	w("Every error that is not a payment refusal has one shape, in REST and in MCP tool results; it is never charged and never echoes input:\n\n")

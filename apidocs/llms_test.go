@@ -25,7 +25,7 @@ func TestLLMsTxtFollowsTheConventions(t *testing.T) {
 			t.Errorf("line %d is a second H1: %q", i+1, l)
 		}
 	}
-	for _, h := range []string{"## Routes and prices", "## Free allowance", "## How to pay (x402 v2)", "## Errors", "## Payment errors", "## Trust score", "## Verifying a receipt (offline)", "## MCP", "## Docs"} {
+	for _, h := range []string{"## Routes and prices", "## Free allowance", "## How to pay (x402 v2)", "## Rate limits", "## Errors", "## Payment errors", "## Trust score", "## Verifying a receipt (offline)", "## MCP", "## Docs"} {
 		if !strings.Contains(txt, "\n"+h+"\n") {
 			t.Errorf("no section %q", h)
 		}
@@ -59,6 +59,9 @@ func TestLLMsTxtSaysWhatTheConfigurationSays(t *testing.T) {
 		{"the MCP endpoint defaults under the base URL", "- Endpoint: `https://verify.example.com/mcp` (Streamable HTTP)."},
 		{"the MCP tools", "`get_verification_record`"},
 		{"absolute links use the base URL", "[OpenAPI 3.1](https://verify.example.com/openapi.json)"},
+		{"the free routes and MCP are rate limited", "The free routes (`GET /reputation/{agent_id}`, `GET /health`, `GET /.well-known/agent-card.json`, `GET /.well-known/x402`, `GET /llms.txt`, `GET /openapi.json`, `GET /docs`) and every MCP message that is not a priced tool call are rate limited per client"},
+		{"the 429 names its code and headers", "HTTP 429 `rate_limited` in the error shape below, with `retry_after` and the `Retry-After` header"},
+		{"the priced routes have a limit of their own", "A priced route counts its refused and unpaid answers (402, 4xx) per client instead"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.desc, func(t *testing.T) {

@@ -219,6 +219,11 @@ func components() obj {
 				"headers":     obj{"Retry-After": obj{"$ref": "#/components/headers/RetryAfter"}},
 				"content":     obj{"application/json": obj{"schema": ref("Error"), "example": apierr.Unavailable("payment facilitator", 2, nil)}},
 			},
+			"RateLimited": obj{
+				"description": "rate_limited: this client (its IP address, an IPv6 client per /64) is over its rate limit: on a free route or an MCP message that is not a priced tool call, its requests; on a priced route, its refused and unpaid answers (402, 4xx). Answered before any work; nothing was charged and the refused request does not count. Retryable: send the same request after Retry-After seconds.",
+				"headers":     obj{"Retry-After": obj{"$ref": "#/components/headers/RetryAfter"}},
+				"content":     obj{"application/json": obj{"schema": ref("Error"), "example": apierr.RateLimited(20)}},
+			},
 			"NotFound": errorBody("not_found.", apierr.NotFound("endpoint")),
 			"MethodNotAllowed": obj{
 				"description": "method_not_allowed: the Allow header lists the methods.",
@@ -243,6 +248,9 @@ func operation(s *Service, c op) obj {
 		c.build(s, o)
 	}
 	if !c.paid {
+		// The free routes and MCP's unpriced messages are rate limited
+		// per client (SPEC §2; aov_rate_limit in the gateway).
+		o["responses"].(obj)["429"] = respRef("RateLimited")
 		if o["x-payment-info"] == nil {
 			o["x-payment-info"] = obj{"free": true, "protocol": "none"}
 		}
@@ -292,6 +300,7 @@ func addAnswers(o obj, r Route, body bool) {
 	resp["402"] = respRef("PaymentRequired")
 	resp["414"] = respRef("URITooLong")
 	resp["422"] = respRef("Invalid")
+	resp["429"] = respRef("RateLimited") // the gate's rate_limit, on by default
 	resp["503"] = respRef("Unavailable")
 	if body {
 		resp["413"] = respRef("TooLarge")

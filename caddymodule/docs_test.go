@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
@@ -404,4 +405,53 @@ func BenchmarkDocsDocuments(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestDocsDescribeTheFreeRateLimit: the 429 aov_rate_limit answers on a
+// free route is the one the document it limits describes: the Error schema
+// and the Retry-After header.
+func TestDocsDescribeTheFreeRateLimit(t *testing.T) {
+	base := startCaddy(t, `:{port} {
+	route /openapi.json {
+		aov_rate_limit 1 1m {
+			zone docs429
+		}
+		aov_docs
+	}
+}
+`)
+	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	now = func() time.Time { return t0 }
+	t.Cleanup(func() { now = time.Now })
+	doc, raw := docsOpenAPI(t, base)
+	resp, body := getBody(t, base+"/openapi.json", nil)
+	wantRateLimited(t, resp, body, "60")
+
+	documented, _ := doc["paths"].(map[string]any)["/openapi.json"].(map[string]any)["get"].(map[string]any)["responses"].(map[string]any)["429"].(map[string]any)
+	ref, _ := documented["$ref"].(string)
+	rl, _ := doc["components"].(map[string]any)["responses"].(map[string]any)[strings.TrimPrefix(ref, "#/components/responses/")].(map[string]any)
+	if headers, _ := rl["headers"].(map[string]any); headers["Retry-After"] == nil {
+		t.Fatalf("GET /openapi.json documents no 429 with Retry-After: %v", documented)
+	}
+	c := jsonschema.NewCompiler()
+	c.DefaultDraft(jsonschema.Draft2020)
+	docTree, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.AddResource(base+"/openapi.json", docTree); err != nil {
+		t.Fatal(err)
+	}
+	schemaRef := rl["content"].(map[string]any)["application/json"].(map[string]any)["schema"].(map[string]any)["$ref"].(string)
+	s, err := c.Compile(base + "/openapi.json" + schemaRef)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Validate(v); err != nil {
+		t.Fatalf("the 429 does not match the documented %s: %v\n%s", schemaRef, err, body)
+	}
 }
