@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
@@ -169,6 +170,9 @@ func TestExampleRateLimitsFreeRoutes(t *testing.T) {
 		}
 		limit, gates, mcp := -1, 0, false
 		for i, h := range handlers {
+			if h["handler"] == "aov_rate_limit" && h["zone"] == "facilitator" {
+				break // the facilitator API's own (TestExampleRateLimitsTheFacilitatorAPI)
+			}
 			switch h["handler"] {
 			case "aov_rate_limit":
 				if h["zone"] != "free" || h["off"] != nil {
@@ -198,5 +202,52 @@ func TestExampleRateLimitsFreeRoutes(t *testing.T) {
 	// certd, the docs, /.well-known/x402.
 	if len(limited) != 4 || limited[`reverse_proxy[{"dial":"127.0.0.1:8081"}]`] != 2 {
 		t.Fatalf("free responders behind the limit: %v", limited)
+	}
+}
+
+// TestExampleRateLimitsTheFacilitatorAPI checks that Caddyfile.example's
+// public facilitator API (/facilitator/*), whose verify and settle cost the
+// chain's RPC and CPU and are paid by no one, counts each client's requests
+// in a zone of its own, `facilitator`, AOV_FACILITATOR_RATE a minute
+// (default 60), before the facilitator or the proxy to it runs: with the
+// facilitator inside Caddy (devnet) and in its own process (remote).
+func TestExampleRateLimitsTheFacilitatorAPI(t *testing.T) {
+	raw, err := os.ReadFile("../Caddyfile.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mode := range []string{"devnet", "remote"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Setenv("AOV_FACILITATOR", mode)
+			var cfg any
+			if err := json.Unmarshal([]byte(adapt(t, string(raw))), &cfg); err != nil {
+				t.Fatal(err)
+			}
+			found := 0
+			for _, sub := range jsontree.Objects(cfg) {
+				if sub["handler"] != "subroute" {
+					continue
+				}
+				var limit map[string]any
+				for _, r := range sub["routes"].([]any) {
+					for _, h := range r.(map[string]any)["handle"].([]any) {
+						h := h.(map[string]any)
+						ups, _ := json.Marshal(h["upstreams"])
+						switch {
+						case h["handler"] == "aov_rate_limit":
+							limit = h
+						case h["handler"] == "x402_facilitator" || (h["handler"] == "reverse_proxy" && strings.Contains(string(ups), "127.0.0.1:8546")):
+							found++
+							if limit == nil || limit["zone"] != "facilitator" || limit["events"] != 60.0 || limit["window"] != float64(time.Minute) {
+								t.Errorf("the facilitator API (%s) runs behind the limit %v, want 60 a minute in zone facilitator", h["handler"], limit)
+							}
+						}
+					}
+				}
+			}
+			if found != 1 {
+				t.Fatalf("%d facilitator APIs in the example, want 1", found)
+			}
+		})
 	}
 }

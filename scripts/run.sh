@@ -18,6 +18,8 @@
 #   AOV_FREE_PER_DAY      free verification calls per client and day (default 100)
 #   AOV_FREE_RATE         requests per client and minute to the free routes
 #                         and unpriced MCP messages (default 600)
+#   AOV_FACILITATOR_RATE  requests per client and minute to /facilitator/*
+#                         (default 60)
 #   AOV_PAY_TO            address paid on the devnet        (default dev account 9)
 #   AOV_FACILITATOR       devnet: the facilitator and the devnet run inside
 #                         Caddy (default); remote: they run as a fourth
