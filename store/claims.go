@@ -95,36 +95,60 @@ var (
 // MaxClaimKeyBytes bounds one claim key; callers hash anything longer.
 const MaxClaimKeyBytes = 1024
 
-// claim value: state byte (0 pending, 1 settled), 16 token bytes, until
-// (Unix ns, int64 big endian), then the note.
+// claim value: state byte (bit 0: settled; bit 1: ref), 16 token bytes,
+// until (Unix ns, int64 big endian), then the note.
+//
+// A claim's note is written once, under its first key; its other keys'
+// records are refs, whose note field names that first key. A note is a
+// held record of a paid call (kilobytes: the payment, the offer), written
+// with every claim and read back by the compare-and-swap that settles it:
+// stored under each key it was encoded, written and copied out once per
+// key. The keys are written and read in one transaction, so a ref never
+// outlives its note. A record with bit 1 clear carries its own note (every
+// record written before refs, and every claim of one key).
 type claimRecord struct {
 	settled bool
+	ref     bool
 	token   [16]byte
 	until   int64
-	note    string
+	note    string // the note, or for a ref the key whose record carries it
 }
 
+const (
+	claimSettled = 1 << 0
+	claimRef     = 1 << 1
+	claimHead    = 25 // state, token, until
+)
+
 func (c claimRecord) encode() []byte {
-	b := make([]byte, 0, 25+len(c.note))
+	b := make([]byte, 0, claimHead+len(c.note))
+	var state byte
 	if c.settled {
-		b = append(b, 1)
-	} else {
-		b = append(b, 0)
+		state |= claimSettled
 	}
+	if c.ref {
+		state |= claimRef
+	}
+	b = append(b, state)
 	b = append(b, c.token[:]...)
 	b = binary.BigEndian.AppendUint64(b, uint64(c.until))
 	return append(b, c.note...)
 }
 
-func decodeClaim(b []byte) (claimRecord, error) {
+// decodeClaim reads a claim value; with note false it leaves the note out
+// (no copy of it) for a caller that does not read it.
+func decodeClaim(b []byte, note bool) (claimRecord, error) {
 	var c claimRecord
-	if len(b) < 25 || b[0] > 1 {
+	if len(b) < claimHead || b[0] > claimSettled|claimRef {
 		return c, errors.New("store: corrupt claim record")
 	}
-	c.settled = b[0] == 1
+	c.settled = b[0]&claimSettled != 0
+	c.ref = b[0]&claimRef != 0
 	copy(c.token[:], b[1:17])
-	c.until = int64(binary.BigEndian.Uint64(b[17:25]))
-	c.note = string(b[25:])
+	c.until = int64(binary.BigEndian.Uint64(b[17:claimHead]))
+	if note || c.ref {
+		c.note = string(b[claimHead:])
+	}
 	return c, nil
 }
 
@@ -133,8 +157,27 @@ func (c claimRecord) state() ClaimState {
 }
 
 // readClaim returns the live claim on key (ok false when absent or expired
-// by the store's clock).
+// by the store's clock), its note read through a ref.
 func readClaim(txn *tx, key []byte, t int64) (claimRecord, bool, error) {
+	c, live, err := readClaimRecord(txn, key, t, nil)
+	if err != nil || !live || !c.ref {
+		return c, live, err
+	}
+	first, ok, err := readClaimRecord(txn, claimKey(c.note), t, nil)
+	if err != nil {
+		return c, false, err
+	}
+	c.ref, c.note = false, ""
+	if ok && first.token == c.token {
+		c.note = first.note
+	}
+	return c, true, nil
+}
+
+// readClaimRecord returns the record under key as stored (a ref as a ref)
+// and whether it is live at t. With note set, the record's own note is
+// not copied out: note is called with its bytes, valid during the call.
+func readClaimRecord(txn *tx, key []byte, t int64, note func([]byte)) (claimRecord, bool, error) {
 	item, err := txn.Get(key)
 	if errors.Is(err, badger.ErrKeyNotFound) {
 		return claimRecord{}, false, nil
@@ -145,7 +188,10 @@ func readClaim(txn *tx, key []byte, t int64) (claimRecord, bool, error) {
 	var c claimRecord
 	if err := item.Value(func(b []byte) error {
 		var err error
-		c, err = decodeClaim(b)
+		c, err = decodeClaim(b, note == nil)
+		if err == nil && note != nil && !c.ref {
+			note(b[claimHead:])
+		}
 		return err
 	}); err != nil {
 		return c, false, err
@@ -208,12 +254,7 @@ func (cl claims) claim(ctx context.Context, keys []string, until time.Time, note
 				return &ClaimedError{Key: k, State: c.state()}
 			}
 		}
-		for _, k := range keys {
-			if err := putClaim(txn, k, rec); err != nil {
-				return err
-			}
-		}
-		return nil
+		return putClaims(txn, keys, rec)
 	})
 	if err != nil {
 		return Claim{}, err
@@ -245,46 +286,68 @@ func (cl claims) Record(ctx context.Context, key, note string, until time.Time) 
 }
 
 // held checks that every key of c is still c's (same token, live at t) and
-// returns the records.
-func held(txn *tx, c Claim, t int64) ([]claimRecord, error) {
+// returns its record: the first key's, without its note, settled if any
+// key's is. note, when set, is called with each note the claim's keys
+// carry (once for a claim written with refs, once per key for one written
+// before), and the bytes are valid during the call only.
+func held(txn *tx, c Claim, t int64, note func([]byte)) (claimRecord, error) {
 	var token [16]byte
 	if n, err := hex.Decode(token[:], []byte(c.Token)); err != nil || n != 16 || len(c.Keys) == 0 {
-		return nil, ErrClaimLost
+		return claimRecord{}, ErrClaimLost
 	}
-	recs := make([]claimRecord, len(c.Keys))
+	fn := note
+	if fn == nil {
+		fn = func([]byte) {}
+	}
+	var first claimRecord
 	for i, k := range c.Keys {
-		r, live, err := readClaim(txn, claimKey(k), t)
+		r, live, err := readClaimRecord(txn, claimKey(k), t, fn)
 		if err != nil {
-			return nil, err
+			return claimRecord{}, err
 		}
-		if !live || r.token != token {
-			return nil, ErrClaimLost
+		if !live || r.token != token || (r.ref && r.note != c.Keys[0]) {
+			return claimRecord{}, ErrClaimLost
 		}
-		recs[i] = r
+		if i == 0 {
+			first = r
+		}
+		first.settled = first.settled || r.settled
 	}
-	return recs, nil
+	first.note = ""
+	return first, nil
 }
 
 // Settle implements Claims.
 func (cl claims) Settle(ctx context.Context, c Claim, note string, keepUntil time.Time) error {
 	return cl.db.update(ctx, func(txn *tx) error {
-		recs, err := held(txn, c, now().UnixNano())
+		r, err := held(txn, c, now().UnixNano(), nil)
 		if err != nil {
 			return err
 		}
-		for i, k := range c.Keys {
-			r := recs[i]
-			r.settled = true
-			r.note = note
-			if !keepUntil.IsZero() {
-				r.until = max(r.until, keepUntil.UnixNano())
-			}
-			if err := putClaim(txn, k, r); err != nil {
-				return err
-			}
+		r.settled = true
+		r.note = note
+		if !keepUntil.IsZero() {
+			r.until = max(r.until, keepUntil.UnixNano())
 		}
-		return nil
+		return putClaims(txn, c.Keys, r)
 	})
+}
+
+// putClaims writes r under keys, its note under the first key alone and a
+// ref to it under the others (claimRecord), each expiring with the claim
+// (Badger drops it after claimExpiry).
+func putClaims(txn *tx, keys []string, r claimRecord) error {
+	if err := putClaim(txn, keys[0], r); err != nil {
+		return err
+	}
+	ref := r
+	ref.ref, ref.note = true, keys[0]
+	for _, k := range keys[1:] {
+		if err := putClaim(txn, k, ref); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // putClaim writes r under key k, expiring with the claim (Badger drops it
@@ -298,14 +361,14 @@ func putClaim(txn *tx, k string, r claimRecord) error {
 // Release implements Claims.
 func (cl claims) Release(ctx context.Context, c Claim) error {
 	return cl.db.update(ctx, func(txn *tx) error {
-		recs, err := held(txn, c, now().UnixNano())
+		r, err := held(txn, c, now().UnixNano(), nil)
 		if err != nil {
 			return err
 		}
-		for i, k := range c.Keys {
-			if recs[i].settled {
-				return ErrClaimSettled
-			}
+		if r.settled {
+			return ErrClaimSettled
+		}
+		for _, k := range c.Keys {
 			if err := txn.Delete(claimKey(k)); err != nil {
 				return err
 			}
@@ -389,21 +452,15 @@ func (cl claims) Hold(ctx context.Context, c Claim, note string) error {
 		return err
 	}
 	return cl.db.update(ctx, func(txn *tx) error {
-		recs, err := held(txn, c, now().UnixNano())
+		r, err := held(txn, c, now().UnixNano(), nil)
 		if err != nil {
 			return err
 		}
-		for i, k := range c.Keys {
-			r := recs[i]
-			if r.settled {
-				return ErrClaimSettled
-			}
-			r.note = note
-			if err := putClaim(txn, k, r); err != nil {
-				return err
-			}
+		if r.settled {
+			return ErrClaimSettled
 		}
-		return nil
+		r.note = note
+		return putClaims(txn, c.Keys, r)
 	})
 }
 
@@ -413,23 +470,18 @@ func (cl claims) Swap(ctx context.Context, c Claim, old, note string) error {
 		return err
 	}
 	return cl.db.update(ctx, func(txn *tx) error {
-		recs, err := held(txn, c, now().UnixNano())
+		same := true
+		r, err := held(txn, c, now().UnixNano(), func(n []byte) {
+			same = same && string(n) == old // compared in place, not copied
+		})
 		if err != nil {
 			return err
 		}
-		for i := range c.Keys {
-			if recs[i].note != old {
-				return ErrNoteChanged
-			}
+		if !same {
+			return ErrNoteChanged
 		}
-		for i, k := range c.Keys {
-			r := recs[i]
-			r.settled, r.note = true, note
-			if err := putClaim(txn, k, r); err != nil {
-				return err
-			}
-		}
-		return nil
+		r.settled, r.note = true, note
+		return putClaims(txn, c.Keys, r)
 	})
 }
 
@@ -448,12 +500,14 @@ func (cl claims) Held(ctx context.Context, fn func(key string, st ClaimState) bo
 			var c claimRecord
 			if err := it.Item().Value(func(b []byte) error {
 				var err error
-				c, err = decodeClaim(b)
+				c, err = decodeClaim(b, true)
 				return err
 			}); err != nil {
 				return err
 			}
-			if c.settled || c.note == "" || c.until <= t || seen[c.token] {
+			// A ref's claim is met under its first key, which carries
+			// the note.
+			if c.ref || c.settled || c.note == "" || c.until <= t || seen[c.token] {
 				continue
 			}
 			seen[c.token] = true
