@@ -243,12 +243,19 @@ func ParseExactEVMPayload(raw json.RawMessage) (ExactEVMPayload, error) {
 // parseExactEVM is ParseExactEVMPayload returning the authorization's values
 // too, so that no caller parses the numbers twice.
 func parseExactEVM(raw json.RawMessage) (ExactEVMPayload, AuthorizationValues, error) {
-	var p ExactEVMPayload
-	var v AuthorizationValues
 	m, _, err := checkJSONObject(raw)
 	if err != nil {
-		return p, v, invalid("", "must be a JSON object with distinct member names")
+		return ExactEVMPayload{}, AuthorizationValues{}, invalid("", "must be a JSON object with distinct member names")
 	}
+	return exactEVMObject(m)
+}
+
+// exactEVMObject is parseExactEVM's reading of the payload m, an object
+// as checkJSONObject reads one (alone, or as a member of the payment).
+func exactEVMObject(m map[string]any) (ExactEVMPayload, AuthorizationValues, error) {
+	var p ExactEVMPayload
+	var v AuthorizationValues
+	var err error
 	if _, permit2 := m["permit2Authorization"]; permit2 {
 		return p, v, &PaymentError{Kind: ErrInvalidPayment, Reason: ReasonUnsupportedPayloadType,
 			Field: "permit2Authorization", Problem: "Permit2 payloads are not supported; use an EIP-3009 authorization"}

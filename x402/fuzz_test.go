@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"maps"
 	"math/big"
 	"reflect"
@@ -120,6 +121,27 @@ func checkDecode(t *testing.T, h string) {
 		}
 	}
 	checkGateReads(t, p)
+	checkPaymentReads(t, h, p)
+}
+
+// checkPaymentReads holds that the gate's one-parse read of an exact EVM
+// payment (DecodePayment, then Payment.ExactEVMValues from that parse)
+// accepts and refuses exactly what ExactEVMValues does on the payload's
+// bytes, with the same values and the same refusal.
+func checkPaymentReads(t *testing.T, h string, p PaymentPayload) {
+	pay, err := DecodePayment(h)
+	if err != nil {
+		t.Fatalf("DecodePayment refused what DecodePaymentSignature accepted: %v", err)
+	}
+	got, gerr := pay.ExactEVMValues()
+	want, werr := ExactEVMValues(p)
+	if fmt.Sprint(gerr) != fmt.Sprint(werr) || !reflect.DeepEqual(got, want) {
+		t.Fatalf("read from the parse: %+v, %v; from the payload's bytes: %+v, %v", got, gerr, want, werr)
+	}
+	again, err := ParsePayment(pay.JSON)
+	if err != nil || !reflect.DeepEqual(normalize(t, again.PaymentPayload), normalize(t, p)) {
+		t.Fatalf("the payment's JSON does not read back as the payment: %v", err)
+	}
 }
 
 // checkGateReads holds, for a decoded payment, what a gate that accepts it

@@ -12,12 +12,21 @@ package x402
 // addresses case-insensitively, because checksum case is presentation; other
 // chains' addresses exactly). The first matching offer wins.
 func Match(accepted PaymentRequirements, offers []PaymentRequirements) (PaymentRequirements, bool) {
-	for _, o := range offers {
-		if Mismatch(accepted, o) == "" {
-			return o, true
-		}
+	if i := MatchIndex(accepted, offers); i >= 0 {
+		return offers[i], true
 	}
 	return PaymentRequirements{}, false
+}
+
+// MatchIndex is Match returning the index of the offer in offers, -1 when
+// none matches, for a caller that keeps something per offer.
+func MatchIndex(accepted PaymentRequirements, offers []PaymentRequirements) int {
+	for i, o := range offers {
+		if Mismatch(accepted, o) == "" {
+			return i
+		}
+	}
+	return -1
 }
 
 // Mismatch names the first member ("scheme", "network", "amount", "asset",
