@@ -430,5 +430,8 @@ func directGate(tb testing.TB, opts store.Options, set func(*Gate)) (*Gate, x402
 	if g.Free != nil {
 		g.Free.provision()
 	}
+	if err := g.encodeOffers(); err != nil { // as Provision does
+		tb.Fatal(err)
+	}
 	return g, offer
 }

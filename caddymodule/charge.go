@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -158,7 +159,9 @@ type paidCharge struct {
 	ex      exchange
 	next    caddyhttp.Handler // the upstream, told the settlement's outcome
 	payload x402.PaymentPayload
+	payment []byte // payload's JSON, for the record of an unknown outcome (heldRecord)
 	offer   x402.PaymentRequirements
+	offerJS json.RawMessage // offer's JSON (Gate.offerJSON)
 	claim   store.Claim
 	note    string              // the record written with the claim ("" if none: claimPaid)
 	sr      x402.SettleResponse // set by a successful settle

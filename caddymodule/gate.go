@@ -248,10 +248,11 @@ type Gate struct {
 	state       gateStore
 	verifier    *verify.Verifier
 	offers      []x402.PaymentRequirements
-	bazaar      map[string]any // x402's bazaar extension, for routes that validate
-	allow       []string       // the methods Route names (a CORS preflight is always answered); nil: any
-	base        string         // PublicBaseURL as checked (publicOrigin); "": the request's
-	rates       *rateZone      // nil when rate_limit is off
+	offersJSON  []json.RawMessage // offers, encoded once (encodeOffers)
+	bazaar      map[string]any    // x402's bazaar extension, for routes that validate
+	allow       []string          // the methods Route names (a CORS preflight is always answered); nil: any
+	base        string            // PublicBaseURL as checked (publicOrigin); "": the request's
+	rates       *rateZone         // nil when rate_limit is off
 	ratesKey    string
 	logger      *zap.Logger
 	ctx         caddy.Context
@@ -406,6 +407,9 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 		g.offers = append(g.offers, req)
 	}
 	if err := g.fillFeePayers(); err != nil {
+		return err
+	}
+	if err := g.encodeOffers(); err != nil {
 		return err
 	}
 	registerMetrics(ctx)
@@ -628,11 +632,11 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		}
 	}
 	if payment != "" {
-		payload, err := x402.DecodePaymentSignature(payment)
+		pay, err := x402.DecodePayment(payment)
 		if err != nil {
 			return ex.demand(w, r, http.StatusBadRequest, "Invalid payment: "+err.Error(), reasonFor(err, x402.ReasonInvalidPayload), nil)
 		}
-		return g.servePaid(w, r, next, ex, payload, payment)
+		return g.servePaid(w, r, next, ex, pay, payment)
 	}
 	if g.Free != nil && int64(len(body)) <= g.Free.MaxBody {
 		return g.serveFree(w, r, next, ex)

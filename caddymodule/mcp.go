@@ -88,12 +88,12 @@ func (g *Gate) serveMCP(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		if err != nil {
 			return ex.demand(w, r, http.StatusOK, "Invalid payment: not a JSON object", x402.ReasonInvalidPayload, nil)
 		}
-		payload, err := x402.ParsePaymentPayload(canon)
+		pay, err := x402.ParsePayment(canon)
 		if err != nil {
 			return ex.demand(w, r, http.StatusOK, "Invalid payment: "+err.Error(), reasonFor(err, x402.ReasonInvalidPayload), nil)
 		}
 		setBody(r, msg.withoutPayment())
-		return g.servePaid(w, r, next, ex, payload, string(canon))
+		return g.servePaid(w, r, next, ex, pay, string(canon))
 	}
 	if g.Free != nil && int64(read.size) <= g.Free.MaxBody {
 		return g.serveFree(w, r, next, ex)

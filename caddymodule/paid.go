@@ -123,27 +123,30 @@ func (e *restExchange) deliver(w http.ResponseWriter, bw *bufferedWriter, sr x40
 
 // servePaid handles a request that carries a payment: match it against our
 // own offers, claim it, verify it, then run the upstream and settle
-// (serveCharged). raw is the payment as received (header or JSON), for the
-// replay guard.
-func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, ex exchange, payload x402.PaymentPayload, raw string) error {
+// (serveCharged). pay is the payment as read, raw as received (header or
+// JSON), for the replay guard.
+func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, ex exchange, pay x402.Payment, raw string) error {
+	payload := pay.PaymentPayload
 	pid, err := g.paymentIDOf(r, payload, raw)
 	if err != nil {
 		return ex.refuse(w, r, apierr.From(err))
 	}
-	offer, ok := x402.Match(payload.Accepted, g.offers)
-	if !ok {
+	i := x402.MatchIndex(payload.Accepted, g.offers)
+	if i < 0 {
 		return ex.demand(w, r, http.StatusPaymentRequired, x402.ReasonNoMatchingRequirements, "no_matching_requirements", nil)
 	}
+	offer, offerJS := g.offers[i], g.offerJSON(i)
 
 	// An EVM payment is read once, here, before it is claimed or forwarded,
 	// as every facilitator will read it: plain EIP-3009 (the official
 	// facilitator takes a payload with permit2Authorization for Permit2,
 	// which our offers never advertise and its claim could not name) with
 	// canonical decimal numbers (the only spelling BigInt and our readers
-	// agree on). The claim is named and timed by what was read.
+	// agree on). The claim is named and timed by what was read, from the
+	// parse that decoded the payment.
 	var auth *x402.AuthorizationValues
 	if x402.IsEVM(offer.Network) {
-		v, err := x402.ExactEVMValues(payload)
+		v, err := pay.ExactEVMValues()
 		if err != nil {
 			return ex.demand(w, r, http.StatusBadRequest, "Invalid payment: "+err.Error(), reasonFor(err, x402.ReasonInvalidPayload), nil)
 		}
@@ -151,7 +154,7 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	}
 	keys, until := claimKeys(raw, payload, offer, auth)
 	ctx := r.Context()
-	claim, note, err := g.claimPaid(r, keys, until, payload, offer)
+	claim, note, err := g.claimPaid(r, keys, until, pay, offerJS)
 	if err != nil {
 		var ce *store.ClaimedError
 		if errors.As(err, &ce) {
@@ -180,7 +183,7 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	// was charged, the client may retry with the same payment), or keeps it
 	// pending until it lapses (the outcome is unknown: never invite a second
 	// payment).
-	pc := &paidCharge{g: g, ex: ex, next: next, payload: payload, offer: offer, claim: claim, note: note, pid: pid}
+	pc := &paidCharge{g: g, ex: ex, next: next, payload: payload, payment: pay.JSON, offer: offer, offerJS: offerJS, claim: claim, note: note, pid: pid}
 
 	vctx, cancel := context.WithTimeout(ctx, defaultSettleTimeout)
 	defer cancel()
@@ -245,7 +248,7 @@ func (p *paidCharge) settleOnce(w http.ResponseWriter, r *http.Request, held *bu
 			// to wait, not to pay again.
 			g.logger.Error("settlement outcome unknown", zap.Error(err))
 			metrics.outcomes.WithLabelValues("settlement_unknown").Inc()
-			g.holdUnknown(r, p.claim, p.payload, p.offer, held, unknown)
+			g.holdUnknown(r, p.claim, p.payment, p.offerJS, held, unknown)
 			g.refuse(w, r, errSettlementPending(err))
 			return false
 		}
@@ -292,7 +295,7 @@ func (p *paidCharge) settleOnce(w http.ResponseWriter, r *http.Request, held *bu
 		g.logger.Error("payment settled but not recorded: not delivered; the retry is answered from the chain",
 			zap.String("transaction", sr.Transaction), zap.Error(err))
 		metrics.outcomes.WithLabelValues("settled_unrecorded").Inc()
-		g.holdUnknown(r, p.claim, p.payload, p.offer, held, &x402.UnknownOutcomeError{Op: "settle", Reply: &sr, Err: err})
+		g.holdUnknown(r, p.claim, p.payment, p.offerJS, held, &x402.UnknownOutcomeError{Op: "settle", Reply: &sr, Err: err})
 		g.refuse(w, r, errSettlementPending(err))
 		return false
 	}

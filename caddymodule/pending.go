@@ -65,13 +65,30 @@ import (
 
 // heldRecord is what the gate keeps with an unsettled claim whose
 // settlement outcome is unknown, as the claim's note (JSON, so it is told
-// apart from a settled claim's transaction hash).
+// apart from a settled claim's transaction hash; encodeHeld writes it,
+// decodeHeld reads it).
+//
+// Every paid call writes one with its claim (claimPaid), so it carries the
+// payment and the offer as bytes the gate already has: the payment's JSON
+// as received (x402.Payment.JSON), the offer's as encoded once at
+// provision (offerJSON). Re-encoding both structs on each call, and
+// decoding them back, was the larger part of the paid path's cost; they
+// are decoded only when a record is resolved.
 type heldRecord struct {
-	Keys    []string                 `json:"keys"`
-	Token   string                   `json:"token"`
-	Until   time.Time                `json:"until"`
-	Payload x402.PaymentPayload      `json:"payload"`
-	Offer   x402.PaymentRequirements `json:"offer"`
+	Keys  []string  `json:"keys"`
+	Token string    `json:"token"`
+	Until time.Time `json:"until"`
+	// Payment is the payment's JSON, read again with x402.ParsePayment.
+	// A record written before it has LegacyPayload instead: the
+	// x402.PaymentPayload as encoding/json wrote it, read as it was.
+	Payment       json.RawMessage `json:"payment,omitempty"`
+	LegacyPayload json.RawMessage `json:"payload,omitempty"`
+	// Offer is the x402.PaymentRequirements matched, as JSON.
+	Offer json.RawMessage `json:"offer"`
+	// payload and offer are Payment (or LegacyPayload) and Offer as
+	// decodeHeld read them.
+	payload x402.PaymentPayload
+	offer   x402.PaymentRequirements
 	// Held says an answer is kept (Status, ContentType, Body); false in
 	// settle before mode or when the answer was over maxHeldAnswer.
 	Held        bool   `json:"held"`
@@ -165,7 +182,7 @@ const facilitatorResolveTimeout = 10 * time.Second
 // The claim is live (liveClaims) from before its write until the caller
 // calls endLive: no retry or background pass of this process resolves it
 // meanwhile, however long the request takes.
-func (g *Gate) claimPaid(r *http.Request, keys []string, until time.Time, p x402.PaymentPayload, offer x402.PaymentRequirements) (c store.Claim, note string, err error) {
+func (g *Gate) claimPaid(r *http.Request, keys []string, until time.Time, pay x402.Payment, offer json.RawMessage) (c store.Claim, note string, err error) {
 	hc, ok := g.state.Claims().(store.HeldClaims)
 	if !ok {
 		c, err = g.state.Claims().Claim(r.Context(), keys, until)
@@ -174,15 +191,15 @@ func (g *Gate) claimPaid(r *http.Request, keys []string, until time.Time, p x402
 	var token string
 	c, err = hc.ClaimHeld(r.Context(), keys, until, func(c store.Claim) (string, error) {
 		t := now()
-		h := g.newHeldRecord(c, p, offer, t)
+		h := g.newHeldRecord(c, pay.JSON, offer, t)
 		h.Attempt, h.Session = t.Add(g.attemptSpan()), hc.Session()
 		h.Request, h.RequestBody = g.heldRequest(r, false)
-		b, err := json.Marshal(h)
+		n, err := encodeHeld(&h)
 		if err == nil {
-			token, note = c.Token, string(b)
+			token, note = c.Token, n
 			beginLive(token)
 		}
-		return note, err
+		return n, err
 	})
 	if err != nil {
 		if token != "" {
@@ -263,6 +280,10 @@ func (h *heldRecord) claim() store.Claim {
 	return store.Claim{Keys: h.Keys, Token: h.Token, Until: h.Until}
 }
 
+// decodeHeld reads a note as a held record: false when it is none (a
+// settled claim's transaction hash, or a note no gate wrote). A record
+// written before the payment was kept as received (LegacyPayload) is read
+// as it was written, so an upgrade resolves the records it finds.
 func decodeHeld(note string) (*heldRecord, bool) {
 	if len(note) == 0 || note[0] != '{' {
 		return nil, false
@@ -271,15 +292,48 @@ func decodeHeld(note string) (*heldRecord, bool) {
 	if err := json.Unmarshal([]byte(note), &h); err != nil || len(h.Keys) == 0 || h.Token == "" {
 		return nil, false
 	}
+	if err := json.Unmarshal(h.Offer, &h.offer); err != nil {
+		return nil, false
+	}
+	switch {
+	case len(h.Payment) > 0:
+		p, err := x402.ParsePayment(h.Payment)
+		if err != nil {
+			return nil, false
+		}
+		h.payload = p.PaymentPayload
+	case len(h.LegacyPayload) > 0:
+		if err := json.Unmarshal(h.LegacyPayload, &h.payload); err != nil {
+			return nil, false
+		}
+	default:
+		return nil, false
+	}
 	return &h, true
+}
+
+// encodeHeld is the note of h: JSON, with HTML left unescaped so that the
+// payment's JSON is kept as received (escaped, it could grow past what
+// x402.ParsePayment reads back). Every record is written by it, so a note
+// read back compares equal to the one written (HeldClaims.Swap).
+func encodeHeld(h *heldRecord) (string, error) {
+	buf := getBuffer()
+	defer putBuffer(buf)
+	enc := json.NewEncoder(buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(h); err != nil {
+		return "", err
+	}
+	return string(bytes.TrimSuffix(buf.Bytes(), []byte{'\n'})), nil
 }
 
 // newHeldRecord starts the record of a payment claimed by c: what every
 // record carries, whoever writes it (claimPaid with the claim, holdUnknown
-// when the outcome is unknown). sentAfter is a time before which the
-// settlement was not asked for.
-func (g *Gate) newHeldRecord(c store.Claim, p x402.PaymentPayload, offer x402.PaymentRequirements, sentAfter time.Time) heldRecord {
-	return heldRecord{Keys: c.Keys, Token: c.Token, Until: c.Until, Payload: p, Offer: offer, Gate: g.gateID(), SentAfter: sentAfter}
+// when the outcome is unknown). payment is the payment's JSON
+// (x402.Payment.JSON), offer the offer's (Gate.offerJSON); sentAfter is a
+// time before which the settlement was not asked for.
+func (g *Gate) newHeldRecord(c store.Claim, payment []byte, offer json.RawMessage, sentAfter time.Time) heldRecord {
+	return heldRecord{Keys: c.Keys, Token: c.Token, Until: c.Until, Payment: payment, Offer: offer, Gate: g.gateID(), SentAfter: sentAfter}
 }
 
 // markDelivered records, by a compare-and-swap from old (the note c
@@ -288,24 +342,24 @@ func (g *Gate) newHeldRecord(c store.Claim, p x402.PaymentPayload, offer x402.Pa
 func markDelivered(ctx context.Context, hc store.HeldClaims, c store.Claim, h *heldRecord, old string) error {
 	d := *h
 	d.Delivered = true
-	b, err := json.Marshal(d)
+	note, err := encodeHeld(&d)
 	if err != nil {
 		return err
 	}
-	return hc.Swap(ctx, c, old, string(b))
+	return hc.Swap(ctx, c, old, note)
 }
 
 // holdUnknown keeps the record of a settlement whose outcome is unknown
 // with its claim. bw is the held answer (nil in settle before mode).
 // Without a store that can hold, the claim simply stays pending until it
 // lapses, as before.
-func (g *Gate) holdUnknown(r *http.Request, c store.Claim, p x402.PaymentPayload, offer x402.PaymentRequirements, bw *bufferedWriter, unknown *x402.UnknownOutcomeError) {
+func (g *Gate) holdUnknown(r *http.Request, c store.Claim, payment []byte, offer json.RawMessage, bw *bufferedWriter, unknown *x402.UnknownOutcomeError) {
 	ctx := r.Context()
 	hc, ok := g.state.Claims().(store.HeldClaims)
 	if !ok {
 		return
 	}
-	h := g.newHeldRecord(c, p, offer, now().Add(-defaultSettleTimeout))
+	h := g.newHeldRecord(c, payment, offer, now().Add(-defaultSettleTimeout))
 	if unknown != nil && unknown.Reply != nil {
 		h.Sent = unknown.Reply.Transaction
 	}
@@ -314,9 +368,9 @@ func (g *Gate) holdUnknown(r *http.Request, c store.Claim, p x402.PaymentPayload
 	} else {
 		h.Request, h.RequestBody = g.heldRequest(r, bw == nil)
 	}
-	note, err := json.Marshal(h)
+	note, err := encodeHeld(&h)
 	if err == nil {
-		err = hc.Hold(context.WithoutCancel(ctx), c, string(note))
+		err = hc.Hold(context.WithoutCancel(ctx), c, note)
 	}
 	if err != nil {
 		g.logger.Error("keeping the record of an unknown settlement", zap.Error(err))
@@ -367,9 +421,9 @@ func (g *Gate) checkHeld(ctx context.Context, h *heldRecord) (x402.SettlementSta
 	var st x402.SettlementStatus
 	var err error
 	if ssc, ok := g.facilitator.(x402.SentSettlementChecker); ok {
-		st, err = ssc.SentSettlementStatus(ctx, h.Payload, h.Offer, x402.SentSettlement{Transaction: h.Sent, After: h.SentAfter})
+		st, err = ssc.SentSettlementStatus(ctx, h.payload, h.offer, x402.SentSettlement{Transaction: h.Sent, After: h.SentAfter})
 	} else {
-		st, err = sc.SettlementStatus(ctx, h.Payload, h.Offer)
+		st, err = sc.SettlementStatus(ctx, h.payload, h.offer)
 	}
 	if err != nil {
 		g.logger.Warn("checking an unknown settlement", zap.Error(err))
@@ -388,13 +442,15 @@ func (g *Gate) checkHeld(ctx context.Context, h *heldRecord) (x402.SettlementSta
 func (g *Gate) settleHeld(ctx context.Context, h *heldRecord, old string, st x402.SettlementStatus) (string, bool) {
 	ctx = context.WithoutCancel(ctx)
 	var err error
-	var note []byte
+	var note string
 	switch st.State {
 	case x402.SettlementDone:
 		h.Transaction = st.Transaction
-		note, _ = json.Marshal(h)
+		if note, err = encodeHeld(h); err != nil {
+			break
+		}
 		if hc, ok := g.state.Claims().(store.HeldClaims); ok { // always: only such a store holds records
-			err = hc.Swap(ctx, h.claim(), old, string(note))
+			err = hc.Swap(ctx, h.claim(), old, note)
 		}
 		metrics.outcomes.WithLabelValues("unknown_resolved_settled").Inc()
 	case x402.SettlementNever:
@@ -407,7 +463,7 @@ func (g *Gate) settleHeld(ctx context.Context, h *heldRecord, old string, st x40
 		g.logger.Warn("resolving an unknown settlement", zap.Error(err))
 		return "", false
 	}
-	return string(note), true
+	return note, true
 }
 
 // resolveOnRetry answers a request whose payment is already claimed, when
@@ -436,7 +492,7 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 				g.report(r, next, h.ReportPath, h.VerificationID, store.PaymentUnpaid)
 			}
 			reason := x402.ReasonExactEVMValidBefore
-			if x402.IsSolana(h.Offer.Network) {
+			if x402.IsSolana(h.offer.Network) {
 				// Failed on chain or its blockhash expired unsent.
 				reason = svmfacilitator.ReasonTransactionFailed
 			}
@@ -451,12 +507,12 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 	if h.Delivered {
 		return true, alreadyUsed(w, r, ex)
 	}
-	sr := x402.SettleResponse{Success: true, Transaction: h.Transaction, Network: h.Offer.Network}
-	if x402.IsSolana(h.Offer.Network) {
-		sr.Payer = svmfacilitator.PayerOf(h.Payload)
-	} else if len(h.Payload.Payload) > 0 {
+	sr := x402.SettleResponse{Success: true, Transaction: h.Transaction, Network: h.offer.Network}
+	if x402.IsSolana(h.offer.Network) {
+		sr.Payer = svmfacilitator.PayerOf(h.payload)
+	} else if len(h.payload.Payload) > 0 {
 		var ev x402.ExactEVMPayload
-		if json.Unmarshal(h.Payload.Payload, &ev) == nil {
+		if json.Unmarshal(h.payload.Payload, &ev) == nil {
 			sr.Payer = ev.Authorization.From
 		}
 	}
@@ -512,7 +568,7 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 	if sr.Payer != "" {
 		r.Header.Set(HeaderUpstreamPayer, sr.Payer)
 	}
-	r.Header.Set(HeaderUpstreamNetwork, h.Offer.Network)
+	r.Header.Set(HeaderUpstreamNetwork, h.offer.Network)
 	noteSettled(r, sr)
 	return true, next.ServeHTTP(g.paidStream(w, sr), r)
 }
@@ -555,7 +611,7 @@ func (g *Gate) resolvePass(ctx context.Context) {
 	var todo []held
 	err := hc.Held(ctx, func(_ string, st store.ClaimState) bool {
 		if h, ok := decodeHeld(st.Note); ok && !attempting(h) {
-			if _, ours := x402.Match(h.Offer, g.offers); ours {
+			if _, ours := x402.Match(h.offer, g.offers); ours {
 				todo = append(todo, held{h, st.Note})
 			}
 		}
@@ -629,7 +685,7 @@ func (g *Gate) reportResolved(h *heldRecord, state x402.SettlementState) {
 	// Its own way is gone (the gateway restarted since, or too many were
 	// kept): report through a live gate that makes the same offer, once it
 	// has served a request, so history does not wait for the buyer's retry.
-	o := orphanReport{gate: h.Gate, offer: h.Offer, path: h.ReportPath, id: h.VerificationID, payment: payment}
+	o := orphanReport{gate: h.Gate, offer: h.offer, path: h.ReportPath, id: h.VerificationID, payment: payment}
 	if rg, rep := routeFor(o); rep != nil {
 		rg.report(rep.base, rep.next, o.path, o.id, o.payment)
 		return
@@ -906,9 +962,9 @@ func (g *Gate) keepReport(ctx context.Context, h *heldRecord, path, id string) e
 		return errors.New("the store keeps no held records")
 	}
 	h.ReportPath, h.VerificationID = path, id
-	note, err := json.Marshal(h)
+	note, err := encodeHeld(h)
 	if err == nil {
-		err = hc.Hold(context.WithoutCancel(ctx), h.claim(), string(note))
+		err = hc.Hold(context.WithoutCancel(ctx), h.claim(), note)
 	}
 	if err != nil && !errors.Is(err, store.ErrClaimSettled) && !errors.Is(err, store.ErrClaimLost) {
 		g.logger.Warn("keeping a settlement report for later", zap.Error(err))
@@ -1126,4 +1182,29 @@ func (g *Gate) reportOnce(r *http.Request, next caddyhttp.Handler, path string, 
 		metrics.outcomes.WithLabelValues("reported_" + rep.Payment).Inc()
 	}
 	return true
+}
+
+// encodeOffers encodes the gate's offers once, as the records of its paid
+// calls carry them (heldRecord.Offer): encoding an offer's extra on each
+// call cost allocations every paid call paid for.
+func (g *Gate) encodeOffers() error {
+	g.offersJSON = make([]json.RawMessage, len(g.offers))
+	for i, o := range g.offers {
+		b, err := json.Marshal(o)
+		if err != nil {
+			return fmt.Errorf("accept %d: %v", i, err)
+		}
+		g.offersJSON[i] = b
+	}
+	return nil
+}
+
+// offerJSON is offer i of the gate as JSON: as encodeOffers encoded it, or
+// encoded now for a gate that was never provisioned.
+func (g *Gate) offerJSON(i int) json.RawMessage {
+	if len(g.offersJSON) == len(g.offers) {
+		return g.offersJSON[i]
+	}
+	b, _ := json.Marshal(g.offers[i])
+	return b
 }
