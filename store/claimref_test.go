@@ -75,11 +75,10 @@ func TestClaimNoteIsStoredOnce(t *testing.T) {
 }
 
 // A claim written before notes were stored once (the note under every
-// key) is read, swapped and listed as before after an upgrade.
+// key, layout 3) is read, swapped and listed as before after an upgrade.
 func TestClaimWithANoteOnEveryKeyIsRead(t *testing.T) {
 	ctx := context.Background()
-	db, _ := openTemp(t, Options{})
-	hc := db.Claims().(HeldClaims)
+	db, dir := openTemp(t, Options{})
 	until := time.Now().Add(time.Hour)
 	c := Claim{Keys: []string{"a", "b"}, Token: "000102030405060708090a0b0c0d0e0f", Until: until}
 	rec := claimRecord{until: until.UnixNano(), note: `{"old":true}`}
@@ -92,10 +91,18 @@ func TestClaimWithANoteOnEveryKeyIsRead(t *testing.T) {
 				return err
 			}
 		}
-		return nil
+		return txn.Set(keyLayoutVersion, []byte{3})
 	}); err != nil {
 		t.Fatal(err)
 	}
+	db.Close()
+	db, err := Open(dir, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	checkLayoutVersion(t, db)
+	hc := db.Claims().(HeldClaims)
 	if st, err := db.Claims().Lookup(ctx, "b"); err != nil || st.Note != rec.note {
 		t.Fatalf("Lookup = %+v, %v", st, err)
 	}

@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// Key layout (layout version 3). Every key starts with a one-byte family
+// Key layout (layout version 4). Every key starts with a one-byte family
 // tag. Variable-length components that are not last are length-prefixed
 // (two bytes, big endian) so no value of one component can impersonate
 // another: an agent id may contain any character, NUL included.
@@ -36,7 +36,10 @@ import (
 // Version 2 added the 'u' family; a version 1 database gets it built from
 // its 'a' records when it is opened (migrateLayout). Version 3 added the
 // binary form of a record beside JSON (record.go); the records a version 2
-// database holds are read as they are.
+// database holds are read as they are. Version 4 added claim refs (a
+// claim's note under its first key alone, claims.go); the claims a version
+// 3 database holds, a note under every key, are read as they are. Each bump
+// makes an older build refuse the database instead of misreading it.
 const (
 	tagRecord        = 'r'
 	tagTime          = 't'
@@ -49,7 +52,7 @@ const (
 	tagPaymentID     = 'p'
 	tagDiscovery     = 'd'
 
-	layoutVersion = 3
+	layoutVersion = 4
 )
 
 var keyLayoutVersion = []byte("\x00layout")

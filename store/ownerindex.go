@@ -120,7 +120,7 @@ func parseCursor(cursor string) ([]byte, error) {
 // are; the version is raised so that an older build, which reads only
 // JSON records, refuses the database instead of misreading it.
 func (db *DB) migrateLayout(from byte) error {
-	if from != 1 && from != 2 {
+	if from < 1 || from >= layoutVersion {
 		return fmt.Errorf("store in %s has key layout version %d; this build reads version %d", db.dir, from, layoutVersion)
 	}
 	indexed := 0
