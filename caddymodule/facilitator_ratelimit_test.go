@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"fmt"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -12,24 +13,25 @@ import (
 )
 
 // TestFacilitatorAPIIsRateLimitedPaidCallsAreNot runs the shape of
-// Caddyfile.example with AOV_FACILITATOR=remote in one Caddy: a gateway
-// whose /facilitator/* passes, behind aov_rate_limit in zone facilitator,
-// to a facilitator on a port of its own, and whose gate verifies and
-// settles with that facilitator directly. A client past the limit gets
-// the contract's 429 on every facilitator endpoint, before the facilitator
-// is asked; the gate's verify and settle calls (two per paid call) count
-// against no one, so a client's paid calls go on while it is over the
-// limit and leave its facilitator budget as it was.
+// Caddyfile.example with AOV_FACILITATOR=remote in one Caddy, with the
+// example's own facilitator_rate snippet (AOV_FACILITATOR_RATE=2): a
+// gateway whose /facilitator/* passes, behind that limit, to a facilitator
+// on a port of its own, and whose gate verifies and settles with that
+// facilitator directly; beside it, a seller's gateway on the same machine
+// whose gate settles through the public route. A client past the limit
+// gets the contract's 429 on every facilitator endpoint, before the
+// facilitator is asked. Neither gate's verify and settle calls (two per
+// paid call) count against anyone: a client's paid calls go on while it is
+// over the limit, and the seller sells on past the limit.
 func TestFacilitatorAPIIsRateLimitedPaidCallsAreNot(t *testing.T) {
 	d, fac := sharedDevnet(t)
 	up := newUpstream(t)
-	facPort := freePort(t)
+	facPort, sellerPort := freePort(t), freePort(t)
 	facilitator := fmt.Sprintf("http://127.0.0.1:%d", facPort)
+	t.Setenv("AOV_FACILITATOR_RATE", "2")
 	gateway := strings.Replace(gateSite(up.URL, facilitator, 0, ""), "\tx402_discovery /.well-known/x402\n", fmt.Sprintf(`	x402_discovery /.well-known/x402
 	handle_path /facilitator/* {
-		aov_rate_limit 2 1m {
-			zone facilitator
-		}
+		import facilitator_rate
 		reverse_proxy 127.0.0.1:%d
 	}
 `, facPort), 1)
@@ -40,7 +42,22 @@ func TestFacilitatorAPIIsRateLimitedPaidCallsAreNot(t *testing.T) {
 	}
 }
 `, facPort, payTo.Hex(), fac)
-	base := startCaddyServers(t, "\t\ttrusted_proxies static 127.0.0.1/32", "", gateway+facSite)
+	sellerSite := fmt.Sprintf(`:%d {
+	route /verify/schema {
+		x402 {
+			accept devnet $0.02 %s
+			route "POST /verify/schema"
+			facilitator http {
+				url http://127.0.0.1:{port}/facilitator
+			}
+			store badger {data}/seller
+		}
+		reverse_proxy %s
+	}
+}
+`, sellerPort, payTo.Hex(), strings.TrimPrefix(up.URL, "http://"))
+	base := startCaddyServers(t, "\t\ttrusted_proxies static 127.0.0.1/32", "", exampleSnippet(t, "facilitator_rate")+gateway+facSite+sellerSite)
+	seller := fmt.Sprintf("http://127.0.0.1:%d", sellerPort)
 
 	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	now = func() time.Time { return t0 }
@@ -51,7 +68,7 @@ func TestFacilitatorAPIIsRateLimitedPaidCallsAreNot(t *testing.T) {
 		t.Helper()
 		return send(t, http.MethodGet, base+"/facilitator/supported", "", hdr)
 	}
-	paid := func(t *testing.T) {
+	paid := func(t *testing.T, base string) {
 		t.Helper()
 		resp := post(t, base+"/verify/schema", validRequest, a)
 		if resp.StatusCode != http.StatusPaymentRequired {
@@ -70,11 +87,12 @@ func TestFacilitatorAPIIsRateLimitedPaidCallsAreNot(t *testing.T) {
 	}
 	payer := evmfacilitator.DevAccounts()[3].Address
 	before := balance(t, d, payer)
-	for range 3 { // six facilitator calls of the gate, more than the limit
-		paid(t)
+	for range 3 { // six facilitator calls of each gate, more than the limit
+		paid(t, base)
+		paid(t, seller)
 	}
-	if got := before.Sub(before, balance(t, d, payer)); got.Int64() != 3*20000 {
-		t.Fatalf("the paid calls were charged %v, want 60000", got)
+	if got := before.Sub(before, balance(t, d, payer)); got.Int64() != 6*20000 {
+		t.Fatalf("the paid calls were charged %v, want 120000", got)
 	}
 	// The client's second request of the minute is still within its budget.
 	if resp, body := supported(t, a); resp.StatusCode != http.StatusOK {
@@ -87,8 +105,24 @@ func TestFacilitatorAPIIsRateLimitedPaidCallsAreNot(t *testing.T) {
 		wantRateLimited(t, resp, body, "30")
 	}
 	// Over the facilitator limit, the client's paid calls are served.
-	paid(t)
+	paid(t, base)
 	if resp, body := supported(t, from("203.0.113.32")); resp.StatusCode != http.StatusOK {
 		t.Fatalf("another client: %d %.300s", resp.StatusCode, body)
 	}
+}
+
+// exampleSnippet is the snippet name of Caddyfile.example, as a definition
+// to put before a test's sites: a test of it runs the example's own lines.
+func exampleSnippet(t *testing.T, name string) string {
+	t.Helper()
+	raw, err := os.ReadFile("../Caddyfile.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(raw), "\n("+name+") {\n")
+	body, _, ok2 := strings.Cut(rest, "\n}\n")
+	if !ok || !ok2 {
+		t.Fatalf("Caddyfile.example has no snippet %s", name)
+	}
+	return "(" + name + ") {\n" + body + "\n}\n"
 }

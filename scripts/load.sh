@@ -14,9 +14,7 @@
 # paid-solana on the local Solana chain, whose wallet file
 # $data/solana-chain.json it passes on): against your own make run, start it
 # with a large free allowance (AOV_FREE_PER_DAY=1000000000 make run), or the
-# gateway answers 402 once the day's free calls are used, and, for the
-# facilitator scenario, a large AOV_FACILITATOR_RATE (/facilitator/* is rate
-# limited per client, 60 requests a minute by default).
+# gateway answers 402 once the day's free calls are used.
 #
 #   scripts/load.sh                      # defaults: 8 and 32 connections, 5 s per phase
 #   scripts/load.sh -c 16 -d 20s         # options go to the load generator
@@ -90,7 +88,7 @@ if ! http_ok "$base/health"; then
 	# (and the devnet) run in a process of their own unless asked
 	# otherwise, so Caddy's CPU per paid call is the gateway's alone. The
 	# facilitator scenario sends all its requests from one client.
-	AOV_DATA="$data" AOV_BIN="$bindir" AOV_FREE_PER_DAY=1000000000 AOV_FACILITATOR_RATE=1000000000 AOV_FACILITATOR="$facilitator_mode" \
+	AOV_DATA="$data" AOV_BIN="$bindir" AOV_FREE_PER_DAY=1000000000 AOV_FACILITATOR="$facilitator_mode" \
 		setsid scripts/run.sh >"$tmp/run.log" 2>&1 &
 	runpid=$!
 	# The first build of Caddy can take minutes.
