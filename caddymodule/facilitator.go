@@ -584,8 +584,9 @@ func (g *payToGuard) refusal(req x402.PaymentRequirements) string {
 	least, err := minAtoms(g.minPrice, a)
 	if err != nil {
 		// Only an asset unknown at provision (a remote facilitator's)
-		// gets here: the operator's floor cannot be stated in it.
-		return fmt.Sprintf("this facilitator's min_price %s is finer than the %d decimals of %s; it settles no payment in it", g.minPrice, a.Decimals, assetName(a))
+		// gets here: the operator's floor cannot be stated in it (too
+		// fine for its decimals, or too large for uint256).
+		return fmt.Sprintf("this facilitator's min_price %s cannot be stated in the %d decimals of %s; it settles no payment in it", g.minPrice, a.Decimals, assetName(a))
 	}
 	amount, ok := new(big.Int).SetString(req.Amount, 10)
 	if !ok || amount.Cmp(least) < 0 {

@@ -124,7 +124,7 @@ func TestFacilitatorMinPriceIsInTheAssetsDecimals(t *testing.T) {
 			fmt.Sprintf(`{"pay_to":[%q],"min_price":"$0.001","facilitator":{"type":"http","url":"http://127.0.0.1:1"}}`, facPayTo()))
 		defer cancel()
 		h := mod.(*FacilitatorHandler)
-		if passed, why := minPriceVerify(t, h, minPriceNet2, "100"); passed || !strings.Contains(why, "min_price $0.001 is finer than the 2 decimals of the token of "+minPriceNet2) {
+		if passed, why := minPriceVerify(t, h, minPriceNet2, "100"); passed || !strings.Contains(why, "min_price $0.001 cannot be stated in the 2 decimals of the token of "+minPriceNet2) {
 			t.Fatalf("a coarse asset: passed %v, %s", passed, why)
 		}
 	})
