@@ -42,7 +42,10 @@ type Claims interface {
 	// wallet's paid access): there is no pending claim for a second
 	// write to leave behind when it fails. A live settled claim on key is
 	// kept as it is (nil error); a live unsettled one is replaced, since
-	// its holder could only have been recording the same fact.
+	// its holder could only have been recording the same fact. So key
+	// must be one only Record writes (the caller's own prefix), never a
+	// key of a claim with several: replacing such a claim's first key
+	// would leave its other keys without its note.
 	Record(ctx context.Context, key, note string, until time.Time) error
 }
 
