@@ -15,6 +15,13 @@ var shared = struct {
 type sharedDB struct {
 	db   *DB
 	refs int
+	// closed is closed once the last handle has closed Badger. Until
+	// then the entry stays, with no references, so that a Shared of the
+	// same folder waits for the close instead of failing on Badger's
+	// directory lock; it is done outside the registry's lock, which a
+	// slow close (a flush, a folder gone under it) must not hold up for
+	// every other folder.
+	closed chan struct{}
 }
 
 // Shared returns a handle on the database in dir, opening it on first use
@@ -37,8 +44,15 @@ func Shared(dir string, opts Options) (*DB, error) {
 		return nil, err
 	}
 	shared.Lock()
-	defer shared.Unlock()
 	s, ok := shared.dbs[key]
+	for ok && s.refs == 0 {
+		// Its last handle is closing it: open it again once closed.
+		shared.Unlock()
+		<-s.closed
+		shared.Lock()
+		s, ok = shared.dbs[key]
+	}
+	defer shared.Unlock()
 	if ok {
 		if err := agree(key, s.db.opts, opts); err != nil {
 			return nil, err
@@ -52,7 +66,7 @@ func Shared(dir string, opts Options) (*DB, error) {
 		if err != nil {
 			return nil, err
 		}
-		s = &sharedDB{db: db}
+		s = &sharedDB{db: db, closed: make(chan struct{})}
 		shared.dbs[key] = s
 	}
 	s.refs++
@@ -64,12 +78,17 @@ func Shared(dir string, opts Options) (*DB, error) {
 		once.Do(func() {
 			handle.allow.close() // this handle's batched counts are written first
 			shared.Lock()
-			defer shared.Unlock()
 			s.refs--
-			if s.refs == 0 {
-				delete(shared.dbs, key)
-				err = s.db.closeBadger()
+			last := s.refs == 0
+			shared.Unlock()
+			if !last {
+				return
 			}
+			err = s.db.closeBadger()
+			shared.Lock()
+			delete(shared.dbs, key)
+			shared.Unlock()
+			close(s.closed)
 		})
 		return err
 	}
