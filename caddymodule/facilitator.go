@@ -25,6 +25,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/internal/inflight"
 	"github.com/aovhq/aov/plugins/evmfacilitator"
 	"github.com/aovhq/aov/x402"
 )
@@ -107,6 +108,7 @@ type EVMFacilitator struct {
 
 	poolKey string
 	f       *evmfacilitator.Facilitator
+	uses    *inflight.Config
 }
 
 // CaddyModule returns the Caddy module information.
@@ -117,6 +119,7 @@ func (EVMFacilitator) CaddyModule() caddy.ModuleInfo {
 // Provision gets the shared facilitator for this configuration, starting
 // a devnet or dialing the RPC endpoint the first time.
 func (m *EVMFacilitator) Provision(ctx caddy.Context) error {
+	m.uses = inflight.For(ctx)
 	repl := caddy.NewReplacer()
 	if m.Devnet != nil {
 		if m.Network != "" {
@@ -228,15 +231,19 @@ func (m *EVMFacilitator) relayerKey(repl *caddy.Replacer) (*ecdsa.PrivateKey, er
 	return key, nil
 }
 
-// Cleanup releases this configuration's use of the shared facilitator; the
-// last user stops the devnet or closes the connection.
+// Cleanup releases this configuration's use of the shared facilitator once
+// its requests in flight are done (a payment being settled still needs the
+// chain); the last user stops the devnet or closes the connection.
 func (m *EVMFacilitator) Cleanup() error {
 	if m.poolKey == "" {
 		return nil
 	}
-	_, err := facilitatorPool.Delete(m.poolKey)
+	key := m.poolKey
 	m.poolKey = ""
-	return err
+	return m.uses.AfterRequests(func() error {
+		_, err := facilitatorPool.Delete(key)
+		return err
+	})
 }
 
 // Verify implements x402.Facilitator.
@@ -346,6 +353,7 @@ type HTTPFacilitator struct {
 
 	f      *x402.HTTPFacilitator
 	status remoteStatus // remotestatus.go
+	uses   *inflight.Config
 }
 
 // CaddyModule returns the Caddy module information.
@@ -354,7 +362,8 @@ func (HTTPFacilitator) CaddyModule() caddy.ModuleInfo {
 }
 
 // Provision builds the client; a bad URL is refused here.
-func (m *HTTPFacilitator) Provision(caddy.Context) error {
+func (m *HTTPFacilitator) Provision(ctx caddy.Context) error {
+	m.uses = inflight.For(ctx)
 	repl := caddy.NewReplacer()
 	headers := make(map[string]string, len(m.Headers))
 	for k, v := range m.Headers {
@@ -503,6 +512,7 @@ type FacilitatorHandler struct {
 	api   http.Handler
 	token [32]byte // SHA-256 of the token, compared in constant time
 	gated bool
+	uses  *inflight.Config // internal/inflight
 }
 
 // CaddyModule returns the Caddy module information.
@@ -512,6 +522,7 @@ func (FacilitatorHandler) CaddyModule() caddy.ModuleInfo {
 
 // Provision loads the facilitator module.
 func (h *FacilitatorHandler) Provision(ctx caddy.Context) error {
+	h.uses = inflight.For(ctx)
 	if h.FacilitatorRaw == nil {
 		return errors.New("x402_facilitator needs a facilitator (devnet, evm or http)")
 	}
@@ -704,6 +715,13 @@ func (h *FacilitatorHandler) authorized(r *http.Request) bool {
 // /settle or /supported is that endpoint, whatever prefix precedes it, so
 // the handler also works under a matcher without handle_path.
 func (h *FacilitatorHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
+	// Before the facilitator or the discovery store is used: see
+	// Gate.ServeHTTP.
+	if !h.uses.Enter() {
+		apierr.Write(w, apierr.Unavailable("payment facilitator", 1, errUnloaded))
+		return nil
+	}
+	defer h.uses.Leave()
 	if !h.authorized(r) {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="x402 facilitator"`)
 		apierr.Write(w, apierr.Unauthorized("the facilitator's bearer token is missing or wrong"))

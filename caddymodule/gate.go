@@ -20,6 +20,7 @@ import (
 
 	"github.com/aovhq/aov/apidocs"
 	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/internal/inflight"
 	"github.com/aovhq/aov/score"
 	"github.com/aovhq/aov/store"
 	"github.com/aovhq/aov/verify"
@@ -256,6 +257,10 @@ type Gate struct {
 	ratesKey    string
 	logger      *zap.Logger
 	ctx         caddy.Context
+	// uses counts this config's requests in flight: the store and the
+	// facilitator modules close what they hold only after the last one
+	// (internal/inflight).
+	uses *inflight.Config
 	// route is the way to this gate's upstream, from the first request it
 	// served (pending.go: reports whose own way was lost in a restart).
 	// Set in Provision; a pointer because a Gate is copied by value.
@@ -312,6 +317,7 @@ func (Gate) CaddyModule() caddy.ModuleInfo {
 func (g *Gate) Provision(ctx caddy.Context) error {
 	g.ctx = ctx
 	g.logger = ctx.Logger()
+	g.uses = inflight.For(ctx)
 	if g.Settle == "" {
 		g.Settle = "after"
 	}
@@ -577,6 +583,13 @@ func (a Accept) requirements() (x402.PaymentRequirements, error) {
 // the gate answers for payment itself, an invalid request is 422 instead
 // (see exchange); a call it lets through is checked by the upstream.
 func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	// Before anything reads the store or asks the facilitator: a reload
+	// cleans this config up while its requests still run, and what they
+	// use is closed only after the last one leaves.
+	if !g.uses.Enter() {
+		return g.refuse(w, r, apierr.Unavailable("payment state store", 1, errUnloaded))
+	}
+	defer g.uses.Leave()
 	// The upstream must never see a client's claim to have paid (nor the
 	// payment itself), on any path, preflights included. The first gate on
 	// the request removes them; a later gate in the same route (one per
@@ -704,6 +717,12 @@ func setBody(r *http.Request, body []byte) {
 	r.ContentLength = int64(len(body))
 	r.Header.Set("Content-Length", strconv.Itoa(len(body)))
 }
+
+// errUnloaded is why a request is refused that reached a config after a
+// reload unloaded it and its last request finished, so that what it held
+// may be closed (Caddy's old server can take in a request just as it shuts
+// down). The client's retry reaches the new config.
+var errUnloaded = errors.New("the request reached a configuration already unloaded by a reload")
 
 // refuse writes an error in the SPEC §6 shape and counts it (a 4xx also
 // against the client's rate limit). The error is written here, not

@@ -597,6 +597,12 @@ func errSettlementPending(cause error) *apierr.Error {
 // resolvePass resolves every held record this gate's facilitator can
 // judge (its offer is one of ours) and that has a decided outcome.
 func (g *Gate) resolvePass(ctx context.Context) {
+	// A pass uses the store and the facilitator like a request: a reload
+	// closes them only after it (and stops the next, stopResolver).
+	if !g.uses.Enter() {
+		return
+	}
+	defer g.uses.Leave()
 	hc, ok := g.state.Claims().(store.HeldClaims)
 	if !ok {
 		return

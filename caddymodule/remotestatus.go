@@ -99,13 +99,17 @@ func (m *HTTPFacilitator) provisionStatus(repl *caddy.Replacer) error {
 	return nil
 }
 
-// Cleanup closes the rpc connections.
+// Cleanup closes the rpc connections once the config's requests in flight
+// are done (a gate may be reading a settlement's outcome through them).
 func (m *HTTPFacilitator) Cleanup() error {
-	for _, c := range m.status.clients {
-		c.Close()
-	}
+	clients := m.status.clients
 	m.status.clients = nil
-	return nil
+	return m.uses.AfterRequests(func() error {
+		for _, c := range clients {
+			c.Close()
+		}
+		return nil
+	})
 }
 
 // SettlementStatus implements x402.SettlementChecker from the chain of

@@ -10,6 +10,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap/exp/zapslog"
 
+	"github.com/aovhq/aov/internal/inflight"
 	"github.com/aovhq/aov/store"
 )
 
@@ -46,7 +47,8 @@ type BadgerStore struct {
 	// with AllowanceFlush; commits wait for a flush past it. Default 1000.
 	AllowanceFlushUnits int `json:"allowance_flush_units,omitempty"`
 
-	db *store.DB
+	db   *store.DB
+	uses *inflight.Config
 }
 
 // CaddyModule returns the Caddy module information.
@@ -76,6 +78,7 @@ func (s *BadgerStore) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("opening gateway store at %s: %v", s.Path, err)
 	}
 	s.db = db
+	s.uses = inflight.For(ctx)
 	return nil
 }
 
@@ -98,12 +101,15 @@ func optionsConflict(c *store.OptionsConflictError) error {
 		c.Dir, name, c.Asked, name, c.Open, name, name)
 }
 
-// Cleanup drops this config's reference; the last one closes the database.
+// Cleanup drops this config's reference once the config's requests in
+// flight have finished (they may still be committing a free call's count
+// or a payment's claim: Caddy cleans up an old config before its requests
+// drain); the last reference closes the database.
 func (s *BadgerStore) Cleanup() error {
 	if s.db == nil {
 		return nil
 	}
-	return s.db.Close()
+	return s.uses.AfterRequests(s.db.Close)
 }
 
 // Allowance returns the free allowance counters.

@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/aovhq/aov/internal/base58"
+	"github.com/aovhq/aov/internal/inflight"
 	"github.com/aovhq/aov/plugins/svmfacilitator"
 	"github.com/aovhq/aov/x402"
 )
@@ -75,6 +76,7 @@ type SVMFacilitator struct {
 
 	poolKey string
 	f       *svmfacilitator.Facilitator
+	uses    *inflight.Config
 }
 
 // pooledSVM is a facilitatorPool entry: shared across config reloads so a
@@ -93,6 +95,7 @@ func (SVMFacilitator) CaddyModule() caddy.ModuleInfo {
 // Provision reads the fee payer key and gets the shared facilitator. It
 // makes no network call.
 func (m *SVMFacilitator) Provision(ctx caddy.Context) error {
+	m.uses = inflight.For(ctx)
 	repl := caddy.NewReplacer()
 	if m.Network == "" || m.RPCURL == "" || (m.FeePayerKeyFile == "") == !m.DevFeePayer {
 		return errors.New("svm facilitator: network, rpc_url and one of fee_payer_key_file or dev_fee_payer are required")
@@ -131,14 +134,18 @@ func (m *SVMFacilitator) Provision(ctx caddy.Context) error {
 	return nil
 }
 
-// Cleanup releases this configuration's use of the shared facilitator.
+// Cleanup releases this configuration's use of the shared facilitator once
+// its requests in flight are done.
 func (m *SVMFacilitator) Cleanup() error {
 	if m.poolKey == "" {
 		return nil
 	}
-	_, err := facilitatorPool.Delete(m.poolKey)
+	key := m.poolKey
 	m.poolKey = ""
-	return err
+	return m.uses.AfterRequests(func() error {
+		_, err := facilitatorPool.Delete(key)
+		return err
+	})
 }
 
 // Verify implements x402.Facilitator.

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/internal/inflight"
 	"github.com/aovhq/aov/walletauth"
 	"github.com/aovhq/aov/x402"
 )
@@ -117,6 +118,7 @@ type WalletAuth struct {
 	paid     walletauth.PaidAccess
 	rpc      *ethclient.Client
 	logger   *zap.Logger
+	uses     *inflight.Config // internal/inflight
 }
 
 // CaddyModule returns the Caddy module information.
@@ -130,6 +132,7 @@ func (WalletAuth) CaddyModule() caddy.ModuleInfo {
 // Provision loads the store and connects the chain client.
 func (wa *WalletAuth) Provision(ctx caddy.Context) error {
 	wa.logger = ctx.Logger()
+	wa.uses = inflight.For(ctx)
 	if wa.Mode == "" {
 		wa.Mode = "required"
 	}
@@ -193,17 +196,27 @@ func (wa *WalletAuth) Validate() error {
 	return nil
 }
 
-// Cleanup closes the chain client.
+// Cleanup closes the chain client once the config's requests in flight
+// are done (one may be checking a proof through it).
 func (wa *WalletAuth) Cleanup() error {
-	if wa.rpc != nil {
-		wa.rpc.Close()
+	if wa.rpc == nil {
+		return nil
 	}
-	return nil
+	rpc := wa.rpc
+	return wa.uses.AfterRequests(func() error {
+		rpc.Close()
+		return nil
+	})
 }
 
 // ServeHTTP verifies the request's wallet proofs and passes it on with the
 // wallet exposed, or refuses it with 401.
 func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	// Before anything reads the store or the chain: see Gate.ServeHTTP.
+	if !wa.uses.Enter() {
+		return wa.refuse(w, r, apierr.Unavailable("wallet proof check", 1, errUnloaded))
+	}
+	defer wa.uses.Leave()
 	h := r.Header
 	h.Del(HeaderUpstreamWallet)
 	h.Del(HeaderUpstreamWalletAgent)

@@ -14,6 +14,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/aovhq/aov/internal/inflight"
 	"github.com/aovhq/aov/store"
 )
 
@@ -65,6 +66,7 @@ type RedisStore struct {
 
 	pooled *pooledClient
 	store  *Store
+	uses   *inflight.Config
 }
 
 // CaddyModule returns the Caddy module information.
@@ -89,6 +91,7 @@ func (p *pooledClient) Destruct() error { return p.rdb.Close() }
 
 // Provision connects (or joins the shared client) and checks the server.
 func (s *RedisStore) Provision(ctx caddy.Context) error {
+	s.uses = inflight.For(ctx)
 	repl := caddy.NewReplacer()
 	addrs := make([]string, 0, len(s.Addresses))
 	for _, a := range s.Addresses {
@@ -173,13 +176,19 @@ func poolKey(o *redis.UniversalOptions) (string, error) {
 	return "redis:" + hex.EncodeToString(sum[:]), nil
 }
 
-// Cleanup gives this config's reference to the client back.
+// Cleanup gives this config's reference to the client back once the
+// config's requests in flight are done (Caddy cleans up an old config
+// before its requests drain, and one may be committing a count or a
+// claim); the last reference closes the client.
 func (s *RedisStore) Cleanup() error {
 	if s.pooled == nil {
 		return nil
 	}
-	_, err := clients.Delete(s.pooled.key)
-	return err
+	key := s.pooled.key
+	return s.uses.AfterRequests(func() error {
+		_, err := clients.Delete(key)
+		return err
+	})
 }
 
 // Allowance returns the free allowance counters.
