@@ -2,7 +2,9 @@ package caddymodule
 
 import (
 	"context"
+	"io/fs"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -183,4 +185,61 @@ func openClosed(t *testing.T, dir string) *store.DB {
 	}
 	t.Fatalf("the old store in %s was never closed: %v", dir, err)
 	return nil
+}
+
+// Caddy's exit stops the servers, runs every Cleanup and exits the process.
+// A call still in flight then (past the grace period, or on a connection
+// Shutdown does not track) holds the Badger handle's close until it ends,
+// which an exiting process never sees; the counts of the free calls
+// completed before it (allowance_flush) are written in Cleanup all the
+// same, so they are on disk when Stop returns.
+func TestStopWithACallInFlightWritesTheCountsBeforeIt(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newStalledUpstream(t)
+	dir := t.TempDir()
+	base := startCaddy(t, withStore(gateSite(up.URL, fac, 5, ""), dir, "{\n\t\t\t\tallowance_flush 1h\n\t\t\t}"))
+	url := base + "/verify/schema"
+	if resp := post(t, url, validRequest, nil); resp.StatusCode != http.StatusOK || resp.Header.Get(HeaderFreeRemaining) != "4" {
+		t.Fatalf("a free call: %d, remaining %q", resp.StatusCode, resp.Header.Get(HeaderFreeRemaining))
+	}
+	done := up.inFlight(t, url, nil)
+	if err := caddy.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	onDisk := copyStoreDir(t, filepath.Join(dir, "gate")) // what an exit now leaves
+	close(up.release)
+	answer(t, done)
+	db, err := store.Open(onDisk, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if rem, err := db.Allowance().Remaining(context.Background(), "verify", "ip:127.0.0.1", time.Now(), 5); err != nil || rem != 4 {
+		t.Fatalf("on disk when Stop returned: %d of 5 remaining (%v), want 4: the completed free call's count was not written", rem, err)
+	}
+}
+
+// copyStoreDir copies a Badger folder as it is on disk now, without its
+// LOCK file: what a process that exits at this instant leaves behind.
+func copyStoreDir(t *testing.T, src string) string {
+	t.Helper()
+	dst := t.TempDir()
+	err := filepath.WalkDir(src, func(p string, e fs.DirEntry, err error) error {
+		if err != nil || e.IsDir() || e.Name() == "LOCK" {
+			return err
+		}
+		rel, _ := filepath.Rel(src, p)
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		if err := os.MkdirAll(filepath.Join(dst, filepath.Dir(rel)), 0o700); err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(dst, rel), b, 0o600)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dst
 }

@@ -104,12 +104,16 @@ func optionsConflict(c *store.OptionsConflictError) error {
 // Cleanup drops this config's reference once the config's requests in
 // flight have finished (they may still be committing a free call's count
 // or a payment's claim: Caddy cleans up an old config before its requests
-// drain); the last reference closes the database.
+// drain); the last reference closes the database. The counts batched so
+// far (allowance_flush) are written at once: Caddy's exit runs Cleanup and
+// exits, and a request still in flight must not hold back every count
+// acknowledged before it.
 func (s *BadgerStore) Cleanup() error {
 	if s.db == nil {
 		return nil
 	}
-	return s.uses.AfterRequests(s.db.Close)
+	flushErr := s.db.FlushAllowance()
+	return errors.Join(flushErr, s.uses.AfterRequests(s.db.Close))
 }
 
 // Allowance returns the free allowance counters.

@@ -189,7 +189,8 @@ type allowances struct {
 	stopped   chan struct{}               // closed when the flusher has finished
 	closing   bool
 	closeOnce sync.Once
-	refs      int // handles given out, under allowanceCounts.hmu
+	flushing  sync.Mutex // one flush at a time: each writes the counts as they stand, and an older one must not land last
+	refs      int        // handles given out, under allowanceCounts.hmu
 }
 
 type allowanceShard struct {
@@ -629,6 +630,8 @@ const maxFlushDays = 1024
 // queued). A client-day no longer in memory was dropped because it was
 // clean: its units are on disk already.
 func (a *allowances) flush() error {
+	a.flushing.Lock()
+	defer a.flushing.Unlock()
 	a.fmu.Lock()
 	queue := make([]*queuedDay, 0, len(a.queue))
 	for _, q := range a.queue {
@@ -680,6 +683,19 @@ func (a *allowances) flush() error {
 		a.fmu.Unlock()
 	}
 	return firstErr
+}
+
+// FlushAllowance writes now the free-allowance counts this handle has
+// acknowledged and not yet written (Options.AllowanceFlush; without it
+// there are none). A Caddy config being unloaded calls it at once, while
+// its handle's Close waits for the config's last request: a process that
+// stops before that request finishes still leaves every count
+// acknowledged before the stop on disk.
+func (db *DB) FlushAllowance() error {
+	if db.allow.every <= 0 {
+		return nil
+	}
+	return db.allow.flush()
 }
 
 // close gives a handle back. The last one of its mode stops the flusher
