@@ -19,6 +19,7 @@ package inflight
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 
@@ -123,9 +124,21 @@ func (c *Config) leave() error {
 	c.mu.Unlock()
 	var errs []error
 	for _, fn := range fns {
-		errs = append(errs, fn())
+		errs = append(errs, runCleanup(fn))
 	}
 	return errors.Join(errs...)
+}
+
+// runCleanup runs fn, a panic in it made an error: the cleanups after it
+// must still run (each releases something of its own), and it runs on a
+// request's goroutine, which a panic there would take down.
+func runCleanup(fn func() error) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("cleanup panicked: %v", p)
+		}
+	}()
+	return fn()
 }
 
 // AfterRequests runs fn, a module's Cleanup, once no request of the config

@@ -76,3 +76,21 @@ func TestCleanupWithNothingInFlightRunsAtOnce(t *testing.T) {
 		t.Fatalf("error %v, want the cleanup's own", err)
 	}
 }
+
+// TestAPanickingCleanupDoesNotSkipTheOthers: the cleanups run on the last
+// request's goroutine; one that panics is an error, and those after it
+// still release what they hold.
+func TestAPanickingCleanupDoesNotSkipTheOthers(t *testing.T) {
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	c := For(ctx)
+	if !c.Enter() {
+		t.Fatal("a running config refused a request")
+	}
+	cancel()
+	ran := false
+	c.AfterRequests(func() error { panic("deleted more than stored") })
+	c.AfterRequests(func() error { ran = true; return nil })
+	if err := c.leave(); err == nil || !ran {
+		t.Fatalf("after a panicking cleanup: error %v, the next ran: %v", err, ran)
+	}
+}
