@@ -96,8 +96,9 @@ func optionsConflict(c *store.OptionsConflictError) error {
 		name = c.Option
 	}
 	return fmt.Errorf("gateway store at %s: %s is %v here, but the database in that folder is already open with %s %v "+
-		"(by another module of this config, or by the running config): every store naming one folder must set %s alike, "+
-		"so make the modules agree; to change %s, restart Caddy (a reload cannot reopen a database the running config holds)",
+		"(by another module of this config, by the running config, or by requests still in flight of a config a reload replaced): "+
+		"every store naming one folder must set %s alike, so make the modules agree; to change %s, restart Caddy "+
+		"(a reload cannot reopen a database still held), or reload again once those requests have finished",
 		c.Dir, name, c.Asked, name, c.Open, name, name)
 }
 
