@@ -13,6 +13,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
 
 	"github.com/aovhq/aov/internal/inflight"
 	"github.com/aovhq/aov/store"
@@ -184,10 +185,15 @@ func (s *RedisStore) Cleanup() error {
 	if s.pooled == nil {
 		return nil
 	}
-	key := s.pooled.key
+	key, st := s.pooled.key, s.store
 	return s.uses.AfterRequests(func() error {
-		_, err := clients.Delete(key)
-		return err
+		// A served call's commit may still be retried (Store.AfterRetries).
+		st.AfterRetries(func() {
+			if _, err := clients.Delete(key); err != nil {
+				caddy.Log().Error("closing the Redis client", zap.Error(err))
+			}
+		})
+		return nil
 	})
 }
 

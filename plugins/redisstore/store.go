@@ -19,6 +19,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -67,6 +68,9 @@ type Store struct {
 	// keys in one script and Cluster runs a script on one slot only.
 	allowPrefix, claimPrefix string
 	heldIndex                string // the index of held claims (held.go)
+	// retries counts the commits being retried after their request
+	// returned (allowance.retryCommit); AfterRetries waits for them.
+	retries sync.WaitGroup
 }
 
 // New checks the server and returns a Store on rdb. It refuses a server
@@ -103,6 +107,20 @@ func (s *Store) Ping(ctx context.Context) error { return s.rdb.Ping(ctx).Err() }
 
 // Close closes the client.
 func (s *Store) Close() error { return s.rdb.Close() }
+
+// AfterRetries runs fn, in a goroutine of its own, once no commit of this
+// Store is being retried. A commit that failed on a transport error is
+// retried after its request has returned, until the reservation lapses
+// (up to 5 minutes): the client it uses must not be closed under it, or
+// the served call is never counted and its unit is granted again. So a
+// caller gives the client back through it once no request uses the Store
+// any more, and never waits for it.
+func (s *Store) AfterRetries(fn func()) {
+	go func() {
+		s.retries.Wait()
+		fn()
+	}()
+}
 
 // Allowance returns the free allowance counters.
 func (s *Store) Allowance() store.Allowance { return allowance{s} }
@@ -267,7 +285,11 @@ func (a allowance) finish(ctx context.Context, r store.Reservation, commit strin
 			// pending unit, so a late or repeated try counts it at most
 			// once); a unit never committed would come back when it lapses
 			// and be granted a second time.
-			go a.retryCommit(key, r)
+			a.s.retries.Add(1)
+			go func() {
+				defer a.s.retries.Done()
+				a.retryCommit(key, r)
+			}()
 		}
 		return fmt.Errorf("redisstore: finishing reservation: %w", err)
 	}

@@ -260,7 +260,10 @@ func TestWaitForReplicas(t *testing.T) {
 
 // TestCommitRetriedAfterAnOutage: a commit that fails because Redis is
 // away (after the call was served) is retried until it lands, so the unit
-// counts once Redis is back instead of coming back when it lapses.
+// counts once Redis is back instead of coming back when it lapses. The
+// client is given back (AfterRetries, as the module's Cleanup does once no
+// request uses the store) only after that: closed under the retry, the
+// unit would be granted a second time.
 func TestCommitRetriedAfterAnOutage(t *testing.T) {
 	ctx := context.Background()
 	srv, rdb := standalone(t, "--appendonly", "yes", "--appendfsync", "always")
@@ -276,6 +279,13 @@ func TestCommitRetriedAfterAnOutage(t *testing.T) {
 	if err := s.Allowance().Commit(ctx, r); err == nil || errors.Is(err, store.ErrNotReserved) {
 		t.Fatalf("commit with Redis down = %v, want a transport error", err)
 	}
+	given := make(chan struct{})
+	s.AfterRetries(func() { close(given) })
+	select {
+	case <-given:
+		t.Fatal("the client was given back while a commit was being retried")
+	case <-time.After(300 * time.Millisecond):
+	}
 	srv.Start()
 	key := s.Allowance().(allowance).key("p", "c", r.Day)
 	deadline := time.Now().Add(10 * time.Second)
@@ -287,5 +297,10 @@ func TestCommitRetriedAfterAnOutage(t *testing.T) {
 	}
 	if err := s.Allowance().Commit(ctx, r); !errors.Is(err, store.ErrNotReserved) {
 		t.Fatalf("the retried commit counted the unit; a further commit = %v, want ErrNotReserved", err)
+	}
+	select {
+	case <-given:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the client was never given back after the retried commit landed")
 	}
 }
