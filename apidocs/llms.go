@@ -12,8 +12,7 @@ import (
 // a one-paragraph summary in a blockquote, then sections of markdown):
 // what the service does, its routes and live prices, the free allowance
 // with its live numbers, how to pay, the rate limits (429), the error
-// codes, the trust score, how
-// to verify a receipt, and the MCP endpoint.
+// codes, the trust score, how to verify a receipt, and the MCP endpoint.
 func LLMsTxt(s Service) []byte {
 	var b strings.Builder
 	base := s.BaseURL

@@ -485,8 +485,8 @@ type FacilitatorHandler struct {
 
 	// MinPrice is the smallest payment this API verifies or settles, in
 	// the network's USDC ("$0.01", the default), read in the token's own
-	// decimals (minAtoms): a floor finer than the token of a network the
-	// facilitator settles on can express refuses the config. The caller writes the
+	// decimals (minAtoms): a floor the token of a network the facilitator
+	// settles on cannot express refuses the config. The caller writes the
 	// requirements it asks to settle, and every settlement costs the
 	// relayer or fee payer its gas or fee: without a floor, anyone could
 	// have the operator pay for a stream of one-atom payments to the
