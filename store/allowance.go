@@ -350,9 +350,10 @@ func decodeAllowance(b []byte) (int, []pendingUnit, error) {
 	}
 	committed := int(binary.BigEndian.Uint32(b))
 	var pending []pendingUnit
+	mono, wall := elapsed(), now()
 	for b = b[4:]; len(b) > 0; b = b[pendingSize:] {
-		left := time.Unix(0, int64(binary.BigEndian.Uint64(b[16:]))).Sub(now())
-		pending = append(pending, pendingUnit{expires: elapsed() + left})
+		left := time.Unix(0, int64(binary.BigEndian.Uint64(b[16:]))).Sub(wall)
+		pending = append(pending, pendingUnit{expires: mono + left})
 	}
 	return committed, pending, nil
 }

@@ -280,7 +280,7 @@ func (cl claims) Record(ctx context.Context, key, note string, until time.Time) 
 		if rec.until <= t {
 			return errors.New("store: claim expiry is not in the future")
 		}
-		c, live, err := readClaim(txn, claimKey(keys[0]), t)
+		c, live, err := readClaimRecord(txn, claimKey(keys[0]), t, func([]byte) {}) // the note is not read
 		if err != nil || (live && c.settled) {
 			return err
 		}
@@ -501,16 +501,23 @@ func (cl claims) Held(ctx context.Context, fn func(key string, st ClaimState) bo
 		defer it.Close()
 		for it.Rewind(); it.Valid(); it.Next() {
 			var c claimRecord
+			skip := true
 			if err := it.Item().Value(func(b []byte) error {
 				var err error
-				c, err = decodeClaim(b, true)
-				return err
+				if c, err = decodeClaim(b, false); err != nil {
+					return err
+				}
+				// A ref's claim is met under its first key, which
+				// carries the note; only a listed claim's is copied.
+				skip = c.ref || c.settled || len(b) == claimHead || c.until <= t || seen[c.token]
+				if !skip {
+					c.note = string(b[claimHead:])
+				}
+				return nil
 			}); err != nil {
 				return err
 			}
-			// A ref's claim is met under its first key, which carries
-			// the note.
-			if c.ref || c.settled || c.note == "" || c.until <= t || seen[c.token] {
+			if skip {
 				continue
 			}
 			seen[c.token] = true

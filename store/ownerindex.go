@@ -118,7 +118,9 @@ func parseCursor(cursor string) ([]byte, error) {
 // 2 there is nothing to rewrite: version 3 adds the binary form of a
 // record (record.go), and the JSON records already stored read as they
 // are; the version is raised so that an older build, which reads only
-// JSON records, refuses the database instead of misreading it.
+// JSON records, refuses the database instead of misreading it. From 3
+// likewise: version 4 adds claim refs (claims.go), and claims with their
+// note under every key read as they are.
 func (db *DB) migrateLayout(from byte) error {
 	if from < 1 || from >= layoutVersion {
 		return fmt.Errorf("store in %s has key layout version %d; this build reads version %d", db.dir, from, layoutVersion)
