@@ -158,8 +158,7 @@ type paidCharge struct {
 	g       *Gate
 	ex      exchange
 	next    caddyhttp.Handler // the upstream, told the settlement's outcome
-	payload x402.PaymentPayload
-	payment []byte // payload's JSON, for the record of an unknown outcome (heldRecord)
+	pay     x402.Payment      // its JSON kept for the record of an unknown outcome (heldRecord)
 	offer   x402.PaymentRequirements
 	offerJS json.RawMessage // offer's JSON (Gate.offerJSON)
 	claim   store.Claim

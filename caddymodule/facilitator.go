@@ -234,14 +234,18 @@ func (m *EVMFacilitator) relayerKey(repl *caddy.Replacer) (*ecdsa.PrivateKey, er
 // Cleanup releases this configuration's use of the shared facilitator once
 // its requests in flight are done (a payment being settled still needs the
 // chain); the last user stops the devnet or closes the connection.
-func (m *EVMFacilitator) Cleanup() error {
-	if m.poolKey == "" {
+func (m *EVMFacilitator) Cleanup() error { return releasePooled(m.uses, &m.poolKey) }
+
+// releasePooled gives a facilitator module's use of its facilitatorPool
+// entry (*key, then "") back once uses's requests in flight are done.
+func releasePooled(uses *inflight.Config, key *string) error {
+	k := *key
+	if k == "" {
 		return nil
 	}
-	key := m.poolKey
-	m.poolKey = ""
-	return m.uses.AfterRequests(func() error {
-		_, err := facilitatorPool.Delete(key)
+	*key = ""
+	return uses.AfterRequests(func() error {
+		_, err := facilitatorPool.Delete(k)
 		return err
 	})
 }

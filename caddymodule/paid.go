@@ -183,7 +183,7 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	// was charged, the client may retry with the same payment), or keeps it
 	// pending until it lapses (the outcome is unknown: never invite a second
 	// payment).
-	pc := &paidCharge{g: g, ex: ex, next: next, payload: payload, payment: pay.JSON, offer: offer, offerJS: offerJS, claim: claim, note: note, pid: pid}
+	pc := &paidCharge{g: g, ex: ex, next: next, pay: pay, offer: offer, offerJS: offerJS, claim: claim, note: note, pid: pid}
 
 	vctx, cancel := context.WithTimeout(ctx, defaultSettleTimeout)
 	defer cancel()
@@ -240,7 +240,7 @@ func (p *paidCharge) settleOnce(w http.ResponseWriter, r *http.Request, held *bu
 	// upstream work is done and the authorization is ours to settle.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), defaultSettleTimeout)
 	defer cancel()
-	sr, err := g.facilitator.Settle(ctx, p.payload, p.offer)
+	sr, err := g.facilitator.Settle(ctx, p.pay.PaymentPayload, p.offer)
 	if err != nil {
 		var unknown *x402.UnknownOutcomeError
 		if errors.As(err, &unknown) {
@@ -248,7 +248,7 @@ func (p *paidCharge) settleOnce(w http.ResponseWriter, r *http.Request, held *bu
 			// to wait, not to pay again.
 			g.logger.Error("settlement outcome unknown", zap.Error(err))
 			metrics.outcomes.WithLabelValues("settlement_unknown").Inc()
-			g.holdUnknown(r, p.claim, p.payment, p.offerJS, held, unknown)
+			g.holdUnknown(r, p.claim, p.pay.JSON, p.offerJS, held, unknown)
 			g.refuse(w, r, errSettlementPending(err))
 			return false
 		}
@@ -295,7 +295,7 @@ func (p *paidCharge) settleOnce(w http.ResponseWriter, r *http.Request, held *bu
 		g.logger.Error("payment settled but not recorded: not delivered; the retry is answered from the chain",
 			zap.String("transaction", sr.Transaction), zap.Error(err))
 		metrics.outcomes.WithLabelValues("settled_unrecorded").Inc()
-		g.holdUnknown(r, p.claim, p.payment, p.offerJS, held, &x402.UnknownOutcomeError{Op: "settle", Reply: &sr, Err: err})
+		g.holdUnknown(r, p.claim, p.pay.JSON, p.offerJS, held, &x402.UnknownOutcomeError{Op: "settle", Reply: &sr, Err: err})
 		g.refuse(w, r, errSettlementPending(err))
 		return false
 	}

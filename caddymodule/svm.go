@@ -136,17 +136,7 @@ func (m *SVMFacilitator) Provision(ctx caddy.Context) error {
 
 // Cleanup releases this configuration's use of the shared facilitator once
 // its requests in flight are done.
-func (m *SVMFacilitator) Cleanup() error {
-	if m.poolKey == "" {
-		return nil
-	}
-	key := m.poolKey
-	m.poolKey = ""
-	return m.uses.AfterRequests(func() error {
-		_, err := facilitatorPool.Delete(key)
-		return err
-	})
-}
+func (m *SVMFacilitator) Cleanup() error { return releasePooled(m.uses, &m.poolKey) }
 
 // Verify implements x402.Facilitator.
 func (m *SVMFacilitator) Verify(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.VerifyResponse, error) {
@@ -225,7 +215,7 @@ func (m *SVMFacilitator) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				err = errors.New("must be positive")
 			}
 		default:
-			return d.Errf("unrecognized svm facilitator option '%s'", d.Val())
+			return d.Errf("unrecognized svm facilitator option '%s'", name)
 		}
 		if err != nil {
 			return d.Errf("%s: %v", name, err)
