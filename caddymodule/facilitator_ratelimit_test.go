@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"strings"
@@ -125,4 +126,39 @@ func exampleSnippet(t *testing.T, name string) string {
 		t.Fatalf("Caddyfile.example has no snippet %s", name)
 	}
 	return "(" + name + ") {\n" + body + "\n}\n"
+}
+
+// A facilitator that refuses with 429 and a Retry-After (a real
+// x402_facilitator behind aov_rate_limit, here counting the gate's own
+// calls): the buyer's 503 says to come back when the facilitator said,
+// not after the gate's own 2 s, and nothing is charged.
+func TestFacilitatorRetryAfterReachesTheBuyer(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	facPort := freePort(t)
+	facSite := fmt.Sprintf(`:%d {
+	aov_rate_limit 1 1m {
+		zone facilitator
+	}
+	x402_facilitator {
+		pay_to %s
+		http %s
+	}
+}
+`, facPort, payTo.Hex(), fac)
+	base := startCaddyServers(t, "", "", gateSite(up.URL, fmt.Sprintf("http://127.0.0.1:%d", facPort), 0, "")+facSite)
+	payer := evmfacilitator.DevAccounts()[3].Address
+	before := balance(t, d, payer)
+	url := base + "/verify/schema"
+	sig := signFor(t, paymentRequired(t, post(t, url, validRequest, nil)), 3)
+	// The verify takes the facilitator's one request a minute; the settle
+	// is refused with 429 and Retry-After: 60.
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") != "60" || !strings.Contains(string(body), `"retry_after":60`) {
+		t.Fatalf("status %d, Retry-After %q: %.300s; want 503 after the facilitator's 60 s", resp.StatusCode, resp.Header.Get("Retry-After"), body)
+	}
+	if got := before.Sub(before, balance(t, d, payer)); got.Sign() != 0 {
+		t.Fatalf("charged %v for a settlement the facilitator refused", got)
+	}
 }

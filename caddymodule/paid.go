@@ -190,7 +190,7 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	vr, err := g.facilitator.Verify(vctx, payload, offer)
 	if err != nil {
 		pc.release(r)
-		return ex.refuse(w, r, apierr.Unavailable("payment facilitator", 2, err))
+		return ex.refuse(w, r, facilitatorUnavailable(err))
 	}
 	if !vr.IsValid {
 		pc.release(r)
@@ -253,7 +253,7 @@ func (p *paidCharge) settleOnce(w http.ResponseWriter, r *http.Request, held *bu
 			return false
 		}
 		p.release(r)
-		g.refuse(w, r, apierr.Unavailable("payment facilitator", 2, err))
+		g.refuse(w, r, facilitatorUnavailable(err))
 		return false
 	}
 	if !sr.Success {
@@ -686,3 +686,21 @@ var errUpstreamAborted = caddyhttp.Error(http.StatusBadGateway, errors.New("upst
 
 // neverReached is the reached of a writer that releases nothing itself.
 func neverReached() bool { return false }
+
+// maxFacilitatorRetryAfter bounds the wait a facilitator's Retry-After
+// can impose on a buyer through the gate's 503.
+const maxFacilitatorRetryAfter = 60
+
+// facilitatorUnavailable is the gate's 503 when the facilitator could not
+// verify or settle (nothing was charged): retry after 2 seconds, or after
+// the facilitator's own Retry-After when it refused with one (its rate
+// limit, say), up to a minute. A buyer told 2 s by a facilitator that said
+// 30 would only be refused again.
+func facilitatorUnavailable(err error) *apierr.Error {
+	wait := 2
+	var fe *x402.FacilitatorError
+	if errors.As(err, &fe) && fe.RetryAfter > 0 {
+		wait = min(max(wait, int(fe.RetryAfter/time.Second)), maxFacilitatorRetryAfter)
+	}
+	return apierr.Unavailable("payment facilitator", wait, err)
+}

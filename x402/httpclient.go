@@ -112,7 +112,11 @@ func (f *HTTPFacilitator) Err() error { return f.err }
 type FacilitatorError struct {
 	Op     string // "verify", "settle" or "supported"
 	Status int    // HTTP status, 0 when there was no reply
-	Err    error
+	// RetryAfter is the Retry-After the facilitator sent with its refusal
+	// (a 429 or 503, say), 0 without one: when the caller's own client may
+	// try again.
+	RetryAfter time.Duration
+	Err        error
 }
 
 // Error reports the operation, the status and the cause.
@@ -234,7 +238,7 @@ func (f *HTTPFacilitator) Settle(ctx context.Context, p PaymentPayload, req Paym
 	raw, has := m["success"]
 	if !isObj || !has || (string(raw) != "true" && string(raw) != "false") {
 		if status >= 400 && status <= 499 && status != http.StatusRequestTimeout && status != http.StatusConflict {
-			return out, &FacilitatorError{Op: "settle", Status: status, Err: errors.New("request refused; nothing settled")}
+			return out, &FacilitatorError{Op: "settle", Status: status, RetryAfter: r.retryAfter, Err: errors.New("request refused; nothing settled")}
 		}
 		return out, &UnknownOutcomeError{Op: "settle", Err: fmt.Errorf("status %d with no success verdict", status)}
 	}
@@ -267,6 +271,9 @@ func (f *HTTPFacilitator) callWithRetry(ctx context.Context, op, method, path st
 			retry, err = handle(r.status, r.body)
 			if err == nil {
 				return nil
+			}
+			if fe, ok := err.(*FacilitatorError); ok {
+				fe.RetryAfter = r.retryAfter
 			}
 		}
 		if !retry || attempt >= f.cfg.Retries {

@@ -144,6 +144,23 @@ func TestHTTPFacilitatorHonoursRetryAfter(t *testing.T) {
 	}
 }
 
+// A refusal whose Retry-After is longer than the client waits itself
+// (past maxRetryAfter) ends the call, and the error carries it for the
+// caller to pass on, from verify and from settle alike.
+func TestHTTPFacilitatorErrorCarriesRetryAfter(t *testing.T) {
+	p, req := samplePayment(t)
+	srv, _ := scriptServer(t, scripted{status: 429, header: map[string]string{"Retry-After": "30"}, body: `{"code":"rate_limited"}`})
+	c := testClient(srv.URL)
+	_, verr := c.Verify(context.Background(), p, req)
+	_, serr := c.Settle(context.Background(), p, req)
+	for op, err := range map[string]error{"verify": verr, "settle": serr} {
+		var fe *FacilitatorError
+		if !errors.As(err, &fe) || fe.Status != 429 || fe.RetryAfter != 30*time.Second {
+			t.Errorf("%s: %#v, want a FacilitatorError with status 429 and RetryAfter 30s", op, err)
+		}
+	}
+}
+
 func TestHTTPFacilitatorSettle(t *testing.T) {
 	p, req := samplePayment(t)
 	const (
