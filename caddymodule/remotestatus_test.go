@@ -81,17 +81,7 @@ func remoteSite(up, facURL, rpc, storeDir string, multi ...bool) string {
 	if len(multi) > 0 && multi[0] {
 		fac = "multi {\n\t\t\t\t" + fac + "\n\t\t\t}"
 	}
-	return fmt.Sprintf(`:{port} {
-	route /verify/schema {
-		x402 {
-			accept devnet $0.02 %[3]s
-			facilitator %[2]s
-			store badger %[4]s
-		}
-		reverse_proxy %[1]s
-	}
-}
-`, strings.TrimPrefix(up, "http://"), fac, payTo.Hex(), storeDir)
+	return killSite(up, fac, storeDir)
 }
 
 // With a remote facilitator that settled and lost its answer, the gate

@@ -487,17 +487,7 @@ func TestSignInWithXOnThePublicOrigin(t *testing.T) {
 	url := base + "/report/q3"
 	call := func(host string, hdr map[string]string) *http.Response {
 		t.Helper()
-		req, _ := http.NewRequest(http.MethodGet, url, nil)
-		req.Host = host
-		for k, v := range hdr {
-			req.Header.Set(k, v)
-		}
-		resp, err := testClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { resp.Body.Close() })
-		return resp
+		return getWith(t, url, host, hdr)
 	}
 	demand := func() x402.PaymentRequired {
 		t.Helper()
