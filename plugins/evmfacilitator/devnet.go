@@ -111,6 +111,10 @@ type Devnet struct {
 	token   common.Address
 	rpcURL  string
 	cfg     DevnetConfig
+	// nonces are the chain's nonce managers, shared by its facilitators,
+	// SendTx and, while this is the newest devnet, the process's other
+	// users of chain 1337 (devnetNonces).
+	nonces *nonceSet
 
 	stop      chan struct{}
 	done      chan struct{}
@@ -194,6 +198,7 @@ func StartDevnet(cfg DevnetConfig) (*Devnet, error) {
 		backend.Close()
 		return nil, fmt.Errorf("registering the devnet token: %w", err)
 	}
+	d.nonces = devnetNonces()
 	go d.commitLoop()
 	return d, nil
 }
@@ -281,17 +286,30 @@ func devnetToken() common.Address {
 
 // signTx builds and signs an EIP-1559 transaction of the devnet.
 func (d *Devnet) signTx(ctx context.Context, key *ecdsa.PrivateKey, nonce uint64, to *common.Address, data []byte, gas uint64) (*types.Transaction, error) {
+	sign, err := d.txSigner(ctx, key, to, data, gas)
+	if err != nil {
+		return nil, err
+	}
+	return sign(nonce)
+}
+
+// txSigner reads the fees from the chain head and returns a signer of the
+// transaction for any nonce, so that the nonce can be picked last, under
+// the account's nonce lock, with no chain read in between.
+func (d *Devnet) txSigner(ctx context.Context, key *ecdsa.PrivateKey, to *common.Address, data []byte, gas uint64) (func(nonce uint64) (*types.Transaction, error), error) {
 	head, err := d.client.HeaderByNumber(ctx, nil)
 	if err != nil {
 		return nil, err
 	}
 	tip := big.NewInt(1e9)
 	feeCap := new(big.Int).Add(new(big.Int).Mul(head.BaseFee, big.NewInt(2)), tip)
-	tx := types.NewTx(&types.DynamicFeeTx{
-		ChainID: big.NewInt(DevnetChainID), Nonce: nonce, GasTipCap: tip, GasFeeCap: feeCap,
-		Gas: gas, To: to, Data: data,
-	})
-	return types.SignTx(tx, types.LatestSignerForChainID(big.NewInt(DevnetChainID)), key)
+	signer := types.LatestSignerForChainID(big.NewInt(DevnetChainID))
+	return func(nonce uint64) (*types.Transaction, error) {
+		return types.SignNewTx(key, signer, &types.DynamicFeeTx{
+			ChainID: big.NewInt(DevnetChainID), Nonce: nonce, GasTipCap: tip, GasFeeCap: feeCap,
+			Gas: gas, To: to, Data: data,
+		})
+	}, nil
 }
 
 // commitLoop seals a block whenever transactions are pending (woken by the
@@ -377,7 +395,7 @@ func (d *Devnet) Asset() x402.Asset {
 // development account 0, polling receipts every 20ms (blocks are sealed as
 // soon as a transaction is pending).
 func (d *Devnet) NewFacilitator() (*Facilitator, error) {
-	return New(Config{Chain: d.client, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 30 * time.Second})
+	return newFacilitator(Config{Chain: d.client, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 30 * time.Second}, d.nonces)
 }
 
 // RPCURL returns the HTTP JSON-RPC URL ("http://127.0.0.1:8545"), or "" when
@@ -387,18 +405,17 @@ func (d *Devnet) RPCURL() string { return d.rpcURL }
 // SendTx sends data from key to `to` (nil: a contract creation) with a gas
 // limit of 3,000,000 and waits, until ctx ends, for the receipt; a reverted
 // transaction is an error. Tests and demos use it to change the chain's
-// state (deploy a contract, move test USDC) the way any wallet would.
+// state (deploy a contract, move test USDC) the way any wallet would. It
+// takes the nonce from the account's nonce manager, so its sends from
+// account 0 never take the nonce of a settlement by the devnet's relayer.
 func (d *Devnet) SendTx(ctx context.Context, key *ecdsa.PrivateKey, to *common.Address, data []byte) (*types.Receipt, error) {
-	nonce, err := d.client.PendingNonceAt(ctx, crypto.PubkeyToAddress(key.PublicKey))
+	sign, err := d.txSigner(ctx, key, to, data, 3_000_000)
 	if err != nil {
-		return nil, fmt.Errorf("reading the nonce: %w", err)
+		return nil, fmt.Errorf("reading the fees: %w", err)
 	}
-	tx, err := d.signTx(ctx, key, nonce, to, data, 3_000_000)
+	tx, err := d.nonces.of(crypto.PubkeyToAddress(key.PublicKey)).submit(ctx, d.client, sign)
 	if err != nil {
-		return nil, fmt.Errorf("signing: %w", err)
-	}
-	if err := d.client.SendTransaction(ctx, tx); err != nil {
-		return nil, fmt.Errorf("sending: %w", err)
+		return nil, err
 	}
 	for {
 		if r, err := d.client.TransactionReceipt(ctx, tx.Hash()); err == nil {
@@ -436,6 +453,7 @@ func (d *Devnet) Close() error {
 	d.closeOnce.Do(func() {
 		close(d.stop)
 		<-d.done
+		releaseDevnetNonces(d.nonces)
 		d.closeErr = d.backend.Close()
 	})
 	return d.closeErr

@@ -340,3 +340,64 @@ func TestDevnetRPCRefusesOtherHostNames(t *testing.T) {
 		}
 	}
 }
+
+// TestDevnetNoncesFollowTheDevnet: every devnet has chain ID 1337, but each
+// is a chain of its own. A devnet started while none runs is a new chain
+// behind what the process's nonce managers of chain 1337 remember, so they
+// forget it; one started beside another (as tests do) gets managers of its
+// own, so neither takes the other's nonces. A stale nonce ahead of the
+// chain would leave the settlement queued, never mined.
+func TestDevnetNoncesFollowTheDevnet(t *testing.T) {
+	settle := func(t *testing.T, d *Devnet, f *Facilitator) {
+		t.Helper()
+		req := (&testEnv{d: d}).requirements(payee, amount)
+		if r, err := f.Settle(context.Background(), mustSignExact(t, payer, req), req); err != nil || !r.Success {
+			t.Fatalf("settle = %+v, %v", r, err)
+		}
+	}
+	newFac := func(t *testing.T, d *Devnet) *Facilitator {
+		t.Helper()
+		f, err := New(Config{Chain: d.Client(), Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+
+	a, err := StartDevnet(DevnetConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	fa := newFac(t, a)
+	for range 3 {
+		settle(t, a, fa) // account 0's nonce on a runs ahead of a fresh chain's
+	}
+
+	t.Run("a devnet beside another has nonces of its own", func(t *testing.T) {
+		b := startDevnet(t, DevnetConfig{})
+		fb := newFac(t, b)
+		if fb.nonces == fa.nonces {
+			t.Fatal("the relayer's nonce manager on b is a's")
+		}
+		settle(t, b, fb)
+		settle(t, a, fa)
+	})
+	t.Run("a devnet started after the others closed forgets what they knew", func(t *testing.T) {
+		a.Close()
+		c := startDevnet(t, DevnetConfig{})
+		fc := newFac(t, c)
+		if fc.nonces != fa.nonces {
+			t.Error("a facilitator made before the devnet started does not share its nonces")
+		}
+		settle(t, c, fc)
+		cf, err := c.NewFacilitator()
+		if err != nil {
+			t.Fatal(err)
+		}
+		settle(t, c, cf)
+		if cf.nonces != fc.nonces {
+			t.Error("the devnet's facilitator and one pointed at its chain have two nonce managers")
+		}
+	})
+}

@@ -63,6 +63,11 @@ type Config struct {
 // Facilitator verifies and settles x402 "exact" EVM payments (EIP-3009
 // transferWithAuthorization) on one chain, submitting settlements from its
 // own relayer key. It implements x402.Facilitator.
+//
+// Every Facilitator of one relayer key on one chain in the process draws
+// its transaction nonces from one sequence, whatever its RPC endpoint or
+// receipt timeout; other processes sending from the key make it re-read the
+// nonce and retry once, and may still make a settlement fail.
 type Facilitator struct {
 	chain   Chain
 	network string
@@ -72,7 +77,7 @@ type Facilitator struct {
 	signer  types.Signer
 	cfg     Config
 
-	nonces nonceManager
+	nonces *nonceManager // shared by every user of the relayer key (relayerNonces)
 
 	domainMu sync.Mutex
 	domains  map[common.Address]tokenDomain
@@ -110,7 +115,11 @@ var ErrRelayerUnfunded = errors.New("relayer account cannot pay for gas")
 // New returns a facilitator for cfg.Network over cfg.Chain. It makes no
 // network call: an unreachable chain shows up as errors from Verify and
 // Settle, not here.
-func New(cfg Config) (*Facilitator, error) {
+func New(cfg Config) (*Facilitator, error) { return newFacilitator(cfg, nil) }
+
+// newFacilitator is New with the nonce managers of a devnet's chain; nil:
+// the process's of cfg.Network (relayerNonces).
+func newFacilitator(cfg Config, nonces *nonceSet) (*Facilitator, error) {
 	if cfg.Chain == nil {
 		return nil, errors.New("evm facilitator: no chain client")
 	}
@@ -141,8 +150,11 @@ func New(cfg Config) (*Facilitator, error) {
 		domains:  map[common.Address]tokenDomain{},
 		inflight: map[authKey]*settleCall{},
 	}
-	f.nonces.chain = cfg.Chain
-	f.nonces.addr = f.relayer
+	if nonces != nil {
+		f.nonces = nonces.of(f.relayer)
+	} else {
+		f.nonces = relayerNonces(chainID, f.relayer)
+	}
 	return f, nil
 }
 

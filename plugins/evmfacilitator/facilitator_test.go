@@ -659,9 +659,32 @@ func TestRelayerNonceResyncsAfterAnOutsideTransaction(t *testing.T) {
 	if r, err := e.f.Settle(context.Background(), mustSignExact(t, payer, req), req); err != nil || !r.Success {
 		t.Fatalf("first settle = %+v, %v", r, err)
 	}
-	// Someone else uses the relayer key: the facilitator's next nonce is stale.
+	// Another process uses the relayer key: the facilitator's next nonce is
+	// stale. (Devnet.SendTx would take the nonce from the shared manager.)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	relayer := e.f.Relayer()
+	nonce, err := e.d.Client().PendingNonceAt(ctx, relayer)
+	if err != nil {
+		t.Fatal(err)
+	}
 	to := DevAccounts()[7].Address
-	sendTx(t, e.d, DevKey(0), &to, nil)
+	tx, err := e.d.signTx(ctx, DevKey(0), nonce, &to, nil, 21_000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.d.Client().SendTransaction(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if after, err := e.d.Client().NonceAt(ctx, relayer, nil); err == nil && after > nonce {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("the outside transaction was not mined")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	r, err := e.f.Settle(context.Background(), mustSignExact(t, payer, req), req)
 	if err != nil || !r.Success {
 		t.Fatalf("settle after an outside transaction = %+v, %v", r, err)
@@ -718,5 +741,100 @@ func TestRevertStringsMapToReasons(t *testing.T) {
 				t.Errorf("revertReason(%q) = %q, want %q", tc.msg, got, tc.want)
 			}
 		})
+	}
+}
+
+// TestFacilitatorsOfOneRelayerShareItsNonces runs two facilitators of one
+// relayer key in one process (a gate's and an x402_facilitator's, or one
+// configuration and the next while it drains) together with the devnet's
+// own sends from that key: they must draw from one nonce sequence, or
+// concurrent transactions take the same nonce and settlements of good
+// payments fail or never land.
+func TestFacilitatorsOfOneRelayerShareItsNonces(t *testing.T) {
+	e := newEnv(t)
+	// Another receipt timeout: the Caddy pool keeps it a separate facilitator.
+	f2, err := New(Config{Chain: e.d.Client(), Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 31 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	relayer := e.f.Relayer()
+	first, err := e.d.Client().NonceAt(ctx, relayer, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	beforeTo := usdcBalance(t, e.d, payee)
+	req := e.requirements(payee, amount)
+	const n, sends = 12, 2
+	payments := make([]x402.PaymentPayload, n)
+	for i := range payments {
+		key := DevKey(1 + i%8)
+		if i%8 == 1 {
+			key = DevKey(9) // never the payee (account 2)
+		}
+		payments[i] = mustSignExact(t, key, req)
+	}
+	facs := []*Facilitator{e.f, f2}
+	hashes := make([]common.Hash, n+sends)
+	errs := make([]error, n+sends)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			r, err := facs[i%2].Settle(ctx, payments[i], req)
+			if err == nil && !r.Success {
+				err = fmt.Errorf("refused: %s %s", r.ErrorReason, r.ErrorMessage)
+			}
+			hashes[i], errs[i] = common.HexToHash(r.Transaction), err
+		})
+	}
+	to := DevAccounts()[7].Address
+	for i := range sends {
+		wg.Go(func() {
+			<-start
+			r, err := e.d.SendTx(ctx, DevKey(0), &to, nil)
+			if err == nil {
+				hashes[n+i] = r.TxHash
+			}
+			errs[n+i] = err
+		})
+	}
+	close(start)
+	wg.Wait()
+	for i, err := range errs {
+		switch {
+		case err == nil:
+		case i < n:
+			t.Errorf("settlement %d by facilitator %d: %v", i, i%2+1, err)
+		default:
+			t.Errorf("devnet send %d from the relayer's account: %v", i-n, err)
+		}
+	}
+	if t.Failed() {
+		return
+	}
+	want := new(big.Int).Mul(big.NewInt(20000), big.NewInt(n))
+	if got := new(big.Int).Sub(usdcBalance(t, e.d, payee), beforeTo); got.Cmp(want) != 0 {
+		t.Errorf("payee received %v, want %v: every settlement exactly once", got, want)
+	}
+	used := map[uint64]bool{}
+	for _, h := range hashes {
+		tx, pending, err := e.d.Client().TransactionByHash(ctx, h)
+		if err != nil || pending {
+			t.Fatalf("transaction %s: pending %v, %v", h.Hex(), pending, err)
+		}
+		if used[tx.Nonce()] {
+			t.Errorf("nonce %d used twice", tx.Nonce())
+		}
+		used[tx.Nonce()] = true
+	}
+	for nonce := first; nonce < first+n+sends; nonce++ {
+		if !used[nonce] {
+			t.Errorf("relayer nonce %d not among the transactions: nonces are not consecutive from %d", nonce, first)
+		}
+	}
+	if after, _ := e.d.Client().NonceAt(ctx, relayer, nil); after != first+n+sends {
+		t.Errorf("relayer sent %d transactions, want %d", after-first, n+sends)
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/big"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/ethereum/go-ethereum"
@@ -154,10 +153,11 @@ type unknownSend struct {
 	err error
 }
 
-func (e *unknownSend) Error() string { return "sending settlement: " + e.err.Error() }
+func (e *unknownSend) Error() string { return "sending: " + e.err.Error() }
 
 // send builds, signs and submits the settlement transaction under the
-// relayer's nonce lock.
+// relayer's nonce lock, which every facilitator of the relayer in the
+// process shares (relayerNonces).
 func (f *Facilitator) send(ctx context.Context, c *checked) (*types.Transaction, error) {
 	gas, err := f.chain.EstimateGas(ctx, ethereum.CallMsg{From: f.relayer, To: &c.token, Data: c.txData})
 	if err != nil {
@@ -194,72 +194,20 @@ func (f *Facilitator) send(ctx context.Context, c *checked) (*types.Transaction,
 			return &types.LegacyTx{Nonce: nonce, GasPrice: price, Gas: gas, To: &c.token, Data: c.txData}
 		}
 	}
-	return f.nonces.submit(ctx, func(nonce uint64) (*types.Transaction, error) {
+	tx, err := f.nonces.submit(ctx, f.chain, func(nonce uint64) (*types.Transaction, error) {
 		return types.SignNewTx(f.key, f.signer, fees(nonce))
 	})
+	if err != nil {
+		if reason, ok := nodeRefusal(err); ok && isFundsError(reason) {
+			return nil, fmt.Errorf("%w: %s", ErrRelayerUnfunded, reason)
+		}
+		return nil, fmt.Errorf("submitting the settlement: %w", err)
+	}
+	return tx, nil
 }
 
 func isFundsError(msg string) bool {
 	return strings.Contains(msg, "insufficient funds")
-}
-
-// nonceManager hands out the relayer's nonces one at a time. Signing and
-// sending happen under its lock, so concurrent settlements get consecutive
-// nonces in the order the node sees them; after a nonce error it re-reads
-// the pending nonce from the chain and tries once more.
-type nonceManager struct {
-	mu    sync.Mutex
-	chain Chain
-	addr  common.Address
-	next  uint64
-	known bool
-}
-
-func (n *nonceManager) submit(ctx context.Context, sign func(nonce uint64) (*types.Transaction, error)) (*types.Transaction, error) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	for attempt := 0; ; attempt++ {
-		if !n.known {
-			next, err := n.chain.PendingNonceAt(ctx, n.addr)
-			if err != nil {
-				return nil, fmt.Errorf("reading relayer nonce: %w", err)
-			}
-			n.next, n.known = next, true
-		}
-		tx, err := sign(n.next)
-		if err != nil {
-			return nil, fmt.Errorf("signing settlement: %w", err)
-		}
-		err = n.chain.SendTransaction(ctx, tx)
-		if err == nil {
-			n.next++
-			return tx, nil
-		}
-		reason, answered := nodeRefusal(err)
-		if !answered {
-			// The node may or may not have the transaction; the nonce may be
-			// used. Re-read it next time, and let the caller resolve the outcome.
-			n.known = false
-			return nil, &unknownSend{tx: tx, err: err}
-		}
-		n.known = false
-		switch {
-		case isFundsError(reason):
-			return nil, fmt.Errorf("%w: %s", ErrRelayerUnfunded, reason)
-		case isNonceError(reason) && attempt == 0:
-			continue
-		case strings.Contains(reason, "already known"):
-			n.next++ // our own transaction is in the pool already
-			n.known = true
-			return tx, nil
-		}
-		return nil, fmt.Errorf("sending settlement: %w", err)
-	}
-}
-
-func isNonceError(msg string) bool {
-	return strings.Contains(msg, "nonce too low") || strings.Contains(msg, "nonce too high") ||
-		strings.Contains(msg, "replacement transaction underpriced")
 }
 
 // waitReceipt polls for the receipt until it arrives, ReceiptTimeout passes

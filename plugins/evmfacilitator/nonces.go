@@ -1,0 +1,192 @@
+package evmfacilitator
+
+import (
+	"context"
+	"fmt"
+	"math/big"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/core/types"
+)
+
+// nonceManager hands out one account's nonces on one chain, one at a time.
+// Signing and sending happen under its lock, so concurrent transactions get
+// consecutive nonces in the order the node sees them; after a nonce error
+// it re-reads the pending nonce from the chain and tries once more.
+//
+// There is one per (chain, account) in the process (relayerNonces), shared
+// by every facilitator of the account and by the devnet's own sends: two
+// caches of one account would hand out the same nonce twice, and the node
+// then refuses one transaction or lets it replace the other. It holds no
+// chain client: facilitators of one account may reach the chain through
+// different RPC endpoints, so each passes its own to submit.
+type nonceManager struct {
+	mu    sync.Mutex
+	addr  common.Address
+	next  uint64
+	known bool
+}
+
+// txSender is the part of a chain client submit uses.
+type txSender interface {
+	PendingNonceAt(ctx context.Context, account common.Address) (uint64, error)
+	SendTransaction(ctx context.Context, tx *types.Transaction) error
+}
+
+// submit signs (sign) and sends a transaction with the account's next nonce
+// through chain. A send the node may or may not have taken is an
+// *unknownSend; a refusal by the node is returned wrapped (nodeRefusal
+// reads it).
+func (n *nonceManager) submit(ctx context.Context, chain txSender, sign func(nonce uint64) (*types.Transaction, error)) (*types.Transaction, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for attempt := 0; ; attempt++ {
+		if !n.known {
+			next, err := chain.PendingNonceAt(ctx, n.addr)
+			if err != nil {
+				return nil, fmt.Errorf("reading the nonce: %w", err)
+			}
+			n.next, n.known = next, true
+		}
+		tx, err := sign(n.next)
+		if err != nil {
+			return nil, fmt.Errorf("signing: %w", err)
+		}
+		err = chain.SendTransaction(ctx, tx)
+		if err == nil {
+			n.next++
+			return tx, nil
+		}
+		reason, answered := nodeRefusal(err)
+		if !answered {
+			// The node may or may not have the transaction; the nonce may be
+			// used. Re-read it next time, and let the caller resolve the outcome.
+			n.known = false
+			return nil, &unknownSend{tx: tx, err: err}
+		}
+		n.known = false
+		switch {
+		case isNonceError(reason) && attempt == 0:
+			continue
+		case strings.Contains(reason, "already known"):
+			n.next++ // our own transaction is in the pool already
+			n.known = true
+			return tx, nil
+		}
+		return nil, fmt.Errorf("sending: %w", err)
+	}
+}
+
+// forget makes the next submit read the nonce from the chain.
+func (n *nonceManager) forget() {
+	n.mu.Lock()
+	n.known = false
+	n.mu.Unlock()
+}
+
+func isNonceError(msg string) bool {
+	return strings.Contains(msg, "nonce too low") || strings.Contains(msg, "nonce too high") ||
+		strings.Contains(msg, "replacement transaction underpriced")
+}
+
+// nonceSet is one chain's nonce managers, one per account.
+type nonceSet struct {
+	mu sync.Mutex
+	m  map[common.Address]*nonceManager
+}
+
+func (s *nonceSet) of(addr common.Address) *nonceManager {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.m == nil {
+		s.m = map[common.Address]*nonceManager{}
+	}
+	n := s.m[addr]
+	if n == nil {
+		n = &nonceManager{addr: addr}
+		s.m[addr] = n
+	}
+	return n
+}
+
+func (s *nonceSet) forget() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, n := range s.m {
+		n.forget()
+	}
+}
+
+// chainNonces is the process's nonceSet of each chain, by chain ID. Entries
+// are never removed: a manager is a few words, one per account a
+// configuration names, and keeping it costs nothing; dropping it when its
+// last facilitator goes would need every user of New to release what it
+// made. A nonce cached across a reload that the account's other users
+// (another process) made stale is corrected by the nonce-error re-read.
+//
+// A devnet is a chain of its own, yet every devnet has chain ID 1337: a
+// running devnet's set is the one registered (devnetNonces), so that an
+// evm facilitator pointed at its RPC shares its nonces.
+var chainNonces struct {
+	mu      sync.Mutex
+	m       map[string]*nonceSet
+	devnets []*nonceSet // of the running devnets, in the order they started
+}
+
+// relayerNonces returns the process's nonce manager of addr on chainID.
+func relayerNonces(chainID *big.Int, addr common.Address) *nonceManager {
+	return chainSet(chainID.String()).of(addr)
+}
+
+// chainSet returns chain id's nonceSet; the caller must not hold
+// chainNonces.mu.
+func chainSet(id string) *nonceSet {
+	chainNonces.mu.Lock()
+	defer chainNonces.mu.Unlock()
+	s := chainNonces.m[id]
+	if s == nil {
+		if chainNonces.m == nil {
+			chainNonces.m = map[string]*nonceSet{}
+		}
+		s = &nonceSet{}
+		chainNonces.m[id] = s
+	}
+	return s
+}
+
+// devnetNonces returns the nonceSet of a starting devnet. When no other
+// devnet runs, it is the process's set of chain 1337, which facilitators
+// configured before the devnet started already hold; what it remembers is
+// forgotten, since the chain is new (or resumed from its data_dir) and may
+// be behind. When another devnet runs (tests start several), the new one
+// gets a set of its own, registered for the facilitators made while it is
+// the newest.
+func devnetNonces() *nonceSet {
+	id := big.NewInt(DevnetChainID).String()
+	s := chainSet(id)
+	chainNonces.mu.Lock()
+	defer chainNonces.mu.Unlock()
+	if len(chainNonces.devnets) > 0 {
+		s = &nonceSet{}
+		chainNonces.m[id] = s
+	} else {
+		s.forget()
+	}
+	chainNonces.devnets = append(chainNonces.devnets, s)
+	return s
+}
+
+// releaseDevnetNonces is the closing devnet's part of devnetNonces: the
+// newest devnet still running gets chain 1337 back. The last one's set
+// stays registered, for the next devnet to take over.
+func releaseDevnetNonces(s *nonceSet) {
+	chainNonces.mu.Lock()
+	defer chainNonces.mu.Unlock()
+	chainNonces.devnets = slices.DeleteFunc(chainNonces.devnets, func(d *nonceSet) bool { return d == s })
+	if n := len(chainNonces.devnets); n > 0 {
+		chainNonces.m[big.NewInt(DevnetChainID).String()] = chainNonces.devnets[n-1]
+	}
+}
