@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"math/big"
 	"net"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -269,6 +271,93 @@ func TestEVMFacilitatorOverJSONRPC(t *testing.T) {
 	}
 	if got := new(big.Int).SetBytes(out); got.Int64() != evmfacilitator.DevnetUSDCPerAccount+20000 {
 		t.Errorf("payee balance %v", got)
+	}
+}
+
+// TestEVMFacilitatorsOfOneRelayerShareItsNonces provisions the devnet
+// facilitator and two evm facilitators with its relayer key (development
+// account 0) whose rpc_url names the devnet's RPC in two ways: three
+// pooled facilitators of one account, as a gate's `facilitator evm` beside
+// an x402_facilitator would be. Settlements through all three at once
+// must all land, with the relayer's nonces handed out once each.
+func TestEVMFacilitatorsOfOneRelayerShareItsNonces(t *testing.T) {
+	mod, cancel := facLoad(t, "x402.facilitators.evm", `{"devnet":{"rpc_listen":"127.0.0.1:0"}}`)
+	defer cancel()
+	var d *evmfacilitator.Devnet
+	facilitatorPool.Range(func(k, v any) bool {
+		if k == facilitatorDevnetKeyPrefix+"127.0.0.1:0" {
+			d = v.(*pooledFacilitator).devnet
+		}
+		return d == nil
+	})
+	if d == nil {
+		t.Fatal("the devnet is not in the facilitator pool")
+	}
+	_, port, _ := net.SplitHostPort(strings.TrimPrefix(d.RPCURL(), "http://"))
+	accts := evmfacilitator.DevAccounts()
+	facs := []*EVMFacilitator{mod.(*EVMFacilitator)}
+	for _, host := range []string{"127.0.0.1", "localhost"} {
+		m, cancel := facLoad(t, "x402.facilitators.evm", `{"network":"devnet","rpc_url":"http://`+host+`:`+port+`","relayer_key":"`+accts[0].PrivateKeyHex+`"}`)
+		defer cancel()
+		facs = append(facs, m.(*EVMFacilitator))
+	}
+	if facs[1].f == facs[2].f || facs[0].f == facs[1].f {
+		t.Fatal("the pool shares one facilitator: this test needs three")
+	}
+
+	ctx := context.Background()
+	first, err := d.Client().NonceAt(ctx, accts[0].Address, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := facDevnetRequirements(accts[2].Address)
+	const n = 12
+	payments := make([]x402.PaymentPayload, n)
+	for i := range payments {
+		payer := accts[1+i%8]
+		if payer.Index == 2 {
+			payer = accts[9] // never the payee
+		}
+		if payments[i], err = x402.SignExactEVM(payer.Key(), req, nil, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	txs := make([]string, n)
+	errs := make([]error, n)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			s, err := facs[i%3].Settle(ctx, payments[i], req)
+			if err == nil && !s.Success {
+				err = errors.New("refused: " + s.ErrorReason + " " + s.ErrorMessage)
+			}
+			txs[i], errs[i] = s.Transaction, err
+		})
+	}
+	close(start)
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("settlement %d through facilitator %d: %v", i, i%3, err)
+		}
+	}
+	if t.Failed() {
+		return
+	}
+	used := map[uint64]bool{}
+	for _, h := range txs {
+		tx, _, err := d.Client().TransactionByHash(ctx, common.HexToHash(h))
+		if err != nil {
+			t.Fatalf("transaction %s: %v", h, err)
+		}
+		used[tx.Nonce()] = true
+	}
+	for nonce := first; nonce < first+n; nonce++ {
+		if !used[nonce] {
+			t.Errorf("relayer nonce %d is not one of the settlements': each nonce must be handed out once", nonce)
+		}
 	}
 }
 
