@@ -40,8 +40,10 @@ func init() {
 
 // facilitatorPool shares EVM facilitators (and the devnets under them)
 // between configurations: Caddy provisions a new config before it cleans up
-// the old one, and a devnet or a relayer's nonce sequence must not be
-// started twice. Keyed by facilitatorPoolKey.
+// the old one, and a devnet must not be started twice. (A relayer's nonce
+// sequence is shared by evmfacilitator itself, also between facilitators
+// this pool keeps apart, such as two rpc_url of one relayer.) Keyed by
+// EVMFacilitator.poolKey.
 var facilitatorPool = caddy.NewUsagePool()
 
 // facilitatorDevnetKeyPrefix starts the facilitatorPool keys of devnets.

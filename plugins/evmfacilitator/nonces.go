@@ -168,14 +168,16 @@ func devnetNonces() *nonceSet {
 	id := big.NewInt(DevnetChainID).String()
 	s := chainSet(id)
 	chainNonces.mu.Lock()
-	defer chainNonces.mu.Unlock()
-	if len(chainNonces.devnets) > 0 {
+	alone := len(chainNonces.devnets) == 0
+	if !alone {
 		s = &nonceSet{}
 		chainNonces.m[id] = s
-	} else {
-		s.forget()
 	}
 	chainNonces.devnets = append(chainNonces.devnets, s)
+	chainNonces.mu.Unlock()
+	if alone {
+		s.forget() // outside chainNonces.mu: it waits for sends in progress
+	}
 	return s
 }
 
