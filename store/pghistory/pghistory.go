@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/aovhq/aov/store"
@@ -134,7 +135,8 @@ func (h *History) Ping(ctx context.Context) error { return h.pool.Ping(ctx) }
 // both commit together. A record that does not count ($11 false: pending
 // or unpaid) leaves its agent's counts alone, first and last included, as
 // the embedded store's Counts.Add does; SetPayments counts it if it is
-// reported paid.
+// reported paid. It also returns the id of its transaction, which tells
+// the outcome of a COMMIT whose answer was lost (commit).
 const record = `WITH ins AS (
 	INSERT INTO aov_verifications (id, at_ns, agent_id, record, authenticated) VALUES ($1, $2, $3, $4, $10)
 	ON CONFLICT (id) DO NOTHING
@@ -148,11 +150,22 @@ const record = `WITH ins AS (
 		paid = c.paid + EXCLUDED.paid,
 		first_ns = LEAST(c.first_ns, EXCLUDED.first_ns), last_ns = GREATEST(c.last_ns, EXCLUDED.last_ns)
 )
-SELECT count(*) FROM ins`
+SELECT count(*), pg_current_xact_id()::text FROM ins`
 
 // RecordVerification appends v and updates its agent's counts atomically;
 // a second record with the same id, from any instance, is refused with
 // store.ErrDuplicate and changes nothing.
+//
+// It keeps the embedded store's promise about the caller's deadline
+// (verifierd's: when the gateway stops waiting for the answer): an error
+// means nothing was recorded, so verifierd may answer that it was not. The
+// deadline holds until the COMMIT is sent, and the insert runs in an
+// explicit transaction, so a deadline that passes before then leaves
+// nothing behind (the transaction is never committed). In autocommit the
+// statement's own commit would race the deadline, and a reply that
+// arrived late would have hidden a record that counts. Once the COMMIT is
+// sent its outcome is awaited, bounded by commitTimeout rather than by the
+// caller, as the embedded store awaits a group commit it has taken.
 func (h *History) RecordVerification(ctx context.Context, v store.Verification) error {
 	if err := v.Prepare(); err != nil {
 		return err
@@ -172,16 +185,76 @@ func (h *History) RecordVerification(ctx context.Context, v store.Verification) 
 	if err := store.ContextEnded(ctx, time.Now()); err != nil {
 		return err
 	}
-	var n int
-	err = h.pool.QueryRow(ctx, record, []byte(v.ID), v.VerifiedAt.UnixNano(), agent, val,
-		one.Pass, one.Fail, one.AuthenticatedPass, one.AuthenticatedFail, one.Paid, v.Authenticated, v.Counted()).Scan(&n)
+	conn, err := h.pool.Acquire(ctx)
 	if err != nil {
+		return fmt.Errorf("history: recording verification: %w", err)
+	}
+	// A connection released inside a transaction (every return before
+	// the COMMIT below) is closed by the pool, and the server rolls the
+	// transaction back.
+	defer conn.Release()
+	var n int
+	var xid string
+	b := &pgx.Batch{}
+	b.Queue(`BEGIN`)
+	b.Queue(record, []byte(v.ID), v.VerifiedAt.UnixNano(), agent, val,
+		one.Pass, one.Fail, one.AuthenticatedPass, one.AuthenticatedFail, one.Paid, v.Authenticated, v.Counted()).
+		QueryRow(func(row pgx.Row) error { return row.Scan(&n, &xid) })
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("history: recording verification: %w", err)
 	}
 	if n == 0 {
 		return store.ErrDuplicate
 	}
-	return nil
+	if err := store.ContextEnded(ctx, time.Now()); err != nil {
+		return err
+	}
+	return h.commit(ctx, conn, xid)
+}
+
+// commitTimeout bounds the wait for a COMMIT's answer, and then again the
+// lookup of its outcome when that answer was lost.
+const commitTimeout = 10 * time.Second
+
+// errCommitUnknown is a COMMIT whose outcome could not be learnt: the
+// server did not answer it, nor the lookup afterwards.
+var errCommitUnknown = errors.New("history: the database did not say whether the record was committed")
+
+// commit commits the transaction open on conn, whose id is xid, and
+// returns nil only if it committed. A COMMIT the server answered with an
+// error was rolled back. One whose answer did not come (the connection
+// dropped, or commitTimeout passed) may have committed or not: the
+// server is asked on another connection, waiting while the transaction
+// is still in progress, so that the answer is known rather than guessed.
+// It wraps no context error: the caller's deadline is not why it failed.
+func (h *History) commit(ctx context.Context, conn *pgxpool.Conn, xid string) error {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
+	defer cancel()
+	_, err := conn.Exec(cctx, `COMMIT`)
+	if err == nil {
+		return nil
+	}
+	if _, ok := errors.AsType[*pgconn.PgError](err); ok {
+		return fmt.Errorf("history: committing verification: %w", err)
+	}
+	conn.Conn().Close(cctx) // the conn's state is unknown; do not reuse it
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
+	defer cancel()
+	for {
+		var status *string
+		serr := h.pool.QueryRow(lctx, `SELECT pg_xact_status($1::xid8)`, xid).Scan(&status)
+		switch {
+		case serr == nil && status != nil && *status == "committed":
+			return nil
+		case serr == nil && status != nil && *status == "aborted":
+			return fmt.Errorf("history: committing verification: rolled back (the COMMIT's answer was lost: %v)", err.Error())
+		}
+		select {
+		case <-lctx.Done():
+			return fmt.Errorf("%w (commit: %v; lookup: %v)", errCommitUnknown, err.Error(), serr)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 }
 
 // AgentCounts returns agentID's totals (zero for an agent never seen).

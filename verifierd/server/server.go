@@ -52,6 +52,10 @@ type Signer interface {
 // History is where verifications are recorded and read back for
 // reputation; *store.DB implements it.
 type History interface {
+	// RecordVerification returns ctx's error only when nothing was
+	// recorded: ctx carries the gateway's deadline, and a verification
+	// refused for it must not count. A commit under way when it passes
+	// is awaited.
 	RecordVerification(ctx context.Context, v store.Verification) error
 	Verifications(ctx context.Context, agentID, cursor string, limit int) ([]store.Verification, string, error)
 	// AuthenticatedVerifications pages like Verifications through the

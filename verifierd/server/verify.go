@@ -125,9 +125,13 @@ func (s *Server) verifyRequest(ctx context.Context, body []byte, gw gatewayInfo,
 	// stalled, or the signer was slow): the answer would never be
 	// delivered, and the record would count for an agent no buyer saw.
 	//
-	// The same holds while the write waits for its group commit: the
-	// record's deadline is the gateway's (less the margin), and the store
-	// checks it against the clock at the last instant before writing.
+	// The same holds while the write waits: the record's deadline is the
+	// gateway's (less the margin), and the store checks it against the
+	// clock at the last instant before it commits. A deadline error
+	// therefore means nothing was recorded. A commit already under way
+	// (Badger's group commit taken, PostgreSQL's COMMIT sent) is awaited
+	// past the deadline instead, and answered as recorded: a refusal must
+	// never hide a record that counts.
 	if gw.tooLate(time.Now()) {
 		return nil, errGatewayGaveUp()
 	}
