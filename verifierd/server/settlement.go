@@ -32,10 +32,16 @@ import (
 // A gateway that has several outcomes to report at once sends them in one
 // request, {"reports": [{"verification_id", "payment"}, ...]} (at most
 // MaxSettlementBatch), recorded in one transaction of the history store
-// (one commit for the batch); it is answered 204 only when every outcome
-// in it is recorded (or was final already), and otherwise with the status
-// a single report of the first failing one would get, so the gateway
-// retries them (the recorded ones again, which changes nothing).
+// (one commit for the batch). It is answered 204 when every outcome in it
+// is recorded (or was final already). When some name a verification the
+// history does not have (a row lost in a database failover, a report sent
+// to an instance with another history), the others are recorded all the
+// same, and the answer is 200 {"results": [...]}, one per report in the
+// batch's order (SettlementRecorded, SettlementFinal, SettlementNotFound):
+// a 404 for the whole batch would have the gateway take the recorded ones
+// for unreported and send them again, and send again an outcome that no
+// retry can record. A failure of the store records none of them: 503, and
+// the gateway retries them all.
 const (
 	// PathSettlement is where the gateway reports outcomes.
 	PathSettlement = "/v1/gateway/settlement"
@@ -44,6 +50,18 @@ const (
 	HeaderSettlementReport = "X-Aov-Settlement-Report"
 	// MaxSettlementBatch bounds the outcomes of one batched report.
 	MaxSettlementBatch = 256
+)
+
+// The result of each report of a batch, when the batch is answered 200.
+const (
+	// SettlementRecorded: the outcome is recorded now.
+	SettlementRecorded = "recorded"
+	// SettlementFinal: an outcome was recorded before; this one changed
+	// nothing.
+	SettlementFinal = "final"
+	// SettlementNotFound: the history has no such verification; resending
+	// the report cannot record it.
+	SettlementNotFound = "not_found"
 )
 
 // maxSettlementBody bounds a report's body: a batch of MaxSettlementBatch
@@ -79,7 +97,7 @@ func (s *Server) serveSettlement(w http.ResponseWriter, r *http.Request, _ *requ
 	if err != nil {
 		return apierr.Unavailable("gateway", 1, err)
 	}
-	reps, ok := decodeSettlementReports(b)
+	reps, batch, ok := decodeSettlementReports(b)
 	if !ok {
 		return &apierr.Error{Code: "invalid_request", Status: http.StatusUnprocessableEntity,
 			Message: fmt.Sprintf("A settlement report is {\"verification_id\": <id>, \"payment\": \"paid\"|\"unpaid\"}, or {\"reports\": [...]} of 1 to %d of them.", MaxSettlementBatch)}
@@ -90,17 +108,45 @@ func (s *Server) serveSettlement(w http.ResponseWriter, r *http.Request, _ *requ
 	if err != nil {
 		return apierr.Unavailable("verification history store", 5, fmt.Errorf("recording settlement outcomes: %w", err))
 	}
+	notFound := false
 	for _, err := range errs {
 		switch {
 		case err == nil, errors.Is(err, store.ErrPaymentFinal):
+		case errors.Is(err, store.ErrNotFound) && batch:
+			notFound = true
 		case errors.Is(err, store.ErrNotFound):
 			return apierr.NotFound("verification")
 		default:
 			return apierr.Unavailable("verification history store", 5, fmt.Errorf("recording a settlement outcome: %w", err))
 		}
 	}
-	w.WriteHeader(http.StatusNoContent)
+	if !notFound {
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	}
+	writeDoc(w, r, settlementResults(errs))
 	return nil
+}
+
+// settlementResults is the 200 answer to a batch: {"results": [...]}, the
+// result of each report in order. It names no id (the gateway knows its
+// batch's order), so it echoes nothing the request carried.
+func settlementResults(errs []error) []byte {
+	doc := []byte(`{"results":[`)
+	for i, err := range errs {
+		if i > 0 {
+			doc = append(doc, ',')
+		}
+		res := SettlementRecorded
+		switch {
+		case errors.Is(err, store.ErrPaymentFinal):
+			res = SettlementFinal
+		case errors.Is(err, store.ErrNotFound):
+			res = SettlementNotFound
+		}
+		doc = append(append(append(doc, '"'), res...), '"')
+	}
+	return append(doc, "]}"...)
 }
 
 // settlementReport is one reported outcome.
@@ -110,11 +156,11 @@ type settlementReport struct {
 }
 
 // decodeSettlementReports reads a report body: one outcome, or a batch of
-// 1 to MaxSettlementBatch. Unknown members, an empty id and any payment but
-// paid or unpaid are refused.
-func decodeSettlementReports(b []byte) ([]store.PaymentOutcome, bool) {
+// 1 to MaxSettlementBatch (batch set). Unknown members, an empty id and any
+// payment but paid or unpaid are refused.
+func decodeSettlementReports(b []byte) (outs []store.PaymentOutcome, batch, ok bool) {
 	if len(b) > maxSettlementBody {
-		return nil, false
+		return nil, false, false
 	}
 	var body struct {
 		settlementReport
@@ -123,23 +169,23 @@ func decodeSettlementReports(b []byte) ([]store.PaymentOutcome, bool) {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&body); err != nil || dec.More() {
-		return nil, false
+		return nil, false, false
 	}
 	reps := body.Reports
 	switch {
 	case reps == nil && body.VerificationID == "" && body.Payment == "":
-		return nil, false
+		return nil, false, false
 	case reps == nil:
 		reps = []settlementReport{body.settlementReport}
 	case body.VerificationID != "" || body.Payment != "" || len(reps) == 0 || len(reps) > MaxSettlementBatch:
-		return nil, false
+		return nil, false, false
 	}
-	outs := make([]store.PaymentOutcome, len(reps))
+	outs = make([]store.PaymentOutcome, len(reps))
 	for i, rep := range reps {
 		outs[i] = store.PaymentOutcome{ID: rep.VerificationID, Payment: rep.Payment}
 		if rep.VerificationID == "" || outs[i].Check() != nil {
-			return nil, false
+			return nil, false, false
 		}
 	}
-	return outs, true
+	return outs, body.Reports != nil, true
 }

@@ -257,9 +257,9 @@ func TestSettlementReportBatches(t *testing.T) {
 			t.Fatalf("record %d: %q, want %q", i, got, want)
 		}
 	}
-	// An unknown id fails the batch (the gateway retries it) but the
-	// others are recorded; recorded ones repeated change nothing.
-	if code := batch(gw, rep{ids[0], "unpaid"}, rep{"no-such-id", "paid"}, rep{ids[3], "paid"}); code != http.StatusNotFound {
+	// An unknown id does not fail the batch (TestSettlementBatchWithAnUnknownID);
+	// recorded ones repeated change nothing.
+	if code := batch(gw, rep{ids[0], "unpaid"}, rep{"no-such-id", "paid"}, rep{ids[3], "paid"}); code != http.StatusOK {
 		t.Fatalf("a batch with an unknown id: %d", code)
 	}
 	if payment(ids[0]) != store.PaymentPaid || payment(ids[3]) != store.PaymentPaid {
@@ -303,6 +303,71 @@ func TestSettlementReportBatches(t *testing.T) {
 	}
 }
 
+// A batch holding an id the history does not know (a row lost in a
+// PostgreSQL failover, a report sent to the wrong instance) records every
+// other outcome and says per report what happened, in the batch's order:
+// 200 {"results": ["recorded" | "final" | "not_found", ...]}. Before, the
+// whole batch was answered 404, and the gateway took every outcome in it
+// for unreported and sent each again. A single report of an unknown id is
+// still 404. Run on both histories.
+func TestSettlementBatchWithAnUnknownID(t *testing.T) {
+	type history interface {
+		Verification(ctx context.Context, id string) (store.Verification, error)
+		AgentCounts(ctx context.Context, agentID string) (store.Counts, error)
+	}
+	for name, newF := range map[string]func(t *testing.T) (*fixture, history){
+		"badger": func(t *testing.T) (*fixture, history) {
+			f := newFixture(t, fixtureOpts{})
+			return f, f.db
+		},
+		"postgres": func(t *testing.T) (*fixture, history) {
+			f, _, direct := pgFixture(t)
+			return f, direct
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			f, h := newF(t)
+			ctx := context.Background()
+			pending := map[string]string{"X-Aov-Gateway-Token": gatewayToken, "X-Aov-Payment": "paid", "X-Aov-Settlement": "pending"}
+			gw := map[string]string{"X-Aov-Gateway-Token": gatewayToken, "Content-Type": "application/json"}
+			ids := make([]string, 2)
+			for i := range ids {
+				w := f.do(http.MethodPost, "/verify/schema", invoice("129.5", ""), pending)
+				if w.Code != http.StatusOK {
+					t.Fatalf("status %d: %s", w.Code, w.Body)
+				}
+				ids[i] = decode(t, w)["verification_id"].(string)
+			}
+			body := `{"reports":[{"verification_id":"` + ids[0] + `","payment":"paid"},{"verification_id":"no-such-id","payment":"paid"},` +
+				`{"verification_id":"` + ids[1] + `","payment":"unpaid"},{"verification_id":"` + ids[0] + `","payment":"unpaid"}]}`
+			w := f.do(http.MethodPost, "/v1/gateway/settlement", []byte(body), gw)
+			if w.Code != http.StatusOK {
+				t.Fatalf("status %d: %s", w.Code, w.Body)
+			}
+			if got, want := w.Body.String(), `{"results":["recorded","not_found","recorded","final"]}`; got != want {
+				t.Fatalf("answer %s, want %s", got, want)
+			}
+			for i, want := range []string{store.PaymentPaid, store.PaymentUnpaid} {
+				if rec, err := h.Verification(ctx, ids[i]); err != nil || rec.Payment != want {
+					t.Fatalf("record %d: %+v, %v; want %s", i, rec, err, want)
+				}
+			}
+			if c, err := h.AgentCounts(ctx, "seller-7"); err != nil || c.Paid != 1 || c.Total() != 1 {
+				t.Fatalf("counts %+v, %v: the paid call counts once", c, err)
+			}
+			// All known: 204 as before, no body.
+			w = f.do(http.MethodPost, "/v1/gateway/settlement", []byte(`{"reports":[{"verification_id":"`+ids[0]+`","payment":"paid"},{"verification_id":"`+ids[1]+`","payment":"paid"}]}`), gw)
+			if w.Code != http.StatusNoContent || w.Body.Len() != 0 {
+				t.Fatalf("a batch of known ids: %d %s", w.Code, w.Body)
+			}
+			w = f.do(http.MethodPost, "/v1/gateway/settlement", []byte(`{"verification_id":"no-such-id","payment":"paid"}`), gw)
+			if w.Code != http.StatusNotFound {
+				t.Fatalf("a single report of an unknown id: %d %s", w.Code, w.Body)
+			}
+		})
+	}
+}
+
 // FuzzSettlementReport: whatever the gateway's channel carries, a report
 // is recorded only as paid or unpaid, and nothing panics.
 func FuzzSettlementReport(f *testing.F) {
@@ -315,13 +380,39 @@ func FuzzSettlementReport(f *testing.F) {
 	}
 	id, _ := doc["verification_id"].(string)
 	for _, s := range []string{`{"verification_id":"` + id + `","payment":"paid"}`, `{"reports":[{"verification_id":"` + id + `","payment":"unpaid"}]}`,
-		`{"reports":[]}`, `{"reports":null}`, `{"verification_id":"` + id + `"}`, `[]`, `{"reports":[{}],"payment":"paid"}`} {
+		`{"reports":[]}`, `{"reports":null}`, `{"verification_id":"` + id + `"}`, `[]`, `{"reports":[{}],"payment":"paid"}`,
+		`{"reports":[{"verification_id":"` + id + `","payment":"paid"},{"verification_id":"nope","payment":"paid"}]}`} {
 		f.Add([]byte(s))
 	}
 	gw := map[string]string{"X-Aov-Gateway-Token": gatewayToken, "Content-Type": "application/json"}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		code := fx.do(http.MethodPost, "/v1/gateway/settlement", body, gw).Code
-		switch code {
+		w := fx.do(http.MethodPost, "/v1/gateway/settlement", body, gw)
+		switch code := w.Code; code {
+		case http.StatusOK:
+			// Per report of a batch with an unknown id: one result each,
+			// at least one not_found, and no input echoed.
+			var in struct {
+				Reports []json.RawMessage `json:"reports"`
+			}
+			var out struct {
+				Results []string `json:"results"`
+			}
+			if json.Unmarshal(body, &in) != nil || json.Unmarshal(w.Body.Bytes(), &out) != nil || len(out.Results) != len(in.Reports) {
+				t.Fatalf("200 %s for %q", w.Body, body)
+			}
+			notFound := false
+			for _, r := range out.Results {
+				switch r {
+				case server.SettlementNotFound:
+					notFound = true
+				case server.SettlementRecorded, server.SettlementFinal:
+				default:
+					t.Fatalf("result %q for %q", r, body)
+				}
+			}
+			if !notFound {
+				t.Fatalf("200 without an unknown id for %q: %s", body, w.Body)
+			}
 		case http.StatusNoContent, http.StatusNotFound, http.StatusUnprocessableEntity, http.StatusBadRequest, http.StatusUnsupportedMediaType, http.StatusRequestEntityTooLarge:
 		default:
 			t.Fatalf("status %d for %q", code, body)
