@@ -11,6 +11,7 @@ import (
 	"io"
 	"maps"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -837,6 +838,9 @@ const (
 	HeaderUpstreamSettlement = "X-Aov-Settlement"
 	headerSettlementReport   = "X-Aov-Settlement-Report"
 	reportTimeout            = 5 * time.Second
+	// reportNotFound is the result, in a batch's per report answer, of a
+	// report whose verification the upstream does not have.
+	reportNotFound = "not_found"
 )
 
 // markSettlementPending tells the upstream of a paid call settled after
@@ -1028,8 +1032,12 @@ type outcomeReport struct {
 // nothing is sent on a timer.
 //
 // A report of a batch the upstream did not take is retried alone, as
-// before; the upstream answers a batch with success only when it recorded
-// every outcome in it, and a repeated report changes nothing.
+// before; the upstream answers a batch with 204 only when it recorded
+// every outcome in it, and a repeated report changes nothing. When some
+// name a verification it does not have, it records the others and says
+// per report what happened (200 {"results": [...]}, reportOnce): the
+// others are taken, and an unknown one is logged, not sent again, since
+// no resend can record it.
 const maxReportBatch = 128
 
 // reportQueue is the reports waiting for one (gate, path).
@@ -1149,7 +1157,11 @@ func (g *Gate) reportSafely(r *http.Request, next caddyhttp.Handler, path string
 }
 
 // reportOnce makes one attempt with reps (one report, or a batch) and
-// reports whether the upstream took them.
+// reports whether the upstream took them. A batch the upstream answers
+// per report (200 {"results": [...]}: verifierd does when some ids are
+// unknown to it) is taken: the others are recorded, and each unknown one
+// is logged as an error, never sent again (no resend can record it), and
+// not counted as reported.
 func (g *Gate) reportOnce(r *http.Request, next caddyhttp.Handler, path string, reps []outcomeReport) bool {
 	var body []byte
 	if len(reps) == 1 {
@@ -1184,10 +1196,36 @@ func (g *Gate) reportOnce(r *http.Request, next caddyhttp.Handler, path string, 
 		}
 		return false
 	}
-	for _, rep := range reps {
+	var notFound []bool
+	if len(reps) > 1 && out.status() == http.StatusOK {
+		notFound = reportsNotFound(out.buf.Bytes(), len(reps))
+	}
+	for i, rep := range reps {
+		if notFound != nil && notFound[i] {
+			g.logger.Error("the upstream has no such verification: its settlement outcome is not recorded", zap.String("verification_id", rep.VerificationID), zap.String("payment", rep.Payment), zap.Int("batch", len(reps)))
+			continue
+		}
 		metrics.outcomes.WithLabelValues("reported_" + rep.Payment).Inc()
 	}
 	return true
+}
+
+// reportsNotFound reads a batch's per report answer, {"results": [...]}
+// with one result per report: which reports the upstream has no
+// verification for. Any other answer of success (none, or another body)
+// is nil: every report taken, as a 204 says.
+func reportsNotFound(body []byte, n int) []bool {
+	var ans struct {
+		Results []string `json:"results"`
+	}
+	if json.Unmarshal(body, &ans) != nil || len(ans.Results) != n || !slices.Contains(ans.Results, reportNotFound) {
+		return nil
+	}
+	notFound := make([]bool, n)
+	for i, res := range ans.Results {
+		notFound[i] = res == reportNotFound
+	}
+	return notFound
 }
 
 // encodeOffers encodes the gate's offers once, as the records of its paid

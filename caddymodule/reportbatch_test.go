@@ -1,18 +1,27 @@
 package caddymodule
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/aovhq/aov/store"
+	"github.com/aovhq/aov/verifierd/server"
 )
 
 // reportSink is the upstream's settlement endpoint as the gate's handler
@@ -205,4 +214,126 @@ func TestReportAfterCleanupIsSentAndKeepsNoQueue(t *testing.T) {
 		reportQueues.Delete(reportQueueKey{g, path})
 		t.Fatal("a report queue keyed by a cleaned-up gate was created after its Cleanup; nothing drops it (it pins the old gate)")
 	}
+}
+
+// verifierdUpstream is the gate's handler chain to a real verifierd (its
+// history in a real Badger), as reverse_proxy with the gateway token
+// reaches it. The first request it forwards waits until wait reports true.
+type verifierdUpstream struct {
+	url   string
+	first atomic.Bool
+	wait  func() bool
+}
+
+func (u *verifierdUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) error {
+	if u.first.CompareAndSwap(false, true) {
+		for deadline := time.Now().Add(5 * time.Second); !u.wait(); time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				return errors.New("the other reports never queued")
+			}
+		}
+	}
+	req, err := http.NewRequestWithContext(r.Context(), r.Method, u.url+r.URL.Path, r.Body)
+	if err != nil {
+		return err
+	}
+	req.Header = r.Header.Clone()
+	req.Header.Set(server.HeaderGatewayToken, verifierToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	maps.Copy(w.Header(), resp.Header)
+	w.WriteHeader(resp.StatusCode)
+	_, err = io.Copy(w, resp.Body)
+	return err
+}
+
+// A batch holding an id verifierd does not know (a row lost in a
+// PostgreSQL failover) is answered per report: the others are recorded
+// and counted as reported, and the unknown one is logged as not recorded
+// and not sent again (no resend can record it). Before, verifierd
+// answered the whole batch 404 and the gate sent every report in it
+// again; with the per report answer, an unknown id was counted as
+// reported.
+func TestReportOfAnUnknownVerificationInABatch(t *testing.T) {
+	vf := startVerifier(t)
+	pending := func() string {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, vf.srv.URL+"/verify/schema", strings.NewReader(
+			`{"task_id":"t1","agent_id":"seller-9","expected_schema":{"type":"object"},"submitted_output":{}}`))
+		req.Header = http.Header{"Content-Type": {"application/json"}, server.HeaderGatewayToken: {verifierToken},
+			server.HeaderPayment: {"paid"}, server.HeaderSettlement: {"pending"}}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var doc struct {
+			ID string `json:"verification_id"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&doc); err != nil || resp.StatusCode != http.StatusOK || doc.ID == "" {
+			t.Fatalf("verify: %d, %v", resp.StatusCode, err)
+		}
+		return doc.ID
+	}
+	first, known := pending(), pending()
+	core, logs := observer.New(zap.WarnLevel)
+	g := &Gate{logger: zap.New(core)}
+	defer g.stopResolver()
+	const path = "/v1/gateway/settlement"
+	up := &verifierdUpstream{url: vf.srv.URL, wait: func() bool { return queued(g, path) == 2 }}
+	paidBefore := reportedCount(t, "reported_paid")
+	unpaidBefore := reportedCount(t, "reported_unpaid")
+	r := httptest.NewRequest(http.MethodPost, "/verify/schema", nil)
+	reports := []outcomeReport{{first, "paid"}, {"lost-in-a-failover", "paid"}, {known, "unpaid"}}
+	taken := make([]bool, len(reports))
+	var wg sync.WaitGroup
+	for i, rep := range reports {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			taken[i] = g.reportBatched(r, up, path, rep)
+		}()
+		if i == 0 {
+			for !up.first.Load() {
+				time.Sleep(time.Millisecond)
+			}
+		}
+	}
+	wg.Wait()
+	for i, ok := range taken {
+		if !ok {
+			t.Errorf("report %+v is to be sent again", reports[i])
+		}
+	}
+	for id, want := range map[string]string{first: store.PaymentPaid, known: store.PaymentUnpaid} {
+		if rec, err := vf.db.Verification(context.Background(), id); err != nil || rec.Payment != want {
+			t.Errorf("record %s: %+v, %v; want %s", id, rec, err, want)
+		}
+	}
+	if d := reportedCount(t, "reported_paid") - paidBefore; d != 1 {
+		t.Errorf("%v paid outcomes counted as reported, want 1 (the unknown one was not recorded)", d)
+	}
+	if d := reportedCount(t, "reported_unpaid") - unpaidBefore; d != 1 {
+		t.Errorf("%v unpaid outcomes counted as reported, want 1", d)
+	}
+	lost := logs.FilterField(zap.String("verification_id", "lost-in-a-failover")).All()
+	if len(lost) != 1 || lost[0].Level != zap.ErrorLevel || !strings.Contains(lost[0].Message, "no such verification") {
+		t.Errorf("logged about the unknown id: %+v", lost)
+	}
+	if n := logs.Len() - len(lost); n != 0 {
+		t.Errorf("%d other warnings: %+v", n, logs.All())
+	}
+}
+
+// reportedCount reads the outcomes counter of one label.
+func reportedCount(t *testing.T, label string) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := metrics.outcomes.WithLabelValues(label).Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
 }
