@@ -52,7 +52,11 @@ type Reservation struct {
 	Limit  int
 	// Remaining is what is left for the client today with this unit taken.
 	Remaining int
-	// Expires is when the unit lapses if neither committed nor released.
+	// Expires is when the unit lapses if neither committed nor released,
+	// on the caller's clock: a store that judges expiry by a clock of its
+	// own (Redis's) gives the lifetime it granted from the caller's now,
+	// so that a caller waiting on it goes by its own elapsed time,
+	// however far apart the clocks are.
 	Expires time.Time
 }
 

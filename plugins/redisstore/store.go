@@ -54,6 +54,11 @@ type Options struct {
 	Logger *slog.Logger
 }
 
+// now is the gateway's clock. Nothing of the store is judged by it but the
+// time elapsed on this gateway (its monotonic reading): expiry is the
+// server's clock's to judge. Tests move it, to show that.
+var now = time.Now
+
 // ErrNotReplicated reports a write that fewer than Options.WaitReplicas
 // replicas acknowledged in time.
 var ErrNotReplicated = errors.New("redisstore: write not acknowledged by enough replicas in time")
@@ -246,13 +251,19 @@ func (a allowance) Reserve(ctx context.Context, pool, client string, day time.Ti
 	if !ok || len(out) == 0 {
 		return res, fmt.Errorf("redisstore: unexpected reserve answer %v", v)
 	}
-	if out[0] != int64(1) || len(out) != 3 {
+	if out[0] != int64(1) || len(out) != 4 {
 		return res, store.ErrExhausted
 	}
 	rem, _ := out[1].(int64)
 	exp, _ := out[2].(int64)
+	srvNow, _ := out[3].(int64)
 	res.Remaining = int(rem)
-	res.Expires = time.UnixMilli(exp)
+	// Expires is on the gateway's clock, from the lifetime the server
+	// granted: the server's expiry compared with the gateway's clock
+	// would be off by however far the two clocks are apart (retryCommit
+	// gave up at once, or went on for hours). Taken after the reply, it
+	// is never before the real lapse.
+	res.Expires = now().Add(time.Duration(exp-srvNow) * time.Millisecond)
 	return res, nil
 }
 
@@ -301,13 +312,15 @@ func (a allowance) finish(ctx context.Context, r store.Reservation, commit strin
 
 // retryCommit retries a commit that failed on a transport error, with
 // backoff, until it lands, the server says the unit is no longer pending,
-// the reservation has lapsed, or the client was closed.
+// the reservation has lapsed, or the client was closed. The lapse is
+// judged by the time elapsed on the gateway (r.Expires is on its clock,
+// with its monotonic reading: Reserve); the server judges it for good.
 func (a allowance) retryCommit(key string, r store.Reservation) {
 	delay := 50 * time.Millisecond
-	for time.Now().Before(r.Expires) {
+	for now().Before(r.Expires) {
 		time.Sleep(delay)
 		delay = min(2*delay, time.Second)
-		ctx, cancel := context.WithDeadline(context.Background(), r.Expires)
+		ctx, cancel := context.WithTimeout(context.Background(), r.Expires.Sub(now()))
 		_, err := a.s.write(ctx, finishScript, []string{key}, r.ID, "1")
 		cancel()
 		if err == nil || errors.Is(err, redis.ErrClosed) {

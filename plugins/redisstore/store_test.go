@@ -304,3 +304,73 @@ func TestCommitRetriedAfterAnOutage(t *testing.T) {
 		t.Fatal("the client was never given back after the retried commit landed")
 	}
 }
+
+// gatewayClock is a FAKE: the gateway's clock set off from the Redis
+// server's by skew (nothing else can put two clocks apart in a test on one
+// machine). It keeps the monotonic reading, as a real clock's time does.
+func gatewayClock(t *testing.T, skew time.Duration) {
+	now = func() time.Time { return time.Now().Add(skew) }
+	t.Cleanup(func() { now = time.Now })
+}
+
+// A commit retried after an outage is judged by the time elapsed on the
+// gateway since the reservation, never by comparing the gateway's clock
+// with the server's. Ahead of the server by more than the reservation's
+// lifetime, the gateway used to give up at once, and the served call's
+// unit came back when it lapsed, to be granted a second time; behind it,
+// it went on retrying (and holding the client, AfterRetries) for as long
+// as the clocks were apart, long after the unit had lapsed.
+func TestCommitRetryIgnoresTheGatewayClock(t *testing.T) {
+	ctx := context.Background()
+	t.Run("ahead", func(t *testing.T) {
+		gatewayClock(t, store.DefaultReservationTTL+time.Minute)
+		srv, rdb := standalone(t, "--appendonly", "yes", "--appendfsync", "always")
+		s, err := New(ctx, rdb, Options{Prefix: "skew"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := s.Allowance().Reserve(ctx, "p", "c", time.Now(), 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv.Stop()
+		if err := s.Allowance().Commit(ctx, r); err == nil || errors.Is(err, store.ErrNotReserved) {
+			t.Fatalf("commit with Redis down = %v, want a transport error", err)
+		}
+		srv.Start()
+		key := s.Allowance().(allowance).key("p", "c", r.Day)
+		deadline := time.Now().Add(10 * time.Second)
+		for rdb.ZScore(ctx, key, r.ID).Val() != math.Inf(1) {
+			if time.Now().After(deadline) {
+				t.Fatal("the commit was never retried: the served call's unit would be granted again once it lapses")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if _, err := s.Allowance().Reserve(ctx, "p", "c", time.Now(), 1); !errors.Is(err, store.ErrExhausted) {
+			t.Fatalf("a second free call after the first was served and counted: %v, want ErrExhausted", err)
+		}
+	})
+	t.Run("behind", func(t *testing.T) {
+		gatewayClock(t, -time.Hour)
+		srv, rdb := standalone(t)
+		s, err := New(ctx, rdb, Options{Prefix: "skew", ReservationTTL: 300 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := s.Allowance().Reserve(ctx, "p", "c", time.Now(), 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv.Stop() // for good: the unit lapses unanswered
+		if err := s.Allowance().Commit(ctx, r); err == nil {
+			t.Fatal("commit with Redis down succeeded")
+		}
+		given := make(chan struct{})
+		s.AfterRetries(func() { close(given) })
+		select {
+		case <-given:
+		case <-time.After(30 * time.Second):
+			t.Fatal("the commit was still retried long after its reservation lapsed (300 ms)")
+		}
+	})
+}
