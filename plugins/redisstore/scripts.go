@@ -27,9 +27,9 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 // once committed. Lapsed pending units (score <= now) are dropped first.
 
 // reserveScript: KEYS[1] the client-day; ARGV limit, ttl ms, id, day end
-// (ms). Returns {1, remaining, expires, now} or {0}: now, the server's
-// time, gives the gateway the lifetime left (expires - now) to judge by its
-// own elapsed time (allowance.Reserve).
+// (ms). Returns {1, remaining, lifetime left (ms)} or {0}: the lifetime,
+// not the server's expiry, so that the gateway judges it by its own
+// elapsed time, whatever its clock says (allowance.Reserve).
 var reserveScript = redis.NewScript(`#!lua
 ` + nowMS + `local key, limit, ttl, id = KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
@@ -37,13 +37,13 @@ local n = redis.call('ZCARD', key)
 local had = redis.call('ZSCORE', key, id)
 if had then
   if had == 'inf' then return {0} end
-  return {1, math.max(0, limit - n), tonumber(had), now}
+  return {1, math.max(0, limit - n), tonumber(had) - now}
 end
 if n >= limit then return {0} end
 local exp = now + ttl
 redis.call('ZADD', key, exp, id)
 redis.call('PEXPIREAT', key, math.max(tonumber(ARGV[4]), now) + 86400000)
-return {1, limit - n - 1, exp, now}
+return {1, limit - n - 1, ttl}
 `)
 
 // finishScript: KEYS[1] the client-day; ARGV id, "1" to commit or "0" to

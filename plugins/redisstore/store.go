@@ -251,19 +251,18 @@ func (a allowance) Reserve(ctx context.Context, pool, client string, day time.Ti
 	if !ok || len(out) == 0 {
 		return res, fmt.Errorf("redisstore: unexpected reserve answer %v", v)
 	}
-	if out[0] != int64(1) || len(out) != 4 {
+	if out[0] != int64(1) || len(out) != 3 {
 		return res, store.ErrExhausted
 	}
 	rem, _ := out[1].(int64)
-	exp, _ := out[2].(int64)
-	srvNow, _ := out[3].(int64)
+	left, _ := out[2].(int64)
 	res.Remaining = int(rem)
 	// Expires is on the gateway's clock, from the lifetime the server
 	// granted: the server's expiry compared with the gateway's clock
 	// would be off by however far the two clocks are apart (retryCommit
 	// gave up at once, or went on for hours). Taken after the reply, it
 	// is never before the real lapse.
-	res.Expires = now().Add(time.Duration(exp-srvNow) * time.Millisecond)
+	res.Expires = now().Add(time.Duration(left) * time.Millisecond)
 	return res, nil
 }
 
