@@ -126,8 +126,10 @@ type heldRecord struct {
 	// (attemptSpan) in which the request that claimed the payment may
 	// still be verifying, running the upstream or settling. While that
 	// request lives, the record is not the gate's to resolve (attempting:
-	// in this process it knows, elsewhere it goes by the span). A record
-	// still so when its request is gone (past the span, or of this
+	// in this process it knows, elsewhere it goes by the span, which a
+	// store several gateways share judges by its own clock: this stamp is
+	// the writer's clock, and another gateway's may be minutes off). A
+	// record still so when its request is gone (past the span, or of this
 	// process's Session and no longer live, or of another Session of a
 	// store only one process can open) was left by a request that ended
 	// mid-attempt (the gateway died, or the store failed the write that
@@ -190,10 +192,11 @@ func (g *Gate) claimPaid(r *http.Request, keys []string, until time.Time, pay x4
 		return c, "", err
 	}
 	var token string
-	c, err = hc.ClaimHeld(r.Context(), keys, until, func(c store.Claim) (string, error) {
+	span := g.attemptSpan()
+	c, err = hc.ClaimHeld(r.Context(), keys, until, span, func(c store.Claim) (string, error) {
 		t := now()
 		h := g.newHeldRecord(c, pay.JSON, offer, t)
-		h.Attempt, h.Session = t.Add(g.attemptSpan()), hc.Session()
+		h.Attempt, h.Session = t.Add(span), hc.Session()
 		h.Request, h.RequestBody = g.heldRequest(r, false)
 		n, err := encodeHeld(&h)
 		if err == nil {
@@ -250,7 +253,15 @@ func isLive(token string) bool {
 // may be. A record written in this process's session whose claim is not
 // live was left by a request that ended without moving it on (its last
 // write failed); one of another session, by a process that is gone.
-func attempting(h *heldRecord) bool {
+//
+// The span is judged by the shared store's clock (st.Attempt, as the store
+// read h's claim), one for every gateway, as the store judges every
+// expiry: by this gateway's clock against another's stamp, a clock running
+// ahead took a live request's record for abandoned, resolved it and ran
+// the upstream a second time for one payment. Only a claim the store keeps
+// no span for (written by a gateway from before it kept them) is judged by
+// the stamp.
+func attempting(h *heldRecord, st store.ClaimState) bool {
 	switch {
 	case h.Attempt.IsZero():
 		return false
@@ -258,6 +269,8 @@ func attempting(h *heldRecord) bool {
 		return true
 	case h.Session != "":
 		return false
+	case st.Attempt != store.AttemptUnknown:
+		return st.Attempt == store.AttemptRunning
 	}
 	return now().Before(h.Attempt)
 }
@@ -475,7 +488,7 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 	if !ok {
 		return false, nil
 	}
-	if !cs.Settled && attempting(h) {
+	if !cs.Settled && attempting(h, cs) {
 		return false, nil // in flight: the caller answers as it does
 	}
 	note := cs.Note
@@ -617,7 +630,7 @@ func (g *Gate) resolvePass(ctx context.Context) {
 	}
 	var todo []held
 	err := hc.Held(ctx, func(_ string, st store.ClaimState) bool {
-		if h, ok := decodeHeld(st.Note); ok && !attempting(h) {
+		if h, ok := decodeHeld(st.Note); ok && !attempting(h, st) {
 			if _, ours := x402.Match(h.offer, g.offers); ours {
 				todo = append(todo, held{h, st.Note})
 			}

@@ -35,7 +35,7 @@ func TestClaimNoteIsStoredOnce(t *testing.T) {
 	db, _ := openTemp(t, Options{})
 	hc := db.Claims().(HeldClaims)
 	note := `{"record":"` + strings.Repeat("x", 4096) + `"}`
-	c, err := hc.ClaimHeld(ctx, []string{"first", "second", "third"}, time.Now().Add(time.Hour), func(Claim) (string, error) { return note, nil })
+	c, err := hc.ClaimHeld(ctx, []string{"first", "second", "third"}, time.Now().Add(time.Hour), time.Minute, func(Claim) (string, error) { return note, nil })
 	if err != nil {
 		t.Fatal(err)
 	}

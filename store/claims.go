@@ -62,7 +62,26 @@ type ClaimState struct {
 	Settled bool
 	Note    string
 	Until   time.Time
+	// Attempt is what the store's clock says of the attempt span the
+	// claim was written with (HeldClaims.ClaimHeld).
+	Attempt AttemptState
 }
+
+// AttemptState is where a claim's attempt span stands by a store's own
+// clock.
+type AttemptState uint8
+
+const (
+	// AttemptUnknown: the store keeps no span for the claim. A store with
+	// a Session keeps none (its one process knows its own requests); a
+	// shared store has none for a claim written without one (Claim, or a
+	// ClaimHeld by a gateway from before it kept them).
+	AttemptUnknown AttemptState = iota
+	// AttemptRunning: the span has not passed.
+	AttemptRunning
+	// AttemptOver: the span has passed.
+	AttemptOver
+)
 
 // ClaimedError reports that a key is already claimed; Key names the first
 // such key (in the caller's order) and State its claim, so the gateway can
@@ -218,8 +237,9 @@ func (cl claims) Claim(ctx context.Context, keys []string, until time.Time) (Cla
 	return cl.claim(ctx, keys, until, nil)
 }
 
-// ClaimHeld implements HeldClaims.
-func (cl claims) ClaimHeld(ctx context.Context, keys []string, until time.Time, note func(Claim) (string, error)) (Claim, error) {
+// ClaimHeld implements HeldClaims. The embedded store has a Session, so it
+// keeps no attempt span: its one process knows its requests.
+func (cl claims) ClaimHeld(ctx context.Context, keys []string, until time.Time, _ time.Duration, note func(Claim) (string, error)) (Claim, error) {
 	return cl.claim(ctx, keys, until, note)
 }
 
@@ -411,7 +431,15 @@ type HeldClaims interface {
 	// settlement is attempted, so that a gateway that dies mid-attempt
 	// leaves what the next one needs to resolve it, at no write more than
 	// the claim.
-	ClaimHeld(ctx context.Context, keys []string, until time.Time, note func(Claim) (string, error)) (Claim, error)
+	//
+	// span is the attempt span: how long the caller's request may still
+	// work on the claim. A store several gateways share (Session "")
+	// keeps when it ends by its own clock, and reports where it stands
+	// in ClaimState.Attempt: one clock judges every gateway's span, as it
+	// does every expiry, so a gateway whose clock runs ahead does not take
+	// another's live claim for abandoned. A store with a Session ignores
+	// it.
+	ClaimHeld(ctx context.Context, keys []string, until time.Time, span time.Duration, note func(Claim) (string, error)) (Claim, error)
 	// Session names this opening of the store when no other process can
 	// use it at the same time (the embedded store: Badger locks its
 	// folder), and is "" for a store several gateways share. A note

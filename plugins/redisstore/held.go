@@ -104,9 +104,11 @@ func (c claims) Swap(ctx context.Context, cl store.Claim, old, note string) erro
 	return store.ErrClaimLost
 }
 
-// ClaimHeld implements store.HeldClaims.
-func (c claims) ClaimHeld(ctx context.Context, keys []string, until time.Time, note func(store.Claim) (string, error)) (store.Claim, error) {
-	return c.claim(ctx, keys, until, note)
+// ClaimHeld implements store.HeldClaims: the span's end is kept on the
+// server's clock (claimHeldScript), and Lookup, Held and a ClaimedError
+// report where it stands by that clock.
+func (c claims) ClaimHeld(ctx context.Context, keys []string, until time.Time, span time.Duration, note func(store.Claim) (string, error)) (store.Claim, error) {
+	return c.claim(ctx, keys, until, span, note)
 }
 
 // Session implements store.HeldClaims: "" as the store is shared by every

@@ -56,14 +56,14 @@ func testHeld(t *testing.T, rdb redis.UniversalClient) {
 	// Settle and Release take a claim off the index themselves: it lists
 	// only records that still need resolving, not every claim since the
 	// background pass last pruned it.
-	d, err := cl.ClaimHeld(ctx, []string{"d1"}, time.Now().Add(time.Minute), func(store.Claim) (string, error) { return "record", nil })
+	d, err := cl.ClaimHeld(ctx, []string{"d1"}, time.Now().Add(time.Minute), time.Minute, func(store.Claim) (string, error) { return "record", nil })
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := cl.Swap(ctx, d, "record", "0xtx"); err != nil {
 		t.Fatal(err)
 	}
-	e, err := cl.ClaimHeld(ctx, []string{"e1"}, time.Now().Add(time.Minute), func(store.Claim) (string, error) { return "record", nil })
+	e, err := cl.ClaimHeld(ctx, []string{"e1"}, time.Now().Add(time.Minute), time.Minute, func(store.Claim) (string, error) { return "record", nil })
 	if err != nil {
 		t.Fatal(err)
 	}

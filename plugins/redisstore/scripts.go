@@ -72,41 +72,59 @@ return math.max(0, tonumber(ARGV[1]) - used)
 `)
 
 // A claim is one hash per key: s (0 pending, 1 settled), t (the holder's
-// token), u (until, ms), n (note). The key expires at u; the scripts also
-// compare u with now, so a key is never live at or after its until.
+// token), u (until, ms), n (note), and for a held claim a (the end of its
+// attempt span, ms, on the server's clock like u). The key expires at u;
+// the scripts also compare u with now, so a key is never live at or after
+// its until.
+
+// attemptOf is where a claim's attempt span (its a) stands by the server's
+// clock, as store.ClaimState.Attempt says it (claimState): "1" running,
+// "0" over, empty when the claim has none.
+const attemptOf = `local function attemptOf(a)
+  if not a then return '' end
+  if tonumber(a) > now then return '1' end
+  return '0'
+end
+`
 
 // claimScript: KEYS the claim keys; ARGV token, until ms. Returns {1} on
 // success, {2} when until is not in the future, or {0, i, settled, until,
-// note} naming the first live key held by someone else.
+// note, attempt} naming the first live key held by someone else.
 var claimScript = redis.NewScript(`#!lua
-` + nowMS + `local note = ''
+` + nowMS + attemptOf + `local note, attempt = '', nil
 ` + claimBody + `return {1}
 `)
 
-// claimBody claims KEYS for ARGV[1] (token) until ARGV[2] (ms) with note,
-// or returns as claimScript says.
+// claimBody claims KEYS for ARGV[1] (token) until ARGV[2] (ms) with note
+// and, unless nil, attempt (the a field), or returns as claimScript says.
 const claimBody = `local token, untl = ARGV[1], tonumber(ARGV[2])
 if untl <= now then return {2} end
 for i, k in ipairs(KEYS) do
-  local v = redis.call('HMGET', k, 's', 't', 'u', 'n')
+  local v = redis.call('HMGET', k, 's', 't', 'u', 'n', 'a')
   if v[1] and tonumber(v[3]) > now then
     if v[2] == token then return {1} end
-    return {0, i, v[1], v[3], v[4]}
+    return {0, i, v[1], v[3], v[4], attemptOf(v[5])}
   end
 end
 for _, k in ipairs(KEYS) do
   redis.call('DEL', k)
-  redis.call('HSET', k, 's', '0', 't', token, 'u', ARGV[2], 'n', note)
+  if attempt then
+    redis.call('HSET', k, 's', '0', 't', token, 'u', ARGV[2], 'n', note, 'a', attempt)
+  else
+    redis.call('HSET', k, 's', '0', 't', token, 'u', ARGV[2], 'n', note)
+  end
   redis.call('PEXPIREAT', k, untl)
 end
 `
 
 // claimHeldScript is claimScript with a note (ARGV[3]) on the new claim,
 // listed in the index of held claims (the last of KEYS) by its first key
-// (ARGV[4]), as holdScript lists it. Same answers.
+// (ARGV[4]), and the end of its attempt span ARGV[5] ms from now by the
+// server's clock: a gateway's own clock stamps nothing another gateway
+// judges. Same answers.
 var claimHeldScript = redis.NewScript(`#!lua
-` + nowMS + `local index = table.remove(KEYS)
-local note = ARGV[3]
+` + nowMS + attemptOf + `local index = table.remove(KEYS)
+local note, attempt = ARGV[3], string.format('%d', now + tonumber(ARGV[5]))
 ` + claimBody + `redis.call('ZADD', index, untl, ARGV[4])
 redis.call('PEXPIREAT', index, math.max(untl, tonumber(redis.call('PEXPIRETIME', index))))
 return {1}
@@ -169,9 +187,9 @@ redis.call('PEXPIREAT', KEYS[1], untl)
 return 1
 `)
 
-// lookupScript: KEYS[1]; returns {} or {settled, until, note}.
+// lookupScript: KEYS[1]; returns {} or {settled, until, note, attempt}.
 var lookupScript = redis.NewScript(`#!lua flags=no-writes
-` + nowMS + `local v = redis.call('HMGET', KEYS[1], 's', 'u', 'n')
+` + nowMS + attemptOf + `local v = redis.call('HMGET', KEYS[1], 's', 'u', 'n', 'a')
 if not v[1] or tonumber(v[2]) <= now then return {} end
-return v
+return {v[1], v[2], v[3], attemptOf(v[4])}
 `)

@@ -20,6 +20,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -76,6 +77,28 @@ type Store struct {
 	// retries counts the commits being retried after their request
 	// returned (allowance.retryCommit); AfterRetries waits for them.
 	retries sync.WaitGroup
+	// span is the last attempt span ClaimHeld was given, boxed (spanArg).
+	span atomic.Pointer[boxedMS]
+}
+
+// boxedMS is a number of milliseconds and the same as a script argument.
+type boxedMS struct {
+	ms  int64
+	arg any
+}
+
+// spanArg is span in milliseconds as a script argument, boxed once per
+// span: every paid call passes its gate's span, the same call after call,
+// and boxing it anew cost each one an allocation. Gates of other spans on
+// one Store only box it again.
+func (s *Store) spanArg(span time.Duration) any {
+	ms := max(span, 0).Milliseconds()
+	if b := s.span.Load(); b != nil && b.ms == ms {
+		return b.arg
+	}
+	b := &boxedMS{ms: ms, arg: ms}
+	s.span.Store(b)
+	return b.arg
 }
 
 // New checks the server and returns a Store on rdb. It refuses a server
@@ -365,12 +388,12 @@ func ceilMS(t time.Time) int64 {
 
 // Claim implements store.Claims.
 func (c claims) Claim(ctx context.Context, keys []string, until time.Time) (store.Claim, error) {
-	return c.claim(ctx, keys, until, nil)
+	return c.claim(ctx, keys, until, 0, nil)
 }
 
 // claim is Claim, with the note made by note (nil: none) written on the
-// new claim in the same script (store.HeldClaims.ClaimHeld).
-func (c claims) claim(ctx context.Context, keys []string, until time.Time, note func(store.Claim) (string, error)) (store.Claim, error) {
+// new claim in the same script, and its attempt span (store.HeldClaims.ClaimHeld).
+func (c claims) claim(ctx context.Context, keys []string, until time.Time, span time.Duration, note func(store.Claim) (string, error)) (store.Claim, error) {
 	keys, err := store.ClaimKeys(keys)
 	if err != nil {
 		return store.Claim{}, err
@@ -391,7 +414,7 @@ func (c claims) claim(ctx context.Context, keys []string, until time.Time, note 
 		if err := store.CheckHoldNote(n); err != nil {
 			return store.Claim{}, err
 		}
-		v, err = c.s.write(ctx, claimHeldScript, c.indexedKeys(keys), token, ceilMS(until), n, keys[0])
+		v, err = c.s.write(ctx, claimHeldScript, c.indexedKeys(keys), token, ceilMS(until), n, keys[0], c.s.spanArg(span))
 	}
 	if err != nil {
 		c.s.undo(ctx, releaseScript, c.indexedKeys(keys), token, keys[0])
@@ -407,7 +430,7 @@ func (c claims) claim(ctx context.Context, keys []string, until time.Time, note 
 	case int64(2):
 		return store.Claim{}, errors.New("store: claim expiry is not in the future")
 	}
-	if len(out) != 5 {
+	if len(out) != 6 {
 		return store.Claim{}, fmt.Errorf("redisstore: unexpected claim answer %v", v)
 	}
 	i, _ := out[1].(int64)
@@ -421,19 +444,28 @@ func (c claims) claim(ctx context.Context, keys []string, until time.Time, note 
 	return store.Claim{}, &store.ClaimedError{Key: keys[i-1], State: st}
 }
 
-// claimState decodes {settled, until ms, note} as the scripts return them.
+// claimState decodes {settled, until ms, note, attempt} as the scripts
+// return them (attemptOf).
 func claimState(v []any) (store.ClaimState, error) {
-	if len(v) != 3 {
+	if len(v) != 4 {
 		return store.ClaimState{}, errors.New("redisstore: corrupt claim record")
 	}
 	s, _ := v[0].(string)
 	u, _ := v[1].(string)
 	n, _ := v[2].(string)
+	a, _ := v[3].(string)
 	ms, err := strconv.ParseInt(u, 10, 64)
 	if err != nil || (s != "0" && s != "1") {
 		return store.ClaimState{}, errors.New("redisstore: corrupt claim record")
 	}
-	return store.ClaimState{Settled: s == "1", Note: n, Until: time.UnixMilli(ms).UTC()}, nil
+	st := store.ClaimState{Settled: s == "1", Note: n, Until: time.UnixMilli(ms).UTC()}
+	switch a {
+	case "1":
+		st.Attempt = store.AttemptRunning
+	case "0":
+		st.Attempt = store.AttemptOver
+	}
+	return st, nil
 }
 
 func validClaim(cl store.Claim) bool {

@@ -458,7 +458,7 @@ func TestClaims(t *testing.T, newGW NewGateway) {
 		}
 		until := time.Now().Add(time.Hour)
 		var asked store.Claim
-		c, err := hc.ClaimHeld(ctx, []string{"h1", "h2"}, until, func(c store.Claim) (string, error) {
+		c, err := hc.ClaimHeld(ctx, []string{"h1", "h2"}, until, time.Minute, func(c store.Claim) (string, error) {
 			asked = c
 			return "record of " + c.Token, nil
 		})
@@ -509,6 +509,68 @@ func TestClaims(t *testing.T, newGW NewGateway) {
 		}
 	})
 
+	t.Run("a shared store judges a held claim's attempt span by its own clock", func(t *testing.T) {
+		cl := newGW(t, time.Minute).Claims
+		hc, ok := cl.(store.HeldClaims)
+		if !ok {
+			t.Skip("the backend keeps no held records")
+		}
+		until := time.Now().Add(time.Hour)
+		note := func(store.Claim) (string, error) { return "record", nil }
+		if _, err := hc.ClaimHeld(ctx, []string{"a1", "a2"}, until, time.Hour, note); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := hc.ClaimHeld(ctx, []string{"o1"}, until, time.Millisecond, note); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cl.Claim(ctx, []string{"plain"}, until); err != nil {
+			t.Fatal(err)
+		}
+		if hc.Session() != "" {
+			// One process: it knows its own requests, and keeps no span.
+			for _, k := range []string{"a1", "o1", "plain"} {
+				if st, err := cl.Lookup(ctx, k); err != nil || st.Attempt != store.AttemptUnknown {
+					t.Fatalf("%s: %+v, %v; want no attempt state from a store with a Session", k, st, err)
+				}
+			}
+			return
+		}
+		for _, k := range []string{"a1", "a2"} {
+			if st, err := cl.Lookup(ctx, k); err != nil || st.Attempt != store.AttemptRunning {
+				t.Fatalf("%s within its span: %+v, %v; want AttemptRunning", k, st, err)
+			}
+		}
+		var ce *store.ClaimedError
+		if _, err := cl.Claim(ctx, []string{"a2"}, until); !errors.As(err, &ce) || ce.State.Attempt != store.AttemptRunning {
+			t.Fatalf("a second claim within the span = %v, want a ClaimedError with AttemptRunning", err)
+		}
+		if st, err := cl.Lookup(ctx, "plain"); err != nil || st.Attempt != store.AttemptUnknown {
+			t.Fatalf("a claim written without a span: %+v, %v; want AttemptUnknown", st, err)
+		}
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+			st, err := cl.Lookup(ctx, "o1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Attempt == store.AttemptOver {
+				break
+			}
+			if st.Attempt != store.AttemptRunning || time.Now().After(deadline) {
+				t.Fatalf("a 1 ms span: %+v; want AttemptRunning, then AttemptOver", st)
+			}
+		}
+		states := map[string]store.AttemptState{}
+		if err := hc.Held(ctx, func(key string, st store.ClaimState) bool {
+			states[key] = st.Attempt
+			return true
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if states["a1"] != store.AttemptRunning || states["o1"] != store.AttemptOver {
+			t.Fatalf("Held reports %v; want a1 running, o1 over", states)
+		}
+	})
+
 	t.Run("a held claim whose note cannot be made, or is too large, claims nothing", func(t *testing.T) {
 		cl := newGW(t, time.Minute).Claims
 		hc, ok := cl.(store.HeldClaims)
@@ -517,10 +579,10 @@ func TestClaims(t *testing.T, newGW NewGateway) {
 		}
 		until := time.Now().Add(time.Hour)
 		bad := errors.New("no note")
-		if _, err := hc.ClaimHeld(ctx, []string{"n1"}, until, func(store.Claim) (string, error) { return "", bad }); !errors.Is(err, bad) {
+		if _, err := hc.ClaimHeld(ctx, []string{"n1"}, until, time.Minute, func(store.Claim) (string, error) { return "", bad }); !errors.Is(err, bad) {
 			t.Fatalf("ClaimHeld = %v, want the note's error", err)
 		}
-		if _, err := hc.ClaimHeld(ctx, []string{"n1"}, until, func(store.Claim) (string, error) {
+		if _, err := hc.ClaimHeld(ctx, []string{"n1"}, until, time.Minute, func(store.Claim) (string, error) {
 			return strings.Repeat("x", store.MaxHoldNoteBytes+1), nil
 		}); err == nil {
 			t.Fatal("a note over MaxHoldNoteBytes was taken")
