@@ -165,6 +165,9 @@ type paidCharge struct {
 	note    string              // the record written with the claim ("" if none: claimPaid)
 	sr      x402.SettleResponse // set by a successful settle
 	pid     *paymentIDCall      // the call's payment identifier, if any (idempotency.go)
+	// unrecorded: the settlement went through and the store did not
+	// record it (kept in memory meanwhile: unrecorded.go).
+	unrecorded bool
 }
 
 func (p *paidCharge) release(r *http.Request) {

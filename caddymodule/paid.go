@@ -160,7 +160,13 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		if errors.As(err, &ce) {
 			// A claim kept for an unknown settlement is resolved on the
 			// buyer's retry (pending.go), settled or not by now.
-			if handled, err := g.resolveOnRetry(w, r, next, pid.resolving(ex), ce.State); handled {
+			rex := pid.resolving(ex)
+			// A settlement this gateway keeps unrecorded (unrecorded.go)
+			// is written first: the claim may read as delivered.
+			if handled, err := g.serveUnrecorded(w, r, next, rex, ce); handled {
+				return err
+			}
+			if handled, err := g.resolveOnRetry(w, r, next, rex, ce.State); handled {
 				return err
 			}
 			if handled, err := pid.claimed(w, r, ex, ce.State); handled {
@@ -229,7 +235,8 @@ func (p *paidCharge) settle(w http.ResponseWriter, r *http.Request, held *buffer
 	if held != nil {
 		// Tell the upstream, which recorded the call as pending, how it
 		// ended (pending.go).
-		p.g.reportOutcome(r, p.next, held, p.claim, ok)
+		// A settlement the store did not record was paid all the same.
+		p.g.reportOutcome(r, p.next, held, p.claim, ok || p.unrecorded)
 	}
 	return ok
 }
@@ -289,14 +296,20 @@ func (p *paidCharge) settleOnce(w http.ResponseWriter, r *http.Request, held *bu
 		// can verify: this request's delivery is the only one.
 		g.logger.Error("marking payment claim settled", zap.Error(err))
 	default:
-		// The store is down: the payment is kept as an unknown outcome
-		// (if the store takes even that), and resolved from the chain on
-		// the buyer's retry, which gets the one delivery.
-		g.logger.Error("payment settled but not recorded: not delivered; the retry is answered from the chain",
+		// The store is down, and the write may have landed all the same
+		// (its reply lost): the settlement and the answer are kept and
+		// written as a settled record once the store is back
+		// (unrecorded.go), for the buyer's retry to get the one delivery.
+		// Past the bound on those kept, the payment is kept as an unknown
+		// outcome (if the store takes even that), resolved from the chain.
+		g.logger.Error("payment settled but not recorded: not delivered; the retry gets it once the settlement is written",
 			zap.String("transaction", sr.Transaction), zap.Error(err))
 		metrics.outcomes.WithLabelValues("settled_unrecorded").Inc()
-		g.holdUnknown(r, p.claim, p.pay.JSON, p.offerJS, held, &x402.UnknownOutcomeError{Op: "settle", Reply: &sr, Err: err})
-		g.refuse(w, r, errSettlementPending(err))
+		p.unrecorded = true
+		if !p.keepUnrecorded(r, sr, held) {
+			g.holdUnknown(r, p.claim, p.pay.JSON, p.offerJS, held, &x402.UnknownOutcomeError{Op: "settle", Reply: &sr, Err: err})
+		}
+		g.refuse(w, r, errSettledUnrecorded(err))
 		return false
 	}
 	outcomeSettled.Inc()

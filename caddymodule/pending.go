@@ -377,17 +377,25 @@ func (g *Gate) holdUnknown(r *http.Request, c store.Claim, payment []byte, offer
 	if unknown != nil && unknown.Reply != nil {
 		h.Sent = unknown.Reply.Transaction
 	}
-	if bw != nil && bw.buf.Len() <= maxHeldAnswer {
-		h.Held, h.Status, h.ContentType, h.Body = true, bw.status(), bw.header.Get("Content-Type"), bytes.Clone(bw.buf.Bytes())
-	} else {
-		h.Request, h.RequestBody = g.heldRequest(r, bw == nil)
-	}
+	g.holdAnswer(&h, r, bw)
 	note, err := encodeHeld(&h)
 	if err == nil {
 		err = hc.Hold(context.WithoutCancel(ctx), c, note)
 	}
 	if err != nil {
 		g.logger.Error("keeping the record of an unknown settlement", zap.Error(err))
+	}
+}
+
+// holdAnswer puts in h what the payment's retry is served from: the answer
+// held back (bw; nil in settle before mode) when it is at most
+// maxHeldAnswer bytes, else the name of the request paid for, which the
+// upstream runs again for once.
+func (g *Gate) holdAnswer(h *heldRecord, r *http.Request, bw *bufferedWriter) {
+	if bw != nil && bw.buf.Len() <= maxHeldAnswer {
+		h.Held, h.Status, h.ContentType, h.Body = true, bw.status(), bw.header.Get("Content-Type"), bytes.Clone(bw.buf.Bytes())
+	} else {
+		h.Request, h.RequestBody = g.heldRequest(r, bw == nil)
 	}
 }
 

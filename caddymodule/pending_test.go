@@ -23,7 +23,9 @@ import (
 	"github.com/ethereum/go-ethereum/crypto"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/aovhq/aov/internal/servers"
 	"github.com/aovhq/aov/plugins/evmfacilitator"
+	"github.com/aovhq/aov/plugins/redisstore"
 	"github.com/aovhq/aov/store"
 	"github.com/aovhq/aov/x402"
 )
@@ -864,6 +866,272 @@ func TestSettleWriteDownAnswersPendingThenDeliversOnce(t *testing.T) {
 	b, _ = io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusOK || resp.Header.Get(x402.HeaderPaymentResponse) == "" || !strings.Contains(string(b), `"payment":"paid"`) {
 		t.Fatalf("the retry once the store is back: %d %s; want the paid answer", resp.StatusCode, b)
+	}
+	if n := up.calls.Load() - calls; n != 0 {
+		t.Fatalf("the retry ran the upstream %d more time(s); the answer was held", n)
+	}
+	if got := charged(t, d, payer, before); got.Cmp(big.NewInt(20000)) != 0 {
+		t.Fatalf("charged %v in all, want 20000 once", got)
+	}
+}
+
+func init() {
+	caddy.RegisterModule(landedBlipStore{})
+	caddy.RegisterModule(landedBlipRedis{})
+}
+
+// landedBlipStore is a FAKE FOR A FAULT that cannot otherwise be caused in
+// a test: what redisstore does when a script ran on the server but its
+// reply was lost and the server then stayed unreachable past go-redis's
+// resends and the gate's settleWriteWaits (or when wait_replicas was not
+// acknowledged in time). The real Badger store, whose first Swap while
+// landedOutage is above zero writes and then reports an error; every
+// further Swap, Hold and Lookup during the outage fails without touching
+// the store. landedBlipRedis is the same around the real Redis store.
+type landedBlipStore struct{ BadgerStore }
+
+var landedOutage atomic.Int32
+var landedWritten atomic.Bool
+
+func (landedBlipStore) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{ID: "x402.stores.landed_blip_badger", New: func() caddy.Module { return new(landedBlipStore) }}
+}
+
+func (s *landedBlipStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next()
+	if !d.NextArg() {
+		return d.ArgErr()
+	}
+	s.Path = d.Val()
+	return nil
+}
+
+func (s *landedBlipStore) Claims() store.Claims {
+	return landedBlip{s.BadgerStore.Claims().(heldClaims)}
+}
+
+// landedBlipRedis is landedBlipStore around the real Redis store (a FAKE
+// FOR A FAULT, as above).
+type landedBlipRedis struct{ redisstore.RedisStore }
+
+func (landedBlipRedis) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{ID: "x402.stores.landed_blip_redis", New: func() caddy.Module { return new(landedBlipRedis) }}
+}
+
+func (s *landedBlipRedis) Claims() store.Claims {
+	return landedBlip{s.RedisStore.Claims().(heldClaims)}
+}
+
+type landedBlip struct{ heldClaims }
+
+var errLandedBlip = errors.New("landed_blip: reply lost, then the store is unreachable")
+
+// startLandedOutage starts the outage: the next Swap lands, its reply is
+// lost.
+func startLandedOutage(t *testing.T) {
+	landedWritten.Store(false)
+	landedOutage.Store(1)
+	t.Cleanup(func() { landedOutage.Store(0) })
+}
+
+func (c landedBlip) Swap(ctx context.Context, cl store.Claim, old, note string) error {
+	if landedOutage.Load() > 0 {
+		if landedWritten.CompareAndSwap(false, true) {
+			if err := c.heldClaims.Swap(ctx, cl, old, note); err != nil {
+				return err
+			}
+		}
+		return errLandedBlip
+	}
+	return c.heldClaims.Swap(ctx, cl, old, note)
+}
+
+func (c landedBlip) Hold(ctx context.Context, cl store.Claim, note string) error {
+	if landedOutage.Load() > 0 {
+		return errLandedBlip
+	}
+	return c.heldClaims.Hold(ctx, cl, note)
+}
+
+func (c landedBlip) Lookup(ctx context.Context, key string) (store.ClaimState, error) {
+	if landedOutage.Load() > 0 {
+		return store.ClaimState{}, errLandedBlip
+	}
+	return c.heldClaims.Lookup(ctx, key)
+}
+
+// landedSite is a paid route settled by the faulty facilitator in mode none
+// (it settles for real), its store the given landed_blip store, settled in
+// mode settle ("after" or "before").
+func landedSite(up, storeLine, settle string) string {
+	return fmt.Sprintf(`:{port} {
+	route /verify/schema {
+		x402 {
+			accept devnet $0.02 %[3]s
+			facilitator faulty_devnet none
+			store %[2]s
+			settle %[4]s
+		}
+		reverse_proxy %[1]s
+	}
+}
+`, strings.TrimPrefix(up, "http://"), storeLine, payTo.Hex(), settle)
+}
+
+// wantSettledUnrecorded checks the answer to a paid call whose settlement
+// the store did not record: 503 settlement_pending, charged (the transfer
+// was made), nothing delivered.
+func wantSettledUnrecorded(t *testing.T, resp *http.Response) {
+	t.Helper()
+	b, _ := io.ReadAll(resp.Body)
+	var e struct {
+		Code      string `json:"code"`
+		Retryable bool   `json:"retryable"`
+		Charged   bool   `json:"charged"`
+	}
+	if resp.StatusCode != http.StatusServiceUnavailable || json.Unmarshal(b, &e) != nil || e.Code != "settlement_pending" ||
+		!e.Retryable || !e.Charged || resp.Header.Get(x402.HeaderPaymentResponse) != "" || strings.Contains(string(b), `"payment":"paid"`) {
+		t.Fatalf("paid call whose settlement was not recorded: %d %s; want 503 settlement_pending, charged, nothing delivered", resp.StatusCode, b)
+	}
+}
+
+// waitUnrecordedWritten waits until the background has written n more
+// settlements the store did not record than were written at from.
+func waitUnrecordedWritten(t *testing.T, from float64) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); counterValue(t, "settled_unrecorded_written") < from+1; {
+		if time.Now().After(deadline) {
+			t.Fatal("the settlement the store did not record was never written once the store was back")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// The settling write lands but its reply is lost, and the store stays
+// unreachable for the gate's tries: the request is answered 503
+// settlement_pending, charged ("do not sign a new payment, retry later").
+// Once the store is back, the buyer's retry with the same payment gets the
+// answer that was paid for, from the answer held back (the upstream does
+// not run again). Before, the claim read as settled and delivered (the
+// bare transaction), and every retry was payment_already_used: charged,
+// never served.
+func TestSettleWriteLandedButReplyLostDeliversOnRetry(t *testing.T) {
+	d, _ := sharedDevnet(t)
+	up := newUpstream(t)
+	base := startCaddy(t, landedSite(up.URL, "landed_blip_badger "+filepath.Join(t.TempDir(), "gate"), "after"))
+	url := base + "/verify/schema"
+	payer := evmfacilitator.DevAccounts()[6].Address
+	before := balance(t, d, payer)
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 6)
+
+	startLandedOutage(t)
+	wantSettledUnrecorded(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}))
+	calls := up.calls.Load()
+	if got := charged(t, d, payer, before); got.Cmp(big.NewInt(20000)) != 0 {
+		t.Fatalf("charged %v, want 20000", got)
+	}
+
+	landedOutage.Store(0) // the store is back
+	for i := range 2 {
+		resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK || resp.Header.Get(x402.HeaderPaymentResponse) == "" || !strings.Contains(string(b), `"payment":"paid"`) {
+			t.Fatalf("retry %d once the store is back: %d %.300s; want the paid answer", i, resp.StatusCode, b)
+		}
+	}
+	if n := up.calls.Load() - calls; n != 0 {
+		t.Fatalf("the retries ran the upstream %d more time(s); the answer was held", n)
+	}
+	if got := charged(t, d, payer, before); got.Cmp(big.NewInt(20000)) != 0 {
+		t.Fatalf("charged %v in all, want 20000 once", got)
+	}
+}
+
+// The same in settle before mode (no answer is held: the upstream has not
+// run when the payment settles), the record written by the background once
+// the store is back, and the retry served by a gateway that keeps nothing
+// of it in memory: the upstream runs once for the paid request, and the
+// next retry is payment_already_used.
+func TestSettleBeforeWriteLandedIsWrittenThenRunsOnce(t *testing.T) {
+	defer func(w []time.Duration) { unrecordedWaits = w }(unrecordedWaits)
+	unrecordedWaits = []time.Duration{20 * time.Millisecond}
+	d, _ := sharedDevnet(t)
+	up := newUpstream(t)
+	base := startCaddy(t, landedSite(up.URL, "landed_blip_badger "+filepath.Join(t.TempDir(), "gate"), "before"))
+	url := base + "/verify/schema"
+	payer := evmfacilitator.DevAccounts()[6].Address
+	before := balance(t, d, payer)
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 6)
+
+	startLandedOutage(t)
+	calls := up.calls.Load()
+	wantSettledUnrecorded(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}))
+	written := counterValue(t, "settled_unrecorded_written")
+	landedOutage.Store(0)
+	waitUnrecordedWritten(t, written)
+	asIfAnotherGateway()
+
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK || resp.Header.Get(x402.HeaderPaymentResponse) == "" || !strings.Contains(string(b), `"payment":"paid"`) {
+		t.Fatalf("the retry once the settlement is written: %d %.300s; want the paid answer", resp.StatusCode, b)
+	}
+	resp = post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	b, _ = io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusPaymentRequired || !strings.Contains(string(b)+resp.Header.Get(x402.HeaderPaymentRequired), x402.ReasonPaymentAlreadyUsed) {
+		t.Fatalf("a second retry: %d %.200s; want payment_already_used (delivered once)", resp.StatusCode, b)
+	}
+	if n := up.calls.Load() - calls; n != 1 {
+		t.Fatalf("the upstream ran %d time(s) for one payment, want once", n)
+	}
+	if got := charged(t, d, payer, before); got.Cmp(big.NewInt(20000)) != 0 {
+		t.Fatalf("charged %v in all, want 20000 once", got)
+	}
+}
+
+// Two gateways sharing a Redis store (two sites of one Caddy): the
+// settling write lands on Redis, its reply is lost and Redis stays
+// unreachable past the tries. Once it is back, the gateway that settled
+// writes the settlement with the answer it held, and the retry through the
+// other gateway gets that answer; the upstream does not run again.
+func TestSettleWriteLandedOnRedisIsServedByAnotherGateway(t *testing.T) {
+	defer func(w []time.Duration) { unrecordedWaits = w }(unrecordedWaits)
+	unrecordedWaits = []time.Duration{20 * time.Millisecond}
+	d, _ := sharedDevnet(t)
+	up := newUpstream(t)
+	srv := servers.StartRedis(t)
+	site := func(host string) string {
+		return strings.Replace(landedSite(up.URL, "landed_blip_redis "+srv.Addr+" {\n\t\t\t\tprefix landed\n\t\t\t}", "after"), ":{port}", "http://"+host+":{port}", 1)
+	}
+	base := startCaddy(t, site("a.test")+site("b.test"))
+	on := func(host, sig string) *http.Response {
+		req, _ := http.NewRequest(http.MethodPost, base+"/verify/schema", strings.NewReader(validRequest))
+		req.Host = host
+		if sig != "" {
+			req.Header.Set(x402.HeaderPaymentSignature, sig)
+		}
+		resp, err := testClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { resp.Body.Close() })
+		return resp
+	}
+	payer := evmfacilitator.DevAccounts()[6].Address
+	before := balance(t, d, payer)
+	sig := signFor(t, paymentRequired(t, on("a.test", "")), 6)
+
+	startLandedOutage(t)
+	wantSettledUnrecorded(t, on("a.test", sig))
+	calls := up.calls.Load()
+	written := counterValue(t, "settled_unrecorded_written")
+	landedOutage.Store(0)
+	waitUnrecordedWritten(t, written)
+
+	resp := on("b.test", sig)
+	b := readAll(t, resp)
+	if resp.StatusCode != http.StatusOK || resp.Header.Get(x402.HeaderPaymentResponse) == "" || !strings.Contains(string(b), `"payment":"paid"`) {
+		t.Fatalf("the retry through the other gateway: %d %.300s; want the paid answer", resp.StatusCode, b)
 	}
 	if n := up.calls.Load() - calls; n != 0 {
 		t.Fatalf("the retry ran the upstream %d more time(s); the answer was held", n)

@@ -1,0 +1,262 @@
+package caddymodule
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/store"
+	"github.com/aovhq/aov/x402"
+)
+
+// Settlements the store did not record.
+//
+// When the facilitator reports a transfer done and every try of the write
+// that marks the claim settled fails (recordSettled), nothing is delivered
+// on that request: a record left unsettled would be resolved from the chain
+// later and delivered a second time (paid.go). But the write may have
+// landed all the same (Redis ran the script and its reply was lost while
+// the link stayed down, or a replica did not acknowledge in time): the
+// claim is then settled under the bare transaction, which is what a
+// delivered payment looks like, and no retry would ever be served. And
+// while the store is down, nothing can be written to say otherwise.
+//
+// So the gateway keeps, in memory, what the buyer's retry needs (the
+// settlement, and the answer held back or the name of the request paid
+// for) and writes it to the store as soon as it can, as the settled record
+// a resolution from the chain writes: the retry, on any gateway sharing the
+// store, then gets the held answer, or the upstream runs again once
+// (resolveOnRetry). The write is a compare-and-swap from the note the claim
+// carries when it is the payment's own, whichever it is: the record written
+// with the claim (the settling write never landed) or the bare transaction
+// (it did). Anything else means the claim moved on without it (resolved
+// from the chain and maybe delivered, or lapsed): the kept settlement is
+// dropped, since a second delivery is worse than none. It is tried at once
+// and then in the background (unrecordedWaits) until the claim lapses; a
+// retry on this gateway meanwhile makes the write itself before it is
+// answered, so it is never told payment_already_used for an answer this
+// gateway holds.
+//
+// None of this costs the normal paid path anything: it starts only once
+// the settling write has failed for good. The kept settlements are bounded
+// (maxUnrecorded of them, each answer at most maxHeldAnswer bytes); past
+// that, a settlement is kept as an unknown outcome only, as before. A
+// gateway that stops before the store is back loses what it kept: if the
+// settling write had landed, the retry is payment_already_used (README:
+// "What each failure costs").
+type unrecorded struct {
+	g     *Gate
+	claim store.Claim
+	rec   heldRecord // the settled record to write (Transaction, answer or request)
+
+	mu   sync.Mutex    // one write at a time: the background, or a retry
+	done chan struct{} // closed once written, or moved on without it: nothing left to do
+
+	kept bool // in unrecordedSettlements (guarded by its lock)
+}
+
+// maxUnrecorded bounds the settlements kept in memory for a store that
+// failed to record them (each with an answer of at most maxHeldAnswer).
+const maxUnrecorded = 64
+
+// unrecordedWaits are the waits between the background tries to write a
+// kept settlement; the last repeats until the claim lapses. Short next to
+// the 30 s the buyer is told to wait, so that once the store is back the
+// record is written before the retry comes, whichever gateway it reaches.
+// Tests shorten or lengthen them.
+var unrecordedWaits = []time.Duration{time.Second, 2 * time.Second, 5 * time.Second}
+
+// unrecordedSettlements holds the kept settlements by each of their claim
+// keys (a retry names its payment by whichever key it finds claimed).
+// Process-wide, like liveClaims: it outlives a reload.
+var unrecordedSettlements = struct {
+	sync.Mutex
+	byKey map[string]*unrecorded
+	n     int
+}{byKey: map[string]*unrecorded{}}
+
+// keepUnrecorded keeps p's settlement sr, which the store did not record,
+// with the answer held back (held; nil in settle before mode) and starts
+// writing it. It reports false when it cannot be kept (too many are).
+func (p *paidCharge) keepUnrecorded(r *http.Request, sr x402.SettleResponse, held *bufferedWriter) bool {
+	g := p.g
+	if _, ok := g.state.Claims().(store.HeldClaims); !ok {
+		return false // never: recordSettled's write was a Swap
+	}
+	u := &unrecorded{g: g, claim: p.claim, done: make(chan struct{})}
+	u.rec = g.newHeldRecord(p.claim, p.pay.JSON, p.offerJS, now().Add(-defaultSettleTimeout))
+	u.rec.Transaction, u.rec.Sent = sr.Transaction, sr.Transaction
+	g.holdAnswer(&u.rec, r, held)
+
+	unrecordedSettlements.Lock()
+	if unrecordedSettlements.n >= maxUnrecorded {
+		unrecordedSettlements.Unlock()
+		return false
+	}
+	unrecordedSettlements.n++
+	u.kept = true
+	for _, k := range p.claim.Keys {
+		unrecordedSettlements.byKey[k] = u
+	}
+	unrecordedSettlements.Unlock()
+	// The config's store and facilitator stay open until the record is
+	// written (a reload closes them after the last use): the write goes to
+	// the store the claim is in.
+	entered := g.uses.Enter() // the request holds a use: never refused
+	go func() {
+		defer func() {
+			if entered {
+				g.uses.Leave()
+			}
+		}()
+		u.keepTrying()
+	}()
+	return true
+}
+
+// keepTrying writes u's record, waiting unrecordedWaits between tries,
+// until it is done or the claim lapses.
+func (u *unrecorded) keepTrying() {
+	defer u.forget()
+	for i := 0; ; i++ {
+		_, err := u.land(context.Background())
+		if err == nil || errors.Is(err, store.ErrClaimLost) {
+			return
+		}
+		if !now().Before(u.claim.Until) {
+			u.g.logger.Error("a settlement the store did not record was not written before its claim lapsed; its retry is not served",
+				zap.String("transaction", u.rec.Transaction), zap.Error(err))
+			return
+		}
+		u.g.logger.Warn("writing a settlement the store did not record; trying again", zap.Error(err))
+		select {
+		case <-time.After(unrecordedWaits[min(i, len(unrecordedWaits)-1)]):
+		case <-u.done: // a retry wrote it
+			return
+		}
+	}
+}
+
+// forget drops u from the kept settlements (once).
+func (u *unrecorded) forget() {
+	unrecordedSettlements.Lock()
+	defer unrecordedSettlements.Unlock()
+	if !u.kept {
+		return
+	}
+	u.kept = false
+	unrecordedSettlements.n--
+	for _, k := range u.claim.Keys {
+		if unrecordedSettlements.byKey[k] == u {
+			delete(unrecordedSettlements.byKey, k)
+		}
+	}
+}
+
+// findUnrecorded is the kept settlement of the claim on key, if any.
+func findUnrecorded(key string) *unrecorded {
+	unrecordedSettlements.Lock()
+	defer unrecordedSettlements.Unlock()
+	return unrecordedSettlements.byKey[key]
+}
+
+// land makes one try at writing u's record. nil: it is written (now or by
+// an earlier try), or the claim moved on without it (settled under another
+// record); st is then the claim's state. store.ErrClaimLost: the claim is
+// gone or no longer this payment's, and nothing is left to serve by. Any
+// other error is the store's: try again.
+func (u *unrecorded) land(ctx context.Context) (store.ClaimState, error) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	ctx = context.WithoutCancel(ctx)
+	cl := u.g.state.Claims()
+	hc := cl.(store.HeldClaims)
+	for range 3 { // a note that changes under the write is read again
+		st, err := cl.Lookup(ctx, u.claim.Keys[0])
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			u.finish()
+			return st, store.ErrClaimLost
+		case err != nil:
+			return st, err
+		}
+		h, ours := decodeHeld(st.Note)
+		switch {
+		case st.Settled && st.Note == u.rec.Transaction:
+			// The settling write landed; its reply did not.
+		case ours && h.Token != u.claim.Token, !ours && !st.Settled:
+			u.finish()
+			return st, store.ErrClaimLost
+		case st.Settled:
+			// Written by an earlier try, or resolved from the chain
+			// meanwhile: whatever it says is what the retry gets.
+			u.finish()
+			return st, nil
+		}
+		// Unsettled under the payment's own record: the write never
+		// landed (or settled under the bare transaction: it did).
+		note, err := encodeHeld(&u.rec)
+		if err != nil {
+			return st, err
+		}
+		switch err := hc.Swap(ctx, u.claim, st.Note, note); {
+		case err == nil:
+			u.finish()
+			metrics.outcomes.WithLabelValues("settled_unrecorded_written").Inc()
+			return store.ClaimState{Settled: true, Note: note, Until: st.Until}, nil
+		case errors.Is(err, store.ErrClaimLost):
+			u.finish()
+			return st, err
+		case !errors.Is(err, store.ErrNoteChanged):
+			return st, err
+		}
+	}
+	return store.ClaimState{}, errors.New("the claim's note kept changing under the write")
+}
+
+// finish records that nothing is left to do for u; called with u.mu held.
+func (u *unrecorded) finish() {
+	select {
+	case <-u.done:
+	default:
+		close(u.done)
+	}
+}
+
+// serveUnrecorded answers the retry of a payment whose settlement this
+// gateway keeps unrecorded (handled false: it keeps none): it writes the
+// record first, then answers as the retry of any resolved payment
+// (resolveOnRetry). While the store still fails the write, the retry is
+// settlement_pending again.
+func (g *Gate) serveUnrecorded(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, ex exchange, ce *store.ClaimedError) (bool, error) {
+	u := findUnrecorded(ce.Key)
+	if u == nil {
+		return false, nil
+	}
+	st, err := u.land(r.Context())
+	switch {
+	case errors.Is(err, store.ErrClaimLost):
+		u.forget()
+		return false, nil
+	case err != nil:
+		return true, g.refuse(w, r, errSettledUnrecorded(err))
+	}
+	u.forget()
+	return g.resolveOnRetry(w, r, next, ex, st)
+}
+
+// errSettledUnrecorded is the answer while a settlement that went through
+// is not yet recorded: settlement_pending, as it is retried like one, but
+// charged, since the transfer was made.
+func errSettledUnrecorded(cause error) *apierr.Error {
+	e := errSettlementPending(cause)
+	e.Message = "The payment settled but could not be recorded yet, so no content was released; you were charged once: do not sign a new payment, retry the same request later to get the answer."
+	e.Charged = true
+	return e
+}
