@@ -215,7 +215,7 @@ func components() obj {
 			"URITooLong": errorBody("uri_too_long: the request URL without its query is longer than a 402 may name as its resource; refused before any payment logic, nothing was charged.", apierr.URITooLong(store.MaxDiscoveryResourceBytes)),
 			"Invalid":    errorBody("invalid_request: the request breaks the contract; nothing was charged and it is never offered for sale.", exampleInvalid()),
 			"Unavailable": obj{
-				"description": "upstream_unavailable (a daemon, the state store or the facilitator is down) or settlement_pending (a payment's outcome is not known yet: do not pay again). Retryable: send the same request after Retry-After seconds. Nothing was charged.",
+				"description": "upstream_unavailable (a daemon, the state store or the facilitator is down) or settlement_pending (a payment's outcome is not known yet, or it settled and is not recorded yet: do not pay again). Retryable: send the same request after Retry-After seconds. Nothing was charged, save a settlement_pending with charged true.",
 				"headers":     obj{"Retry-After": obj{"$ref": "#/components/headers/RetryAfter"}},
 				"content":     obj{"application/json": obj{"schema": ref("Error"), "example": apierr.Unavailable("payment facilitator", 2, nil)}},
 			},

@@ -34,7 +34,9 @@ const (
 )
 
 // Error is a refusal the client can act on. Its JSON form is the SPEC §6
-// shape; Charged is always false because an error is never charged.
+// shape. Charged is false, as an error is never charged, save the one
+// answer that tells of a payment made but not yet served (the gateway's
+// settlement_pending for a settlement its store did not record yet).
 type Error struct {
 	Code        string   `json:"code"`
 	Message     string   `json:"message"`
