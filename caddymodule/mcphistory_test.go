@@ -262,3 +262,58 @@ func TestPaidMCPHeldAnswerNamesTheRetry(t *testing.T) {
 		t.Fatalf("charged %s", got)
 	}
 }
+
+// A paid MCP verify_schema whose settling write lands on the store but
+// whose reply is lost, the store then unreachable for the gate's tries
+// (landed_blip_badger): the call is settlement_pending, charged, and
+// recorded paid at once (the transfer was made). Once the store is back,
+// the retry under a new JSON-RPC id gets the answer held back, once
+// charged and once counted.
+func TestPaidMCPSettleWriteLandedIsServedOnRetry(t *testing.T) {
+	d, _ := sharedDevnet(t)
+	vf := startVerifier(t)
+	site := strings.ReplaceAll(mcpHistorySite(vf, "none", filepath.Join(t.TempDir(), "gate")), "store badger ", "store landed_blip_badger ")
+	url := startCaddy(t, site) + "/mcp"
+	agent := "seller-mcp-landed"
+	args := map[string]any{"task_id": "t-mcp-landed", "agent_id": agent,
+		"expected_schema": map[string]any{"type": "object"}, "submitted_output": map[string]any{"ok": true}}
+	ctx := context.Background()
+	postMCP(t, url, toolCall(t, "verify_schema", map[string]any{"task_id": "t-free", "expected_schema": map[string]any{}, "submitted_output": 1}, nil)) // the free call of the day
+	_, body := postMCP(t, url, toolCall(t, "verify_schema", args, nil))
+	payer := evmfacilitator.DevAccounts()[6].Address
+	before := balance(t, d, payer)
+	p := payDemand(t, body, 6)
+	call := toolCall(t, "verify_schema", args, &p)
+
+	startLandedOutage(t)
+	if _, body = postMCP(t, url, call); !strings.Contains(string(body), `"settlement_pending"`) || !strings.Contains(string(body), `"charged":true`) {
+		t.Fatalf("first try: %s; want settlement_pending, charged", body)
+	}
+	recs, _, err := vf.db.Verifications(ctx, agent, "", 10)
+	if err != nil || len(recs) != 1 || recs[0].Payment != store.PaymentPaid {
+		t.Fatalf("recorded before the retry: %+v, %v; want paid (the transfer was made)", recs, err)
+	}
+
+	landedOutage.Store(0)
+	retry := strings.Replace(call, `"id":1,`, `"id":"retry-1",`, 1)
+	_, body = postMCP(t, url, retry)
+	var resp struct {
+		ID     json.RawMessage `json:"id"`
+		Result struct {
+			Meta map[string]json.RawMessage `json:"_meta"`
+		} `json:"result"`
+	}
+	var sr x402.SettleResponse
+	if json.Unmarshal(body, &resp) != nil || string(resp.ID) != `"retry-1"` || json.Unmarshal(resp.Result.Meta[mcpMetaPaymentResponse], &sr) != nil || !sr.Success {
+		t.Fatalf("the retry once the store is back: %s; want the tool result under its id, with the settlement", body)
+	}
+	if doc, isErr := toolResultOf(t, body); isErr || doc["verification_id"] != recs[0].ID {
+		t.Fatalf("the retry: %s; want the held answer", body)
+	}
+	if c, err := vf.db.AgentCounts(ctx, agent); err != nil || c.Total() != 1 || c.Paid != 1 {
+		t.Fatalf("counts %+v, %v", c, err)
+	}
+	if got := charged(t, d, payer, before); got.Int64() != 20000 {
+		t.Fatalf("charged %s", got)
+	}
+}
