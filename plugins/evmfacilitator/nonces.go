@@ -10,6 +10,8 @@ import (
 
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/core/types"
+
+	"github.com/aovhq/aov/x402"
 )
 
 // nonceManager hands out one account's nonces on one chain, one at a time.
@@ -23,12 +25,33 @@ import (
 // then refuses one transaction or lets it replace the other. It holds no
 // chain client: facilitators of one account may reach the chain through
 // different RPC endpoints, so each passes its own to submit.
+//
+// Sharing the lock means one stalled endpoint delays every user of the
+// account; sending outside it would not help (a transaction sent after one
+// whose nonce is then lost waits in the pool behind the gap). So the delay
+// is bounded on both sides: a waiter gives up when its context ends, having
+// sent nothing, and a holder's reads and sends end at submitTimeout.
 type nonceManager struct {
-	mu    sync.Mutex
+	// lock is held while full: a channel, not a sync.Mutex, so that the
+	// wait for it can end with the waiter's context.
+	lock  chan struct{}
 	addr  common.Address
 	next  uint64
 	known bool
 }
+
+func newNonceManager(addr common.Address) *nonceManager {
+	return &nonceManager{lock: make(chan struct{}, 1), addr: addr}
+}
+
+// submitTimeout bounds how long one submit holds the account: its nonce
+// reads and sends, retry included, whatever the caller's deadline (the
+// x402_facilitator handler settles on the HTTP request's context, which has
+// none). It is the facilitator call timeout x402 clients use, so nobody
+// still waits for a settlement that holds the account longer. A send cut
+// off by it may have reached the node: it is an *unknownSend, like any
+// unanswered send.
+const submitTimeout = x402.DefaultFacilitatorTimeout
 
 // txSender is the part of a chain client submit uses.
 type txSender interface {
@@ -39,10 +62,20 @@ type txSender interface {
 // submit signs (sign) and sends a transaction with the account's next nonce
 // through chain. A send the node may or may not have taken is an
 // *unknownSend; a refusal by the node is returned wrapped (nodeRefusal
-// reads it).
+// reads it). When ctx ends before the account is free, nothing was sent and
+// the error wraps ctx's.
 func (n *nonceManager) submit(ctx context.Context, chain txSender, sign func(nonce uint64) (*types.Transaction, error)) (*types.Transaction, error) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
+	if err := ctx.Err(); err != nil { // select would pick at random when both are ready
+		return nil, fmt.Errorf("waiting for the account's earlier transactions: %w", err)
+	}
+	select {
+	case n.lock <- struct{}{}:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("waiting for the account's earlier transactions: %w", ctx.Err())
+	}
+	defer func() { <-n.lock }()
+	ctx, cancel := context.WithTimeout(ctx, submitTimeout)
+	defer cancel()
 	for attempt := 0; ; attempt++ {
 		if !n.known {
 			next, err := chain.PendingNonceAt(ctx, n.addr)
@@ -82,9 +115,9 @@ func (n *nonceManager) submit(ctx context.Context, chain txSender, sign func(non
 
 // forget makes the next submit read the nonce from the chain.
 func (n *nonceManager) forget() {
-	n.mu.Lock()
+	n.lock <- struct{}{}
 	n.known = false
-	n.mu.Unlock()
+	<-n.lock
 }
 
 func isNonceError(msg string) bool {
@@ -106,7 +139,7 @@ func (s *nonceSet) of(addr common.Address) *nonceManager {
 	}
 	n := s.m[addr]
 	if n == nil {
-		n = &nonceManager{addr: addr}
+		n = newNonceManager(addr)
 		s.m[addr] = n
 	}
 	return n

@@ -33,8 +33,9 @@ import (
 //     spent without it, or is unused while our transaction can no longer
 //     execute; otherwise the result is an *x402.UnknownOutcomeError, never
 //     a failure and never a success.
-//   - Any other error (chain unreachable before sending, relayer unfunded)
-//     means nothing was sent.
+//   - Any other error (chain unreachable before sending, relayer unfunded,
+//     ctx ended while another settlement of the relayer was sending) means
+//     nothing was sent.
 func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettleResponse, error) {
 	key, ok := settleKey(p, req)
 	if !ok {
