@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/core/types"
@@ -34,10 +35,13 @@ import (
 type nonceManager struct {
 	// lock is held while full: a channel, not a sync.Mutex, so that the
 	// wait for it can end with the waiter's context.
-	lock  chan struct{}
-	addr  common.Address
-	next  uint64
-	known bool
+	lock chan struct{}
+	addr common.Address
+	// stale makes the next holder re-read the nonce (forget). It is not
+	// under lock, so that forgetting never waits for a send in progress.
+	stale atomic.Bool
+	next  uint64 // under lock
+	known bool   // under lock
 }
 
 func newNonceManager(addr common.Address) *nonceManager {
@@ -76,6 +80,9 @@ func (n *nonceManager) submit(ctx context.Context, chain txSender, sign func(non
 	defer func() { <-n.lock }()
 	ctx, cancel := context.WithTimeout(ctx, submitTimeout)
 	defer cancel()
+	if n.stale.Swap(false) {
+		n.known = false
+	}
 	for attempt := 0; ; attempt++ {
 		if !n.known {
 			next, err := chain.PendingNonceAt(ctx, n.addr)
@@ -113,12 +120,10 @@ func (n *nonceManager) submit(ctx context.Context, chain txSender, sign func(non
 	}
 }
 
-// forget makes the next submit read the nonce from the chain.
-func (n *nonceManager) forget() {
-	n.lock <- struct{}{}
-	n.known = false
-	<-n.lock
-}
+// forget makes the next submit read the nonce from the chain. It does not
+// wait for a submit in progress: what that one sends is on the chain the
+// caller forgets, and the next one reads the nonce afresh all the same.
+func (n *nonceManager) forget() { n.stale.Store(true) }
 
 func isNonceError(msg string) bool {
 	return strings.Contains(msg, "nonce too low") || strings.Contains(msg, "nonce too high") ||
@@ -209,7 +214,7 @@ func devnetNonces() *nonceSet {
 	chainNonces.devnets = append(chainNonces.devnets, s)
 	chainNonces.mu.Unlock()
 	if alone {
-		s.forget() // outside chainNonces.mu: it waits for sends in progress
+		s.forget()
 	}
 	return s
 }

@@ -28,6 +28,9 @@ type stalledSends struct {
 	Chain
 	stalled chan struct{} // closed when the first send stalls
 	release chan struct{} // closed by release
+	// lose: a released send reports success without sending, as an
+	// endpoint that took the transaction and lost it.
+	lose bool
 
 	once        sync.Once
 	hasDeadline bool      // written before stalled is closed
@@ -48,6 +51,9 @@ func (c *stalledSends) SendTransaction(ctx context.Context, tx *types.Transactio
 	case <-c.release:
 	case <-ctx.Done():
 		return ctx.Err()
+	}
+	if c.lose {
+		return nil
 	}
 	return c.Chain.SendTransaction(ctx, tx)
 }
@@ -183,5 +189,87 @@ func TestRelayerSendHasItsOwnDeadline(t *testing.T) {
 	stall.releaseSends()
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestDevnetStartDuringAStalledSendWaitsForNothing: a devnet started while
+// none runs makes the process's chain-1337 nonce managers forget what they
+// cached. That must not wait for a send in progress on one of them: a
+// facilitator's Provision (New) during a reload and the devnet's start
+// itself would stall for as long as the send does. What is forgotten still
+// takes effect: the new chain's settlements read its nonce.
+func TestDevnetStartDuringAStalledSendWaitsForNothing(t *testing.T) {
+	a, err := StartDevnet(DevnetConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	// Account 0's cached nonce runs ahead of any fresh chain.
+	fa, err := New(Config{Chain: a.Client(), Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqA := (&testEnv{d: a}).requirements(payee, amount)
+	if r, err := fa.Settle(context.Background(), mustSignExact(t, payer, reqA), reqA); err != nil || !r.Success {
+		t.Fatalf("settle on the first devnet = %+v, %v", r, err)
+	}
+
+	stall := newStalledSends(a.Client())
+	// Released, the send is taken as sent: the cached nonce moves on,
+	// ahead of the new chain, unless the forgetting is applied after it.
+	stall.lose = true
+	defer stall.releaseSends()
+	slow, err := New(Config{Chain: stall, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slowDone := make(chan error, 1)
+	pay := mustSignExact(t, payer, reqA)
+	go func() {
+		_, err := slow.Settle(context.Background(), pay, reqA)
+		slowDone <- err
+	}()
+	stall.waitStalled(t)
+	a.Close() // none runs now: the next devnet takes chain 1337 over
+
+	type started struct {
+		d   *Devnet
+		f   *Facilitator
+		err error
+	}
+	done := make(chan started, 1)
+	go func() {
+		d, err := StartDevnet(DevnetConfig{})
+		if err != nil {
+			done <- started{err: err}
+			return
+		}
+		f, err := New(Config{Chain: d.Client(), Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 10 * time.Second})
+		done <- started{d, f, err}
+	}()
+	var s started
+	select {
+	case s = <-done:
+	case <-time.After(hangGuard):
+		t.Error("starting a devnet and making a facilitator wait for another facilitator's stalled send")
+		stall.releaseSends()
+		s = <-done
+	}
+	if s.d != nil {
+		defer s.d.Close()
+	}
+	if s.err != nil {
+		t.Fatal(s.err)
+	}
+	if s.f.nonces != fa.nonces {
+		t.Fatal("the facilitator made on the new devnet does not share the relayer's nonces")
+	}
+	stall.releaseSends()
+	if err := <-slowDone; err == nil {
+		t.Error("the lost settlement on the closed devnet succeeded")
+	}
+	req := (&testEnv{d: s.d}).requirements(payee, amount)
+	if r, err := s.f.Settle(context.Background(), mustSignExact(t, payer, req), req); err != nil || !r.Success {
+		t.Fatalf("settle on the new devnet = %+v, %v", r, err)
 	}
 }
