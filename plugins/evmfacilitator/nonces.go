@@ -165,6 +165,17 @@ func (s *nonceSet) forget() {
 // made. A nonce cached across a reload that the account's other users
 // (another process) made stale is corrected by the nonce-error re-read.
 //
+// The key is the chain ID alone, not the RPC endpoint: facilitators of one
+// chain through different endpoints (a failover node, another provider)
+// must share the sequence, and telling apart two chains with one ID (a
+// private fork of a public chain, another node on 1337) would take a
+// network call (the genesis block) that New does not make. Such chains
+// with one relayer key in one process share a sequence: a cached nonce
+// behind the other chain's is corrected by the nonce-error re-read, but
+// one ahead of it is taken and waits in the pool, and that settlement
+// ends unknown after its receipt timeout. So each of them needs a relayer
+// key of its own (the README says so).
+//
 // A devnet is a chain of its own, yet every devnet has chain ID 1337: a
 // running devnet's set is the one registered (devnetNonces), so that an
 // evm facilitator pointed at its RPC shares its nonces.
