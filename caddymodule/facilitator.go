@@ -542,10 +542,24 @@ func (h *FacilitatorHandler) Provision(ctx caddy.Context) error {
 	}
 	repl := caddy.NewReplacer()
 	guard := &payToGuard{Facilitator: f}
+	settled, _ := settledNetworks(f)
 	for _, a := range h.PayTo {
 		a = strings.TrimSpace(repl.ReplaceKnown(a, ""))
 		if a == "" || strings.ContainsAny(a, " \t{}") {
 			return fmt.Errorf("x402_facilitator: pay_to %q is not an address", a)
+		}
+		// The list spans networks: an address is checked against the zero
+		// address of either form, and against the USDC of every network
+		// known to be settled here (a remote facilitator's are not known).
+		if err := x402.CheckPayTo("", a, ""); err != nil {
+			return fmt.Errorf("x402_facilitator: pay_to: %v", err)
+		}
+		for _, n := range settled {
+			if usdc, ok := x402.USDC(n); ok {
+				if err := x402.CheckPayTo("", a, usdc.Address); err != nil {
+					return fmt.Errorf("x402_facilitator: pay_to: %v", err)
+				}
+			}
 		}
 		guard.payTo = append(guard.payTo, a)
 	}
@@ -556,7 +570,7 @@ func (h *FacilitatorHandler) Provision(ctx caddy.Context) error {
 	if guard.minPrice == "" {
 		guard.minPrice = defaultFacilitatorMinPrice
 	}
-	if err := guard.checkMinPrice(settledNetworks(f)); err != nil {
+	if err := guard.checkMinPrice(settled); err != nil {
 		return fmt.Errorf("x402_facilitator: min_price: %v", err)
 	}
 	if h.Token != "" {
@@ -653,23 +667,26 @@ func (g *payToGuard) checkMinPrice(networks []string) error {
 func assetName(a x402.Asset) string { return "the token of " + a.Network }
 
 // settledNetworks lists the networks f settles on by itself, as known at
-// provision: an evm or svm facilitator's own, a multi's of its members. A
-// remote (http) facilitator's are the remote's to say, over the network,
-// and are not asked for here.
-func settledNetworks(f x402.Facilitator) []string {
+// provision: an evm or svm facilitator's own, a multi's of its members.
+// complete reports that f settles on these and no others. A remote (http)
+// facilitator's, or any other module's, are its own to say, over the
+// network, and are not asked for here: a multi with such a member may
+// settle on more.
+func settledNetworks(f x402.Facilitator) (networks []string, complete bool) {
 	switch m := f.(type) {
 	case *EVMFacilitator:
-		return []string{m.f.Network()}
+		return []string{m.f.Network()}, true
 	case *SVMFacilitator:
-		return []string{m.f.Network()}
+		return []string{m.f.Network()}, true
 	case *MultiFacilitator:
-		var out []string
+		complete = true
 		for _, member := range m.fs {
-			out = append(out, settledNetworks(member)...)
+			n, c := settledNetworks(member)
+			networks, complete = append(networks, n...), complete && c
 		}
-		return out
+		return networks, complete
 	}
-	return nil
+	return nil, false
 }
 
 // ours reports whether payTo is one of the operator's addresses: 0x

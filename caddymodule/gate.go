@@ -412,6 +412,9 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 		}
 		g.offers = append(g.offers, req)
 	}
+	if err := g.checkOffers(); err != nil {
+		return err
+	}
 	if err := g.fillFeePayers(); err != nil {
 		return err
 	}
@@ -495,6 +498,58 @@ func (g *Gate) noteRefusal(r *http.Request) {
 	}
 }
 
+// minMaxTimeout is the shortest max_timeout an offer may have when the
+// gate settles right after verifying (settle before): the facilitator
+// settles an EVM authorization only while x402.ValidBeforeMargin of it is
+// left, the buyer's validBefore counts whole seconds from when it signed,
+// and the signature still has to reach the gate, hence a second more.
+const minMaxTimeout = x402.ValidBeforeMargin + time.Second
+
+// checkOffers refuses offers no buyer can complete, or that let a buyer
+// choose what the operator did not mean, before any buyer signs for them:
+//   - an offer on a network the gate's own facilitator does not settle
+//     (every payment would be refused invalid_network, again and again).
+//     Only an embedded facilitator's networks are known here; a remote
+//     one's are its to say, and are not asked for at load (fillFeePayers
+//     asks for Solana offers only, which cannot be made without it);
+//   - a max_timeout an authorization cannot be settled within: the
+//     facilitator needs x402.ValidBeforeMargin of it left when it settles,
+//     and with settle after (the default) it settles only once the
+//     upstream answered, up to upstream_timeout later;
+//   - two offers of one asset on one network: a buyer shown both pays the
+//     cheaper.
+func (g *Gate) checkOffers() error {
+	settled, known := settledNetworks(g.facilitator)
+	for i, o := range g.offers {
+		if known && !slices.Contains(settled, o.Network) {
+			return fmt.Errorf("accept %d: network %s: the facilitator settles on %s only", i, o.Network, strings.Join(settled, ", "))
+		}
+		least := minMaxTimeout
+		if g.Settle != "before" && x402.IsEVM(o.Network) {
+			least += time.Duration(g.UpstreamTimeout)
+		}
+		if offered := time.Duration(o.MaxTimeoutSeconds) * time.Second; offered < least {
+			given := "max_timeout " + time.Duration(g.Accepts[i].MaxTimeout).String()
+			if g.Accepts[i].MaxTimeout == 0 {
+				given = "the default max_timeout"
+			}
+			why := "an authorization must have " + x402.ValidBeforeMargin.String() + " left when it is settled"
+			if least > minMaxTimeout {
+				why += ", and settle after settles it only once the upstream answered, up to upstream_timeout " + time.Duration(g.UpstreamTimeout).String() + " later"
+			}
+			// Offers state whole seconds: the least whole number of them.
+			return fmt.Errorf("accept %d: %s (offered as %s) is too short: use at least %s (%s)",
+				i, given, offered, (least + time.Second - 1).Truncate(time.Second), why)
+		}
+		for j, p := range g.offers[:i] {
+			if x402.SameAsset(o, p) {
+				return fmt.Errorf("accept %d: offers the asset of accept %d (%s on %s) again: a buyer shown both pays whichever it likes, the cheaper when the prices differ; offer each asset once per network", i, j, p.Asset, p.Network)
+			}
+		}
+	}
+	return nil
+}
+
 // requirements builds the server's own payment requirements for one accept
 // block; these, never the client's copy, are what get verified and settled.
 func (a Accept) requirements() (x402.PaymentRequirements, error) {
@@ -512,15 +567,8 @@ func (a Accept) requirements() (x402.PaymentRequirements, error) {
 	if a.PayTo == "" {
 		return x402.PaymentRequirements{}, errors.New("pay_to is required")
 	}
-	if x402.IsEVM(network) {
-		if err := x402.CheckEVMAddress(a.PayTo); err != nil {
-			return x402.PaymentRequirements{}, fmt.Errorf("pay_to: %v", err)
-		}
-	}
-	if x402.IsSolana(network) {
-		if err := x402.CheckSolanaAddress(a.PayTo); err != nil {
-			return x402.PaymentRequirements{}, fmt.Errorf("pay_to: %v", err)
-		}
+	if a.MaxTimeout < 0 {
+		return x402.PaymentRequirements{}, fmt.Errorf("max_timeout %s is negative", time.Duration(a.MaxTimeout))
 	}
 	asset := x402.Asset{Network: network, Address: a.Asset, Name: a.AssetName, Version: a.AssetVersion, Decimals: a.AssetDecimals}
 	// USDC by default, or when asset is its address: compared by the
@@ -535,6 +583,15 @@ func (a Accept) requirements() (x402.PaymentRequirements, error) {
 	}
 	if asset.Address == "" {
 		return x402.PaymentRequirements{}, fmt.Errorf("network %s has no known USDC: set asset, asset_name, asset_version (on devnet, load the devnet facilitator first)", network)
+	}
+	// The known USDC's decimals are a fact of its contract: a price read
+	// in others would be off by powers of ten, so a line that says
+	// otherwise is refused rather than silently ignored.
+	if a.AssetDecimals != 0 && asset.Decimals != 0 && a.AssetDecimals != asset.Decimals {
+		return x402.PaymentRequirements{}, fmt.Errorf("asset_decimals %d contradicts the %d decimals of the network's USDC (drop it)", a.AssetDecimals, asset.Decimals)
+	}
+	if err := x402.CheckPayTo(network, a.PayTo, asset.Address); err != nil {
+		return x402.PaymentRequirements{}, fmt.Errorf("pay_to: %v", err)
 	}
 	if asset.Decimals == 0 {
 		asset.Decimals = 6

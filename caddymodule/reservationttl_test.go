@@ -29,6 +29,10 @@ func TestFreeCallCannotOutliveItsReservation(t *testing.T) {
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			site := gateSite(up.URL, fac, 1, tc.gate)
+			// An offer's max_timeout must outlast upstream_timeout
+			// (checkOffers): give it room, so that what refuses here is
+			// the free allowance's ceiling alone.
+			site = strings.Replace(site, "accept devnet $0.02 "+payTo.Hex(), "accept {\n\t\t\t\tnetwork devnet\n\t\t\t\tprice $0.02\n\t\t\t\tpay_to "+payTo.Hex()+"\n\t\t\t\tmax_timeout 10m\n\t\t\t}", 1)
 			if tc.verify != "" {
 				// verify_response after the gate, as a seller's route has it.
 				site = strings.Replace(site, "\t\treverse_proxy", fmt.Sprintf("\t\tverify_response {\n\t\t\tschema `{\"type\":\"object\"}`\n\t\t\tverifier_url http://127.0.0.1:9\n\t\t\t%s\n\t\t}\n\t\treverse_proxy", tc.verify), 1)

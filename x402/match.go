@@ -47,3 +47,10 @@ func Mismatch(accepted, offer PaymentRequirements) string {
 	}
 	return ""
 }
+
+// SameAsset reports whether two offers sell for one asset: the same scheme,
+// network and asset (compared as Match compares them). A buyer shown both
+// pays whichever is cheaper, so a server offers each asset once.
+func SameAsset(a, b PaymentRequirements) bool {
+	return a.Scheme == b.Scheme && a.Network == b.Network && sameAddress(a.Network, a.Asset, b.Asset)
+}

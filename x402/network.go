@@ -234,6 +234,47 @@ func CheckEVMAddress(s string) error {
 	return nil
 }
 
+// CheckPayTo accepts payTo as the receiver of payments in asset on network:
+// an address of the network's form (CheckEVMAddress, CheckSolanaAddress)
+// that is neither the zero address nor asset's own. Both are black holes
+// no format check catches: USDC refuses a transfer to address(0), so every
+// settlement fails after the paid work was done; a transfer to the token's
+// contract (on Solana, to an account owned by the mint or by the system
+// program, the all-zero key) succeeds, and nobody can ever move the money
+// again. Other addresses nobody controls cannot be told from a wallet,
+// and are the operator's to get right. With network "" only the zero
+// address of either form is refused (an operator's address list that
+// spans networks).
+func CheckPayTo(network, payTo, asset string) error {
+	switch {
+	case IsEVM(network):
+		if err := CheckEVMAddress(payTo); err != nil {
+			return err
+		}
+	case IsSolana(network):
+		if err := CheckSolanaAddress(payTo); err != nil {
+			return err
+		}
+	}
+	if isZeroAddress(payTo) {
+		return fmt.Errorf("address %q is the zero address, which no one controls: a payment to it is refused or lost", truncate(payTo))
+	}
+	if asset != "" && sameAddress(network, payTo, asset) {
+		return fmt.Errorf("address %q is the address of the offer's asset: a payment to the token itself is lost", truncate(payTo))
+	}
+	return nil
+}
+
+// isZeroAddress reports whether s is the EVM zero address (in any case) or
+// the all-zero Solana key (the system program's id).
+func isZeroAddress(s string) bool {
+	if isHexAddress(s) {
+		return strings.Trim(s[2:], "0") == ""
+	}
+	b, err := base58.Decode(s)
+	return err == nil && len(b) == 32 && strings.Trim(string(b), "\x00") == ""
+}
+
 // sameAddress compares two asset or payee addresses of network: EVM
 // addresses case-insensitively (checksums are presentation), anything else
 // (Solana base58 is case-sensitive) exactly.
