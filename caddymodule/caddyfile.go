@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"encoding/json"
+	"math"
 	"strconv"
 
 	"github.com/caddyserver/caddy/v2"
@@ -10,6 +11,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/dustin/go-humanize"
+
+	"github.com/aovhq/aov/internal/caddyopt"
 )
 
 func init() {
@@ -92,7 +95,13 @@ func (g *Gate) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
+	seen := caddyopt.Once{}
 	for d.NextBlock(0) {
+		if d.Val() != "accept" {
+			if err := seen.Check(d); err != nil {
+				return err
+			}
+		}
 		switch d.Val() {
 		case "accept":
 			var a Accept
@@ -209,14 +218,19 @@ func (g *Gate) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 
 func (a *Accept) unmarshal(d *caddyfile.Dispenser) error {
 	args := d.RemainingArgs()
+	seen := caddyopt.Once{}
 	switch len(args) {
 	case 0:
 	case 3:
 		a.Network, a.Price, a.PayTo = args[0], args[1], args[2]
+		seen["network"], seen["price"], seen["pay_to"] = true, true, true
 	default:
 		return d.Errf("accept takes either no arguments or <network> <price> <pay_to>")
 	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		if err := seen.Check(d); err != nil {
+			return err
+		}
 		var err error
 		switch d.Val() {
 		case "scheme":
@@ -236,7 +250,13 @@ func (a *Accept) unmarshal(d *caddyfile.Dispenser) error {
 		case "asset_decimals":
 			var s string
 			if err = oneArg(d, &s); err == nil {
-				a.AssetDecimals, err = strconv.Atoi(s)
+				// 0 is the JSON's "unset" (the default, 6): a token
+				// without decimals is priced with amount.
+				n, perr := strconv.Atoi(s)
+				if perr != nil || n < 1 || n > 77 {
+					return d.Errf("asset_decimals: %q is not a whole number from 1 to 77 (price a token without decimals with amount)", s)
+				}
+				a.AssetDecimals = n
 			}
 		case "pay_to":
 			err = oneArg(d, &a.PayTo)
@@ -261,7 +281,11 @@ func (f *FreeAllowance) unmarshal(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
+	seen := caddyopt.Once{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		if err := seen.Check(d); err != nil {
+			return err
+		}
 		var err error
 		switch d.Val() {
 		case "pool":
@@ -298,6 +322,7 @@ func (f *FreeAllowance) unmarshal(d *caddyfile.Dispenser) error {
 func (rl *RateLimit) unmarshal(d *caddyfile.Dispenser) error {
 	name := d.Val()
 	args := d.RemainingArgs()
+	seen := caddyopt.Once{}
 	switch {
 	case len(args) == 1 && args[0] == "off":
 		rl.Off = true
@@ -312,10 +337,14 @@ func (rl *RateLimit) unmarshal(d *caddyfile.Dispenser) error {
 		if err := rl.setWindow(d, name, args[1]); err != nil {
 			return err
 		}
+		seen["events"], seen["window"] = true, true
 	case len(args) != 0:
 		return d.ArgErr()
 	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		if err := seen.Check(d); err != nil {
+			return err
+		}
 		var s string
 		switch d.Val() {
 		case "events":
@@ -372,7 +401,11 @@ func (dh *Discovery) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
+	seen := caddyopt.Once{}
 	for d.NextBlock(0) {
+		if err := seen.Check(d); err != nil {
+			return err
+		}
 		switch d.Val() {
 		case "instructions":
 			if err := oneArg(d, &dh.Instructions); err != nil {
@@ -398,13 +431,18 @@ func (dh *Discovery) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 //	}
 func (s *BadgerStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // module name
+	seen := caddyopt.Once{}
 	if d.NextArg() {
 		s.Path = d.Val()
+		seen["path"] = true
 		if d.NextArg() {
 			return d.ArgErr()
 		}
 	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		if err := seen.Check(d); err != nil {
+			return err
+		}
 		switch d.Val() {
 		case "path":
 			if err := oneArg(d, &s.Path); err != nil {
@@ -465,14 +503,22 @@ func oneArg(d *caddyfile.Dispenser, dst *string) error {
 	return nil
 }
 
+// sizeArg reads the one size argument of the option d is on (64KiB, 10MB),
+// for every size option: the one place a size is read, and refused past
+// int64, which it used to wrap into a negative limit (a free_allowance
+// max_body of 10EB made every request too large for the allowance).
 func sizeArg(d *caddyfile.Dispenser, dst *int64) error {
+	name := d.Val()
 	var s string
 	if err := oneArg(d, &s); err != nil {
 		return err
 	}
 	n, err := humanize.ParseBytes(s)
 	if err != nil {
-		return d.Errf("bad size %q: %v", s, err)
+		return d.Errf("%s: bad size %q: %v", name, s, err)
+	}
+	if n > math.MaxInt64 {
+		return d.Errf("%s: %s is too large (at most %d bytes)", name, s, int64(math.MaxInt64))
 	}
 	*dst = int64(n)
 	return nil

@@ -14,6 +14,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/aovhq/aov/internal/caddyopt"
 	"github.com/aovhq/aov/walletauth"
 	"github.com/aovhq/aov/x402"
 )
@@ -352,7 +353,14 @@ func parseCORS(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 func (c *CORS) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the directive name
 	c.Origins = append(c.Origins, d.RemainingArgs()...)
+	seen := caddyopt.Once{}
 	for d.NextBlock(0) {
+		switch d.Val() {
+		case "credentials", "max_age":
+			if err := seen.Check(d); err != nil {
+				return err
+			}
+		}
 		switch d.Val() {
 		case "origins":
 			args := d.RemainingArgs()

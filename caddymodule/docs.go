@@ -15,6 +15,7 @@ import (
 
 	"github.com/aovhq/aov/apidocs"
 	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/internal/caddyopt"
 )
 
 func init() {
@@ -231,7 +232,11 @@ func (d *Docs) UnmarshalCaddyfile(disp *caddyfile.Dispenser) error {
 	if disp.NextArg() {
 		return disp.ArgErr()
 	}
+	seen := caddyopt.Once{}
 	for disp.NextBlock(0) {
+		if err := seen.Check(disp); err != nil {
+			return err
+		}
 		var err error
 		switch disp.Val() {
 		case "service_name":

@@ -25,6 +25,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/internal/caddyopt"
 	"github.com/aovhq/aov/internal/inflight"
 	"github.com/aovhq/aov/plugins/evmfacilitator"
 	"github.com/aovhq/aov/x402"
@@ -407,8 +408,10 @@ func (m *HTTPFacilitator) Supported(ctx context.Context) (x402.SupportedResponse
 //	}
 func (m *HTTPFacilitator) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // module name
+	seen := caddyopt.Once{}
 	if d.NextArg() {
 		m.URL = d.Val()
+		seen["url"] = true
 		if d.NextArg() {
 			return d.ArgErr()
 		}
@@ -416,12 +419,21 @@ func (m *HTTPFacilitator) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		var err error
 		switch d.Val() {
+		case "url", "timeout":
+			if err := seen.Check(d); err != nil {
+				return err
+			}
+		}
+		switch d.Val() {
 		case "url":
 			err = facOneArg(d, &m.URL)
 		case "header":
 			args := d.RemainingArgs()
 			if len(args) != 2 {
 				return d.ArgErr()
+			}
+			if _, dup := m.Headers[args[0]]; dup {
+				return d.Errf("header %s given twice: a second would silently replace the first", args[0])
 			}
 			if m.Headers == nil {
 				m.Headers = map[string]string{}
@@ -433,6 +445,9 @@ func (m *HTTPFacilitator) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			args := d.RemainingArgs()
 			if len(args) != 2 {
 				return d.ArgErr()
+			}
+			if _, dup := m.RPC[args[0]]; dup {
+				return d.Errf("rpc %s given twice: a second would silently replace the first", args[0])
 			}
 			if m.RPC == nil {
 				m.RPC = map[string]string{}
@@ -787,8 +802,15 @@ func (h *FacilitatorHandler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
+	seen := caddyopt.Once{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		name := d.Val()
+		switch name {
+		case "token", "min_price", "store", "discovery":
+			if err := seen.Check(d); err != nil {
+				return err
+			}
+		}
 		switch name {
 		case "pay_to":
 			args := d.RemainingArgs()

@@ -13,6 +13,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"go.uber.org/zap"
 
+	"github.com/aovhq/aov/internal/caddyopt"
 	"github.com/aovhq/aov/store"
 	"github.com/aovhq/aov/x402"
 )
@@ -115,7 +116,13 @@ func parseFacilitatorDiscovery(d *caddyfile.Dispenser) (*FacilitatorDiscovery, e
 		fd.Off = true
 		return fd, nil
 	}
+	seen := caddyopt.Once{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		if d.Val() != "origins" {
+			if err := seen.Check(d); err != nil {
+				return nil, err
+			}
+		}
 		switch d.Val() {
 		case "max_entries":
 			var s string

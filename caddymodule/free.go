@@ -63,6 +63,11 @@ func (f *FreeAllowance) validate() error {
 	if f.PerDay < 0 {
 		return errors.New("per_day must not be negative")
 	}
+	// A negative max_body would make every request too large for the
+	// allowance: it would load, and never grant a free call.
+	if f.MaxBody < 0 {
+		return errors.New("max_body must not be negative")
+	}
 	if f.Key != "ip" && f.Key != "wallet" {
 		return fmt.Errorf("key must be ip or wallet, not %q", f.Key)
 	}

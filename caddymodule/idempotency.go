@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/internal/caddyopt"
 	"github.com/aovhq/aov/receipt"
 	"github.com/aovhq/aov/store"
 	"github.com/aovhq/aov/x402"
@@ -149,7 +150,11 @@ func parsePaymentIdentifier(d *caddyfile.Dispenser) (*PaymentIdentifier, error) 
 			return nil, d.ArgErr()
 		}
 	}
+	seen := caddyopt.Once{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		if err := seen.Check(d); err != nil {
+			return nil, err
+		}
 		switch d.Val() {
 		case "window":
 			var s string

@@ -12,6 +12,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
+	"github.com/aovhq/aov/internal/caddyopt"
 	"github.com/aovhq/aov/x402"
 )
 
@@ -202,7 +203,11 @@ func parsePaywall(d *caddyfile.Dispenser) (*Paywall, error) {
 	if d.NextArg() {
 		return nil, d.ArgErr()
 	}
+	seen := caddyopt.Once{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		if err := seen.Check(d); err != nil {
+			return nil, err
+		}
 		var field *string
 		switch d.Val() {
 		case "app_name":

@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/aovhq/aov/internal/base58"
+	"github.com/aovhq/aov/internal/caddyopt"
 	"github.com/aovhq/aov/internal/inflight"
 	"github.com/aovhq/aov/plugins/svmfacilitator"
 	"github.com/aovhq/aov/x402"
@@ -174,7 +175,11 @@ func (m *SVMFacilitator) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
+	seen := caddyopt.Once{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		if err := seen.Check(d); err != nil {
+			return err
+		}
 		var err error
 		var s string
 		name := d.Val() // d.Val() moves on to the argument

@@ -8,6 +8,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/aovhq/aov/internal/caddyopt"
 )
 
 func init() {
@@ -55,7 +57,13 @@ func (v *VerifyResponse) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
+	seen := caddyopt.Once{}
 	for d.NextBlock(0) {
+		if opt := d.Val(); opt != "status" && opt != "content_types" {
+			if err := seen.Check(d); err != nil {
+				return err
+			}
+		}
 		var err error
 		switch opt := d.Val(); opt {
 		case "schema":

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/internal/caddyopt"
 	"github.com/aovhq/aov/internal/inflight"
 	"github.com/aovhq/aov/walletauth"
 	"github.com/aovhq/aov/x402"
@@ -409,13 +410,20 @@ func parseWalletAuth(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error
 //	}
 func (wa *WalletAuth) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // directive name
+	seen := caddyopt.Once{}
 	if d.NextArg() {
 		wa.Mode = d.Val()
+		seen["mode"] = true
 		if d.NextArg() {
 			return d.ArgErr()
 		}
 	}
 	for d.NextBlock(0) {
+		if d.Val() != "domains" {
+			if err := seen.Check(d); err != nil {
+				return err
+			}
+		}
 		var err error
 		switch d.Val() {
 		case "mode":

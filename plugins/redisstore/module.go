@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
+	"github.com/aovhq/aov/internal/caddyopt"
 	"github.com/aovhq/aov/internal/inflight"
 	"github.com/aovhq/aov/store"
 )
@@ -222,7 +223,13 @@ func (s *RedisStore) Claims() store.Claims { return s.store.Claims() }
 func (s *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // module name
 	s.Addresses = append(s.Addresses, d.RemainingArgs()...)
+	seen := caddyopt.Once{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		if d.Val() != "address" {
+			if err := seen.Check(d); err != nil {
+				return err
+			}
+		}
 		switch d.Val() {
 		case "address":
 			args := d.RemainingArgs()

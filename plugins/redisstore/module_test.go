@@ -44,6 +44,9 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		{"a negative wait", "redis {\n wait_replicas -1\n}", RedisStore{}, "non-negative"},
 		{"a bad duration", "redis {\n wait_timeout soon\n}", RedisStore{}, "bad duration"},
 		{"a missing value", "redis {\n prefix\n}", RedisStore{}, "argument"},
+		{"an option given twice", "redis {\n prefix a\n prefix b\n}", RedisStore{}, "prefix given twice"},
+		{"addresses given twice", "redis 10.0.0.1:6379 {\n address 10.0.0.2:6379\n address 10.0.0.3:6379\n}",
+			RedisStore{Addresses: []string{"10.0.0.1:6379", "10.0.0.2:6379", "10.0.0.3:6379"}}, ""},
 	} {
 		var got RedisStore
 		err := got.UnmarshalCaddyfile(caddyfile.NewTestDispenser(c.in))
