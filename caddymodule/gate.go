@@ -808,7 +808,8 @@ func (g *Gate) resource(r *http.Request) x402.Resource {
 			url = repl.ReplaceAll(url, "")
 		}
 	} else {
-		url = siteBase(g.base, r) + r.URL.EscapedPath()
+		_, u := sentRequest(r)
+		url = siteBase(g.base, r) + u.EscapedPath()
 	}
 	return x402.Resource{URL: url, Description: g.Description, MimeType: g.MimeType}
 }
@@ -819,7 +820,8 @@ func (g *Gate) resource(r *http.Request) x402.Resource {
 // without building the URL, so a request that passes costs no allocation;
 // a configured resource is expanded only when it has placeholders.
 func (g *Gate) checkURL(r *http.Request) *apierr.Error {
-	n := len(r.URL.EscapedPath()) + max(len(g.base), len("https://")+len(r.Host))
+	_, u := sentRequest(r)
+	n := len(u.EscapedPath()) + max(len(g.base), len("https://")+len(r.Host))
 	if g.Resource != "" && strings.Contains(g.Resource, "{") {
 		n = max(n, len(g.resource(r).URL))
 	}
@@ -869,7 +871,8 @@ func (g *Gate) paymentRequired(w http.ResponseWriter, r *http.Request, msg, reas
 	if wantsHTML(r) && g.Paywall.html() {
 		// The page fetches this URL again with the payment: the request
 		// as sent, query included (a page body, not a header).
-		return g.Paywall.serve(w, pr, trial, siteBase(g.base, r)+r.URL.RequestURI())
+		_, u := sentRequest(r)
+		return g.Paywall.serve(w, pr, trial, siteBase(g.base, r)+u.RequestURI())
 	}
 	body := paymentRequiredBody{PaymentRequired: pr, Reason: reason, FreeTrial: trial}
 	h.Set("Content-Type", "application/json")
@@ -887,7 +890,8 @@ func (g *Gate) siwxChallenge(r *http.Request) map[string]any {
 	if g.SIWXDomain != "" {
 		domain = g.SIWXDomain
 	}
-	return walletauth.SIWXChallenge(domain, scheme+"://"+domain+r.URL.Path, g.chains(), now())
+	_, u := sentRequest(r)
+	return walletauth.SIWXChallenge(domain, scheme+"://"+domain+u.Path, g.chains(), now())
 }
 
 // chains lists the EVM networks the gate accepts payment on, for the

@@ -286,8 +286,10 @@ func partWriter(h hash.Hash) func([]byte) {
 
 // requestParts writes the request a payment pays for, part by part: for an
 // MCP call the tool and its arguments; otherwise the method, the path and
-// query, and the body as read returns it (read nil: the body is left out,
-// for a held record whose body the gate could not read; pending.go).
+// query as the client sent them (sentRequest: two public URLs that
+// handle_path strips to one path are two requests, often of two
+// upstreams), and the body as read returns it (read nil: the body is left
+// out, for a held record whose body the gate could not read; pending.go).
 func (g *Gate) requestParts(r *http.Request, part func([]byte), read func(*http.Request) ([]byte, error)) error {
 	if rr, ok := caddyhttp.GetVar(r.Context(), varRPCMessage).(*rpcRead); ok && g.MCPTool != "" {
 		args, err := receipt.AppendCanonical(nil, rr.msg.args)
@@ -306,9 +308,10 @@ func (g *Gate) requestParts(r *http.Request, part func([]byte), read func(*http.
 			return err
 		}
 	}
+	method, u := sentRequest(r)
 	part([]byte("http"))
-	part([]byte(r.Method))
-	part([]byte(r.URL.RequestURI()))
+	part([]byte(method))
+	part([]byte(u.RequestURI()))
 	if read != nil {
 		part(body)
 	}

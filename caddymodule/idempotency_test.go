@@ -235,6 +235,40 @@ func TestPaymentIdentifierConcurrentCopiesSettleOnce(t *testing.T) {
 	}
 }
 
+// TestPaymentIdentifierBindsThePathTheClientSent: an id is bound to the
+// request as the client sent it, before handle_path strips it. A retry
+// through the same public URL gets the saved answer; the same payment and
+// id sent to another public URL that strips to the same path (another
+// route, another upstream) is a conflict, never the first route's answer.
+func TestPaymentIdentifierBindsThePathTheClientSent(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	base := startCaddy(t, strippedSite(up.URL, fac, "payment_identifier"))
+	url := base + "/api/score/agent-1"
+	pr := paymentRequired(t, getWith(t, url, "", nil))
+	payer := evmfacilitator.DevAccounts()[6]
+	before := balance(t, d, payer.Address)
+	sig := signWithID(t, pr, payer.Key(), "pay_public_path_binds_0001")
+
+	first := getWith(t, url, "", map[string]string{x402.HeaderPaymentSignature: sig})
+	body := readAll(t, first)
+	if first.StatusCode != http.StatusOK {
+		t.Fatalf("paid call: %d %s", first.StatusCode, body)
+	}
+	if resp := getWith(t, base+"/v2/score/agent-1", "", map[string]string{x402.HeaderPaymentSignature: sig}); resp.StatusCode != http.StatusConflict || idemCode(t, resp) != codePaymentIDConflict {
+		t.Errorf("the id at another public URL: status %d, want 409 %s", resp.StatusCode, codePaymentIDConflict)
+	}
+	if resp := getWith(t, url, "", map[string]string{x402.HeaderPaymentSignature: sig}); resp.StatusCode != http.StatusOK || string(readAll(t, resp)) != string(body) {
+		t.Errorf("retry through the same URL: status %d, want 200 with the saved answer", resp.StatusCode)
+	}
+	if got := new(big.Int).Sub(before, balance(t, d, payer.Address)); got.Cmp(big.NewInt(10000)) != 0 {
+		t.Fatalf("payer charged %v, want one payment of 10000", got)
+	}
+	if up.calls.Load() != 1 {
+		t.Fatalf("upstream ran %d times, want 1", up.calls.Load())
+	}
+}
+
 // A first attempt that was not charged (the upstream refused the request,
 // the payment was refused) leaves the id free: a later attempt with the
 // same id is served and charged once.

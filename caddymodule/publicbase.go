@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/aovhq/aov/store"
 )
@@ -56,4 +57,19 @@ func requestBase(r *http.Request) string {
 		scheme = "https"
 	}
 	return scheme + "://" + r.Host
+}
+
+// sentRequest is the method and URL of r as the client sent them, before
+// handle_path, uri strip_prefix, rewrite or method changed r.Method and
+// r.URL on the way to the handler. Every URL the gateway names to a client
+// or a catalog (a 402's resource, a sign-in-with-x challenge, the
+// paywall's URL), the path a route's agent id is read from, the request a
+// payment identifier or a held settlement is bound to, and the request a
+// wallet proof signs are this one: the public URL a payer sees and signs
+// for, not an internal path that may be another route's or none.
+func sentRequest(r *http.Request) (method string, u *url.URL) {
+	if orig, ok := r.Context().Value(caddyhttp.OriginalRequestCtxKey).(http.Request); ok && orig.URL != nil {
+		return orig.Method, orig.URL
+	}
+	return r.Method, r.URL // outside a Caddy server (never in the gateway)
 }

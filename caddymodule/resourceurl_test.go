@@ -332,3 +332,76 @@ func TestMCPOverlongURLIsAToolError(t *testing.T) {
 		t.Fatalf("the free call after the refusal: %+v", res)
 	}
 }
+
+// strippedSite prices GET /api/score/{agent_id} and GET /v2/score/{agent_id}
+// behind handle_path, which hands the upstream /score/{agent_id} for both:
+// every URL the gate names, and the request a payment pays for, must be
+// the one the client sent, not the stripped one (another route's URL, or
+// none). extra is added to both gates.
+func strippedSite(up, fac, extra string) string {
+	gate := func(prefix string) string {
+		return fmt.Sprintf(`
+	handle_path /%[4]s/* {
+		x402 {
+			accept devnet $0.01 %[3]s
+			route "GET /%[4]s/score/{agent_id}"
+			facilitator http {
+				url %[2]s
+			}
+			store badger {data}/gate
+			%[5]s
+		}
+		reverse_proxy %[1]s
+	}`, strings.TrimPrefix(up, "http://"), fac, payTo.Hex(), prefix, extra)
+	}
+	return ":{port} {" + gate("api") + gate("v2") + "\n\tx402_discovery /.well-known/x402\n}\n"
+}
+
+// TestResourceURLIsThePathTheClientSent: behind handle_path the 402 names
+// the URL the client asked for (the priced one, that catalogs record), as
+// do the sign-in-with-x challenge's uri and the official paywall's
+// currentUrl (the URL the page fetches again with the payment), and
+// /.well-known/x402 lists the same URL; a payment signed for it is
+// accepted on the retry and settled once.
+func TestResourceURLIsThePathTheClientSent(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	base := startCaddy(t, strippedSite(up.URL, fac, "siwx\n\t\t\tpaywall official"))
+	public := base + "/api/score/agent-1"
+
+	resp := getWith(t, public+"?x=1", "", nil)
+	if resp.StatusCode != http.StatusPaymentRequired {
+		t.Fatalf("status %d, want 402", resp.StatusCode)
+	}
+	pr := paymentRequired(t, resp)
+	if pr.Resource.URL != public {
+		t.Errorf("resource.url %q, want %q (the URL the client asked for and pays for)", pr.Resource.URL, public)
+	}
+	ext, _ := pr.Extensions["sign-in-with-x"].(map[string]any)
+	info, _ := ext["info"].(map[string]any)
+	if info == nil || info["uri"] != public {
+		t.Errorf("sign-in-with-x challenge %v, want uri %s", info, public)
+	}
+
+	if _, page := getHTML(t, public+"?x=1"); officialConfigOf(t, page).CurrentURL != public+"?x=1" {
+		t.Errorf("the paywall page fetches %q again, want %s?x=1", officialConfigOf(t, page).CurrentURL, public)
+	}
+
+	var doc discoveryDoc
+	if err := json.NewDecoder(getWith(t, base+"/.well-known/x402", "", nil).Body).Decode(&doc); err != nil {
+		t.Fatal(err)
+	}
+	if len(doc.Items) != 2 || doc.Items[0].Resource != base+"/api/score/:agent_id" {
+		t.Errorf("discovery items %+v, want %s/api/score/:agent_id first", doc.Items, base)
+	}
+
+	payer := evmfacilitator.DevAccounts()[7].Address
+	before := balance(t, d, payer)
+	paid := getWith(t, public, "", map[string]string{x402.HeaderPaymentSignature: signFor(t, pr, 7)})
+	if paid.StatusCode != http.StatusOK || paid.Header.Get(x402.HeaderPaymentResponse) == "" {
+		t.Fatalf("paid retry: status %d, PAYMENT-RESPONSE %q", paid.StatusCode, paid.Header.Get(x402.HeaderPaymentResponse))
+	}
+	if got := new(big.Int).Sub(before, balance(t, d, payer)); got.Cmp(big.NewInt(10000)) != 0 {
+		t.Fatalf("charged %v, want 10000", got)
+	}
+}

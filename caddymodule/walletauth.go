@@ -251,10 +251,8 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 	ctx := r.Context()
 	// The client signed the request as it sent it: before any rewrite or
 	// handle_path prefix stripping.
-	method, path := r.Method, r.URL.Path
-	if orig, ok := ctx.Value(caddyhttp.OriginalRequestCtxKey).(http.Request); ok && orig.URL != nil {
-		method, path = orig.Method, orig.URL.Path
-	}
+	method, u := sentRequest(r)
+	path := u.Path
 
 	var proof *walletauth.Proof
 	if len(auth) == 1 {
