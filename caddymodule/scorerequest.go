@@ -11,7 +11,9 @@ const validateScore = "score_request"
 // pathAgent is the agent id a score request names in its path: what
 // follows the route's path up to "{agent_id}" ("/score/" without one),
 // decoded as verifierd reads it. A path outside that prefix names no
-// agent, which the rule refuses.
+// agent, which the rule refuses. route is the public path, as
+// /.well-known/x402 lists it, so it is matched against the path the client
+// sent (sentRequest), not what handle_path or a rewrite left of it.
 func (g *Gate) pathAgent(r *http.Request) string {
 	prefix := "/score/"
 	if _, path, ok := strings.Cut(g.Route, " "); ok {
@@ -19,7 +21,8 @@ func (g *Gate) pathAgent(r *http.Request) string {
 			prefix = before
 		}
 	}
-	agent, ok := strings.CutPrefix(r.URL.Path, prefix)
+	_, u := sentRequest(r)
+	agent, ok := strings.CutPrefix(u.Path, prefix)
 	if !ok {
 		return ""
 	}

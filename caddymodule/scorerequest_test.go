@@ -125,6 +125,39 @@ func TestTestAgentScoreIs422BeforePayment(t *testing.T) {
 	}
 }
 
+// TestScoreRouteIsThePublicPath: route names the path the client sends (as
+// /.well-known/x402 lists it), and validate score_request reads the agent
+// id from that path, whatever handle_path strips before the gate: a valid
+// agent is offered for sale, a test- or empty one is 422 as without the
+// prefix.
+func TestScoreRouteIsThePublicPath(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	base := startCaddy(t, strippedSite(up.URL, fac, "validate score_request"))
+	for path, want := range map[string]int{
+		"/api/score/agent-1":   http.StatusPaymentRequired,
+		"/v2/score/agent-1":    http.StatusPaymentRequired,
+		"/api/score/test-demo": http.StatusUnprocessableEntity,
+		"/api/score/":          http.StatusUnprocessableEntity,
+	} {
+		resp := getScore(t, base+path, "")
+		if resp.StatusCode != want {
+			t.Errorf("GET %s: status %d, want %d", path, resp.StatusCode, want)
+			continue
+		}
+		if want == http.StatusUnprocessableEntity {
+			m := readJSON(t, resp)
+			fields, _ := m["fields"].([]any)
+			if m["code"] != "invalid_request" || m["charged"] != false || len(fields) != 1 || fields[0].(map[string]any)["field"] != "agent_id" {
+				t.Errorf("GET %s: body %v", path, m)
+			}
+		}
+	}
+	if up.calls.Load() != 0 {
+		t.Fatalf("the upstream ran %d times for unpaid requests", up.calls.Load())
+	}
+}
+
 // toolErrorOf reads the SPEC §6 error of a tool error result.
 func toolErrorOf(t *testing.T, res *mcp.CallToolResult) map[string]any {
 	t.Helper()
