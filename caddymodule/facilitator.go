@@ -27,6 +27,7 @@ import (
 	"github.com/aovhq/aov/apierr"
 	"github.com/aovhq/aov/internal/caddyopt"
 	"github.com/aovhq/aov/internal/inflight"
+	"github.com/aovhq/aov/internal/secretopt"
 	"github.com/aovhq/aov/plugins/evmfacilitator"
 	"github.com/aovhq/aov/x402"
 )
@@ -100,7 +101,9 @@ type EVMFacilitator struct {
 	// relayer's address must hold ETH for gas.
 	RelayerKeyFile string `json:"relayer_key_file,omitempty"`
 	// RelayerKey is the relayer's hex private key; use a placeholder such
-	// as {env.AOV_RELAYER_KEY} rather than writing the key in the config.
+	// as {env.AOV_RELAYER_KEY} rather than writing the key in the config,
+	// whose JSON Caddy serves and saves (a literal is warned about,
+	// secretopt).
 	RelayerKey string `json:"relayer_key,omitempty"`
 	// ReceiptTimeout bounds the wait for a settlement's receipt; after it
 	// the outcome is read from the token. Default 2m.
@@ -184,7 +187,7 @@ func (m *EVMFacilitator) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return fmt.Errorf("network: %v", err)
 	}
-	key, err := m.relayerKey(repl)
+	key, err := m.relayerKey(repl, ctx.Logger())
 	if err != nil {
 		return err
 	}
@@ -212,9 +215,11 @@ func (m *EVMFacilitator) Provision(ctx caddy.Context) error {
 	return nil
 }
 
-// relayerKey reads the relayer key from relayer_key or relayer_key_file.
-func (m *EVMFacilitator) relayerKey(repl *caddy.Replacer) (*ecdsa.PrivateKey, error) {
+// relayerKey reads the relayer key from relayer_key or relayer_key_file,
+// warning on log when relayer_key is the key itself (secretopt).
+func (m *EVMFacilitator) relayerKey(repl *caddy.Replacer, log *zap.Logger) (*ecdsa.PrivateKey, error) {
 	hexKey := repl.ReplaceKnown(m.RelayerKey, "")
+	secretopt.WarnIfLiteral(log, "relayer_key", m.RelayerKey, hexKey)
 	switch {
 	case hexKey != "" && m.RelayerKeyFile != "":
 		return nil, errors.New("set relayer_key or relayer_key_file, not both")
@@ -368,6 +373,17 @@ func (HTTPFacilitator) CaddyModule() caddy.ModuleInfo {
 	return caddy.ModuleInfo{ID: "x402.facilitators.http", New: func() caddy.Module { return new(HTTPFacilitator) }}
 }
 
+// credentialHeader reports whether a header of the http facilitator
+// carries a credential, whose value is warned about when written in the
+// config (secretopt). Other headers are not secrets and may be literals.
+func credentialHeader(name string) bool {
+	switch http.CanonicalHeaderKey(name) {
+	case "Authorization", "Proxy-Authorization", "X-Api-Key":
+		return true
+	}
+	return false
+}
+
 // Provision builds the client; a bad URL is refused here.
 func (m *HTTPFacilitator) Provision(ctx caddy.Context) error {
 	m.uses = inflight.For(ctx)
@@ -375,6 +391,9 @@ func (m *HTTPFacilitator) Provision(ctx caddy.Context) error {
 	headers := make(map[string]string, len(m.Headers))
 	for k, v := range m.Headers {
 		headers[k] = repl.ReplaceKnown(v, "")
+		if credentialHeader(k) {
+			secretopt.WarnIfLiteral(ctx.Logger(), "header "+k, v, headers[k])
+		}
 	}
 	m.f = x402.NewHTTPFacilitator(x402.HTTPFacilitatorConfig{URL: repl.ReplaceKnown(m.URL, ""), Headers: headers, Timeout: time.Duration(m.Timeout)})
 	if err := m.f.Err(); err != nil {
@@ -590,6 +609,7 @@ func (h *FacilitatorHandler) Provision(ctx caddy.Context) error {
 	}
 	if h.Token != "" {
 		tok := repl.ReplaceKnown(h.Token, "")
+		secretopt.WarnIfLiteral(ctx.Logger(), "token", h.Token, tok)
 		if len(tok) < 16 {
 			return errors.New("x402_facilitator: token must be at least 16 characters")
 		}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math/big"
 	"net"
 	"net/http"
@@ -21,7 +22,9 @@ import (
 	"github.com/ethereum/go-ethereum"
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/ethclient"
+	"github.com/redis/go-redis/v9"
 
+	"github.com/aovhq/aov/internal/servers"
 	"github.com/aovhq/aov/plugins/evmfacilitator"
 	"github.com/aovhq/aov/x402"
 )
@@ -389,6 +392,137 @@ func TestEVMFacilitatorProvisionErrors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// secretsSite has every secret option of the gateway's modules, with the
+// values given: relayer_key, the http facilitator's Authorization header,
+// the Redis store's password, x402_facilitator's token and
+// verify_response's verifier_token.
+func secretsSite(redis, key, authz, password, token, gatewayToken string) string {
+	return fmt.Sprintf(`:{port} {
+	route /evm/* {
+		x402 {
+			accept base $0.01 %[1]s
+			facilitator evm {
+				network base
+				rpc_url http://127.0.0.1:1
+				relayer_key %[3]s
+			}
+			store redis %[2]s {
+				password %[5]s
+			}
+		}
+		respond "paid"
+	}
+	route /http/* {
+		x402 {
+			accept base $0.01 %[1]s
+			facilitator http {
+				url http://127.0.0.1:1
+				header Authorization "Bearer %[4]s"
+			}
+			store badger {data}/gate
+		}
+		respond "paid"
+	}
+	handle_path /facilitator/* {
+		x402_facilitator {
+			pay_to %[1]s
+			token %[6]s
+			evm {
+				network base
+				rpc_url http://127.0.0.1:1
+				relayer_key %[3]s
+			}
+		}
+	}
+	route /seller/* {
+		verify_response {
+			schema `+"`"+`{"type":"object"}`+"`"+`
+			verifier_url http://127.0.0.1:1
+			verifier_token %[7]s
+		}
+		respond "{}"
+	}
+}
+`, payTo.Hex(), redis, key, authz, password, token, gatewayToken)
+}
+
+// TestSecretOptionsWarnWhenWrittenInline: a secret written in the config
+// as it is (relayer_key, an Authorization header, a Redis password, a
+// token) is accepted, as Caddy accepts its own modules' secrets, but the
+// loaded JSON keeps it, so each is logged as a warning naming the option,
+// never the secret. Given as {env.NAME} or {file.PATH}, the secret is
+// neither in the adapted JSON nor warned about, and is what the modules
+// use (Redis accepts the password, the key and token are valid).
+func TestSecretOptionsWarnWhenWrittenInline(t *testing.T) {
+	key := evmfacilitator.DevAccounts()[7].PrivateKeyHex[2:]
+	const authz, password, token, gatewayToken = "facilitator-auth-0123456789", "redis-password-0123456789", "facilitator-token-0123456789", "gateway-token-0123456789"
+	secrets := []string{key, authz, password, token, gatewayToken}
+	srv := servers.StartRedis(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer rdb.Close()
+	if err := rdb.ConfigSet(context.Background(), "requirepass", password).Err(); err != nil {
+		t.Fatal(err)
+	}
+	options := []string{"relayer_key", "header Authorization", "password", "token", "verifier_token"}
+
+	// warned loads site with its log in a file and returns the options it
+	// warned about as secrets written inline.
+	warned := func(t *testing.T, site string) map[string]bool {
+		t.Helper()
+		logFile := filepath.Join(t.TempDir(), "caddy.log")
+		startCaddyServers(t, "", logFile, site)
+		raw, err := os.ReadFile(logFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range secrets {
+			if strings.Contains(string(raw), s) {
+				t.Errorf("the log repeats a secret (%.8s…)", s)
+			}
+		}
+		got := map[string]bool{}
+		for _, line := range strings.Split(string(raw), "\n") {
+			var e struct{ Level, Msg, Option string }
+			if json.Unmarshal([]byte(line), &e) == nil && e.Level == "warn" && strings.Contains(e.Msg, "secret is written in the config") {
+				got[e.Option] = true
+			}
+		}
+		return got
+	}
+
+	t.Run("literal", func(t *testing.T) {
+		got := warned(t, secretsSite(srv.Addr, key, authz, password, token, gatewayToken))
+		for _, o := range options {
+			if !got[o] {
+				t.Errorf("no warning for a literal %s (warned: %v)", o, got)
+			}
+		}
+	})
+
+	t.Run("placeholders", func(t *testing.T) {
+		dir := t.TempDir()
+		for name, v := range map[string]string{"authz": authz, "gateway": gatewayToken} {
+			if err := os.WriteFile(filepath.Join(dir, name), []byte(v+"\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		t.Setenv("AOV_TEST_RELAYER_KEY", key)
+		t.Setenv("AOV_TEST_REDIS_PASSWORD", password)
+		t.Setenv("AOV_TEST_FACILITATOR_TOKEN", token)
+		site := secretsSite(srv.Addr, "{env.AOV_TEST_RELAYER_KEY}", "{file."+filepath.Join(dir, "authz")+"}",
+			"{env.AOV_TEST_REDIS_PASSWORD}", "{env.AOV_TEST_FACILITATOR_TOKEN}", "{file."+filepath.Join(dir, "gateway")+"}")
+		js := adapt(t, strings.ReplaceAll(strings.ReplaceAll(site, "{port}", "8080"), "{data}", dir))
+		for _, s := range secrets {
+			if strings.Contains(js, s) {
+				t.Errorf("a secret given as a placeholder is in the adapted JSON (%.8s…)", s)
+			}
+		}
+		if got := warned(t, site); len(got) != 0 {
+			t.Errorf("warnings for secrets given as placeholders: %v", got)
+		}
+	})
 }
 
 // TestHTTPFacilitatorModule reaches a facilitator API (our own handler on a

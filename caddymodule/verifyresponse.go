@@ -25,6 +25,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/internal/secretopt"
 	"github.com/aovhq/aov/receipt"
 	"github.com/aovhq/aov/strictjson"
 	"github.com/aovhq/aov/verify"
@@ -156,7 +157,9 @@ type VerifyResponse struct {
 	// http://127.0.0.1:8081 (POST /verify/schema is appended). Required.
 	VerifierURL string `json:"verifier_url,omitempty"`
 	// VerifierToken is sent as X-Aov-Gateway-Token. Global placeholders
-	// such as {env.AOV_GATEWAY_TOKEN} are resolved at load time.
+	// such as {env.AOV_GATEWAY_TOKEN} are resolved at load time, which
+	// keeps the token out of the loaded JSON config; a literal is warned
+	// about (secretopt).
 	VerifierToken string `json:"verifier_token,omitempty"`
 	// VerifierTimeout bounds one call to the verification service.
 	// Default 10s, at most 1m (maxVerifierTimeout: a free call's
@@ -247,6 +250,7 @@ func (v *VerifyResponse) Provision(ctx caddy.Context) error {
 		}
 	}
 	v.token = caddy.NewReplacer().ReplaceKnown(v.VerifierToken, "")
+	secretopt.WarnIfLiteral(v.logger, "verifier_token", v.VerifierToken, v.token)
 
 	schema, err := loadJSONOption(v.Schema, "schema")
 	if err != nil {

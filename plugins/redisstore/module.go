@@ -17,6 +17,7 @@ import (
 
 	"github.com/aovhq/aov/internal/caddyopt"
 	"github.com/aovhq/aov/internal/inflight"
+	"github.com/aovhq/aov/internal/secretopt"
 	"github.com/aovhq/aov/store"
 )
 
@@ -44,9 +45,10 @@ type RedisStore struct {
 	MasterName string `json:"master_name,omitempty"`
 	// Cluster treats a single address as a Cluster node.
 	Cluster bool `json:"cluster,omitempty"`
-	// Username and Password authenticate to Redis (placeholders such as
-	// {env.REDIS_PASSWORD} are replaced). SentinelPassword authenticates
-	// to the Sentinels.
+	// Username and Password authenticate to Redis; SentinelPassword
+	// authenticates to the Sentinels. Give the passwords as {env.NAME} or
+	// {file.PATH}, expanded at provision: a literal stays in the loaded
+	// JSON config (and is warned about, secretopt).
 	Username         string `json:"username,omitempty"`
 	Password         string `json:"password,omitempty"`
 	SentinelPassword string `json:"sentinel_password,omitempty"`
@@ -120,13 +122,16 @@ func (s *RedisStore) Provision(ctx caddy.Context) error {
 	if dial <= 0 {
 		dial = time.Second
 	}
+	password, sentinelPassword := repl.ReplaceKnown(s.Password, ""), repl.ReplaceKnown(s.SentinelPassword, "")
+	secretopt.WarnIfLiteral(ctx.Logger(), "password", s.Password, password)
+	secretopt.WarnIfLiteral(ctx.Logger(), "sentinel_password", s.SentinelPassword, sentinelPassword)
 	opts := &redis.UniversalOptions{
 		Addrs:            addrs,
 		MasterName:       repl.ReplaceKnown(s.MasterName, ""),
 		IsClusterMode:    s.Cluster,
 		Username:         repl.ReplaceKnown(s.Username, ""),
-		Password:         repl.ReplaceKnown(s.Password, ""),
-		SentinelPassword: repl.ReplaceKnown(s.SentinelPassword, ""),
+		Password:         password,
+		SentinelPassword: sentinelPassword,
 		DB:               s.DB,
 		DialTimeout:      dial,
 		ReadTimeout:      timeout,
