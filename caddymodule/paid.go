@@ -173,6 +173,13 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 				return err
 			}
 			if ce.State.Settled {
+				// Settled under its bare transaction, maybe by a
+				// gateway whose write landed unacknowledged and which
+				// still holds the answer (unrecorded.go).
+				if mayBeUnrecordedElsewhere(ce.State) {
+					g.noteRefusal(r) // a replay costs what payment_already_used does
+					return g.refuse(w, r, errSettledElsewhere())
+				}
 				return ex.demand(w, r, http.StatusPaymentRequired, "This payment was already used; sign a new one.", x402.ReasonPaymentAlreadyUsed, nil)
 			}
 			return ex.demand(w, r, http.StatusPaymentRequired, "This payment is being processed by another request; do not reuse a payment.", reasonPaymentInFlight, nil)

@@ -1262,11 +1262,16 @@ func TestAttemptOutlivingItsSpanIsLeftToItsRequest(t *testing.T) {
 // asIfAnotherGateway is a FAKE FOR A FAULT that cannot otherwise be caused
 // in one test process: the next retry is served by another gateway on the
 // same shared store, which does not know the claims this one is working
-// on. It forgets them.
+// on, nor the settlements this one keeps unrecorded (unrecorded.go). It
+// forgets both; a kept settlement's writer still writes it, as this
+// gateway's would.
 func asIfAnotherGateway() {
 	liveClaims.Lock()
 	clear(liveClaims.tokens)
 	liveClaims.Unlock()
+	unrecordedSettlements.Lock()
+	clear(unrecordedSettlements.byKey)
+	unrecordedSettlements.Unlock()
 }
 
 // The same, with the retry served by another gateway past the attempt span

@@ -41,7 +41,9 @@ import (
 // and then in the background (unrecordedWaits) until the claim lapses; a
 // retry on this gateway meanwhile makes the write itself before it is
 // answered, so it is never told payment_already_used for an answer this
-// gateway holds.
+// gateway holds; a retry through another gateway sharing the store is
+// settlement_pending while the attempt span runs (mayBeUnrecordedElsewhere),
+// however long this gateway alone is cut off from the store.
 //
 // None of this costs the normal paid path anything: it starts only once
 // the settling write has failed for good. The kept settlements are bounded
@@ -249,6 +251,44 @@ func (g *Gate) serveUnrecorded(w http.ResponseWriter, r *http.Request, next cadd
 	}
 	u.forget()
 	return g.resolveOnRetry(w, r, next, ex, st)
+}
+
+// mayBeUnrecordedElsewhere reports whether a claim found settled (st, as
+// the store read it for a retry this gateway keeps nothing of) may be one
+// whose settling write landed unacknowledged on another gateway, which
+// keeps its answer and writes it as soon as its own link to the store
+// answers (keepUnrecorded): settled under the bare transaction, the note
+// of the settling write (a record a gateway wrote is served by
+// resolveOnRetry), while the attempt span of the request that claimed it
+// still runs by the store's clock (store.AttemptRunning). That other
+// gateway may be cut off from a store this one reaches, for as long as a
+// partition lasts: answered payment_already_used, the buyer would sign a
+// new payment for the answer the first one bought.
+//
+// A payment delivered the usual way looks the same (its settling write
+// is the same write, acknowledged), and telling them apart would cost the
+// paid path a third durable write: so a replay of a delivered payment,
+// on any gateway, is settlement_pending too until the span ends, then
+// payment_already_used as before. Neither serves nor charges anything.
+// A store with a Session (the embedded one) reports no span: its one
+// process knows what it keeps, and serveUnrecorded has answered.
+func mayBeUnrecordedElsewhere(st store.ClaimState) bool {
+	if !st.Settled || st.Attempt != store.AttemptRunning {
+		return false
+	}
+	_, held := decodeHeld(st.Note)
+	return !held
+}
+
+// errSettledElsewhere is the answer to a retry of a payment that settled
+// and may not be recorded yet by the gateway that settled it
+// (mayBeUnrecordedElsewhere): settlement_pending, charged, as that
+// gateway's own answer (errSettledUnrecorded).
+func errSettledElsewhere() *apierr.Error {
+	e := errSettlementPending(nil)
+	e.Message = "The payment settled (you were charged once) and its answer may not be recorded yet, so no content was released: do not sign a new payment, retry the same request later. If its answer was already delivered, the retry is refused as payment_already_used within a few minutes."
+	e.Charged = true
+	return e
 }
 
 // errSettledUnrecorded is the answer while a settlement that went through
