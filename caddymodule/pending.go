@@ -529,15 +529,7 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 	if h.Delivered {
 		return true, alreadyUsed(w, r, ex)
 	}
-	sr := x402.SettleResponse{Success: true, Transaction: h.Transaction, Network: h.offer.Network}
-	if x402.IsSolana(h.offer.Network) {
-		sr.Payer = svmfacilitator.PayerOf(h.payload)
-	} else if len(h.payload.Payload) > 0 {
-		var ev x402.ExactEVMPayload
-		if json.Unmarshal(h.payload.Payload, &ev) == nil {
-			sr.Payer = ev.Authorization.From
-		}
-	}
+	sr := x402.SettleResponse{Success: true, Transaction: h.Transaction, Network: h.offer.Network, Payer: payerOf(h.payload, h.offer.Network)}
 	if h.ReportPath != "" {
 		// Also after a background resolution (reported then too, when
 		// the gate had a way to: reportResolved); a repeated report
@@ -593,6 +585,20 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 	r.Header.Set(HeaderUpstreamNetwork, h.offer.Network)
 	noteSettled(r, sr)
 	return true, next.ServeHTTP(g.paidStream(w, sr), r)
+}
+
+// payerOf is the payer of payment p on network, as the payment names it
+// ("" if it does not), for a settlement known without the facilitator's
+// reply.
+func payerOf(p x402.PaymentPayload, network string) string {
+	if x402.IsSolana(network) {
+		return svmfacilitator.PayerOf(p)
+	}
+	var ev x402.ExactEVMPayload
+	if len(p.Payload) > 0 && json.Unmarshal(p.Payload, &ev) == nil {
+		return ev.Authorization.From
+	}
+	return ""
 }
 
 // alreadyUsed refuses a retry of a payment whose one delivery was made.

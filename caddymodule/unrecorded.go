@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
@@ -48,14 +50,25 @@ import (
 // None of this costs the normal paid path anything: it starts only once
 // the settling write has failed for good. The kept settlements are bounded
 // (maxUnrecorded of them, each answer at most maxHeldAnswer bytes); past
-// that, a settlement is kept as an unknown outcome only, as before. A
-// gateway that stops before the store is back loses what it kept: if the
-// settling write had landed, the retry is payment_already_used (README:
-// "What each failure costs").
+// that, a settlement is kept as an unknown outcome only, as before. Each
+// holds its config's store and facilitator open (g.uses), so once the
+// config is unloaded (a reload, often one that points the gateway at a
+// new store because the old one died; a stop) it keeps trying for
+// unrecordedAfterUnload only, not until its claim lapses (up to
+// maxClaimHold). A gateway that stops before the store is back loses what
+// it kept: if the settling write had landed, the retry is
+// payment_already_used (README: "What each failure costs"). Whenever a
+// kept settlement is dropped unwritten (given up after an unload, its
+// claim lapsed or moved on, or none could be kept) an Error names the
+// transaction, payer, amount and network, for the operator to make it
+// good by hand (refund, or deliver).
 type unrecorded struct {
 	g     *Gate
 	claim store.Claim
 	rec   heldRecord // the settled record to write (Transaction, answer or request)
+
+	// who names the settlement in the logs (settlementFields).
+	who []zap.Field
 
 	mu   sync.Mutex    // one write at a time: the background, or a retry
 	done chan struct{} // closed once written, or moved on without it: nothing left to do
@@ -74,6 +87,16 @@ const maxUnrecorded = 64
 // Tests shorten or lengthen them.
 var unrecordedWaits = []time.Duration{time.Second, 2 * time.Second, 5 * time.Second}
 
+// unrecordedAfterUnload is how long a kept settlement keeps trying once
+// its config is unloaded: the gate's attempt span, the longest a request
+// of the old config may hold its store after a reload anyway, so a kept
+// settlement holds it no longer than a slow call would. Once the reload
+// has pointed the gateway at another store, the retry is served by that
+// one, where the old store's record is of no use, and the old store may
+// be gone for good; a reload that keeps the store gives a short outage
+// the span to end. Tests shorten it.
+var unrecordedAfterUnload = (*Gate).attemptSpan
+
 // unrecordedSettlements holds the kept settlements by each of their claim
 // keys (a retry names its payment by whichever key it finds claimed).
 // Process-wide, like liveClaims: it outlives a reload.
@@ -91,7 +114,7 @@ func (p *paidCharge) keepUnrecorded(r *http.Request, sr x402.SettleResponse, hel
 	if _, ok := g.state.Claims().(store.HeldClaims); !ok {
 		return false // never: recordSettled's write was a Swap
 	}
-	u := &unrecorded{g: g, claim: p.claim, done: make(chan struct{})}
+	u := &unrecorded{g: g, claim: p.claim, done: make(chan struct{}), who: p.settlementFields(sr)}
 	u.rec = g.newHeldRecord(p.claim, p.pay.JSON, p.offerJS, now().Add(-defaultSettleTimeout))
 	u.rec.Transaction, u.rec.Sent = sr.Transaction, sr.Transaction
 	g.holdAnswer(&u.rec, r, held)
@@ -99,6 +122,7 @@ func (p *paidCharge) keepUnrecorded(r *http.Request, sr x402.SettleResponse, hel
 	unrecordedSettlements.Lock()
 	if unrecordedSettlements.n >= maxUnrecorded {
 		unrecordedSettlements.Unlock()
+		g.logger.Error(unrecordedDropped+": too many are kept already", u.who...)
 		return false
 	}
 	unrecordedSettlements.n++
@@ -122,27 +146,80 @@ func (p *paidCharge) keepUnrecorded(r *http.Request, sr x402.SettleResponse, hel
 	return true
 }
 
+// unrecordedDropped starts the Error logged when a kept settlement is
+// dropped unwritten: the buyer paid, and no retry may be served.
+const unrecordedDropped = "a settlement the store did not record is given up: its retry may not be served; make it good by hand (refund, or deliver)"
+
+// settlementFields name settlement sr of p in the logs: what an operator
+// needs to make it good by hand.
+func (p *paidCharge) settlementFields(sr x402.SettleResponse) []zap.Field {
+	payer := sr.Payer
+	if payer == "" {
+		payer = payerOf(p.pay.PaymentPayload, p.offer.Network)
+	}
+	return []zap.Field{zap.String("transaction", sr.Transaction), zap.String("payer", payer),
+		zap.String("amount", p.offer.Amount), zap.String("asset", p.offer.Asset), zap.String("network", p.offer.Network)}
+}
+
 // keepTrying writes u's record, waiting unrecordedWaits between tries,
-// until it is done or the claim lapses.
+// until it is done, the claim lapses, or unrecordedAfterUnload has passed
+// since u's config was unloaded.
 func (u *unrecorded) keepTrying() {
 	defer u.forget()
+	var unloaded <-chan struct{} // closed when u's config is unloaded
+	if u.g.ctx.Context != nil {
+		unloaded = u.g.ctx.Done()
+	}
+	var giveUp <-chan time.Time // runs from the unload
 	for i := 0; ; i++ {
 		_, err := u.land(context.Background())
 		if err == nil || errors.Is(err, store.ErrClaimLost) {
 			return
 		}
 		if !now().Before(u.claim.Until) {
-			u.g.logger.Error("a settlement the store did not record was not written before its claim lapsed; its retry is not served",
-				zap.String("transaction", u.rec.Transaction), zap.Error(err))
+			u.drop("its claim lapsed", err)
 			return
 		}
-		u.g.logger.Warn("writing a settlement the store did not record; trying again", zap.Error(err))
+		u.logger().Warn("writing a settlement the store did not record; trying again", u.fields(zap.Error(err))...)
 		select {
 		case <-time.After(unrecordedWaits[min(i, len(unrecordedWaits)-1)]):
 		case <-u.done: // a retry wrote it
 			return
+		case <-unloaded:
+			unloaded = nil
+			d := unrecordedAfterUnload(u.g)
+			giveUp = time.After(d)
+			u.logger().Warn("the configuration was unloaded while keeping a settlement the store did not record; trying to write it for a bounded time",
+				u.fields(zap.Duration("for", d))...)
+		case <-giveUp:
+			u.drop("its configuration was unloaded and the store did not take it in time", err)
+			return
 		}
 	}
+}
+
+// fields are u.who and then more.
+func (u *unrecorded) fields(more ...zap.Field) []zap.Field {
+	return append(slices.Clip(u.who), more...)
+}
+
+// logger is where u logs: its gate's logger while its config is loaded,
+// then Caddy's default one, since the reload that unloaded it may have
+// closed the old config's log writers and it is then the operator's only
+// word of a settlement given up.
+func (u *unrecorded) logger() *zap.Logger {
+	if u.g.ctx.Context != nil && u.g.ctx.Err() != nil {
+		return caddy.Log().Named(u.g.logger.Name())
+	}
+	return u.g.logger
+}
+
+// drop ends u unwritten, for why (err: the last write's), logging it
+// (finish) unless it already ended.
+func (u *unrecorded) drop(why string, err error) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.finish(why, err)
 }
 
 // forget drops u from the kept settlements (once).
@@ -183,7 +260,7 @@ func (u *unrecorded) land(ctx context.Context) (store.ClaimState, error) {
 		st, err := cl.Lookup(ctx, u.claim.Keys[0])
 		switch {
 		case errors.Is(err, store.ErrNotFound):
-			u.finish()
+			u.finish("its claim is gone", nil)
 			return st, store.ErrClaimLost
 		case err != nil:
 			return st, err
@@ -193,12 +270,12 @@ func (u *unrecorded) land(ctx context.Context) (store.ClaimState, error) {
 		case st.Settled && st.Note == u.rec.Transaction:
 			// The settling write landed; its reply did not.
 		case ours && h.Token != u.claim.Token, !ours && !st.Settled:
-			u.finish()
+			u.finish("its claim moved on without it", nil)
 			return st, store.ErrClaimLost
 		case st.Settled:
 			// Written by an earlier try, or resolved from the chain
 			// meanwhile: whatever it says is what the retry gets.
-			u.finish()
+			u.finish("", nil)
 			return st, nil
 		}
 		// Unsettled under the payment's own record: the write never
@@ -209,11 +286,11 @@ func (u *unrecorded) land(ctx context.Context) (store.ClaimState, error) {
 		}
 		switch err := hc.Swap(ctx, u.claim, st.Note, note); {
 		case err == nil:
-			u.finish()
+			u.finish("", nil)
 			metrics.outcomes.WithLabelValues("settled_unrecorded_written").Inc()
 			return store.ClaimState{Settled: true, Note: note, Until: st.Until}, nil
 		case errors.Is(err, store.ErrClaimLost):
-			u.finish()
+			u.finish("its claim moved on without it", err)
 			return st, err
 		case !errors.Is(err, store.ErrNoteChanged):
 			return st, err
@@ -223,11 +300,17 @@ func (u *unrecorded) land(ctx context.Context) (store.ClaimState, error) {
 }
 
 // finish records that nothing is left to do for u; called with u.mu held.
-func (u *unrecorded) finish() {
+// lost says why it ends unwritten ("": written, or the claim settled under
+// a record its retry is served by), logged once, with err.
+func (u *unrecorded) finish(lost string, err error) {
 	select {
 	case <-u.done:
+		return
 	default:
 		close(u.done)
+	}
+	if lost != "" {
+		u.logger().Error(unrecordedDropped+": "+lost, u.fields(zap.Error(err))...)
 	}
 }
 

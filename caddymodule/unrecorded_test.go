@@ -1,12 +1,20 @@
 package caddymodule
 
 import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"math/big"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/caddyserver/caddy/v2"
 
 	"github.com/aovhq/aov/internal/servers"
 	"github.com/aovhq/aov/plugins/evmfacilitator"
@@ -98,4 +106,78 @@ func TestSettleWriteLandedWhileOnlyItsGatewayIsCutOff(t *testing.T) {
 	if got := charged(t, d, payer, before); got.Cmp(big.NewInt(20000)) != 0 {
 		t.Fatalf("charged %v in all, want 20000 once", got)
 	}
+}
+
+// A reload points the gateway at a new store while it keeps a settlement
+// the old store did not record, and the old store stays down (landed_blip:
+// the write landed, every further one fails). The kept settlement holds
+// the old config's store open, but only for a bounded time after the
+// reload (unrecordedAfterUnload, the attempt span; shortened here): then it
+// is given up with an Error naming the transaction, payer, amount and
+// network, so the operator can make it good, and the old config's
+// cleanup runs (Badger's folder lock is released). Before, it kept trying
+// every 5 s until the claim lapsed (up to 7 days), holding the old
+// config's store, facilitator and modules open all that while.
+func TestReloadGivesUpAnUnrecordedSettlementWithinABound(t *testing.T) {
+	defer func(w []time.Duration, a func(*Gate) time.Duration) {
+		unrecordedWaits, unrecordedAfterUnload = w, a
+	}(unrecordedWaits, unrecordedAfterUnload)
+	unrecordedWaits = []time.Duration{20 * time.Millisecond}
+	unrecordedAfterUnload = func(*Gate) time.Duration { return 300 * time.Millisecond }
+	sharedDevnet(t)
+	up := newUpstream(t)
+	oldDir, newDir := t.TempDir(), t.TempDir()
+	logFile := filepath.Join(t.TempDir(), "caddy.log")
+	port := freePort(t)
+	loadCaddyServers(t, port, "", logFile, landedSite(up.URL, "landed_blip_badger "+filepath.Join(oldDir, "gate"), "after"))
+	t.Cleanup(func() { caddy.Stop() })
+	url := fmt.Sprintf("http://127.0.0.1:%d/verify/schema", port)
+	payer := evmfacilitator.DevAccounts()[6].Address
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 6)
+
+	startLandedOutage(t) // and it lasts: the old store never comes back
+	wantSettledUnrecorded(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}))
+	var tx string
+	for _, line := range logLines(t, logFile) {
+		if line["level"] == "error" && strings.HasPrefix(line["msg"].(string), "payment settled but not recorded") {
+			tx, _ = line["transaction"].(string)
+		}
+	}
+	if tx == "" {
+		t.Fatal("the settlement the store did not record was not logged with its transaction")
+	}
+
+	loadCaddyServers(t, port, "", logFile, landedSite(up.URL, "badger "+filepath.Join(newDir, "gate"), "after"))
+	openClosed(t, filepath.Join(oldDir, "gate")) // the old config's cleanup ran
+
+	var given map[string]any
+	for _, line := range logLines(t, logFile) {
+		if line["level"] == "error" && line["transaction"] == tx && strings.Contains(line["msg"].(string), "given up") && strings.Contains(line["msg"].(string), "unloaded") {
+			given = line
+		}
+	}
+	if given == nil || !strings.EqualFold(given["payer"].(string), payer.Hex()) || given["amount"] != "20000" || given["network"] != "eip155:1337" {
+		t.Fatalf("no Error naming the settlement given up (transaction %s, payer, amount, network): %v", tx, given)
+	}
+	sum := sha256.Sum256([]byte(sig))
+	if findUnrecorded(claimPayloadPrefix+hex.EncodeToString(sum[:])) != nil {
+		t.Fatal("the settlement given up is still kept")
+	}
+}
+
+// logLines reads the JSON log lines Caddy wrote to file.
+func logLines(t *testing.T, file string) []map[string]any {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines []map[string]any
+	for _, l := range bytes.Split(b, []byte("\n")) {
+		var m map[string]any
+		if json.Unmarshal(l, &m) == nil {
+			lines = append(lines, m)
+		}
+	}
+	return lines
 }
