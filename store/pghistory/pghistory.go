@@ -83,6 +83,7 @@ func Open(ctx context.Context, dsn string) (*History, error) {
 	if err != nil {
 		return nil, fmt.Errorf("history: parsing the PostgreSQL address: %w", err)
 	}
+	sessionDefault(cfg.ConnConfig.RuntimeParams, "idle_in_transaction_session_timeout", idleInTransactionTimeout)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("history: connecting to PostgreSQL: %w", err)
@@ -93,6 +94,39 @@ func Open(ctx context.Context, dsn string) (*History, error) {
 		return nil, err
 	}
 	return h, nil
+}
+
+// idleInTransactionTimeout is the idle_in_transaction_session_timeout of
+// the pool's sessions: how long the server keeps a transaction of ours
+// open while it waits for the next statement. A record holds its agent's
+// counts row from its INSERT to its COMMIT, two round trips apart
+// (RecordVerification), and a verifierd that vanishes between them (host
+// crash, partition: the server sees no FIN) would otherwise leave that
+// lock held until the server's TCP keepalive notices, over two hours by
+// default, while every other instance's record of the agent waits on it
+// to its deadline. Our own gap there is one clock read, and the gaps
+// inside SetPayments' transaction are as short, so 5 s ends only
+// sessions whose client is gone or stalled that long; and it is a third
+// of the answer deadline Caddyfile.example's gateway gives (15 s;
+// upstream_timeout is 30 s by default), so a record queued behind such a
+// lock still answers in time. A session the server ends this way is rolled back:
+// its COMMIT fails, or is looked up and found aborted (commit).
+//
+// The client's side needs nothing more: every call runs under a context
+// that bounds it, a lock wait included, and Go's dialer keeps TCP
+// keepalive on.
+const idleInTransactionTimeout = "5s"
+
+// sessionDefault sets the server setting name to value for the pool's
+// sessions, unless the operator's address sets it already, as a parameter
+// of its own or in options (-c name=…). A setting sent at connection
+// start outranks postgresql.conf and ALTER ROLE, so the address is where
+// an operator changes it.
+func sessionDefault(params map[string]string, name, value string) {
+	if _, ok := params[name]; ok || strings.Contains(params["options"], name) {
+		return
+	}
+	params[name] = value
 }
 
 func (h *History) migrate(ctx context.Context) error {
