@@ -11,7 +11,6 @@ import (
 	"io"
 	"maps"
 	"net/http"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -865,8 +864,11 @@ const (
 	HeaderUpstreamSettlement = "X-Aov-Settlement"
 	headerSettlementReport   = "X-Aov-Settlement-Report"
 	reportTimeout            = 5 * time.Second
-	// reportNotFound is the result, in a batch's per report answer, of a
-	// report whose verification the upstream does not have.
+	// The results, in a batch's per report answer, of a report recorded
+	// now, of one whose verification had an outcome already (nothing
+	// changed), and of one whose verification the upstream does not have.
+	reportRecorded = "recorded"
+	reportFinal    = "final"
 	reportNotFound = "not_found"
 )
 
@@ -1064,7 +1066,9 @@ type outcomeReport struct {
 // name a verification it does not have, it records the others and says
 // per report what happened (200 {"results": [...]}, reportOnce): the
 // others are taken, and an unknown one is logged, not sent again, since
-// no resend can record it.
+// no resend can record it. Any other success answer to a batch says
+// nothing about which reports were recorded: the batch is not taken
+// (batchResults).
 const maxReportBatch = 128
 
 // reportQueue is the reports waiting for one (gate, path).
@@ -1188,7 +1192,8 @@ func (g *Gate) reportSafely(r *http.Request, next caddyhttp.Handler, path string
 // per report (200 {"results": [...]}: verifierd does when some ids are
 // unknown to it) is taken: the others are recorded, and each unknown one
 // is logged as an error, never sent again (no resend can record it), and
-// not counted as reported.
+// not counted as reported. A batch answered with any other success
+// (batchResults) is logged once and not taken.
 func (g *Gate) reportOnce(r *http.Request, next caddyhttp.Handler, path string, reps []outcomeReport) bool {
 	var body []byte
 	if len(reps) == 1 {
@@ -1224,8 +1229,13 @@ func (g *Gate) reportOnce(r *http.Request, next caddyhttp.Handler, path string, 
 		return false
 	}
 	var notFound []bool
-	if len(reps) > 1 && out.status() == http.StatusOK {
-		notFound = reportsNotFound(out.buf.Bytes(), len(reps))
+	if len(reps) > 1 {
+		var ok bool
+		if notFound, ok = batchResults(out.status(), out.buf.Bytes(), len(reps)); !ok {
+			g.logger.Warn("the upstream's answer to a batch of settlement outcomes is not one result per report; sending each again alone",
+				zap.Int("batch", len(reps)), zap.Int("status", out.status()), zap.Int("body_bytes", out.buf.Len()))
+			return false
+		}
 	}
 	for i, rep := range reps {
 		if notFound != nil && notFound[i] {
@@ -1237,22 +1247,49 @@ func (g *Gate) reportOnce(r *http.Request, next caddyhttp.Handler, path string, 
 	return true
 }
 
-// reportsNotFound reads a batch's per report answer, {"results": [...]}
-// with one result per report: which reports the upstream has no
-// verification for. Any other answer of success (none, or another body)
-// is nil: every report taken, as a 204 says.
-func reportsNotFound(body []byte, n int) []bool {
+// batchResults reads the upstream's success answer to a batch of n
+// reports: 204, every report recorded (or final already), or 200
+// {"results": [...]} with one result per report in the batch's order,
+// each recorded, final or not_found; notFound says which reports the
+// upstream has no verification for. Any other success answer (another
+// status, a list of another length, another result or member, a truncated
+// body, a proxy's page) does not say which reports were recorded, so ok is
+// false and the batch is handled as one the upstream did not take: its
+// reports are sent again alone, which records each once (a repeated report
+// changes nothing). Taking it as every report recorded would count
+// outcomes as reported that may never have been.
+func batchResults(status int, body []byte, n int) (notFound []bool, ok bool) {
+	switch status {
+	case http.StatusNoContent:
+		return nil, true
+	case http.StatusOK:
+	default:
+		return nil, false
+	}
 	var ans struct {
 		Results []string `json:"results"`
 	}
-	if json.Unmarshal(body, &ans) != nil || len(ans.Results) != n || !slices.Contains(ans.Results, reportNotFound) {
-		return nil
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if dec.Decode(&ans) != nil || len(ans.Results) != n {
+		return nil, false
 	}
-	notFound := make([]bool, n)
+	if _, err := dec.Token(); err != io.EOF { // one document, nothing after it
+		return nil, false
+	}
 	for i, res := range ans.Results {
-		notFound[i] = res == reportNotFound
+		switch res {
+		case reportRecorded, reportFinal:
+		case reportNotFound:
+			if notFound == nil {
+				notFound = make([]bool, n)
+			}
+			notFound[i] = true
+		default:
+			return nil, false
+		}
 	}
-	return notFound
+	return notFound, true
 }
 
 // encodeOffers encodes the gate's offers once, as the records of its paid
