@@ -82,6 +82,8 @@ func TestOptionGivenTwiceIsRefused(t *testing.T) {
 		{"x402_facilitator discovery max_age", "x402_facilitator {\n\tdiscovery {\n\t\tmax_age 1h\n\t\tmax_age 2h\n\t}\n\tdevnet\n}", "max_age given twice"},
 		{"http facilitator url", "x402 {\n\tfacilitator http http://127.0.0.1:1 {\n\t\turl http://127.0.0.1:2\n\t}\n}", "url given twice"},
 		{"http facilitator header", "x402 {\n\tfacilitator http http://127.0.0.1:1 {\n\t\theader Authorization a\n\t\theader Authorization b\n\t}\n}", "header Authorization given twice: a second would silently replace the first, at Caddyfile:5"},
+		{"evm facilitator rpc_url", "x402 {\n\tfacilitator evm {\n\t\tnetwork base\n\t\trpc_url http://127.0.0.1:1\n\t\trpc_url http://127.0.0.1:2\n\t}\n}", "rpc_url given twice"},
+		{"evm facilitator devnet rpc_listen", "x402 {\n\tfacilitator evm {\n\t\tdevnet {\n\t\t\trpc_listen 127.0.0.1:1\n\t\t\trpc_listen 127.0.0.1:2\n\t\t}\n\t}\n}", "rpc_listen given twice"},
 		{"svm facilitator network", "x402 {\n\tfacilitator svm {\n\t\tnetwork solana\n\t\tnetwork solana-devnet\n\t}\n}", "network given twice"},
 		{"x402_cors max_age", "x402_cors https://a.example {\n\tmax_age 1h\n\tmax_age 2h\n}", "max_age given twice"},
 		{"aov_rate_limit window", "aov_rate_limit {\n\twindow 1m\n\twindow 1h\n}", "window given twice"},

@@ -291,7 +291,11 @@ func (m *EVMFacilitator) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
+	seen := caddyopt.Once{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		if err := seen.Check(d); err != nil {
+			return err // every evm option takes one value
+		}
 		var err error
 		switch d.Val() {
 		case "network":
@@ -322,7 +326,11 @@ func facParseDevnet(d *caddyfile.Dispenser) (*FacilitatorDevnet, error) {
 	if d.NextArg() {
 		return nil, d.ArgErr()
 	}
+	seen := caddyopt.Once{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		if err := seen.Check(d); err != nil {
+			return nil, err
+		}
 		switch d.Val() {
 		case "rpc_listen":
 			if err := facOneArg(d, &dn.RPCListen); err != nil {
