@@ -647,6 +647,12 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		return g.refuse(w, r, apierr.Unavailable("payment state store", 1, errUnloaded))
 	}
 	defer g.uses.Leave()
+	if caddyhttp.GetVar(r.Context(), verificationStartedVar) != nil {
+		// verify_response already runs around this gate: it would judge
+		// the answer only after the gate settled it (see
+		// verificationStartedVar). Nothing is claimed, reserved or charged.
+		return g.refuse(w, r, apierr.Internal(errGateInsideVerify))
+	}
 	// The upstream must never see a client's claim to have paid (nor the
 	// payment itself), on any path, preflights included. The first gate on
 	// the request removes them; a later gate in the same route (one per

@@ -60,6 +60,26 @@ const (
 // reads it; the upstream cannot set it.
 const VerificationVar = "aov.verification.result"
 
+// verificationStartedVar marks a request verify_response is handling
+// (set while its ServeHTTP runs). The x402 gate settles, releases or withholds an answer by the
+// outcome verify_response records, so verify_response must run inside the
+// gate; in a `route` block directives run in the order written, and one
+// that writes verify_response first has the gate settle (or release) before
+// anything is verified, while verify_response then tells the buyer
+// "nothing was charged". Caddy gives a handler no view of its siblings, so
+// the order is checked on the request: a gate that finds this mark refuses
+// before it claims a payment or a free unit (errGateInsideVerify), and so
+// does a second verify_response, whose outcome the first would overwrite
+// (errNestedVerify).
+const verificationStartedVar = "aov.verification.started"
+
+// Why a misordered request is refused (500 internal_error, logged at
+// Error level with this text: the fix is the operator's).
+var (
+	errGateInsideVerify = errors.New("verify_response runs before this x402 gate, which would settle the payment before the answer is verified: write x402 before verify_response (inside a `route` block directives run in the order written)")
+	errNestedVerify     = errors.New("two verify_response handle this request, and the outer one would overwrite the outcome of the inner one that the x402 gate settles on: keep one verify_response per request")
+)
+
 // verificationIDVar holds the verification_id of the receipt, for logs
 // ({http.vars.aov.verification.id}).
 const verificationIDVar = "aov.verification.id"
@@ -122,7 +142,8 @@ const (
 // Its registered Caddyfile order is after encode: inside the x402 gate
 // (before encode) and inside encode, so it sees the upstream's plain JSON
 // and the gate sees its final answer. Inside a `route` block, write x402,
-// then verify_response, then the proxy.
+// then verify_response, then the proxy: a gate written after it refuses
+// every request (verificationStartedVar).
 type VerifyResponse struct {
 	// Schema is the JSON Schema the output must satisfy: inline JSON, or
 	// the path of a file holding it. Required.
@@ -426,6 +447,16 @@ func (v *VerifyResponse) Cleanup() error {
 // ServeHTTP runs the upstream into a hold, verifies what it holds, and
 // releases the answer the policy calls for.
 func (v *VerifyResponse) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	if caddyhttp.GetVar(r.Context(), verificationStartedVar) != nil {
+		e := apierr.Internal(errNestedVerify)
+		v.logger.Error("request refused", zap.String("code", e.Code), zap.Error(e.Cause))
+		apierr.Write(w, e)
+		return nil
+	}
+	caddyhttp.SetVar(r.Context(), verificationStartedVar, true)
+	// Only while it runs: handle_errors, run after it returned, is not
+	// inside it.
+	defer caddyhttp.SetVar(r.Context(), verificationStartedVar, nil)
 	// The upstream must answer in plain bytes (the check reads JSON, and
 	// the receipt hashes what is released) and in full (a range cannot be
 	// verified). The client's own request is left as it was, for logs.
