@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -45,7 +46,7 @@ const (
 	outcomeBillable  outcome = iota // a success the buyer pays for
 	outcomeNotBilled                // an error answer: handed over, never charged
 	outcomeNotPassed                // settle_on pass, and the output did not pass: handed over uncharged
-	outcomeWithheld                 // settle_on pass, and content verify_response did not check: withheld, never charged
+	outcomeWithheld                 // settle_on pass, and content no verify_response checked: withheld, never charged
 	outcomeOverflow                 // larger than max_buffer: withheld, never charged
 	outcomeFailed                   // the upstream failed before answering
 )
@@ -90,7 +91,7 @@ func (g *Gate) serveCharged(w http.ResponseWriter, r *http.Request, next caddyht
 	case outcomeWithheld:
 		c.release(r)
 		metrics.outcomes.WithLabelValues("unchecked_answer_withheld").Inc()
-		return g.refuse(w, r, uncheckedAnswer(bw))
+		return g.refuse(w, r, uncheckedAnswer(r, bw))
 	case outcomeNotPassed:
 		c.release(r)
 		metrics.outcomes.WithLabelValues("verification_not_passed_not_settled").Inc()
@@ -123,35 +124,53 @@ func (g *Gate) outcomeOf(ex exchange, bw *bufferedWriter, err error, r *http.Req
 	return outcomeNotPassed
 }
 
-// uncheckedContent reports whether the held answer is content that
-// verify_response let through unchecked (a status or a content type it
-// does not check): a success with a body. Under settle_on pass such an
-// answer can be neither charged (nothing verified it) nor handed over
-// free: a buyer who can steer the agent to it (an Accept header asking
-// for CSV instead of JSON) would get the work for nothing. An answer
-// without content (HEAD, 204, a redirect) is still handed over.
+// uncheckedContent reports whether the held answer is content no
+// verify_response checked: one it let through unchecked (a status or a
+// content type it does not check), or one no verify_response saw at all
+// (none in the route, or its matcher did not match this request: a
+// matcher on a client's header is the client's to steer). It is a success
+// with a body. Under settle_on pass such an answer can be neither charged
+// (nothing verified it) nor handed over free: a buyer who can steer the
+// agent to it (an Accept header asking for CSV instead of JSON, a header
+// the matcher reads) would get the work for nothing. An answer without
+// content (HEAD, 204, a redirect) is still handed over. outcomeOf asks
+// only once settleAllowed refused, so under the default settle_on an
+// answer no verify_response saw has already settled.
 func uncheckedContent(r *http.Request, bw *bufferedWriter) bool {
 	outcome, _ := caddyhttp.GetVar(r.Context(), VerificationVar).(string)
 	s := bw.status()
-	return outcome == outcomeUnchecked && s >= 200 && s < 300 && bw.buf.Len() > 0
+	return (outcome == "" || outcome == outcomeUnchecked) && s >= 200 && s < 300 && bw.buf.Len() > 0
 }
 
 // uncheckedAnswer is the refusal of an answer withheld by uncheckedContent.
-func uncheckedAnswer(bw *bufferedWriter) *apierr.Error {
-	ct := headerValueShort(bw.header.Get("Content-Type"))
-	if ct == "" {
-		ct = "none"
-	}
-	return &apierr.Error{
-		Code: codeResponseUnverifiable,
-		Message: fmt.Sprintf("The answer could not be verified because it is not one verify_response checks (status %d, content type %s); "+
-			"it was withheld and nothing was charged; ask for JSON, or retry later.", bw.status(), ct),
+// Its cause, logged at Error level (Gate.refuse), tells the operator which
+// of the two it was.
+func uncheckedAnswer(r *http.Request, bw *bufferedWriter) *apierr.Error {
+	e := &apierr.Error{
+		Code:        codeResponseUnverifiable,
 		Status:      http.StatusServiceUnavailable,
 		Retryable:   true,
 		RetryAfter:  1,
 		NextActions: []apierr.Action{{Action: "retry", After: 1}},
 	}
+	if outcome, _ := caddyhttp.GetVar(r.Context(), VerificationVar).(string); outcome == "" {
+		e.Message = "The answer could not be verified because no verification ran for this request; it was withheld and nothing was charged; retry later."
+		e.Cause = errNoVerification
+		return e
+	}
+	ct := headerValueShort(bw.header.Get("Content-Type"))
+	if ct == "" {
+		ct = "none"
+	}
+	e.Message = fmt.Sprintf("The answer could not be verified because it is not one verify_response checks (status %d, content type %s); "+
+		"it was withheld and nothing was charged; ask for JSON, or retry later.", bw.status(), ct)
+	e.Cause = fmt.Errorf("settle_on pass: verify_response did not check this answer (status %d, content type %s): withheld", bw.status(), ct)
+	return e
 }
+
+// errNoVerification is why an answer no verify_response saw is withheld
+// under settle_on pass.
+var errNoVerification = errors.New("settle_on pass, but no verify_response handled this request (none in the route, or its matcher did not match): its answer was withheld; write verify_response after x402 for every request of the route, or use settle_on any to sell unverified answers")
 
 // paidCharge is a verified, claimed payment.
 type paidCharge struct {

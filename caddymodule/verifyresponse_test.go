@@ -1085,29 +1085,73 @@ func TestSellerExampleCaddyfileAdapts(t *testing.T) {
 	}
 }
 
+// Under settle_on pass, a 2xx answer with content that no verify_response
+// saw (none in the route, or one whose matcher did not match: here a
+// header the client sends, so the client chooses) is neither charged nor
+// handed over free: it is withheld with response_unverifiable, the payment
+// released, an error logged. (It used to be handed over uncharged: the
+// buyer got the work free.) The released payment buys the verified answer.
 func TestSettleOnPassWithoutVerificationNeverCharges(t *testing.T) {
 	d, fac := sharedDevnet(t)
+	buildBinaries(t)
+	vf := startVerifier(t)
 	up := newUpstream(t)
-	base := startCaddy(t, fmt.Sprintf(`:{port} {
-	x402 {
-		accept devnet $0.05 %s
-		facilitator http %s
-		store badger {data}/gate
-		settle_on pass
+	gate := fmt.Sprintf(`x402 {
+			accept devnet $0.05 %s
+			facilitator http %s
+			store badger {data}/gate
+			settle_on pass
+		}`, payTo.Hex(), fac)
+	logFile := filepath.Join(t.TempDir(), "caddy.log")
+	base := startCaddyServers(t, "", logFile, fmt.Sprintf(`:{port} {
+	route /none/* {
+		%[1]s
+		reverse_proxy %[2]s
 	}
-	reverse_proxy %s
-}`, payTo.Hex(), fac, strings.TrimPrefix(up.URL, "http://")))
+	route /matched/* {
+		%[1]s
+		@checked header X-Check yes
+		verify_response @checked {
+			schema `+"`{\"type\":\"object\"}`"+`
+			verifier_url %[3]s
+		}
+		reverse_proxy %[2]s
+	}
+}`, gate, strings.TrimPrefix(up.URL, "http://"), vf.srv.URL))
 	payer := evmfacilitator.DevAccounts()[8].Address
 	before := balance(t, d, payer)
-	resp, _ := getBody(t, base+"/thing", nil)
+	resp, _ := getBody(t, base+"/matched/thing", nil)
 	sig := signFor(t, paymentRequired(t, resp), 8)
-	resp, body := getBody(t, base+"/thing", map[string]string{x402.HeaderPaymentSignature: sig})
-	if resp.StatusCode != 200 || resp.Header.Get(x402.HeaderPaymentResponse) != "" {
-		t.Fatalf("status %d, PAYMENT-RESPONSE %q: %s", resp.StatusCode, resp.Header.Get(x402.HeaderPaymentResponse), body)
+	for _, tc := range []struct{ desc, url string }{
+		{"no verify_response in the route", base + "/none/thing"},
+		{"verify_response's matcher did not match", base + "/matched/thing"},
+	} {
+		resp, body := getBody(t, tc.url, map[string]string{x402.HeaderPaymentSignature: sig})
+		var e apierr.Error
+		if resp.StatusCode != http.StatusServiceUnavailable || json.Unmarshal(body, &e) != nil || e.Code != "response_unverifiable" || e.Charged {
+			t.Fatalf("%s: status %d: %s", tc.desc, resp.StatusCode, body)
+		}
+		if strings.Contains(string(body), "paid_content") || resp.Header.Get(x402.HeaderPaymentResponse) != "" {
+			t.Fatalf("%s: the unverified answer, or a receipt of payment, reached the buyer: %s", tc.desc, body)
+		}
+		if balance(t, d, payer).Cmp(before) != 0 {
+			t.Fatalf("%s: settle_on pass charged an answer nothing verified", tc.desc)
+		}
 	}
-	if balance(t, d, payer).Cmp(before) != 0 {
-		t.Fatal("settle_on pass charged an answer nothing verified")
+	// Without content there is nothing to withhold: handed over, uncharged.
+	resp, body := getBody(t, base+"/none/thing", map[string]string{x402.HeaderPaymentSignature: sig, "X-Test-Status": "204"})
+	if resp.StatusCode != http.StatusNoContent || resp.Header.Get(x402.HeaderPaymentResponse) != "" {
+		t.Fatalf("204: status %d: %s", resp.StatusCode, body)
 	}
+	// The payment was released each time: it buys the verified answer.
+	resp, body = getBody(t, base+"/matched/thing", map[string]string{x402.HeaderPaymentSignature: sig, "X-Check": "yes"})
+	if resp.StatusCode != http.StatusOK || resp.Header.Get(HeaderVerificationStatus) != "pass" || resp.Header.Get(x402.HeaderPaymentResponse) == "" {
+		t.Fatalf("verified: status %d: %s", resp.StatusCode, body)
+	}
+	if got := new(big.Int).Sub(before, balance(t, d, payer)); got.Cmp(big.NewInt(50000)) != 0 {
+		t.Fatalf("charged %v, want 50000", got)
+	}
+	wantLogged(t, logFile, "no verify_response handled this request")
 }
 
 // Under settle_on pass, an answer verify_response lets through unchecked

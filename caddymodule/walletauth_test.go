@@ -696,8 +696,8 @@ func TestContractWalletThroughChainRPC(t *testing.T) {
 // An upstream that is itself an x402 client (a seller's agent calling
 // another paid API) answers with its own PAYMENT-RESPONSE, naming its own
 // payer, and PAYMENT-REQUIRED. Neither reaches the client on an answer the
-// gate hands over uncharged (here settle_on pass without verify_response:
-// nothing passes, nothing is charged), a free one or one that carried a
+// gate hands over uncharged (here the upstream refuses the paid call: an
+// error answer is never charged), a free one or one that carried a
 // payment; and sign-in-with-x records no paid access from it: only the
 // gate's own settlement counts.
 func TestUpstreamPaymentHeadersAreNotTheGates(t *testing.T) {
@@ -707,6 +707,9 @@ func TestUpstreamPaymentHeadersAreNotTheGates(t *testing.T) {
 		w.Header().Set(x402.HeaderPaymentResponse, forged)
 		w.Header().Set(x402.HeaderPaymentRequired, "forged")
 		w.Header().Set("Content-Type", "application/json")
+		if r.Header.Get(HeaderUpstreamPayment) == "paid" {
+			w.WriteHeader(http.StatusConflict)
+		}
 		json.NewEncoder(w).Encode(map[string]string{"payment": r.Header.Get(HeaderUpstreamPayment)})
 	}))
 	t.Cleanup(up.Close)
@@ -724,7 +727,6 @@ func TestUpstreamPaymentHeadersAreNotTheGates(t *testing.T) {
 				url %[2]s
 			}
 			store badger {data}/gate
-			settle_on pass
 			free_allowance {
 				per_day 5
 				max_body 16
@@ -763,7 +765,7 @@ func TestUpstreamPaymentHeadersAreNotTheGates(t *testing.T) {
 	}
 	sig, _ := x402.EncodeHeader(p)
 	st, hdr, body = walletCall(t, "GET", url, "", map[string]string{x402.HeaderPaymentSignature: sig})
-	if st != 200 || body["payment"] != "paid" {
+	if st != http.StatusConflict || body["payment"] != "paid" {
 		t.Fatalf("paid call: %d %v", st, body)
 	}
 	noPaymentHeaders("paid call, not charged", hdr)
