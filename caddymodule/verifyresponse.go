@@ -183,8 +183,8 @@ type VerifyResponse struct {
 	// about (secretopt).
 	VerifierToken string `json:"verifier_token,omitempty"`
 	// VerifierTimeout bounds one call to the verification service.
-	// Default 10s, at most 1m (maxVerifierTimeout: a free call's
-	// reservation must outlive it).
+	// Default 10s (also for 0), at most 1m (maxVerifierTimeout: a free
+	// call's reservation must outlive it); a negative one is refused.
 	VerifierTimeout caddy.Duration `json:"verifier_timeout,omitempty"`
 
 	// ReceiptHeader names the header that carries the receipt. Default
@@ -390,10 +390,23 @@ func (v *VerifyResponse) Validate() error {
 		return errors.New("verify_response: verifier_url is required")
 	}
 	u, err := url.Parse(v.VerifierURL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("verify_response: verifier_url %q must be an http:// or https:// URL", v.VerifierURL)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // without the URL, which may hold a password
+		}
+		return fmt.Errorf("verify_response: verifier_url does not parse: %v", err)
 	}
-	if d := time.Duration(v.VerifierTimeout); d > maxVerifierTimeout {
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("verify_response: verifier_url %q must be an http:// or https:// URL", withoutUserinfo(u))
+	}
+	switch d := time.Duration(v.VerifierTimeout); {
+	case d < 0:
+		// Every call would start past its deadline: each answer
+		// unverifiable (fail_closed: an outage; fail_open: every answer
+		// out unchecked, and free under settle_on pass). 0 is the default.
+		return fmt.Errorf("verify_response: verifier_timeout %s must be positive (leave it out for the default %s)", d, defaultVerifierTimeout)
+	case d > maxVerifierTimeout:
 		// Behind a gate's free allowance the check runs while the call
 		// holds its reserved unit (see maxVerifierTimeout).
 		return fmt.Errorf("verify_response: verifier_timeout %s is over %s: behind an x402 free allowance the check runs while the free call holds its reserved unit, which must not lapse", d, maxVerifierTimeout)
@@ -419,6 +432,18 @@ func (v *VerifyResponse) Validate() error {
 		return fmt.Errorf("verify_response: receipt_header %q is not a valid header name", v.receiptName)
 	}
 	return nil
+}
+
+// withoutUserinfo is u for an error message or a log: a user name and
+// password (the verification service's basic auth, a secret) replaced by
+// xxxxx. url.URL.Redacted keeps the user name, which may be the token.
+func withoutUserinfo(u *url.URL) string {
+	if u.User == nil {
+		return u.String()
+	}
+	c := *u
+	c.User = url.User("xxxxx")
+	return c.String()
 }
 
 // validHeaderName reports whether s is an RFC 9110 token.

@@ -891,11 +891,15 @@ func TestVerifyResponseConfiguration(t *testing.T) {
 		{"a schema is required", "verifier_url http://127.0.0.1:1", "schema is required"},
 		{"a verifier_url is required", "schema `{}`", "verifier_url is required"},
 		{"a verifier_url must be http or https", "schema `{}`\n\t\tverifier_url ftp://x", "must be an http:// or https:// URL"},
+		{"a verifier_url's user and password are not echoed", "schema `{}`\n\t\tverifier_url ftp://gateway:s3cret-pw@x", `verifier_url "ftp://xxxxx@x" must be`},
+		{"an unparsable verifier_url's password is not echoed", "schema `{}`\n\t\tverifier_url \"http://gateway:s3cret-pw@x:port/\"", "verifier_url does not parse: invalid port"},
 		{"a schema that does not compile fails at load", "schema `{\"type\":\"objekt\"}`\n\t\tverifier_url http://127.0.0.1:1", "would be refused: schema"},
 		{"a rule that is not a rule fails at load", "schema `{}`\n\t\trules `[{\"type\":\"sum\"}]`\n\t\tverifier_url http://127.0.0.1:1", "rules[0].type"},
 		{"a missing schema file fails at load", "schema /nonexistent/schema.json\n\t\tverifier_url http://127.0.0.1:1", "schema file"},
 		{"on_fail is pass or block", "schema `{}`\n\t\tverifier_url http://127.0.0.1:1\n\t\ton_fail maybe", "on_fail must be pass or block"},
 		{"on_error is fail_closed or fail_open", "schema `{}`\n\t\tverifier_url http://127.0.0.1:1\n\t\ton_error shrug", "on_error must be fail_closed or fail_open"},
+		{"a negative verifier_timeout fails every check at once", "schema `{}`\n\t\tverifier_url http://127.0.0.1:1\n\t\tverifier_timeout -1s", "verifier_timeout -1s must be positive"},
+		{"verifier_timeout 0 is the default", "schema `{}`\n\t\tverifier_url http://127.0.0.1:1\n\t\tverifier_timeout 0s", ""},
 		{"a receipt header must be a header name", "schema `{}`\n\t\tverifier_url http://127.0.0.1:1\n\t\treceipt_header \"Bad Name\"", "not a valid header name"},
 		{"the example schema and rules load", "schema " + binaries.schemaPath + "\n\t\trules " + binaries.rules + "\n\t\tverifier_url http://127.0.0.1:1", ""},
 	}
@@ -903,6 +907,9 @@ func TestVerifyResponseConfiguration(t *testing.T) {
 		t.Run(tc.desc, func(t *testing.T) {
 			err := loadError(t, ":0 {\n\tverify_response {\n\t\t"+tc.body+"\n\t}\n\trespond ok\n}\n")
 			wantErr(t, err, tc.want)
+			if err != nil && (strings.Contains(err.Error(), "s3cret-pw") || strings.Contains(err.Error(), "gateway:")) {
+				t.Fatalf("the error echoes the verifier_url's credentials: %v", err)
+			}
 		})
 	}
 }
