@@ -122,6 +122,13 @@ type WalletAuth struct {
 	uses     *inflight.Config // internal/inflight
 }
 
+// maxProofLifetime caps max_lifetime. An X-Wallet-Auth proof is a
+// short-lived bearer credential: whoever captures it (a log, a proxy) can
+// send it until it expires unless its nonce was used first, and its nonce
+// claim is kept until then. An hour is twelve times the 5m default, room
+// enough for a slow signer or a skewed clock, and still short.
+const maxProofLifetime = time.Hour
+
 // CaddyModule returns the Caddy module information.
 func (WalletAuth) CaddyModule() caddy.ModuleInfo {
 	return caddy.ModuleInfo{
@@ -193,6 +200,12 @@ func (wa *WalletAuth) Validate() error {
 	}
 	if wa.MaxLifetime < 0 || wa.SIWXAccessTTL < 0 || wa.ChainTimeout < 0 {
 		return errors.New("wallet_auth: durations must be positive")
+	}
+	if d := time.Duration(wa.MaxLifetime); d > maxProofLifetime {
+		return fmt.Errorf("wallet_auth: max_lifetime %s is over %s: a proof is meant to be short-lived (default %s); a captured one can be replayed until it expires, unless its nonce was used, and every nonce claim is kept that long", d, maxProofLifetime, walletauth.DefaultMaxLifetime)
+	}
+	if wa.SIWXAccessTTL != 0 && !wa.SIWX {
+		return errors.New("wallet_auth: siwx_access_ttl needs siwx: without it no sign-in-with-x access is recorded or granted; add siwx, or remove siwx_access_ttl")
 	}
 	return nil
 }

@@ -280,6 +280,25 @@ func TestWalletAuthOptionalAndPlaceholders(t *testing.T) {
 	}
 }
 
+// TestWalletAuthLimitsAtLoad: max_lifetime has a ceiling (a proof is
+// short-lived: a captured one replays until it expires, unless its nonce
+// was used, and its nonce claim is kept that long), and siwx_access_ttl
+// without siwx, which would be silently ignored, is refused.
+func TestWalletAuthLimitsAtLoad(t *testing.T) {
+	for _, tc := range []struct{ desc, opts, want string }{
+		{"a year-long proof lifetime is refused", "max_lifetime 8760h", "max_lifetime 8760h0m0s is over 1h0m0s"},
+		{"an hour is the longest", "max_lifetime 1h", ""},
+		{"an hour and a second is too long", "max_lifetime 3601s", "is over 1h0m0s"},
+		{"siwx_access_ttl needs siwx", "siwx_access_ttl 24h", "siwx_access_ttl needs siwx"},
+		{"siwx_access_ttl with siwx loads", "siwx\n\t\tsiwx_access_ttl 24h", ""},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			err := loadError(t, fmt.Sprintf(":0 {\n\twallet_auth {\n\t\t%s\n\t\tdomains example.com\n\t\tstore badger %s\n\t}\n\trespond ok\n}\n", tc.opts, t.TempDir()))
+			wantErr(t, err, tc.want)
+		})
+	}
+}
+
 // TestFreeAllowancePerWallet: with wallet_auth before the gate and the
 // allowance keyed by wallet, each wallet has its own free calls, and a
 // request without a wallet gets none (all test requests come from one IP).
