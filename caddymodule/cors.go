@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -157,8 +158,8 @@ func (c *CORS) Provision(caddy.Context) error {
 }
 
 // normalizeOrigin returns the serialised origin of o (lower-case scheme and
-// host, the port kept) as browsers send it, refusing anything with a path,
-// query, fragment or user info.
+// host, the port kept unless it is the scheme's default) as browsers send
+// it, refusing anything with a path, query, fragment or user info.
 func normalizeOrigin(o string) (string, error) {
 	u, err := url.Parse(o)
 	if err != nil {
@@ -170,7 +171,29 @@ func normalizeOrigin(o string) (string, error) {
 	if u.User != nil || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" || strings.HasSuffix(o, "?") {
 		return "", fmt.Errorf("an origin has no path, query, fragment or user info")
 	}
-	return strings.ToLower(u.Scheme) + "://" + strings.ToLower(u.Host), nil
+	scheme := strings.ToLower(u.Scheme)
+	host, _ := withoutDefaultPort(strings.ToLower(u.Host), defaultPorts[scheme])
+	return scheme + "://" + host, nil
+}
+
+// defaultPorts are the ports a URL of each scheme implies.
+var defaultPorts = map[string]string{"http": "80", "https": "443"}
+
+// withoutDefaultPort returns host[:port] without its port when that is one
+// of ports, and whether it dropped one. Browsers leave a scheme's default
+// port out of an Origin (RFC 6454 serialisation), and so do wallets and
+// pages writing a sign-in domain (location.host), so a name configured
+// with it never equals what clients send: "https://app.example.com:443"
+// would allow no page at all.
+func withoutDefaultPort(hostport string, ports ...string) (string, bool) {
+	i := strings.LastIndexByte(hostport, ':')
+	if i < 0 || strings.HasSuffix(hostport, "]") { // no port; a bare IPv6 literal
+		return hostport, false
+	}
+	if slices.Contains(ports, hostport[i+1:]) {
+		return hostport[:i], true
+	}
+	return hostport, false
 }
 
 func joinHeaders(defaults, extra []string) string {

@@ -237,6 +237,32 @@ func TestCORSConfigErrors(t *testing.T) {
 	}
 }
 
+// An origin configured with its scheme's default port is the origin
+// browsers send without it (they never write :443 on https or :80 on
+// http); configured as written it would allow no page. Another port is
+// another origin.
+func TestCORSOriginWithDefaultPort(t *testing.T) {
+	c := new(CORS)
+	if err := c.UnmarshalCaddyfile(caddyfile.NewTestDispenser("x402_cors https://app.example.com:443 http://shop.example.com:80 https://admin.example.com:8443")); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Provision(caddy.Context{}); err != nil {
+		t.Fatal(err)
+	}
+	for origin, want := range map[string]string{
+		"https://app.example.com":        "https://app.example.com",
+		"http://shop.example.com":        "http://shop.example.com",
+		"https://admin.example.com:8443": "https://admin.example.com:8443",
+		"https://admin.example.com":      "",
+		"http://app.example.com":         "",
+		"https://shop.example.com":       "",
+	} {
+		if got := c.allowed(origin); got != want {
+			t.Errorf("Origin %s: allowed %q, want %q", origin, got, want)
+		}
+	}
+}
+
 // TestCORSHeadersSurviveTheNextHandler: a handler that replaces the CORS
 // headers (an upstream's own Access-Control-Allow-Origin, the gate's
 // Expose-Headers, a Vary without Origin) gets them set again when it

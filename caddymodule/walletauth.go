@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -166,6 +167,13 @@ func (wa *WalletAuth) Provision(ctx caddy.Context) error {
 			return fmt.Errorf("wallet_auth: domains: %q is not a host name with an optional port", d)
 		}
 		wa.domains = append(wa.domains, d)
+		// Browsers and wallets sign the host without a default port
+		// (location.host); a client that addressed the port, as
+		// `aov wallet-auth --url https://host:443/…` does, signs it with
+		// it. A name given with :443 or :80 matches both.
+		if host, dropped := withoutDefaultPort(d, "443", "80"); dropped && !slices.Contains(wa.domains, host) {
+			wa.domains = append(wa.domains, host)
+		}
 	}
 	if len(wa.domains) == 0 {
 		return errors.New("wallet_auth: domains is required: the site names clients sign proofs for (e.g. verify.example.com, or localhost:8080 in development); the request's Host is never trusted for it")

@@ -25,7 +25,7 @@ func TestWalletAuthDomains(t *testing.T) {
 	route /api/* {
 		wallet_auth {
 			store badger {data}/gate
-			domains verify.example.com {env.WA_TEST_SECOND_SITE}
+			domains verify.example.com {env.WA_TEST_SECOND_SITE} secure.example.com:443
 		}
 		reverse_proxy %s
 	}
@@ -65,6 +65,21 @@ func TestWalletAuthDomains(t *testing.T) {
 	t.Run("a proof for a configured name passes whatever the Host", func(t *testing.T) {
 		st, m := send(t, strings.TrimPrefix(base, "http://"), "https://verify.example.com/api/items")
 		if st != 200 || m["wallet"] != walletAddr(1) {
+			t.Fatalf("%d %v", st, m)
+		}
+	})
+	// Browsers and wallets sign the host without a default port; a client
+	// that addressed the port signs it with it. Both match a name
+	// configured with :443.
+	t.Run("a name configured with :443 matches a proof without the port", func(t *testing.T) {
+		st, m := send(t, "verify.example.com", "https://secure.example.com/api/items")
+		if st != 200 {
+			t.Fatalf("%d %v", st, m)
+		}
+	})
+	t.Run("and a proof with it", func(t *testing.T) {
+		st, m := send(t, "verify.example.com", "https://secure.example.com:443/api/items")
+		if st != 200 {
 			t.Fatalf("%d %v", st, m)
 		}
 	})
