@@ -34,9 +34,10 @@ const (
 )
 
 // Error is a refusal the client can act on. Its JSON form is the SPEC §6
-// shape. Charged is false, as an error is never charged, save the one
-// answer that tells of a payment made but not yet served (the gateway's
-// settlement_pending for a settlement its store did not record yet).
+// shape. Charged is false, as an error is never charged, save the answers
+// that tell of a payment made but not served: the gateway's
+// settlement_pending for a settlement its store did not record yet, and
+// SettledBefore's.
 type Error struct {
 	Code        string   `json:"code"`
 	Message     string   `json:"message"`
@@ -203,6 +204,17 @@ func Unavailable(what string, retryAfter int, cause error) *Error {
 		NextActions: []Action{{Action: "retry", After: retryAfter}},
 		Cause:       cause,
 	}
+}
+
+// SettledBefore returns a copy of e for an answer whose payment was
+// settled before the failure it reports (a gate that settles before its
+// upstream runs, then a seller-mode check withholds the output): the
+// buyer was charged, so the answer must not say otherwise.
+func (e *Error) SettledBefore() *Error {
+	c := *e
+	c.Charged = true
+	c.Message = strings.Replace(c.Message, "nothing was charged", "the payment, settled before this answer, is not refunded", 1)
+	return &c
 }
 
 // Internal reports a fault of ours (500). The cause is logged, never sent.

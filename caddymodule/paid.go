@@ -226,7 +226,7 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 			return nil
 		}
 		pid.save(nil, pc.sr) // streamed: settled, its answer not kept
-		return next.ServeHTTP(g.paidStream(w, pc.sr), r)
+		return next.ServeHTTP(g.paidStream(w, r, pc.sr), r)
 	}
 	return g.serveCharged(w, r, next, ex, pc)
 }
@@ -411,8 +411,12 @@ func (g *Gate) setPaidHeaders(h http.Header, sr x402.SettleResponse) {
 // upstream's PAYMENT-REQUIRED not at all. Only the gate speaks x402 to the
 // client: an upstream that is itself an x402 client (a seller's agent
 // calling another paid API) must not hand its receipts on as the buyer's.
-// A held answer is cleaned the same way when it is replayed.
-func (g *Gate) paidStream(w http.ResponseWriter, sr x402.SettleResponse) http.ResponseWriter {
+// A held answer is cleaned the same way when it is replayed. The request
+// is marked as settled before its answer (varSettledBefore), so that a
+// verify_response after the gate that withholds the output says the
+// buyer was charged.
+func (g *Gate) paidStream(w http.ResponseWriter, r *http.Request, sr x402.SettleResponse) http.ResponseWriter {
+	caddyhttp.SetVar(r.Context(), varSettledBefore, true)
 	g.setPaidHeaders(w.Header(), sr)
 	own := w.Header()[keyPaymentResponse]
 	return &statusWriter{ResponseWriter: w, onHeader: func(h http.Header, _ int) {

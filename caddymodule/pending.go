@@ -583,7 +583,7 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 	}
 	r.Header.Set(HeaderUpstreamNetwork, h.offer.Network)
 	noteSettled(r, sr)
-	return true, next.ServeHTTP(g.paidStream(w, sr), r)
+	return true, next.ServeHTTP(g.paidStream(w, r, sr), r)
 }
 
 // payerOf is the payer of payment p on network, as the payment names it

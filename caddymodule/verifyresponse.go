@@ -560,7 +560,7 @@ func (v *VerifyResponse) verifyHeld(w http.ResponseWriter, hw *bufferedWriter, r
 
 	if rc.view.Result == outcomeFail && v.OnFail == "block" {
 		v.record(r, outcomeBlocked)
-		return writeBlocked(w, rc)
+		return v.writeBlocked(w, r, rc)
 	}
 	v.record(r, rc.view.Result)
 
@@ -657,8 +657,27 @@ func (v *VerifyResponse) unverifiable(w http.ResponseWriter, hw *bufferedWriter,
 		return err
 	}
 	v.record(r, outcomeError)
-	apierr.Write(w, e)
+	apierr.Write(w, v.chargeAware(r, e))
 	return nil
+}
+
+// varSettledBefore is set (true) on a request whose payment the gate
+// settled before its upstream ran (paidStream): settle before mode, or a
+// run again after a settlement resolved from the chain.
+const varSettledBefore = "aov.x402.settled_before"
+
+// chargeAware returns e as the buyer must read it: a verify_response
+// after a gate that settled before the agent answered withholds the output
+// all the same (on_fail block, on_error fail_closed), but the payment is
+// made, so the answer says so (charged: true) and an error is logged: a
+// seller who wants to be paid only for passing outputs needs settle after.
+func (v *VerifyResponse) chargeAware(r *http.Request, e *apierr.Error) *apierr.Error {
+	if before, _ := caddyhttp.GetVar(r.Context(), varSettledBefore).(bool); !before {
+		return e
+	}
+	v.logger.Error("verify_response withheld an answer whose payment was settled before the agent answered; use settle after on the x402 gate to be paid only for outputs that pass",
+		zap.String("uri", r.RequestURI), zap.String("code", e.Code))
+	return e.SettledBefore()
 }
 
 func (v *VerifyResponse) logUnverifiable(r *http.Request, err error) {
@@ -842,14 +861,14 @@ type blockedAnswer struct {
 	Verification   json.RawMessage `json:"verification"`
 }
 
-func writeBlocked(w http.ResponseWriter, rc *signedReceipt) error {
+func (v *VerifyResponse) writeBlocked(w http.ResponseWriter, r *http.Request, rc *signedReceipt) error {
 	ans := blockedAnswer{
-		Error: &apierr.Error{
+		Error: v.chargeAware(r, &apierr.Error{
 			Code:        codeOutputFailedVerification,
 			Message:     "The output failed verification and was withheld; nothing was charged; repair it using the hints and verify again.",
 			Status:      http.StatusBadGateway,
 			NextActions: []apierr.Action{{Action: "repair_and_reverify", Using: "hints"}},
-		},
+		}),
 		BlockingChecks: rc.view.Summary.BlockingChecks,
 		Hints:          rc.view.Hints,
 		HintsTotal:     rc.view.HintsTotal,

@@ -181,3 +181,64 @@ func TestTwoVerifyResponsesOnOneRequestAreRefused(t *testing.T) {
 	}
 	wantLogged(t, logFile, "keep one verify_response per request")
 }
+
+// A gate that settles before its upstream runs has charged the buyer by
+// the time verify_response judges the output. verify_response still
+// withholds a failing output (on_fail block) or one it cannot verify
+// (on_error fail_closed), but its answer said "nothing was charged" and
+// "charged": false although the payment had moved. It now says the
+// payment was made (charged: true, PAYMENT-RESPONSE names it) and logs an
+// error naming the fix.
+func TestVerifyResponseAfterSettleBeforeSaysCharged(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	buildBinaries(t)
+	vf := startVerifier(t)
+	agent := strings.TrimPrefix(startAgent(t), "http://")
+	for _, tc := range []struct {
+		desc, verifier, vrOpts, code string
+		payer                        int
+	}{
+		{"on_fail block", vf.srv.URL, "on_fail block", codeOutputFailedVerification, 3},
+		{"on_error fail_closed, the verifier down", "http://127.0.0.1:1", "on_error fail_closed", "upstream_unavailable", 2},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			logFile := filepath.Join(t.TempDir(), "caddy.log")
+			base := startCaddyServers(t, "", logFile, fmt.Sprintf(`:{port} {
+	route /invoices/* {
+		x402 {
+			accept devnet $0.05 %s
+			facilitator http %s
+			store badger {data}/gate
+			settle before
+		}
+		verify_response {
+			schema %s
+			rules %s
+			enforce_rules
+			agent_id seller-7
+			verifier_url %s
+			%s
+		}
+		reverse_proxy %s
+	}
+}`, payTo.Hex(), fac, binaries.schemaPath, binaries.rules, tc.verifier, tc.vrOpts, agent))
+			payer := evmfacilitator.DevAccounts()[tc.payer].Address
+			before := balance(t, d, payer)
+			resp, _ := getBody(t, base+"/invoices/INV-7732", nil)
+			sig := signFor(t, paymentRequired(t, resp), tc.payer)
+			resp, body := getBody(t, base+"/invoices/INV-7732", map[string]string{x402.HeaderPaymentSignature: sig})
+			var e apierr.Error
+			if json.Unmarshal(body, &e) != nil || e.Code != tc.code || !e.Charged ||
+				strings.Contains(e.Message, "nothing was charged") || !strings.Contains(e.Message, "not refunded") {
+				t.Fatalf("status %d: %.300s", resp.StatusCode, body)
+			}
+			if resp.Header.Get(x402.HeaderPaymentResponse) == "" || strings.Contains(string(body), "Acme") {
+				t.Fatalf("no PAYMENT-RESPONSE, or the withheld output went out: %.300s", body)
+			}
+			if got := new(big.Int).Sub(before, balance(t, d, payer)); got.Cmp(big.NewInt(50000)) != 0 {
+				t.Fatalf("charged %v, want 50000", got)
+			}
+			wantLogged(t, logFile, "use settle after")
+		})
+	}
+}
