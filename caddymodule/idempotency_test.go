@@ -458,19 +458,7 @@ func TestPaymentIdentifierAcrossGatesSharingRedis(t *testing.T) {
 `, host, fac, payTo.Hex(), srv.Addr, strings.TrimPrefix(up.URL, "http://"))
 	}
 	base := startCaddy(t, site("a.test")+site("b.test"))
-	on := func(host, sig string) *http.Response {
-		req, _ := http.NewRequest(http.MethodPost, base+"/verify/schema", strings.NewReader(validRequest))
-		req.Host = host
-		if sig != "" {
-			req.Header.Set(x402.HeaderPaymentSignature, sig)
-		}
-		resp, err := testClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { resp.Body.Close() })
-		return resp
-	}
+	on := func(host, sig string) *http.Response { return postPaidOn(t, base+"/verify/schema", host, sig) }
 	pr := paymentRequired(t, on("a.test", ""))
 	payer := evmfacilitator.DevAccounts()[6]
 	before := balance(t, d, payer.Address)

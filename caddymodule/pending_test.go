@@ -1104,19 +1104,7 @@ func TestSettleWriteLandedOnRedisIsServedByAnotherGateway(t *testing.T) {
 		return strings.Replace(landedSite(up.URL, "landed_blip_redis "+srv.Addr+" {\n\t\t\t\tprefix landed\n\t\t\t}", "after"), ":{port}", "http://"+host+":{port}", 1)
 	}
 	base := startCaddy(t, site("a.test")+site("b.test"))
-	on := func(host, sig string) *http.Response {
-		req, _ := http.NewRequest(http.MethodPost, base+"/verify/schema", strings.NewReader(validRequest))
-		req.Host = host
-		if sig != "" {
-			req.Header.Set(x402.HeaderPaymentSignature, sig)
-		}
-		resp, err := testClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { resp.Body.Close() })
-		return resp
-	}
+	on := func(host, sig string) *http.Response { return postPaidOn(t, base+"/verify/schema", host, sig) }
 	payer := evmfacilitator.DevAccounts()[6].Address
 	before := balance(t, d, payer)
 	sig := signFor(t, paymentRequired(t, on("a.test", "")), 6)

@@ -37,6 +37,27 @@ func getWith(t *testing.T, url, host string, hdr map[string]string) *http.Respon
 	return resp
 }
 
+// postPaidOn POSTs the valid verification request to url as sent to
+// host (one process serving several gateways by name), with sig as its
+// PAYMENT-SIGNATURE when it is not empty.
+func postPaidOn(t *testing.T, url, host, sig string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(validRequest))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Host = host
+	if sig != "" {
+		req.Header.Set(x402.HeaderPaymentSignature, sig)
+	}
+	resp, err := testClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	return resp
+}
+
 // TestResourceURLLeavesOutTheQuery: the 402 names the route's URL without
 // the request's query, so an unpaid client cannot make PAYMENT-REQUIRED
 // grow with what it sends (a 7 KB query made a 16.5 KB header, past the
