@@ -17,7 +17,6 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/aovhq/aov/store"
-	"github.com/aovhq/aov/verifierd/server"
 )
 
 // garblingUpstream is a FAKE in front of the real verifierd: it forwards
@@ -80,25 +79,7 @@ func TestGarbledBatchAnswerIsNotTakenAsRecorded(t *testing.T) {
 	reportRetries = []time.Duration{10 * time.Millisecond, 10 * time.Millisecond}
 	defer func() { reportRetries = old }()
 	vf := startVerifier(t)
-	pending := func() string {
-		t.Helper()
-		req, _ := http.NewRequest(http.MethodPost, vf.srv.URL+"/verify/schema", strings.NewReader(
-			`{"task_id":"t1","agent_id":"seller-9","expected_schema":{"type":"object"},"submitted_output":{}}`))
-		req.Header = http.Header{"Content-Type": {"application/json"}, server.HeaderGatewayToken: {verifierToken},
-			server.HeaderPayment: {"paid"}, server.HeaderSettlement: {"pending"}}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		var doc struct {
-			ID string `json:"verification_id"`
-		}
-		if err := json.NewDecoder(resp.Body).Decode(&doc); err != nil || resp.StatusCode != http.StatusOK || doc.ID == "" {
-			t.Fatalf("verify: %d, %v", resp.StatusCode, err)
-		}
-		return doc.ID
-	}
+	pending := func() string { return vf.pendingPaid(t) }
 	const path = "/v1/gateway/settlement"
 	for _, tc := range []struct {
 		name   string

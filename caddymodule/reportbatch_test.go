@@ -259,25 +259,7 @@ func (u *verifierdUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) er
 // reported.
 func TestReportOfAnUnknownVerificationInABatch(t *testing.T) {
 	vf := startVerifier(t)
-	pending := func() string {
-		t.Helper()
-		req, _ := http.NewRequest(http.MethodPost, vf.srv.URL+"/verify/schema", strings.NewReader(
-			`{"task_id":"t1","agent_id":"seller-9","expected_schema":{"type":"object"},"submitted_output":{}}`))
-		req.Header = http.Header{"Content-Type": {"application/json"}, server.HeaderGatewayToken: {verifierToken},
-			server.HeaderPayment: {"paid"}, server.HeaderSettlement: {"pending"}}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		var doc struct {
-			ID string `json:"verification_id"`
-		}
-		if err := json.NewDecoder(resp.Body).Decode(&doc); err != nil || resp.StatusCode != http.StatusOK || doc.ID == "" {
-			t.Fatalf("verify: %d, %v", resp.StatusCode, err)
-		}
-		return doc.ID
-	}
+	pending := func() string { return vf.pendingPaid(t) }
 	first, known := pending(), pending()
 	core, logs := observer.New(zap.WarnLevel)
 	g := &Gate{logger: zap.New(core)}
@@ -336,4 +318,27 @@ func reportedCount(t *testing.T, label string) float64 {
 		t.Fatal(err)
 	}
 	return m.GetCounter().GetValue()
+}
+
+// pendingPaid records a paid verification whose settlement is pending,
+// as a gateway's paid call leaves it, straight on vf's verifierd, and
+// returns its id.
+func (vf *verifierFixture) pendingPaid(t *testing.T) string {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, vf.srv.URL+"/verify/schema", strings.NewReader(
+		`{"task_id":"t1","agent_id":"seller-9","expected_schema":{"type":"object"},"submitted_output":{}}`))
+	req.Header = http.Header{"Content-Type": {"application/json"}, server.HeaderGatewayToken: {verifierToken},
+		server.HeaderPayment: {"paid"}, server.HeaderSettlement: {"pending"}}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var doc struct {
+		ID string `json:"verification_id"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&doc); err != nil || resp.StatusCode != http.StatusOK || doc.ID == "" {
+		t.Fatalf("verify: %d, %v", resp.StatusCode, err)
+	}
+	return doc.ID
 }
