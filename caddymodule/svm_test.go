@@ -336,15 +336,16 @@ func TestSolanaOfferWithoutAFeePayerRefusesTheConfig(t *testing.T) {
 // in a token the operator did not write.
 func TestAcceptNamesUSDCByTheNetworksAddressRule(t *testing.T) {
 	sol, _ := x402.USDC(x402.NetworkSolana)
-	other := "e" + sol.Address[1:] // EPjF… with its first letter in lower case
-	req, err := Accept{Network: "solana", Asset: other, Price: "$0.01", PayTo: sol.Address}.requirements()
+	other := "e" + sol.Address[1:]                               // EPjF… with its first letter in lower case
+	const payee = "7a6yHkLKfLk38kRwUydqCpWMHyxDP7b4KFfzayNowk8N" // any account but the mint
+	req, err := Accept{Network: "solana", Asset: other, Price: "$0.01", PayTo: payee}.requirements()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if req.Asset != other {
 		t.Errorf("asset %s (a re-cased USDC mint) became %s", other, req.Asset)
 	}
-	req, err = Accept{Network: "solana", Asset: sol.Address, Price: "$0.01", PayTo: sol.Address}.requirements()
+	req, err = Accept{Network: "solana", Asset: sol.Address, Price: "$0.01", PayTo: payee}.requirements()
 	if err != nil || req.Asset != sol.Address {
 		t.Errorf("the USDC mint itself: %+v, %v", req, err)
 	}
