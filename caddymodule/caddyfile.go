@@ -250,11 +250,12 @@ func (a *Accept) unmarshal(d *caddyfile.Dispenser) error {
 		case "asset_decimals":
 			var s string
 			if err = oneArg(d, &s); err == nil {
-				// 0 is the JSON's "unset" (the default, 6): a token
-				// without decimals is priced with amount.
+				// 0 is the JSON's "unset" (the default, 6), so a 0
+				// written here is refused at its line; the upper bound
+				// is Accept.requirements', for JSON configs too.
 				n, perr := strconv.Atoi(s)
-				if perr != nil || n < 1 || n > 77 {
-					return d.Errf("asset_decimals: %q is not a whole number from 1 to 77 (price a token without decimals with amount)", s)
+				if perr != nil || n < 1 {
+					return d.Errf("asset_decimals: %q %s", s, assetDecimalsRange)
 				}
 				a.AssetDecimals = n
 			}

@@ -1,8 +1,12 @@
 package caddymodule
 
 import (
+	"bytes"
+	"fmt"
+	"strings"
 	"testing"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 )
 
@@ -113,4 +117,37 @@ func TestOptionGivenTwiceIsRefused(t *testing.T) {
 func adaptFile(directives string) error {
 	_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(":8080 {\n"+directives+"\n}\n"), map[string]any{"filename": "Caddyfile"})
 	return err
+}
+
+// A JSON config (no Caddyfile parser on the way) gets the same asset_decimals
+// range as the Caddyfile: 0 is unset (6), anything else from 1 to 77, for a
+// priced offer and an amount offer alike. A config with 100 or -1 loaded,
+// and named prices in decimals no token can have.
+func TestAssetDecimalsOutOfRangeInJSON(t *testing.T) {
+	for _, pricing := range []string{"price $0.01", "amount 1000"} {
+		site := cfgGate("accept {\n\t\t\t\tnetwork base\n\t\t\t\t"+pricing+"\n\t\t\t\tasset 0x1111111111111111111111111111111111111111\n\t\t\t\tasset_name Tok\n\t\t\t\tasset_version 1\n\t\t\t\tasset_decimals 18\n\t\t\t\tpay_to "+cfgPayTo+"\n\t\t\t}", "")
+		port := freePort(t)
+		cfg := fmt.Sprintf("{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n\thttp_port %d\n\tstorage file_system %s\n\tlog {\n\t\toutput discard\n\t}\n}\n", port, t.TempDir())
+		cfg += strings.NewReplacer("{port}", fmt.Sprint(port), "{data}", t.TempDir()).Replace(site)
+		js, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cfg), map[string]any{"filename": "Caddyfile"})
+		if err != nil || !bytes.Contains(js, []byte(`"asset_decimals":18`)) {
+			t.Fatalf("adapting: %v\n%s", err, js)
+		}
+		for _, n := range []string{"100", "78", "-1"} {
+			t.Run(pricing+" "+n, func(t *testing.T) {
+				err := caddy.Load(bytes.Replace(js, []byte(`"asset_decimals":18`), []byte(`"asset_decimals":`+n), 1), true)
+				if err == nil {
+					caddy.Stop()
+				}
+				wantErr(t, err, "accept 0: asset_decimals "+n+" is not a whole number from 1 to 77 (price a token without decimals with amount)")
+			})
+		}
+		t.Run(pricing+" 77", func(t *testing.T) {
+			err := caddy.Load(bytes.Replace(js, []byte(`"asset_decimals":18`), []byte(`"asset_decimals":77`), 1), true)
+			if err == nil {
+				caddy.Stop()
+			}
+			wantErr(t, err, "")
+		})
+	}
 }

@@ -86,6 +86,10 @@ var exposedHeaders = strings.Join([]string{
 	HeaderVerificationReceipt, HeaderVerificationStatus,
 }, ", ")
 
+// assetDecimalsRange is what a refused asset_decimals is told, by the
+// Caddyfile parser and by Accept.requirements alike.
+var assetDecimalsRange = fmt.Sprintf("is not a whole number from 1 to %d (price a token without decimals with amount)", x402.MaxDecimals)
+
 // Defaults for the limits an operator can change.
 const (
 	defaultMaxBody         = 1 << 20
@@ -299,6 +303,7 @@ type Accept struct {
 	AssetName    string `json:"asset_name,omitempty"`
 	AssetVersion string `json:"asset_version,omitempty"`
 	// AssetDecimals for Price conversion with a custom Asset. Default 6.
+	// 1 to x402.MaxDecimals (checked by requirements).
 	AssetDecimals int `json:"asset_decimals,omitempty"`
 	// PayTo is the address that receives the payment.
 	PayTo string `json:"pay_to"`
@@ -571,6 +576,13 @@ func (a Accept) requirements() (x402.PaymentRequirements, error) {
 	}
 	if a.MaxTimeout < 0 {
 		return x402.PaymentRequirements{}, fmt.Errorf("max_timeout %s is negative", time.Duration(a.MaxTimeout))
+	}
+	// Checked here, not only by the Caddyfile parser, so a JSON config
+	// gets it too, and an amount offer as well as a priced one: the
+	// decimals also state the amount to buyers (the paywall, 402 pages).
+	// 0 is unset (6); a token without decimals is priced with amount.
+	if a.AssetDecimals < 0 || a.AssetDecimals > x402.MaxDecimals {
+		return x402.PaymentRequirements{}, fmt.Errorf("asset_decimals %d %s", a.AssetDecimals, assetDecimalsRange)
 	}
 	asset := x402.Asset{Network: network, Address: a.Asset, Name: a.AssetName, Version: a.AssetVersion, Decimals: a.AssetDecimals}
 	// USDC by default, or when asset is its address: compared by the

@@ -178,8 +178,8 @@ func RegisterAsset(a Asset) error {
 			return fmt.Errorf("registering asset on %s: %w", a.Network, ErrBuiltinAsset)
 		}
 	}
-	if a.Decimals < 0 || a.Decimals > 77 {
-		return fmt.Errorf("registering asset: decimals %d out of range 0-77", a.Decimals)
+	if a.Decimals < 0 || a.Decimals > MaxDecimals {
+		return fmt.Errorf("registering asset: decimals %d out of range 0-%d", a.Decimals, MaxDecimals)
 	}
 	if IsEVM(a.Network) {
 		if err := CheckEVMAddress(a.Address); err != nil {

@@ -39,6 +39,11 @@ func parseUint256(s string) (*big.Int, bool) {
 	return v, true
 }
 
+// MaxDecimals is the most decimals an asset can have: 10^77 still fits
+// uint256 (10^78 does not), so any price in such an asset can be stated in
+// atomic units a token contract can move.
+const MaxDecimals = 77
+
 // ParsePrice converts a human price in whole units of an asset ("$0.02",
 // "0.02", "$1") into its atomic amount for an asset with the given decimals
 // ("20000" for 6 decimals). It is exact decimal string arithmetic, never
@@ -51,8 +56,8 @@ func parseUint256(s string) (*big.Int, bool) {
 // express must not be silently rounded), zero (a free route has no price;
 // configure it without payment) and amounts beyond uint256.
 func ParsePrice(price string, decimals int) (string, error) {
-	if decimals < 0 || decimals > 77 {
-		return "", fmt.Errorf("parsing price: decimals %d out of range 0-77", decimals)
+	if decimals < 0 || decimals > MaxDecimals {
+		return "", fmt.Errorf("parsing price: decimals %d out of range 0-%d", decimals, MaxDecimals)
 	}
 	s := strings.TrimPrefix(price, "$")
 	if s == "" {
