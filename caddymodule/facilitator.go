@@ -192,6 +192,7 @@ func (m *EVMFacilitator) Provision(ctx caddy.Context) error {
 		return err
 	}
 	rpcURL := repl.ReplaceKnown(m.RPCURL, "")
+	secretopt.WarnIfURLCredentials(ctx.Logger(), "rpc_url", m.RPCURL, rpcURL)
 	relayer := crypto.PubkeyToAddress(key.PublicKey)
 	m.poolKey = fmt.Sprintf("rpc network=%s url=%s relayer=%s timeout=%d", network, rpcURL, relayer.Hex(), m.ReceiptTimeout)
 	val, _, err := facilitatorPool.LoadOrNew(m.poolKey, func() (caddy.Destructor, error) {
@@ -403,11 +404,13 @@ func (m *HTTPFacilitator) Provision(ctx caddy.Context) error {
 			secretopt.WarnIfLiteral(ctx.Logger(), "header "+k, v, headers[k])
 		}
 	}
-	m.f = x402.NewHTTPFacilitator(x402.HTTPFacilitatorConfig{URL: repl.ReplaceKnown(m.URL, ""), Headers: headers, Timeout: time.Duration(m.Timeout)})
+	url := repl.ReplaceKnown(m.URL, "")
+	secretopt.WarnIfURLCredentials(ctx.Logger(), "url", m.URL, url)
+	m.f = x402.NewHTTPFacilitator(x402.HTTPFacilitatorConfig{URL: url, Headers: headers, Timeout: time.Duration(m.Timeout)})
 	if err := m.f.Err(); err != nil {
 		return err
 	}
-	return m.provisionStatus(repl) // remotestatus.go
+	return m.provisionStatus(repl, ctx.Logger()) // remotestatus.go
 }
 
 // Verify implements x402.Facilitator.

@@ -575,3 +575,84 @@ func TestFacilitatorHandlerNeedsAFacilitator(t *testing.T) {
 		t.Fatalf("error %v", err)
 	}
 }
+
+// TestSecretURLCredentialsWarn: a credential in a URL option's userinfo
+// (evm's rpc_url, facilitator http's url and rpc, verify_response's
+// verifier_url) is in the loaded JSON as much as a secret option, so each
+// is warned about by option name, never with the URL; with the userinfo
+// given as a placeholder nothing is warned about.
+func TestSecretURLCredentialsWarn(t *testing.T) {
+	const key = "rpc-key-0123456789"
+	site := func(cred string) string {
+		return fmt.Sprintf(`:{port} {
+	route /evm/* {
+		x402 {
+			accept base $0.01 %[1]s
+			facilitator evm {
+				network base
+				rpc_url http://user:%[2]s@127.0.0.1:1
+				relayer_key {env.AOV_TEST_RELAYER_KEY}
+			}
+			store badger {data}/evm
+		}
+		respond "paid"
+	}
+	route /http/* {
+		x402 {
+			accept base $0.01 %[1]s
+			facilitator http {
+				url http://user:%[2]s@127.0.0.1:1
+				rpc base http://%[2]s@127.0.0.1:1
+			}
+			store badger {data}/http
+		}
+		respond "paid"
+	}
+	route /seller/* {
+		verify_response {
+			schema `+"`"+`{"type":"object"}`+"`"+`
+			verifier_url http://gateway:%[2]s@127.0.0.1:1
+		}
+		respond "{}"
+	}
+}
+`, payTo.Hex(), cred)
+	}
+	t.Setenv("AOV_TEST_RELAYER_KEY", evmfacilitator.DevAccounts()[7].PrivateKeyHex[2:])
+	t.Setenv("AOV_TEST_RPC_KEY", key)
+	warned := func(t *testing.T, site string) map[string]bool {
+		t.Helper()
+		logFile := filepath.Join(t.TempDir(), "caddy.log")
+		startCaddyServers(t, "", logFile, site)
+		raw, err := os.ReadFile(logFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(raw), key) {
+			t.Errorf("the log repeats a credential")
+		}
+		got := map[string]bool{}
+		for _, line := range strings.Split(string(raw), "\n") {
+			var e struct{ Level, Msg, Option string }
+			if json.Unmarshal([]byte(line), &e) == nil && e.Level == "warn" && strings.Contains(e.Msg, "secret is written in the config") {
+				got[e.Option] = true
+			}
+		}
+		return got
+	}
+	t.Run("literal", func(t *testing.T) {
+		got := warned(t, site(key))
+		for _, o := range []string{"rpc_url", "url", "rpc base", "verifier_url"} {
+			if !got[o+" (its user:password)"] {
+				t.Errorf("no warning for credentials in %s (warned: %v)", o, got)
+			}
+		}
+	})
+	t.Run("placeholder", func(t *testing.T) {
+		// verifier_url is used as written (no placeholder): left out.
+		s := strings.Replace(site("{env.AOV_TEST_RPC_KEY}"), "gateway:{env.AOV_TEST_RPC_KEY}@", "", 1)
+		if got := warned(t, s); len(got) != 0 {
+			t.Errorf("warnings for credentials given as placeholders: %v", got)
+		}
+	})
+}

@@ -8,7 +8,9 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/ethereum/go-ethereum/ethclient"
+	"go.uber.org/zap"
 
+	"github.com/aovhq/aov/internal/secretopt"
 	"github.com/aovhq/aov/plugins/evmfacilitator"
 	"github.com/aovhq/aov/plugins/svmfacilitator"
 	"github.com/aovhq/aov/x402"
@@ -55,7 +57,7 @@ type remoteStatus struct {
 
 // provisionStatus dials the rpc endpoints (an http(s) dial makes no
 // request; the chain is first asked when an outcome is unknown).
-func (m *HTTPFacilitator) provisionStatus(repl *caddy.Replacer) error {
+func (m *HTTPFacilitator) provisionStatus(repl *caddy.Replacer, log *zap.Logger) error {
 	m.status = remoteStatus{readers: map[string]*evmfacilitator.StatusReader{}, solana: map[string]*svmfacilitator.StatusReader{},
 		timeout: time.Duration(m.Timeout)}
 	if m.status.timeout <= 0 {
@@ -71,8 +73,10 @@ func (m *HTTPFacilitator) provisionStatus(repl *caddy.Replacer) error {
 		if dupEVM || dupSVM {
 			return fmt.Errorf("http facilitator: rpc %s: network %s named twice", name, network)
 		}
+		url := repl.ReplaceKnown(raw, "")
+		secretopt.WarnIfURLCredentials(log, "rpc "+name, raw, url)
 		if x402.IsSolana(network) {
-			r, err := svmfacilitator.NewStatusReader(&svmfacilitator.RPC{URL: repl.ReplaceKnown(raw, "")}, network)
+			r, err := svmfacilitator.NewStatusReader(&svmfacilitator.RPC{URL: url}, network)
 			if err != nil {
 				m.Cleanup()
 				return err
@@ -83,7 +87,7 @@ func (m *HTTPFacilitator) provisionStatus(repl *caddy.Replacer) error {
 		if !x402.IsEVM(network) {
 			return fmt.Errorf("http facilitator: rpc %s: settlement outcomes are read on EVM and Solana chains only", name)
 		}
-		c, err := ethclient.Dial(repl.ReplaceKnown(raw, ""))
+		c, err := ethclient.Dial(url)
 		if err != nil {
 			m.Cleanup()
 			return fmt.Errorf("http facilitator: rpc %s: %v", name, err)

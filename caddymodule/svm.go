@@ -20,6 +20,7 @@ import (
 	"github.com/aovhq/aov/internal/base58"
 	"github.com/aovhq/aov/internal/caddyopt"
 	"github.com/aovhq/aov/internal/inflight"
+	"github.com/aovhq/aov/internal/secretopt"
 	"github.com/aovhq/aov/plugins/svmfacilitator"
 	"github.com/aovhq/aov/x402"
 )
@@ -115,6 +116,7 @@ func (m *SVMFacilitator) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("svm facilitator: %v", err)
 	}
 	rpcURL := repl.ReplaceKnown(m.RPCURL, "")
+	secretopt.WarnIfURLCredentials(ctx.Logger(), "rpc_url", m.RPCURL, rpcURL)
 	cfg := svmfacilitator.Config{
 		RPC: &svmfacilitator.RPC{URL: rpcURL}, Network: network, FeePayer: key,
 		ConfirmTimeout: time.Duration(m.ConfirmTimeout), MaxComputeUnits: m.MaxComputeUnits, MaxComputeUnitPrice: m.MaxComputeUnitPrice,

@@ -272,6 +272,7 @@ func (v *VerifyResponse) Provision(ctx caddy.Context) error {
 	}
 	v.token = caddy.NewReplacer().ReplaceKnown(v.VerifierToken, "")
 	secretopt.WarnIfLiteral(v.logger, "verifier_token", v.VerifierToken, v.token)
+	secretopt.WarnIfURLCredentials(v.logger, "verifier_url", v.VerifierURL, v.VerifierURL) // used as written
 
 	schema, err := loadJSONOption(v.Schema, "schema")
 	if err != nil {

@@ -20,6 +20,7 @@ import (
 	"github.com/aovhq/aov/apierr"
 	"github.com/aovhq/aov/internal/caddyopt"
 	"github.com/aovhq/aov/internal/inflight"
+	"github.com/aovhq/aov/internal/secretopt"
 	"github.com/aovhq/aov/walletauth"
 	"github.com/aovhq/aov/x402"
 )
@@ -188,6 +189,7 @@ func (wa *WalletAuth) Provision(ctx caddy.Context) error {
 	wa.paid = walletauth.PaidAccess{Claims: st.Claims(), TTL: time.Duration(wa.SIWXAccessTTL)}
 	if wa.ChainRPC != "" {
 		url := caddy.NewReplacer().ReplaceKnown(wa.ChainRPC, "")
+		secretopt.WarnIfURLCredentials(ctx.Logger(), "chain_rpc", wa.ChainRPC, url)
 		// A ws:// endpoint connects here: bounded like every chain call.
 		dialing, cancel := context.WithTimeout(ctx, time.Duration(wa.ChainTimeout))
 		c, err := ethclient.DialContext(dialing, url)

@@ -10,7 +10,11 @@
 // Caddyfile is adapted, so its value is in the JSON like a literal.
 package secretopt
 
-import "go.uber.org/zap"
+import (
+	"strings"
+
+	"go.uber.org/zap"
+)
 
 // WarnIfLiteral logs a warning naming option when its configured value
 // raw is a literal secret: not empty, and left as it was by the global
@@ -24,4 +28,32 @@ func WarnIfLiteral(log *zap.Logger, option, raw, expanded string) {
 	}
 	log.Warn("a secret is written in the config as it is: the loaded JSON config keeps it, and `caddy adapt`, the admin API's GET /config/ and autosave.json show it; give it as {env.NAME} or {file.PATH} instead",
 		zap.String("option", option))
+}
+
+// WarnIfURLCredentials is WarnIfLiteral for the credentials a URL option
+// carries in its userinfo (https://user:key@host/, redis://:password@host,
+// user:password@host:port): a chain endpoint's API key, a verifier's or a
+// Redis server's password is as much in the loaded JSON as a secret
+// option's value. It warns when raw has userinfo that the replacer left
+// as it was; a URL given whole as a placeholder, or whose userinfo holds
+// one, is not warned about. Neither the URL nor its userinfo is logged.
+func WarnIfURLCredentials(log *zap.Logger, option, raw, expanded string) {
+	WarnIfLiteral(log, option+" (its user:password)", userinfo(raw), userinfo(expanded))
+}
+
+// userinfo is what precedes the last "@" of u's authority (after any
+// "scheme://", before the path, query or fragment), "" without one. Read
+// by hand, not by url.Parse, which refuses a userinfo holding a
+// placeholder's braces and a scheme-less host:port.
+func userinfo(u string) string {
+	if _, rest, ok := strings.Cut(u, "://"); ok {
+		u = rest
+	}
+	if i := strings.IndexAny(u, "/?#"); i >= 0 {
+		u = u[:i]
+	}
+	if i := strings.LastIndexByte(u, '@'); i >= 0 {
+		return u[:i]
+	}
+	return ""
 }

@@ -100,6 +100,7 @@ func (s *RedisStore) Provision(ctx caddy.Context) error {
 	addrs := make([]string, 0, len(s.Addresses))
 	for _, a := range s.Addresses {
 		addrs = append(addrs, repl.ReplaceKnown(a, ""))
+		secretopt.WarnIfURLCredentials(ctx.Logger(), "address", a, addrs[len(addrs)-1])
 	}
 	if len(addrs) == 0 {
 		addrs = []string{"127.0.0.1:6379"}
