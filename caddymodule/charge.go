@@ -72,7 +72,7 @@ func (g *Gate) serveCharged(w http.ResponseWriter, r *http.Request, next caddyht
 		return err
 	case outcomeOverflow:
 		c.release(r)
-		return g.refuse(w, r, &apierr.Error{
+		return ex.refuse(w, r, &apierr.Error{
 			Code:        "upstream_response_too_large",
 			Message:     fmt.Sprintf("The upstream answer exceeded the gateway's %d-byte buffer and nothing was charged; ask the operator to raise max_buffer.", g.MaxBuffer),
 			Status:      http.StatusBadGateway,
@@ -91,7 +91,7 @@ func (g *Gate) serveCharged(w http.ResponseWriter, r *http.Request, next caddyht
 	case outcomeWithheld:
 		c.release(r)
 		metrics.outcomes.WithLabelValues("unchecked_answer_withheld").Inc()
-		return g.refuse(w, r, uncheckedAnswer(r, bw))
+		return ex.refuse(w, r, uncheckedAnswer(r, bw))
 	case outcomeNotPassed:
 		c.release(r)
 		metrics.outcomes.WithLabelValues("verification_not_passed_not_settled").Inc()

@@ -803,9 +803,24 @@ var errUnloaded = errors.New("the request reached a configuration already unload
 
 // refuse writes an error in the SPEC §6 shape and counts it (a 4xx also
 // against the client's rate limit). The error is written here, not
-// returned, because its body is part of the contract.
+// returned, because its body is part of the contract. It answers as HTTP:
+// a call the gate has read as an exchange (restExchange, mcpExchange) is
+// refused through the exchange, which over MCP answers the call's JSON-RPC
+// tool result instead; only what comes before (an unloaded config, a body
+// that could not be read as a JSON-RPC message) is refused here directly.
 func (g *Gate) refuse(w http.ResponseWriter, r *http.Request, err error) error {
 	e := apierr.From(err)
+	g.counted(r, e)
+	w.Header().Set("Access-Control-Expose-Headers", exposedHeaders)
+	apierr.Write(w, e)
+	return nil
+}
+
+// counted counts a refusal of the gate, however it is written (Gate.refuse,
+// or an MCP tool error): a 4xx against the client's rate limit, a 5xx
+// logged with its cause (the operator's only view of an outage or of an
+// answer withheld), every one in the outcomes metric.
+func (g *Gate) counted(r *http.Request, e *apierr.Error) {
 	if countsAgainstRate(e) {
 		g.noteRefusal(r)
 	}
@@ -815,9 +830,6 @@ func (g *Gate) refuse(w http.ResponseWriter, r *http.Request, err error) error {
 		}
 	}
 	metrics.outcomes.WithLabelValues(e.Code).Inc()
-	w.Header().Set("Access-Control-Expose-Headers", exposedHeaders)
-	apierr.Write(w, e)
-	return nil
 }
 
 // resource is the resource description for PAYMENT-REQUIRED.

@@ -142,7 +142,7 @@ func (e *mcpExchange) demand(w http.ResponseWriter, r *http.Request, _ int, msg,
 	pr.Extensions = g.PaymentIdentifier.declare(pr.Extensions)
 	text, err := json.Marshal(pr)
 	if err != nil {
-		return g.refuse(w, r, apierr.Internal(err))
+		return e.toolError(w, r, apierr.Internal(err))
 	}
 	meta := map[string]any{}
 	if failed != nil {
@@ -176,19 +176,13 @@ func (e *mcpExchange) demand(w http.ResponseWriter, r *http.Request, _ int, msg,
 // refuse answers a refusal of the gate (an outage, an invalid request) as a
 // tool error, as the tool itself would.
 func (e *mcpExchange) refuse(w http.ResponseWriter, r *http.Request, ae *apierr.Error) error {
-	if invalid := e.invalid(); invalid != nil {
-		ae = invalid
-	}
-	return e.toolError(w, r, ae)
+	return e.toolError(w, r, e.answer(ae))
 }
 
 // toolError answers a tool call with an error of the SPEC §6 shape, as the
 // tool itself would, and counts it.
 func (e *mcpExchange) toolError(w http.ResponseWriter, r *http.Request, ae *apierr.Error) error {
-	metrics.outcomes.WithLabelValues(ae.Code).Inc()
-	if ae.Status >= 400 && ae.Status < 500 && ae.Code != apierr.CodeRateLimited {
-		e.g.noteRefusal(r)
-	}
+	e.g.counted(r, ae)
 	if ae.RetryAfter > 0 {
 		w.Header().Set("Retry-After", strconv.Itoa(ae.RetryAfter))
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/aovhq/aov/internal/servers"
 	"github.com/aovhq/aov/plugins/evmfacilitator"
 	"github.com/aovhq/aov/x402"
 )
@@ -301,5 +302,172 @@ func TestRESTAndMCPShareOneAllowance(t *testing.T) {
 	demandOf(t, res)
 	if res.Meta["code"] != "free_trial_exhausted" {
 		t.Fatalf("the MCP call did not see the REST call's use of the allowance: %v", res.Meta)
+	}
+}
+
+// Every refusal the gate answers an MCP tool call with is the call's
+// JSON-RPC tool result (isError), never a bare HTTP error: an MCP client's
+// transport rejects a 503 as "Service Unavailable" and the buyer never
+// reads the error's code, its charged flag or "do not sign a new payment".
+// Here, under settle_on pass, an answer no verify_response checked is
+// withheld, uncharged.
+func TestMCPWithheldAnswerIsAToolError(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	up := newMCPUpstream(t)
+	site := fmt.Sprintf(`:{port} {
+	route /mcp {
+		x402 {
+			mcp_tool verify_schema
+			accept devnet $0.02 %[3]s
+			facilitator http {
+				url %[2]s
+			}
+			store badger {data}/gate
+			settle_on pass
+		}
+		reverse_proxy %[1]s
+	}
+}
+`, strings.TrimPrefix(up.URL, "http://"), fac, payTo.Hex())
+	base := startCaddy(t, site)
+	s := mcpSession(t, base+"/mcp")
+	pr := demandOf(t, callTool(t, s, "verify_schema", verifyArgs, nil))
+	payer := evmfacilitator.DevAccounts()[2].Address
+	before := balance(t, d, payer)
+	res, err := s.CallTool(context.Background(), &mcp.CallToolParams{Name: "verify_schema", Arguments: verifyArgs, Meta: payMeta(t, pr, 2)})
+	if balance(t, d, payer).Cmp(before) != 0 {
+		t.Fatal("charged")
+	}
+	if err != nil {
+		t.Fatalf("the withheld tool answer is not a JSON-RPC tool result: %v", err)
+	}
+	if c := toolErrorOf(t, res); c["code"] != codeResponseUnverifiable || c["charged"] != false {
+		t.Fatalf("want a response_unverifiable tool error, uncharged: %+v", res)
+	}
+}
+
+// A replay of a payment settled moments ago, within its attempt span on
+// Redis (maybe settled by a gateway that still holds its answer), is
+// answered settlement_pending, charged, as the call's tool result: before,
+// an MCP buyer got a bare 503 its client could not read.
+func TestMCPReplayOfSettledPaymentWithinItsSpanIsAToolResult(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newMCPUpstream(t)
+	srv := servers.StartRedis(t)
+	site := fmt.Sprintf(`:{port} {
+	route /mcp {
+		x402 {
+			mcp_tool verify_schema
+			accept devnet $0.02 %[3]s
+			facilitator http {
+				url %[2]s
+			}
+			store redis %[4]s {
+				prefix mcpreplayspan
+			}
+		}
+		reverse_proxy %[1]s
+	}
+}
+`, strings.TrimPrefix(up.URL, "http://"), fac, payTo.Hex(), srv.Addr)
+	base := startCaddy(t, site)
+	s := mcpSession(t, base+"/mcp")
+	pr := demandOf(t, callTool(t, s, "verify_schema", verifyArgs, nil))
+	meta := payMeta(t, pr, 3)
+	first := callTool(t, s, "verify_schema", verifyArgs, meta)
+	if first.IsError || first.Meta[mcpMetaPaymentResponse] == nil {
+		t.Fatalf("the paid call: %+v", first)
+	}
+	res, err := s.CallTool(context.Background(), &mcp.CallToolParams{Name: "verify_schema", Arguments: verifyArgs, Meta: meta})
+	if err != nil {
+		t.Fatalf("the replay's answer is not a JSON-RPC tool result: %v", err)
+	}
+	if c := toolErrorOf(t, res); c["code"] != codeSettlementPending || c["charged"] != true {
+		t.Fatalf("the replay: %+v; want settlement_pending, charged", res)
+	}
+	if up.calls.Load() != 1 {
+		t.Fatalf("the tool ran %d times, want once", up.calls.Load())
+	}
+}
+
+// Each refusal of a paid call that once skipped the exchange answers an MCP
+// buyer with the tool error a REST buyer gets as HTTP: the same code and
+// the same charged flag. Both routes share the gate's options.
+func TestMCPRefusalsMatchTheirRESTAnswers(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	cases := []struct {
+		name string
+		opts string // the gates' options; %s is the store's folder
+		// outage, if set, starts a store fault just before each paid call.
+		outage  func(*testing.T)
+		status  int
+		code    string
+		charged bool
+	}{
+		{name: "unknown settlement outcome", opts: "facilitator faulty_devnet lose_request\n\t\t\tstore badger %s",
+			status: http.StatusServiceUnavailable, code: codeSettlementPending},
+		{name: "answer larger than max_buffer", opts: "facilitator http {\n\t\t\t\turl " + fac + "\n\t\t\t}\n\t\t\tstore badger %s\n\t\t\tmax_buffer 16",
+			status: http.StatusBadGateway, code: "upstream_response_too_large"},
+		{name: "settled, not recorded", opts: "facilitator faulty_devnet none\n\t\t\tstore landed_blip_badger %s",
+			outage: startLandedOutage, status: http.StatusServiceUnavailable, code: codeSettlementPending, charged: true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			up, mup := newUpstream(t), newMCPUpstream(t)
+			site := fmt.Sprintf(`:{port} {
+	route /verify/schema {
+		x402 {
+			accept devnet $0.02 %[3]s
+			%[4]s
+		}
+		reverse_proxy %[1]s
+	}
+	route /mcp {
+		x402 {
+			mcp_tool verify_schema
+			accept devnet $0.02 %[3]s
+			%[5]s
+		}
+		reverse_proxy %[2]s
+	}
+}
+`, strings.TrimPrefix(up.URL, "http://"), strings.TrimPrefix(mup.URL, "http://"), payTo.Hex(),
+				fmt.Sprintf(tc.opts, "{data}/rest"), fmt.Sprintf(tc.opts, "{data}/mcp"))
+			base := startCaddy(t, site)
+			payer := evmfacilitator.DevAccounts()[4].Address
+			before := balance(t, d, payer)
+
+			url := base + "/verify/schema"
+			sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 4)
+			if tc.outage != nil {
+				tc.outage(t)
+			}
+			resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+			rest := readJSON(t, resp)
+			if resp.StatusCode != tc.status || rest["code"] != tc.code || rest["charged"] != tc.charged {
+				t.Fatalf("REST: status %d, %v; want %d %s charged %v", resp.StatusCode, rest, tc.status, tc.code, tc.charged)
+			}
+			landedOutage.Store(0)
+
+			s := mcpSession(t, base+"/mcp")
+			meta := payMeta(t, demandOf(t, callTool(t, s, "verify_schema", verifyArgs, nil)), 4)
+			if tc.outage != nil {
+				tc.outage(t)
+			}
+			res, err := s.CallTool(context.Background(), &mcp.CallToolParams{Name: "verify_schema", Arguments: verifyArgs, Meta: meta})
+			if err != nil {
+				t.Fatalf("MCP: not a JSON-RPC tool result: %v", err)
+			}
+			if c := toolErrorOf(t, res); c["code"] != rest["code"] || c["charged"] != rest["charged"] || c["status"] != float64(tc.status) {
+				t.Fatalf("MCP: %v; want the REST answer's code %v, charged %v, status %d", c, rest["code"], rest["charged"], tc.status)
+			}
+			want := int64(0)
+			if tc.charged {
+				want = 2 * 20000
+			}
+			if got := charged(t, d, payer, before); got.Int64() != want {
+				t.Fatalf("charged %s on chain, want %d", got, want)
+			}
+		})
 	}
 }

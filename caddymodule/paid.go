@@ -45,7 +45,11 @@ type exchange interface {
 	// the x402 reason ("" for a plain demand), failed the refused
 	// settlement when there was one.
 	demand(w http.ResponseWriter, r *http.Request, status int, msg, reason string, failed *x402.SettleResponse) error
-	// refuse answers with an error of the SPEC §6 shape.
+	// refuse answers with an error of the SPEC §6 shape. Every refusal of
+	// a call the gate has read goes through it, never through Gate.refuse:
+	// over MCP it must be the call's JSON-RPC tool result, which an MCP
+	// client reads, not a bare HTTP error its transport rejects (losing
+	// charged, and "do not sign a new payment").
 	refuse(w http.ResponseWriter, r *http.Request, e *apierr.Error) error
 	// billable reports whether the held upstream answer is a success the
 	// buyer pays for (an error answer is never charged).
@@ -83,6 +87,22 @@ func (c *requestCheck) invalid() *apierr.Error {
 
 func (c *requestCheck) upstreamRan() { c.done = true }
 
+// answer is the refusal to answer with instead of ae: the request's own
+// 422 when it has one, except when ae tells the buyer about a payment
+// already in play (settlement_pending, or charged). A 422 says charged
+// false and nothing of the payment, so the buyer would sign a second one
+// for a payment that may have moved, or did; the retry that fixes the
+// request gets the payment's answer all the same.
+func (c *requestCheck) answer(ae *apierr.Error) *apierr.Error {
+	if ae.Charged || ae.Code == codeSettlementPending {
+		return ae
+	}
+	if invalid := c.invalid(); invalid != nil {
+		return invalid
+	}
+	return ae
+}
+
 // restExchange is x402 over plain HTTP.
 type restExchange struct {
 	g *Gate
@@ -105,10 +125,7 @@ func (e *restExchange) demand(w http.ResponseWriter, r *http.Request, status int
 }
 
 func (e *restExchange) refuse(w http.ResponseWriter, r *http.Request, ae *apierr.Error) error {
-	if invalid := e.invalid(); invalid != nil {
-		ae = invalid
-	}
-	return e.g.refuse(w, r, ae)
+	return e.g.refuse(w, r, e.answer(ae))
 }
 
 func (*restExchange) billable(bw *bufferedWriter) bool { return bw.status() < 400 }
@@ -178,7 +195,7 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 				// still holds the answer (unrecorded.go).
 				if mayBeUnrecordedElsewhere(ce.State) {
 					g.noteRefusal(r) // a replay costs what payment_already_used does
-					return g.refuse(w, r, errSettledElsewhere())
+					return ex.refuse(w, r, errSettledElsewhere())
 				}
 				return ex.demand(w, r, http.StatusPaymentRequired, "This payment was already used; sign a new one.", x402.ReasonPaymentAlreadyUsed, nil)
 			}
@@ -263,11 +280,11 @@ func (p *paidCharge) settleOnce(w http.ResponseWriter, r *http.Request, held *bu
 			g.logger.Error("settlement outcome unknown", zap.Error(err))
 			metrics.outcomes.WithLabelValues("settlement_unknown").Inc()
 			g.holdUnknown(r, p.claim, p.pay.JSON, p.offerJS, held, unknown)
-			g.refuse(w, r, errSettlementPending(err))
+			p.ex.refuse(w, r, errSettlementPending(err))
 			return false
 		}
 		p.release(r)
-		g.refuse(w, r, facilitatorUnavailable(err))
+		p.ex.refuse(w, r, facilitatorUnavailable(err))
 		return false
 	}
 	if !sr.Success {
@@ -316,7 +333,7 @@ func (p *paidCharge) settleOnce(w http.ResponseWriter, r *http.Request, held *bu
 		if !p.keepUnrecorded(r, sr, held) {
 			g.holdUnknown(r, p.claim, p.pay.JSON, p.offerJS, held, &x402.UnknownOutcomeError{Op: "settle", Reply: &sr, Err: err})
 		}
-		g.refuse(w, r, errSettledUnrecorded(err))
+		p.ex.refuse(w, r, errSettledUnrecorded(err))
 		return false
 	}
 	outcomeSettled.Inc()

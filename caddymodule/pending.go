@@ -502,10 +502,10 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 	if !cs.Settled {
 		st, known := g.checkHeld(r.Context(), h)
 		if !known || st.State == x402.SettlementUndecided {
-			return true, g.refuse(w, r, errSettlementPending(nil))
+			return true, ex.refuse(w, r, errSettlementPending(nil))
 		}
 		if note, ok = g.settleHeld(r.Context(), h, cs.Note, st); !ok {
-			return true, g.refuse(w, r, errSettlementPending(nil))
+			return true, ex.refuse(w, r, errSettlementPending(nil))
 		}
 		if st.State == x402.SettlementNever {
 			if h.ReportPath != "" {
@@ -612,11 +612,15 @@ func alreadyUsed(w http.ResponseWriter, r *http.Request, ex exchange) error {
 		x402.ReasonPaymentAlreadyUsed, nil)
 }
 
+// codeSettlementPending is the code of every answer about a settlement
+// whose outcome, or whose record, is not known yet.
+const codeSettlementPending = "settlement_pending"
+
 // errSettlementPending is the answer while a settlement's outcome is
 // unknown: retry the same payment later, never sign a new one.
 func errSettlementPending(cause error) *apierr.Error {
 	return &apierr.Error{
-		Code:        "settlement_pending",
+		Code:        codeSettlementPending,
 		Message:     "The payment's settlement outcome is not known yet and no content was released; do not sign a new payment, retry later.",
 		Status:      http.StatusServiceUnavailable,
 		Retryable:   true,

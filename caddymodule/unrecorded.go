@@ -330,7 +330,7 @@ func (g *Gate) serveUnrecorded(w http.ResponseWriter, r *http.Request, next cadd
 		u.forget()
 		return false, nil
 	case err != nil:
-		return true, g.refuse(w, r, errSettledUnrecorded(err))
+		return true, ex.refuse(w, r, errSettledUnrecorded(err))
 	}
 	u.forget()
 	return g.resolveOnRetry(w, r, next, ex, st)
