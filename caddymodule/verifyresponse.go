@@ -955,13 +955,20 @@ const (
 	settleOnAny  = "any"
 )
 
-// validateSettleOn checks the gate's settle_on against its settle mode.
+// validateSettleOn checks the gate's settle_on against its settle mode and
+// what it prices. verify_response does not read MCP: on an mcp_tool route
+// it would check the whole JSON-RPC answer against the seller's schema, not
+// the tool's result, so under pass every call would be refused, or charged
+// by the wrong document.
 func (g *Gate) validateSettleOn() error {
 	switch g.SettleOn {
 	case "", settleOnAny:
 	case settleOnPass:
 		if g.Settle == "before" {
 			return errors.New("x402: settle_on pass needs settle after: a payment settled before the upstream runs cannot wait for its verification")
+		}
+		if g.MCPTool != "" {
+			return errors.New("x402: settle_on pass cannot price an MCP tool (mcp_tool): verify_response does not read MCP and would check the whole JSON-RPC answer, not the tool's result; an MCP tool is charged for any result that is not a tool error, so leave settle_on out or use any")
 		}
 	default:
 		return fmt.Errorf("x402: settle_on must be pass or any, not %q", g.SettleOn)

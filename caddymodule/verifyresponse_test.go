@@ -922,6 +922,8 @@ func TestSettleOnConfiguration(t *testing.T) {
 		{"settle_on is pass or any", "settle_on always", "settle_on must be pass or any"},
 		{"settle_on pass cannot settle before the upstream runs", "settle before\n\t\tsettle_on pass", "settle_on pass needs settle after"},
 		{"settle_on any with settle before loads", "settle before\n\t\tsettle_on any", ""},
+		{"settle_on pass cannot price an MCP tool", "mcp_tool verify_schema\n\t\tsettle_on pass", "settle_on pass cannot price an MCP tool (mcp_tool)"},
+		{"settle_on any with mcp_tool loads", "mcp_tool verify_schema\n\t\tsettle_on any", ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.desc, func(t *testing.T) {
