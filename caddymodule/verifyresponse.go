@@ -78,6 +78,7 @@ const verificationStartedVar = "aov.verification.started"
 var (
 	errGateInsideVerify = errors.New("verify_response runs before this x402 gate, which would settle the payment before the answer is verified: write x402 before verify_response (inside a `route` block directives run in the order written)")
 	errNestedVerify     = errors.New("two verify_response handle this request, and the outer one would overwrite the outcome of the inner one that the x402 gate settles on: keep one verify_response per request")
+	errVerifyMCP        = errors.New("verify_response runs behind an mcp_tool gate, where the answer is a JSON-RPC message, not the agent's output: it would check the envelope against the schema (and, by the default settle_on pass, decide the charge on that); verify an MCP tool's output in the tool itself, or give verify_response a matcher that leaves /mcp out")
 )
 
 // verificationIDVar holds the verification_id of the receipt, for logs
@@ -473,8 +474,15 @@ func (v *VerifyResponse) Cleanup() error {
 // ServeHTTP runs the upstream into a hold, verifies what it holds, and
 // releases the answer the policy calls for.
 func (v *VerifyResponse) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	if caddyhttp.GetVar(r.Context(), verificationStartedVar) != nil {
-		e := apierr.Internal(errNestedVerify)
+	var misplaced error
+	switch {
+	case caddyhttp.GetVar(r.Context(), verificationStartedVar) != nil:
+		misplaced = errNestedVerify
+	case caddyhttp.GetVar(r.Context(), varRPCMessage) != nil:
+		misplaced = errVerifyMCP // a gate read the body as a JSON-RPC message
+	}
+	if misplaced != nil {
+		e := apierr.Internal(misplaced)
 		v.logger.Error("request refused", zap.String("code", e.Code), zap.Error(e.Cause))
 		apierr.Write(w, e)
 		return nil

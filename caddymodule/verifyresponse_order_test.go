@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"math/big"
 	"net/http"
 	"os"
@@ -241,4 +242,49 @@ func TestVerifyResponseAfterSettleBeforeSaysCharged(t *testing.T) {
 			wantLogged(t, logFile, "use settle after")
 		})
 	}
+}
+
+// Behind an mcp_tool gate the upstream's answer is a JSON-RPC message, not
+// the agent's output: verify_response would check the envelope against
+// the seller's schema, and by the default settle_on pass decide the
+// charge on that. It refuses such a request instead (500, nothing
+// charged, the upstream never reached) and logs what to do.
+func TestVerifyResponseBehindAnMCPGateIsRefused(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	buildBinaries(t)
+	vf := startVerifier(t)
+	mup := newMCPUpstream(t)
+	logFile := filepath.Join(t.TempDir(), "caddy.log")
+	base := startCaddyServers(t, "", logFile, fmt.Sprintf(`:{port} {
+	route /mcp {
+		x402 {
+			mcp_tool verify_schema
+			accept devnet $0.02 %s
+			facilitator http %s
+			store badger {data}/gate
+			free_allowance {
+				per_day 5
+			}
+		}
+		verify_response {
+			schema %s
+			agent_id seller-7
+			verifier_url %s
+		}
+		reverse_proxy %s
+	}
+}`, payTo.Hex(), fac, binaries.schemaPath, vf.srv.URL, strings.TrimPrefix(mup.URL, "http://")))
+	hdr := map[string]string{"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+	for _, msg := range []string{
+		`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}`,
+		`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"verify_schema","arguments":{}}}`,
+	} {
+		resp := post(t, base+"/mcp", msg, hdr)
+		body, _ := io.ReadAll(resp.Body)
+		wantInternalRefusal(t, msg[:40], resp, body, "result")
+	}
+	if n := mup.calls.Load(); n != 0 {
+		t.Fatalf("the MCP upstream was reached %d time(s)", n)
+	}
+	wantLogged(t, logFile, "verify_response runs behind an mcp_tool gate")
 }
