@@ -66,7 +66,7 @@ func TestAttemptSpanIsJudgedByTheSharedStoresClock(t *testing.T) {
 		t.Cleanup(func() { resp.Body.Close() })
 		return resp
 	}
-	const payerIdx = 3 // not 4: TestSettlementFailureReleasesNoContent drains it
+	const payerIdx = 3
 	payer := evmfacilitator.DevAccounts()[payerIdx].Address
 	before := balance(t, d, payer)
 	sig := signFor(t, paymentRequired(t, on("a.test", "")), payerIdx)

@@ -668,20 +668,32 @@ func TestSettlementFailureReleasesNoContent(t *testing.T) {
 	}
 }
 
-// drain moves all of a development account's test USDC to account 0.
+// drain moves all of a development account's test USDC to account 0, and
+// back when the test ends: the devnet is shared by the package's tests,
+// and a later one paying from the account would find it empty.
 func drain(t *testing.T, d *evmfacilitator.Devnet, i int) {
 	t.Helper()
-	from := evmfacilitator.DevAccounts()[i].Address
-	amount := balance(t, d, from)
-	to := evmfacilitator.DevAccounts()[0].Address
-	data := append(common.FromHex("0xa9059cbb"), common.LeftPadBytes(to.Bytes(), 32)...)
+	amount := balance(t, d, evmfacilitator.DevAccounts()[i].Address)
+	if err := moveUSDC(d, i, 0, amount); err != nil {
+		t.Fatalf("draining account %d: %v", i, err)
+	}
+	t.Cleanup(func() {
+		if err := moveUSDC(d, 0, i, amount); err != nil {
+			t.Errorf("refilling account %d: %v", i, err)
+		}
+	})
+}
+
+// moveUSDC transfers amount of the devnet's test USDC between two
+// development accounts.
+func moveUSDC(d *evmfacilitator.Devnet, from, to int, amount *big.Int) error {
+	data := append(common.FromHex("0xa9059cbb"), common.LeftPadBytes(evmfacilitator.DevAccounts()[to].Address.Bytes(), 32)...)
 	data = append(data, common.LeftPadBytes(amount.Bytes(), 32)...)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	token := d.Token()
-	if _, err := d.SendTx(ctx, evmfacilitator.DevKey(i), &token, data); err != nil {
-		t.Fatalf("draining account %d: %v", i, err)
-	}
+	_, err := d.SendTx(ctx, evmfacilitator.DevKey(from), &token, data)
+	return err
 }
 
 func TestConcurrentReplaysSettleOnce(t *testing.T) {

@@ -186,7 +186,7 @@ func TestInvalidRequestsServedFreeOrPaidAre422AndCostNothing(t *testing.T) {
 	// An invalid request carrying a valid payment: 422 from verifierd, not
 	// settled; the same payment then buys a valid call.
 	pr := paymentRequired(t, post(t, url, "", nil))
-	payer := evmfacilitator.DevAccounts()[3].Address // 4 is drained by another test
+	payer := evmfacilitator.DevAccounts()[3].Address
 	before := balance(t, d, payer)
 	sig := signFor(t, pr, 3)
 	resp = post(t, url, invalid, map[string]string{x402.HeaderPaymentSignature: sig})

@@ -1229,7 +1229,7 @@ func (a *slowAttempt) original() (*http.Response, string) {
 // longer "attempting", resolved it from the chain and ran the upstream
 // again, and then the original delivered too: two deliveries.
 func TestAttemptOutlivingItsSpanIsLeftToItsRequest(t *testing.T) {
-	a := startSlowAttempt(t, 3) // not 4: TestSettlementFailureReleasesNoContent drains it
+	a := startSlowAttempt(t, 3)
 	resp := post(t, a.url, validRequest, map[string]string{x402.HeaderPaymentSignature: a.sig})
 	b, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusPaymentRequired || !strings.Contains(string(b)+resp.Header.Get(x402.HeaderPaymentRequired), reasonPaymentInFlight) {
@@ -1270,7 +1270,7 @@ func asIfAnotherGateway() {
 // deliver a second time: payment_already_used. Before, its Settle
 // overwrote the record and it delivered too.
 func TestAttemptResolvedElsewhereIsNotDeliveredAgain(t *testing.T) {
-	a := startSlowAttempt(t, 3) // not 4: TestSettlementFailureReleasesNoContent drains it
+	a := startSlowAttempt(t, 3)
 	asIfAnotherGateway()
 	resp := post(t, a.url, validRequest, map[string]string{x402.HeaderPaymentSignature: a.sig})
 	b, _ := io.ReadAll(resp.Body)
@@ -1315,7 +1315,7 @@ func TestAttemptResolvedInTheBackgroundIsDeliveredByItsRequest(t *testing.T) {
 	resolveInterval = 50 * time.Millisecond
 	t.Cleanup(func() { resolveInterval = old })
 	resolved := counterValue(t, "unknown_resolved_settled")
-	a := startSlowAttempt(t, 3) // not 4: TestSettlementFailureReleasesNoContent drains it
+	a := startSlowAttempt(t, 3)
 	asIfAnotherGateway()
 	for deadline := time.Now().Add(10 * time.Second); counterValue(t, "unknown_resolved_settled") == resolved; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {

@@ -143,7 +143,7 @@ func TestOverlongURLIsRefusedBeforePayment(t *testing.T) {
 	d, fac := sharedDevnet(t)
 	up := newUpstream(t)
 	base := startCaddy(t, longURLSite(up.URL, fac, ""))
-	sig := signFor(t, paymentRequired(t, getWith(t, base+"/probe", "", nil)), 8) // 4 is drained by another test
+	sig := signFor(t, paymentRequired(t, getWith(t, base+"/probe", "", nil)), 8)
 	payer := evmfacilitator.DevAccounts()[8].Address
 	before := balance(t, d, payer)
 

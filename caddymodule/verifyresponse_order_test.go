@@ -88,7 +88,7 @@ func TestVerifyResponseBeforeGateIsRefusedUncharged(t *testing.T) {
 		{"default settle_on, on_fail block", vf.srv.URL, "on_fail block", "", 7},
 		{"default settle_on, on_error fail_closed, the verifier down", "http://127.0.0.1:1", "on_error fail_closed", "", 6},
 		{"settle_on pass", vf.srv.URL, "", "settle_on pass", 5},
-		{"a free allowance", vf.srv.URL, "", "free_allowance {\n\t\t\t\tper_day 5\n\t\t\t}", 3}, // not 4: TestSettlementFailureReleasesNoContent drains it
+		{"a free allowance", vf.srv.URL, "", "free_allowance {\n\t\t\t\tper_day 5\n\t\t\t}", 3},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			logFile := filepath.Join(t.TempDir(), "caddy.log")
