@@ -234,7 +234,6 @@ type paymentIDCall struct {
 	g      *Gate
 	ids    store.PaymentIDs
 	id, fp string
-	raw    string          // the payment as sent, for ownsBinding
 	ctx    context.Context // outlives the client: a save or unbind is never abandoned
 	bound  bool            // this call holds the binding (it holds the payment's claim)
 }
@@ -261,7 +260,7 @@ func (g *Gate) paymentIDOf(r *http.Request, payload x402.PaymentPayload, raw str
 	if err != nil {
 		return nil, err
 	}
-	return &paymentIDCall{g: g, ids: g.state.(paymentIDStore).PaymentIDs(), id: id, fp: fp, raw: raw, ctx: context.WithoutCancel(r.Context())}, nil
+	return &paymentIDCall{g: g, ids: g.state.(paymentIDStore).PaymentIDs(), id: id, fp: fp, ctx: context.WithoutCancel(r.Context())}, nil
 }
 
 // fingerprint hashes what an id is bound to: the payment as sent and the
@@ -319,26 +318,6 @@ func (g *Gate) requestParts(r *http.Request, part func([]byte), read func(*http.
 	return nil
 }
 
-// asRewritten is r as gateways before this one named it in held records
-// and payment identifier bindings: by the method and URL that handle_path,
-// uri strip_prefix or rewrite left, not those the client sent. Such records
-// outlive the gateway that wrote them (on Redis during a rolling upgrade,
-// on Badger across a restart), and the buyer they name has paid: its
-// identical retry must still be served. Asked only once the current name
-// did not match, so a normal call costs nothing; it can go in a later
-// release (README, "Upgrading several gateways"). The body it reads is a
-// reader of its own over the body the gate already read, so naming it
-// leaves r's body whole for the upstream.
-func asRewritten(r *http.Request) *http.Request {
-	rr := r.WithContext(context.WithValue(r.Context(), caddyhttp.OriginalRequestCtxKey, *r))
-	if b, ok := r.Body.(*gateBody); ok {
-		nb := &gateBody{b: b.b}
-		nb.Reset(b.b)
-		rr.Body = nb
-	}
-	return rr
-}
-
 // claimed answers a call whose payment is already claimed by another call
 // (handled false: the caller answers as without an id).
 func (c *paymentIDCall) claimed(w http.ResponseWriter, r *http.Request, ex exchange, cs store.ClaimState) (bool, error) {
@@ -354,27 +333,12 @@ func (c *paymentIDCall) claimed(w http.ResponseWriter, r *http.Request, ex excha
 		return true, ex.refuse(w, r, fresh(errPaymentIDInProgress)) // the first copy is about to bind
 	case err != nil:
 		return true, ex.refuse(w, r, apierr.Unavailable("payment state store", 1, err))
-	case !c.ownsBinding(r, st.Fingerprint):
+	case st.Fingerprint != c.fp:
 		return true, ex.refuse(w, r, fresh(errPaymentIDConflict))
 	case st.Done:
 		return true, c.serveSaved(w, r, ex, st)
 	}
 	return true, ex.refuse(w, r, fresh(errPaymentIDInProgress))
-}
-
-// ownsBinding reports whether fp, the fingerprint the id is bound to, is
-// this call's: c.fp, or the fingerprint an older gateway gave the same call
-// (asRewritten), which then becomes c.fp so the call's save and unbind
-// name the binding as it is stored.
-func (c *paymentIDCall) ownsBinding(r *http.Request, fp string) bool {
-	if fp == c.fp {
-		return true
-	}
-	if old, err := c.g.fingerprint(asRewritten(r), c.raw); err != nil || old != fp {
-		return false
-	}
-	c.fp = fp
-	return true
 }
 
 // bind binds the id to the call while it holds claim (handled true: it
@@ -388,7 +352,7 @@ func (c *paymentIDCall) bind(w http.ResponseWriter, r *http.Request, ex exchange
 		until = claim.Until
 	}
 	st, _, err := c.ids.Bind(c.ctx, c.id, c.fp, until)
-	if err == nil && c.ownsBinding(r, st.Fingerprint) && !st.Done {
+	if err == nil && st.Fingerprint == c.fp && !st.Done {
 		// Bound now, or earlier by a copy of this payment whose claim is
 		// gone; either way this call holds the payment's claim, so it is
 		// the one copy that may charge.

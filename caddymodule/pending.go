@@ -561,11 +561,6 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 			return true, ex.refuse(w, r, apierr.From(err))
 		}
 		if name != h.Request {
-			// A record an older gateway wrote names the request as
-			// handle_path or rewrite left it (asRewritten).
-			name, _ = g.requestName(asRewritten(r), read)
-		}
-		if name != h.Request {
 			return true, ex.demand(w, r, http.StatusPaymentRequired,
 				"This payment paid for another request, whose answer is still owed: retry that request with it, or sign a new payment for this one.",
 				x402.ReasonPaymentAlreadyUsed, nil)
