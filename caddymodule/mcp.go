@@ -54,14 +54,18 @@ func (g *Gate) serveMCP(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		}
 		read = &rpcRead{msg: msg, size: len(body)}
 		caddyhttp.SetVar(r.Context(), varRPCMessage, read)
-	} else if int64(read.size) > g.MaxBody {
-		return g.refuse(w, r, apierr.TooLarge(g.MaxBody))
 	}
 	msg := read.msg
 	if msg.method != "tools/call" || msg.tool != g.MCPTool {
 		return next.ServeHTTP(w, r)
 	}
 	ex := &mcpExchange{g: g, id: msg.id, tool: g.MCPTool}
+	// Another gate's reading was bounded by its own max_body: this gate's
+	// applies to its own tool's calls only, and, the message being read,
+	// is answered as a tool result.
+	if int64(read.size) > g.MaxBody {
+		return ex.toolError(w, r, apierr.TooLarge(g.MaxBody))
+	}
 	if wait := g.rateWait(r); wait > 0 {
 		return ex.toolError(w, r, apierr.RateLimited(wait))
 	}

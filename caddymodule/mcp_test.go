@@ -14,6 +14,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/aovhq/aov/apierr"
 	"github.com/aovhq/aov/internal/servers"
 	"github.com/aovhq/aov/plugins/evmfacilitator"
 	"github.com/aovhq/aov/x402"
@@ -432,5 +433,53 @@ func TestMCPRefusalsMatchTheirRESTAnswers(t *testing.T) {
 				t.Fatalf("charged %s on chain, want %d", got, want)
 			}
 		})
+	}
+}
+
+// One gate per priced tool: a second gate applied its own max_body to
+// every message the first had read, before looking at the tool, so a
+// call of the first gate's tool over the second's limit could never be
+// served, and was refused with a bare HTTP 413 the MCP client cannot read.
+// Now a gate's max_body bounds its own tool's calls only, answered as a
+// tool result.
+func TestMCPGateMaxBodyBoundsItsOwnTool(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newMCPUpstream(t)
+	base := startCaddy(t, fmt.Sprintf(`:{port} {
+	route /mcp {
+		x402 {
+			mcp_tool verify_schema
+			accept devnet $0.02 %[3]s
+			facilitator http %[2]s
+			store badger {data}/gate
+			free_allowance {
+				per_day 5
+			}
+		}
+		x402 {
+			mcp_tool get_verification_record
+			accept devnet $0.01 %[3]s
+			facilitator http %[2]s
+			store badger {data}/gate
+			max_body 200
+		}
+		reverse_proxy %[1]s
+	}
+}
+`, strings.TrimPrefix(up.URL, "http://"), fac, payTo.Hex()))
+	s := mcpSession(t, base+"/mcp")
+	big := map[string]any{"task_id": "t-mcp", "expected_schema": map[string]any{"type": "object"},
+		"submitted_output": map[string]any{"text": strings.Repeat("x", 400)}}
+	res, err := s.CallTool(context.Background(), &mcp.CallToolParams{Name: "verify_schema", Arguments: big})
+	if err != nil || res.IsError {
+		t.Fatalf("a free call of verify_schema over the other gate's max_body: %v %+v", err, res)
+	}
+	res, err = s.CallTool(context.Background(), &mcp.CallToolParams{Name: "get_verification_record",
+		Arguments: map[string]any{"verification_id": strings.Repeat("v", 400)}})
+	if err != nil {
+		t.Fatalf("a call over its own gate's max_body is not a tool result: %v", err)
+	}
+	if c := toolErrorOf(t, res); c["code"] != apierr.CodePayloadTooLarge || c["charged"] != false {
+		t.Fatalf("over its own gate's max_body: %v", c)
 	}
 }
