@@ -200,7 +200,7 @@ func (m *EVMFacilitator) Provision(ctx caddy.Context) error {
 		// asked when a payment arrives.
 		c, err := ethclient.Dial(rpcURL)
 		if err != nil {
-			return nil, fmt.Errorf("dialing rpc_url: %v", err)
+			return nil, fmt.Errorf("dialing rpc_url: %v", secretopt.Scrub(err, rpcURL))
 		}
 		f, err := evmfacilitator.New(evmfacilitator.Config{Chain: c, Network: network, RelayerKey: key, ReceiptTimeout: time.Duration(m.ReceiptTimeout)})
 		if err != nil {

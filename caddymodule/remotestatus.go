@@ -90,7 +90,7 @@ func (m *HTTPFacilitator) provisionStatus(repl *caddy.Replacer, log *zap.Logger)
 		c, err := ethclient.Dial(url)
 		if err != nil {
 			m.Cleanup()
-			return fmt.Errorf("http facilitator: rpc %s: %v", name, err)
+			return fmt.Errorf("http facilitator: rpc %s: %v", name, secretopt.Scrub(err, url))
 		}
 		m.status.clients = append(m.status.clients, c)
 		r, err := evmfacilitator.NewStatusReader(c, network)

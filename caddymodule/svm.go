@@ -125,7 +125,7 @@ func (m *SVMFacilitator) Provision(ctx caddy.Context) error {
 	}
 	f, err := svmfacilitator.New(cfg)
 	if err != nil {
-		return err
+		return secretopt.Scrub(err, rpcURL)
 	}
 	m.poolKey = fmt.Sprintf("svm network=%s url=%s fee_payer=%s timeout=%d units=%d price=%d failed=%d inflight=%d lamports=%d priority=%d window=%d",
 		network, rpcURL, f.FeePayer(), m.ConfirmTimeout, m.MaxComputeUnits, m.MaxComputeUnitPrice, m.MaxFailedPerPayer, m.MaxInFlightPerPayer, m.MaxFailedLamports, m.MaxPriorityFeePastBudget, m.FailureWindow)

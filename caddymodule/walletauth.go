@@ -195,7 +195,7 @@ func (wa *WalletAuth) Provision(ctx caddy.Context) error {
 		c, err := ethclient.DialContext(dialing, url)
 		cancel()
 		if err != nil {
-			return fmt.Errorf("wallet_auth: connecting to chain_rpc: %v", err)
+			return fmt.Errorf("wallet_auth: connecting to chain_rpc: %v", secretopt.Scrub(err, url))
 		}
 		wa.rpc = c
 		wa.verifier.Chain = c

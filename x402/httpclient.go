@@ -60,7 +60,8 @@ type HTTPFacilitatorConfig struct {
 // API (POST /verify, POST /settle, GET /supported).
 type HTTPFacilitator struct {
 	cfg  HTTPFacilitatorConfig
-	base *url.URL
+	base *url.URL // without its userinfo, so that no error repeats it
+	user *url.Userinfo
 	err  error
 }
 
@@ -89,11 +90,20 @@ func NewHTTPFacilitator(cfg HTTPFacilitatorConfig) *HTTPFacilitator {
 	u, err := url.Parse(cfg.URL)
 	switch {
 	case err != nil:
-		f.err = fmt.Errorf("facilitator url: %w", err)
+		// url.Error repeats the URL, credentials and all: give the reason
+		// alone.
+		if ue, ok := errors.AsType[*url.Error](err); ok {
+			err = ue.Err
+		}
+		f.err = fmt.Errorf("facilitator url does not parse: %w", err)
 	case (u.Scheme != "http" && u.Scheme != "https") || u.Host == "":
 		f.err = errors.New("facilitator url must be an absolute http or https URL")
 	default:
 		u.Path = strings.TrimSuffix(u.Path, "/")
+		// The userinfo is sent as basic auth, as net/http would, but kept
+		// out of the URL: net/http masks a password in its errors, not a
+		// key given as the user name, and those errors are logged.
+		f.user, u.User = u.User, nil
 		f.base = u
 	}
 	return f
@@ -317,6 +327,10 @@ func (f *HTTPFacilitator) do(ctx context.Context, method, path string, body []by
 	req, err := http.NewRequestWithContext(ctx, method, u.String(), rd)
 	if err != nil {
 		return reply{}, err
+	}
+	if f.user != nil {
+		pw, _ := f.user.Password()
+		req.SetBasicAuth(f.user.Username(), pw)
 	}
 	for k, v := range f.cfg.Headers {
 		req.Header.Set(k, v)

@@ -404,3 +404,33 @@ func TestHTTPFacilitatorKeepsConcurrentConnections(t *testing.T) {
 		t.Errorf("the second round of %d concurrent calls dialed %d new connections (the first dialed %d)", concurrent, n, first)
 	}
 }
+
+// Credentials in the facilitator URL (https://user:password@ or a key as
+// the user name) are sent as basic auth, as net/http would, but never
+// appear in an error: not in the one a URL that does not parse gives at
+// provision, and not in a call's (net/http masks a password there, not a
+// key given as the user), which the gate logs on every outage.
+func TestFacilitatorURLCredentialsStayOutOfErrors(t *testing.T) {
+	if err := NewHTTPFacilitator(HTTPFacilitatorConfig{URL: "https://user:s3cr^t-KEY@fac.example/"}).Err(); err == nil || strings.Contains(err.Error(), "s3cr") {
+		t.Fatalf("a URL that does not parse: %v", err)
+	}
+	var auth atomic.Value
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		auth.Store(r.Header.Get("Authorization"))
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"kinds":[],"extensions":[],"signers":{}}`)
+	}))
+	defer srv.Close()
+	f := NewHTTPFacilitator(HTTPFacilitatorConfig{URL: strings.Replace(srv.URL, "http://", "http://user:pw-KEY@", 1)})
+	if _, err := f.Supported(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if got := auth.Load(); got != "Basic dXNlcjpwdy1LRVk=" { // user:pw-KEY
+		t.Fatalf("Authorization %q: the URL's credentials were not sent", got)
+	}
+	const key = "apikey0123456789"
+	f = NewHTTPFacilitator(HTTPFacilitatorConfig{URL: "http://" + key + "@127.0.0.1:1/", Retries: 1})
+	if _, err := f.Verify(t.Context(), PaymentPayload{}, PaymentRequirements{}); err == nil || strings.Contains(err.Error(), key) {
+		t.Fatalf("a call's error: %v", err)
+	}
+}

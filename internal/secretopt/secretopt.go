@@ -57,3 +57,26 @@ func userinfo(u string) string {
 	}
 	return ""
 }
+
+// Scrub returns err with every copy of the credentials of the URL u taken
+// out of its message, for an error a library made while using u (a URL
+// parse error repeats the whole URL; net/http masks a password but not a
+// key given as the user name). Its message is then safe to log and to
+// return from Provision.
+func Scrub(err error, u string) error {
+	info := userinfo(u)
+	if err == nil || info == "" || !strings.Contains(err.Error(), info) {
+		return err
+	}
+	return scrubbed{err, strings.ReplaceAll(err.Error(), info, "xxxxx")}
+}
+
+// scrubbed is an error whose message had credentials taken out; it still
+// unwraps to the original, for errors.Is.
+type scrubbed struct {
+	err error
+	msg string
+}
+
+func (s scrubbed) Error() string { return s.msg }
+func (s scrubbed) Unwrap() error { return s.err }

@@ -1,6 +1,9 @@
 package secretopt
 
 import (
+	"errors"
+	"fmt"
+	"net/url"
 	"strings"
 	"testing"
 
@@ -69,5 +72,19 @@ func TestWarnIfURLCredentials(t *testing.T) {
 				t.Errorf("%s: logged %q %v, want the option's name alone", tc.desc, e.Message, e.ContextMap())
 			}
 		}
+	}
+}
+
+// A library's error that repeats a URL with credentials (url.Parse's does,
+// whole) loses them, and still unwraps to the original.
+func TestScrub(t *testing.T) {
+	const raw = "https://user:s3cr^t@rpc.example/v1"
+	_, perr := url.Parse(raw)
+	err := Scrub(fmt.Errorf("dialing: %w", perr), raw)
+	if strings.Contains(err.Error(), "s3cr") || !strings.Contains(err.Error(), "xxxxx@rpc.example") || !errors.Is(err, perr) {
+		t.Fatalf("%v", err)
+	}
+	if plain := errors.New("refused"); Scrub(plain, raw) != plain || Scrub(perr, "https://rpc.example/") != perr {
+		t.Fatal("an error without the credentials, or a URL without any, changed")
 	}
 }
