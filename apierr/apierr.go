@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -210,10 +211,18 @@ func Unavailable(what string, retryAfter int, cause error) *Error {
 // settled before the failure it reports (a gate that settles before its
 // upstream runs, then a seller-mode check withholds the output): the
 // buyer was charged, so the answer must not say otherwise.
+//
+// Nor may it ask for a retry: the same payment is spent, so a retry is a
+// new payment.
 func (e *Error) SettledBefore() *Error {
 	c := *e
 	c.Charged = true
 	c.Message = strings.Replace(c.Message, "nothing was charged", "the payment, settled before this answer, is not refunded", 1)
+	if i := strings.Index(c.Message, "; retry"); i >= 0 {
+		c.Message = c.Message[:i] + "; a new request needs a new payment."
+	}
+	c.Retryable, c.RetryAfter = false, 0
+	c.NextActions = slices.DeleteFunc(slices.Clone(c.NextActions), func(a Action) bool { return a.Action == "retry" })
 	return &c
 }
 

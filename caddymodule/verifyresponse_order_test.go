@@ -229,8 +229,8 @@ func TestVerifyResponseAfterSettleBeforeSaysCharged(t *testing.T) {
 			sig := signFor(t, paymentRequired(t, resp), tc.payer)
 			resp, body := getBody(t, base+"/invoices/INV-7732", map[string]string{x402.HeaderPaymentSignature: sig})
 			var e apierr.Error
-			if json.Unmarshal(body, &e) != nil || e.Code != tc.code || !e.Charged ||
-				strings.Contains(e.Message, "nothing was charged") || !strings.Contains(e.Message, "not refunded") {
+			if json.Unmarshal(body, &e) != nil || e.Code != tc.code || !e.Charged || e.Retryable || resp.Header.Get("Retry-After") != "" ||
+				strings.Contains(e.Message, "nothing was charged") || strings.Contains(e.Message, "retry") || !strings.Contains(e.Message, "not refunded") {
 				t.Fatalf("status %d: %.300s", resp.StatusCode, body)
 			}
 			if resp.Header.Get(x402.HeaderPaymentResponse) == "" || strings.Contains(string(body), "Acme") {
