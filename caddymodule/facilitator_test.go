@@ -273,7 +273,10 @@ func TestEVMFacilitatorOverJSONRPC(t *testing.T) {
 		t.Fatal(err)
 	}
 	if got := new(big.Int).SetBytes(out); got.Int64() != evmfacilitator.DevnetUSDCPerAccount+20000 {
-		t.Errorf("payee balance %v", got)
+		// Say where the settlement went: seen once in a whole-package run,
+		// never alone.
+		r, rerr := d.Client().TransactionReceipt(context.Background(), common.HexToHash(s.Transaction))
+		t.Errorf("payee balance %v after settlement %+v; its receipt on this devnet: %+v, %v", got, s, r, rerr)
 	}
 }
 
