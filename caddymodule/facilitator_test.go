@@ -485,14 +485,7 @@ func TestSecretOptionsWarnWhenWrittenInline(t *testing.T) {
 				t.Errorf("the log repeats a secret (%.8s…)", s)
 			}
 		}
-		got := map[string]bool{}
-		for _, line := range strings.Split(string(raw), "\n") {
-			var e struct{ Level, Msg, Option string }
-			if json.Unmarshal([]byte(line), &e) == nil && e.Level == "warn" && strings.Contains(e.Msg, "secret is written in the config") {
-				got[e.Option] = true
-			}
-		}
-		return got
+		return secretWarnings(raw)
 	}
 
 	t.Run("literal", func(t *testing.T) {
@@ -634,14 +627,7 @@ func TestSecretURLCredentialsWarn(t *testing.T) {
 		if strings.Contains(string(raw), key) {
 			t.Errorf("the log repeats a credential")
 		}
-		got := map[string]bool{}
-		for _, line := range strings.Split(string(raw), "\n") {
-			var e struct{ Level, Msg, Option string }
-			if json.Unmarshal([]byte(line), &e) == nil && e.Level == "warn" && strings.Contains(e.Msg, "secret is written in the config") {
-				got[e.Option] = true
-			}
-		}
-		return got
+		return secretWarnings(raw)
 	}
 	t.Run("literal", func(t *testing.T) {
 		got := warned(t, site(key))
@@ -658,4 +644,17 @@ func TestSecretURLCredentialsWarn(t *testing.T) {
 			t.Errorf("warnings for credentials given as placeholders: %v", got)
 		}
 	})
+}
+
+// secretWarnings returns the options a Caddy JSON log warns were written
+// as literal secrets (secretopt).
+func secretWarnings(raw []byte) map[string]bool {
+	got := map[string]bool{}
+	for _, line := range strings.Split(string(raw), "\n") {
+		var e struct{ Level, Msg, Option string }
+		if json.Unmarshal([]byte(line), &e) == nil && e.Level == "warn" && strings.Contains(e.Msg, "secret is written in the config") {
+			got[e.Option] = true
+		}
+	}
+	return got
 }
