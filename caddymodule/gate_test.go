@@ -70,12 +70,18 @@ func startDevnetFacilitator() (d *evmfacilitator.Devnet, url string, stop func()
 	return d, srv.URL, func() { srv.Close(); d.Close() }, nil
 }
 
-// balance reads an address's test USDC balance from the chain.
+// balance reads an address's test USDC balance from the chain, at its
+// settled head: a read at latest right after a settlement may still see
+// the block before it (Devnet.SettledHead).
 func balance(t *testing.T, d *evmfacilitator.Devnet, who common.Address) *big.Int {
 	t.Helper()
+	head, err := d.SettledHead(context.Background())
+	if err != nil {
+		t.Fatalf("reading the devnet's head: %v", err)
+	}
 	token := d.Token()
 	data := append(common.FromHex("0x70a08231"), common.LeftPadBytes(who.Bytes(), 32)...)
-	out, err := d.Client().CallContract(context.Background(), ethereum.CallMsg{To: &token, Data: data}, nil)
+	out, err := d.Client().CallContract(context.Background(), ethereum.CallMsg{To: &token, Data: data}, head)
 	if err != nil {
 		t.Fatalf("balanceOf: %v", err)
 	}

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ethereum/go-ethereum"
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/core/rawdb"
@@ -381,6 +382,40 @@ func (d *Devnet) maybeSeal(ctx context.Context) {
 
 // Client returns an in-process client of the chain.
 func (d *Devnet) Client() simulated.Client { return d.client }
+
+// SettledHead returns the number of the newest block whose state includes
+// every transaction whose receipt the chain showed before the call: the
+// block to read a settlement's effects at (a balance, an authorization's
+// state) once the facilitator has reported it.
+//
+// The latest block is not always that block. When go-ethereum makes a
+// block the head it first writes the block's canonical number and its
+// transactions' index, which make their receipts readable, and only then
+// moves "latest" to it; a read at latest in between sees the parent's
+// state while the receipt is already there. A machine under load can stall
+// the node's goroutine in that gap for milliseconds. What go-ethereum
+// writes first is readable too: while a block above latest is already
+// canonical, latest is about to move, and SettledHead reads again.
+func (d *Devnet) SettledHead(ctx context.Context) (*big.Int, error) {
+	for {
+		n, err := d.client.BlockNumber(ctx)
+		if err != nil {
+			return nil, err
+		}
+		_, err = d.client.HeaderByNumber(ctx, new(big.Int).SetUint64(n+1))
+		switch {
+		case errors.Is(err, ethereum.NotFound):
+			return new(big.Int).SetUint64(n), nil
+		case err != nil:
+			return nil, err
+		}
+		select { // block n+1 is canonical: latest moves to it in a moment
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
 
 // Token returns the address of the test USDC token.
 func (d *Devnet) Token() common.Address { return d.token }

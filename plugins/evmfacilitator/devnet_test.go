@@ -56,14 +56,20 @@ func startDevnet(t testing.TB, cfg DevnetConfig) *Devnet {
 	return d
 }
 
+// tokenCall calls the test token at the devnet's settled head, so that it
+// sees every settlement the facilitator has reported.
 func tokenCall(t testing.TB, d *Devnet, method string, args ...any) []any {
 	t.Helper()
 	data, err := tokenABI.Pack(method, args...)
 	if err != nil {
 		t.Fatal(err)
 	}
+	head, err := d.SettledHead(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
 	tok := d.Token()
-	out, err := d.Client().CallContract(context.Background(), ethereum.CallMsg{To: &tok, Data: data}, nil)
+	out, err := d.Client().CallContract(context.Background(), ethereum.CallMsg{To: &tok, Data: data}, head)
 	if err != nil {
 		t.Fatalf("%s: %v", method, err)
 	}
@@ -110,6 +116,37 @@ func TestDevnetFundsAccountsAndDeploysToken(t *testing.T) {
 		if got := usdcBalance(t, d, a.Address); got.Int64() != want {
 			t.Errorf("account %d holds %v test USDC units, want %d", a.Index, got, want)
 		}
+	}
+}
+
+// TestSettledHeadIncludesWhatHasAReceipt: once a transaction's receipt is
+// readable, the settled head is at or past its block and its state shows
+// the transfer. (The moment when go-ethereum shows the receipt before it
+// moves latest cannot be caused on demand; SettledHead's doc comment says
+// how it is told apart.)
+func TestSettledHeadIncludesWhatHasAReceipt(t *testing.T) {
+	d := startDevnet(t, DevnetConfig{})
+	ctx := context.Background()
+	to := DevAccounts()[2].Address
+	before := usdcBalance(t, d, to)
+	data, err := tokenABI.Pack("transfer", to, big.NewInt(7))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := d.Token()
+	r, err := d.SendTx(ctx, DevKey(3), &tok, data) // returns once the receipt is readable
+	if err != nil {
+		t.Fatal(err)
+	}
+	head, err := d.SettledHead(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if head.Cmp(r.BlockNumber) < 0 {
+		t.Fatalf("settled head %v is before the transaction's block %v", head, r.BlockNumber)
+	}
+	if got := new(big.Int).Sub(usdcBalance(t, d, to), before); got.Int64() != 7 {
+		t.Errorf("balance at the settled head moved by %v, want 7", got)
 	}
 }
 
