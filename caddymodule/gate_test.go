@@ -72,10 +72,10 @@ func startDevnetFacilitator() (d *evmfacilitator.Devnet, url string, stop func()
 
 // balance reads an address's test USDC balance from the chain, at its
 // settled head: a read at latest right after a settlement may still see
-// the block before it (Devnet.SettledHead).
+// the block before it (evmfacilitator.SettledHead).
 func balance(t *testing.T, d *evmfacilitator.Devnet, who common.Address) *big.Int {
 	t.Helper()
-	head, err := d.SettledHead(context.Background())
+	head, err := evmfacilitator.SettledHead(context.Background(), d.Client())
 	if err != nil {
 		t.Fatalf("reading the devnet's head: %v", err)
 	}

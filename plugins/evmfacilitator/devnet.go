@@ -383,10 +383,11 @@ func (d *Devnet) maybeSeal(ctx context.Context) {
 // Client returns an in-process client of the chain.
 func (d *Devnet) Client() simulated.Client { return d.client }
 
-// SettledHead returns the number of the newest block whose state includes
-// every transaction whose receipt the chain showed before the call: the
-// block to read a settlement's effects at (a balance, an authorization's
-// state) once the facilitator has reported it.
+// SettledHead returns the number of the newest block of the chain c reads
+// whose state includes every transaction whose receipt c showed before the
+// call: the block to read a settlement's effects at (a balance, an
+// authorization's state) once the facilitator has reported it. c is a
+// Devnet's Client or an ethclient of its RPC.
 //
 // The latest block is not always that block. When go-ethereum makes a
 // block the head it first writes the block's canonical number and its
@@ -396,13 +397,16 @@ func (d *Devnet) Client() simulated.Client { return d.client }
 // the node's goroutine in that gap for milliseconds. What go-ethereum
 // writes first is readable too: while a block above latest is already
 // canonical, latest is about to move, and SettledHead reads again.
-func (d *Devnet) SettledHead(ctx context.Context) (*big.Int, error) {
+func SettledHead(ctx context.Context, c interface {
+	BlockNumber(context.Context) (uint64, error)
+	HeaderByNumber(context.Context, *big.Int) (*types.Header, error)
+}) (*big.Int, error) {
 	for {
-		n, err := d.client.BlockNumber(ctx)
+		n, err := c.BlockNumber(ctx)
 		if err != nil {
 			return nil, err
 		}
-		_, err = d.client.HeaderByNumber(ctx, new(big.Int).SetUint64(n+1))
+		_, err = c.HeaderByNumber(ctx, new(big.Int).SetUint64(n+1))
 		switch {
 		case errors.Is(err, ethereum.NotFound):
 			return new(big.Int).SetUint64(n), nil

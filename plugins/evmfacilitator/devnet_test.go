@@ -64,7 +64,7 @@ func tokenCall(t testing.TB, d *Devnet, method string, args ...any) []any {
 	if err != nil {
 		t.Fatal(err)
 	}
-	head, err := d.SettledHead(context.Background())
+	head, err := SettledHead(context.Background(), d.Client())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +138,7 @@ func TestSettledHeadIncludesWhatHasAReceipt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	head, err := d.SettledHead(ctx)
+	head, err := SettledHead(ctx, d.Client())
 	if err != nil {
 		t.Fatal(err)
 	}
