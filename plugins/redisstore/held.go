@@ -21,15 +21,14 @@ import (
 // holdScript: KEYS the claim keys, then the index; ARGV token, note, the
 // caller's first key. Returns 1, 0 when the claim is lost, 2 when settled.
 var holdScript = redis.NewScript(`#!lua
-` + nowMS + `local index = table.remove(KEYS)
+` + nowMS + putNote + `local index = table.remove(KEYS)
 ` + heldCheck + `for _, k in ipairs(KEYS) do
   if redis.call('HGET', k, 's') == '1' then return 2 end
 end
-local u = 0
-for _, k in ipairs(KEYS) do
-  redis.call('HSET', k, 'n', ARGV[2])
-  u = tonumber(redis.call('HGET', k, 'u'))
+for i, k in ipairs(KEYS) do
+  putNote(i, k, ARGV[2])
 end
+local u = tonumber(redis.call('HGET', KEYS[1], 'u'))
 redis.call('ZADD', index, u, ARGV[3])
 redis.call('PEXPIREAT', index, math.max(u, tonumber(redis.call('PEXPIRETIME', index))))
 return 1
@@ -66,14 +65,16 @@ func (c claims) indexedKeys(keys []string) []string {
 
 // swapScript: KEYS the claim keys, then the index of held claims; ARGV
 // token, old note, note, the claim's first key. Marks the claim settled
-// with note if every key still carries old, and takes it off the index.
-// Returns 1, 0 when the claim is lost, 3 when the note changed.
+// with note if it still carries old (on its first key, and on any other
+// that carries a note of its own: written before refs), and takes it off
+// the index. Returns 1, 0 when the claim is lost, 3 when the note changed.
 var swapScript = redis.NewScript(`#!lua
-` + nowMS + unindex + heldCheck + `for _, k in ipairs(KEYS) do
-  if redis.call('HGET', k, 'n') ~= ARGV[2] then return 3 end
+` + nowMS + putNote + unindex + heldCheck + `for i, k in ipairs(KEYS) do
+  local n = redis.call('HGET', k, 'n')
+  if (i == 1 or n) and n ~= ARGV[2] then return 3 end
 end
-for _, k in ipairs(KEYS) do
-  redis.call('HSET', k, 's', '1', 'n', ARGV[3])
+for i, k in ipairs(KEYS) do
+  putNote(i, k, ARGV[3], 's', '1')
 end
 redis.call('ZREM', index, ARGV[4])
 return 1

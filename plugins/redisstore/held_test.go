@@ -42,7 +42,7 @@ func testHeld(t *testing.T, rdb redis.UniversalClient) {
 		t.Fatalf("held %v, want a1, b1, c1 with their notes", got)
 	}
 	if st, err := cl.Lookup(ctx, "a2"); err != nil || st.Settled || st.Note != "held:a1" {
-		t.Fatalf("every key of a held claim carries the note: %+v, %v", st, err)
+		t.Fatalf("every key of a held claim reports its note: %+v, %v", st, err)
 	}
 	if err := cl.Settle(ctx, a, "0xtx", time.Time{}); err != nil {
 		t.Fatal(err)

@@ -72,10 +72,60 @@ return math.max(0, tonumber(ARGV[1]) - used)
 `)
 
 // A claim is one hash per key: s (0 pending, 1 settled), t (the holder's
-// token), u (until, ms), n (note), and for a held claim a (the end of its
-// attempt span, ms, on the server's clock like u). The key expires at u;
-// the scripts also compare u with now, so a key is never live at or after
-// its until.
+// token), u (until, ms), and for a held claim a (the end of its attempt
+// span, ms, on the server's clock like u). The key expires at u; the
+// scripts also compare u with now, so a key is never live at or after its
+// until.
+//
+// The claim's note (n) is on its first key alone; each other key carries
+// r, the first key's name as stored, instead. A note is a paid call's
+// record (kilobytes, up to a held answer of a MiB), and an EVM claim has
+// two keys: under each, every held call cost its note twice in the
+// server's memory, which noeviction turns into refused payments once full.
+// Every key of a claim is written by one script and lapses at one u, so a
+// ref never outlives its note; a ref is followed only to a key holding the
+// same live claim (same t, itself no ref), so a stray one serves no note,
+// never its target's name or another claim's note. A key with no r carries
+// its own n: every key a build before refs wrote, and every claim of one
+// key. An older build reads a ref key as having no note (README: upgrade
+// every gateway on one Redis together).
+//
+// A script reads only the keys it is given (KEYS), as Redis requires; all
+// claim keys share one hash tag, so a claim's keys are always on one slot,
+// but a ref may name a key its caller did not (a retry naming a payment by
+// its second key alone). Such a script answers with the ref instead
+// (noteOf), and the gateway reads the claim again declaring its target
+// (claims.lookup).
+
+// noteOf is the note of a live claim key whose t, n and r are given: its
+// own without a ref; with one, the note of the key r names when that key
+// holds the same live claim, else the empty string; nil when r is not among KEYS, for
+// the caller to ask again naming it.
+const noteOf = `local function noteOf(t, n, r)
+  if not r then return n or '' end
+  local declared = false
+  for _, k in ipairs(KEYS) do
+    if k == r then declared = true break end
+  end
+  if not declared then return nil end
+  local f = redis.call('HMGET', r, 't', 'u', 'n', 'r')
+  if f[1] == t and tonumber(f[2]) > now and not f[4] then return f[3] or '' end
+  return ''
+end
+`
+
+// putNote writes note on the first of KEYS and a ref to it on the others
+// (dropping a note one carries from a build before refs), with the fields
+// given after it on each.
+const putNote = `local function putNote(i, k, note, ...)
+  if i == 1 then
+    redis.call('HSET', k, 'n', note, ...)
+  else
+    redis.call('HSET', k, 'r', KEYS[1], ...)
+    redis.call('HDEL', k, 'n')
+  end
+end
+`
 
 // attemptOf is where a claim's attempt span (its a) stands by the server's
 // clock, as store.ClaimState.Attempt says it (claimState): "1" running,
@@ -89,9 +139,11 @@ end
 
 // claimScript: KEYS the claim keys; ARGV token, until ms. Returns {1} on
 // success, {2} when until is not in the future, or {0, i, settled, until,
-// note, attempt} naming the first live key held by someone else.
+// note, attempt} naming the first live key held by someone else, or
+// {3, i, ref} when that key's note is under ref, a key not among KEYS
+// (noteOf).
 var claimScript = redis.NewScript(`#!lua
-` + nowMS + attemptOf + `local note, attempt = '', nil
+` + nowMS + attemptOf + noteOf + `local note, attempt = '', nil
 ` + claimBody + `return {1}
 `)
 
@@ -100,18 +152,22 @@ var claimScript = redis.NewScript(`#!lua
 const claimBody = `local token, untl = ARGV[1], tonumber(ARGV[2])
 if untl <= now then return {2} end
 for i, k in ipairs(KEYS) do
-  local v = redis.call('HMGET', k, 's', 't', 'u', 'n', 'a')
+  local v = redis.call('HMGET', k, 's', 't', 'u', 'n', 'a', 'r')
   if v[1] and tonumber(v[3]) > now then
     if v[2] == token then return {1} end
-    return {0, i, v[1], v[3], v[4], attemptOf(v[5])}
+    local n = noteOf(v[2], v[4], v[6])
+    if not n then return {3, i, v[6]} end
+    return {0, i, v[1], v[3], n, attemptOf(v[5])}
   end
 end
-for _, k in ipairs(KEYS) do
+for i, k in ipairs(KEYS) do
   redis.call('DEL', k)
+  local nk, nv = 'n', note
+  if i > 1 then nk, nv = 'r', KEYS[1] end
   if attempt then
-    redis.call('HSET', k, 's', '0', 't', token, 'u', ARGV[2], 'n', note, 'a', attempt)
+    redis.call('HSET', k, 's', '0', 't', token, 'u', ARGV[2], nk, nv, 'a', attempt)
   else
-    redis.call('HSET', k, 's', '0', 't', token, 'u', ARGV[2], 'n', note)
+    redis.call('HSET', k, 's', '0', 't', token, 'u', ARGV[2], nk, nv)
   end
   redis.call('PEXPIREAT', k, untl)
 end
@@ -123,7 +179,7 @@ end
 // server's clock: a gateway's own clock stamps nothing another gateway
 // judges. Same answers.
 var claimHeldScript = redis.NewScript(`#!lua
-` + nowMS + attemptOf + `local index = table.remove(KEYS)
+` + nowMS + attemptOf + noteOf + `local index = table.remove(KEYS)
 local note, attempt = ARGV[3], string.format('%d', now + tonumber(ARGV[5]))
 ` + claimBody + `redis.call('ZADD', index, untl, ARGV[4])
 redis.call('PEXPIREAT', index, math.max(untl, tonumber(redis.call('PEXPIRETIME', index))))
@@ -131,10 +187,11 @@ return {1}
 `)
 
 // heldCheck returns 0 from the script unless every key is live and holds
-// ARGV[1].
-const heldCheck = `for _, k in ipairs(KEYS) do
-  local v = redis.call('HMGET', k, 't', 'u')
-  if v[1] ~= ARGV[1] or tonumber(v[2]) <= now then return 0 end
+// ARGV[1], and none but the first refers to the first (as store.held: a
+// key that refers elsewhere is not of this claim).
+const heldCheck = `for i, k in ipairs(KEYS) do
+  local v = redis.call('HMGET', k, 't', 'u', 'r')
+  if v[1] ~= ARGV[1] or tonumber(v[2]) <= now or (v[3] and (i == 1 or v[3] ~= KEYS[1])) then return 0 end
 end
 `
 
@@ -143,10 +200,10 @@ end
 // first key. Returns 1, or 0 when the claim is lost. A settled claim
 // leaves the index (unindex).
 var settleScript = redis.NewScript(`#!lua
-` + nowMS + unindex + heldCheck + `local keep = tonumber(ARGV[3])
-for _, k in ipairs(KEYS) do
+` + nowMS + putNote + unindex + heldCheck + `local keep = tonumber(ARGV[3])
+for i, k in ipairs(KEYS) do
   local u = math.max(tonumber(redis.call('HGET', k, 'u')), keep)
-  redis.call('HSET', k, 's', '1', 'n', ARGV[2], 'u', string.format('%d', u))
+  putNote(i, k, ARGV[2], 's', '1', 'u', string.format('%d', u))
   redis.call('PEXPIREAT', k, u)
 end
 redis.call('ZREM', index, ARGV[4])
@@ -174,7 +231,8 @@ const unindex = `local index = table.remove(KEYS)
 `
 
 // recordScript: KEYS[1] the claim key; ARGV token, until ms, note.
-// Writes a settled claim unless a live settled one is there. Returns 1
+// Writes a settled claim, with its own note (a claim of one key), unless a
+// live settled one is there. Returns 1
 // when written, 0 when kept, 2 when until is not in the future.
 var recordScript = redis.NewScript(`#!lua
 ` + nowMS + `local untl = tonumber(ARGV[2])
@@ -187,9 +245,13 @@ redis.call('PEXPIREAT', KEYS[1], untl)
 return 1
 `)
 
-// lookupScript: KEYS[1]; returns {} or {settled, until, note, attempt}.
+// lookupScript: KEYS[1], and optionally the key its ref names; returns {}
+// or {settled, until, note, attempt}, or {ref} when KEYS[1]'s note is under
+// ref, a key not among KEYS (noteOf).
 var lookupScript = redis.NewScript(`#!lua flags=no-writes
-` + nowMS + attemptOf + `local v = redis.call('HMGET', KEYS[1], 's', 'u', 'n', 'a')
+` + nowMS + attemptOf + noteOf + `local v = redis.call('HMGET', KEYS[1], 's', 'u', 'n', 'a', 't', 'r')
 if not v[1] or tonumber(v[2]) <= now then return {} end
-return {v[1], v[2], v[3], attemptOf(v[4])}
+local n = noteOf(v[5], v[3], v[6])
+if not n then return {v[6]} end
+return {v[1], v[2], n, attemptOf(v[4])}
 `)

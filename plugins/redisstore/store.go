@@ -403,46 +403,73 @@ func (c claims) claim(ctx context.Context, keys []string, until time.Time, span 
 		return store.Claim{}, fmt.Errorf("making claim token: %w", err)
 	}
 	token := hex.EncodeToString(tok[:])
-	var v any
-	if note == nil {
-		v, err = c.s.write(ctx, claimScript, c.keys(keys), token, ceilMS(until))
-	} else {
-		var n string
+	var n string
+	if note != nil {
 		if n, err = note(store.Claim{Keys: keys, Token: token, Until: until}); err != nil {
 			return store.Claim{}, err
 		}
 		if err := store.CheckHoldNote(n); err != nil {
 			return store.Claim{}, err
 		}
-		v, err = c.s.write(ctx, claimHeldScript, c.indexedKeys(keys), token, ceilMS(until), n, keys[0], c.s.spanArg(span))
 	}
-	if err != nil {
-		c.s.undo(ctx, releaseScript, c.indexedKeys(keys), token, keys[0])
-		return store.Claim{}, fmt.Errorf("redisstore: claiming: %w", err)
+	for try := 1; ; try++ {
+		var v any
+		if note == nil {
+			v, err = c.s.write(ctx, claimScript, c.keys(keys), token, ceilMS(until))
+		} else {
+			v, err = c.s.write(ctx, claimHeldScript, c.indexedKeys(keys), token, ceilMS(until), n, keys[0], c.s.spanArg(span))
+		}
+		if err != nil {
+			c.s.undo(ctx, releaseScript, c.indexedKeys(keys), token, keys[0])
+			return store.Claim{}, fmt.Errorf("redisstore: claiming: %w", err)
+		}
+		out, ok := v.([]any)
+		if !ok || len(out) == 0 {
+			return store.Claim{}, fmt.Errorf("redisstore: unexpected claim answer %v", v)
+		}
+		switch out[0] {
+		case int64(1):
+			return store.Claim{Keys: keys, Token: token, Until: until}, nil
+		case int64(2):
+			return store.Claim{}, errors.New("store: claim expiry is not in the future")
+		}
+		if len(out) < 3 {
+			return store.Claim{}, fmt.Errorf("redisstore: unexpected claim answer %v", v)
+		}
+		i, _ := out[1].(int64)
+		if i < 1 || int(i) > len(keys) {
+			return store.Claim{}, fmt.Errorf("redisstore: unexpected claim answer %v", v)
+		}
+		if out[0] == int64(3) {
+			// The held key's note is under a key this claim does not
+			// name: read the claim declaring it. Nothing was claimed,
+			// so if that claim has gone meanwhile, claim again.
+			ref, _ := out[2].(string)
+			st, err := c.lookup(ctx, c.s.claimPrefix+keys[i-1], ref)
+			if errors.Is(err, store.ErrNotFound) && try < maxRefReads {
+				continue
+			}
+			if err != nil {
+				return store.Claim{}, err
+			}
+			return store.Claim{}, &store.ClaimedError{Key: keys[i-1], State: st}
+		}
+		if len(out) != 6 {
+			return store.Claim{}, fmt.Errorf("redisstore: unexpected claim answer %v", v)
+		}
+		st, err := claimState(out[2:])
+		if err != nil {
+			return store.Claim{}, err
+		}
+		return store.Claim{}, &store.ClaimedError{Key: keys[i-1], State: st}
 	}
-	out, ok := v.([]any)
-	if !ok || len(out) == 0 {
-		return store.Claim{}, fmt.Errorf("redisstore: unexpected claim answer %v", v)
-	}
-	switch out[0] {
-	case int64(1):
-		return store.Claim{Keys: keys, Token: token, Until: until}, nil
-	case int64(2):
-		return store.Claim{}, errors.New("store: claim expiry is not in the future")
-	}
-	if len(out) != 6 {
-		return store.Claim{}, fmt.Errorf("redisstore: unexpected claim answer %v", v)
-	}
-	i, _ := out[1].(int64)
-	if i < 1 || int(i) > len(keys) {
-		return store.Claim{}, fmt.Errorf("redisstore: unexpected claim answer %v", v)
-	}
-	st, err := claimState(out[2:])
-	if err != nil {
-		return store.Claim{}, err
-	}
-	return store.Claim{}, &store.ClaimedError{Key: keys[i-1], State: st}
 }
+
+// maxRefReads bounds the reads of one claim through a ref (claims.lookup)
+// and the claims tried again when the claim held against them went away
+// meanwhile: each further one needs another claim on the key in between,
+// so a bound reached is a key claimed over and over, answered as an error.
+const maxRefReads = 3
 
 // claimState decodes {settled, until ms, note, attempt} as the scripts
 // return them (attemptOf).
@@ -538,15 +565,43 @@ func (c claims) Record(ctx context.Context, key, note string, until time.Time) e
 
 // Lookup implements store.Claims.
 func (c claims) Lookup(ctx context.Context, key string) (store.ClaimState, error) {
-	v, err := c.s.read(ctx, lookupScript, []string{c.s.claimPrefix + key})
-	if err != nil {
-		return store.ClaimState{}, fmt.Errorf("redisstore: reading claim: %w", err)
+	return c.lookup(ctx, c.s.claimPrefix+key, "")
+}
+
+// lookup reads the claim on key (as stored), declaring ref, when not "",
+// with it: the key its ref names, where its note is (scripts.go). A claim's
+// first key, which the gateway reads, carries its note: one read. Any other
+// is read again declaring the key its ref names, since a script reads only
+// the keys it is given.
+func (c claims) lookup(ctx context.Context, key, ref string) (store.ClaimState, error) {
+	keys := []string{key}
+	for range maxRefReads {
+		if ref != "" {
+			// Written by the scripts as a claim key: anything else is
+			// no ref of ours, and in a Cluster may be on another slot.
+			if !strings.HasPrefix(ref, c.s.claimPrefix) {
+				return store.ClaimState{}, errors.New("redisstore: corrupt claim record")
+			}
+			keys = append(keys[:1], ref)
+		}
+		v, err := c.s.read(ctx, lookupScript, keys)
+		if err != nil {
+			return store.ClaimState{}, fmt.Errorf("redisstore: reading claim: %w", err)
+		}
+		out, _ := v.([]any)
+		switch len(out) {
+		case 0:
+			return store.ClaimState{}, store.ErrNotFound
+		case 1:
+			ref, _ = out[0].(string)
+			if ref == "" {
+				return store.ClaimState{}, errors.New("redisstore: corrupt claim record")
+			}
+			continue // replaced meanwhile by a claim with another first key
+		}
+		return claimState(out)
 	}
-	out, _ := v.([]any)
-	if len(out) == 0 {
-		return store.ClaimState{}, store.ErrNotFound
-	}
-	return claimState(out)
+	return store.ClaimState{}, errors.New("redisstore: reading claim: its key was claimed again on every read")
 }
 
 // Interface guards
