@@ -22,7 +22,9 @@ import (
 //
 // A Redis implementation runs Claim as one Lua script (EXISTS on every key,
 // then SET ... PXAT on all of them), and Settle and Release as
-// compare-the-token-then-write scripts, which gives the same atomicity.
+// compare-the-token-then-write scripts, which gives the same atomicity. It
+// too keeps a claim's note once, under its first key (claimRecord; in
+// plugins/redisstore, a hash field naming the first key on the others).
 type Claims interface {
 	// Claim claims every key until until. If any key is held and not
 	// expired it claims nothing and returns a *ClaimedError.

@@ -3,8 +3,10 @@
 // access records) in Redis, so several gateway instances behind one load
 // balancer grant a client's free calls and accept a payment exactly as one
 // instance would. It implements store.Allowance and store.Claims with one
-// Lua script per operation (see scripts.go), on go-redis's UniversalClient:
-// a standalone server, a primary and replicas under Sentinel, or a Cluster.
+// Lua script per operation (see scripts.go; reading a claim by a key other
+// than its first, whose note is under the first, takes a second), on
+// go-redis's UniversalClient: a standalone server, a primary and replicas
+// under Sentinel, or a Cluster.
 //
 // The Caddy module x402.stores.redis (module.go) wraps it; *Store works on
 // its own too.
