@@ -128,18 +128,20 @@ func (g *Gate) outcomeOf(ex exchange, bw *bufferedWriter, err error, r *http.Req
 // verify_response checked: one it let through unchecked (a status or a
 // content type it does not check), or one no verify_response saw at all
 // (none in the route, or its matcher did not match this request: a
-// matcher on a client's header is the client's to steer). It is a success
-// with a body. Under settle_on pass such an answer can be neither charged
-// (nothing verified it) nor handed over free: a buyer who can steer the
-// agent to it (an Accept header asking for CSV instead of JSON, a header
-// the matcher reads) would get the work for nothing. An answer without
-// content (HEAD, 204, a redirect) is still handed over. outcomeOf asks
+// matcher on a client's header is the client's to steer). It is an answer
+// below 400 (outcomeOf asks only about those) with a body, or with a
+// Location: a redirect, or a 201, points the buyer to the result, which
+// may be all the work. Under settle_on pass such an answer can be neither
+// charged (nothing verified it) nor handed over free: a buyer who can
+// steer the agent to it (an Accept header asking for CSV instead of JSON,
+// a header the matcher reads, a request the agent answers with 302 to
+// where the result is) would get the work for nothing. An answer with
+// nothing in it (HEAD, 204, 304) is still handed over. outcomeOf asks
 // only once settleAllowed refused, so under the default settle_on an
 // answer no verify_response saw has already settled.
 func uncheckedContent(r *http.Request, bw *bufferedWriter) bool {
 	outcome, _ := caddyhttp.GetVar(r.Context(), VerificationVar).(string)
-	s := bw.status()
-	return (outcome == "" || outcome == outcomeUnchecked) && s >= 200 && s < 300 && bw.buf.Len() > 0
+	return (outcome == "" || outcome == outcomeUnchecked) && (bw.buf.Len() > 0 || bw.header.Get("Location") != "")
 }
 
 // uncheckedAnswer is the refusal of an answer withheld by uncheckedContent.

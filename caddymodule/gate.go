@@ -168,9 +168,10 @@ type Gate struct {
 	// verify_response (later in the same route) found the output passing;
 	// any other answer below 400 (a fail receipt, an unverified or
 	// unchecked response) is released without charging and without
-	// PAYMENT-RESPONSE, and the payment can be used again; but a 2xx with
-	// a body that no verify_response checked (unchecked, or none handled
-	// the request) is withheld (uncheckedContent). "any" settles
+	// PAYMENT-RESPONSE, and the payment can be used again; but one with
+	// a body or a Location (a redirect) that no verify_response checked
+	// (unchecked, or none handled the request) is withheld
+	// (uncheckedContent). "any" settles
 	// every answer below 400. Default: "pass" when verify_response handled
 	// the request, "any" otherwise. Needs settle after.
 	SettleOn string `json:"settle_on,omitempty"`

@@ -1,0 +1,142 @@
+package caddymodule
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/big"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/plugins/evmfacilitator"
+	"github.com/aovhq/aov/x402"
+)
+
+// redirectAgent is a seller's agent that answers with the paid result out
+// of verify_response's sight: a redirect to where the result is, with the
+// result in its body too, or a Location alone; and an answer with nothing
+// in it (204).
+func redirectAgent(t *testing.T) *httptest.Server {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case strings.HasSuffix(r.URL.Path, "/found"):
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("Location", "https://results.example/INV-7731?total=87.0")
+			w.WriteHeader(http.StatusFound)
+			io.WriteString(w, `{"invoice_id":"INV-7731","line_total":87.0}`)
+		case strings.HasSuffix(r.URL.Path, "/see-other"):
+			w.Header().Set("Location", "https://results.example/INV-7731?total=87.0")
+			w.WriteHeader(http.StatusSeeOther)
+		case strings.HasSuffix(r.URL.Path, "/created"):
+			w.Header().Set("Location", "https://results.example/INV-7731?total=87.0")
+			w.WriteHeader(http.StatusCreated)
+		default:
+			w.WriteHeader(http.StatusNoContent)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// noRedirects reads a redirect as the answer, as a buyer's client sees it
+// before following it.
+var noRedirects = &http.Client{Transport: testClient.Transport, Timeout: testClient.Timeout,
+	CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+
+func getNoRedirect(t *testing.T, url string, hdr map[string]string) (*http.Response, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := noRedirects.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, body
+}
+
+// Under settle_on pass only an answer verify_response found passing is
+// charged, and an answer it did not check is handed over uncharged only
+// when it has nothing in it. A redirect carries content where
+// verify_response does not look: in its Location (a URL holding the
+// result) and in its body. It used to be handed over uncharged, so a buyer
+// who steered the agent to answer 302 had the work free. Such an answer (a
+// 3xx, or a 2xx with a Location) is now withheld like any unchecked
+// content: 503 response_unverifiable, neither its Location nor its body
+// out, the payment released. A 204 is still handed over uncharged. Under
+// the default settle after, without verify_response, a redirect is an
+// answer below 400 and is charged (SPEC §7), as before.
+func TestSettleOnPassWithholdsRedirects(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	agent := redirectAgent(t)
+	base := startCaddy(t, fmt.Sprintf(`:{port} {
+	route /pass/* {
+		x402 {
+			accept devnet $0.05 %[1]s
+			facilitator http %[2]s
+			store badger {data}/gate
+			settle_on pass
+		}
+		verify_response {
+			schema `+"`{\"type\":\"object\"}`"+`
+			verifier_url http://127.0.0.1:1
+		}
+		reverse_proxy %[3]s
+	}
+	route /plain/* {
+		x402 {
+			accept devnet $0.05 %[1]s
+			facilitator http %[2]s
+			store badger {data}/gate
+		}
+		reverse_proxy %[3]s
+	}
+}`, payTo.Hex(), fac, strings.TrimPrefix(agent.URL, "http://")))
+	payerIdx := 6
+	payer := evmfacilitator.DevAccounts()[payerIdx].Address
+	before := balance(t, d, payer)
+	resp, _ := getNoRedirect(t, base+"/pass/found", nil)
+	sig := signFor(t, paymentRequired(t, resp), payerIdx)
+	paid := map[string]string{x402.HeaderPaymentSignature: sig}
+
+	for _, path := range []string{"/pass/found", "/pass/see-other", "/pass/created"} {
+		resp, body := getNoRedirect(t, base+path, paid)
+		var e apierr.Error
+		if resp.StatusCode != http.StatusServiceUnavailable || json.Unmarshal(body, &e) != nil || e.Code != codeResponseUnverifiable || e.Charged {
+			t.Fatalf("%s: status %d: %s", path, resp.StatusCode, body)
+		}
+		if loc := resp.Header.Get("Location"); loc != "" || strings.Contains(string(body), "87.0") || resp.Header.Get(x402.HeaderPaymentResponse) != "" {
+			t.Fatalf("%s: the redirect's content (Location %q), or a receipt of payment, reached the buyer: %s", path, loc, body)
+		}
+		if balance(t, d, payer).Cmp(before) != 0 {
+			t.Fatalf("%s: charged for an answer nothing verified", path)
+		}
+	}
+	// The payment was released each time. Nothing in the answer: handed
+	// over, uncharged.
+	resp, body := getNoRedirect(t, base+"/pass/empty", paid)
+	if resp.StatusCode != http.StatusNoContent || resp.Header.Get(x402.HeaderPaymentResponse) != "" {
+		t.Fatalf("204: status %d: %s", resp.StatusCode, body)
+	}
+	// Without verify_response and settle_on, a redirect is charged and
+	// delivered whole.
+	resp, body = getNoRedirect(t, base+"/plain/found", paid)
+	if resp.StatusCode != http.StatusFound || resp.Header.Get("Location") == "" || resp.Header.Get(x402.HeaderPaymentResponse) == "" || !strings.Contains(string(body), "87.0") {
+		t.Fatalf("settle after, a 302: status %d, Location %q: %s", resp.StatusCode, resp.Header.Get("Location"), body)
+	}
+	if got := new(big.Int).Sub(before, balance(t, d, payer)); got.Cmp(big.NewInt(50000)) != 0 {
+		t.Fatalf("charged %v, want 50000 (the one redirect settle after sold)", got)
+	}
+}
