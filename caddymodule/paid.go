@@ -89,12 +89,21 @@ func (c *requestCheck) upstreamRan() { c.done = true }
 
 // answer is the refusal to answer with instead of ae: the request's own
 // 422 when it has one, except when ae tells the buyer about a payment
-// already in play (settlement_pending, or charged). A 422 says charged
-// false and nothing of the payment, so the buyer would sign a second one
-// for a payment that may have moved, or did; the retry that fixes the
-// request gets the payment's answer all the same.
+// already in play (settlement_pending, or charged) or about a payment
+// identifier already bound to a call (its 409s, SPEC §7: that call was
+// paid and answered, is running, or is another request). A 422 says
+// charged false and nothing of the payment, so the buyer would sign a
+// second one for a payment that may have moved, or did, or send the
+// spent one again with a fixed body the id then refuses all the same; and
+// a payment identifier's retry that was paid and answered would be told
+// nothing was charged, next to the PAYMENT-RESPONSE of its settlement.
+// The retry that fixes the request gets the payment's answer all the same.
 func (c *requestCheck) answer(ae *apierr.Error) *apierr.Error {
-	if ae.Charged || ae.Code == codeSettlementPending {
+	switch ae.Code {
+	case codeSettlementPending, codePaymentIDConflict, codePaymentIDInProgress, codePaymentIDAnswerNotKept:
+		return ae
+	}
+	if ae.Charged {
 		return ae
 	}
 	if invalid := c.invalid(); invalid != nil {
