@@ -484,7 +484,7 @@ func (v *VerifyResponse) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 	if misplaced != nil {
 		e := apierr.Internal(misplaced)
 		v.logger.Error("request refused", zap.String("code", e.Code), zap.Error(e.Cause))
-		apierr.Write(w, e)
+		v.refuse(w, r, e)
 		return nil
 	}
 	caddyhttp.SetVar(r.Context(), verificationStartedVar, true)
@@ -666,8 +666,18 @@ func (v *VerifyResponse) unverifiable(w http.ResponseWriter, hw *bufferedWriter,
 		return err
 	}
 	v.record(r, outcomeError)
-	apierr.Write(w, v.chargeAware(r, e))
+	v.refuse(w, r, e)
 	return nil
+}
+
+// refuse writes a refusal of verify_response in the SPEC §6 shape, as the
+// buyer must read it (chargeAware): every refusal but on_fail block's 502,
+// whose body carries more and which applies chargeAware itself. A refusal
+// can follow a settlement whatever its cause (a gate that settles before
+// its upstream, a run again after a settlement resolved from the chain),
+// so none is written without it.
+func (v *VerifyResponse) refuse(w http.ResponseWriter, r *http.Request, e *apierr.Error) {
+	apierr.Write(w, v.chargeAware(r, e))
 }
 
 // varSettledBefore is set (true) on a request whose payment the gate
@@ -677,7 +687,8 @@ const varSettledBefore = "aov.x402.settled_before"
 
 // chargeAware returns e as the buyer must read it: a verify_response
 // after a gate that settled before the agent answered withholds the output
-// all the same (on_fail block, on_error fail_closed), but the payment is
+// all the same (on_fail block, on_error fail_closed, a misplaced
+// verify_response's refusal), but the payment is
 // made, so the answer says so (charged: true) and an error is logged: a
 // seller who wants to be paid only for passing outputs needs settle after.
 func (v *VerifyResponse) chargeAware(r *http.Request, e *apierr.Error) *apierr.Error {
