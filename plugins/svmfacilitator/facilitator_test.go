@@ -347,7 +347,12 @@ type faultyRPC struct {
 	// test does there what the chain must see between the facilitator's
 	// simulation and its send.
 	beforeSend func()
-	calls      map[string]int // by method
+	// confirmedValid answers isBlockhashValid at the confirmed commitment
+	// "valid" whatever the chain says (the local chain has one bank for
+	// every commitment): a confirmed bank behind the processed tip, or a
+	// pool of nodes some of which lag.
+	confirmedValid bool
+	calls          map[string]int // by method
 }
 
 func (f *faultyRPC) set(fn func(*faultyRPC)) {

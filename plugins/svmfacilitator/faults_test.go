@@ -14,12 +14,14 @@ func (f *faultyRPC) serve(t *testing.T) string {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		var req struct {
-			ID     json.RawMessage `json:"id"`
-			Method string          `json:"method"`
+			ID     json.RawMessage   `json:"id"`
+			Method string            `json:"method"`
+			Params []json.RawMessage `json:"params"`
 		}
 		json.Unmarshal(body, &req)
 		f.mu.Lock()
 		target, dropSend, forward, hide, errorAfter, before := f.target, f.dropSend, f.forwardOK, f.hideStatus, f.errorAfterSend, f.beforeSend
+		confirmedValid := f.confirmedValid
 		if f.calls == nil {
 			f.calls = map[string]int{}
 		}
@@ -50,6 +52,9 @@ func (f *faultyRPC) serve(t *testing.T) string {
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusBadGateway)
 			w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(req.ID) + `,"error":{"code":-32603,"message":"Internal error"}}`))
+			return
+		case req.Method == "isBlockhashValid" && confirmedValid && len(req.Params) == 2 && bytes.Contains(req.Params[1], []byte(`"confirmed"`)):
+			w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(req.ID) + `,"result":{"context":{"slot":1},"value":true}}`))
 			return
 		case req.Method == "getSignatureStatuses" && hide:
 			w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(req.ID) + `,"result":{"context":{"slot":1},"value":[null]}}`))

@@ -21,8 +21,8 @@ type polled struct {
 
 // poll looks once at signature sig of a transaction built on blockhash.
 // An unknown signature is judged unable to land only when the blockhash has
-// expired and the chain still does not know the signature after that
-// answer (in case it landed in between).
+// expired (blockhashExpired) and the chain still does not know the
+// signature after that answer (in case it landed in between).
 func (f *Facilitator) poll(ctx context.Context, sig, blockhash string) (polled, error) {
 	st, err := f.rpc.Status(ctx, sig)
 	switch {
@@ -36,14 +36,32 @@ func (f *Facilitator) poll(ctx context.Context, sig, blockhash string) (polled, 
 	case st != nil:
 		return polled{}, nil // seen, not yet confirmed
 	}
-	valid, err := f.rpc.BlockhashValid(ctx, blockhash)
-	if err != nil || valid {
+	expired, err := f.blockhashExpired(ctx, blockhash)
+	if err != nil || !expired {
 		return polled{}, err
 	}
 	if st, err = f.rpc.Status(ctx, sig); err != nil || st != nil {
 		return polled{}, err
 	}
 	return polled{state: x402.SettlementNever}, nil
+}
+
+// blockhashExpired reports whether no transaction built on blockhash can
+// land any more: invalid at the processed tip and in the confirmed bank
+// (so a transaction that did land on it is confirmed, or on a dead fork,
+// and a confirmed lookup sees it). It is the one rule of expiry for every
+// judgement of "never": the processed tip alone can be a minority fork, or
+// one node of a load-balanced pool ahead of the one that answers the
+// status, and would call a transaction that is about to be confirmed
+// "never landed".
+func (f *Facilitator) blockhashExpired(ctx context.Context, blockhash string) (bool, error) {
+	for _, commitment := range []string{"processed", "confirmed"} {
+		valid, err := f.rpc.BlockhashValidAt(ctx, blockhash, commitment)
+		if err != nil || valid {
+			return false, err
+		}
+	}
+	return true, nil
 }
 
 // SettlementStatus implements x402.SettlementChecker for a payment this

@@ -165,20 +165,6 @@ func (f *Facilitator) find(ctx context.Context, tx *Transaction, after time.Time
 	}
 }
 
-// blockhashExpired reports whether no transaction built on blockhash can
-// land any more: invalid at the processed tip and in the confirmed bank
-// (so a transaction that did land on it is confirmed, or on a dead fork,
-// and a confirmed search sees it).
-func (f *Facilitator) blockhashExpired(ctx context.Context, blockhash string) (bool, error) {
-	for _, commitment := range []string{"processed", "confirmed"} {
-		valid, err := f.rpc.BlockhashValidAt(ctx, blockhash, commitment)
-		if err != nil || valid {
-			return false, err
-		}
-	}
-	return true, nil
-}
-
 // search judges tx by finding its transaction: done or never (failed) when
 // found; never when not found by a complete search made after its blockhash
 // was seen expired; undecided otherwise. sig is the transaction when found.

@@ -77,6 +77,27 @@ func TestSettlementStatusReleasesAnExpiredLostSend(t *testing.T) {
 	}
 }
 
+// "Never landed" needs the blockhash expired in the confirmed bank too,
+// not at the processed tip alone: a transaction on a blockhash the
+// confirmed bank still takes may yet be confirmed. Settle's poll and the
+// search judge expiry by the one rule.
+func TestExpiryNeedsTheConfirmedBankToo(t *testing.T) {
+	fr := &faultyRPC{}
+	srv := fr.serve(t)
+	e := newEnv(t, Config{RPC: &RPC{URL: srv}})
+	fr.set(func(f *faultyRPC) { f.target, f.confirmedValid = e.chain.URL, true })
+	pp := Payload(e.payment(t).Build(e.payment(t).Instructions()), e.req)
+	ctx := context.Background()
+	e.chain.ExpireBlockhash()
+	if st, err := e.f.SettlementStatus(ctx, pp, e.req); err != nil || st.State != x402.SettlementUndecided {
+		t.Fatalf("expired at the processed tip, valid in the confirmed bank: %+v %v, want undecided", st, err)
+	}
+	fr.set(func(f *faultyRPC) { f.confirmedValid = false })
+	if st, err := e.f.SettlementStatus(ctx, pp, e.req); err != nil || st.State != x402.SettlementNever {
+		t.Fatalf("expired in both: %+v %v, want never", st, err)
+	}
+}
+
 // A gateway's StatusReader, on the chain alone, judges a payment by the
 // signature its facilitator named: done once it landed, never once a lost
 // send's blockhash expired; a signature that is not the fee payer's over
