@@ -291,11 +291,13 @@ func (f *Facilitator) check(ctx context.Context, p x402.PaymentPayload, req x402
 	c.signed = bytes.Clone(c.tx.Raw)
 	copy(c.signed[1:65], ed25519.Sign(f.key, c.tx.Message))
 	sim, err := f.rpc.Simulate(ctx, c.signed)
-	if err != nil {
-		var re *RPCError
-		if errors.As(err, &re) {
-			return refuse(ReasonSimulationFailed, c.payer, "simulation refused: "+re.Message), nil
-		}
+	var re *RPCError
+	switch {
+	case errors.As(err, &re) && re.Rejects():
+		return refuse(ReasonSimulationFailed, c.payer, "simulation refused: "+truncate(re.Message)), nil
+	case err != nil:
+		// The node could not be asked (overloaded, behind, a proxy's
+		// error): nothing is known of the payment.
 		return nil, fmt.Errorf("simulating: %w", err)
 	}
 	if sim.Failed() {

@@ -51,22 +51,59 @@ type RPCError struct {
 
 func (e *RPCError) Error() string { return fmt.Sprintf("solana rpc error %d: %s", e.Code, e.Message) }
 
-// Refused reports whether a sendTransaction answered with e was certainly
-// not forwarded: the node itself answered (HTTP 200) with a code it gives
-// before forwarding (-32002 preflight simulation failed, -32003 signature
-// verification failed, -32600/-32601/-32602 a request it could not take).
-// Anything else, an internal error or an error body behind a proxy's 502
-// or 504, may have come after the transaction went out: the caller must
-// ask the chain, not take it for a refusal.
-func (e *RPCError) Refused() bool {
+// Rejects reports whether the node answered (HTTP 200) that the
+// transaction itself is unacceptable, so the payment is at fault: -32002
+// (preflight simulation failed), -32003 (signature verification failed),
+// -32013 (signature length mismatch) or -32602 (invalid params: the
+// transaction does not decode or sanitize). Anything else is the node's
+// own trouble, not the buyer's: a rate limit (429, with or without a
+// JSON-RPC body), a node behind (-32005), an internal error, an error body
+// behind a proxy's 502 or 503. Calling the payment invalid then would tell
+// the buyer to sign again, and drop a settle-after payment as not charged
+// after the upstream ran; it is an error instead (the gateway answers 503).
+func (e *RPCError) Rejects() bool {
 	if e.HTTPStatus != http.StatusOK {
 		return false
 	}
 	switch e.Code {
-	case -32002, -32003, -32600, -32601, -32602:
+	case -32002, -32003, -32013, -32602:
 		return true
 	}
 	return false
+}
+
+// Refused reports whether a sendTransaction answered with e was certainly
+// not forwarded: the node rejected the transaction (Rejects), or answered
+// (HTTP 200) that it could not take the request (-32600, -32601).
+// Anything else, an internal error or an error body behind a proxy's 502
+// or 504, may have come after the transaction went out: the caller must
+// ask the chain, not take it for a refusal. A refusal because the chain
+// already processed the transaction (AlreadyProcessed) means the transfer
+// happened, by another send: the caller must check that first.
+func (e *RPCError) Refused() bool {
+	return e.Rejects() || e.HTTPStatus == http.StatusOK && (e.Code == -32600 || e.Code == -32601)
+}
+
+// AlreadyProcessed reports whether e is a preflight failure (-32002) whose
+// transaction error is AlreadyProcessed: the chain holds this very
+// transaction already. A node answers so to a send with preflight (and
+// some, like the local test chain, with skipPreflight too; others return
+// the signature as for a first send).
+func (e *RPCError) AlreadyProcessed() bool {
+	if e.Code != -32002 {
+		return false
+	}
+	var d struct {
+		Err json.RawMessage `json:"err"`
+	}
+	return json.Unmarshal(e.Data, &d) == nil && alreadyProcessed(d.Err)
+}
+
+// alreadyProcessed reports whether a transaction error (JSON, as nodes
+// serialize Agave's TransactionError) is AlreadyProcessed: the signature is
+// in the chain's status cache, the transaction landed (or failed on chain).
+func alreadyProcessed(err json.RawMessage) bool {
+	return string(bytes.TrimSpace(err)) == `"AlreadyProcessed"`
 }
 
 const maxRPCReply = 1 << 20
@@ -135,6 +172,10 @@ type SimulateResult struct {
 // Failed reports whether the simulation failed (err not null).
 func (s SimulateResult) Failed() bool { return len(s.Err) > 0 && string(s.Err) != "null" }
 
+// AlreadyProcessed reports whether the simulation failed because the chain
+// already processed this very transaction.
+func (s SimulateResult) AlreadyProcessed() bool { return alreadyProcessed(s.Err) }
+
 // Simulate runs a signed transaction against the latest state, checking
 // signatures and the blockhash as the chain would.
 func (c *RPC) Simulate(ctx context.Context, raw []byte) (SimulateResult, error) {
@@ -177,14 +218,9 @@ func (c *RPC) Status(ctx context.Context, sig string) (*SignatureStatus, error) 
 	return out.Value[0], nil
 }
 
-// BlockhashValid reports whether a transaction with this blockhash can
-// still be included.
-func (c *RPC) BlockhashValid(ctx context.Context, blockhash string) (bool, error) {
-	return c.BlockhashValidAt(ctx, blockhash, "processed")
-}
-
-// BlockhashValidAt is BlockhashValid as the bank of one commitment level
-// sees it.
+// BlockhashValidAt reports whether a transaction with this blockhash can
+// still be included, as the bank of one commitment level sees it (judge
+// expiry with blockhashExpired, which asks two).
 func (c *RPC) BlockhashValidAt(ctx context.Context, blockhash, commitment string) (bool, error) {
 	var out struct {
 		Value bool `json:"value"`
