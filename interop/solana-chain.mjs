@@ -259,8 +259,22 @@ function errOf(res) {
       : ie && typeof ie === "object" && "msg" in ie ? { BorshIoError: String(ie.msg) } : String(ie);
     return { InstructionError: [e.index, inner] };
   }
+  // A fieldless error is a number in litesvm (a const enum, not exported
+  // at run time); a node names it: "AlreadyProcessed", "BlockhashNotFound".
+  if (typeof e === "number" && FIELDLESS[e]) return FIELDLESS[e];
   return JSON.parse(JSON.stringify({ TransactionError: e ?? String(res) }, (_, v) => (typeof v === "bigint" ? v.toString() : v)));
 }
+
+// litesvm's TransactionErrorFieldless, in its order (Agave's TransactionError).
+const FIELDLESS = ["AccountInUse", "AccountLoadedTwice", "AccountNotFound", "ProgramAccountNotFound",
+  "InsufficientFundsForFee", "InvalidAccountForFee", "AlreadyProcessed", "BlockhashNotFound", "CallChainTooDeep",
+  "MissingSignatureForFee", "InvalidAccountIndex", "SignatureFailure", "InvalidProgramForExecution", "SanitizeFailure",
+  "ClusterMaintenance", "AccountBorrowOutstanding", "WouldExceedMaxBlockCostLimit", "UnsupportedVersion",
+  "InvalidWritableAccount", "WouldExceedMaxAccountCostLimit", "WouldExceedAccountDataBlockLimit", "TooManyAccountLocks",
+  "AddressLookupTableNotFound", "InvalidAddressLookupTableOwner", "InvalidAddressLookupTableData",
+  "InvalidAddressLookupTableIndex", "InvalidRentPayingAccount", "WouldExceedMaxVoteCostLimit",
+  "WouldExceedAccountDataTotalLimit", "MaxLoadedAccountsDataSizeExceeded", "ResanitizationNeeded",
+  "InvalidLoadedAccountsDataSizeLimit", "UnbalancedTransaction", "ProgramCacheHitMaxLimit", "CommitCancelled"];
 
 function metaOf(res) {
   const m = typeof res.meta === "function" ? res.meta() : res;

@@ -236,6 +236,13 @@ type checked struct {
 	signed   []byte // the wire transaction with the fee payer's signature
 	payer    string
 	exposure exposure
+	// reused: Verify simulated these very bytes within SimulationReuse
+	// (takeSimulation); the chain checks are not run again.
+	reused bool
+	// landed: the chain answered that it already processed this very
+	// transaction (AlreadyProcessed); it is no refusal, the transfer may
+	// well have happened.
+	landed bool
 }
 
 func refuse(reason, payer, msg string) *checked {
@@ -245,10 +252,25 @@ func refuse(reason, payer, msg string) *checked {
 // Verify checks a payment against the server's requirements, in the
 // reference facilitator's order and with its reason codes, and simulates
 // the co-signed transaction. An error means the chain could not be asked.
+// A payment the chain already processed is refused as
+// duplicate_settlement: it can never be settled again.
 func (f *Facilitator) Verify(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.VerifyResponse, error) {
-	c, err := f.check(ctx, p, req, false)
-	if err != nil {
+	c := f.checkStatic(p, req, false)
+	if c.resp.InvalidReason == "" {
+		f.refuseOverBudget(c)
+	}
+	if c.resp.InvalidReason != "" {
+		return c.resp, nil
+	}
+	f.cosign(c)
+	if err := f.checkChain(ctx, c); err != nil {
 		return x402.VerifyResponse{}, err
+	}
+	if c.landed {
+		return refuse(ReasonDuplicateSettlement, c.payer, "the chain already processed this transaction").resp, nil
+	}
+	if c.resp.IsValid {
+		f.keepSimulation(c)
 	}
 	return c.resp, nil
 }
@@ -271,43 +293,41 @@ func DecodePayload(raw json.RawMessage) (*Transaction, error) {
 	return DecodeTransaction(b)
 }
 
-// check runs every check of p against req and simulates the co-signed
-// transaction. Settling, a simulation Verify made of the same transaction
-// within SimulationReuse stands for a new one (the requirement checks still
-// run; the signatures were verified on the same bytes); verifying, a
-// successful simulation is kept for the Settle that follows.
-func (f *Facilitator) check(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, settling bool) (*checked, error) {
-	c := f.checkStatic(p, req, settling)
-	if c.resp.InvalidReason != "" {
-		return c, nil
-	}
-	if c.signed != nil {
-		c.resp = x402.VerifyResponse{IsValid: true, Payer: c.payer}
-		return c, nil
-	}
-	// Co-sign a copy and simulate exactly what Settle will send: the chain
-	// checks every signature, the blockhash, the accounts, the balance and
-	// the decimals.
-	c.signed = bytes.Clone(c.tx.Raw)
-	copy(c.signed[1:65], ed25519.Sign(f.key, c.tx.Message))
+// checkChain runs the checks that need the chain on c, which passed the
+// static ones: it simulates exactly what Settle will send (the chain checks
+// every signature, the blockhash, the accounts, the balance and the
+// decimals) and sets c.resp, or c.landed when the chain already processed
+// the transaction. An error means the chain could not be asked.
+func (f *Facilitator) checkChain(ctx context.Context, c *checked) error {
 	sim, err := f.rpc.Simulate(ctx, c.signed)
 	var re *RPCError
 	switch {
+	case errors.As(err, &re) && re.AlreadyProcessed(), err == nil && sim.AlreadyProcessed():
+		c.landed = true
+		return nil
 	case errors.As(err, &re) && re.Rejects():
-		return refuse(ReasonSimulationFailed, c.payer, "simulation refused: "+truncate(re.Message)), nil
+		c.resp = refuse(ReasonSimulationFailed, c.payer, "simulation refused: "+truncate(re.Message)).resp
+		return nil
 	case err != nil:
 		// The node could not be asked (overloaded, behind, a proxy's
 		// error): nothing is known of the payment.
-		return nil, fmt.Errorf("simulating: %w", err)
-	}
-	if sim.Failed() {
-		return refuse(ReasonSimulationFailed, c.payer, "simulation failed: "+truncate(string(sim.Err))), nil
+		return fmt.Errorf("simulating: %w", err)
+	case sim.Failed():
+		c.resp = refuse(ReasonSimulationFailed, c.payer, "simulation failed: "+truncate(string(sim.Err))).resp
+		return nil
 	}
 	c.resp = x402.VerifyResponse{IsValid: true, Payer: c.payer}
-	if !settling {
-		f.keepSimulation(c)
+	return nil
+}
+
+// refuseOverBudget refuses c when its payer, or the overall budget, is past
+// the failure budgets (budget.go). It runs after the static checks, so
+// every earlier refusal names what is wrong with the payment itself, and
+// before anything is simulated or sent.
+func (f *Facilitator) refuseOverBudget(c *checked) {
+	if reason, msg := f.budget.check(c.exposure); reason != "" {
+		c.resp = refuse(reason, c.payer, msg).resp
 	}
-	return c, nil
 }
 
 // keepSimulation keeps c's successful simulation for its Settle.
@@ -359,9 +379,11 @@ func (f *Facilitator) sweep(t time.Time) {
 }
 
 // checkStatic runs every check that needs no chain: a refusal, or the
-// decoded transaction and its payer. With reuse, a simulation Verify kept
-// for the same bytes (takeSimulation) is taken: the signatures it verified
-// are not verified again, and the result carries its co-signed bytes.
+// decoded transaction and its payer. With reuse, a
+// simulation Verify kept for the same bytes (takeSimulation) is taken: the
+// signatures it verified are not verified again, and the result carries
+// its co-signed bytes (reused). The failure budgets are not checked here
+// (refuseOverBudget).
 func (f *Facilitator) checkStatic(p x402.PaymentPayload, req x402.PaymentRequirements, reuse bool) *checked {
 	if p.X402Version != x402.Version {
 		return refuse(x402.ReasonInvalidX402Version, "", "x402Version must be 2")
@@ -477,14 +499,21 @@ func (f *Facilitator) checkStatic(p x402.PaymentPayload, req x402.PaymentRequire
 			return refuse(ReasonMemoMismatch, payer, "the memo is not extra.memo")
 		}
 	}
-	// Last, the failure budgets: every earlier refusal names what is wrong
-	// with the payment itself.
+	// What a failure would cost; the budgets are checked by the caller
+	// (refuseOverBudget), Settle's only after it looked the transaction up.
 	pf := priorityFee(units, price)
 	x := exposure{fee: feeOf(int(tx.NumSigners), pf), priority: pf, ids: [2]PublicKey{authority, source}}
-	if reason, msg := f.budget.check(x); reason != "" {
-		return refuse(reason, payer, msg)
+	return &checked{tx: tx, payer: payer, signed: signed, reused: signed != nil, exposure: x}
+}
+
+// cosign fills c.signed, unless a reused simulation did: a copy of the
+// buyer's bytes with the fee payer's signature in slot 0. What is simulated
+// is what Settle sends, and that signature is the transaction's id.
+func (f *Facilitator) cosign(c *checked) {
+	if c.signed == nil {
+		c.signed = bytes.Clone(c.tx.Raw)
+		copy(c.signed[1:65], ed25519.Sign(f.key, c.tx.Message))
 	}
-	return &checked{tx: tx, payer: payer, signed: signed, exposure: x}
 }
 
 // Interface guard.

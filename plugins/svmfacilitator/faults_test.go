@@ -21,7 +21,7 @@ func (f *faultyRPC) serve(t *testing.T) string {
 		json.Unmarshal(body, &req)
 		f.mu.Lock()
 		target, dropSend, forward, hide, errorAfter, before := f.target, f.dropSend, f.forwardOK, f.hideStatus, f.errorAfterSend, f.beforeSend
-		confirmedValid := f.confirmedValid
+		confirmedValid, beforeSim := f.confirmedValid, f.beforeSimulate
 		if f.calls == nil {
 			f.calls = map[string]int{}
 		}
@@ -29,6 +29,9 @@ func (f *faultyRPC) serve(t *testing.T) string {
 		f.mu.Unlock()
 		if req.Method == "sendTransaction" && before != nil {
 			before()
+		}
+		if req.Method == "simulateTransaction" && beforeSim != nil {
+			beforeSim()
 		}
 		switch {
 		case req.Method == "sendTransaction" && dropSend:

@@ -19,16 +19,31 @@ import (
 //     after it settled, is refused as duplicate_settlement. The key is the
 //     message, not the wire bytes, because the client controls the bytes of
 //     the empty fee-payer slot.
-//   - A refusal (success false) is returned only when the transfer
-//     certainly did not happen: a check failed, the node refused the
-//     transaction, it failed on chain, or its blockhash expired while the
-//     chain did not know its signature.
+//   - A payment this facilitator holds no record of (it restarted, the
+//     record aged out, or another instance with the same fee payer settled
+//     it) is looked up on chain by its transaction's id, the fee payer's
+//     deterministic signature, before anything is simulated or sent: if the
+//     chain knows it, it is answered duplicate_settlement with that
+//     transaction once it is confirmed (or invalid_exact_svm_transaction_failed
+//     if it failed on chain), never success: whoever sent it was answered
+//     success already, and a second success would have the payment served
+//     twice. So is a transaction the chain answers AlreadyProcessed to,
+//     at simulation or at send.
+//   - A refusal (success false) other than duplicate_settlement is
+//     returned only when the transfer certainly did not happen: a check
+//     failed, the node refused the transaction, it failed on chain, or its
+//     blockhash expired while the chain did not know its signature.
 //   - When the outcome cannot be established before ConfirmTimeout (or the
 //     caller's deadline), the result is an *x402.UnknownOutcomeError whose
 //     Reply says settlement_pending with the transaction's signature; a
 //     later Settle of the same payment polls that signature again instead of
 //     sending anything.
 //   - Any other error means nothing was sent.
+//
+// Two Settles of one payment in two processes at the same moment can both
+// find nothing on chain, both send, and both report success: nothing but
+// shared state tells the two sends of one transaction apart. The gateway's
+// claim on each payment (in its store) keeps its own Settles to one.
 func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettleResponse, error) {
 	fail := func(reason, payer, msg, sig string) x402.SettleResponse {
 		return x402.SettleResponse{Success: false, ErrorReason: reason, ErrorMessage: msg, Payer: payer, Transaction: sig, Network: req.Network}
@@ -46,17 +61,45 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 	}
 	if retry {
 		// An earlier Settle sent it and could not tell the outcome.
-		return f.confirm(ctx, key, s, req.Network)
+		return f.confirm(ctx, key, s, req.Network, false)
 	}
 
-	c, err := f.check(ctx, p, req, true)
-	if err != nil {
-		f.release(key)
-		return x402.SettleResponse{}, fmt.Errorf("verifying before settlement: %w", err)
-	}
+	c := f.checkStatic(p, req, true)
 	if c.resp.InvalidReason != "" {
 		f.release(key)
 		return fail(c.resp.InvalidReason, c.resp.Payer, c.resp.InvalidMessage, ""), nil
+	}
+	f.cosign(c)
+	f.mu.Lock()
+	s.sig, s.payer, s.blockhash = base58.Encode(c.signed[1:65]), c.payer, base58.Encode(c.tx.Blockhash[:])
+	f.mu.Unlock()
+	// Nothing here remembers this message, but another process with this
+	// fee payer may have sent it: the chain knows it by its id.
+	st, err := f.rpc.Status(ctx, s.sig)
+	if err != nil {
+		f.release(key)
+		return x402.SettleResponse{}, fmt.Errorf("looking the transaction up before settlement: %w", err)
+	}
+	if st != nil {
+		return f.confirm(ctx, key, s, req.Network, true)
+	}
+	if f.refuseOverBudget(c); c.resp.InvalidReason != "" {
+		f.release(key)
+		return fail(c.resp.InvalidReason, c.payer, c.resp.InvalidMessage, ""), nil
+	}
+	if !c.reused {
+		if err := f.checkChain(ctx, c); err != nil {
+			f.release(key)
+			return x402.SettleResponse{}, fmt.Errorf("verifying before settlement: %w", err)
+		}
+		if c.landed {
+			// Landed since the look-up: sent by another.
+			return f.confirm(ctx, key, s, req.Network, true)
+		}
+		if c.resp.InvalidReason != "" {
+			f.release(key)
+			return fail(c.resp.InvalidReason, c.resp.Payer, c.resp.InvalidMessage, ""), nil
+		}
 	}
 	// The payer's place in flight is taken last, atomically with the
 	// budget check: concurrent settlements of one payer, all simulated
@@ -66,15 +109,17 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 		f.release(key)
 		return fail(reason, c.payer, msg, ""), nil
 	}
-	sig := base58.Encode(c.signed[1:65])
 	f.mu.Lock()
-	s.sig, s.payer, s.blockhash = sig, c.payer, base58.Encode(c.tx.Blockhash[:])
 	s.exposure, s.reserved = c.exposure, true
 	f.mu.Unlock()
 
 	if _, err := f.rpc.Send(ctx, c.signed); err != nil {
 		var re *RPCError
-		if errors.As(err, &re) && re.Refused() {
+		switch {
+		case errors.As(err, &re) && re.AlreadyProcessed():
+			// Not sent: the chain holds it already, sent by another.
+			return f.confirm(ctx, key, s, req.Network, true)
+		case errors.As(err, &re) && re.Refused():
 			// The node answered and refused: the transaction is not in
 			// flight.
 			f.outcome(s, false)
@@ -85,12 +130,18 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 		// may have been accepted. The signature is known, so ask the chain
 		// rather than guess.
 	}
-	return f.confirm(ctx, key, s, req.Network)
+	return f.confirm(ctx, key, s, req.Network, false)
 }
 
 // confirm polls s.sig until it is confirmed, fails, can no longer land, or
-// the deadline passes (an unknown outcome).
-func (f *Facilitator) confirm(ctx context.Context, key [32]byte, s *settlement, network string) (x402.SettleResponse, error) {
+// the deadline passes (an unknown outcome). With elsewhere, the
+// transaction was sent by another Settle (another process with this fee
+// payer, or this one before a restart), which answered, or will answer,
+// its caller: landed, it is duplicate_settlement, never a second success;
+// undecided at the deadline, it is duplicate_settlement too (being settled
+// elsewhere), never pending here, since only its sender may answer
+// success later.
+func (f *Facilitator) confirm(ctx context.Context, key [32]byte, s *settlement, network string, elsewhere bool) (x402.SettleResponse, error) {
 	f.mu.Lock()
 	sig, payer, blockhash := s.sig, s.payer, s.blockhash
 	f.mu.Unlock()
@@ -106,8 +157,9 @@ func (f *Facilitator) confirm(ctx context.Context, key [32]byte, s *settlement, 
 		switch {
 		case o.state == x402.SettlementNever && o.failed != "":
 			// Failed on chain: the fee is spent, the transfer is not
-			// made, and the same message can never land again.
-			f.outcome(s, true)
+			// made, and the same message can never land again. Its
+			// sender counts the failure.
+			f.outcome(s, !elsewhere)
 			f.finish(key, false)
 			resp.ErrorReason, resp.ErrorMessage = ReasonTransactionFailed, "the transaction failed on chain: "+truncate(o.failed)
 			return resp, nil
@@ -115,6 +167,11 @@ func (f *Facilitator) confirm(ctx context.Context, key [32]byte, s *settlement, 
 			f.outcome(s, false)
 			f.release(key)
 			resp.ErrorReason, resp.ErrorMessage, resp.Transaction = ReasonTransactionFailed, "the transaction's blockhash expired before it landed", ""
+			return resp, nil
+		case o.state == x402.SettlementDone && elsewhere:
+			f.outcome(s, false)
+			f.finish(key, true)
+			resp.ErrorReason, resp.ErrorMessage = ReasonDuplicateSettlement, "this transaction was already settled, by another settlement"
 			return resp, nil
 		case o.state == x402.SettlementDone:
 			f.outcome(s, false)
@@ -125,6 +182,11 @@ func (f *Facilitator) confirm(ctx context.Context, key [32]byte, s *settlement, 
 		select {
 		case <-ctx.Done():
 			f.outcome(s, false)
+			if elsewhere {
+				f.release(key)
+				resp.ErrorReason, resp.ErrorMessage = ReasonDuplicateSettlement, "this transaction is being settled by another settlement"
+				return resp, nil
+			}
 			f.mu.Lock()
 			s.inflight, s.pending = false, true
 			f.mu.Unlock()

@@ -1,0 +1,185 @@
+package svmfacilitator
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"encoding/base64"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/aovhq/aov/internal/base58"
+	"github.com/aovhq/aov/x402"
+)
+
+// sendSigned lands the payment raw, co-signed by the fee payer, on the
+// chain directly: another process with the same fee payer settling it.
+func (e *env) sendSigned(t *testing.T, raw []byte) string {
+	t.Helper()
+	tx, err := DecodeTransaction(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	signed := bytes.Clone(raw)
+	copy(signed[1:65], ed25519.Sign(e.fee, tx.Message))
+	var sig string
+	e.chain.Call("sendTransaction", &sig, base64.StdEncoding.EncodeToString(signed), map[string]any{"encoding": "base64", "skipPreflight": true})
+	return sig
+}
+
+// A facilitator with no record of a payment that already landed (it
+// restarted, or another instance with the same fee payer settled it)
+// looks it up by its transaction's id before simulating or sending: the
+// answer is duplicate_settlement naming that transaction, never "failed,
+// not charged" (the payer's tokens moved) and never a second success.
+// Verify refuses it as duplicate_settlement too.
+func TestSettleWithoutARecordOfALandedPayment(t *testing.T) {
+	e := newEnv(t, Config{})
+	p := e.payment(t)
+	pp := Payload(p.Build(p.Instructions()), e.req)
+	ctx := context.Background()
+	first, err := e.f.Settle(ctx, pp, e.req)
+	if err != nil || !first.Success {
+		t.Fatalf("first settle: %+v %v", first, err)
+	}
+
+	fr := &faultyRPC{target: e.chain.URL}
+	cfg := e.f.cfg
+	cfg.RPC = &RPC{URL: fr.serve(t)}
+	fresh, err := New(cfg) // the same fee payer, a fresh process
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, err := fresh.Verify(ctx, pp, e.req); err != nil || v.IsValid || v.InvalidReason != ReasonDuplicateSettlement {
+		t.Fatalf("verify of a landed payment: %+v %v, want %s", v, err, ReasonDuplicateSettlement)
+	}
+	sims := fr.count("simulateTransaction")
+	for i := range 2 { // the second from the record the first left
+		s, err := fresh.Settle(ctx, pp, e.req)
+		if err != nil || s.Success || s.ErrorReason != ReasonDuplicateSettlement {
+			t.Fatalf("settle %d without a record: %+v %v, want %s", i, s, err, ReasonDuplicateSettlement)
+		}
+		if i == 0 && s.Transaction != first.Transaction {
+			t.Fatalf("the duplicate names %q, not the transaction that landed %q", s.Transaction, first.Transaction)
+		}
+	}
+	if n := fr.count("sendTransaction"); n != 0 || fr.count("simulateTransaction") != sims {
+		t.Fatalf("sent %d, simulated %d times for a payment that landed", n, fr.count("simulateTransaction")-sims)
+	}
+	// The facilitator that settled it, its record aged out.
+	now = func() time.Time { return time.Now().Add(DuplicateWindow + sweepEvery + time.Second) }
+	defer func() { now = time.Now }()
+	if s, err := e.f.Settle(ctx, pp, e.req); err != nil || s.Success || s.ErrorReason != ReasonDuplicateSettlement || s.Transaction != first.Transaction {
+		t.Fatalf("settle after the record aged out: %+v %v", s, err)
+	}
+	if a, b := e.balances(t); a != 1_000_000-20000 || b != 20000 {
+		t.Fatalf("balances payer %d payee %d", a, b)
+	}
+}
+
+// realNodeSend is a FAKE of one answer the local chain gives otherwise: a
+// real node, with skipPreflight, answers a send of a transaction the chain
+// already processed with its signature, as for a first send (the leader
+// drops the copy), where the local chain answers -32002 AlreadyProcessed.
+func realNodeSend(t *testing.T, upstream string) string {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		resp, err := http.Post(upstream, "application/json", bytes.NewReader(body))
+		if err != nil {
+			w.WriteHeader(http.StatusBadGateway)
+			return
+		}
+		defer resp.Body.Close()
+		out, _ := io.ReadAll(resp.Body)
+		var req struct {
+			ID     json.RawMessage   `json:"id"`
+			Method string            `json:"method"`
+			Params []json.RawMessage `json:"params"`
+		}
+		json.Unmarshal(body, &req)
+		if req.Method == "sendTransaction" && bytes.Contains(out, []byte("AlreadyProcessed")) {
+			var enc string
+			json.Unmarshal(req.Params[0], &enc)
+			raw, _ := base64.StdEncoding.DecodeString(enc)
+			out, _ = json.Marshal(map[string]any{"jsonrpc": "2.0", "id": req.ID, "result": base58.Encode(raw[1:65])})
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Write(out)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// Two instances with one fee payer: the buyer's /verify lands on B (which
+// keeps its simulation for the Settle that follows), /settle on A, which
+// settles, then /settle of the same payment on B. B, reusing its
+// simulation, must still look the transaction up: success once only.
+func TestSecondInstanceReportsNoSecondSuccess(t *testing.T) {
+	e := newEnv(t, Config{})
+	cfg := e.f.cfg
+	cfg.RPC = &RPC{URL: realNodeSend(t, e.chain.URL)}
+	a, _ := New(cfg)
+	b, _ := New(cfg)
+	p := e.payment(t)
+	pp := Payload(p.Build(p.Instructions()), e.req)
+	ctx := context.Background()
+	if v, err := b.Verify(ctx, pp, e.req); err != nil || !v.IsValid {
+		t.Fatalf("verify on B: %+v %v", v, err)
+	}
+	sa, err := a.Settle(ctx, pp, e.req)
+	if err != nil || !sa.Success {
+		t.Fatalf("settle on A: %+v %v", sa, err)
+	}
+	sb, err := b.Settle(ctx, pp, e.req)
+	if err != nil || sb.Success || sb.ErrorReason != ReasonDuplicateSettlement || sb.Transaction != sa.Transaction {
+		t.Fatalf("settle on B: %+v %v; want %s naming A's transaction", sb, err, ReasonDuplicateSettlement)
+	}
+	if a, b := e.balances(t); a != 1_000_000-20000 || b != 20000 {
+		t.Fatalf("balances payer %d payee %d", a, b)
+	}
+}
+
+// The payment lands (sent by another process) after this Settle looked it
+// up, before its simulation or before its send: the chain's
+// AlreadyProcessed is looked up, never taken for a refusal.
+func TestAlreadyProcessedIsLookedUp(t *testing.T) {
+	for _, at := range []string{"simulate", "send"} {
+		t.Run(at, func(t *testing.T) {
+			fr := &faultyRPC{}
+			e := newEnv(t, Config{RPC: &RPC{URL: fr.serve(t)}, PollInterval: 20 * time.Millisecond})
+			p := e.payment(t)
+			raw := p.Build(p.Instructions())
+			var elsewhere string
+			land := func() {
+				if elsewhere == "" {
+					elsewhere = e.sendSigned(t, raw)
+				}
+			}
+			fr.set(func(f *faultyRPC) {
+				f.target = e.chain.URL
+				if at == "send" {
+					f.beforeSend = land
+				} else {
+					f.beforeSimulate = land
+				}
+			})
+			s, err := e.f.Settle(context.Background(), Payload(raw, e.req), e.req)
+			if elsewhere == "" {
+				t.Fatal("the test did not land the payment")
+			}
+			if err != nil || s.Success || s.ErrorReason != ReasonDuplicateSettlement || s.Transaction != elsewhere {
+				t.Fatalf("settle: %+v %v; want %s naming %s", s, err, ReasonDuplicateSettlement, elsewhere)
+			}
+			if a, b := e.balances(t); a != 1_000_000-20000 || b != 20000 {
+				t.Fatalf("balances payer %d payee %d", a, b)
+			}
+			if st, err := e.f.SettlementStatus(context.Background(), Payload(raw, e.req), e.req); err != nil || st.State != x402.SettlementDone || st.Transaction != elsewhere {
+				t.Fatalf("status: %+v %v", st, err)
+			}
+		})
+	}
+}
