@@ -52,8 +52,9 @@ const (
 	// is never settled leaves one until the sweep); past it nothing more is
 	// kept and Settle simulates.
 	maxSimulations = 1 << 14
-	// sweepEvery is how often the records of settled messages past
-	// DuplicateWindow (and simulations past SimulationReuse) are dropped.
+	// sweepEvery is how often the records of settled (or pending) messages
+	// past DuplicateWindow (and simulations past SimulationReuse) are
+	// dropped.
 	// Between sweeps an expired record found by a lookup counts as gone, so
 	// the windows are exact; only the memory is freed in batches, and a
 	// Settle costs a map lookup instead of a walk over every payment of the
@@ -153,10 +154,16 @@ type settlement struct {
 	reserved bool
 }
 
-// expired reports whether a finished record's DuplicateWindow has passed at
-// t: it no longer refuses a repeat.
+// expired reports whether a record no Settle is working on is past its
+// DuplicateWindow at t: it no longer refuses a repeat, and the sweep drops
+// it. A pending one (sent, outcome unknown) too, counted from its claim: by
+// then its blockhash has expired, the chain alone decides its outcome, and
+// a later Settle or SettlementStatus asks the chain by the transaction's
+// id, which is signed again rather than remembered. Kept until asked
+// again, the records of callers who never ask again would grow without
+// bound.
 func (s *settlement) expired(t time.Time) bool {
-	return !s.inflight && !s.pending && t.Sub(s.at) > DuplicateWindow
+	return !s.inflight && t.Sub(s.at) > DuplicateWindow
 }
 
 // now is the wall clock; tests move it.
@@ -359,8 +366,8 @@ func (f *Facilitator) takeSimulation(tx *Transaction) []byte {
 	return s.signed
 }
 
-// sweep drops, at most once per sweepEvery, the settled records past
-// DuplicateWindow and the simulations past SimulationReuse. f.mu is held.
+// sweep drops, at most once per sweepEvery, the settled and pending
+// records past DuplicateWindow and the simulations past SimulationReuse. f.mu is held.
 func (f *Facilitator) sweep(t time.Time) {
 	if d := t.Sub(f.sweptAt); d >= 0 && d < sweepEvery {
 		return

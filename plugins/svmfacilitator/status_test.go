@@ -161,3 +161,43 @@ func TestStatusReaderJudgesByTheNamedSignature(t *testing.T) {
 		t.Fatal("a Solana reader for an EVM network")
 	}
 }
+
+// A pending record (sent, outcome unknown) whose caller never asks again is
+// swept like a settled one, DuplicateWindow after its claim; the payment is
+// then judged from the chain by its transaction's id, as after a restart.
+func TestPendingRecordsAreSwept(t *testing.T) {
+	fr := &faultyRPC{}
+	srv := fr.serve(t)
+	e := newEnv(t, Config{RPC: &RPC{URL: srv}, ConfirmTimeout: 100 * time.Millisecond, PollInterval: 20 * time.Millisecond})
+	fr.set(func(f *faultyRPC) { f.target, f.dropSend, f.forwardOK, f.hideStatus = e.chain.URL, true, true, true })
+	p := e.payment(t)
+	pp := Payload(p.Build(p.Instructions()), e.req)
+	ctx := context.Background()
+	_, err := e.f.Settle(ctx, pp, e.req)
+	var unknown *x402.UnknownOutcomeError
+	if !errors.As(err, &unknown) || unknown.Reply == nil {
+		t.Fatalf("want an unknown outcome, got %v", err)
+	}
+	records := func() int {
+		e.f.mu.Lock()
+		defer e.f.mu.Unlock()
+		return len(e.f.settled)
+	}
+	if n := records(); n != 1 {
+		t.Fatalf("%d records after a pending settlement, want 1", n)
+	}
+	fr.set(func(f *faultyRPC) { f.dropSend, f.hideStatus = false, false })
+	now = func() time.Time { return time.Now().Add(DuplicateWindow + sweepEvery + time.Second) }
+	defer func() { now = time.Now }()
+	// Any Verify sweeps.
+	if v, err := e.f.Verify(ctx, Payload(p.withMemo("another"), e.req), e.req); err != nil || !v.IsValid {
+		t.Fatalf("verify: %+v %v", v, err)
+	}
+	if n := records(); n != 0 {
+		t.Fatalf("%d records past the window, want 0: pending records are never swept", n)
+	}
+	// What the record said, the chain says: the transfer landed.
+	if st, err := e.f.SettlementStatus(ctx, pp, e.req); err != nil || st.State != x402.SettlementDone || st.Transaction != unknown.Reply.Transaction {
+		t.Fatalf("status after the sweep: %+v %v", st, err)
+	}
+}
