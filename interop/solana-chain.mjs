@@ -18,7 +18,8 @@
 //
 // Test helpers (not Solana methods): aov_setTokenBalance [owner, mint,
 // amount, tokenProgram?], aov_createMint [address, decimals, tokenProgram?],
-// aov_airdrop [address, lamports], aov_expireBlockhash [].
+// aov_airdrop [address, lamports], aov_setAccount [address, owner, base64
+// data] (rent-exempt), aov_expireBlockhash [].
 import http from "node:http";
 import { fstatSync } from "node:fs";
 import { createHash, createPrivateKey, createPublicKey } from "node:crypto";
@@ -380,6 +381,7 @@ const methods = {
   aov_createMint: ([address, decimals, program]) => (createMint(address, decimals, program ?? TOKEN), address),
   aov_setTokenBalance: async ([owner, mint, amount, program]) => setTokenBalance(owner, mint, BigInt(amount), program ?? TOKEN),
   aov_airdrop: ([a, lamports]) => (airdrop(a, lamports), null),
+  aov_setAccount: ([address, owner, data]) => (setAccount(address, owner, Buffer.from(data, "base64")), null),
   aov_expireBlockhash: () => {
     for (const v of blockhashes.values()) v.valid = false;
     svm.expireBlockhash();

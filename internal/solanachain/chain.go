@@ -6,6 +6,7 @@ package solanachain
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -134,6 +135,13 @@ func (c *Chain) Lamports(account string) uint64 {
 func (c *Chain) CreateMint(address string, decimals int, tokenProgram string) {
 	c.t.Helper()
 	c.Call("aov_createMint", nil, address, decimals, tokenProgram)
+}
+
+// SetAccount writes an account owned by owner holding data (rent-exempt):
+// a mint or token account with Token-2022 extensions, say.
+func (c *Chain) SetAccount(address, owner string, data []byte) {
+	c.t.Helper()
+	c.Call("aov_setAccount", nil, address, owner, base64.StdEncoding.EncodeToString(data))
 }
 
 // Airdrop adds lamports to an account.

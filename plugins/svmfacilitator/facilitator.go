@@ -130,6 +130,9 @@ type Facilitator struct {
 	// SHA-256 of the buyer's wire transaction, for Settle (SimulationReuse).
 	simulated map[[32]byte]simulation
 	sweptAt   time.Time
+	// mints holds, per Token-2022 mint read, why a payment in it is
+	// refused ("" for none): mint.go.
+	mints map[PublicKey]string
 
 	budget *budget
 }
@@ -210,7 +213,7 @@ func New(cfg Config) (*Facilitator, error) {
 	if cfg.FailureWindow <= 0 {
 		cfg.FailureWindow = DefaultFailureWindow
 	}
-	f := &Facilitator{rpc: cfg.RPC, network: cfg.Network, key: cfg.FeePayer, cfg: cfg, settled: map[[32]byte]*settlement{}, simulated: map[[32]byte]simulation{},
+	f := &Facilitator{rpc: cfg.RPC, network: cfg.Network, key: cfg.FeePayer, cfg: cfg, settled: map[[32]byte]*settlement{}, simulated: map[[32]byte]simulation{}, mints: map[PublicKey]string{},
 		budget: &budget{perPayer: cfg.MaxFailedPerPayer, inFlight: cfg.MaxInFlightPerPayer, lamports: cfg.MaxFailedLamports,
 			maxPriority: cfg.MaxPriorityFeePastBudget, window: cfg.FailureWindow, ids: map[PublicKey]*identity{}}}
 	copy(f.feePayer[:], cfg.FeePayer.Public().(ed25519.PublicKey))
@@ -243,6 +246,8 @@ type checked struct {
 	signed   []byte // the wire transaction with the fee payer's signature
 	payer    string
 	exposure exposure
+	// mint and program are the transfer's (checkMint).
+	mint, program PublicKey
 	// reused: Verify simulated these very bytes within SimulationReuse
 	// (takeSimulation); the chain checks are not run again.
 	reused bool
@@ -301,11 +306,15 @@ func DecodePayload(raw json.RawMessage) (*Transaction, error) {
 }
 
 // checkChain runs the checks that need the chain on c, which passed the
-// static ones: it simulates exactly what Settle will send (the chain checks
+// static ones: it refuses a Token-2022 mint with a transfer fee or hook
+// (checkMint), and simulates exactly what Settle will send (the chain checks
 // every signature, the blockhash, the accounts, the balance and the
 // decimals) and sets c.resp, or c.landed when the chain already processed
 // the transaction. An error means the chain could not be asked.
 func (f *Facilitator) checkChain(ctx context.Context, c *checked) error {
+	if err := f.checkMint(ctx, c); err != nil || c.resp.InvalidReason != "" {
+		return err
+	}
 	sim, err := f.rpc.Simulate(ctx, c.signed)
 	var re *RPCError
 	switch {
@@ -510,7 +519,7 @@ func (f *Facilitator) checkStatic(p x402.PaymentPayload, req x402.PaymentRequire
 	// (refuseOverBudget), Settle's only after it looked the transaction up.
 	pf := priorityFee(units, price)
 	x := exposure{fee: feeOf(int(tx.NumSigners), pf), priority: pf, ids: [2]PublicKey{authority, source}}
-	return &checked{tx: tx, payer: payer, signed: signed, reused: signed != nil, exposure: x}
+	return &checked{tx: tx, payer: payer, signed: signed, reused: signed != nil, exposure: x, mint: mint, program: program}
 }
 
 // cosign fills c.signed, unless a reused simulation did: a copy of the

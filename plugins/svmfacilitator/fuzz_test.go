@@ -111,3 +111,39 @@ func FuzzPriorityFee(f *testing.F) {
 		}
 	})
 }
+
+// FuzzMintRefusal: any account data a node serves for a mint is judged
+// without panic; data that is not a Token-2022 mint gets no verdict, and a
+// verdict of "no fee, no hook" is never given to data carrying either
+// extension among entries before the first empty one.
+func FuzzMintRefusal(f *testing.F) {
+	f.Add(token2022Mint())
+	f.Add(token2022Mint(transferFee(100)))
+	f.Add(token2022Mint(tlv(14, make([]byte, 64))))
+	f.Add(token2022Mint(tlv(3, make([]byte, 32)), transferFee(0)))
+	f.Add(make([]byte, mintLen))
+	f.Add(token2022Mint(tlv(1, nil)[:3]))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		why, ok := mintRefusal(data)
+		if !ok {
+			if why != "" {
+				t.Fatalf("a verdict %q without a mint", why)
+			}
+			return
+		}
+		if len(data) == mintLen {
+			return
+		}
+		rest := data[tokenAccountLen+1:]
+		for len(rest) >= 4 {
+			typ, n := uint16(rest[0])|uint16(rest[1])<<8, int(rest[2])|int(rest[3])<<8
+			if typ == extUninitialized {
+				break
+			}
+			if (typ == extTransferFeeConfig || typ == extTransferHook) && why == "" {
+				t.Fatalf("extension %d passed: %x", typ, data)
+			}
+			rest = rest[4+n:]
+		}
+	})
+}

@@ -283,3 +283,21 @@ func (c *RPC) GenesisHash(ctx context.Context) (string, error) {
 	err := c.call(ctx, "getGenesisHash", nil, &h)
 	return h, err
 }
+
+// Account is getAccountInfo's value with the base64 encoding.
+type Account struct {
+	Owner string `json:"owner"`
+	// Data is [base64 data, "base64"].
+	Data []string `json:"data"`
+}
+
+// AccountInfo returns an account as the confirmed bank holds it, nil when
+// it does not exist.
+func (c *RPC) AccountInfo(ctx context.Context, address string) (*Account, error) {
+	var out struct {
+		Value *Account `json:"value"`
+	}
+	cfg := map[string]any{"encoding": "base64", "commitment": "confirmed"}
+	err := c.call(ctx, "getAccountInfo", []any{address, cfg}, &out)
+	return out.Value, err
+}
