@@ -95,6 +95,9 @@ func (g *Gate) serveCharged(w http.ResponseWriter, r *http.Request, next caddyht
 	case outcomeNotPassed:
 		c.release(r)
 		metrics.outcomes.WithLabelValues("verification_not_passed_not_settled").Inc()
+		if unchecked(r) {
+			keepEmptyAnswerHeaders(bw.header)
+		}
 		setChargedHeaders(w.Header())
 		bw.replay(w)
 		return nil
@@ -130,18 +133,48 @@ func (g *Gate) outcomeOf(ex exchange, bw *bufferedWriter, err error, r *http.Req
 // (none in the route, or its matcher did not match this request: a
 // matcher on a client's header is the client's to steer). It is an answer
 // below 400 (outcomeOf asks only about those) with a body, or with a
-// Location: a redirect, or a 201, points the buyer to the result, which
-// may be all the work. Under settle_on pass such an answer can be neither
-// charged (nothing verified it) nor handed over free: a buyer who can
-// steer the agent to it (an Accept header asking for CSV instead of JSON,
-// a header the matcher reads, a request the agent answers with 302 to
-// where the result is) would get the work for nothing. An answer with
-// nothing in it (HEAD, 204, 304) is still handed over. outcomeOf asks
-// only once settleAllowed refused, so under the default settle_on an
-// answer no verify_response saw has already settled.
+// Location (any of its values): a redirect, or a 201, points the buyer to
+// the result, which may be all the work. Under settle_on pass such an
+// answer can be neither charged (nothing verified it) nor handed over
+// free: a buyer who can steer the agent to it (an Accept header asking for
+// CSV instead of JSON, a header the matcher reads, a request the agent
+// answers with 302 to where the result is) would get the work for nothing.
+// An answer with nothing in it (HEAD, 204, 304) is still handed over, with
+// only the headers that cannot point to a result (emptyAnswerHeaders).
+// outcomeOf asks only once settleAllowed refused, so under the default
+// settle_on an answer no verify_response saw has already settled.
 func uncheckedContent(r *http.Request, bw *bufferedWriter) bool {
+	return unchecked(r) && (bw.buf.Len() > 0 || len(bw.header.Values("Location")) > 0)
+}
+
+// unchecked reports whether no verify_response checked the call's answer.
+func unchecked(r *http.Request) bool {
 	outcome, _ := caddyhttp.GetVar(r.Context(), VerificationVar).(string)
-	return (outcome == "" || outcome == outcomeUnchecked) && (bw.buf.Len() > 0 || bw.header.Get("Location") != "")
+	return outcome == "" || outcome == outcomeUnchecked
+}
+
+// emptyAnswerHeaders are the upstream headers an unchecked answer with
+// nothing in it keeps when it is handed over free under settle_on pass.
+// Any other header may carry the result or point to it (Content-Location,
+// Link, Refresh, Set-Cookie, an agent's own X-Result), so an allowlist,
+// not a list of the dangerous ones: a header nobody thought of is dropped,
+// not given away.
+var emptyAnswerHeaders = map[string]bool{
+	"Accept-Ranges": true, "Age": true, "Allow": true, "Cache-Control": true,
+	"Content-Length": true, "Content-Type": true, "Date": true, "Etag": true,
+	"Expires": true, "Last-Modified": true, "Pragma": true, "Retry-After": true,
+	"Server": true, "Strict-Transport-Security": true, "Vary": true,
+	"X-Content-Type-Options": true,
+}
+
+// keepEmptyAnswerHeaders drops from an unchecked answer with nothing in it
+// every header outside emptyAnswerHeaders.
+func keepEmptyAnswerHeaders(h http.Header) {
+	for k := range h {
+		if !emptyAnswerHeaders[k] {
+			delete(h, k)
+		}
+	}
 }
 
 // uncheckedAnswer is the refusal of an answer withheld by uncheckedContent.

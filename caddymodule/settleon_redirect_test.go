@@ -33,6 +33,30 @@ func redirectAgent(t *testing.T) *httptest.Server {
 		case strings.HasSuffix(r.URL.Path, "/created"):
 			w.Header().Set("Location", "https://results.example/INV-7731?total=87.0")
 			w.WriteHeader(http.StatusCreated)
+		case strings.HasSuffix(r.URL.Path, "/two-locations"): // the first one empty
+			w.Header()["Location"] = []string{"", "https://results.example/INV-7731?total=87.0"}
+			w.WriteHeader(http.StatusFound)
+		case strings.HasSuffix(r.URL.Path, "/content-location"):
+			w.Header().Set("Content-Location", "https://results.example/INV-7731?total=87.0")
+			w.WriteHeader(http.StatusNoContent)
+		case strings.HasSuffix(r.URL.Path, "/refresh"):
+			w.Header().Set("Refresh", "0; url=https://results.example/INV-7731?total=87.0")
+			w.WriteHeader(http.StatusOK)
+		case strings.HasSuffix(r.URL.Path, "/link"):
+			w.Header().Set("Link", `<https://results.example/INV-7731?total=87.0>; rel="alternate"`)
+			w.WriteHeader(http.StatusNoContent)
+		case strings.HasSuffix(r.URL.Path, "/early-hints"):
+			w.Header().Set("Link", `<https://results.example/INV-7731?total=87.0>; rel=preload`)
+			w.WriteHeader(http.StatusEarlyHints)
+			w.Header().Del("Link")
+			w.WriteHeader(http.StatusNoContent)
+		case strings.HasSuffix(r.URL.Path, "/not-modified"):
+			w.Header().Set("Content-Location", "https://results.example/INV-7731?total=87.0")
+			w.Header().Set("ETag", `"v1"`)
+			w.WriteHeader(http.StatusNotModified)
+		case strings.HasSuffix(r.URL.Path, "/own-header"):
+			w.Header().Set("X-Result", "total=87.0")
+			w.WriteHeader(http.StatusNoContent)
 		default:
 			w.WriteHeader(http.StatusNoContent)
 		}
@@ -138,5 +162,81 @@ func TestSettleOnPassWithholdsRedirects(t *testing.T) {
 	}
 	if got := new(big.Int).Sub(before, balance(t, d, payer)); got.Cmp(big.NewInt(50000)) != 0 {
 		t.Fatalf("charged %v, want 50000 (the one redirect settle after sold)", got)
+	}
+}
+
+// An answer no verify_response checked, with nothing in its body, can
+// still point to the result in a header: Content-Location, Link, Refresh,
+// an agent's own header, or a second Location after an empty first one.
+// Under settle_on pass (written, or the default with verify_response in
+// the route) such an answer is handed over uncharged with only the headers
+// that cannot carry a result (an allowlist: ETag stays), and one with any
+// Location is withheld; the payment is released each time and never
+// charged.
+func TestSettleOnPassHandsOverEmptyAnswersWithoutPointers(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	agent := redirectAgent(t)
+	base := startCaddy(t, fmt.Sprintf(`:{port} {
+	route /pass/* {
+		x402 {
+			accept devnet $0.05 %[1]s
+			facilitator http %[2]s
+			store badger {data}/gate
+			settle_on pass
+		}
+		verify_response {
+			schema `+"`{\"type\":\"object\"}`"+`
+			verifier_url http://127.0.0.1:1
+		}
+		reverse_proxy %[3]s
+	}
+	route /dflt/* {
+		x402 {
+			accept devnet $0.05 %[1]s
+			facilitator http %[2]s
+			store badger {data}/gate
+		}
+		verify_response {
+			schema `+"`{\"type\":\"object\"}`"+`
+			verifier_url http://127.0.0.1:1
+		}
+		reverse_proxy %[3]s
+	}
+}`, payTo.Hex(), fac, strings.TrimPrefix(agent.URL, "http://")))
+	payerIdx := 7
+	payer := evmfacilitator.DevAccounts()[payerIdx].Address
+	before := balance(t, d, payer)
+	resp, _ := getNoRedirect(t, base+"/pass/empty", nil)
+	paid := map[string]string{x402.HeaderPaymentSignature: signFor(t, paymentRequired(t, resp), payerIdx)}
+	for _, route := range []string{"/pass", "/dflt"} {
+		for _, c := range []struct {
+			path   string
+			status int
+		}{
+			{"/two-locations", http.StatusServiceUnavailable},
+			{"/content-location", http.StatusNoContent},
+			{"/refresh", http.StatusOK},
+			{"/link", http.StatusNoContent},
+			{"/early-hints", http.StatusNoContent},
+			{"/not-modified", http.StatusNotModified},
+			{"/own-header", http.StatusNoContent},
+		} {
+			resp, body := getNoRedirect(t, base+route+c.path, paid)
+			if resp.StatusCode != c.status || resp.Header.Get(x402.HeaderPaymentResponse) != "" {
+				t.Fatalf("%s%s: status %d (want %d), PAYMENT-RESPONSE %q: %s", route, c.path, resp.StatusCode, c.status,
+					resp.Header.Get(x402.HeaderPaymentResponse), body)
+			}
+			for k, v := range resp.Header {
+				if strings.Contains(strings.Join(v, " "), "87.0") {
+					t.Fatalf("%s%s: the result reached the buyer free in %s: %q", route, c.path, k, v)
+				}
+			}
+			if c.path == "/not-modified" && resp.Header.Get("ETag") != `"v1"` {
+				t.Fatalf("%s%s: ETag %q, want the upstream's", route, c.path, resp.Header.Get("ETag"))
+			}
+		}
+	}
+	if balance(t, d, payer).Cmp(before) != 0 {
+		t.Fatal("charged for answers nothing verified")
 	}
 }
