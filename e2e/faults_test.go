@@ -150,11 +150,13 @@ func usdcAt(t testing.TB, rpcURL, asset string, who common.Address) *big.Int {
 	data := append(common.FromHex("0x70a08231"), common.LeftPadBytes(who.Bytes(), 32)...)
 	// At the block that holds every settlement reported so far, not at
 	// "latest", which can lag a receipt already readable.
-	head, err := evmfacilitator.SettledHead(context.Background(), c)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	head, err := evmfacilitator.SettledHead(ctx, c)
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := c.CallContract(context.Background(), ethereum.CallMsg{To: &token, Data: data}, head)
+	out, err := c.CallContract(ctx, ethereum.CallMsg{To: &token, Data: data}, head)
 	if err != nil {
 		t.Fatalf("balanceOf: %v", err)
 	}
