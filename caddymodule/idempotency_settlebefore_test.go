@@ -35,7 +35,10 @@ var invalidArgs = map[string]any{"task_id": "t-mcp", "expected_schema": map[stri
 // request, which the upstream had answered and the buyer paid for), or
 // inviting the spent payment again for a fixed body that the id would then
 // refuse (another request). REST and MCP answer alike; nothing is charged
-// twice and the upstream runs once.
+// twice and the upstream runs once. (Over REST an invalid first call is no
+// longer settled: settle before checks the request before it settles,
+// TestSettleBeforeValidatesBeforeSettling; only MCP, settled after its
+// tool's result, can spend a payment on it.)
 func TestPaymentIdentifierSettleBeforeRetryOfAnInvalidRequest(t *testing.T) {
 	d, fac := sharedDevnet(t)
 	payerIdx := 5
@@ -47,11 +50,12 @@ func TestPaymentIdentifierSettleBeforeRetryOfAnInvalidRequest(t *testing.T) {
 		retryArgs     map[string]any
 		code          string
 		paymentAnswer bool // the retry carries the first PAYMENT-RESPONSE
+		rest          bool // over REST the first call is settled (a valid request)
 	}{
 		{name: "the same invalid request", first: invalidRequest, retry: invalidRequest,
 			firstArgs: invalidArgs, retryArgs: invalidArgs, code: codePaymentIDAnswerNotKept, paymentAnswer: true},
 		{name: "another request, invalid", first: validRequest, retry: invalidRequest,
-			firstArgs: verifyArgs, retryArgs: invalidArgs, code: codePaymentIDConflict},
+			firstArgs: verifyArgs, retryArgs: invalidArgs, code: codePaymentIDConflict, rest: true},
 	}
 	for i, tc := range cases {
 		t.Run("REST/"+tc.name, func(t *testing.T) {
@@ -60,8 +64,22 @@ func TestPaymentIdentifierSettleBeforeRetryOfAnInvalidRequest(t *testing.T) {
 			url := base + "/verify/schema"
 			before := balance(t, d, payer.Address)
 			sig := signWithID(t, paymentRequired(t, post(t, url, "", nil)), payer.Key(), fmt.Sprintf("pay_settle_before_retry_%d", i))
-			// The upstream refuses the invalid body, after the payment
-			// settled: the answer goes out, and is not kept.
+			if !tc.rest {
+				// Never settled: the first call and its retry are
+				// the request's own 422, and nothing is paid.
+				for _, body := range []string{tc.first, tc.retry} {
+					resp := post(t, url, body, map[string]string{x402.HeaderPaymentSignature: sig, "X-Test-Status": "422"})
+					if code := idemCode(t, resp); resp.StatusCode != http.StatusUnprocessableEntity || code != "invalid_request" || resp.Header.Get(x402.HeaderPaymentResponse) != "" {
+						t.Fatalf("status %d, %s; want 422 invalid_request without PAYMENT-RESPONSE", resp.StatusCode, code)
+					}
+				}
+				if got := charged(t, d, payer.Address, before); got.Sign() != 0 || up.calls.Load() != 0 {
+					t.Fatalf("charged %v, upstream ran %d times; want 0, never", got, up.calls.Load())
+				}
+				return
+			}
+			// The upstream refuses the call, after the payment settled:
+			// the answer goes out, and is not kept.
 			first := post(t, url, tc.first, map[string]string{x402.HeaderPaymentSignature: sig, "X-Test-Status": "422"})
 			tx := settlementOf(t, first).Transaction
 			again := post(t, url, tc.retry, map[string]string{x402.HeaderPaymentSignature: sig})

@@ -38,8 +38,10 @@ const maxClaimHold = 7 * 24 * time.Hour
 // gate answers a call itself instead of running the upstream (a demand for
 // payment, a refused payment, a store or facilitator outage), it first runs
 // that check, so a request that can never succeed is refused with 422 and
-// is never offered for sale (SPEC §6). A call the gate lets through is
-// checked once, by the upstream.
+// is never offered for sale (SPEC §6). So does a payment settled before the
+// upstream runs (settle before), or the buyer would be charged for the
+// request the upstream then refuses. Any other call the gate lets through
+// is checked once, by the upstream, whose refusal is never charged.
 type exchange interface {
 	// demand answers with a demand for payment: msg is for people, reason
 	// the x402 reason ("" for a plain demand), failed the refused
@@ -56,6 +58,10 @@ type exchange interface {
 	billable(bw *bufferedWriter) bool
 	// deliver writes the held answer with the settlement attached.
 	deliver(w http.ResponseWriter, bw *bufferedWriter, sr x402.SettleResponse)
+	// invalid runs the call's request check (once) and returns its
+	// refusal, if any: for a settle before payment, which is settled
+	// before the upstream can check the request.
+	invalid() *apierr.Error
 	// upstreamRan records that the upstream, which checks the request
 	// itself, has answered: the gate's check is no longer needed.
 	upstreamRan()
@@ -67,11 +73,17 @@ type exchange interface {
 
 // requestCheck is the request-level check of one call: strict parse, field
 // checks and schema compile (verify.Precheck), never an evaluation. It runs
-// at most once, and only when the gate answers the call itself.
+// at most once, and only when the gate answers the call itself or is about
+// to settle a payment before the upstream runs (exchange).
 type requestCheck struct {
 	check func() error // nil: nothing to check
 	done  bool
 }
+
+// requestChecked, when set (by tests only), is called each time a call's
+// request check runs, so that the rule of one validation per call is
+// asserted by counting it.
+var requestChecked func()
 
 // invalid runs the check (once) and returns its refusal, if any.
 func (c *requestCheck) invalid() *apierr.Error {
@@ -79,6 +91,9 @@ func (c *requestCheck) invalid() *apierr.Error {
 		return nil
 	}
 	c.done = true
+	if requestChecked != nil {
+		requestChecked()
+	}
 	if err := c.check(); err != nil {
 		return apierr.From(err)
 	}
@@ -223,6 +238,20 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	// pending until it lapses (the outcome is unknown: never invite a second
 	// payment).
 	pc := &paidCharge{g: g, ex: ex, next: next, pay: pay, offer: offer, offerJS: offerJS, claim: claim, note: note, pid: pid}
+	if g.Settle == "before" {
+		// Settled before the upstream runs, the call would be paid for
+		// before the upstream's own check of the request: the gate
+		// checks it first (validate), so an invalid request is refused
+		// uncharged, its claim and payment identifier given back for the
+		// fixed request. Here, once the claim is ours, so a payment
+		// already in play is still told so (requestCheck.answer), and
+		// before the facilitator is asked, as an invalid request would
+		// get this 422 from every answer after it.
+		if ae := ex.invalid(); ae != nil {
+			pc.release(r)
+			return ex.refuse(w, r, ae)
+		}
+	}
 
 	vctx, cancel := context.WithTimeout(ctx, defaultSettleTimeout)
 	defer cancel()
