@@ -161,7 +161,11 @@ type Gate struct {
 	// Settle is "after" (default): the upstream runs first into a buffer and
 	// the payment is settled only if it answered below 400. "before" settles
 	// first and then streams the upstream response, for streaming upstreams
-	// (SSE): the client pays even if the upstream then fails.
+	// (SSE): the client pays even if the upstream then fails or refuses the
+	// request. With validate verify_request the gate checks the request
+	// before it settles (an invalid one is 422, nothing charged); without
+	// it the gate cannot tell, and an invalid request is charged for the
+	// upstream's refusal.
 	Settle string `json:"settle,omitempty"`
 
 	// SettleOn is "pass" or "any". "pass" settles a payment only when
@@ -207,9 +211,12 @@ type Gate struct {
 	// (read with the same parser verifierd uses: strict JSON, every field,
 	// the schema compiled but never evaluated). It runs whenever the gate
 	// would answer for payment itself (402, a refused payment, an outage):
-	// a request it refuses gets 422 and is never offered for sale. A call
-	// the gate lets through, free or with a verified payment, is checked
-	// once, by the upstream, and its 422 is neither charged nor counted.
+	// a request it refuses gets 422 and is never offered for sale. With
+	// settle before it also runs before a verified payment is settled
+	// (then the upstream checks the request a second time). Any other
+	// call the gate lets through, free or with a verified payment, is
+	// checked once, by the upstream, and its 422 is neither charged nor
+	// counted.
 	// With a validator, a POST without any body is the x402 discovery probe
 	// and gets the 402.
 	Validator string `json:"validate,omitempty"`
