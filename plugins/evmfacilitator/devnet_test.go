@@ -290,9 +290,9 @@ func TestTestUSDCRevertStrings(t *testing.T) {
 				}
 				return
 			}
-			reason, ok := nodeRefusal(err)
-			if !ok || reason != tc.want {
-				t.Fatalf("revert %q (node answered: %v), want %q", reason, ok, tc.want)
+			kind, reason := classify(err)
+			if kind != answerReverted || reason != tc.want {
+				t.Fatalf("revert %q (answer kind %d), want %q", reason, kind, tc.want)
 			}
 		})
 	}

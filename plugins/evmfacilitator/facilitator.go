@@ -339,19 +339,20 @@ func sameAddress(a, b string) bool {
 	return common.IsHexAddress(a) && common.IsHexAddress(b) && common.HexToAddress(a) == common.HexToAddress(b)
 }
 
-// contractError is a call the node executed and the contract refused
-// (revert, or no contract): an answer about the payment, not an outage.
+// contractError is a call the node executed and the contract refused (a
+// revert), or whose successful result does not decode (no contract, or not
+// the method): an answer about the payment, not an outage.
 type contractError struct{ reason string }
 
 func (e *contractError) Error() string { return "contract call reverted: " + e.reason }
 
-// call runs eth_call from the relayer. A JSON-RPC error from the node (a
-// revert) becomes *contractError; anything else (transport) is returned
-// wrapped as is.
+// call runs eth_call from the relayer. A revert becomes *contractError;
+// anything else, including every other JSON-RPC error, is returned wrapped
+// as is (classify).
 func (f *Facilitator) call(ctx context.Context, to common.Address, data []byte, block *big.Int) ([]byte, error) {
 	out, err := f.chain.CallContract(ctx, ethereum.CallMsg{From: f.relayer, To: &to, Data: data}, block)
 	if err != nil {
-		if reason, ok := nodeRefusal(err); ok {
+		if kind, reason := classify(err); kind == answerReverted {
 			return nil, &contractError{reason: reason}
 		}
 		return nil, fmt.Errorf("calling %s: %w", to.Hex(), err)
@@ -359,23 +360,55 @@ func (f *Facilitator) call(ctx context.Context, to common.Address, data []byte, 
 	return out, nil
 }
 
-// nodeRefusal reports whether err is the node's answer (a JSON-RPC error,
-// e.g. "execution reverted") rather than a failure to reach it, and the
-// revert string when there is one.
-func nodeRefusal(err error) (string, bool) {
+// answer is what an error from the node says about the request.
+type answer int
+
+const (
+	// answerNone: no JSON-RPC answer (the connection failed, an HTTP
+	// error status, a timeout): the request may or may not have reached
+	// the node.
+	answerNone answer = iota
+	// answerNodeError: the node answered with a JSON-RPC error that is not
+	// a revert. For reads it is the node's trouble, not the payment's: a
+	// provider's rate limit (-32005 "limit exceeded"), a node behind the
+	// block asked for (-32000 "header not found"), an internal error
+	// (-32603), "execution aborted (timeout)". A send so answered was not
+	// taken ("nonce too low", "replacement transaction underpriced",
+	// "insufficient funds for gas * price + value", the limit).
+	answerNodeError
+	// answerReverted: the node executed the call and the contract
+	// reverted: the one JSON-RPC error that is an answer about the
+	// payment.
+	answerReverted
+)
+
+// classify is the one reading of the node's errors: whether err is a
+// revert, with its reason (the decoded Error(string) when the data
+// carries one, else the message without its "execution reverted: "
+// prefix), another JSON-RPC error with its message, or no answer at all.
+// A revert is code 3 (EIP-1474, what geth, Erigon, Reth and Anvil send
+// with revert data) or a message starting "execution reverted" (geth's
+// revert without data); nothing else is taken for one, so an overloaded
+// or lagging node can never refuse a payment (or mark its asset as not
+// EIP-3009) on the buyer's account: it is an outage, retried.
+func classify(err error) (answer, string) {
 	var re rpc.Error
 	if !errors.As(err, &re) {
-		return "", false
+		return answerNone, ""
+	}
+	msg := re.Error()
+	if re.ErrorCode() != 3 && !strings.HasPrefix(msg, "execution reverted") {
+		return answerNodeError, msg
 	}
 	var de rpc.DataError
 	if errors.As(err, &de) {
 		if s, ok := de.ErrorData().(string); ok {
 			if r, err := abi.UnpackRevert(common.FromHex(s)); err == nil {
-				return r, true
+				return answerReverted, r
 			}
 		}
 	}
-	return strings.TrimPrefix(re.Error(), "execution reverted: "), true
+	return answerReverted, strings.TrimPrefix(msg, "execution reverted: ")
 }
 
 // revertReason maps the token's revert strings (USDC's, with or without

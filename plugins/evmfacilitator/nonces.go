@@ -65,7 +65,7 @@ type txSender interface {
 
 // submit signs (sign) and sends a transaction with the account's next nonce
 // through chain. A send the node may or may not have taken is an
-// *unknownSend; a refusal by the node is returned wrapped (nodeRefusal
+// *unknownSend; a refusal by the node is returned wrapped (classify
 // reads it). When ctx ends before the account is free, nothing was sent and
 // the error wraps ctx's.
 func (n *nonceManager) submit(ctx context.Context, chain txSender, sign func(nonce uint64) (*types.Transaction, error)) (*types.Transaction, error) {
@@ -100,8 +100,8 @@ func (n *nonceManager) submit(ctx context.Context, chain txSender, sign func(non
 			n.next++
 			return tx, nil
 		}
-		reason, answered := nodeRefusal(err)
-		if !answered {
+		kind, reason := classify(err)
+		if kind == answerNone {
 			// The node may or may not have the transaction; the nonce may be
 			// used. Re-read it next time, and let the caller resolve the outcome.
 			n.known = false

@@ -162,11 +162,11 @@ func (e *unknownSend) Error() string { return "sending: " + e.err.Error() }
 func (f *Facilitator) send(ctx context.Context, c *checked) (*types.Transaction, error) {
 	gas, err := f.chain.EstimateGas(ctx, ethereum.CallMsg{From: f.relayer, To: &c.token, Data: c.txData})
 	if err != nil {
-		if reason, ok := nodeRefusal(err); ok {
-			if isFundsError(reason) {
-				return nil, fmt.Errorf("%w: %s", ErrRelayerUnfunded, reason)
-			}
+		switch kind, reason := classify(err); {
+		case kind == answerReverted:
 			return nil, &contractError{reason: reason}
+		case kind == answerNodeError && isFundsError(reason):
+			return nil, fmt.Errorf("%w: %s", ErrRelayerUnfunded, reason)
 		}
 		return nil, fmt.Errorf("estimating settlement gas: %w", err)
 	}
@@ -199,7 +199,7 @@ func (f *Facilitator) send(ctx context.Context, c *checked) (*types.Transaction,
 		return types.SignNewTx(f.key, f.signer, fees(nonce))
 	})
 	if err != nil {
-		if reason, ok := nodeRefusal(err); ok && isFundsError(reason) {
+		if kind, reason := classify(err); kind == answerNodeError && isFundsError(reason) {
 			return nil, fmt.Errorf("%w: %s", ErrRelayerUnfunded, reason)
 		}
 		return nil, fmt.Errorf("submitting the settlement: %w", err)

@@ -1,0 +1,179 @@
+package evmfacilitator
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ethereum/go-ethereum/crypto"
+	"github.com/ethereum/go-ethereum/ethclient"
+
+	"github.com/aovhq/aov/x402"
+)
+
+// faultProxy is a fake RPC provider in front of the devnet's JSON-RPC, for
+// a fault the devnet cannot be made to produce: it answers the requests
+// match picks (at most budget of them) with an overload answer, as
+// providers send them, and forwards everything else to the devnet.
+type faultProxy struct {
+	target string
+	match  func(method, selector string) bool
+	status int    // HTTP status of the fault answer
+	code   int    // its JSON-RPC error code
+	msg    string // its JSON-RPC error message
+	budget atomic.Int64
+	hits   atomic.Int64
+}
+
+func (p *faultProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	var req struct {
+		ID     json.RawMessage   `json:"id"`
+		Method string            `json:"method"`
+		Params []json.RawMessage `json:"params"`
+	}
+	if json.Unmarshal(body, &req) == nil {
+		sel := ""
+		if len(req.Params) > 0 {
+			var call struct{ Data, Input string }
+			_ = json.Unmarshal(req.Params[0], &call)
+			d := call.Input
+			if d == "" {
+				d = call.Data
+			}
+			if len(d) >= 10 {
+				sel = strings.ToLower(d[:10])
+			}
+		}
+		if p.match(req.Method, sel) && p.budget.Add(-1) >= 0 {
+			p.hits.Add(1)
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(p.status)
+			b, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": req.ID, "error": map[string]any{"code": p.code, "message": p.msg}})
+			w.Write(b)
+			return
+		}
+	}
+	resp, err := http.Post(p.target, "application/json", bytes.NewReader(body))
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadGateway)
+		return
+	}
+	defer resp.Body.Close()
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(resp.StatusCode)
+	io.Copy(w, resp.Body)
+}
+
+func selectorOf(method string) string {
+	return "0x" + hex.EncodeToString(tokenABI.Methods[method].ID)
+}
+
+// An RPC provider's overload or lag is an outage, never the buyer's invalid
+// payment: whichever read or estimate it hits, Verify and Settle return an
+// error (the gateway's 503, retryable), Settle sends nothing, and once the
+// fault is over the same payment verifies and settles: no answer of an
+// overloaded node is remembered as the asset not being EIP-3009.
+func TestRPCOverloadIsAnErrorNotARefusal(t *testing.T) {
+	overloads := []struct {
+		name   string
+		status int
+		code   int
+		msg    string
+	}{
+		{"HTTP 200 -32005 limit exceeded", 200, -32005, "limit exceeded"},
+		{"HTTP 200 -32000 header not found", 200, -32000, "header not found"},
+		{"HTTP 200 -32000 execution aborted (timeout)", 200, -32000, "execution aborted (timeout = 5s)"},
+		{"HTTP 200 -32603 internal error", 200, -32603, "internal error"},
+		{"HTTP 429 with a JSON-RPC body", 429, -32005, "rate limited"},
+	}
+	calls := []struct {
+		name  string
+		match func(m, sel string) bool
+	}{
+		{"name()", func(m, s string) bool { return m == "eth_call" && s == selectorOf("name") }},
+		{"version()", func(m, s string) bool { return m == "eth_call" && s == selectorOf("version") }},
+		{"authorizationState", func(m, s string) bool { return m == "eth_call" && s == selectorOf("authorizationState") }},
+		{"balanceOf", func(m, s string) bool { return m == "eth_call" && s == selectorOf("balanceOf") }},
+		{"simulation", func(m, s string) bool { return m == "eth_call" && s == selectorOf(methodTransferVRS) }},
+		{"estimateGas", func(m, s string) bool { return m == "eth_estimateGas" }},
+	}
+	d := startDevnet(t, DevnetConfig{RPCListen: "127.0.0.1:0"})
+	e := &testEnv{d: d}
+	relayer := crypto.PubkeyToAddress(DevKey(0).PublicKey)
+	ctx := context.Background()
+	for _, ov := range overloads {
+		for _, call := range calls {
+			t.Run(ov.name+"/"+call.name, func(t *testing.T) {
+				p := &faultProxy{target: d.RPCURL(), match: call.match, status: ov.status, code: ov.code, msg: ov.msg}
+				srv := httptest.NewServer(p)
+				defer srv.Close()
+				c, err := ethclient.Dial(srv.URL)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+				fresh := func() *Facilitator { // its own cache of the token's name and version
+					f, err := newFacilitator(Config{Chain: c, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 10 * time.Second}, d.nonces)
+					if err != nil {
+						t.Fatal(err)
+					}
+					return f
+				}
+				f := fresh()
+				req := e.requirements(payee, amount)
+				pay := mustSignExact(t, payer, req)
+				if call.name != "estimateGas" { // Verify estimates no gas
+					p.budget.Store(1)
+					if r, err := f.Verify(ctx, pay, req); err == nil || p.hits.Load() != 1 {
+						t.Errorf("Verify with the node overloaded (%d fault answers) = %+v, %v; want an error, not the buyer's invalid payment", p.hits.Load(), r, err)
+					}
+					if r, err := f.Verify(ctx, pay, req); err != nil || !r.IsValid {
+						t.Errorf("Verify after the overload = %+v, %v; want valid", r, err)
+					}
+				}
+				nonce, err := d.Client().PendingNonceAt(ctx, relayer)
+				if err != nil {
+					t.Fatal(err)
+				}
+				p.hits.Store(0)
+				p.budget.Store(1)
+				f = fresh()
+				r, err := f.Settle(ctx, pay, req)
+				var unknown *x402.UnknownOutcomeError
+				if err == nil || errors.As(err, &unknown) || p.hits.Load() != 1 {
+					t.Errorf("Settle with the node overloaded (%d fault answers) = %+v, %v; want an error saying nothing was sent", p.hits.Load(), r, err)
+				}
+				if after, err := d.Client().PendingNonceAt(ctx, relayer); err != nil || after != nonce {
+					t.Errorf("the relayer's nonce went from %d to %d (%v): something was sent", nonce, after, err)
+				}
+				if r, err := f.Settle(ctx, pay, req); err != nil || !r.Success {
+					t.Errorf("Settle after the overload = %+v, %v; want success", r, err)
+				}
+			})
+		}
+	}
+}
+
+// A real revert is still an answer about the payment: an asset whose name()
+// reverts (a contract without it, here the test wallet) is not an EIP-3009
+// token, and the revert strings of the token map to their reasons.
+func TestRevertIsARefusal(t *testing.T) {
+	e := newEnv(t)
+	wallet := deployWallet(t, e.d, crypto.PubkeyToAddress(payer.PublicKey))
+	req := e.requirements(payee, amount)
+	req.Asset = wallet.Hex()
+	r, err := e.f.Verify(context.Background(), mustSignExact(t, payer, req), req)
+	if err != nil || r.IsValid || r.InvalidReason != x402.ReasonExactEVMEIP3009NotSupported {
+		t.Fatalf("Verify of an asset whose name() reverts = %+v, %v; want %s", r, err, x402.ReasonExactEVMEIP3009NotSupported)
+	}
+}
