@@ -37,6 +37,9 @@ type Chain interface {
 	// (status.go).
 	FilterLogs(ctx context.Context, q ethereum.FilterQuery) ([]types.Log, error)
 	HeaderByNumber(ctx context.Context, number *big.Int) (*types.Header, error)
+	// NonceAt reads the relayer's confirmed nonce: past a lost
+	// transaction's, that transaction can no longer execute (settle.go).
+	NonceAt(ctx context.Context, account common.Address, blockNumber *big.Int) (uint64, error)
 }
 
 // Config configures a Facilitator.
@@ -264,7 +267,7 @@ func (f *Facilitator) check(ctx context.Context, p x402.PaymentPayload, req x402
 	if dom.version != version {
 		return refuse(x402.ReasonExactEVMTokenVersionMismatch, payer, "extra.version is not the token's version()"), nil
 	}
-	used, err := f.authorizationState(ctx, token, auth.From, auth.Nonce)
+	used, err := f.authorizationState(ctx, token, auth.From, auth.Nonce, nil)
 	if err != nil {
 		var ce *contractError
 		if errors.As(err, &ce) {
@@ -485,9 +488,11 @@ func (f *Facilitator) callString(ctx context.Context, token common.Address, meth
 	return s, nil
 }
 
-func (f *Facilitator) authorizationState(ctx context.Context, token, from common.Address, nonce [32]byte) (bool, error) {
+// authorizationState reads whether the token has used from's nonce, at
+// block (nil: the latest).
+func (f *Facilitator) authorizationState(ctx context.Context, token, from common.Address, nonce [32]byte, block *big.Int) (bool, error) {
 	data, _ := tokenABI.Pack("authorizationState", from, nonce)
-	out, err := f.call(ctx, token, data, nil)
+	out, err := f.call(ctx, token, data, block)
 	if err != nil {
 		return false, err
 	}

@@ -31,8 +31,10 @@ import (
 //     the transaction that used it, ours or another, carries the
 //     authorization's Transfer to payTo; not settled when the nonce was
 //     spent without it, or is unused while our transaction can no longer
-//     execute; otherwise the result is an *x402.UnknownOutcomeError, never
-//     a failure and never a success.
+//     execute (its receipt shows it reverted, or it is not found while the
+//     authorization has expired or the relayer's nonce has moved past it);
+//     otherwise the result is an *x402.UnknownOutcomeError, never a failure
+//     and never a success.
 //   - Any other error (chain unreachable before sending, relayer unfunded,
 //     ctx ended while another settlement of the relayer was sending) means
 //     nothing was sent.
@@ -105,14 +107,7 @@ func (f *Facilitator) settle(ctx context.Context, p x402.PaymentPayload, req x40
 		return f.resolve(c, tx, start, err)
 	}
 	if rcpt.Status != types.ReceiptStatusSuccessful {
-		reason := x402.ReasonExactEVMTransactionFailed
-		if _, err := f.call(context.WithoutCancel(ctx), c.token, c.txData, new(big.Int).Sub(rcpt.BlockNumber, big.NewInt(1))); err != nil {
-			var ce *contractError
-			if errors.As(err, &ce) {
-				reason = revertReason(ce.reason, reason)
-			}
-		}
-		return f.failure(reason, c.payer, "the settlement transaction reverted", tx.Hash().Hex()), nil
+		return f.reverted(ctx, c, tx, rcpt, start)
 	}
 	if !hasTransfer(rcpt, c.token, c.auth) {
 		return f.failure(x402.ReasonExactEVMTransactionFailed, c.payer, "the settlement transaction has no matching Transfer event", tx.Hash().Hex()), nil
@@ -238,38 +233,154 @@ const resolveTimeout = 10 * time.Second
 // resolve decides an unknown outcome of our transaction tx, sent after
 // start, from the chain. The authorization used: judged by the transaction
 // that used it, ours looked at first (usedStatus, the judgement the status
-// readers make); unused while our transaction can no longer run: not
-// settled; anything else stays unknown.
+// readers make). Unused: our transaction, if mined, is judged by its
+// receipt (judgeReceipt: the nonce read may come from a node a block
+// behind the one that has the receipt); not found, it is not settled only
+// once the authorization can no longer execute (neverExecutes). Anything
+// else stays unknown: "not found" on one node proves nothing while the
+// transaction may still land, and the gateway keeps such a payment pending
+// and resolves it later.
 func (f *Facilitator) resolve(c *checked, tx *types.Transaction, start time.Time, cause error) (x402.SettleResponse, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), resolveTimeout)
 	defer cancel()
 	unknown := func(err error) (x402.SettleResponse, error) {
 		return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Err: err}
 	}
-	used, err := f.authorizationState(ctx, c.token, c.auth.From, c.auth.Nonce)
+	used, err := f.authorizationState(ctx, c.token, c.auth.From, c.auth.Nonce, nil)
 	if err != nil {
 		return unknown(fmt.Errorf("%v; then reading authorizationState: %w", cause, err))
 	}
 	if used {
-		st, err := f.usedStatus(ctx, c.token, c.auth, tx.Hash(), start)
-		switch {
-		case err != nil:
-			return unknown(fmt.Errorf("%v; then: %w", cause, err))
-		case st.State == x402.SettlementDone:
-			return f.success(c, st.Transaction), nil
-		}
-		return f.failure(st.Reason, c.payer, "the authorization's nonce was used without paying (cancelled, or spent by another authorization); nothing was transferred to payTo", ""), nil
+		return f.resolveUsed(ctx, c, tx, start, cause)
 	}
-	// Unused. If our transaction is still pending it may yet execute.
+	// Unused, as far as that node knows. If our transaction is still
+	// pending it may yet execute; mined, its receipt tells.
 	_, pending, err := f.chain.TransactionByHash(ctx, tx.Hash())
 	switch {
 	case errors.Is(err, ethereum.NotFound):
-		return f.failure(x402.ReasonExactEVMTransactionFailed, c.payer, "the settlement was not accepted by the chain; nothing was transferred", ""), nil
+		never, err := f.neverExecutes(ctx, c, tx)
+		switch {
+		case err != nil:
+			return unknown(fmt.Errorf("%v; the transaction %s is not known to the node, and whether it can still execute is unknown: %w", cause, tx.Hash().Hex(), err))
+		case never == nil:
+			return unknown(fmt.Errorf("%v; the transaction %s is not known to the node, yet may still execute (the authorization is unused and valid, the relayer's nonce not past it)", cause, tx.Hash().Hex()))
+		case never.used:
+			return f.resolveUsed(ctx, c, tx, start, cause)
+		}
+		return f.failure(x402.ReasonExactEVMTransactionFailed, c.payer, "the settlement did not execute and no longer can ("+never.why+"); nothing was transferred", ""), nil
 	case err != nil:
 		return unknown(fmt.Errorf("%v; then looking up the transaction: %w", cause, err))
 	case pending:
 		return unknown(fmt.Errorf("%v; the transaction %s is still pending", cause, tx.Hash().Hex()))
 	}
-	// Mined, yet the authorization is unused: it reverted.
-	return f.failure(x402.ReasonExactEVMTransactionFailed, c.payer, "the settlement transaction did not transfer", tx.Hash().Hex()), nil
+	rcpt, err := f.chain.TransactionReceipt(ctx, tx.Hash())
+	if err != nil {
+		return unknown(fmt.Errorf("%v; the transaction %s is mined, but its receipt cannot be read: %w", cause, tx.Hash().Hex(), err))
+	}
+	return f.judgeOwn(ctx, c, tx, rcpt, start, cause)
+}
+
+// resolveUsed is resolve's answer for an authorization whose nonce is used:
+// usedStatus's judgement.
+func (f *Facilitator) resolveUsed(ctx context.Context, c *checked, tx *types.Transaction, start time.Time, cause error) (x402.SettleResponse, error) {
+	st, err := f.usedStatus(ctx, c.token, c.auth, tx.Hash(), start)
+	switch {
+	case err != nil:
+		return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Err: fmt.Errorf("%v; then: %w", cause, err)}
+	case st.State == x402.SettlementDone:
+		return f.success(c, st.Transaction), nil
+	}
+	return f.failure(st.Reason, c.payer, "the authorization's nonce was used without paying (cancelled, or spent by another authorization); nothing was transferred to payTo", ""), nil
+}
+
+// judgeOwn judges our own mined transaction by its receipt, as the status
+// readers judge any (judgeReceipt): the authorization's nonce log followed
+// by its Transfer is a settlement; a receipt without the nonce log is a
+// transaction that did not transfer, proven only when it reverted
+// (reverted); any other receipt is unknown.
+func (f *Facilitator) judgeOwn(ctx context.Context, c *checked, tx *types.Transaction, rcpt *types.Receipt, start time.Time, cause error) (x402.SettleResponse, error) {
+	st, found, err := judgeReceipt(rcpt, c.token, c.auth)
+	switch {
+	case err != nil:
+		return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Err: fmt.Errorf("%v; then: %w", cause, err)}
+	case found && st.State == x402.SettlementDone:
+		return f.success(c, st.Transaction), nil
+	case found:
+		return f.failure(st.Reason, c.payer, "the settlement transaction used the authorization's nonce without paying payTo; nothing was transferred to payTo", tx.Hash().Hex()), nil
+	case rcpt.Status != types.ReceiptStatusSuccessful:
+		return f.reverted(ctx, c, tx, rcpt, start)
+	}
+	return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Err: fmt.Errorf("%v; the transaction %s succeeded without the authorization's nonce log", cause, tx.Hash().Hex())}
+}
+
+// reverted judges our settlement transaction tx, mined and reverted. It
+// changed nothing, yet the authorization may have been used by another
+// transaction (anyone may submit it: the payer's own client, another
+// facilitator), which is what made ours revert; so the nonce is read at
+// tx's block: used, the transaction that used it decides (resolveUsed:
+// success naming it when it paid payTo); unused, it is a failure with the
+// token's revert string, replayed on the state before tx's block.
+func (f *Facilitator) reverted(ctx context.Context, c *checked, tx *types.Transaction, rcpt *types.Receipt, start time.Time) (x402.SettleResponse, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resolveTimeout)
+	defer cancel()
+	cause := fmt.Errorf("the settlement transaction %s reverted", tx.Hash().Hex())
+	used, err := f.authorizationState(ctx, c.token, c.auth.From, c.auth.Nonce, rcpt.BlockNumber)
+	if err != nil {
+		return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Err: fmt.Errorf("%v; then reading authorizationState at its block: %w", cause, err)}
+	}
+	if used {
+		return f.resolveUsed(ctx, c, tx, start, cause)
+	}
+	reason := x402.ReasonExactEVMTransactionFailed
+	if rcpt.BlockNumber != nil && rcpt.BlockNumber.Sign() > 0 {
+		if _, err := f.call(ctx, c.token, c.txData, new(big.Int).Sub(rcpt.BlockNumber, big.NewInt(1))); err != nil {
+			var ce *contractError
+			if errors.As(err, &ce) {
+				reason = revertReason(ce.reason, reason)
+			}
+		}
+	}
+	return f.failure(reason, c.payer, "the settlement transaction reverted", tx.Hash().Hex()), nil
+}
+
+// finality is why an authorization found unused can no longer execute
+// (never), or that it turned out used after all.
+type finality struct {
+	used bool
+	why  string
+}
+
+// neverExecutes tells whether our transaction tx, which the node does not
+// know, can no longer transfer: nil when it may still. Both facts are read
+// at one block, the head, so that nodes behind a load balancer cannot
+// combine a stale answer with a fresh one: the authorization is unused at
+// that block, and either its validBefore is at or before the block's time
+// (the token requires block.timestamp < validBefore, and block time never
+// goes back, as SentSettlementStatus rules) or the relayer's nonce at that
+// block is past tx's (whatever took tx's nonce was mined by then, and the
+// nonce unused after it, so tx, ours or not, did not transfer and never
+// will). Used at that block: the caller judges it.
+func (f *Facilitator) neverExecutes(ctx context.Context, c *checked, tx *types.Transaction) (*finality, error) {
+	head, err := f.chain.HeaderByNumber(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("reading the head block: %w", err)
+	}
+	why := ""
+	if expiredAt(c.auth, head) {
+		why = "the authorization expired unused"
+	} else {
+		n, err := f.chain.NonceAt(ctx, f.relayer, head.Number)
+		if err != nil {
+			return nil, fmt.Errorf("reading the relayer's nonce at block %d: %w", head.Number, err)
+		}
+		if n <= tx.Nonce() {
+			return nil, nil
+		}
+		why = "the relayer's nonce moved past it, and the authorization is unused"
+	}
+	used, err := f.authorizationState(ctx, c.token, c.auth.From, c.auth.Nonce, head.Number)
+	if err != nil {
+		return nil, fmt.Errorf("reading authorizationState at block %d: %w", head.Number, err)
+	}
+	return &finality{used: used, why: why}, nil
 }

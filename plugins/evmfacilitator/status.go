@@ -60,7 +60,7 @@ func (f *Facilitator) SentSettlementStatus(ctx context.Context, p x402.PaymentPa
 	}
 	st.Payer = auth.From.Hex()
 	token := common.HexToAddress(req.Asset)
-	used, err := f.authorizationState(ctx, token, auth.From, auth.Nonce)
+	used, err := f.authorizationState(ctx, token, auth.From, auth.Nonce, nil)
 	if err != nil {
 		return st, fmt.Errorf("reading authorizationState: %w", err)
 	}
@@ -77,10 +77,16 @@ func (f *Facilitator) SentSettlementStatus(ctx context.Context, p x402.PaymentPa
 	if err != nil {
 		return st, fmt.Errorf("reading the head block: %w", err)
 	}
-	if auth.ValidBefore.Cmp(new(big.Int).SetUint64(head.Time)) <= 0 {
+	if expiredAt(auth, head) {
 		st.State = x402.SettlementNever
 	}
 	return st, nil
+}
+
+// expiredAt reports whether a can no longer execute from head on: the token
+// requires block.timestamp < validBefore, and block time never goes back.
+func expiredAt(a x402.AuthorizationValues, head *types.Header) bool {
+	return a.ValidBefore.Cmp(new(big.Int).SetUint64(head.Time)) <= 0
 }
 
 var (

@@ -1,0 +1,216 @@
+package evmfacilitator
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ethereum/go-ethereum"
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/core/types"
+	"github.com/ethereum/go-ethereum/crypto"
+
+	"github.com/aovhq/aov/x402"
+)
+
+// lateChain is a fake for a race a real node cannot be made to lose on
+// demand: the reply to the settlement's send is lost (the connection
+// broke) and the transaction held back; when the resolution first looks
+// the transaction up, lookup runs. It stands for a load-balanced provider
+// whose nodes disagree by a block, or a transaction mined between two
+// reads.
+type lateChain struct {
+	Chain
+	lookup func(c *lateChain) (found bool)
+	mu     sync.Mutex
+	held   *types.Transaction
+	looked bool
+}
+
+func (c *lateChain) SendTransaction(ctx context.Context, tx *types.Transaction) error {
+	c.mu.Lock()
+	c.held = tx
+	c.mu.Unlock()
+	return errors.New("connection reset by peer (fake)")
+}
+
+// land sends the held transaction to the devnet and waits for its receipt.
+func (c *lateChain) land(t testing.TB) {
+	c.mu.Lock()
+	tx := c.held
+	c.held = nil
+	c.mu.Unlock()
+	if tx == nil {
+		return
+	}
+	if err := c.Chain.SendTransaction(context.Background(), tx); err != nil {
+		t.Errorf("sending the held transaction: %v", err)
+		return
+	}
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if _, err := c.Chain.TransactionReceipt(context.Background(), tx.Hash()); err == nil {
+			return
+		}
+	}
+	t.Errorf("the held transaction was not mined")
+}
+
+func (c *lateChain) TransactionByHash(ctx context.Context, h common.Hash) (*types.Transaction, bool, error) {
+	c.mu.Lock()
+	first := !c.looked
+	c.looked = true
+	c.mu.Unlock()
+	if first && !c.lookup(c) {
+		return nil, false, ethereum.NotFound
+	}
+	return c.Chain.TransactionByHash(ctx, h)
+}
+
+// A settlement whose send's reply was lost is resolved from the chain, and
+// "the node does not know the transaction" proves nothing while it can
+// still execute: the resolution answers success when the transfer landed
+// (mined between the nonce read and the lookup, or right after a lookup
+// that missed it), a failure only once the authorization can no longer
+// execute (expired, or the relayer's nonce moved past the transaction with
+// the authorization unused), and an unknown outcome otherwise, never a
+// failure while money may move.
+func TestLostSendIsResolvedByWhatTheChainProves(t *testing.T) {
+	cases := []struct {
+		desc        string
+		lookup      func(t *testing.T, e *testEnv, c *lateChain) bool
+		wantSuccess bool
+		wantUnknown bool
+		wantMoved   bool
+	}{
+		{desc: "mined between the nonce read and the lookup: success, by its receipt",
+			lookup: func(t *testing.T, _ *testEnv, c *lateChain) bool { c.land(t); return true }, wantSuccess: true, wantMoved: true},
+		{desc: "not found by the lookup, mined right after: success",
+			lookup: func(t *testing.T, _ *testEnv, c *lateChain) bool { c.land(t); return false }, wantSuccess: true, wantMoved: true},
+		{desc: "not found, and may still land: unknown",
+			lookup: func(*testing.T, *testEnv, *lateChain) bool { return false }, wantUnknown: true},
+		{desc: "not found, and the relayer's nonce moved past it: a failure",
+			lookup: func(t *testing.T, e *testEnv, c *lateChain) bool {
+				c.mu.Lock()
+				c.held = nil // lost for good
+				c.mu.Unlock()
+				to := DevAccounts()[7].Address
+				sendTx(t, e.d, DevKey(0), &to, nil) // takes the lost transaction's nonce
+				return false
+			}},
+		{desc: "not found, and the authorization expired: a failure",
+			lookup: func(t *testing.T, e *testEnv, c *lateChain) bool {
+				c.mu.Lock()
+				c.held = nil
+				c.mu.Unlock()
+				if err := e.d.backend.AdjustTime(2 * time.Minute); err != nil {
+					t.Fatal(err)
+				}
+				return false
+			}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.desc, func(t *testing.T) {
+			e := newEnv(t)
+			lc := &lateChain{Chain: e.d.Client()}
+			lc.lookup = func(c *lateChain) bool { return tc.lookup(t, e, c) }
+			f, err := newFacilitator(Config{Chain: lc, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: time.Second}, e.d.nonces)
+			if err != nil {
+				t.Fatal(err)
+			}
+			req := e.requirements(payee, amount)
+			from := crypto.PubkeyToAddress(payer.PublicKey)
+			before := usdcBalance(t, e.d, from)
+			r, err := f.Settle(context.Background(), mustSignExact(t, payer, req), req)
+			var unknown *x402.UnknownOutcomeError
+			switch {
+			case tc.wantUnknown:
+				if !errors.As(err, &unknown) {
+					t.Fatalf("settle = %+v, %v; want *x402.UnknownOutcomeError", r, err)
+				}
+			case err != nil:
+				t.Fatalf("settle error %v; want an answer", err)
+			case r.Success != tc.wantSuccess:
+				t.Fatalf("settle = %+v; want success %v", r, tc.wantSuccess)
+			case r.Success && len(common.FromHex(r.Transaction)) != common.HashLength:
+				t.Fatalf("success without the transaction: %+v", r)
+			case !r.Success && r.ErrorReason != x402.ReasonExactEVMTransactionFailed:
+				t.Fatalf("failure %+v; want %s", r, x402.ReasonExactEVMTransactionFailed)
+			}
+			if moved := usdcBalance(t, e.d, from).Cmp(before) != 0; moved != tc.wantMoved {
+				t.Errorf("test USDC moved = %v, want %v (settle answered %+v, %v)", moved, tc.wantMoved, r, err)
+			}
+		})
+	}
+}
+
+// beforeSend is a fake for a race a test cannot otherwise win on demand:
+// before it forwards the facilitator's send to the devnet, it runs before
+// (a transaction of someone else's, mined first), as if that transaction
+// had landed between the facilitator's gas estimate and the inclusion of
+// its own.
+type beforeSend struct {
+	Chain
+	before func()
+	sends  int
+}
+
+func (c *beforeSend) SendTransaction(ctx context.Context, tx *types.Transaction) error {
+	c.sends++
+	if c.before != nil {
+		c.before()
+	}
+	return c.Chain.SendTransaction(ctx, tx)
+}
+
+// relayAuthorization submits p's authorization itself from key's account
+// (anyone may: the payer's own client, another facilitator) and waits for
+// it to land.
+func relayAuthorization(t testing.TB, d *Devnet, key *ecdsa.PrivateKey, p x402.PaymentPayload) *types.Receipt {
+	t.Helper()
+	pl, err := x402.ParseExactEVMPayload(p.Payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := pl.Authorization.Values()
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := transferCallData(v, common.FromHex(pl.Signature), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := d.Token()
+	r := sendTx(t, d, key, &tok, data)
+	if r.Status != types.ReceiptStatusSuccessful {
+		t.Fatal("relaying the authorization reverted")
+	}
+	return r
+}
+
+// When another account relays the same authorization first, the
+// facilitator's own transaction reverts ("authorization is used"), yet the
+// payer paid payTo: the settlement is a success naming the transaction that
+// paid, not a failure that would let the gateway answer 402 after the
+// buyer was charged.
+func TestSettlementOutrunByAnotherRelayIsASuccess(t *testing.T) {
+	e := newEnv(t)
+	req := e.requirements(payee, amount)
+	p := mustSignExact(t, payer, req)
+	var theirs *types.Receipt
+	bs := &beforeSend{Chain: e.d.Client()}
+	bs.before = func() { theirs = relayAuthorization(t, e.d, DevKey(5), p) }
+	f, err := newFacilitator(Config{Chain: bs, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 10 * time.Second}, e.d.nonces)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := f.Settle(context.Background(), p, req)
+	if theirs == nil {
+		t.Fatal("the other relay did not run")
+	}
+	if err != nil || !r.Success || r.Transaction != theirs.TxHash.Hex() {
+		t.Fatalf("settle = %+v, %v; want success naming the relay that paid, %s", r, err, theirs.TxHash.Hex())
+	}
+}
