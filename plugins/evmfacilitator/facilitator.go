@@ -187,6 +187,10 @@ type checked struct {
 	txData  []byte
 	resp    x402.VerifyResponse
 	invalid bool
+	// spent: refused because the token reports the nonce used (auth and
+	// token are set); Settle then tells whether this authorization's own
+	// transfer used it.
+	spent bool
 }
 
 // Verify checks a payment against the server's requirements, in the order
@@ -276,7 +280,9 @@ func (f *Facilitator) check(ctx context.Context, p x402.PaymentPayload, req x402
 		return nil, err
 	}
 	if used {
-		return refuse(x402.ReasonExactEVMNonceAlreadyUsed, payer, "the authorization nonce is already used"), nil
+		r := refuse(x402.ReasonExactEVMNonceAlreadyUsed, payer, "the authorization nonce is already used")
+		r.auth, r.token, r.spent = auth, token, true
+		return r, nil
 	}
 	bal, err := f.balanceOf(ctx, token, auth.From)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/ecdsa"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -212,5 +213,36 @@ func TestSettlementOutrunByAnotherRelayIsASuccess(t *testing.T) {
 	}
 	if err != nil || !r.Success || r.Transaction != theirs.TxHash.Hex() {
 		t.Fatalf("settle = %+v, %v; want success naming the relay that paid, %s", r, err, theirs.TxHash.Hex())
+	}
+}
+
+// A caller retrying /settle after a lost reply, at a restarted or another
+// instance, learns that its payment was already settled and by which
+// transaction, and can tell that from an authorization its payer
+// cancelled; both keep the reference's reason, nonce_already_used.
+func TestSettlingASettledAuthorizationNamesItsTransaction(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	req := e.requirements(payee, amount)
+	p := mustSignExact(t, payer, req)
+	first, err := e.f.Settle(ctx, p, req)
+	if err != nil || !first.Success {
+		t.Fatalf("settle: %+v, %v", first, err)
+	}
+	restarted, err := e.d.NewFacilitator()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := restarted.Settle(ctx, p, req)
+	if err != nil || r.Success || r.ErrorReason != x402.ReasonExactEVMNonceAlreadyUsed || r.Transaction != first.Transaction ||
+		!strings.Contains(r.ErrorMessage, "already settled") {
+		t.Fatalf("settling it again = %+v, %v; want %s naming %s, saying it was already settled", r, err, x402.ReasonExactEVMNonceAlreadyUsed, first.Transaction)
+	}
+
+	cancelled := mustSignExact(t, payer, req)
+	spendNonce(t, e.d, "cancel", payer, cancelled, req)
+	r, err = restarted.Settle(ctx, cancelled, req)
+	if err != nil || r.Success || r.ErrorReason != x402.ReasonExactEVMNonceAlreadyUsed || r.Transaction != "" || strings.Contains(r.ErrorMessage, "settled") {
+		t.Fatalf("settling a cancelled authorization = %+v, %v; want %s naming no transaction", r, err, x402.ReasonExactEVMNonceAlreadyUsed)
 	}
 }

@@ -87,6 +87,9 @@ func (f *Facilitator) settle(ctx context.Context, p x402.PaymentPayload, req x40
 		return x402.SettleResponse{}, fmt.Errorf("verifying before settlement: %w", err)
 	}
 	if c.invalid {
+		if c.spent {
+			return f.alreadyUsed(ctx, c, start), nil
+		}
 		return f.failure(c.resp.InvalidReason, c.resp.Payer, c.resp.InvalidMessage, ""), nil
 	}
 	tx, err := f.send(ctx, c)
@@ -113,6 +116,23 @@ func (f *Facilitator) settle(ctx context.Context, p x402.PaymentPayload, req x40
 		return f.failure(x402.ReasonExactEVMTransactionFailed, c.payer, "the settlement transaction has no matching Transfer event", tx.Hash().Hex()), nil
 	}
 	return f.success(c, tx.Hash().Hex()), nil
+}
+
+// alreadyUsed refuses an authorization whose nonce the token reports used,
+// telling apart the case that matters to a caller retrying /settle after a
+// lost reply (this instance restarted, or another settled it): when the
+// nonce was used by this authorization's own transfer to payTo
+// (usedStatus), the answer names that transaction and says the payment was
+// already settled. The reason stays the reference facilitator's
+// nonce_already_used. The search covers the blocks from sentSlack before
+// now (findNonceLog), where such a retry's settlement is; one further back,
+// or a lookup that fails, leaves the plain refusal.
+func (f *Facilitator) alreadyUsed(ctx context.Context, c *checked, now time.Time) x402.SettleResponse {
+	st, err := f.usedStatus(ctx, c.token, c.auth, common.Hash{}, now)
+	if err == nil && st.State == x402.SettlementDone {
+		return f.failure(x402.ReasonExactEVMNonceAlreadyUsed, c.payer, "this authorization was already settled, by transaction "+st.Transaction+"; it pays once, and nothing more was charged", st.Transaction)
+	}
+	return f.failure(c.resp.InvalidReason, c.payer, c.resp.InvalidMessage, "")
 }
 
 func (f *Facilitator) failure(reason, payer, msg, txHash string) x402.SettleResponse {
