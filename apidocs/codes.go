@@ -108,6 +108,7 @@ var PaymentCodes = []PaymentCode{
 	{x402.ReasonExactEVMTransactionFailed, "The settlement transaction reverted or transferred nothing; nothing was charged, sign a new payment."},
 	{x402.ReasonExactEVMFailedToExecuteTransfer, "The token refused the transfer; nothing was charged, check the balance and sign a new payment."},
 	{x402.ReasonExactEVMFailedToGetReceipt, "The settlement was sent but its receipt could not be read: the outcome is unknown, so no content was released (503); do not pay again, retry the same request later."},
+	{"invalid_exact_evm_payer_failure_budget_exhausted", "This payer's recent settlements reverted on chain (by default 3 within an hour), each at the relayer's gas, or too many of its settlements are in flight at once (by default 16); nothing was charged or sent. Pay again after the window, or once your settlements in flight are confirmed; keep the tokens and the authorization in place until a payment settles."},
 	// Solana (exact scheme, the facilitator of plugins/svmfacilitator; names as the reference TypeScript facilitator spells them).
 	{"invalid_exact_svm_unsupported_scheme", "The Solana payment is not an `exact` payment; pay with an offer of PAYMENT-REQUIRED."},
 	{"invalid_exact_svm_network_mismatch", "The Solana payment is for another cluster than the offer; sign it for the offer's `network`."},

@@ -108,6 +108,15 @@ type EVMFacilitator struct {
 	// ReceiptTimeout bounds the wait for a settlement's receipt; after it
 	// the outcome is read from the token. Default 2m.
 	ReceiptTimeout caddy.Duration `json:"receipt_timeout,omitempty"`
+	// The failure budget: a settlement that reverts on chain costs the
+	// relayer its gas, and a payer can make its own revert at will.
+	// MaxFailedPerPayer reverted settlements of one payer within
+	// FailureWindow refuse its payments (default 3 in 1h);
+	// MaxInFlightPerPayer caps its settlements awaiting their outcome
+	// (default 16).
+	MaxFailedPerPayer   int            `json:"max_failed_per_payer,omitempty"`
+	MaxInFlightPerPayer int            `json:"max_in_flight_per_payer,omitempty"`
+	FailureWindow       caddy.Duration `json:"failure_window,omitempty"`
 	// Devnet runs the facilitator on an in-process development chain whose
 	// relayer is development account 0.
 	Devnet *FacilitatorDevnet `json:"devnet,omitempty"`
@@ -135,6 +144,10 @@ func (m *EVMFacilitator) Provision(ctx caddy.Context) error {
 		}
 		if m.RPCURL != "" || m.RelayerKey != "" || m.RelayerKeyFile != "" {
 			return errors.New("devnet brings its own chain and relayer: drop rpc_url and relayer_key(_file)")
+		}
+		if m.MaxFailedPerPayer != 0 || m.MaxInFlightPerPayer != 0 || m.FailureWindow != 0 {
+			// One devnet per process, shared by every config that names it.
+			return errors.New("devnet settles with the default failure budget: drop max_failed_per_payer, max_in_flight_per_payer and failure_window")
 		}
 		listen := repl.ReplaceKnown(m.Devnet.RPCListen, "")
 		dataDir := repl.ReplaceKnown(m.Devnet.DataDir, "")
@@ -194,7 +207,8 @@ func (m *EVMFacilitator) Provision(ctx caddy.Context) error {
 	rpcURL := repl.ReplaceKnown(m.RPCURL, "")
 	secretopt.WarnIfURLCredentials(ctx.Logger(), "rpc_url", m.RPCURL, rpcURL)
 	relayer := crypto.PubkeyToAddress(key.PublicKey)
-	m.poolKey = fmt.Sprintf("rpc network=%s url=%s relayer=%s timeout=%d", network, rpcURL, relayer.Hex(), m.ReceiptTimeout)
+	m.poolKey = fmt.Sprintf("rpc network=%s url=%s relayer=%s timeout=%d budget=%d/%d/%d", network, rpcURL, relayer.Hex(), m.ReceiptTimeout,
+		m.MaxFailedPerPayer, m.MaxInFlightPerPayer, m.FailureWindow)
 	val, _, err := facilitatorPool.LoadOrNew(m.poolKey, func() (caddy.Destructor, error) {
 		// Dialing an http(s) endpoint makes no request; the chain is first
 		// asked when a payment arrives.
@@ -202,7 +216,8 @@ func (m *EVMFacilitator) Provision(ctx caddy.Context) error {
 		if err != nil {
 			return nil, fmt.Errorf("dialing rpc_url: %v", secretopt.Scrub(err, rpcURL))
 		}
-		f, err := evmfacilitator.New(evmfacilitator.Config{Chain: c, Network: network, RelayerKey: key, ReceiptTimeout: time.Duration(m.ReceiptTimeout)})
+		f, err := evmfacilitator.New(evmfacilitator.Config{Chain: c, Network: network, RelayerKey: key, ReceiptTimeout: time.Duration(m.ReceiptTimeout),
+			MaxFailedPerPayer: m.MaxFailedPerPayer, MaxInFlightPerPayer: m.MaxInFlightPerPayer, FailureWindow: time.Duration(m.FailureWindow)})
 		if err != nil {
 			c.Close()
 			return nil, err
@@ -282,6 +297,9 @@ func (m *EVMFacilitator) Supported(ctx context.Context) (x402.SupportedResponse,
 //		relayer_key_file <path>
 //		relayer_key      <hex|{env.VAR}>
 //		receipt_timeout  <duration>
+//		max_failed_per_payer    <n>
+//		max_in_flight_per_payer <n>
+//		failure_window          <duration>
 //		devnet [{
 //			rpc_listen <host:port>
 //			data_dir   [<path>]
@@ -309,6 +327,14 @@ func (m *EVMFacilitator) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			err = facOneArg(d, &m.RelayerKey)
 		case "receipt_timeout":
 			err = facDurationArg(d, &m.ReceiptTimeout)
+		case "max_failed_per_payer":
+			err = facPositive(d, &m.MaxFailedPerPayer)
+		case "max_in_flight_per_payer":
+			err = facPositive(d, &m.MaxInFlightPerPayer)
+		case "failure_window":
+			if err = facDurationArg(d, &m.FailureWindow); err == nil && m.FailureWindow <= 0 {
+				err = errors.New("must be positive")
+			}
 		case "devnet":
 			m.Devnet, err = facParseDevnet(d)
 		default:

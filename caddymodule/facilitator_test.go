@@ -44,6 +44,8 @@ func TestFacilitatorCaddyfileErrors(t *testing.T) {
 		{"an unknown devnet option is named", "x402_facilitator {\n\tdevnet {\n\t\tport 1\n\t}\n}", "unrecognized devnet option 'port'"},
 		{"an unknown evm option is named", "x402_facilitator {\n\tevm {\n\t\tgas 1\n\t}\n}", "unrecognized evm facilitator option 'gas'"},
 		{"a bad receipt timeout is refused", "x402_facilitator {\n\tevm {\n\t\treceipt_timeout soon\n\t}\n}", "bad duration"},
+		{"a failure budget of no failures is refused", "x402_facilitator {\n\tevm {\n\t\tmax_failed_per_payer 0\n\t}\n}", "at least 1"},
+		{"an empty failure window is refused", "x402_facilitator {\n\tevm {\n\t\tfailure_window 0s\n\t}\n}", "must be positive"},
 		{"the http facilitator needs a url", "x402_facilitator {\n\thttp {\n\t\ttimeout 1s\n\t}\n}", "needs a url"},
 		{"a header needs a name and a value", "x402_facilitator {\n\thttp http://x {\n\t\theader Authorization\n\t}\n}", "wrong argument count"},
 		{"an unknown http option is named", "x402_facilitator {\n\thttp http://x {\n\t\tretries 3\n\t}\n}", "unrecognized http facilitator option 'retries'"},

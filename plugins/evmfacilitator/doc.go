@@ -6,7 +6,8 @@
 // reason codes, reading the token's own state (name, version, nonce,
 // balance) and simulating the transfer, and settles them from a relayer key
 // it holds, over any JSON-RPC endpoint. It never reports an unknown
-// settlement outcome as a failure.
+// settlement outcome as a failure, and it budgets the settlements each
+// payer makes revert on chain, at the relayer's gas (budget.go).
 //
 // Devnet is an in-process go-ethereum simulated chain (chain id 1337) with a
 // USDC-like test token deployed and the ten well-known development accounts

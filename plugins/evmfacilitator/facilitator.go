@@ -61,6 +61,20 @@ type Config struct {
 	// DomainCacheTTL is how long a token's name() and version() are
 	// remembered. Default 10 minutes.
 	DomainCacheTTL time.Duration
+	// The failure budget (budget.go). A settlement that passed its gas
+	// estimate and then reverts on chain still costs the relayer its gas,
+	// and a payer can make its own revert at will.
+	//
+	// MaxFailedPerPayer: a payer (authorization.from) with this many
+	// reverted settlements within FailureWindow is refused. Default
+	// DefaultMaxFailedPerPayer.
+	MaxFailedPerPayer int
+	// MaxInFlightPerPayer caps a payer's settlements sent and not yet
+	// resolved. Default DefaultMaxInFlightPerPayer.
+	MaxInFlightPerPayer int
+	// FailureWindow is how long a reverted settlement counts. Default
+	// DefaultFailureWindow.
+	FailureWindow time.Duration
 }
 
 // Facilitator verifies and settles x402 "exact" EVM payments (EIP-3009
@@ -87,6 +101,8 @@ type Facilitator struct {
 
 	inflightMu sync.Mutex
 	inflight   map[authKey]*settleCall
+
+	budget *budget
 }
 
 type tokenDomain struct {
@@ -142,6 +158,15 @@ func newFacilitator(cfg Config, nonces *nonceSet) (*Facilitator, error) {
 	if cfg.DomainCacheTTL <= 0 {
 		cfg.DomainCacheTTL = 10 * time.Minute
 	}
+	if cfg.MaxFailedPerPayer <= 0 {
+		cfg.MaxFailedPerPayer = DefaultMaxFailedPerPayer
+	}
+	if cfg.MaxInFlightPerPayer <= 0 {
+		cfg.MaxInFlightPerPayer = DefaultMaxInFlightPerPayer
+	}
+	if cfg.FailureWindow <= 0 {
+		cfg.FailureWindow = DefaultFailureWindow
+	}
 	f := &Facilitator{
 		chain:    cfg.Chain,
 		network:  cfg.Network,
@@ -152,6 +177,7 @@ func newFacilitator(cfg Config, nonces *nonceSet) (*Facilitator, error) {
 		cfg:      cfg,
 		domains:  map[common.Address]tokenDomain{},
 		inflight: map[authKey]*settleCall{},
+		budget:   newBudget(cfg),
 	}
 	if nonces != nil {
 		f.nonces = nonces.of(f.relayer)
@@ -199,7 +225,8 @@ type checked struct {
 // domain, signature (ecrecover, or EIP-1271 for contract accounts), the
 // token's on-chain name and version, the authorization nonce, the payer's
 // balance, and finally an eth_call simulation of the transfer from the
-// relayer. An error means the chain could not be asked (retryable).
+// relayer; last, the payer's failure budget (budget.go). An error means
+// the chain could not be asked (retryable).
 func (f *Facilitator) Verify(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.VerifyResponse, error) {
 	c, err := f.check(ctx, p, req)
 	if err != nil {
@@ -306,6 +333,11 @@ func (f *Facilitator) check(ctx context.Context, p x402.PaymentPayload, req x402
 			return refuse(revertReason(ce.reason, x402.ReasonExactEVMSimulationFailed), payer, "simulation failed: "+ce.reason), nil
 		}
 		return nil, err
+	}
+	// Last, the failure budget: every earlier refusal names what is wrong
+	// with the payment itself.
+	if reason, msg := f.budget.check(auth.From); reason != "" {
+		return refuse(reason, payer, msg), nil
 	}
 	c.resp = x402.VerifyResponse{IsValid: true, Payer: payer}
 	return c, nil

@@ -267,12 +267,13 @@ func TestSettleMovesTestUSDC(t *testing.T) {
 		t.Fatalf("receipt of %s: %v, %v", r.Transaction, rcpt, err)
 	}
 
-	t.Run("a replay of a settled authorization is refused and moves nothing", func(t *testing.T) {
+	t.Run("a replay of a settled authorization is refused, names the settlement and moves nothing", func(t *testing.T) {
+		settled := r.Transaction
 		r, err := e.f.Settle(context.Background(), p, req)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r.Success || r.ErrorReason != x402.ReasonExactEVMNonceAlreadyUsed || r.Transaction != "" {
+		if r.Success || r.ErrorReason != x402.ReasonExactEVMNonceAlreadyUsed || r.Transaction != settled || r.Payer != from.Hex() {
 			t.Fatalf("replay settle = %+v", r)
 		}
 		if d := new(big.Int).Sub(before, usdcBalance(t, e.d, from)); d.String() != amount {

@@ -234,7 +234,7 @@ func TestSettlingASettledAuthorizationNamesItsTransaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	r, err := restarted.Settle(ctx, p, req)
-	if err != nil || r.Success || r.ErrorReason != x402.ReasonExactEVMNonceAlreadyUsed || r.Transaction != first.Transaction ||
+	if err != nil || r.Success || r.ErrorReason != x402.ReasonExactEVMNonceAlreadyUsed || r.Transaction != first.Transaction || r.Payer != first.Payer ||
 		!strings.Contains(r.ErrorMessage, "already settled") {
 		t.Fatalf("settling it again = %+v, %v; want %s naming %s, saying it was already settled", r, err, x402.ReasonExactEVMNonceAlreadyUsed, first.Transaction)
 	}

@@ -92,6 +92,10 @@ func (f *Facilitator) settle(ctx context.Context, p x402.PaymentPayload, req x40
 		}
 		return f.failure(c.resp.InvalidReason, c.resp.Payer, c.resp.InvalidMessage, ""), nil
 	}
+	if reason, msg := f.budget.reserve(c.auth.From); reason != "" {
+		return f.failure(reason, c.payer, msg, ""), nil
+	}
+	defer f.budget.release(c.auth.From)
 	tx, err := f.send(ctx, c)
 	if err != nil {
 		var ce *contractError
@@ -130,9 +134,9 @@ func (f *Facilitator) settle(ctx context.Context, p x402.PaymentPayload, req x40
 func (f *Facilitator) alreadyUsed(ctx context.Context, c *checked, now time.Time) x402.SettleResponse {
 	st, err := f.usedStatus(ctx, c.token, c.auth, common.Hash{}, now)
 	if err == nil && st.State == x402.SettlementDone {
-		return f.failure(x402.ReasonExactEVMNonceAlreadyUsed, c.payer, "this authorization was already settled, by transaction "+st.Transaction+"; it pays once, and nothing more was charged", st.Transaction)
+		return f.failure(x402.ReasonExactEVMNonceAlreadyUsed, c.resp.Payer, "this authorization was already settled, by transaction "+st.Transaction+"; it pays once, and nothing more was charged", st.Transaction)
 	}
-	return f.failure(c.resp.InvalidReason, c.payer, c.resp.InvalidMessage, "")
+	return f.failure(c.resp.InvalidReason, c.resp.Payer, c.resp.InvalidMessage, "")
 }
 
 func (f *Facilitator) failure(reason, payer, msg, txHash string) x402.SettleResponse {
@@ -339,10 +343,12 @@ func (f *Facilitator) judgeOwn(ctx context.Context, c *checked, tx *types.Transa
 // facilitator), which is what made ours revert; so the nonce is read at
 // tx's block: used, the transaction that used it decides (resolveUsed:
 // success naming it when it paid payTo); unused, it is a failure with the
-// token's revert string, replayed on the state before tx's block.
+// token's revert string, replayed on the state before tx's block. Either
+// way the relayer paid the gas: the payer's failure budget counts it.
 func (f *Facilitator) reverted(ctx context.Context, c *checked, tx *types.Transaction, rcpt *types.Receipt, start time.Time) (x402.SettleResponse, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resolveTimeout)
 	defer cancel()
+	f.budget.fail(c.auth.From) // whoever made it revert, the relayer paid its gas
 	cause := fmt.Errorf("the settlement transaction %s reverted", tx.Hash().Hex())
 	used, err := f.authorizationState(ctx, c.token, c.auth.From, c.auth.Nonce, rcpt.BlockNumber)
 	if err != nil {
