@@ -159,12 +159,18 @@ func unchecked(r *http.Request) bool {
 // Link, Refresh, Set-Cookie, an agent's own X-Result), so an allowlist,
 // not a list of the dangerous ones: a header nobody thought of is dropped,
 // not given away.
+// The upstream's own CORS headers stay, or a browser could not read the
+// answer when the gate has no cors of its own; Content-Encoding stays with
+// Content-Length, which it qualifies.
 var emptyAnswerHeaders = map[string]bool{
 	"Accept-Ranges": true, "Age": true, "Allow": true, "Cache-Control": true,
-	"Content-Length": true, "Content-Type": true, "Date": true, "Etag": true,
-	"Expires": true, "Last-Modified": true, "Pragma": true, "Retry-After": true,
-	"Server": true, "Strict-Transport-Security": true, "Vary": true,
-	"X-Content-Type-Options": true,
+	"Content-Encoding": true, "Content-Language": true, "Content-Length": true,
+	"Content-Type": true, "Date": true, "Etag": true, "Expires": true,
+	"Last-Modified": true, "Pragma": true, "Retry-After": true, "Server": true,
+	"Strict-Transport-Security": true, "Vary": true, "X-Content-Type-Options": true,
+	"Access-Control-Allow-Origin": true, "Access-Control-Allow-Credentials": true,
+	"Access-Control-Allow-Headers": true, "Access-Control-Allow-Methods": true,
+	"Access-Control-Expose-Headers": true, "Access-Control-Max-Age": true,
 }
 
 // keepEmptyAnswerHeaders drops from an unchecked answer with nothing in it

@@ -56,6 +56,8 @@ func redirectAgent(t *testing.T) *httptest.Server {
 			w.WriteHeader(http.StatusNotModified)
 		case strings.HasSuffix(r.URL.Path, "/own-header"):
 			w.Header().Set("X-Result", "total=87.0")
+			w.Header().Set("Access-Control-Allow-Origin", "https://buyer.example")
+			w.Header().Set("Content-Language", "en")
 			w.WriteHeader(http.StatusNoContent)
 		default:
 			w.WriteHeader(http.StatusNoContent)
@@ -233,6 +235,10 @@ func TestSettleOnPassHandsOverEmptyAnswersWithoutPointers(t *testing.T) {
 			}
 			if c.path == "/not-modified" && resp.Header.Get("ETag") != `"v1"` {
 				t.Fatalf("%s%s: ETag %q, want the upstream's", route, c.path, resp.Header.Get("ETag"))
+			}
+			// Headers that describe the answer, or let a browser read it, stay.
+			if c.path == "/own-header" && (resp.Header.Get("Access-Control-Allow-Origin") != "https://buyer.example" || resp.Header.Get("Content-Language") != "en") {
+				t.Fatalf("%s%s: the upstream's CORS or Content-Language dropped: %v", route, c.path, resp.Header)
 			}
 		}
 	}
