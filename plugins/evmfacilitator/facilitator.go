@@ -100,7 +100,7 @@ type Facilitator struct {
 	domains  map[common.Address]tokenDomain
 
 	inflightMu sync.Mutex
-	inflight   map[authKey]*settleCall
+	inflight   map[settleKey]*settleCall
 
 	budget *budget
 }
@@ -111,9 +111,17 @@ type tokenDomain struct {
 	at            time.Time
 }
 
-type authKey struct {
-	token, from common.Address
-	nonce       [32]byte
+// settleKey identifies what one settlement transaction does, for the
+// callers that share it: the authorization's EIP-712 digest (the
+// transfer: token, chain, from, to, value, window and nonce, under the
+// requirements' domain name and version) and, when the chain must judge it
+// (a contract account's), the signature itself. A recovered EOA signature
+// is left out: it is the payer's only one for the digest (high s is
+// refused), whatever the encoding of its v, so that two clients'
+// encodings of one payment still share one transaction.
+type settleKey struct {
+	digest [32]byte
+	sig    string
 }
 
 // settleCall is one settlement in flight; concurrent settles of the same
@@ -176,7 +184,7 @@ func newFacilitator(cfg Config, nonces *nonceSet) (*Facilitator, error) {
 		signer:   types.LatestSignerForChainID(chainID),
 		cfg:      cfg,
 		domains:  map[common.Address]tokenDomain{},
-		inflight: map[authKey]*settleCall{},
+		inflight: map[settleKey]*settleCall{},
 		budget:   newBudget(cfg),
 	}
 	if nonces != nil {
@@ -203,16 +211,22 @@ func (f *Facilitator) Supported(context.Context) (x402.SupportedResponse, error)
 	}, nil
 }
 
-// checked is a payment that passed every check, ready to submit.
+// checked is a payment that passed every check, ready to submit; between
+// checkOwn and checkChain, one that passed the checks needing no chain.
 type checked struct {
-	auth    x402.AuthorizationValues
-	sig     []byte
-	token   common.Address
-	payer   string
-	isCode  bool // the payer is a contract account (EIP-1271)
-	txData  []byte
-	resp    x402.VerifyResponse
-	invalid bool
+	auth  x402.AuthorizationValues
+	sig   []byte
+	token common.Address
+	payer string
+	// The EIP-712 domain the requirements name (extra.name, extra.version),
+	// and the digest the authorization is signed over in it.
+	name, version string
+	digest        [32]byte
+	recovered     bool // sig is an EOA signature that recovers to auth.From
+	isCode        bool // the payer is a contract account (EIP-1271)
+	txData        []byte
+	resp          x402.VerifyResponse
+	invalid       bool
 	// spent: refused because the token reports the nonce used (auth and
 	// token are set); Settle then tells whether this authorization's own
 	// transfer used it.
@@ -240,10 +254,24 @@ func refuse(reason, payer, msg string) *checked {
 }
 
 func (f *Facilitator) check(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (*checked, error) {
-	// Everything that needs no chain, in the reference order (x402.CheckExactEVM).
+	c := f.checkOwn(ctx, p, req)
+	if c.invalid {
+		return c, nil
+	}
+	return f.checkChain(ctx, c)
+}
+
+// checkOwn runs the checks that need no contract call: x402.CheckExactEVM,
+// in the reference order (its time window judged at checkTime), and the
+// network. They are what ties the payment to the caller's own
+// requirements: a payment that passes moves exactly the amount they ask,
+// to their payTo, in their asset, on this network, and digest is its
+// authorization signed over their EIP-712 domain. Settle runs them before
+// it lets a caller join a settlement in flight (settleKey).
+func (f *Facilitator) checkOwn(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) *checked {
 	chk, err := x402.CheckExactEVM(p, req, f.checkTime(ctx))
 	if req.Network != f.network && !earlyRefusal(err) {
-		return refuse(x402.ReasonInvalidNetwork, "", "this facilitator settles on "+f.network+" only"), nil
+		return refuse(x402.ReasonInvalidNetwork, "", "this facilitator settles on "+f.network+" only")
 	}
 	auth := chk.Values
 	payer := ""
@@ -254,14 +282,19 @@ func (f *Facilitator) check(ctx context.Context, p x402.PaymentPayload, req x402
 	// contract account's (EIP-1271): only the chain can tell.
 	maybeContract := x402.ReasonOf(err) == x402.ReasonExactEVMSignature && chk.Signature != nil
 	if err != nil && !maybeContract {
-		return refuse(x402.ReasonOf(err), payer, err.Error()), nil
+		return refuse(x402.ReasonOf(err), payer, err.Error())
 	}
 	_, name, version, token, _ := x402.ExactEVMDomain(req) // checked by CheckExactEVM
-	sig := chk.Signature
 	digest := x402.TypedDataDigest(x402.DomainSeparator(f.chainID, name, version, token), auth.StructHash())
+	return &checked{auth: auth, sig: chk.Signature, token: token, payer: payer,
+		name: name, version: version, digest: digest, recovered: chk.Recovered}
+}
 
-	c := &checked{auth: auth, sig: sig, token: token, payer: payer}
-	if !chk.Recovered {
+// checkChain runs, on a payment checkOwn passed, the checks that read the
+// chain, in the reference order.
+func (f *Facilitator) checkChain(ctx context.Context, c *checked) (*checked, error) {
+	auth, sig, token, payer := c.auth, c.sig, c.token, c.payer
+	if !c.recovered {
 		// Not an EOA signature of from: a contract account must accept it.
 		code, err := f.chain.CodeAt(ctx, auth.From, nil)
 		if err != nil {
@@ -270,7 +303,7 @@ func (f *Facilitator) check(ctx context.Context, p x402.PaymentPayload, req x402
 		c.isCode = len(code) > 0
 		switch {
 		case c.isCode:
-			valid, err := f.erc1271Valid(ctx, auth.From, digest, sig)
+			valid, err := f.erc1271Valid(ctx, auth.From, c.digest, sig)
 			if err != nil {
 				return nil, err
 			}
@@ -292,10 +325,10 @@ func (f *Facilitator) check(ctx context.Context, p x402.PaymentPayload, req x402
 	if dom.notEIP3009 {
 		return refuse(x402.ReasonExactEVMEIP3009NotSupported, payer, "the asset is not an EIP-3009 token"), nil
 	}
-	if dom.name != name {
+	if dom.name != c.name {
 		return refuse(x402.ReasonExactEVMTokenNameMismatch, payer, "extra.name is not the token's name()"), nil
 	}
-	if dom.version != version {
+	if dom.version != c.version {
 		return refuse(x402.ReasonExactEVMTokenVersionMismatch, payer, "extra.version is not the token's version()"), nil
 	}
 	used, err := f.authorizationState(ctx, token, auth.From, auth.Nonce, nil)

@@ -10,10 +10,15 @@ import (
 
 // FuzzVerifyPayload feeds arbitrary exact-EVM payloads to Verify against a
 // devnet: whatever the bytes, Verify answers (valid only for a genuine
-// payment) and never panics.
+// payment) and never panics. Settle, asked for ten times the amount the
+// genuine payment authorizes, refuses every one with a reason, the
+// genuine one included: a payment is held against the caller's own
+// requirements before anything else.
 func FuzzVerifyPayload(f *testing.F) {
 	e := newEnv(f)
 	req := e.requirements(payee, amount)
+	more := req
+	more.Amount = amount + "0"
 	good := mustSignExact(f, payer, req)
 	f.Add([]byte(good.Payload))
 	f.Add([]byte(`{"signature":"0x","authorization":{}}`))
@@ -38,6 +43,10 @@ func FuzzVerifyPayload(f *testing.F) {
 		}
 		if !r.IsValid && r.InvalidReason == "" {
 			t.Fatalf("refusal without a reason: %+v", r)
+		}
+		s, err := e.f.Settle(context.Background(), p, more)
+		if err != nil || s.Success || s.ErrorReason == "" || s.Transaction != "" {
+			t.Fatalf("settle for ten times the amount = %+v, %v; want a refusal with a reason", s, err)
 		}
 	})
 }

@@ -20,8 +20,16 @@ import (
 // of the authorized value from the payer to payTo.
 //
 // Guarantees:
-//   - Two concurrent settles of one authorization send at most one
-//     transaction; the later caller waits for and shares the first's outcome.
+//   - A payment that does not meet the caller's own requirements (amount,
+//     payTo, network, asset, EIP-712 domain, time window) is refused with
+//     its reason before anything else: it neither waits for nor leads a
+//     concurrent settlement of the same authorization, so it is never
+//     answered with another caller's success, and valid callers are never
+//     answered with its refusal.
+//   - Concurrent settles of one authorization that meet their
+//     requirements, which then ask for the same transfer (settleKey), send
+//     at most one transaction; the later callers wait for and share the
+//     first's outcome.
 //   - A refusal (success false) is returned only when nothing was sent or
 //     the sent transaction certainly did not transfer.
 //   - When the outcome is unknown (the receipt did not arrive in time, the
@@ -39,50 +47,49 @@ import (
 //     ctx ended while another settlement of the relayer was sending) means
 //     nothing was sent.
 func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettleResponse, error) {
-	key, ok := settleKey(p, req)
-	if !ok {
-		return f.settle(ctx, p, req) // unparseable: refused by verify, nothing to dedupe
+	// Shared outcomes are keyed on the transfer, so each caller's
+	// requirements must be held against the payment before it may share
+	// one: keyed on the authorization alone, a settle asking ten times its
+	// value, or naming another payTo, would be answered with a concurrent
+	// valid settle's success, and one arriving first would make the valid
+	// ones fail.
+	c := f.checkOwn(ctx, p, req)
+	if c.invalid {
+		return f.failure(c.resp.InvalidReason, c.resp.Payer, c.resp.InvalidMessage, ""), nil
+	}
+	key := settleKey{digest: c.digest}
+	if !c.recovered {
+		key.sig = string(c.sig)
 	}
 	f.inflightMu.Lock()
-	if c, busy := f.inflight[key]; busy {
+	if call, busy := f.inflight[key]; busy {
 		f.inflightMu.Unlock()
 		select {
-		case <-c.done:
-			return c.resp, c.err
+		case <-call.done:
+			return call.resp, call.err
 		case <-ctx.Done():
 			return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Err: fmt.Errorf("waiting for a concurrent settlement of the same authorization: %w", ctx.Err())}
 		}
 	}
-	c := &settleCall{done: make(chan struct{})}
-	f.inflight[key] = c
+	call := &settleCall{done: make(chan struct{})}
+	f.inflight[key] = call
 	f.inflightMu.Unlock()
 
-	c.resp, c.err = f.settle(ctx, p, req)
+	call.resp, call.err = f.settle(ctx, c)
 
 	f.inflightMu.Lock()
 	delete(f.inflight, key)
 	f.inflightMu.Unlock()
-	close(c.done)
-	return c.resp, c.err
+	close(call.done)
+	return call.resp, call.err
 }
 
-// settleKey identifies an authorization: the token, the payer and the nonce.
-func settleKey(p x402.PaymentPayload, req x402.PaymentRequirements) (authKey, bool) {
-	if !common.IsHexAddress(req.Asset) {
-		return authKey{}, false
-	}
-	v, err := x402.ExactEVMValues(p)
-	if err != nil {
-		return authKey{}, false
-	}
-	return authKey{token: common.HexToAddress(req.Asset), from: v.From, nonce: v.Nonce}, true
-}
-
-func (f *Facilitator) settle(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettleResponse, error) {
-	// The nonce is unused when check reads it: whatever uses it lands after
-	// start, which bounds the search for it (resolve).
+// settle settles a payment checkOwn passed.
+func (f *Facilitator) settle(ctx context.Context, c *checked) (x402.SettleResponse, error) {
+	// The nonce is unused when checkChain reads it: whatever uses it lands
+	// after start, which bounds the search for it (resolve).
 	start := now()
-	c, err := f.check(ctx, p, req)
+	c, err := f.checkChain(ctx, c)
 	if err != nil {
 		return x402.SettleResponse{}, fmt.Errorf("verifying before settlement: %w", err)
 	}

@@ -1,0 +1,333 @@
+package evmfacilitator
+
+import (
+	"context"
+	"math/big"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ethereum/go-ethereum/core/types"
+	"github.com/ethereum/go-ethereum/crypto"
+
+	"github.com/aovhq/aov/x402"
+)
+
+// stalledHeads is a fake chain for an order a test cannot otherwise force:
+// the devnet's client, except that HeaderByNumber stalls for the calls
+// whose context carries stallMark (the first chain read of a check,
+// checkTime's), until the test calls release.
+type stalledHeads struct {
+	Chain
+	stalled     chan struct{} // closed when the first marked read stalls
+	release     chan struct{}
+	once        sync.Once
+	releaseOnce sync.Once
+}
+
+type stallMarkKey struct{}
+
+// stallMark marks a context whose head reads stall on a stalledHeads.
+func stallMark(ctx context.Context) context.Context {
+	return context.WithValue(ctx, stallMarkKey{}, true)
+}
+
+func (c *stalledHeads) HeaderByNumber(ctx context.Context, n *big.Int) (*types.Header, error) {
+	if ctx.Value(stallMarkKey{}) != nil {
+		c.once.Do(func() { close(c.stalled) })
+		<-c.release
+	}
+	return c.Chain.HeaderByNumber(ctx, n)
+}
+
+func (c *stalledHeads) releaseHeads() { c.releaseOnce.Do(func() { close(c.release) }) }
+
+// mismatches are requirements a payment signed for req does not meet, each
+// with the refusal it deserves.
+func mismatches(req x402.PaymentRequirements) []struct {
+	name, reason string
+	req          x402.PaymentRequirements
+} {
+	more, elsewhere, otherNet, renamed := req, req, req, req
+	more.Amount = req.Amount + "0" // ten times the signed value
+	elsewhere.PayTo = other.Hex()
+	otherNet.Network = "eip155:8453"
+	renamed.Extra = map[string]any{"name": "USD Coin", "version": "3"}
+	return []struct {
+		name, reason string
+		req          x402.PaymentRequirements
+	}{
+		{"ten times the amount", x402.ReasonExactEVMValueMismatch, more},
+		{"another payTo", x402.ReasonExactEVMRecipientMismatch, elsewhere},
+		{"another network", x402.ReasonExactEVMNetworkMismatch, otherNet},
+		{"another EIP-712 domain", x402.ReasonExactEVMSignature, renamed},
+	}
+}
+
+// A settle whose requirements the authorization does not meet, sent while
+// a valid settle of that authorization is in flight (stalled at its send),
+// is refused at once with the reason its own requirements deserve and no
+// transaction: it is judged before it may join the settlement in flight,
+// which would answer it with that settlement's success. The valid settle
+// then lands as usual, once.
+func TestJoinedSettleIsJudgedByItsOwnRequirements(t *testing.T) {
+	e := newEnv(t)
+	req := e.requirements(payee, amount)
+	stall := newStalledSends(e.d.Client())
+	defer stall.releaseSends()
+	f, err := newFacilitator(Config{Chain: stall, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 30 * time.Second}, e.d.nonces)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	from := crypto.PubkeyToAddress(payer.PublicKey)
+	before := usdcBalance(t, e.d, from)
+	relayerNonce, _ := e.d.Client().NonceAt(ctx, f.Relayer(), nil)
+	p := mustSignExact(t, payer, req)
+
+	type result struct {
+		r   x402.SettleResponse
+		err error
+	}
+	valid := make(chan result, 1)
+	go func() {
+		r, err := f.Settle(ctx, p, req)
+		valid <- result{r, err}
+	}()
+	stall.waitStalled(t)
+
+	for _, m := range mismatches(req) {
+		done := make(chan result, 1)
+		go func() {
+			r, err := f.Settle(ctx, p, m.req)
+			done <- result{r, err}
+		}()
+		var got result
+		select {
+		case got = <-done:
+		case <-time.After(hangGuard):
+			// It joined the settlement in flight: let that finish to
+			// show what it was answered.
+			stall.releaseSends()
+			got = <-done
+			t.Errorf("%s: the settle waited for the valid one in flight", m.name)
+		}
+		if got.err != nil || got.r.Success || got.r.ErrorReason != m.reason || got.r.Transaction != "" {
+			t.Errorf("%s, while a valid settle is in flight: %+v, %v; want refused with %s and no transaction", m.name, got.r, got.err, m.reason)
+		}
+	}
+
+	stall.releaseSends()
+	got := <-valid
+	if got.err != nil || !got.r.Success {
+		t.Fatalf("the valid settle = %+v, %v", got.r, got.err)
+	}
+	if d := new(big.Int).Sub(before, usdcBalance(t, e.d, from)); d.String() != amount {
+		t.Errorf("payer paid %v, want %s once", d, amount)
+	}
+	if after, _ := e.d.Client().NonceAt(ctx, f.Relayer(), nil); after != relayerNonce+1 {
+		t.Errorf("relayer sent %d transactions, want 1", after-relayerNonce)
+	}
+}
+
+// A settle whose requirements the authorization does not meet, arriving
+// first and still being checked (stalled at its first chain read), does not
+// lead the valid settles of that authorization that follow: they do not
+// wait for it and are not answered with its refusal. They settle, sending
+// one transaction and sharing its outcome; it is refused.
+func TestMismatchedSettleDoesNotLeadValidOnes(t *testing.T) {
+	e := newEnv(t)
+	req := e.requirements(payee, amount)
+	stall := &stalledHeads{Chain: e.d.Client(), stalled: make(chan struct{}), release: make(chan struct{})}
+	defer stall.releaseHeads()
+	f, err := newFacilitator(Config{Chain: stall, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 30 * time.Second}, e.d.nonces)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	relayerNonce, _ := e.d.Client().NonceAt(ctx, f.Relayer(), nil)
+	p := mustSignExact(t, payer, req)
+	more := req
+	more.Amount = amount + "0"
+
+	type result struct {
+		r   x402.SettleResponse
+		err error
+	}
+	first := make(chan result, 1)
+	go func() {
+		r, err := f.Settle(stallMark(ctx), p, more)
+		first <- result{r, err}
+	}()
+	select {
+	case <-stall.stalled:
+	case <-time.After(hangGuard):
+		t.Fatal("the mismatched settle never read the chain head")
+	}
+
+	const n = 4
+	res := make([]result, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := f.Settle(ctx, p, req)
+			res[i] = result{r, err}
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(hangGuard):
+		t.Error("the valid settles waited for the mismatched one")
+		stall.releaseHeads()
+		<-done
+	}
+	hashes := map[string]bool{}
+	for i, got := range res {
+		switch {
+		case got.err != nil:
+			t.Errorf("valid settle %d: %v", i, got.err)
+		case got.r.Success:
+			hashes[got.r.Transaction] = true
+		case got.r.ErrorReason != x402.ReasonExactEVMNonceAlreadyUsed:
+			t.Errorf("valid settle %d = %+v; want success (or, once settled, nonce already used)", i, got.r)
+		}
+	}
+	if len(hashes) != 1 {
+		t.Errorf("the valid settles report %d distinct transactions, want 1", len(hashes))
+	}
+	if after, _ := e.d.Client().NonceAt(ctx, f.Relayer(), nil); after != relayerNonce+1 {
+		t.Errorf("relayer sent %d transactions, want 1", after-relayerNonce)
+	}
+
+	stall.releaseHeads()
+	if got := <-first; got.err != nil || got.r.Success || got.r.ErrorReason != x402.ReasonExactEVMValueMismatch || got.r.Transaction != "" {
+		t.Errorf("the mismatched settle = %+v, %v; want refused with %s", got.r, got.err, x402.ReasonExactEVMValueMismatch)
+	}
+}
+
+// A settle refused for its requirements sends nothing, so it takes no
+// place in flight and counts no failure against the payer's budget: with
+// a budget of one settlement in flight and one failure, mismatched settles
+// sent before, during and after a valid one (holding the payer's only
+// place) are refused for what they are, never for the budget, and the
+// payer's next payment settles.
+func TestMismatchedSettleCostsThePayerNoBudget(t *testing.T) {
+	e := newEnv(t)
+	req := e.requirements(payee, amount)
+	stall := newStalledSends(e.d.Client())
+	defer stall.releaseSends()
+	f, err := newFacilitator(Config{Chain: stall, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond,
+		ReceiptTimeout: 30 * time.Second, MaxFailedPerPayer: 1, MaxInFlightPerPayer: 1}, e.d.nonces)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	from := crypto.PubkeyToAddress(payer.PublicKey)
+	p := mustSignExact(t, payer, req)
+	refuseAll := func(when string) {
+		t.Helper()
+		for _, m := range mismatches(req) {
+			for range 3 {
+				r, err := f.Settle(ctx, p, m.req)
+				if err != nil || r.Success || r.ErrorReason != m.reason {
+					t.Fatalf("%s, %s: %+v, %v; want refused with %s", m.name, when, r, err, m.reason)
+				}
+			}
+		}
+	}
+	budgetOf := func() (inFlight, failures int) {
+		f.budget.mu.Lock()
+		defer f.budget.mu.Unlock()
+		if id := f.budget.ids[from]; id != nil {
+			return id.inFlight, len(id.failures)
+		}
+		return 0, 0
+	}
+
+	refuseAll("before the valid settle")
+	if in, failed := budgetOf(); in != 0 || failed != 0 {
+		t.Fatalf("after mismatched settles only, the payer has %d in flight and %d failures", in, failed)
+	}
+
+	valid := make(chan error, 1)
+	go func() {
+		r, err := f.Settle(ctx, p, req)
+		if err == nil && !r.Success {
+			t.Errorf("the valid settle = %+v", r)
+		}
+		valid <- err
+	}()
+	stall.waitStalled(t)
+	refuseAll("while the valid settle holds the payer's only place in flight")
+	if in, failed := budgetOf(); in != 1 || failed != 0 {
+		t.Fatalf("during the valid settle, the payer has %d in flight and %d failures; want 1 and 0", in, failed)
+	}
+	stall.releaseSends()
+	if err := <-valid; err != nil {
+		t.Fatal(err)
+	}
+	refuseAll("after the valid settle")
+	if in, failed := budgetOf(); in != 0 || failed != 0 {
+		t.Fatalf("after, the payer has %d in flight and %d failures", in, failed)
+	}
+	if r, err := f.Settle(ctx, mustSignExact(t, payer, req), req); err != nil || !r.Success {
+		t.Fatalf("the payer's next payment = %+v, %v; want success", r, err)
+	}
+}
+
+// A contract account's signature only the chain can judge (EIP-1271), so
+// a settle carrying one the wallet refuses, for an authorization a valid
+// settle is settling, is judged on its own: refused for its signature,
+// not answered with the valid settle's success.
+func TestWalletSignatureIsJudgedBeforeSharingASettlement(t *testing.T) {
+	e := newEnv(t)
+	owner := DevKey(4)
+	wallet := deployWallet(t, e.d, crypto.PubkeyToAddress(owner.PublicKey))
+	fundUSDC(t, e.d, DevKey(5), wallet, 1_000_000)
+	stall := newStalledSends(e.d.Client())
+	defer stall.releaseSends()
+	f, err := newFacilitator(Config{Chain: stall, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 30 * time.Second}, e.d.nonces)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	req := e.requirements(payee, amount)
+	a := auth(owner, req)
+	a.From = wallet.Hex()
+	good, forged := sign(t, owner, a, req, req), sign(t, DevKey(6), a, req, req)
+
+	type result struct {
+		r   x402.SettleResponse
+		err error
+	}
+	valid := make(chan result, 1)
+	go func() {
+		r, err := f.Settle(ctx, good, req)
+		valid <- result{r, err}
+	}()
+	stall.waitStalled(t)
+	done := make(chan result, 1)
+	go func() {
+		r, err := f.Settle(ctx, forged, req)
+		done <- result{r, err}
+	}()
+	var got result
+	select {
+	case got = <-done:
+	case <-time.After(hangGuard):
+		stall.releaseSends()
+		got = <-done
+		t.Error("the forged settle waited for the valid one in flight")
+	}
+	if got.err != nil || got.r.Success || got.r.ErrorReason != x402.ReasonExactEVMSignature || got.r.Transaction != "" {
+		t.Errorf("a signature the wallet refuses, while a valid settle is in flight: %+v, %v; want refused with %s", got.r, got.err, x402.ReasonExactEVMSignature)
+	}
+	stall.releaseSends()
+	if got := <-valid; got.err != nil || !got.r.Success {
+		t.Fatalf("the valid settle = %+v, %v", got.r, got.err)
+	}
+}
