@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -19,56 +18,123 @@ func init() {
 	caddy.RegisterModule(Discovery{})
 }
 
-// discovery is the set of live gates that named their route. Gates join in
-// Provision and leave in Cleanup; during a reload the new config's gates are
-// provisioned before the old ones are cleaned up, so for one route the most
-// recently provisioned gate wins.
-var discovery = &registry{gates: map[*Gate]uint64{}}
-
-type registry struct {
-	mu    sync.Mutex
-	seq   uint64
-	gates map[*Gate]uint64
-}
-
-func (r *registry) add(g *Gate) {
-	if g.Route == "" {
-		return
+// siteGates returns the gates the documents of r's site describe: those
+// that named their route and that a request to r's host can reach in the
+// server answering r, one per route (the first in route order, as Caddy
+// tries them), sorted by route.
+//
+// The documents are generated from the config that answers, not from every
+// gate in the process: one Caddy serves many sites, and one site's
+// documents must not publish another's routes, pay-to addresses and prices
+// on its own origin. Sites on different ports are different servers; sites
+// on one port are that server's top-level routes told apart by their host
+// matchers (as the Caddyfile adapts them, or as a JSON config writes them),
+// so the walk keeps the routes whose host matchers match r and ignores every
+// other matcher: the documents list every path of the origin. Walking at
+// request time, rather than recording a site when a gate is provisioned,
+// sees the same routes Caddy routes r through, reloads included, and needs
+// no registry for gates to join and leave.
+func siteGates(r *http.Request) []*Gate {
+	srv, _ := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
+	if srv == nil {
+		return nil
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.seq++
-	r.gates[g] = r.seq
-}
-
-func (r *registry) remove(g *Gate) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	delete(r.gates, g)
-}
-
-// live returns one gate per route, newest first per route, sorted by route.
-func (r *registry) live() []*Gate {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	best := map[string]*Gate{}
-	for g, seq := range r.gates {
-		if cur, ok := best[g.Route]; !ok || r.gates[cur] < seq {
-			best[g.Route] = g
-		}
+	w := siteWalk{r: r, srv: srv, gates: map[string]*Gate{}, invoked: map[string]bool{}}
+	w.routes(srv.Routes)
+	if srv.Errors != nil {
+		w.routes(srv.Errors.Routes)
 	}
-	out := make([]*Gate, 0, len(best))
-	for _, g := range best {
+	out := make([]*Gate, 0, len(w.gates))
+	for _, g := range w.gates {
 		out = append(out, g)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Route < out[j].Route })
 	return out
 }
 
+// siteWalk collects the gates of a server's route tree for one request.
+type siteWalk struct {
+	r       *http.Request
+	srv     *caddyhttp.Server
+	gates   map[string]*Gate // by route
+	invoked map[string]bool  // named routes already walked
+}
+
+// routes walks a route list as Caddy would route r through it, host
+// matchers alone considered: it stops after a terminal route every request
+// to r's host matches.
+func (w *siteWalk) routes(list caddyhttp.RouteList) {
+	for _, rt := range list {
+		matches, always := hostMatch(rt.MatcherSets, w.r)
+		if !matches {
+			continue
+		}
+		for _, h := range rt.Handlers {
+			w.handler(h)
+		}
+		if rt.Terminal && always {
+			return
+		}
+	}
+}
+
+// handler collects h if it is a gate, and walks the routes it leads to.
+func (w *siteWalk) handler(h caddyhttp.MiddlewareHandler) {
+	switch h := h.(type) {
+	case *Gate:
+		if _, ok := w.gates[h.Route]; !ok && h.Route != "" {
+			w.gates[h.Route] = h
+		}
+	case *caddyhttp.Subroute:
+		w.routes(h.Routes)
+		if h.Errors != nil {
+			w.routes(h.Errors.Routes)
+		}
+	case *caddyhttp.Invoke:
+		if rt := w.srv.NamedRoutes[h.Name]; rt != nil && !w.invoked[h.Name] {
+			w.invoked[h.Name] = true
+			w.routes(caddyhttp.RouteList{*rt})
+		}
+	}
+}
+
+// hostMatch reports whether r's host can take a route with matcher sets
+// sets (some set's host matchers all match r, or there are no sets) and
+// whether it always does (that set has no other matcher).
+func hostMatch(sets caddyhttp.MatcherSets, r *http.Request) (matches, always bool) {
+	if len(sets) == 0 {
+		return true, true
+	}
+	for _, set := range sets {
+		ok, hostOnly := true, true
+		for _, m := range set {
+			var host caddyhttp.MatchHost
+			switch m := m.(type) {
+			case *caddyhttp.MatchHost:
+				host = *m
+			case caddyhttp.MatchHost:
+				host = m
+			default:
+				hostOnly = false
+				continue
+			}
+			if match, err := host.MatchWithError(r); err != nil || !match {
+				ok = false
+			}
+		}
+		if ok {
+			matches = true
+			always = always || hostOnly
+		}
+	}
+	return matches, always
+}
+
 // Discovery serves the x402 discovery manifest (Caddyfile directive
 // `x402_discovery`, conventionally at /.well-known/x402), generated from the
-// live configuration: every x402 route that names itself with `route`, with
-// its live prices, networks and free allowance policy.
+// live configuration: every x402 route of the answering site (siteGates)
+// that names itself with `route`, with its live prices, networks and free
+// allowance policy.
 //
 // The shape follows the open proposals for origin discovery: "version",
 // "resources" (a list of "METHOD /path", as x402scan crawls) and
@@ -156,7 +222,7 @@ func (d *Discovery) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhtt
 	}
 	base := siteBase(d.base, r)
 	doc := discoveryDoc{Version: 1, X402Version: x402.Version, Resources: []string{}, Items: []discoveryItem{}, Instructions: d.Instructions}
-	for _, g := range discovery.live() {
+	for _, g := range siteGates(r) {
 		item := discoveryItem{
 			Resource:    routeURL(base, g.Route),
 			Type:        "http",

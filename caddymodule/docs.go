@@ -38,7 +38,8 @@ const (
 // (interactive Swagger UI whose assets are embedded in the binary) and
 // GET /docs/assets/*. All of it is generated at request time from the live
 // configuration: the prices, networks, pay-to addresses and free allowance
-// of every x402 route that names itself with `route`, so a config reload is
+// of every x402 route of the answering site (siteGates) that names itself
+// with `route`, so a config reload is
 // all it takes to change what the docs say. Any other path passes through to
 // the next handler, so the directive can sit at the top of a site.
 type Docs struct {
@@ -60,7 +61,7 @@ type Docs struct {
 }
 
 // docsCache keeps the last generated documents. They depend only on the
-// base URL, the MCP URL and the set of live gates (whose settings never
+// base URL, the MCP URL and the site's gates (whose settings never
 // change after provisioning: a reload makes new gates), so that is the key.
 type docsCache struct {
 	mu            sync.Mutex
@@ -70,7 +71,7 @@ type docsCache struct {
 
 // documents returns the OpenAPI document and llms.txt for the request.
 func (d *Docs) documents(r *http.Request) (openapi, llms []byte, err error) {
-	gates := discovery.live()
+	gates := siteGates(r)
 	svc := d.service(r, gates)
 	var key strings.Builder
 	key.WriteString(svc.BaseURL + "\x00" + svc.MCPURL + "\x00" + svc.Name)
