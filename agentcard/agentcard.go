@@ -42,10 +42,12 @@ type Provider struct {
 	URL          string `json:"url,omitempty"`
 }
 
-// Defaults for an unconfigured card.
+// Defaults for an unconfigured card. Like the skills, they say nothing the
+// gateway's configuration decides (a free allowance is optional and may be
+// set on any route; certd never sees that config): a 402 states the terms.
 const (
 	DefaultName        = "Agent Output Verifier"
-	DefaultDescription = "Deterministic verification of agent outputs against a JSON Schema and cross-field rules, with Ed25519-signed receipts over RFC 8785 canonical JSON. Paid per call with x402 v2 after a free daily allowance."
+	DefaultDescription = "Deterministic verification of agent outputs against a JSON Schema and cross-field rules, with Ed25519-signed receipts over RFC 8785 canonical JSON. Paid per call with x402 v2; a 402 answer states the live price and any free allowance."
 )
 
 // Card is the agent card document. Field order is the JSON order.
@@ -220,7 +222,7 @@ func skills(base string) []Skill {
 			Name: "Verify an output against a JSON Schema and rules",
 			Description: "Checks a JSON output against a JSON Schema (structure, formats, ranges) and cross-field rules (sum_equals, gte, lte, exists_in, unique) and numeric bounds. " +
 				"Answers pass/fail, the share of checks passed, repair hints, and an Ed25519-signed receipt. REST: POST " + base + "/verify/schema (or /verify/deliverable); MCP tool verify_schema at " + base + "/mcp. " +
-				"Paid per call with x402 v2 after a free daily allowance per client.",
+				"Paid per call with x402 v2; a 402 answer states the live price and any free daily allowance per client.",
 			Tags: []string{"verification", "json-schema", "validation", "receipts", "ed25519", "x402"},
 			Examples: []string{
 				`{"task_id":"invoice-42","expected_schema":{"type":"object","required":["total"],"properties":{"total":{"type":"number"}}},"submitted_output":{"total":129.5}}`,
@@ -233,7 +235,7 @@ func skills(base string) []Skill {
 			ID:   "get_verification_record",
 			Name: "Get an agent's trust score",
 			Description: "A signed trust score computed from an agent's verification history (rewards sustained passing, discounts old and few data points). " +
-				"REST: GET " + base + "/score/{agent_id} (paid, never free); the free pass/fail history is GET " + base + "/reputation/{agent_id}. MCP tool get_verification_record at " + base + "/mcp.",
+				"REST: GET " + base + "/score/{agent_id} (paid per call with x402 v2); the free pass/fail history is GET " + base + "/reputation/{agent_id}. MCP tool get_verification_record at " + base + "/mcp.",
 			Tags:        []string{"reputation", "trust-score", "receipts", "x402"},
 			Examples:    []string{`{"agent_id":"seller-7"}`, "How reliable has agent seller-7 been at producing valid invoices?"},
 			InputModes:  jsonModes,
