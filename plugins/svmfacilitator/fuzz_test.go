@@ -115,23 +115,29 @@ func FuzzPriorityFee(f *testing.F) {
 // FuzzMintRefusal: any account data a node serves for a mint is judged
 // without panic; data that is not a Token-2022 mint gets no verdict, and a
 // verdict of "no fee, no hook" is never given to data carrying either
-// extension among entries before the first empty one.
+// extension among entries before the first empty one, and data carrying
+// MintCloseAuthority there is always reported closable (its verdict is
+// not kept).
 func FuzzMintRefusal(f *testing.F) {
 	f.Add(token2022Mint())
 	f.Add(token2022Mint(transferFee(100)))
 	f.Add(token2022Mint(tlv(14, make([]byte, 64))))
 	f.Add(token2022Mint(tlv(3, make([]byte, 32)), transferFee(0)))
+	f.Add(token2022Mint(tlv(3, make([]byte, 32))))
 	f.Add(make([]byte, mintLen))
 	f.Add(token2022Mint(tlv(1, nil)[:3]))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		why, ok := mintRefusal(data)
+		why, closable, ok := mintRefusal(data)
 		if !ok {
-			if why != "" {
-				t.Fatalf("a verdict %q without a mint", why)
+			if why != "" || closable {
+				t.Fatalf("a verdict %q (closable %v) without a mint", why, closable)
 			}
 			return
 		}
 		if len(data) == mintLen {
+			if closable {
+				t.Fatal("a mint without extensions reported closable")
+			}
 			return
 		}
 		rest := data[tokenAccountLen+1:]
@@ -142,6 +148,9 @@ func FuzzMintRefusal(f *testing.F) {
 			}
 			if (typ == extTransferFeeConfig || typ == extTransferHook) && why == "" {
 				t.Fatalf("extension %d passed: %x", typ, data)
+			}
+			if typ == extMintCloseAuth && !closable {
+				t.Fatalf("MintCloseAuthority not reported closable: %x", data)
 			}
 			rest = rest[4+n:]
 		}

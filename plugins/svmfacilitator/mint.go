@@ -18,12 +18,16 @@ import (
 // issuer's to change at any time (a fee raise takes effect two epochs
 // later), so a fee of zero or an empty hook today vouches for nothing: the
 // extension itself is refused. Extensions are fixed when a mint is
-// initialized, so what a mint carries is read once and remembered.
+// initialized, so what a mint carries is read once and remembered; but a
+// mint with the MintCloseAuthority extension can be closed (at supply 0)
+// and initialized again at the same address with other extensions, so a
+// clean verdict for one is not remembered: it is read for every payment.
 
 // Token-2022 extension types (spl-token-2022's ExtensionType).
 const (
 	extUninitialized     = 0
 	extTransferFeeConfig = 1
+	extMintCloseAuth     = 3
 	extTransferHook      = 14
 )
 
@@ -41,18 +45,20 @@ const (
 const maxMints = 1024
 
 // mintRefusal is why a payment in a Token-2022 mint with this account
-// data is refused ("" for none); ok is false when the data is not a mint
-// as Token-2022 lays it out (the chain then refuses the transfer itself).
-func mintRefusal(data []byte) (why string, ok bool) {
+// data is refused ("" for none), and whether the mint can be closed (and
+// so initialized again with other extensions); ok is false when the data
+// is not a mint as Token-2022 lays it out (the chain then refuses the
+// transfer itself).
+func mintRefusal(data []byte) (why string, closable, ok bool) {
 	switch {
 	case len(data) == mintLen:
-		return "", true // no extensions
+		return "", false, true // no extensions
 	case len(data) <= tokenAccountLen || data[tokenAccountLen] != accountTypeMint:
-		return "", false
+		return "", false, false
 	}
 	for _, b := range data[mintLen:tokenAccountLen] {
 		if b != 0 {
-			return "", false
+			return "", false, false
 		}
 	}
 	fee, hook := false, false
@@ -62,19 +68,20 @@ func mintRefusal(data []byte) (why string, ok bool) {
 			break
 		}
 		if len(rest) < 4+n {
-			return "", false
+			return "", false, false
 		}
 		fee = fee || typ == extTransferFeeConfig
 		hook = hook || typ == extTransferHook
+		closable = closable || typ == extMintCloseAuth
 		rest = rest[4+n:]
 	}
 	switch {
 	case fee:
-		return "the asset is a Token-2022 mint with a transfer fee: the payee would receive less than the amount", true
+		return "the asset is a Token-2022 mint with a transfer fee: the payee would receive less than the amount", closable, true
 	case hook:
-		return "the asset is a Token-2022 mint with a transfer hook: its issuer's program runs on every transfer", true
+		return "the asset is a Token-2022 mint with a transfer hook: its issuer's program runs on every transfer", closable, true
 	}
-	return "", true
+	return "", closable, true
 }
 
 // checkMint refuses c when its transfer is of a Token-2022 mint with a
@@ -101,12 +108,15 @@ func (f *Facilitator) checkMint(ctx context.Context, c *checked) error {
 		if err != nil {
 			return nil
 		}
-		var ok bool
-		if why, ok = mintRefusal(data); !ok {
+		var closable, ok bool
+		if why, closable, ok = mintRefusal(data); !ok {
 			return nil
 		}
+		// A closable mint's verdict is not kept: it may be another mint
+		// next time (a refusal would only refuse a mint that no longer
+		// deserves it, but one rule is simpler to trust).
 		f.mu.Lock()
-		if len(f.mints) < maxMints {
+		if len(f.mints) < maxMints && !closable {
 			f.mints[c.mint] = why
 		}
 		f.mu.Unlock()

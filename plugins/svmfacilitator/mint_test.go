@@ -118,3 +118,49 @@ func TestToken2022FeeAndHookMintsAreRefused(t *testing.T) {
 		t.Fatalf("payee has %d", got)
 	}
 }
+
+// A Token-2022 mint with MintCloseAuthority can be closed (at supply 0) and
+// initialized again at the same address with a transfer fee or hook: its
+// clean verdict is not remembered, so the new mint is refused. A mint
+// that cannot be closed is still read once.
+func TestAClosableMintIsReadAgain(t *testing.T) {
+	fr := &faultyRPC{}
+	e := newEnv(t, Config{RPC: &RPC{URL: fr.serve(t)}})
+	fr.set(func(f *faultyRPC) { f.target = e.chain.URL })
+	ctx := context.Background()
+	for _, c := range []struct {
+		name  string
+		exts  [][]byte
+		again [][]byte
+	}{
+		{"transfer fee", [][]byte{tlv(3, make([]byte, 32))}, [][]byte{tlv(3, make([]byte, 32)), transferFee(100)}},
+		{"transfer hook", [][]byte{tlv(3, make([]byte, 32))}, [][]byte{tlv(3, make([]byte, 32)), tlv(14, make([]byte, 64))}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			mint := pub(testKey("closable mint " + c.name))
+			e.chain.SetAccount(mint.String(), Token2022Program.String(), token2022Mint(c.exts...))
+			src := AssociatedTokenAddress(pub(e.payer), mint, Token2022Program)
+			dst := AssociatedTokenAddress(e.payTo, mint, Token2022Program)
+			e.chain.SetAccount(src.String(), Token2022Program.String(), token2022Account(mint, pub(e.payer), 500_000))
+			e.chain.SetAccount(dst.String(), Token2022Program.String(), token2022Account(mint, e.payTo, 0))
+			p := e.payment(t)
+			p.Mint, p.Program = mint, Token2022Program
+			req := e.req
+			req.Asset = mint.String()
+			if v, err := e.f.Verify(ctx, Payload(p.withMemo("a"), req), req); err != nil || !v.IsValid {
+				t.Fatalf("verify in the plain mint: %+v %v", v, err)
+			}
+			e.chain.SetAccount(mint.String(), Token2022Program.String(), token2022Mint(c.again...))
+			v, err := e.f.Verify(ctx, Payload(p.withMemo("b"), req), req)
+			if err != nil || v.IsValid || v.InvalidReason != x402.ReasonInvalidPaymentRequirements {
+				t.Fatalf("verify once the mint was made again with a %s: %+v %v; want %s", c.name, v, err, x402.ReasonInvalidPaymentRequirements)
+			}
+		})
+	}
+	e.f.mu.Lock()
+	n := len(e.f.mints)
+	e.f.mu.Unlock()
+	if n != 0 {
+		t.Fatalf("%d verdicts kept for closable mints", n)
+	}
+}
