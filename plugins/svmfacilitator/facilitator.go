@@ -141,6 +141,7 @@ type Facilitator struct {
 type simulation struct {
 	signed []byte
 	at     time.Time
+	slot   uint64 // the simulation's bank (SimulateResult.Slot)
 }
 
 // settlement is what the facilitator remembers of a message it settles.
@@ -148,9 +149,16 @@ type settlement struct {
 	inflight  bool   // a Settle call is working on it
 	sig       string // set once sent
 	pending   bool   // sent, outcome unknown: a retry re-polls sig
+	failed    string // failed on chain with this error (counted once)
 	blockhash string
-	payer     string
-	at        time.Time
+	// slot is the confirmed slot of the simulation that accepted the
+	// transaction: only a bank at least as new can tell that its
+	// blockhash expired (blockhashExpired). 0 when not known.
+	slot  uint64
+	payer string
+	// at is when the record was made, settled, or found pending: it
+	// lives DuplicateWindow from then (expired).
+	at time.Time
 	// exposure is what the settlement risks; reserved while it holds a
 	// place in flight in the budget.
 	exposure exposure
@@ -158,13 +166,13 @@ type settlement struct {
 }
 
 // expired reports whether a record no Settle is working on is past its
-// DuplicateWindow at t: it no longer refuses a repeat, and the sweep drops
-// it. A pending one (sent, outcome unknown) too, counted from its claim: by
-// then its blockhash has expired, the chain alone decides its outcome, and
-// a later Settle or SettlementStatus asks the chain by the transaction's
-// id, which is signed again rather than remembered. Kept until asked
-// again, the records of callers who never ask again would grow without
-// bound.
+// DuplicateWindow at t: the sweep drops it. A pending one (sent, outcome
+// unknown) too, counted from when its Settle gave up waiting: until the
+// sweep, a retry still polls its signature (claim); after it, a later
+// Settle or SettlementStatus asks the chain by the transaction's id, which
+// is signed again rather than remembered, and answers the same. Kept until
+// asked again, the records of callers who never ask again would grow
+// without bound.
 func (s *settlement) expired(t time.Time) bool {
 	return !s.inflight && t.Sub(s.at) > DuplicateWindow
 }
@@ -255,6 +263,9 @@ type checked struct {
 	// transaction (AlreadyProcessed); it is no refusal, the transfer may
 	// well have happened.
 	landed bool
+	// slot is the confirmed slot of the simulation (its own, or the one
+	// reused): a node at that slot knew the blockhash.
+	slot uint64
 }
 
 func refuse(reason, payer, msg string) *checked {
@@ -316,6 +327,7 @@ func (f *Facilitator) checkChain(ctx context.Context, c *checked) error {
 		return err
 	}
 	sim, err := f.rpc.Simulate(ctx, c.signed)
+	c.slot = sim.Slot
 	var re *RPCError
 	switch {
 	case errors.As(err, &re) && re.AlreadyProcessed(), err == nil && sim.AlreadyProcessed():
@@ -353,26 +365,27 @@ func (f *Facilitator) keepSimulation(c *checked) {
 	defer f.mu.Unlock()
 	f.sweep(t)
 	if len(f.simulated) < maxSimulations {
-		f.simulated[sha256.Sum256(c.tx.Raw)] = simulation{signed: c.signed, at: t}
+		f.simulated[sha256.Sum256(c.tx.Raw)] = simulation{signed: c.signed, at: t, slot: c.slot}
 	}
 }
 
-// takeSimulation returns (and forgets) the co-signed bytes of tx when
-// Verify simulated tx, byte for byte, within SimulationReuse; nil if not.
-func (f *Facilitator) takeSimulation(tx *Transaction) []byte {
+// takeSimulation returns (and forgets) the co-signed bytes of tx, and the
+// simulation's slot, when Verify simulated tx, byte for byte, within
+// SimulationReuse; nil if not.
+func (f *Facilitator) takeSimulation(tx *Transaction) ([]byte, uint64) {
 	key := sha256.Sum256(tx.Raw)
 	t := now()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	s, ok := f.simulated[key]
 	if !ok {
-		return nil
+		return nil, 0
 	}
 	delete(f.simulated, key)
 	if d := t.Sub(s.at); d < 0 || d > SimulationReuse {
-		return nil
+		return nil, 0
 	}
-	return s.signed
+	return s.signed, s.slot
 }
 
 // sweep drops, at most once per sweepEvery, the settled and pending
@@ -431,8 +444,9 @@ func (f *Facilitator) checkStatic(p x402.PaymentPayload, req x402.PaymentRequire
 		return refuse(ReasonFeePayerMismatch, "", "account 0 (the fee payer) is not extra.feePayer")
 	}
 	var signed []byte
+	var slot uint64
 	if reuse {
-		signed = f.takeSimulation(tx)
+		signed, slot = f.takeSimulation(tx)
 	}
 	for i := 1; i < int(tx.NumSigners) && signed == nil; i++ {
 		if !verifySignature(tx.AccountKeys[i], tx.Message, tx.Signatures[i]) {
@@ -517,9 +531,38 @@ func (f *Facilitator) checkStatic(p x402.PaymentPayload, req x402.PaymentRequire
 	}
 	// What a failure would cost; the budgets are checked by the caller
 	// (refuseOverBudget), Settle's only after it looked the transaction up.
+	x := exposureOf(int(tx.NumSigners), units, price, authority, source)
+	return &checked{tx: tx, payer: payer, signed: signed, reused: signed != nil, slot: slot, exposure: x, mint: mint, program: program}
+}
+
+// exposureOf is what a failure on chain of a payment of signers
+// signatures, with a compute unit limit of units at price, costs the fee
+// payer, charged to its authority and source.
+func exposureOf(signers int, units uint32, price uint64, authority, source PublicKey) exposure {
 	pf := priorityFee(units, price)
-	x := exposure{fee: feeOf(int(tx.NumSigners), pf), priority: pf, ids: [2]PublicKey{authority, source}}
-	return &checked{tx: tx, payer: payer, signed: signed, reused: signed != nil, exposure: x, mint: mint, program: program}
+	return exposure{fee: feeOf(signers, pf), priority: pf, ids: [2]PublicKey{authority, source}}
+}
+
+// txExposure is exposureOf a payment read from its transaction alone
+// (SettlementStatus of a payment no record remembers): a transaction that
+// landed was checked when it was settled, so what is not laid out as
+// checkStatic requires counts as no compute budget.
+func txExposure(tx *Transaction) exposure {
+	var units uint32
+	var price uint64
+	if ixs := tx.Instructions; len(ixs) >= 2 {
+		if ix := ixs[0]; tx.Program(ix) == ComputeBudgetProgram && len(ix.Data) == 5 && ix.Data[0] == 2 {
+			units = binary.LittleEndian.Uint32(ix.Data[1:])
+		}
+		if ix := ixs[1]; tx.Program(ix) == ComputeBudgetProgram && len(ix.Data) == 9 && ix.Data[0] == 3 {
+			price = binary.LittleEndian.Uint64(ix.Data[1:])
+		}
+	}
+	var authority, source PublicKey
+	if ix, ok := tx.transfer(); ok {
+		authority, source = tx.Account(ix, 3), tx.Account(ix, 0)
+	}
+	return exposureOf(int(tx.NumSigners), units, price, authority, source)
 }
 
 // cosign fills c.signed, unless a reused simulation did: a copy of the

@@ -251,22 +251,31 @@ func TestSettlePaysOnceAndRefusesReplays(t *testing.T) {
 		t.Fatalf("the fee payer paid %d lamports", cost)
 	}
 
-	// The same message again, with other bytes in the fee payer's slot.
+	// The same message again, with other bytes in the fee payer's slot:
+	// the same transaction, never a second payment. Settle answers it
+	// success naming that transaction (its caller's claim on the payment,
+	// not Settle, refuses a replay of what it bought), and only for the
+	// requirements it pays.
 	replay := append([]byte(nil), raw...)
 	copy(replay[1:65], []byte(strings.Repeat("x", 64)))
 	for _, r := range [][]byte{raw, replay} {
-		s, err := e.f.Settle(context.Background(), Payload(r, e.req), e.req)
-		if err != nil || s.Success || s.ErrorReason != ReasonDuplicateSettlement {
-			t.Fatalf("replay: %+v %v", s, err)
+		again, err := e.f.Settle(context.Background(), Payload(r, e.req), e.req)
+		if err != nil || !again.Success || again.Transaction != s.Transaction {
+			t.Fatalf("replay: %+v %v", again, err)
 		}
 	}
-	// Past the duplicate window the chain still refuses the same
+	other := e.req
+	other.Amount = "10000"
+	if again, err := e.f.Settle(context.Background(), Payload(raw, other), other); err != nil || again.Success || again.ErrorReason != ReasonAmountMismatch {
+		t.Fatalf("replay against other requirements: %+v %v", again, err)
+	}
+	// Past the duplicate window the chain still holds the same
 	// transaction: never a second payment.
 	now = func() time.Time { return time.Now().Add(DuplicateWindow + time.Second) }
 	defer func() { now = time.Now }()
-	s, err = e.f.Settle(context.Background(), pp, e.req)
-	if err != nil || s.Success {
-		t.Fatalf("replay after the window: %+v %v", s, err)
+	again, err := e.f.Settle(context.Background(), pp, e.req)
+	if err != nil || !again.Success || again.Transaction != s.Transaction {
+		t.Fatalf("replay after the window: %+v %v", again, err)
 	}
 	if a, b := e.balances(t); a != 1_000_000-20000 || b != 20000 {
 		t.Fatalf("after replays: balances payer %d payee %d", a, b)

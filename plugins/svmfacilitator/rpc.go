@@ -21,6 +21,34 @@ type RPC struct {
 	Client  *http.Client  // default: rpcClient
 	Timeout time.Duration // per call; default 10s
 	id      atomic.Int64
+	// seen holds the newest processed and confirmed banks' slots any
+	// reply has shown: a judgement of expiry asks a bank no older
+	// (blockhashExpired), so one node of a pool behind another that
+	// answered cannot make it.
+	seen [2]atomic.Uint64
+}
+
+// Commitment levels, as seen indexes them.
+const (
+	processed = iota
+	confirmed
+)
+
+var commitments = [2]string{processed: "processed", confirmed: "confirmed"}
+
+// seenAt returns the newest slot of a bank at commitment level (processed
+// or confirmed) the node (or pool) behind c has answered from so far, 0
+// before any such answer.
+func (c *RPC) seenAt(level int) uint64 { return c.seen[level].Load() }
+
+// saw records a reply from a bank of commitment level at slot.
+func (c *RPC) saw(level int, slot uint64) {
+	for {
+		n := c.seen[level].Load()
+		if slot <= n || c.seen[level].CompareAndSwap(n, slot) {
+			return
+		}
+	}
 }
 
 // rpcClient is the default client: http.DefaultClient's transport keeps two
@@ -51,18 +79,20 @@ type RPCError struct {
 
 func (e *RPCError) Error() string { return fmt.Sprintf("solana rpc error %d: %s", e.Code, e.Message) }
 
-// Rejects reports whether the node answered (HTTP 200) that the
-// transaction itself is unacceptable, so the payment is at fault: -32002
-// (preflight simulation failed), -32003 (signature verification failed),
-// -32013 (signature length mismatch) or -32602 (invalid params: the
-// transaction does not decode or sanitize). Anything else is the node's
-// own trouble, not the buyer's: a rate limit (429, with or without a
-// JSON-RPC body), a node behind (-32005), an internal error, an error body
-// behind a proxy's 502 or 503. Calling the payment invalid then would tell
-// the buyer to sign again, and drop a settle-after payment as not charged
-// after the upstream ran; it is an error instead (the gateway answers 503).
+// Rejects reports whether the node answered that the transaction itself
+// is unacceptable, so the payment is at fault: -32002 (preflight
+// simulation failed), -32003 (signature verification failed), -32013
+// (signature length mismatch) or -32602 (invalid params: the transaction
+// does not decode or sanitize), in a 200 or a 4xx reply (some providers
+// carry a node's refusal in a 400). Anything else is the node's own
+// trouble, not the buyer's: a rate limit (429, with or without a JSON-RPC
+// body), a node behind (-32005), an internal error, an error body behind a
+// proxy's 5xx. Calling the payment invalid then would tell the buyer to
+// sign again, and drop a settle-after payment as not charged after the
+// upstream ran; it is an error instead (the gateway answers 503). A 429 is
+// never a refusal, whatever code it carries: it says to come back later.
 func (e *RPCError) Rejects() bool {
-	if e.HTTPStatus != http.StatusOK {
+	if e.HTTPStatus != http.StatusOK && (e.HTTPStatus < 400 || e.HTTPStatus > 499 || e.HTTPStatus == http.StatusTooManyRequests) {
 		return false
 	}
 	switch e.Code {
@@ -167,6 +197,10 @@ func (c *RPC) call(ctx context.Context, method string, params []any, out any) er
 type SimulateResult struct {
 	Err  json.RawMessage `json:"err"`
 	Logs []string        `json:"logs"`
+	// Slot is the slot of the bank the simulation ran in (the reply's
+	// context): a node at that slot knew the transaction's blockhash when
+	// the simulation succeeded (see behindError).
+	Slot uint64 `json:"-"`
 }
 
 // Failed reports whether the simulation failed (err not null).
@@ -180,10 +214,15 @@ func (s SimulateResult) AlreadyProcessed() bool { return alreadyProcessed(s.Err)
 // signatures and the blockhash as the chain would.
 func (c *RPC) Simulate(ctx context.Context, raw []byte) (SimulateResult, error) {
 	var out struct {
-		Value SimulateResult `json:"value"`
+		Context rpcContext     `json:"context"`
+		Value   SimulateResult `json:"value"`
 	}
 	cfg := map[string]any{"encoding": "base64", "sigVerify": true, "commitment": "confirmed"}
 	err := c.call(ctx, "simulateTransaction", []any{base64.StdEncoding.EncodeToString(raw), cfg}, &out)
+	out.Value.Slot = out.Context.Slot
+	if err == nil {
+		c.saw(confirmed, out.Context.Slot)
+	}
 	return out.Value, err
 }
 
@@ -203,30 +242,108 @@ type SignatureStatus struct {
 	ConfirmationStatus string          `json:"confirmationStatus"`
 }
 
-// Status returns the status of one signature; nil when the node does not
-// know it.
-func (c *RPC) Status(ctx context.Context, sig string) (*SignatureStatus, error) {
+// rpcContext is the context of a reply: the slot of the bank that
+// answered.
+type rpcContext struct {
+	Slot uint64 `json:"slot"`
+}
+
+// behindError is a reply from a bank older than the slot a judgement
+// needs (minSlot): the node (one of a load-balanced pool, say) is behind
+// the one that accepted the transaction. Such a node does not know a
+// blockhash or a signature the newer one knew, and answers exactly as if
+// the blockhash had expired or the transaction never landed; its answer
+// tells nothing. Agave answers so itself (-32016, "Minimum context slot
+// has not been reached") where it takes minContextSlot; behindError is
+// the same check made here, for the methods that do not take it and the
+// nodes or proxies that ignore it.
+type behindError struct {
+	method        string
+	slot, minSlot uint64
+}
+
+func (e *behindError) Error() string {
+	return fmt.Sprintf("solana rpc %s: answered at slot %d, before slot %d (the node is behind)", e.method, e.slot, e.minSlot)
+}
+
+// atLeast returns a behindError when a reply of method at slot is older
+// than minSlot.
+func atLeast(method string, slot, minSlot uint64) error {
+	if slot < minSlot {
+		return &behindError{method: method, slot: slot, minSlot: minSlot}
+	}
+	return nil
+}
+
+// CodeNoTransactionHistory is the node's answer to searchTransactionHistory
+// when it keeps no transaction history (its operator did not enable
+// --enable-rpc-transaction-history): it cannot tell whether a transaction
+// landed, so a facilitator cannot settle through it.
+const CodeNoTransactionHistory = -32011
+
+// Status returns the status of one signature, nil when the node does not
+// know it, and the slot it answered at; an answer from a bank older than
+// minSlot is a behindError (getSignatureStatuses takes no minContextSlot).
+func (c *RPC) Status(ctx context.Context, sig string, minSlot uint64) (*SignatureStatus, uint64, error) {
 	var out struct {
-		Value []*SignatureStatus `json:"value"`
+		Context rpcContext         `json:"context"`
+		Value   []*SignatureStatus `json:"value"`
 	}
 	if err := c.call(ctx, "getSignatureStatuses", []any{[]string{sig}, map[string]any{"searchTransactionHistory": true}}, &out); err != nil {
-		return nil, err
+		var re *RPCError
+		if errors.As(err, &re) && re.Code == CodeNoTransactionHistory {
+			return nil, 0, fmt.Errorf("%w (the node at rpc_url keeps no transaction history, so no payment can be settled through it: use a node run with --enable-rpc-transaction-history, as RPC providers' are)", err)
+		}
+		return nil, 0, err
 	}
 	if len(out.Value) != 1 {
-		return nil, errors.New("solana rpc getSignatureStatuses: not one status for one signature")
+		return nil, 0, errors.New("solana rpc getSignatureStatuses: not one status for one signature")
 	}
-	return out.Value[0], nil
+	if err := atLeast("getSignatureStatuses", out.Context.Slot, minSlot); err != nil {
+		return nil, 0, err
+	}
+	// Agave answers getSignatureStatuses from the processed bank.
+	c.saw(processed, out.Context.Slot)
+	return out.Value[0], out.Context.Slot, nil
 }
 
 // BlockhashValidAt reports whether a transaction with this blockhash can
-// still be included, as the bank of one commitment level sees it (judge
-// expiry with blockhashExpired, which asks two).
-func (c *RPC) BlockhashValidAt(ctx context.Context, blockhash, commitment string) (bool, error) {
+// still be included, as the bank of one commitment level (processed or
+// confirmed), at minSlot or later, sees it, and the slot of that bank
+// (judge expiry with blockhashExpired, which asks two). A bank older than
+// minSlot is an error (the node's -32016, or a behindError), never false:
+// such a node answers false for a blockhash it has not seen yet as for one
+// expired.
+func (c *RPC) BlockhashValidAt(ctx context.Context, blockhash string, level int, minSlot uint64) (bool, uint64, error) {
+	commitment := commitments[level]
 	var out struct {
-		Value bool `json:"value"`
+		Context rpcContext `json:"context"`
+		Value   bool       `json:"value"`
 	}
-	err := c.call(ctx, "isBlockhashValid", []any{blockhash, map[string]any{"commitment": commitment}}, &out)
-	return out.Value, err
+	cfg := map[string]any{"commitment": commitment}
+	if minSlot > 0 {
+		cfg["minContextSlot"] = minSlot
+	}
+	if err := c.call(ctx, "isBlockhashValid", []any{blockhash, cfg}, &out); err != nil {
+		return false, 0, err
+	}
+	if err := atLeast("isBlockhashValid", out.Context.Slot, minSlot); err != nil {
+		return false, 0, err
+	}
+	c.saw(level, out.Context.Slot)
+	return out.Value, out.Context.Slot, nil
+}
+
+// Slot returns the slot of the node's processed bank, and records it as
+// seen: the floor of a judgement that has asked the node nothing else
+// with a slot yet (search).
+func (c *RPC) Slot(ctx context.Context) (uint64, error) {
+	var slot uint64
+	if err := c.call(ctx, "getSlot", []any{map[string]any{"commitment": "processed"}}, &slot); err != nil {
+		return 0, err
+	}
+	c.saw(processed, slot)
+	return slot, nil
 }
 
 // SignatureInfo is one getSignaturesForAddress entry.
@@ -240,11 +357,16 @@ type SignatureInfo struct {
 
 // SignaturesForAddress lists the confirmed transactions that name address
 // among their accounts, newest first: at most limit (1 to 1000) of them,
-// older than the transaction before ("" for the newest).
-func (c *RPC) SignaturesForAddress(ctx context.Context, address, before string, limit int) ([]SignatureInfo, error) {
+// older than the transaction before ("" for the newest), as a bank at
+// minSlot or later holds them (0: any; the reply carries no slot to check,
+// so a node that ignores minContextSlot is taken at its word).
+func (c *RPC) SignaturesForAddress(ctx context.Context, address, before string, limit int, minSlot uint64) ([]SignatureInfo, error) {
 	cfg := map[string]any{"limit": limit, "commitment": "confirmed"}
 	if before != "" {
 		cfg["before"] = before
+	}
+	if minSlot > 0 {
+		cfg["minContextSlot"] = minSlot
 	}
 	var out []SignatureInfo
 	if err := c.call(ctx, "getSignaturesForAddress", []any{address, cfg}, &out); err != nil {

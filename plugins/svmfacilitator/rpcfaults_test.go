@@ -45,8 +45,9 @@ func troubledNode(t *testing.T, target string, status int, body string) string {
 // The node's own trouble while simulating (a rate limit, a node behind, a
 // proxy's error) is an error, never the buyer's invalid payment: Verify
 // does not tell the buyer to sign again, and Settle releases the payment
-// unsent and uncharged, so it settles once the node is back. Only a 200
-// answer rejecting the transaction itself is a refusal.
+// unsent and uncharged, so it settles once the node is back. Only an
+// answer (200, or 4xx but 429) rejecting the transaction itself is a
+// refusal.
 func TestNodeTroubleIsNoInvalidPayment(t *testing.T) {
 	e := newEnv(t, Config{})
 	ctx := context.Background()
@@ -62,6 +63,10 @@ func TestNodeTroubleIsNoInvalidPayment(t *testing.T) {
 		{"internal error", 200, `{"jsonrpc":"2.0","id":1,"error":{"code":-32603,"message":"Internal error"}}`, false},
 		{"signature verification failed", 200, `{"jsonrpc":"2.0","id":1,"error":{"code":-32003,"message":"Transaction signature verification failure"}}`, true},
 		{"transaction does not decode", 200, `{"jsonrpc":"2.0","id":1,"error":{"code":-32602,"message":"invalid transaction: Transaction failed to sanitize accounts offsets correctly"}}`, true},
+		// Some providers carry a node's rejection in a 4xx: the transaction
+		// is still at fault (not a permanent 503); a 429 never is.
+		{"rejection in a 400", 400, `{"jsonrpc":"2.0","id":1,"error":{"code":-32602,"message":"invalid transaction: Transaction failed to sanitize accounts offsets correctly"}}`, true},
+		{"429 carrying a rejection code", 429, `{"jsonrpc":"2.0","id":1,"error":{"code":-32602,"message":"too many requests"}}`, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cfg := e.f.cfg

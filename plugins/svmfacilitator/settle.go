@@ -14,36 +14,39 @@ import (
 // transaction and polls its signature until it is confirmed.
 //
 // Guarantees:
-//   - One message (the SHA-256 of the signed bytes) is settled at most once:
-//     a second Settle of it while the first runs, or within DuplicateWindow
-//     after it settled, is refused as duplicate_settlement. The key is the
-//     message, not the wire bytes, because the client controls the bytes of
-//     the empty fee-payer slot.
-//   - A payment this facilitator holds no record of (it restarted, the
-//     record aged out, or another instance with the same fee payer settled
-//     it) is looked up on chain by its transaction's id, the fee payer's
-//     deterministic signature, before anything is simulated or sent: if the
-//     chain knows it, it is answered duplicate_settlement with that
-//     transaction once it is confirmed (or invalid_exact_svm_transaction_failed
-//     if it failed on chain), never success: whoever sent it was answered
-//     success already, and a second success would have the payment served
-//     twice. So is a transaction the chain answers AlreadyProcessed to,
-//     at simulation or at send.
+//   - One message (the SHA-256 of the signed bytes) is sent at most once by
+//     this process: a second Settle of it while the first runs is refused
+//     as duplicate_settlement. The key is the message, not the wire bytes,
+//     because the client controls the bytes of the empty fee-payer slot.
+//   - A payment that already landed, and matches the requirements, is
+//     answered success naming its transaction, whoever sent it: this
+//     process within DuplicateWindow (its record), or, found on chain by
+//     its transaction's id (the fee payer's deterministic signature) before
+//     anything is simulated or sent, this process before a restart or
+//     another with the same fee payer; so is a transaction the chain
+//     answers AlreadyProcessed to, at simulation or at send. Its sender may
+//     have answered pending, or its reply may have been lost, so a refusal
+//     here could leave a payment that moved the buyer's tokens answered
+//     success to nobody. The cost is that Settle alone does not refuse a
+//     replay of a landed payment: de-duplicating what a payment buys is the
+//     caller's claim on it (the gateway claims every payment before it
+//     verifies it), and Verify refuses a landed payment as
+//     duplicate_settlement.
 //   - A refusal (success false) other than duplicate_settlement is
 //     returned only when the transfer certainly did not happen: a check
 //     failed, the node refused the transaction, it failed on chain, or its
-//     blockhash expired while the chain did not know its signature.
+//     blockhash expired (as a bank at least as new as the one that
+//     accepted it sees it) while the chain did not know its signature.
 //   - When the outcome cannot be established before ConfirmTimeout (or the
-//     caller's deadline), the result is an *x402.UnknownOutcomeError whose
-//     Reply says settlement_pending with the transaction's signature; a
-//     later Settle of the same payment polls that signature again instead of
-//     sending anything.
+//     caller's deadline), whoever sent the transaction, the result is an
+//     *x402.UnknownOutcomeError whose Reply says settlement_pending with
+//     the transaction's signature; a later Settle of the same payment polls
+//     that signature again instead of sending anything.
 //   - Any other error means nothing was sent.
 //
 // Two Settles of one payment in two processes at the same moment can both
-// find nothing on chain, both send, and both report success: nothing but
-// shared state tells the two sends of one transaction apart. The gateway's
-// claim on each payment (in its store) keeps its own Settles to one.
+// find nothing on chain and both send: the chain takes the transaction
+// once, and both report success, as any later Settle of it would.
 func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettleResponse, error) {
 	fail := func(reason, payer, msg, sig string) x402.SettleResponse {
 		return x402.SettleResponse{Success: false, ErrorReason: reason, ErrorMessage: msg, Payer: payer, Transaction: sig, Network: req.Network}
@@ -57,11 +60,16 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 	key := tx.MessageHash()
 	s, retry := f.claim(key)
 	if s == nil {
-		return fail(ReasonDuplicateSettlement, "", "this transaction was already settled or is being settled", ""), nil
+		return fail(ReasonDuplicateSettlement, "", "this transaction is being settled by another settlement", ""), nil
 	}
 	if retry {
-		// An earlier Settle sent it and could not tell the outcome.
-		return f.confirm(ctx, key, s, req.Network, false)
+		// An earlier Settle sent it and could not tell the outcome, or
+		// settled it: the requirements must still be the payment's.
+		if c := f.checkStatic(p, req, false); c.resp.InvalidReason != "" {
+			f.unclaim(s)
+			return fail(c.resp.InvalidReason, c.resp.Payer, c.resp.InvalidMessage, ""), nil
+		}
+		return f.confirm(ctx, key, s, req.Network)
 	}
 
 	c := f.checkStatic(p, req, true)
@@ -72,16 +80,19 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 	f.cosign(c)
 	f.mu.Lock()
 	s.sig, s.payer, s.blockhash = base58.Encode(c.signed[1:65]), c.payer, base58.Encode(c.tx.Blockhash[:])
+	// What a failure on chain costs, counted once whoever sent it
+	// (outcome); the place in flight is reserved only before a send.
+	s.exposure, s.slot = c.exposure, c.slot
 	f.mu.Unlock()
 	// Nothing here remembers this message, but another process with this
 	// fee payer may have sent it: the chain knows it by its id.
-	st, err := f.rpc.Status(ctx, s.sig)
+	st, _, err := f.rpc.Status(ctx, s.sig, 0)
 	if err != nil {
 		f.release(key)
 		return x402.SettleResponse{}, fmt.Errorf("looking the transaction up before settlement: %w", err)
 	}
 	if st != nil {
-		return f.confirm(ctx, key, s, req.Network, true)
+		return f.confirm(ctx, key, s, req.Network)
 	}
 	if f.refuseOverBudget(c); c.resp.InvalidReason != "" {
 		f.release(key)
@@ -94,7 +105,7 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 		}
 		if c.landed {
 			// Landed since the look-up: sent by another.
-			return f.confirm(ctx, key, s, req.Network, true)
+			return f.confirm(ctx, key, s, req.Network)
 		}
 		if c.resp.InvalidReason != "" {
 			f.release(key)
@@ -110,7 +121,7 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 		return fail(reason, c.payer, msg, ""), nil
 	}
 	f.mu.Lock()
-	s.exposure, s.reserved = c.exposure, true
+	s.reserved, s.slot = true, c.slot
 	f.mu.Unlock()
 
 	if _, err := f.rpc.Send(ctx, c.signed); err != nil {
@@ -118,7 +129,7 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 		switch {
 		case errors.As(err, &re) && re.AlreadyProcessed():
 			// Not sent: the chain holds it already, sent by another.
-			return f.confirm(ctx, key, s, req.Network, true)
+			return f.confirm(ctx, key, s, req.Network)
 		case errors.As(err, &re) && re.Refused():
 			// The node answered and refused: the transaction is not in
 			// flight.
@@ -130,37 +141,32 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 		// may have been accepted. The signature is known, so ask the chain
 		// rather than guess.
 	}
-	return f.confirm(ctx, key, s, req.Network, false)
+	return f.confirm(ctx, key, s, req.Network)
 }
 
 // confirm polls s.sig until it is confirmed, fails, can no longer land, or
-// the deadline passes (an unknown outcome). With elsewhere, the
-// transaction was sent by another Settle (another process with this fee
-// payer, or this one before a restart), which answered, or will answer,
-// its caller: landed, it is duplicate_settlement, never a second success;
-// undecided at the deadline, it is duplicate_settlement too (being settled
-// elsewhere), never pending here, since only its sender may answer
-// success later.
-func (f *Facilitator) confirm(ctx context.Context, key [32]byte, s *settlement, network string, elsewhere bool) (x402.SettleResponse, error) {
+// the deadline passes (an unknown outcome, pending). It answers the same
+// whoever sent the transaction (this Settle, an earlier one, another
+// process): see Settle.
+func (f *Facilitator) confirm(ctx context.Context, key [32]byte, s *settlement, network string) (x402.SettleResponse, error) {
 	f.mu.Lock()
-	sig, payer, blockhash := s.sig, s.payer, s.blockhash
+	sig, payer, blockhash, floor := s.sig, s.payer, s.blockhash, s.slot
 	f.mu.Unlock()
 	resp := x402.SettleResponse{Transaction: sig, Network: network, Payer: payer}
 	ctx, cancel := context.WithTimeout(ctx, f.cfg.ConfirmTimeout)
 	defer cancel()
 	var lastErr error
 	for {
-		o, err := f.poll(ctx, sig, blockhash)
+		o, err := f.poll(ctx, sig, blockhash, floor)
 		if err != nil {
 			lastErr = err
 		}
 		switch {
 		case o.state == x402.SettlementNever && o.failed != "":
 			// Failed on chain: the fee is spent, the transfer is not
-			// made, and the same message can never land again. Its
-			// sender counts the failure.
-			f.outcome(s, !elsewhere)
-			f.finish(key, false)
+			// made, and the same message can never land again.
+			f.outcome(s, true)
+			f.finish(key, o.failed)
 			resp.ErrorReason, resp.ErrorMessage = ReasonTransactionFailed, "the transaction failed on chain: "+truncate(o.failed)
 			return resp, nil
 		case o.state == x402.SettlementNever:
@@ -168,27 +174,19 @@ func (f *Facilitator) confirm(ctx context.Context, key [32]byte, s *settlement, 
 			f.release(key)
 			resp.ErrorReason, resp.ErrorMessage, resp.Transaction = ReasonTransactionFailed, "the transaction's blockhash expired before it landed", ""
 			return resp, nil
-		case o.state == x402.SettlementDone && elsewhere:
-			f.outcome(s, false)
-			f.finish(key, true)
-			resp.ErrorReason, resp.ErrorMessage = ReasonDuplicateSettlement, "this transaction was already settled, by another settlement"
-			return resp, nil
 		case o.state == x402.SettlementDone:
 			f.outcome(s, false)
-			f.finish(key, true)
+			f.finish(key, "")
 			resp.Success = true
 			return resp, nil
 		}
 		select {
 		case <-ctx.Done():
 			f.outcome(s, false)
-			if elsewhere {
-				f.release(key)
-				resp.ErrorReason, resp.ErrorMessage = ReasonDuplicateSettlement, "this transaction is being settled by another settlement"
-				return resp, nil
-			}
 			f.mu.Lock()
-			s.inflight, s.pending = false, true
+			// Its record lives DuplicateWindow from now: a retry within it
+			// polls this signature (claim).
+			s.inflight, s.pending, s.at = false, true, now()
 			f.mu.Unlock()
 			pending := resp
 			pending.ErrorReason, pending.ErrorMessage = ReasonSettlementPending, "the transaction was sent; its outcome is not known yet"
@@ -225,23 +223,34 @@ func (f *Facilitator) outcome(s *settlement, failed bool) {
 }
 
 // claim reserves key for one Settle. It returns nil when the message is
-// being settled or was settled within DuplicateWindow, and retry true when
-// an earlier Settle sent it with an unknown outcome (the caller polls it).
+// being settled, and retry true when an earlier Settle sent it and left a
+// record (pending: its outcome unknown; settled; or failed on chain): the
+// caller polls its signature. A pending record takes that path however old
+// it is, until the sweep drops it: the signature it names is the caller's
+// own transaction, which the chain may well have landed.
 func (f *Facilitator) claim(key [32]byte) (s *settlement, retry bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	t := now()
 	f.sweep(t)
-	if e, ok := f.settled[key]; ok && !e.expired(t) {
-		if e.pending && !e.inflight {
-			e.inflight = true
-			return e, true
+	if e, ok := f.settled[key]; ok && (e.inflight || e.pending || !e.expired(t)) {
+		if e.inflight {
+			return nil, false
 		}
-		return nil, false
+		e.inflight = true
+		return e, true
 	}
 	s = &settlement{inflight: true, at: t}
 	f.settled[key] = s
 	return s, false
+}
+
+// unclaim gives back a record claim took for a retry that went no
+// further, as it was.
+func (f *Facilitator) unclaim(s *settlement) {
+	f.mu.Lock()
+	s.inflight = false
+	f.mu.Unlock()
 }
 
 // release forgets key: nothing was settled, so the payment may be retried.
@@ -251,17 +260,14 @@ func (f *Facilitator) release(key [32]byte) {
 	f.mu.Unlock()
 }
 
-// finish records the outcome of key: settled (kept for DuplicateWindow) or
-// failed on chain (forgotten, as the reference does; the chain refuses the
-// same message again anyway).
-func (f *Facilitator) finish(key [32]byte, ok bool) {
-	if !ok {
-		f.release(key)
-		return
-	}
+// finish records the outcome of key for DuplicateWindow: settled (failed
+// ""), or failed on chain with that error; either way a later Settle or
+// SettlementStatus answers it from the chain or the record without
+// counting a failure again.
+func (f *Facilitator) finish(key [32]byte, failed string) {
 	f.mu.Lock()
 	if e := f.settled[key]; e != nil {
-		e.inflight, e.pending, e.at = false, false, now()
+		e.inflight, e.pending, e.failed, e.at = false, false, failed, now()
 	}
 	f.mu.Unlock()
 }

@@ -19,12 +19,14 @@ type polled struct {
 	failed string
 }
 
-// poll looks once at signature sig of a transaction built on blockhash.
-// An unknown signature is judged unable to land only when the blockhash has
-// expired (blockhashExpired) and the chain still does not know the
-// signature after that answer (in case it landed in between).
-func (f *Facilitator) poll(ctx context.Context, sig, blockhash string) (polled, error) {
-	st, err := f.rpc.Status(ctx, sig)
+// poll looks once at signature sig of a transaction built on blockhash,
+// which a node at confirmed slot floor accepted (the simulation's slot; 0
+// when no record remembers it). An unknown signature is judged unable to
+// land only when the blockhash has expired (blockhashExpired) and the chain,
+// as a bank at least as new as the one that said so, still does not know
+// the signature after that answer (in case it landed in between).
+func (f *Facilitator) poll(ctx context.Context, sig, blockhash string, floor uint64) (polled, error) {
+	st, _, err := f.rpc.Status(ctx, sig, 0)
 	switch {
 	case err != nil:
 		return polled{}, err
@@ -36,32 +38,46 @@ func (f *Facilitator) poll(ctx context.Context, sig, blockhash string) (polled, 
 	case st != nil:
 		return polled{}, nil // seen, not yet confirmed
 	}
-	expired, err := f.blockhashExpired(ctx, blockhash)
+	expired, at, err := f.blockhashExpired(ctx, blockhash, floor)
 	if err != nil || !expired {
 		return polled{}, err
 	}
-	if st, err = f.rpc.Status(ctx, sig); err != nil || st != nil {
+	if st, _, err = f.rpc.Status(ctx, sig, at); err != nil || st != nil {
 		return polled{}, err
 	}
 	return polled{state: x402.SettlementNever}, nil
 }
 
 // blockhashExpired reports whether no transaction built on blockhash can
-// land any more: invalid at the processed tip and in the confirmed bank
-// (so a transaction that did land on it is confirmed, or on a dead fork,
-// and a confirmed lookup sees it). It is the one rule of expiry for every
-// judgement of "never": the processed tip alone can be a minority fork, or
-// one node of a load-balanced pool ahead of the one that answers the
-// status, and would call a transaction that is about to be confirmed
-// "never landed".
-func (f *Facilitator) blockhashExpired(ctx context.Context, blockhash string) (bool, error) {
-	for _, commitment := range []string{"processed", "confirmed"} {
-		valid, err := f.rpc.BlockhashValidAt(ctx, blockhash, commitment)
+// land any more, and the confirmed slot that showed it: invalid at the
+// processed tip and in the confirmed bank (so a transaction that did land
+// on it is confirmed, or on a dead fork, and a confirmed lookup sees it),
+// each as a bank no older than floor, and than the newest bank of its
+// commitment level any reply has shown (RPC.seen), sees it. It is the one
+// rule of expiry for every judgement of "never":
+//   - the processed tip alone can be a minority fork, or one node of a
+//     load-balanced pool ahead of the one that answers the status, and
+//     would call a transaction that is about to be confirmed "never
+//     landed";
+//   - a node answers false for a blockhash it has not seen yet exactly as
+//     for an expired one: one a few slots behind the node that accepted
+//     the transaction (a pool's other member) would call a seconds-old
+//     blockhash expired while the transaction is on its way. Only a bank
+//     at least as new as the one that accepted it can tell: floor when a
+//     record remembers the simulation's; else, and as well, the newest
+//     this process has seen (the status asked just before is one), which
+//     is as new as the accepting one once any reply since the acceptance
+//     came from a node as new. An older bank's answer is an error (the
+//     node's -32016, or a behindError), so the outcome stays undecided.
+func (f *Facilitator) blockhashExpired(ctx context.Context, blockhash string, floor uint64) (expired bool, at uint64, err error) {
+	for _, level := range []int{processed, confirmed} {
+		valid, slot, err := f.rpc.BlockhashValidAt(ctx, blockhash, level, max(floor, f.rpc.seenAt(level)))
 		if err != nil || valid {
-			return false, err
+			return false, 0, err
 		}
+		at = slot
 	}
-	return true, nil
+	return true, at, nil
 }
 
 // SettlementStatus implements x402.SettlementChecker for a payment this
@@ -85,10 +101,11 @@ func (f *Facilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayloa
 	key := tx.MessageHash()
 	f.mu.Lock()
 	e := f.settled[key]
-	var sig, blockhash string
+	var sig, blockhash, failed string
 	var inflight, pending bool
+	var floor uint64
 	if e != nil {
-		sig, blockhash, inflight, pending, out.Payer = e.sig, e.blockhash, e.inflight, e.pending, e.payer
+		sig, blockhash, inflight, pending, out.Payer, floor, failed = e.sig, e.blockhash, e.inflight, e.pending, e.payer, e.slot, e.failed
 	}
 	f.mu.Unlock()
 	switch {
@@ -96,20 +113,26 @@ func (f *Facilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayloa
 		return f.unrecorded(ctx, tx)
 	case inflight || sig == "":
 		return out, nil // a Settle is working on it
+	case failed != "":
+		out.State = x402.SettlementNever
+		return out, nil
 	case !pending:
 		out.State, out.Transaction = x402.SettlementDone, sig
 		return out, nil
 	}
-	o, err := f.poll(ctx, sig, blockhash)
+	o, err := f.poll(ctx, sig, blockhash, floor)
 	if err != nil {
 		return out, err
 	}
 	switch {
 	case o.state == x402.SettlementDone:
-		f.finish(key, true)
+		f.finish(key, "")
 		out.Transaction = sig
+	case o.state == x402.SettlementNever && o.failed != "":
+		f.outcome(e, true)
+		f.finish(key, o.failed)
 	case o.state == x402.SettlementNever:
-		f.outcome(e, o.failed != "")
+		f.outcome(e, false)
 		f.release(key)
 	}
 	out.State = o.state
@@ -124,20 +147,29 @@ func (f *Facilitator) unrecorded(ctx context.Context, tx *Transaction) (x402.Set
 		return out, errors.New("the payment's fee payer is not this facilitator's")
 	}
 	sig := base58.Encode(ed25519.Sign(f.key, tx.Message))
-	o, err := f.poll(ctx, sig, base58.Encode(tx.Blockhash[:]))
+	o, err := f.poll(ctx, sig, base58.Encode(tx.Blockhash[:]), 0)
 	if err != nil {
 		return out, err
 	}
 	out.State = o.state
 	if o.state == x402.SettlementDone {
 		out.Transaction = sig
-		// Remembered as settled, as Settle would: a second Settle of it
-		// is a duplicate.
+	}
+	if o.state == x402.SettlementDone || o.failed != "" {
+		// Remembered as Settle would: a failure on chain is counted
+		// against its payer once (a pending record swept before anyone
+		// learned the outcome was never counted), and a later ask is
+		// answered from the record.
+		x := txExposure(tx)
 		f.mu.Lock()
-		if f.settled[tx.MessageHash()] == nil {
-			f.settled[tx.MessageHash()] = &settlement{sig: sig, blockhash: base58.Encode(tx.Blockhash[:]), at: now()}
+		_, known := f.settled[tx.MessageHash()]
+		if !known {
+			f.settled[tx.MessageHash()] = &settlement{sig: sig, blockhash: base58.Encode(tx.Blockhash[:]), payer: payerOf(tx), failed: o.failed, at: now()}
 		}
 		f.mu.Unlock()
+		if !known && o.failed != "" {
+			f.budget.fail(x)
+		}
 	}
 	return out, nil
 }
@@ -186,7 +218,7 @@ func (r *StatusReader) SentSettlementStatus(ctx context.Context, p x402.PaymentP
 	var o polled
 	sig := sent.Transaction
 	if raw, derr := base58.Decode(sig); derr == nil && len(raw) == 64 && verifySignature(tx.AccountKeys[0], tx.Message, raw) {
-		o, err = r.f.poll(ctx, sig, base58.Encode(tx.Blockhash[:]))
+		o, err = r.f.poll(ctx, sig, base58.Encode(tx.Blockhash[:]), 0)
 	} else {
 		o, sig, err = r.f.search(ctx, tx, sent.After)
 	}

@@ -83,6 +83,11 @@ func PayerOf(p x402.PaymentPayload) string {
 	if err != nil {
 		return ""
 	}
+	return payerOf(tx)
+}
+
+// payerOf is PayerOf a decoded transaction.
+func payerOf(tx *Transaction) string {
 	ix, ok := tx.transfer()
 	if !ok {
 		return ""
@@ -117,7 +122,7 @@ func matchLanded(tx *Transaction, sig string, lt *LandedTransaction) (failed str
 // find searches the chain once for tx's transaction among those of its
 // source token account, no further back than after (zero: no bound of
 // time).
-func (f *Facilitator) find(ctx context.Context, tx *Transaction, after time.Time) (findResult, error) {
+func (f *Facilitator) find(ctx context.Context, tx *Transaction, after time.Time, minSlot uint64) (findResult, error) {
 	source, err := paymentSource(tx)
 	if err != nil {
 		return findResult{}, err
@@ -129,7 +134,7 @@ func (f *Facilitator) find(ctx context.Context, tx *Transaction, after time.Time
 	before, fetched := "", 0
 	lastSlot := ^uint64(0)
 	for {
-		page, err := f.rpc.SignaturesForAddress(ctx, source.String(), before, searchPage)
+		page, err := f.rpc.SignaturesForAddress(ctx, source.String(), before, searchPage, minSlot)
 		if err != nil {
 			return findResult{}, err
 		}
@@ -166,11 +171,13 @@ func (f *Facilitator) find(ctx context.Context, tx *Transaction, after time.Time
 }
 
 // search judges tx by finding its transaction: done or never (failed) when
-// found; never when not found by a complete search made after its blockhash
-// was seen expired; undecided otherwise. sig is the transaction when found.
+// found; never when not found by a complete search made, by a bank at least
+// as new, after its blockhash was seen expired (blockhashExpired);
+// undecided otherwise. sig is the transaction when found.
 func (f *Facilitator) search(ctx context.Context, tx *Transaction, after time.Time) (polled, string, error) {
+	var minSlot uint64
 	for again := false; ; again = true {
-		r, err := f.find(ctx, tx, after)
+		r, err := f.find(ctx, tx, after, minSlot)
 		switch {
 		case err != nil:
 			return polled{}, "", err
@@ -183,10 +190,16 @@ func (f *Facilitator) search(ctx context.Context, tx *Transaction, after time.Ti
 		case again:
 			return polled{state: x402.SettlementNever}, "", nil
 		}
-		expired, err := f.blockhashExpired(ctx, base58.Encode(tx.Blockhash[:]))
+		// The listing carries no slot: the tip's is the floor of the
+		// judgement (blockhashExpired).
+		if _, err := f.rpc.Slot(ctx); err != nil {
+			return polled{}, "", err
+		}
+		expired, at, err := f.blockhashExpired(ctx, base58.Encode(tx.Blockhash[:]), 0)
 		if err != nil || !expired {
 			return polled{}, "", err
 		}
 		// Once more, after that answer: it may have landed in between.
+		minSlot = at
 	}
 }
