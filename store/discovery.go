@@ -31,7 +31,9 @@ type Discovery interface {
 	// entry has fewer than MaxDiscoveryAccepts (past that it is dropped), and
 	// LastSeen becomes the store's clock. A new resource on a full list
 	// evicts the one seen longest ago. An entry that breaks a bound
-	// (CheckDiscoveryEntry) is ErrDiscoveryEntry and changes nothing.
+	// (CheckDiscoveryEntry) is ErrDiscoveryEntry, one whose Payment listed
+	// another resource ErrDiscoveryPaymentUsed, and one whose Rank is below
+	// the live entry's ErrDiscoveryOutranked; each changes nothing.
 	Record(ctx context.Context, e DiscoveryEntry) error
 	// List answers the live entries matching q, seen most recently first
 	// (equal times: Resource in ascending byte order), from q.Offset, at
@@ -98,6 +100,19 @@ type DiscoveryEntry struct {
 	// value of at most MaxItemBytes.
 	Item    json.RawMessage
 	Accepts []DiscoveryAccept
+	// Payment identifies the settled transaction that lists the entry
+	// (e.g. the network and the transaction hash; "": none). One payment
+	// lists one resource: the store remembers it for MaxAge, and Record of
+	// another resource under a payment it remembers is
+	// ErrDiscoveryPaymentUsed. A facilitator answers every caller of one
+	// payment that it joined with the same success, and each caller names
+	// its own resource, which the payer's signature does not cover.
+	Payment string
+	// Rank is how far the writer is trusted (higher: more). Record leaves
+	// a live entry written at a higher Rank as it is
+	// (ErrDiscoveryOutranked), so what the operator listed cannot be
+	// rewritten by a payer. Not filled by List.
+	Rank uint8
 	// LastSeen is set by the store: ignored by Record, filled by List.
 	LastSeen time.Time
 }
@@ -117,9 +132,15 @@ func (a DiscoveryAccept) same(b DiscoveryAccept) bool {
 // DiscoveryQuery selects entries: each non-empty filter must match exactly
 // (Type; Extension among Extensions; Scheme, Network and PayTo all on one
 // way to pay).
+//
+// MaxBytes, when positive, bounds a page by size as Limit does by count:
+// the entries of a page hold at most MaxBytes of Item and ways to pay
+// (Raw) together, its first entry always included, so that reading a page
+// never holds more than that whatever the entries' sizes.
 type DiscoveryQuery struct {
 	Type, Extension, Scheme, Network, PayTo string
 	Offset, Limit                           int
+	MaxBytes                                int
 }
 
 func (q DiscoveryQuery) unfiltered() bool {
@@ -151,6 +172,14 @@ type DiscoveryPage struct {
 // ErrDiscoveryEntry reports an entry that breaks a bound of the list.
 var ErrDiscoveryEntry = errors.New("store: discovery entry out of bounds")
 
+// ErrDiscoveryPaymentUsed reports a Record whose Payment already listed
+// another resource; ErrDiscoveryOutranked one whose Rank is below the
+// live entry's. Either changes nothing.
+var (
+	ErrDiscoveryPaymentUsed = errors.New("store: this payment already listed another resource")
+	ErrDiscoveryOutranked   = errors.New("store: the listed entry was written by a more trusted writer")
+)
+
 // CheckDiscoveryEntry checks e against the bounds every backend enforces.
 func CheckDiscoveryEntry(e DiscoveryEntry, l DiscoveryLimits) error {
 	bad := func(what string) error { return fmt.Errorf("%w: %s", ErrDiscoveryEntry, what) }
@@ -166,8 +195,11 @@ func CheckDiscoveryEntry(e DiscoveryEntry, l DiscoveryLimits) error {
 	case len(e.Accepts) == 0 || len(e.Accepts) > MaxDiscoveryAccepts:
 		return bad("no way to pay, or too many")
 	}
-	if hasControl(e.Resource) || hasControl(e.Type) {
-		return bad("resource or type with a control character")
+	if hasControl(e.Resource) || hasControl(e.Type) || hasControl(e.Payment) {
+		return bad("resource, type or payment with a control character")
+	}
+	if len(e.Payment) > MaxDiscoveryFieldBytes {
+		return bad("payment too long")
 	}
 	for _, x := range e.Extensions {
 		if x == "" || len(x) > MaxDiscoveryFieldBytes || hasControl(x) {
@@ -214,6 +246,7 @@ func MergeDiscoveryAccepts(old, add []DiscoveryAccept) []DiscoveryAccept {
 //	'd' 'm' resource            → discoveryMeta (binary, see encode): last seen, type, extensions, accept identities
 //	'd' 'b' resource            → discoveryBody (JSON): the item and the accepts' requirements
 //	'd' 't' inv(lastSeen) resource → empty; the list, most recently seen first
+//	'd' 'p' payment             → the resource that payment listed
 //
 // The small meta record is what List filters on, so a listing reads the
 // bodies of its page only. Every key expires MaxAge after the entry was
@@ -286,6 +319,7 @@ func (m *discoveryMeta) decode(v []byte) error {
 type discoveryBody struct {
 	Item    json.RawMessage   `json:"i"`
 	Accepts []json.RawMessage `json:"a"`
+	Rank    uint8             `json:"r,omitempty"` // 0 in entries written before ranks
 }
 
 func discoveryKey(kind byte, resource string) []byte {
@@ -332,9 +366,27 @@ func (d discovery) Record(ctx context.Context, e DiscoveryEntry) error {
 	return d.db.update(ctx, func(txn *tx) error {
 		at := now().UnixNano()
 		cutoff := at - d.lim.MaxAge.Nanoseconds()
+		if e.Payment != "" {
+			item, err := txn.Get(discoveryKey('p', e.Payment))
+			switch {
+			case err == nil:
+				listed, err := item.ValueCopy(nil)
+				if err != nil {
+					return err
+				}
+				if string(listed) != e.Resource {
+					return ErrDiscoveryPaymentUsed
+				}
+			case !errors.Is(err, badger.ErrKeyNotFound):
+				return err
+			}
+		}
 		old, oldBody, err := d.get(txn, e.Resource, cutoff, true)
 		if err != nil {
 			return err
+		}
+		if old != nil && oldBody.Rank > e.Rank {
+			return ErrDiscoveryOutranked
 		}
 		if old == nil {
 			if err := d.makeRoom(txn, cutoff); err != nil {
@@ -352,7 +404,7 @@ func (d discovery) Record(ctx context.Context, e DiscoveryEntry) error {
 		}
 		accepts := MergeDiscoveryAccepts(prev, e.Accepts)
 		meta := discoveryMeta{At: at, Type: e.Type, Ext: e.Extensions}
-		body := discoveryBody{Item: e.Item}
+		body := discoveryBody{Item: e.Item, Rank: e.Rank}
 		for _, a := range accepts {
 			meta.Accepts = append(meta.Accepts, [4]string{a.Scheme, a.Network, a.Asset, a.PayTo})
 			body.Accepts = append(body.Accepts, a.Raw)
@@ -363,11 +415,15 @@ func (d discovery) Record(ctx context.Context, e DiscoveryEntry) error {
 			return err
 		}
 		expires := uint64(time.Unix(0, at).Add(d.lim.MaxAge).Unix()) + 1
-		for _, kv := range [][2][]byte{
+		kvs := [][2][]byte{
 			{discoveryKey('m', e.Resource), mb},
 			{discoveryKey('b', e.Resource), bb},
 			{discoveryOrderKey(at, e.Resource), nil},
-		} {
+		}
+		if e.Payment != "" {
+			kvs = append(kvs, [2][]byte{discoveryKey('p', e.Payment), []byte(e.Resource)})
+		}
+		for _, kv := range kvs {
 			ent := badger.NewEntry(kv[0], kv[1])
 			ent.ExpiresAt = expires
 			if err := txn.SetEntry(ent); err != nil {
@@ -452,7 +508,7 @@ func (d discovery) List(ctx context.Context, q DiscoveryQuery) (DiscoveryPage, e
 	err := d.db.view(ctx, func(txn *tx) error {
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: discoveryOrderPrefix})
 		defer it.Close()
-		var seen int
+		var seen, size int
 		for it.Rewind(); it.Valid() && seen < d.lim.MaxEntries; it.Next() {
 			k := it.Item().Key()
 			if orderAt(k) < cutoff {
@@ -460,10 +516,11 @@ func (d discovery) List(ctx context.Context, q DiscoveryQuery) (DiscoveryPage, e
 			}
 			seen++
 			res := string(k[10:])
+			full := len(page.Entries) >= q.Limit || (q.MaxBytes > 0 && len(page.Entries) > 0 && size >= q.MaxBytes)
 			if q.unfiltered() {
 				// Every live entry matches: only the page's are read.
 				page.Total++
-				if page.Total <= q.Offset || len(page.Entries) >= q.Limit {
+				if page.Total <= q.Offset || full {
 					continue
 				}
 			}
@@ -480,7 +537,7 @@ func (d discovery) List(ctx context.Context, q DiscoveryQuery) (DiscoveryPage, e
 					continue
 				}
 				page.Total++
-				if page.Total <= q.Offset || len(page.Entries) >= q.Limit {
+				if page.Total <= q.Offset || full {
 					continue
 				}
 			}
@@ -488,6 +545,15 @@ func (d discovery) List(ctx context.Context, q DiscoveryQuery) (DiscoveryPage, e
 			if err != nil {
 				return err
 			}
+			n := len(b.Item)
+			for _, a := range b.Accepts {
+				n += len(a)
+			}
+			if q.MaxBytes > 0 && len(page.Entries) > 0 && size+n > q.MaxBytes {
+				size = q.MaxBytes // the page is full: the rest is only counted
+				continue
+			}
+			size += n
 			e.Item = bytes.Clone(b.Item)
 			for i := range e.Accepts {
 				e.Accepts[i].Raw = bytes.Clone(b.Accepts[i])

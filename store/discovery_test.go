@@ -10,16 +10,18 @@ import (
 	"github.com/aovhq/aov/store/storetest"
 )
 
-func TestBadgerDiscoveryContract(t *testing.T) {
-	storetest.TestDiscovery(t, func(t *testing.T, l store.DiscoveryLimits) store.Discovery {
-		db, err := store.Open(filepath.Join(t.TempDir(), "db"), store.Options{NoSync: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { db.Close() })
-		return db.Discovery(l)
-	})
+func badgerDiscovery(t *testing.T, l store.DiscoveryLimits) store.Discovery {
+	db, err := store.Open(filepath.Join(t.TempDir(), "db"), store.Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db.Discovery(l)
 }
+
+func TestBadgerDiscoveryContract(t *testing.T) { storetest.TestDiscovery(t, badgerDiscovery) }
+
+func TestBadgerDiscoveryTrust(t *testing.T) { storetest.TestDiscoveryTrust(t, badgerDiscovery) }
 
 // TestDiscoverySurvivesReopen: the list is on disk, not in the process.
 func TestDiscoverySurvivesReopen(t *testing.T) {

@@ -22,7 +22,10 @@ import (
 //	              "\0i" item, "\0n" number of ways to pay, "\0k"+i and "\0r"+i the
 //	              i-th way's identity (scheme, network, asset, payTo, NUL-separated)
 //	              and requirements, "\0f" what a filtered list reads (type, the
-//	              extension names, each identity; one HGET per entry)
+//	              extension names, each identity; one HGET per entry), "\0w" the
+//	              writer's rank (store.DiscoveryEntry.Rank)
+//	prefix:{d}:p:<payment>  string: the resource a settled payment listed,
+//	              expiring MaxAge after it was recorded
 //
 // store.CheckDiscoveryEntry refuses control characters in every name, so
 // the NUL and newline separators are unambiguous. Both keys expire MaxAge
@@ -30,30 +33,37 @@ import (
 
 const discoveryDel = `local function del(m)
   local n = tonumber(redis.call('HGET', h, m .. '\0n') or '0')
-  local f = {m .. '\0t', m .. '\0x', m .. '\0i', m .. '\0n', m .. '\0f'}
+  local f = {m .. '\0t', m .. '\0x', m .. '\0i', m .. '\0n', m .. '\0f', m .. '\0w'}
   for i = 1, n do f[#f + 1] = m .. '\0k' .. i; f[#f + 1] = m .. '\0r' .. i end
   redis.call('HDEL', h, unpack(f))
   redis.call('ZREM', z, m)
 end
 `
 
-// discoveryRecordScript: KEYS z, e; ARGV max entries, max age (ms), max
-// accepts, resource, type, extensions, item, then identity and
-// requirements of each way to pay. Safe to run twice: it sets the same
-// entry again.
+// discoveryRecordScript: KEYS z, e and, when the entry names its payment,
+// that payment's key; ARGV max entries, max age (ms), max accepts,
+// resource, type, extensions, item, rank, then identity and requirements
+// of each way to pay. Returns 1 (recorded), 2 (the payment listed another
+// resource) or 3 (the live entry has a higher rank); 2 and 3 change
+// nothing. Safe to run twice: it sets the same entry again.
 var discoveryRecordScript = redis.NewScript(`#!lua
 ` + nowMS + `local z, h = KEYS[1], KEYS[2]
 local max, age, maxacc = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local res = ARGV[4]
+local res, rank = ARGV[4], tonumber(ARGV[8])
+if KEYS[3] then
+  local listed = redis.call('GET', KEYS[3])
+  if listed and listed ~= res then return 2 end
+end
 ` + discoveryDel + `for _, m in ipairs(redis.call('ZRANGEBYSCORE', z, '(' .. (age - now), '+inf')) do del(m) end
 local n = 0
 if redis.call('ZSCORE', z, res) then
+  if tonumber(redis.call('HGET', h, res .. '\0w') or '0') > rank then return 3 end
   n = tonumber(redis.call('HGET', h, res .. '\0n') or '0')
 else
   while redis.call('ZCARD', z) >= max do del(redis.call('ZRANGE', z, -1, -1)[1]) end
 end
-redis.call('HSET', h, res .. '\0t', ARGV[5], res .. '\0x', ARGV[6], res .. '\0i', ARGV[7])
-for j = 8, #ARGV, 2 do
+redis.call('HSET', h, res .. '\0t', ARGV[5], res .. '\0x', ARGV[6], res .. '\0i', ARGV[7], res .. '\0w', rank)
+for j = 9, #ARGV, 2 do
   local slot
   for i = 1, n do
     if redis.call('HGET', h, res .. '\0k' .. i) == ARGV[j] then slot = i; break end
@@ -68,17 +78,20 @@ redis.call('HSET', h, res .. '\0f', ARGV[5] .. '\n' .. (string.gsub(ARGV[6], '\n
 redis.call('ZADD', z, -now, res)
 redis.call('PEXPIRE', z, age)
 redis.call('PEXPIRE', h, age)
+if KEYS[3] then redis.call('SET', KEYS[3], res, 'PX', age) end
 return 1
 `)
 
 // discoveryListScript: KEYS z, e; ARGV max age (ms), max entries, offset,
-// limit, type, extension, scheme, network, payTo. Returns {total, then per
+// limit, type, extension, scheme, network, payTo, max bytes (0: any).
+// Returns {total, then per
 // listed entry: resource, -score, type, extensions, item, n, n × (identity,
 // requirements)}.
 var discoveryListScript = redis.NewScript(`#!lua flags=no-writes
 ` + nowMS + `local z, h = KEYS[1], KEYS[2]
 local age, max, offset, limit = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local typ, ext, scheme, network, payto = ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
+local maxbytes, size, full = tonumber(ARGV[10]), 0, false
 local function split(s, sep)
   local r, i = {}, 1
   while true do
@@ -87,14 +100,21 @@ local function split(s, sep)
     r[#r + 1] = string.sub(s, i, j - 1); i = j + 1
   end
 end
-local function row(m, score, t, x)
+-- add appends the entry to out unless the page is full (limit entries,
+-- or max bytes of items and requirements with at least one entry).
+local function add(out, m, score, t, x)
+  if full or #out >= limit then full = true; return end
   local n = tonumber(redis.call('HGET', h, m .. '\0n') or '0')
   local e = {m, score, t, x, redis.call('HGET', h, m .. '\0i') or 'null', n}
+  local bytes = #e[5]
   for k = 1, n do
     e[#e + 1] = redis.call('HGET', h, m .. '\0k' .. k) or ''
     e[#e + 1] = redis.call('HGET', h, m .. '\0r' .. k) or 'null'
+    bytes = bytes + #e[#e]
   end
-  return e
+  if maxbytes > 0 and #out > 0 and size + bytes > maxbytes then full = true; return end
+  size = size + bytes
+  out[#out + 1] = e
 end
 if typ == '' and ext == '' and scheme == '' and network == '' and payto == '' then
   -- Every live entry matches: only the page is read.
@@ -104,7 +124,7 @@ if typ == '' and ext == '' and scheme == '' and network == '' and payto == '' th
     local page = redis.call('ZRANGEBYSCORE', z, '-inf', age - now, 'WITHSCORES', 'LIMIT', offset, math.min(limit, total - offset))
     for i = 1, #page, 2 do
       local m = page[i]
-      out[#out + 1] = row(m, page[i + 1], redis.call('HGET', h, m .. '\0t') or '', redis.call('HGET', h, m .. '\0x') or '')
+      add(out, m, page[i + 1], redis.call('HGET', h, m .. '\0t') or '', redis.call('HGET', h, m .. '\0x') or '')
     end
   end
   return {total, out}
@@ -125,7 +145,7 @@ for i = 1, #members, 2 do
       end
       if ok then
         total = total + 1
-        if total > offset and #out < limit then out[#out + 1] = row(m, members[i + 1], parts[1], redis.call('HGET', h, m .. '\0x') or '') end
+        if total > offset and not full then add(out, m, members[i + 1], parts[1], redis.call('HGET', h, m .. '\0x') or '') end
       end
     end
   end
@@ -137,13 +157,14 @@ return {total, out}
 // fields: the defaults), shared by every instance on this Redis and prefix.
 func (s *Store) Discovery(l store.DiscoveryLimits) store.Discovery {
 	p := s.opts.Prefix + ":{d}:"
-	return discovery{s: s, lim: l.WithDefaults(), keys: []string{p + "z", p + "e"}}
+	return discovery{s: s, lim: l.WithDefaults(), keys: []string{p + "z", p + "e"}, payments: p + "p:"}
 }
 
 type discovery struct {
-	s    *Store
-	lim  store.DiscoveryLimits
-	keys []string
+	s        *Store
+	lim      store.DiscoveryLimits
+	keys     []string
+	payments string // the prefix of a payment's key
 }
 
 // Limits implements store.Discovery.
@@ -155,18 +176,31 @@ func (d discovery) Record(ctx context.Context, e store.DiscoveryEntry) error {
 		return err
 	}
 	args := []any{d.lim.MaxEntries, d.lim.MaxAge.Milliseconds(), store.MaxDiscoveryAccepts,
-		e.Resource, e.Type, strings.Join(e.Extensions, "\n"), string(e.Item)}
+		e.Resource, e.Type, strings.Join(e.Extensions, "\n"), string(e.Item), e.Rank}
 	for _, a := range e.Accepts {
 		args = append(args, a.Scheme+"\x00"+a.Network+"\x00"+a.Asset+"\x00"+a.PayTo, string(a.Raw))
 	}
-	_, err := d.s.write(ctx, discoveryRecordScript, d.keys, args...)
-	return err
+	keys := d.keys
+	if e.Payment != "" {
+		keys = []string{d.keys[0], d.keys[1], d.payments + e.Payment}
+	}
+	v, err := d.s.write(ctx, discoveryRecordScript, keys, args...)
+	if err != nil {
+		return err
+	}
+	switch v {
+	case int64(2):
+		return store.ErrDiscoveryPaymentUsed
+	case int64(3):
+		return store.ErrDiscoveryOutranked
+	}
+	return nil
 }
 
 // List implements store.Discovery.
 func (d discovery) List(ctx context.Context, q store.DiscoveryQuery) (store.DiscoveryPage, error) {
 	v, err := d.s.read(ctx, discoveryListScript, d.keys, d.lim.MaxAge.Milliseconds(), d.lim.MaxEntries,
-		q.Offset, q.Limit, q.Type, q.Extension, q.Scheme, q.Network, q.PayTo)
+		q.Offset, q.Limit, q.Type, q.Extension, q.Scheme, q.Network, q.PayTo, max(q.MaxBytes, 0))
 	if err != nil {
 		return store.DiscoveryPage{}, err
 	}

@@ -31,6 +31,15 @@ func TestDiscoveryContractCluster(t *testing.T) {
 	storetest.TestDiscovery(t, discoveryBackend(cluster(t)))
 }
 
+func TestDiscoveryTrustStandalone(t *testing.T) {
+	_, rdb := standalone(t)
+	storetest.TestDiscoveryTrust(t, discoveryBackend(rdb))
+}
+
+func TestDiscoveryTrustCluster(t *testing.T) {
+	storetest.TestDiscoveryTrust(t, discoveryBackend(cluster(t)))
+}
+
 // BenchmarkRedisDiscovery runs the discovery benchmarks of store/storetest
 // on a local Redis (AOF with fsync every second); the Badger baseline is
 // BenchmarkBadgerDiscovery in package store.
@@ -56,7 +65,7 @@ func TestDiscoveryRecordIsSafeToRunTwice(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := s.Discovery(store.DiscoveryLimits{}).(discovery)
-	args := []any{10, 60000, store.MaxDiscoveryAccepts, "https://a.example/x", "http", "bazaar", `{}`, "exact\x00n\x00a\x00p", `{"amount":"1"}`}
+	args := []any{10, 60000, store.MaxDiscoveryAccepts, "https://a.example/x", "http", "bazaar", `{}`, 0, "exact\x00n\x00a\x00p", `{"amount":"1"}`}
 	for range 2 {
 		if _, err := d.s.write(ctx, discoveryRecordScript, d.keys, args...); err != nil {
 			t.Fatal(err)

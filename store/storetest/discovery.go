@@ -232,6 +232,101 @@ func TestDiscovery(t *testing.T, newD NewDiscovery) {
 	})
 }
 
+// TestDiscoveryTrust runs the parts of the store.Discovery contract that
+// keep the list trustworthy: one settled payment lists one resource, a
+// lower Rank never replaces what a higher one wrote, and a page is bounded
+// by bytes.
+func TestDiscoveryTrust(t *testing.T, newD NewDiscovery) {
+	ctx := context.Background()
+	all := store.DiscoveryQuery{Limit: 100}
+
+	t.Run("one payment lists one resource, even when recorded concurrently", func(t *testing.T) {
+		d := newD(t, store.DiscoveryLimits{})
+		const n = 24
+		errs := make(chan error, n)
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				e := discEntry(fmt.Sprintf("https://a.example/spam-%d", i), "http", `{}`)
+				e.Payment = "eip155:1337 0xfeed"
+				errs <- d.Record(ctx, e)
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		var listed int
+		for err := range errs {
+			switch {
+			case err == nil:
+				listed++
+			case !errors.Is(err, store.ErrDiscoveryPaymentUsed):
+				t.Errorf("Record = %v, want nil or ErrDiscoveryPaymentUsed", err)
+			}
+		}
+		p, err := d.List(ctx, all)
+		if err != nil || listed != 1 || p.Total != 1 {
+			t.Fatalf("%d records succeeded and %d entries are listed (%v); want one payment, one entry", listed, p.Total, err)
+		}
+		again := discEntry(p.Entries[0].Resource, "http", `{"again":true}`)
+		again.Payment = "eip155:1337 0xfeed"
+		discMust(t, d.Record(ctx, again)) // the same payment for its own resource: a retry
+		other := discEntry("https://a.example/other", "http", `{}`)
+		other.Payment = "eip155:1337 0xbeef"
+		discMust(t, d.Record(ctx, other))
+		if p, _ := d.List(ctx, all); p.Total != 2 {
+			t.Fatalf("after a retry and another payment: %q, want two entries", discResources(p))
+		}
+	})
+
+	t.Run("a lower rank never replaces what a higher one wrote", func(t *testing.T) {
+		d := newD(t, store.DiscoveryLimits{})
+		r := "https://a.example/score/:agent_id"
+		op := discEntry(r, "http", `{"description":"Trust score"}`, discAccept("eip155:1337", "0xpay", "20000"))
+		op.Rank = 3
+		discMust(t, d.Record(ctx, op))
+		stranger := discEntry(r, "http", `{"description":"MOVED"}`, discAccept("eip155:1337", "0xpay", "10000"))
+		stranger.Rank = 1
+		if err := d.Record(ctx, stranger); !errors.Is(err, store.ErrDiscoveryOutranked) {
+			t.Fatalf("a lower rank's record = %v, want ErrDiscoveryOutranked", err)
+		}
+		p, _ := d.List(ctx, all)
+		if p.Total != 1 || string(p.Entries[0].Item) != `{"description":"Trust score"}` || !strings.Contains(string(p.Entries[0].Accepts[0].Raw), `"20000"`) {
+			t.Fatalf("after a lower rank's record: %s %s; want the operator's entry unchanged", p.Entries[0].Item, p.Entries[0].Accepts[0].Raw)
+		}
+		op.Item = json.RawMessage(`{"description":"Trust score v2"}`)
+		discMust(t, d.Record(ctx, op))
+		stranger.Resource = "https://a.example/elsewhere"
+		discMust(t, d.Record(ctx, stranger))
+		stranger.Rank = 2
+		discMust(t, d.Record(ctx, stranger)) // a higher rank replaces a lower one
+		if p, _ := d.List(ctx, all); p.Total != 2 || string(p.Entries[1].Item) != `{"description":"Trust score v2"}` {
+			t.Fatalf("List = %+v; want the operator's update and the other resource", p)
+		}
+	})
+
+	t.Run("a page holds at most MaxBytes of entries, at least one", func(t *testing.T) {
+		d := newD(t, store.DiscoveryLimits{})
+		item := `{"pad":"` + strings.Repeat("x", 1000) + `"}`
+		for i := range 10 {
+			discMust(t, d.Record(ctx, discEntry(fmt.Sprintf("r%d", i), "http", item)))
+		}
+		size := len(item) + len(discAccept("eip155:1337", "0xpay", "10000").Raw)
+		for _, q := range []store.DiscoveryQuery{{Limit: 100}, {Limit: 100, Type: "http"}} {
+			q.MaxBytes = 3*size + 1
+			p, err := d.List(ctx, q)
+			if err != nil || p.Total != 10 || len(p.Entries) != 3 {
+				t.Fatalf("List(%+v) = %d entries of %d, %v; want 3 of 10", q, len(p.Entries), p.Total, err)
+			}
+			q.MaxBytes = 1
+			if p, _ := d.List(ctx, q); len(p.Entries) != 1 {
+				t.Fatalf("a budget smaller than one entry: %d entries, want 1", len(p.Entries))
+			}
+		}
+	})
+}
+
 func discMust(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
