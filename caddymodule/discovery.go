@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -128,6 +129,96 @@ func hostMatch(sets caddyhttp.MatcherSets, r *http.Request) (matches, always boo
 		}
 	}
 	return matches, always
+}
+
+// discovery is the set of live gates of the process that named their route,
+// for the facilitator's discovery list (listing): a settlement reaches the
+// facilitator without a site, so it is matched to the gate serving its
+// resource by origin and path, not by the walk of one server's routes that
+// the documents of a site use (siteGates). Gates join in Provision and
+// leave in Cleanup; during a reload the new config's gates are provisioned
+// before the old ones are cleaned up, so for one route the most recently
+// provisioned gate wins.
+var discovery = &registry{gates: map[*Gate]uint64{}}
+
+type registry struct {
+	mu    sync.Mutex
+	seq   uint64
+	gates map[*Gate]uint64
+}
+
+func (r *registry) add(g *Gate) {
+	if g.Route == "" {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.seq++
+	r.gates[g] = r.seq
+}
+
+func (r *registry) remove(g *Gate) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.gates, g)
+}
+
+// live returns one gate per route, newest first per route, sorted by route.
+func (r *registry) live() []*Gate {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	best := map[string]*Gate{}
+	for g, seq := range r.gates {
+		if cur, ok := best[g.Route]; !ok || r.gates[cur] < seq {
+			best[g.Route] = g
+		}
+	}
+	out := make([]*Gate, 0, len(best))
+	for _, g := range best {
+		out = append(out, g)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Route < out[j].Route })
+	return out
+}
+
+// listing is how the live gate serving path (as escaped in the URL) on
+// origin lists its resource in the facilitator's discovery list: all from
+// the gate's configuration (x402.OperatorListing), false when no live gate
+// with a route serves it. A gate with a public_base_url serves that origin
+// only; the facilitator has already held origin to its discovery origins.
+// tool picks among the MCP tools of one endpoint.
+func (r *registry) listing(origin, path, tool string) (x402.OperatorListing, bool) {
+	for _, g := range r.live() {
+		if g.Resource != "" || (g.base != "" && g.base != origin) {
+			continue // a configured resource URL is not the route's path
+		}
+		_, route, ok := strings.Cut(g.Route, " ")
+		if !ok || !routeMatches(route, path) || (g.MCPTool != "" && g.MCPTool != tool) {
+			continue
+		}
+		return x402.OperatorListing{Resource: routeURL(origin, g.Route), Tool: g.MCPTool, Description: g.Description,
+			MimeType: g.MimeType, Bazaar: g.bazaar, Accepts: g.offers}, true
+	}
+	return x402.OperatorListing{}, false
+}
+
+// routeMatches reports whether path is one the `route` path names: the
+// same segments, each {name} standing for one non-empty segment.
+func routeMatches(route, path string) bool {
+	for {
+		rs, rrest, rmore := strings.Cut(route, "/")
+		ps, prest, pmore := strings.Cut(path, "/")
+		if rmore != pmore {
+			return false
+		}
+		if rs != ps && (ps == "" || routeParam.FindString(rs) != rs) {
+			return false
+		}
+		if !rmore {
+			return true
+		}
+		route, path = rrest, prest
+	}
 }
 
 // Discovery serves the x402 discovery manifest (Caddyfile directive

@@ -849,6 +849,7 @@ var facilitatorEndpoints = []string{"/verify", "/settle", "/supported", "/discov
 //		discovery off | {                     # the discovery list's bounds
 //			max_entries <n>; max_entry_bytes <size>; max_age <duration>
 //			origins <scheme://host[:port]>...
+//			list_unauthenticated_settles      # without a token: list what any settle describes
 //		}
 //		devnet [{ rpc_listen <host:port> }]   # shorthand for evm { devnet … }
 //		evm { … }                             # or any x402.facilitators module

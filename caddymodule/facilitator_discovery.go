@@ -40,6 +40,15 @@ type FacilitatorDiscovery struct {
 	// your routes may list a URL of their own under its description.
 	// Placeholders such as {env.AOV_PUBLIC_BASE_URL} are expanded.
 	Origins []string `json:"origins,omitempty"`
+	// ListUnauthenticatedSettles lists, as the caller describes them,
+	// the resources a settle without the facilitator's token names that no
+	// gate of this process serves (the caller names the URL, description
+	// and bazaar extension; the facilitator checks only that the money goes
+	// to pay_to). Off by default: without a token such a settle is
+	// answered but lists nothing, and only this process's gates' routes are
+	// listed, as their configuration describes them. Refused with a
+	// token, where no settle is unauthenticated.
+	ListUnauthenticatedSettles bool `json:"list_unauthenticated_settles,omitempty"`
 }
 
 // discoveryStore is a store module that keeps a discovery list (badger,
@@ -89,8 +98,21 @@ func (h *FacilitatorHandler) discoveryConfig(ctx caddy.Context) (x402.Facilitato
 		}
 		origins = append(origins, o)
 	}
+	// A token makes every caller the operator's own (a request without it
+	// never gets here); without one, a settle's caller is anyone.
+	callers := x402.CallersNotListed
+	switch {
+	case h.gated && d.ListUnauthenticatedSettles:
+		return x402.FacilitatorHandlerConfig{}, errors.New("x402_facilitator: discovery list_unauthenticated_settles: with a token no settle is unauthenticated; drop one")
+	case h.gated:
+		callers = x402.CallersAuthenticated
+	case d.ListUnauthenticatedSettles:
+		callers = x402.CallersPublic
+	}
 	return x402.FacilitatorHandlerConfig{
 		Origins:   origins,
+		Operator:  discovery.listing,
+		Callers:   callers,
 		Discovery: st.Discovery(lim),
 		OnDiscoveryError: func(err error) {
 			log.Warn("discovery list not updated after a settlement", zap.Error(err))
@@ -106,6 +128,7 @@ func (h *FacilitatorHandler) discoveryConfig(ctx caddy.Context) (x402.Facilitato
 //		max_entry_bytes <size>
 //		max_age         <duration>
 //		origins         <scheme://host[:port]>...
+//		list_unauthenticated_settles
 //	}
 func parseFacilitatorDiscovery(d *caddyfile.Dispenser) (*FacilitatorDiscovery, error) {
 	fd := new(FacilitatorDiscovery)
@@ -150,6 +173,11 @@ func parseFacilitatorDiscovery(d *caddyfile.Dispenser) (*FacilitatorDiscovery, e
 			if fd.MaxAge <= 0 {
 				return nil, d.Err("max_age must be positive")
 			}
+		case "list_unauthenticated_settles":
+			if d.NextArg() {
+				return nil, d.ArgErr()
+			}
+			fd.ListUnauthenticatedSettles = true
 		case "origins":
 			args := d.RemainingArgs()
 			if len(args) == 0 {

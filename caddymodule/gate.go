@@ -439,6 +439,7 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 	registerMetrics(ctx)
 	g.route = new(atomic.Pointer[reporter])
 	g.stopped = new(atomic.Bool)
+	discovery.add(g)
 	g.startResolver() // hook (pending.go): resolve unknown settlements
 	return nil
 }
@@ -480,9 +481,11 @@ func (g *Gate) Validate() error {
 	return nil
 }
 
-// Cleanup stops the resolver and lets go of the rate limit zone.
+// Cleanup stops the resolver, withdraws the route from the facilitator's
+// discovery list and lets go of the rate limit zone.
 func (g *Gate) Cleanup() error {
 	g.stopResolver() // hook (pending.go)
+	discovery.remove(g)
 	if g.rates != nil {
 		if g.server != nil {
 			removeServerZone(g.server, g.rates)

@@ -6,9 +6,11 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/url"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -77,9 +79,23 @@ type discoveryItem struct {
 }
 
 // discoveryEntry is the list entry of a settled payment, or false when the
-// payment lists nothing. Every part comes from what the facilitator just
-// settled, but the payer chose it (the resource and its bazaar extension
-// are copied from the 402 by the client), so each is checked as untrusted:
+// payment lists nothing. The payer chose what the payment names (the
+// resource and its bazaar extension are copied from the 402 by the
+// client), so who describes the entry depends on whom the operator trusts:
+//
+//   - a resource one of the operator's own gates serves (Operator) is
+//     listed as the gate describes it: its URL, description, bazaar
+//     extension and every price it offers, whoever settled, and only for a
+//     payment of one of those prices. Nothing of the payer's is listed: a
+//     stranger paying min_price for a URL under the route cannot change how
+//     the route is listed, nor list it at another price;
+//   - any other resource is listed as the settle's caller describes it only
+//     when the operator trusts the caller (Callers): a caller authenticated
+//     by the facilitator's token, or anyone when the operator opted in.
+//     What an authenticated caller or the operator wrote is never replaced
+//     by a less trusted caller's record (store.DiscoveryEntry.Rank).
+//
+// A described entry is checked as untrusted:
 //
 //   - the resource is an absolute http(s) URL without user info, on one of
 //     the configured origins when there are any, at most
@@ -88,10 +104,12 @@ type discoveryItem struct {
 //     and the template, as the official facilitators catalog it;
 //   - the bazaar extension is required (without it nothing is cataloged, as
 //     the bazaar specification says), at most maxItem bytes, with info.input
-//     of type http or mcp (an MCP tool with a name) and info valid against
-//     the extension's own schema (compiled without fetching anything);
-//   - the description and mime type are valid UTF-8 without control
-//     characters and at most maxDiscoveryText bytes (dropped otherwise);
+//     of type http or mcp (an MCP tool with a name in MCP's tool-name
+//     characters) and info valid against the extension's own schema
+//     (compiled without fetching anything);
+//   - the description and mime type are valid UTF-8 without control or
+//     invisible characters and at most maxDiscoveryText bytes (dropped
+//     otherwise);
 //   - the way to pay is the requirements the payment was verified and
 //     settled against, at most store.MaxDiscoveryAcceptBytes.
 //
@@ -101,6 +119,10 @@ func (h *facilitatorHandler) discoveryEntry(p PaymentPayload, req PaymentRequire
 	e, why := h.catalogEntry(p, req)
 	return e, why == ""
 }
+
+// rankOperator is the store.DiscoveryEntry.Rank of what the operator's own
+// gates describe: above every CallerListing.
+const rankOperator = uint8(CallersAuthenticated) + 1
 
 // catalogEntry is discoveryEntry with the reason an entry is refused ("":
 // listed), for the bazaar status of EXTENSION-RESPONSES.
@@ -121,13 +143,21 @@ func (h *facilitatorHandler) catalogEntry(p PaymentPayload, req PaymentRequireme
 	if !ok {
 		return e, "the payment carries no bazaar extension"
 	}
+	if h.operator != nil {
+		if l, ok := h.operator(origin, u.EscapedPath(), payerTool(bz)); ok {
+			return h.operatorEntry(l, req)
+		}
+	}
+	if h.callers == CallersNotListed {
+		return e, "this facilitator lists the resources of its operator's gates only, and this is not one"
+	}
 	raw, err := json.Marshal(bz)
 	if err != nil || len(raw) > h.maxItem {
 		return e, "the bazaar extension is larger than this facilitator keeps"
 	}
 	typ, tool, ok := h.validBazaar(raw)
 	if !ok {
-		return e, "the bazaar extension's info is not valid against its schema (or is neither an http nor an mcp input)"
+		return e, "the bazaar extension's info is not valid against its schema (or is neither an http nor an mcp input, or names an MCP tool outside MCP's tool-name characters)"
 	}
 	resource := origin + u.EscapedPath()
 	if tmpl, _ := bz["routeTemplate"].(string); typ == "http" && validRouteTemplate(tmpl) {
@@ -143,11 +173,64 @@ func (h *facilitatorHandler) catalogEntry(p PaymentPayload, req PaymentRequireme
 	if err != nil || len(acc) > store.MaxDiscoveryAcceptBytes {
 		return e, "the payment requirements are larger than this facilitator keeps"
 	}
-	e.Resource, e.Type, e.Extensions = resource, typ, []string{"bazaar"}
+	e.Resource, e.Type, e.Extensions, e.Rank = resource, typ, []string{"bazaar"}, uint8(h.callers)
 	if typ == "mcp" {
 		e.Resource = resource + " " + tool
 	}
 	e.Accepts = []store.DiscoveryAccept{{Scheme: req.Scheme, Network: req.Network, Asset: req.Asset, PayTo: payToKey(req.PayTo), Raw: acc}}
+	if store.CheckDiscoveryEntry(e, h.discovery.Limits()) != nil {
+		return e, "the entry breaks a bound of the discovery list"
+	}
+	return e, ""
+}
+
+// payerTool is the MCP tool a payer's bazaar extension names ("" for
+// none): only to tell apart the operator's tools on one endpoint, never
+// listed as the payer wrote it.
+func payerTool(bz map[string]any) string {
+	info, _ := bz["info"].(map[string]any)
+	input, _ := info["input"].(map[string]any)
+	if t, _ := input["type"].(string); t != "mcp" {
+		return ""
+	}
+	tool, _ := input["toolName"].(string)
+	return tool
+}
+
+// operatorEntry is the entry of a resource the operator's gate serves, as
+// the gate describes it, for a payment of one of its prices.
+func (h *facilitatorHandler) operatorEntry(l OperatorListing, req PaymentRequirements) (store.DiscoveryEntry, string) {
+	var e store.DiscoveryEntry
+	paid := slices.ContainsFunc(l.Accepts, func(o PaymentRequirements) bool {
+		return o.Scheme == req.Scheme && o.Network == req.Network && o.Asset == req.Asset &&
+			payToKey(o.PayTo) == payToKey(req.PayTo) && o.Amount == req.Amount
+	})
+	if !paid {
+		return e, "the payment is not one of the prices the operator's route offers, so it does not list the route"
+	}
+	if l.Bazaar == nil {
+		return e, "the operator's route has no bazaar extension to list"
+	}
+	raw, err := json.Marshal(l.Bazaar)
+	if err != nil || len(raw) > h.maxItem {
+		return e, "the route's bazaar extension is larger than this facilitator keeps"
+	}
+	item := discoveryItem{Resource: l.Resource, Extensions: map[string]any{"bazaar": json.RawMessage(raw)},
+		Description: cleanText(l.Description), MimeType: cleanText(l.MimeType)}
+	if e.Item, err = json.Marshal(item); err != nil {
+		return e, "the entry cannot be encoded"
+	}
+	e.Resource, e.Type, e.Extensions, e.Rank = l.Resource, "http", []string{"bazaar"}, rankOperator
+	if l.Tool != "" {
+		e.Resource, e.Type = l.Resource+" "+l.Tool, "mcp"
+	}
+	for _, o := range l.Accepts[:min(len(l.Accepts), store.MaxDiscoveryAccepts)] {
+		acc, err := json.Marshal(o)
+		if err != nil || len(acc) > store.MaxDiscoveryAcceptBytes {
+			return e, "the route's payment requirements are larger than this facilitator keeps"
+		}
+		e.Accepts = append(e.Accepts, store.DiscoveryAccept{Scheme: o.Scheme, Network: o.Network, Asset: o.Asset, PayTo: payToKey(o.PayTo), Raw: acc})
+	}
 	if store.CheckDiscoveryEntry(e, h.discovery.Limits()) != nil {
 		return e, "the entry breaks a bound of the discovery list"
 	}
@@ -234,15 +317,31 @@ func payToKey(a string) string {
 
 // record puts a settled payment's resource on the list, within a deadline
 // of its own: the settlement is done and answered whatever the store says.
-// It returns the bazaar extension's response (the bazaar specification's
+// The entry names the settlement's transaction, so that one payment lists
+// one resource: a facilitator answers every concurrent settle of one
+// authorization with the same success, and each caller names its own
+// resource, which the payer's signature does not cover. It returns the
+// bazaar extension's response (the bazaar specification's
 // EXTENSION-RESPONSES entry), nil when the payment carried no bazaar
 // extension.
-func (h *facilitatorHandler) record(ctx context.Context, p PaymentPayload, req PaymentRequirements) map[string]any {
+func (h *facilitatorHandler) record(ctx context.Context, p PaymentPayload, req PaymentRequirements, settled SettleResponse) map[string]any {
 	e, why := h.catalogEntry(p, req)
+	if why == "" && settled.Transaction == "" {
+		why = "the settlement names no transaction"
+	}
 	if why == "" {
+		e.Payment = settled.Network + " " + settled.Transaction
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), discoveryRecordTimeout)
 		defer cancel()
-		if err := h.discovery.Record(ctx, e); err != nil {
+		switch err := h.discovery.Record(ctx, e); {
+		case err == nil:
+		case errors.Is(err, store.ErrDiscoveryPaymentUsed):
+			why = "this payment already listed another resource; one payment lists one"
+		case errors.Is(err, store.ErrDiscoveryOutranked):
+			why = "the resource is listed as its operator describes it; this payment does not rewrite it"
+		case errors.Is(err, store.ErrDiscoveryEntry):
+			why = "the entry breaks a bound of the discovery list"
+		default:
 			if h.onDiscoveryError != nil {
 				h.onDiscoveryError(err)
 			}

@@ -27,7 +27,7 @@ func discoveryStore(t testing.TB, l store.DiscoveryLimits) store.Discovery {
 }
 
 func discoveryHandler(t testing.TB, l store.DiscoveryLimits) *facilitatorHandler {
-	return NewFacilitatorHandlerWith(&fakeFacilitator{}, FacilitatorHandlerConfig{Discovery: discoveryStore(t, l)}).(*facilitatorHandler)
+	return NewFacilitatorHandlerWith(&fakeFacilitator{}, FacilitatorHandlerConfig{Discovery: discoveryStore(t, l), Callers: CallersAuthenticated}).(*facilitatorHandler)
 }
 
 // httpBazaar is the bazaar extension of a GET route, as
@@ -67,6 +67,11 @@ func catalogPayload(u string, bazaar map[string]any) PaymentPayload {
 }
 
 var catalogReq = PaymentRequirements{Scheme: SchemeExact, Network: NetworkDevnet, Amount: "10000", Asset: "0x1", PayTo: "0xa0Ee7A142d267C1f36714E4a8F75612F20a79720"}
+
+// settledAt is the answer of a settlement by transaction tx.
+func settledAt(tx string) SettleResponse {
+	return SettleResponse{Success: true, Transaction: tx, Network: catalogReq.Network}
+}
 
 func withMember(m map[string]any, k string, v any) map[string]any {
 	m[k] = v
@@ -134,7 +139,7 @@ func TestDiscoveryEntryChecksWhatThePayerChose(t *testing.T) {
 		}
 	})
 	t.Run("with origins, only resources on them are listed", func(t *testing.T) {
-		h := NewFacilitatorHandlerWith(&fakeFacilitator{}, FacilitatorHandlerConfig{Discovery: discoveryStore(t, store.DiscoveryLimits{}),
+		h := NewFacilitatorHandlerWith(&fakeFacilitator{}, FacilitatorHandlerConfig{Discovery: discoveryStore(t, store.DiscoveryLimits{}), Callers: CallersAuthenticated,
 			Origins: []string{"https://Verify.example/", "http://localhost:8080"}}).(*facilitatorHandler)
 		for u, want := range map[string]bool{
 			"https://verify.example/score/a": true,
@@ -161,7 +166,7 @@ func TestDiscoveryEntryChecksWhatThePayerChose(t *testing.T) {
 // client asks.
 func TestDiscoveryThroughTheHandler(t *testing.T) {
 	now := time.Unix(1_800_000_000, 0)
-	h := NewFacilitatorHandlerWith(&fakeFacilitator{now: now}, FacilitatorHandlerConfig{Discovery: discoveryStore(t, store.DiscoveryLimits{})})
+	h := NewFacilitatorHandlerWith(&fakeFacilitator{now: now}, FacilitatorHandlerConfig{Discovery: discoveryStore(t, store.DiscoveryLimits{}), Callers: CallersAuthenticated})
 	srv := httptest.NewServer(h)
 	defer srv.Close()
 	post := func(path string, u string, bazaar map[string]any) map[string]any {
@@ -328,7 +333,7 @@ func BenchmarkDiscoveryRecord(b *testing.B) {
 	b.Run("checks_and_badger_write", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			h.record(context.Background(), p, catalogReq)
+			h.record(context.Background(), p, catalogReq, settledAt("0x1"))
 		}
 	})
 }

@@ -47,11 +47,26 @@ func NewFacilitatorHandler(f Facilitator) http.Handler {
 // FacilitatorHandlerConfig adds the discovery list to a facilitator
 // handler.
 type FacilitatorHandlerConfig struct {
-	// Discovery keeps the bazaar list of GET /discovery/resources: every
-	// settled payment whose payer echoed a valid bazaar extension puts its
-	// resource there (see discoveryEntry), within the store's Limits.
-	// Nil: the endpoint is 404.
+	// Discovery keeps the bazaar list of GET /discovery/resources: a
+	// settled payment whose payer echoed a bazaar extension puts its
+	// resource there (see discoveryEntry), within the store's Limits, as
+	// Operator or, for other resources, Callers allow. Nil: the endpoint is
+	// 404.
 	Discovery store.Discovery
+	// Operator, when set, answers how the operator's own gate serving the
+	// resource at origin (scheme://host[:port], in lower case) and path (as
+	// escaped in the URL) lists it, false when no gate serves it; tool is
+	// the MCP tool the payer named ("" for none), to tell the tools of one
+	// endpoint apart. Such a resource is listed as the gate describes it,
+	// whoever settled, and only for a payment of one of its prices.
+	Operator func(origin, path, tool string) (OperatorListing, bool)
+	// Callers says whether a settle's caller may list, as it describes it,
+	// a resource Operator does not answer for. The caller names the URL,
+	// the description and the bazaar extension, and the guard in front of
+	// the facilitator checks only where the money goes: without trust in
+	// the caller, anyone paying min_price could list anything on the
+	// operator's origins. Default CallersNotListed.
+	Callers CallerListing
 	// Origins, when set, are the only origins (scheme://host[:port]) whose
 	// resources are listed: the resource URL is the payer's choice, so
 	// without it anyone paying for one route may list a URL of their own
@@ -62,10 +77,44 @@ type FacilitatorHandlerConfig struct {
 	OnDiscoveryError func(error)
 }
 
+// CallerListing says how far a facilitator trusts the callers of /settle
+// to describe what the discovery list says (FacilitatorHandlerConfig).
+type CallerListing uint8
+
+// The CallerListings, in increasing trust: an entry a more trusted caller
+// (or the operator's gate) wrote is never replaced by a less trusted one.
+const (
+	// CallersNotListed lists the resources of the operator's gates only.
+	CallersNotListed CallerListing = iota
+	// CallersPublic lists what any caller describes: a public bazaar, the
+	// operator's explicit choice.
+	CallersPublic
+	// CallersAuthenticated lists what callers describe when every caller
+	// is the operator's (the facilitator requires a token).
+	CallersAuthenticated
+)
+
+// OperatorListing is how a gate of the operator lists the resource it
+// serves: all from the operator's configuration.
+type OperatorListing struct {
+	// Resource is the listed URL: the origin and the route's path, its
+	// parameters written as a routeTemplate's :name.
+	Resource string
+	// Tool is the MCP tool the gate prices ("" for an HTTP route).
+	Tool                  string
+	Description, MimeType string
+	// Bazaar is the bazaar extension of the gate's 402 (nil: the route is
+	// not listed).
+	Bazaar map[string]any
+	// Accepts are the gate's offers: the listed ways to pay, and the only
+	// payments that list the resource.
+	Accepts []PaymentRequirements
+}
+
 // NewFacilitatorHandlerWith is NewFacilitatorHandler with a discovery
 // list.
 func NewFacilitatorHandlerWith(f Facilitator, c FacilitatorHandlerConfig) http.Handler {
-	h := &facilitatorHandler{f: f, discovery: c.Discovery, onDiscoveryError: c.OnDiscoveryError}
+	h := &facilitatorHandler{f: f, discovery: c.Discovery, onDiscoveryError: c.OnDiscoveryError, operator: c.Operator, callers: c.Callers}
 	for _, o := range c.Origins {
 		if h.origins == nil {
 			h.origins = map[string]bool{}
@@ -89,6 +138,8 @@ type facilitatorHandler struct {
 	discovery        store.Discovery // nil: no GET /discovery/resources
 	maxItem          int             // the store's bound on an entry's item
 	origins          map[string]bool // nil: any origin is listed
+	operator         func(origin, path, tool string) (OperatorListing, bool)
+	callers          CallerListing
 	schemas          *schema.Cache
 	onDiscoveryError func(error)
 	listSlots        chan struct{} // one per list being read from the store
@@ -142,7 +193,7 @@ func (h *facilitatorHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			resp.Network = req.PaymentRequirements.Network
 		}
 		if resp.Success && h.discovery != nil {
-			if bz := h.record(r.Context(), req.PaymentPayload, req.PaymentRequirements); bz != nil {
+			if bz := h.record(r.Context(), req.PaymentPayload, req.PaymentRequirements, resp); bz != nil {
 				if v, err := EncodeHeader(map[string]any{"bazaar": bz}); err == nil {
 					w.Header().Set(HeaderExtensionResponses, v)
 				}

@@ -1,0 +1,155 @@
+package caddymodule
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aovhq/aov/plugins/evmfacilitator"
+	"github.com/aovhq/aov/x402"
+)
+
+// facilitatorSettle posts one settle to base's /facilitator/settle with
+// the given Authorization ("" for none) and answers the settlement and
+// the bazaar's EXTENSION-RESPONSES status.
+func facilitatorSettle(t *testing.T, base, authz string, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettleResponse, string) {
+	t.Helper()
+	body, _ := json.Marshal(x402.FacilitatorRequest{X402Version: 2, PaymentPayload: p, PaymentRequirements: req})
+	r, _ := http.NewRequest(http.MethodPost, base+"/facilitator/settle", bytes.NewReader(body))
+	r.Header.Set("Content-Type", "application/json")
+	if authz != "" {
+		r.Header.Set("Authorization", authz)
+	}
+	resp, err := testClient.Do(r)
+	if err != nil {
+		t.Error(err)
+		return x402.SettleResponse{}, ""
+	}
+	defer resp.Body.Close()
+	var s x402.SettleResponse
+	json.NewDecoder(resp.Body).Decode(&s)
+	var bz map[string]map[string]any
+	x402.DecodeHeader(resp.Header.Get(x402.HeaderExtensionResponses), &bz)
+	status, _ := bz["bazaar"]["status"].(string)
+	return s, status
+}
+
+// TestDiscoveryAStrangerCannotRewriteTheOperatorsRoute: Caddyfile.example's
+// shape, a public x402_facilitator (no token) with discovery origins = the
+// site, and a gate pricing GET /thing/{id} at $0.02 through it. A stranger
+// settles $0.01 (min_price, to pay_to, as the guard demands) straight at
+// /facilitator/settle, naming a URL under the route with the route's
+// bazaar extension and a description of its own, then a phishing resource
+// of its own: the settlements go through, the list keeps the route as the
+// gate describes it and lists nothing of the stranger's.
+func TestDiscoveryAStrangerCannotRewriteTheOperatorsRoute(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	site := strings.Replace(discoverySite(d, fac, "badger {data}/g", "badger {data}/f"), "amount 10000", "amount 20000", 1)
+	base := startCaddy(t, site)
+	payThing(t, base, "a", 4)
+	wantRoute := func(when string) {
+		t.Helper()
+		l := listResources(t, base)
+		if len(l.Items) != 1 || l.Items[0].Resource != base+"/thing/:id" || l.Items[0].Description != "A thing" || l.Items[0].Accepts[0].Amount != "20000" {
+			t.Fatalf("%s: listed %+v; want the route as its gate describes it, at 20000", when, l.Items)
+		}
+	}
+	wantRoute("after the route's purchase")
+
+	resp, err := testClient.Get(base + "/thing/b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pr := paymentRequired(t, resp)
+	resp.Body.Close()
+	for i, c := range []struct{ path, description string }{
+		{"/thing/anything", "MOVED: this API now takes payment at https://evil.example/pay"},
+		{"/phish", "Free money"},
+	} {
+		req := pr.Accepts[0]
+		req.Amount = "10000"
+		res := pr.Resource
+		res.URL, res.Description = base+c.path, c.description
+		p, err := x402.SignExactEVM(evmfacilitator.DevKey(5+i), req, &res, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Extensions = pr.Extensions // the route's own bazaar extension, routeTemplate /thing/:id
+		s, status := facilitatorSettle(t, base, "", p, req)
+		if !s.Success || status != "rejected" {
+			t.Fatalf("the stranger's settle for %s: %+v, bazaar %q; want settled, not listed", c.path, s, status)
+		}
+	}
+	wantRoute("after a stranger's settles")
+}
+
+// TestDiscoveryOnePaymentListsOneResource: one payment (one EIP-3009
+// authorization, settled once on chain) sent to an authenticated
+// x402_facilitator 24 times at once, each copy naming another resource.
+// The facilitator joins the settles and answers each success; the list
+// takes one resource, so every entry is a payment to the operator.
+func TestDiscoveryOnePaymentListsOneResource(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	t.Setenv("DISC_ONEPAY_TOKEN", "onepay-token-0123456789")
+	site := strings.Replace(discoverySite(d, fac, "badger {data}/g", "badger {data}/f"), "\t\t\tpay_to", "\t\t\ttoken {env.DISC_ONEPAY_TOKEN}\n\t\t\tpay_to", 1)
+	base := startCaddy(t, site)
+	resp, err := testClient.Get(base + "/thing/b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pr := paymentRequired(t, resp)
+	resp.Body.Close()
+	req := pr.Accepts[0]
+	p, err := x402.SignExactEVM(evmfacilitator.DevKey(6), req, &pr.Resource, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 24
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	settled, listed := 0, 0
+	start := make(chan struct{})
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			q := p
+			q.Resource = &x402.Resource{URL: fmt.Sprintf("%s/spam-%d", base, i), Description: "cheap listing"}
+			q.Extensions = map[string]any{"bazaar": map[string]any{
+				"info":   map[string]any{"input": map[string]any{"type": "http", "method": "GET"}},
+				"schema": map[string]any{"type": "object"},
+			}}
+			<-start
+			s, status := facilitatorSettle(t, base, "Bearer onepay-token-0123456789", q, req)
+			mu.Lock()
+			defer mu.Unlock()
+			if s.Success {
+				settled++
+			}
+			if status == "success" {
+				listed++
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	r, _ := http.NewRequest(http.MethodGet, base+"/facilitator/discovery/resources", nil)
+	r.Header.Set("Authorization", "Bearer onepay-token-0123456789")
+	resp, err = testClient.Do(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var l x402.DiscoveryResources
+	if resp.StatusCode != 200 || json.NewDecoder(resp.Body).Decode(&l) != nil {
+		t.Fatalf("discovery list: %d", resp.StatusCode)
+	}
+	if settled == 0 || listed != 1 || l.Pagination.Total != 1 {
+		t.Fatalf("%d of %d settles answered success, %d listed, %d entries; want one payment, one entry", settled, n, listed, l.Pagination.Total)
+	}
+}

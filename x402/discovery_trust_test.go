@@ -1,0 +1,163 @@
+package x402
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/aovhq/aov/store"
+)
+
+// scoreRoute is the operator's own route as its gate describes it: GET
+// /score/{agent_id} on https://verify.example at 20000.
+func scoreRoute(origin, path, _ string) (OperatorListing, bool) {
+	if origin != "https://verify.example" || !strings.HasPrefix(path, "/score/") || strings.Count(path, "/") != 2 || len(path) == len("/score/") {
+		return OperatorListing{}, false
+	}
+	req := catalogReq
+	req.Amount = "20000"
+	return OperatorListing{Resource: origin + "/score/:agent_id", Description: "Trust score of an agent", MimeType: "application/json",
+		Bazaar: withMember(httpBazaar(), "routeTemplate", "/score/:agent_id"), Accepts: []PaymentRequirements{req}}, true
+}
+
+func listed(t *testing.T, h *facilitatorHandler) map[string]DiscoveryResource {
+	t.Helper()
+	l := listPage(t, h, "")
+	out := map[string]DiscoveryResource{}
+	for _, it := range l.Items {
+		out[it.Resource] = it
+	}
+	return out
+}
+
+// TestDiscoveryOperatorDescribesItsOwnRoutes: a settle's caller names the
+// resource URL, the description and the bazaar extension; the guard checks
+// only that the money goes to the operator. A stranger settling min_price
+// for a URL under the operator's route (or with its routeTemplate) must
+// not change how the route is listed nor the price it is listed at, and an
+// unauthenticated caller lists nothing of its own unless the operator
+// opted in.
+func TestDiscoveryOperatorDescribesItsOwnRoutes(t *testing.T) {
+	ctx := context.Background()
+	newHandler := func(callers CallerListing) *facilitatorHandler {
+		return NewFacilitatorHandlerWith(&fakeFacilitator{}, FacilitatorHandlerConfig{Discovery: discoveryStore(t, store.DiscoveryLimits{}),
+			Origins: []string{"https://verify.example"}, Operator: scoreRoute, Callers: callers}).(*facilitatorHandler)
+	}
+	wantRoute := func(t *testing.T, h *facilitatorHandler) {
+		t.Helper()
+		it, ok := listed(t, h)["https://verify.example/score/:agent_id"]
+		if !ok || it.Description != "Trust score of an agent" || len(it.Accepts) != 1 || it.Accepts[0].Amount != "20000" {
+			t.Fatalf("the operator's route is listed as %+v (%v); want its gate's description at 20000", it, ok)
+		}
+	}
+	opReq := catalogReq
+	opReq.Amount = "20000"
+
+	for _, callers := range []CallerListing{CallersNotListed, CallersPublic} {
+		t.Run(fmt.Sprintf("callers %d", callers), func(t *testing.T) {
+			h := newHandler(callers)
+			// The gate's own buyer, whose payload says something else: the
+			// gate's description is listed, not the payload's.
+			buyer := catalogPayload("https://verify.example/score/a", withMember(httpBazaar(), "routeTemplate", "/score/:agent_id"))
+			buyer.Resource.Description = "whatever the client copied"
+			if bz := h.record(ctx, buyer, opReq, settledAt("0x01")); bz["status"] != "success" {
+				t.Fatalf("the route's buyer: %v", bz)
+			}
+			wantRoute(t, h)
+
+			evil := catalogPayload("https://verify.example/score/zzz", withMember(httpBazaar(), "routeTemplate", "/score/:agent_id"))
+			evil.Resource.Description = "MOVED: pay at https://evil.example/score instead"
+			evilReq := catalogReq // min_price, to the operator
+			if bz := h.record(ctx, evil, evilReq, settledAt("0x02")); bz["status"] != "rejected" || !strings.Contains(fmt.Sprint(bz), "not one of the prices") {
+				t.Errorf("a stranger's min_price settle under the route: %v, want rejected", bz)
+			}
+			// Another URL collapsed into the route's key by its routeTemplate.
+			collapse := catalogPayload("https://verify.example/other/zzz", withMember(httpBazaar(), "routeTemplate", "/score/:agent_id"))
+			collapse.Resource.Description = "MOVED"
+			bz := h.record(ctx, collapse, evilReq, settledAt("0x03"))
+			if bz["status"] != "rejected" {
+				t.Errorf("a stranger's routeTemplate onto the route: %v, want rejected", bz)
+			}
+			wantRoute(t, h)
+			if callers == CallersNotListed {
+				if !strings.Contains(fmt.Sprint(bz), "operator's gates only") {
+					t.Errorf("an unauthenticated caller's own resource: %v", bz)
+				}
+				if bz := h.record(ctx, catalogPayload("https://verify.example/phish", httpBazaar()), evilReq, settledAt("0x04")); bz["status"] != "rejected" {
+					t.Errorf("an unauthenticated caller listed its own resource: %v", bz)
+				}
+				if n := len(listed(t, h)); n != 1 {
+					t.Errorf("%d entries listed, want the operator's route only", n)
+				}
+			} else if !strings.Contains(fmt.Sprint(bz), "as its operator describes it") {
+				t.Errorf("a public caller's record onto the operator's entry: %v, want outranked", bz)
+			}
+		})
+	}
+	t.Run("an authenticated caller's entry is not rewritten by a public one", func(t *testing.T) {
+		st := discoveryStore(t, store.DiscoveryLimits{})
+		trusted := NewFacilitatorHandlerWith(&fakeFacilitator{}, FacilitatorHandlerConfig{Discovery: st, Callers: CallersAuthenticated}).(*facilitatorHandler)
+		public := NewFacilitatorHandlerWith(&fakeFacilitator{}, FacilitatorHandlerConfig{Discovery: st, Callers: CallersPublic}).(*facilitatorHandler)
+		p := catalogPayload("https://a.example/x", httpBazaar())
+		p.Resource.Description = "the operator's gateway"
+		if bz := trusted.record(ctx, p, opReq, settledAt("0x05")); bz["status"] != "success" {
+			t.Fatal(bz)
+		}
+		p.Resource.Description = "MOVED"
+		if bz := public.record(ctx, p, catalogReq, settledAt("0x06")); bz["status"] != "rejected" {
+			t.Fatalf("a public caller rewrote an authenticated caller's entry: %v", bz)
+		}
+		if it := listed(t, trusted)["https://a.example/x"]; it.Description != "the operator's gateway" || it.Accepts[0].Amount != "20000" {
+			t.Fatalf("listed %+v", it)
+		}
+	})
+}
+
+// TestDiscoveryOnePaymentListsOneResource: a facilitator answers every
+// caller it joined on one authorization with the same success (one
+// transaction), and each names its own resource: the list takes one.
+func TestDiscoveryOnePaymentListsOneResource(t *testing.T) {
+	h := discoveryHandler(t, store.DiscoveryLimits{})
+	const n = 24
+	var wg sync.WaitGroup
+	results := make(chan map[string]any, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results <- h.record(context.Background(), catalogPayload(fmt.Sprintf("https://a.example/spam-%d", i), httpBazaar()), catalogReq, settledAt("0xjoined"))
+		}()
+	}
+	wg.Wait()
+	close(results)
+	var ok int
+	for bz := range results {
+		if bz["status"] == "success" {
+			ok++
+		} else if !strings.Contains(fmt.Sprint(bz), "already listed another resource") {
+			t.Errorf("bazaar %v", bz)
+		}
+	}
+	if l := listPage(t, h, ""); ok != 1 || l.Pagination.Total != 1 {
+		t.Fatalf("one payment: %d listed, %d entries; want 1", ok, l.Pagination.Total)
+	}
+	if bz := h.record(context.Background(), catalogPayload("https://a.example/x", httpBazaar()), catalogReq, SettleResponse{Success: true}); bz["status"] != "rejected" {
+		t.Fatalf("a settlement without a transaction: %v", bz)
+	}
+}
+
+// listPage is GET /discovery/resources?q through the handler, decoded.
+func listPage(t *testing.T, h *facilitatorHandler, q string) DiscoveryResources {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("GET", "/discovery/resources?"+q, nil))
+	var l DiscoveryResources
+	if rec.Code != 200 || json.Unmarshal(rec.Body.Bytes(), &l) != nil {
+		t.Fatalf("list ?%s: %d %.200s", q, rec.Code, rec.Body)
+	}
+	return l
+}
