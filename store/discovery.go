@@ -554,9 +554,10 @@ func (d discovery) List(ctx context.Context, q DiscoveryQuery) (DiscoveryPage, e
 				continue
 			}
 			size += n
-			e.Item = bytes.Clone(b.Item)
+			// json.Unmarshal copied them out of the transaction's buffers.
+			e.Item = b.Item
 			for i := range e.Accepts {
-				e.Accepts[i].Raw = bytes.Clone(b.Accepts[i])
+				e.Accepts[i].Raw = b.Accepts[i]
 			}
 			page.Entries = append(page.Entries, e)
 		}

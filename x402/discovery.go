@@ -41,6 +41,8 @@ const (
 	maxDiscoveryText = 1024
 	// maxToolName bounds an MCP tool's name (MCP suggests at most 128).
 	maxToolName = 128
+	// maxDiscoveryPageBytes bounds the items of one page of the list.
+	maxDiscoveryPageBytes = 1 << 20
 )
 
 // DiscoveryResource is one item of the bazaar discovery list.
@@ -366,51 +368,97 @@ const discoveryRecordTimeout = 2 * time.Second
 
 // list answers one page of the list, filtered by the official client's
 // query parameters (type, payTo, scheme, network, extensions, limit,
-// offset).
-func (h *facilitatorHandler) list(r *http.Request) (DiscoveryResources, error) {
+// offset). The endpoint is public and an entry holds up to max_entry_bytes
+// of extension and 8 ways to pay, so a page is bounded by bytes as well as
+// by count: the store reads at most maxDiscoveryPageBytes of entries (at
+// least one), the items are written as the store keeps them (JSON checked
+// when recorded, never decoded and encoded again), and the reader's turn
+// (listSlots) is held until the answer is written, so at most
+// discoveryListers pages are in memory at once. A page cut by size says
+// so in its pagination: limit is the number of items it holds, and
+// offset + limit is where the next page starts, as for any page.
+func (h *facilitatorHandler) list(w http.ResponseWriter, r *http.Request) error {
 	qs := r.URL.Query()
 	limit, err := pageParam(qs, "limit", DefaultDiscoveryLimit, 1, MaxDiscoveryLimit)
 	if err != nil {
-		return DiscoveryResources{}, err
+		return err
 	}
 	offset, err := pageParam(qs, "offset", 0, 0, maxDiscoveryOffset)
 	if err != nil {
-		return DiscoveryResources{}, err
+		return err
 	}
 	q := store.DiscoveryQuery{Type: qs.Get("type"), Extension: qs.Get("extensions"), Scheme: qs.Get("scheme"),
-		Network: qs.Get("network"), PayTo: payToKey(qs.Get("payTo")), Offset: offset, Limit: limit}
+		Network: qs.Get("network"), PayTo: payToKey(qs.Get("payTo")), Offset: offset, Limit: limit, MaxBytes: maxDiscoveryPageBytes}
 	wait := time.NewTimer(h.listWait)
 	defer wait.Stop()
 	select {
 	case h.listSlots <- struct{}{}:
 		defer func() { <-h.listSlots }()
 	case <-wait.C:
-		return DiscoveryResources{}, apierr.RateLimited(1)
+		return apierr.RateLimited(1)
 	case <-r.Context().Done():
-		return DiscoveryResources{}, apierr.RateLimited(1)
+		return apierr.RateLimited(1)
 	}
 	page, serr := h.discovery.List(r.Context(), q)
 	if serr != nil {
-		return DiscoveryResources{}, apierr.Unavailable("discovery list", 1, serr)
+		return apierr.Unavailable("discovery list", 1, serr)
 	}
-	out := DiscoveryResources{X402Version: Version, Items: make([]DiscoveryResource, 0, len(page.Entries)),
-		Pagination: DiscoveryPagination{Limit: limit, Offset: offset, Total: page.Total}}
+	if n := len(page.Entries); n > 0 && n < limit && offset+n < page.Total {
+		limit = n // cut by size
+	}
+	writeHeader(w, http.StatusOK)
+	w.Write(appendPage(page, limit, offset))
+	return nil
+}
+
+// appendPage is the JSON of a page (DiscoveryResources), its items spliced
+// from what the store keeps: each item is the stored discoveryItem object,
+// with the type, version, ways to pay and time put before its members.
+func appendPage(page store.DiscoveryPage, limit, offset int) []byte {
+	size := 128
 	for _, e := range page.Entries {
-		var it discoveryItem
-		if json.Unmarshal(e.Item, &it) != nil {
+		size += len(e.Item) + 128
+		for _, a := range e.Accepts {
+			size += len(a.Raw) + 1
+		}
+	}
+	b := make([]byte, 0, size)
+	b = append(b, `{"x402Version":`...)
+	b = strconv.AppendInt(b, Version, 10)
+	b = append(b, `,"items":[`...)
+	first := true
+	for _, e := range page.Entries {
+		// A stored item is a JSON object with members (json.Valid when
+		// recorded); anything else is not listed.
+		if len(e.Item) < 3 || e.Item[0] != '{' || e.Item[len(e.Item)-1] != '}' || len(e.Accepts) == 0 {
 			continue
 		}
-		res := DiscoveryResource{Resource: it.Resource, Type: e.Type, X402Version: Version, Description: it.Description,
-			MimeType: it.MimeType, Extensions: it.Extensions, LastUpdated: e.LastSeen.UTC().Format(time.RFC3339)}
-		for _, a := range e.Accepts {
-			var req PaymentRequirements
-			if json.Unmarshal(a.Raw, &req) == nil {
-				res.Accepts = append(res.Accepts, req)
-			}
+		if !first {
+			b = append(b, ',')
 		}
-		out.Items = append(out.Items, res)
+		first = false
+		typ, _ := json.Marshal(e.Type)
+		b = append(append(b, `{"type":`...), typ...)
+		b = append(b, `,"x402Version":`...)
+		b = strconv.AppendInt(b, Version, 10)
+		b = append(b, `,"accepts":[`...)
+		for i, a := range e.Accepts {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = append(b, a.Raw...)
+		}
+		b = append(b, `],"lastUpdated":"`...)
+		b = e.LastSeen.UTC().AppendFormat(b, time.RFC3339)
+		b = append(append(b, `",`...), e.Item[1:]...)
 	}
-	return out, nil
+	b = append(b, `],"pagination":{"limit":`...)
+	b = strconv.AppendInt(b, int64(limit), 10)
+	b = append(b, `,"offset":`...)
+	b = strconv.AppendInt(b, int64(offset), 10)
+	b = append(b, `,"total":`...)
+	b = strconv.AppendInt(b, int64(page.Total), 10)
+	return append(b, "}}\n"...)
 }
 
 func pageParam(q url.Values, name string, def, lo, hi int) (int, *apierr.Error) {

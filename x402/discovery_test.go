@@ -303,12 +303,18 @@ func FuzzDiscoveryQuery(f *testing.F) {
 		if _, err := url.ParseQuery(s); err != nil {
 			return
 		}
-		l, err := h.list(httptest.NewRequest("GET", "/discovery/resources?"+url.PathEscape(s), nil))
-		if err != nil {
-			if apierr.From(err).Status != 400 {
-				t.Fatalf("%q: %v", s, err)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest("GET", "/discovery/resources?"+url.PathEscape(s), nil))
+		if rec.Code != 200 {
+			var e apierr.Error
+			if rec.Code != 400 || json.Unmarshal(rec.Body.Bytes(), &e) != nil || e.Code != apierr.CodeInvalidRequest {
+				t.Fatalf("%q: %d %s", s, rec.Code, rec.Body)
 			}
 			return
+		}
+		var l DiscoveryResources
+		if err := json.Unmarshal(rec.Body.Bytes(), &l); err != nil {
+			t.Fatalf("%q: %v: %s", s, err, rec.Body)
 		}
 		if l.Pagination.Limit < 1 || l.Pagination.Limit > MaxDiscoveryLimit || len(l.Items) > l.Pagination.Limit || l.Pagination.Total > 4 {
 			t.Fatalf("%q: %+v", s, l.Pagination)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -160,4 +161,50 @@ func listPage(t *testing.T, h *facilitatorHandler, q string) DiscoveryResources 
 		t.Fatalf("list ?%s: %d %.200s", q, rec.Code, rec.Body)
 	}
 	return l
+}
+
+// TestDiscoveryPageIsBoundedByBytes: entries as large as the list keeps
+// (32 KiB of extension, a 3 KiB way to pay) and ?limit=1000 make a page of
+// at most maxDiscoveryPageBytes that says where the next one starts, built
+// without holding the whole list; paging through gets every entry once.
+func TestDiscoveryPageIsBoundedByBytes(t *testing.T) {
+	h := discoveryHandler(t, store.DiscoveryLimits{})
+	ctx := context.Background()
+	pad := strings.Repeat("x", 31<<10)
+	req := catalogReq
+	req.Extra = map[string]any{"name": "USD Coin", "version": "2", "pad": strings.Repeat("y", 3<<10)}
+	const n = 120 // about 4 MiB of entries
+	for i := range n {
+		if bz := h.record(ctx, catalogPayload(fmt.Sprintf("https://a.example/e%d", i), withMember(httpBazaar(), "pad", pad)), req, settledAt(fmt.Sprint("0x", i))); bz["status"] != "success" {
+			t.Fatalf("%d: %v", i, bz)
+		}
+	}
+	var m0, m1 runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&m0)
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("GET", "/discovery/resources?limit=1000", nil))
+	runtime.ReadMemStats(&m1)
+	t.Logf("one GET: %d bytes, %d allocated", rec.Body.Len(), m1.TotalAlloc-m0.TotalAlloc)
+	if alloc := m1.TotalAlloc - m0.TotalAlloc; rec.Body.Len() > maxDiscoveryPageBytes+64<<10 || alloc > 6*maxDiscoveryPageBytes {
+		t.Fatalf("one GET answered %d bytes and allocated %d; want at most about %d and %d", rec.Body.Len(), alloc, maxDiscoveryPageBytes, 6*maxDiscoveryPageBytes)
+	}
+	seen := map[string]bool{}
+	for offset := 0; offset < n; {
+		l := listPage(t, h, fmt.Sprintf("limit=1000&offset=%d", offset))
+		if len(l.Items) == 0 || l.Pagination.Total != n || l.Pagination.Offset != offset ||
+			(offset+len(l.Items) < n && l.Pagination.Limit != len(l.Items)) || (offset+len(l.Items) == n && l.Pagination.Limit != 1000) {
+			t.Fatalf("page at %d: %d items, %+v; want a page cut by size, its limit the items it holds", offset, len(l.Items), l.Pagination)
+		}
+		for _, it := range l.Items {
+			if seen[it.Resource] || len(it.Accepts) != 1 || it.Extensions["bazaar"] == nil || it.Type != "http" || it.X402Version != 2 || it.LastUpdated == "" {
+				t.Fatalf("item %s (seen %v)", it.Resource, seen[it.Resource])
+			}
+			seen[it.Resource] = true
+		}
+		offset += len(l.Items)
+	}
+	if len(seen) != n {
+		t.Fatalf("paging listed %d of %d entries", len(seen), n)
+	}
 }

@@ -227,12 +227,9 @@ func (h *facilitatorHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			writeError(w, apierr.MethodNotAllowed(http.MethodGet))
 			return
 		}
-		list, err := h.list(r)
-		if err != nil {
+		if err := h.list(w, r); err != nil {
 			writeError(w, err)
-			return
 		}
-		writeJSON(w, http.StatusOK, list)
 	default:
 		writeError(w, apierr.NotFound("facilitator endpoint"))
 	}
@@ -330,9 +327,14 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	if err != nil {
 		status, body = http.StatusInternalServerError, []byte(`{"error":"internal_error"}`)
 	}
+	writeHeader(w, status)
+	w.Write(append(body, '\n'))
+}
+
+// writeHeader starts a JSON answer.
+func writeHeader(w http.ResponseWriter, status int) {
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
-	w.Write(append(body, '\n'))
 }
