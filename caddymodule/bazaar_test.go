@@ -44,12 +44,18 @@ func TestMCPDemandCarriesTheBazaar(t *testing.T) {
 
 // mcpValidatedSite prices both tools with the validators of
 // Caddyfile.example, and serves our facilitator (its list in its own
-// Badger folder) that the gates settle through.
+// Badger folder) that the gates settle through. The tools are not named
+// with `route`, so the facilitator does not know them as its gates': it
+// lists them as the settles describe them, which it does for its own
+// callers only, as an operator sets it up: a token, which the gates send.
+const mcpBazaarToken = "mcp-bazaar-token-0123456789"
+
 func mcpValidatedSite(up, fac string) string {
 	return fmt.Sprintf(`:{port} {
 	handle_path /facilitator/* {
 		x402_facilitator {
 			pay_to %[3]s
+			token {env.MCP_BAZAAR_FACILITATOR_TOKEN}
 			store badger {data}/facilitator
 			http %[2]s
 		}
@@ -59,14 +65,18 @@ func mcpValidatedSite(up, fac string) string {
 			mcp_tool verify_schema
 			accept devnet $0.02 %[3]s
 			description "Verify an agent's JSON output"
-			facilitator http http://127.0.0.1:{port}/facilitator
+			facilitator http http://127.0.0.1:{port}/facilitator {
+				header Authorization "Bearer {env.MCP_BAZAAR_FACILITATOR_TOKEN}"
+			}
 			store badger {data}/gate
 			validate verify_request
 		}
 		x402 {
 			mcp_tool get_verification_record
 			accept devnet $0.01 %[3]s
-			facilitator http http://127.0.0.1:{port}/facilitator
+			facilitator http http://127.0.0.1:{port}/facilitator {
+				header Authorization "Bearer {env.MCP_BAZAAR_FACILITATOR_TOKEN}"
+			}
 			store badger {data}/gate
 			validate score_request
 		}
@@ -86,6 +96,7 @@ func TestMCPBazaarDescribesTheToolsArguments(t *testing.T) {
 	interop.Dir(t, "@x402/extensions", "@x402/core")
 	_, fac := sharedDevnet(t)
 	up := newMCPUpstream(t)
+	t.Setenv("MCP_BAZAAR_FACILITATOR_TOKEN", mcpBazaarToken)
 	base := startCaddy(t, mcpValidatedSite(up.URL, fac))
 	s := mcpSession(t, base+"/mcp")
 
@@ -138,10 +149,11 @@ func TestMCPBazaarDescribesTheToolsArguments(t *testing.T) {
 
 	var out bazaarResult
 	interop.Run(t, "bazaar.mjs", nil, map[string]any{
-		"facilitatorURL": base + "/facilitator",
-		"lists":          []any{map[string]any{"type": "mcp"}, map[string]any{"type": "http"}},
-		"extensions":     exts,
-		"payments":       []any{map[string]any{"url": verifyDemand.Resource.URL, "extension": verifyDemand.Extensions["bazaar"]}},
+		"facilitatorURL":   base + "/facilitator",
+		"facilitatorToken": mcpBazaarToken,
+		"lists":            []any{map[string]any{"type": "mcp"}, map[string]any{"type": "http"}},
+		"extensions":       exts,
+		"payments":         []any{map[string]any{"url": verifyDemand.Resource.URL, "extension": verifyDemand.Extensions["bazaar"]}},
 	}, &out)
 	out.checkValidations(t, exts)
 	if x := out.Extracted; len(x) != 1 || x[0] == nil || x[0].ResourceURL != base+"/mcp" || x[0].ToolName != "verify_schema" {

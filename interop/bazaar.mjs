@@ -6,7 +6,7 @@
 // validateDiscoveryExtension and validateDiscoveryExtensionSpec, and for
 // each of "payments" ({url, extension}: what a paying client sends) reads
 // what a facilitator catalogs with extractDiscoveryInfo. Input on stdin:
-// {"facilitatorURL": …, "lists": [params…], "extensions": [ext…],
+// {"facilitatorURL": …, "facilitatorToken"?: …, "lists": [params…], "extensions": [ext…],
 // "payments": [{url, extension}…]}. Output: {"pages": [response…],
 // "validations": [{valid, errors?, spec: {valid, errors?}}…], "extracted":
 // [{resourceUrl, method?, toolName?} | null…]}.
@@ -23,7 +23,11 @@ try {
   const input = await readStdinJSON();
   const pages = [];
   if (input.facilitatorURL) {
-    const client = withBazaar(new HTTPFacilitatorClient({ url: input.facilitatorURL }));
+    // A facilitator that requires a bearer token (the operator's own
+    // callers only) gets it on every path, the list's included.
+    const auth = input.facilitatorToken && { Authorization: `Bearer ${input.facilitatorToken}` };
+    const createAuthHeaders = auth && (async () => ({ verify: auth, settle: auth, supported: auth, bazaar: auth }));
+    const client = withBazaar(new HTTPFacilitatorClient({ url: input.facilitatorURL, createAuthHeaders }));
     for (const params of input.lists ?? []) pages.push(await client.extensions.bazaar.listResources(params));
   }
   const validations = (input.extensions ?? []).map((ext) => ({
