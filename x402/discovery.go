@@ -258,7 +258,7 @@ func (h *facilitatorHandler) validBazaar(raw []byte) (typ, tool string, ok bool)
 	case "http":
 	case "mcp":
 		tool, _ = input["toolName"].(string)
-		if tool == "" || len(tool) > maxToolName || strings.ContainsFunc(tool, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) {
+		if !validToolName(tool) {
 			return "", "", false
 		}
 		if _, ok := input["inputSchema"].(map[string]any); !ok {
@@ -299,13 +299,40 @@ func validRouteTemplate(t string) bool {
 	return !strings.Contains(dec, "..") && !strings.Contains(dec, "://")
 }
 
+// validToolName is MCP's rule for a tool's name: 1 to 128 of A-Z, a-z,
+// 0-9, '_', '-' and '.'. Anything else (a space, a slash, a letter that
+// looks like an ASCII one, an invisible character) lets a listed tool pass
+// for another.
+func validToolName(t string) bool {
+	if t == "" || len(t) > maxToolName {
+		return false
+	}
+	for i := 0; i < len(t); i++ {
+		c := t[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-' || c == '.') {
+			return false
+		}
+	}
+	return true
+}
+
 // cleanText is s when it is valid UTF-8 of at most maxDiscoveryText bytes
-// without control characters, else "".
+// with nothing invisible that changes how the rest reads, else "".
 func cleanText(s string) string {
-	if len(s) > maxDiscoveryText || !utf8.ValidString(s) || strings.ContainsFunc(s, unicode.IsControl) {
+	if len(s) > maxDiscoveryText || !utf8.ValidString(s) || strings.ContainsFunc(s, invisible) {
 		return ""
 	}
 	return s
+}
+
+// invisible reports a character a listing must not carry: a control
+// character, a format character (Unicode Cf: the bidi overrides and
+// isolates U+202A–202E and U+2066–2069, which render text reversed, the
+// zero-width U+200B–200D and U+FEFF, the soft hyphen, ...) or a line or
+// paragraph separator (U+2028, U+2029), which split a line where a reader
+// does not expect it.
+func invisible(r rune) bool {
+	return unicode.IsControl(r) || unicode.In(r, unicode.Cf, unicode.Zl, unicode.Zp)
 }
 
 // payToKey is the form a payTo is filtered by: a 0x address in lower case

@@ -345,8 +345,10 @@ func BenchmarkDiscoveryRecord(b *testing.B) {
 }
 
 // FuzzDiscoveryEntry: whatever resource URL and bazaar extension a payer
-// sends, the entry is refused or within every bound, at an http(s) URL
-// without control characters, and the store takes it.
+// sends (the URL doubling as its description), the entry is refused or
+// within every bound, at an http(s) URL without control characters, with
+// no invisible character in its description and an MCP tool name of MCP's
+// characters, and the store takes it.
 func FuzzDiscoveryEntry(f *testing.F) {
 	seed, _ := json.Marshal(withMember(httpBazaar(), "routeTemplate", "/score/:agent_id"))
 	mcpSeed, _ := json.Marshal(mcpToolBazaar("verify_schema"))
@@ -355,6 +357,8 @@ func FuzzDiscoveryEntry(f *testing.F) {
 		{"https://a.example/mcp", string(mcpSeed)},
 		{"http://A.example:80/x?y#z", `{"info":{"input":{"type":"http"}},"schema":{}}`},
 		{"https://a.example/x", `{"info":{"input":{"type":"http"}},"schema":{"$ref":"#/$defs/a","$defs":{"a":{"$ref":"#/$defs/a"}}}}`},
+		{"https://a.example/x?\u202egnp.exe", `{"info":{"input":{"type":"http"}},"schema":{}}`},
+		{"https://a.example/mcp", `{"info":{"input":{"type":"mcp","toolName":"verify\u200bschema","inputSchema":{}}},"schema":{}}`},
 	} {
 		f.Add(s.u, s.ext)
 	}
@@ -366,7 +370,9 @@ func FuzzDiscoveryEntry(f *testing.F) {
 		if dec.Decode(&bz) != nil {
 			return
 		}
-		e, ok := h.discoveryEntry(catalogPayload(u, bz), catalogReq)
+		p := catalogPayload(u, bz)
+		p.Resource.Description = u
+		e, ok := h.discoveryEntry(p, catalogReq)
 		if !ok {
 			return
 		}
@@ -377,9 +383,15 @@ func FuzzDiscoveryEntry(f *testing.F) {
 		if err := json.Unmarshal(e.Item, &it); err != nil {
 			t.Fatalf("item %s: %v", e.Item, err)
 		}
-		p, err := url.Parse(it.Resource)
-		if err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" || p.RawQuery != "" || p.Fragment != "" {
+		lu, err := url.Parse(it.Resource)
+		if err != nil || (lu.Scheme != "http" && lu.Scheme != "https") || lu.Host == "" || lu.RawQuery != "" || lu.Fragment != "" {
 			t.Fatalf("listed resource %q from %q", it.Resource, u)
+		}
+		if strings.ContainsFunc(it.Description, invisible) {
+			t.Fatalf("listed description %q", it.Description)
+		}
+		if _, tool, mcp := strings.Cut(e.Resource, " "); mcp && !validToolName(tool) {
+			t.Fatalf("listed tool %q", tool)
 		}
 		if err := h.discovery.Record(context.Background(), e); err != nil {
 			t.Fatalf("Record: %v", err)

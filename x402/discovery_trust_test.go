@@ -208,3 +208,32 @@ func TestDiscoveryPageIsBoundedByBytes(t *testing.T) {
 		t.Fatalf("paging listed %d of %d entries", len(seen), n)
 	}
 }
+
+// TestDiscoveryRefusesInvisibleCharacters: format characters (bidi
+// overrides and isolates, zero-width ones, the BOM) and line or paragraph
+// separators render a listed description reversed or split, or make a
+// tool's name look like another's: a description with one is dropped, and
+// a tool name must be MCP's tool-name characters.
+func TestDiscoveryRefusesInvisibleCharacters(t *testing.T) {
+	h := discoveryHandler(t, store.DiscoveryLimits{})
+	for _, r := range []rune{0x202A, 0x202E, 0x2066, 0x2069, 0x2028, 0x2029, 0x200B, 0x200C, 0x200D, 0xFEFF, 0x00AD, 0x061C} {
+		p := catalogPayload("https://a.example/x", httpBazaar())
+		p.Resource.Description = "Pay here " + string(r) + "gnp.exe"
+		if e, ok := h.discoveryEntry(p, catalogReq); !ok || strings.Contains(string(e.Item), `"description"`) {
+			t.Errorf("U+%04X in a description: listed %v, item %s; want listed without it", r, ok, e.Item)
+		}
+		if e, ok := h.discoveryEntry(catalogPayload("https://a.example/mcp", mcpToolBazaar("verify_schema"+string(r))), catalogReq); ok {
+			t.Errorf("U+%04X in a tool name: listed as %q", r, e.Resource)
+		}
+	}
+	for tool, want := range map[string]bool{"verify_schema": true, "get.record-v2": true, "A_b.c-9": true, "tool/name": false, "tôol": false, "a:b": false, strings.Repeat("t", 128): true, strings.Repeat("t", 129): false} {
+		if _, ok := h.discoveryEntry(catalogPayload("https://a.example/mcp", mcpToolBazaar(tool)), catalogReq); ok != want {
+			t.Errorf("tool %q: listed %v, want %v", tool, ok, want)
+		}
+	}
+	p := catalogPayload("https://a.example/x", httpBazaar())
+	p.Resource.Description = "Vérifie un schéma — 検証"
+	if e, ok := h.discoveryEntry(p, catalogReq); !ok || !strings.Contains(string(e.Item), "検証") {
+		t.Errorf("a visible non-ASCII description is dropped: %s", e.Item)
+	}
+}
