@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 )
 
 func TestFacilitatorDiscoveryCaddyfileErrors(t *testing.T) {
@@ -19,6 +20,7 @@ func TestFacilitatorDiscoveryCaddyfileErrors(t *testing.T) {
 		{"an unknown option is named", "discovery {\n\t\tsize 1\n\t}", "unrecognized discovery option 'size'"},
 		{"store needs a module", "store", "wrong argument count"},
 		{"origins needs one", "discovery {\n\t\torigins\n\t}", "wrong argument count"},
+		{"list_unauthenticated_settles takes nothing", "discovery {\n\t\tlist_unauthenticated_settles yes\n\t}", "wrong argument count"},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			wantErr(t, adaptSiteError("x402_facilitator {\n\tpay_to "+facPayTo()+"\n\t"+tc.option+"\n\tdevnet\n}"), tc.want)
@@ -43,4 +45,23 @@ func TestFacilitatorDiscoveryOffAndStore(t *testing.T) {
 		_, err := ctx.LoadModuleByID("http.handlers.x402_facilitator", json.RawMessage(`{"pay_to":["`+facPayTo()+`"],"discovery":{"origins":["`+o+`"]},"store":{"type":"badger","path":"`+t.TempDir()+`"},"facilitator":{"type":"evm","devnet":{}}}`))
 		wantErr(t, err, "is not scheme://host[:port]")
 	}
+}
+
+// TestFacilitatorDiscoveryListsUnauthenticatedSettlesOnlyWhenAsked: the
+// option adapts, and with a token, where no settle is unauthenticated, it
+// is refused as a contradiction.
+func TestFacilitatorDiscoveryListsUnauthenticatedSettlesOnlyWhenAsked(t *testing.T) {
+	var fd *FacilitatorDiscovery
+	for _, d := range []*caddyfile.Dispenser{caddyfile.NewTestDispenser("discovery {\n\tlist_unauthenticated_settles\n}")} {
+		d.Next()
+		var err error
+		if fd, err = parseFacilitatorDiscovery(d); err != nil || !fd.ListUnauthenticatedSettles {
+			t.Fatalf("parsed %+v, %v", fd, err)
+		}
+	}
+	t.Setenv("FAC_DISC_TOKEN", "disc-token-0123456789")
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	_, err := ctx.LoadModuleByID("http.handlers.x402_facilitator", json.RawMessage(`{"pay_to":["`+facPayTo()+`"],"token":"{env.FAC_DISC_TOKEN}","discovery":{"list_unauthenticated_settles":true},"store":{"type":"badger","path":"`+t.TempDir()+`"},"facilitator":{"type":"evm","devnet":{}}}`))
+	wantErr(t, err, "with a token no settle is unauthenticated")
 }
