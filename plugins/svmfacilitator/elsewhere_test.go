@@ -34,10 +34,10 @@ func (e *env) sendSigned(t *testing.T, raw []byte) string {
 // A facilitator with no record of a payment that already landed (it
 // restarted, or another instance with the same fee payer settled it)
 // looks it up by its transaction's id before simulating or sending: the
-// answer is success naming that transaction (its sender may have answered
-// pending, or its reply been lost), never "failed, not charged" (the
-// payer's tokens moved) and never a second transfer. Verify refuses it as
-// duplicate_settlement: a landed payment buys nothing new.
+// answer is duplicate_settlement naming that transaction, never "failed,
+// not charged" (the payer's tokens moved) and never a second success (its
+// sender answered for it; a second would buy a second service). Verify
+// refuses it as duplicate_settlement too.
 func TestSettleWithoutARecordOfALandedPayment(t *testing.T) {
 	e := newEnv(t, Config{})
 	p := e.payment(t)
@@ -61,8 +61,8 @@ func TestSettleWithoutARecordOfALandedPayment(t *testing.T) {
 	sims := fr.count("simulateTransaction")
 	for i := range 2 { // the second from the record the first left
 		s, err := fresh.Settle(ctx, pp, e.req)
-		if err != nil || !s.Success || s.Transaction != first.Transaction {
-			t.Fatalf("settle %d without a record: %+v %v, want success naming %s", i, s, err, first.Transaction)
+		if err != nil || s.Success || s.ErrorReason != ReasonDuplicateSettlement || s.Transaction != first.Transaction {
+			t.Fatalf("settle %d without a record: %+v %v, want %s naming %s", i, s, err, ReasonDuplicateSettlement, first.Transaction)
 		}
 	}
 	if n := fr.count("sendTransaction"); n != 0 || fr.count("simulateTransaction") != sims {
@@ -71,7 +71,7 @@ func TestSettleWithoutARecordOfALandedPayment(t *testing.T) {
 	// The facilitator that settled it, its record aged out.
 	now = func() time.Time { return time.Now().Add(DuplicateWindow + sweepEvery + time.Second) }
 	defer func() { now = time.Now }()
-	if s, err := e.f.Settle(ctx, pp, e.req); err != nil || !s.Success || s.Transaction != first.Transaction {
+	if s, err := e.f.Settle(ctx, pp, e.req); err != nil || s.Success || s.ErrorReason != ReasonDuplicateSettlement || s.Transaction != first.Transaction {
 		t.Fatalf("settle after the record aged out: %+v %v", s, err)
 	}
 	if a, b := e.balances(t); a != 1_000_000-20000 || b != 20000 {
@@ -115,9 +115,10 @@ func realNodeSend(t *testing.T, upstream string) string {
 // Two instances with one fee payer: the buyer's /verify lands on B (which
 // keeps its simulation for the Settle that follows), /settle on A, which
 // settles, then /settle of the same payment on B. B, reusing its
-// simulation, must still look the transaction up: it sends nothing and
-// answers A's transaction.
-func TestSecondInstanceSendsNoSecondTransfer(t *testing.T) {
+// simulation, must still look the transaction up: it sends nothing, and
+// answers duplicate_settlement naming A's transaction, never a second
+// success.
+func TestSecondInstanceReportsNoSecondSuccess(t *testing.T) {
 	e := newEnv(t, Config{})
 	cfg := e.f.cfg
 	cfg.RPC = &RPC{URL: realNodeSend(t, e.chain.URL)}
@@ -134,8 +135,8 @@ func TestSecondInstanceSendsNoSecondTransfer(t *testing.T) {
 		t.Fatalf("settle on A: %+v %v", sa, err)
 	}
 	sb, err := b.Settle(ctx, pp, e.req)
-	if err != nil || !sb.Success || sb.Transaction != sa.Transaction {
-		t.Fatalf("settle on B: %+v %v; want success naming A's transaction", sb, err)
+	if err != nil || sb.Success || sb.ErrorReason != ReasonDuplicateSettlement || sb.Transaction != sa.Transaction {
+		t.Fatalf("settle on B: %+v %v; want %s naming A's transaction", sb, err, ReasonDuplicateSettlement)
 	}
 	if a, b := e.balances(t); a != 1_000_000-20000 || b != 20000 {
 		t.Fatalf("balances payer %d payee %d", a, b)
@@ -170,8 +171,8 @@ func TestAlreadyProcessedIsLookedUp(t *testing.T) {
 			if elsewhere == "" {
 				t.Fatal("the test did not land the payment")
 			}
-			if err != nil || !s.Success || s.Transaction != elsewhere {
-				t.Fatalf("settle: %+v %v; want success naming %s", s, err, elsewhere)
+			if err != nil || s.Success || s.ErrorReason != ReasonDuplicateSettlement || s.Transaction != elsewhere {
+				t.Fatalf("settle: %+v %v; want %s naming %s", s, err, ReasonDuplicateSettlement, elsewhere)
 			}
 			if a, b := e.balances(t); a != 1_000_000-20000 || b != 20000 {
 				t.Fatalf("balances payer %d payee %d", a, b)

@@ -166,13 +166,14 @@ type settlement struct {
 }
 
 // expired reports whether a record no Settle is working on is past its
-// DuplicateWindow at t: the sweep drops it. A pending one (sent, outcome
-// unknown) too, counted from when its Settle gave up waiting: until the
-// sweep, a retry still polls its signature (claim); after it, a later
-// Settle or SettlementStatus asks the chain by the transaction's id, which
-// is signed again rather than remembered, and answers the same. Kept until
-// asked again, the records of callers who never ask again would grow
-// without bound.
+// DuplicateWindow at t: it no longer refuses a repeat, and the sweep drops
+// it. A pending one (sent, outcome unknown) too, counted from when its
+// Settle gave up waiting: until the sweep, a retry still polls its
+// signature (claim); after it, the chain is asked by the transaction's id,
+// which is signed again rather than remembered: SettlementStatus answers
+// its outcome, and Settle answers as for a payment it holds no record of
+// (duplicate_settlement once it landed). Kept until asked again, the
+// records of callers who never ask again would grow without bound.
 func (s *settlement) expired(t time.Time) bool {
 	return !s.inflight && t.Sub(s.at) > DuplicateWindow
 }

@@ -252,29 +252,30 @@ func TestSettlePaysOnceAndRefusesReplays(t *testing.T) {
 	}
 
 	// The same message again, with other bytes in the fee payer's slot:
-	// the same transaction, never a second payment. Settle answers it
-	// success naming that transaction (its caller's claim on the payment,
-	// not Settle, refuses a replay of what it bought), and only for the
-	// requirements it pays.
+	// the same transaction, never a second payment, and never a second
+	// success (it would buy a second service): duplicate_settlement naming
+	// that transaction, from the record.
 	replay := append([]byte(nil), raw...)
 	copy(replay[1:65], []byte(strings.Repeat("x", 64)))
 	for _, r := range [][]byte{raw, replay} {
 		again, err := e.f.Settle(context.Background(), Payload(r, e.req), e.req)
-		if err != nil || !again.Success || again.Transaction != s.Transaction {
+		if err != nil || again.Success || again.ErrorReason != ReasonDuplicateSettlement || again.Transaction != s.Transaction {
 			t.Fatalf("replay: %+v %v", again, err)
 		}
 	}
+	// Past the duplicate window, and the record swept, the chain still
+	// holds the same transaction: the look-up finds it, a duplicate again,
+	// and a replay against requirements it does not pay is refused for
+	// those first.
+	now = func() time.Time { return time.Now().Add(DuplicateWindow + sweepEvery + time.Second) }
+	defer func() { now = time.Now }()
 	other := e.req
 	other.Amount = "10000"
 	if again, err := e.f.Settle(context.Background(), Payload(raw, other), other); err != nil || again.Success || again.ErrorReason != ReasonAmountMismatch {
 		t.Fatalf("replay against other requirements: %+v %v", again, err)
 	}
-	// Past the duplicate window the chain still holds the same
-	// transaction: never a second payment.
-	now = func() time.Time { return time.Now().Add(DuplicateWindow + time.Second) }
-	defer func() { now = time.Now }()
 	again, err := e.f.Settle(context.Background(), pp, e.req)
-	if err != nil || !again.Success || again.Transaction != s.Transaction {
+	if err != nil || again.Success || again.ErrorReason != ReasonDuplicateSettlement || again.Transaction != s.Transaction {
 		t.Fatalf("replay after the window: %+v %v", again, err)
 	}
 	if a, b := e.balances(t); a != 1_000_000-20000 || b != 20000 {

@@ -14,24 +14,35 @@ import (
 // transaction and polls its signature until it is confirmed.
 //
 // Guarantees:
-//   - One message (the SHA-256 of the signed bytes) is sent at most once by
-//     this process: a second Settle of it while the first runs is refused
-//     as duplicate_settlement. The key is the message, not the wire bytes,
-//     because the client controls the bytes of the empty fee-payer slot.
-//   - A payment that already landed, and matches the requirements, is
-//     answered success naming its transaction, whoever sent it: this
-//     process within DuplicateWindow (its record), or, found on chain by
-//     its transaction's id (the fee payer's deterministic signature) before
-//     anything is simulated or sent, this process before a restart or
-//     another with the same fee payer; so is a transaction the chain
-//     answers AlreadyProcessed to, at simulation or at send. Its sender may
-//     have answered pending, or its reply may have been lost, so a refusal
-//     here could leave a payment that moved the buyer's tokens answered
-//     success to nobody. The cost is that Settle alone does not refuse a
-//     replay of a landed payment: de-duplicating what a payment buys is the
-//     caller's claim on it (the gateway claims every payment before it
-//     verifies it), and Verify refuses a landed payment as
-//     duplicate_settlement.
+//   - One message (the SHA-256 of the signed bytes) is settled at most once,
+//     as the x402 reference facilitator does: a second Settle of it while
+//     the first runs, or within DuplicateWindow after this process learned
+//     it landed (it answered success, a duplicate below, or a
+//     SettlementStatus of it), is refused as duplicate_settlement, the
+//     latter naming the transaction. The key is the message, not the wire bytes, because the
+//     client controls the bytes of the empty fee-payer slot. The reference
+//     resource-server middleware verifies, serves, then settles, with no
+//     claim of its own: two requests carrying one payment both verify
+//     before it lands, and only this refusal keeps the second from being
+//     served too.
+//   - A Settle this process answered settlement_pending promised its caller
+//     the outcome later: a later Settle of the same payment, while the
+//     record lives (DuplicateWindow from the pending answer, until the
+//     sweep), polls that signature instead of sending anything, and
+//     answers success once it landed, pending while it is undecided, and a
+//     failure once it failed or can no longer land.
+//   - A payment this process holds no record of (it restarted, the record
+//     aged out, or another instance with the same fee payer settled it) is
+//     looked up on chain by its transaction's id, the fee payer's
+//     deterministic signature, before anything is simulated or sent: if
+//     the chain has it, it is answered duplicate_settlement naming that
+//     transaction once it is confirmed (invalid_exact_svm_transaction_failed
+//     if it failed on chain), never success: its sender answers for it, and
+//     a second success would have the payment served twice. So is a
+//     transaction the chain answers AlreadyProcessed to, at simulation or
+//     at send. One still unconfirmed at the deadline is settlement_pending
+//     naming it (below), never a definitive refusal for a transfer that
+//     may yet land; a retry then polls it as above.
 //   - A refusal (success false) other than duplicate_settlement is
 //     returned only when the transfer certainly did not happen: a check
 //     failed, the node refused the transaction, it failed on chain, or its
@@ -40,13 +51,13 @@ import (
 //   - When the outcome cannot be established before ConfirmTimeout (or the
 //     caller's deadline), whoever sent the transaction, the result is an
 //     *x402.UnknownOutcomeError whose Reply says settlement_pending with
-//     the transaction's signature; a later Settle of the same payment polls
-//     that signature again instead of sending anything.
+//     the transaction's signature.
 //   - Any other error means nothing was sent.
 //
 // Two Settles of one payment in two processes at the same moment can both
-// find nothing on chain and both send: the chain takes the transaction
-// once, and both report success, as any later Settle of it would.
+// find nothing on chain, both send, and both report success: nothing but
+// shared state tells the two sends of one transaction apart. The gateway's
+// claim on each payment (in its store) keeps its own Settles to one.
 func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettleResponse, error) {
 	fail := func(reason, payer, msg, sig string) x402.SettleResponse {
 		return x402.SettleResponse{Success: false, ErrorReason: reason, ErrorMessage: msg, Payer: payer, Transaction: sig, Network: req.Network}
@@ -58,18 +69,20 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 		return fail(c.resp.InvalidReason, "", c.resp.InvalidMessage, ""), nil
 	}
 	key := tx.MessageHash()
-	s, retry := f.claim(key)
-	if s == nil {
+	s, how := f.claim(key)
+	switch how {
+	case claimBusy:
 		return fail(ReasonDuplicateSettlement, "", "this transaction is being settled by another settlement", ""), nil
-	}
-	if retry {
-		// An earlier Settle sent it and could not tell the outcome, or
-		// settled it: the requirements must still be the payment's.
+	case claimSettled:
+		return fail(ReasonDuplicateSettlement, s.payer, "this transaction was already settled", s.sig), nil
+	case claimRetry:
+		// An earlier Settle sent it and answered pending, or saw it fail
+		// on chain: the requirements must still be the payment's.
 		if c := f.checkStatic(p, req, false); c.resp.InvalidReason != "" {
 			f.unclaim(s)
 			return fail(c.resp.InvalidReason, c.resp.Payer, c.resp.InvalidMessage, ""), nil
 		}
-		return f.confirm(ctx, key, s, req.Network)
+		return f.confirm(ctx, key, s, req.Network, false)
 	}
 
 	c := f.checkStatic(p, req, true)
@@ -92,7 +105,7 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 		return x402.SettleResponse{}, fmt.Errorf("looking the transaction up before settlement: %w", err)
 	}
 	if st != nil {
-		return f.confirm(ctx, key, s, req.Network)
+		return f.confirm(ctx, key, s, req.Network, true)
 	}
 	if f.refuseOverBudget(c); c.resp.InvalidReason != "" {
 		f.release(key)
@@ -105,7 +118,7 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 		}
 		if c.landed {
 			// Landed since the look-up: sent by another.
-			return f.confirm(ctx, key, s, req.Network)
+			return f.confirm(ctx, key, s, req.Network, true)
 		}
 		if c.resp.InvalidReason != "" {
 			f.release(key)
@@ -129,7 +142,7 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 		switch {
 		case errors.As(err, &re) && re.AlreadyProcessed():
 			// Not sent: the chain holds it already, sent by another.
-			return f.confirm(ctx, key, s, req.Network)
+			return f.confirm(ctx, key, s, req.Network, true)
 		case errors.As(err, &re) && re.Refused():
 			// The node answered and refused: the transaction is not in
 			// flight.
@@ -141,14 +154,18 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 		// may have been accepted. The signature is known, so ask the chain
 		// rather than guess.
 	}
-	return f.confirm(ctx, key, s, req.Network)
+	return f.confirm(ctx, key, s, req.Network, false)
 }
 
 // confirm polls s.sig until it is confirmed, fails, can no longer land, or
-// the deadline passes (an unknown outcome, pending). It answers the same
-// whoever sent the transaction (this Settle, an earlier one, another
-// process): see Settle.
-func (f *Facilitator) confirm(ctx context.Context, key [32]byte, s *settlement, network string) (x402.SettleResponse, error) {
+// the deadline passes (an unknown outcome, pending). With elsewhere, the
+// chain had the transaction before this Settle sent it (another process
+// with this fee payer, or this one before a restart or before its record
+// aged out): landed, it is duplicate_settlement naming it, since its
+// sender answers for it and a second success would have it served twice.
+// Its failure on chain, its expiry and a deadline are answered as for a
+// transaction this Settle sent (see Settle).
+func (f *Facilitator) confirm(ctx context.Context, key [32]byte, s *settlement, network string, elsewhere bool) (x402.SettleResponse, error) {
 	f.mu.Lock()
 	sig, payer, blockhash, floor := s.sig, s.payer, s.blockhash, s.slot
 	f.mu.Unlock()
@@ -177,6 +194,10 @@ func (f *Facilitator) confirm(ctx context.Context, key [32]byte, s *settlement, 
 		case o.state == x402.SettlementDone:
 			f.outcome(s, false)
 			f.finish(key, "")
+			if elsewhere {
+				resp.ErrorReason, resp.ErrorMessage = ReasonDuplicateSettlement, "this transaction was already settled, by another settlement"
+				return resp, nil
+			}
 			resp.Success = true
 			return resp, nil
 		}
@@ -222,27 +243,43 @@ func (f *Facilitator) outcome(s *settlement, failed bool) {
 	}
 }
 
-// claim reserves key for one Settle. It returns nil when the message is
-// being settled, and retry true when an earlier Settle sent it and left a
-// record (pending: its outcome unknown; settled; or failed on chain): the
-// caller polls its signature. A pending record takes that path however old
-// it is, until the sweep drops it: the signature it names is the caller's
-// own transaction, which the chain may well have landed.
-func (f *Facilitator) claim(key [32]byte) (s *settlement, retry bool) {
+// claimed is what claim found for a message.
+type claimed int
+
+const (
+	claimNew     claimed = iota // no record: the caller settles it
+	claimRetry                  // the caller polls the record's signature
+	claimBusy                   // another Settle is working on it
+	claimSettled                // settled within DuplicateWindow: refused
+)
+
+// claim reserves key for one Settle. It returns a new record (claimNew)
+// when none lives; the record itself (claimRetry) when an earlier Settle
+// sent the message and answered pending (however old the record is, until
+// the sweep drops it: the signature it names is the caller's own
+// transaction, which the chain may well have landed) or saw it fail on
+// chain within DuplicateWindow; nil (claimBusy) while another Settle works
+// on it; and a copy of the record (claimSettled), whose sig and payer name
+// the settlement, when it was settled within DuplicateWindow.
+func (f *Facilitator) claim(key [32]byte) (*settlement, claimed) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	t := now()
 	f.sweep(t)
 	if e, ok := f.settled[key]; ok && (e.inflight || e.pending || !e.expired(t)) {
-		if e.inflight {
-			return nil, false
+		switch {
+		case e.inflight:
+			return nil, claimBusy
+		case !e.pending && e.failed == "":
+			done := *e
+			return &done, claimSettled
 		}
 		e.inflight = true
-		return e, true
+		return e, claimRetry
 	}
-	s = &settlement{inflight: true, at: t}
+	s := &settlement{inflight: true, at: t}
 	f.settled[key] = s
-	return s, false
+	return s, claimNew
 }
 
 // unclaim gives back a record claim took for a retry that went no

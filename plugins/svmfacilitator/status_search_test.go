@@ -217,8 +217,10 @@ func TestSettlementStatusAfterARestart(t *testing.T) {
 		if err != nil || st.State != x402.SettlementDone || st.Transaction != unknown.Reply.Transaction {
 			t.Fatalf("%+v %v, want done with %s", st, err, unknown.Reply.Transaction)
 		}
-		if s, err := f.Settle(ctx, pp, e.req); err != nil || !s.Success || s.Transaction != unknown.Reply.Transaction || s.Payer != pub(e.payer).String() {
-			t.Fatalf("a Settle after the resolution: %+v %v; want success naming %s", s, err, unknown.Reply.Transaction)
+		// The gate that asked resolved its payment; a Settle of it now is a
+		// replay.
+		if s, err := f.Settle(ctx, pp, e.req); err != nil || s.Success || s.ErrorReason != ReasonDuplicateSettlement || s.Transaction != unknown.Reply.Transaction || s.Payer != pub(e.payer).String() {
+			t.Fatalf("a Settle after the resolution: %+v %v; want %s naming %s", s, err, ReasonDuplicateSettlement, unknown.Reply.Transaction)
 		}
 		if a, b := e.balances(t); a != 1_000_000-20000 || b != 20000 {
 			t.Fatalf("balances payer %d payee %d", a, b)

@@ -42,8 +42,10 @@ func TestSettlementStatusResolvesALostReply(t *testing.T) {
 		t.Fatalf("balances payer %d payee %d", a, b)
 	}
 	sends := fr.count("sendTransaction")
-	if s, err := e.f.Settle(ctx, pp, e.req); err != nil || !s.Success || s.Transaction != unknown.Reply.Transaction || fr.count("sendTransaction") != sends {
-		t.Fatalf("a second Settle after the resolution: %+v %v; want success naming %s, nothing sent", s, err, unknown.Reply.Transaction)
+	// The status answered the pending Settle's caller; a Settle of the
+	// payment now is a replay.
+	if s, err := e.f.Settle(ctx, pp, e.req); err != nil || s.Success || s.ErrorReason != ReasonDuplicateSettlement || s.Transaction != unknown.Reply.Transaction || fr.count("sendTransaction") != sends {
+		t.Fatalf("a second Settle after the resolution: %+v %v; want %s naming %s, nothing sent", s, err, ReasonDuplicateSettlement, unknown.Reply.Transaction)
 	}
 	other := e.req
 	other.Network = x402.NetworkSolana

@@ -174,8 +174,9 @@ func unconfirmedNode(t *testing.T, upstream string) string {
 // answers settlement_pending; the caller retries on B. While the
 // transaction is unconfirmed B answers pending too, naming it (never
 // duplicate_settlement: that would be a definitive failure for a transfer
-// that may still land); once it is confirmed B answers success naming it:
-// A never will, and the buyer's tokens moved.
+// that may still land); once it is confirmed, the caller's retry on B,
+// whose own pending answer promised the outcome, is success naming it. A
+// Settle after that is a replay: duplicate_settlement naming it.
 func TestPendingOnOneInstanceIsSettledOnAnother(t *testing.T) {
 	fr := &faultyRPC{}
 	srv := fr.serve(t)
@@ -201,6 +202,9 @@ func TestPendingOnOneInstanceIsSettledOnAnother(t *testing.T) {
 	s, err = b.Settle(ctx, pp, e.req)
 	if err != nil || !s.Success || s.Transaction != unknown.Reply.Transaction {
 		t.Fatalf("settle on B once confirmed: %+v %v; want success naming %s", s, err, unknown.Reply.Transaction)
+	}
+	if s, err := b.Settle(ctx, pp, e.req); err != nil || s.Success || s.ErrorReason != ReasonDuplicateSettlement || s.Transaction != unknown.Reply.Transaction {
+		t.Fatalf("settle on B after its success: %+v %v; want %s naming %s", s, err, ReasonDuplicateSettlement, unknown.Reply.Transaction)
 	}
 	if a, b := e.balances(t); a != 1_000_000-20000 || b != 20000 {
 		t.Fatalf("balances payer %d payee %d", a, b)
@@ -241,9 +245,9 @@ func TestPendingRecordLivesAWindowFromItsPendingAnswer(t *testing.T) {
 	key := tx.MessageHash()
 
 	set(base.Add(DuplicateWindow + 10*time.Second)) // past the claim's window, inside the pending answer's
-	s, retry := e.f.claim(key)
-	if s == nil || !retry {
-		t.Fatalf("the pending record is gone %s after its pending answer (claim: %v, retry %v)", DuplicateWindow+10*time.Second-100*time.Second, s != nil, retry)
+	s, how := e.f.claim(key)
+	if how != claimRetry {
+		t.Fatalf("the pending record is gone %s after its pending answer (claim: %v)", DuplicateWindow+10*time.Second-100*time.Second, how)
 	}
 	e.f.unclaim(s)
 	fr.set(func(f *faultyRPC) { f.dropSend, f.hideStatus, f.beforeSend = false, false, nil })
@@ -254,7 +258,7 @@ func TestPendingRecordLivesAWindowFromItsPendingAnswer(t *testing.T) {
 
 	// Memory stays bounded: past the window and a sweep, no record.
 	set(base.Add(100*time.Second + 2*DuplicateWindow + sweepEvery))
-	if s, retry := e.f.claim([32]byte{1}); s == nil || retry {
+	if _, how := e.f.claim([32]byte{1}); how != claimNew {
 		t.Fatal("claim of another message refused")
 	}
 	e.f.mu.Lock()
