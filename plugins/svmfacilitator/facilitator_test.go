@@ -396,8 +396,42 @@ func TestUnknownOutcomeIsPendingThenResolves(t *testing.T) {
 	if err != nil || !s.Success || s.Transaction != unknown.Reply.Transaction {
 		t.Fatalf("retry: %+v %v", s, err)
 	}
+	// The pending answer's promise is kept once: a Settle after that
+	// success is a replay.
+	if again, err := e.f.Settle(context.Background(), pp, e.req); err != nil || again.Success || again.ErrorReason != ReasonDuplicateSettlement || again.Transaction != s.Transaction {
+		t.Fatalf("settle after the retry's success: %+v %v; want %s naming %s", again, err, ReasonDuplicateSettlement, s.Transaction)
+	}
 	if a, b := e.balances(t); a != 1_000_000-20000 || b != 20000 {
 		t.Fatalf("balances payer %d payee %d", a, b)
+	}
+}
+
+// A retry of a payment answered pending whose transaction never reached
+// the chain, once its blockhash expired, is a failure (nothing moved), and
+// the payment is released rather than held as a duplicate.
+func TestPendingRetryFailsOnceTheBlockhashExpires(t *testing.T) {
+	fr := &faultyRPC{}
+	srv := fr.serve(t)
+	e := newEnv(t, Config{RPC: &RPC{URL: srv}, ConfirmTimeout: 300 * time.Millisecond, PollInterval: 20 * time.Millisecond})
+	fr.set(func(f *faultyRPC) { f.target, f.dropSend = e.chain.URL, true })
+	p := e.payment(t)
+	pp := Payload(p.Build(p.Instructions()), e.req)
+	_, err := e.f.Settle(context.Background(), pp, e.req)
+	var unknown *x402.UnknownOutcomeError
+	if !errors.As(err, &unknown) || unknown.Reply == nil || unknown.Reply.ErrorReason != ReasonSettlementPending {
+		t.Fatalf("want an unknown outcome, got %v", err)
+	}
+	e.chain.ExpireBlockhash()
+	sends := fr.count("sendTransaction")
+	s, err := e.f.Settle(context.Background(), pp, e.req)
+	if err != nil || s.Success || s.ErrorReason != ReasonTransactionFailed || fr.count("sendTransaction") != sends {
+		t.Fatalf("retry once expired: %+v %v; want %s, nothing sent", s, err, ReasonTransactionFailed)
+	}
+	if a, b := e.balances(t); a != 1_000_000 || b != 0 {
+		t.Fatalf("balances payer %d payee %d", a, b)
+	}
+	if s, err := e.f.Settle(context.Background(), pp, e.req); err != nil || s.ErrorReason == ReasonDuplicateSettlement {
+		t.Fatalf("after release: %+v %v", s, err)
 	}
 }
 
