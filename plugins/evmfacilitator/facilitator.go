@@ -446,9 +446,8 @@ const (
 	// a revert. For reads it is the node's trouble, not the payment's: a
 	// provider's rate limit (-32005 "limit exceeded"), a node behind the
 	// block asked for (-32000 "header not found"), an internal error
-	// (-32603), "execution aborted (timeout)". A send so answered was not
-	// taken ("nonce too low", "replacement transaction underpriced",
-	// "insufficient funds for gas * price + value", the limit).
+	// (-32603), "execution aborted (timeout)". To a send it proves nothing
+	// by itself: only the refusals sendAnswer names mean it was not taken.
 	answerNodeError
 	// answerReverted: the node executed the call and the contract
 	// reverted: the one JSON-RPC error that is an answer about the

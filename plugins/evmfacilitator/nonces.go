@@ -2,8 +2,10 @@ package evmfacilitator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/big"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/core/types"
+	"github.com/ethereum/go-ethereum/rpc"
 
 	"github.com/aovhq/aov/x402"
 )
@@ -65,8 +68,8 @@ type txSender interface {
 
 // submit signs (sign) and sends a transaction with the account's next nonce
 // through chain. A send the node may or may not have taken is an
-// *unknownSend; a refusal by the node is returned wrapped (classify
-// reads it). When ctx ends before the account is free, nothing was sent and
+// *unknownSend: every answer but a proven refusal (sendAnswer); a refusal
+// is returned wrapped (classify reads it). When ctx ends before the account is free, nothing was sent and
 // the error wraps ctx's.
 func (n *nonceManager) submit(ctx context.Context, chain txSender, sign func(nonce uint64) (*types.Transaction, error)) (*types.Transaction, error) {
 	if err := ctx.Err(); err != nil { // select would pick at random when both are ready
@@ -100,22 +103,22 @@ func (n *nonceManager) submit(ctx context.Context, chain txSender, sign func(non
 			n.next++
 			return tx, nil
 		}
-		kind, reason := classify(err)
-		if kind == answerNone {
-			// The node may or may not have the transaction; the nonce may be
-			// used. Re-read it next time, and let the caller resolve the outcome.
-			n.known = false
-			return nil, &unknownSend{tx: tx, err: err}
-		}
-		n.known = false
-		switch {
-		case isNonceError(reason) && attempt == 0:
-			continue
-		case strings.Contains(reason, "already known"):
-			n.next++ // our own transaction is in the pool already
+		switch taken, refused, reason := sendAnswer(err); {
+		case taken: // our own transaction is in the pool already
+			n.next++
 			n.known = true
 			return tx, nil
+		case !refused:
+			// The node may have the transaction (an answer that proves no
+			// refusal can come after it took it); the nonce may be used.
+			// Re-read it next time, and let the caller resolve the outcome.
+			n.known = false
+			return nil, &unknownSend{tx: tx, err: err}
+		case isNonceError(reason) && attempt == 0:
+			n.known = false
+			continue
 		}
+		n.known = false
 		return nil, fmt.Errorf("sending: %w", err)
 	}
 }
@@ -126,8 +129,63 @@ func (n *nonceManager) submit(ctx context.Context, chain txSender, sign func(non
 func (n *nonceManager) forget() { n.stale.Store(true) }
 
 func isNonceError(msg string) bool {
+	msg = strings.ToLower(msg)
 	return strings.Contains(msg, "nonce too low") || strings.Contains(msg, "nonce too high") ||
 		strings.Contains(msg, "replacement transaction underpriced")
+}
+
+// sendRefusals are the answers to eth_sendRawTransaction that prove the
+// node did not take the transaction: the transaction pool's validation
+// errors (geth's core/txpool and core errors, which Erigon, Reth, Besu and
+// Nethermind word alike or in these words), all answered before the
+// transaction is added. Matched lower-cased, anywhere in the message.
+var sendRefusals = []string{
+	"nonce too low",
+	"nonce too high",
+	"transaction underpriced", // "replacement transaction underpriced" too
+	"insufficient funds",
+	"intrinsic gas too low",
+	"exceeds block gas limit",
+	"less than block base fee",
+	"exceeds the configured cap", // tx fee cap
+	"txpool is full",
+	"oversized data",
+	"transaction type not supported",
+	"invalid sender",
+}
+
+// sendAnswer reads the node's answer to a send (classify's reading of it):
+// taken when the node already has the transaction ("already known", ours
+// in the pool); refused only when the answer proves the node did not take
+// it: a transaction-pool refusal (sendRefusals) or a rate limit answered
+// before the method runs (HTTP 429, JSON-RPC -32005 "limit exceeded").
+// Anything else, a JSON-RPC error included, may have been answered after
+// the node took the transaction (geth's -32002 "request timed out" when
+// its HTTP timeout fires while the method runs; a load balancer's -32603
+// after forwarding): neither, and the caller resolves it from the chain.
+func sendAnswer(err error) (taken, refused bool, reason string) {
+	var he rpc.HTTPError
+	if errors.As(err, &he) && he.StatusCode == http.StatusTooManyRequests {
+		return false, true, he.Error()
+	}
+	kind, reason := classify(err)
+	if kind != answerNodeError {
+		return false, false, reason
+	}
+	var re rpc.Error
+	if errors.As(err, &re) && re.ErrorCode() == -32005 {
+		return false, true, reason
+	}
+	lower := strings.ToLower(reason)
+	if strings.Contains(lower, "already known") || strings.Contains(lower, "known transaction") {
+		return true, false, reason
+	}
+	for _, r := range sendRefusals {
+		if strings.Contains(lower, r) {
+			return false, true, reason
+		}
+	}
+	return false, false, reason
 }
 
 // nonceSet is one chain's nonce managers, one per account.

@@ -30,8 +30,12 @@ type faultProxy struct {
 	status int    // HTTP status of the fault answer
 	code   int    // its JSON-RPC error code
 	msg    string // its JSON-RPC error message
-	budget atomic.Int64
-	hits   atomic.Int64
+	// forward: a picked request still reaches the devnet, and its answer is
+	// replaced by the fault's (the node ran it; its answer was lost: geth's
+	// -32002 "request timed out", a load balancer's -32603).
+	forward bool
+	budget  atomic.Int64
+	hits    atomic.Int64
 }
 
 func (p *faultProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -56,6 +60,12 @@ func (p *faultProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		if p.match(req.Method, sel) && p.budget.Add(-1) >= 0 {
 			p.hits.Add(1)
+			if p.forward {
+				if resp, err := http.Post(p.target, "application/json", bytes.NewReader(body)); err == nil {
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+			}
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(p.status)
 			b, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": req.ID, "error": map[string]any{"code": p.code, "message": p.msg}})
@@ -175,5 +185,90 @@ func TestRevertIsARefusal(t *testing.T) {
 	r, err := e.f.Verify(context.Background(), mustSignExact(t, payer, req), req)
 	if err != nil || r.IsValid || r.InvalidReason != x402.ReasonExactEVMEIP3009NotSupported {
 		t.Fatalf("Verify of an asset whose name() reverts = %+v, %v; want %s", r, err, x402.ReasonExactEVMEIP3009NotSupported)
+	}
+}
+
+// Only an answer that proves the node refused a send means it was not
+// sent. Any other answer to eth_sendRawTransaction may come after the node
+// took the transaction (geth's -32002 when its HTTP timeout fires while
+// the method runs, a load balancer's -32603 after forwarding): the outcome
+// is then resolved from the chain, so a payment that was charged is never
+// answered with a plain error (the gateway would release it, and the
+// buyer's retry be refused nonce_already_used). A refusal sends nothing,
+// and the payment settles afterwards.
+func TestSendAnswersThatProveNothingAreResolvedFromTheChain(t *testing.T) {
+	cases := []struct {
+		name    string
+		status  int
+		code    int
+		msg     string
+		forward bool // the node took the transaction
+		want    string
+	}{
+		{"taken, then geth's -32002 request timed out", 200, -32002, "request timed out", true, "taken"},
+		{"taken, then a load balancer's -32603", 200, -32603, "internal error", true, "taken"},
+		{"taken, then HTTP 502 with a JSON-RPC body", 502, -32603, "bad gateway", true, "taken"},
+		{"not taken, an answer that proves nothing", 200, -32000, "something went wrong", false, "unknown"},
+		{"refused: rate limit -32005", 200, -32005, "limit exceeded", false, "refused"},
+		{"refused: HTTP 429", 429, -32005, "rate limited", false, "refused"},
+		{"refused: intrinsic gas too low", 200, -32000, "intrinsic gas too low", false, "refused"},
+		{"refused: nonce too low, then sent again", 200, -32000, "nonce too low", false, "paid"},
+	}
+	d := startDevnet(t, DevnetConfig{RPCListen: "127.0.0.1:0"})
+	e := &testEnv{d: d}
+	relayer := crypto.PubkeyToAddress(DevKey(0).PublicKey)
+	from := crypto.PubkeyToAddress(payer.PublicKey)
+	ctx := context.Background()
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &faultProxy{target: d.RPCURL(), match: func(m, _ string) bool { return m == "eth_sendRawTransaction" },
+				status: tc.status, code: tc.code, msg: tc.msg, forward: tc.forward}
+			p.budget.Store(1)
+			srv := httptest.NewServer(p)
+			defer srv.Close()
+			c, err := ethclient.Dial(srv.URL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			f, err := newFacilitator(Config{Chain: c, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 5 * time.Second}, d.nonces)
+			if err != nil {
+				t.Fatal(err)
+			}
+			req := e.requirements(payee, amount)
+			pay := mustSignExact(t, payer, req)
+			nonce, err := d.Client().PendingNonceAt(ctx, relayer)
+			if err != nil {
+				t.Fatal(err)
+			}
+			before := usdcBalance(t, d, from)
+			r, err := f.Settle(ctx, pay, req)
+			paid := usdcBalance(t, d, from).Cmp(before) != 0
+			var unknown *x402.UnknownOutcomeError
+			switch tc.want {
+			case "taken": // settled, or pending (the devnet may not have mined it yet)
+				if !r.Success && !errors.As(err, &unknown) {
+					t.Fatalf("settle = %+v, %v (paid: %v); want success or an unknown outcome, never an error saying nothing was sent", r, err, paid)
+				}
+			case "paid":
+				if !paid || err != nil || !r.Success {
+					t.Fatalf("settle = %+v, %v (paid: %v); want success", r, err, paid)
+				}
+			case "unknown":
+				if paid || !errors.As(err, &unknown) {
+					t.Fatalf("settle = %+v, %v (paid: %v); want an unknown outcome, nothing paid", r, err, paid)
+				}
+			case "refused":
+				if paid || err == nil || errors.As(err, &unknown) || r.Success {
+					t.Fatalf("settle = %+v, %v (paid: %v); want an error saying nothing was sent", r, err, paid)
+				}
+				if after, err := d.Client().PendingNonceAt(ctx, relayer); err != nil || after != nonce {
+					t.Fatalf("the relayer's nonce went from %d to %d (%v): something was sent", nonce, after, err)
+				}
+				if r, err := f.Settle(ctx, pay, req); err != nil || !r.Success {
+					t.Fatalf("settle after the refusal = %+v, %v; want success", r, err)
+				}
+			}
+		})
 	}
 }
