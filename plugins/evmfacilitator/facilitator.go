@@ -442,46 +442,107 @@ const (
 	// error status, a timeout): the request may or may not have reached
 	// the node.
 	answerNone answer = iota
-	// answerNodeError: the node answered with a JSON-RPC error that is not
-	// a revert. For reads it is the node's trouble, not the payment's: a
+	// answerNodeError: the node answered with a JSON-RPC error that is
+	// neither a revert nor a failure to execute. For reads it is the node's trouble, not the payment's: a
 	// provider's rate limit (-32005 "limit exceeded"), a node behind the
 	// block asked for (-32000 "header not found"), an internal error
 	// (-32603), "execution aborted (timeout)". To a send it proves nothing
 	// by itself: only the refusals sendAnswer names mean it was not taken.
 	answerNodeError
+	// answerFailed: the node executed the call and it failed without a
+	// revert (the INVALID opcode, out of gas, a stack or jump error). It
+	// is the called code's doing, not the node's: a refusal when the payer
+	// controls that code (its wallet's isValidSignature), an outage
+	// anywhere else.
+	answerFailed
 	// answerReverted: the node executed the call and the contract
-	// reverted: the one JSON-RPC error that is an answer about the
-	// payment.
+	// reverted: an answer about the payment, whoever's code it is.
 	answerReverted
 )
+
+// vmFailures begin the messages geth (and the clients that word their
+// errors as it does) answers eth_call with when the code failed without a
+// revert: core/vm's errors, code -32000.
+var vmFailures = []string{
+	"invalid opcode",
+	"out of gas",
+	"stack underflow",
+	"stack limit reached",
+	"invalid jump destination",
+	"write protection",
+	"return data out of bounds",
+	"max call depth exceeded",
+	"gas uint64 overflow",
+}
 
 // classify is the one reading of the node's errors: whether err is a
 // revert, with its reason (the decoded Error(string) when the data
 // carries one, else the message without its "execution reverted: "
-// prefix), another JSON-RPC error with its message, or no answer at all.
-// A revert is code 3 (EIP-1474, what geth, Erigon, Reth and Anvil send
-// with revert data) or a message starting "execution reverted" (geth's
-// revert without data); nothing else is taken for one, so an overloaded
-// or lagging node can never refuse a payment (or mark its asset as not
-// EIP-3009) on the buyer's account: it is an outage, retried.
+// prefix), a call that failed to execute, another JSON-RPC error with its
+// message, or no answer at all. A revert is code 3 (EIP-1474, what geth,
+// Erigon, Reth and Anvil send with revert data), a message starting
+// "execution reverted" in any case (geth's revert without data; Besu's
+// -32000 "Execution reverted"), or Nethermind's -32015 "VM execution
+// error." whose data starts "revert" ("Reverted 0x<data>", "revert:
+// <reason>"). A failure without a revert is geth's -32000 with a core/vm
+// error (vmFailures), or Nethermind's -32015 with any other data. Nothing
+// else is taken for either, so an overloaded or lagging node (a limit,
+// "header not found", a timeout, -32603) can never refuse a payment (or
+// mark its asset as not EIP-3009) on the buyer's account: it is an
+// outage, retried.
 func classify(err error) (answer, string) {
 	var re rpc.Error
 	if !errors.As(err, &re) {
 		return answerNone, ""
 	}
 	msg := re.Error()
-	if re.ErrorCode() != 3 && !strings.HasPrefix(msg, "execution reverted") {
-		return answerNodeError, msg
-	}
+	var data string
 	var de rpc.DataError
 	if errors.As(err, &de) {
-		if s, ok := de.ErrorData().(string); ok {
-			if r, err := abi.UnpackRevert(common.FromHex(s)); err == nil {
+		data, _ = de.ErrorData().(string)
+	}
+	switch {
+	case re.ErrorCode() == 3 || hasPrefixFold(msg, "execution reverted"):
+		if r, ok := unpackRevert(data); ok {
+			return answerReverted, r
+		}
+		if hasPrefixFold(msg, "execution reverted: ") {
+			return answerReverted, msg[len("execution reverted: "):]
+		}
+		return answerReverted, msg
+	case re.ErrorCode() == -32015 && hasPrefixFold(msg, "vm execution error"):
+		switch {
+		case hasPrefixFold(data, "reverted "):
+			if r, ok := unpackRevert(strings.TrimSpace(data[len("reverted "):])); ok {
 				return answerReverted, r
 			}
+			return answerReverted, data
+		case hasPrefixFold(data, "revert: "):
+			return answerReverted, data[len("revert: "):]
+		case hasPrefixFold(data, "revert"):
+			return answerReverted, data
+		}
+		return answerFailed, msg + ": " + data
+	}
+	for _, f := range vmFailures {
+		if hasPrefixFold(msg, f) {
+			return answerFailed, msg
 		}
 	}
-	return answerReverted, strings.TrimPrefix(msg, "execution reverted: ")
+	return answerNodeError, msg
+}
+
+// unpackRevert decodes hex revert data carrying Error(string).
+func unpackRevert(data string) (string, bool) {
+	if data == "" {
+		return "", false
+	}
+	r, err := abi.UnpackRevert(common.FromHex(data))
+	return r, err == nil
+}
+
+func hasPrefixFold(s, prefix string) bool {
+	return len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix)
 }
 
 // revertReason maps the token's revert strings (USDC's, with or without
@@ -509,8 +570,11 @@ func (f *Facilitator) erc1271Valid(ctx context.Context, wallet common.Address, d
 	}
 	out, err := f.call(ctx, wallet, data, nil)
 	if err != nil {
+		// The wallet's code is the payer's: its revert, or its failure to
+		// execute, refuses the signature. Only the node's own trouble is an
+		// outage.
 		var ce *contractError
-		if errors.As(err, &ce) {
+		if kind, _ := classify(err); errors.As(err, &ce) || kind == answerFailed {
 			return false, nil
 		}
 		return false, err

@@ -3,6 +3,7 @@ package evmfacilitator
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"testing"
 
 	"github.com/aovhq/aov/x402"
@@ -47,6 +48,46 @@ func FuzzVerifyPayload(f *testing.F) {
 		s, err := e.f.Settle(context.Background(), p, more)
 		if err != nil || s.Success || s.ErrorReason == "" || s.Transaction != "" {
 			t.Fatalf("settle for ten times the amount = %+v, %v; want a refusal with a reason", s, err)
+		}
+	})
+}
+
+// nodeError is an rpc.Error with data, as the RPC client returns a node's
+// JSON-RPC error object: FuzzClassify's input.
+type nodeError struct {
+	code int
+	msg  string
+	data any
+}
+
+func (e nodeError) Error() string  { return e.msg }
+func (e nodeError) ErrorCode() int { return e.code }
+func (e nodeError) ErrorData() any { return e.data }
+
+// FuzzClassify feeds arbitrary JSON-RPC error objects to classify, the one
+// reading of a node's errors: it never panics, and it takes an answer for
+// a revert or a failure to execute only in the forms nodes use for them
+// (code 3, "execution reverted", Nethermind's -32015, geth's core/vm
+// errors); anything else stays the node's trouble.
+func FuzzClassify(f *testing.F) {
+	f.Add(3, "execution reverted: no", "0x08c379a0")
+	f.Add(-32000, "Execution reverted", "")
+	f.Add(-32015, "VM execution error.", "Reverted 0x")
+	f.Add(-32015, "VM execution error.", "revert: x")
+	f.Add(-32000, "invalid opcode: INVALID", "")
+	f.Add(-32005, "limit exceeded", "")
+	f.Add(-32603, "internal error", "0x08c379a0000000")
+	f.Fuzz(func(t *testing.T, code int, msg, data string) {
+		kind, _ := classify(fmt.Errorf("calling: %w", nodeError{code, msg, data}))
+		executed := code == 3 || code == -32015 || hasPrefixFold(msg, "execution reverted")
+		for _, v := range vmFailures {
+			executed = executed || hasPrefixFold(msg, v)
+		}
+		if (kind == answerReverted || kind == answerFailed) && !executed {
+			t.Fatalf("classify(%d, %q, %q) = %d: a node's trouble taken for the code's answer", code, msg, data, kind)
+		}
+		if kind == answerNone {
+			t.Fatalf("classify(%d, %q, %q) = no answer, for a JSON-RPC error", code, msg, data)
 		}
 	})
 }

@@ -3,6 +3,7 @@ package evmfacilitator
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -14,6 +15,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ethereum/go-ethereum"
+	"github.com/ethereum/go-ethereum/accounts/abi"
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/crypto"
 	"github.com/ethereum/go-ethereum/ethclient"
 
@@ -268,6 +273,131 @@ func TestSendAnswersThatProveNothingAreResolvedFromTheChain(t *testing.T) {
 				if r, err := f.Settle(ctx, pay, req); err != nil || !r.Success {
 					t.Fatalf("settle after the refusal = %+v, %v; want success", r, err)
 				}
+			}
+		})
+	}
+}
+
+// deployCode deploys a contract whose runtime code is code (at most 32
+// bytes) from key, and returns its address.
+func deployCode(t testing.TB, d *Devnet, key *ecdsa.PrivateKey, code []byte) common.Address {
+	t.Helper()
+	l := len(code)
+	init := append([]byte{byte(0x5f + l)}, code...)                              // PUSHl code
+	init = append(init, 0x60, 0x00, 0x52, 0x60, byte(l), 0x60, byte(32-l), 0xf3) // MSTORE at 0; RETURN its last l bytes
+	r := sendTx(t, d, key, nil, init)
+	if r.Status != types.ReceiptStatusSuccessful {
+		t.Fatal("deploying the code reverted")
+	}
+	if got, err := d.Client().CodeAt(context.Background(), r.ContractAddress, nil); err != nil || !bytes.Equal(got, code) {
+		t.Fatalf("deployed code = %x, %v; want %x", got, err, code)
+	}
+	return r.ContractAddress
+}
+
+// The payer controls its contract wallet's code: when its
+// isValidSignature executes and fails without a revert (the INVALID
+// opcode, a stack underflow, a bad jump; geth answers -32000 with the VM's
+// error), the signature is refused, as a revert is. An outage it is not:
+// that would answer 503, retryable for ever.
+func TestPayerWalletThatFailsToExecuteIsRefused(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	req := e.requirements(payee, amount)
+	for _, w := range []struct {
+		name string
+		code []byte
+	}{
+		{"INVALID", []byte{0xfe}},
+		{"stack underflow", []byte{0x01}},
+		{"invalid jump", []byte{0x60, 0x00, 0x56}},
+	} {
+		t.Run(w.name, func(t *testing.T) {
+			wallet := deployCode(t, e.d, DevKey(4), w.code)
+			a := auth(DevKey(4), req)
+			a.From = wallet.Hex()
+			p := sign(t, DevKey(4), a, req, req)
+			v, err := e.f.Verify(ctx, p, req)
+			if err != nil || v.IsValid || v.InvalidReason != x402.ReasonExactEVMSignature {
+				t.Fatalf("verify = %+v, %v; want %s", v, err, x402.ReasonExactEVMSignature)
+			}
+			r, err := e.f.Settle(ctx, p, req)
+			if err != nil || r.Success || r.ErrorReason != x402.ReasonExactEVMSignature || r.Transaction != "" {
+				t.Fatalf("settle = %+v, %v; want %s, nothing sent", r, err, x402.ReasonExactEVMSignature)
+			}
+		})
+	}
+}
+
+// scriptedNode is a fake RPC provider for the error forms of nodes the
+// devnet is not (Besu, Nethermind, providers' limits): it answers every
+// request with one JSON-RPC error, data included when set.
+type scriptedNode struct {
+	status int
+	code   int
+	msg    string
+	data   any
+}
+
+func (s *scriptedNode) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var req struct{ ID json.RawMessage }
+	_ = json.NewDecoder(r.Body).Decode(&req)
+	e := map[string]any{"code": s.code, "message": s.msg}
+	if s.data != nil {
+		e["data"] = s.data
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(s.status)
+	b, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": req.ID, "error": e})
+	w.Write(b)
+}
+
+// classify, the one reading of a node's errors, knows each client's way of
+// saying a call reverted or failed to execute, whatever its case, and
+// takes nothing else for either: a provider's limit, a missing header, a
+// timeout or an internal error stay the node's trouble.
+func TestClassifyReadsEachClientsForms(t *testing.T) {
+	errorString := func(s string) string { // ABI Error(string)
+		b, _ := abi.NewType("string", "", nil)
+		packed, _ := abi.Arguments{{Type: b}}.Pack(s)
+		return "0x08c379a0" + hex.EncodeToString(packed)
+	}
+	cases := []struct {
+		name   string
+		node   scriptedNode
+		kind   answer
+		reason string
+	}{
+		{"geth, code 3", scriptedNode{200, 3, "execution reverted: no", errorString("no")}, answerReverted, "no"},
+		{"geth, no data", scriptedNode{200, -32000, "execution reverted", nil}, answerReverted, "execution reverted"},
+		{"Besu", scriptedNode{200, -32000, "Execution reverted", errorString("no")}, answerReverted, "no"},
+		{"Besu, reason in the message", scriptedNode{200, -32000, "Execution reverted: no", nil}, answerReverted, "no"},
+		{"Nethermind, Reverted data", scriptedNode{200, -32015, "VM execution error.", "Reverted " + errorString("no")}, answerReverted, "no"},
+		{"Nethermind, revert: reason", scriptedNode{200, -32015, "VM execution error.", "revert: no"}, answerReverted, "no"},
+		{"Nethermind, bare revert", scriptedNode{200, -32015, "VM execution error.", "revert"}, answerReverted, "revert"},
+		{"geth, INVALID", scriptedNode{200, -32000, "invalid opcode: INVALID", nil}, answerFailed, "invalid opcode: INVALID"},
+		{"geth, out of gas", scriptedNode{200, -32000, "out of gas", nil}, answerFailed, "out of gas"},
+		{"geth, stack underflow", scriptedNode{200, -32000, "stack underflow (0 <=> 2)", nil}, answerFailed, "stack underflow (0 <=> 2)"},
+		{"Nethermind, bad instruction", scriptedNode{200, -32015, "VM execution error.", "BadInstruction"}, answerFailed, "VM execution error.: BadInstruction"},
+		{"limit", scriptedNode{200, -32005, "limit exceeded", nil}, answerNodeError, "limit exceeded"},
+		{"missing header", scriptedNode{200, -32000, "header not found", nil}, answerNodeError, "header not found"},
+		{"call timeout", scriptedNode{200, -32000, "execution aborted (timeout = 5s)", nil}, answerNodeError, "execution aborted (timeout = 5s)"},
+		{"internal error", scriptedNode{200, -32603, "internal error", nil}, answerNodeError, "internal error"},
+		{"HTTP 503", scriptedNode{503, -32603, "unavailable", nil}, answerNone, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := httptest.NewServer(&tc.node)
+			defer srv.Close()
+			c, err := ethclient.Dial(srv.URL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			to := common.Address{1}
+			_, err = c.CallContract(context.Background(), ethereum.CallMsg{To: &to}, nil)
+			if kind, reason := classify(err); kind != tc.kind || reason != tc.reason {
+				t.Fatalf("classify(%v) = %d, %q; want %d, %q", err, kind, reason, tc.kind, tc.reason)
 			}
 		})
 	}
