@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/crypto"
 
 	"github.com/aovhq/aov/x402"
@@ -115,5 +116,43 @@ func TestBudgetCapsSettlementsInFlight(t *testing.T) {
 	b.release(a)
 	if reason, _ := b.reserve(a); reason != "" {
 		t.Fatal("a released place was not freed")
+	}
+}
+
+// A settlement that reverts because someone relayed the same
+// authorization first (a third party watching the mempool, paying its own
+// gas) still PAID payTo: it is the payer's success, not its failure. If it
+// counted, whoever can see a payer's settlements could lock that payer out
+// with MaxFailedPerPayer such relays.
+func TestOutrunSettlementThatPaidIsNoPayerFailure(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	req := e.requirements(payee, amount)
+	var cur x402.PaymentPayload
+	var theirs *types.Receipt
+	frontRun := true
+	bs := &beforeSend{Chain: e.d.Client()}
+	bs.before = func() {
+		if frontRun {
+			theirs = relayAuthorization(t, e.d, DevKey(5), cur)
+		}
+	}
+	f, err := newFacilitator(Config{Chain: bs, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond,
+		ReceiptTimeout: 10 * time.Second, MaxFailedPerPayer: 1, FailureWindow: time.Hour}, e.d.nonces)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur = mustSignExact(t, payer, req)
+	r, err := f.Settle(ctx, cur, req)
+	if err != nil || !r.Success || theirs == nil || r.Transaction != theirs.TxHash.Hex() {
+		t.Fatalf("outrun settle = %+v, %v; want success naming the relay", r, err)
+	}
+	frontRun = false
+	next := mustSignExact(t, payer, req)
+	if v, err := f.Verify(ctx, next, req); err != nil || !v.IsValid {
+		t.Fatalf("verify of the payer's next payment = %+v, %v; want valid (its only settlement paid)", v, err)
+	}
+	if r, err := f.Settle(ctx, next, req); err != nil || !r.Success {
+		t.Fatalf("settle of the payer's next payment = %+v, %v; want success", r, err)
 	}
 }

@@ -350,12 +350,20 @@ func (f *Facilitator) judgeOwn(ctx context.Context, c *checked, tx *types.Transa
 // facilitator), which is what made ours revert; so the nonce is read at
 // tx's block: used, the transaction that used it decides (resolveUsed:
 // success naming it when it paid payTo); unused, it is a failure with the
-// token's revert string, replayed on the state before tx's block. Either
-// way the relayer paid the gas: the payer's failure budget counts it.
-func (f *Facilitator) reverted(ctx context.Context, c *checked, tx *types.Transaction, rcpt *types.Receipt, start time.Time) (x402.SettleResponse, error) {
+// token's revert string, replayed on the state before tx's block. The
+// relayer paid the gas either way, yet the payer's failure budget counts it
+// only when the payment did not settle: one that another relay of the same
+// authorization paid first is the payer's success, and counting it would
+// let anyone who sees a payer's settlements in the mempool lock the payer
+// out by relaying them.
+func (f *Facilitator) reverted(ctx context.Context, c *checked, tx *types.Transaction, rcpt *types.Receipt, start time.Time) (resp x402.SettleResponse, err error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resolveTimeout)
 	defer cancel()
-	f.budget.fail(c.auth.From) // whoever made it revert, the relayer paid its gas
+	defer func() {
+		if !resp.Success {
+			f.budget.fail(c.auth.From)
+		}
+	}()
 	cause := fmt.Errorf("the settlement transaction %s reverted", tx.Hash().Hex())
 	used, err := f.authorizationState(ctx, c.token, c.auth.From, c.auth.Nonce, rcpt.BlockNumber)
 	if err != nil {
