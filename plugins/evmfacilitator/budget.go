@@ -2,6 +2,8 @@ package evmfacilitator
 
 import (
 	"fmt"
+	"math/big"
+	"slices"
 	"sync"
 	"time"
 
@@ -32,7 +34,11 @@ const ReasonPayerFailureBudget = "invalid_exact_evm_payer_failure_budget_exhaust
 // budget records, per payer (authorization.from), the settlements that
 // were sent and reverted on chain, and the settlements in flight, and
 // refuses the payments that would go past either cap, before anything is
-// sent. A reverted settlement still costs the relayer its gas, and a payer
+// sent. The amounts in flight are counted against the payer's balance too
+// (committed): the balance and the simulation each settlement reads show
+// none of the payer's other settlements until they land, so without that
+// a payer funded for one payment could pay many calls at once and all but
+// one would revert at the relayer's gas. A reverted settlement still costs the relayer its gas, and a payer
 // can make its own revert at will (it moves its balance away, or spends
 // the authorization's nonce with cancelAuthorization or another
 // authorization, between the facilitator's gas estimate and inclusion), so
@@ -57,7 +63,17 @@ type budget struct {
 
 type identity struct {
 	failures []time.Time // the last perPayer failures, oldest first
-	inFlight int
+	flights  []*flight   // its settlements in flight, oldest first
+}
+
+// flight is one settlement in flight: the payer's, for value. A
+// settlement holds it from before it reads the payer's balance until its
+// outcome is known (or no longer awaited), so that every settlement that
+// reads the balance later counts it, however the reads and sends of
+// concurrent settlements interleave.
+type flight struct {
+	payer common.Address
+	value *big.Int
 }
 
 func newBudget(cfg Config) *budget {
@@ -84,16 +100,29 @@ func (b *budget) prune(t time.Time) {
 	}
 	b.sweptAt = t
 	for k, id := range b.ids {
-		if id.inFlight == 0 && b.recent(id, t) == 0 {
+		if len(id.flights) == 0 && b.recent(id, t) == 0 {
 			delete(b.ids, k)
 		}
 	}
 }
 
+// ahead is the part of id's flights a settlement holding own must count:
+// those held before it; all of them for own nil (Verify, which holds
+// none). b.mu is held.
+func ahead(id *identity, own *flight) []*flight {
+	for i, fl := range id.flights {
+		if fl == own {
+			return id.flights[:i]
+		}
+	}
+	return id.flights
+}
+
 // refusal is why payer's payment may not be settled at t; "" when it may.
-// Verify and Settle ask the same, so a payer at its cap is refused at
-// verify too, before a gateway that settles after the call runs it.
-func (b *budget) refusal(payer common.Address, t time.Time) (reason, msg string) {
+// own is the settlement's own flight (nil for Verify). Verify and Settle
+// ask the same, so a payer at its cap is refused at verify too, before a
+// gateway that settles after the call runs it.
+func (b *budget) refusal(payer common.Address, own *flight, t time.Time) (reason, msg string) {
 	b.prune(t)
 	id := b.ids[payer]
 	if id == nil {
@@ -102,45 +131,70 @@ func (b *budget) refusal(payer common.Address, t time.Time) (reason, msg string)
 	if n := b.recent(id, t); n >= b.perPayer {
 		return ReasonPayerFailureBudget, fmt.Sprintf("%d settlements of this payer reverted on chain within %s, each paid for by the relayer; pay again later", n, b.window)
 	}
-	if id.inFlight >= b.inFlight {
-		return ReasonPayerFailureBudget, fmt.Sprintf("%d settlements of this payer are in flight; pay again once they are confirmed", id.inFlight)
+	if n := len(ahead(id, own)); n >= b.inFlight {
+		return ReasonPayerFailureBudget, fmt.Sprintf("%d settlements of this payer are in flight; pay again once they are confirmed", n)
 	}
 	return "", ""
 }
 
-// check is refusal without reserving: Verify's answer.
-func (b *budget) check(payer common.Address) (reason, msg string) {
+// check is the payment's refusal; own as for refusal.
+func (b *budget) check(payer common.Address, own *flight) (reason, msg string) {
 	t := b.now()
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.refusal(payer, t)
+	return b.refusal(payer, own, t)
 }
 
-// reserve counts payer's settlement in flight unless it is refused; the
-// caller sends it and then calls release.
-func (b *budget) reserve(payer common.Address) (reason, msg string) {
-	t := b.now()
+// committed is what payer's settlements in flight ahead of own (all of
+// them for own nil) may still take from its balance, and how many they
+// are: the balance the chain reports does not show them until they land.
+// nil when there are none.
+func (b *budget) committed(payer common.Address, own *flight) (sum *big.Int, n int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if reason, msg = b.refusal(payer, t); reason != "" {
-		return reason, msg
+	id := b.ids[payer]
+	if id == nil {
+		return nil, 0
 	}
+	fls := ahead(id, own)
+	if len(fls) == 0 {
+		return nil, 0
+	}
+	sum = new(big.Int)
+	for _, fl := range fls {
+		sum.Add(sum, fl.value)
+	}
+	return sum, len(fls)
+}
+
+// hold counts a settlement of value by payer in flight, refusing nothing
+// (the caller asks check, after the payment's own checks); the caller
+// calls release when its outcome is known.
+func (b *budget) hold(payer common.Address, value *big.Int) *flight {
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	id := b.ids[payer]
 	if id == nil {
 		id = &identity{}
 		b.ids[payer] = id
 	}
-	id.inFlight++
-	return "", ""
+	fl := &flight{payer: payer, value: value}
+	id.flights = append(id.flights, fl)
+	return fl
 }
 
-// release ends a reservation: the outcome is known, or no longer awaited
-// (an unknown outcome is not held in flight).
-func (b *budget) release(payer common.Address) {
+// release ends a flight: the outcome is known, or no longer awaited (an
+// unknown outcome is not held in flight).
+func (b *budget) release(fl *flight) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if id := b.ids[payer]; id != nil && id.inFlight > 0 {
-		id.inFlight--
+	if id := b.ids[fl.payer]; id != nil {
+		id.flights = slices.DeleteFunc(id.flights, func(x *flight) bool { return x == fl })
+		if len(id.flights) == 0 && len(id.failures) == 0 {
+			// Held by a payment refused for its balance, say: keyed by
+			// payers anyone can make up, it must not wait for prune.
+			delete(b.ids, fl.payer)
+		}
 	}
 }
 

@@ -2,10 +2,13 @@ package evmfacilitator
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"math/big"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/ethereum/go-ethereum"
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/crypto"
@@ -95,27 +98,46 @@ func TestRevertingPayerIsRefusedBeforeSending(t *testing.T) {
 
 // A payer's settlements in flight are capped: one move of its tokens
 // reverts them all at once, so the cap bounds what one move costs the
-// relayer. A release frees a place.
+// relayer. Each settlement counts those held before it (Verify, all); a
+// release frees a place, and their amounts are what the payer's balance
+// must cover besides its own.
 func TestBudgetCapsSettlementsInFlight(t *testing.T) {
 	b := newBudget(Config{MaxFailedPerPayer: 3, MaxInFlightPerPayer: 2, FailureWindow: time.Hour})
 	a, other := common.HexToAddress("0x01"), common.HexToAddress("0x02")
+	var held []*flight
 	for i := range 2 {
-		if reason, msg := b.reserve(a); reason != "" {
-			t.Fatalf("reservation %d refused: %s", i+1, msg)
+		fl := b.hold(a, big.NewInt(10))
+		if reason, msg := b.check(a, fl); reason != "" {
+			t.Fatalf("settlement %d refused: %s", i+1, msg)
 		}
+		held = append(held, fl)
 	}
-	if reason, _ := b.check(a); reason != ReasonPayerFailureBudget {
+	if reason, _ := b.check(a, nil); reason != ReasonPayerFailureBudget {
 		t.Fatalf("a payer at its cap in flight: check = %q", reason)
 	}
-	if reason, _ := b.reserve(a); reason != ReasonPayerFailureBudget {
-		t.Fatalf("a payer at its cap in flight: reserve = %q", reason)
+	third := b.hold(a, big.NewInt(10))
+	if reason, _ := b.check(a, third); reason != ReasonPayerFailureBudget {
+		t.Fatalf("a payer at its cap in flight: the third settlement's check = %q", reason)
 	}
-	if reason, _ := b.reserve(other); reason != "" {
+	if sum, n := b.committed(a, third); n != 2 || sum.Int64() != 20 {
+		t.Fatalf("committed ahead of the third = %v in %d; want 20 in 2", sum, n)
+	}
+	b.release(third)
+	if reason, _ := b.check(other, b.hold(other, big.NewInt(1))); reason != "" {
 		t.Fatal("another payer was refused")
 	}
-	b.release(a)
-	if reason, _ := b.reserve(a); reason != "" {
+	b.release(held[0])
+	fl := b.hold(a, big.NewInt(10))
+	if reason, _ := b.check(a, fl); reason != "" {
 		t.Fatal("a released place was not freed")
+	}
+	if sum, n := b.committed(a, fl); n != 1 || sum.Int64() != 10 {
+		t.Fatalf("committed ahead = %v in %d; want 10 in 1", sum, n)
+	}
+	b.release(held[1])
+	b.release(fl)
+	if _, ok := b.ids[a]; ok {
+		t.Fatal("a payer with nothing in flight and no failure is still recorded")
 	}
 }
 
@@ -154,5 +176,118 @@ func TestOutrunSettlementThatPaidIsNoPayerFailure(t *testing.T) {
 	}
 	if r, err := f.Settle(ctx, next, req); err != nil || !r.Success {
 		t.Fatalf("settle of the payer's next payment = %+v, %v; want success", r, err)
+	}
+}
+
+// estimateBarrier is a fake for a race the devnet cannot show on demand
+// (it mines each transaction at once): it holds every gas estimate until
+// every one of n concurrent settlements has either reached its estimate or
+// returned, so those that reach it were all checked against one state and
+// are all sent before any lands, as on a chain whose blocks take seconds.
+type estimateBarrier struct {
+	Chain
+	n        int
+	mu       sync.Mutex
+	arrived  int
+	returned int
+	all      chan struct{}
+}
+
+func newEstimateBarrier(c Chain, n int) *estimateBarrier {
+	return &estimateBarrier{Chain: c, n: n, all: make(chan struct{})}
+}
+
+func (c *estimateBarrier) count(arrived, returned int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.arrived += arrived
+	c.returned += returned
+	if c.arrived+c.returned == c.n {
+		close(c.all)
+	}
+}
+
+func (c *estimateBarrier) EstimateGas(ctx context.Context, msg ethereum.CallMsg) (uint64, error) {
+	g, err := c.Chain.EstimateGas(ctx, msg)
+	c.count(1, 0)
+	<-c.all
+	return g, err
+}
+
+// settleAtOnce settles one payment of key per element of n at once through
+// bar and returns the answers.
+func settleAtOnce(t *testing.T, f *Facilitator, bar *estimateBarrier, key *ecdsa.PrivateKey, req x402.PaymentRequirements) []x402.SettleResponse {
+	type res struct {
+		r   x402.SettleResponse
+		err error
+	}
+	out := make(chan res, bar.n)
+	for range bar.n {
+		p := mustSignExact(t, key, req)
+		go func() {
+			r, err := f.Settle(context.Background(), p, req)
+			if r.Transaction == "" && err == nil { // returned before its estimate
+				bar.count(0, 1)
+			}
+			out <- res{r, err}
+		}()
+	}
+	var rs []x402.SettleResponse
+	for range bar.n {
+		x := <-out
+		if x.err != nil {
+			t.Fatalf("settle: %v", x.err)
+		}
+		rs = append(rs, x.r)
+	}
+	return rs
+}
+
+// A payer's settlements in flight are counted against its balance: a payer
+// funded for one payment that pays six calls at once gets one settled and
+// the others refused for their balance before anything is sent, instead
+// of five reverts at the relayer's gas (balance and simulation are read
+// per payment, and all six pass them before any lands). A payer funded for
+// all its payments still has them settled at once.
+func TestOneBalanceIsNotSpentManyTimesInFlight(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	req := e.requirements(payee, amount)
+	relayer := crypto.PubkeyToAddress(DevKey(0).PublicKey)
+	for _, tc := range []struct {
+		name     string
+		payments int64 // the payer's balance, in payments
+		want     int   // settled
+	}{
+		{"funded for one of six", 1, 1},
+		{"funded for all three", 3, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			key, _ := crypto.GenerateKey()
+			fundUSDC(t, e.d, DevKey(5), crypto.PubkeyToAddress(key.PublicKey), tc.payments*20000)
+			n := 6
+			if tc.payments == 3 {
+				n = 3
+			}
+			bar := newEstimateBarrier(e.d.Client(), n)
+			f, err := newFacilitator(Config{Chain: bar, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 10 * time.Second}, e.d.nonces)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n0, _ := e.d.Client().PendingNonceAt(ctx, relayer)
+			ok := 0
+			for _, r := range settleAtOnce(t, f, bar, key, req) {
+				switch {
+				case r.Success:
+					ok++
+				case r.ErrorReason != x402.ReasonExactEVMInsufficientBalance || r.Transaction != "":
+					t.Errorf("settle = %+v; want success, or %s with nothing sent", r, x402.ReasonExactEVMInsufficientBalance)
+				}
+			}
+			n1, _ := e.d.Client().PendingNonceAt(ctx, relayer)
+			if ok != tc.want || n1-n0 != uint64(tc.want) {
+				t.Fatalf("%d settled, %d relayer transactions; want %d of each", ok, n1-n0, tc.want)
+			}
+		})
 	}
 }

@@ -231,6 +231,11 @@ type checked struct {
 	// token are set); Settle then tells whether this authorization's own
 	// transfer used it.
 	spent bool
+	// settling: checkChain runs for Settle, and holds the settlement's
+	// amount in flight (flight) before it reads the balance; a valid
+	// answer keeps it held, for the caller to release.
+	settling bool
+	flight   *flight
 }
 
 // Verify checks a payment against the server's requirements, in the order
@@ -292,8 +297,14 @@ func (f *Facilitator) checkOwn(ctx context.Context, p x402.PaymentPayload, req x
 
 // checkChain runs, on a payment checkOwn passed, the checks that read the
 // chain, in the reference order.
-func (f *Facilitator) checkChain(ctx context.Context, c *checked) (*checked, error) {
+func (f *Facilitator) checkChain(ctx context.Context, c *checked) (res *checked, err error) {
 	auth, sig, token, payer := c.auth, c.sig, c.token, c.payer
+	defer func() {
+		if c.flight != nil && (err != nil || res.invalid) {
+			f.budget.release(c.flight)
+			c.flight = nil
+		}
+	}()
 	if !c.recovered {
 		// Not an EOA signature of from: a contract account must accept it.
 		code, err := f.chain.CodeAt(ctx, auth.From, nil)
@@ -344,6 +355,11 @@ func (f *Facilitator) checkChain(ctx context.Context, c *checked) (*checked, err
 		r.auth, r.token, r.spent = auth, token, true
 		return r, nil
 	}
+	if c.settling {
+		// Held before the balance is read: a settlement of this payer
+		// that reads it later counts this one, whenever this one lands.
+		c.flight = f.budget.hold(auth.From, auth.Value)
+	}
 	bal, err := f.balanceOf(ctx, token, auth.From)
 	if err != nil {
 		var ce *contractError
@@ -354,6 +370,10 @@ func (f *Facilitator) checkChain(ctx context.Context, c *checked) (*checked, err
 	}
 	if bal.Cmp(auth.Value) < 0 {
 		return refuse(x402.ReasonExactEVMInsufficientBalance, payer, "the payer's balance is below the amount"), nil
+	}
+	if inFlight, n := f.budget.committed(auth.From, c.flight); inFlight != nil && bal.Cmp(inFlight.Add(inFlight, auth.Value)) < 0 {
+		return refuse(x402.ReasonExactEVMInsufficientBalance, payer, fmt.Sprintf(
+			"the payer's balance does not cover the amount on top of its %d settlements in flight; pay again once they are confirmed", n)), nil
 	}
 
 	// Simulate the exact call Settle will send.
@@ -369,7 +389,7 @@ func (f *Facilitator) checkChain(ctx context.Context, c *checked) (*checked, err
 	}
 	// Last, the failure budget: every earlier refusal names what is wrong
 	// with the payment itself.
-	if reason, msg := f.budget.check(auth.From); reason != "" {
+	if reason, msg := f.budget.check(auth.From, c.flight); reason != "" {
 		return refuse(reason, payer, msg), nil
 	}
 	c.resp = x402.VerifyResponse{IsValid: true, Payer: payer}

@@ -243,7 +243,7 @@ func TestMismatchedSettleCostsThePayerNoBudget(t *testing.T) {
 		f.budget.mu.Lock()
 		defer f.budget.mu.Unlock()
 		if id := f.budget.ids[from]; id != nil {
-			return id.inFlight, len(id.failures)
+			return len(id.flights), len(id.failures)
 		}
 		return 0, 0
 	}

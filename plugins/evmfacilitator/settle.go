@@ -89,6 +89,7 @@ func (f *Facilitator) settle(ctx context.Context, c *checked) (x402.SettleRespon
 	// The nonce is unused when checkChain reads it: whatever uses it lands
 	// after start, which bounds the search for it (resolve).
 	start := now()
+	c.settling = true
 	c, err := f.checkChain(ctx, c)
 	if err != nil {
 		return x402.SettleResponse{}, fmt.Errorf("verifying before settlement: %w", err)
@@ -99,10 +100,7 @@ func (f *Facilitator) settle(ctx context.Context, c *checked) (x402.SettleRespon
 		}
 		return f.failure(c.resp.InvalidReason, c.resp.Payer, c.resp.InvalidMessage, ""), nil
 	}
-	if reason, msg := f.budget.reserve(c.auth.From); reason != "" {
-		return f.failure(reason, c.payer, msg, ""), nil
-	}
-	defer f.budget.release(c.auth.From)
+	defer f.budget.release(c.flight) // held by checkChain
 	tx, err := f.send(ctx, c)
 	if err != nil {
 		var ce *contractError
