@@ -103,6 +103,8 @@ type Facilitator struct {
 	inflight   map[settleKey]*settleCall
 
 	budget *budget
+
+	usedCache usedCache // alreadyUsed's answers
 }
 
 type tokenDomain struct {
@@ -227,8 +229,8 @@ type checked struct {
 	txData        []byte
 	resp          x402.VerifyResponse
 	invalid       bool
-	// spent: refused because the token reports the nonce used (auth and
-	// token are set); Settle then tells whether this authorization's own
+	// spent: refused because the token reports the nonce used (auth,
+	// token and digest are set); Settle then tells whether this authorization's own
 	// transfer used it.
 	spent bool
 	// settling: checkChain runs for Settle, and holds the settlement's
@@ -352,7 +354,7 @@ func (f *Facilitator) checkChain(ctx context.Context, c *checked) (res *checked,
 	}
 	if used {
 		r := refuse(x402.ReasonExactEVMNonceAlreadyUsed, payer, "the authorization nonce is already used")
-		r.auth, r.token, r.spent = auth, token, true
+		r.auth, r.token, r.digest, r.spent = auth, token, c.digest, true
 		return r, nil
 	}
 	if c.settling {

@@ -246,3 +246,43 @@ func TestSettlingASettledAuthorizationNamesItsTransaction(t *testing.T) {
 		t.Fatalf("settling a cancelled authorization = %+v, %v; want %s naming no transaction", r, err, x402.ReasonExactEVMNonceAlreadyUsed)
 	}
 }
+
+// Replaying /settle of a settled authorization (anyone may: it is public
+// once on chain, and the x402_facilitator handler's requests have no
+// deadline) searches for the transaction that used its nonce once, under a
+// deadline of its own; a replay within usedCacheTTL gets the same answer
+// without searching again.
+func TestReplayedSettleSearchesOnce(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	req := e.requirements(payee, amount)
+	p := mustSignExact(t, payer, req)
+	first, err := e.f.Settle(ctx, p, req)
+	if err != nil || !first.Success {
+		t.Fatalf("settle: %+v, %v", first, err)
+	}
+	spy := &logSpy{Chain: e.d.Client()}
+	f, err := newFacilitator(Config{Chain: spy, Network: DevnetNetwork, RelayerKey: DevKey(0)}, e.d.nonces)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		r, err := f.Settle(ctx, p, req)
+		if err != nil || r.Success || r.ErrorReason != x402.ReasonExactEVMNonceAlreadyUsed || r.Transaction != first.Transaction {
+			t.Fatalf("replay %d = %+v, %v; want %s naming %s", i+1, r, err, x402.ReasonExactEVMNonceAlreadyUsed, first.Transaction)
+		}
+		spy.mu.Lock()
+		noDeadline := spy.noDeadline
+		spy.mu.Unlock()
+		headers, ranges := spy.reset()
+		headers-- // checkTime's read of the head, which every settle makes
+		switch {
+		case i == 0 && (headers == 0 || len(ranges) == 0):
+			t.Fatalf("the first replay read %d headers and %d log ranges; the test needs a search", headers, len(ranges))
+		case i == 0 && noDeadline != 0:
+			t.Fatalf("the first replay's search made %d reads without a deadline", noDeadline)
+		case i > 0 && (headers != 0 || len(ranges) != 0):
+			t.Fatalf("replay %d searched again: %d headers, %d log ranges", i+1, headers, len(ranges))
+		}
+	}
+}

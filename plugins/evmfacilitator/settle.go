@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/big"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/ethereum/go-ethereum"
@@ -136,12 +137,83 @@ func (f *Facilitator) settle(ctx context.Context, c *checked) (x402.SettleRespon
 // nonce_already_used. The search covers the blocks from sentSlack before
 // now (findNonceLog), where such a retry's settlement is; one further back,
 // or a lookup that fails, leaves the plain refusal.
+//
+// Anyone can replay /settle of a settled authorization (it is public on
+// chain), and the search costs a dozen or more reads of the caller's RPC
+// provider: so it runs under resolveTimeout whatever the caller's context
+// (the x402_facilitator handler's has no deadline), and its answer is
+// remembered for usedCacheTTL (usedCache), so that a replay costs the
+// checks' reads alone.
 func (f *Facilitator) alreadyUsed(ctx context.Context, c *checked, now time.Time) x402.SettleResponse {
-	st, err := f.usedStatus(ctx, c.token, c.auth, common.Hash{}, now)
-	if err == nil && st.State == x402.SettlementDone {
-		return f.failure(x402.ReasonExactEVMNonceAlreadyUsed, c.resp.Payer, "this authorization was already settled, by transaction "+st.Transaction+"; it pays once, and nothing more was charged", st.Transaction)
+	tx, ok := f.usedCache.get(c.digest, now)
+	if !ok {
+		ctx, cancel := context.WithTimeout(ctx, resolveTimeout)
+		defer cancel()
+		if st, err := f.usedStatus(ctx, c.token, c.auth, common.Hash{}, now); err == nil && st.State == x402.SettlementDone {
+			tx = st.Transaction
+		}
+		f.usedCache.put(c.digest, tx, now)
+	}
+	if tx != "" {
+		return f.failure(x402.ReasonExactEVMNonceAlreadyUsed, c.resp.Payer, "this authorization was already settled, by transaction "+tx+"; it pays once, and nothing more was charged", tx)
 	}
 	return f.failure(c.resp.InvalidReason, c.resp.Payer, c.resp.InvalidMessage, "")
+}
+
+// The bounds of usedCache.
+const (
+	// usedCacheTTL is how long alreadyUsed's answer is remembered: long
+	// enough that replays cost one search a minute, short enough that an
+	// answer a failed lookup left plain is soon asked again.
+	usedCacheTTL = time.Minute
+	// usedCacheMax bounds the authorizations remembered.
+	usedCacheMax = 4096
+)
+
+// usedCache remembers, per authorization (its EIP-712 digest), the
+// transaction alreadyUsed found settling it ("" for none found).
+type usedCache struct {
+	mu sync.Mutex
+	m  map[[32]byte]usedEntry
+}
+
+type usedEntry struct {
+	tx string
+	at time.Time
+}
+
+func (u *usedCache) get(k [32]byte, t time.Time) (string, bool) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	e, ok := u.m[k]
+	if !ok || t.Sub(e.at) >= usedCacheTTL || t.Before(e.at) {
+		return "", false
+	}
+	return e.tx, true
+}
+
+// put remembers tx for k; when full, it first drops the expired answers,
+// then, if none was, any one.
+func (u *usedCache) put(k [32]byte, tx string, t time.Time) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.m == nil {
+		u.m = map[[32]byte]usedEntry{}
+	}
+	if _, ok := u.m[k]; !ok && len(u.m) >= usedCacheMax {
+		for k, e := range u.m {
+			if t.Sub(e.at) >= usedCacheTTL || t.Before(e.at) {
+				delete(u.m, k)
+			}
+		}
+		for k := range u.m {
+			if len(u.m) < usedCacheMax {
+				break
+			}
+			delete(u.m, k)
+		}
+	}
+	u.m[k] = usedEntry{tx: tx, at: t}
 }
 
 func (f *Facilitator) failure(reason, payer, msg, txHash string) x402.SettleResponse {

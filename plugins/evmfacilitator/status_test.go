@@ -209,11 +209,17 @@ type logSpy struct {
 	mu      sync.Mutex
 	headers int
 	ranges  [][2]uint64
+	// noDeadline counts the reads only a search makes (eth_getLogs, a
+	// header by number) asked with a context without a deadline.
+	noDeadline int
 }
 
 func (s *logSpy) HeaderByNumber(ctx context.Context, n *big.Int) (*types.Header, error) {
 	s.mu.Lock()
 	s.headers++
+	if _, ok := ctx.Deadline(); !ok && n != nil {
+		s.noDeadline++
+	}
 	s.mu.Unlock()
 	return s.Chain.HeaderByNumber(ctx, n)
 }
@@ -221,6 +227,9 @@ func (s *logSpy) HeaderByNumber(ctx context.Context, n *big.Int) (*types.Header,
 func (s *logSpy) FilterLogs(ctx context.Context, q ethereum.FilterQuery) ([]types.Log, error) {
 	s.mu.Lock()
 	s.ranges = append(s.ranges, [2]uint64{q.FromBlock.Uint64(), q.ToBlock.Uint64()})
+	if _, ok := ctx.Deadline(); !ok {
+		s.noDeadline++
+	}
 	s.mu.Unlock()
 	return s.Chain.FilterLogs(ctx, q)
 }
