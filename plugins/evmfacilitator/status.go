@@ -42,6 +42,15 @@ func (f *Facilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayloa
 // sent.Transaction, when it names a transaction, is looked at first;
 // sent.After bounds the search for the transaction that used the nonce
 // (see findNonceLog).
+//
+// Settle's own resolution also concludes "never" when the relayer's nonce
+// has moved past its transaction (neverExecutes); this cannot: what the
+// gateway keeps is the payment and at most a transaction hash, and a node
+// that has dropped a transaction cannot tell its nonce (or sender) from
+// its hash. So a settlement whose transaction was lost is undecided here
+// until validBefore passes, which the payer chose; the gateway keeps it
+// pending no longer than its claim (README: "resolve every unknown
+// outcome").
 func (f *Facilitator) SentSettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sent x402.SentSettlement) (x402.SettlementStatus, error) {
 	var st x402.SettlementStatus
 	if req.Network != f.network {
