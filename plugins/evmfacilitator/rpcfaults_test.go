@@ -222,7 +222,6 @@ func TestSendAnswersThatProveNothingAreResolvedFromTheChain(t *testing.T) {
 	d := startDevnet(t, DevnetConfig{RPCListen: "127.0.0.1:0"})
 	e := &testEnv{d: d}
 	relayer := crypto.PubkeyToAddress(DevKey(0).PublicKey)
-	from := crypto.PubkeyToAddress(payer.PublicKey)
 	ctx := context.Background()
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -240,8 +239,12 @@ func TestSendAnswersThatProveNothingAreResolvedFromTheChain(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			// A payer of its own: an earlier case's settlement may land late.
+			key, _ := crypto.GenerateKey()
+			from := crypto.PubkeyToAddress(key.PublicKey)
+			fundUSDC(t, d, DevKey(5), from, 20000)
 			req := e.requirements(payee, amount)
-			pay := mustSignExact(t, payer, req)
+			pay := mustSignExact(t, key, req)
 			nonce, err := d.Client().PendingNonceAt(ctx, relayer)
 			if err != nil {
 				t.Fatal(err)
