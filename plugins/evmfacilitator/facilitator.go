@@ -127,11 +127,14 @@ type settleKey struct {
 }
 
 // settleCall is one settlement in flight; concurrent settles of the same
-// authorization wait for it and share its outcome.
+// authorization wait for its outcome, and are answered from it (joined).
 type settleCall struct {
 	done chan struct{}
 	resp x402.SettleResponse
 	err  error
+	// waiters counts the settles that joined it (under inflightMu), so
+	// that tests can tell a joined settle from one that came after.
+	waiters int
 }
 
 // now is the wall clock; tests move it.

@@ -2,7 +2,10 @@ package evmfacilitator
 
 import (
 	"context"
+	"errors"
 	"math/big"
+	"reflect"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -329,5 +332,125 @@ func TestWalletSignatureIsJudgedBeforeSharingASettlement(t *testing.T) {
 	stall.releaseSends()
 	if got := <-valid; got.err != nil || !got.r.Success {
 		t.Fatalf("the valid settle = %+v, %v", got.r, got.err)
+	}
+}
+
+// waitJoined waits until n settles have joined a settlement in flight of f.
+func waitJoined(t *testing.T, f *Facilitator, n int) {
+	t.Helper()
+	deadline := time.Now().Add(hangGuard)
+	for {
+		f.inflightMu.Lock()
+		joined := 0
+		for _, call := range f.inflight {
+			joined += call.waiters
+		}
+		f.inflightMu.Unlock()
+		if joined >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d settles joined the settlement in flight, want %d", joined, n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// One payment is one success per process: a settle that joins a
+// settlement of the same authorization in flight (a resource server using
+// x402_facilitator that got one payment in two concurrent requests, each
+// verified, served and settled) is not answered with that settlement's
+// success, which would have the payment serve twice, but with
+// nonce_already_used naming its transaction, as a settle after it lands
+// is. A failure is shared (nothing was paid, both see why), and so is an
+// unknown outcome (nobody was answered success; a status check decides).
+func TestJoinedSettleIsNotASecondSuccess(t *testing.T) {
+	cases := []struct {
+		name string
+		// during runs while the leader's send stalls.
+		during         func(t *testing.T, e *testEnv, p x402.PaymentPayload, req x402.PaymentRequirements)
+		lose           bool // the leader's send is lost: its outcome stays unknown
+		receiptTimeout time.Duration
+	}{
+		{name: "the leader settles", receiptTimeout: 30 * time.Second},
+		{name: "the leader fails", receiptTimeout: 30 * time.Second,
+			during: func(t *testing.T, e *testEnv, p x402.PaymentPayload, req x402.PaymentRequirements) {
+				spendNonce(t, e.d, "cancel", payer, p, req)
+			}},
+		{name: "the leader's outcome is unknown", lose: true, receiptTimeout: 300 * time.Millisecond},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			req := e.requirements(payee, amount)
+			stall := newStalledSends(e.d.Client())
+			stall.lose = tc.lose
+			defer stall.releaseSends()
+			f, err := newFacilitator(Config{Chain: stall, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: tc.receiptTimeout}, e.d.nonces)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			from := crypto.PubkeyToAddress(payer.PublicKey)
+			before := usdcBalance(t, e.d, from)
+			relayerNonce, _ := e.d.Client().NonceAt(ctx, f.Relayer(), nil)
+			p := mustSignExact(t, payer, req)
+
+			type result struct {
+				r   x402.SettleResponse
+				err error
+			}
+			leader, joiner := make(chan result, 1), make(chan result, 1)
+			go func() {
+				r, err := f.Settle(ctx, p, req)
+				leader <- result{r, err}
+			}()
+			stall.waitStalled(t)
+			go func() {
+				r, err := f.Settle(ctx, p, req)
+				joiner <- result{r, err}
+			}()
+			waitJoined(t, f, 1)
+			if tc.during != nil {
+				tc.during(t, e, p, req)
+			}
+			stall.releaseSends()
+			l, j := <-leader, <-joiner
+
+			switch tc.name {
+			case "the leader settles":
+				if l.err != nil || !l.r.Success || l.r.Transaction == "" {
+					t.Fatalf("the leader = %+v, %v; want success", l.r, l.err)
+				}
+				if j.err != nil || j.r.Success || j.r.ErrorReason != x402.ReasonExactEVMNonceAlreadyUsed || j.r.Transaction != l.r.Transaction ||
+					j.r.Payer != l.r.Payer || j.r.Network != DevnetNetwork || !strings.Contains(j.r.ErrorMessage, "already settled by another settle") {
+					t.Errorf("the joined settle = %+v, %v; want %s naming %s, saying another settle settled it", j.r, j.err, x402.ReasonExactEVMNonceAlreadyUsed, l.r.Transaction)
+				}
+				if d := new(big.Int).Sub(before, usdcBalance(t, e.d, from)); d.String() != amount {
+					t.Errorf("payer paid %v, want %s once", d, amount)
+				}
+				if after, _ := e.d.Client().NonceAt(ctx, f.Relayer(), nil); after != relayerNonce+1 {
+					t.Errorf("relayer sent %d transactions, want 1", after-relayerNonce)
+				}
+			case "the leader fails":
+				if l.err != nil || l.r.Success || l.r.ErrorReason == "" {
+					t.Fatalf("the leader = %+v, %v; want a failure", l.r, l.err)
+				}
+				if j.err != nil || !reflect.DeepEqual(j.r, l.r) {
+					t.Errorf("the joined settle = %+v, %v; want the leader's failure %+v", j.r, j.err, l.r)
+				}
+				if usdcBalance(t, e.d, from).Cmp(before) != 0 {
+					t.Error("a failed settlement moved test USDC")
+				}
+			default:
+				var lu, ju *x402.UnknownOutcomeError
+				if !errors.As(l.err, &lu) || l.r.Success {
+					t.Fatalf("the leader = %+v, %v; want an unknown outcome", l.r, l.err)
+				}
+				if !errors.As(j.err, &ju) || j.r.Success {
+					t.Errorf("the joined settle = %+v, %v; want the leader's unknown outcome", j.r, j.err)
+				}
+			}
+		})
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/ecdsa"
 	"errors"
+	"math/big"
 	"strings"
 	"sync"
 	"testing"
@@ -213,6 +214,58 @@ func TestSettlementOutrunByAnotherRelayIsASuccess(t *testing.T) {
 	}
 	if err != nil || !r.Success || r.Transaction != theirs.TxHash.Hex() {
 		t.Fatalf("settle = %+v, %v; want success naming the relay that paid, %s", r, err, theirs.TxHash.Hex())
+	}
+}
+
+// When the transaction that used the authorization first was sent by our
+// own relayer key (a second facilitator instance, in another process, that
+// got the same payment: a resource server's two concurrent requests behind
+// a load balancer), it is a duplicate settle, not a relay by someone else:
+// the one whose transaction reverted gets nonce_already_used naming the
+// other instance's transaction, not a second success for one payment.
+// The payment settled, so its reverted transaction is no failure of the
+// payer's budget.
+func TestSettlementOutrunByOurOwnRelayerIsADuplicate(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	req := e.requirements(payee, amount)
+	p := mustSignExact(t, payer, req)
+	// Another process: the same key, nonces of its own.
+	other, err := newFacilitator(Config{Chain: e.d.Client(), Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 10 * time.Second}, &nonceSet{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var theirs x402.SettleResponse
+	var theirsErr error
+	bs := &beforeSend{Chain: e.d.Client()}
+	bs.before = func() {
+		if bs.sends == 1 {
+			theirs, theirsErr = other.Settle(ctx, p, req)
+		}
+	}
+	f, err := newFacilitator(Config{Chain: bs, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond,
+		ReceiptTimeout: 10 * time.Second, MaxFailedPerPayer: 1, FailureWindow: time.Hour}, e.d.nonces)
+	if err != nil {
+		t.Fatal(err)
+	}
+	from := crypto.PubkeyToAddress(payer.PublicKey)
+	before := usdcBalance(t, e.d, from)
+	r, err := f.Settle(ctx, p, req)
+	if theirsErr != nil || !theirs.Success {
+		t.Fatalf("the other instance's settle = %+v, %v; want success", theirs, theirsErr)
+	}
+	if err != nil || r.Success || r.ErrorReason != x402.ReasonExactEVMNonceAlreadyUsed || r.Transaction != theirs.Transaction ||
+		!strings.Contains(r.ErrorMessage, "already settled by another settle") {
+		t.Fatalf("settle = %+v, %v; want %s naming the other instance's %s", r, err, x402.ReasonExactEVMNonceAlreadyUsed, theirs.Transaction)
+	}
+	if d := new(big.Int).Sub(before, usdcBalance(t, e.d, from)); d.String() != amount {
+		t.Errorf("payer paid %v, want %s once", d, amount)
+	}
+	if bs.sends < 2 {
+		t.Fatalf("our settlement was sent %d times; the test needs the other's to take its nonce and ours to revert", bs.sends)
+	}
+	if v, err := f.Verify(ctx, mustSignExact(t, payer, req), req); err != nil || !v.IsValid {
+		t.Errorf("verify of the payer's next payment = %+v, %v; want valid (its payment settled)", v, err)
 	}
 }
 

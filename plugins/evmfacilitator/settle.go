@@ -27,10 +27,22 @@ import (
 //     concurrent settlement of the same authorization, so it is never
 //     answered with another caller's success, and valid callers are never
 //     answered with its refusal.
-//   - Concurrent settles of one authorization that meet their
-//     requirements, which then ask for the same transfer (settleKey), send
-//     at most one transaction; the later callers wait for and share the
-//     first's outcome.
+//   - One payment is one success per process. Concurrent settles of one
+//     authorization that meet their requirements, which then ask for the
+//     same transfer (settleKey), send at most one transaction; the later
+//     callers wait for the first's outcome (joined). A success is the
+//     first caller's alone: the others get nonce_already_used naming its
+//     transaction (settledBy), as a settle after it landed does. A
+//     resource server that verifies, serves and then settles (the x402
+//     middleware, with no claim of its own) would otherwise serve one
+//     payment once per concurrent request carrying it. A failure or an
+//     unknown outcome is shared: nobody was answered success.
+//   - A settlement whose transaction lost the authorization to another
+//     one is judged by that one's sender (resolveUsed): another account's
+//     (a relay of the public authorization) that paid payTo is a success
+//     naming it; our relayer's own (another instance or process with the
+//     same key settled the same payment) is a duplicate, answered as a
+//     joined settle is.
 //   - A refusal (success false) is returned only when nothing was sent or
 //     the sent transaction certainly did not transfer.
 //   - When the outcome is unknown (the receipt did not arrive in time, the
@@ -64,10 +76,11 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 	}
 	f.inflightMu.Lock()
 	if call, busy := f.inflight[key]; busy {
+		call.waiters++
 		f.inflightMu.Unlock()
 		select {
 		case <-call.done:
-			return call.resp, call.err
+			return f.joined(c, call.resp, call.err)
 		case <-ctx.Done():
 			return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Err: fmt.Errorf("waiting for a concurrent settlement of the same authorization: %w", ctx.Err())}
 		}
@@ -83,6 +96,31 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 	f.inflightMu.Unlock()
 	close(call.done)
 	return call.resp, call.err
+}
+
+// joined is the answer to a settle that joined, and waited for, a
+// settlement of the same payment in flight whose outcome is resp, err: a
+// success is its leader's, so this caller is told that the payment was
+// already settled, by that transaction (settledBy); anything else is
+// shared, since a failure (nothing moved) is this caller's too, and an
+// unknown outcome answered nobody success (a status check decides it
+// later, for each caller alike).
+func (f *Facilitator) joined(c *checked, resp x402.SettleResponse, err error) (x402.SettleResponse, error) {
+	if err == nil && resp.Success {
+		return f.settledBy(c.payer, resp.Transaction), nil
+	}
+	return resp, err
+}
+
+// settledBy is the answer to a settle of a payment that another settle of
+// it (a joined one, a retry, another instance with the same relayer)
+// settled, by transaction tx: the reference facilitator's
+// nonce_already_used, which its second send of one authorization gets
+// ("authorization is used"), naming tx so that the caller can tell it from
+// a cancelled authorization. Never success: the settle whose transaction
+// paid answers that, once.
+func (f *Facilitator) settledBy(payer, tx string) x402.SettleResponse {
+	return f.failure(x402.ReasonExactEVMNonceAlreadyUsed, payer, "this authorization was already settled by another settle of it, in transaction "+tx+"; it pays once, and nothing more was charged", tx)
 }
 
 // settle settles a payment checkOwn passed.
@@ -155,7 +193,7 @@ func (f *Facilitator) alreadyUsed(ctx context.Context, c *checked, now time.Time
 		f.usedCache.put(c.digest, tx, now)
 	}
 	if tx != "" {
-		return f.failure(x402.ReasonExactEVMNonceAlreadyUsed, c.resp.Payer, "this authorization was already settled, by transaction "+tx+"; it pays once, and nothing more was charged", tx)
+		return f.settledBy(c.resp.Payer, tx)
 	}
 	return f.failure(c.resp.InvalidReason, c.resp.Payer, c.resp.InvalidMessage, "")
 }
@@ -352,7 +390,8 @@ func (f *Facilitator) resolve(c *checked, tx *types.Transaction, start time.Time
 		return unknown(fmt.Errorf("%v; then reading authorizationState: %w", cause, err))
 	}
 	if used {
-		return f.resolveUsed(ctx, c, tx, start, cause)
+		resp, _, err := f.resolveUsed(ctx, c, tx, start, cause)
+		return resp, err
 	}
 	// Unused, as far as that node knows. If our transaction is still
 	// pending it may yet execute; mined, its receipt tells.
@@ -366,7 +405,8 @@ func (f *Facilitator) resolve(c *checked, tx *types.Transaction, start time.Time
 		case never == nil:
 			return unknown(fmt.Errorf("%v; the transaction %s is not known to the node, yet may still execute (the authorization is unused and valid, the relayer's nonce not past it)", cause, tx.Hash().Hex()))
 		case never.used:
-			return f.resolveUsed(ctx, c, tx, start, cause)
+			resp, _, err := f.resolveUsed(ctx, c, tx, start, cause)
+			return resp, err
 		}
 		return f.failure(x402.ReasonExactEVMTransactionFailed, c.payer, "the settlement did not execute and no longer can ("+never.why+"); nothing was transferred", ""), nil
 	case err != nil:
@@ -381,17 +421,54 @@ func (f *Facilitator) resolve(c *checked, tx *types.Transaction, start time.Time
 	return f.judgeOwn(ctx, c, tx, rcpt, start, cause)
 }
 
-// resolveUsed is resolve's answer for an authorization whose nonce is used:
-// usedStatus's judgement.
-func (f *Facilitator) resolveUsed(ctx context.Context, c *checked, tx *types.Transaction, start time.Time, cause error) (x402.SettleResponse, error) {
+// resolveUsed is resolve's answer for an authorization whose nonce is used,
+// by our transaction tx or another: usedStatus's judgement, with paid true
+// when the transaction that used it paid payTo. One that is not tx is
+// judged by its sender too: another account's is a relay of the payer's
+// authorization (public once sent: the payer's own client, anyone watching
+// the mempool), which settled this payment for us, a success naming it;
+// our relayer's is another settle of this payment (an instance, or a
+// process, with the same key), which answers that success itself, so this
+// one is its duplicate (settledBy). A sender that cannot be read leaves
+// the outcome unknown, not a guess either way.
+func (f *Facilitator) resolveUsed(ctx context.Context, c *checked, tx *types.Transaction, start time.Time, cause error) (resp x402.SettleResponse, paid bool, err error) {
+	unknown := func(err error) (x402.SettleResponse, bool, error) {
+		return x402.SettleResponse{}, paid, &x402.UnknownOutcomeError{Op: "settle", Err: fmt.Errorf("%v; then: %w", cause, err)}
+	}
 	st, err := f.usedStatus(ctx, c.token, c.auth, tx.Hash(), start)
 	switch {
 	case err != nil:
-		return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Err: fmt.Errorf("%v; then: %w", cause, err)}
-	case st.State == x402.SettlementDone:
-		return f.success(c, st.Transaction), nil
+		return unknown(err)
+	case st.State != x402.SettlementDone:
+		return f.failure(st.Reason, c.payer, "the authorization's nonce was used without paying (cancelled, or spent by another authorization); nothing was transferred to payTo", ""), false, nil
 	}
-	return f.failure(st.Reason, c.payer, "the authorization's nonce was used without paying (cancelled, or spent by another authorization); nothing was transferred to payTo", ""), nil
+	paid = true
+	by := common.HexToHash(st.Transaction)
+	if by == tx.Hash() {
+		return f.success(c, st.Transaction), paid, nil
+	}
+	ours, err := f.sentByRelayer(ctx, by)
+	switch {
+	case err != nil:
+		return unknown(fmt.Errorf("the authorization was paid by %s, but whether our relayer sent it is unknown: %w", st.Transaction, err))
+	case ours:
+		return f.settledBy(c.payer, st.Transaction), paid, nil
+	}
+	return f.success(c, st.Transaction), paid, nil
+}
+
+// sentByRelayer reports whether transaction h was sent from the relayer's
+// address, recovering its sender from its signature.
+func (f *Facilitator) sentByRelayer(ctx context.Context, h common.Hash) (bool, error) {
+	tx, _, err := f.chain.TransactionByHash(ctx, h)
+	if err != nil {
+		return false, fmt.Errorf("reading the transaction: %w", err)
+	}
+	from, err := types.Sender(f.signer, tx)
+	if err != nil {
+		return false, fmt.Errorf("recovering its sender: %w", err)
+	}
+	return from == f.relayer, nil
 }
 
 // judgeOwn judges our own mined transaction by its receipt, as the status
@@ -419,18 +496,20 @@ func (f *Facilitator) judgeOwn(ctx context.Context, c *checked, tx *types.Transa
 // transaction (anyone may submit it: the payer's own client, another
 // facilitator), which is what made ours revert; so the nonce is read at
 // tx's block: used, the transaction that used it decides (resolveUsed:
-// success naming it when it paid payTo); unused, it is a failure with the
-// token's revert string, replayed on the state before tx's block. The
-// relayer paid the gas either way, yet the payer's failure budget counts it
-// only when the payment did not settle: one that another relay of the same
-// authorization paid first is the payer's success, and counting it would
-// let anyone who sees a payer's settlements in the mempool lock the payer
-// out by relaying them.
+// when it paid payTo, success naming it, or, sent by our own relayer,
+// nonce_already_used naming it); unused, it is a failure with the token's
+// revert string, replayed on the state before tx's block. The relayer paid
+// the gas either way, yet the payer's failure budget counts it only when
+// the payment did not settle: one that another relay or settle of the same
+// authorization paid first is the payer's payment made, and counting it
+// would let anyone who sees a payer's settlements in the mempool lock the
+// payer out by relaying them.
 func (f *Facilitator) reverted(ctx context.Context, c *checked, tx *types.Transaction, rcpt *types.Receipt, start time.Time) (resp x402.SettleResponse, err error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resolveTimeout)
 	defer cancel()
+	paid := false
 	defer func() {
-		if !resp.Success {
+		if !paid {
 			f.budget.fail(c.auth.From)
 		}
 	}()
@@ -440,7 +519,8 @@ func (f *Facilitator) reverted(ctx context.Context, c *checked, tx *types.Transa
 		return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Err: fmt.Errorf("%v; then reading authorizationState at its block: %w", cause, err)}
 	}
 	if used {
-		return f.resolveUsed(ctx, c, tx, start, cause)
+		resp, paid, err = f.resolveUsed(ctx, c, tx, start, cause)
+		return resp, err
 	}
 	reason := x402.ReasonExactEVMTransactionFailed
 	if rcpt.BlockNumber != nil && rcpt.BlockNumber.Sign() > 0 {
