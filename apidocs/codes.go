@@ -102,7 +102,7 @@ var PaymentCodes = []PaymentCode{
 	{x402.ReasonExactEVMUndeployedSmartWallet, "The payer is a smart wallet that is not deployed yet; deploy it (or use an ERC-6492 signature) and sign again."},
 	{x402.ReasonSmartWalletDeploymentFailed, "Deploying the payer's smart wallet failed; nothing was charged."},
 	{x402.ReasonExactEVMEIP3009NotSupported, "The asset does not support EIP-3009 `transferWithAuthorization`; pay with an offer whose asset does (USDC)."},
-	{x402.ReasonExactEVMNonceAlreadyUsed, "The chain has already used this authorization's nonce. When the answer names a `transaction`, this very payment was already settled by it: do not pay again (a retry of /settle after a lost reply gets this). Otherwise the payer cancelled it or spent the nonce on another authorization; sign a new payment with a fresh nonce."},
+	{x402.ReasonExactEVMNonceAlreadyUsed, "The chain has already used this authorization's nonce. When the answer names a `transaction`, this very payment was already settled by it: do not pay again (a retry of /settle after a lost reply gets this, and so does a second, concurrent /settle of the same payment). Otherwise the payer cancelled it or spent the nonce on another authorization; sign a new payment with a fresh nonce."},
 	{x402.ReasonExactEVMInsufficientBalance, "The payer's token balance is below the price; fund the wallet and sign a new payment."},
 	{x402.ReasonExactEVMSimulationFailed, "The transfer would fail on chain (simulation); check the balance and the authorization, then sign a new payment."},
 	{x402.ReasonExactEVMTransactionFailed, "The settlement transaction reverted or transferred nothing; nothing was charged, sign a new payment."},
