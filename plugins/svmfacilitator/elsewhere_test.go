@@ -6,9 +6,13 @@ import (
 	"crypto/ed25519"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -179,6 +183,112 @@ func TestAlreadyProcessedIsLookedUp(t *testing.T) {
 			}
 			if st, err := e.f.SettlementStatus(context.Background(), Payload(raw, e.req), e.req); err != nil || st.State != x402.SettlementDone || st.Transaction != elsewhere {
 				t.Fatalf("status: %+v %v", st, err)
+			}
+		})
+	}
+}
+
+// processedOnlyRPC is a FAKE of a real node's timing, which the local chain
+// does not have: it confirms a transaction at once, where a real node
+// reports it "processed" (seen, not yet confirmed) for a second or more,
+// longer under load. While hold is set, every signature status it forwards
+// says "processed". land, when set, runs once, after the first status
+// look-up is answered by the chain and before its answer is returned:
+// another process landing the payment just after this one looked for it.
+type processedOnlyRPC struct {
+	upstream string
+	hold     atomic.Bool
+	land     func()
+	once     sync.Once
+}
+
+var confirmedStatus = regexp.MustCompile(`"confirmationStatus"\s*:\s*"(confirmed|finalized)"`)
+
+func (p *processedOnlyRPC) serve(t *testing.T) string {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		resp, err := http.Post(p.upstream, "application/json", bytes.NewReader(body))
+		if err != nil {
+			w.WriteHeader(http.StatusBadGateway)
+			return
+		}
+		defer resp.Body.Close()
+		out, _ := io.ReadAll(resp.Body)
+		if bytes.Contains(body, []byte("getSignatureStatuses")) {
+			if p.land != nil {
+				p.once.Do(p.land)
+			}
+			if p.hold.Load() {
+				out = confirmedStatus.ReplaceAll(out, []byte(`"confirmationStatus":"processed"`))
+			}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Write(out)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// A Settle that finds the payment on chain before sending it (another
+// instance with the same fee payer sent it, or this one before a restart:
+// found by the look-up, or answered AlreadyProcessed at simulation) and
+// gives up waiting for its confirmation answers settlement_pending. The
+// retry its caller makes polls that transaction, and must still answer as
+// the first Settle would have: settlement_pending while it is undecided,
+// then duplicate_settlement naming it, never success: its sender answers
+// for it, and a second success would have one payment served twice.
+func TestElsewherePendingRetryIsNoSecondSuccess(t *testing.T) {
+	for _, found := range []string{"lookup", "simulate"} {
+		t.Run(found, func(t *testing.T) {
+			e := newEnv(t, Config{})
+			p := e.payment(t)
+			raw := p.Build(p.Instructions())
+			pp := Payload(raw, e.req)
+			ctx := context.Background()
+			fake := &processedOnlyRPC{upstream: e.chain.URL}
+			fake.hold.Store(true)
+			var sent string
+			if found == "lookup" {
+				first, err := e.f.Settle(ctx, pp, e.req)
+				if err != nil || !first.Success {
+					t.Fatalf("settle on A: %+v %v", first, err)
+				}
+				sent = first.Transaction
+			} else {
+				fake.land = func() { sent = e.sendSigned(t, raw) }
+			}
+			cfg := e.f.cfg
+			cfg.RPC = &RPC{URL: fake.serve(t)}
+			cfg.ConfirmTimeout, cfg.PollInterval = 300*time.Millisecond, 20*time.Millisecond
+			b, err := New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pending := func(what string) {
+				t.Helper()
+				s, err := b.Settle(ctx, pp, e.req)
+				var uo *x402.UnknownOutcomeError
+				if !errors.As(err, &uo) || uo.Reply == nil || uo.Reply.ErrorReason != ReasonSettlementPending || uo.Reply.Transaction != sent {
+					t.Fatalf("%s: %+v %v; want %s naming %s", what, s, err, ReasonSettlementPending, sent)
+				}
+			}
+			pending("settle on B, unconfirmed at its deadline")
+			if sent == "" {
+				t.Fatal("the test did not land the payment")
+			}
+			pending("retry on B while still unconfirmed")
+			fake.hold.Store(false)
+			for _, what := range []string{"retry on B once confirmed", "settle on B after that"} {
+				s, err := b.Settle(ctx, pp, e.req)
+				if err != nil || s.Success || s.ErrorReason != ReasonDuplicateSettlement || s.Transaction != sent {
+					t.Fatalf("%s: %+v %v; want %s naming %s, never a second success", what, s, err, ReasonDuplicateSettlement, sent)
+				}
+			}
+			if st, err := b.SettlementStatus(ctx, pp, e.req); err != nil || st.State != x402.SettlementDone || st.Transaction != sent {
+				t.Fatalf("status on B: %+v %v", st, err)
+			}
+			if a, b := e.balances(t); a != 1_000_000-20000 || b != 20000 {
+				t.Fatalf("balances payer %d payee %d", a, b)
 			}
 		})
 	}

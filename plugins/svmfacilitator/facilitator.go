@@ -146,9 +146,15 @@ type simulation struct {
 
 // settlement is what the facilitator remembers of a message it settles.
 type settlement struct {
-	inflight  bool   // a Settle call is working on it
-	sig       string // set once sent
-	pending   bool   // sent, outcome unknown: a retry re-polls sig
+	inflight bool   // a Settle call is working on it
+	sig      string // set once sent
+	pending  bool   // sent, outcome unknown: a retry re-polls sig
+	// elsewhere: the chain had the transaction before a Settle of this
+	// process sent it (confirmElsewhere). Kept on the record, not passed
+	// along, because a retry after a pending answer must answer as the
+	// Settle that found it would have (duplicate_settlement once landed,
+	// never a second success for one payment).
+	elsewhere bool
 	failed    string // failed on chain with this error (counted once)
 	blockhash string
 	// slot is the confirmed slot of the simulation that accepted the

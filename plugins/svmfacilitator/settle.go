@@ -29,8 +29,10 @@ import (
 //     the outcome later: a later Settle of the same payment, while the
 //     record lives (DuplicateWindow from the pending answer, until the
 //     sweep), polls that signature instead of sending anything, and
-//     answers success once it landed, pending while it is undecided, and a
-//     failure once it failed or can no longer land.
+//     answers success once it landed (duplicate_settlement naming it when
+//     the pending Settle had found it on chain, below: the record keeps
+//     where the transaction came from), pending while it is undecided,
+//     and a failure once it failed or can no longer land.
 //   - A payment this process holds no record of (it restarted, the record
 //     aged out, or another instance with the same fee payer settled it) is
 //     looked up on chain by its transaction's id, the fee payer's
@@ -42,7 +44,8 @@ import (
 //     transaction the chain answers AlreadyProcessed to, at simulation or
 //     at send. One still unconfirmed at the deadline is settlement_pending
 //     naming it (below), never a definitive refusal for a transfer that
-//     may yet land; a retry then polls it as above.
+//     may yet land; a retry then polls it as above, and answers
+//     duplicate_settlement once it landed, never success.
 //   - A refusal (success false) other than duplicate_settlement is
 //     returned only when the transfer certainly did not happen: a check
 //     failed, the node refused the transaction, it failed on chain, or its
@@ -76,13 +79,14 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 	case claimSettled:
 		return fail(ReasonDuplicateSettlement, s.payer, "this transaction was already settled", s.sig), nil
 	case claimRetry:
-		// An earlier Settle sent it and answered pending, or saw it fail
-		// on chain: the requirements must still be the payment's.
+		// An earlier Settle sent it (or found it on chain, sent by another:
+		// the record says so) and answered pending, or saw it fail on
+		// chain: the requirements must still be the payment's.
 		if c := f.checkStatic(p, req, false); c.resp.InvalidReason != "" {
 			f.unclaim(s)
 			return fail(c.resp.InvalidReason, c.resp.Payer, c.resp.InvalidMessage, ""), nil
 		}
-		return f.confirm(ctx, key, s, req.Network, false)
+		return f.confirm(ctx, key, s, req.Network)
 	}
 
 	c := f.checkStatic(p, req, true)
@@ -105,7 +109,7 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 		return x402.SettleResponse{}, fmt.Errorf("looking the transaction up before settlement: %w", err)
 	}
 	if st != nil {
-		return f.confirm(ctx, key, s, req.Network, true)
+		return f.confirmElsewhere(ctx, key, s, req.Network)
 	}
 	if f.refuseOverBudget(c); c.resp.InvalidReason != "" {
 		f.release(key)
@@ -118,7 +122,7 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 		}
 		if c.landed {
 			// Landed since the look-up: sent by another.
-			return f.confirm(ctx, key, s, req.Network, true)
+			return f.confirmElsewhere(ctx, key, s, req.Network)
 		}
 		if c.resp.InvalidReason != "" {
 			f.release(key)
@@ -142,7 +146,7 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 		switch {
 		case errors.As(err, &re) && re.AlreadyProcessed():
 			// Not sent: the chain holds it already, sent by another.
-			return f.confirm(ctx, key, s, req.Network, true)
+			return f.confirmElsewhere(ctx, key, s, req.Network)
 		case errors.As(err, &re) && re.Refused():
 			// The node answered and refused: the transaction is not in
 			// flight.
@@ -154,20 +158,33 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 		// may have been accepted. The signature is known, so ask the chain
 		// rather than guess.
 	}
-	return f.confirm(ctx, key, s, req.Network, false)
+	return f.confirm(ctx, key, s, req.Network)
+}
+
+// confirmElsewhere is confirm for a transaction the chain had before this
+// Settle sent it: it marks the record (settlement.elsewhere) first, so
+// that the answer, and any retry's after a pending one, is
+// duplicate_settlement once it landed.
+func (f *Facilitator) confirmElsewhere(ctx context.Context, key [32]byte, s *settlement, network string) (x402.SettleResponse, error) {
+	f.mu.Lock()
+	s.elsewhere = true
+	f.mu.Unlock()
+	return f.confirm(ctx, key, s, network)
 }
 
 // confirm polls s.sig until it is confirmed, fails, can no longer land, or
-// the deadline passes (an unknown outcome, pending). With elsewhere, the
-// chain had the transaction before this Settle sent it (another process
-// with this fee payer, or this one before a restart or before its record
-// aged out): landed, it is duplicate_settlement naming it, since its
-// sender answers for it and a second success would have it served twice.
-// Its failure on chain, its expiry and a deadline are answered as for a
-// transaction this Settle sent (see Settle).
-func (f *Facilitator) confirm(ctx context.Context, key [32]byte, s *settlement, network string, elsewhere bool) (x402.SettleResponse, error) {
+// the deadline passes (an unknown outcome, pending). When the record says
+// the chain had the transaction before a Settle of this process sent it
+// (s.elsewhere: another process with this fee payer, or this one before a
+// restart or before its record aged out), landed, it is
+// duplicate_settlement naming it, since its sender answers for it and a
+// second success would have it served twice; the record keeps that origin
+// across a pending answer, so a retry answers the same. Its failure on
+// chain, its expiry and a deadline are answered as for a transaction this
+// Settle sent (see Settle).
+func (f *Facilitator) confirm(ctx context.Context, key [32]byte, s *settlement, network string) (x402.SettleResponse, error) {
 	f.mu.Lock()
-	sig, payer, blockhash, floor := s.sig, s.payer, s.blockhash, s.slot
+	sig, payer, blockhash, floor, elsewhere := s.sig, s.payer, s.blockhash, s.slot, s.elsewhere
 	f.mu.Unlock()
 	resp := x402.SettleResponse{Transaction: sig, Network: network, Payer: payer}
 	ctx, cancel := context.WithTimeout(ctx, f.cfg.ConfirmTimeout)

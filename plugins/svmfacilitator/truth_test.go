@@ -174,9 +174,11 @@ func unconfirmedNode(t *testing.T, upstream string) string {
 // answers settlement_pending; the caller retries on B. While the
 // transaction is unconfirmed B answers pending too, naming it (never
 // duplicate_settlement: that would be a definitive failure for a transfer
-// that may still land); once it is confirmed, the caller's retry on B,
-// whose own pending answer promised the outcome, is success naming it. A
-// Settle after that is a replay: duplicate_settlement naming it.
+// that may still land); once it is confirmed, the caller's retry on B is
+// duplicate_settlement naming it, as B's first Settle would have been had
+// it found the transaction confirmed: A sent it and answers for it, and the
+// retry on A, whose pending answer promised the outcome, is the one
+// success.
 func TestPendingOnOneInstanceIsSettledOnAnother(t *testing.T) {
 	fr := &faultyRPC{}
 	srv := fr.serve(t)
@@ -199,12 +201,14 @@ func TestPendingOnOneInstanceIsSettledOnAnother(t *testing.T) {
 		t.Fatalf("settle on B while unconfirmed: %+v %v; want settlement_pending naming %s", s, err, unknown.Reply.Transaction)
 	}
 	b.rpc = &RPC{URL: e.chain.URL}
-	s, err = b.Settle(ctx, pp, e.req)
-	if err != nil || !s.Success || s.Transaction != unknown.Reply.Transaction {
-		t.Fatalf("settle on B once confirmed: %+v %v; want success naming %s", s, err, unknown.Reply.Transaction)
+	for _, what := range []string{"settle on B once confirmed", "settle on B again"} {
+		if s, err := b.Settle(ctx, pp, e.req); err != nil || s.Success || s.ErrorReason != ReasonDuplicateSettlement || s.Transaction != unknown.Reply.Transaction {
+			t.Fatalf("%s: %+v %v; want %s naming %s", what, s, err, ReasonDuplicateSettlement, unknown.Reply.Transaction)
+		}
 	}
-	if s, err := b.Settle(ctx, pp, e.req); err != nil || s.Success || s.ErrorReason != ReasonDuplicateSettlement || s.Transaction != unknown.Reply.Transaction {
-		t.Fatalf("settle on B after its success: %+v %v; want %s naming %s", s, err, ReasonDuplicateSettlement, unknown.Reply.Transaction)
+	fr.set(func(f *faultyRPC) { f.dropSend, f.hideStatus = false, false })
+	if s, err := e.f.Settle(ctx, pp, e.req); err != nil || !s.Success || s.Transaction != unknown.Reply.Transaction {
+		t.Fatalf("retry on A, which sent it: %+v %v; want success naming %s", s, err, unknown.Reply.Transaction)
 	}
 	if a, b := e.balances(t); a != 1_000_000-20000 || b != 20000 {
 		t.Fatalf("balances payer %d payee %d", a, b)
