@@ -153,3 +153,24 @@ func TestDiscoveryOnePaymentListsOneResource(t *testing.T) {
 		t.Fatalf("%d of %d settles answered success, %d listed, %d entries; want one payment, one entry", settled, n, listed, l.Pagination.Total)
 	}
 }
+
+// TestDiscoveryAReloadRetiresTheOldPayTo: the operator rotates the route's
+// pay_to (a compromised wallet) and reloads; the next purchase lists the
+// route with the gate's ways to pay as they are now, and the retired
+// pay_to is listed no more: the operator's entry names every way to pay,
+// it does not add to the old ones.
+func TestDiscoveryAReloadRetiresTheOldPayTo(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	site := discoverySite(d, fac, "badger {data}/g", "badger "+t.TempDir())
+	base := startCaddy(t, site)
+	payThing(t, base, "a", 8)
+	var port int
+	fmt.Sscanf(base, "http://127.0.0.1:%d", &port)
+	const rotated = "0x000000000000000000000000000000000000dEaD"
+	loadCaddy(t, port, strings.ReplaceAll(site, payTo.Hex(), rotated))
+	payThing(t, base, "b", 9)
+	l := listResources(t, base)
+	if len(l.Items) != 1 || len(l.Items[0].Accepts) != 1 || l.Items[0].Accepts[0].PayTo != rotated {
+		t.Fatalf("after rotating pay_to and a purchase: %+v; want the route with the new pay_to only", l.Items)
+	}
+}

@@ -26,10 +26,11 @@ import (
 // gives the same atomicity as the Badger transaction.
 type Discovery interface {
 	// Record adds the entry or, when its Resource is listed, updates it: Type,
-	// Extensions and Item are replaced, each way to pay of e replaces the one
-	// with the same Scheme, Network, Asset and PayTo or is added while the
-	// entry has fewer than MaxDiscoveryAccepts (past that it is dropped), and
-	// LastSeen becomes the store's clock. A new resource on a full list
+	// Extensions and Item are replaced; the ways to pay are replaced by e's
+	// when e.ReplaceAccepts or e.Rank is above the live entry's (a less
+	// trusted writer's way to pay must not be listed under a more trusted
+	// one's description), else merged (MergeDiscoveryAccepts); and LastSeen
+	// becomes the store's clock. A new resource on a full list
 	// evicts the one seen longest ago. An entry that breaks a bound
 	// (CheckDiscoveryEntry) is ErrDiscoveryEntry, one whose Payment listed
 	// another resource ErrDiscoveryPaymentUsed, and one whose Rank is below
@@ -113,6 +114,12 @@ type DiscoveryEntry struct {
 	// (ErrDiscoveryOutranked), so what the operator listed cannot be
 	// rewritten by a payer. Not filled by List.
 	Rank uint8
+	// ReplaceAccepts says Accepts is every way to pay the resource, not
+	// one more (the operator's gate knows all its prices): Record drops the
+	// ways to pay the entry had instead of merging, so a retired pay-to,
+	// network or asset stops being listed with the next record. Not filled
+	// by List.
+	ReplaceAccepts bool
 	// LastSeen is set by the store: ignored by Record, filled by List.
 	LastSeen time.Time
 }
@@ -227,8 +234,18 @@ func hasControl(s string) bool {
 	return strings.ContainsFunc(s, func(r rune) bool { return r < 0x20 || r == 0x7f })
 }
 
-// MergeDiscoveryAccepts is the accepts of an entry after Record: old with
-// each of add replacing its twin or appended while there is room.
+// KeepDiscoveryAccepts reports whether Record of e merges its ways to pay
+// into those of a live entry written at oldRank, rather than replacing
+// them: only a writer as trusted as the old one that does not name every
+// way to pay.
+func KeepDiscoveryAccepts(e DiscoveryEntry, oldRank uint8) bool {
+	return !e.ReplaceAccepts && e.Rank == oldRank
+}
+
+// MergeDiscoveryAccepts is the accepts of an entry after a merging Record
+// (KeepDiscoveryAccepts): old with each of add replacing its twin (same
+// Scheme, Network, Asset and PayTo) or appended while there are fewer than
+// MaxDiscoveryAccepts (past that it is dropped).
 func MergeDiscoveryAccepts(old, add []DiscoveryAccept) []DiscoveryAccept {
 	out := slices.Clone(old)
 	for _, a := range add {
@@ -396,7 +413,7 @@ func (d discovery) Record(ctx context.Context, e DiscoveryEntry) error {
 			return err
 		}
 		var prev []DiscoveryAccept
-		if old != nil {
+		if old != nil && KeepDiscoveryAccepts(e, oldBody.Rank) {
 			prev = old.entry(e.Resource).Accepts
 			for i := range prev {
 				prev[i].Raw = oldBody.Accepts[i]

@@ -222,7 +222,10 @@ func (h *facilitatorHandler) operatorEntry(l OperatorListing, req PaymentRequire
 	if e.Item, err = json.Marshal(item); err != nil {
 		return e, "the entry cannot be encoded"
 	}
-	e.Resource, e.Type, e.Extensions, e.Rank = l.Resource, "http", []string{"bazaar"}, rankOperator
+	// The gate's offers are every way to pay the route: they replace what
+	// the entry listed (a retired pay_to, a dropped network, a stranger's
+	// way to pay) rather than add to it.
+	e.Resource, e.Type, e.Extensions, e.Rank, e.ReplaceAccepts = l.Resource, "http", []string{"bazaar"}, rankOperator, true
 	if l.Tool != "" {
 		e.Resource, e.Type = l.Resource+" "+l.Tool, "mcp"
 	}

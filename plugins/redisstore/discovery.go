@@ -42,8 +42,10 @@ end
 
 // discoveryRecordScript: KEYS z, e and, when the entry names its payment,
 // that payment's key; ARGV max entries, max age (ms), max accepts,
-// resource, type, extensions, item, rank, then identity and requirements
-// of each way to pay. Returns 1 (recorded), 2 (the payment listed another
+// resource, type, extensions, item, rank, replace ("1": the entry's
+// ReplaceAccepts), then identity and requirements of each way to pay. The
+// old ways to pay are kept and merged only as store.KeepDiscoveryAccepts
+// says: unless replace, and only under a writer of the same rank. Returns 1 (recorded), 2 (the payment listed another
 // resource) or 3 (the live entry has a higher rank); 2 and 3 change
 // nothing. Safe to run twice: it sets the same entry again.
 var discoveryRecordScript = redis.NewScript(`#!lua
@@ -57,13 +59,20 @@ end
 ` + discoveryDel + `for _, m in ipairs(redis.call('ZRANGEBYSCORE', z, '(' .. (age - now), '+inf')) do del(m) end
 local n = 0
 if redis.call('ZSCORE', z, res) then
-  if tonumber(redis.call('HGET', h, res .. '\0w') or '0') > rank then return 3 end
+  local old = tonumber(redis.call('HGET', h, res .. '\0w') or '0')
+  if old > rank then return 3 end
   n = tonumber(redis.call('HGET', h, res .. '\0n') or '0')
+  if ARGV[9] == '1' or old < rank then
+    local f = {}
+    for i = 1, n do f[#f + 1] = res .. '\0k' .. i; f[#f + 1] = res .. '\0r' .. i end
+    if n > 0 then redis.call('HDEL', h, unpack(f)) end
+    n = 0
+  end
 else
   while redis.call('ZCARD', z) >= max do del(redis.call('ZRANGE', z, -1, -1)[1]) end
 end
 redis.call('HSET', h, res .. '\0t', ARGV[5], res .. '\0x', ARGV[6], res .. '\0i', ARGV[7], res .. '\0w', rank)
-for j = 9, #ARGV, 2 do
+for j = 10, #ARGV, 2 do
   local slot
   for i = 1, n do
     if redis.call('HGET', h, res .. '\0k' .. i) == ARGV[j] then slot = i; break end
@@ -175,8 +184,12 @@ func (d discovery) Record(ctx context.Context, e store.DiscoveryEntry) error {
 	if err := store.CheckDiscoveryEntry(e, d.lim); err != nil {
 		return err
 	}
+	replace := "0"
+	if e.ReplaceAccepts {
+		replace = "1"
+	}
 	args := []any{d.lim.MaxEntries, d.lim.MaxAge.Milliseconds(), store.MaxDiscoveryAccepts,
-		e.Resource, e.Type, strings.Join(e.Extensions, "\n"), string(e.Item), e.Rank}
+		e.Resource, e.Type, strings.Join(e.Extensions, "\n"), string(e.Item), e.Rank, replace}
 	for _, a := range e.Accepts {
 		args = append(args, a.Scheme+"\x00"+a.Network+"\x00"+a.Asset+"\x00"+a.PayTo, string(a.Raw))
 	}

@@ -65,14 +65,17 @@ func TestDiscoveryRecordIsSafeToRunTwice(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := s.Discovery(store.DiscoveryLimits{}).(discovery)
-	args := []any{10, 60000, store.MaxDiscoveryAccepts, "https://a.example/x", "http", "bazaar", `{}`, 0, "exact\x00n\x00a\x00p", `{"amount":"1"}`}
-	for range 2 {
-		if _, err := d.s.write(ctx, discoveryRecordScript, d.keys, args...); err != nil {
-			t.Fatal(err)
+	for _, replace := range []string{"0", "1"} {
+		res := "https://a.example/x" + replace
+		args := []any{10, 60000, store.MaxDiscoveryAccepts, res, "http", "bazaar", `{}`, 0, replace, "exact\x00n\x00a\x00p", `{"amount":"1"}`}
+		for range 2 {
+			if _, err := d.s.write(ctx, discoveryRecordScript, d.keys, args...); err != nil {
+				t.Fatal(err)
+			}
 		}
-	}
-	p, err := d.List(ctx, store.DiscoveryQuery{Limit: 10})
-	if err != nil || p.Total != 1 || len(p.Entries[0].Accepts) != 1 || string(p.Entries[0].Accepts[0].Raw) != `{"amount":"1"}` {
-		t.Fatalf("after running the record twice: %+v, %v", p, err)
+		p, err := d.List(ctx, store.DiscoveryQuery{Limit: 10})
+		if err != nil || p.Entries[0].Resource != res || len(p.Entries[0].Accepts) != 1 || string(p.Entries[0].Accepts[0].Raw) != `{"amount":"1"}` {
+			t.Fatalf("after running the record (replace %s) twice: %+v, %v", replace, p, err)
+		}
 	}
 }

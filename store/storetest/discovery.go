@@ -306,6 +306,53 @@ func TestDiscoveryTrust(t *testing.T, newD NewDiscovery) {
 		}
 	})
 
+	t.Run("a complete record or a higher rank replaces the ways to pay", func(t *testing.T) {
+		d := newD(t, store.DiscoveryLimits{})
+		r := "https://a.example/score/:agent_id"
+		payTos := func() string {
+			p, _ := d.List(ctx, all)
+			var s []string
+			for _, a := range p.Entries[0].Accepts {
+				s = append(s, a.PayTo+"="+string(a.Raw))
+			}
+			return strings.Join(s, " ")
+		}
+		// A stranger's way to pay, then the operator's, which names them all.
+		stranger := discEntry(r, "http", `{}`, discAccept("eip155:1337", "0xevil", "1"))
+		stranger.Rank = 1
+		discMust(t, d.Record(ctx, stranger))
+		op := discEntry(r, "http", `{}`, discAccept("eip155:1337", "0xold", "20000"), discAccept("eip155:8453", "0xold", "20000"))
+		op.Rank, op.ReplaceAccepts = 3, true
+		discMust(t, d.Record(ctx, op))
+		if got, want := payTos(), "0xold="+string(op.Accepts[0].Raw)+" 0xold="+string(op.Accepts[1].Raw); got != want {
+			t.Fatalf("after the operator's record over a stranger's: %s; want %s", got, want)
+		}
+		// The operator rotates pay_to and drops a network.
+		op.Accepts = []store.DiscoveryAccept{discAccept("eip155:1337", "0xnew", "20000")}
+		discMust(t, d.Record(ctx, op))
+		if got, want := payTos(), "0xnew="+string(op.Accepts[0].Raw); got != want {
+			t.Fatalf("after the operator's rotation: %s; want only %s", got, want)
+		}
+		// Among callers of one rank the ways to pay still merge; a higher
+		// rank drops a lower one's.
+		r2 := "https://a.example/elsewhere"
+		a := discEntry(r2, "http", `{}`, discAccept("eip155:1337", "0xa", "1"))
+		a.Rank = 1
+		b := discEntry(r2, "http", `{}`, discAccept("eip155:1337", "0xb", "1"))
+		b.Rank = 1
+		discMust(t, d.Record(ctx, a))
+		discMust(t, d.Record(ctx, b))
+		if p, _ := d.List(ctx, store.DiscoveryQuery{Limit: 1}); len(p.Entries[0].Accepts) != 2 {
+			t.Fatalf("two callers of one rank: %+v; want both ways to pay", p.Entries[0].Accepts)
+		}
+		trusted := discEntry(r2, "http", `{}`, discAccept("eip155:1337", "0xc", "1"))
+		trusted.Rank = 2
+		discMust(t, d.Record(ctx, trusted))
+		if p, _ := d.List(ctx, store.DiscoveryQuery{Limit: 1}); len(p.Entries[0].Accepts) != 1 || p.Entries[0].Accepts[0].PayTo != "0xc" {
+			t.Fatalf("after a higher rank's record: %+v; want only its way to pay", p.Entries[0].Accepts)
+		}
+	})
+
 	t.Run("a page holds at most MaxBytes of entries, at least one", func(t *testing.T) {
 		d := newD(t, store.DiscoveryLimits{})
 		item := `{"pad":"` + strings.Repeat("x", 1000) + `"}`
