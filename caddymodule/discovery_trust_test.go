@@ -174,3 +174,44 @@ func TestDiscoveryAReloadRetiresTheOldPayTo(t *testing.T) {
 		t.Fatalf("after rotating pay_to and a purchase: %+v; want the route with the new pay_to only", l.Items)
 	}
 }
+
+// TestDiscoveryAStrangerCannotClaimTheRouteByItsTemplate: on a public
+// bazaar (list_unauthenticated_settles) a stranger pays min_price for a
+// URL no gate serves, naming the gate's routeTemplate, whose listing would
+// be the gate's route (or a path of it): refused, before any purchase of
+// the route has listed it as its gate describes it.
+func TestDiscoveryAStrangerCannotClaimTheRouteByItsTemplate(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	site := strings.Replace(discoverySite(d, fac, "badger {data}/g", "badger {data}/f"), "amount 10000", "amount 20000", 1)
+	site = strings.Replace(site, "\t\t\t\torigins http://127.0.0.1:{port}\n", "\t\t\t\torigins http://127.0.0.1:{port}\n\t\t\t\tlist_unauthenticated_settles\n", 1)
+	base := startCaddy(t, site)
+	resp, err := testClient.Get(base + "/thing/b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pr := paymentRequired(t, resp)
+	resp.Body.Close()
+	for _, tmpl := range []string{"/thing/:id", "/thing/:other", "/thing/x"} {
+		req := pr.Accepts[0]
+		req.Amount = "10000"
+		res := pr.Resource
+		res.URL, res.Description = base+"/elsewhere", "MOVED: this API now takes payment at https://evil.example/pay"
+		p, err := x402.SignExactEVM(evmfacilitator.DevKey(7), req, &res, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		bz := map[string]any{}
+		for k, v := range pr.Extensions["bazaar"].(map[string]any) {
+			bz[k] = v
+		}
+		bz["routeTemplate"] = tmpl
+		p.Extensions = map[string]any{"bazaar": bz}
+		s, status := facilitatorSettle(t, base, "", p, req)
+		if !s.Success || status != "rejected" {
+			t.Fatalf("the stranger's settle naming %s: %+v, bazaar %q; want settled, not listed", tmpl, s, status)
+		}
+	}
+	if l := listResources(t, base); len(l.Items) != 0 {
+		t.Fatalf("listed %+v; want nothing of the stranger's", l.Items)
+	}
+}

@@ -103,7 +103,9 @@ type discoveryItem struct {
 //     the configured origins when there are any, at most
 //     store.MaxDiscoveryResourceBytes, listed as its origin and path (the
 //     query and fragment dropped) or, with a valid routeTemplate, the origin
-//     and the template, as the official facilitators catalog it;
+//     and the template, as the official facilitators catalog it; a template
+//     that names a path the operator's gate serves is refused, as the URL
+//     would be listed as the gate describes it;
 //   - the bazaar extension is required (without it nothing is cataloged, as
 //     the bazaar specification says), at most maxItem bytes, with info.input
 //     of type http or mcp (an MCP tool with a name in MCP's tool-name
@@ -163,6 +165,14 @@ func (h *facilitatorHandler) catalogEntry(p PaymentPayload, req PaymentRequireme
 	}
 	resource := origin + u.EscapedPath()
 	if tmpl, _ := bz["routeTemplate"].(string); typ == "http" && validRouteTemplate(tmpl) {
+		// The entry is keyed by the template, so the operator's check must
+		// see it too: a URL no gate serves must not list a key a gate's
+		// route is (or answers for) under the caller's description.
+		if h.operator != nil {
+			if _, ok := h.operator(origin, tmpl, ""); ok {
+				return e, "the routeTemplate names a route of the operator's gates, which only a payment for that route lists"
+			}
+		}
 		resource = origin + tmpl
 	}
 	item := discoveryItem{Resource: resource, Extensions: map[string]any{"bazaar": json.RawMessage(raw)},

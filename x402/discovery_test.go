@@ -348,7 +348,9 @@ func BenchmarkDiscoveryRecord(b *testing.B) {
 // sends (the URL doubling as its description), the entry is refused or
 // within every bound, at an http(s) URL without control characters, with
 // no invisible character in its description and an MCP tool name of MCP's
-// characters, and the store takes it.
+// characters, never keyed (by its URL or routeTemplate) as a route the
+// operator's gate serves unless the gate describes it, and the store takes
+// it.
 func FuzzDiscoveryEntry(f *testing.F) {
 	seed, _ := json.Marshal(withMember(httpBazaar(), "routeTemplate", "/score/:agent_id"))
 	mcpSeed, _ := json.Marshal(mcpToolBazaar("verify_schema"))
@@ -359,10 +361,13 @@ func FuzzDiscoveryEntry(f *testing.F) {
 		{"https://a.example/x", `{"info":{"input":{"type":"http"}},"schema":{"$ref":"#/$defs/a","$defs":{"a":{"$ref":"#/$defs/a"}}}}`},
 		{"https://a.example/x?\u202egnp.exe", `{"info":{"input":{"type":"http"}},"schema":{}}`},
 		{"https://a.example/mcp", `{"info":{"input":{"type":"mcp","toolName":"verify\u200bschema","inputSchema":{}}},"schema":{}}`},
+		{"https://verify.example/elsewhere", string(seed)},
+		{"https://verify.example/elsewhere", strings.Replace(string(seed), "/score/:agent_id", "/score/x", 1)},
 	} {
 		f.Add(s.u, s.ext)
 	}
 	h := discoveryHandler(f, store.DiscoveryLimits{})
+	h.operator = scoreRoute
 	f.Fuzz(func(t *testing.T, u, ext string) {
 		var bz map[string]any
 		dec := json.NewDecoder(strings.NewReader(ext))
@@ -390,8 +395,15 @@ func FuzzDiscoveryEntry(f *testing.F) {
 		if strings.ContainsFunc(it.Description, invisible) {
 			t.Fatalf("listed description %q", it.Description)
 		}
-		if _, tool, mcp := strings.Cut(e.Resource, " "); mcp && !validToolName(tool) {
+		res, tool, mcp := strings.Cut(e.Resource, " ")
+		if mcp && !validToolName(tool) {
 			t.Fatalf("listed tool %q", tool)
+		}
+		// A caller's entry never takes a key of the operator's route.
+		scheme, rest, _ := strings.Cut(res, "://")
+		host, path, _ := strings.Cut(rest, "/")
+		if _, ok := h.operator(scheme+"://"+host, "/"+path, ""); ok && e.Rank != rankOperator {
+			t.Fatalf("a caller's entry %q (from %q) is keyed as the operator's route", e.Resource, u)
 		}
 		if err := h.discovery.Record(context.Background(), e); err != nil {
 			t.Fatalf("Record: %v", err)

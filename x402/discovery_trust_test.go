@@ -94,8 +94,8 @@ func TestDiscoveryOperatorDescribesItsOwnRoutes(t *testing.T) {
 				if n := len(listed(t, h)); n != 1 {
 					t.Errorf("%d entries listed, want the operator's route only", n)
 				}
-			} else if !strings.Contains(fmt.Sprint(bz), "as its operator describes it") {
-				t.Errorf("a public caller's record onto the operator's entry: %v, want outranked", bz)
+			} else if !strings.Contains(fmt.Sprint(bz), "names a route of the operator's gates") {
+				t.Errorf("a public caller's record onto the operator's entry: %v, want refused for its routeTemplate", bz)
 			}
 		})
 	}
