@@ -35,7 +35,11 @@ func LLMsTxt(s Service) []byte {
 		if desc == "" {
 			desc = "paid route"
 		}
-		w("| `%s` | %s | %s |\n", r.key(), llmsRoutePrice(r), desc)
+		name := "`" + r.key() + "`"
+		if r.Tool != "" {
+			name += " (MCP tool `" + r.Tool + "`)"
+		}
+		w("| %s | %s | %s |\n", name, llmsRoutePrice(r), desc)
 	}
 	w("\nPrices are also in the `x-payment-info` of each operation in /openapi.json, in %s/.well-known/x402 and in every 402's `PAYMENT-REQUIRED` header, all from the same live configuration.\n\n", base)
 

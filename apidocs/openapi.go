@@ -116,14 +116,31 @@ func openAPIDoc(s *Service) obj {
 			extra = append(extra, r)
 		}
 	}
-	sort.Slice(extra, func(i, j int) bool { return extra[i].key() < extra[j].key() })
+	sort.Slice(extra, func(i, j int) bool {
+		if extra[i].key() != extra[j].key() {
+			return extra[i].key() < extra[j].key()
+		}
+		return extra[i].Tool < extra[j].Tool
+	})
 	for _, r := range extra {
 		item, _ := paths[r.Path].(obj)
 		if item == nil {
 			item = obj{}
 			paths[r.Path] = item
 		}
-		item[strings.ToLower(r.Method)] = genericOp(s, r)
+		m := strings.ToLower(r.Method)
+		if o, _ := item[m].(obj); r.Tool != "" && o != nil {
+			addTool(o, r)
+			continue
+		}
+		o := genericOp(s, r)
+		if r.Tool != "" {
+			o["summary"] = r.Method + " " + r.Path + " (MCP tools)"
+			o["description"] = "An MCP endpoint (Streamable HTTP) whose priced tools are each paid in the tool call's `params._meta[\"x402/payment\"]` (x402's MCP transport); every other message is free. The prices are in `x-payment-info.tools`, by tool name."
+			o["x-payment-info"] = obj{"protocol": "x402", "x402Version": x402.Version, "transport": "mcp", "tools": obj{}}
+			addTool(o, r)
+		}
+		item[m] = o
 	}
 
 	tags := []any{
@@ -487,6 +504,26 @@ func genericOp(s *Service, r Route) obj {
 	}
 	addPayment(o, r, body)
 	return o
+}
+
+// addTool adds the MCP tool r prices to o, the operation of its endpoint:
+// the tools of one endpoint share its path and method, so each is an entry
+// of x-payment-info.tools (as the contract's MCP operation has them) and a
+// paragraph of the description.
+func addTool(o obj, r Route) {
+	pi, _ := o["x-payment-info"].(obj)
+	tools, _ := pi["tools"].(obj)
+	if tools == nil {
+		tools = obj{}
+		pi["tools"] = tools
+	}
+	info := paymentInfo(r)
+	if r.Description != "" {
+		info["description"] = r.Description
+	}
+	tools[r.Tool] = info
+	d, _ := o["description"].(string)
+	o["description"] = d + fmt.Sprintf("\n\n**Tool `%s`:** %s.", r.Tool, priceText(r.Accepts))
 }
 
 var nonIdent = regexp.MustCompile(`[^A-Za-z0-9]+`)

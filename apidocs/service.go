@@ -38,6 +38,10 @@ type Route struct {
 	// ("/score/{agent_id}"). ParseRoute turns "GET /score/{agent_id}" or
 	// "GET /score/:agent_id" into them.
 	Method, Path string
+	// Tool is the MCP tool the route prices ("" for the whole route): the
+	// tools of one MCP endpoint are a Route each, with the same Method and
+	// Path.
+	Tool string
 	// Description and MimeType are the operator's, as PAYMENT-REQUIRED
 	// carries them.
 	Description, MimeType string

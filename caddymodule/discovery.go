@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"reflect"
 	"sort"
 	"strings"
 	"sync"
@@ -21,8 +22,9 @@ func init() {
 
 // siteGates returns the gates the documents of r's site describe: those
 // that named their route and that a request to r's host can reach in the
-// server answering r, one per route (the first in route order, as Caddy
-// tries them), sorted by route.
+// server answering r, one per route and MCP tool (the first in route
+// order, as Caddy tries them; the tools of one endpoint all name its
+// route), sorted by route and tool.
 //
 // The documents are generated from the config that answers, not from every
 // gate in the process: one Caddy serves many sites, and one site's
@@ -49,7 +51,12 @@ func siteGates(r *http.Request) []*Gate {
 	for _, g := range w.gates {
 		out = append(out, g)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Route < out[j].Route })
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Route != out[j].Route {
+			return out[i].Route < out[j].Route
+		}
+		return out[i].MCPTool < out[j].MCPTool
+	})
 	return out
 }
 
@@ -57,7 +64,7 @@ func siteGates(r *http.Request) []*Gate {
 type siteWalk struct {
 	r       *http.Request
 	srv     *caddyhttp.Server
-	gates   map[string]*Gate // by route
+	gates   map[string]*Gate // by route and MCP tool
 	invoked map[string]bool  // named routes already walked
 }
 
@@ -83,8 +90,9 @@ func (w *siteWalk) routes(list caddyhttp.RouteList) {
 func (w *siteWalk) handler(h caddyhttp.MiddlewareHandler) {
 	switch h := h.(type) {
 	case *Gate:
-		if _, ok := w.gates[h.Route]; !ok && h.Route != "" {
-			w.gates[h.Route] = h
+		k := h.Route + "\x00" + h.MCPTool
+		if _, ok := w.gates[k]; !ok && h.Route != "" {
+			w.gates[k] = h
 		}
 	case *caddyhttp.Subroute:
 		w.routes(h.Routes)
@@ -134,17 +142,20 @@ func hostMatch(sets caddyhttp.MatcherSets, r *http.Request) (matches, always boo
 // discovery is the set of live gates of the process that named their route,
 // for the facilitator's discovery list (listing): a settlement reaches the
 // facilitator without a site, so it is matched to the gate serving its
-// resource by origin and path, not by the walk of one server's routes that
-// the documents of a site use (siteGates). Gates join in Provision and
-// leave in Cleanup; during a reload the new config's gates are provisioned
-// before the old ones are cleaned up, so for one route the most recently
-// provisioned gate wins.
+// resource by origin, path and MCP tool, not by the walk of one server's
+// routes that the documents of a site use (siteGates). Gates join in
+// Provision and leave in Cleanup; during a reload the new config's gates
+// are provisioned before the old ones are cleaned up.
+//
+// Every live gate is kept, not one per route: the MCP tools of one
+// endpoint all name one route ("POST /mcp"), and sites of one Caddy may
+// name the same route at their own prices.
 var discovery = &registry{gates: map[*Gate]uint64{}}
 
 type registry struct {
 	mu    sync.Mutex
 	seq   uint64
-	gates map[*Gate]uint64
+	gates map[*Gate]uint64 // the order each gate was provisioned in
 }
 
 func (r *registry) add(g *Gate) {
@@ -163,32 +174,38 @@ func (r *registry) remove(g *Gate) {
 	delete(r.gates, g)
 }
 
-// live returns one gate per route, newest first per route, sorted by route.
-func (r *registry) live() []*Gate {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	best := map[string]*Gate{}
-	for g, seq := range r.gates {
-		if cur, ok := best[g.Route]; !ok || r.gates[cur] < seq {
-			best[g.Route] = g
-		}
-	}
-	out := make([]*Gate, 0, len(best))
-	for _, g := range best {
-		out = append(out, g)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Route < out[j].Route })
-	return out
-}
-
 // listing is how the live gate serving path (as escaped in the URL) on
 // origin lists its resource in the facilitator's discovery list: all from
 // the gate's configuration (x402.OperatorListing), false when no live gate
-// with a route serves it. A gate with a public_base_url serves that origin
-// only; the facilitator has already held origin to its discovery origins.
-// tool picks among the MCP tools of one endpoint.
+// with a route serves it. tool picks among the MCP tools of one endpoint
+// (a gate pricing that tool before one pricing the whole endpoint). A gate
+// with a public_base_url serves that origin only, and is preferred there
+// to gates without one; the facilitator has already held origin to its
+// discovery origins.
+//
+// A gate without a public_base_url serves whatever origin its site's
+// requests name, which the registry does not know: when several such gates
+// match and describe the resource differently (the same route on two
+// sites, or a reload's old and new gates for the moment both are live),
+// the listing is Ambiguous rather than one site's prices on another's URL.
+// Among gates that agree, the most recently provisioned is listed.
 func (r *registry) listing(origin, path, tool string) (x402.OperatorListing, bool) {
-	for _, g := range r.live() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	// before orders the matching gates: on this origin's public_base_url,
+	// then pricing this very tool, then the most recently provisioned.
+	before := func(a, b *Gate) bool {
+		if (a.base != "") != (b.base != "") {
+			return a.base != ""
+		}
+		if (a.MCPTool != "") != (b.MCPTool != "") {
+			return a.MCPTool != ""
+		}
+		return r.gates[a] > r.gates[b]
+	}
+	var best *Gate
+	var match []*Gate
+	for g := range r.gates {
 		if g.Resource != "" || (g.base != "" && g.base != origin) {
 			continue // a configured resource URL is not the route's path
 		}
@@ -196,10 +213,38 @@ func (r *registry) listing(origin, path, tool string) (x402.OperatorListing, boo
 		if !ok || !routeMatches(route, path) || (g.MCPTool != "" && g.MCPTool != tool) {
 			continue
 		}
-		return x402.OperatorListing{Resource: routeURL(origin, g.Route), Tool: g.MCPTool, Description: g.Description,
-			MimeType: g.MimeType, Bazaar: g.bazaar, Accepts: g.offers}, true
+		match = append(match, g)
+		if best == nil || before(g, best) {
+			best = g
+		}
 	}
-	return x402.OperatorListing{}, false
+	if best == nil {
+		return x402.OperatorListing{}, false
+	}
+	l := best.operatorListing(origin)
+	if best.base == "" {
+		for _, g := range match {
+			if g != best && g.MCPTool == best.MCPTool && !reflect.DeepEqual(g.operatorListing(origin), l) {
+				return x402.OperatorListing{Ambiguous: true}, true
+			}
+		}
+	}
+	return l, true
+}
+
+// listType is the discovery item type of g's resource: "mcp" for a tool
+// (an item per endpoint and tool), else "http".
+func (g *Gate) listType() string {
+	if g.MCPTool != "" {
+		return "mcp"
+	}
+	return "http"
+}
+
+// operatorListing is how g lists its route on origin.
+func (g *Gate) operatorListing(origin string) x402.OperatorListing {
+	return x402.OperatorListing{Resource: routeURL(origin, g.Route), Tool: g.MCPTool, Description: g.Description,
+		MimeType: g.MimeType, Bazaar: g.bazaar, Accepts: g.offers}
 }
 
 // routeMatches reports whether path is one the `route` path names: the
@@ -232,7 +277,9 @@ func routeMatches(route, path string) bool {
 // "instructions", plus "items" in the facilitator discovery's resource
 // envelope ({resource, type, x402Version, accepts, lastUpdated, metadata,
 // extensions}): resource is the route's URL on the site's public origin,
-// and extensions the bazaar extension its 402 carries.
+// and extensions the bazaar extension its 402 carries. The MCP tools of
+// one endpoint are an item each (type mcp, the tool named in the bazaar
+// extension's info.input.toolName), their route one resource.
 type Discovery struct {
 	// Instructions is free text for agents: how to pay, where the docs are.
 	Instructions string `json:"instructions,omitempty"`
@@ -316,7 +363,7 @@ func (d *Discovery) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhtt
 	for _, g := range siteGates(r) {
 		item := discoveryItem{
 			Resource:    routeURL(base, g.Route),
-			Type:        "http",
+			Type:        g.listType(),
 			X402Version: x402.Version,
 			Accepts:     g.offers,
 			LastUpdated: started.Format(time.RFC3339),
@@ -328,7 +375,9 @@ func (d *Discovery) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhtt
 		if f := g.Free; f != nil && f.PerDay > 0 {
 			item.Metadata.FreeAllowance = &freePolicy{Pool: f.Pool, CallsPerClientPerDay: f.PerDay, ClientKey: f.Key, MaxBodyBytes: f.MaxBody, Resets: "daily at 00:00 UTC"}
 		}
-		doc.Resources = append(doc.Resources, g.Route)
+		if n := len(doc.Resources); n == 0 || doc.Resources[n-1] != g.Route {
+			doc.Resources = append(doc.Resources, g.Route) // once for the tools of one endpoint
+		}
 		doc.Items = append(doc.Items, item)
 	}
 	h := w.Header()

@@ -203,7 +203,7 @@ func liveRoutes(gates []*Gate) []apidocs.Route {
 			continue
 		}
 		rt := apidocs.Route{
-			Method: method, Path: path,
+			Method: method, Path: path, Tool: g.MCPTool,
 			Description: g.Description, MimeType: g.MimeType,
 			Accepts: g.offers, Settle: g.Settle,
 		}

@@ -224,3 +224,69 @@ func TestDiscoveryJSONConfigHostRoutes(t *testing.T) {
 		t.Errorf("b.test lists %v, want [GET /b]", got)
 	}
 }
+
+// The MCP tools of one endpoint (one x402 per priced tool, each naming the
+// endpoint's route) are each listed, at its own price: in the manifest as
+// an item of type mcp per tool, in llms.txt as a row per tool, and in
+// openapi.json under the endpoint's operation, by tool.
+func TestDiscoveryListsEveryToolOfOneEndpoint(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	tool := func(name, price string) string {
+		return fmt.Sprintf(`x402 {
+			mcp_tool %s
+			accept devnet %s %s
+			description "tool %s"
+			route "POST /agent/mcp"
+			facilitator http %s
+			store badger {data}/gate
+		}`, name, price, payTo.Hex(), name, fac)
+	}
+	base := startCaddy(t, fmt.Sprintf(`:{port} {
+	route /agent/mcp {
+		%s
+		%s
+		reverse_proxy %s
+	}
+	x402_discovery /.well-known/x402
+	aov_docs
+}
+`, tool("alpha", "$0.02"), tool("beta", "$0.05"), strings.TrimPrefix(up.URL, "http://")))
+	host := strings.TrimPrefix(base, "http://")
+
+	doc := siteManifest(t, base, host)
+	got := map[string]string{}
+	for _, it := range doc.Items {
+		b, _ := it.Extensions["bazaar"].(map[string]any)
+		info, _ := b["info"].(map[string]any)
+		in, _ := info["input"].(map[string]any)
+		name, _ := in["toolName"].(string)
+		if it.Type != "mcp" || it.Resource != base+"/agent/mcp" {
+			t.Errorf("item %s: type %q at %s, want mcp at the endpoint", name, it.Type, it.Resource)
+		}
+		got[name] = it.Accepts[0].Amount
+	}
+	if len(doc.Items) != 2 || got["alpha"] != "20000" || got["beta"] != "50000" || strings.Join(doc.Resources, ",") != "POST /agent/mcp" {
+		t.Errorf("manifest resources %v, tools %v; want the endpoint once and alpha at 20000, beta at 50000", doc.Resources, got)
+	}
+
+	llms := string(siteGet(t, base, host, "/llms.txt"))
+	for _, want := range []string{"`POST /agent/mcp` (MCP tool `alpha`) | $0.02", "`POST /agent/mcp` (MCP tool `beta`) | $0.05"} {
+		if !strings.Contains(llms, want) {
+			t.Errorf("llms.txt lacks %q", want)
+		}
+	}
+
+	var api map[string]any
+	if err := json.Unmarshal(siteGet(t, base, host, "/openapi.json"), &api); err != nil {
+		t.Fatal(err)
+	}
+	tools, _ := docsPaymentInfo(t, api, "/agent/mcp", "post")["tools"].(map[string]any)
+	for name, amount := range map[string]string{"alpha": "20000", "beta": "50000"} {
+		info, _ := tools[name].(map[string]any)
+		price, _ := info["price"].(map[string]any)
+		if price["amount"] != amount {
+			t.Errorf("openapi.json tool %s: %v, want price %s", name, info, amount)
+		}
+	}
+}

@@ -213,6 +213,9 @@ func payerTool(bz map[string]any) string {
 // the gate describes it, for a payment of one of its prices.
 func (h *facilitatorHandler) operatorEntry(l OperatorListing, req PaymentRequirements) (store.DiscoveryEntry, string) {
 	var e store.DiscoveryEntry
+	if l.Ambiguous {
+		return e, "gates of several sites serve this route with different listings, and its origin is no gate's public_base_url, so it is not listed"
+	}
 	paid := slices.ContainsFunc(l.Accepts, func(o PaymentRequirements) bool {
 		return o.Scheme == req.Scheme && o.Network == req.Network && o.Asset == req.Asset &&
 			payToKey(o.PayTo) == payToKey(req.PayTo) && o.Amount == req.Amount

@@ -237,3 +237,20 @@ func TestDiscoveryRefusesInvisibleCharacters(t *testing.T) {
 		t.Errorf("a visible non-ASCII description is dropped: %s", e.Item)
 	}
 }
+
+// TestDiscoveryAmbiguousOperatorRouteListsNothing: when the operator's
+// gates of several sites serve the resource and the origin does not tell
+// which, the payment lists nothing, neither a gate's listing nor the
+// caller's description.
+func TestDiscoveryAmbiguousOperatorRouteListsNothing(t *testing.T) {
+	h := NewFacilitatorHandlerWith(&fakeFacilitator{}, FacilitatorHandlerConfig{Discovery: discoveryStore(t, store.DiscoveryLimits{}),
+		Operator: func(string, string, string) (OperatorListing, bool) { return OperatorListing{Ambiguous: true}, true },
+		Callers:  CallersPublic}).(*facilitatorHandler)
+	p := catalogPayload("https://verify.example/score/a", httpBazaar())
+	if bz := h.record(context.Background(), p, catalogReq, settledAt("0x01")); bz["status"] != "rejected" || !strings.Contains(fmt.Sprint(bz), "several sites") {
+		t.Fatalf("bazaar %v; want rejected for an ambiguous route", bz)
+	}
+	if n := len(listed(t, h)); n != 0 {
+		t.Fatalf("%d entries listed; want none", n)
+	}
+}

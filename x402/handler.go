@@ -109,6 +109,12 @@ type OperatorListing struct {
 	// Accepts are the gate's offers: the listed ways to pay, and the only
 	// payments that list the resource.
 	Accepts []PaymentRequirements
+	// Ambiguous says gates of several sites serve the resource, describing
+	// it differently, and its origin does not tell which one answered (no
+	// public_base_url names it): the resource is the operator's, so no
+	// caller describes it, but the payment lists nothing, as no one
+	// listing is the resource's. The other fields are unset.
+	Ambiguous bool
 }
 
 // NewFacilitatorHandlerWith is NewFacilitatorHandler with a discovery
