@@ -32,8 +32,9 @@ func init() {
 // on its own origin. Sites on different ports are different servers; sites
 // on one port are that server's top-level routes told apart by their host
 // matchers (as the Caddyfile adapts them, or as a JSON config writes them),
-// so the walk keeps the routes whose host matchers match r and ignores every
-// other matcher: the documents list every path of the origin. Walking at
+// so the walk keeps the routes whose matchers that read only the host
+// (hostOnly) match r and ignores every other matcher: the documents list
+// every path of the origin. Walking at
 // request time, rather than recording a site when a gate is provisioned,
 // sees the same routes Caddy routes r through, reloads included, and needs
 // no registry for gates to join and leave.
@@ -109,34 +110,131 @@ func (w *siteWalk) handler(h caddyhttp.MiddlewareHandler) {
 
 // hostMatch reports whether r's host can take a route with matcher sets
 // sets (some set's host matchers all match r, or there are no sets) and
-// whether it always does (that set has no other matcher).
+// whether it always does (that set has no other matcher). A host matcher
+// is one that reads nothing of a request but its host (hostOnly): those are
+// evaluated on r with Caddy's own matchers, since every request to the
+// route has r's host; any other matcher is taken as matching.
 func hostMatch(sets caddyhttp.MatcherSets, r *http.Request) (matches, always bool) {
 	if len(sets) == 0 {
 		return true, true
 	}
 	for _, set := range sets {
-		ok, hostOnly := true, true
+		ok, hostOnlySet := true, true
 		for _, m := range set {
-			var host caddyhttp.MatchHost
-			switch m := m.(type) {
-			case *caddyhttp.MatchHost:
-				host = *m
-			case caddyhttp.MatchHost:
-				host = m
-			default:
-				hostOnly = false
+			me, isMatcher := m.(caddyhttp.RequestMatcherWithError)
+			if !isMatcher || !hostOnly(m) {
+				hostOnlySet = false
 				continue
 			}
-			if match, err := host.MatchWithError(r); err != nil || !match {
+			if match, err := me.MatchWithError(r); err != nil || !match {
 				ok = false
 			}
 		}
 		if ok {
 			matches = true
-			always = always || hostOnly
+			always = always || hostOnlySet
 		}
 	}
 	return matches, always
+}
+
+// hostOnly reports whether matcher m reads nothing of a request but its
+// host: `host`; `header Host`; an `expression` whose every word is its
+// host (hostOnlyExpr); a `not` of sets of those. Anything else (a path,
+// a method, another header, vars) differs between the request for the
+// documents and the route's own requests, so it is not evaluated.
+func hostOnly(m any) bool {
+	switch m := m.(type) {
+	case caddyhttp.MatchHost, *caddyhttp.MatchHost:
+		return true
+	case caddyhttp.MatchHeader:
+		return headerHostOnly(m)
+	case *caddyhttp.MatchHeader:
+		return headerHostOnly(*m)
+	case caddyhttp.MatchExpression:
+		return hostOnlyExpr(m.Expr)
+	case *caddyhttp.MatchExpression:
+		return hostOnlyExpr(m.Expr)
+	case caddyhttp.MatchNot:
+		return hostOnlySets(m.MatcherSets)
+	case *caddyhttp.MatchNot:
+		return hostOnlySets(m.MatcherSets)
+	}
+	return false
+}
+
+func hostOnlySets(sets []caddyhttp.MatcherSet) bool {
+	for _, set := range sets {
+		for _, m := range set {
+			if !hostOnly(m) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func headerHostOnly(h caddyhttp.MatchHeader) bool {
+	for k := range h {
+		if http.CanonicalHeaderKey(k) != "Host" {
+			return false
+		}
+	}
+	return len(h) > 0
+}
+
+// hostExprWords are the words a host-only expression may use besides its
+// string literals: the host matcher function, and CEL's string methods and
+// operators.
+var hostExprWords = map[string]bool{"host": true, "in": true, "startsWith": true, "endsWith": true,
+	"contains": true, "matches": true, "size": true, "lowerAscii": true, "true": true, "false": true}
+
+// hostOnlyExpr reports, conservatively, whether a CEL expression (as the
+// expression matcher takes it, Caddy placeholders included) reads nothing
+// of a request but its host: its placeholders are {host} or
+// {http.request.host}, its words hostExprWords, and the rest string
+// literals, numbers and operators. Anything else (req, path(), another
+// placeholder, an unknown function) is not host-only.
+func hostOnlyExpr(expr string) bool {
+	for i := 0; i < len(expr); {
+		c := expr[i]
+		switch {
+		case c == '\'' || c == '"':
+			j := i + 1
+			for ; j < len(expr) && expr[j] != c; j++ {
+				if expr[j] == '\\' {
+					j++
+				}
+			}
+			if j >= len(expr) {
+				return false
+			}
+			i = j + 1
+		case c == '{':
+			j := strings.IndexByte(expr[i:], '}')
+			if j < 0 {
+				return false
+			}
+			if ph := expr[i+1 : i+j]; ph != "host" && ph != "http.request.host" {
+				return false
+			}
+			i += j + 1
+		case c == '_' || 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z':
+			j := i
+			for j < len(expr) && (expr[j] == '_' || 'a' <= expr[j] && expr[j] <= 'z' || 'A' <= expr[j] && expr[j] <= 'Z' || '0' <= expr[j] && expr[j] <= '9') {
+				j++
+			}
+			if !hostExprWords[expr[i:j]] {
+				return false
+			}
+			i = j
+		case strings.IndexByte(" \t\r\n=!&|()[],.<>+0123456789", c) >= 0:
+			i++
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // discovery is the set of live gates of the process that named their route,

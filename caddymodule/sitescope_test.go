@@ -290,3 +290,62 @@ func TestDiscoveryListsEveryToolOfOneEndpoint(t *testing.T) {
 		}
 	}
 }
+
+// One port, one site block: a paid route kept for b.test by a matcher that
+// reads only the host, other than a plain host matcher (a `not host`, an
+// expression on {host}, a Host header matcher). The walk evaluates it as
+// Caddy does: a.test's manifest does not list b.test's route, b.test's
+// does.
+func TestDiscoveryEvaluatesMatchersThatReadOnlyTheHost(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	for _, matcher := range []string{"not host a.test", "expression {host} == 'b.test'", "expression `host('b.test') && {http.request.host}.endsWith('.test')`", "header Host b.test*"} {
+		t.Run(matcher, func(t *testing.T) {
+			base := startCaddy(t, fmt.Sprintf(`:{port} {
+	@b %[1]s
+	handle @b {
+		route /b-only {
+			%[2]s
+			reverse_proxy %[4]s
+		}
+	}
+	route /pub {
+		%[3]s
+		reverse_proxy %[4]s
+	}
+	x402_discovery /.well-known/x402
+}
+`, matcher, paidSiteGate(fac, "$0.07", payTo.Hex(), "GET /b-only", "b only"),
+				paidSiteGate(fac, "$0.02", payTo.Hex(), "GET /pub", "public"), strings.TrimPrefix(up.URL, "http://")))
+			for host, want := range map[string]string{"a.test": "GET /pub", "b.test": "GET /b-only,GET /pub"} {
+				if got := strings.Join(siteManifest(t, base, host).Resources, ","); got != want {
+					t.Errorf("%s's manifest lists %s; want %s", host, got, want)
+				}
+			}
+		})
+	}
+}
+
+// TestHostOnlyExpr: an expression is evaluated by the walk only when it
+// reads nothing but the host; one that reads anything else, or that the
+// check cannot read through, counts as matching every host.
+func TestHostOnlyExpr(t *testing.T) {
+	for expr, want := range map[string]bool{
+		"{host} == 'b.test'":                              true,
+		"host('a.test', 'b.test')":                        true,
+		"{http.request.host} in [\"a.test\", 'b\\'x']":    true,
+		"!({host}.endsWith('.test')) || size({host}) > 3": true,
+		"{path} == '/x'":                                  false,
+		"{host} == 'b.test' && path('/x')":                false,
+		"req.host == 'b.test'":                            false,
+		"{host} == 'b.test":                               false,
+		"{http.request.header.Host} == 'b'":               false,
+		"{host} == {method}":                              false,
+		"header({'Host': 'b'})":                           false,
+		"{host} == 'a' ? true : false":                    false,
+	} {
+		if got := hostOnlyExpr(expr); got != want {
+			t.Errorf("hostOnlyExpr(%q) = %v, want %v", expr, got, want)
+		}
+	}
+}
