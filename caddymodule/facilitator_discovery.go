@@ -115,7 +115,7 @@ func (h *FacilitatorHandler) discoveryConfig(ctx caddy.Context) (x402.Facilitato
 		Callers:   callers,
 		Discovery: st.Discovery(lim),
 		OnDiscoveryError: func(err error) {
-			log.Warn("discovery list not updated after a settlement", zap.Error(err))
+			log.Warn("discovery list", zap.Error(err))
 		},
 	}, nil
 }

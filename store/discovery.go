@@ -39,7 +39,10 @@ type Discovery interface {
 	// List answers the live entries matching q, seen most recently first
 	// (equal times: Resource in ascending byte order), from q.Offset, at
 	// most q.Limit, with the number of matches. An entry not seen for
-	// MaxAge is gone: neither listed nor counted.
+	// MaxAge is gone: neither listed nor counted. An entry the store finds
+	// corrupt (part of it missing or unreadable) keeps its place in the
+	// page it was counted in, with no Item or Accepts, for the reader to
+	// skip: so Offset + the entries of a page is the next page.
 	List(ctx context.Context, q DiscoveryQuery) (DiscoveryPage, error)
 	// Limits reports the list's bounds, defaults filled in.
 	Limits() DiscoveryLimits
@@ -267,7 +270,10 @@ func MergeDiscoveryAccepts(old, add []DiscoveryAccept) []DiscoveryAccept {
 //
 // The small meta record is what List filters on, so a listing reads the
 // bodies of its page only. Every key expires MaxAge after the entry was
-// last seen (Badger's TTL reclaims it; the store's clock decides).
+// last seen (Badger's TTL reclaims it; the store's clock decides). An
+// evicted entry's 'p' keys are left to expire: the payment still lists
+// nothing else for MaxAge, and there is at most one per listing payment
+// made within MaxAge, each a settled payment to the operator.
 
 type discoveryMeta struct {
 	At      int64 // Unix nanoseconds
@@ -295,6 +301,8 @@ func (m *discoveryMeta) encode() []byte {
 	return b
 }
 
+// errDiscoveryMeta reports a corrupt entry: a meta record that does not
+// decode, or a body missing, not JSON or disagreeing with its meta.
 var errDiscoveryMeta = errors.New("store: malformed discovery entry")
 
 // decode reads what encode wrote.
@@ -472,15 +480,18 @@ func (d discovery) get(txn *tx, resource string, cutoff int64, body bool) (*disc
 		return m, nil, nil
 	}
 	item, err = txn.Get(discoveryKey('b', resource))
+	if errors.Is(err, badger.ErrKeyNotFound) {
+		return nil, nil, fmt.Errorf("%w: its body is missing", errDiscoveryMeta)
+	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("store: reading discovery entry: %w", err)
 	}
 	b := new(discoveryBody)
 	if err := item.Value(func(v []byte) error { return json.Unmarshal(v, b) }); err != nil {
-		return nil, nil, fmt.Errorf("store: reading discovery entry: %w", err)
+		return nil, nil, fmt.Errorf("%w: its body: %v", errDiscoveryMeta, err)
 	}
 	if len(b.Accepts) != len(m.Accepts) {
-		return nil, nil, errors.New("store: discovery entry's meta and body disagree")
+		return nil, nil, fmt.Errorf("%w: its meta and body disagree", errDiscoveryMeta)
 	}
 	return m, b, nil
 }
@@ -541,11 +552,18 @@ func (d discovery) List(ctx context.Context, q DiscoveryQuery) (DiscoveryPage, e
 					continue
 				}
 			}
+			// A corrupt entry (errDiscoveryMeta) keeps its place: in the
+			// unfiltered list it was counted, and a page that left it out
+			// would make offset + limit miss the next page's first entry.
+			// It is given back with no item, for the reader to skip.
 			m, _, err := d.get(txn, res, cutoff, false)
-			if err != nil {
+			if err != nil && !errors.Is(err, errDiscoveryMeta) {
 				return err
 			}
 			if m == nil {
+				if q.unfiltered() {
+					page.Entries = append(page.Entries, DiscoveryEntry{Resource: res})
+				}
 				continue
 			}
 			e := m.entry(res)
@@ -559,6 +577,10 @@ func (d discovery) List(ctx context.Context, q DiscoveryQuery) (DiscoveryPage, e
 				}
 			}
 			_, b, err := d.get(txn, res, cutoff, true)
+			if errors.Is(err, errDiscoveryMeta) {
+				page.Entries = append(page.Entries, DiscoveryEntry{Resource: res, Type: e.Type, Extensions: e.Extensions, LastSeen: e.LastSeen})
+				continue
+			}
 			if err != nil {
 				return err
 			}

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
 	"regexp"
@@ -388,7 +389,7 @@ func (h *facilitatorHandler) record(ctx context.Context, p PaymentPayload, req P
 			why = "the entry breaks a bound of the discovery list"
 		default:
 			if h.onDiscoveryError != nil {
-				h.onDiscoveryError(err)
+				h.onDiscoveryError(fmt.Errorf("not updated after a settlement: %w", err))
 			}
 			why = "the discovery list could not be updated"
 		}
@@ -450,14 +451,22 @@ func (h *facilitatorHandler) list(w http.ResponseWriter, r *http.Request) error 
 		limit = n // cut by size
 	}
 	writeHeader(w, http.StatusOK)
-	w.Write(appendPage(page, limit, offset))
+	w.Write(h.appendPage(page, limit, offset))
 	return nil
 }
 
 // appendPage is the JSON of a page (DiscoveryResources), its items spliced
 // from what the store keeps: each item is the stored discoveryItem object,
 // with the type, version, ways to pay and time put before its members.
-func appendPage(page store.DiscoveryPage, limit, offset int) []byte {
+//
+// Record stores only what CheckDiscoveryEntry and catalogEntry let
+// through, but what comes back is checked again before it is spliced
+// (splicedItem), as a corrupt entry (a store edited by hand, a Redis hash
+// missing a field) would otherwise make the whole page invalid JSON: such
+// an entry is skipped and reported to OnDiscoveryError. It keeps its place
+// in the list, so a page may hold fewer items than its pagination.limit,
+// and offset + limit is still where the next page starts.
+func (h *facilitatorHandler) appendPage(page store.DiscoveryPage, limit, offset int) []byte {
 	size := 128
 	for _, e := range page.Entries {
 		size += len(e.Item) + 128
@@ -471,9 +480,11 @@ func appendPage(page store.DiscoveryPage, limit, offset int) []byte {
 	b = append(b, `,"items":[`...)
 	first := true
 	for _, e := range page.Entries {
-		// A stored item is a JSON object with members (json.Valid when
-		// recorded); anything else is not listed.
-		if len(e.Item) < 3 || e.Item[0] != '{' || e.Item[len(e.Item)-1] != '}' || len(e.Accepts) == 0 {
+		members, ok := splicedItem(e)
+		if !ok {
+			if h.onDiscoveryError != nil {
+				h.onDiscoveryError(fmt.Errorf("a listing skipped a corrupt entry of the list (%q)", e.Resource))
+			}
 			continue
 		}
 		if !first {
@@ -493,7 +504,7 @@ func appendPage(page store.DiscoveryPage, limit, offset int) []byte {
 		}
 		b = append(b, `],"lastUpdated":"`...)
 		b = e.LastSeen.UTC().AppendFormat(b, time.RFC3339)
-		b = append(append(b, `",`...), e.Item[1:]...)
+		b = append(append(b, `",`...), members...)
 	}
 	b = append(b, `],"pagination":{"limit":`...)
 	b = strconv.AppendInt(b, int64(limit), 10)
@@ -502,6 +513,26 @@ func appendPage(page store.DiscoveryPage, limit, offset int) []byte {
 	b = append(b, `,"total":`...)
 	b = strconv.AppendInt(b, int64(page.Total), 10)
 	return append(b, "}}\n"...)
+}
+
+// splicedItem is what appendPage splices of e's item: its members and
+// closing brace, after the opening one. ok is false unless the item is one
+// JSON object with at least one member and e has ways to pay, each one
+// JSON object.
+func splicedItem(e store.DiscoveryEntry) (members []byte, ok bool) {
+	item := bytes.TrimSpace(e.Item)
+	if len(item) < 2 || item[0] != '{' || !json.Valid(item) || len(e.Accepts) == 0 {
+		return nil, false
+	}
+	if members = bytes.TrimLeft(item[1:], " \t\r\n"); members[0] == '}' {
+		return nil, false // {}: nothing to put after the spliced members
+	}
+	for _, a := range e.Accepts {
+		if raw := bytes.TrimSpace(a.Raw); len(raw) == 0 || raw[0] != '{' || !json.Valid(raw) {
+			return nil, false
+		}
+	}
+	return members, true
 }
 
 func pageParam(q url.Values, name string, def, lo, hi int) (int, *apierr.Error) {

@@ -254,3 +254,45 @@ func TestDiscoveryAmbiguousOperatorRouteListsNothing(t *testing.T) {
 		t.Fatalf("%d entries listed; want none", n)
 	}
 }
+
+// TestDiscoveryPageSkipsACorruptEntry: an entry the store gives back
+// corrupt (an empty or malformed item, a way to pay missing) is skipped and
+// reported, the page stays one valid JSON document, and its pagination
+// counts the skipped entry's place, so offset + limit is the next page.
+func TestDiscoveryPageSkipsACorruptEntry(t *testing.T) {
+	acc := json.RawMessage(`{"scheme":"exact","network":"eip155:1337","amount":"1","asset":"0xA","payTo":"0xa"}`)
+	entry := func(res, item string, raw ...json.RawMessage) store.DiscoveryEntry {
+		e := store.DiscoveryEntry{Resource: res, Type: "http", Item: json.RawMessage(item)}
+		for _, r := range raw {
+			e.Accepts = append(e.Accepts, store.DiscoveryAccept{Raw: r})
+		}
+		return e
+	}
+	page := store.DiscoveryPage{Total: 20, Entries: []store.DiscoveryEntry{
+		entry("a", `{"resource":"a"}`, acc),
+		entry("empty", `{ }`, acc),
+		entry("empty2", "{\n}", acc),
+		entry("padded", " {\"resource\":\"padded\"}\n", acc),
+		entry("null accept", `{"resource":"b"}`, acc, json.RawMessage(`null`)),
+		entry("no accept", `{"resource":"c"}`),
+		entry("cut", `{"resource":`, acc),
+		entry("array", `[{"resource":"d"}]`, acc),
+		entry("no item", ``, acc),
+		entry("z", `{"resource":"z"}`, acc),
+	}}
+	var skipped []string
+	h := discoveryHandler(t, store.DiscoveryLimits{})
+	h.onDiscoveryError = func(err error) { skipped = append(skipped, err.Error()) }
+	b := h.appendPage(page, 10, 0)
+	var got DiscoveryResources
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatalf("the page is not JSON (%v): %s", err, b)
+	}
+	var res []string
+	for _, it := range got.Items {
+		res = append(res, it.Resource)
+	}
+	if strings.Join(res, ",") != "a,padded,z" || got.Pagination.Limit != 10 || len(skipped) != 7 {
+		t.Fatalf("items %v, pagination %+v, %d reported; want a, padded and z, limit 10, 7 reported", res, got.Pagination, len(skipped))
+	}
+}

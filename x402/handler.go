@@ -73,7 +73,8 @@ type FacilitatorHandlerConfig struct {
 	// under that route's description. Compared without regard to case.
 	Origins []string
 	// OnDiscoveryError hears a failed store write (the settlement itself
-	// is answered regardless), e.g. to log it.
+	// is answered regardless) or a corrupt entry a listing skipped, e.g. to
+	// log it.
 	OnDiscoveryError func(error)
 }
 

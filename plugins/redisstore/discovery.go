@@ -243,7 +243,11 @@ func (d discovery) List(ctx context.Context, q store.DiscoveryQuery) (store.Disc
 		for k := range int(n) {
 			id := strings.Split(str(6+2*k), "\x00")
 			if len(id) != 4 {
-				return store.DiscoveryPage{}, bad
+				// A way to pay whose identity is gone (a hash field
+				// deleted): the entry keeps its place, given back with no
+				// item for the reader to skip, as store.Discovery says.
+				e.Item, e.Accepts = nil, nil
+				break
 			}
 			e.Accepts = append(e.Accepts, store.DiscoveryAccept{Scheme: id[0], Network: id[1], Asset: id[2], PayTo: id[3], Raw: json.RawMessage(str(7 + 2*k))})
 		}

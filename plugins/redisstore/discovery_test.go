@@ -79,3 +79,36 @@ func TestDiscoveryRecordIsSafeToRunTwice(t *testing.T) {
 		}
 	}
 }
+
+// TestDiscoveryListKeepsACorruptEntrysPlace: an entry whose way to pay
+// lost its identity (its hash field deleted by hand) does not fail the
+// listing: it is given back in its place with no item, for the reader to
+// skip, and the other entries are listed.
+func TestDiscoveryListKeepsACorruptEntrysPlace(t *testing.T) {
+	ctx := context.Background()
+	_, rdb := standalone(t)
+	s, err := New(ctx, rdb, Options{Prefix: "corrupt"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := s.Discovery(store.DiscoveryLimits{}).(discovery)
+	for _, r := range []string{"r0", "r1"} {
+		e := store.DiscoveryEntry{Resource: r, Type: "http", Item: []byte(`{"resource":"` + r + `"}`),
+			Accepts: []store.DiscoveryAccept{{Scheme: "exact", Network: "n", Asset: "a", PayTo: "p", Raw: []byte(`{}`)}}}
+		if err := d.Record(ctx, e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := rdb.HDel(ctx, d.keys[1], "r0\x00k1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	p, err := d.List(ctx, store.DiscoveryQuery{Limit: 10})
+	if err != nil || p.Total != 2 || len(p.Entries) != 2 {
+		t.Fatalf("List = %+v, %v; want both entries' places", p, err)
+	}
+	for _, e := range p.Entries {
+		if corrupt := e.Item == nil; corrupt != (e.Resource == "r0") {
+			t.Errorf("entry %s: item %s; want none for r0 only", e.Resource, e.Item)
+		}
+	}
+}
