@@ -34,11 +34,14 @@ const ReasonPayerFailureBudget = "invalid_exact_evm_payer_failure_budget_exhaust
 // budget records, per payer (authorization.from), the settlements that
 // were sent and reverted on chain, and the settlements in flight, and
 // refuses the payments that would go past either cap, before anything is
-// sent. The amounts in flight are counted against the payer's balance too
-// (committed): the balance and the simulation each settlement reads show
-// none of the payer's other settlements until they land, so without that
-// a payer funded for one payment could pay many calls at once and all but
-// one would revert at the relayer's gas. A reverted settlement still costs the relayer its gas, and a payer
+// sent. The amounts in flight are counted against the payer's balance of
+// their token too (committed): the balance and the simulation each
+// settlement reads show none of the payer's other settlements until they
+// land, so without that a payer funded for one payment could pay many
+// calls at once and all but one would revert at the relayer's gas. A
+// flight in one token takes nothing from the payer's balance of another,
+// so the amounts are per (token, payer); the cap on flights is per payer,
+// since one payer's moves revert its settlements in every token. A reverted settlement still costs the relayer its gas, and a payer
 // can make its own revert at will (it moves its balance away, or spends
 // the authorization's nonce with cancelAuthorization or another
 // authorization, between the facilitator's gas estimate and inclusion), so
@@ -66,14 +69,14 @@ type identity struct {
 	flights  []*flight   // its settlements in flight, oldest first
 }
 
-// flight is one settlement in flight: the payer's, for value. A
+// flight is one settlement in flight: the payer's, for value of token. A
 // settlement holds it from before it reads the payer's balance until its
 // outcome is known (or no longer awaited), so that every settlement that
 // reads the balance later counts it, however the reads and sends of
 // concurrent settlements interleave.
 type flight struct {
-	payer common.Address
-	value *big.Int
+	token, payer common.Address
+	value        *big.Int
 }
 
 func newBudget(cfg Config) *budget {
@@ -145,32 +148,34 @@ func (b *budget) check(payer common.Address, own *flight) (reason, msg string) {
 	return b.refusal(payer, own, t)
 }
 
-// committed is what payer's settlements in flight ahead of own (all of
-// them for own nil) may still take from its balance, and how many they
-// are: the balance the chain reports does not show them until they land.
-// nil when there are none.
-func (b *budget) committed(payer common.Address, own *flight) (sum *big.Int, n int) {
+// committed is what payer's settlements in token in flight ahead of own
+// (all of them for own nil) may still take from its balance of token, and
+// how many they are: the balance the chain reports does not show them
+// until they land. nil when there are none.
+func (b *budget) committed(token, payer common.Address, own *flight) (sum *big.Int, n int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	id := b.ids[payer]
 	if id == nil {
 		return nil, 0
 	}
-	fls := ahead(id, own)
-	if len(fls) == 0 {
-		return nil, 0
-	}
-	sum = new(big.Int)
-	for _, fl := range fls {
+	for _, fl := range ahead(id, own) {
+		if fl.token != token {
+			continue
+		}
+		if sum == nil {
+			sum = new(big.Int)
+		}
 		sum.Add(sum, fl.value)
+		n++
 	}
-	return sum, len(fls)
+	return sum, n
 }
 
-// hold counts a settlement of value by payer in flight, refusing nothing
-// (the caller asks check, after the payment's own checks); the caller
-// calls release when its outcome is known.
-func (b *budget) hold(payer common.Address, value *big.Int) *flight {
+// hold counts a settlement of value of token by payer in flight, refusing
+// nothing (the caller asks check, after the payment's own checks); the
+// caller calls release when its outcome is known.
+func (b *budget) hold(token, payer common.Address, value *big.Int) *flight {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	id := b.ids[payer]
@@ -178,7 +183,7 @@ func (b *budget) hold(payer common.Address, value *big.Int) *flight {
 		id = &identity{}
 		b.ids[payer] = id
 	}
-	fl := &flight{payer: payer, value: value}
+	fl := &flight{token: token, payer: payer, value: value}
 	id.flights = append(id.flights, fl)
 	return fl
 }

@@ -104,9 +104,10 @@ func TestRevertingPayerIsRefusedBeforeSending(t *testing.T) {
 func TestBudgetCapsSettlementsInFlight(t *testing.T) {
 	b := newBudget(Config{MaxFailedPerPayer: 3, MaxInFlightPerPayer: 2, FailureWindow: time.Hour})
 	a, other := common.HexToAddress("0x01"), common.HexToAddress("0x02")
+	tok, tok2 := common.HexToAddress("0x10"), common.HexToAddress("0x20")
 	var held []*flight
 	for i := range 2 {
-		fl := b.hold(a, big.NewInt(10))
+		fl := b.hold(tok, a, big.NewInt(10))
 		if reason, msg := b.check(a, fl); reason != "" {
 			t.Fatalf("settlement %d refused: %s", i+1, msg)
 		}
@@ -115,23 +116,33 @@ func TestBudgetCapsSettlementsInFlight(t *testing.T) {
 	if reason, _ := b.check(a, nil); reason != ReasonPayerFailureBudget {
 		t.Fatalf("a payer at its cap in flight: check = %q", reason)
 	}
-	third := b.hold(a, big.NewInt(10))
+	third := b.hold(tok, a, big.NewInt(10))
 	if reason, _ := b.check(a, third); reason != ReasonPayerFailureBudget {
 		t.Fatalf("a payer at its cap in flight: the third settlement's check = %q", reason)
 	}
-	if sum, n := b.committed(a, third); n != 2 || sum.Int64() != 20 {
+	if sum, n := b.committed(tok, a, third); n != 2 || sum.Int64() != 20 {
 		t.Fatalf("committed ahead of the third = %v in %d; want 20 in 2", sum, n)
 	}
+	// Another token's balance owes nothing to these flights, yet they
+	// count against the payer's cap all the same.
+	if sum, n := b.committed(tok2, a, nil); n != 0 || sum != nil {
+		t.Fatalf("committed in another token = %v in %d; want none", sum, n)
+	}
+	inTok2 := b.hold(tok2, a, big.NewInt(10))
+	if reason, _ := b.check(a, inTok2); reason != ReasonPayerFailureBudget {
+		t.Fatalf("a payer at its cap in flight in one token: a settlement in another token's check = %q", reason)
+	}
+	b.release(inTok2)
 	b.release(third)
-	if reason, _ := b.check(other, b.hold(other, big.NewInt(1))); reason != "" {
+	if reason, _ := b.check(other, b.hold(tok, other, big.NewInt(1))); reason != "" {
 		t.Fatal("another payer was refused")
 	}
 	b.release(held[0])
-	fl := b.hold(a, big.NewInt(10))
+	fl := b.hold(tok, a, big.NewInt(10))
 	if reason, _ := b.check(a, fl); reason != "" {
 		t.Fatal("a released place was not freed")
 	}
-	if sum, n := b.committed(a, fl); n != 1 || sum.Int64() != 10 {
+	if sum, n := b.committed(tok, a, fl); n != 1 || sum.Int64() != 10 {
 		t.Fatalf("committed ahead = %v in %d; want 10 in 1", sum, n)
 	}
 	b.release(held[1])
@@ -289,5 +300,78 @@ func TestOneBalanceIsNotSpentManyTimesInFlight(t *testing.T) {
 				t.Fatalf("%d settled, %d relayer transactions; want %d of each", ok, n1-n0, tc.want)
 			}
 		})
+	}
+}
+
+// stallToken is a fake chain: the devnet's client, except that every gas
+// estimate of a transaction to token waits until the test releases it, so
+// that token's settlement is in flight meanwhile.
+type stallToken struct {
+	Chain
+	token   common.Address
+	arrived chan struct{}
+	release chan struct{}
+}
+
+func (c *stallToken) EstimateGas(ctx context.Context, msg ethereum.CallMsg) (uint64, error) {
+	if msg.To != nil && *msg.To == c.token {
+		c.arrived <- struct{}{}
+		<-c.release
+	}
+	return c.Chain.EstimateGas(ctx, msg)
+}
+
+// The amounts in flight are reserved per (token, payer): a payer holding
+// exactly one payment of each of two EIP-3009 tokens has its payment in
+// the second verified and settled while its payment in the first is in
+// flight. Counted per payer alone, the first would be taken from the
+// second token's balance, and the payment refused for a balance it has.
+func TestReservationIsPerToken(t *testing.T) {
+	e := newEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	r, err := e.d.SendTx(ctx, DevKey(0), nil, hexCode(testUSDCBin)) // a second EIP-3009 token
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokenB := r.ContractAddress
+	key, _ := crypto.GenerateKey()
+	who := crypto.PubkeyToAddress(key.PublicKey)
+	fundUSDC(t, e.d, DevKey(5), who, 20000) // one payment of token A
+	mint, err := tokenABI.Pack("mint", who, big.NewInt(20000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sendTx(t, e.d, DevKey(0), &tokenB, mint) // one payment of token B
+
+	reqA := e.requirements(payee, amount)
+	reqB := reqA
+	reqB.Asset = tokenB.Hex()
+	st := &stallToken{Chain: e.d.Client(), token: e.d.Token(), arrived: make(chan struct{}), release: make(chan struct{})}
+	f, err := newFacilitator(Config{Chain: st, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 10 * time.Second}, e.d.nonces)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan x402.SettleResponse, 1)
+	go func() {
+		r, err := f.Settle(ctx, mustSignExact(t, key, reqA), reqA)
+		if err != nil {
+			t.Errorf("settle in token A: %v", err)
+		}
+		done <- r
+	}()
+	<-st.arrived // token A's settlement holds its flight now
+	pb := mustSignExact(t, key, reqB)
+	v, verr := f.Verify(ctx, pb, reqB)
+	rb, serr := f.Settle(ctx, pb, reqB)
+	close(st.release)
+	if ra := <-done; !ra.Success {
+		t.Errorf("settle in token A = %+v", ra)
+	}
+	if verr != nil || !v.IsValid {
+		t.Errorf("verify in token B while a token-A settlement is in flight = %+v, %v; want valid (the payer holds one payment of each token)", v, verr)
+	}
+	if serr != nil || !rb.Success {
+		t.Errorf("settle in token B while a token-A settlement is in flight = %+v, %v; want success", rb, serr)
 	}
 }

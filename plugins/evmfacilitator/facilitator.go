@@ -363,7 +363,7 @@ func (f *Facilitator) checkChain(ctx context.Context, c *checked) (res *checked,
 	if c.settling {
 		// Held before the balance is read: a settlement of this payer
 		// that reads it later counts this one, whenever this one lands.
-		c.flight = f.budget.hold(auth.From, auth.Value)
+		c.flight = f.budget.hold(token, auth.From, auth.Value)
 	}
 	bal, err := f.balanceOf(ctx, token, auth.From)
 	if err != nil {
@@ -376,9 +376,9 @@ func (f *Facilitator) checkChain(ctx context.Context, c *checked) (res *checked,
 	if bal.Cmp(auth.Value) < 0 {
 		return refuse(x402.ReasonExactEVMInsufficientBalance, payer, "the payer's balance is below the amount"), nil
 	}
-	if inFlight, n := f.budget.committed(auth.From, c.flight); inFlight != nil && bal.Cmp(inFlight.Add(inFlight, auth.Value)) < 0 {
+	if inFlight, n := f.budget.committed(token, auth.From, c.flight); inFlight != nil && bal.Cmp(inFlight.Add(inFlight, auth.Value)) < 0 {
 		return refuse(x402.ReasonExactEVMInsufficientBalance, payer, fmt.Sprintf(
-			"the payer's balance does not cover the amount on top of its %d settlements in flight; pay again once they are confirmed", n)), nil
+			"the payer's balance does not cover the amount on top of its %d settlements of this asset in flight; pay again once they are confirmed", n)), nil
 	}
 
 	// Simulate the exact call Settle will send.
