@@ -339,3 +339,63 @@ func TestReplayedSettleSearchesOnce(t *testing.T) {
 		}
 	}
 }
+
+// failingLogs is a fake chain: the devnet's client, except that
+// eth_getLogs fails while broken is set, as a provider rate-limiting
+// (429) or timing out does.
+type failingLogs struct {
+	Chain
+	mu     sync.Mutex
+	broken bool
+}
+
+func (c *failingLogs) setBroken(b bool) {
+	c.mu.Lock()
+	c.broken = b
+	c.mu.Unlock()
+}
+
+func (c *failingLogs) FilterLogs(ctx context.Context, q ethereum.FilterQuery) ([]types.Log, error) {
+	c.mu.Lock()
+	b := c.broken
+	c.mu.Unlock()
+	if b {
+		return nil, errors.New("429 Too Many Requests")
+	}
+	return c.Chain.FilterLogs(ctx, q)
+}
+
+// A retry of /settle after a lost reply, for a payment that settled, is
+// never told that its authorization was cancelled or spent elsewhere (a
+// plain nonce_already_used: "sign a new payment") because the search for
+// the transaction that used the nonce failed: that is an unknown outcome
+// (do not pay again, retry later), and it is not remembered, so the next
+// retry, once the provider answers, is told which transaction settled it.
+func TestFailedUsedSearchIsUnknownAndNotRemembered(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	req := e.requirements(payee, amount)
+	fl := &failingLogs{Chain: e.d.Client()}
+	f, err := newFacilitator(Config{Chain: fl, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 10 * time.Second}, e.d.nonces)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := mustSignExact(t, payer, req)
+	first, err := f.Settle(ctx, p, req)
+	if err != nil || !first.Success {
+		t.Fatalf("settle = %+v, %v", first, err)
+	}
+
+	fl.setBroken(true)
+	r, err := f.Settle(ctx, p, req) // the retry after a lost reply
+	var unknown *x402.UnknownOutcomeError
+	if !errors.As(err, &unknown) || r.Success || r.ErrorReason != "" {
+		t.Errorf("a retry while the search fails = %+v, %v; want an unknown outcome, not a refusal", r, err)
+	}
+
+	fl.setBroken(false)
+	r, err = f.Settle(ctx, p, req) // the provider is back, within usedCacheTTL
+	if err != nil || r.Success || r.ErrorReason != x402.ReasonExactEVMNonceAlreadyUsed || r.Transaction != first.Transaction {
+		t.Errorf("a retry once the search works = %+v, %v; want %s naming %s (a failed search must not be remembered)", r, err, x402.ReasonExactEVMNonceAlreadyUsed, first.Transaction)
+	}
+}

@@ -135,7 +135,7 @@ func (f *Facilitator) settle(ctx context.Context, c *checked) (x402.SettleRespon
 	}
 	if c.invalid {
 		if c.spent {
-			return f.alreadyUsed(ctx, c, start), nil
+			return f.alreadyUsed(ctx, c, start)
 		}
 		return f.failure(c.resp.InvalidReason, c.resp.Payer, c.resp.InvalidMessage, ""), nil
 	}
@@ -173,43 +173,54 @@ func (f *Facilitator) settle(ctx context.Context, c *checked) (x402.SettleRespon
 // (usedStatus), the answer names that transaction and says the payment was
 // already settled. The reason stays the reference facilitator's
 // nonce_already_used. The search covers the blocks from sentSlack before
-// now (findNonceLog), where such a retry's settlement is; one further back,
-// or a lookup that fails, leaves the plain refusal.
+// now (findNonceLog), where such a retry's settlement is; one further back
+// leaves the plain refusal, which tells the payer its authorization was
+// cancelled or spent elsewhere. A search that fails (the provider's error,
+// its deadline) is not that answer: the payment may be the one that used
+// the nonce, so the outcome is unknown (*x402.UnknownOutcomeError: do not
+// pay again, retry later), and nothing is remembered.
 //
 // Anyone can replay /settle of a settled authorization (it is public on
 // chain), and the search costs a dozen or more reads of the caller's RPC
 // provider: so it runs under resolveTimeout whatever the caller's context
-// (the x402_facilitator handler's has no deadline), and its answer is
-// remembered for usedCacheTTL (usedCache), so that a replay costs the
-// checks' reads alone.
-func (f *Facilitator) alreadyUsed(ctx context.Context, c *checked, now time.Time) x402.SettleResponse {
+// (the x402_facilitator handler's has no deadline), and a finished
+// search's answer is remembered for usedCacheTTL (usedCache), so that a
+// replay costs the checks' reads alone.
+func (f *Facilitator) alreadyUsed(ctx context.Context, c *checked, now time.Time) (x402.SettleResponse, error) {
 	tx, ok := f.usedCache.get(c.digest, now)
 	if !ok {
 		ctx, cancel := context.WithTimeout(ctx, resolveTimeout)
 		defer cancel()
-		if st, err := f.usedStatus(ctx, c.token, c.auth, common.Hash{}, now); err == nil && st.State == x402.SettlementDone {
+		st, err := f.usedStatus(ctx, c.token, c.auth, common.Hash{}, now)
+		switch {
+		case err == nil && st.State == x402.SettlementDone:
 			tx = st.Transaction
+		case err == nil, errors.Is(err, errNoNonceLog):
+			// Finished: spent without this transfer, or not in the blocks
+			// searched.
+		default:
+			return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Err: fmt.Errorf("the authorization's nonce is used, and whether by this payment could not be read: %w", err)}
 		}
 		f.usedCache.put(c.digest, tx, now)
 	}
 	if tx != "" {
-		return f.settledBy(c.resp.Payer, tx)
+		return f.settledBy(c.resp.Payer, tx), nil
 	}
-	return f.failure(c.resp.InvalidReason, c.resp.Payer, c.resp.InvalidMessage, "")
+	return f.failure(c.resp.InvalidReason, c.resp.Payer, c.resp.InvalidMessage, ""), nil
 }
 
 // The bounds of usedCache.
 const (
 	// usedCacheTTL is how long alreadyUsed's answer is remembered: long
-	// enough that replays cost one search a minute, short enough that an
-	// answer a failed lookup left plain is soon asked again.
+	// enough that replays cost one search a minute.
 	usedCacheTTL = time.Minute
 	// usedCacheMax bounds the authorizations remembered.
 	usedCacheMax = 4096
 )
 
 // usedCache remembers, per authorization (its EIP-712 digest), the
-// transaction alreadyUsed found settling it ("" for none found).
+// transaction alreadyUsed's finished search found settling it ("" for
+// none: spent without it, or not in the blocks searched).
 type usedCache struct {
 	mu sync.Mutex
 	m  map[[32]byte]usedEntry

@@ -206,8 +206,8 @@ func isNonceLog(l *types.Log, token common.Address, a x402.AuthorizationValues) 
 // settlement was sent before after. Without after (zero: a caller that
 // knows nothing of the attempt) it starts at validAfter, before which the
 // authorization could not execute; a nonce cancelled or spent earlier, or
-// further on than maxLogBlocks, is then not found. Not found is an error:
-// the caller never takes it for a transfer.
+// further on than maxLogBlocks, is then not found. Not found is an error
+// wrapping errNoNonceLog: the caller never takes it for a transfer.
 func (f *Facilitator) findNonceLog(ctx context.Context, token common.Address, a x402.AuthorizationValues, after time.Time) (*types.Log, error) {
 	var from time.Time
 	switch {
@@ -228,7 +228,7 @@ func (f *Facilitator) findNonceLog(ctx context.Context, token common.Address, a 
 	}
 	hi := head.Number.Uint64()
 	if lo > hi {
-		return nil, fmt.Errorf("no block at or after %s yet", from.UTC().Format(time.RFC3339))
+		return nil, fmt.Errorf("%w: no block at or after %s yet", errNoNonceLog, from.UTC().Format(time.RFC3339))
 	}
 	capped := hi-lo >= maxLogBlocks
 	if capped {
@@ -253,10 +253,15 @@ func (f *Facilitator) findNonceLog(ctx context.Context, token common.Address, a 
 		}
 	}
 	if capped {
-		return nil, fmt.Errorf("not in the %d blocks searched (%d to %d)", maxLogBlocks, lo, hi)
+		return nil, fmt.Errorf("%w: not in the %d blocks searched (%d to %d)", errNoNonceLog, maxLogBlocks, lo, hi)
 	}
-	return nil, fmt.Errorf("not in blocks %d to %d", lo, hi)
+	return nil, fmt.Errorf("%w: not in blocks %d to %d", errNoNonceLog, lo, hi)
 }
+
+// errNoNonceLog is a search for a nonce's log that finished without
+// finding it in the blocks it covers: an answer, unlike a search that
+// failed (a provider's error, a deadline), which says nothing.
+var errNoNonceLog = errors.New("the nonce's log was not found")
 
 // firstBlockAt returns the number of the first block whose time is at or
 // after t (head's number plus one when there is none yet). It gallops back
