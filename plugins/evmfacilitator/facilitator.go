@@ -100,7 +100,7 @@ type Facilitator struct {
 	domains  map[common.Address]tokenDomain
 
 	inflightMu sync.Mutex
-	inflight   map[settleKey]*settleCall
+	inflight   map[[32]byte]*settleCall // by the authorization's EIP-712 digest (Settle)
 
 	budget *budget
 
@@ -111,19 +111,6 @@ type tokenDomain struct {
 	name, version string
 	notEIP3009    bool
 	at            time.Time
-}
-
-// settleKey identifies what one settlement transaction does, for the
-// callers that share it: the authorization's EIP-712 digest (the
-// transfer: token, chain, from, to, value, window and nonce, under the
-// requirements' domain name and version) and, when the chain must judge it
-// (a contract account's), the signature itself. A recovered EOA signature
-// is left out: it is the payer's only one for the digest (high s is
-// refused), whatever the encoding of its v, so that two clients'
-// encodings of one payment still share one transaction.
-type settleKey struct {
-	digest [32]byte
-	sig    string
 }
 
 // settleCall is one settlement in flight; concurrent settles of the same
@@ -189,7 +176,7 @@ func newFacilitator(cfg Config, nonces *nonceSet) (*Facilitator, error) {
 		signer:   types.LatestSignerForChainID(chainID),
 		cfg:      cfg,
 		domains:  map[common.Address]tokenDomain{},
-		inflight: map[settleKey]*settleCall{},
+		inflight: map[[32]byte]*settleCall{},
 		budget:   newBudget(cfg),
 	}
 	if nonces != nil {
@@ -268,6 +255,9 @@ func (f *Facilitator) check(ctx context.Context, p x402.PaymentPayload, req x402
 	if c.invalid {
 		return c, nil
 	}
+	if r, err := f.checkSigner(ctx, c); err != nil || r != nil {
+		return r, err
+	}
 	return f.checkChain(ctx, c)
 }
 
@@ -277,7 +267,7 @@ func (f *Facilitator) check(ctx context.Context, p x402.PaymentPayload, req x402
 // requirements: a payment that passes moves exactly the amount they ask,
 // to their payTo, in their asset, on this network, and digest is its
 // authorization signed over their EIP-712 domain. Settle runs them before
-// it lets a caller join a settlement in flight (settleKey).
+// it lets a caller join a settlement in flight.
 func (f *Facilitator) checkOwn(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) *checked {
 	chk, err := x402.CheckExactEVM(p, req, f.checkTime(ctx))
 	if req.Network != f.network && !earlyRefusal(err) {
@@ -300,8 +290,41 @@ func (f *Facilitator) checkOwn(ctx context.Context, p x402.PaymentPayload, req x
 		name: name, version: version, digest: digest, recovered: chk.Recovered}
 }
 
-// checkChain runs, on a payment checkOwn passed, the checks that read the
-// chain, in the reference order.
+// checkSigner runs, on a payment checkOwn passed, the first check that
+// reads the chain: a signature that does not recover to
+// authorization.from (an EOA's) must be accepted by from's contract
+// (EIP-1271, which sets c.isCode). nil when the signature passes; its
+// refusal otherwise. With checkOwn it is all of the caller's own part of a
+// payment: once it passes, the caller may share a settlement of the same
+// authorization in flight, whatever encoding of a signature it carries
+// (Settle).
+func (f *Facilitator) checkSigner(ctx context.Context, c *checked) (*checked, error) {
+	if c.recovered {
+		return nil, nil
+	}
+	code, err := f.chain.CodeAt(ctx, c.auth.From, nil)
+	if err != nil {
+		return nil, fmt.Errorf("reading payer code: %w", err)
+	}
+	c.isCode = len(code) > 0
+	switch {
+	case c.isCode:
+		valid, err := f.erc1271Valid(ctx, c.auth.From, c.digest, c.sig)
+		if err != nil {
+			return nil, err
+		}
+		if !valid {
+			return refuse(x402.ReasonExactEVMSignature, c.payer, "the payer contract rejects the signature (EIP-1271)"), nil
+		}
+		return nil, nil
+	case isERC6492(c.sig):
+		return refuse(x402.ReasonExactEVMUndeployedSmartWallet, c.payer, "the payer is an undeployed smart wallet; deploy it first"), nil
+	}
+	return refuse(x402.ReasonExactEVMSignature, c.payer, "the signature is not authorization.from's"), nil
+}
+
+// checkChain runs, on a payment checkOwn and checkSigner passed, the
+// checks that read the token, in the reference order.
 func (f *Facilitator) checkChain(ctx context.Context, c *checked) (res *checked, err error) {
 	auth, sig, token, payer := c.auth, c.sig, c.token, c.payer
 	defer func() {
@@ -310,28 +333,6 @@ func (f *Facilitator) checkChain(ctx context.Context, c *checked) (res *checked,
 			c.flight = nil
 		}
 	}()
-	if !c.recovered {
-		// Not an EOA signature of from: a contract account must accept it.
-		code, err := f.chain.CodeAt(ctx, auth.From, nil)
-		if err != nil {
-			return nil, fmt.Errorf("reading payer code: %w", err)
-		}
-		c.isCode = len(code) > 0
-		switch {
-		case c.isCode:
-			valid, err := f.erc1271Valid(ctx, auth.From, c.digest, sig)
-			if err != nil {
-				return nil, err
-			}
-			if !valid {
-				return refuse(x402.ReasonExactEVMSignature, payer, "the payer contract rejects the signature (EIP-1271)"), nil
-			}
-		case isERC6492(sig):
-			return refuse(x402.ReasonExactEVMUndeployedSmartWallet, payer, "the payer is an undeployed smart wallet; deploy it first"), nil
-		default:
-			return refuse(x402.ReasonExactEVMSignature, payer, "the signature is not authorization.from's"), nil
-		}
-	}
 
 	// The token's own view: its EIP-712 domain, the nonce, the balance.
 	dom, err := f.tokenDomain(ctx, token)

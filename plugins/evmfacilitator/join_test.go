@@ -2,6 +2,8 @@ package evmfacilitator
 
 import (
 	"context"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"math/big"
 	"reflect"
@@ -10,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/crypto"
 
@@ -452,5 +455,126 @@ func TestJoinedSettleIsNotASecondSuccess(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// One authorization is one send per process, whatever encoding of its
+// signature each settle carries. A contract account's wallet may accept
+// many (the test wallet takes v as 27/28 or 0/1, as ecrecover-based
+// wallets do; others any bytes they like): a settle with a second
+// encoding, once its wallet accepts it, joins the settlement in flight
+// instead of sending a transaction of its own, which would revert at the
+// relayer's gas.
+func TestWalletSignatureEncodingsShareOneSend(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	owner := DevKey(4)
+	wallet := deployWallet(t, e.d, crypto.PubkeyToAddress(owner.PublicKey))
+	fundUSDC(t, e.d, DevKey(5), wallet, 1_000_000)
+	stall := newStalledSends(e.d.Client())
+	defer stall.releaseSends()
+	f, err := newFacilitator(Config{Chain: stall, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 30 * time.Second}, e.d.nonces)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := e.requirements(payee, amount)
+	a := auth(owner, req)
+	a.From = wallet.Hex()
+	p1 := sign(t, owner, a, req, req)
+	var pl x402.ExactEVMPayload
+	if err := json.Unmarshal(p1.Payload, &pl); err != nil {
+		t.Fatal(err)
+	}
+	sig := common.FromHex(pl.Signature)
+	sig[64] -= 27 // the same signature, v as 0/1: the wallet accepts it too
+	p2 := payload(t, "0x"+hex.EncodeToString(sig), a, req)
+	if v, err := f.Verify(ctx, p2, req); err != nil || !v.IsValid {
+		t.Fatalf("the second encoding = %+v, %v; the test needs one the wallet accepts", v, err)
+	}
+	relayerNonce, _ := e.d.Client().NonceAt(ctx, f.Relayer(), nil)
+
+	type result struct {
+		r   x402.SettleResponse
+		err error
+	}
+	leader, joiner := make(chan result, 1), make(chan result, 1)
+	go func() {
+		r, err := f.Settle(ctx, p1, req)
+		leader <- result{r, err}
+	}()
+	stall.waitStalled(t)
+	go func() {
+		r, err := f.Settle(ctx, p2, req)
+		joiner <- result{r, err}
+	}()
+	waitJoined(t, f, 1)
+	stall.releaseSends()
+	l, j := <-leader, <-joiner
+	if l.err != nil || !l.r.Success {
+		t.Fatalf("the first encoding's settle = %+v, %v; want success", l.r, l.err)
+	}
+	if j.err != nil || j.r.Success || j.r.ErrorReason != x402.ReasonExactEVMNonceAlreadyUsed || j.r.Transaction != l.r.Transaction {
+		t.Errorf("the second encoding's settle = %+v, %v; want %s naming %s", j.r, j.err, x402.ReasonExactEVMNonceAlreadyUsed, l.r.Transaction)
+	}
+	if after, _ := e.d.Client().NonceAt(ctx, f.Relayer(), nil); after != relayerNonce+1 {
+		t.Errorf("the relayer sent %d transactions for one authorization, want 1", after-relayerNonce)
+	}
+}
+
+// A settlement that reverted because our own relayer's other transaction
+// of the same authorization paid it first counts against the payer's
+// failure budget: within a process settles of one authorization join, so
+// it is a second send by another instance with the same key, which a
+// payer can cause at will (one authorization sent to several instances),
+// each at the relayer's gas. Here two instances settle one authorization
+// at once, both send, one pays and the other reverts; with
+// MaxFailedPerPayer 1 the reverting instance then refuses the payer.
+func TestRevertBehindOurOwnOtherSendCounts(t *testing.T) {
+	e := newEnv(t)
+	req := e.requirements(payee, amount)
+	bar := newEstimateBarrier(e.d.Client(), 2)
+	var fs [2]*Facilitator
+	for i := range fs {
+		f, err := newFacilitator(Config{Chain: bar, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond,
+			ReceiptTimeout: 30 * time.Second, MaxFailedPerPayer: 1, FailureWindow: time.Hour}, e.d.nonces)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fs[i] = f
+	}
+	p := mustSignExact(t, payer, req)
+	type result struct {
+		i   int
+		r   x402.SettleResponse
+		err error
+	}
+	out := make(chan result, 2)
+	for i, f := range fs {
+		go func() {
+			r, err := f.Settle(context.Background(), p, req)
+			out <- result{i, r, err}
+		}()
+	}
+	var paid, reverted *result
+	for range 2 {
+		r := <-out
+		switch {
+		case r.err == nil && r.r.Success:
+			paid = &r
+		case r.err == nil && r.r.ErrorReason == x402.ReasonExactEVMNonceAlreadyUsed:
+			reverted = &r
+		default:
+			t.Fatalf("instance %d = %+v, %v", r.i+1, r.r, r.err)
+		}
+	}
+	if paid == nil || reverted == nil || reverted.r.Transaction != paid.r.Transaction {
+		t.Fatalf("one success and one duplicate naming it expected: %+v / %+v", paid, reverted)
+	}
+	v, err := fs[reverted.i].Verify(context.Background(), mustSignExact(t, payer, req), req)
+	if err != nil || v.IsValid || v.InvalidReason != ReasonPayerFailureBudget {
+		t.Errorf("the payer's next payment at the instance whose settlement reverted = %+v, %v; want %s", v, err, ReasonPayerFailureBudget)
+	}
+	if v, err := fs[paid.i].Verify(context.Background(), mustSignExact(t, payer, req), req); err != nil || !v.IsValid {
+		t.Errorf("the payer's next payment at the instance whose settlement paid = %+v, %v; want valid", v, err)
 	}
 }

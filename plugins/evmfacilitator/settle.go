@@ -22,15 +22,20 @@ import (
 //
 // Guarantees:
 //   - A payment that does not meet the caller's own requirements (amount,
-//     payTo, network, asset, EIP-712 domain, time window) is refused with
-//     its reason before anything else: it neither waits for nor leads a
-//     concurrent settlement of the same authorization, so it is never
-//     answered with another caller's success, and valid callers are never
-//     answered with its refusal.
-//   - One payment is one success per process. Concurrent settles of one
-//     authorization that meet their requirements, which then ask for the
-//     same transfer (settleKey), send at most one transaction; the later
-//     callers wait for the first's outcome (joined). A success is the
+//     payTo, network, asset, EIP-712 domain, time window) or whose
+//     signature is not the payer's (for a contract account, one its wallet
+//     refuses) is refused with its reason before anything else: it neither
+//     waits for nor leads a concurrent settlement of the same
+//     authorization, so it is never answered with another caller's
+//     success, and valid callers are never answered with its refusal.
+//   - One payment is one send and one success per process. Concurrent
+//     settles of one authorization (its EIP-712 digest: the transfer)
+//     that pass those checks send at most one transaction, whatever
+//     encoding of the payer's signature each carries (v as 27/28 or 0/1,
+//     or any bytes a contract account's wallet accepts: each would
+//     otherwise be a transaction of its own, all but one reverting at the
+//     relayer's gas); the later callers wait for the first's outcome
+//     (joined). A success is the
 //     first caller's alone: the others get nonce_already_used naming its
 //     transaction (settledBy), as a settle after it landed does. A
 //     resource server that verifies, serves and then settles (the x402
@@ -60,20 +65,23 @@ import (
 //     ctx ended while another settlement of the relayer was sending) means
 //     nothing was sent.
 func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettleResponse, error) {
-	// Shared outcomes are keyed on the transfer, so each caller's
-	// requirements must be held against the payment before it may share
-	// one: keyed on the authorization alone, a settle asking ten times its
-	// value, or naming another payTo, would be answered with a concurrent
-	// valid settle's success, and one arriving first would make the valid
-	// ones fail.
+	// Shared outcomes are keyed on the authorization, so each caller's
+	// requirements and signature must be held against the payment before
+	// it may share one: unchecked, a settle asking ten times its value,
+	// naming another payTo, or carrying a signature the payer's wallet
+	// refuses, would be answered with a concurrent valid settle's success,
+	// and one arriving first would make the valid ones fail.
 	c := f.checkOwn(ctx, p, req)
 	if c.invalid {
 		return f.failure(c.resp.InvalidReason, c.resp.Payer, c.resp.InvalidMessage, ""), nil
 	}
-	key := settleKey{digest: c.digest}
-	if !c.recovered {
-		key.sig = string(c.sig)
+	switch r, err := f.checkSigner(ctx, c); {
+	case err != nil:
+		return x402.SettleResponse{}, fmt.Errorf("verifying before settlement: %w", err)
+	case r != nil:
+		return f.failure(r.resp.InvalidReason, r.resp.Payer, r.resp.InvalidMessage, ""), nil
 	}
+	key := c.digest
 	f.inflightMu.Lock()
 	if call, busy := f.inflight[key]; busy {
 		call.waiters++
@@ -433,8 +441,10 @@ func (f *Facilitator) resolve(c *checked, tx *types.Transaction, start time.Time
 }
 
 // resolveUsed is resolve's answer for an authorization whose nonce is used,
-// by our transaction tx or another: usedStatus's judgement, with paid true
-// when the transaction that used it paid payTo. One that is not tx is
+// by our transaction tx or another: usedStatus's judgement, with relayed
+// true when the transaction that used it paid payTo and was sent, or may
+// have been (its sender unread), by another account than our relayer. One
+// that is not tx is
 // judged by its sender too: another account's is a relay of the payer's
 // authorization (public once sent: the payer's own client, anyone watching
 // the mempool), which settled this payment for us, a success naming it;
@@ -442,9 +452,9 @@ func (f *Facilitator) resolve(c *checked, tx *types.Transaction, start time.Time
 // process, with the same key), which answers that success itself, so this
 // one is its duplicate (settledBy). A sender that cannot be read leaves
 // the outcome unknown, not a guess either way.
-func (f *Facilitator) resolveUsed(ctx context.Context, c *checked, tx *types.Transaction, start time.Time, cause error) (resp x402.SettleResponse, paid bool, err error) {
+func (f *Facilitator) resolveUsed(ctx context.Context, c *checked, tx *types.Transaction, start time.Time, cause error) (resp x402.SettleResponse, relayed bool, err error) {
 	unknown := func(err error) (x402.SettleResponse, bool, error) {
-		return x402.SettleResponse{}, paid, &x402.UnknownOutcomeError{Op: "settle", Err: fmt.Errorf("%v; then: %w", cause, err)}
+		return x402.SettleResponse{}, false, &x402.UnknownOutcomeError{Op: "settle", Err: fmt.Errorf("%v; then: %w", cause, err)}
 	}
 	st, err := f.usedStatus(ctx, c.token, c.auth, tx.Hash(), start)
 	switch {
@@ -453,19 +463,19 @@ func (f *Facilitator) resolveUsed(ctx context.Context, c *checked, tx *types.Tra
 	case st.State != x402.SettlementDone:
 		return f.failure(st.Reason, c.payer, "the authorization's nonce was used without paying (cancelled, or spent by another authorization); nothing was transferred to payTo", ""), false, nil
 	}
-	paid = true
 	by := common.HexToHash(st.Transaction)
 	if by == tx.Hash() {
-		return f.success(c, st.Transaction), paid, nil
+		return f.success(c, st.Transaction), false, nil
 	}
 	ours, err := f.sentByRelayer(ctx, by)
 	switch {
 	case err != nil:
-		return unknown(fmt.Errorf("the authorization was paid by %s, but whether our relayer sent it is unknown: %w", st.Transaction, err))
+		resp, _, err := unknown(fmt.Errorf("the authorization was paid by %s, but whether our relayer sent it is unknown: %w", st.Transaction, err))
+		return resp, true, err
 	case ours:
-		return f.settledBy(c.payer, st.Transaction), paid, nil
+		return f.settledBy(c.payer, st.Transaction), false, nil
 	}
-	return f.success(c, st.Transaction), paid, nil
+	return f.success(c, st.Transaction), true, nil
 }
 
 // sentByRelayer reports whether transaction h was sent from the relayer's
@@ -510,17 +520,23 @@ func (f *Facilitator) judgeOwn(ctx context.Context, c *checked, tx *types.Transa
 // when it paid payTo, success naming it, or, sent by our own relayer,
 // nonce_already_used naming it); unused, it is a failure with the token's
 // revert string, replayed on the state before tx's block. The relayer paid
-// the gas either way, yet the payer's failure budget counts it only when
-// the payment did not settle: one that another relay or settle of the same
-// authorization paid first is the payer's payment made, and counting it
+// the gas either way, and the payer's failure budget counts it unless
+// another account's transaction (a relay of the public authorization)
+// paid payTo first: that is the payer's payment made, and counting it
 // would let anyone who sees a payer's settlements in the mempool lock the
-// payer out by relaying them.
+// payer out by relaying them. A revert behind our own relayer's other
+// transaction of the same authorization counts: one process sends one
+// authorization once (Settle joins its settles), so that is a second send
+// by another instance or process with the same key, which the payer can
+// cause at will, each at the relayer's gas, by sending one authorization
+// to several of them (with a contract wallet, under as many signature
+// encodings as it accepts).
 func (f *Facilitator) reverted(ctx context.Context, c *checked, tx *types.Transaction, rcpt *types.Receipt, start time.Time) (resp x402.SettleResponse, err error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resolveTimeout)
 	defer cancel()
-	paid := false
+	relayed := false
 	defer func() {
-		if !paid {
+		if !relayed {
 			f.budget.fail(c.auth.From)
 		}
 	}()
@@ -530,7 +546,7 @@ func (f *Facilitator) reverted(ctx context.Context, c *checked, tx *types.Transa
 		return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Err: fmt.Errorf("%v; then reading authorizationState at its block: %w", cause, err)}
 	}
 	if used {
-		resp, paid, err = f.resolveUsed(ctx, c, tx, start, cause)
+		resp, relayed, err = f.resolveUsed(ctx, c, tx, start, cause)
 		return resp, err
 	}
 	reason := x402.ReasonExactEVMTransactionFailed
