@@ -452,7 +452,7 @@ func (d *Devnet) SendTx(ctx context.Context, key *ecdsa.PrivateKey, to *common.A
 	if err != nil {
 		return nil, fmt.Errorf("reading the fees: %w", err)
 	}
-	tx, err := d.nonces.of(crypto.PubkeyToAddress(key.PublicKey)).submit(ctx, d.client, sign)
+	tx, err := d.nonces.of(crypto.PubkeyToAddress(key.PublicKey)).submit(ctx, ctx, d.client, sign)
 	if err != nil {
 		return nil, err
 	}

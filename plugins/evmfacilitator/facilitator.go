@@ -8,6 +8,7 @@ import (
 	"math/big"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ethereum/go-ethereum"
@@ -105,7 +106,21 @@ type Facilitator struct {
 	budget *budget
 
 	usedCache usedCache // alreadyUsed's answers
+
+	prepareTimeout time.Duration // the const prepareTimeout; tests shorten it
 }
+
+// prepareTimeout bounds the reads of a Verify, and of a Settle before its
+// send (the checks, the gas estimate, the fee reads and the wait for the
+// relayer's turn), whatever the caller's deadline: the x402_facilitator
+// handler's requests have none, and ethclient's HTTP client no timeout of
+// its own, so a stalled RPC endpoint would otherwise hold a settle, the
+// payer's reservation and the authorization's place in flight for as long
+// as the caller's connection stays open. It is the facilitator call
+// timeout x402 clients use (as submitTimeout is): nobody still waits for a
+// settle that took longer. Past it nothing was sent, and the error is
+// retryable.
+const prepareTimeout = x402.DefaultFacilitatorTimeout
 
 type tokenDomain struct {
 	name, version string
@@ -119,6 +134,10 @@ type settleCall struct {
 	done chan struct{}
 	resp x402.SettleResponse
 	err  error
+	// sent is set once its transaction may have reached the node: a
+	// waiter that gives up before is told nothing was sent, after, that
+	// the outcome is unknown.
+	sent atomic.Bool
 	// waiters counts the settles that joined it (under inflightMu), so
 	// that tests can tell a joined settle from one that came after.
 	waiters int
@@ -178,6 +197,8 @@ func newFacilitator(cfg Config, nonces *nonceSet) (*Facilitator, error) {
 		domains:  map[common.Address]tokenDomain{},
 		inflight: map[[32]byte]*settleCall{},
 		budget:   newBudget(cfg),
+
+		prepareTimeout: prepareTimeout,
 	}
 	if nonces != nil {
 		f.nonces = nonces.of(f.relayer)
@@ -237,8 +258,11 @@ type checked struct {
 // token's on-chain name and version, the authorization nonce, the payer's
 // balance, and finally an eth_call simulation of the transfer from the
 // relayer; last, the payer's failure budget (budget.go). An error means
-// the chain could not be asked (retryable).
+// the chain could not be asked (retryable), or did not answer within
+// prepareTimeout.
 func (f *Facilitator) Verify(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.VerifyResponse, error) {
+	ctx, cancel := context.WithTimeout(ctx, f.prepareTimeout)
+	defer cancel()
 	c, err := f.check(ctx, p, req)
 	if err != nil {
 		return x402.VerifyResponse{}, err

@@ -1,6 +1,7 @@
 package evmfacilitator
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -69,14 +70,19 @@ type txSender interface {
 // submit signs (sign) and sends a transaction with the account's next nonce
 // through chain. A send the node may or may not have taken is an
 // *unknownSend: every answer but a proven refusal (sendAnswer); a refusal
-// is returned wrapped (classify reads it). When ctx ends before the account is free, nothing was sent and
-// the error wraps ctx's.
-func (n *nonceManager) submit(ctx context.Context, chain txSender, sign func(nonce uint64) (*types.Transaction, error)) (*types.Transaction, error) {
-	if err := ctx.Err(); err != nil { // select would pick at random when both are ready
+// is returned wrapped (classify reads it). wait bounds the wait for the
+// account (a settlement's deadline for sending, which must not cut its
+// send short), ctx, with submitTimeout, what follows; when either ends
+// before the account is free, nothing was sent and the error wraps its
+// error.
+func (n *nonceManager) submit(wait, ctx context.Context, chain txSender, sign func(nonce uint64) (*types.Transaction, error)) (*types.Transaction, error) {
+	if err := cmp.Or(wait.Err(), ctx.Err()); err != nil { // select would pick at random when both are ready
 		return nil, fmt.Errorf("waiting for the account's earlier transactions: %w", err)
 	}
 	select {
 	case n.lock <- struct{}{}:
+	case <-wait.Done():
+		return nil, fmt.Errorf("waiting for the account's earlier transactions: %w", wait.Err())
 	case <-ctx.Done():
 		return nil, fmt.Errorf("waiting for the account's earlier transactions: %w", ctx.Err())
 	}

@@ -7,6 +7,7 @@ import (
 	"math/big"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ethereum/go-ethereum"
@@ -62,8 +63,18 @@ import (
 //     otherwise the result is an *x402.UnknownOutcomeError, never a failure
 //     and never a success.
 //   - Any other error (chain unreachable before sending, relayer unfunded,
-//     ctx ended while another settlement of the relayer was sending) means
-//     nothing was sent.
+//     ctx ended while another settlement of the relayer was sending, the
+//     work before the send outlasting prepareTimeout, ctx ended while
+//     waiting for a concurrent settle of the same authorization that had
+//     sent nothing yet) means nothing was sent.
+//
+// Whatever ctx's deadline (the x402_facilitator handler's has none), the
+// reads before the send, the wait for the relayer's turn included, end
+// after prepareTimeout; the send itself after submitTimeout, the receipt
+// wait after ReceiptTimeout and the resolution of an unknown outcome after
+// resolveTimeout. So a stalled RPC endpoint holds neither a settle, nor
+// the payer's reservation (budget), nor the authorization's place in
+// flight, for longer.
 func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettleResponse, error) {
 	// Shared outcomes are keyed on the authorization, so each caller's
 	// requirements and signature must be held against the payment before
@@ -71,11 +82,13 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 	// naming another payTo, or carrying a signature the payer's wallet
 	// refuses, would be answered with a concurrent valid settle's success,
 	// and one arriving first would make the valid ones fail.
-	c := f.checkOwn(ctx, p, req)
+	pre, cancel := context.WithTimeout(ctx, f.prepareTimeout)
+	defer cancel()
+	c := f.checkOwn(pre, p, req)
 	if c.invalid {
 		return f.failure(c.resp.InvalidReason, c.resp.Payer, c.resp.InvalidMessage, ""), nil
 	}
-	switch r, err := f.checkSigner(ctx, c); {
+	switch r, err := f.checkSigner(pre, c); {
 	case err != nil:
 		return x402.SettleResponse{}, fmt.Errorf("verifying before settlement: %w", err)
 	case r != nil:
@@ -90,6 +103,14 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 		case <-call.done:
 			return f.joined(c, call.resp, call.err)
 		case <-ctx.Done():
+			if !call.sent.Load() {
+				// Nothing was sent for this caller. Its leader sends
+				// within its own prepareTimeout, which began before this
+				// settle, or never: a caller whose deadline is no
+				// shorter (the gateway's) gets the leader's outcome
+				// instead of this.
+				return x402.SettleResponse{}, fmt.Errorf("waiting for a concurrent settlement of the same authorization, which has sent nothing yet: %w", ctx.Err())
+			}
 			return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Err: fmt.Errorf("waiting for a concurrent settlement of the same authorization: %w", ctx.Err())}
 		}
 	}
@@ -97,7 +118,7 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 	f.inflight[key] = call
 	f.inflightMu.Unlock()
 
-	call.resp, call.err = f.settle(ctx, c)
+	call.resp, call.err = f.settle(ctx, pre, c, &call.sent)
 
 	f.inflightMu.Lock()
 	delete(f.inflight, key)
@@ -131,13 +152,15 @@ func (f *Facilitator) settledBy(payer, tx string) x402.SettleResponse {
 	return f.failure(x402.ReasonExactEVMNonceAlreadyUsed, payer, "this authorization was already settled by another settle of it, in transaction "+tx+"; it pays once, and nothing more was charged", tx)
 }
 
-// settle settles a payment checkOwn passed.
-func (f *Facilitator) settle(ctx context.Context, c *checked) (x402.SettleResponse, error) {
+// settle settles a payment checkOwn and checkSigner passed; pre bounds the
+// work before the send, and sent is set once the settlement transaction
+// may have reached the node.
+func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.Bool) (x402.SettleResponse, error) {
 	// The nonce is unused when checkChain reads it: whatever uses it lands
 	// after start, which bounds the search for it (resolve).
 	start := now()
 	c.settling = true
-	c, err := f.checkChain(ctx, c)
+	c, err := f.checkChain(pre, c)
 	if err != nil {
 		return x402.SettleResponse{}, fmt.Errorf("verifying before settlement: %w", err)
 	}
@@ -148,7 +171,7 @@ func (f *Facilitator) settle(ctx context.Context, c *checked) (x402.SettleRespon
 		return f.failure(c.resp.InvalidReason, c.resp.Payer, c.resp.InvalidMessage, ""), nil
 	}
 	defer f.budget.release(c.flight) // held by checkChain
-	tx, err := f.send(ctx, c)
+	tx, err := f.send(ctx, pre, c, sent)
 	if err != nil {
 		var ce *contractError
 		var ue *unknownSend
@@ -311,9 +334,11 @@ func (e *unknownSend) Error() string { return "sending: " + e.err.Error() }
 
 // send builds, signs and submits the settlement transaction under the
 // relayer's nonce lock, which every facilitator of the relayer in the
-// process shares (relayerNonces).
-func (f *Facilitator) send(ctx context.Context, c *checked) (*types.Transaction, error) {
-	gas, err := f.chain.EstimateGas(ctx, ethereum.CallMsg{From: f.relayer, To: &c.token, Data: c.txData})
+// process shares (relayerNonces). The reads and the wait for the lock end
+// with pre, the send (submit) with ctx; sent is set once the transaction
+// is signed, just before it is sent.
+func (f *Facilitator) send(ctx, pre context.Context, c *checked, sent *atomic.Bool) (*types.Transaction, error) {
+	gas, err := f.chain.EstimateGas(pre, ethereum.CallMsg{From: f.relayer, To: &c.token, Data: c.txData})
 	if err != nil {
 		switch kind, reason := classify(err); {
 		case kind == answerReverted:
@@ -325,13 +350,13 @@ func (f *Facilitator) send(ctx context.Context, c *checked) (*types.Transaction,
 	}
 	gas += gas / 5 // headroom: state can change between estimate and inclusion
 
-	head, err := f.chain.HeaderByNumber(ctx, nil)
+	head, err := f.chain.HeaderByNumber(pre, nil)
 	if err != nil {
 		return nil, fmt.Errorf("reading the chain head: %w", err)
 	}
 	var fees func(nonce uint64) types.TxData
 	if head.BaseFee != nil {
-		tip, err := f.chain.SuggestGasTipCap(ctx)
+		tip, err := f.chain.SuggestGasTipCap(pre)
 		if err != nil {
 			return nil, fmt.Errorf("suggesting a gas tip: %w", err)
 		}
@@ -340,7 +365,7 @@ func (f *Facilitator) send(ctx context.Context, c *checked) (*types.Transaction,
 			return &types.DynamicFeeTx{ChainID: f.chainID, Nonce: nonce, GasTipCap: tip, GasFeeCap: feeCap, Gas: gas, To: &c.token, Data: c.txData}
 		}
 	} else {
-		price, err := f.chain.SuggestGasPrice(ctx)
+		price, err := f.chain.SuggestGasPrice(pre)
 		if err != nil {
 			return nil, fmt.Errorf("suggesting a gas price: %w", err)
 		}
@@ -348,8 +373,12 @@ func (f *Facilitator) send(ctx context.Context, c *checked) (*types.Transaction,
 			return &types.LegacyTx{Nonce: nonce, GasPrice: price, Gas: gas, To: &c.token, Data: c.txData}
 		}
 	}
-	tx, err := f.nonces.submit(ctx, f.chain, func(nonce uint64) (*types.Transaction, error) {
-		return types.SignNewTx(f.key, f.signer, fees(nonce))
+	tx, err := f.nonces.submit(pre, ctx, f.chain, func(nonce uint64) (*types.Transaction, error) {
+		tx, err := types.SignNewTx(f.key, f.signer, fees(nonce))
+		if err == nil {
+			sent.Store(true)
+		}
+		return tx, err
 	})
 	if err != nil {
 		if kind, reason := classify(err); kind == answerNodeError && isFundsError(reason) {
