@@ -352,7 +352,9 @@ func (f *Facilitator) checkSigner(ctx context.Context, c *checked) (*checked, er
 func (f *Facilitator) checkChain(ctx context.Context, c *checked) (res *checked, err error) {
 	auth, sig, token, payer := c.auth, c.sig, c.token, c.payer
 	defer func() {
-		if c.flight != nil && (err != nil || res.invalid) {
+		// res is nil when a read panicked: the flight is released all the
+		// same.
+		if c.flight != nil && (err != nil || res == nil || res.invalid) {
 			f.budget.release(c.flight)
 			c.flight = nil
 		}

@@ -117,15 +117,32 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 	call := &settleCall{done: make(chan struct{})}
 	f.inflight[key] = call
 	f.inflightMu.Unlock()
-
+	// Deferred, so that a panic (a chain client's bug, recovered by the
+	// HTTP server) neither leaves the authorization in flight, every later
+	// settle of it waiting for good, nor answers its waiters with an empty
+	// response as if it were the outcome.
+	finished := false
+	defer func() {
+		if !finished {
+			call.resp, call.err = x402.SettleResponse{}, errSettlePanicked
+			if call.sent.Load() {
+				call.err = &x402.UnknownOutcomeError{Op: "settle", Err: errSettlePanicked}
+			}
+		}
+		f.inflightMu.Lock()
+		delete(f.inflight, key)
+		f.inflightMu.Unlock()
+		close(call.done)
+	}()
 	call.resp, call.err = f.settle(ctx, pre, c, &call.sent)
-
-	f.inflightMu.Lock()
-	delete(f.inflight, key)
-	f.inflightMu.Unlock()
-	close(call.done)
+	finished = true
 	return call.resp, call.err
 }
+
+// errSettlePanicked is what the settles that joined a settlement whose
+// leader panicked are told: nothing was sent, or, once the leader had
+// sent, that the outcome is unknown.
+var errSettlePanicked = errors.New("the concurrent settlement of the same authorization failed unexpectedly")
 
 // joined is the answer to a settle that joined, and waited for, a
 // settlement of the same payment in flight whose outcome is resp, err: a
