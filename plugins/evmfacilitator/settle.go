@@ -247,7 +247,7 @@ func (f *Facilitator) alreadyUsed(ctx context.Context, c *checked, now time.Time
 			// Finished: spent without this transfer, or not in the blocks
 			// searched.
 		default:
-			return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Err: fmt.Errorf("the authorization's nonce is used, and whether by this payment could not be read: %w", err)}
+			return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Err: err} // usedStatus's error says what is unknown
 		}
 		f.usedCache.put(c.digest, tx, now)
 	}
