@@ -521,14 +521,16 @@ func TestWalletSignatureEncodingsShareOneSend(t *testing.T) {
 	}
 }
 
-// A settlement that reverted because our own relayer's other transaction
-// of the same authorization paid it first counts against the payer's
-// failure budget: within a process settles of one authorization join, so
-// it is a second send by another instance with the same key, which a
-// payer can cause at will (one authorization sent to several instances),
-// each at the relayer's gas. Here two instances settle one authorization
-// at once, both send, one pays and the other reverts; with
-// MaxFailedPerPayer 1 the reverting instance then refuses the payer.
+// A settlement that reverted because a transaction of the same
+// authorization that this process sent paid it first counts against the
+// payer's failure budget: a facilitator's settles of one authorization
+// join, so that is a settle that did not join (another facilitator of the
+// key in the process: a gate's beside x402_facilitator), which a payer
+// could repeat at the relayer's gas. Here two facilitators of one process
+// settle one authorization at once, both send, one pays and the other
+// reverts; with MaxFailedPerPayer 1 the one whose settlement reverted
+// then refuses the payer. (Another process's transaction is excused:
+// TestSettlementOutrunByOurOwnRelayerIsADuplicate.)
 func TestRevertBehindOurOwnOtherSendCounts(t *testing.T) {
 	e := newEnv(t)
 	req := e.requirements(payee, amount)

@@ -487,10 +487,10 @@ func (f *Facilitator) resolve(c *checked, tx *types.Transaction, start time.Time
 }
 
 // resolveUsed is resolve's answer for an authorization whose nonce is used,
-// by our transaction tx or another: usedStatus's judgement, with relayed
-// true when the transaction that used it paid payTo and was sent, or may
-// have been (its sender unread), by another account than our relayer. One
-// that is not tx is
+// by our transaction tx or another: usedStatus's judgement, with excused
+// true when the transaction that used it paid payTo and is not one this
+// process sent: another account's, ours from another process, or one whose
+// sender cannot be read (reverted). One that is not tx is
 // judged by its sender too: another account's is a relay of the payer's
 // authorization (public once sent: the payer's own client, anyone watching
 // the mempool), which settled this payment for us, a success naming it;
@@ -498,7 +498,7 @@ func (f *Facilitator) resolve(c *checked, tx *types.Transaction, start time.Time
 // process, with the same key), which answers that success itself, so this
 // one is its duplicate (settledBy). A sender that cannot be read leaves
 // the outcome unknown, not a guess either way.
-func (f *Facilitator) resolveUsed(ctx context.Context, c *checked, tx *types.Transaction, start time.Time, cause error) (resp x402.SettleResponse, relayed bool, err error) {
+func (f *Facilitator) resolveUsed(ctx context.Context, c *checked, tx *types.Transaction, start time.Time, cause error) (resp x402.SettleResponse, excused bool, err error) {
 	unknown := func(err error) (x402.SettleResponse, bool, error) {
 		return x402.SettleResponse{}, false, &x402.UnknownOutcomeError{Op: "settle", Err: fmt.Errorf("%v; then: %w", cause, err)}
 	}
@@ -519,7 +519,7 @@ func (f *Facilitator) resolveUsed(ctx context.Context, c *checked, tx *types.Tra
 		resp, _, err := unknown(fmt.Errorf("the authorization was paid by %s, but whether our relayer sent it is unknown: %w", st.Transaction, err))
 		return resp, true, err
 	case ours:
-		return f.settledBy(c.payer, st.Transaction), false, nil
+		return f.settledBy(c.payer, st.Transaction), !f.nonces.sentHere(by), nil
 	}
 	return f.success(c, st.Transaction), true, nil
 }
@@ -567,22 +567,22 @@ func (f *Facilitator) judgeOwn(ctx context.Context, c *checked, tx *types.Transa
 // nonce_already_used naming it); unused, it is a failure with the token's
 // revert string, replayed on the state before tx's block. The relayer paid
 // the gas either way, and the payer's failure budget counts it unless
-// another account's transaction (a relay of the public authorization)
-// paid payTo first: that is the payer's payment made, and counting it
-// would let anyone who sees a payer's settlements in the mempool lock the
-// payer out by relaying them. A revert behind our own relayer's other
-// transaction of the same authorization counts: one process sends one
-// authorization once (Settle joins its settles), so that is a second send
-// by another instance or process with the same key, which the payer can
-// cause at will, each at the relayer's gas, by sending one authorization
-// to several of them (with a contract wallet, under as many signature
-// encodings as it accepts).
+// another settlement paid payTo first (resolveUsed's excused): a relay of
+// the public authorization from another account, or another instance
+// with the same key, is the payer's payment made, and counting it would
+// let anyone who sees a payer's settlements in the mempool, or replays
+// them to several instances, lock the payer out. A transaction this
+// process sent is not excused (defence in depth): a facilitator's settles
+// of one authorization join and send once, so a second send here came
+// from a settle that did not join (another facilitator of the key in the
+// process, say a gate's beside x402_facilitator), which a payer could
+// repeat at the relayer's gas.
 func (f *Facilitator) reverted(ctx context.Context, c *checked, tx *types.Transaction, rcpt *types.Receipt, start time.Time) (resp x402.SettleResponse, err error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resolveTimeout)
 	defer cancel()
-	relayed := false
+	excused := false
 	defer func() {
-		if !relayed {
+		if !excused {
 			f.budget.fail(c.auth.From)
 		}
 	}()
@@ -592,7 +592,7 @@ func (f *Facilitator) reverted(ctx context.Context, c *checked, tx *types.Transa
 		return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Err: fmt.Errorf("%v; then reading authorizationState at its block: %w", cause, err)}
 	}
 	if used {
-		resp, relayed, err = f.resolveUsed(ctx, c, tx, start, cause)
+		resp, excused, err = f.resolveUsed(ctx, c, tx, start, cause)
 		return resp, err
 	}
 	reason := x402.ReasonExactEVMTransactionFailed
