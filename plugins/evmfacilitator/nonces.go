@@ -46,35 +46,6 @@ type nonceManager struct {
 	stale atomic.Bool
 	next  uint64 // under lock
 	known bool   // under lock
-
-	// sent holds the last len(sent) transactions this process submitted
-	// from the account, ring-wise from at (under sentMu, so that asking
-	// never waits for a send): sentHere tells a duplicate this process
-	// sent from one another instance of the key sent.
-	sentMu sync.Mutex
-	sent   [sentMemory]common.Hash
-	at     int
-}
-
-// sentMemory is how many of an account's transactions sentHere remembers:
-// the one asked about landed just before a transaction of ours that
-// reverted, sent after it, so it is among the last few.
-const sentMemory = 256
-
-// sentOne records that tx may have reached the node.
-func (n *nonceManager) sentOne(tx *types.Transaction) {
-	n.sentMu.Lock()
-	defer n.sentMu.Unlock()
-	n.sent[n.at] = tx.Hash()
-	n.at = (n.at + 1) % len(n.sent)
-}
-
-// sentHere reports whether h is among the account's transactions this
-// process submitted last.
-func (n *nonceManager) sentHere(h common.Hash) bool {
-	n.sentMu.Lock()
-	defer n.sentMu.Unlock()
-	return slices.Contains(n.sent[:], h)
 }
 
 func newNonceManager(addr common.Address) *nonceManager {
@@ -136,21 +107,18 @@ func (n *nonceManager) submit(wait, ctx context.Context, chain txSender, sign fu
 		err = chain.SendTransaction(ctx, tx)
 		if err == nil {
 			n.next++
-			n.sentOne(tx)
 			return tx, nil
 		}
 		switch taken, refused, reason := sendAnswer(err); {
 		case taken: // our own transaction is in the pool already
 			n.next++
 			n.known = true
-			n.sentOne(tx)
 			return tx, nil
 		case !refused:
 			// The node may have the transaction (an answer that proves no
 			// refusal can come after it took it); the nonce may be used.
 			// Re-read it next time, and let the caller resolve the outcome.
 			n.known = false
-			n.sentOne(tx)
 			return nil, &unknownSend{tx: tx, err: err}
 		case isNonceError(reason) && attempt == 0:
 			n.known = false

@@ -488,16 +488,17 @@ func (f *Facilitator) resolve(c *checked, tx *types.Transaction, start time.Time
 
 // resolveUsed is resolve's answer for an authorization whose nonce is used,
 // by our transaction tx or another: usedStatus's judgement, with excused
-// true when the transaction that used it paid payTo and is not one this
-// process sent: another account's, ours from another process, or one whose
-// sender cannot be read (reverted). One that is not tx is
+// true when the transaction that used it paid payTo, whoever sent it
+// (reverted: a revert behind the payment made is not the payer's doing).
+// One that is not tx is
 // judged by its sender too: another account's is a relay of the payer's
 // authorization (public once sent: the payer's own client, anyone watching
 // the mempool), which settled this payment for us, a success naming it;
-// our relayer's is another settle of this payment (an instance, or a
-// process, with the same key), which answers that success itself, so this
-// one is its duplicate (settledBy). A sender that cannot be read leaves
-// the outcome unknown, not a guess either way.
+// our relayer's is another settle of this payment (a retry after an
+// unknown outcome, another facilitator or process with the same key),
+// which answers that success itself, so this one is its duplicate
+// (settledBy). A sender that cannot be read leaves the outcome unknown,
+// not a guess either way.
 func (f *Facilitator) resolveUsed(ctx context.Context, c *checked, tx *types.Transaction, start time.Time, cause error) (resp x402.SettleResponse, excused bool, err error) {
 	unknown := func(err error) (x402.SettleResponse, bool, error) {
 		return x402.SettleResponse{}, false, &x402.UnknownOutcomeError{Op: "settle", Err: fmt.Errorf("%v; then: %w", cause, err)}
@@ -519,7 +520,7 @@ func (f *Facilitator) resolveUsed(ctx context.Context, c *checked, tx *types.Tra
 		resp, _, err := unknown(fmt.Errorf("the authorization was paid by %s, but whether our relayer sent it is unknown: %w", st.Transaction, err))
 		return resp, true, err
 	case ours:
-		return f.settledBy(c.payer, st.Transaction), !f.nonces.sentHere(by), nil
+		return f.settledBy(c.payer, st.Transaction), true, nil
 	}
 	return f.success(c, st.Transaction), true, nil
 }
@@ -566,17 +567,19 @@ func (f *Facilitator) judgeOwn(ctx context.Context, c *checked, tx *types.Transa
 // when it paid payTo, success naming it, or, sent by our own relayer,
 // nonce_already_used naming it); unused, it is a failure with the token's
 // revert string, replayed on the state before tx's block. The relayer paid
-// the gas either way, and the payer's failure budget counts it unless
-// another settlement paid payTo first (resolveUsed's excused): a relay of
-// the public authorization from another account, or another instance
-// with the same key, is the payer's payment made, and counting it would
-// let anyone who sees a payer's settlements in the mempool, or replays
-// them to several instances, lock the payer out. A transaction this
-// process sent is not excused (defence in depth): a facilitator's settles
-// of one authorization join and send once, so a second send here came
-// from a settle that did not join (another facilitator of the key in the
-// process, say a gate's beside x402_facilitator), which a payer could
-// repeat at the relayer's gas.
+// the gas either way, and the payer's failure budget counts it unless the
+// authorization paid payTo by another transaction first (resolveUsed's
+// excused), whoever sent it: the payer's payment was made, so the revert
+// is not something the payer did. Our own relayer's other transaction of
+// it is a client's retry of /settle after an unknown outcome (the first
+// landed after the retry sent), or a replay of the public authorization
+// to another facilitator of the key, by anyone; counting either would
+// charge an honest payer, or let a third party lock one out. Only reverts
+// the payer could have caused count: the nonce cancelled or spent by
+// another authorization, the balance moved. The repeated sends one payer
+// could still cause (one authorization under many signature encodings of
+// a contract wallet) join within a facilitator (Settle keys on the
+// digest), so they are bounded by the number of facilitators of the key.
 func (f *Facilitator) reverted(ctx context.Context, c *checked, tx *types.Transaction, rcpt *types.Receipt, start time.Time) (resp x402.SettleResponse, err error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resolveTimeout)
 	defer cancel()
