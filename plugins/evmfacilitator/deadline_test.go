@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ethereum/go-ethereum"
+	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/crypto"
 
 	"github.com/aovhq/aov/x402"
@@ -179,5 +180,92 @@ func TestVerifyIsBounded(t *testing.T) {
 	}()
 	if err := waitFor(t, done, "a verify whose endpoint stalls"); !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("a verify whose endpoint stalled = %v; want an error past its deadline", err)
+	}
+}
+
+// slowNonce is a fake chain: the devnet's client, except that the first
+// PendingNonceAt stalls for delay (an RPC endpoint slow to answer), which
+// submit runs after taking the relayer's lock, under the settle's own
+// context and submitTimeout, not under prepareTimeout.
+type slowNonce struct {
+	Chain
+	delay time.Duration
+	once  sync.Once
+}
+
+func (c *slowNonce) PendingNonceAt(ctx context.Context, a common.Address) (uint64, error) {
+	c.once.Do(func() {
+		select {
+		case <-time.After(c.delay):
+		case <-ctx.Done():
+		}
+	})
+	return c.Chain.PendingNonceAt(ctx, a)
+}
+
+// A settle that joined another of the same authorization and whose
+// deadline ends first is told that nothing was sent only if its leader
+// then sends nothing: the leader's reads before the send, the nonce read
+// after it takes the relayer's lock included, end with its prepareTimeout,
+// which began before the joiner's settle. Here that nonce read stalls past
+// the leader's prepareTimeout and past the joiner's deadline (twice the
+// prepareTimeout, begun later); whatever the joiner is told must be true
+// on chain once the leader is done.
+func TestJoinerToldNothingSentOnlyIfItsLeaderSendsNothing(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	req := e.requirements(payee, amount)
+	sn := &slowNonce{Chain: e.d.Client(), delay: 1500 * time.Millisecond}
+	f, err := newFacilitator(Config{Chain: sn, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 10 * time.Second}, &nonceSet{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.prepareTimeout = 300 * time.Millisecond
+	before, err := e.d.Client().NonceAt(ctx, f.Relayer(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := mustSignExact(t, payer, req)
+	type result struct {
+		r   x402.SettleResponse
+		err error
+	}
+	leader := make(chan result, 1)
+	go func() {
+		r, err := f.Settle(ctx, p, req) // x402_facilitator: no deadline
+		leader <- result{r, err}
+	}()
+	waitFor := time.Now().Add(hangGuard)
+	for {
+		f.inflightMu.Lock()
+		n := len(f.inflight)
+		f.inflightMu.Unlock()
+		if n > 0 || time.Now().After(waitFor) {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	jctx, cancel := context.WithTimeout(ctx, 600*time.Millisecond)
+	defer cancel()
+	jr, jerr := f.Settle(jctx, p, req)
+	l := <-leader
+	t.Logf("leader = %+v, %v; joiner = %+v, %v", l.r, l.err, jr, jerr)
+	var unknown *x402.UnknownOutcomeError
+	if jerr == nil || errors.As(jerr, &unknown) {
+		return // a success or an unknown outcome claims nothing false
+	}
+	if l.err == nil && l.r.Success {
+		t.Fatalf("the joiner was told %v (nothing sent), but the leader sent and settled %s after the joiner gave up", jerr, l.r.Transaction)
+	}
+	after, err := e.d.Client().NonceAt(ctx, f.Relayer(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := f.Verify(ctx, p, req) // a used nonce is refused
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after != before || !v.IsValid {
+		t.Errorf("the joiner was told %v (nothing sent), but the relayer sent %d transactions, and the authorization verifies as %+v", jerr, after-before, v)
 	}
 }

@@ -71,10 +71,13 @@ type txSender interface {
 // through chain. A send the node may or may not have taken is an
 // *unknownSend: every answer but a proven refusal (sendAnswer); a refusal
 // is returned wrapped (classify reads it). wait bounds the wait for the
-// account (a settlement's deadline for sending, which must not cut its
-// send short), ctx, with submitTimeout, what follows; when either ends
-// before the account is free, nothing was sent and the error wraps its
-// error.
+// account and the nonce read that follows it (a settlement's deadline for
+// sending, which must not cut its send short), ctx, with submitTimeout,
+// the send; when either ends before the transaction is signed, nothing
+// was sent and the error wraps its error. The nonce read is under wait,
+// not ctx, so that a caller sends before wait ends or never: a settle
+// that joined this one, its deadline ending later than wait, is then
+// rightly told that nothing was sent (Settle).
 func (n *nonceManager) submit(wait, ctx context.Context, chain txSender, sign func(nonce uint64) (*types.Transaction, error)) (*types.Transaction, error) {
 	if err := cmp.Or(wait.Err(), ctx.Err()); err != nil { // select would pick at random when both are ready
 		return nil, fmt.Errorf("waiting for the account's earlier transactions: %w", err)
@@ -94,11 +97,14 @@ func (n *nonceManager) submit(wait, ctx context.Context, chain txSender, sign fu
 	}
 	for attempt := 0; ; attempt++ {
 		if !n.known {
-			next, err := chain.PendingNonceAt(ctx, n.addr)
+			next, err := chain.PendingNonceAt(wait, n.addr)
 			if err != nil {
 				return nil, fmt.Errorf("reading the nonce: %w", err)
 			}
 			n.next, n.known = next, true
+		}
+		if err := cmp.Or(wait.Err(), ctx.Err()); err != nil {
+			return nil, fmt.Errorf("reading the nonce: %w", err)
 		}
 		tx, err := sign(n.next)
 		if err != nil {

@@ -106,7 +106,9 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 			if !call.sent.Load() {
 				// Nothing was sent for this caller. Its leader sends
 				// within its own prepareTimeout, which began before this
-				// settle, or never: a caller whose deadline is no
+				// settle, or never (its reads before signing, the nonce
+				// read under the relayer's lock included, end with it:
+				// nonceManager.submit): a caller whose deadline is no
 				// shorter (the gateway's) gets the leader's outcome
 				// instead of this.
 				return x402.SettleResponse{}, fmt.Errorf("waiting for a concurrent settlement of the same authorization, which has sent nothing yet: %w", ctx.Err())
