@@ -17,7 +17,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/aovhq/aov/apierr"
-	"github.com/aovhq/aov/plugins/svmfacilitator"
 	"github.com/aovhq/aov/store"
 	"github.com/aovhq/aov/x402"
 )
@@ -326,17 +325,6 @@ func (p *paidCharge) settleOnce(w http.ResponseWriter, r *http.Request, held *bu
 		p.ex.refuse(w, r, facilitatorUnavailable(err))
 		return false
 	}
-	if !sr.Success && usedElsewhere(sr.ErrorReason) {
-		// The payment may have been settled by someone else (a third
-		// party relayed the buyer's public authorization first): held
-		// as an unknown outcome, resolved from the chain (pending.go).
-		g.logger.Warn("settlement refused as already used: resolving it from the chain", zap.String("reason", sr.ErrorReason), zap.String("transaction", sr.Transaction))
-		metrics.outcomes.WithLabelValues("settlement_unknown").Inc()
-		unknown := &x402.UnknownOutcomeError{Op: "settle", Reply: &sr, Err: errors.New("the facilitator refused the settlement as already used: " + sr.ErrorReason)}
-		g.holdUnknown(r, p.claim, p.pay.JSON, p.offerJS, held, unknown)
-		p.ex.refuse(w, r, errSettlementPending(unknown))
-		return false
-	}
 	if !sr.Success {
 		p.release(r)
 		if sr.Network == "" {
@@ -391,20 +379,6 @@ func (p *paidCharge) settleOnce(w http.ResponseWriter, r *http.Request, held *bu
 	noteSettled(r, sr)
 	p.sr = sr
 	return true
-}
-
-// usedElsewhere reports whether a settle refusal's reason says the payment
-// was already used (EVM: the authorization's nonce is used; SVM: the chain
-// has the transaction). The buyer may then have paid: a third party (the
-// public x402_facilitator, a front-runner) relayed the authorization first,
-// and releasing the claim would serve nothing for the payment and ask for
-// another. Nor is the answer proof that payTo was paid (the nonce may have
-// been cancelled, and a remote facilitator names its own reverted
-// transaction), so the gate reads the chain for this authorization's
-// transfer to payTo instead, as for an unknown outcome: delivered once if
-// it paid, released if it did not.
-func usedElsewhere(reason string) bool {
-	return reason == x402.ReasonExactEVMNonceAlreadyUsed || reason == svmfacilitator.ReasonDuplicateSettlement
 }
 
 // settleWriteWaits are the waits before each further try of the write that
