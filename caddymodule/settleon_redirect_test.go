@@ -67,6 +67,46 @@ func redirectAgent(t *testing.T) *httptest.Server {
 	return srv
 }
 
+// redirectSite serves redirectAgent behind three gates of one offer:
+// /pass/* with settle_on pass and a verify_response, /dflt/* with a
+// verify_response and the default settle_on (pass, since it handles the
+// request), and /plain/* with neither (settle after, every answer below
+// 400 charged).
+func redirectSite(t *testing.T) (*evmfacilitator.Devnet, string) {
+	d, fac := sharedDevnet(t)
+	agent := redirectAgent(t)
+	verify := "verify_response {\n\t\t\tschema `{\"type\":\"object\"}`\n\t\t\tverifier_url http://127.0.0.1:1\n\t\t}"
+	return d, startCaddy(t, fmt.Sprintf(`:{port} {
+	route /pass/* {
+		x402 {
+			accept devnet $0.05 %[1]s
+			facilitator http %[2]s
+			store badger {data}/gate
+			settle_on pass
+		}
+		%[4]s
+		reverse_proxy %[3]s
+	}
+	route /dflt/* {
+		x402 {
+			accept devnet $0.05 %[1]s
+			facilitator http %[2]s
+			store badger {data}/gate
+		}
+		%[4]s
+		reverse_proxy %[3]s
+	}
+	route /plain/* {
+		x402 {
+			accept devnet $0.05 %[1]s
+			facilitator http %[2]s
+			store badger {data}/gate
+		}
+		reverse_proxy %[3]s
+	}
+}`, payTo.Hex(), fac, strings.TrimPrefix(agent.URL, "http://"), verify))
+}
+
 // noRedirects reads a redirect as the answer, as a buyer's client sees it
 // before following it.
 var noRedirects = &http.Client{Transport: testClient.Transport, Timeout: testClient.Timeout,
@@ -105,31 +145,7 @@ func getNoRedirect(t *testing.T, url string, hdr map[string]string) (*http.Respo
 // the default settle after, without verify_response, a redirect is an
 // answer below 400 and is charged (SPEC §7), as before.
 func TestSettleOnPassWithholdsRedirects(t *testing.T) {
-	d, fac := sharedDevnet(t)
-	agent := redirectAgent(t)
-	base := startCaddy(t, fmt.Sprintf(`:{port} {
-	route /pass/* {
-		x402 {
-			accept devnet $0.05 %[1]s
-			facilitator http %[2]s
-			store badger {data}/gate
-			settle_on pass
-		}
-		verify_response {
-			schema `+"`{\"type\":\"object\"}`"+`
-			verifier_url http://127.0.0.1:1
-		}
-		reverse_proxy %[3]s
-	}
-	route /plain/* {
-		x402 {
-			accept devnet $0.05 %[1]s
-			facilitator http %[2]s
-			store badger {data}/gate
-		}
-		reverse_proxy %[3]s
-	}
-}`, payTo.Hex(), fac, strings.TrimPrefix(agent.URL, "http://")))
+	d, base := redirectSite(t)
 	payerIdx := 6
 	payer := evmfacilitator.DevAccounts()[payerIdx].Address
 	before := balance(t, d, payer)
@@ -176,35 +192,7 @@ func TestSettleOnPassWithholdsRedirects(t *testing.T) {
 // Location is withheld; the payment is released each time and never
 // charged.
 func TestSettleOnPassHandsOverEmptyAnswersWithoutPointers(t *testing.T) {
-	d, fac := sharedDevnet(t)
-	agent := redirectAgent(t)
-	base := startCaddy(t, fmt.Sprintf(`:{port} {
-	route /pass/* {
-		x402 {
-			accept devnet $0.05 %[1]s
-			facilitator http %[2]s
-			store badger {data}/gate
-			settle_on pass
-		}
-		verify_response {
-			schema `+"`{\"type\":\"object\"}`"+`
-			verifier_url http://127.0.0.1:1
-		}
-		reverse_proxy %[3]s
-	}
-	route /dflt/* {
-		x402 {
-			accept devnet $0.05 %[1]s
-			facilitator http %[2]s
-			store badger {data}/gate
-		}
-		verify_response {
-			schema `+"`{\"type\":\"object\"}`"+`
-			verifier_url http://127.0.0.1:1
-		}
-		reverse_proxy %[3]s
-	}
-}`, payTo.Hex(), fac, strings.TrimPrefix(agent.URL, "http://")))
+	d, base := redirectSite(t)
 	payerIdx := 7
 	payer := evmfacilitator.DevAccounts()[payerIdx].Address
 	before := balance(t, d, payer)
