@@ -178,14 +178,20 @@ func (b *budget) committed(token, payer common.Address, own *flight) (sum *big.I
 func (b *budget) hold(token, payer common.Address, value *big.Int) *flight {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	id := b.entry(payer)
+	fl := &flight{token: token, payer: payer, value: value}
+	id.flights = append(id.flights, fl)
+	return fl
+}
+
+// entry returns payer's identity, made when it has none. b.mu is held.
+func (b *budget) entry(payer common.Address) *identity {
 	id := b.ids[payer]
 	if id == nil {
 		id = &identity{}
 		b.ids[payer] = id
 	}
-	fl := &flight{token: token, payer: payer, value: value}
-	id.flights = append(id.flights, fl)
-	return fl
+	return id
 }
 
 // release ends a flight: the outcome is known, or no longer awaited (an
@@ -209,11 +215,7 @@ func (b *budget) fail(payer common.Address) {
 	t := b.now()
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	id := b.ids[payer]
-	if id == nil {
-		id = &identity{}
-		b.ids[payer] = id
-	}
+	id := b.entry(payer)
 	id.failures = append(id.failures, t)
 	if len(id.failures) > b.perPayer {
 		id.failures = id.failures[len(id.failures)-b.perPayer:]

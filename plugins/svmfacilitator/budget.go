@@ -217,17 +217,23 @@ func (b *budget) reserve(x exposure) (reason, msg string) {
 		return reason, msg
 	}
 	for _, k := range x.ids {
-		id := b.ids[k]
-		if id == nil {
-			id = &identity{}
-			b.ids[k] = id
-		}
+		id := b.entry(k)
 		id.inFlight++
 	}
 	if b.costly(x) {
 		b.costlyInFlight = sat(b.costlyInFlight, x.fee)
 	}
 	return "", ""
+}
+
+// entry returns k's identity, made when it has none. b.mu is held.
+func (b *budget) entry(k PublicKey) *identity {
+	id := b.ids[k]
+	if id == nil {
+		id = &identity{}
+		b.ids[k] = id
+	}
+	return id
 }
 
 // release ends x's reservation: its outcome is known, or no longer
@@ -256,11 +262,7 @@ func (b *budget) fail(x exposure) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for _, k := range x.ids {
-		id := b.ids[k]
-		if id == nil {
-			id = &identity{}
-			b.ids[k] = id
-		}
+		id := b.entry(k)
 		id.failures = append(id.failures, t)
 		if len(id.failures) > b.perPayer {
 			id.failures = id.failures[len(id.failures)-b.perPayer:]
