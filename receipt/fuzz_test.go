@@ -114,6 +114,9 @@ func FuzzVerifyReceipt(f *testing.F) {
 	f.Add([]byte(`{"attestation":null,"verify":[],"verified_at":1}`))
 	// A hostile card: its key versions reach NoKeyError's message.
 	f.Add(cardWith("k1", cardKey{version: `\u001b]0;owned\u0007\u009b2J`, status: StatusCurrent, pub: pub}, cardKey{version: "k1\u0085", status: StatusRetired, pub: pub}))
+	// A card that lists k2 twice, once compromised: refused, whichever entry
+	// comes first.
+	f.Add(cardWith("k2", cardKey{version: "k2", status: StatusCompromised, compromisedSince: "2026-01-02T00:00:00Z", pub: pub}, cardKey{version: "k2", status: StatusCurrent, pub: pub}))
 	// The receipt genuine is checked against whatever card data is: its
 	// messages, built from the card's strings, must carry no control
 	// character to the terminal of `aov receipt verify`.
@@ -128,6 +131,9 @@ func FuzzVerifyReceipt(f *testing.F) {
 		if cardKeys, err := KeysFromCard(data); err != nil {
 			noControl(t, "KeysFromCard", err)
 		} else {
+			if v := versionListedTwice(data); v != "" {
+				t.Fatalf("KeysFromCard accepted a card listing key version %q twice", v)
+			}
 			_, err := Verify(genuine, cardKeys, "")
 			noControl(t, "Verify against the card", err)
 		}
@@ -157,4 +163,30 @@ func TestFuzzCorporaAreCheckedIn(t *testing.T) {
 			t.Errorf("no checked-in corpus for %s: %v", target, err)
 		}
 	}
+}
+
+// versionListedTwice returns a key version the card lists more than once
+// among the Ed25519 keys of its attestation extensions ("" when none), read
+// independently of KeysFromCard's loop.
+func versionListedTwice(cardJSON []byte) string {
+	var c card
+	if json.Unmarshal(cardJSON, &c) != nil {
+		return ""
+	}
+	seen := map[string]bool{}
+	for _, ext := range c.Capabilities.Extensions {
+		if !strings.HasPrefix(ext.URI, ExtensionURIPrefix) {
+			continue
+		}
+		for _, pk := range ext.Params.PublicKeys {
+			if pk.Algorithm != Algorithm {
+				continue
+			}
+			if seen[pk.KeyVersion] {
+				return pk.KeyVersion
+			}
+			seen[pk.KeyVersion] = true
+		}
+	}
+	return ""
 }

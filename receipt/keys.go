@@ -127,9 +127,12 @@ type card struct {
 // with ExtensionURIPrefix.
 //
 // An entry with another algorithm is skipped (a later card may add other key
-// types); an Ed25519 entry that does not decode, or two entries claiming the
-// same version with different keys, make the whole card unusable: a card
-// that contradicts itself cannot be trusted for any receipt.
+// types); an Ed25519 entry that does not decode, or a key version listed
+// twice, make the whole card unusable: a card that contradicts itself cannot
+// be trusted for any receipt. Twice means twice even with the same public
+// key: the entries also carry the key's status and lifetime, and keeping
+// either one would let the other (say, one without the compromise mark)
+// decide which receipts verify. certd never publishes a version twice.
 func KeysFromCard(cardJSON []byte) (KeySet, error) {
 	if _, err := Canonicalize(cardJSON); err != nil {
 		return KeySet{}, fmt.Errorf("reading agent card: not valid JSON: %w", err)
@@ -156,8 +159,8 @@ func KeysFromCard(cardJSON []byte) (KeySet, error) {
 			if err != nil {
 				return KeySet{}, fmt.Errorf("reading agent card: publicKeys[%d]: %w", i, err)
 			}
-			if old, dup := ks.keys[k.version]; dup && !old.pub.Equal(k.pub) {
-				return KeySet{}, fmt.Errorf("reading agent card: key version %s is listed twice with different keys", quoteShort(k.version))
+			if _, dup := ks.keys[k.version]; dup {
+				return KeySet{}, fmt.Errorf("reading agent card: key version %s is listed twice; a card lists each key version once", quoteShort(k.version))
 			}
 			ks.keys[k.version] = k
 		}
