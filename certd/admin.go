@@ -38,7 +38,8 @@ func rotate(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-// compromise marks a key compromised from an instant on.
+// compromise marks a key compromised from an instant on, or from an earlier
+// instant than its mark.
 func compromise(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("compromise", stderr)
 	dir := keysFlag(fs)
@@ -61,6 +62,13 @@ func compromise(args []string, stdout, stderr io.Writer) error {
 	before, _ := ks.Current()
 	if err := ks.MarkCompromised(*version, t); err != nil {
 		return err
+	}
+	// A mark only moves earlier (see MarkCompromised), so a later -since
+	// leaves it where it was; say which instant stands, or the operator
+	// believes the receipts in between are now trusted again.
+	if k, ok := ks.Lookup(*version); ok && k.CompromisedSince.Before(t) {
+		fmt.Fprintf(stdout, "%s was already marked compromised since %s, earlier than -since %s: the mark stays (it only ever moves earlier); nothing was changed.\n", *version, k.CompromisedSince.UTC().Format(time.RFC3339Nano), t.UTC().Format(time.RFC3339Nano))
+		return nil
 	}
 	fmt.Fprintf(stdout, "%s is marked compromised since %s: verifiers reject its receipts dated from then on.\n", *version, t.UTC().Format(time.RFC3339Nano))
 	if after, err := ks.Current(); err == nil && after.Version != before.Version {

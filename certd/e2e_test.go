@@ -511,3 +511,43 @@ func TestServeNeverReadsARetiredKey(t *testing.T) {
 		t.Fatalf("a k2 receipt against the card: %v", err)
 	}
 }
+
+// TestCompromiseMarkOnlyMovesEarlier: `certd compromise` of a key already
+// marked keeps the earlier instant and says so when -since is later (a later
+// mark would trust again the receipts dated in between); an earlier -since
+// moves the mark.
+func TestCompromiseMarkOnlyMovesEarlier(t *testing.T) {
+	keys := filepath.Join(shortDir(t), "keys")
+	for range 2 {
+		if out, errOut, code := certd(t, "rotate", "-keys", keys); code != 0 {
+			t.Fatalf("rotate: %s %s", out, errOut)
+		}
+	}
+	mark := func(since, wantOut string) {
+		t.Helper()
+		out, errOut, code := certd(t, "compromise", "-keys", keys, "-version", "k1", "-since", since)
+		if code != 0 || errOut != "" || !strings.Contains(out, wantOut) {
+			t.Fatalf("compromise -since %s: exit %d, stdout %q, stderr %q; want exit 0 saying %q", since, code, out, errOut, wantOut)
+		}
+		out, _, _ = certd(t, "keys", "-keys", keys, "-json")
+		var rows []keyRow
+		if json.Unmarshal([]byte(out), &rows) != nil || len(rows) != 2 || rows[0].Status != "compromised" {
+			t.Fatalf("certd keys -json: %s", out)
+		}
+	}
+	since := func() string {
+		out, _, _ := certd(t, "keys", "-keys", keys, "-json")
+		var rows []keyRow
+		json.Unmarshal([]byte(out), &rows)
+		return rows[0].CompromisedSince
+	}
+	mark("2026-01-02T00:00:00Z", "k1 is marked compromised since 2026-01-02T00:00:00Z")
+	mark("2026-01-03T00:00:00Z", "k1 was already marked compromised since 2026-01-02T00:00:00Z, earlier than -since 2026-01-03T00:00:00Z: the mark stays")
+	if got := since(); got != "2026-01-02T00:00:00Z" {
+		t.Fatalf("a later -since moved the mark to %s", got)
+	}
+	mark("2026-01-01T00:00:00Z", "k1 is marked compromised since 2026-01-01T00:00:00Z")
+	if got := since(); got != "2026-01-01T00:00:00Z" {
+		t.Fatalf("an earlier -since left the mark at %s", got)
+	}
+}

@@ -272,6 +272,13 @@ func (s *Store) Rotate() (Key, error) {
 // then on. Marking the current key also retires it and rotates: a
 // compromised key never signs again. since may not lie in the future.
 //
+// A key already marked keeps the earlier of its mark and since: a mark only
+// ever moves earlier. Moving it later would trust again, without a word, the
+// receipts dated between the two instants, which whoever held the key may
+// have signed; so a later since changes nothing (Lookup then shows the mark
+// that stands, which is how certd compromise says so), and undoing a mark
+// set too early is not something a command should make easy.
+//
 // The mark is what matters in an emergency, so it is recorded even when
 // the new key cannot be created (a stray key file, a clock behind the
 // index: see addKey): the error is then a *ReplacementRefusedError, the
@@ -291,6 +298,15 @@ func (s *Store) MarkCompromised(version string, since time.Time) error {
 		}
 		if i < 0 {
 			return fmt.Errorf("marking key compromised: no key version %q in %s", version, s.dir)
+		}
+		if idx.Keys[i].CompromisedSince != "" {
+			marked, err := parseTime(idx.Keys[i].CompromisedSince, version, "compromised_since")
+			if err != nil {
+				return err
+			}
+			if !since.Before(marked) {
+				return nil // the earlier mark stands; see the doc comment
+			}
 		}
 		wasCurrent := idx.Keys[i].RetiredAt == "" && idx.Keys[i].CompromisedSince == "" && i == lastActive(idx.Keys)
 		idx.Keys[i].CompromisedSince = formatTime(since)

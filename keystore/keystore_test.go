@@ -159,6 +159,43 @@ func TestRotateOnEmptyDirectoryCreatesTheFirstKey(t *testing.T) {
 	}
 }
 
+// TestMarkCompromisedKeepsTheEarliestMark: marking a marked key again
+// moves its mark earlier, never later. A later mark would trust again the
+// receipts dated between the two instants, which a thief may have signed.
+func TestMarkCompromisedKeepsTheEarliestMark(t *testing.T) {
+	dir := t.TempDir()
+	c := newClock()
+	s := open(t, dir, c)
+	if _, err := s.Rotate(); err != nil {
+		t.Fatal(err)
+	}
+	c.Add(time.Hour)
+	first := c.Now().Add(-30 * time.Minute)
+	for _, step := range []struct {
+		desc  string
+		since time.Time
+		want  time.Time
+	}{
+		{"the first mark", first, first},
+		{"a later mark changes nothing", c.Now().Add(-time.Minute), first},
+		{"the same mark changes nothing", first, first},
+		{"an earlier mark moves it earlier", first.Add(-10 * time.Minute), first.Add(-10 * time.Minute)},
+	} {
+		if err := s.MarkCompromised("k1", step.since); err != nil {
+			t.Fatalf("%s: %v", step.desc, err)
+		}
+		for name, st := range map[string]*Store{"live": s, "reopened": open(t, dir, c)} {
+			k, ok := st.Lookup("k1")
+			if !ok || !k.CompromisedSince.Equal(step.want) {
+				t.Fatalf("%s: %s: compromised_since = %v (found %v); want %v", step.desc, name, k.CompromisedSince, ok, step.want)
+			}
+		}
+	}
+	if got := versions(s.List()); got != "k1:compromised,k2:current" {
+		t.Errorf("List = %s: marking k1 again must not rotate again", got)
+	}
+}
+
 func TestMarkCompromised(t *testing.T) {
 	for _, tc := range []struct {
 		desc       string
