@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/ed25519"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,6 +22,7 @@ import (
 	"time"
 
 	"github.com/aovhq/aov/internal/interop"
+	"github.com/aovhq/aov/receipt"
 )
 
 // The README's commands are run as written, so they cannot rot: every
@@ -527,4 +530,203 @@ func tailLines(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// TestReadmeReceiptByHandRefusesWhatThePackageRefuses runs the README's
+// by-hand receipt steps that read only receipt.json and card.json (every
+// receipt-by-hand block but fetching the card and recomputing the hashes
+// from request.json) on receipts and cards made to fool a reader, and
+// wants each one refused exactly when package receipt refuses it: the
+// README says those steps are what `aov receipt verify` does, so a receipt
+// they verify and the package refuses is a forgery a careful reader takes.
+func TestReadmeReceiptByHandRefusesWhatThePackageRefuses(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join(repoRoot, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks, err := readmeBlocks(string(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var script strings.Builder
+	script.WriteString("set -e\n")
+	steps := 0
+	for _, b := range blocks {
+		if b.group == "receipt-by-hand" && !strings.Contains(b.code, "curl ") && !strings.Contains(b.code, "request.json") {
+			script.WriteString(b.code)
+			steps++
+		}
+	}
+	if steps < 3 {
+		t.Fatalf("found %d by-hand steps that read only receipt.json and card.json", steps)
+	}
+	for _, tool := range []string{"jq", "xxd", "openssl", "base64", "node"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			interop.Missing(t, tool+" is not on PATH; the README's by-hand steps use it")
+		}
+	}
+	byHand := func(t *testing.T, receiptJSON, cardJSON []byte) (bool, string) {
+		dir := t.TempDir()
+		for name, b := range map[string][]byte{"receipt.json": receiptJSON, "card.json": cardJSON} {
+			if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		cmd := exec.Command("bash", "-c", script.String())
+		cmd.Dir = dir
+		out, err := cmd.CombinedOutput()
+		return err == nil && bytes.Contains(out, []byte("Signature Verified Successfully")), string(out)
+	}
+
+	seed := func(b byte) ed25519.PrivateKey {
+		return ed25519.NewKeyFromSeed(bytes.Repeat([]byte{b}, ed25519.SeedSize))
+	}
+	k1, k2 := seed(1), seed(2)
+	const at = "2026-11-29T21:22:28.123456+00:00"
+	// sign makes a receipt as verifierd does: the response, its attestation
+	// spliced in last. The task_id carries a U+FFFD for the surrogate case.
+	sign := func(t *testing.T, priv ed25519.PrivateKey, kv, at string) []byte {
+		resp := []byte(`{"summary":{"result":"fail","blocking_checks":["consistency:sum_equals"]},"result":"fail",` +
+			`"task_id":"invoice-` + "\uFFFD" + `","output_hash":"` + strings.Repeat("ab", 32) + `","verified_at":"` + at + `",` +
+			`"verify":{"public_key_url":"https://verifier.example/.well-known/agent-card.json","key_version":"` + kv + `"}}`)
+		att, err := receipt.Sign(priv, receipt.ContextVerify, kv, at, resp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, _ := json.Marshal(att)
+		return append(append(append(resp[:len(resp)-1:len(resp)-1], `,"attestation":`...), a...), '}')
+	}
+	type entry map[string]string
+	key := func(kv string, priv ed25519.PrivateKey, status string, times ...string) entry {
+		e := entry{"keyVersion": kv, "algorithm": "Ed25519", "publicKeyEncoding": "base64", "status": status,
+			"publicKey": base64.StdEncoding.EncodeToString(priv.Public().(ed25519.PublicKey))}
+		for i := 0; i+1 < len(times); i += 2 {
+			e[times[i]] = times[i+1]
+		}
+		return e
+	}
+	card := func(t *testing.T, keys ...entry) []byte {
+		b, err := json.Marshal(map[string]any{"name": "Agent Output Verifier", "capabilities": map[string]any{"extensions": []any{
+			map[string]any{"uri": "urn:example:other", "params": map[string]any{}},
+			map[string]any{"uri": receipt.ExtensionURI, "params": map[string]any{"publicKeys": keys, "currentKeyVersion": "k2"}},
+		}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	retiredK1 := key("k1", k1, "retired", "createdAt", "2026-01-01T00:00:00Z", "retiredAt", "2026-11-28T21:22:28Z")
+	currentK2 := key("k2", k2, "current", "createdAt", "2026-11-28T21:22:28Z")
+
+	for _, tc := range []struct {
+		desc          string
+		receipt, card func(t *testing.T) []byte
+		verifies      bool
+		refusal       string // what the by-hand steps say when they refuse
+	}{
+		{
+			desc:     "a genuine receipt verifies",
+			receipt:  func(t *testing.T) []byte { return sign(t, k2, "k2", at) },
+			card:     func(t *testing.T) []byte { return card(t, retiredK1, currentK2) },
+			verifies: true,
+		},
+		{
+			desc: "a duplicated member put before the genuine one is refused",
+			receipt: func(t *testing.T) []byte {
+				return append([]byte(`{"result":"pass","summary":{"result":"pass","blocking_checks":[]},`), sign(t, k2, "k2", at)[1:]...)
+			},
+			card:    func(t *testing.T) []byte { return card(t, retiredK1, currentK2) },
+			refusal: `receipt.json: refused: a member name twice in one object`,
+		},
+		{
+			desc: "a lone surrogate escape in place of the signed U+FFFD is refused",
+			receipt: func(t *testing.T) []byte {
+				return bytes.Replace(sign(t, k2, "k2", at), []byte("\uFFFD"), []byte(`\ud800`), 1)
+			},
+			card:    func(t *testing.T) []byte { return card(t, retiredK1, currentK2) },
+			refusal: `receipt.json: refused: a lone surrogate escape`,
+		},
+		{
+			desc:    "a receipt of a retired key dated a day after its retirement (a leaked backup) is refused",
+			receipt: func(t *testing.T) []byte { return sign(t, k1, "k1", at) },
+			card:    func(t *testing.T) []byte { return card(t, retiredK1, currentK2) },
+			refusal: `refused: the receipt is dated after its key was retired`,
+		},
+		{
+			desc:     "a receipt of a retired key dated 5 minutes after its retirement verifies",
+			receipt:  func(t *testing.T) []byte { return sign(t, k1, "k1", "2026-11-28T23:27:28+02:00") },
+			card:     func(t *testing.T) []byte { return card(t, retiredK1, currentK2) },
+			verifies: true,
+		},
+		{
+			desc:    "a receipt of a retired key dated a nanosecond past those 5 minutes is refused",
+			receipt: func(t *testing.T) []byte { return sign(t, k1, "k1", "2026-11-28T21:27:28.000000001Z") },
+			card:    func(t *testing.T) []byte { return card(t, retiredK1, currentK2) },
+			refusal: `refused: the receipt is dated after its key was retired`,
+		},
+		{
+			desc:    "a receipt dated more than 5 minutes before its key was created is refused",
+			receipt: func(t *testing.T) []byte { return sign(t, k2, "k2", "2026-11-28T21:17:27Z") },
+			card:    func(t *testing.T) []byte { return card(t, retiredK1, currentK2) },
+			refusal: `refused: the receipt is dated before its key was created`,
+		},
+		{
+			desc:    "a receipt of a key marked compromised with no compromisedSince is refused",
+			receipt: func(t *testing.T) []byte { return sign(t, k2, "k2", at) },
+			card: func(t *testing.T) []byte {
+				return card(t, retiredK1, key("k2", k2, "compromised", "createdAt", "2026-11-28T21:22:28Z"))
+			},
+			refusal: `refused: the key is marked compromised at the receipt's date`,
+		},
+		{
+			desc:    "a receipt dated at its key's compromisedSince is refused",
+			receipt: func(t *testing.T) []byte { return sign(t, k2, "k2", at) },
+			card: func(t *testing.T) []byte {
+				return card(t, retiredK1, key("k2", k2, "compromised", "createdAt", "2026-11-28T21:22:28Z", "compromisedSince", "2026-11-29T21:22:28.123456Z"))
+			},
+			refusal: `refused: the key is marked compromised at the receipt's date`,
+		},
+		{
+			desc:    "a receipt dated before its key's compromisedSince verifies",
+			receipt: func(t *testing.T) []byte { return sign(t, k2, "k2", at) },
+			card: func(t *testing.T) []byte {
+				return card(t, retiredK1, key("k2", k2, "compromised", "createdAt", "2026-11-28T21:22:28Z", "compromisedSince", "2026-11-29T21:22:28.123457Z"))
+			},
+			verifies: true,
+		},
+		{
+			desc:    "a card listing the key twice, once compromised, is refused",
+			receipt: func(t *testing.T) []byte { return sign(t, k2, "k2", at) },
+			card: func(t *testing.T) []byte {
+				return card(t, retiredK1, key("k2", k2, "compromised", "compromisedSince", "2026-01-02T00:00:00Z"), currentK2)
+			},
+			refusal: `refused: the card lists a key version twice`,
+		},
+		{
+			desc:    "a card whose key entry says status twice is refused",
+			receipt: func(t *testing.T) []byte { return sign(t, k2, "k2", at) },
+			card: func(t *testing.T) []byte {
+				return bytes.Replace(card(t, retiredK1, currentK2), []byte(`"status":"current"`), []byte(`"status":"compromised","status":"current"`), 1)
+			},
+			refusal: `card.json: refused: a member name twice in one object`,
+		},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			rec, c := tc.receipt(t), tc.card(t)
+			keys, pkgErr := receipt.KeysFromCard(c)
+			if pkgErr == nil {
+				pkgErr = receipt.VerifyReceipt(rec, keys, "")
+			}
+			if (pkgErr == nil) != tc.verifies {
+				t.Fatalf("package receipt: %v; the case wants verified=%v", pkgErr, tc.verifies)
+			}
+			ok, out := byHand(t, rec, c)
+			if ok != tc.verifies {
+				t.Fatalf("by hand verified=%v, package receipt says %v:\n%s", ok, pkgErr, out)
+			}
+			if !ok && !strings.Contains(out, tc.refusal) {
+				t.Fatalf("refused, but not by the step that should say %q:\n%s", tc.refusal, out)
+			}
+		})
+	}
 }
