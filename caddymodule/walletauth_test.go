@@ -710,6 +710,26 @@ func TestContractWalletThroughChainRPC(t *testing.T) {
 			}
 		})
 	}
+
+	// The identity precompile (0x…04) echoes its calldata, which begins
+	// with isValidSignature's selector, the EIP-1271 magic value. Nobody
+	// holds a key for it: a proof for it with a signature of zeros, here
+	// binding an agent_id, is refused, and the upstream hears of neither.
+	t.Run("the identity precompile cannot be claimed", func(t *testing.T) {
+		url := base + "/api/x"
+		e, err := walletauth.New(walletauth.Request{Method: "GET", URL: url, ChainID: "eip155:1337", AgentID: "victim-agent", Now: time.Now()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.Address = "0x0000000000000000000000000000000000000004"
+		e.Signature = "0x" + strings.Repeat("00", 65)
+		h, err := e.Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, hdr, body := walletCall(t, "GET", url, "", map[string]string{walletauth.HeaderName: h})
+		wantUnauthorized(t, st, hdr, body, "X-Wallet-Auth.signature")
+	})
 }
 
 // An upstream that is itself an x402 client (a seller's agent calling

@@ -113,3 +113,54 @@ func TestContractWalletSignsThroughEIP1271(t *testing.T) {
 		}
 	})
 }
+
+// TestPrecompileIsNotAContractWallet: the identity precompile (0x…04)
+// answers any call with its calldata, whose first four bytes are
+// isValidSignature's selector, which is also EIP-1271's magic value. Nobody
+// holds a key for it, so no proof, in either format, may establish it as
+// the caller's wallet: it has no code, and its answer is not the 32-byte
+// word a contract returning bytes4 gives.
+func TestPrecompileIsNotAContractWallet(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a devnet")
+	}
+	d, err := evmfacilitator.StartDevnet(evmfacilitator.DevnetConfig{RPCListen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatalf("starting devnet: %v", err)
+	}
+	t.Cleanup(func() { d.Close() })
+	rpc, err := ethclient.Dial(d.RPCURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rpc.Close)
+	const identity = "0x0000000000000000000000000000000000000004"
+	zeros := "0x" + strings.Repeat("00", 65) // recovers to no one
+
+	t.Run("X-Wallet-Auth", func(t *testing.T) {
+		e := envelope(t)
+		e.ChainID = "eip155:1337"
+		e.Nonce = NewNonce()
+		e.Address = identity
+		e.Signature = zeros
+		h, err := e.Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		v := &Verifier{Nonces: newDB(t).Claims(), Now: clock(t0.Add(time.Minute)), Chain: rpc}
+		p, err := v.Verify(context.Background(), h, want)
+		if !errors.Is(err, ErrBadSignature) {
+			t.Fatalf("error %v (proof %+v), want ErrBadSignature", err, p)
+		}
+	})
+	t.Run("SIGN-IN-WITH-X", func(t *testing.T) {
+		s := siwxProof(t, t0, func(s *SIWX) { s.ChainID = "eip155:1337" })
+		s.Address = identity
+		s.Signature = zeros
+		v := &Verifier{Nonces: newDB(t).Claims(), Now: clock(t0.Add(time.Minute)), Chain: rpc}
+		p, err := v.VerifySIWX(context.Background(), siwxHeader(t, s), siwxWant)
+		if !errors.Is(err, ErrBadSignature) {
+			t.Fatalf("error %v (proof %+v), want ErrBadSignature", err, p)
+		}
+	})
+}

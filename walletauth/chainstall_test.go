@@ -17,8 +17,9 @@ import (
 // stallingRPC is a fake JSON-RPC chain for the one fault a real chain
 // cannot be made to show on demand: an RPC that takes a request and never
 // answers. Methods in stall hang until the client gives up (or release is
-// closed); eth_chainId otherwise answers chainID and eth_call answers
-// "0x" (no contract: not a valid signature). It counts the calls it got
+// closed); eth_chainId otherwise answers chainID, eth_getCode some code
+// (so the check goes on to ask the contract) and eth_call "0x" (not
+// EIP-1271's answer: not a valid signature). It counts the calls it got
 // and the ones whose client hung up waiting.
 type stallingRPC struct {
 	*httptest.Server
@@ -82,8 +83,11 @@ func (s *stallingRPC) serve(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	result := `"0x"`
-	if req.Method == "eth_chainId" {
+	switch req.Method {
+	case "eth_chainId":
 		result = `"` + s.chainID + `"`
+	case "eth_getCode":
+		result = `"0x00"`
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(req.ID) + `,"result":` + result + `}`))
@@ -158,7 +162,7 @@ func wantOutage(t *testing.T, err error) {
 // gateway's 503) within ChainTimeout, and the connection is dropped, even
 // though the request's own context never ends.
 func TestChainCallsHaveADeadline(t *testing.T) {
-	for _, method := range []string{"eth_chainId", "eth_call"} {
+	for _, method := range []string{"eth_chainId", "eth_getCode", "eth_call"} {
 		t.Run(method, func(t *testing.T) {
 			rpc := newStallingRPC(t, "0x2105", method)
 			c, err := ethclient.Dial(rpc.URL)

@@ -23,6 +23,9 @@ import (
 // ethclient.Client or a simulated backend's client provides it.
 type Chain interface {
 	ethereum.ContractCaller
+	// CodeAt tells a contract wallet (which has code) from an address
+	// whose answer to any call proves nothing (an account, a precompile).
+	CodeAt(ctx context.Context, account common.Address, blockNumber *big.Int) ([]byte, error)
 	ChainID(ctx context.Context) (*big.Int, error)
 }
 
@@ -288,14 +291,20 @@ var erc1271, _ = abi.JSON(strings.NewReader(`[{"type":"function","name":"isValid
  "inputs":[{"name":"hash","type":"bytes32"},{"name":"signature","type":"bytes"}],
  "outputs":[{"name":"","type":"bytes4"}]}]`))
 
-// erc1271Magic is what isValidSignature returns for a valid signature.
-var erc1271Magic = [4]byte{0x16, 0x26, 0xba, 0x7e}
-
-// isValidSignature asks wallet whether sig is its signature over digest. A
-// revert, or an address without code, is a no; a failed call is an error.
+// isValidSignature asks wallet whether sig is its signature over digest. An
+// address without code (an account, or a precompile, whose answer can be
+// anything), a revert, or any answer but EIP-1271's exact one
+// (x402.ERC1271Accepts) is a no; a failed call is an error, never a yes.
 func isValidSignature(ctx context.Context, c Chain, wallet common.Address, digest [32]byte, sig []byte) (bool, error) {
 	data, err := erc1271.Pack("isValidSignature", digest, sig)
 	if err != nil {
+		return false, nil
+	}
+	code, err := c.CodeAt(ctx, wallet, nil)
+	if err != nil {
+		return false, fmt.Errorf("reading the wallet's code: %w", err)
+	}
+	if len(code) == 0 {
 		return false, nil
 	}
 	out, err := c.CallContract(ctx, ethereum.CallMsg{To: &wallet, Data: data}, nil)
@@ -306,7 +315,7 @@ func isValidSignature(ctx context.Context, c Chain, wallet common.Address, diges
 		}
 		return false, fmt.Errorf("calling isValidSignature: %w", err)
 	}
-	return len(out) >= 4 && [4]byte(out[:4]) == erc1271Magic, nil
+	return x402.ERC1271Accepts(out), nil
 }
 
 // nonceKey is the claim that makes a wallet's nonce single-use, the same

@@ -204,6 +204,22 @@ func RecoverAuthorizer(digest [32]byte, sig []byte) (common.Address, error) {
 	return crypto.PubkeyToAddress(*pub), nil
 }
 
+// ERC1271Accepts reports whether out, the answer of an EIP-1271
+// isValidSignature call, accepts the signature: exactly one ABI word, the
+// magic value 0x1626ba7e followed by 28 zero bytes, as a contract
+// returning bytes4 encodes it (OpenZeppelin SignatureChecker's rule).
+// Looking only at the first four bytes is not enough: the magic value is
+// also isValidSignature's own selector, so anything that echoes its
+// calldata (the identity precompile, a proxy's fallback) would "accept"
+// every signature. Callers also require code at the address: a contract
+// wallet has some, and a precompile has none.
+func ERC1271Accepts(out []byte) bool {
+	return len(out) == 32 && [4]byte(out[:4]) == erc1271Magic && [28]byte(out[4:]) == [28]byte{}
+}
+
+// erc1271Magic is isValidSignature's answer for a valid signature.
+var erc1271Magic = [4]byte{0x16, 0x26, 0xba, 0x7e}
+
 // ParseSignature decodes a 0x-prefixed hex signature. It accepts any length
 // of at least 65 bytes (smart-wallet signatures are longer) and at most 16
 // KiB.

@@ -283,3 +283,29 @@ func TestDomainSeparatorNeverPanics(t *testing.T) {
 		t.Fatal("a negative chain id was accepted for a digest")
 	}
 }
+
+// TestERC1271AcceptsOnlyTheExactWord: isValidSignature's yes is one ABI
+// word, the magic value and 28 zero bytes. Its first four bytes alone
+// are also the call's selector, so an address echoing its calldata (the
+// identity precompile) answers them for any signature.
+func TestERC1271AcceptsOnlyTheExactWord(t *testing.T) {
+	word := common.FromHex("0x1626ba7e00000000000000000000000000000000000000000000000000000000")
+	echo := common.FromHex("0x1626ba7e" + strings.Repeat("ab", 32) + strings.Repeat("00", 96))
+	for _, tc := range []struct {
+		desc string
+		out  []byte
+		want bool
+	}{
+		{"the ABI-encoded bytes4 magic value", word, true},
+		{"an echo of the calldata (selector first)", echo, false},
+		{"the magic value alone, unpadded", word[:4], false},
+		{"the word with a byte after it", append(append([]byte{}, word...), 0), false},
+		{"the magic value with a non-zero tail", append(append([]byte{}, word[:31]...), 1), false},
+		{"another value", common.FromHex("0xffffffff00000000000000000000000000000000000000000000000000000000"), false},
+		{"no answer", nil, false},
+	} {
+		if got := ERC1271Accepts(tc.out); got != tc.want {
+			t.Errorf("%s: ERC1271Accepts = %v, want %v", tc.desc, got, tc.want)
+		}
+	}
+}

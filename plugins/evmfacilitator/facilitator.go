@@ -615,6 +615,9 @@ func revertReason(msg, fallback string) string {
 	return fallback
 }
 
+// erc1271Valid asks wallet, which has code (checkSigner read it), whether
+// sig is its signature over digest: only EIP-1271's exact answer is a yes
+// (x402.ERC1271Accepts).
 func (f *Facilitator) erc1271Valid(ctx context.Context, wallet common.Address, digest [32]byte, sig []byte) (bool, error) {
 	data, err := erc1271ABI.Pack("isValidSignature", digest, sig)
 	if err != nil {
@@ -631,7 +634,7 @@ func (f *Facilitator) erc1271Valid(ctx context.Context, wallet common.Address, d
 		}
 		return false, err
 	}
-	return len(out) >= 4 && [4]byte(out[:4]) == erc1271Magic, nil
+	return x402.ERC1271Accepts(out), nil
 }
 
 // tokenDomain reads (and caches) the token's name() and version().

@@ -32,9 +32,6 @@ var erc1271ABI = mustABI(`[{"type":"function","name":"isValidSignature","stateMu
  "inputs":[{"name":"hash","type":"bytes32"},{"name":"signature","type":"bytes"}],
  "outputs":[{"name":"","type":"bytes4"}]}]`)
 
-// erc1271Magic is what isValidSignature returns for a valid signature.
-var erc1271Magic = [4]byte{0x16, 0x26, 0xba, 0x7e}
-
 // transferEventID is the topic of ERC-20 Transfer(address,address,uint256).
 var transferEventID = tokenABI.Events["Transfer"].ID
 
