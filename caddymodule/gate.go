@@ -49,21 +49,50 @@ const (
 	HeaderUpstreamAnswerBy = "X-Aov-Answer-By"
 )
 
-// upstreamHeaders are the headers the gate tells the upstream, all of them
-// (HeaderUpstreamSettlement is in pending.go): the one list of what
-// clearUpstreamHeaders removes from a client's request, so that a header
-// added to what the gate sets is never one a client can also send. The
-// gate must not rely on a site-wide strip of X-Aov-* in the Caddyfile.
-var upstreamHeaders = []string{
-	HeaderUpstreamPayment, HeaderUpstreamPayer, HeaderUpstreamNetwork,
-	HeaderUpstreamAnswerBy, HeaderUpstreamSettlement,
-}
+// The headers the gateway tells the upstream, all of them, in two lists by
+// who sets them: the one place that says which headers are the gateway's,
+// so that a header added to what it sets is never one a client can also
+// send. The gateway must not rely on a site-wide strip of X-Aov-* in the
+// Caddyfile: verifierd believes every one of them (with the gateway token
+// the proxy adds), and a route may lack the strip.
+var (
+	// upstreamHeaders are the gate's (HeaderUpstreamSettlement is in
+	// pending.go).
+	upstreamHeaders = []string{
+		HeaderUpstreamPayment, HeaderUpstreamPayer, HeaderUpstreamNetwork,
+		HeaderUpstreamAnswerBy, HeaderUpstreamSettlement,
+	}
+	// walletHeaders are wallet_auth's (walletauth.go): the proven wallet
+	// and the agent_id it binds.
+	walletHeaders = []string{HeaderUpstreamWallet, HeaderUpstreamWalletAgent}
+)
 
 // clearUpstreamHeaders removes every client copy of the headers the gate
 // tells the upstream.
 func clearUpstreamHeaders(h http.Header) {
 	for _, k := range upstreamHeaders {
 		h.Del(k)
+	}
+}
+
+// clearWalletHeaders removes every copy of the headers wallet_auth tells
+// the upstream.
+func clearWalletHeaders(h http.Header) {
+	for _, k := range walletHeaders {
+		h.Del(k)
+	}
+}
+
+// clearClientHeaders removes from a request every client copy of the
+// headers the gateway tells the upstream: the gate's, and wallet_auth's
+// unless wallet_auth set them on this request (varWalletProven). Without
+// it a gated route with no wallet_auth would pass a client's own
+// X-Aov-Wallet and X-Aov-Wallet-Agent on, and verifierd would bind and
+// authenticate any agent_id for any wallet the client names.
+func clearClientHeaders(r *http.Request) {
+	clearUpstreamHeaders(r.Header)
+	if caddyhttp.GetVar(r.Context(), varWalletProven) == nil {
+		clearWalletHeaders(r.Header)
 	}
 }
 
@@ -681,7 +710,7 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	// MCP tool) must keep what an earlier one set.
 	if caddyhttp.GetVar(r.Context(), varGated) == nil {
 		caddyhttp.SetVar(r.Context(), varGated, true)
-		clearUpstreamHeaders(r.Header)
+		clearClientHeaders(r)
 	}
 	if isPreflight(r) {
 		if g.MCPTool != "" {

@@ -120,6 +120,8 @@ func newUpstream(t *testing.T) *upstream {
 			"network":           r.Header.Get(HeaderUpstreamNetwork),
 			"answer_by":         r.Header.Get(HeaderUpstreamAnswerBy),
 			"settlement":        r.Header.Get(HeaderUpstreamSettlement),
+			"wallet":            r.Header.Get(HeaderUpstreamWallet),
+			"wallet_agent":      r.Header.Get(HeaderUpstreamWalletAgent),
 			"payment_signature": r.Header.Get(x402.HeaderPaymentSignature),
 			"body_bytes":        len(body),
 		})
@@ -1040,20 +1042,23 @@ func TestUpstreamIsToldWhenTheGateStopsWaiting(t *testing.T) {
 	}
 }
 
-// The gate removes a client's copy of every header it tells the upstream,
-// on every path (a free call, a paid call in settle before mode, which
-// sets no X-Aov-Settlement), without relying on a site-wide strip of
-// X-Aov-* (gateSite has none). A preflight never reaches the upstream
-// (TestOnlyAPreflightIsAnsweredUnpaid).
+// The gate removes a client's copy of every header the gateway tells the
+// upstream, on every path (a free call, a paid call in settle before mode,
+// which sets no X-Aov-Settlement), without relying on a site-wide strip of
+// X-Aov-* (gateSite has none). That includes wallet_auth's X-Aov-Wallet and
+// X-Aov-Wallet-Agent on a route without wallet_auth: verifierd would bind
+// and authenticate any agent_id for the wallet a client names in them. A
+// preflight never reaches the upstream (TestOnlyAPreflightIsAnsweredUnpaid).
 func TestGateClearsEveryUpstreamHeaderItOwns(t *testing.T) {
 	_, fac := sharedDevnet(t)
 	up := newUpstream(t)
 	base := startCaddy(t, gateSite(up.URL, fac, 5, "settle before"))
 	url := base + "/verify/schema"
 	forged := map[string]string{HeaderUpstreamPayment: "paid", HeaderUpstreamPayer: "0xforged",
-		HeaderUpstreamNetwork: "eip155:1", HeaderUpstreamAnswerBy: "1", HeaderUpstreamSettlement: "pending"}
-	if len(forged) != len(upstreamHeaders) {
-		t.Fatalf("the test forges %d headers, the gate owns %d", len(forged), len(upstreamHeaders))
+		HeaderUpstreamNetwork: "eip155:1", HeaderUpstreamAnswerBy: "1", HeaderUpstreamSettlement: "pending",
+		HeaderUpstreamWallet: "0x2222222222222222222222222222222222222222", HeaderUpstreamWalletAgent: "victim-agent"}
+	if owned := len(upstreamHeaders) + len(walletHeaders); len(forged) != owned {
+		t.Fatalf("the test forges %d headers, the gateway owns %d", len(forged), owned)
 	}
 	with := func(extra map[string]string) map[string]string {
 		h := maps.Clone(forged)
@@ -1062,7 +1067,8 @@ func TestGateClearsEveryUpstreamHeaderItOwns(t *testing.T) {
 	}
 	check := func(desc string, m map[string]any, payment string) {
 		t.Helper()
-		if m["payment"] != payment || m["payer"] == "0xforged" || m["network"] == "eip155:1" || m["answer_by"] == "1" || m["settlement"] != "" {
+		if m["payment"] != payment || m["payer"] == "0xforged" || m["network"] == "eip155:1" || m["answer_by"] == "1" || m["settlement"] != "" ||
+			m["wallet"] != "" || m["wallet_agent"] != "" {
 			t.Errorf("%s: the upstream was told %v", desc, m)
 		}
 	}

@@ -242,8 +242,7 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 	}
 	defer wa.uses.Leave()
 	h := r.Header
-	h.Del(HeaderUpstreamWallet)
-	h.Del(HeaderUpstreamWalletAgent)
+	clearWalletHeaders(h)
 	auth, siwx := h.Values(walletauth.HeaderName), h.Values(walletauth.SIWXHeaderName)
 	h.Del(walletauth.HeaderName)
 	h.Del(walletauth.SIWXHeaderName)
@@ -331,6 +330,7 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 		if proof.AgentID != "" {
 			h.Set(HeaderUpstreamWalletAgent, proof.AgentID)
 		}
+		caddyhttp.SetVar(ctx, varWalletProven, true)
 		if ce := wa.logger.Check(zapcore.DebugLevel, "wallet verified"); ce != nil {
 			ce.Write(zap.String("address", addr), zap.Bool("contract", proof.Contract), zap.Bool("paid_access", paidAccess))
 		}
@@ -345,6 +345,12 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 	}
 	return next.ServeHTTP(w, r)
 }
+
+// varWalletProven marks a request whose X-Aov-Wallet (and
+// X-Aov-Wallet-Agent) wallet_auth set from a proof it verified: the gate
+// keeps those, and removes them from any other request
+// (clearClientHeaders). Only wallet_auth sets it.
+const varWalletProven = "aov.wallet_auth.proven"
 
 // varSettled holds a *settledSlot while wallet_auth waits to hear of the
 // request's payment (recordPayments).

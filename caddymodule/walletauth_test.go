@@ -302,6 +302,7 @@ func TestWalletAuthLimitsAtLoad(t *testing.T) {
 // TestFreeAllowancePerWallet: with wallet_auth before the gate and the
 // allowance keyed by wallet, each wallet has its own free calls, and a
 // request without a wallet gets none (all test requests come from one IP).
+// The upstream hears the wallet (and agent_id) wallet_auth proved.
 func TestFreeAllowancePerWallet(t *testing.T) {
 	_, fac := sharedDevnet(t)
 	up := walletUpstream(t)
@@ -348,8 +349,10 @@ func TestFreeAllowancePerWallet(t *testing.T) {
 				t.Errorf("free_trial %v", ft)
 			}
 		}},
-		{"wallet 2 has its own free call", auth(2), 200, func(hdr http.Header, m map[string]any) {
-			if m["payment"] != "free" || m["wallet"] != walletAddr(2) {
+		// The gate keeps what wallet_auth set, the agent_id bind included.
+		{"wallet 2 has its own free call", map[string]string{walletauth.HeaderName: walletProof(t, walletKey(2), "POST", url,
+			func(r *walletauth.Request) { r.AgentID = "seller-7" })}, 200, func(hdr http.Header, m map[string]any) {
+			if m["payment"] != "free" || m["wallet"] != walletAddr(2) || m["agent"] != "seller-7" {
 				t.Errorf("upstream %v", m)
 			}
 		}},
