@@ -15,6 +15,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/internal/base58"
 	"github.com/aovhq/aov/store"
 )
 
@@ -175,11 +176,16 @@ func cleanValue(v string) string {
 //
 //   - An account id belongs to its address: a bare EVM address
 //     (0x + 40 hex digits, compared without regard to case), or a CAIP-10
-//     account id namespace:reference:address (eip155:8453:0xabc…,
-//     solana:5eykt4…:7xKX…), whose address part is compared like a wallet
-//     (EVM without regard to case, others exactly) and whose chain part
-//     is not: one key controls its address on every chain. Nothing is
-//     recorded for it; no other wallet can ever own it.
+//     account id of a namespace whose wallets can prove themselves, with
+//     a valid address of that namespace: eip155:<chain>:<0x + 40 hex>
+//     (compared without regard to case), solana:<chain>:<canonical base58
+//     of 32 bytes> (compared exactly). Its chain part is not compared: one
+//     key controls its address on every chain. Nothing is recorded for it;
+//     no other wallet can ever own it. An id merely shaped like CAIP-10
+//     ("acme:invoice:v1", another namespace, an eip155 or solana id whose
+//     last part is no address) is an ordinary name: read as an account, it
+//     would belong to an address no wallet can prove, and nobody could
+//     ever bind it or be authenticated for it.
 //   - Any other id belongs to the first wallet whose proof named it on a
 //     verification call, recorded durably (store.Owners) and never
 //     changed. Reserved test- ids are never bound (anyone may use the
@@ -195,7 +201,7 @@ func cleanValue(v string) string {
 var caip10RE = regexp.MustCompile(`^[-a-z0-9]{3,8}:[-_a-zA-Z0-9]{1,32}:[-.%a-zA-Z0-9]{1,128}$`)
 
 // accountAddress returns the address an account id names, and false for
-// any other id.
+// any other id (see Who owns an agent_id).
 func accountAddress(agentID string) (string, bool) {
 	if isEVMAddress(agentID) {
 		return agentID, true
@@ -203,11 +209,22 @@ func accountAddress(agentID string) (string, bool) {
 	if !caip10RE.MatchString(agentID) {
 		return "", false
 	}
+	namespace, _, _ := strings.Cut(agentID, ":")
 	addr := agentID[strings.LastIndexByte(agentID, ':')+1:]
-	if strings.HasPrefix(agentID, "eip155:") && !isEVMAddress(addr) {
-		return "", false
+	switch {
+	case namespace == "eip155" && isEVMAddress(addr),
+		namespace == "solana" && isSolanaAddress(addr):
+		return addr, true
 	}
-	return addr, true
+	return "", false
+}
+
+// isSolanaAddress reports whether s is a Solana account as wallets write
+// it: the canonical base58 spelling of 32 bytes, the only one a Solana
+// wallet proof (X-Aov-Wallet) can carry.
+func isSolanaAddress(s string) bool {
+	b, err := base58.Decode(s)
+	return err == nil && len(b) == 32 && base58.Encode(b) == s
 }
 
 func isEVMAddress(s string) bool {

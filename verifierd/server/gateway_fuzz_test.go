@@ -3,6 +3,8 @@ package server
 import (
 	"strings"
 	"testing"
+
+	"github.com/aovhq/aov/internal/base58"
 )
 
 // FuzzAccountAddress: an agent id read as an account id names exactly the
@@ -13,6 +15,8 @@ func FuzzAccountAddress(f *testing.F) {
 		"0x2222222222222222222222222222222222222222", "0X2222222222222222222222222222222222222222",
 		"eip155:8453:0xAbCdEf0123456789aBcDeF0123456789AbCdEf01", "eip155:8453:0x12", "solana:5eykt4UsFv8P8NJdTREpY1vzqKqZKvdp:7xKXtg2CW87d97TXJSDpbD5jBkheTqA83TZRuJosgAsU",
 		"seller-7", "my-agent:0x2222222222222222222222222222222222222222", "eip155::0x2222222222222222222222222222222222222222", "a:b:c", "EIP155:1:0x2222222222222222222222222222222222222222", "",
+		"acme:invoice:v1", "team:billing:0x2222222222222222222222222222222222222222", "solana:5eykt4UsFv8P8NJdTREpY1vzqKqZKvdp:v1",
+		"solana:5eykt4UsFv8P8NJdTREpY1vzqKqZKvdp:17xKXtg2CW87d97TXJSDpbD5jBkheTqA83TZRuJosgAsU",
 	} {
 		f.Add(s)
 	}
@@ -30,8 +34,16 @@ func FuzzAccountAddress(f *testing.F) {
 		if id != addr && strings.Count(id, ":") != 2 {
 			t.Fatalf("%q: a CAIP-10 id has exactly three parts", id)
 		}
+		if id != addr && !strings.HasPrefix(id, "eip155:") && !strings.HasPrefix(id, "solana:") {
+			t.Fatalf("%q: an account id of a namespace no wallet proof can come from", id)
+		}
 		if strings.HasPrefix(id, "eip155:") && !isEVMAddress(addr) {
 			t.Fatalf("%q: an eip155 account whose address is not EVM", id)
+		}
+		if strings.HasPrefix(id, "solana:") {
+			if b, err := base58.Decode(addr); err != nil || len(b) != 32 || base58.Encode(b) != addr {
+				t.Fatalf("%q: a solana account whose address is not canonical base58 of 32 bytes", id)
+			}
 		}
 		if !sameWallet(addr, addr) || sameWallet(addr, addr+"0") || sameWallet(addr, "") {
 			t.Fatalf("%q: sameWallet is not exact on %q", id, addr)
