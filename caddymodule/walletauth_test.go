@@ -15,10 +15,13 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/ethereum/go-ethereum/accounts"
 	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/crypto"
 
 	"github.com/aovhq/aov/internal/interop"
@@ -296,6 +299,44 @@ func TestWalletAuthLimitsAtLoad(t *testing.T) {
 			err := loadError(t, fmt.Sprintf(":0 {\n\twallet_auth {\n\t\t%s\n\t\tdomains example.com\n\t\tstore badger %s\n\t}\n\trespond ok\n}\n", tc.opts, t.TempDir()))
 			wantErr(t, err, tc.want)
 		})
+	}
+}
+
+// TestSignedAgentIDWithSpacedEndsIsRefused: a proof whose agent_id begins
+// or ends with a space would reach verifierd trimmed (HTTP trims header
+// values), binding an id the wallet never signed. Such a proof, signed
+// over exactly its text as a wallet would, is refused with 401 naming
+// X-Wallet-Auth.agent_id, and the upstream hears nothing.
+func TestSignedAgentIDWithSpacedEndsIsRefused(t *testing.T) {
+	var upstreamCalls atomic.Int32
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { upstreamCalls.Add(1) }))
+	t.Cleanup(up.Close)
+	base := startCaddy(t, walletSite(up.URL, "required", ""))
+	url := base + "/api/x"
+	for _, signed := range []string{" seller-7 ", "seller-7 ", " seller-7"} {
+		e, err := walletauth.New(walletauth.Request{Method: "GET", URL: url, AgentID: signed})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// walletauth's own signer refuses such an id: sign the text as
+		// any other client could.
+		key := walletKey(1)
+		e.Address = crypto.PubkeyToAddress(key.PublicKey).Hex()
+		sig, err := crypto.Sign(accounts.TextHash([]byte(e.Message())), key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sig[64] += 27
+		e.Signature = hexutil.Encode(sig)
+		h, err := e.Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, hdr, body := walletCall(t, "GET", url, "", map[string]string{walletauth.HeaderName: h})
+		wantUnauthorized(t, st, hdr, body, "X-Wallet-Auth.agent_id")
+	}
+	if n := upstreamCalls.Load(); n != 0 {
+		t.Errorf("the upstream was called %d times", n)
 	}
 }
 

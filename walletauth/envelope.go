@@ -238,6 +238,11 @@ func (e *Envelope) check() error {
 		if !utf8.ValidString(e.AgentID) || utf8.RuneCountInString(e.AgentID) > MaxAgentIDChars || !printable(e.AgentID) {
 			return malformed(h, "agent_id", fmt.Sprintf("is not 1 to %d printable characters", MaxAgentIDChars), "Use the agent_id your verification requests carry.")
 		}
+		// The id travels on in a header (X-Aov-Wallet-Agent), whose ends
+		// HTTP trims: verifierd would bind an id the wallet never signed.
+		if strings.TrimSpace(e.AgentID) != e.AgentID {
+			return malformed(h, "agent_id", "begins or ends with a space", "Remove the spaces around the agent_id, and send it the same way in your verification requests.")
+		}
 	}
 	if solana {
 		return nil // type and signature checked with the address

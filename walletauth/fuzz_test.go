@@ -3,6 +3,7 @@ package walletauth
 import (
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -23,6 +24,12 @@ func FuzzParseWalletAuth(f *testing.F) {
 	f.Add(base64.StdEncoding.EncodeToString([]byte(`[1,2,3]`)))       // array
 	f.Add(base64.StdEncoding.EncodeToString([]byte("{\"statement\":\"\xff\"}")))
 	f.Add("!!!!")
+	var m map[string]any
+	raw, _ := base64.StdEncoding.DecodeString(good)
+	json.Unmarshal(raw, &m)
+	m["agent_id"] = " seller-7 " // an end HTTP would trim
+	spaced, _ := json.Marshal(m)
+	f.Add(base64.StdEncoding.EncodeToString(spaced))
 	v := &Verifier{Now: func() time.Time { return time.Unix(1_800_000_060, 0) }}
 	f.Fuzz(func(t *testing.T, h string) {
 		e, err := Parse(h)
@@ -31,6 +38,9 @@ func FuzzParseWalletAuth(f *testing.F) {
 				t.Fatalf("refusal %T is not *Error", err)
 			}
 			return
+		}
+		if id := strings.TrimSpace(e.AgentID); id != e.AgentID {
+			t.Fatalf("accepted agent_id %q with space at an end: HTTP trims it to %q on the way upstream", e.AgentID, id)
 		}
 		again, err := e.Encode()
 		if err != nil {

@@ -230,6 +230,17 @@ func TestRefusals(t *testing.T) {
 		{desc: "an agent_id over 200 characters is refused", header: func(t *testing.T) string {
 			return encodeRaw(t, func(m map[string]any) { m["agent_id"] = strings.Repeat("a", 201) })
 		}, kind: ErrMalformed, field: "agent_id"},
+		// HTTP trims a header value's ends on the way to verifierd
+		// (X-Aov-Wallet-Agent): the id bound would not be the one signed.
+		{desc: "an agent_id with a leading space is refused", header: func(t *testing.T) string {
+			return encodeRaw(t, func(m map[string]any) { m["agent_id"] = " seller-7" })
+		}, kind: ErrMalformed, field: "agent_id"},
+		{desc: "an agent_id with a trailing space is refused", header: func(t *testing.T) string {
+			return encodeRaw(t, func(m map[string]any) { m["agent_id"] = "seller-7 " })
+		}, kind: ErrMalformed, field: "agent_id"},
+		{desc: "an agent_id ending in another kind of space is refused", header: func(t *testing.T) string {
+			return encodeRaw(t, func(m map[string]any) { m["agent_id"] = "seller-7 " })
+		}, kind: ErrMalformed, field: "agent_id"},
 		{desc: "a missing member is refused", header: func(t *testing.T) string {
 			return encodeRaw(t, func(m map[string]any) { delete(m, "nonce") })
 		}, kind: ErrMalformed, field: "nonce"},
