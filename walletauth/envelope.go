@@ -241,7 +241,7 @@ func (e *Envelope) check() error {
 		// The id travels on in a header (X-Aov-Wallet-Agent), whose ends
 		// HTTP trims: verifierd would bind an id the wallet never signed.
 		if strings.TrimSpace(e.AgentID) != e.AgentID {
-			return malformed(h, "agent_id", "begins or ends with a space", "Remove the spaces around the agent_id, and send it the same way in your verification requests.")
+			return malformed(h, "agent_id", "begins or ends with whitespace", "Remove the whitespace around the agent_id, and send it the same way in your verification requests.")
 		}
 	}
 	if solana {
