@@ -205,16 +205,20 @@ func RecoverAuthorizer(digest [32]byte, sig []byte) (common.Address, error) {
 }
 
 // ERC1271Accepts reports whether out, the answer of an EIP-1271
-// isValidSignature call, accepts the signature: exactly one ABI word, the
+// isValidSignature call, accepts the signature: its first ABI word is the
 // magic value 0x1626ba7e followed by 28 zero bytes, as a contract
-// returning bytes4 encodes it (OpenZeppelin SignatureChecker's rule).
-// Looking only at the first four bytes is not enough: the magic value is
-// also isValidSignature's own selector, so anything that echoes its
-// calldata (the identity precompile, a proxy's fallback) would "accept"
-// every signature. Callers also require code at the address: a contract
-// wallet has some, and a precompile has none.
+// returning bytes4 encodes it. Return data after that word is ignored, as
+// OpenZeppelin's SignatureChecker and the token's own check
+// (ret.length >= 32) ignore it, so a wallet the token accepts is accepted
+// here too. Looking only at the first four bytes is not enough: the magic
+// value is also isValidSignature's own selector, so anything that echoes
+// its calldata (the identity precompile, a proxy's fallback) would
+// "accept" every signature; an echo's first word is the selector followed
+// by the hash, never by 28 zero bytes unless the hash starts with them.
+// Callers also require code at the address: a contract wallet has some,
+// and a precompile has none.
 func ERC1271Accepts(out []byte) bool {
-	return len(out) == 32 && [4]byte(out[:4]) == erc1271Magic && [28]byte(out[4:]) == [28]byte{}
+	return len(out) >= 32 && [4]byte(out[:4]) == erc1271Magic && [28]byte(out[4:32]) == [28]byte{}
 }
 
 // erc1271Magic is isValidSignature's answer for a valid signature.

@@ -176,16 +176,18 @@ func cleanValue(v string) string {
 //
 //   - An account id belongs to its address: a bare EVM address
 //     (0x + 40 hex digits, compared without regard to case), or a CAIP-10
-//     account id of a namespace whose wallets can prove themselves, with
-//     a valid address of that namespace: eip155:<chain>:<0x + 40 hex>
-//     (compared without regard to case), solana:<chain>:<canonical base58
-//     of 32 bytes> (compared exactly). Its chain part is not compared: one
-//     key controls its address on every chain. Nothing is recorded for it;
-//     no other wallet can ever own it. An id merely shaped like CAIP-10
-//     ("acme:invoice:v1", another namespace, an eip155 or solana id whose
-//     last part is no address) is an ordinary name: read as an account, it
-//     would belong to an address no wallet can prove, and nobody could
-//     ever bind it or be authenticated for it.
+//     account id whose last part is an address a wallet proof can carry:
+//     0x + 40 hex (compared without regard to case) or the canonical
+//     base58 of 32 bytes (compared exactly); an eip155 id must end in the
+//     first kind, a solana id in the second. Its namespace and chain are
+//     not compared: one key controls its address on every chain, and ids
+//     of other namespaces ending in an address (team:billing:0x…) were
+//     always their address's, so their owners keep them. Nothing is
+//     recorded for it; no other wallet can ever own it. An id merely
+//     shaped like CAIP-10 whose last part is no address ("acme:invoice:v1",
+//     an eip155 id ending in base58) is an ordinary name: read as an
+//     account, it would belong to an address no wallet can prove, and
+//     nobody could ever bind it or be authenticated for it.
 //   - Any other id belongs to the first wallet whose proof named it on a
 //     verification call, recorded durably (store.Owners) and never
 //     changed. Reserved test- ids are never bound (anyone may use the
@@ -211,9 +213,14 @@ func accountAddress(agentID string) (string, bool) {
 	}
 	namespace, _, _ := strings.Cut(agentID, ":")
 	addr := agentID[strings.LastIndexByte(agentID, ':')+1:]
-	switch {
-	case namespace == "eip155" && isEVMAddress(addr),
-		namespace == "solana" && isSolanaAddress(addr):
+	evm, sol := isEVMAddress(addr), isSolanaAddress(addr)
+	switch namespace {
+	case "eip155":
+		sol = false
+	case "solana":
+		evm = false
+	}
+	if evm || sol {
 		return addr, true
 	}
 	return "", false

@@ -34,8 +34,8 @@ func FuzzAccountAddress(f *testing.F) {
 		if id != addr && strings.Count(id, ":") != 2 {
 			t.Fatalf("%q: a CAIP-10 id has exactly three parts", id)
 		}
-		if id != addr && !strings.HasPrefix(id, "eip155:") && !strings.HasPrefix(id, "solana:") {
-			t.Fatalf("%q: an account id of a namespace no wallet proof can come from", id)
+		if b, err := base58.Decode(addr); !isEVMAddress(addr) && (err != nil || len(b) != 32 || base58.Encode(b) != addr) {
+			t.Fatalf("%q: an account whose address no wallet proof can carry", id)
 		}
 		if strings.HasPrefix(id, "eip155:") && !isEVMAddress(addr) {
 			t.Fatalf("%q: an eip155 account whose address is not EVM", id)
