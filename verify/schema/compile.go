@@ -166,17 +166,19 @@ func compile(tree any, opts compileOptions) (*Schema, error) {
 	if maxPattern <= 0 {
 		maxPattern = DefaultMaxPatternSize
 	}
-	var patterns int // instructions of every pattern compiled
-	c.UseRegexpEngine(regexpEngine(maxPattern, &patterns))
+	engine := newRegexpEngine(maxPattern)
+	c.UseRegexpEngine(engine.compile)
 	if err := c.AddResource(baseURL, tree); err != nil {
-		return nil, translate(err, tree, maxPattern, patterns)
+		return nil, translate(err, tree, engine)
 	}
 	sch, err := c.Compile(baseURL)
 	if err != nil {
-		return nil, translate(err, tree, maxPattern, patterns)
+		return nil, translate(err, tree, engine)
 	}
+	// From here the schema is shared, and the engine is its format check.
+	engine.frozen = true
 	nums, ints, n := precompute(sch)
-	return &Schema{sch: sch, nums: nums, ints: ints, bytes: int64(n)*bytesPerSchema + int64(patterns)*bytesPerInstruction, maxPattern: maxPattern}, nil
+	return &Schema{sch: sch, nums: nums, ints: ints, bytes: int64(n)*bytesPerSchema + engine.bytes(), maxPattern: maxPattern}, nil
 }
 
 // dialects are the $schema values accepted, without scheme and trailing '#'.
@@ -288,9 +290,9 @@ func findRef(refs []ref, url string, fragment bool) (ref, bool) {
 const inlineFix = `Inline the referenced schema under "$defs" and point "$ref" at it, for example "#/$defs/address"; schemas outside the request are never fetched.`
 
 // translate maps a compiler error to request fields. The compiler's messages
-// quote schema content, so none of their text is reused. patterns is the
-// instructions of the patterns compiled before it failed (regexpEngine).
-func translate(err error, tree any, maxPattern, patterns int) error {
+// quote schema content, so none of their text is reused. engine holds the
+// verdicts on the patterns the compile asked for.
+func translate(err error, tree any, engine *regexpEngine) error {
 	refs := scanRefs(tree, "", nil)
 	sort.Slice(refs, func(i, j int) bool { return refs[i].ptr < refs[j].ptr })
 	ce := &CompileError{cause: err}
@@ -319,7 +321,8 @@ func translate(err error, tree any, maxPattern, patterns int) error {
 			metaFields(verr, "", seen, func(ptr, problem, fix string) {
 				// The metaschema's format "regex" refuses a pattern too
 				// large to evaluate just as one that does not parse; say
-				// which.
+				// which, from the engine's verdict (never parsing the
+				// pattern again).
 				if problem == problemInvalidRegex {
 					// A pattern is a value (pattern) or a member name
 					// (patternProperties, checked by propertyNames).
@@ -327,10 +330,8 @@ func translate(err error, tree any, maxPattern, patterns int) error {
 					if !ok {
 						pat, ok = unescapePtr(ptr[strings.LastIndexByte(ptr, '/')+1:]), ptr != ""
 					}
-					if size, err := patternSize(pat); ok && err == nil && size > maxPattern {
-						problem, fix = tooLargeProblem(size, maxPattern), tooLargeFix
-					} else if ok && err == nil && patterns+size > MaxPatternsSize {
-						problem, fix = patternsTooLargeProblem(patterns+size), patternsTooLargeFix
+					if ok {
+						problem, fix = regexProblem(engine.refusal(pat))
 					}
 				}
 				add(ptr, problem, fix)
@@ -375,16 +376,8 @@ func translate(err error, tree any, maxPattern, patterns int) error {
 			add("", "has a $ref that points at a location that does not exist in the schema", fix)
 		}
 	case errors.As(err, &regex):
-		var big *PatternTooLargeError
-		var all *PatternsTooLargeError
-		switch {
-		case errors.As(regex.Err, &big):
-			add(urlPointer(regex.URL), tooLargeProblem(big.Size, big.Max), tooLargeFix)
-		case errors.As(regex.Err, &all):
-			add(urlPointer(regex.URL), patternsTooLargeProblem(all.Size), patternsTooLargeFix)
-		default:
-			add(urlPointer(regex.URL), problemInvalidRegex, "Use a regular expression in RE2 syntax (no lookaround, no backreferences).")
-		}
+		problem, fix := regexProblem(regex.Err)
+		add(urlPointer(regex.URL), problem, fix)
 	case errors.As(err, &dupID):
 		add(dupID.Ptr2, "repeats an $id used elsewhere in the same schema", "Give every embedded schema resource a distinct $id.")
 	case errors.As(err, &dupAnc):
@@ -397,8 +390,26 @@ func translate(err error, tree any, maxPattern, patterns int) error {
 	return ce
 }
 
+// regexProblem describes the refusal of a pattern.
+func regexProblem(err error) (problem, fix string) {
+	var big *PatternTooLargeError
+	var classes *ClassesTooLargeError
+	var all *PatternsTooLargeError
+	switch {
+	case errors.As(err, &big):
+		return tooLargeProblem(big.Size, big.Max), tooLargeFix
+	case errors.As(err, &classes):
+		return classesTooLargeProblem(classes.Ranges, classes.Max), classesTooLargeFix
+	case errors.As(err, &all):
+		return patternsTooLargeProblem(all.Size), patternsTooLargeFix
+	}
+	return problemInvalidRegex, invalidRegexFix
+}
+
 const (
 	problemInvalidRegex = "is not a valid regular expression"
+	invalidRegexFix     = "Use a regular expression in RE2 syntax (no lookaround, no backreferences)."
+	classesTooLargeFix  = "Use fewer character classes: each Unicode class such as \\pL or \\p{Greek} is a table of up to hundreds of ranges, so write one class with a repetition ([\\p{L} ]{1,64}) instead of many."
 	tooLargeFix         = "Use a smaller pattern: large repetition counts such as {1000} are expanded, so write fewer and smaller ones, or check the length with minLength/maxLength instead."
 )
 
@@ -406,6 +417,10 @@ const patternsTooLargeFix = "Use fewer and smaller patterns (one pattern written
 
 func patternsTooLargeProblem(size int) string {
 	return fmt.Sprintf("brings the schema's regular expressions to about %d instructions, more than the limit of %d for all of them together", size, MaxPatternsSize)
+}
+
+func classesTooLargeProblem(ranges, max int) string {
+	return fmt.Sprintf("is a regular expression whose character classes are too large to evaluate (up to %d character ranges; the limit is %d)", ranges, max)
 }
 
 func tooLargeProblem(size, max int) string {
@@ -500,7 +515,7 @@ func metaFields(e *jsonschema.ValidationError, prefix string, seen map[string]bo
 	case *kind.Format:
 		if k.Want == "regex" {
 			problem = problemInvalidRegex
-			fix = "Use a regular expression in RE2 syntax (no lookaround, no backreferences)."
+			fix = invalidRegexFix
 		} else {
 			problem = "is not a valid " + k.Want
 		}

@@ -33,10 +33,11 @@ const DefaultMaxPatternSize = 10_000
 // most about 0.2 s of CPU on patterns.
 const DefaultMaxRegexWork = 10_000_000
 
-// sizedRegexp is a compiled pattern with its size.
+// sizedRegexp is a compiled pattern with its match work per byte
+// (patternCost.work).
 type sizedRegexp struct {
 	*regexp.Regexp
-	size int
+	work int
 }
 
 // PatternTooLargeError is the compile error of a pattern whose program
@@ -50,19 +51,33 @@ func (e *PatternTooLargeError) Error() string {
 }
 
 // MaxPatternsSize bounds the distinct patterns of one schema together, in
-// program instructions as patternSize estimates them. Compiling costs about
-// 0.4 µs and keeps about 45 bytes per instruction (measured with
-// [\p{L}]{999}), and the gateway compiles a request's schema to answer its
-// 402, unpaid: 4,900 patterns each within the per-pattern limit cost it 2 s
-// of CPU and kept 222 MB per schema. A pattern written in many places is
+// program instructions as patternSize estimates them. The gateway compiles
+// a request's schema to answer its 402, unpaid, and keeps it in its schema
+// cache: 4,900 patterns each within the per-pattern limit cost it 2 s of
+// CPU and kept 222 MB per schema. A pattern written in many places is
 // compiled once (regexpEngine), so at the limit a schema's patterns cost
-// about 40 ms and 5 MB; real schemas use a few patterns of a few dozen
-// instructions.
+// about 40 ms and keep at most about 6 MB (bytesPerInstruction); real
+// schemas use a few patterns of a few dozen instructions.
 const MaxPatternsSize = 100_000
 
-// bytesPerInstruction is the heap a compiled pattern keeps per instruction
-// (about 45 bytes measured), for the cache's byte bound.
-const bytesPerInstruction = 64
+// rangesPerInstruction is how many rune ranges of a character class count
+// as one instruction of a pattern's size. The instruction estimate alone
+// counts a class as one instruction, but \pL is a table of 659 ranges that
+// the program keeps (8 bytes each, about 20 when the one-pass matcher
+// copies it) and that parsing builds (about 40 ns each): 5,000 \pL were
+// "5,000 instructions" and kept 25 MB. Matching still costs a class about
+// one instruction (a binary search), so a pattern's match work (regexCost)
+// counts only instructions.
+const rangesPerInstruction = 2
+
+// bytesPerInstruction is the heap a compiled pattern keeps per unit of its
+// size, and bytesPerPattern what every compiled pattern keeps besides, for
+// the cache's byte bound. Measured (TestPatternBytesEstimate): about 45
+// bytes an instruction, 8 to 20 a class range, 1.7 KB a pattern.
+const (
+	bytesPerInstruction = 64
+	bytesPerPattern     = 2048
+)
 
 // PatternsTooLargeError is the compile error of a schema whose patterns
 // together exceed MaxPatternsSize.
@@ -74,48 +89,136 @@ func (e *PatternsTooLargeError) Error() string {
 	return fmt.Sprintf("the schema's regular expressions compile to about %d instructions, more than the limit of %d", e.Size, e.Max)
 }
 
-// regexpEngine returns the compiler's regexp engine for one schema: Go's
-// regexp, refusing patterns larger than maxSize before compiling them
-// (compiling a huge program is itself expensive), compiling each distinct
-// pattern once (the compiler asks for every place it is written, and once
-// more for the metaschema's format check), and refusing a new pattern that
-// takes the schema's total, *total, past MaxPatternsSize.
-func regexpEngine(maxSize int, total *int) jsonschema.RegexpEngine {
-	compiled := map[string]*sizedRegexp{}
-	return func(pat string) (jsonschema.Regexp, error) {
-		if re, ok := compiled[pat]; ok {
-			return re, nil
-		}
-		size, err := patternSize(pat)
-		if err != nil {
-			return nil, err
-		}
-		if size > maxSize {
-			return nil, &PatternTooLargeError{Size: size, Max: maxSize}
-		}
-		if *total+size > MaxPatternsSize {
-			return nil, &PatternsTooLargeError{Size: *total + size, Max: MaxPatternsSize}
-		}
-		*total += size
-		re, err := regexp.Compile(pat)
-		if err != nil {
-			return nil, err
-		}
-		sre := &sizedRegexp{Regexp: re, size: size}
-		compiled[pat] = sre
-		return sre, nil
-	}
+// ClassesTooLargeError is the error of a pattern refused before it is
+// parsed: its character classes would hold more rune ranges (classBound)
+// than a pattern of the size limit can (rangesPerInstruction per
+// instruction).
+type ClassesTooLargeError struct {
+	Ranges, Max int
 }
 
-// patternSize parses pat and estimates the instruction count of its
-// compiled program, counting repetitions expanded as the compiler expands
-// them. It saturates far above any limit instead of overflowing.
-func patternSize(pat string) (int, error) {
+func (e *ClassesTooLargeError) Error() string {
+	return fmt.Sprintf("the regular expression's character classes hold up to %d ranges, more than the limit of %d", e.Ranges, e.Max)
+}
+
+// maxClassRanges is the most class ranges a pattern of maxSize may hold.
+func maxClassRanges(maxSize int) int { return maxSize * rangesPerInstruction }
+
+// regexpEngine is the compiler's regexp engine for one schema: Go's
+// regexp, refusing patterns larger than maxSize before compiling them
+// (compiling a huge program is itself expensive), and a pattern whose
+// classes are too large before parsing it; compiling each distinct pattern
+// once (the compiler asks for every place it is written, and once more for
+// the metaschema's format check) and keeping its verdict, refusals
+// included, so a pattern is parsed once per compile and translate can say
+// why it was refused; and refusing a new pattern that takes the schema's
+// total past MaxPatternsSize.
+//
+// The library also uses the engine, for good, as the check of format
+// "regex" on the instances of the compiled schema, which is shared by every
+// evaluation through the cache. So once compile returns it is frozen: a
+// check then writes nothing and depends on nothing but the string (its
+// work charged by the walk to the evaluation, regexFormatCost), as
+// concurrent evaluations and the verdict's independence from earlier
+// requests need.
+type regexpEngine struct {
+	maxSize  int
+	verdicts map[string]verdict // every pattern asked for while compiling
+	total    int                // size of the distinct patterns compiled
+	count    int                // how many
+	frozen   bool
+}
+
+type verdict struct {
+	re  *sizedRegexp
+	err error
+}
+
+func newRegexpEngine(maxSize int) *regexpEngine {
+	return &regexpEngine{maxSize: maxSize, verdicts: map[string]verdict{}}
+}
+
+// compile is the jsonschema.RegexpEngine.
+func (e *regexpEngine) compile(pat string) (jsonschema.Regexp, error) {
+	if e.frozen {
+		// Only the format check asks now, and it keeps no Regexp.
+		_, err := measurePattern(pat, e.maxSize)
+		return nil, err
+	}
+	v, ok := e.verdicts[pat]
+	if !ok {
+		v = e.compileNew(pat)
+		e.verdicts[pat] = v
+	}
+	if v.err != nil {
+		return nil, v.err
+	}
+	return v.re, nil
+}
+
+func (e *regexpEngine) compileNew(pat string) verdict {
+	m, err := measurePattern(pat, e.maxSize)
+	if err != nil {
+		return verdict{err: err}
+	}
+	if e.total+m.size > MaxPatternsSize {
+		return verdict{err: &PatternsTooLargeError{Size: e.total + m.size, Max: MaxPatternsSize}}
+	}
+	re, err := regexp.Compile(pat)
+	if err != nil {
+		return verdict{err: err}
+	}
+	e.total += m.size
+	e.count++
+	return verdict{re: &sizedRegexp{Regexp: re, work: m.work}}
+}
+
+// refusal returns the refusal of a pattern the compile asked for, if any.
+func (e *regexpEngine) refusal(pat string) error {
+	return e.verdicts[pat].err
+}
+
+// bytes estimates the heap the compiled patterns keep.
+func (e *regexpEngine) bytes() int64 {
+	return int64(e.total)*bytesPerInstruction + int64(e.count)*bytesPerPattern
+}
+
+// patternCost is what a pattern costs: size, for the limits and the
+// memory it keeps (instructions, plus its class ranges at
+// rangesPerInstruction), and work, the instructions a match steps through
+// for each byte (regexCost).
+type patternCost struct {
+	size, work int
+}
+
+// measurePattern checks pat against maxSize: its classes lexically
+// (classBound), before anything is parsed, then its parsed size.
+func measurePattern(pat string, maxSize int) (patternCost, error) {
+	if b, limit := classBound(pat), maxClassRanges(maxSize); b > limit {
+		return patternCost{}, &ClassesTooLargeError{Ranges: b, Max: limit}
+	}
+	m, err := patternSize(pat)
+	if err != nil {
+		return m, err
+	}
+	if m.size > maxSize {
+		return m, &PatternTooLargeError{Size: m.size, Max: maxSize}
+	}
+	return m, nil
+}
+
+// patternSize parses pat and estimates its compiled program: instructions,
+// counting repetitions expanded as the compiler expands them, and class
+// ranges, counted once (an expanded repetition shares its class's table).
+// It saturates far above any limit instead of overflowing.
+func patternSize(pat string) (patternCost, error) {
 	re, err := syntax.Parse(pat, syntax.Perl)
 	if err != nil {
-		return 0, err
+		return patternCost{}, err
 	}
-	return progSize(re), nil
+	work := progSize(re)
+	ranges := classRanges(re)
+	return patternCost{size: satAdd(work, (ranges+rangesPerInstruction-1)/rangesPerInstruction), work: work}, nil
 }
 
 const sizeCap = 1 << 40
@@ -148,20 +251,21 @@ func progSize(re *syntax.Regexp) int {
 
 // regexCost is the work of matching re against s.
 func regexCost(re jsonschema.Regexp, s string) int64 {
-	size := 1
+	work := 1
 	if r, ok := re.(*sizedRegexp); ok {
-		size = r.size
+		work = r.work
 	}
-	return int64(size) * int64(len(s)+1)
+	return int64(work) * int64(len(s)+1)
 }
 
 // regexFormatCost is the work of checking that s is a regular expression
-// (format "regex"): parsing it, and compiling it when its program is at
-// most maxSize instructions (a larger one is refused uncompiled).
+// (format "regex"): reading it (classBound), and parsing it when its
+// classes are within the limit, at about four units a class range (40 ns).
+// It is never compiled (the check keeps nothing).
 func regexFormatCost(s string, maxSize int) int64 {
-	size, err := patternSize(s)
-	if err != nil || size > maxSize {
-		size = 0
+	cost := int64(len(s)) + 1
+	if b := classBound(s); b <= maxClassRanges(maxSize) {
+		cost += 4 * int64(b)
 	}
-	return int64(len(s)) + 1 + int64(size)
+	return cost
 }

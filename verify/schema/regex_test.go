@@ -1,0 +1,236 @@
+package schema
+
+import (
+	"errors"
+	"fmt"
+	"regexp/syntax"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"unicode"
+)
+
+// classHeavy is 30 KB of \pL: 10,000 classes of 659 ranges, a quarter of a
+// second and 60 MB to parse.
+var classHeavy = strings.Repeat(`\pL`, 10_000)
+
+// allocated returns the bytes fn allocates.
+func allocated(fn func()) uint64 {
+	runtime.GC()
+	var a, b runtime.MemStats
+	runtime.ReadMemStats(&a)
+	fn()
+	runtime.ReadMemStats(&b)
+	return b.TotalAlloc - a.TotalAlloc
+}
+
+// A compiled schema is shared by every evaluation (through the cache), and
+// its format "regex" check is the compile's regexp engine: evaluations at
+// once must not write anything of it. Run with -race; before the fix the
+// runtime killed the process ("concurrent map writes").
+func TestFormatRegexConcurrentEvaluations(t *testing.T) {
+	s := mustCompile(t, `{"items": {"type": "string", "format": "regex"}}`)
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 200 {
+				out := []any{fmt.Sprintf("^a%d_%d$", g, i), "("}
+				rep, err := s.EvaluateWithin(out, Options{})
+				if err != nil || len(rep.Failures) != 1 || rep.Failures[0].InstancePath != "$[1]" {
+					t.Errorf("%+v, %v; want the valid regex to pass and the broken one to fail", rep, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// The verdict of format "regex" on an output depends on the output alone:
+// before the fix every distinct regex an output carried was added to the
+// schema's pattern total, and once it passed MaxPatternsSize every new
+// valid regex failed.
+func TestFormatRegexVerdictIndependentOfHistory(t *testing.T) {
+	s := mustCompile(t, `{"type": "string", "format": "regex"}`)
+	large := "x" + strings.Repeat("[a-z]", 3_000) // valid, about 7,500 of the 10,000
+	for i := range 20 {
+		if rep := s.Evaluate(fmt.Sprintf("%d%s", i, large), Options{}); rep.Passed != rep.Total {
+			t.Fatalf("large valid regex %d: %+v", i, rep)
+		}
+	}
+	for i := range 200 {
+		s.Evaluate(fmt.Sprintf("y%d", i), Options{})
+	}
+	if rep := s.Evaluate("^INV-[0-9]{4}$", Options{}); rep.Passed != rep.Total {
+		t.Fatalf("an honest regex fails after earlier outputs: %+v", rep)
+	}
+	// The check stays size-checked.
+	if rep := s.Evaluate(hostilePattern+hostilePattern+hostilePattern+hostilePattern, Options{}); rep.Passed == rep.Total {
+		t.Errorf("a regex over the size limit passes format regex: %+v", rep)
+	}
+}
+
+// A pattern whose character classes are too large is refused before it is
+// parsed, with its own message, naming it and not repeating it; before the
+// fix it was parsed twice (250 ms and 60 MB each) and then refused.
+func TestClassHeavyPatternRefusedBeforeParse(t *testing.T) {
+	for _, tc := range []struct{ schema, field string }{
+		{`{"properties": {"p": {"type": "string", "pattern": "x` + strings.ReplaceAll(classHeavy, `\`, `\\`) + `"}}}`, "expected_schema/properties/p/pattern"},
+		{`{"patternProperties": {"x` + strings.ReplaceAll(classHeavy, `\`, `\\`) + `": {}}}`, "expected_schema/patternProperties/x"},
+	} {
+		tree := decode(t, tc.schema)
+		var err error
+		n := allocated(func() { _, err = NewCache(4).Compile(tree, hashOf(tc.schema)) })
+		var ce *CompileError
+		if !errors.As(err, &ce) || len(ce.Fields) != 1 || !strings.HasPrefix(ce.Fields[0].Field, tc.field) ||
+			ce.Fields[0].Problem != "is a regular expression whose character classes are too large to evaluate (up to 6590001 character ranges; the limit is 20000)" {
+			t.Fatalf("%v; want a CompileError naming the pattern's classes", err)
+		}
+		if strings.Contains(ce.Fields[0].Problem+ce.Fields[0].Fix, `\pL\pL`) {
+			t.Errorf("the refusal repeats the pattern: %+v", ce.Fields[0])
+		}
+		if n > 4<<20 {
+			t.Errorf("refusing a 30 KB pattern allocated %d MB; it must not be parsed", n>>20)
+		}
+	}
+}
+
+// An output string under format "regex" is refused the same way, for the
+// evaluation's own budget, before it is parsed.
+func TestFormatRegexClassHeavyOutput(t *testing.T) {
+	s := mustCompile(t, `{"type": "string", "format": "regex"}`)
+	var rep Report
+	n := allocated(func() { rep = s.Evaluate(classHeavy, Options{}) })
+	if len(rep.Failures) != 1 || rep.Failures[0].Keyword != "format" {
+		t.Errorf("%+v; want the format check to fail", rep)
+	}
+	if n > 4<<20 {
+		t.Errorf("checking a 30 KB regex allocated %d MB; it must not be parsed", n>>20)
+	}
+	if cost := regexFormatCost(strings.Repeat(`\pL`, 30), DefaultMaxPatternSize); cost < 4*30*659 {
+		t.Errorf("format regex on 30 \\pL is charged %d; parsing it builds 19,770 ranges", cost)
+	}
+}
+
+// A compile parses each pattern once, even one it refuses: the metaschema's
+// format check and the keyword's compile share the verdict.
+func TestPatternParsedOncePerCompile(t *testing.T) {
+	pat := strings.Repeat(`\pL`, 30) + strings.Repeat("a{1000}", 10) // classes within the limit, size over it
+	one := allocated(func() { syntax.Parse(pat, syntax.Perl) })
+	schema := `{"properties": {"p": {"type": "string", "pattern": "` + strings.ReplaceAll(pat, `\`, `\\`) + `"}}}`
+	tree := decode(t, schema)
+	var err error
+	n := allocated(func() { _, err = NewCache(4).Compile(tree, hashOf(schema)) })
+	var ce *CompileError
+	if !errors.As(err, &ce) || !strings.Contains(ce.Fields[0].Problem, "is a regular expression too large to evaluate (about ") {
+		t.Fatalf("%v; want the pattern refused as too large", err)
+	}
+	if n > one*3/2 {
+		t.Errorf("the compile allocated %d KB, a parse of the pattern %d KB: it was parsed more than once", n>>10, one>>10)
+	}
+}
+
+// The cache's byte bound must see what compiled patterns keep: the
+// estimate (Schema.bytes) is never less than half the heap a schema
+// really keeps. Before the fix a class counted as one instruction, and ten
+// patterns of \pL kept 25 times their estimate.
+func TestPatternBytesEstimate(t *testing.T) {
+	for _, shape := range []string{
+		`^x%d` + strings.Repeat(`\\pL`, 25) + `$`, // one-pass: the tables are copied
+		`x%d` + strings.Repeat(`\\pL`, 25),
+		`(?i)x%d` + strings.Repeat(`\\p{Greek}`, 200),
+		`x%d[\\p{L}]{999}`,
+		`x%d(?:a?){1000}`,
+		`x%d[a-z0-9]{500}`,
+		`^INV-%d-[0-9]{4}$`,
+	} {
+		var b strings.Builder
+		b.WriteString(`{"properties": {`)
+		for i := range 10 {
+			if i > 0 {
+				b.WriteString(",")
+			}
+			fmt.Fprintf(&b, `"p%d": {"type": "string", "pattern": "`+shape+`"}`, i, i)
+		}
+		b.WriteString(`}}`)
+		tree := decode(t, b.String())
+		runtime.GC()
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		s, err := compile(tree, compileOptions{})
+		if err != nil {
+			t.Fatalf("%s: %v", shape, err)
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		kept := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+		runtime.KeepAlive(s)
+		t.Logf("%-40.40s kept %8d, estimated %8d", shape, kept, s.bytes)
+		if kept > 2*s.bytes {
+			t.Errorf("%s: ten patterns keep %d bytes, estimated %d", shape, kept, s.bytes)
+		}
+	}
+}
+
+// classBound relies on the parser's fold bounds and orbits.
+func TestFoldBounds(t *testing.T) {
+	for r := rune(0); r <= unicode.MaxRune; r++ {
+		orbit := 1
+		for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
+			orbit++
+		}
+		if orbit > 1 && (r < minFold || r > maxFold) {
+			t.Fatalf("%U folds, outside [minFold, maxFold]", r)
+		}
+		if orbit > 4 {
+			t.Fatalf("%U has an orbit of %d characters; rangeBound counts four", r, orbit)
+		}
+	}
+}
+
+func TestClassBound(t *testing.T) {
+	for pat, want := range map[string]int{
+		`^INV-[0-9]{4}$`:         1 + 1,
+		`\pL`:                    659 + 1,
+		`[\pL\pN]`:               659 + 137 + 1,
+		`\Q\pL\E`:                1,
+		`\\pL`:                   1,
+		`(?i:\pL)|a`:             660 + 3*4,
+		`(?i)[a-z]`:              2 + 4*26 + 4,
+		`(?i)[\x{0}-\x{10FFFF}]`: 1 + 4,
+		`[^a]`:                   3 + 1,
+	} {
+		if got := classBound(pat); got != want {
+			t.Errorf("classBound(%s) = %d, want %d", pat, got, want)
+		}
+	}
+}
+
+// FuzzClassBound checks the lexical bound against the parser: it is never
+// below the ranges the parsed classes hold (a pattern let through is never
+// more expensive than counted), and, without case folding, brackets or
+// alternatives, where it claims to be exact, never above them by more than
+// the alternatives it counts (it refuses nothing it need not).
+func FuzzClassBound(f *testing.F) {
+	for _, s := range []string{`^INV-[0-9]{4}$`, `\pL\p{Greek}\PN`, `(?i)[a-zA-Z\x{100}-\x{200}\w]`, `[^\p{^Han}[:alpha:]\d]`,
+		`\Q[\pL\E\pL`, `(?i:a|b)|c`, `(?-i)[k]`, `(?i)k|s|\x{3b8}`, `[]a]`, `[a-]`, `\x{41}-\101`, `(?P<n>\pL)(?i)\p{Lu}`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, pat string) {
+		bound := classBound(pat)
+		re, err := syntax.Parse(pat, syntax.Perl)
+		if err != nil {
+			return
+		}
+		got := classRanges(re)
+		if got > bound {
+			t.Fatalf("classBound(%q) = %d; the parsed classes hold %d ranges", pat, bound, got)
+		}
+		if !foldsAnywhere(pat) && !strings.ContainsAny(pat, "[|") && bound > got+1+strings.Count(pat, "(") {
+			t.Fatalf("classBound(%q) = %d; the parsed classes hold %d ranges", pat, bound, got)
+		}
+	})
+}
