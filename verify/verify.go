@@ -72,8 +72,10 @@ type Config struct {
 	// request over it is refused with 422.
 	MaxIntegrityWork int64
 	// MaxPatternSize bounds one pattern of a schema, in compiled program
-	// instructions (schema.DefaultMaxPatternSize when zero); a larger one
-	// is a 422.
+	// instructions with two character-class ranges counting one
+	// (schema.DefaultMaxPatternSize when zero); a larger one is a 422, and
+	// so is one whose classes hold more than twice as many ranges, refused
+	// before it is parsed.
 	MaxPatternSize int
 	// MaxSchemas bounds the subschemas of one expected_schema
 	// (schema.DefaultMaxSchemas when zero); a larger schema is a 422.

@@ -26,7 +26,9 @@ type CacheConfig struct {
 	// larger than this on its own is compiled and used, but not kept.
 	MaxBytes int64
 	// MaxPatternSize bounds one regular expression of a schema, in program
-	// instructions (DefaultMaxPatternSize); a larger one does not compile.
+	// instructions with two character-class ranges counting one
+	// (DefaultMaxPatternSize); a larger one does not compile, and one whose
+	// classes hold more than twice as many ranges is not even parsed.
 	MaxPatternSize int
 	// MaxSchemas bounds the subschemas of one schema (DefaultMaxSchemas);
 	// a larger schema does not compile.

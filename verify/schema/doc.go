@@ -85,7 +85,8 @@
 // string's length before it runs, see regex.go); and a context, checked as
 // the walk goes. An evaluation past a budget stops and never passes.
 // Compilation has limits too: the number of subschemas (CacheConfig.
-// MaxSchemas) and the size of each pattern (CacheConfig.MaxPatternSize).
+// MaxSchemas) and the size of each pattern (CacheConfig.MaxPatternSize),
+// its character classes bounded before it is parsed (prescan.go).
 // A report keeps at most Options.MaxFailures failures, so the memory of a
 // result does not grow with the number of failing values.
 //
