@@ -21,6 +21,10 @@ func FuzzEvaluate(f *testing.F) {
 	f.Add([]byte(`{"$schema": "http://json-schema.org/draft-04/schema#", "dependencies": {"a": ["b"]}, "additionalProperties": {"format": "email"}}`), []byte(`{"a": "x@y.z"}`))
 	f.Add([]byte(`{"$dynamicAnchor": "n", "contains": {"$dynamicRef": "#n"}, "if": {"required": ["x"]}, "then": {"propertyNames": {"pattern": "^[a-z]+$"}}}`), []byte(`[{"x": 1, "Y": [1, 1]}]`))
 	f.Add([]byte(`{"allOf": [{"const": {"a": [1, 2.0, "x"]}}, {"enum": ["x", [1], {"a": [1, 2, "x"]}, 3]}], "items": {"enum": [1e0, -0]}}`), []byte(`{"a": [1.0, 2, "x"]}`))
+	// Patterns and format "regex" outputs whose classes the pre-scan
+	// bounds (classBound): Unicode tables, case folding, brackets.
+	f.Add([]byte(`{"patternProperties": {"^\\p{Lu}\\pL*$": {"format": "regex"}}, "items": {"pattern": "(?i)[a-z\\x{100}-\\x{17f}]|k"}}`), []byte(`[{"Ab": "\\pL{2}(?i:[\\P{Greek}[:alpha:]])"}, "K"]`))
+	f.Add([]byte(`{"items": {"format": "regex"}}`), []byte(`["\\Q\\pL\\E\\pL\\pL", "(?i)[\\x{0}-\\x{ffff}]", "[^\\d\\W]"]`))
 	f.Fuzz(func(t *testing.T, schemaJSON, instanceJSON []byte) {
 		tree, ok := decodeBytes(schemaJSON)
 		if !ok {
