@@ -13,14 +13,17 @@ import (
 // its factor: a 20-character pattern such as (?:a?){1000}a{1000}b compiles
 // to some 3,000 instructions, and matching it against a 1 MB string costs
 // billions of steps. So every pattern has a size (an estimate of its
-// program's instruction count, from the parsed expression), a pattern over
-// MaxPatternSize does not compile, and every evaluation has a budget of
+// program's instruction count, from the parsed expression, plus its
+// character classes' rune ranges, rangesPerInstruction to one), a pattern
+// over MaxPatternSize does not compile (and one whose classes are far over
+// it is not even parsed, classBound), and every evaluation has a budget of
 // regular-expression work (Options.MaxRegexWork) charged, before each
-// match runs, at the pattern's size times the length of the string it is
-// matched against.
+// match runs, at the pattern's instructions times the length of the string
+// it is matched against.
 
 // DefaultMaxPatternSize bounds the size of one pattern (in program
-// instructions, as patternSize estimates them) when a Cache is given none.
+// instructions, as patternSize estimates them, class ranges included) when
+// a Cache is given none.
 // Real patterns ("^INV-[0-9]{4}$": 12) are far below it.
 const DefaultMaxPatternSize = 10_000
 
