@@ -117,6 +117,14 @@ func FuzzVerifyReceipt(f *testing.F) {
 	// A card that lists k2 twice, once compromised: refused, whichever entry
 	// comes first.
 	f.Add(cardWith("k2", cardKey{version: "k2", status: StatusCompromised, compromisedSince: "2026-01-02T00:00:00Z", pub: pub}, cardKey{version: "k2", status: StatusCurrent, pub: pub}))
+	// Member names equal to status and compromisedSince in another letter
+	// case (ſ is U+017F, which folds to s): other members, which every
+	// reader but encoding/json's struct matching keeps apart.
+	compromised := cardWith("k2", cardKey{version: "k2", status: StatusCompromised, compromisedSince: "2026-01-02T00:00:00Z", pub: pub})
+	for _, twin := range []string{`"Status":"current"`, `"ſtatus":"current"`, `"CompromisedSince":""`, `"compromisedsince":"2027-01-01T00:00:00Z"`, `"compromiſedSince":"2027-01-01T00:00:00Z"`, `"KeyVersion":"k1"`} {
+		f.Add(bytes.Replace(compromised, []byte(`"status"`), []byte(twin+`,"status"`), 1))
+		f.Add(bytes.Replace(compromised, []byte(`"compromisedSince":"2026-01-02T00:00:00Z"`), []byte(`"compromisedSince":"2026-01-02T00:00:00Z",`+twin), 1))
+	}
 	// The receipt genuine is checked against whatever card data is: its
 	// messages, built from the card's strings, must carry no control
 	// character to the terminal of `aov receipt verify`.
@@ -134,6 +142,7 @@ func FuzzVerifyReceipt(f *testing.F) {
 			if v := versionListedTwice(data); v != "" {
 				t.Fatalf("KeysFromCard accepted a card listing key version %q twice", v)
 			}
+			checkCompromiseMarks(t, data, cardKeys)
 			_, err := Verify(genuine, cardKeys, "")
 			noControl(t, "Verify against the card", err)
 		}
@@ -169,24 +178,55 @@ func TestFuzzCorporaAreCheckedIn(t *testing.T) {
 // among the Ed25519 keys of its attestation extensions ("" when none), read
 // independently of KeysFromCard's loop.
 func versionListedTwice(cardJSON []byte) string {
-	var c card
-	if json.Unmarshal(cardJSON, &c) != nil {
-		return ""
-	}
 	seen := map[string]bool{}
-	for _, ext := range c.Capabilities.Extensions {
-		if !strings.HasPrefix(ext.URI, ExtensionURIPrefix) {
-			continue
+	for _, pk := range ed25519Entries(cardJSON) {
+		v, _ := pk["keyVersion"].(string)
+		if seen[v] {
+			return v
 		}
-		for _, pk := range ext.Params.PublicKeys {
-			if pk.Algorithm != Algorithm {
-				continue
-			}
-			if seen[pk.KeyVersion] {
-				return pk.KeyVersion
-			}
-			seen[pk.KeyVersion] = true
-		}
+		seen[v] = true
 	}
 	return ""
+}
+
+// ed25519Entries returns the Ed25519 entries of the card's attestation
+// extensions, read by exact member names (as JavaScript reads them), for
+// checking KeysFromCard against.
+func ed25519Entries(cardJSON []byte) []map[string]any {
+	var c map[string]any
+	if json.Unmarshal(cardJSON, &c) != nil {
+		return nil
+	}
+	caps, _ := c["capabilities"].(map[string]any)
+	exts, _ := caps["extensions"].([]any)
+	var out []map[string]any
+	for _, e := range exts {
+		ext, _ := e.(map[string]any)
+		if uri, _ := ext["uri"].(string); !strings.HasPrefix(uri, ExtensionURIPrefix) {
+			continue
+		}
+		params, _ := ext["params"].(map[string]any)
+		pks, _ := params["publicKeys"].([]any)
+		for _, p := range pks {
+			if pk, _ := p.(map[string]any); pk["algorithm"] == Algorithm {
+				out = append(out, pk)
+			}
+		}
+	}
+	return out
+}
+
+// checkCompromiseMarks fails when KeysFromCard marks a key compromised, or
+// not, otherwise than its entry read by exact member names says: status
+// "compromised" or a compromisedSince. A reader that matched "Status" or
+// "compromiſedSince" (U+017F) to those would disagree with every other.
+func checkCompromiseMarks(t *testing.T, cardJSON []byte, ks KeySet) {
+	for _, pk := range ed25519Entries(cardJSON) {
+		v, _ := pk["keyVersion"].(string)
+		since, _ := pk["compromisedSince"].(string)
+		want := pk["status"] == StatusCompromised || since != ""
+		if k := ks.keys[v]; k.compromised != want || (since == "") != k.since.IsZero() {
+			t.Fatalf("key %q: KeysFromCard read compromised=%v since=%v, its entry by exact names says %v since %q", v, k.compromised, k.since, want, since)
+		}
+	}
 }

@@ -1,6 +1,7 @@
 package receipt
 
 import (
+	"bytes"
 	"crypto/ed25519"
 	"encoding/base64"
 	"encoding/json"
@@ -109,51 +110,71 @@ func ParsePublicKey(b64 string) (ed25519.PublicKey, error) {
 	return ed25519.PublicKey(raw), nil
 }
 
-// card is the part of an agent card KeysFromCard reads.
-type card struct {
-	Capabilities struct {
-		Extensions []struct {
-			URI    string `json:"uri"`
-			Params struct {
-				PublicKeys        []PublicKey `json:"publicKeys"`
-				CurrentKeyVersion string      `json:"currentKeyVersion"`
-			} `json:"params"`
-		} `json:"extensions"`
-	} `json:"capabilities"`
-}
-
 // KeysFromCard reads the public keys from an agent card: the entries of
 // params.publicKeys of every capabilities.extensions element whose uri starts
 // with ExtensionURIPrefix.
 //
-// An entry with another algorithm is skipped (a later card may add other key
-// types); an Ed25519 entry that does not decode, or a key version listed
-// twice, make the whole card unusable: a card that contradicts itself cannot
-// be trusted for any receipt. Twice means twice even with the same public
-// key: the entries also carry the key's status and lifetime, and keeping
-// either one would let the other (say, one without the compromise mark)
-// decide which receipts verify. certd never publishes a version twice.
+// The card is read by its exact member names, as JavaScript, jq and RFC 8785
+// read it, never through encoding/json's struct matching: that takes a
+// member equal to a field's name in any letter case (U+017F ſ folds to s),
+// the last one winning, so an entry that says "status":"compromised" to
+// every other reader would be trusted here when a "Status":"current"
+// follows it. A member with another spelling is just another member.
+//
+// An entry with another algorithm, or that is not an object, is skipped (a
+// later card may add other key types); an Ed25519 entry that does not
+// decode, or a key version listed twice, make the whole card unusable: a
+// card that contradicts itself cannot be trusted for any receipt. Twice
+// means twice even with the same public key: the entries also carry the
+// key's status and lifetime, and keeping either one would let the other
+// (say, one without the compromise mark) decide which receipts verify.
+// certd never publishes a version twice. A null member is an absent one.
 func KeysFromCard(cardJSON []byte) (KeySet, error) {
 	if _, err := Canonicalize(cardJSON); err != nil {
 		return KeySet{}, fmt.Errorf("reading agent card: not valid JSON: %w", err)
 	}
-	var c card
-	if err := json.Unmarshal(cardJSON, &c); err != nil {
-		return KeySet{}, fmt.Errorf("reading agent card: unexpected shape: %w", err)
+	dec := json.NewDecoder(bytes.NewReader(cardJSON))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return KeySet{}, fmt.Errorf("reading agent card: not valid JSON: %w", err)
+	}
+	top, ok := v.(map[string]any)
+	if !ok {
+		return KeySet{}, errors.New("reading agent card: unexpected shape: the card is not a JSON object")
+	}
+	caps, ok := top["capabilities"].(map[string]any)
+	if !ok && top["capabilities"] != nil {
+		return KeySet{}, errors.New("reading agent card: unexpected shape: capabilities is not an object")
+	}
+	exts, ok := caps["extensions"].([]any)
+	if !ok && caps["extensions"] != nil {
+		return KeySet{}, errors.New("reading agent card: unexpected shape: capabilities.extensions is not an array")
 	}
 	ks := KeySet{keys: map[string]key{}}
 	found := false
-	for _, ext := range c.Capabilities.Extensions {
-		if !strings.HasPrefix(ext.URI, ExtensionURIPrefix) {
+	for _, e := range exts {
+		ext, _ := e.(map[string]any)
+		if uri, _ := ext["uri"].(string); !strings.HasPrefix(uri, ExtensionURIPrefix) {
 			continue
 		}
 		found = true
-		if ext.Params.CurrentKeyVersion != "" {
-			ks.current = ext.Params.CurrentKeyVersion
+		params, _ := ext["params"].(map[string]any)
+		if cur, _ := params["currentKeyVersion"].(string); cur != "" {
+			ks.current = cur
 		}
-		for i, pk := range ext.Params.PublicKeys {
-			if pk.Algorithm != Algorithm {
+		pks, ok := params["publicKeys"].([]any)
+		if !ok && params["publicKeys"] != nil {
+			return KeySet{}, errors.New("reading agent card: params.publicKeys is not an array")
+		}
+		for i, p := range pks {
+			entry, _ := p.(map[string]any)
+			if alg, _ := entry["algorithm"].(string); alg != Algorithm {
 				continue
+			}
+			pk, err := cardEntry(entry)
+			if err != nil {
+				return KeySet{}, fmt.Errorf("reading agent card: publicKeys[%d].%w", i, err)
 			}
 			k, err := parseCardKey(pk)
 			if err != nil {
@@ -172,6 +193,34 @@ func KeysFromCard(cardJSON []byte) (KeySet, error) {
 		return KeySet{}, errors.New("reading agent card: the attestation extension lists no Ed25519 public key")
 	}
 	return ks, nil
+}
+
+// cardEntry reads the members of one Ed25519 publicKeys entry by their
+// exact names; each is a string or absent (null is absent). Its error
+// names the member, after the "publicKeys[i]." its caller prints.
+func cardEntry(entry map[string]any) (PublicKey, error) {
+	var pk PublicKey
+	for _, f := range []struct {
+		name string
+		dst  *string
+	}{
+		{"keyVersion", &pk.KeyVersion},
+		{"algorithm", &pk.Algorithm},
+		{"publicKey", &pk.PublicKey},
+		{"publicKeyEncoding", &pk.PublicKeyEncoding},
+		{"status", &pk.Status},
+		{"createdAt", &pk.CreatedAt},
+		{"retiredAt", &pk.RetiredAt},
+		{"compromisedSince", &pk.CompromisedSince},
+	} {
+		v := entry[f.name]
+		s, ok := v.(string)
+		if !ok && v != nil {
+			return PublicKey{}, fmt.Errorf("%s is not a string", f.name)
+		}
+		*f.dst = s
+	}
+	return pk, nil
 }
 
 func parseCardKey(pk PublicKey) (key, error) {

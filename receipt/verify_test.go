@@ -431,3 +431,49 @@ func TestNoKeyErrorQuotesAndCapsTheCardsVersions(t *testing.T) {
 		t.Errorf("a control character reaches the message: %q", got)
 	}
 }
+
+// TestKeysFromCardReadsExactMemberNames: a card is read by its exact member
+// names, as JavaScript, jq and RFC 8785 read it. encoding/json matches a
+// struct field to any member equal to its name without regard to case
+// (U+017F ſ folds to s), the last one winning: an entry reading
+// "status":"compromised" to every other reader, with a "Status":"current"
+// after it, was trusted here.
+func TestKeysFromCardReadsExactMemberNames(t *testing.T) {
+	pub, priv := seededKey(2)
+	rec := attach(t, priv, ContextVerify, "k2", fixtureTime, fullResponse(t, "k2"))
+	card := func(entry string) []byte {
+		return []byte(`{"capabilities":{"extensions":[{"uri":"` + ExtensionURI + `","params":{"publicKeys":[{"keyVersion":"k2","algorithm":"Ed25519","publicKey":"` +
+			base64.StdEncoding.EncodeToString(pub) + `","publicKeyEncoding":"base64"` + entry + `}]}}]}}`)
+	}
+	for _, tc := range []struct {
+		desc, entry string
+		err         string // "" when the receipt verifies
+	}{
+		{"a twin Status after status compromised is another member", `,"status":"compromised","Status":"current"`, "is marked compromised"},
+		{"a twin ſtatus (U+017F) after status compromised is another member", `,"status":"compromised","ſtatus":"current"`, "is marked compromised"},
+		{"twins of status and compromisedSince change nothing", `,"status":"compromised","compromisedSince":"2026-01-01T00:00:00Z","Status":"current","CompromisedSince":""`, "is marked compromised since 2026-01-01"},
+		{"compromisedsince is not compromisedSince", `,"status":"current","compromisedsince":"2026-01-02T00:00:00Z"`, ""},
+		{"Status alone is not status", `,"Status":"compromised"`, ""},
+		{"a status that is not a string is refused", `,"status":["compromised"]`, "publicKeys[0].status is not a string"},
+		{"a compromisedSince that is not a string is refused", `,"compromisedSince":1`, "publicKeys[0].compromisedSince is not a string"},
+		{"null is an absent member", `,"status":null,"retiredAt":null`, ""},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			ks, err := KeysFromCard(card(tc.entry))
+			if err == nil {
+				err = VerifyReceipt(rec, ks, "")
+			}
+			if tc.err == "" && err != nil {
+				t.Fatalf("want the receipt verified, got %v", err)
+			}
+			if tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)) {
+				t.Fatalf("want an error with %q, got %v", tc.err, err)
+			}
+		})
+	}
+	// A keyVersion spelled otherwise is no keyVersion.
+	c := bytes.Replace(card(""), []byte(`"keyVersion"`), []byte(`"KeyVersion"`), 1)
+	if _, err := KeysFromCard(c); err == nil || !strings.Contains(err.Error(), "keyVersion is empty") {
+		t.Errorf("a card whose key has KeyVersion only: %v", err)
+	}
+}
