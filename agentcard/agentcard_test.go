@@ -46,7 +46,7 @@ func history(t *testing.T) (*keystore.Store, *clock) {
 		t.Fatal(err)
 	}
 	c.t = c.t.Add(time.Hour)
-	if err := ks.MarkCompromised("k1", time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)); err != nil {
+	if _, err := ks.MarkCompromised("k1", time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)); err != nil {
 		t.Fatal(err)
 	}
 	return ks, c
@@ -433,7 +433,7 @@ func TestCardPublishesACompromiseWhoseNewKeyCannotLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.t = c.t.Add(time.Hour)
-	if err := operator.MarkCompromised("k1", c.t.Add(-time.Minute)); err != nil {
+	if _, err := operator.MarkCompromised("k1", c.t.Add(-time.Minute)); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Chmod(filepath.Join(dir, "k2.key"), 0o644); err != nil {

@@ -60,14 +60,21 @@ func compromise(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	before, _ := ks.Current()
-	if err := ks.MarkCompromised(*version, t); err != nil {
+	stands, err := ks.MarkCompromised(*version, t)
+	if err != nil {
 		return err
 	}
 	// A mark only moves earlier (see MarkCompromised), so a later -since
 	// leaves it where it was; say which instant stands, or the operator
-	// believes the receipts in between are now trusted again.
-	if k, ok := ks.Lookup(*version); ok && k.CompromisedSince.Before(t) {
-		fmt.Fprintf(stdout, "%s was already marked compromised since %s, earlier than -since %s: the mark stays (it only ever moves earlier); nothing was changed.\n", *version, k.CompromisedSince.UTC().Format(time.RFC3339Nano), t.UTC().Format(time.RFC3339Nano))
+	// believes the receipts in between are now trusted again. The mark
+	// comes from MarkCompromised, read under its lock: a Lookup after it
+	// could report another process's mark.
+	if stands.IsZero() {
+		fmt.Fprintf(stdout, "%s was already marked compromised with no start time (none of its receipts is trusted): the mark stays (it only ever moves earlier); nothing was changed.\n", *version)
+		return nil
+	}
+	if stands.Before(t) {
+		fmt.Fprintf(stdout, "%s was already marked compromised since %s, earlier than -since %s: the mark stays (it only ever moves earlier); nothing was changed.\n", *version, stands.UTC().Format(time.RFC3339Nano), t.UTC().Format(time.RFC3339Nano))
 		return nil
 	}
 	fmt.Fprintf(stdout, "%s is marked compromised since %s: verifiers reject its receipts dated from then on.\n", *version, t.UTC().Format(time.RFC3339Nano))

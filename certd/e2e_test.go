@@ -541,6 +541,15 @@ func TestCompromiseMarkOnlyMovesEarlier(t *testing.T) {
 		json.Unmarshal([]byte(out), &rows)
 		return rows[0].CompromisedSince
 	}
+	// The zero time, "compromised from the start", was stored and read
+	// back as no mark at all; it is refused, changing nothing.
+	out, errOut, code := certd(t, "compromise", "-keys", keys, "-version", "k1", "-since", "0001-01-01T00:00:00Z")
+	if code == 0 || !strings.Contains(errOut, "is before 1970, and no key existed then; to distrust every receipt the key signed, give ") {
+		t.Fatalf("compromise -since 0001-01-01T00:00:00Z: exit %d, stdout %q, stderr %q; want it refused", code, out, errOut)
+	}
+	if out, _, _ := certd(t, "keys", "-keys", keys, "-json"); strings.Contains(out, "compromised") {
+		t.Fatalf("a refused mark changed the keys: %s", out)
+	}
 	mark("2026-01-02T00:00:00Z", "k1 is marked compromised since 2026-01-02T00:00:00Z")
 	mark("2026-01-03T00:00:00Z", "k1 was already marked compromised since 2026-01-02T00:00:00Z, earlier than -since 2026-01-03T00:00:00Z: the mark stays")
 	if got := since(); got != "2026-01-02T00:00:00Z" {

@@ -43,6 +43,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/aovhq/aov/receipt"
 )
 
 // Key statuses, as published in the agent card.
@@ -71,19 +73,26 @@ var ErrKeysExist = errors.New("the key directory already holds keys; use rotate 
 // loaded when the index changed after Open (Current then refuses, see
 // Store.Current); a key whose file cannot be read makes Open fail.
 type Key struct {
-	Version          string
-	Private          ed25519.PrivateKey
-	Public           ed25519.PublicKey
-	CreatedAt        time.Time
-	RetiredAt        time.Time // zero while the key is current
-	CompromisedSince time.Time // zero unless the key was marked compromised
+	Version   string
+	Private   ed25519.PrivateKey
+	Public    ed25519.PublicKey
+	CreatedAt time.Time
+	RetiredAt time.Time // zero while the key is current
+	// Compromised is whether the key was marked compromised, and
+	// CompromisedSince the instant of the mark. The mark is told by
+	// Compromised, not by a non-zero time: a zero time stored by a
+	// MarkCompromised that did not refuse it yet means compromised from the
+	// start (the card then publishes no compromisedSince, and verifiers
+	// trust none of the key's receipts), never "not compromised".
+	Compromised      bool
+	CompromisedSince time.Time
 }
 
 // Status reports how the agent card should describe the key: compromised
 // wins over retired, so a verifier learns to distrust it.
 func (k Key) Status() string {
 	switch {
-	case !k.CompromisedSince.IsZero():
+	case k.Compromised:
 		return StatusCompromised
 	case !k.RetiredAt.IsZero():
 		return StatusRetired
@@ -207,7 +216,7 @@ func (s *Store) Current() (Key, error) {
 
 func current(keys []Key) (Key, error) {
 	for i := len(keys) - 1; i >= 0; i-- {
-		if keys[i].RetiredAt.IsZero() && keys[i].CompromisedSince.IsZero() {
+		if keys[i].RetiredAt.IsZero() && !keys[i].Compromised {
 			return keys[i], nil
 		}
 	}
@@ -269,15 +278,22 @@ func (s *Store) Rotate() (Key, error) {
 
 // MarkCompromised records that the key of version may have been used by
 // someone else since the instant since, so verifiers reject its receipts from
-// then on. Marking the current key also retires it and rotates: a
-// compromised key never signs again. since may not lie in the future.
+// then on, and reports the mark that stands after the call (zero: a mark
+// with no time, stored before such marks were refused: nothing the key
+// signed is trusted). Marking the current key also retires it and rotates:
+// a compromised key never signs again. since may not lie in the future, nor
+// before 1970: the zero time, "from the start" to an operator, was stored
+// as a mark and read back as none. A since before the key was created is
+// taken (a clock that dated the key ahead must not stop a mark in an
+// emergency): verifiers then trust none of the key's receipts.
 //
 // A key already marked keeps the earlier of its mark and since: a mark only
 // ever moves earlier. Moving it later would trust again, without a word, the
 // receipts dated between the two instants, which whoever held the key may
-// have signed; so a later since changes nothing (Lookup then shows the mark
-// that stands, which is how certd compromise says so), and undoing a mark
-// set too early is not something a command should make easy.
+// have signed; so a later since changes nothing (the reported mark is then
+// earlier than since, which is how certd compromise says so; the index is
+// not rewritten), and undoing a mark set too early is not something a
+// command should make easy.
 //
 // The mark is what matters in an emergency, so it is recorded even when
 // the new key cannot be created (a stray key file, a clock behind the
@@ -285,8 +301,9 @@ func (s *Store) Rotate() (Key, error) {
 // directory has no current key and nothing signs (ErrNoKey) until Rotate
 // succeeds. The mark's only time is the operator's since, so a clock
 // behind the index does not stop it.
-func (s *Store) MarkCompromised(version string, since time.Time) error {
-	return s.update(func(idx *index, now time.Time) error {
+func (s *Store) MarkCompromised(version string, since time.Time) (time.Time, error) {
+	stands := since
+	err := s.update(func(idx *index, now time.Time) error {
 		if since.After(now) {
 			return fmt.Errorf("marking key %s compromised: the time %s is in the future (this host's clock reads %s); give the earliest possible leak, which cannot be later than now; nothing was changed", version, since.UTC().Format(time.RFC3339), now.Format(time.RFC3339))
 		}
@@ -299,13 +316,21 @@ func (s *Store) MarkCompromised(version string, since time.Time) error {
 		if i < 0 {
 			return fmt.Errorf("marking key compromised: no key version %q in %s", version, s.dir)
 		}
+		created, err := parseTime(idx.Keys[i].CreatedAt, version, "created_at")
+		if err != nil {
+			return err
+		}
+		if since.Before(unixEpoch) {
+			return fmt.Errorf("marking key %s compromised: the time %s is before 1970, and no key existed then; to distrust every receipt the key signed, give %s (its created_at less the %s a signer may date a receipt early); nothing was changed", version, since.UTC().Format(time.RFC3339Nano), formatTime(created.Add(-receipt.MaxSigningSkew)), receipt.MaxSigningSkew)
+		}
 		if idx.Keys[i].CompromisedSince != "" {
 			marked, err := parseTime(idx.Keys[i].CompromisedSince, version, "compromised_since")
 			if err != nil {
 				return err
 			}
 			if !since.Before(marked) {
-				return nil // the earlier mark stands; see the doc comment
+				stands = marked
+				return errUnchanged // the earlier mark stands; see the doc comment
 			}
 		}
 		wasCurrent := idx.Keys[i].RetiredAt == "" && idx.Keys[i].CompromisedSince == "" && i == lastActive(idx.Keys)
@@ -320,10 +345,6 @@ func (s *Store) MarkCompromised(version string, since time.Time) error {
 		// instead loses nothing: since is not after this clock, so the key
 		// is then compromised since before it was created and every
 		// receipt it signed is rejected anyway.
-		created, err := parseTime(idx.Keys[i].CreatedAt, version, "created_at")
-		if err != nil {
-			return err
-		}
 		retired := now
 		if retired.Before(created) {
 			retired = created
@@ -334,7 +355,15 @@ func (s *Store) MarkCompromised(version string, since time.Time) error {
 		}
 		return nil
 	})
+	return stands, err
 }
+
+// unixEpoch bounds a compromise mark from below; see MarkCompromised.
+var unixEpoch = time.Unix(0, 0)
+
+// errUnchanged is a change's way to tell update that the index stays as it
+// is: nothing is written, so nothing reloads and no card is rebuilt.
+var errUnchanged = errors.New("keystore: nothing to change")
 
 // ReplacementRefusedError reports a compromise of the current key that IS
 // recorded (the key marked and retired: it never signs again) while the new
@@ -495,6 +524,7 @@ func (s *Store) loadLocked() error {
 		if k.CompromisedSince, err = parseTime(e.CompromisedSince, e.Version, "compromised_since"); err != nil {
 			return err
 		}
+		k.Compromised = e.CompromisedSince != ""
 		keys = append(keys, k)
 	}
 	s.keys, s.seen = keys, fi
@@ -648,6 +678,9 @@ func (s *Store) update(change func(idx *index, now time.Time) error) error {
 	// A compromise whose new key was refused is recorded all the same:
 	// the index is written, then the refusal reported.
 	changeErr := change(&idx, s.now())
+	if changeErr == errUnchanged {
+		return nil
+	}
 	var refused *ReplacementRefusedError
 	if changeErr != nil && !errors.As(changeErr, &refused) {
 		return changeErr

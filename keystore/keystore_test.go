@@ -172,17 +172,35 @@ func TestMarkCompromisedKeepsTheEarliestMark(t *testing.T) {
 	c.Add(time.Hour)
 	first := c.Now().Add(-30 * time.Minute)
 	for _, step := range []struct {
-		desc  string
-		since time.Time
-		want  time.Time
+		desc    string
+		since   time.Time
+		want    time.Time
+		changes bool
 	}{
-		{"the first mark", first, first},
-		{"a later mark changes nothing", c.Now().Add(-time.Minute), first},
-		{"the same mark changes nothing", first, first},
-		{"an earlier mark moves it earlier", first.Add(-10 * time.Minute), first.Add(-10 * time.Minute)},
+		{"the first mark", first, first, true},
+		{"a later mark changes nothing", c.Now().Add(-time.Minute), first, false},
+		{"the same mark changes nothing", first, first, false},
+		{"an earlier mark moves it earlier", first.Add(-10 * time.Minute), first.Add(-10 * time.Minute), true},
 	} {
-		if err := s.MarkCompromised("k1", step.since); err != nil {
+		before, err := os.Stat(filepath.Join(dir, IndexFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		stands, err := s.MarkCompromised("k1", step.since)
+		if err != nil {
 			t.Fatalf("%s: %v", step.desc, err)
+		}
+		if !stands.Equal(step.want) {
+			t.Fatalf("%s: MarkCompromised reports the mark %v; want %v", step.desc, stands, step.want)
+		}
+		// A mark that changes nothing leaves index.json as it was: no
+		// rewrite, so no reload or card rebuild anywhere.
+		after, err := os.Stat(filepath.Join(dir, IndexFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rewritten := !os.SameFile(before, after); rewritten != step.changes {
+			t.Fatalf("%s: index.json rewritten = %v, want %v", step.desc, rewritten, step.changes)
 		}
 		for name, st := range map[string]*Store{"live": s, "reopened": open(t, dir, c)} {
 			k, ok := st.Lookup("k1")
@@ -197,10 +215,12 @@ func TestMarkCompromisedKeepsTheEarliestMark(t *testing.T) {
 }
 
 func TestMarkCompromised(t *testing.T) {
+	pre1970 := time.Date(1969, 12, 31, 23, 59, 59, 0, time.UTC)
 	for _, tc := range []struct {
 		desc       string
 		mark       string
 		since      time.Duration // relative to the clock
+		at         *time.Time    // instead of since, when set
 		wantErr    string
 		wantList   string
 		wantActive string
@@ -209,6 +229,10 @@ func TestMarkCompromised(t *testing.T) {
 		{desc: "marking the current key compromised rotates to a new key so it never signs again", mark: "k2", since: -time.Minute, wantList: "k1:retired,k2:compromised,k3:current", wantActive: "k3"},
 		{desc: "an unknown version is refused", mark: "k9", since: -time.Minute, wantErr: `no key version "k9"`, wantList: "k1:retired,k2:current", wantActive: "k2"},
 		{desc: "a compromise time in the future is refused", mark: "k1", since: time.Hour, wantErr: "in the future", wantList: "k1:retired,k2:current", wantActive: "k2"},
+		// The zero time ("from the start" to an operator) was stored, and
+		// read back as no mark at all.
+		{desc: "the zero time is refused", mark: "k2", at: &time.Time{}, wantErr: "is before 1970, and no key existed then; to distrust every receipt the key signed, give 2026-11-29T12:55:00.123456Z", wantList: "k1:retired,k2:current", wantActive: "k2"},
+		{desc: "a time before 1970 is refused", mark: "k1", at: &pre1970, wantErr: "is before 1970", wantList: "k1:retired,k2:current", wantActive: "k2"},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			dir := t.TempDir()
@@ -223,7 +247,17 @@ func TestMarkCompromised(t *testing.T) {
 			}
 			c.Add(time.Hour)
 			since := c.Now().Add(tc.since)
-			err := s.MarkCompromised(tc.mark, since)
+			if tc.at != nil {
+				since = *tc.at
+			}
+			before, err := os.Stat(filepath.Join(dir, IndexFile))
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = s.MarkCompromised(tc.mark, since)
+			if after, _ := os.Stat(filepath.Join(dir, IndexFile)); tc.wantErr != "" && !os.SameFile(before, after) {
+				t.Errorf("a refused mark rewrote index.json")
+			}
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("err = %v, want it to mention %q", err, tc.wantErr)
@@ -248,6 +282,37 @@ func TestMarkCompromised(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestAStoredZeroMarkIsCompromisedFromTheStart: before MarkCompromised
+// refused it, the zero time could be stored as a mark, and it read back as
+// no mark: certd published a plain retired key (or signed with it, when it
+// was current). Such a mark is a mark with no time: nothing the key signed
+// is trusted, and a later mark cannot move it.
+func TestAStoredZeroMarkIsCompromisedFromTheStart(t *testing.T) {
+	dir := t.TempDir()
+	c := newClock()
+	s := open(t, dir, c)
+	if _, err := s.Generate(); err != nil {
+		t.Fatal(err)
+	}
+	c.Add(time.Hour)
+	rewriteIndex(t, dir, func(idx *index) { idx.Keys[0].CompromisedSince = "0001-01-01T00:00:00Z" })
+	for name, st := range map[string]*Store{"reloaded": s, "reopened": open(t, dir, c)} {
+		if err := st.Reload(); err != nil {
+			t.Fatal(err)
+		}
+		if got := versions(st.List()); got != "k1:compromised" {
+			t.Errorf("%s: List = %s, want k1:compromised", name, got)
+		}
+		if k, err := st.Current(); !errors.Is(err, ErrNoKey) {
+			t.Errorf("%s: Current = %s, %v; a key marked compromised never signs", name, k.Version, err)
+		}
+	}
+	stands, err := s.MarkCompromised("k1", c.Now().Add(-time.Minute))
+	if err != nil || !stands.IsZero() {
+		t.Errorf("a later mark over a mark with no time: %v, %v; want it to stand (the zero time)", stands, err)
 	}
 }
 
@@ -567,7 +632,7 @@ func TestPublicOnlyOpensWithoutReadingPrivateKeys(t *testing.T) {
 		t.Fatalf("PublicOnly key: private %v, public matches %v", k.Private != nil, k.Public.Equal(k1.Public))
 	}
 	c.Add(time.Minute)
-	if err := op.MarkCompromised("k1", c.Now().Add(-time.Hour)); err != nil {
+	if _, err := op.MarkCompromised("k1", c.Now().Add(-time.Hour)); err != nil {
 		t.Fatalf("MarkCompromised: %v", err)
 	}
 	if got := versions(op.List()); got != "k1:compromised,k2:current" {

@@ -73,7 +73,7 @@ func TestCompromiseOfTheCurrentKeyIsRecordedWithTheClockBehind(t *testing.T) {
 	}
 	c.Add(-2 * time.Hour) // the clock steps back
 	since := c.Now().Add(-time.Minute)
-	err = s.MarkCompromised("k1", since)
+	_, err = s.MarkCompromised("k1", since)
 	var refused *ReplacementRefusedError
 	var clockErr *ClockBehindError
 	if !errors.As(err, &refused) || !errors.As(err, &clockErr) {
@@ -159,7 +159,7 @@ func TestRotateAfterAnIndexRestoreNeverOverwritesAKeyFile(t *testing.T) {
 	// A compromise of the current key is recorded all the same (k1 never
 	// signs again); only its replacement is refused, for the same reason.
 	since := c.Now().Add(-time.Minute)
-	err = restored.MarkCompromised("k1", since)
+	_, err = restored.MarkCompromised("k1", since)
 	var refused *ReplacementRefusedError
 	if !errors.As(err, &refused) || !errors.As(err, &stray) || strings.Join(stray.Files, ",") != "k2.key" {
 		t.Fatalf("compromise after the restore: err = %v, want a recorded mark whose replacement was refused naming k2.key", err)

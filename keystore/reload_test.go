@@ -34,7 +34,7 @@ func TestAReloadThatCannotLoadTheNewKeyStopsSigning(t *testing.T) {
 			t.Fatal(err)
 		}
 		c.Add(time.Hour)
-		if err := operator.MarkCompromised("k1", c.Now().Add(-time.Minute)); err != nil {
+		if _, err := operator.MarkCompromised("k1", c.Now().Add(-time.Minute)); err != nil {
 			t.Fatal(err)
 		}
 		k2Path := filepath.Join(dir, "k2.key")

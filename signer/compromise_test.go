@@ -40,7 +40,7 @@ func TestSigningStopsWhenTheIndexRetiresTheKeyAndTheNewOneCannotLoad(t *testing.
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := operator.MarkCompromised("k1", time.Now().Add(-time.Minute)); err != nil {
+	if _, err := operator.MarkCompromised("k1", time.Now().Add(-time.Minute)); err != nil {
 		t.Fatal(err)
 	}
 	k2Path := filepath.Join(f.keysDir, "k2.key")

@@ -96,7 +96,7 @@ func TestLocalFollowsRotation(t *testing.T) {
 	}
 	checkSignature(t, operator, receipt.ContextVerify, resp, att)
 	// A compromised current key never signs again: marking it rotates.
-	if err := operator.MarkCompromised("k2", operator.List()[1].CreatedAt); err != nil {
+	if _, err := operator.MarkCompromised("k2", operator.List()[1].CreatedAt); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := l.Sign(ctx, receipt.ContextVerify, "k2", at, resp); !errors.As(err, &stale) || stale.Current != "k3" {
@@ -165,7 +165,7 @@ func TestKeyOperatorProcess(t *testing.T) {
 		_, err = ks.Rotate()
 	case "compromise":
 		cur, _ := ks.Current()
-		err = ks.MarkCompromised(cur.Version, time.Now().Add(-time.Second))
+		_, err = ks.MarkCompromised(cur.Version, time.Now().Add(-time.Second))
 	default:
 		t.Fatalf("unknown operation %q", op)
 	}

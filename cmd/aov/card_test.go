@@ -57,7 +57,7 @@ func TestReceiptVerifyAgainstTheServedCard(t *testing.T) {
 	// k2 marked compromised from before the receipt was made: the card
 	// now says so and the receipt no longer holds; k1's receipt still does.
 	clock = at.Add(time.Hour)
-	if err := store.MarkCompromised(k2.Version, at.Add(-time.Minute)); err != nil {
+	if _, err := store.MarkCompromised(k2.Version, at.Add(-time.Minute)); err != nil {
 		t.Fatal(err)
 	}
 	check("a receipt of a key compromised before it was signed is invalid", r2, 1, "invalid: key "+k2.Version+" is marked compromised since")
