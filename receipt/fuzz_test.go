@@ -125,6 +125,11 @@ func FuzzVerifyReceipt(f *testing.F) {
 		f.Add(bytes.Replace(compromised, []byte(`"status"`), []byte(twin+`,"status"`), 1))
 		f.Add(bytes.Replace(compromised, []byte(`"compromisedSince":"2026-01-02T00:00:00Z"`), []byte(`"compromisedSince":"2026-01-02T00:00:00Z",`+twin), 1))
 	}
+	// Times, as ParseTime reads the receipt's and the card's: the forms
+	// time.Parse takes and RFC 3339 does not, and impossible dates.
+	for _, s := range []string{"2026-11-29T21:22:28.1234567891Z", "2026-11-29T1:22:28Z", "2026-11-29T21:22:28,5Z", "2026-01-01T00:00:00+24:00", "2026-02-30T00:00:00Z", "2026-11-29T24:00:00Z", "2026-11-29T21:22:28-00:00"} {
+		f.Add([]byte(s))
+	}
 	// The receipt genuine is checked against whatever card data is: its
 	// messages, built from the card's strings, must carry no control
 	// character to the terminal of `aov receipt verify`.
@@ -134,6 +139,11 @@ func FuzzVerifyReceipt(f *testing.F) {
 		}
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
+		// A time ParseTime takes prints back as written (the by-hand
+		// steps of the README check dates that way).
+		if tm, err := ParseTime(string(data)); err == nil && tm.Format("2006-01-02T15:04:05") != string(data[:19]) {
+			t.Fatalf("ParseTime(%q) read the date and time as %s", data, tm)
+		}
 		_ = CheckHashes(data, Hashes{Output: "a", Schema: "b", Rules: "c", Request: "d"})
 		_ = CheckRequest(data, Expected{Hashes: Hashes{Output: "a", Schema: "b", Rules: "c", Request: "d"}, TaskID: "t"})
 		if cardKeys, err := KeysFromCard(data); err != nil {

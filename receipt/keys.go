@@ -230,7 +230,7 @@ func parseCardKey(pk PublicKey) (key, error) {
 	if pk.PublicKeyEncoding != "" && pk.PublicKeyEncoding != "base64" {
 		return key{}, fmt.Errorf("publicKeyEncoding %s is not supported (want base64)", quoteShort(pk.PublicKeyEncoding))
 	}
-	raw, err := base64.StdEncoding.Strict().DecodeString(pk.PublicKey)
+	raw, err := decodeStdBase64(pk.PublicKey)
 	if err != nil {
 		return key{}, errors.New("publicKey is not standard base64")
 	}
@@ -245,7 +245,7 @@ func parseCardKey(pk PublicKey) (key, error) {
 		if f.value == "" {
 			continue
 		}
-		t, err := time.Parse(time.RFC3339Nano, f.value)
+		t, err := ParseTime(f.value)
 		if err != nil {
 			return key{}, fmt.Errorf("%s is not an RFC 3339 time", f.name)
 		}
@@ -254,7 +254,7 @@ func parseCardKey(pk PublicKey) (key, error) {
 	if pk.Status == StatusCompromised || pk.CompromisedSince != "" {
 		k.compromised = true
 		if pk.CompromisedSince != "" {
-			t, err := time.Parse(time.RFC3339Nano, pk.CompromisedSince)
+			t, err := ParseTime(pk.CompromisedSince)
 			if err != nil {
 				return key{}, errors.New("compromisedSince is not an RFC 3339 time")
 			}

@@ -193,14 +193,14 @@ func Verify(resp []byte, keys KeySet, context string) (Verified, error) {
 			return Verified{}, fmt.Errorf("attestation.key_version %s differs from verify.key_version %s", quoteShort(att.KeyVersion), quoteShort(kv))
 		}
 	}
-	at, err := time.Parse(time.RFC3339Nano, att.Timestamp)
+	at, err := ParseTime(att.Timestamp)
 	if err != nil {
 		return Verified{}, fmt.Errorf("attestation.timestamp %s is not an RFC 3339 time", quoteShort(att.Timestamp))
 	}
 	if va, present := doc["verified_at"]; present {
 		vs, _ := va.(string)
 		if vs != att.Timestamp {
-			vt, err := time.Parse(time.RFC3339Nano, vs)
+			vt, err := ParseTime(vs)
 			if err != nil || !vt.Equal(at) {
 				return Verified{}, fmt.Errorf("attestation.timestamp %s is not the instant of verified_at %s", quoteShort(att.Timestamp), quoteShort(vs))
 			}
@@ -316,7 +316,7 @@ func attestationOf(doc map[string]any) (parsedAttestation, error) {
 	if a.Algorithm != Algorithm {
 		return parsedAttestation{}, fmt.Errorf("attestation.algorithm is %s, want %s", quoteShort(a.Algorithm), Algorithm)
 	}
-	sig, err := base64.StdEncoding.Strict().DecodeString(a.Signature)
+	sig, err := decodeStdBase64(a.Signature)
 	if err != nil {
 		return parsedAttestation{}, errors.New("attestation.signature is not standard base64")
 	}
@@ -477,4 +477,63 @@ func quoteShort(s string) string {
 		return fmt.Sprintf("%q…", s[:limit])
 	}
 	return fmt.Sprintf("%q", s)
+}
+
+// ParseTime reads a time of a receipt or an agent card (attestation.timestamp,
+// verified_at, createdAt, retiredAt, compromisedSince): RFC 3339, in the one
+// form it is written, YYYY-MM-DDThh:mm:ss, an optional fraction after a
+// period, then Z or ±hh:mm. time.Parse alone also takes a one-digit hour, a
+// comma before the fraction and offsets of +24:00 or 60 minutes, which
+// other readers refuse; a receipt this package verifies must verify by hand
+// too (README, "By hand, step by step"). A fraction of more than 9 digits is
+// cut to the nanosecond, as time.Parse does. certd signs no attested_at
+// this refuses.
+func ParseTime(s string) (time.Time, error) {
+	if !rfc3339Form(s) {
+		return time.Time{}, errors.New("not an RFC 3339 time")
+	}
+	return time.Parse(time.RFC3339Nano, s)
+}
+
+// rfc3339Form reports whether s has ParseTime's form; the ranges of the
+// date and time fields are time.Parse's to check.
+func rfc3339Form(s string) bool {
+	const form = "dddd-dd-ddTdd:dd:dd"
+	digit := func(c byte) bool { return c >= '0' && c <= '9' }
+	if len(s) <= len(form) {
+		return false
+	}
+	for i := range len(form) {
+		if form[i] == 'd' && !digit(s[i]) || form[i] != 'd' && s[i] != form[i] {
+			return false
+		}
+	}
+	s = s[len(form):]
+	if s[0] == '.' {
+		i := 1
+		for i < len(s) && digit(s[i]) {
+			i++
+		}
+		if i == 1 {
+			return false
+		}
+		s = s[i:]
+	}
+	if s == "Z" {
+		return true
+	}
+	return len(s) == 6 && (s[0] == '+' || s[0] == '-') && s[3] == ':' &&
+		digit(s[1]) && digit(s[2]) && digit(s[4]) && digit(s[5]) &&
+		(s[1]-'0')*10+s[2]-'0' < 24 && (s[4]-'0')*10+s[5]-'0' < 60
+}
+
+// decodeStdBase64 decodes strict standard base64 (padded, no stray bits)
+// with no line break: encoding/base64 skips CR and LF even in strict mode,
+// so a signature or key with one inside would read as the same bytes here
+// and be refused by other readers.
+func decodeStdBase64(s string) ([]byte, error) {
+	if strings.ContainsAny(s, "\r\n") {
+		return nil, errors.New("line break in base64")
+	}
+	return base64.StdEncoding.Strict().DecodeString(s)
 }

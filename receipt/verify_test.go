@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 )
 
 // edit decodes a receipt, lets f change it, and encodes it again (with
@@ -475,5 +476,69 @@ func TestKeysFromCardReadsExactMemberNames(t *testing.T) {
 	c := bytes.Replace(card(""), []byte(`"keyVersion"`), []byte(`"KeyVersion"`), 1)
 	if _, err := KeysFromCard(c); err == nil || !strings.Contains(err.Error(), "keyVersion is empty") {
 		t.Errorf("a card whose key has KeyVersion only: %v", err)
+	}
+}
+
+// TestTimesAreReadInTheFormRFC3339WritesThem: receipts and cards carry
+// times as RFC 3339 writes them. time.Parse also takes forms no RFC 3339
+// reader does (a one-digit hour, a comma before the fraction, an offset of
+// +24:00 or 60 minutes), which a JavaScript or Python verifier refuses, so
+// one receipt would verify with this package and not with theirs. More than
+// 9 fraction digits are RFC 3339 and read as time.Parse reads them, cut to
+// the nanosecond.
+func TestTimesAreReadInTheFormRFC3339WritesThem(t *testing.T) {
+	for s, want := range map[string]string{
+		"2026-11-29T21:22:28Z":            "2026-11-29T21:22:28Z",
+		"2026-11-29T21:22:28.1234567891Z": "2026-11-29T21:22:28.123456789Z",
+		"2026-11-29T23:22:28+02:00":       "2026-11-29T21:22:28Z",
+		"2026-11-29T21:22:28-00:00":       "2026-11-29T21:22:28Z",
+		"2024-02-29T00:00:00Z":            "2024-02-29T00:00:00Z",
+		"2026-11-29T1:22:28Z":             "",
+		"2026-11-29T21:22:28,5Z":          "",
+		"2026-01-01T00:00:00+24:00":       "",
+		"2026-01-01T00:00:00+23:60":       "",
+		"2026-02-30T00:00:00Z":            "",
+		"2026-11-31T00:00:00Z":            "",
+		"2026-11-29T24:00:00Z":            "",
+		"2026-11-29T23:59:60Z":            "",
+		"2026-11-29t21:22:28z":            "",
+		"2026-11-29T21:22:28.Z":           "",
+		"2026-11-29T21:22:28":             "",
+		" 2026-11-29T21:22:28Z":           "",
+	} {
+		got, err := ParseTime(s)
+		switch {
+		case want == "" && err == nil:
+			t.Errorf("ParseTime(%q) = %v, want it refused", s, got)
+		case want != "" && (err != nil || got.UTC().Format(time.RFC3339Nano) != want):
+			t.Errorf("ParseTime(%q) = %v, %v; want %s", s, got, err, want)
+		}
+	}
+	// Where the package reads them: a card's times, a receipt's timestamp.
+	pub, priv := seededKey(2)
+	if _, err := KeysFromCard(cardWith("k2", cardKey{version: "k2", status: StatusCurrent, createdAt: "2026-01-01T00:00:00+24:00", pub: pub})); err == nil || !strings.Contains(err.Error(), "createdAt is not an RFC 3339 time") {
+		t.Errorf("a createdAt with offset +24:00: %v", err)
+	}
+	r := attach(t, priv, ContextScore, "k2", "2026-11-29T21:22:28,5Z", scoreResponse("k2"))
+	if err := VerifyReceipt(r, SingleKey("", pub), ""); err == nil || !strings.Contains(err.Error(), "is not an RFC 3339 time") {
+		t.Errorf("a receipt dated with a comma before the fraction: %v", err)
+	}
+}
+
+// TestBase64HasNoLineBreaks: encoding/base64 skips CR and LF even in strict
+// mode, so a signature or a card's key with a line break inside read as
+// the same bytes here while other readers refuse them (or read others).
+func TestBase64HasNoLineBreaks(t *testing.T) {
+	pub, priv := seededKey(2)
+	r := attach(t, priv, ContextVerify, "k2", fixtureTime, fullResponse(t, "k2"))
+	i := bytes.Index(r, []byte(`"signature":"`)) + len(`"signature":"`) + 10
+	broken := append(append(append([]byte(nil), r[:i]...), `\n`...), r[i:]...)
+	if err := VerifyReceipt(broken, SingleKey("", pub), ""); err == nil || !strings.Contains(err.Error(), "attestation.signature is not standard base64") {
+		t.Errorf("a signature with a line break: %v", err)
+	}
+	c := cardWith("k2", cardKey{version: "k2", status: StatusCurrent, pub: pub})
+	c = bytes.Replace(c, []byte(base64.StdEncoding.EncodeToString(pub)[:8]), []byte(base64.StdEncoding.EncodeToString(pub)[:8]+`\r\n`), 1)
+	if _, err := KeysFromCard(c); err == nil || !strings.Contains(err.Error(), "publicKey is not standard base64") {
+		t.Errorf("a card's publicKey with a line break: %v", err)
 	}
 }

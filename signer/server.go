@@ -305,9 +305,10 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, erro
 
 // checkTime accepts attested_at only as RFC 3339 within the allowed skew of
 // certd's clock, so nobody can obtain a receipt dated far from when it was
-// signed.
+// signed. It reads the time as verifiers do (receipt.ParseTime): one they
+// refuse would make a receipt that never verifies.
 func (s *Server) checkTime(at string) (apierr.Field, bool) {
-	t, err := time.Parse(time.RFC3339Nano, at)
+	t, err := receipt.ParseTime(at)
 	if err != nil {
 		return apierr.Field{Field: "attested_at", Problem: "is not an RFC 3339 time",
 			Fix: "Send a time such as 2026-11-29T21:22:28.123456+00:00."}, false

@@ -308,6 +308,10 @@ func TestSignRefusals(t *testing.T) {
 		{desc: "an attested_at 61 s behind certd's clock is refused", body: doc(receipt.ContextVerify, "k1", "2026-11-29T20:58:59Z", resp), wantStatus: 422, wantCode: "invalid_request", wantField: "attested_at"},
 		{desc: "an attested_at 61 s ahead of certd's clock is refused", body: doc(receipt.ContextVerify, "k1", "2026-11-29T21:01:01Z", resp), wantStatus: 422, wantCode: "invalid_request", wantField: "attested_at"},
 		{desc: "an attested_at that is not RFC 3339 is refused", body: doc(receipt.ContextVerify, "k1", "29/11/2026 21:00", resp), wantStatus: 422, wantCode: "invalid_request", wantField: "attested_at"},
+		// time.Parse takes these; verifiers (receipt.ParseTime, and by hand)
+		// do not, so the receipt would be signed and never verify.
+		{desc: "an attested_at with a comma before the fraction is refused", body: doc(receipt.ContextVerify, "k1", "2026-11-29T21:00:00,5Z", resp), wantStatus: 422, wantCode: "invalid_request", wantField: "attested_at"},
+		{desc: "an attested_at with a one-digit hour is refused", body: doc(receipt.ContextVerify, "k1", "2026-11-30T0:00:00+03:00", resp), wantStatus: 422, wantCode: "invalid_request", wantField: "attested_at"},
 		{desc: "a missing attested_at is refused", body: hand(alg + "," + ctxM + "," + kvM + "," + respM), wantStatus: 422, wantCode: "invalid_request", wantField: "attested_at"},
 		{desc: "a missing key_version is refused", body: hand(alg + "," + atM + "," + ctxM + "," + respM), wantStatus: 422, wantCode: "invalid_request", wantField: "context"},
 		{desc: "a missing algorithm is refused", body: hand(atM + "," + ctxM + "," + kvM + "," + respM), wantStatus: 422, wantCode: "invalid_request"},
