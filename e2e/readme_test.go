@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -585,8 +586,9 @@ func TestReadmeReceiptByHandRefusesWhatThePackageRefuses(t *testing.T) {
 	const at = "2026-11-29T21:22:28.123456+00:00"
 	// sign makes a receipt as verifierd does: the response, its attestation
 	// spliced in last. The task_id carries a U+FFFD for the surrogate case.
-	sign := func(t *testing.T, priv ed25519.PrivateKey, kv, at string) []byte {
-		resp := []byte(`{"summary":{"result":"fail","blocking_checks":["consistency:sum_equals"]},"result":"fail",` +
+	// signExtra puts extra members (`"score":0,`) in the response it signs.
+	signExtra := func(t *testing.T, priv ed25519.PrivateKey, kv, at, extra string) []byte {
+		resp := []byte(`{"summary":{"result":"fail","blocking_checks":["consistency:sum_equals"]},"result":"fail",` + extra +
 			`"task_id":"invoice-` + "\uFFFD" + `","output_hash":"` + strings.Repeat("ab", 32) + `","verified_at":"` + at + `",` +
 			`"verify":{"public_key_url":"https://verifier.example/.well-known/agent-card.json","key_version":"` + kv + `"}}`)
 		att, err := receipt.Sign(priv, receipt.ContextVerify, kv, at, resp)
@@ -595,6 +597,9 @@ func TestReadmeReceiptByHandRefusesWhatThePackageRefuses(t *testing.T) {
 		}
 		a, _ := json.Marshal(att)
 		return append(append(append(resp[:len(resp)-1:len(resp)-1], `,"attestation":`...), a...), '}')
+	}
+	sign := func(t *testing.T, priv ed25519.PrivateKey, kv, at string) []byte {
+		return signExtra(t, priv, kv, at, "")
 	}
 	type entry map[string]string
 	key := func(kv string, priv ed25519.PrivateKey, status string, times ...string) entry {
@@ -617,6 +622,19 @@ func TestReadmeReceiptByHandRefusesWhatThePackageRefuses(t *testing.T) {
 	}
 	retiredK1 := key("k1", k1, "retired", "createdAt", "2026-01-01T00:00:00Z", "retiredAt", "2026-11-28T21:22:28Z")
 	currentK2 := key("k2", k2, "current", "createdAt", "2026-11-28T21:22:28Z")
+	good := func(t *testing.T) []byte { return card(t, retiredK1, currentK2) }
+	// twin puts members into k2's entry, after its status.
+	twin := func(members string) func(t *testing.T) []byte {
+		return func(t *testing.T) []byte {
+			return bytes.Replace(good(t), []byte(`"status":"current"`), []byte(`"status":"current",`+members), 1)
+		}
+	}
+	genuine := func(t *testing.T) []byte { return sign(t, k2, "k2", at) }
+	with := func(e entry, member, value string) entry {
+		c := maps.Clone(e)
+		c[member] = value
+		return c
+	}
 
 	for _, tc := range []struct {
 		desc          string
@@ -709,6 +727,137 @@ func TestReadmeReceiptByHandRefusesWhatThePackageRefuses(t *testing.T) {
 				return bytes.Replace(card(t, retiredK1, currentK2), []byte(`"status":"current"`), []byte(`"status":"compromised","status":"current"`), 1)
 			},
 			refusal: `card.json: refused: a member name twice in one object`,
+		},
+		// Member names are exact: encoding/json's struct matching took
+		// "Status" (and "ſtatus", U+017F) for "status", the last one winning.
+		{desc: "a card whose key entry adds Status compromised after status current verifies, as every exact reader says", receipt: genuine, card: twin(`"Status":"compromised"`), verifies: true},
+		{desc: "a card whose key entry adds compromisedsince verifies", receipt: genuine, card: twin(`"compromisedsince":"2026-01-02T00:00:00Z"`), verifies: true},
+		{desc: "a card whose key entry adds compromiſedSince (U+017F) verifies", receipt: genuine, card: twin(`"compromi` + "\u017f" + `edSince":"2026-01-02T00:00:00Z"`), verifies: true},
+		{
+			desc: "a card whose key entry says status compromised, then Status current, is refused", receipt: genuine,
+			card: func(t *testing.T) []byte {
+				return bytes.Replace(good(t), []byte(`"status":"current"`), []byte(`"status":"compromised","Status":"current"`), 1)
+			},
+			refusal: `refused: the key is marked compromised at the receipt's date`,
+		},
+		{
+			desc: "a card whose key entry spells KeyVersion is refused", receipt: genuine,
+			card: func(t *testing.T) []byte {
+				return bytes.Replace(good(t), []byte(`"keyVersion":"k2"`), []byte(`"KeyVersion":"k2"`), 1)
+			},
+			refusal: `refused: a key of the card has no keyVersion`,
+		},
+		{desc: "a card whose key compromisedSince is not a string is refused", receipt: genuine, card: twin(`"compromisedSince":["2026-01-02T00:00:00Z"]`), refusal: `refused: a key's compromisedSince is not a string`},
+		// Every Ed25519 entry is checked, not only the receipt's key.
+		{
+			desc: "a compromisedSince of 2026-11-31 (Date rolls it to December 1) is refused", receipt: genuine,
+			card: func(t *testing.T) []byte {
+				return card(t, retiredK1, with(currentK2, "compromisedSince", "2026-11-31T00:00:00Z"))
+			},
+			refusal: `refused: a time of the receipt or the card is not RFC 3339`,
+		},
+		{
+			desc: "another key's retiredAt of 2026-02-30 is refused", receipt: genuine,
+			card: func(t *testing.T) []byte {
+				return card(t, with(retiredK1, "retiredAt", "2026-02-30T00:00:00Z"), currentK2)
+			},
+			refusal: `refused: a time of the receipt or the card is not RFC 3339`,
+		},
+		{
+			desc: "a createdAt at T24:00:00Z is refused", receipt: genuine,
+			card: func(t *testing.T) []byte {
+				return card(t, retiredK1, with(currentK2, "createdAt", "2026-11-27T24:00:00Z"))
+			},
+			refusal: `refused: a time of the receipt or the card is not RFC 3339`,
+		},
+		{
+			desc: "a createdAt with a comma before its fraction is refused", receipt: genuine,
+			card: func(t *testing.T) []byte {
+				return card(t, retiredK1, with(currentK2, "createdAt", "2026-11-28T21:22:28,5Z"))
+			},
+			refusal: `refused: a time of the receipt or the card is not RFC 3339`,
+		},
+		{
+			desc: "another key's publicKey of 3 bytes is refused", receipt: genuine,
+			card:    func(t *testing.T) []byte { return card(t, with(retiredK1, "publicKey", "AAAA"), currentK2) },
+			refusal: `refused: a key of the card has no keyVersion or no base64 publicKey of 32 bytes`,
+		},
+		{
+			desc: "a publicKeyEncoding hex is refused", receipt: genuine,
+			card:    func(t *testing.T) []byte { return card(t, retiredK1, with(currentK2, "publicKeyEncoding", "hex")) },
+			refusal: `refused: a key of the card has no keyVersion or no base64 publicKey of 32 bytes`,
+		},
+		{
+			desc: "a card whose publicKeys is one object, not an array, is refused", receipt: genuine,
+			card: func(t *testing.T) []byte {
+				b, _ := json.Marshal(map[string]any{"capabilities": map[string]any{"extensions": []any{
+					map[string]any{"uri": receipt.ExtensionURI, "params": map[string]any{"publicKeys": currentK2}}}}})
+				return b
+			},
+			refusal: `refused: params.publicKeys is not an array`,
+		},
+		{
+			desc: "a receipt whose attestation.algorithm is none is refused",
+			receipt: func(t *testing.T) []byte {
+				return bytes.Replace(genuine(t), []byte(`"algorithm":"Ed25519"`), []byte(`"algorithm":"none"`), 1)
+			},
+			card: good, refusal: `refused: attestation.algorithm is not Ed25519`,
+		},
+		{
+			desc: "a signature re-encoded with nonzero pad bits is refused",
+			receipt: func(t *testing.T) []byte {
+				r := genuine(t)
+				i := bytes.Index(r, []byte(`=="`)) - 1 // the last character of the 64 bytes: 4 pad bits
+				const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+				r[i] = alphabet[strings.IndexByte(alphabet, r[i])|1]
+				return r
+			},
+			card: good, refusal: `refused: attestation.signature is not standard base64 of 64 bytes`,
+		},
+		{
+			desc: "a signature with a line break inside is refused",
+			receipt: func(t *testing.T) []byte {
+				return bytes.Replace(genuine(t), []byte(`=="`), []byte(`\n=="`), 1)
+			},
+			card: good, refusal: `refused: attestation.signature is not standard base64 of 64 bytes`,
+		},
+		{
+			desc: "1e400 in place of the signed 1.7976931348623157e+308 is refused",
+			receipt: func(t *testing.T) []byte {
+				return bytes.Replace(signExtra(t, k2, "k2", at, `"score":1.7976931348623157e+308,`), []byte(`1.7976931348623157e+308`), []byte(`1e400`), 1)
+			},
+			card: good, refusal: `receipt.json: refused: a number beyond a double`,
+		},
+		{
+			desc: "1e-400 in place of the signed 0 is refused",
+			receipt: func(t *testing.T) []byte {
+				return bytes.Replace(signExtra(t, k2, "k2", at, `"score":0,`), []byte(`"score":0,`), []byte(`"score":1e-400,`), 1)
+			},
+			card: good, refusal: `receipt.json: refused: a number beyond a double`,
+		},
+		{
+			desc: "0e-400, which is 0, verifies where 0 was signed",
+			receipt: func(t *testing.T) []byte {
+				return bytes.Replace(signExtra(t, k2, "k2", at, `"score":0,`), []byte(`"score":0,`), []byte(`"score":0e-400,`), 1)
+			},
+			card:     good,
+			verifies: true,
+		},
+		{
+			desc:    "a receipt dated with 10 fraction digits verifies, cut to the nanosecond",
+			receipt: func(t *testing.T) []byte { return sign(t, k2, "k2", "2026-11-29T21:22:28.1234567891Z") },
+			card: func(t *testing.T) []byte {
+				return card(t, retiredK1, with(currentK2, "compromisedSince", "2026-11-29T21:22:28.123456790Z"))
+			},
+			verifies: true,
+		},
+		{
+			desc:    "a receipt dated with 10 fraction digits at its key's compromisedSince, to the nanosecond, is refused",
+			receipt: func(t *testing.T) []byte { return sign(t, k2, "k2", "2026-11-29T21:22:28.1234567891Z") },
+			card: func(t *testing.T) []byte {
+				return card(t, retiredK1, with(currentK2, "compromisedSince", "2026-11-29T21:22:28.123456789Z"))
+			},
+			refusal: `refused: the key is marked compromised at the receipt's date`,
 		},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
