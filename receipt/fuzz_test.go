@@ -235,7 +235,9 @@ func checkCompromiseMarks(t *testing.T, cardJSON []byte, ks KeySet) {
 		v, _ := pk["keyVersion"].(string)
 		since, _ := pk["compromisedSince"].(string)
 		want := pk["status"] == StatusCompromised || since != ""
-		if k := ks.keys[v]; k.compromised != want || (since == "") != k.since.IsZero() {
+		k := ks.keys[v]
+		st, _ := ParseTime(since)
+		if k.compromised != want || !k.since.Equal(st) {
 			t.Fatalf("key %q: KeysFromCard read compromised=%v since=%v, its entry by exact names says %v since %q", v, k.compromised, k.since, want, since)
 		}
 	}
