@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"maps"
+	"mime"
 	"net/http"
 	"slices"
 	"strconv"
@@ -198,27 +199,36 @@ func (e *mcpExchange) toolError(w http.ResponseWriter, r *http.Request, ae *apie
 	}))
 }
 
-// billable reports whether the held answer is a successful tool result. An
-// answer the gate cannot read is turned into a JSON-RPC error in place: the
-// gate must not release what it cannot tell was a success, and must not
-// charge for it either.
+// billable reports whether the held answer is a successful tool result
+// the buyer's MCP client takes as the answer to this call. An answer the
+// gate cannot read, or the client would not take, is turned into a
+// JSON-RPC error in place: the gate must not release what it cannot tell
+// was a success, and must not charge for it either.
 //
 // Free and paid calls read the answer one way (toolSucceeded): with exact
 // member names, as the buyer's client reads it. encoding/json's struct
 // matching takes a field in any letter case and keeps the last, so
 // {"isError":true,"IsError":false} would be a success to a struct and an
 // error to the client.
+//
+// The answer must be application/json: the client reads a
+// text/event-stream answer as events, and a JSON body sent under that
+// type is no event at all to it (and any other type is refused), so what
+// the gate would read as a success the client never sees.
 func (e *mcpExchange) billable(bw *bufferedWriter) bool {
 	if bw.status() >= 400 {
 		return false
 	}
-	ok, err := toolSucceeded(bw.buf.Bytes())
+	ok, err := toolSucceeded(bw.buf.Bytes(), e.id)
+	if err == nil && !isJSONAnswer(bw.header) {
+		err = errors.New("the answer is not application/json")
+	}
 	if err != nil {
 		bw.buf.Reset()
 		bw.header.Set("Content-Type", "application/json")
 		body, _ := json.Marshal(rpcError(e.id, rpcInternalError, &apierr.Error{
 			Code:        "upstream_answer_unreadable",
-			Message:     "The tool's answer could not be read by the payment gateway (it must answer with application/json, not a stream) and nothing was charged.",
+			Message:     "The tool's answer could not be read by the payment gateway (it must answer with application/json, not a stream, one JSON-RPC 2.0 answer to this call) and nothing was charged.",
 			Status:      http.StatusBadGateway,
 			NextActions: []apierr.Action{{Action: "contact_operator"}},
 		}))
@@ -228,20 +238,57 @@ func (e *mcpExchange) billable(bw *bufferedWriter) bool {
 	return ok
 }
 
+// isJSONAnswer reports whether an answer's media type is application/json,
+// read as the MCP SDK's client reads it (mime.ParseMediaType, parameters
+// allowed). The SDK's own servers write exactly "application/json", which
+// is compared without parsing.
+func isJSONAnswer(h http.Header) bool {
+	ct := h.Get("Content-Type")
+	if ct == "application/json" {
+		return true
+	}
+	mt, _, err := mime.ParseMediaType(ct)
+	return err == nil && mt == "application/json"
+}
+
 // toolSucceeded reports whether a JSON-RPC answer is a successful tool
-// result: a result object whose isError is absent, false or null. An answer
-// that is not JSON, not an object or null, a result that is not an object or
-// null, or an isError that is not a boolean or null is an error
-// (unreadable); null, an answer without a result (a JSON-RPC error) and
-// isError true are readable and not successful. It reads what encoding/json
-// reads into maps of raw members (exact names, the last of duplicates, as
-// JSON.parse keeps; FuzzToolSucceeded holds it to that) without decoding
-// anything and allocating nothing: the answer is a 4.7 KB signed document,
-// and decoding it was half of the gate's CPU on a free MCP call.
-func toolSucceeded(body []byte) (bool, error) {
-	result, _, err := answerResult(body)
-	if err != nil || result == nil || string(result) == "null" {
+// result of the call whose id the gate read as id: an answer the buyer's
+// MCP client (the official SDK's jsonrpc2 decoder and its wait for the
+// call's answer) takes as this call's result, with a result object whose
+// isError is absent, false or null.
+//
+// The answer is unreadable (an error) when it is not JSON, nested deeper
+// than maxAnswerDepth, not an object, or not an answer to this call: its
+// jsonrpc is not "2.0", it has a method (a request, to the client), or its
+// id is not the call's (sameRPCID; the client drops an answer under
+// another id and waits on). A result that is not an object or null, or
+// an isError that is not a boolean or null, is unreadable too. An answer
+// to the call whose error is present and not null is readable and not
+// successful, whatever its result (the client returns the error), as are
+// a result null or absent and isError true.
+//
+// It reads what encoding/json reads into maps of raw members (exact names,
+// the last of duplicates, as JSON.parse keeps; FuzzToolSucceeded holds it
+// to that, and to the SDK's decoder) without decoding anything and
+// allocating nothing: the answer is a 4.7 KB signed document, and decoding
+// it was half of the gate's CPU on a free MCP call.
+func toolSucceeded(body []byte, id json.RawMessage) (bool, error) {
+	a, err := readAnswer(body)
+	switch {
+	case err != nil:
 		return false, err
+	case !isJSONRPC2(a.jsonrpc):
+		return false, errors.New(`the answer's jsonrpc is not "2.0"`)
+	case a.method != nil:
+		return false, errors.New("the answer has a method: it is a request")
+	case !sameRPCID(a.id, id):
+		return false, errors.New("the answer's id is not the call's")
+	case a.err != nil && string(a.err) != "null":
+		return false, nil
+	}
+	result := a.result
+	if result == nil || string(result) == "null" {
+		return false, nil
 	}
 	if result[0] != '{' {
 		return false, errors.New("the result is not an object")
@@ -256,41 +303,86 @@ func toolSucceeded(body []byte) (bool, error) {
 	}
 }
 
+// isJSONRPC2 reports whether a jsonrpc member's raw value is the string
+// "2.0", however it is escaped.
+func isJSONRPC2(v []byte) bool {
+	return string(v) == `"2.0"` || (bytes.IndexByte(v, '\\') >= 0 && jsonString(v) == "2.0")
+}
+
 // maxAnswerDepth is encoding/json's limit on nesting: an answer nested
 // deeper is not JSON to it, so not to the gate either.
 const maxAnswerDepth = 10000
 
+// rpcAnswer is the members of a JSON-RPC answer the gate reads: each the
+// raw value of the last member of that exact name, nil when there is none.
+type rpcAnswer struct {
+	jsonrpc, id, method, result, err []byte
+	resultAt                         int // result's offset in the answer
+}
+
 // answerResult returns the value of a JSON-RPC answer's result member, and
 // its offset in body; nil when the answer is null or has no result. It is an
-// error when the answer is not JSON or not an object or null. The members
-// are found by a walk that only finds where strings and values end, then
-// the whole answer is checked to be JSON by segmentio/encoding's
-// validator (the MCP SDK's JSON library; a quarter of encoding/json's
-// Valid's CPU on this answer), which has no nesting limit of its own: the
-// walk measures the depth first.
+// error when the answer is not JSON or not an object or null.
 func answerResult(body []byte) ([]byte, int, error) {
+	a, err := readAnswer(body)
+	return a.result, a.resultAt, err
+}
+
+// readAnswer reads the members of a JSON-RPC answer; all nil when the
+// answer is null. It is an error when the answer is not JSON or not an
+// object or null. The members are found by one walk that only finds where
+// strings and values end, then the whole answer is checked to be JSON by
+// segmentio/encoding's validator (the MCP SDK's JSON library; a quarter of
+// encoding/json's Valid's CPU on this answer), which has no nesting limit
+// of its own: the walk measures the depth first.
+func readAnswer(body []byte) (a rpcAnswer, err error) {
 	i := skipSpace(body, 0)
 	if i == len(body) || body[i] != '{' {
 		if i < len(body) && body[i] == 'n' && sjson.Valid(body) {
-			return nil, 0, nil
+			return a, nil
 		}
-		return nil, 0, errors.New("the answer is not a JSON object")
+		return a, errors.New("the answer is not a JSON object")
 	}
-	v, at, depth := lastMember(body[i:], "result")
+	depth := eachMember(body[i:], func(key, val []byte, at int) {
+		switch {
+		case memberNamed(key, "jsonrpc"):
+			a.jsonrpc = val
+		case memberNamed(key, "id"):
+			a.id = val
+		case memberNamed(key, "method"):
+			a.method = val
+		case memberNamed(key, "result"):
+			a.result, a.resultAt = val, i+at
+		case memberNamed(key, "error"):
+			a.err = val
+		}
+	})
 	if depth > maxAnswerDepth || !sjson.Valid(body) {
-		return nil, 0, errors.New("the answer is not JSON")
+		return rpcAnswer{}, errors.New("the answer is not JSON")
 	}
-	return v, i + at, nil
+	return a, nil
 }
 
 // lastMember returns the value of the last member named name (compared
 // after unescaping, exactly) of the JSON object obj starts with, its offset
 // in obj (nil when there is none), and the object's nesting depth (1 for an
-// object of scalars). The walk only finds where strings and values end and
-// checks nothing else: on bytes that are not JSON it stops within obj with
-// a meaningless answer, and the caller's check of the whole answer
-// discards it.
+// object of scalars).
 func lastMember(obj []byte, name string) (val []byte, at, depth int) {
+	depth = eachMember(obj, func(key, v []byte, i int) {
+		if memberNamed(key, name) {
+			val, at = v, i
+		}
+	})
+	return val, at, depth
+}
+
+// eachMember calls f with each member of the JSON object obj starts with:
+// its quoted name, its raw value and the value's offset in obj; and returns
+// the object's nesting depth (1 for an object of scalars). The walk only
+// finds where strings and values end and checks nothing else: on bytes
+// that are not JSON it stops within obj with a meaningless answer, and the
+// caller's check of the whole answer discards it.
+func eachMember(obj []byte, f func(key, val []byte, at int)) (depth int) {
 	depth = 1
 	i := skipSpace(obj, 1)
 	for i < len(obj) && obj[i] == '"' {
@@ -302,15 +394,13 @@ func lastMember(obj []byte, name string) (val []byte, at, depth int) {
 		i = skipSpace(obj, i)
 		vend, d := skipValue(obj, i)
 		depth = max(depth, 1+d)
-		if memberNamed(key, name) {
-			val, at = obj[i:vend], i
-		}
+		f(key, obj[i:vend], i)
 		if i = skipSpace(obj, vend); i >= len(obj) || obj[i] != ',' {
 			break
 		}
 		i = skipSpace(obj, i+1)
 	}
-	return val, at, depth
+	return depth
 }
 
 // memberNamed reports whether the quoted member name reads as name.

@@ -8,23 +8,41 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"sync/atomic"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 
 	"github.com/aovhq/aov/store"
 )
 
 // answerMembersReference is the reading toolSucceeded must agree with:
 // encoding/json into maps of raw members (exact names, the last of
-// duplicates, as JSON.parse and the MCP SDKs read them), the gate's reading
-// of a paid answer before toolSucceeded.
-func answerMembersReference(body []byte) (ok bool, err error) {
+// duplicates, as JSON.parse and the MCP SDKs read them), with the rules by
+// which the buyer's MCP client takes an answer as the one to its call id:
+// jsonrpc "2.0", no method, the call's id (numbers compared as written: the
+// gate takes only integers without fraction or exponent as ids). An error
+// that is not null makes the answer the client's error.
+func answerMembersReference(body []byte, id json.RawMessage) (ok bool, err error) {
 	var resp, result map[string]json.RawMessage
-	if err = json.Unmarshal(body, &resp); err != nil || resp == nil {
+	if err = json.Unmarshal(body, &resp); err != nil {
 		return false, err
+	}
+	var version string
+	if json.Unmarshal(resp["jsonrpc"], &version) != nil || version != "2.0" {
+		return false, errNotTheCallsAnswer
+	}
+	if _, has := resp["method"]; has {
+		return false, errNotTheCallsAnswer
+	}
+	if got, has := resp["id"]; !has || !reflect.DeepEqual(decodeNumber(got), decodeNumber(id)) {
+		return false, errNotTheCallsAnswer
+	}
+	if e, has := resp["error"]; has && string(e) != "null" {
+		return false, nil
 	}
 	raw, has := resp["result"]
 	if !has || string(raw) == "null" {
@@ -43,6 +61,19 @@ func answerMembersReference(body []byte) (ok bool, err error) {
 	}
 }
 
+// decodeNumber decodes a JSON value with numbers kept as written.
+func decodeNumber(raw json.RawMessage) any {
+	d := json.NewDecoder(bytes.NewReader(raw))
+	d.UseNumber()
+	var v any
+	if d.Decode(&v) != nil {
+		return errNotTheCallsAnswer
+	}
+	return v
+}
+
+var errNotTheCallsAnswer = errors.New("not an answer to the call")
+
 var errUnreadableIsError = errors.New("isError is not a boolean")
 
 // answerCases are answers whose reading matters: case twins, escaped and
@@ -57,77 +88,160 @@ var answerCases = []struct {
 	{`{"jsonrpc":"2.0","id":1,"result":{"content":[],"isError":true}}`, false, false},
 	{`{"jsonrpc":"2.0","id":1,"result":{"isError":true,"IsError":false}}`, false, false},
 	{`{"jsonrpc":"2.0","id":1,"result":{"IsError":true}}`, true, false},
-	{`{"Result":{"isError":true},"result":{}}`, true, false},
-	{`{"result":{"isError":true},"result":{"isError":false}}`, true, false},
-	{`{"result":{"isError":false,"isError":true}}`, false, false},
-	{`{"res\u0075lt":{"is\u0045rror":true}}`, false, false},
-	{`{"result":{"x":{"isError":true},"y":["isError",{"isError":true}]}}`, true, false},
-	{`{"result":{"s":"a \"isError\":true \\","isError":null}}`, true, false},
-	{` { "result" : { "isError" : false } } `, true, false},
-	{`{"result":{"n":123456789012345678901234567890,"isError":false}}`, true, false},
+	{`{"jsonrpc":"2.0","id":1,"Result":{"isError":true},"result":{}}`, true, false},
+	{`{"jsonrpc":"2.0","id":1,"result":{"isError":true},"result":{"isError":false}}`, true, false},
+	{`{"jsonrpc":"2.0","id":1,"result":{"isError":false,"isError":true}}`, false, false},
+	{`{"jsonrpc":"2.0","id":1,"res\u0075lt":{"is\u0045rror":true}}`, false, false},
+	{`{"jsonrpc":"2.0","id":1,"result":{"x":{"isError":true},"y":["isError",{"isError":true}]}}`, true, false},
+	{`{"jsonrpc":"2.0","id":1,"result":{"s":"a \"isError\":true \\","isError":null}}`, true, false},
+	{` { "jsonrpc":"2.0","id":1,"result" : { "isError" : false } } `, true, false},
+	{`{"jsonrpc":"2.0","id":1,"result":{"n":123456789012345678901234567890,"isError":false}}`, true, false},
 	{`{"jsonrpc":"2.0","id":1,"error":{"code":-32603,"message":"x"}}`, false, false},
-	{`{"result":null}`, false, false},
-	{`null`, false, false},
-	{`{}`, false, false},
-	{`{"result":{"isError":"false"}}`, false, true},
-	{`{"result":{"isError":0}}`, false, true},
-	{`{"result":[]}`, false, true},
-	{`{"result":"ok"}`, false, true},
+	{`{"jsonrpc":"2.0","id":1,"result":null}`, false, false},
+	{`{"jsonrpc":"2.0","id":1}`, false, false},
+	{`{"jsonrpc":"2.0","id":1,"result":{"isError":"false"}}`, false, true},
+	{`{"jsonrpc":"2.0","id":1,"result":{"isError":0}}`, false, true},
+	{`{"jsonrpc":"2.0","id":1,"result":[]}`, false, true},
+	{`{"jsonrpc":"2.0","id":1,"result":"ok"}`, false, true},
 	{`[{"result":{}}]`, false, true},
 	{`"x"`, false, true},
-	{`{"result":{}`, false, true},
+	{`{"jsonrpc":"2.0","id":1,"result":{}`, false, true},
 	{`data: {"result":{}}`, false, true},
 	{``, false, true},
+	// Answers the buyer's MCP client does not take as this call's answer
+	// (the SDK's jsonrpc2 decoder, then its wait for the call's id) are
+	// unreadable, whatever their result; an error beside a result is the
+	// client's answer (not a success).
+	{`null`, false, true},
+	{` null `, false, true},
+	{`{}`, false, true},
+	{`{"result":{}}`, false, true},
+	{`{"jsonrpc":"1.0","id":1,"result":{}}`, false, true},
+	{`{"jsonrpc":null,"id":1,"result":{}}`, false, true},
+	{`{"jsonrpc":2.0,"id":1,"result":{}}`, false, true},
+	{`{"jsonrpc":"2.0","jsonrpc":"1.0","id":1,"result":{}}`, false, true},
+	{`{"jsonrpc":"1.0","jsonrpc":"2.0","id":1,"result":{}}`, true, false},
+	{`{"jsonrpc":"2\u002e0","id":1,"result":{}}`, true, false},
+	{`{"Jsonrpc":"2.0","id":1,"result":{}}`, false, true},
+	{`{"jsonrpc":"2.0","result":{}}`, false, true},
+	{`{"jsonrpc":"2.0","id":null,"result":{}}`, false, true},
+	{`{"jsonrpc":"2.0","id":2,"result":{}}`, false, true},
+	{`{"jsonrpc":"2.0","id":"1","result":{}}`, false, true},
+	{`{"jsonrpc":"2.0","id":[1],"result":{}}`, false, true},
+	{`{"jsonrpc":"2.0","id":1,"id":2,"result":{}}`, false, true},
+	{`{"jsonrpc":"2.0","id":2,"id":1,"result":{}}`, true, false},
+	{`{"jsonrpc":"2.0","id":1.0,"result":{}}`, false, true},
+	{`{"jsonrpc":"2.0","id":1e0,"result":{}}`, false, true},
+	{`{"jsonrpc":"2.0","id":2,"error":{"code":-32603,"message":"x"}}`, false, true},
+	{`{"jsonrpc":"2.0","id":1,"method":"notifications/message","result":{}}`, false, true},
+	{`{"jsonrpc":"2.0","id":1,"method":null,"result":{}}`, false, true},
+	{`{"jsonrpc":"2.0","id":1,"method":"","result":{}}`, false, true},
+	{`{"jsonrpc":"2.0","id":1,"Method":"x","result":{}}`, true, false},
+	{`{"jsonrpc":"2.0","id":1,"result":{},"error":{"code":-32603,"message":"tool backend failed"}}`, false, false},
+	{`{"jsonrpc":"2.0","id":1,"error":{},"result":{}}`, false, false},
+	{`{"jsonrpc":"2.0","id":1,"result":{},"error":null}`, true, false},
+	{`{"jsonrpc":"2.0","id":1,"Error":{"code":1,"message":"x"},"result":{}}`, true, false},
 	// Bytes where one JSON validator might differ from encoding/json's:
 	// numbers, escapes, control characters, white space, literals.
-	{`{"result":{"n":01}}`, false, true},
-	{`{"result":{"n":1.}}`, false, true},
-	{`{"result":{"n":-}}`, false, true},
-	{`{"result":{"n":1e}}`, false, true},
-	{`{"result":{"n":.5}}`, false, true},
-	{`{"result":{"n":+1}}`, false, true},
-	{`{"result":{"n":-0.0e-0}}`, true, false},
-	{"{\"result\":{\"s\":\"a\x00b\"}}", false, true},
-	{"{\"result\":{\"s\":\"\xff\xfe\"}}", true, false},
-	{`{"result":{"s":"\u12"}}`, false, true},
-	{`{"result":{"s":"\ud800"}}`, true, false},
-	{`{"result":{"s":"\x"}}`, false, true},
-	{"{\"result\":{}\x0b}", false, true},
+	{`{"jsonrpc":"2.0","id":1,"result":{"n":01}}`, false, true},
+	{`{"jsonrpc":"2.0","id":1,"result":{"n":1.}}`, false, true},
+	{`{"jsonrpc":"2.0","id":1,"result":{"n":-}}`, false, true},
+	{`{"jsonrpc":"2.0","id":1,"result":{"n":1e}}`, false, true},
+	{`{"jsonrpc":"2.0","id":1,"result":{"n":.5}}`, false, true},
+	{`{"jsonrpc":"2.0","id":1,"result":{"n":+1}}`, false, true},
+	{`{"jsonrpc":"2.0","id":1,"result":{"n":-0.0e-0}}`, true, false},
+	{"{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"s\":\"a\x00b\"}}", false, true},
+	{"{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"s\":\"\xff\xfe\"}}", true, false},
+	{`{"jsonrpc":"2.0","id":1,"result":{"s":"\u12"}}`, false, true},
+	{`{"jsonrpc":"2.0","id":1,"result":{"s":"\ud800"}}`, true, false},
+	{`{"jsonrpc":"2.0","id":1,"result":{"s":"\x"}}`, false, true},
+	{"{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}\x0b}", false, true},
 	{"\x00{\"result\":{}}", false, true},
-	{`{"result":{},}`, false, true},
-	{`{"result":{"a":[1,]}}`, false, true},
-	{`{"result":{"isError":tru}}`, false, true},
-	{`{"result":{"isError":false}} x`, false, true},
+	{`{"jsonrpc":"2.0","id":1,"result":{},}`, false, true},
+	{`{"jsonrpc":"2.0","id":1,"result":{"a":[1,]}}`, false, true},
+	{`{"jsonrpc":"2.0","id":1,"result":{"isError":tru}}`, false, true},
+	{`{"jsonrpc":"2.0","id":1,"result":{"isError":false}} x`, false, true},
 	{`nul`, false, true},
-	{` null `, false, false},
 }
 
 func TestToolSucceededReadsExactNames(t *testing.T) {
 	for _, c := range answerCases {
-		ok, err := toolSucceeded([]byte(c.answer))
+		ok, err := toolSucceeded([]byte(c.answer), json.RawMessage("1"))
 		if ok != c.ok || (err != nil) != c.fail {
 			t.Errorf("%.80s: ok %v, err %v; want ok %v, unreadable %v", c.answer, ok, err, c.ok, c.fail)
 		}
-		rok, rerr := answerMembersReference([]byte(c.answer))
+		rok, rerr := answerMembersReference([]byte(c.answer), json.RawMessage("1"))
 		if rok != c.ok || (rerr != nil) != c.fail {
 			t.Errorf("%.80s: the reference reads ok %v, err %v; the case is wrong", c.answer, rok, rerr)
 		}
 	}
 }
 
+// An answer names its call's id as the gate read it from the call
+// (rpcID): one id written two ways is one id, as to the SDK's client; an
+// id the gate would not take from a call names no call.
+func TestToolSucceededReadsTheCallsIDOneWay(t *testing.T) {
+	for _, c := range []struct {
+		call, answer string
+		ok           bool
+	}{
+		{`1`, `1`, true},
+		{`-7`, `-7`, true},
+		{`"<a>"`, `"<a>"`, true},
+		{`"<a>"`, `"\u003ca\u003e"`, true},
+		{`"<a>"`, `"<a"`, false},
+		{`"a"`, `"\u0061"`, true},
+		{`"1"`, `1`, false},
+		{`1`, `"1"`, false},
+		{`1`, `1.0`, false},
+		{`1`, `true`, false},
+		{`1`, `{}`, false},
+	} {
+		call, bad := readRPC([]byte(`{"jsonrpc":"2.0","id":` + c.call + `,"method":"tools/call","params":{"name":"t"}}`))
+		if bad != nil {
+			t.Fatalf("call id %s: %v", c.call, bad.err)
+		}
+		answer := []byte(`{"jsonrpc":"2.0","id":` + c.answer + `,"result":{}}`)
+		ok, err := toolSucceeded(answer, call.id)
+		if ok != c.ok || (err != nil) == c.ok {
+			t.Errorf("call id %s, answer id %s: ok %v, err %v; want ok %v", c.call, c.answer, ok, err, c.ok)
+		}
+		if rok, _ := answerMembersReference(answer, call.id); rok != c.ok {
+			t.Errorf("call id %s, answer id %s: the reference reads ok %v; the case is wrong", c.call, c.answer, rok)
+		}
+	}
+}
+
+// fuzzCallIDs are the call ids FuzzToolSucceeded reads every answer for,
+// as the gate holds them (rpcID).
+var fuzzCallIDs = func() []json.RawMessage {
+	s, _ := rpcID("<a>")
+	return []json.RawMessage{json.RawMessage(`1`), s}
+}()
+
 // FuzzToolSucceeded: the gate's walk over an answer and encoding/json's
 // reading of it into maps of raw members agree on every input, both on
-// whether it is readable and whether it is a successful tool result; and
-// answerResult finds the result member encoding/json keeps, at its offset.
+// whether it is readable and whether it is a successful tool result; an
+// answer the gate reads as a success is one the official SDK's client
+// decodes (jsonrpc.DecodeMessage) as the call's answer without an error;
+// and answerResult finds the result member encoding/json keeps, at its
+// offset.
 func FuzzToolSucceeded(f *testing.F) {
 	for _, c := range answerCases {
 		f.Add([]byte(c.answer))
 	}
+	f.Add([]byte(`{"jsonrpc":"2.0","id":"<a>","result":{}}`))
+	f.Add([]byte(`{"jsonrpc":"2.0","id":"\u003ca\u003e","result":{"isError":false}}`))
 	f.Fuzz(func(t *testing.T, answer []byte) {
-		ok, err := toolSucceeded(answer)
-		rok, rerr := answerMembersReference(answer)
-		if ok != rok || (err != nil) != (rerr != nil) {
-			t.Fatalf("%q: ok %v, err %v; encoding/json reads ok %v, err %v", answer, ok, err, rok, rerr)
+		for _, id := range fuzzCallIDs {
+			ok, err := toolSucceeded(answer, id)
+			rok, rerr := answerMembersReference(answer, id)
+			if ok != rok || (err != nil) != (rerr != nil) {
+				t.Fatalf("%q for id %s: ok %v, err %v; encoding/json reads ok %v, err %v", answer, id, ok, err, rok, rerr)
+			}
+			if ok {
+				checkSDKTakesAnswer(t, answer, id)
+			}
 		}
 		var resp map[string]json.RawMessage
 		if json.Unmarshal(answer, &resp) != nil {
@@ -139,6 +253,24 @@ func FuzzToolSucceeded(f *testing.F) {
 			t.Fatalf("%q: result %q at %d (%v), encoding/json keeps %q", answer, raw, at, err, want)
 		}
 	})
+}
+
+// checkSDKTakesAnswer fails unless the MCP SDK's decoder, the one its
+// client reads answers with, reads answer as a response to the call with
+// id, without an error.
+func checkSDKTakesAnswer(t *testing.T, answer []byte, id json.RawMessage) {
+	t.Helper()
+	var v any
+	json.Unmarshal(id, &v)
+	want, err := jsonrpc.MakeID(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, err := jsonrpc.DecodeMessage(answer)
+	resp, isResp := msg.(*jsonrpc.Response)
+	if err != nil || !isResp || resp.ID != want || resp.Error != nil {
+		t.Fatalf("%q is charged, but the SDK's client reads it as %#v (%v), not the answer to call %s", answer, msg, err, id)
+	}
 }
 
 // A free call is read as a paid one: an answer that is an error to the
@@ -199,16 +331,16 @@ func TestToolSucceededRefusesWhatEncodingJSONNestsTooDeep(t *testing.T) {
 		name string
 		mk   func(n int) string
 	}{
-		{"arrays in the result", func(n int) string { return `{"result":{"x":` + nest(n-2, "[", "]") + `}}` }},
+		{"arrays in the result", func(n int) string { return `{"jsonrpc":"2.0","id":1,"result":{"x":` + nest(n-2, "[", "]") + `}}` }},
 		{"objects in the result", func(n int) string {
-			return `{"result":{"x":` + strings.Repeat(`{"a":`, n-2) + "1" + strings.Repeat("}", n-2) + `}}`
+			return `{"jsonrpc":"2.0","id":1,"result":{"x":` + strings.Repeat(`{"a":`, n-2) + "1" + strings.Repeat("}", n-2) + `}}`
 		}},
-		{"arrays beside the result", func(n int) string { return `{"id":` + nest(n-1, "[", "]") + `,"result":{}}` }},
+		{"arrays beside the result", func(n int) string { return `{"jsonrpc":"2.0","id":1,"x":` + nest(n-1, "[", "]") + `,"result":{}}` }},
 	} {
 		for _, n := range []int{maxAnswerDepth, maxAnswerDepth + 1} {
 			answer := []byte(c.mk(n))
-			ok, err := toolSucceeded(answer)
-			rok, rerr := answerMembersReference(answer)
+			ok, err := toolSucceeded(answer, json.RawMessage("1"))
+			rok, rerr := answerMembersReference(answer, json.RawMessage("1"))
 			if ok != rok || (err != nil) != (rerr != nil) || (n > maxAnswerDepth) != (err != nil) {
 				t.Errorf("%s, depth %d: ok %v, err %v; encoding/json reads ok %v, err %v", c.name, n, ok, err, rok, rerr)
 			}

@@ -87,7 +87,7 @@ func BenchmarkMCPDeliver(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				e := &mcpExchange{g: &Gate{}}
+				e := &mcpExchange{g: &Gate{}, id: json.RawMessage("1")}
 				bw := &bufferedWriter{header: http.Header{"Content-Type": {"application/json"}}, code: 200,
 					buf: bytes.NewBuffer(append([]byte(nil), mcpBenchAnswer...)), limit: 1 << 20, held: true}
 				if judge && !e.billable(bw) {
@@ -118,8 +118,8 @@ func BenchmarkMCPAnswerRead(b *testing.B) {
 			err := json.Unmarshal(body, &resp)
 			return err == nil && resp.Result != nil && !resp.Result.IsError, err
 		}},
-		{"members", answerMembersReference},
-		{"walk", toolSucceeded},
+		{"members", func(body []byte) (bool, error) { return answerMembersReference(body, json.RawMessage("1")) }},
+		{"walk", func(body []byte) (bool, error) { return toolSucceeded(body, json.RawMessage("1")) }},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			b.ReportAllocs()

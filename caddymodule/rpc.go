@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -123,23 +124,9 @@ func readRPC(body []byte) (*rpcMessage, *rpcRefusal) {
 		return nil, refuseRPC(rpcInvalidRequest, "jsonrpc", "must be \"2.0\"", `Send "jsonrpc": "2.0".`)
 	}
 	if id, ok := tree["id"]; ok {
-		switch x := id.(type) {
-		case string:
-			if len(x) > maxRPCID {
-				return nil, refuseRPC(rpcInvalidRequest, "id", "is longer than "+strconv.Itoa(maxRPCID)+" bytes", "Use a short string or a number as the request id.")
-			}
-			m.id, _ = json.Marshal(x)
-		case json.Number:
-			// The MCP SDK reads a numeric id as an int64 and answers under
-			// that: 1.5 and 1e0 would be answered as 1 and -0 as 0, an id
-			// the client did not send, so it would drop an answer it may
-			// have paid for. strictjson keeps integers within ±(2^53−1).
-			if strings.ContainsAny(string(x), ".eE") || x == "-0" {
-				return nil, refuseRPC(rpcInvalidRequest, "id", "is a number that is not an integer written without a fraction or exponent", "Use a string or an integer such as 1 as the request id.")
-			}
-			m.id = json.RawMessage(x)
-		default:
-			return nil, refuseRPC(rpcInvalidRequest, "id", "must be a string or a number", "Use a string or a number as the request id.")
+		var bad *rpcRefusal
+		if m.id, bad = rpcID(id); bad != nil {
+			return nil, bad
 		}
 	}
 	method, hasMethod := tree["method"]
@@ -217,6 +204,53 @@ func readRPC(body []byte) (*rpcMessage, *rpcRefusal) {
 		return nil, bad
 	}
 	return m, nil
+}
+
+// rpcID is the id the gate repeats for a message's id as strictjson read
+// it, or the refusal of an id the gate does not take. It is the one rule
+// for ids: the id of a call, and the id an answer must name to be the
+// call's (sameRPCID).
+func rpcID(id any) (json.RawMessage, *rpcRefusal) {
+	switch x := id.(type) {
+	case string:
+		if len(x) > maxRPCID {
+			return nil, refuseRPC(rpcInvalidRequest, "id", "is longer than "+strconv.Itoa(maxRPCID)+" bytes", "Use a short string or a number as the request id.")
+		}
+		b, _ := json.Marshal(x)
+		return b, nil
+	case json.Number:
+		// The MCP SDK reads a numeric id as an int64 and answers under
+		// that: 1.5 and 1e0 would be answered as 1 and -0 as 0, an id
+		// the client did not send, so it would drop an answer it may
+		// have paid for. strictjson keeps integers within ±(2^53−1).
+		if strings.ContainsAny(string(x), ".eE") || x == "-0" {
+			return nil, refuseRPC(rpcInvalidRequest, "id", "is a number that is not an integer written without a fraction or exponent", "Use a string or an integer such as 1 as the request id.")
+		}
+		return json.RawMessage(x), nil
+	}
+	return nil, refuseRPC(rpcInvalidRequest, "id", "must be a string or a number", "Use a string or a number as the request id.")
+}
+
+// sameRPCID reports whether an answer's id (its raw JSON value; nil when it
+// has none) names the call whose id the gate read as call. The answer's id
+// is read by the call's rule (rpcID), so that one id written two ways
+// ("<" and "\u003c", as the SDK and encoding/json write it) is one id, and
+// an id the gate would not take from a call names no call of the gate.
+// The SDK's own answers repeat the id as the gate does, so the bytes
+// compare equal and nothing is decoded.
+func sameRPCID(answer, call json.RawMessage) bool {
+	if len(answer) == 0 || len(call) == 0 {
+		return false
+	}
+	if bytes.Equal(answer, call) {
+		return true
+	}
+	v, err := strictjson.Decode(answer, strictjson.Limits{MaxDepth: 1})
+	if err != nil {
+		return false
+	}
+	id, bad := rpcID(v)
+	return bad == nil && bytes.Equal(id, call)
 }
 
 // foldedTwins refuses an object at path (and, deep, every object below it)

@@ -1,0 +1,195 @@
+package caddymodule
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/big"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/aovhq/aov/plugins/evmfacilitator"
+)
+
+// answerFault is a fault injector: the official SDK server (stateless, JSON
+// answers) with a verify_schema tool that passes, behind a middleware that
+// rewrites the header and body of its answer to a tools/call, or stalls the
+// call until the gate gives up on it. It stands for a broken or hostile
+// tool server behind the gate; every other message is served as the SDK
+// serves it.
+type answerFault struct {
+	*httptest.Server
+	rewrite atomic.Pointer[func(h http.Header, body []byte) []byte] // nil: the SDK's answer
+	stall   atomic.Bool
+}
+
+func newAnswerFault(t *testing.T) *answerFault {
+	f := &answerFault{}
+	server := mcp.NewServer(&mcp.Implementation{Name: "faulty", Version: "1"}, nil)
+	server.AddTool(&mcp.Tool{Name: "verify_schema", InputSchema: json.RawMessage(`{"type":"object"}`)}, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: `{"result":"pass"}`}}}, nil
+	})
+	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server }, &mcp.StreamableHTTPOptions{Stateless: true, JSONResponse: true})
+	f.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		if !bytes.Contains(body, []byte(`"tools/call"`)) {
+			h.ServeHTTP(w, r)
+			return
+		}
+		if f.stall.Load() {
+			<-r.Context().Done() // the gate's upstream_timeout
+			return
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, r)
+		out := rec.Body.Bytes()
+		if rw := f.rewrite.Load(); rw != nil {
+			out = (*rw)(rec.Header(), out)
+		}
+		for k, v := range rec.Header() {
+			w.Header()[k] = v
+		}
+		w.Header().Set("Content-Length", strconv.Itoa(len(out)))
+		w.WriteHeader(rec.Code)
+		w.Write(out)
+	}))
+	t.Cleanup(f.Close)
+	return f
+}
+
+func (f *answerFault) set(rw func(h http.Header, body []byte) []byte) {
+	if rw == nil {
+		f.rewrite.Store(nil)
+		return
+	}
+	f.rewrite.Store(&rw)
+}
+
+// faultSite prices verify_schema at $0.02 behind the fault injector, with
+// extra lines in the gate.
+func faultSite(up, fac, extra string) string {
+	return fmt.Sprintf(`:{port} {
+	route /mcp {
+		x402 {
+			mcp_tool verify_schema
+			accept devnet $0.02 %[3]s
+			facilitator http {
+				url %[2]s
+			}
+			store badger {data}/gate
+			%[4]s
+		}
+		reverse_proxy %[1]s
+	}
+}
+`, strings.TrimPrefix(up, "http://"), fac, payTo.Hex(), extra)
+}
+
+// setMember rewrites one member of the SDK's answer.
+func setMember(k, v string) func(http.Header, []byte) []byte {
+	return func(_ http.Header, b []byte) []byte {
+		var m map[string]json.RawMessage
+		json.Unmarshal(b, &m)
+		m[k] = json.RawMessage(v)
+		out, _ := json.Marshal(m)
+		return out
+	}
+}
+
+// answersTheClientDoesNotTake are answers of a tool server that the
+// buyer's MCP client (the official SDK) does not take as its call's
+// successful result: it rejects the message, drops it (another id, a
+// request), returns the JSON-RPC error, or reads no event in it.
+var answersTheClientDoesNotTake = []struct {
+	name    string
+	rewrite func(http.Header, []byte) []byte
+}{
+	{"an error beside the result", setMember("error", `{"code":-32603,"message":"tool backend failed"}`)},
+	{"jsonrpc 1.0", setMember("jsonrpc", `"1.0"`)},
+	{"no jsonrpc", func(h http.Header, b []byte) []byte {
+		return bytes.Replace(b, []byte(`"jsonrpc":"2.0",`), nil, 1)
+	}},
+	{"another id", setMember("id", `999`)},
+	{"the id as a string", setMember("id", `"1"`)},
+	{"a method member", setMember("method", `"notifications/message"`)},
+	{"JSON sent as text/event-stream", func(h http.Header, b []byte) []byte {
+		h.Set("Content-Type", "text/event-stream")
+		return b
+	}},
+	{"no content type", func(h http.Header, b []byte) []byte {
+		h.Del("Content-Type")
+		return b
+	}},
+}
+
+// An answer the buyer's client does not take as its call's successful
+// result is never charged: the paid call is not settled (the payer's
+// balance is unchanged) and the client gets an error, not a result.
+func TestMCPAnswerTheClientDoesNotTakeIsNotCharged(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	up := newAnswerFault(t)
+	base := startCaddy(t, faultSite(up.URL, fac, ""))
+	const payer = 3
+	for _, c := range answersTheClientDoesNotTake {
+		t.Run(c.name, func(t *testing.T) {
+			up.set(nil)
+			s := mcpSession(t, base+"/mcp") // a client that rejects a message closes its session
+			pr := demandOf(t, callTool(t, s, "verify_schema", verifyArgs, nil))
+			up.set(c.rewrite)
+			before := balance(t, d, evmfacilitator.DevAccounts()[payer].Address)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			res, err := s.CallTool(ctx, &mcp.CallToolParams{Name: "verify_schema", Arguments: verifyArgs, Meta: payMeta(t, pr, payer)})
+			if charged := new(big.Int).Sub(before, balance(t, d, evmfacilitator.DevAccounts()[payer].Address)); charged.Sign() != 0 {
+				t.Fatalf("the client got %v, and was charged %v", err, charged)
+			}
+			if err == nil && !res.IsError {
+				t.Fatalf("the client took the answer as a success: %+v", res)
+			}
+			if errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("the client never got an answer to its call: %v", err)
+			}
+		})
+	}
+}
+
+// A free call whose answer the client does not take gives its unit back:
+// with one free call a day, every such answer leaves the unit for the
+// success that follows.
+func TestMCPFreeAnswerTheClientDoesNotTakeKeepsTheUnit(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newAnswerFault(t)
+	base := startCaddy(t, faultSite(up.URL, fac, "free_allowance {\n\t\t\t\tpool verify\n\t\t\t\tper_day 1\n\t\t\t}"))
+	for _, c := range answersTheClientDoesNotTake {
+		up.set(c.rewrite)
+		s := mcpSession(t, base+"/mcp")
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		res, err := s.CallTool(ctx, &mcp.CallToolParams{Name: "verify_schema", Arguments: verifyArgs})
+		cancel()
+		if err == nil && !res.IsError {
+			t.Fatalf("%s: the client took the answer as a success: %+v", c.name, res)
+		}
+		if errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("%s: the client never got an answer to its call: %v", c.name, err)
+		}
+	}
+	up.set(nil)
+	s := mcpSession(t, base+"/mcp")
+	if res := callTool(t, s, "verify_schema", verifyArgs, nil); res.IsError {
+		t.Fatalf("the day's free unit was taken by answers the client did not take: %+v", res.StructuredContent)
+	}
+	if res := callTool(t, s, "verify_schema", verifyArgs, nil); !res.IsError {
+		t.Fatal("the success did not take the day's free unit")
+	}
+}
