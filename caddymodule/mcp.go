@@ -258,7 +258,7 @@ func isJSONAnswer(h http.Header) bool {
 // isError is absent, false or null.
 //
 // The answer is unreadable (an error) when it is not JSON, nested deeper
-// than maxAnswerDepth, not an object, or not an answer to this call: its
+// than maxClientAnswerDepth, not an object, or not an answer to this call: its
 // jsonrpc is not "2.0", it has a method (a request, to the client), or its
 // id is not the call's (sameRPCID; the client drops an answer under
 // another id and waits on). A result that is not an object or null, or
@@ -277,6 +277,8 @@ func toolSucceeded(body []byte, id json.RawMessage) (bool, error) {
 	switch {
 	case err != nil:
 		return false, err
+	case a.depth > maxClientAnswerDepth:
+		return false, errors.New("the answer is nested deeper than the MCP client reads")
 	case !isJSONRPC2(a.jsonrpc):
 		return false, errors.New(`the answer's jsonrpc is not "2.0"`)
 	case a.method != nil:
@@ -313,11 +315,17 @@ func isJSONRPC2(v []byte) bool {
 // deeper is not JSON to it, so not to the gate either.
 const maxAnswerDepth = 10000
 
+// maxClientAnswerDepth is the official MCP SDK's limit on the nesting of a
+// message (its internal/json defaultMaxDepth): its client refuses an answer
+// nested deeper, so the gate must not charge for one.
+const maxClientAnswerDepth = 1000
+
 // rpcAnswer is the members of a JSON-RPC answer the gate reads: each the
 // raw value of the last member of that exact name, nil when there is none.
 type rpcAnswer struct {
 	jsonrpc, id, method, result, err []byte
 	resultAt                         int // result's offset in the answer
+	depth                            int // the answer's nesting (1 for an object of scalars)
 }
 
 // answerResult returns the value of a JSON-RPC answer's result member, and
@@ -360,6 +368,7 @@ func readAnswer(body []byte) (a rpcAnswer, err error) {
 	if depth > maxAnswerDepth || !sjson.Valid(body) {
 		return rpcAnswer{}, errors.New("the answer is not JSON")
 	}
+	a.depth = depth
 	return a, nil
 }
 

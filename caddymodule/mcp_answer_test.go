@@ -31,6 +31,9 @@ func answerMembersReference(body []byte, id json.RawMessage) (ok bool, err error
 	if err = json.Unmarshal(body, &resp); err != nil {
 		return false, err
 	}
+	if nestingDepth(body) > maxClientAnswerDepth {
+		return false, errNotTheCallsAnswer
+	}
 	var version string
 	if json.Unmarshal(resp["jsonrpc"], &version) != nil || version != "2.0" {
 		return false, errNotTheCallsAnswer
@@ -58,6 +61,25 @@ func answerMembersReference(body []byte, id json.RawMessage) (ok bool, err error
 		return false, nil
 	default:
 		return false, errUnreadableIsError
+	}
+}
+
+// nestingDepth is the deepest nesting of arrays and objects in valid JSON.
+func nestingDepth(b []byte) int {
+	d := json.NewDecoder(bytes.NewReader(b))
+	depth, deepest := 0, 0
+	for {
+		tok, err := d.Token()
+		if err != nil {
+			return deepest
+		}
+		switch tok {
+		case json.Delim('{'), json.Delim('['):
+			depth++
+			deepest = max(deepest, depth)
+		case json.Delim('}'), json.Delim(']'):
+			depth--
+		}
 	}
 }
 
@@ -232,6 +254,7 @@ func FuzzToolSucceeded(f *testing.F) {
 	}
 	f.Add([]byte(`{"jsonrpc":"2.0","id":"<a>","result":{}}`))
 	f.Add([]byte(`{"jsonrpc":"2.0","id":"\u003ca\u003e","result":{"isError":false}}`))
+	f.Add([]byte(`{"jsonrpc":"2.0","id":1,"result":{"x":` + strings.Repeat("[", maxClientAnswerDepth-1) + strings.Repeat("]", maxClientAnswerDepth-1) + `}}`))
 	f.Fuzz(func(t *testing.T, answer []byte) {
 		for _, id := range fuzzCallIDs {
 			ok, err := toolSucceeded(answer, id)
@@ -320,9 +343,10 @@ func TestMCPFreeAnswerIsReadWithExactNames(t *testing.T) {
 	}
 }
 
-// encoding/json refuses an answer nested deeper than 10,000 levels, and so
-// does the gate, wherever the depth is: inside the result or in another
-// member, in arrays or objects.
+// encoding/json refuses an answer nested deeper than 10,000 levels, and the
+// MCP SDK's client one deeper than 1000: the gate charges for neither,
+// wherever the depth is: inside the result or in another member, in arrays
+// or objects.
 func TestToolSucceededRefusesWhatEncodingJSONNestsTooDeep(t *testing.T) {
 	nest := func(n int, open, close string) string {
 		return strings.Repeat(open, n) + strings.Repeat(close, n)
@@ -337,11 +361,11 @@ func TestToolSucceededRefusesWhatEncodingJSONNestsTooDeep(t *testing.T) {
 		}},
 		{"arrays beside the result", func(n int) string { return `{"jsonrpc":"2.0","id":1,"x":` + nest(n-1, "[", "]") + `,"result":{}}` }},
 	} {
-		for _, n := range []int{maxAnswerDepth, maxAnswerDepth + 1} {
+		for _, n := range []int{maxClientAnswerDepth, maxClientAnswerDepth + 1, maxAnswerDepth, maxAnswerDepth + 1} {
 			answer := []byte(c.mk(n))
 			ok, err := toolSucceeded(answer, json.RawMessage("1"))
 			rok, rerr := answerMembersReference(answer, json.RawMessage("1"))
-			if ok != rok || (err != nil) != (rerr != nil) || (n > maxAnswerDepth) != (err != nil) {
+			if ok != rok || (err != nil) != (rerr != nil) || (n > maxClientAnswerDepth) != (err != nil) {
 				t.Errorf("%s, depth %d: ok %v, err %v; encoding/json reads ok %v, err %v", c.name, n, ok, err, rok, rerr)
 			}
 		}
