@@ -69,7 +69,7 @@ func (g *Gate) serveCharged(w http.ResponseWriter, r *http.Request, next caddyht
 	switch g.outcomeOf(ex, bw, err, r) {
 	case outcomeFailed:
 		c.release(r)
-		return err
+		return ex.upstreamFailed(w, r, err)
 	case outcomeOverflow:
 		c.release(r)
 		return ex.refuse(w, r, &apierr.Error{

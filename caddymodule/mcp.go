@@ -184,6 +184,19 @@ func (e *mcpExchange) refuse(w http.ResponseWriter, r *http.Request, ae *apierr.
 	return e.toolError(w, r, e.answer(ae))
 }
 
+// upstreamFailed answers a call whose tool failed before answering as the
+// call's tool error (upstream_unavailable, retryable, nothing charged): a
+// bare HTTP 502 or 504 is no answer to an MCP client's call, whose
+// transport fails the call and loses both "charged": false and when to
+// retry. The upstream's error is logged as the refusal's cause.
+func (e *mcpExchange) upstreamFailed(w http.ResponseWriter, r *http.Request, err error) error {
+	ae := apierr.Unavailable("tool", 1, err)
+	if he, ok := errors.AsType[caddyhttp.HandlerError](err); ok && he.StatusCode == http.StatusGatewayTimeout {
+		ae.Message = "The tool did not answer in time and nothing was charged; retry after 1 second."
+	}
+	return e.refuse(w, r, ae)
+}
+
 // toolError answers a tool call with an error of the SPEC §6 shape, as the
 // tool itself would, and counts it.
 func (e *mcpExchange) toolError(w http.ResponseWriter, r *http.Request, ae *apierr.Error) error {

@@ -193,3 +193,107 @@ func TestMCPFreeAnswerTheClientDoesNotTakeKeepsTheUnit(t *testing.T) {
 		t.Fatal("the success did not take the day's free unit")
 	}
 }
+
+// A paid or free tool call whose tool fails before answering (stalled past
+// upstream_timeout, or an upstream that is down) is answered as the call's
+// tool error in the SPEC §6 shape, upstream_unavailable, retryable and
+// charged false: the client reads it (a bare HTTP 504 or 502 fails the
+// call in its transport). Nothing is charged, and the free unit and the
+// payment can be used again.
+func TestMCPFailedToolIsARetryableToolError(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	up := newAnswerFault(t)
+	dead := httptest.NewServer(http.NotFoundHandler())
+	dead.Close()
+	gate := func(route, upstream, extra string) string {
+		return fmt.Sprintf(`route %[1]s {
+		x402 {
+			mcp_tool verify_schema
+			accept devnet $0.02 %[3]s
+			facilitator http {
+				url %[4]s
+			}
+			store badger {data}/gate
+			upstream_timeout 300ms
+			%[5]s
+		}
+		reverse_proxy %[2]s
+	}`, route, strings.TrimPrefix(upstream, "http://"), payTo.Hex(), fac, extra)
+	}
+	free := "free_allowance {\n\t\t\t\tpool verify\n\t\t\t\tper_day 1\n\t\t\t}"
+	base := startCaddy(t, ":{port} {\n\t"+gate("/mcp", up.URL, "")+"\n\t"+gate("/free", up.URL, free)+"\n\t"+gate("/dead", dead.URL, "")+"\n}\n")
+	wantToolError := func(t *testing.T, res *mcp.CallToolResult, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("the call failed in the client's transport: %v", err)
+		}
+		b, _ := json.Marshal(res.StructuredContent)
+		var e struct {
+			Code       string `json:"code"`
+			Retryable  bool   `json:"retryable"`
+			Charged    *bool  `json:"charged"`
+			RetryAfter int    `json:"retry_after"`
+		}
+		json.Unmarshal(b, &e)
+		if !res.IsError || e.Code != "upstream_unavailable" || !e.Retryable || e.RetryAfter != 1 || e.Charged == nil || *e.Charged {
+			t.Fatalf("not a retryable, uncharged tool error: isError %v, %s", res.IsError, b)
+		}
+	}
+	const payer = 4
+	payerAddr := evmfacilitator.DevAccounts()[payer].Address
+
+	t.Run("paid, stalled", func(t *testing.T) {
+		s := mcpSession(t, base+"/mcp")
+		meta := payMeta(t, demandOf(t, callTool(t, s, "verify_schema", verifyArgs, nil)), payer)
+		before := balance(t, d, payerAddr)
+		up.stall.Store(true)
+		res, err := s.CallTool(context.Background(), &mcp.CallToolParams{Name: "verify_schema", Arguments: verifyArgs, Meta: meta})
+		up.stall.Store(false)
+		wantToolError(t, res, err)
+		if balance(t, d, payerAddr).Cmp(before) != 0 {
+			t.Fatal("a stalled tool was charged")
+		}
+		if res := callTool(t, s, "verify_schema", verifyArgs, meta); res.IsError {
+			t.Fatalf("the same payment after the stall was refused: %+v", res.StructuredContent)
+		}
+	})
+	t.Run("free, stalled", func(t *testing.T) {
+		s := mcpSession(t, base+"/free")
+		up.stall.Store(true)
+		res, err := s.CallTool(context.Background(), &mcp.CallToolParams{Name: "verify_schema", Arguments: verifyArgs})
+		up.stall.Store(false)
+		wantToolError(t, res, err)
+		if res := callTool(t, s, "verify_schema", verifyArgs, nil); res.IsError {
+			t.Fatalf("the free unit was used by the stalled call: %+v", res.StructuredContent)
+		}
+	})
+	t.Run("paid, upstream down", func(t *testing.T) {
+		s := mcpSession(t, base+"/mcp")
+		meta := payMeta(t, demandOf(t, callTool(t, s, "verify_schema", verifyArgs, nil)), payer)
+		before := balance(t, d, payerAddr)
+		// The endpoint's upstream is down, so no session can be set up
+		// with it: the call is sent as a stateless client sends it.
+		body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+			"params": map[string]any{"name": "verify_schema", "arguments": verifyArgs, "_meta": meta}})
+		req, _ := http.NewRequest(http.MethodPost, base+"/dead", bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var answer struct {
+			ID     json.RawMessage    `json:"id"`
+			Result mcp.CallToolResult `json:"result"`
+		}
+		raw, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK || json.Unmarshal(raw, &answer) != nil || string(answer.ID) != "7" {
+			t.Fatalf("HTTP %d %q: not the call's JSON-RPC answer", resp.StatusCode, raw)
+		}
+		wantToolError(t, &answer.Result, nil)
+		if balance(t, d, payerAddr).Cmp(before) != 0 {
+			t.Fatal("a call to a dead upstream was charged")
+		}
+	})
+}

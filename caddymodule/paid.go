@@ -65,6 +65,10 @@ type exchange interface {
 	// upstreamRan records that the upstream, which checks the request
 	// itself, has answered: the gate's check is no longer needed.
 	upstreamRan()
+	// upstreamFailed answers a call whose upstream failed before
+	// answering (upstream_timeout, a dead upstream, an answer cut off);
+	// the charge is already released. err is the upstream's error.
+	upstreamFailed(w http.ResponseWriter, r *http.Request, err error) error
 	// retold is a kept answer's body (a payment identifier's saved answer,
 	// the answer held for an unknown settlement) as the answer to this
 	// call, a retry of the call that produced it.
@@ -153,6 +157,12 @@ func (e *restExchange) refuse(w http.ResponseWriter, r *http.Request, ae *apierr
 }
 
 func (*restExchange) billable(bw *bufferedWriter) bool { return bw.status() < 400 }
+
+// upstreamFailed: over REST the upstream's failure is Caddy's error (504
+// for upstream_timeout, 502 for a dead upstream), as without the gate.
+func (*restExchange) upstreamFailed(_ http.ResponseWriter, _ *http.Request, err error) error {
+	return err
+}
 
 // retold: an HTTP answer names no request; it is the same answer.
 func (*restExchange) retold(body []byte) []byte { return body }
