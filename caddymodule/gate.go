@@ -313,6 +313,10 @@ type Gate struct {
 	// more, as nothing would drop it (reportBatched). Set in Provision, a
 	// pointer like route.
 	stopped *atomic.Bool
+	// shadowed is set once the gate has warned that an earlier gate of
+	// the same request prices its MCP tool (warnShadowed). Set in
+	// Provision, a pointer like route.
+	shadowed *atomic.Bool
 
 	// server is where rates is registered for wallet_auth (serverZones).
 	server *caddyhttp.Server
@@ -468,6 +472,7 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 	registerMetrics(ctx)
 	g.route = new(atomic.Pointer[reporter])
 	g.stopped = new(atomic.Bool)
+	g.shadowed = new(atomic.Bool)
 	discovery.add(g)
 	g.startResolver() // hook (pending.go): resolve unknown settlements
 	return nil

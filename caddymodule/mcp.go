@@ -12,6 +12,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	sjson "github.com/segmentio/encoding/json"
+	"go.uber.org/zap"
 
 	"github.com/aovhq/aov/apierr"
 	"github.com/aovhq/aov/receipt"
@@ -60,6 +61,18 @@ func (g *Gate) serveMCP(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	if msg.method != "tools/call" || msg.tool != g.MCPTool {
 		return next.ServeHTTP(w, r)
 	}
+	// One call, one price: when gates of one request price the same tool
+	// (two mcp_tool blocks of one name in a route, or in nested routes),
+	// the first gates the call and the later ones pass it on. Gating it
+	// again would take a second free unit for one call, and refuse every
+	// paid call (its payment is already claimed by the first gate). A gate
+	// cannot see the other gates of its route when it is provisioned, so
+	// this is decided per request.
+	if read.gated {
+		g.warnShadowed()
+		return next.ServeHTTP(w, r)
+	}
+	read.gated = true
 	ex := &mcpExchange{g: g, id: msg.id, tool: g.MCPTool}
 	// Another gate's reading was bounded by its own max_body: this gate's
 	// applies to its own tool's calls only, and, the message being read,
@@ -111,8 +124,19 @@ const varRPCMessage = "aov.x402.rpc"
 
 // rpcRead is a message as read, with the size of its body.
 type rpcRead struct {
-	msg  *rpcMessage
-	size int
+	msg   *rpcMessage
+	size  int
+	gated bool // a gate of the request has taken its tools/call (serveMCP)
+}
+
+// warnShadowed tells the operator, once per gate, that an earlier gate of
+// the same requests prices this gate's tool, so this gate's price and
+// allowance are never used.
+func (g *Gate) warnShadowed() {
+	if g.shadowed != nil && g.shadowed.CompareAndSwap(false, true) {
+		g.logger.Warn("mcp_tool is priced by an earlier x402 gate of the same request; this gate passes its calls on: remove one of the two",
+			zap.String("mcp_tool", g.MCPTool))
+	}
 }
 
 // mcpExchange is x402 over MCP: demands are tool results with isError and

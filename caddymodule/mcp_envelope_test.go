@@ -297,3 +297,67 @@ func TestMCPFailedToolIsARetryableToolError(t *testing.T) {
 		}
 	})
 }
+
+// Two gates of one route pricing the same tool gate each call once: the
+// first in route order prices it (its price, its allowance) and the second
+// passes it on. A free call takes one unit of per_day 2, not two; a paid
+// call is served and charged the first gate's price once, not refused as a
+// payment already in flight.
+func TestMCPToolPricedTwiceInARouteIsGatedOnce(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	up := newAnswerFault(t)
+	gate := func(price, extra string) string {
+		return fmt.Sprintf(`x402 {
+			mcp_tool verify_schema
+			accept devnet %[1]s %[2]s
+			facilitator http {
+				url %[3]s
+			}
+			store badger {data}/gate
+			%[4]s
+		}`, price, payTo.Hex(), fac, extra)
+	}
+	free := "free_allowance {\n\t\t\t\tpool verify\n\t\t\t\tper_day 2\n\t\t\t}"
+	base := startCaddy(t, fmt.Sprintf(`:{port} {
+	route /free {
+		%[1]s
+		%[1]s
+		reverse_proxy %[4]s
+	}
+	route /paid {
+		%[2]s
+		%[3]s
+		reverse_proxy %[4]s
+	}
+}
+`, gate("$0.02", free), gate("$0.02", ""), gate("$0.05", ""), strings.TrimPrefix(up.URL, "http://")))
+
+	t.Run("free", func(t *testing.T) {
+		s := mcpSession(t, base+"/free")
+		for i := range 2 {
+			if res := callTool(t, s, "verify_schema", verifyArgs, nil); res.IsError {
+				t.Fatalf("per_day 2, free call %d refused: %+v", i+1, res.StructuredContent)
+			}
+		}
+		if res := callTool(t, s, "verify_schema", verifyArgs, nil); !res.IsError {
+			t.Fatal("a third free call was served with per_day 2")
+		}
+	})
+	t.Run("paid", func(t *testing.T) {
+		const payer = 5
+		s := mcpSession(t, base+"/paid")
+		pr := demandOf(t, callTool(t, s, "verify_schema", verifyArgs, nil))
+		if pr.Accepts[0].Amount != "20000" {
+			t.Fatalf("demanded %s, not the first gate's price", pr.Accepts[0].Amount)
+		}
+		before := balance(t, d, evmfacilitator.DevAccounts()[payer].Address)
+		res := callTool(t, s, "verify_schema", verifyArgs, payMeta(t, pr, payer))
+		if res.IsError || res.Meta[mcpMetaPaymentResponse] == nil {
+			b, _ := json.Marshal(res)
+			t.Fatalf("a paid call of a tool priced by two gates was not served and settled: %s", b)
+		}
+		if charged := new(big.Int).Sub(before, balance(t, d, evmfacilitator.DevAccounts()[payer].Address)); charged.Cmp(big.NewInt(20000)) != 0 {
+			t.Fatalf("charged %v, want the first gate's price once (20000)", charged)
+		}
+	})
+}
