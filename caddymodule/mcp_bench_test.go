@@ -84,10 +84,11 @@ func BenchmarkMCPDeliver(b *testing.B) {
 		if judge {
 			name = "billable+deliver"
 		}
+		id := json.RawMessage("1") // the answer's id, as the gate read it from the call
 		b.Run(name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				e := &mcpExchange{g: &Gate{}, id: json.RawMessage("1")}
+				e := &mcpExchange{g: &Gate{}, id: id}
 				bw := &bufferedWriter{header: http.Header{"Content-Type": {"application/json"}}, code: 200,
 					buf: bytes.NewBuffer(append([]byte(nil), mcpBenchAnswer...)), limit: 1 << 20, held: true}
 				if judge && !e.billable(bw) {
