@@ -204,6 +204,12 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		auth = &v
 	}
 	keys, until := claimKeys(raw, payload, offer, auth)
+	// A settlement this gateway keeps unrecorded (unrecorded.go) is
+	// written first, before anything is claimed: the store may have lost
+	// the claim.
+	if handled, err := g.serveUnrecorded(w, r, next, ex, pid, keys); handled {
+		return err
+	}
 	ctx := r.Context()
 	claim, note, err := g.claimPaid(r, keys, until, pay, offerJS)
 	if err != nil {
@@ -212,11 +218,6 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 			// A claim kept for an unknown settlement is resolved on the
 			// buyer's retry (pending.go), settled or not by now.
 			rex := pid.resolving(ex)
-			// A settlement this gateway keeps unrecorded (unrecorded.go)
-			// is written first: the claim may read as delivered.
-			if handled, err := g.serveUnrecorded(w, r, next, rex, ce); handled {
-				return err
-			}
 			if handled, err := g.resolveOnRetry(w, r, next, rex, ce.State); handled {
 				return err
 			}

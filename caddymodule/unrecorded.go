@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -37,9 +38,13 @@ import (
 // (resolveOnRetry). The write is a compare-and-swap from the note the claim
 // carries when it is the payment's own, whichever it is: the record written
 // with the claim (the settling write never landed) or the bare transaction
-// (it did). Anything else means the claim moved on without it (resolved
-// from the chain and maybe delivered, or lapsed): the kept settlement is
-// dropped, since a second delivery is worse than none. It is tried at once
+// (it did). A claim settled under another record moved on without it
+// (resolved from the chain, maybe delivered): that record is what the
+// retry gets, since a second delivery is worse than none. A claim the
+// store lost (a restart without its data, a failover to a replica it had
+// not reached) is written again with the record; while a retry of the
+// payment holds its keys afresh, that retry decides first, and nothing
+// is overwritten (land). It is tried at once
 // and then in the background (unrecordedWaits) until the claim lapses; a
 // retry on this gateway meanwhile makes the write itself before it is
 // answered, so it is never told payment_already_used for an answer this
@@ -59,7 +64,7 @@ import (
 // it kept: if the settling write had landed, the retry is
 // payment_already_used (README: "What each failure costs"). Whenever a
 // kept settlement is dropped unwritten (given up after an unload, its
-// claim lapsed or moved on, or none could be kept) an Error names the
+// claim lapsed, or none could be kept) an Error names the
 // transaction, payer, amount and network, for the operator to make it
 // good by hand (refund, or deliver).
 type unrecorded struct {
@@ -130,6 +135,7 @@ func (p *paidCharge) keepUnrecorded(r *http.Request, sr x402.SettleResponse, hel
 	for _, k := range p.claim.Keys {
 		unrecordedSettlements.byKey[k] = u
 	}
+	unrecordedKept.Store(int32(len(unrecordedSettlements.byKey)))
 	unrecordedSettlements.Unlock()
 	// The config's store and facilitator stay open until the record is
 	// written (a reload closes them after the last use): the write goes to
@@ -173,7 +179,7 @@ func (u *unrecorded) keepTrying() {
 	var giveUp <-chan time.Time // runs from the unload
 	for i := 0; ; i++ {
 		_, err := u.land(context.Background())
-		if err == nil || errors.Is(err, store.ErrClaimLost) {
+		if err == nil {
 			return
 		}
 		if !now().Before(u.claim.Until) {
@@ -236,20 +242,35 @@ func (u *unrecorded) forget() {
 			delete(unrecordedSettlements.byKey, k)
 		}
 	}
+	unrecordedKept.Store(int32(len(unrecordedSettlements.byKey)))
 }
 
-// findUnrecorded is the kept settlement of the claim on key, if any.
-func findUnrecorded(key string) *unrecorded {
+// findUnrecorded is the kept settlement of the payment claimed by keys,
+// if any. Every paid call asks, so with none kept (the rule) it is an
+// atomic load, without the lock.
+func findUnrecorded(keys ...string) *unrecorded {
+	if unrecordedKept.Load() == 0 {
+		return nil
+	}
 	unrecordedSettlements.Lock()
 	defer unrecordedSettlements.Unlock()
-	return unrecordedSettlements.byKey[key]
+	for _, k := range keys {
+		if u := unrecordedSettlements.byKey[k]; u != nil {
+			return u
+		}
+	}
+	return nil
 }
+
+// unrecordedKept is len(unrecordedSettlements.byKey), written under its
+// lock, read without it (findUnrecorded).
+var unrecordedKept atomic.Int32
 
 // land makes one try at writing u's record. nil: it is written (now or by
 // an earlier try), or the claim moved on without it (settled under another
-// record); st is then the claim's state. store.ErrClaimLost: the claim is
-// gone or no longer this payment's, and nothing is left to serve by. Any
-// other error is the store's: try again.
+// record); st is then the claim's state. Any error: try again (the store
+// failed, or lost the claim and a retry of the payment holds its keys
+// meanwhile: errClaimedMeanwhile).
 func (u *unrecorded) land(ctx context.Context) (store.ClaimState, error) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
@@ -260,8 +281,15 @@ func (u *unrecorded) land(ctx context.Context) (store.ClaimState, error) {
 		st, err := cl.Lookup(ctx, u.claim.Keys[0])
 		switch {
 		case errors.Is(err, store.ErrNotFound):
-			u.finish("its claim is gone", nil)
-			return st, store.ErrClaimLost
+			// The store lost the claim (a restart without its data, a
+			// failover to a replica the claim had not reached): the
+			// settlement and its answer are this gateway's alone, and a
+			// new claim of the spent payment can only fail to verify.
+			// The claim is written again, with its record.
+			if err := u.reclaim(ctx, hc); err != nil {
+				return st, err
+			}
+			continue
 		case err != nil:
 			return st, err
 		}
@@ -270,8 +298,13 @@ func (u *unrecorded) land(ctx context.Context) (store.ClaimState, error) {
 		case st.Settled && st.Note == u.rec.Transaction:
 			// The settling write landed; its reply did not.
 		case ours && h.Token != u.claim.Token, !ours && !st.Settled:
-			u.finish("its claim moved on without it", nil)
-			return st, store.ErrClaimLost
+			// Before the claim lapses, its keys are another claim's only
+			// if the store lost it: a retry of the payment claimed them
+			// afresh. That request decides: it fails to verify the
+			// spent payment and releases them (written here then), or
+			// resolves it from the chain as settled (its record is then
+			// what the retry gets). Never overwritten meanwhile.
+			return st, errClaimedMeanwhile
 		case st.Settled:
 			// Written by an earlier try, or resolved from the chain
 			// meanwhile: whatever it says is what the retry gets.
@@ -290,13 +323,39 @@ func (u *unrecorded) land(ctx context.Context) (store.ClaimState, error) {
 			metrics.outcomes.WithLabelValues("settled_unrecorded_written").Inc()
 			return store.ClaimState{Settled: true, Note: note, Until: st.Until}, nil
 		case errors.Is(err, store.ErrClaimLost):
-			u.finish("its claim moved on without it", err)
-			return st, err
+			// Lost (or claimed afresh) under the write: read again.
 		case !errors.Is(err, store.ErrNoteChanged):
 			return st, err
 		}
 	}
 	return store.ClaimState{}, errors.New("the claim's note kept changing under the write")
+}
+
+// errClaimedMeanwhile: the store lost a kept settlement's claim and
+// another request has claimed its keys since; try again once it ends.
+var errClaimedMeanwhile = errors.New("the store lost the claim, and another request of the payment holds its keys: waiting for it to end")
+
+// reclaim writes u's claim again, unsettled, with u's record (the state
+// of a claim whose settling write never landed, which land then settles):
+// the store lost it. ClaimHeld writes nothing when any key is claimed
+// meanwhile (errClaimedMeanwhile: another request's, or another gateway's
+// record). Called with u.mu held.
+func (u *unrecorded) reclaim(ctx context.Context, hc store.HeldClaims) error {
+	rec := u.rec
+	c, err := hc.ClaimHeld(ctx, u.claim.Keys, u.claim.Until, u.g.attemptSpan(), func(c store.Claim) (string, error) {
+		rec.Token = c.Token
+		return encodeHeld(&rec)
+	})
+	var ce *store.ClaimedError
+	switch {
+	case errors.As(err, &ce):
+		return errClaimedMeanwhile
+	case err != nil:
+		return err
+	}
+	u.claim.Token, u.rec.Token = c.Token, c.Token // the keys stay as kept (forget reads them)
+	u.logger().Warn("the store lost the claim of a settlement it did not record; written again", u.who...)
+	return nil
 }
 
 // finish records that nothing is left to do for u; called with u.mu held.
@@ -314,22 +373,21 @@ func (u *unrecorded) finish(lost string, err error) {
 	}
 }
 
-// serveUnrecorded answers the retry of a payment whose settlement this
-// gateway keeps unrecorded (handled false: it keeps none): it writes the
-// record first, then answers as the retry of any resolved payment
-// (resolveOnRetry). While the store still fails the write, the retry is
-// settlement_pending again.
-func (g *Gate) serveUnrecorded(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, ex exchange, ce *store.ClaimedError) (bool, error) {
-	u := findUnrecorded(ce.Key)
+// serveUnrecorded answers the retry of a payment (claimed by keys) whose
+// settlement this gateway keeps unrecorded (handled false: it keeps none):
+// it writes the record first, then answers as the retry of any resolved
+// payment (resolveOnRetry). While the store still fails the write, the
+// retry is settlement_pending again. It is asked before the retry claims
+// anything: a store that lost the claim would let the retry claim the
+// payment afresh, and the facilitator then refuses the spent payment.
+func (g *Gate) serveUnrecorded(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, ex exchange, pid *paymentIDCall, keys []string) (bool, error) {
+	u := findUnrecorded(keys...)
 	if u == nil {
 		return false, nil
 	}
+	ex = pid.resolving(ex)
 	st, err := u.land(r.Context())
-	switch {
-	case errors.Is(err, store.ErrClaimLost):
-		u.forget()
-		return false, nil
-	case err != nil:
+	if err != nil {
 		return true, ex.refuse(w, r, errSettledUnrecorded(err))
 	}
 	u.forget()

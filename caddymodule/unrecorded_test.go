@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -168,4 +169,116 @@ func logLines(t *testing.T, file string) []map[string]any {
 		}
 	}
 	return lines
+}
+
+// wipedUnderPaidCall makes a paid call through host on base whose store,
+// a real Redis without persistence, dies while the upstream runs (after
+// the claim, before the settlement is recorded) and comes back empty, as
+// a restart without its data or a failover to a replica the claim had not
+// reached leaves it: the transfer is made, the gateway keeps it
+// unrecorded (503 settlement_pending, charged), and the store has no
+// claim of the payment left. It returns the payment.
+func wipedUnderPaidCall(t *testing.T, srv *servers.Redis, up *upstream, base, host string, payerIdx int) string {
+	t.Helper()
+	sig := signFor(t, paymentRequired(t, postPaidOn(t, base+"/verify/schema", host, "")), payerIdx)
+	var kill atomic.Bool
+	kill.Store(true)
+	up.during = func() {
+		if kill.CompareAndSwap(true, false) {
+			srv.Stop()
+		}
+	}
+	wantSettledUnrecorded(t, postPaidOn(t, base+"/verify/schema", host, sig))
+	srv.Start() // empty
+	return sig
+}
+
+// The store loses the claim of a settlement this gateway keeps unrecorded
+// (Redis restarts empty). The buyer's retry on this gateway is served the
+// answer held for it, with its settlement; the upstream does not run
+// again and nothing more is charged. The background writer is kept out of
+// the way (an hour between its tries): the retry itself writes the
+// claim again, before it claims anything. Before, the kept settlement was
+// dropped ("make it good by hand") and the retry claimed the spent payment
+// afresh: 402 nonce already used, on every retry, to a buyer who paid.
+func TestUnrecordedSettlementSurvivesAWipedStore(t *testing.T) {
+	defer func(w []time.Duration) { unrecordedWaits = w }(unrecordedWaits)
+	unrecordedWaits = []time.Duration{time.Hour}
+	d, _ := sharedDevnet(t)
+	up := newUpstream(t)
+	srv := servers.StartRedis(t)
+	base := startCaddy(t, strings.Replace(landedSite(up.URL, "redis "+srv.Addr+" {\n\t\t\t\tprefix wiped\n\t\t\t}", "after"), ":{port}", "http://a.test:{port}", 1))
+	payer := evmfacilitator.DevAccounts()[5].Address
+	before := balance(t, d, payer)
+	sig := wipedUnderPaidCall(t, srv, up, base, "a.test", 5)
+	calls := up.calls.Load()
+
+	var first []byte
+	for i := range 2 {
+		resp := postPaidOn(t, base+"/verify/schema", "a.test", sig)
+		b := readAll(t, resp)
+		if resp.StatusCode != http.StatusOK || resp.Header.Get(x402.HeaderPaymentResponse) == "" || !strings.Contains(string(b), `"payment":"paid"`) ||
+			(first != nil && !bytes.Equal(b, first)) {
+			t.Fatalf("retry %d once the store is back empty: %d %.300s; want the paid answer held for it", i, resp.StatusCode, b)
+		}
+		first = b
+	}
+	if n := up.calls.Load() - calls; n != 0 {
+		t.Fatalf("the upstream ran %d more time(s); the answer was held", n)
+	}
+	if got := charged(t, d, payer, before); got.Cmp(big.NewInt(20000)) != 0 {
+		t.Fatalf("charged %v in all, want 20000 once", got)
+	}
+}
+
+// The same, with the buyer's retries reaching another gateway on the same
+// Redis, which keeps nothing of the first one's memory
+// (asIfAnotherGateway). A retry that comes before the first gateway has
+// written the claim again claims the spent payment afresh and is refused,
+// uncharged, running nothing; the first gateway's writer never overwrites
+// that claim, and writes its record once it is released. Then the retry
+// is served the held answer, on any gateway, and the upstream ran once:
+// one delivery for one payment.
+func TestUnrecordedSettlementSurvivesAWipedStoreElsewhere(t *testing.T) {
+	defer func(w []time.Duration) { unrecordedWaits = w }(unrecordedWaits)
+	unrecordedWaits = []time.Duration{50 * time.Millisecond}
+	d, _ := sharedDevnet(t)
+	up := newUpstream(t)
+	srv := servers.StartRedis(t)
+	site := func(host string) string {
+		return strings.Replace(landedSite(up.URL, "redis "+srv.Addr+" {\n\t\t\t\tprefix wiped2\n\t\t\t}", "after"), ":{port}", "http://"+host+":{port}", 1)
+	}
+	base := startCaddy(t, site("a.test")+site("b.test"))
+	payer := evmfacilitator.DevAccounts()[7].Address
+	before := balance(t, d, payer)
+	written := counterValue(t, "settled_unrecorded_written")
+	sig := wipedUnderPaidCall(t, srv, up, base, "a.test", 7)
+	calls := up.calls.Load()
+	asIfAnotherGateway()
+
+	served := 0
+	for deadline := time.Now().Add(20 * time.Second); served < 2; {
+		if time.Now().After(deadline) {
+			t.Fatal("the retries through B were never served the answer A held")
+		}
+		resp := postPaidOn(t, base+"/verify/schema", "b.test", sig)
+		b := readAll(t, resp)
+		switch {
+		case resp.StatusCode == http.StatusOK && strings.Contains(string(b), `"payment":"paid"`) && resp.Header.Get(x402.HeaderPaymentResponse) != "":
+			served++
+		case resp.StatusCode == http.StatusOK:
+			t.Fatalf("a 200 without the paid answer: %.300s", b)
+		default:
+			time.Sleep(20 * time.Millisecond) // refused as the spent payment it is, or pending: never charged again
+		}
+	}
+	if counterValue(t, "settled_unrecorded_written") < written+1 {
+		t.Fatal("served, but not from the record A wrote again")
+	}
+	if n := up.calls.Load() - calls; n != 0 {
+		t.Fatalf("the upstream ran %d more time(s); the answer was held", n)
+	}
+	if got := charged(t, d, payer, before); got.Cmp(big.NewInt(20000)) != 0 {
+		t.Fatalf("charged %v in all, want 20000 once", got)
+	}
 }
