@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
 
 	"github.com/aovhq/aov/apierr"
 	"github.com/aovhq/aov/store"
@@ -194,15 +196,32 @@ type freeTrial struct {
 	Code           string `json:"code,omitempty"`
 }
 
-// trial reports the caller's allowance as it stands.
+// trialReadTimeout bounds the read of the caller's allowance for
+// free_trial. The member is a hint on an answer that is ready: while the
+// store stalls, that answer must not wait for it (the store's own
+// timeouts are a second and more). Tests change it.
+var trialReadTimeout = 250 * time.Millisecond
+
+// trial reports the caller's allowance as it stands (nil without a free
+// allowance). It is nil too when the allowance cannot be read in time (the
+// store is down or slow): the member is then left out, since a guess
+// would tell a caller with calls left that they are used up
+// (free_trial_exhausted), or promise calls the store cannot grant.
 func (f *FreeAllowance) trial(r *http.Request, g *Gate) *freeTrial {
+	if f == nil {
+		return nil
+	}
 	t := now()
 	remaining := 0
 	if client := f.client(r); client != "" {
-		n, err := g.state.Allowance().Remaining(r.Context(), f.Pool, client, t, f.PerDay)
-		if err == nil {
-			remaining = n
+		ctx, cancel := context.WithTimeout(r.Context(), trialReadTimeout)
+		n, err := g.state.Allowance().Remaining(ctx, f.Pool, client, t, f.PerDay)
+		cancel()
+		if err != nil {
+			g.logger.Debug("reading the free allowance for free_trial; left out", zap.Error(err))
+			return nil
 		}
+		remaining = n
 	}
 	url := f.MCPURL
 	if url == "" {

@@ -180,8 +180,7 @@ func (e *mcpExchange) demand(w http.ResponseWriter, r *http.Request, _ int, msg,
 	if reason != "" {
 		meta["reason"] = reason
 	}
-	if g.Free != nil {
-		trial := g.Free.trial(r, g)
+	if trial := g.Free.trial(r, g); trial != nil {
 		meta["free_trial"] = trial
 		if trial.Code != "" {
 			meta["code"] = trial.Code
