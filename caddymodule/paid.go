@@ -304,17 +304,16 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 // the payment and the held answer (nil in settle-before mode), so that the
 // buyer's retry or the background pass can resolve it (pending.go).
 func (p *paidCharge) settle(w http.ResponseWriter, r *http.Request, held *bufferedWriter) bool {
-	ok := p.settleOnce(w, r, held)
+	end := p.settleOnce(w, r, held)
 	if held != nil {
 		// Tell the upstream, which recorded the call as pending, how it
 		// ended (pending.go).
-		// A settlement the store did not record was paid all the same.
-		p.g.reportOutcome(r, p.next, held, p.claim, ok || p.unrecorded)
+		p.reportOutcome(r, held, end)
 	}
-	return ok
+	return end == settleDone
 }
 
-func (p *paidCharge) settleOnce(w http.ResponseWriter, r *http.Request, held *bufferedWriter) bool {
+func (p *paidCharge) settleOnce(w http.ResponseWriter, r *http.Request, held *bufferedWriter) settleEnd {
 	g := p.g
 	// Settlement must not be abandoned because the client went away: the
 	// upstream work is done and the authorization is ours to settle.
@@ -330,11 +329,11 @@ func (p *paidCharge) settleOnce(w http.ResponseWriter, r *http.Request, held *bu
 			metrics.outcomes.WithLabelValues("settlement_unknown").Inc()
 			g.holdUnknown(r, p.claim, p.pay.JSON, p.offerJS, held, unknown)
 			p.ex.refuse(w, r, errSettlementPending(err))
-			return false
+			return settleUnknown
 		}
 		p.release(r)
 		p.ex.refuse(w, r, facilitatorUnavailable(err))
-		return false
+		return settleRefused
 	}
 	if !sr.Success {
 		p.release(r)
@@ -346,7 +345,7 @@ func (p *paidCharge) settleOnce(w http.ResponseWriter, r *http.Request, held *bu
 			reason = x402.ReasonUnexpectedSettleError
 		}
 		p.ex.demand(w, r, http.StatusPaymentRequired, "Settlement failed: "+reason, reason, &sr)
-		return false
+		return settleRefused
 	}
 	// Nothing is delivered before the store records the settlement (in
 	// both settle modes the answer is still held, or the upstream not yet
@@ -361,7 +360,7 @@ func (p *paidCharge) settleOnce(w http.ResponseWriter, r *http.Request, held *bu
 		g.logger.Warn("payment settled, and resolved elsewhere meanwhile: not delivered again", zap.String("transaction", sr.Transaction))
 		metrics.outcomes.WithLabelValues("settled_resolved_elsewhere").Inc()
 		alreadyUsed(w, r, p.ex)
-		return false
+		return settleUnknown // the claim tells
 	case errors.Is(err, store.ErrClaimLost) || p.note == "":
 		// No record of the payment is left for anything to resolve and
 		// deliver by (the claim is gone, or the store keeps none), and
@@ -383,13 +382,13 @@ func (p *paidCharge) settleOnce(w http.ResponseWriter, r *http.Request, held *bu
 			g.holdUnknown(r, p.claim, p.pay.JSON, p.offerJS, held, &x402.UnknownOutcomeError{Op: "settle", Reply: &sr, Err: err})
 		}
 		p.ex.refuse(w, r, errSettledUnrecorded(err))
-		return false
+		return settleUnknown // p.unrecorded: paid
 	}
 	outcomeSettled.Inc()
 	g.creditSettled(r) // the 402 before this payment no longer counts (ratelimit.go)
 	noteSettled(r, sr)
 	p.sr = sr
-	return true
+	return settleDone
 }
 
 // settleWriteWaits are the waits before each further try of the write that

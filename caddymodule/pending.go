@@ -947,30 +947,54 @@ func jsonString(v []byte) string {
 	return s
 }
 
-// reportOutcome reports a settlement's outcome after servePaid's settle:
-// paid when it succeeded, or when the payment's claim is settled by now
-// (the background pass found the transfer in between); unpaid when it
-// failed for sure (the claim was released); nothing while the outcome is
+// settleEnd is how servePaid's settle ended, as reportOutcome needs it.
+type settleEnd uint8
+
+const (
+	// settleDone: settled and recorded; the answer is delivered.
+	settleDone settleEnd = iota
+	// settleRefused: the facilitator settled nothing (it said so) and
+	// the claim was released: nothing was charged.
+	settleRefused
+	// settleUnknown: anything else. The transfer may have happened (its
+	// outcome is unknown, or the claim was resolved elsewhere meanwhile),
+	// or did (paidCharge.unrecorded).
+	settleUnknown
+)
+
+// reportOutcome reports a settlement's outcome after servePaid's settle
+// (end): paid when it succeeded or went through unrecorded, unpaid when
+// the facilitator refused it, and otherwise as the payment's claim tells:
+// paid when it is settled by now (the background pass found the transfer
+// in between, or another gateway did); nothing while the outcome is
 // unknown (the claim is held: the report comes with the resolution).
 //
 // An outcome that cannot be told is not reported at all: a failed lookup
 // (the store blipped), or a claim kept without our held record (its hold
 // failed, or the store keeps none). The record then stays pending, which
 // counts for nothing; unpaid would be final, and wrong if the transfer
-// happened.
-func (g *Gate) reportOutcome(r *http.Request, next caddyhttp.Handler, bw *bufferedWriter, c store.Claim, settled bool) {
+// happened. A claim gone from the store says nothing either (the store
+// may have lost it: a Redis restart without its data): the chain is
+// asked instead (reportFromChain).
+func (p *paidCharge) reportOutcome(r *http.Request, bw *bufferedWriter, end settleEnd) {
+	g, next := p.g, p.next
 	path, id := reportRequest(bw)
-	if path == "" {
+	switch {
+	case path == "":
 		return
-	}
-	if settled {
+	case end == settleDone, p.unrecorded:
 		g.report(r, next, path, id, store.PaymentPaid)
 		return
+	case end == settleRefused:
+		g.report(r, next, path, id, store.PaymentUnpaid)
+		return
 	}
-	st, err := g.state.Claims().Lookup(context.WithoutCancel(r.Context()), c.Keys[0])
+	st, err := g.state.Claims().Lookup(context.WithoutCancel(r.Context()), p.claim.Keys[0])
 	switch {
 	case errors.Is(err, store.ErrNotFound):
-		g.report(r, next, path, id, store.PaymentUnpaid)
+		h := g.newHeldRecord(p.claim, p.pay.JSON, p.offerJS, now().Add(-defaultSettleTimeout))
+		h.payload, h.offer = p.pay.PaymentPayload, p.offer
+		g.reportFromChain(r, next, &h, path, id)
 		return
 	case err != nil:
 		g.logger.Warn("the settlement's outcome is unknown and its claim could not be read; its verification stays pending", zap.Error(err))
@@ -980,7 +1004,7 @@ func (g *Gate) reportOutcome(r *http.Request, next caddyhttp.Handler, bw *buffer
 		return
 	}
 	h, ok := decodeHeld(st.Note)
-	if !ok || h.Token != c.Token {
+	if !ok || h.Token != p.claim.Token {
 		g.logger.Warn("the settlement's outcome is unknown and no record of it is held; its verification stays pending")
 		return
 	}
@@ -991,8 +1015,27 @@ func (g *Gate) reportOutcome(r *http.Request, next caddyhttp.Handler, bw *buffer
 		// The background pass found the transfer in between.
 		g.report(r, next, path, id, store.PaymentPaid)
 	case errors.Is(err, store.ErrClaimLost):
-		// It found it can never happen, and released the claim.
+		// The background pass found it can never happen and released
+		// the claim, or the store lost it: the chain tells which.
+		g.reportFromChain(r, next, h, path, id)
+	}
+}
+
+// reportFromChain reports the outcome of h, whose claim is gone from the
+// store, as the chain tells it: paid once the transfer happened, unpaid
+// once it never can; nothing while it still may, or the chain cannot be
+// read (the verification stays pending). A missing claim is no proof of
+// an unpaid call: a claim released because the transfer can never happen
+// looks the same as one the store lost, with the transfer made.
+func (g *Gate) reportFromChain(r *http.Request, next caddyhttp.Handler, h *heldRecord, path, id string) {
+	st, known := g.checkHeld(r.Context(), h)
+	switch {
+	case known && st.State == x402.SettlementDone:
+		g.report(r, next, path, id, store.PaymentPaid)
+	case known && st.State == x402.SettlementNever:
 		g.report(r, next, path, id, store.PaymentUnpaid)
+	default:
+		g.logger.Warn("the settlement's outcome is unknown and the store no longer has its claim; its verification stays pending")
 	}
 }
 

@@ -4,13 +4,20 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	neturl "net/url"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/redis/go-redis/v9"
 
+	"github.com/aovhq/aov/internal/servers"
 	"github.com/aovhq/aov/store"
 )
 
@@ -93,5 +100,56 @@ func TestUnknownOutcomeNotToldIsNeverReportedUnpaid(t *testing.T) {
 				t.Fatalf("recorded %s, want %s: %s", recs[0].Payment, store.PaymentPending, fmt.Sprint(recs[0]))
 			}
 		})
+	}
+}
+
+// The store loses a paid call's claim while its settlement's outcome is
+// unknown: Redis comes back empty (FLUSHALL here, what a restart without
+// its data leaves) while the upstream runs, and the facilitator's reply
+// is then lost after the transfer (lose_reply). The claim's absence says
+// nothing of the outcome: the gate asks the chain, where the transfer is,
+// and the verification is reported paid. Before, the missing claim was
+// taken for a released one and the verification reported unpaid, which
+// verifierd keeps as final: a paid call recorded as never paid.
+func TestUnknownOutcomeWithClaimLostIsNotReportedUnpaid(t *testing.T) {
+	sharedDevnet(t)
+	vf := startVerifier(t)
+	srv := servers.StartRedis(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { rdb.Close() })
+	var wipe atomic.Bool
+	target, _ := neturl.Parse(vf.srv.URL)
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if wipe.CompareAndSwap(true, false) {
+			if err := rdb.FlushAll(r.Context()).Err(); err != nil {
+				t.Errorf("FLUSHALL: %v", err)
+			}
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(front.Close)
+	site := strings.ReplaceAll(mcpHistorySite(vf, "lose_reply", "{dir}"), "store badger {dir}", "store redis "+srv.Addr+" {\n\t\t\t\tprefix lost\n\t\t\t}")
+	site = strings.Replace(site, strings.TrimPrefix(vf.srv.URL, "http://"), strings.TrimPrefix(front.URL, "http://"), 1)
+	url := startCaddy(t, site) + "/mcp"
+	agent := "seller-claim-lost"
+	args := map[string]any{"task_id": "t-mcp", "agent_id": agent,
+		"expected_schema": map[string]any{"type": "object"}, "submitted_output": map[string]any{"ok": true}}
+	postMCP(t, url, toolCall(t, "verify_schema", map[string]any{"task_id": "t-free", "expected_schema": map[string]any{}, "submitted_output": 1}, nil)) // the free call of the day
+	_, body := postMCP(t, url, toolCall(t, "verify_schema", args, nil))
+	p := payDemand(t, body, 8)
+	wipe.Store(true)
+	if _, body = postMCP(t, url, toolCall(t, "verify_schema", args, &p)); !strings.Contains(string(body), "settlement_pending") {
+		t.Fatalf("paid call: %s", body)
+	}
+	if wipe.Load() {
+		t.Fatal("the store was never wiped under the call")
+	}
+	recs, _, err := vf.db.Verifications(context.Background(), agent, "", 10)
+	if err != nil || len(recs) != 1 {
+		t.Fatalf("records %+v, %v", recs, err)
+	}
+	if recs[0].Payment != store.PaymentPaid {
+		t.Fatalf("recorded %s, want %s (the transfer is on chain): %s", recs[0].Payment, store.PaymentPaid, fmt.Sprint(recs[0]))
 	}
 }
