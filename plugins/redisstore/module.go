@@ -194,7 +194,8 @@ func (s *RedisStore) Cleanup() error {
 	}
 	key, st := s.pooled.key, s.store
 	return s.uses.AfterRequests(func() error {
-		// A served call's commit may still be retried (Store.AfterRetries).
+		// A served call's commit, or a refused one's release, may still be
+		// retried (Store.AfterRetries).
 		st.AfterRetries(func() {
 			if _, err := clients.Delete(key); err != nil {
 				caddy.Log().Error("closing the Redis client", zap.Error(err))

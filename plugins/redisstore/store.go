@@ -76,8 +76,9 @@ type Store struct {
 	// keys in one script and Cluster runs a script on one slot only.
 	allowPrefix, claimPrefix string
 	heldIndex                string // the index of held claims (held.go)
-	// retries counts the commits being retried after their request
-	// returned (allowance.retryCommit); AfterRetries waits for them.
+	// retries counts the commits and releases being retried after
+	// their request returned (allowance.retryFinish); AfterRetries waits
+	// for them.
 	retries sync.WaitGroup
 	// span is the last attempt span ClaimHeld was given, boxed (spanArg).
 	span atomic.Pointer[boxedMS]
@@ -138,9 +139,9 @@ func (s *Store) Ping(ctx context.Context) error { return s.rdb.Ping(ctx).Err() }
 // Close closes the client.
 func (s *Store) Close() error { return s.rdb.Close() }
 
-// AfterRetries runs fn, in a goroutine of its own, once no commit of this
-// Store is being retried. A commit that failed on a transport error is
-// retried after its request has returned, until the reservation lapses
+// AfterRetries runs fn, in a goroutine of its own, once no commit or
+// release of this Store is being retried. A commit (or release) that
+// failed on a transport error is retried after its request has returned, until the reservation lapses
 // (up to 5 minutes): the client it uses must not be closed under it, or
 // the served call is never counted and its unit is granted again. So a
 // caller gives the client back through it once no request uses the Store
@@ -284,7 +285,7 @@ func (a allowance) Reserve(ctx context.Context, pool, client string, day time.Ti
 	res.Remaining = int(rem)
 	// Expires is on the gateway's clock, from the lifetime the server
 	// granted: the server's expiry compared with the gateway's clock
-	// would be off by however far the two clocks are apart (retryCommit
+	// would be off by however far the two clocks are apart (retryFinish
 	// gave up at once, or went on for hours). Taken after the reply, it
 	// is never before the real lapse.
 	res.Expires = now().Add(time.Duration(left) * time.Millisecond)
@@ -314,18 +315,19 @@ func (a allowance) finish(ctx context.Context, r store.Reservation, commit strin
 	key := a.key(r.Pool, r.Client, r.Day)
 	v, err := a.s.write(ctx, finishScript, []string{key}, r.ID, commit)
 	if err != nil {
-		if commit == "1" {
-			// The call was served: count it. Keep trying in the background
-			// while the reservation lives (the script commits only a live,
-			// pending unit, so a late or repeated try counts it at most
-			// once); a unit never committed would come back when it lapses
-			// and be granted a second time.
-			a.s.retries.Add(1)
-			go func() {
-				defer a.s.retries.Done()
-				a.retryCommit(key, r)
-			}()
-		}
+		// Keep trying in the background while the reservation lives (the
+		// script finishes only a live, pending unit, so a late or repeated
+		// try counts or frees it at most once). A commit: the call was
+		// served, and a unit never committed would come back when it
+		// lapses and be granted a second time. A release: the call was
+		// refused (a 422, an upstream error) and charged nothing, and a
+		// unit never released would hold one of the client's free calls
+		// off until it lapses (5 minutes).
+		a.s.retries.Add(1)
+		go func() {
+			defer a.s.retries.Done()
+			a.retryFinish(key, r, commit)
+		}()
 		return fmt.Errorf("redisstore: finishing reservation: %w", err)
 	}
 	if v != int64(1) {
@@ -334,18 +336,19 @@ func (a allowance) finish(ctx context.Context, r store.Reservation, commit strin
 	return nil
 }
 
-// retryCommit retries a commit that failed on a transport error, with
-// backoff, until it lands, the server says the unit is no longer pending,
-// the reservation has lapsed, or the client was closed. The lapse is
-// judged by the time elapsed on the gateway (r.Expires is on its clock,
-// with its monotonic reading: Reserve); the server judges it for good.
-func (a allowance) retryCommit(key string, r store.Reservation) {
+// retryFinish retries a commit ("1") or release ("0") that failed on a
+// transport error, with backoff, until it lands, the server says the unit
+// is no longer pending, the reservation has lapsed, or the client was
+// closed. The lapse is judged by the time elapsed on the gateway
+// (r.Expires is on its clock, with its monotonic reading: Reserve); the
+// server judges it for good.
+func (a allowance) retryFinish(key string, r store.Reservation, commit string) {
 	delay := 50 * time.Millisecond
 	for now().Before(r.Expires) {
 		time.Sleep(delay)
 		delay = min(2*delay, time.Second)
 		ctx, cancel := context.WithTimeout(context.Background(), r.Expires.Sub(now()))
-		_, err := a.s.write(ctx, finishScript, []string{key}, r.ID, "1")
+		_, err := a.s.write(ctx, finishScript, []string{key}, r.ID, commit)
 		cancel()
 		if err == nil || errors.Is(err, redis.ErrClosed) {
 			return

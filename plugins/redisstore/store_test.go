@@ -305,6 +305,47 @@ func TestCommitRetriedAfterAnOutage(t *testing.T) {
 	}
 }
 
+// TestReleaseRetriedAfterAnOutage: a release that fails because Redis is
+// away (the call was refused, a 422: nothing may be taken) is retried as
+// a commit is, so once Redis is back the unit is free again. Before, it
+// was given up at once, and the client's free call stayed held until the
+// reservation lapsed (5 minutes): with a limit of 1, no free call at all.
+func TestReleaseRetriedAfterAnOutage(t *testing.T) {
+	ctx := context.Background()
+	srv, rdb := standalone(t, "--appendonly", "yes", "--appendfsync", "always")
+	s, err := New(ctx, rdb, Options{Prefix: "retryrel"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := s.Allowance().Reserve(ctx, "p", "c", time.Now(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Stop()
+	if err := s.Allowance().Release(ctx, r); err == nil || errors.Is(err, store.ErrNotReserved) {
+		t.Fatalf("release with Redis down = %v, want a transport error", err)
+	}
+	srv.Start()
+	key := s.Allowance().(allowance).key("p", "c", r.Day)
+	deadline := time.Now().Add(10 * time.Second)
+	for rdb.Exists(ctx, key).Val() != 0 && rdb.ZScore(ctx, key, r.ID).Err() == nil {
+		if time.Now().After(deadline) {
+			t.Fatal("the release never landed after Redis came back: the client's free call stays held until the reservation lapses")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, err := s.Allowance().Reserve(ctx, "p", "c", time.Now(), 1); err != nil {
+		t.Fatalf("the one free call of the day after the retried release: %v", err)
+	}
+	given := make(chan struct{})
+	s.AfterRetries(func() { close(given) })
+	select {
+	case <-given:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the client was never given back after the retried release landed")
+	}
+}
+
 // gatewayClock is a FAKE: the gateway's clock set off from the Redis
 // server's by skew (nothing else can put two clocks apart in a test on one
 // machine). It keeps the monotonic reading, as a real clock's time does.
