@@ -587,16 +587,25 @@ func TestReadmeReceiptByHandRefusesWhatThePackageRefuses(t *testing.T) {
 	// sign makes a receipt as verifierd does: the response, its attestation
 	// spliced in last. The task_id carries a U+FFFD for the surrogate case.
 	// signExtra puts extra members (`"score":0,`) in the response it signs.
-	signExtra := func(t *testing.T, priv ed25519.PrivateKey, kv, at, extra string) []byte {
-		resp := []byte(`{"summary":{"result":"fail","blocking_checks":["consistency:sum_equals"]},"result":"fail",` + extra +
-			`"task_id":"invoice-` + "\uFFFD" + `","output_hash":"` + strings.Repeat("ab", 32) + `","verified_at":"` + at + `",` +
-			`"verify":{"public_key_url":"https://verifier.example/.well-known/agent-card.json","key_version":"` + kv + `"}}`)
+	// signResponse signs resp (a response without attestation) under the
+	// verify context with key version kv at at, whatever resp says.
+	signResponse := func(t *testing.T, priv ed25519.PrivateKey, kv, at string, resp []byte) []byte {
 		att, err := receipt.Sign(priv, receipt.ContextVerify, kv, at, resp)
 		if err != nil {
 			t.Fatal(err)
 		}
 		a, _ := json.Marshal(att)
 		return append(append(append(resp[:len(resp)-1:len(resp)-1], `,"attestation":`...), a...), '}')
+	}
+	// response is verifierd's response; verifiedAt and verifyKV are what
+	// its verified_at and verify.key_version say.
+	response := func(verifiedAt, verifyKV, extra string) []byte {
+		return []byte(`{"summary":{"result":"fail","blocking_checks":["consistency:sum_equals"]},"result":"fail",` + extra +
+			`"task_id":"invoice-` + "\uFFFD" + `","output_hash":"` + strings.Repeat("ab", 32) + `","verified_at":"` + verifiedAt + `",` +
+			`"verify":{"public_key_url":"https://verifier.example/.well-known/agent-card.json","key_version":"` + verifyKV + `"}}`)
+	}
+	signExtra := func(t *testing.T, priv ed25519.PrivateKey, kv, at, extra string) []byte {
+		return signResponse(t, priv, kv, at, response(at, kv, extra))
 	}
 	sign := func(t *testing.T, priv ed25519.PrivateKey, kv, at string) []byte {
 		return signExtra(t, priv, kv, at, "")
@@ -858,6 +867,84 @@ func TestReadmeReceiptByHandRefusesWhatThePackageRefuses(t *testing.T) {
 				return card(t, retiredK1, with(currentK2, "compromisedSince", "2026-11-29T21:22:28.123456789Z"))
 			},
 			refusal: `refused: the key is marked compromised at the receipt's date`,
+		},
+		// The members Verify checks beyond the signature are signed too, so
+		// a leaked retired key can sign any of them: a receipt dated inside
+		// its service life must not say it was verified today, or under
+		// another key.
+		{
+			desc: "a retired key's receipt dated in its service life whose verified_at says a year later is refused",
+			receipt: func(t *testing.T) []byte {
+				return signResponse(t, k1, "k1", "2026-11-28T21:00:00Z", response("2027-11-28T21:00:00Z", "k1", ""))
+			},
+			card: good, refusal: `refused: verified_at is not the instant of attestation.timestamp`,
+		},
+		{
+			desc: "a receipt whose verified_at is the same instant as its timestamp in another offset verifies",
+			receipt: func(t *testing.T) []byte {
+				return signResponse(t, k2, "k2", "2026-11-30T03:07:28.123456+05:45", response("2026-11-29T21:22:28.123456Z", "k2", ""))
+			},
+			card: good, verifies: true,
+		},
+		{
+			desc: "a receipt whose verified_at is null is refused",
+			receipt: func(t *testing.T) []byte {
+				return signResponse(t, k2, "k2", at, bytes.Replace(response(at, "k2", ""), []byte(`"`+at+`"`), []byte(`null`), 1))
+			},
+			card: good, refusal: `refused: verified_at is not the instant of attestation.timestamp`,
+		},
+		{
+			desc: "a receipt whose verify.key_version names another key is refused",
+			receipt: func(t *testing.T) []byte {
+				return signResponse(t, k2, "k2", at, response(at, "k1", ""))
+			},
+			card: good, refusal: `refused: verify.key_version is not attestation.key_version`,
+		},
+		{
+			desc: "a receipt whose verify is a string is refused",
+			receipt: func(t *testing.T) []byte {
+				return signResponse(t, k2, "k2", at, []byte(`{"result":"fail","output_hash":"`+strings.Repeat("ab", 32)+`","verified_at":"`+at+`","verify":"k2"}`))
+			},
+			card: good, refusal: `refused: verify is not an object`,
+		},
+		{
+			desc: "a receipt with no output_hash (a score's shape) signed under the verify context is refused",
+			receipt: func(t *testing.T) []byte {
+				return signResponse(t, k2, "k2", at, []byte(`{"result":"pass","task_id":"t1","verified_at":"`+at+`","verify":{"key_version":"k2"}}`))
+			},
+			card: good, refusal: `Signature Verification Failure`,
+		},
+		{
+			desc: "a trust score receipt, signed under the score context, verifies",
+			receipt: func(t *testing.T) []byte {
+				resp := []byte(`{"agent_id":"a1","score":0.75,"verified_at":"` + at + `","verify":{"key_version":"k2"}}`)
+				att, err := receipt.Sign(k2, receipt.ContextScore, "k2", at, resp)
+				if err != nil {
+					t.Fatal(err)
+				}
+				a, _ := json.Marshal(att)
+				return append(append(append(resp[:len(resp)-1:len(resp)-1], `,"attestation":`...), a...), '}')
+			},
+			card: good, verifies: true,
+		},
+		{
+			desc: "numbers, escapes and member order JSON.parse and Go read alike verify",
+			receipt: func(t *testing.T) []byte {
+				return signExtra(t, k2, "k2", at, `"n":[1E2,-0,1.0e-7,9007199254740993,-0.0e5,1e21,5e-324,123456789012345678901234567890],`+
+					`"s":"a\u2028b\u2029c\u007f\/\u00e9","o":{"b":1,"a":2,"10":3,"9":4,"\ud83d\ude00":6,"\uff61":7,"__proto__":8},`)
+			},
+			card: good, verifies: true,
+		},
+		{
+			desc:    "a card with two attestation extensions, one per key, verifies",
+			receipt: genuine,
+			card: func(t *testing.T) []byte {
+				b, _ := json.Marshal(map[string]any{"capabilities": map[string]any{"extensions": []any{
+					map[string]any{"uri": receipt.ExtensionURI, "params": map[string]any{"publicKeys": []any{retiredK1}}},
+					map[string]any{"uri": receipt.ExtensionURI, "params": map[string]any{"publicKeys": []any{currentK2}}, "foo": 1}}}})
+				return b
+			},
+			verifies: true,
 		},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
