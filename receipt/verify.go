@@ -316,15 +316,29 @@ func attestationOf(doc map[string]any) (parsedAttestation, error) {
 	if a.Algorithm != Algorithm {
 		return parsedAttestation{}, fmt.Errorf("attestation.algorithm is %s, want %s", quoteShort(a.Algorithm), Algorithm)
 	}
-	sig, err := decodeStdBase64(a.Signature)
+	sig, err := DecodeSignature(a.Signature)
 	if err != nil {
-		return parsedAttestation{}, errors.New("attestation.signature is not standard base64")
-	}
-	if len(sig) != ed25519.SignatureSize {
-		return parsedAttestation{}, fmt.Errorf("attestation.signature is %d bytes, want %d", len(sig), ed25519.SignatureSize)
+		return parsedAttestation{}, fmt.Errorf("attestation.signature %w", err)
 	}
 	a.sig = sig
 	return a, nil
+}
+
+// DecodeSignature decodes attestation.signature: the standard padded base64
+// of 64 bytes, with no stray pad bits and no line break. It is the one
+// reader of a signature, for Verify and for the signer client that takes
+// certd's answer: a signature encoding/base64's lax decoder takes and other
+// readers refuse would make verifierd hand out, and bill for, a receipt that
+// nobody else can verify. Errors read after "attestation.signature".
+func DecodeSignature(s string) ([]byte, error) {
+	sig, err := decodeStdBase64(s)
+	if err != nil {
+		return nil, errors.New("is not standard base64")
+	}
+	if len(sig) != ed25519.SignatureSize {
+		return nil, fmt.Errorf("is %d bytes, want %d", len(sig), ed25519.SignatureSize)
+	}
+	return sig, nil
 }
 
 // CheckHashes compares the hashes a response carries with hashes recomputed

@@ -3,7 +3,6 @@ package signer
 import (
 	"bytes"
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/aovhq/aov/apierr"
 	"github.com/aovhq/aov/receipt"
+	"github.com/aovhq/aov/strictjson"
 )
 
 // Defaults of ClientConfig.
@@ -158,13 +158,53 @@ func (c *Client) sign(ctx context.Context, input signingInput, signContext, keyV
 	if err != nil {
 		return receipt.Attestation{}, apierr.Internal(fmt.Errorf("building the signing input: %w", err))
 	}
-	var att receipt.Attestation
-	if err := c.call(ctx, http.MethodPost, PathSign, body, &att); err != nil {
+	var answer json.RawMessage
+	if err := c.call(ctx, http.MethodPost, PathSign, body, &answer); err != nil {
 		return receipt.Attestation{}, err
 	}
-	sig, err := base64.StdEncoding.DecodeString(att.Signature)
-	if err != nil || len(sig) != 64 || att.Algorithm != receipt.Algorithm || att.KeyVersion != keyVersion || att.Timestamp != attestedAt {
+	att, err := readAttestation(answer)
+	if err != nil {
+		return receipt.Attestation{}, apierr.Internal(fmt.Errorf("signing service sent an unusable attestation: %w", err))
+	}
+	if att.Algorithm != receipt.Algorithm || att.KeyVersion != keyVersion || att.Timestamp != attestedAt {
 		return receipt.Attestation{}, apierr.Internal(errors.New("signing service sent an attestation that does not match the request"))
+	}
+	return att, nil
+}
+
+// readAttestation reads certd's sign answer as every verifier reads the
+// attestation it becomes: members by their exact names (encoding/json's
+// struct matching would also take "Signature", the last one winning), and
+// the signature with receipt.DecodeSignature. What passes here verifies
+// wherever the receipt is checked; anything else is refused before
+// verifierd attaches it to a response or charges for it.
+func readAttestation(answer []byte) (receipt.Attestation, error) {
+	v, err := strictjson.Decode(answer, strictjson.Limits{})
+	if err != nil {
+		return receipt.Attestation{}, err
+	}
+	m, ok := v.(map[string]any)
+	if !ok {
+		return receipt.Attestation{}, errors.New("the answer is not a JSON object")
+	}
+	var att receipt.Attestation
+	for _, f := range []struct {
+		name string
+		dst  *string
+	}{
+		{"algorithm", &att.Algorithm},
+		{"key_version", &att.KeyVersion},
+		{"timestamp", &att.Timestamp},
+		{"signature", &att.Signature},
+	} {
+		s, ok := m[f.name].(string)
+		if !ok {
+			return receipt.Attestation{}, fmt.Errorf("%s is missing or not a string", f.name)
+		}
+		*f.dst = s
+	}
+	if _, err := receipt.DecodeSignature(att.Signature); err != nil {
+		return receipt.Attestation{}, fmt.Errorf("signature %w", err)
 	}
 	return att, nil
 }
