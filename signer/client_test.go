@@ -81,3 +81,52 @@ func TestClientTakesOnlyAnAttestationVerifiersTake(t *testing.T) {
 		})
 	}
 }
+
+// FuzzReadAttestation feeds arbitrary sign answers to the client's reader
+// and checks it against package receipt's reading of the same object as a
+// receipt's attestation: an answer the client takes with algorithm Ed25519
+// and an RFC 3339 timestamp gets past every check Verify makes before the
+// signature (so it fails only there, the key being another), and an answer
+// Verify reads that far the client takes too.
+func FuzzReadAttestation(f *testing.F) {
+	priv := ed25519.NewKeyFromSeed(bytes.Repeat([]byte{2}, ed25519.SeedSize))
+	good, err := receipt.Sign(priv, receipt.ContextVerify, "k2", "2026-11-29T21:22:28.123456+00:00", []byte(`{}`))
+	if err != nil {
+		f.Fatal(err)
+	}
+	base := string(good.AppendJSON(nil))
+	sig := good.Signature
+	for _, s := range []string{
+		base,
+		strings.Replace(base, sig, sig[:10]+`\n`+sig[10:], 1),
+		strings.Replace(base, sig, sig[:10]+`\r`+sig[10:], 1),
+		strings.Replace(base, sig, sig[:len(sig)-3]+"x==", 1),
+		strings.Replace(base, sig, strings.TrimRight(sig, "="), 1),
+		strings.Replace(base, `"signature"`, `"Signature"`, 1),
+		strings.Replace(base, `"signature"`, `"ſignature"`, 1),
+		strings.Replace(base, `}`, `,"Signature":"x"}`, 1),
+		strings.Replace(base, `"signature"`, `"signature":"x","signature"`, 1),
+		strings.Replace(base, `"k2"`, `1`, 1),
+		`[` + base + `]`, `null`, ``,
+	} {
+		f.Add(s)
+	}
+	other := receipt.SingleKey("", ed25519.NewKeyFromSeed(bytes.Repeat([]byte{3}, ed25519.SeedSize)).Public().(ed25519.PublicKey))
+	f.Fuzz(func(t *testing.T, answer string) {
+		att, err := readAttestation([]byte(answer))
+		_, verr := receipt.Verify([]byte(`{"attestation":`+answer+`}`), other, receipt.ContextVerify)
+		pastReading := errors.Is(verr, receipt.ErrSignature)
+		if err != nil {
+			if pastReading {
+				t.Fatalf("the client refuses an answer receipt.Verify reads: %v", err)
+			}
+			return
+		}
+		if _, derr := receipt.DecodeSignature(att.Signature); derr != nil {
+			t.Fatalf("took signature %q: %v", att.Signature, derr)
+		}
+		if _, terr := receipt.ParseTime(att.Timestamp); att.Algorithm == receipt.Algorithm && att.KeyVersion != "" && terr == nil && !pastReading {
+			t.Fatalf("the client takes %+v, which receipt.Verify refuses before the signature: %v", att, verr)
+		}
+	})
+}
