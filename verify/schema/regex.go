@@ -167,7 +167,11 @@ func (e *regexpEngine) compileNew(pat string) verdict {
 	if e.total+m.size > MaxPatternsSize {
 		return verdict{err: &PatternsTooLargeError{Size: e.total + m.size, Max: MaxPatternsSize}}
 	}
-	re, err := regexp.Compile(pat)
+	src := pat
+	if !m.onePass {
+		src = noOnePass + pat
+	}
+	re, err := regexp.Compile(src)
 	if err != nil {
 		return verdict{err: err}
 	}
@@ -189,10 +193,32 @@ func (e *regexpEngine) bytes() int64 {
 // patternCost is what a pattern costs: size, for the limits and the
 // memory it keeps (instructions, plus its class ranges at
 // rangesPerInstruction), and work, the instructions a match steps through
-// for each byte (regexCost).
+// for each byte (regexCost). onePass says whether it is compiled as
+// written, so that Go may build its one-pass matcher (then size counts
+// what that keeps), or behind noOnePass.
 type patternCost struct {
 	size, work int
+	onePass    bool
 }
+
+// Go's regexp builds a one-pass matcher for a program of fewer than 1,000
+// instructions that starts with ^ (regexp/onepass.go), and it keeps, for
+// every instruction, a copy of the ranges the match may take next: a
+// class's whole table at each instruction a repetition expands it to, and
+// at each alternation, capture or empty-width instruction the union of
+// what follows. ^[\p{L}]{990}$ kept 990 copies of 659 ranges, 8 MB, for a
+// size of 1,320 (85 KB), and 330 alternatives starting with different
+// characters 1 MB. The matcher only makes matches faster, so a pattern
+// whose copies could pass maxOnePassCopies rune ranges is compiled behind
+// an empty group, noOnePass: the same language, but a program whose first
+// instruction is not ^, which the one-pass compiler declines (the anchor
+// still makes the search anchored). One that stays one-pass counts its
+// copies in its size, with another instruction for each (the matcher's
+// copy of the program).
+const (
+	maxOnePassCopies = 4096
+	noOnePass        = "(?:)"
+)
 
 // measurePattern checks pat against maxSize: its classes lexically
 // (classBound), before anything is parsed, then its parsed size.
@@ -221,7 +247,54 @@ func patternSize(pat string) (patternCost, error) {
 	}
 	work := progSize(re)
 	ranges := classRanges(re)
-	return patternCost{size: satAdd(work, (ranges+rangesPerInstruction-1)/rangesPerInstruction), work: work}, nil
+	m := patternCost{size: satAdd(work, (ranges+rangesPerInstruction-1)/rangesPerInstruction), work: work}
+	expanded, copiers := onePassSize(re)
+	if copies := expanded * (1 + copiers); expanded <= maxOnePassCopies && copiers <= maxOnePassCopies && copies <= maxOnePassCopies {
+		m.onePass = true
+		m.size = satAdd(m.size, work+(copies+rangesPerInstruction-1)/rangesPerInstruction)
+	}
+	return m, nil
+}
+
+// onePassSize bounds what a one-pass matcher of re would copy: expanded,
+// the rune ranges of its rune instructions with repetitions expanded as
+// the compiler expands them (a case-folded literal up to four), and
+// copiers, its other instructions, each of which may hold a copy of all
+// of them. Like progSize it saturates instead of overflowing.
+func onePassSize(re *syntax.Regexp) (expanded, copiers int) {
+	sat := func(n int) int { return min(n, sizeCap) }
+	switch re.Op {
+	case syntax.OpCharClass:
+		return len(re.Rune) / 2, 0
+	case syntax.OpLiteral:
+		if re.Flags&syntax.FoldCase != 0 {
+			return 4 * len(re.Rune), 0
+		}
+		return len(re.Rune), 0
+	case syntax.OpAnyChar, syntax.OpAnyCharNotNL:
+		return 2, 0
+	case syntax.OpCapture:
+		e, c := onePassSize(re.Sub[0])
+		return e, sat(c + 2)
+	case syntax.OpStar, syntax.OpPlus, syntax.OpQuest:
+		e, c := onePassSize(re.Sub[0])
+		return e, sat(c + 1)
+	case syntax.OpRepeat:
+		e, c := onePassSize(re.Sub[0])
+		n := re.Max
+		if n < 0 {
+			n = re.Min + 1
+		}
+		n = max(n, 1)
+		return sat(n * e), sat(n*c + n)
+	case syntax.OpConcat, syntax.OpAlternate:
+		for _, s := range re.Sub {
+			e, c := onePassSize(s)
+			expanded, copiers = sat(expanded+e), sat(copiers+c+1)
+		}
+		return expanded, copiers
+	}
+	return 0, 1 // anchors, empty matches: one instruction that copies
 }
 
 const sizeCap = 1 << 40

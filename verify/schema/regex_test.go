@@ -3,6 +3,7 @@ package schema
 import (
 	"errors"
 	"fmt"
+	"regexp"
 	"regexp/syntax"
 	"runtime"
 	"strings"
@@ -133,23 +134,59 @@ func TestPatternParsedOncePerCompile(t *testing.T) {
 	}
 }
 
+// wideClass is a bracket of n separate characters (no two adjacent, so n
+// ranges), escaped for a JSON string.
+func wideClass(n int) string {
+	var b strings.Builder
+	b.WriteString("[")
+	for i := range n {
+		b.WriteRune(rune(0x4e00 + 2*i))
+	}
+	b.WriteString("]")
+	return b.String()
+}
+
+// wideAlternation is a group of n two-character alternatives that start
+// with n different characters.
+func wideAlternation(n int) string {
+	alts := make([]string, n)
+	for i := range alts {
+		alts[i] = string(rune(0x4e00+2*i)) + "x"
+	}
+	return "(?:" + strings.Join(alts, "|") + ")"
+}
+
 // The cache's byte bound must see what compiled patterns keep: the
 // estimate (Schema.bytes) is never less than half the heap a schema
 // really keeps. Before the fix a class counted as one instruction, and ten
-// patterns of \pL kept 25 times their estimate.
+// patterns of \pL kept 25 times their estimate; then a repeated class
+// counted its table once, but Go's one-pass matcher (a program under 1,000
+// instructions anchored at ^) copies the table into every instruction:
+// ten ^[\p{L}]{990}$ kept 80 MB under an 880 KB estimate, and one bracket of
+// 18,000 characters repeated 990 times 209 MB.
 func TestPatternBytesEstimate(t *testing.T) {
-	for _, shape := range []string{
-		`^x%d` + strings.Repeat(`\\pL`, 25) + `$`, // one-pass: the tables are copied
-		`x%d` + strings.Repeat(`\\pL`, 25),
-		`(?i)x%d` + strings.Repeat(`\\p{Greek}`, 200),
-		`x%d[\\p{L}]{999}`,
-		`x%d(?:a?){1000}`,
-		`x%d[a-z0-9]{500}`,
-		`^INV-%d-[0-9]{4}$`,
+	for _, tc := range []struct {
+		shape string
+		n     int // patterns of the shape in the schema
+	}{
+		{`^x%d` + strings.Repeat(`\\pL`, 25) + `$`, 10}, // one-pass: the tables are copied
+		{`x%d` + strings.Repeat(`\\pL`, 25), 10},
+		{`(?i)x%d` + strings.Repeat(`\\p{Greek}`, 200), 10},
+		{`x%d[\\p{L}]{999}`, 10},
+		{`x%d(?:a?){1000}`, 10},
+		{`x%d[a-z0-9]{500}`, 10},
+		{`^INV-%d-[0-9]{4}$`, 10},
+		{`^x%d[\\p{L}]{990}$`, 10},
+		{`^x%d\\p{Lu}{990}$`, 10},
+		{`^x%d[\\p{L}\\p{M}' -]{1,100}$`, 10},
+		{`^x%d[a-z0-9]{500}$`, 10},
+		{`^x%d` + wideClass(2_000) + `{990}$`, 1},
+		{`^x%d` + wideAlternation(330) + `$`, 10},
 	} {
+		shape := tc.shape
 		var b strings.Builder
 		b.WriteString(`{"properties": {`)
-		for i := range 10 {
+		for i := range tc.n {
 			if i > 0 {
 				b.WriteString(",")
 			}
@@ -168,9 +205,9 @@ func TestPatternBytesEstimate(t *testing.T) {
 		runtime.ReadMemStats(&after)
 		kept := int64(after.HeapAlloc) - int64(before.HeapAlloc)
 		runtime.KeepAlive(s)
-		t.Logf("%-40.40s kept %8d, estimated %8d", shape, kept, s.bytes)
+		t.Logf("%-40.40s kept %9d, estimated %9d", shape, kept, s.bytes)
 		if kept > 2*s.bytes {
-			t.Errorf("%s: ten patterns keep %d bytes, estimated %d", shape, kept, s.bytes)
+			t.Errorf("%.60s: %d patterns keep %d bytes, estimated %d", shape, tc.n, kept, s.bytes)
 		}
 	}
 }
@@ -233,4 +270,31 @@ func FuzzClassBound(f *testing.F) {
 			t.Fatalf("classBound(%q) = %d; the parsed classes hold %d ranges", pat, bound, got)
 		}
 	})
+}
+
+// A pattern whose one-pass matcher would copy its classes too often is
+// compiled behind noOnePass, which must not change what it matches; a
+// small anchored pattern keeps its one-pass matcher.
+func TestNoOnePassMatchesTheSame(t *testing.T) {
+	for pat, onePass := range map[string]bool{
+		`^INV-[0-9]{4}$`:                  true,
+		`(?i)^[a-z0-9_-]+$`:               true,
+		`^[\p{L}]{990}$`:                  false,
+		`^[\p{L}\p{M}' -]{1,100}$`:        false,
+		`^x` + wideAlternation(330) + `$`: false,
+		`a|^b$`:                           true,
+		`(?i)^k|\Qab`:                     true,
+		`^(?:a|b)*c$|\QX)`:                true,
+	} {
+		m, err := measurePattern(pat, DefaultMaxPatternSize)
+		if err != nil || m.onePass != onePass {
+			t.Errorf("%.40s: %+v, %v; want one-pass %v", pat, m, err, onePass)
+		}
+		plain, wrapped := regexp.MustCompile(pat), regexp.MustCompile(noOnePass+pat)
+		for _, s := range []string{"", "INV-1234", "INV-12345", "aK_9", "b", "xab", "K", "\u212a", "abc", "ababc", "X)", "Zoë d'Arc", "x\u4e02x", strings.Repeat("é", 990)} {
+			if plain.MatchString(s) != wrapped.MatchString(s) {
+				t.Errorf("%.40s on %.20q: %v as written, %v behind %s", pat, s, plain.MatchString(s), wrapped.MatchString(s), noOnePass)
+			}
+		}
+	}
 }
