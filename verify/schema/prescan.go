@@ -2,9 +2,11 @@ package schema
 
 import (
 	"regexp/syntax"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -18,9 +20,10 @@ import (
 // that work. The bound is exact for a class escape or a bracket item on its
 // own; it overcounts where the parser merges (items that overlap in one
 // bracket count for each) and where (?i) is on: a case-folded range counts
-// up to four ranges for each character it spans that may have a case pair,
-// and every alternative of a pattern that turns folding on anywhere counts
-// four (the parser collapses single-letter alternatives into a class).
+// up to four ranges for each character in it that has a case pair
+// (rangeBound), and every alternative of a pattern that turns folding on
+// anywhere counts four (the parser collapses single-letter alternatives
+// into a class).
 func classBound(pat string) int {
 	folds := foldsAnywhere(pat)
 	fold := false
@@ -277,21 +280,65 @@ func classChar(t string) (r rune, size int, ok bool) {
 }
 
 // The characters that may have a case pair lie in [minFold, maxFold]
-// (regexp/syntax's own bounds; TestFoldBounds checks them): the parser
-// folds a range by visiting each of them it spans, adding the character
-// and its orbit (at most four characters, as k, K and the Kelvin sign).
+// (regexp/syntax's own bounds; TestFoldBounds checks them). The parser
+// folds a range by visiting each character of it in that span, appending
+// the character and the rest of its orbit (at most four characters, as k,
+// K and the Kelvin sign), and merging each with the last two ranges.
 const (
 	minFold = 0x0041
 	maxFold = 0x1e943
 )
 
-// rangeBound bounds the ranges the parser makes of [lo-hi].
+// rangeBound bounds the ranges the parser makes of [lo-hi]. Folded, that
+// is the parts outside [minFold, maxFold] (two), the first character's
+// range, and for each character c of it that folds: a range for each
+// other member of its orbit, and one more when its orbit has three or
+// more, since c's own range is then no longer among the last two and c+1
+// starts another (foldWeight). A character that does not fold extends
+// its neighbour's range, so (?i)[\x{20}-\x{D7FF}] counts the 2,800
+// letters in it, not its 55,000 characters.
 func rangeBound(lo, hi rune, fold bool) int {
 	if !fold || hi < minFold || lo > maxFold || (lo <= minFold && hi >= maxFold) || hi < lo {
 		return 1
 	}
-	return 2 + 4*int(min(hi, maxFold)-max(lo, minFold)+1)
+	return 3 + foldWeight(max(lo, minFold), min(hi, maxFold))
 }
+
+// foldWeight is the sum over the characters in [lo, hi] of their weight
+// in rangeBound: orbit size - 1, plus one for an orbit of three or more.
+func foldWeight(lo, hi rune) int {
+	t := foldTable()
+	below := func(r rune) int { // weight of the folding characters before r
+		i, _ := slices.BinarySearch(t.runes, r)
+		return int(t.cum[i])
+	}
+	return below(hi+1) - below(lo)
+}
+
+// foldTable lists the characters that fold, in order, with cum[i] the
+// weight of the first i of them: some 2,900 characters, computed once.
+var foldTable = sync.OnceValue(func() (t struct {
+	runes []rune
+	cum   []int32
+}) {
+	t.cum = []int32{0}
+	for c := rune(minFold); c <= maxFold; c++ {
+		orbit := 1
+		for f := unicode.SimpleFold(c); f != c; f = unicode.SimpleFold(f) {
+			orbit++
+		}
+		if orbit == 1 {
+			continue
+		}
+		w := orbit - 1
+		if orbit >= 3 {
+			w++
+		}
+		t.runes = append(t.runes, c)
+		t.cum = append(t.cum, t.cum[len(t.cum)-1]+int32(w))
+	}
+	return t
+})
 
 // itemRanges caches the ranges of a class item (\pL, [[:alpha:]], \w), on
 // its own and case-folded, by parsing it once: the parser's tables are

@@ -223,7 +223,31 @@ func TestFoldBounds(t *testing.T) {
 			t.Fatalf("%U folds, outside [minFold, maxFold]", r)
 		}
 		if orbit > 4 {
-			t.Fatalf("%U has an orbit of %d characters; rangeBound counts four", r, orbit)
+			t.Fatalf("%U has an orbit of %d characters; the pre-scan assumes at most four", r, orbit)
+		}
+	}
+}
+
+// Patterns people write are accepted: the pre-scan's bound on a
+// case-folded range counts the characters in it that fold, not its width
+// (it counted four ranges per character, so the usual internationalised
+// host name pattern, which parses to four ranges, was refused at 261,613).
+func TestLegitPatternsAccepted(t *testing.T) {
+	for _, pat := range []string{
+		`^[\p{L}\p{M}' -]{1,100}$`,
+		`^[a-zA-Z0-9._%+-]+@[a-zA-Z0-9.-]+\.[a-zA-Z]{2,}$`,
+		`(?i)^[a-z0-9_-]+$`,
+		`(?i)^[a-z0-9\x{00a1}-\x{ffff}]+$`,
+		`(?i)^(?:[a-z0-9\x{00a1}-\x{ffff}](?:[a-z0-9\x{00a1}-\x{ffff}-]{0,61}[a-z0-9\x{00a1}-\x{ffff}])?\.)+[a-z\x{00a1}-\x{ffff}]{2,63}$`,
+		`(?i)^[\x{0020}-\x{D7FF}]*$`,
+		`(?i)^[\p{L}\p{N}_-]{3,64}$`,
+		`(?i)^[a-z\x{00C0}-\x{024F}\x{1E00}-\x{1EFF}' -]+$`,
+		`(?i)^(mon|tue|wed|thu|fri|sat|sun)$`,
+		`^\p{Lu}[\p{Ll}\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{Mn}\p{Mc}\p{Nd}\p{Pc}]{0,254}$`,
+		`^(?:[\p{L}\p{M}\p{N}]+(?:[ '.-][\p{L}\p{M}\p{N}]+)*)$`,
+	} {
+		if _, err := measurePattern(pat, DefaultMaxPatternSize); err != nil {
+			t.Errorf("%s: %v", pat, err)
 		}
 	}
 }
@@ -236,7 +260,8 @@ func TestClassBound(t *testing.T) {
 		`\Q\pL\E`:                1,
 		`\\pL`:                   1,
 		`(?i:\pL)|a`:             660 + 3*4,
-		`(?i)[a-z]`:              2 + 4*26 + 4,
+		`(?i)[a-z]`:              3 + 24 + 2*3 + 4, // k and s have orbits of three
+		`(?i)[\x{20}-\x{D7FF}]`:  3 + 2486 + 4,     // its letters weigh 2,486, its width is 55,264
 		`(?i)[\x{0}-\x{10FFFF}]`: 1 + 4,
 		`[^a]`:                   3 + 1,
 	} {
@@ -253,7 +278,9 @@ func TestClassBound(t *testing.T) {
 // the alternatives it counts (it refuses nothing it need not).
 func FuzzClassBound(f *testing.F) {
 	for _, s := range []string{`^INV-[0-9]{4}$`, `\pL\p{Greek}\PN`, `(?i)[a-zA-Z\x{100}-\x{200}\w]`, `[^\p{^Han}[:alpha:]\d]`,
-		`\Q[\pL\E\pL`, `(?i:a|b)|c`, `(?-i)[k]`, `(?i)k|s|\x{3b8}`, `[]a]`, `[a-]`, `\x{41}-\101`, `(?P<n>\pL)(?i)\p{Lu}`} {
+		`\Q[\pL\E\pL`, `(?i:a|b)|c`, `(?-i)[k]`, `(?i)k|s|\x{3b8}`, `[]a]`, `[a-]`, `\x{41}-\101`, `(?P<n>\pL)(?i)\p{Lu}`,
+		`(?i)^[a-z0-9\x{00a1}-\x{ffff}]+$`, `(?i)^[\x{0020}-\x{D7FF}]*$`, `(?i)[\x{1f00}-\x{1fff}\x{10400}-\x{1e943}]`,
+		`(?i)[\x{130}-\x{131}k-s\x{212a}]`, `(?i)[^\x{0}-\x{40}]`} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, pat string) {
