@@ -395,6 +395,7 @@ func regexProblem(err error) (problem, fix string) {
 	var big *PatternTooLargeError
 	var classes *ClassesTooLargeError
 	var all *PatternsTooLargeError
+	var read *ParseBudgetError
 	switch {
 	case errors.As(err, &big):
 		return tooLargeProblem(big.Size, big.Max), tooLargeFix
@@ -402,6 +403,8 @@ func regexProblem(err error) (problem, fix string) {
 		return classesTooLargeProblem(classes.Ranges, classes.Max), classesTooLargeFix
 	case errors.As(err, &all):
 		return patternsTooLargeProblem(all.Size), patternsTooLargeFix
+	case errors.As(err, &read):
+		return parseBudgetProblem(read.Work, read.Max), patternsTooLargeFix
 	}
 	return problemInvalidRegex, invalidRegexFix
 }
@@ -417,6 +420,10 @@ const patternsTooLargeFix = "Use fewer and smaller patterns (one pattern written
 
 func patternsTooLargeProblem(size int) string {
 	return fmt.Sprintf("brings the schema's regular expressions to about %d instructions, more than the limit of %d for all of them together", size, MaxPatternsSize)
+}
+
+func parseBudgetProblem(work, max int) string {
+	return fmt.Sprintf("brings the work of reading the schema's regular expressions (their length and character ranges) to %d, more than the limit of %d for all of them together", work, max)
 }
 
 func classesTooLargeProblem(ranges, max int) string {

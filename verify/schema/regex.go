@@ -92,6 +92,28 @@ func (e *PatternsTooLargeError) Error() string {
 	return fmt.Sprintf("the schema's regular expressions compile to about %d instructions, more than the limit of %d", e.Size, e.Max)
 }
 
+// maxParseWork bounds the reading and parsing of one compile's patterns:
+// the sum, over every distinct pattern asked for (refused ones included),
+// of its length and, when it is parsed, its classes' bound (classBound). The
+// metaschema checks every patternProperties key as format "regex" and
+// collects every error, so each new key was parsed even after the schema's
+// total was passed: a 973 KB body of keys each just within the class limit
+// cost the gate 2.25 s and 3 GB, unpaid, before its 422. The patterns a
+// schema may keep hold at most rangesPerInstruction × MaxPatternsSize
+// ranges; twice that leaves room for refused ones, and costs about 30 ms
+// and 8 MB of parsing at most.
+const maxParseWork = 2 * rangesPerInstruction * MaxPatternsSize
+
+// ParseBudgetError is the compile error of a pattern refused, unparsed,
+// because the compile's patterns have used maxParseWork.
+type ParseBudgetError struct {
+	Work, Max int
+}
+
+func (e *ParseBudgetError) Error() string {
+	return fmt.Sprintf("reading the schema's regular expressions takes %d units of work, more than the limit of %d", e.Work, e.Max)
+}
+
 // ClassesTooLargeError is the error of a pattern refused before it is
 // parsed: its character classes would hold more rune ranges (classBound)
 // than a pattern of the size limit can (rangesPerInstruction per
@@ -129,6 +151,7 @@ type regexpEngine struct {
 	verdicts map[string]verdict // every pattern asked for while compiling
 	total    int                // size of the distinct patterns compiled
 	count    int                // how many
+	read     int                // parse work of the distinct patterns asked for (maxParseWork)
 	frozen   bool
 }
 
@@ -160,7 +183,16 @@ func (e *regexpEngine) compile(pat string) (jsonschema.Regexp, error) {
 }
 
 func (e *regexpEngine) compileNew(pat string) verdict {
-	m, err := measurePattern(pat, e.maxSize)
+	bound := classBound(pat)
+	e.read = satAdd(e.read, len(pat))
+	if bound <= maxClassRanges(e.maxSize) {
+		// It would be parsed: refuse it, unparsed, past the budget. (One
+		// refused for its classes is refused as that, for free.)
+		if e.read = satAdd(e.read, bound); e.read > maxParseWork {
+			return verdict{err: &ParseBudgetError{Work: e.read, Max: maxParseWork}}
+		}
+	}
+	m, err := measureBounded(pat, bound, e.maxSize)
 	if err != nil {
 		return verdict{err: err}
 	}
@@ -223,8 +255,13 @@ const (
 // measurePattern checks pat against maxSize: its classes lexically
 // (classBound), before anything is parsed, then its parsed size.
 func measurePattern(pat string, maxSize int) (patternCost, error) {
-	if b, limit := classBound(pat), maxClassRanges(maxSize); b > limit {
-		return patternCost{}, &ClassesTooLargeError{Ranges: b, Max: limit}
+	return measureBounded(pat, classBound(pat), maxSize)
+}
+
+// measureBounded is measurePattern given classBound(pat).
+func measureBounded(pat string, bound, maxSize int) (patternCost, error) {
+	if limit := maxClassRanges(maxSize); bound > limit {
+		return patternCost{}, &ClassesTooLargeError{Ranges: bound, Max: limit}
 	}
 	m, err := patternSize(pat)
 	if err != nil {

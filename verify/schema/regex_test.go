@@ -325,3 +325,44 @@ func TestNoOnePassMatchesTheSame(t *testing.T) {
 		}
 	}
 }
+
+// classHeavyKeys is a schema of n patternProperties keys, each 30 \pL
+// (19,770 ranges, just within the class limit) and distinct.
+func classHeavyKeys(n int) string {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf(`"x%d%s": true`, i, strings.Repeat(`\\pL`, 30))
+	}
+	return `{"type": "object", "patternProperties": {` + strings.Join(keys, ",") + `}}`
+}
+
+// The patterns of one compile share a budget of parsing (maxParseWork):
+// the metaschema checks every patternProperties key as format "regex",
+// collecting every error, and each distinct key was parsed even after the
+// schema's pattern total was passed. 1,500 keys of 30 \pL (a 70 KB
+// schema) allocated 572 MB before the 422.
+func TestPatternParseBudget(t *testing.T) {
+	schema := classHeavyKeys(1500)
+	tree := decode(t, schema)
+	var err error
+	n := allocated(func() { _, err = NewCache(4).Compile(tree, hashOf(schema)) })
+	var ce *CompileError
+	if !errors.As(err, &ce) || len(ce.Fields) == 0 {
+		t.Fatalf("%v; want a CompileError", err)
+	}
+	found := false
+	for _, f := range ce.Fields {
+		found = found || strings.Contains(f.Problem, "more than the limit of 400000 for all of them together")
+		if strings.Contains(f.Problem+f.Fix, `\pL\pL`) {
+			t.Errorf("the refusal repeats the pattern: %+v", f)
+		}
+	}
+	if !found {
+		t.Errorf("first of %d fields: %.200s; want a key refused for the schema's parsing budget", len(ce.Fields), ce.Fields[0].Problem)
+	}
+	if n > 64<<20 {
+		t.Errorf("refusing %d KB of patterns allocated %d MB", len(schema)>>10, n>>20)
+	}
+	// A schema within the budget compiles: ten such keys.
+	mustCompile(t, classHeavyKeys(10))
+}
