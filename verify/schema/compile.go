@@ -318,7 +318,8 @@ func translate(err error, tree any, engine *regexpEngine) error {
 		var verr *jsonschema.ValidationError
 		if errors.As(meta.Err, &verr) {
 			seen := map[string]bool{}
-			metaFields(verr, "", seen, func(ptr, problem, fix string) {
+			named := func(loc []string, name string) string { return memberPointer(tree, loc, name) }
+			metaFields(verr, "", seen, named, func(ptr, problem, fix string) {
 				// The metaschema's format "regex" refuses a pattern too
 				// large to evaluate just as one that does not parse; say
 				// which, from the engine's verdict (never parsing the
@@ -458,6 +459,56 @@ func atPointer(tree any, ptr string) any {
 	return cur
 }
 
+// memberPointer is the pointer of the member name of an object at depth
+// len(loc) in tree, loc being that object's location as the library
+// reported it, which may have been overwritten (metaFields): of the
+// objects at that depth that have the member, the one whose location
+// agrees with loc in the most tokens, the first in pointer order on a tie.
+// Where none has it, loc is taken as it is.
+func memberPointer(tree any, loc []string, name string) string {
+	best, bestScore := "", -1
+	path := make([]string, 0, len(loc))
+	var walk func(v any)
+	walk = func(v any) {
+		obj, ok := v.(map[string]any)
+		if !ok {
+			if arr, isArr := v.([]any); isArr && len(path) < len(loc) {
+				for i, sub := range arr {
+					path = append(path, strconv.Itoa(i))
+					walk(sub)
+					path = path[:len(path)-1]
+				}
+			}
+			return
+		}
+		if len(path) == len(loc) {
+			if _, has := obj[name]; has {
+				score := 0
+				for i, tok := range path {
+					if tok == loc[i] {
+						score++
+					}
+				}
+				p := pointer(path)
+				if score > bestScore || (score == bestScore && p < best) {
+					best, bestScore = p, score
+				}
+			}
+			return
+		}
+		for k, sub := range obj {
+			path = append(path, k)
+			walk(sub)
+			path = path[:len(path)-1]
+		}
+	}
+	walk(tree)
+	if bestScore < 0 {
+		best = pointer(loc)
+	}
+	return best + "/" + escapePtr(name)
+}
+
 func pointer(loc []string) string {
 	var b strings.Builder
 	for _, tok := range loc {
@@ -482,17 +533,21 @@ func urlPointer(u string) string {
 //
 // Inside propertyNames the metaschema validates a member name, and the
 // locations below it are relative to that name: prefix is then the
-// pointer of the name's member ("/patternProperties/<name>").
-func metaFields(e *jsonschema.ValidationError, prefix string, seen map[string]bool, add func(ptr, problem, fix string)) {
+// pointer of the name's member ("/patternProperties/<name>"), which named
+// finds in the schema (memberPointer): the library keeps the location of
+// a propertyNames failure without copying it (validator.go,
+// "verr.InstanceLocation = vd.vloc"), so the members it validates next
+// overwrite its tokens, and only its length can be trusted.
+func metaFields(e *jsonschema.ValidationError, prefix string, seen map[string]bool, named func(loc []string, name string) string, add func(ptr, problem, fix string)) {
 	if len(seen) >= maxFields {
 		return
 	}
 	if len(e.Causes) > 0 {
 		if pn, ok := e.ErrorKind.(*kind.PropertyNames); ok {
-			prefix += pointer(e.InstanceLocation) + "/" + escapePtr(pn.Property)
+			prefix += named(e.InstanceLocation, pn.Property)
 		}
 		for _, c := range e.Causes {
-			metaFields(c, prefix, seen, add)
+			metaFields(c, prefix, seen, named, add)
 		}
 		return
 	}

@@ -127,3 +127,30 @@ func TestCompileNeverFetches(t *testing.T) {
 		t.Fatalf("the server was called %d times; compiling must never fetch", n)
 	}
 }
+
+// A patternProperties key that is not a valid pattern is named where it is
+// written. The library records the location of a propertyNames failure
+// without copying it, and later members overwrote it: the key of
+// {"type": "object", "patternProperties": {"(": true}} was reported at
+// expected_schema/type/(.
+func TestPatternPropertiesKeyPointer(t *testing.T) {
+	long := strings.Repeat("a{1000}", 11)
+	for schema, want := range map[string]string{
+		`{"type": "object", "patternProperties": {"(": true}}`:                                                          "expected_schema/patternProperties/(",
+		`{"patternProperties": {"(": true}}`:                                                                            "expected_schema/patternProperties/(",
+		`{"type": "object", "patternProperties": {"` + long + `": true}}`:                                               "expected_schema/patternProperties/" + long,
+		`{"type": "object", "properties": {"a": {"type": "object", "patternProperties": {"(": true}}}}`:                 "expected_schema/properties/a/patternProperties/(",
+		`{"type": "object", "properties": {"a": {"patternProperties": {"x/(": {}}, "minProperties": 1}}, "title": "t"}`: "expected_schema/properties/a/patternProperties/x~1(",
+	} {
+		_, err := NewCache(4).Compile(decode(t, schema), hashOf(schema))
+		var ce *CompileError
+		if !errors.As(err, &ce) || len(ce.Fields) != 1 || ce.Fields[0].Field != want {
+			t.Errorf("%.80s: %v; want one field %.60s", schema, err, want)
+			continue
+		}
+		// The field names the key; the problem and fix never repeat it.
+		if f := ce.Fields[0]; strings.Contains(f.Problem+f.Fix, "a{1000}a{1000}") || strings.Contains(f.Problem+f.Fix, "x/(") {
+			t.Errorf("%+v repeats the pattern", f)
+		}
+	}
+}
