@@ -424,7 +424,7 @@ func patternsTooLargeProblem(size int) string {
 }
 
 func parseBudgetProblem(work, max int) string {
-	return fmt.Sprintf("brings the work of reading the schema's regular expressions (their length and character ranges) to %d, more than the limit of %d for all of them together", work, max)
+	return fmt.Sprintf("brings the work of parsing the schema's regular expressions to %d units, more than the limit of %d for all of them together", work, max)
 }
 
 func classesTooLargeProblem(ranges, max int) string {

@@ -24,12 +24,35 @@ import (
 // (rangeBound), and every alternative of a pattern that turns folding on
 // anywhere counts four (the parser collapses single-letter alternatives
 // into a class).
+//
+// classScan returns the bound with the parse cost of the classes
+// (parseCost): the same reading, as the limits on ranges and on the work of
+// parsing are two facts about one pattern.
 func classBound(pat string) int {
+	n, _ := classScan(pat)
+	return n
+}
+
+// The parser's cost, in units of about 10 ns (those of
+// DefaultMaxRegexWork), measured on regexp/syntax (TestPatternParseCost):
+// a class range costs up to 130 ns to build where a bracket merges tables
+// ([\p{Lu}\p{Mn}]; \pL alone 63 ns), a case-folded class escape about 400
+// ns a range ((?i)\pL), and a case-folded bracket range about 73 ns for
+// each character of it in [minFold, maxFold], which the parser folds one
+// by one: (?i)[\x{42}-\x{1e942}] parses to one range in 9 ms.
+const (
+	costPerRange       = 13
+	costPerFoldedRange = 40
+	costPerFoldedRune  = 8
+)
+
+// classScan is classBound, with cost, the parse work of the pattern's
+// classes in those units.
+func classScan(pat string) (n, cost int) {
 	folds := foldsAnywhere(pat)
 	fold := false
 	var outer []bool // fold state outside each open group
 	alternatives := 1
-	n := 0
 	for i := 0; i < len(pat); {
 		switch c := pat[i]; c {
 		case '\\':
@@ -45,14 +68,15 @@ func classBound(pat string) int {
 			}
 			item, ok := classEscape(pat[i:])
 			if ok {
-				n = satAdd(n, itemRanges(item, fold))
+				r := itemRanges(item, fold)
+				n, cost = satAdd(n, r), satAdd(cost, itemCost(r, fold))
 				i += len(item)
 				continue
 			}
 			i += escapeLen(pat[i:])
 		case '[':
-			ranges, size := bracketBound(pat[i:], fold)
-			n = satAdd(n, ranges)
+			ranges, c, size := bracketBound(pat[i:], fold)
+			n, cost = satAdd(n, ranges), satAdd(cost, c)
 			i += size
 		case '(':
 			alternatives++
@@ -89,7 +113,16 @@ func classBound(pat string) int {
 	if folds {
 		per = 4
 	}
-	return satAdd(n, alternatives*per)
+	n = satAdd(n, alternatives*per)
+	return n, satAdd(cost, alternatives*per*costPerRange)
+}
+
+// itemCost is the parse cost of a class escape or named class of r ranges.
+func itemCost(r int, fold bool) int {
+	if fold {
+		return r * costPerFoldedRange
+	}
+	return r * costPerRange
 }
 
 // foldsAnywhere reports whether a pattern may turn on case folding: a flag
@@ -226,9 +259,9 @@ func escapeRune(t string) (r rune, size int, ok bool) {
 }
 
 // bracketBound bounds the ranges of the bracket class at the start of t
-// ("[a-z\pL[:alpha:]]"), following syntax's parseClass, and returns the
-// bytes it spans.
-func bracketBound(t string, fold bool) (ranges, size int) {
+// ("[a-z\pL[:alpha:]]"), following syntax's parseClass, and returns their
+// parse cost and the bytes it spans.
+func bracketBound(t string, fold bool) (ranges, cost, size int) {
 	i := 1
 	n := 0
 	if strings.HasPrefix(t[i:], "^") {
@@ -239,32 +272,36 @@ func bracketBound(t string, fold bool) (ranges, size int) {
 		rest := t[i:]
 		if strings.HasPrefix(rest, "[:") {
 			if end := strings.Index(rest[2:], ":]"); end >= 0 {
-				n = satAdd(n, itemRanges("["+rest[:2+end+2]+"]", fold))
+				r := itemRanges("["+rest[:2+end+2]+"]", fold)
+				n, cost = satAdd(n, r), satAdd(cost, itemCost(r, fold))
 				i += 2 + end + 2
 				continue
 			}
 		}
 		if item, ok := classEscape(rest); ok {
-			n = satAdd(n, itemRanges(item, fold))
+			r := itemRanges(item, fold)
+			n, cost = satAdd(n, r), satAdd(cost, itemCost(r, fold))
 			i += len(item)
 			continue
 		}
 		lo, size, ok := classChar(rest)
 		if !ok {
-			return n, len(t)
+			return n, cost, len(t)
 		}
 		i += size
 		hi := lo
 		if i+1 < len(t) && t[i] == '-' && t[i+1] != ']' {
 			hi, size, ok = classChar(t[i+1:])
 			if !ok {
-				return n, len(t)
+				return n, cost, len(t)
 			}
 			i += 1 + size
 		}
-		n = satAdd(n, rangeBound(lo, hi, fold))
+		r, visited := rangeBound(lo, hi, fold)
+		n = satAdd(n, r)
+		cost = satAdd(cost, satAdd(r*costPerRange, visited*costPerFoldedRune))
 	}
-	return n, min(i+1, len(t))
+	return n, cost, min(i+1, len(t))
 }
 
 // classChar reads one character of a bracket class.
@@ -297,11 +334,13 @@ const (
 // starts another (foldWeight). A character that does not fold extends
 // its neighbour's range, so (?i)[\x{20}-\x{D7FF}] counts the 2,800
 // letters in it, not its 55,000 characters.
-func rangeBound(lo, hi rune, fold bool) int {
+// visited is the characters the parser folds one by one.
+func rangeBound(lo, hi rune, fold bool) (ranges, visited int) {
 	if !fold || hi < minFold || lo > maxFold || (lo <= minFold && hi >= maxFold) || hi < lo {
-		return 1
+		return 1, 0
 	}
-	return 3 + foldWeight(max(lo, minFold), min(hi, maxFold))
+	lo, hi = max(lo, minFold), min(hi, maxFold)
+	return 3 + foldWeight(lo, hi), int(hi-lo) + 1
 }
 
 // foldWeight is the sum over the characters in [lo, hi] of their weight

@@ -94,15 +94,27 @@ func (e *PatternsTooLargeError) Error() string {
 
 // maxParseWork bounds the reading and parsing of one compile's patterns:
 // the sum, over every distinct pattern asked for (refused ones included),
-// of its length and, when it is parsed, its classes' bound (classBound). The
-// metaschema checks every patternProperties key as format "regex" and
-// collects every error, so each new key was parsed even after the schema's
-// total was passed: a 973 KB body of keys each just within the class limit
-// cost the gate 2.25 s and 3 GB, unpaid, before its 422. The patterns a
-// schema may keep hold at most rangesPerInstruction × MaxPatternsSize
-// ranges; twice that leaves room for refused ones, and costs about 30 ms
-// and 8 MB of parsing at most.
-const maxParseWork = 2 * rangesPerInstruction * MaxPatternsSize
+// of parseCost, in units of about 10 ns. The metaschema checks every
+// patternProperties key as format "regex" and collects every error, so
+// each new key was parsed even after the schema's total was passed: a
+// 973 KB body of keys each just within the class limit cost the gate
+// 2.25 s and 3 GB, unpaid, before its 422. At the limit a compile parses
+// for about 0.1 s (and compiles again what it keeps, within
+// MaxPatternsSize); an internationalised host name pattern,
+// (?i)[a-z0-9\x{00a1}-\x{ffff}] four times, costs about 2,200,000.
+const maxParseWork = 10_000_000
+
+// parseCost is the work of reading and parsing pat: its length, and, when
+// its classes are within the limit (it will be parsed), their cost
+// (classScan). bound is classBound(pat).
+func parseCost(pat string, maxSize int) (cost, bound int) {
+	bound, classes := classScan(pat)
+	cost = len(pat) + 1
+	if bound <= maxClassRanges(maxSize) {
+		cost = satAdd(cost, classes)
+	}
+	return cost, bound
+}
 
 // ParseBudgetError is the compile error of a pattern refused, unparsed,
 // because the compile's patterns have used maxParseWork.
@@ -111,7 +123,7 @@ type ParseBudgetError struct {
 }
 
 func (e *ParseBudgetError) Error() string {
-	return fmt.Sprintf("reading the schema's regular expressions takes %d units of work, more than the limit of %d", e.Work, e.Max)
+	return fmt.Sprintf("parsing the schema's regular expressions takes %d units of work, more than the limit of %d", e.Work, e.Max)
 }
 
 // ClassesTooLargeError is the error of a pattern refused before it is
@@ -183,14 +195,12 @@ func (e *regexpEngine) compile(pat string) (jsonschema.Regexp, error) {
 }
 
 func (e *regexpEngine) compileNew(pat string) verdict {
-	bound := classBound(pat)
-	e.read = satAdd(e.read, len(pat))
-	if bound <= maxClassRanges(e.maxSize) {
-		// It would be parsed: refuse it, unparsed, past the budget. (One
-		// refused for its classes is refused as that, for free.)
-		if e.read = satAdd(e.read, bound); e.read > maxParseWork {
-			return verdict{err: &ParseBudgetError{Work: e.read, Max: maxParseWork}}
-		}
+	cost, bound := parseCost(pat, e.maxSize)
+	e.read = satAdd(e.read, cost)
+	if e.read > maxParseWork && bound <= maxClassRanges(e.maxSize) {
+		// It would be parsed: refuse it unparsed. (One refused for its
+		// classes is refused as that: it costs no parsing.)
+		return verdict{err: &ParseBudgetError{Work: e.read, Max: maxParseWork}}
 	}
 	m, err := measureBounded(pat, bound, e.maxSize)
 	if err != nil {
@@ -372,13 +382,9 @@ func regexCost(re jsonschema.Regexp, s string) int64 {
 }
 
 // regexFormatCost is the work of checking that s is a regular expression
-// (format "regex"): reading it (classBound), and parsing it when its
-// classes are within the limit, at about four units a class range (40 ns).
-// It is never compiled (the check keeps nothing).
+// (format "regex"): reading it, and parsing it when its classes are within
+// the limit (parseCost). It is never compiled (the check keeps nothing).
 func regexFormatCost(s string, maxSize int) int64 {
-	cost := int64(len(s)) + 1
-	if b := classBound(s); b <= maxClassRanges(maxSize) {
-		cost += 4 * int64(b)
-	}
-	return cost
+	cost, _ := parseCost(s, maxSize)
+	return int64(cost)
 }
