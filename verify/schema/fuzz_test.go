@@ -25,6 +25,11 @@ func FuzzEvaluate(f *testing.F) {
 	// bounds (classBound): Unicode tables, case folding, brackets.
 	f.Add([]byte(`{"patternProperties": {"^\\p{Lu}\\pL*$": {"format": "regex"}}, "items": {"pattern": "(?i)[a-z\\x{100}-\\x{17f}]|k"}}`), []byte(`[{"Ab": "\\pL{2}(?i:[\\P{Greek}[:alpha:]])"}, "K"]`))
 	f.Add([]byte(`{"items": {"format": "regex"}}`), []byte(`["\\Q\\pL\\E\\pL\\pL", "(?i)[\\x{0}-\\x{ffff}]", "[^\\d\\W]"]`))
+	// Anchored repeated classes (compiled without the one-pass matcher),
+	// wide case-folded ranges (charged by their width), a bad
+	// patternProperties key next to other members (named where written).
+	f.Add([]byte(`{"type": "object", "patternProperties": {"(?i)^[a-z0-9\\x{a1}-\\x{ffff}]+$": {"pattern": "^[\\p{L}\\p{M}' -]{1,100}$"}, "(": true}, "title": "t"}`), []byte(`{"Zoë": "Zoë d'Arc"}`))
+	f.Add([]byte(`{"items": {"pattern": "^x[\\p{L}]{990}$", "format": "regex"}}`), []byte(`["(?i)[\\x{42}-\\x{1e942}]", "x"]`))
 	f.Fuzz(func(t *testing.T, schemaJSON, instanceJSON []byte) {
 		tree, ok := decodeBytes(schemaJSON)
 		if !ok {
