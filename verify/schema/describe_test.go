@@ -18,6 +18,7 @@ func TestFailureDescriptions(t *testing.T) {
 		{"const shows the schema's constant", `{"const": {"v": 1}}`, `"S3CRET"`, "const", "$", `the value {"v":1}`, "a different value"},
 		{"format names the format", `{"format": "uuid"}`, `"S3CRET"`, "format", "$", "a string in format uuid", "a string that is not a valid uuid"},
 		{"pattern shows the pattern", `{"pattern": "^INV-[0-9]{4}$"}`, `"S3CRET"`, "pattern", "$", "a string matching ^INV-[0-9]{4}$", "a string that does not match"},
+		{"pattern compiled without its one-pass matcher shows the pattern as written", `{"pattern": "^\\pL{10}$"}`, `"S3CRET"`, "pattern", "$", `a string matching ^\pL{10}$`, "a string that does not match"},
 		{"minLength counts characters", `{"minLength": 10}`, `"S3CRET"`, "minLength", "$", "a string of at least 10 characters", "6 characters"},
 		{"maxLength counts characters", `{"maxLength": 2}`, `"S3CRET"`, "maxLength", "$", "a string of at most 2 characters", "6 characters"},
 		{"minimum says integer for an integer schema", `{"type": "integer", "minimum": 1}`, `0`, "minimum", "$", "integer >= 1", "0"},
@@ -58,5 +59,14 @@ func TestFailureDescriptions(t *testing.T) {
 				t.Errorf("failure %+v repeats submitted content", f)
 			}
 		})
+	}
+}
+
+// The pattern of the case above is compiled behind noOnePass; if it ever
+// is not, the case no longer shows that the prefix stays out of the text.
+func TestDescribedPatternIsCompiledBehindThePrefix(t *testing.T) {
+	m, err := measurePattern(`^\pL{10}$`, DefaultMaxPatternSize)
+	if err != nil || m.onePass {
+		t.Fatalf("measurePattern = %+v, %v; want a pattern compiled without its one-pass matcher", m, err)
 	}
 }

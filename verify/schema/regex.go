@@ -37,11 +37,17 @@ const DefaultMaxPatternSize = 10_000
 const DefaultMaxRegexWork = 10_000_000
 
 // sizedRegexp is a compiled pattern with its match work per byte
-// (patternCost.work).
+// (patternCost.work) and the pattern as the schema wrote it, which String
+// reports (the library describes a pattern failure with it): the
+// compiled one may carry the noOnePass prefix, which is ours, not the
+// schema's.
 type sizedRegexp struct {
 	*regexp.Regexp
-	work int
+	work    int
+	written string
 }
+
+func (r *sizedRegexp) String() string { return r.written }
 
 // PatternTooLargeError is the compile error of a pattern whose program
 // would exceed the size limit.
@@ -219,7 +225,7 @@ func (e *regexpEngine) compileNew(pat string) verdict {
 	}
 	e.total += m.size
 	e.count++
-	return verdict{re: &sizedRegexp{Regexp: re, work: m.work}}
+	return verdict{re: &sizedRegexp{Regexp: re, work: m.work, written: pat}}
 }
 
 // refusal returns the refusal of a pattern the compile asked for, if any.
