@@ -462,9 +462,12 @@ func atPointer(tree any, ptr string) any {
 // memberPointer is the pointer of the member name of an object at depth
 // len(loc) in tree, loc being that object's location as the library
 // reported it, which may have been overwritten (metaFields): of the
-// objects at that depth that have the member, the one whose location
-// agrees with loc in the most tokens, the first in pointer order on a tie.
-// Where none has it, loc is taken as it is.
+// objects at that depth that have the member, one that is the value of a
+// keyword whose member names the metaschemas check (propertyNames:
+// patternProperties, $vocabulary) before any other (a $defs member of the
+// same name is no candidate), then the one whose location agrees with loc
+// in the most tokens, the first in pointer order on a tie. Where none has
+// it, loc is taken as it is.
 func memberPointer(tree any, loc []string, name string) string {
 	best, bestScore := "", -1
 	path := make([]string, 0, len(loc))
@@ -484,6 +487,9 @@ func memberPointer(tree any, loc []string, name string) string {
 		if len(path) == len(loc) {
 			if _, has := obj[name]; has {
 				score := 0
+				if n := len(path); n > 0 && namesChecked[path[n-1]] {
+					score = len(loc) + 1 // more than any agreement with loc
+				}
 				for i, tok := range path {
 					if tok == loc[i] {
 						score++
@@ -508,6 +514,10 @@ func memberPointer(tree any, loc []string, name string) string {
 	}
 	return best + "/" + escapePtr(name)
 }
+
+// namesChecked are the keywords whose member names the metaschemas
+// check with propertyNames.
+var namesChecked = map[string]bool{"patternProperties": true, "$vocabulary": true}
 
 func pointer(loc []string) string {
 	var b strings.Builder
