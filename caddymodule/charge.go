@@ -43,12 +43,13 @@ type charge interface {
 type outcome int
 
 const (
-	outcomeBillable  outcome = iota // a success the buyer pays for
-	outcomeNotBilled                // an error answer: handed over, never charged
-	outcomeNotPassed                // settle_on pass, and the output did not pass: handed over uncharged
-	outcomeWithheld                 // settle_on pass, and content no verify_response checked: withheld, never charged
-	outcomeOverflow                 // larger than max_buffer: withheld, never charged
-	outcomeFailed                   // the upstream failed before answering
+	outcomeBillable   outcome = iota // a success the buyer pays for
+	outcomeNotBilled                 // an error answer: handed over, never charged
+	outcomeNotPassed                 // settle_on pass, and the output did not pass: handed over uncharged
+	outcomeWithheld                  // settle_on pass, and content no verify_response checked: withheld, never charged
+	outcomeOverflow                  // larger than max_buffer: withheld, never charged
+	outcomeUnreadable                // not an answer the client takes: replaced, never charged
+	outcomeFailed                    // the upstream failed before answering
 )
 
 // serveCharged runs the upstream for a call paid by c, and settles or
@@ -88,6 +89,15 @@ func (g *Gate) serveCharged(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		bw.replay(w)
 		return nil
+	case outcomeUnreadable:
+		// The upstream answered what the buyer's client cannot take, and
+		// the exchange replaced it with its refusal. That is the
+		// upstream's fault: noted against the buyer, a misconfigured tool
+		// server would get every buyer rate limited.
+		c.release(r)
+		metrics.outcomes.WithLabelValues(codeAnswerUnreadable).Inc()
+		bw.replay(w)
+		return nil
 	case outcomeWithheld:
 		c.release(r)
 		metrics.outcomes.WithLabelValues("unchecked_answer_withheld").Inc()
@@ -118,6 +128,9 @@ func (g *Gate) outcomeOf(ex exchange, bw *bufferedWriter, err error, r *http.Req
 	case err != nil:
 		return outcomeFailed
 	case !ex.billable(bw):
+		if u, ok := ex.(unreadableJudge); ok && u.answerUnreadable() {
+			return outcomeUnreadable
+		}
 		return outcomeNotBilled
 	case g.settleAllowed(r):
 		return outcomeBillable
@@ -125,6 +138,13 @@ func (g *Gate) outcomeOf(ex exchange, bw *bufferedWriter, err error, r *http.Req
 		return outcomeWithheld
 	}
 	return outcomeNotPassed
+}
+
+// unreadableJudge is an exchange whose billable can find the upstream's
+// answer unreadable and replace it (mcpExchange): a REST answer is always
+// one the client reads, whatever it says.
+type unreadableJudge interface {
+	answerUnreadable() bool
 }
 
 // uncheckedContent reports whether the held answer is content no

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"maps"
 	"mime"
 	"net/http"
@@ -11,6 +12,8 @@ import (
 	"strconv"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	sjson "github.com/segmentio/encoding/json"
 	"go.uber.org/zap"
 
@@ -143,9 +146,10 @@ func (g *Gate) warnShadowed() {
 // the PaymentRequired document (x402 MCP transport), always with HTTP 200,
 // because they are answers of the JSON-RPC call.
 type mcpExchange struct {
-	g    *Gate
-	id   json.RawMessage
-	tool string
+	g          *Gate
+	id         json.RawMessage
+	tool       string
+	unreadable bool // billable replaced the tool's answer (answerUnreadable)
 	requestCheck
 }
 
@@ -239,7 +243,8 @@ func (e *mcpExchange) toolError(w http.ResponseWriter, r *http.Request, ae *apie
 // the buyer's MCP client takes as the answer to this call. An answer the
 // gate cannot read, or the client would not take, is turned into a
 // JSON-RPC error in place: the gate must not release what it cannot tell
-// was a success, and must not charge for it either.
+// was a success, and must not charge for it either. Such an answer is the
+// tool server's fault, not the buyer's (answerUnreadable).
 //
 // Free and paid calls read the answer one way (toolSucceeded): with exact
 // member names, as the buyer's client reads it. encoding/json's struct
@@ -260,11 +265,14 @@ func (e *mcpExchange) billable(bw *bufferedWriter) bool {
 		err = errors.New("the answer is not application/json")
 	}
 	if err != nil {
+		e.unreadable = true
+		e.g.logger.Error("MCP tool answer withheld: the buyer's client cannot read it", zap.String("code", codeAnswerUnreadable), zap.Error(err))
 		bw.buf.Reset()
 		bw.header.Set("Content-Type", "application/json")
 		body, _ := json.Marshal(rpcError(e.id, rpcInternalError, &apierr.Error{
-			Code:        "upstream_answer_unreadable",
-			Message:     "The tool's answer could not be read by the payment gateway (it must answer with application/json, not a stream, one JSON-RPC 2.0 answer to this call) and nothing was charged.",
+			Code: codeAnswerUnreadable,
+			Message: "The tool's answer could not be read by the payment gateway (it must answer with application/json, not a stream, " +
+				"one JSON-RPC 2.0 answer to this call: a result the MCP client decodes, or an error without a result) and nothing was charged.",
 			Status:      http.StatusBadGateway,
 			NextActions: []apierr.Action{{Action: "contact_operator"}},
 		}))
@@ -273,6 +281,15 @@ func (e *mcpExchange) billable(bw *bufferedWriter) bool {
 	}
 	return ok
 }
+
+// codeAnswerUnreadable is the refusal of an MCP tool's answer its client
+// cannot take (billable).
+const codeAnswerUnreadable = "upstream_answer_unreadable"
+
+// answerUnreadable reports whether billable replaced the held answer as
+// unreadable: the tool server's fault, which serveCharged does not count
+// against the buyer's refusal rate limit.
+func (e *mcpExchange) answerUnreadable() bool { return e.unreadable }
 
 // isJSONAnswer reports whether an answer's media type is application/json,
 // read as the MCP SDK's client reads it (mime.ParseMediaType, parameters
@@ -289,25 +306,28 @@ func isJSONAnswer(h http.Header) bool {
 
 // toolSucceeded reports whether a JSON-RPC answer is a successful tool
 // result of the call whose id the gate read as id: an answer the buyer's
-// MCP client (the official SDK's jsonrpc2 decoder and its wait for the
-// call's answer) takes as this call's result, with a result object whose
-// isError is absent, false or null.
+// MCP client (the official SDK's jsonrpc2 decoder, its wait for the call's
+// answer and its CallToolResult decoding) takes as this call's result,
+// with an isError that is absent, false or null.
 //
 // The answer is unreadable (an error) when it is not JSON, nested deeper
 // than maxClientAnswerDepth, not an object, or not an answer to this call: its
 // jsonrpc is not "2.0", it has a method (a request, to the client), or its
 // id is not the call's (sameRPCID; the client drops an answer under
-// another id and waits on). A result that is not an object or null, or
-// an isError that is not a boolean or null, is unreadable too. An answer
-// to the call whose error is present and not null is readable and not
-// successful, whatever its result (the client returns the error), as are
-// a result null or absent and isError true.
+// another id and waits on). A result the SDK's CallToolResult does not
+// decode (content not a list, a content type it does not know, a text that
+// is not a string, isError not a boolean) is unreadable too: the client's
+// CallTool fails on it, so the call was not served and must not be
+// charged. An error answer is readable only as an error alone (answerError):
+// handed over uncharged, a result beside it would be the tool's content
+// given away to a client that reads the raw answer. A result null or
+// absent, or one with isError true, is readable and not successful.
 //
-// It reads what encoding/json reads into maps of raw members (exact names,
-// the last of duplicates, as JSON.parse keeps; FuzzToolSucceeded holds it
-// to that, and to the SDK's decoder) without decoding anything and
-// allocating nothing: the answer is a 4.7 KB signed document, and decoding
-// it was half of the gate's CPU on a free MCP call.
+// The envelope is read as encoding/json reads it into maps of raw members
+// (exact names, the last of duplicates, as JSON.parse keeps;
+// FuzzToolSucceeded holds it to that, and to the SDK's decoder) without
+// decoding it; only the result is decoded, by the SDK's own type, which is
+// the one reading of it that cannot drift from the client's.
 func toolSucceeded(body []byte, id json.RawMessage) (bool, error) {
 	a, err := readAnswer(body)
 	switch {
@@ -322,23 +342,38 @@ func toolSucceeded(body []byte, id json.RawMessage) (bool, error) {
 	case !sameRPCID(a.id, id):
 		return false, errors.New("the answer's id is not the call's")
 	case a.err != nil && string(a.err) != "null":
+		return false, answerError(body, a)
+	}
+	if a.result == nil || string(a.result) == "null" {
 		return false, nil
 	}
-	result := a.result
-	if result == nil || string(result) == "null" {
-		return false, nil
+	var res mcp.CallToolResult
+	if err := res.UnmarshalJSON(a.result); err != nil {
+		return false, fmt.Errorf("the result is not a tool result the MCP client reads: %w", err)
 	}
-	if result[0] != '{' {
-		return false, errors.New("the result is not an object")
+	return !res.IsError, nil
+}
+
+// answerError reports why an answer with an error other than null cannot
+// be handed over as it is (nil when it can): it has a result member (even
+// null), or the SDK's decoder does not read it as a JSON-RPC error (an
+// object whose code is an integer and whose message is a string). The
+// client returns the error and ignores any result; a client reading the
+// raw HTTP answer does not, and would read the tool's content unpaid.
+// Error answers are rare and small: decoding the whole message with the
+// SDK's own decoder costs nothing that matters.
+func answerError(body []byte, a rpcAnswer) error {
+	if a.result != nil {
+		return errors.New("the answer has an error beside its result")
 	}
-	switch v, _, _ := lastMember(result, "isError"); string(v) {
-	case "", "false", "null":
-		return true, nil
-	case "true":
-		return false, nil
-	default:
-		return false, errors.New("isError is not a boolean")
+	msg, err := jsonrpc.DecodeMessage(body)
+	if err != nil {
+		return fmt.Errorf("the answer's error is not a JSON-RPC error the MCP client reads: %w", err)
 	}
+	if resp, ok := msg.(*jsonrpc.Response); !ok || resp.Error == nil {
+		return errors.New("the answer's error is not a JSON-RPC error the MCP client reads")
+	}
+	return nil
 }
 
 // isJSONRPC2 reports whether a jsonrpc member's raw value is the string

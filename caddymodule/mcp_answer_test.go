@@ -15,6 +15,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/aovhq/aov/store"
 )
@@ -25,9 +26,12 @@ import (
 // which the buyer's MCP client takes an answer as the one to its call id:
 // jsonrpc "2.0", no method, the call's id (numbers compared as written: the
 // gate takes only integers without fraction or exponent as ids). An error
-// that is not null makes the answer the client's error.
+// that is not null makes the answer the client's error, readable only
+// alone (no result member) and as a JSON-RPC error (an object, code an
+// integer, message a string, either null or absent). A result is read as
+// the client reads it: encoding/json into the SDK's CallToolResult.
 func answerMembersReference(body []byte, id json.RawMessage) (ok bool, err error) {
-	var resp, result map[string]json.RawMessage
+	var resp map[string]json.RawMessage
 	if err = json.Unmarshal(body, &resp); err != nil {
 		return false, err
 	}
@@ -44,24 +48,26 @@ func answerMembersReference(body []byte, id json.RawMessage) (ok bool, err error
 	if got, has := resp["id"]; !has || !reflect.DeepEqual(decodeNumber(got), decodeNumber(id)) {
 		return false, errNotTheCallsAnswer
 	}
+	raw, hasResult := resp["result"]
 	if e, has := resp["error"]; has && string(e) != "null" {
+		var members map[string]json.RawMessage
+		var code int64
+		var message string
+		if hasResult || json.Unmarshal(e, &members) != nil || members == nil ||
+			(members["code"] != nil && json.Unmarshal(members["code"], &code) != nil) ||
+			(members["message"] != nil && json.Unmarshal(members["message"], &message) != nil) {
+			return false, errNotAnError
+		}
 		return false, nil
 	}
-	raw, has := resp["result"]
-	if !has || string(raw) == "null" {
+	if !hasResult || string(raw) == "null" {
 		return false, nil
 	}
+	var result mcp.CallToolResult
 	if err = json.Unmarshal(raw, &result); err != nil {
 		return false, err
 	}
-	switch string(result["isError"]) {
-	case "", "false", "null":
-		return true, nil
-	case "true":
-		return false, nil
-	default:
-		return false, errUnreadableIsError
-	}
+	return !result.IsError, nil
 }
 
 // nestingDepth is the deepest nesting of arrays and objects in valid JSON.
@@ -96,7 +102,7 @@ func decodeNumber(raw json.RawMessage) any {
 
 var errNotTheCallsAnswer = errors.New("not an answer to the call")
 
-var errUnreadableIsError = errors.New("isError is not a boolean")
+var errNotAnError = errors.New("an error beside a result, or not a JSON-RPC error")
 
 // answerCases are answers whose reading matters: case twins, escaped and
 // duplicate names, nesting that holds the same names deeper, and every
@@ -159,8 +165,37 @@ var answerCases = []struct {
 	{`{"jsonrpc":"2.0","id":1,"method":null,"result":{}}`, false, true},
 	{`{"jsonrpc":"2.0","id":1,"method":"","result":{}}`, false, true},
 	{`{"jsonrpc":"2.0","id":1,"Method":"x","result":{}}`, true, false},
-	{`{"jsonrpc":"2.0","id":1,"result":{},"error":{"code":-32603,"message":"tool backend failed"}}`, false, false},
-	{`{"jsonrpc":"2.0","id":1,"error":{},"result":{}}`, false, false},
+	// An error is handed over only alone, and as a JSON-RPC error the
+	// client reads; beside a result it would carry the result unpaid.
+	{`{"jsonrpc":"2.0","id":1,"result":{},"error":{"code":-32603,"message":"tool backend failed"}}`, false, true},
+	{`{"jsonrpc":"2.0","id":1,"error":{},"result":{}}`, false, true},
+	{`{"jsonrpc":"2.0","id":1,"error":{"code":1,"message":"x"},"result":null}`, false, true},
+	{`{"jsonrpc":"2.0","id":1,"error":{}}`, false, false},
+	{`{"jsonrpc":"2.0","id":1,"error":{"code":null,"message":null,"data":[1]}}`, false, false},
+	{`{"jsonrpc":"2.0","id":1,"error":{"Code":1.5,"code":1,"message":"x"}}`, false, false},
+	{`{"jsonrpc":"2.0","id":1,"error":[]}`, false, true},
+	{`{"jsonrpc":"2.0","id":1,"error":5}`, false, true},
+	{`{"jsonrpc":"2.0","id":1,"error":"x"}`, false, true},
+	{`{"jsonrpc":"2.0","id":1,"error":{"code":1.5,"message":"x"}}`, false, true},
+	{`{"jsonrpc":"2.0","id":1,"error":{"code":"1","message":"x"}}`, false, true},
+	{`{"jsonrpc":"2.0","id":1,"error":{"code":1,"message":5}}`, false, true},
+	{`{"jsonrpc":"2.0","id":1,"error":{"code":1,"code":1.5}}`, false, true},
+	// A result is one the SDK's CallToolResult decodes, or the client's
+	// CallTool fails on it.
+	{`{"jsonrpc":"2.0","id":1,"result":{"content":5}}`, false, true},
+	{`{"jsonrpc":"2.0","id":1,"result":{"content":{"type":"text","text":"x"}}}`, false, true},
+	{`{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"bogus","text":"x"}]}}`, false, true},
+	{`{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":5}]}}`, false, true},
+	{`{"jsonrpc":"2.0","id":1,"result":{"content":[null]}}`, false, true},
+	{`{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"image","data":"%%%","mimeType":"image/png"}]}}`, false, true},
+	{`{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"image","data":"AAAA","mimeType":"image/png"}]}}`, true, false},
+	{`{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"x"}],"content":5}}`, false, true},
+	{`{"jsonrpc":"2.0","id":1,"result":{"content":5,"content":[{"type":"text","text":"x"}]}}`, false, true},
+	{`{"jsonrpc":"2.0","id":1,"result":{"Content":5,"content":[]}}`, true, false},
+	{`{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"x"}],"structuredContent":"x"}}`, true, false},
+	{`{"jsonrpc":"2.0","id":1,"result":{"content":[],"_meta":5}}`, false, true},
+	{`{"jsonrpc":"2.0","id":1,"result":{"content":[],"structuredContent":{"n":1e400}}}`, false, true},
+	{`{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":5}],"isError":true}}`, false, true},
 	{`{"jsonrpc":"2.0","id":1,"result":{},"error":null}`, true, false},
 	{`{"jsonrpc":"2.0","id":1,"Error":{"code":1,"message":"x"},"result":{}}`, true, false},
 	// Bytes where one JSON validator might differ from encoding/json's:
@@ -245,9 +280,11 @@ var fuzzCallIDs = func() []json.RawMessage {
 // reading of it into maps of raw members agree on every input, both on
 // whether it is readable and whether it is a successful tool result; an
 // answer the gate reads as a success is one the official SDK's client
-// decodes (jsonrpc.DecodeMessage) as the call's answer without an error;
-// and answerResult finds the result member encoding/json keeps, at its
-// offset.
+// decodes (jsonrpc.DecodeMessage) as the call's answer without an error,
+// with a result its CallToolResult decodes as a success; an error answer
+// the gate hands over is one the client decodes as an error, with no
+// result; and answerResult finds the result member encoding/json keeps,
+// at its offset.
 func FuzzToolSucceeded(f *testing.F) {
 	for _, c := range answerCases {
 		f.Add([]byte(c.answer))
@@ -264,6 +301,9 @@ func FuzzToolSucceeded(f *testing.F) {
 			}
 			if ok {
 				checkSDKTakesAnswer(t, answer, id)
+			}
+			if !ok && err == nil {
+				checkHandedOverCarriesNoResult(t, answer, id)
 			}
 		}
 		var resp map[string]json.RawMessage
@@ -293,6 +333,39 @@ func checkSDKTakesAnswer(t *testing.T, answer []byte, id json.RawMessage) {
 	resp, isResp := msg.(*jsonrpc.Response)
 	if err != nil || !isResp || resp.ID != want || resp.Error != nil {
 		t.Fatalf("%q is charged, but the SDK's client reads it as %#v (%v), not the answer to call %s", answer, msg, err, id)
+	}
+	// The client's CallTool reads the result as its jsonrpc2 Await does.
+	var result mcp.CallToolResult
+	if err := json.Unmarshal(resp.Result, &result); err != nil || result.IsError {
+		t.Fatalf("%q is charged, but the SDK's client reads its result as %+v (%v), not a successful CallToolResult", answer, result, err)
+	}
+}
+
+// checkHandedOverCarriesNoResult fails unless an answer the gate hands
+// over uncharged carries no successful result: the client reads it as the
+// call's error with no result member, or its result is null, absent or a
+// CallToolResult with isError.
+func checkHandedOverCarriesNoResult(t *testing.T, answer []byte, id json.RawMessage) {
+	t.Helper()
+	var resp map[string]json.RawMessage
+	if err := json.Unmarshal(answer, &resp); err != nil {
+		t.Fatalf("%q is handed over, but is not JSON: %v", answer, err)
+	}
+	raw, hasResult := resp["result"]
+	if e, has := resp["error"]; has && string(e) != "null" {
+		msg, err := jsonrpc.DecodeMessage(answer)
+		r, isResp := msg.(*jsonrpc.Response)
+		if hasResult || err != nil || !isResp || r.Error == nil {
+			t.Fatalf("%q is handed over as an error, but the SDK's client reads it as %#v (%v)", answer, msg, err)
+		}
+		return
+	}
+	if !hasResult || string(raw) == "null" {
+		return
+	}
+	var result mcp.CallToolResult
+	if err := json.Unmarshal(raw, &result); err != nil || !result.IsError {
+		t.Fatalf("%q is handed over uncharged, but its result reads as %+v (%v), not a tool error", answer, result, err)
 	}
 }
 

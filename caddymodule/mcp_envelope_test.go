@@ -79,8 +79,12 @@ func (f *answerFault) set(rw func(h http.Header, body []byte) []byte) {
 // faultSite prices verify_schema at $0.02 behind the fault injector, with
 // extra lines in the gate.
 func faultSite(up, fac, extra string) string {
-	return fmt.Sprintf(`:{port} {
-	route /mcp {
+	return ":{port} {\n\t" + faultRoute("/mcp", up, fac, extra) + "\n}\n"
+}
+
+// faultRoute is faultSite's route, at path.
+func faultRoute(path, up, fac, extra string) string {
+	return fmt.Sprintf(`route %[5]s {
 		x402 {
 			mcp_tool verify_schema
 			accept devnet $0.02 %[3]s
@@ -91,9 +95,7 @@ func faultSite(up, fac, extra string) string {
 			%[4]s
 		}
 		reverse_proxy %[1]s
-	}
-}
-`, strings.TrimPrefix(up, "http://"), fac, payTo.Hex(), extra)
+	}`, strings.TrimPrefix(up, "http://"), fac, payTo.Hex(), extra, path)
 }
 
 // setMember rewrites one member of the SDK's answer.
@@ -131,6 +133,12 @@ var answersTheClientDoesNotTake = []struct {
 		h.Del("Content-Type")
 		return b
 	}},
+	// Results the client's CallToolResult decoding refuses: its CallTool
+	// fails, so the call was not served.
+	{"content not a list", setMember("result", `{"content":5}`)},
+	{"an unknown content type", setMember("result", `{"content":[{"type":"bogus","text":"x"}]}`)},
+	{"a text that is not a string", setMember("result", `{"content":[{"type":"text","text":5}]}`)},
+	{"image data that is not base64", setMember("result", `{"content":[{"type":"image","data":"%%%","mimeType":"image/png"}]}`)},
 }
 
 // An answer the buyer's client does not take as its call's successful
@@ -360,4 +368,154 @@ func TestMCPToolPricedTwiceInARouteIsGatedOnce(t *testing.T) {
 			t.Fatalf("charged %v, want the first gate's price once (20000)", charged)
 		}
 	})
+}
+
+// postCall sends a tools/call of verify_schema as a raw HTTP client does
+// (no MCP client reading the answer), with meta as its _meta, and returns
+// the HTTP status and body of the answer.
+func postCall(t *testing.T, url string, meta mcp.Meta) (int, []byte) {
+	t.Helper()
+	params := map[string]any{"name": "verify_schema", "arguments": verifyArgs}
+	if meta != nil {
+		params["_meta"] = meta
+	}
+	body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": params})
+	req, _ := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	resp, err := testClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+// withoutResult drops the result of the SDK's answer and sets its error.
+func withoutResult(errValue string) func(http.Header, []byte) []byte {
+	return func(_ http.Header, b []byte) []byte {
+		var m map[string]json.RawMessage
+		json.Unmarshal(b, &m)
+		delete(m, "result")
+		m["error"] = json.RawMessage(errValue)
+		out, _ := json.Marshal(m)
+		return out
+	}
+}
+
+// wantUnreadable fails unless body is the gate's JSON-RPC error
+// upstream_answer_unreadable for call 7 in the SPEC §6 shape, carrying
+// nothing of the tool's answer.
+func wantUnreadable(t *testing.T, status int, body []byte) {
+	t.Helper()
+	var answer struct {
+		ID     json.RawMessage `json:"id"`
+		Result json.RawMessage `json:"result"`
+		Error  struct {
+			Code int `json:"code"`
+			Data struct {
+				Code    string `json:"code"`
+				Charged *bool  `json:"charged"`
+			} `json:"data"`
+		} `json:"error"`
+	}
+	if status != http.StatusOK || json.Unmarshal(body, &answer) != nil || string(answer.ID) != "7" || answer.Result != nil ||
+		answer.Error.Data.Code != "upstream_answer_unreadable" || answer.Error.Data.Charged == nil || *answer.Error.Data.Charged {
+		t.Fatalf("HTTP %d %s: not the call's upstream_answer_unreadable", status, body)
+	}
+	if bytes.Contains(body, []byte("pass")) {
+		t.Fatalf("the tool's result was handed over: %s", body)
+	}
+}
+
+// An error answer is handed over as the tool server wrote it only when
+// it is one: no result member, and an error the client decodes (an object,
+// an integer code, a string message). An error beside a result, or an
+// error the client cannot read, carries the tool's paid content to a
+// client reading the raw answer: it is replaced by upstream_answer_unreadable,
+// paid or free, and nothing is charged.
+func TestMCPErrorAnswerCarriesNoResult(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	up := newAnswerFault(t)
+	free := "free_allowance {\n\t\t\t\tpool verify\n\t\t\t\tper_day 1\n\t\t\t}"
+	base := startCaddy(t, ":{port} {\n\t"+faultRoute("/mcp", up.URL, fac, "")+"\n\t"+faultRoute("/free", up.URL, fac, free)+"\n}\n")
+	paidURL, freeURL := base+"/mcp", base+"/free"
+	const payer = 6
+	payerAddr := evmfacilitator.DevAccounts()[payer].Address
+	up.set(nil)
+	pr := demandOf(t, callTool(t, mcpSession(t, paidURL), "verify_schema", verifyArgs, nil))
+
+	for _, c := range []struct {
+		name    string
+		rewrite func(http.Header, []byte) []byte
+	}{
+		{"an error object beside the result", setMember("error", `{"code":-32603,"message":"x"}`)},
+		{"an empty error object beside the result", setMember("error", `{}`)},
+		{"an error list beside the result", setMember("error", `[]`)},
+		{"an error number beside the result", setMember("error", `5`)},
+		{"an error string beside the result", setMember("error", `"x"`)},
+		{"an error list alone", withoutResult(`[]`)},
+		{"an error whose code is not an integer", withoutResult(`{"code":1.5,"message":"x"}`)},
+		{"an error whose message is not a string", withoutResult(`{"code":1,"message":5}`)},
+		{"an error beside a null result", func(h http.Header, b []byte) []byte {
+			return setMember("result", `null`)(h, withoutResult(`{"code":1,"message":"x"}`)(h, b))
+		}},
+	} {
+		t.Run("paid, "+c.name, func(t *testing.T) {
+			up.set(c.rewrite)
+			before := balance(t, d, payerAddr)
+			status, body := postCall(t, paidURL, payMeta(t, pr, payer))
+			wantUnreadable(t, status, body)
+			if charged := new(big.Int).Sub(before, balance(t, d, payerAddr)); charged.Sign() != 0 {
+				t.Fatalf("charged %v", charged)
+			}
+		})
+		t.Run("free, "+c.name, func(t *testing.T) {
+			up.set(c.rewrite)
+			status, body := postCall(t, freeURL, nil)
+			wantUnreadable(t, status, body)
+		})
+	}
+	// A JSON-RPC error the client reads is the tool server's to give:
+	// handed over byte for byte, and nothing is charged.
+	upstreamError := withoutResult(`{"code":-32603,"message":"tool backend failed"}`)
+	up.set(upstreamError)
+	before := balance(t, d, payerAddr)
+	for _, url := range []string{paidURL, freeURL} {
+		var meta mcp.Meta
+		if url == paidURL {
+			meta = payMeta(t, pr, payer)
+		}
+		status, body := postCall(t, url, meta)
+		if status != http.StatusOK || !bytes.Contains(body, []byte(`"message":"tool backend failed"`)) || bytes.Contains(body, []byte(`"result"`)) {
+			t.Fatalf("HTTP %d %s: the tool server's error was not handed over", status, body)
+		}
+	}
+	if balance(t, d, payerAddr).Cmp(before) != 0 {
+		t.Fatal("an error answer was charged")
+	}
+	// None of these answers took the day's free unit.
+	up.set(nil)
+	if res := callTool(t, mcpSession(t, freeURL), "verify_schema", verifyArgs, nil); res.IsError {
+		t.Fatalf("the free unit was taken by an answer handed over uncharged: %+v", res.StructuredContent)
+	}
+}
+
+// An answer the gate cannot hand over (upstream_answer_unreadable) is the
+// tool server's fault, not the buyer's: it does not count against the
+// buyer's refusal rate limit, however often it comes.
+func TestMCPUnreadableAnswerIsNotTheBuyersRefusal(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newAnswerFault(t)
+	base := startCaddy(t, faultSite(up.URL, fac, "rate_limit 2 1m\n\t\t\tfree_allowance {\n\t\t\t\tpool verify\n\t\t\t\tper_day 100\n\t\t\t}"))
+	up.set(setMember("result", `{"content":5}`))
+	for range 4 {
+		status, body := postCall(t, base+"/mcp", nil)
+		wantUnreadable(t, status, body)
+	}
+	up.set(nil)
+	if res := callTool(t, mcpSession(t, base+"/mcp"), "verify_schema", verifyArgs, nil); res.IsError {
+		t.Fatalf("the buyer was refused after the tool server's unreadable answers: %+v", res.StructuredContent)
+	}
 }
