@@ -347,11 +347,139 @@ func toolSucceeded(body []byte, id json.RawMessage) (bool, error) {
 	if a.result == nil || string(a.result) == "null" {
 		return false, nil
 	}
+	isError, err := readToolResult(a.result)
+	return err == nil && !isError, err
+}
+
+// readToolResult reads a result as the SDK's CallToolResult decodes it:
+// its isError, or an error when the SDK refuses it. The common result
+// (text content, a structured document, _meta) is judged by a walk,
+// plainToolResult, that accepts only what the SDK certainly decodes and
+// allocates nothing; any other result is decoded by the SDK itself.
+// Decoding verifierd's answer with the SDK costs about twice the rest of
+// the gate's free MCP call (BenchmarkGateMCPFreeDirect), most of it
+// spent building maps of the signed document nobody reads.
+func readToolResult(result []byte) (isError bool, err error) {
+	if isError, plain := plainToolResult(result); plain {
+		return isError, nil
+	}
 	var res mcp.CallToolResult
-	if err := res.UnmarshalJSON(a.result); err != nil {
+	if err := res.UnmarshalJSON(result); err != nil {
 		return false, fmt.Errorf("the result is not a tool result the MCP client reads: %w", err)
 	}
-	return !res.IsError, nil
+	return res.IsError, nil
+}
+
+// plainToolResult reports whether result is one the SDK's CallToolResult
+// certainly decodes, and its isError: an object of at most one each of
+// content (a list of {"type":"text","text":<string>}), isError (a boolean
+// or null), structuredContent and _meta (an object or null), in both of
+// which every number fits a float64 (floatsOnly: the SDK decodes them into
+// any, and refuses 1e400). Anything else, a duplicate or another member
+// included, is not plain, and is left to the SDK: this is a shortcut, never
+// a second reading (FuzzToolSucceeded holds it to the SDK's).
+func plainToolResult(result []byte) (isError, plain bool) {
+	if len(result) == 0 || result[0] != '{' {
+		return false, false
+	}
+	plain = true
+	var seen [4]bool
+	eachMember(result, func(key, val []byte, _ int) {
+		i := -1
+		switch {
+		case !plain:
+			return
+		case memberNamed(key, "content"):
+			i, plain = 0, plainContent(val)
+		case memberNamed(key, "isError"):
+			i = 1
+			switch string(val) {
+			case "true":
+				isError = true
+			case "false", "null":
+			default:
+				plain = false
+			}
+		case memberNamed(key, "structuredContent"):
+			i, plain = 2, floatsOnly(val)
+		case memberNamed(key, "_meta"):
+			i, plain = 3, (string(val) == "null" || val[0] == '{') && floatsOnly(val)
+		default:
+			plain = false
+			return
+		}
+		plain = plain && !seen[i]
+		seen[i] = true
+	})
+	return isError, plain
+}
+
+// plainContent reports whether a content member is a list of text items
+// of exactly {"type":"text","text":<string>}, once each, in either order.
+func plainContent(list []byte) bool {
+	if list[0] != '[' {
+		return false
+	}
+	i := skipSpace(list, 1)
+	if i < len(list) && list[i] == ']' {
+		return true
+	}
+	for i < len(list) {
+		end, _ := skipValue(list, i)
+		if !plainText(list[i:end]) {
+			return false
+		}
+		if i = skipSpace(list, end); i >= len(list) || list[i] != ',' {
+			return i < len(list) && list[i] == ']'
+		}
+		i = skipSpace(list, i+1)
+	}
+	return false
+}
+
+// plainText reports whether a content item is exactly
+// {"type":"text","text":<string>}.
+func plainText(item []byte) bool {
+	if len(item) == 0 || item[0] != '{' {
+		return false
+	}
+	plain, typ, text := true, false, false
+	eachMember(item, func(key, val []byte, _ int) {
+		switch {
+		case memberNamed(key, "type") && !typ:
+			typ = string(val) == `"text"`
+			plain = plain && typ
+		case memberNamed(key, "text") && !text:
+			text = true
+			plain = plain && val[0] == '"'
+		default:
+			plain = false
+		}
+	})
+	return plain && typ && text
+}
+
+// floatsOnly reports whether every number of the JSON value v (outside its
+// strings) certainly fits a float64: no exponent, at most 300 characters.
+func floatsOnly(v []byte) bool {
+	for i := 0; i < len(v); {
+		switch c := v[i]; {
+		case c == '"':
+			i = skipString(v, i)
+		case c == '-' || c >= '0' && c <= '9':
+			j := i + 1
+			for j < len(v) && (v[j] >= '0' && v[j] <= '9' || v[j] == '.') {
+				j++
+			}
+			if j-i > 300 || j < len(v) && (v[j] == 'e' || v[j] == 'E') {
+				return false
+			}
+			i = j
+		default:
+			i++
+		}
+	}
+	return true
 }
 
 // answerError reports why an answer with an error other than null cannot

@@ -221,6 +221,17 @@ var answerCases = []struct {
 	{`nul`, false, true},
 }
 
+// verifierd's answer, the common one, is judged without decoding it.
+func TestToolSucceededReadsTheCommonAnswerWithoutTheSDK(t *testing.T) {
+	result, _, _ := answerResult(mcpBenchAnswer)
+	if isError, plain := plainToolResult(result); !plain || isError {
+		t.Fatalf("verifierd's answer is not plain (%v) or is an error (%v)", plain, isError)
+	}
+	if n := testing.AllocsPerRun(10, func() { toolSucceeded(mcpBenchAnswer, json.RawMessage("1")) }); n != 0 {
+		t.Fatalf("judging verifierd's answer allocates %v times", n)
+	}
+}
+
 func TestToolSucceededReadsExactNames(t *testing.T) {
 	for _, c := range answerCases {
 		ok, err := toolSucceeded([]byte(c.answer), json.RawMessage("1"))
@@ -290,6 +301,8 @@ func FuzzToolSucceeded(f *testing.F) {
 		f.Add([]byte(c.answer))
 	}
 	f.Add([]byte(`{"jsonrpc":"2.0","id":"<a>","result":{}}`))
+	f.Add([]byte(`{"jsonrpc":"2.0","id":1,"result":{"content":[{"text":"a","type":"text"},{"type":"text","text":"b"}],"structuredContent":{"n":-0.5,"m":[1,"1e400"]},"_meta":null,"isError":null}}`))
+	f.Add([]byte(`{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"a","type":"image"}],"isError":false,"isError":true}}`))
 	f.Add([]byte(`{"jsonrpc":"2.0","id":"\u003ca\u003e","result":{"isError":false}}`))
 	f.Add([]byte(`{"jsonrpc":"2.0","id":1,"result":{"x":` + strings.Repeat("[", maxClientAnswerDepth-1) + strings.Repeat("]", maxClientAnswerDepth-1) + `}}`))
 	f.Fuzz(func(t *testing.T, answer []byte) {
@@ -314,6 +327,13 @@ func FuzzToolSucceeded(f *testing.F) {
 		want := resp["result"]
 		if err != nil || !bytes.Equal(raw, want) || (raw != nil && !bytes.Equal(answer[at:at+len(raw)], raw)) {
 			t.Fatalf("%q: result %q at %d (%v), encoding/json keeps %q", answer, raw, at, err, want)
+		}
+		// The shortcut past the SDK's decoding takes only what it decodes.
+		if isError, plain := plainToolResult(raw); plain {
+			var res mcp.CallToolResult
+			if err := json.Unmarshal(raw, &res); err != nil || res.IsError != isError {
+				t.Fatalf("%q: plainToolResult reads isError %v, the SDK %v (%v)", raw, isError, res.IsError, err)
+			}
 		}
 	})
 }
