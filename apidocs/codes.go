@@ -32,7 +32,7 @@ var ErrorCodes = []ErrorCode{
 	{apierr.CodeUnsupportedMediaType, 415, false, "The body is not declared as JSON."},
 	{apierr.CodeRateLimited, 429, true, "Too many requests; retry after `retry_after` seconds."},
 	{apierr.CodeInternal, 500, true, "A fault of ours; nothing was charged."},
-	{"upstream_answer_unreadable", 502, false, "An MCP tool's answer could not be read by the gateway, or is not one the client takes as its call's answer (it must be application/json, not a stream, and one JSON-RPC 2.0 answer under the call's id, with no method); nothing was charged, tell the operator."},
+	{"upstream_answer_unreadable", 502, false, "An MCP tool's answer could not be read by the gateway, or is not one the client takes as its call's answer (it must be application/json, not a stream, and one JSON-RPC 2.0 answer under the call's id, with no method: a result the official SDK decodes as a CallToolResult, or an error alone that it decodes as a JSON-RPC error); the tool's answer was withheld, nothing was charged and it does not count against the client's rate limit; tell the operator."},
 	{"upstream_response_too_large", 502, false, "The upstream answer exceeded the gateway's buffer; nothing was charged."},
 	{apierr.CodeUpstreamUnavailable, 503, true, "A daemon, the state store or the payment facilitator is down; retry the same request after `retry_after` seconds."},
 	{apierr.CodeVerificationTimeout, 503, true, "The verification did not finish within its wall-clock limit (verifierd's -verify-timeout, default 5 s) on a loaded machine; nothing was charged. Retry after `retry_after` seconds, or send a smaller output or simpler schema. (Deterministic budgets, such as a pattern too costly for its strings, are 422 invalid_request.)"},
