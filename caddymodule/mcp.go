@@ -326,8 +326,9 @@ func isJSONAnswer(h http.Header) bool {
 // The envelope is read as encoding/json reads it into maps of raw members
 // (exact names, the last of duplicates, as JSON.parse keeps;
 // FuzzToolSucceeded holds it to that, and to the SDK's decoder) without
-// decoding it; only the result is decoded, by the SDK's own type, which is
-// the one reading of it that cannot drift from the client's.
+// decoding it; the result is read as the SDK's own type decodes it
+// (readToolResult), the one reading of it that cannot drift from the
+// client's.
 func toolSucceeded(body []byte, id json.RawMessage) (bool, error) {
 	a, err := readAnswer(body)
 	switch {
