@@ -413,3 +413,24 @@ func TestPatternParseBudget(t *testing.T) {
 		t.Errorf("%.300v; want wide case-folded patterns refused for the parsing budget", err)
 	}
 }
+
+// FuzzNoOnePassMatchesTheSame: a pattern that compiles as written matches
+// the same strings, at the same places, behind noOnePass.
+func FuzzNoOnePassMatchesTheSame(f *testing.F) {
+	for _, s := range [][2]string{{`^INV-[0-9]{4}$`, "INV-1234"}, {`a|^b$`, "b"}, {`(?i)^k|\Qab`, "K"}, {`(?m)^a$`, "b\na"}, {`(?s)^.$`, "\n"}, {`(?U)^a+`, "aa"}, {`\Aa|b\z`, "ab"}, {``, "x"}, {`$`, ""}, {`^*`, "a"}} {
+		f.Add(s[0], s[1])
+	}
+	f.Fuzz(func(t *testing.T, pat, s string) {
+		plain, err := regexp.Compile(pat)
+		if err != nil {
+			return
+		}
+		wrapped, err := regexp.Compile(noOnePass + pat)
+		if err != nil {
+			t.Fatalf("%q compiles as written but not behind %s: %v", pat, noOnePass, err)
+		}
+		if a, b := plain.FindStringIndex(s), wrapped.FindStringIndex(s); fmt.Sprint(a) != fmt.Sprint(b) {
+			t.Fatalf("%q on %q: %v as written, %v behind %s", pat, s, a, b, noOnePass)
+		}
+	})
+}
