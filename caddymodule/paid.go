@@ -207,7 +207,7 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	// A settlement this gateway keeps unrecorded (unrecorded.go) is
 	// written first, before anything is claimed: the store may have lost
 	// the claim.
-	if handled, err := g.serveUnrecorded(w, r, next, ex, pid, keys); handled {
+	if handled, err := g.serveUnrecorded(w, r, next, ex, pid, keys, payload); handled {
 		return err
 	}
 	ctx := r.Context()
@@ -218,7 +218,7 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 			// A claim kept for an unknown settlement is resolved on the
 			// buyer's retry (pending.go), settled or not by now.
 			rex := pid.resolving(ex)
-			if handled, err := g.resolveOnRetry(w, r, next, rex, ce.State); handled {
+			if handled, err := g.resolveOnRetry(w, r, next, rex, ce.State, payload); handled {
 				return err
 			}
 			if handled, err := pid.claimed(w, r, ex, ce.State); handled {

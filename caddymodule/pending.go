@@ -23,6 +23,7 @@ import (
 
 	"github.com/aovhq/aov/apierr"
 	"github.com/aovhq/aov/plugins/svmfacilitator"
+	"github.com/aovhq/aov/receipt"
 	"github.com/aovhq/aov/store"
 	"github.com/aovhq/aov/x402"
 )
@@ -106,8 +107,10 @@ type heldRecord struct {
 	// that searches the chain for the transaction looks no further back.
 	SentAfter time.Time `json:"sent_after,omitzero"`
 	// Request names the request the payment paid for (heldRequest), ""
-	// when the gate could not name it; RequestBody says its body is part
-	// of the name. Only a request of that name is run again.
+	// when the gate could not name it, or the record was written before
+	// every record named it; RequestBody says its body is part of the
+	// name. The answer held, or the one run again, is the buyer's answer
+	// to that request: only a retry of that name gets it (paidFor).
 	Request     string `json:"request,omitempty"`
 	RequestBody bool   `json:"request_body,omitempty"`
 	// Delivered is set, with the claim settled, once the upstream has been
@@ -388,18 +391,20 @@ func (g *Gate) holdUnknown(r *http.Request, c store.Claim, payment []byte, offer
 
 // holdAnswer puts in h what the payment's retry is served from: the answer
 // held back (bw; nil in settle before mode) when it is at most
-// maxHeldAnswer bytes, else the name of the request paid for, which the
-// upstream runs again for once.
+// maxHeldAnswer bytes, else a run of the upstream, once; and, either way,
+// the name of the request paid for. The name is what keeps the answer the
+// buyer's: the payment's claim keys name it by what the chain publishes
+// once it settles (payer and nonce, and the signature itself in the
+// transfer's calldata), so anyone could present it again (paidFor).
 func (g *Gate) holdAnswer(h *heldRecord, r *http.Request, bw *bufferedWriter) {
 	if bw != nil && bw.buf.Len() <= maxHeldAnswer {
 		h.Held, h.Status, h.ContentType, h.Body = true, bw.status(), bw.header.Get("Content-Type"), bytes.Clone(bw.buf.Bytes())
-	} else {
-		h.Request, h.RequestBody = g.heldRequest(r, bw == nil)
 	}
+	h.Request, h.RequestBody = g.heldRequest(r, bw == nil)
 }
 
-// heldRequest names the request a payment paid for, for a held record
-// whose answer was not kept: the request as payment identifiers name it
+// heldRequest names the request a payment paid for, for its held record:
+// the request as payment identifiers name it
 // (requestParts), the body included when the gate can still read it (it
 // read the body itself, or unread is true: in settle before mode nothing
 // has read it yet). A body the upstream alone has read is left out
@@ -487,16 +492,21 @@ func (g *Gate) settleHeld(ctx context.Context, h *heldRecord, old string, st x40
 	return note, true
 }
 
-// resolveOnRetry answers a request whose payment is already claimed, when
-// the claim carries the record of an unknown settlement (handled false: it
-// does not, and the caller answers as before).
-func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, ex exchange, cs store.ClaimState) (bool, error) {
+// resolveOnRetry answers a request carrying pay whose payment is already
+// claimed, when the claim carries the record of an unknown settlement
+// (handled false: it does not, and the caller answers as before).
+func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, ex exchange, cs store.ClaimState, pay x402.PaymentPayload) (bool, error) {
 	h, ok := decodeHeld(cs.Note)
 	if !ok {
 		return false, nil
 	}
 	if !cs.Settled && attempting(h, cs) {
 		return false, nil // in flight: the caller answers as it does
+	}
+	if !samePayment(h.payload, pay) {
+		// The claim keys matched, the signed payload did not: not the
+		// buyer's payment (see paidFor). Asked before the chain is.
+		return true, alreadyUsed(w, r, ex)
 	}
 	note := cs.Note
 	if !cs.Settled {
@@ -536,6 +546,14 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 		takeReporter(h)
 		g.report(r, next, h.ReportPath, h.VerificationID, store.PaymentPaid)
 	}
+	switch ok, err := g.paidFor(h, r); {
+	case err != nil:
+		return true, ex.refuse(w, r, apierr.From(err))
+	case !ok:
+		return true, ex.demand(w, r, http.StatusPaymentRequired,
+			"This payment paid for another request, whose answer is still owed: retry that request with it, or sign a new payment for this one.",
+			x402.ReasonPaymentAlreadyUsed, nil)
+	}
 	if h.Held {
 		body := ex.retold(h.Body)
 		buf := getBuffer()
@@ -550,22 +568,7 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 		return true, nil
 	}
 	// No answer was kept: the upstream runs again, once, for the request
-	// that was paid for.
-	if h.Request != "" {
-		var read func(*http.Request) ([]byte, error)
-		if h.RequestBody {
-			read = g.readBody
-		}
-		name, err := g.requestName(r, read)
-		if err != nil {
-			return true, ex.refuse(w, r, apierr.From(err))
-		}
-		if name != h.Request {
-			return true, ex.demand(w, r, http.StatusPaymentRequired,
-				"This payment paid for another request, whose answer is still owed: retry that request with it, or sign a new payment for this one.",
-				x402.ReasonPaymentAlreadyUsed, nil)
-		}
-	}
+	// that was paid for (paidFor, above).
 	hc, ok := g.state.Claims().(store.HeldClaims)
 	if !ok { // never: only such a store keeps records
 		return true, alreadyUsed(w, r, ex)
@@ -584,6 +587,48 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 	r.Header.Set(HeaderUpstreamNetwork, h.offer.Network)
 	noteSettled(r, sr)
 	return true, next.ServeHTTP(g.paidStream(w, r, sr), r)
+}
+
+// paidFor reports whether r is the request h's payment paid for, by the
+// name its record keeps (heldRequest: the rule payment identifiers bind a
+// call by, requestParts). A held answer is the buyer's answer to the
+// buyer's request, and the payment cannot prove the retry is the buyer's:
+// once settled, everything it carries is public on chain (EVM: payer,
+// nonce and the signature, in transferWithAuthorization's calldata; a
+// Solana transaction once landed). The request is not. A record written
+// before records were named (Request "") is served as it was.
+func (g *Gate) paidFor(h *heldRecord, r *http.Request) (bool, error) {
+	if h.Request == "" {
+		return true, nil
+	}
+	var read func(*http.Request) ([]byte, error)
+	if h.RequestBody {
+		read = g.readBody
+	}
+	name, err := g.requestName(r, read)
+	if err != nil {
+		return false, err
+	}
+	return name == h.Request, nil
+}
+
+// samePayment reports whether a retry's payment p carries the signed
+// payload of the record's payment held (its scheme payload, compared in
+// canonical form, so a client that encodes it anew still matches). The
+// claim keys match a payment by its authorization alone; a payload that
+// differs (a forged signature over the same authorization) is not the
+// buyer's payment. A chain observer can copy the real one (paidFor is
+// what stops it); this stops everyone else before the chain is read.
+func samePayment(held, p x402.PaymentPayload) bool {
+	if bytes.Equal(held.Payload, p.Payload) {
+		return true
+	}
+	a, err := receipt.AppendCanonicalJSON(nil, held.Payload)
+	if err != nil {
+		return false
+	}
+	b, err := receipt.AppendCanonicalJSON(nil, p.Payload)
+	return err == nil && bytes.Equal(a, b)
 }
 
 // payerOf is the payer of payment p on network, as the payment names it

@@ -380,7 +380,11 @@ func (u *unrecorded) finish(lost string, err error) {
 // retry is settlement_pending again. It is asked before the retry claims
 // anything: a store that lost the claim would let the retry claim the
 // payment afresh, and the facilitator then refuses the spent payment.
-func (g *Gate) serveUnrecorded(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, ex exchange, pid *paymentIDCall, keys []string) (bool, error) {
+//
+// keys name the payment by its authorization, which the settled transfer
+// made public: whoever presents it, resolveOnRetry serves only the
+// buyer's payment and request (paidFor).
+func (g *Gate) serveUnrecorded(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, ex exchange, pid *paymentIDCall, keys []string, pay x402.PaymentPayload) (bool, error) {
 	u := findUnrecorded(keys...)
 	if u == nil {
 		return false, nil
@@ -391,7 +395,7 @@ func (g *Gate) serveUnrecorded(w http.ResponseWriter, r *http.Request, next cadd
 		return true, ex.refuse(w, r, errSettledUnrecorded(err))
 	}
 	u.forget()
-	return g.resolveOnRetry(w, r, next, ex, st)
+	return g.resolveOnRetry(w, r, next, ex, st, pay)
 }
 
 // mayBeUnrecordedElsewhere reports whether a claim found settled (st, as
