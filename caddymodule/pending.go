@@ -1020,7 +1020,7 @@ const (
 // counts for nothing; unpaid would be final, and wrong if the transfer
 // happened. A claim gone from the store says nothing either (the store
 // may have lost it: a Redis restart without its data): the chain is
-// asked instead (reportFromChain).
+// asked instead, in the background (reportFromChain).
 func (p *paidCharge) reportOutcome(r *http.Request, bw *bufferedWriter, end settleEnd) {
 	g, next := p.g, p.next
 	path, id := reportRequest(bw)
@@ -1072,16 +1072,33 @@ func (p *paidCharge) reportOutcome(r *http.Request, bw *bufferedWriter, end sett
 // read (the verification stays pending). A missing claim is no proof of
 // an unpaid call: a claim released because the transfer can never happen
 // looks the same as one the store lost, with the transfer made.
+//
+// It runs in the background, on a copy of r detached from it, as report's
+// retries do: the chain is read for up to resolveTimeout, and the buyer's
+// answer (settlement_pending, already written) must not wait for it. The
+// config's store and facilitator stay open until it ends (g.uses).
 func (g *Gate) reportFromChain(r *http.Request, next caddyhttp.Handler, h *heldRecord, path, id string) {
-	st, known := g.checkHeld(r.Context(), h)
-	switch {
-	case known && st.State == x402.SettlementDone:
-		g.report(r, next, path, id, store.PaymentPaid)
-	case known && st.State == x402.SettlementNever:
-		g.report(r, next, path, id, store.PaymentUnpaid)
-	default:
-		g.logger.Warn("the settlement's outcome is unknown and the store no longer has its claim; its verification stays pending")
-	}
+	base := detached(r)
+	entered := g.uses.Enter() // the request holds a use: never refused
+	go func() {
+		defer func() {
+			if entered {
+				g.uses.Leave()
+			}
+			if rec := recover(); rec != nil {
+				g.logger.Error("reporting a settlement outcome from the chain panicked", zap.Any("panic", rec))
+			}
+		}()
+		st, known := g.checkHeld(base.Context(), h)
+		switch {
+		case known && st.State == x402.SettlementDone:
+			g.report(base, next, path, id, store.PaymentPaid)
+		case known && st.State == x402.SettlementNever:
+			g.report(base, next, path, id, store.PaymentUnpaid)
+		default:
+			g.logger.Warn("the settlement's outcome is unknown and the store no longer has its claim; its verification stays pending")
+		}
+	}()
 }
 
 // keepReport adds the report request to a held record, for whatever

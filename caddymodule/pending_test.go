@@ -84,7 +84,7 @@ func (m *faultyFacilitator) Settle(ctx context.Context, p x402.PaymentPayload, r
 	if m.Mode == "refuse" {
 		return x402.SettleResponse{Success: false, ErrorReason: "insufficient_funds", Network: req.Network}, nil
 	}
-	if m.Mode == "lose_reply" {
+	if m.Mode == "lose_reply" || m.Mode == "lose_reply_stall" {
 		if _, err := m.f.Settle(ctx, p, req); err != nil {
 			return x402.SettleResponse{}, err
 		}
@@ -106,7 +106,37 @@ func (m *faultyFacilitator) Supported(ctx context.Context) (x402.SupportedRespon
 }
 
 func (m *faultyFacilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettlementStatus, error) {
+	m.stall(ctx)
 	return m.f.SettlementStatus(ctx, p, req)
+}
+
+// chainStall holds the chain checks of a faulty_devnet in mode
+// "lose_reply_stall" (the chain read stalls) until release is closed or
+// the check's deadline passes, and logs the order things happened in.
+var chainStall struct {
+	sync.Mutex
+	release chan struct{}
+	events  []string
+}
+
+func chainStallEvent(e string) {
+	chainStall.Lock()
+	chainStall.events = append(chainStall.events, e)
+	chainStall.Unlock()
+}
+
+func (m *faultyFacilitator) stall(ctx context.Context) {
+	if m.Mode != "lose_reply_stall" {
+		return
+	}
+	chainStall.Lock()
+	release := chainStall.release
+	chainStall.Unlock()
+	select {
+	case <-release:
+	case <-ctx.Done():
+	}
+	chainStallEvent("chain answered")
 }
 
 // sentSeen records the transactions the gate judged held records by.
@@ -121,6 +151,7 @@ func (m *faultyFacilitator) SentSettlementStatus(ctx context.Context, p x402.Pay
 	sentSeen.Lock()
 	sentSeen.list = append(sentSeen.list, sent.Transaction)
 	sentSeen.Unlock()
+	m.stall(ctx)
 	return m.f.SentSettlementStatus(ctx, p, req, sent)
 }
 

@@ -9,9 +9,11 @@ import (
 	"net/http/httputil"
 	neturl "net/url"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -112,6 +114,52 @@ func TestUnknownOutcomeNotToldIsNeverReportedUnpaid(t *testing.T) {
 // taken for a released one and the verification reported unpaid, which
 // verifierd keeps as final: a paid call recorded as never paid.
 func TestUnknownOutcomeWithClaimLostIsNotReportedUnpaid(t *testing.T) {
+	claimLostUnderCall(t, "lose_reply", "lost", 8, func(call func() []byte) {
+		if body := call(); !strings.Contains(string(body), "settlement_pending") {
+			t.Fatalf("paid call: %s", body)
+		}
+	})
+}
+
+// The chain read that reports such a call's outcome (reportFromChain, up
+// to resolveTimeout) is made in the background: the buyer's answer,
+// settlement_pending, is already decided and does not wait for it. The
+// chain here stalls until the answer has come (lose_reply_stall, a fake
+// for a slow RPC); before, the handler waited for the chain's answer, or
+// its deadline, before it returned. The outcome is still reported paid
+// once the chain answers.
+func TestUnknownOutcomeReportFromChainDoesNotHoldTheAnswer(t *testing.T) {
+	defer func(d time.Duration) { resolveTimeout = d }(resolveTimeout)
+	resolveTimeout = 3 * time.Second // before the fix, the handler waited this long
+	release := make(chan struct{})
+	chainStall.Lock()
+	chainStall.release, chainStall.events = release, nil
+	chainStall.Unlock()
+	defer func() {
+		chainStall.Lock()
+		chainStall.release, chainStall.events = nil, nil
+		chainStall.Unlock()
+	}()
+	claimLostUnderCall(t, "lose_reply_stall", "stall", 9, func(call func() []byte) {
+		if body := call(); !strings.Contains(string(body), "settlement_pending") {
+			t.Fatalf("paid call: %s", body)
+		}
+		chainStallEvent("answer")
+		chainStall.Lock()
+		events := slices.Clone(chainStall.events)
+		chainStall.Unlock()
+		if len(events) == 0 || events[0] != "answer" {
+			t.Fatalf("events %v: the answer waited for the chain", events)
+		}
+		close(release)
+	})
+}
+
+// claimLostUnderCall makes a paid MCP call (facilitator mode, payer) whose
+// claim Redis loses while the upstream runs; paid makes the call (call)
+// and checks its answer. Then the verification must be reported paid: at
+// once, or in the background, as the chain tells it.
+func claimLostUnderCall(t *testing.T, mode, prefix string, payer int, paid func(call func() []byte)) {
 	sharedDevnet(t)
 	vf := startVerifier(t)
 	srv := servers.StartRedis(t)
@@ -129,25 +177,35 @@ func TestUnknownOutcomeWithClaimLostIsNotReportedUnpaid(t *testing.T) {
 		proxy.ServeHTTP(w, r)
 	}))
 	t.Cleanup(front.Close)
-	site := strings.ReplaceAll(mcpHistorySite(vf, "lose_reply", "{dir}"), "store badger {dir}", "store redis "+srv.Addr+" {\n\t\t\t\tprefix lost\n\t\t\t}")
+	site := strings.ReplaceAll(mcpHistorySite(vf, mode, "{dir}"), "store badger {dir}", "store redis "+srv.Addr+" {\n\t\t\t\tprefix "+prefix+"\n\t\t\t}")
 	site = strings.Replace(site, strings.TrimPrefix(vf.srv.URL, "http://"), strings.TrimPrefix(front.URL, "http://"), 1)
 	url := startCaddy(t, site) + "/mcp"
-	agent := "seller-claim-lost"
+	agent := "seller-claim-lost-" + prefix
 	args := map[string]any{"task_id": "t-mcp", "agent_id": agent,
 		"expected_schema": map[string]any{"type": "object"}, "submitted_output": map[string]any{"ok": true}}
 	postMCP(t, url, toolCall(t, "verify_schema", map[string]any{"task_id": "t-free", "expected_schema": map[string]any{}, "submitted_output": 1}, nil)) // the free call of the day
 	_, body := postMCP(t, url, toolCall(t, "verify_schema", args, nil))
-	p := payDemand(t, body, 8)
+	p := payDemand(t, body, payer)
 	wipe.Store(true)
-	if _, body = postMCP(t, url, toolCall(t, "verify_schema", args, &p)); !strings.Contains(string(body), "settlement_pending") {
-		t.Fatalf("paid call: %s", body)
-	}
+	paid(func() []byte {
+		_, body := postMCP(t, url, toolCall(t, "verify_schema", args, &p))
+		return body
+	})
 	if wipe.Load() {
 		t.Fatal("the store was never wiped under the call")
 	}
-	recs, _, err := vf.db.Verifications(context.Background(), agent, "", 10)
-	if err != nil || len(recs) != 1 {
-		t.Fatalf("records %+v, %v", recs, err)
+	// Reported by a background chain read: wait for it (bounded).
+	var recs []store.Verification
+	for range 200 {
+		var err error
+		recs, _, err = vf.db.Verifications(context.Background(), agent, "", 10)
+		if err != nil || len(recs) != 1 {
+			t.Fatalf("records %+v, %v", recs, err)
+		}
+		if recs[0].Payment != store.PaymentPending {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 	if recs[0].Payment != store.PaymentPaid {
 		t.Fatalf("recorded %s, want %s (the transfer is on chain): %s", recs[0].Payment, store.PaymentPaid, fmt.Sprint(recs[0]))
