@@ -221,3 +221,30 @@ func pastReconnect(t *testing.T, call func() *http.Response) *http.Response {
 	t.Fatal("the kept settlement was never written")
 	return nil
 }
+
+// On a route that does not read the body (no validate), the upstream
+// alone reads it: the gate hashes it as it is read, and the held answer is
+// bound to it all the same. The buyer's payment (the real one, as a chain
+// observer can copy it from the transfer's calldata) with the same method
+// and URL and another body is refused; the buyer's own retry is served.
+func TestHeldAnswerBoundToABodyOnlyTheUpstreamRead(t *testing.T) {
+	d, _ := sharedDevnet(t)
+	up := newUpstream(t)
+	url := startCaddy(t, pendingSite(up.URL, "lose_reply", filepath.Join(t.TempDir(), "gate"), "")) + "/verify/schema"
+	payer := evmfacilitator.DevAccounts()[7].Address
+	before := balance(t, d, payer)
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 7)
+	if resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}); resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("first try: %d", resp.StatusCode)
+	}
+	calls := up.calls.Load()
+	wantNothingServed(t, "another body", post(t, url, `{"task_id":"mine"}`, map[string]string{x402.HeaderPaymentSignature: sig}))
+	wantNothingServed(t, "no body", post(t, url, "", map[string]string{x402.HeaderPaymentSignature: sig}))
+	wantHeldAnswer(t, "the buyer's retry", post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}))
+	if n := up.calls.Load(); n != calls {
+		t.Fatalf("the upstream ran %d more times", n-calls)
+	}
+	if got := charged(t, d, payer, before); got.Int64() != 20000 {
+		t.Fatalf("charged %v, want the one transfer", got)
+	}
+}
