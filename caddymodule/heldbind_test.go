@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"math/big"
 	"net/http"
@@ -246,5 +247,31 @@ func TestHeldAnswerBoundToABodyOnlyTheUpstreamRead(t *testing.T) {
 	}
 	if got := charged(t, d, payer, before); got.Int64() != 20000 {
 		t.Fatalf("charged %v, want the one transfer", got)
+	}
+}
+
+// On Solana the payment is claimed by its own keys (svmClaimKeys) and the
+// landed transaction is public, the buyer's signature in it: a remote
+// facilitator's lost reply leaves the answer held, and the buyer's
+// payment with another body or query is refused as used, seeing nothing;
+// the buyer's own retry gets the held answer, charged once.
+func TestHeldSolanaAnswerOnlyForItsRequest(t *testing.T) {
+	e := newSolanaEnv(t)
+	up := newReportingUpstream(t)
+	proxy := newLossyProxy(t, remoteSVMFacilitator(t, e), "lose_reply")
+	fac := fmt.Sprintf("http %s {\n\t\t\t\ttimeout 5s\n\t\t\t\trpc solana-devnet %s\n\t\t\t}", proxy.URL, e.chain.URL)
+	url := startCaddy(t, solanaSite(up.URL, fac, e, filepath.Join(t.TempDir(), "gate"))) + "/verify/schema"
+	payerBefore := e.usdc(t, e.payer.Address)
+	sig, txid := signSolana(t, e, url)
+	wantSettlementPending(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}), "the payment")
+
+	wantNothingServed(t, "another body", post(t, url, `{"task_id":"mine"}`, map[string]string{x402.HeaderPaymentSignature: sig}))
+	wantNothingServed(t, "another query", post(t, url+"?x=1", validRequest, map[string]string{x402.HeaderPaymentSignature: sig}))
+	wantPaidWith(t, e, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}), txid)
+	if got := payerBefore - e.usdc(t, e.payer.Address); got != 20000 {
+		t.Fatalf("payer charged %d, want 20000", got)
+	}
+	if up.n.Load() != 1 {
+		t.Fatalf("the upstream ran %d times", up.n.Load())
 	}
 }
