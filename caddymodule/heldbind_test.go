@@ -275,3 +275,45 @@ func TestHeldSolanaAnswerOnlyForItsRequest(t *testing.T) {
 		t.Fatalf("the upstream ran %d times", up.n.Load())
 	}
 }
+
+// A gateway killed mid-settlement on a route without validate leaves only
+// the record written with the claim. It names the request with its body,
+// which the gate read before claiming: after the restart a chain observer
+// who copies the buyer's payment from the transfer's calldata and posts the
+// same URL with another body gets 402 and not the one run the buyer paid
+// for; the buyer's own retry gets it, charged once.
+func TestKilledMidSettlementRunOnlyForTheBuyersBody(t *testing.T) {
+	d, _ := sharedDevnet(t)
+	up := newUpstream(t)
+	storeDir := filepath.Join(t.TempDir(), "gate")
+	url := startCaddy(t, killSite(up.URL, "killed_devnet", storeDir)) + "/verify/schema"
+	payer := evmfacilitator.DevAccounts()[8].Address
+	before := balance(t, d, payer)
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 8)
+	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(validRequest))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(x402.HeaderPaymentSignature, sig)
+	if resp, err := (&http.Client{Timeout: 20 * time.Second}).Do(req); err == nil {
+		resp.Body.Close()
+		t.Fatalf("the killed request was answered: %d", resp.StatusCode)
+	}
+	if err := caddy.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	url = startCaddy(t, killSite(up.URL, "faulty_devnet none", storeDir)) + "/verify/schema"
+	calls := up.calls.Load()
+
+	resp := post(t, url, `{"task_id":"attacker"}`, map[string]string{x402.HeaderPaymentSignature: sig})
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusPaymentRequired || !strings.Contains(string(b), x402.ReasonPaymentAlreadyUsed) || up.calls.Load() != calls {
+		t.Fatalf("another body with the buyer's payment: %d %s, upstream ran %d more; want 402 payment_already_used and no run", resp.StatusCode, b, up.calls.Load()-calls)
+	}
+	resp = post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	b, _ = io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK || resp.Header.Get(x402.HeaderPaymentResponse) == "" || up.calls.Load() != calls+1 {
+		t.Fatalf("the buyer's retry: %d %s, upstream ran %d more; want the paid run, once", resp.StatusCode, b, up.calls.Load()-calls)
+	}
+	if got := charged(t, d, payer, before); got.Int64() != 20000 {
+		t.Fatalf("charged %v, want 20000 once", got)
+	}
+}

@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash"
 	"io"
 	"maps"
 	"net/http"
@@ -200,7 +199,7 @@ func (g *Gate) claimPaid(r *http.Request, keys []string, until time.Time, pay x4
 		t := now()
 		h := g.newHeldRecord(c, pay.JSON, offer, t)
 		h.Attempt, h.Session = t.Add(span), hc.Session()
-		h.Request, h.RequestBody = g.heldRequest(r, false)
+		h.Request, h.RequestBody = g.heldRequest(r)
 		n, err := encodeHeld(&h)
 		if err == nil {
 			token, note = c.Token, n
@@ -214,55 +213,7 @@ func (g *Gate) claimPaid(r *http.Request, keys []string, until time.Time, pay x4
 		}
 		return store.Claim{}, "", err
 	}
-	watchBody(r)
 	return c, note, nil
-}
-
-// bodyDigest is a request body the gate has not read, hashed as the
-// upstream reads it, so that a held record can name the request with its
-// body (heldRequest) without the gate holding the body: a paid answer to
-// a POST must not go to whoever sends the same method and URL with the
-// buyer's public payment. Locked: the proxy's transport may still be
-// reading it when the answer is held.
-type bodyDigest struct {
-	io.ReadCloser
-
-	mu   sync.Mutex
-	h    hash.Hash
-	n    int64
-	done bool // read to its end
-}
-
-// watchBody makes r's body, when the gate has not read it, a bodyDigest.
-// A body already read (gateBody) or absent needs none.
-func watchBody(r *http.Request) {
-	if _, read := r.Body.(*gateBody); read || r.Body == nil || r.Body == http.NoBody {
-		return
-	}
-	r.Body = &bodyDigest{ReadCloser: r.Body, h: sha256.New()}
-}
-
-func (b *bodyDigest) Read(p []byte) (int, error) {
-	n, err := b.ReadCloser.Read(p)
-	b.mu.Lock()
-	b.h.Write(p[:n])
-	b.n += int64(n)
-	if err == io.EOF {
-		b.done = true
-	}
-	b.mu.Unlock()
-	return n, err
-}
-
-// sum is the body's SHA-256, false unless it was read whole and is at
-// most max bytes (what a retry's readBody can read back).
-func (b *bodyDigest) sum(max int64) ([]byte, bool) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if !b.done || b.n > max {
-		return nil, false
-	}
-	return b.h.Sum(nil), true
 }
 
 // liveClaims holds the tokens of the paid claims this process's requests
@@ -449,40 +400,23 @@ func (g *Gate) holdAnswer(h *heldRecord, r *http.Request, bw *bufferedWriter) {
 	if bw != nil && bw.buf.Len() <= maxHeldAnswer {
 		h.Held, h.Status, h.ContentType, h.Body = true, bw.status(), bw.header.Get("Content-Type"), bytes.Clone(bw.buf.Bytes())
 	}
-	h.Request, h.RequestBody = g.heldRequest(r, bw == nil)
+	h.Request, h.RequestBody = g.heldRequest(r)
 }
 
 // heldRequest names the request a payment paid for, for its held record:
-// the request as payment identifiers name it (requestParts), the body
-// included when the gate knows it: it read the body itself, or unread is
-// true (in settle before mode nothing has read it yet), or the upstream
-// read it whole, at most max_body, through the bodyDigest claimPaid put
-// in its place; an absent body is named as the empty one. Otherwise the
-// body is left out (body false): the retry is then matched by method,
-// path and query. "" when the request cannot be named (it was refused as
-// it was read).
-func (g *Gate) heldRequest(r *http.Request, unread bool) (name string, body bool) {
+// the request as payment identifiers name it (requestParts), its body
+// included. The gate reads every paid call's body before it claims the
+// payment (servePaid), so the body is known here, the empty one when there
+// is none; a body it has not read (no paid call leaves one) is left out
+// (body false), the retry then matched by method, path and query. "" when
+// the request cannot be named.
+func (g *Gate) heldRequest(r *http.Request) (name string, body bool) {
 	var read func(*http.Request) ([]byte, error)
 	switch b := r.Body.(type) {
 	case *gateBody:
 		read = func(*http.Request) ([]byte, error) { return b.b, nil }
-	case *bodyDigest:
-		if unread {
-			read = g.readBody
-			break
-		}
-		if sum, ok := b.sum(g.MaxBody); ok && g.MCPTool == "" {
-			// The body is the last part, written as its hash (partWriter):
-			// its hash, taken as the upstream read it, stands in for it.
-			h := sha256.New()
-			if err := g.requestParts(r, partWriter(h), nil); err != nil {
-				return "", false
-			}
-			h.Write(sum)
-			return hex.EncodeToString(h.Sum(nil)), true
-		}
 	default:
-		if unread || r.Body == nil || r.Body == http.NoBody {
+		if r.Body == nil || r.Body == http.NoBody {
 			read = g.readBody // nothing to read: the empty body is named
 		}
 	}
