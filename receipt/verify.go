@@ -293,11 +293,28 @@ func attestationOf(doc map[string]any) (parsedAttestation, error) {
 	if !ok {
 		return parsedAttestation{}, errors.New("receipt has no attestation")
 	}
-	m, ok := raw.(map[string]any)
-	if !ok {
-		return parsedAttestation{}, errors.New("attestation is not an object")
+	a, sig, err := ReadAttestation(raw)
+	if err != nil {
+		return parsedAttestation{}, fmt.Errorf("attestation%w", err)
 	}
-	var a parsedAttestation
+	return parsedAttestation{Attestation: a, sig: sig}, nil
+}
+
+// ReadAttestation reads an attestation, decoded from JSON, as every
+// verifier reads it: the four members by their exact names (encoding/json's
+// struct matching would also take "Signature", the last one winning), each
+// a non-empty string, the algorithm Ed25519, and the signature with
+// DecodeSignature, whose bytes it returns. It is the one reader of an
+// attestation: Verify's, and the signer client's of certd's answer, so
+// that verifierd never attaches (or charges for) one a verifier refuses.
+// Its errors read after the name of what was read: " is not an object",
+// ".signature is not standard base64".
+func ReadAttestation(v any) (Attestation, []byte, error) {
+	m, ok := v.(map[string]any)
+	if !ok {
+		return Attestation{}, nil, errors.New(" is not an object")
+	}
+	var a Attestation
 	for _, f := range []struct {
 		name string
 		dst  *string
@@ -309,19 +326,18 @@ func attestationOf(doc map[string]any) (parsedAttestation, error) {
 	} {
 		s, ok := m[f.name].(string)
 		if !ok || s == "" {
-			return parsedAttestation{}, fmt.Errorf("attestation.%s is missing or not a string", f.name)
+			return Attestation{}, nil, fmt.Errorf(".%s is missing or not a string", f.name)
 		}
 		*f.dst = s
 	}
 	if a.Algorithm != Algorithm {
-		return parsedAttestation{}, fmt.Errorf("attestation.algorithm is %s, want %s", quoteShort(a.Algorithm), Algorithm)
+		return Attestation{}, nil, fmt.Errorf(".algorithm is %s, want %s", quoteShort(a.Algorithm), Algorithm)
 	}
 	sig, err := DecodeSignature(a.Signature)
 	if err != nil {
-		return parsedAttestation{}, fmt.Errorf("attestation.signature %w", err)
+		return Attestation{}, nil, fmt.Errorf(".signature %w", err)
 	}
-	a.sig = sig
-	return a, nil
+	return a, sig, nil
 }
 
 // DecodeSignature decodes attestation.signature: the standard padded base64

@@ -173,38 +173,17 @@ func (c *Client) sign(ctx context.Context, input signingInput, signContext, keyV
 }
 
 // readAttestation reads certd's sign answer as every verifier reads the
-// attestation it becomes: members by their exact names (encoding/json's
-// struct matching would also take "Signature", the last one winning), and
-// the signature with receipt.DecodeSignature. What passes here verifies
-// wherever the receipt is checked; anything else is refused before
-// verifierd attaches it to a response or charges for it.
+// attestation it becomes (receipt.ReadAttestation): what passes here
+// verifies wherever the receipt is checked; anything else is refused
+// before verifierd attaches it to a response or charges for it.
 func readAttestation(answer []byte) (receipt.Attestation, error) {
 	v, err := strictjson.Decode(answer, strictjson.Limits{})
 	if err != nil {
 		return receipt.Attestation{}, err
 	}
-	m, ok := v.(map[string]any)
-	if !ok {
-		return receipt.Attestation{}, errors.New("the answer is not a JSON object")
-	}
-	var att receipt.Attestation
-	for _, f := range []struct {
-		name string
-		dst  *string
-	}{
-		{"algorithm", &att.Algorithm},
-		{"key_version", &att.KeyVersion},
-		{"timestamp", &att.Timestamp},
-		{"signature", &att.Signature},
-	} {
-		s, ok := m[f.name].(string)
-		if !ok {
-			return receipt.Attestation{}, fmt.Errorf("%s is missing or not a string", f.name)
-		}
-		*f.dst = s
-	}
-	if _, err := receipt.DecodeSignature(att.Signature); err != nil {
-		return receipt.Attestation{}, fmt.Errorf("signature %w", err)
+	att, _, err := receipt.ReadAttestation(v)
+	if err != nil {
+		return receipt.Attestation{}, fmt.Errorf("the answer%w", err)
 	}
 	return att, nil
 }
