@@ -750,8 +750,18 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 			return g.refuse(w, r, err)
 		}
 	}
+	// The body is read (at most max_body, else 413) when the gate checks
+	// it, serves it free, or is paid for it: a paid call's record names
+	// the request it pays for, body included (heldRequest), since once
+	// settled the payment is public on chain (payer, nonce, signature) and
+	// the body is what keeps an answer held for it, or its one run again
+	// after a crash, the buyer's. A body announced over max_body is 413
+	// on every route, before it is offered for sale.
 	var body []byte
-	if g.verifier != nil || g.Free != nil {
+	if r.ContentLength > g.MaxBody {
+		return g.refuse(w, r, apierr.TooLarge(g.MaxBody))
+	}
+	if g.verifier != nil || g.Free != nil || payment != "" {
 		var err error
 		if body, err = g.readBody(r); err != nil {
 			return g.refuse(w, r, err)

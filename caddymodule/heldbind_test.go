@@ -317,3 +317,35 @@ func TestKilledMidSettlementRunOnlyForTheBuyersBody(t *testing.T) {
 		t.Fatalf("charged %v, want 20000 once", got)
 	}
 }
+
+// Every paid call's body is read before its payment is claimed, so
+// max_body bounds it on any route, validate or not: a body over it is 413,
+// never offered for sale (not even unpaid), never claimed or charged, and
+// the same payment then pays for a smaller body, once.
+func TestPaidBodyOverMaxBodyIsNeverForSale(t *testing.T) {
+	d, _ := sharedDevnet(t)
+	up := newUpstream(t)
+	url := startCaddy(t, pendingSite(up.URL, "none", filepath.Join(t.TempDir(), "gate"), "max_body 1KiB")) + "/verify/schema"
+	payer := evmfacilitator.DevAccounts()[6].Address
+	before := balance(t, d, payer)
+	large := `{"pad":"` + strings.Repeat("x", 2048) + `"}`
+	unpaid := post(t, url, large, nil)
+	b, _ := io.ReadAll(unpaid.Body)
+	if unpaid.StatusCode != http.StatusRequestEntityTooLarge || unpaid.Header.Get(x402.HeaderPaymentRequired) != "" {
+		t.Fatalf("unpaid over max_body: %d %s; want 413 without an offer", unpaid.StatusCode, b)
+	}
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 6)
+	resp := post(t, url, large, map[string]string{x402.HeaderPaymentSignature: sig})
+	b, _ = io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusRequestEntityTooLarge || !strings.Contains(string(b), `"payload_too_large"`) || up.calls.Load() != 0 {
+		t.Fatalf("paid over max_body: %d %s, upstream ran %d", resp.StatusCode, b, up.calls.Load())
+	}
+	resp = post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("the same payment with a body under max_body: %d %s", resp.StatusCode, b)
+	}
+	if got := charged(t, d, payer, before); got.Int64() != 20000 {
+		t.Fatalf("charged %v, want 20000 once", got)
+	}
+}

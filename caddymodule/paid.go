@@ -204,17 +204,6 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		auth = &v
 	}
 	keys, until := claimKeys(raw, payload, offer, auth)
-	// The body is read (at most max_body, else 413) before the payment is
-	// claimed, so the claim's record names the request it pays for, body
-	// included (heldRequest): once settled, the payment is public on chain
-	// (payer, nonce, signature), and the body is what keeps an answer held
-	// for it, or its one run again after a crash, the buyer's. An MCP
-	// call's message, or a body validate read, is read already.
-	if _, read := r.Body.(*gateBody); !read {
-		if _, err := g.readBody(r); err != nil {
-			return ex.refuse(w, r, apierr.From(err))
-		}
-	}
 	// A settlement this gateway keeps unrecorded (unrecorded.go) is
 	// written first, before anything is claimed: the store may have lost
 	// the claim.

@@ -406,7 +406,7 @@ func (g *Gate) holdAnswer(h *heldRecord, r *http.Request, bw *bufferedWriter) {
 // heldRequest names the request a payment paid for, for its held record:
 // the request as payment identifiers name it (requestParts), its body
 // included. The gate reads every paid call's body before it claims the
-// payment (servePaid), so the body is known here, the empty one when there
+// payment (Gate.ServeHTTP), so the body is known here, the empty one when there
 // is none; a body it has not read (no paid call leaves one) is left out
 // (body false), the retry then matched by method, path and query. "" when
 // the request cannot be named.
