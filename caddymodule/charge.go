@@ -49,6 +49,7 @@ const (
 	outcomeWithheld                  // settle_on pass, and content no verify_response checked: withheld, never charged
 	outcomeOverflow                  // larger than max_buffer: withheld, never charged
 	outcomeUnreadable                // not an answer the client takes: replaced, never charged
+	outcomeInterim                   // a round of a multi-round-trip MCP call, not its answer: handed over, never charged
 	outcomeFailed                    // the upstream failed before answering
 )
 
@@ -98,6 +99,16 @@ func (g *Gate) serveCharged(w http.ResponseWriter, r *http.Request, next caddyht
 		metrics.outcomes.WithLabelValues(codeAnswerUnreadable).Inc()
 		bw.replay(w)
 		return nil
+	case outcomeInterim:
+		// The tool needs the client's input (an MCP multi-round-trip
+		// call, SEP-2322): the SDK's client never returns this round to
+		// its caller, it answers the tool's input requests and retries
+		// the call with the same payment, which pays for the answer. The
+		// round is no refusal of the buyer's either.
+		c.release(r)
+		metrics.outcomes.WithLabelValues("input_required_not_settled").Inc()
+		bw.replay(w)
+		return nil
 	case outcomeWithheld:
 		c.release(r)
 		metrics.outcomes.WithLabelValues("unchecked_answer_withheld").Inc()
@@ -128,8 +139,8 @@ func (g *Gate) outcomeOf(ex exchange, bw *bufferedWriter, err error, r *http.Req
 	case err != nil:
 		return outcomeFailed
 	case !ex.billable(bw):
-		if u, ok := ex.(unreadableJudge); ok && u.answerUnreadable() {
-			return outcomeUnreadable
+		if j, ok := ex.(unbilledJudge); ok {
+			return j.unbilled()
 		}
 		return outcomeNotBilled
 	case g.settleAllowed(r):
@@ -140,11 +151,12 @@ func (g *Gate) outcomeOf(ex exchange, bw *bufferedWriter, err error, r *http.Req
 	return outcomeNotPassed
 }
 
-// unreadableJudge is an exchange whose billable can find the upstream's
-// answer unreadable and replace it (mcpExchange): a REST answer is always
-// one the client reads, whatever it says.
-type unreadableJudge interface {
-	answerUnreadable() bool
+// unbilledJudge is an exchange whose billable can tell an answer it does
+// not bill from an error answer (mcpExchange): one it found unreadable and
+// replaced, or one that is not the call's answer yet. A REST answer is
+// always one the client reads, and always the request's answer.
+type unbilledJudge interface {
+	unbilled() outcome
 }
 
 // uncheckedContent reports whether the held answer is content no

@@ -149,7 +149,8 @@ type mcpExchange struct {
 	g          *Gate
 	id         json.RawMessage
 	tool       string
-	unreadable bool // billable replaced the tool's answer (answerUnreadable)
+	unreadable bool // billable replaced the tool's answer (unbilled)
+	interim    bool // billable found a round of a multi-round-trip call (unbilled)
 	requestCheck
 }
 
@@ -260,7 +261,7 @@ func (e *mcpExchange) billable(bw *bufferedWriter) bool {
 	if bw.status() >= 400 {
 		return false
 	}
-	ok, err := toolSucceeded(bw.buf.Bytes(), e.id)
+	ok, interim, err := toolSucceeded(bw.buf.Bytes(), e.id)
 	if err == nil && !isJSONAnswer(bw.header) {
 		err = errors.New("the answer is not application/json")
 	}
@@ -279,6 +280,7 @@ func (e *mcpExchange) billable(bw *bufferedWriter) bool {
 		bw.buf.Write(body)
 		return false
 	}
+	e.interim = interim
 	return ok
 }
 
@@ -286,10 +288,20 @@ func (e *mcpExchange) billable(bw *bufferedWriter) bool {
 // cannot take (billable).
 const codeAnswerUnreadable = "upstream_answer_unreadable"
 
-// answerUnreadable reports whether billable replaced the held answer as
-// unreadable: the tool server's fault, which serveCharged does not count
-// against the buyer's refusal rate limit.
-func (e *mcpExchange) answerUnreadable() bool { return e.unreadable }
+// unbilled is what an answer billable did not find billable is worth:
+// unreadable when billable replaced it (the tool server's fault, which
+// serveCharged does not count against the buyer's refusal rate limit),
+// interim when it is a round of a multi-round-trip call (not the call's
+// answer at all), and otherwise an error answer.
+func (e *mcpExchange) unbilled() outcome {
+	switch {
+	case e.unreadable:
+		return outcomeUnreadable
+	case e.interim:
+		return outcomeInterim
+	}
+	return outcomeNotBilled
+}
 
 // isJSONAnswer reports whether an answer's media type is application/json,
 // read as the MCP SDK's client reads it (mime.ParseMediaType, parameters
@@ -322,6 +334,8 @@ func isJSONAnswer(h http.Header) bool {
 // handed over uncharged, a result beside it would be the tool's content
 // given away to a client that reads the raw answer. A result null or
 // absent, or one with isError true, is readable and not successful.
+// interim reports a result that is not the call's answer yet, but a round
+// of a multi-round-trip call (readToolResult).
 //
 // The envelope is read as encoding/json reads it into maps of raw members
 // (exact names, the last of duplicates, as JSON.parse keeps;
@@ -329,27 +343,27 @@ func isJSONAnswer(h http.Header) bool {
 // decoding it; the result is read as the SDK's own type decodes it
 // (readToolResult), the one reading of it that cannot drift from the
 // client's.
-func toolSucceeded(body []byte, id json.RawMessage) (bool, error) {
+func toolSucceeded(body []byte, id json.RawMessage) (ok, interim bool, err error) {
 	a, err := readAnswer(body)
 	switch {
 	case err != nil:
-		return false, err
+		return false, false, err
 	case a.depth > maxClientAnswerDepth:
-		return false, errors.New("the answer is nested deeper than the MCP client reads")
+		return false, false, errors.New("the answer is nested deeper than the MCP client reads")
 	case !isJSONRPC2(a.jsonrpc):
-		return false, errors.New(`the answer's jsonrpc is not "2.0"`)
+		return false, false, errors.New(`the answer's jsonrpc is not "2.0"`)
 	case a.method != nil:
-		return false, errors.New("the answer has a method: it is a request")
+		return false, false, errors.New("the answer has a method: it is a request")
 	case !sameRPCID(a.id, id):
-		return false, errors.New("the answer's id is not the call's")
+		return false, false, errors.New("the answer's id is not the call's")
 	case a.err != nil && string(a.err) != "null":
-		return false, answerError(body, a)
+		return false, false, answerError(body, a)
 	}
 	if a.result == nil || string(a.result) == "null" {
-		return false, nil
+		return false, false, nil
 	}
-	isError, err := readToolResult(a.result)
-	return err == nil && !isError, err
+	isError, interim, err := readToolResult(a.result)
+	return err == nil && !isError && !interim, interim, err
 }
 
 // readToolResult reads a result as the SDK's CallToolResult decodes it:
@@ -360,15 +374,47 @@ func toolSucceeded(body []byte, id json.RawMessage) (bool, error) {
 // Decoding verifierd's answer with the SDK costs about twice the rest of
 // the gate's free MCP call (BenchmarkGateMCPFreeDirect), most of it
 // spent building maps of the signed document nobody reads.
-func readToolResult(result []byte) (isError bool, err error) {
+//
+// interim reports a round of a multi-round-trip call (SEP-2322, the
+// SDK's default protocol 2026-07-28): a tool that needs the client's
+// input (an elicitation, a sampling, the roots) answers with its
+// inputRequests, and the SDK's client does not return that to its caller:
+// it answers the requests and calls again, with the same params and
+// payment. Such a round is no answer to charge for. It is one the SDK's
+// client retries (inputRequests not null, an empty map being a server
+// shedding load) or reads as needing input (NeedsInput), or one whose
+// resultType is any other than the final one ("complete", or empty as
+// the SDK reads an absent one): a kind of result the gate does not know
+// is not taken for the call's answer either. Such a round carries no
+// content (the SDK's server refuses to send both): one that does is
+// unreadable, for it would be the tool's content handed over uncharged.
+func readToolResult(result []byte) (isError, interim bool, err error) {
 	if isError, plain := plainToolResult(result); plain {
-		return isError, nil
+		return isError, false, nil
 	}
 	var res mcp.CallToolResult
 	if err := res.UnmarshalJSON(result); err != nil {
-		return false, fmt.Errorf("the result is not a tool result the MCP client reads: %w", err)
+		return false, false, fmt.Errorf("the result is not a tool result the MCP client reads: %w", err)
 	}
-	return res.IsError, nil
+	rt, _, _ := lastMember(result, "resultType")
+	if res.NeedsInput() || res.InputRequests != nil || (rt != nil && !finalResultType(rt)) {
+		if len(res.Content) > 0 || res.StructuredContent != nil {
+			return false, false, errors.New("the result asks for the client's input and carries content")
+		}
+		return res.IsError, true, nil
+	}
+	return res.IsError, false, nil
+}
+
+// finalResultType reports whether a result's resultType (its raw value,
+// one the SDK decoded) marks the call's answer: "complete", or null or ""
+// (the SDK reads both as absent, which is complete).
+func finalResultType(rt []byte) bool {
+	if string(rt) == "null" {
+		return true
+	}
+	s := jsonString(rt)
+	return s == "" || s == "complete"
 }
 
 // plainToolResult reports whether result is one the SDK's CallToolResult

@@ -29,24 +29,34 @@ import (
 // that is not null makes the answer the client's error, readable only
 // alone (no result member) and as a JSON-RPC error (an object, code an
 // integer, message a string, either null or absent). A result is read as
-// the client reads it: encoding/json into the SDK's CallToolResult.
+// the client reads it: encoding/json into the SDK's CallToolResult. A
+// result is interim, a round of a multi-round-trip call and not the
+// call's answer, when the SDK's client retries it (inputRequests not
+// null) or reads it as needing input, or its resultType is neither
+// "complete" nor empty; an interim result with content is unreadable.
 func answerMembersReference(body []byte, id json.RawMessage) (ok bool, err error) {
+	ok, _, err = answerReference(body, id)
+	return ok, err
+}
+
+// answerReference is answerMembersReference's reading, with interim.
+func answerReference(body []byte, id json.RawMessage) (ok, interim bool, err error) {
 	var resp map[string]json.RawMessage
 	if err = json.Unmarshal(body, &resp); err != nil {
-		return false, err
+		return false, false, err
 	}
 	if nestingDepth(body) > maxClientAnswerDepth {
-		return false, errNotTheCallsAnswer
+		return false, false, errNotTheCallsAnswer
 	}
 	var version string
 	if json.Unmarshal(resp["jsonrpc"], &version) != nil || version != "2.0" {
-		return false, errNotTheCallsAnswer
+		return false, false, errNotTheCallsAnswer
 	}
 	if _, has := resp["method"]; has {
-		return false, errNotTheCallsAnswer
+		return false, false, errNotTheCallsAnswer
 	}
 	if got, has := resp["id"]; !has || !reflect.DeepEqual(decodeNumber(got), decodeNumber(id)) {
-		return false, errNotTheCallsAnswer
+		return false, false, errNotTheCallsAnswer
 	}
 	raw, hasResult := resp["result"]
 	if e, has := resp["error"]; has && string(e) != "null" {
@@ -56,18 +66,28 @@ func answerMembersReference(body []byte, id json.RawMessage) (ok bool, err error
 		if hasResult || json.Unmarshal(e, &members) != nil || members == nil ||
 			(members["code"] != nil && json.Unmarshal(members["code"], &code) != nil) ||
 			(members["message"] != nil && json.Unmarshal(members["message"], &message) != nil) {
-			return false, errNotAnError
+			return false, false, errNotAnError
 		}
-		return false, nil
+		return false, false, nil
 	}
 	if !hasResult || string(raw) == "null" {
-		return false, nil
+		return false, false, nil
 	}
 	var result mcp.CallToolResult
 	if err = json.Unmarshal(raw, &result); err != nil {
-		return false, err
+		return false, false, err
 	}
-	return !result.IsError, nil
+	var members map[string]json.RawMessage
+	var resultType string
+	json.Unmarshal(raw, &members)
+	json.Unmarshal(members["resultType"], &resultType)
+	if result.NeedsInput() || result.InputRequests != nil || (resultType != "" && resultType != "complete") {
+		if len(result.Content) > 0 || result.StructuredContent != nil {
+			return false, false, errors.New("an input request with content")
+		}
+		return false, true, nil
+	}
+	return !result.IsError, false, nil
 }
 
 // nestingDepth is the deepest nesting of arrays and objects in valid JSON.
@@ -221,6 +241,50 @@ var answerCases = []struct {
 	{`nul`, false, true},
 }
 
+// interimCases are results of the multi-round-trip protocol (SEP-2322):
+// rounds that are not the call's answer (interim), final answers, and
+// rounds that would give content away (unreadable).
+var interimCases = []struct {
+	answer      string
+	ok, interim bool
+	fail        bool // unreadable
+}{
+	{`{"jsonrpc":"2.0","id":1,"result":{"content":null,"requestState":"s","resultType":"input_required","inputRequests":{"c":{"method":"elicitation/create","params":{"mode":"form","message":"ok?"}}}}}`, false, true, false},
+	{`{"jsonrpc":"2.0","id":1,"result":{"content":null,"resultType":"input_required","inputRequests":{}}}`, false, true, false},
+	{`{"jsonrpc":"2.0","id":1,"result":{"inputRequests":{"r":{"method":"roots/list","params":{}}}}}`, false, true, false},
+	{`{"jsonrpc":"2.0","id":1,"result":{"resultType":"input_required"}}`, false, true, false},
+	{`{"jsonrpc":"2.0","id":1,"result":{"resultType":"input_required","isError":true}}`, false, true, false},
+	{`{"jsonrpc":"2.0","id":1,"result":{"resultType":"task","_meta":{}}}`, false, true, false},
+	{`{"jsonrpc":"2.0","id":1,"result":{"resultType":"input_\u0072equired"}}`, false, true, false},
+	{`{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"a"}],"resultType":"complete"}}`, true, false, false},
+	{`{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"a"}],"resultType":""}}`, true, false, false},
+	{`{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"a"}],"resultType":null,"inputRequests":null}}`, true, false, false},
+	{`{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"a"}],"ResultType":"input_required"}}`, true, false, false},
+	{`{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"a"}],"resultType":"input_required","resultType":"complete"}}`, true, false, false},
+	{`{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"a"}],"resultType":"complete","resultType":"input_required"}}`, false, false, true},
+	{`{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"a"}],"resultType":"input_required","inputRequests":{}}}`, false, false, true},
+	{`{"jsonrpc":"2.0","id":1,"result":{"structuredContent":{"a":1},"inputRequests":{}}}`, false, false, true},
+	{`{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"a"}],"resultType":"task"}}`, false, false, true},
+	{`{"jsonrpc":"2.0","id":1,"result":{"content":[],"resultType":5}}`, false, false, true},
+}
+
+// A round of a multi-round-trip call is not the call's answer: the SDK's
+// client never returns it to its caller but answers its input requests
+// and calls again, so it is handed over and never charged; one that
+// carries content is unreadable (it would be the content, uncharged).
+func TestToolSucceededTakesNoRoundForTheAnswer(t *testing.T) {
+	for _, c := range interimCases {
+		ok, interim, err := toolSucceeded([]byte(c.answer), json.RawMessage("1"))
+		if ok != c.ok || interim != c.interim || (err != nil) != c.fail {
+			t.Errorf("%s: ok %v, interim %v, err %v; want ok %v, interim %v, unreadable %v", c.answer, ok, interim, err, c.ok, c.interim, c.fail)
+		}
+		rok, rinterim, rerr := answerReference([]byte(c.answer), json.RawMessage("1"))
+		if rok != c.ok || rinterim != c.interim || (rerr != nil) != c.fail {
+			t.Errorf("%s: the reference reads ok %v, interim %v, err %v; the case is wrong", c.answer, rok, rinterim, rerr)
+		}
+	}
+}
+
 // verifierd's answer, the common one, is judged without decoding it.
 func TestToolSucceededReadsTheCommonAnswerWithoutTheSDK(t *testing.T) {
 	result, _, _ := answerResult(mcpBenchAnswer)
@@ -234,7 +298,7 @@ func TestToolSucceededReadsTheCommonAnswerWithoutTheSDK(t *testing.T) {
 
 func TestToolSucceededReadsExactNames(t *testing.T) {
 	for _, c := range answerCases {
-		ok, err := toolSucceeded([]byte(c.answer), json.RawMessage("1"))
+		ok, _, err := toolSucceeded([]byte(c.answer), json.RawMessage("1"))
 		if ok != c.ok || (err != nil) != c.fail {
 			t.Errorf("%.80s: ok %v, err %v; want ok %v, unreadable %v", c.answer, ok, err, c.ok, c.fail)
 		}
@@ -270,7 +334,7 @@ func TestToolSucceededReadsTheCallsIDOneWay(t *testing.T) {
 			t.Fatalf("call id %s: %v", c.call, bad.err)
 		}
 		answer := []byte(`{"jsonrpc":"2.0","id":` + c.answer + `,"result":{}}`)
-		ok, err := toolSucceeded(answer, call.id)
+		ok, _, err := toolSucceeded(answer, call.id)
 		if ok != c.ok || (err != nil) == c.ok {
 			t.Errorf("call id %s, answer id %s: ok %v, err %v; want ok %v", c.call, c.answer, ok, err, c.ok)
 		}
@@ -305,12 +369,15 @@ func FuzzToolSucceeded(f *testing.F) {
 	f.Add([]byte(`{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"a","type":"image"}],"isError":false,"isError":true}}`))
 	f.Add([]byte(`{"jsonrpc":"2.0","id":"\u003ca\u003e","result":{"isError":false}}`))
 	f.Add([]byte(`{"jsonrpc":"2.0","id":1,"result":{"x":` + strings.Repeat("[", maxClientAnswerDepth-1) + strings.Repeat("]", maxClientAnswerDepth-1) + `}}`))
+	for _, c := range interimCases {
+		f.Add([]byte(c.answer))
+	}
 	f.Fuzz(func(t *testing.T, answer []byte) {
 		for _, id := range fuzzCallIDs {
-			ok, err := toolSucceeded(answer, id)
-			rok, rerr := answerMembersReference(answer, id)
-			if ok != rok || (err != nil) != (rerr != nil) {
-				t.Fatalf("%q for id %s: ok %v, err %v; encoding/json reads ok %v, err %v", answer, id, ok, err, rok, rerr)
+			ok, interim, err := toolSucceeded(answer, id)
+			rok, rinterim, rerr := answerReference(answer, id)
+			if ok != rok || interim != rinterim || (err != nil) != (rerr != nil) {
+				t.Fatalf("%q for id %s: ok %v, interim %v, err %v; encoding/json reads ok %v, interim %v, err %v", answer, id, ok, interim, err, rok, rinterim, rerr)
 			}
 			if ok {
 				checkSDKTakesAnswer(t, answer, id)
@@ -331,8 +398,8 @@ func FuzzToolSucceeded(f *testing.F) {
 		// The shortcut past the SDK's decoding takes only what it decodes.
 		if isError, plain := plainToolResult(raw); plain {
 			var res mcp.CallToolResult
-			if err := json.Unmarshal(raw, &res); err != nil || res.IsError != isError {
-				t.Fatalf("%q: plainToolResult reads isError %v, the SDK %v (%v)", raw, isError, res.IsError, err)
+			if err := json.Unmarshal(raw, &res); err != nil || res.IsError != isError || res.NeedsInput() || res.InputRequests != nil {
+				t.Fatalf("%q: plainToolResult reads isError %v, the SDK %v, needs input %v (%v)", raw, isError, res.IsError, res.NeedsInput(), err)
 			}
 		}
 	})
@@ -354,9 +421,10 @@ func checkSDKTakesAnswer(t *testing.T, answer []byte, id json.RawMessage) {
 	if err != nil || !isResp || resp.ID != want || resp.Error != nil {
 		t.Fatalf("%q is charged, but the SDK's client reads it as %#v (%v), not the answer to call %s", answer, msg, err, id)
 	}
-	// The client's CallTool reads the result as its jsonrpc2 Await does.
+	// The client's CallTool reads the result as its jsonrpc2 Await does,
+	// and returns it to its caller only when it is no input request.
 	var result mcp.CallToolResult
-	if err := json.Unmarshal(resp.Result, &result); err != nil || result.IsError {
+	if err := json.Unmarshal(resp.Result, &result); err != nil || result.IsError || result.NeedsInput() || result.InputRequests != nil {
 		t.Fatalf("%q is charged, but the SDK's client reads its result as %+v (%v), not a successful CallToolResult", answer, result, err)
 	}
 }
@@ -383,8 +451,12 @@ func checkHandedOverCarriesNoResult(t *testing.T, answer []byte, id json.RawMess
 	if !hasResult || string(raw) == "null" {
 		return
 	}
+	// A tool error, or a round that is not the call's answer (an input
+	// request, or a resultType other than complete) with no content.
 	var result mcp.CallToolResult
-	if err := json.Unmarshal(raw, &result); err != nil || !result.IsError {
+	err := json.Unmarshal(raw, &result)
+	interim := err == nil && len(result.Content) == 0 && result.StructuredContent == nil
+	if err != nil || !result.IsError && !interim {
 		t.Fatalf("%q is handed over uncharged, but its result reads as %+v (%v), not a tool error", answer, result, err)
 	}
 }
@@ -456,7 +528,7 @@ func TestToolSucceededRefusesWhatEncodingJSONNestsTooDeep(t *testing.T) {
 	} {
 		for _, n := range []int{maxClientAnswerDepth, maxClientAnswerDepth + 1, maxAnswerDepth, maxAnswerDepth + 1} {
 			answer := []byte(c.mk(n))
-			ok, err := toolSucceeded(answer, json.RawMessage("1"))
+			ok, _, err := toolSucceeded(answer, json.RawMessage("1"))
 			rok, rerr := answerMembersReference(answer, json.RawMessage("1"))
 			if ok != rok || (err != nil) != (rerr != nil) || (n > maxClientAnswerDepth) != (err != nil) {
 				t.Errorf("%s, depth %d: ok %v, err %v; encoding/json reads ok %v, err %v", c.name, n, ok, err, rok, rerr)

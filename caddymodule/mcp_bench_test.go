@@ -120,7 +120,10 @@ func BenchmarkMCPAnswerRead(b *testing.B) {
 			return err == nil && resp.Result != nil && !resp.Result.IsError, err
 		}},
 		{"members", func(body []byte) (bool, error) { return answerMembersReference(body, json.RawMessage("1")) }},
-		{"walk", func(body []byte) (bool, error) { return toolSucceeded(body, json.RawMessage("1")) }},
+		{"walk", func(body []byte) (bool, error) {
+			ok, _, err := toolSucceeded(body, json.RawMessage("1"))
+			return ok, err
+		}},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			b.ReportAllocs()

@@ -519,3 +519,140 @@ func TestMCPUnreadableAnswerIsNotTheBuyersRefusal(t *testing.T) {
 		t.Fatalf("the buyer was refused after the tool server's unreadable answers: %+v", res.StructuredContent)
 	}
 }
+
+// mrtrUpstream is the official SDK server with a verify_schema tool that
+// needs the client's input (a multi-round-trip call, SEP-2322, the SDK's
+// default protocol): its first round asks the client to confirm
+// (elicitation) and answers resultType "input_required" with no content;
+// the client's retry, the same call with inputResponses and
+// requestState, gets the answer. shed makes every round an empty
+// inputRequests (the server shedding load): the call never ends.
+type mrtrUpstream struct {
+	*httptest.Server
+	rounds, finals atomic.Int64
+	shed           atomic.Bool
+}
+
+func newMRTRUpstream(t *testing.T) *mrtrUpstream {
+	u := &mrtrUpstream{}
+	server := mcp.NewServer(&mcp.Implementation{Name: "mrtr", Version: "1"}, nil)
+	server.AddTool(&mcp.Tool{Name: "verify_schema", InputSchema: json.RawMessage(`{"type":"object"}`)}, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		u.rounds.Add(1)
+		if u.shed.Load() {
+			return &mcp.CallToolResult{InputRequests: mcp.InputRequestMap{}}, nil
+		}
+		if req.Params.InputResponses == nil {
+			return &mcp.CallToolResult{
+				InputRequests: mcp.InputRequestMap{"confirm": &mcp.ElicitParams{Mode: "form", Message: "Verify?", RequestedSchema: map[string]any{"type": "object"}}},
+				RequestState:  "round-1",
+			}, nil
+		}
+		if r, ok := req.Params.InputResponses["confirm"].(*mcp.ElicitResult); !ok || r.Action != "accept" || req.Params.RequestState != "round-1" {
+			return nil, fmt.Errorf("the retry lost its input: %#v, state %q", req.Params.InputResponses, req.Params.RequestState)
+		}
+		u.finals.Add(1)
+		return &mcp.CallToolResult{
+			Content:           []mcp.Content{&mcp.TextContent{Text: `{"result":"pass"}`}},
+			StructuredContent: map[string]any{"result": "pass"},
+		}, nil
+	})
+	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server }, &mcp.StreamableHTTPOptions{Stateless: true, JSONResponse: true})
+	u.Server = httptest.NewServer(h)
+	t.Cleanup(u.Close)
+	return u
+}
+
+// mrtrSession is a buyer's client that confirms every elicitation, so the
+// SDK's multi-round-trip middleware answers the tool's input requests.
+func mrtrSession(t *testing.T, url string) *mcp.ClientSession {
+	t.Helper()
+	c := mcp.NewClient(&mcp.Implementation{Name: "buyer", Version: "1"}, &mcp.ClientOptions{
+		ElicitationHandler: func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+			return &mcp.ElicitResult{Action: "accept", Content: map[string]any{}}, nil
+		},
+	})
+	s, err := c.Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: url}, nil)
+	if err != nil {
+		t.Fatalf("connecting through the gate: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func mrtrSite(up, fac, extra string) string {
+	return ":{port} {\n\t" + faultRoute("/mcp", up, fac, extra+"\n\t\t\trate_limit 2 1m") + "\n}\n"
+}
+
+// A paid call of a tool that needs the client's input is charged once, for
+// its answer: the input_required round is handed over uncharged (the SDK's
+// client never returns it; it answers the input requests and retries the
+// call with the same payment, inputResponses and requestState), and the
+// retry is verified, claimed and settled.
+func TestMCPMultiRoundTripCallIsChargedOnceForItsAnswer(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	up := newMRTRUpstream(t)
+	base := startCaddy(t, mrtrSite(up.URL, fac, ""))
+	const payer = 7
+	payerAddr := evmfacilitator.DevAccounts()[payer].Address
+	s := mrtrSession(t, base+"/mcp")
+	pr := demandOf(t, callTool(t, s, "verify_schema", map[string]any{}, nil))
+	price, _ := new(big.Int).SetString(pr.Accepts[0].Amount, 10)
+	before := balance(t, d, payerAddr)
+	res, err := s.CallTool(context.Background(), &mcp.CallToolParams{Name: "verify_schema", Arguments: map[string]any{}, Meta: payMeta(t, pr, payer)})
+	if err != nil || res.IsError || res.Meta[mcpMetaPaymentResponse] == nil {
+		t.Fatalf("the paid call did not get its answer: %v, %+v", err, res)
+	}
+	if up.finals.Load() != 1 || up.rounds.Load() != 2 {
+		t.Fatalf("rounds %d, answers %d; want 2 and 1", up.rounds.Load(), up.finals.Load())
+	}
+	if charged := new(big.Int).Sub(before, balance(t, d, payerAddr)); charged.Cmp(price) != 0 {
+		t.Fatalf("charged %v for one call of price %v", charged, price)
+	}
+}
+
+// A free call of a tool that needs the client's input takes one unit, for
+// its answer: with one free call a day, the call is answered and the next
+// one is asked to pay.
+func TestMCPFreeMultiRoundTripCallTakesOneUnit(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newMRTRUpstream(t)
+	base := startCaddy(t, mrtrSite(up.URL, fac, "free_allowance {\n\t\t\t\tpool verify\n\t\t\t\tper_day 1\n\t\t\t}"))
+	s := mrtrSession(t, base+"/mcp")
+	if res, err := s.CallTool(context.Background(), &mcp.CallToolParams{Name: "verify_schema", Arguments: map[string]any{}}); err != nil || res.IsError {
+		t.Fatalf("one call with one free unit was not answered: %v, %+v", err, res)
+	}
+	if up.finals.Load() != 1 {
+		t.Fatalf("the tool answered %d times", up.finals.Load())
+	}
+	demandOf(t, callTool(t, s, "verify_schema", map[string]any{}, nil))
+}
+
+// A tool server that answers input_required on every round (shedding
+// load) never gets the buyer charged: no round is the call's answer, so
+// the payment is not settled and the free unit is kept, and these rounds
+// are no refusal of the buyer's (rate_limit 2 a minute, seven rounds).
+func TestMCPInputRequiredIsNeverCharged(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	up := newMRTRUpstream(t)
+	up.shed.Store(true)
+	base := startCaddy(t, mrtrSite(up.URL, fac, "free_allowance {\n\t\t\t\tpool verify\n\t\t\t\tper_day 1\n\t\t\t}"))
+	const payer = 8
+	payerAddr := evmfacilitator.DevAccounts()[payer].Address
+	s := mrtrSession(t, base+"/mcp")
+	if _, err := s.CallTool(context.Background(), &mcp.CallToolParams{Name: "verify_schema", Arguments: map[string]any{}}); err == nil {
+		t.Fatal("a call the tool never answered succeeded")
+	}
+	up.shed.Store(false)
+	if res, err := s.CallTool(context.Background(), &mcp.CallToolParams{Name: "verify_schema", Arguments: map[string]any{}}); err != nil || res.IsError {
+		t.Fatalf("the free unit was taken by rounds that were not the call's answer: %v, %+v", err, res)
+	}
+	pr := demandOf(t, callTool(t, s, "verify_schema", map[string]any{}, nil))
+	up.shed.Store(true)
+	before := balance(t, d, payerAddr)
+	if _, err := s.CallTool(context.Background(), &mcp.CallToolParams{Name: "verify_schema", Arguments: map[string]any{}, Meta: payMeta(t, pr, payer)}); err == nil {
+		t.Fatal("a paid call the tool never answered succeeded")
+	}
+	if charged := new(big.Int).Sub(before, balance(t, d, payerAddr)); charged.Sign() != 0 {
+		t.Fatalf("charged %v for a call the tool never answered", charged)
+	}
+}

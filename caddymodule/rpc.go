@@ -189,8 +189,21 @@ func readRPC(body []byte) (*rpcMessage, *rpcRefusal) {
 			if m.meta, ok = v.(map[string]any); !ok {
 				return nil, refuseRPC(rpcInvalidRequest, "params._meta", "must be an object", "Send _meta as a JSON object.")
 			}
+		// A multi-round-trip call's retry (SEP-2322): the client's answers
+		// to the tool's input requests, and the state the tool asked it to
+		// echo. They go to the tool as sent; the gate neither prices them
+		// nor names the request by them (requestParts), so the retry is
+		// the same call, paid by the same payment, as the round before.
+		case "inputResponses":
+			if _, ok := v.(map[string]any); !ok {
+				return nil, refuseRPC(rpcInvalidRequest, "params.inputResponses", "must be an object", "Send the answers to the tool's input requests as a JSON object.")
+			}
+		case "requestState":
+			if _, ok := v.(string); !ok {
+				return nil, refuseRPC(rpcInvalidRequest, "params.requestState", "must be a string", "Send back the tool's requestState as it was sent.")
+			}
 		default:
-			return nil, refuseRPC(rpcInvalidRequest, memberPath("params", k), "is not a member of tools/call params", "Send only name, arguments and _meta.")
+			return nil, refuseRPC(rpcInvalidRequest, memberPath("params", k), "is not a member of tools/call params", "Send only name, arguments, _meta, inputResponses and requestState.")
 		}
 	}
 	if m.tool == "" {
