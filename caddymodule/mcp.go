@@ -422,15 +422,19 @@ func finalResultType(rt []byte) bool {
 // content (a list of {"type":"text","text":<string>}), isError (a boolean
 // or null), structuredContent and _meta (an object or null), in both of
 // which every number fits a float64 (floatsOnly: the SDK decodes them into
-// any, and refuses 1e400). Anything else, a duplicate or another member
+// any, and refuses 1e400), and resultType written exactly "complete": the
+// SDK's server writes it in every answer to a client of its default
+// protocol (2026-07-28), so without it nearly every answer would be
+// decoded by the SDK. Anything else, a duplicate or another member
 // included, is not plain, and is left to the SDK: this is a shortcut, never
-// a second reading (FuzzToolSucceeded holds it to the SDK's).
+// a second reading (FuzzToolSucceeded holds it to the SDK's). A plain
+// result is never a round of a multi-round-trip call (readToolResult).
 func plainToolResult(result []byte) (isError, plain bool) {
 	if len(result) == 0 || result[0] != '{' {
 		return false, false
 	}
 	plain = true
-	var seen [4]bool
+	var seen [5]bool
 	eachMember(result, func(key, val []byte, _ int) {
 		i := -1
 		switch {
@@ -451,6 +455,8 @@ func plainToolResult(result []byte) (isError, plain bool) {
 			i, plain = 2, floatsOnly(val)
 		case memberNamed(key, "_meta"):
 			i, plain = 3, (string(val) == "null" || val[0] == '{') && floatsOnly(val)
+		case memberNamed(key, "resultType"):
+			i, plain = 4, string(val) == `"complete"`
 		default:
 			plain = false
 			return

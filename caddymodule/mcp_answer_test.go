@@ -241,6 +241,22 @@ var answerCases = []struct {
 	{`nul`, false, true},
 }
 
+// answerRecorder is a client's transport that keeps the last answer it
+// got, as sent.
+type answerRecorder struct{ last atomic.Value }
+
+func (a *answerRecorder) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := http.DefaultTransport.RoundTrip(r)
+	if err != nil {
+		return nil, err
+	}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	resp.Body = io.NopCloser(bytes.NewReader(b))
+	a.last.Store(b)
+	return resp, err
+}
+
 // interimCases are results of the multi-round-trip protocol (SEP-2322):
 // rounds that are not the call's answer (interim), final answers, and
 // rounds that would give content away (unreadable).
@@ -285,11 +301,44 @@ func TestToolSucceededTakesNoRoundForTheAnswer(t *testing.T) {
 	}
 }
 
-// verifierd's answer, the common one, is judged without decoding it.
+// verifierd's answer, the common one, is judged without decoding it, as
+// is the answer of the SDK's own server to a client of the SDK's default
+// protocol (2026-07-28), which carries "resultType":"complete".
 func TestToolSucceededReadsTheCommonAnswerWithoutTheSDK(t *testing.T) {
-	result, _, _ := answerResult(mcpBenchAnswer)
-	if isError, plain := plainToolResult(result); !plain || isError {
-		t.Fatalf("verifierd's answer is not plain (%v) or is an error (%v)", plain, isError)
+	up := newMCPUpstream(t)
+	var answers answerRecorder
+	c := mcp.NewClient(&mcp.Implementation{Name: "buyer", Version: "1"}, nil)
+	s, err := c.Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: up.URL, HTTPClient: &http.Client{Transport: &answers}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	callTool(t, s, "verify_schema", verifyArgs, nil)
+	sdkAnswer := answers.last.Load().([]byte)
+	if !bytes.Contains(sdkAnswer, []byte(`"resultType":"complete"`)) {
+		t.Fatalf("the SDK server's answer has no resultType: %s", sdkAnswer)
+	}
+	for _, answer := range [][]byte{mcpBenchAnswer, sdkAnswer} {
+		result, _, _ := answerResult(answer)
+		if isError, plain := plainToolResult(result); !plain || isError {
+			t.Fatalf("%.100s: the answer is not plain (%v) or is an error (%v)", result, plain, isError)
+		}
+		a, _ := readAnswer(answer) // the SDK's client numbers its calls
+		if ok, interim, err := toolSucceeded(answer, a.id); !ok || interim || err != nil {
+			t.Fatalf("%.100s: ok %v, interim %v, err %v", result, ok, interim, err)
+		}
+	}
+	for _, result := range []string{
+		`{"content":[],"resultType":"complete","resultType":"complete"}`,
+		`{"content":[],"resultType":"input_required"}`,
+		`{"content":[],"resultType":"Complete"}`,
+		`{"content":[],"resultType":"compl\u0065te"}`,
+		`{"content":[],"resultType":null}`,
+		`{"content":[],"ResultType":"complete"}`,
+	} {
+		if _, plain := plainToolResult([]byte(result)); plain {
+			t.Errorf("%s is plain: only one \"resultType\":\"complete\" is", result)
+		}
 	}
 	if n := testing.AllocsPerRun(10, func() { toolSucceeded(mcpBenchAnswer, json.RawMessage("1")) }); n != 0 {
 		t.Fatalf("judging verifierd's answer allocates %v times", n)
