@@ -281,7 +281,33 @@ func (e *mcpExchange) billable(bw *bufferedWriter) bool {
 		return false
 	}
 	e.interim = interim
+	if !ok && !interim {
+		handOverErrorAlone(bw, e.id)
+	}
 	return ok
+}
+
+// handOverErrorAlone rewrites a held error answer to its jsonrpc, the
+// call's id and its error member as the tool server wrote it, and nothing
+// else of the message. An error answer is handed over uncharged, and
+// toolSucceeded reads only exact member names: a case twin "Result",
+// which encoding/json's struct decoding takes for result, or any other
+// member beside the error could carry the tool's content to a client
+// reading the raw answer. An answer that is not an error (a result with
+// isError, a null result) is left as it is.
+func handOverErrorAlone(bw *bufferedWriter, id json.RawMessage) {
+	a, err := readAnswer(bw.buf.Bytes())
+	if err != nil || a.err == nil || string(a.err) == "null" {
+		return
+	}
+	out := make([]byte, 0, len(a.err)+len(id)+40)
+	out = append(out, `{"jsonrpc":"2.0","id":`...)
+	out = append(out, rawID(id)...)
+	out = append(out, `,"error":`...)
+	out = append(out, a.err...)
+	out = append(out, '}')
+	bw.buf.Reset()
+	bw.buf.Write(out)
 }
 
 // codeAnswerUnreadable is the refusal of an MCP tool's answer its client
@@ -536,11 +562,12 @@ func floatsOnly(v []byte) bool {
 }
 
 // answerError reports why an answer with an error other than null cannot
-// be handed over as it is (nil when it can): it has a result member (even
-// null), or the SDK's decoder does not read it as a JSON-RPC error (an
-// object whose code is an integer and whose message is a string). The
-// client returns the error and ignores any result; a client reading the
-// raw HTTP answer does not, and would read the tool's content unpaid.
+// be handed over (nil when it can, alone: handOverErrorAlone): it has a
+// result member (even null), or the SDK's decoder does not read it as a
+// JSON-RPC error (an object whose code is an integer and whose message is
+// a string). The client returns the error and ignores any result; a
+// client reading the raw HTTP answer does not, and would read the tool's
+// content unpaid.
 // Error answers are rare and small: decoding the whole message with the
 // SDK's own decoder costs nothing that matters.
 func answerError(body []byte, a rpcAnswer) error {

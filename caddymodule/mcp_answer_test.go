@@ -433,6 +433,7 @@ func FuzzToolSucceeded(f *testing.F) {
 			}
 			if !ok && err == nil {
 				checkHandedOverCarriesNoResult(t, answer, id)
+				checkErrorHandedOverAlone(t, answer, id)
 			}
 		}
 		var resp map[string]json.RawMessage
@@ -475,6 +476,33 @@ func checkSDKTakesAnswer(t *testing.T, answer []byte, id json.RawMessage) {
 	var result mcp.CallToolResult
 	if err := json.Unmarshal(resp.Result, &result); err != nil || result.IsError || result.NeedsInput() || result.InputRequests != nil {
 		t.Fatalf("%q is charged, but the SDK's client reads its result as %+v (%v), not a successful CallToolResult", answer, result, err)
+	}
+}
+
+// checkErrorHandedOverAlone fails unless an error answer the gate hands
+// over is rewritten to exactly its jsonrpc, the call's id and its error,
+// which the SDK's client reads as the same error; any other answer is
+// left as it was.
+func checkErrorHandedOverAlone(t *testing.T, answer []byte, id json.RawMessage) {
+	t.Helper()
+	bw := &bufferedWriter{buf: bytes.NewBuffer(append([]byte(nil), answer...))}
+	handOverErrorAlone(bw, id)
+	var resp map[string]json.RawMessage
+	json.Unmarshal(answer, &resp)
+	if e, has := resp["error"]; !has || string(e) == "null" {
+		if !bytes.Equal(bw.buf.Bytes(), answer) {
+			t.Fatalf("%q, no error, was rewritten to %q", answer, bw.buf.Bytes())
+		}
+		return
+	}
+	var out map[string]json.RawMessage
+	if err := json.Unmarshal(bw.buf.Bytes(), &out); err != nil || len(out) != 3 || out["jsonrpc"] == nil || !bytes.Equal(out["id"], id) {
+		t.Fatalf("%q was handed over as %q (%v)", answer, bw.buf.Bytes(), err)
+	}
+	was, _ := jsonrpc.DecodeMessage(answer)
+	is, err := jsonrpc.DecodeMessage(bw.buf.Bytes())
+	if err != nil || !reflect.DeepEqual(was.(*jsonrpc.Response).Error, is.(*jsonrpc.Response).Error) {
+		t.Fatalf("%q was handed over as %q, which the client reads as %#v (%v)", answer, bw.buf.Bytes(), is, err)
 	}
 }
 

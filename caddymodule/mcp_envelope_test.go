@@ -656,3 +656,71 @@ func TestMCPInputRequiredIsNeverCharged(t *testing.T) {
 		t.Fatalf("charged %v for a call the tool never answered", charged)
 	}
 }
+
+// An error answer is handed over uncharged as its jsonrpc, its id and its
+// error, and nothing else the tool server wrote: a result beside it under
+// a name toolSucceeded does not read as result (a case twin "Result",
+// which encoding/json's struct decoding takes for result) or a duplicate
+// result whose last is null would otherwise carry the tool's content to a
+// client that reads the raw answer, unpaid.
+func TestMCPErrorAnswerIsHandedOverAlone(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	up := newAnswerFault(t)
+	free := "free_allowance {\n\t\t\t\tpool verify\n\t\t\t\tper_day 1\n\t\t\t}"
+	base := startCaddy(t, ":{port} {\n\t"+faultRoute("/mcp", up.URL, fac, "")+"\n\t"+faultRoute("/free", up.URL, fac, free)+"\n}\n")
+	paidURL, freeURL := base+"/mcp", base+"/free"
+	const payer = 6
+	payerAddr := evmfacilitator.DevAccounts()[payer].Address
+	up.set(nil)
+	pr := demandOf(t, callTool(t, mcpSession(t, paidURL), "verify_schema", verifyArgs, nil))
+	rpcErr := `{"code":-32603,"message":"tool backend failed","data":{"retry":true}}`
+	beside := func(name string) func(http.Header, []byte) []byte {
+		return func(h http.Header, b []byte) []byte {
+			var m map[string]json.RawMessage
+			json.Unmarshal(b, &m)
+			out := withoutResult(rpcErr)(h, b)
+			return append(append(append(out[:len(out)-1], `,"`+name+`":`...), m["result"]...), '}')
+		}
+	}
+	for _, c := range []struct {
+		name    string
+		rewrite func(http.Header, []byte) []byte
+	}{
+		{"a case twin Result", beside("Result")},
+		{"a case twin RESULT", beside("RESULT")},
+		{"a duplicate result, the last null", func(h http.Header, b []byte) []byte {
+			out := beside("result")(h, b)
+			return append(out[:len(out)-1], `,"result":null}`...)
+		}},
+	} {
+		for _, url := range []string{paidURL, freeURL} {
+			var meta mcp.Meta
+			if url == paidURL {
+				meta = payMeta(t, pr, payer)
+			}
+			up.set(c.rewrite)
+			before := balance(t, d, payerAddr)
+			status, body := postCall(t, url, meta)
+			var read struct {
+				Result json.RawMessage `json:"result"`
+			}
+			json.Unmarshal(body, &read)
+			if status != http.StatusOK || read.Result != nil || bytes.Contains(body, []byte("pass")) {
+				t.Fatalf("%s: HTTP %d %s: the tool's content was handed over beside the error", c.name, status, body)
+			}
+			if charged := new(big.Int).Sub(before, balance(t, d, payerAddr)); charged.Sign() != 0 {
+				t.Fatalf("%s: charged %v", c.name, charged)
+			}
+		}
+	}
+	// The error the client reads is the tool server's, and only it.
+	up.set(beside("Result"))
+	_, body := postCall(t, freeURL, nil)
+	if want := `{"jsonrpc":"2.0","id":7,"error":` + rpcErr + `}`; string(body) != want {
+		t.Fatalf("handed over %s, want %s", body, want)
+	}
+	up.set(nil)
+	if res := callTool(t, mcpSession(t, freeURL), "verify_schema", verifyArgs, nil); res.IsError {
+		t.Fatalf("the free unit was taken by an error answer: %+v", res.StructuredContent)
+	}
+}
