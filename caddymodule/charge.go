@@ -139,24 +139,13 @@ func (g *Gate) outcomeOf(ex exchange, bw *bufferedWriter, err error, r *http.Req
 	case err != nil:
 		return outcomeFailed
 	case !ex.billable(bw):
-		if j, ok := ex.(unbilledJudge); ok {
-			return j.unbilled()
-		}
-		return outcomeNotBilled
+		return ex.unbilled()
 	case g.settleAllowed(r):
 		return outcomeBillable
 	case uncheckedContent(r, bw):
 		return outcomeWithheld
 	}
 	return outcomeNotPassed
-}
-
-// unbilledJudge is an exchange whose billable can tell an answer it does
-// not bill from an error answer (mcpExchange): one it found unreadable and
-// replaced, or one that is not the call's answer yet. A REST answer is
-// always one the client reads, and always the request's answer.
-type unbilledJudge interface {
-	unbilled() outcome
 }
 
 // uncheckedContent reports whether the held answer is content no

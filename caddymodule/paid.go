@@ -56,6 +56,11 @@ type exchange interface {
 	// billable reports whether the held upstream answer is a success the
 	// buyer pays for (an error answer is never charged).
 	billable(bw *bufferedWriter) bool
+	// unbilled is what an answer billable did not bill is: an error
+	// answer (outcomeNotBilled), or over MCP one it found unreadable and
+	// replaced, or a round that is not the call's answer yet. A REST
+	// answer is always one the client reads, and the request's answer.
+	unbilled() outcome
 	// deliver writes the held answer with the settlement attached.
 	deliver(w http.ResponseWriter, bw *bufferedWriter, sr x402.SettleResponse)
 	// invalid runs the call's request check (once) and returns its
@@ -166,6 +171,8 @@ func (*restExchange) upstreamFailed(_ http.ResponseWriter, _ *http.Request, err 
 
 // retold: an HTTP answer names no request; it is the same answer.
 func (*restExchange) retold(body []byte) []byte { return body }
+
+func (e *restExchange) unbilled() outcome { return outcomeNotBilled }
 
 func (e *restExchange) deliver(w http.ResponseWriter, bw *bufferedWriter, sr x402.SettleResponse) {
 	e.g.setPaidHeaders(w.Header(), sr)
