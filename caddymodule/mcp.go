@@ -407,13 +407,15 @@ func toolSucceeded(body []byte, id json.RawMessage) (ok, interim bool, err error
 // inputRequests, and the SDK's client does not return that to its caller:
 // it answers the requests and calls again, with the same params and
 // payment. Such a round is no answer to charge for. It is one the SDK's
-// client retries (inputRequests not null, an empty map being a server
-// shedding load) or reads as needing input (NeedsInput), or one whose
-// resultType is any other than the final one ("complete", or empty as
-// the SDK reads an absent one): a kind of result the gate does not know
-// is not taken for the call's answer either. Such a round carries no
+// client retries: inputRequests not null (an empty map being a server
+// shedding load), exactly the SDK's own test (mrtr.go). It carries no
 // content (the SDK's server refuses to send both): one that does is
 // unreadable, for it would be the tool's content handed over uncharged.
+// A result that reads as needing input (NeedsInput) or has a resultType
+// other than the final one ("complete", or empty as the SDK reads an
+// absent one) without input requests is unreadable too: the SDK's client
+// returns it to its caller as the answer, with whatever it carries
+// (its _meta, say), though it is no final answer the gate can charge for.
 func readToolResult(result []byte) (isError, interim bool, err error) {
 	if isError, plain := plainToolResult(result); plain {
 		return isError, false, nil
@@ -423,11 +425,17 @@ func readToolResult(result []byte) (isError, interim bool, err error) {
 		return false, false, fmt.Errorf("the result is not a tool result the MCP client reads: %w", err)
 	}
 	rt, _, _ := lastMember(result, "resultType")
-	if res.NeedsInput() || res.InputRequests != nil || (rt != nil && !finalResultType(rt)) {
+	switch {
+	case res.InputRequests != nil:
 		if len(res.Content) > 0 || res.StructuredContent != nil {
 			return false, false, errors.New("the result asks for the client's input and carries content")
 		}
 		return res.IsError, true, nil
+	case res.NeedsInput() || (rt != nil && !finalResultType(rt)):
+		// Not a round the client retries (it has no input requests):
+		// the SDK's client returns it to its caller as the call's
+		// answer, with whatever it carries, though it is no final one.
+		return false, false, errors.New("the result is neither the call's final answer nor a round asking for input")
 	}
 	return res.IsError, false, nil
 }

@@ -32,8 +32,9 @@ import (
 // the client reads it: encoding/json into the SDK's CallToolResult. A
 // result is interim, a round of a multi-round-trip call and not the
 // call's answer, when the SDK's client retries it (inputRequests not
-// null) or reads it as needing input, or its resultType is neither
-// "complete" nor empty; an interim result with content is unreadable.
+// null); an interim result with content is unreadable, and so is one that
+// reads as needing input, or whose resultType is neither "complete" nor
+// empty, without input requests (the client returns it as its answer).
 func answerMembersReference(body []byte, id json.RawMessage) (ok bool, err error) {
 	ok, _, err = answerReference(body, id)
 	return ok, err
@@ -81,11 +82,14 @@ func answerReference(body []byte, id json.RawMessage) (ok, interim bool, err err
 	var resultType string
 	json.Unmarshal(raw, &members)
 	json.Unmarshal(members["resultType"], &resultType)
-	if result.NeedsInput() || result.InputRequests != nil || (resultType != "" && resultType != "complete") {
+	switch {
+	case result.InputRequests != nil:
 		if len(result.Content) > 0 || result.StructuredContent != nil {
 			return false, false, errors.New("an input request with content")
 		}
 		return false, true, nil
+	case result.NeedsInput() || (resultType != "" && resultType != "complete"):
+		return false, false, errors.New("neither a final answer nor a round with input requests")
 	}
 	return !result.IsError, false, nil
 }
@@ -268,10 +272,11 @@ var interimCases = []struct {
 	{`{"jsonrpc":"2.0","id":1,"result":{"content":null,"requestState":"s","resultType":"input_required","inputRequests":{"c":{"method":"elicitation/create","params":{"mode":"form","message":"ok?"}}}}}`, false, true, false},
 	{`{"jsonrpc":"2.0","id":1,"result":{"content":null,"resultType":"input_required","inputRequests":{}}}`, false, true, false},
 	{`{"jsonrpc":"2.0","id":1,"result":{"inputRequests":{"r":{"method":"roots/list","params":{}}}}}`, false, true, false},
-	{`{"jsonrpc":"2.0","id":1,"result":{"resultType":"input_required"}}`, false, true, false},
-	{`{"jsonrpc":"2.0","id":1,"result":{"resultType":"input_required","isError":true}}`, false, true, false},
-	{`{"jsonrpc":"2.0","id":1,"result":{"resultType":"task","_meta":{}}}`, false, true, false},
-	{`{"jsonrpc":"2.0","id":1,"result":{"resultType":"input_\u0072equired"}}`, false, true, false},
+	{`{"jsonrpc":"2.0","id":1,"result":{"resultType":"input_required"}}`, false, false, true},
+	{`{"jsonrpc":"2.0","id":1,"result":{"resultType":"input_required","isError":true}}`, false, false, true},
+	{`{"jsonrpc":"2.0","id":1,"result":{"resultType":"input_required","_meta":{"answer":{"result":"pass"}}}}`, false, false, true},
+	{`{"jsonrpc":"2.0","id":1,"result":{"resultType":"task","_meta":{}}}`, false, false, true},
+	{`{"jsonrpc":"2.0","id":1,"result":{"resultType":"input_\u0072equired"}}`, false, false, true},
 	{`{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"a"}],"resultType":"complete"}}`, true, false, false},
 	{`{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"a"}],"resultType":""}}`, true, false, false},
 	{`{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"a"}],"resultType":null,"inputRequests":null}}`, true, false, false},
