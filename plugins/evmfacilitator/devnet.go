@@ -442,8 +442,8 @@ func (d *Devnet) NewFacilitator() (*Facilitator, error) {
 func (d *Devnet) RPCURL() string { return d.rpcURL }
 
 // SendTx sends data from key to `to` (nil: a contract creation) with a gas
-// limit of 3,000,000 and waits, until ctx ends, for the receipt; a reverted
-// transaction is an error. Tests and demos use it to change the chain's
+// limit of 3,000,000 and waits, until ctx ends, for the receipt and for
+// latest to include it; a reverted transaction is an error. Tests and demos use it to change the chain's
 // state (deploy a contract, move test USDC) the way any wallet would. It
 // takes the nonce from the account's nonce manager, so its sends from
 // account 0 never take the nonce of a settlement by the devnet's relayer.
@@ -460,6 +460,12 @@ func (d *Devnet) SendTx(ctx context.Context, key *ecdsa.PrivateKey, to *common.A
 		if r, err := d.client.TransactionReceipt(ctx, tx.Hash()); err == nil {
 			if r.Status != types.ReceiptStatusSuccessful {
 				return r, errors.New("transaction reverted")
+			}
+			// A receipt is readable before latest moves to its block
+			// (SettledHead): wait for it, so that a read at latest right
+			// after (the contract's code, a balance) sees the change.
+			if _, err := SettledHead(ctx, d.client); err != nil {
+				return r, fmt.Errorf("waiting for the head to include the transaction: %w", err)
 			}
 			return r, nil
 		}
