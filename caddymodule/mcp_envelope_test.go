@@ -19,6 +19,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/aovhq/aov/plugins/evmfacilitator"
+	"github.com/aovhq/aov/x402"
 )
 
 // answerFault is a fault injector: the official SDK server (stateless, JSON
@@ -96,6 +97,20 @@ func faultRoute(path, up, fac, extra string) string {
 		}
 		reverse_proxy %[1]s
 	}`, strings.TrimPrefix(up, "http://"), fac, payTo.Hex(), extra, path)
+}
+
+// paidAndFreeFault starts a site pricing verify_schema at /mcp and serving
+// it with one free call a day at /free, both in front of one answerFault
+// upstream (rewriting nothing yet), and returns /mcp's payment demand.
+func paidAndFreeFault(t *testing.T) (d *evmfacilitator.Devnet, up *answerFault, paidURL, freeURL string, pr x402.PaymentRequired) {
+	d, fac := sharedDevnet(t)
+	up = newAnswerFault(t)
+	free := "free_allowance {\n\t\t\t\tpool verify\n\t\t\t\tper_day 1\n\t\t\t}"
+	base := startCaddy(t, ":{port} {\n\t"+faultRoute("/mcp", up.URL, fac, "")+"\n\t"+faultRoute("/free", up.URL, fac, free)+"\n}\n")
+	paidURL, freeURL = base+"/mcp", base+"/free"
+	up.set(nil)
+	pr = demandOf(t, callTool(t, mcpSession(t, paidURL), "verify_schema", verifyArgs, nil))
+	return d, up, paidURL, freeURL, pr
 }
 
 // setMember rewrites one member of the SDK's answer.
@@ -436,15 +451,9 @@ func wantUnreadable(t *testing.T, status int, body []byte) {
 // client reading the raw answer: it is replaced by upstream_answer_unreadable,
 // paid or free, and nothing is charged.
 func TestMCPErrorAnswerCarriesNoResult(t *testing.T) {
-	d, fac := sharedDevnet(t)
-	up := newAnswerFault(t)
-	free := "free_allowance {\n\t\t\t\tpool verify\n\t\t\t\tper_day 1\n\t\t\t}"
-	base := startCaddy(t, ":{port} {\n\t"+faultRoute("/mcp", up.URL, fac, "")+"\n\t"+faultRoute("/free", up.URL, fac, free)+"\n}\n")
-	paidURL, freeURL := base+"/mcp", base+"/free"
+	d, up, paidURL, freeURL, pr := paidAndFreeFault(t)
 	const payer = 6
 	payerAddr := evmfacilitator.DevAccounts()[payer].Address
-	up.set(nil)
-	pr := demandOf(t, callTool(t, mcpSession(t, paidURL), "verify_schema", verifyArgs, nil))
 
 	for _, c := range []struct {
 		name    string
@@ -664,15 +673,9 @@ func TestMCPInputRequiredIsNeverCharged(t *testing.T) {
 // result whose last is null would otherwise carry the tool's content to a
 // client that reads the raw answer, unpaid.
 func TestMCPErrorAnswerIsHandedOverAlone(t *testing.T) {
-	d, fac := sharedDevnet(t)
-	up := newAnswerFault(t)
-	free := "free_allowance {\n\t\t\t\tpool verify\n\t\t\t\tper_day 1\n\t\t\t}"
-	base := startCaddy(t, ":{port} {\n\t"+faultRoute("/mcp", up.URL, fac, "")+"\n\t"+faultRoute("/free", up.URL, fac, free)+"\n}\n")
-	paidURL, freeURL := base+"/mcp", base+"/free"
+	d, up, paidURL, freeURL, pr := paidAndFreeFault(t)
 	const payer = 6
 	payerAddr := evmfacilitator.DevAccounts()[payer].Address
-	up.set(nil)
-	pr := demandOf(t, callTool(t, mcpSession(t, paidURL), "verify_schema", verifyArgs, nil))
 	rpcErr := `{"code":-32603,"message":"tool backend failed","data":{"retry":true}}`
 	beside := func(name string) func(http.Header, []byte) []byte {
 		return func(h http.Header, b []byte) []byte {
