@@ -266,16 +266,7 @@ func TestWaitForReplicas(t *testing.T) {
 // unit would be granted a second time.
 func TestCommitRetriedAfterAnOutage(t *testing.T) {
 	ctx := context.Background()
-	srv, rdb := standalone(t, "--appendonly", "yes", "--appendfsync", "always")
-	s, err := New(ctx, rdb, Options{Prefix: "retry"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := s.Allowance().Reserve(ctx, "p", "c", time.Now(), 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv.Stop()
+	srv, rdb, s, r := reservedWhenRedisStops(t, "retry", 2)
 	if err := s.Allowance().Commit(ctx, r); err == nil || errors.Is(err, store.ErrNotReserved) {
 		t.Fatalf("commit with Redis down = %v, want a transport error", err)
 	}
@@ -312,16 +303,7 @@ func TestCommitRetriedAfterAnOutage(t *testing.T) {
 // reservation lapsed (5 minutes): with a limit of 1, no free call at all.
 func TestReleaseRetriedAfterAnOutage(t *testing.T) {
 	ctx := context.Background()
-	srv, rdb := standalone(t, "--appendonly", "yes", "--appendfsync", "always")
-	s, err := New(ctx, rdb, Options{Prefix: "retryrel"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := s.Allowance().Reserve(ctx, "p", "c", time.Now(), 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv.Stop()
+	srv, rdb, s, r := reservedWhenRedisStops(t, "retryrel", 1)
 	if err := s.Allowance().Release(ctx, r); err == nil || errors.Is(err, store.ErrNotReserved) {
 		t.Fatalf("release with Redis down = %v, want a transport error", err)
 	}
@@ -365,16 +347,7 @@ func TestCommitRetryIgnoresTheGatewayClock(t *testing.T) {
 	ctx := context.Background()
 	t.Run("ahead", func(t *testing.T) {
 		gatewayClock(t, store.DefaultReservationTTL+time.Minute)
-		srv, rdb := standalone(t, "--appendonly", "yes", "--appendfsync", "always")
-		s, err := New(ctx, rdb, Options{Prefix: "skew"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		r, err := s.Allowance().Reserve(ctx, "p", "c", time.Now(), 1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		srv.Stop()
+		srv, rdb, s, r := reservedWhenRedisStops(t, "skew", 1)
 		if err := s.Allowance().Commit(ctx, r); err == nil || errors.Is(err, store.ErrNotReserved) {
 			t.Fatalf("commit with Redis down = %v, want a transport error", err)
 		}
@@ -414,4 +387,24 @@ func TestCommitRetryIgnoresTheGatewayClock(t *testing.T) {
 			t.Fatal("the commit was still retried long after its reservation lapsed (300 ms)")
 		}
 	})
+}
+
+// reservedWhenRedisStops reserves a unit of client c in pool p, of limit
+// a day, on a Redis that puts every write on disk (it comes back with the
+// reservation), then stops that Redis: what a commit or a release made
+// during the outage leaves is the test's.
+func reservedWhenRedisStops(t *testing.T, prefix string, limit int) (*servers.Redis, *redis.Client, *Store, store.Reservation) {
+	t.Helper()
+	ctx := context.Background()
+	srv, rdb := standalone(t, "--appendonly", "yes", "--appendfsync", "always")
+	s, err := New(ctx, rdb, Options{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := s.Allowance().Reserve(ctx, "p", "c", time.Now(), limit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Stop()
+	return srv, rdb, s, r
 }
