@@ -226,15 +226,7 @@ func TestJoinerToldNothingSentOnlyIfItsLeaderSendsNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := mustSignExact(t, payer, req)
-	type result struct {
-		r   x402.SettleResponse
-		err error
-	}
-	leader := make(chan result, 1)
-	go func() {
-		r, err := f.Settle(ctx, p, req) // x402_facilitator: no deadline
-		leader <- result{r, err}
-	}()
+	leader := settleAsync(ctx, f, p, req)
 	waitFor := time.Now().Add(hangGuard)
 	for {
 		f.inflightMu.Lock()

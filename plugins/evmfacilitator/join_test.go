@@ -91,24 +91,12 @@ func TestJoinedSettleIsJudgedByItsOwnRequirements(t *testing.T) {
 	relayerNonce, _ := e.d.Client().NonceAt(ctx, f.Relayer(), nil)
 	p := mustSignExact(t, payer, req)
 
-	type result struct {
-		r   x402.SettleResponse
-		err error
-	}
-	valid := make(chan result, 1)
-	go func() {
-		r, err := f.Settle(ctx, p, req)
-		valid <- result{r, err}
-	}()
+	valid := settleAsync(ctx, f, p, req)
 	stall.waitStalled(t)
 
 	for _, m := range mismatches(req) {
-		done := make(chan result, 1)
-		go func() {
-			r, err := f.Settle(ctx, p, m.req)
-			done <- result{r, err}
-		}()
-		var got result
+		done := settleAsync(ctx, f, p, m.req)
+		var got settled
 		select {
 		case got = <-done:
 		case <-time.After(hangGuard):
@@ -156,15 +144,7 @@ func TestMismatchedSettleDoesNotLeadValidOnes(t *testing.T) {
 	more := req
 	more.Amount = amount + "0"
 
-	type result struct {
-		r   x402.SettleResponse
-		err error
-	}
-	first := make(chan result, 1)
-	go func() {
-		r, err := f.Settle(stallMark(ctx), p, more)
-		first <- result{r, err}
-	}()
+	first := settleAsync(stallMark(ctx), f, p, more)
 	select {
 	case <-stall.stalled:
 	case <-time.After(hangGuard):
@@ -172,14 +152,14 @@ func TestMismatchedSettleDoesNotLeadValidOnes(t *testing.T) {
 	}
 
 	const n = 4
-	res := make([]result, n)
+	res := make([]settled, n)
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			r, err := f.Settle(ctx, p, req)
-			res[i] = result{r, err}
+			res[i] = settled{r, err}
 		}()
 	}
 	done := make(chan struct{})
@@ -306,22 +286,10 @@ func TestWalletSignatureIsJudgedBeforeSharingASettlement(t *testing.T) {
 	a.From = wallet.Hex()
 	good, forged := sign(t, owner, a, req, req), sign(t, DevKey(6), a, req, req)
 
-	type result struct {
-		r   x402.SettleResponse
-		err error
-	}
-	valid := make(chan result, 1)
-	go func() {
-		r, err := f.Settle(ctx, good, req)
-		valid <- result{r, err}
-	}()
+	valid := settleAsync(ctx, f, good, req)
 	stall.waitStalled(t)
-	done := make(chan result, 1)
-	go func() {
-		r, err := f.Settle(ctx, forged, req)
-		done <- result{r, err}
-	}()
-	var got result
+	done := settleAsync(ctx, f, forged, req)
+	var got settled
 	select {
 	case got = <-done:
 	case <-time.After(hangGuard):
@@ -399,20 +367,9 @@ func TestJoinedSettleIsNotASecondSuccess(t *testing.T) {
 			relayerNonce, _ := e.d.Client().NonceAt(ctx, f.Relayer(), nil)
 			p := mustSignExact(t, payer, req)
 
-			type result struct {
-				r   x402.SettleResponse
-				err error
-			}
-			leader, joiner := make(chan result, 1), make(chan result, 1)
-			go func() {
-				r, err := f.Settle(ctx, p, req)
-				leader <- result{r, err}
-			}()
+			leader := settleAsync(ctx, f, p, req)
 			stall.waitStalled(t)
-			go func() {
-				r, err := f.Settle(ctx, p, req)
-				joiner <- result{r, err}
-			}()
+			joiner := settleAsync(ctx, f, p, req)
 			waitJoined(t, f, 1)
 			if tc.during != nil {
 				tc.during(t, e, p, req)
@@ -493,20 +450,9 @@ func TestWalletSignatureEncodingsShareOneSend(t *testing.T) {
 	}
 	relayerNonce, _ := e.d.Client().NonceAt(ctx, f.Relayer(), nil)
 
-	type result struct {
-		r   x402.SettleResponse
-		err error
-	}
-	leader, joiner := make(chan result, 1), make(chan result, 1)
-	go func() {
-		r, err := f.Settle(ctx, p1, req)
-		leader <- result{r, err}
-	}()
+	leader := settleAsync(ctx, f, p1, req)
 	stall.waitStalled(t)
-	go func() {
-		r, err := f.Settle(ctx, p2, req)
-		joiner <- result{r, err}
-	}()
+	joiner := settleAsync(ctx, f, p2, req)
 	waitJoined(t, f, 1)
 	stall.releaseSends()
 	l, j := <-leader, <-joiner
@@ -628,4 +574,22 @@ func TestReplayToAnotherFacilitatorOfTheKeyDoesNotChargeThePayer(t *testing.T) {
 			t.Errorf("victim's next payment at %s = %+v, %v; want valid (a third party's replay must not charge the payer)", name, v, err)
 		}
 	}
+}
+
+// settled is one Settle's answer, from settleAsync.
+type settled struct {
+	r   x402.SettleResponse
+	err error
+}
+
+// settleAsync runs f.Settle in a goroutine of its own, for tests that hold
+// one settle in flight while another joins it; its answer comes on the
+// channel returned.
+func settleAsync(ctx context.Context, f *Facilitator, p x402.PaymentPayload, req x402.PaymentRequirements) <-chan settled {
+	c := make(chan settled, 1)
+	go func() {
+		r, err := f.Settle(ctx, p, req)
+		c <- settled{r, err}
+	}()
+	return c
 }
