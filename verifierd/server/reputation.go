@@ -64,7 +64,8 @@ type ReputationEntry struct {
 	// id when it was made.
 	Authenticated bool `json:"authenticated"`
 	// CountsTowardScore is whether the trust score counts this record as
-	// evidence (until it ages past the horizon): always for an agent
+	// evidence (until it ages past the horizon): of a delivered call (not
+	// a paid one still pending or reported unpaid), always for an agent
 	// without an owner, for an owned one only when its owner authenticated
 	// it; never for a test- agent.
 	CountsTowardScore bool `json:"counts_toward_score"`

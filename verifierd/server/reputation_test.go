@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"net/http"
 	"net/url"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/aovhq/aov/store"
 )
 
 func TestReputation(t *testing.T) {
@@ -129,4 +132,61 @@ func TestReputation(t *testing.T) {
 			t.Fatalf("%d, %d body bytes", w.Code, w.Body.Len())
 		}
 	})
+}
+
+// Each record's counts_toward_score says whether the score counts it: a
+// paid call whose payment is still pending, or was reported unpaid (its
+// answer never delivered), is listed but never evidence, under an id with
+// an owner or without; reported paid, it counts. Before, the flag said
+// every record of an unowned id, and every one of an owner's, counted.
+func TestReputationUndeliveredCallsDoNotCountTowardScore(t *testing.T) {
+	f := newFixture(t, fixtureOpts{noSync: true, localSigner: true})
+	for _, c := range []struct {
+		desc   string
+		agent  string
+		wallet string
+	}{
+		{"an id without an owner", "seller-8", ""},
+		{"an owned id, its owner's own calls", wallet, wallet},
+	} {
+		t.Run(c.desc, func(t *testing.T) {
+			hdr := map[string]string{"X-Aov-Gateway-Token": gatewayToken, "X-Aov-Payment": "paid", "X-Aov-Settlement": "pending", "X-Aov-Wallet": c.wallet}
+			call := func() string {
+				t.Helper()
+				code, doc := f.verifyCall(c.agent, "129.5", hdr)
+				if code != http.StatusOK {
+					t.Fatalf("verification: %d %v", code, doc)
+				}
+				return doc["verification_id"].(string)
+			}
+			report := func(id, payment string) {
+				t.Helper()
+				body := []byte(`{"verification_id":"` + id + `","payment":"` + payment + `"}`)
+				if w := f.do(http.MethodPost, "/v1/gateway/settlement", body, map[string]string{"X-Aov-Gateway-Token": gatewayToken}); w.Code != http.StatusNoContent {
+					t.Fatalf("report %s: %d %s", payment, w.Code, w.Body)
+				}
+			}
+			paid, unpaid, pending := call(), call(), call()
+			report(paid, store.PaymentPaid)
+			report(unpaid, store.PaymentUnpaid)
+
+			w := f.do(http.MethodGet, "/reputation/"+c.agent, nil, nil)
+			if w.Code != http.StatusOK {
+				t.Fatalf("reputation: %d %s", w.Code, w.Body)
+			}
+			counts := map[string]any{}
+			for _, e := range decode(t, w)["verifications"].([]any) {
+				m := e.(map[string]any)
+				counts[m["verification_id"].(string)] = m["counts_toward_score"]
+			}
+			want := map[string]any{paid: true, unpaid: false, pending: false}
+			if !reflect.DeepEqual(counts, want) {
+				t.Fatalf("counts_toward_score by id %v, want %v (paid, unpaid, pending)", counts, want)
+			}
+			s := f.do(http.MethodGet, "/score/"+c.agent, nil, viaGateway)
+			if win := decode(t, s)["inputs"].(map[string]any)["window"].(map[string]any); win["records"] != 1.0 {
+				t.Fatalf("the score's window %v; want the one paid call as its only evidence", win)
+			}
+		})
+	}
 }

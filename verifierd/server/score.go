@@ -152,8 +152,8 @@ func (s *Server) scoreAgent(ctx context.Context, agent string) ([]byte, error) {
 			return nil, apierr.Unavailable("verification history store", 5, err)
 		}
 		for _, v := range vs {
-			if !v.Counted() {
-				continue // not (yet) delivered: a pending or unpaid call
+			if !countsTowardScore(v, owner) {
+				continue
 			}
 			if !tally.Add(score.Evidence{At: v.VerifiedAt, Pass: v.Result == "pass", Authenticated: ownerEvidence(v, owner)}) {
 				more = false
@@ -218,10 +218,13 @@ func (s *Server) scoreOwner(ctx context.Context, agent string) (string, error) {
 }
 
 // countsTowardScore reports whether a recorded verification is evidence in
-// its agent's score (age and the record cap aside): any record of an agent
-// without an owner, only the owner's of an owned one.
+// its agent's score (age and the window's bounds aside): a delivered one
+// (store's Counted: not a paid call still pending or reported unpaid),
+// under an agent without an owner any, under an owned one only the
+// owner's. The score reads with it and /reputation flags each record with
+// it, so the two cannot disagree.
 func countsTowardScore(v store.Verification, owner string) bool {
-	return owner == "" || ownerEvidence(v, owner)
+	return v.Counted() && (owner == "" || ownerEvidence(v, owner))
 }
 
 // notCounted is how many delivered verifications recorded under the id are
