@@ -296,7 +296,7 @@ func componentSchemas() obj {
 						"authenticated_weight": obj{"type": "number"}, "unauthenticated_weight": obj{"type": "number"}, "z": obj{"type": "number"},
 					}},
 				}},
-				"inputs":      obj{"type": "object", "description": "Whether the agent has an owner (`owned`: then only its owner's verifications are evidence), the evidence window (`not_counted`: verifications recorded under the id that are not evidence of this score, that is `counts.total` minus `records`: others' labels of an owned id, and records older than the horizon or beyond the record cap), the exact counts in it and the decayed counts the bound was computed from."},
+				"inputs":      obj{"type": "object", "description": "Whether the agent has an owner (`owned`: then only its owner's verifications are evidence), the evidence window (`not_counted`: verifications recorded under the id that are not evidence of this score, that is `counts.total` minus `records`: others' labels of an owned id, and records older than the horizon or beyond the record cap or the read limit; `truncated`: evidence inside the horizon was, or may have been, left out because the record cap was reached or twice `max_records` records were read), the exact counts in it and the decayed counts the bound was computed from."},
 				"counts":      obj{"type": "object", "description": "All-time totals, authenticated apart from unauthenticated."},
 				"computed_at": obj{"type": "string"},
 				"verify":      ref("VerifyBlock"),

@@ -184,11 +184,11 @@ var defaultScoreMethod = func() string {
 	}
 	return fmt.Sprintf("Method `%s` version %s. "+
 		"Of an agent_id with an owner (its address for an account id, else the first wallet that bound it with X-Wallet-Auth) only the verifications its owner authenticated are evidence, so nobody else can move its score; of an agent_id without an owner every verification is, as a bare label. "+
-		"The newest %d pieces of evidence no older than %g days count. "+
+		"The newest %d pieces of evidence no older than %g days count, among at most the newest %d records of the id read for one score, evidence or not (a paid call whose settlement is pending or failed is never evidence; where such calls outnumber the window, `inputs.window.truncated` is true). "+
 		"Each weighs 2^(−age / %g days), times %g when it is a bare label. "+
 		"With P and F the weighted passes and fails and n = P + F, the score is the lower bound of the Wilson interval of p = P/n at z = %g: "+
 		"(p + z²/2n − z·√(p(1−p)/n + z²/4n²)) / (1 + z²/n), 0 without evidence, rounded to 6 decimals. "+
 		"Few data points leave the bound low: 3 authenticated passes out of 3 today score %.2f, 300 out of 300 score %.2f. "+
 		"These are the default parameters: every score response states the ones in force (`method.params`) and the inputs it used (`inputs`), so anyone can recompute it.",
-		score.MethodName, score.MethodVersion, p.MaxRecords, p.HorizonDays, p.HalfLifeDays, p.UnauthenticatedWeight, p.Z, passes(3), passes(300))
+		score.MethodName, score.MethodVersion, p.MaxRecords, p.HorizonDays, m.ReadLimit(), p.HalfLifeDays, p.UnauthenticatedWeight, p.Z, passes(3), passes(300))
 }()

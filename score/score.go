@@ -18,7 +18,9 @@
 //     (default 10,000) no older than Horizon (default 365 days) before the
 //     moment of computation count. Records that are not evidence do not
 //     count toward the cap, so a flood of labels cannot push an owner's
-//     evidence out of the window.
+//     evidence out of the window. A caller reading a history for one score
+//     reads at most ReadLimit records (twice the cap), evidence or not, and
+//     the window says it is truncated when that may leave evidence out.
 //
 //  3. Weight. Each piece of evidence weighs w = a · 2^(−age / HalfLife): a
 //     is 1 for an authenticated verification (the caller proved with
@@ -178,6 +180,19 @@ func (m *Method) Params() Params {
 // history knows when to stop reading.
 func (m *Method) MaxRecords() int { return m.maxRecords }
 
+// readFactor is ReadLimit in record caps.
+const readFactor = 2
+
+// ReadLimit is how many records, evidence or not, a caller reads at most
+// for one score (twice the record cap), stopping with Tally.Stop. Records
+// a caller skips as not evidence never fill the window, and anyone may be
+// able to write them (verifierd's paid calls that were never delivered),
+// so without a limit of their own they would set what every score of an
+// agent costs. Twice the cap keeps that cost within twice a full window's,
+// and cuts an agent's evidence short only where such records outnumber
+// the whole window; the window then says it is truncated.
+func (m *Method) ReadLimit() int { return readFactor * m.maxRecords }
+
 // Evidence is one verification as the score sees it.
 type Evidence struct {
 	At   time.Time
@@ -218,10 +233,11 @@ type Window struct {
 	Records int
 	// NotCounted is how many verifications inside the window were read but
 	// are not evidence: under an owned agent id, those its owner did not
-	// authenticate.
+	// authenticate, and any the caller skipped (Tally.Skip).
 	NotCounted int
-	// Truncated is true when the record cap was reached: older
-	// verifications inside the horizon were left out.
+	// Truncated is true when the record cap was reached, or the caller
+	// stopped reading inside the horizon (Tally.Stop): older
+	// verifications inside the horizon were, or may have been, left out.
 	Truncated bool
 	// Oldest and Newest are the times of the oldest and newest evidence
 	// (zero without evidence).
@@ -269,12 +285,11 @@ func (m *Method) Start(now time.Time, owned bool) *Tally {
 // reading. A record that is not evidence (an owned agent's label) is
 // skipped, and reading goes on.
 func (t *Tally) Add(e Evidence) bool {
+	if t.owned && !e.Authenticated {
+		return t.Skip(e.At)
+	}
 	if t.full || e.At.Before(t.from) {
 		return false
-	}
-	if t.owned && !e.Authenticated {
-		t.skip++
-		return true
 	}
 	if t.n >= t.m.maxRecords {
 		t.full = true
@@ -311,6 +326,28 @@ func (t *Tally) Add(e Evidence) bool {
 	}
 	t.n++
 	return true
+}
+
+// Skip notes a record read at time at that is not evidence whoever owns
+// the agent (the caller's own rule, such as a paid call whose answer was
+// not delivered), as Add notes an owned agent's label. Like Add, it
+// returns false once at is older than the horizon or the window is full:
+// for a history read newest first, nothing after that can count.
+func (t *Tally) Skip(at time.Time) bool {
+	if t.full || at.Before(t.from) {
+		return false
+	}
+	t.skip++
+	return true
+}
+
+// Stop ends the window at a record of time at that the caller will not
+// read, because it bounds how much one score reads: when at is inside the
+// horizon, evidence may be left out, and the window says it is truncated.
+func (t *Tally) Stop(at time.Time) {
+	if !at.Before(t.from) {
+		t.full = true
+	}
 }
 
 // Result computes the score from what was added.

@@ -241,6 +241,40 @@ func TestAddStopsReading(t *testing.T) {
 	}
 }
 
+// A record the caller skips is not evidence but, like one added, stops the
+// read past the horizon; a caller that stops reading inside the horizon
+// (its own bound) leaves the window truncated, and past it does not.
+func TestSkipAndStop(t *testing.T) {
+	m := score.Default()
+	tl := m.Start(now, false)
+	if !tl.Skip(now) || !tl.Add(score.Evidence{At: now.Add(-day), Pass: true}) {
+		t.Fatal("a skipped record inside the horizon ended the read")
+	}
+	if tl.Skip(now.Add(-400 * day)) {
+		t.Fatal("a skipped record beyond the horizon asked for more")
+	}
+	if r := tl.Result(); r.Window.Records != 1 || r.Window.NotCounted != 1 || r.Window.Truncated || r.Score != m.Score(now, false, same(1, day, true, false)).Score {
+		t.Fatalf("window %+v, score %v: want the one added record as the only evidence", r.Window, r.Score)
+	}
+	for _, c := range []struct {
+		desc      string
+		at        time.Time
+		truncated bool
+	}{
+		{"stopped at a record inside the horizon", now.Add(-day), true},
+		{"stopped at a record beyond the horizon", now.Add(-400 * day), false},
+	} {
+		t.Run(c.desc, func(t *testing.T) {
+			tl := m.Start(now, false)
+			tl.Add(score.Evidence{At: now, Pass: true})
+			tl.Stop(c.at)
+			if r := tl.Result(); r.Window.Truncated != c.truncated || r.Window.Records != 1 {
+				t.Fatalf("window %+v, want truncated %v", r.Window, c.truncated)
+			}
+		})
+	}
+}
+
 // An owned agent scores only from its owner's evidence: labels, which
 // anyone can send under its id, are not evidence, whatever their number.
 func TestOwnedAgentScoresOnlyItsOwnersEvidence(t *testing.T) {

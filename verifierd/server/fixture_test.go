@@ -20,6 +20,7 @@ import (
 	"github.com/aovhq/aov/internal/syncbuf"
 	"github.com/aovhq/aov/keystore"
 	"github.com/aovhq/aov/receipt"
+	"github.com/aovhq/aov/score"
 	"github.com/aovhq/aov/signer"
 	"github.com/aovhq/aov/store"
 	"github.com/aovhq/aov/verifierd/server"
@@ -58,6 +59,8 @@ type fixtureOpts struct {
 	// history wraps the real store (a fault the real disk cannot be made
 	// to show on cue).
 	history func(*store.DB) server.History
+	// score is the trust score method (nil: the default).
+	score *score.Method
 }
 
 // shortDir is a temp dir with a short path: unix socket paths must fit in
@@ -121,6 +124,7 @@ func newFixture(t testing.TB, o fixtureOpts) *fixture {
 		UngatedPaidRoutes: o.ungated,
 		Logger:            slog.New(slog.NewJSONHandler(logSink(t, f.logs), &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Metrics:           m,
+		Score:             o.score,
 	})
 	if err != nil {
 		t.Fatal(err)

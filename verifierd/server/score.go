@@ -145,18 +145,30 @@ func (s *Server) scoreAgent(ctx context.Context, agent string) ([]byte, error) {
 		page = s.history.AuthenticatedVerifications
 	}
 	tally := s.score.Start(at, owner != "")
-	cursor := ""
+	// What one score reads, evidence or not, is bounded by the method's
+	// read limit (ReadLimit says why), whatever others left under the id.
+	limit := s.score.ReadLimit()
+	cursor, read := "", 0
 	for more := true; more; {
-		vs, next, err := page(ctx, agent, cursor, scorePageSize)
+		// The last page asks for one record past the limit: whether one
+		// is there, and how old, says whether the window is truncated.
+		vs, next, err := page(ctx, agent, cursor, min(scorePageSize, limit-read+1))
 		if err != nil {
 			return nil, apierr.Unavailable("verification history store", 5, err)
 		}
 		for _, v := range vs {
-			if !countsTowardScore(v, owner) {
-				continue
-			}
-			if !tally.Add(score.Evidence{At: v.VerifiedAt, Pass: v.Result == "pass", Authenticated: ownerEvidence(v, owner)}) {
+			if read == limit {
+				tally.Stop(v.VerifiedAt)
 				more = false
+				break
+			}
+			read++
+			if countsTowardScore(v, owner) {
+				more = tally.Add(score.Evidence{At: v.VerifiedAt, Pass: v.Result == "pass", Authenticated: ownerEvidence(v, owner)})
+			} else {
+				more = tally.Skip(v.VerifiedAt)
+			}
+			if !more {
 				break
 			}
 		}
