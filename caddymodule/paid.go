@@ -288,8 +288,10 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	}
 
 	r.Header.Set(HeaderUpstreamPayment, "paid")
-	if vr.Payer != "" {
-		r.Header.Set(HeaderUpstreamPayer, vr.Payer)
+	// The payment's payer (payerOf), never the one the reply names: see
+	// settledAs.
+	if payer := payerOf(payload, offer.Network); payer != "" {
+		r.Header.Set(HeaderUpstreamPayer, payer)
 	}
 	r.Header.Set(HeaderUpstreamNetwork, offer.Network)
 	g.markSettlementPending(r) // the outcome is reported after settling (pending.go)
@@ -342,11 +344,9 @@ func (p *paidCharge) settleOnce(w http.ResponseWriter, r *http.Request, held *bu
 		p.ex.refuse(w, r, facilitatorUnavailable(err))
 		return settleRefused
 	}
+	p.settledAs(&sr)
 	if !sr.Success {
 		p.release(r)
-		if sr.Network == "" {
-			sr.Network = p.offer.Network
-		}
 		reason := sr.ErrorReason
 		if reason == "" {
 			reason = x402.ReasonUnexpectedSettleError
@@ -396,6 +396,29 @@ func (p *paidCharge) settleOnce(w http.ResponseWriter, r *http.Request, held *bu
 	noteSettled(r, sr)
 	p.sr = sr
 	return settleDone
+}
+
+// settledAs makes the facilitator's settle reply sr name the payment's
+// own payer (payerOf) and the network of the offer the gate verified and
+// settled: a facilitator reports a settlement, it does not say whose it
+// was or where. A reply that names another payer or network comes from a
+// lying or broken facilitator. Its verdict is still taken: a success is
+// honoured, since the buyer signed and the money has most likely moved (a
+// refusal would leave them paid and unserved), but what it named is never
+// passed on (PAYMENT-RESPONSE) nor recorded (sign-in-with-x access, which
+// would otherwise go to a wallet that never paid), and the operator is
+// told with an Error.
+func (p *paidCharge) settledAs(sr *x402.SettleResponse) {
+	payer, network := payerOf(p.pay.PaymentPayload, p.offer.Network), p.offer.Network
+	// An EVM address's letter case is a checksum. A payload that names no
+	// payer the gate can read (payer "") leaves none to tell, or record.
+	otherPayer := sr.Payer != "" && payer != "" && sr.Payer != payer && !(x402.IsEVM(network) && strings.EqualFold(sr.Payer, payer))
+	if otherPayer || (sr.Network != "" && sr.Network != network) {
+		p.g.logger.Error("the facilitator's settle reply names another payer or network than the payment's: the payment's are used",
+			zap.Bool("success", sr.Success), zap.String("transaction", sr.Transaction), zap.String("payer", payer), zap.String("network", network),
+			zap.String("facilitator_payer", sr.Payer), zap.String("facilitator_network", sr.Network))
+	}
+	sr.Payer, sr.Network = payer, network
 }
 
 // settleWriteWaits are the waits before each further try of the write that

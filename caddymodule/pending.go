@@ -18,6 +18,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/ethereum/go-ethereum/common"
 	sjson "github.com/segmentio/encoding/json"
 	"go.uber.org/zap"
 
@@ -634,16 +635,20 @@ func samePayment(held, p x402.PaymentPayload) bool {
 	return err == nil && bytes.Equal(a, b)
 }
 
-// payerOf is the payer of payment p on network, as the payment names it
-// ("" if it does not), for a settlement known without the facilitator's
-// reply.
+// payerOf is the payer of payment p on network, as its signed payload
+// names it ("" if it does not): the authorization's from (checksummed) on
+// EVM, the transfer's owner on Solana. It is the one source of a payment's
+// payer for everything the gate tells or records (X-Aov-Payer,
+// PAYMENT-RESPONSE, sign-in-with-x access, the logs): only that wallet's
+// funds can move under the payment, whatever a facilitator's reply says
+// (settledAs).
 func payerOf(p x402.PaymentPayload, network string) string {
 	if x402.IsSolana(network) {
 		return svmfacilitator.PayerOf(p)
 	}
 	var ev x402.ExactEVMPayload
-	if len(p.Payload) > 0 && json.Unmarshal(p.Payload, &ev) == nil {
-		return ev.Authorization.From
+	if len(p.Payload) > 0 && json.Unmarshal(p.Payload, &ev) == nil && common.IsHexAddress(ev.Authorization.From) {
+		return common.HexToAddress(ev.Authorization.From).Hex()
 	}
 	return ""
 }

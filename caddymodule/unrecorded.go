@@ -157,13 +157,9 @@ func (p *paidCharge) keepUnrecorded(r *http.Request, sr x402.SettleResponse, hel
 const unrecordedDropped = "a settlement the store did not record is given up: its retry may not be served; make it good by hand (refund, or deliver)"
 
 // settlementFields name settlement sr of p in the logs: what an operator
-// needs to make it good by hand.
+// needs to make it good by hand (sr's payer is the payment's: settledAs).
 func (p *paidCharge) settlementFields(sr x402.SettleResponse) []zap.Field {
-	payer := sr.Payer
-	if payer == "" {
-		payer = payerOf(p.pay.PaymentPayload, p.offer.Network)
-	}
-	return []zap.Field{zap.String("transaction", sr.Transaction), zap.String("payer", payer),
+	return []zap.Field{zap.String("transaction", sr.Transaction), zap.String("payer", sr.Payer),
 		zap.String("amount", p.offer.Amount), zap.String("asset", p.offer.Asset), zap.String("network", p.offer.Network)}
 }
 

@@ -1,0 +1,154 @@
+package caddymodule
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/big"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aovhq/aov/plugins/evmfacilitator"
+	"github.com/aovhq/aov/walletauth"
+	"github.com/aovhq/aov/x402"
+)
+
+// rewritingFacilitator (FAULT: a lying or buggy remote facilitator, which
+// our own facilitator never is) forwards every call to the real devnet
+// facilitator, so the payment is really verified and the money really
+// moves, and sets each member of set in a valid /verify and a successful
+// /settle reply.
+func rewritingFacilitator(t *testing.T, real string, set map[string]any) *httptest.Server {
+	t.Helper()
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		req, _ := http.NewRequest(r.Method, real+r.URL.Path, bytes.NewReader(body))
+		req.Header = r.Header.Clone()
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		defer resp.Body.Close()
+		raw, _ := io.ReadAll(resp.Body)
+		var m map[string]any
+		if (r.URL.Path == "/settle" || r.URL.Path == "/verify") && json.Unmarshal(raw, &m) == nil && (m["success"] == true || m["isValid"] == true) {
+			for k, v := range set {
+				m[k] = v
+			}
+			raw, _ = json.Marshal(m)
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(resp.StatusCode)
+		w.Write(raw)
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
+
+// payThroughRewritingFacilitator serves a route paid through
+// rewritingFacilitator(set) that records payers for sign-in-with-x, has
+// development account 6 pay for it, and returns the route's URL, the
+// buyer's answer (200, else the test fails) and a sign-in-with-x header
+// signer for the route.
+func payThroughRewritingFacilitator(t *testing.T, set map[string]any) (url string, offer x402.PaymentRequirements, answer map[string]any, sr x402.SettleResponse, signIn func(i int) string) {
+	t.Helper()
+	_, fac := sharedDevnet(t)
+	liar := rewritingFacilitator(t, fac, set)
+	up := newUpstream(t)
+	base := startCaddy(t, fmt.Sprintf(`:{port} {
+	route /report/* {
+		wallet_auth optional {
+			store badger {data}/gate
+			domains 127.0.0.1:{port}
+			siwx
+		}
+		@unpaid not vars {http.auth.wallet.paid_access} true
+		x402 @unpaid {
+			accept devnet $0.01 %[3]s
+			facilitator http {
+				url %[2]s
+			}
+			store badger {data}/gate
+		}
+		reverse_proxy %[1]s
+	}
+}
+`, strings.TrimPrefix(up.URL, "http://"), liar.URL, payTo.Hex()))
+	url = base + "/report/q3"
+	host := strings.TrimPrefix(base, "http://")
+	signIn = func(i int) string {
+		s := walletauth.SIWXFromChallenge(walletauth.SIWXChallenge(host, url, []string{x402.NetworkDevnet}, time.Now())["info"].(map[string]any), x402.NetworkDevnet)
+		if err := s.Sign(walletKey(i)); err != nil {
+			t.Fatal(err)
+		}
+		h, err := s.Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	st, hdr, body := walletCall(t, "GET", url, "", nil)
+	if st != http.StatusPaymentRequired {
+		t.Fatalf("unpaid: %d %v", st, body)
+	}
+	var pr x402.PaymentRequired
+	if err := x402.DecodeHeader(hdr.Get(x402.HeaderPaymentRequired), &pr); err != nil {
+		t.Fatal(err)
+	}
+	st, hdr, answer = walletCall(t, "GET", url, "", map[string]string{x402.HeaderPaymentSignature: signFor(t, pr, 6)})
+	if st != http.StatusOK {
+		t.Fatalf("payment by wallet 6 through a facilitator that rewrites %v: %d %v (want it delivered: the money moved)", set, st, answer)
+	}
+	if err := x402.DecodeHeader(hdr.Get(x402.HeaderPaymentResponse), &sr); err != nil {
+		t.Fatalf("PAYMENT-RESPONSE: %v", err)
+	}
+	return url, pr.Accepts[0], answer, sr, signIn
+}
+
+// TestFacilitatorNamingAnotherPayerIsNotBelieved: wallet 6 signs and pays;
+// the remote facilitator says wallet 7 paid. The payer of a payment is
+// what its signed payload names, whoever settles it: the buyer is served
+// (the money moved), the upstream and PAYMENT-RESPONSE name wallet 6, and
+// sign-in-with-x lets wallet 6 in and keeps wallet 7, which never paid,
+// out.
+func TestFacilitatorNamingAnotherPayerIsNotBelieved(t *testing.T) {
+	d, _ := sharedDevnet(t)
+	payer := evmfacilitator.DevAccounts()[6].Address
+	before := balance(t, d, payer)
+	url, offer, answer, sr, signIn := payThroughRewritingFacilitator(t, map[string]any{"payer": walletAddr(7)})
+	if !sr.Success || sr.Payer != walletAddr(6) {
+		t.Errorf("PAYMENT-RESPONSE %+v, want success with payer %s, the signer of the payment", sr, walletAddr(6))
+	}
+	if answer["payer"] != walletAddr(6) {
+		t.Errorf("the upstream was told the payer is %v (X-Aov-Payer), want %s", answer["payer"], walletAddr(6))
+	}
+	price, _ := new(big.Int).SetString(offer.Amount, 10)
+	if got := new(big.Int).Sub(before, balance(t, d, payer)); got.Cmp(price) != 0 {
+		t.Errorf("wallet 6 paid %s, want %s", got, price)
+	}
+	if st, _, body := walletCall(t, "GET", url, "", map[string]string{walletauth.SIWXHeaderName: signIn(7)}); st != http.StatusPaymentRequired {
+		t.Errorf("wallet 7, which never paid, signing in: %d %v (want 402)", st, body)
+	}
+	if st, _, body := walletCall(t, "GET", url, "", map[string]string{walletauth.SIWXHeaderName: signIn(6)}); st != http.StatusOK {
+		t.Errorf("wallet 6, which paid, signing in: %d %v (want 200)", st, body)
+	}
+}
+
+// TestFacilitatorNamingAnotherNetworkIsNotPassedOn: the remote
+// facilitator settles a devnet payment and says it settled on Base
+// mainnet. The buyer's PAYMENT-RESPONSE names the network of the offer
+// the gate verified and settled, as does X-Aov-Network.
+func TestFacilitatorNamingAnotherNetworkIsNotPassedOn(t *testing.T) {
+	_, offer, answer, sr, _ := payThroughRewritingFacilitator(t, map[string]any{"network": "eip155:8453"})
+	if sr.Network != offer.Network {
+		t.Errorf("PAYMENT-RESPONSE network %q, want the offer's %q (the network paid on)", sr.Network, offer.Network)
+	}
+	if answer["network"] != offer.Network {
+		t.Errorf("X-Aov-Network %v, want %q", answer["network"], offer.Network)
+	}
+}
