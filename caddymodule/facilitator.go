@@ -212,7 +212,7 @@ func (m *EVMFacilitator) Provision(ctx caddy.Context) error {
 	val, _, err := facilitatorPool.LoadOrNew(m.poolKey, func() (caddy.Destructor, error) {
 		// Dialing an http(s) endpoint makes no request; the chain is first
 		// asked when a payment arrives.
-		c, err := ethclient.Dial(rpcURL)
+		c, err := dialChain(context.Background(), rpcURL)
 		if err != nil {
 			return nil, fmt.Errorf("dialing rpc_url: %v", secretopt.Scrub(err, rpcURL))
 		}

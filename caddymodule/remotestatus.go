@@ -87,7 +87,7 @@ func (m *HTTPFacilitator) provisionStatus(repl *caddy.Replacer, log *zap.Logger)
 		if !x402.IsEVM(network) {
 			return fmt.Errorf("http facilitator: rpc %s: settlement outcomes are read on EVM and Solana chains only", name)
 		}
-		c, err := ethclient.Dial(url)
+		c, err := dialChain(context.Background(), url)
 		if err != nil {
 			m.Cleanup()
 			return fmt.Errorf("http facilitator: rpc %s: %v", name, secretopt.Scrub(err, url))
