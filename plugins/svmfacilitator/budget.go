@@ -256,7 +256,7 @@ func (b *budget) release(x exposure) {
 // its fee.
 func (b *budget) fail(x exposure) {
 	if x == (exposure{}) {
-		return // a failure already counted, or nothing risked: nothing to charge
+		return // nothing risked: nothing to charge
 	}
 	t := now()
 	b.mu.Lock()

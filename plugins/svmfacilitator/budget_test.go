@@ -3,6 +3,7 @@ package svmfacilitator
 import (
 	"context"
 	"crypto/ed25519"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -368,4 +369,153 @@ func TestSettlementsInFlightArePlacesInTheBudget(t *testing.T) {
 	if s, err := e.f.Settle(ctx, second, e.req); err != nil || !s.Success {
 		t.Fatalf("second, once the first is confirmed: %+v %v", s, err)
 	}
+}
+
+// failuresOf is the failures counted against payer within the window.
+func (e *env) failuresOf(payer ed25519.PrivateKey) int {
+	e.f.budget.mu.Lock()
+	defer e.f.budget.mu.Unlock()
+	if id := e.f.budget.ids[pub(payer)]; id != nil {
+		return e.f.budget.recent(id, now())
+	}
+	return 0
+}
+
+// TestAReplayedFailureIsNotChargedAgain: a settlement that failed on chain
+// costs the fee payer its fee once, and is charged to the budget once.
+// After its record ages out (DuplicateWindow), a /settle of the very same
+// payload finds the failed transaction by lookup and answers it failed;
+// that costs the fee payer nothing, so it is not charged again. Otherwise
+// anyone who can call /settle could replay one failure at the caps every
+// two minutes and keep the lamport budget used up, refusing every honest
+// payment that asks for a priority fee above the cap past the budget.
+func TestAReplayedFailureIsNotChargedAgain(t *testing.T) {
+	e, fr := budgetEnv(t, Config{})
+	ctx := context.Background()
+	fee := pub(e.fee).String()
+	drainErr := e.drainOnSend(fr, e.payer)
+	e.fund(e.payer)
+	// The costliest payment the caps allow: 50,000 units × 5,000,000.
+	pp := e.payAt(t, e.payer, "fails once", 50_000, 5_000_000)
+	before := e.chain.Lamports(fee)
+	s, err := e.f.Settle(ctx, pp, e.req)
+	if err != nil || s.Success || s.ErrorReason != ReasonTransactionFailed {
+		t.Fatalf("first settle: %+v %v", s, err)
+	}
+	if err := drainErr(); err != nil {
+		t.Fatal(err)
+	}
+	fr.set(func(f *faultyRPC) { f.beforeSend = nil })
+	paid := before - e.chain.Lamports(fee)
+	one := e.f.budget.spentLamports()
+	if one != paid || e.failuresOf(e.payer) != 1 {
+		t.Fatalf("the failure cost the fee payer %d lamports; the budget counts %d lamports and %d failures of the payer", paid, one, e.failuresOf(e.payer))
+	}
+
+	defer func() { now = time.Now }()
+	for i := 1; i <= 25; i++ {
+		shift := time.Duration(i) * (DuplicateWindow + sweepEvery + time.Second)
+		now = func() time.Time { return time.Now().Add(shift) }
+		s, err := e.f.Settle(ctx, pp, e.req)
+		if err != nil || s.Success || s.ErrorReason != ReasonTransactionFailed {
+			t.Fatalf("replay %d: %+v %v", i, s, err)
+		}
+		if st, err := e.f.SettlementStatus(ctx, pp, e.req); err != nil || st.State != x402.SettlementNever {
+			t.Fatalf("status after replay %d: %+v %v", i, st, err)
+		}
+	}
+	if got := before - e.chain.Lamports(fee); got != paid {
+		t.Fatalf("the replays cost the fee payer %d lamports, the failure %d", got, paid)
+	}
+	if got, n := e.f.budget.spentLamports(), e.failuresOf(e.payer); got != one || n != 1 {
+		t.Fatalf("after 25 replays of one failure (no new fee paid) the budget counts %d lamports (want %d) and %d failures of the payer (want 1)", got, one, n)
+	}
+	// An honest payer asking for a priority fee of 10,000 lamports.
+	other := testKey("honest costly payer")
+	e.fund(other)
+	if v, err := e.f.Verify(ctx, e.payAt(t, other, "honest", 20_000, 500_000), e.req); err != nil || !v.IsValid {
+		t.Fatalf("an honest payment after the replays: %+v %v", v, err)
+	}
+}
+
+// TestAFailureIsChargedByItsSenderOnce: a failure on chain is charged to
+// the budget by the facilitator that sent the transaction, once. One sent
+// by another (an instance with the same fee payer, or this one before a
+// restart) and found by lookup cost this facilitator nothing, and is not
+// charged. One this facilitator sent and answered pending, whose record
+// was swept before anyone learned its outcome, is charged once by
+// whatever learns it later (its settlement status, a /settle of it),
+// however often it is asked about.
+func TestAFailureIsChargedByItsSenderOnce(t *testing.T) {
+	ctx := context.Background()
+	defer func() { now = time.Now }()
+	past := func() {
+		now = func() time.Time { return time.Now().Add(DuplicateWindow + sweepEvery + time.Second) }
+	}
+
+	t.Run("sent by another", func(t *testing.T) {
+		e := newEnv(t, Config{})
+		p := e.payment(t)
+		p.Amount = 2_000_000 // over the buyer's balance: the transfer fails
+		raw := p.Build(p.Instructions())
+		tx, err := DecodeTransaction(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		copy(tx.Signatures[0], ed25519.Sign(e.fee, tx.Message))
+		if _, err := (&RPC{URL: e.chain.URL}).Send(ctx, raw); err != nil {
+			t.Fatal(err)
+		}
+		req := e.req
+		req.Amount = "2000000"
+		for range 2 {
+			st, err := e.f.SettlementStatus(ctx, Payload(raw, req), req)
+			if err != nil || st.State != x402.SettlementNever {
+				t.Fatalf("status of a transaction that failed on chain: %+v %v", st, err)
+			}
+		}
+		if s, err := e.f.Settle(ctx, Payload(raw, req), req); err != nil || s.ErrorReason != ReasonTransactionFailed {
+			t.Fatalf("settle of a transaction that failed on chain: %+v %v", s, err)
+		}
+		if n, l := e.failuresOf(e.payer), e.f.budget.spentLamports(); n != 0 || l != 0 {
+			t.Fatalf("another's failure, learned by lookup, counted %d failures and %d lamports here, want none", n, l)
+		}
+	})
+
+	t.Run("sent here, swept pending", func(t *testing.T) {
+		now = time.Now
+		e, fr := budgetEnv(t, Config{ConfirmTimeout: 300 * time.Millisecond})
+		drainErr := e.drainOnSend(fr, e.payer)
+		e.fund(e.payer)
+		fr.set(func(f *faultyRPC) { f.hideStatus = true })
+		pp := e.pay(t, e.payer, "pending, then failed")
+		_, err := e.f.Settle(ctx, pp, e.req)
+		var unknown *x402.UnknownOutcomeError
+		if !errors.As(err, &unknown) {
+			t.Fatalf("want an unknown outcome, got %v", err)
+		}
+		if err := drainErr(); err != nil {
+			t.Fatal(err)
+		}
+		fr.set(func(f *faultyRPC) { f.hideStatus, f.beforeSend = false, nil })
+		past()
+		e.f.mu.Lock()
+		e.f.sweep(now())
+		swept := len(e.f.settled) == 0
+		e.f.mu.Unlock()
+		if !swept {
+			t.Fatal("the pending record outlived its window and a sweep")
+		}
+		for range 2 {
+			if st, err := e.f.SettlementStatus(ctx, pp, e.req); err != nil || st.State != x402.SettlementNever {
+				t.Fatalf("status: %+v %v", st, err)
+			}
+		}
+		if s, err := e.f.Settle(ctx, pp, e.req); err != nil || s.ErrorReason != ReasonTransactionFailed {
+			t.Fatalf("settle: %+v %v", s, err)
+		}
+		if n, l := e.failuresOf(e.payer), e.f.budget.spentLamports(); n != 1 || l != failedFee {
+			t.Fatalf("a failure this facilitator sent counted %d times, %d lamports; want once, %d", n, l, failedFee)
+		}
+	})
 }

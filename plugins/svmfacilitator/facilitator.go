@@ -133,6 +133,12 @@ type Facilitator struct {
 	// mints holds, per Token-2022 mint read, why a payment in it is
 	// refused ("" for none): mint.go.
 	mints map[PublicKey]string
+	// unlearned holds the messages whose records were swept while pending
+	// and still to be charged (settlement.charge), each with when the
+	// record was made pending: the first lookup that finds the transaction
+	// failed charges it (takeUnlearned). Kept FailureWindow, then dropped
+	// uncharged.
+	unlearned map[[32]byte]time.Time
 
 	budget *budget
 }
@@ -169,6 +175,11 @@ type settlement struct {
 	// place in flight in the budget.
 	exposure exposure
 	reserved bool
+	// charge: this process sent the transaction (so the fee payer pays its
+	// fee if it fails on chain) and has not charged that failure to the
+	// budget yet (outcome). A transaction the chain had before this
+	// process sent it cost it nothing, however often it is looked up.
+	charge bool
 }
 
 // expired reports whether a record no Settle is working on is past its
@@ -228,7 +239,7 @@ func New(cfg Config) (*Facilitator, error) {
 	if cfg.FailureWindow <= 0 {
 		cfg.FailureWindow = DefaultFailureWindow
 	}
-	f := &Facilitator{rpc: cfg.RPC, network: cfg.Network, key: cfg.FeePayer, cfg: cfg, settled: map[[32]byte]*settlement{}, simulated: map[[32]byte]simulation{}, mints: map[PublicKey]string{},
+	f := &Facilitator{rpc: cfg.RPC, network: cfg.Network, key: cfg.FeePayer, cfg: cfg, settled: map[[32]byte]*settlement{}, simulated: map[[32]byte]simulation{}, mints: map[PublicKey]string{}, unlearned: map[[32]byte]time.Time{},
 		budget: &budget{perPayer: cfg.MaxFailedPerPayer, inFlight: cfg.MaxInFlightPerPayer, lamports: cfg.MaxFailedLamports,
 			maxPriority: cfg.MaxPriorityFeePastBudget, window: cfg.FailureWindow, ids: map[PublicKey]*identity{}}}
 	copy(f.feePayer[:], cfg.FeePayer.Public().(ed25519.PublicKey))
@@ -376,6 +387,16 @@ func (f *Facilitator) keepSimulation(c *checked) {
 	}
 }
 
+// takeUnlearned reports whether a failure on chain of key's transaction,
+// learned by lookup, is to be charged: this process sent it, answered
+// pending and swept the record before learning its outcome. It forgets key,
+// so the failure is charged once. f.mu is held.
+func (f *Facilitator) takeUnlearned(key [32]byte) bool {
+	_, ok := f.unlearned[key]
+	delete(f.unlearned, key)
+	return ok
+}
+
 // takeSimulation returns (and forgets) the co-signed bytes of tx, and the
 // simulation's slot, when Verify simulated tx, byte for byte, within
 // SimulationReuse; nil if not.
@@ -396,7 +417,9 @@ func (f *Facilitator) takeSimulation(tx *Transaction) ([]byte, uint64) {
 }
 
 // sweep drops, at most once per sweepEvery, the settled and pending
-// records past DuplicateWindow and the simulations past SimulationReuse. f.mu is held.
+// records past DuplicateWindow (keeping in unlearned which pending ones are
+// still to be charged, and that for FailureWindow) and the simulations past
+// SimulationReuse. f.mu is held.
 func (f *Facilitator) sweep(t time.Time) {
 	if d := t.Sub(f.sweptAt); d >= 0 && d < sweepEvery {
 		return
@@ -404,7 +427,15 @@ func (f *Facilitator) sweep(t time.Time) {
 	f.sweptAt = t
 	for k, e := range f.settled {
 		if e.expired(t) {
+			if e.pending && e.charge {
+				f.unlearned[k] = e.at
+			}
 			delete(f.settled, k)
+		}
+	}
+	for k, at := range f.unlearned {
+		if t.Sub(at) >= f.cfg.FailureWindow {
+			delete(f.unlearned, k)
 		}
 	}
 	for k, s := range f.simulated {

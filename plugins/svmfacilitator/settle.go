@@ -42,7 +42,10 @@ import (
 //     if it failed on chain), never success: its sender answers for it, and
 //     a second success would have the payment served twice. So is a
 //     transaction the chain answers AlreadyProcessed to, at simulation or
-//     at send. One still unconfirmed at the deadline is settlement_pending
+//     at send. Such a failure is charged to the failure budget only when
+//     this process sent the transaction and never charged it (its pending
+//     record was swept first: outcome); a replay of a failed payment sends
+//     nothing, costs the fee payer nothing and is charged nothing. One still unconfirmed at the deadline is settlement_pending
 //     naming it (below), never a definitive refusal for a transfer that
 //     may yet land; a retry then polls it as above, and answers
 //     duplicate_settlement once it landed, never success.
@@ -97,8 +100,8 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 	f.cosign(c)
 	f.mu.Lock()
 	s.sig, s.payer, s.blockhash = base58.Encode(c.signed[1:65]), c.payer, base58.Encode(c.tx.Blockhash[:])
-	// What a failure on chain costs, counted once whoever sent it
-	// (outcome); the place in flight is reserved only before a send.
+	// What a failure on chain costs: charged (outcome) only if this
+	// process sends it; the place in flight is reserved only before a send.
 	s.exposure, s.slot = c.exposure, c.slot
 	f.mu.Unlock()
 	// Nothing here remembers this message, but another process with this
@@ -138,7 +141,7 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 		return fail(reason, c.payer, msg, ""), nil
 	}
 	f.mu.Lock()
-	s.reserved, s.slot = true, c.slot
+	s.reserved, s.charge, s.slot = true, true, c.slot
 	f.mu.Unlock()
 
 	if _, err := f.rpc.Send(ctx, c.signed); err != nil {
@@ -164,10 +167,13 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 // confirmElsewhere is confirm for a transaction the chain had before this
 // Settle sent it: it marks the record (settlement.elsewhere) first, so
 // that the answer, and any retry's after a pending one, is
-// duplicate_settlement once it landed.
+// duplicate_settlement once it landed. This Settle paid no fee for it, so
+// its failure is charged only when this process sent it earlier and has
+// not charged it (takeUnlearned): a replay of a failed payment after its
+// record aged out is answered failed and charged nothing.
 func (f *Facilitator) confirmElsewhere(ctx context.Context, key [32]byte, s *settlement, network string) (x402.SettleResponse, error) {
 	f.mu.Lock()
-	s.elsewhere = true
+	s.elsewhere, s.charge = true, f.takeUnlearned(key)
 	f.mu.Unlock()
 	return f.confirm(ctx, key, s, network)
 }
@@ -240,22 +246,23 @@ func (f *Facilitator) confirm(ctx context.Context, key [32]byte, s *settlement, 
 
 // outcome gives back s's place in flight in the budget, if it holds one,
 // and records a failure on chain (failed) against s's payer and the
-// overall budget, once however many callers learn it. An outcome still
-// unknown gives the place back too: a pending settlement is not held
-// against its payer for as long as nobody asks about it, and whoever
-// learns later that it failed records it.
+// overall budget when this process sent the transaction (s.charge), once
+// however many callers learn it. An outcome still unknown gives the place
+// back too: a pending settlement is not held against its payer for as
+// long as nobody asks about it, and whoever learns later that it failed
+// records it (after the sweep, through unlearned).
 func (f *Facilitator) outcome(s *settlement, failed bool) {
 	f.mu.Lock()
-	x, reserved := s.exposure, s.reserved
+	x, reserved, charge := s.exposure, s.reserved, failed && s.charge
 	s.reserved = false
 	if failed {
-		s.exposure = exposure{}
+		s.charge = false
 	}
 	f.mu.Unlock()
 	if reserved {
 		f.budget.release(x)
 	}
-	if failed {
+	if charge {
 		f.budget.fail(x)
 	}
 }

@@ -156,19 +156,22 @@ func (f *Facilitator) unrecorded(ctx context.Context, tx *Transaction) (x402.Set
 		out.Transaction = sig
 	}
 	if o.state == x402.SettlementDone || o.failed != "" {
-		// Remembered as Settle would: a failure on chain is counted
-		// against its payer once (a pending record swept before anyone
-		// learned the outcome was never counted), and a later ask is
-		// answered from the record.
-		x := txExposure(tx)
+		// Remembered as Settle would, and a later ask is answered from the
+		// record. A failure on chain is charged to the budget only when
+		// this process sent the transaction and swept its pending record
+		// before anyone learned the outcome (takeUnlearned): one sent by
+		// another, or already charged, cost this process nothing now.
+		key := tx.MessageHash()
 		f.mu.Lock()
-		_, known := f.settled[tx.MessageHash()]
+		_, known := f.settled[key]
+		charge := false
 		if !known {
-			f.settled[tx.MessageHash()] = &settlement{sig: sig, blockhash: base58.Encode(tx.Blockhash[:]), payer: payerOf(tx), failed: o.failed, at: now()}
+			f.settled[key] = &settlement{sig: sig, blockhash: base58.Encode(tx.Blockhash[:]), payer: payerOf(tx), failed: o.failed, at: now()}
+			charge = o.failed != "" && f.takeUnlearned(key)
 		}
 		f.mu.Unlock()
-		if !known && o.failed != "" {
-			f.budget.fail(x)
+		if charge {
+			f.budget.fail(txExposure(tx))
 		}
 	}
 	return out, nil
