@@ -7,8 +7,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -57,6 +59,7 @@ type SVMFacilitator struct {
 	// MaxComputeUnits caps a payment's compute unit limit (default 50000)
 	// and MaxComputeUnitPrice its price in micro-lamports per unit (default
 	// 5000000): together they bound the priority fee the fee payer pays.
+	// Each is at least 1 (UnmarshalJSON): 0 would read as the default.
 	MaxComputeUnits     uint32 `json:"max_compute_units,omitempty"`
 	MaxComputeUnitPrice uint64 `json:"max_compute_unit_price,omitempty"`
 	// The failure budgets: a settlement that simulated and then failed on
@@ -183,7 +186,6 @@ func (m *SVMFacilitator) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return err
 		}
 		var err error
-		var s string
 		name := d.Val() // d.Val() moves on to the argument
 		switch name {
 		case "network":
@@ -200,15 +202,9 @@ func (m *SVMFacilitator) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "confirm_timeout":
 			err = facDurationArg(d, &m.ConfirmTimeout)
 		case "max_compute_units":
-			if err = facOneArg(d, &s); err == nil {
-				var n uint64
-				n, err = strconv.ParseUint(s, 10, 32)
-				m.MaxComputeUnits = uint32(n)
-			}
+			err = facPositive(d, &m.MaxComputeUnits)
 		case "max_compute_unit_price":
-			if err = facOneArg(d, &s); err == nil {
-				m.MaxComputeUnitPrice, err = strconv.ParseUint(s, 10, 64)
-			}
+			err = facPositive(d, &m.MaxComputeUnitPrice)
 		case "max_failed_per_payer":
 			err = facPositive(d, &m.MaxFailedPerPayer)
 		case "max_in_flight_per_payer":
@@ -231,10 +227,41 @@ func (m *SVMFacilitator) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return nil
 }
 
+// UnmarshalJSON decodes the JSON config as Caddy does (unknown fields
+// refused), and refuses a count, cap or budget given as 0 or less: the
+// zero value of such a field means "the default", so a written
+// "max_compute_unit_price": 0 (an operator refusing priority fees) would
+// otherwise read as the largest default, 5,000,000 micro-lamports per unit.
+// Leaving the field out is the way to ask for the default.
+func (m *SVMFacilitator) UnmarshalJSON(b []byte) error {
+	type plain SVMFacilitator // without this method
+	if err := caddy.StrictUnmarshalJSON(b, (*plain)(m)); err != nil {
+		return err
+	}
+	var given map[string]json.RawMessage
+	if err := json.Unmarshal(b, &given); err != nil {
+		return err
+	}
+	v := reflect.ValueOf(m).Elem()
+	for i := range v.NumField() {
+		f, fv := v.Type().Field(i), v.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if _, ok := given[name]; !ok {
+			continue
+		}
+		// The counts and caps: caddy.Duration (int64) has rules of its own.
+		if k := f.Type.Kind(); (k == reflect.Int && fv.Int() < 1) || ((k == reflect.Uint32 || k == reflect.Uint64) && fv.Uint() == 0) {
+			return fmt.Errorf("svm facilitator: %s must be a whole number of at least 1 (leave it out for the default)", name)
+		}
+	}
+	return nil
+}
+
 // facPositive reads one argument, a plain decimal of at least 1 that fits
-// dst (a count or lamports): 0 would read as "the default" in the JSON
-// config, so it is not accepted here, and neither is a sign.
-func facPositive[T int | uint64](d *caddyfile.Dispenser, dst *T) error {
+// dst (a count, a cap or lamports): 0 would read as "the default" in the
+// JSON config, so it is not accepted here (UnmarshalJSON refuses it there),
+// and neither is a sign.
+func facPositive[T int | uint32 | uint64](d *caddyfile.Dispenser, dst *T) error {
 	var s string
 	if err := facOneArg(d, &s); err != nil {
 		return err

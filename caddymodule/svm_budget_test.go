@@ -1,9 +1,11 @@
 package caddymodule
 
 import (
+	"bytes"
 	"context"
 	"crypto/ed25519"
 	"crypto/sha256"
+	"encoding/json"
 	"math"
 	"os"
 	"path/filepath"
@@ -12,6 +14,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
 	"github.com/aovhq/aov/internal/base58"
@@ -97,5 +100,98 @@ func TestSVMFacilitatorFailureBudgetOptions(t *testing.T) {
 	v, err = m.Verify(t.Context(), svmfacilitator.Payload(p.Build(append(p.Instructions(), svmfacilitator.MemoIx("second"))), req), req)
 	if err == nil || !strings.Contains(err.Error(), "simulating") {
 		t.Fatalf("verify within the priority fee cap: %+v %v; want the chain asked", v, err)
+	}
+}
+
+// TestSVMComputeCapsOfZeroAreRefused: max_compute_units and
+// max_compute_unit_price of 0 are refused at config load, in the Caddyfile
+// and in the JSON config alike, never read as the defaults (50,000 units ×
+// 5,000,000 micro-lamports, the largest priority fee: what an operator
+// writing 0 means least). The smallest caps, 1, are accepted and applied:
+// a payment asking for more is refused before the chain is asked, one
+// within them goes on to the chain's simulation (the rpc_url answers
+// nothing, so that is an error).
+func TestSVMComputeCapsOfZeroAreRefused(t *testing.T) {
+	seed := sha256.Sum256([]byte("svm zero caps fee payer"))
+	key := ed25519.NewKeyFromSeed(seed[:])
+	keyFile := filepath.Join(t.TempDir(), "k")
+	if err := os.WriteFile(keyFile, []byte(base58.Encode(key)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, opt := range []string{"max_compute_units", "max_compute_unit_price"} {
+		for _, bad := range []string{"0", "-1", "+1", "x", "18446744073709551616"} {
+			err := new(SVMFacilitator).UnmarshalCaddyfile(caddyfile.NewTestDispenser("svm {\n" + opt + " " + bad + "\n}"))
+			wantErr(t, err, opt+": must be a whole number of at least 1")
+		}
+	}
+	wantErr(t, new(SVMFacilitator).UnmarshalCaddyfile(caddyfile.NewTestDispenser("svm {\nmax_compute_units 4294967296\n}")),
+		"max_compute_units: must be a whole number of at least 1")
+
+	// Through the adapter: the whole Caddyfile is refused.
+	site := func(caps string) string {
+		return `:1 {
+	x402_facilitator {
+		pay_to ` + cfgPayTo + `
+		svm {
+			network solana-devnet
+			rpc_url http://127.0.0.1:1
+			fee_payer_key_file ` + keyFile + `
+			` + caps + `
+		}
+	}
+}
+`
+	}
+	adapter := caddyconfig.GetAdapter("caddyfile")
+	if _, _, err := adapter.Adapt([]byte(site("max_compute_unit_price 0")), map[string]any{"filename": "Caddyfile"}); err == nil || !strings.Contains(err.Error(), "max_compute_unit_price: must be a whole number of at least 1") {
+		t.Fatalf("adapting max_compute_unit_price 0: %v", err)
+	}
+	js, _, err := adapter.Adapt([]byte(site("max_compute_units 1\n\t\t\tmax_compute_unit_price 1")), map[string]any{"filename": "Caddyfile"})
+	if err != nil || !bytes.Contains(js, []byte(`"max_compute_units":1,`)) || !bytes.Contains(js, []byte(`"max_compute_unit_price":1,`)) {
+		t.Fatalf("adapting caps of 1: %v\n%s", err, js)
+	}
+
+	// The JSON config, as Caddy loads a module (strict decoding, then
+	// Provision).
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	module := func(caps string) json.RawMessage {
+		kf, _ := json.Marshal(keyFile)
+		return json.RawMessage(`{"network":"solana-devnet","rpc_url":"http://127.0.0.1:1","fee_payer_key_file":` + string(kf) + caps + `}`)
+	}
+	for _, bad := range []string{`,"max_compute_units":0`, `,"max_compute_unit_price":0`, `,"max_failed_per_payer":0`, `,"max_in_flight_per_payer":-1`, `,"max_failed_lamports":0`, `,"max_priority_fee_past_budget":0`} {
+		if _, err := ctx.LoadModuleByID("x402.facilitators.svm", module(bad)); err == nil || !strings.Contains(err.Error(), "must be a whole number of at least 1 (leave it out for the default)") {
+			t.Errorf("loading %s: %v", bad, err)
+		}
+	}
+	if _, err := ctx.LoadModuleByID("x402.facilitators.svm", module(`,"max_compute_unit_prize":1`)); err == nil || !strings.Contains(err.Error(), "unknown field") {
+		t.Errorf("an unknown field: %v", err)
+	}
+	mod, err := ctx.LoadModuleByID("x402.facilitators.svm", module(`,"max_compute_units":20000,"max_compute_unit_price":1`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := mod.(*SVMFacilitator)
+	defer m.Cleanup()
+
+	payer := ed25519.NewKeyFromSeed(make([]byte, 32))
+	var fp, payTo svmfacilitator.PublicKey
+	copy(fp[:], key.Public().(ed25519.PublicKey))
+	payTo[0] = 9
+	mint, _ := svmfacilitator.ParsePublicKey(solanachain.USDC)
+	p := svmfacilitator.Payment{FeePayer: fp, Authority: payer, Mint: mint, Program: svmfacilitator.TokenProgram, PayTo: payTo, Amount: 20000, Decimals: 6}
+	req := x402.PaymentRequirements{Scheme: "exact", Network: x402.NetworkSolanaDevnet, Amount: "20000", Asset: solanachain.USDC,
+		PayTo: payTo.String(), MaxTimeoutSeconds: 60, Extra: map[string]any{"feePayer": fp.String()}}
+	ixs := p.Instructions()
+	ixs[1] = svmfacilitator.ComputePriceIx(2)
+	if v, err := m.Verify(t.Context(), svmfacilitator.Payload(p.Build(ixs), req), req); err != nil || v.InvalidReason != svmfacilitator.ReasonComputePriceTooHigh {
+		t.Fatalf("a price of 2 over a cap of 1: %+v %v", v, err)
+	}
+	ixs[0], ixs[1] = svmfacilitator.ComputeLimitIx(20_001), svmfacilitator.ComputePriceIx(1)
+	if v, err := m.Verify(t.Context(), svmfacilitator.Payload(p.Build(ixs), req), req); err != nil || v.InvalidReason != svmfacilitator.ReasonComputeLimitTooHigh {
+		t.Fatalf("a limit of 20,001 over a cap of 20,000: %+v %v", v, err)
+	}
+	if v, err := m.Verify(t.Context(), svmfacilitator.Payload(p.Build(p.Instructions()), req), req); err == nil || !strings.Contains(err.Error(), "simulating") {
+		t.Fatalf("the official client's 20,000 units at 1 micro-lamport: %+v %v; want the chain asked", v, err)
 	}
 }
