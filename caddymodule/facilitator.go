@@ -126,6 +126,15 @@ type EVMFacilitator struct {
 	uses    *inflight.Config
 }
 
+// UnmarshalJSON decodes the JSON config as Caddy does, and refuses a
+// failure budget written as 0 or less (refuseWrittenZero): a written
+// "max_failed_per_payer": 0 (an operator allowing no reverted settlement)
+// would otherwise read as the default, 3.
+func (m *EVMFacilitator) UnmarshalJSON(b []byte) error {
+	type plain EVMFacilitator // without this method
+	return refuseWrittenZero(b, (*plain)(m), "evm facilitator")
+}
+
 // CaddyModule returns the Caddy module information.
 func (EVMFacilitator) CaddyModule() caddy.ModuleInfo {
 	return caddy.ModuleInfo{ID: "x402.facilitators.evm", New: func() caddy.Module { return new(EVMFacilitator) }}

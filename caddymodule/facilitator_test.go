@@ -377,6 +377,11 @@ func TestEVMFacilitatorProvisionErrors(t *testing.T) {
 		{"devnet cannot run on another network", `{"network":"base","devnet":{}}`, "devnet runs on eip155:1337"},
 		{"devnet brings its own chain", `{"rpc_url":"http://127.0.0.1:1","devnet":{}}`, "drop rpc_url"},
 		{"a devnet RPC address that cannot be bound is refused", `{"devnet":{"rpc_listen":"256.0.0.1:1"}}`, "starting devnet"},
+		// Written as 0 (or less), a failure budget would read as its
+		// default (3 reverted settlements, 16 in flight): refused.
+		{"a failure budget of 0 is refused", `{"network":"base","rpc_url":"http://127.0.0.1:1","max_failed_per_payer":0}`, "max_failed_per_payer must be a whole number of at least 1"},
+		{"an in-flight cap below 1 is refused", `{"network":"base","rpc_url":"http://127.0.0.1:1","max_in_flight_per_payer":-1}`, "max_in_flight_per_payer must be a whole number of at least 1"},
+		{"an unknown field is still refused", `{"network":"base","rpc_url":"http://127.0.0.1:1","max_failed_per_payr":1}`, "unknown field"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.desc, func(t *testing.T) {

@@ -227,31 +227,40 @@ func (m *SVMFacilitator) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return nil
 }
 
-// UnmarshalJSON decodes the JSON config as Caddy does (unknown fields
-// refused), and refuses a count, cap or budget given as 0 or less: the
-// zero value of such a field means "the default", so a written
-// "max_compute_unit_price": 0 (an operator refusing priority fees) would
-// otherwise read as the largest default, 5,000,000 micro-lamports per unit.
-// Leaving the field out is the way to ask for the default.
+// UnmarshalJSON decodes the JSON config as Caddy does, and refuses a
+// count, cap or budget written as 0 or less (refuseWrittenZero): a
+// written "max_compute_unit_price": 0 (an operator refusing priority fees)
+// would otherwise read as the largest default, 5,000,000 micro-lamports
+// per unit.
 func (m *SVMFacilitator) UnmarshalJSON(b []byte) error {
 	type plain SVMFacilitator // without this method
-	if err := caddy.StrictUnmarshalJSON(b, (*plain)(m)); err != nil {
+	return refuseWrittenZero(b, (*plain)(m), "svm facilitator")
+}
+
+// refuseWrittenZero decodes a facilitator's JSON config into v (a pointer
+// to its struct, as Caddy decodes it: unknown fields refused), and refuses
+// any of its counts, caps or budgets (int, uint32 and uint64 fields) that
+// is written as 0 or less. The zero value of such a field means "the
+// default", which is never what an operator writing 0 means (no
+// failures, no priority fee); leaving the field out is the way to ask for
+// the default. caddy.Duration fields (int64) have rules of their own.
+func refuseWrittenZero(b []byte, v any, module string) error {
+	if err := caddy.StrictUnmarshalJSON(b, v); err != nil {
 		return err
 	}
 	var given map[string]json.RawMessage
 	if err := json.Unmarshal(b, &given); err != nil {
 		return err
 	}
-	v := reflect.ValueOf(m).Elem()
-	for i := range v.NumField() {
-		f, fv := v.Type().Field(i), v.Field(i)
+	rv := reflect.ValueOf(v).Elem()
+	for i := range rv.NumField() {
+		f, fv := rv.Type().Field(i), rv.Field(i)
 		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
 		if _, ok := given[name]; !ok {
 			continue
 		}
-		// The counts and caps: caddy.Duration (int64) has rules of its own.
 		if k := f.Type.Kind(); (k == reflect.Int && fv.Int() < 1) || ((k == reflect.Uint32 || k == reflect.Uint64) && fv.Uint() == 0) {
-			return fmt.Errorf("svm facilitator: %s must be a whole number of at least 1 (leave it out for the default)", name)
+			return fmt.Errorf("%s: %s must be a whole number of at least 1 (leave it out for the default)", module, name)
 		}
 	}
 	return nil
