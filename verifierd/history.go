@@ -5,7 +5,6 @@ import (
 	"errors"
 	"log/slog"
 	"strings"
-	"time"
 
 	"github.com/aovhq/aov/store"
 	"github.com/aovhq/aov/store/pghistory"
@@ -25,10 +24,9 @@ func openHistory(ctx context.Context, c config, log *slog.Logger) (history, erro
 	case c.history == "":
 		return store.Open(c.dataDir, store.Options{NoSync: c.noSync, Logger: log})
 	case strings.HasPrefix(c.history, "postgres://"), strings.HasPrefix(c.history, "postgresql://"):
-		// Bounded: a database that does not answer must not hang start-up.
-		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
-		return pghistory.Open(ctx, c.history)
+		// Bounded by pghistory's defaults: a database that does not
+		// answer fails the start, a large history's upgrade does not.
+		return pghistory.Open(ctx, c.history, pghistory.Options{Logger: log})
 	}
 	return nil, errors.New("-history must be a postgres:// address")
 }

@@ -14,7 +14,7 @@ import (
 func BenchmarkPostgresHistory(b *testing.B) {
 	srv := servers.StartPostgres(b, "-c", "fsync=on", "-c", "synchronous_commit=on")
 	ctx := context.Background()
-	h, err := Open(ctx, srv.DSN)
+	h, err := Open(ctx, srv.DSN, Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -27,7 +27,7 @@ func BenchmarkPostgresHistory(b *testing.B) {
 func BenchmarkPostgresOwnedRead(b *testing.B) {
 	srv := servers.StartPostgres(b)
 	ctx := context.Background()
-	h, err := Open(ctx, srv.DSN)
+	h, err := Open(ctx, srv.DSN, Options{})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -2,9 +2,10 @@ package pghistory
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -79,43 +80,42 @@ func (h *History) AuthenticatedVerifications(ctx context.Context, agentID, curso
 	return h.page(ctx, agentID, true, cursor, limit)
 }
 
+// authenticatedRecord is how a record of version 1 says it is
+// authenticated, as a regular expression over the record in PostgreSQL's
+// escape encoding (ASCII only, so it reads the same on any server
+// encoding, and a NUL the record holds is harmless). The record is Go's
+// JSON of a store.Verification, which writes "authenticated":true only
+// when it is set; whitespace is allowed all the same. Inside a JSON
+// string every quote is escaped, so a quote, the name and a quote with
+// nothing between them occur only as a key, and Verification has no
+// nested objects.
+const authenticatedRecord = `"authenticated"\s*:\s*true`
+
 // migrateAuthenticated brings a version 1 database to version 2: it sets
 // the authenticated column (added by the schema statements) of every
 // authenticated record, read from the record itself, then the version.
 // It runs inside the migration's transaction, so it happens once and
-// entirely or not at all.
-func migrateAuthenticated(ctx context.Context, tx pgx.Tx) error {
-	rows, err := tx.Query(ctx, `SELECT id, record FROM aov_verifications WHERE agent_id IS NOT NULL`)
+// entirely or not at all, and it is one statement computed in the
+// database: it reads every record once and moves none of them to the
+// client. Measured on a vacuumed history with one record in ten
+// authenticated, it takes 1.1 to 1.4 s per 100,000 records, most of it
+// writing the flagged rows; decoding the records in Go took 1.7 to 2.4 s
+// (2.8 s in production, so that 1,500,000 could not be upgraded within
+// an ordinary open's 30 s), and batches committed separately far longer.
+// The position test keeps the regular expression off the records that do
+// not name the flag at all, most of them.
+func migrateAuthenticated(ctx context.Context, tx pgx.Tx, log *slog.Logger) error {
+	log.Info("history: upgrading to schema version 2: flagging the authenticated records; this reads every record once")
+	start := time.Now()
+	tag, err := tx.Exec(ctx, `UPDATE aov_verifications SET authenticated = true
+		WHERE agent_id IS NOT NULL AND position('"authenticated"'::bytea IN record) > 0 AND encode(record, 'escape') ~ $1`,
+		authenticatedRecord)
 	if err != nil {
-		return fmt.Errorf("history: migrating to schema version 2: %w", err)
-	}
-	var ids [][]byte
-	for rows.Next() {
-		var id, b []byte
-		if err := rows.Scan(&id, &b); err != nil {
-			rows.Close()
-			return fmt.Errorf("history: migrating to schema version 2: %w", err)
-		}
-		var v struct {
-			Authenticated bool `json:"authenticated"`
-		}
-		if err := json.Unmarshal(b, &v); err != nil {
-			rows.Close()
-			return fmt.Errorf("history: migrating to schema version 2: decoding verification: %w", err)
-		}
-		if v.Authenticated {
-			ids = append(ids, id)
-		}
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("history: migrating to schema version 2: %w", err)
-	}
-	if _, err := tx.Exec(ctx, `UPDATE aov_verifications SET authenticated = true WHERE id = ANY($1)`, ids); err != nil {
 		return fmt.Errorf("history: migrating to schema version 2: %w", err)
 	}
 	if _, err := tx.Exec(ctx, `UPDATE aov_schema_version SET version = $1`, schemaVersion); err != nil {
 		return fmt.Errorf("history: migrating to schema version 2: %w", err)
 	}
+	log.Info("history: upgraded to schema version 2", "authenticated_records", tag.RowsAffected(), "took", time.Since(start).String())
 	return nil
 }

@@ -17,6 +17,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -75,10 +76,43 @@ type History struct {
 	pool *pgxpool.Pool
 }
 
+// Options tune Open. The zero value is the default.
+type Options struct {
+	// Timeout bounds each step of Open that does no upgrade work
+	// (connecting, setting up or checking the schema), so that a database
+	// that does not answer fails the start instead of hanging it. Zero
+	// means DefaultTimeout.
+	Timeout time.Duration
+	// UpgradeTimeout bounds an upgrade of the schema's data (its work
+	// grows with the history: migrateAuthenticated) and the wait for
+	// another instance's upgrade, so that a large history is upgraded
+	// rather than rolled back at every start. Zero means
+	// DefaultUpgradeTimeout.
+	UpgradeTimeout time.Duration
+	// Logger is told when an upgrade or the wait for one starts and ends.
+	// Nil discards.
+	Logger *slog.Logger
+}
+
+// Defaults of Options.
+const (
+	DefaultTimeout        = 30 * time.Second
+	DefaultUpgradeTimeout = time.Hour
+)
+
 // Open connects to dsn (postgres://…), sets up or checks the schema under
 // an advisory lock (so instances starting together migrate once) and
-// returns the history.
-func Open(ctx context.Context, dsn string) (*History, error) {
+// returns the history. ctx cancels it; opts bound its steps.
+func Open(ctx context.Context, dsn string, opts Options) (*History, error) {
+	if opts.Timeout <= 0 {
+		opts.Timeout = DefaultTimeout
+	}
+	if opts.UpgradeTimeout <= 0 {
+		opts.UpgradeTimeout = DefaultUpgradeTimeout
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("history: parsing the PostgreSQL address: %w", err)
@@ -89,7 +123,7 @@ func Open(ctx context.Context, dsn string) (*History, error) {
 		return nil, fmt.Errorf("history: connecting to PostgreSQL: %w", err)
 	}
 	h := &History{pool: pool}
-	if err := h.migrate(ctx); err != nil {
+	if err := h.migrate(ctx, opts); err != nil {
 		pool.Close()
 		return nil, err
 	}
@@ -129,33 +163,100 @@ func sessionDefault(params map[string]string, name, value string) {
 	params[name] = value
 }
 
-func (h *History) migrate(ctx context.Context) error {
-	return pgx.BeginFunc(ctx, h.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(migrationLock)); err != nil {
-			return fmt.Errorf("history: taking the migration lock: %w", err)
+// migrate sets up or checks the schema in one transaction under the
+// migration lock, each step under its own bound (Options): a step that
+// waits for or does upgrade work gets UpgradeTimeout, any other Timeout.
+// The transaction may stay open far longer than Timeout while it waits or
+// upgrades; the server does not end it (idleInTransactionTimeout counts
+// only the time between statements).
+func (h *History) migrate(ctx context.Context, opts Options) error {
+	step := func(long bool) (context.Context, context.CancelFunc) {
+		if long {
+			return context.WithTimeout(ctx, opts.UpgradeTimeout)
 		}
-		for _, stmt := range schema {
-			if _, err := tx.Exec(ctx, stmt); err != nil {
-				return fmt.Errorf("history: setting up the schema: %w", err)
-			}
+		return context.WithTimeout(ctx, opts.Timeout)
+	}
+	sctx, cancel := step(false)
+	conn, err := h.pool.Acquire(sctx)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("history: connecting to PostgreSQL: %w", err)
+	}
+	// Released inside a failed transaction, the connection is closed by
+	// the pool and the server rolls the transaction back.
+	defer conn.Release()
+	sctx, cancel = step(false)
+	tx, err := conn.Begin(sctx)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("history: setting up the schema: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if err := lockMigration(ctx, tx, step, opts.Logger); err != nil {
+		return err
+	}
+	// The version first: a version 1 database gets the rest of the
+	// schema (an index built over its records) under the upgrade's bound.
+	sctx, cancel = step(false)
+	defer cancel()
+	var v int
+	_, err = tx.Exec(sctx, schema[0])
+	if err == nil {
+		err = tx.QueryRow(sctx, `SELECT version FROM aov_schema_version`).Scan(&v)
+	}
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("history: reading the schema version: %w", err)
+	}
+	fresh := errors.Is(err, pgx.ErrNoRows)
+	uctx, cancel := step(v == 1)
+	defer cancel()
+	for _, stmt := range schema[1:] {
+		if _, err := tx.Exec(uctx, stmt); err != nil {
+			return fmt.Errorf("history: setting up the schema: %w", err)
 		}
-		var v int
-		err := tx.QueryRow(ctx, `SELECT version FROM aov_schema_version`).Scan(&v)
-		if errors.Is(err, pgx.ErrNoRows) {
-			_, err = tx.Exec(ctx, `INSERT INTO aov_schema_version VALUES ($1)`, schemaVersion)
+	}
+	switch {
+	case fresh:
+		if _, err := tx.Exec(sctx, `INSERT INTO aov_schema_version VALUES ($1)`, schemaVersion); err != nil {
+			return fmt.Errorf("history: setting up the schema: %w", err)
+		}
+	case v == 1:
+		if err := migrateAuthenticated(uctx, tx, opts.Logger); err != nil {
 			return err
 		}
-		if err != nil {
-			return fmt.Errorf("history: reading the schema version: %w", err)
-		}
-		if v == 1 {
-			return migrateAuthenticated(ctx, tx)
-		}
-		if v != schemaVersion {
-			return fmt.Errorf("history: the database has schema version %d; this build reads version %d", v, schemaVersion)
-		}
+	case v != schemaVersion:
+		return fmt.Errorf("history: the database has schema version %d; this build reads version %d", v, schemaVersion)
+	}
+	cctx, cancel := step(false)
+	defer cancel()
+	if err := tx.Commit(cctx); err != nil {
+		return fmt.Errorf("history: setting up the schema: %w", err)
+	}
+	return nil
+}
+
+// lockMigration takes the migration lock in tx. A lock another instance
+// holds is waited for under UpgradeTimeout, and logged: that instance may
+// be upgrading a large history.
+func lockMigration(ctx context.Context, tx pgx.Tx, step func(bool) (context.Context, context.CancelFunc), log *slog.Logger) error {
+	sctx, cancel := step(false)
+	defer cancel()
+	var got bool
+	if err := tx.QueryRow(sctx, `SELECT pg_try_advisory_xact_lock($1)`, int64(migrationLock)).Scan(&got); err != nil {
+		return fmt.Errorf("history: taking the migration lock: %w", err)
+	}
+	if got {
 		return nil
-	})
+	}
+	log.Info("history: another instance is setting up or upgrading the schema; waiting for it")
+	start := time.Now()
+	uctx, cancel := step(true)
+	defer cancel()
+	if _, err := tx.Exec(uctx, `SELECT pg_advisory_xact_lock($1)`, int64(migrationLock)); err != nil {
+		return fmt.Errorf("history: waiting for another instance's schema upgrade: %w", err)
+	}
+	log.Info("history: the other instance is done with the schema", "waited", time.Since(start).String())
+	return nil
 }
 
 // Close closes the connection pool.

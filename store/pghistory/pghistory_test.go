@@ -35,7 +35,7 @@ func freshDB(t *testing.T, srv *servers.Postgres) string {
 
 func open(t *testing.T, dsn string) *History {
 	t.Helper()
-	h, err := Open(context.Background(), dsn)
+	h, err := Open(context.Background(), dsn, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +75,7 @@ func TestConcurrentMigrations(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			<-start
-			hs[i], errs[i] = Open(ctx, dsn)
+			hs[i], errs[i] = Open(ctx, dsn, Options{})
 		}()
 	}
 	close(start)
@@ -104,7 +104,7 @@ func TestConcurrentMigrations(t *testing.T) {
 	if _, err := conn.Exec(ctx, "UPDATE aov_schema_version SET version = 99"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Open(ctx, dsn); err == nil || !strings.Contains(err.Error(), "version 99") {
+	if _, err := Open(ctx, dsn, Options{}); err == nil || !strings.Contains(err.Error(), "version 99") {
 		t.Fatalf("Open of a newer schema = %v, want a refusal", err)
 	}
 }

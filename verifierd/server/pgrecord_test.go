@@ -23,7 +23,7 @@ func pgFixture(t *testing.T) (*fixture, *servers.PGFault, *pghistory.History) {
 	proxy := servers.StartPGFault(t, srv)
 	ctx := context.Background()
 	open := func(dsn string) *pghistory.History {
-		h, err := pghistory.Open(ctx, dsn)
+		h, err := pghistory.Open(ctx, dsn, pghistory.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
