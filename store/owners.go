@@ -1,9 +1,13 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
 
 	"github.com/dgraph-io/badger/v4"
 )
@@ -96,6 +100,51 @@ func getOwner(txn *tx, k []byte) (string, error) {
 		return "", fmt.Errorf("reading agent owner: %w", err)
 	}
 	return string(v), nil
+}
+
+// OwnerRecord is one agent id's owner, as AgentOwners lists them.
+type OwnerRecord struct{ AgentID, Owner string }
+
+// AgentOwners lists up to limit owner records (at least one), in the
+// store's key order, starting after the agent id after ("" for the first
+// page; then the last AgentID of the previous page). A page shorter than
+// limit is the last. verifierd copy-history reads every owner with it to
+// copy them into a shared history: a store has no other way to name them.
+func (db *DB) AgentOwners(ctx context.Context, after string, limit int) ([]OwnerRecord, error) {
+	limit = max(limit, 1)
+	var out []OwnerRecord
+	prefix := []byte{tagOwner}
+	err := db.view(ctx, func(txn *tx) error {
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: true, PrefetchSize: min(limit, 100)})
+		defer it.Close()
+		seek := ownerKey(after)
+		for it.Seek(seek); it.ValidForPrefix(prefix) && len(out) < limit; it.Next() {
+			k := it.Item().Key()
+			if after != "" && bytes.Equal(k, seek) {
+				continue
+			}
+			v, err := it.Item().ValueCopy(nil)
+			if err != nil {
+				return fmt.Errorf("reading agent owner: %w", err)
+			}
+			out = append(out, OwnerRecord{AgentID: string(k[3:]), Owner: string(v)})
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// Exists reports whether dir holds a store, without creating anything:
+// Badger's manifest is the first file Open writes there.
+func Exists(dir string) (bool, error) {
+	_, err := os.Stat(filepath.Join(dir, badger.ManifestFilename))
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	return err == nil, err
 }
 
 // Interface guard

@@ -126,3 +126,55 @@ func TestOwners(t *testing.T) {
 		}
 	})
 }
+
+// TestAgentOwnersPages: AgentOwners lists every owner once, page after
+// page, agent ids of any bytes included; Exists tells a directory that
+// holds a store from one that does not, creating nothing.
+func TestAgentOwnersPages(t *testing.T) {
+	ctx := context.Background()
+	db, dir := openTemp(t, Options{})
+	want := map[string]string{"nul\x00id": "0xn"}
+	for i := range 250 {
+		want[fmt.Sprintf("agent-%d", i)] = fmt.Sprintf("0x%d", i)
+	}
+	want[strings.Repeat("z", 300)] = "0xlong"
+	for agent, owner := range want {
+		if _, err := db.BindAgent(ctx, agent, owner); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := map[string]string{}
+	pages := 0
+	for after := ""; ; {
+		page, err := db.AgentOwners(ctx, after, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pages++
+		for _, o := range page {
+			if _, ok := got[o.AgentID]; ok {
+				t.Fatalf("%q listed twice", o.AgentID)
+			}
+			got[o.AgentID] = o.Owner
+		}
+		if len(page) < 100 {
+			break
+		}
+		after = page[len(page)-1].AgentID
+	}
+	if len(got) != len(want) || pages != 3 {
+		t.Fatalf("%d owners in %d pages, want %d in 3", len(got), pages, len(want))
+	}
+	for agent, owner := range want {
+		if got[agent] != owner {
+			t.Fatalf("owner of %q listed as %q, want %q", agent, got[agent], owner)
+		}
+	}
+	if ok, err := Exists(dir); !ok || err != nil {
+		t.Fatalf("Exists of a store's directory = %v, %v", ok, err)
+	}
+	none := filepath.Join(t.TempDir(), "none")
+	if ok, err := Exists(none); ok || err != nil {
+		t.Fatalf("Exists of no directory = %v, %v", ok, err)
+	}
+}
