@@ -7,6 +7,11 @@
 // and score as the MCP tools verify_schema and get_verification_record.
 // It runs behind the gateway (Caddy), which owns payments and allowances.
 //
+// verifierd copy-history, with the flags of a verifierd moving from its
+// Badger history (-data) to a PostgreSQL one (-history), copies the agent
+// owners and records into PostgreSQL; verifierd refuses to start on
+// PostgreSQL until they are there (history.go).
+//
 // Every flag can also be set from the environment as VERIFIERD_<FLAG>, with
 // dashes as underscores (VERIFIERD_PUBLIC_BASE_URL); a flag on the command
 // line wins. The gateway token comes from -gateway-token-file or
@@ -147,18 +152,13 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 // -shutdown-timeout before closing the store. ready, if set, is told the
 // bound addresses once both listeners accept (admin is "" when disabled).
 func run(ctx context.Context, args []string, stderr io.Writer, ready func(api, admin string)) error {
-	c, err := parseFlags(args, stderr)
-	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
+	if len(args) > 0 && args[0] == "copy-history" {
+		return copyHistory(ctx, args[1:], stderr)
+	}
+	c, log, err := parseConfig(args, stderr)
+	if err != nil || log == nil {
 		return err
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(c.logLevel)); err != nil {
-		return fmt.Errorf("log level: %w", err)
-	}
-	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
 
 	gwToken, err := gatewayToken(c.gatewayTokenFile)
 	if err != nil {
@@ -277,6 +277,23 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(api, a
 		}
 	}
 	return firstErr
+}
+
+// parseConfig reads the flags and environment and makes the log they
+// ask for. After -h it returns neither a log nor an error.
+func parseConfig(args []string, stderr io.Writer) (config, *slog.Logger, error) {
+	c, err := parseFlags(args, stderr)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return c, nil, nil
+		}
+		return c, nil, err
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(c.logLevel)); err != nil {
+		return c, nil, fmt.Errorf("log level: %w", err)
+	}
+	return c, slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level})), nil
 }
 
 // verifyConfig is the verifier's configuration from the flags.

@@ -302,18 +302,9 @@ SELECT count(*), pg_current_xact_id()::text FROM ins`
 // sent its outcome is awaited, bounded by commitTimeout rather than by the
 // caller, as the embedded store awaits a group commit it has taken.
 func (h *History) RecordVerification(ctx context.Context, v store.Verification) error {
-	if err := v.Prepare(); err != nil {
-		return err
-	}
-	val, err := json.Marshal(v)
+	args, err := recordArgs(v)
 	if err != nil {
-		return fmt.Errorf("encoding verification: %w", err)
-	}
-	var one store.Counts
-	one.Add(v)
-	var agent []byte
-	if v.AgentID != "" {
-		agent = []byte(v.AgentID)
+		return err
 	}
 	// The caller's deadline holds at the last instant before the write,
 	// even in a process resumed before the context's timer fired.
@@ -332,9 +323,7 @@ func (h *History) RecordVerification(ctx context.Context, v store.Verification) 
 	var xid string
 	b := &pgx.Batch{}
 	b.Queue(`BEGIN`)
-	b.Queue(record, []byte(v.ID), v.VerifiedAt.UnixNano(), agent, val,
-		one.Pass, one.Fail, one.AuthenticatedPass, one.AuthenticatedFail, one.Paid, v.Authenticated, v.Counted()).
-		QueryRow(func(row pgx.Row) error { return row.Scan(&n, &xid) })
+	b.Queue(record, args...).QueryRow(func(row pgx.Row) error { return row.Scan(&n, &xid) })
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("history: recording verification: %w", err)
 	}
@@ -345,6 +334,26 @@ func (h *History) RecordVerification(ctx context.Context, v store.Verification) 
 		return err
 	}
 	return h.commit(ctx, conn, xid)
+}
+
+// recordArgs checks and normalises v (store.Verification.Prepare) and
+// returns the arguments of the record statement that records it.
+func recordArgs(v store.Verification) ([]any, error) {
+	if err := v.Prepare(); err != nil {
+		return nil, err
+	}
+	val, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("encoding verification: %w", err)
+	}
+	var one store.Counts
+	one.Add(v)
+	var agent []byte
+	if v.AgentID != "" {
+		agent = []byte(v.AgentID)
+	}
+	return []any{[]byte(v.ID), v.VerifiedAt.UnixNano(), agent, val,
+		one.Pass, one.Fail, one.AuthenticatedPass, one.AuthenticatedFail, one.Paid, v.Authenticated, v.Counted()}, nil
 }
 
 // commitTimeout bounds the wait for a COMMIT's answer, and then again the

@@ -1,0 +1,136 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aovhq/aov/internal/servers"
+	"github.com/aovhq/aov/store"
+	"github.com/aovhq/aov/store/pghistory"
+	"github.com/aovhq/aov/store/storetest"
+)
+
+// TestSwitchToPostgresKeepsOwners: a verifierd moved from its Badger
+// history in -data to -history postgres:// refuses to start while -data
+// holds owners or records PostgreSQL lacks, naming copy-history; that
+// command copies them (again and again without harm), after which the
+// start succeeds and the owner of an agent id is the one -data recorded:
+// another wallet cannot take the name. An owner PostgreSQL already gives
+// to another wallet is never overwritten: both the copy and the start
+// refuse.
+func TestSwitchToPostgresKeepsOwners(t *testing.T) {
+	ctx := context.Background()
+	log := slog.New(slog.DiscardHandler)
+	dir := t.TempDir()
+	const owner = "0x1111111111111111111111111111111111111111"
+	const thief = "0x9999999999999999999999999999999999999999"
+	at := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+
+	h, err := openHistory(ctx, config{dataDir: dir}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, agent := range []string{"seller-7", "contested"} {
+		if o, err := h.(store.Owners).BindAgent(ctx, agent, owner); err != nil || o != owner {
+			t.Fatalf("bind on Badger: %q %v", o, err)
+		}
+	}
+	// More records than one page of the history, authenticated or not.
+	for i := range 150 {
+		v := storetest.Sample("v"+string(rune('A'+i/26))+string(rune('a'+i%26)), "seller-7", at.Add(time.Duration(i)*time.Second), "pass")
+		if i%3 == 0 {
+			v.Authenticated, v.Wallet = true, owner
+		}
+		if i%7 == 0 {
+			v.AgentID = ""
+		}
+		if err := h.RecordVerification(ctx, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := h.AgentCounts(ctx, "seller-7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Close()
+
+	srv := servers.StartPostgres(t)
+	pg := config{dataDir: dir, history: srv.DSN}
+	if _, err := openHistory(ctx, pg, log); err == nil || !strings.Contains(err.Error(), "verifierd copy-history") {
+		t.Fatalf("start on PostgreSQL with an uncopied -data = %v, want a refusal naming copy-history", err)
+	}
+	copyHistory := func() (string, error) {
+		var out bytes.Buffer
+		err := run(ctx, []string{"copy-history", "-data", dir, "-history", srv.DSN}, &out, nil)
+		return out.String(), err
+	}
+	if out, err := copyHistory(); err != nil || !strings.Contains(out, `"owners":2`) || !strings.Contains(out, `"records":150`) {
+		t.Fatalf("copy-history: %v\n%s", err, out)
+	}
+	if out, err := copyHistory(); err != nil || !strings.Contains(out, `"owners":0`) || !strings.Contains(out, `"records":0`) {
+		t.Fatalf("copy-history again: %v\n%s", err, out)
+	}
+	h, err = openHistory(ctx, pg, log)
+	if err != nil {
+		t.Fatalf("start after copy-history: %v", err)
+	}
+	if o, err := h.(store.Owners).BindAgent(ctx, "seller-7", thief); err != nil || o != owner {
+		t.Fatalf("after the switch another wallet's bind of seller-7 returns owner %q (%v), want %s", o, err, owner)
+	}
+	if c, err := h.AgentCounts(ctx, "seller-7"); err != nil || c != want {
+		t.Fatalf("counts after the copy %+v (%v), want %+v", c, err, want)
+	}
+	auth, _, err := h.(*pghistory.History).AuthenticatedVerifications(ctx, "seller-7", "", 100)
+	if err != nil || len(auth) != 42 {
+		t.Fatalf("%d authenticated records after the copy (%v), want 42", len(auth), err)
+	}
+	all, _, err := h.Verifications(ctx, "", "", 100)
+	if err != nil || len(all) != 100 {
+		t.Fatalf("%d records on the first page (%v)", len(all), err)
+	}
+	h.Close()
+
+	// An owner PostgreSQL gives to another wallet: refused, not overwritten.
+	p, err := pghistory.Open(ctx, srv.DSN, pghistory.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	b, err := store.Open(dir, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o, err := b.BindAgent(ctx, "taken", owner); err != nil || o != owner {
+		t.Fatal(o, err)
+	}
+	b.Close()
+	if o, err := p.BindAgent(ctx, "taken", thief); err != nil || o != thief {
+		t.Fatal(o, err)
+	}
+	if out, err := copyHistory(); err == nil || !strings.Contains(err.Error(), "1 agent id") {
+		t.Fatalf("copy-history over another owner: %v\n%s", err, out)
+	}
+	if o, _ := p.AgentOwner(ctx, "taken"); o != thief {
+		t.Fatalf("copy-history overwrote an owner with %q", o)
+	}
+	if _, err := openHistory(ctx, pg, log); err == nil || !strings.Contains(err.Error(), "1 agent id") {
+		t.Fatalf("start with an owner conflict = %v, want a refusal", err)
+	}
+
+	// A -data that holds no history is neither refused nor created.
+	none := filepath.Join(t.TempDir(), "none")
+	h, err = openHistory(ctx, config{dataDir: none, history: srv.DSN}, log)
+	if err != nil {
+		t.Fatalf("start with an empty -data: %v", err)
+	}
+	h.Close()
+	if _, err := os.Stat(none); !os.IsNotExist(err) {
+		t.Fatalf("the start made -data: %v", err)
+	}
+}
