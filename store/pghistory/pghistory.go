@@ -182,8 +182,9 @@ func (h *History) migrate(ctx context.Context, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("history: connecting to PostgreSQL: %w", err)
 	}
-	// Released inside a failed transaction, the connection is closed by
-	// the pool and the server rolls the transaction back.
+	// Released inside a transaction (every return before the COMMIT),
+	// the connection is closed by the pool and the server rolls the
+	// transaction back: no ROLLBACK that could wait on a stalled server.
 	defer conn.Release()
 	sctx, cancel = step(false)
 	tx, err := conn.Begin(sctx)
@@ -191,7 +192,6 @@ func (h *History) migrate(ctx context.Context, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("history: setting up the schema: %w", err)
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
 	if err := lockMigration(ctx, tx, step, opts.Logger); err != nil {
 		return err
 	}
