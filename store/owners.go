@@ -5,9 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
-	"os"
-	"path/filepath"
 
 	"github.com/dgraph-io/badger/v4"
 )
@@ -135,16 +132,6 @@ func (db *DB) AgentOwners(ctx context.Context, after string, limit int) ([]Owner
 		return nil, err
 	}
 	return out, nil
-}
-
-// Exists reports whether dir holds a store, without creating anything:
-// Badger's manifest is the first file Open writes there.
-func Exists(dir string) (bool, error) {
-	_, err := os.Stat(filepath.Join(dir, badger.ManifestFilename))
-	if errors.Is(err, fs.ErrNotExist) {
-		return false, nil
-	}
-	return err == nil, err
 }
 
 // Interface guard

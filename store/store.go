@@ -20,6 +20,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -137,6 +138,16 @@ type DB struct {
 	// release is set on handles obtained from Shared: Close gives the
 	// reference back instead of closing Badger.
 	release func() error
+}
+
+// Exists reports whether dir holds a store, without creating anything:
+// Badger's manifest is the first file Open writes there.
+func Exists(dir string) (bool, error) {
+	_, err := os.Stat(filepath.Join(dir, badger.ManifestFilename))
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	return err == nil, err
 }
 
 // Open opens (creating if needed) the database in dir. Badger locks the

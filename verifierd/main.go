@@ -93,7 +93,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:8081", "address of the API (put the gateway in front of it)")
 	fs.StringVar(&c.adminListen, "admin-listen", "127.0.0.1:9091", "address of the admin listener (/metrics); empty disables it")
 	fs.StringVar(&c.dataDir, "data", "./data/verifierd", "directory of the verification history (Badger)")
-	fs.StringVar(&c.history, "history", "", "postgres://… to keep the verification history in PostgreSQL, shared by several verifierd (default: Badger in -data)")
+	fs.StringVar(&c.history, "history", "", "postgres://… to keep the verification history in PostgreSQL, shared by several verifierd (default: Badger in -data; verifierd copy-history copies that into PostgreSQL)")
 	fs.StringVar(&c.signerSocket, "signer-socket", "./data/certd.sock", "certd's signing socket")
 	fs.StringVar(&c.signerKeys, "signer-keys", "", "sign in this process with the keys of certd's key directory (one-machine installs where verifierd runs as certd's user; certd still makes, rotates and publishes the keys) instead of asking certd over -signer-socket")
 	fs.StringVar(&c.signerURL, "signer-url", "", "certd's loopback signing URL (instead of -signer-socket), e.g. http://127.0.0.1:8091")
