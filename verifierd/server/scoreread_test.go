@@ -48,7 +48,7 @@ func withHistories(t *testing.T, m *score.Method, test func(t *testing.T, f *fix
 				return c
 			}}
 			if backend == "postgres" {
-				h, err := pghistory.Open(context.Background(), servers.StartPostgres(t).DSN)
+				h, err := pghistory.Open(context.Background(), servers.StartPostgres(t).DSN, pghistory.Options{})
 				if err != nil {
 					t.Fatal(err)
 				}
