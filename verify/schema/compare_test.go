@@ -63,8 +63,11 @@ func TestLongStringConstIsCharged(t *testing.T) {
 // of one length (otherwise the equality check stops at the top); one step
 // for two numbers (each a big.Rat to the validator); and one step per 16
 // for anything else (short strings, or values that differ at the top). A
-// size counts every value inside, and a string one more per 4 KB.
+// size counts every value inside, and a string one more per 4 KB. A
+// failing application costs fail more (the validator's error for it; an
+// item's, at depth 1, as much again).
 func TestConstAndEnumSteps(t *testing.T) {
+	const fail = failureSteps
 	big := jsonArray(10_000, strconv.Itoa)
 	long, other := strings.Repeat("a", 8192), strings.Repeat("a", 8191)+"b"
 	for _, tc := range []struct {
@@ -73,25 +76,25 @@ func TestConstAndEnumSteps(t *testing.T) {
 	}{
 		// One step for the schema, plus the comparison.
 		{`{"const": [1, 2, 3]}`, `[1, 2, 3]`, 1 + 4},
-		{`{"const": [1, 2, 3]}`, `[1, 2, 4]`, 1 + 4},
+		{`{"const": [1, 2, 3]}`, `[1, 2, 4]`, 1 + 4 + fail},
 		{`{"const": {"a": [1, 2], "b": "x"}}`, `{"a": [1, 2], "b": "x"}`, 1 + 5},
-		{`{"const": [1, 2, 3]}`, `[1, 2]`, 1},                          // lengths differ: 1/16
-		{`{"const": [1, 2, 3]}`, `"s"`, 1},                             // types differ: 1/16
-		{`{"const": 5}`, `5.0`, 1 + 1},                                 // two numbers
-		{`{"const": "USD"}`, `"USD"`, 1},                               // two strings: 1/16
-		{`{"const": ` + big + `}`, `[1]`, 1},                           // lengths differ, however large
-		{`{"const": [` + big + `]}`, `[1]`, 1 + 2},                     // the smaller size counts
-		{`{"const": [1]}`, `[` + big + `]`, 1 + 2},                     // ... either way round
-		{`{"const": "` + long + `"}`, `"` + long + `"`, 1 + 3 + 8},     // compared (1 + 8 KB / 4 KB), applied to (8 KB / 1 KB)
-		{`{"const": ["` + long + `"]}`, `["` + other + `"]`, 1 + 4},    // compared to the end
-		{`{"const": ["` + long + `"]}`, `["` + long[1:] + `"]`, 1 + 3}, // the smaller size, a bound
-		{`{"const": "` + long + `"}`, `"` + long[1:] + `"`, 1},         // lengths differ: 1/16
+		{`{"const": [1, 2, 3]}`, `[1, 2]`, 1 + fail},                          // lengths differ: 1/16
+		{`{"const": [1, 2, 3]}`, `"s"`, 1 + fail},                             // types differ: 1/16
+		{`{"const": 5}`, `5.0`, 1 + 1},                                        // two numbers
+		{`{"const": "USD"}`, `"USD"`, 1},                                      // two strings: 1/16
+		{`{"const": ` + big + `}`, `[1]`, 1 + fail},                           // lengths differ, however large
+		{`{"const": [` + big + `]}`, `[1]`, 1 + 2 + fail},                     // the smaller size counts
+		{`{"const": [1]}`, `[` + big + `]`, 1 + 2 + fail},                     // ... either way round
+		{`{"const": "` + long + `"}`, `"` + long + `"`, 1 + 3 + 8},            // compared (1 + 8 KB / 4 KB), applied to (8 KB / 1 KB)
+		{`{"const": ["` + long + `"]}`, `["` + other + `"]`, 1 + 4 + fail},    // compared to the end
+		{`{"const": ["` + long + `"]}`, `["` + long[1:] + `"]`, 1 + 3 + fail}, // the smaller size, a bound
+		{`{"const": "` + long + `"}`, `"` + long[1:] + `"`, 1 + fail},         // lengths differ: 1/16
 		{`{"enum": [[1, 2], [1, 3]]}`, `[1, 3]`, 1 + 3 + 3},
 		{`{"enum": [1, 2, 3]}`, `3`, 1 + 3},
 		{`{"enum": [1, 2, 3]}`, `2`, 1 + 2}, // up to the match
 		{`{"enum": ["USD", "EUR"]}`, `"EUR"`, 1},
-		{`{"items": {"enum": ["USD", "EUR"]}}`, `["GBP", "GBP", "GBP", "GBP", "GBP", "GBP", "GBP", "GBP"]`, 1 + 8 + 1},
-		{`{"items": {"enum": ["USD", "EUR"]}}`, `["GBP", "GBP", "GBP", "GBP", "GBP", "GBP", "GBP", "GBP", "USD"]`, 1 + 9 + 1},
+		{`{"items": {"enum": ["USD", "EUR"]}}`, `["GBP", "GBP", "GBP", "GBP", "GBP", "GBP", "GBP", "GBP"]`, 1 + 8 + 1 + 8*fail + fail},
+		{`{"items": {"enum": ["USD", "EUR"]}}`, `["GBP", "GBP", "GBP", "GBP", "GBP", "GBP", "GBP", "GBP", "USD"]`, 1 + 9 + 1 + 8*fail + fail},
 	} {
 		s := mustCompile(t, tc.schema)
 		if got := stepsOf(t, s, decode(t, tc.inst)); got != tc.steps {

@@ -157,8 +157,12 @@ func (s *Schema) EvaluateWithin(instance any, opts Options) (Report, error) {
 
 // EvaluateContext is EvaluateWithin that also stops when ctx is done,
 // returning ctx.Err(). Every budget is enforced by the counting walk,
-// which runs first and checks ctx as it goes; the validator that runs
-// after it does no more work than the walk did, so it is not interrupted.
+// which runs first and checks ctx as it goes. The validator that runs
+// after it takes no context and cannot be interrupted: what bounds it is
+// the walk's charge for its work (the applications, comparisons and
+// failures it will make), so a request whose validation would cost more
+// is refused before it starts. A ctx that ran out while it ran still ends
+// the evaluation with ctx.Err(), not a report.
 func (s *Schema) EvaluateContext(ctx context.Context, instance any, opts Options) (Report, error) {
 	limit, maxRegex := opts.MaxSteps, opts.MaxRegexWork
 	if limit <= 0 {
@@ -173,10 +177,14 @@ func (s *Schema) EvaluateContext(ctx context.Context, instance any, opts Options
 	}
 
 	var rep Report
-	if err := s.sch.Validate(instance); err != nil {
+	invalid := s.sch.Validate(instance)
+	if err := ctx.Err(); err != nil {
+		return Report{}, err
+	}
+	if invalid != nil {
 		var verr *jsonschema.ValidationError
 		fs := failureSet{max: opts.MaxFailures, firsts: map[string]string{}}
-		if errors.As(err, &verr) {
+		if errors.As(invalid, &verr) {
 			collect(verr, instance, s, &fs)
 		}
 		if fs.total == 0 {
@@ -201,6 +209,9 @@ func (s *Schema) EvaluateContext(ctx context.Context, instance any, opts Options
 func (s *Schema) walk(ctx context.Context, instance any, undeclared bool, limit int, maxRegex int64) (counts, []decl, error) {
 	w := walker{s: s, undeclared: undeclared, limit: limit, maxRegexWork: maxRegex,
 		ctx: ctx, scope: make([]scopeEntry, 0, 16)}
+	if undeclared {
+		w.rendered = []string{""}
+	}
 	var u uneval
 	initUneval(&u, instance, s.sch, false)
 	c := w.eval(s.sch, instance, &u, 0)

@@ -1,0 +1,66 @@
+package schema
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// What the validator keeps for failures is charged by the walk before it
+// runs: a failing application costs failureSteps more, plus its instance
+// depth over failureDepthPerStep (each error holds its own copy of the
+// location); a missing required name a step, and 16 names looked up one
+// (required names, or members looked up in properties);
+// failures inside not and if, which the validator only asks for a yes or
+// no, nothing more.
+func TestFailureSteps(t *testing.T) {
+	const fail = failureSteps
+	deep := func(depth int) string { // an object depth levels deep, ending in "x"
+		return strings.Repeat(`{"a":`, depth) + `"x"` + strings.Repeat(`}`, depth)
+	}
+	names := func(n int) string {
+		var b strings.Builder
+		for i := range n {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString(`"n` + strconv.Itoa(i) + `"`)
+		}
+		return b.String()
+	}
+	// Every level of deep(10) is two failing applications (a schema and
+	// its $ref), each paying its depth.
+	nested := `{"$defs":{"n":{"properties":{"a":{"$ref":"#/$defs/n"}},"type":"object"}},"$ref":"#/$defs/n"}`
+	nestedSteps := 0
+	for vid := 0; vid <= 10; vid++ {
+		nestedSteps += 2 * (1 + fail + vid/failureDepthPerStep)
+	}
+	for _, tc := range []struct {
+		schema, inst string
+		steps        int
+	}{
+		{`{"type":"string"}`, `"x"`, 1},
+		{`{"type":"string"}`, `1`, 1 + fail},
+		{`false`, `1`, 1 + fail},
+		// Items fail at depth 1, and the array with them.
+		{`{"items":false}`, `[1,2,3]`, 1 + 3*(1+fail) + fail},
+		{nested, deep(10), nestedSteps},
+		// not and if pay nothing for the failures inside them.
+		{`{"not":{"type":"string"}}`, `1`, 2},
+		{`{"if":{"type":"string"},"then":false}`, `1`, 2},
+		{`{"not":{"type":"number"}}`, `1`, 2 + fail},
+		// required: a step per missing name, one per 16 looked up.
+		{`{"required":[` + names(32) + `]}`, `{}`, 1 + 32 + 2 + fail},
+		{`{"required":[` + names(32) + `]}`, `{"n0":0}`, 1 + 31 + 2 + fail},
+		{`{"required":["n0"]}`, `{"n0":0}`, 1},
+		// Members looked up in properties: one step per 16.
+		{`{"properties":{}}`, `{` + strings.ReplaceAll(names(32), `",`, `":0,`) + `:0}`, 1 + 2},
+		{`{"dependentRequired":{"a":[` + names(16) + `]}}`, `{"a":0}`, 1 + 16 + 1 + fail},
+		{`{"$schema":"http://json-schema.org/draft-07/schema#","dependencies":{"a":[` + names(16) + `]}}`, `{"a":0}`, 1 + 16 + 1 + fail},
+	} {
+		s := mustCompile(t, tc.schema)
+		if got := stepsOf(t, s, decode(t, tc.inst)); got != tc.steps {
+			t.Errorf("%.80s on %.60s: %d steps; want %d", tc.schema, tc.inst, got, tc.steps)
+		}
+	}
+}
