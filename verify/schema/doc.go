@@ -71,22 +71,30 @@
 // Suite is run through both and they agree on every required test.
 //
 // Every evaluation has budgets, enforced by the counting walk as it goes
-// (it runs before the validator and does at least the validator's work):
+// (it runs before the validator and does at least the validator's work,
+// or charges for it):
 // steps (Options.MaxSteps, one per subschema applied at one location; for
 // const and enum, each comparison by the size of the smaller value when
 // it goes past the top level, one for two numbers, one per 16 otherwise,
 // see walker.compare; for uniqueItems one per value hashed plus the
 // comparisons the validator will make, see unique.go; a string counts one
 // value per 4 KB of its text, and costs one step per KB each time a
-// schema is applied to it, which the validator copies it for),
+// schema is applied to it, which the validator copies it for; a failing
+// application by the errors the validator keeps for it, see
+// walker.failure; required names by those missing, and names and members
+// looked up one step per 16, see walker.missing; strict_content_check's
+// paths by their length, see walker.declPath),
 // since nested applicators that reapply shared subschemas make the work
 // exponential in the schema's size; regular-expression work
 // (Options.MaxRegexWork, each match charged its pattern's size times the
 // string's length before it runs, see regex.go); and a context, checked as
 // the walk goes. An evaluation past a budget stops and never passes.
+// The validator runs after the walk, takes no context and cannot be
+// interrupted: the walk's charges are the only bound on its work.
 // Compilation has limits too: the number of subschemas (CacheConfig.
-// MaxSchemas) and the size of each pattern (CacheConfig.MaxPatternSize),
-// its character classes bounded before it is parsed (prescan.go).
+// MaxSchemas), the size of each pattern (CacheConfig.MaxPatternSize),
+// its character classes bounded before it is parsed (prescan.go), and
+// the duplicate check of the enum arrays (MaxEnumSteps, checkEnums).
 // A report keeps at most Options.MaxFailures failures, so the memory of a
 // result does not grow with the number of failing values.
 //
