@@ -215,6 +215,14 @@ func TestTooManySubschemas(t *testing.T) {
 	if !errors.As(err, &ce) || ce.Fields[0].Field != "expected_schema" || !strings.Contains(ce.Fields[0].Problem, "more than 5000 subschemas") {
 		t.Fatalf("a schema of %d objects: %v; want a CompileError naming the limit", DefaultMaxSchemas+1, err)
 	}
+	// Subschemas count whatever their names: under a schema named like a
+	// data keyword, $defs/const, they once did not.
+	for _, named := range []string{"const", "enum", "examples", "default"} {
+		hidden := `{"$defs": {"` + named + `": ` + b.String() + `}}`
+		if _, err := NewCache(1).Compile(decode(t, hidden), "h"+named); !errors.As(err, &ce) || !strings.Contains(ce.Fields[0].Problem, "more than 5000 subschemas") {
+			t.Errorf("%d objects under $defs/%s: %v; want a CompileError naming the limit", DefaultMaxSchemas+2, named, err)
+		}
+	}
 	// enum data does not count.
 	enum := `{"enum": [` + strings.TrimSuffix(strings.Repeat(`{},`, 2*DefaultMaxSchemas), ",") + `]}`
 	if _, err := NewCache(1).Compile(decode(t, enum), "e"); err != nil {

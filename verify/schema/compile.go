@@ -96,12 +96,32 @@ type compileOptions struct {
 // than 3 s), and compiling happens before payment.
 const DefaultMaxSchemas = 5000
 
+// isData reports whether member k of an object in a schema tree holds
+// data (const, enum, examples, default) rather than schemas. The members
+// of a keyword that maps names to subschemas (properties, $defs, ...) are
+// schemas whatever their names: a subschema named "const" under $defs is
+// compiled like any other, so skipping it let 25,000 of them past
+// MaxSchemas. names says whether the object is such a map.
+func isData(k string, names bool) bool {
+	switch k {
+	case "const", "enum", "examples", "default":
+		return !names
+	}
+	return false
+}
+
+// namedSchemas are the keywords whose value maps names to subschemas.
+var namedSchemas = map[string]bool{
+	"properties": true, "patternProperties": true, "$defs": true, "definitions": true,
+	"dependentSchemas": true, "dependencies": true,
+}
+
 // countObjects counts the JSON objects in a schema tree, outside the
 // keywords whose values are data, stopping once it reaches limit.
 func countObjects(v any, limit int) int {
 	n := 0
-	var walk func(v any)
-	walk = func(v any) {
+	var walk func(v any, names bool)
+	walk = func(v any, names bool) {
 		if n >= limit {
 			return
 		}
@@ -109,19 +129,17 @@ func countObjects(v any, limit int) int {
 		case map[string]any:
 			n++
 			for k, sub := range v {
-				switch k {
-				case "const", "enum", "examples", "default":
-					continue
+				if !isData(k, names) {
+					walk(sub, !names && namedSchemas[k])
 				}
-				walk(sub)
 			}
 		case []any:
 			for _, sub := range v {
-				walk(sub)
+				walk(sub, false)
 			}
 		}
 	}
-	walk(v)
+	walk(v, false)
 	return n
 }
 
@@ -304,26 +322,28 @@ type ref struct {
 }
 
 // scanRefs lists the string values of $ref, $dynamicRef, $recursiveRef and
-// $schema in schema positions, skipping keywords whose values are data.
-func scanRefs(v any, ptr string, out []ref) []ref {
+// $schema in schema positions, skipping keywords whose values are data
+// (names: v maps names to subschemas, see isData).
+func scanRefs(v any, ptr string, names bool, out []ref) []ref {
 	switch v := v.(type) {
 	case map[string]any:
 		for k, sub := range v {
 			p := ptr + "/" + escapePtr(k)
-			switch k {
-			case "const", "enum", "examples", "default":
+			if isData(k, names) {
 				continue
+			}
+			switch k {
 			case "$ref", "$dynamicRef", "$recursiveRef", "$schema":
-				if s, ok := sub.(string); ok {
+				if s, ok := sub.(string); ok && !names {
 					out = append(out, ref{p, s})
 					continue
 				}
 			}
-			out = scanRefs(sub, p, out)
+			out = scanRefs(sub, p, !names && namedSchemas[k], out)
 		}
 	case []any:
 		for i, sub := range v {
-			out = scanRefs(sub, fmt.Sprintf("%s/%d", ptr, i), out)
+			out = scanRefs(sub, fmt.Sprintf("%s/%d", ptr, i), false, out)
 		}
 	}
 	return out
@@ -365,7 +385,7 @@ const inlineFix = `Inline the referenced schema under "$defs" and point "$ref" a
 // quote schema content, so none of their text is reused. engine holds the
 // verdicts on the patterns the compile asked for.
 func translate(err error, tree any, engine *regexpEngine) error {
-	refs := scanRefs(tree, "", nil)
+	refs := scanRefs(tree, "", false, nil)
 	sort.Slice(refs, func(i, j int) bool { return refs[i].ptr < refs[j].ptr })
 	ce := &CompileError{cause: err}
 	add := func(ptr, problem, fix string) {
