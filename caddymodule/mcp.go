@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
@@ -261,9 +262,12 @@ func (e *mcpExchange) billable(bw *bufferedWriter) bool {
 	if bw.status() >= 400 {
 		return false
 	}
-	ok, interim, err := toolSucceeded(bw.buf.Bytes(), e.id)
+	a, ok, interim, err := judgeAnswer(bw.buf.Bytes(), e.id)
 	if err == nil && !isJSONAnswer(bw.header) {
 		err = errors.New("the answer is not application/json")
+	}
+	if err == nil && !ok {
+		err = handOverUncharged(bw, e.id, a)
 	}
 	if err != nil {
 		e.unreadable = true
@@ -281,34 +285,191 @@ func (e *mcpExchange) billable(bw *bufferedWriter) bool {
 		return false
 	}
 	e.interim = interim
-	if !ok && !interim {
-		handOverErrorAlone(bw, e.id)
+	if ok {
+		dropToolX402Meta(bw, a)
 	}
 	return ok
 }
 
-// handOverErrorAlone rewrites a held error answer to its jsonrpc, the
-// call's id and its error member as the tool server wrote it, and nothing
-// else of the message. An error answer is handed over uncharged, and
-// toolSucceeded reads only exact member names: a case twin "Result",
-// which encoding/json's struct decoding takes for result, or any other
-// member beside the error could carry the tool's content to a client
-// reading the raw answer. An answer that is not an error (a result with
-// isError, a null result) is left as it is.
-func handOverErrorAlone(bw *bufferedWriter, id json.RawMessage) {
-	a, err := readAnswer(bw.buf.Bytes())
-	if err != nil || a.err == nil || string(a.err) == "null" {
-		return
-	}
-	out := make([]byte, 0, len(a.err)+len(id)+40)
+// handOverUncharged rewrites a held answer the gate hands over uncharged
+// (an error alone, a null or absent result, a result with isError, a round
+// of a multi-round-trip call) to what the buyer's SDK client reads of it,
+// and nothing else: its jsonrpc, the call's id, and either its error
+// (appendRPCError) or a result rebuilt by unchargedResult.
+// toolSucceeded judges the answer by exact member names, as the SDK reads
+// it; a member it does not read (a case twin "Result", "Content" or
+// "StructuredContent", which encoding/json's struct decoding takes for the
+// exact one, or a "Message" inside an input request) could carry the
+// tool's content to a client reading the answer another way, uncharged.
+// a is the answer as judgeAnswer read it. An answer it cannot rebuild is
+// left for billable to replace.
+func handOverUncharged(bw *bufferedWriter, id json.RawMessage, a rpcAnswer) error {
+	out := make([]byte, 0, len(a.err)+len(a.result)+len(id)+40)
 	out = append(out, `{"jsonrpc":"2.0","id":`...)
 	out = append(out, rawID(id)...)
-	out = append(out, `,"error":`...)
-	out = append(out, a.err...)
+	switch {
+	case a.err != nil && string(a.err) != "null":
+		out = append(out, `,"error":`...)
+		out = appendRPCError(out, a.err)
+	case a.result == nil:
+	case string(a.result) == "null":
+		out = append(out, `,"result":null`...)
+	default:
+		res, err := unchargedResult(a.result)
+		if err != nil {
+			return err
+		}
+		out = append(out, `,"result":`...)
+		out = append(out, res...)
+	}
 	out = append(out, '}')
 	bw.buf.Reset()
 	bw.buf.Write(out)
+	return nil
 }
+
+// appendRPCError writes a JSON-RPC error object (one answerError passed:
+// an object whose code is an integer and whose message a string) as its
+// code, message and data, each the last member of its exact name, as the
+// SDK's decoder reads them.
+func appendRPCError(out, obj []byte) []byte {
+	out = append(out, '{')
+	for _, name := range [...]string{"code", "message", "data"} {
+		if v, _, _ := lastMember(obj, name); v != nil {
+			out = appendMember(out, name, v)
+		}
+	}
+	return append(out, '}')
+}
+
+// unchargedResult rebuilds a tool result handed over uncharged from the
+// members the SDK's client reads of its kind, each under its exact name
+// once: for a round of a multi-round-trip call (readToolResult) its
+// inputRequests, requestState, _meta and resultType; for any other result
+// its content, structuredContent, isError, _meta and resultType. The
+// protocol's own structures (content items, input requests) are written
+// again from the SDK's decoding of them, so what is handed over is what
+// the SDK read: its InputRequestMap is decoded by encoding/json, which
+// takes {"Message":..} for message. The other values are copied as the
+// gate read them (the last member of the exact name, as the SDK reads
+// them): structuredContent, the tool's own document, is not rewritten, so
+// its numbers keep their digits. _meta loses every x402 member
+// (withoutX402): those are the gate's to write, and on an answer nobody
+// paid for a settlement receipt would be a forgery.
+func unchargedResult(result []byte) ([]byte, error) {
+	var res mcp.CallToolResult
+	if err := res.UnmarshalJSON(result); err != nil {
+		return nil, err
+	}
+	out := []byte{'{'}
+	member := func(name string, val []byte) { out = appendMember(out, name, val) }
+	if res.InputRequests != nil {
+		ir, err := json.Marshal(res.InputRequests)
+		if err != nil {
+			return nil, err
+		}
+		member("inputRequests", ir)
+		if v, _, _ := lastMember(result, "requestState"); v != nil {
+			member("requestState", v)
+		}
+	} else {
+		content := []byte("[]")
+		if res.Content != nil {
+			b, err := json.Marshal(res.Content)
+			if err != nil {
+				return nil, err
+			}
+			content = b
+		}
+		member("content", content)
+		if v, _, _ := lastMember(result, "structuredContent"); v != nil {
+			member("structuredContent", v)
+		}
+		if res.IsError {
+			member("isError", []byte("true"))
+		}
+	}
+	if v, _, _ := lastMember(result, "_meta"); v != nil {
+		if meta := withoutX402(v); meta != nil {
+			member("_meta", meta)
+		}
+	}
+	if v, _, _ := lastMember(result, "resultType"); v != nil {
+		member("resultType", v)
+	}
+	return append(out, '}'), nil
+}
+
+// withoutX402 returns the _meta object meta without its x402 members
+// (isX402Key), as an object of its other members in key order; nil when
+// meta is not an object.
+func withoutX402(meta []byte) []byte {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(meta, &m) != nil || m == nil {
+		return nil
+	}
+	maps.DeleteFunc(m, func(k string, _ json.RawMessage) bool { return isX402Key(k) })
+	return appendMembers(nil, m)
+}
+
+// isX402Key reports whether a _meta member name is in x402's namespace
+// ("x402/", in any letter case: a client matching names loosely must not
+// find a forged one either).
+func isX402Key(k string) bool {
+	return len(k) >= 5 && strings.EqualFold(k[:5], "x402/")
+}
+
+// dropToolX402Meta drops the x402 members a tool server wrote in the _meta
+// of a held result the gate charges for: the gate's own payment-response
+// is the only one a paid answer carries (deliver adds it), and a free
+// answer carries none. A tool server's would be a receipt for a
+// settlement that is not the buyer's, or for none at all. The result is
+// left as it is, and nothing allocated, unless one of its _meta members
+// has such a member; then it is written again in its place with its _meta
+// rewritten (withoutX402), as deliver writes it. a is the answer as
+// judgeAnswer read it.
+func dropToolX402Meta(bw *bufferedWriter, a rpcAnswer) {
+	body, raw, at := bw.buf.Bytes(), a.result, a.resultAt
+	if len(raw) == 0 || raw[0] != '{' {
+		return
+	}
+	found := false
+	eachMember(raw, func(key, val []byte, _ int) {
+		if !found && memberNamed(key, "_meta") && len(val) > 0 && val[0] == '{' {
+			eachMember(val, func(k, _ []byte, _ int) {
+				found = found || quotedX402Key(k)
+			})
+		}
+	})
+	if !found {
+		return
+	}
+	var result map[string]json.RawMessage
+	if json.Unmarshal(raw, &result) != nil {
+		return
+	}
+	if meta := withoutX402(result["_meta"]); meta != nil {
+		result["_meta"] = meta
+	}
+	out := make([]byte, 0, len(body))
+	out = append(out, body[:at]...)
+	out = appendMembers(out, result)
+	out = append(out, body[at+len(raw):]...)
+	bw.buf.Reset()
+	bw.buf.Write(out)
+}
+
+// quotedX402Key is isX402Key of a quoted member name as written, read
+// without allocating unless it is escaped.
+func quotedX402Key(quoted []byte) bool {
+	if bytes.IndexByte(quoted, '\\') >= 0 {
+		var s string
+		return json.Unmarshal(quoted, &s) == nil && isX402Key(s)
+	}
+	return len(quoted) >= 7 && bytes.EqualFold(quoted[1:6], x402Prefix)
+}
+
+var x402Prefix = []byte("x402/")
 
 // codeAnswerUnreadable is the refusal of an MCP tool's answer its client
 // cannot take (billable).
@@ -370,26 +531,32 @@ func isJSONAnswer(h http.Header) bool {
 // (readToolResult), the one reading of it that cannot drift from the
 // client's.
 func toolSucceeded(body []byte, id json.RawMessage) (ok, interim bool, err error) {
-	a, err := readAnswer(body)
+	_, ok, interim, err = judgeAnswer(body, id)
+	return ok, interim, err
+}
+
+// judgeAnswer is toolSucceeded, and the answer's members as it read them.
+func judgeAnswer(body []byte, id json.RawMessage) (a rpcAnswer, ok, interim bool, err error) {
+	a, err = readAnswer(body)
 	switch {
 	case err != nil:
-		return false, false, err
+		return a, false, false, err
 	case a.depth > maxClientAnswerDepth:
-		return false, false, errors.New("the answer is nested deeper than the MCP client reads")
+		return a, false, false, errors.New("the answer is nested deeper than the MCP client reads")
 	case !isJSONRPC2(a.jsonrpc):
-		return false, false, errors.New(`the answer's jsonrpc is not "2.0"`)
+		return a, false, false, errors.New(`the answer's jsonrpc is not "2.0"`)
 	case a.method != nil:
-		return false, false, errors.New("the answer has a method: it is a request")
+		return a, false, false, errors.New("the answer has a method: it is a request")
 	case !sameRPCID(a.id, id):
-		return false, false, errors.New("the answer's id is not the call's")
+		return a, false, false, errors.New("the answer's id is not the call's")
 	case a.err != nil && string(a.err) != "null":
-		return false, false, answerError(body, a)
+		return a, false, false, answerError(body, a)
 	}
 	if a.result == nil || string(a.result) == "null" {
-		return false, false, nil
+		return a, false, false, nil
 	}
 	isError, interim, err := readToolResult(a.result)
-	return err == nil && !isError && !interim, interim, err
+	return a, err == nil && !isError && !interim, interim, err
 }
 
 // readToolResult reads a result as the SDK's CallToolResult decodes it:
@@ -820,13 +987,19 @@ func (e *mcpExchange) deliver(w http.ResponseWriter, bw *bufferedWriter, sr x402
 // encoding/json read it).
 func appendMembers(b []byte, m map[string]json.RawMessage) []byte {
 	b = append(b, '{')
-	for i, k := range slices.Sorted(maps.Keys(m)) {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = receipt.AppendString(b, k)
-		b = append(b, ':')
-		b = append(b, m[k]...)
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		b = appendMember(b, k, m[k])
 	}
 	return append(b, '}')
+}
+
+// appendMember writes one member of the JSON object b is writing (b ends
+// with its '{' or a member), its value as it was read.
+func appendMember(b []byte, name string, val []byte) []byte {
+	if b[len(b)-1] != '{' {
+		b = append(b, ',')
+	}
+	b = receipt.AppendString(b, name)
+	b = append(b, ':')
+	return append(b, val...)
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
@@ -438,7 +439,7 @@ func FuzzToolSucceeded(f *testing.F) {
 			}
 			if !ok && err == nil {
 				checkHandedOverCarriesNoResult(t, answer, id)
-				checkErrorHandedOverAlone(t, answer, id)
+				checkHandedOverUncharged(t, answer, id)
 			}
 		}
 		var resp map[string]json.RawMessage
@@ -484,30 +485,57 @@ func checkSDKTakesAnswer(t *testing.T, answer []byte, id json.RawMessage) {
 	}
 }
 
-// checkErrorHandedOverAlone fails unless an error answer the gate hands
-// over is rewritten to exactly its jsonrpc, the call's id and its error,
-// which the SDK's client reads as the same error; any other answer is
-// left as it was.
-func checkErrorHandedOverAlone(t *testing.T, answer []byte, id json.RawMessage) {
+// checkHandedOverUncharged fails unless an answer the gate hands over
+// uncharged is rewritten to exactly its jsonrpc, the call's id and its
+// error or its result, which the SDK's client reads as the same error, or
+// the same result less the tool's x402 _meta members; and the rewrite
+// carries no member name twice in any letter case.
+func checkHandedOverUncharged(t *testing.T, answer []byte, id json.RawMessage) {
 	t.Helper()
+	a, _, _, _ := judgeAnswer(answer, id)
 	bw := &bufferedWriter{buf: bytes.NewBuffer(append([]byte(nil), answer...))}
-	handOverErrorAlone(bw, id)
-	var resp map[string]json.RawMessage
-	json.Unmarshal(answer, &resp)
-	if e, has := resp["error"]; !has || string(e) == "null" {
-		if !bytes.Equal(bw.buf.Bytes(), answer) {
-			t.Fatalf("%q, no error, was rewritten to %q", answer, bw.buf.Bytes())
-		}
-		return
+	if err := handOverUncharged(bw, id, a); err != nil {
+		return // billable replaces it: upstream_answer_unreadable
+	}
+	got := bw.buf.Bytes()
+	checkHandedOverCarriesNoResult(t, got, id)
+	if twins := twinsOf(t, got, "structuredContent", "_meta", "data", "requestedSchema"); len(twins) > 0 {
+		t.Fatalf("%q was handed over as %q, with twins %v", answer, got, twins)
 	}
 	var out map[string]json.RawMessage
-	if err := json.Unmarshal(bw.buf.Bytes(), &out); err != nil || len(out) != 3 || out["jsonrpc"] == nil || !bytes.Equal(out["id"], id) {
-		t.Fatalf("%q was handed over as %q (%v)", answer, bw.buf.Bytes(), err)
+	if err := json.Unmarshal(got, &out); err != nil || len(out) > 3 || out["jsonrpc"] == nil || !bytes.Equal(out["id"], id) {
+		t.Fatalf("%q was handed over as %q (%v)", answer, got, err)
 	}
 	was, _ := jsonrpc.DecodeMessage(answer)
-	is, err := jsonrpc.DecodeMessage(bw.buf.Bytes())
-	if err != nil || !reflect.DeepEqual(was.(*jsonrpc.Response).Error, is.(*jsonrpc.Response).Error) {
-		t.Fatalf("%q was handed over as %q, which the client reads as %#v (%v)", answer, bw.buf.Bytes(), is, err)
+	is, err := jsonrpc.DecodeMessage(got)
+	if err != nil {
+		t.Fatalf("%q was handed over as %q, which the client does not read: %v", answer, got, err)
+	}
+	wasResp, isResp := was.(*jsonrpc.Response), is.(*jsonrpc.Response)
+	if !reflect.DeepEqual(wasResp.Error, isResp.Error) {
+		t.Fatalf("%q was handed over as %q, which the client reads as %#v", answer, got, is)
+	}
+	if wasResp.Error != nil || len(wasResp.Result) == 0 || string(wasResp.Result) == "null" {
+		return
+	}
+	var before, after mcp.CallToolResult
+	if before.UnmarshalJSON(wasResp.Result) != nil || after.UnmarshalJSON(isResp.Result) != nil {
+		t.Fatalf("%q was handed over as %q, whose result the client does not read", answer, got)
+	}
+	maps.DeleteFunc(before.Meta, func(k string, _ any) bool { return isX402Key(k) })
+	if len(before.Meta) == 0 {
+		before.Meta = nil
+	}
+	if before.InputRequests != nil {
+		before.StructuredContent, before.IsError = nil, false
+	}
+	if len(before.Content) == 0 && len(after.Content) == 0 {
+		before.Content, after.Content = nil, nil
+	}
+	b1, _ := json.Marshal(&before)
+	b2, _ := json.Marshal(&after)
+	if !bytes.Equal(b1, b2) {
+		t.Fatalf("%q was handed over as %q: the client reads %s, not %s", answer, got, b2, b1)
 	}
 }
 
@@ -575,9 +603,10 @@ func TestMCPFreeAnswerIsReadWithExactNames(t *testing.T) {
 		return w.Body.String()
 	}
 	twin := `{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"failed"}],"isError":true,"IsError":false}}`
+	rebuilt := `{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"failed"}],"isError":true}}` // handOverUncharged
 	answer.Store(twin)
 	for i := range 2 {
-		if got := call(); got != twin || served.Load() != int32(i+1) {
+		if got := call(); got != rebuilt || served.Load() != int32(i+1) {
 			t.Fatalf("error answer %d: served %d times, answered %s", i, served.Load(), got)
 		}
 	}
