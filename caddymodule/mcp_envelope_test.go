@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math/big"
 	"net/http"
 	"net/http/httptest"
@@ -390,7 +391,29 @@ func TestMCPToolPricedTwiceInARouteIsGatedOnce(t *testing.T) {
 // the HTTP status and body of the answer.
 func postCall(t *testing.T, url string, meta mcp.Meta) (int, []byte) {
 	t.Helper()
+	return postCallAs(t, url, meta, "")
+}
+
+// multiRoundTripVersion is the MCP protocol version whose clients take a
+// round of a multi-round-trip call (SEP-2322) themselves: to an older
+// one, the SDK's server answers the tool's input requests on its own.
+const multiRoundTripVersion = "2026-07-28"
+
+// postCallAs is postCall from a client of MCP protocol version (none when
+// it is "").
+func postCallAs(t *testing.T, url string, meta mcp.Meta, version string) (int, []byte) {
+	t.Helper()
 	params := map[string]any{"name": "verify_schema", "arguments": verifyArgs}
+	if version != "" {
+		// A client of this version says who it is on every call.
+		meta = maps.Clone(meta)
+		if meta == nil {
+			meta = mcp.Meta{}
+		}
+		meta[mcp.MetaKeyProtocolVersion] = version
+		meta[mcp.MetaKeyClientInfo] = map[string]any{"name": "raw", "version": "1"}
+		meta[mcp.MetaKeyClientCapabilities] = map[string]any{}
+	}
 	if meta != nil {
 		params["_meta"] = meta
 	}
@@ -398,6 +421,11 @@ func postCall(t *testing.T, url string, meta mcp.Meta) (int, []byte) {
 	req, _ := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json, text/event-stream")
+	if version != "" {
+		req.Header.Set("Mcp-Protocol-Version", version)
+		req.Header.Set("Mcp-Method", "tools/call")
+		req.Header.Set("Mcp-Name", "verify_schema")
+	}
 	resp, err := testClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -588,8 +616,11 @@ func mrtrSession(t *testing.T, url string) *mcp.ClientSession {
 	return s
 }
 
+// mrtrSite prices verify_schema at /mcp in front of up, with extra lines
+// in the gate and room in its rate_limit for the rounds of a few calls
+// (each round counts as a refusal does).
 func mrtrSite(up, fac, extra string) string {
-	return ":{port} {\n\t" + faultRoute("/mcp", up, fac, extra+"\n\t\t\trate_limit 2 1m") + "\n}\n"
+	return ":{port} {\n\t" + faultRoute("/mcp", up, fac, extra+"\n\t\t\trate_limit 20 1m") + "\n}\n"
 }
 
 // A paid call of a tool that needs the client's input is charged once, for
@@ -638,8 +669,7 @@ func TestMCPFreeMultiRoundTripCallTakesOneUnit(t *testing.T) {
 
 // A tool server that answers input_required on every round (shedding
 // load) never gets the buyer charged: no round is the call's answer, so
-// the payment is not settled and the free unit is kept, and these rounds
-// are no refusal of the buyer's (rate_limit 2 a minute, seven rounds).
+// the payment is not settled and the free unit is kept.
 func TestMCPInputRequiredIsNeverCharged(t *testing.T) {
 	d, fac := sharedDevnet(t)
 	up := newMRTRUpstream(t)
