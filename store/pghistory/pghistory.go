@@ -450,24 +450,39 @@ func (h *History) page(ctx context.Context, agentID string, authenticated bool, 
 		limit = store.DefaultPageSize
 	}
 	limit = min(limit, store.MaxPageSize)
-	afterAt, afterID := int64(0), []byte(nil)
-	if cursor != "" {
-		var err error
-		if afterAt, afterID, err = parseCursor(cursor); err != nil {
-			return nil, "", err
-		}
-	}
-	// One more row than the page tells whether another page follows.
-	q := `SELECT at_ns, id, record FROM aov_verifications WHERE `
-	args := []any{afterID == nil, afterAt, afterID, limit + 1}
+	// Each variant is its own query text, so the planner sees which index
+	// serves it: aov_verifications_time, aov_verifications_agent, or the
+	// partial aov_verifications_authenticated.
+	var conds []string
+	args := []any{limit + 1} // one more row tells whether another page follows
 	if agentID != "" {
-		q += `agent_id = $5 AND `
 		args = append(args, []byte(agentID))
+		conds = append(conds, fmt.Sprintf(`agent_id = $%d`, len(args)))
 	}
 	if authenticated {
-		q += `authenticated AND `
+		conds = append(conds, `authenticated`)
 	}
-	q += `($1 OR at_ns < $2 OR (at_ns = $2 AND id > $3)) ORDER BY at_ns DESC, id LIMIT $4`
+	if cursor != "" {
+		afterAt, afterID, err := parseCursor(cursor)
+		if err != nil {
+			return nil, "", err
+		}
+		// The page starts after the cursor's (time, id) in the order
+		// below. "at_ns <=" is what bounds the index scan, so a page reads
+		// only its rows and those that share the cursor's time; the rest
+		// drops those ties at or before the cursor's id. A row comparison
+		// cannot bound an order descending in one column and ascending in
+		// the other, and a cursor inside an OR bounds nothing: every page
+		// read the index from the newest row down to it.
+		args = append(args, afterAt, afterID)
+		n := len(args)
+		conds = append(conds, fmt.Sprintf(`at_ns <= $%d AND (at_ns < $%d OR id > $%d)`, n-1, n-1, n))
+	}
+	q := `SELECT at_ns, id, record FROM aov_verifications`
+	if len(conds) > 0 {
+		q += ` WHERE ` + strings.Join(conds, ` AND `)
+	}
+	q += ` ORDER BY at_ns DESC, id LIMIT $1`
 	rows, err := h.pool.Query(ctx, q, args...)
 	if err != nil {
 		return nil, "", fmt.Errorf("history: paging: %w", err)
