@@ -78,6 +78,12 @@ const (
 	DefaultZ                     = 1.96
 )
 
+// MaxMaxRecords is the largest record cap New accepts (1,000,000, a
+// hundred times the default): a score reads up to twice the cap from the
+// history on every call, and a cap so large that twice it overflows an
+// int would leave no read limit at all.
+const MaxMaxRecords = 1_000_000
+
 // Config sets the method's parameters; zero fields take the defaults. The
 // parameters in force are reported with every Result.
 type Config struct {
@@ -87,7 +93,8 @@ type Config struct {
 	// (365 days): at the default half-life its weight would be below 0.03%.
 	Horizon time.Duration
 	// MaxRecords caps the evidence to the newest verifications (10,000), so
-	// the arithmetic of a score is bounded however busy an agent is.
+	// the arithmetic of a score is bounded however busy an agent is. At
+	// most MaxMaxRecords.
 	MaxRecords int
 	// UnauthenticatedWeight is the weight of a verification of an agent
 	// without an owner (a bare label), relative to 1 for one its owner
@@ -149,6 +156,8 @@ func New(cfg Config) (*Method, error) {
 		return nil, fmt.Errorf("score: horizon %s is negative", m.horizon)
 	case m.maxRecords < 0:
 		return nil, fmt.Errorf("score: max records %d is negative", m.maxRecords)
+	case m.maxRecords > MaxMaxRecords:
+		return nil, fmt.Errorf("score: max records %d is above %d", m.maxRecords, MaxMaxRecords)
 	case !(m.unauthW > 0 && m.unauthW <= 1):
 		return nil, errors.New("score: unauthenticated weight must be in (0, 1]")
 	case !(m.z > 0) || math.IsInf(m.z, 0):
@@ -190,8 +199,15 @@ const readFactor = 2
 // so without a limit of their own they would set what every score of an
 // agent costs. Twice the cap keeps that cost within twice a full window's,
 // and cuts an agent's evidence short only where such records outnumber
-// the whole window; the window then says it is truncated.
-func (m *Method) ReadLimit() int { return readFactor * m.maxRecords }
+// the whole window; the window then says it is truncated. New keeps the
+// cap to MaxMaxRecords; were it larger, the limit would stop at the
+// largest int rather than wrap to a negative number that bounds nothing.
+func (m *Method) ReadLimit() int {
+	if m.maxRecords > math.MaxInt/readFactor {
+		return math.MaxInt
+	}
+	return readFactor * m.maxRecords
+}
 
 // Evidence is one verification as the score sees it.
 type Evidence struct {

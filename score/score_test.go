@@ -165,6 +165,15 @@ func TestConfig(t *testing.T) {
 			t.Fatal("exactly the cap is reported as truncated")
 		}
 	})
+	t.Run("the largest record cap still has a read limit", func(t *testing.T) {
+		m, err := score.New(score.Config{MaxRecords: score.MaxMaxRecords})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.ReadLimit() != 2*score.MaxMaxRecords {
+			t.Fatalf("read limit %d", m.ReadLimit())
+		}
+	})
 	t.Run("a shorter horizon leaves older evidence out", func(t *testing.T) {
 		m, err := score.New(score.Config{Horizon: 7 * day})
 		if err != nil {
@@ -182,6 +191,8 @@ func TestConfig(t *testing.T) {
 		{"a negative half-life is refused", score.Config{HalfLife: -day}},
 		{"a negative horizon is refused", score.Config{Horizon: -day}},
 		{"a negative record cap is refused", score.Config{MaxRecords: -1}},
+		{"a record cap above MaxMaxRecords is refused", score.Config{MaxRecords: score.MaxMaxRecords + 1}},
+		{"a record cap whose read limit overflows an int is refused", score.Config{MaxRecords: math.MaxInt/2 + 1}},
 		{"an unauthenticated weight above 1 is refused", score.Config{UnauthenticatedWeight: 1.5}},
 		{"a negative unauthenticated weight is refused", score.Config{UnauthenticatedWeight: -0.5}},
 		{"a NaN z is refused", score.Config{Z: math.NaN()}},
