@@ -276,7 +276,7 @@ func componentSchemas() obj {
 					"verification_id": obj{"type": "string"}, "verified_at": obj{"type": "string"}, "result": resultEnum,
 					"output_hash": hexHash(""), "schema_hash": hexHash(""), "rules_hash": hexHash(""), "request_hash": hexHash(""),
 					"authenticated":       obj{"type": "boolean"},
-					"counts_toward_score": obj{"type": "boolean", "description": "Whether the trust score counts this record as evidence (while it is inside the horizon): every record of an agent without an owner, only its owner's of an owned one, none of a test- agent."},
+					"counts_toward_score": obj{"type": "boolean", "description": "Whether this record is evidence by the score's rules: a delivered call (not a paid one whose settlement is pending or failed), any of an agent without an owner, only its owner's authenticated ones of an owned one, none of a test- agent. The score's window can still leave it out: a record older than the horizon, behind max_records newer pieces of evidence, or behind the read limit (twice max_records) of newer records, evidence or not."},
 				}}, "Newest first."),
 				"next_cursor": obj{"type": []any{"string", "null"}, "description": "Pass as `cursor` for the next (older) page; null on the last page."},
 			},

@@ -63,11 +63,16 @@ type ReputationEntry struct {
 	// Authenticated is the record's flag: a wallet proof bound the agent
 	// id when it was made.
 	Authenticated bool `json:"authenticated"`
-	// CountsTowardScore is whether the trust score counts this record as
-	// evidence (until it ages past the horizon): of a delivered call (not
-	// a paid one still pending or reported unpaid), always for an agent
-	// without an owner, for an owned one only when its owner authenticated
-	// it; never for a test- agent.
+	// CountsTowardScore is whether the record is evidence by the score's
+	// rules (countsTowardScore): a delivered call (not a paid one still
+	// pending or reported unpaid), any for an agent without an owner, for
+	// an owned one only its owner's authenticated ones; never of a test-
+	// agent. It does not say the current score counted it: that also
+	// depends on the score's window, which leaves out a record past the
+	// horizon, one behind max_records newer pieces of evidence, and one
+	// behind the read limit of newer records, evidence or not (score's
+	// ReadLimit). Working that out per record would mean reading, for each,
+	// every newer record up to the limit.
 	CountsTowardScore bool `json:"counts_toward_score"`
 }
 
