@@ -115,7 +115,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long in-flight requests may finish on shutdown")
 	fs.DurationVar(&c.scoreHalfLife, "score-half-life", score.DefaultHalfLife, "trust score: age at which a verification counts half")
 	fs.DurationVar(&c.scoreHorizon, "score-horizon", score.DefaultHorizon, "trust score: age beyond which a verification is not evidence")
-	fs.IntVar(&c.scoreMaxRecords, "score-max-records", score.DefaultMaxRecords, "trust score: newest verifications considered at most")
+	fs.IntVar(&c.scoreMaxRecords, "score-max-records", score.DefaultMaxRecords, "trust score: newest verifications considered at most (1 to 1000000)")
 	fs.Float64Var(&c.scoreUnauthWeight, "score-unauthenticated-weight", score.DefaultUnauthenticatedWeight, "trust score: weight of a verification of an agent_id without an owner (authenticated ones weigh 1; an owned agent's others do not count), in (0, 1]")
 	fs.BoolVar(&c.devUngatedPaidRoutes, "dev-ungated-paid-routes", false, "development only: serve the paid routes (GET /score, MCP get_verification_record) to callers without the gateway token, i.e. free to anyone who reaches this listener")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
