@@ -2,17 +2,21 @@ package caddymodule
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"math/big"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
+	"sort"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/aovhq/aov/plugins/evmfacilitator"
+	"github.com/aovhq/aov/store"
 	"github.com/aovhq/aov/walletauth"
 	"github.com/aovhq/aov/x402"
 )
@@ -53,9 +57,10 @@ func rewritingFacilitator(t *testing.T, real string, set map[string]any) *httpte
 // payThroughRewritingFacilitator serves a route paid through
 // rewritingFacilitator(set) that records payers for sign-in-with-x, has
 // development account 6 pay for it, and returns the route's URL, the
-// buyer's answer (200, else the test fails) and a sign-in-with-x header
+// buyer's answer (200, else the test fails), its PAYMENT-RESPONSE (read
+// as a SettleResponse, and whole as told) and a sign-in-with-x header
 // signer for the route.
-func payThroughRewritingFacilitator(t *testing.T, set map[string]any) (url string, offer x402.PaymentRequirements, answer map[string]any, sr x402.SettleResponse, signIn func(i int) string) {
+func payThroughRewritingFacilitator(t *testing.T, set map[string]any) (url string, offer x402.PaymentRequirements, answer map[string]any, sr x402.SettleResponse, told map[string]any, signIn func(i int) string) {
 	t.Helper()
 	_, fac := sharedDevnet(t)
 	liar := rewritingFacilitator(t, fac, set)
@@ -107,7 +112,10 @@ func payThroughRewritingFacilitator(t *testing.T, set map[string]any) (url strin
 	if err := x402.DecodeHeader(hdr.Get(x402.HeaderPaymentResponse), &sr); err != nil {
 		t.Fatalf("PAYMENT-RESPONSE: %v", err)
 	}
-	return url, pr.Accepts[0], answer, sr, signIn
+	if err := x402.DecodeHeader(hdr.Get(x402.HeaderPaymentResponse), &told); err != nil {
+		t.Fatalf("PAYMENT-RESPONSE: %v", err)
+	}
+	return url, pr.Accepts[0], answer, sr, told, signIn
 }
 
 // TestFacilitatorNamingAnotherPayerIsNotBelieved: wallet 6 signs and pays;
@@ -120,7 +128,7 @@ func TestFacilitatorNamingAnotherPayerIsNotBelieved(t *testing.T) {
 	d, _ := sharedDevnet(t)
 	payer := evmfacilitator.DevAccounts()[6].Address
 	before := balance(t, d, payer)
-	url, offer, answer, sr, signIn := payThroughRewritingFacilitator(t, map[string]any{"payer": walletAddr(7)})
+	url, offer, answer, sr, _, signIn := payThroughRewritingFacilitator(t, map[string]any{"payer": walletAddr(7)})
 	if !sr.Success || sr.Payer != walletAddr(6) {
 		t.Errorf("PAYMENT-RESPONSE %+v, want success with payer %s, the signer of the payment", sr, walletAddr(6))
 	}
@@ -144,11 +152,122 @@ func TestFacilitatorNamingAnotherPayerIsNotBelieved(t *testing.T) {
 // mainnet. The buyer's PAYMENT-RESPONSE names the network of the offer
 // the gate verified and settled, as does X-Aov-Network.
 func TestFacilitatorNamingAnotherNetworkIsNotPassedOn(t *testing.T) {
-	_, offer, answer, sr, _ := payThroughRewritingFacilitator(t, map[string]any{"network": "eip155:8453"})
+	_, offer, answer, sr, _, _ := payThroughRewritingFacilitator(t, map[string]any{"network": "eip155:8453"})
 	if sr.Network != offer.Network {
 		t.Errorf("PAYMENT-RESPONSE network %q, want the offer's %q (the network paid on)", sr.Network, offer.Network)
 	}
 	if answer["network"] != offer.Network {
 		t.Errorf("X-Aov-Network %v, want %q", answer["network"], offer.Network)
+	}
+}
+
+// wantToldSettlement fails t unless told, a PAYMENT-RESPONSE read whole,
+// is SPEC's {success: true, transaction, network, payer} of a payment by
+// wallet 6 on offer's network, and nothing else.
+func wantToldSettlement(t *testing.T, told map[string]any, offer x402.PaymentRequirements) {
+	t.Helper()
+	var members []string
+	for k := range told {
+		members = append(members, k)
+	}
+	sort.Strings(members)
+	if got := strings.Join(members, ","); got != "network,payer,success,transaction" {
+		t.Errorf("PAYMENT-RESPONSE members %s (%v); want network, payer, success, transaction, as SPEC has them", got, told)
+	}
+	if told["success"] != true || told["payer"] != walletAddr(6) || told["network"] != offer.Network {
+		t.Errorf("PAYMENT-RESPONSE %v; want success, wallet 6's payment, on %s", told, offer.Network)
+	}
+}
+
+// TestFacilitatorsOtherSettleClaimsAreNotPassedOn: the remote facilitator
+// settles the payment and says it charged 1000 USDC (the price is $0.01),
+// adds extensions of its own (a "refund" URL) and a message. The gate
+// tells the buyer SPEC's PAYMENT-RESPONSE, {success, transaction, network,
+// payer}: none of the facilitator's other claims reach the buyer.
+func TestFacilitatorsOtherSettleClaimsAreNotPassedOn(t *testing.T) {
+	_, offer, _, sr, told, _ := payThroughRewritingFacilitator(t, map[string]any{
+		"amount":       "1000000000",
+		"extensions":   map[string]any{"refund": map[string]any{"url": "https://refund.example/claim"}},
+		"errorMessage": "call https://refund.example/claim for your money back",
+	})
+	wantToldSettlement(t, told, offer)
+	if !strings.HasPrefix(sr.Transaction, "0x") {
+		t.Errorf("PAYMENT-RESPONSE transaction %q; want the settlement's", sr.Transaction)
+	}
+}
+
+// TestSavedAnswerIsToldAsTheGateTellsIt: a payment identifier's answer
+// saved by an older gateway, which passed a facilitator's settle reply on
+// as it came (its amount, extensions, message, payer and network), is
+// replayed to the same payment's retry with the settlement the gate
+// builds: SPEC's members, the payment's payer, the offer's network, the
+// saved transaction. Nothing is charged.
+func TestSavedAnswerIsToldAsTheGateTellsIt(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	storeDir := filepath.Join(t.TempDir(), "gate")
+	base := startCaddy(t, fmt.Sprintf(`:{port} {
+	route /verify/schema {
+		x402 {
+			accept devnet $0.02 %[3]s
+			facilitator http {
+				url %[2]s
+			}
+			store badger %[4]s
+			payment_identifier
+		}
+		reverse_proxy %[1]s
+	}
+}
+`, strings.TrimPrefix(up.URL, "http://"), fac, payTo.Hex(), storeDir))
+	url := base + "/verify/schema"
+	pr := paymentRequired(t, post(t, url, "", nil))
+	const id = "pay_saved_by_an_older_gw1"
+	sig := signWithID(t, pr, walletKey(6), id)
+
+	// The binding and answer an older gateway saved for this very call.
+	req := httptest.NewRequest("POST", "/verify/schema", strings.NewReader(validRequest))
+	fp, err := (&Gate{MaxBody: 1 << 20}).fingerprint(req, sig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const tx = "0x1111111111111111111111111111111111111111111111111111111111111111"
+	saved, err := json.Marshal(savedAnswer{Settlement: x402.SettleResponse{Success: true, Transaction: tx,
+		Network: "eip155:8453", Payer: walletAddr(7), Amount: "1000000000", ErrorMessage: "see extensions",
+		Extensions: map[string]any{"refund": map[string]any{"url": "https://refund.example/claim"}}},
+		Kept: true, Status: 200, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"saved":true}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, err := store.Shared(storeDir, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	until := time.Now().Add(time.Hour)
+	if _, _, err := db.PaymentIDs().Bind(context.Background(), id, fp, until); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.PaymentIDs().Save(context.Background(), id, fp, saved, until); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+
+	payer := evmfacilitator.DevAccounts()[6].Address
+	before := balance(t, d, payer)
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	body := readJSON(t, resp)
+	if resp.StatusCode != http.StatusOK || body["saved"] != true {
+		t.Fatalf("the retry: %d %v; want the saved answer", resp.StatusCode, body)
+	}
+	var told map[string]any
+	if err := x402.DecodeHeader(resp.Header.Get(x402.HeaderPaymentResponse), &told); err != nil {
+		t.Fatalf("PAYMENT-RESPONSE: %v", err)
+	}
+	wantToldSettlement(t, told, pr.Accepts[0])
+	if told["transaction"] != tx {
+		t.Errorf("PAYMENT-RESPONSE transaction %v; want the saved %s", told["transaction"], tx)
+	}
+	if got := charged(t, d, payer, before); got.Sign() != 0 || up.calls.Load() != 0 {
+		t.Errorf("the replay charged %v and ran the upstream %d times; want neither", got, up.calls.Load())
 	}
 }

@@ -236,6 +236,10 @@ type paymentIDCall struct {
 	id, fp string
 	ctx    context.Context // outlives the client: a save or unbind is never abandoned
 	bound  bool            // this call holds the binding (it holds the payment's claim)
+	// payload is the call's payment, which a saved answer's settlement is
+	// told of (serveSaved): the same payment as the call that saved it
+	// (fp covers it), on the network its accepted offer names.
+	payload x402.PaymentPayload
 }
 
 // paymentIDOf reads the payment identifier of a paid call: nil when the
@@ -260,7 +264,7 @@ func (g *Gate) paymentIDOf(r *http.Request, payload x402.PaymentPayload, raw str
 	if err != nil {
 		return nil, err
 	}
-	return &paymentIDCall{g: g, ids: g.state.(paymentIDStore).PaymentIDs(), id: id, fp: fp, ctx: context.WithoutCancel(r.Context())}, nil
+	return &paymentIDCall{g: g, ids: g.state.(paymentIDStore).PaymentIDs(), id: id, fp: fp, ctx: context.WithoutCancel(r.Context()), payload: payload}, nil
 }
 
 // fingerprint hashes what an id is bound to: the payment as sent and the
@@ -465,12 +469,15 @@ func (e *resolvingExchange) deliver(w http.ResponseWriter, bw *bufferedWriter, s
 	e.exchange.deliver(w, bw, sr)
 }
 
-// serveSaved answers a retry with the answer its id's call bought.
+// serveSaved answers a retry with the answer its id's call bought. Its
+// settlement is told as every settlement is (toldSettlement): an answer
+// saved by an older gateway may carry what a facilitator said beyond it.
 func (c *paymentIDCall) serveSaved(w http.ResponseWriter, r *http.Request, ex exchange, st store.PaymentIDState) error {
 	var ans savedAnswer
 	if err := json.Unmarshal(st.Answer, &ans); err != nil {
 		return ex.refuse(w, r, apierr.Internal(fmt.Errorf("decoding a saved answer: %w", err)))
 	}
+	ans.Settlement = toldSettlement(ans.Settlement, c.payload, c.payload.Accepted.Network)
 	if !ans.Kept {
 		c.g.setPaidHeaders(w.Header(), ans.Settlement)
 		return ex.refuse(w, r, fresh(errPaymentIDAnswerNotKept))

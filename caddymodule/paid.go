@@ -398,27 +398,46 @@ func (p *paidCharge) settleOnce(w http.ResponseWriter, r *http.Request, held *bu
 	return settleDone
 }
 
-// settledAs makes the facilitator's settle reply sr name the payment's
-// own payer (payerOf) and the network of the offer the gate verified and
-// settled: a facilitator reports a settlement, it does not say whose it
-// was or where. A reply that names another payer or network comes from a
-// lying or broken facilitator. Its verdict is still taken: a success is
-// honoured, since the buyer signed and the money has most likely moved (a
-// refusal would leave them paid and unserved), but what it named is never
-// passed on (PAYMENT-RESPONSE) nor recorded (sign-in-with-x access, which
-// would otherwise go to a wallet that never paid), and the operator is
-// told with an Error.
+// settledAs makes the facilitator's settle reply sr the settlement the
+// buyer is told of and the gate records (toldSettlement): a facilitator
+// reports whether a settlement succeeded, by which transaction, or why it
+// failed; it does not say whose it was, where, or for how much. A reply
+// that names another payer or network comes from a lying or broken
+// facilitator. Its verdict is still taken: a success is honoured, since
+// the buyer signed and the money has most likely moved (a refusal would
+// leave them paid and unserved), but what it named is never passed on
+// (PAYMENT-RESPONSE) nor recorded (sign-in-with-x access, which would
+// otherwise go to a wallet that never paid), and the operator is told
+// with an Error. Its errorMessage, free text, goes to the log only.
 func (p *paidCharge) settledAs(sr *x402.SettleResponse) {
-	payer, network := payerOf(p.pay.PaymentPayload, p.offer.Network), p.offer.Network
+	told := toldSettlement(*sr, p.pay.PaymentPayload, p.offer.Network)
 	// An EVM address's letter case is a checksum. A payload that names no
 	// payer the gate can read (payer "") leaves none to tell, or record.
-	otherPayer := sr.Payer != "" && payer != "" && sr.Payer != payer && !(x402.IsEVM(network) && strings.EqualFold(sr.Payer, payer))
-	if otherPayer || (sr.Network != "" && sr.Network != network) {
+	otherPayer := sr.Payer != "" && told.Payer != "" && sr.Payer != told.Payer && !(x402.IsEVM(told.Network) && strings.EqualFold(sr.Payer, told.Payer))
+	if otherPayer || (sr.Network != "" && sr.Network != told.Network) {
 		p.g.logger.Error("the facilitator's settle reply names another payer or network than the payment's: the payment's are used",
-			zap.Bool("success", sr.Success), zap.String("transaction", sr.Transaction), zap.String("payer", payer), zap.String("network", network),
+			zap.Bool("success", sr.Success), zap.String("transaction", sr.Transaction), zap.String("payer", told.Payer), zap.String("network", told.Network),
 			zap.String("facilitator_payer", sr.Payer), zap.String("facilitator_network", sr.Network))
 	}
-	sr.Payer, sr.Network = payer, network
+	if !sr.Success {
+		p.g.logger.Info("the facilitator did not settle the payment", zap.String("reason", sr.ErrorReason), zap.String("facilitator_message", sr.ErrorMessage),
+			zap.String("payer", told.Payer), zap.String("network", told.Network))
+	}
+	*sr = told
+}
+
+// toldSettlement is settlement sr of payment p, made on network (the
+// offer's the gate verified and settled), as the gate tells and records
+// it: SPEC's PAYMENT-RESPONSE, {success, transaction, network, payer,
+// errorReason?}, and nothing else. Of sr only success, transaction and
+// errorReason are kept; the payer is the payment's own (payerOf). It is
+// the one builder of every settlement a buyer sees (PAYMENT-RESPONSE, a
+// payment identifier's saved answer, MCP's _meta), also of one read back
+// from the store, which may have been saved by an older gateway that
+// passed on what a facilitator said.
+func toldSettlement(sr x402.SettleResponse, p x402.PaymentPayload, network string) x402.SettleResponse {
+	return x402.SettleResponse{Success: sr.Success, Transaction: sr.Transaction, ErrorReason: sr.ErrorReason,
+		Network: network, Payer: payerOf(p, network)}
 }
 
 // settleWriteWaits are the waits before each further try of the write that

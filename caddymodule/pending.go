@@ -542,7 +542,7 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 	if h.Delivered {
 		return true, alreadyUsed(w, r, ex)
 	}
-	sr := x402.SettleResponse{Success: true, Transaction: h.Transaction, Network: h.offer.Network, Payer: payerOf(h.payload, h.offer.Network)}
+	sr := toldSettlement(x402.SettleResponse{Success: true, Transaction: h.Transaction}, h.payload, h.offer.Network)
 	if h.ReportPath != "" {
 		// Also after a background resolution (reported then too, when
 		// the gate had a way to: reportResolved); a repeated report
