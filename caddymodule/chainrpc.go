@@ -6,6 +6,8 @@ import (
 	"io"
 	"net/http"
 
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/ethclient"
 	"github.com/ethereum/go-ethereum/rpc"
 )
@@ -16,52 +18,108 @@ import (
 // reply whole, at several times its size, and wallet_auth asks the chain
 // for anyone's unauthenticated proof. What the gateway asks for is small:
 // a chain id, a block header, a contract's code (24 KiB at most, EIP-170)
-// and its answer, a receipt, logs filtered down to one authorization.
+// and its answer, logs filtered down to one authorization. Receipts and
+// transactions, which the chain bounds and not the gateway, are read
+// under maxChainRecord (settlementChain).
 const maxChainReply = 1 << 20
 
-// chainHTTPClient is the HTTP client of every EVM chain RPC the gateway
-// dials (dialChain): the default transport, each reply capped.
-var chainHTTPClient = &http.Client{Transport: cappedTransport{http.DefaultTransport}}
+// maxChainRecord bounds a receipt or a transaction read to settle or to
+// learn a settlement's outcome (settlementChain). The gateway does not
+// choose its size: the transaction that used a payment's nonce may be a
+// batch, or a smart wallet's bundle, carrying many logs, and a payment
+// whose receipt could not be read would stay pending, the buyer charged
+// and unserved, until its claim lapsed. The chain bounds it: a
+// transaction's gas is at most 2^24 (EIP-7825). A receipt is mostly its
+// logs: each costs at least 375 gas (an empty LOG0) and takes under 400
+// bytes of JSON (geth answers 359), a topic 375 gas for 69 bytes, data 8
+// gas for 2 bytes of hex, so 2^24 gas buys under 18 MiB. A transaction's
+// input costs at least 4 gas a byte: under 8 MiB of hex. 32 MiB covers
+// both with room for the fields a node adds. No request can make the gateway read one for free:
+// it takes a transaction that used a payment's nonce, and reading it
+// decides that payment's outcome.
+const maxChainRecord = 32 << 20
 
 // dialChain dials the EVM chain RPC at url (chain_rpc, a facilitator's
-// rpc_url, `facilitator http`'s rpc) with each reply capped at
-// maxChainReply: over HTTP through chainHTTPClient, over a websocket by
-// its message limit. A reply past the cap is an error of the call, as a
-// node that does not answer is. ctx bounds a websocket's connection
-// only; an http(s) dial makes no request.
-func dialChain(ctx context.Context, url string) (*ethclient.Client, error) {
-	c, err := rpc.DialOptions(ctx, url, rpc.WithHTTPClient(chainHTTPClient), rpc.WithWebsocketMessageSizeLimit(maxChainReply))
+// rpc_url, `facilitator http`'s rpc) with each reply capped at max bytes:
+// over HTTP by its transport, over a websocket by its message limit. A
+// reply past the cap is an error of the call, as a node that does not
+// answer is. ctx bounds a websocket's connection only; an http(s) dial
+// makes no request.
+func dialChain(ctx context.Context, url string, max int64) (*ethclient.Client, error) {
+	client := &http.Client{Transport: cappedTransport{RoundTripper: http.DefaultTransport, max: max}}
+	c, err := rpc.DialOptions(ctx, url, rpc.WithHTTPClient(client), rpc.WithWebsocketMessageSizeLimit(max))
 	if err != nil {
 		return nil, err
 	}
 	return ethclient.NewClient(c), nil
 }
 
-// cappedTransport caps the body of every reply of its transport at
-// maxChainReply bytes.
-type cappedTransport struct{ http.RoundTripper }
+// settlementChain is the chain client of a facilitator (evm's rpc_url)
+// and of a settlement status reader (`facilitator http`'s rpc): receipts
+// and transactions are read through records, under maxChainRecord, and
+// everything else, a contract's answer to a payment anyone can send among
+// it, under maxChainReply.
+type settlementChain struct {
+	*ethclient.Client
+	records *ethclient.Client
+}
+
+// dialSettlementChain dials url twice for a settlementChain (two
+// connections to a ws(s) endpoint).
+func dialSettlementChain(ctx context.Context, url string) (*settlementChain, error) {
+	c, err := dialChain(ctx, url, maxChainReply)
+	if err != nil {
+		return nil, err
+	}
+	records, err := dialChain(ctx, url, maxChainRecord)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	return &settlementChain{Client: c, records: records}, nil
+}
+
+// TransactionReceipt reads a receipt under maxChainRecord.
+func (c *settlementChain) TransactionReceipt(ctx context.Context, h common.Hash) (*types.Receipt, error) {
+	return c.records.TransactionReceipt(ctx, h)
+}
+
+// TransactionByHash reads a transaction under maxChainRecord.
+func (c *settlementChain) TransactionByHash(ctx context.Context, h common.Hash) (*types.Transaction, bool, error) {
+	return c.records.TransactionByHash(ctx, h)
+}
+
+// Close closes both connections.
+func (c *settlementChain) Close() {
+	c.Client.Close()
+	c.records.Close()
+}
+
+// cappedTransport caps the body of every reply of its transport at max
+// bytes.
+type cappedTransport struct {
+	http.RoundTripper
+	max int64
+}
 
 func (t cappedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	resp, err := t.RoundTripper.RoundTrip(r)
 	if err == nil {
-		resp.Body = &cappedBody{ReadCloser: resp.Body, left: maxChainReply}
+		resp.Body = &cappedBody{ReadCloser: resp.Body, max: t.max, left: t.max}
 	}
 	return resp, err
 }
 
-// errChainReplyTooLarge is the error of a read past maxChainReply.
-var errChainReplyTooLarge = fmt.Errorf("chain rpc reply over %d bytes", maxChainReply)
-
-// cappedBody reads at most left bytes of its body; a byte more is
-// errChainReplyTooLarge.
+// cappedBody reads at most left bytes of its body; a byte more is an
+// error naming the cap, max.
 type cappedBody struct {
 	io.ReadCloser
-	left int64
+	max, left int64
 }
 
 func (b *cappedBody) Read(p []byte) (int, error) {
 	if b.left < 0 {
-		return 0, errChainReplyTooLarge
+		return 0, b.tooLarge()
 	}
 	if int64(len(p)) > b.left+1 {
 		p = p[:b.left+1]
@@ -69,7 +127,11 @@ func (b *cappedBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
 	b.left -= int64(n)
 	if b.left < 0 {
-		return n - 1, errChainReplyTooLarge // the byte past the cap is not given
+		return n - 1, b.tooLarge() // the byte past the cap is not given
 	}
 	return n, err
+}
+
+func (b *cappedBody) tooLarge() error {
+	return fmt.Errorf("chain rpc reply over %d bytes", b.max)
 }

@@ -61,7 +61,7 @@ func allocated(f func()) uint64 {
 // fails past it, having read no more.
 func TestChainClientRefusesAnOversizeReply(t *testing.T) {
 	rpc := hugeChainRPC(t, 64<<20)
-	c, err := dialChain(context.Background(), rpc.URL)
+	c, err := dialChain(context.Background(), rpc.URL, maxChainReply)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,7 +21,6 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/crypto"
-	"github.com/ethereum/go-ethereum/ethclient"
 	"go.uber.org/zap"
 
 	"github.com/aovhq/aov/apierr"
@@ -55,7 +54,7 @@ const facilitatorDevnetKeyPrefix = "devnet rpc_listen="
 type pooledFacilitator struct {
 	f      *evmfacilitator.Facilitator
 	devnet *evmfacilitator.Devnet // nil unless the facilitator runs on a devnet
-	client *ethclient.Client      // nil on a devnet
+	client *settlementChain       // nil on a devnet
 }
 
 // Destruct stops the devnet or closes the chain connection.
@@ -221,7 +220,7 @@ func (m *EVMFacilitator) Provision(ctx caddy.Context) error {
 	val, _, err := facilitatorPool.LoadOrNew(m.poolKey, func() (caddy.Destructor, error) {
 		// Dialing an http(s) endpoint makes no request; the chain is first
 		// asked when a payment arrives.
-		c, err := dialChain(context.Background(), rpcURL)
+		c, err := dialSettlementChain(context.Background(), rpcURL)
 		if err != nil {
 			return nil, fmt.Errorf("dialing rpc_url: %v", secretopt.Scrub(err, rpcURL))
 		}

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/ethereum/go-ethereum/ethclient"
 	"go.uber.org/zap"
 
 	"github.com/aovhq/aov/internal/secretopt"
@@ -51,7 +50,7 @@ import (
 type remoteStatus struct {
 	readers map[string]*evmfacilitator.StatusReader // EVM networks, by CAIP-2 id
 	solana  map[string]*svmfacilitator.StatusReader // Solana networks
-	clients []*ethclient.Client
+	clients []*settlementChain
 	timeout time.Duration
 }
 
@@ -87,7 +86,7 @@ func (m *HTTPFacilitator) provisionStatus(repl *caddy.Replacer, log *zap.Logger)
 		if !x402.IsEVM(network) {
 			return fmt.Errorf("http facilitator: rpc %s: settlement outcomes are read on EVM and Solana chains only", name)
 		}
-		c, err := dialChain(context.Background(), url)
+		c, err := dialSettlementChain(context.Background(), url)
 		if err != nil {
 			m.Cleanup()
 			return fmt.Errorf("http facilitator: rpc %s: %v", name, secretopt.Scrub(err, url))

@@ -192,7 +192,7 @@ func (wa *WalletAuth) Provision(ctx caddy.Context) error {
 		secretopt.WarnIfURLCredentials(ctx.Logger(), "chain_rpc", wa.ChainRPC, url)
 		// A ws:// endpoint connects here: bounded like every chain call.
 		dialing, cancel := context.WithTimeout(ctx, time.Duration(wa.ChainTimeout))
-		c, err := dialChain(dialing, url)
+		c, err := dialChain(dialing, url, maxChainReply)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("wallet_auth: connecting to chain_rpc: %v", secretopt.Scrub(err, url))
