@@ -2,9 +2,14 @@ package caddymodule
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"time"
 
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/core/types"
@@ -39,19 +44,49 @@ const maxChainReply = 1 << 20
 // decides that payment's outcome.
 const maxChainRecord = 32 << 20
 
-// dialChain dials the EVM chain RPC at url (chain_rpc, a facilitator's
-// rpc_url, `facilitator http`'s rpc) with each reply capped at max bytes:
-// over HTTP by its transport, over a websocket by its message limit. A
-// reply past the cap is an error of the call, as a node that does not
-// answer is. ctx bounds a websocket's connection only; an http(s) dial
-// makes no request.
-func dialChain(ctx context.Context, url string, max int64) (*ethclient.Client, error) {
-	client := &http.Client{Transport: cappedTransport{RoundTripper: http.DefaultTransport, max: max}}
-	c, err := rpc.DialOptions(ctx, url, rpc.WithHTTPClient(client), rpc.WithWebsocketMessageSizeLimit(max))
+// dialChain dials the EVM chain RPC at endpoint (chain_rpc, a
+// facilitator's rpc_url, `facilitator http`'s rpc) with each reply capped
+// at max bytes: over HTTP by its transport, over a websocket by its
+// message limit. A reply past the cap is an error of the call, as a node
+// that does not answer is. Only http(s) and ws(s) endpoints are dialed
+// (chainEndpoint): go-ethereum would also take an IPC socket's path or
+// stdio, whose replies nothing would cap. The dial is bounded by timeout:
+// a ws(s) endpoint connects here (an http(s) dial makes no request), and
+// go-ethereum's websocket handshake has no deadline of its own. An error
+// names the endpoint by its scheme and host only, never its user, path
+// or query, where API keys go.
+func dialChain(ctx context.Context, endpoint string, timeout time.Duration, max int64) (*ethclient.Client, error) {
+	name, err := chainEndpoint(endpoint)
 	if err != nil {
 		return nil, err
 	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	client := &http.Client{Transport: cappedTransport{RoundTripper: http.DefaultTransport, max: max}}
+	c, err := rpc.DialOptions(ctx, endpoint, rpc.WithHTTPClient(client), rpc.WithWebsocketMessageSizeLimit(max))
+	switch {
+	case err != nil && ctx.Err() != nil, err != nil && errors.Is(err, os.ErrDeadlineExceeded):
+		// The connection's deadline, which the dialer takes from ctx's,
+		// may end it just before ctx ends.
+		return nil, fmt.Errorf("connecting to %s: no answer within %s", name, timeout)
+	case err != nil:
+		return nil, fmt.Errorf("connecting to %s: %w", name, err)
+	}
 	return ethclient.NewClient(c), nil
+}
+
+// chainEndpoint checks that endpoint is an http, https, ws or wss URL
+// with a host and returns its scheme and host, the name errors give it.
+// The error names neither the endpoint nor anything in it.
+func chainEndpoint(endpoint string) (string, error) {
+	u, err := url.Parse(endpoint)
+	if err == nil && u.Host != "" {
+		switch scheme := strings.ToLower(u.Scheme); scheme {
+		case "http", "https", "ws", "wss":
+			return scheme + "://" + u.Host, nil
+		}
+	}
+	return "", errors.New("not an http://, https://, ws:// or wss:// URL with a host: a chain endpoint is read over HTTP or a websocket, whose replies the gateway bounds (an IPC socket path or stdio is refused)")
 }
 
 // settlementChain is the chain client of a facilitator (evm's rpc_url)
@@ -64,14 +99,14 @@ type settlementChain struct {
 	records *ethclient.Client
 }
 
-// dialSettlementChain dials url twice for a settlementChain (two
-// connections to a ws(s) endpoint).
-func dialSettlementChain(ctx context.Context, url string) (*settlementChain, error) {
-	c, err := dialChain(ctx, url, maxChainReply)
+// dialSettlementChain dials endpoint twice for a settlementChain (two
+// connections to a ws(s) endpoint), each dial bounded by timeout.
+func dialSettlementChain(ctx context.Context, endpoint string, timeout time.Duration) (*settlementChain, error) {
+	c, err := dialChain(ctx, endpoint, timeout, maxChainReply)
 	if err != nil {
 		return nil, err
 	}
-	records, err := dialChain(ctx, url, maxChainRecord)
+	records, err := dialChain(ctx, endpoint, timeout, maxChainRecord)
 	if err != nil {
 		c.Close()
 		return nil, err

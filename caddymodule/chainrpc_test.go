@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ethereum/go-ethereum"
 	"github.com/ethereum/go-ethereum/common"
@@ -61,7 +62,7 @@ func allocated(f func()) uint64 {
 // fails past it, having read no more.
 func TestChainClientRefusesAnOversizeReply(t *testing.T) {
 	rpc := hugeChainRPC(t, 64<<20)
-	c, err := dialChain(context.Background(), rpc.URL, maxChainReply)
+	c, err := dialChain(context.Background(), rpc.URL, time.Second, maxChainReply)
 	if err != nil {
 		t.Fatal(err)
 	}

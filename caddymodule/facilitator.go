@@ -219,10 +219,10 @@ func (m *EVMFacilitator) Provision(ctx caddy.Context) error {
 		m.MaxFailedPerPayer, m.MaxInFlightPerPayer, m.FailureWindow)
 	val, _, err := facilitatorPool.LoadOrNew(m.poolKey, func() (caddy.Destructor, error) {
 		// Dialing an http(s) endpoint makes no request; the chain is first
-		// asked when a payment arrives.
-		c, err := dialSettlementChain(context.Background(), rpcURL)
+		// asked when a payment arrives. A ws(s) one connects here.
+		c, err := dialSettlementChain(context.Background(), rpcURL, rpcDialTimeout)
 		if err != nil {
-			return nil, fmt.Errorf("dialing rpc_url: %v", secretopt.Scrub(err, rpcURL))
+			return nil, fmt.Errorf("rpc_url: %v", secretopt.Scrub(err, rpcURL))
 		}
 		f, err := evmfacilitator.New(evmfacilitator.Config{Chain: c, Network: network, RelayerKey: key, ReceiptTimeout: time.Duration(m.ReceiptTimeout),
 			MaxFailedPerPayer: m.MaxFailedPerPayer, MaxInFlightPerPayer: m.MaxInFlightPerPayer, FailureWindow: time.Duration(m.FailureWindow)})
@@ -238,6 +238,11 @@ func (m *EVMFacilitator) Provision(ctx caddy.Context) error {
 	m.f = val.(*pooledFacilitator).f
 	return nil
 }
+
+// rpcDialTimeout bounds the connection to a ws(s) rpc_url when the config
+// loads: a node that accepts and never answers must fail the load, not
+// hold it. (A var for the tests.)
+var rpcDialTimeout = 10 * time.Second
 
 // relayerKey reads the relayer key from relayer_key or relayer_key_file,
 // warning on log when relayer_key is the key itself (secretopt).

@@ -55,7 +55,8 @@ type remoteStatus struct {
 }
 
 // provisionStatus dials the rpc endpoints (an http(s) dial makes no
-// request; the chain is first asked when an outcome is unknown).
+// request; the chain is first asked when an outcome is unknown; a ws(s)
+// one connects within the facilitator's timeout).
 func (m *HTTPFacilitator) provisionStatus(repl *caddy.Replacer, log *zap.Logger) error {
 	m.status = remoteStatus{readers: map[string]*evmfacilitator.StatusReader{}, solana: map[string]*svmfacilitator.StatusReader{},
 		timeout: time.Duration(m.Timeout)}
@@ -86,7 +87,7 @@ func (m *HTTPFacilitator) provisionStatus(repl *caddy.Replacer, log *zap.Logger)
 		if !x402.IsEVM(network) {
 			return fmt.Errorf("http facilitator: rpc %s: settlement outcomes are read on EVM and Solana chains only", name)
 		}
-		c, err := dialSettlementChain(context.Background(), url)
+		c, err := dialSettlementChain(context.Background(), url, m.status.timeout)
 		if err != nil {
 			m.Cleanup()
 			return fmt.Errorf("http facilitator: rpc %s: %v", name, secretopt.Scrub(err, url))

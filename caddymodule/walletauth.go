@@ -191,11 +191,9 @@ func (wa *WalletAuth) Provision(ctx caddy.Context) error {
 		url := caddy.NewReplacer().ReplaceKnown(wa.ChainRPC, "")
 		secretopt.WarnIfURLCredentials(ctx.Logger(), "chain_rpc", wa.ChainRPC, url)
 		// A ws:// endpoint connects here: bounded like every chain call.
-		dialing, cancel := context.WithTimeout(ctx, time.Duration(wa.ChainTimeout))
-		c, err := dialChain(dialing, url, maxChainReply)
-		cancel()
+		c, err := dialChain(ctx, url, time.Duration(wa.ChainTimeout), maxChainReply)
 		if err != nil {
-			return fmt.Errorf("wallet_auth: connecting to chain_rpc: %v", secretopt.Scrub(err, url))
+			return fmt.Errorf("wallet_auth: chain_rpc: %v", secretopt.Scrub(err, url))
 		}
 		wa.rpc = c
 		wa.verifier.Chain = c
