@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/dgraph-io/badger/v4"
 )
@@ -28,6 +29,36 @@ type Owners interface {
 	BindAgent(ctx context.Context, agentID, wallet string) (owner string, err error)
 	// AgentOwner returns agentID's owner, or "" when nobody bound it.
 	AgentOwner(ctx context.Context, agentID string) (string, error)
+}
+
+// SameWallet reports whether two wallet addresses name one wallet: EVM
+// (0x) ones compared without regard to case, since EIP-55 casing is only a
+// display form; others (Solana's base58) exactly. An owner is compared with
+// it wherever one is compared (verifierd's ownership checks, copy-history),
+// so that one wallet is never two owners.
+func SameWallet(a, b string) bool {
+	if a == "" || b == "" {
+		return false
+	}
+	if IsEVMAddress(a) && IsEVMAddress(b) {
+		return strings.EqualFold(a, b)
+	}
+	return a == b
+}
+
+// IsEVMAddress reports whether s is an EVM address: 0x and 40 hex digits,
+// in any case.
+func IsEVMAddress(s string) bool {
+	if len(s) != 42 || s[0] != '0' || (s[1] != 'x' && s[1] != 'X') {
+		return false
+	}
+	for i := 2; i < len(s); i++ {
+		c := s[i] | 0x20
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // maxOwner bounds a stored owner address; real ones are at most 44 bytes

@@ -205,7 +205,7 @@ var caip10RE = regexp.MustCompile(`^[-a-z0-9]{3,8}:[-_a-zA-Z0-9]{1,32}:[-.%a-zA-
 // accountAddress returns the address an account id names, and false for
 // any other id (see Who owns an agent_id).
 func accountAddress(agentID string) (string, bool) {
-	if isEVMAddress(agentID) {
+	if store.IsEVMAddress(agentID) {
 		return agentID, true
 	}
 	if !caip10RE.MatchString(agentID) {
@@ -213,7 +213,7 @@ func accountAddress(agentID string) (string, bool) {
 	}
 	namespace, _, _ := strings.Cut(agentID, ":")
 	addr := agentID[strings.LastIndexByte(agentID, ':')+1:]
-	evm, sol := isEVMAddress(addr), isSolanaAddress(addr)
+	evm, sol := store.IsEVMAddress(addr), isSolanaAddress(addr)
 	switch namespace {
 	case "eip155":
 		sol = false
@@ -232,32 +232,6 @@ func accountAddress(agentID string) (string, bool) {
 func isSolanaAddress(s string) bool {
 	b, err := base58.Decode(s)
 	return err == nil && len(b) == 32 && base58.Encode(b) == s
-}
-
-func isEVMAddress(s string) bool {
-	if len(s) != 42 || s[0] != '0' || (s[1] != 'x' && s[1] != 'X') {
-		return false
-	}
-	for i := 2; i < len(s); i++ {
-		c := s[i] | 0x20
-		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
-			return false
-		}
-	}
-	return true
-}
-
-// sameWallet compares two wallet addresses: EVM (0x) ones without regard to
-// case, since EIP-55 casing is only a display form; others (Solana's
-// base58) exactly.
-func sameWallet(a, b string) bool {
-	if a == "" || b == "" {
-		return false
-	}
-	if isEVMAddress(a) && isEVMAddress(b) {
-		return strings.EqualFold(a, b)
-	}
-	return a == b
 }
 
 // ownerOf returns agentID's owner: the address of an account id, the
@@ -292,7 +266,7 @@ func (s *Server) authenticate(ctx context.Context, agentID string, gw gatewayInf
 		if err != nil {
 			return false, apierr.Unavailable("agent owner store", 5, fmt.Errorf("binding agent: %w", err))
 		}
-		if owner != "" && !sameWallet(owner, gw.wallet) {
+		if owner != "" && !store.SameWallet(owner, gw.wallet) {
 			return false, apierr.Forbidden("the wallet proof names an agent_id that belongs to another wallet", "use_own_agent_id",
 				apierr.Field{Field: "X-Wallet-Auth.agent_id", Problem: "belongs to another wallet",
 					Fix: "Bind an agent_id of your own, or use your wallet's CAIP-10 account id (eip155:<chain>:<address>) as agent_id."})
@@ -303,7 +277,7 @@ func (s *Server) authenticate(ctx context.Context, agentID string, gw gatewayInf
 		return false, nil
 	}
 	if addr, ok := accountAddress(agentID); ok {
-		return sameWallet(addr, gw.wallet), nil
+		return store.SameWallet(addr, gw.wallet), nil
 	}
 	return owned && agentID == gw.walletAgent, nil
 }
@@ -313,5 +287,5 @@ func (s *Server) authenticate(ctx context.Context, agentID string, gw gatewayInf
 // the agent now. Records authenticated before ownership was enforced, by
 // a wallet that does not own the id, count as unauthenticated labels.
 func ownerEvidence(v store.Verification, owner string) bool {
-	return v.Authenticated && sameWallet(v.Wallet, owner)
+	return v.Authenticated && store.SameWallet(v.Wallet, owner)
 }

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/aovhq/aov/internal/base58"
+	"github.com/aovhq/aov/store"
 )
 
 // FuzzAccountAddress: an agent id read as an account id names exactly the
@@ -34,10 +35,10 @@ func FuzzAccountAddress(f *testing.F) {
 		if id != addr && strings.Count(id, ":") != 2 {
 			t.Fatalf("%q: a CAIP-10 id has exactly three parts", id)
 		}
-		if b, err := base58.Decode(addr); !isEVMAddress(addr) && (err != nil || len(b) != 32 || base58.Encode(b) != addr) {
+		if b, err := base58.Decode(addr); !store.IsEVMAddress(addr) && (err != nil || len(b) != 32 || base58.Encode(b) != addr) {
 			t.Fatalf("%q: an account whose address no wallet proof can carry", id)
 		}
-		if strings.HasPrefix(id, "eip155:") && !isEVMAddress(addr) {
+		if strings.HasPrefix(id, "eip155:") && !store.IsEVMAddress(addr) {
 			t.Fatalf("%q: an eip155 account whose address is not EVM", id)
 		}
 		if strings.HasPrefix(id, "solana:") {
@@ -45,10 +46,10 @@ func FuzzAccountAddress(f *testing.F) {
 				t.Fatalf("%q: a solana account whose address is not canonical base58 of 32 bytes", id)
 			}
 		}
-		if !sameWallet(addr, addr) || sameWallet(addr, addr+"0") || sameWallet(addr, "") {
-			t.Fatalf("%q: sameWallet is not exact on %q", id, addr)
+		if !store.SameWallet(addr, addr) || store.SameWallet(addr, addr+"0") || store.SameWallet(addr, "") {
+			t.Fatalf("%q: SameWallet is not exact on %q", id, addr)
 		}
-		if isEVMAddress(addr) && !sameWallet(addr, "0x"+strings.ToUpper(addr[2:])) {
+		if store.IsEVMAddress(addr) && !store.SameWallet(addr, "0x"+strings.ToUpper(addr[2:])) {
 			t.Fatalf("%q: EVM addresses must compare in any letter case", id)
 		}
 	})
