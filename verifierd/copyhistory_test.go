@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -133,4 +134,119 @@ func TestSwitchToPostgresKeepsOwners(t *testing.T) {
 	if _, err := os.Stat(none); !os.IsNotExist(err) {
 		t.Fatalf("the start made -data: %v", err)
 	}
+}
+
+// TestCopyHistoryLeavesAConflictedIDsRecords: an agent id -data gives to
+// one wallet and PostgreSQL to another keeps PostgreSQL's owner, and none
+// of -data's records of it are copied: they are the other wallet's
+// history, and would count as the authenticated history of PostgreSQL's
+// owner. The copy and the start both refuse naming the id, and the copy
+// reports the records it left; the other ids are copied.
+func TestCopyHistoryLeavesAConflictedIDsRecords(t *testing.T) {
+	ctx := context.Background()
+	log := slog.New(slog.DiscardHandler)
+	dir := t.TempDir()
+	const walletA = "0x1111111111111111111111111111111111111111"
+	const walletB = "0x9999999999999999999999999999999999999999"
+	at := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	b, err := store.Open(dir, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, agent := range []string{"contested", "quoted\"\n\x00id", "seller-7"} {
+		if o, err := b.BindAgent(ctx, agent, walletA); err != nil || o != walletA {
+			t.Fatal(o, err)
+		}
+	}
+	for i := range 5 {
+		v := storetest.Sample(fmt.Sprint("a-", i), "contested", at.Add(time.Duration(i)*time.Second), "pass")
+		v.Authenticated, v.Wallet = true, walletA
+		if err := b.RecordVerification(ctx, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	v := storetest.Sample("mine", "seller-7", at, "pass")
+	v.Authenticated, v.Wallet = true, walletA
+	if err := b.RecordVerification(ctx, v); err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+
+	srv := servers.StartPostgres(t)
+	p, err := pghistory.Open(ctx, srv.DSN, pghistory.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	for _, agent := range []string{"contested", "quoted\"\n\x00id"} {
+		if o, err := p.BindAgent(ctx, agent, walletB); err != nil || o != walletB {
+			t.Fatal(o, err)
+		}
+	}
+	names := []string{`"contested"`, `"quoted\"\n\x00id"`}
+	var out bytes.Buffer
+	err = run(ctx, []string{"copy-history", "-data", dir, "-history", srv.DSN}, &out, nil)
+	if err == nil || !strings.Contains(out.String(), `"skipped_records":5`) || !strings.Contains(out.String(), `"records":1`) {
+		t.Fatalf("copy-history with conflicting owners: %v\n%s", err, out.String())
+	}
+	for _, name := range names {
+		if !strings.Contains(err.Error(), name) {
+			t.Errorf("copy-history's refusal does not name %s: %v", name, err)
+		}
+	}
+	if strings.ContainsAny(err.Error(), "\n\x00") {
+		t.Errorf("copy-history's refusal holds an agent id's control characters: %q", err)
+	}
+	if _, err := openHistory(ctx, config{dataDir: dir, history: srv.DSN}, log); err == nil || !strings.Contains(err.Error(), names[0]) || !strings.Contains(err.Error(), names[1]) {
+		t.Errorf("the start's refusal does not name the conflicting ids: %v", err)
+	}
+	c, err := p.AgentCounts(ctx, "contested")
+	if err != nil {
+		t.Fatal(err)
+	}
+	auth, _, err := p.AuthenticatedVerifications(ctx, "contested", "", 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Total() != 0 || len(auth) != 0 {
+		t.Fatalf("%s's id holds %+v and %d authenticated records of -data's owner after the copy, want none", walletB, c, len(auth))
+	}
+	if c, err := p.AgentCounts(ctx, "seller-7"); err != nil || c.AuthenticatedPass != 1 {
+		t.Fatalf("seller-7 after the copy: %+v %v", c, err)
+	}
+}
+
+// TestCopyHistorySameEVMWalletInTwoCases: an EVM address is one wallet
+// however it is cased (as verifierd compares owners), so an id -data and
+// PostgreSQL give to it in two spellings is no conflict: the copy and the
+// start succeed.
+func TestCopyHistorySameEVMWalletInTwoCases(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	b, err := store.Open(dir, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.BindAgent(ctx, "my-agent", "0x5aaeb6053f3e94c9b9a09f33669435e7ef1beaed"); err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	srv := servers.StartPostgres(t)
+	p, err := pghistory.Open(ctx, srv.DSN, pghistory.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if _, err := p.BindAgent(ctx, "my-agent", "0x5aAeb6053F3E94C9b9A09f33669435E7Ef1BeAed"); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := run(ctx, []string{"copy-history", "-data", dir, "-history", srv.DSN}, &out, nil); err != nil {
+		t.Fatalf("copy-history of an id both histories give to one wallet: %v\n%s", err, out.String())
+	}
+	h, err := openHistory(ctx, config{dataDir: dir, history: srv.DSN}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	h.Close()
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strconv"
 	"strings"
 	"time"
 
@@ -80,14 +81,38 @@ func compareHistories(ctx context.Context, c config, pg *pghistory.History, writ
 	start := time.Now()
 	missing, err := pg.CopyFrom(ctx, db, false)
 	log.Info("checked the Badger history in -data", "data", c.dataDir, "took", time.Since(start).String(),
-		"missing_owners", missing.Owners, "missing_records", missing.Records, "conflicts", missing.Conflicts)
+		"missing_owners", missing.Owners, "missing_records", missing.Records, "conflicts", missing.Conflicts, "conflicting_records", missing.Skipped)
 	return missing, err
 }
 
-// conflictError refuses agent ids -data and PostgreSQL give to two owners.
+// conflictError refuses agent ids -data and PostgreSQL give to two owners,
+// naming the first of them (Go-quoted: an agent id may hold any byte),
+// since nothing else lists the owners in -data.
 func conflictError(c config, missing pghistory.Copied) error {
-	return fmt.Errorf("%d agent ids have one owner in the Badger history in -data %s and another in the PostgreSQL history; an owner is never overwritten: "+
-		"to keep the one in -data, delete the agent id's row of aov_agent_owners and run `verifierd copy-history` again; to keep PostgreSQL's, start without that -data", missing.Conflicts, c.dataDir)
+	names := make([]string, len(missing.ConflictIDs))
+	for i, id := range missing.ConflictIDs {
+		names[i] = quoteAgentID(id)
+	}
+	list := strings.Join(names, ", ")
+	if more := missing.Conflicts - len(names); more > 0 {
+		list += fmt.Sprintf(" and %d more", more)
+	}
+	return fmt.Errorf("%d agent ids have one owner in the Badger history in -data %s and another in the PostgreSQL history: %s; "+
+		"an owner is never overwritten, and the %d records -data holds of these ids are not copied: "+
+		"to keep the owner in -data, delete the agent id's row of aov_agent_owners and run `verifierd copy-history` again; to keep PostgreSQL's, start without that -data",
+		missing.Conflicts, c.dataDir, list, missing.Skipped)
+}
+
+// maxQuotedAgentID bounds the bytes of one agent id a message shows.
+const maxQuotedAgentID = 100
+
+// quoteAgentID is id as a Go string literal, cut after maxQuotedAgentID
+// bytes (marked by "…" after the quote).
+func quoteAgentID(id string) string {
+	if len(id) > maxQuotedAgentID {
+		return strconv.Quote(id[:maxQuotedAgentID]) + "…"
+	}
+	return strconv.Quote(id)
 }
 
 // copyHistory is `verifierd copy-history [flags]`: with the flags (and
@@ -116,7 +141,8 @@ func copyHistory(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	defer pg.Close()
 	copied, err := compareHistories(ctx, c, pg, true, log)
-	log.Info("copy-history: copied the Badger history into PostgreSQL", "data", c.dataDir, "owners", copied.Owners, "records", copied.Records, "conflicts", copied.Conflicts)
+	log.Info("copy-history: copied the Badger history into PostgreSQL", "data", c.dataDir, "owners", copied.Owners, "records", copied.Records,
+		"conflicts", copied.Conflicts, "skipped_records", copied.Skipped)
 	if err == nil && copied.Conflicts > 0 {
 		err = conflictError(c, copied)
 	}
