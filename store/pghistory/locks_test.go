@@ -14,6 +14,39 @@ import (
 	"github.com/aovhq/aov/store/storetest"
 )
 
+// TestOpenAtTheCurrentSchemaTakesNoTableLock: an instance that starts (or
+// a copy-history that opens the history) while another instance is in the
+// middle of a record starts at once. Schema statements would lock the
+// history table against the live write, and their lock, taken behind it,
+// would hold up every other write and close a cycle with SetPayments
+// (which PostgreSQL breaks by failing one side).
+func TestOpenAtTheCurrentSchemaTakesNoTableLock(t *testing.T) {
+	srv := servers.StartPostgres(t)
+	dsn := freshDB(t, srv)
+	ctx := context.Background()
+	live := open(t, dsn)
+	tx, err := live.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	args, err := recordArgs(storetest.Sample("live-1", "seller-7", time.Now(), "pass"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, record, args...); err != nil {
+		t.Fatal(err)
+	}
+	h, err := Open(ctx, dsn, Options{Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatalf("an instance starting while another records: %v", err)
+	}
+	h.Close()
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatalf("the live record after another instance started: %v", err)
+	}
+}
+
 // badgerSource is a Badger history holding vs (a real store, as
 // copy-history reads it).
 func badgerSource(t *testing.T, vs ...store.Verification) *store.DB {

@@ -91,12 +91,19 @@ func (h *History) AuthenticatedVerifications(ctx context.Context, agentID, curso
 // nested objects.
 const authenticatedRecord = `"authenticated"\s*:\s*true`
 
-// migrateAuthenticated brings a version 1 database to version 2: it sets
-// the authenticated column (added by the schema statements) of every
-// authenticated record, read from the record itself, then the version.
-// It runs inside the migration's transaction, so it happens once and
-// entirely or not at all, and it is one statement computed in the
-// database: it reads every record once and moves none of them to the
+// migrateAuthenticated brings a version 1 database to version 2: it adds
+// the authenticated column (schemaV2), sets it on every authenticated
+// record, read from the record itself, then sets the version. It runs
+// inside the migration's transaction, so it happens once and entirely or
+// not at all.
+//
+// It first locks the history table outright, before any other statement
+// touches it: a weaker lock taken first and strengthened later would wait
+// for live writes while holding what they wait for (a lock cycle, which
+// PostgreSQL breaks by failing one side). Old builds' writes wait for the
+// upgrade's end.
+//
+// The flagging is one statement computed in the database: it reads every record once and moves none of them to the
 // client. Measured on a vacuumed history with one record in ten
 // authenticated, it takes 1.1 to 1.4 s per 100,000 records, most of it
 // writing the flagged rows; decoding the records in Go took 1.7 to 2.4 s
@@ -107,6 +114,11 @@ const authenticatedRecord = `"authenticated"\s*:\s*true`
 func migrateAuthenticated(ctx context.Context, tx pgx.Tx, log *slog.Logger) error {
 	log.Info("history: upgrading to schema version 2: flagging the authenticated records; this reads every record once")
 	start := time.Now()
+	for _, stmt := range append([]string{`LOCK TABLE aov_verifications IN ACCESS EXCLUSIVE MODE`}, schemaV2...) {
+		if _, err := tx.Exec(ctx, stmt); err != nil {
+			return fmt.Errorf("history: migrating to schema version 2: %w", err)
+		}
+	}
 	tag, err := tx.Exec(ctx, `UPDATE aov_verifications SET authenticated = true
 		WHERE agent_id IS NOT NULL AND position('"authenticated"'::bytea IN record) > 0 AND encode(record, 'escape') ~ $1`,
 		authenticatedRecord)

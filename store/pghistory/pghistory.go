@@ -37,8 +37,13 @@ const schemaVersion = 2
 // ("tuple concurrently updated").
 const migrationLock = 0x616f765f68697374 // "aov_hist"
 
-var schema = []string{
-	`CREATE TABLE IF NOT EXISTS aov_schema_version (version integer NOT NULL)`,
+// schemaVersionTable holds the schema's version, one row. It is written in
+// the transaction that sets up or upgrades the schema, so a version read
+// from it is never ahead of the tables.
+const schemaVersionTable = `CREATE TABLE IF NOT EXISTS aov_schema_version (version integer NOT NULL)`
+
+// schema creates the tables of an empty database, at schemaVersion.
+var schema = append([]string{
 	`CREATE TABLE IF NOT EXISTS aov_verifications (
 		id       bytea  PRIMARY KEY,
 		at_ns    bigint NOT NULL,
@@ -64,8 +69,11 @@ var schema = []string{
 		agent_id bytea PRIMARY KEY,
 		owner    bytea NOT NULL
 	)`,
-	// Version 2: the authenticated flag of each record, indexed, so a
-	// score of an owned agent reads only those rows (owners.go).
+}, schemaV2...)
+
+// schemaV2 is what version 2 adds: the authenticated flag of each record,
+// indexed, so a score of an owned agent reads only those rows (owners.go).
+var schemaV2 = []string{
 	`ALTER TABLE aov_verifications ADD COLUMN IF NOT EXISTS authenticated boolean NOT NULL DEFAULT false`,
 	`CREATE INDEX IF NOT EXISTS aov_verifications_authenticated ON aov_verifications (agent_id, at_ns DESC, id) WHERE authenticated`,
 }
@@ -163,7 +171,15 @@ func sessionDefault(params map[string]string, name, value string) {
 	params[name] = value
 }
 
-// migrate sets up or checks the schema in one transaction under the
+// migrate sets up or checks the schema. A database already at
+// schemaVersion, the usual case, is only read: its version, with no lock
+// on the migration or on any table, so that a start never waits for live
+// writes nor makes them wait (schema statements, even ones that change
+// nothing, lock the history table, and a lock taken behind a live
+// SetPayments closes a cycle with it). The version needs no lock to be
+// read: it is written in the transaction that makes the schema it names.
+//
+// Any other database is set up or upgraded in one transaction under the
 // migration lock, each step under its own bound (Options): a step that
 // waits for or does upgrade work gets UpgradeTimeout, any other Timeout.
 // The transaction may stay open far longer than Timeout while it waits or
@@ -177,6 +193,17 @@ func (h *History) migrate(ctx context.Context, opts Options) error {
 		return context.WithTimeout(ctx, opts.Timeout)
 	}
 	sctx, cancel := step(false)
+	v, err := readVersion(sctx, h.pool)
+	cancel()
+	switch {
+	case err != nil:
+		return err
+	case v == schemaVersion:
+		return nil
+	case v > schemaVersion:
+		return newerSchema(v)
+	}
+	sctx, cancel = step(false)
 	conn, err := h.pool.Acquire(sctx)
 	cancel()
 	if err != nil {
@@ -195,37 +222,33 @@ func (h *History) migrate(ctx context.Context, opts Options) error {
 	if err := lockMigration(ctx, tx, step, opts.Logger); err != nil {
 		return err
 	}
-	// The version first: a version 1 database gets the rest of the
-	// schema (an index built over its records) under the upgrade's bound.
+	// Again under the lock: another instance may have done it meanwhile.
 	sctx, cancel = step(false)
 	defer cancel()
-	var v int
-	_, err = tx.Exec(sctx, schema[0])
-	if err == nil {
-		err = tx.QueryRow(sctx, `SELECT version FROM aov_schema_version`).Scan(&v)
+	if _, err := tx.Exec(sctx, schemaVersionTable); err != nil {
+		return fmt.Errorf("history: setting up the schema: %w", err)
 	}
-	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("history: reading the schema version: %w", err)
-	}
-	fresh := errors.Is(err, pgx.ErrNoRows)
-	uctx, cancel := step(v == 1)
-	defer cancel()
-	for _, stmt := range schema[1:] {
-		if _, err := tx.Exec(uctx, stmt); err != nil {
-			return fmt.Errorf("history: setting up the schema: %w", err)
-		}
+	if v, err = readVersion(sctx, tx); err != nil {
+		return err
 	}
 	switch {
-	case fresh:
+	case v == 0:
+		for _, stmt := range schema {
+			if _, err := tx.Exec(sctx, stmt); err != nil {
+				return fmt.Errorf("history: setting up the schema: %w", err)
+			}
+		}
 		if _, err := tx.Exec(sctx, `INSERT INTO aov_schema_version VALUES ($1)`, schemaVersion); err != nil {
 			return fmt.Errorf("history: setting up the schema: %w", err)
 		}
 	case v == 1:
+		uctx, cancel := step(true)
+		defer cancel()
 		if err := migrateAuthenticated(uctx, tx, opts.Logger); err != nil {
 			return err
 		}
 	case v != schemaVersion:
-		return fmt.Errorf("history: the database has schema version %d; this build reads version %d", v, schemaVersion)
+		return newerSchema(v)
 	}
 	cctx, cancel := step(false)
 	defer cancel()
@@ -233,6 +256,26 @@ func (h *History) migrate(ctx context.Context, opts Options) error {
 		return fmt.Errorf("history: setting up the schema: %w", err)
 	}
 	return nil
+}
+
+// readVersion reads the schema's version: 0 when there is none yet (an
+// empty database).
+func readVersion(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) (int, error) {
+	var v int
+	err := q.QueryRow(ctx, `SELECT version FROM aov_schema_version`).Scan(&v)
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); errors.Is(err, pgx.ErrNoRows) || ok && pgErr.Code == "42P01" { // undefined_table
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("history: reading the schema version: %w", err)
+	}
+	return v, nil
+}
+
+func newerSchema(v int) error {
+	return fmt.Errorf("history: the database has schema version %d; this build reads version %d", v, schemaVersion)
 }
 
 // lockMigration takes the migration lock in tx. A lock another instance
