@@ -80,22 +80,55 @@ func (h *History) AuthenticatedVerifications(ctx context.Context, agentID, curso
 	return h.page(ctx, agentID, true, cursor, limit)
 }
 
-// authenticatedRecord is how a record of version 1 says it is
-// authenticated, as a regular expression over the record in PostgreSQL's
-// escape encoding (ASCII only, so it reads the same on any server
-// encoding, and a NUL the record holds is harmless). The record is Go's
-// JSON of a store.Verification, which writes "authenticated":true only
-// when it is set; whitespace is allowed all the same. Inside a JSON
+// recordAuthenticated defines aov_record_authenticated(agent_id, record):
+// whether a record without the authenticated column's value (one of
+// version 1, or one a version 1 build writes) says it is authenticated.
+// It is the one definition of the flag's reading: the upgrade flags the
+// records already there with it, and the trigger of flagOldBuildRecords
+// the ones old builds write afterwards.
+//
+// The record is Go's JSON of a store.Verification, which writes
+// "authenticated":true only when it is set; whitespace is allowed all the
+// same. It is read as a regular expression over the record in
+// PostgreSQL's escape encoding (ASCII only, so it reads the same on any
+// server encoding, and a NUL the record holds is harmless); inside a JSON
 // string every quote is escaped, so a quote, the name and a quote with
 // nothing between them occur only as a key, and Verification has no
-// nested objects.
-const authenticatedRecord = `"authenticated"\s*:\s*true`
+// nested objects. The position test keeps the regular expression off the
+// records that do not name the flag at all, most of them. A record with no
+// agent is never authenticated. The function is one SQL expression,
+// which PostgreSQL inlines into the upgrade's UPDATE; the pattern is an
+// escape string (E-prefixed), read the same whatever
+// standard_conforming_strings says.
+const recordAuthenticated = `CREATE OR REPLACE FUNCTION aov_record_authenticated(agent_id bytea, record bytea) RETURNS boolean
+	LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+	SELECT agent_id IS NOT NULL AND position('"authenticated"'::bytea IN record) > 0
+		AND encode(record, 'escape') ~ E'"authenticated"\\s*:\\s*true'
+$$`
+
+// flagOldBuildRecords flags, as they are inserted, the records of
+// instances of the version 1 build still running after the upgrade: they
+// do not know the column, which would keep its default (false), so their
+// authenticated records would be counted but never read as the owner's.
+// It runs only on records that arrive unflagged; ours flag themselves.
+var flagOldBuildRecords = []string{
+	`CREATE OR REPLACE FUNCTION aov_flag_authenticated() RETURNS trigger LANGUAGE plpgsql AS $$
+	BEGIN
+		NEW.authenticated := aov_record_authenticated(NEW.agent_id, NEW.record);
+		RETURN NEW;
+	END
+	$$`,
+	`DROP TRIGGER IF EXISTS aov_verifications_flag ON aov_verifications`,
+	`CREATE TRIGGER aov_verifications_flag BEFORE INSERT ON aov_verifications
+		FOR EACH ROW WHEN (NOT NEW.authenticated) EXECUTE FUNCTION aov_flag_authenticated()`,
+}
 
 // migrateAuthenticated brings a version 1 database to version 2: it adds
 // the authenticated column (schemaV2), sets it on every authenticated
-// record, read from the record itself, then sets the version. It runs
-// inside the migration's transaction, so it happens once and entirely or
-// not at all.
+// record, read from the record itself (recordAuthenticated), has records
+// that old builds write from now on flagged the same way
+// (flagOldBuildRecords), then sets the version. It runs inside the
+// migration's transaction, so it happens once and entirely or not at all.
 //
 // It first locks the history table outright, before any other statement
 // touches it: a weaker lock taken first and strengthened later would wait
@@ -103,25 +136,25 @@ const authenticatedRecord = `"authenticated"\s*:\s*true`
 // PostgreSQL breaks by failing one side). Old builds' writes wait for the
 // upgrade's end.
 //
-// The flagging is one statement computed in the database: it reads every record once and moves none of them to the
-// client. Measured on a vacuumed history with one record in ten
-// authenticated, it takes 1.1 to 1.4 s per 100,000 records, most of it
-// writing the flagged rows; decoding the records in Go took 1.7 to 2.4 s
-// (2.8 s in production, so that 1,500,000 could not be upgraded within
-// an ordinary open's 30 s), and batches committed separately far longer.
-// The position test keeps the regular expression off the records that do
-// not name the flag at all, most of them.
+// The flagging is one statement computed in the database: it reads every
+// record once and moves none of them to the client. Measured on a
+// vacuumed history with one record in ten authenticated, it takes 1.1 to
+// 1.4 s per 100,000 records, most of it writing the flagged rows;
+// decoding the records in Go took 1.7 to 2.4 s (2.8 s in production, so
+// that 1,500,000 could not be upgraded within an ordinary open's 30 s),
+// and batches committed separately far longer.
 func migrateAuthenticated(ctx context.Context, tx pgx.Tx, log *slog.Logger) error {
 	log.Info("history: upgrading to schema version 2: flagging the authenticated records; this reads every record once")
 	start := time.Now()
-	for _, stmt := range append([]string{`LOCK TABLE aov_verifications IN ACCESS EXCLUSIVE MODE`}, schemaV2...) {
+	stmts := append([]string{`LOCK TABLE aov_verifications IN ACCESS EXCLUSIVE MODE`}, schemaV2...)
+	stmts = append(append(stmts, recordAuthenticated), flagOldBuildRecords...)
+	for _, stmt := range stmts {
 		if _, err := tx.Exec(ctx, stmt); err != nil {
 			return fmt.Errorf("history: migrating to schema version 2: %w", err)
 		}
 	}
 	tag, err := tx.Exec(ctx, `UPDATE aov_verifications SET authenticated = true
-		WHERE agent_id IS NOT NULL AND position('"authenticated"'::bytea IN record) > 0 AND encode(record, 'escape') ~ $1`,
-		authenticatedRecord)
+		WHERE NOT authenticated AND aov_record_authenticated(agent_id, record)`)
 	if err != nil {
 		return fmt.Errorf("history: migrating to schema version 2: %w", err)
 	}

@@ -191,3 +191,91 @@ func TestSchema1UpgradeReadsTheFlag(t *testing.T) {
 		t.Fatalf("%d records read (%v), want %d", len(n), err, len(want))
 	}
 }
+
+// recordV1 is the record statement of the schema 1 build, which does not
+// know the authenticated column.
+const recordV1 = `WITH ins AS (
+	INSERT INTO aov_verifications (id, at_ns, agent_id, record) VALUES ($1, $2, $3, $4)
+	ON CONFLICT (id) DO NOTHING
+	RETURNING agent_id
+), cnt AS (
+	INSERT INTO aov_agent_counts AS c (agent_id, pass, fail, auth_pass, auth_fail, paid, first_ns, last_ns)
+	SELECT agent_id, $5, $6, $7, $8, $9, $2, $2 FROM ins WHERE agent_id IS NOT NULL
+	ON CONFLICT (agent_id) DO UPDATE SET
+		pass = c.pass + EXCLUDED.pass, fail = c.fail + EXCLUDED.fail,
+		auth_pass = c.auth_pass + EXCLUDED.auth_pass, auth_fail = c.auth_fail + EXCLUDED.auth_fail,
+		paid = c.paid + EXCLUDED.paid,
+		first_ns = LEAST(c.first_ns, EXCLUDED.first_ns), last_ns = GREATEST(c.last_ns, EXCLUDED.last_ns)
+)
+SELECT count(*) FROM ins`
+
+// TestSchema1InstancesWriteFlaggedRecordsAfterTheUpgrade: an instance of
+// the schema 1 build that keeps running after another one upgraded the
+// database writes records without the authenticated column; each is
+// flagged as its record says, as the upgrade flagged the ones before it,
+// so the counts and the authenticated index agree.
+func TestSchema1InstancesWriteFlaggedRecordsAfterTheUpgrade(t *testing.T) {
+	srv := servers.StartPostgres(t)
+	dsn := freshDB(t, srv)
+	ctx := context.Background()
+	old, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close(ctx)
+	for _, s := range schemaV1 {
+		if _, err := old.Exec(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	at := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	want := map[string]bool{}
+	write := func(id, agent string, auth bool) {
+		v := storetest.Sample(id, agent, at, "pass")
+		v.Authenticated, v.Wallet = auth, "0x1111111111111111111111111111111111111111"
+		if err := v.Prepare(); err != nil {
+			t.Fatal(err)
+		}
+		b, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var one store.Counts
+		one.Add(v)
+		if _, err := old.Exec(ctx, recordV1, []byte(v.ID), v.VerifiedAt.UnixNano(), []byte(v.AgentID), b,
+			one.Pass, one.Fail, one.AuthenticatedPass, one.AuthenticatedFail, one.Paid); err != nil {
+			t.Fatal(err)
+		}
+		want[id] = auth
+	}
+	write("before-upgrade", "seller-7", true)
+	h := open(t, dsn) // a new build starts and upgrades
+	write("after-upgrade", "seller-7", true)
+	write("after-upgrade-label", "seller-7", false)
+	write("after-upgrade-named", `x","authenticated":true,"y":"`, false)
+	c, err := h.AgentCounts(ctx, "seller-7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	auth, _, err := h.AuthenticatedVerifications(ctx, "seller-7", "", 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if int64(len(auth)) != c.AuthenticatedPass || len(auth) != 2 {
+		t.Fatalf("counts say %d authenticated passes, the authenticated index holds %d (%+v), want 2", c.AuthenticatedPass, len(auth), auth)
+	}
+	rows, err := h.pool.Query(ctx, `SELECT id, authenticated FROM aov_verifications`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var id []byte
+	var flag bool
+	if _, err := pgx.ForEachRow(rows, []any{&id, &flag}, func() error {
+		if flag != want[string(id)] {
+			t.Errorf("record %q flagged %v, want %v", id, flag, want[string(id)])
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
