@@ -236,9 +236,9 @@ func (b *budget) entry(k PublicKey) *identity {
 	return id
 }
 
-// release ends x's reservation: its outcome is known, or no longer
-// awaited (pending outcomes are not held in flight: a later Settle or
-// SettlementStatus that learns of a failure records it with fail).
+// release ends x's reservation: its outcome is known (Facilitator.learned,
+// which holds it until then, however long that takes: a pending settlement
+// is still in flight).
 func (b *budget) release(x exposure) {
 	b.mu.Lock()
 	defer b.mu.Unlock()

@@ -442,10 +442,10 @@ func TestAReplayedFailureIsNotChargedAgain(t *testing.T) {
 // the budget by the facilitator that sent the transaction, once. One sent
 // by another (an instance with the same fee payer, or this one before a
 // restart) and found by lookup cost this facilitator nothing, and is not
-// charged. One this facilitator sent and answered pending, whose record
-// was swept before anyone learned its outcome, is charged once by
-// whatever learns it later (its settlement status, a /settle of it),
-// however often it is asked about.
+// charged. One this facilitator sent and answered pending is charged
+// once, by the facilitator learning its outcome in the background, and
+// not again by whatever asks about it after its record was swept (its
+// settlement status, a /settle of it), however often.
 func TestAFailureIsChargedByItsSenderOnce(t *testing.T) {
 	ctx := context.Background()
 	defer func() { now = time.Now }()
@@ -498,6 +498,7 @@ func TestAFailureIsChargedByItsSenderOnce(t *testing.T) {
 			t.Fatal(err)
 		}
 		fr.set(func(f *faultyRPC) { f.hideStatus, f.beforeSend = false, nil })
+		e.learnedAll(t)
 		past()
 		e.f.mu.Lock()
 		e.f.sweep(now())

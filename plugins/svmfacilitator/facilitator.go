@@ -81,7 +81,8 @@ type Config struct {
 	// DefaultMaxSigners.
 	MaxSigners int
 	// ConfirmTimeout bounds the wait for a sent transaction's confirmation;
-	// after it the outcome is reported as unknown (settlement_pending).
+	// after it (or the caller's deadline) the outcome is reported as
+	// unknown (settlement_pending), and learned in the background.
 	// Default 30s, as the reference SDKs poll.
 	ConfirmTimeout time.Duration
 	// PollInterval is how often the signature's status is asked. Default
@@ -133,12 +134,16 @@ type Facilitator struct {
 	// mints holds, per Token-2022 mint read, why a payment in it is
 	// refused ("" for none): mint.go.
 	mints map[PublicKey]string
-	// unlearned holds the messages whose records were swept while pending
-	// and still to be charged (settlement.charge), each with when the
-	// record was made pending: the first lookup that finds the transaction
-	// failed charges it (takeUnlearned). Kept FailureWindow, then dropped
-	// uncharged.
-	unlearned map[[32]byte]time.Time
+	// unlearned holds the transactions this process sent whose outcome it
+	// has not learned yet, by message (sent.go). It is the one place a
+	// failure on chain is charged from: whoever learns the outcome first
+	// takes the entry (learned), so a failure is charged once however many
+	// callers, retries, sweeps and lookups see it. It outlives the records
+	// in settled: a pending one is resolved by the facilitator itself in
+	// the background (resolve), whether or not anyone asks again.
+	unlearned map[[32]byte]*sent
+	// resolving: the background resolver runs.
+	resolving bool
 
 	budget *budget
 }
@@ -171,15 +176,6 @@ type settlement struct {
 	// at is when the record was made, settled, or found pending: it
 	// lives DuplicateWindow from then (expired).
 	at time.Time
-	// exposure is what the settlement risks; reserved while it holds a
-	// place in flight in the budget.
-	exposure exposure
-	reserved bool
-	// charge: this process sent the transaction (so the fee payer pays its
-	// fee if it fails on chain) and has not charged that failure to the
-	// budget yet (outcome). A transaction the chain had before this
-	// process sent it cost it nothing, however often it is looked up.
-	charge bool
 }
 
 // expired reports whether a record no Settle is working on is past its
@@ -239,7 +235,7 @@ func New(cfg Config) (*Facilitator, error) {
 	if cfg.FailureWindow <= 0 {
 		cfg.FailureWindow = DefaultFailureWindow
 	}
-	f := &Facilitator{rpc: cfg.RPC, network: cfg.Network, key: cfg.FeePayer, cfg: cfg, settled: map[[32]byte]*settlement{}, simulated: map[[32]byte]simulation{}, mints: map[PublicKey]string{}, unlearned: map[[32]byte]time.Time{},
+	f := &Facilitator{rpc: cfg.RPC, network: cfg.Network, key: cfg.FeePayer, cfg: cfg, settled: map[[32]byte]*settlement{}, simulated: map[[32]byte]simulation{}, mints: map[PublicKey]string{}, unlearned: map[[32]byte]*sent{},
 		budget: &budget{perPayer: cfg.MaxFailedPerPayer, inFlight: cfg.MaxInFlightPerPayer, lamports: cfg.MaxFailedLamports,
 			maxPriority: cfg.MaxPriorityFeePastBudget, window: cfg.FailureWindow, ids: map[PublicKey]*identity{}}}
 	copy(f.feePayer[:], cfg.FeePayer.Public().(ed25519.PublicKey))
@@ -387,16 +383,6 @@ func (f *Facilitator) keepSimulation(c *checked) {
 	}
 }
 
-// takeUnlearned reports whether a failure on chain of key's transaction,
-// learned by lookup, is to be charged: this process sent it, answered
-// pending and swept the record before learning its outcome. It forgets key,
-// so the failure is charged once. f.mu is held.
-func (f *Facilitator) takeUnlearned(key [32]byte) bool {
-	_, ok := f.unlearned[key]
-	delete(f.unlearned, key)
-	return ok
-}
-
 // takeSimulation returns (and forgets) the co-signed bytes of tx, and the
 // simulation's slot, when Verify simulated tx, byte for byte, within
 // SimulationReuse; nil if not.
@@ -417,9 +403,9 @@ func (f *Facilitator) takeSimulation(tx *Transaction) ([]byte, uint64) {
 }
 
 // sweep drops, at most once per sweepEvery, the settled and pending
-// records past DuplicateWindow (keeping in unlearned which pending ones are
-// still to be charged, and that for FailureWindow) and the simulations past
-// SimulationReuse. f.mu is held.
+// records past DuplicateWindow and the simulations past SimulationReuse.
+// The transactions sent and not learned stay in unlearned, whatever
+// becomes of their records: the resolver learns them. f.mu is held.
 func (f *Facilitator) sweep(t time.Time) {
 	if d := t.Sub(f.sweptAt); d >= 0 && d < sweepEvery {
 		return
@@ -427,15 +413,7 @@ func (f *Facilitator) sweep(t time.Time) {
 	f.sweptAt = t
 	for k, e := range f.settled {
 		if e.expired(t) {
-			if e.pending && e.charge {
-				f.unlearned[k] = e.at
-			}
 			delete(f.settled, k)
-		}
-	}
-	for k, at := range f.unlearned {
-		if t.Sub(at) >= f.cfg.FailureWindow {
-			delete(f.unlearned, k)
 		}
 	}
 	for k, s := range f.simulated {
@@ -579,28 +557,6 @@ func (f *Facilitator) checkStatic(p x402.PaymentPayload, req x402.PaymentRequire
 func exposureOf(signers int, units uint32, price uint64, authority, source PublicKey) exposure {
 	pf := priorityFee(units, price)
 	return exposure{fee: feeOf(signers, pf), priority: pf, ids: [2]PublicKey{authority, source}}
-}
-
-// txExposure is exposureOf a payment read from its transaction alone
-// (SettlementStatus of a payment no record remembers): a transaction that
-// landed was checked when it was settled, so what is not laid out as
-// checkStatic requires counts as no compute budget.
-func txExposure(tx *Transaction) exposure {
-	var units uint32
-	var price uint64
-	if ixs := tx.Instructions; len(ixs) >= 2 {
-		if ix := ixs[0]; tx.Program(ix) == ComputeBudgetProgram && len(ix.Data) == 5 && ix.Data[0] == 2 {
-			units = binary.LittleEndian.Uint32(ix.Data[1:])
-		}
-		if ix := ixs[1]; tx.Program(ix) == ComputeBudgetProgram && len(ix.Data) == 9 && ix.Data[0] == 3 {
-			price = binary.LittleEndian.Uint64(ix.Data[1:])
-		}
-	}
-	var authority, source PublicKey
-	if ix, ok := tx.transfer(); ok {
-		authority, source = tx.Account(ix, 3), tx.Account(ix, 0)
-	}
-	return exposureOf(int(tx.NumSigners), units, price, authority, source)
 }
 
 // cosign fills c.signed, unless a reused simulation did: a copy of the

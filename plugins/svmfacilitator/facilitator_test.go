@@ -357,8 +357,9 @@ type faultyRPC struct {
 	// test does there what the chain must see between the facilitator's
 	// simulation and its send.
 	beforeSend func()
-	// beforeSimulate is beforeSend for simulateTransaction.
-	beforeSimulate func()
+	// beforeSimulate is beforeSend for simulateTransaction, and
+	// beforeStatus for getSignatureStatuses.
+	beforeSimulate, beforeStatus func()
 	// confirmedValid answers isBlockhashValid at the confirmed commitment
 	// "valid" whatever the chain says (the local chain has one bank for
 	// every commitment): a confirmed bank behind the processed tip, or a

@@ -21,7 +21,7 @@ func (f *faultyRPC) serve(t *testing.T) string {
 		json.Unmarshal(body, &req)
 		f.mu.Lock()
 		target, dropSend, forward, hide, errorAfter, before := f.target, f.dropSend, f.forwardOK, f.hideStatus, f.errorAfterSend, f.beforeSend
-		confirmedValid, beforeSim := f.confirmedValid, f.beforeSimulate
+		confirmedValid, beforeSim, beforeStatus := f.confirmedValid, f.beforeSimulate, f.beforeStatus
 		if f.calls == nil {
 			f.calls = map[string]int{}
 		}
@@ -32,6 +32,9 @@ func (f *faultyRPC) serve(t *testing.T) string {
 		}
 		if req.Method == "simulateTransaction" && beforeSim != nil {
 			beforeSim()
+		}
+		if req.Method == "getSignatureStatuses" && beforeStatus != nil {
+			beforeStatus()
 		}
 		switch {
 		case req.Method == "sendTransaction" && dropSend:

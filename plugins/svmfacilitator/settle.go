@@ -43,12 +43,19 @@ import (
 //     a second success would have the payment served twice. So is a
 //     transaction the chain answers AlreadyProcessed to, at simulation or
 //     at send. Such a failure is charged to the failure budget only when
-//     this process sent the transaction and never charged it (its pending
-//     record was swept first: outcome); a replay of a failed payment sends
-//     nothing, costs the fee payer nothing and is charged nothing. One still unconfirmed at the deadline is settlement_pending
-//     naming it (below), never a definitive refusal for a transfer that
-//     may yet land; a retry then polls it as above, and answers
-//     duplicate_settlement once it landed, never success.
+//     this process sent the transaction and has not learned its outcome
+//     yet (learned); a replay of a failed payment sends nothing, costs the
+//     fee payer nothing and is charged nothing. One still unconfirmed at
+//     the deadline is settlement_pending naming it (below), never a
+//     definitive refusal for a transfer that may yet land; a retry then
+//     polls it as above, and answers duplicate_settlement once it landed,
+//     never success.
+//   - A transaction this process sent has its outcome learned by this
+//     process, whatever its caller does: at the caller's deadline, or
+//     ConfirmTimeout, the caller is answered pending and the facilitator
+//     polls it in the background (resolve) until the outcome is known; a
+//     failure on chain is charged to the failure budget once, and the
+//     payer's place in flight is held until then.
 //   - A refusal (success false) other than duplicate_settlement is
 //     returned only when the transfer certainly did not happen: a check
 //     failed, the node refused the transaction, it failed on chain, or its
@@ -99,10 +106,7 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 	}
 	f.cosign(c)
 	f.mu.Lock()
-	s.sig, s.payer, s.blockhash = base58.Encode(c.signed[1:65]), c.payer, base58.Encode(c.tx.Blockhash[:])
-	// What a failure on chain costs: charged (outcome) only if this
-	// process sends it; the place in flight is reserved only before a send.
-	s.exposure, s.slot = c.exposure, c.slot
+	s.sig, s.payer, s.blockhash, s.slot = base58.Encode(c.signed[1:65]), c.payer, base58.Encode(c.tx.Blockhash[:]), c.slot
 	f.mu.Unlock()
 	// Nothing here remembers this message, but another process with this
 	// fee payer may have sent it: the chain knows it by its id.
@@ -132,28 +136,40 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 			return fail(c.resp.InvalidReason, c.resp.Payer, c.resp.InvalidMessage, ""), nil
 		}
 	}
-	// The payer's place in flight is taken last, atomically with the
-	// budget check: concurrent settlements of one payer, all simulated
-	// against the same balance, must not all pass a check made before any
-	// of them failed.
-	if reason, msg := f.budget.reserve(c.exposure); reason != "" {
+	if ctx.Err() != nil {
+		// The caller went away before the send: nothing is sent for a
+		// caller who cannot be answered.
+		f.release(key)
+		return x402.SettleResponse{}, fmt.Errorf("before settlement: %w", ctx.Err())
+	}
+	// The payer's place in flight is taken last (hold), and kept until the
+	// outcome is learned, by this Settle or in the background (resolve).
+	fresh, reason, msg := f.hold(key, c, s.sig, s.blockhash)
+	if reason != "" {
 		f.release(key)
 		return fail(reason, c.payer, msg, ""), nil
 	}
-	f.mu.Lock()
-	s.reserved, s.charge, s.slot = true, true, c.slot
-	f.mu.Unlock()
-
-	if _, err := f.rpc.Send(ctx, c.signed); err != nil {
+	// From here on the caller no longer decides: a send cut off halfway
+	// may or may not have reached the chain.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.cfg.ConfirmTimeout)
+	_, err = f.rpc.Send(sctx, c.signed)
+	cancel()
+	if err != nil {
 		var re *RPCError
 		switch {
 		case errors.As(err, &re) && re.AlreadyProcessed():
-			// Not sent: the chain holds it already, sent by another.
+			// Not sent: the chain holds it already, sent by another (or by
+			// this process earlier, whose hold stays: !fresh).
+			if fresh {
+				f.learned(key, false)
+			}
 			return f.confirmElsewhere(ctx, key, s, req.Network)
 		case errors.As(err, &re) && re.Refused():
-			// The node answered and refused: the transaction is not in
-			// flight.
-			f.outcome(s, false)
+			// The node answered and refused: this send is not in flight
+			// (an earlier send of the same transaction may be: !fresh).
+			if fresh {
+				f.learned(key, false)
+			}
 			f.release(key)
 			return fail(ReasonTransactionFailed, c.payer, "the node refused the transaction: "+truncate(re.Message), ""), nil
 		}
@@ -169,11 +185,11 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 // that the answer, and any retry's after a pending one, is
 // duplicate_settlement once it landed. This Settle paid no fee for it, so
 // its failure is charged only when this process sent it earlier and has
-// not charged it (takeUnlearned): a replay of a failed payment after its
-// record aged out is answered failed and charged nothing.
+// not learned its outcome (learned): a replay of a failed payment after
+// its record aged out is answered failed and charged nothing.
 func (f *Facilitator) confirmElsewhere(ctx context.Context, key [32]byte, s *settlement, network string) (x402.SettleResponse, error) {
 	f.mu.Lock()
-	s.elsewhere, s.charge = true, f.takeUnlearned(key)
+	s.elsewhere = true
 	f.mu.Unlock()
 	return f.confirm(ctx, key, s, network)
 }
@@ -188,16 +204,25 @@ func (f *Facilitator) confirmElsewhere(ctx context.Context, key [32]byte, s *set
 // across a pending answer, so a retry answers the same. Its failure on
 // chain, its expiry and a deadline are answered as for a transaction this
 // Settle sent (see Settle).
+//
+// The polls are detached from the caller and bounded by ConfirmTimeout: a
+// caller that goes away (a payer calling /settle itself and hanging up once
+// the transaction is on its way, or a gateway whose own deadline passes
+// first: 30 s for a remote facilitator, as long as the default
+// ConfirmTimeout) cuts no poll short and is answered pending at once. The
+// outcome is then learned in the background (resolve), as after
+// ConfirmTimeout, its failure charged, and the payer's place in flight held
+// until then.
 func (f *Facilitator) confirm(ctx context.Context, key [32]byte, s *settlement, network string) (x402.SettleResponse, error) {
 	f.mu.Lock()
 	sig, payer, blockhash, floor, elsewhere := s.sig, s.payer, s.blockhash, s.slot, s.elsewhere
 	f.mu.Unlock()
 	resp := x402.SettleResponse{Transaction: sig, Network: network, Payer: payer}
-	ctx, cancel := context.WithTimeout(ctx, f.cfg.ConfirmTimeout)
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.cfg.ConfirmTimeout)
 	defer cancel()
 	var lastErr error
 	for {
-		o, err := f.poll(ctx, sig, blockhash, floor)
+		o, err := f.poll(pctx, sig, blockhash, floor)
 		if err != nil {
 			lastErr = err
 		}
@@ -205,17 +230,17 @@ func (f *Facilitator) confirm(ctx context.Context, key [32]byte, s *settlement, 
 		case o.state == x402.SettlementNever && o.failed != "":
 			// Failed on chain: the fee is spent, the transfer is not
 			// made, and the same message can never land again.
-			f.outcome(s, true)
+			f.learned(key, true)
 			f.finish(key, o.failed)
 			resp.ErrorReason, resp.ErrorMessage = ReasonTransactionFailed, "the transaction failed on chain: "+truncate(o.failed)
 			return resp, nil
 		case o.state == x402.SettlementNever:
-			f.outcome(s, false)
+			f.learned(key, false)
 			f.release(key)
 			resp.ErrorReason, resp.ErrorMessage, resp.Transaction = ReasonTransactionFailed, "the transaction's blockhash expired before it landed", ""
 			return resp, nil
 		case o.state == x402.SettlementDone:
-			f.outcome(s, false)
+			f.learned(key, false)
 			f.finish(key, "")
 			if elsewhere {
 				resp.ErrorReason, resp.ErrorMessage = ReasonDuplicateSettlement, "this transaction was already settled, by another settlement"
@@ -224,46 +249,27 @@ func (f *Facilitator) confirm(ctx context.Context, key [32]byte, s *settlement, 
 			resp.Success = true
 			return resp, nil
 		}
+		var cause error
 		select {
 		case <-ctx.Done():
-			f.outcome(s, false)
-			f.mu.Lock()
-			// Its record lives DuplicateWindow from now: a retry within it
-			// polls this signature (claim).
-			s.inflight, s.pending, s.at = false, true, now()
-			f.mu.Unlock()
-			pending := resp
-			pending.ErrorReason, pending.ErrorMessage = ReasonSettlementPending, "the transaction was sent; its outcome is not known yet"
-			cause := ctx.Err()
-			if lastErr != nil {
-				cause = fmt.Errorf("%w (last rpc error: %v)", cause, lastErr)
-			}
-			return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Reply: &pending, Err: cause}
+			cause = ctx.Err()
+		case <-pctx.Done():
+			cause = pctx.Err()
 		case <-time.After(f.cfg.PollInterval):
+			continue
 		}
-	}
-}
-
-// outcome gives back s's place in flight in the budget, if it holds one,
-// and records a failure on chain (failed) against s's payer and the
-// overall budget when this process sent the transaction (s.charge), once
-// however many callers learn it. An outcome still unknown gives the place
-// back too: a pending settlement is not held against its payer for as
-// long as nobody asks about it, and whoever learns later that it failed
-// records it (after the sweep, through unlearned).
-func (f *Facilitator) outcome(s *settlement, failed bool) {
-	f.mu.Lock()
-	x, reserved, charge := s.exposure, s.reserved, failed && s.charge
-	s.reserved = false
-	if failed {
-		s.charge = false
-	}
-	f.mu.Unlock()
-	if reserved {
-		f.budget.release(x)
-	}
-	if charge {
-		f.budget.fail(x)
+		f.await(key)
+		f.mu.Lock()
+		// Its record lives DuplicateWindow from now: a retry within it
+		// polls this signature (claim).
+		s.inflight, s.pending, s.at = false, true, now()
+		f.mu.Unlock()
+		pending := resp
+		pending.ErrorReason, pending.ErrorMessage = ReasonSettlementPending, "the transaction was sent; its outcome is not known yet"
+		if lastErr != nil {
+			cause = fmt.Errorf("%w (last rpc error: %v)", cause, lastErr)
+		}
+		return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Reply: &pending, Err: cause}
 	}
 }
 

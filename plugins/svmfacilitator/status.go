@@ -126,13 +126,14 @@ func (f *Facilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayloa
 	}
 	switch {
 	case o.state == x402.SettlementDone:
+		f.learned(key, false)
 		f.finish(key, "")
 		out.Transaction = sig
 	case o.state == x402.SettlementNever && o.failed != "":
-		f.outcome(e, true)
+		f.learned(key, true)
 		f.finish(key, o.failed)
 	case o.state == x402.SettlementNever:
-		f.outcome(e, false)
+		f.learned(key, false)
 		f.release(key)
 	}
 	out.State = o.state
@@ -155,24 +156,21 @@ func (f *Facilitator) unrecorded(ctx context.Context, tx *Transaction) (x402.Set
 	if o.state == x402.SettlementDone {
 		out.Transaction = sig
 	}
+	key := tx.MessageHash()
 	if o.state == x402.SettlementDone || o.failed != "" {
 		// Remembered as Settle would, and a later ask is answered from the
-		// record. A failure on chain is charged to the budget only when
-		// this process sent the transaction and swept its pending record
-		// before anyone learned the outcome (takeUnlearned): one sent by
-		// another, or already charged, cost this process nothing now.
-		key := tx.MessageHash()
+		// record.
 		f.mu.Lock()
-		_, known := f.settled[key]
-		charge := false
-		if !known {
+		if _, known := f.settled[key]; !known {
 			f.settled[key] = &settlement{sig: sig, blockhash: base58.Encode(tx.Blockhash[:]), payer: payerOf(tx), failed: o.failed, at: now()}
-			charge = o.failed != "" && f.takeUnlearned(key)
 		}
 		f.mu.Unlock()
-		if charge {
-			f.budget.fail(txExposure(tx))
-		}
+	}
+	if o.state != x402.SettlementUndecided {
+		// Charged only when this process sent the transaction and has not
+		// learned its outcome yet (its record was swept): one sent by
+		// another, or already charged, cost this process nothing now.
+		f.learned(key, o.failed != "")
 	}
 	return out, nil
 }

@@ -1,0 +1,150 @@
+package svmfacilitator
+
+import (
+	"context"
+	"log"
+	"time"
+
+	"github.com/aovhq/aov/x402"
+)
+
+// sent is a transaction this process sent whose outcome it has not learned
+// (Facilitator.unlearned). It holds its payer's places in flight in the
+// budget until the outcome is known: a payer whose settlements are pending
+// cannot send more than MaxInFlightPerPayer of them by having its callers
+// hang up or time out, since each would fail at once with one move of its
+// tokens.
+type sent struct {
+	exposure       exposure
+	sig, blockhash string
+	slot           uint64    // as settlement.slot
+	at             time.Time // when it was sent (monotonic: resolve bounds by it)
+	// waiting: the Settle that sent it stopped waiting (its caller went
+	// away, or ConfirmTimeout passed) before the outcome was known; the
+	// resolver polls it from then on.
+	waiting bool
+}
+
+// hold takes key's places in flight for c's send, unless the budget
+// refuses it (reason, msg). fresh is false when this process already sent
+// this very transaction and has not learned its outcome (its record was
+// swept): the send is the same transaction, which lands or fails once, so
+// it holds no second place, and its earlier hold stays.
+func (f *Facilitator) hold(key [32]byte, c *checked, sig, blockhash string) (fresh bool, reason, msg string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.unlearned[key] != nil {
+		return false, "", ""
+	}
+	// Atomically with the budget check: concurrent settlements of one
+	// payer, all simulated against the same balance, must not all pass a
+	// check made before any of them failed.
+	if reason, msg = f.budget.reserve(c.exposure); reason != "" {
+		return false, reason, msg
+	}
+	f.unlearned[key] = &sent{exposure: c.exposure, sig: sig, blockhash: blockhash, slot: c.slot, at: time.Now()}
+	return true, "", ""
+}
+
+// learned records the outcome of key's transaction, if this process sent
+// it and has not learned it yet: its places in flight are given back and,
+// when it failed on chain (failed), the fee the fee payer paid is charged
+// to its payer and the overall budget. It is the only place a failure is
+// charged; taking the entry under f.mu makes it once per transaction,
+// however many of Settle, its retries, SettlementStatus, a lookup and the
+// resolver learn it, in whatever order with the sweep. A transaction this
+// process did not send (another instance's, or one sent before a restart)
+// cost it nothing and is not charged.
+func (f *Facilitator) learned(key [32]byte, failed bool) {
+	f.mu.Lock()
+	e := f.unlearned[key]
+	delete(f.unlearned, key)
+	f.mu.Unlock()
+	if e == nil {
+		return
+	}
+	f.budget.release(e.exposure)
+	if failed {
+		f.budget.fail(e.exposure)
+	}
+}
+
+// await hands key's transaction to the resolver: the Settle that sent it
+// stops waiting for its outcome.
+func (f *Facilitator) await(key [32]byte) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	e := f.unlearned[key]
+	if e == nil {
+		return
+	}
+	e.waiting = true
+	if !f.resolving {
+		f.resolving = true
+		go f.resolve()
+	}
+}
+
+// resolve is the background resolver: one goroutine per facilitator, while
+// any transaction waits. Every PollInterval it polls each waiting
+// transaction once, in turn (so it asks the chain one thing at a time),
+// and records what it learns (learned). The outcome of a transaction this
+// process sent is thus learned by the process, never left to a caller who
+// may not ask again (a payer calling /settle itself and hanging up, or a
+// gateway whose own deadline passed): its failure is charged, and its
+// places in flight are held until then. It ends when none waits.
+func (f *Facilitator) resolve() {
+	defer func() {
+		if rec := recover(); rec != nil {
+			log.Printf("svm facilitator: the resolver of sent settlements panicked: %v", rec)
+			f.mu.Lock()
+			f.resolving = false // the next pending answer starts another
+			f.mu.Unlock()
+		}
+	}()
+	for {
+		time.Sleep(f.cfg.PollInterval)
+		f.mu.Lock()
+		var keys [][32]byte
+		var waiting []*sent
+		for k, e := range f.unlearned {
+			if e.waiting {
+				keys, waiting = append(keys, k), append(waiting, e)
+			}
+		}
+		if len(keys) == 0 {
+			f.resolving = false
+			f.mu.Unlock()
+			return
+		}
+		f.mu.Unlock()
+		for i, k := range keys {
+			f.resolveOne(k, waiting[i])
+		}
+	}
+}
+
+// resolveOne polls e, key's transaction, once, bounded by ConfirmTimeout. A
+// transaction still undecided FailureWindow after it was sent (the chain
+// could not be read all that time: a blockhash expires within about 90
+// seconds) is given up and counted as failed, since the fee payer paid its
+// fee whatever became of it and a failure is what the budget must not
+// miss. A panic is recovered: the transaction stays waiting, and the
+// others are polled.
+func (f *Facilitator) resolveOne(key [32]byte, e *sent) {
+	defer func() {
+		if rec := recover(); rec != nil {
+			log.Printf("svm facilitator: resolving a sent settlement panicked: %v", rec)
+		}
+	}()
+	if time.Since(e.at) >= f.cfg.FailureWindow {
+		f.learned(key, true)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), f.cfg.ConfirmTimeout)
+	defer cancel()
+	o, err := f.poll(ctx, e.sig, e.blockhash, e.slot)
+	if err == nil && o.state != x402.SettlementUndecided {
+		f.learned(key, o.failed != "")
+	}
+}
