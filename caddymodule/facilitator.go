@@ -126,12 +126,13 @@ type EVMFacilitator struct {
 }
 
 // UnmarshalJSON decodes the JSON config as Caddy does, and refuses a
-// failure budget written as 0 or less (refuseWrittenZero): a written
-// "max_failed_per_payer": 0 (an operator allowing no reverted settlement)
-// would otherwise read as the default, 3.
+// failure budget written as 0 or less, and a failure_window that is not
+// positive (refuseWrittenZero): a written "max_failed_per_payer": 0 (an
+// operator allowing no reverted settlement) would otherwise read as the
+// default, 3.
 func (m *EVMFacilitator) UnmarshalJSON(b []byte) error {
 	type plain EVMFacilitator // without this method
-	return refuseWrittenZero(b, (*plain)(m), "evm facilitator")
+	return refuseWrittenZero(b, (*plain)(m), "evm facilitator", "failure_window")
 }
 
 // CaddyModule returns the Caddy module information.

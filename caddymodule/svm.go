@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"bytes"
 	"context"
 	"crypto/ed25519"
 	"encoding/hex"
@@ -228,42 +229,76 @@ func (m *SVMFacilitator) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 }
 
 // UnmarshalJSON decodes the JSON config as Caddy does, and refuses a
-// count, cap or budget written as 0 or less (refuseWrittenZero): a
-// written "max_compute_unit_price": 0 (an operator refusing priority fees)
-// would otherwise read as the largest default, 5,000,000 micro-lamports
-// per unit.
+// count, cap or budget written as 0 or less, and a failure_window that is
+// not positive (refuseWrittenZero): a written "max_compute_unit_price": 0
+// (an operator refusing priority fees) would otherwise read as the largest
+// default, 5,000,000 micro-lamports per unit.
 func (m *SVMFacilitator) UnmarshalJSON(b []byte) error {
 	type plain SVMFacilitator // without this method
-	return refuseWrittenZero(b, (*plain)(m), "svm facilitator")
+	return refuseWrittenZero(b, (*plain)(m), "svm facilitator", "failure_window")
 }
 
 // refuseWrittenZero decodes a facilitator's JSON config into v (a pointer
-// to its struct, as Caddy decodes it: unknown fields refused), and refuses
-// any of its counts, caps or budgets (int, uint32 and uint64 fields) that
-// is written as 0 or less. The zero value of such a field means "the
-// default", which is never what an operator writing 0 means (no
-// failures, no priority fee); leaving the field out is the way to ask for
-// the default. caddy.Duration fields (int64) have rules of their own.
-func refuseWrittenZero(b []byte, v any, module string) error {
+// to its struct) as Caddy does, then refuses every integer field (a count,
+// a cap or a budget) that the JSON gives and that decoded to 0 or less,
+// and every duration named in positive (as the Caddyfile refuses them) that
+// decoded to 0 or less. Those fields read 0 as "the default", so a written
+// 0 would ask for the opposite of what it says; leaving a field out, or
+// writing null (which encoding/json leaves the field alone for), is how the
+// default is asked for. A member gives a field as encoding/json decodes it:
+// its name equal to the field's under Unicode case folding; of several,
+// the last stands, so the decoded value is judged, and the field counts as
+// given when any of them is not null. The error names the field by its
+// documented name, never as written.
+func refuseWrittenZero(b []byte, v any, module string, positive ...string) error {
 	if err := caddy.StrictUnmarshalJSON(b, v); err != nil {
 		return err
 	}
-	var given map[string]json.RawMessage
-	if err := json.Unmarshal(b, &given); err != nil {
+	given, err := givenMembers(b)
+	if err != nil {
 		return err
 	}
 	rv := reflect.ValueOf(v).Elem()
 	for i := range rv.NumField() {
 		f, fv := rv.Type().Field(i), rv.Field(i)
 		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
-		if _, ok := given[name]; !ok {
+		if name == "" || name == "-" || !slices.ContainsFunc(given, func(g string) bool { return strings.EqualFold(g, name) }) {
 			continue
 		}
-		if k := f.Type.Kind(); (k == reflect.Int && fv.Int() < 1) || ((k == reflect.Uint32 || k == reflect.Uint64) && fv.Uint() == 0) {
+		switch k := f.Type.Kind(); {
+		case f.Type == reflect.TypeFor[caddy.Duration]():
+			if slices.Contains(positive, name) && fv.Int() <= 0 {
+				return fmt.Errorf("%s: %s must be a positive duration (leave it out for the default)", module, name)
+			}
+		case (k == reflect.Int && fv.Int() < 1) || ((k == reflect.Uint32 || k == reflect.Uint64) && fv.Uint() == 0):
 			return fmt.Errorf("%s: %s must be a whole number of at least 1 (leave it out for the default)", module, name)
 		}
 	}
 	return nil
+}
+
+// givenMembers lists the names of the members of the JSON object b whose
+// value is not null, as written.
+func givenMembers(b []byte) ([]string, error) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return nil, errors.New("the config is not a JSON object")
+	}
+	var names []string
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return nil, err
+		}
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return nil, err
+		}
+		if string(raw) != "null" {
+			names = append(names, t.(string))
+		}
+	}
+	return names, nil
 }
 
 // facPositive reads one argument, a plain decimal of at least 1 that fits

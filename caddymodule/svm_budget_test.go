@@ -195,3 +195,82 @@ func TestSVMComputeCapsOfZeroAreRefused(t *testing.T) {
 		t.Fatalf("the official client's 20,000 units at 1 micro-lamport: %+v %v; want the chain asked", v, err)
 	}
 }
+
+// TestFacilitatorJSONNamesAreReadAsEncodingJSONReadsThem: Caddy decodes a
+// module's JSON config with encoding/json, which matches a member to a
+// field whatever its letter case, lets the last of several such members
+// stand, and leaves a field alone for null. The refusal of a written 0
+// reads the config the same way: a 0 in another case is refused (not read
+// as the default: 5,000,000 micro-lamports, 3 failures), the error names
+// the field by its documented name and not as written, a later member
+// overrides an earlier one, and null asks for the default as leaving the
+// member out does. A failure_window of 0 or less is refused in JSON as
+// the Caddyfile refuses it, for both facilitator modules.
+func TestFacilitatorJSONNamesAreReadAsEncodingJSONReadsThem(t *testing.T) {
+	seed := sha256.Sum256([]byte("svm json names fee payer"))
+	keyFile := filepath.Join(t.TempDir(), "k")
+	if err := os.WriteFile(keyFile, []byte(base58.Encode(ed25519.NewKeyFromSeed(seed[:]))), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	kf, _ := json.Marshal(keyFile)
+	svm := func(members string) json.RawMessage {
+		return json.RawMessage(`{"network":"solana-devnet","rpc_url":"http://127.0.0.1:1","fee_payer_key_file":` + string(kf) + members + `}`)
+	}
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	load := func(members string) (*SVMFacilitator, error) {
+		mod, err := ctx.LoadModuleByID("x402.facilitators.svm", svm(members))
+		if err != nil {
+			return nil, err
+		}
+		m := mod.(*SVMFacilitator)
+		t.Cleanup(func() { m.Cleanup() })
+		return m, nil
+	}
+
+	refused := []struct{ members, want string }{
+		{`,"Max_Compute_Unit_Price":0`, "max_compute_unit_price must be a whole number of at least 1"},
+		{`,"MAX_FAILED_PER_PAYER":0`, "max_failed_per_payer must be a whole number of at least 1"},
+		{`,"Max_Failed_Lamports":0`, "max_failed_lamports must be a whole number of at least 1"},
+		{`,"max_failed_per_payer":5,"Max_Failed_Per_Payer":0`, "max_failed_per_payer must be a whole number of at least 1"},
+		{`,"max_failed_per_payer":0,"Max_Failed_Per_Payer":null`, "max_failed_per_payer must be a whole number of at least 1"},
+		{`,"failure_window":"0s"`, "failure_window must be a positive duration"},
+		{`,"Failure_Window":"-1h"`, "failure_window must be a positive duration"},
+		{`,"failure_window":0`, "failure_window must be a positive duration"},
+	}
+	for _, tc := range refused {
+		_, err := load(tc.members)
+		if err == nil || !strings.Contains(err.Error(), "svm facilitator: "+tc.want) {
+			t.Errorf("svm %s: %v; want %q", tc.members, err, tc.want)
+			continue
+		}
+		if name, _, _ := strings.Cut(tc.members[2:], `"`); name != strings.ToLower(name) && strings.Contains(err.Error(), name) {
+			t.Errorf("svm %s: the error echoes the member as written: %v", tc.members, err)
+		}
+	}
+
+	m, err := load(`,"max_failed_per_payer":0,"Max_Failed_Per_Payer":5,"failure_window":"30m"`)
+	if err != nil || m.MaxFailedPerPayer != 5 || time.Duration(m.FailureWindow) != 30*time.Minute {
+		t.Fatalf("a 0 overridden by a later member: %v %+v; want loaded with 5 and 30m", err, m)
+	}
+	m, err = load(`,"max_failed_per_payer":null,"max_compute_unit_price":null,"failure_window":null`)
+	if err != nil || m.MaxFailedPerPayer != 0 || m.MaxComputeUnitPrice != 0 || m.FailureWindow != 0 {
+		t.Fatalf("null members: %v %+v; want loaded with the defaults, as when left out", err, m)
+	}
+
+	for _, tc := range []struct{ members, want string }{
+		{`,"Max_Failed_Per_Payer":0`, "max_failed_per_payer must be a whole number of at least 1"},
+		{`,"failure_window":"0s"`, "failure_window must be a positive duration"},
+		{`,"failure_window":"-1h"`, "failure_window must be a positive duration"},
+	} {
+		var evm EVMFacilitator
+		err := caddy.StrictUnmarshalJSON([]byte(`{"network":"base","rpc_url":"http://127.0.0.1:1"`+tc.members+`}`), &evm)
+		if err == nil || !strings.Contains(err.Error(), "evm facilitator: "+tc.want) {
+			t.Errorf("evm %s: %v; want %q", tc.members, err, tc.want)
+		}
+	}
+	var evm EVMFacilitator
+	if err := caddy.StrictUnmarshalJSON([]byte(`{"network":"base","max_failed_per_payer":null,"failure_window":"2h"}`), &evm); err != nil || evm.MaxFailedPerPayer != 0 || time.Duration(evm.FailureWindow) != 2*time.Hour {
+		t.Fatalf("evm with null and a positive window: %v %+v", err, evm)
+	}
+}
