@@ -10,9 +10,9 @@ import (
 // runs: a failing application costs failureSteps more, plus its instance
 // depth over failureDepthPerStep (each error holds its own copy of the
 // location); a missing required name a step, and 16 names looked up one
-// (required names, or members looked up in properties);
-// failures inside not and if, which the validator only asks for a yes or
-// no, nothing more.
+// (required names, or members looked up in properties); failures inside
+// not and if as much as anywhere, since the validator keeps their errors
+// until not or if returns.
 func TestFailureSteps(t *testing.T) {
 	const fail = failureSteps
 	deep := func(depth int) string { // an object depth levels deep, ending in "x"
@@ -45,10 +45,11 @@ func TestFailureSteps(t *testing.T) {
 		// Items fail at depth 1, and the array with them.
 		{`{"items":false}`, `[1,2,3]`, 1 + 3*(1+fail) + fail},
 		{nested, deep(10), nestedSteps},
-		// not and if pay nothing for the failures inside them.
-		{`{"not":{"type":"string"}}`, `1`, 2},
-		{`{"if":{"type":"string"},"then":false}`, `1`, 2},
+		// not and if pay for the failures inside them.
+		{`{"not":{"type":"string"}}`, `1`, 2 + fail},
+		{`{"if":{"type":"string"},"then":false}`, `1`, 2 + fail},
 		{`{"not":{"type":"number"}}`, `1`, 2 + fail},
+		{`{"not":{"items":{"type":"string"}}}`, `[1,2,3]`, 2 + 3*(1+fail) + fail},
 		// required: a step per missing name, one per 16 looked up.
 		{`{"required":[` + names(32) + `]}`, `{}`, 1 + 32 + 2 + fail},
 		{`{"required":[` + names(32) + `]}`, `{"n0":0}`, 1 + 31 + 2 + fail},

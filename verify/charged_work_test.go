@@ -1,0 +1,33 @@
+package verify
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/aovhq/aov/apierr"
+)
+
+// refusedForSteps fails the test unless err is the 422 naming
+// expected_schema's evaluation steps.
+func refusedForSteps(t *testing.T, err error) {
+	t.Helper()
+	if e := apierr.From(err); e.Status != 422 || len(e.Fields) != 1 || e.Fields[0].Field != "expected_schema" || !strings.Contains(e.Fields[0].Problem, "evaluation steps") {
+		t.Errorf("%.300v; want 422 naming expected_schema's evaluation steps", e)
+	}
+}
+
+// The validator makes an error for every failure inside not (and if) too,
+// and keeps them all until not returns: 500,000 items failing under not
+// (976 KB) allocated 408 MB and held 150 MB, charged nothing. They are
+// now charged as failures anywhere else, and refused before it runs.
+func TestFailuresInsideNotAreCharged(t *testing.T) {
+	v := New(Config{})
+	out := "[" + strings.TrimSuffix(strings.Repeat("1,", 500_000), ",") + "]"
+	body := []byte(`{"task_id":"t","expected_schema":{"$defs":{"a":{"type":"array","items":{"$ref":"#/$defs/a"}}},"not":{"$ref":"#/$defs/a"}},"submitted_output":` + out + `}`)
+	var err error
+	n := allocatedBy(func() { _, err = v.Parse(body) })
+	if n > 128<<20 {
+		t.Errorf("a %d KB request allocated %d MB", len(body)>>10, n>>20)
+	}
+	refusedForSteps(t, err)
+}
