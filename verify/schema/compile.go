@@ -143,72 +143,133 @@ func countObjects(v any, limit int) int {
 	return n
 }
 
-// MaxEnumSteps bounds the work of checking that the enum arrays of one
-// schema hold no duplicates, in the steps of the evaluation budget
-// (unique.go): about 0.15 s of CPU at worst.
+// MaxEnumSteps bounds the work of checking that the arrays of one schema
+// the metaschemas require unique (uniqueKeywords) hold no duplicates, in
+// the steps of the evaluation budget (unique.go): about 0.15 s of CPU at
+// worst.
 //
-// The draft-04, -06 and -07 metaschemas say "enum": {"uniqueItems":
-// true}, so the compiler checks every enum of such a schema for
-// duplicates, before payment (the gateway compiles to tell 422 from 402),
-// with nothing to interrupt it. Its hash ignores the sign of numbers, so
-// enum members that differ only in signs are compared pairwise and deeply,
-// as exact rationals: 300 arrays of 300 numbers (181 KB) cost it 3 s of
-// CPU and 1 GB of allocation, 500 of 500 48 s. The other arrays the
-// metaschemas check for uniqueness (required, type, dependencies) hold
-// strings, which its hash tells apart, and uniqueItems in the schema is
-// charged where it applies to the output (walker.hasDuplicates).
+// The compiler validates a schema against its metaschema before payment
+// (the gateway compiles to tell 422 from 402), with nothing to interrupt
+// it, and that checks every such array for duplicates: it runs
+// uniqueItems before it checks the items' type, so an array under
+// required that should hold strings is deduplicated whatever it holds.
+// Its hash ignores the sign of numbers, so members that differ only in
+// signs are compared pairwise and deeply, as exact rationals: 300 arrays
+// of 300 numbers (181 KB) cost it 3 s of CPU and 1 GB of allocation under
+// enum, 5.7 s under required. uniqueItems in the schema is charged where
+// it applies to the output (walker.hasDuplicates).
 const MaxEnumSteps = DefaultMaxSteps / 4
 
-// checkEnums charges the duplicate check of every enum array in the
-// schema, the compiler's buckets as the walk prices uniqueItems
-// (walker.hasDuplicates), to one MaxEnumSteps budget, and refuses the
-// schema at the enum that passes it. Every enum is charged, whatever the
-// dialect: an embedded resource can name draft-04 with its own $schema,
-// and an ordinary enum (thousands of short strings) costs a step per
-// value. Enums are charged in pointer order, so the one named is the same
-// on every compile of one schema.
-func checkEnums(tree any) (apierr.Field, bool) {
-	type enumAt struct {
-		ptr string
-		arr []any
-	}
-	var enums []enumAt
-	var path []string
-	var find func(v any)
-	find = func(v any) {
-		switch v := v.(type) {
-		case map[string]any:
-			for k, sub := range v {
-				path = append(path, k)
-				if arr, ok := sub.([]any); ok && k == "enum" {
-					enums = append(enums, enumAt{pointer(path), arr})
-				} else {
-					find(sub)
-				}
-				path = path[:len(path)-1]
-			}
-		case []any:
-			for i, sub := range v {
-				path = append(path, strconv.Itoa(i))
-				find(sub)
-				path = path[:len(path)-1]
-			}
-		}
-	}
-	find(tree)
-	sort.Slice(enums, func(i, j int) bool { return enums[i].ptr < enums[j].ptr })
+// uniqueKeywords are the keywords whose arrays the metaschemas of the
+// supported drafts (the library's metaschemas directory) declare
+// "uniqueItems": true, directly (enum in draft-04, -06 and -07; type and
+// required in all), or for every member of an object (dependentRequired
+// in 2019-09 and 2020-12; the array form of dependencies in all of them,
+// through their stringArray definition).
+var uniqueKeywords = map[string]bool{
+	"enum": false, "type": false, "required": false,
+	"dependentRequired": true, "dependencies": true,
+}
+
+// checkUniqueArrays charges the duplicate check of every array the
+// metaschemas require unique (uniqueKeywords), the compiler's buckets as
+// the walk prices uniqueItems (walker.hasDuplicates), to one MaxEnumSteps
+// budget, and refuses the schema at the array that passes it. Every such
+// array is charged wherever it is, whatever the dialect: an embedded
+// resource can name draft-04 with its own $schema, and a $ref can make a
+// schema of data. An ordinary enum (thousands of short strings) costs a
+// step per value.
+//
+// The arrays are first charged in the order they are found, which costs
+// no allocation beyond the check's own. Only a schema past the budget is
+// charged again, in pointer order, so the array named is the same on
+// every compile of one schema.
+func checkUniqueArrays(tree any) (apierr.Field, bool) {
 	w := walker{limit: MaxEnumSteps, ctx: context.Background()}
-	for _, e := range enums {
-		w.hasDuplicates(e.arr)
-		if w.stop != nil {
+	uniqueArrays(tree, nil, func(_ string, arr []any) bool {
+		w.hasDuplicates(arr)
+		return w.stop == nil
+	})
+	if w.stop == nil {
+		return apierr.Field{}, true
+	}
+	type arrayAt struct {
+		ptr, keyword string
+		arr          []any
+	}
+	var arrays []arrayAt
+	var path []string
+	uniqueArrays(tree, &path, func(keyword string, arr []any) bool {
+		arrays = append(arrays, arrayAt{pointer(path), keyword, arr})
+		return true
+	})
+	sort.Slice(arrays, func(i, j int) bool { return arrays[i].ptr < arrays[j].ptr })
+	w = walker{limit: MaxEnumSteps, ctx: context.Background()}
+	for _, a := range arrays {
+		if w.hasDuplicates(a.arr); w.stop != nil {
 			return apierr.Field{
-				Field:   field + e.ptr,
-				Problem: fmt.Sprintf("brings the work of checking the schema's enum values for duplicates past %d steps", MaxEnumSteps),
-				Fix:     "Send shorter enums: members that differ only in the signs of their numbers are compared with each other one pair at a time, so list fewer of them.",
+				Field:   field + a.ptr,
+				Problem: fmt.Sprintf("brings the work of checking the schema's %s values for duplicates past %d steps", a.keyword, MaxEnumSteps),
+				Fix:     "Send shorter arrays there: members that differ only in the signs of their numbers are compared with each other one pair at a time, and long numbers cost more to compare, so list fewer of them.",
 			}, false
 		}
 	}
-	return apierr.Field{}, true
+	// Not reached: the same arrays in another order cost the same.
+	return apierr.Field{Field: field, Problem: "brings the work of checking the schema's arrays for duplicates past the limit", Fix: "Send a smaller schema."}, false
+}
+
+// uniqueArrays calls fn with every array in v that the metaschemas require
+// unique (uniqueKeywords), and its keyword, until fn returns false. When
+// path is not nil it holds the array's location during the call (tracking
+// it costs an allocation per array index passed).
+func uniqueArrays(v any, path *[]string, fn func(keyword string, arr []any) bool) bool {
+	push := func(tok string) {
+		if path != nil {
+			*path = append(*path, tok)
+		}
+	}
+	pop := func() {
+		if path != nil {
+			*path = (*path)[:len(*path)-1]
+		}
+	}
+	switch v := v.(type) {
+	case map[string]any:
+		for k, sub := range v {
+			push(k)
+			perMember, unique := uniqueKeywords[k]
+			if arr, ok := sub.([]any); ok && unique && !perMember && !fn(k, arr) {
+				return false
+			}
+			if m, ok := sub.(map[string]any); ok && perMember {
+				for name, dep := range m {
+					if arr, ok := dep.([]any); ok {
+						push(name)
+						more := fn(k, arr)
+						pop()
+						if !more {
+							return false
+						}
+					}
+				}
+			}
+			if !uniqueArrays(sub, path, fn) {
+				return false
+			}
+			pop()
+		}
+	case []any:
+		for i, sub := range v {
+			if path != nil {
+				push(strconv.Itoa(i))
+			}
+			if !uniqueArrays(sub, path, fn) {
+				return false
+			}
+			pop()
+		}
+	}
+	return true
 }
 
 // compile builds a Schema from a decoded tree.
@@ -236,7 +297,7 @@ func compile(tree any, opts compileOptions) (*Schema, error) {
 			Fix:     "Send a smaller schema: share repeated parts through $defs and $ref instead of writing them out again.",
 		}}}
 	}
-	if f, ok := checkEnums(tree); !ok {
+	if f, ok := checkUniqueArrays(tree); !ok {
 		return nil, &CompileError{Fields: []apierr.Field{f}}
 	}
 	c := jsonschema.NewCompiler()

@@ -94,7 +94,8 @@
 // Compilation has limits too: the number of subschemas (CacheConfig.
 // MaxSchemas), the size of each pattern (CacheConfig.MaxPatternSize),
 // its character classes bounded before it is parsed (prescan.go), and
-// the duplicate check of the enum arrays (MaxEnumSteps, checkEnums).
+// the duplicate check of the arrays the metaschemas require unique
+// (MaxEnumSteps, checkUniqueArrays).
 // A report keeps at most Options.MaxFailures failures, so the memory of a
 // result does not grow with the number of failing values.
 //

@@ -53,8 +53,9 @@ func (w *walker) hasDuplicates(arr []any) bool {
 	if len(arr) < 2 {
 		return false
 	}
-	nodes := make([]int, len(arr))
+	var small [smallArray]int // a small array's sizes, without allocating
 	if len(arr) <= smallArray {
+		nodes := small[:len(arr)]
 		for i, v := range arr {
 			nodes[i] = countValues(v)
 			if !w.spend(nodes[i]) {
@@ -74,6 +75,7 @@ func (w *walker) hasDuplicates(arr []any) bool {
 		return false
 	}
 
+	nodes := make([]int, len(arr))
 	// own: the walk's buckets, by content hash; theirs: the validator's.
 	// Each maps a hash to the last index with it; prev chains the earlier
 	// ones.
