@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -22,10 +23,24 @@ func TestUnpaidSchemasCostlyToCompileAreRefusedCheaply(t *testing.T) {
 	// of CPU and 314 MiB.
 	required := strings.Replace(signFlipEnumRequest(200), `{"$schema":"http://json-schema.org/draft-04/schema#","enum":`, `{"required":`, 1)
 
+	// 25,000 subschemas under const, which is data, reached by a $ref
+	// (664 KB): the compiler compiled them all, 4.3 s of CPU and 202 MiB,
+	// and the gate answered 402.
+	var hidden strings.Builder
+	hidden.WriteString(`{"task_id":"t","expected_schema":{"$ref":"#/const/a","const":{"a":{"properties":{`)
+	for i := range 25_000 {
+		if i > 0 {
+			hidden.WriteByte(',')
+		}
+		hidden.WriteString(`"p` + strconv.Itoa(i) + `":{"type":"string"}`)
+	}
+	hidden.WriteString(`}}}},"submitted_output":{}}`)
+
 	for _, tc := range []struct {
 		name, body, field, problem string
 	}{
 		{"required of sign flips", required, "expected_schema/required", "checking the schema's required values for duplicates"},
+		{"subschemas under const", hidden.String(), "expected_schema", "more than 5000 objects"},
 	} {
 		var status int
 		var answer []byte

@@ -212,21 +212,27 @@ func TestTooManySubschemas(t *testing.T) {
 	b.WriteString(`}}`)
 	_, err := NewCache(1).Compile(decode(t, b.String()), "h")
 	var ce *CompileError
-	if !errors.As(err, &ce) || ce.Fields[0].Field != "expected_schema" || !strings.Contains(ce.Fields[0].Problem, "more than 5000 subschemas") {
+	if !errors.As(err, &ce) || ce.Fields[0].Field != "expected_schema" || !strings.Contains(ce.Fields[0].Problem, "more than 5000 objects") {
 		t.Fatalf("a schema of %d objects: %v; want a CompileError naming the limit", DefaultMaxSchemas+1, err)
 	}
 	// Subschemas count whatever their names: under a schema named like a
 	// data keyword, $defs/const, they once did not.
 	for _, named := range []string{"const", "enum", "examples", "default"} {
 		hidden := `{"$defs": {"` + named + `": ` + b.String() + `}}`
-		if _, err := NewCache(1).Compile(decode(t, hidden), "h"+named); !errors.As(err, &ce) || !strings.Contains(ce.Fields[0].Problem, "more than 5000 subschemas") {
+		if _, err := NewCache(1).Compile(decode(t, hidden), "h"+named); !errors.As(err, &ce) || !strings.Contains(ce.Fields[0].Problem, "more than 5000 objects") {
 			t.Errorf("%d objects under $defs/%s: %v; want a CompileError naming the limit", DefaultMaxSchemas+2, named, err)
 		}
 	}
-	// enum data does not count.
-	enum := `{"enum": [` + strings.TrimSuffix(strings.Repeat(`{},`, 2*DefaultMaxSchemas), ",") + `]}`
-	if _, err := NewCache(1).Compile(decode(t, enum), "e"); err != nil {
-		t.Errorf("objects inside enum counted as subschemas: %v", err)
+	// Objects in data count too, since a $ref can point into it
+	// (TestObjectsInDataCountTowardMaxSchemas); data of other values does
+	// not.
+	enum := `{"enum": [` + strings.TrimSuffix(strings.Repeat(`{},`, DefaultMaxSchemas), ",") + `]}`
+	if _, err := NewCache(1).Compile(decode(t, enum), "e"); !errors.As(err, &ce) || !strings.Contains(ce.Fields[0].Problem, "more than 5000 objects") {
+		t.Errorf("%d objects inside enum: %v; want a CompileError naming the limit", DefaultMaxSchemas, err)
+	}
+	strs := `{"enum": [` + strings.TrimSuffix(strings.Repeat(`"s",[1],`, 2*DefaultMaxSchemas), ",") + `]}`
+	if _, err := NewCache(1).Compile(decode(t, strs), "s"); err != nil {
+		t.Errorf("strings and arrays inside enum counted as objects: %v", err)
 	}
 }
 

@@ -30,8 +30,9 @@ type CacheConfig struct {
 	// (DefaultMaxPatternSize); a larger one does not compile, and one whose
 	// classes hold more than twice as many ranges is not even parsed.
 	MaxPatternSize int
-	// MaxSchemas bounds the subschemas of one schema (DefaultMaxSchemas);
-	// a larger schema does not compile.
+	// MaxSchemas bounds the objects of one schema, subschemas and data
+	// alike (DefaultMaxSchemas, countObjects); a larger schema does not
+	// compile.
 	MaxSchemas int
 }
 

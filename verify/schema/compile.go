@@ -116,30 +116,35 @@ var namedSchemas = map[string]bool{
 	"dependentSchemas": true, "dependencies": true,
 }
 
-// countObjects counts the JSON objects in a schema tree, outside the
-// keywords whose values are data, stopping once it reaches limit.
+// countObjects counts the JSON objects in a schema tree, every one of
+// them, data included, stopping once it reaches limit. The values of
+// const, enum, examples and default are data, but a $ref can point into
+// them ("#/const/a", or through an $id, a percent-encoded pointer, a
+// $dynamicRef), and the compiler then compiles what it finds there as a
+// schema with every subschema under it: 25,000 of them under const took 5
+// s before payment when data was not counted. Counting every object needs
+// no resolution of references to be right; a schema whose data alone
+// holds thousands of objects is rare.
 func countObjects(v any, limit int) int {
 	n := 0
-	var walk func(v any, names bool)
-	walk = func(v any, names bool) {
+	var walk func(v any)
+	walk = func(v any) {
 		if n >= limit {
 			return
 		}
 		switch v := v.(type) {
 		case map[string]any:
 			n++
-			for k, sub := range v {
-				if !isData(k, names) {
-					walk(sub, !names && namedSchemas[k])
-				}
+			for _, sub := range v {
+				walk(sub)
 			}
 		case []any:
 			for _, sub := range v {
-				walk(sub, false)
+				walk(sub)
 			}
 		}
 	}
-	walk(v, false)
+	walk(v)
 	return n
 }
 
@@ -293,8 +298,8 @@ func compile(tree any, opts compileOptions) (*Schema, error) {
 	if countObjects(tree, maxSchemas+1) > maxSchemas {
 		return nil, &CompileError{Fields: []apierr.Field{{
 			Field:   field,
-			Problem: fmt.Sprintf("has more than %d subschemas", maxSchemas),
-			Fix:     "Send a smaller schema: share repeated parts through $defs and $ref instead of writing them out again.",
+			Problem: fmt.Sprintf("has more than %d objects, subschemas and the objects in its const, enum, default and examples values together", maxSchemas),
+			Fix:     "Send a smaller schema: share repeated parts through $defs and $ref instead of writing them out again, and keep large example documents out of it.",
 		}}}
 	}
 	if f, ok := checkUniqueArrays(tree); !ok {

@@ -3,6 +3,7 @@ package schema
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 )
 
@@ -61,5 +62,50 @@ func TestArraysTheMetaschemasKeepUniqueArePriced(t *testing.T) {
 	ordinary := `{"type":["object","null"],"required":["a","b","c"],"dependentRequired":{"a":["b"]},"enum":[1,2,3,{"a":1}]}`
 	if _, err := compile(decode(t, ordinary), compileOptions{}); err != nil {
 		t.Errorf("an ordinary schema: %v", err)
+	}
+}
+
+// The values of const, enum, default and examples are data, but a $ref
+// can point into them, and the compiler then compiles the subschemas it
+// finds there: 25,000 under const took it 5 s before payment. Every
+// object of the schema counts toward MaxSchemas, however it is reached: a
+// JSON pointer, a percent-encoded one, the base URI, an $id, a
+// $dynamicRef. (Anchors and $ids inside data are not indexed by the
+// compiler, so only pointers lead there.)
+func TestObjectsInDataCountTowardMaxSchemas(t *testing.T) {
+	const limit = 100
+	props := func(n int) string {
+		var b strings.Builder
+		b.WriteString(`{"properties":{`)
+		for i := range n {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			fmt.Fprintf(&b, `"p%d":{"type":"string"}`, i)
+		}
+		b.WriteString(`}}`)
+		return b.String()
+	}
+	hidden := props(2 * limit)
+	for _, schema := range []string{
+		`{"$ref":"#/const/a","const":{"a":` + hidden + `}}`,
+		`{"$ref":"#/default/a","default":{"a":` + hidden + `}}`,
+		`{"$ref":"#/examples/0","examples":[` + hidden + `]}`,
+		`{"$ref":"#/enum/0","enum":[` + hidden + `]}`,
+		`{"$ref":"#/%63onst/a","const":{"a":` + hidden + `}}`,
+		`{"$ref":"schema.json#/const/a","const":{"a":` + hidden + `}}`,
+		`{"$id":"https://x.invalid/r","$ref":"r#/const/a","const":{"a":` + hidden + `}}`,
+		`{"$dynamicRef":"#/const/a","const":{"a":` + hidden + `}}`,
+		`{"$ref":"#/x-unknown/a","x-unknown":{"a":` + hidden + `}}`,
+	} {
+		problem, at, _ := compileRefusal(t, schema, compileOptions{maxSchemas: limit})
+		if at != field || !strings.Contains(problem, fmt.Sprintf("more than %d objects", limit)) {
+			t.Errorf("%.60s: refused at %s: %q; want the object limit", schema, at, problem)
+		}
+	}
+	// Data within the limit is fine.
+	small := `{"$ref":"#/const/a","const":{"a":` + props(limit/2) + `}}`
+	if _, err := compile(decode(t, small), compileOptions{maxSchemas: limit}); err != nil {
+		t.Errorf("%d objects: %v", limit/2+2, err)
 	}
 }

@@ -91,9 +91,10 @@
 // the walk goes. An evaluation past a budget stops and never passes.
 // The validator runs after the walk, takes no context and cannot be
 // interrupted: the walk's charges are the only bound on its work.
-// Compilation has limits too: the number of subschemas (CacheConfig.
-// MaxSchemas), the size of each pattern (CacheConfig.MaxPatternSize),
-// its character classes bounded before it is parsed (prescan.go), and
+// Compilation has limits too: the number of objects, subschemas and
+// data alike (CacheConfig.MaxSchemas, countObjects), the size of each
+// pattern (CacheConfig.MaxPatternSize), its character classes bounded
+// before it is parsed (prescan.go), and
 // the duplicate check of the arrays the metaschemas require unique
 // (MaxEnumSteps, checkUniqueArrays).
 // A report keeps at most Options.MaxFailures failures, so the memory of a
