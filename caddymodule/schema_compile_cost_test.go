@@ -36,11 +36,31 @@ func TestUnpaidSchemasCostlyToCompileAreRefusedCheaply(t *testing.T) {
 	}
 	hidden.WriteString(`}}}},"submitted_output":{}}`)
 
+	// An enum of 110 arrays of 40 long numbers differing only in signs
+	// (102 KB): each comparison parses both sides into big.Rat, and at one
+	// step a number it cost 0.8 s of CPU and 446 MiB within the budget.
+	num := "1.234567890123456e-300"
+	rows := make([]string, 110)
+	for i := range rows {
+		row := make([]string, 40)
+		for j := range row {
+			row[j] = num
+		}
+		for b := range 8 {
+			if i>>b&1 == 1 {
+				row[len(row)-1-b] = "-" + num
+			}
+		}
+		rows[i] = "[" + strings.Join(row, ",") + "]"
+	}
+	longNumbers := `{"task_id":"t","expected_schema":{"$schema":"http://json-schema.org/draft-07/schema#","enum":[` + strings.Join(rows, ",") + `]},"submitted_output":1}`
+
 	for _, tc := range []struct {
 		name, body, field, problem string
 	}{
 		{"required of sign flips", required, "expected_schema/required", "checking the schema's required values for duplicates"},
 		{"subschemas under const", hidden.String(), "expected_schema", "more than 5000 objects"},
+		{"enum of long numbers", longNumbers, "expected_schema/enum", "checking the schema's enum values for duplicates"},
 	} {
 		var status int
 		var answer []byte

@@ -51,3 +51,33 @@ func TestFailuresInsideNotAreCharged(t *testing.T) {
 	}
 	refusedForSteps(t, err)
 }
+
+// uniqueItems over 170 arrays of 64 long numbers that differ only in the
+// signs of their last ones (251 KB): the validator parses both sides of
+// each comparison into big.Rat, 6 steps' work a number, and ran 8 s after
+// a walk that charged one step a number. Charged by their digits, the
+// output is refused before it runs.
+func TestUniqueItemsOfLongNumbersIsCharged(t *testing.T) {
+	v := New(Config{})
+	num := "1.234567890123456e-300"
+	rows := make([]string, 170)
+	for i := range rows {
+		row := make([]string, 64)
+		for j := range row {
+			row[j] = num
+		}
+		for b := range 8 {
+			if i>>b&1 == 1 {
+				row[len(row)-1-b] = "-" + num
+			}
+		}
+		rows[i] = "[" + strings.Join(row, ",") + "]"
+	}
+	body := []byte(`{"task_id":"t","expected_schema":{"uniqueItems":true},"submitted_output":[` + strings.Join(rows, ",") + `]}`)
+	var err error
+	n := allocatedBy(func() { _, err = v.Parse(body) })
+	if n > 64<<20 {
+		t.Errorf("a %d KB request allocated %d MB", len(body)>>10, n>>20)
+	}
+	refusedForSteps(t, err)
+}

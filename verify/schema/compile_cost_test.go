@@ -109,3 +109,74 @@ func TestObjectsInDataCountTowardMaxSchemas(t *testing.T) {
 		t.Errorf("%d objects: %v", limit/2+2, err)
 	}
 }
+
+// Long numbers cost by their digits: the validator parses both sides of
+// every comparison, and every number it hashes, into a big.Rat, which for
+// 399 digits costs about what 20 steps do, and for
+// 1.234567890123456e-300 (a 300-digit denominator) 6. Ordinary numbers,
+// up to 15 digits, keep their one step.
+func TestNumbersCostByTheirDigits(t *testing.T) {
+	for _, tc := range []struct {
+		num  string
+		size int
+	}{
+		{"1", 1}, {"-1", 1}, {"1234.56", 1}, {"0.000001", 1}, {"1e10", 1}, {"1.5e-7", 1},
+		{"123456789012345", 1}, {"0.30000000000000004", 2}, {"1e-300", 5}, {"1e300", 5},
+		{"1.234567890123456e-300", 6}, {"1.234567890123456E+300", 6},
+		{"1." + strings.Repeat("37", 198) + "1", 25},
+	} {
+		if got := valueSize(decode(t, tc.num)); got != tc.size {
+			t.Errorf("%.30s: size %d; want %d", tc.num, got, tc.size)
+		}
+	}
+	long := "1.234567890123456e-300"
+	const n = 6
+	for _, tc := range []struct {
+		schema, inst string
+		steps        int
+	}{
+		{`{"const": 5}`, `5.0`, 1 + 1},
+		{`{"const": ` + long + `}`, long, 1 + n},
+		{`{"const": ` + long + `}`, `5`, 1 + n + failureSteps},
+		{`{"enum": [1, ` + long + `]}`, long, 1 + n + n}, // both parsed, whichever is long
+		{`{"const": [` + long + `, 1]}`, `[` + long + `, 1]`, 1 + 1 + n + 1},
+		// Every value hashed, and the one comparison of a small array.
+		{`{"uniqueItems": true}`, `[1, 2]`, 1 + 2 + 1},
+		{`{"uniqueItems": true}`, `[` + long + `, -` + long + `]`, 1 + 2*n + n},
+	} {
+		s := mustCompile(t, tc.schema)
+		if got := stepsOf(t, s, decode(t, tc.inst)); got != tc.steps {
+			t.Errorf("%.60s on %.40s: %d steps; want %d", tc.schema, tc.inst, got, tc.steps)
+		}
+	}
+}
+
+// An enum of 110 arrays of 40 long numbers, members that differ only in
+// the signs of their last numbers, cost the compiler's duplicate check
+// 0.8 s and 446 MiB at one step a number. At their digits' cost (6 steps
+// a number, about 1.4 million for the check) it is
+// past MaxEnumSteps and refused before the compiler sees it.
+func TestEnumOfLongNumbersIsPricedByTheirDigits(t *testing.T) {
+	num := "1.234567890123456e-300"
+	rows := make([]string, 110)
+	for i := range rows {
+		row := make([]string, 40)
+		for j := range row {
+			row[j] = num
+		}
+		for b := range 8 {
+			if i>>b&1 == 1 {
+				row[len(row)-1-b] = "-" + num
+			}
+		}
+		rows[i] = "[" + strings.Join(row, ",") + "]"
+	}
+	schema := `{"$schema":"http://json-schema.org/draft-07/schema#","enum":[` + strings.Join(rows, ",") + `]}`
+	problem, at, alloc := compileRefusal(t, schema, compileOptions{})
+	if at != field+"/enum" || !strings.Contains(problem, "for duplicates past") {
+		t.Errorf("refused at %s: %q; want the duplicate-check budget at %s/enum", at, problem, field)
+	}
+	if alloc > 16<<20 {
+		t.Errorf("the compile allocated %d MiB", alloc>>20)
+	}
+}

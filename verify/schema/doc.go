@@ -75,10 +75,11 @@
 // or charges for it):
 // steps (Options.MaxSteps, one per subschema applied at one location; for
 // const and enum, each comparison by the size of the smaller value when
-// it goes past the top level, one for two numbers, one per 16 otherwise,
-// see walker.compare; for uniqueItems one per value hashed plus the
-// comparisons the validator will make, see unique.go; a string counts one
-// value per 4 KB of its text, and costs one step per KB each time a
+// it goes past the top level, the larger's size for two numbers, one per
+// 16 otherwise, see walker.compare; for uniqueItems one per value hashed
+// plus the comparisons the validator will make, see unique.go; a string
+// counts one value per 4 KB of its text, a number one per 16 digits (see
+// digitsPerValue), and a string costs one step per KB each time a
 // schema is applied to it, which the validator copies it for; a failing
 // application by the errors the validator keeps for it, see
 // walker.failure; required names by those missing, and names and members

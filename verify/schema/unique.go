@@ -19,9 +19,9 @@ import (
 // hash, is refused (TooComplexError) instead of running for seconds:
 //
 //   - one step per value hashed (every item and everything inside it; a
-//     long string one per bytesPerValue of its text), which covers this
-//     walk's hash and the validator's, whose hash of a number (a big.Rat)
-//     costs about what a step does;
+//     long string one per bytesPerValue of its text, a long number one per
+//     digitsPerValue of its digits), which covers this walk's hash and the
+//     validator's, whose hash of a number parses it into a big.Rat;
 //   - for every comparison of two items the validator will make, the size
 //     of the smaller one (its equality check stops at the first difference,
 //     but where that is depends on map order, so the charge is the bound).
@@ -171,6 +171,10 @@ func compareCost(a, b any, na, nb int) int {
 			return 1
 		}
 	default:
+		if typeOf(a) == tNumber && typeOf(b) == tNumber {
+			// The validator parses both into big.Rat.
+			return max(valueSize(a), valueSize(b))
+		}
 		return 1
 	}
 	if na == 0 || nb == 0 {
@@ -186,12 +190,51 @@ func compareCost(a, b any, na, nb int) int {
 const bytesPerValue = 4096
 
 // valueSize is the size of one value without what is inside it: 1, plus
-// the length of a string's text in bytesPerValue.
+// the length of a string's text in bytesPerValue, or a number's digits in
+// digitsPerValue (numberDigits).
 func valueSize(v any) int {
-	if s, ok := v.(string); ok {
-		return 1 + len(s)/bytesPerValue
+	switch x := v.(type) {
+	case string:
+		return 1 + len(x)/bytesPerValue
+	case json.Number:
+		return 1 + numberDigits(string(x))/digitsPerValue
 	}
 	return 1
+}
+
+// digitsPerValue is the number of digits of a number that count as one
+// more value in a size (numberDigits). The validator parses a number into
+// a big.Rat every time it hashes or compares it (jsonschema/v6 writeHash,
+// equals), and that costs in proportion to the number's digits, its
+// exponent's magnitude included: a pair of ordinary numbers, up to 15
+// digits, costs it about what a step stands for, but one of 399 digits 20
+// times as much, and 1.234567890123456e-300 (a 300-digit denominator) 6
+// times. Sizes counted this way keep those within the step budget's time.
+const digitsPerValue = 16
+
+// exponentPerDigit is the magnitude of a number's exponent that weighs as
+// one digit of its mantissa: the validator's big.Rat pays for an exponent
+// with a power of ten, cheaper digit for digit than a mantissa's digits.
+const exponentPerDigit = 4
+
+// numberDigits weighs a JSON number literal by what parsing it into a
+// big.Rat costs: the digits of its mantissa plus its exponent's magnitude
+// over exponentPerDigit, either sign (saturated, so an exponent cannot
+// overflow the count; the request decoder refuses such numbers before).
+func numberDigits(s string) int {
+	digits, exp, inExp := 0, 0, false
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == 'e' || c == 'E':
+			inExp = true
+		case c < '0' || c > '9':
+		case !inExp:
+			digits++
+		case exp < 1<<20:
+			exp = exp*10 + int(c-'0')
+		}
+	}
+	return digits + exp/exponentPerDigit
 }
 
 // countValues is the size of v: the valueSize of every value in it,
@@ -252,7 +295,7 @@ const (
 // told apart by equal), objects by the sum of their members' hashes, so
 // key order does not matter. n counts the size hashed (countValues).
 func contentHash(v any, n *int) uint64 {
-	*n++
+	*n += valueSize(v)
 	switch x := v.(type) {
 	case map[string]any:
 		var sum uint64
@@ -274,7 +317,6 @@ func contentHash(v any, n *int) uint64 {
 		}
 		return mix(hBool, 0, 0)
 	case string:
-		*n += valueSize(x) - 1
 		return mix(hString, maphash.String(hashSeed, x), uint64(len(x)))
 	}
 	if f, ok := toFloat(v); ok {

@@ -368,8 +368,9 @@ func (w *walker) charge(cost int64) bool {
 //   - compareCost when it goes past the top level (two objects with as
 //     many members, two arrays of one length, two long strings of one
 //     length): the size of the smaller value;
-//   - one step for two numbers (two big.Rat to the validator, about a
-//     step's work);
+//   - for two numbers, the size of the larger (valueSize: the validator
+//     parses both into big.Rat, a step's work for ordinary numbers and
+//     one per digitsPerValue digits of a long one);
 //   - else, a comparison of two short strings, or of values that differ
 //     at the top, one step per 16 of them.
 func (w *walker) compare(v, want any) (eq, ok bool) {
