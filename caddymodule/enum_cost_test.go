@@ -4,37 +4,17 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
-	"strings"
 	"testing"
+
+	"github.com/aovhq/aov/internal/signflip"
 )
 
 // signFlipEnumRequest is a verification whose draft-04 schema enumerates
-// n arrays of n ones, each with one -1 at its own position. The draft-04
-// metaschema says "enum": {"uniqueItems": true}, and the schema compiler's
-// hash ignores the sign of numbers, so it compares every pair of members
-// deeply.
+// signflip.Square(n). The draft-04 metaschema says "enum": {"uniqueItems":
+// true}, and the schema compiler's hash ignores the sign of numbers, so it
+// compares every pair of members deeply.
 func signFlipEnumRequest(n int) string {
-	var b strings.Builder
-	b.WriteString(`{"task_id":"t","expected_schema":{"$schema":"http://json-schema.org/draft-04/schema#","enum":[`)
-	for i := range n {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteByte('[')
-		for j := range n {
-			if j > 0 {
-				b.WriteByte(',')
-			}
-			if j == n-1-i {
-				b.WriteString("-1")
-			} else {
-				b.WriteString("1")
-			}
-		}
-		b.WriteByte(']')
-	}
-	b.WriteString(`]},"submitted_output":1}`)
-	return b.String()
+	return `{"task_id":"t","expected_schema":{"$schema":"http://json-schema.org/draft-04/schema#","enum":` + signflip.Square(n) + `},"submitted_output":1}`
 }
 
 // The gate compiles a request's schema to tell 422 from 402, unpaid: 300

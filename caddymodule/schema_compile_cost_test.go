@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/aovhq/aov/internal/signflip"
 )
 
 // The gate compiles a request's schema to tell 422 from 402, unpaid, so
@@ -40,20 +42,7 @@ func TestUnpaidSchemasCostlyToCompileAreRefusedCheaply(t *testing.T) {
 	// (102 KB): each comparison parses both sides into big.Rat, and at one
 	// step a number it cost 0.8 s of CPU and 446 MiB within the budget.
 	num := "1.234567890123456e-300"
-	rows := make([]string, 110)
-	for i := range rows {
-		row := make([]string, 40)
-		for j := range row {
-			row[j] = num
-		}
-		for b := range 8 {
-			if i>>b&1 == 1 {
-				row[len(row)-1-b] = "-" + num
-			}
-		}
-		rows[i] = "[" + strings.Join(row, ",") + "]"
-	}
-	longNumbers := `{"task_id":"t","expected_schema":{"$schema":"http://json-schema.org/draft-07/schema#","enum":[` + strings.Join(rows, ",") + `]},"submitted_output":1}`
+	longNumbers := `{"task_id":"t","expected_schema":{"$schema":"http://json-schema.org/draft-07/schema#","enum":` + signflip.Rows(num, 110, 40) + `},"submitted_output":1}`
 
 	for _, tc := range []struct {
 		name, body, field, problem string

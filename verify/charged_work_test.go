@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/aovhq/aov/apierr"
+
+	"github.com/aovhq/aov/internal/signflip"
 )
 
 // refusedForSteps fails the test unless err is the 422 naming
@@ -60,20 +62,7 @@ func TestFailuresInsideNotAreCharged(t *testing.T) {
 func TestUniqueItemsOfLongNumbersIsCharged(t *testing.T) {
 	v := New(Config{})
 	num := "1.234567890123456e-300"
-	rows := make([]string, 170)
-	for i := range rows {
-		row := make([]string, 64)
-		for j := range row {
-			row[j] = num
-		}
-		for b := range 8 {
-			if i>>b&1 == 1 {
-				row[len(row)-1-b] = "-" + num
-			}
-		}
-		rows[i] = "[" + strings.Join(row, ",") + "]"
-	}
-	body := []byte(`{"task_id":"t","expected_schema":{"uniqueItems":true},"submitted_output":[` + strings.Join(rows, ",") + `]}`)
+	body := []byte(`{"task_id":"t","expected_schema":{"uniqueItems":true},"submitted_output":` + signflip.Rows(num, 170, 64) + `}`)
 	var err error
 	n := allocatedBy(func() { _, err = v.Parse(body) })
 	if n > 64<<20 {

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/aovhq/aov/apierr"
+
+	"github.com/aovhq/aov/internal/signflip"
 )
 
 // The validator (jsonschema/v6) runs after the counting walk and cannot be
@@ -25,32 +27,12 @@ func allocatedBy(fn func()) uint64 {
 	return b.TotalAlloc - a.TotalAlloc
 }
 
-// signFlipEnum is a draft-04 schema whose enum holds n arrays of n ones,
-// each with one -1 at its own position. The draft-04 metaschema says
-// "enum": {"uniqueItems": true}, and the compiler's hash ignores the sign
-// of numbers, so it compares every pair of members deeply.
+// signFlipEnum is a verification whose draft-04 schema enumerates
+// signflip.Square(n). The draft-04 metaschema says "enum": {"uniqueItems":
+// true}, and the compiler's hash ignores the sign of numbers, so it
+// compares every pair of members deeply.
 func signFlipEnum(n int) []byte {
-	var b strings.Builder
-	b.WriteString(`{"task_id":"t","expected_schema":{"$schema":"http://json-schema.org/draft-04/schema#","enum":[`)
-	for i := range n {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteByte('[')
-		for j := range n {
-			if j > 0 {
-				b.WriteByte(',')
-			}
-			if j == n-1-i {
-				b.WriteString("-1")
-			} else {
-				b.WriteString("1")
-			}
-		}
-		b.WriteByte(']')
-	}
-	b.WriteString(`]},"submitted_output":1}`)
-	return []byte(b.String())
+	return []byte(`{"task_id":"t","expected_schema":{"$schema":"http://json-schema.org/draft-04/schema#","enum":` + signflip.Square(n) + `},"submitted_output":1}`)
 }
 
 // The gateway compiles a request's schema before it asks for payment; 300

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/aovhq/aov/internal/signflip"
 )
 
 // compileRefusal compiles schema and returns its one CompileError field,
@@ -31,7 +33,7 @@ func compileRefusal(t *testing.T, schema string, opts compileOptions) (problem, 
 // them, for a few MB of allocation (the compiler's check of them alone
 // allocates hundreds).
 func TestArraysTheMetaschemasKeepUniqueArePriced(t *testing.T) {
-	flips := signFlips(100)
+	flips := signflip.Square(100)
 	for _, tc := range []struct{ schema, at, keyword string }{
 		{`{"$schema":"http://json-schema.org/draft-07/schema#","enum":%s}`, "/enum", "enum"},
 		{`{"required":%s}`, "/required", "required"},
@@ -53,7 +55,7 @@ func TestArraysTheMetaschemasKeepUniqueArePriced(t *testing.T) {
 	}
 	// They share one budget with enum, charged in pointer order: three
 	// arrays of about 112,000 steps each pass it at the third.
-	one := signFlips(60)
+	one := signflip.Square(60)
 	three := `{"$schema":"http://json-schema.org/draft-07/schema#","enum":` + one + `,"required":` + one + `,"type":` + one + `}`
 	if _, at, _ := compileRefusal(t, three, compileOptions{}); at != field+"/type" {
 		t.Errorf("enum, required and type over the budget together: refused at %q; want %s/type", at, field)
@@ -158,20 +160,7 @@ func TestNumbersCostByTheirDigits(t *testing.T) {
 // past MaxEnumSteps and refused before the compiler sees it.
 func TestEnumOfLongNumbersIsPricedByTheirDigits(t *testing.T) {
 	num := "1.234567890123456e-300"
-	rows := make([]string, 110)
-	for i := range rows {
-		row := make([]string, 40)
-		for j := range row {
-			row[j] = num
-		}
-		for b := range 8 {
-			if i>>b&1 == 1 {
-				row[len(row)-1-b] = "-" + num
-			}
-		}
-		rows[i] = "[" + strings.Join(row, ",") + "]"
-	}
-	schema := `{"$schema":"http://json-schema.org/draft-07/schema#","enum":[` + strings.Join(rows, ",") + `]}`
+	schema := `{"$schema":"http://json-schema.org/draft-07/schema#","enum":` + signflip.Rows(num, 110, 40) + `}`
 	problem, at, alloc := compileRefusal(t, schema, compileOptions{})
 	if at != field+"/enum" || !strings.Contains(problem, "for duplicates past") {
 		t.Errorf("refused at %s: %q; want the duplicate-check budget at %s/enum", at, problem, field)

@@ -2,30 +2,16 @@ package schema
 
 import (
 	"errors"
-	"strings"
 	"testing"
-)
 
-// signFlips is n arrays of n ones, each with one -1 at its own position:
-// members the compiler's hash cannot tell apart.
-func signFlips(n int) string {
-	items := make([]string, n)
-	for i := range items {
-		row := make([]string, n)
-		for j := range row {
-			row[j] = "1"
-		}
-		row[i] = "-1"
-		items[i] = "[" + strings.Join(row, ",") + "]"
-	}
-	return "[" + strings.Join(items, ",") + "]"
-}
+	"github.com/aovhq/aov/internal/signflip"
+)
 
 // The enums of one schema share one budget for their duplicate check,
 // charged in pointer order, so the enum named is the one that passes it,
 // on every compile.
 func TestEnumsShareOneDuplicateCheckBudget(t *testing.T) {
-	one := signFlips(60) // about 112,000 steps
+	one := signflip.Square(60) // about 112,000 steps
 	schema := `{"$schema":"http://json-schema.org/draft-07/schema#","properties":{"c":{"enum":` + one +
 		`},"a":{"enum":` + one + `},"b":{"enum":` + one + `}}}`
 	for range 5 {
