@@ -60,7 +60,10 @@ func loadCaddy(t testing.TB, port int, sites string) {
 // must refuse: it returns caddy.Load's error.
 func tryLoadCaddy(t testing.TB, port int, sites string) error {
 	t.Helper()
-	cfg := fmt.Sprintf("{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n\thttp_port %d\n\tstorage file_system %s\n\tlog {\n\t\toutput discard\n\t}\n}\n", port, t.TempDir())
+	// Caddy's storage is the process's (TestMain), not the test's: the TLS
+	// app cleans it in a goroutine of its own, which can still be writing
+	// when a test's temporary folder is removed.
+	cfg := fmt.Sprintf("{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n\thttp_port %d\n\tstorage file_system %s\n\tlog {\n\t\toutput discard\n\t}\n}\n", port, caddyStorage)
 	cfg += strings.NewReplacer("{port}", fmt.Sprint(port), "{data}", t.TempDir()).Replace(sites)
 	js, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cfg), map[string]any{"filename": "Caddyfile"})
 	if err != nil {
