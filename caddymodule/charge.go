@@ -37,9 +37,6 @@ type charge interface {
 	// deliver writes the held answer with what the charge adds to it
 	// (PAYMENT-RESPONSE, the Free-Allowance-* headers).
 	deliver(w http.ResponseWriter, bw *bufferedWriter)
-	// rounds names the charge whose multi-round-trip rounds are counted
-	// (roundCounter): the payment, or the free client.
-	rounds() roundKey
 }
 
 // outcome is what the upstream's held answer is worth.
@@ -59,13 +56,6 @@ const (
 // serveCharged runs the upstream for a call paid by c, and settles or
 // releases c by what it answered. It is the only place a call is charged.
 func (g *Gate) serveCharged(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, ex exchange, c charge) error {
-	// A charge that has run its rounds (maxInputRounds) runs the tool no
-	// more. Only an mcp_tool gate has rounds: a REST call of a free
-	// client whose MCP rounds are spent is served.
-	if g.rounds != nil && g.rounds.spent(c.rounds()) {
-		c.release(r)
-		return ex.refuse(w, r, errTooManyInputRounds())
-	}
 	buf := getBuffer()
 	defer putBuffer(buf)
 	bw := &bufferedWriter{header: make(http.Header), buf: buf, limit: g.MaxBuffer}
@@ -115,13 +105,13 @@ func (g *Gate) serveCharged(w http.ResponseWriter, r *http.Request, next caddyht
 		// its caller, it answers the tool's input requests and retries
 		// the call with the same payment, which pays for the answer. A
 		// round served nothing the buyer pays for and ran the tool: it
-		// counts against the rate limit as a refusal does, and a charge
-		// runs at most maxInputRounds of them.
+		// counts against the rate limit as a refusal does, which is what
+		// bounds a client's rounds. No count per payment or free client
+		// would: a payer signs a fresh authorization for each round at
+		// no cost, and one kept per free client is shared by its
+		// parallel calls and by every client behind its address.
 		c.release(r)
 		g.noteRefusal(r)
-		if g.rounds == nil || !g.rounds.add(c.rounds()) {
-			return ex.refuse(w, r, errTooManyInputRounds())
-		}
 		metrics.outcomes.WithLabelValues("input_required_not_settled").Inc()
 		bw.replay(w)
 		return nil
@@ -141,9 +131,6 @@ func (g *Gate) serveCharged(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	if !c.settle(w, r, bw) {
 		return nil
-	}
-	if g.rounds != nil {
-		g.rounds.done(c.rounds())
 	}
 	c.deliver(w, bw)
 	return nil
@@ -293,22 +280,6 @@ func (f *freeCharge) release(r *http.Request) {
 	if err := f.g.state.Allowance().Release(context.WithoutCancel(r.Context()), f.res); err != nil {
 		f.g.logger.Warn("releasing free allowance unit", zap.Error(err))
 	}
-}
-
-// rounds names the payment by its last claim key: on a chain, the
-// authorization itself (an EVM payer's nonce, a Solana transaction), which
-// every encoding and signature of it shares (claimKeys).
-func (p *paidCharge) rounds() roundKey {
-	if len(p.claim.Keys) == 0 {
-		return roundKey{}
-	}
-	return roundKey{id: p.claim.Keys[len(p.claim.Keys)-1]}
-}
-
-// rounds names the free client in its allowance pool: the unit it reserves
-// for each call is given back after a round, the client is not.
-func (f *freeCharge) rounds() roundKey {
-	return roundKey{free: true, pool: f.res.Pool, id: f.res.Client}
 }
 
 func (f *freeCharge) settle(w http.ResponseWriter, r *http.Request, _ *bufferedWriter) bool {

@@ -317,9 +317,6 @@ type Gate struct {
 	// the same request prices its MCP tool (warnShadowed). Set in
 	// Provision, a pointer like route.
 	shadowed *atomic.Bool
-	// rounds counts the multi-round-trip rounds of the gate's charges
-	// (an mcp_tool gate's only; nil otherwise). Set in Provision.
-	rounds *roundCounter
 
 	// server is where rates is registered for wallet_auth (serverZones).
 	server *caddyhttp.Server
@@ -476,9 +473,6 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 	g.route = new(atomic.Pointer[reporter])
 	g.stopped = new(atomic.Bool)
 	g.shadowed = new(atomic.Bool)
-	if g.MCPTool != "" {
-		g.rounds = newRoundCounter()
-	}
 	discovery.add(g)
 	g.startResolver() // hook (pending.go): resolve unknown settlements
 	return nil
