@@ -375,6 +375,7 @@ func unchargedResult(result []byte) ([]byte, error) {
 	} else {
 		content := []byte("[]")
 		if res.Content != nil {
+			dropContentX402(res.Content)
 			b, err := json.Marshal(res.Content)
 			if err != nil {
 				return nil, err
@@ -400,6 +401,32 @@ func unchargedResult(result []byte) ([]byte, error) {
 	return append(out, '}'), nil
 }
 
+// dropContentX402 drops the x402 members of the _meta of content items
+// the gate writes again (unchargedResult): an uncharged answer carries no
+// x402 member the gate did not write, wherever it writes. A charged
+// answer's content is the tool's, paid for, and handed over as written;
+// x402 clients read a payment response at result._meta only.
+func dropContentX402(content []mcp.Content) {
+	x402 := func(k string, _ any) bool { return isX402Key(k) }
+	for _, c := range content {
+		switch c := c.(type) {
+		case *mcp.TextContent:
+			maps.DeleteFunc(c.Meta, x402)
+		case *mcp.ImageContent:
+			maps.DeleteFunc(c.Meta, x402)
+		case *mcp.AudioContent:
+			maps.DeleteFunc(c.Meta, x402)
+		case *mcp.ResourceLink:
+			maps.DeleteFunc(c.Meta, x402)
+		case *mcp.EmbeddedResource:
+			maps.DeleteFunc(c.Meta, x402)
+			if c.Resource != nil {
+				maps.DeleteFunc(c.Resource.Meta, x402)
+			}
+		}
+	}
+}
+
 // withoutX402 returns the _meta object meta without its x402 members
 // (isX402Key), as an object of its other members in key order; nil when
 // meta is not an object.
@@ -423,9 +450,13 @@ func isX402Key(k string) bool {
 // of a held result the gate charges for: the gate's own payment-response
 // is the only one a paid answer carries (deliver adds it), and a free
 // answer carries none. A tool server's would be a receipt for a
-// settlement that is not the buyer's, or for none at all. The result is
-// left as it is, and nothing allocated, unless one of its _meta members
-// has such a member; then it is written again in its place with its _meta
+// settlement that is not the buyer's, or for none at all. Every member of
+// the result named _meta in any letter case is cleared: a client decoding
+// names case-insensitively (encoding/json's struct decoding, the last
+// matching member winning) reads a "_Meta" twin as the result's _meta. The
+// twin's other members are the tool's, paid for, and stay. The result is
+// left as it is, and nothing allocated, unless one of those members has
+// an x402 member; then it is written again in its place with each of them
 // rewritten (withoutX402), as deliver writes it. a is the answer as
 // judgeAnswer read it.
 func dropToolX402Meta(bw *bufferedWriter, a rpcAnswer) {
@@ -435,7 +466,7 @@ func dropToolX402Meta(bw *bufferedWriter, a rpcAnswer) {
 	}
 	found := false
 	eachMember(raw, func(key, val []byte, _ int) {
-		if !found && memberNamed(key, "_meta") && len(val) > 0 && val[0] == '{' {
+		if !found && quotedNameFold(key, metaName) && len(val) > 0 && val[0] == '{' {
 			eachMember(val, func(k, _ []byte, _ int) {
 				found = found || quotedX402Key(k)
 			})
@@ -448,8 +479,12 @@ func dropToolX402Meta(bw *bufferedWriter, a rpcAnswer) {
 	if json.Unmarshal(raw, &result) != nil {
 		return
 	}
-	if meta := withoutX402(result["_meta"]); meta != nil {
-		result["_meta"] = meta
+	for k, v := range result {
+		if strings.EqualFold(k, "_meta") {
+			if meta := withoutX402(v); meta != nil {
+				result[k] = meta
+			}
+		}
 	}
 	out := make([]byte, 0, len(body))
 	out = append(out, body[:at]...)
@@ -469,7 +504,18 @@ func quotedX402Key(quoted []byte) bool {
 	return len(quoted) >= 7 && bytes.EqualFold(quoted[1:6], x402Prefix)
 }
 
-var x402Prefix = []byte("x402/")
+// quotedNameFold reports whether the quoted member name reads as name in
+// any letter case, as encoding/json's struct decoding matches it; read
+// without allocating unless it is escaped.
+func quotedNameFold(quoted, name []byte) bool {
+	if bytes.IndexByte(quoted, '\\') >= 0 {
+		var s string
+		return json.Unmarshal(quoted, &s) == nil && strings.EqualFold(s, string(name))
+	}
+	return len(quoted) == len(name)+2 && bytes.EqualFold(quoted[1:len(quoted)-1], name)
+}
+
+var x402Prefix, metaName = []byte("x402/"), []byte("_meta")
 
 // codeAnswerUnreadable is the refusal of an MCP tool's answer its client
 // cannot take (billable).

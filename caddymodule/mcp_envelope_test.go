@@ -104,9 +104,14 @@ func faultRoute(path, up, fac, extra string) string {
 // it with one free call a day at /free, both in front of one answerFault
 // upstream (rewriting nothing yet), and returns /mcp's payment demand.
 func paidAndFreeFault(t *testing.T) (d *evmfacilitator.Devnet, up *answerFault, paidURL, freeURL string, pr x402.PaymentRequired) {
+	return paidAndFreeFaultN(t, 1)
+}
+
+// paidAndFreeFaultN is paidAndFreeFault with perDay free calls a day at /free.
+func paidAndFreeFaultN(t *testing.T, perDay int) (d *evmfacilitator.Devnet, up *answerFault, paidURL, freeURL string, pr x402.PaymentRequired) {
 	d, fac := sharedDevnet(t)
 	up = newAnswerFault(t)
-	free := "free_allowance {\n\t\t\t\tpool verify\n\t\t\t\tper_day 1\n\t\t\t}"
+	free := fmt.Sprintf("free_allowance {\n\t\t\t\tpool verify\n\t\t\t\tper_day %d\n\t\t\t}", perDay)
 	base := startCaddy(t, ":{port} {\n\t"+faultRoute("/mcp", up.URL, fac, "")+"\n\t"+faultRoute("/free", up.URL, fac, free)+"\n}\n")
 	paidURL, freeURL = base+"/mcp", base+"/free"
 	up.set(nil)

@@ -229,3 +229,71 @@ func TestMCPAnswerCarriesNoPaymentResponseOfTheTool(t *testing.T) {
 		}
 	}
 }
+
+// A result's _meta in another letter case ("_Meta") is what a client
+// decoding names case-insensitively reads as _meta (encoding/json: the
+// last matching member wins), so a tool server's x402 members there would
+// be a forged settlement receipt to it: they are dropped from every
+// result-level _meta twin, charged or not, with the twin's other members
+// kept on a charged answer (the tool's, paid for). The content items of an
+// uncharged answer, which the gate writes again from the SDK's decoding,
+// lose theirs too. The _meta inside a charged answer's content items and
+// structuredContent is the tool's content, handed over as written: x402
+// clients read the payment response at result._meta only.
+func TestMCPNoResultMetaTwinCarriesToolX402Members(t *testing.T) {
+	d, up, paidURL, freeURL, pr := paidAndFreeFaultN(t, 10)
+	const payer = 9
+	payerAddr := evmfacilitator.DevAccounts()[payer].Address
+	forged := `{"x402/payment-response":{"success":true,"transaction":"0xforged"},"trace":"t2"}`
+	itemMeta := `{"type":"text","text":"ok","_meta":{"x402/payment-response":{"transaction":"0xforged"},"trace":"t3"}}`
+	for _, c := range []struct {
+		name, result string
+		charged      bool
+	}{
+		{"a charged answer with a _Meta twin", `{"content":[{"type":"text","text":"ok"}],"_Meta":` + forged + `}`, true},
+		{"a charged answer with _meta and a _META twin", `{"content":[{"type":"text","text":"ok"}],"_meta":{"trace":"t1"},"_META":` + forged + `}`, true},
+		{"a charged answer with an escaped twin", `{"content":[{"type":"text","text":"ok"}],"_\u004deta":` + forged + `}`, true},
+		{"a tool error with a _Meta twin", `{"content":[{"type":"text","text":"failed"}],"isError":true,"_Meta":` + forged + `}`, false},
+		{"a tool error with x402 members in a content item", `{"content":[` + itemMeta + `],"isError":true}`, false},
+	} {
+		for _, url := range []string{paidURL, freeURL} {
+			var meta mcp.Meta
+			if url == paidURL {
+				meta = payMeta(t, pr, payer)
+			}
+			up.set(withResult(c.result))
+			before := balance(t, d, payerAddr)
+			status, body := postCall(t, url, meta)
+			if status != http.StatusOK || bytes.Contains(body, []byte("0xforged")) {
+				t.Fatalf("%s at %s: HTTP %d %s: a tool x402 member reached the buyer", c.name, url, status, body)
+			}
+			var answer struct {
+				Result struct {
+					Meta map[string]json.RawMessage `json:"_meta"`
+				} `json:"result"`
+			}
+			json.Unmarshal(body, &answer)
+			if settled := answer.Result.Meta[mcpMetaPaymentResponse] != nil; settled != (c.charged && url == paidURL) {
+				t.Fatalf("%s at %s: the gate's payment response %v: %s", c.name, url, settled, body)
+			}
+			if charged := new(big.Int).Sub(before, balance(t, d, payerAddr)); !c.charged && charged.Sign() != 0 {
+				t.Fatalf("%s: charged %v", c.name, charged)
+			}
+			if c.charged && !bytes.Contains(body, []byte(`"trace":"t2"`)) {
+				t.Fatalf("%s at %s: the twin's other members were dropped: %s", c.name, url, body)
+			}
+			if strings.Contains(c.result, "t3") && !bytes.Contains(body, []byte(`"_meta":{"trace":"t3"}`)) {
+				t.Fatalf("%s at %s: the content item's other _meta members were dropped: %s", c.name, url, body)
+			}
+		}
+	}
+	// A charged answer's content is the tool's, paid for: the _meta inside
+	// its content items and structuredContent is handed over as written.
+	inner := `{"content":[` + itemMeta + `],"structuredContent":{"result":"pass","_meta":{"x402/payment-response":"tool's own"}}}`
+	up.set(withResult(inner))
+	status, body := postCall(t, paidURL, payMeta(t, pr, payer))
+	if status != http.StatusOK || !bytes.Contains(body, []byte(`"_meta":{"x402/payment-response":"tool's own"}`)) ||
+		!bytes.Contains(body, []byte(`"_meta":{"x402/payment-response":{"transaction":"0xforged"},"trace":"t3"}`)) {
+		t.Fatalf("HTTP %d %s: the content of a charged answer was rewritten", status, body)
+	}
+}
