@@ -260,6 +260,7 @@ func (e *mcpExchange) toolError(w http.ResponseWriter, r *http.Request, ae *apie
 // the gate would read as a success the client never sees.
 func (e *mcpExchange) billable(bw *bufferedWriter) bool {
 	if bw.status() >= 400 {
+		handOverErrorStatus(bw, e.id)
 		return false
 	}
 	a, ok, interim, err := judgeAnswer(bw.buf.Bytes(), e.id)
@@ -327,6 +328,69 @@ func handOverUncharged(bw *bufferedWriter, id json.RawMessage, a rpcAnswer) erro
 	bw.buf.Write(out)
 	return nil
 }
+
+// handOverErrorStatus rewrites a held answer of HTTP status 400 or more,
+// which is never charged and keeps its status, when its body reads as
+// JSON-RPC (rpcShaped): to its jsonrpc, the call's id and the error the
+// SDK's client reads in it (appendRPCError, decoded again by the SDK's own
+// decoder; none when it reads none), and never a result. The client
+// surfaces that error as its call's error and reads nothing else of an
+// error status, but a client reading the raw answer would take a result
+// there (the tool's content, a forged x402 payment response) uncharged,
+// and toolSucceeded's judgement, which handOverUncharged relies on, is no
+// guard here: the status alone decides. Any other body (the SDK server's
+// plain-text errors, a 404's "session not found" among them, which the
+// client reads by status) is handed over as the tool server sent it: it
+// has no result, so no result._meta where x402 clients read a payment
+// response.
+func handOverErrorStatus(bw *bufferedWriter, id json.RawMessage) {
+	body := bw.buf.Bytes()
+	if !rpcShaped(bw.header, body) {
+		return
+	}
+	head := append([]byte(`{"jsonrpc":"2.0","id":`), rawID(id)...)
+	out := append(slices.Clone(head), '}')
+	if a, err := readAnswer(body); err == nil && a.err != nil && string(a.err) != "null" {
+		withErr := append(append(head, `,"error":`...), appendRPCError(nil, a.err)...)
+		withErr = append(withErr, '}')
+		if msg, err := jsonrpc.DecodeMessage(withErr); err == nil {
+			if resp, ok := msg.(*jsonrpc.Response); ok && resp.Error != nil {
+				out = withErr
+			}
+		}
+	}
+	bw.buf.Reset()
+	bw.buf.Write(out)
+	bw.header.Set("Content-Type", "application/json")
+}
+
+// rpcShaped reports whether a held body reads as JSON-RPC to some client:
+// a text/event-stream (a stream of JSON-RPC messages), a JSON value other
+// than an object (a batch), a body that opens as JSON but is not (it
+// cannot be told apart), or an object with a member named jsonrpc, id,
+// result, error or method in any letter case. A JSON object without one
+// (a problem document) is not, nor is a body that is not JSON at all.
+func rpcShaped(h http.Header, body []byte) bool {
+	if hasMediaType(h, "text/event-stream") {
+		return true
+	}
+	i := skipSpace(body, 0)
+	if i == len(body) || (body[i] != '{' && body[i] != '[') {
+		return false
+	}
+	if body[i] == '[' || !sjson.Valid(body) {
+		return true
+	}
+	shaped := false
+	eachMember(body[i:], func(key, _ []byte, _ int) {
+		for _, name := range rpcMemberNames {
+			shaped = shaped || quotedNameFold(key, name)
+		}
+	})
+	return shaped
+}
+
+var rpcMemberNames = [...][]byte{[]byte("jsonrpc"), []byte("id"), []byte("result"), []byte("error"), []byte("method")}
 
 // appendRPCError writes a JSON-RPC error object (one answerError passed:
 // an object whose code is an integer and whose message a string) as its
@@ -541,12 +605,18 @@ func (e *mcpExchange) unbilled() outcome {
 // allowed). The SDK's own servers write exactly "application/json", which
 // is compared without parsing.
 func isJSONAnswer(h http.Header) bool {
+	return hasMediaType(h, "application/json")
+}
+
+// hasMediaType reports whether an answer's media type is want, read as
+// the MCP SDK's client reads it (isJSONAnswer).
+func hasMediaType(h http.Header, want string) bool {
 	ct := h.Get("Content-Type")
-	if ct == "application/json" {
+	if ct == want {
 		return true
 	}
 	mt, _, err := mime.ParseMediaType(ct)
-	return err == nil && mt == "application/json"
+	return err == nil && mt == want
 }
 
 // toolSucceeded reports whether a JSON-RPC answer is a successful tool
@@ -783,7 +853,7 @@ func floatsOnly(v []byte) bool {
 }
 
 // answerError reports why an answer with an error other than null cannot
-// be handed over (nil when it can, alone: handOverErrorAlone): it has a
+// be handed over (nil when it can, alone: handOverUncharged): it has a
 // result member (even null), or the SDK's decoder does not read it as a
 // JSON-RPC error (an object whose code is an integer and whose message is
 // a string). The client returns the error and ignores any result; a

@@ -33,6 +33,7 @@ type answerFault struct {
 	*httptest.Server
 	rewrite atomic.Pointer[func(h http.Header, body []byte) []byte] // nil: the SDK's answer
 	stall   atomic.Bool
+	status  atomic.Int32 // the HTTP status of the tool's answer; 0: the SDK's
 }
 
 func newAnswerFault(t *testing.T) *answerFault {
@@ -63,7 +64,11 @@ func newAnswerFault(t *testing.T) *answerFault {
 			w.Header()[k] = v
 		}
 		w.Header().Set("Content-Length", strconv.Itoa(len(out)))
-		w.WriteHeader(rec.Code)
+		code := rec.Code
+		if s := f.status.Load(); s != 0 {
+			code = int(s)
+		}
+		w.WriteHeader(code)
 		w.Write(out)
 	}))
 	t.Cleanup(f.Close)
