@@ -39,9 +39,12 @@ const maxChainReply = 1 << 20
 // bytes of JSON (geth answers 359), a topic 375 gas for 69 bytes, data 8
 // gas for 2 bytes of hex, so 2^24 gas buys under 18 MiB. A transaction's
 // input costs at least 4 gas a byte: under 8 MiB of hex. 32 MiB covers
-// both with room for the fields a node adds. No request can make the gateway read one for free:
-// it takes a transaction that used a payment's nonce, and reading it
-// decides that payment's outcome.
+// both with room for the fields a node adds. No request can make the
+// gateway read one for free: receipts are read by the hash of a
+// settlement transaction, the relayer's own or one the facilitator named,
+// never of whatever transaction used a payment's nonce, which the payer
+// may have sent (that one is judged by its logs: evmfacilitator's
+// findNonceUse).
 const maxChainRecord = 32 << 20
 
 // dialChain dials the EVM chain RPC at endpoint (chain_rpc, a

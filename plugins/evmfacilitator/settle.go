@@ -219,85 +219,102 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 // alreadyUsed refuses an authorization whose nonce the token reports used,
 // telling apart the case that matters to a caller retrying /settle after a
 // lost reply (this instance restarted, or another settled it): when the
-// nonce was used by this authorization's own transfer to payTo
-// (usedStatus), the answer names that transaction and says the payment was
-// already settled. The reason stays the reference facilitator's
-// nonce_already_used. The search covers the blocks from sentSlack before
-// now (findNonceLog), where such a retry's settlement is; one further back
-// leaves the plain refusal, which tells the payer its authorization was
-// cancelled or spent elsewhere. A search that fails (the provider's error,
-// its deadline) is not that answer: the payment may be the one that used
-// the nonce, so the outcome is unknown (*x402.UnknownOutcomeError: do not
-// pay again, retry later), and nothing is remembered.
+// nonce was used by this authorization's own transfer to payTo (judged as
+// usedStatus judges it, from the logs alone), the answer names that
+// transaction and says the payment was already settled. The reason stays
+// the reference facilitator's nonce_already_used. The search covers the
+// blocks from sentSlack before now (findNonceLog), where such a retry's
+// settlement is; one further back leaves the plain refusal, which tells
+// the payer its authorization was cancelled or spent elsewhere. A search
+// that fails (the provider's error, its deadline) is not that answer: the
+// payment may be the one that used the nonce, so the outcome is unknown
+// (*x402.UnknownOutcomeError: do not pay again, retry later), and nothing
+// is remembered.
 //
 // Anyone can replay /settle of a settled authorization (it is public on
-// chain), and the search costs a dozen or more reads of the caller's RPC
-// provider: so it runs under resolveTimeout whatever the caller's context
-// (the x402_facilitator handler's has no deadline), and a finished
-// search's answer is remembered for usedCacheTTL (usedCache), so that a
-// replay costs the checks' reads alone.
+// chain), or sign any number of authorizations of a nonce they spent
+// themselves, and the search costs a dozen or more reads of the caller's
+// RPC provider: so it runs under resolveTimeout whatever the caller's
+// context (the x402_facilitator handler's has no deadline), and a finished
+// search's logs are remembered for usedCacheTTL by what they are about,
+// the token, authorizer and nonce (usedCache), not by the authorization,
+// which its signer varies for free: every authorization of one used nonce
+// costs one search a window, and the checks' reads alone otherwise.
 func (f *Facilitator) alreadyUsed(ctx context.Context, c *checked, now time.Time) (x402.SettleResponse, error) {
-	tx, ok := f.usedCache.get(c.digest, now)
+	k := usedKey{token: c.token, from: c.auth.From, nonce: c.auth.Nonce}
+	u, ok := f.usedCache.get(k, now)
 	if !ok {
 		ctx, cancel := context.WithTimeout(ctx, resolveTimeout)
 		defer cancel()
-		st, err := f.usedStatus(ctx, c.token, c.auth, common.Hash{}, now)
+		var err error
+		u, err = f.findNonceUse(ctx, c.token, c.auth, now)
 		switch {
-		case err == nil && st.State == x402.SettlementDone:
-			tx = st.Transaction
-		case err == nil, errors.Is(err, errNoNonceLog):
-			// Finished: spent without this transfer, or not in the blocks
-			// searched.
+		case err == nil:
+		case errors.Is(err, errNoNonceLog):
+			// Finished: not in the blocks searched.
+			u = nonceUse{}
 		default:
-			return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Err: err} // usedStatus's error says what is unknown
+			return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Err: err} // findNonceUse's error says what is unknown
 		}
-		f.usedCache.put(c.digest, tx, now)
+		f.usedCache.put(k, u, now)
 	}
-	if tx != "" {
-		return f.settledBy(c.resp.Payer, tx), nil
+	if u.log != nil {
+		st, err := u.judge(c.token, c.auth)
+		switch {
+		case err != nil:
+			return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Err: err}
+		case st.State == x402.SettlementDone:
+			return f.settledBy(c.resp.Payer, st.Transaction), nil
+		}
 	}
 	return f.failure(c.resp.InvalidReason, c.resp.Payer, c.resp.InvalidMessage, ""), nil
 }
 
 // The bounds of usedCache.
 const (
-	// usedCacheTTL is how long alreadyUsed's answer is remembered: long
+	// usedCacheTTL is how long alreadyUsed's logs are remembered: long
 	// enough that replays cost one search a minute.
 	usedCacheTTL = time.Minute
-	// usedCacheMax bounds the authorizations remembered.
+	// usedCacheMax bounds the nonces remembered.
 	usedCacheMax = 4096
 )
 
-// usedCache remembers, per authorization (its EIP-712 digest), the
-// transaction alreadyUsed's finished search found settling it ("" for
-// none: spent without it, or not in the blocks searched).
+// usedKey is the used nonce a usedCache entry is about.
+type usedKey struct {
+	token, from common.Address
+	nonce       [32]byte
+}
+
+// usedCache remembers, per used nonce, the logs alreadyUsed's finished
+// search found of it (a zero nonceUse when none was found in the blocks
+// searched).
 type usedCache struct {
 	mu sync.Mutex
-	m  map[[32]byte]usedEntry
+	m  map[usedKey]usedEntry
 }
 
 type usedEntry struct {
-	tx string
-	at time.Time
+	use nonceUse
+	at  time.Time
 }
 
-func (u *usedCache) get(k [32]byte, t time.Time) (string, bool) {
+func (u *usedCache) get(k usedKey, t time.Time) (nonceUse, bool) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	e, ok := u.m[k]
 	if !ok || t.Sub(e.at) >= usedCacheTTL || t.Before(e.at) {
-		return "", false
+		return nonceUse{}, false
 	}
-	return e.tx, true
+	return e.use, true
 }
 
-// put remembers tx for k; when full, it first drops the expired answers,
+// put remembers use for k; when full, it first drops the expired answers,
 // then, if none was, any one.
-func (u *usedCache) put(k [32]byte, tx string, t time.Time) {
+func (u *usedCache) put(k usedKey, use nonceUse, t time.Time) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if u.m == nil {
-		u.m = map[[32]byte]usedEntry{}
+		u.m = map[usedKey]usedEntry{}
 	}
 	if _, ok := u.m[k]; !ok && len(u.m) >= usedCacheMax {
 		for k, e := range u.m {
@@ -312,7 +329,7 @@ func (u *usedCache) put(k [32]byte, tx string, t time.Time) {
 			delete(u.m, k)
 		}
 	}
-	u.m[k] = usedEntry{tx: tx, at: t}
+	u.m[k] = usedEntry{use: use, at: t}
 }
 
 func (f *Facilitator) failure(reason, payer, msg, txHash string) x402.SettleResponse {

@@ -127,10 +127,11 @@ var (
 // without it, since the authorization can no longer execute; an error,
 // never done, when that transaction cannot be found or read. hint, when
 // not zero, is a transaction that may be it (our own settlement, or the one
-// the facilitator named), looked at first; otherwise, or when it is not,
-// the nonce's log is searched for from after on (findNonceLog). The
-// embedded facilitator's Settle and every status reader judge by this one
-// function, so they agree.
+// the facilitator named), looked at first by its receipt; otherwise, or
+// when it is not, the nonce's log is searched for from after on and the
+// transaction judged by its logs (findNonceUse), never by its receipt,
+// which whoever sent it chose the size of. The embedded facilitator's
+// Settle and every status reader judge by this one function, so they agree.
 func (f *Facilitator) usedStatus(ctx context.Context, token common.Address, a x402.AuthorizationValues, hint common.Hash, after time.Time) (x402.SettlementStatus, error) {
 	if hint != (common.Hash{}) {
 		if r, err := f.chain.TransactionReceipt(ctx, hint); err == nil {
@@ -139,22 +140,108 @@ func (f *Facilitator) usedStatus(ctx context.Context, token common.Address, a x4
 			}
 		}
 	}
+	u, err := f.findNonceUse(ctx, token, a, after)
+	if err != nil {
+		return x402.SettlementStatus{}, err
+	}
+	return u.judge(token, a)
+}
+
+// nonceUse is what the chain's logs say of a used nonce, whatever
+// authorization of it is asked about: the token's log that marked it used
+// or cancelled, and the token's Transfer logs from the authorizer in the
+// transaction that emitted it. It is all judgeReceipt reads of a receipt,
+// got with two filtered eth_getLogs, each reply bounded by the few logs
+// that match: a transaction that used the nonce may carry any number of
+// other logs (a batch's, or an attacker's who spent their own nonce in a
+// transaction of 5000 logs, a receipt of 1.8 MiB, and then asks to settle
+// authorizations of it again and again), and its receipt is not read.
+//
+// Of those Transfers, the one right after the nonce's log (the
+// authorization's own, when it paid) is kept, and maxOtherTransfers
+// others; more marks that there were more, so that the judgement, which
+// must know whether a matching Transfer is among them, stays undecided
+// instead of guessing, and what usedCache keeps of a nonce stays small.
+type nonceUse struct {
+	log       *types.Log
+	transfers []types.Log
+	more      bool
+}
+
+// maxOtherTransfers bounds the Transfers a nonceUse keeps besides the one
+// right after the nonce's log: a payment's transaction carries its own, a
+// batch's one per payment, few of them from one payer.
+const maxOtherTransfers = 16
+
+// findNonceUse finds the log that marked a's nonce used (findNonceLog)
+// and, when it is not a cancellation, the token's Transfer logs from a's
+// authorizer in the same transaction, read from that log's block by its
+// hash (a block reorganised away since is an error, not an answer).
+func (f *Facilitator) findNonceUse(ctx context.Context, token common.Address, a x402.AuthorizationValues, after time.Time) (nonceUse, error) {
 	l, err := f.findNonceLog(ctx, token, a, after)
 	if err != nil {
-		return x402.SettlementStatus{}, fmt.Errorf("the authorization's nonce is used, but by which transaction is unknown: %w", err)
+		return nonceUse{}, fmt.Errorf("the authorization's nonce is used, but by which transaction is unknown: %w", err)
 	}
 	if l.Topics[0] == authorizationCanceledEventID {
+		return nonceUse{log: l}, nil
+	}
+	block := l.BlockHash
+	logs, err := f.chain.FilterLogs(ctx, ethereum.FilterQuery{BlockHash: &block, Addresses: []common.Address{token},
+		Topics: [][]common.Hash{{transferEventID}, {common.BytesToHash(a.From.Bytes())}}})
+	if err != nil {
+		return nonceUse{}, fmt.Errorf("the authorization's nonce was used by %s, whose transfers cannot be read: %w", l.TxHash.Hex(), err)
+	}
+	return keepTransfers(l, logs), nil
+}
+
+// keepTransfers is the nonceUse of nonce log l, whose block's Transfers
+// from the authorizer are logs: those of l's transaction, bounded as
+// nonceUse says.
+func keepTransfers(l *types.Log, logs []types.Log) nonceUse {
+	u := nonceUse{log: l}
+	others := 0
+	for _, t := range logs {
+		switch {
+		case t.TxHash != l.TxHash || t.Removed:
+		case t.Index == l.Index+1:
+			u.transfers = append(u.transfers, t)
+		case others == maxOtherTransfers:
+			u.more = true
+		default:
+			others++
+			u.transfers = append(u.transfers, t)
+		}
+	}
+	return u
+}
+
+// judge judges authorization a (of the nonce u is about) as judgeReceipt
+// judges a receipt: cancelled is never; used, it paid only when the
+// token's next log, the one right after the nonce's in the block, is a's
+// Transfer(from, payTo, value); a matching Transfer elsewhere in the
+// transaction is an error (it may be another payment's, and the money may
+// have moved); otherwise never. A transaction that failed has no logs, so
+// none is found.
+func (u nonceUse) judge(token common.Address, a x402.AuthorizationValues) (x402.SettlementStatus, error) {
+	if u.log.Topics[0] == authorizationCanceledEventID {
 		return never(), nil
 	}
-	r, err := f.chain.TransactionReceipt(ctx, l.TxHash)
-	if err != nil {
-		return x402.SettlementStatus{}, fmt.Errorf("the authorization's nonce was used by %s, whose receipt cannot be read: %w", l.TxHash.Hex(), err)
+	matching := false
+	for i := range u.transfers {
+		if t := &u.transfers[i]; isTransfer(t, token, a) {
+			if t.Index == u.log.Index+1 {
+				return x402.SettlementStatus{State: x402.SettlementDone, Transaction: u.log.TxHash.Hex()}, nil
+			}
+			matching = true
+		}
 	}
-	st, found, err := judgeReceipt(r, token, a)
-	if !found && err == nil {
-		err = fmt.Errorf("the receipt of %s lacks the log that names it as the user of the authorization's nonce", l.TxHash.Hex())
+	switch {
+	case matching:
+		return x402.SettlementStatus{}, fmt.Errorf("the transaction %s used the nonce and carries a matching Transfer that is not the authorization's own", u.log.TxHash.Hex())
+	case u.more:
+		return x402.SettlementStatus{}, fmt.Errorf("the transaction %s used the nonce without the authorization's own Transfer, and carries more than %d other Transfers from the payer, not all looked at", u.log.TxHash.Hex(), maxOtherTransfers)
 	}
-	return st, err
+	return never(), nil
 }
 
 func never() x402.SettlementStatus {

@@ -226,7 +226,9 @@ func (s *logSpy) HeaderByNumber(ctx context.Context, n *big.Int) (*types.Header,
 
 func (s *logSpy) FilterLogs(ctx context.Context, q ethereum.FilterQuery) ([]types.Log, error) {
 	s.mu.Lock()
-	s.ranges = append(s.ranges, [2]uint64{q.FromBlock.Uint64(), q.ToBlock.Uint64()})
+	if q.BlockHash == nil { // not the read of the nonce's transaction's Transfers, by its block
+		s.ranges = append(s.ranges, [2]uint64{q.FromBlock.Uint64(), q.ToBlock.Uint64()})
+	}
 	if _, ok := ctx.Deadline(); !ok {
 		s.noDeadline++
 	}
@@ -408,6 +410,63 @@ func TestJudgeReceiptAttributesTheTransfer(t *testing.T) {
 			}
 			if err != nil && st.State == x402.SettlementDone {
 				t.Fatal("done with an error")
+			}
+		})
+	}
+}
+
+// A used nonce's transaction is judged by the token's logs as
+// judgeReceipt judges its receipt (the same cases), from what findNonceUse
+// keeps of them: the nonce's log and the Transfers from the payer in its
+// transaction. One with more such Transfers than it keeps, none of them
+// the authorization's own, is undecided, never a refusal.
+func TestNonceUseJudgesAsItsReceiptWould(t *testing.T) {
+	token := common.HexToAddress("0x5FbDB2315678afecb367f032d93F642f64180aa3")
+	from := crypto.PubkeyToAddress(payer.PublicKey)
+	a := x402.AuthorizationValues{From: from, To: payee, Value: big.NewInt(20000), Nonce: [32]byte{1}}
+	addr := func(x common.Address) common.Hash { return common.BytesToHash(x.Bytes()) }
+	used := types.Log{Address: token, Topics: []common.Hash{authorizationUsedEventID, addr(from), common.Hash(a.Nonce)}}
+	otherUsed := types.Log{Address: token, Topics: []common.Hash{authorizationUsedEventID, addr(from), {2}}}
+	canceled := types.Log{Address: token, Topics: []common.Hash{authorizationCanceledEventID, addr(from), common.Hash(a.Nonce)}}
+	transfer := func(to common.Address, v int64) types.Log {
+		return types.Log{Address: token, Topics: []common.Hash{transferEventID, addr(from), addr(to)}, Data: common.LeftPadBytes(big.NewInt(v).Bytes(), 32)}
+	}
+	pays := transfer(payee, 20000)
+	many := []types.Log{used, transfer(from, 0)}
+	for range maxOtherTransfers + 1 {
+		many = append(many, transfer(from, 0))
+	}
+	for _, tc := range []struct {
+		desc  string
+		logs  []types.Log // one transaction's, in order; the first is the nonce's
+		state x402.SettlementState
+		err   bool
+	}{
+		{"its own transfer", []types.Log{used, pays}, x402.SettlementDone, false},
+		{"cancelled", []types.Log{canceled}, x402.SettlementNever, false},
+		{"spent on a worthless transfer", []types.Log{used, transfer(from, 0)}, x402.SettlementNever, false},
+		{"spent paying less", []types.Log{used, transfer(payee, 1)}, x402.SettlementNever, false},
+		{"spent, with another authorization's payment beside", []types.Log{used, transfer(from, 0), otherUsed, pays}, 0, true},
+		{"spent, with more transfers from the payer than are kept", many, 0, true},
+		{"spent, with as many transfers as are kept", many[:len(many)-1], x402.SettlementNever, false},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			tx := common.Hash{9}
+			var block []types.Log // the block's Transfers from the payer, as eth_getLogs answers
+			for i, l := range tc.logs {
+				l.TxHash, l.Index = tx, uint(10+i)
+				tc.logs[i] = l
+				if l.Topics[0] == transferEventID {
+					block = append(block, l)
+				}
+			}
+			block = append(block, types.Log{Address: token, Topics: pays.Topics, Data: pays.Data, TxHash: common.Hash{8}, Index: 11}) // another transaction's
+			st, err := keepTransfers(&tc.logs[0], block).judge(token, a)
+			if (err != nil) != tc.err || (!tc.err && st.State != tc.state) {
+				t.Fatalf("got %+v, err %v", st, err)
+			}
+			if st.State == x402.SettlementDone && st.Transaction != tx.Hex() {
+				t.Fatalf("done naming %s, want %s", st.Transaction, tx.Hex())
 			}
 		})
 	}
