@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -280,10 +281,7 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	}
 	if !vr.IsValid {
 		pc.release(r)
-		reason := vr.InvalidReason
-		if reason == "" {
-			reason = x402.ReasonInvalidPayload
-		}
+		reason := facilitatorReason(vr.InvalidReason, x402.ReasonInvalidPayload)
 		return ex.demand(w, r, http.StatusPaymentRequired, reason, reason, nil)
 	}
 
@@ -347,10 +345,7 @@ func (p *paidCharge) settleOnce(w http.ResponseWriter, r *http.Request, held *bu
 	p.settledAs(&sr)
 	if !sr.Success {
 		p.release(r)
-		reason := sr.ErrorReason
-		if reason == "" {
-			reason = x402.ReasonUnexpectedSettleError
-		}
+		reason := sr.ErrorReason // told: facilitatorReason's
 		p.ex.demand(w, r, http.StatusPaymentRequired, "Settlement failed: "+reason, reason, &sr)
 		return settleRefused
 	}
@@ -430,14 +425,37 @@ func (p *paidCharge) settledAs(sr *x402.SettleResponse) {
 // offer's the gate verified and settled), as the gate tells and records
 // it: SPEC's PAYMENT-RESPONSE, {success, transaction, network, payer,
 // errorReason?}, and nothing else. Of sr only success, transaction and
-// errorReason are kept; the payer is the payment's own (payerOf). It is
+// errorReason are kept, a failure's errorReason as facilitatorReason
+// tells it; the payer is the payment's own (payerOf). It is
 // the one builder of every settlement a buyer sees (PAYMENT-RESPONSE, a
 // payment identifier's saved answer, MCP's _meta), also of one read back
 // from the store, which may have been saved by an older gateway that
 // passed on what a facilitator said.
 func toldSettlement(sr x402.SettleResponse, p x402.PaymentPayload, network string) x402.SettleResponse {
-	return x402.SettleResponse{Success: sr.Success, Transaction: sr.Transaction, ErrorReason: sr.ErrorReason,
-		Network: network, Payer: payerOf(p, network)}
+	told := x402.SettleResponse{Success: sr.Success, Transaction: sr.Transaction, Network: network, Payer: payerOf(p, network)}
+	if !sr.Success {
+		told.ErrorReason = facilitatorReason(sr.ErrorReason, x402.ReasonUnexpectedSettleError)
+	}
+	return told
+}
+
+// reasonShape is what a reason code looks like: every code x402 and this
+// gateway sends fits it (the longest, Solana's, has 85 characters).
+var reasonShape = regexp.MustCompile(`^[a-z0-9_]{1,100}$`)
+
+// facilitatorReason is a facilitator's reason for refusing a payment (a
+// verify's invalidReason, a settle's errorReason) as the buyer is told it:
+// kept when it has the shape of a code, so that a newer facilitator's codes
+// reach the buyer, and unnamed otherwise (fallback, a code SPEC lists).
+// Anything else a facilitator may send, free text of any length, would
+// reach the buyer's headers: 60 KiB of it push PAYMENT-RESPONSE and
+// PAYMENT-REQUIRED past x402.MaxHeaderBytes, and a refused settlement
+// would be answered 500 without either.
+func facilitatorReason(reason, fallback string) string {
+	if reasonShape.MatchString(reason) {
+		return reason
+	}
+	return fallback
 }
 
 // settleWriteWaits are the waits before each further try of the write that

@@ -1,0 +1,70 @@
+package caddymodule
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/aovhq/aov/x402"
+)
+
+// reasonFacilitator (FAULT: a facilitator whose refusals carry free text
+// where a reason code goes) forwards every call to the real devnet
+// facilitator at real, except /verify (when verify is set) or /settle,
+// which it refuses with reason(n) for the n-th such call.
+func reasonFacilitator(t *testing.T, real string, verify bool, reason func(n int64) string) *httptest.Server {
+	t.Helper()
+	var n atomic.Int64
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		switch {
+		case verify && r.URL.Path == "/verify":
+			w.Header().Set("Content-Type", "application/json")
+			json.NewEncoder(w).Encode(map[string]any{"isValid": false, "invalidReason": reason(n.Add(1))})
+			return
+		case !verify && r.URL.Path == "/settle":
+			w.Header().Set("Content-Type", "application/json")
+			json.NewEncoder(w).Encode(map[string]any{"success": false, "errorReason": reason(n.Add(1)), "transaction": "", "network": x402.NetworkDevnet})
+			return
+		}
+		req, _ := http.NewRequest(r.Method, real+r.URL.Path, bytes.NewReader(body))
+		req.Header = r.Header.Clone()
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			http.Error(w, "facilitator unreachable", http.StatusBadGateway)
+			return
+		}
+		defer resp.Body.Close()
+		raw, _ := io.ReadAll(resp.Body)
+		w.Header().Set("Content-Type", resp.Header.Get("Content-Type"))
+		w.WriteHeader(resp.StatusCode)
+		w.Write(raw)
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
+
+// TestFacilitatorLongErrorReasonIsNamedUnexpected: a facilitator refuses
+// the settlement with a 60 KiB errorReason (its reply far under the 1 MiB
+// the gate reads). The buyer is still told SPEC's 402 for a failed
+// settlement, with PAYMENT-RESPONSE {success: false} and the reason
+// unexpected_settle_error, not a 500: the text would not fit the headers.
+func TestFacilitatorLongErrorReasonIsNamedUnexpected(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	liar := reasonFacilitator(t, fac, false, func(int64) string { return strings.Repeat("x", 60<<10) })
+	url := gatedSite(t, liar.URL)
+	pr := paymentRequired(t, post(t, url, "", nil))
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: signFor(t, pr, 3)})
+	body := readJSON(t, resp)
+	var sr x402.SettleResponse
+	perr := x402.DecodeHeader(resp.Header.Get(x402.HeaderPaymentResponse), &sr)
+	if resp.StatusCode != http.StatusPaymentRequired || perr != nil || sr.Success || sr.ErrorReason != x402.ReasonUnexpectedSettleError || body["reason"] != x402.ReasonUnexpectedSettleError {
+		t.Errorf("refused settlement answered: status %d, PAYMENT-RESPONSE %+v (%v), reason %v; want 402, PAYMENT-RESPONSE {success: false, errorReason: %s}, the same reason",
+			resp.StatusCode, sr, perr, body["reason"], x402.ReasonUnexpectedSettleError)
+	}
+}
