@@ -3,12 +3,15 @@ package caddymodule
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/aovhq/aov/x402"
 )
@@ -47,6 +50,59 @@ func reasonFacilitator(t *testing.T, real string, verify bool, reason func(n int
 	}))
 	t.Cleanup(s.Close)
 	return s
+}
+
+// countSeries counts the series c holds.
+func countSeries(c prometheus.Collector) int {
+	ch := make(chan prometheus.Metric, 1024)
+	go func() { c.Collect(ch); close(ch) }()
+	n := 0
+	for range ch {
+		n++
+	}
+	return n
+}
+
+// TestFacilitatorReasonsDoNotGrowMetrics: 40 payments the facilitator
+// refuses at /verify, each with a reason code of its own that the gateway
+// does not know (one naming a recovered signer), add one outcomes_total
+// series at most ("other"), not one per reason: every label value is kept
+// for the process's life; over REST and over MCP alike. The buyer is
+// still told the facilitator's code.
+func TestFacilitatorReasonsDoNotGrowMetrics(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	reason := func(n int64) string { return fmt.Sprintf("invalid_signer_0x%040x", n) }
+	liar := reasonFacilitator(t, fac, true, reason)
+	url := gatedSite(t, liar.URL)
+	pr := paymentRequired(t, post(t, url, "", nil))
+	before := countSeries(metrics.outcomes)
+	const calls = 40
+	for i := 0; i < calls; i++ {
+		resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: signFor(t, pr, 3)})
+		body := readJSON(t, resp)
+		if want := reason(int64(i + 1)); resp.StatusCode != http.StatusPaymentRequired || body["reason"] != want {
+			t.Fatalf("call %d: status %d, reason %v; want 402 %s", i, resp.StatusCode, body["reason"], want)
+		}
+	}
+	if grew := countSeries(metrics.outcomes) - before; grew > 1 {
+		t.Errorf("outcomes_total grew by %d series over %d refused payments, each with a reason of its own; want at most one (other)", grew, calls)
+	}
+
+	// The same over MCP, whose refusals are tool results.
+	mup := newMCPUpstream(t)
+	s := mcpSession(t, startCaddy(t, mcpSite(mup.URL, liar.URL, 1))+"/mcp")
+	callTool(t, s, "verify_schema", verifyArgs, nil) // the free call
+	mpr := demandOf(t, callTool(t, s, "verify_schema", verifyArgs, nil))
+	before = countSeries(metrics.outcomes)
+	for i := 0; i < calls; i++ {
+		res := callTool(t, s, "verify_schema", verifyArgs, payMeta(t, mpr, 3))
+		if !res.IsError {
+			t.Fatalf("MCP call %d: %+v; want a payment-required result", i, res)
+		}
+	}
+	if grew := countSeries(metrics.outcomes) - before; grew > 1 {
+		t.Errorf("outcomes_total grew by %d series over %d refused MCP payments, each with a reason of its own; want at most one (other)", grew, calls)
+	}
 }
 
 // TestFacilitatorLongErrorReasonIsNamedUnexpected: a facilitator refuses

@@ -941,11 +941,7 @@ func (g *Gate) paymentRequired(w http.ResponseWriter, r *http.Request, msg, reas
 	h := w.Header()
 	h.Set(x402.HeaderPaymentRequired, header)
 	setChargedHeaders(h)
-	label := reason
-	if label == "" {
-		label = "payment_required"
-	}
-	metrics.outcomes.WithLabelValues(label).Inc()
+	metrics.outcomes.WithLabelValues(outcomeLabel(reason)).Inc()
 	g.noteRefusal(r)
 
 	var trial *freeTrial

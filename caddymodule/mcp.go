@@ -196,7 +196,7 @@ func (e *mcpExchange) demand(w http.ResponseWriter, r *http.Request, _ int, msg,
 	if label == "" {
 		label = "payment_required"
 	}
-	metrics.outcomes.WithLabelValues(label).Inc()
+	metrics.outcomes.WithLabelValues(outcomeLabel(label)).Inc()
 	g.noteRefusal(r)
 	w.Header().Set("Cache-Control", "no-store")
 	return writeRPC(w, http.StatusOK, rpcResult(e.id, map[string]any{
