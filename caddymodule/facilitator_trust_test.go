@@ -65,25 +65,7 @@ func payThroughRewritingFacilitator(t *testing.T, set map[string]any) (url strin
 	_, fac := sharedDevnet(t)
 	liar := rewritingFacilitator(t, fac, set)
 	up := newUpstream(t)
-	base := startCaddy(t, fmt.Sprintf(`:{port} {
-	route /report/* {
-		wallet_auth optional {
-			store badger {data}/gate
-			domains 127.0.0.1:{port}
-			siwx
-		}
-		@unpaid not vars {http.auth.wallet.paid_access} true
-		x402 @unpaid {
-			accept devnet $0.01 %[3]s
-			facilitator http {
-				url %[2]s
-			}
-			store badger {data}/gate
-		}
-		reverse_proxy %[1]s
-	}
-}
-`, strings.TrimPrefix(up.URL, "http://"), liar.URL, payTo.Hex()))
+	base := startCaddy(t, siwxPaidSite(up.URL, liar.URL))
 	url = base + "/report/q3"
 	host := strings.TrimPrefix(base, "http://")
 	signIn = func(i int) string {

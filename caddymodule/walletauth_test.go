@@ -414,13 +414,11 @@ func TestFreeAllowancePerWallet(t *testing.T) {
 	}
 }
 
-// TestSignInWithXGrantsWhatWasPaid: a wallet that paid for a path once is
-// let through the gate by a sign-in-with-x proof; another wallet, an
-// unpaid path or a replayed proof is not.
-func TestSignInWithXGrantsWhatWasPaid(t *testing.T) {
-	_, fac := sharedDevnet(t)
-	up := walletUpstream(t)
-	base := startCaddy(t, fmt.Sprintf(`:{port} {
+// siwxPaidSite is a site whose /report/* route lets a wallet that paid for
+// a path in through sign-in-with-x, and asks everyone else to pay through
+// the facilitator at facURL, with upstream behind.
+func siwxPaidSite(upstream, facURL string) string {
+	return fmt.Sprintf(`:{port} {
 	route /report/* {
 		wallet_auth optional {
 			store badger {data}/gate
@@ -438,7 +436,16 @@ func TestSignInWithXGrantsWhatWasPaid(t *testing.T) {
 		reverse_proxy %[1]s
 	}
 }
-`, strings.TrimPrefix(up.URL, "http://"), fac, payTo.Hex()))
+`, strings.TrimPrefix(upstream, "http://"), facURL, payTo.Hex())
+}
+
+// TestSignInWithXGrantsWhatWasPaid: a wallet that paid for a path once is
+// let through the gate by a sign-in-with-x proof; another wallet, an
+// unpaid path or a replayed proof is not.
+func TestSignInWithXGrantsWhatWasPaid(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := walletUpstream(t)
+	base := startCaddy(t, siwxPaidSite(up.URL, fac))
 	url := base + "/report/q3"
 	host := strings.TrimPrefix(base, "http://")
 	signIn := func(i int, uri string) string {
