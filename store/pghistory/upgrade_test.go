@@ -63,6 +63,25 @@ func TestOpenWaitsForAnUpgrade(t *testing.T) {
 	}
 }
 
+// schema1DB is a fresh database with the version 1 schema, as a deployed
+// database has it, and a connection to it (closed when the test ends).
+func schema1DB(t *testing.T) (dsn string, conn *pgx.Conn) {
+	t.Helper()
+	ctx := context.Background()
+	dsn = freshDB(t, servers.StartPostgres(t))
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(ctx) })
+	for _, s := range schemaV1 {
+		if _, err := conn.Exec(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dsn, conn
+}
+
 // schemaV1 is the version 1 schema, as a deployed database has it.
 var schemaV1 = []string{
 	`CREATE TABLE aov_schema_version (version integer NOT NULL)`,
@@ -88,19 +107,8 @@ func TestSchema1UpgradeScales(t *testing.T) {
 		rows, _ = strconv.Atoi(s)
 	}
 	const bound = 500 * time.Millisecond
-	srv := servers.StartPostgres(t)
-	dsn := freshDB(t, srv)
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	for _, s := range schemaV1 {
-		if _, err := conn.Exec(ctx, s); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dsn, conn := schema1DB(t)
 	at := time.Date(2026, 11, 29, 22, 6, 45, 0, time.UTC)
 	if _, err := conn.CopyFrom(ctx, pgx.Identifier{"aov_verifications"}, []string{"id", "at_ns", "agent_id", "record"},
 		pgx.CopyFromFunc(func() func() ([]any, error) {
@@ -215,19 +223,8 @@ SELECT count(*) FROM ins`
 // flagged as its record says, as the upgrade flagged the ones before it,
 // so the counts and the authenticated index agree.
 func TestSchema1InstancesWriteFlaggedRecordsAfterTheUpgrade(t *testing.T) {
-	srv := servers.StartPostgres(t)
-	dsn := freshDB(t, srv)
 	ctx := context.Background()
-	old, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer old.Close(ctx)
-	for _, s := range schemaV1 {
-		if _, err := old.Exec(ctx, s); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dsn, old := schema1DB(t)
 	at := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	want := map[string]bool{}
 	write := func(id, agent string, auth bool) {
