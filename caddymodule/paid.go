@@ -406,9 +406,10 @@ func (p *paidCharge) settleOnce(w http.ResponseWriter, r *http.Request, held *bu
 // with an Error. Its errorMessage, free text, goes to the log only.
 func (p *paidCharge) settledAs(sr *x402.SettleResponse) {
 	told := toldSettlement(*sr, p.pay.PaymentPayload, p.offer.Network)
-	// An EVM address's letter case is a checksum. A payload that names no
-	// payer the gate can read (payer "") leaves none to tell, or record.
-	otherPayer := sr.Payer != "" && told.Payer != "" && sr.Payer != told.Payer && !(x402.IsEVM(told.Network) && strings.EqualFold(sr.Payer, told.Payer))
+	// An EVM address's letter case is a checksum (store.SameWallet). A
+	// payload that names no payer the gate can read (payer "") leaves none
+	// to tell, or record.
+	otherPayer := sr.Payer != "" && told.Payer != "" && !store.SameWallet(sr.Payer, told.Payer)
 	if otherPayer || (sr.Network != "" && sr.Network != told.Network) {
 		p.g.logger.Error("the facilitator's settle reply names another payer or network than the payment's: the payment's are used",
 			zap.Bool("success", sr.Success), zap.String("transaction", sr.Transaction), zap.String("payer", told.Payer), zap.String("network", told.Network),
