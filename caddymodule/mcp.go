@@ -248,7 +248,7 @@ func (e *mcpExchange) toolError(w http.ResponseWriter, r *http.Request, ae *apie
 // was a success, and must not charge for it either. Such an answer is the
 // tool server's fault, not the buyer's (answerUnreadable).
 //
-// Free and paid calls read the answer one way (toolSucceeded): with exact
+// Free and paid calls read the answer one way (judgeAnswer): with exact
 // member names, as the buyer's client reads it. encoding/json's struct
 // matching takes a field in any letter case and keeps the last, so
 // {"isError":true,"IsError":false} would be a success to a struct and an
@@ -297,7 +297,7 @@ func (e *mcpExchange) billable(bw *bufferedWriter) bool {
 // of a multi-round-trip call) to what the buyer's SDK client reads of it,
 // and nothing else: its jsonrpc, the call's id, and either its error
 // (appendRPCError) or a result rebuilt by unchargedResult.
-// toolSucceeded judges the answer by exact member names, as the SDK reads
+// judgeAnswer judges the answer by exact member names, as the SDK reads
 // it; a member it does not read (a case twin "Result", "Content" or
 // "StructuredContent", which encoding/json's struct decoding takes for the
 // exact one, or a "Message" inside an input request) could carry the
@@ -337,7 +337,7 @@ func handOverUncharged(bw *bufferedWriter, id json.RawMessage, a rpcAnswer) erro
 // surfaces that error as its call's error and reads nothing else of an
 // error status, but a client reading the raw answer would take a result
 // there (the tool's content, a forged x402 payment response) uncharged,
-// and toolSucceeded's judgement, which handOverUncharged relies on, is no
+// and judgeAnswer's judgement, which handOverUncharged relies on, is no
 // guard here: the status alone decides. Any other body (the SDK server's
 // plain-text errors, a 404's "session not found" among them, which the
 // client reads by status) is handed over as the tool server sent it: it
@@ -619,7 +619,7 @@ func hasMediaType(h http.Header, want string) bool {
 	return err == nil && mt == want
 }
 
-// toolSucceeded reports whether a JSON-RPC answer is a successful tool
+// judgeAnswer reports whether a JSON-RPC answer is a successful tool
 // result of the call whose id the gate read as id: an answer the buyer's
 // MCP client (the official SDK's jsonrpc2 decoder, its wait for the call's
 // answer and its CallToolResult decoding) takes as this call's result,
@@ -645,13 +645,8 @@ func hasMediaType(h http.Header, want string) bool {
 // FuzzToolSucceeded holds it to that, and to the SDK's decoder) without
 // decoding it; the result is read as the SDK's own type decodes it
 // (readToolResult), the one reading of it that cannot drift from the
-// client's.
-func toolSucceeded(body []byte, id json.RawMessage) (ok, interim bool, err error) {
-	_, ok, interim, err = judgeAnswer(body, id)
-	return ok, interim, err
-}
-
-// judgeAnswer is toolSucceeded, and the answer's members as it read them.
+// client's. a is the answer's members as it read them, which
+// handOverUncharged and dropToolX402Meta write from.
 func judgeAnswer(body []byte, id json.RawMessage) (a rpcAnswer, ok, interim bool, err error) {
 	a, err = readAnswer(body)
 	switch {

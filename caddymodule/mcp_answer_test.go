@@ -21,6 +21,12 @@ import (
 	"github.com/aovhq/aov/store"
 )
 
+// toolSucceeded is judgeAnswer's verdict alone, what these tests check.
+func toolSucceeded(body []byte, id json.RawMessage) (ok, interim bool, err error) {
+	_, ok, interim, err = judgeAnswer(body, id)
+	return ok, interim, err
+}
+
 // answerMembersReference is the reading toolSucceeded must agree with:
 // encoding/json into maps of raw members (exact names, the last of
 // duplicates, as JSON.parse and the MCP SDKs read them), with the rules by

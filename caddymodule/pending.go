@@ -956,7 +956,7 @@ func reportRequest(bw *bufferedWriter) (path, id string) {
 // carries that document (result.structuredContent.verification_id); ""
 // when the answer is not JSON or names none as a non-empty string.
 //
-// It reads the answer as toolSucceeded does: exact names, the last of
+// It reads the answer as judgeAnswer does: exact names, the last of
 // duplicates (as JSON.parse keeps them), found by a walk and the answer
 // checked to be JSON once, without decoding it. FuzzAnswerVerificationID
 // holds it to encoding/json's reading into maps of raw members. Every paid
