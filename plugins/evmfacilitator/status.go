@@ -215,13 +215,13 @@ func keepTransfers(l *types.Log, logs []types.Log) nonceUse {
 	return u
 }
 
-// judge judges authorization a (of the nonce u is about) as judgeReceipt
-// judges a receipt: cancelled is never; used, it paid only when the
-// token's next log, the one right after the nonce's in the block, is a's
-// Transfer(from, payTo, value); a matching Transfer elsewhere in the
-// transaction is an error (it may be another payment's, and the money may
-// have moved); otherwise never. A transaction that failed has no logs, so
-// none is found.
+// judge judges authorization a (of the nonce u is about), from the logs
+// eth_getLogs found or from its transaction's receipt (judgeReceipt):
+// cancelled is never; used, it paid only when the token's next log, the
+// one right after the nonce's in the block, is a's Transfer(from, payTo,
+// value); a matching Transfer elsewhere in the transaction is an error (it
+// may be another payment's, and the money may have moved); otherwise
+// never. A transaction that failed has no logs, so none is found.
 func (u nonceUse) judge(token common.Address, a x402.AuthorizationValues) (x402.SettlementStatus, error) {
 	if u.log.Topics[0] == authorizationCanceledEventID {
 		return never(), nil
@@ -250,31 +250,29 @@ func never() x402.SettlementStatus {
 
 // judgeReceipt judges an authorization by a receipt that may carry its
 // nonce's AuthorizationUsed or AuthorizationCanceled log (found false when
-// it carries neither). A used nonce paid only when the token's next log is
-// the Transfer(from, payTo, value) the authorization made (EIP-3009 and
-// USDC emit AuthorizationUsed, then the Transfer): a matching Transfer
-// elsewhere in the transaction may be another payment's, and one transfer
-// must not settle two. Such a Transfer that cannot be attributed is an
-// error (the money may have moved), not a release.
+// it carries neither), as nonceUse.judge judges the same logs read by
+// eth_getLogs: one judge, so that a settlement and every status reader
+// agree. Of a receipt already read, every Transfer from the payer is kept,
+// none is left undecided. A failed transaction that logged the nonce is an
+// error, not a judgement (a failed transaction has no logs).
 func judgeReceipt(r *types.Receipt, token common.Address, a x402.AuthorizationValues) (x402.SettlementStatus, bool, error) {
-	var st x402.SettlementStatus
-	for i, l := range r.Logs {
+	for _, l := range r.Logs {
 		if !isNonceLog(l, token, a) {
 			continue
 		}
-		switch {
-		case l.Topics[0] == authorizationCanceledEventID:
-			return never(), true, nil
-		case r.Status != types.ReceiptStatusSuccessful:
-			return st, true, fmt.Errorf("the transaction %s that used the nonce failed, yet logged it", r.TxHash.Hex())
-		case i+1 < len(r.Logs) && isTransfer(r.Logs[i+1], token, a):
-			return x402.SettlementStatus{State: x402.SettlementDone, Transaction: r.TxHash.Hex()}, true, nil
-		case hasTransfer(r, token, a):
-			return st, true, fmt.Errorf("the transaction %s used the nonce and carries a matching Transfer that is not the authorization's own", r.TxHash.Hex())
+		if r.Status != types.ReceiptStatusSuccessful {
+			return x402.SettlementStatus{}, true, fmt.Errorf("the transaction %s that used the nonce failed, yet logged it", r.TxHash.Hex())
 		}
-		return never(), true, nil
+		u := nonceUse{log: l}
+		for _, t := range r.Logs {
+			if t.Address == token && !t.Removed && len(t.Topics) == 3 && t.Topics[0] == transferEventID && t.Topics[1] == common.BytesToHash(a.From.Bytes()) {
+				u.transfers = append(u.transfers, *t)
+			}
+		}
+		st, err := u.judge(token, a)
+		return st, true, err
 	}
-	return st, false, nil
+	return x402.SettlementStatus{}, false, nil
 }
 
 // isNonceLog reports whether l is the token's AuthorizationUsed or

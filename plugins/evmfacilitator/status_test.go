@@ -371,56 +371,16 @@ func TestAuthorizationEventsAreUSDCs(t *testing.T) {
 	}
 }
 
-// judgeReceipt credits a used nonce only with the Transfer its
-// authorization made (the token's next log): a matching Transfer elsewhere
-// in the transaction may pay another authorization, and one transfer must
-// not settle two payments.
-func TestJudgeReceiptAttributesTheTransfer(t *testing.T) {
-	token := common.HexToAddress("0x5FbDB2315678afecb367f032d93F642f64180aa3")
-	from := crypto.PubkeyToAddress(payer.PublicKey)
-	a := x402.AuthorizationValues{From: from, To: payee, Value: big.NewInt(20000), Nonce: [32]byte{1}}
-	addr := func(x common.Address) common.Hash { return common.BytesToHash(x.Bytes()) }
-	used := &types.Log{Address: token, Topics: []common.Hash{authorizationUsedEventID, addr(from), common.Hash(a.Nonce)}}
-	otherUsed := &types.Log{Address: token, Topics: []common.Hash{authorizationUsedEventID, addr(from), {2}}}
-	canceled := &types.Log{Address: token, Topics: []common.Hash{authorizationCanceledEventID, addr(from), common.Hash(a.Nonce)}}
-	transfer := func(to common.Address, v int64) *types.Log {
-		return &types.Log{Address: token, Topics: []common.Hash{transferEventID, addr(from), addr(to)}, Data: common.LeftPadBytes(big.NewInt(v).Bytes(), 32)}
-	}
-	pays := transfer(payee, 20000)
-	for _, tc := range []struct {
-		desc   string
-		status uint64
-		logs   []*types.Log
-		found  bool
-		state  x402.SettlementState
-		err    bool
-	}{
-		{"its own transfer", 1, []*types.Log{used, pays}, true, x402.SettlementDone, false},
-		{"cancelled", 1, []*types.Log{canceled}, true, x402.SettlementNever, false},
-		{"spent on a worthless transfer", 1, []*types.Log{used, transfer(from, 0)}, true, x402.SettlementNever, false},
-		{"spent paying less", 1, []*types.Log{used, transfer(payee, 1)}, true, x402.SettlementNever, false},
-		{"spent, with another authorization's payment beside", 1, []*types.Log{used, transfer(from, 0), otherUsed, pays}, true, 0, true},
-		{"a failed transaction", 0, []*types.Log{used, pays}, true, 0, true},
-		{"not the nonce's transaction", 1, []*types.Log{otherUsed, pays}, false, 0, false},
-	} {
-		t.Run(tc.desc, func(t *testing.T) {
-			st, found, err := judgeReceipt(&types.Receipt{Status: tc.status, Logs: tc.logs}, token, a)
-			if found != tc.found || (err != nil) != tc.err || (!tc.err && st.State != tc.state) {
-				t.Fatalf("got %+v found %v err %v", st, found, err)
-			}
-			if err != nil && st.State == x402.SettlementDone {
-				t.Fatal("done with an error")
-			}
-		})
-	}
-}
-
-// A used nonce's transaction is judged by the token's logs as
-// judgeReceipt judges its receipt (the same cases), from what findNonceUse
-// keeps of them: the nonce's log and the Transfers from the payer in its
-// transaction. One with more such Transfers than it keeps, none of them
-// the authorization's own, is undecided, never a refusal.
-func TestNonceUseJudgesAsItsReceiptWould(t *testing.T) {
+// A used nonce's transaction is judged by one judge, whether from its
+// receipt (judgeReceipt) or from the token's logs (findNonceUse keeps the
+// nonce's log and the Transfers from the payer in its transaction): it paid
+// only with the Transfer its authorization made, the token's next log; a
+// matching Transfer elsewhere in the transaction may pay another
+// authorization, and one transfer must not settle two payments, so it is an
+// error, never a refusal. From the logs, a transaction with more Transfers
+// from the payer than are kept, none the authorization's own, is undecided
+// too; its receipt, read whole, decides it.
+func TestOneJudgeOfAUsedNonce(t *testing.T) {
 	token := common.HexToAddress("0x5FbDB2315678afecb367f032d93F642f64180aa3")
 	from := crypto.PubkeyToAddress(payer.PublicKey)
 	a := x402.AuthorizationValues{From: from, To: payee, Value: big.NewInt(20000), Nonce: [32]byte{1}}
@@ -436,37 +396,65 @@ func TestNonceUseJudgesAsItsReceiptWould(t *testing.T) {
 	for range maxOtherTransfers + 1 {
 		many = append(many, transfer(from, 0))
 	}
+	const (
+		never = x402.SettlementNever
+		done  = x402.SettlementDone
+		fails = x402.SettlementState(-1) // an error, no judgement
+		none  = x402.SettlementState(-2) // the receipt is not the nonce's
+		nolog = x402.SettlementState(-3) // no nonce log for eth_getLogs to find
+	)
 	for _, tc := range []struct {
-		desc  string
-		logs  []types.Log // one transaction's, in order; the first is the nonce's
-		state x402.SettlementState
-		err   bool
+		desc          string
+		failed        bool        // the transaction failed
+		logs          []types.Log // one transaction's, in order
+		receipt, gets x402.SettlementState
 	}{
-		{"its own transfer", []types.Log{used, pays}, x402.SettlementDone, false},
-		{"cancelled", []types.Log{canceled}, x402.SettlementNever, false},
-		{"spent on a worthless transfer", []types.Log{used, transfer(from, 0)}, x402.SettlementNever, false},
-		{"spent paying less", []types.Log{used, transfer(payee, 1)}, x402.SettlementNever, false},
-		{"spent, with another authorization's payment beside", []types.Log{used, transfer(from, 0), otherUsed, pays}, 0, true},
-		{"spent, with more transfers from the payer than are kept", many, 0, true},
-		{"spent, with as many transfers as are kept", many[:len(many)-1], x402.SettlementNever, false},
+		{"its own transfer", false, []types.Log{used, pays}, done, done},
+		{"cancelled", false, []types.Log{canceled}, never, never},
+		{"spent on a worthless transfer", false, []types.Log{used, transfer(from, 0)}, never, never},
+		{"spent paying less", false, []types.Log{used, transfer(payee, 1)}, never, never},
+		{"spent, with another authorization's payment beside", false, []types.Log{used, transfer(from, 0), otherUsed, pays}, fails, fails},
+		{"spent, with more transfers from the payer than are kept", false, many, never, fails},
+		{"spent, with as many transfers as are kept", false, many[:len(many)-1], never, never},
+		{"a failed transaction", true, []types.Log{used, pays}, fails, nolog},
+		{"not the nonce's transaction", false, []types.Log{otherUsed, pays}, none, nolog},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			tx := common.Hash{9}
+			logs := make([]*types.Log, len(tc.logs))
 			var block []types.Log // the block's Transfers from the payer, as eth_getLogs answers
 			for i, l := range tc.logs {
 				l.TxHash, l.Index = tx, uint(10+i)
-				tc.logs[i] = l
+				logs[i] = &l
 				if l.Topics[0] == transferEventID {
 					block = append(block, l)
 				}
 			}
 			block = append(block, types.Log{Address: token, Topics: pays.Topics, Data: pays.Data, TxHash: common.Hash{8}, Index: 11}) // another transaction's
-			st, err := keepTransfers(&tc.logs[0], block).judge(token, a)
-			if (err != nil) != tc.err || (!tc.err && st.State != tc.state) {
-				t.Fatalf("got %+v, err %v", st, err)
+			check := func(judge string, want x402.SettlementState, st x402.SettlementStatus, found bool, err error) {
+				t.Helper()
+				var got x402.SettlementState
+				switch {
+				case !found:
+					got = none
+				case err != nil:
+					got = fails
+				default:
+					got = st.State
+				}
+				if got != want || (got == done && st.Transaction != tx.Hex()) {
+					t.Errorf("by its %s: got %+v found %v err %v", judge, st, found, err)
+				}
 			}
-			if st.State == x402.SettlementDone && st.Transaction != tx.Hex() {
-				t.Fatalf("done naming %s, want %s", st.Transaction, tx.Hex())
+			status := types.ReceiptStatusSuccessful
+			if tc.failed {
+				status = types.ReceiptStatusFailed
+			}
+			st, found, err := judgeReceipt(&types.Receipt{Status: status, Logs: logs, TxHash: tx}, token, a)
+			check("receipt", tc.receipt, st, found, err)
+			if tc.gets != nolog {
+				st, err := keepTransfers(logs[0], block).judge(token, a)
+				check("logs", tc.gets, st, true, err)
 			}
 		})
 	}
