@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aovhq/aov/keystore"
 	"github.com/aovhq/aov/receipt"
 	"github.com/aovhq/aov/signer"
 )
@@ -509,6 +510,66 @@ func TestServeNeverReadsARetiredKey(t *testing.T) {
 	}
 	if err := receipt.VerifyReceipt(signed, set, ""); err != nil {
 		t.Fatalf("a k2 receipt against the card: %v", err)
+	}
+}
+
+// TestServeOnAnIndexOlderThanItsKeysSignsNothing: certd started where a
+// key file is newer than the index (here the index restored from a backup
+// older than the last rotation) says so at start naming the file, serves
+// the card and answers 503 to signing; moving the file out resumes signing
+// without a restart.
+func TestServeOnAnIndexOlderThanItsKeysSignsNothing(t *testing.T) {
+	keys := filepath.Join(shortDir(t), "keys")
+	if out, errOut, code := certd(t, "rotate", "-keys", keys); code != 0 {
+		t.Fatalf("rotate: %s %s", out, errOut)
+	}
+	backup, err := os.ReadFile(filepath.Join(keys, keystore.IndexFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, errOut, code := certd(t, "rotate", "-keys", keys); code != 0 {
+		t.Fatalf("rotate: %s %s", out, errOut)
+	}
+	if err := os.WriteFile(filepath.Join(keys, keystore.IndexFile), backup, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(shortDir(t), "certd.sock")
+	d := startServe(t, "-keys", keys, "-sign-socket", sock, "-public-listen", "127.0.0.1:0")
+	d.mu.Lock()
+	var said string
+	for _, l := range d.logs {
+		if l["msg"] == "not signing until the key directory is put right; the agent card is served" && l["level"] == "ERROR" {
+			said, _ = l["error"].(string)
+		}
+	}
+	d.mu.Unlock()
+	for _, want := range []string{"k2.key", "restore the newest one", "move the file out of the directory"} {
+		if !strings.Contains(said, want) {
+			t.Errorf("the start's error log %q does not say %q", said, want)
+		}
+	}
+	card, _ := fetchCard(t, d.publicAddr)
+	if set, err := receipt.KeysFromCard(card); err != nil || set.Current() != "k1" {
+		t.Fatalf("card: current %q, %v; want the index's k1", set.Current(), err)
+	}
+	c := signer.NewClient(signer.ClientConfig{Socket: sock})
+	if _, err := signedResponse(t, c, "k1"); err == nil {
+		t.Fatal("certd signed with k1 while k2.key is newer than the index")
+	}
+	resp, err := http.Get("http://" + d.publicAddr + "/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("/health while k2.key is newer than the index: %d; want 503", resp.StatusCode)
+	}
+
+	if err := os.Rename(filepath.Join(keys, "k2.key"), filepath.Join(shortDir(t), "k2.key")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := signedResponse(t, c, "k1"); err != nil {
+		t.Fatalf("signing once the file is moved out: %v", err)
 	}
 }
 

@@ -206,7 +206,15 @@ func openKeys(cfg serveConfig, log *slog.Logger) (*keystore.Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := keys.Current(); errors.Is(err, keystore.ErrNoKey) {
+	_, err = keys.Current()
+	if err != nil && !errors.Is(err, keystore.ErrNoKey) {
+		// A key file newer than the index (keystore.NewerKeyFilesError):
+		// certd serves the card of the history the index holds and signs
+		// nothing until the operator puts the directory right; said at
+		// start, not only on the first signature.
+		log.Error("not signing until the key directory is put right; the agent card is served", "error", err)
+	}
+	if errors.Is(err, keystore.ErrNoKey) {
 		if !cfg.dev || len(keys.List()) > 0 {
 			return nil, fmt.Errorf("no current signing key in %s: create one with `certd rotate -keys %s` (or start with -dev to generate a development key)", cfg.keysDir, cfg.keysDir)
 		}

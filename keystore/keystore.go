@@ -144,6 +144,12 @@ type Store struct {
 	// a change failed); nil when it is. While it is set, Current refuses
 	// and every Refresh tries again. See reloadLocked.
 	broken error
+	// checkNewer is whether a load still looks for key files newer than
+	// the index (see NewerKeyFilesError): set by Open for a store that
+	// signs, cleared by the first load that finds a non-empty index and
+	// none, so a rotation's key file, written just before its index, never
+	// stops a running process.
+	checkNewer bool
 
 	watch *watch // nil: Refresh stats the index every time
 }
@@ -184,12 +190,15 @@ func Open(dir string, opts Options) (*Store, error) {
 	}
 	// Microseconds, like every timestamp of a receipt: enough to order a
 	// compromise against receipts, and readable.
-	s := &Store{dir: dir, publicOnly: opts.PublicOnly, currentOnly: opts.CurrentOnly, now: func() time.Time { return now().UTC().Truncate(time.Microsecond) }}
+	s := &Store{dir: dir, publicOnly: opts.PublicOnly, currentOnly: opts.CurrentOnly, checkNewer: !opts.PublicOnly, now: func() time.Time { return now().UTC().Truncate(time.Microsecond) }}
 	if opts.Watch {
 		// Before the first load: a change from then on is an event.
 		s.attachWatch()
 	}
-	if err := s.Reload(); err != nil {
+	// Key files newer than the index open all the same, with signing
+	// stopped: the card can still publish the history the index holds.
+	var newer *NewerKeyFilesError
+	if err := s.Reload(); err != nil && !errors.As(err, &newer) {
 		s.Close()
 		return nil, err
 	}
@@ -228,7 +237,8 @@ func current(keys []Key) (Key, error) {
 // After a failed reload it is the history of the newest index that could be
 // read: the new index itself when only a private key file failed (so a
 // rotation or compromise mark is published even while signing stops),
-// otherwise the keys loaded before.
+// otherwise (an index that cannot be read, or that takes back part of the
+// history loaded: see checkGrowth) the keys loaded before.
 func (s *Store) List() []Key {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
@@ -527,8 +537,108 @@ func (s *Store) loadLocked() error {
 		k.Compromised = e.CompromisedSince != ""
 		keys = append(keys, k)
 	}
+	if err := s.checkGrowth(keys); err != nil {
+		return err
+	}
 	s.keys, s.seen = keys, fi
-	return keyErr
+	if keyErr != nil {
+		return keyErr
+	}
+	if s.checkNewer && len(idx.Keys) > 0 {
+		if err := s.newerKeyFiles(idx); err != nil {
+			return err
+		}
+		s.checkNewer = false
+	}
+	return nil
+}
+
+// checkGrowth refuses an index that takes back part of the key history
+// the store has loaded (s.keys), so that within a running process the
+// history only grows: every version loaded stays, with its public key and
+// created_at, a retirement stays as it was, and a compromise mark stays
+// or moves earlier. Retiring a key, marking one, moving a mark earlier
+// and adding versions are what rotate and compromise write, and load.
+//
+// An index that takes something back is most often one restored from a
+// backup older than the last rotation: loading it would sign again with a
+// key the newer history retired (receipts verifiers then refuse as dated
+// after its retirement) and drop from the card keys whose receipts must
+// stay verifiable. So the reload fails like any other: nothing signs and
+// the card keeps the history loaded before until the index holds it again.
+// A restart loads whatever the index holds, for a change that is meant.
+func (s *Store) checkGrowth(next []Key) error {
+	var dropped, changed []string
+	for _, h := range s.keys {
+		n, ok := findKey(next, h.Version)
+		var what string
+		switch {
+		case !ok:
+			dropped = append(dropped, h.Version)
+			continue
+		case !n.Public.Equal(h.Public):
+			what = "gives key " + h.Version + " another public_key"
+		case !n.CreatedAt.Equal(h.CreatedAt):
+			what = fmt.Sprintf("changes the created_at of key %s from %s to %s", h.Version, formatTime(h.CreatedAt), formatTime(n.CreatedAt))
+		case !h.RetiredAt.IsZero() && n.RetiredAt.IsZero():
+			what = fmt.Sprintf("no longer retires key %s (retired at %s)", h.Version, formatTime(h.RetiredAt))
+		case !h.RetiredAt.IsZero() && !n.RetiredAt.Equal(h.RetiredAt):
+			what = fmt.Sprintf("changes the retired_at of key %s from %s to %s", h.Version, formatTime(h.RetiredAt), formatTime(n.RetiredAt))
+		case h.Compromised && !n.Compromised:
+			what = fmt.Sprintf("no longer marks key %s compromised (since %s)", h.Version, formatTime(h.CompromisedSince))
+		case h.Compromised && n.CompromisedSince.After(h.CompromisedSince):
+			what = fmt.Sprintf("moves the compromise mark of key %s later, from %s to %s", h.Version, formatTime(h.CompromisedSince), formatTime(n.CompromisedSince))
+		default:
+			continue
+		}
+		changed = append(changed, what)
+	}
+	if len(dropped) > 0 {
+		changed = append([]string{"no longer names key " + strings.Join(dropped, ", ")}, changed...)
+	}
+	if len(changed) > 0 {
+		return fmt.Errorf("refusing the key index %s: it %s, unlike the index this process loaded before; "+
+			"while a process runs its key history only grows (an index that takes part of it back is usually restored from a backup older than the last rotation, "+
+			"and would sign with a key the newer history retired and drop keys whose receipts must stay verifiable). "+
+			"Nothing is signed and the agent card keeps the history loaded before: put the newest index back (the next request loads it), "+
+			"or, if the change is meant, restart the process", filepath.Join(s.dir, IndexFile), strings.Join(changed, "; it "))
+	}
+	return nil
+}
+
+// newerKeyFiles reports, as a *NewerKeyFilesError, key files in the
+// directory numbered above the newest version idx names.
+func (s *Store) newerKeyFiles(idx index) error {
+	newest := 0
+	for _, e := range idx.Keys {
+		n, _ := versionNumber(e.Version) // checked by readIndex
+		newest = max(newest, n)
+	}
+	newer, err := s.strayKeyFiles(idx, newest)
+	if err != nil || len(newer) == 0 {
+		return err
+	}
+	return &NewerKeyFilesError{Stray: StrayKeyFilesError{Dir: s.dir, Files: newer}, Newest: "k" + strconv.Itoa(newest)}
+}
+
+// NewerKeyFilesError stops signing in a process that starts on a key
+// directory holding key files numbered above the newest version its index
+// names. That is the trace of a newer index: this one was restored from an
+// older backup, and the key it makes current may have been retired since
+// (receipts it signed now would be refused once the newest index is back);
+// or of a rotation interrupted before it wrote the index (that key never
+// signed). The store cannot tell which, so it does not sign until the
+// operator decides, and says how; the card publishes the history the index
+// holds meanwhile. It is looked for when a process starts only: a running
+// one has loaded the newest index it saw, and checkGrowth keeps it.
+type NewerKeyFilesError struct {
+	Stray  StrayKeyFilesError
+	Newest string // the newest version the index names
+}
+
+func (e *NewerKeyFilesError) Error() string {
+	return fmt.Sprintf("not signing: %s, newer than %s, the newest key it names, so the index may be older than the keys. %s. The next request checks again; no restart is needed",
+		e.Stray.found(), e.Newest, e.Stray.fix())
 }
 
 func findKey(keys []Key, version string) (Key, bool) {
@@ -758,7 +868,7 @@ func (s *Store) addKey(idx *index, now time.Time) (Key, error) {
 			next = n + 1
 		}
 	}
-	if stray, err := s.strayKeyFiles(*idx); err != nil {
+	if stray, err := s.strayKeyFiles(*idx, 0); err != nil {
 		return Key{}, err
 	} else if len(stray) > 0 {
 		return Key{}, &StrayKeyFilesError{Dir: s.dir, Files: stray}
@@ -787,9 +897,9 @@ func (s *Store) addKey(idx *index, now time.Time) (Key, error) {
 	return Key{Version: version, Private: priv, Public: pub, CreatedAt: now}, nil
 }
 
-// strayKeyFiles lists the key files (k<n>.key) in the directory that idx
-// does not name, in version order.
-func (s *Store) strayKeyFiles(idx index) ([]string, error) {
+// strayKeyFiles lists the key files (k<n>.key, n > above) in the directory
+// that idx does not name, in version order.
+func (s *Store) strayKeyFiles(idx index, above int) ([]string, error) {
 	entries, err := os.ReadDir(s.dir)
 	if err != nil {
 		return nil, fmt.Errorf("listing the key directory: %w", err)
@@ -806,7 +916,7 @@ func (s *Store) strayKeyFiles(idx index) ([]string, error) {
 	for _, d := range entries {
 		v, ok := strings.CutSuffix(d.Name(), ".key")
 		n, err := versionNumber(v)
-		if ok && err == nil && !named[v] {
+		if ok && err == nil && n > above && !named[v] {
 			stray = append(stray, file{n, d.Name()})
 		}
 	}
@@ -836,13 +946,17 @@ func (e *StrayKeyFilesError) Error() string {
 }
 
 func (e *StrayKeyFilesError) problem() string {
+	return e.found() + ", and a new key must never take the name of an existing one"
+}
+
+// found names the files and what is wrong with them.
+func (e *StrayKeyFilesError) found() string {
 	list := e.Files
 	more := ""
 	if len(list) > 5 {
 		list, more = list[:5], fmt.Sprintf(" (+%d more)", len(e.Files)-5)
 	}
-	return fmt.Sprintf("%s holds %s%s, which %s does not name, and a new key must never take the name of an existing one",
-		e.Dir, strings.Join(list, ", "), more, IndexFile)
+	return fmt.Sprintf("%s holds %s%s, which %s does not name", e.Dir, strings.Join(list, ", "), more, IndexFile)
 }
 
 func (e *StrayKeyFilesError) fix() string {

@@ -1,0 +1,154 @@
+package agentcard
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/aovhq/aov/keystore"
+	"github.com/aovhq/aov/receipt"
+	"github.com/aovhq/aov/signer"
+)
+
+// The tests below run certd's two endpoints in process on one key
+// directory, as `certd serve` does: the signing handler and the card.
+
+// certdKeys opens dir as `certd serve` does (see openKeys there).
+func certdKeys(t *testing.T, dir string) *keystore.Store {
+	t.Helper()
+	s, err := keystore.Open(dir, keystore.Options{Watch: true, CurrentOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// certdEndpoints returns the signing handler and the card handler on keys.
+func certdEndpoints(t *testing.T, keys *keystore.Store) (sign, card http.Handler) {
+	t.Helper()
+	srv, err := signer.NewServer(signer.ServerConfig{Keys: keys})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := NewHandler(cfg, keys, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv, h
+}
+
+// signReceipt has the signing handler sign a verification response naming
+// kv, and returns the status and, on 200, the full receipt.
+func signReceipt(t *testing.T, srv http.Handler, kv string) (int, []byte) {
+	t.Helper()
+	at := time.Now().UTC().Format("2006-01-02T15:04:05.000000+00:00")
+	resp := []byte(`{"result":"pass","verified_at":"` + at + `","verify":{"key_version":"` + kv + `"}}`)
+	body, err := receipt.SigningInput(receipt.ContextVerify, kv, at, resp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := httptest.NewRequest(http.MethodPost, signer.PathSign, bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	rec := httptest.NewRecorder()
+	srv.ServeHTTP(rec, req)
+	if rec.Code != http.StatusOK {
+		return rec.Code, nil
+	}
+	var doc map[string]any
+	if err := json.Unmarshal(resp, &doc); err != nil {
+		t.Fatal(err)
+	}
+	doc["attestation"] = json.RawMessage(rec.Body.Bytes())
+	full, err := json.Marshal(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rec.Code, full
+}
+
+// servedKeys fetches the card and parses its keys as a verifier does.
+func servedKeys(t *testing.T, h http.Handler) receipt.KeySet {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/.well-known/agent-card.json", nil))
+	if rec.Code != http.StatusOK {
+		t.Fatalf("card: %d %s", rec.Code, rec.Body)
+	}
+	set, err := receipt.KeysFromCard(rec.Body.Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return set
+}
+
+// An index restored from a backup older than the last rotation, while
+// certd serves, would have it sign again with k2, which the history it
+// loaded retired (receipts a verifier refuses once the newest index is
+// back), and drop k3 from the card (k3's receipts stop verifying). certd
+// refuses that index: it signs nothing, the card keeps k3, and putting the
+// newest index back resumes signing with k3, every receipt verifying.
+func TestCertdRefusesAnIndexRestoredFromBeforeTheLastRotation(t *testing.T) {
+	dir := t.TempDir()
+	c := &clock{t: time.Now().UTC().Add(-3 * time.Hour)}
+	operator, err := keystore.Open(dir, keystore.Options{Now: c.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := operator.Generate(); err != nil {
+		t.Fatal(err)
+	}
+	c.t = c.t.Add(time.Hour)
+	if _, err := operator.Rotate(); err != nil { // k2
+		t.Fatal(err)
+	}
+	backup, err := os.ReadFile(filepath.Join(dir, keystore.IndexFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.t = c.t.Add(time.Hour)
+	if _, err := operator.Rotate(); err != nil { // k3; k2 retired an hour ago
+		t.Fatal(err)
+	}
+	newest, err := os.ReadFile(filepath.Join(dir, keystore.IndexFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	srv, card := certdEndpoints(t, certdKeys(t, dir))
+	code, k3Receipt := signReceipt(t, srv, "k3")
+	if code != http.StatusOK {
+		t.Fatalf("sign with k3: %d", code)
+	}
+
+	if err := os.WriteFile(filepath.Join(dir, keystore.IndexFile), backup, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range []string{"k2", "k3"} {
+		if code, _ := signReceipt(t, srv, kv); code != http.StatusServiceUnavailable {
+			t.Errorf("sign with %s after the restore: %d; want 503 until the newest index is back", kv, code)
+		}
+	}
+	if err := receipt.VerifyReceipt(k3Receipt, servedKeys(t, card), receipt.ContextVerify); err != nil {
+		t.Errorf("the card served after the restore does not verify a receipt k3 signed: %v", err)
+	}
+
+	if err := os.WriteFile(filepath.Join(dir, keystore.IndexFile), newest, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, again := signReceipt(t, srv, "k3")
+	if code != http.StatusOK {
+		t.Fatalf("sign with k3 once the newest index is back: %d", code)
+	}
+	set := servedKeys(t, card)
+	for _, r := range [][]byte{k3Receipt, again} {
+		if err := receipt.VerifyReceipt(r, set, receipt.ContextVerify); err != nil {
+			t.Errorf("a k3 receipt against the card: %v", err)
+		}
+	}
+}
