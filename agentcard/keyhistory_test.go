@@ -152,3 +152,70 @@ func TestCertdRefusesAnIndexRestoredFromBeforeTheLastRotation(t *testing.T) {
 		}
 	}
 }
+
+// -keys named through a symbolic link that is re-pointed (`ln -sfn keys.b
+// keys`, a release or restore swap) to a copy of the directory in which k1
+// is marked compromised: the next signature and card request see the
+// directory the link names now, so certd refuses k1 and the card names the
+// new current key.
+func TestCertdFollowsASymlinkedKeyDirectoryWhenItIsRepointed(t *testing.T) {
+	base := t.TempDir()
+	a, b, link := filepath.Join(base, "keys.a"), filepath.Join(base, "keys.b"), filepath.Join(base, "keys")
+	c := &clock{t: time.Now().UTC().Add(-2 * time.Hour)}
+	op, err := keystore.Open(a, keystore.Options{Now: c.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := op.Generate(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(b, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"k1.key", keystore.IndexFile} {
+		data, err := os.ReadFile(filepath.Join(a, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(b, f), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink("keys.a", link); err != nil {
+		t.Fatal(err)
+	}
+	srv, card := certdEndpoints(t, certdKeys(t, link))
+	if code, _ := signReceipt(t, srv, "k1"); code != http.StatusOK {
+		t.Fatalf("sign with k1: %d", code)
+	}
+
+	c.t = c.t.Add(time.Hour)
+	opB, err := keystore.Open(b, keystore.Options{Now: c.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := opB.MarkCompromised("k1", c.t.Add(-30*time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("keys.b", link+".tmp"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(link+".tmp", link); err != nil {
+		t.Fatal(err)
+	}
+
+	if code, _ := signReceipt(t, srv, "k1"); code == http.StatusOK {
+		t.Error("certd signed with k1, which the index -keys names now marks compromised")
+	}
+	code, k2Receipt := signReceipt(t, srv, "k2")
+	if code != http.StatusOK {
+		t.Fatalf("sign with k2, current in the directory -keys names now: %d", code)
+	}
+	set := servedKeys(t, card)
+	if set.Current() != "k2" {
+		t.Errorf("the card names current %q; the index -keys names now says k2", set.Current())
+	}
+	if err := receipt.VerifyReceipt(k2Receipt, set, receipt.ContextVerify); err != nil {
+		t.Errorf("a k2 receipt against the card: %v", err)
+	}
+}

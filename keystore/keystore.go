@@ -123,8 +123,9 @@ type Options struct {
 	// a change made by any process is still seen by the next Refresh after
 	// it (see watch). For a process that refreshes before every signature.
 	// Where the directory cannot be watched (another system, a network file
-	// system whose other clients the kernel does not hear from) every
-	// Refresh stats, as without it. Close ends the watch.
+	// system whose other clients the kernel does not hear from, a path
+	// through a symbolic link, which can be re-pointed without an event)
+	// every Refresh stats, as without it. Close ends the watch.
 	Watch bool
 }
 

@@ -1,7 +1,10 @@
 package keystore
 
 import (
+	"os"
+	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 )
 
@@ -18,23 +21,88 @@ import (
 // caller that finds no event (because another one has just taken it) can
 // only run after that reload: nobody signs with a key replaced before
 // their call began.
+//
+// The watch is on the directory the path named when it began, so it is
+// exact only while the path goes on naming that directory. A path with a
+// symbolic link on it can be re-pointed (`ln -sfn keys.new keys`) without
+// any event on the directory, so it is not watched at all: every Refresh
+// stats the index through the path, which follows the link as it is now.
+// A path without one can change only by a rename, removal or creation of
+// one of its components, so each directory along it is watched for those
+// of the one name in it that leads to the key directory (steps), and such
+// an event ends the watch. Watching the link as well would not be enough:
+// a link further up the path, or a link's target, can be re-pointed too.
 type watch struct {
 	mu sync.Mutex
 	// fd is the inotify instance, -1 once the watch has ended (the
-	// directory was moved or removed, the instance failed, or Close): then
-	// every Refresh stats, as without a watch.
+	// directory was moved or removed, a component of its path changed, the
+	// instance failed, or Close): then every Refresh stats, as without a
+	// watch.
 	fd int
+	// steps maps the watch of each directory along the path to the name in
+	// it that leads to the key directory (see pathSteps).
+	steps map[int32]string
 }
 
 // startWatch watches dir, or returns nil where it cannot (no inotify, a
-// network file system, the kernel's limit of instances reached): the
-// store then stats the index on every Refresh.
+// network file system, the kernel's limit of instances reached, a path
+// with a symbolic link or ".." on it): the store then stats the index on
+// every Refresh.
 func startWatch(dir string) *watch {
-	fd, err := openWatch(dir)
+	steps, ok := pathSteps(dir)
+	if !ok {
+		return nil
+	}
+	fd, wds, err := openWatch(dir, steps)
 	if err != nil {
 		return nil
 	}
-	return &watch{fd: fd}
+	w := &watch{fd: fd, steps: make(map[int32]string, len(steps))}
+	for i, st := range steps {
+		w.steps[wds[i]] = st.name
+	}
+	return w
+}
+
+// step is one component of a key directory's path: the directory that
+// holds it, and its name there.
+type step struct{ parent, name string }
+
+// pathSteps splits dir into its components ("data/keys": "data" in ".",
+// "keys" in "data"). A relative path starts at the working directory,
+// which is an open directory, not a path: renaming it or its parents does
+// not change what the path names. ok is false for a path with "..", whose
+// meaning changes when the directory holding it moves.
+func pathSteps(dir string) ([]step, bool) {
+	dir = filepath.Clean(dir)
+	parent, rest := ".", dir
+	if filepath.IsAbs(dir) {
+		parent, rest = string(filepath.Separator), dir[1:]
+	}
+	if rest == "" || rest == "." {
+		return nil, true
+	}
+	var steps []step
+	for _, name := range strings.Split(rest, string(filepath.Separator)) {
+		if name == ".." {
+			return nil, false
+		}
+		steps = append(steps, step{parent, name})
+		parent = filepath.Join(parent, name)
+	}
+	return steps, true
+}
+
+// noLinks reports whether no component of the path steps make is a
+// symbolic link (or missing).
+func noLinks(steps []step) bool {
+	for _, st := range steps {
+		fi, err := os.Lstat(filepath.Join(st.parent, st.name))
+		if err != nil || fi.Mode()&os.ModeSymlink != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // refresh is Store.Refresh through the watch: reload runs only when an
@@ -45,7 +113,7 @@ func (w *watch) refresh(reload func() (bool, error), broken func() bool) (bool, 
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.fd >= 0 {
-		events, alive := pollWatch(w.fd)
+		events, alive := pollWatch(w.fd, w.steps)
 		if !alive {
 			w.stopLocked()
 		}

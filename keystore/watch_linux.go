@@ -1,6 +1,7 @@
 package keystore
 
 import (
+	"bytes"
 	"errors"
 	"syscall"
 	"unsafe"
@@ -31,31 +32,57 @@ var remoteFileSystems = map[uint32]bool{
 	0x0bd00bd0: true, // Lustre
 }
 
-// openWatch starts an inotify watch of dir. The instance is non-blocking
-// and read only by poll, in the caller's goroutine: no thread waits on it.
-func openWatch(dir string) (int, error) {
+// stepEvents is every change that makes a name along the key directory's
+// path lead elsewhere: the entry renamed, removed or (after either)
+// created again, and the directory holding it going.
+const stepEvents = syscall.IN_CREATE | syscall.IN_DELETE | syscall.IN_MOVED_FROM | syscall.IN_MOVED_TO |
+	syscall.IN_DELETE_SELF | syscall.IN_MOVE_SELF
+
+// openWatch starts an inotify watch of dir and of each directory along its
+// path (steps), and reports the watch descriptor of each step. The
+// instance is non-blocking and read only by poll, in the caller's
+// goroutine: no thread waits on it.
+func openWatch(dir string, steps []step) (int, []int32, error) {
 	var fs syscall.Statfs_t
 	if err := syscall.Statfs(dir, &fs); err != nil {
-		return -1, err
+		return -1, nil, err
 	}
 	if remoteFileSystems[uint32(fs.Type)] {
-		return -1, errors.New("the key directory is on a network file system")
+		return -1, nil, errors.New("the key directory is on a network file system")
 	}
 	fd, err := syscall.InotifyInit1(syscall.IN_CLOEXEC | syscall.IN_NONBLOCK)
 	if err != nil {
-		return -1, err
+		return -1, nil, err
 	}
-	if _, err := syscall.InotifyAddWatch(fd, dir, dirEvents|syscall.IN_ONLYDIR); err != nil {
+	fail := func(err error) (int, []int32, error) {
 		syscall.Close(fd)
-		return -1, err
+		return -1, nil, err
 	}
-	return fd, nil
+	wds := make([]int32, len(steps))
+	for i, st := range steps {
+		wd, err := syscall.InotifyAddWatch(fd, st.parent, stepEvents|syscall.IN_ONLYDIR)
+		if err != nil {
+			return fail(err)
+		}
+		wds[i] = int32(wd)
+	}
+	// The path watched, a link put on it from now on is an event; none
+	// may be there already (see watch).
+	if !noLinks(steps) {
+		return fail(errors.New("the key directory's path holds a symbolic link"))
+	}
+	if _, err := syscall.InotifyAddWatch(fd, dir, dirEvents|syscall.IN_ONLYDIR|syscall.IN_DONT_FOLLOW); err != nil {
+		return fail(err)
+	}
+	return fd, wds, nil
 }
 
 // pollWatch drains the events queued on fd. It reports whether there were
 // any, and whether the watch still holds (false when the directory was
-// removed or moved, or the instance failed: the caller then stats instead).
-func pollWatch(fd int) (events, alive bool) {
+// removed or moved, a name along its path changed, or the instance
+// failed: the caller then stats instead). Events on the directories along
+// the path about other names than the one in steps are no change.
+func pollWatch(fd int, steps map[int32]string) (events, alive bool) {
 	// Room for one event with the longest name (the kernel refuses a read
 	// that cannot take the next event whole), small enough for the stack
 	// of the signing goroutine that calls this before every signature.
@@ -70,13 +97,21 @@ func pollWatch(fd int) (events, alive bool) {
 		case err != nil || n <= 0:
 			return true, false
 		}
-		events = true
 		for off := 0; off+syscall.SizeofInotifyEvent <= n; {
 			ev := (*syscall.InotifyEvent)(unsafe.Pointer(&buf[off]))
-			if ev.Mask&(syscall.IN_IGNORED|syscall.IN_DELETE_SELF|syscall.IN_MOVE_SELF|syscall.IN_UNMOUNT) != 0 {
+			name := buf[off+syscall.SizeofInotifyEvent : off+syscall.SizeofInotifyEvent+int(ev.Len)]
+			off += syscall.SizeofInotifyEvent + int(ev.Len)
+			if ev.Mask&(syscall.IN_IGNORED|syscall.IN_DELETE_SELF|syscall.IN_MOVE_SELF|syscall.IN_UNMOUNT|syscall.IN_Q_OVERFLOW) != 0 {
 				return true, false
 			}
-			off += syscall.SizeofInotifyEvent + int(ev.Len)
+			step, onPath := steps[ev.Wd]
+			if !onPath {
+				events = true // in the key directory
+				continue
+			}
+			if string(bytes.TrimRight(name, "\x00")) == step {
+				return true, false
+			}
 		}
 	}
 }

@@ -6,10 +6,10 @@ import "errors"
 
 // Without inotify every Refresh stats the index.
 
-func openWatch(string) (int, error) {
-	return -1, errors.New("watching a directory is implemented on Linux only")
+func openWatch(string, []step) (int, []int32, error) {
+	return -1, nil, errors.New("watching a directory is implemented on Linux only")
 }
 
-func pollWatch(int) (events, alive bool) { return true, false }
+func pollWatch(int, map[int32]string) (events, alive bool) { return true, false }
 
 func closeWatch(int) {}

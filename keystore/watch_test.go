@@ -5,8 +5,10 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // countStats counts Refresh's stats of the index while the test runs.
@@ -240,5 +242,150 @@ func TestClosedWatchFallsBackToStat(t *testing.T) {
 	}
 	if changed, err := serving.Refresh(); err != nil || !changed {
 		t.Fatalf("Refresh after Close and a rotation = %v, %v; want true", changed, err)
+	}
+}
+
+// compromisedCopy makes next a copy of the key directory cur in which k1
+// is then marked compromised (k2 current).
+func compromisedCopy(t *testing.T, c *clock, cur, next string) {
+	t.Helper()
+	if err := os.MkdirAll(next, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	copyFile(t, filepath.Join(cur, "k1.key"), filepath.Join(next, "k1.key"), 0o600)
+	copyFile(t, filepath.Join(cur, IndexFile), filepath.Join(next, IndexFile), 0o644)
+	c.Add(time.Hour)
+	if _, err := open(t, next, c).MarkCompromised("k1", c.Now().Add(-30*time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// repoint points the symbolic link link at target as `ln -sfn` does: a new
+// link renamed over the old one.
+func repoint(t *testing.T, link, target string) {
+	t.Helper()
+	if err := os.Symlink(target, link+".tmp"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(link+".tmp", link); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A key directory named through a symbolic link (the link itself, or one
+// further up the path) follows the link when it is re-pointed: the next
+// Refresh loads the directory the path names now, so a key its index marks
+// compromised stops signing at once.
+func TestRefreshFollowsASymlinkOnTheKeyPathWhenItIsRepointed(t *testing.T) {
+	for _, tc := range []struct{ name, linked, keys string }{
+		{"the key directory is the link", "keys", "keys"},
+		{"a directory above it is the link", "current", "current/keys"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			base := t.TempDir()
+			c := newClock()
+			a, b := filepath.Join(base, "release.a"), filepath.Join(base, "release.b")
+			inA := filepath.Join(a, "keys")
+			if tc.linked == "keys" {
+				inA = a
+			}
+			if _, err := open(t, inA, c).Generate(); err != nil {
+				t.Fatal(err)
+			}
+			link := filepath.Join(base, tc.linked)
+			if err := os.Symlink(filepath.Base(a), link); err != nil {
+				t.Fatal(err)
+			}
+			serving, err := Open(filepath.Join(base, tc.keys), Options{Now: c.Now, CurrentOnly: true, Watch: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer serving.Close()
+			if cur, err := serving.Current(); err != nil || cur.Version != "k1" {
+				t.Fatalf("Current = %s, %v", cur.Version, err)
+			}
+
+			compromisedCopy(t, c, inA, filepath.Join(b, strings.TrimPrefix(inA, a)))
+			repoint(t, link, filepath.Base(b))
+			if _, err := serving.Refresh(); err != nil {
+				t.Fatalf("Refresh after the link was re-pointed: %v", err)
+			}
+			if cur, err := serving.Current(); err != nil || cur.Version != "k2" {
+				t.Fatalf("after the link was re-pointed Current = %s, %v; want k2 (k1 is compromised there)", cur.Version, err)
+			}
+		})
+	}
+}
+
+// With no link on the path, a directory along it renamed and another put
+// in its place ends the watch, so the next Refresh loads the directory the
+// path names now; other names changing in those directories do not cost
+// the watch.
+func TestWatchEndsWhenADirectoryOnTheKeyPathIsReplaced(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("directory watches are implemented on Linux")
+	}
+	base := t.TempDir()
+	c := newClock()
+	cur := filepath.Join(base, "current")
+	dir := filepath.Join(cur, "keys")
+	serving := openWatched(t, dir, c)
+	if _, err := serving.Generate(); err != nil {
+		t.Fatal(err)
+	}
+	serving.Refresh() // the events of its own write
+	stats := countStats(t)
+	for _, other := range []string{filepath.Join(base, "unrelated"), filepath.Join(cur, "certd.sock")} {
+		if err := os.WriteFile(other, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if changed, err := serving.Refresh(); err != nil || changed || stats() != 0 || !serving.watch.watching() {
+		t.Fatalf("Refresh after other names changed = %v, %v, %d stats, watching %v; want no change, no stat, still watching", changed, err, stats(), serving.watch.watching())
+	}
+
+	next := filepath.Join(base, "next")
+	compromisedCopy(t, c, dir, filepath.Join(next, "keys"))
+	if err := os.Rename(cur, filepath.Join(base, "previous")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(next, cur); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := serving.Refresh(); err != nil {
+		t.Fatalf("Refresh after the path's directory was replaced: %v", err)
+	}
+	if serving.watch.watching() {
+		t.Error("still watching a directory the path no longer names")
+	}
+	if k, err := serving.Current(); err != nil || k.Version != "k2" {
+		t.Fatalf("after the path's directory was replaced Current = %s, %v; want k2 (k1 is compromised there)", k.Version, err)
+	}
+}
+
+// The components of a key directory's path, each with the directory that
+// holds it; a relative path starts at the working directory.
+func TestPathSteps(t *testing.T) {
+	for _, tc := range []struct {
+		dir  string
+		want string
+		ok   bool
+	}{
+		{"data/keys", "./data,data/keys", true},
+		{"./data//keys/", "./data,data/keys", true},
+		{"/var/lib/aov/keys", "//var,/var/lib,/var/lib/aov,/var/lib/aov/keys", true},
+		{".", "", true},
+		{"/", "", true},
+		{"../keys", "", false},
+		{"data/../../keys", "", false},
+	} {
+		steps, ok := pathSteps(tc.dir)
+		var got []string
+		for _, st := range steps {
+			got = append(got, st.parent+"/"+st.name)
+		}
+		if ok != tc.ok || strings.Join(got, ",") != tc.want {
+			t.Errorf("pathSteps(%q) = %q, %v; want %q, %v", tc.dir, strings.Join(got, ","), ok, tc.want, tc.ok)
+		}
 	}
 }
