@@ -128,6 +128,38 @@ var jsonModes = []string{"application/json"}
 // (keystore.ReplacementRefusedError): nothing signs then, and the card
 // must still publish the mark, so currentKeyVersion is empty.
 func Build(cfg Config, keys []keystore.Key) (*Card, error) {
+	pubs, err := published(keys)
+	if err != nil {
+		return nil, err
+	}
+	return build(cfg, pubs)
+}
+
+// published is what the card says of each key, oldest first: everything
+// it prints of the key history, so the handler rebuilds the card exactly
+// when this changes.
+func published(keys []keystore.Key) ([]receipt.PublicKey, error) {
+	pubs := make([]receipt.PublicKey, 0, len(keys))
+	for _, k := range keys {
+		if len(k.Public) == 0 {
+			return nil, fmt.Errorf("building agent card: key %s has no public key", k.Version)
+		}
+		pubs = append(pubs, receipt.PublicKey{
+			KeyVersion:        k.Version,
+			Algorithm:         receipt.Algorithm,
+			PublicKey:         base64.StdEncoding.EncodeToString(k.Public),
+			PublicKeyEncoding: "base64",
+			Status:            k.Status(),
+			CreatedAt:         formatTime(k.CreatedAt),
+			RetiredAt:         formatTime(k.RetiredAt),
+			CompromisedSince:  formatTime(k.CompromisedSince),
+		})
+	}
+	return pubs, nil
+}
+
+// build is Build from the published key entries.
+func build(cfg Config, pubs []receipt.PublicKey) (*Card, error) {
 	base := strings.TrimRight(cfg.BaseURL, "/")
 	if base == "" {
 		return nil, errors.New("building agent card: no public base URL")
@@ -140,26 +172,11 @@ func Build(cfg Config, keys []keystore.Key) (*Card, error) {
 	if desc == "" {
 		desc = DefaultDescription
 	}
-	pubs := make([]receipt.PublicKey, 0, len(keys))
 	current := ""
-	for _, k := range keys {
-		if len(k.Public) == 0 {
-			return nil, fmt.Errorf("building agent card: key %s has no public key", k.Version)
-		}
-		p := receipt.PublicKey{
-			KeyVersion:        k.Version,
-			Algorithm:         receipt.Algorithm,
-			PublicKey:         base64.StdEncoding.EncodeToString(k.Public),
-			PublicKeyEncoding: "base64",
-			Status:            k.Status(),
-			CreatedAt:         formatTime(k.CreatedAt),
-			RetiredAt:         formatTime(k.RetiredAt),
-			CompromisedSince:  formatTime(k.CompromisedSince),
-		}
+	for _, p := range pubs {
 		if p.Status == keystore.StatusCurrent {
-			current = k.Version
+			current = p.KeyVersion
 		}
-		pubs = append(pubs, p)
 	}
 	if len(pubs) == 0 {
 		return nil, errors.New("building agent card: no signing key")

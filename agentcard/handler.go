@@ -6,13 +6,14 @@ import (
 	"encoding/hex"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/aovhq/aov/apierr"
 	"github.com/aovhq/aov/keystore"
+	"github.com/aovhq/aov/receipt"
 )
 
 // DefaultMaxAge is how long clients may cache the card. It is short so that
@@ -23,7 +24,7 @@ const DefaultMaxAge = 60 * time.Second
 // Handler serves the agent card. It re-reads the key directory on every
 // request (one stat when nothing changed), so a rotation or compromise mark
 // made by `certd rotate` or `certd compromise` shows without a restart, and
-// rebuilds the card only when the key history changed.
+// rebuilds the card only when what it publishes of the key history changed.
 //
 // When the key directory cannot be fully loaded, the card shows the newest
 // key history that could be read (keystore.Store.List), not a 503: if the
@@ -39,10 +40,10 @@ type Handler struct {
 	maxAge time.Duration
 	log    *slog.Logger
 
-	mu    sync.Mutex
-	print string // key history the cached card was built from
-	body  []byte
-	etag  string
+	mu   sync.Mutex
+	pubs []receipt.PublicKey // the key entries the cached card publishes
+	body []byte
+	etag string
 }
 
 // NewHandler returns the card handler. It builds the card once to fail at
@@ -67,14 +68,19 @@ func (h *Handler) card() ([]byte, string, error) {
 	if _, err := h.keys.Refresh(); err != nil {
 		h.log.Error("reloading keys failed; the card shows the newest key history that could be read", "error", err)
 	}
-	list := h.keys.List()
-	fp := fingerprint(list)
+	// The card is rebuilt exactly when what it publishes of the keys
+	// changes: those entries are the comparison, not a digest of some of
+	// the fields they come from.
+	pubs, err := published(h.keys.List())
+	if err != nil {
+		return nil, "", err
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.body != nil && fp == h.print {
+	if h.body != nil && slices.Equal(pubs, h.pubs) {
 		return h.body, h.etag, nil
 	}
-	c, err := Build(h.cfg, list)
+	c, err := build(h.cfg, pubs)
 	if err != nil {
 		return nil, "", err
 	}
@@ -83,24 +89,9 @@ func (h *Handler) card() ([]byte, string, error) {
 		return nil, "", err
 	}
 	sum := sha256.Sum256(body)
-	h.print, h.body, h.etag = fp, body, `"`+hex.EncodeToString(sum[:16])+`"`
-	h.log.Info("agent card built", "current_key_version", c.Capabilities.Extensions[0].Params.CurrentKeyVersion, "key_versions", len(list))
+	h.pubs, h.body, h.etag = pubs, body, `"`+hex.EncodeToString(sum[:16])+`"`
+	h.log.Info("agent card built", "current_key_version", c.Capabilities.Extensions[0].Params.CurrentKeyVersion, "key_versions", len(pubs))
 	return h.body, h.etag, nil
-}
-
-func fingerprint(keys []keystore.Key) string {
-	var b strings.Builder
-	for _, k := range keys {
-		b.WriteString(k.Version)
-		b.WriteByte('|')
-		b.WriteString(k.Status())
-		for _, t := range []time.Time{k.CreatedAt, k.RetiredAt, k.CompromisedSince} {
-			b.WriteByte('|')
-			b.WriteString(strconv.FormatInt(t.UnixNano(), 10))
-		}
-		b.WriteByte(';')
-	}
-	return b.String()
 }
 
 // ServeHTTP answers GET and HEAD with the card, an ETag and a short

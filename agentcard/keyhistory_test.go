@@ -219,3 +219,43 @@ func TestCertdFollowsASymlinkedKeyDirectoryWhenItIsRepointed(t *testing.T) {
 		t.Errorf("a k2 receipt against the card: %v", err)
 	}
 }
+
+// The card is rebuilt whenever anything it publishes of a key changes, the
+// public key included: a cached card that kept a replaced public key would
+// fail every receipt the new key signs. A running store refuses such a
+// history (keystore's checkGrowth), so the handler is given a second store
+// here, holding k1 with the same times and another key pair, in place of
+// its own: a stand-in for a history that changes only a public key.
+func TestCardIsRebuiltWhenOnlyAPublicKeyChanges(t *testing.T) {
+	c := &clock{t: time.Now().UTC().Add(-time.Hour)}
+	var stores [2]*keystore.Store
+	for i := range stores {
+		s, err := keystore.Open(t.TempDir(), keystore.Options{Now: c.Now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Generate(); err != nil {
+			t.Fatal(err)
+		}
+		stores[i] = s
+	}
+	h, err := NewHandler(cfg, stores[0], 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if servedKeys(t, h).Current() != "k1" {
+		t.Fatal("no k1 on the card")
+	}
+	h.keys = stores[1]
+	srv, err := signer.NewServer(signer.ServerConfig{Keys: stores[1]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, rcpt := signReceipt(t, srv, "k1")
+	if code != http.StatusOK {
+		t.Fatalf("sign: %d", code)
+	}
+	if err := receipt.VerifyReceipt(rcpt, servedKeys(t, h), receipt.ContextVerify); err != nil {
+		t.Errorf("the card still publishes k1's former public key: %v", err)
+	}
+}
