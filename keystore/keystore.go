@@ -498,7 +498,7 @@ func (s *Store) loadLocked() error {
 	if fi == nil && len(s.keys) > 0 {
 		// Never forget keys because a file vanished: the history is what
 		// keeps old receipts verifiable.
-		return fmt.Errorf("the key index %s disappeared; the agent card keeps the %d keys loaded before (restore it from a backup)", filepath.Join(s.dir, IndexFile), len(s.keys))
+		return fmt.Errorf("the key index %s disappeared; the agent card keeps the %d keys loaded before (restore the newest copy of it: an older one is refused while the process runs)", filepath.Join(s.dir, IndexFile), len(s.keys))
 	}
 	keys := make([]Key, 0, len(idx.Keys))
 	cur := lastActive(idx.Keys)
