@@ -292,6 +292,7 @@ type Gate struct {
 	state       gateStore
 	verifier    *verify.Verifier
 	offers      []x402.PaymentRequirements
+	decimals    []int             // the decimals of each offer's asset (requirements), which the demand itself does not carry
 	offersJSON  []json.RawMessage // offers, encoded once (encodeOffers)
 	bazaar      map[string]any    // x402's bazaar extension, for routes that validate
 	allow       []string          // the methods Route names (a CORS preflight is always answered); nil: any
@@ -453,12 +454,14 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 	}
 	g.leftmost = watchLeftmost(srv, g.rates != nil || (g.Free != nil && g.Free.Key == "ip"), g.logger)
 	g.offers = make([]x402.PaymentRequirements, 0, len(g.Accepts))
+	g.decimals = make([]int, 0, len(g.Accepts))
 	for i, a := range g.Accepts {
-		req, err := a.requirements()
+		req, decimals, err := a.requirements()
 		if err != nil {
 			return fmt.Errorf("accept %d: %v", i, err)
 		}
 		g.offers = append(g.offers, req)
+		g.decimals = append(g.decimals, decimals)
 	}
 	if err := g.checkOffers(); err != nil {
 		return err
@@ -601,30 +604,33 @@ func (g *Gate) checkOffers() error {
 
 // requirements builds the server's own payment requirements for one accept
 // block; these, never the client's copy, are what get verified and settled.
-func (a Accept) requirements() (x402.PaymentRequirements, error) {
+// It also returns the decimals of the asset, the ones the price was read in:
+// the requirements carry the amount in atomic units only, and a page that
+// states it in whole tokens (the official paywall) must read it in these.
+func (a Accept) requirements() (x402.PaymentRequirements, int, error) {
 	scheme := a.Scheme
 	if scheme == "" {
 		scheme = x402.SchemeExact
 	}
 	if scheme != x402.SchemeExact {
-		return x402.PaymentRequirements{}, fmt.Errorf("scheme %q is not supported (use exact)", scheme)
+		return x402.PaymentRequirements{}, 0, fmt.Errorf("scheme %q is not supported (use exact)", scheme)
 	}
 	network, err := x402.ResolveNetwork(a.Network)
 	if err != nil {
-		return x402.PaymentRequirements{}, err
+		return x402.PaymentRequirements{}, 0, err
 	}
 	if a.PayTo == "" {
-		return x402.PaymentRequirements{}, errors.New("pay_to is required")
+		return x402.PaymentRequirements{}, 0, errors.New("pay_to is required")
 	}
 	if a.MaxTimeout < 0 {
-		return x402.PaymentRequirements{}, fmt.Errorf("max_timeout %s is negative", time.Duration(a.MaxTimeout))
+		return x402.PaymentRequirements{}, 0, fmt.Errorf("max_timeout %s is negative", time.Duration(a.MaxTimeout))
 	}
 	// Checked here, not only by the Caddyfile parser, so a JSON config
 	// gets it too, and an amount offer as well as a priced one: the
 	// decimals also state the amount to buyers (the paywall, 402 pages).
 	// 0 is unset (6); a token without decimals is priced with amount.
 	if a.AssetDecimals < 0 || a.AssetDecimals > x402.MaxDecimals {
-		return x402.PaymentRequirements{}, fmt.Errorf("asset_decimals %d %s", a.AssetDecimals, assetDecimalsRange)
+		return x402.PaymentRequirements{}, 0, fmt.Errorf("asset_decimals %d %s", a.AssetDecimals, assetDecimalsRange)
 	}
 	asset := x402.Asset{Network: network, Address: a.Asset, Name: a.AssetName, Version: a.AssetVersion, Decimals: a.AssetDecimals}
 	// USDC by default, or when asset is its address: compared by the
@@ -638,36 +644,36 @@ func (a Accept) requirements() (x402.PaymentRequirements, error) {
 		asset = usdc
 	}
 	if asset.Address == "" {
-		return x402.PaymentRequirements{}, fmt.Errorf("network %s has no known USDC: set asset, asset_name, asset_version (on devnet, load the devnet facilitator first)", network)
+		return x402.PaymentRequirements{}, 0, fmt.Errorf("network %s has no known USDC: set asset, asset_name, asset_version (on devnet, load the devnet facilitator first)", network)
 	}
 	// The known USDC's decimals are a fact of its contract: a price read
 	// in others would be off by powers of ten, so a line that says
 	// otherwise is refused rather than silently ignored.
 	if a.AssetDecimals != 0 && asset.Decimals != 0 && a.AssetDecimals != asset.Decimals {
-		return x402.PaymentRequirements{}, fmt.Errorf("asset_decimals %d contradicts the %d decimals of the network's USDC (drop it)", a.AssetDecimals, asset.Decimals)
+		return x402.PaymentRequirements{}, 0, fmt.Errorf("asset_decimals %d contradicts the %d decimals of the network's USDC (drop it)", a.AssetDecimals, asset.Decimals)
 	}
 	if err := x402.CheckPayTo(network, a.PayTo, asset.Address); err != nil {
-		return x402.PaymentRequirements{}, fmt.Errorf("pay_to: %v", err)
+		return x402.PaymentRequirements{}, 0, fmt.Errorf("pay_to: %v", err)
 	}
 	if asset.Decimals == 0 {
 		asset.Decimals = 6
 	}
 	if x402.IsEVM(network) && (asset.Name == "" || asset.Version == "") {
-		return x402.PaymentRequirements{}, errors.New("a custom EVM asset needs asset_name and asset_version (its EIP-712 domain)")
+		return x402.PaymentRequirements{}, 0, errors.New("a custom EVM asset needs asset_name and asset_version (its EIP-712 domain)")
 	}
 	var amount string
 	switch {
 	case a.Price != "" && a.Amount != "":
-		return x402.PaymentRequirements{}, errors.New("set price or amount, not both")
+		return x402.PaymentRequirements{}, 0, errors.New("set price or amount, not both")
 	case a.Price != "":
 		amount, err = x402.ParsePrice(a.Price, asset.Decimals)
 	case a.Amount != "":
 		amount, err = x402.ParseAmount(a.Amount)
 	default:
-		return x402.PaymentRequirements{}, errors.New("price or amount is required")
+		return x402.PaymentRequirements{}, 0, errors.New("price or amount is required")
 	}
 	if err != nil {
-		return x402.PaymentRequirements{}, err
+		return x402.PaymentRequirements{}, 0, err
 	}
 	timeout := defaultMaxTimeout
 	if a.MaxTimeout > 0 {
@@ -681,7 +687,7 @@ func (a Accept) requirements() (x402.PaymentRequirements, error) {
 		PayTo:             a.PayTo,
 		MaxTimeoutSeconds: timeout,
 		Extra:             asset.Extra(),
-	}, nil
+	}, asset.Decimals, nil
 }
 
 // ServeHTTP decides, in this order: a CORS preflight is answered 204
@@ -952,7 +958,7 @@ func (g *Gate) paymentRequired(w http.ResponseWriter, r *http.Request, msg, reas
 		// The page fetches this URL again with the payment: the request
 		// as sent, query included (a page body, not a header).
 		_, u := sentRequest(r)
-		return g.Paywall.serve(w, pr, trial, siteBase(g.base, r)+u.RequestURI())
+		return g.Paywall.serve(w, pr, g.decimals[0], trial, siteBase(g.base, r)+u.RequestURI())
 	}
 	body := paymentRequiredBody{PaymentRequired: pr, Reason: reason, FreeTrial: trial}
 	h.Set("Content-Type", "application/json")

@@ -5,9 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"math/big"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -85,9 +85,10 @@ func (p *Paywall) validate() error {
 	return nil
 }
 
-// serve writes the 402 page for pr; currentURL is the URL the official page
-// fetches again with the payment.
-func (p *Paywall) serve(w http.ResponseWriter, pr x402.PaymentRequired, trial *freeTrial, currentURL string) error {
+// serve writes the 402 page for pr; decimals are those of the asset of its
+// first offer (the one the official page pays), currentURL is the URL the
+// official page fetches again with the payment.
+func (p *Paywall) serve(w http.ResponseWriter, pr x402.PaymentRequired, decimals int, trial *freeTrial, currentURL string) error {
 	h := w.Header()
 	h.Set("Content-Type", "text/html; charset=utf-8")
 	// A page that asks a visitor to pay must not be framed by another
@@ -111,7 +112,7 @@ func (p *Paywall) serve(w http.ResponseWriter, pr x402.PaymentRequired, trial *f
 	if !ok {
 		return paywallPage(w, pr, trial, p)
 	}
-	return p.writeOfficial(w, page, pr, currentURL)
+	return p.writeOfficial(w, page, pr, decimals, currentURL)
 }
 
 // officialConfig is window.x402, the page's configuration, with the fields
@@ -141,10 +142,10 @@ var evmChainConfig = map[string]officialChain{
 	"base-sepolia": {USDCAddress: "0x036CbD53842c5426634e7929541eC2318f3dCF7e", USDCName: "USDC"},
 }
 
-func (p *Paywall) writeOfficial(w io.Writer, page officialPage, pr x402.PaymentRequired, currentURL string) error {
+func (p *Paywall) writeOfficial(w io.Writer, page officialPage, pr x402.PaymentRequired, decimals int, currentURL string) error {
 	offer := pr.Accepts[0]
 	cfg := officialConfig{
-		Amount:          unitAmount(offer),
+		Amount:          unitAmount(offer.Amount, decimals),
 		PaymentRequired: pr,
 		Testnet:         offer.Network != x402.NetworkBase && offer.Network != x402.NetworkSolana,
 		CurrentURL:      currentURL,
@@ -172,19 +173,16 @@ func (p *Paywall) writeOfficial(w io.Writer, page officialPage, pr x402.PaymentR
 	return err
 }
 
-// unitAmount is the offer's amount in whole tokens, as the page shows it
-// (the asset's decimals when it is a known USDC, else 6, as the package
-// assumes).
-func unitAmount(o x402.PaymentRequirements) float64 {
-	n, ok := new(big.Int).SetString(o.Amount, 10)
-	if !ok {
+// unitAmount is an atomic amount in whole tokens of an asset with the
+// given decimals, as the page shows it: "please pay $<amount> <token>",
+// next to the atomic amount the wallet signs. The decimals are the offer's
+// own (Accept.requirements), never a guess: 10^12 too many or 10^4 too few
+// would show one price while the visitor signs another.
+func unitAmount(amount string, decimals int) float64 {
+	f, err := strconv.ParseFloat(x402.FormatAmount(amount, decimals), 64)
+	if err != nil {
 		return 0
 	}
-	decimals := 6
-	if a, ok := x402.USDC(o.Network); ok && strings.EqualFold(a.Address, o.Asset) {
-		decimals = a.Decimals
-	}
-	f, _ := new(big.Rat).SetFrac(n, new(big.Int).Exp(big.NewInt(10), big.NewInt(int64(decimals)), nil)).Float64()
 	return f
 }
 

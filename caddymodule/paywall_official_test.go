@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -150,7 +151,7 @@ func TestOfficialPaywallConfigCannotCloseTheScript(t *testing.T) {
 	pr := x402.PaymentRequired{X402Version: 2, Resource: x402.Resource{URL: "http://h/</script><b>"},
 		Accepts: []x402.PaymentRequirements{{Scheme: "exact", Network: x402.NetworkDevnet, Amount: "10000", Asset: "0x1", PayTo: "0x2"}}}
 	rec := httptest.NewRecorder()
-	if err := p.serve(rec, pr, nil, "http://h/\u2028</script>"); err != nil {
+	if err := p.serve(rec, pr, 6, nil, "http://h/\u2028</script>"); err != nil {
 		t.Fatal(err)
 	}
 	page := rec.Body.String()
@@ -174,7 +175,7 @@ func TestOfficialPaywallPicksThePageOfTheFirstOffer(t *testing.T) {
 	} {
 		rec := httptest.NewRecorder()
 		pr := x402.PaymentRequired{X402Version: 2, Accepts: []x402.PaymentRequirements{{Network: tc.network, Amount: "10000"}}}
-		if err := p.serve(rec, pr, nil, "http://h/x"); err != nil {
+		if err := p.serve(rec, pr, 6, nil, "http://h/x"); err != nil {
 			t.Fatal(err)
 		}
 		if rec.Code != http.StatusPaymentRequired || !strings.Contains(rec.Body.String(), tc.want[:min(len(tc.want), 4000)]) {
@@ -384,6 +385,51 @@ func TestOfficialPaywallPaysOnSolanaInABrowser(t *testing.T) {
 	for _, u := range res.OffPageRequests {
 		if u != "https://api.devnet.solana.com/" {
 			t.Errorf("the page called %s, not the devnet RPC", u)
+		}
+	}
+}
+
+// TestOfficialPaywallAmountInTheOffersDecimals: the official page shows
+// "please pay $<window.x402.amount> <token>", and the wallet signs the
+// first offer's atomic amount. A $0.02 price on a token with 18, 6 or 2
+// decimals (not the network's USDC) is shown as 0.02: the atomic amount
+// read in the decimals it was priced in, the same number the visitor signs.
+func TestOfficialPaywallAmountInTheOffersDecimals(t *testing.T) {
+	for _, decimals := range []int{18, 6, 2} {
+		base := startCaddy(t, fmt.Sprintf(`:{port} {
+	route /score/* {
+		x402 {
+			accept {
+				network devnet
+				price $0.02
+				asset 0x6B175474E89094C44Da98b954EedeAC495271d0F
+				asset_name "Dai Stablecoin"
+				asset_version 1
+				asset_decimals %d
+				pay_to %s
+			}
+			route "GET /score/{agent_id}"
+			facilitator http {
+				url http://127.0.0.1:1
+			}
+			store badger {data}/gate
+			paywall official
+		}
+		respond "paid"
+	}
+}
+`, decimals, payTo.Hex()))
+		resp, page := getHTML(t, base+"/score/agent-1")
+		if resp.StatusCode != http.StatusPaymentRequired {
+			t.Fatalf("decimals %d: status %d", decimals, resp.StatusCode)
+		}
+		cfg := officialConfigOf(t, page)
+		offer := cfg.PaymentRequired.Accepts[0]
+		// JavaScript prints a number as its shortest round-trip form, as
+		// strconv does with precision -1.
+		shown := strconv.FormatFloat(cfg.Amount, 'f', -1, 64)
+		if signed := x402.FormatAmount(offer.Amount, decimals); shown != "0.02" || shown != signed {
+			t.Errorf("asset_decimals %d, price $0.02: the page shows \"please pay $%s\" for a signed amount of %s atomic units (%s tokens)", decimals, shown, offer.Amount, signed)
 		}
 	}
 }

@@ -338,20 +338,20 @@ func TestAcceptNamesUSDCByTheNetworksAddressRule(t *testing.T) {
 	sol, _ := x402.USDC(x402.NetworkSolana)
 	other := "e" + sol.Address[1:]                               // EPjF… with its first letter in lower case
 	const payee = "7a6yHkLKfLk38kRwUydqCpWMHyxDP7b4KFfzayNowk8N" // any account but the mint
-	req, err := Accept{Network: "solana", Asset: other, Price: "$0.01", PayTo: payee}.requirements()
+	req, _, err := Accept{Network: "solana", Asset: other, Price: "$0.01", PayTo: payee}.requirements()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if req.Asset != other {
 		t.Errorf("asset %s (a re-cased USDC mint) became %s", other, req.Asset)
 	}
-	req, err = Accept{Network: "solana", Asset: sol.Address, Price: "$0.01", PayTo: payee}.requirements()
+	req, _, err = Accept{Network: "solana", Asset: sol.Address, Price: "$0.01", PayTo: payee}.requirements()
 	if err != nil || req.Asset != sol.Address {
 		t.Errorf("the USDC mint itself: %+v, %v", req, err)
 	}
 
 	base, _ := x402.USDC(x402.NetworkBase)
-	req, err = Accept{Network: "base", Asset: strings.ToLower(base.Address), Price: "$0.01", PayTo: payTo.Hex()}.requirements()
+	req, _, err = Accept{Network: "base", Asset: strings.ToLower(base.Address), Price: "$0.01", PayTo: payTo.Hex()}.requirements()
 	if err != nil || req.Asset != base.Address || req.Extra["name"] != base.Name {
 		t.Errorf("Base USDC in lower case: %+v, %v; want USDC with its domain", req, err)
 	}
