@@ -72,6 +72,15 @@ const corsDefaultMaxAge = 10 * time.Minute
 // Access-Control-Expose-Headers and Vary: Origin: they are set before the
 // next handler runs, and set again when the answer is written, because a
 // handler (the gate, an upstream) may replace them.
+//
+// It is the one authority on CORS for what it wraps: when the answer is
+// written, every Access-Control-* header a later handler put there is
+// removed first. An upstream that reflects any Origin with credentials (a
+// common permissive middleware) would otherwise let every site on the web
+// read the visitor's answers, and spend a visitor's free allowance with a
+// simple GET and read it. So an origin that is not listed, and a request
+// without Origin, get no Access-Control-* header at all, and a listed
+// origin gets this handler's grant only.
 type CORS struct {
 	// Origins allowed to read answers: exact origins
 	// ("https://app.example.com", scheme, host and port only) or "*" for any.
@@ -261,6 +270,7 @@ func (c *CORS) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	if isPreflight(r) {
 		h.Add("Vary", "Access-Control-Request-Method")
 		h.Add("Vary", "Access-Control-Request-Headers")
+		c.clear(h)
 		if allow != "" {
 			c.setAllow(h, allow)
 			h.Set("Access-Control-Allow-Methods", c.methods)
@@ -270,11 +280,12 @@ func (c *CORS) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		w.WriteHeader(http.StatusNoContent)
 		return nil
 	}
-	if allow == "" {
-		return next.ServeHTTP(w, r)
+	if allow != "" {
+		c.mark(h, allow)
 	}
-	c.mark(h, allow)
-	return next.ServeHTTP(&corsWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, c: c, allow: allow}, r)
+	// Every answer goes through the writer, an unlisted origin's too: its
+	// grants are removed when it is written, whoever wrote them.
+	return next.ServeHTTP(&corsWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, c: c, allow: allow}, r)
 }
 
 func (c *CORS) setAllow(h http.Header, allow string) {
@@ -284,18 +295,40 @@ func (c *CORS) setAllow(h http.Header, allow string) {
 	}
 }
 
-// mark sets the headers of an actual (non-preflight) answer. Handlers that
-// set Access-Control-Expose-Headers themselves (the gate names its own)
-// keep what they added.
-func (c *CORS) mark(h http.Header, allow string) {
-	c.setAllow(h, allow)
-	exp := c.expose
-	for _, v := range h.Values("Access-Control-Expose-Headers") {
-		if v != c.expose {
-			exp = joinHeaders(strings.Split(exp, ", "), splitList(v))
+// clear removes every Access-Control-* header from h and returns the
+// values of the Access-Control-Expose-Headers among them.
+func (c *CORS) clear(h http.Header) (expose []string) {
+	for k, v := range h {
+		if !isCORSHeader(k) {
+			continue
 		}
+		if strings.EqualFold(k, "Access-Control-Expose-Headers") {
+			expose = append(expose, v...)
+		}
+		delete(h, k)
 	}
-	h.Set("Access-Control-Expose-Headers", exp)
+	return expose
+}
+
+// mark makes the CORS headers of an actual (non-preflight) answer this
+// handler's own: every Access-Control-* header is removed, whoever wrote
+// it, and for an allowed origin (allow not "") the grant is set. Headers
+// that handlers added to Access-Control-Expose-Headers (the gate names its
+// own, verify_response its receipt header, whose name is configurable) are
+// still exposed to an allowed origin: the operator trusts that origin with
+// the answer, and a name is not a grant to read it elsewhere.
+func (c *CORS) mark(h http.Header, allow string) {
+	expose := c.clear(h)
+	if allow != "" {
+		c.setAllow(h, allow)
+		exp := c.expose
+		for _, v := range expose {
+			if v != c.expose {
+				exp = joinHeaders(strings.Split(exp, ", "), splitList(v))
+			}
+		}
+		h.Set("Access-Control-Expose-Headers", exp)
+	}
 	if !headerHasToken(h, "Vary", "Origin") {
 		h.Add("Vary", "Origin")
 	}
@@ -311,10 +344,14 @@ func splitList(v string) []string {
 	return out
 }
 
+// headerHasToken reports whether a comma-separated header has token, in
+// any letter case. It allocates nothing: it runs on every answer.
 func headerHasToken(h http.Header, name, token string) bool {
 	for _, v := range h.Values(name) {
-		for _, p := range splitList(v) {
-			if strings.EqualFold(p, token) {
+		for v != "" {
+			var p string
+			p, v, _ = strings.Cut(v, ",")
+			if strings.EqualFold(strings.TrimSpace(p), token) {
 				return true
 			}
 		}
@@ -322,22 +359,39 @@ func headerHasToken(h http.Header, name, token string) bool {
 	return false
 }
 
-// corsWriter sets the CORS headers again just before the answer's header
-// is written, over whatever a later handler put there.
+// corsWriter makes the CORS headers x402_cors's own (mark) just before the
+// answer's header is written, over whatever a later handler put there. An
+// answer starts with WriteHeader, Write, ReadFrom (io.Copy) or a Flush, so
+// each of them comes here first; a 1xx is marked too, as net/http sends
+// it with the header map. Hijack and Push pass through (Unwrap, for
+// http.ResponseController): after a hijack the handler writes raw bytes,
+// and browsers do not apply CORS to a WebSocket.
 type corsWriter struct {
-	*caddyhttp.ResponseWriterWrapper
-	c           *CORS
-	allow       string
-	wroteHeader bool
+	caddyhttp.ResponseWriterWrapper // by value: one allocation per request
+	c                               *CORS
+	allow                           string
+	wroteHeader                     bool
 }
 
 func (w *corsWriter) WriteHeader(status int) {
-	if !w.wroteHeader && status >= 200 {
-		w.wroteHeader = true
+	if !w.wroteHeader {
+		w.wroteHeader = status >= 200
 		w.c.mark(w.Header(), w.allow)
 	}
 	w.ResponseWriterWrapper.WriteHeader(status)
 }
+
+// FlushError starts the answer, marked, before flushing it: a flush before
+// anything is written sends the header as it stands.
+func (w *corsWriter) FlushError() error {
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	return http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+// Flush is FlushError for handlers that look for an http.Flusher.
+func (w *corsWriter) Flush() { _ = w.FlushError() }
 
 func (w *corsWriter) Write(b []byte) (int, error) {
 	if !w.wroteHeader {
@@ -436,3 +490,12 @@ var (
 	_ caddyhttp.MiddlewareHandler = (*CORS)(nil)
 	_ caddyfile.Unmarshaler       = (*CORS)(nil)
 )
+
+// isCORSHeader reports whether the header field name k is one of the
+// Access-Control-* response headers, in any letter case (a handler that
+// writes the map directly may skip canonicalisation, and net/http sends
+// the name as it is).
+func isCORSHeader(k string) bool {
+	const prefix = "Access-Control-"
+	return len(k) > len(prefix) && strings.EqualFold(k[:len(prefix)], prefix)
+}

@@ -14,8 +14,10 @@ import (
 )
 
 // corsBrowserSite turns x402_cors on per route: /score and /verify/schema
-// allow the page's origin; /private (priced too) does not use CORS.
-func corsBrowserSite(up, fac, origin string) string {
+// allow the page's origin; /private (priced too) does not use CORS;
+// /reflect allows another origin only, in front of reflecting, an upstream
+// that grants every origin itself.
+func corsBrowserSite(up, fac, origin, reflecting string) string {
 	gate := func(route, price string) string {
 		return fmt.Sprintf(`x402 {
 			accept devnet %s %s
@@ -39,8 +41,12 @@ func corsBrowserSite(up, fac, origin string) string {
 	route /private/* {
 		%[4]s
 	}
+	route /reflect/* {
+		x402_cors http://other.example
+		reverse_proxy %[5]s
+	}
 }
-`, origin, gate("GET /score/{agent_id}", "$0.01"), gate("POST /verify/schema", "$0.02"), gate("GET /private/{id}", "$0.01"))
+`, origin, gate("GET /score/{agent_id}", "$0.01"), gate("POST /verify/schema", "$0.02"), gate("GET /private/{id}", "$0.01"), reflecting)
 }
 
 type corsBrowserResult struct {
@@ -53,13 +59,16 @@ type corsBrowserResult struct {
 		PaymentResponse string `json:"paymentResponse"`
 		Body            string `json:"body"`
 	} `json:"paid"`
-	Blocked string `json:"blocked"`
+	Blocked          string `json:"blocked"`
+	BlockedReflected string `json:"blockedReflected"`
 }
 
 // TestCORSInABrowser: a page on another origin (another port) reads a
 // 402's PAYMENT-REQUIRED with fetch(), and pays with a preflighted POST
 // carrying PAYMENT-SIGNATURE; the token moves once. A route without
-// x402_cors is blocked by the browser, so the test fails without CORS.
+// x402_cors is blocked by the browser, so the test fails without CORS; so
+// is a route whose x402_cors does not list the page's origin, though its
+// upstream reflects every Origin with credentials.
 func TestCORSInABrowser(t *testing.T) {
 	chromium := chromiumPath(t)
 	interop.Dir(t, "playwright-core")
@@ -70,7 +79,7 @@ func TestCORSInABrowser(t *testing.T) {
 		fmt.Fprint(w, "<!doctype html><title>buyer</title><p>a buyer's page</p>")
 	}))
 	t.Cleanup(page.Close)
-	api := startCaddy(t, corsBrowserSite(up.URL, fac, page.URL))
+	api := startCaddy(t, corsBrowserSite(up.URL, fac, page.URL, reflectingUpstream(t, `{"secret":"visitor data"}`)))
 
 	// The payment the page sends, signed for the route's demand (a bodyless
 	// POST is the discovery probe).
@@ -104,5 +113,8 @@ func TestCORSInABrowser(t *testing.T) {
 	}
 	if res.Blocked == "" {
 		t.Error("a route without x402_cors was readable from another origin")
+	}
+	if res.BlockedReflected == "" {
+		t.Error("a route whose x402_cors does not list the page's origin was readable from it through the upstream's own grant")
 	}
 }

@@ -7,10 +7,14 @@
 //      PAYMENT-SIGNATURE: a request the browser sends only after a CORS
 //      preflight the gateway allowed;
 //   3. GET <api>/private/agent-1, a route without CORS: the browser must
-//      block it.
+//      block it;
+//   4. GET <api>/reflect/agent-1, a route whose x402_cors lists another
+//      origin, in front of an upstream that grants every origin: the
+//      browser must block it too.
 // Input on stdin: {"page", "api", "chromium", "signature", "body"}.
 // Output on stdout: {"unpaid": {status, paymentRequired}, "paid": {status,
-// paymentResponse, body}, "blocked": "<fetch error, or empty if it was not blocked>"}.
+// paymentResponse, body}, "blocked": "<fetch error, or empty if it was not blocked>",
+// "blockedReflected": the same for step 4}.
 import { readStdinJSON, fail, launchChromium } from "./lib.mjs";
 
 try {
@@ -34,7 +38,13 @@ try {
       } catch (e) {
         blocked = String(e);
       }
-      return { unpaid, paid, blocked };
+      let blockedReflected = "";
+      try {
+        await fetch(api + "/reflect/agent-1");
+      } catch (e) {
+        blockedReflected = String(e);
+      }
+      return { unpaid, paid, blocked, blockedReflected };
     }, { api: input.api, signature: input.signature, body: input.body });
     process.stdout.write(JSON.stringify(out) + "\n");
   } finally {
