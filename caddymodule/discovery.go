@@ -480,12 +480,7 @@ func (d *Discovery) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhtt
 	}
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
-	if d.base != "" {
-		h.Set("Cache-Control", "public, max-age=60")
-	} else {
-		h.Set("Cache-Control", "private, max-age=60")
-		h.Set("Vary", "Host")
-	}
+	setDocumentCache(h, d.base == "")
 	h.Set("Access-Control-Allow-Origin", "*")
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")

@@ -59,6 +59,10 @@ type Docs struct {
 	MCPURL string `json:"mcp_url,omitempty"`
 
 	cache *docsCache
+	// perRequest: the documents name what the request chose (its Host, or
+	// a request placeholder in public_base_url or mcp_url), so they are
+	// private to the client (setDocumentCache).
+	perRequest bool
 }
 
 // docsCache keeps generated documents. They depend only on the service
@@ -153,10 +157,19 @@ func (Docs) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision sets up the document cache.
+// Provision sets up the document cache and decides whether the documents
+// are the same for every request.
 func (d *Docs) Provision(caddy.Context) error {
 	d.cache = new(docsCache)
+	d.perRequest = d.PublicBaseURL == "" || requestPlaceholder(d.PublicBaseURL) || requestPlaceholder(d.MCPURL)
 	return nil
+}
+
+// requestPlaceholder reports whether s has a placeholder left once those
+// known when the config loads ({env.NAME}) are expanded: one that each
+// request fills in, such as {http.request.host}.
+func requestPlaceholder(s string) bool {
+	return strings.Contains(caddy.NewReplacer().ReplaceKnown(s, ""), "{")
 }
 
 // ServeHTTP answers the docs paths and passes everything else on.
@@ -179,7 +192,7 @@ func (d *Docs) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 			return nil
 		}
 		h.Set("Access-Control-Allow-Origin", "*")
-		h.Set("Cache-Control", "public, max-age=60")
+		setDocumentCache(h, d.perRequest)
 		if p == docsLLMsPath {
 			serveBytes(w, r, "text/plain; charset=utf-8", llms)
 		} else {

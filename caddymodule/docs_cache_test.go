@@ -139,3 +139,42 @@ func TestDocsBuiltOncePerRouteSet(t *testing.T) {
 		t.Errorf("80 requests alternating 4 Hosts over 3 sets of routes built the documents %d times, want 3", builds)
 	}
 }
+
+// TestDocsNamingTheRequestsHostAreNotShared: documents that name the
+// origin the request addressed (no public_base_url, or one with a
+// request placeholder) are private to the client, with Vary: Host, as
+// /.well-known/x402 is: a shared cache must not hand one client's Host to
+// everyone. With a fixed public_base_url they are public.
+func TestDocsNamingTheRequestsHostAreNotShared(t *testing.T) {
+	for _, tc := range []struct {
+		docs, discovery string
+		public          bool
+	}{
+		{"", "", false},
+		{"public_base_url http://{http.request.host}", "", false},
+		{"mcp_url http://{http.request.host}/mcp\n\t\tpublic_base_url https://verify.example.com", "public_base_url https://verify.example.com", false},
+		{"public_base_url https://verify.example.com", "public_base_url https://verify.example.com", true},
+	} {
+		site := docsHostsSite(tc.docs)
+		if tc.discovery != "" {
+			site = strings.Replace(site, "x402_discovery /.well-known/x402", "x402_discovery /.well-known/x402 {\n\t\t"+tc.discovery+"\n\t}", 1)
+		}
+		base := startCaddy(t, site)
+		for _, p := range []string{"/llms.txt", "/openapi.json", "/.well-known/x402"} {
+			resp, body := getHost(t, base+p, "a.example")
+			cc, varyHost := resp.Header.Get("Cache-Control"), headerHasToken(resp.Header, "Vary", "Host")
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("%q %s: status %d", tc.docs, p, resp.StatusCode)
+			}
+			if named := strings.Contains(body, "a.example"); named && tc.public {
+				t.Errorf("%q %s names the request's Host though the base URL is fixed", tc.docs, p)
+			}
+			if tc.public && (cc != "public, max-age=60" || varyHost) {
+				t.Errorf("%q %s: Cache-Control %q, Vary %q; want public, max-age=60", tc.docs, p, cc, resp.Header.Values("Vary"))
+			}
+			if !tc.public && p != "/.well-known/x402" && (cc != "private, max-age=60" || !varyHost) {
+				t.Errorf("%q %s names the request's Host: Cache-Control %q, Vary %q; want private, max-age=60 with Vary: Host", tc.docs, p, cc, resp.Header.Values("Vary"))
+			}
+		}
+	}
+}

@@ -50,6 +50,24 @@ func siteBase(public string, r *http.Request) string {
 	return requestBase(r)
 }
 
+// setDocumentCache sets the cache headers of a document the gateway
+// generates from its configuration (/.well-known/x402, /llms.txt,
+// /openapi.json). One that is the same for every request is publicly
+// cacheable for a minute. One that names what the request chose
+// (perRequest: the origin it addressed, its Host, when no public_base_url
+// is set) is private to that client, with Vary: Host: a shared cache must
+// not hand one client's Host to everyone.
+func setDocumentCache(h http.Header, perRequest bool) {
+	if !perRequest {
+		h.Set("Cache-Control", "public, max-age=60")
+		return
+	}
+	h.Set("Cache-Control", "private, max-age=60")
+	if !headerHasToken(h, "Vary", "Host") {
+		h.Add("Vary", "Host")
+	}
+}
+
 // requestBase is scheme://host of the request as the client addressed it.
 func requestBase(r *http.Request) string {
 	scheme := "http"
