@@ -33,7 +33,8 @@ import (
 // an event ends the watch. Watching the link as well would not be enough:
 // a link further up the path, or a link's target, can be re-pointed too.
 type watch struct {
-	mu sync.Mutex
+	dir string
+	mu  sync.Mutex
 	// fd is the inotify instance, -1 once the watch has ended (the
 	// directory was moved or removed, a component of its path changed, the
 	// instance failed, or Close): then every Refresh stats, as without a
@@ -57,7 +58,7 @@ func startWatch(dir string) *watch {
 	if err != nil {
 		return nil
 	}
-	w := &watch{fd: fd, steps: make(map[int32]string, len(steps))}
+	w := &watch{dir: dir, fd: fd, steps: make(map[int32]string, len(steps))}
 	for i, st := range steps {
 		w.steps[wds[i]] = st.name
 	}
@@ -106,22 +107,52 @@ func noLinks(steps []step) bool {
 }
 
 // refresh is Store.Refresh through the watch: reload runs only when an
-// event came, the watch has ended, or the store is broken (its last load
+// event came (or events were lost, see rearmLocked), the watch has ended,
+// or the store is broken (its last load
 // failed, however it was asked for: the next Refresh tries again although
 // no event came, as a Store without a watch would).
 func (w *watch) refresh(reload func() (bool, error), broken func() bool) (bool, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.fd >= 0 {
-		events, alive := pollWatch(w.fd, w.steps)
-		if !alive {
+		events, state := pollWatch(w.fd, w.steps)
+		switch state {
+		case watchEnded:
 			w.stopLocked()
+		case watchOverflowed:
+			w.rearmLocked()
 		}
 		if !events && !broken() {
 			return false, nil
 		}
 	}
 	return reload()
+}
+
+// watchState is what pollWatch found of the watch.
+type watchState int
+
+const (
+	watchHolds watchState = iota
+	watchEnded
+	watchOverflowed // events were lost: see rearmLocked
+)
+
+// rearmLocked replaces a watch whose kernel queue overflowed (names
+// created and renamed in a busy directory on the path, such as /tmp, fill
+// it) by a new one on what the path names now, built as startWatch builds
+// the first: the lost events may have been a rename along the path, so the
+// old watches may be on directories the path no longer leads to. The
+// reload refresh then runs is the stat through the path that catches up
+// with whatever the lost events were; any change after the new watch
+// began is an event on it. Where the new watch cannot be made (a link is
+// now on the path, the directory is gone) the watch ends.
+func (w *watch) rearmLocked() {
+	closeWatch(w.fd)
+	w.fd = -1
+	if nw := startWatch(w.dir); nw != nil {
+		w.fd, w.steps = nw.fd, nw.steps
+	}
 }
 
 // watching reports whether the watch still holds.

@@ -78,11 +78,13 @@ func openWatch(dir string, steps []step) (int, []int32, error) {
 }
 
 // pollWatch drains the events queued on fd. It reports whether there were
-// any, and whether the watch still holds (false when the directory was
-// removed or moved, a name along its path changed, or the instance
-// failed: the caller then stats instead). Events on the directories along
-// the path about other names than the one in steps are no change.
-func pollWatch(fd int, steps map[int32]string) (events, alive bool) {
+// any, and what became of the watch: it holds, it ended (the directory was
+// removed or moved, a name along its path changed, or the instance failed:
+// the caller then stats instead), or the kernel's queue overflowed and
+// events were lost. Events on the directories along the path about other
+// names than the one in steps are no change, but they fill the queue all
+// the same: a busy parent such as /tmp overflows it.
+func pollWatch(fd int, steps map[int32]string) (events bool, state watchState) {
 	// Room for one event with the longest name (the kernel refuses a read
 	// that cannot take the next event whole), small enough for the stack
 	// of the signing goroutine that calls this before every signature.
@@ -93,16 +95,19 @@ func pollWatch(fd int, steps map[int32]string) (events, alive bool) {
 		case errors.Is(err, syscall.EINTR):
 			continue
 		case errors.Is(err, syscall.EAGAIN):
-			return events, true
+			return events, watchHolds
 		case err != nil || n <= 0:
-			return true, false
+			return true, watchEnded
 		}
 		for off := 0; off+syscall.SizeofInotifyEvent <= n; {
 			ev := (*syscall.InotifyEvent)(unsafe.Pointer(&buf[off]))
 			name := buf[off+syscall.SizeofInotifyEvent : off+syscall.SizeofInotifyEvent+int(ev.Len)]
 			off += syscall.SizeofInotifyEvent + int(ev.Len)
-			if ev.Mask&(syscall.IN_IGNORED|syscall.IN_DELETE_SELF|syscall.IN_MOVE_SELF|syscall.IN_UNMOUNT|syscall.IN_Q_OVERFLOW) != 0 {
-				return true, false
+			if ev.Mask&syscall.IN_Q_OVERFLOW != 0 {
+				return true, watchOverflowed
+			}
+			if ev.Mask&(syscall.IN_IGNORED|syscall.IN_DELETE_SELF|syscall.IN_MOVE_SELF|syscall.IN_UNMOUNT) != 0 {
+				return true, watchEnded
 			}
 			step, onPath := steps[ev.Wd]
 			if !onPath {
@@ -110,7 +115,7 @@ func pollWatch(fd int, steps map[int32]string) (events, alive bool) {
 				continue
 			}
 			if string(bytes.TrimRight(name, "\x00")) == step {
-				return true, false
+				return true, watchEnded
 			}
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -387,5 +388,115 @@ func TestPathSteps(t *testing.T) {
 		if ok != tc.ok || strings.Join(got, ",") != tc.want {
 			t.Errorf("pathSteps(%q) = %q, %v; want %q, %v", tc.dir, strings.Join(got, ","), ok, tc.want, tc.ok)
 		}
+	}
+}
+
+// overflowQueue fills the inotify queue of a watch on dir's parent with
+// events about other names (more than fs.inotify.max_queued_events, 16384
+// by default), as a busy parent such as /tmp does between two Refreshes.
+func overflowQueue(t *testing.T, parent string) {
+	t.Helper()
+	junk := filepath.Join(parent, "junk")
+	if err := os.Mkdir(junk, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	limit := 16384
+	if b, err := os.ReadFile("/proc/sys/fs/inotify/max_queued_events"); err == nil {
+		if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+			limit = n
+		}
+	}
+	for i := range limit/2 + 100 { // two events each, no file left behind
+		a := filepath.Join(parent, "a"+strconv.Itoa(i))
+		if err := os.WriteFile(a, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(a, filepath.Join(junk, "x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// Unrelated names changing in a directory on the key path can overflow the
+// kernel's event queue. The events lost could have been any change, so the
+// next Refresh makes the watch again on what the path names now and stats
+// once to catch up; after that, Refresh costs no stat again, and a
+// rotation is still seen.
+func TestWatchIsMadeAgainAfterItsQueueOverflows(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("directory watches are implemented on Linux")
+	}
+	parent := t.TempDir()
+	dir := filepath.Join(parent, "keys")
+	c := newClock()
+	serving := openWatched(t, dir, c)
+	if _, err := serving.Generate(); err != nil {
+		t.Fatal(err)
+	}
+	serving.Refresh() // the events of its own write
+	overflowQueue(t, parent)
+	stats := countStats(t)
+	if _, err := serving.Refresh(); err != nil || stats() != 1 {
+		t.Fatalf("Refresh after an overflow = %v with %d stats; want one stat to catch up", err, stats())
+	}
+	serving.Refresh()
+	serving.Refresh()
+	if !serving.watch.watching() || stats() != 1 {
+		t.Fatalf("after an overflow: watching=%v, %d stats over 3 Refreshes; want watching, 1", serving.watch.watching(), stats())
+	}
+	c.Add(time.Minute)
+	if _, err := open(t, dir, c).Rotate(); err != nil {
+		t.Fatal(err)
+	}
+	if changed, err := serving.Refresh(); err != nil || !changed {
+		t.Fatalf("Refresh after a rotation on the new watch = %v, %v", changed, err)
+	}
+}
+
+// When the lost events were the key path's directory being replaced, the
+// watch made again is on the directory the path names now, and the catch-up
+// stat loads its index.
+func TestWatchMadeAgainAfterAnOverflowFollowsAReplacedDirectory(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("directory watches are implemented on Linux")
+	}
+	base := t.TempDir()
+	c := newClock()
+	cur := filepath.Join(base, "current")
+	dir := filepath.Join(cur, "keys")
+	serving := openWatched(t, dir, c)
+	if _, err := serving.Generate(); err != nil {
+		t.Fatal(err)
+	}
+	serving.Refresh()
+	// Overflow first, so the replacement's events are lost behind it.
+	overflowQueue(t, base)
+	next := filepath.Join(base, "next")
+	compromisedCopy(t, c, dir, filepath.Join(next, "keys"))
+	if err := os.Rename(cur, filepath.Join(base, "previous")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(next, cur); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := serving.Refresh(); err != nil {
+		t.Fatal(err)
+	}
+	if k, err := serving.Current(); err != nil || k.Version != "k2" {
+		t.Fatalf("Current = %s, %v; want k2 from the directory the path names now", k.Version, err)
+	}
+	if !serving.watch.watching() {
+		t.Fatal("not watching after the overflow")
+	}
+	// The new watch is on the new directory: a rotation there is an event.
+	c.Add(time.Minute)
+	if _, err := open(t, dir, c).Rotate(); err != nil {
+		t.Fatal(err)
+	}
+	if changed, err := serving.Refresh(); err != nil || !changed {
+		t.Fatalf("Refresh after a rotation in the new directory = %v, %v", changed, err)
+	}
+	if k, _ := serving.Current(); k.Version != "k3" {
+		t.Fatalf("Current = %s; want k3", k.Version)
 	}
 }
