@@ -234,3 +234,43 @@ func TestARunningProcessSignsWhileARotationWritesItsKeyFile(t *testing.T) {
 		t.Fatalf("Current = %s, %v", cur.Version, err)
 	}
 }
+
+// Only what loadKeyFile could load is the trace of a newer key: a directory
+// or a dangling symbolic link named k2.key does not stop a start from
+// signing; a link to a regular file does.
+func TestOnlyALoadableFileCountsAsANewerKeyFile(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		make  func(path string) error
+		stops bool
+	}{
+		{"directory", func(p string) error { return os.Mkdir(p, 0o700) }, false},
+		{"dangling link", func(p string) error { return os.Symlink(filepath.Join(filepath.Dir(p), "nowhere"), p) }, false},
+		{"link to a file", func(p string) error {
+			target := filepath.Join(filepath.Dir(p), "elsewhere")
+			if err := os.WriteFile(target, []byte("key"), 0o600); err != nil {
+				return err
+			}
+			return os.Symlink(target, p)
+		}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			c := newClock()
+			if _, err := open(t, dir, c).Generate(); err != nil {
+				t.Fatal(err)
+			}
+			if err := tc.make(filepath.Join(dir, "k2.key")); err != nil {
+				t.Fatal(err)
+			}
+			cur, err := serve(t, dir, c).Current()
+			var newer *NewerKeyFilesError
+			if stopped := errors.As(err, &newer); stopped != tc.stops {
+				t.Fatalf("Current = %q, %v; want stopped=%v", cur.Version, err, tc.stops)
+			}
+			if !tc.stops && cur.Version != "k1" {
+				t.Fatalf("Current = %q; want k1", cur.Version)
+			}
+		})
+	}
+}

@@ -615,9 +615,19 @@ func (s *Store) newerKeyFiles(idx index) error {
 		n, _ := versionNumber(e.Version) // checked by readIndex
 		newest = max(newest, n)
 	}
-	newer, err := s.strayKeyFiles(idx, newest)
-	if err != nil || len(newer) == 0 {
+	stray, err := s.strayKeyFiles(idx, newest)
+	if err != nil {
 		return err
+	}
+	// Only a file loadKeyFile could load is the trace of a key: a regular
+	// file, through a symbolic link too (it opens the path). A directory
+	// or a dangling link holds none.
+	newer := slices.DeleteFunc(stray, func(name string) bool {
+		fi, err := os.Stat(filepath.Join(s.dir, name))
+		return err != nil || !fi.Mode().IsRegular()
+	})
+	if len(newer) == 0 {
+		return nil
 	}
 	return &NewerKeyFilesError{Stray: StrayKeyFilesError{Dir: s.dir, Files: newer}, Newest: "k" + strconv.Itoa(newest)}
 }
