@@ -22,7 +22,8 @@ import (
 const DefaultMaxAge = 60 * time.Second
 
 // Handler serves the agent card. It re-reads the key directory on every
-// request (one stat when nothing changed), so a rotation or compromise mark
+// request (one stat when nothing changed; at most once per RetryEvery
+// while nothing signs, see refresh), so a rotation or compromise mark
 // made by `certd rotate` or `certd compromise` shows without a restart, and
 // rebuilds the card only when what it publishes of the key history changed.
 //
@@ -44,7 +45,15 @@ type Handler struct {
 	pubs []receipt.PublicKey // the key entries the cached card publishes
 	body []byte
 	etag string
+	// notSigning is whether the last refresh found no key in service, and
+	// retried when it ran: see refresh.
+	notSigning bool
+	retried    time.Time
 }
+
+// RetryEvery is how often, at most, card requests retry loading a key
+// directory while nothing signs (see Handler.refresh).
+const RetryEvery = time.Second
 
 // NewHandler returns the card handler. It builds the card once to fail at
 // start-up on a bad configuration rather than on the first request.
@@ -65,9 +74,7 @@ func NewHandler(cfg Config, keys *keystore.Store, maxAge time.Duration, logger *
 // card returns the current card bytes and ETag, rebuilding them when the key
 // history changed.
 func (h *Handler) card() ([]byte, string, error) {
-	if _, err := h.keys.Refresh(); err != nil {
-		h.log.Error("reloading keys failed; the card shows the newest key history that could be read", "error", err)
-	}
+	h.refresh()
 	// The card is rebuilt exactly when what it publishes of the keys
 	// changes: those entries are the comparison, not a digest of some of
 	// the fields they come from.
@@ -92,6 +99,38 @@ func (h *Handler) card() ([]byte, string, error) {
 	h.pubs, h.body, h.etag = pubs, body, `"`+hex.EncodeToString(sum[:16])+`"`
 	h.log.Info("agent card built", "current_key_version", c.Capabilities.Extensions[0].Params.CurrentKeyVersion, "key_versions", len(pubs))
 	return h.body, h.etag, nil
+}
+
+// refresh re-reads the key directory for a card request. While nothing
+// signs, the directory may be one that fails to load (a reload that reads
+// the index and lists the directory each time): anonymous card requests
+// then retry it at most once per RetryEvery, the card meanwhile being the
+// last history read, and the state is logged once per change of its cause
+// and once when signing resumes (keystore.Store.StateChanged, shared with
+// the signing path), not once per request.
+func (h *Handler) refresh() {
+	now := time.Now()
+	h.mu.Lock()
+	wait := h.notSigning && now.Sub(h.retried) < RetryEvery
+	if !wait {
+		h.retried = now
+	}
+	h.mu.Unlock()
+	if wait {
+		return
+	}
+	h.keys.Refresh() // a failure is Current's error
+	_, err := h.keys.Current()
+	h.mu.Lock()
+	h.notSigning = err != nil
+	h.mu.Unlock()
+	if h.keys.StateChanged(err) {
+		if err != nil {
+			h.log.Error("not signing until a key is in service; the card shows the newest key history that could be read", "error", err)
+		} else {
+			h.log.Info("signing again")
+		}
+	}
 }
 
 // ServeHTTP answers GET and HEAD with the card, an ETag and a short

@@ -538,7 +538,7 @@ func TestServeOnAnIndexOlderThanItsKeysSignsNothing(t *testing.T) {
 	d.mu.Lock()
 	var said string
 	for _, l := range d.logs {
-		if l["msg"] == "not signing until the key directory is put right; the agent card is served" && l["level"] == "ERROR" {
+		if l["msg"] == "not signing until a key is in service; the agent card is served" && l["level"] == "ERROR" {
 			said, _ = l["error"].(string)
 		}
 	}

@@ -207,12 +207,12 @@ func openKeys(cfg serveConfig, log *slog.Logger) (*keystore.Store, error) {
 		return nil, err
 	}
 	_, err = keys.Current()
-	if err != nil && !errors.Is(err, keystore.ErrNoKey) {
+	if err != nil && !errors.Is(err, keystore.ErrNoKey) && keys.StateChanged(err) {
 		// A key file newer than the index (keystore.NewerKeyFilesError):
 		// certd serves the card of the history the index holds and signs
 		// nothing until the operator puts the directory right; said at
 		// start, not only on the first signature.
-		log.Error("not signing until the key directory is put right; the agent card is served", "error", err)
+		log.Error("not signing until a key is in service; the agent card is served", "error", err)
 	}
 	if errors.Is(err, keystore.ErrNoKey) {
 		if !cfg.dev || len(keys.List()) > 0 {

@@ -152,6 +152,11 @@ type Store struct {
 	// stops a running process.
 	checkNewer bool
 
+	// state is the cause of the not-signing state last reported by
+	// StateChanged, "" while signing.
+	stateMu sync.Mutex
+	state   string
+
 	watch *watch // nil: Refresh stats the index every time
 }
 
@@ -222,6 +227,22 @@ func (s *Store) Current() (Key, error) {
 		return Key{}, fmt.Errorf("no key signs until the key directory loads again: %w", s.broken)
 	}
 	return current(s.keys)
+}
+
+// StateChanged reports whether err, what Current answered, differs in its
+// cause from the answer last reported, and records it: callers log that
+// signing stopped once per change of its cause, and once that it resumed,
+// however many requests (anonymous card fetches among them) see it.
+func (s *Store) StateChanged(err error) bool {
+	var cause string
+	if err != nil {
+		cause = err.Error()
+	}
+	s.stateMu.Lock()
+	defer s.stateMu.Unlock()
+	changed := cause != s.state
+	s.state = cause
+	return changed
 }
 
 func current(keys []Key) (Key, error) {

@@ -172,18 +172,21 @@ func (l *Local) current() (keystore.Key, error) {
 
 // currentKey refreshes keys (a rotation by `certd rotate` shows up on the
 // next call) and returns the current key. A refresh that fails leaves no
-// current key (keystore.Store.Current): the index it could not load may be
-// a `certd compromise` whose new key file this process cannot read, and
-// the key loaded before is then exactly the one that must not sign. So
-// signing answers 503 until the directory loads, and the cause is logged
-// for the operator. certd's handler and Local both sign with what it
-// returns.
+// current key (keystore.Store.Current): the index it could not
+// load may be a `certd compromise` whose new key file this process cannot
+// read, and the key loaded before is then exactly the one that must not
+// sign. So signing answers 503 until the directory loads. The cause is
+// logged once per change (keystore.Store.StateChanged), and again when
+// signing resumes, not once per request. certd's handler and Local both
+// sign with what it returns.
 func currentKey(keys *keystore.Store, log *slog.Logger) (keystore.Key, error) {
-	if changed, err := keys.Refresh(); err != nil {
-		log.Error("reloading keys failed; not signing until the key directory loads", "error", err)
-	} else if changed {
-		cur, _ := keys.Current()
-		log.Info("keys reloaded", "current_key_version", cur.Version, "versions", len(keys.List()))
+	changed, _ := keys.Refresh() // a failure is Current's error
+	k, err := keys.Current()
+	switch news := keys.StateChanged(err); {
+	case err != nil && news:
+		log.Error("not signing until a key is in service", "error", err)
+	case err == nil && (changed || news):
+		log.Info("signing", "current_key_version", k.Version, "versions", len(keys.List()))
 	}
-	return keys.Current()
+	return k, err
 }
