@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/aovhq/aov/keystore"
+	"github.com/aovhq/aov/receipt"
 	"github.com/aovhq/aov/signer"
 )
 
@@ -34,6 +35,133 @@ func certdOnClock(t *testing.T, dir string, c *clock) (sign http.Handler, card *
 		t.Fatal(err)
 	}
 	return srv, h, log
+}
+
+// wantSigned has certd sign with kv at attestedAt and checks the receipt
+// verifies against certd's own card, as `aov receipt verify` does.
+func wantSigned(t *testing.T, srv http.Handler, card http.Handler, kv string, attestedAt time.Time) {
+	t.Helper()
+	code, body, full := signAt(t, srv, kv, attestedAt)
+	if code != http.StatusOK {
+		t.Fatalf("signing with %s dated %s: %d %s", kv, attestedAt.Format(time.RFC3339Nano), code, body)
+	}
+	if err := receipt.VerifyReceipt(full, servedKeys(t, card), receipt.ContextVerify); err != nil {
+		t.Fatalf("certd signed with %s a receipt dated %s that its own card refuses: %v", kv, attestedAt.Format(time.RFC3339Nano), err)
+	}
+}
+
+// wantStale checks certd answers 409 naming current to a request for kv.
+func wantStale(t *testing.T, srv http.Handler, kv, current string, at time.Time) {
+	t.Helper()
+	code, body, _ := signAt(t, srv, kv, at)
+	if code != http.StatusConflict || !bytes.Contains(body, []byte(`"current_key_version":"`+current+`"`)) {
+		t.Fatalf("signing with %s: %d %s; want 409 naming %s", kv, code, body, current)
+	}
+}
+
+// A rotation run on a clock 10 min ahead of certd's (another host on a
+// shared key directory) publishes k2 created in certd's future. certd goes
+// on signing with k1 until k1's retired_at arrives by its clock (a request
+// for k2 gets 409 naming k1), then with k2. Every receipt, dated anywhere
+// within certd's skew of its clock, verifies against certd's card.
+func TestARotationOnAClockAheadSignsOnlyReceiptsTheCardAccepts(t *testing.T) {
+	dir := t.TempDir()
+	certdClock := &clock{t: time.Now().UTC()}
+	operator := &clock{t: certdClock.t.Add(-time.Hour)}
+	ks, err := keystore.Open(dir, keystore.Options{Now: operator.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ks.Generate(); err != nil {
+		t.Fatal(err)
+	}
+	srv, card, _ := certdOnClock(t, dir, certdClock)
+	operator.t = certdClock.t.Add(10 * time.Minute)
+	if _, err := ks.Rotate(); err != nil {
+		t.Fatal(err)
+	}
+	skew := signer.DefaultMaxSkew - time.Millisecond // as far as a receipt's microseconds allow
+	wantStale(t, srv, "k2", "k1", certdClock.t)
+	wantSigned(t, srv, card, "k1", certdClock.t)
+	// Just before k1's retirement by certd's clock, dated as late as
+	// certd allows.
+	certdClock.t = operator.t.Add(-time.Microsecond)
+	wantSigned(t, srv, card, "k1", certdClock.t.Add(skew))
+	// From k2's created_at by certd's clock, dated as early as it allows.
+	certdClock.t = operator.t
+	wantStale(t, srv, "k1", "k2", certdClock.t)
+	wantSigned(t, srv, card, "k2", certdClock.t.Add(-skew))
+}
+
+// A rotation run on a clock 10 min behind certd's retires k1 10 min in
+// certd's past, before receipts it already delivered. certd refuses that
+// index: it signs nothing, the card keeps the history that verifies them,
+// and the log names the clock difference once.
+func TestARotationOnAClockBehindKeepsDeliveredReceiptsVerifying(t *testing.T) {
+	dir := t.TempDir()
+	certdClock := &clock{t: time.Now().UTC()}
+	operator := &clock{t: certdClock.t.Add(-time.Hour)}
+	ks, err := keystore.Open(dir, keystore.Options{Now: operator.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ks.Generate(); err != nil {
+		t.Fatal(err)
+	}
+	srv, card, log := certdOnClock(t, dir, certdClock)
+	code, _, delivered := signAt(t, srv, "k1", certdClock.t)
+	if code != http.StatusOK {
+		t.Fatalf("sign k1: %d", code)
+	}
+	operator.t = certdClock.t.Add(-10 * time.Minute)
+	if _, err := ks.Rotate(); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := receipt.VerifyReceipt(delivered, servedKeys(t, card), receipt.ContextVerify); err != nil {
+			t.Fatalf("a k1 receipt delivered before the rotation no longer verifies against the card: %v", err)
+		}
+	}
+	for _, kv := range []string{"k1", "k2"} {
+		if code, body, _ := signAt(t, srv, kv, certdClock.t); code != http.StatusServiceUnavailable {
+			t.Fatalf("signing with %s after a retirement before a delivered receipt: %d %s; want 503", kv, code, body)
+		}
+	}
+	if n := strings.Count(log.String(), "10m0s before the newest receipt"); n != 1 {
+		t.Fatalf("the log names the refused retirement %d times, want once:\n%s", n, log)
+	}
+}
+
+// A compromise of k1 marked on a clock 10 min ahead retires k1 and creates
+// k2 in certd's future: no key is in service by certd's clock. certd
+// signs nothing (503) but serves the card with the mark, and signs with k2
+// from its created_at on.
+func TestNoKeyInServiceByCertdsClockSignsNothingUntilOneIs(t *testing.T) {
+	dir := t.TempDir()
+	certdClock := &clock{t: time.Now().UTC()}
+	operator := &clock{t: certdClock.t.Add(-time.Hour)}
+	ks, err := keystore.Open(dir, keystore.Options{Now: operator.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ks.Generate(); err != nil {
+		t.Fatal(err)
+	}
+	srv, card, log := certdOnClock(t, dir, certdClock)
+	operator.t = certdClock.t.Add(10 * time.Minute)
+	if _, err := ks.MarkCompromised("k1", certdClock.t.Add(-time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range []string{"k1", "k2"} {
+		if code, body, _ := signAt(t, srv, kv, certdClock.t); code != http.StatusServiceUnavailable {
+			t.Fatalf("signing with %s while no key is in service: %d %s; want 503", kv, code, body)
+		}
+	}
+	if keys := servedKeys(t, card); !strings.Contains(log.String(), "10m0s ahead of this clock") {
+		t.Fatalf("the log does not name the clock difference (card keys %v):\n%s", keys, log)
+	}
+	certdClock.t = operator.t
+	wantSigned(t, srv, card, "k2", certdClock.t)
 }
 
 // While certd signs nothing because its key directory does not load (here

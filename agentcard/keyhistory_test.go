@@ -47,7 +47,15 @@ func certdEndpoints(t *testing.T, keys *keystore.Store) (sign, card http.Handler
 // kv, and returns the status and, on 200, the full receipt.
 func signReceipt(t *testing.T, srv http.Handler, kv string) (int, []byte) {
 	t.Helper()
-	at := time.Now().UTC().Format("2006-01-02T15:04:05.000000+00:00")
+	code, _, full := signAt(t, srv, kv, time.Now())
+	return code, full
+}
+
+// signAt is signReceipt with the receipt dated at; it also returns the
+// answer's body.
+func signAt(t *testing.T, srv http.Handler, kv string, when time.Time) (int, []byte, []byte) {
+	t.Helper()
+	at := when.UTC().Format("2006-01-02T15:04:05.000000+00:00")
 	resp := []byte(`{"result":"pass","verified_at":"` + at + `","verify":{"key_version":"` + kv + `"}}`)
 	body, err := receipt.SigningInput(receipt.ContextVerify, kv, at, resp)
 	if err != nil {
@@ -58,7 +66,7 @@ func signReceipt(t *testing.T, srv http.Handler, kv string) (int, []byte) {
 	rec := httptest.NewRecorder()
 	srv.ServeHTTP(rec, req)
 	if rec.Code != http.StatusOK {
-		return rec.Code, nil
+		return rec.Code, rec.Body.Bytes(), nil
 	}
 	var doc map[string]any
 	if err := json.Unmarshal(resp, &doc); err != nil {
@@ -69,7 +77,7 @@ func signReceipt(t *testing.T, srv http.Handler, kv string) (int, []byte) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return rec.Code, full
+	return rec.Code, rec.Body.Bytes(), full
 }
 
 // servedKeys fetches the card and parses its keys as a verifier does.

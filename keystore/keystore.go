@@ -111,9 +111,11 @@ type Options struct {
 	// refuses, which is exactly when an operator needs them. Keys then have
 	// a nil Private.
 	PublicOnly bool
-	// CurrentOnly reads the private key of the current key version alone:
-	// the other keys have a nil Private, and a key that stops being current
-	// is forgotten on the next reload. For a process that only ever signs
+	// CurrentOnly reads the private keys of the keys that may still sign
+	// alone (not compromised, not retired by this clock: a key retired in
+	// its future is still in service, see Current): the other keys have a
+	// nil Private, and a key is forgotten once its retirement has come by
+	// this clock. For a process that only ever signs
 	// with the current key and parses untrusted input (verifierd's
 	// in-process signer): whoever takes it over cannot sign with a retired
 	// key, whose receipts verifiers still accept.
@@ -151,6 +153,12 @@ type Store struct {
 	// none, so a rotation's key file, written just before its index, never
 	// stops a running process.
 	checkNewer bool
+
+	// signed is, per key version, the newest attested_at this process
+	// signed with it (see Signed), so checkGrowth refuses a retirement
+	// that would make a delivered receipt fail to verify.
+	signedMu sync.Mutex
+	signed   map[string]time.Time
 
 	// state is the cause of the not-signing state last reported by
 	// StateChanged, "" while signing.
@@ -196,7 +204,7 @@ func Open(dir string, opts Options) (*Store, error) {
 	}
 	// Microseconds, like every timestamp of a receipt: enough to order a
 	// compromise against receipts, and readable.
-	s := &Store{dir: dir, publicOnly: opts.PublicOnly, currentOnly: opts.CurrentOnly, checkNewer: !opts.PublicOnly, now: func() time.Time { return now().UTC().Truncate(time.Microsecond) }}
+	s := &Store{dir: dir, publicOnly: opts.PublicOnly, currentOnly: opts.CurrentOnly, checkNewer: !opts.PublicOnly, signed: map[string]time.Time{}, now: func() time.Time { return now().UTC().Truncate(time.Microsecond) }}
 	if opts.Watch {
 		// Before the first load: a change from then on is an event.
 		s.attachWatch()
@@ -214,19 +222,43 @@ func Open(dir string, opts Options) (*Store, error) {
 // Dir reports the key directory.
 func (s *Store) Dir() string { return s.dir }
 
-// Current reports the key that signs now: the newest key that is not
-// retired. It is ErrNoKey when there is none, and an error naming the
-// cause while the index on disk cannot be fully loaded: the key the
-// process holds may be the one that index retires or marks compromised,
-// and SPEC §5 has no receipt signed by a retired key. Signing stops until
-// a Refresh or Reload succeeds.
+// Current reports the key in service now by this process's clock: the
+// newest key, not marked compromised, whose published window (created_at up
+// to retired_at) holds now. The window, not the index's order, decides:
+// a rotation run on a clock ahead of this one publishes a new key whose
+// created_at is still in this clock's future, and a receipt it signed now
+// would be dated before that key existed, which verifiers refuse; so the
+// key before it signs until its retired_at arrives here. Every receipt is
+// then dated (attested_at, within the signer's skew of this clock, itself
+// at most receipt.MaxSigningSkew) inside its key's window as verifiers
+// widen it.
+//
+// It is ErrNoKey when no key can ever sign (none, or every one retired or
+// compromised: a compromise whose replacement was refused), a
+// *NotInServiceError when a key is due but its window has not begun by
+// this clock, and an error naming the cause while the index on disk cannot
+// be fully loaded: the key the process holds may be the one that index
+// retires or marks compromised, and SPEC §5 has no receipt signed by a
+// retired key. Signing stops until a Refresh or Reload succeeds.
 func (s *Store) Current() (Key, error) {
+	now := s.now()
 	s.mu.RLock()
-	defer s.mu.RUnlock()
 	if s.broken != nil {
+		defer s.mu.RUnlock()
 		return Key{}, fmt.Errorf("no key signs until the key directory loads again: %w", s.broken)
 	}
-	return current(s.keys)
+	k, err := current(s.keys, now)
+	stale := s.currentOnly && holdsRetired(s.keys, now)
+	s.mu.RUnlock()
+	if stale {
+		s.forgetRetired(now)
+	}
+	if err == nil && k.Private == nil && !s.publicOnly {
+		// Loaded public only: its window began after the last load by a
+		// clock that has since gone back. Never sign with another key.
+		return Key{}, fmt.Errorf("key %s is in service by this host's clock but its private key was not loaded (the clock went back); the next change to the key directory, or a SIGHUP, loads it", k.Version)
+	}
+	return k, err
 }
 
 // StateChanged reports whether err, what Current answered, differs in its
@@ -235,7 +267,9 @@ func (s *Store) Current() (Key, error) {
 // however many requests (anonymous card fetches among them) see it.
 func (s *Store) StateChanged(err error) bool {
 	var cause string
-	if err != nil {
+	if ns, ok := errors.AsType[*NotInServiceError](err); ok {
+		cause = "not in service until " + ns.Version // its message moves with the clock
+	} else if err != nil {
 		cause = err.Error()
 	}
 	s.stateMu.Lock()
@@ -245,13 +279,66 @@ func (s *Store) StateChanged(err error) bool {
 	return changed
 }
 
-func current(keys []Key) (Key, error) {
+func current(keys []Key, now time.Time) (Key, error) {
+	var due *Key // the earliest key whose window has not begun
 	for i := len(keys) - 1; i >= 0; i-- {
-		if keys[i].RetiredAt.IsZero() && !keys[i].Compromised {
-			return keys[i], nil
+		k := &keys[i]
+		switch {
+		case k.Compromised:
+		case k.CreatedAt.After(now):
+			due = k
+		case k.RetiredAt.IsZero() || now.Before(k.RetiredAt):
+			return *k, nil
 		}
 	}
+	if due != nil {
+		return Key{}, &NotInServiceError{Version: due.Version, CreatedAt: due.CreatedAt, Now: now}
+	}
 	return Key{}, ErrNoKey
+}
+
+// NotInServiceError stops signing while no key's window holds this
+// process's clock but a key's begins later: the key before it was retired
+// or marked compromised by this clock, and the new key was dated by a
+// clock ahead of this one (another host on a shared key directory). A
+// receipt signed now by the new key would be dated before its created_at,
+// and verifiers refuse it. Signing resumes by itself at CreatedAt by this
+// clock.
+type NotInServiceError struct {
+	Version   string
+	CreatedAt time.Time
+	Now       time.Time // this process's clock when it was found
+}
+
+func (e *NotInServiceError) Error() string {
+	return fmt.Sprintf("not signing: no key is in service by this host's clock (%s); key %s begins at its created_at %s, %s ahead of this clock, so the clock that created it is ahead of this one "+
+		"(receipts it signed now would be dated before it existed, and verifiers refuse them). Signing resumes at %s by this clock; correct the clocks (NTP)",
+		formatTime(e.Now), e.Version, formatTime(e.CreatedAt), e.CreatedAt.Sub(e.Now), formatTime(e.CreatedAt))
+}
+
+// holdsRetired reports whether keys hold the private key of a key retired
+// by now (see forgetRetired).
+func holdsRetired(keys []Key, now time.Time) bool {
+	for _, k := range keys {
+		if k.Private != nil && !k.RetiredAt.IsZero() && !now.Before(k.RetiredAt) {
+			return true
+		}
+	}
+	return false
+}
+
+// forgetRetired drops, for Options.CurrentOnly, the private keys whose
+// retirement has come by now: a load keeps those of keys retired in this
+// clock's future (they are still in service), and this is when they stop
+// being needed.
+func (s *Store) forgetRetired(now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, k := range s.keys {
+		if !k.RetiredAt.IsZero() && !now.Before(k.RetiredAt) {
+			s.keys[i].Private = nil
+		}
+	}
 }
 
 // List reports every key version ever used, oldest first. The agent card
@@ -265,6 +352,25 @@ func (s *Store) List() []Key {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	return append([]Key(nil), s.keys...)
+}
+
+// Signed records that this process signed a receipt dated at with the key
+// of version. A running process then refuses an index that retires that
+// key so early that the receipt would no longer verify (see checkGrowth).
+// The record lives in the process alone: a restart, or another process
+// signing with the same directory, does not know it.
+func (s *Store) Signed(version string, at time.Time) {
+	s.signedMu.Lock()
+	if at.After(s.signed[version]) {
+		s.signed[version] = at
+	}
+	s.signedMu.Unlock()
+}
+
+func (s *Store) lastSigned(version string) time.Time {
+	s.signedMu.Lock()
+	defer s.signedMu.Unlock()
+	return s.signed[version]
 }
 
 // Lookup reports the key of one version.
@@ -522,31 +628,10 @@ func (s *Store) loadLocked() error {
 		return fmt.Errorf("the key index %s disappeared; the agent card keeps the %d keys loaded before (restore the newest copy of it: an older one is refused while the process runs)", filepath.Join(s.dir, IndexFile), len(s.keys))
 	}
 	keys := make([]Key, 0, len(idx.Keys))
-	cur := lastActive(idx.Keys)
+	now := s.now()
 	var keyErr error // the first private key file that failed to load
-	for i, e := range idx.Keys {
-		var k Key
-		publicOnly := s.publicOnly || (s.currentOnly && i != cur)
-		if old, ok := findKey(s.keys, e.Version); ok && old.Public.Equal(mustPublic(e.PublicKey)) && (old.Private != nil || publicOnly) {
-			k.Public = old.Public
-			if !publicOnly {
-				k.Private = old.Private
-			}
-		} else if !publicOnly {
-			// A key file that fails leaves the key public only, so the
-			// new history is still published (Open fails on it anyway);
-			// s.broken stops signing.
-			if k, err = s.loadKeyFile(e); err != nil {
-				keyErr = cmp.Or(keyErr, err)
-				k = Key{}
-			}
-		}
-		if k.Public == nil {
-			if k.Public = mustPublic(e.PublicKey); k.Public == nil {
-				return fmt.Errorf("reading key index: key %s has a bad public_key", e.Version)
-			}
-		}
-		k.Version = e.Version
+	for _, e := range idx.Keys {
+		k := Key{Version: e.Version, Compromised: e.CompromisedSince != ""}
 		if k.CreatedAt, err = parseTime(e.CreatedAt, e.Version, "created_at"); err != nil {
 			return err
 		}
@@ -556,7 +641,30 @@ func (s *Store) loadLocked() error {
 		if k.CompromisedSince, err = parseTime(e.CompromisedSince, e.Version, "compromised_since"); err != nil {
 			return err
 		}
-		k.Compromised = e.CompromisedSince != ""
+		// CurrentOnly keeps every key that may still sign: not only the
+		// newest, as a key retired in this clock's future is in service
+		// until then (see Current).
+		publicOnly := s.publicOnly || (s.currentOnly && (k.Compromised || !k.RetiredAt.IsZero() && !now.Before(k.RetiredAt)))
+		if old, ok := findKey(s.keys, e.Version); ok && old.Public.Equal(mustPublic(e.PublicKey)) && (old.Private != nil || publicOnly) {
+			k.Public = old.Public
+			if !publicOnly {
+				k.Private = old.Private
+			}
+		} else if !publicOnly {
+			// A key file that fails leaves the key public only, so the
+			// new history is still published (Open fails on it anyway);
+			// s.broken stops signing.
+			loaded, err := s.loadKeyFile(e)
+			if err != nil {
+				keyErr = cmp.Or(keyErr, err)
+			}
+			k.Public, k.Private = loaded.Public, loaded.Private
+		}
+		if k.Public == nil {
+			if k.Public = mustPublic(e.PublicKey); k.Public == nil {
+				return fmt.Errorf("reading key index: key %s has a bad public_key", e.Version)
+			}
+		}
 		keys = append(keys, k)
 	}
 	if err := s.checkGrowth(keys); err != nil {
@@ -581,6 +689,11 @@ func (s *Store) loadLocked() error {
 // created_at, a retirement stays as it was, and a compromise mark stays
 // or moves earlier. Retiring a key, marking one, moving a mark earlier
 // and adding versions are what rotate and compromise write, and load.
+// A retirement is refused, though, when it comes so early that a receipt
+// this process signed with the key (Signed) would fall outside the key's
+// window as verifiers widen it: the index was written on a clock behind
+// this one, and loading it would silently invalidate delivered receipts.
+// A compromise mark is not: it may mean to.
 //
 // An index that takes something back is most often one restored from a
 // backup older than the last rotation: loading it would sign again with a
@@ -606,6 +719,13 @@ func (s *Store) checkGrowth(next []Key) error {
 			what = fmt.Sprintf("no longer retires key %s (retired at %s)", h.Version, formatTime(h.RetiredAt))
 		case !h.RetiredAt.IsZero() && !n.RetiredAt.Equal(h.RetiredAt):
 			what = fmt.Sprintf("changes the retired_at of key %s from %s to %s", h.Version, formatTime(h.RetiredAt), formatTime(n.RetiredAt))
+		case h.RetiredAt.IsZero() && !n.RetiredAt.IsZero() && !n.Compromised && s.lastSigned(h.Version).After(n.RetiredAt.Add(receipt.MaxSigningSkew)):
+			// A compromise mark may mean to distrust receipts already
+			// delivered; a retirement never does.
+			last := s.lastSigned(h.Version)
+			what = fmt.Sprintf("retires key %s at %s, %s before the newest receipt this process signed with it (dated %s), which verifiers would then refuse as signed after the key left service; "+
+				"the clock of the host that retired it is behind this one's by about that much (correct it with NTP)",
+				h.Version, formatTime(n.RetiredAt), last.Sub(n.RetiredAt), formatTime(last))
 		case h.Compromised && !n.Compromised:
 			what = fmt.Sprintf("no longer marks key %s compromised (since %s)", h.Version, formatTime(h.CompromisedSince))
 		case h.Compromised && n.CompromisedSince.After(h.CompromisedSince):

@@ -127,6 +127,10 @@ func (l *Local) sign(input signingInput, signContext, keyVersion, attestedAt str
 	if signContext != receipt.ContextVerify && signContext != receipt.ContextScore {
 		return receipt.Attestation{}, apierr.Internal(fmt.Errorf("in-process signer: %q is not a signing context of this service", signContext))
 	}
+	at, err := receipt.ParseTime(attestedAt)
+	if err != nil {
+		return receipt.Attestation{}, apierr.Internal(fmt.Errorf("in-process signer: attested_at is not an RFC 3339 time: %w", err))
+	}
 	k, err := l.current()
 	if err != nil {
 		return receipt.Attestation{}, err
@@ -146,6 +150,7 @@ func (l *Local) sign(input signingInput, signContext, keyVersion, attestedAt str
 		Timestamp:  attestedAt,
 		Signature:  base64.StdEncoding.EncodeToString(ed25519.Sign(k.Private, msg)),
 	}
+	l.keys.Signed(k.Version, at)
 	if cap(msg) <= maxPooledInput {
 		*buf = msg[:0]
 	}
@@ -171,8 +176,8 @@ func (l *Local) current() (keystore.Key, error) {
 }
 
 // currentKey refreshes keys (a rotation by `certd rotate` shows up on the
-// next call) and returns the current key. A refresh that fails leaves no
-// current key (keystore.Store.Current): the index it could not
+// next call) and returns the key in service now (keystore.Store.Current).
+// A refresh that fails leaves no key in service: the index it could not
 // load may be a `certd compromise` whose new key file this process cannot
 // read, and the key loaded before is then exactly the one that must not
 // sign. So signing answers 503 until the directory loads. The cause is

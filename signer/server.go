@@ -21,8 +21,10 @@
 // No envelope is encoded or decoded and nothing is canonicalized twice.
 //
 // The caller names the key version it put into the response's verify block;
-// certd signs only with its current key, so a response can never carry one
-// key version in "verify" and a signature by another. After a rotation the
+// certd signs only with its current key, the one whose published window
+// holds now by certd's clock (keystore.Store.Current), so a response can
+// never carry one key version in "verify" and a signature by another, nor
+// a date outside its key's window. After a rotation takes effect the
 // caller gets 409 stale_key_version with the current version and rebuilds.
 //
 // This package is not the public face of certd (that is the agent card) and
@@ -249,7 +251,8 @@ func (s *Server) sign(w http.ResponseWriter, r *http.Request) {
 		apierr.Write(w, apierr.Invalid(f))
 		return
 	}
-	if f, ok := s.checkTime(doc.AttestedAt); !ok {
+	at, f, ok := s.checkTime(doc.AttestedAt)
+	if !ok {
 		s.log.Warn("sign request refused", "problems", f.Field+" "+f.Problem)
 		apierr.Write(w, apierr.Invalid(f))
 		return
@@ -274,6 +277,7 @@ func (s *Server) sign(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	sig := ed25519.Sign(k.Private, body)
+	s.keys.Signed(k.Version, at)
 	s.log.Debug("signed", "context", doc.Context, "key_version", k.Version, "attested_at", doc.AttestedAt)
 	att := receipt.Attestation{Algorithm: receipt.Algorithm, KeyVersion: k.Version, Timestamp: doc.AttestedAt,
 		Signature: base64.StdEncoding.EncodeToString(sig)}
@@ -306,18 +310,21 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, erro
 // checkTime accepts attested_at only as RFC 3339 within the allowed skew of
 // certd's clock, so nobody can obtain a receipt dated far from when it was
 // signed. It reads the time as verifiers do (receipt.ParseTime): one they
-// refuse would make a receipt that never verifies.
-func (s *Server) checkTime(at string) (apierr.Field, bool) {
+// refuse would make a receipt that never verifies. With the key chosen by
+// the same clock (keystore.Store.Current: its window holds now), and the
+// skew at most receipt.MaxSigningSkew, attested_at then lies in the key's
+// window as verifiers widen it.
+func (s *Server) checkTime(at string) (time.Time, apierr.Field, bool) {
 	t, err := receipt.ParseTime(at)
 	if err != nil {
-		return apierr.Field{Field: "attested_at", Problem: "is not an RFC 3339 time",
+		return t, apierr.Field{Field: "attested_at", Problem: "is not an RFC 3339 time",
 			Fix: "Send a time such as 2026-11-29T21:22:28.123456+00:00."}, false
 	}
 	if d := s.now().Sub(t); d > s.maxSkew || d < -s.maxSkew {
-		return apierr.Field{Field: "attested_at", Problem: fmt.Sprintf("is more than %s away from the signing service's clock", s.maxSkew),
+		return t, apierr.Field{Field: "attested_at", Problem: fmt.Sprintf("is more than %s away from the signing service's clock", s.maxSkew),
 			Fix: "Sign right after verifying, and keep both hosts' clocks synchronised (NTP)."}, false
 	}
-	return apierr.Field{}, true
+	return t, apierr.Field{}, true
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

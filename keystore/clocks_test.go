@@ -1,0 +1,152 @@
+package keystore
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aovhq/aov/receipt"
+)
+
+// privates lists the versions whose private key s holds.
+func privates(s *Store) string {
+	var out []string
+	for _, k := range s.List() {
+		if k.Private != nil {
+			out = append(out, k.Version)
+		}
+	}
+	return strings.Join(out, ",")
+}
+
+// A rotation run on a clock ahead of the signing process's (another host
+// on a shared key directory) publishes a key whose created_at is still in
+// this clock's future. The key before it stays in service until its
+// retired_at arrives by this clock, then the new one takes over, and the
+// retired private key is forgotten: no receipt is ever dated before its
+// key's created_at.
+func TestARotationOnAClockAheadTakesEffectWhenItsTimeComes(t *testing.T) {
+	dir := t.TempDir()
+	c := newClock()
+	ahead := &clock{t: c.Now().Add(10 * time.Minute)}
+	if _, err := open(t, dir, c).Generate(); err != nil {
+		t.Fatal(err)
+	}
+	serving := serve(t, dir, c)
+	c.Add(time.Minute)
+	ahead.Add(time.Minute)
+	if _, err := open(t, dir, ahead).Rotate(); err != nil {
+		t.Fatal(err)
+	}
+	if changed, err := serving.Refresh(); err != nil || !changed {
+		t.Fatalf("Refresh = %v, %v", changed, err)
+	}
+	if cur, err := serving.Current(); err != nil || cur.Version != "k1" || cur.Private == nil {
+		t.Fatalf("Current with k2 created 10 min ahead of this clock = %s (private %v), %v; want k1", cur.Version, cur.Private != nil, err)
+	}
+	if got := privates(serving); got != "k1,k2" {
+		t.Fatalf("private keys held while k1 is retired in this clock's future: %q", got)
+	}
+	c.Add(10*time.Minute - time.Microsecond)
+	if cur, err := serving.Current(); err != nil || cur.Version != "k1" {
+		t.Fatalf("Current a microsecond before k1's retired_at = %s, %v; want k1", cur.Version, err)
+	}
+	c.Add(time.Microsecond)
+	if cur, err := serving.Current(); err != nil || cur.Version != "k2" || cur.Private == nil {
+		t.Fatalf("Current at k2's created_at = %s, %v; want k2", cur.Version, err)
+	}
+	if got := privates(serving); got != "k2" {
+		t.Fatalf("private keys held once k1's retirement came: %q, want k2", got)
+	}
+}
+
+// A compromise of the current key marked on a clock ahead retires it there
+// and creates its replacement there: by this clock no key's window holds
+// now. Signing stops, with an error naming the clock difference, and
+// resumes by itself when the new key's created_at arrives.
+func TestNoKeyInServiceByThisClockSignsNothingUntilOneIs(t *testing.T) {
+	dir := t.TempDir()
+	c := newClock()
+	ahead := &clock{t: c.Now().Add(10 * time.Minute)}
+	if _, err := open(t, dir, c).Generate(); err != nil {
+		t.Fatal(err)
+	}
+	serving := serve(t, dir, c)
+	if _, err := open(t, dir, ahead).MarkCompromised("k1", c.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := serving.Refresh(); err != nil {
+		t.Fatal(err)
+	}
+	_, err := serving.Current()
+	var ns *NotInServiceError
+	if !errors.As(err, &ns) || ns.Version != "k2" {
+		t.Fatalf("Current = %v; want a NotInServiceError for k2", err)
+	}
+	if !strings.Contains(err.Error(), "10m0s ahead of this clock") {
+		t.Errorf("the refusal %q does not name the clock difference", err)
+	}
+	c.Add(10 * time.Minute)
+	if cur, err := serving.Current(); err != nil || cur.Version != "k2" {
+		t.Fatalf("Current at k2's created_at = %s, %v; want k2", cur.Version, err)
+	}
+}
+
+// A rotation run on a clock behind would retire the key before receipts
+// the process already signed with it, which verifiers would then refuse.
+// The process refuses that index like any history it must not take (it
+// signs nothing, the history stays), naming the clock difference; a
+// retirement that leaves every receipt inside the key's widened window
+// loads, and a compromise mark, which may mean to distrust receipts, is
+// never refused for it.
+func TestARetirementBeforeASignedReceiptIsRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		behind  time.Duration
+		change  func(*Store) error
+		refused bool
+	}{
+		{"rotate 10 min behind", 10 * time.Minute, func(s *Store) error { _, err := s.Rotate(); return err }, true},
+		{"rotate within the skew", receipt.MaxSigningSkew - time.Second, func(s *Store) error { _, err := s.Rotate(); return err }, false},
+		{"compromise 10 min behind", 10 * time.Minute, func(s *Store) error {
+			_, err := s.MarkCompromised("k1", s.now().Add(-time.Hour))
+			return err
+		}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			c := newClock()
+			if _, err := open(t, dir, c).Generate(); err != nil {
+				t.Fatal(err)
+			}
+			c.Add(time.Hour)
+			serving := serve(t, dir, c)
+			serving.Signed("k1", c.Now())
+			if err := tc.change(open(t, dir, &clock{t: c.Now().Add(-tc.behind)})); err != nil {
+				t.Fatal(err)
+			}
+			_, err := serving.Refresh()
+			if !tc.refused {
+				if err != nil {
+					t.Fatalf("Refresh: %v", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatal("Refresh loaded a retirement 10 min before a receipt the process signed")
+			}
+			for _, want := range []string{"retires key k1", "10m0s before the newest receipt", "behind this one's"} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("the refusal %q does not say %q", err, want)
+				}
+			}
+			if _, err := serving.Current(); err == nil {
+				t.Fatal("Current signs after a refused index")
+			}
+			if got := versions(serving.List()); got != "k1:current" {
+				t.Fatalf("List = %s, want the history loaded before", got)
+			}
+		})
+	}
+}
