@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aovhq/aov/apierr"
 	"github.com/aovhq/aov/keystore"
 	"github.com/aovhq/aov/receipt"
 	"github.com/aovhq/aov/signer"
@@ -413,6 +414,58 @@ func TestCompromiseIsRecordedWhenItsNewKeyIsRefused(t *testing.T) {
 	if set, err := receipt.KeysFromCard(card); err != nil || set.Current() != "k2" {
 		t.Fatalf("card after the rotation: current %q, %v", set.Current(), err)
 	}
+}
+
+// A restart while a compromise has no replacement key (the stray file that
+// refused it moved out as the error says, `certd rotate` not run yet)
+// starts and serves the card with the compromise mark, which verifiers
+// need most of all then; signing and /health answer 503 until `certd
+// rotate` makes a key, which a running certd picks up.
+func TestARestartWithNoKeyInServiceServesTheCard(t *testing.T) {
+	keys := filepath.Join(shortDir(t), "keys")
+	if out, errOut, code := certd(t, "rotate", "-keys", keys); code != 0 {
+		t.Fatalf("rotate: %s %s", out, errOut)
+	}
+	stray := filepath.Join(keys, "k2.key")
+	if err := os.WriteFile(stray, []byte("leftover"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, errOut, code := certd(t, "compromise", "-keys", keys, "-version", "k1", "-since", time.Now().Add(-time.Minute).UTC().Format(time.RFC3339)); code != 1 {
+		t.Fatalf("compromise: %d %s %s", code, out, errOut)
+	}
+	if err := os.Rename(stray, filepath.Join(shortDir(t), "k2.key")); err != nil {
+		t.Fatal(err)
+	}
+
+	sock := filepath.Join(shortDir(t), "certd.sock")
+	d := startServe(t, "-keys", keys, "-sign-socket", sock, "-public-listen", "127.0.0.1:0")
+	card, _ := fetchCard(t, d.publicAddr)
+	if _, err := receipt.KeysFromCard(card); err != nil || !bytes.Contains(card, []byte(`"status":"compromised"`)) {
+		t.Fatalf("card after the restart: %v %s", err, card)
+	}
+	if !d.sawLog("not signing until a key is in service; the agent card is served") {
+		t.Error("the start does not say that nothing is signed")
+	}
+	c := signer.NewClient(signer.ClientConfig{Socket: sock})
+	if _, err := signedResponse(t, c, "k1"); apierr.From(err).Status != http.StatusServiceUnavailable {
+		t.Fatalf("signing with no key in service: %v; want 503", err)
+	}
+	resp, err := http.Get("http://" + d.publicAddr + "/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("/health with no key in service: %d; want 503", resp.StatusCode)
+	}
+
+	if out, errOut, code := certd(t, "rotate", "-keys", keys); code != 0 {
+		t.Fatalf("rotate: %s %s", out, errOut)
+	}
+	if _, err := signedResponse(t, c, "k2"); err != nil {
+		t.Fatalf("signing with k2 after the rotation: %v", err)
+	}
+	d.stop(t, os.Interrupt)
 }
 
 func TestEndToEndLoopbackTCPWithSecret(t *testing.T) {

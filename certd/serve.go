@@ -207,22 +207,27 @@ func openKeys(cfg serveConfig, log *slog.Logger) (*keystore.Store, error) {
 		return nil, err
 	}
 	_, err = keys.Current()
-	if err != nil && !errors.Is(err, keystore.ErrNoKey) && keys.StateChanged(err) {
-		// A key file newer than the index (keystore.NewerKeyFilesError):
-		// certd serves the card of the history the index holds and signs
-		// nothing until the operator puts the directory right; said at
-		// start, not only on the first signature.
-		log.Error("not signing until a key is in service; the agent card is served", "error", err)
-	}
-	if errors.Is(err, keystore.ErrNoKey) {
-		if !cfg.dev || len(keys.List()) > 0 {
-			return nil, fmt.Errorf("no current signing key in %s: create one with `certd rotate -keys %s` (or start with -dev to generate a development key)", cfg.keysDir, cfg.keysDir)
+	if errors.Is(err, keystore.ErrNoKey) && len(keys.List()) == 0 {
+		if !cfg.dev {
+			keys.Close()
+			return nil, fmt.Errorf("no signing key in %s: create one with `certd rotate -keys %s` (or start with -dev to generate a development key)", cfg.keysDir, cfg.keysDir)
 		}
 		k, err := keys.Generate()
 		if err != nil {
+			keys.Close()
 			return nil, err
 		}
 		log.Warn("generated a development signing key; for production create keys with `certd rotate` and keep the key directory private", "key_version", k.Version, "keys_dir", cfg.keysDir)
+		return keys, nil
+	}
+	if err != nil && keys.StateChanged(err) {
+		// A key file newer than the index (keystore.NewerKeyFilesError), a
+		// compromise whose replacement was refused, a new key not in
+		// service yet by this clock: certd serves the card of the history
+		// the index holds (verifiers need its compromise marks most of
+		// all) and signs nothing (503) until a key is in service. Said at
+		// start, not only on the first signature.
+		log.Error("not signing until a key is in service; the agent card is served", "error", err)
 	}
 	return keys, nil
 }

@@ -294,8 +294,15 @@ func current(keys []Key, now time.Time) (Key, error) {
 	if due != nil {
 		return Key{}, &NotInServiceError{Version: due.Version, CreatedAt: due.CreatedAt, Now: now}
 	}
+	if len(keys) > 0 {
+		return Key{}, errAllRetired
+	}
 	return Key{}, ErrNoKey
 }
+
+// errAllRetired is ErrNoKey where keys exist: after a compromise whose
+// replacement was refused (ReplacementRefusedError).
+var errAllRetired = fmt.Errorf("%w: every key it holds is retired or marked compromised; `certd rotate` creates a new one", ErrNoKey)
 
 // NotInServiceError stops signing while no key's window holds this
 // process's clock but a key's begins later: the key before it was retired
