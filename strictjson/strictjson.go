@@ -159,14 +159,33 @@ func (d *decoder) pathString() string {
 	return b.String()
 }
 
-// maxKeyInPath bounds how much of an object key an error path repeats.
-const maxKeyInPath = 64
+// MaxKeyInPath bounds how much of an object key a path repeats: a longer
+// key is shortened (ShortKey).
+const MaxKeyInPath = 64
+
+// ShortKey is key as a path shows it: whole when it is at most
+// MaxKeyInPath bytes, otherwise its first MaxKeyInPath bytes (cut at a character boundary) and "…". A
+// path repeats every member name above the value it names, and a name can
+// be as long as the document, so every path a client is shown, from a
+// refusal of the body or from a verification's findings, shows names this
+// way: its size then depends on its depth, not on what was sent.
+func ShortKey(key string) string {
+	if len(key) <= MaxKeyInPath {
+		return key
+	}
+	cut := MaxKeyInPath
+	for cut > 0 && !utf8.RuneStart(key[cut]) {
+		cut--
+	}
+	return key[:cut] + "…"
+}
 
 // AppendKey writes one object key as a path step: ".key" (or "key" at the
 // start) when the key is a plain name, otherwise a JSON-quoted ["key"] so a
-// key containing dots or brackets stays unambiguous. Long keys are cut.
+// key containing dots or brackets stays unambiguous. Long keys are cut
+// (ShortKey).
 func AppendKey(b *strings.Builder, key string) {
-	plain := key != "" && len(key) <= maxKeyInPath
+	plain := key != "" && len(key) <= MaxKeyInPath
 	for i := 0; plain && i < len(key); i++ {
 		c := key[i]
 		plain = c == '_' || c == '-' || c == '$' || c == '@' ||
@@ -179,15 +198,8 @@ func AppendKey(b *strings.Builder, key string) {
 		b.WriteString(key)
 		return
 	}
-	if len(key) > maxKeyInPath {
-		cut := maxKeyInPath
-		for cut > 0 && !utf8.RuneStart(key[cut]) {
-			cut--
-		}
-		key = key[:cut] + "…"
-	}
 	b.WriteByte('[')
-	b.WriteString(strconv.Quote(strings.ToValidUTF8(key, "\uFFFD")))
+	b.WriteString(strconv.Quote(strings.ToValidUTF8(ShortKey(key), "\uFFFD")))
 	b.WriteByte(']')
 }
 

@@ -168,7 +168,7 @@ func TestLongKeysAreCutInPaths(t *testing.T) {
 	if !errors.As(err, &e) {
 		t.Fatal("an overflowing number was accepted")
 	}
-	if len(e.Path) > 3*maxKeyInPath || !strings.HasSuffix(e.Path, `…"][0]`) {
+	if len(e.Path) > 3*MaxKeyInPath || !strings.HasSuffix(e.Path, `…"][0]`) {
 		t.Errorf("path %q is not cut", e.Path)
 	}
 }

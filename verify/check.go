@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"math"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -757,16 +756,14 @@ type locStep struct {
 }
 
 func renderLoc(loc []locStep) string {
-	var b strings.Builder
-	b.WriteByte('$')
+	b := make([]byte, 1, 64)
+	b[0] = '$'
 	for _, s := range loc {
 		if s.idx >= 0 {
-			b.WriteByte('[')
-			b.WriteString(strconv.Itoa(s.idx))
-			b.WriteByte(']')
+			b = schema.AppendLocationIndex(b, s.idx)
 			continue
 		}
-		b.WriteString(schema.PathKey(s.key))
+		b = schema.AppendLocationKey(b, s.key)
 	}
-	return b.String()
+	return string(b)
 }

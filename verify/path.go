@@ -210,22 +210,21 @@ func (p Path) walkFrom(v any, at int, idx *[]int, steps *int64, fn func(any, []i
 }
 
 // locate renders the concrete location of one resolved value, with the
-// index chosen at each "[]" ("$.line_items[1].line_total").
+// index chosen at each "[]" ("$.line_items[1].line_total"), as the schema's
+// findings render theirs (within schema.MaxLocationBytes).
 func (p Path) locate(idx []int) string {
-	var b strings.Builder
-	b.WriteByte('$')
+	b := make([]byte, 1, 64)
+	b[0] = '$'
 	n := 0
 	for _, s := range p.steps {
 		if s.each {
-			b.WriteByte('[')
-			if n < len(idx) {
-				b.WriteString(strconv.Itoa(idx[n]))
+			if n < len(idx) { // walk chose an index at every "[]"
+				b = schema.AppendLocationIndex(b, idx[n])
 			}
 			n++
-			b.WriteByte(']')
 			continue
 		}
-		b.WriteString(schema.PathKey(s.key))
+		b = schema.AppendLocationKey(b, s.key)
 	}
-	return b.String()
+	return string(b)
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
+	"reflect"
 	"sort"
 	"strconv"
 	"strings"
@@ -352,7 +353,7 @@ func collect(e *jsonschema.ValidationError, inst any, s *Schema, fs *failureSet)
 			fs.count(path, kw, len(k.Missing))
 		case *kind.AdditionalProperties:
 			for _, p := range k.Properties {
-				fs.count(path+PathKey(p), kw, 1)
+				fs.count(LocationKey(path, p), kw, 1)
 			}
 		default:
 			fs.count(path, kw, 1)
@@ -500,7 +501,7 @@ func describe(e *jsonschema.ValidationError, path, noun string, val any, hasVal 
 		}
 	case *kind.AdditionalProperties:
 		for _, p := range k.Properties {
-			add(path+PathKey(p), "no property here (the schema allows only the properties it declares)", "an undeclared property")
+			add(LocationKey(path, p), "no property here (the schema allows only the properties it declares)", "an undeclared property")
 		}
 	case *kind.AdditionalItems:
 		add(path, "no items beyond those the schema lists", plural(k.Count, "extra item"))
@@ -618,17 +619,17 @@ type pathElem struct {
 }
 
 // locate follows a validator instance location through the instance and
-// renders it as "$.a[0].b".
+// renders it as "$.a[0].b" (within MaxLocationBytes).
 func locate(inst any, loc []string) (string, any, bool) {
-	var b strings.Builder
-	b.WriteByte('$')
+	b := make([]byte, 1, 64)
+	b[0] = '$'
 	cur, ok := inst, true
 	for _, tok := range loc {
 		switch c := cur.(type) {
 		case []any:
 			i, err := strconv.Atoi(tok)
 			if err == nil && i >= 0 && i < len(c) {
-				b.WriteString("[" + tok + "]")
+				b = AppendLocationIndex(b, i)
 				cur = c[i]
 				continue
 			}
@@ -638,40 +639,22 @@ func locate(inst any, loc []string) (string, any, bool) {
 		default:
 			ok = false
 		}
-		b.WriteString(PathKey(tok))
+		b = AppendLocationKey(b, tok)
 	}
-	return b.String(), cur, ok
+	return string(b), cur, ok
 }
 
 func renderPath(path []pathElem) string {
-	var b strings.Builder
-	b.WriteByte('$')
+	b := make([]byte, 1, 64)
+	b[0] = '$'
 	for _, e := range path {
 		if e.idx >= 0 {
-			b.WriteString("[" + strconv.Itoa(e.idx) + "]")
+			b = AppendLocationIndex(b, e.idx)
 		} else {
-			b.WriteString(PathKey(e.key))
+			b = AppendLocationKey(b, e.key)
 		}
 	}
-	return b.String()
-}
-
-// PathKey renders an object member of a path as ".key", or as ["key"]
-// (JSON-quoted) when the key could be misread in a dotted path. The instance
-// paths this package reports and the rule locations package verify reports
-// must render members the same way: a client matches a failure to a rule by
-// comparing the two strings, so both use this one function.
-func PathKey(k string) string {
-	plain := k != ""
-	for i := 0; i < len(k) && plain; i++ {
-		c := k[i]
-		plain = c == '_' || c == '-' || c == '$' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
-	}
-	if plain {
-		return "." + k
-	}
-	q, _ := json.Marshal(k)
-	return "[" + string(q) + "]"
+	return string(b)
 }
 
 // pathLess orders paths as a reader expects: array indexes by number
@@ -714,17 +697,22 @@ func undeclaredPaths(decls []decl) []string {
 	if len(decls) == 0 {
 		return nil
 	}
-	byPath := map[string][]decl{}
-	var order []string
+	// The declarations of one object are grouped by the object itself, not
+	// by its rendered path: paths shorten long member names
+	// (MaxLocationBytes), so two objects can render alike.
+	byObj := map[uintptr][]decl{}
+	var order []uintptr
 	for _, d := range decls {
-		if _, ok := byPath[d.path]; !ok {
-			order = append(order, d.path)
+		id := reflect.ValueOf(d.obj).Pointer()
+		if _, ok := byObj[id]; !ok {
+			order = append(order, id)
 		}
-		byPath[d.path] = append(byPath[d.path], d)
+		byObj[id] = append(byObj[id], d)
 	}
 	var out []string
-	for _, p := range order {
-		ds := byPath[p]
+	for _, id := range order {
+		ds := byObj[id]
+		p := ds[0].path
 	keys:
 		for k := range ds[0].obj {
 			for _, d := range ds {
@@ -737,7 +725,7 @@ func undeclaredPaths(decls []decl) []string {
 					}
 				}
 			}
-			out = append(out, p+PathKey(k))
+			out = append(out, LocationKey(p, k))
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return pathLess(out[i], out[j]) })
