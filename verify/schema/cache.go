@@ -31,8 +31,8 @@ type CacheConfig struct {
 	// classes hold more than twice as many ranges is not even parsed.
 	MaxPatternSize int
 	// MaxSchemas bounds the objects of one schema, subschemas and data
-	// alike (DefaultMaxSchemas, countObjects); a larger schema does not
-	// compile.
+	// alike, each counting one more per 256 bytes of its location
+	// (DefaultMaxSchemas, countObjects); a larger schema does not compile.
 	MaxSchemas int
 }
 

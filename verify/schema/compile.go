@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 
 	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/strictjson"
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	"github.com/santhosh-tekuri/jsonschema/v6/kind"
 )
@@ -117,34 +119,84 @@ var namedSchemas = map[string]bool{
 }
 
 // countObjects counts the JSON objects in a schema tree, every one of
-// them, data included, stopping once it reaches limit. The values of
-// const, enum, examples and default are data, but a $ref can point into
-// them ("#/const/a", or through an $id, a percent-encoded pointer, a
-// $dynamicRef), and the compiler then compiles what it finds there as a
-// schema with every subschema under it: 25,000 of them under const took 5
-// s before payment when data was not counted. Counting every object needs
-// no resolution of references to be right; a schema whose data alone
-// holds thousands of objects is rare.
-func countObjects(v any, limit int) int {
-	n := 0
-	var walk func(v any)
-	walk = func(v any) {
-		if n >= limit {
+// them, data included, and the units they cost, stopping once those reach
+// limit: one per object, and one more for each whole
+// locationBytesPerSchema bytes of its location. The values of const, enum, examples and default are
+// data, but a $ref can point into them ("#/const/a", or through an $id, a
+// percent-encoded pointer, a $dynamicRef), and the compiler then compiles
+// what it finds there as a schema with every subschema under it: 25,000 of
+// them under const took 5 s before payment when data was not counted.
+// Counting every object needs no resolution of references to be right; a
+// schema whose data alone holds thousands of objects is rare.
+//
+// The compiler names every subschema by its location, the schema's URL and
+// a JSON pointer to it (percent-encoded), and builds and keeps that string
+// several times: a member name is copied into the location of every
+// subschema under it. 2,000 empty subschemas under one 400 KB property
+// name cost it 107 s, 9.2 GB of allocation and 1.5 GB kept, before
+// payment. So each object (and each boolean, a subschema too) also costs
+// by the length of its location (the pointer as the compiler encodes it,
+// pointerTokenBytes, each $id above it counted whole): at most
+// limit × locationBytesPerSchema bytes of locations fit, however the names
+// nest, and locations shorter than that cost nothing.
+func countObjects(v any, limit int) (objects, units int) {
+	var walk func(v any, loc int64)
+	walk = func(v any, loc int64) {
+		if units >= limit {
 			return
 		}
 		switch v := v.(type) {
 		case map[string]any:
-			n++
-			for _, sub := range v {
-				walk(sub)
+			objects++
+			units += 1 + int(loc/locationBytesPerSchema)
+			for _, id := range []string{"$id", "id"} {
+				if s, ok := v[id].(string); ok {
+					loc += pointerTokenBytes(s)
+				}
+			}
+			for k, sub := range v {
+				walk(sub, loc+1+pointerTokenBytes(k))
 			}
 		case []any:
-			for _, sub := range v {
-				walk(sub)
+			for i, sub := range v {
+				walk(sub, loc+1+int64(len(strconv.Itoa(i))))
 			}
+		case bool:
+			units += int(loc / locationBytesPerSchema)
 		}
 	}
-	walk(v)
+	walk(v, 0)
+	return objects, units
+}
+
+// locationBytesPerSchema is the length of a subschema's location that
+// counts as one more object toward MaxSchemas, and as one more subschema
+// in the memory the cache counts (bytesPerSchema). The compiler allocates
+// about 9 bytes and keeps about 2 per byte of location, and allocates
+// about 7 KB and keeps about 1.1 KB per subschema (and, where names nest,
+// up to 30 bytes allocated per byte of location), so 256 bytes of location
+// cost at most what a subschema costs (measured:
+// TestLongPropertyNamesAreChargedBeforeCompiling): the locations of all
+// subschemas together stay under 1.3 MB at the default MaxSchemas.
+// Ordinary locations, tens of bytes long, count nothing more.
+const locationBytesPerSchema = 256
+
+// pointerTokenBytes is an upper bound on the bytes of tok in a location
+// the compiler writes: escaped for a JSON pointer ("~" and "/" take two
+// bytes), then percent-encoded (any byte but a letter, a digit and
+// "-._~$" may take three).
+func pointerTokenBytes(tok string) int64 {
+	n := int64(0)
+	for i := 0; i < len(tok); i++ {
+		switch c := tok[i]; {
+		case c == '~' || c == '/':
+			n += 2
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '-', c == '.', c == '_', c == '$':
+			n++
+		default:
+			n += 3
+		}
+	}
 	return n
 }
 
@@ -187,8 +239,8 @@ var uniqueKeywords = map[string]bool{
 //
 // The arrays are first charged in the order they are found, which costs
 // no allocation beyond the check's own. Only a schema past the budget is
-// charged again, in pointer order, so the array named is the same on
-// every compile of one schema.
+// charged again, in the order of their locations, so the array named is
+// the same on every compile of one schema.
 func checkUniqueArrays(tree any) (apierr.Field, bool) {
 	w := walker{limit: MaxEnumSteps, ctx: context.Background()}
 	uniqueArrays(tree, nil, func(_ string, arr []any) bool {
@@ -199,21 +251,22 @@ func checkUniqueArrays(tree any) (apierr.Field, bool) {
 		return apierr.Field{}, true
 	}
 	type arrayAt struct {
-		ptr, keyword string
-		arr          []any
+		loc     []string
+		keyword string
+		arr     []any
 	}
 	var arrays []arrayAt
 	var path []string
 	uniqueArrays(tree, &path, func(keyword string, arr []any) bool {
-		arrays = append(arrays, arrayAt{pointer(path), keyword, arr})
+		arrays = append(arrays, arrayAt{slices.Clone(path), keyword, arr})
 		return true
 	})
-	sort.Slice(arrays, func(i, j int) bool { return arrays[i].ptr < arrays[j].ptr })
+	sort.Slice(arrays, func(i, j int) bool { return slices.Compare(arrays[i].loc, arrays[j].loc) < 0 })
 	w = walker{limit: MaxEnumSteps, ctx: context.Background()}
 	for _, a := range arrays {
 		if w.hasDuplicates(a.arr); w.stop != nil {
 			return apierr.Field{
-				Field:   field + a.ptr,
+				Field:   field + shortPointer(a.loc),
 				Problem: fmt.Sprintf("brings the work of checking the schema's %s values for duplicates past %d steps", a.keyword, MaxEnumSteps),
 				Fix:     "Send shorter arrays there: members that differ only in the signs of their numbers are compared with each other one pair at a time, and long numbers cost more to compare, so list fewer of them.",
 			}, false
@@ -295,11 +348,20 @@ func compile(tree any, opts compileOptions) (*Schema, error) {
 	if maxSchemas <= 0 {
 		maxSchemas = DefaultMaxSchemas
 	}
-	if countObjects(tree, maxSchemas+1) > maxSchemas {
+	objects, units := countObjects(tree, maxSchemas+1)
+	switch {
+	case objects > maxSchemas:
 		return nil, &CompileError{Fields: []apierr.Field{{
 			Field:   field,
 			Problem: fmt.Sprintf("has more than %d objects, subschemas and the objects in its const, enum, default and examples values together", maxSchemas),
 			Fix:     "Send a smaller schema: share repeated parts through $defs and $ref instead of writing them out again, and keep large example documents out of it.",
+		}}}
+	case units > maxSchemas:
+		return nil, &CompileError{Fields: []apierr.Field{{
+			Field: field,
+			Problem: fmt.Sprintf("has more than %d objects, each counting one more for every %d bytes of its location (the JSON pointer to it, which repeats every property name above it)",
+				maxSchemas, locationBytesPerSchema),
+			Fix: "Use shorter property names, above all for properties with many subschemas under them: a name is written again in the location of every subschema below it.",
 		}}}
 	}
 	if f, ok := checkUniqueArrays(tree); !ok {
@@ -334,7 +396,9 @@ func compile(tree any, opts compileOptions) (*Schema, error) {
 	// From here the schema is shared, and the engine is its format check.
 	engine.frozen = true
 	nums, ints, n := precompute(sch)
-	return &Schema{sch: sch, nums: nums, ints: ints, bytes: int64(n)*bytesPerSchema + engine.bytes(), maxPattern: maxPattern}, nil
+	// Long locations are kept as long as the compiler keeps its schemas.
+	bytes := int64(n+units-objects)*bytesPerSchema + engine.bytes()
+	return &Schema{sch: sch, nums: nums, ints: ints, bytes: bytes, maxPattern: maxPattern}, nil
 }
 
 // dialects are the $schema values accepted, without scheme and trailing '#'.
@@ -389,27 +453,28 @@ type ref struct {
 
 // scanRefs lists the string values of $ref, $dynamicRef, $recursiveRef and
 // $schema in schema positions, skipping keywords whose values are data
-// (names: v maps names to subschemas, see isData).
-func scanRefs(v any, ptr string, names bool, out []ref) []ref {
+// (names: v maps names to subschemas, see isData). path is the location
+// of v; a pointer is written only for a reference found, since a member
+// name is part of the location of everything under it.
+func scanRefs(v any, path []string, names bool, out []ref) []ref {
 	switch v := v.(type) {
 	case map[string]any:
 		for k, sub := range v {
-			p := ptr + "/" + escapePtr(k)
 			if isData(k, names) {
 				continue
 			}
 			switch k {
 			case "$ref", "$dynamicRef", "$recursiveRef", "$schema":
 				if s, ok := sub.(string); ok && !names {
-					out = append(out, ref{p, s})
+					out = append(out, ref{pointer(append(path, k)), s})
 					continue
 				}
 			}
-			out = scanRefs(sub, p, !names && namedSchemas[k], out)
+			out = scanRefs(sub, append(path, k), !names && namedSchemas[k], out)
 		}
 	case []any:
 		for i, sub := range v {
-			out = scanRefs(sub, fmt.Sprintf("%s/%d", ptr, i), false, out)
+			out = scanRefs(sub, append(path, strconv.Itoa(i)), false, out)
 		}
 	}
 	return out
@@ -451,11 +516,11 @@ const inlineFix = `Inline the referenced schema under "$defs" and point "$ref" a
 // quote schema content, so none of their text is reused. engine holds the
 // verdicts on the patterns the compile asked for.
 func translate(err error, tree any, engine *regexpEngine) error {
-	refs := scanRefs(tree, "", false, nil)
+	refs := scanRefs(tree, nil, false, nil)
 	sort.Slice(refs, func(i, j int) bool { return refs[i].ptr < refs[j].ptr })
 	ce := &CompileError{cause: err}
 	add := func(ptr, problem, fix string) {
-		ce.Fields = append(ce.Fields, apierr.Field{Field: field + ptr, Problem: problem, Fix: fix})
+		ce.Fields = append(ce.Fields, apierr.Field{Field: field + shortenPointer(ptr), Problem: problem, Fix: fix})
 	}
 
 	var (
@@ -476,8 +541,8 @@ func translate(err error, tree any, engine *regexpEngine) error {
 		var verr *jsonschema.ValidationError
 		if errors.As(meta.Err, &verr) {
 			seen := map[string]bool{}
-			named := func(loc []string, name string) string { return memberPointer(tree, loc, name) }
-			metaFields(verr, "", seen, named, func(ptr, problem, fix string) {
+			named := func(loc []string, name string) []string { return memberPath(tree, loc, name) }
+			metaFields(verr, nil, seen, named, func(loc []string, ptr, problem, fix string) {
 				// The metaschema's format "regex" refuses a pattern too
 				// large to evaluate just as one that does not parse; say
 				// which, from the engine's verdict (never parsing the
@@ -485,15 +550,15 @@ func translate(err error, tree any, engine *regexpEngine) error {
 				if problem == problemInvalidRegex {
 					// A pattern is a value (pattern) or a member name
 					// (patternProperties, checked by propertyNames).
-					pat, ok := atPointer(tree, ptr).(string)
-					if !ok {
-						pat, ok = unescapePtr(ptr[strings.LastIndexByte(ptr, '/')+1:]), ptr != ""
+					pat, ok := atPath(tree, loc).(string)
+					if !ok && len(loc) > 0 {
+						pat, ok = loc[len(loc)-1], true
 					}
 					if ok {
 						problem, fix = regexProblem(engine.refusal(pat))
 					}
 				}
-				add(ptr, problem, fix)
+				ce.Fields = append(ce.Fields, apierr.Field{Field: field + ptr, Problem: problem, Fix: fix})
 			})
 			// The metaschema's errors come in the order the library met
 			// them, which follows Go map iteration over the schema's
@@ -593,14 +658,10 @@ func tooLargeProblem(size, max int) string {
 	return fmt.Sprintf("is a regular expression too large to evaluate (about %d instructions; the limit is %d)", size, max)
 }
 
-// atPointer returns the value at a JSON pointer in tree, or nil.
-func atPointer(tree any, ptr string) any {
-	if ptr == "" {
-		return tree
-	}
+// atPath returns the value at location loc in tree, or nil.
+func atPath(tree any, loc []string) any {
 	cur := tree
-	for _, tok := range strings.Split(ptr[1:], "/") {
-		tok = unescapePtr(tok)
+	for _, tok := range loc {
 		switch c := cur.(type) {
 		case map[string]any:
 			cur = c[tok]
@@ -617,17 +678,19 @@ func atPointer(tree any, ptr string) any {
 	return cur
 }
 
-// memberPointer is the pointer of the member name of an object at depth
+// memberPath is the location of the member name of an object at depth
 // len(loc) in tree, loc being that object's location as the library
 // reported it, which may have been overwritten (metaFields): of the
 // objects at that depth that have the member, one that is the value of a
 // keyword whose member names the metaschemas check (propertyNames:
 // patternProperties, $vocabulary) before any other (a $defs member of the
 // same name is no candidate), then the one whose location agrees with loc
-// in the most tokens, the first in pointer order on a tie. Where none has
-// it, loc is taken as it is.
-func memberPointer(tree any, loc []string, name string) string {
-	best, bestScore := "", -1
+// in the most tokens, the first in the order of their tokens on a tie.
+// Where none has it, loc is taken as it is. No pointer is written: a
+// member name is part of the location of everything under it.
+func memberPath(tree any, loc []string, name string) []string {
+	var best []string
+	bestScore := -1
 	path := make([]string, 0, len(loc))
 	var walk func(v any)
 	walk = func(v any) {
@@ -653,9 +716,8 @@ func memberPointer(tree any, loc []string, name string) string {
 						score++
 					}
 				}
-				p := pointer(path)
-				if score > bestScore || (score == bestScore && p < best) {
-					best, bestScore = p, score
+				if score > bestScore || (score == bestScore && slices.Compare(path, best) < 0) {
+					best, bestScore = append(best[:0], path...), score
 				}
 			}
 			return
@@ -668,14 +730,43 @@ func memberPointer(tree any, loc []string, name string) string {
 	}
 	walk(tree)
 	if bestScore < 0 {
-		best = pointer(loc)
+		best = append(best[:0], loc...)
 	}
-	return best + "/" + escapePtr(name)
+	return append(best, name)
 }
 
 // namesChecked are the keywords whose member names the metaschemas
 // check with propertyNames.
 var namesChecked = map[string]bool{"patternProperties": true, "$vocabulary": true}
+
+// shortPointer is the JSON pointer of loc as a refusal shows it: every
+// token shortened as every path a client is shown shortens member names
+// (strictjson.ShortKey), within MaxLocationBytes as locations in results
+// are, so a refusal's size depends on how many fields it names, not on
+// the names.
+func shortPointer(loc []string) string {
+	b := make([]byte, 0, 64)
+	for _, tok := range loc {
+		step := escapePtr(strictjson.ShortKey(tok))
+		if !stepFits(len(b), 1+len(step)) {
+			return string(append(b, locationCut...))
+		}
+		b = append(append(b, '/'), step...)
+	}
+	return string(b)
+}
+
+// shortenPointer is shortPointer of a JSON pointer ("" or "/a/b").
+func shortenPointer(ptr string) string {
+	if len(ptr) <= strictjson.MaxKeyInPath {
+		return ptr // no token to shorten
+	}
+	loc := strings.Split(ptr, "/")[1:]
+	for i, tok := range loc {
+		loc[i] = unescapePtr(tok)
+	}
+	return shortPointer(loc)
+}
 
 func pointer(loc []string) string {
 	var b strings.Builder
@@ -697,32 +788,32 @@ func urlPointer(u string) string {
 }
 
 // metaFields adds one field per schema location at which the metaschema
-// failed, from the leaves of its error tree.
+// failed, from the leaves of its error tree: add gets the location and its
+// pointer as a refusal shows it (shortPointer); locations that show alike
+// are one field.
 //
 // Inside propertyNames the metaschema validates a member name, and the
 // locations below it are relative to that name: prefix is then the
-// pointer of the name's member ("/patternProperties/<name>"), which named
-// finds in the schema (memberPointer): the library keeps the location of
-// a propertyNames failure without copying it (validator.go,
+// location of the name's member ("patternProperties", <name>), which named
+// finds in the schema (memberPath): the library keeps the location of a
+// propertyNames failure without copying it (validator.go,
 // "verr.InstanceLocation = vd.vloc"), so the members it validates next
 // overwrite its tokens, and only its length can be trusted.
-func metaFields(e *jsonschema.ValidationError, prefix string, seen map[string]bool, named func(loc []string, name string) string, add func(ptr, problem, fix string)) {
+func metaFields(e *jsonschema.ValidationError, prefix []string, seen map[string]bool, named func(loc []string, name string) []string, add func(loc []string, ptr, problem, fix string)) {
 	if len(seen) >= maxFields {
 		return
 	}
 	if len(e.Causes) > 0 {
 		if pn, ok := e.ErrorKind.(*kind.PropertyNames); ok {
-			prefix += named(e.InstanceLocation, pn.Property)
+			prefix = append(slices.Clip(prefix), named(e.InstanceLocation, pn.Property)...)
 		}
 		for _, c := range e.Causes {
 			metaFields(c, prefix, seen, named, add)
 		}
 		return
 	}
-	ptr := prefix
-	for _, tok := range e.InstanceLocation {
-		ptr += "/" + escapePtr(tok)
-	}
+	loc := append(slices.Clip(prefix), e.InstanceLocation...)
+	ptr := shortPointer(loc)
 	if seen[ptr] {
 		return
 	}
@@ -755,5 +846,5 @@ func metaFields(e *jsonschema.ValidationError, prefix string, seen map[string]bo
 	case *kind.Pattern:
 		problem = "does not have the form this keyword requires"
 	}
-	add(ptr, problem, fix)
+	add(loc, ptr, problem, fix)
 }

@@ -93,7 +93,8 @@
 // The validator runs after the walk, takes no context and cannot be
 // interrupted: the walk's charges are the only bound on its work.
 // Compilation has limits too: the number of objects, subschemas and
-// data alike (CacheConfig.MaxSchemas, countObjects), the size of each
+// data alike, each counting more for a long location (CacheConfig.MaxSchemas,
+// countObjects), the size of each
 // pattern (CacheConfig.MaxPatternSize), its character classes bounded
 // before it is parsed (prescan.go), and
 // the duplicate check of the arrays the metaschemas require unique

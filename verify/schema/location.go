@@ -55,11 +55,15 @@ func appendStep(loc []byte, a, b string) []byte {
 	switch {
 	case strings.HasSuffix(string(loc), locationCut):
 		return loc
-	case len(loc)+len(a)+len(b) > MaxLocationBytes-len(locationCut):
+	case !stepFits(len(loc), len(a)+len(b)):
 		return append(loc, locationCut...)
 	}
 	return append(append(loc, a...), b...)
 }
+
+// stepFits reports whether a step of n bytes after a location of loc bytes
+// leaves room for locationCut within MaxLocationBytes.
+func stepFits(loc, n int) bool { return loc+n <= MaxLocationBytes-len(locationCut) }
 
 // plainKey reports whether PathKey writes k as ".k".
 func plainKey(k string) bool {
