@@ -205,10 +205,24 @@ func shortPath(p string) string {
 func (c *checker) report(f finding) {
 	r := c.res
 	sentence := f.check + " at '" + shortPath(f.path) + "': " + f.message
-	if f.blocking {
-		if f.enforced {
-			sentence = enforceRulesErrorPrefix + sentence
+	if f.enforced {
+		sentence = enforceRulesErrorPrefix + sentence
+	}
+	if !r.listsClosed {
+		// What the finding adds, written as JSON, to every list it could
+		// be shown in: its texts, its check name four times, and
+		// listEntryBytes of member names and punctuation.
+		n := 2*jsonLen(sentence) + 2*jsonLen(f.path) + 2*(jsonLen(f.expected)+jsonLen(f.found)) +
+			jsonLen(f.field) + jsonLen(f.message) + 4*jsonLen(f.check) + listEntryBytes
+		if r.listBytes += n; r.listBytes > MaxListBytes {
+			r.listsClosed = true
 		}
+	}
+	if r.listsClosed {
+		r.count(f.check, f.blocking, f.flagged)
+		return
+	}
+	if f.blocking {
 		r.addBlocking(f.check)
 		r.ErrorsTotal++
 		if len(r.Errors) < r.listCap {
@@ -235,26 +249,48 @@ func (c *checker) report(f finding) {
 	}
 }
 
+// MaxListBytes bounds the text of the four lists of one result together
+// (errors, errors_detail, flags, hints), as JSON: once a finding would
+// bring them past it, that finding and every later one are counted and
+// not shown, as past ListCap. Each finding is bounded (locations by
+// schema.MaxLocationBytes, rule paths by MaxPathBytes, schema values
+// quoted in descriptions by their clipping), so ListCap alone bounds a
+// result; this bound makes it a fixed one whatever ListCap is set to:
+// the result certd signs stays far within the 4 MiB it accepts.
+const MaxListBytes = 1 << 20
+
+// listEntryBytes is at least the member names and punctuation one finding
+// adds to the four lists ({"check":...,"path":...} and the commas).
+const listEntryBytes = 192
+
+// jsonLen is at least the length of s written as a JSON string.
+func jsonLen(s string) int {
+	n := 2
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '"' || c == '\\':
+			n += 2
+		case c < 0x20:
+			n += 6
+		default:
+			n++
+		}
+	}
+	return n
+}
+
 // shown reports whether a finding of check would appear in any list. When
 // every list it would go to is full, it only counts the finding and
 // returns false, so the caller skips building strings nobody will see: an
 // output with a hundred thousand bad values costs counting, not text.
 func (c *checker) shown(check string, blocking, flagged bool) bool {
 	r := c.res
-	if len(r.Hints) < r.listCap ||
+	if !r.listsClosed && (len(r.Hints) < r.listCap ||
 		blocking && (len(r.Errors) < r.listCap || len(r.ErrorsDetail) < r.listCap) ||
-		flagged && len(r.Flags) < r.listCap {
+		flagged && len(r.Flags) < r.listCap) {
 		return true
 	}
-	if blocking {
-		r.addBlocking(check)
-		r.ErrorsTotal++
-		r.ErrorsDetailTotal++
-	}
-	if flagged {
-		r.FlagsTotal++
-	}
-	r.HintsTotal++
+	r.count(check, blocking, flagged)
 	return false
 }
 

@@ -171,3 +171,32 @@ func TestUndeclaredPropertiesOfObjectsThatRenderAlike(t *testing.T) {
 		}
 	}
 }
+
+// The four lists of a result hold at most MaxListBytes of text together,
+// whatever ListCap is set to: findings are bounded one by one, so ListCap
+// bounds a result, but an operator's larger ListCap would let 3,000
+// findings at 1 KB locations under names JSON escapes (a 13 KB request)
+// make a 25 MB result, past what certd signs. The lists stop at the first
+// finding that would pass the bound; the totals still count every one.
+func TestResultListsAreBoundedInBytes(t *testing.T) {
+	v := New(Config{VerifierVersion: "test", ListCap: 100_000})
+	name := strings.Repeat(`\"`, 64)
+	output := strings.Repeat(`{"`+name+`":`, 7) + `[` + strings.TrimSuffix(strings.Repeat(`"x",`, 3000), ",") + `]` + strings.Repeat("}", 7)
+	schemaJSON := strings.Repeat(`{"additionalProperties":`, 7) + `{"items":{"type":"number"}}` + strings.Repeat("}", 7)
+	body := `{"task_id":"t","expected_schema":` + schemaJSON + `,"submitted_output":` + output + `}`
+	r := check(t, v, body)
+	out := r.AppendCanonical(nil)
+	t.Logf("request %d bytes: %d of %d findings shown, result %d bytes", len(body), len(r.Errors), r.ErrorsTotal, len(out))
+	if r.ErrorsTotal != 3000 || r.HintsTotal != 3000 {
+		t.Fatalf("%d errors and %d hints counted, want 3000", r.ErrorsTotal, r.HintsTotal)
+	}
+	if len(r.Errors) == 0 || len(r.Errors) != len(r.ErrorsDetail) || len(r.Errors) != len(r.Hints) {
+		t.Fatalf("%d errors, %d errors_detail, %d hints shown; want the same findings in each", len(r.Errors), len(r.ErrorsDetail), len(r.Hints))
+	}
+	if len(out) > MaxListBytes+4<<10 {
+		t.Errorf("a result of %d bytes", len(out))
+	}
+	if len(r.Errors) == 3000 {
+		t.Error("every finding is shown")
+	}
+}

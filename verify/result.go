@@ -51,6 +51,10 @@ type Result struct {
 	Attestation *receipt.Attestation // omitted from JSON while nil
 
 	listCap int
+	// listBytes is the text of the findings shown so far (report); once
+	// one would pass MaxListBytes, listsClosed, and the lists take no more.
+	listBytes   int
+	listsClosed bool
 }
 
 // ErrorDetail is one entry of errors_detail. Message is the text of the
@@ -82,6 +86,19 @@ func (t Tally) Ratio() float64 {
 		return 1
 	}
 	return math.Round(float64(t.Passed)/float64(t.Total)*1e6) / 1e6
+}
+
+// count counts a finding of check that no list shows.
+func (r *Result) count(check string, blocking, flagged bool) {
+	if blocking {
+		r.addBlocking(check)
+		r.ErrorsTotal++
+		r.ErrorsDetailTotal++
+	}
+	if flagged {
+		r.FlagsTotal++
+	}
+	r.HintsTotal++
 }
 
 func (r *Result) addBlocking(check string) {
