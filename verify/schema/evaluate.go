@@ -246,30 +246,36 @@ type failureSet struct {
 	kept   []Failure // a max-heap by failureLess while full
 	total  int
 	firsts map[string]string // keyword → path of its first failure
+
+	// loc renders the failures' locations; scratch is where a failure's
+	// undeclared properties are rendered to be counted.
+	loc     locator
+	scratch []byte
 }
 
 // wants reports whether a failure at path with keyword could be kept.
-func (fs *failureSet) wants(path, keyword string) bool {
+func (fs *failureSet) wants(path []byte, keyword string) bool {
 	if fs.max <= 0 || len(fs.kept) < fs.max {
 		return true
 	}
 	top := &fs.kept[0]
-	if top.InstancePath != path {
+	if top.InstancePath != string(path) {
 		return pathLess(path, top.InstancePath)
 	}
 	return keyword <= top.Keyword
 }
 
-// count records a failure that is not kept.
-func (fs *failureSet) count(path, keyword string, n int) {
+// count records a failure that is not kept; the path is copied only when
+// it is the keyword's first.
+func count[P ~string | ~[]byte](fs *failureSet, path P, keyword string, n int) {
 	fs.total += n
 	if p, ok := fs.firsts[keyword]; !ok || pathLess(path, p) {
-		fs.firsts[keyword] = path
+		fs.firsts[keyword] = string(path)
 	}
 }
 
 func (fs *failureSet) add(f Failure) {
-	fs.count(f.InstancePath, f.Keyword, 1)
+	count(fs, f.InstancePath, f.Keyword, 1)
 	if fs.max <= 0 || len(fs.kept) < fs.max {
 		fs.kept = append(fs.kept, f)
 		if fs.max > 0 && len(fs.kept) == fs.max {
@@ -338,28 +344,30 @@ func collect(e *jsonschema.ValidationError, inst any, s *Schema, fs *failureSet)
 			return
 		}
 	}
-	path, val, ok := locate(inst, e.InstanceLocation)
+	at, val, ok := fs.loc.locate(inst, e.InstanceLocation)
 	kw := leafKeyword(e)
-	if !fs.wants(path, kw) {
+	if !fs.wants(at, kw) {
 		// Every failure of this leaf sorts after the kept ones (those of
 		// additionalProperties are at paths below path, which sort after
 		// it): count them without describing.
 		switch k := e.ErrorKind.(type) {
 		case *kind.Required:
-			fs.count(path, kw, len(k.Missing))
+			count(fs, at, kw, len(k.Missing))
 		case *kind.DependentRequired:
-			fs.count(path, kw, len(k.Missing))
+			count(fs, at, kw, len(k.Missing))
 		case *kind.Dependency:
-			fs.count(path, kw, len(k.Missing))
+			count(fs, at, kw, len(k.Missing))
 		case *kind.AdditionalProperties:
 			for _, p := range k.Properties {
-				fs.count(LocationKey(path, p), kw, 1)
+				fs.scratch = AppendLocationKey(append(fs.scratch[:0], at...), p)
+				count(fs, fs.scratch, kw, 1)
 			}
 		default:
-			fs.count(path, kw, 1)
+			count(fs, at, kw, 1)
 		}
 		return
 	}
+	path := string(at)
 	noun := "number"
 	if s.ints[e.SchemaURL] {
 		noun = "integer"
@@ -618,32 +626,6 @@ type pathElem struct {
 	idx int // >= 0 for an array index
 }
 
-// locate follows a validator instance location through the instance and
-// renders it as "$.a[0].b" (within MaxLocationBytes).
-func locate(inst any, loc []string) (string, any, bool) {
-	b := make([]byte, 1, 64)
-	b[0] = '$'
-	cur, ok := inst, true
-	for _, tok := range loc {
-		switch c := cur.(type) {
-		case []any:
-			i, err := strconv.Atoi(tok)
-			if err == nil && i >= 0 && i < len(c) {
-				b = AppendLocationIndex(b, i)
-				cur = c[i]
-				continue
-			}
-			ok = false
-		case map[string]any:
-			cur, ok = c[tok]
-		default:
-			ok = false
-		}
-		b = AppendLocationKey(b, tok)
-	}
-	return string(b), cur, ok
-}
-
 func renderPath(path []pathElem) string {
 	b := make([]byte, 1, 64)
 	b[0] = '$'
@@ -659,37 +641,42 @@ func renderPath(path []pathElem) string {
 
 // pathLess orders paths as a reader expects: array indexes by number
 // ("$.a[2]" before "$.a[10]"), everything else bytewise.
-func pathLess(a, b string) bool {
-	for a != "" && b != "" {
-		if isDigit(a[0]) && isDigit(b[0]) {
-			da, db := digitRun(a), digitRun(b)
-			na, nb := strings.TrimLeft(a[:da], "0"), strings.TrimLeft(b[:db], "0")
-			if len(na) != len(nb) {
-				return len(na) < len(nb)
+func pathLess[A, B ~string | ~[]byte](a A, b B) bool {
+	i, j := 0, 0
+	for i < len(a) && j < len(b) {
+		if isDigit(a[i]) && isDigit(b[j]) {
+			ea, eb := i, j
+			for ea < len(a) && isDigit(a[ea]) {
+				ea++
 			}
-			if na != nb {
-				return na < nb
+			for eb < len(b) && isDigit(b[eb]) {
+				eb++
 			}
-			a, b = a[da:], b[db:]
+			for i < ea && a[i] == '0' {
+				i++
+			}
+			for j < eb && b[j] == '0' {
+				j++
+			}
+			if ea-i != eb-j {
+				return ea-i < eb-j
+			}
+			for ; i < ea; i, j = i+1, j+1 {
+				if a[i] != b[j] {
+					return a[i] < b[j]
+				}
+			}
 			continue
 		}
-		if a[0] != b[0] {
-			return a[0] < b[0]
+		if a[i] != b[j] {
+			return a[i] < b[j]
 		}
-		a, b = a[1:], b[1:]
+		i, j = i+1, j+1
 	}
-	return len(a) < len(b)
+	return len(a)-i < len(b)-j
 }
 
 func isDigit(c byte) bool { return c >= '0' && c <= '9' }
-
-func digitRun(s string) int {
-	i := 0
-	for i < len(s) && isDigit(s[i]) {
-		i++
-	}
-	return i
-}
 
 // undeclaredPaths lists the properties that none of the schemas declaring
 // properties at their object declares.

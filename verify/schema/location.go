@@ -1,9 +1,9 @@
 package schema
 
 import (
+	"bytes"
 	"encoding/json"
 	"strconv"
-	"strings"
 
 	"github.com/aovhq/aov/strictjson"
 )
@@ -29,17 +29,29 @@ const locationCut = "…"
 // renders it, within MaxLocationBytes.
 func AppendLocationKey(loc []byte, k string) []byte {
 	if plainKey(k) {
-		return appendStep(loc, ".", k)
+		if room(&loc, 1+len(k)) {
+			loc = append(append(loc, '.'), k...)
+		}
+		return loc
 	}
-	return appendStep(loc, PathKey(k), "")
+	step := PathKey(k)
+	if room(&loc, len(step)) {
+		loc = append(loc, step...)
+	}
+	return loc
 }
 
 // AppendLocationIndex appends element i of the array at loc, within
 // MaxLocationBytes.
 func AppendLocationIndex(loc []byte, i int) []byte {
-	var buf [24]byte
-	step := strconv.AppendInt(append(buf[:0], '['), int64(i), 10)
-	return appendStep(loc, string(append(step, ']')), "")
+	n := 3 // "[", "]" and a digit
+	for j := i; j >= 10; j /= 10 {
+		n++
+	}
+	if room(&loc, n) {
+		loc = append(strconv.AppendInt(append(loc, '['), int64(i), 10), ']')
+	}
+	return loc
 }
 
 // LocationKey is the location of member k of the value at loc.
@@ -48,22 +60,76 @@ func LocationKey(loc, k string) string {
 	return string(AppendLocationKey(append(b, loc...), k))
 }
 
-// appendStep appends the step a+b to loc, or, when loc plus the step
-// would not leave room for locationCut within MaxLocationBytes, cuts loc
-// there.
-func appendStep(loc []byte, a, b string) []byte {
+// room reports whether a step of n bytes may be appended to *loc: not when
+// *loc is cut, nor when the step would not leave room for locationCut
+// within MaxLocationBytes, and then *loc is cut.
+func room(loc *[]byte, n int) bool {
 	switch {
-	case strings.HasSuffix(string(loc), locationCut):
-		return loc
-	case !stepFits(len(loc), len(a)+len(b)):
-		return append(loc, locationCut...)
+	case bytes.HasSuffix(*loc, []byte(locationCut)):
+		return false
+	case !stepFits(len(*loc), n):
+		*loc = append(*loc, locationCut...)
+		return false
 	}
-	return append(append(loc, a...), b...)
+	return true
 }
 
 // stepFits reports whether a step of n bytes after a location of loc bytes
 // leaves room for locationCut within MaxLocationBytes.
 func stepFits(loc, n int) bool { return loc+n <= MaxLocationBytes-len(locationCut) }
+
+// locator renders the instance locations of an evaluation's failures,
+// reusing what a location shares with the one rendered before it: the
+// failures of one array's items differ only in their index, so each costs
+// its last step, not its whole location (60 KB of locations under names
+// JSON escapes allocated 9 KB per failure, 1.1 GB for a 480 KB request).
+// The location returned is valid until the next call.
+type locator struct {
+	toks []string // the tokens of the last location
+	ends []int    // ends[i]: the bytes of buf rendering toks[:i]
+	vals []any    // vals[i], oks[i]: what locate found after toks[:i]
+	oks  []bool
+	buf  []byte
+}
+
+// locate follows a validator instance location through inst and renders
+// it as "$.a[0].b" (within MaxLocationBytes); val is the value there and
+// ok whether the location resolved.
+func (l *locator) locate(inst any, loc []string) (path []byte, val any, ok bool) {
+	if len(l.ends) == 0 {
+		l.buf, l.ends, l.vals, l.oks = append(l.buf, '$'), append(l.ends, 1), append(l.vals, inst), append(l.oks, true)
+	}
+	n := 0
+	for n < len(loc) && n < len(l.toks) && loc[n] == l.toks[n] {
+		n++
+	}
+	l.toks, l.ends, l.vals, l.oks = l.toks[:n], l.ends[:n+1], l.vals[:n+1], l.oks[:n+1]
+	l.buf = l.buf[:l.ends[n]]
+	cur, ok := l.vals[n], l.oks[n]
+	for _, tok := range loc[n:] {
+		l.buf, cur, ok = step(l.buf, cur, ok, tok)
+		l.toks, l.ends, l.vals, l.oks = append(l.toks, tok), append(l.ends, len(l.buf)), append(l.vals, cur), append(l.oks, ok)
+	}
+	return l.buf, cur, ok
+}
+
+// step renders token tok of a location after b, and follows it from cur:
+// an index into an array, else a member name.
+func step(b []byte, cur any, ok bool, tok string) ([]byte, any, bool) {
+	switch c := cur.(type) {
+	case []any:
+		i, err := strconv.Atoi(tok)
+		if err == nil && i >= 0 && i < len(c) {
+			return AppendLocationIndex(b, i), c[i], ok
+		}
+		ok = false
+	case map[string]any:
+		cur, ok = c[tok]
+	default:
+		ok = false
+	}
+	return AppendLocationKey(b, tok), cur, ok
+}
 
 // plainKey reports whether PathKey writes k as ".k".
 func plainKey(k string) bool {
