@@ -61,6 +61,8 @@ type fixtureOpts struct {
 	history func(*store.DB) server.History
 	// score is the trust score method (nil: the default).
 	score *score.Method
+	// listCap overrides verify.Config.ListCap (verifierd -list-cap).
+	listCap int
 }
 
 // shortDir is a temp dir with a short path: unix socket paths must fit in
@@ -116,7 +118,7 @@ func newFixture(t testing.TB, o fixtureOpts) *fixture {
 		history = o.history(f.db)
 	}
 	f.h, err = server.New(server.Config{
-		Verifier:          verify.New(verify.Config{MaxBodyBytes: o.maxBody, VerifierVersion: "test"}),
+		Verifier:          verify.New(verify.Config{MaxBodyBytes: o.maxBody, ListCap: o.listCap, VerifierVersion: "test"}),
 		Signer:            sig,
 		History:           history,
 		PublicBaseURL:     baseURL + "/",
