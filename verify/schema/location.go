@@ -56,7 +56,7 @@ func AppendLocationIndex(loc []byte, i int) []byte {
 
 // LocationKey is the location of member k of the value at loc.
 func LocationKey(loc, k string) string {
-	b := make([]byte, 0, len(loc)+len(k)+3)
+	b := make([]byte, 0, len(loc)+min(len(k), strictjson.MaxKeyInPath)+8)
 	return string(AppendLocationKey(append(b, loc...), k))
 }
 
