@@ -553,20 +553,40 @@ func (g *Gate) paidStream(w http.ResponseWriter, r *http.Request, sr x402.Settle
 	g.setPaidHeaders(w.Header(), sr)
 	own := w.Header()[keyPaymentResponse]
 	return &statusWriter{ResponseWriter: w, onHeader: func(h http.Header, _ int) {
-		delete(h, keyPaymentRequired)
-		delete(h, keyPaymentResponse)
+		dropGateHeaders(h)
 		if own != nil {
 			h[keyPaymentResponse] = own
 		}
 	}}
 }
 
-// keyPaymentResponse and keyPaymentRequired are the x402 headers' keys in
-// an http.Header (canonical: x402 spells them in capitals).
-var (
-	keyPaymentResponse = http.CanonicalHeaderKey(x402.HeaderPaymentResponse)
-	keyPaymentRequired = http.CanonicalHeaderKey(x402.HeaderPaymentRequired)
-)
+// keyPaymentResponse is PAYMENT-RESPONSE's key in an http.Header
+// (canonical: x402 spells it in capitals).
+var keyPaymentResponse = http.CanonicalHeaderKey(x402.HeaderPaymentResponse)
+
+// gateHeaders are the keys (canonical) of the answer headers only the gate
+// speaks: x402's, of both versions (an x402 client such as @x402/core
+// reads X-PAYMENT-RESPONSE when PAYMENT-RESPONSE is absent), and the free
+// allowance's. An upstream's own (a seller's agent that is itself an x402
+// client, or that runs behind another gate) would be read by the buyer's
+// client as the gate's: a settlement of the agent's reported as the
+// buyer's on an answer nothing was charged for, an allowance that is not
+// the buyer's. They are dropped wherever the gate hands on an upstream's
+// header (dropGateHeaders: replay, paidStream), before the gate sets its
+// own.
+var gateHeaders = [...]string{
+	keyPaymentResponse,
+	http.CanonicalHeaderKey(x402.HeaderPaymentRequired),
+	"X-Payment-Response",
+	HeaderFreeRemaining, HeaderFreeLimit, HeaderFreeResets,
+}
+
+// dropGateHeaders removes gateHeaders from h, an upstream's header.
+func dropGateHeaders(h http.Header) {
+	for _, k := range gateHeaders {
+		delete(h, k)
+	}
+}
 
 // reasonPaymentInFlight refuses a payment that another request is using
 // right now.
@@ -792,16 +812,15 @@ func (b *bufferedWriter) status() int {
 }
 
 // replay writes the held response to w (whose headers the gate may already
-// have set). The upstream's own PAYMENT-RESPONSE and PAYMENT-REQUIRED never
-// go out: the client is told of payments by the gate alone (see
-// paidStream), which set its own on w before, or none.
+// have set). The upstream's own x402 and free allowance headers
+// (gateHeaders) never go out: the client is told of payments and
+// allowances by the gate alone (see paidStream), which set its own on w
+// before, or none.
 func (b *bufferedWriter) replay(w http.ResponseWriter) {
 	h := w.Header()
 	dropTrailers(b.header)
+	dropGateHeaders(b.header)
 	for k, v := range b.header {
-		if k == keyPaymentResponse || k == keyPaymentRequired {
-			continue
-		}
 		if _, set := h[k]; set && (k == "Cache-Control" || k == "Access-Control-Expose-Headers") {
 			continue
 		}
