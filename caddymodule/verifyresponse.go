@@ -605,17 +605,44 @@ func envelope(output, rcpt []byte) []byte {
 
 // releaseHeader sets the header of a held answer on h, the header of the
 // answer verify_response releases: without trailers (bufferedWriter.Header)
-// and the names only the gateway sets (the upstream's own receipt and
-// status never go out, whether sent as headers or as trailers), and with
-// nosniff, so a browser reads the answer as the Content-Type it was checked
-// under and nothing else.
+// and with cleanReleased's treatment.
 func (v *VerifyResponse) releaseHeader(h, held http.Header) {
 	dropTrailers(held)
 	copyHeader(h, held)
+	v.cleanReleased(h)
+}
+
+// cleanReleased makes h, the upstream's header copied onto an answer
+// verify_response releases (checked, or unverified under fail_open: held,
+// or spilled past max_response), safe to send: without the names only the
+// gateway sets (the upstream's own receipt and status never go out,
+// whether sent as headers or as trailers), and with nosniff, so a browser
+// reads the answer as the Content-Type it was checked under and nothing
+// else. An unverified answer may carry several Content-Types, and readers
+// take different ones (a browser the last valid one, which nosniff does
+// not stop from being text/html): it goes out as
+// application/octet-stream, a type no browser renders.
+func (v *VerifyResponse) cleanReleased(h http.Header) {
+	v.dropOwn(h)
+	if len(h.Values("Content-Type")) > 1 {
+		h.Set("Content-Type", "application/octet-stream")
+	}
+	h.Set("X-Content-Type-Options", "nosniff")
+}
+
+// dropOwn removes from h, an upstream's header, the names only
+// verify_response sets.
+func (v *VerifyResponse) dropOwn(h http.Header) {
 	h.Del(v.receiptName)
 	h.Del(HeaderVerificationReceipt)
 	h.Del(HeaderVerificationStatus)
-	h.Set("X-Content-Type-Options", "nosniff")
+}
+
+// markUnverified marks the header of an answer on_error fail_open lets
+// through unchecked.
+func markUnverified(h http.Header) {
+	h.Set(HeaderVerificationStatus, outcomeUnverified)
+	h.Add("Access-Control-Expose-Headers", HeaderVerificationStatus)
 }
 
 // copyHeader sets every header of src on dst.
@@ -659,8 +686,7 @@ func (v *VerifyResponse) unverifiable(w http.ResponseWriter, hw *bufferedWriter,
 		v.record(r, outcomeUnverified)
 		h := w.Header()
 		v.releaseHeader(h, hw.header)
-		h.Set(HeaderVerificationStatus, outcomeUnverified)
-		h.Add("Access-Control-Expose-Headers", HeaderVerificationStatus)
+		markUnverified(h)
 		w.WriteHeader(hw.status())
 		_, err := w.Write(hw.buf.Bytes())
 		return err
@@ -939,13 +965,15 @@ func (v *VerifyResponse) selects(status int, h http.Header) bool {
 func (v *VerifyResponse) hold(w http.ResponseWriter, buf *bytes.Buffer, head bool) *bufferedWriter {
 	b := &bufferedWriter{header: make(http.Header), buf: buf, limit: v.MaxResponse, through: w}
 	b.choose = func(status int, h http.Header) bool {
-		h.Del(v.receiptName)
-		h.Del(HeaderVerificationReceipt)
-		h.Del(HeaderVerificationStatus)
+		v.dropOwn(h)
 		return !head && v.selects(status, h)
 	}
 	if v.OnError == "fail_open" {
-		b.spill = func(h http.Header) { h.Set(HeaderVerificationStatus, outcomeUnverified) }
+		// Released unverified, as one under max_response would be.
+		b.spill = func(h http.Header) {
+			v.cleanReleased(h)
+			markUnverified(h)
+		}
 	}
 	return b
 }
