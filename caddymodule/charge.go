@@ -82,10 +82,13 @@ func (g *Gate) serveCharged(w http.ResponseWriter, r *http.Request, next caddyht
 		})
 	case outcomeNotBilled:
 		// An error is never charged: hand it over as it is. A refusal of
-		// the request (4xx, a tool error) counts against the rate limit.
+		// the request (4xx, a tool error) counts against the rate limit,
+		// and so does an answer verify_response withheld (on_fail
+		// block's 502, on_error fail_closed's 503): the agent ran for it,
+		// as for an output that did not pass (outcomeNotPassed).
 		c.release(r)
 		metrics.outcomes.WithLabelValues("upstream_error_not_settled").Inc()
-		if s := bw.status(); s < 500 {
+		if s := bw.status(); s < 500 || !unchecked(r) {
 			g.noteRefusal(r)
 		}
 		bw.replay(w)
@@ -116,11 +119,19 @@ func (g *Gate) serveCharged(w http.ResponseWriter, r *http.Request, next caddyht
 		bw.replay(w)
 		return nil
 	case outcomeWithheld:
+		// The agent ran and nothing is charged: counted as a refusal
+		// (outcomeNotPassed).
 		c.release(r)
+		g.noteRefusal(r)
 		metrics.outcomes.WithLabelValues("unchecked_answer_withheld").Inc()
 		return ex.refuse(w, r, uncheckedAnswer(r, bw))
 	case outcomeNotPassed:
+		// The agent ran and settle_on let nothing settle: the charge is
+		// given back, so without a count against the rate limit one
+		// signed authorization, never settled (or one free unit), would
+		// run the agent without end.
 		c.release(r)
+		g.noteRefusal(r)
 		metrics.outcomes.WithLabelValues("verification_not_passed_not_settled").Inc()
 		if unchecked(r) {
 			keepEmptyAnswerHeaders(bw.header)
