@@ -544,9 +544,17 @@ func (v *VerifyResponse) verifyHeld(w http.ResponseWriter, hw *bufferedWriter, r
 		return v.unverifiable(w, hw, r, v.responseError("it is compressed ("+headerValueShort(ce)+") although identity was asked for", nil))
 	}
 	// The output hash the receipt must carry, computed the way the
-	// verification service computes it (strict decoding, RFC 8785).
-	tree, err := strictjson.Decode(body, strictjson.Limits{})
+	// verification service computes it (strict decoding, RFC 8785). Member
+	// names equal under case folding ("total" and "Total") are refused,
+	// as the x402 payload decoder refuses them: the verification reads
+	// names exactly, while a buyer's Go client (encoding/json matches a
+	// field's name in any letter case, the last twin winning) would read
+	// values nobody checked, "Total": 1 for a verified "total": 129.5.
+	tree, err := strictjson.Decode(body, strictjson.Limits{FoldedNames: true})
 	if err != nil {
+		if se := (*strictjson.Error)(nil); errors.As(err, &se) && se.Problem == strictjson.ProblemFoldedName {
+			return v.unverifiable(w, hw, r, v.responseError("it has two member names that are equal when letter case is ignored, which readers take differently", err))
+		}
 		return v.unverifiable(w, hw, r, v.responseError("it is not a single valid JSON value that can be canonicalized", err))
 	}
 	cb, err := receipt.AppendCanonical(make([]byte, 0, len(body)), tree)

@@ -54,6 +54,11 @@ type Limits struct {
 	FoldedNames bool
 }
 
+// ProblemFoldedName is the Problem of the Error that refuses, under
+// Limits.FoldedNames, an object whose member names are equal under case
+// folding: a reader may tell that refusal from the others by it.
+const ProblemFoldedName = "this object key appears more than once when letter case is ignored"
+
 // Error reports why a document was refused: where (Path, in the
 // "a.b[3]" style, "" for the root), what (Problem), and how to repair it
 // (Fix). Offset is the byte offset in the input, for logs. No field ever
@@ -292,7 +297,7 @@ func (d *decoder) object() (any, error) {
 		}
 		if d.folded {
 			if !folds.add(foldName(k)) {
-				return nil, d.fail("this object key appears more than once when letter case is ignored",
+				return nil, d.fail(ProblemFoldedName,
 					"Send each key once per object, in one letter case; some readers match names in any case.")
 			}
 		}
