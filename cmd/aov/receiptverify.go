@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -79,7 +78,7 @@ writes to LABEL.pub and agent cards publish in publicKey), not a PEM or DER
 // anything larger is a mistake or hostile.
 const (
 	maxReceiptBytes = 8 << 20
-	maxCardBytes    = 1 << 20
+	maxCardBytes    = receipt.MaxCardBytes
 	maxRequestBytes = 64 << 20
 	cardTimeout     = 10 * time.Second
 )
@@ -247,30 +246,7 @@ func loadCard(src string) ([]byte, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cardTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, src, nil)
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Accept", "application/json")
-	client := *httpClient
-	client.CheckRedirect = checkCardRedirect
-	res, err := client.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer res.Body.Close()
-	if res.StatusCode != http.StatusOK {
-		// The code alone: the reason phrase is the server's text.
-		return nil, fmt.Errorf("%s answered HTTP %d", src, res.StatusCode)
-	}
-	b, err := io.ReadAll(io.LimitReader(res.Body, maxCardBytes+1))
-	if err != nil {
-		return nil, fmt.Errorf("reading %s: %w", src, err)
-	}
-	if len(b) > maxCardBytes {
-		return nil, fmt.Errorf("%s sent more than %d bytes", src, maxCardBytes)
-	}
-	return b, nil
+	return receipt.FetchCard(ctx, httpClient, src)
 }
 
 // runeOffset is the byte offset of the n-th rune of s, len(s) if s has
@@ -283,22 +259,6 @@ func runeOffset(s string, n int) int {
 		n--
 	}
 	return len(s)
-}
-
-// checkCardRedirect follows a card URL's redirects (at most 10, as
-// net/http does) but never from https to anything else: the keys on the
-// card decide which receipts verify, and a plain-http leg lets whoever is
-// on the network path supply them.
-func checkCardRedirect(req *http.Request, via []*http.Request) error {
-	if len(via) >= 10 {
-		return errors.New("stopped after 10 redirects")
-	}
-	for _, prev := range via {
-		if prev.URL.Scheme == "https" && req.URL.Scheme != "https" {
-			return fmt.Errorf("refusing the redirect to %s: a card requested over https is never fetched over %s; give the card's https address", req.URL.Scheme+"://"+req.URL.Host, req.URL.Scheme)
-		}
-	}
-	return nil
 }
 
 // cardURLOf reports the receipt's verify.public_key_url, for the hint when

@@ -1,0 +1,66 @@
+package receipt
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+)
+
+// MaxCardBytes caps an agent card read by FetchCard: a card is small, and
+// anything larger is a mistake or hostile.
+const MaxCardBytes = 1 << 20
+
+// FetchCard fetches the agent card at an http(s) URL, for KeysFromCard: the
+// one way a card is fetched, by `aov receipt verify --card URL` and by the
+// gateway checking the receipts it attaches. The deadline is ctx's (and
+// client's Timeout). At most MaxCardBytes are read, and only a 200 is a
+// card. Redirects are followed as client would (net/http: at most 10), but
+// never from https to anything else: the keys on the card decide which
+// receipts verify, and a plain-http leg lets whoever is on the network path
+// supply them. Errors name the URL without its user information (which may
+// be a password) and never carry the server's text.
+func FetchCard(ctx context.Context, client *http.Client, cardURL string) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, cardURL, nil)
+	if err != nil {
+		return nil, errors.New("the card URL does not parse")
+	}
+	named := *req.URL
+	named.User = nil
+	url := named.String()
+	req.Header.Set("Accept", "application/json")
+	c := *client
+	c.CheckRedirect = checkCardRedirect
+	res, err := c.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		// The code alone: the reason phrase is the server's text.
+		return nil, fmt.Errorf("%s answered HTTP %d", url, res.StatusCode)
+	}
+	b, err := io.ReadAll(io.LimitReader(res.Body, MaxCardBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", url, err)
+	}
+	if len(b) > MaxCardBytes {
+		return nil, fmt.Errorf("%s sent more than %d bytes", url, MaxCardBytes)
+	}
+	return b, nil
+}
+
+// checkCardRedirect follows a card URL's redirects (at most 10, as
+// net/http does) but never from https to anything else (FetchCard).
+func checkCardRedirect(req *http.Request, via []*http.Request) error {
+	if len(via) >= 10 {
+		return errors.New("stopped after 10 redirects")
+	}
+	for _, prev := range via {
+		if prev.URL.Scheme == "https" && req.URL.Scheme != "https" {
+			return fmt.Errorf("refusing the redirect to %s: a card requested over https is never fetched over %s; give the card's https address", req.URL.Scheme+"://"+req.URL.Host, req.URL.Scheme)
+		}
+	}
+	return nil
+}
