@@ -183,6 +183,12 @@ type VerifyResponse struct {
 	// keeps the token out of the loaded JSON config; a literal is warned
 	// about (secretopt).
 	VerifierToken string `json:"verifier_token,omitempty"`
+	// CardURL is the verification service's agent card, whose public
+	// keys every receipt's signature is checked against before it is
+	// attached or the gate settles on it (receiptKeys). Default
+	// <verifier_url>/.well-known/agent-card.json; certd serves it (with
+	// `make run`, on its own listener, 127.0.0.1:8082).
+	CardURL string `json:"card_url,omitempty"`
 	// VerifierTimeout bounds one call to the verification service.
 	// Default 10s (also for 0), at most 1m (maxVerifierTimeout: a free
 	// call's reservation must outlive it); a negative one is refused.
@@ -219,6 +225,7 @@ type VerifyResponse struct {
 	client      *http.Client
 	contentSet  []string
 	receiptName string
+	keys        *receiptKeys
 	logger      *zap.Logger
 }
 
@@ -274,6 +281,7 @@ func (v *VerifyResponse) Provision(ctx caddy.Context) error {
 	v.token = caddy.NewReplacer().ReplaceKnown(v.VerifierToken, "")
 	secretopt.WarnIfLiteral(v.logger, "verifier_token", v.VerifierToken, v.token)
 	secretopt.WarnIfURLCredentials(v.logger, "verifier_url", v.VerifierURL, v.VerifierURL) // used as written
+	secretopt.WarnIfURLCredentials(v.logger, "card_url", v.CardURL, v.CardURL)
 
 	schema, err := loadJSONOption(v.Schema, "schema")
 	if err != nil {
@@ -329,6 +337,11 @@ func (v *VerifyResponse) Provision(ctx caddy.Context) error {
 		},
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
+	card := v.CardURL
+	if card == "" && v.VerifierURL != "" {
+		card = strings.TrimRight(v.VerifierURL, "/") + "/.well-known/agent-card.json"
+	}
+	v.keys = &receiptKeys{url: card, client: &http.Client{Transport: v.client.Transport}}
 	return nil
 }
 
@@ -401,6 +414,12 @@ func (v *VerifyResponse) Validate() error {
 	}
 	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return fmt.Errorf("verify_response: verifier_url %q must be an http:// or https:// URL", withoutUserinfo(u))
+	}
+	if v.CardURL != "" {
+		c, err := url.Parse(v.CardURL)
+		if err != nil || (c.Scheme != "http" && c.Scheme != "https") || c.Host == "" {
+			return errors.New("verify_response: card_url must be an http:// or https:// URL")
+		}
 	}
 	switch d := time.Duration(v.VerifierTimeout); {
 	case d < 0:
@@ -841,7 +860,15 @@ func (v *VerifyResponse) call(r *http.Request, body []byte) (*signedReceipt, err
 	if err != nil {
 		return nil, apierr.Unavailable("verification service", 2, fmt.Errorf("reading the verification answer: %w", err))
 	}
-	return v.readAnswer(resp.StatusCode, resp.Header.Get("Content-Type"), raw)
+	rc, err := v.readAnswer(resp.StatusCode, resp.Header.Get("Content-Type"), raw)
+	if err != nil {
+		return nil, err
+	}
+	// Within the same deadline: the card may have to be read.
+	if err := v.keys.verify(ctx, rc.raw); err != nil {
+		return nil, apierr.Unavailable("verification service", 2, fmt.Errorf("the receipt does not verify against the agent card's keys: %w", err))
+	}
+	return rc, nil
 }
 
 // readAnswer turns the verification service's answer into a receipt, or

@@ -42,6 +42,7 @@ func parseVerifyResponse(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, e
 //	    max_response         <size>
 //	    verifier_url         <url>
 //	    verifier_token       <token|{env.VAR}>
+//	    card_url             <url>
 //	    verifier_timeout     <duration>
 //	    receipt_header       <name>
 //	    envelope             [on|off]
@@ -106,6 +107,8 @@ func (v *VerifyResponse) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			err = oneArg(d, &v.VerifierURL)
 		case "verifier_token":
 			err = oneArg(d, &v.VerifierToken)
+		case "card_url":
+			err = oneArg(d, &v.CardURL)
 		case "verifier_timeout":
 			var s string
 			if err = oneArg(d, &s); err == nil {

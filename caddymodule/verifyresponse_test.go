@@ -52,13 +52,16 @@ const verifierToken = "seller-gateway-token-0123456789"
 // and the agent card on one HTTP server, certd's signing server on a unix
 // socket.
 type verifierFixture struct {
-	srv     *httptest.Server
-	signer  *http.Server
-	db      *store.DB
-	cardURL string
+	srv      *httptest.Server
+	signer   *http.Server
+	db       *store.DB
+	cardURL  string
+	keyStore *keystore.Store // certd's, behind the signer and the card
 	// tokens counts calls that carried the configured gateway token.
 	tokens atomic.Int64
 	calls  atomic.Int64
+	// cards counts fetches of the agent card.
+	cards atomic.Int64
 }
 
 func startVerifier(t testing.TB) *verifierFixture {
@@ -76,7 +79,7 @@ func startVerifier(t testing.TB) *verifierFixture {
 	if _, err := keys.Generate(); err != nil {
 		t.Fatal(err)
 	}
-	f := &verifierFixture{}
+	f := &verifierFixture{keyStore: keys}
 	socket := filepath.Join(dir, "certd.sock")
 	ss, err := signer.NewServer(signer.ServerConfig{Keys: keys})
 	if err != nil {
@@ -112,7 +115,10 @@ func startVerifier(t testing.TB) *verifierFixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mux.Handle("/.well-known/agent-card.json", card)
+	mux.Handle("/.well-known/agent-card.json", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f.cards.Add(1)
+		card.ServeHTTP(w, r)
+	}))
 	mux.Handle("/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		f.calls.Add(1)
 		if r.Header.Get(server.HeaderGatewayToken) == verifierToken {
@@ -900,6 +906,8 @@ func TestVerifyResponseConfiguration(t *testing.T) {
 		{"on_error is fail_closed or fail_open", "schema `{}`\n\t\tverifier_url http://127.0.0.1:1\n\t\ton_error shrug", "on_error must be fail_closed or fail_open"},
 		{"a negative verifier_timeout fails every check at once", "schema `{}`\n\t\tverifier_url http://127.0.0.1:1\n\t\tverifier_timeout -1s", "verifier_timeout -1s must be positive"},
 		{"verifier_timeout 0 is the default", "schema `{}`\n\t\tverifier_url http://127.0.0.1:1\n\t\tverifier_timeout 0s", ""},
+		{"a card_url must be http or https, its password not echoed", "schema `{}`\n\t\tverifier_url http://127.0.0.1:1\n\t\tcard_url ftp://gateway:s3cret-pw@x/card", "card_url must be an http:// or https:// URL"},
+		{"a card_url is a URL", "schema `{}`\n\t\tverifier_url http://127.0.0.1:1\n\t\tcard_url https://127.0.0.1:1/.well-known/agent-card.json", ""},
 		{"a receipt header must be a header name", "schema `{}`\n\t\tverifier_url http://127.0.0.1:1\n\t\treceipt_header \"Bad Name\"", "not a valid header name"},
 		{"the example schema and rules load", "schema " + binaries.schemaPath + "\n\t\trules " + binaries.rules + "\n\t\tverifier_url http://127.0.0.1:1", ""},
 	}
