@@ -25,6 +25,11 @@ const (
 	cardMaxAge = 5 * time.Minute
 )
 
+// newReceiptKeys returns the keys of the card at url, read with client.
+func newReceiptKeys(url string, client *http.Client) *receiptKeys {
+	return &receiptKeys{url: url, client: client, fetching: make(chan struct{}, 1)}
+}
+
 // receiptKeys are the verification service's public keys, read from its
 // agent card as a buyer reads them (receipt.FetchCard, receipt.KeysFromCard)
 // and cached. verify_response checks every receipt's signature against
@@ -37,7 +42,9 @@ type receiptKeys struct {
 	url    string // the card's
 	client *http.Client
 
-	fetching sync.Mutex // one fetch at a time
+	// fetching holds a token while a fetch runs: one at a time, and a
+	// call waiting for it gives up at its own deadline.
+	fetching chan struct{}
 
 	mu      sync.Mutex // guards the fields below
 	keys    receipt.KeySet
@@ -74,8 +81,12 @@ func (k *receiptKeys) verify(ctx context.Context, raw []byte) error {
 // cardRefetchEvery ago: then that read's keys, or its error, are the
 // answer.
 func (k *receiptKeys) refresh(ctx context.Context) (receipt.KeySet, error) {
-	k.fetching.Lock()
-	defer k.fetching.Unlock()
+	select {
+	case k.fetching <- struct{}{}:
+	case <-ctx.Done():
+		return receipt.KeySet{}, ctx.Err()
+	}
+	defer func() { <-k.fetching }()
 	k.mu.Lock()
 	if !k.tried.IsZero() && time.Since(k.tried) < cardRefetchEvery {
 		defer k.mu.Unlock()

@@ -341,7 +341,7 @@ func (v *VerifyResponse) Provision(ctx caddy.Context) error {
 	if card == "" && v.VerifierURL != "" {
 		card = strings.TrimRight(v.VerifierURL, "/") + "/.well-known/agent-card.json"
 	}
-	v.keys = &receiptKeys{url: card, client: &http.Client{Transport: v.client.Transport}}
+	v.keys = newReceiptKeys(card, &http.Client{Transport: v.client.Transport})
 	return nil
 }
 
