@@ -102,6 +102,62 @@ func (r *Redis) Stop() {
 	r.cmd = nil
 }
 
+// Pause stops the server with SIGSTOP: the kernel still accepts its
+// connections and buffers what clients send, and nothing is answered,
+// which is how a stalled server looks from outside. Resume (or the test's
+// end) lets it run on what was buffered.
+func (r *Redis) Pause() {
+	r.t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cmd == nil {
+		r.t.Fatal("pausing a stopped redis-server")
+	}
+	if err := r.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		r.t.Fatalf("SIGSTOP redis-server: %v", err)
+	}
+	pid := r.cmd.Process.Pid
+	r.t.Cleanup(func() { syscall.Kill(pid, syscall.SIGCONT) })
+	// The signal is queued, not yet taken: a thread on another processor
+	// may still answer for a moment. Wait until every thread has stopped.
+	dir := fmt.Sprintf("/proc/%d/task", pid)
+	for deadline := time.Now().Add(startTimeout); ; time.Sleep(time.Millisecond) {
+		if allStopped(dir) {
+			return
+		}
+		if time.Now().After(deadline) {
+			r.t.Fatal("redis-server did not stop after SIGSTOP")
+		}
+	}
+}
+
+// allStopped reports whether every thread listed in dir (/proc/<pid>/task)
+// is stopped.
+func allStopped(dir string) bool {
+	tasks, err := os.ReadDir(dir)
+	if err != nil {
+		return false
+	}
+	for _, task := range tasks {
+		stat, err := os.ReadFile(filepath.Join(dir, task.Name(), "stat"))
+		// The state follows the command name's closing parenthesis.
+		i := strings.LastIndexByte(string(stat), ')')
+		if err != nil || i < 0 || i+2 >= len(stat) || (stat[i+2] != 'T' && stat[i+2] != 't') {
+			return false
+		}
+	}
+	return true
+}
+
+// Resume lets a paused server run again (SIGCONT).
+func (r *Redis) Resume() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cmd != nil {
+		r.cmd.Process.Signal(syscall.SIGCONT)
+	}
+}
+
 // waitRedis sends cmd (inline protocol) until the answer starts with want.
 func waitRedis(addr, cmd, want string) error {
 	deadline := time.Now().Add(startTimeout)
