@@ -29,8 +29,13 @@ import (
 // remove or move one id.
 type Allowance interface {
 	// Reserve takes one unit of client's allowance in pool for the UTC day
-	// of day. When none is left it returns ErrExhausted (and a Reservation
-	// whose Remaining is 0, for the caller's headers).
+	// of day. A store shared by several gateways that judges time by its
+	// server's clock (Redis) takes the day by that clock instead, day being
+	// the caller's guess, so that gateways whose clocks disagree around
+	// midnight still count one client's calls in one day. The
+	// Reservation's Day names the day counted in; Commit and Release go to
+	// it, after midnight too. When none is left it returns ErrExhausted
+	// (and a Reservation whose Remaining is 0, for the caller's headers).
 	Reserve(ctx context.Context, pool, client string, day time.Time, limit int) (Reservation, error)
 	// Commit turns the reservation into a used unit. It returns
 	// ErrNotReserved, counting nothing, when the reservation was already
@@ -38,8 +43,8 @@ type Allowance interface {
 	Commit(ctx context.Context, r Reservation) error
 	// Release gives the unit back. ErrNotReserved as for Commit.
 	Release(ctx context.Context, r Reservation) error
-	// Remaining reports how many units client can still reserve today,
-	// counting live reservations as taken.
+	// Remaining reports how many units client can still reserve on the
+	// day Reserve would take, counting live reservations as taken.
 	Remaining(ctx context.Context, pool, client string, day time.Time, limit int) (int, error)
 }
 
@@ -47,7 +52,7 @@ type Allowance interface {
 type Reservation struct {
 	Pool   string
 	Client string
-	Day    string // UTC date, 2006-01-02
+	Day    string // the UTC date counted in, 2006-01-02 (Reserve)
 	ID     string // opaque, unique
 	Limit  int
 	// Remaining is what is left for the client today with this unit taken.

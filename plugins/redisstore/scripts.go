@@ -25,13 +25,27 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 // An allowance record is one sorted set per pool, client and UTC day:
 // member = reservation id, score = the pending unit's expiry (ms), or +inf
 // once committed. Lapsed pending units (score <= now) are dropped first.
+//
+// The day is the server's: the gateway names the day its own clock says
+// (a guess), and a script whose server time is outside it changes nothing
+// and answers {2, now}, for the gateway to ask again on the server's day
+// (allowance.onServerDay). So every gateway counts one client's calls in
+// one day at one instant, whatever its clock. A reservation names its day,
+// so its commit or release goes to the record it was counted in, after
+// midnight too (the record lives a day past its day).
 
-// reserveScript: KEYS[1] the client-day; ARGV limit, ttl ms, id, day end
-// (ms). Returns {1, remaining, lifetime left (ms)} or {0}: the lifetime,
-// not the server's expiry, so that the gateway judges it by its own
-// elapsed time, whatever its clock says (allowance.Reserve).
+// onDay refuses a script whose server time is outside the day from
+// ARGV[1] to ARGV[2] (ms, end excluded).
+const onDay = `if now < tonumber(ARGV[1]) or now >= tonumber(ARGV[2]) then return {2, now} end
+`
+
+// reserveScript: KEYS[1] the client-day; ARGV day start, day end (ms),
+// limit, ttl ms, id. Returns {1, remaining, lifetime left (ms)}, {0}, or
+// {2, now} (onDay): the lifetime, not the server's expiry, so that the
+// gateway judges it by its own elapsed time, whatever its clock says
+// (allowance.Reserve).
 var reserveScript = redis.NewScript(`#!lua
-` + nowMS + `local key, limit, ttl, id = KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
+` + nowMS + onDay + `local key, limit, ttl, id = KEYS[1], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
 redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
 local n = redis.call('ZCARD', key)
 local had = redis.call('ZSCORE', key, id)
@@ -42,7 +56,7 @@ end
 if n >= limit then return {0} end
 local exp = now + ttl
 redis.call('ZADD', key, exp, id)
-redis.call('PEXPIREAT', key, math.max(tonumber(ARGV[4]), now) + 86400000)
+redis.call('PEXPIREAT', key, tonumber(ARGV[2]) + 86400000)
 return {1, limit - n - 1, ttl}
 `)
 
@@ -64,11 +78,12 @@ end
 return 1
 `)
 
-// remainingScript: KEYS[1] the client-day; ARGV limit. Counts committed
-// and live pending units.
+// remainingScript: KEYS[1] the client-day; ARGV day start, day end (ms),
+// limit. Counts committed and live pending units: {1, remaining}, or
+// {2, now} (onDay).
 var remainingScript = redis.NewScript(`#!lua flags=no-writes
-` + nowMS + `local used = redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
-return math.max(0, tonumber(ARGV[1]) - used)
+` + nowMS + onDay + `local used = redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
+return {1, math.max(0, tonumber(ARGV[3]) - used)}
 `)
 
 // A claim is one hash per key: s (0 pending, 1 settled), t (the holder's

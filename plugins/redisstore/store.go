@@ -235,10 +235,41 @@ func (a allowance) key(pool, client, day string) string {
 	return a.s.allowPrefix + day + ":" + hex.EncodeToString([]byte(pool)) + ":" + hex.EncodeToString([]byte(client))
 }
 
-func dayOf(day time.Time) (label string, end time.Time) {
-	d := day.UTC()
-	start := time.Date(d.Year(), d.Month(), d.Day(), 0, 0, 0, 0, time.UTC)
-	return start.Format(time.DateOnly), start.AddDate(0, 0, 1)
+// dayOf is the UTC day of t: its label and its start and end (ms).
+func dayOf(t time.Time) (label string, start, end int64) {
+	d := t.UTC()
+	first := time.Date(d.Year(), d.Month(), d.Day(), 0, 0, 0, 0, time.UTC)
+	return first.Format(time.DateOnly), first.UnixMilli(), first.AddDate(0, 0, 1).UnixMilli()
+}
+
+// maxDayTries bounds the runs of one allowance script on the server's day:
+// the first names the gateway's day; one whose server time is outside it
+// answers with that time, and the next runs on the server's day, which is
+// wrong again only if midnight passed between the two.
+const maxDayTries = 3
+
+// onServerDay runs an allowance script (reserveScript, remainingScript) for
+// pool and client on the UTC day of the server's clock, guessing it from
+// day, the gateway's clock (onDay): every gateway counts a client's calls
+// in one day at one instant, whatever its own clock says. run gets the
+// day's label and the script's day arguments, and returns the script's
+// answer and error; onServerDay returns the answer that was on the
+// server's day, and that day's label.
+func onServerDay(day time.Time, run func(label string, start, end int64) (any, error)) (any, string, error) {
+	for range maxDayTries {
+		label, start, end := dayOf(day)
+		v, err := run(label, start, end)
+		if err != nil {
+			return nil, label, err
+		}
+		out, _ := v.([]any)
+		if len(out) != 2 || out[0] != int64(2) {
+			return v, label, nil
+		}
+		ms, _ := out[1].(int64)
+		day = time.UnixMilli(ms)
+	}
+	return nil, "", errors.New("redisstore: the server's day changed on every try")
 }
 
 // maxComponent matches the embedded store's bound on pool and client.
@@ -251,10 +282,12 @@ func checkAllowanceKey(pool, client string) error {
 	return nil
 }
 
-// Reserve implements store.Allowance.
+// Reserve implements store.Allowance. The unit is counted in the UTC day
+// of the server's clock (onServerDay), day being the gateway's guess; the
+// reservation names that day, for its commit or release.
 func (a allowance) Reserve(ctx context.Context, pool, client string, day time.Time, limit int) (store.Reservation, error) {
-	label, end := dayOf(day)
-	res := store.Reservation{Pool: pool, Client: client, Day: label, Limit: limit}
+	res := store.Reservation{Pool: pool, Client: client, Limit: limit}
+	res.Day, _, _ = dayOf(day)
 	if err := checkAllowanceKey(pool, client); err != nil {
 		return res, err
 	}
@@ -266,11 +299,19 @@ func (a allowance) Reserve(ctx context.Context, pool, client string, day time.Ti
 		return res, fmt.Errorf("making reservation id: %w", err)
 	}
 	res.ID = hex.EncodeToString(id[:])
-	key := a.key(pool, client, label)
-	v, err := a.s.write(ctx, reserveScript, []string{key},
-		limit, a.s.opts.ReservationTTL.Milliseconds(), res.ID, end.UnixMilli())
+	v, label, err := onServerDay(day, func(label string, start, end int64) (any, error) {
+		key := a.key(pool, client, label)
+		v, err := a.s.write(ctx, reserveScript, []string{key},
+			start, end, limit, a.s.opts.ReservationTTL.Milliseconds(), res.ID)
+		if err != nil {
+			a.s.undo(ctx, finishScript, []string{key}, res.ID, "0")
+		}
+		return v, err
+	})
+	if label != "" {
+		res.Day = label
+	}
 	if err != nil {
-		a.s.undo(ctx, finishScript, []string{key}, res.ID, "0")
 		return res, fmt.Errorf("redisstore: reserving: %w", err)
 	}
 	out, ok := v.([]any)
@@ -356,17 +397,22 @@ func (a allowance) retryFinish(key string, r store.Reservation, commit string) {
 	}
 }
 
-// Remaining implements store.Allowance.
+// Remaining implements store.Allowance, on the server's day as Reserve.
 func (a allowance) Remaining(ctx context.Context, pool, client string, day time.Time, limit int) (int, error) {
 	if err := checkAllowanceKey(pool, client); err != nil {
 		return 0, err
 	}
-	label, _ := dayOf(day)
-	v, err := a.s.read(ctx, remainingScript, []string{a.key(pool, client, label)}, limit)
+	v, _, err := onServerDay(day, func(label string, start, end int64) (any, error) {
+		return a.s.read(ctx, remainingScript, []string{a.key(pool, client, label)}, start, end, limit)
+	})
 	if err != nil {
 		return 0, fmt.Errorf("redisstore: reading allowance: %w", err)
 	}
-	n, _ := v.(int64)
+	out, _ := v.([]any)
+	if len(out) != 2 || out[0] != int64(1) {
+		return 0, fmt.Errorf("redisstore: unexpected remaining answer %v", v)
+	}
+	n, _ := out[1].(int64)
 	return int(n), nil
 }
 

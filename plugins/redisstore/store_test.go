@@ -29,7 +29,7 @@ func backend(rdb redis.UniversalClient) storetest.NewGateway {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return storetest.Gateway{Allowance: s.Allowance(), Claims: s.Claims()}
+		return storetest.Gateway{Allowance: s.Allowance(), Claims: s.Claims(), ServerDay: true}
 	}
 }
 
@@ -118,10 +118,11 @@ func TestScriptsAreSafeToRunTwice(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	key := s.Allowance().(allowance).key("p", "c", "2026-12-01")
-	end := time.Now().Add(time.Hour).UnixMilli()
+	// The server's day (the test runs on the server's machine).
+	label, start, end := dayOf(time.Now())
+	key := s.Allowance().(allowance).key("p", "c", label)
 	for range 2 {
-		if _, err := s.write(ctx, reserveScript, []string{key}, 2, 60000, "id-1", end); err != nil {
+		if _, err := s.write(ctx, reserveScript, []string{key}, start, end, 2, 60000, "id-1"); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -134,7 +135,7 @@ func TestScriptsAreSafeToRunTwice(t *testing.T) {
 	if used := rdb.ZCount(ctx, key, "(0", "+inf").Val(); used != 1 {
 		t.Fatalf("a commit run twice counts %d units, want 1", used)
 	}
-	if _, err := s.write(ctx, reserveScript, []string{key}, 2, 60000, "id-1", end); err != nil {
+	if _, err := s.write(ctx, reserveScript, []string{key}, start, end, 2, 60000, "id-1"); err != nil {
 		t.Fatal(err)
 	}
 	if used := rdb.ZCard(ctx, key).Val(); used != 1 {
