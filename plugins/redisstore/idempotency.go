@@ -24,12 +24,27 @@ import (
 // (the gateway treats a binding to its own fingerprint as its own), a
 // repeated Save finds its answer saved, a repeated Unbind finds nothing.
 
+// paymentIDFields are the bounds of a binding's fields (fits): what Save
+// and Bind ever write.
+var paymentIDFields = `{s = ` + strconv.Itoa(maxShortField) + `, u = ` + strconv.Itoa(maxShortField) +
+	`, f = ` + strconv.Itoa(store.MaxPaymentIDFingerprint) + `, a = ` + strconv.Itoa(store.MaxPaymentIDAnswerBytes) + `}`
+
+// livePaymentID sets v to the live binding of KEYS[1], {s, u, f, a}, or
+// nil, reading its fields only once their lengths are within bounds.
+var livePaymentID = fitsFn + `local v = redis.call('HMGET', KEYS[1], 's', 'u')
+if v[1] and tonumber(v[2]) > now then
+  fits(KEYS[1], ` + paymentIDFields + `)
+  v = redis.call('HMGET', KEYS[1], 's', 'u', 'f', 'a')
+else
+  v = nil
+end
+`
+
 // paymentIDBindScript: KEYS[1]; ARGV fingerprint, until ms. Returns {1}
 // when it bound, {2} when until is not in the future, or {0, s, u, f, a},
 // the live binding it found.
 var paymentIDBindScript = redis.NewScript(`#!lua
-` + nowMS + `local v = redis.call('HMGET', KEYS[1], 's', 'u', 'f', 'a')
-if v[1] and tonumber(v[2]) > now then return {0, v[1], v[2], v[3], v[4]} end
+` + nowMS + livePaymentID + `if v then return {0, v[1], v[2], v[3], v[4]} end
 local untl = tonumber(ARGV[2])
 if untl <= now then return {2} end
 redis.call('DEL', KEYS[1])
@@ -40,9 +55,7 @@ return {1}
 
 // paymentIDLookupScript: KEYS[1]; returns {} or {s, u, f, a}.
 var paymentIDLookupScript = redis.NewScript(`#!lua flags=no-writes
-` + nowMS + `local v = redis.call('HMGET', KEYS[1], 's', 'u', 'f', 'a')
-if not v[1] or tonumber(v[2]) <= now then return {} end
-return v
+` + nowMS + livePaymentID + `return v or {}
 `)
 
 // paymentIDSaveScript: KEYS[1]; ARGV fingerprint, answer, until ms.
@@ -78,10 +91,14 @@ func (p paymentIDs) key(id string) string {
 	return p.s.opts.Prefix + ":p:" + hex.EncodeToString([]byte(id))
 }
 
+// errCorruptPaymentID reports a binding the scripts would not have
+// written: a field malformed, or over its bound (paymentIDFields).
+var errCorruptPaymentID = errors.New("redisstore: corrupt payment identifier record")
+
 // paymentIDState decodes {s, u, f, a} as the scripts return them.
 func paymentIDState(v []any) (store.PaymentIDState, error) {
 	if len(v) != 4 {
-		return store.PaymentIDState{}, errors.New("redisstore: corrupt payment identifier record")
+		return store.PaymentIDState{}, errCorruptPaymentID
 	}
 	s, _ := v[0].(string)
 	u, _ := v[1].(string)
@@ -89,7 +106,7 @@ func paymentIDState(v []any) (store.PaymentIDState, error) {
 	a, _ := v[3].(string)
 	ms, err := strconv.ParseInt(u, 10, 64)
 	if err != nil || (s != "0" && s != "1") {
-		return store.PaymentIDState{}, errors.New("redisstore: corrupt payment identifier record")
+		return store.PaymentIDState{}, errCorruptPaymentID
 	}
 	st := store.PaymentIDState{Fingerprint: f, Done: s == "1", Until: time.UnixMilli(ms).UTC()}
 	if a != "" {
@@ -104,6 +121,9 @@ func (p paymentIDs) Bind(ctx context.Context, id, fp string, until time.Time) (s
 		return store.PaymentIDState{}, false, err
 	}
 	v, err := p.s.write(ctx, paymentIDBindScript, []string{p.key(id)}, fp, ceilMS(until))
+	if corrupt(err) {
+		return store.PaymentIDState{}, false, errCorruptPaymentID
+	}
 	if err != nil {
 		return store.PaymentIDState{}, false, fmt.Errorf("redisstore: binding payment identifier: %w", err)
 	}
@@ -126,6 +146,9 @@ func (p paymentIDs) Lookup(ctx context.Context, id string) (store.PaymentIDState
 		return store.PaymentIDState{}, store.ErrNotFound
 	}
 	v, err := p.s.read(ctx, paymentIDLookupScript, []string{p.key(id)})
+	if corrupt(err) {
+		return store.PaymentIDState{}, errCorruptPaymentID
+	}
 	if err != nil {
 		return store.PaymentIDState{}, fmt.Errorf("redisstore: reading payment identifier: %w", err)
 	}

@@ -1,6 +1,12 @@
 package redisstore
 
-import "github.com/redis/go-redis/v9"
+import (
+	"strconv"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/aovhq/aov/store"
+)
 
 // Every operation is one Lua script, so it is atomic on the server (and in
 // a Cluster on the one slot its keys share). Each script reads the time
@@ -86,6 +92,34 @@ var remainingScript = redis.NewScript(`#!lua flags=no-writes
 return {1, math.max(0, tonumber(ARGV[3]) - used)}
 `)
 
+// Bounds on what a script sends back. A record over what the store ever
+// writes (planted in a shared Redis by another deployment or by hand) is
+// refused before any of it is sent: the script fails with corruptReply,
+// which the gateway reports as a corrupt record (a 503), instead of
+// reading and decoding it, however large, for every request that names
+// it. maxShortField bounds the fields that are a number, a token or a key
+// name.
+const (
+	corruptCode   = "AOVCORRUPT"
+	corruptReply  = corruptCode + " record over the bounds of what the store writes"
+	maxShortField = 64 << 10
+)
+
+// fitsFn defines fits(k, fields): raises corruptReply unless every field
+// of hash k named in fields (field = bound) is within its bound, read by
+// its length alone.
+const fitsFn = `local function fits(k, fields)
+  for f, max in pairs(fields) do
+    if redis.call('HSTRLEN', k, f) > max then error({err = '` + corruptReply + `'}) end
+  end
+end
+`
+
+// claimFields are the bounds of a claim key's fields a script sends back
+// (its note, state, until and ref).
+var claimFields = `{n = ` + strconv.Itoa(store.MaxHoldNoteBytes) + `, s = ` + strconv.Itoa(maxShortField) +
+	`, u = ` + strconv.Itoa(maxShortField) + `, r = ` + strconv.Itoa(maxShortField) + `}`
+
 // A claim is one hash per key: s (0 pending, 1 settled), t (the holder's
 // token), u (until, ms), and for a held claim a (the end of its attempt
 // span, ms, on the server's clock like u). The key expires at u; the
@@ -112,19 +146,25 @@ return {1, math.max(0, tonumber(ARGV[3]) - used)}
 // (noteOf), and the gateway reads the claim again declaring its target
 // (claims.lookup).
 
-// noteOf is the note of a live claim key whose t, n and r are given: its
-// own without a ref; with one, the note of the key r names when that key
-// holds the same live claim, else the empty string; nil when r is not among KEYS, for
-// the caller to ask again naming it.
-const noteOf = `local function noteOf(t, n, r)
-  if not r then return n or '' end
+// noteOf is the note of live claim key k whose t and r are given: its own
+// without a ref; with one, the note of the key r names when that key
+// holds the same live claim, else the empty string; nil when r is not
+// among KEYS, for the caller to ask again naming it. Every key whose
+// fields it reads is checked against claimFields first (fits), so a note
+// is read only once its length is known to be within bounds.
+var noteOf = fitsFn + `local function noteOf(k, t, r)
+  fits(k, ` + claimFields + `)
+  if not r then return redis.call('HGET', k, 'n') or '' end
   local declared = false
-  for _, k in ipairs(KEYS) do
-    if k == r then declared = true break end
+  for _, d in ipairs(KEYS) do
+    if d == r then declared = true break end
   end
   if not declared then return nil end
-  local f = redis.call('HMGET', r, 't', 'u', 'n', 'r')
-  if f[1] == t and tonumber(f[2]) > now and not f[4] then return f[3] or '' end
+  local f = redis.call('HMGET', r, 't', 'u', 'r')
+  if f[1] == t and tonumber(f[2]) > now and not f[3] then
+    fits(r, ` + claimFields + `)
+    return redis.call('HGET', r, 'n') or ''
+  end
   return ''
 end
 `
@@ -167,12 +207,12 @@ var claimScript = redis.NewScript(`#!lua
 const claimBody = `local token, untl = ARGV[1], tonumber(ARGV[2])
 if untl <= now then return {2} end
 for i, k in ipairs(KEYS) do
-  local v = redis.call('HMGET', k, 's', 't', 'u', 'n', 'a', 'r')
+  local v = redis.call('HMGET', k, 's', 't', 'u', 'a', 'r')
   if v[1] and tonumber(v[3]) > now then
     if v[2] == token then return {1} end
-    local n = noteOf(v[2], v[4], v[6])
-    if not n then return {3, i, v[6]} end
-    return {0, i, v[1], v[3], n, attemptOf(v[5])}
+    local n = noteOf(k, v[2], v[5])
+    if not n then return {3, i, v[5]} end
+    return {0, i, v[1], v[3], n, attemptOf(v[4])}
   end
 end
 for i, k in ipairs(KEYS) do
@@ -264,9 +304,9 @@ return 1
 // or {settled, until, note, attempt}, or {ref} when KEYS[1]'s note is under
 // ref, a key not among KEYS (noteOf).
 var lookupScript = redis.NewScript(`#!lua flags=no-writes
-` + nowMS + attemptOf + noteOf + `local v = redis.call('HMGET', KEYS[1], 's', 'u', 'n', 'a', 't', 'r')
+` + nowMS + attemptOf + noteOf + `local v = redis.call('HMGET', KEYS[1], 's', 'u', 'a', 't', 'r')
 if not v[1] or tonumber(v[2]) <= now then return {} end
-local n = noteOf(v[5], v[3], v[6])
-if not n then return {v[6]} end
-return {v[1], v[2], n, attemptOf(v[4])}
+local n = noteOf(KEYS[1], v[4], v[5])
+if not n then return {v[5]} end
+return {v[1], v[2], n, attemptOf(v[3])}
 `)

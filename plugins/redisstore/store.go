@@ -222,6 +222,14 @@ func (s *Store) undo(ctx context.Context, sc *redis.Script, keys []string, args 
 	s.write(ctx, sc, keys, args...) // best effort: otherwise it lapses
 }
 
+// errCorruptClaim reports a claim record the scripts would not have
+// written: a field missing or malformed, or over its bound (claimFields).
+var errCorruptClaim = errors.New("redisstore: corrupt claim record")
+
+// corrupt reports whether err is a script's refusal of a record over the
+// store's bounds (corruptReply): an answer of the server, not an outage.
+func corrupt(err error) bool { return redis.HasErrorPrefix(err, corruptCode) }
+
 func (s *Store) read(ctx context.Context, sc *redis.Script, keys []string, args ...any) (any, error) {
 	return sc.Run(ctx, s.rdb, keys, args...).Result()
 }
@@ -470,6 +478,9 @@ func (c claims) claim(ctx context.Context, keys []string, until time.Time, span 
 		} else {
 			v, err = c.s.write(ctx, claimHeldScript, c.indexedKeys(keys), token, ceilMS(until), n, keys[0], c.s.spanArg(span))
 		}
+		if corrupt(err) {
+			return store.Claim{}, errCorruptClaim // refused before any write
+		}
 		if err != nil {
 			c.s.undo(ctx, releaseScript, c.indexedKeys(keys), token, keys[0])
 			return store.Claim{}, fmt.Errorf("redisstore: claiming: %w", err)
@@ -526,7 +537,7 @@ const maxRefReads = 3
 // return them (attemptOf).
 func claimState(v []any) (store.ClaimState, error) {
 	if len(v) != 4 {
-		return store.ClaimState{}, errors.New("redisstore: corrupt claim record")
+		return store.ClaimState{}, errCorruptClaim
 	}
 	s, _ := v[0].(string)
 	u, _ := v[1].(string)
@@ -534,7 +545,7 @@ func claimState(v []any) (store.ClaimState, error) {
 	a, _ := v[3].(string)
 	ms, err := strconv.ParseInt(u, 10, 64)
 	if err != nil || (s != "0" && s != "1") {
-		return store.ClaimState{}, errors.New("redisstore: corrupt claim record")
+		return store.ClaimState{}, errCorruptClaim
 	}
 	st := store.ClaimState{Settled: s == "1", Note: n, Until: time.UnixMilli(ms).UTC()}
 	switch a {
@@ -631,11 +642,14 @@ func (c claims) lookup(ctx context.Context, key, ref string) (store.ClaimState, 
 			// Written by the scripts as a claim key: anything else is
 			// no ref of ours, and in a Cluster may be on another slot.
 			if !strings.HasPrefix(ref, c.s.claimPrefix) {
-				return store.ClaimState{}, errors.New("redisstore: corrupt claim record")
+				return store.ClaimState{}, errCorruptClaim
 			}
 			keys = append(keys[:1], ref)
 		}
 		v, err := c.s.read(ctx, lookupScript, keys)
+		if corrupt(err) {
+			return store.ClaimState{}, errCorruptClaim
+		}
 		if err != nil {
 			return store.ClaimState{}, fmt.Errorf("redisstore: reading claim: %w", err)
 		}
@@ -646,7 +660,7 @@ func (c claims) lookup(ctx context.Context, key, ref string) (store.ClaimState, 
 		case 1:
 			ref, _ = out[0].(string)
 			if ref == "" {
-				return store.ClaimState{}, errors.New("redisstore: corrupt claim record")
+				return store.ClaimState{}, errCorruptClaim
 			}
 			continue // replaced meanwhile by a claim with another first key
 		}
