@@ -898,10 +898,20 @@ func (g *Gate) resource(r *http.Request) x402.Resource {
 			url = repl.ReplaceAll(url, "")
 		}
 	} else {
-		_, u := sentRequest(r)
-		url = siteBase(g.base, r) + u.EscapedPath()
+		url = resourceURL(siteBase(g.base, r), r)
 	}
 	return x402.Resource{URL: url, Description: g.Description, MimeType: g.MimeType}
+}
+
+// resourceURL is the URL a 402 names for r on origin: the path as the
+// client sent it, escaped as it sent it, without the query. The default
+// resource URL and the sign-in-with-x challenge's uri are both built here,
+// so a wallet that paid for a resource signs in on the same URL, and a
+// path whose decoded form holds a space or a non-ASCII letter stays a URI
+// (which a wallet proof's uri must be).
+func resourceURL(origin string, r *http.Request) string {
+	_, u := sentRequest(r)
+	return origin + u.EscapedPath()
 }
 
 // checkURL refuses (414) a request whose URL the gate could not name
@@ -976,8 +986,7 @@ func (g *Gate) siwxChallenge(r *http.Request) map[string]any {
 	if g.SIWXDomain != "" {
 		domain = g.SIWXDomain
 	}
-	_, u := sentRequest(r)
-	return walletauth.SIWXChallenge(domain, scheme+"://"+domain+u.Path, g.chains(), now())
+	return walletauth.SIWXChallenge(domain, resourceURL(scheme+"://"+domain, r), g.chains(), now())
 }
 
 // chains lists the EVM networks the gate accepts payment on, for the
