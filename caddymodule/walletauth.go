@@ -284,7 +284,7 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 	}
 	paidAccess := false
 	if wa.SIWX && len(siwx) == 1 {
-		p, err := wa.verifier.VerifySIWX(ctx, siwx[0], walletauth.SIWXExpect{})
+		p, err := wa.verifier.VerifySIWX(ctx, siwx[0], walletauth.SIWXExpect{Path: path})
 		if err != nil {
 			return wa.refuse(w, r, err)
 		}

@@ -105,7 +105,7 @@ func TestSIWXRefusesWalletAuthResources(t *testing.T) {
 func TestANonceIsSingleUseAcrossProofFormats(t *testing.T) {
 	now := t0.Add(time.Minute)
 	const nonce = "sharedNonce0123456789"
-	siwxWantHere := SIWXExpect{Domain: "verifier.example"}
+	siwxWantHere := SIWXExpect{Domain: "verifier.example", Path: "/data"}
 	evmAuth := func(t *testing.T, nonce string) string {
 		e := envelope(t)
 		e.Nonce = nonce

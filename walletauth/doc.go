@@ -70,7 +70,8 @@
 // chainId, type, nonce, issuedAt, expirationTime, notBefore, requestId,
 // resources, signature). Its text is built by the same rules (with the
 // client's own resources and request id); the domain must be one of the
-// site names, the uri must be on that origin, issuedAt at most five
+// site names, the uri must be on that origin and name the request's path
+// (no query: a proof is for one resource), issuedAt at most five
 // minutes old, no resource may be X-Wallet-Auth's (urn:x-wallet-auth:…:
 // such a text is an X-Wallet-Auth proof, bound to one method and path,
 // not a sign-in), and the nonce unused. Both headers claim a wallet's

@@ -44,7 +44,7 @@ func TestVerifierDomains(t *testing.T) {
 			t.Fatalf("a proof for another site: %v, want ErrWrongRequest", err)
 		}
 		v.Domains = []string{"API.example.com"}
-		if _, err := v.VerifySIWX(ctx, siwxHeader(t, siwxProof(t, t0, nil)), SIWXExpect{Domain: "evil.example"}); err != nil {
+		if _, err := v.VerifySIWX(ctx, siwxHeader(t, siwxProof(t, t0, nil)), SIWXExpect{Domain: "evil.example", Path: "/data"}); err != nil {
 			t.Fatalf("a proof for a configured name: %v", err)
 		}
 		other := siwxProof(t, t0, func(s *SIWX) { s.Nonce = "ffffffffffffffffffffffff"; s.URI = "https://evil.example/data" })

@@ -218,10 +218,17 @@ type SIWXExpect struct {
 	// Scheme is the request's scheme ("https"); "" accepts http and https
 	// (a gateway behind a TLS-terminating proxy cannot tell).
 	Scheme string
+	// Path is the request's path, decoded (as Expect.Path; not the
+	// query). The proof's uri must name it, and nothing more: the
+	// challenge a server offers for a resource is its URL without the
+	// query (SIWXChallenge), and a proof is a bearer credential, so one
+	// signed for one resource must not act as its wallet on another.
+	Path string
 }
 
 // VerifySIWX parses a SIGN-IN-WITH-X value and checks it by the extension's
-// rules: domain is this server's (see Verifier.Domains), uri is on that origin,
+// rules: domain is this server's (see Verifier.Domains), uri is on that origin
+// and names the request's path (want.Path) without a query or fragment,
 // issuedAt is at most SIWXMaxAge old and not in the future,
 // expirationTime has not passed, notBefore has, the signature is the
 // address's, and the nonce was never used. Errors as Verify.
@@ -242,6 +249,9 @@ func (v *Verifier) VerifySIWXProof(ctx context.Context, s *SIWX, want SIWXExpect
 	u, _ := checkURI(h, "uri", s.URI)
 	if !strings.EqualFold(u.Host, s.Domain) || (want.Scheme != "" && u.Scheme != want.Scheme) {
 		return Proof{}, refuse(ErrWrongRequest, h, "uri", "is not on this server's origin", "Sign in with the uri the server offered.")
+	}
+	if u.Path != want.Path || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
+		return Proof{}, refuse(ErrWrongRequest, h, "uri", "is not the URL of the requested resource", "Sign in with the challenge of this resource's 402, for each resource.")
 	}
 	now := v.now()
 	issued, _ := parseTime(h, "issuedAt", s.IssuedAt)

@@ -14,7 +14,7 @@ import (
 	"github.com/ethereum/go-ethereum/crypto"
 )
 
-var siwxWant = SIWXExpect{Domain: "api.example.com", Scheme: "https"}
+var siwxWant = SIWXExpect{Domain: "api.example.com", Scheme: "https", Path: "/data"}
 
 // siwxProof builds a sign-in-with-x proof as the extension's client does:
 // the server's challenge fields plus address, chain and signature.
@@ -86,7 +86,7 @@ func TestSIWXAcceptsAFreshProofOnce(t *testing.T) {
 	json.Unmarshal(raw, &m)
 	m["futureField"] = map[string]any{"x": 1}
 	b, _ := json.Marshal(m)
-	if _, err := v2.VerifySIWX(context.Background(), base64.StdEncoding.EncodeToString(b), SIWXExpect{Domain: "api.example.com"}); err != nil {
+	if _, err := v2.VerifySIWX(context.Background(), base64.StdEncoding.EncodeToString(b), SIWXExpect{Domain: "api.example.com", Path: "/data"}); err != nil {
 		t.Fatalf("with an unknown member: %v", err)
 	}
 }
@@ -105,6 +105,10 @@ func TestSIWXRefusals(t *testing.T) {
 		{desc: "a proof for another domain is refused", edit: func(s *SIWX) { s.Domain = "evil.example" }, kind: ErrWrongRequest, field: "domain"},
 		{desc: "a uri on another origin is refused", edit: func(s *SIWX) { s.URI = "https://evil.example/data" }, kind: ErrWrongRequest, field: "uri"},
 		{desc: "a uri on another scheme is refused", edit: func(s *SIWX) { s.URI = "http://api.example.com/data" }, kind: ErrWrongRequest, field: "uri"},
+		{desc: "a uri for another path is refused", edit: func(s *SIWX) { s.URI = "https://api.example.com/admin" }, kind: ErrWrongRequest, field: "uri"},
+		{desc: "a uri for a sub-path is refused", edit: func(s *SIWX) { s.URI = "https://api.example.com/data/1" }, kind: ErrWrongRequest, field: "uri"},
+		{desc: "a uri with a query is refused", edit: func(s *SIWX) { s.URI = "https://api.example.com/data?a=b" }, kind: ErrWrongRequest, field: "uri"},
+		{desc: "a uri with a fragment is refused", edit: func(s *SIWX) { s.URI = "https://api.example.com/data#x" }, kind: ErrWrongRequest, field: "uri"},
 		{desc: "a domain on another port is refused", want: SIWXExpect{Domain: "api.example.com:8443"}, kind: ErrWrongRequest, field: "domain"},
 		{desc: "issuedAt more than five minutes ago is refused", issued: now.Add(-SIWXMaxAge - time.Second), kind: ErrExpired, field: "issuedAt"},
 		{desc: "issuedAt in the future is refused", issued: now.Add(time.Minute), kind: ErrNotYetValid, field: "issuedAt"},

@@ -144,14 +144,14 @@ func officialSolanaSIWX(t *testing.T, statement bool) {
 		"secretKey": base58.Encode(key), "chainId": solanaDevnet, "info": ext["info"], "url": "https://api.example.com/data",
 	}, &out)
 	v := &Verifier{Nonces: newDB(t).Claims()}
-	p, err := v.VerifySIWX(context.Background(), out.Header, SIWXExpect{Domain: "api.example.com"})
+	p, err := v.VerifySIWX(context.Background(), out.Header, SIWXExpect{Domain: "api.example.com", Path: "/data"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if p.Wallet() != base58.Encode(key.Public().(ed25519.PublicKey)) || p.ChainID != solanaDevnet {
 		t.Fatalf("proof %+v", p)
 	}
-	if _, err := v.VerifySIWX(context.Background(), out.Header, SIWXExpect{Domain: "api.example.com"}); err == nil {
+	if _, err := v.VerifySIWX(context.Background(), out.Header, SIWXExpect{Domain: "api.example.com", Path: "/data"}); err == nil {
 		t.Fatal("replayed sign-in accepted")
 	}
 	// Our own signer produces what the official client does.
