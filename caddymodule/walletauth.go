@@ -112,8 +112,10 @@ type WalletAuth struct {
 	// the x402 gate; see the documentation).
 	SIWX bool `json:"siwx,omitempty"`
 
-	// SIWXAccessTTL is how long a payment grants sign-in-with-x access.
-	// Default 720h (30 days).
+	// SIWXAccessTTL is how long a payment grants sign-in-with-x access,
+	// from the latest payment by the wallet for the resource (a wallet
+	// charged again is recorded anew; walletauth.PaidAccess). Default 720h
+	// (30 days).
 	SIWXAccessTTL caddy.Duration `json:"siwx_access_ttl,omitempty"`
 
 	domains  []string // Domains with placeholders expanded

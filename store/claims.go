@@ -42,8 +42,11 @@ type Claims interface {
 	// Record writes a settled claim on key with a note until until, in
 	// one write, for a fact known only once its payment settled (a
 	// wallet's paid access): there is no pending claim for a second
-	// write to leave behind when it fails. A live settled claim on key is
-	// kept as it is (nil error); a live unsettled one is replaced, since
+	// write to leave behind when it fails. A live settled claim on key
+	// that lasts until then or later is kept as it is (nil error: a
+	// retry of the same record changes nothing); one that ends sooner is
+	// rewritten with note until until, so a fact paid for again lasts
+	// from its latest payment. A live unsettled one is replaced, since
 	// its holder could only have been recording the same fact. So key
 	// must be one only Record writes (the caller's own prefix), never a
 	// key of a claim with several: replacing such a claim's first key
@@ -303,7 +306,7 @@ func (cl claims) Record(ctx context.Context, key, note string, until time.Time) 
 			return errors.New("store: claim expiry is not in the future")
 		}
 		c, live, err := readClaimRecord(txn, claimKey(keys[0]), t, func([]byte) {}) // the note is not read
-		if err != nil || (live && c.settled) {
+		if err != nil || (live && c.settled && c.until >= rec.until) {
 			return err
 		}
 		return putClaim(txn, keys[0], rec)

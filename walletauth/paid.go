@@ -22,11 +22,12 @@ const DefaultPaidAccessTTL = 30 * 24 * time.Hour
 // per payer and resource), so a distributed store shares them across
 // gateway instances like the replay guard.
 //
-// A record is written once, settled, in one write (store.Claims.Record):
-// a claim settled by a second write would stay pending for the whole TTL
+// A record is written settled, in one write (store.Claims.Record): a
+// claim settled by a second write would stay pending for the whole TTL
 // when that write failed, and every later payment would take it for
-// "already recorded". It lasts TTL from the first payment; paying again
-// while it lasts does not extend it.
+// "already recorded". It lasts TTL from the latest payment: paying again
+// while it lasts renews it (the wallet was charged again), and never
+// shortens it (a TTL lowered since the first payment).
 type PaidAccess struct {
 	Claims store.Claims
 	// TTL is how long a payment grants access. Default DefaultPaidAccessTTL.
@@ -46,7 +47,8 @@ func paidKey(addr, resource string) string {
 	return "siwx/paid/" + addr + "/" + hex.EncodeToString(sum[:])
 }
 
-// Record notes that payer paid for resource. payer is a settlement
+// Record notes that payer paid for resource, until TTL from now or the
+// record's current end, whichever is later. payer is a settlement
 // response's payer: a 0x address in any case, or a Solana address.
 func (p PaidAccess) Record(ctx context.Context, payer, resource string) error {
 	if payer == "" || resource == "" {

@@ -71,20 +71,37 @@ func TestPaidAccessSettlesARecordLeftPending(t *testing.T) {
 		t.Fatal(err)
 	}
 	hasAccess(t, pa, paidPayer)
-	// A payment while the record lasts does not extend it.
-	before, err := db.Claims().Lookup(ctx, paidKey(paidPayer, paidResource))
-	if err != nil {
+}
+
+// A payment while the record lasts renews it to TTL from that payment, and
+// one under a TTL lowered since never shortens it.
+func TestPaidAccessRenewsWithEachPayment(t *testing.T) {
+	ctx := context.Background()
+	db := newDB(t)
+	until := func() time.Time {
+		t.Helper()
+		st, err := db.Claims().Lookup(ctx, paidKey(paidPayer, paidResource))
+		if err != nil || !st.Settled {
+			t.Fatalf("record %+v, %v", st, err)
+		}
+		return st.Until
+	}
+	if err := (PaidAccess{Claims: db.Claims(), TTL: time.Hour}).Record(ctx, paidPayer, paidResource); err != nil {
 		t.Fatal(err)
 	}
-	if err := (PaidAccess{Claims: db.Claims(), TTL: 2 * DefaultPaidAccessTTL}).Record(ctx, paidPayer, paidResource); err != nil {
+	first := until()
+	if err := (PaidAccess{Claims: db.Claims(), TTL: 2 * time.Hour}).Record(ctx, paidPayer, paidResource); err != nil {
 		t.Fatal(err)
 	}
-	after, err := db.Claims().Lookup(ctx, paidKey(paidPayer, paidResource))
-	if err != nil {
+	renewed := until()
+	if renewed.Sub(first) < 59*time.Minute {
+		t.Fatalf("a second payment (TTL 2h) moved the record's end from %v to %v, want about an hour later", first, renewed)
+	}
+	if err := (PaidAccess{Claims: db.Claims(), TTL: time.Minute}).Record(ctx, paidPayer, paidResource); err != nil {
 		t.Fatal(err)
 	}
-	if !after.Until.Equal(before.Until) {
-		t.Fatalf("a second payment moved the record's expiry from %v to %v", before.Until, after.Until)
+	if got := until(); !got.Equal(renewed) {
+		t.Fatalf("a payment under a shorter TTL moved the record's end from %v to %v", renewed, got)
 	}
 }
 

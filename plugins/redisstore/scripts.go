@@ -287,13 +287,14 @@ const unindex = `local index = table.remove(KEYS)
 
 // recordScript: KEYS[1] the claim key; ARGV token, until ms, note.
 // Writes a settled claim, with its own note (a claim of one key), unless a
-// live settled one is there. Returns 1
-// when written, 0 when kept, 2 when until is not in the future.
+// live settled one lasting until then or later is there (store.Claims.Record:
+// a longer record renews it). Returns 1 when written, 0 when kept, 2 when
+// until is not in the future.
 var recordScript = redis.NewScript(`#!lua
 ` + nowMS + `local untl = tonumber(ARGV[2])
 if untl <= now then return 2 end
 local v = redis.call('HMGET', KEYS[1], 's', 'u')
-if v[1] == '1' and tonumber(v[2]) > now then return 0 end
+if v[1] == '1' and tonumber(v[2]) > now and tonumber(v[2]) >= untl then return 0 end
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 's', '1', 't', ARGV[1], 'u', ARGV[2], 'n', ARGV[3])
 redis.call('PEXPIREAT', KEYS[1], untl)

@@ -164,14 +164,16 @@ func TestScriptsAreSafeToRunTwice(t *testing.T) {
 		t.Fatalf("a claim resent after its settle unsettled it: %+v, %v", st, err)
 	}
 
+	// A record renewed by a later one (a second payment) is not cut back
+	// by the first one's resend.
 	rk := cl.keys([]string{"paid"})
-	for i := range 2 {
-		if _, err := s.write(ctx, recordScript, rk, strings.Repeat("cd", 16), until+int64(i), "paid"); err != nil {
+	for i, u := range []int64{until, until + 1000, until} {
+		if _, err := s.write(ctx, recordScript, rk, strings.Repeat("cd", 16), u, "paid"); err != nil {
 			t.Fatalf("record run %d: %v", i+1, err)
 		}
 	}
-	if st, err := cl.Lookup(ctx, "paid"); err != nil || !st.Settled || st.Until.UnixMilli() != until {
-		t.Fatalf("a record run twice: %+v, %v; want settled until the first run's %d", st, err, until)
+	if st, err := cl.Lookup(ctx, "paid"); err != nil || !st.Settled || st.Until.UnixMilli() != until+1000 {
+		t.Fatalf("a record renewed, then the first resent: %+v, %v; want settled until the renewal's %d", st, err, until+1000)
 	}
 }
 

@@ -611,7 +611,7 @@ func TestClaims(t *testing.T, newGW NewGateway) {
 		}
 	})
 
-	t.Run("a record is a settled claim in one write, kept by a second record and replacing a pending claim", func(t *testing.T) {
+	t.Run("a record is a settled claim in one write, kept by a shorter second record, renewed by a longer one, replacing a pending claim", func(t *testing.T) {
 		cl := newGW(t, time.Minute).Claims
 		until := time.Now().Add(time.Hour)
 		if err := cl.Record(ctx, "paid:a", "paid", until); err != nil {
@@ -621,13 +621,25 @@ func TestClaims(t *testing.T, newGW NewGateway) {
 		if err != nil || !st.Settled || st.Note != "paid" || !near(st.Until, until) {
 			t.Fatalf("recorded claim %+v, %v; want settled, noted, until %v", st, err, until)
 		}
-		// A second record while the first lives changes nothing.
-		if err := cl.Record(ctx, "paid:a", "other", until.Add(time.Hour)); err != nil {
+		// A second record that would end sooner changes nothing (a retry
+		// of the first is one).
+		for _, sooner := range []time.Time{until, until.Add(-time.Minute)} {
+			if err := cl.Record(ctx, "paid:a", "other", sooner); err != nil {
+				t.Fatal(err)
+			}
+			if st2, err := cl.Lookup(ctx, "paid:a"); err != nil || st2 != st {
+				t.Fatalf("after a record until %v: %+v, %v; want %+v", sooner, st2, err, st)
+			}
+		}
+		// One that lasts longer renews it (a wallet that paid again).
+		later := until.Add(time.Hour)
+		if err := cl.Record(ctx, "paid:a", "paid", later); err != nil {
 			t.Fatal(err)
 		}
-		if st2, err := cl.Lookup(ctx, "paid:a"); err != nil || st2 != st {
-			t.Fatalf("after a second record %+v, %v; want %+v", st2, err, st)
+		if st2, err := cl.Lookup(ctx, "paid:a"); err != nil || !st2.Settled || st2.Note != "paid" || !near(st2.Until, later) {
+			t.Fatalf("after a longer record %+v, %v; want settled until %v", st2, err, later)
 		}
+		st, _ = cl.Lookup(ctx, "paid:a")
 		var ce *store.ClaimedError
 		if _, err := cl.Claim(ctx, []string{"paid:a"}, until); !errors.As(err, &ce) || !ce.State.Settled {
 			t.Fatalf("claiming a recorded key = %v, want a ClaimedError, settled", err)
