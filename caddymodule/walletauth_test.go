@@ -762,6 +762,21 @@ func TestContractWalletThroughChainRPC(t *testing.T) {
 		})
 	}
 
+	// The devnet's token has code but no isValidSignature: the eth_call
+	// reverts, the chain's own refusal, so the proof is a 401 (not an
+	// outage: TestWalletAuthChainRefusalIsA503).
+	t.Run("a contract whose isValidSignature reverts refuses the proof", func(t *testing.T) {
+		url := base + "/api/x"
+		e, err := walletauth.Parse(walletProof(t, owner, "GET", url, func(r *walletauth.Request) { r.ChainID = "eip155:1337" }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.Address = d.Token().Hex()
+		h, _ := e.Encode()
+		st, hdr, body := walletCall(t, "GET", url, "", map[string]string{walletauth.HeaderName: h})
+		wantUnauthorized(t, st, hdr, body, "X-Wallet-Auth.signature")
+	})
+
 	// The identity precompile (0x…04) echoes its calldata, which begins
 	// with isValidSignature's selector, the EIP-1271 magic value. Nobody
 	// holds a key for it: a proof for it with a signature of zeros, here

@@ -100,6 +100,19 @@ func TestContractWalletSignsThroughEIP1271(t *testing.T) {
 		})
 	}
 
+	// The devnet's token has code but no isValidSignature, so the call
+	// reverts: go-ethereum's answer to it, in process (the simulated
+	// backend) and over JSON-RPC, is the wallet refusing the signature,
+	// not an error.
+	t.Run("a revert is a refusal, in process and over JSON-RPC", func(t *testing.T) {
+		for name, c := range map[string]Chain{"simulated": d.Client(), "json-rpc": rpc} {
+			ok, err := isValidSignature(ctx, c, d.Token(), [32]byte{1}, make([]byte, 65))
+			if ok || err != nil {
+				t.Errorf("%s: %v, %v; want a refusal (false, nil)", name, ok, err)
+			}
+		}
+	})
+
 	t.Run("an unreachable chain is an outage, not a refusal", func(t *testing.T) {
 		dead, err := ethclient.Dial("http://127.0.0.1:1")
 		if err != nil {

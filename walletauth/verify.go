@@ -13,6 +13,7 @@ import (
 	"github.com/ethereum/go-ethereum/accounts"
 	"github.com/ethereum/go-ethereum/accounts/abi"
 	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/rpc"
 	"golang.org/x/sync/singleflight"
 
 	"github.com/aovhq/aov/store"
@@ -309,13 +310,28 @@ func isValidSignature(ctx context.Context, c Chain, wallet common.Address, diges
 	}
 	out, err := c.CallContract(ctx, ethereum.CallMsg{To: &wallet, Data: data}, nil)
 	if err != nil {
-		var de interface{ ErrorData() any }
-		if errors.As(err, &de) || strings.Contains(err.Error(), "revert") {
+		if reverted(err) {
 			return false, nil
 		}
 		return false, fmt.Errorf("calling isValidSignature: %w", err)
 	}
 	return x402.ERC1271Accepts(out), nil
+}
+
+// reverted reports whether err is the chain's answer that the call
+// reverted: the wallet's own refusal of the signature. go-ethereum answers
+// a revert with JSON-RPC error code 3 ("execution reverted", the reason in
+// its data), over HTTP and in process alike; some nodes answer -32000 with
+// that message. Any other error object (a provider's -32005 rate limit or
+// -32603 internal error, "header not found") or a transport error says
+// nothing about the signature: the check failed, and the caller answers
+// 503, never a refusal a valid proof would get.
+func reverted(err error) bool {
+	var re rpc.Error
+	if !errors.As(err, &re) {
+		return false
+	}
+	return re.ErrorCode() == 3 || strings.HasPrefix(re.Error(), "execution reverted")
 }
 
 // nonceKey is the claim that makes a wallet's nonce single-use, the same
