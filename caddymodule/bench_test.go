@@ -132,6 +132,7 @@ func benchFree(b *testing.B, storeOpts string) {
 		free_allowance {
 			per_day 1000000000
 		}
+		rate_limit 1000000000 1m # never reached; counting each free call is part of the path
 	}
 	reverse_proxy %s
 }
@@ -167,6 +168,7 @@ func BenchmarkFreePathBatchedBehindWallet(b *testing.B) {
 			free_allowance {
 				per_day 1000000000
 			}
+			rate_limit 1000000000 1m # never reached; counting each free call is part of the path
 		}
 		reverse_proxy %s
 	}
@@ -282,7 +284,14 @@ func BenchmarkGateFreeDirectBatched(b *testing.B) {
 }
 
 func benchGateFreeDirect(b *testing.B, opts store.Options) {
-	g, _ := directGate(b, opts, func(g *Gate) { g.Free = &FreeAllowance{PerDay: 1 << 30} })
+	// A rate limit never reached: counting each free call against it is
+	// part of the free path.
+	rates, key, err := loadZone(&RateLimit{Events: 1 << 30, Window: caddy.Duration(time.Minute), Zone: "bench-free-direct"}, zoneRefusals)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { rateZones.Delete(key) })
+	g, _ := directGate(b, opts, func(g *Gate) { g.Free, g.rates = &FreeAllowance{PerDay: 1 << 30}, rates })
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {

@@ -542,8 +542,9 @@ func (g *Gate) rateWait(r *http.Request) int {
 	return g.rates.wait(clientAddr(r))
 }
 
-// noteRefusal counts an answer that served nothing against the client's
-// rate limit.
+// noteRefusal counts an answer nobody paid for against the client's rate
+// limit: one that served nothing (a refusal, an MCP round), or a free call
+// (freeCharge.settle).
 func (g *Gate) noteRefusal(r *http.Request) {
 	if g.rates != nil {
 		g.rates.note(clientAddr(r))

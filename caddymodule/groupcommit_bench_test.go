@@ -32,6 +32,7 @@ func BenchmarkFreePathParallel(b *testing.B) {
 		free_allowance {
 			per_day 1000000000
 		}
+		rate_limit 1000000000 1m # never reached; counting each free call is part of the path
 	}
 	reverse_proxy %s
 }

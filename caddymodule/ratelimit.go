@@ -25,18 +25,20 @@ const (
 	maxRateClients = 1 << 16
 )
 
-// RateLimit bounds how often one client may be refused by the gate. Every
-// answer that serves nothing counts one event: a 402 (a demand for
-// payment, a refused payment), a 4xx refusal of the gate (413, 422, a
-// refused tool call), a 4xx answer of the upstream to a free or paid call
-// (which is then neither charged nor counted against the allowance), and a
-// call its client abandons while the upstream works (Caddy's proxy ends it
-// with 499 and its charge is given back; were it not counted, a client
-// could have work done free by leaving just before each answer). A client
-// with Events such answers within Window is answered 429 rate_limited with
+// RateLimit bounds how often one client may be refused by the gate or
+// served unpaid. Every answer nobody paid for counts one event: a 402 (a
+// demand for payment, a refused payment), a 4xx refusal of the gate (413,
+// 422, a refused tool call), a 4xx answer of the upstream to a free or
+// paid call (which is then neither charged nor counted against the
+// allowance), a call its client abandons while the upstream works (Caddy's
+// proxy ends it with 499 and its charge is given back; were it not
+// counted, a client could have work done free by leaving just before each
+// answer), and a call served from the free allowance (per wallet, the
+// allowance alone bounds nothing: anyone mints wallets). A client with
+// Events such answers within Window is answered 429 rate_limited with
 // Retry-After until its budget refills, before the gate reads its body.
-// Served calls, paid or free, never count, and a settled payment gives one
-// event back (rateZone.credit): the 402 that told the client the price.
+// Paid calls never count, and a settled payment gives one event back
+// (rateZone.credit): the 402 that told the client the price.
 //
 // The client is clientAddr: Caddy's resolved client IP (honouring the
 // server's trusted_proxies, never a raw header), an IPv6 client per /64,
