@@ -13,7 +13,7 @@ import (
 // verifierd: the difference of the two ns/op is what the gateway adds to one
 // call. make load measures the same under concurrency.
 func BenchmarkVerification(b *testing.B) {
-	s := newStack(b, "AOV_FREE_PER_DAY=1000000000")
+	s := newStack(b, "AOV_FREE_PER_DAY=1000000000", "AOV_GATE_RATE=1000000000")
 	body := example(b, "invoice-fixed.json")
 	for _, tc := range []struct{ name, url string }{
 		{"through_caddy", s.url("/verify/schema")},

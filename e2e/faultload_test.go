@@ -48,7 +48,7 @@ func TestBooksBalanceUnderFaults(t *testing.T) {
 		price      = 20000
 	)
 	fac := startFacilitator(t)
-	s := faultStack(t, append(fac.remoteFacilitatorEnv(), "AOV_FREE_PER_DAY="+strconv.Itoa(freePerDay))...)
+	s := faultStack(t, append(fac.remoteFacilitatorEnv(), "AOV_FREE_PER_DAY="+strconv.Itoa(freePerDay), "AOV_GATE_RATE=1000000000")...)
 	s.devnetRPC = fac.rpc // the chain is the facilitator's
 	body := bytes.Replace(example(t, "invoice-fixed.json"), []byte(`"test-seller-1"`), []byte(`"`+agent+`"`), 1)
 	req, resource := offer(t, s)

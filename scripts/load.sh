@@ -13,8 +13,9 @@
 # are unpaid except in the paid scenarios (paid on the EVM devnet,
 # paid-solana on the local Solana chain, whose wallet file
 # $data/solana-chain.json it passes on): against your own make run, start it
-# with a large free allowance (AOV_FREE_PER_DAY=1000000000 make run), or the
-# gateway answers 402 once the day's free calls are used.
+# with a large free allowance and gate rate limit (AOV_FREE_PER_DAY=1000000000
+# AOV_GATE_RATE=1000000000 make run), or the gateway answers 402 once the
+# day's free calls are used, or 429 once they pass the rate limit.
 #
 #   scripts/load.sh                      # defaults: 8 and 32 connections, 5 s per phase
 #   scripts/load.sh -c 16 -d 20s         # options go to the load generator
@@ -84,11 +85,12 @@ if ! http_ok "$base/health"; then
 	say "nothing answers on $base: starting a stack of its own (data in $tmp/data, log in $tmp/run.log; verifierd signs ${AOV_SIGNER:-inprocess}, AOV_SIGNER=certd|inprocess; the facilitator runs ${facilitator_mode}, AOV_FACILITATOR=remote|devnet)"
 	data="$tmp/data"
 	# Every free-path load request is an unpaid verification: give the
-	# throw-away stack an allowance that does not run out. The facilitator
+	# throw-away stack an allowance that does not run out, and a rate limit
+	# its free calls do not reach (each counts against it). The facilitator
 	# (and the devnet) run in a process of their own unless asked
 	# otherwise, so Caddy's CPU per paid call is the gateway's alone. The
 	# facilitator scenario sends all its requests from one client.
-	AOV_DATA="$data" AOV_BIN="$bindir" AOV_FREE_PER_DAY=1000000000 AOV_FACILITATOR="$facilitator_mode" \
+	AOV_DATA="$data" AOV_BIN="$bindir" AOV_FREE_PER_DAY=1000000000 AOV_GATE_RATE=1000000000 AOV_FACILITATOR="$facilitator_mode" \
 		setsid scripts/run.sh >"$tmp/run.log" 2>&1 &
 	runpid=$!
 	# The first build of Caddy can take minutes.

@@ -20,6 +20,8 @@
 #                         and unpriced MCP messages (default 600)
 #   AOV_FACILITATOR_RATE  requests per client and minute to /facilitator/*
 #                         (default 60)
+#   AOV_GATE_RATE         unpaid answers (402s, refusals, free calls) per
+#                         client and minute from the priced routes (default 120)
 #   AOV_PAY_TO            address paid on the devnet        (default dev account 9)
 #   AOV_FACILITATOR       devnet: the facilitator and the devnet run inside
 #                         Caddy (default); remote: they run as a fourth
@@ -216,7 +218,8 @@ cat >&2 <<EOF
   "test test ... junk" mnemonic; they hold test USDC).
 
   Load: make load (with nothing running it starts its own stack; against this
-  one, start it with AOV_FREE_PER_DAY=1000000000). Stop: Ctrl-C.
+  one, start it with AOV_FREE_PER_DAY=1000000000 AOV_GATE_RATE=1000000000).
+  Stop: Ctrl-C.
 
 EOF
 
