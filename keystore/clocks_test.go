@@ -122,7 +122,9 @@ func TestARetirementBeforeASignedReceiptIsRefused(t *testing.T) {
 			}
 			c.Add(time.Hour)
 			serving := serve(t, dir, c)
-			serving.Signed("k1", c.Now())
+			if _, err := serving.Choose("k1", c.Now()); err != nil {
+				t.Fatal(err)
+			}
 			if err := tc.change(open(t, dir, &clock{t: c.Now().Add(-tc.behind)})); err != nil {
 				t.Fatal(err)
 			}

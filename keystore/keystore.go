@@ -155,7 +155,7 @@ type Store struct {
 	checkNewer bool
 
 	// signed is, per key version, the newest attested_at this process
-	// signed with it (see Signed), so checkGrowth refuses a retirement
+	// signed with it (see Choose), so checkGrowth refuses a retirement
 	// that would make a delivered receipt fail to verify.
 	signedMu sync.Mutex
 	signed   map[string]time.Time
@@ -240,7 +240,22 @@ func (s *Store) Dir() string { return s.dir }
 // be fully loaded: the key the process holds may be the one that index
 // retires or marks compromised, and SPEC §5 has no receipt signed by a
 // retired key. Signing stops until a Refresh or Reload succeeds.
-func (s *Store) Current() (Key, error) {
+func (s *Store) Current() (Key, error) { return s.Choose("", time.Time{}) }
+
+// Choose is Current for a signature: when the key in service is version
+// (a private key loaded), it records, before the caller signs, that a
+// receipt dated at is signed with it. The choice and the record are one
+// step as far as a reload is concerned (both under the read lock a reload
+// waits for): a reload runs either before, and the key chosen is the one
+// its index puts in service, or after, and it sees the record and refuses
+// to retire the key before the receipt (see checkGrowth). Recorded after
+// the signature instead, a reload between the choice and the record would
+// accept a retirement dated before a receipt then delivered, which
+// verifiers refuse. A record whose signature is never delivered only makes
+// that refusal stricter. The record lives in the process alone: a restart,
+// or another process signing with the same directory, does not know it. A
+// version "" records nothing (Current).
+func (s *Store) Choose(version string, at time.Time) (Key, error) {
 	now := s.now()
 	s.mu.RLock()
 	if s.broken != nil {
@@ -248,6 +263,13 @@ func (s *Store) Current() (Key, error) {
 		return Key{}, fmt.Errorf("no key signs until the key directory loads again: %w", s.broken)
 	}
 	k, err := current(s.keys, now)
+	if err == nil && version != "" && k.Version == version && k.Private != nil {
+		s.signedMu.Lock()
+		if at.After(s.signed[version]) {
+			s.signed[version] = at
+		}
+		s.signedMu.Unlock()
+	}
 	stale := s.currentOnly && holdsRetired(s.keys, now)
 	s.mu.RUnlock()
 	if stale {
@@ -359,19 +381,6 @@ func (s *Store) List() []Key {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	return append([]Key(nil), s.keys...)
-}
-
-// Signed records that this process signed a receipt dated at with the key
-// of version. A running process then refuses an index that retires that
-// key so early that the receipt would no longer verify (see checkGrowth).
-// The record lives in the process alone: a restart, or another process
-// signing with the same directory, does not know it.
-func (s *Store) Signed(version string, at time.Time) {
-	s.signedMu.Lock()
-	if at.After(s.signed[version]) {
-		s.signed[version] = at
-	}
-	s.signedMu.Unlock()
 }
 
 func (s *Store) lastSigned(version string) time.Time {
@@ -697,7 +706,7 @@ func (s *Store) loadLocked() error {
 // or moves earlier. Retiring a key, marking one, moving a mark earlier
 // and adding versions are what rotate and compromise write, and load.
 // A retirement is refused, though, when it comes so early that a receipt
-// this process signed with the key (Signed) would fall outside the key's
+// this process signed with the key (Choose) would fall outside the key's
 // window as verifiers widen it: the index was written on a clock behind
 // this one, and loading it would silently invalidate delivered receipts.
 // A compromise mark is not: it may mean to.

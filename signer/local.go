@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"time"
 
 	"github.com/aovhq/aov/apierr"
 	"github.com/aovhq/aov/keystore"
@@ -79,7 +80,7 @@ func (l *Local) CurrentKey(context.Context) (string, error) {
 	if k, err := l.keys.Current(); err == nil {
 		return k.Version, nil
 	}
-	k, err := l.current()
+	k, err := l.current("", time.Time{})
 	if err != nil {
 		return "", err
 	}
@@ -131,7 +132,7 @@ func (l *Local) sign(input signingInput, signContext, keyVersion, attestedAt str
 	if err != nil {
 		return receipt.Attestation{}, apierr.Internal(fmt.Errorf("in-process signer: attested_at is not an RFC 3339 time: %w", err))
 	}
-	k, err := l.current()
+	k, err := l.current(keyVersion, at)
 	if err != nil {
 		return receipt.Attestation{}, err
 	}
@@ -150,7 +151,6 @@ func (l *Local) sign(input signingInput, signContext, keyVersion, attestedAt str
 		Timestamp:  attestedAt,
 		Signature:  base64.StdEncoding.EncodeToString(ed25519.Sign(k.Private, msg)),
 	}
-	l.keys.Signed(k.Version, at)
 	if cap(msg) <= maxPooledInput {
 		*buf = msg[:0]
 	}
@@ -160,12 +160,13 @@ func (l *Local) sign(input signingInput, signContext, keyVersion, attestedAt str
 
 // Ping reports whether a signing key is loaded.
 func (l *Local) Ping(context.Context) error {
-	_, err := l.current()
+	_, err := l.current("", time.Time{})
 	return err
 }
 
-func (l *Local) current() (keystore.Key, error) {
-	k, err := currentKey(l.keys, l.log)
+// current is currentKey as a retryable 503.
+func (l *Local) current(keyVersion string, at time.Time) (keystore.Key, error) {
+	k, err := currentKey(l.keys, l.log, keyVersion, at)
 	if err != nil {
 		if errors.Is(err, keystore.ErrNoKey) {
 			err = fmt.Errorf("%w (certd makes the first key)", err)
@@ -176,7 +177,9 @@ func (l *Local) current() (keystore.Key, error) {
 }
 
 // currentKey refreshes keys (a rotation by `certd rotate` shows up on the
-// next call) and returns the key in service now (keystore.Store.Current).
+// next call) and returns the key in service now, recorded as signing a
+// receipt dated at when it is keyVersion (keystore.Store.Choose; "" for a
+// look that signs nothing).
 // A refresh that fails leaves no key in service: the index it could not
 // load may be a `certd compromise` whose new key file this process cannot
 // read, and the key loaded before is then exactly the one that must not
@@ -184,9 +187,9 @@ func (l *Local) current() (keystore.Key, error) {
 // logged once per change (keystore.Store.StateChanged), and again when
 // signing resumes, not once per request. certd's handler and Local both
 // sign with what it returns.
-func currentKey(keys *keystore.Store, log *slog.Logger) (keystore.Key, error) {
-	changed, _ := keys.Refresh() // a failure is Current's error
-	k, err := keys.Current()
+func currentKey(keys *keystore.Store, log *slog.Logger, keyVersion string, at time.Time) (keystore.Key, error) {
+	changed, _ := keys.Refresh() // a failure is Choose's error
+	k, err := keys.Choose(keyVersion, at)
 	switch news := keys.StateChanged(err); {
 	case err != nil && news:
 		log.Error("not signing until a key is in service", "error", err)

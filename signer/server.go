@@ -199,12 +199,8 @@ func (s *Server) authorized(w http.ResponseWriter, r *http.Request) bool {
 	return false
 }
 
-// currentKey is the current key after a refresh (see currentKey in
-// local.go): a rotation by `certd rotate` shows up on the next request.
-func (s *Server) currentKey() (keystore.Key, error) { return currentKey(s.keys, s.log) }
-
 func (s *Server) health(w http.ResponseWriter) {
-	k, err := s.currentKey()
+	k, err := currentKey(s.keys, s.log, "", time.Time{})
 	if err != nil {
 		apierr.Write(w, apierr.Unavailable("signing key", 5, err))
 		return
@@ -213,7 +209,7 @@ func (s *Server) health(w http.ResponseWriter) {
 }
 
 func (s *Server) key(w http.ResponseWriter) {
-	k, err := s.currentKey()
+	k, err := currentKey(s.keys, s.log, "", time.Time{})
 	if err != nil {
 		apierr.Write(w, apierr.Unavailable("signing key", 5, err))
 		return
@@ -257,7 +253,7 @@ func (s *Server) sign(w http.ResponseWriter, r *http.Request) {
 		apierr.Write(w, apierr.Invalid(f))
 		return
 	}
-	k, err := s.currentKey()
+	k, err := currentKey(s.keys, s.log, doc.KeyVersion, at)
 	if err != nil {
 		apierr.Write(w, apierr.Unavailable("signing key", 5, err))
 		return
@@ -277,7 +273,6 @@ func (s *Server) sign(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	sig := ed25519.Sign(k.Private, body)
-	s.keys.Signed(k.Version, at)
 	s.log.Debug("signed", "context", doc.Context, "key_version", k.Version, "attested_at", doc.AttestedAt)
 	att := receipt.Attestation{Algorithm: receipt.Algorithm, KeyVersion: k.Version, Timestamp: doc.AttestedAt,
 		Signature: base64.StdEncoding.EncodeToString(sig)}
