@@ -167,7 +167,7 @@ func TestNoKeyInServiceByCertdsClockSignsNothingUntilOneIs(t *testing.T) {
 // While certd signs nothing because its key directory does not load (here
 // a key file newer than the index at start), anonymous card requests do
 // not each reload it and log an error: the cause is logged once, the
-// reload retried at most once per RetryEvery, and the recovery logged once.
+// reload retried at most once per keystore.RetryEvery, and the recovery logged once.
 func TestCardRequestsWhileNotSigningLogOnce(t *testing.T) {
 	dir := t.TempDir()
 	operator := &clock{t: time.Now().UTC().Add(-time.Hour)}
@@ -192,11 +192,11 @@ func TestCardRequestsWhileNotSigningLogOnce(t *testing.T) {
 	if err := os.Rename(stray, filepath.Join(t.TempDir(), "k2.key")); err != nil {
 		t.Fatal(err)
 	}
-	servedKeys(t, card) // within RetryEvery of the last retry: not retried
+	servedKeys(t, card) // within keystore.RetryEvery of the last retry: not retried
 	if strings.Contains(log.String(), "signing again") {
-		t.Fatal("the card retried the reload within RetryEvery")
+		t.Fatal("the card retried the reload within keystore.RetryEvery")
 	}
-	time.Sleep(RetryEvery)
+	time.Sleep(keystore.RetryEvery)
 	for range 3 {
 		servedKeys(t, card)
 	}

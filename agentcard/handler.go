@@ -22,8 +22,8 @@ import (
 const DefaultMaxAge = 60 * time.Second
 
 // Handler serves the agent card. It re-reads the key directory on every
-// request (one stat when nothing changed; at most once per RetryEvery
-// while nothing signs, see refresh), so a rotation or compromise mark
+// request (one stat when nothing changed; at most once per
+// keystore.RetryEvery while it does not load, see refresh), so a rotation or compromise mark
 // made by `certd rotate` or `certd compromise` shows without a restart, and
 // rebuilds the card only when what it publishes of the key history changed.
 //
@@ -45,15 +45,7 @@ type Handler struct {
 	pubs []receipt.PublicKey // the key entries the cached card publishes
 	body []byte
 	etag string
-	// notSigning is whether the last refresh found no key in service, and
-	// retried when it ran: see refresh.
-	notSigning bool
-	retried    time.Time
 }
-
-// RetryEvery is how often, at most, card requests retry loading a key
-// directory while nothing signs (see Handler.refresh).
-const RetryEvery = time.Second
 
 // NewHandler returns the card handler. It builds the card once to fail at
 // start-up on a bad configuration rather than on the first request.
@@ -101,29 +93,15 @@ func (h *Handler) card() ([]byte, string, error) {
 	return h.body, h.etag, nil
 }
 
-// refresh re-reads the key directory for a card request. While nothing
-// signs, the directory may be one that fails to load (a reload that reads
-// the index and lists the directory each time): anonymous card requests
-// then retry it at most once per RetryEvery, the card meanwhile being the
-// last history read, and the state is logged once per change of its cause
-// and once when signing resumes (keystore.Store.StateChanged, shared with
-// the signing path), not once per request.
+// refresh re-reads the key directory for a card request, which anyone may
+// send: a directory that fails to load is retried at most once per
+// keystore.RetryEvery (keystore.Store.RefreshLimited), the card meanwhile
+// being the last history read, and the state is logged once per change of
+// its cause and once when signing resumes (keystore.Store.StateChanged,
+// shared with the signing path), not once per request.
 func (h *Handler) refresh() {
-	now := time.Now()
-	h.mu.Lock()
-	wait := h.notSigning && now.Sub(h.retried) < RetryEvery
-	if !wait {
-		h.retried = now
-	}
-	h.mu.Unlock()
-	if wait {
-		return
-	}
-	h.keys.Refresh() // a failure is Current's error
+	h.keys.RefreshLimited() // a failure is Current's error
 	_, err := h.keys.Current()
-	h.mu.Lock()
-	h.notSigning = err != nil
-	h.mu.Unlock()
 	if h.keys.StateChanged(err) {
 		if err != nil {
 			h.log.Error("not signing until a key is in service; the card shows the newest key history that could be read", "error", err)

@@ -160,6 +160,10 @@ type Store struct {
 	signedMu sync.Mutex
 	signed   map[string]time.Time
 
+	// retried is when RefreshLimited last refreshed (see there).
+	retryMu sync.Mutex
+	retried time.Time
+
 	// state is the cause of the not-signing state last reported by
 	// StateChanged, "" while signing.
 	stateMu sync.Mutex
@@ -577,6 +581,36 @@ func (s *Store) Refresh() (bool, error) {
 		return s.watch.refresh(s.refresh, s.isBroken)
 	}
 	return s.refresh()
+}
+
+// RetryEvery is how often, at most, RefreshLimited retries loading a key
+// directory that failed to load.
+const RetryEvery = time.Second
+
+// RefreshLimited is Refresh for requests anyone may send (the agent card,
+// a health check): while the directory does not load, each Refresh reads
+// the index, lists the directory and opens the failing key file again, so
+// these requests retry that at most once per RetryEvery, all of them
+// together, and otherwise find the store as the last load left it (false,
+// and the error that stops signing). A signature refreshes with Refresh:
+// it retries every time, so signing resumes on the first request after a
+// fix.
+func (s *Store) RefreshLimited() (bool, error) {
+	now := time.Now() // monotonic: a step of the wall clock changes nothing
+	s.retryMu.Lock()
+	if wait := now.Sub(s.retried) < RetryEvery && s.isBroken(); wait {
+		s.retryMu.Unlock()
+		return false, s.brokenErr()
+	}
+	s.retried = now
+	s.retryMu.Unlock()
+	return s.Refresh()
+}
+
+func (s *Store) brokenErr() error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.broken
 }
 
 // isBroken reports whether the index on disk is not fully loaded (see

@@ -80,7 +80,7 @@ func (l *Local) CurrentKey(context.Context) (string, error) {
 	if k, err := l.keys.Current(); err == nil {
 		return k.Version, nil
 	}
-	k, err := l.current("", time.Time{})
+	k, err := l.current(false, "", time.Time{})
 	if err != nil {
 		return "", err
 	}
@@ -132,7 +132,7 @@ func (l *Local) sign(input signingInput, signContext, keyVersion, attestedAt str
 	if err != nil {
 		return receipt.Attestation{}, apierr.Internal(fmt.Errorf("in-process signer: attested_at is not an RFC 3339 time: %w", err))
 	}
-	k, err := l.current(keyVersion, at)
+	k, err := l.current(false, keyVersion, at)
 	if err != nil {
 		return receipt.Attestation{}, err
 	}
@@ -158,15 +158,17 @@ func (l *Local) sign(input signingInput, signContext, keyVersion, attestedAt str
 	return att, nil
 }
 
-// Ping reports whether a signing key is loaded.
+// Ping reports whether a signing key is loaded. It answers verifierd's
+// /health, which anyone may ask: a key directory that does not load is
+// retried at most once per keystore.RetryEvery for it.
 func (l *Local) Ping(context.Context) error {
-	_, err := l.current("", time.Time{})
+	_, err := l.current(true, "", time.Time{})
 	return err
 }
 
 // current is currentKey as a retryable 503.
-func (l *Local) current(keyVersion string, at time.Time) (keystore.Key, error) {
-	k, err := currentKey(l.keys, l.log, keyVersion, at)
+func (l *Local) current(anonymous bool, keyVersion string, at time.Time) (keystore.Key, error) {
+	k, err := currentKey(l.keys, l.log, anonymous, keyVersion, at)
 	if err != nil {
 		if errors.Is(err, keystore.ErrNoKey) {
 			err = fmt.Errorf("%w (certd makes the first key)", err)
@@ -179,7 +181,9 @@ func (l *Local) current(keyVersion string, at time.Time) (keystore.Key, error) {
 // currentKey refreshes keys (a rotation by `certd rotate` shows up on the
 // next call) and returns the key in service now, recorded as signing a
 // receipt dated at when it is keyVersion (keystore.Store.Choose; "" for a
-// look that signs nothing).
+// look that signs nothing). A request anyone may send (anonymous: a health
+// check) refreshes with keystore.Store.RefreshLimited, so it cannot make
+// the process re-read a key directory that does not load on every call.
 // A refresh that fails leaves no key in service: the index it could not
 // load may be a `certd compromise` whose new key file this process cannot
 // read, and the key loaded before is then exactly the one that must not
@@ -187,8 +191,13 @@ func (l *Local) current(keyVersion string, at time.Time) (keystore.Key, error) {
 // logged once per change (keystore.Store.StateChanged), and again when
 // signing resumes, not once per request. certd's handler and Local both
 // sign with what it returns.
-func currentKey(keys *keystore.Store, log *slog.Logger, keyVersion string, at time.Time) (keystore.Key, error) {
-	changed, _ := keys.Refresh() // a failure is Choose's error
+func currentKey(keys *keystore.Store, log *slog.Logger, anonymous bool, keyVersion string, at time.Time) (keystore.Key, error) {
+	var changed bool
+	if anonymous {
+		changed, _ = keys.RefreshLimited() // a failure is Choose's error
+	} else {
+		changed, _ = keys.Refresh()
+	}
 	k, err := keys.Choose(keyVersion, at)
 	switch news := keys.StateChanged(err); {
 	case err != nil && news:

@@ -199,8 +199,9 @@ func (s *Server) authorized(w http.ResponseWriter, r *http.Request) bool {
 	return false
 }
 
+// health needs no secret: see currentKey in local.go for its refresh.
 func (s *Server) health(w http.ResponseWriter) {
-	k, err := currentKey(s.keys, s.log, "", time.Time{})
+	k, err := currentKey(s.keys, s.log, true, "", time.Time{})
 	if err != nil {
 		apierr.Write(w, apierr.Unavailable("signing key", 5, err))
 		return
@@ -209,7 +210,7 @@ func (s *Server) health(w http.ResponseWriter) {
 }
 
 func (s *Server) key(w http.ResponseWriter) {
-	k, err := currentKey(s.keys, s.log, "", time.Time{})
+	k, err := currentKey(s.keys, s.log, false, "", time.Time{})
 	if err != nil {
 		apierr.Write(w, apierr.Unavailable("signing key", 5, err))
 		return
@@ -253,7 +254,7 @@ func (s *Server) sign(w http.ResponseWriter, r *http.Request) {
 		apierr.Write(w, apierr.Invalid(f))
 		return
 	}
-	k, err := currentKey(s.keys, s.log, doc.KeyVersion, at)
+	k, err := currentKey(s.keys, s.log, false, doc.KeyVersion, at)
 	if err != nil {
 		apierr.Write(w, apierr.Unavailable("signing key", 5, err))
 		return
