@@ -221,12 +221,15 @@ func openKeys(cfg serveConfig, log *slog.Logger) (*keystore.Store, error) {
 		return keys, nil
 	}
 	if err != nil && keys.StateChanged(err) {
-		// A key file newer than the index (keystore.NewerKeyFilesError), a
-		// compromise whose replacement was refused, a new key not in
-		// service yet by this clock: certd serves the card of the history
-		// the index holds (verifiers need its compromise marks most of
-		// all) and signs nothing (503) until a key is in service. Said at
-		// start, not only on the first signature.
+		// The history is readable but no key is usable: a key file that
+		// does not load (keystore.KeyFileError: a `sudo certd compromise`
+		// left the new key root's or 0644), a key file newer than the
+		// index (keystore.NewerKeyFilesError), a compromise whose
+		// replacement was refused, a new key not in service yet by this
+		// clock. certd serves the card of the history the index holds
+		// (verifiers need its compromise marks most of all) and signs
+		// nothing (503) until a key is in service. Said at start, with
+		// the fix, not only on the first signature.
 		log.Error("not signing until a key is in service; the agent card is served", "error", err)
 	}
 	return keys, nil

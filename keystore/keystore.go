@@ -70,8 +70,7 @@ var ErrKeysExist = errors.New("the key directory already holds keys; use rotate 
 
 // Key is one key version. Private is nil in a Store opened PublicOnly, for
 // the keys CurrentOnly does not read, and for a key whose file could not be
-// loaded when the index changed after Open (Current then refuses, see
-// Store.Current); a key whose file cannot be read makes Open fail.
+// loaded (Current then refuses, see Store.Current and KeyFileError).
 type Key struct {
 	Version   string
 	Private   ed25519.PrivateKey
@@ -194,7 +193,9 @@ type index struct {
 // Open opens the key directory dir, creating it (mode 0700) when missing,
 // and loads every key the index names. An empty directory opens fine and
 // Current reports ErrNoKey. A private key file readable by group or others
-// is refused: a key that may have leaked must not sign.
+// is refused: a key that may have leaked must not sign. A key file that
+// fails so leaves the history loaded and nothing signing (KeyFileError);
+// an index that cannot be read makes Open fail.
 func Open(dir string, opts Options) (*Store, error) {
 	if dir == "" {
 		return nil, errors.New("opening key directory: no directory given")
@@ -213,10 +214,13 @@ func Open(dir string, opts Options) (*Store, error) {
 		// Before the first load: a change from then on is an event.
 		s.attachWatch()
 	}
-	// Key files newer than the index open all the same, with signing
-	// stopped: the card can still publish the history the index holds.
+	// A key file that fails to load, or key files newer than the index,
+	// open all the same, with signing stopped (Current says why): the
+	// history the index holds is read, and the card must still publish it
+	// (a compromise mark above all).
 	var newer *NewerKeyFilesError
-	if err := s.Reload(); err != nil && !errors.As(err, &newer) {
+	var keyFile *KeyFileError
+	if err := s.Reload(); err != nil && !errors.As(err, &newer) && !errors.As(err, &keyFile) {
 		s.Close()
 		return nil, err
 	}
@@ -679,7 +683,7 @@ func (s *Store) loadLocked() error {
 	}
 	keys := make([]Key, 0, len(idx.Keys))
 	now := s.now()
-	var keyErr error // the first private key file that failed to load
+	var keyErr *KeyFileError // the first private key file that failed to load
 	for _, e := range idx.Keys {
 		k := Key{Version: e.Version, Compromised: e.CompromisedSince != ""}
 		if k.CreatedAt, err = parseTime(e.CreatedAt, e.Version, "created_at"); err != nil {
@@ -705,8 +709,8 @@ func (s *Store) loadLocked() error {
 			// new history is still published (Open fails on it anyway);
 			// s.broken stops signing.
 			loaded, err := s.loadKeyFile(e)
-			if err != nil {
-				keyErr = cmp.Or(keyErr, err)
+			if err != nil && keyErr == nil {
+				keyErr = &KeyFileError{Version: e.Version, Err: err}
 			}
 			k.Public, k.Private = loaded.Public, loaded.Private
 		}
@@ -797,6 +801,18 @@ func (s *Store) checkGrowth(next []Key) error {
 	}
 	return nil
 }
+
+// KeyFileError is a private key file the index names that could not be
+// loaded (missing, unreadable by this process, a mode readable by group or
+// others, not the key the index names): the history the index holds is
+// loaded all the same, and nothing signs until the file loads.
+type KeyFileError struct {
+	Version string
+	Err     error
+}
+
+func (e *KeyFileError) Error() string { return e.Err.Error() }
+func (e *KeyFileError) Unwrap() error { return e.Err }
 
 // newerKeyFiles reports, as a *NewerKeyFilesError, key files in the
 // directory numbered above the newest version idx names.

@@ -338,15 +338,28 @@ func TestLoadingRefusesAPrivateKeyReadableByOthers(t *testing.T) {
 			if err := os.Chmod(path, tc.mode); err != nil {
 				t.Fatal(err)
 			}
-			_, err := Open(dir, Options{})
+			// The history opens all the same (the card must publish it);
+			// the key does not sign.
+			ks, err := Open(dir, Options{})
+			if err != nil {
+				t.Fatalf("Open: %v", err)
+			}
+			defer ks.Close()
+			_, err = ks.Current()
 			if tc.ok {
 				if err != nil {
-					t.Fatalf("Open: %v", err)
+					t.Fatalf("Current: %v", err)
 				}
 				return
 			}
 			if err == nil {
-				t.Fatal("Open accepted a private key readable by others")
+				t.Fatal("a private key readable by others signs")
+			}
+			if _, ok := errors.AsType[*KeyFileError](err); !ok {
+				t.Errorf("Current: %v, want a *KeyFileError", err)
+			}
+			if got := versions(ks.List()); got != "k1:current" {
+				t.Errorf("List = %s, want the history", got)
 			}
 			if !strings.Contains(err.Error(), "chmod 600 "+path) {
 				t.Errorf("error %q does not name the fix `chmod 600 %s`", err, path)
@@ -401,12 +414,24 @@ func TestLoadingRefusesACorruptDirectory(t *testing.T) {
 				t.Fatal(err)
 			}
 			tc.corrupt(t, dir)
-			_, err := Open(dir, Options{})
-			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+			if err := startErr(dir, Options{}); err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 				t.Fatalf("Open: err = %v, want it to mention %q", err, tc.wantErr)
 			}
 		})
 	}
+}
+
+// startErr is why a process starting on dir cannot sign: Open's error (an
+// index it cannot read), or Current's (a key file it cannot load: the
+// history opens all the same).
+func startErr(dir string, opts Options) error {
+	s, err := Open(dir, opts)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	_, err = s.Current()
+	return err
 }
 
 func rewriteIndex(t *testing.T, dir string, change func(*index)) {
@@ -620,8 +645,10 @@ func TestPublicOnlyOpensWithoutReadingPrivateKeys(t *testing.T) {
 	if err := os.Chmod(filepath.Join(dir, "k1.key"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Open(dir, Options{}); err == nil {
-		t.Fatal("setup: a signing Open accepted the 0644 key")
+	if signing, err := Open(dir, Options{}); err != nil {
+		t.Fatal(err)
+	} else if _, err := signing.Current(); err == nil {
+		t.Fatal("setup: a signing store signs with the 0644 key")
 	}
 	op, err := Open(dir, Options{Now: c.Now, PublicOnly: true})
 	if err != nil {
@@ -698,7 +725,7 @@ func TestCurrentOnlyHoldsOnlyTheCurrentPrivateKey(t *testing.T) {
 	if err := os.Chmod(filepath.Join(dir, "k4.key"), 0o640); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Open(dir, Options{CurrentOnly: true}); err == nil {
+	if err := startErr(dir, Options{CurrentOnly: true}); err == nil {
 		t.Fatal("CurrentOnly accepted a current key file of mode 0640")
 	}
 }

@@ -65,6 +65,14 @@ func NewLocal(dir string, log *slog.Logger) (*Local, error) {
 	if err != nil {
 		return nil, fmt.Errorf("in-process signer: %w", err)
 	}
+	// verifierd serves no card, so unlike certd it has nothing to publish
+	// while a key file does not load: it does not start.
+	if _, err := keys.Current(); err != nil {
+		if kf, ok := errors.AsType[*keystore.KeyFileError](err); ok {
+			keys.Close()
+			return nil, fmt.Errorf("in-process signer: %w", kf)
+		}
+	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
