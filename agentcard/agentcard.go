@@ -122,25 +122,26 @@ const SignedDocument = `{context, algorithm, key_version, attested_at, response}
 var jsonModes = []string{"application/json"}
 
 // Build returns the card for cfg and the key history keys (every version
-// ever used, oldest first, as keystore.Store.List gives it). It fails when
-// there is no key at all. A history with no current key is a compromise of
-// the current key whose replacement could not be created yet
-// (keystore.ReplacementRefusedError): nothing signs then, and the card
+// ever used, oldest first, as keystore.Store.List gives it) as it stands
+// now (keystore.Statuses). It fails when there is no key at all. A history
+// with no key in service (a compromise of the current key whose
+// replacement could not be created yet, keystore.ReplacementRefusedError,
+// or a replacement dated by a clock ahead) signs nothing, and the card
 // must still publish the mark, so currentKeyVersion is empty.
 func Build(cfg Config, keys []keystore.Key) (*Card, error) {
-	pubs, err := published(keys)
+	pubs, err := published(keys, keystore.Statuses(keys, time.Now()))
 	if err != nil {
 		return nil, err
 	}
 	return build(cfg, pubs)
 }
 
-// published is what the card says of each key, oldest first: everything
-// it prints of the key history, so the handler rebuilds the card exactly
-// when this changes.
-func published(keys []keystore.Key) ([]receipt.PublicKey, error) {
+// published is what the card says of each key, oldest first, with its
+// status (keystore.Statuses): everything it prints of the key history, so
+// the handler rebuilds the card exactly when this changes.
+func published(keys []keystore.Key, statuses []string) ([]receipt.PublicKey, error) {
 	pubs := make([]receipt.PublicKey, 0, len(keys))
-	for _, k := range keys {
+	for i, k := range keys {
 		if len(k.Public) == 0 {
 			return nil, fmt.Errorf("building agent card: key %s has no public key", k.Version)
 		}
@@ -149,7 +150,7 @@ func published(keys []keystore.Key) ([]receipt.PublicKey, error) {
 			Algorithm:         receipt.Algorithm,
 			PublicKey:         base64.StdEncoding.EncodeToString(k.Public),
 			PublicKeyEncoding: "base64",
-			Status:            k.Status(),
+			Status:            statuses[i],
 			CreatedAt:         formatTime(k.CreatedAt),
 			RetiredAt:         formatTime(k.RetiredAt),
 			CompromisedSince:  formatTime(k.CompromisedSince),

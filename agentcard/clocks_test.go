@@ -2,8 +2,10 @@ package agentcard
 
 import (
 	"bytes"
+	"encoding/json"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -202,5 +204,57 @@ func TestCardRequestsWhileNotSigningLogOnce(t *testing.T) {
 	}
 	if n := strings.Count(log.String(), "signing again"); n != 1 {
 		t.Fatalf("recovery logged %d times, want once:\n%s", n, log)
+	}
+}
+
+// After a rotation on a clock 10 min ahead of certd's, certd signs with k1
+// until k1's retired_at by its clock: the card says so (k1 current, k2
+// pending, currentKeyVersion k1), and is rebuilt, with a new ETag, at the
+// instant the switch comes (k1 retired, k2 current).
+func TestCardNamesAsCurrentTheKeyCertdSignsWith(t *testing.T) {
+	dir := t.TempDir()
+	certdClock := &clock{t: time.Now().UTC().Truncate(time.Microsecond)}
+	operator := &clock{t: certdClock.t.Add(-time.Hour)}
+	ks, err := keystore.Open(dir, keystore.Options{Now: operator.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ks.Generate(); err != nil {
+		t.Fatal(err)
+	}
+	srv, card, _ := certdOnClock(t, dir, certdClock)
+	operator.t = certdClock.t.Add(10 * time.Minute)
+	if _, err := ks.Rotate(); err != nil {
+		t.Fatal(err)
+	}
+	statuses := func() (string, string) {
+		rec := httptest.NewRecorder()
+		card.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/.well-known/agent-card.json", nil))
+		var c Card
+		if err := json.Unmarshal(rec.Body.Bytes(), &c); err != nil {
+			t.Fatal(err)
+		}
+		p := c.Capabilities.Extensions[0].Params
+		var s []string
+		for _, k := range p.PublicKeys {
+			s = append(s, k.KeyVersion+":"+k.Status)
+		}
+		return p.CurrentKeyVersion + " " + strings.Join(s, ","), rec.Header().Get("ETag")
+	}
+
+	wantSigned(t, srv, card, "k1", certdClock.t)
+	before, etag := statuses()
+	if before != "k1 k1:current,k2:pending" {
+		t.Fatalf("certd signs with k1; its card says %q, want %q", before, "k1 k1:current,k2:pending")
+	}
+	certdClock.t = operator.t.Add(-time.Microsecond) // the last instant of k1's window
+	if got, _ := statuses(); got != before {
+		t.Fatalf("before the switch the card says %q", got)
+	}
+	certdClock.t = operator.t
+	wantSigned(t, srv, card, "k2", certdClock.t)
+	after, etag2 := statuses()
+	if after != "k2 k1:retired,k2:current" || etag2 == etag {
+		t.Fatalf("at the switch the card says %q (ETag %s, before %s), want %q with a new ETag", after, etag2, etag, "k2 k1:retired,k2:current")
 	}
 }

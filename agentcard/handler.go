@@ -23,9 +23,12 @@ const DefaultMaxAge = 60 * time.Second
 
 // Handler serves the agent card. It re-reads the key directory on every
 // request (one stat when nothing changed; at most once per
-// keystore.RetryEvery while it does not load, see refresh), so a rotation or compromise mark
-// made by `certd rotate` or `certd compromise` shows without a restart, and
-// rebuilds the card only when what it publishes of the key history changed.
+// keystore.RetryEvery while it does not load, see refresh), so a rotation
+// or compromise mark made by `certd rotate` or `certd compromise` shows
+// without a restart, and rebuilds the card only when what it publishes of
+// the key history changed: a new index, or the instant certd's clock
+// passes a key's created_at or retired_at and another key is in service
+// (the statuses and currentKeyVersion follow the key certd signs with).
 //
 // When the key directory cannot be fully loaded, the card shows the newest
 // key history that could be read (keystore.Store.List), not a 503: if the
@@ -70,7 +73,8 @@ func (h *Handler) card() ([]byte, string, error) {
 	// The card is rebuilt exactly when what it publishes of the keys
 	// changes: those entries are the comparison, not a digest of some of
 	// the fields they come from.
-	pubs, err := published(h.keys.List())
+	keys := h.keys.List()
+	pubs, err := published(keys, h.keys.Statuses(keys))
 	if err != nil {
 		return nil, "", err
 	}

@@ -118,10 +118,12 @@ func listKeys(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	rows := []keyRow{}
-	for _, k := range ks.List() {
+	keys := ks.List()
+	statuses := ks.Statuses(keys) // by this host's clock, as certd serve's card
+	for i, k := range keys {
 		rows = append(rows, keyRow{
 			KeyVersion:       k.Version,
-			Status:           k.Status(),
+			Status:           statuses[i],
 			PublicKey:        base64.StdEncoding.EncodeToString(k.Public),
 			CreatedAt:        stamp(k.CreatedAt),
 			RetiredAt:        stamp(k.RetiredAt),

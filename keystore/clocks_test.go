@@ -152,3 +152,58 @@ func TestARetirementBeforeASignedReceiptIsRefused(t *testing.T) {
 		})
 	}
 }
+
+// Statuses describes the keys by the rule that picks the key that signs:
+// after a rotation dated ahead, the key in service is current and the new
+// one pending until its time comes; with no key in service (the current
+// key marked compromised, its replacement dated ahead) none is current.
+func TestStatusesFollowTheKeyInService(t *testing.T) {
+	dir := t.TempDir()
+	c := newClock()
+	ahead := &clock{t: c.Now().Add(10 * time.Minute)}
+	if _, err := open(t, dir, c).Generate(); err != nil {
+		t.Fatal(err)
+	}
+	serving := serve(t, dir, c)
+	if _, err := open(t, dir, ahead).Rotate(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := serving.Refresh(); err != nil {
+		t.Fatal(err)
+	}
+	status := func() string {
+		keys := serving.List()
+		var out []string
+		for i, st := range serving.Statuses(keys) {
+			out = append(out, keys[i].Version+":"+st)
+		}
+		return strings.Join(out, ",")
+	}
+	for _, step := range []struct {
+		to   time.Time
+		want string
+	}{
+		{c.Now(), "k1:current,k2:pending"},
+		{ahead.Now().Add(-time.Microsecond), "k1:current,k2:pending"},
+		{ahead.Now(), "k1:retired,k2:current"},
+	} {
+		c.t = step.to
+		k, err := serving.Current()
+		if got := status(); got != step.want || err != nil || !strings.Contains(step.want, k.Version+":current") {
+			t.Fatalf("at %s: statuses %s, signing with %q (%v); want %s", formatTime(step.to), got, k.Version, err, step.want)
+		}
+	}
+	ahead.Add(10 * time.Minute)
+	if _, err := open(t, dir, ahead).MarkCompromised("k2", c.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := serving.Refresh(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := serving.Current(); err == nil {
+		t.Fatal("signing with no key in service")
+	}
+	if got := status(); got != "k1:retired,k2:compromised,k3:pending" {
+		t.Fatalf("with no key in service: %s", got)
+	}
+}

@@ -28,8 +28,8 @@ func serve(t *testing.T, dir string, c *clock) *Store {
 // public keys.
 func publics(keys []Key) string {
 	var b strings.Builder
-	for _, k := range keys {
-		b.WriteString(k.Version + ":" + k.Status() + ":" + base64.StdEncoding.EncodeToString(k.Public) + ",")
+	for i, st := range Statuses(keys, afterAll) {
+		b.WriteString(keys[i].Version + ":" + st + ":" + base64.StdEncoding.EncodeToString(keys[i].Public) + ",")
 	}
 	return b.String()
 }

@@ -52,6 +52,9 @@ const (
 	StatusCurrent     = "current"
 	StatusRetired     = "retired"
 	StatusCompromised = "compromised"
+	// StatusPending is a key whose created_at has not come yet by the
+	// clock that describes it: see Statuses.
+	StatusPending = "pending"
 )
 
 // IndexFile is the name of the index inside a key directory.
@@ -87,18 +90,34 @@ type Key struct {
 	CompromisedSince time.Time
 }
 
-// Status reports how the agent card should describe the key: compromised
-// wins over retired, so a verifier learns to distrust it.
-func (k Key) Status() string {
-	switch {
-	case k.Compromised:
-		return StatusCompromised
-	case !k.RetiredAt.IsZero():
-		return StatusRetired
-	default:
-		return StatusCurrent
+// Statuses reports how the agent card and `certd keys` describe each of
+// keys (a key history, oldest first) at now: by the rule that chooses the
+// key that signs (InService), so the card never names as current a key
+// certd does not sign with at that instant. Compromised wins over
+// everything, so a verifier learns to distrust the key; the key in service
+// is current; one whose created_at is still ahead (a rotation dated by a
+// clock ahead of now) is pending; any other is retired (its retired_at has
+// come, or a newer key is in service).
+func Statuses(keys []Key, now time.Time) []string {
+	in, err := InService(keys, now)
+	out := make([]string, len(keys))
+	for i, k := range keys {
+		switch {
+		case k.Compromised:
+			out[i] = StatusCompromised
+		case err == nil && k.Version == in.Version:
+			out[i] = StatusCurrent
+		case k.CreatedAt.After(now):
+			out[i] = StatusPending
+		default:
+			out[i] = StatusRetired
+		}
 	}
+	return out
 }
+
+// Statuses is Statuses of keys at this store's clock.
+func (s *Store) Statuses(keys []Key) []string { return Statuses(keys, s.now()) }
 
 // Options tune a Store. The zero value is the production setting.
 type Options struct {
@@ -270,7 +289,7 @@ func (s *Store) Choose(version string, at time.Time) (Key, error) {
 		defer s.mu.RUnlock()
 		return Key{}, fmt.Errorf("no key signs until the key directory loads again: %w", s.broken)
 	}
-	k, err := current(s.keys, now)
+	k, err := InService(s.keys, now)
 	if err == nil && version != "" && k.Version == version && k.Private != nil {
 		s.signedMu.Lock()
 		if at.After(s.signed[version]) {
@@ -309,7 +328,13 @@ func (s *Store) StateChanged(err error) bool {
 	return changed
 }
 
-func current(keys []Key, now time.Time) (Key, error) {
+// InService reports the key of keys (a key history, oldest first) in
+// service at now: the newest key, not marked compromised, whose published
+// window (created_at up to retired_at) holds now. It is the one rule that
+// decides which key signs (Store.Current) and which one the card and
+// `certd keys` call current (Statuses). Its errors are Current's, bar the
+// ones about loading.
+func InService(keys []Key, now time.Time) (Key, error) {
 	var due *Key // the earliest key whose window has not begun
 	for i := len(keys) - 1; i >= 0; i-- {
 		k := &keys[i]
