@@ -258,3 +258,56 @@ func TestCardNamesAsCurrentTheKeyCertdSignsWith(t *testing.T) {
 		t.Fatalf("at the switch the card says %q (ETag %s, before %s), want %q with a new ETag", after, etag2, etag, "k2 k1:retired,k2:current")
 	}
 }
+
+// certd's wall clock stepped back behind a retirement (an NTP step): k1's
+// window holds the clock again, but certd forgot k1's private key when k1
+// retired, so it signs nothing (503, never k2 dated before k2 existed)
+// until a reload loads k1 again, or its clock passes k1's retired_at.
+func TestAClockSteppedBackBehindARetirementSignsNothingUntilReloadOrItsTime(t *testing.T) {
+	dir := t.TempDir()
+	c := &clock{t: time.Now().UTC().Truncate(time.Microsecond).Add(-time.Hour)}
+	ks, err := keystore.Open(dir, keystore.Options{Now: c.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ks.Generate(); err != nil {
+		t.Fatal(err)
+	}
+	keys, err := keystore.Open(dir, keystore.Options{Watch: true, CurrentOnly: true, Now: c.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { keys.Close() })
+	log := new(bytes.Buffer)
+	srv, err := signer.NewServer(signer.ServerConfig{Keys: keys, Now: c.Now, Logger: slog.New(slog.NewJSONHandler(log, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	card, err := NewHandler(cfg, keys, 0, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.t = c.t.Add(time.Minute)
+	k2, err := ks.Rotate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.t = c.t.Add(time.Second)
+	wantSigned(t, srv, card, "k2", c.t)
+
+	c.t = k2.CreatedAt.Add(-30 * time.Second) // the step back
+	for _, kv := range []string{"k1", "k2"} {
+		if code, body, _ := signAt(t, srv, kv, c.t); code != http.StatusServiceUnavailable {
+			t.Fatalf("signing %s after the step back: %d %s; want 503", kv, code, body)
+		}
+	}
+	if !strings.Contains(log.String(), "private key was not loaded (the clock went back)") {
+		t.Errorf("the log does not say why nothing is signed: %s", log)
+	}
+	if err := keys.Reload(); err != nil { // SIGHUP
+		t.Fatal(err)
+	}
+	wantSigned(t, srv, card, "k1", c.t)
+	c.t = k2.CreatedAt
+	wantSigned(t, srv, card, "k2", c.t)
+}
