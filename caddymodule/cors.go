@@ -70,8 +70,9 @@ const corsDefaultMaxAge = 10 * time.Minute
 // answer, whoever writes it (the gate's 402, an upstream, handle_errors),
 // carries Access-Control-Allow-Origin for an allowed origin,
 // Access-Control-Expose-Headers and Vary: Origin: they are set before the
-// next handler runs, and set again when the answer is written, because a
-// handler (the gate, an upstream) may replace them.
+// next handler runs, and set again when the answer is written, or when the
+// next handler returns an error unwritten (handle_errors then starts from
+// them), because a handler (the gate, an upstream) may replace them.
 //
 // It is the one authority on CORS for what it wraps: when the answer is
 // written, every Access-Control-* header a later handler put there is
@@ -285,7 +286,17 @@ func (c *CORS) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	}
 	// Every answer goes through the writer, an unlisted origin's too: its
 	// grants are removed when it is written, whoever wrote them.
-	return next.ServeHTTP(&corsWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, c: c, allow: allow}, r)
+	cw := &corsWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, c: c, allow: allow}
+	err := next.ServeHTTP(cw, r)
+	if err != nil && !cw.wroteHeader {
+		// The error is answered by handle_errors, or Caddy's default error
+		// answer, on the server's writer, not this one, with the header
+		// map as the wrapped handlers left it (Caddy clears nothing): an
+		// upstream's headers that intercept or handle_response kept are
+		// still there. So the map is made this handler's own now.
+		c.mark(h, allow)
+	}
+	return err
 }
 
 func (c *CORS) setAllow(h http.Header, allow string) {

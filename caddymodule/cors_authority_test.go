@@ -17,6 +17,12 @@ import (
 // exposes a header of its own.
 func reflectingUpstream(t *testing.T, body string) string {
 	t.Helper()
+	return reflectingUpstreamStatus(t, http.StatusOK, body)
+}
+
+// reflectingUpstreamStatus is reflectingUpstream answering with status.
+func reflectingUpstreamStatus(t *testing.T, status int, body string) string {
+	t.Helper()
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h := w.Header()
 		h.Set("Access-Control-Allow-Origin", r.Header.Get("Origin"))
@@ -25,6 +31,7 @@ func reflectingUpstream(t *testing.T, body string) string {
 		h.Set("Access-Control-Allow-Headers", "*")
 		h.Set("Access-Control-Max-Age", "86400")
 		h.Set("Access-Control-Expose-Headers", "X-Upstream-Secret")
+		w.WriteHeader(status)
 		io.WriteString(w, body)
 	}))
 	t.Cleanup(up.Close)
@@ -83,6 +90,56 @@ func TestCORSIsTheOneAuthorityOnCORS(t *testing.T) {
 		for _, k := range []string{"Access-Control-Allow-Methods", "Access-Control-Allow-Headers", "Access-Control-Max-Age"} {
 			if v := h.Values(k); len(v) != 0 {
 				t.Errorf("credentials %v: an actual answer carries the upstream's %s %q", credentials, k, v)
+			}
+		}
+	}
+}
+
+// TestCORSErrorAnswersCarryOnlyItsGrant: an error a wrapped handler
+// returns is answered by handle_errors, or by Caddy's default error
+// answer, on the server's own writer, with the header map the wrapped
+// handlers left. intercept's handle_response leaves an upstream's headers
+// there, so without x402_cors clearing them the error answer would carry
+// the upstream's reflected grant, with credentials, to any origin. With
+// handle_errors and without, an unlisted origin and a request without
+// Origin get no Access-Control-* header, and a listed origin gets
+// x402_cors's grant only.
+func TestCORSErrorAnswersCarryOnlyItsGrant(t *testing.T) {
+	up := reflectingUpstreamStatus(t, http.StatusInternalServerError, `{"error":"boom"}`)
+	for _, errorsBlock := range []string{"handle_errors {\n\t\trespond \"sorry: {err.status_code}\"\n\t}", ""} {
+		base := startCaddy(t, fmt.Sprintf(`:{port} {
+	x402_cors %s
+	intercept {
+		@err status 500
+		handle_response @err {
+			error "upstream failed" 502
+		}
+	}
+	reverse_proxy %s
+	%s
+}
+`, corsOrigin, up, errorsBlock))
+		for _, origin := range []string{"http://evil.example", "", corsOrigin} {
+			hdr := map[string]string{}
+			if origin != "" {
+				hdr["Origin"] = origin
+			}
+			resp := corsDo(t, http.MethodGet, base+"/account", hdr)
+			if resp.StatusCode != http.StatusBadGateway {
+				t.Fatalf("handle_errors %v, Origin %q: status %d, want the error's 502", errorsBlock != "", origin, resp.StatusCode)
+			}
+			if !headerHasToken(resp.Header, "Vary", "Origin") {
+				t.Errorf("handle_errors %v, Origin %q: Vary %q lacks Origin", errorsBlock != "", origin, resp.Header.Values("Vary"))
+			}
+			if origin != corsOrigin {
+				if got := corsHeaders(resp.Header); len(got) != 0 {
+					t.Errorf("handle_errors %v, Origin %q (not listed): the error answer carries %v", errorsBlock != "", origin, got)
+				}
+				continue
+			}
+			h := resp.Header
+			if h.Get("Access-Control-Allow-Origin") != corsOrigin || len(h.Values("Access-Control-Allow-Origin")) != 1 || h.Get("Access-Control-Allow-Credentials") != "" {
+				t.Errorf("handle_errors %v, listed origin: the error answer carries %v", errorsBlock != "", corsHeaders(h))
 			}
 		}
 	}
