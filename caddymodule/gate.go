@@ -486,6 +486,9 @@ func (g *Gate) Validate() error {
 	if len(g.offers) == 0 {
 		return errors.New("x402: at least one accept block is required")
 	}
+	if err := g.Paywall.checkOffer(g.offers[0], g.decimals[0]); err != nil {
+		return err
+	}
 	if g.facilitator == nil {
 		return errors.New("x402: a facilitator is required")
 	}
@@ -605,7 +608,8 @@ func (g *Gate) checkOffers() error {
 
 // requirements builds the server's own payment requirements for one accept
 // block; these, never the client's copy, are what get verified and settled.
-// It also returns the decimals of the asset, the ones the price was read in:
+// It also returns the decimals of the asset, the ones the price was read in
+// (0 for an amount on an asset whose decimals the config does not give):
 // the requirements carry the amount in atomic units only, and a page that
 // states it in whole tokens (the official paywall) must read it in these.
 func (a Accept) requirements() (x402.PaymentRequirements, int, error) {
@@ -656,8 +660,13 @@ func (a Accept) requirements() (x402.PaymentRequirements, int, error) {
 	if err := x402.CheckPayTo(network, a.PayTo, asset.Address); err != nil {
 		return x402.PaymentRequirements{}, 0, fmt.Errorf("pay_to: %v", err)
 	}
-	if asset.Decimals == 0 {
-		asset.Decimals = 6
+	// A price is read in the asset's decimals, 6 when the config gives
+	// none. An amount is atomic and needs none; decimals the config does
+	// not give are then unknown (0), and a page must not state the amount
+	// in whole tokens of guessed ones (Paywall.checkOffer).
+	decimals := asset.Decimals
+	if decimals == 0 && a.Price != "" {
+		decimals = 6
 	}
 	if x402.IsEVM(network) && (asset.Name == "" || asset.Version == "") {
 		return x402.PaymentRequirements{}, 0, errors.New("a custom EVM asset needs asset_name and asset_version (its EIP-712 domain)")
@@ -667,7 +676,7 @@ func (a Accept) requirements() (x402.PaymentRequirements, int, error) {
 	case a.Price != "" && a.Amount != "":
 		return x402.PaymentRequirements{}, 0, errors.New("set price or amount, not both")
 	case a.Price != "":
-		amount, err = x402.ParsePrice(a.Price, asset.Decimals)
+		amount, err = x402.ParsePrice(a.Price, decimals)
 	case a.Amount != "":
 		amount, err = x402.ParseAmount(a.Amount)
 	default:
@@ -688,7 +697,7 @@ func (a Accept) requirements() (x402.PaymentRequirements, int, error) {
 		PayTo:             a.PayTo,
 		MaxTimeoutSeconds: timeout,
 		Extra:             asset.Extra(),
-	}, asset.Decimals, nil
+	}, decimals, nil
 }
 
 // ServeHTTP decides, in this order: a CORS preflight is answered 204

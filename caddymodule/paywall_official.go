@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"strconv"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -100,13 +99,8 @@ func (p *Paywall) serve(w http.ResponseWriter, pr x402.PaymentRequired, decimals
 	h.Set("Content-Security-Policy", "frame-ancestors 'none'")
 	h.Set("X-Frame-Options", "DENY")
 	page, ok := officialPage{}, false
-	if p != nil && p.Mode == PaywallOfficial && len(pr.Accepts) > 0 {
-		switch n := pr.Accepts[0].Network; {
-		case x402.IsEVM(n):
-			page, ok = evmPage, true
-		case strings.HasPrefix(n, "solana:"):
-			page, ok = svmPage, true
-		}
+	if len(pr.Accepts) > 0 {
+		page, ok = p.official(pr.Accepts[0])
 	}
 	w.WriteHeader(http.StatusPaymentRequired)
 	if !ok {
@@ -115,10 +109,42 @@ func (p *Paywall) serve(w http.ResponseWriter, pr x402.PaymentRequired, decimals
 	return p.writeOfficial(w, page, pr, decimals, currentURL)
 }
 
+// official returns the official page that pays offer, when the mode is
+// official and the package has one for its network.
+func (p *Paywall) official(offer x402.PaymentRequirements) (officialPage, bool) {
+	if p == nil || p.Mode != PaywallOfficial {
+		return officialPage{}, false
+	}
+	switch n := offer.Network; {
+	case x402.IsEVM(n):
+		return evmPage, true
+	case strings.HasPrefix(n, "solana:"):
+		return svmPage, true
+	}
+	return officialPage{}, false
+}
+
+// checkOffer refuses, when the config loads, an official page for a first
+// offer whose asset's decimals are unknown (decimals 0: priced with amount,
+// without asset_decimals). The page says "please pay $<amount> <token>" in
+// whole tokens; read in guessed decimals that would be a price other than
+// the one the wallet signs, and the page has no way to say "atomic units".
+// The static page states such an amount in atomic units.
+func (p *Paywall) checkOffer(offer x402.PaymentRequirements, decimals int) error {
+	if _, ok := p.official(offer); !ok || decimals != 0 {
+		return nil
+	}
+	return fmt.Errorf("paywall official: the first offer is priced with amount and its asset's decimals are unknown, so the page could not state its price in whole tokens; set asset_decimals, or use paywall static (a token without decimals cannot use the official page)")
+}
+
 // officialConfig is window.x402, the page's configuration, with the fields
 // the package's generateHtml sets.
 type officialConfig struct {
-	Amount          float64               `json:"amount"`
+	// Amount is a string: the page writes it as it is ("please pay
+	// $<amount>") and computes nothing with it, and a JSON number would be
+	// a float64, printed in exponent form below 1e-6 and rounded past 15
+	// or so digits.
+	Amount          string                `json:"amount"`
 	PaymentRequired x402.PaymentRequired  `json:"paymentRequired"`
 	Testnet         bool                  `json:"testnet"`
 	CurrentURL      string                `json:"currentUrl"`
@@ -145,7 +171,7 @@ var evmChainConfig = map[string]officialChain{
 func (p *Paywall) writeOfficial(w io.Writer, page officialPage, pr x402.PaymentRequired, decimals int, currentURL string) error {
 	offer := pr.Accepts[0]
 	cfg := officialConfig{
-		Amount:          unitAmount(offer.Amount, decimals),
+		Amount:          x402.FormatAmount(offer.Amount, decimals),
 		PaymentRequired: pr,
 		Testnet:         offer.Network != x402.NetworkBase && offer.Network != x402.NetworkSolana,
 		CurrentURL:      currentURL,
@@ -171,19 +197,6 @@ func (p *Paywall) writeOfficial(w io.Writer, page officialPage, pr x402.PaymentR
 	}
 	_, err = io.WriteString(w, page.rest)
 	return err
-}
-
-// unitAmount is an atomic amount in whole tokens of an asset with the
-// given decimals, as the page shows it: "please pay $<amount> <token>",
-// next to the atomic amount the wallet signs. The decimals are the offer's
-// own (Accept.requirements), never a guess: 10^12 too many or 10^4 too few
-// would show one price while the visitor signs another.
-func unitAmount(amount string, decimals int) float64 {
-	f, err := strconv.ParseFloat(x402.FormatAmount(amount, decimals), 64)
-	if err != nil {
-		return 0
-	}
-	return f
 }
 
 // parsePaywall parses the x402 directive's option

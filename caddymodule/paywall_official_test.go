@@ -8,8 +8,8 @@ import (
 	"math/big"
 	"net/http"
 	"net/http/httptest"
+	"os/exec"
 	"regexp"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -85,7 +85,7 @@ func TestPaywallModesThroughCaddy(t *testing.T) {
 	}
 	pr := paymentRequired(t, resp)
 	cfg := officialConfigOf(t, page)
-	if cfg.AppName != "Agent Verifier" || cfg.AppLogo != "https://example.com/logo.png" || !cfg.Testnet || cfg.Amount != 0.01 {
+	if cfg.AppName != "Agent Verifier" || cfg.AppLogo != "https://example.com/logo.png" || !cfg.Testnet || cfg.Amount != "0.01" {
 		t.Errorf("window.x402 %+v", cfg)
 	}
 	if cfg.CurrentURL != base+"/score/agent-1?x=1" {
@@ -389,23 +389,36 @@ func TestOfficialPaywallPaysOnSolanaInABrowser(t *testing.T) {
 	}
 }
 
-// TestOfficialPaywallAmountInTheOffersDecimals: the official page shows
-// "please pay $<window.x402.amount> <token>", and the wallet signs the
-// first offer's atomic amount. A $0.02 price on a token with 18, 6 or 2
-// decimals (not the network's USDC) is shown as 0.02: the atomic amount
-// read in the decimals it was priced in, the same number the visitor signs.
-func TestOfficialPaywallAmountInTheOffersDecimals(t *testing.T) {
-	for _, decimals := range []int{18, 6, 2} {
-		base := startCaddy(t, fmt.Sprintf(`:{port} {
+// shownAmount is what the official page writes for "please pay
+// $<amount>": the page renders window.x402.amount as a React child, that
+// is with JavaScript's String(), run here in node on the page's own
+// window.x402.
+func shownAmount(t *testing.T, page string) string {
+	t.Helper()
+	m := windowX402.FindStringSubmatch(page)
+	if m == nil {
+		t.Fatalf("no window.x402 before </head> in the page (%d bytes)", len(page))
+	}
+	out, err := exec.Command("node", "-e", "process.stdout.write(String(JSON.parse(process.argv[1]).amount))", m[1]).Output()
+	if err != nil {
+		t.Fatalf("node (needed to render window.x402.amount as the page does): %v", err)
+	}
+	return string(out)
+}
+
+// officialPaywallSite is a site whose one route pays a custom token
+// (not the network's USDC) priced by the accept lines pricing, behind
+// paywall official.
+func officialPaywallSite(pricing string) string {
+	return fmt.Sprintf(`:{port} {
 	route /score/* {
 		x402 {
 			accept {
 				network devnet
-				price $0.02
+				%s
 				asset 0x6B175474E89094C44Da98b954EedeAC495271d0F
 				asset_name "Dai Stablecoin"
 				asset_version 1
-				asset_decimals %d
 				pay_to %s
 			}
 			route "GET /score/{agent_id}"
@@ -418,18 +431,52 @@ func TestOfficialPaywallAmountInTheOffersDecimals(t *testing.T) {
 		respond "paid"
 	}
 }
-`, decimals, payTo.Hex()))
+`, pricing, payTo.Hex())
+}
+
+// TestOfficialPaywallShowsTheSignedAmount: the official page shows
+// "please pay $<window.x402.amount> <token>", and the wallet signs the
+// first offer's atomic amount. What the page shows is exactly that amount
+// in whole tokens of the offer's decimals, digit for digit: below a
+// millionth of a token (no exponent form), with more digits than a
+// float64 holds, and priced with amount.
+func TestOfficialPaywallShowsTheSignedAmount(t *testing.T) {
+	for _, tc := range []struct {
+		pricing  string
+		decimals int
+		want     string
+	}{
+		{"price $0.02\n\t\t\t\tasset_decimals 18", 18, "0.02"},
+		{"price $0.02\n\t\t\t\tasset_decimals 6", 6, "0.02"},
+		{"price $0.02\n\t\t\t\tasset_decimals 2", 2, "0.02"},
+		{"price $0.0000001\n\t\t\t\tasset_decimals 18", 18, "0.0000001"},
+		{"price $0.123456789012345678\n\t\t\t\tasset_decimals 18", 18, "0.123456789012345678"},
+		{"price $90071992547.409931\n\t\t\t\tasset_decimals 6", 6, "90071992547.409931"},
+		{"amount 20000000000000000\n\t\t\t\tasset_decimals 18", 18, "0.02"},
+	} {
+		base := startCaddy(t, officialPaywallSite(tc.pricing))
 		resp, page := getHTML(t, base+"/score/agent-1")
 		if resp.StatusCode != http.StatusPaymentRequired {
-			t.Fatalf("decimals %d: status %d", decimals, resp.StatusCode)
+			t.Fatalf("%q: status %d", tc.pricing, resp.StatusCode)
 		}
-		cfg := officialConfigOf(t, page)
-		offer := cfg.PaymentRequired.Accepts[0]
-		// JavaScript prints a number as its shortest round-trip form, as
-		// strconv does with precision -1.
-		shown := strconv.FormatFloat(cfg.Amount, 'f', -1, 64)
-		if signed := x402.FormatAmount(offer.Amount, decimals); shown != "0.02" || shown != signed {
-			t.Errorf("asset_decimals %d, price $0.02: the page shows \"please pay $%s\" for a signed amount of %s atomic units (%s tokens)", decimals, shown, offer.Amount, signed)
+		offer := officialConfigOf(t, page).PaymentRequired.Accepts[0]
+		shown := shownAmount(t, page)
+		if signed := x402.FormatAmount(offer.Amount, tc.decimals); shown != tc.want || shown != signed {
+			t.Errorf("%q: the page shows \"please pay $%s\" for a signed amount of %s atomic units (%s tokens)", tc.pricing, shown, offer.Amount, signed)
 		}
+	}
+}
+
+// TestOfficialPaywallRefusesUnknownDecimals: an offer priced with amount
+// on a token whose decimals the config does not give has no price in whole
+// tokens the page could show honestly, so `paywall official` with it first
+// is refused when the config loads, naming the fix; `paywall static`
+// (which states the atomic amount) takes it.
+func TestOfficialPaywallRefusesUnknownDecimals(t *testing.T) {
+	site := officialPaywallSite("amount 5")
+	wantErr(t, tryLoadCaddy(t, freePort(t), site), "paywall official: the first offer is priced with amount and its asset's decimals are unknown")
+	base := startCaddy(t, strings.Replace(site, "paywall official", "paywall static", 1))
+	if resp, _ := getHTML(t, base+"/score/agent-1"); resp.StatusCode != http.StatusPaymentRequired {
+		t.Fatalf("paywall static: status %d", resp.StatusCode)
 	}
 }
