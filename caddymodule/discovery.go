@@ -13,6 +13,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/aovhq/aov/apierr"
 	"github.com/aovhq/aov/x402"
 )
 
@@ -457,6 +458,10 @@ func (d *Discovery) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhtt
 		return caddyhttp.Error(http.StatusMethodNotAllowed, nil)
 	}
 	base := siteBase(d.base, r)
+	if !documentable(base) {
+		apierr.Write(w, &errDocsRequestValue)
+		return nil
+	}
 	doc := discoveryDoc{Version: 1, X402Version: x402.Version, Resources: []string{}, Items: []discoveryItem{}, Instructions: d.Instructions}
 	for _, g := range siteGates(r) {
 		item := discoveryItem{

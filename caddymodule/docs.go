@@ -2,7 +2,6 @@ package caddymodule
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -59,6 +58,9 @@ type Docs struct {
 	MCPURL string `json:"mcp_url,omitempty"`
 
 	cache *docsCache
+	// basePlaceholder, mcpPlaceholder: PublicBaseURL, MCPURL have a
+	// request placeholder (requestPlaceholder).
+	basePlaceholder, mcpPlaceholder bool
 	// perRequest: the documents name what the request chose (its Host, or
 	// a request placeholder in public_base_url or mcp_url), so they are
 	// private to the client (setDocumentCache).
@@ -71,82 +73,178 @@ type Docs struct {
 // an entry's key. Sites whose routes differ by Host (host matchers in one
 // site) have an entry per set of routes, so requests alternating between
 // them cost no rebuild (about 4 ms and 0.9 MB under the lock).
-// Without a public_base_url the base URL is each request's own origin: the
-// documents are then built once with docsOrigin in its place and served
-// with it replaced, each entry keeping its last origin's copy, so a client
-// that sends a new Host on every request costs a substitution, not a
-// rebuild, and the key never holds the Host.
+// What a request chooses (its origin when no public_base_url is set, a
+// public_base_url or mcp_url with a request placeholder as expanded for
+// it) is never in the key nor in an entry: the documents are built once
+// with docsOrigin and docsMCPURL in its place and served with it
+// substituted (requestValues), so a client that sends a new Host on every
+// request costs a substitution, not a rebuild, and the cache holds the
+// templates only.
 type docsCache struct {
 	mu      sync.Mutex
 	entries map[string]*docsEntry
 	builds  int // documents built, for tests
 }
 
-// docsCacheSize bounds the entries. The sets of routes are bounded by the
-// configuration, but a public_base_url or mcp_url with a request
-// placeholder puts what the client sent into the key, so past the bound an
-// entry makes room for the next.
+// docsCacheSize bounds the entries. The keys are bounded by the
+// configuration (its sets of routes); past the bound an entry makes room
+// for the next.
 const docsCacheSize = 16
 
 // docsEntry is the documents of one key.
-type docsEntry struct {
-	openapi, llms []byte
-	// The documents for origin, when they are built with docsOrigin.
-	origin                    string
-	originOpenapi, originLLMs []byte
+type docsEntry struct{ openapi, llms []byte }
+
+// docsOrigin and docsMCPURL stand for what the request chose in documents
+// built for many requests: its origin (no public_base_url, or one with a
+// request placeholder) and an mcp_url with a request placeholder. The
+// .invalid top-level domain never names a real host (RFC 2606).
+const (
+	docsOrigin = "http://aov-request-origin.invalid"
+	docsMCPURL = "http://aov-request-mcp.invalid/mcp"
+)
+
+// maxDocsRequestValue bounds each value the documents take from the
+// request: https:// with a DNS name's longest (253 bytes, RFC 1035) and
+// :65535. It is written into every URL of both documents, so an unpaid
+// request with a 1 MB Host (what net/http lets through) would make the
+// gateway build and send documents many times its size.
+const maxDocsRequestValue = len("https://") + 253 + len(":65535")
+
+// errDocsRequestValue answers a request whose Host (or what a placeholder
+// of public_base_url or mcp_url took from it) the documents cannot name.
+// It repeats nothing of the request.
+var errDocsRequestValue = apierr.Error{
+	Code:        apierr.CodeInvalidRequest,
+	Message:     fmt.Sprintf("The documents name this server by the origin the request addressed, and this request's is not one they can name: longer than %d bytes (a DNS name is at most 253), or with a character a URL in JSON would escape (\" & < > \\, control or non-ASCII). Send the request to the server's name.", maxDocsRequestValue),
+	Status:      http.StatusBadRequest,
+	NextActions: []apierr.Action{{Action: "fix_request_fields", Fields: []string{"Host"}}},
 }
 
-// docsOrigin stands for the request's origin in documents built without a
-// public_base_url. The .invalid top-level domain never names a real host
-// (RFC 2606), and a Host header cannot hold the characters that JSON or
-// markdown would escape, other than '&' (escaped in the OpenAPI document as
-// json.Marshal does).
-const docsOrigin = "http://aov-request-origin.invalid"
+// documentable reports whether v, taken from the request, may be written
+// into the documents as it is: within maxDocsRequestValue, and printable
+// ASCII that neither JSON (json.Marshal escapes <, > and &) nor markdown
+// code spans would escape, so one substitution serves both documents.
+func documentable(v string) bool {
+	if len(v) > maxDocsRequestValue {
+		return false
+	}
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; c <= ' ' || c >= 0x7f || strings.IndexByte("\"&<>\\`", c) >= 0 {
+			return false
+		}
+	}
+	return true
+}
 
-// documents returns the OpenAPI document and llms.txt for the request.
+// documents returns the OpenAPI document and llms.txt for the request, or
+// errDocsRequestValue.
 func (d *Docs) documents(r *http.Request) (openapi, llms []byte, err error) {
 	gates := siteGates(r)
 	svc := d.service(r, gates)
-	origin := ""
-	if svc.BaseURL == "" {
-		origin, svc.BaseURL = requestBase(r), docsOrigin
+	var subst []docsSubst
+	if d.PublicBaseURL == "" || d.basePlaceholder {
+		origin := svc.BaseURL
+		if d.PublicBaseURL == "" {
+			origin = requestBase(r)
+		}
+		subst = append(subst, docsSubst{docsOriginBytes, origin})
+		svc.BaseURL = docsOrigin
+	}
+	if d.mcpPlaceholder {
+		subst = append(subst, docsSubst{docsMCPURLBytes, svc.MCPURL})
+		svc.MCPURL = docsMCPURL
+	}
+	for _, p := range subst {
+		if !documentable(p.new) {
+			return nil, nil, &errDocsRequestValue
+		}
 	}
 	var key strings.Builder
 	key.WriteString(svc.BaseURL + "\x00" + svc.MCPURL + "\x00" + svc.Name)
 	for _, g := range gates {
 		fmt.Fprintf(&key, "\x00%p", g)
 	}
-	d.cache.mu.Lock()
-	defer d.cache.mu.Unlock()
-	e := d.cache.entries[key.String()]
-	if e == nil {
-		if openapi, err = apidocs.OpenAPI(svc); err != nil {
-			return nil, nil, err
-		}
-		llms = apidocs.LLMsTxt(svc)
-		d.cache.builds++
-		if d.cache.entries == nil {
-			d.cache.entries = make(map[string]*docsEntry, docsCacheSize)
-		}
-		for k := range d.cache.entries {
-			if len(d.cache.entries) < docsCacheSize {
-				break
+	e, err := d.cache.get(key.String(), svc)
+	if err != nil {
+		return nil, nil, err
+	}
+	return substitute(e.openapi, subst), substitute(e.llms, subst), nil
+}
+
+// docsSubst is one value the documents take from the request: new in
+// place of old (docsOrigin or docsMCPURL).
+type docsSubst struct {
+	old []byte
+	new string
+}
+
+var docsOriginBytes, docsMCPURLBytes = []byte(docsOrigin), []byte(docsMCPURL)
+
+// substitute returns tmpl with each old of subst replaced by its new, in
+// one pass (nothing a new brings in is replaced again) and one allocation
+// of the document's size; tmpl itself when there is nothing to replace.
+// Each old is searched for once per occurrence, not once per replacement.
+func substitute(tmpl []byte, subst []docsSubst) []byte {
+	if len(subst) == 0 {
+		return tmpl
+	}
+	n := len(tmpl)
+	var next [2]int // where each old is next found, from the start; len(subst) <= 2
+	for i, p := range subst {
+		n += bytes.Count(tmpl, p.old) * (len(p.new) - len(p.old))
+		next[i] = bytes.Index(tmpl, p.old)
+	}
+	out := make([]byte, 0, n)
+	done := 0
+	for {
+		first := -1
+		for i := range subst {
+			if next[i] >= 0 && (first < 0 || next[i] < next[first]) {
+				first = i
 			}
-			delete(d.cache.entries, k)
 		}
-		e = &docsEntry{openapi: openapi, llms: llms}
-		d.cache.entries[key.String()] = e
+		if first < 0 {
+			return append(out, tmpl[done:]...)
+		}
+		p := subst[first]
+		out = append(append(out, tmpl[done:next[first]]...), p.new...)
+		done = next[first] + len(p.old)
+		for i := range subst {
+			if next[i] >= 0 && next[i] < done {
+				if j := bytes.Index(tmpl[done:], subst[i].old); j >= 0 {
+					next[i] = done + j
+				} else {
+					next[i] = -1
+				}
+			}
+		}
 	}
-	if origin == "" {
-		return e.openapi, e.llms, nil
+}
+
+// get returns the documents of key, building them from svc once.
+func (c *docsCache) get(key string, svc apidocs.Service) (docsEntry, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e := c.entries[key]; e != nil {
+		return *e, nil
 	}
-	if e.origin != origin || e.originOpenapi == nil {
-		quoted, _ := json.Marshal(origin)
-		e.origin = origin
-		e.originOpenapi = bytes.ReplaceAll(e.openapi, []byte(docsOrigin), quoted[1:len(quoted)-1])
-		e.originLLMs = bytes.ReplaceAll(e.llms, []byte(docsOrigin), []byte(origin))
+	openapi, err := apidocs.OpenAPI(svc)
+	if err != nil {
+		return docsEntry{}, err
 	}
-	return e.originOpenapi, e.originLLMs, nil
+	c.builds++
+	if c.entries == nil {
+		c.entries = make(map[string]*docsEntry, docsCacheSize)
+	}
+	for k := range c.entries {
+		if len(c.entries) < docsCacheSize {
+			break
+		}
+		delete(c.entries, k)
+	}
+	e := &docsEntry{openapi: openapi, llms: apidocs.LLMsTxt(svc)}
+	c.entries[key] = e
+	return *e, nil
 }
 
 // CaddyModule returns the Caddy module information.
@@ -161,7 +259,8 @@ func (Docs) CaddyModule() caddy.ModuleInfo {
 // are the same for every request.
 func (d *Docs) Provision(caddy.Context) error {
 	d.cache = new(docsCache)
-	d.perRequest = d.PublicBaseURL == "" || requestPlaceholder(d.PublicBaseURL) || requestPlaceholder(d.MCPURL)
+	d.basePlaceholder, d.mcpPlaceholder = requestPlaceholder(d.PublicBaseURL), requestPlaceholder(d.MCPURL)
+	d.perRequest = d.PublicBaseURL == "" || d.basePlaceholder || d.mcpPlaceholder
 	return nil
 }
 
@@ -188,7 +287,10 @@ func (d *Docs) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	case p == docsLLMsPath || p == docsOpenAPIPath:
 		doc, llms, err := d.documents(r)
 		if err != nil {
-			apierr.Write(w, apierr.Internal(err))
+			if err != &errDocsRequestValue {
+				err = apierr.Internal(err)
+			}
+			apierr.Write(w, err)
 			return nil
 		}
 		h.Set("Access-Control-Allow-Origin", "*")

@@ -1,6 +1,8 @@
 package caddymodule
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -176,5 +178,78 @@ func TestDocsNamingTheRequestsHostAreNotShared(t *testing.T) {
 				t.Errorf("%q %s names the request's Host: Cache-Control %q, Vary %q; want private, max-age=60 with Vary: Host", tc.docs, p, cc, resp.Header.Values("Vary"))
 			}
 		}
+	}
+}
+
+// TestDocsRequestBaseBuiltOncePerRouteSet: with a request placeholder in
+// public_base_url or mcp_url, the documents name what each request
+// chose, substituted into documents built once per set of routes: sixty
+// new Hosts cost one build, and each answer names its own Host only.
+func TestDocsRequestBaseBuiltOncePerRouteSet(t *testing.T) {
+	for _, opt := range []string{
+		"public_base_url http://{http.request.host}",
+		"public_base_url http://{http.request.host}\n\t\tmcp_url http://{http.request.host}/tools/mcp",
+	} {
+		base := startCaddy(t, docsHostsSite(opt))
+		d := runningDocs(t)
+		for i := range 60 {
+			host := fmt.Sprintf("x%d.example", i)
+			for _, p := range []string{"/openapi.json", "/llms.txt"} {
+				resp, body := getHost(t, base+p, host)
+				if resp.StatusCode != http.StatusOK {
+					t.Fatalf("%q %s: status %d", opt, p, resp.StatusCode)
+				}
+				if !namesOrigin(body, "http://"+host) || namesOrigin(body, "http://x0.example") != (i == 0) || strings.Contains(body, ".invalid") {
+					t.Fatalf("%q %s with Host %s: does not name its own origin only", opt, p, host)
+				}
+				if strings.Contains(opt, "mcp_url") && !strings.Contains(body, "http://"+host+"/tools/mcp") {
+					t.Fatalf("%q %s with Host %s: does not name the MCP URL as expanded", opt, p, host)
+				}
+			}
+		}
+		d.cache.mu.Lock()
+		builds := d.cache.builds
+		d.cache.mu.Unlock()
+		if builds != 1 {
+			t.Errorf("%q: 120 requests with 60 Hosts over one set of routes built the documents %d times, want 1", opt, builds)
+		}
+	}
+}
+
+// TestDocsRefuseAnOriginNoDNSNameHas: what the documents (aov_docs's and
+// x402_discovery's) take from the request (its origin, or public_base_url
+// as expanded for it) is at most
+// https:// with a DNS name's 253 bytes and :65535, with no character JSON
+// escapes. A longer Host gets a small 400 in the contract's shape that
+// does not repeat it, and the cache keeps no copy of it: one unpaid
+// request cannot make the gateway build, send or keep documents many
+// times its size. A Host of 253 bytes, with a port or not, is served.
+func TestDocsRefuseAnOriginNoDNSNameHas(t *testing.T) {
+	long := strings.Repeat(strings.Repeat("a", 62)+".", 4)[:249] + ".com" // 253 bytes
+	for _, opt := range []string{"", "public_base_url http://{http.request.host}"} {
+		base := startCaddy(t, docsHostsSite(opt))
+		d := runningDocs(t)
+		for _, host := range []string{strings.Repeat("a", 16000) + ".example", long + "xxxxxxxxx", "a&b.example"} {
+			for _, p := range []string{"/openapi.json", "/llms.txt", "/.well-known/x402"} {
+				resp, body := getHost(t, base+p, host)
+				var e struct{ Code string }
+				json.Unmarshal([]byte(body), &e)
+				if resp.StatusCode != http.StatusBadRequest || e.Code != "invalid_request" || len(body) > 1000 || strings.Contains(body, host) {
+					t.Errorf("%q %s with a %d-byte Host: status %d, %d bytes (%.80s); want a small 400 invalid_request", opt, p, len(host), resp.StatusCode, len(body), body)
+				}
+			}
+		}
+		for _, host := range []string{long, long + ":65535"} {
+			if resp, body := getHost(t, base+"/llms.txt", host); resp.StatusCode != http.StatusOK || !strings.Contains(body, "http://"+long) {
+				t.Errorf("%q with a %d-byte Host: status %d", opt, len(host), resp.StatusCode)
+			}
+		}
+		d.cache.mu.Lock()
+		for _, e := range d.cache.entries {
+			if bytes.Contains(e.openapi, []byte(long)) || bytes.Contains(e.llms, []byte(long)) {
+				t.Errorf("%q: the cache keeps a copy of the documents naming a request's Host", opt)
+			}
+		}
+		d.cache.mu.Unlock()
 	}
 }
