@@ -39,12 +39,23 @@ func init() {
 // request time, rather than recording a site when a gate is provisioned,
 // sees the same routes Caddy routes r through, reloads included, and needs
 // no registry for gates to join and leave.
-func siteGates(r *http.Request) []*Gate {
+//
+// byHost reports whether another request reaching self (the handler
+// answering r) could get other gates: the walk read a host matcher that
+// not every such request satisfies. A route that leads to self does not
+// count (every request reaching self took it), nor one whose plain host
+// names none of the routes leading to self has (no request reaching self
+// can take it: a site block of its own on the same port).
+func siteGates(r *http.Request, self caddyhttp.MiddlewareHandler) (gates []*Gate, byHost bool) {
 	srv, _ := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
 	if srv == nil {
-		return nil
+		return nil, false
 	}
-	w := siteWalk{r: r, srv: srv, gates: map[string]*Gate{}, invoked: map[string]bool{}}
+	w := siteWalk{r: r, srv: srv, self: self, gates: map[string]*Gate{}, invoked: map[string]bool{}}
+	w.scope, _ = w.pathTo(srv.Routes, map[string]bool{})
+	if w.scope == nil && srv.Errors != nil {
+		w.scope, _ = w.pathTo(srv.Errors.Routes, map[string]bool{})
+	}
 	w.routes(srv.Routes)
 	if srv.Errors != nil {
 		w.routes(srv.Errors.Routes)
@@ -59,15 +70,20 @@ func siteGates(r *http.Request) []*Gate {
 		}
 		return out[i].MCPTool < out[j].MCPTool
 	})
-	return out
+	return out, w.byHost
 }
 
 // siteWalk collects the gates of a server's route tree for one request.
 type siteWalk struct {
 	r       *http.Request
 	srv     *caddyhttp.Server
+	self    caddyhttp.MiddlewareHandler
 	gates   map[string]*Gate // by route and MCP tool
 	invoked map[string]bool  // named routes already walked
+	// scope is the host names a request must have to reach self, by the
+	// routes leading to it (nil: any host); byHost is siteGates's.
+	scope  []string
+	byHost bool
 }
 
 // routes walks a route list as Caddy would route r through it, host
@@ -76,6 +92,9 @@ type siteWalk struct {
 func (w *siteWalk) routes(list caddyhttp.RouteList) {
 	for _, rt := range list {
 		matches, always := hostMatch(rt.MatcherSets, w.r)
+		if !w.byHost && readsHost(rt.MatcherSets) && !w.leadsToSelf(rt) && w.reachable(rt.MatcherSets) {
+			w.byHost = true
+		}
 		if !matches {
 			continue
 		}
@@ -107,6 +126,108 @@ func (w *siteWalk) handler(h caddyhttp.MiddlewareHandler) {
 			w.routes(caddyhttp.RouteList{*rt})
 		}
 	}
+}
+
+// readsHost reports whether some matcher of sets reads the host.
+func readsHost(sets caddyhttp.MatcherSets) bool {
+	for _, set := range sets {
+		for _, m := range set {
+			if hostOnly(m) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// pathTo reports whether a route of list leads to w.self, and returns the
+// plain host names (hostNames) of the innermost route on the way that
+// names them: every request reaching w.self has one of those (nil: any).
+func (w *siteWalk) pathTo(list caddyhttp.RouteList, seen map[string]bool) ([]string, bool) {
+	for _, rt := range list {
+		for _, h := range rt.Handlers {
+			scope, ok := w.handlerPath(h, seen)
+			if !ok {
+				continue
+			}
+			if names := hostNames(rt.MatcherSets); names != nil && scope == nil {
+				scope = names
+			}
+			return scope, true
+		}
+	}
+	return nil, false
+}
+
+func (w *siteWalk) handlerPath(h caddyhttp.MiddlewareHandler, seen map[string]bool) ([]string, bool) {
+	if h == w.self {
+		return nil, true
+	}
+	switch h := h.(type) {
+	case *caddyhttp.Subroute:
+		if scope, ok := w.pathTo(h.Routes, seen); ok {
+			return scope, true
+		}
+		if h.Errors != nil {
+			return w.pathTo(h.Errors.Routes, seen)
+		}
+	case *caddyhttp.Invoke:
+		if rt := w.srv.NamedRoutes[h.Name]; rt != nil && !seen[h.Name] {
+			seen[h.Name] = true
+			return w.pathTo(caddyhttp.RouteList{*rt}, seen)
+		}
+	}
+	return nil, false
+}
+
+// leadsToSelf reports whether rt's handlers lead to w.self.
+func (w *siteWalk) leadsToSelf(rt caddyhttp.Route) bool {
+	_, ok := w.pathTo(caddyhttp.RouteList{rt}, map[string]bool{})
+	return ok
+}
+
+// reachable reports whether a request reaching w.self could take a route
+// with matcher sets: unless both name plain hosts and share none.
+func (w *siteWalk) reachable(sets caddyhttp.MatcherSets) bool {
+	names := hostNames(sets)
+	if w.scope == nil || names == nil {
+		return true
+	}
+	for _, n := range names {
+		for _, s := range w.scope {
+			if strings.EqualFold(n, s) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// hostNames returns the host names of sets when each set is one `host`
+// matcher of plain names (no wildcard, no placeholder), else nil.
+func hostNames(sets caddyhttp.MatcherSets) []string {
+	var names []string
+	for _, set := range sets {
+		if len(set) != 1 {
+			return nil
+		}
+		var hosts caddyhttp.MatchHost
+		switch m := set[0].(type) {
+		case caddyhttp.MatchHost:
+			hosts = m
+		case *caddyhttp.MatchHost:
+			hosts = *m
+		default:
+			return nil
+		}
+		for _, h := range hosts {
+			if h == "" || strings.ContainsAny(h, "*{") {
+				return nil
+			}
+			names = append(names, h)
+		}
+	}
+	return names
 }
 
 // hostMatch reports whether r's host can take a route with matcher sets
@@ -463,7 +584,8 @@ func (d *Discovery) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhtt
 		return nil
 	}
 	doc := discoveryDoc{Version: 1, X402Version: x402.Version, Resources: []string{}, Items: []discoveryItem{}, Instructions: d.Instructions}
-	for _, g := range siteGates(r) {
+	gates, byHost := siteGates(r, d)
+	for _, g := range gates {
 		item := discoveryItem{
 			Resource:    routeURL(base, g.Route),
 			Type:        g.listType(),
@@ -485,7 +607,7 @@ func (d *Discovery) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhtt
 	}
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
-	setDocumentCache(h, d.base == "")
+	setDocumentCache(h, d.base == "", byHost)
 	h.Set("Access-Control-Allow-Origin", "*")
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")

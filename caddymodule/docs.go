@@ -136,10 +136,11 @@ func documentable(v string) bool {
 	return true
 }
 
-// documents returns the OpenAPI document and llms.txt for the request, or
+// documents returns the OpenAPI document and llms.txt for the request, and
+// whether another Host could get other routes (siteGates), or
 // errDocsRequestValue.
-func (d *Docs) documents(r *http.Request) (openapi, llms []byte, err error) {
-	gates := siteGates(r)
+func (d *Docs) documents(r *http.Request) (openapi, llms []byte, byHost bool, err error) {
+	gates, byHost := siteGates(r, d)
 	svc := d.service(r, gates)
 	var subst []docsSubst
 	if d.PublicBaseURL == "" || d.basePlaceholder {
@@ -156,7 +157,7 @@ func (d *Docs) documents(r *http.Request) (openapi, llms []byte, err error) {
 	}
 	for _, p := range subst {
 		if !documentable(p.new) {
-			return nil, nil, &errDocsRequestValue
+			return nil, nil, false, &errDocsRequestValue
 		}
 	}
 	var key strings.Builder
@@ -166,9 +167,9 @@ func (d *Docs) documents(r *http.Request) (openapi, llms []byte, err error) {
 	}
 	e, err := d.cache.get(key.String(), svc)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, false, err
 	}
-	return substitute(e.openapi, subst), substitute(e.llms, subst), nil
+	return substitute(e.openapi, subst), substitute(e.llms, subst), byHost, nil
 }
 
 // docsSubst is one value the documents take from the request: new in
@@ -285,7 +286,7 @@ func (d *Docs) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	h := w.Header()
 	switch {
 	case p == docsLLMsPath || p == docsOpenAPIPath:
-		doc, llms, err := d.documents(r)
+		doc, llms, byHost, err := d.documents(r)
 		if err != nil {
 			if err != &errDocsRequestValue {
 				err = apierr.Internal(err)
@@ -294,7 +295,7 @@ func (d *Docs) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 			return nil
 		}
 		h.Set("Access-Control-Allow-Origin", "*")
-		setDocumentCache(h, d.perRequest)
+		setDocumentCache(h, d.perRequest, byHost)
 		if p == docsLLMsPath {
 			serveBytes(w, r, "text/plain; charset=utf-8", llms)
 		} else {

@@ -146,16 +146,17 @@ func TestDocsBuiltOncePerRouteSet(t *testing.T) {
 // origin the request addressed (no public_base_url, or one with a
 // request placeholder) are private to the client, with Vary: Host, as
 // /.well-known/x402 is: a shared cache must not hand one client's Host to
-// everyone. With a fixed public_base_url they are public.
+// everyone. With a fixed public_base_url they name no Host, but this
+// site's routes differ by Host, so they are private too
+// (TestDocumentsVaryByHostWhenTheirRoutesDo has the public ones).
 func TestDocsNamingTheRequestsHostAreNotShared(t *testing.T) {
 	for _, tc := range []struct {
 		docs, discovery string
-		public          bool
 	}{
-		{"", "", false},
-		{"public_base_url http://{http.request.host}", "", false},
-		{"mcp_url http://{http.request.host}/mcp\n\t\tpublic_base_url https://verify.example.com", "public_base_url https://verify.example.com", false},
-		{"public_base_url https://verify.example.com", "public_base_url https://verify.example.com", true},
+		{"", ""},
+		{"public_base_url http://{http.request.host}", ""},
+		{"mcp_url http://{http.request.host}/mcp\n\t\tpublic_base_url https://verify.example.com", "public_base_url https://verify.example.com"},
+		{"public_base_url https://verify.example.com", "public_base_url https://verify.example.com"},
 	} {
 		site := docsHostsSite(tc.docs)
 		if tc.discovery != "" {
@@ -168,14 +169,11 @@ func TestDocsNamingTheRequestsHostAreNotShared(t *testing.T) {
 			if resp.StatusCode != http.StatusOK {
 				t.Fatalf("%q %s: status %d", tc.docs, p, resp.StatusCode)
 			}
-			if named := strings.Contains(body, "a.example"); named && tc.public {
+			if named := strings.Contains(body, "a.example"); named && tc.discovery != "" && !strings.Contains(tc.docs, "{") {
 				t.Errorf("%q %s names the request's Host though the base URL is fixed", tc.docs, p)
 			}
-			if tc.public && (cc != "public, max-age=60" || varyHost) {
-				t.Errorf("%q %s: Cache-Control %q, Vary %q; want public, max-age=60", tc.docs, p, cc, resp.Header.Values("Vary"))
-			}
-			if !tc.public && p != "/.well-known/x402" && (cc != "private, max-age=60" || !varyHost) {
-				t.Errorf("%q %s names the request's Host: Cache-Control %q, Vary %q; want private, max-age=60 with Vary: Host", tc.docs, p, cc, resp.Header.Values("Vary"))
+			if cc != "private, max-age=60" || !varyHost {
+				t.Errorf("%q %s names the request's Host or its routes: Cache-Control %q, Vary %q; want private, max-age=60 with Vary: Host", tc.docs, p, cc, resp.Header.Values("Vary"))
 			}
 		}
 	}
@@ -251,5 +249,64 @@ func TestDocsRefuseAnOriginNoDNSNameHas(t *testing.T) {
 			}
 		}
 		d.cache.mu.Unlock()
+	}
+}
+
+// TestDocumentsVaryByHostWhenTheirRoutesDo: a document is public, without
+// Vary: Host, only when it is the same for every request that reaches it.
+// With a fixed public_base_url, one site whose routes differ by host
+// matcher still serves each Host its own routes, so its three documents
+// are private with Vary: Host. Sites of their own (a site block per host
+// on one port) and a site without host matchers are public.
+func TestDocumentsVaryByHostWhenTheirRoutesDo(t *testing.T) {
+	fixed := "public_base_url https://verify.example.com"
+	hostsSite := strings.Replace(docsHostsSite(fixed), "x402_discovery /.well-known/x402", "x402_discovery /.well-known/x402 {\n\t\t"+fixed+"\n\t}", 1)
+	site := func(name string) string {
+		return fmt.Sprintf(`http://%[1]s.example:{port} {
+	aov_docs {
+		%[3]s
+	}
+	x402_discovery /.well-known/x402 {
+		%[3]s
+	}
+	route /%[1]s {
+		x402 {
+			accept devnet $0.01 %[2]s
+			route "GET /%[1]s"
+			facilitator http {
+				url http://127.0.0.1:1
+			}
+			store badger {data}/%[1]s
+		}
+		respond "%[1]s"
+	}
+}
+`, name, payTo.Hex(), fixed)
+	}
+	for _, tc := range []struct {
+		name, sites string
+		hosts       []string
+		public      bool
+	}{
+		{"one site, routes by host matcher", hostsSite, []string{"a.example", "b.example", "c.example"}, false},
+		{"a site per host", site("a") + site("b"), []string{"a.example", "b.example"}, true},
+		{"one site, no host matcher", strings.NewReplacer("http://a.example:{port}", ":{port}").Replace(site("a")), []string{"a.example", "b.example"}, true},
+	} {
+		base := startCaddy(t, tc.sites)
+		for _, p := range []string{"/llms.txt", "/openapi.json", "/.well-known/x402"} {
+			for _, host := range tc.hosts {
+				resp, _ := getHost(t, base+p, host)
+				if resp.StatusCode != http.StatusOK {
+					t.Fatalf("%s: %s with Host %s: status %d", tc.name, p, host, resp.StatusCode)
+				}
+				cc, varyHost := resp.Header.Get("Cache-Control"), headerHasToken(resp.Header, "Vary", "Host")
+				if tc.public && (cc != "public, max-age=60" || varyHost) {
+					t.Errorf("%s: %s with Host %s: Cache-Control %q, Vary %q; want public, max-age=60 without Vary: Host", tc.name, p, host, cc, resp.Header.Values("Vary"))
+				}
+				if !tc.public && (cc != "private, max-age=60" || !varyHost) {
+					t.Errorf("%s: %s with Host %s differs by Host: Cache-Control %q, Vary %q; want private, max-age=60 with Vary: Host", tc.name, p, host, cc, resp.Header.Values("Vary"))
+				}
+			}
+		}
 	}
 }

@@ -19,7 +19,7 @@ func TestDocsBuiltOnceForEveryHost(t *testing.T) {
 	d := &Docs{cache: new(docsCache)}
 	get := func(host string) (openapi, llms []byte) {
 		r, _ := http.NewRequest(http.MethodGet, "http://"+host+"/openapi.json", nil)
-		openapi, llms, err := d.documents(r)
+		openapi, llms, _, err := d.documents(r)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -370,7 +370,7 @@ func TestDocsCacheKeysOnTheOrigin(t *testing.T) {
 	d := &Docs{cache: new(docsCache)}
 	for _, host := range []string{"a.example.com", "b.example.com", "a.example.com"} {
 		r, _ := http.NewRequest(http.MethodGet, "http://"+host+"/openapi.json", nil)
-		doc, llms, err := d.documents(r)
+		doc, llms, _, err := d.documents(r)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -389,7 +389,7 @@ func BenchmarkDocsDocuments(b *testing.B) {
 	b.Run("cached", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			if _, _, err := d.documents(r); err != nil {
+			if _, _, _, err := d.documents(r); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -400,7 +400,7 @@ func BenchmarkDocsDocuments(b *testing.B) {
 		for b.Loop() {
 			i++
 			r.Host = fmt.Sprintf("h%d.example.com", i)
-			if _, _, err := d.documents(r); err != nil {
+			if _, _, _, err := d.documents(r); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -55,10 +55,12 @@ func siteBase(public string, r *http.Request) string {
 // /openapi.json). One that is the same for every request is publicly
 // cacheable for a minute. One that names what the request chose
 // (perRequest: the origin it addressed, its Host, when no public_base_url
-// is set) is private to that client, with Vary: Host: a shared cache must
-// not hand one client's Host to everyone.
-func setDocumentCache(h http.Header, perRequest bool) {
-	if !perRequest {
+// is set), or whose routes depend on the Host (byHost: host matchers in
+// the site, siteGates), is private to that client, with Vary: Host: a
+// shared cache must not hand one client's Host, or one Host's routes,
+// to everyone.
+func setDocumentCache(h http.Header, perRequest, byHost bool) {
+	if !perRequest && !byHost {
 		h.Set("Cache-Control", "public, max-age=60")
 		return
 	}
