@@ -38,8 +38,7 @@ func FetchCard(ctx context.Context, client *http.Client, cardURL string) ([]byte
 	}
 	defer res.Body.Close()
 	if res.StatusCode != http.StatusOK {
-		// The code alone: the reason phrase is the server's text.
-		return nil, fmt.Errorf("%s answered HTTP %d", url, res.StatusCode)
+		return nil, &CardStatusError{URL: url, Status: res.StatusCode}
 	}
 	b, err := io.ReadAll(io.LimitReader(res.Body, MaxCardBytes+1))
 	if err != nil {
@@ -49,6 +48,21 @@ func FetchCard(ctx context.Context, client *http.Client, cardURL string) ([]byte
 		return nil, fmt.Errorf("%s sent more than %d bytes", url, MaxCardBytes)
 	}
 	return b, nil
+}
+
+// CardStatusError is FetchCard's error for a server that answered with a
+// status other than 200: the URL names no card (a 404: the address of
+// something else, such as verifierd, which does not serve one), or the
+// server is failing for now (a 5xx).
+type CardStatusError struct {
+	URL    string // without its user information
+	Status int
+}
+
+// Error names the URL and the code alone: the reason phrase is the
+// server's text.
+func (e *CardStatusError) Error() string {
+	return fmt.Sprintf("%s answered HTTP %d", e.URL, e.Status)
 }
 
 // checkCardRedirect follows a card URL's redirects (at most 10, as
