@@ -49,6 +49,7 @@ const (
 	outcomeWithheld                  // settle_on pass, and content no verify_response checked: withheld, never charged
 	outcomeOverflow                  // larger than max_buffer: withheld, never charged
 	outcomeUnreadable                // not an answer the client takes: replaced, never charged
+	outcomeOutage                    // verify_response withheld it for the operator's outage: handed over, never charged
 	outcomeInterim                   // a round of a multi-round-trip MCP call, not its answer: handed over, never charged
 	outcomeFailed                    // the upstream failed before answering
 )
@@ -84,8 +85,10 @@ func (g *Gate) serveCharged(w http.ResponseWriter, r *http.Request, next caddyht
 		// An error is never charged: hand it over as it is. A refusal of
 		// the request (4xx, a tool error) counts against the rate limit,
 		// and so does an answer verify_response withheld (on_fail
-		// block's 502, on_error fail_closed's 503): the agent ran for it,
-		// as for an output that did not pass (outcomeNotPassed).
+		// block's 502, on_error fail_closed's 503 for an answer it cannot
+		// verify; not one withheld for an outage, outcomeOutage): the
+		// agent ran for it, as for an output that did not pass
+		// (outcomeNotPassed).
 		c.release(r)
 		metrics.outcomes.WithLabelValues("upstream_error_not_settled").Inc()
 		if s := bw.status(); s < 500 || !unchecked(r) {
@@ -100,6 +103,18 @@ func (g *Gate) serveCharged(w http.ResponseWriter, r *http.Request, next caddyht
 		// server would get every buyer rate limited.
 		c.release(r)
 		metrics.outcomes.WithLabelValues(codeAnswerUnreadable).Inc()
+		bw.replay(w)
+		return nil
+	case outcomeOutage:
+		// verify_response could not verify the answer for a fault on the
+		// operator's side (verifierd or the agent card unreachable,
+		// failing or too slow) and withheld it with a retryable 503. The
+		// buyer did nothing wrong and is told to retry: counted against
+		// it, an outage of a few seconds would leave a buyer retrying as
+		// told rate limited after it ended (as outcomeUnreadable, the
+		// upstream's fault, is not counted).
+		c.release(r)
+		metrics.outcomes.WithLabelValues("verification_unavailable_not_settled").Inc()
 		bw.replay(w)
 		return nil
 	case outcomeInterim:
@@ -155,6 +170,8 @@ func (g *Gate) outcomeOf(ex exchange, bw *bufferedWriter, err error, r *http.Req
 		return outcomeOverflow
 	case err != nil:
 		return outcomeFailed
+	case verificationOutage(r):
+		return outcomeOutage
 	case !ex.billable(bw):
 		return ex.unbilled()
 	case g.settleAllowed(r):
@@ -163,6 +180,19 @@ func (g *Gate) outcomeOf(ex exchange, bw *bufferedWriter, err error, r *http.Req
 		return outcomeWithheld
 	}
 	return outcomeNotPassed
+}
+
+// verificationOutage reports whether verify_response withheld the answer
+// as upstream_unavailable: the verification could not be done for a fault
+// on the operator's side (verifierd or the agent card unreachable, failing
+// or too slow, a receipt whose signature does not hold), not for anything
+// in the answer. What the answer itself makes unverifiable (prose
+// labelled JSON, member names twinned by letter case, more than
+// max_response) is response_unverifiable, and an output that failed
+// verification is what it is: the buyer's request produced those.
+func verificationOutage(r *http.Request) bool {
+	code, _ := caddyhttp.GetVar(r.Context(), verificationErrorVar).(string)
+	return code == apierr.CodeUpstreamUnavailable
 }
 
 // uncheckedContent reports whether the held answer is content no

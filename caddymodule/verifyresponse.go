@@ -81,6 +81,12 @@ var (
 	errVerifyMCP        = errors.New("verify_response runs behind an mcp_tool gate, where the answer is a JSON-RPC message, not the agent's output: it would check the envelope against the schema (and, by the default settle_on pass, decide the charge on that); verify an MCP tool's output in the tool itself, or give verify_response a matcher that leaves /mcp out")
 )
 
+// verificationErrorVar holds the code of the refusal with which on_error
+// fail_closed withheld an answer it could not verify: what the gate
+// reads to tell an outage on the operator's side from an answer the
+// buyer's request produced (outcomeOf).
+const verificationErrorVar = "aov.verification.error"
+
 // verificationIDVar holds the verification_id of the receipt, for logs
 // ({http.vars.aov.verification.id}).
 const verificationIDVar = "aov.verification.id"
@@ -719,6 +725,7 @@ func (v *VerifyResponse) unverifiable(w http.ResponseWriter, hw *bufferedWriter,
 		return err
 	}
 	v.record(r, outcomeError)
+	caddyhttp.SetVar(r.Context(), verificationErrorVar, e.Code)
 	v.refuse(w, r, e)
 	return nil
 }
