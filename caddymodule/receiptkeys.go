@@ -25,9 +25,10 @@ const (
 	cardMaxAge = 5 * time.Minute
 )
 
-// newReceiptKeys returns the keys of the card at url, read with client.
-func newReceiptKeys(url string, client *http.Client) *receiptKeys {
-	return &receiptKeys{url: url, client: client, fetching: make(chan struct{}, 1)}
+// newReceiptKeys returns the keys of the card at url, read with client
+// within timeout (verify_response's verifier_timeout).
+func newReceiptKeys(url string, client *http.Client, timeout time.Duration) *receiptKeys {
+	return &receiptKeys{url: url, client: client, timeout: timeout}
 }
 
 // receiptKeys are the verification service's public keys, read from its
@@ -39,18 +40,19 @@ func newReceiptKeys(url string, client *http.Client) *receiptKeys {
 // rewriting "fail" to "pass" would otherwise get the buyer charged, and
 // handed a receipt that does not verify).
 type receiptKeys struct {
-	url    string // the card's
-	client *http.Client
-
-	// fetching holds a token while a fetch runs: one at a time, and a
-	// call waiting for it gives up at its own deadline.
-	fetching chan struct{}
+	url     string // the card's
+	client  *http.Client
+	timeout time.Duration // of one read of the card
 
 	mu      sync.Mutex // guards the fields below
 	keys    receipt.KeySet
 	fetched time.Time // when keys were read; zero: never
-	tried   time.Time // the last fetch
+	tried   time.Time // when the last read ended
 	err     error     // its error (nil: it read keys)
+	// reading is closed when the running read ends; nil while none runs.
+	// One read at a time, on its own deadline: the calls waiting for it
+	// give up at theirs, and the read goes on for the next call.
+	reading chan struct{}
 }
 
 // verify checks the signature of a verification receipt, raw as the
@@ -77,33 +79,49 @@ func (k *receiptKeys) verify(ctx context.Context, raw []byte) error {
 	return receipt.VerifyReceipt(raw, ks, receipt.ContextVerify)
 }
 
-// refresh reads the card, unless it was read (or tried) less than
-// cardRefetchEvery ago: then that read's keys, or its error, are the
-// answer.
+// refresh returns the keys of the last read of the card, or its error,
+// when it ended less than cardRefetchEvery ago; otherwise those of a new
+// read, started unless one runs. The read runs on its own deadline, so a
+// call that gives up (ctx: its own deadline, or its client gone) never
+// leaves its deadline behind as the card's error for the calls after it.
 func (k *receiptKeys) refresh(ctx context.Context) (receipt.KeySet, error) {
-	select {
-	case k.fetching <- struct{}{}:
-	case <-ctx.Done():
-		return receipt.KeySet{}, ctx.Err()
-	}
-	defer func() { <-k.fetching }()
 	k.mu.Lock()
-	if !k.tried.IsZero() && time.Since(k.tried) < cardRefetchEvery {
-		defer k.mu.Unlock()
-		return k.keys, k.err
+	if k.reading == nil && (k.tried.IsZero() || time.Since(k.tried) >= cardRefetchEvery) {
+		k.reading = make(chan struct{})
+		go k.read(k.reading)
 	}
+	reading := k.reading
 	k.mu.Unlock()
+	if reading != nil {
+		select {
+		case <-reading:
+		case <-ctx.Done():
+			return receipt.KeySet{}, ctx.Err()
+		}
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.err != nil {
+		return receipt.KeySet{}, k.err
+	}
+	return k.keys, nil
+}
+
+// read reads the card within k.timeout, keeps what it read, and closes
+// done.
+func (k *receiptKeys) read(done chan struct{}) {
+	ctx, cancel := context.WithTimeout(context.Background(), k.timeout)
+	defer cancel()
 	card, err := receipt.FetchCard(ctx, k.client, k.url)
 	var ks receipt.KeySet
 	if err == nil {
 		ks, err = receipt.KeysFromCard(card)
 	}
 	k.mu.Lock()
-	defer k.mu.Unlock()
-	k.tried, k.err = time.Now(), err
-	if err != nil {
-		return receipt.KeySet{}, err
+	k.tried, k.err, k.reading = time.Now(), err, nil
+	if err == nil {
+		k.keys, k.fetched = ks, k.tried
 	}
-	k.keys, k.fetched = ks, k.tried
-	return ks, nil
+	k.mu.Unlock()
+	close(done)
 }

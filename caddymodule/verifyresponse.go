@@ -347,7 +347,7 @@ func (v *VerifyResponse) Provision(ctx caddy.Context) error {
 	if card == "" && v.VerifierURL != "" {
 		card = strings.TrimRight(v.VerifierURL, "/") + "/.well-known/agent-card.json"
 	}
-	v.keys = newReceiptKeys(card, &http.Client{Transport: v.client.Transport})
+	v.keys = newReceiptKeys(card, &http.Client{Transport: v.client.Transport}, time.Duration(v.VerifierTimeout))
 	return nil
 }
 
@@ -871,7 +871,8 @@ func (v *VerifyResponse) call(r *http.Request, body []byte) (*signedReceipt, err
 	if err != nil {
 		return nil, err
 	}
-	// Within the same deadline: the card may have to be read.
+	// Within the same deadline: a call waits for a read of the card no
+	// longer than for the verification (the read has its own).
 	if err := v.keys.verify(ctx, rc.raw); err != nil {
 		return nil, apierr.Unavailable("verification service", 2, fmt.Errorf("the receipt does not verify against the agent card's keys: %w", err))
 	}
