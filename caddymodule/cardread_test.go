@@ -40,7 +40,7 @@ func TestCardReadOutlivesTheCallThatStartedIt(t *testing.T) {
 	buildBinaries(t)
 	vf := startVerifier(t)
 	card := slowCard(t, vf, 300*time.Millisecond)
-	k := newReceiptKeys(card.URL+"/.well-known/agent-card.json", testClient, 2*time.Second)
+	k := newReceiptKeys(card.URL+"/.well-known/agent-card.json", testClient, 2*time.Second, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	start := time.Now()

@@ -192,8 +192,10 @@ type VerifyResponse struct {
 	// CardURL is the verification service's agent card, whose public
 	// keys every receipt's signature is checked against before it is
 	// attached or the gate settles on it (receiptKeys). Default
-	// <verifier_url>/.well-known/agent-card.json; certd serves it (with
-	// `make run`, on its own listener, 127.0.0.1:8082).
+	// <verifier_url>/.well-known/agent-card.json. certd serves the card
+	// (with `make run`, on its own listener, 127.0.0.1:8082), verifierd
+	// does not: with verifierd's address as verifier_url, set it. One
+	// that answers with no card is logged once (receiptKeys.read).
 	CardURL string `json:"card_url,omitempty"`
 	// VerifierTimeout bounds one call to the verification service.
 	// Default 10s (also for 0), at most 1m (maxVerifierTimeout: a free
@@ -347,7 +349,7 @@ func (v *VerifyResponse) Provision(ctx caddy.Context) error {
 	if card == "" && v.VerifierURL != "" {
 		card = strings.TrimRight(v.VerifierURL, "/") + "/.well-known/agent-card.json"
 	}
-	v.keys = newReceiptKeys(card, &http.Client{Transport: v.client.Transport}, time.Duration(v.VerifierTimeout))
+	v.keys = newReceiptKeys(card, &http.Client{Transport: v.client.Transport}, time.Duration(v.VerifierTimeout), v.logger)
 	return nil
 }
 
@@ -874,7 +876,7 @@ func (v *VerifyResponse) call(r *http.Request, body []byte) (*signedReceipt, err
 	// Within the same deadline: a call waits for a read of the card no
 	// longer than for the verification (the read has its own).
 	if err := v.keys.verify(ctx, rc.raw); err != nil {
-		return nil, apierr.Unavailable("verification service", 2, fmt.Errorf("the receipt does not verify against the agent card's keys: %w", err))
+		return nil, err
 	}
 	return rc, nil
 }
