@@ -63,8 +63,10 @@ type RedisStore struct {
 	// acknowledged claim or counted call.
 	WaitReplicas int            `json:"wait_replicas,omitempty"`
 	WaitTimeout  caddy.Duration `json:"wait_timeout,omitempty"`
-	// Timeout bounds each command's network reads and writes (default
-	// 1s); DialTimeout each connection attempt (default 1s).
+	// Timeout bounds each command's network reads and writes, and each
+	// store operation as a whole, go-redis's resends included
+	// (Store.bounded; default 1s); DialTimeout each connection attempt
+	// (default 1s).
 	Timeout     caddy.Duration `json:"timeout,omitempty"`
 	DialTimeout caddy.Duration `json:"dial_timeout,omitempty"`
 

@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -17,10 +18,7 @@ import (
 // one reservation lifetime after Redis answers again, and never more.
 func TestAStalledReserveCostsOneUnitForOneLifetime(t *testing.T) {
 	srv := servers.StartRedis(t)
-	// The client as the Caddy module makes it (module.go).
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, DialTimeout: time.Second, ReadTimeout: time.Second,
-		WriteTimeout: time.Second, MaxRetries: 2, ContextTimeoutEnabled: true})
-	t.Cleanup(func() { rdb.Close() })
+	rdb := moduleClient(t, srv.Addr)
 	ctx := context.Background()
 	const ttl, limit = 2 * time.Second, 3
 	s, err := New(ctx, rdb, Options{Prefix: "stall", ReservationTTL: ttl})
@@ -58,5 +56,69 @@ func TestAStalledReserveCostsOneUnitForOneLifetime(t *testing.T) {
 	time.Sleep(time.Until(resumed.Add(ttl + 200*time.Millisecond)))
 	if n, err := al.Remaining(ctx, "verify", "c", time.Now(), limit); err != nil || n != limit {
 		t.Errorf("a reservation lifetime after Redis resumed: %d remaining, %v; want %d", n, err, limit)
+	}
+}
+
+// stallTimeout is moduleClient's timeout (the module's default).
+const stallTimeout = time.Second
+
+// moduleClient is a client on addr as the Caddy module makes it with its
+// default timeouts (module.go).
+func moduleClient(t *testing.T, addr string) *redis.Client {
+	rdb := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: stallTimeout, ReadTimeout: stallTimeout,
+		WriteTimeout: stallTimeout, MaxRetries: 2, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { rdb.Close() })
+	return rdb
+}
+
+// A gateway that has served concurrent calls keeps idle connections, and
+// go-redis resends a timed-out script on the next one. With Redis stalled,
+// a free call's Reserve still fails within one timeout, its resends
+// included, plus the undo's 0.5 s (README: timeout + 0.5 s), not a
+// timeout per connection tried. The undo, sent on an idle connection
+// whose handshake is done, is on its way, and runs when Redis resumes.
+func TestAStalledReserveOnAWarmPoolTakesOneTimeout(t *testing.T) {
+	srv := servers.StartRedis(t)
+	rdb := moduleClient(t, srv.Addr)
+	ctx := context.Background()
+	const limit = 3
+	s, err := New(ctx, rdb, Options{Prefix: "stallwarm"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	al := s.Allowance()
+	// Eight calls at once leave eight idle connections.
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() { rdb.BLPop(ctx, 200*time.Millisecond, "stallwarm:none") })
+	}
+	wg.Wait()
+	r, err := al.Reserve(ctx, "verify", "c", time.Now(), limit) // loads the script
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := al.Release(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	if n := rdb.PoolStats().IdleConns; n < 3 {
+		t.Fatalf("%d idle connections; the test needs one per try (MaxRetries 2)", n)
+	}
+	srv.Pause()
+	start := time.Now()
+	_, err = al.Reserve(ctx, "verify", "c", time.Now(), limit)
+	took := time.Since(start)
+	srv.Resume()
+	if err == nil {
+		t.Fatal("Reserve succeeded with Redis stalled")
+	}
+	t.Logf("Reserve failed after %v (%v)", took, err)
+	if bound := stallTimeout + undoTimeout + 200*time.Millisecond; took > bound {
+		t.Errorf("Reserve with Redis stalled took %v; want at most timeout + undo (%v, with slack)", took, bound)
+	}
+	time.Sleep(100 * time.Millisecond)
+	n, err := al.Remaining(ctx, "verify", "c", time.Now(), limit)
+	t.Logf("%d of %d remaining once Redis resumed (%v)", n, limit, err)
+	if err != nil || n < limit-1 {
+		t.Errorf("after Redis resumed: %d remaining, %v; at most one unit may be held", n, err)
 	}
 }

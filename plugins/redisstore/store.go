@@ -82,6 +82,9 @@ type Store struct {
 	retries sync.WaitGroup
 	// span is the last attempt span ClaimHeld was given, boxed (spanArg).
 	span atomic.Pointer[boxedMS]
+	// opTimeout bounds each script run as a whole (bounded); zero: no
+	// bound but the caller's.
+	opTimeout time.Duration
 }
 
 // boxedMS is a number of milliseconds and the same as a script argument.
@@ -126,7 +129,8 @@ func New(ctx context.Context, rdb redis.UniversalClient, opts Options) (*Store, 
 	if opts.WaitReplicas < 0 {
 		return nil, errors.New("redisstore: wait_replicas must not be negative")
 	}
-	s := &Store{rdb: rdb, opts: opts, allowPrefix: opts.Prefix + ":a:", claimPrefix: opts.Prefix + ":{c}:", heldIndex: opts.Prefix + ":{c}!held"}
+	s := &Store{rdb: rdb, opts: opts, allowPrefix: opts.Prefix + ":a:", claimPrefix: opts.Prefix + ":{c}:", heldIndex: opts.Prefix + ":{c}!held",
+		opTimeout: readTimeout(rdb)}
 	if err := s.checkPolicy(ctx); err != nil {
 		return nil, err
 	}
@@ -159,47 +163,91 @@ func (s *Store) Allowance() store.Allowance { return allowance{s} }
 // Claims returns the payment, nonce and paid-access claims.
 func (s *Store) Claims() store.Claims { return claims{s} }
 
+// readTimeout is rdb's read timeout, zero when it has none or is of a
+// kind whose options the store does not know.
+func readTimeout(rdb redis.UniversalClient) time.Duration {
+	var d time.Duration
+	switch c := rdb.(type) {
+	case *redis.Client: // standalone, and a primary under Sentinel
+		d = c.Options().ReadTimeout
+	case *redis.ClusterClient:
+		d = c.Options().ReadTimeout
+	}
+	return max(d, 0)
+}
+
+// bounded is ctx ending at most the client's read timeout from now, for
+// one script run, go-redis's resends included. go-redis resends a command
+// whose read timed out on another connection (MaxRetries), each waiting a
+// full read timeout: with Redis stalled and a warm pool, one script run
+// took three read timeouts, and the caller's 503 came that late. A resend
+// that the deadline leaves no time for is not sent.
+func (s *Store) bounded(ctx context.Context) (context.Context, context.CancelFunc) {
+	if s.opTimeout <= 0 {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, s.opTimeout)
+}
+
 // write runs a write script and, when configured, waits for replicas on
 // the same connection (WAIT counts the writes of its own connection only).
-// In a Cluster both go to the primary of the keys' slot.
+// In a Cluster both go to the primary of the keys' slot. Each run is
+// bounded by the client's read timeout (bounded).
 func (s *Store) write(ctx context.Context, sc *redis.Script, keys []string, args ...any) (any, error) {
 	if s.opts.WaitReplicas == 0 {
+		ctx, cancel := s.bounded(ctx)
+		defer cancel()
 		return sc.Run(ctx, s.rdb, keys, args...).Result()
 	}
 	var c redis.Cmdable = s.rdb
 	if cc, ok := s.rdb.(*redis.ClusterClient); ok {
-		node, err := cc.MasterForKey(ctx, keys[0])
+		mctx, cancel := s.bounded(ctx)
+		node, err := cc.MasterForKey(mctx, keys[0])
+		cancel()
 		if err != nil {
 			return nil, err
 		}
 		c = node
 	}
-	for attempt := 0; ; attempt++ {
-		var res *redis.Cmd
-		var wait *redis.Cmd
-		_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
-			res = sc.EvalSha(ctx, p, keys, args...)
-			wait = p.Do(ctx, "wait", s.opts.WaitReplicas, s.opts.WaitTimeout.Milliseconds())
-			return nil
-		})
-		if err != nil && attempt == 0 && redis.HasErrorPrefix(res.Err(), "NOSCRIPT") {
-			if err := sc.Load(ctx, c).Err(); err != nil {
-				return nil, err
-			}
-			continue // the script did not run: run it again with WAIT
-		}
-		if err := res.Err(); err != nil {
-			return nil, err
-		}
-		acked, err := wait.Int64()
-		if err != nil {
-			return nil, err
-		}
-		if acked < int64(s.opts.WaitReplicas) {
-			return nil, ErrNotReplicated
-		}
-		return res.Val(), nil
+	v, loaded, err := s.waitedRun(ctx, c, sc, keys, args, true)
+	if loaded {
+		// The server answered that it lacked the script, which did not
+		// run: run it again with WAIT, within a bound of its own (the
+		// first WAIT may have used up the first).
+		v, _, err = s.waitedRun(ctx, c, sc, keys, args, false)
 	}
+	return v, err
+}
+
+// waitedRun is one run of sc followed by WAIT on c, bounded. When load and
+// the server lacks the script (NOSCRIPT), it loads it and reports loaded:
+// the script did not run.
+func (s *Store) waitedRun(ctx context.Context, c redis.Cmdable, sc *redis.Script, keys []string, args []any, load bool) (v any, loaded bool, err error) {
+	ctx, cancel := s.bounded(ctx)
+	defer cancel()
+	var res, wait *redis.Cmd
+	_, err = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		res = sc.EvalSha(ctx, p, keys, args...)
+		wait = p.Do(ctx, "wait", s.opts.WaitReplicas, s.opts.WaitTimeout.Milliseconds())
+		return nil
+	})
+	if err != nil && load && redis.HasErrorPrefix(res.Err(), "NOSCRIPT") {
+		if err := sc.Load(ctx, c).Err(); err != nil {
+			return nil, false, err
+		}
+		return nil, true, nil
+	}
+	if err := res.Err(); err != nil {
+		return nil, false, err
+	}
+	acked, err := wait.Int64()
+	if err != nil {
+		return nil, false, err
+	}
+	if acked < int64(s.opts.WaitReplicas) {
+		return nil, false, ErrNotReplicated
+	}
+	return res.Val(), false, nil
 }
 
 // undoTimeout bounds undo: the gateway answers the failed call only
@@ -230,7 +278,10 @@ var errCorruptClaim = errors.New("redisstore: corrupt claim record")
 // store's bounds (corruptReply): an answer of the server, not an outage.
 func corrupt(err error) bool { return redis.HasErrorPrefix(err, corruptCode) }
 
+// read runs a read-only script, bounded as write is.
 func (s *Store) read(ctx context.Context, sc *redis.Script, keys []string, args ...any) (any, error) {
+	ctx, cancel := s.bounded(ctx)
+	defer cancel()
 	return sc.Run(ctx, s.rdb, keys, args...).Result()
 }
 
