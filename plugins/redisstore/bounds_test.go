@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"strconv"
 	"strings"
@@ -115,5 +116,68 @@ func TestOversizedRecordsAreRefusedUnsent(t *testing.T) {
 	}
 	if st, err := s.PaymentIDs().Lookup(ctx, id2); err != nil || len(st.Answer) != store.MaxPaymentIDAnswerBytes {
 		t.Errorf("Lookup of an answer of store.MaxPaymentIDAnswerBytes: %d bytes, %v", len(st.Answer), err)
+	}
+}
+
+// The discovery list, served to anyone who asks the facilitator, sends no
+// field over what Record writes: an entry with one planted (an item, a way
+// to pay's requirements, a count of ways to pay) keeps its place in the
+// page with no item, as a corrupt entry does, its fields unsent, and the
+// list's other entries, one at the item limit among them, come back whole,
+// unfiltered and filtered.
+func TestPlantedDiscoveryFieldsAreNotListed(t *testing.T) {
+	_, rdb := standalone(t)
+	ctx := context.Background()
+	s, err := New(ctx, rdb, Options{Prefix: "site"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim := store.DiscoveryLimits{}.WithDefaults()
+	d := s.Discovery(lim)
+	atLimit := `"` + strings.Repeat("i", lim.MaxItemBytes-2) + `"`
+	record := func(res, item string) {
+		t.Helper()
+		e := store.DiscoveryEntry{Resource: res, Type: "http", Item: json.RawMessage(item),
+			Accepts: []store.DiscoveryAccept{{Scheme: "exact", Network: "eip155:84532", Asset: "0xa", PayTo: "0xb", Raw: json.RawMessage(`{}`)}}}
+		if err := d.Record(ctx, e); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(2 * time.Millisecond) // distinct last-seen times: the last recorded is listed first
+	}
+	big := `"` + strings.Repeat("x", 16<<20) + `"`
+	planted := map[string][2]string{ // resource: field, value
+		"https://api.example/item": {"\x00i", big},
+		"https://api.example/raw":  {"\x00r1", big},
+		"https://api.example/n":    {"\x00n", "100000"},
+	}
+	record("https://api.example/limit", atLimit)
+	for res, f := range planted {
+		record(res, `{"x":1}`)
+		if err := rdb.HSet(ctx, "site:{d}:e", res+f[0], f[1]).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, q := range []store.DiscoveryQuery{{Limit: 10, MaxBytes: 64 << 10}, {Limit: 10, MaxBytes: 64 << 10, Network: "eip155:84532"}} {
+		before := netOut(t, rdb)
+		page, err := d.List(ctx, q)
+		sent := netOut(t, rdb) - before
+		if err != nil {
+			t.Fatalf("List %+v: %v", q, err)
+		}
+		if sent > 1<<20 {
+			t.Errorf("List %+v: the server sent %d bytes; planted fields were sent", q, sent)
+		}
+		if page.Total != 4 || len(page.Entries) != 4 {
+			t.Fatalf("List %+v: total %d, %d entries; want 4 and 4 (a corrupt entry keeps its place)", q, page.Total, len(page.Entries))
+		}
+		for _, e := range page.Entries {
+			_, bad := planted[e.Resource]
+			switch {
+			case bad && (e.Item != nil || e.Accepts != nil):
+				t.Errorf("List %+v: %s with a planted field came back with %d bytes of item and %d ways to pay", q, e.Resource, len(e.Item), len(e.Accepts))
+			case !bad && (string(e.Item) != atLimit || len(e.Accepts) != 1):
+				t.Errorf("List %+v: %s, written at the item limit, came back with %d bytes of item and %d ways to pay", q, e.Resource, len(e.Item), len(e.Accepts))
+			}
+		}
 	}
 }

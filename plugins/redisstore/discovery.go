@@ -92,15 +92,24 @@ return 1
 `)
 
 // discoveryListScript: KEYS z, e; ARGV max age (ms), max entries, offset,
-// limit, type, extension, scheme, network, payTo, max bytes (0: any).
-// Returns {total, then per
-// listed entry: resource, -score, type, extensions, item, n, n × (identity,
-// requirements)}.
+// limit, type, extension, scheme, network, payTo, max bytes (0: any), max
+// item bytes. Returns {total, then per listed entry: resource, -score,
+// type, extensions, item, n, n × (identity, requirements)}; an entry with
+// a field over what Record writes (planted by hand or by another
+// deployment) or a count of ways to pay it never writes is listed as
+// resource ("" when that is over its bound), -score, "", "", "",
+// corruptEntry, its fields read by
+// their length alone (fitting) and none of them sent. A field of the
+// filter (\0f) over its bound reads as missing: the entry matches no
+// filter.
 var discoveryListScript = redis.NewScript(`#!lua flags=no-writes
-` + nowMS + `local z, h = KEYS[1], KEYS[2]
+` + nowMS + fitsFn + `local z, h = KEYS[1], KEYS[2]
 local age, max, offset, limit = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local typ, ext, scheme, network, payto = ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
-local maxbytes, size, full = tonumber(ARGV[10]), 0, false
+local maxbytes, maxitem, size, full = tonumber(ARGV[10]), tonumber(ARGV[11]), 0, false
+local short, maxres = ` + strconv.Itoa(maxShortField) + `, ` + strconv.Itoa(store.MaxDiscoveryResourceBytes) + `
+local maxacc, maxraw = ` + strconv.Itoa(store.MaxDiscoveryAccepts) + `, ` + strconv.Itoa(store.MaxDiscoveryAcceptBytes) + `
+local corrupt = ` + strconv.Itoa(corruptEntry) + `
 local function split(s, sep)
   local r, i = {}, 1
   while true do
@@ -109,18 +118,32 @@ local function split(s, sep)
     r[#r + 1] = string.sub(s, i, j - 1); i = j + 1
   end
 end
--- add appends the entry to out unless the page is full (limit entries,
--- or max bytes of items and requirements with at least one entry).
-local function add(out, m, score, t, x)
-  if full or #out >= limit then full = true; return end
+-- entry is member m's listed fields and the bytes of its item and
+-- requirements, each field read only once its length is known to be
+-- within what Record writes.
+local function entry(m, score)
+  if #m > maxres then return {'', score, '', '', '', corrupt}, 0 end
+  local bad = {m, score, '', '', '', corrupt}
+  if not fitting(h, {[m .. '\0n'] = short, [m .. '\0t'] = short, [m .. '\0x'] = short, [m .. '\0i'] = maxitem}) then return bad, 0 end
   local n = tonumber(redis.call('HGET', h, m .. '\0n') or '0')
-  local e = {m, score, t, x, redis.call('HGET', h, m .. '\0i') or 'null', n}
+  if not n or n < 0 or n > maxacc or n ~= math.floor(n) then return bad, 0 end
+  local ways = {}
+  for k = 1, n do ways[m .. '\0k' .. k] = short; ways[m .. '\0r' .. k] = maxraw end
+  if not fitting(h, ways) then return bad, 0 end
+  local e = {m, score, redis.call('HGET', h, m .. '\0t') or '', redis.call('HGET', h, m .. '\0x') or '', redis.call('HGET', h, m .. '\0i') or 'null', n}
   local bytes = #e[5]
   for k = 1, n do
     e[#e + 1] = redis.call('HGET', h, m .. '\0k' .. k) or ''
     e[#e + 1] = redis.call('HGET', h, m .. '\0r' .. k) or 'null'
     bytes = bytes + #e[#e]
   end
+  return e, bytes
+end
+-- add appends the entry to out unless the page is full (limit entries,
+-- or max bytes of items and requirements with at least one entry).
+local function add(out, m, score)
+  if full or #out >= limit then full = true; return end
+  local e, bytes = entry(m, score)
   if maxbytes > 0 and #out > 0 and size + bytes > maxbytes then full = true; return end
   size = size + bytes
   out[#out + 1] = e
@@ -133,7 +156,7 @@ if typ == '' and ext == '' and scheme == '' and network == '' and payto == '' th
     local page = redis.call('ZRANGEBYSCORE', z, '-inf', age - now, 'WITHSCORES', 'LIMIT', offset, math.min(limit, total - offset))
     for i = 1, #page, 2 do
       local m = page[i]
-      add(out, m, page[i + 1], redis.call('HGET', h, m .. '\0t') or '', redis.call('HGET', h, m .. '\0x') or '')
+      add(out, m, page[i + 1])
     end
   end
   return {total, out}
@@ -142,7 +165,7 @@ local members = redis.call('ZRANGEBYSCORE', z, '-inf', age - now, 'WITHSCORES', 
 local total, out = 0, {}
 for i = 1, #members, 2 do
   local m = members[i]
-  local f = redis.call('HGET', h, m .. '\0f')
+  local f = fitting(h, {[m .. '\0f'] = short}) and redis.call('HGET', h, m .. '\0f')
   if f then
     local parts = split(f, '\n')
     if (typ == '' or parts[1] == typ) and (ext == '' or string.find('\2' .. parts[2] .. '\2', '\2' .. ext .. '\2', 1, true)) then
@@ -154,13 +177,17 @@ for i = 1, #members, 2 do
       end
       if ok then
         total = total + 1
-        if total > offset and not full then add(out, m, members[i + 1], parts[1], redis.call('HGET', h, m .. '\0x') or '') end
+        if total > offset and not full then add(out, m, members[i + 1]) end
       end
     end
   end
 end
 return {total, out}
 `)
+
+// corruptEntry is the count of ways to pay discoveryListScript gives an
+// entry it lists as corrupt.
+const corruptEntry = -1
 
 // Discovery returns the facilitator's discovery list bounded by l (zero
 // fields: the defaults), shared by every instance on this Redis and prefix.
@@ -213,7 +240,7 @@ func (d discovery) Record(ctx context.Context, e store.DiscoveryEntry) error {
 // List implements store.Discovery.
 func (d discovery) List(ctx context.Context, q store.DiscoveryQuery) (store.DiscoveryPage, error) {
 	v, err := d.s.read(ctx, discoveryListScript, d.keys, d.lim.MaxAge.Milliseconds(), d.lim.MaxEntries,
-		q.Offset, q.Limit, q.Type, q.Extension, q.Scheme, q.Network, q.PayTo, max(q.MaxBytes, 0))
+		q.Offset, q.Limit, q.Type, q.Extension, q.Scheme, q.Network, q.PayTo, max(q.MaxBytes, 0), d.lim.MaxItemBytes)
 	if err != nil {
 		return store.DiscoveryPage{}, err
 	}
@@ -233,7 +260,13 @@ func (d discovery) List(ctx context.Context, q store.DiscoveryQuery) (store.Disc
 		str := func(i int) string { s, _ := f[i].(string); return s }
 		score, err := strconv.ParseFloat(str(1), 64)
 		n, _ := f[5].(int64)
-		if err != nil || len(f) != 6+2*int(n) {
+		if err == nil && n == corruptEntry && len(f) == 6 {
+			// Over the bounds of what Record writes: it keeps its place,
+			// with no item, as store.Discovery says.
+			page.Entries = append(page.Entries, store.DiscoveryEntry{Resource: str(0), LastSeen: time.UnixMilli(int64(-score))})
+			continue
+		}
+		if err != nil || n < 0 || len(f) != 6+2*int(n) {
 			return store.DiscoveryPage{}, bad
 		}
 		e := store.DiscoveryEntry{Resource: str(0), Type: str(2), Item: json.RawMessage(str(4)), LastSeen: time.UnixMilli(int64(-score))}

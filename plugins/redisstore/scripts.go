@@ -105,13 +105,17 @@ const (
 	maxShortField = 64 << 10
 )
 
-// fitsFn defines fits(k, fields): raises corruptReply unless every field
-// of hash k named in fields (field = bound) is within its bound, read by
-// its length alone.
-const fitsFn = `local function fits(k, fields)
+// fitsFn defines fitting(k, fields): whether every field of hash k named
+// in fields (field = bound) is within its bound, read by its length alone;
+// and fits(k, fields), which raises corruptReply unless so.
+const fitsFn = `local function fitting(k, fields)
   for f, max in pairs(fields) do
-    if redis.call('HSTRLEN', k, f) > max then error({err = '` + corruptReply + `'}) end
+    if redis.call('HSTRLEN', k, f) > max then return false end
   end
+  return true
+end
+local function fits(k, fields)
+  if not fitting(k, fields) then error({err = '` + corruptReply + `'}) end
 end
 `
 
