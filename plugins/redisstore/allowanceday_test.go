@@ -3,6 +3,8 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -111,5 +113,65 @@ func TestAllowanceFinishGoesToTheReservationsDay(t *testing.T) {
 	}
 	if n, err := al.Remaining(ctx, "verify", "c", tm, 1); err != nil || n != 1 {
 		t.Errorf("today: %d remaining, %v; want 1 (nothing of yesterday's counts today)", n, err)
+	}
+}
+
+// scriptRuns is the number of scripts the server has run by their hash.
+func scriptRuns(t *testing.T, rdb *redis.Client) int {
+	t.Helper()
+	info, err := rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(info, "\r\n") {
+		if v, ok := strings.CutPrefix(l, "cmdstat_evalsha:calls="); ok {
+			n, err := strconv.Atoi(v[:strings.IndexByte(v, ',')])
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	return 0
+}
+
+// A gateway whose clock is days off the server's names the wrong day once:
+// it remembers how far the server's clock is from its own, and its next
+// calls name the server's day at once, one script run each (a skew of
+// hours would cost the same for those hours of every day).
+func TestASkewedGatewayNamesTheServersDayAfterOneTry(t *testing.T) {
+	_, rdb := standalone(t)
+	ctx := context.Background()
+	s, err := New(ctx, rdb, Options{Prefix: "skew"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	al := s.Allowance()
+	for _, skew := range []time.Duration{48 * time.Hour, -30 * time.Hour} {
+		call := func() {
+			t.Helper()
+			day := time.Now().Add(skew)
+			r, err := al.Reserve(ctx, "verify", "c", day, 1000)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := al.Commit(ctx, r); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := al.Remaining(ctx, "verify", "c", day, 1000); err != nil {
+				t.Fatal(err)
+			}
+		}
+		call() // loads the scripts, and learns the server's clock
+		const calls = 5
+		before := scriptRuns(t, rdb)
+		for range calls {
+			call()
+		}
+		runs := scriptRuns(t, rdb) - before
+		// One more run is a server's midnight passing meanwhile.
+		if runs > 3*calls+1 {
+			t.Errorf("a gateway %v off the server: %d script runs for %d reserve, commit and remaining; want %d", skew, runs, calls, 3*calls)
+		}
 	}
 }

@@ -32,10 +32,11 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 // member = reservation id, score = the pending unit's expiry (ms), or +inf
 // once committed. Lapsed pending units (score <= now) are dropped first.
 //
-// The day is the server's: the gateway names the day its own clock says
-// (a guess), and a script whose server time is outside it changes nothing
-// and answers {2, now}, for the gateway to ask again on the server's day
-// (allowance.onServerDay). So every gateway counts one client's calls in
+// The day is the server's: the gateway names the day its own clock says,
+// moved by how far the server's clock was from it last time (a guess),
+// and a script whose server time is outside it changes nothing and
+// answers {2, now}, for the gateway to ask again on the server's day
+// (Store.onServerDay). So every gateway counts one client's calls in
 // one day at one instant, whatever its clock. A reservation names its day,
 // so its commit or release goes to the record it was counted in, after
 // midnight too (the record lives a day past its day).

@@ -82,6 +82,9 @@ type Store struct {
 	retries sync.WaitGroup
 	// span is the last attempt span ClaimHeld was given, boxed (spanArg).
 	span atomic.Pointer[boxedMS]
+	// skew is the server's clock minus the gateway's (ms), as an allowance
+	// script last found it off the server's day (onServerDay).
+	skew atomic.Int64
 	// opTimeout bounds each script run as a whole (bounded); zero: no
 	// bound but the caller's.
 	opTimeout time.Duration
@@ -309,14 +312,17 @@ const maxDayTries = 3
 
 // onServerDay runs an allowance script (reserveScript, remainingScript) for
 // pool and client on the UTC day of the server's clock, guessing it from
-// day, the gateway's clock (onDay): every gateway counts a client's calls
-// in one day at one instant, whatever its own clock says. run gets the
-// day's label and the script's day arguments, and returns the script's
-// answer and error; onServerDay returns the answer that was on the
-// server's day, and that day's label.
-func onServerDay(day time.Time, run func(label string, start, end int64) (any, error)) (any, string, error) {
+// day, the gateway's clock (onDay), moved by the skew last learned: every
+// gateway counts a client's calls in one day at one instant, whatever its
+// own clock says, and one whose clock is far off the server's pays a
+// second run once, not on every call. run gets the day's label and the
+// script's day arguments, and returns the script's answer and error;
+// onServerDay returns the answer that was on the server's day, and that
+// day's label.
+func (s *Store) onServerDay(day time.Time, run func(label string, start, end int64) (any, error)) (any, string, error) {
+	guess := day.Add(time.Duration(s.skew.Load()) * time.Millisecond)
 	for range maxDayTries {
-		label, start, end := dayOf(day)
+		label, start, end := dayOf(guess)
 		v, err := run(label, start, end)
 		if err != nil {
 			return nil, label, err
@@ -326,7 +332,8 @@ func onServerDay(day time.Time, run func(label string, start, end int64) (any, e
 			return v, label, nil
 		}
 		ms, _ := out[1].(int64)
-		day = time.UnixMilli(ms)
+		s.skew.Store(ms - day.UnixMilli())
+		guess = time.UnixMilli(ms)
 	}
 	return nil, "", errors.New("redisstore: the server's day changed on every try")
 }
@@ -358,7 +365,7 @@ func (a allowance) Reserve(ctx context.Context, pool, client string, day time.Ti
 		return res, fmt.Errorf("making reservation id: %w", err)
 	}
 	res.ID = hex.EncodeToString(id[:])
-	v, label, err := onServerDay(day, func(label string, start, end int64) (any, error) {
+	v, label, err := a.s.onServerDay(day, func(label string, start, end int64) (any, error) {
 		key := a.key(pool, client, label)
 		v, err := a.s.write(ctx, reserveScript, []string{key},
 			start, end, limit, a.s.opts.ReservationTTL.Milliseconds(), res.ID)
@@ -461,7 +468,7 @@ func (a allowance) Remaining(ctx context.Context, pool, client string, day time.
 	if err := checkAllowanceKey(pool, client); err != nil {
 		return 0, err
 	}
-	v, _, err := onServerDay(day, func(label string, start, end int64) (any, error) {
+	v, _, err := a.s.onServerDay(day, func(label string, start, end int64) (any, error) {
 		return a.s.read(ctx, remainingScript, []string{a.key(pool, client, label)}, start, end, limit)
 	})
 	if err != nil {
