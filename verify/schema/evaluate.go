@@ -227,15 +227,24 @@ func (s *Schema) count(instance any, undeclared bool, limit int) (counts, []decl
 }
 
 // failureLess is the order of Report.Failures: by path (array indexes by
-// number), then keyword, then expected.
+// number), then keyword, expected, found and message. It is a total order
+// on what a report shows of a failure, so failures it calls equal are the
+// same text, and which are kept and their order do not depend on the order
+// the validator met them (Go's map order): paths shorten long member
+// names (MaxLocationBytes), so members of one object whose names agree in
+// their first bytes fail at the same path, and a result is signed.
 func failureLess(a, b *Failure) bool {
-	if a.InstancePath != b.InstancePath {
+	switch {
+	case a.InstancePath != b.InstancePath:
 		return pathLess(a.InstancePath, b.InstancePath)
-	}
-	if a.Keyword != b.Keyword {
+	case a.Keyword != b.Keyword:
 		return a.Keyword < b.Keyword
+	case a.Expected != b.Expected:
+		return a.Expected < b.Expected
+	case a.Found != b.Found:
+		return a.Found < b.Found
 	}
-	return a.Expected < b.Expected
+	return a.Message < b.Message
 }
 
 // failureSet gathers failures, keeping only the first max of them in
@@ -673,7 +682,17 @@ func pathLess[A, B ~string | ~[]byte](a A, b B) bool {
 		}
 		i, j = i+1, j+1
 	}
-	return len(a)-i < len(b)-j
+	if len(a)-i != len(b)-j {
+		return len(a)-i < len(b)-j
+	}
+	// Equal but for leading zeros ("$.a01", "$.a1"): bytewise, so that
+	// only equal paths tie and an order of paths is the same every run.
+	for i := 0; i < len(a) && i < len(b); i++ {
+		if a[i] != b[i] {
+			return a[i] < b[i]
+		}
+	}
+	return len(a) < len(b)
 }
 
 func isDigit(c byte) bool { return c >= '0' && c <= '9' }

@@ -1,0 +1,71 @@
+package verify
+
+import (
+	"strings"
+	"testing"
+)
+
+// collidingMembers is an output object whose member names agree in their
+// first 64 bytes, so every location a result shows for them is the same
+// (strictjson.ShortKey), with values of the given JSON texts.
+func collidingMembers(vals ...string) string {
+	pre := strings.Repeat("n", 64)
+	var b strings.Builder
+	b.WriteString("{")
+	for i, val := range vals {
+		if i > 0 {
+			b.WriteString(",")
+		}
+		b.WriteString(`"` + pre + string(rune('a'+i)) + `":` + val)
+	}
+	b.WriteString("}")
+	return b.String()
+}
+
+// A result is signed, so one request must give it byte for byte on every
+// run (SPEC §1). Members whose names agree in their first 64 bytes show
+// the same location, and their failures then agreed in everything the
+// order of a result compared (location, keyword, expected): they came in
+// the order the validator met them, Go's random map order, and with a
+// small ListCap which of them were kept changed from run to run too.
+func TestCollidingLocationsGiveTheSameResultEveryRun(t *testing.T) {
+	vals := []string{`"s"`, `true`, `null`, `{}`, `[]`, `"t"`, `1.5`, `false`}
+	cases := []struct {
+		name    string
+		listCap int
+		body    string
+	}{
+		{"schema failures", 0, `{"task_id":"t","expected_schema":{"additionalProperties":{"type":"integer"}},"submitted_output":` +
+			collidingMembers(vals...) + `}`},
+		{"schema failures past ListCap", 3, `{"task_id":"t","expected_schema":{"additionalProperties":{"type":"integer"}},"submitted_output":` +
+			collidingMembers(vals...) + `}`},
+		{"undeclared properties and placeholders", 3, `{"task_id":"t","expected_schema":{"properties":{"x":{}}},"strict_content_check":true,"submitted_output":` +
+			collidingMembers(`"TODO"`, `""`, `"tbd"`, `{"x":"n/a"}`, `["..."]`, `"ok"`) + `}`},
+		{"names that differ in leading zeros", 3, `{"task_id":"t","expected_schema":{"properties":{"x":{}},"additionalProperties":{"type":"integer"}},"strict_content_check":true,"submitted_output":` +
+			`{"a1":"s","a01":true,"a001":null,"a0001":"u","a00001":[]}}`},
+		{"rule findings", 3, `{"task_id":"t","expected_schema":{},"rules":[` +
+			`{"type":"gte","field":"` + strings.Repeat("n", 64) + `a[]","value":5},` +
+			`{"type":"gte","field":"` + strings.Repeat("n", 64) + `b[]","value":5}],"submitted_output":` +
+			collidingMembers(`[1,2,"x"]`, `[3,null,4]`) + `}`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			v := New(Config{VerifierVersion: "test", ListCap: c.listCap})
+			first := ""
+			for i := 0; i < 60; i++ {
+				r := check(t, v, c.body)
+				got := string(r.AppendCanonical(nil)) // the same id and instant every run
+				if i == 0 {
+					first = got
+					if r.HintsTotal < 2 {
+						t.Fatalf("the request finds %d findings, want several: %s", r.HintsTotal, got)
+					}
+					continue
+				}
+				if got != first {
+					t.Fatalf("run %d gave another result for the same request:\n%s\nfirst run:\n%s", i, got, first)
+				}
+			}
+		})
+	}
+}
