@@ -77,9 +77,9 @@ type Config struct {
 	// so is one whose classes hold more than twice as many ranges, refused
 	// before it is parsed.
 	MaxPatternSize int
-	// MaxSchemas bounds the objects of one expected_schema, subschemas
-	// and data alike (schema.DefaultMaxSchemas when zero); a larger
-	// schema is a 422.
+	// MaxSchemas bounds the values of one expected_schema, every value
+	// where a subschema belongs and every object, data included
+	// (schema.DefaultMaxSchemas when zero); a larger schema is a 422.
 	MaxSchemas int
 	// MaxConcurrent bounds how many verifications (schema evaluation and
 	// integrity checks) run at once (twice GOMAXPROCS when zero); the

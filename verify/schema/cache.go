@@ -30,9 +30,10 @@ type CacheConfig struct {
 	// (DefaultMaxPatternSize); a larger one does not compile, and one whose
 	// classes hold more than twice as many ranges is not even parsed.
 	MaxPatternSize int
-	// MaxSchemas bounds the objects of one schema, subschemas and data
-	// alike, each counting one more per 256 bytes of its location
-	// (DefaultMaxSchemas, countObjects); a larger schema does not compile.
+	// MaxSchemas bounds the values of one schema: every value where a
+	// subschema belongs and every object, data included, each counting
+	// one more per 256 bytes of its location (DefaultMaxSchemas,
+	// countObjects); a larger schema does not compile.
 	MaxSchemas int
 }
 

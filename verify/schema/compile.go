@@ -92,8 +92,8 @@ type compileOptions struct {
 	maxSchemas         int                  // 0: DefaultMaxSchemas
 }
 
-// DefaultMaxSchemas bounds the objects in a schema (every subschema is
-// one) when a Cache is given no limit. The compiler's work grows faster
+// DefaultMaxSchemas bounds the values of a schema that countObjects counts
+// (every subschema is one) when a Cache is given no limit. The compiler's work grows faster
 // than linearly with their number (5,000 take about 0.2 s, 25,000 more
 // than 3 s), and compiling happens before payment.
 const DefaultMaxSchemas = 5000
@@ -118,56 +118,153 @@ var namedSchemas = map[string]bool{
 	"dependentSchemas": true, "dependencies": true,
 }
 
-// countObjects counts the JSON objects in a schema tree, every one of
-// them, data included, and the units they cost, stopping once those reach
-// limit: one per object, and one more for each whole
-// locationBytesPerSchema bytes of its location. The values of const, enum, examples and default are
+// schemaKeywords are the keywords whose value is a subschema, and
+// listKeywords those whose value is an array of subschemas, in the
+// supported drafts (items is either before 2020-12). namedSchemas map
+// names to subschemas.
+var (
+	schemaKeywords = map[string]bool{
+		"items": true, "additionalItems": true, "contains": true,
+		"additionalProperties": true, "propertyNames": true, "unevaluatedItems": true,
+		"unevaluatedProperties": true, "if": true, "then": true, "else": true, "not": true,
+		"contentSchema": true,
+	}
+	listKeywords = map[string]bool{"items": true, "prefixItems": true, "allOf": true, "anyOf": true, "oneOf": true}
+)
+
+// schemaCost is what countObjects found a schema tree to cost.
+type schemaCost struct {
+	// objects counts the objects of the tree and the other values where a
+	// subschema belongs; units adds to each one more for every
+	// locationBytesPerSchema bytes of its location.
+	objects, units int
+	// work is the length of every location on the way down to each of
+	// them, what the metaschema check writes (MaxLocationWork).
+	work int64
+}
+
+// countObjects charges a schema tree before it compiles, stopping once its
+// units reach limit or its work passes MaxLocationWork. Every object is
+// charged, and every other value where a subschema belongs (a member of
+// properties, $defs, ..., the value of not, items, ..., an item of allOf,
+// prefixItems, ...): true and false are subschemas, and a number, string,
+// null or array there is not one but is checked as one before the schema
+// is refused. Each costs one unit, one more for each whole
+// locationBytesPerSchema bytes of its location, and its work.
+//
+// Objects are charged wherever they are, data included, and their members
+// as those of a schema: the values of const, enum, examples and default are
 // data, but a $ref can point into them ("#/const/a", or through an $id, a
 // percent-encoded pointer, a $dynamicRef), and the compiler then compiles
 // what it finds there as a schema with every subschema under it: 25,000 of
 // them under const took 5 s before payment when data was not counted.
-// Counting every object needs no resolution of references to be right; a
-// schema whose data alone holds thousands of objects is rare.
+// Charging every object as a schema needs no resolution of references to
+// be right; a schema whose data alone holds thousands of objects is rare.
+// Other values that are data (enum members, required names, booleans such
+// as uniqueItems) cost nothing.
 //
 // The compiler names every subschema by its location, the schema's URL and
 // a JSON pointer to it (percent-encoded), and builds and keeps that string
 // several times: a member name is copied into the location of every
 // subschema under it. 2,000 empty subschemas under one 400 KB property
 // name cost it 107 s, 9.2 GB of allocation and 1.5 GB kept, before
-// payment. So each object (and each boolean, a subschema too) also costs
-// by the length of its location (the pointer as the compiler encodes it,
-// pointerTokenBytes, each $id above it counted whole): at most
-// limit × locationBytesPerSchema bytes of locations fit, however the names
-// nest, and locations shorter than that cost nothing.
-func countObjects(v any, limit int) (objects, units int) {
-	var walk func(v any, loc int64)
-	walk = func(v any, loc int64) {
-		if units >= limit {
+// payment. Hence the units for the length of a location (the pointer as
+// the compiler encodes it, pointerTokenBytes, each $id above it counted
+// whole): at most limit × locationBytesPerSchema bytes of locations fit,
+// however the names nest, and locations shorter than that cost nothing.
+// And the check against the metaschema, for every value where a subschema
+// belongs (numbers there included, before it refuses them), writes the
+// value's location again by concatenation, token after token: it writes
+// the location of every step on the way down, about the value's depth
+// times its location's length, which the work charges (28 levels of
+// 60-byte names over 500 subschemas, within the units, allocated 73 MB).
+func countObjects(v any, limit int) schemaCost {
+	var c schemaCost
+	// loc is the length of v's location, work that of every location on
+	// the way down to it; at says what belongs there.
+	var walk func(v any, loc, work int64, at position)
+	walk = func(v any, loc, work int64, at position) {
+		if c.units >= limit || c.work > MaxLocationWork {
 			return
 		}
 		switch v := v.(type) {
 		case map[string]any:
-			objects++
-			units += 1 + int(loc/locationBytesPerSchema)
+			c.charge(loc, work)
 			for _, id := range []string{"$id", "id"} {
 				if s, ok := v[id].(string); ok {
 					loc += pointerTokenBytes(s)
 				}
 			}
 			for k, sub := range v {
-				walk(sub, loc+1+pointerTokenBytes(k))
+				next := loc + 1 + pointerTokenBytes(k)
+				walk(sub, next, work+next, memberPosition(k, at))
 			}
+			return
 		case []any:
-			for i, sub := range v {
-				walk(sub, loc+1+int64(len(strconv.Itoa(i))))
+			item := position(0)
+			if at&listOfSchemas != 0 {
+				item = aSchema
 			}
-		case bool:
-			units += int(loc / locationBytesPerSchema)
+			for i, sub := range v {
+				next := loc + 1 + int64(len(strconv.Itoa(i)))
+				walk(sub, next, work+next, item)
+			}
+		}
+		if at&aSchema != 0 {
+			c.charge(loc, work)
 		}
 	}
-	walk(v, 0)
-	return objects, units
+	walk(v, 0, 0, aSchema)
+	return c
 }
+
+// charge counts one value of the tree at a location of loc bytes, with
+// work bytes of locations on the way down to it.
+func (c *schemaCost) charge(loc, work int64) {
+	c.objects++
+	c.units += 1 + int(loc/locationBytesPerSchema)
+	c.work += work
+}
+
+// position says what belongs where a value of a schema tree is.
+type position uint8
+
+const (
+	aSchema       position = 1 << iota // a subschema
+	listOfSchemas                      // an array of subschemas
+	namesSchemas                       // an object mapping names to subschemas
+)
+
+// memberPosition is the position of member k of an object at position at,
+// the object read as a schema whatever it is (a $ref can make one of any
+// object).
+func memberPosition(k string, at position) position {
+	var p position
+	if schemaKeywords[k] {
+		p |= aSchema
+	}
+	if listKeywords[k] {
+		p |= listOfSchemas
+	}
+	if namedSchemas[k] {
+		p |= namesSchemas
+	}
+	if at&namesSchemas != 0 {
+		p |= aSchema
+	}
+	return p
+}
+
+// MaxLocationWork bounds the work of a schema's locations, in bytes: for
+// every object of the schema and every other value where a subschema
+// belongs, the length of every location on the way down to it (countObjects;
+// for /properties/a: /properties and /properties/a). The metaschema check
+// allocates two to three times that, so a schema within it and MaxSchemas
+// compiles for at most about 50 MB (measured: 5,000 ordinary subschemas
+// 35 MB, 4,900 subschemas five levels deep at this limit 46 MB, 28 levels
+// of 60-byte names at this limit 8 MB; TestDeepLocationsAreChargedByTheirWork).
+// 5,000 subschemas two levels deep spend a tenth of it.
+const MaxLocationWork = 4 << 20
 
 // locationBytesPerSchema is the length of a subschema's location that
 // counts as one more object toward MaxSchemas, and as one more subschema
@@ -348,20 +445,27 @@ func compile(tree any, opts compileOptions) (*Schema, error) {
 	if maxSchemas <= 0 {
 		maxSchemas = DefaultMaxSchemas
 	}
-	objects, units := countObjects(tree, maxSchemas+1)
+	cost := countObjects(tree, maxSchemas+1)
 	switch {
-	case objects > maxSchemas:
+	case cost.objects > maxSchemas:
 		return nil, &CompileError{Fields: []apierr.Field{{
 			Field:   field,
-			Problem: fmt.Sprintf("has more than %d objects, subschemas and the objects in its const, enum, default and examples values together", maxSchemas),
+			Problem: fmt.Sprintf("has more than %d objects and subschemas together (every object, those in its const, enum, default and examples values too, and every value where a subschema belongs, true and false included)", maxSchemas),
 			Fix:     "Send a smaller schema: share repeated parts through $defs and $ref instead of writing them out again, and keep large example documents out of it.",
 		}}}
-	case units > maxSchemas:
+	case cost.units > maxSchemas:
 		return nil, &CompileError{Fields: []apierr.Field{{
 			Field: field,
 			Problem: fmt.Sprintf("has more than %d objects, each counting one more for every %d bytes of its location (the JSON pointer to it, which repeats every property name above it)",
 				maxSchemas, locationBytesPerSchema),
 			Fix: "Use shorter property names, above all for properties with many subschemas under them: a name is written again in the location of every subschema below it.",
+		}}}
+	case cost.work > MaxLocationWork:
+		return nil, &CompileError{Fields: []apierr.Field{{
+			Field: field,
+			Problem: fmt.Sprintf("has locations that cost more than %d bytes together: each subschema costs the length of every location on the way down to it (the JSON pointers to it and to each value above it, which repeat every property name above them)",
+				MaxLocationWork),
+			Fix: "Nest subschemas less deeply and use shorter property names, above all for properties with many subschemas under them: a location costs about its depth times its length.",
 		}}}
 	}
 	if f, ok := checkUniqueArrays(tree); !ok {
@@ -397,7 +501,7 @@ func compile(tree any, opts compileOptions) (*Schema, error) {
 	engine.frozen = true
 	nums, ints, n := precompute(sch)
 	// Long locations are kept as long as the compiler keeps its schemas.
-	bytes := int64(n+units-objects)*bytesPerSchema + engine.bytes()
+	bytes := int64(n+cost.units-cost.objects)*bytesPerSchema + engine.bytes()
 	return &Schema{sch: sch, nums: nums, ints: ints, bytes: bytes, maxPattern: maxPattern}, nil
 }
 

@@ -92,9 +92,10 @@
 // the walk goes. An evaluation past a budget stops and never passes.
 // The validator runs after the walk, takes no context and cannot be
 // interrupted: the walk's charges are the only bound on its work.
-// Compilation has limits too: the number of objects, subschemas and
-// data alike, each counting more for a long location (CacheConfig.MaxSchemas,
-// countObjects), the size of each
+// Compilation has limits too: the number of values where a subschema
+// belongs and of objects, data included, each counting more for a long
+// location (CacheConfig.MaxSchemas, countObjects), and the work of their
+// locations (MaxLocationWork), the size of each
 // pattern (CacheConfig.MaxPatternSize), its character classes bounded
 // before it is parsed (prescan.go), and
 // the duplicate check of the arrays the metaschemas require unique

@@ -65,7 +65,7 @@ func TestLongPropertyNamesAreChargedBeforeCompiling(t *testing.T) {
 	// subschemas, and names nested so that each location repeats all of
 	// those above it. An ordinary schema of 4,990 subschemas to compare.
 	nested := `{"title":"leaf"}`
-	for i := 0; i < 22; i++ {
+	for i := 0; i < 12; i++ { // as deep as MaxLocationWork lets them
 		nested = `{"properties":{"` + strings.Repeat("n", 1200) + `":` + nested + `,"a":{},"b":{}}}`
 	}
 	for _, c := range []struct {
