@@ -294,9 +294,14 @@ func serverRateWait(r *http.Request) int {
 // noteServerRefusal counts the refusal e, if it counts, against the
 // request's client in its server's gates' zones.
 func noteServerRefusal(r *http.Request, e *apierr.Error) {
-	if !countsAgainstRate(e) {
-		return
+	if countsAgainstRate(e) {
+		noteServerEvent(r)
 	}
+}
+
+// noteServerEvent counts one event against the request's client in its
+// server's gates' zones.
+func noteServerEvent(r *http.Request) {
 	srv, _ := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
 	serverZones.RLock()
 	defer serverZones.RUnlock()

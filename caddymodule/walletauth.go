@@ -412,7 +412,14 @@ func (wa *WalletAuth) refuse(w http.ResponseWriter, r *http.Request, err error) 
 	if e.Status == http.StatusUnauthorized {
 		w.Header().Set("WWW-Authenticate", walletauth.HeaderName)
 	}
-	noteServerRefusal(r, e) // a refused proof counts like a gate's refusal
+	if errors.Is(err, walletauth.ErrChainCheck) {
+		// The client chose the contract wallet and each check costs the
+		// operator's chain calls: a failed one counts although it is no
+		// refusal, or one proof resent would cost RPC calls without bound.
+		noteServerEvent(r)
+	} else {
+		noteServerRefusal(r, e) // a refused proof counts like a gate's refusal
+	}
 	apierr.Write(w, e)
 	return nil
 }

@@ -4,10 +4,12 @@ import (
 	"context"
 	"crypto/ecdsa"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/ethereum/go-ethereum/core/vm"
 	"github.com/ethereum/go-ethereum/crypto"
 	"github.com/ethereum/go-ethereum/ethclient"
 
@@ -176,4 +178,21 @@ func TestPrecompileIsNotAContractWallet(t *testing.T) {
 			t.Fatalf("error %v (proof %+v), want ErrBadSignature", err, p)
 		}
 	})
+}
+
+// evmHalts must be the messages go-ethereum's EVM gives its execution
+// errors, or a halt would be taken for an outage (or an outage for a
+// refusal).
+func TestEVMHaltsAreGethsErrors(t *testing.T) {
+	geth := []error{vm.ErrExecutionReverted, vm.ErrOutOfGas, &vm.ErrInvalidOpCode{}, vm.ErrInvalidJump,
+		vm.ErrStackUnderflow{}, vm.ErrStackOverflow{}, vm.ErrReturnDataOutOfBounds, vm.ErrGasUintOverflow,
+		vm.ErrWriteProtection, vm.ErrDepth}
+	for _, e := range geth {
+		if !slices.ContainsFunc(evmHalts, func(h string) bool { return strings.HasPrefix(e.Error(), h) }) {
+			t.Errorf("go-ethereum's %q is not in evmHalts", e)
+		}
+	}
+	if len(evmHalts) != len(geth) {
+		t.Errorf("evmHalts has %d messages, go-ethereum's errors are %d", len(evmHalts), len(geth))
+	}
 }

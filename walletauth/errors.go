@@ -28,6 +28,14 @@ var (
 	ErrMissing = errors.New("walletauth: no proof")
 )
 
+// ErrChainCheck marks the failure of a chain call about a contract
+// wallet's address (eth_getCode, eth_call): the proof could not be checked,
+// which is no refusal (the gateway answers 503, retryable), but the client
+// chose the address, and each check costs the operator's RPC calls. A
+// failure to learn the chain's id is not marked: that one call is shared
+// by every request and is about no address.
+var ErrChainCheck = errors.New("walletauth: the contract wallet check failed at the chain")
+
 // Error is a refused proof. Its text names the header, the field and the
 // problem, never the field's value, so it can be sent to the client as is.
 type Error struct {

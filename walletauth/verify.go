@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -294,7 +295,7 @@ var erc1271, _ = abi.JSON(strings.NewReader(`[{"type":"function","name":"isValid
 
 // isValidSignature asks wallet whether sig is its signature over digest. An
 // address without code (an account, or a precompile, whose answer can be
-// anything), a revert, or any answer but EIP-1271's exact one
+// anything), a revert or other halt of its code, or any answer but EIP-1271's exact one
 // (x402.ERC1271Accepts) is a no; a failed call is an error, never a yes.
 func isValidSignature(ctx context.Context, c Chain, wallet common.Address, digest [32]byte, sig []byte) (bool, error) {
 	data, err := erc1271.Pack("isValidSignature", digest, sig)
@@ -303,35 +304,63 @@ func isValidSignature(ctx context.Context, c Chain, wallet common.Address, diges
 	}
 	code, err := c.CodeAt(ctx, wallet, nil)
 	if err != nil {
-		return false, fmt.Errorf("reading the wallet's code: %w", err)
+		return false, fmt.Errorf("%w: reading the wallet's code: %w", ErrChainCheck, err)
 	}
 	if len(code) == 0 {
 		return false, nil
 	}
 	out, err := c.CallContract(ctx, ethereum.CallMsg{To: &wallet, Data: data}, nil)
 	if err != nil {
-		if reverted(err) {
+		if refusedByWallet(err) {
 			return false, nil
 		}
-		return false, fmt.Errorf("calling isValidSignature: %w", err)
+		return false, fmt.Errorf("%w: calling isValidSignature: %w", ErrChainCheck, err)
 	}
 	return x402.ERC1271Accepts(out), nil
 }
 
-// reverted reports whether err is the chain's answer that the call
-// reverted: the wallet's own refusal of the signature. go-ethereum answers
-// a revert with JSON-RPC error code 3 ("execution reverted", the reason in
-// its data), over HTTP and in process alike; some nodes answer -32000 with
-// that message. Any other error object (a provider's -32005 rate limit or
-// -32603 internal error, "header not found") or a transport error says
-// nothing about the signature: the check failed, and the caller answers
-// 503, never a refusal a valid proof would get.
-func reverted(err error) bool {
+// evmHalts are the messages of go-ethereum's EVM execution errors
+// (core/vm/errors.go) a call to a contract can end with: a revert, and the
+// exceptional halts (running out of gas, an invalid opcode or jump, the
+// stack's bounds). Each is the contract's own doing, the same on every
+// retry. Kept as text rather than imported so this package does not pull
+// the EVM into every program that signs proofs; TestEVMHaltsAreGethsErrors
+// holds them to go-ethereum's.
+var evmHalts = []string{
+	"execution reverted",
+	"out of gas",
+	"invalid opcode",
+	"invalid jump destination",
+	"stack underflow",
+	"stack limit reached",
+	"return data out of bounds",
+	"gas uint64 overflow",
+	"write protection",
+	"max call depth exceeded",
+}
+
+// refusedByWallet reports whether err is the chain's answer that the
+// wallet's code ran and did not return: a revert or an exceptional halt,
+// the wallet's refusal of the signature, final. go-ethereum answers a
+// revert with JSON-RPC error code 3 ("execution reverted", the reason in
+// its data), and any other execution error with code -32000 and the EVM's
+// message, over HTTP and in process alike. Counting a halt as an outage
+// would let anyone deploy a contract that halts and have the gateway
+// answer 503, retryable, and call the chain, for every copy of one proof.
+// Any other error object (a provider's -32005 rate limit or -32603
+// internal error, "header not found") or a transport error says nothing
+// about the signature: the check failed, and the caller answers 503, never
+// a refusal a valid proof would get.
+func refusedByWallet(err error) bool {
 	var re rpc.Error
 	if !errors.As(err, &re) {
 		return false
 	}
-	return re.ErrorCode() == 3 || strings.HasPrefix(re.Error(), "execution reverted")
+	if re.ErrorCode() == 3 {
+		return true
+	}
+	msg := re.Error()
+	return slices.ContainsFunc(evmHalts, func(h string) bool { return strings.HasPrefix(msg, h) })
 }
 
 // nonceKey is the claim that makes a wallet's nonce single-use, the same
