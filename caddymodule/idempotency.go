@@ -472,6 +472,9 @@ func (e *resolvingExchange) deliver(w http.ResponseWriter, bw *bufferedWriter, s
 // serveSaved answers a retry with the answer its id's call bought. Its
 // settlement is told as every settlement is (toldSettlement): an answer
 // saved by an older gateway may carry what a facilitator said beyond it.
+// It is not noted as settled (noteSettled): nothing settled now, and the
+// call that settled it noted it then, so a retry never renews the wallet's
+// sign-in-with-x access.
 func (c *paymentIDCall) serveSaved(w http.ResponseWriter, r *http.Request, ex exchange, st store.PaymentIDState) error {
 	var ans savedAnswer
 	if err := json.Unmarshal(st.Answer, &ans); err != nil {
@@ -491,7 +494,6 @@ func (c *paymentIDCall) serveSaved(w http.ResponseWriter, r *http.Request, ex ex
 		header = http.Header{}
 	}
 	metrics.outcomes.WithLabelValues("payment_identifier_replayed").Inc()
-	noteSettled(r, ans.Settlement)
 	ex.deliver(w, &bufferedWriter{header: header, buf: buf, code: ans.Status, limit: int64(len(body))}, ans.Settlement)
 	return nil
 }

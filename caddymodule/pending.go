@@ -513,6 +513,10 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 		return true, alreadyUsed(w, r, ex)
 	}
 	note := cs.Note
+	// learned: this request found the payment settled, so the settlement
+	// is news for wallet_auth (noteSettled); a held answer served again
+	// to a later retry is not, and renews no sign-in-with-x access.
+	learned := false
 	if !cs.Settled {
 		st, known := g.checkHeld(r.Context(), h)
 		if !known || st.State == x402.SettlementUndecided {
@@ -521,6 +525,7 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 		if note, ok = g.settleHeld(r.Context(), h, cs.Note, st); !ok {
 			return true, ex.refuse(w, r, errSettlementPending(nil))
 		}
+		learned = st.State == x402.SettlementDone
 		if st.State == x402.SettlementNever {
 			if h.ReportPath != "" {
 				takeReporter(h) // this request reports
@@ -567,7 +572,9 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 		if h.ContentType != "" {
 			bw.header.Set("Content-Type", h.ContentType)
 		}
-		noteSettled(r, sr)
+		if learned {
+			noteSettled(r, sr)
+		}
 		ex.deliver(w, bw, sr)
 		return true, nil
 	}

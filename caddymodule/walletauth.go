@@ -366,7 +366,10 @@ type settledSlot struct {
 }
 
 // noteSettled tells a waiting wallet_auth (if any) that the request's
-// payment settled as sr and its answer is being delivered.
+// payment settled as sr and its answer is being delivered. Only news of a
+// settlement is told, once: a replay of one already told (a saved or held
+// answer served again) is not, since wallet_auth records paid access from
+// now and would renew it without a new payment.
 func noteSettled(r *http.Request, sr x402.SettleResponse) {
 	if s, ok := caddyhttp.GetVar(r.Context(), varSettled).(*settledSlot); ok {
 		s.sr, s.ok = sr, true
