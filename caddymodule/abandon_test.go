@@ -17,9 +17,8 @@ import (
 // The abandoned call took the upstream's work and brought nothing, so it
 // counts against the client's rate limit like a refusal: without that, a
 // client could have unlimited work done free by leaving just before each
-// answer. With a budget of 4, two abandoned calls leave one free call (the
-// unit came back both times; the call counts, as every free call does) and
-// one refusal before 429.
+// answer. With a budget of 3, two abandoned calls leave one free call (the
+// unit came back both times) and one refusal before 429.
 func TestAnAbandonedCallIsReleasedAndCounted(t *testing.T) {
 	_, fac := sharedDevnet(t)
 	var hold atomic.Bool
@@ -38,7 +37,7 @@ func TestAnAbandonedCallIsReleasedAndCounted(t *testing.T) {
 		io.WriteString(w, `{"result":"pass"}`)
 	}))
 	t.Cleanup(up.Close)
-	base := startCaddy(t, gateSite(up.URL, fac, 1, "rate_limit 4 1m"))
+	base := startCaddy(t, gateSite(up.URL, fac, 1, "rate_limit 3 1m"))
 	url := base + "/verify/schema"
 	t0 := time.Now()
 	now = func() time.Time { return t0 } // no refill during the test
@@ -89,9 +88,9 @@ func TestAnAbandonedCallIsReleasedAndCounted(t *testing.T) {
 	if resp := post(t, url, validRequest, nil); resp.StatusCode != http.StatusPaymentRequired {
 		t.Fatalf("the allowance used: %d, want 402", resp.StatusCode)
 	}
-	// Two abandoned calls, the free call and the 402 are the budget of 4.
+	// Two abandoned calls and the 402 are the budget of 3.
 	if resp := post(t, url, validRequest, nil); resp.StatusCode != http.StatusTooManyRequests {
-		t.Fatalf("after two abandoned calls, a free call and a 402 with a budget of 4: %d, want 429", resp.StatusCode)
+		t.Fatalf("after two abandoned calls and a 402 with a budget of 3: %d, want 429", resp.StatusCode)
 	}
 	if got := served.Load(); got != 1 {
 		t.Fatalf("upstream served %d calls, want the one free call", got)

@@ -286,12 +286,12 @@ func BenchmarkGateFreeDirectBatched(b *testing.B) {
 func benchGateFreeDirect(b *testing.B, opts store.Options) {
 	// A rate limit never reached: counting each free call against it is
 	// part of the free path.
-	rates, key, err := loadZone(&RateLimit{Events: 1 << 30, Window: caddy.Duration(time.Minute), Zone: "bench-free-direct"}, zoneRefusals)
+	rates, key, err := loadZone(&RateLimit{Events: 1 << 30, Window: caddy.Duration(time.Minute), Zone: "bench-free-direct"}, zoneFree)
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { rateZones.Delete(key) })
-	g, _ := directGate(b, opts, func(g *Gate) { g.Free, g.rates = &FreeAllowance{PerDay: 1 << 30}, rates })
+	g, _ := directGate(b, opts, func(g *Gate) { g.Free, g.freeRates = &FreeAllowance{PerDay: 1 << 30}, rates })
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {

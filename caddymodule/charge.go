@@ -323,17 +323,12 @@ func (f *freeCharge) release(r *http.Request) {
 	}
 }
 
-// settle commits the free unit, and counts the call against the client's
-// rate limit as a refusal is counted: a free call is upstream work nobody
-// pays for, and the allowance alone does not bound it per client, since
-// with key wallet each wallet (a key anyone mints) has its own. The rate
-// limit is per client IP, so the free work one client can cause is at
-// most its events per window, whatever the keys it presents.
+// settle commits the free unit. The call was counted against the client's
+// free budget when it was served (serveFree).
 func (f *freeCharge) settle(w http.ResponseWriter, r *http.Request, _ *bufferedWriter) bool {
 	if err := f.g.state.Allowance().Commit(context.WithoutCancel(r.Context()), f.res); err != nil {
 		f.g.logger.Warn("committing free allowance unit", zap.Error(err))
 	}
-	f.g.noteRefusal(r)
 	outcomeFree.Inc()
 	return true
 }

@@ -130,14 +130,35 @@ func nextMidnight(t time.Time) time.Time {
 // demand for payment when it has none left. The unit is reserved first and
 // committed only for a billable answer (serveCharged), so errors never cost
 // the caller a free call.
+//
+// Each free call served also takes one event from the client's (IP's) free
+// budget (zoneFree, rate_limit's events per window): with key wallet the
+// allowance is per wallet, a key anyone mints, so the budget is what bounds
+// one client's free work. Past it the call is not served free: it gets the
+// demand for payment (with Retry-After: when it may be free again), which
+// counts against the client's refusals as every 402 does. The budget is not
+// the one a payment must pass (rateWait), so a paying client is never
+// refused for the free calls it used. It is taken before the upstream runs,
+// so concurrent calls cannot overdraw it, and given back when the allowance
+// serves nothing.
 func (g *Gate) serveFree(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, ex exchange) error {
 	f := g.Free
 	client := f.client(r)
 	if client == "" || f.PerDay == 0 {
 		return ex.demand(w, r, http.StatusPaymentRequired, "Payment required", "", nil)
 	}
+	addr := clientAddr(r)
+	if g.freeRates != nil {
+		if wait := g.freeRates.take(addr); wait > 0 {
+			w.Header().Set("Retry-After", strconv.Itoa(wait))
+			return ex.demand(w, r, http.StatusPaymentRequired, "Payment required: this client's free calls are used for now; pay, or call free again after Retry-After seconds", "", nil)
+		}
+	}
 	t := now()
 	res, err := g.state.Allowance().Reserve(r.Context(), f.Pool, client, t, f.PerDay)
+	if err != nil && g.freeRates != nil {
+		g.freeRates.credit(addr) // nothing was served
+	}
 	if errors.Is(err, store.ErrExhausted) {
 		return ex.demand(w, r, http.StatusPaymentRequired, "Payment required: today's free allowance is used", codeFreeTrialExhausted, nil)
 	}

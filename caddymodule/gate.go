@@ -299,6 +299,8 @@ type Gate struct {
 	base        string            // PublicBaseURL as checked (publicOrigin); "": the request's
 	rates       *rateZone         // nil when rate_limit is off
 	ratesKey    string
+	freeRates   *rateZone // free calls' own budget (zoneFree); nil when rate_limit is off or nothing is free
+	freeKey     string
 	logger      *zap.Logger
 	ctx         caddy.Context
 	// uses counts this config's requests in flight: the store and the
@@ -437,6 +439,11 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 		if g.server = srv; srv != nil {
 			addServerZone(srv, g.rates)
 		}
+		if g.Free != nil {
+			if g.freeRates, g.freeKey, err = loadZone(g.RateLimit, zoneFree); err != nil {
+				return fmt.Errorf("loading rate limit zone: %v", err)
+			}
+		}
 	}
 	if g.Validator == "verify_request" {
 		// The gate only prechecks (parse and compile, no evaluation) and
@@ -526,6 +533,11 @@ func (g *Gate) Validate() error {
 func (g *Gate) Cleanup() error {
 	g.stopResolver() // hook (pending.go)
 	discovery.remove(g)
+	if g.freeRates != nil {
+		if _, err := rateZones.Delete(g.freeKey); err != nil {
+			return err
+		}
+	}
 	if g.rates != nil {
 		if g.server != nil {
 			removeServerZone(g.server, g.rates)
@@ -545,9 +557,9 @@ func (g *Gate) rateWait(r *http.Request) int {
 	return g.rates.wait(clientAddr(r))
 }
 
-// noteRefusal counts an answer nobody paid for against the client's rate
-// limit: one that served nothing (a refusal, an MCP round), or a free call
-// (freeCharge.settle).
+// noteRefusal counts an answer nobody paid for that served nothing (a
+// refusal, an MCP round) against the client's rate limit. Free calls count
+// in their own budget (serveFree).
 func (g *Gate) noteRefusal(r *http.Request) {
 	if g.rates != nil {
 		g.rates.note(clientAddr(r))

@@ -230,12 +230,11 @@ func TestRefusalsAreRateLimitedPerClient(t *testing.T) {
 	now = func() time.Time { return t0 }
 	t.Cleanup(func() { now = time.Now })
 
-	// A free call counts as a refusal does (unpaid work): with it, two
-	// refusals spend the budget of 3.
+	// A served call never counts.
 	if resp := post(t, url, validRequest, nil); resp.StatusCode != 200 {
 		t.Fatalf("free call: %d", resp.StatusCode)
 	}
-	for i := range 2 {
+	for i := range 3 {
 		if resp := post(t, url, "", nil); resp.StatusCode != http.StatusPaymentRequired {
 			t.Fatalf("refusal %d: %d", i+1, resp.StatusCode)
 		}
@@ -244,7 +243,7 @@ func TestRefusalsAreRateLimitedPerClient(t *testing.T) {
 		t.Helper()
 		resp := post(t, url, validRequest, nil)
 		if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") != "20" {
-			t.Fatalf("after a free call and 2 refusals: %d, Retry-After %q", resp.StatusCode, resp.Header.Get("Retry-After"))
+			t.Fatalf("after 3 refusals: %d, Retry-After %q", resp.StatusCode, resp.Header.Get("Retry-After"))
 		}
 		if m := readJSON(t, resp); m["code"] != "rate_limited" || m["retryable"] != true || m["charged"] != false {
 			t.Fatalf("body %v", m)
@@ -254,7 +253,7 @@ func TestRefusalsAreRateLimitedPerClient(t *testing.T) {
 	// The priced MCP tool shares the zone: a tool error with Retry-After.
 	_, body := postMCP(t, base+"/mcp", hostileEnvelopes[0].body)
 	if servedTool(body) || !bytes.Contains(body, []byte(`rate_limited`)) {
-		t.Fatalf("MCP after a free call and 2 refusals: %.300s", body)
+		t.Fatalf("MCP after 3 refusals: %.300s", body)
 	}
 	// A reload keeps the state.
 	loadCaddy(t, port, site)

@@ -100,13 +100,16 @@ type rateZone struct {
 	swept   time.Time
 }
 
-// What a zone counts: a gate's rate_limit counts refusals, aov_rate_limit
-// counts requests. The two never share a bucket, even under one zone name:
-// a gate refuses a client whose refusal budget is spent, paid calls
-// included, so requests counted into it would let free traffic stop a
-// buyer from paying.
+// What a zone counts: a gate's rate_limit counts refusals, and, in a
+// budget of the same size of its own, free calls; aov_rate_limit counts
+// requests. None shares a bucket with another, even under one zone name: a
+// gate refuses a client whose refusal budget is spent, paid calls
+// included, so requests or free calls counted into it would let free
+// traffic stop a buyer from paying. A spent free budget refuses free calls
+// only (serveFree).
 const (
 	zoneRefusals = "refusals"
+	zoneFree     = "free"
 	zoneRequests = "requests"
 )
 
@@ -219,7 +222,8 @@ func (z *rateZone) note(client string) {
 // payment, never by a refused, replayed or unsettled one, so an unpaying
 // client still gets Events refusals per Window, and a paying one at most
 // one more per payment; and a budget never grows beyond Events, so no
-// credit can be saved up.
+// credit can be saved up. In a free budget (zoneFree) it gives back the
+// event of a free call the allowance did not serve (serveFree).
 func (z *rateZone) credit(client string) {
 	t := now()
 	l := z.limiter(client, t, false) // the overflow budget is shared: no credit
