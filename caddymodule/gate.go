@@ -926,14 +926,15 @@ func (g *Gate) resource(r *http.Request) x402.Resource {
 }
 
 // resourceURL is the URL a 402 names for r on origin: the path as the
-// client sent it, escaped as it sent it, without the query. The default
-// resource URL and the sign-in-with-x challenge's uri are both built here,
-// so a wallet that paid for a resource signs in on the same URL, and a
-// path whose decoded form holds a space or a non-ASCII letter stays a URI
-// (which a wallet proof's uri must be).
+// client sent it, escaped as it sent it, without the query, in RFC 3986's
+// canonical form (walletauth.CanonicalPath: what Go leaves raw, such as "["
+// and "]", encoded; never "%2F" decoded). The default resource URL and the
+// sign-in-with-x challenge's uri are both built here, so a wallet that paid
+// for a resource signs in on the same URL, and that URL is a valid URI
+// (which a wallet proof's uri must be) whatever the path holds.
 func resourceURL(origin string, r *http.Request) string {
 	_, u := sentRequest(r)
-	return origin + u.EscapedPath()
+	return origin + walletauth.CanonicalPath(u.EscapedPath())
 }
 
 // checkURL refuses (414) a request whose URL the gate could not name
@@ -943,7 +944,7 @@ func resourceURL(origin string, r *http.Request) string {
 // a configured resource is expanded only when it has placeholders.
 func (g *Gate) checkURL(r *http.Request) *apierr.Error {
 	_, u := sentRequest(r)
-	n := len(u.EscapedPath()) + max(len(g.base), len("https://")+len(r.Host))
+	n := len(walletauth.CanonicalPath(u.EscapedPath())) + max(len(g.base), len("https://")+len(r.Host))
 	if g.Resource != "" && strings.Contains(g.Resource, "{") {
 		n = max(n, len(g.resource(r).URL))
 	}

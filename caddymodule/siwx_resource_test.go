@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -110,5 +111,47 @@ func TestSignInWithXOnAPathWithEscapes(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// TestSignInWithXOnAPathWithBrackets: "[" and "]", which Go leaves raw in
+// an escaped path (as browsers and curl send them), are encoded in the
+// 402's resource URL and challenge uri, so the uri is a valid RFC 3986 URI
+// the official @x402/extensions client signs, and the wallet that paid
+// signs in on the path as the client sends it.
+func TestSignInWithXOnAPathWithBrackets(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := walletUpstream(t)
+	base := startCaddy(t, siwxOfferedSite(up.URL, fac, ""))
+	url := base + "/report/a[1]"
+	payFor(t, url, 6)
+	info, res := siwxChallengeOf(t, url)
+	if want := base + "/report/a%5B1%5D"; res.URL != want || info["uri"] != want {
+		t.Fatalf("resource URL %s, challenge uri %v, want %s", res.URL, info["uri"], want)
+	}
+	var out struct {
+		Header string `json:"header"`
+	}
+	interop.Run(t, "siwx-evm.mjs", nil, map[string]any{
+		"privateKey": evmfacilitator.DevAccounts()[6].PrivateKeyHex, "chainId": x402.NetworkDevnet, "info": info, "url": url,
+	}, &out)
+	if st, _, body := walletCall(t, "GET", url, "", map[string]string{walletauth.SIWXHeaderName: out.Header}); st != 200 {
+		t.Errorf("official client sign-in on /report/a[1]: %d %v", st, body)
+	}
+}
+
+// TestSignInWithXAccessIsPerEscapedPath: a payment for /report/a%2Fb (a
+// resource its 402 names so, which the upstream receives so) grants no
+// access to /report/a/b, a resource its 402 names differently.
+func TestSignInWithXAccessIsPerEscapedPath(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := walletUpstream(t)
+	base := startCaddy(t, siwxOfferedSite(up.URL, fac, ""))
+	payFor(t, base+"/report/a%2Fb", 5)
+	if st := signInStatus(t, base+"/report/a%2Fb", 5); st != 200 {
+		t.Fatalf("sign-in on the path paid for: %d, want 200", st)
+	}
+	if st := signInStatus(t, base+"/report/a/b", 5); st != http.StatusPaymentRequired {
+		t.Errorf("sign-in on /report/a/b after paying only for /report/a%%2Fb: %d, want 402", st)
 	}
 }

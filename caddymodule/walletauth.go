@@ -275,6 +275,10 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 	// handle_path prefix stripping.
 	method, u := sentRequest(r)
 	path := u.Path
+	// Sign-in-with-x and paid access go by the path as sent, escaped
+	// (walletauth.CanonicalPath), as the 402 names the resource: the
+	// decoded path would make /a%2Fb and /a/b one resource.
+	escaped := u.EscapedPath()
 
 	var proof *walletauth.Proof
 	if len(auth) == 1 {
@@ -286,7 +290,7 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 	}
 	paidAccess := false
 	if wa.SIWX && len(siwx) == 1 {
-		p, err := wa.verifier.VerifySIWX(ctx, siwx[0], walletauth.SIWXExpect{Path: path})
+		p, err := wa.verifier.VerifySIWX(ctx, siwx[0], walletauth.SIWXExpect{Path: escaped})
 		if err != nil {
 			return wa.refuse(w, r, err)
 		}
@@ -297,7 +301,7 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 		if proof == nil {
 			proof = &p
 		}
-		paidAccess, err = wa.paid.Has(ctx, p.Wallet(), walletauth.PaidResource(site, path))
+		paidAccess, err = wa.paid.Has(ctx, p.Wallet(), walletauth.PaidResource(site, escaped))
 		if err != nil {
 			return wa.refuse(w, r, apierr.Unavailable("wallet proof store", 1, err))
 		}
@@ -341,7 +345,7 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 		clearUpstreamHeaders(h)
 	}
 	if wa.SIWX && h.Get(x402.HeaderPaymentSignature) != "" {
-		return next.ServeHTTP(wa.recordPayments(w, r, walletauth.PaidResource(site, path)), r)
+		return next.ServeHTTP(wa.recordPayments(w, r, walletauth.PaidResource(site, escaped)), r)
 	}
 	return next.ServeHTTP(w, r)
 }

@@ -35,9 +35,12 @@ type PaidAccess struct {
 }
 
 // PaidResource names a resource for PaidAccess: the request's host (without
-// regard to case) and path. The gate's recorder and the sign-in-with-x
-// check must both use it.
-func PaidResource(host, path string) string { return strings.ToLower(host) + path }
+// regard to case) and its path as sent, escaped, in CanonicalPath's form
+// (never decoded: /a%2Fb is not /a/b). The gate's recorder and the
+// sign-in-with-x check must both use it.
+func PaidResource(host, escapedPath string) string {
+	return strings.ToLower(host) + CanonicalPath(escapedPath)
+}
 
 func paidKey(addr, resource string) string {
 	sum := sha256.Sum256([]byte(resource))

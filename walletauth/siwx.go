@@ -218,8 +218,9 @@ type SIWXExpect struct {
 	// Scheme is the request's scheme ("https"); "" accepts http and https
 	// (a gateway behind a TLS-terminating proxy cannot tell).
 	Scheme string
-	// Path is the request's path, decoded (as Expect.Path; not the
-	// query). The proof's uri must name it, and nothing more: the
+	// Path is the request's path as the client sent it, escaped (not the
+	// query), in any of RFC 3986's equivalent forms (CanonicalPath). The
+	// proof's uri must name it, and nothing more: the
 	// challenge a server offers for a resource is its URL without the
 	// query (SIWXChallenge), and a proof is a bearer credential, so one
 	// signed for one resource must not act as its wallet on another.
@@ -250,7 +251,7 @@ func (v *Verifier) VerifySIWXProof(ctx context.Context, s *SIWX, want SIWXExpect
 	if !strings.EqualFold(u.Host, s.Domain) || (want.Scheme != "" && u.Scheme != want.Scheme) {
 		return Proof{}, refuse(ErrWrongRequest, h, "uri", "is not on this server's origin", "Sign in with the uri the server offered.")
 	}
-	if u.Path != want.Path || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
+	if CanonicalPath(u.EscapedPath()) != CanonicalPath(want.Path) || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
 		return Proof{}, refuse(ErrWrongRequest, h, "uri", "is not the URL of the requested resource", "Sign in with the challenge of this resource's 402, for each resource.")
 	}
 	now := v.now()
@@ -374,4 +375,74 @@ func SIWXFromChallenge(info map[string]any, chain string) *SIWX {
 		s.Resources = append(s.Resources, list...)
 	}
 	return s
+}
+
+// CanonicalPath is the escaped URL path p (as url.URL.EscapedPath gives it,
+// or a sign-in-with-x uri's) in one form for every way of writing the same
+// RFC 3986 path: every byte a path may not hold as is (RFC 3986 §3.3:
+// outside unreserved, sub-delims, ":", "@" and "/"; Go leaves "[" and "]"
+// raw) is percent-encoded, an encoded unreserved character is decoded
+// (§6.2.2.2) and hex digits are upper case (§6.2.2.1). Nothing else is
+// decoded: "%2F" stays an encoded slash, so /a%2Fb and /a/b, which a
+// server may route as different resources, stay different. A resource's
+// URL in a 402, its sign-in-with-x challenge uri, the comparison of a proof
+// with the request and a paid-access record all use this form, so a
+// wallet signs a valid URI and is let in on exactly the resource it paid
+// for.
+func CanonicalPath(p string) string {
+	const hex = "0123456789ABCDEF"
+	clean := true
+	for i := 0; i < len(p); i++ {
+		if c := p[i]; c == '%' || !pathByte(c) {
+			clean = false
+			break
+		}
+	}
+	if clean {
+		return p
+	}
+	b := make([]byte, 0, len(p)+8)
+	for i := 0; i < len(p); i++ {
+		c := p[i]
+		switch {
+		case c == '%' && i+2 < len(p) && isHex(p[i+1]) && isHex(p[i+2]):
+			v := unhex(p[i+1])<<4 | unhex(p[i+2])
+			if unreserved(v) {
+				b = append(b, v)
+			} else {
+				b = append(b, '%', hex[v>>4], hex[v&15])
+			}
+			i += 2
+		case c != '%' && pathByte(c):
+			b = append(b, c)
+		default:
+			b = append(b, '%', hex[c>>4], hex[c&15])
+		}
+	}
+	return string(b)
+}
+
+// unreserved reports whether c is an RFC 3986 unreserved character.
+func unreserved(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '.' || c == '_' || c == '~'
+}
+
+// pathByte reports whether c may stand unencoded in an RFC 3986 path.
+func pathByte(c byte) bool {
+	return unreserved(c) || strings.IndexByte("!$&'()*+,;=:@/", c) >= 0
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}
+
+func unhex(c byte) byte {
+	switch {
+	case c <= '9':
+		return c - '0'
+	case c <= 'F':
+		return c - 'A' + 10
+	default:
+		return c - 'a' + 10
+	}
 }
