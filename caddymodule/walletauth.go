@@ -115,7 +115,7 @@ type WalletAuth struct {
 	// SIWXAccessTTL is how long a payment grants sign-in-with-x access,
 	// from the latest payment by the wallet for the resource (a wallet
 	// charged again is recorded anew; walletauth.PaidAccess). Default 720h
-	// (30 days).
+	// (30 days); at most 366 days (walletauth.MaxPaidAccessTTL).
 	SIWXAccessTTL caddy.Duration `json:"siwx_access_ttl,omitempty"`
 
 	domains  []string // Domains with placeholders expanded
@@ -213,6 +213,9 @@ func (wa *WalletAuth) Validate() error {
 	}
 	if d := time.Duration(wa.MaxLifetime); d > maxProofLifetime {
 		return fmt.Errorf("wallet_auth: max_lifetime %s is over %s: a proof is meant to be short-lived (default %s); a captured one can be replayed until it expires, unless its nonce was used, and every nonce claim is kept that long", d, maxProofLifetime, walletauth.DefaultMaxLifetime)
+	}
+	if d := time.Duration(wa.SIWXAccessTTL); d > walletauth.MaxPaidAccessTTL {
+		return fmt.Errorf("wallet_auth: siwx_access_ttl %s is over %s: a payment's sign-in access is meant to lapse, and a record must end within what the store keeps", d, walletauth.MaxPaidAccessTTL)
 	}
 	if wa.SIWXAccessTTL != 0 && !wa.SIWX {
 		return errors.New("wallet_auth: siwx_access_ttl needs siwx: without it no sign-in-with-x access is recorded or granted; add siwx, or remove siwx_access_ttl")

@@ -285,8 +285,9 @@ func TestWalletAuthOptionalAndPlaceholders(t *testing.T) {
 
 // TestWalletAuthLimitsAtLoad: max_lifetime has a ceiling (a proof is
 // short-lived: a captured one replays until it expires, unless its nonce
-// was used, and its nonce claim is kept that long), and siwx_access_ttl
-// without siwx, which would be silently ignored, is refused.
+// was used, and its nonce claim is kept that long), siwx_access_ttl
+// without siwx, which would be silently ignored, is refused, and so is one
+// over 366 days (one past the year 2262 would fail every record).
 func TestWalletAuthLimitsAtLoad(t *testing.T) {
 	for _, tc := range []struct{ desc, opts, want string }{
 		{"a year-long proof lifetime is refused", "max_lifetime 8760h", "max_lifetime 8760h0m0s is over 1h0m0s"},
@@ -294,6 +295,9 @@ func TestWalletAuthLimitsAtLoad(t *testing.T) {
 		{"an hour and a second is too long", "max_lifetime 3601s", "is over 1h0m0s"},
 		{"siwx_access_ttl needs siwx", "siwx_access_ttl 24h", "siwx_access_ttl needs siwx"},
 		{"siwx_access_ttl with siwx loads", "siwx\n\t\tsiwx_access_ttl 24h", ""},
+		{"366 days of paid access is the longest", "siwx\n\t\tsiwx_access_ttl 8784h", ""},
+		{"a longer paid access is refused", "siwx\n\t\tsiwx_access_ttl 8785h", "siwx_access_ttl 8785h0m0s is over 8784h0m0s"},
+		{"paid access past the store's range is refused", "siwx\n\t\tsiwx_access_ttl 2400000h", "siwx_access_ttl 2400000h0m0s is over 8784h0m0s"},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			err := loadError(t, fmt.Sprintf(":0 {\n\twallet_auth {\n\t\t%s\n\t\tdomains example.com\n\t\tstore badger %s\n\t}\n\trespond ok\n}\n", tc.opts, t.TempDir()))

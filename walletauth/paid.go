@@ -16,6 +16,12 @@ import (
 // access to its resource when the recorder does not say.
 const DefaultPaidAccessTTL = 30 * 24 * time.Hour
 
+// MaxPaidAccessTTL bounds PaidAccess.TTL: a year (a leap one). Access
+// paid for once is meant to lapse; and a record's end must stay within
+// what a store keeps (Badger stores it in Unix nanoseconds, which end in
+// 2262), or every record would fail.
+const MaxPaidAccessTTL = 366 * 24 * time.Hour
+
 // PaidAccess remembers which wallet paid for which resource, so that a
 // later sign-in-with-x proof from that wallet can be let through without a
 // new payment. Records live in the gateway's claim store (one settled claim
@@ -30,7 +36,8 @@ const DefaultPaidAccessTTL = 30 * 24 * time.Hour
 // shortens it (a TTL lowered since the first payment).
 type PaidAccess struct {
 	Claims store.Claims
-	// TTL is how long a payment grants access. Default DefaultPaidAccessTTL.
+	// TTL is how long a payment grants access. Default DefaultPaidAccessTTL;
+	// at most MaxPaidAccessTTL (Record refuses a longer one).
 	TTL time.Duration
 }
 
@@ -60,6 +67,9 @@ func (p PaidAccess) Record(ctx context.Context, payer, resource string) error {
 	ttl := p.TTL
 	if ttl <= 0 {
 		ttl = DefaultPaidAccessTTL
+	}
+	if ttl > MaxPaidAccessTTL {
+		return fmt.Errorf("recording paid access: TTL %s is over %s", ttl, MaxPaidAccessTTL)
 	}
 	if err := p.Claims.Record(ctx, paidKey(payer, resource), "paid", time.Now().Add(ttl)); err != nil {
 		return fmt.Errorf("recording paid access: %w", err)

@@ -3,6 +3,7 @@ package walletauth
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -137,4 +138,23 @@ func TestPaidAccessNotReplicated(t *testing.T) {
 		t.Fatal(err)
 	}
 	hasAccess(t, pa, other)
+}
+
+// TestPaidAccessTTLIsBounded: a year (366 days) of access records; a TTL
+// past MaxPaidAccessTTL (one reaching past what the store keeps, 2262 for
+// Badger's Unix nanoseconds, among them) is refused by name, never left to
+// fail in the store.
+func TestPaidAccessTTLIsBounded(t *testing.T) {
+	ctx := context.Background()
+	pa := PaidAccess{Claims: newDB(t).Claims(), TTL: MaxPaidAccessTTL}
+	if err := pa.Record(ctx, paidPayer, paidResource); err != nil {
+		t.Fatalf("Record with TTL %s: %v", pa.TTL, err)
+	}
+	hasAccess(t, pa, paidPayer)
+	for _, ttl := range []time.Duration{MaxPaidAccessTTL + time.Second, 2_400_000 * time.Hour} {
+		pa.TTL = ttl
+		if err := pa.Record(ctx, paidPayer, paidResource); err == nil || !strings.Contains(err.Error(), "is over") {
+			t.Errorf("Record with TTL %s: %v, want refused as over %s", ttl, err, MaxPaidAccessTTL)
+		}
+	}
 }
