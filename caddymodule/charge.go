@@ -318,6 +318,7 @@ type freeCharge struct {
 }
 
 func (f *freeCharge) release(r *http.Request) {
+	f.g.unfree(r)
 	if err := f.g.state.Allowance().Release(context.WithoutCancel(r.Context()), f.res); err != nil {
 		f.g.logger.Warn("releasing free allowance unit", zap.Error(err))
 	}

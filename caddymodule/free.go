@@ -139,25 +139,26 @@ func nextMidnight(t time.Time) time.Time {
 // counts against the client's refusals as every 402 does. The budget is not
 // the one a payment must pass (rateWait), so a paying client is never
 // refused for the free calls it used. It is taken before the upstream runs,
-// so concurrent calls cannot overdraw it, and given back when the allowance
-// serves nothing.
+// so concurrent calls cannot overdraw it, and given back (unfree) when the
+// call is not served after all: the allowance had no unit, or the unit was
+// released (an answer not billed; one that counts, such as an abandoned
+// call or the upstream's 4xx, counts as a refusal instead).
 func (g *Gate) serveFree(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, ex exchange) error {
 	f := g.Free
 	client := f.client(r)
 	if client == "" || f.PerDay == 0 {
 		return ex.demand(w, r, http.StatusPaymentRequired, "Payment required", "", nil)
 	}
-	addr := clientAddr(r)
 	if g.freeRates != nil {
-		if wait := g.freeRates.take(addr); wait > 0 {
+		if wait := g.freeRates.take(clientAddr(r)); wait > 0 {
 			w.Header().Set("Retry-After", strconv.Itoa(wait))
 			return ex.demand(w, r, http.StatusPaymentRequired, "Payment required: this client's free calls are used for now; pay, or call free again after Retry-After seconds", "", nil)
 		}
 	}
 	t := now()
 	res, err := g.state.Allowance().Reserve(r.Context(), f.Pool, client, t, f.PerDay)
-	if err != nil && g.freeRates != nil {
-		g.freeRates.credit(addr) // nothing was served
+	if err != nil {
+		g.unfree(r)
 	}
 	if errors.Is(err, store.ErrExhausted) {
 		return ex.demand(w, r, http.StatusPaymentRequired, "Payment required: today's free allowance is used", codeFreeTrialExhausted, nil)
@@ -167,6 +168,14 @@ func (g *Gate) serveFree(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	}
 	r.Header.Set(HeaderUpstreamPayment, "free")
 	return g.serveCharged(w, r, next, ex, &freeCharge{g: g, res: res, at: t})
+}
+
+// unfree gives back the free budget's event of a call that was not served
+// free after all (serveFree).
+func (g *Gate) unfree(r *http.Request) {
+	if g.freeRates != nil {
+		g.freeRates.credit(clientAddr(r))
+	}
 }
 
 // setHeaders adds the Free-Allowance-* headers of an answer served from
