@@ -139,7 +139,7 @@ func serve(args []string, stderr io.Writer) error {
 
 	servers := []*http.Server{
 		newHTTPServer(signSrv, log),
-		newHTTPServer(publicMux(card, keys), log),
+		newHTTPServer(publicMux(card, http.HandlerFunc(signSrv.ServeHealth)), log),
 	}
 	errc := make(chan error, 2)
 	for i, ln := range []net.Listener{signLn, pubLn} {
@@ -249,25 +249,16 @@ func newHTTPServer(h http.Handler, log *slog.Logger) *http.Server {
 
 // publicMux routes the public endpoint: the agent card and a liveness check.
 // It is what the gateway proxies /.well-known/agent-card.json to; the
-// signing endpoint is a different listener and never routed here.
-func publicMux(card http.Handler, keys *keystore.Store) http.Handler {
+// signing endpoint is a different listener and never routed here. health
+// is the signing listener's own /health (signer.Server.ServeHealth): one
+// answer, refreshed from the key directory like the card, on both.
+func publicMux(card, health http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/.well-known/agent-card.json":
 			card.ServeHTTP(w, r)
 		case "/health":
-			if r.Method != http.MethodGet && r.Method != http.MethodHead {
-				apierr.Write(w, apierr.MethodNotAllowed(http.MethodGet, http.MethodHead))
-				return
-			}
-			k, err := keys.Current()
-			if err != nil {
-				apierr.Write(w, apierr.Unavailable("signing key", 5, err))
-				return
-			}
-			w.Header().Set("Content-Type", "application/json")
-			w.Header().Set("Cache-Control", "no-store")
-			fmt.Fprintf(w, "{\"status\":\"ok\",\"key_version\":%q}\n", k.Version)
+			health.ServeHTTP(w, r)
 		default:
 			apierr.Write(w, apierr.NotFound("resource"))
 		}

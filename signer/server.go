@@ -154,11 +154,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch r.URL.Path {
 	case PathHealth:
-		if r.Method != http.MethodGet && r.Method != http.MethodHead {
-			apierr.Write(w, apierr.MethodNotAllowed(http.MethodGet))
-			return
-		}
-		s.health(w)
+		s.ServeHealth(w, r)
 	case PathKey:
 		if s.authorized(w, r) && allowMethod(w, r, http.MethodGet) {
 			s.key(w)
@@ -199,8 +195,16 @@ func (s *Server) authorized(w http.ResponseWriter, r *http.Request) bool {
 	return false
 }
 
-// health needs no secret: see currentKey in local.go for its refresh.
-func (s *Server) health(w http.ResponseWriter) {
+// ServeHealth answers GET and HEAD /health: 200 naming the key in service
+// while a key signs, 503 with the cause otherwise. It needs no secret, and
+// it is also certd's public /health, so the two can never disagree; as
+// anyone may ask it, it refreshes the key directory with the bound of
+// keystore.Store.RefreshLimited (see currentKey in local.go).
+func (s *Server) ServeHealth(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		apierr.Write(w, apierr.MethodNotAllowed(http.MethodGet, http.MethodHead))
+		return
+	}
 	k, err := currentKey(s.keys, s.log, true, "", time.Time{})
 	if err != nil {
 		apierr.Write(w, apierr.Unavailable("signing key", 5, err))
