@@ -123,7 +123,8 @@ var jsonModes = []string{"application/json"}
 
 // Build returns the card for cfg and the key history keys (every version
 // ever used, oldest first, as keystore.Store.List gives it) as it stands
-// now (keystore.Statuses). It fails when there is no key at all. A history
+// now by the history alone (keystore.Statuses: Build cannot know whether
+// a signer can sign with the key in service; Handler asks its store). It fails when there is no key at all. A history
 // with no key in service (a compromise of the current key whose
 // replacement could not be created yet, keystore.ReplacementRefusedError,
 // or a replacement dated by a clock ahead) signs nothing, and the card

@@ -261,8 +261,9 @@ func TestCardNamesAsCurrentTheKeyCertdSignsWith(t *testing.T) {
 
 // certd's wall clock stepped back behind a retirement (an NTP step): k1's
 // window holds the clock again, but certd forgot k1's private key when k1
-// retired, so it signs nothing (503, never k2 dated before k2 existed)
-// until a reload loads k1 again, or its clock passes k1's retired_at.
+// retired, so it signs nothing (503, never k2 dated before k2 existed),
+// and its card names no current key, until a reload loads k1 again, or
+// its clock passes k1's retired_at.
 func TestAClockSteppedBackBehindARetirementSignsNothingUntilReloadOrItsTime(t *testing.T) {
 	dir := t.TempDir()
 	c := &clock{t: time.Now().UTC().Truncate(time.Microsecond).Add(-time.Hour)}
@@ -303,6 +304,9 @@ func TestAClockSteppedBackBehindARetirementSignsNothingUntilReloadOrItsTime(t *t
 	}
 	if !strings.Contains(log.String(), "private key was not loaded (the clock went back)") {
 		t.Errorf("the log does not say why nothing is signed: %s", log)
+	}
+	if cur := servedKeys(t, card).Current(); cur != "" {
+		t.Errorf("the card names %s as currentKeyVersion while certd signs nothing", cur)
 	}
 	if err := keys.Reload(); err != nil { // SIGHUP
 		t.Fatal(err)

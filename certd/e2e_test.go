@@ -470,9 +470,10 @@ func TestARestartWithNoKeyInServiceServesTheCard(t *testing.T) {
 
 // README's `sudo certd compromise` case: the compromise is recorded but
 // the new key's file has a mode certd refuses. A certd restarted then
-// starts as with no key in service: it serves the card with the mark,
-// signs nothing (503) and logs at start the file and the fix; fixing the
-// mode makes it sign with the new key, no restart needed.
+// starts as with no key in service: it serves the card with the mark and
+// no current key (the new one pending, as `certd keys` says too), signs
+// nothing (503) and logs at start the file and the fix; fixing the mode
+// makes it sign with the new key, current again, no restart needed.
 func TestARestartAfterACompromiseWhoseNewKeyDoesNotLoadServesTheCard(t *testing.T) {
 	keys := filepath.Join(shortDir(t), "keys")
 	if out, errOut, code := certd(t, "rotate", "-keys", keys); code != 0 {
@@ -489,8 +490,11 @@ func TestARestartAfterACompromiseWhoseNewKeyDoesNotLoadServesTheCard(t *testing.
 	sock := filepath.Join(shortDir(t), "certd.sock")
 	d := startServe(t, "-keys", keys, "-sign-socket", sock, "-public-listen", "127.0.0.1:0")
 	card, _ := fetchCard(t, d.publicAddr)
-	if _, err := receipt.KeysFromCard(card); err != nil || !bytes.Contains(card, []byte(`"status":"compromised"`)) {
-		t.Fatalf("card after the restart: %v %s", err, card)
+	if ks, err := receipt.KeysFromCard(card); err != nil || !bytes.Contains(card, []byte(`"status":"compromised"`)) || ks.Current() != "" || !bytes.Contains(card, []byte(`"status":"pending"`)) {
+		t.Fatalf("card after the restart: %v %s; want k1 compromised, k2 pending and no currentKeyVersion", err, card)
+	}
+	if got := keyStatuses(t, keys); got != "k1:compromised,k2:pending" {
+		t.Errorf("certd keys while k2.key does not load: %s; want k1:compromised,k2:pending", got)
 	}
 	said := false
 	d.mu.Lock()
@@ -512,7 +516,29 @@ func TestARestartAfterACompromiseWhoseNewKeyDoesNotLoadServesTheCard(t *testing.
 	if _, err := signedResponse(t, c, "k2"); err != nil {
 		t.Fatalf("signing with k2 once its file loads: %v", err)
 	}
+	card, _ = fetchCard(t, d.publicAddr)
+	if ks, err := receipt.KeysFromCard(card); err != nil || ks.Current() != "k2" {
+		t.Errorf("card once k2 signs: current %q, %v", ks.Current(), err)
+	}
+	if got := keyStatuses(t, keys); got != "k1:compromised,k2:current" {
+		t.Errorf("certd keys once k2.key loads: %s", got)
+	}
 	d.stop(t, os.Interrupt)
+}
+
+// keyStatuses is what `certd keys` says of each key, as "k1:retired,...".
+func keyStatuses(t *testing.T, keys string) string {
+	t.Helper()
+	out, errOut, code := certd(t, "keys", "-keys", keys, "-json")
+	var rows []keyRow
+	if err := json.Unmarshal([]byte(out), &rows); code != 0 || err != nil {
+		t.Fatalf("certd keys: %d %v %s", code, err, errOut)
+	}
+	var st []string
+	for _, r := range rows {
+		st = append(st, r.KeyVersion+":"+r.Status)
+	}
+	return strings.Join(st, ",")
 }
 
 func TestEndToEndLoopbackTCPWithSecret(t *testing.T) {
@@ -615,8 +641,8 @@ func TestServeNeverReadsARetiredKey(t *testing.T) {
 // TestServeOnAnIndexOlderThanItsKeysSignsNothing: certd started where a
 // key file is newer than the index (here the index restored from a backup
 // older than the last rotation) says so at start naming the file, serves
-// the card and answers 503 to signing; moving the file out resumes signing
-// without a restart.
+// the card with no current key and answers 503 to signing; moving the file
+// out resumes signing, k1 current again, without a restart.
 func TestServeOnAnIndexOlderThanItsKeysSignsNothing(t *testing.T) {
 	keys := filepath.Join(shortDir(t), "keys")
 	if out, errOut, code := certd(t, "rotate", "-keys", keys); code != 0 {
@@ -648,8 +674,8 @@ func TestServeOnAnIndexOlderThanItsKeysSignsNothing(t *testing.T) {
 		}
 	}
 	card, _ := fetchCard(t, d.publicAddr)
-	if set, err := receipt.KeysFromCard(card); err != nil || set.Current() != "k1" {
-		t.Fatalf("card: current %q, %v; want the index's k1", set.Current(), err)
+	if set, err := receipt.KeysFromCard(card); err != nil || set.Current() != "" || !bytes.Contains(card, []byte(`"status":"pending"`)) {
+		t.Fatalf("card: current %q, %v; want none, the index's k1 pending while nothing signs", set.Current(), err)
 	}
 	c := signer.NewClient(signer.ClientConfig{Socket: sock})
 	if _, err := signedResponse(t, c, "k1"); err == nil {
@@ -669,6 +695,10 @@ func TestServeOnAnIndexOlderThanItsKeysSignsNothing(t *testing.T) {
 	}
 	if _, err := signedResponse(t, c, "k1"); err != nil {
 		t.Fatalf("signing once the file is moved out: %v", err)
+	}
+	card, _ = fetchCard(t, d.publicAddr)
+	if set, err := receipt.KeysFromCard(card); err != nil || set.Current() != "k1" {
+		t.Fatalf("card once k1 signs: current %q, %v; want k1", set.Current(), err)
 	}
 }
 

@@ -2,6 +2,8 @@ package keystore
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -206,4 +208,92 @@ func TestStatusesFollowTheKeyInService(t *testing.T) {
 	if got := status(); got != "k1:retired,k2:compromised,k3:pending" {
 		t.Fatalf("with no key in service: %s", got)
 	}
+}
+
+// status is how s describes its keys (Store.Statuses), as "k1:retired,...".
+func status(s *Store) string {
+	keys := s.List()
+	var out []string
+	for i, st := range s.Statuses(keys) {
+		out = append(out, keys[i].Version+":"+st)
+	}
+	return strings.Join(out, ",")
+}
+
+// While a store signs nothing, no key is current: the card and `certd
+// keys` must not name as current a key certd cannot sign with. The key in
+// service by the history is pending until it signs. Three causes: its
+// private key file does not load (seen alike by the signing store and by
+// `certd keys`' public-only one), and a clock that went back behind a
+// retirement, before a reload loads the key again.
+func TestNoKeyIsCurrentWhileNoneSigns(t *testing.T) {
+	t.Run("key file does not load", func(t *testing.T) {
+		dir := t.TempDir()
+		c := newClock()
+		if _, err := open(t, dir, c).Generate(); err != nil {
+			t.Fatal(err)
+		}
+		serving := serve(t, dir, c)
+		c.Add(time.Hour)
+		if _, err := open(t, dir, c).MarkCompromised("k1", c.Now().Add(-time.Minute)); err != nil {
+			t.Fatal(err)
+		}
+		k2 := filepath.Join(dir, "k2.key")
+		if err := os.Chmod(k2, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		serving.Refresh()
+		operator, err := Open(dir, Options{Now: c.Now, PublicOnly: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for name, s := range map[string]*Store{"signing store": serving, "certd keys": operator} {
+			if _, err := serving.Current(); err == nil {
+				t.Fatal("signing with k2.key unloadable")
+			}
+			if got := status(s); got != "k1:compromised,k2:pending" {
+				t.Errorf("%s while k2.key does not load: %s; want k1:compromised,k2:pending", name, got)
+			}
+		}
+		if err := os.Chmod(k2, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		serving.Refresh()
+		for name, s := range map[string]*Store{"signing store": serving, "certd keys": operator} {
+			if got := status(s); got != "k1:compromised,k2:current" {
+				t.Errorf("%s once k2.key loads: %s; want k1:compromised,k2:current", name, got)
+			}
+		}
+	})
+	t.Run("clock went back", func(t *testing.T) {
+		dir := t.TempDir()
+		c := newClock()
+		if _, err := open(t, dir, c).Generate(); err != nil {
+			t.Fatal(err)
+		}
+		serving := serve(t, dir, c)
+		c.Add(time.Minute)
+		k2, err := open(t, dir, c).Rotate()
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Add(time.Second)
+		serving.Refresh()
+		if k, err := serving.Current(); err != nil || k.Version != "k2" {
+			t.Fatalf("after the rotation: %s %v", k.Version, err)
+		}
+		c.t = k2.CreatedAt.Add(-30 * time.Second) // the step back
+		if _, err := serving.Current(); err == nil {
+			t.Fatal("signing after the clock went back behind k1's forgotten retirement")
+		}
+		if got := status(serving); got != "k1:pending,k2:pending" {
+			t.Errorf("while nothing signs after the step back: %s; want k1:pending,k2:pending", got)
+		}
+		if err := serving.Reload(); err != nil {
+			t.Fatal(err)
+		}
+		if got := status(serving); got != "k1:current,k2:pending" {
+			t.Errorf("after a reload: %s; want k1:current,k2:pending", got)
+		}
+	})
 }

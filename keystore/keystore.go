@@ -52,8 +52,9 @@ const (
 	StatusCurrent     = "current"
 	StatusRetired     = "retired"
 	StatusCompromised = "compromised"
-	// StatusPending is a key whose created_at has not come yet by the
-	// clock that describes it: see Statuses.
+	// StatusPending is a key not in service yet: its created_at has not
+	// come by the clock that describes it, or it is the key in service by
+	// the history but certd cannot sign with it (see Store.Statuses).
 	StatusPending = "pending"
 )
 
@@ -90,24 +91,57 @@ type Key struct {
 	CompromisedSince time.Time
 }
 
-// Statuses reports how the agent card and `certd keys` describe each of
-// keys (a key history, oldest first) at now: by the rule that chooses the
-// key that signs (InService), so the card never names as current a key
-// certd does not sign with at that instant. Compromised wins over
-// everything, so a verifier learns to distrust the key; the key in service
-// is current; one whose created_at is still ahead (a rotation dated by a
-// clock ahead of now) is pending; any other is retired (its retired_at has
-// come, or a newer key is in service).
+// Statuses reports how keys (a key history, oldest first) stand at now by
+// the history alone: by the rule that chooses the key that signs
+// (InService), the key in service being current. It cannot know whether a
+// signer can sign with that key; the agent card and `certd keys` use
+// Store.Statuses, which does.
 func Statuses(keys []Key, now time.Time) []string {
 	in, err := InService(keys, now)
+	if err != nil {
+		return statuses(keys, now, "", false)
+	}
+	return statuses(keys, now, in.Version, true)
+}
+
+// Statuses reports how the agent card and `certd keys` describe each of
+// keys (List) at this store's clock: by the choice Current makes, so the
+// card never names as current a key this store does not sign with at that
+// instant. While it signs nothing (a key directory that does not load, a
+// private key file that does not, a clock that went back behind a key it
+// forgot: see Choose), no key is current, and the key in service by the
+// history is pending: it becomes current when it can sign. A store opened
+// PublicOnly (`certd keys`) holds no private key, so it checks that the
+// file of the key in service loads, as the user running it (certd's own
+// user sees what certd sees), and reads it for nothing else.
+func (s *Store) Statuses(keys []Key) []string {
+	k, now, err := s.choose("", time.Time{})
+	if err == nil && s.publicOnly {
+		_, err = s.loadKeyFile(k.Version, k.Public)
+	}
+	in, inErr := InService(keys, now)
+	if inErr != nil {
+		return statuses(keys, now, "", false)
+	}
+	return statuses(keys, now, in.Version, err == nil && k.Version == in.Version)
+}
+
+// statuses is the one description of each of keys at now given the key in
+// service by the history (in, "" for none) and whether it signs.
+// Compromised wins over everything, so a verifier learns to distrust the
+// key; the key in service is current if it signs, pending if not; one
+// whose created_at is still ahead (a rotation dated by a clock ahead of
+// now) is pending; any other is retired (its retired_at has come, or a
+// newer key is in service).
+func statuses(keys []Key, now time.Time, in string, signs bool) []string {
 	out := make([]string, len(keys))
 	for i, k := range keys {
 		switch {
 		case k.Compromised:
 			out[i] = StatusCompromised
-		case err == nil && k.Version == in.Version:
+		case k.Version == in && signs:
 			out[i] = StatusCurrent
-		case k.CreatedAt.After(now):
+		case k.Version == in || k.CreatedAt.After(now):
 			out[i] = StatusPending
 		default:
 			out[i] = StatusRetired
@@ -115,9 +149,6 @@ func Statuses(keys []Key, now time.Time) []string {
 	}
 	return out
 }
-
-// Statuses is Statuses of keys at this store's clock.
-func (s *Store) Statuses(keys []Key) []string { return Statuses(keys, s.now()) }
 
 // Options tune a Store. The zero value is the production setting.
 type Options struct {
@@ -283,11 +314,18 @@ func (s *Store) Current() (Key, error) { return s.Choose("", time.Time{}) }
 // or another process signing with the same directory, does not know it. A
 // version "" records nothing (Current).
 func (s *Store) Choose(version string, at time.Time) (Key, error) {
+	k, _, err := s.choose(version, at)
+	return k, err
+}
+
+// choose is Choose, also reporting the instant of this store's clock the
+// choice was made at (Statuses describes the keys at it).
+func (s *Store) choose(version string, at time.Time) (Key, time.Time, error) {
 	now := s.now()
 	s.mu.RLock()
 	if s.broken != nil {
 		defer s.mu.RUnlock()
-		return Key{}, fmt.Errorf("no key signs until the key directory loads again: %w", s.broken)
+		return Key{}, now, fmt.Errorf("no key signs until the key directory loads again: %w", s.broken)
 	}
 	k, err := InService(s.keys, now)
 	if err == nil && version != "" && k.Version == version && k.Private != nil {
@@ -305,9 +343,9 @@ func (s *Store) Choose(version string, at time.Time) (Key, error) {
 	if err == nil && k.Private == nil && !s.publicOnly {
 		// Loaded public only: its window began after the last load by a
 		// clock that has since gone back. Never sign with another key.
-		return Key{}, fmt.Errorf("key %s is in service by this host's clock but its private key was not loaded (the clock went back); the next change to the key directory, or a SIGHUP, loads it", k.Version)
+		return Key{}, now, fmt.Errorf("key %s is in service by this host's clock but its private key was not loaded (the clock went back); the next change to the key directory, or a SIGHUP, loads it", k.Version)
 	}
-	return k, err
+	return k, now, err
 }
 
 // StateChanged reports whether err, what Current answered, differs in its
@@ -733,7 +771,7 @@ func (s *Store) loadLocked() error {
 			// A key file that fails leaves the key public only, so the
 			// new history is still published (Open fails on it anyway);
 			// s.broken stops signing.
-			loaded, err := s.loadKeyFile(e)
+			loaded, err := s.loadKeyFile(e.Version, mustPublic(e.PublicKey))
 			if err != nil && keyErr == nil {
 				keyErr = &KeyFileError{Version: e.Version, Err: err}
 			}
@@ -941,35 +979,36 @@ func (s *Store) readIndex() (index, fs.FileInfo, error) {
 	return idx, fi, nil
 }
 
-// loadKeyFile reads and checks the private key of one index entry.
-func (s *Store) loadKeyFile(e indexEntry) (Key, error) {
-	path := filepath.Join(s.dir, e.Version+".key")
+// loadKeyFile reads the private key of version and checks it is the one
+// whose public key the index names, want.
+func (s *Store) loadKeyFile(version string, want ed25519.PublicKey) (Key, error) {
+	path := filepath.Join(s.dir, version+".key")
 	f, err := os.Open(path)
 	if err != nil {
-		return Key{}, fmt.Errorf("loading key %s: %w", e.Version, err)
+		return Key{}, fmt.Errorf("loading key %s: %w", version, err)
 	}
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
-		return Key{}, fmt.Errorf("loading key %s: %w", e.Version, err)
+		return Key{}, fmt.Errorf("loading key %s: %w", version, err)
 	}
 	if !fi.Mode().IsRegular() {
-		return Key{}, fmt.Errorf("loading key %s: %s is not a regular file", e.Version, path)
+		return Key{}, fmt.Errorf("loading key %s: %s is not a regular file", version, path)
 	}
 	if perm := fi.Mode().Perm(); perm&0o077 != 0 {
-		return Key{}, fmt.Errorf("loading key %s: private key file %s has mode %04o and is readable by group or others; restrict it with `chmod 600 %s` (and consider the key compromised if others could read it)", e.Version, path, perm, path)
+		return Key{}, fmt.Errorf("loading key %s: private key file %s has mode %04o and is readable by group or others; restrict it with `chmod 600 %s` (and consider the key compromised if others could read it)", version, path, perm, path)
 	}
 	raw, err := readAll(f, 64<<10)
 	if err != nil {
-		return Key{}, fmt.Errorf("loading key %s: %w", e.Version, err)
+		return Key{}, fmt.Errorf("loading key %s: %w", version, err)
 	}
 	priv, err := parsePrivateKey(raw)
 	if err != nil {
-		return Key{}, fmt.Errorf("loading key %s from %s: %w", e.Version, path, err)
+		return Key{}, fmt.Errorf("loading key %s from %s: %w", version, path, err)
 	}
 	pub := priv.Public().(ed25519.PublicKey)
-	if want := mustPublic(e.PublicKey); !pub.Equal(want) {
-		return Key{}, fmt.Errorf("loading key %s: the private key in %s does not match the public key in the index", e.Version, path)
+	if !pub.Equal(want) {
+		return Key{}, fmt.Errorf("loading key %s: the private key in %s does not match the public key in the index", version, path)
 	}
 	return Key{Private: priv, Public: pub}, nil
 }
