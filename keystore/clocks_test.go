@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -296,4 +297,92 @@ func TestNoKeyIsCurrentWhileNoneSigns(t *testing.T) {
 			t.Errorf("after a reload: %s; want k1:current,k2:pending", got)
 		}
 	})
+}
+
+// Two signatures at the switch instant of a rotation dated ahead: B reads
+// the clock a microsecond before k1's retired_at, A a microsecond after,
+// chooses k2 and drops k1's private key (CurrentOnly). Whatever the
+// interleaving, B must sign with the key in service by its reading, never
+// find that key forgotten and answer "the clock went back" (no clock went
+// back: the readings are in order). The clock below is scripted so that B
+// is held inside its reading while A runs; it lets B go after A is done,
+// or after a moment if A cannot finish while B reads.
+func TestASignatureAtTheSwitchInstantNeverFindsItsKeyForgotten(t *testing.T) {
+	dir := t.TempDir()
+	c := newClock()
+	ahead := &clock{t: c.Now().Add(10 * time.Minute)}
+	if _, err := open(t, dir, c).Generate(); err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu     sync.Mutex
+		script []func() time.Time
+	)
+	now := func() time.Time {
+		mu.Lock()
+		if len(script) > 0 {
+			f := script[0]
+			script = script[1:]
+			mu.Unlock()
+			return f()
+		}
+		mu.Unlock()
+		return c.Now()
+	}
+	serving, err := Open(dir, Options{Now: now, CurrentOnly: true, Watch: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { serving.Close() })
+	c.Add(time.Minute)
+	ahead.Add(time.Minute)
+	k2, err := open(t, dir, ahead).Rotate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := serving.Refresh(); err != nil {
+		t.Fatal(err)
+	}
+	R := k2.CreatedAt // k1's retired_at
+	bReading, aDone := make(chan struct{}), make(chan struct{})
+	mu.Lock()
+	script = []func() time.Time{
+		func() time.Time { // B's reading
+			close(bReading)
+			select {
+			case <-aDone:
+			case <-time.After(300 * time.Millisecond):
+			}
+			return R.Add(-time.Microsecond)
+		},
+		func() time.Time { return R.Add(time.Microsecond) }, // A's
+	}
+	mu.Unlock()
+	type chosen struct {
+		k   Key
+		err error
+	}
+	b := make(chan chosen, 1)
+	go func() {
+		k, err := serving.Choose("k1", R.Add(-time.Microsecond))
+		b <- chosen{k, err}
+	}()
+	<-bReading
+	a := make(chan chosen, 1)
+	go func() {
+		k, err := serving.Choose("k2", R.Add(time.Microsecond))
+		a <- chosen{k, err}
+		close(aDone)
+	}()
+	for name, ch := range map[string]chan chosen{"B (clock before k1's retired_at)": b, "A (clock after it)": a} {
+		select {
+		case got := <-ch:
+			want := map[bool]string{true: "k1", false: "k2"}[ch == b]
+			if got.err != nil || got.k.Version != want || got.k.Private == nil {
+				t.Errorf("%s chose %s (private %v), %v; want %s", name, got.k.Version, got.k.Private != nil, got.err, want)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s has not chosen after 5 s", name)
+		}
+	}
 }

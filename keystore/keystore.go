@@ -320,9 +320,15 @@ func (s *Store) Choose(version string, at time.Time) (Key, error) {
 
 // choose is Choose, also reporting the instant of this store's clock the
 // choice was made at (Statuses describes the keys at it).
+//
+// The clock is read under the read lock, which every change of the keys
+// held (a reload, forgetRetired) takes for writing: a reading taken before
+// the lock could be older than the one with which another signature chose
+// the next key and forgot this one's private key, and would then find the
+// key in service by it forgotten, as if the clock had gone back.
 func (s *Store) choose(version string, at time.Time) (Key, time.Time, error) {
-	now := s.now()
 	s.mu.RLock()
+	now := s.now()
 	if s.broken != nil {
 		defer s.mu.RUnlock()
 		return Key{}, now, fmt.Errorf("no key signs until the key directory loads again: %w", s.broken)
