@@ -141,7 +141,7 @@ func TestARetirementBeforeASignedReceiptIsRefused(t *testing.T) {
 			if err == nil {
 				t.Fatal("Refresh loaded a retirement 10 min before a receipt the process signed")
 			}
-			for _, want := range []string{"retires key k1", "10m0s before the newest receipt", "behind this one's"} {
+			for _, want := range []string{"retires key k1", "10m0s before the newest receipt", "reads behind the one that dated those receipts", "restart"} {
 				if !strings.Contains(err.Error(), want) {
 					t.Errorf("the refusal %q does not say %q", err, want)
 				}
@@ -384,5 +384,79 @@ func TestASignatureAtTheSwitchInstantNeverFindsItsKeyForgotten(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Fatalf("%s has not chosen after 5 s", name)
 		}
+	}
+}
+
+// certd's clock ran 10 min ahead while it signed with k1, then NTP
+// stepped it back, and the operator ran `certd rotate` on certd's own
+// host: a correct clock, whose retirement of k1 is dated before receipts
+// certd delivered. Loading it would make them fail verification, so it is
+// refused, for as long as the process runs; the refusal says so without
+// blaming another host or naming an index to put back, and its two ways
+// out work: an index that retires k1 at or after its newest receipt loads
+// on the next request (k1 signs until then, k2 after), and a restart
+// accepts the index as it is.
+func TestARotationAfterThisHostsClockWasCorrectedSaysHowToResolveIt(t *testing.T) {
+	dir := t.TempDir()
+	c := newClock()
+	if _, err := open(t, dir, c).Generate(); err != nil {
+		t.Fatal(err)
+	}
+	c.Add(time.Hour + 10*time.Minute) // certd's clock, 10 min ahead
+	serving := serve(t, dir, c)
+	X := c.Now()
+	if _, err := serving.Choose("k1", X); err != nil {
+		t.Fatal(err)
+	}
+	c.Add(-10 * time.Minute) // NTP steps it back
+	c.Add(time.Minute)
+	if _, err := open(t, dir, c).Rotate(); err != nil { // on the same, corrected clock
+		t.Fatal(err)
+	}
+	_, err := serving.Refresh()
+	if err == nil {
+		t.Fatal("a retirement 9 min before a delivered receipt loaded")
+	}
+	msg := err.Error()
+	for _, want := range []string{
+		"dated " + formatTime(X),
+		"this host's clock ahead when it signed them and corrected since",
+		"set the retired_at of key k1, and the created_at of the key after it, to " + formatTime(X) + " or later",
+		"restart the process",
+	} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("the refusal does not say %q: %s", want, msg)
+		}
+	}
+	for _, wrong := range []string{"put the newest index back", "correct it with NTP"} {
+		if strings.Contains(msg, wrong) {
+			t.Errorf("the refusal says %q, which does not apply: %s", wrong, msg)
+		}
+	}
+	c.Add(time.Minute)
+	if _, err := serving.Refresh(); err == nil {
+		t.Fatal("the refusal lifted by itself")
+	}
+
+	// A restart accepts the index as it is.
+	restarted := serve(t, dir, c)
+	if k, err := restarted.Current(); err != nil || k.Version != "k2" {
+		t.Errorf("after a restart: %s %v; want k2", k.Version, err)
+	}
+
+	// The running process loads an index retiring k1 at its newest receipt.
+	rewriteIndex(t, dir, func(idx *index) {
+		idx.Keys[0].RetiredAt = formatTime(X)
+		idx.Keys[1].CreatedAt = formatTime(X)
+	})
+	if _, err := serving.Refresh(); err != nil {
+		t.Fatalf("the index edited as the refusal says: %v", err)
+	}
+	if k, err := serving.Current(); err != nil || k.Version != "k1" {
+		t.Errorf("before %s: %s %v; want k1", formatTime(X), k.Version, err)
+	}
+	c.t = X
+	if k, err := serving.Current(); err != nil || k.Version != "k2" {
+		t.Errorf("at %s: %s %v; want k2", formatTime(X), k.Version, err)
 	}
 }

@@ -815,8 +815,9 @@ func (s *Store) loadLocked() error {
 // A retirement is refused, though, when it comes so early that a receipt
 // this process signed with the key (Choose) would fall outside the key's
 // window as verifiers widen it: the index was written on a clock behind
-// this one, and loading it would silently invalidate delivered receipts.
-// A compromise mark is not: it may mean to.
+// the one that dated the receipt (see earlyRetirement), and loading it
+// would silently invalidate delivered receipts. A compromise mark is not:
+// it may mean to.
 //
 // An index that takes something back is most often one restored from a
 // backup older than the last rotation: loading it would sign again with a
@@ -827,6 +828,7 @@ func (s *Store) loadLocked() error {
 // A restart loads whatever the index holds, for a change that is meant.
 func (s *Store) checkGrowth(next []Key) error {
 	var dropped, changed []string
+	var early []string // retirements before a receipt signed (see earlyRetirement)
 	for _, h := range s.keys {
 		n, ok := findKey(next, h.Version)
 		var what string
@@ -846,9 +848,9 @@ func (s *Store) checkGrowth(next []Key) error {
 			// A compromise mark may mean to distrust receipts already
 			// delivered; a retirement never does.
 			last := s.lastSigned(h.Version)
-			what = fmt.Sprintf("retires key %s at %s, %s before the newest receipt this process signed with it (dated %s), which verifiers would then refuse as signed after the key left service; "+
-				"the clock of the host that retired it is behind this one's by about that much (correct it with NTP)",
-				h.Version, formatTime(n.RetiredAt), last.Sub(n.RetiredAt), formatTime(last))
+			what = fmt.Sprintf("retires key %s at %s, %s before the newest receipt this process signed with it (dated %s), which verifiers would then refuse as signed after the key left service, as every receipt it signed dated after %s",
+				h.Version, formatTime(n.RetiredAt), last.Sub(n.RetiredAt), formatTime(last), formatTime(n.RetiredAt.Add(receipt.MaxSigningSkew)))
+			early = append(early, fmt.Sprintf("set the retired_at of key %s, and the created_at of the key after it, to %s or later", h.Version, formatTime(last)))
 		case h.Compromised && !n.Compromised:
 			what = fmt.Sprintf("no longer marks key %s compromised (since %s)", h.Version, formatTime(h.CompromisedSince))
 		case h.Compromised && n.CompromisedSince.After(h.CompromisedSince):
@@ -861,6 +863,9 @@ func (s *Store) checkGrowth(next []Key) error {
 	if len(dropped) > 0 {
 		changed = append([]string{"no longer names key " + strings.Join(dropped, ", ")}, changed...)
 	}
+	if len(early) > 0 && len(early) == len(changed) {
+		return earlyRetirement(filepath.Join(s.dir, IndexFile), changed, early)
+	}
 	if len(changed) > 0 {
 		return fmt.Errorf("refusing the key index %s: it %s, unlike the index this process loaded before; "+
 			"while a process runs its key history only grows (an index that takes part of it back is usually restored from a backup older than the last rotation, "+
@@ -869,6 +874,24 @@ func (s *Store) checkGrowth(next []Key) error {
 			"or, if the change is meant, restart the process", filepath.Join(s.dir, IndexFile), strings.Join(changed, "; it "))
 	}
 	return nil
+}
+
+// earlyRetirement is checkGrowth's refusal of an index whose only change
+// it refuses is a retirement dated before a receipt this process signed
+// with the key. No newer index exists to put back: the clock that dated
+// the retirement read earlier than the one that dated the receipt, either
+// another host's clock behind this one, or this host's own, ahead when it
+// signed and stepped back since (NTP), `certd rotate` then being right.
+// The refusal never lifts by itself (the record outlives the clock error),
+// so it says both ways out: retire the key at or after its newest receipt,
+// which keeps every receipt verifiable, or restart to accept the index as
+// it is, which gives up the receipts dated after the retirement.
+func earlyRetirement(path string, changed, fixes []string) error {
+	return fmt.Errorf("refusing the key index %s: it %s. The clock that dated the retirement reads behind the one that dated those receipts (another host's clock behind this one, "+
+		"or this host's clock ahead when it signed them and corrected since). Nothing is signed and the agent card keeps the history loaded before. "+
+		"To keep those receipts verifiable, edit %s: %s (the next request loads it, and the key signs until then); "+
+		"to accept the retirement as it is, restart the process (those receipts then fail verification)",
+		path, strings.Join(changed, "; it "), path, strings.Join(fixes, "; "))
 }
 
 // KeyFileError is a private key file the index names that could not be
