@@ -895,9 +895,10 @@ func earlyRetirement(path string, changed, fixes []string) error {
 }
 
 // KeyFileError is a private key file the index names that could not be
-// loaded (missing, unreadable by this process, a mode readable by group or
-// others, not the key the index names): the history the index holds is
-// loaded all the same, and nothing signs until the file loads.
+// loaded (missing, not a regular file, unreadable by this process, a mode
+// readable by group or others, not the key the index names): the history
+// the index holds is loaded all the same, and nothing signs until the file
+// loads.
 type KeyFileError struct {
 	Version string
 	Err     error
@@ -971,7 +972,7 @@ func mustPublic(b64 string) ed25519.PublicKey {
 // readIndex reads index.json; a missing index is an empty store.
 func (s *Store) readIndex() (index, fs.FileInfo, error) {
 	path := filepath.Join(s.dir, IndexFile)
-	f, err := os.Open(path)
+	f, fi, err := openRegular(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return index{Format: indexFormat}, nil, nil
 	}
@@ -979,10 +980,6 @@ func (s *Store) readIndex() (index, fs.FileInfo, error) {
 		return index{}, nil, fmt.Errorf("opening key index: %w", err)
 	}
 	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return index{}, nil, fmt.Errorf("reading key index: %w", err)
-	}
 	var idx index
 	dec := json.NewDecoder(f)
 	dec.DisallowUnknownFields()
@@ -1012,18 +1009,11 @@ func (s *Store) readIndex() (index, fs.FileInfo, error) {
 // whose public key the index names, want.
 func (s *Store) loadKeyFile(version string, want ed25519.PublicKey) (Key, error) {
 	path := filepath.Join(s.dir, version+".key")
-	f, err := os.Open(path)
+	f, fi, err := openRegular(path)
 	if err != nil {
 		return Key{}, fmt.Errorf("loading key %s: %w", version, err)
 	}
 	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return Key{}, fmt.Errorf("loading key %s: %w", version, err)
-	}
-	if !fi.Mode().IsRegular() {
-		return Key{}, fmt.Errorf("loading key %s: %s is not a regular file", version, path)
-	}
 	if perm := fi.Mode().Perm(); perm&0o077 != 0 {
 		return Key{}, fmt.Errorf("loading key %s: private key file %s has mode %04o and is readable by group or others; restrict it with `chmod 600 %s` (and consider the key compromised if others could read it)", version, path, perm, path)
 	}
@@ -1040,6 +1030,28 @@ func (s *Store) loadKeyFile(version string, want ed25519.PublicKey) (Key, error)
 		return Key{}, fmt.Errorf("loading key %s: the private key in %s does not match the public key in the index", version, path)
 	}
 	return Key{Private: priv, Public: pub}, nil
+}
+
+// openRegular opens path for reading and refuses anything but a regular
+// file (through a symbolic link too). It opens without blocking: opening a
+// named pipe for reading otherwise waits for a writer, which would hang a
+// start, or a reload holding the store's lock and every signature with it.
+// The check is on the file opened (fstat), so nothing can be swapped in
+// between a check and the open.
+func openRegular(path string) (*os.File, fs.FileInfo, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	fi, err := f.Stat()
+	if err == nil && !fi.Mode().IsRegular() {
+		err = fmt.Errorf("%s is not a regular file", path)
+	}
+	if err != nil {
+		f.Close()
+		return nil, nil, err
+	}
+	return f, fi, nil
 }
 
 func readAll(f *os.File, limit int64) ([]byte, error) {
