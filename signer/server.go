@@ -45,6 +45,7 @@ import (
 	"mime"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/aovhq/aov/apierr"
@@ -95,9 +96,12 @@ type ServerConfig struct {
 	// Secret, when set, is the bearer token every /v1/ request must carry
 	// (loopback TCP mode). On a unix socket the file mode authenticates.
 	Secret string
-	// Now is the clock attested_at is checked against; tests move it.
+	// Now is the clock attested_at is checked against, and the one
+	// refusals for want of the secret are counted by; tests move it.
 	Now func() time.Time
-	// Logger receives one line per refusal and per key reload; nil is silent.
+	// Logger receives one line per refusal (those for want of the secret,
+	// which anyone may cause, at most once a minute with their count) and
+	// per change of the signing state; nil is silent.
 	Logger *slog.Logger
 }
 
@@ -110,6 +114,9 @@ type Server struct {
 	auth    bool
 	now     func() time.Time
 	log     *slog.Logger
+	// unauthorized limits the log lines of requests refused for want of
+	// the secret (see authorized).
+	unauthorized logLimiter
 }
 
 // NewServer returns the signing handler.
@@ -190,7 +197,11 @@ func (s *Server) authorized(w http.ResponseWriter, r *http.Request) bool {
 	if ok && subtle.ConstantTimeCompare(got[:], s.secret[:]) == 1 {
 		return true
 	}
-	s.log.Warn("signing request refused: missing or wrong bearer secret", "remote", r.RemoteAddr, "path", r.URL.Path)
+	// Any local process can send these, so they must not fill the log:
+	// the first is logged, then one line per refusalLogEvery at most.
+	if n, ok := s.unauthorized.allow(s.now()); ok {
+		s.log.Warn("signing request refused: missing or wrong bearer secret", "remote", r.RemoteAddr, "path", r.URL.Path, "refused", n)
+	}
 	apierr.Write(w, apierr.Unauthorized("missing or wrong signing secret"))
 	return false
 }
@@ -287,6 +298,35 @@ func (s *Server) sign(w http.ResponseWriter, r *http.Request) {
 	h["Cache-Control"] = noStore
 	w.WriteHeader(http.StatusOK)
 	w.Write(out)
+}
+
+// refusalLogEvery is how often, at most, a kind of refusal anyone may
+// cause is logged.
+const refusalLogEvery = time.Minute
+
+// logLimiter lets through the first of a kind of event, then at most one
+// per refusalLogEvery, each with the number of events it stands for (the
+// ones held back since the last let through, and itself).
+type logLimiter struct {
+	mu     sync.Mutex
+	last   time.Time
+	held   int
+	logged bool
+}
+
+// allow records an event at now and reports whether to log it, and how
+// many events the line stands for. A clock that went back lets the next
+// event through.
+func (l *logLimiter) allow(now time.Time) (int, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.held++
+	if d := now.Sub(l.last); l.logged && d >= 0 && d < refusalLogEvery {
+		return 0, false
+	}
+	n := l.held
+	l.last, l.held, l.logged = now, 0, true
+	return n, true
 }
 
 // Header values set without allocating on every signature.
