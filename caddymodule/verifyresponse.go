@@ -590,15 +590,9 @@ func (v *VerifyResponse) verifyHeld(w http.ResponseWriter, hw *bufferedWriter, r
 	}
 	outputHash := receipt.Hash(cb)
 
-	rc, err := v.call(r, body)
+	rc, err := v.call(r, body, outputHash)
 	if err != nil {
 		return v.unverifiable(w, hw, r, apierr.From(err))
-	}
-	if rc.view.OutputHash != outputHash || rc.view.SchemaHash != v.schemaHash || rc.view.RulesHash != v.rulesHash {
-		// Never attach a receipt about other bytes.
-		return v.unverifiable(w, hw, r, apierr.Unavailable("verification service", 2,
-			fmt.Errorf("receipt hashes do not match the response and configuration (output %t, schema %t, rules %t)",
-				rc.view.OutputHash == outputHash, rc.view.SchemaHash == v.schemaHash, rc.view.RulesHash == v.rulesHash)))
 	}
 	caddyhttp.SetVar(r.Context(), verificationIDVar, rc.view.VerificationID)
 
@@ -807,9 +801,6 @@ type signedReceipt struct {
 type receiptView struct {
 	Result         string `json:"result"`
 	VerificationID string `json:"verification_id"`
-	OutputHash     string `json:"output_hash"`
-	SchemaHash     string `json:"schema_hash"`
-	RulesHash      string `json:"rules_hash"`
 	Summary        struct {
 		BlockingChecks []string `json:"blocking_checks"`
 	} `json:"summary"`
@@ -820,11 +811,12 @@ type receiptView struct {
 	} `json:"attestation"`
 }
 
-// call sends one verification request for body and reads the receipt. An
-// error is an *apierr.Error ready for on_error: upstream_unavailable when
-// the service is down or failing, response_unverifiable when it refused the
-// response.
-func (v *VerifyResponse) call(r *http.Request, body []byte) (*signedReceipt, error) {
+// call sends one verification request for body, whose output hash is
+// outputHash, and reads the receipt. An error is an *apierr.Error ready
+// for on_error: upstream_unavailable when the service is down or failing,
+// or its receipt does not verify or is about another request;
+// response_unverifiable when it refused the response.
+func (v *VerifyResponse) call(r *http.Request, body []byte, outputHash string) (*signedReceipt, error) {
 	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	taskID, agentID := v.TaskID, v.AgentID
 	if repl != nil {
@@ -833,6 +825,15 @@ func (v *VerifyResponse) call(r *http.Request, body []byte) (*signedReceipt, err
 			taskID = repl.ReplaceAll(defaultTaskID, "")
 		}
 		agentID = repl.ReplaceAll(agentID, "")
+	}
+	want := receipt.Expected{
+		Hashes:             receipt.Hashes{Output: outputHash, Schema: v.schemaHash, Rules: v.rulesHash},
+		TaskID:             taskID,
+		StrictContentCheck: v.StrictContentCheck,
+		EnforceRules:       v.EnforceRules,
+	}
+	if agentID != "" {
+		want.AgentID = &agentID
 	}
 	reqBody := make([]byte, 0, len(v.template)+len(body)+128)
 	reqBody = append(reqBody, v.template...)
@@ -877,6 +878,16 @@ func (v *VerifyResponse) call(r *http.Request, body []byte) (*signedReceipt, err
 	// longer than for the verification (the read has its own).
 	if err := v.keys.verify(ctx, rc.raw); err != nil {
 		return nil, err
+	}
+	// Never attach (or count as a pass) a receipt about other bytes or
+	// another request: the one check `aov receipt verify --request` makes.
+	// A receipt's hashes do not cover task_id, agent_id,
+	// strict_content_check or enforce_rules, so a genuine receipt made
+	// with enforce_rules turned off on the way (rule violations only
+	// warned about) would otherwise be charged as a pass for a request
+	// that enforced them.
+	if err := receipt.CheckRequest(rc.raw, want); err != nil {
+		return nil, apierr.Unavailable("verification service", 2, fmt.Errorf("the receipt is not about the request sent: %w", err))
 	}
 	return rc, nil
 }
