@@ -1,6 +1,7 @@
 package receipt
 
 import (
+	"cmp"
 	"errors"
 	"slices"
 	"unicode/utf16"
@@ -12,7 +13,11 @@ import (
 // canonical way, numbers reprinted as ECMAScript prints the nearest
 // double); an object's members are written in input order and only moved
 // when they turn out not to be sorted, so already canonical input (what a
-// signer is sent) costs one read and one copy.
+// signer is sent) costs one read and one copy. Objects out of order are
+// put in order once the whole value is written (order), each byte moved
+// once however deep they nest: reordering each object as it closed would
+// copy everything below it again at every level, time quadratic in a
+// document nested thousands of levels deep.
 //
 // It refuses, like the reference implementation: duplicate keys (in
 // decoded form), invalid UTF-8, lone or mispaired surrogate escapes,
@@ -24,7 +29,21 @@ type canonReader struct {
 	pos     int
 	depth   int
 	members []member // a stack shared by the objects being read
-	scratch []byte   // an object's members while they are reordered
+	// pending lists the objects written with their members out of order,
+	// in the order they closed; ordered holds their members, each one's
+	// sorted by key.
+	pending []pendingObject
+	ordered []member
+	scratch []byte // the outermost pending object's bytes while order rewrites them
+	base    int    // where scratch's bytes sit in the output
+}
+
+// pendingObject is an object written with its members in input order,
+// which is not their key order: where it sits in the output, {...}
+// included, and its members in key order, ordered[from:to].
+type pendingObject struct {
+	start, end int
+	from, to   int
 }
 
 // member is one object member already written to the output: its decoded
@@ -220,38 +239,85 @@ func (r *canonReader) object(dst []byte) ([]byte, error) {
 		dst = append(dst, ',')
 	}
 	r.depth--
+	dst = append(dst, '}')
 	if !sorted {
-		var err error
-		if dst, err = r.reorder(dst, objStart, r.members[mark:]); err != nil {
-			return dst, err
+		ms := r.members[mark:]
+		slices.SortFunc(ms, func(a, b member) int { return compareUTF16(a.key, b.key) })
+		for i := 1; i < len(ms); i++ {
+			if ms[i-1].key == ms[i].key {
+				return dst, errDuplicateKey
+			}
 		}
+		from := len(r.ordered)
+		r.ordered = append(r.ordered, ms...)
+		r.pending = append(r.pending, pendingObject{start: objStart, end: len(dst), from: from, to: len(r.ordered)})
 	}
 	clear(r.members[mark:])
 	r.members = r.members[:mark]
-	return append(dst, '}'), nil
+	return dst, nil
 }
 
-var errDuplicateKey = errors.New("canonicalizing JSON: duplicate object key")
+var (
+	errDuplicateKey = errors.New("canonicalizing JSON: duplicate object key")
+	errReordered    = errors.New("canonicalizing JSON: reordering changed an object's length")
+)
 
-// reorder rewrites an object's members (already written after objStart in
-// input order) sorted by their keys' UTF-16 code units, refusing a key that
-// occurs twice.
-func (r *canonReader) reorder(dst []byte, objStart int, ms []member) ([]byte, error) {
-	slices.SortFunc(ms, func(a, b member) int { return compareUTF16(a.key, b.key) })
-	for i := 1; i < len(ms); i++ {
-		if ms[i-1].key == ms[i].key {
-			return dst, errDuplicateKey
+// order puts the members of every pending object of dst in key order, in
+// place: an object keeps its length when its members move, so nothing
+// around it moves. Each outermost pending object is copied to scratch once
+// and written back with the pending objects inside it put in order on the
+// way (emitObject), so every byte is copied twice in all, however deep
+// pending objects nest.
+func (r *canonReader) order(dst []byte) ([]byte, error) {
+	slices.SortFunc(r.pending, func(a, b pendingObject) int { return cmp.Compare(a.start, b.start) })
+	for i := 0; i < len(r.pending); i = r.after(i) {
+		p := r.pending[i]
+		r.scratch = append(r.scratch[:0], dst[p.start:p.end]...)
+		r.base = p.start
+		// Capped at the object's end: a longer rewrite would leave dst,
+		// not overwrite what follows, and is caught below.
+		if out := r.emitObject(dst[p.start:p.start:p.end], i); len(out) != p.end-p.start {
+			return dst, errReordered
 		}
-	}
-	r.scratch = append(r.scratch[:0], dst[objStart:]...)
-	dst = append(dst[:objStart], '{')
-	for i, m := range ms {
-		if i > 0 {
-			dst = append(dst, ',')
-		}
-		dst = append(dst, r.scratch[m.start-objStart:m.end-objStart]...)
 	}
 	return dst, nil
+}
+
+// emitObject appends pending object i, in scratch, with its members in key
+// order.
+func (r *canonReader) emitObject(out []byte, i int) []byte {
+	p := r.pending[i]
+	out = append(out, '{')
+	for k, m := range r.ordered[p.from:p.to] {
+		if k > 0 {
+			out = append(out, ',')
+		}
+		out = r.emitSpan(out, m.start, m.end)
+	}
+	return append(out, '}')
+}
+
+// emitSpan appends the output's bytes start to end, from scratch, with the
+// pending objects among them put in order.
+func (r *canonReader) emitSpan(out []byte, start, end int) []byte {
+	j, _ := slices.BinarySearchFunc(r.pending, start, func(p pendingObject, at int) int { return cmp.Compare(p.start, at) })
+	for at := start; ; j = r.after(j) {
+		if j == len(r.pending) || r.pending[j].start >= end {
+			return append(out, r.scratch[at-r.base:end-r.base]...)
+		}
+		q := r.pending[j]
+		out = append(out, r.scratch[at-r.base:q.start-r.base]...)
+		out = r.emitObject(out, j)
+		at = q.end
+	}
+}
+
+// after returns the index of the first pending object after pending object
+// i and the pending objects inside it (pending sorted by start).
+func (r *canonReader) after(i int) int {
+	end := r.pending[i].end
+	j, _ := slices.BinarySearchFunc(r.pending[i+1:], end, func(p pendingObject, at int) int { return cmp.Compare(p.start, at) })
+	return i + 1 + j
 }
 
 // str reads a string whose opening quote is consumed and writes its

@@ -96,6 +96,9 @@ func AppendCanonicalJSON(dst, raw []byte) ([]byte, error) {
 			err = errors.New("canonicalizing JSON: data after the JSON value")
 		}
 	}
+	if err == nil && len(r.pending) > 0 {
+		out, err = r.order(out)
+	}
 	if err != nil {
 		return dst[:n], err
 	}
@@ -110,10 +113,11 @@ const maxPooledScratch = 64 << 10
 
 func (r *canonReader) release() {
 	clear(r.members[:cap(r.members)])
-	members, scratch := r.members[:0], r.scratch[:0]
+	clear(r.ordered[:cap(r.ordered)])
+	members, ordered, pending, scratch := r.members[:0], r.ordered[:0], r.pending[:0], r.scratch[:0]
 	*r = canonReader{}
-	if cap(members) <= maxPooledKeys && cap(scratch) <= maxPooledScratch {
-		r.members, r.scratch = members, scratch
+	if cap(members) <= maxPooledKeys && cap(ordered) <= maxPooledKeys && cap(pending) <= maxPooledKeys && cap(scratch) <= maxPooledScratch {
+		r.members, r.ordered, r.pending, r.scratch = members, ordered, pending, scratch
 		readerPool.Put(r)
 	}
 }
