@@ -146,6 +146,12 @@ func published(keys []keystore.Key, statuses []string) ([]receipt.PublicKey, err
 		if len(k.Public) == 0 {
 			return nil, fmt.Errorf("building agent card: key %s has no public key", k.Version)
 		}
+		// A card with a key under which anyone can forge signatures
+		// (a tampered key index) is never published: verifiers refuse it
+		// whole, every receipt of the service with it.
+		if err := receipt.CheckPublicKey(k.Public); err != nil {
+			return nil, fmt.Errorf("building agent card: key %s: %w", k.Version, err)
+		}
 		pubs = append(pubs, receipt.PublicKey{
 			KeyVersion:        k.Version,
 			Algorithm:         receipt.Algorithm,

@@ -263,6 +263,7 @@ func TestBuildRefusals(t *testing.T) {
 	}{
 		{desc: "a card without a public base URL is refused", cfg: Config{}, keys: ks.List(), wantErr: "base URL"},
 		{desc: "a card with no key at all is refused", cfg: cfg, wantErr: "no signing key"},
+		{desc: "a key of small order, under which anyone forges receipts, is never published", cfg: cfg, keys: smallOrderKey(ks.List()), wantErr: "key k1: public key is of small order"},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			if _, err := Build(tc.cfg, tc.keys); err == nil || !strings.Contains(err.Error(), tc.wantErr) {
@@ -291,6 +292,15 @@ func TestCardWithoutACurrentKeyPublishesTheHistory(t *testing.T) {
 	if !bytes.Contains(body, []byte(`"status":"compromised"`)) {
 		t.Errorf("the card does not publish the compromise: %s", body)
 	}
+}
+
+// smallOrderKey is keys with k1's public key replaced by the identity
+// point (01 00…00), as a tampered key index would give it.
+func smallOrderKey(keys []keystore.Key) []keystore.Key {
+	keys = slices.Clone(keys)
+	keys[0].Public = make([]byte, 32)
+	keys[0].Public[0] = 1
+	return keys
 }
 
 func mustHistory(t *testing.T) []keystore.Key {

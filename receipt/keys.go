@@ -10,6 +10,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"filippo.io/edwards25519"
 )
 
 // Key statuses an agent card may publish.
@@ -44,6 +46,9 @@ type key struct {
 	// created and retired bound when the key could sign (zero: not
 	// published): see Verify.
 	created, retired time.Time
+	// err is why the key may not be used (CheckPublicKey), for a key
+	// handed to SingleKey, which returns no error: Verify reports it.
+	err error
 }
 
 // KeySet is the set of public keys a receipt may be checked against, by key
@@ -80,9 +85,10 @@ func (ks KeySet) Len() int {
 
 // SingleKey makes a KeySet of one bare public key, for checking a receipt
 // offline without a card. With keyVersion "" the key is tried for any
-// key_version the receipt names; otherwise only for that version.
+// key_version the receipt names; otherwise only for that version. A key
+// CheckPublicKey refuses verifies nothing: Verify reports why.
 func SingleKey(keyVersion string, pub ed25519.PublicKey) KeySet {
-	k := key{version: keyVersion, pub: append(ed25519.PublicKey(nil), pub...)}
+	k := key{version: keyVersion, pub: append(ed25519.PublicKey(nil), pub...), err: CheckPublicKey(pub)}
 	if keyVersion == "" {
 		return KeySet{any: &k}
 	}
@@ -104,10 +110,35 @@ func ParsePublicKey(b64 string) (ed25519.PublicKey, error) {
 	if err != nil {
 		return nil, errors.New("public key is not base64")
 	}
-	if len(raw) != ed25519.PublicKeySize {
-		return nil, fmt.Errorf("public key is %d bytes, want %d", len(raw), ed25519.PublicKeySize)
+	if err := CheckPublicKey(raw); err != nil {
+		return nil, err
 	}
 	return ed25519.PublicKey(raw), nil
+}
+
+// CheckPublicKey refuses an Ed25519 public key that no signature may be
+// checked against: not 32 bytes, not the canonical encoding of a curve
+// point, or a point of small order (the identity among them).
+// crypto/ed25519 accepts the signature 01 00…00 ‖ 00…00 on any message
+// under the identity key, and other forgeries under the other small-order
+// keys, so a card (or a bare key) with one would make receipts anyone
+// wrote verify. A key made from a private key is never one of these;
+// readers that follow RFC 8032 strictly refuse the non-canonical ones,
+// and refusing them here keeps this package in agreement with the
+// by-hand check. Every reader of a key calls it: KeysFromCard,
+// ParsePublicKey, SingleKey, and the agent card before publishing a key.
+func CheckPublicKey(pub []byte) error {
+	if len(pub) != ed25519.PublicKeySize {
+		return fmt.Errorf("public key is %d bytes, want %d", len(pub), ed25519.PublicKeySize)
+	}
+	p, err := new(edwards25519.Point).SetBytes(pub)
+	if err != nil || !bytes.Equal(p.Bytes(), pub) {
+		return errors.New("public key is not the canonical encoding of an Ed25519 curve point")
+	}
+	if new(edwards25519.Point).MultByCofactor(p).Equal(edwards25519.NewIdentityPoint()) == 1 {
+		return errors.New("public key is of small order: anyone can forge signatures that verify under it")
+	}
+	return nil
 }
 
 // KeysFromCard reads the public keys from an agent card: the entries of
@@ -123,7 +154,8 @@ func ParsePublicKey(b64 string) (ed25519.PublicKey, error) {
 //
 // An entry with another algorithm, or that is not an object, is skipped (a
 // later card may add other key types); an Ed25519 entry that does not
-// decode, or a key version listed twice, make the whole card unusable: a
+// decode, whose key CheckPublicKey refuses, or a key version listed twice,
+// make the whole card unusable: a
 // card that contradicts itself cannot be trusted for any receipt. Twice
 // means twice even with the same public key: the entries also carry the
 // key's status and lifetime, and keeping either one would let the other
@@ -237,6 +269,9 @@ func parseCardKey(pk PublicKey) (key, error) {
 	if len(raw) != ed25519.PublicKeySize {
 		return key{}, fmt.Errorf("publicKey is %d bytes, want %d", len(raw), ed25519.PublicKeySize)
 	}
+	if err := CheckPublicKey(raw); err != nil {
+		return key{}, err
+	}
 	k := key{version: pk.KeyVersion, pub: ed25519.PublicKey(raw)}
 	for _, f := range []struct {
 		name, value string
@@ -267,10 +302,10 @@ func parseCardKey(pk PublicKey) (key, error) {
 // lookup finds the key for a receipt's key_version.
 func (ks KeySet) lookup(version string) (key, error) {
 	if k, ok := ks.keys[version]; ok {
-		return k, nil
+		return k, k.err
 	}
 	if ks.any != nil {
-		return *ks.any, nil
+		return *ks.any, ks.any.err
 	}
 	return key{}, &NoKeyError{KeyVersion: version, Known: ks.Versions()}
 }

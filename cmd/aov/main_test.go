@@ -240,6 +240,8 @@ func TestReceiptVerify(t *testing.T) {
 		{desc: "both --card and --public-key is a usage error", receipt: genuine, args: []string{"--card", twoKeys, "--public-key", b64(pub2)}, code: 2, stderr: "not both"},
 		{desc: "an unknown context is a usage error", receipt: genuine, args: []string{"--card", twoKeys, "--context", "payment"}, code: 2, stderr: "--context must be verify or score"},
 		{desc: "a public key that is not base64 is a usage error", receipt: genuine, args: []string{"--public-key", "not-a-key!"}, code: 2, stderr: "--public-key: public key is not base64"},
+		{desc: "a public key of small order, under which anyone forges receipts, is a usage error", receipt: genuine, args: []string{"--public-key", "AQAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="}, code: 2, stderr: "--public-key: public key is of small order"},
+		{desc: "a card with a public key of small order cannot be checked", receipt: genuine, args: []string{"--card", writeFile(t, dir, "small-order-card.json", card(map[string]ed25519.PublicKey{"k2": make(ed25519.PublicKey, 32)}, "k2"))}, code: 2, stderr: "publicKeys[0]: public key is of small order"},
 		{desc: "a DER public key is a usage error that says which form to give", receipt: genuine, args: []string{"--public-key", derB64(t, pub2)}, code: 2, stderr: "public key is 44 bytes, want 32 (this is a PEM or DER SubjectPublicKeyInfo; give base64 of the raw 32-byte key"},
 		{desc: "an unknown flag is a usage error with help", receipt: genuine, args: []string{"--cardd", twoKeys}, code: 2, stderr: "Usage:"},
 		{desc: "a card that cannot be fetched cannot be checked", receipt: genuine, args: []string{"--card", srv.URL + "/missing"}, code: 2, stderr: "answered HTTP 404\n"},
