@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"strconv"
 	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
 
 	"github.com/aovhq/aov/apierr"
@@ -69,12 +71,20 @@ func (g *Gate) serveCharged(w http.ResponseWriter, r *http.Request, next caddyht
 	err := runUpstream(next, bw, r.WithContext(ctx), neverReached)
 	cancel()
 	ex.upstreamRan()
-	switch g.outcomeOf(ex, bw, err, r) {
+	o := g.outcomeOf(ex, bw, err, r)
+	if o != outcomeBillable {
+		g.unsettled(r, c, workRan(o, err, r))
+	}
+	// Each case below counts as workRan says; the comments say why.
+	switch o {
 	case outcomeFailed:
-		c.release(r)
+		// The upstream failed before answering: it worked until the
+		// deadline or until its answer broke off, and the call counts,
+		// unless it could not be connected to at all.
 		return ex.upstreamFailed(w, r, err)
 	case outcomeOverflow:
-		c.release(r)
+		// The upstream answered, more than the hold takes: it worked, and
+		// the call counts (a buyer can ask for a large answer).
 		return ex.refuse(w, r, &apierr.Error{
 			Code:        "upstream_response_too_large",
 			Message:     fmt.Sprintf("The upstream answer exceeded the gateway's %d-byte buffer and nothing was charged; ask the operator to raise max_buffer.", g.MaxBuffer),
@@ -82,38 +92,32 @@ func (g *Gate) serveCharged(w http.ResponseWriter, r *http.Request, next caddyht
 			NextActions: []apierr.Action{{Action: "contact_operator"}},
 		})
 	case outcomeNotBilled:
-		// An error is never charged: hand it over as it is. A refusal of
-		// the request (4xx, a tool error) counts against the rate limit,
-		// and so does an answer verify_response withheld (on_fail
-		// block's 502, on_error fail_closed's 503 for an answer it cannot
-		// verify; not one withheld for an outage, outcomeOutage): the
-		// agent ran for it, as for an output that did not pass
-		// (outcomeNotPassed).
-		c.release(r)
+		// An error is never charged: hand it over as it is. The upstream
+		// answered it, a 4xx or a 5xx, so the call counts: a client that
+		// can make the upstream fail would otherwise have it work without
+		// end, uncharged.
 		metrics.outcomes.WithLabelValues("upstream_error_not_settled").Inc()
-		if s := bw.status(); s < 500 || !unchecked(r) {
-			g.noteRefusal(r)
-		}
 		bw.replay(w)
 		return nil
 	case outcomeUnreadable:
 		// The upstream answered what the buyer's client cannot take, and
-		// the exchange replaced it with its refusal. That is the
-		// upstream's fault: noted against the buyer, a misconfigured tool
-		// server would get every buyer rate limited.
-		c.release(r)
+		// the exchange replaced it with its refusal. The tool ran, so the
+		// call counts: a misconfigured tool server leaves its buyers
+		// bounded by rate_limit with Retry-After (back-pressure until the
+		// operator, told by the error log, fixes it), and a tool a buyer
+		// can steer to such answers gives it no unbounded work.
 		metrics.outcomes.WithLabelValues(codeAnswerUnreadable).Inc()
 		bw.replay(w)
 		return nil
 	case outcomeOutage:
 		// verify_response could not verify the answer for a fault on the
-		// operator's side (verifierd or the agent card unreachable,
-		// failing or too slow) and withheld it with a retryable 503. The
-		// buyer did nothing wrong and is told to retry: counted against
-		// it, an outage of a few seconds would leave a buyer retrying as
-		// told rate limited after it ended (as outcomeUnreadable, the
-		// upstream's fault, is not counted).
-		c.release(r)
+		// operator's side and withheld it with a retryable 503. When
+		// verifierd or the agent card answered (an error) or ran until
+		// verifier_timeout, they worked, and the answer can cause it (a
+		// large one is slow to verify): the call counts. When they could
+		// not be connected to, nothing worked and it does not: a buyer
+		// retrying as told is served when the outage ends, not rate
+		// limited for it.
 		metrics.outcomes.WithLabelValues("verification_unavailable_not_settled").Inc()
 		bw.replay(w)
 		return nil
@@ -122,31 +126,21 @@ func (g *Gate) serveCharged(w http.ResponseWriter, r *http.Request, next caddyht
 		// call, SEP-2322): the SDK's client never returns this round to
 		// its caller, it answers the tool's input requests and retries
 		// the call with the same payment, which pays for the answer. A
-		// round served nothing the buyer pays for and ran the tool: it
-		// counts against the rate limit as a refusal does, which is what
-		// bounds a client's rounds. No count per payment or free client
-		// would: a payer signs a fresh authorization for each round at
-		// no cost, and one kept per free client is shared by its
-		// parallel calls and by every client behind its address.
-		c.release(r)
-		g.noteRefusal(r)
+		// round served nothing the buyer pays for and ran the tool, so
+		// it counts (workRan), which is what bounds a client's rounds. No
+		// count per payment or free client would: a payer signs a fresh
+		// authorization for each round at no cost, and one kept per free
+		// client is shared by its parallel calls and by every client
+		// behind its address.
 		metrics.outcomes.WithLabelValues("input_required_not_settled").Inc()
 		bw.replay(w)
 		return nil
 	case outcomeWithheld:
-		// The agent ran and nothing is charged: counted as a refusal
-		// (outcomeNotPassed).
-		c.release(r)
-		g.noteRefusal(r)
+		// The agent ran, and nothing verified its answer: it counts.
 		metrics.outcomes.WithLabelValues("unchecked_answer_withheld").Inc()
 		return ex.refuse(w, r, uncheckedAnswer(r, bw))
 	case outcomeNotPassed:
-		// The agent ran and settle_on let nothing settle: the charge is
-		// given back, so without a count against the rate limit one
-		// signed authorization, never settled (or one free unit), would
-		// run the agent without end.
-		c.release(r)
-		g.noteRefusal(r)
+		// The agent ran, and settle_on let nothing settle: it counts.
 		metrics.outcomes.WithLabelValues("verification_not_passed_not_settled").Inc()
 		if unchecked(r) {
 			keepEmptyAnswerHeaders(bw.header)
@@ -160,6 +154,59 @@ func (g *Gate) serveCharged(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	c.deliver(w, bw)
 	return nil
+}
+
+// unsettled gives back the charge of a call that settled nothing (the
+// same payment or free unit can be used again) and counts the call by the
+// work it made run (ran: workRan). A call something worked for counts
+// against the client's rate limit as a refusal does, and a free one keeps
+// the event of the free budget it took (serveFree): the charge is given
+// back, so without a count one signed authorization that never settles,
+// or one free unit, would have the upstream work without end, through
+// answers the client can cause (an error, a timeout, an answer too large
+// or unreadable, an output that does not pass). A call nothing ran for
+// gives its free budget's event back and does not count: the operator's
+// outage is no refusal of the buyer, who retries as told.
+func (g *Gate) unsettled(r *http.Request, c charge, ran bool) {
+	c.release(r)
+	if ran {
+		g.noteRefusal(r)
+		return
+	}
+	if _, free := c.(*freeCharge); free {
+		g.unfree(r)
+	}
+}
+
+// workRan reports whether a call that settled nothing made work run for
+// it: the one rule by which such a call counts (unsettled). The upstream,
+// or verify_response's verifier, ran for it when it answered anything (an
+// error, a 5xx, an answer too large or unreadable, a verdict) or ran until
+// a deadline (upstream_timeout, verifier_timeout): a client that can make
+// it do so can repeat it. Nothing ran when the upstream, verifierd or the
+// agent card could not be connected to at all (unreached): the operator's
+// outage, which no buyer causes and every buyer is told to retry through.
+func workRan(o outcome, err error, r *http.Request) bool {
+	switch o {
+	case outcomeFailed:
+		return !unreached(err)
+	case outcomeOutage:
+		return !verifierUnreached(r)
+	}
+	return true
+}
+
+// unreached reports whether err is a failure to connect at all (connection
+// refused, no route, a dial that timed out): a dial error of Caddy's
+// reverse_proxy, which answers it 502 (reverseproxy.DialError, inside its
+// caddyhttp.HandlerError), or of an HTTP client (a *net.OpError of the
+// dial inside its *url.Error). Nothing past the dial ran.
+func unreached(err error) bool {
+	if errors.As(err, new(reverseproxy.DialError)) {
+		return true
+	}
+	var oe *net.OpError
+	return errors.As(err, &oe) && oe.Op == "dial"
 }
 
 // outcomeOf judges the upstream's held answer: the one place where what a
@@ -193,6 +240,13 @@ func (g *Gate) outcomeOf(ex exchange, bw *bufferedWriter, err error, r *http.Req
 func verificationOutage(r *http.Request) bool {
 	code, _ := caddyhttp.GetVar(r.Context(), verificationErrorVar).(string)
 	return code == apierr.CodeUpstreamUnavailable
+}
+
+// verifierUnreached reports whether verify_response withheld the answer
+// because verifierd or the agent card could not be connected to at all.
+func verifierUnreached(r *http.Request) bool {
+	unreached, _ := caddyhttp.GetVar(r.Context(), verifierUnreachedVar).(bool)
+	return unreached
 }
 
 // uncheckedContent reports whether the held answer is content no
@@ -317,8 +371,9 @@ type freeCharge struct {
 	at  time.Time
 }
 
+// release gives the unit back. The free budget's event the call took is
+// given back or kept by the work the call made run (Gate.unsettled).
 func (f *freeCharge) release(r *http.Request) {
-	f.g.unfree(r)
 	if err := f.g.state.Allowance().Release(context.WithoutCancel(r.Context()), f.res); err != nil {
 		f.g.logger.Warn("releasing free allowance unit", zap.Error(err))
 	}

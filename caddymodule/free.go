@@ -139,10 +139,11 @@ func nextMidnight(t time.Time) time.Time {
 // counts against the client's refusals as every 402 does. The budget is not
 // the one a payment must pass (rateWait), so a paying client is never
 // refused for the free calls it used. It is taken before the upstream runs,
-// so concurrent calls cannot overdraw it, and given back (unfree) when the
-// call is not served after all: the allowance had no unit, or the unit was
-// released (an answer not billed; one that counts, such as an abandoned
-// call or the upstream's 4xx, counts as a refusal instead).
+// so concurrent calls cannot overdraw it, and given back (unfree) when
+// nothing ran for the call: the allowance had no unit, or the unit was
+// released for a call the upstream never worked for (Gate.unsettled). A
+// released call the upstream did work for (an error answer, a timeout)
+// keeps its event and counts as a refusal too: it is work done free.
 func (g *Gate) serveFree(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, ex exchange) error {
 	f := g.Free
 	client := f.client(r)

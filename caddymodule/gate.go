@@ -558,8 +558,9 @@ func (g *Gate) rateWait(r *http.Request) int {
 }
 
 // noteRefusal counts an answer nobody paid for that served nothing (a
-// refusal, an MCP round) against the client's rate limit. Free calls count
-// in their own budget (serveFree).
+// refusal, a call the upstream worked for that settled nothing: unsettled)
+// against the client's rate limit. Free calls count in their own budget
+// (serveFree).
 func (g *Gate) noteRefusal(r *http.Request) {
 	if g.rates != nil {
 		g.rates.note(clientAddr(r))

@@ -586,8 +586,8 @@ var x402Prefix, metaName = []byte("x402/"), []byte("_meta")
 const codeAnswerUnreadable = "upstream_answer_unreadable"
 
 // unbilled is what an answer billable did not find billable is worth:
-// unreadable when billable replaced it (the tool server's fault, which
-// serveCharged does not count against the buyer's refusal rate limit),
+// unreadable when billable replaced it (the tool ran all the same, so the
+// call counts as any unsettled one does: workRan),
 // interim when it is a round of a multi-round-trip call (not the call's
 // answer at all), and otherwise an error answer.
 func (e *mcpExchange) unbilled() outcome {

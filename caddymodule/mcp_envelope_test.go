@@ -549,21 +549,24 @@ func TestMCPErrorAnswerCarriesNoResult(t *testing.T) {
 	}
 }
 
-// An answer the gate cannot hand over (upstream_answer_unreadable) is the
-// tool server's fault, not the buyer's: it does not count against the
-// buyer's refusal rate limit, however often it comes.
-func TestMCPUnreadableAnswerIsNotTheBuyersRefusal(t *testing.T) {
+// An answer the gate cannot hand over (upstream_answer_unreadable) is
+// replaced and never charged, but the tool ran for it: the call counts as
+// any unsettled call the upstream worked for does (workRan), so a client
+// that can steer the tool to such answers is bounded by rate_limit.
+func TestMCPUnreadableAnswersCountAgainstRateLimit(t *testing.T) {
 	_, fac := sharedDevnet(t)
 	up := newAnswerFault(t)
 	base := startCaddy(t, faultSite(up.URL, fac, "rate_limit 2 1m\n\t\t\tfree_allowance {\n\t\t\t\tpool verify\n\t\t\t\tper_day 100\n\t\t\t}"))
+	t0 := time.Now()
+	now = func() time.Time { return t0 } // no refill during the test
+	t.Cleanup(func() { now = time.Now })
 	up.set(setMember("result", `{"content":5}`))
-	for range 4 {
+	for range 2 {
 		status, body := postCall(t, base+"/mcp", nil)
 		wantUnreadable(t, status, body)
 	}
-	up.set(nil)
-	if res := callTool(t, mcpSession(t, base+"/mcp"), "verify_schema", verifyArgs, nil); res.IsError {
-		t.Fatalf("the buyer was refused after the tool server's unreadable answers: %+v", res.StructuredContent)
+	if _, body := postCall(t, base+"/mcp", nil); !bytes.Contains(body, []byte(`"rate_limited"`)) {
+		t.Fatalf("after two unreadable answers with rate_limit 2: %s, want rate_limited", body)
 	}
 }
 

@@ -30,11 +30,13 @@ const (
 // demand for payment, a refused payment), a 4xx refusal of the gate (413,
 // 422, a refused tool call), a 4xx answer of the upstream to a free or
 // paid call (which is then neither charged nor counted against the
-// allowance), a call its client abandons while the upstream works (Caddy's
-// proxy ends it with 499 and its charge is given back; were it not
-// counted, a client could have work done free by leaving just before each
-// answer), and a call served from the free allowance (per wallet, the
-// allowance alone bounds nothing: anyone mints wallets). A client with
+// allowance), any other call the upstream worked for that settled nothing
+// (a 5xx, upstream_timeout, its client leaving while the upstream works:
+// the charge is given back, so were it not counted, a client could have
+// work done free by causing such an end each time; a call the upstream
+// could not be connected to at all is not counted: workRan), and a call
+// served from the free allowance (per wallet, the allowance alone bounds
+// nothing: anyone mints wallets). A client with
 // Events such answers within Window is answered 429 rate_limited with
 // Retry-After until its budget refills, before the gate reads its body.
 // Paid calls never count, and a settled payment gives one event back

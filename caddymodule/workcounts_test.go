@@ -1,0 +1,203 @@
+package caddymodule
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/aovhq/aov/x402"
+)
+
+// A call counts for the work it made run (workRan). These tests hold the
+// gate to that from both sides: a call the upstream worked for and that
+// settled nothing is bounded by rate_limit, whatever ended it (an error
+// answer no verify_response checked, upstream_timeout), and a call for
+// which nothing could run (the upstream not listening) never rate limits
+// the buyer retrying it.
+
+// stallUpstream makes up work past a 200ms upstream_timeout on each call
+// (400ms, or until the test ends).
+func stallUpstream(t *testing.T, up *upstream) {
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	up.during = func() {
+		select {
+		case <-release:
+		case <-time.After(400 * time.Millisecond):
+		}
+	}
+}
+
+// workCases are the ways an upstream can work for a call without a
+// billable answer: the extra gate lines and request headers of each.
+var workCases = []struct {
+	name  string
+	extra string
+	hdr   map[string]string
+	stall bool
+}{
+	{"upstream 500", "rate_limit 3 1m", map[string]string{"X-Test-Status": "500"}, false},
+	{"upstream_timeout", "rate_limit 3 1m\n\t\t\tupstream_timeout 200ms", nil, true},
+}
+
+// freezeClock stops the rate limit's refill for the rest of the test.
+func freezeClock(t *testing.T) {
+	t0 := time.Now()
+	now = func() time.Time { return t0 }
+	t.Cleanup(func() { now = time.Now })
+}
+
+// TestFreeCallsTheUpstreamWorkedForKeepTheirFreeBudget: a free call whose
+// upstream answered 500 (no verify_response checked it) or ran past
+// upstream_timeout gets its free unit back, but the upstream worked, so
+// the call keeps its event of the free budget and counts as a refusal.
+// With per_day 1 and rate_limit 3, the upstream runs three times; every
+// call after is refused 429 with Retry-After before it is forwarded.
+func TestFreeCallsTheUpstreamWorkedForKeepTheirFreeBudget(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	for _, tc := range workCases {
+		t.Run(tc.name, func(t *testing.T) {
+			up := newUpstream(t)
+			if tc.stall {
+				stallUpstream(t, up)
+			}
+			url := startCaddy(t, gateSite(up.URL, fac, 1, tc.extra)) + "/verify/schema"
+			freezeClock(t)
+			var statuses []int
+			var last *http.Response
+			for range 10 {
+				last = post(t, url, validRequest, tc.hdr)
+				statuses = append(statuses, last.StatusCode)
+			}
+			if n := up.calls.Load(); n != 3 {
+				t.Fatalf("free calls with per_day 1 and rate_limit 3 ran the upstream %d times (statuses %v), want 3", n, statuses)
+			}
+			if last.StatusCode != http.StatusTooManyRequests || last.Header.Get("Retry-After") == "" {
+				t.Fatalf("after three calls the upstream worked for: %d, Retry-After %q (statuses %v); want 429 with Retry-After",
+					last.StatusCode, last.Header.Get("Retry-After"), statuses)
+			}
+		})
+	}
+}
+
+// TestOneUnsettledPaymentIsBoundedByRateLimit: one signed payment whose
+// calls never settle (the upstream answers 500, or runs past
+// upstream_timeout) has its claim released each time, and each call counts
+// against rate_limit: with 3 events, the unpaid probe for the price and two
+// such calls use the budget, and the payment runs the upstream no more.
+func TestOneUnsettledPaymentIsBoundedByRateLimit(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	for i, tc := range workCases {
+		t.Run(tc.name, func(t *testing.T) {
+			up := newUpstream(t)
+			if tc.stall {
+				stallUpstream(t, up)
+			}
+			url := startCaddy(t, gateSite(up.URL, fac, 0, tc.extra)) + "/verify/schema"
+			freezeClock(t)
+			hdr := map[string]string{x402.HeaderPaymentSignature: signFor(t, paymentRequired(t, post(t, url, "", nil)), 4+i)}
+			for k, v := range tc.hdr {
+				hdr[k] = v
+			}
+			var statuses []int
+			var last *http.Response
+			for range 10 {
+				last = post(t, url, validRequest, hdr)
+				statuses = append(statuses, last.StatusCode)
+			}
+			if n := up.calls.Load(); n != 2 {
+				t.Fatalf("one unsettled payment ran the upstream %d times (statuses %v); want 2 with rate_limit 3 after the probe", n, statuses)
+			}
+			if last.StatusCode != http.StatusTooManyRequests || last.Header.Get("Retry-After") == "" {
+				t.Fatalf("last status %d, Retry-After %q (statuses %v); want 429 with Retry-After", last.StatusCode, last.Header.Get("Retry-After"), statuses)
+			}
+		})
+	}
+}
+
+// TestADeadUpstreamDoesNotRateLimitARetryingBuyer: while nothing listens
+// at the upstream's address (the operator's outage), nothing runs for a
+// call: a free call gets its unit and its free budget's event back, a paid
+// call its claim, and neither counts, so a buyer retrying far more often
+// than rate_limit allows is answered 502 each time, never 402 or 429, and
+// is served once the upstream is back.
+func TestADeadUpstreamDoesNotRateLimitARetryingBuyer(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	url := startCaddy(t, gateSite("http://"+addr, fac, 1, "rate_limit 3 1m")) + "/verify/schema"
+	freezeClock(t)
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 6) // the probe: one event of three
+	var statuses []int
+	for range 8 {
+		statuses = append(statuses, post(t, url, validRequest, nil).StatusCode)
+		statuses = append(statuses, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}).StatusCode)
+	}
+	for _, s := range statuses {
+		if s != http.StatusBadGateway {
+			t.Fatalf("free and paid calls to an upstream nothing listens on: statuses %v, want 502 only", statuses)
+		}
+	}
+
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := newUpstream(t)
+	back := httptest.NewUnstartedServer(up.Config.Handler)
+	back.Listener.Close()
+	back.Listener = ln
+	back.Start()
+	t.Cleanup(back.Close)
+	if resp := post(t, url, validRequest, nil); resp.StatusCode != http.StatusOK || resp.Header.Get(HeaderFreeRemaining) != "0" {
+		t.Fatalf("the free call once the upstream is back: %d, remaining %q; want 200 with the day's one unit", resp.StatusCode, resp.Header.Get(HeaderFreeRemaining))
+	}
+	if resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}); resp.StatusCode != http.StatusOK {
+		t.Fatalf("the same payment once the upstream is back: %d, want 200", resp.StatusCode)
+	}
+}
+
+// TestMCPToolCallsCountByTheWorkTheyMadeRun: the same rule over MCP. Free
+// tool calls to a tool server nothing listens on are each answered
+// upstream_unavailable and never rate limited; free calls the tool worked
+// on until upstream_timeout count, so with rate_limit 2 the third is
+// refused rate_limited.
+func TestMCPToolCallsCountByTheWorkTheyMadeRun(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	const free = "rate_limit 2 1m\n\t\t\tupstream_timeout 200ms\n\t\t\tfree_allowance {\n\t\t\t\tpool verify\n\t\t\t\tper_day 100\n\t\t\t}"
+	code := func(body []byte) string {
+		switch {
+		case bytes.Contains(body, []byte(`"rate_limited"`)):
+			return "rate_limited"
+		case bytes.Contains(body, []byte(`"upstream_unavailable"`)):
+			return "upstream_unavailable"
+		}
+		return string(body)
+	}
+	t.Run("tool server down", func(t *testing.T) {
+		url := startCaddy(t, faultSite(fmt.Sprintf("http://127.0.0.1:%d", freePort(t)), fac, free)) + "/mcp"
+		freezeClock(t)
+		for i := range 5 {
+			if _, body := postCall(t, url, nil); code(body) != "upstream_unavailable" {
+				t.Fatalf("call %d to a tool server nothing listens on: %s, want upstream_unavailable", i+1, body)
+			}
+		}
+	})
+	t.Run("tool stalled", func(t *testing.T) {
+		up := newAnswerFault(t)
+		up.stall.Store(true)
+		url := startCaddy(t, faultSite(up.URL, fac, free)) + "/mcp"
+		freezeClock(t)
+		var got []string
+		for range 3 {
+			_, body := postCall(t, url, nil)
+			got = append(got, code(body))
+		}
+		if fmt.Sprint(got) != "[upstream_unavailable upstream_unavailable rate_limited]" {
+			t.Fatalf("free calls of a tool that runs past upstream_timeout: %v, want two upstream_unavailable then rate_limited", got)
+		}
+	})
+}
