@@ -312,7 +312,14 @@ func (f *Facilitator) Verify(ctx context.Context, p x402.PaymentPayload, req x40
 	return c.resp, nil
 }
 
-// DecodePayload decodes an exact SVM payload, {"transaction": base64}.
+// DecodePayload decodes an exact SVM payload, {"transaction": base64}: the
+// one reading of a Solana payment, for the gate's claim and payer and for
+// this facilitator alike. The transaction must be its bytes' canonical
+// spelling, standard base64 with "=" padding and zero trailing bits
+// (StdEncoding.Strict) and no line break (which Go's decoder skips): other
+// decoders read other texts as the same bytes (the official facilitator's
+// ignores what follows an "=", missing padding and trailing bits), so a
+// payment that had two spellings could be claimed twice.
 func DecodePayload(raw json.RawMessage) (*Transaction, error) {
 	var pl struct {
 		Transaction string `json:"transaction"`
@@ -324,8 +331,8 @@ func DecodePayload(raw json.RawMessage) (*Transaction, error) {
 		return nil, errors.New("transaction is over Solana's size limit")
 	}
 	b, err := base64.StdEncoding.Strict().DecodeString(pl.Transaction)
-	if err != nil {
-		return nil, errors.New("transaction is not standard base64")
+	if err != nil || len(pl.Transaction) != base64.StdEncoding.EncodedLen(len(b)) {
+		return nil, errors.New("transaction is not standard padded base64")
 	}
 	return DecodeTransaction(b)
 }

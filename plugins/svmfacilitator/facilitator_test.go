@@ -488,3 +488,42 @@ func TestPayloadDecodeRefusesOversizedInput(t *testing.T) {
 		t.Fatal("decoded an oversized transaction")
 	}
 }
+
+// A payment's transaction has one spelling: the standard padded base64 of
+// its bytes, with zero trailing bits and nothing else. Go's decoder, strict
+// as it is, skips line breaks; this reading does not, so no other text
+// decodes to the same transaction.
+func TestPayloadDecodeTakesOnlyTheCanonicalBase64(t *testing.T) {
+	raw := []byte{1}
+	raw = append(raw, make([]byte, 64)...) // the fee payer's signature slot
+	raw = append(raw, 1, 0, 0, 1)          // header; one account key
+	raw = append(raw, make([]byte, 32)...) // the key
+	raw = append(raw, make([]byte, 32)...) // recent blockhash
+	raw = append(raw, 0)                   // no instruction
+	canon := base64.StdEncoding.EncodeToString(raw)
+	payload := func(s string) json.RawMessage {
+		b, _ := json.Marshal(map[string]string{"transaction": s})
+		return b
+	}
+	if _, err := DecodePayload(payload(canon)); err != nil {
+		t.Fatalf("the canonical spelling: %v", err)
+	}
+	if !strings.HasSuffix(canon, "=") {
+		t.Fatalf("the test needs a padded spelling, got %q", canon)
+	}
+	const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+	pad := strings.TrimRight(canon, "=")
+	last := strings.IndexByte(alphabet, pad[len(pad)-1])
+	for what, s := range map[string]string{
+		"unpadded":               pad,
+		"an extra '='":           canon + "=",
+		"non-zero trailing bits": pad[:len(pad)-1] + string(alphabet[last|1]) + canon[len(pad):],
+		"a line break":           canon[:8] + "\n" + canon[8:],
+		"a carriage return":      canon[:8] + "\r\n" + canon[8:],
+		"a final line break":     canon + "\n",
+	} {
+		if _, err := DecodePayload(payload(s)); err == nil {
+			t.Errorf("%s: decoded", what)
+		}
+	}
+}
