@@ -40,7 +40,7 @@ func TestClaimKeysNameTheAuthorization(t *testing.T) {
 		t.Fatal(err)
 	}
 	header, _ := x402.EncodeHeader(p)
-	keys, until := claimKeys(header, p, offer, &v)
+	keys, until := claimKeys(header, offer, &v, nil)
 	auth := strings.ToLower("x402/auth/" + offer.Network + "/" + offer.Asset + "/" + ev.Authorization.From + "/" + ev.Authorization.Nonce)
 	if len(keys) != 2 || !strings.HasPrefix(keys[0], claimPayloadPrefix) || len(keys[0]) != len(claimPayloadPrefix)+64 || keys[1] != auth {
 		t.Fatalf("keys %q, want the header's hash and %q", keys, auth)
@@ -61,7 +61,7 @@ func TestClaimKeysNameTheAuthorization(t *testing.T) {
 		t.Fatal(err)
 	}
 	header2, _ := x402.EncodeHeader(p2)
-	keys2, _ := claimKeys(header2, p2, offer, &v2)
+	keys2, _ := claimKeys(header2, offer, &v2, nil)
 	if len(keys2) != 2 || keys2[0] == keys[0] || keys2[1] != auth {
 		t.Fatalf("re-encoded: keys %q, want a new header key and %q", keys2, auth)
 	}
@@ -70,14 +70,13 @@ func TestClaimKeysNameTheAuthorization(t *testing.T) {
 	// less (its validBefore does not fit an int64).
 	far := v
 	far.ValidBefore = new(big.Int).Lsh(big.NewInt(1), 200)
-	if _, until := claimKeys(header, p, offer, &far); until.Before(now().Add(maxClaimHold-time.Minute)) || until.After(now().Add(maxClaimHold)) {
+	if _, until := claimKeys(header, offer, &far, nil); until.Before(now().Add(maxClaimHold-time.Minute)) || until.After(now().Add(maxClaimHold)) {
 		t.Errorf("validBefore 2^200: the claim lapses at %v, want maxClaimHold from now", until)
 	}
 
-	// No authorization (not an EVM payment): the header alone names it.
-	p4 := p
-	p4.Payload = json.RawMessage(`{"transaction":"AQID"}`)
-	if keys4, until4 := claimKeys("other", p4, offer, nil); len(keys4) != 1 || until4.After(now().Add(time.Duration(offer.MaxTimeoutSeconds)*time.Second+2*time.Minute)) {
+	// Nothing read (a scheme the gate does not read): the header alone
+	// names it.
+	if keys4, until4 := claimKeys("other", offer, nil, nil); len(keys4) != 1 || until4.After(now().Add(time.Duration(offer.MaxTimeoutSeconds)*time.Second+2*time.Minute)) {
 		t.Fatalf("no authorization: keys %q until %v", keys4, until4)
 	}
 }
@@ -105,9 +104,12 @@ func TestSolanaClaimOutlivesItsBlockhash(t *testing.T) {
 	raw = append(raw, 0)                   // no instruction
 	payload, _ := json.Marshal(map[string]string{"transaction": base64.StdEncoding.EncodeToString(raw)})
 	offer := x402.PaymentRequirements{Scheme: "exact", Network: x402.NetworkSolanaDevnet, Amount: "10000", MaxTimeoutSeconds: 60}
-	p := x402.PaymentPayload{X402Version: 2, Accepted: offer, Payload: payload}
+	tx, err := readSVMPayment(x402.PaymentPayload{X402Version: 2, Accepted: offer, Payload: payload})
+	if err != nil {
+		t.Fatal(err)
+	}
 	start := now()
-	keys, until := claimKeys("header", p, offer, nil)
+	keys, until := claimKeys("header", offer, nil, tx)
 	if len(keys) != 2 || !strings.HasPrefix(keys[1], "x402/svm/"+offer.Network+"/") {
 		t.Fatalf("keys %q, want the header's and the message's", keys)
 	}

@@ -250,7 +250,7 @@ func TestHeldAnswerBoundToABodyOnlyTheUpstreamRead(t *testing.T) {
 	}
 }
 
-// On Solana the payment is claimed by its own keys (svmClaimKeys) and the
+// On Solana the payment is claimed by its own keys (svmClaimKey) and the
 // landed transaction is public, the buyer's signature in it: a remote
 // facilitator's lost reply leaves the answer held, and the buyer's
 // payment with another body or query is refused as used, seeing nothing;

@@ -42,7 +42,7 @@ func TestPaidRecordKeepsThePaymentAsReceived(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	keys, until := claimKeys(header, pay.PaymentPayload, offer, &auth)
+	keys, until := claimKeys(header, offer, &auth, nil)
 	req := httptest.NewRequest(http.MethodPost, "http://example.com/verify/schema", strings.NewReader(validRequest))
 	_, note, err := g.claimPaid(req, keys, until, pay, g.offerJSON(0))
 	if err != nil {
@@ -141,6 +141,6 @@ func TestRecordOfThePreviousVersionIsResolved(t *testing.T) {
 
 // claimKeyOf is the claim key of a payment's exact header (claimKeys).
 func claimKeyOf(header string) string {
-	keys, _ := claimKeys(header, x402.PaymentPayload{}, x402.PaymentRequirements{}, nil)
+	keys, _ := claimKeys(header, x402.PaymentRequirements{}, nil, nil)
 	return keys[0]
 }

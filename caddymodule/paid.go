@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/plugins/svmfacilitator"
 	"github.com/aovhq/aov/store"
 	"github.com/aovhq/aov/x402"
 )
@@ -196,22 +197,29 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	}
 	offer, offerJS := g.offers[i], g.offerJSON(i)
 
-	// An EVM payment is read once, here, before it is claimed or forwarded,
-	// as every facilitator will read it: plain EIP-3009 (the official
+	// A payment is read once, here, before it is claimed or forwarded, as
+	// every facilitator will read it. On EVM: plain EIP-3009 (the official
 	// facilitator takes a payload with permit2Authorization for Permit2,
 	// which our offers never advertise and its claim could not name) with
 	// canonical decimal numbers (the only spelling BigInt and our readers
-	// agree on). The claim is named and timed by what was read, from the
-	// parse that decoded the payment.
+	// agree on). On Solana: the transaction's canonical base64
+	// (readSVMPayment). The claim is named and timed by what was read, from
+	// the parse that decoded the payment.
 	var auth *x402.AuthorizationValues
-	if x402.IsEVM(offer.Network) {
-		v, err := pay.ExactEVMValues()
-		if err != nil {
-			return ex.demand(w, r, http.StatusBadRequest, "Invalid payment: "+err.Error(), reasonFor(err, x402.ReasonInvalidPayload), nil)
+	var svmTx *svmfacilitator.Transaction
+	switch {
+	case x402.IsEVM(offer.Network):
+		var v x402.AuthorizationValues
+		if v, err = pay.ExactEVMValues(); err == nil {
+			auth = &v
 		}
-		auth = &v
+	case x402.IsSolana(offer.Network):
+		svmTx, err = readSVMPayment(payload)
 	}
-	keys, until := claimKeys(raw, payload, offer, auth)
+	if err != nil {
+		return ex.demand(w, r, http.StatusBadRequest, "Invalid payment: "+err.Error(), reasonFor(err, x402.ReasonInvalidPayload), nil)
+	}
+	keys, until := claimKeys(raw, offer, auth, svmTx)
 	// A settlement this gateway keeps unrecorded (unrecorded.go) is
 	// written first, before anything is claimed: the store may have lost
 	// the claim.
@@ -611,13 +619,13 @@ func reasonFor(err error, fallback string) string {
 	return fallback
 }
 
-// claimKeys names an authorization twice: by what it authorizes (for EVM,
-// auth, the payment as servePaid read it: payer and nonce on the asset's
-// network), so a re-encoded copy is caught, and by the exact header, so any
-// scheme is covered. until is when the claim may lapse: after the
-// authorization can no longer settle (auth's validBefore, the very number
-// the token will judge).
-func claimKeys(header string, p x402.PaymentPayload, offer x402.PaymentRequirements, auth *x402.AuthorizationValues) ([]string, time.Time) {
+// claimKeys names an authorization twice: by what it authorizes, as
+// servePaid read it (for EVM, auth: payer and nonce on the asset's
+// network; for Solana, svmTx: its message), so a re-encoded copy is caught,
+// and by the exact header, so any scheme is covered. until is when the
+// claim may lapse: after the authorization can no longer settle (auth's
+// validBefore, the very number the token will judge; svmClaimHold).
+func claimKeys(header string, offer x402.PaymentRequirements, auth *x402.AuthorizationValues, svmTx *svmfacilitator.Transaction) ([]string, time.Time) {
 	sum := sha256.Sum256([]byte(header))
 	keys := make([]string, 1, 2)
 	keys[0] = string(hex.AppendEncode([]byte(claimPayloadPrefix), sum[:]))
@@ -631,8 +639,8 @@ func claimKeys(header string, p x402.PaymentPayload, offer x402.PaymentRequireme
 			until = exp
 		}
 	}
-	if svm := svmClaimKeys(p, offer); len(svm) > 0 {
-		keys = append(keys, svm...)
+	if svmTx != nil {
+		keys = append(keys, svmClaimKey(offer.Network, svmTx))
 		if hold := t.Add(svmClaimHold); hold.After(until) {
 			until = hold
 		}

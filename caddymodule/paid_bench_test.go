@@ -50,7 +50,7 @@ func BenchmarkPaidClaimKeys(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if keys, _ := claimKeys(h, p, offer, &v); len(keys) != 2 {
+		if keys, _ := claimKeys(h, offer, &v, nil); len(keys) != 2 {
 			b.Fatal(keys)
 		}
 	}

@@ -644,7 +644,9 @@ func samePayment(held, p x402.PaymentPayload) bool {
 
 // payerOf is the payer of payment p on network, as its signed payload
 // names it ("" if it does not): the authorization's from (checksummed) on
-// EVM, the transfer's owner on Solana. It is the one source of a payment's
+// EVM, the transfer's owner on Solana, read as servePaid read the payment
+// before claiming it (a Solana payment the gate cannot read is refused
+// then, so a served one always names its payer). It is the one source of a payment's
 // payer for everything the gate tells or records (X-Aov-Payer,
 // PAYMENT-RESPONSE, sign-in-with-x access, the logs): only that wallet's
 // funds can move under the payment, whatever a facilitator's reply says

@@ -523,10 +523,6 @@ func (g *Gate) fillFeePayers() error {
 	return nil
 }
 
-// svmClaimKeys names a Solana payment by its message (the SHA-256 of the
-// signed bytes): the client controls the bytes of the fee payer's empty
-// signature slot, so the same payment can arrive in many encodings, but
-// never with another message.
 // svmClaimHold is how long a Solana payment's claim lasts at the least. Its
 // transaction can land until its blockhash expires, 150 blocks after the
 // blockhash (60–90 s at usual slot times, longer when slots slow down), and
@@ -537,16 +533,32 @@ func (g *Gate) fillFeePayers() error {
 // bought nothing. The claim therefore outlives expiry and a few passes.
 const svmClaimHold = 10 * time.Minute
 
-func svmClaimKeys(p x402.PaymentPayload, offer x402.PaymentRequirements) []string {
-	if !x402.IsSolana(offer.Network) {
-		return nil
-	}
+// readSVMPayment reads a Solana payment's transaction once, before it is
+// claimed or forwarded, with the one reading this gateway has
+// (svmfacilitator.DecodePayload: the canonical padded base64 of a
+// transaction it decodes). Facilitators read more spellings than that
+// (the official one ignores what follows an "=", missing padding and
+// trailing bits) as the same transaction, and a payment the gate could not
+// read would be claimed under its exact header alone: one transaction sent
+// in several spellings would be claimed, verified and run once per
+// spelling. Anything else is an unreadable payment, named without being
+// echoed.
+func readSVMPayment(p x402.PaymentPayload) (*svmfacilitator.Transaction, error) {
 	tx, err := svmfacilitator.DecodePayload(p.Payload)
 	if err != nil {
-		return nil
+		return nil, &x402.PaymentError{Kind: x402.ErrInvalidPayment, Reason: x402.ReasonInvalidPayload, Field: "payload.transaction",
+			Problem: "must be a Solana transaction in standard base64 with padding"}
 	}
+	return tx, nil
+}
+
+// svmClaimKey names a Solana payment by its message (the SHA-256 of the
+// signed bytes) on network: the client controls the bytes of the fee
+// payer's empty signature slot, so the same payment can arrive in many
+// encodings, but never with another message.
+func svmClaimKey(network string, tx *svmfacilitator.Transaction) string {
 	h := tx.MessageHash()
-	return []string{"x402/svm/" + offer.Network + "/" + hex.EncodeToString(h[:])}
+	return "x402/svm/" + network + "/" + hex.EncodeToString(h[:])
 }
 
 // Interface guards
