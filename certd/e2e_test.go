@@ -677,6 +677,9 @@ func TestServeOnAnIndexOlderThanItsKeysSignsNothing(t *testing.T) {
 	if set, err := receipt.KeysFromCard(card); err != nil || set.Current() != "" || !bytes.Contains(card, []byte(`"status":"pending"`)) {
 		t.Fatalf("card: current %q, %v; want none, the index's k1 pending while nothing signs", set.Current(), err)
 	}
+	if got := keyStatuses(t, keys); got != "k1:pending" {
+		t.Errorf("certd keys while k2.key is newer than the index: %s; want k1:pending, as the card", got)
+	}
 	c := signer.NewClient(signer.ClientConfig{Socket: sock})
 	if _, err := signedResponse(t, c, "k1"); err == nil {
 		t.Fatal("certd signed with k1 while k2.key is newer than the index")
@@ -699,6 +702,63 @@ func TestServeOnAnIndexOlderThanItsKeysSignsNothing(t *testing.T) {
 	card, _ = fetchCard(t, d.publicAddr)
 	if set, err := receipt.KeysFromCard(card); err != nil || set.Current() != "k1" {
 		t.Fatalf("card once k1 signs: current %q, %v; want k1", set.Current(), err)
+	}
+	if got := keyStatuses(t, keys); got != "k1:current" {
+		t.Errorf("certd keys once the file is moved out: %s; want k1:current", got)
+	}
+}
+
+// TestCertdKeysSaysPendingWhileAPendingKeyFileStopsSigning: a rotation
+// dated ahead of this clock (k2 pending) whose key file certd refuses
+// (mode 0644). certd loads the private key of every key that may still
+// sign, so it signs nothing, k1 included, and its card calls k1 pending;
+// `certd keys` makes the same start checks and says the same, not k1
+// current because k1's own file loads.
+func TestCertdKeysSaysPendingWhileAPendingKeyFileStopsSigning(t *testing.T) {
+	keys := filepath.Join(shortDir(t), "keys")
+	for range 2 {
+		if out, errOut, code := certd(t, "rotate", "-keys", keys); code != 0 {
+			t.Fatalf("rotate: %s %s", out, errOut)
+		}
+	}
+	// Date the rotation ahead, as a rotation run on a host whose clock
+	// is ten minutes ahead does.
+	path := filepath.Join(keys, keystore.IndexFile)
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var idx map[string]any
+	if err := json.Unmarshal(raw, &idx); err != nil {
+		t.Fatal(err)
+	}
+	ahead := time.Now().Add(10 * time.Minute).UTC().Format(time.RFC3339Nano)
+	entries := idx["keys"].([]any)
+	entries[0].(map[string]any)["retired_at"] = ahead
+	entries[1].(map[string]any)["created_at"] = ahead
+	if raw, err = json.Marshal(idx); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(filepath.Join(keys, "k2.key"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	sock := filepath.Join(shortDir(t), "certd.sock")
+	d := startServe(t, "-keys", keys, "-sign-socket", sock, "-public-listen", "127.0.0.1:0")
+	defer d.stop(t, os.Interrupt)
+	c := signer.NewClient(signer.ClientConfig{Socket: sock})
+	if _, err := signedResponse(t, c, "k1"); apierr.From(err).Status != http.StatusServiceUnavailable {
+		t.Fatalf("signing with k2.key unloadable: %v; want 503", err)
+	}
+	card, _ := fetchCard(t, d.publicAddr)
+	if set, err := receipt.KeysFromCard(card); err != nil || set.Current() != "" {
+		t.Fatalf("card: current %q, %v; want none", set.Current(), err)
+	}
+	if got := keyStatuses(t, keys); got != "k1:pending,k2:pending" {
+		t.Errorf("certd keys while certd signs nothing: %s; want k1:pending,k2:pending, as the card", got)
 	}
 }
 

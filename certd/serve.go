@@ -196,13 +196,14 @@ loop:
 // key. Outside dev mode an empty directory is refused: a production key is
 // made deliberately, with `certd rotate`.
 func openKeys(cfg serveConfig, log *slog.Logger) (*keystore.Store, error) {
-	// Watch: every signature checks the index for a rotation by
-	// `certd rotate` or `certd compromise` (other processes), and the
-	// kernel's report of a change makes that check free when there was none.
-	// CurrentOnly: certd signs with the current key alone, so it holds no
-	// retired private key that a takeover of the process could sign with
-	// (receipts dated within a retired key's service life still verify).
-	keys, err := keystore.Open(cfg.keysDir, keystore.Options{Watch: true, CurrentOnly: true})
+	// As a signer (keystore.OpenSigner, which `certd keys` shares): every
+	// signature checks the index for a rotation by `certd rotate` or
+	// `certd compromise` (other processes), and the kernel's report of a
+	// change makes that check free when there was none. certd holds the
+	// private keys that may still sign alone, so none retired that a
+	// takeover of the process could sign with (receipts dated within a
+	// retired key's service life still verify).
+	keys, err := keystore.OpenSigner(cfg.keysDir, nil)
 	if err != nil {
 		return nil, err
 	}

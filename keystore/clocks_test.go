@@ -223,10 +223,13 @@ func status(s *Store) string {
 
 // While a store signs nothing, no key is current: the card and `certd
 // keys` must not name as current a key certd cannot sign with. The key in
-// service by the history is pending until it signs. Three causes: its
-// private key file does not load (seen alike by the signing store and by
-// `certd keys`' public-only one), and a clock that went back behind a
-// retirement, before a reload loads the key again.
+// service by the history is pending until it signs. Causes: its private
+// key file does not load, a pending key's file does not (a signer loads
+// every key that may still sign), key files newer than the index (each
+// seen alike by the running signer and by `certd keys`, which opens the
+// directory as a signer starting now), and a clock that went back behind
+// a retirement, before a reload loads the key again (only the running
+// signer knows it forgot the key).
 func TestNoKeyIsCurrentWhileNoneSigns(t *testing.T) {
 	t.Run("key file does not load", func(t *testing.T) {
 		dir := t.TempDir()
@@ -244,14 +247,10 @@ func TestNoKeyIsCurrentWhileNoneSigns(t *testing.T) {
 			t.Fatal(err)
 		}
 		serving.Refresh()
-		operator, err := Open(dir, Options{Now: c.Now, PublicOnly: true})
-		if err != nil {
-			t.Fatal(err)
+		if _, err := serving.Current(); err == nil {
+			t.Fatal("signing with k2.key unloadable")
 		}
-		for name, s := range map[string]*Store{"signing store": serving, "certd keys": operator} {
-			if _, err := serving.Current(); err == nil {
-				t.Fatal("signing with k2.key unloadable")
-			}
+		for name, s := range map[string]*Store{"signing store": serving, "certd keys": serve(t, dir, c)} {
 			if got := status(s); got != "k1:compromised,k2:pending" {
 				t.Errorf("%s while k2.key does not load: %s; want k1:compromised,k2:pending", name, got)
 			}
@@ -260,9 +259,61 @@ func TestNoKeyIsCurrentWhileNoneSigns(t *testing.T) {
 			t.Fatal(err)
 		}
 		serving.Refresh()
-		for name, s := range map[string]*Store{"signing store": serving, "certd keys": operator} {
+		for name, s := range map[string]*Store{"signing store": serving, "certd keys": serve(t, dir, c)} {
 			if got := status(s); got != "k1:compromised,k2:current" {
 				t.Errorf("%s once k2.key loads: %s; want k1:compromised,k2:current", name, got)
+			}
+		}
+	})
+	t.Run("a pending key's file does not load", func(t *testing.T) {
+		dir := t.TempDir()
+		c := newClock()
+		if _, err := open(t, dir, c).Generate(); err != nil {
+			t.Fatal(err)
+		}
+		serving := serve(t, dir, c)
+		c.Add(time.Minute)
+		if _, err := open(t, dir, &clock{t: c.Now().Add(10 * time.Minute)}).Rotate(); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(filepath.Join(dir, "k2.key"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		serving.Refresh()
+		if _, err := serving.Current(); err == nil {
+			t.Fatal("signing with k2.key unloadable")
+		}
+		for name, s := range map[string]*Store{"signing store": serving, "certd keys": serve(t, dir, c)} {
+			if got := status(s); got != "k1:pending,k2:pending" {
+				t.Errorf("%s while k2.key does not load: %s; want k1:pending,k2:pending", name, got)
+			}
+		}
+	})
+	t.Run("key files newer than the index", func(t *testing.T) {
+		dir := t.TempDir()
+		c := newClock()
+		operator := open(t, dir, c)
+		if _, err := operator.Generate(); err != nil {
+			t.Fatal(err)
+		}
+		backup, err := os.ReadFile(filepath.Join(dir, IndexFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Add(time.Hour)
+		if _, err := operator.Rotate(); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, IndexFile), backup, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		serving := serve(t, dir, c)
+		if _, err := serving.Current(); err == nil {
+			t.Fatal("signing with k2.key newer than the index")
+		}
+		for name, s := range map[string]*Store{"signing store": serving, "certd keys": serve(t, dir, c)} {
+			if got := status(s); got != "k1:pending" {
+				t.Errorf("%s with k2.key newer than the index: %s; want k1:pending", name, got)
 			}
 		}
 	})
@@ -289,6 +340,11 @@ func TestNoKeyIsCurrentWhileNoneSigns(t *testing.T) {
 		}
 		if got := status(serving); got != "k1:pending,k2:pending" {
 			t.Errorf("while nothing signs after the step back: %s; want k1:pending,k2:pending", got)
+		}
+		// `certd keys` says what a signer started now does: it loads k1
+		// and signs with it. Only the running one knows it forgot k1.
+		if got := status(serve(t, dir, c)); got != "k1:current,k2:pending" {
+			t.Errorf("a signer opened after the step back: %s; want k1:current,k2:pending", got)
 		}
 		if err := serving.Reload(); err != nil {
 			t.Fatal(err)

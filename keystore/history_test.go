@@ -16,7 +16,7 @@ import (
 // in-process signer).
 func serve(t *testing.T, dir string, c *clock) *Store {
 	t.Helper()
-	s, err := Open(dir, Options{Now: c.Now, CurrentOnly: true, Watch: true})
+	s, err := OpenSigner(dir, c.Now)
 	if err != nil {
 		t.Fatalf("Open: %v", err)
 	}

@@ -108,17 +108,14 @@ func Statuses(keys []Key, now time.Time) []string {
 // keys (List) at this store's clock: by the choice Current makes, so the
 // card never names as current a key this store does not sign with at that
 // instant. While it signs nothing (a key directory that does not load, a
-// private key file that does not, a clock that went back behind a key it
-// forgot: see Choose), no key is current, and the key in service by the
-// history is pending: it becomes current when it can sign. A store opened
-// PublicOnly (`certd keys`) holds no private key, so it checks that the
-// file of the key in service loads, as the user running it (certd's own
-// user sees what certd sees), and reads it for nothing else.
+// private key file that does not, key files newer than the index, a clock
+// that went back behind a key it forgot: see Choose), no key is current,
+// and the key in service by the history is pending: it becomes current
+// when it can sign. Only a store that signs can tell (OpenSigner); one
+// opened PublicOnly describes the keys by the history alone, as the
+// package's Statuses.
 func (s *Store) Statuses(keys []Key) []string {
 	k, now, err := s.choose("", time.Time{})
-	if err == nil && s.publicOnly {
-		_, err = s.loadKeyFile(k.Version, k.Public)
-	}
 	in, inErr := InService(keys, now)
 	if inErr != nil {
 		return statuses(keys, now, "", false)
@@ -155,7 +152,7 @@ type Options struct {
 	// Now is the clock for created_at and retired_at; tests move it.
 	Now func() time.Time
 	// PublicOnly opens the directory without reading any private key file:
-	// for operator commands that never sign (list, rotate, mark
+	// for operator commands that change the index (rotate, mark
 	// compromised), so they work even on a key file whose mode certd
 	// refuses, which is exactly when an operator needs them. Keys then have
 	// a nil Private.
@@ -275,6 +272,20 @@ func Open(dir string, opts Options) (*Store, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// OpenSigner opens dir as a process that signs from it does (certd serve,
+// verifierd's in-process signer), with now as its clock (nil: the
+// system's): it reads the private key of every key that may still sign
+// (CurrentOnly), looks for key files newer than the index, and watches the
+// directory. Current then says whether such a process started now signs,
+// and with which key, and Statuses how its card describes each key.
+// `certd keys` opens the directory so too, so that it reaches its verdict
+// by the very checks certd's start makes, not by a copy of them; what it
+// cannot know is what only a running process holds (a private key it
+// forgot before its clock went back, the receipts it signed: see Choose).
+func OpenSigner(dir string, now func() time.Time) (*Store, error) {
+	return Open(dir, Options{Now: now, CurrentOnly: true, Watch: true})
 }
 
 // Dir reports the key directory.

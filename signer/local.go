@@ -61,7 +61,7 @@ func NewLocal(dir string, log *slog.Logger) (*Local, error) {
 	if !fi.IsDir() {
 		return nil, fmt.Errorf("in-process signer: %s is not a directory", dir)
 	}
-	keys, err := keystore.Open(dir, keystore.Options{CurrentOnly: true, Watch: true})
+	keys, err := keystore.OpenSigner(dir, nil)
 	if err != nil {
 		return nil, fmt.Errorf("in-process signer: %w", err)
 	}
