@@ -33,7 +33,6 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -44,6 +43,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/aovhq/aov/internal/regfile"
 	"github.com/aovhq/aov/receipt"
 )
 
@@ -983,7 +983,7 @@ func mustPublic(b64 string) ed25519.PublicKey {
 // readIndex reads index.json; a missing index is an empty store.
 func (s *Store) readIndex() (index, fs.FileInfo, error) {
 	path := filepath.Join(s.dir, IndexFile)
-	f, fi, err := openRegular(path)
+	f, fi, err := regfile.Open(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return index{Format: indexFormat}, nil, nil
 	}
@@ -1020,7 +1020,7 @@ func (s *Store) readIndex() (index, fs.FileInfo, error) {
 // whose public key the index names, want.
 func (s *Store) loadKeyFile(version string, want ed25519.PublicKey) (Key, error) {
 	path := filepath.Join(s.dir, version+".key")
-	f, fi, err := openRegular(path)
+	f, fi, err := regfile.Open(path)
 	if err != nil {
 		return Key{}, fmt.Errorf("loading key %s: %w", version, err)
 	}
@@ -1028,7 +1028,7 @@ func (s *Store) loadKeyFile(version string, want ed25519.PublicKey) (Key, error)
 	if perm := fi.Mode().Perm(); perm&0o077 != 0 {
 		return Key{}, fmt.Errorf("loading key %s: private key file %s has mode %04o and is readable by group or others; restrict it with `chmod 600 %s` (and consider the key compromised if others could read it)", version, path, perm, path)
 	}
-	raw, err := readAll(f, 64<<10)
+	raw, err := regfile.ReadAll(f, 64<<10)
 	if err != nil {
 		return Key{}, fmt.Errorf("loading key %s: %w", version, err)
 	}
@@ -1041,39 +1041,6 @@ func (s *Store) loadKeyFile(version string, want ed25519.PublicKey) (Key, error)
 		return Key{}, fmt.Errorf("loading key %s: the private key in %s does not match the public key in the index", version, path)
 	}
 	return Key{Private: priv, Public: pub}, nil
-}
-
-// openRegular opens path for reading and refuses anything but a regular
-// file (through a symbolic link too). It opens without blocking: opening a
-// named pipe for reading otherwise waits for a writer, which would hang a
-// start, or a reload holding the store's lock and every signature with it.
-// The check is on the file opened (fstat), so nothing can be swapped in
-// between a check and the open.
-func openRegular(path string) (*os.File, fs.FileInfo, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
-	if err != nil {
-		return nil, nil, err
-	}
-	fi, err := f.Stat()
-	if err == nil && !fi.Mode().IsRegular() {
-		err = fmt.Errorf("%s is not a regular file", path)
-	}
-	if err != nil {
-		f.Close()
-		return nil, nil, err
-	}
-	return f, fi, nil
-}
-
-func readAll(f *os.File, limit int64) ([]byte, error) {
-	b, err := io.ReadAll(io.LimitReader(f, limit+1))
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(b)) > limit {
-		return nil, fmt.Errorf("file is larger than %d bytes", limit)
-	}
-	return b, nil
 }
 
 func parsePrivateKey(raw []byte) (ed25519.PrivateKey, error) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"net"
 	"os"
@@ -12,10 +11,17 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/aovhq/aov/internal/regfile"
 )
 
 // MinSecretBytes is the shortest bearer secret accepted for TCP mode.
 const MinSecretBytes = 16
+
+// maxSecretFileBytes bounds a secret file: a secret is tens of bytes, so a
+// larger file is the wrong one (a secret cut at the bound would be taken
+// for another).
+const maxSecretFileBytes = 4096
 
 // ListenUnix listens on a unix socket at path that only certd's own user can
 // connect to (mode 0600). The socket's directory is created with mode 0700
@@ -162,23 +168,21 @@ func CheckLoopback(addr string) error {
 
 // ReadSecretFile reads the shared bearer secret of TCP mode from a file that
 // only its owner can read (like a private key file), trimming surrounding
-// whitespace. A short secret is refused.
+// whitespace. A short secret is refused, and so is anything but a regular
+// file of at most maxSecretFileBytes (regfile): a named pipe there would
+// hang the start of certd or verifierd forever.
 func ReadSecretFile(path string) (string, error) {
-	f, err := os.Open(path)
+	f, fi, err := regfile.Open(path)
 	if err != nil {
 		return "", fmt.Errorf("reading signing secret: %w", err)
 	}
 	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return "", fmt.Errorf("reading signing secret: %w", err)
-	}
 	if perm := fi.Mode().Perm(); perm&0o077 != 0 {
 		return "", fmt.Errorf("reading signing secret: %s has mode %04o and is readable by group or others; restrict it with `chmod 600 %s`", path, perm, path)
 	}
-	raw, err := io.ReadAll(io.LimitReader(f, 4096))
+	raw, err := regfile.ReadAll(f, maxSecretFileBytes)
 	if err != nil {
-		return "", fmt.Errorf("reading signing secret: %w", err)
+		return "", fmt.Errorf("reading signing secret: %s: %w", path, err)
 	}
 	secret := strings.TrimSpace(string(raw))
 	if len(secret) < MinSecretBytes {

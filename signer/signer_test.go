@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -626,5 +627,43 @@ func TestReadSecretFile(t *testing.T) {
 				t.Fatalf("ReadSecretFile = %q, %v", got, err)
 			}
 		})
+	}
+}
+
+// A secret file that is not a regular file is refused at once, and so is
+// one larger than a secret can be: a named pipe at -sign-secret-file (or
+// verifierd's secret or gateway-token file) opened for reading would wait
+// for a writer, hanging the start forever, and a device such as /dev/zero
+// never ends.
+func TestReadSecretFileRefusesWhatIsNotASmallRegularFile(t *testing.T) {
+	dir := t.TempDir()
+	pipe := filepath.Join(dir, "pipe")
+	if err := syscall.Mkfifo(pipe, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sub := filepath.Join(dir, "dir")
+	if err := os.Mkdir(sub, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	big := filepath.Join(dir, "big")
+	if err := os.WriteFile(big, bytes.Repeat([]byte("s"), 5000), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for path, want := range map[string]string{pipe: pipe + " is not a regular file", sub: sub + " is not a regular file", big: "larger than 4096 bytes"} {
+		done := make(chan error, 1)
+		go func() { _, err := ReadSecretFile(path); done <- err }()
+		var err error
+		select {
+		case err = <-done:
+		case <-time.After(3 * time.Second):
+			t.Errorf("ReadSecretFile(%s) still waiting after 3 s", path)
+			if w, werr := os.OpenFile(path, os.O_WRONLY, 0); werr == nil {
+				w.Close()
+			}
+			err = <-done
+		}
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("ReadSecretFile(%s) = %v; want a refusal saying %q", path, err, want)
+		}
 	}
 }
