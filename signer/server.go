@@ -199,7 +199,7 @@ func (s *Server) authorized(w http.ResponseWriter, r *http.Request) bool {
 	}
 	// Any local process can send these, so they must not fill the log:
 	// the first is logged, then one line per refusalLogEvery at most.
-	if n, ok := s.unauthorized.allow(s.now()); ok {
+	if n, ok := s.unauthorized.allow(s.now); ok {
 		s.log.Warn("signing request refused: missing or wrong bearer secret", "remote", r.RemoteAddr, "path", r.URL.Path, "refused", n)
 	}
 	apierr.Write(w, apierr.Unauthorized("missing or wrong signing secret"))
@@ -314,12 +314,16 @@ type logLimiter struct {
 	logged bool
 }
 
-// allow records an event at now and reports whether to log it, and how
-// many events the line stands for. A clock that went back lets the next
-// event through.
-func (l *logLimiter) allow(now time.Time) (int, bool) {
+// allow records an event at the time clock reads and reports whether to
+// log it, and how many events the line stands for. A clock that went back
+// lets the next event through. The clock is read under the limiter's lock:
+// a reading taken before it could be older than the one of an event let
+// through meanwhile (its goroutine preempted in between), and would pass
+// for a clock that went back, logging a second line at once.
+func (l *logLimiter) allow(clock func() time.Time) (int, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	now := clock()
 	l.held++
 	if d := now.Sub(l.last); l.logged && d >= 0 && d < refusalLogEvery {
 		return 0, false
