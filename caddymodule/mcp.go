@@ -103,6 +103,9 @@ func (g *Gate) serveMCP(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		}
 		ex.check = func() error { return g.verifier.PrecheckTree(args) }
 	}
+	// From here the tool may run, and the gate judges its answer
+	// (billable): it asks the tool server for what it can read.
+	r = plainWholeRequest(r)
 	if raw, ok := msg.meta[mcpMetaPayment]; ok {
 		// The payment is read from its canonical form, which is also what
 		// its replay claim is keyed on: a re-encoded copy is the same claim.
@@ -259,11 +262,20 @@ func (e *mcpExchange) toolError(w http.ResponseWriter, r *http.Request, ae *apie
 // type is no event at all to it (and any other type is refused), so what
 // the gate would read as a success the client never sees.
 func (e *mcpExchange) billable(bw *bufferedWriter) bool {
-	if bw.status() >= 400 {
+	// The gate asked for plain bytes (plainWholeRequest); compressed ones
+	// it cannot read, status or not.
+	var err error
+	if why := notPlain(bw.header); why != "" {
+		err = errors.New(why)
+	} else if bw.status() >= 400 {
 		handOverErrorStatus(bw, e.id)
 		return false
 	}
-	a, ok, interim, err := judgeAnswer(bw.buf.Bytes(), e.id)
+	var a rpcAnswer
+	var ok, interim bool
+	if err == nil {
+		a, ok, interim, err = judgeAnswer(bw.buf.Bytes(), e.id)
+	}
 	if err == nil && !isJSONAnswer(bw.header) {
 		err = errors.New("the answer is not application/json")
 	}
@@ -273,7 +285,6 @@ func (e *mcpExchange) billable(bw *bufferedWriter) bool {
 	if err != nil {
 		e.unreadable = true
 		e.g.logger.Error("MCP tool answer withheld: the buyer's client cannot read it", zap.String("code", codeAnswerUnreadable), zap.Error(err))
-		bw.buf.Reset()
 		bw.header.Set("Content-Type", "application/json")
 		body, _ := json.Marshal(rpcError(e.id, rpcInternalError, &apierr.Error{
 			Code: codeAnswerUnreadable,
@@ -282,7 +293,7 @@ func (e *mcpExchange) billable(bw *bufferedWriter) bool {
 			Status:      http.StatusBadGateway,
 			NextActions: []apierr.Action{{Action: "contact_operator"}},
 		}))
-		bw.buf.Write(body)
+		rewriteHeld(bw, body)
 		return false
 	}
 	e.interim = interim
@@ -290,6 +301,15 @@ func (e *mcpExchange) billable(bw *bufferedWriter) bool {
 		dropToolX402Meta(bw, a)
 	}
 	return ok
+}
+
+// rewriteHeld makes body, which the gate wrote, the held answer's body:
+// the headers the tool server sent about its own bytes go
+// (dropBodyHeaders), and replay sizes the new body.
+func rewriteHeld(bw *bufferedWriter, body []byte) {
+	bw.buf.Reset()
+	bw.buf.Write(body)
+	dropBodyHeaders(bw.header)
 }
 
 // handOverUncharged rewrites a held answer the gate hands over uncharged
@@ -324,8 +344,7 @@ func handOverUncharged(bw *bufferedWriter, id json.RawMessage, a rpcAnswer) erro
 		out = append(out, res...)
 	}
 	out = append(out, '}')
-	bw.buf.Reset()
-	bw.buf.Write(out)
+	rewriteHeld(bw, out)
 	return nil
 }
 
@@ -359,8 +378,7 @@ func handOverErrorStatus(bw *bufferedWriter, id json.RawMessage) {
 			}
 		}
 	}
-	bw.buf.Reset()
-	bw.buf.Write(out)
+	rewriteHeld(bw, out)
 	bw.header.Set("Content-Type", "application/json")
 }
 
@@ -554,8 +572,7 @@ func dropToolX402Meta(bw *bufferedWriter, a rpcAnswer) {
 	out = append(out, body[:at]...)
 	out = appendMembers(out, result)
 	out = append(out, body[at+len(raw):]...)
-	bw.buf.Reset()
-	bw.buf.Write(out)
+	rewriteHeld(bw, out)
 }
 
 // quotedX402Key is isX402Key of a quoted member name as written, read
@@ -1086,8 +1103,7 @@ func (e *mcpExchange) deliver(w http.ResponseWriter, bw *bufferedWriter, sr x402
 		out = append(out, body[:at]...)
 		out = appendMembers(out, result)
 		out = append(out, body[at+len(raw):]...)
-		bw.buf.Reset()
-		bw.buf.Write(out)
+		rewriteHeld(bw, out)
 	}
 	e.g.setPaidHeaders(w.Header(), sr)
 	bw.replay(w)

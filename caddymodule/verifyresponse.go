@@ -525,15 +525,8 @@ func (v *VerifyResponse) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 	// Only while it runs: handle_errors, run after it returned, is not
 	// inside it.
 	defer caddyhttp.SetVar(r.Context(), verificationStartedVar, nil)
-	// The upstream must answer in plain bytes (the check reads JSON, and
-	// the receipt hashes what is released) and in full (a range cannot be
-	// verified). The client's own request is left as it was, for logs.
-	up := new(http.Request)
-	*up = *r
-	up.Header = r.Header.Clone()
-	up.Header.Set("Accept-Encoding", "identity")
-	up.Header.Del("Range")
-	up.Header.Del("If-Range")
+	// The check reads JSON, and the receipt hashes what is released.
+	up := plainWholeRequest(r)
 
 	buf := getBuffer()
 	defer putBuffer(buf)
@@ -571,11 +564,8 @@ func (v *VerifyResponse) verifyHeld(w http.ResponseWriter, hw *bufferedWriter, r
 	if len(hw.header.Values("Content-Type")) > 1 {
 		return v.unverifiable(w, hw, r, v.responseError("it has more than one Content-Type", nil))
 	}
-	if len(hw.header.Values("Content-Encoding")) > 1 {
-		return v.unverifiable(w, hw, r, v.responseError("it has more than one Content-Encoding", nil))
-	}
-	if ce := hw.header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(strings.TrimSpace(ce), "identity") {
-		return v.unverifiable(w, hw, r, v.responseError("it is compressed ("+headerValueShort(ce)+") although identity was asked for", nil))
+	if why := notPlain(hw.header); why != "" {
+		return v.unverifiable(w, hw, r, v.responseError(why, nil))
 	}
 	// The output hash the receipt must carry, computed the way the
 	// verification service computes it (strict decoding, RFC 8785). Member
@@ -617,16 +607,59 @@ func (v *VerifyResponse) verifyHeld(w http.ResponseWriter, hw *bufferedWriter, r
 	out := body
 	if v.Envelope {
 		out = envelope(bytes.TrimSpace(body), rc.raw)
-		h.Del("Etag")
-		h.Del("Content-Md5")
-		h.Del("Digest")
-		h.Del("Content-Digest")
-		h.Del("Repr-Digest")
+		dropBodyHeaders(h)
 	}
 	h.Set("Content-Length", strconv.Itoa(len(out)))
 	w.WriteHeader(hw.status())
 	_, err = w.Write(out)
 	return err
+}
+
+// plainWholeRequest is r as it goes to an upstream whose answer the
+// gateway reads before it releases it (verify_response checks it, an
+// mcp_tool gate judges the tool's result): asking for the answer in plain
+// bytes (Accept-Encoding: identity; the client's own, gzip by default in
+// Go's and the MCP SDK's clients, would get bytes the gateway cannot
+// read) and in full (no Range: a part cannot be read as a whole). The
+// client's own request is left as it was, for logs.
+func plainWholeRequest(r *http.Request) *http.Request {
+	up := new(http.Request)
+	*up = *r
+	up.Header = r.Header.Clone()
+	up.Header.Set("Accept-Encoding", "identity")
+	up.Header.Del("Range")
+	up.Header.Del("If-Range")
+	return up
+}
+
+// notPlain says why a held answer's body is not the plain bytes
+// plainWholeRequest asked for, or "" when it is: an upstream may compress
+// all the same. Two Content-Encodings are refused too, since readers take
+// different ones (Get the first, a client decoding the list all of them).
+func notPlain(h http.Header) string {
+	ce := h.Values("Content-Encoding")
+	switch {
+	case len(ce) > 1:
+		return "it has more than one Content-Encoding"
+	case len(ce) == 1 && ce[0] != "" && !strings.EqualFold(strings.TrimSpace(ce[0]), "identity"):
+		return "it is compressed (" + headerValueShort(ce[0]) + ") although identity was asked for"
+	}
+	return ""
+}
+
+// bodyHeaders are the headers of an answer that describe its body's bytes
+// rather than what it means: their length, encoding and digests (an Etag
+// validates those bytes too). An answer whose body the gateway writes
+// itself (verify_response's envelope, an MCP answer the gate rewrote or
+// replaced) loses them all, or they would describe bytes it no longer
+// carries; Content-Length is set again for the body sent.
+var bodyHeaders = []string{"Content-Length", "Content-Encoding", "Etag", "Content-Md5", "Digest", "Content-Digest", "Repr-Digest"}
+
+// dropBodyHeaders removes bodyHeaders from h.
+func dropBodyHeaders(h http.Header) {
+	for _, k := range bodyHeaders {
+		h.Del(k)
+	}
 }
 
 // envelope builds {"output": <output>, "verification": <receipt>}.
