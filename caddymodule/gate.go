@@ -268,7 +268,8 @@ type Gate struct {
 	// SIWX advertises x402's sign-in-with-x extension in PAYMENT-REQUIRED:
 	// a wallet that already paid for this resource may sign in instead of
 	// paying again (wallet_auth with siwx verifies the proof and lets the
-	// request skip the gate; see its documentation).
+	// request skip the gate; see its documentation). Not with MCPTool: a
+	// payment over MCP records no sign-in-with-x access (noteSettled).
 	SIWX bool `json:"siwx,omitempty"`
 	// SIWXDomain is the site name the sign-in challenge asks wallets to
 	// sign for: one of wallet_auth's domains, which are the only names a
@@ -510,6 +511,9 @@ func (g *Gate) Validate() error {
 	}
 	if g.MCPTool != "" && g.Settle == "before" {
 		return errors.New("x402: an MCP tool is settled after its result (settle before cannot tell a tool error from a success)")
+	}
+	if g.MCPTool != "" && g.SIWX {
+		return errors.New("x402: siwx cannot be set with mcp_tool: a payment for one tool grants no sign-in-with-x access (that is per path, shared by every tool of the endpoint)")
 	}
 	if g.Free != nil {
 		if err := g.Free.validate(); err != nil {

@@ -377,7 +377,19 @@ type settledSlot struct {
 // settlement is told, once: a replay of one already told (a saved or held
 // answer served again) is not, since wallet_auth records paid access from
 // now and would renew it without a new payment.
+//
+// Nor is a payment on a request an MCP gate read (varRPCMessage): it paid
+// for one call of one tool, while paid access is recorded for the path,
+// the MCP endpoint every tool of it shares, and neither x402's
+// sign-in-with-x nor its clients name a tool. Told, one payment for the
+// cheapest tool would sign its payer in to all of them. wallet_auth
+// waits on a request that carries PAYMENT-SIGNATURE, which the MCP gate
+// drops unread, so the header alone must never decide: only a settlement
+// the gate made for the path is told.
 func noteSettled(r *http.Request, sr x402.SettleResponse) {
+	if caddyhttp.GetVar(r.Context(), varRPCMessage) != nil {
+		return
+	}
 	if s, ok := caddyhttp.GetVar(r.Context(), varSettled).(*settledSlot); ok {
 		s.sr, s.ok = sr, true
 	}
