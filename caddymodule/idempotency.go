@@ -345,6 +345,25 @@ func (c *paymentIDCall) claimed(w http.ResponseWriter, r *http.Request, ex excha
 	return true, ex.refuse(w, r, fresh(errPaymentIDInProgress))
 }
 
+// savedOnly answers with the id's saved answer when this payment and
+// request saved one (handled false otherwise): for a payment the gate no
+// longer holds a claim of and cannot claim anew (serveHeldUnderOldOffer).
+func (c *paymentIDCall) savedOnly(w http.ResponseWriter, r *http.Request, ex exchange) (bool, error) {
+	if c == nil {
+		return false, nil
+	}
+	st, err := c.ids.Lookup(c.ctx, c.id)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return false, nil
+	case err != nil:
+		return true, ex.refuse(w, r, apierr.Unavailable("payment state store", 1, err))
+	case st.Fingerprint != c.fp || !st.Done:
+		return false, nil
+	}
+	return true, c.serveSaved(w, r, ex, st)
+}
+
 // bind binds the id to the call while it holds claim (handled true: it
 // answered, and released the claim, nothing charged).
 func (c *paymentIDCall) bind(w http.ResponseWriter, r *http.Request, ex exchange, claim store.Claim) (bool, error) {

@@ -193,6 +193,9 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	}
 	i := x402.MatchIndex(payload.Accepted, g.offers)
 	if i < 0 {
+		if handled, err := g.serveHeldUnderOldOffer(w, r, next, ex, pid, pay, raw); handled {
+			return err
+		}
 		return ex.demand(w, r, http.StatusPaymentRequired, x402.ReasonNoMatchingRequirements, "no_matching_requirements", nil)
 	}
 	offer, offerJS := g.offers[i], g.offerJSON(i)
@@ -231,26 +234,7 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	if err != nil {
 		var ce *store.ClaimedError
 		if errors.As(err, &ce) {
-			// A claim kept for an unknown settlement is resolved on the
-			// buyer's retry (pending.go), settled or not by now.
-			rex := pid.resolving(ex)
-			if handled, err := g.resolveOnRetry(w, r, next, rex, ce.State, payload); handled {
-				return err
-			}
-			if handled, err := pid.claimed(w, r, ex, ce.State); handled {
-				return err
-			}
-			if ce.State.Settled {
-				// Settled under its bare transaction, maybe by a
-				// gateway whose write landed unacknowledged and which
-				// still holds the answer (unrecorded.go).
-				if mayBeUnrecordedElsewhere(ce.State) {
-					g.noteRefusal(r) // a replay costs what payment_already_used does
-					return ex.refuse(w, r, errSettledElsewhere())
-				}
-				return ex.demand(w, r, http.StatusPaymentRequired, "This payment was already used; sign a new one.", x402.ReasonPaymentAlreadyUsed, nil)
-			}
-			return ex.demand(w, r, http.StatusPaymentRequired, "This payment is being processed by another request; do not reuse a payment.", reasonPaymentInFlight, nil)
+			return g.serveClaimed(w, r, next, ex, pid, payload, ce.State)
 		}
 		return ex.refuse(w, r, apierr.Unavailable("payment state store", 1, err))
 	}
@@ -310,6 +294,74 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		return next.ServeHTTP(g.paidStream(w, r, pc.sr), r)
 	}
 	return g.serveCharged(w, r, next, ex, pc)
+}
+
+// serveClaimed answers a payment whose claim another call made (cs, its
+// state): it never claims or charges anything.
+func (g *Gate) serveClaimed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, ex exchange, pid *paymentIDCall, payload x402.PaymentPayload, cs store.ClaimState) error {
+	// A claim kept for an unknown settlement is resolved on the buyer's
+	// retry (pending.go), settled or not by now.
+	rex := pid.resolving(ex)
+	if handled, err := g.resolveOnRetry(w, r, next, rex, cs, payload); handled {
+		return err
+	}
+	if handled, err := pid.claimed(w, r, ex, cs); handled {
+		return err
+	}
+	if cs.Settled {
+		// Settled under its bare transaction, maybe by a gateway whose
+		// write landed unacknowledged and which still holds the answer
+		// (unrecorded.go).
+		if mayBeUnrecordedElsewhere(cs) {
+			g.noteRefusal(r) // a replay costs what payment_already_used does
+			return ex.refuse(w, r, errSettledElsewhere())
+		}
+		return ex.demand(w, r, http.StatusPaymentRequired, "This payment was already used; sign a new one.", x402.ReasonPaymentAlreadyUsed, nil)
+	}
+	return ex.demand(w, r, http.StatusPaymentRequired, "This payment is being processed by another request; do not reuse a payment.", reasonPaymentInFlight, nil)
+}
+
+// serveHeldUnderOldOffer answers a payment that matches none of the
+// route's offers but that the gate already holds: claimed under an offer
+// a reload has since changed (a new price, pay_to or accept line) while
+// its settlement was unknown, or settled with its answer saved under a
+// payment identifier. The buyer was charged, or may have been, under the
+// offer it accepted: its retry is resolved by the claim's record
+// (resolveOnRetry, which reads the offer from the record) or the id's
+// saved answer, exactly as before the reload. handled false: the gate
+// holds nothing of the payment, and a new payment is never served against
+// an offer the route no longer makes.
+//
+// The claim keys are named as servePaid names them, by the offer the
+// payment accepted; only the store is read, nothing is claimed.
+func (g *Gate) serveHeldUnderOldOffer(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, ex exchange, pid *paymentIDCall, pay x402.Payment, raw string) (bool, error) {
+	payload := pay.PaymentPayload
+	var auth *x402.AuthorizationValues
+	if x402.IsEVM(payload.Accepted.Network) {
+		v, err := pay.ExactEVMValues()
+		if err != nil {
+			return false, nil // never claimed: servePaid claims only what it read
+		}
+		auth = &v
+	}
+	keys, _ := claimKeys(raw, payload, payload.Accepted, auth)
+	if handled, err := g.serveUnrecorded(w, r, next, ex, pid, keys, payload); handled {
+		return true, err
+	}
+	for _, k := range keys {
+		cs, err := g.state.Claims().Lookup(r.Context(), k)
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			continue
+		case err != nil:
+			// Fail closed: a demand would invite a second payment for
+			// one that may have moved.
+			return true, ex.refuse(w, r, apierr.Unavailable("payment state store", 1, err))
+		}
+		return true, g.serveClaimed(w, r, next, ex, pid, payload, cs)
+	}
+	// The claim lapsed; an id's saved answer outlives it (the window).
+	return pid.savedOnly(w, r, ex)
 }
 
 // settle settles the claimed payment: the one settlement step of the gate.
