@@ -321,6 +321,9 @@ type Gate struct {
 	// the same request prices its MCP tool (warnShadowed). Set in
 	// Provision, a pointer like route.
 	shadowed *atomic.Bool
+	// unanswered is set once the gate has logged that nothing behind it
+	// answers (noUpstream). Set in Provision, a pointer like route.
+	unanswered *atomic.Bool
 
 	// server is where rates is registered for wallet_auth (serverZones).
 	server *caddyhttp.Server
@@ -484,6 +487,7 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 	g.route = new(atomic.Pointer[reporter])
 	g.stopped = new(atomic.Bool)
 	g.shadowed = new(atomic.Bool)
+	g.unanswered = new(atomic.Bool)
 	discovery.add(g)
 	g.startResolver() // hook (pending.go): resolve unknown settlements
 	return nil
