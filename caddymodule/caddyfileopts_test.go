@@ -3,8 +3,10 @@ package caddymodule
 import (
 	"bytes"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
@@ -150,4 +152,36 @@ func TestAssetDecimalsOutOfRangeInJSON(t *testing.T) {
 			wantErr(t, err, "")
 		})
 	}
+}
+
+// A JSON config's upstream_timeout gets the Caddyfile's rule: a positive
+// duration. A negative one loaded, and every charged or free call then
+// failed at once (its deadline already past).
+func TestUpstreamTimeoutNotPositiveInJSON(t *testing.T) {
+	site := cfgGate("accept devnet $0.02 "+cfgPayTo, "upstream_timeout 5s")
+	port := freePort(t)
+	cfg := fmt.Sprintf("{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n\thttp_port %d\n\tstorage file_system %s\n\tlog {\n\t\toutput discard\n\t}\n}\n", port, t.TempDir())
+	cfg += strings.NewReplacer("{port}", fmt.Sprint(port), "{data}", t.TempDir()).Replace(site)
+	js, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cfg), map[string]any{"filename": "Caddyfile"})
+	if err != nil || !bytes.Contains(js, []byte(`"upstream_timeout":5000000000`)) {
+		t.Fatalf("adapting: %v\n%s", err, js)
+	}
+	for _, n := range []string{"-1000000000", "-1"} {
+		t.Run(n, func(t *testing.T) {
+			err := caddy.Load(bytes.Replace(js, []byte(`"upstream_timeout":5000000000`), []byte(`"upstream_timeout":`+n), 1), true)
+			if err == nil {
+				caddy.Stop()
+			}
+			wantErr(t, err, "upstream_timeout "+time.Duration(mustAtoi(t, n)).String()+" must be positive")
+		})
+	}
+}
+
+func mustAtoi(t *testing.T, s string) int {
+	t.Helper()
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

@@ -519,6 +519,12 @@ func (g *Gate) Validate() error {
 	if g.MCPTool != "" && g.SIWX {
 		return errors.New("x402: siwx cannot be set with mcp_tool: a payment for one tool grants no sign-in-with-x access (that is per path, shared by every tool of the endpoint)")
 	}
+	if g.UpstreamTimeout <= 0 {
+		// A JSON config skips the Caddyfile's check (0 is the default,
+		// set in Provision): every charged or free call would start past
+		// its deadline and fail at once.
+		return fmt.Errorf("x402: upstream_timeout %s must be positive (leave it out for the default %s)", time.Duration(g.UpstreamTimeout), defaultUpstreamTimeout)
+	}
 	if g.Free != nil {
 		if err := g.Free.validate(); err != nil {
 			return fmt.Errorf("x402: free_allowance: %v", err)
