@@ -291,7 +291,7 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 			return nil
 		}
 		pid.save(nil, pc.sr) // streamed: settled, its answer not kept
-		return next.ServeHTTP(g.paidStream(w, r, pc.sr), r)
+		return g.serveSettled(w, r, next, ex, pc.sr)
 	}
 	return g.serveCharged(w, r, next, ex, pc)
 }
@@ -608,7 +608,7 @@ func (g *Gate) setPaidHeaders(h http.Header, sr x402.SettleResponse) {
 // is marked as settled before its answer (varSettledBefore), so that a
 // verify_response after the gate that withholds the output says the
 // buyer was charged.
-func (g *Gate) paidStream(w http.ResponseWriter, r *http.Request, sr x402.SettleResponse) http.ResponseWriter {
+func (g *Gate) paidStream(w http.ResponseWriter, r *http.Request, sr x402.SettleResponse) *statusWriter {
 	caddyhttp.SetVar(r.Context(), varSettledBefore, true)
 	g.setPaidHeaders(w.Header(), sr)
 	own := w.Header()[keyPaymentResponse]
@@ -618,6 +618,24 @@ func (g *Gate) paidStream(w http.ResponseWriter, r *http.Request, sr x402.Settle
 			h[keyPaymentResponse] = own
 		}
 	}}
+}
+
+// serveSettled runs the upstream straight to the client for a payment
+// already settled (paidStream). An upstream that fails before writing
+// anything (nothing listens, upstream_timeout before its headers) is
+// answered here, not left to Caddy's error handling: a handle_errors block
+// (Caddyfile.example's) would tell the charged buyer that nothing was
+// charged and to retry. The gate's answer keeps the settlement's
+// PAYMENT-RESPONSE and says charged true, asking for no retry with the
+// spent payment (SettledBefore). Once the upstream has written, its
+// answer is under way and its error stays Caddy's.
+func (g *Gate) serveSettled(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, ex exchange, sr x402.SettleResponse) error {
+	sw := g.paidStream(w, r, sr)
+	err := next.ServeHTTP(sw, r)
+	if err == nil || sw.status != 0 {
+		return err
+	}
+	return ex.refuse(w, r, apierr.Unavailable("upstream service", 0, err).SettledBefore())
 }
 
 // keyPaymentResponse is PAYMENT-RESPONSE's key in an http.Header

@@ -597,7 +597,7 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 	}
 	r.Header.Set(HeaderUpstreamNetwork, h.offer.Network)
 	noteSettled(r, sr)
-	return true, next.ServeHTTP(g.paidStream(w, r, sr), r)
+	return true, g.serveSettled(w, r, next, ex, sr)
 }
 
 // paidFor reports whether r is the request h's payment paid for, by the
