@@ -213,7 +213,7 @@ func unreached(err error) bool {
 // call costs is decided.
 func (g *Gate) outcomeOf(ex exchange, bw *bufferedWriter, err error, r *http.Request) outcome {
 	if err == nil && bw.code == 0 {
-		g.noUpstream(bw) // now an error answer, judged as any other
+		apierr.Write(bw, g.noUpstream()) // now an error answer, judged as any other
 	}
 	switch {
 	case bw.overflow:
@@ -235,22 +235,23 @@ func (g *Gate) outcomeOf(ex exchange, bw *bufferedWriter, err error, r *http.Req
 // codeNoUpstream: the gate's handler chain ended with nothing written.
 const codeNoUpstream = "no_upstream"
 
-// noUpstream replaces an answer no handler wrote (no status, no body byte:
-// the end of Caddy's handler chain, whose empty 200 is no answer) with a
-// 502 no_upstream, which outcomeOf then judges as an error: never charged.
-// It is a configuration error, logged once per gate: nothing follows the
-// gate in its handle or route block (the proxy written in another,
-// exclusive block, or forgotten).
-func (g *Gate) noUpstream(bw *bufferedWriter) {
+// noUpstream is the answer to a call no handler answered (no status, no
+// body byte: the end of Caddy's handler chain, whose empty 200 is no
+// answer): 502 no_upstream, which outcomeOf judges as an error, never
+// charged (serveSettled: charged before, and said so). It is a
+// configuration error, logged once per gate: nothing follows the gate in
+// its handle or route block (the proxy written in another, exclusive
+// block, or forgotten).
+func (g *Gate) noUpstream() *apierr.Error {
 	if g.unanswered != nil && g.unanswered.CompareAndSwap(false, true) {
-		g.logger.Error("configuration error: nothing after this x402 gate answered the call (no reverse_proxy or other handler in its handle or route block); its calls are refused 502 no_upstream and never charged")
+		g.logger.Error("configuration error: nothing after this x402 gate answered the call (no reverse_proxy or other handler in its handle or route block); its calls are refused 502 no_upstream")
 	}
-	apierr.Write(bw, &apierr.Error{
+	return &apierr.Error{
 		Code:        codeNoUpstream,
 		Message:     "This paid route has nothing behind its payment gate to answer the call (a configuration error of this server); nothing was charged. Tell the operator.",
 		Status:      http.StatusBadGateway,
 		NextActions: []apierr.Action{{Action: "contact_operator"}},
-	})
+	}
 }
 
 // verificationOutage reports whether verify_response withheld the answer

@@ -73,3 +73,40 @@ func TestGateWithNothingBehindItChargesNothing(t *testing.T) {
 		t.Fatalf("upstream ran %d times", up.calls.Load())
 	}
 }
+
+// With settle before the payment is settled before anything runs behind
+// the gate: a gate with nothing behind it cannot give it back, but its
+// answer says so (502 no_upstream, charged true, PAYMENT-RESPONSE), never
+// Caddy's empty 200.
+func TestSettleBeforeGateWithNothingBehindItSaysCharged(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	site := fmt.Sprintf(`:{port} {
+	handle /verify/schema {
+		x402 {
+			accept devnet $0.02 %[2]s
+			facilitator http {
+				url %[1]s
+			}
+			store badger {data}/gate
+			validate verify_request
+			settle before
+		}
+	}
+}
+`, fac, payTo.Hex())
+	url := startCaddy(t, site) + "/verify/schema"
+	payer := evmfacilitator.DevAccounts()[6].Address
+	before := balance(t, d, payer)
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 6)
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	m := readJSON(t, resp)
+	if got := charged(t, d, payer, before); got.Sign() == 0 {
+		t.Fatalf("nothing charged: the settle before test settled nothing (%d %v)", resp.StatusCode, m)
+	}
+	if resp.StatusCode != http.StatusBadGateway || m["code"] != codeNoUpstream || m["charged"] != true {
+		t.Fatalf("answer %d %v, want 502 no_upstream, charged true", resp.StatusCode, m)
+	}
+	if sr := settlementOf(t, resp); !sr.Success {
+		t.Fatalf("PAYMENT-RESPONSE %+v, want the settlement", sr)
+	}
+}

@@ -627,13 +627,17 @@ func (g *Gate) paidStream(w http.ResponseWriter, r *http.Request, sr x402.Settle
 // (Caddyfile.example's) would tell the charged buyer that nothing was
 // charged and to retry. The gate's answer keeps the settlement's
 // PAYMENT-RESPONSE and says charged true, asking for no retry with the
-// spent payment (SettledBefore). Once the upstream has written, its
-// answer is under way and its error stays Caddy's.
+// spent payment (SettledBefore); so does a chain where nothing answered
+// at all (noUpstream). Once the upstream has written, its answer is under
+// way and its error stays Caddy's.
 func (g *Gate) serveSettled(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, ex exchange, sr x402.SettleResponse) error {
 	sw := g.paidStream(w, r, sr)
 	err := next.ServeHTTP(sw, r)
-	if err == nil || sw.status != 0 {
+	switch {
+	case sw.status != 0:
 		return err
+	case err == nil:
+		return ex.refuse(w, r, g.noUpstream().SettledBefore())
 	}
 	return ex.refuse(w, r, apierr.Unavailable("upstream service", 0, err).SettledBefore())
 }
