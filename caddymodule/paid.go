@@ -200,25 +200,8 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	}
 	offer, offerJS := g.offers[i], g.offerJSON(i)
 
-	// A payment is read once, here, before it is claimed or forwarded, as
-	// every facilitator will read it. On EVM: plain EIP-3009 (the official
-	// facilitator takes a payload with permit2Authorization for Permit2,
-	// which our offers never advertise and its claim could not name) with
-	// canonical decimal numbers (the only spelling BigInt and our readers
-	// agree on). On Solana: the transaction's canonical base64
-	// (readSVMPayment). The claim is named and timed by what was read, from
-	// the parse that decoded the payment.
-	var auth *x402.AuthorizationValues
-	var svmTx *svmfacilitator.Transaction
-	switch {
-	case x402.IsEVM(offer.Network):
-		var v x402.AuthorizationValues
-		if v, err = pay.ExactEVMValues(); err == nil {
-			auth = &v
-		}
-	case x402.IsSolana(offer.Network):
-		svmTx, err = readSVMPayment(payload)
-	}
+	// A payment is read once, here, before it is claimed or forwarded.
+	auth, svmTx, err := readPayment(pay, offer.Network)
 	if err != nil {
 		return ex.demand(w, r, http.StatusBadRequest, "Invalid payment: "+err.Error(), reasonFor(err, x402.ReasonInvalidPayload), nil)
 	}
@@ -336,15 +319,11 @@ func (g *Gate) serveClaimed(w http.ResponseWriter, r *http.Request, next caddyht
 // payment accepted; only the store is read, nothing is claimed.
 func (g *Gate) serveHeldUnderOldOffer(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, ex exchange, pid *paymentIDCall, pay x402.Payment, raw string) (bool, error) {
 	payload := pay.PaymentPayload
-	var auth *x402.AuthorizationValues
-	if x402.IsEVM(payload.Accepted.Network) {
-		v, err := pay.ExactEVMValues()
-		if err != nil {
-			return false, nil // never claimed: servePaid claims only what it read
-		}
-		auth = &v
+	auth, svmTx, err := readPayment(pay, payload.Accepted.Network)
+	if err != nil {
+		return false, nil // never claimed: servePaid claims only what it read
 	}
-	keys, _ := claimKeys(raw, payload, payload.Accepted, auth)
+	keys, _ := claimKeys(raw, payload.Accepted, auth, svmTx)
 	if handled, err := g.serveUnrecorded(w, r, next, ex, pid, keys, payload); handled {
 		return true, err
 	}
@@ -691,6 +670,29 @@ func reasonFor(err error, fallback string) string {
 		return reason
 	}
 	return fallback
+}
+
+// readPayment reads a payment for an offer on network once, as every
+// facilitator will read it, before it is claimed or forwarded. On EVM:
+// plain EIP-3009 (the official facilitator takes a payload with
+// permit2Authorization for Permit2, which our offers never advertise and
+// its claim could not name) with canonical decimal numbers (the only
+// spelling BigInt and our readers agree on). On Solana: the transaction's
+// canonical base64 (readSVMPayment). The claim is named and timed by what
+// was read (claimKeys).
+func readPayment(pay x402.Payment, network string) (*x402.AuthorizationValues, *svmfacilitator.Transaction, error) {
+	switch {
+	case x402.IsEVM(network):
+		v, err := pay.ExactEVMValues()
+		if err != nil {
+			return nil, nil, err
+		}
+		return &v, nil, nil
+	case x402.IsSolana(network):
+		tx, err := readSVMPayment(pay.PaymentPayload)
+		return nil, tx, err
+	}
+	return nil, nil, nil
 }
 
 // claimKeys names an authorization twice: by what it authorizes, as
