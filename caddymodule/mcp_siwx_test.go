@@ -15,16 +15,11 @@ import (
 	"github.com/aovhq/aov/x402"
 )
 
-// mcpRawCall POSTs one tools/call of tool (stateless, as a raw client
-// does) with extra headers, and returns its result.
-func mcpRawCall(t *testing.T, url, tool string, args map[string]any, meta mcp.Meta, hdr map[string]string) (map[string]any, []byte) {
+// mcpPost POSTs one JSON-RPC message (stateless, as a raw client does)
+// with extra headers, and returns the answer.
+func mcpPost(t *testing.T, url string, msg []byte, hdr map[string]string) (*http.Response, []byte) {
 	t.Helper()
-	params := map[string]any{"name": tool, "arguments": args}
-	if meta != nil {
-		params["_meta"] = meta
-	}
-	body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": params})
-	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(string(body)))
+	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(string(msg)))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json, text/event-stream")
 	for k, v := range hdr {
@@ -36,6 +31,18 @@ func mcpRawCall(t *testing.T, url, tool string, args map[string]any, meta mcp.Me
 	}
 	defer resp.Body.Close()
 	raw, _ := io.ReadAll(resp.Body)
+	return resp, raw
+}
+
+// mcpRawCall POSTs one tools/call of tool (mcpPost) and returns its result.
+func mcpRawCall(t *testing.T, url, tool string, args map[string]any, meta mcp.Meta, hdr map[string]string) (map[string]any, []byte) {
+	t.Helper()
+	params := map[string]any{"name": tool, "arguments": args}
+	if meta != nil {
+		params["_meta"] = meta
+	}
+	body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": params})
+	_, raw := mcpPost(t, url, body, hdr)
 	var out struct {
 		Result map[string]any `json:"result"`
 	}
@@ -138,5 +145,83 @@ func TestMCPToolGateRefusesSIWX(t *testing.T) {
 	err := cfgLoad(t, cfgGate("accept base $0.01 "+cfgPayTo, "mcp_tool verify_schema\n\t\t\tsiwx"))
 	if err == nil || !strings.Contains(err.Error(), "siwx cannot be set with mcp_tool") {
 		t.Fatalf("loaded, or refused for another reason: %v", err)
+	}
+}
+
+// A gate that prices a whole MCP endpoint (a pass to it, paid with
+// PAYMENT-SIGNATURE) with siwx records its payer as any gate does, also
+// when an mcp_tool gate in the same route prices one tool on top and so
+// reads every message: what paid for the path is the payment, whichever
+// gates read the request. Before, a settlement on any request an MCP gate
+// had read was dropped, and the wallet that had just paid the endpoint's
+// price, offered the sign-in, was refused it.
+func TestEndpointPaymentBesideMCPToolGateRecordsPaidAccess(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newMCPUpstream(t)
+	base := startCaddy(t, fmt.Sprintf(`:{port} {
+	route /mcp {
+		wallet_auth optional {
+			store badger {data}/gate
+			domains 127.0.0.1:{port}
+			siwx
+		}
+		@unpaid not vars {http.auth.wallet.paid_access} true
+		x402 @unpaid {
+			accept devnet $0.05 %[3]s
+			siwx 127.0.0.1:{port}
+			facilitator http {
+				url %[2]s
+			}
+			store badger {data}/gate
+		}
+		x402 {
+			mcp_tool verify_schema
+			accept devnet $0.02 %[3]s
+			facilitator http {
+				url %[2]s
+			}
+			store badger {data}/gate
+		}
+		reverse_proxy %[1]s
+	}
+}
+`, strings.TrimPrefix(up.URL, "http://"), fac, payTo.Hex()))
+	url := base + "/mcp"
+	list := []byte(`{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{}}`)
+	const payer = 9
+	resp, raw := mcpPost(t, url, list, nil)
+	if resp.StatusCode != http.StatusPaymentRequired {
+		t.Fatalf("unpaid tools/list: %d %s", resp.StatusCode, raw)
+	}
+	pr := paymentRequired(t, resp)
+	if _, ok := pr.Extensions[walletauth.SIWXExtension]; !ok {
+		t.Fatal("no sign-in-with-x challenge offered")
+	}
+	host := strings.TrimPrefix(base, "http://")
+	signIn := func() map[string]string { // a fresh nonce each time
+		s := walletauth.SIWXFromChallenge(walletauth.SIWXChallenge(host, url, []string{x402.NetworkDevnet}, time.Now())["info"].(map[string]any), x402.NetworkDevnet)
+		if err := s.Sign(walletKey(payer)); err != nil {
+			t.Fatal(err)
+		}
+		h, err := s.Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return map[string]string{walletauth.SIWXHeaderName: h}
+	}
+	if resp, raw := mcpPost(t, url, list, signIn()); resp.StatusCode != http.StatusPaymentRequired {
+		t.Fatalf("a sign-in before any payment: %d %s", resp.StatusCode, raw)
+	}
+	p, err := x402.SignExactEVM(walletKey(payer), pr.Accepts[0], &pr.Resource, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sig, _ := x402.EncodeHeader(p)
+	resp, raw = mcpPost(t, url, list, map[string]string{x402.HeaderPaymentSignature: sig})
+	if resp.StatusCode != http.StatusOK || resp.Header.Get(x402.HeaderPaymentResponse) == "" {
+		t.Fatalf("paid tools/list: %d %s", resp.StatusCode, raw)
+	}
+	if resp, raw := mcpPost(t, url, list, signIn()); resp.StatusCode != http.StatusOK {
+		t.Fatalf("a sign-in by the wallet that paid the endpoint: %d, want 200: %.200s", resp.StatusCode, raw)
 	}
 }

@@ -427,7 +427,7 @@ func (p *paidCharge) settleOnce(w http.ResponseWriter, r *http.Request, held *bu
 	}
 	outcomeSettled.Inc()
 	g.creditSettled(r) // the 402 before this payment no longer counts (ratelimit.go)
-	noteSettled(r, sr)
+	g.noteSettled(r, sr)
 	p.sr = sr
 	return settleDone
 }

@@ -573,7 +573,7 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 			bw.header.Set("Content-Type", h.ContentType)
 		}
 		if learned {
-			noteSettled(r, sr)
+			g.noteSettled(r, sr)
 		}
 		ex.deliver(w, bw, sr)
 		return true, nil
@@ -596,7 +596,7 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 		r.Header.Set(HeaderUpstreamPayer, sr.Payer)
 	}
 	r.Header.Set(HeaderUpstreamNetwork, h.offer.Network)
-	noteSettled(r, sr)
+	g.noteSettled(r, sr)
 	return true, g.serveSettled(w, r, next, ex, sr)
 }
 

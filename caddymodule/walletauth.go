@@ -373,21 +373,25 @@ type settledSlot struct {
 }
 
 // noteSettled tells a waiting wallet_auth (if any) that the request's
-// payment settled as sr and its answer is being delivered. Only news of a
-// settlement is told, once: a replay of one already told (a saved or held
-// answer served again) is not, since wallet_auth records paid access from
-// now and would renew it without a new payment.
+// payment, which g settled, settled as sr and its answer is being
+// delivered. Only news of a settlement is told, once: a replay of one
+// already told (a saved or held answer served again) is not, since
+// wallet_auth records paid access from now and would renew it without a
+// new payment.
 //
-// Nor is a payment on a request an MCP gate read (varRPCMessage): it paid
-// for one call of one tool, while paid access is recorded for the path,
-// the MCP endpoint every tool of it shares, and neither x402's
-// sign-in-with-x nor its clients name a tool. Told, one payment for the
-// cheapest tool would sign its payer in to all of them. wallet_auth
-// waits on a request that carries PAYMENT-SIGNATURE, which the MCP gate
-// drops unread, so the header alone must never decide: only a settlement
-// the gate made for the path is told.
-func noteSettled(r *http.Request, sr x402.SettleResponse) {
-	if caddyhttp.GetVar(r.Context(), varRPCMessage) != nil {
+// Nor is a payment an mcp_tool gate settled, which it read from the tool
+// call's _meta: it paid for one call of one tool, while paid access is
+// recorded for the path, the MCP endpoint every tool of it shares, and
+// neither x402's sign-in-with-x nor its clients name a tool. Told, one
+// payment for the cheapest tool would sign its payer in to all of them.
+// The settling gate decides, not the request: wallet_auth waits on a
+// request that carries PAYMENT-SIGNATURE, which the MCP gate drops unread,
+// so the header alone must never decide; and a REST gate's settlement of
+// that header on a request an MCP gate also read (one that prices the
+// whole endpoint, beside one pricing a tool) paid for the path, and is
+// told.
+func (g *Gate) noteSettled(r *http.Request, sr x402.SettleResponse) {
+	if g.MCPTool != "" {
 		return
 	}
 	if s, ok := caddyhttp.GetVar(r.Context(), varSettled).(*settledSlot); ok {
