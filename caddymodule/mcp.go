@@ -262,10 +262,16 @@ func (e *mcpExchange) toolError(w http.ResponseWriter, r *http.Request, ae *apie
 // type is no event at all to it (and any other type is refused), so what
 // the gate would read as a success the client never sees.
 func (e *mcpExchange) billable(bw *bufferedWriter) bool {
-	// The gate asked for plain bytes (plainWholeRequest); compressed ones
-	// it cannot read, status or not.
+	// The gate asked for plain bytes in full (plainWholeRequest);
+	// compressed ones it cannot read, status or not. Nor can it read a
+	// part (206), even one that parses: it cannot tell that part is the
+	// whole answer, and its Content-Range describes the tool server's
+	// bytes, not the gate's reply, which is whole and goes out as 200.
 	var err error
-	if why := notPlain(bw.header); why != "" {
+	if bw.status() == http.StatusPartialContent {
+		err = errors.New("it is a part (206) although the whole answer was asked for")
+		bw.code = http.StatusOK
+	} else if why := notPlain(bw.header); why != "" {
 		err = errors.New(why)
 	} else if bw.status() >= 400 {
 		handOverErrorStatus(bw, e.id)

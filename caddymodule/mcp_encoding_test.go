@@ -183,18 +183,41 @@ func TestMCPRewrittenAnswerLosesTheToolServersBodyHeaders(t *testing.T) {
 		h.Set("Etag", `"tool-bytes"`)
 		h.Set("Content-Md5", "bm90IHRoZXNlIGJ5dGVz")
 		h.Set("Content-Digest", "sha-256=:bm90IHRoZXNlIGJ5dGVz:")
+		h.Set("Content-Range", "bytes 0-9/10")
 		return b
 	})
 	resp, raw := rawToolCall(t, paidURL, payMeta(t, pr, 9).GetMeta())
 	if !strings.Contains(string(raw), mcpMetaPaymentResponse) {
 		t.Fatalf("not settled: HTTP %d %q", resp.StatusCode, raw)
 	}
-	for _, k := range []string{"Etag", "Content-Md5", "Content-Digest", "Content-Encoding"} {
+	for _, k := range []string{"Etag", "Content-Md5", "Content-Digest", "Content-Range", "Content-Encoding"} {
 		if v := resp.Header.Values(k); len(v) != 0 {
 			t.Errorf("the gate's rewritten answer carries the tool server's %s %q", k, v)
 		}
 	}
 	if cl := resp.Header.Get("Content-Length"); cl != strconv.Itoa(len(raw)) {
 		t.Errorf("Content-Length %q for a %d-byte answer", cl, len(raw))
+	}
+}
+
+// The gate asks the tool server for the whole answer (no Range), so a 206
+// is a part it cannot tell is the whole, even when the part parses as a
+// result: it is withheld as upstream_answer_unreadable, uncharged, and
+// the gate's own reply, which is whole, goes out as 200 without the tool
+// server's Content-Range. Before, it was charged and sent as 206 with a
+// Content-Range describing bytes it no longer carried.
+func TestMCPPartialToolAnswerIsUnreadable(t *testing.T) {
+	_, up, paidURL, _, pr := paidAndFreeFault(t)
+	up.set(func(h http.Header, b []byte) []byte { h.Set("Content-Range", "bytes 0-9/10"); return b })
+	up.status.Store(http.StatusPartialContent)
+	resp, raw := rawToolCall(t, paidURL, payMeta(t, pr, 6).GetMeta())
+	if strings.Contains(string(raw), mcpMetaPaymentResponse) || !strings.Contains(string(raw), codeAnswerUnreadable) {
+		t.Fatalf("a 206 was not withheld: HTTP %d %q", resp.StatusCode, raw)
+	}
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Range") != "" {
+		t.Fatalf("the withheld answer: HTTP %d, Content-Range %q", resp.StatusCode, resp.Header.Get("Content-Range"))
+	}
+	if cl := resp.Header.Get("Content-Length"); cl != strconv.Itoa(len(raw)) {
+		t.Fatalf("Content-Length %q for a %d-byte answer", cl, len(raw))
 	}
 }

@@ -648,12 +648,12 @@ func notPlain(h http.Header) string {
 }
 
 // bodyHeaders are the headers of an answer that describe its body's bytes
-// rather than what it means: their length, encoding and digests (an Etag
-// validates those bytes too). An answer whose body the gateway writes
+// rather than what it means: their length, encoding, range and digests
+// (an Etag validates those bytes too). An answer whose body the gateway writes
 // itself (verify_response's envelope, an MCP answer the gate rewrote or
 // replaced) loses them all, or they would describe bytes it no longer
 // carries; Content-Length is set again for the body sent.
-var bodyHeaders = []string{"Content-Length", "Content-Encoding", "Etag", "Content-Md5", "Digest", "Content-Digest", "Repr-Digest"}
+var bodyHeaders = []string{"Content-Length", "Content-Encoding", "Content-Range", "Etag", "Content-Md5", "Digest", "Content-Digest", "Repr-Digest"}
 
 // dropBodyHeaders removes bodyHeaders from h.
 func dropBodyHeaders(h http.Header) {
