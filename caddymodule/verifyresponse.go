@@ -171,11 +171,14 @@ type VerifyResponse struct {
 	// StrictContentCheck also fails undeclared properties and placeholders.
 	StrictContentCheck bool `json:"strict_content_check,omitempty"`
 
-	// TaskID is the task_id of each verification, with placeholders.
-	// Default {http.request.uuid}. An empty expansion falls back to it.
+	// TaskID is the task_id of each verification, with placeholders of
+	// the request (expanded before the upstream runs, so that an id
+	// verifierd would refuse is refused before any work: ids). Default
+	// {http.request.uuid}. An empty expansion falls back to it.
 	TaskID string `json:"task_id,omitempty"`
-	// AgentID is the agent_id of each verification, with placeholders
-	// (e.g. a fixed name, or {http.auth.wallet.address}). Default: none.
+	// AgentID is the agent_id of each verification, with placeholders of
+	// the request as TaskID (e.g. a fixed name, or
+	// {http.auth.wallet.address}). Default: none.
 	AgentID string `json:"agent_id,omitempty"`
 
 	// Statuses are the response statuses that are checked. Default 200, 201.
@@ -521,6 +524,11 @@ func (v *VerifyResponse) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 		v.refuse(w, r, e)
 		return nil
 	}
+	ids, bad := v.ids(r)
+	if bad != nil {
+		v.refuse(w, r, bad)
+		return nil
+	}
 	caddyhttp.SetVar(r.Context(), verificationStartedVar, true)
 	// Only while it runs: handle_errors, run after it returned, is not
 	// inside it.
@@ -550,11 +558,11 @@ func (v *VerifyResponse) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 	case hw.overflow:
 		return v.unverifiable(w, hw, r, v.responseError(fmt.Sprintf("it is larger than the gateway's %d-byte limit", v.MaxResponse), nil))
 	}
-	return v.verifyHeld(w, hw, r)
+	return v.verifyHeld(w, hw, r, ids)
 }
 
 // verifyHeld verifies the held response and releases what the policy says.
-func (v *VerifyResponse) verifyHeld(w http.ResponseWriter, hw *bufferedWriter, r *http.Request) error {
+func (v *VerifyResponse) verifyHeld(w http.ResponseWriter, hw *bufferedWriter, r *http.Request, ids verificationIDs) error {
 	body := hw.buf.Bytes()
 	// Readers take different values of a repeated header (Get the first, a
 	// browser the last valid Content-Type), so the answer would be checked
@@ -587,7 +595,7 @@ func (v *VerifyResponse) verifyHeld(w http.ResponseWriter, hw *bufferedWriter, r
 	}
 	outputHash := receipt.Hash(cb)
 
-	rc, err := v.call(r, body, outputHash)
+	rc, err := v.call(r, body, outputHash, ids)
 	if err != nil {
 		return v.unverifiable(w, hw, r, apierr.From(err))
 	}
@@ -854,21 +862,57 @@ type receiptView struct {
 	} `json:"attestation"`
 }
 
-// call sends one verification request for body, whose output hash is
-// outputHash, and reads the receipt. An error is an *apierr.Error ready
-// for on_error: upstream_unavailable when the service is down or failing,
-// or its receipt does not verify or is about another request;
-// response_unverifiable when it refused the response.
-func (v *VerifyResponse) call(r *http.Request, body []byte, outputHash string) (*signedReceipt, error) {
-	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	taskID, agentID := v.TaskID, v.AgentID
-	if repl != nil {
-		taskID = repl.ReplaceAll(taskID, "")
-		if taskID == "" {
-			taskID = repl.ReplaceAll(defaultTaskID, "")
+// verificationIDs are the task_id and agent_id ("" for null) of one
+// verification.
+type verificationIDs struct{ task, agent string }
+
+// ids expands task_id and agent_id for r, or refuses r (400, naming the
+// field, never its value) when an expansion is not an id verifierd records
+// (verify.ValidID, its own rule): the templates take text from the
+// client's request (a query parameter, a header), so such a call would be
+// refused by verifierd (an id over 200 characters), or sent as another id
+// than the receipt is checked against (text that is not UTF-8, which JSON
+// carries as U+FFFD): either way only after the upstream ran, withheld
+// with a 503 that no retry can cure. Refused first, nothing runs and
+// nothing is charged (the gate gives its free unit back: not billable).
+func (v *VerifyResponse) ids(r *http.Request) (verificationIDs, *apierr.Error) {
+	ids := verificationIDs{task: v.TaskID, agent: v.AgentID}
+	if repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); repl != nil {
+		ids.task = repl.ReplaceAll(ids.task, "")
+		if ids.task == "" {
+			ids.task = repl.ReplaceAll(defaultTaskID, "")
 		}
-		agentID = repl.ReplaceAll(agentID, "")
+		ids.agent = repl.ReplaceAll(ids.agent, "")
 	}
+	switch {
+	case !verify.ValidID(ids.task):
+		return ids, invalidID("task_id")
+	case ids.agent != "" && !verify.ValidID(ids.agent):
+		return ids, invalidID("agent_id")
+	}
+	return ids, nil
+}
+
+// invalidID refuses a request whose expansion of verify_response's field
+// (task_id or agent_id) is not a valid id. 400, not 422: no body field of
+// the client's is wrong, the URL or headers the template reads are.
+func invalidID(field string) *apierr.Error {
+	e := apierr.Invalid(apierr.Field{Field: field,
+		Problem: fmt.Sprintf("must be 1 to %d characters of UTF-8 text", verify.MaxIDChars),
+		Fix:     fmt.Sprintf("The gateway builds %s from this request's URL or headers; send values that make it 1 to %d characters of UTF-8 text.", field, verify.MaxIDChars)})
+	e.Status = http.StatusBadRequest
+	return e
+}
+
+// call sends one verification request for body, whose output hash is
+// outputHash, with ids, and reads the receipt. An error is an
+// *apierr.Error ready for on_error: upstream_unavailable when the service
+// is down or failing, or its receipt does not verify or is about another
+// request; response_unverifiable when it refused the response.
+func (v *VerifyResponse) call(r *http.Request, body []byte, outputHash string, ids verificationIDs) (*signedReceipt, error) {
+	// The receipt is checked against exactly the ids sent: valid UTF-8
+	// (ids), which JSON carries unchanged.
+	taskID, agentID := ids.task, ids.agent
 	want := receipt.Expected{
 		Hashes:             receipt.Hashes{Output: outputHash, Schema: v.schemaHash, Rules: v.rulesHash},
 		TaskID:             taskID,

@@ -2,20 +2,21 @@ package score
 
 import (
 	"strings"
-	"unicode/utf8"
 
 	"github.com/aovhq/aov/apierr"
 	"github.com/aovhq/aov/store"
+	"github.com/aovhq/aov/verify"
 )
 
 // CheckAgent is the rule for the agent id of a score request, named in the
 // path of GET /score/{agent_id} or in the score tool's arguments: 1 to 200
-// characters of UTF-8, and not a test- id (those are examples and never
+// characters of UTF-8 (verify.ValidID, the rule of the agent_id a
+// verification records), and not a test- id (those are examples and never
 // get a score). verifierd applies it before computing a score and the
 // gateway before asking for payment, so a request that can never be served
 // is refused (422), never offered for sale.
 func CheckAgent(agent string) error {
-	if agent == "" || !utf8.ValidString(agent) || utf8.RuneCountInString(agent) > 200 {
+	if !verify.ValidID(agent) {
 		return apierr.Invalid(apierr.Field{Field: "agent_id", Problem: "must be 1 to 200 characters",
 			Fix: "Name the agent_id used in verification requests, URL-encoded in the path: /score/seller-7."})
 	}

@@ -37,8 +37,19 @@ const DefaultTolerance = 1e-9
 // defaultToleranceText is DefaultTolerance as it enters request_hash.
 const defaultToleranceText = json.Number("1e-9")
 
-// maxIDChars bounds task_id and agent_id, in Unicode characters.
-const maxIDChars = 200
+// MaxIDChars bounds task_id and agent_id, in Unicode characters (ValidID).
+const MaxIDChars = 200
+
+// ValidID reports whether s is a task_id or agent_id this service accepts:
+// 1 to 200 characters of UTF-8. A request's JSON carries nothing else (the
+// decoder refuses invalid UTF-8), so the UTF-8 half matters to a caller
+// that builds the request from other text, as the gateway's seller mode
+// does from placeholders a client fills: json.Marshal would send such a
+// value as U+FFFD, and the receipt would name an id other than the one the
+// caller holds.
+func ValidID(s string) bool {
+	return s != "" && utf8.ValidString(s) && utf8.RuneCountInString(s) <= MaxIDChars
+}
 
 // maxProblems caps the field problems one refusal lists.
 const maxProblems = 100
@@ -245,7 +256,7 @@ func (v *Verifier) parseDocContext(ctx context.Context, doc map[string]any, comp
 	// task_id
 	switch x := doc["task_id"].(type) {
 	case string:
-		if n := utf8.RuneCountInString(x); n < 1 || n > maxIDChars {
+		if !ValidID(x) {
 			p.add("task_id", "must be 1 to 200 characters long", "Send a task id of 1 to 200 characters.")
 		}
 		req.TaskID = x
@@ -261,7 +272,7 @@ func (v *Verifier) parseDocContext(ctx context.Context, doc map[string]any, comp
 	switch x := doc["agent_id"].(type) {
 	case nil:
 	case string:
-		if n := utf8.RuneCountInString(x); n < 1 || n > maxIDChars {
+		if !ValidID(x) {
 			p.add("agent_id", "must be 1 to 200 characters long", "Send an agent id of 1 to 200 characters, or null.")
 		}
 		req.AgentID = &x
