@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"filippo.io/edwards25519"
+	"github.com/aovhq/aov/internal/ed25519key"
 )
 
 // Key statuses an agent card may publish.
@@ -117,29 +117,15 @@ func ParsePublicKey(b64 string) (ed25519.PublicKey, error) {
 }
 
 // CheckPublicKey refuses an Ed25519 public key that no signature may be
-// checked against: not 32 bytes, not the canonical encoding of a curve
-// point, or a point of small order (the identity among them).
-// crypto/ed25519 accepts the signature 01 00…00 ‖ 00…00 on any message
-// under the identity key, and other forgeries under the other small-order
-// keys, so a card (or a bare key) with one would make receipts anyone
-// wrote verify. A key made from a private key is never one of these;
-// readers that follow RFC 8032 strictly refuse the non-canonical ones,
-// and refusing them here keeps this package in agreement with the
-// by-hand check. Every reader of a key calls it: KeysFromCard,
-// ParsePublicKey, SingleKey, and the agent card before publishing a key.
-func CheckPublicKey(pub []byte) error {
-	if len(pub) != ed25519.PublicKeySize {
-		return fmt.Errorf("public key is %d bytes, want %d", len(pub), ed25519.PublicKeySize)
-	}
-	p, err := new(edwards25519.Point).SetBytes(pub)
-	if err != nil || !bytes.Equal(p.Bytes(), pub) {
-		return errors.New("public key is not the canonical encoding of an Ed25519 curve point")
-	}
-	if new(edwards25519.Point).MultByCofactor(p).Equal(edwards25519.NewIdentityPoint()) == 1 {
-		return errors.New("public key is of small order: anyone can forge signatures that verify under it")
-	}
-	return nil
-}
+// checked against (ed25519key.Check: not 32 bytes, not canonically
+// encoded, or of small order). Under a small-order key crypto/ed25519
+// accepts forgeries, so a card (or a bare key) with one would make
+// receipts anyone wrote verify; readers that follow RFC 8032 strictly
+// refuse the non-canonical ones, and refusing them here keeps this package
+// in agreement with the by-hand check. Every reader of a key calls it:
+// KeysFromCard, ParsePublicKey, SingleKey, and the agent card before
+// publishing a key.
+func CheckPublicKey(pub []byte) error { return ed25519key.Check(pub) }
 
 // KeysFromCard reads the public keys from an agent card: the entries of
 // params.publicKeys of every capabilities.extensions element whose uri starts

@@ -8,9 +8,8 @@ import (
 	"strings"
 	"time"
 
-	"filippo.io/edwards25519"
-
 	"github.com/aovhq/aov/internal/base58"
+	"github.com/aovhq/aov/internal/ed25519key"
 )
 
 // Solana accounts prove themselves the same way as EVM ones, with two
@@ -33,18 +32,14 @@ var solanaChainRE = regexp.MustCompile(`^solana:[1-9A-HJ-NP-Za-km-z]{32}$`)
 // such a chain are signed by Solana accounts.
 func IsSolanaChain(chainID string) bool { return solanaChainRE.MatchString(chainID) }
 
-// solanaKey decodes a base58 Solana account and refuses keys that are not
-// curve points or have small order: crypto/ed25519 accepts a forged
-// signature from the identity key, so one must never be an identity.
+// solanaKey decodes a base58 Solana account and refuses one that is not a
+// signer's key (ed25519key.Check: a non-canonical encoding or a point of
+// small order, under which crypto/ed25519 accepts forgeries). The account
+// signs the proof, so it is never a program derived address.
 func solanaKey(header, s string) (ed25519.PublicKey, error) {
-	bad := malformed(header, "address", "is not a base58 Solana account", "Send the wallet's base58 address.")
 	b, err := base58.Decode(s)
-	if err != nil || len(b) != ed25519.PublicKeySize || base58.Encode(b) != s {
-		return nil, bad
-	}
-	p, err := new(edwards25519.Point).SetBytes(b)
-	if err != nil || new(edwards25519.Point).MultByCofactor(p).Equal(edwards25519.NewIdentityPoint()) == 1 {
-		return nil, bad
+	if err != nil || base58.Encode(b) != s || ed25519key.Check(b) != nil {
+		return nil, malformed(header, "address", "is not a base58 Solana account", "Send the wallet's base58 address.")
 	}
 	return ed25519.PublicKey(b), nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"strings"
 	"testing"
@@ -90,6 +91,13 @@ func TestSolanaWalletAuthRefusals(t *testing.T) {
 		{"small-order key with the forgery crypto/ed25519 accepts", func(e *Envelope) {
 			e.Address = base58.Encode(identity[:])
 			e.Signature = base58.Encode(append(identity[:], make([]byte, 32)...))
+		}, ErrMalformed, "address"},
+		// y = p + 3: a point of large order under an unreduced spelling,
+		// which no private key signs as (a signer's key is canonical) and
+		// strict readers refuse: a second address for one key.
+		{"non-canonical key", func(e *Envelope) {
+			k, _ := hex.DecodeString("f0ffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f")
+			e.Address = base58.Encode(k)
 		}, ErrMalformed, "address"},
 		{"EVM type", func(e *Envelope) { e.Type = TypeEIP191 }, ErrMalformed, "type"},
 		{"hex signature", func(e *Envelope) { e.Signature = "0x" + strings.Repeat("ab", 65) }, ErrMalformed, "signature"},

@@ -9,6 +9,7 @@ import (
 	"filippo.io/edwards25519"
 
 	"github.com/aovhq/aov/internal/base58"
+	"github.com/aovhq/aov/internal/ed25519key"
 )
 
 // PublicKey is a Solana account address.
@@ -279,25 +280,19 @@ func (tx *Transaction) Account(ix Instruction, i int) PublicKey {
 // dodged; the message is what every signature covers.
 func (tx *Transaction) MessageHash() [32]byte { return sha256.Sum256(tx.Message) }
 
-// smallOrder reports whether k is not a usable ed25519 public key: not a
-// point on the curve, or one of small order (the identity among them), for
-// which crypto/ed25519 accepts forged signatures. The chain refuses such
-// signers too.
-func smallOrder(k PublicKey) bool {
-	p, err := new(edwards25519.Point).SetBytes(k[:])
-	if err != nil {
-		return true
-	}
-	return new(edwards25519.Point).MultByCofactor(p).Equal(edwards25519.NewIdentityPoint()) == 1
-}
-
-// verifySignature checks sig by k over msg, refusing small-order keys.
+// verifySignature checks sig by k over msg, refusing a key that is not a
+// signer's (ed25519key.Check: a non-canonical encoding, or a point of small
+// order, under which crypto/ed25519 accepts forged signatures; the chain
+// refuses such signers too).
 func verifySignature(k PublicKey, msg, sig []byte) bool {
-	return !smallOrder(k) && ed25519.Verify(ed25519.PublicKey(k[:]), msg, sig)
+	return ed25519key.Check(k[:]) == nil && ed25519.Verify(ed25519.PublicKey(k[:]), msg, sig)
 }
 
 // onCurve reports whether b is the encoding of a curve point (a program
-// derived address must not be one).
+// derived address must not be one). It is not ed25519key.Check, and must
+// not be: it is the runtime's derivation rule (bytes that decode to a
+// point are on the curve, whatever its order), which decides the address
+// an honest payer's token account has.
 func onCurve(b []byte) bool {
 	_, err := new(edwards25519.Point).SetBytes(b)
 	return err == nil
