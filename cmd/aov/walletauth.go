@@ -4,13 +4,13 @@ import (
 	"crypto/ecdsa"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/crypto"
 
+	"github.com/aovhq/aov/internal/regfile"
 	"github.com/aovhq/aov/walletauth"
 )
 
@@ -140,41 +140,24 @@ func loadWalletKey(inline, file string, stderr io.Writer) (*ecdsa.PrivateKey, er
 const maxKeyFileBytes = 4 << 10
 
 // readKeyFile reads a wallet key file (either chain): a regular file (a
-// FIFO or a device could block or never end) of at most maxKeyFileBytes.
+// FIFO or a device could block or never end; regfile opens without waiting
+// and checks the file opened) of at most maxKeyFileBytes.
 // A file others can read is used, with a warning: unlike certd's key
 // files, which a daemon would go on signing with unattended, this one is
 // read by its owner at the terminal, who can act on the warning, and
 // refusing would not undo the exposure.
 func readKeyFile(path string, stderr io.Writer) ([]byte, error) {
-	// Stat before opening: opening a FIFO blocks until someone writes.
-	before, err := os.Stat(path)
-	if err != nil {
-		return nil, fmt.Errorf("reading the key file: %w", err)
-	}
-	if !before.Mode().IsRegular() {
-		return nil, fmt.Errorf("reading the key file: %s is not a regular file", path)
-	}
-	f, err := os.Open(path)
+	f, fi, err := regfile.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("reading the key file: %w", err)
 	}
 	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("reading the key file: %w", err)
-	}
-	if !fi.Mode().IsRegular() || !os.SameFile(before, fi) {
-		return nil, fmt.Errorf("reading the key file: %s changed while it was opened", path)
-	}
 	if perm := fi.Mode().Perm(); perm&0o077 != 0 {
 		fmt.Fprintf(stderr, "warning: the key file %s has mode %04o and is readable by group or others; restrict it with `chmod 600 %s` (and consider the wallet exposed if others could read it)\n", printable(path), perm, printable(path))
 	}
-	b, err := io.ReadAll(io.LimitReader(f, maxKeyFileBytes+1))
+	b, err := regfile.ReadAll(f, maxKeyFileBytes)
 	if err != nil {
 		return nil, fmt.Errorf("reading the key file: %w", err)
-	}
-	if len(b) > maxKeyFileBytes {
-		return nil, fmt.Errorf("reading the key file: %s is larger than %d bytes, which no key is", path, maxKeyFileBytes)
 	}
 	return b, nil
 }
