@@ -73,7 +73,7 @@ func (g *Gate) serveCharged(w http.ResponseWriter, r *http.Request, next caddyht
 	ex.upstreamRan()
 	o := g.outcomeOf(ex, bw, err, r)
 	if o != outcomeBillable {
-		g.unsettled(r, c, workRan(o, err, r))
+		g.unsettled(r, c, workRan(o, err))
 	}
 	// Each case below counts as workRan says; the comments say why.
 	switch o {
@@ -111,13 +111,12 @@ func (g *Gate) serveCharged(w http.ResponseWriter, r *http.Request, next caddyht
 		return nil
 	case outcomeOutage:
 		// verify_response could not verify the answer for a fault on the
-		// operator's side and withheld it with a retryable 503. When
-		// verifierd or the agent card answered (an error) or ran until
-		// verifier_timeout, they worked, and the answer can cause it (a
-		// large one is slow to verify): the call counts. When they could
-		// not be connected to, nothing worked and it does not: a buyer
-		// retrying as told is served when the outage ends, not rate
-		// limited for it.
+		// operator's side and withheld it with a retryable 503. It asks
+		// verifierd only once the upstream answered, so the agent worked
+		// for the call whatever became of verifierd or the agent card, and
+		// the call counts: were an unreachable verifier not counted, a
+		// client could have the agent work without bound, free, for as
+		// long as verifierd is down.
 		metrics.outcomes.WithLabelValues("verification_unavailable_not_settled").Inc()
 		bw.replay(w)
 		return nil
@@ -179,21 +178,15 @@ func (g *Gate) unsettled(r *http.Request, c charge, ran bool) {
 }
 
 // workRan reports whether a call that settled nothing made work run for
-// it: the one rule by which such a call counts (unsettled). The upstream,
-// or verify_response's verifier, ran for it when it answered anything (an
-// error, a 5xx, an answer too large or unreadable, a verdict) or ran until
-// a deadline (upstream_timeout, verifier_timeout): a client that can make
-// it do so can repeat it. Nothing ran when the upstream, verifierd or the
-// agent card could not be connected to at all (unreached): the operator's
+// it: the one rule by which such a call counts (unsettled). The upstream
+// ran for it when it answered anything (an error, a 5xx, an answer too
+// large or unreadable, one verify_response then withheld, whatever became
+// of verifierd) or ran until a deadline (upstream_timeout): a client that
+// can make it do so can repeat it. Nothing ran only when the upstream
+// failed and could not be connected to at all (unreached): the operator's
 // outage, which no buyer causes and every buyer is told to retry through.
-func workRan(o outcome, err error, r *http.Request) bool {
-	switch o {
-	case outcomeFailed:
-		return !unreached(err)
-	case outcomeOutage:
-		return !verifierUnreached(r)
-	}
-	return true
+func workRan(o outcome, err error) bool {
+	return o != outcomeFailed || !unreached(err)
 }
 
 // unreached reports whether err is a failure to connect at all (connection
@@ -265,13 +258,6 @@ func (g *Gate) noUpstream() *apierr.Error {
 func verificationOutage(r *http.Request) bool {
 	code, _ := caddyhttp.GetVar(r.Context(), verificationErrorVar).(string)
 	return code == apierr.CodeUpstreamUnavailable
-}
-
-// verifierUnreached reports whether verify_response withheld the answer
-// because verifierd or the agent card could not be connected to at all.
-func verifierUnreached(r *http.Request) bool {
-	unreached, _ := caddyhttp.GetVar(r.Context(), verifierUnreachedVar).(bool)
-	return unreached
 }
 
 // uncheckedContent reports whether the held answer is content no

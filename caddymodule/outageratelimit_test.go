@@ -2,8 +2,6 @@ package caddymodule
 
 import (
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -13,16 +11,15 @@ import (
 	"github.com/aovhq/aov/x402"
 )
 
-// An outage on the operator's side where certd's card or verifierd cannot
-// be connected to at all withholds paid answers with a retryable 503, and
-// none of them counts against the buyer's rate_limit: nothing worked for
-// the call there (workRan), and a buyer retrying one payment as told is
-// served once the outage ends, not locked out by 429s. A verifier that
-// answers, even with an error, worked for the call: that counts, so a
-// buyer whose answers it fails on (a verifier_timeout the answer causes,
-// say) is bounded. (Content the buyer can cause to be unverifiable counts
-// too: TestUnsettledPaidAnswersCountAgainstRateLimit.)
-func TestVerificationOutageDoesNotCountAgainstRateLimit(t *testing.T) {
+// An outage of verification on the operator's side (certd's card or
+// verifierd not listening, verifierd answering 503) withholds paid answers
+// with a retryable 503, and each counts against the buyer's rate_limit:
+// verify_response asks verifierd only once the agent answered, so the
+// agent worked for every such call (workRan), and one payment retried
+// through the outage is bounded, past the limit by 429 with Retry-After.
+// (Content the buyer can cause to be unverifiable counts too:
+// TestUnsettledPaidAnswersCountAgainstRateLimit.)
+func TestVerificationOutageCountsAgainstRateLimit(t *testing.T) {
 	_, fac := sharedDevnet(t)
 	buildBinaries(t)
 	vf := startVerifier(t)
@@ -69,55 +66,19 @@ func TestVerificationOutageDoesNotCountAgainstRateLimit(t *testing.T) {
 		return signFor(t, paymentRequired(t, resp), 6)
 	}
 
-	sig := pay("/card/invoices/INV-7731")
-	var statuses []int
-	for range 3 {
-		resp, _ := getBody(t, base+"/card/invoices/INV-7731", map[string]string{x402.HeaderPaymentSignature: sig})
-		statuses = append(statuses, resp.StatusCode)
-		time.Sleep(cardRefetchEvery + 100*time.Millisecond) // a fresh read of the card each time
-	}
-	ln, err := net.Listen("tcp", cardAddr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	card := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		resp, err := testClient.Get(vf.cardURL)
-		if err != nil {
-			http.Error(w, "unreachable", http.StatusBadGateway)
-			return
+	// The probe and two withheld calls are each route's budget.
+	for _, path := range []string{"/card", "/verifier", "/failing"} {
+		sig := pay(path + "/invoices/INV-7731")
+		var statuses []int
+		for range 4 {
+			resp, _ := getBody(t, base+path+"/invoices/INV-7731", map[string]string{x402.HeaderPaymentSignature: sig})
+			statuses = append(statuses, resp.StatusCode)
+			if path == "/card" {
+				time.Sleep(cardRefetchEvery + 100*time.Millisecond) // a fresh read of the card each time
+			}
 		}
-		defer resp.Body.Close()
-		w.Header().Set("Content-Type", "application/json")
-		io.Copy(w, resp.Body)
-	}))
-	card.Listener.Close()
-	card.Listener = ln
-	card.Start()
-	t.Cleanup(card.Close)
-	resp, body := getBody(t, base+"/card/invoices/INV-7731", map[string]string{x402.HeaderPaymentSignature: sig})
-	statuses = append(statuses, resp.StatusCode)
-	if fmt.Sprint(statuses) != "[503 503 503 200]" {
-		t.Errorf("one payment, certd's card unreachable then back: statuses %v, want [503 503 503 200]; last body %.160s", statuses, body)
-	}
-
-	sig = pay("/verifier/invoices/INV-7731")
-	statuses = nil
-	for range 5 {
-		resp, _ := getBody(t, base+"/verifier/invoices/INV-7731", map[string]string{x402.HeaderPaymentSignature: sig})
-		statuses = append(statuses, resp.StatusCode)
-	}
-	if fmt.Sprint(statuses) != "[503 503 503 503 503]" {
-		t.Errorf("one payment, verifierd unreachable: statuses %v, want five 503s and no 429", statuses)
-	}
-
-	// The probe and two calls the verifier answered 503 are the budget.
-	sig = pay("/failing/invoices/INV-7731")
-	statuses = nil
-	for range 4 {
-		resp, _ := getBody(t, base+"/failing/invoices/INV-7731", map[string]string{x402.HeaderPaymentSignature: sig})
-		statuses = append(statuses, resp.StatusCode)
-	}
-	if fmt.Sprint(statuses) != "[503 503 429 429]" {
-		t.Errorf("one payment, verifierd answering 503: statuses %v, want [503 503 429 429]", statuses)
+		if fmt.Sprint(statuses) != "[503 503 429 429]" {
+			t.Errorf("one payment, %s outage: statuses %v, want [503 503 429 429]", path, statuses)
+		}
 	}
 }

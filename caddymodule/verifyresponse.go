@@ -87,13 +87,6 @@ var (
 // buyer's request produced (outcomeOf).
 const verificationErrorVar = "aov.verification.error"
 
-// verifierUnreachedVar is set (true) when on_error fail_closed withheld an
-// answer because verifierd or the agent card could not be connected to at
-// all (unreached): nothing worked for the call there, so the gate does not
-// count it against the buyer (workRan), while a verifier or card that
-// answered an error, or ran until verifier_timeout, worked for it.
-const verifierUnreachedVar = "aov.verification.unreached"
-
 // verificationIDVar holds the verification_id of the receipt, for logs
 // ({http.vars.aov.verification.id}).
 const verificationIDVar = "aov.verification.id"
@@ -770,9 +763,6 @@ func (v *VerifyResponse) unverifiable(w http.ResponseWriter, hw *bufferedWriter,
 	}
 	v.record(r, outcomeError)
 	caddyhttp.SetVar(r.Context(), verificationErrorVar, e.Code)
-	if unreached(e.Cause) {
-		caddyhttp.SetVar(r.Context(), verifierUnreachedVar, true)
-	}
 	v.refuse(w, r, e)
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -200,4 +201,52 @@ func TestMCPToolCallsCountByTheWorkTheyMadeRun(t *testing.T) {
 			t.Fatalf("free calls of a tool that runs past upstream_timeout: %v, want two upstream_unavailable then rate_limited", got)
 		}
 	})
+}
+
+// TestFreeAgentCallsCountWhileVerifierdIsDown: verify_response asks
+// verifierd only once the upstream (the seller agent) answered, so with
+// verifierd and the agent card at an address nothing listens on every free
+// call still runs the agent. Each is withheld 503 upstream_unavailable and
+// keeps its free budget's event: with per_day 1 and rate_limit 3 the
+// agent runs three times, and the calls after are not forwarded.
+func TestFreeAgentCallsCountWhileVerifierdIsDown(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	schema, _ := filepath.Abs("../examples/seller-agent/invoice.schema.json")
+	rules, _ := filepath.Abs("../examples/seller-agent/invoice.rules.json")
+	up := newUpstream(t)
+	site := fmt.Sprintf(`:{port} {
+	handle /work/* {
+		x402 {
+			accept devnet $0.05 %[2]s
+			facilitator http %[1]s
+			store badger {data}/work
+			rate_limit 3 1m
+			free_allowance {
+				pool work
+				per_day 1
+			}
+		}
+		verify_response {
+			schema %[3]s
+			rules %[4]s
+			verifier_url http://127.0.0.1:%[6]d
+			card_url http://127.0.0.1:%[6]d/.well-known/agent-card.json
+		}
+		reverse_proxy %[5]s
+	}
+}
+`, fac, payTo.Hex(), schema, rules, up.Listener.Addr().String(), freePort(t))
+	url := startCaddy(t, site) + "/work/x"
+	freezeClock(t)
+	var statuses []int
+	for range 10 {
+		resp, _ := getBody(t, url, nil)
+		statuses = append(statuses, resp.StatusCode)
+	}
+	if n := up.calls.Load(); n != 3 {
+		t.Fatalf("free calls (per_day 1, rate_limit 3) with verifierd unreachable ran the agent %d times (statuses %v); want 3", n, statuses)
+	}
+	if fmt.Sprint(statuses[:3]) != "[503 503 503]" {
+		t.Fatalf("statuses %v; want the first three withheld 503", statuses)
+	}
 }
