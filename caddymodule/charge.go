@@ -7,7 +7,10 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -68,12 +71,17 @@ func (g *Gate) serveCharged(w http.ResponseWriter, r *http.Request, next caddyht
 	if dl, ok := ctx.Deadline(); ok {
 		r.Header.Set(HeaderUpstreamAnswerBy, strconv.FormatInt(dl.UnixMilli(), 10))
 	}
-	err := runUpstream(next, bw, r.WithContext(ctx), neverReached)
+	tr := getWroteTrace()
+	err := runUpstream(next, bw, r.WithContext(httptrace.WithClientTrace(ctx, &tr.trace)), neverReached)
 	cancel()
+	wrote := tr.wrote.Load()
+	if err == nil {
+		putWroteTrace(tr)
+	}
 	ex.upstreamRan()
 	o := g.outcomeOf(ex, bw, err, r)
 	if o != outcomeBillable {
-		g.unsettled(r, c, workRan(o, err))
+		g.unsettled(r, c, workRan(o, err, wrote))
 	}
 	// Each case below counts as workRan says; the comments say why.
 	switch o {
@@ -182,18 +190,59 @@ func (g *Gate) unsettled(r *http.Request, c charge, ran bool) {
 // ran for it when it answered anything (an error, a 5xx, an answer too
 // large or unreadable, one verify_response then withheld, whatever became
 // of verifierd) or ran until a deadline (upstream_timeout): a client that
-// can make it do so can repeat it. Nothing ran only when the upstream
-// failed and could not be connected to at all (unreached): the operator's
+// can make it do so can repeat it. A call that failed ran nothing only
+// when no attempt wrote its request to any upstream (wrote: wroteTrace)
+// and its error is a failure to connect (unreached): the operator's
 // outage, which no buyer causes and every buyer is told to retry through.
-func workRan(o outcome, err error) bool {
-	return o != outcomeFailed || !unreached(err)
+// Neither alone would do: reverse_proxy keeps only its last attempt's
+// error, so a retry ending in a dial error hides an upstream that worked
+// before it; and an upstream reached by other means than Go's HTTP client
+// (a fastcgi transport, a handler of its own) writes nothing the trace
+// sees, so its failures other than a dial count.
+func workRan(o outcome, err error, wrote bool) bool {
+	return o != outcomeFailed || wrote || !unreached(err)
 }
+
+// wroteTrace observes, through the request context the gate hands to the
+// upstream, whether any attempt of a call wrote its request headers to an
+// upstream (reverse_proxy composes its own trace with it, and calls it on
+// every attempt, retries included). Once the headers are out the upstream
+// may be working, so the call counts whatever error ends it (workRan).
+// One is pooled with its hook bound, so the hot path allocates only the
+// context value that carries it.
+type wroteTrace struct {
+	trace httptrace.ClientTrace
+	wrote atomic.Bool
+	hook  func() // sets wrote; bound once, when the pool makes it
+}
+
+var wroteTracePool = sync.Pool{New: func() any {
+	t := new(wroteTrace)
+	t.hook = func() { t.wrote.Store(true) }
+	return t
+}}
+
+// getWroteTrace takes a wroteTrace that has seen nothing yet. Its trace is
+// set afresh: WithClientTrace composes into it any trace already in the
+// context.
+func getWroteTrace() *wroteTrace {
+	t := wroteTracePool.Get().(*wroteTrace)
+	t.wrote.Store(false)
+	t.trace = httptrace.ClientTrace{WroteHeaders: t.hook}
+	return t
+}
+
+// putWroteTrace gives t back after a call whose upstream answered. After
+// a failure (a deadline, a canceled call) the transport may still be
+// writing an attempt's request and call the hook late, which would mark
+// another call's trace: such a t is left to the garbage collector.
+func putWroteTrace(t *wroteTrace) { wroteTracePool.Put(t) }
 
 // unreached reports whether err is a failure to connect at all (connection
 // refused, no route, a dial that timed out): a dial error of Caddy's
 // reverse_proxy, which answers it 502 (reverseproxy.DialError, inside its
-// caddyhttp.HandlerError), or of an HTTP client (a *net.OpError of the
-// dial inside its *url.Error). Nothing past the dial ran.
+// caddyhttp.HandlerError), or of another transport (a *net.OpError of the
+// dial). Nothing past that dial ran; an earlier attempt may have (workRan).
 func unreached(err error) bool {
 	if errors.As(err, new(reverseproxy.DialError)) {
 		return true

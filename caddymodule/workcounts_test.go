@@ -250,3 +250,51 @@ func TestFreeAgentCallsCountWhileVerifierdIsDown(t *testing.T) {
 		t.Fatalf("statuses %v; want the first three withheld 503", statuses)
 	}
 }
+
+// TestARetryEndingInADialErrorCountsTheWorkBeforeIt: reverse_proxy keeps
+// only the last attempt's error. Here each free GET reaches a working
+// upstream that runs past response_header_timeout, and is retried on a
+// second upstream nothing listens on (round_robin, which starts at the
+// second listed and takes two turns a call; lb_retries 1): the last
+// error is a dial error, yet the request was written to the first
+// upstream, which worked. Each call counts: with per_day 1 and rate_limit
+// 3 the working upstream runs three times.
+func TestARetryEndingInADialErrorCountsTheWorkBeforeIt(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	stallUpstream(t, up)
+	dead := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	site := fmt.Sprintf(`:{port} {
+	handle /work/* {
+		x402 {
+			accept devnet $0.05 %[2]s
+			facilitator http %[1]s
+			store badger {data}/work
+			rate_limit 3 1m
+			free_allowance {
+				pool work
+				per_day 1
+			}
+		}
+		reverse_proxy %[4]s %[3]s {
+			lb_policy round_robin
+			lb_retries 1
+			transport http {
+				dial_timeout 1s
+				response_header_timeout 200ms
+			}
+		}
+	}
+}
+`, fac, payTo.Hex(), up.Listener.Addr().String(), dead)
+	url := startCaddy(t, site) + "/work/x"
+	freezeClock(t)
+	var statuses []int
+	for range 10 {
+		resp, _ := getBody(t, url, nil)
+		statuses = append(statuses, resp.StatusCode)
+	}
+	if n := up.calls.Load(); n != 3 {
+		t.Fatalf("free GETs (per_day 1, rate_limit 3) retried from a working upstream to a dead one ran the upstream %d times (statuses %v); want 3", n, statuses)
+	}
+}
