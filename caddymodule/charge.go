@@ -164,24 +164,28 @@ func (g *Gate) serveCharged(w http.ResponseWriter, r *http.Request, next caddyht
 }
 
 // unsettled gives back the charge of a call that settled nothing (the
-// same payment or free unit can be used again) and counts the call by the
-// work it made run (ran: workRan). A call something worked for counts
-// against the client's rate limit as a refusal does, and a free one keeps
-// the event of the free budget it took (serveFree): the charge is given
-// back, so without a count one signed authorization that never settles,
-// or one free unit, would have the upstream work without end, through
-// answers the client can cause (an error, a timeout, an answer too large
-// or unreadable, an output that does not pass). A call nothing ran for
-// gives its free budget's event back and does not count: the operator's
-// outage is no refusal of the buyer, who retries as told.
+// same payment or free unit can be used again) and counts the call, once,
+// by the work it made run (ran: workRan). The charge is given back, so
+// without a count one signed authorization that never settles, or one
+// free unit, would have the upstream work without end, through answers
+// the client can cause (an error, a timeout, an answer too large or
+// unreadable, an output that does not pass). A paid call something worked
+// for counts against the client's rate limit as a refusal does. A free
+// one keeps the event of the free budget it took (serveFree), and counts
+// nowhere else: that budget bounds it (past it, a call that would be free
+// is refused 402, which counts as a refusal), and a refusal counted as
+// well would spend the budget a payment must pass on free calls. A call
+// nothing ran for counts in neither, and a free one gives its free
+// budget's event back: the operator's outage is no refusal of the buyer,
+// who retries as told.
 func (g *Gate) unsettled(r *http.Request, c charge, ran bool) {
 	c.release(r)
-	if ran {
-		g.noteRefusal(r)
-		return
-	}
-	if _, free := c.(*freeCharge); free {
+	_, free := c.(*freeCharge)
+	switch {
+	case free && !ran:
 		g.unfree(r)
+	case !free && ran:
+		g.noteRefusal(r)
 	}
 }
 

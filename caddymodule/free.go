@@ -143,7 +143,7 @@ func nextMidnight(t time.Time) time.Time {
 // nothing ran for the call: the allowance had no unit, or the unit was
 // released for a call the upstream never worked for (Gate.unsettled). A
 // released call the upstream did work for (an error answer, a timeout)
-// keeps its event and counts as a refusal too: it is work done free.
+// keeps its event, which is what bounds such work done free.
 func (g *Gate) serveFree(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, ex exchange) error {
 	f := g.Free
 	client := f.client(r)

@@ -572,7 +572,8 @@ func (g *Gate) rateWait(r *http.Request) int {
 }
 
 // noteRefusal counts an answer nobody paid for that served nothing (a
-// refusal, a call the upstream worked for that settled nothing: unsettled)
+// refusal, a paid call the upstream worked for that settled nothing:
+// unsettled)
 // against the client's rate limit. Free calls count in their own budget
 // (serveFree).
 func (g *Gate) noteRefusal(r *http.Request) {

@@ -552,7 +552,8 @@ func TestMCPErrorAnswerCarriesNoResult(t *testing.T) {
 // An answer the gate cannot hand over (upstream_answer_unreadable) is
 // replaced and never charged, but the tool ran for it: the call counts as
 // any unsettled call the upstream worked for does (workRan), so a client
-// that can steer the tool to such answers is bounded by rate_limit.
+// that can steer the tool to such answers is bounded by rate_limit (a free
+// one by its free budget: past it, a demand for payment).
 func TestMCPUnreadableAnswersCountAgainstRateLimit(t *testing.T) {
 	_, fac := sharedDevnet(t)
 	up := newAnswerFault(t)
@@ -565,8 +566,8 @@ func TestMCPUnreadableAnswersCountAgainstRateLimit(t *testing.T) {
 		status, body := postCall(t, base+"/mcp", nil)
 		wantUnreadable(t, status, body)
 	}
-	if _, body := postCall(t, base+"/mcp", nil); !bytes.Contains(body, []byte(`"rate_limited"`)) {
-		t.Fatalf("after two unreadable answers with rate_limit 2: %s, want rate_limited", body)
+	if _, body := postCall(t, base+"/mcp", nil); !bytes.Contains(body, []byte(`free calls are used for now`)) {
+		t.Fatalf("after two free unreadable answers with rate_limit 2: %s, want a demand for payment", body)
 	}
 }
 

@@ -28,15 +28,14 @@ const (
 // RateLimit bounds how often one client may be refused by the gate or
 // served unpaid. Every answer nobody paid for counts one event: a 402 (a
 // demand for payment, a refused payment), a 4xx refusal of the gate (413,
-// 422, a refused tool call), a 4xx answer of the upstream to a free or
-// paid call (which is then neither charged nor counted against the
-// allowance), any other call the upstream worked for that settled nothing
-// (a 5xx, upstream_timeout, its client leaving while the upstream works:
-// the charge is given back, so were it not counted, a client could have
-// work done free by causing such an end each time; a call the upstream
-// could not be connected to at all is not counted: workRan), and a call
-// served from the free allowance (per wallet, the allowance alone bounds
-// nothing: anyone mints wallets). A client with
+// 422, a refused tool call), a paid call the upstream worked for that
+// settled nothing (a 4xx or 5xx answer, upstream_timeout, its client
+// leaving while the upstream works: the charge is given back, so were it
+// not counted, a client could have work done free by causing such an end
+// each time; a call the upstream could not be connected to at all is not
+// counted: workRan), and, in a budget of its own, a call served from the
+// free allowance, whatever its answer (per wallet, the allowance alone
+// bounds nothing: anyone mints wallets; Gate.unsettled). A client with
 // Events such answers within Window is answered 429 rate_limited with
 // Retry-After until its budget refills, before the gate reads its body.
 // Paid calls never count, and a settled payment gives one event back

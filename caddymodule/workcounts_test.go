@@ -164,8 +164,9 @@ func TestADeadUpstreamDoesNotRateLimitARetryingBuyer(t *testing.T) {
 // TestMCPToolCallsCountByTheWorkTheyMadeRun: the same rule over MCP. Free
 // tool calls to a tool server nothing listens on are each answered
 // upstream_unavailable and never rate limited; free calls the tool worked
-// on until upstream_timeout count, so with rate_limit 2 the third is
-// refused rate_limited.
+// on until upstream_timeout keep their free budget's event, so with
+// rate_limit 2 the third is a demand for payment, and once two of those
+// refusals are counted the fifth is refused rate_limited.
 func TestMCPToolCallsCountByTheWorkTheyMadeRun(t *testing.T) {
 	_, fac := sharedDevnet(t)
 	const free = "rate_limit 2 1m\n\t\t\tupstream_timeout 200ms\n\t\t\tfree_allowance {\n\t\t\t\tpool verify\n\t\t\t\tper_day 100\n\t\t\t}"
@@ -175,6 +176,8 @@ func TestMCPToolCallsCountByTheWorkTheyMadeRun(t *testing.T) {
 			return "rate_limited"
 		case bytes.Contains(body, []byte(`"upstream_unavailable"`)):
 			return "upstream_unavailable"
+		case bytes.Contains(body, []byte(`free calls are used for now`)):
+			return "payment_required"
 		}
 		return string(body)
 	}
@@ -193,12 +196,12 @@ func TestMCPToolCallsCountByTheWorkTheyMadeRun(t *testing.T) {
 		url := startCaddy(t, faultSite(up.URL, fac, free)) + "/mcp"
 		freezeClock(t)
 		var got []string
-		for range 3 {
+		for range 5 {
 			_, body := postCall(t, url, nil)
 			got = append(got, code(body))
 		}
-		if fmt.Sprint(got) != "[upstream_unavailable upstream_unavailable rate_limited]" {
-			t.Fatalf("free calls of a tool that runs past upstream_timeout: %v, want two upstream_unavailable then rate_limited", got)
+		if fmt.Sprint(got) != "[upstream_unavailable upstream_unavailable payment_required payment_required rate_limited]" {
+			t.Fatalf("free calls of a tool that runs past upstream_timeout: %v, want two upstream_unavailable, two payment_required, then rate_limited", got)
 		}
 	})
 }
@@ -296,5 +299,30 @@ func TestARetryEndingInADialErrorCountsTheWorkBeforeIt(t *testing.T) {
 	}
 	if n := up.calls.Load(); n != 3 {
 		t.Fatalf("free GETs (per_day 1, rate_limit 3) retried from a working upstream to a dead one ran the upstream %d times (statuses %v); want 3", n, statuses)
+	}
+}
+
+// TestFreeCallsThatFailedNeverRefuseALaterPayment: a free call the
+// upstream answered 500 counts once, in the client's free budget (it keeps
+// the event it took), never in the budget a payment must pass. After the
+// price probe and three such free calls (rate_limit 4), the buyer's first
+// payment is served, not refused 429.
+func TestFreeCallsThatFailedNeverRefuseALaterPayment(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	url := startCaddy(t, gateSite(up.URL, fac, 100, "rate_limit 4 1m")) + "/verify/schema"
+	freezeClock(t)
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 7) // the probe: one refusal
+	var statuses []int
+	for range 3 {
+		statuses = append(statuses, post(t, url, validRequest, map[string]string{"X-Test-Status": "500"}).StatusCode)
+	}
+	if fmt.Sprint(statuses) != "[500 500 500]" {
+		t.Fatalf("free calls the upstream answered 500: statuses %v, want [500 500 500]", statuses)
+	}
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("paid call after three free calls the upstream answered 500: %d, Retry-After %q; want 200 (a payment is never refused for the free calls used)",
+			resp.StatusCode, resp.Header.Get("Retry-After"))
 	}
 }
