@@ -326,3 +326,42 @@ func TestFreeCallsThatFailedNeverRefuseALaterPayment(t *testing.T) {
 			resp.StatusCode, resp.Header.Get("Retry-After"))
 	}
 }
+
+// TestAnUpstreamThatAcceptsAndClosesRateLimitsARetryingBuyer: an upstream
+// down behind something that still accepts connections (docker's userland
+// proxy, a TCP balancer with no backend) closes each connection after the
+// gate wrote its request. That the request reached nothing behind it the
+// gate cannot know: the request was written, so the call counts, as
+// README's rate_limit row says. One payment retried through such an outage
+// is answered 502 until the budget is spent (the probe and two calls of
+// rate_limit 3), then 429 with Retry-After: back-pressure.
+func TestAnUpstreamThatAcceptsAndClosesRateLimitsARetryingBuyer(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	url := startCaddy(t, gateSite("http://"+ln.Addr().String(), fac, 0, "rate_limit 3 1m")) + "/verify/schema"
+	freezeClock(t)
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 8) // the probe
+	var statuses []int
+	var last *http.Response
+	for range 4 {
+		last = post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+		statuses = append(statuses, last.StatusCode)
+	}
+	if fmt.Sprint(statuses) != "[502 502 429 429]" || last.Header.Get("Retry-After") == "" {
+		t.Fatalf("one payment retried while the upstream accepts and closes connections: statuses %v, last Retry-After %q; want [502 502 429 429] with Retry-After",
+			statuses, last.Header.Get("Retry-After"))
+	}
+}
