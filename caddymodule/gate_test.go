@@ -189,6 +189,9 @@ func post(t *testing.T, url, body string, hdr map[string]string) *http.Response 
 	for k, v := range hdr {
 		req.Header.Set(k, v)
 	}
+	if h := hdr["Host"]; h != "" {
+		req.Host = h // Go sends req.Host, never a Host header
+	}
 	resp, err := testClient.Do(req)
 	if err != nil {
 		t.Fatal(err)

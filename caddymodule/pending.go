@@ -114,6 +114,12 @@ type heldRecord struct {
 	// to that request: only a retry of that name gets it (paidFor).
 	Request     string `json:"request,omitempty"`
 	RequestBody bool   `json:"request_body,omitempty"`
+	// Resource is the resource URL of the 402 the payment answered (the
+	// gate's resource: its origin and path), "" on a record written before
+	// records named it. Gates sharing one store find each other's records
+	// by the claim keys, which name no resource and, on EVM, no price:
+	// only a gate of this resource resolves the record (pricedHere).
+	Resource string `json:"resource,omitempty"`
 	// Delivered is set, with the claim settled, once the upstream has been
 	// run again for an answer that was not kept: the payment bought that
 	// run, and no other.
@@ -198,7 +204,7 @@ func (g *Gate) claimPaid(r *http.Request, keys []string, until time.Time, pay x4
 	span := g.attemptSpan()
 	c, err = hc.ClaimHeld(r.Context(), keys, until, span, func(c store.Claim) (string, error) {
 		t := now()
-		h := g.newHeldRecord(c, pay.JSON, offer, t)
+		h := g.newHeldRecord(r, c, pay.JSON, offer, t)
 		h.Attempt, h.Session = t.Add(span), hc.Session()
 		h.Request, h.RequestBody = g.heldRequest(r)
 		n, err := encodeHeld(&h)
@@ -348,9 +354,10 @@ func encodeHeld(h *heldRecord) (string, error) {
 // record carries, whoever writes it (claimPaid with the claim, holdUnknown
 // when the outcome is unknown). payment is the payment's JSON
 // (x402.Payment.JSON), offer the offer's (Gate.offerJSON); sentAfter is a
-// time before which the settlement was not asked for.
-func (g *Gate) newHeldRecord(c store.Claim, payment []byte, offer json.RawMessage, sentAfter time.Time) heldRecord {
-	return heldRecord{Keys: c.Keys, Token: c.Token, Until: c.Until, Payment: payment, Offer: offer, Gate: g.gateID(), SentAfter: sentAfter}
+// time before which the settlement was not asked for; r is the request
+// that claimed it, whose resource the record names.
+func (g *Gate) newHeldRecord(r *http.Request, c store.Claim, payment []byte, offer json.RawMessage, sentAfter time.Time) heldRecord {
+	return heldRecord{Keys: c.Keys, Token: c.Token, Until: c.Until, Payment: payment, Offer: offer, Gate: g.gateID(), SentAfter: sentAfter, Resource: g.resource(r).URL}
 }
 
 // markDelivered records, by a compare-and-swap from old (the note c
@@ -376,7 +383,7 @@ func (g *Gate) holdUnknown(r *http.Request, c store.Claim, payment []byte, offer
 	if !ok {
 		return
 	}
-	h := g.newHeldRecord(c, payment, offer, now().Add(-defaultSettleTimeout))
+	h := g.newHeldRecord(r, c, payment, offer, now().Add(-defaultSettleTimeout))
 	if unknown != nil && unknown.Reply != nil {
 		h.Sent = unknown.Reply.Transaction
 	}
@@ -512,6 +519,11 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 		// buyer's payment (see paidFor). Asked before the chain is.
 		return true, alreadyUsed(w, r, ex)
 	}
+	if !g.pricedHere(h, r, pay) {
+		// Another gate's payment: neither its outcome nor its report is
+		// this gate's to move, and its call is not this gate's upstream.
+		return true, paidForAnother(w, r, ex)
+	}
 	note := cs.Note
 	// learned: this request found the payment settled, so the settlement
 	// is news for wallet_auth (noteSettled); a held answer served again
@@ -559,9 +571,7 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 	case err != nil:
 		return true, ex.refuse(w, r, apierr.From(err))
 	case !ok:
-		return true, ex.demand(w, r, http.StatusPaymentRequired,
-			"This payment paid for another request, whose answer is still owed: retry that request with it, or sign a new payment for this one.",
-			x402.ReasonPaymentAlreadyUsed, nil)
+		return true, paidForAnother(w, r, ex)
 	}
 	if h.Held {
 		body := ex.retold(h.Body)
@@ -621,6 +631,39 @@ func (g *Gate) paidFor(h *heldRecord, r *http.Request) (bool, error) {
 		return false, err
 	}
 	return name == h.Request, nil
+}
+
+// paidForAnother refuses a retry whose payment paid for another call
+// (paidFor, pricedHere): the buyer's retry of that call gets its answer.
+func paidForAnother(w http.ResponseWriter, r *http.Request, ex exchange) error {
+	return ex.demand(w, r, http.StatusPaymentRequired,
+		"This payment paid for another request, whose answer is still owed: retry that request with it, or sign a new payment for this one.",
+		x402.ReasonPaymentAlreadyUsed, nil)
+}
+
+// pricedHere reports whether h's payment was priced by this gate, so that
+// its retry p here may be resolved: the record names this gate's resource
+// (Resource; a record written before records named it is taken as this
+// gate's), and when this gate makes an offer matching p's accepted, that
+// offer is the record's (amount, asset, network, pay_to). Gates sharing a
+// store find each other's records by the claim keys, which on EVM name no
+// price, and accepted is not signed: a payment for a cheap route, retried
+// on a dear one, with accepted rewritten to the dear offer or left as the
+// cheap one (the old-offer path, serveHeldUnderOldOffer), would otherwise
+// run the dear route's upstream. Only the resource tells gates apart whose
+// offers a reload may have changed (no current offer matches p): two
+// gates of one resource told apart by other matchers are one resource to
+// this check (README: they must not share a store).
+func (g *Gate) pricedHere(h *heldRecord, r *http.Request, p x402.PaymentPayload) bool {
+	if h.Resource != "" && h.Resource != g.resource(r).URL {
+		return false
+	}
+	i := x402.MatchIndex(p.Accepted, g.offers)
+	if i < 0 {
+		return true
+	}
+	o := g.offers[i]
+	return o.Amount == h.offer.Amount && o.Asset == h.offer.Asset && o.Network == h.offer.Network && o.PayTo == h.offer.PayTo
 }
 
 // samePayment reports whether a retry's payment p carries the signed
@@ -1054,7 +1097,7 @@ func (p *paidCharge) reportOutcome(r *http.Request, bw *bufferedWriter, end sett
 	st, err := g.state.Claims().Lookup(context.WithoutCancel(r.Context()), p.claim.Keys[0])
 	switch {
 	case errors.Is(err, store.ErrNotFound):
-		h := g.newHeldRecord(p.claim, p.pay.JSON, p.offerJS, now().Add(-defaultSettleTimeout))
+		h := g.newHeldRecord(r, p.claim, p.pay.JSON, p.offerJS, now().Add(-defaultSettleTimeout))
 		h.payload, h.offer = p.pay.PaymentPayload, p.offer
 		g.reportFromChain(r, next, &h, path, id)
 		return

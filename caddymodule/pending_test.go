@@ -156,7 +156,11 @@ func (m *faultyFacilitator) SentSettlementStatus(ctx context.Context, p x402.Pay
 }
 
 // pendingSite is a paid route whose facilitator loses settlements (mode),
-// with its store in storeDir (so a restart keeps it).
+// with its store in storeDir (so a restart keeps it). Its public_base_url
+// (as those of killSite, landedSite and solanaSite) is the one origin of a
+// deployment: a gateway restarted here listens on a new port, and sites on
+// other Hosts stand for its other gateways, while a held payment is
+// resolved only on the resource it paid for (pricedHere).
 func pendingSite(up, mode, storeDir, extra string) string {
 	return fmt.Sprintf(`:{port} {
 	route /verify/schema {
@@ -164,6 +168,7 @@ func pendingSite(up, mode, storeDir, extra string) string {
 			accept devnet $0.02 %[3]s
 			facilitator faulty_devnet %[2]s
 			store badger %[4]s
+			public_base_url https://gateway.test
 			%[5]s
 		}
 		reverse_proxy %[1]s
@@ -668,6 +673,7 @@ func killSite(up, fac, storeDir string) string {
 			accept devnet $0.02 %[3]s
 			facilitator %[2]s
 			store badger %[4]s
+			public_base_url https://gateway.test
 		}
 		reverse_proxy %[1]s
 	}
@@ -1001,6 +1007,7 @@ func landedSite(up, storeLine, settle string) string {
 			accept devnet $0.02 %[3]s
 			facilitator faulty_devnet none
 			store %[2]s
+			public_base_url https://gateway.test
 			settle %[4]s
 		}
 		reverse_proxy %[1]s

@@ -50,6 +50,7 @@ func solanaSite(up, fac string, e *solanaEnv, storeDir string) string {
 			accept solana-devnet $0.02 %[3]s
 			facilitator %[2]s
 			store badger %[4]s
+			public_base_url https://gateway.test
 		}
 		reverse_proxy %[1]s
 	}
