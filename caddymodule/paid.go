@@ -301,6 +301,12 @@ func (g *Gate) serveClaimed(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		return ex.demand(w, r, http.StatusPaymentRequired, "This payment was already used; sign a new one.", x402.ReasonPaymentAlreadyUsed, nil)
 	}
+	return paymentInFlight(w, r, ex)
+}
+
+// paymentInFlight refuses a payment another request is using: claiming
+// it, or running its one run again (resolveOnRetry).
+func paymentInFlight(w http.ResponseWriter, r *http.Request, ex exchange) error {
 	return ex.demand(w, r, http.StatusPaymentRequired, "This payment is being processed by another request; do not reuse a payment.", reasonPaymentInFlight, nil)
 }
 
@@ -610,15 +616,28 @@ func (g *Gate) paidStream(w http.ResponseWriter, r *http.Request, sr x402.Settle
 // at all (noUpstream). Once the upstream has written, its answer is under
 // way and its error stays Caddy's.
 func (g *Gate) serveSettled(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, ex exchange, sr x402.SettleResponse) error {
+	failed, err := g.runSettled(w, r, next, sr)
+	if failed != nil {
+		return ex.refuse(w, r, failed.SettledBefore())
+	}
+	return err
+}
+
+// runSettled runs the upstream straight to the client for a payment
+// already settled (paidStream). failed is the gate's answer, not yet
+// written, when the upstream wrote nothing (as an error of its caller's
+// whose payment is spent or kept, SettledBefore or runAgainFailed), nil
+// once it has written, err then its error.
+func (g *Gate) runSettled(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, sr x402.SettleResponse) (failed *apierr.Error, err error) {
 	sw := g.paidStream(w, r, sr)
-	err := next.ServeHTTP(sw, r)
+	err = next.ServeHTTP(sw, r)
 	switch {
 	case sw.status != 0:
-		return err
+		return nil, err
 	case err == nil:
-		return ex.refuse(w, r, g.noUpstream().SettledBefore())
+		return g.noUpstream(), nil
 	}
-	return ex.refuse(w, r, apierr.Unavailable("upstream service", 0, err).SettledBefore())
+	return apierr.Unavailable("upstream service", 0, err), nil
 }
 
 // keyPaymentResponse is PAYMENT-RESPONSE's key in an http.Header

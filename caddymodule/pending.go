@@ -11,6 +11,7 @@ import (
 	"io"
 	"maps"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -121,9 +122,16 @@ type heldRecord struct {
 	// only a gate of this resource resolves the record (pricedHere).
 	Resource string `json:"resource,omitempty"`
 	// Delivered is set, with the claim settled, once the upstream has been
-	// run again for an answer that was not kept: the payment bought that
-	// run, and no other.
+	// run again for an answer that was not kept and has written its
+	// answer: the payment bought that run, and no other.
 	Delivered bool `json:"delivered,omitempty"`
+	// Running is set while a retry runs the upstream again (takeRun): the
+	// end of its span (attemptSpan, by the clock of the gateway that took
+	// it), before which no other retry runs it. An upstream that fails
+	// before writing gives the run back (the note it was taken from); a
+	// mark whose request never came back (the gateway died) lapses at
+	// that end, and a retry after it runs the upstream.
+	Running time.Time `json:"running,omitzero"`
 	// ReportPath and VerificationID: the upstream asked for the outcome.
 	ReportPath     string `json:"report_path,omitempty"`
 	VerificationID string `json:"verification_id,omitempty"`
@@ -361,7 +369,7 @@ func (g *Gate) newHeldRecord(r *http.Request, c store.Claim, payment []byte, off
 }
 
 // markDelivered records, by a compare-and-swap from old (the note c
-// carries now), that the one delivery h's payment bought is being made:
+// carries now), that the one delivery h's payment bought is made:
 // store.ErrNoteChanged when something else made or took it first.
 func markDelivered(ctx context.Context, hc store.HeldClaims, c store.Claim, h *heldRecord, old string) error {
 	d := *h
@@ -559,6 +567,9 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 	if h.Delivered {
 		return true, alreadyUsed(w, r, ex)
 	}
+	if now().Before(h.Running) {
+		return true, paymentInFlight(w, r, ex) // another retry runs it
+	}
 	sr := toldSettlement(x402.SettleResponse{Success: true, Transaction: h.Transaction}, h.payload, h.offer.Network)
 	if h.ReportPath != "" {
 		// Also after a background resolution (reported then too, when
@@ -594,9 +605,11 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 	if !ok { // never: only such a store keeps records
 		return true, alreadyUsed(w, r, ex)
 	}
-	switch err := markDelivered(context.WithoutCancel(r.Context()), hc, h.claim(), h, note); {
+	ctx := context.WithoutCancel(r.Context())
+	taken, err := g.takeRun(ctx, hc, h, note)
+	switch {
 	case errors.Is(err, store.ErrNoteChanged):
-		return true, alreadyUsed(w, r, ex) // another retry took the run
+		return true, paymentInFlight(w, r, ex) // another retry took the run
 	case err != nil:
 		return true, ex.refuse(w, r, apierr.Unavailable("payment state store", 1, err))
 	}
@@ -607,7 +620,51 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 	}
 	r.Header.Set(HeaderUpstreamNetwork, h.offer.Network)
 	g.noteSettled(r, sr)
-	return true, g.serveSettled(w, r, next, ex, sr)
+	failed, err := g.runSettled(w, r, next, sr)
+	if failed != nil {
+		// Nothing was delivered: the run is given back for the buyer's
+		// retry. Should the store fail this write, the mark lapses
+		// with its span instead.
+		if err := hc.Swap(ctx, h.claim(), taken, note); err != nil {
+			g.logger.Warn("a run again that failed could not be given back; a retry runs it once its span ends", zap.Error(err))
+		}
+		return true, ex.refuse(w, r, runAgainFailed(failed))
+	}
+	if err := markDelivered(ctx, hc, h.claim(), h, taken); err != nil {
+		g.logger.Error("a run again was delivered but not marked so; a retry after its span may run it again", zap.Error(err))
+	}
+	return true, err
+}
+
+// takeRun takes the one run again h's payment bought, by a compare-and-swap
+// from old (the note its claim carries now) to the note it returns, which
+// marks the run taken until the end of its span (Running): of concurrent
+// retries, one runs it (store.ErrNoteChanged for the others).
+func (g *Gate) takeRun(ctx context.Context, hc store.HeldClaims, h *heldRecord, old string) (string, error) {
+	t := *h
+	t.Running = now().Add(g.attemptSpan())
+	note, err := encodeHeld(&t)
+	if err != nil {
+		return "", err
+	}
+	return note, hc.Swap(ctx, h.claim(), old, note)
+}
+
+// runAgainRetryAfter is the wait runAgainFailed asks for.
+const runAgainRetryAfter = 2
+
+// runAgainFailed is the answer to a run again whose upstream wrote nothing
+// (failed: serveSettled's answer for it). The payment settled, so the
+// answer says charged; the run was given back, so unlike serveSettled's it
+// asks for a retry with the same payment, never a new one.
+func runAgainFailed(failed *apierr.Error) *apierr.Error {
+	c := *failed
+	c.Charged, c.Retryable, c.RetryAfter = true, true, runAgainRetryAfter
+	c.Message = "The call was not answered; its payment is settled and still pays for it: retry with the same payment after " +
+		apierr.Seconds(runAgainRetryAfter) + ", never sign a new one."
+	acts := slices.DeleteFunc(slices.Clone(c.NextActions), func(a apierr.Action) bool { return a.Action == "retry" })
+	c.NextActions = append(acts, apierr.Action{Action: "retry", After: runAgainRetryAfter})
+	return &c
 }
 
 // paidFor reports whether r is the request h's payment paid for, by the
