@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/caddyserver/caddy/v2"
+
 	"github.com/aovhq/aov/x402"
 )
 
@@ -117,4 +119,86 @@ func withHeader(hdr map[string]string, k, v string) map[string]string {
 		m[hk] = hv
 	}
 	return m
+}
+
+// The record's offer is compared with the gate's as a payment's accepted
+// is, addresses in any letter case: a reload that only respells pay_to
+// (checksummed to lower case, one address) still answers the held
+// payment's retry, which was charged on chain.
+func TestHeldPaymentSurvivesAReloadRespellingPayTo(t *testing.T) {
+	sharedDevnet(t)
+	up := newUpstream(t)
+	site := pendingSite(up.URL, "lose_reply", filepath.Join(t.TempDir(), "gate"), "settle before")
+	port := freePort(t)
+	loadCaddy(t, port, site)
+	t.Cleanup(func() { caddy.Stop() })
+	url := fmt.Sprintf("http://127.0.0.1:%d/verify/schema", port)
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 7)
+	hdr := map[string]string{x402.HeaderPaymentSignature: sig}
+	if resp := post(t, url, validRequest, hdr); resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("first try, settle reply lost: %d; want 503", resp.StatusCode)
+	}
+	loadCaddy(t, port, strings.ReplaceAll(site, payTo.Hex(), strings.ToLower(payTo.Hex())))
+	resp := post(t, url, validRequest, hdr)
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK || up.calls.Load() != 1 {
+		t.Fatalf("retry of the settled payment after pay_to was respelled: %d %s (runs %d); want 200, one run", resp.StatusCode, b, up.calls.Load())
+	}
+}
+
+// A held payment's resource compares as origins do: the host in any
+// letter case, the default port written or not. The gate's host matcher
+// serves Basic.Test and basic.test:80 as basic.test, and so does the
+// retry of a payment held there.
+func TestHeldPaymentResourceComparesAsAnOrigin(t *testing.T) {
+	sharedDevnet(t)
+	up := newUpstream(t)
+	site := fmt.Sprintf(`:{port} {
+	@basic host basic.test
+	route @basic {
+		x402 {
+			accept devnet $0.02 %[2]s
+			facilitator faulty_devnet lose_reply
+			store badger %[3]s
+			settle before
+		}
+		reverse_proxy %[1]s
+	}
+}
+`, strings.TrimPrefix(up.URL, "http://"), payTo.Hex(), filepath.Join(t.TempDir(), "gate"))
+	url := startCaddy(t, site) + "/verify/schema"
+	for i, retryHost := range []string{"Basic.Test", "basic.test:80"} {
+		t.Run(retryHost, func(t *testing.T) {
+			c0 := up.calls.Load()
+			sig := signFor(t, paymentRequired(t, post(t, url, "", map[string]string{"Host": "basic.test"})), 8+i)
+			if resp := post(t, url, validRequest, map[string]string{"Host": "basic.test", x402.HeaderPaymentSignature: sig}); resp.StatusCode != http.StatusServiceUnavailable {
+				t.Fatalf("first try, settle reply lost: %d; want 503", resp.StatusCode)
+			}
+			resp := post(t, url, validRequest, map[string]string{"Host": retryHost, x402.HeaderPaymentSignature: sig})
+			b, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != http.StatusOK || up.calls.Load() != c0+1 {
+				t.Fatalf("retry with Host %s: %d %.300s (runs %d); want 200, one run", retryHost, resp.StatusCode, b, up.calls.Load()-c0)
+			}
+		})
+	}
+}
+
+func TestSameResource(t *testing.T) {
+	for _, c := range []struct {
+		a, b string
+		same bool
+	}{
+		{"http://basic.test/verify/schema", "http://Basic.Test/verify/schema", true},
+		{"http://basic.test/verify/schema", "http://basic.test:80/verify/schema", true},
+		{"https://basic.test/verify/schema", "HTTPS://basic.test:443/verify/schema", true},
+		{"https://basic.test/verify/schema", "https://basic.test:8443/verify/schema", false},
+		{"http://basic.test/verify/schema", "https://basic.test/verify/schema", false},
+		{"http://basic.test/verify/schema", "http://pro.test/verify/schema", false},
+		{"http://basic.test/report/a%2Fb", "http://basic.test/report/a/b", false},
+		{"http://basic.test/Verify/schema", "http://basic.test/verify/schema", false},
+	} {
+		if got := sameResource(c.a, c.b); got != c.same {
+			t.Errorf("sameResource(%q, %q) = %v; want %v", c.a, c.b, got, c.same)
+		}
+	}
 }

@@ -11,6 +11,7 @@ import (
 	"io"
 	"maps"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -712,15 +713,46 @@ func paidForAnother(w http.ResponseWriter, r *http.Request, ex exchange) error {
 // gates of one resource told apart by other matchers are one resource to
 // this check (README: they must not share a store).
 func (g *Gate) pricedHere(h *heldRecord, r *http.Request, p x402.PaymentPayload) bool {
-	if h.Resource != "" && h.Resource != g.resource(r).URL {
+	if h.Resource != "" && !sameResource(h.Resource, g.resource(r).URL) {
 		return false
 	}
 	i := x402.MatchIndex(p.Accepted, g.offers)
-	if i < 0 {
+	// The record's offer is compared as a payment's accepted is (addresses
+	// in any letter case): a reload that only respells pay_to leaves the
+	// offer the buyer paid.
+	return i < 0 || x402.Mismatch(h.offer, g.offers[i]) == ""
+}
+
+// sameResource reports whether two resource URLs name one resource as
+// origins compare: the scheme and host in any letter case, a default port
+// written or not (Caddy's host matcher serves Basic.Test and
+// basic.test:80 alike), the rest (the canonical escaped path) exactly.
+func sameResource(a, b string) bool {
+	if a == b {
 		return true
 	}
-	o := g.offers[i]
-	return o.Amount == h.offer.Amount && o.Asset == h.offer.Asset && o.Network == h.offer.Network && o.PayTo == h.offer.PayTo
+	ua, err1 := url.Parse(a)
+	ub, err2 := url.Parse(b)
+	if err1 != nil || err2 != nil || !strings.EqualFold(ua.Scheme, ub.Scheme) ||
+		!strings.EqualFold(ua.Hostname(), ub.Hostname()) || ua.Opaque != ub.Opaque ||
+		ua.EscapedPath() != ub.EscapedPath() || ua.RawQuery != ub.RawQuery {
+		return false
+	}
+	return originPort(ua) == originPort(ub)
+}
+
+// originPort is u's port, its scheme's default when none is written.
+func originPort(u *url.URL) string {
+	if p := u.Port(); p != "" {
+		return p
+	}
+	switch strings.ToLower(u.Scheme) {
+	case "https":
+		return "443"
+	case "http":
+		return "80"
+	}
+	return ""
 }
 
 // samePayment reports whether a retry's payment p carries the signed
