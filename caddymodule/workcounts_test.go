@@ -218,7 +218,7 @@ func TestFreeAgentCallsCountWhileVerifierdIsDown(t *testing.T) {
 	rules, _ := filepath.Abs("../examples/seller-agent/invoice.rules.json")
 	up := newUpstream(t)
 	site := fmt.Sprintf(`:{port} {
-	handle /work/* {
+	handle /job/* {
 		x402 {
 			accept devnet $0.05 %[2]s
 			facilitator http %[1]s
@@ -239,7 +239,7 @@ func TestFreeAgentCallsCountWhileVerifierdIsDown(t *testing.T) {
 	}
 }
 `, fac, payTo.Hex(), schema, rules, up.Listener.Addr().String(), freePort(t))
-	url := startCaddy(t, site) + "/work/x"
+	url := startCaddy(t, site) + "/job/x"
 	freezeClock(t)
 	var statuses []int
 	for range 10 {
@@ -268,7 +268,7 @@ func TestARetryEndingInADialErrorCountsTheWorkBeforeIt(t *testing.T) {
 	stallUpstream(t, up)
 	dead := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	site := fmt.Sprintf(`:{port} {
-	handle /work/* {
+	handle /job/* {
 		x402 {
 			accept devnet $0.05 %[2]s
 			facilitator http %[1]s
@@ -290,7 +290,7 @@ func TestARetryEndingInADialErrorCountsTheWorkBeforeIt(t *testing.T) {
 	}
 }
 `, fac, payTo.Hex(), up.Listener.Addr().String(), dead)
-	url := startCaddy(t, site) + "/work/x"
+	url := startCaddy(t, site) + "/job/x"
 	freezeClock(t)
 	var statuses []int
 	for range 10 {
