@@ -69,7 +69,7 @@ func (g *Gate) serveCharged(w http.ResponseWriter, r *http.Request, next caddyht
 	// and reports afterwards keeps its own context.
 	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(g.UpstreamTimeout))
 	if dl, ok := ctx.Deadline(); ok {
-		r.Header.Set(HeaderUpstreamAnswerBy, strconv.FormatInt(dl.UnixMilli(), 10))
+		tellAnswerBy(r, dl)
 	}
 	tr := getWroteTrace()
 	err := runUpstream(next, bw, r.WithContext(httptrace.WithClientTrace(ctx, &tr.trace)), neverReached)
@@ -161,6 +161,12 @@ func (g *Gate) serveCharged(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	c.deliver(w, bw)
 	return nil
+}
+
+// tellAnswerBy tells the upstream of r when the gate stops waiting for its
+// answer (HeaderUpstreamAnswerBy).
+func tellAnswerBy(r *http.Request, by time.Time) {
+	r.Header.Set(HeaderUpstreamAnswerBy, strconv.FormatInt(by.UnixMilli(), 10))
 }
 
 // unsettled gives back the charge of a call that settled nothing (the

@@ -43,9 +43,10 @@ const (
 	HeaderUpstreamPayer   = "X-Aov-Payer"   // the payer's address, paid calls only
 	HeaderUpstreamNetwork = "X-Aov-Network" // CAIP-2 network of the payment
 	// HeaderUpstreamAnswerBy is when the gate stops waiting for the
-	// upstream's answer (Unix milliseconds, the upstream_timeout deadline).
-	// verifierd records no verification it finishes later: its answer would
-	// never be delivered.
+	// upstream's answer (Unix milliseconds, the upstream_timeout deadline);
+	// for an answer streamed to a buyer already charged (runSettled), for
+	// its beginning. verifierd records no verification it finishes later:
+	// its answer would never be delivered.
 	HeaderUpstreamAnswerBy = "X-Aov-Answer-By"
 )
 
@@ -218,7 +219,9 @@ type Gate struct {
 	// timeouts bound each step, not the total). Past it the call fails
 	// (reverse_proxy answers 504, which handle_errors can turn into 503
 	// upstream_unavailable), nothing is charged, the free unit is kept and
-	// the payment can be sent again. Keep it well under the offers' max
+	// the payment can be sent again. An answer streamed to a buyer already
+	// charged (settle before, a run again) it bounds only up to the
+	// upstream's header (runSettled). Keep it well under the offers' max
 	// timeout, so a retried authorization is still valid. Default 30s; at
 	// most maxUpstreamTimeout (3m) with a free allowance, whose reserved
 	// unit must outlive the call.

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -592,12 +593,14 @@ func (g *Gate) setPaidHeaders(h http.Header, sr x402.SettleResponse) {
 // A held answer is cleaned the same way when it is replayed. The request
 // is marked as settled before its answer (varSettledBefore), so that a
 // verify_response after the gate that withholds the output says the
-// buyer was charged.
-func (g *Gate) paidStream(w http.ResponseWriter, r *http.Request, sr x402.SettleResponse) *statusWriter {
+// buyer was charged. started is called once, at the upstream's first
+// write, before its header goes out: the moment its answer is under way.
+func (g *Gate) paidStream(w http.ResponseWriter, r *http.Request, sr x402.SettleResponse, started func()) *statusWriter {
 	caddyhttp.SetVar(r.Context(), varSettledBefore, true)
 	g.setPaidHeaders(w.Header(), sr)
 	own := w.Header()[keyPaymentResponse]
 	return &statusWriter{ResponseWriter: w, onHeader: func(h http.Header, _ int) {
+		started()
 		dropGateHeaders(h)
 		if own != nil {
 			h[keyPaymentResponse] = own
@@ -616,7 +619,7 @@ func (g *Gate) paidStream(w http.ResponseWriter, r *http.Request, sr x402.Settle
 // at all (noUpstream). Once the upstream has written, its answer is under
 // way and its error stays Caddy's.
 func (g *Gate) serveSettled(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, ex exchange, sr x402.SettleResponse) error {
-	failed, err := g.runSettled(w, r, next, sr)
+	failed, err := g.runSettled(w, r, next, sr, nil)
 	if failed != nil {
 		return ex.refuse(w, r, failed.SettledBefore())
 	}
@@ -627,11 +630,42 @@ func (g *Gate) serveSettled(w http.ResponseWriter, r *http.Request, next caddyht
 // already settled (paidStream). failed is the gate's answer, not yet
 // written, when the upstream wrote nothing (as an error of its caller's
 // whose payment is spent or kept, SettledBefore or runAgainFailed), nil
-// once it has written, err then its error.
-func (g *Gate) runSettled(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, sr x402.SettleResponse) (failed *apierr.Error, err error) {
-	sw := g.paidStream(w, r, sr)
-	err = next.ServeHTTP(sw, r)
+// once it has written, err then its error. started, if not nil, is called
+// at the upstream's first write, before its header goes out.
+//
+// upstream_timeout bounds the wait for that first write, not the answer:
+// a stream (SSE) runs as long as it runs once its header is out, and a
+// deadline on the whole call would cut it off with the buyer charged. Up
+// to its header the request's context is cancelled at the deadline
+// (headerDeadline), so a stalled upstream does not hold a charged buyer
+// for as long as the transport's own timeouts, if it has any: a handler
+// that honours its context, as reverse_proxy does, returns, and the
+// caller answers failed. The upstream is told that deadline
+// (X-Aov-Answer-By), as serveCharged tells its own: by it the answer must
+// have begun. verifierd records a verification before it writes any of
+// its answer, so by it it records none whose answer would begin after the
+// gate has given the buyer its 503.
+func (g *Gate) runSettled(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, sr x402.SettleResponse, started func()) (failed *apierr.Error, err error) {
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	wait := time.Duration(g.UpstreamTimeout)
+	tellAnswerBy(r, time.Now().Add(wait))
+	hd := &headerDeadline{ResponseWriter: w}
+	hd.timer = time.AfterFunc(wait, func() {
+		if hd.state.CompareAndSwap(headerDue, headerLate) {
+			cancel()
+		}
+	})
+	defer hd.timer.Stop()
+	sw := g.paidStream(hd, r, sr, func() {
+		if hd.begin() && started != nil {
+			started()
+		}
+	})
+	err = next.ServeHTTP(sw, r.WithContext(ctx))
 	switch {
+	case hd.state.Load() == headerLate:
+		return apierr.Unavailable("upstream service", 0, fmt.Errorf("%w %s (upstream: %v)", errHeaderLate, wait, err)), nil
 	case sw.status != 0:
 		return nil, err
 	case err == nil:
@@ -639,6 +673,66 @@ func (g *Gate) runSettled(w http.ResponseWriter, r *http.Request, next caddyhttp
 	}
 	return apierr.Unavailable("upstream service", 0, err), nil
 }
+
+// headerDeadline is w for an upstream whose header is due by a deadline
+// (runSettled): of the upstream's header and the deadline, the first wins.
+// Past the deadline, whatever the upstream still writes is dropped, so
+// that the gate's answer goes out instead and nothing counts as delivered:
+// reverse_proxy, its context cancelled, writes a 499 of its own, and a
+// handler that ignored its context may write its answer late.
+type headerDeadline struct {
+	http.ResponseWriter
+	state atomic.Int32 // headerDue, headerBegun or headerLate
+	timer *time.Timer
+}
+
+const (
+	headerDue int32 = iota
+	headerBegun
+	headerLate
+)
+
+// errHeaderLate is the cause of the gate's answer when the deadline came
+// first, and what the upstream's writes after it return.
+var errHeaderLate = errors.New("x402: the upstream sent no header within upstream_timeout")
+
+// begin is called as the upstream's header is about to go out: it reports
+// whether it came before the deadline, which then no longer applies.
+func (d *headerDeadline) begin() bool {
+	if d.state.CompareAndSwap(headerDue, headerBegun) {
+		d.timer.Stop()
+		return true
+	}
+	return d.state.Load() == headerBegun
+}
+
+func (d *headerDeadline) WriteHeader(code int) {
+	if d.state.Load() != headerLate {
+		d.ResponseWriter.WriteHeader(code)
+	}
+}
+
+func (d *headerDeadline) Write(p []byte) (int, error) {
+	if d.state.Load() == headerLate {
+		return 0, errHeaderLate
+	}
+	return d.ResponseWriter.Write(p)
+}
+
+// FlushError flushes only an answer under way: a flush before the header
+// would send one that nothing decided (begin).
+func (d *headerDeadline) FlushError() error {
+	switch d.state.Load() {
+	case headerLate:
+		return errHeaderLate
+	case headerDue:
+		return nil
+	}
+	return http.NewResponseController(d.ResponseWriter).Flush()
+}
+
+// Unwrap lets http.ResponseController reach the real writer.
+func (d *headerDeadline) Unwrap() http.ResponseWriter { return d.ResponseWriter }
 
 // keyPaymentResponse is PAYMENT-RESPONSE's key in an http.Header
 // (canonical: x402 spells it in capitals).

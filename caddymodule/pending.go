@@ -621,7 +621,7 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 	}
 	r.Header.Set(HeaderUpstreamNetwork, h.offer.Network)
 	g.noteSettled(r, sr)
-	failed, err := g.runSettled(w, r, next, sr)
+	failed, err := g.runSettled(w, r, next, sr, nil)
 	if failed != nil {
 		// Nothing was delivered: the run is given back for the buyer's
 		// retry. Should the store fail this write, the mark lapses

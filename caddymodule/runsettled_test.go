@@ -1,0 +1,136 @@
+package caddymodule
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/aovhq/aov/x402"
+)
+
+// stallingUpstream answers after stall, or gives up when its request's
+// context ends (as reverse_proxy's upstream sees the gate give up), while
+// stalling is set; otherwise it answers at once. served counts the answers
+// it wrote.
+func stallingUpstream(t *testing.T, stall time.Duration) (up *httptest.Server, stalling *atomic.Bool, served *atomic.Int32) {
+	stalling, served = new(atomic.Bool), new(atomic.Int32)
+	up = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body) // read: only then does the server see the gate hang up
+		if stalling.Load() {
+			select {
+			case <-r.Context().Done():
+				return
+			case <-time.After(stall):
+			}
+		}
+		served.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"paid_content":true}`)
+	}))
+	t.Cleanup(up.Close)
+	return up, stalling, served
+}
+
+// settle before: an upstream that sends no headers within upstream_timeout
+// is given up on at that deadline, and the buyer, charged already, gets the
+// gate's 503 saying so (not retryable: the payment is spent), not a wait
+// bounded only by the transport's own timeouts, if any.
+func TestSettleBeforeUpstreamTimeoutBeforeHeadersSaysCharged(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up, stalling, _ := stallingUpstream(t, 5*time.Second)
+	stalling.Store(true)
+	url := startCaddy(t, gateSite(up.URL, fac, 0, "settle before\n\t\t\tupstream_timeout 500ms")) + "/verify/schema"
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 8)
+	start := time.Now()
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	took := time.Since(start)
+	m := readJSON(t, resp)
+	if resp.StatusCode != http.StatusServiceUnavailable || m["code"] != "upstream_unavailable" || m["charged"] != true || m["retryable"] != false {
+		t.Fatalf("answer %d %v, want 503 upstream_unavailable, charged true, not retryable", resp.StatusCode, m)
+	}
+	if took > 3*time.Second {
+		t.Fatalf("answered after %v, want about upstream_timeout (500ms) after the settlement", took)
+	}
+	t.Logf("answered %v after the request", took)
+	if sr := settlementOf(t, resp); !sr.Success || sr.Transaction == "" {
+		t.Fatalf("PAYMENT-RESPONSE %+v, want the settlement", sr)
+	}
+}
+
+// settle before: upstream_timeout bounds the wait for the upstream's
+// headers only. A stream (SSE) whose headers came in time runs past it and
+// is delivered whole; the upstream was told the deadline for its headers
+// (X-Aov-Answer-By).
+func TestSettleBeforeStreamPastUpstreamTimeoutIsDeliveredWhole(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	const events = 6
+	var answerBy atomic.Int64
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		by, _ := strconv.ParseInt(r.Header.Get(HeaderUpstreamAnswerBy), 10, 64)
+		answerBy.Store(by)
+		w.Header().Set("Content-Type", "text/event-stream")
+		rc := http.NewResponseController(w)
+		for i := range events {
+			fmt.Fprintf(w, "data: %d\n\n", i)
+			rc.Flush()
+			select {
+			case <-r.Context().Done():
+				return
+			case <-time.After(250 * time.Millisecond): // 1.5 s in all, past upstream_timeout
+			}
+		}
+	}))
+	t.Cleanup(up.Close)
+	url := startCaddy(t, gateSite(up.URL, fac, 0, "settle before\n\t\t\tupstream_timeout 500ms")) + "/verify/schema"
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 8)
+	sent := time.Now()
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK || strings.Count(string(b), "data: ") != events {
+		t.Fatalf("stream %d %q (%v), want all %d events", resp.StatusCode, b, err, events)
+	}
+	by := time.UnixMilli(answerBy.Load())
+	if by.Before(sent) || by.After(sent.Add(5*time.Second)) {
+		t.Fatalf("X-Aov-Answer-By %v, want the headers' deadline, about 500ms after %v", by, sent)
+	}
+}
+
+// settle before, the settle reply lost: the retry that finds the transfer
+// runs the upstream again, which sends no headers within upstream_timeout.
+// The run is given back at that deadline (charged, retryable), and the
+// buyer's next retry runs it.
+func TestRunAgainUpstreamTimeoutBeforeHeadersGivesTheRunBack(t *testing.T) {
+	sharedDevnet(t)
+	up, stalling, served := stallingUpstream(t, 5*time.Second)
+	url := startCaddy(t, pendingSite(up.URL, "lose_reply", filepath.Join(t.TempDir(), "gate"), "settle before\n\t\t\tupstream_timeout 500ms")) + "/verify/schema"
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 8)
+	hdr := map[string]string{x402.HeaderPaymentSignature: sig}
+	if resp := post(t, url, validRequest, hdr); resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("first try: %d", resp.StatusCode)
+	}
+	stalling.Store(true)
+	start := time.Now()
+	resp := post(t, url, validRequest, hdr)
+	took := time.Since(start)
+	m := readJSON(t, resp)
+	if resp.StatusCode != http.StatusServiceUnavailable || m["code"] != "upstream_unavailable" || m["charged"] != true || m["retryable"] != true {
+		t.Fatalf("retry while the upstream stalls: %d %v, want 503 upstream_unavailable, charged, retryable", resp.StatusCode, m)
+	}
+	if took > 3*time.Second {
+		t.Fatalf("answered after %v, want about upstream_timeout (500ms)", took)
+	}
+	t.Logf("answered %v after the request", took)
+	stalling.Store(false)
+	resp = post(t, url, validRequest, hdr)
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), "paid_content") || served.Load() != 1 {
+		t.Fatalf("retry once the upstream answers: %d %s (served %d)", resp.StatusCode, b, served.Load())
+	}
+}
