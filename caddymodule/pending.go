@@ -123,8 +123,8 @@ type heldRecord struct {
 	// only a gate of this resource resolves the record (pricedHere).
 	Resource string `json:"resource,omitempty"`
 	// Delivered is set, with the claim settled, once the upstream has been
-	// run again for an answer that was not kept and has written its
-	// answer: the payment bought that run, and no other.
+	// run again for an answer that was not kept and has begun writing its
+	// answer (its header): the payment bought that run, and no other.
 	Delivered bool `json:"delivered,omitempty"`
 	// Running is set while a retry runs the upstream again (takeRun): the
 	// end of its span (attemptSpan, by the clock of the gateway that took
@@ -621,7 +621,17 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 	}
 	r.Header.Set(HeaderUpstreamNetwork, h.offer.Network)
 	g.noteSettled(r, sr)
-	failed, err := g.runSettled(w, r, next, sr, nil)
+	// The run is delivered once the upstream's answer is under way (its
+	// first write), not once it ends: a stream (SSE) may outlast the run's
+	// span, and a retry after the span would run the upstream again for
+	// the same payment; so would one after a gateway that dies
+	// mid-stream. The mark is written before the answer's header goes
+	// out; should the store fail it, the answer still goes out.
+	failed, err := g.runSettled(w, r, next, sr, func() {
+		if err := markDelivered(ctx, hc, h.claim(), h, taken); err != nil {
+			g.logger.Error("a run again is being delivered but was not marked so; a retry after its span may run it again", zap.Error(err))
+		}
+	})
 	if failed != nil {
 		// Nothing was delivered: the run is given back for the buyer's
 		// retry. Should the store fail this write, the mark lapses
@@ -630,9 +640,6 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 			g.logger.Warn("a run again that failed could not be given back; a retry runs it once its span ends", zap.Error(err))
 		}
 		return true, ex.refuse(w, r, runAgainFailed(failed))
-	}
-	if err := markDelivered(ctx, hc, h.claim(), h, taken); err != nil {
-		g.logger.Error("a run again was delivered but not marked so; a retry after its span may run it again", zap.Error(err))
 	}
 	return true, err
 }

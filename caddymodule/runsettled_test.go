@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"bufio"
 	"fmt"
 	"io"
 	"net/http"
@@ -132,5 +133,59 @@ func TestRunAgainUpstreamTimeoutBeforeHeadersGivesTheRunBack(t *testing.T) {
 	b, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), "paid_content") || served.Load() != 1 {
 		t.Fatalf("retry once the upstream answers: %d %s (served %d)", resp.StatusCode, b, served.Load())
+	}
+}
+
+// A run again counts as delivered at the upstream's first write, not when
+// its stream ends: a retry while the first run still streams, after the
+// run's span (the clock moved past it), is payment_already_used and does
+// not run the upstream a second time for one payment.
+func TestRunAgainStreamingPastItsSpanIsNotRunTwice(t *testing.T) {
+	sharedDevnet(t)
+	release := make(chan struct{})
+	var calls atomic.Int32
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: first\n\n")
+		http.NewResponseController(w).Flush()
+		select {
+		case <-release: // the stream goes on while the test looks
+		case <-r.Context().Done():
+			return
+		}
+		io.WriteString(w, "data: last\n\n")
+	}))
+	t.Cleanup(up.Close)
+	url := startCaddy(t, pendingSite(up.URL, "lose_reply", filepath.Join(t.TempDir(), "gate"), "settle before")) + "/verify/schema"
+	released := false
+	t.Cleanup(func() {
+		if !released {
+			close(release)
+		}
+	})
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 8)
+	hdr := map[string]string{x402.HeaderPaymentSignature: sig}
+	if resp := post(t, url, validRequest, hdr); resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("first try: %d", resp.StatusCode)
+	}
+	first := post(t, url, validRequest, hdr) // returns with the headers
+	rd := bufio.NewReader(first.Body)
+	if line, err := rd.ReadString('\n'); first.StatusCode != http.StatusOK || line != "data: first\n" {
+		t.Fatalf("run again: %d %q (%v)", first.StatusCode, line, err)
+	}
+	later := time.Now().Add(10 * time.Minute) // past the run's span (3m43s)
+	now = func() time.Time { return later }
+	t.Cleanup(func() { now = time.Now })
+	resp := post(t, url, validRequest, hdr)
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusPaymentRequired || !strings.Contains(string(b), x402.ReasonPaymentAlreadyUsed) || calls.Load() != 1 {
+		t.Fatalf("retry while the run streams, past its span: %d %s (runs %d)", resp.StatusCode, b, calls.Load())
+	}
+	close(release)
+	released = true
+	rest, err := io.ReadAll(rd)
+	if err != nil || !strings.Contains(string(rest), "data: last") {
+		t.Fatalf("the first run's stream: %q (%v)", rest, err)
 	}
 }
