@@ -43,6 +43,11 @@ import (
 //	                              plain proxy at the same concurrency
 //	                              (paid_bench_test.go, with the gate's own
 //	                              pieces alone: decode, claim keys, headers)
+//	BenchmarkExampleFreePath      Caddyfile.example's whole site serving a
+//	                              free call, against BenchmarkExampleBaseline,
+//	                              load/baseline.Caddyfile's plain proxy
+//	                              (example_bench_test.go): make load's free
+//	                              and baseline scenarios in process
 //
 // Subtract the baseline from the others for the gate's own cost.
 
