@@ -97,6 +97,26 @@ func clearClientHeaders(r *http.Request) {
 	}
 }
 
+// Canonical forms of the protocol's request headers that the gate and
+// wallet_auth read and remove on every request. The protocols spell them
+// in capitals (PAYMENT-SIGNATURE, SIGN-IN-WITH-X), and http.Header's Get,
+// Values and Del canonicalize such a key, allocating its canonical string,
+// on every call; these are canonicalized once. The request's header map
+// holds the canonical form of every name a client sent (net/http
+// canonicalizes them when it reads the request).
+var (
+	keyPaymentSignature = http.CanonicalHeaderKey(x402.HeaderPaymentSignature)
+	keySIWX             = http.CanonicalHeaderKey(walletauth.SIWXHeaderName)
+)
+
+// firstValue is h.Get(key) for a key already canonical.
+func firstValue(h http.Header, key string) string {
+	if v := h[key]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
+}
+
 // varGated marks a request some gate has already cleaned of client copies
 // of the upstream headers.
 const varGated = "aov.x402.gated"
@@ -776,8 +796,8 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		g.learnRoute(r, next)
 	}
 	g.leftmost.check(r)
-	payment := r.Header.Get(x402.HeaderPaymentSignature)
-	r.Header.Del(x402.HeaderPaymentSignature)
+	payment := firstValue(r.Header, keyPaymentSignature)
+	delete(r.Header, keyPaymentSignature)
 	if g.MCPTool != "" {
 		return g.serveMCP(w, r, next)
 	}

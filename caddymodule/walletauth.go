@@ -246,9 +246,9 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 	defer wa.uses.Leave()
 	h := r.Header
 	clearWalletHeaders(h)
-	auth, siwx := h.Values(walletauth.HeaderName), h.Values(walletauth.SIWXHeaderName)
+	auth, siwx := h.Values(walletauth.HeaderName), h[keySIWX]
 	h.Del(walletauth.HeaderName)
-	h.Del(walletauth.SIWXHeaderName)
+	delete(h, keySIWX)
 	if isPreflight(r) {
 		// A CORS preflight cannot carry a proof. Where one is required,
 		// it is answered here: anyone can make an OPTIONS look like a
@@ -347,7 +347,7 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 		// a client's own claim to have paid now.
 		clearUpstreamHeaders(h)
 	}
-	if wa.SIWX && h.Get(x402.HeaderPaymentSignature) != "" {
+	if wa.SIWX && firstValue(h, keyPaymentSignature) != "" {
 		return next.ServeHTTP(wa.recordPayments(w, r, walletauth.PaidResource(site, escaped)), r)
 	}
 	return next.ServeHTTP(w, r)
