@@ -183,9 +183,13 @@ func (g *Gate) unfree(r *http.Request) {
 // reservation res at instant t.
 func (f *FreeAllowance) setHeaders(h http.Header, res store.Reservation, t time.Time) {
 	// The keys are canonical already: assigned, not canonicalized again.
-	h[HeaderFreeRemaining] = []string{strconv.Itoa(res.Remaining)}
-	h[HeaderFreeLimit] = []string{f.perDay}
-	h[HeaderFreeResets] = []string{resetsAt(t)}
+	// The three values share one array (one allocation, as Header.Clone
+	// does); each slice is capped at its one value, so a later Add to one
+	// header appends to a copy and never writes over the next one's.
+	v := [...]string{strconv.Itoa(res.Remaining), f.perDay, resetsAt(t)}
+	h[HeaderFreeRemaining] = v[0:1:1]
+	h[HeaderFreeLimit] = v[1:2:2]
+	h[HeaderFreeResets] = v[2:3:3]
 }
 
 // resetsAt is nextMidnight(t) in RFC 3339, formatted once per UTC day.
