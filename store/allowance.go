@@ -401,6 +401,11 @@ func (a *allowances) Reserve(ctx context.Context, pool, client string, day time.
 	if err := a.db.usable(ctx); err != nil {
 		return res, err
 	}
+	// The unit is granted here and written only after the call is
+	// served: while writes are refused it would be served uncounted.
+	if err := a.db.commits.refusal(); err != nil {
+		return res, err
+	}
 	s := a.shard(k)
 	s.mu.Lock()
 	defer s.mu.Unlock()

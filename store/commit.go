@@ -40,8 +40,9 @@ import (
 // replayed payment, an exhausted allowance), and each costs a re-run of the
 // successful fns before it in its group, never an extra commit.
 type committer struct {
-	vers *versions
-	log  *wal // nil without a log (Options.NoSync, InMemory)
+	vers  *versions
+	log   *wal        // nil without a log (Options.NoSync, InMemory)
+	space *spaceGuard // nil in memory
 
 	mu    sync.Mutex
 	queue []*commitOp
@@ -92,8 +93,8 @@ type commitOp struct {
 	lead chan struct{}
 }
 
-func newCommitter(vers *versions, log *wal) *committer {
-	c := &committer{vers: vers, log: log}
+func newCommitter(vers *versions, log *wal, space *spaceGuard) *committer {
+	c := &committer{vers: vers, log: log, space: space}
 	c.idle = sync.NewCond(&c.mu)
 	return c
 }
@@ -297,8 +298,15 @@ func (c *committer) commitGroup(ops []*commitOp) (rest []*commitOp) {
 // commit makes txn durable, then visible: its record is written to the
 // log, and only then is the Badger transaction committed (unsynced: the
 // log holds it). A failure once the record may be in the log breaks the
-// committer (fail).
+// committer (fail). A group the disk has no room for is refused before
+// anything is written (ErrDiskFull).
 func (c *committer) commit(txn *tx) error {
+	if txn.bytes > 0 {
+		if err := c.space.admit(txn.bytes); err != nil {
+			txn.b.Discard()
+			return err
+		}
+	}
 	logged := txn.rec != nil && txn.rec.ops > 0
 	if logged {
 		if err := c.log.append(txn.rec); err != nil {
@@ -332,6 +340,12 @@ func (c *committer) fail(err error) error {
 	}
 	c.mu.Unlock()
 	return err
+}
+
+// refusal is the error a write would be refused with now (ErrDiskFull),
+// or nil, for a caller that acts before its write is made.
+func (c *committer) refusal() error {
+	return c.space.admit(0)
 }
 
 func (c *committer) brokenErr() error {

@@ -127,8 +127,8 @@ type namedOption struct {
 //   - ReservationTTL is kept by the one set of allowance counts every handle
 //     shares (a reservation made through one handle is released or lapses
 //     through any other); zero means DefaultReservationTTL.
-//   - walSize and walBuffered shape the one log, memTableSize the one
-//     Badger (tests only).
+//   - walSize and walBuffered shape the one log, memTableSize and
+//     valueLogFileSize the one Badger (tests only).
 //
 // The rest may differ per handle (perHandle).
 func mustAgree(o Options) []namedOption {
@@ -142,6 +142,7 @@ func mustAgree(o Options) []namedOption {
 		{"walSize", o.walSize},
 		{"walBuffered", o.walBuffered},
 		{"memTableSize", o.memTableSize},
+		{"valueLogFileSize", o.valueLogFileSize},
 	}
 }
 

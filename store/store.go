@@ -113,6 +113,10 @@ type Options struct {
 	// that need Badger to flush memtables to tables and compact them
 	// make it small.
 	memTableSize int64
+	// valueLogFileSize, when set, replaces the value-log file size below:
+	// tests make it small to fill a disk, or to see the value log's GC
+	// reclaim files.
+	valueLogFileSize int64
 }
 
 // DefaultReservationTTL covers the slowest free call the gateway allows
@@ -179,6 +183,9 @@ func Open(dir string, opts Options) (*DB, error) {
 	if opts.memTableSize > 0 {
 		bo = bo.WithMemTableSize(opts.memTableSize)
 	}
+	if opts.valueLogFileSize > 0 {
+		bo = bo.WithValueLogFileSize(opts.valueLogFileSize)
+	}
 	if opts.InMemory {
 		bo = bo.WithInMemory(true).WithDir("").WithValueDir("")
 	} else {
@@ -186,8 +193,13 @@ func Open(dir string, opts Options) (*DB, error) {
 			return nil, fmt.Errorf("creating store directory: %w", err)
 		}
 	}
+	space, err := newSpaceGuard(dir, bo)
+	if err != nil {
+		return nil, fmt.Errorf("opening store in %s: %w", dir, err)
+	}
 	bdb, err := badger.OpenManaged(bo) // versions are the store's: versions.go
 	if err != nil {
+		space.close()
 		return nil, fmt.Errorf("opening store in %s: %w", dir, err)
 	}
 	vers := newVersions(bdb)
@@ -208,8 +220,15 @@ func Open(dir string, opts Options) (*DB, error) {
 		var replayed int
 		log, replayed, err = openWAL(dir, size, !opts.walBuffered && !opts.NoSync,
 			func() error { return syncBadger(bdb, dir) },
-			func(p []byte) error { return replayRecord(vers, p) })
+			func(p []byte) error {
+				// A replay is a write like any other (ErrDiskFull).
+				if err := space.admit(uint64(len(p))); err != nil {
+					return err
+				}
+				return replayRecord(vers, p)
+			})
 		if err != nil {
+			space.close()
 			bdb.Close()
 			return nil, fmt.Errorf("opening store in %s: %w", dir, err)
 		}
@@ -225,13 +244,14 @@ func Open(dir string, opts Options) (*DB, error) {
 			// Checkpointed (empty, at a new epoch): nothing in it for
 			// a later Open to replay.
 			if err := log.close(); err != nil {
+				space.close()
 				bdb.Close()
 				return nil, fmt.Errorf("opening store in %s: %w", dir, err)
 			}
 			log = nil
 		}
 	}
-	db := &DB{bdb: bdb, vers: vers, commits: newCommitter(vers, log), dir: dir, opts: opts, life: &lifecycle{closed: make(chan struct{}), session: rand.Text()}}
+	db := &DB{bdb: bdb, vers: vers, commits: newCommitter(vers, log, space), dir: dir, opts: opts, life: &lifecycle{closed: make(chan struct{}), session: rand.Text()}}
 	db.allow = newAllowances(db)
 	if err := db.checkLayout(); err != nil {
 		db.allow.close()
@@ -240,6 +260,7 @@ func Open(dir string, opts Options) (*DB, error) {
 		if log != nil {
 			log.close()
 		}
+		space.close()
 		return nil, err
 	}
 	return db, nil
@@ -286,6 +307,7 @@ func (db *DB) closeBadger() error {
 		if log != nil {
 			errs = append(errs, log.close())
 		}
+		errs = append(errs, db.commits.space.close())
 		if err := errors.Join(errs...); err != nil {
 			db.life.err = fmt.Errorf("closing store: %w", err)
 		}

@@ -11,6 +11,9 @@ import "github.com/dgraph-io/badger/v4"
 type tx struct {
 	b   *badger.Txn
 	rec *walRecord // nil: not logged (no log, or a read-only transaction)
+	// bytes is about what the writes take on disk (keys, values and
+	// spaceEntryOverhead each), for the space guard (space.go).
+	bytes uint64
 }
 
 // Get reads key, seeing the transaction's own pending writes.
@@ -32,6 +35,7 @@ func (t *tx) SetEntry(e *badger.Entry) error {
 	if err := t.b.SetEntry(e); err != nil {
 		return err
 	}
+	t.bytes += uint64(len(e.Key) + len(e.Value) + spaceEntryOverhead)
 	if t.rec != nil {
 		t.rec.set(e.Key, e.Value, e.ExpiresAt, e.UserMeta)
 		if t.rec.full() {
@@ -46,6 +50,7 @@ func (t *tx) Delete(key []byte) error {
 	if err := t.b.Delete(key); err != nil {
 		return err
 	}
+	t.bytes += uint64(len(key) + spaceEntryOverhead)
 	if t.rec != nil {
 		t.rec.delete(key)
 		if t.rec.full() {

@@ -1,0 +1,71 @@
+package servers
+
+import (
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/aovhq/aov/internal/interop"
+)
+
+// Tmpfs mounts a tmpfs of size (mount's notation: "160m") on a fresh
+// directory and unmounts it when t ends: a file system that really fills,
+// as a data disk does, without filling the machine's. Mounting takes root:
+// elsewhere t is skipped, saying so (failed under CI, which runs as root).
+func Tmpfs(t testing.TB, size string) string {
+	t.Helper()
+	dir := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size="+size, "tmpfs", dir).CombinedOutput(); err != nil {
+		interop.Missing(t, "the full-disk tests mount a tmpfs, which takes root: mount: "+err.Error()+" "+strings.TrimSpace(string(out)))
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
+			t.Errorf("umount %s: %v %s", dir, err, out)
+		}
+	})
+	return dir
+}
+
+// FillLeaving writes the file path until the file system holding it has
+// at most leave bytes free, for as long as the caller keeps the file.
+func FillLeaving(t testing.TB, path string, leave uint64) {
+	t.Helper()
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, 64<<10)
+	for {
+		var st syscall.Statfs_t
+		if err := syscall.Fstatfs(int(f.Fd()), &st); err != nil {
+			t.Fatal(err)
+		}
+		free := st.Bavail * uint64(st.Bsize)
+		if free <= leave {
+			return
+		}
+		if _, err := f.Write(buf[:min(uint64(len(buf)), free-leave)]); err != nil {
+			return // full: less was left than asked
+		}
+	}
+}
+
+// InChild runs the test named name again in a child process of the test
+// binary with env added, and returns its output (up to the first
+// goroutine's stack) and exit error: a fault that kills a process (a
+// SIGBUS in a goroutine of a library cannot be recovered) then fails the
+// test that caused it, not the whole run.
+func InChild(t testing.TB, name string, env ...string) (string, error) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run", "^"+name+"$", "-test.v")
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
+	s := string(out)
+	if i := strings.Index(s, "\ngoroutine "); i > 0 {
+		s = s[:i]
+	}
+	return s, err
+}

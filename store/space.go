@@ -1,0 +1,123 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/dgraph-io/badger/v4"
+)
+
+// ErrDiskFull is returned by a write while the file system holding the
+// store has less free space than the store's reserve (spaceReserve).
+// Nothing of the write is made; reads go on, and writes are taken again
+// by themselves once space is freed (the free space is looked at again
+// at most spaceRecheck later).
+//
+// The reserve exists because Badger cannot fail cleanly on a full disk:
+// its memtable logs (*.mem), value logs (*.vlog) and tables (*.sst) are
+// files created at their full length without allocating their blocks
+// (sparse) and written through memory maps, so a write to a page the
+// file system cannot allocate is a SIGBUS in one of Badger's goroutines,
+// which kills the process. Badger (v4) has no option to allocate them
+// ahead, and they are created inside Badger (a memtable rotating, a flush,
+// a compaction), where a fallocate of ours cannot reach them first.
+var ErrDiskFull = errors.New("store: the disk holding the store is nearly full; writes are refused until space is freed")
+
+const (
+	// spaceRecheck bounds how long the free space read last is trusted.
+	spaceRecheck = 100 * time.Millisecond
+	// spaceRecheckBytes is how much the store may write on one reading
+	// of the free space before it reads it again.
+	spaceRecheckBytes = 1 << 20
+	// spaceEntryOverhead is counted for each key written on top of its
+	// key and value: the header of Badger's memtable-log entry and the
+	// store's log op, rounded up.
+	spaceEntryOverhead = 32
+)
+
+// spaceReserve is the free space below which writes are refused, from the
+// options Badger is opened with: what Badger may still write on its own
+// with what it already holds, once the store writes nothing more:
+//
+//   - each of its NumMemtables memtables flushed to a table:
+//     NumMemtables × MemTableSize;
+//   - a compaction merging as much again (it writes its tables before it
+//     deletes the ones it merged): NumMemtables × MemTableSize;
+//   - value-log GC (gc.go) moving the live values of one value-log file:
+//     ValueLogFileSize.
+//
+// With the options Open uses: 2 × 3 × 16 MiB + 64 MiB = 160 MiB. On top of
+// it each commit must leave twice its own bytes and those written since
+// the free space was last read (each may land in a memtable's log and in
+// the value log). A compaction of a large store's deeper levels can merge
+// more than the reserve's share; and space another process takes is seen
+// only at the next reading (within spaceRecheck): the reserve does not
+// cover a disk filled to its last block by others.
+func spaceReserve(o badger.Options) uint64 {
+	return uint64(2*int64(o.NumMemtables)*o.MemTableSize + o.ValueLogFileSize)
+}
+
+// spaceGuard refuses writes while the store's file system is low on
+// space. Its state is read on the committer's leader (one at a time) and
+// by the value-log GC, hence the lock.
+type spaceGuard struct {
+	// dir is the store directory, kept open: reading the free space of
+	// its descriptor fd allocates nothing (a path would).
+	dir     *os.File
+	fd      int
+	reserve uint64
+
+	mu      sync.Mutex
+	free    uint64        // bytes free at the last reading
+	written uint64        // bytes let through since then
+	next    time.Duration // when (on elapsed) the reading expires
+}
+
+// newSpaceGuard watches the file system of dir; nil (no guard) for a
+// store in memory.
+func newSpaceGuard(dir string, o badger.Options) (*spaceGuard, error) {
+	if o.InMemory {
+		return nil, nil
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return nil, fmt.Errorf("store: opening the store directory: %w", err)
+	}
+	return &spaceGuard{dir: d, fd: int(d.Fd()), reserve: spaceReserve(o)}, nil
+}
+
+// admit lets n more bytes be written, or refuses them with ErrDiskFull
+// when they would leave less than the reserve free. It reads the free
+// space again when the last reading is older than spaceRecheck or has
+// let spaceRecheckBytes through. A file system whose free space cannot
+// be read refuses the write (the store holds money-relevant state: it
+// fails closed).
+func (g *spaceGuard) admit(n uint64) error {
+	if g == nil {
+		return nil
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if t := elapsed(); t >= g.next || g.written+n > spaceRecheckBytes {
+		free, err := freeBytes(g.fd)
+		if err != nil {
+			return fmt.Errorf("store: reading the free space of the store's disk: %w", err)
+		}
+		g.free, g.written, g.next = free, 0, t+spaceRecheck
+	}
+	if g.free < g.reserve+2*(g.written+n) {
+		return ErrDiskFull
+	}
+	g.written += n
+	return nil
+}
+
+func (g *spaceGuard) close() error {
+	if g == nil {
+		return nil
+	}
+	return g.dir.Close()
+}
