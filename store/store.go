@@ -24,6 +24,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -145,13 +146,43 @@ type DB struct {
 }
 
 // Exists reports whether dir holds a store, without creating anything:
-// Badger's manifest is the first file Open writes there.
+// Badger's manifest is the first file Open writes there. A directory that
+// holds a store's data but no manifest is an error (checkManifest).
 func Exists(dir string) (bool, error) {
 	_, err := os.Stat(filepath.Join(dir, badger.ManifestFilename))
 	if errors.Is(err, fs.ErrNotExist) {
-		return false, nil
+		return false, checkManifest(dir)
 	}
 	return err == nil, err
+}
+
+// checkManifest refuses a directory that holds data files of a store
+// (Badger's tables, value logs and memtable logs, or the store's log) but
+// not Badger's manifest, which lists the tables that hold the data and is
+// written before any of them. Badger would open such a directory as a new,
+// empty database: every payment claim, id binding, allowance count and
+// nonce silently gone, replays accepted and agent ids free to take. Only a
+// whole copy of the directory brings them back.
+func checkManifest(dir string) error {
+	if _, err := os.Stat(filepath.Join(dir, badger.ManifestFilename)); !errors.Is(err, fs.ErrNotExist) {
+		return err // there, or unreadable: Badger says which
+	}
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("store: reading the store directory: %w", err)
+	}
+	for _, e := range entries {
+		switch n := e.Name(); {
+		case n == walFile, strings.HasSuffix(n, ".sst"), strings.HasSuffix(n, ".vlog"), strings.HasSuffix(n, ".mem"):
+			return fmt.Errorf("store in %s holds data (%s) but not Badger's %s, which lists where the data is: opened, it would be an empty store. "+
+				"Stop every process using it and restore the whole directory from a backup; to start an empty store on purpose, move the directory away",
+				dir, n, badger.ManifestFilename)
+		}
+	}
+	return nil
 }
 
 // Open opens (creating if needed) the database in dir. Badger locks the
@@ -189,6 +220,9 @@ func Open(dir string, opts Options) (*DB, error) {
 	if opts.InMemory {
 		bo = bo.WithInMemory(true).WithDir("").WithValueDir("")
 	} else {
+		if err := checkManifest(dir); err != nil {
+			return nil, err
+		}
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return nil, fmt.Errorf("creating store directory: %w", err)
 		}
