@@ -55,18 +55,30 @@ type committer struct {
 	closed    bool
 	idle      *sync.Cond // signalled when leading ends
 	// broken is set when a group failed after its record may have
-	// reached the log (see fail): every later write gets it.
-	broken error
+	// reached the log (see fail): later writes get it until recover
+	// succeeds, tried by the first write from retryAt (on elapsed) on.
+	broken  error
+	retryAt time.Duration
+	// halted mirrors broken != nil for refusal, which must not take mu.
+	halted atomic.Bool
+	// redo is the payload of a logged group Badger refused, which
+	// recover applies again (see fail).
+	redo []byte
 }
 
-// ErrNeedsReopen is returned by every write after one failed half-way: its
+// ErrWritesHalted is returned by writes after one failed half-way: its
 // record may be in the write-ahead log but Badger did not take it, or a
-// write to the log itself failed. The log and Badger may then disagree
-// until Open replays the log, so the store refuses writes (reads go on)
-// until it is closed and opened again. The writes of the failed group were
-// answered with the failure; the replay may still apply them (like any
-// write whose commit failed, its outcome is unknown to its caller).
-var ErrNeedsReopen = errors.New("store: a commit failed half-way; writes are refused until the store is reopened")
+// write to the log itself failed. The log and Badger may then disagree, so
+// the store takes no write (reads go on) until it has made them agree
+// again (recover): tried by the first write after the failure, then at
+// most every retryBroken, and done by a reopen too. The writes of the
+// failed group were answered with the failure; the recovery may still
+// apply them (like any write whose commit failed, its outcome is unknown
+// to its caller).
+var ErrWritesHalted = errors.New("store: a commit failed half-way; writes are refused until the write-ahead log can be written again (retried every second)")
+
+// retryBroken is how often a halted committer tries to recover.
+const retryBroken = time.Second
 
 // maxGroup bounds the fns of one group: it bounds the work redone after a
 // failure and the latency of the group's last writer.
@@ -136,7 +148,7 @@ func (c *committer) do(ctx context.Context, fn func(txn *tx) error) error {
 		c.mu.Unlock()
 		return ErrClosed
 	}
-	if c.broken != nil {
+	if c.broken != nil && elapsed() < c.retryAt {
 		err := c.broken
 		c.mu.Unlock()
 		return err
@@ -253,7 +265,7 @@ func (c *committer) lead() {
 func (c *committer) commitGroup(ops []*commitOp) (rest []*commitOp) {
 	// ops is never written below: a shortened group is a new slice.
 	for {
-		if err := c.brokenErr(); err != nil {
+		if err := c.recover(); err != nil {
 			for _, op := range ops {
 				op.finish(err)
 			}
@@ -311,7 +323,7 @@ func (c *committer) commit(txn *tx) error {
 	if logged {
 		if err := c.log.append(txn.rec); err != nil {
 			txn.b.Discard()
-			return c.fail(err)
+			return c.fail(err, nil)
 		}
 	}
 	err := c.vers.commit(txn.b)
@@ -319,7 +331,7 @@ func (c *committer) commit(txn *tx) error {
 	case err == nil:
 		return nil
 	case logged:
-		return c.fail(fmt.Errorf("store: committing a logged group: %w", err))
+		return c.fail(fmt.Errorf("store: committing a logged group: %w", err), txn.rec.buf[walRecordHeader:])
 	case errors.Is(err, badger.ErrDBClosed):
 		return ErrClosed
 	default:
@@ -329,22 +341,72 @@ func (c *committer) commit(txn *tx) error {
 
 // fail breaks the committer after err left the log and Badger possibly
 // disagreeing, and returns err for the group that failed. Going on would
-// acknowledge later groups on top of a state that a reopen changes: after
+// acknowledge later groups on top of a state that a replay changes: after
 // a failed synced write neither the bytes on disk nor the kernel's copy of
 // them can be trusted (it may drop the pages it failed to write), and a
 // record Badger refused would be replayed after groups committed later.
-func (c *committer) fail(err error) error {
+// redo is that record's payload (nil when the log's write failed: Badger
+// has nothing of the group).
+func (c *committer) fail(err error, redo []byte) error {
 	c.mu.Lock()
 	if c.broken == nil {
-		c.broken = fmt.Errorf("%w (%v)", ErrNeedsReopen, err)
+		c.broken = fmt.Errorf("%w (%v)", ErrWritesHalted, err)
+		c.halted.Store(true)
+		c.redo = append([]byte(nil), redo...)
 	}
 	c.mu.Unlock()
 	return err
 }
 
-// refusal is the error a write would be refused with now (ErrDiskFull),
-// or nil, for a caller that acts before its write is made.
+// recover makes the log and Badger agree again after fail, as a reopen
+// would, when the committer is broken and a retry is due; it returns the
+// error a write gets meanwhile. Only the leader calls it: nothing else
+// writes to Badger or the log while it runs.
+//
+// A record Badger refused is applied again (a reopen's replay would apply
+// it: it may be in Badger in part); then the checkpoint syncs Badger and
+// starts the log afresh at a new epoch, so whatever the failed write left
+// in the log, torn or whole, is never replayed. If any step fails the
+// committer stays broken. Tries are retryBroken apart, so a log that
+// keeps failing costs a Badger sync a second, not one per write.
+func (c *committer) recover() error {
+	if !c.halted.Load() {
+		return nil
+	}
+	c.mu.Lock()
+	broken, redo := c.broken, c.redo
+	if elapsed() < c.retryAt {
+		c.mu.Unlock()
+		return broken
+	}
+	c.retryAt = elapsed() + retryBroken
+	c.mu.Unlock()
+	err := error(nil)
+	if redo != nil {
+		err = replayRecord(c.vers, redo)
+	}
+	if err == nil {
+		err = c.log.checkpoint()
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err != nil {
+		return broken
+	}
+	c.broken, c.redo = nil, nil
+	c.halted.Store(false)
+	return nil
+}
+
+// refusal is the error a write would be refused with now (ErrDiskFull,
+// ErrWritesHalted), or nil, for a caller that acts before its write is
+// made. A halted committer tries to recover first, as a write would.
 func (c *committer) refusal() error {
+	if c.halted.Load() {
+		if err := c.do(context.Background(), func(*tx) error { return nil }); err != nil {
+			return err
+		}
+	}
 	return c.space.admit(0)
 }
 

@@ -72,8 +72,11 @@ func diskFullChild(t *testing.T, root string) {
 		if _, err := db.Claims().Claim(ctx, []string{name(n)}, until); !errors.Is(err, ErrDiskFull) {
 			t.Fatalf("second refused write: %v", err)
 		}
-		if err := db.Ping(ctx); err != nil {
-			t.Fatalf("read while writes are refused: %v", err)
+		if _, ok := getKey(t, db, string(keyLayoutVersion)); !ok {
+			t.Fatal("read while writes are refused: the layout version is missing")
+		}
+		if err := db.Ping(ctx); !errors.Is(err, ErrDiskFull) {
+			t.Fatalf("health check while writes are refused: %v, want ErrDiskFull", err)
 		}
 		if err := os.Remove(filler); err != nil {
 			t.Fatal(err)

@@ -349,12 +349,19 @@ func (db *DB) closeBadger() error {
 	return db.life.err
 }
 
-// Ping reports whether the database is open and readable, for health checks.
+// Ping reports whether the database is open, readable and taking writes,
+// for health checks: a store whose writes are refused (ErrDiskFull,
+// ErrWritesHalted) cannot record, and the service in front of it should
+// not be sent work until it can.
 func (db *DB) Ping(ctx context.Context) error {
-	return db.view(ctx, func(txn *tx) error {
+	err := db.view(ctx, func(txn *tx) error {
 		_, err := txn.Get(keyLayoutVersion)
 		return err
 	})
+	if err != nil {
+		return err
+	}
+	return db.commits.refusal()
 }
 
 // Dir reports the directory the database lives in ("" in memory).

@@ -468,12 +468,14 @@ func TestWALCorruptHeaderStartsAfresh(t *testing.T) {
 	}
 }
 
-// TestWALBrokenAfterBadgerRefusesALoggedGroup: when Badger's commit fails
-// after the group's record is durable in the log, the group gets the error
-// and every later write ErrNeedsReopen (reads go on); a reopen replays the
-// record, and writes work again. The failure is Badger's own refusal to
-// commit a discarded transaction.
-func TestWALBrokenAfterBadgerRefusesALoggedGroup(t *testing.T) {
+// TestWALRecoversAfterBadgerRefusesALoggedGroup: when Badger's commit
+// fails after the group's record is durable in the log, the group gets the
+// error, and the next write first makes Badger and the log agree as a
+// reopen would: the refused group is applied again from its record (it
+// may be in Badger in part), the log starts afresh, and the write is made.
+// Reads go on meanwhile. The failure is Badger's own refusal to commit a
+// discarded transaction.
+func TestWALRecoversAfterBadgerRefusesALoggedGroup(t *testing.T) {
 	ctx := context.Background()
 	db, dir := openTemp(t, Options{})
 	if err := setKey(db, "test/before", "b"); err != nil {
@@ -486,20 +488,23 @@ func TestWALBrokenAfterBadgerRefusesALoggedGroup(t *testing.T) {
 		txn.b.Discard() // Badger will refuse to commit it
 		return nil
 	})
-	if err == nil || errors.Is(err, ErrNeedsReopen) {
+	if err == nil || errors.Is(err, ErrWritesHalted) {
 		t.Fatalf("the failed group got %v, want Badger's error", err)
-	}
-	if err := setKey(db, "test/later", "x"); !errors.Is(err, ErrNeedsReopen) {
-		t.Fatalf("a later write got %v, want ErrNeedsReopen", err)
-	}
-	if _, err := db.Claims().Claim(ctx, []string{"nonce:1"}, time.Now().Add(time.Hour)); !errors.Is(err, ErrNeedsReopen) {
-		t.Fatalf("a later claim got %v, want ErrNeedsReopen", err)
 	}
 	if v, ok := getKey(t, db, "test/before"); !ok || v != "b" {
 		t.Fatalf("reading after the failure: %q, %v", v, ok)
 	}
 	if _, ok := getKey(t, db, "test/logged"); ok {
-		t.Fatal("the refused group is visible before a reopen")
+		t.Fatal("the refused group is visible before the recovery")
+	}
+	if err := setKey(db, "test/later", "x"); err != nil {
+		t.Fatalf("a later write: %v", err)
+	}
+	if _, ok := getKey(t, db, "test/logged"); !ok {
+		t.Error("the refused group was not applied again by the recovery")
+	}
+	if !db.commits.log.empty() && db.commits.log.epoch < 2 {
+		t.Error("the recovery did not start the log afresh")
 	}
 	db.Close()
 	db, err = Open(dir, Options{})
@@ -507,32 +512,40 @@ func TestWALBrokenAfterBadgerRefusesALoggedGroup(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	if _, ok := getKey(t, db, "test/logged"); !ok {
-		t.Error("the logged group was not replayed on reopen")
-	}
-	if _, ok := getKey(t, db, "test/later"); ok {
-		t.Error("a write refused with ErrNeedsReopen is there after the reopen")
-	}
-	if err := setKey(db, "test/later", "x"); err != nil {
-		t.Fatalf("writing after the reopen: %v", err)
+	for _, k := range []string{"test/before", "test/logged", "test/later"} {
+		if _, ok := getKey(t, db, k); !ok {
+			t.Errorf("%s is missing after a reopen", k)
+		}
 	}
 }
 
-// TestWALBrokenAfterALogWriteFails: a write to the log that fails (here
-// the file is closed under the store) fails the group with nothing of it
-// in Badger, and every later write with ErrNeedsReopen; after a reopen
-// the group is not there and writes work.
-func TestWALBrokenAfterALogWriteFails(t *testing.T) {
+// TestWALHaltedWhileTheLogFails: a log whose writes keep failing (here
+// its record descriptor is closed under the store: a fake, for a disk that
+// keeps refusing) fails every write, none of which reaches Badger; the
+// recovery is tried at most once per retryBroken, and meanwhile writes
+// get ErrWritesHalted. After a reopen the failed groups are not there and
+// writes work.
+func TestWALHaltedWhileTheLogFails(t *testing.T) {
 	db, dir := openTemp(t, Options{})
+	if !db.commits.log.direct() {
+		t.Skip("records share the header's descriptor where the file system refuses direct I/O")
+	}
 	db.commits.log.recf.Close()
-	if err := setKey(db, "test/unlogged", "u"); err == nil || errors.Is(err, ErrNeedsReopen) {
+	if err := setKey(db, "test/unlogged", "u"); err == nil || errors.Is(err, ErrWritesHalted) {
 		t.Fatalf("the group whose log write failed got %v, want the write's error", err)
 	}
-	if _, ok := getKey(t, db, "test/unlogged"); ok {
-		t.Fatal("a group whose log write failed is in Badger")
+	// The first write after the failure tries to recover, which works
+	// (the header has its own descriptor), and fails in the log again.
+	if err := setKey(db, "test/second", "x"); err == nil || errors.Is(err, ErrWritesHalted) {
+		t.Fatalf("the write that tried to recover got %v, want the log's error", err)
 	}
-	if err := setKey(db, "test/later", "x"); !errors.Is(err, ErrNeedsReopen) {
-		t.Fatalf("a later write got %v, want ErrNeedsReopen", err)
+	if err := setKey(db, "test/later", "x"); !errors.Is(err, ErrWritesHalted) {
+		t.Fatalf("a write within a second of the last try got %v, want ErrWritesHalted", err)
+	}
+	for _, k := range []string{"test/unlogged", "test/second", "test/later"} {
+		if _, ok := getKey(t, db, k); ok {
+			t.Fatalf("%s, whose write failed, is in Badger", k)
+		}
 	}
 	db.Close()
 	db, err := Open(dir, Options{})

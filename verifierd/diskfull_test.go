@@ -15,8 +15,9 @@ import (
 
 // TestDaemonOnFullDisk: the disk holding -data fills while verifierd
 // serves. A verification that cannot be recorded is a 503 with
-// Retry-After in the error shape, the process lives and serves reads, and
-// records are taken again once space is freed, without a restart. (Badger
+// Retry-After in the error shape, the process lives and serves reads,
+// /health fails (gateways send the work elsewhere), and records are taken
+// again once space is freed, without a restart. (Badger
 // writes through memory maps: before the store kept a reserve free, the
 // first write on a full disk was a SIGBUS that killed the process.)
 func TestDaemonOnFullDisk(t *testing.T) {
@@ -78,10 +79,17 @@ func daemonOnFullDisk(t *testing.T, root string) {
 	if code, _, b := get("/reputation/seller-7"); code != 200 {
 		t.Fatalf("read while the disk is full: %d %s", code, b)
 	}
+	// A verifierd that cannot record is taken out of the gateways' rotation.
+	if code, h, b := get("/health"); code != 503 || h.Get("Retry-After") == "" {
+		t.Fatalf("/health while the disk is full: %d %s", code, b)
+	}
 	if err := os.Remove(filler); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(200 * time.Millisecond)
+	if code, _, b := get("/health"); code != 200 {
+		t.Fatalf("/health once space was freed: %d %s", code, b)
+	}
 	if code, _, b := verify(); code != 200 {
 		t.Fatalf("verification once space was freed: %d %s", code, b)
 	}
