@@ -127,8 +127,8 @@ type namedOption struct {
 //   - ReservationTTL is kept by the one set of allowance counts every handle
 //     shares (a reservation made through one handle is released or lapses
 //     through any other); zero means DefaultReservationTTL.
-//   - walSize and walBuffered shape the one log, memTableSize and
-//     valueLogFileSize the one Badger (tests only).
+//   - walSize and walBuffered shape the one log, memTableSize,
+//     valueLogFileSize and gcInterval the one Badger (tests only).
 //
 // The rest may differ per handle (perHandle).
 func mustAgree(o Options) []namedOption {
@@ -143,6 +143,7 @@ func mustAgree(o Options) []namedOption {
 		{"walBuffered", o.walBuffered},
 		{"memTableSize", o.memTableSize},
 		{"valueLogFileSize", o.valueLogFileSize},
+		{"gcInterval", o.gcInterval},
 	}
 }
 

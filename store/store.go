@@ -118,6 +118,9 @@ type Options struct {
 	// tests make it small to fill a disk, or to see the value log's GC
 	// reclaim files.
 	valueLogFileSize int64
+	// gcInterval, when set, replaces gcInterval (gc.go): tests run
+	// value-log GC rounds often.
+	gcInterval time.Duration
 }
 
 // DefaultReservationTTL covers the slowest free call the gateway allows
@@ -297,6 +300,14 @@ func Open(dir string, opts Options) (*DB, error) {
 		space.close()
 		return nil, err
 	}
+	if !opts.InMemory {
+		interval := gcInterval
+		if opts.gcInterval > 0 {
+			interval = opts.gcInterval
+		}
+		db.life.gcDone = make(chan struct{})
+		go db.collectValueLog(interval, db.life.gcDone)
+	}
 	return db, nil
 }
 
@@ -322,12 +333,18 @@ type lifecycle struct {
 	err    error
 	// session names this opening of the database (HeldClaims.Session).
 	session string
+	// gcDone is closed when the value-log GC (gc.go) has stopped; nil
+	// in memory.
+	gcDone chan struct{}
 }
 
 func (db *DB) closeBadger() error {
 	db.life.once.Do(func() {
 		db.allow.close() // batched allowance counts are written first
 		close(db.life.closed)
+		if db.life.gcDone != nil {
+			<-db.life.gcDone // a rewrite under way ends first
+		}
 		db.commits.close() // the group being committed finishes first
 		var errs []error
 		log := db.commits.log
