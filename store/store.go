@@ -229,6 +229,9 @@ func Open(dir string, opts Options) (*DB, error) {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return nil, fmt.Errorf("creating store directory: %w", err)
 		}
+		if err := checkTables(dir, bo); err != nil {
+			return nil, err
+		}
 	}
 	space, err := newSpaceGuard(dir, bo)
 	if err != nil {
