@@ -28,9 +28,12 @@ func offer(amount string) x402.PaymentRequirements {
 
 // testService is a gateway as an operator might configure it: the verify
 // route with a free allowance, the score route (configured with a free
-// allowance by mistake: scores are never free), and a seller's own route.
+// allowance by mistake: scores are never free), a seller's own route, and
+// the MCP endpoint's verify_schema tool in the verify pool at a price of
+// its own ($0.05, not its REST twin's $0.02); get_verification_record has
+// no gate.
 func testService() Service {
-	free := &Free{Pool: "verify", PerDay: 5, Key: "ip", MaxBody: 65536, Tool: "verify_schema"}
+	free := &Free{Pool: "verify", PerDay: 5, Key: "ip", MaxBody: 65536}
 	return Service{
 		Name:    "Agent Output Verifier",
 		BaseURL: "https://verify.example.com",
@@ -38,6 +41,7 @@ func testService() Service {
 			{Method: "POST", Path: "/verify/schema", Description: "Verify an agent's JSON output", Accepts: []x402.PaymentRequirements{offer("20000")}, Free: free, Settle: "after"},
 			{Method: "GET", Path: "/score/{agent_id}", Accepts: []x402.PaymentRequirements{offer("10000")}, Free: free, Settle: "after"},
 			{Method: "GET", Path: "/reports/{report_id}", Description: "A market report", MimeType: "application/json", Accepts: []x402.PaymentRequirements{offer("1500000")}, Settle: "after"},
+			{Method: "POST", Path: "/mcp", Tool: "verify_schema", Accepts: []x402.PaymentRequirements{offer("50000")}, Free: free, Settle: "after"},
 		},
 	}
 }
@@ -284,13 +288,18 @@ func TestOpenAPIPricesComeFromTheService(t *testing.T) {
 		t.Errorf("GET /health x-payment-info = %v, want free", h)
 	}
 
+	// Each MCP tool is priced by its own gate, not by its REST twin; a
+	// tool without one is not priced.
 	tools := info("POST /mcp")["tools"].(map[string]any)
 	vs := tools["verify_schema"].(map[string]any)
-	if vs["price"].(map[string]any)["amount"] != "20000" || vs["freeAllowance"] == nil {
-		t.Errorf("the MCP tool verify_schema is not priced like POST /verify/schema: %v", vs)
+	if vs["price"].(map[string]any)["amount"] != "50000" || vs["freeAllowance"].(map[string]any)["pool"] != "verify" || vs["rest"] != "POST /verify/schema" {
+		t.Errorf("the MCP tool verify_schema is not priced by its own gate ($0.05, pool verify): %v", vs)
 	}
-	if gr := tools["get_verification_record"].(map[string]any); gr["price"].(map[string]any)["amount"] != "10000" || gr["freeAllowance"] != nil {
-		t.Errorf("the MCP tool get_verification_record is not priced like the score, never free: %v", gr)
+	if gr := tools["get_verification_record"].(map[string]any); gr["configured"] != false || gr["price"] != nil {
+		t.Errorf("the MCP tool get_verification_record has no gate and is documented as priced: %v", gr)
+	}
+	if d := ops["POST /mcp"]["description"].(string); !strings.Contains(d, "**Tool `verify_schema`:** $0.05 USDC (50000 atomic units)") {
+		t.Errorf("the /mcp description does not state the tool's own price: %s", d)
 	}
 
 	withMethod := testService()

@@ -24,22 +24,29 @@ func LLMsTxt(s Service) []byte {
 
 	w("## Routes and prices\n\n")
 	w("| route | price | what it does |\n|---|---|---|\n")
-	for _, c := range contract {
-		w("| `%s %s` | %s | %s |\n", c.method, c.path, llmsPrice(&s, c), c.summary)
-	}
-	for _, r := range s.Routes {
-		if _, ok := contractOp(r.Method, r.Path); ok {
-			continue
-		}
+	row := func(r Route) {
 		desc := r.Description
-		if desc == "" {
+		switch {
+		case desc != "":
+		case r.Tool != "":
+			desc = "paid MCP tool"
+		default:
 			desc = "paid route"
 		}
-		name := "`" + r.key() + "`"
-		if r.Tool != "" {
-			name += " (MCP tool `" + r.Tool + "`)"
+		w("| %s | %s | %s |\n", routeName(r), llmsRoutePrice(r), desc)
+	}
+	for _, c := range contract {
+		w("| `%s %s` | %s | %s |\n", c.method, c.path, llmsPrice(&s, c), c.summary)
+		if c.tools {
+			for _, r := range s.tools(c.method, c.path) {
+				row(r)
+			}
 		}
-		w("| %s | %s | %s |\n", name, llmsRoutePrice(r), desc)
+	}
+	for _, r := range s.Routes {
+		if _, ok := contractOp(r.Method, r.Path); !ok {
+			row(r)
+		}
 	}
 	w("\nPrices are also in the `x-payment-info` of each operation in /openapi.json, in %s/.well-known/x402 and in every 402's `PAYMENT-REQUIRED` header, all from the same live configuration.\n\n", base)
 
@@ -50,11 +57,7 @@ func LLMsTxt(s Service) []byte {
 	}
 	for _, p := range pools {
 		f := p.free
-		w("- Pool `%s`: **%d free calls per client per UTC day**, shared by %s", f.Pool, f.PerDay, "`"+strings.Join(p.routes, "`, `")+"`")
-		if f.Tool != "" {
-			w(" and the MCP tool `%s`", f.Tool)
-		}
-		w(".\n")
+		w("- Pool `%s`: **%d free calls per client per UTC day**, shared by %s.\n", f.Pool, f.PerDay, andList(p.routes))
 		w("- Client: %s.\n", clientKeyLong(f.Key))
 		w("- Largest request body served free: %d bytes (a larger body goes to payment; the absolute limit still answers 413).\n", f.MaxBody)
 		w("- Resets at the next UTC midnight (00:00 UTC).\n")
@@ -77,7 +80,7 @@ func LLMsTxt(s Service) []byte {
 	w("## Rate limits\n\n")
 	var free []string
 	for _, c := range contract {
-		if !c.paid && c.priceNote == "" {
+		if !c.paid && !c.tools {
 			free = append(free, "`"+c.method+" "+c.path+"`")
 		}
 	}
@@ -108,8 +111,21 @@ func LLMsTxt(s Service) []byte {
 
 	w("## MCP\n\n")
 	w("- Endpoint: `%s` (Streamable HTTP).\n", s.mcpURL())
-	w("- `verify_schema`: the same input and output as `POST /verify/schema`; shares the REST free allowance. After the allowance, the tool result is a payment-required result (x402 MCP transport, `free_trial_exhausted` in `_meta`); pay by sending the PaymentPayload in `params._meta[\"x402/payment\"]`.\n")
-	w("- `get_verification_record`: the same as `GET /score/{agent_id}`, priced the same, never free.\n\n")
+	tools := map[string]Route{}
+	for _, r := range s.tools("POST", "/mcp") {
+		tools[r.Tool] = r
+	}
+	for _, tw := range mcpTwins {
+		price := "not priced on this server"
+		if r, ok := tools[tw.tool]; ok {
+			price = llmsRoutePrice(r)
+			if r.Free != nil && r.Free.PerDay > 0 {
+				price += fmt.Sprintf(" (pool `%s`)", r.Free.Pool)
+			}
+		}
+		w("- `%s`: the same input and output as `%s %s`. Price: %s.\n", tw.tool, tw.method, tw.path, price)
+	}
+	w("- A priced tool call without a payment, once any free calls are used, gets a payment-required tool result (x402 MCP transport, `free_trial_exhausted` in `_meta` after the day's free calls); pay by sending the PaymentPayload in `params._meta[\"x402/payment\"]`.\n\n")
 	w("%s\n", MCPClientSetup(s.mcpURL()))
 
 	w("## Docs\n\n")
@@ -121,8 +137,11 @@ func LLMsTxt(s Service) []byte {
 }
 
 func llmsPrice(s *Service, c op) string {
-	if c.priceNote != "" {
-		return c.priceNote
+	if c.tools {
+		if len(s.tools(c.method, c.path)) == 0 {
+			return "no tool priced on this server"
+		}
+		return "per tool, as the rows below"
 	}
 	if !c.paid {
 		return "free"
@@ -135,6 +154,23 @@ func llmsPrice(s *Service, c op) string {
 		r.Free = nil
 	}
 	return llmsRoutePrice(r)
+}
+
+// routeName is how the documents name route r: "`METHOD /path`", with its
+// MCP tool when it prices one.
+func routeName(r Route) string {
+	if r.Tool != "" {
+		return "`" + r.key() + "` (MCP tool `" + r.Tool + "`)"
+	}
+	return "`" + r.key() + "`"
+}
+
+// andList joins names as prose: "a", "a and b", "a, b and c".
+func andList(names []string) string {
+	if len(names) < 2 {
+		return strings.Join(names, "")
+	}
+	return strings.Join(names[:len(names)-1], ", ") + " and " + names[len(names)-1]
 }
 
 func llmsRoutePrice(r Route) string {

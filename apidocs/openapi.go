@@ -37,8 +37,11 @@ type op struct {
 	paid                                 bool // sold with x402 (unless unpriced in this config)
 	neverFree                            bool
 	body                                 bool // reads a JSON request body
-	priceNote                            string
-	build                                func(s *Service, o obj)
+	// tools: an MCP endpoint, priced per tool by the live routes that
+	// name its method and path with a Tool (Service.tools), never as a
+	// whole nor by another route's price.
+	tools bool
+	build func(s *Service, o obj)
 }
 
 // contract lists the SPEC §2 endpoints.
@@ -75,8 +78,8 @@ var contract = []op{
 	{method: "GET", path: "/docs", tag: tagDiscovery, id: "getDocs", summary: "Interactive API docs (this page)",
 		build: simpleOp("text/html", obj{"type": "string"}, "The page.")},
 	{method: "POST", path: "/mcp", tag: tagMCP, id: "mcp", body: true, summary: "MCP endpoint (Streamable HTTP)",
-		priceNote: "tools priced as their REST twins",
-		build:     mcpOp},
+		tools: true,
+		build: mcpOp},
 }
 
 // OpenAPI returns the OpenAPI 3.1 document of the service as configured:
@@ -182,7 +185,7 @@ func infoDescription(s *Service) string {
 				b.WriteString(" ")
 			}
 			fmt.Fprintf(&b, "%d free calls per client per day (%s) on %s, bodies up to %d bytes; resets at 00:00 UTC.",
-				p.free.PerDay, clientKeyDoc(p.free.Key), strings.Join(p.routes, ", "), p.free.MaxBody)
+				p.free.PerDay, clientKeyDoc(p.free.Key), andList(p.routes), p.free.MaxBody)
 		}
 		b.WriteString(" Answers served free carry `Free-Allowance-Remaining`, `Free-Allowance-Limit` and `Free-Allowance-Resets`.\n\n")
 	}
@@ -433,8 +436,15 @@ func simpleOp(mediaType string, schema obj, desc string) func(*Service, obj) {
 	}
 }
 
+// mcpTwins are the contract's MCP tools and the REST routes they answer
+// like. A twin names what the tool does; its price is the tool's own gate's.
+var mcpTwins = []struct{ tool, method, path, context string }{
+	{"verify_schema", "POST", "/verify/schema", receipt.ContextVerify},
+	{"get_verification_record", "GET", "/score/{agent_id}", receipt.ContextScore},
+}
+
 func mcpOp(s *Service, o obj) {
-	o["description"] = fmt.Sprintf("The Model Context Protocol over Streamable HTTP at `%s`: POST JSON-RPC messages (initialize, tools/list, tools/call); the answer is JSON or an SSE stream. Tools: `verify_schema` (same input and output as POST /verify/schema, sharing its free allowance) and `get_verification_record` (same as GET /score/{agent_id}). Tools are priced as their REST twins: a tool call that must be paid returns a payment-required tool result (x402 MCP transport); pay by sending the PaymentPayload in `params._meta[\"x402/payment\"]`.", s.mcpURL())
+	o["description"] = fmt.Sprintf("The Model Context Protocol over Streamable HTTP at `%s`: POST JSON-RPC messages (initialize, tools/list, tools/call); the answer is JSON or an SSE stream. Tools: `verify_schema` (same input and output as POST /verify/schema) and `get_verification_record` (same as GET /score/{agent_id}). Each tool is priced by its own gate, as `x-payment-info.tools` lists them: a tool call that must be paid returns a payment-required tool result (x402 MCP transport); pay by sending the PaymentPayload in `params._meta[\"x402/payment\"]`.", s.mcpURL())
 	o["requestBody"] = jsonBody(ref("JSONRPCRequest"), obj{
 		"tools_call": obj{"summary": "Call verify_schema", "value": obj{
 			"jsonrpc": "2.0", "id": 1, "method": "tools/call",
@@ -449,26 +459,25 @@ func mcpOp(s *Service, o obj) {
 		"content": obj{"application/json": obj{"schema": obj{"type": "object"}}}}
 	resp["413"] = respRef("TooLarge")
 	resp["503"] = respRef("Unavailable")
-	o["x-mcp-tools"] = []any{
-		obj{"name": "verify_schema", "rest": "POST /verify/schema", "attestationContext": receipt.ContextVerify},
-		obj{"name": "get_verification_record", "rest": "GET /score/{agent_id}", "attestationContext": receipt.ContextScore},
+	var contractTools []any
+	for _, tw := range mcpTwins {
+		contractTools = append(contractTools, obj{"name": tw.tool, "rest": tw.method + " " + tw.path, "attestationContext": tw.context})
 	}
+	o["x-mcp-tools"] = contractTools
 	tools := obj{}
-	for name, twin := range map[string][2]string{"verify_schema": {"POST", "/verify/schema"}, "get_verification_record": {"GET", "/score/{agent_id}"}} {
-		r, ok := s.route(twin[0], twin[1])
-		if !ok {
-			tools[name] = obj{"rest": twin[0] + " " + twin[1], "configured": false}
-			continue
-		}
-		if name == "get_verification_record" {
-			r.Free = nil // scores are never free
-		}
-		info := paymentInfo(r)
-		info["rest"] = twin[0] + " " + twin[1]
-		tools[name] = info
-	}
 	o["x-payment-info"] = obj{"protocol": "x402", "x402Version": x402.Version, "transport": "mcp",
-		"note": "Tools are priced as their REST twins.", "tools": tools}
+		"note": "Each tool is priced by its own gate; a tool not listed with a price is not charged on this server.", "tools": tools}
+	for _, r := range s.tools("POST", "/mcp") {
+		addTool(o, r)
+	}
+	for _, tw := range mcpTwins {
+		info, _ := tools[tw.tool].(obj)
+		if info == nil {
+			info = obj{"configured": false}
+			tools[tw.tool] = info
+		}
+		info["rest"] = tw.method + " " + tw.path
+	}
 }
 
 var pathParam = regexp.MustCompile(`\{([^{}/]+)\}`)
@@ -572,7 +581,9 @@ func invoiceRequest(total float64) obj {
 	}
 }
 
-// pool is one free allowance pool and the routes that share it.
+// pool is one free allowance pool and the routes that share it, as
+// routeName names them: an MCP tool is named only where a live route
+// prices it in the pool.
 type pool struct {
 	free   Free
 	routes []string
@@ -595,7 +606,7 @@ func freePools(s *Service) []pool {
 			idx[r.Free.Pool] = i
 			out = append(out, pool{free: *r.Free})
 		}
-		out[i].routes = append(out[i].routes, r.key())
+		out[i].routes = append(out[i].routes, routeName(r))
 	}
 	return out
 }

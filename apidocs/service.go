@@ -3,6 +3,7 @@ package apidocs
 import (
 	"fmt"
 	"regexp"
+	"sort"
 	"strings"
 	"time"
 
@@ -65,8 +66,6 @@ type Free struct {
 	Key string
 	// MaxBody is the largest request body served free, in bytes.
 	MaxBody int64
-	// Tool is the MCP tool that shares the allowance ("verify_schema").
-	Tool string
 }
 
 var colonParam = regexp.MustCompile(`/:([A-Za-z_][A-Za-z0-9_]*)`)
@@ -99,6 +98,20 @@ func (s *Service) route(method, path string) (Route, bool) {
 		}
 	}
 	return Route{}, false
+}
+
+// tools returns the live routes that price a tool of the MCP endpoint
+// method+path, by tool name: each tool's price and free allowance are its
+// own gate's, whatever a REST route of the same purpose costs.
+func (s *Service) tools(method, path string) []Route {
+	var out []Route
+	for _, r := range s.Routes {
+		if r.Tool != "" && r.Method == method && r.Path == path {
+			out = append(out, r)
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Tool < out[j].Tool })
+	return out
 }
 
 func (s *Service) mcpURL() string {

@@ -1,0 +1,107 @@
+package caddymodule
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// The contract's own MCP endpoint (route "POST /mcp") priced by an
+// mcp_tool gate at a price and free allowance of its own: /openapi.json,
+// /llms.txt and /.well-known/x402 state what that gate charges and grants,
+// not what the tool's REST twin costs, and a contract tool no gate prices
+// is documented as not priced.
+func TestDocsStateEachMCPToolsOwnGate(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newMCPUpstream(t)
+	rest := newUpstream(t)
+	base := startCaddy(t, fmt.Sprintf(`:{port} {
+	aov_docs
+	x402_discovery /.well-known/x402
+	route /mcp {
+		x402 {
+			mcp_tool verify_schema
+			route "POST /mcp"
+			accept devnet $0.05 %[3]s
+			facilitator http {
+				url %[2]s
+			}
+			store badger {data}/gate
+			free_allowance {
+				pool mcp
+				per_day 2
+			}
+		}
+		reverse_proxy %[1]s
+	}
+	route /verify/schema {
+		x402 {
+			route "POST /verify/schema"
+			accept devnet $0.02 %[3]s
+			facilitator http {
+				url %[2]s
+			}
+			store badger {data}/gate
+			free_allowance {
+				pool verify
+				per_day 5
+			}
+		}
+		reverse_proxy %[4]s
+	}
+}
+`, strings.TrimPrefix(up.URL, "http://"), fac, payTo.Hex(), strings.TrimPrefix(rest.URL, "http://")))
+	host := strings.TrimPrefix(base, "http://")
+
+	// What the gate charges for the tool once its two free calls are used.
+	s := mcpSession(t, base+"/mcp")
+	for range 2 {
+		if r := callTool(t, s, "verify_schema", verifyArgs, nil); r.IsError {
+			t.Fatalf("a free call of the tool failed: %+v", r)
+		}
+	}
+	charged := demandOf(t, callTool(t, s, "verify_schema", verifyArgs, nil)).Accepts[0].Amount
+	if charged != "50000" {
+		t.Fatalf("the gate charges %s for the tool, want 50000 (test setup)", charged)
+	}
+
+	doc := siteManifest(t, base, host)
+	for _, it := range doc.Items {
+		if it.Type == "mcp" && it.Accepts[0].Amount != charged {
+			t.Errorf("the manifest advertises %s for the tool, the gate charges %s", it.Accepts[0].Amount, charged)
+		}
+	}
+
+	var api map[string]any
+	if err := json.Unmarshal(siteGet(t, base, host, "/openapi.json"), &api); err != nil {
+		t.Fatal(err)
+	}
+	tools, _ := docsPaymentInfo(t, api, "/mcp", "post")["tools"].(map[string]any)
+	vs, _ := tools["verify_schema"].(map[string]any)
+	price, _ := vs["price"].(map[string]any)
+	free, _ := vs["freeAllowance"].(map[string]any)
+	if price["amount"] != charged || free["pool"] != "mcp" || free["callsPerClientPerDay"] != 2.0 {
+		t.Errorf("openapi.json documents verify_schema as %v (free %v); its gate charges %s with 2 free calls a day in pool mcp", price["amount"], free, charged)
+	}
+	if gr, _ := tools["get_verification_record"].(map[string]any); gr["configured"] != false || gr["price"] != nil {
+		t.Errorf("openapi.json prices get_verification_record, which no gate prices: %v", gr)
+	}
+
+	llms := string(siteGet(t, base, host, "/llms.txt"))
+	for _, want := range []string{
+		"| `POST /mcp` (MCP tool `verify_schema`) | $0.05 USDC (`50000` atomic units",
+		"- `verify_schema`: the same input and output as `POST /verify/schema`. Price: $0.05 USDC (`50000` atomic units",
+		"; 2 free calls per client per day (pool `mcp`).",
+		"- `get_verification_record`: the same input and output as `GET /score/{agent_id}`. Price: not priced on this server.",
+		"- Pool `mcp`: **2 free calls per client per UTC day**, shared by `POST /mcp` (MCP tool `verify_schema`).",
+		"- Pool `verify`: **5 free calls per client per UTC day**, shared by `POST /verify/schema`.",
+	} {
+		if !strings.Contains(llms, want) {
+			t.Errorf("llms.txt lacks %q", want)
+		}
+	}
+	if strings.Contains(llms, "REST twins") {
+		t.Error("llms.txt still says the tools are priced as their REST twins")
+	}
+}
