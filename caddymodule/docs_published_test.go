@@ -105,3 +105,75 @@ func TestDocsStateEachMCPToolsOwnGate(t *testing.T) {
 		t.Error("llms.txt still says the tools are priced as their REST twins")
 	}
 }
+
+// freePoolSite is a site with routes /a and /b, each a gate whose free
+// allowance names pool verify with the given per_day and key.
+func freePoolSite(t *testing.T, perDayA, perDayB int, keyA, keyB string) string {
+	gate := func(path string, perDay int, key string) string {
+		return fmt.Sprintf(`
+	route /%[1]s {
+		x402 {
+			route "POST /%[1]s"
+			accept devnet $0.02 %[2]s
+			facilitator http http://127.0.0.1:1
+			store badger %[3]s
+			free_allowance {
+				pool verify
+				per_day %[4]d
+				key %[5]s
+			}
+		}
+		respond ok
+	}`, path, payTo.Hex(), t.TempDir(), perDay, key)
+	}
+	return ":0 {" + gate("a", perDayA, keyA) + gate("b", perDayB, keyB) + "\n}\n"
+}
+
+// A free pool is one allowance (one count per pool, client and day): a
+// config whose gates give one pool different per_day or key, which the
+// store would enforce as each gate's own limit on the other's count, is
+// refused at load, naming both routes. The same terms load, and a reload
+// may change a pool's terms (the old config's gates are not the new one's).
+func TestFreePoolIsOneAllowance(t *testing.T) {
+	for _, tc := range []struct {
+		desc       string
+		a, b       int
+		keyA, keyB string
+		want       string
+	}{
+		{"different per_day", 100, 1, "ip", "ip", `pool "verify" is one allowance, and route "POST /a" gives it per_day 100, key ip, while route "POST /b" gives it per_day 1, key ip`},
+		{"different key", 5, 5, "ip", "wallet", `route "POST /b" gives it per_day 5, key wallet`},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			err := loadError(t, freePoolSite(t, tc.a, tc.b, tc.keyA, tc.keyB))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("load error %v, want one saying %q", err, tc.want)
+			}
+		})
+	}
+	if err := loadError(t, freePoolSite(t, 5, 5, "ip", "ip")); err != nil {
+		t.Fatalf("one pool with the same terms on two routes is refused: %v", err)
+	}
+
+	// A reload from per_day 5 to per_day 6: the running config's gates
+	// still give the pool 5 while the new one's are provisioned.
+	startCaddy(t, `:{port} {
+	route /a {
+		x402 {
+			route "POST /a"
+			accept devnet $0.02 `+payTo.Hex()+`
+			facilitator http http://127.0.0.1:1
+			store badger {data}/gate
+			free_allowance {
+				pool verify
+				per_day 5
+			}
+		}
+		respond ok
+	}
+}
+`)
+	if err := loadError(t, freePoolSite(t, 6, 6, "ip", "ip")); err != nil {
+		t.Fatalf("a reload changing a pool's per_day is refused: %v", err)
+	}
+}

@@ -485,6 +485,9 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 	}
 	if g.Free != nil {
 		g.Free.provision()
+		if err := checkFreePool(ctx, g.Route, g.Free); err != nil {
+			return fmt.Errorf("x402: free_allowance: %v", err)
+		}
 	}
 	g.leftmost = watchLeftmost(srv, g.rates != nil || (g.Free != nil && g.Free.Key == "ip"), g.logger)
 	g.offers = make([]x402.PaymentRequirements, 0, len(g.Accepts))

@@ -1,9 +1,6 @@
 package caddymodule
 
 import (
-	"context"
-	"sync"
-
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 )
@@ -30,14 +27,8 @@ type storeUse struct {
 }
 
 // storeUses holds, per config being provisioned, the stores its gates and
-// wallet_auth use. A config is told apart by its context's Done channel:
-// every module of one config load shares it (Caddy derives per-server
-// contexts from it with values only), and each load has its own. The
-// entry goes when the config is unloaded.
-var storeUses = struct {
-	sync.Mutex
-	m map[<-chan struct{}][]*storeUse
-}{m: map[<-chan struct{}][]*storeUse{}}
+// wallet_auth use.
+var storeUses perConfig[[]*storeUse]
 
 // noteStore records that directive (provisioning in ctx) uses store
 // module mod, and warns, once per module, about each one on Badger while
@@ -45,41 +36,31 @@ var storeUses = struct {
 // config order, so whichever of the two comes second finds the first.
 func noteStore(ctx caddy.Context, directive string, mod any) {
 	m, ok := mod.(caddy.Module)
-	done := ctx.Done()
-	if !ok || done == nil {
+	if !ok {
 		return
 	}
-	storeUses.Lock()
-	defer storeUses.Unlock()
-	uses, seen := storeUses.m[done]
-	if !seen {
-		context.AfterFunc(ctx, func() {
-			storeUses.Lock()
-			delete(storeUses.m, done)
-			storeUses.Unlock()
-		})
-	}
-	uses = append(uses, &storeUse{directive: directive, module: string(m.CaddyModule().ID), logger: ctx.Logger()})
-	storeUses.m[done] = uses
-	shared := ""
-	for _, u := range uses {
-		if u.module != badgerStoreID {
-			shared = u.module
-			break
+	storeUses.with(ctx, func(uses *[]*storeUse) {
+		*uses = append(*uses, &storeUse{directive: directive, module: string(m.CaddyModule().ID), logger: ctx.Logger()})
+		shared := ""
+		for _, u := range *uses {
+			if u.module != badgerStoreID {
+				shared = u.module
+				break
+			}
 		}
-	}
-	if shared == "" {
-		return
-	}
-	for _, u := range uses {
-		if u.module != badgerStoreID || u.warned {
-			continue
+		if shared == "" {
+			return
 		}
-		u.warned = true
-		u.logger.Warn("this "+u.directive+" keeps its state in Badger on this machine only, while others in this config use a shared store: "+
-			storeMixEffect[u.directive]+"; give it the same store (e.g. `store redis { ... }`, or import the snippet the others use)",
-			zap.String("store", badgerStoreID), zap.String("shared_store", shared))
-	}
+		for _, u := range *uses {
+			if u.module != badgerStoreID || u.warned {
+				continue
+			}
+			u.warned = true
+			u.logger.Warn("this "+u.directive+" keeps its state in Badger on this machine only, while others in this config use a shared store: "+
+				storeMixEffect[u.directive]+"; give it the same store (e.g. `store redis { ... }`, or import the snippet the others use)",
+				zap.String("store", badgerStoreID), zap.String("shared_store", shared))
+		}
+	})
 }
 
 // storeMixEffect says what a directive's state on one machine costs when
