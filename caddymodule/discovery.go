@@ -513,7 +513,8 @@ type Discovery struct {
 	// config loads.
 	PublicBaseURL string `json:"public_base_url,omitempty"`
 
-	base string // PublicBaseURL as checked (publicOrigin)
+	base  string            // PublicBaseURL as checked (publicOrigin)
+	cache *docCache[[]byte] // the encoded manifest, as the docs are kept
 }
 
 // CaddyModule returns the Caddy module information.
@@ -524,8 +525,9 @@ func (Discovery) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision checks PublicBaseURL.
+// Provision checks PublicBaseURL and sets up the manifest's cache.
 func (d *Discovery) Provision(caddy.Context) error {
+	d.cache = new(docCache[[]byte])
 	if d.PublicBaseURL == "" {
 		return nil
 	}
@@ -578,13 +580,50 @@ func (d *Discovery) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhtt
 		w.Header().Set("Allow", "GET, HEAD")
 		return caddyhttp.Error(http.StatusMethodNotAllowed, nil)
 	}
-	base := siteBase(d.base, r)
-	if !documentable(base) {
-		apierr.Write(w, &errDocsRequestValue)
+	body, byHost, err := d.manifest(r)
+	if err != nil {
+		if err != &errDocsRequestValue {
+			err = apierr.Internal(err)
+		}
+		apierr.Write(w, err)
 		return nil
 	}
-	doc := discoveryDoc{Version: 1, X402Version: x402.Version, Resources: []string{}, Items: []discoveryItem{}, Instructions: d.Instructions}
+	h := w.Header()
+	setDocumentCache(h, d.base == "", byHost)
+	h.Set("Access-Control-Allow-Origin", "*")
+	serveBytes(w, r, "application/json", body)
+	return nil
+}
+
+// manifest returns the manifest for r, and whether another Host could get
+// other routes (siteGates), or errDocsRequestValue. It is built and
+// encoded once per set of routes (the bazaar schemas of 40 verify routes
+// are some 500 KB and 18,000 allocations) and kept as the docs are
+// (docCache): without a public_base_url it is built on docsOrigin and the
+// request's origin is substituted at serve time.
+func (d *Discovery) manifest(r *http.Request) ([]byte, bool, error) {
+	base := siteBase(d.base, r)
+	if !documentable(base) {
+		return nil, false, &errDocsRequestValue
+	}
+	var subst []docsSubst
+	if d.base == "" {
+		subst = []docsSubst{{docsOriginBytes, base}}
+		base = docsOrigin
+	}
 	gates, byHost := siteGates(r, d)
+	body, err := d.cache.get(gatesKey(base, gates), func() ([]byte, error) {
+		return d.build(base, gates)
+	})
+	if err != nil {
+		return nil, false, err
+	}
+	return substitute(body, subst), byHost, nil
+}
+
+// build encodes the manifest of gates with their routes on base.
+func (d *Discovery) build(base string, gates []*Gate) ([]byte, error) {
+	doc := discoveryDoc{Version: 1, X402Version: x402.Version, Resources: []string{}, Items: []discoveryItem{}, Instructions: d.Instructions}
 	for _, g := range gates {
 		item := discoveryItem{
 			Resource:    routeURL(base, g.Route),
@@ -605,13 +644,11 @@ func (d *Discovery) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhtt
 		}
 		doc.Items = append(doc.Items, item)
 	}
-	h := w.Header()
-	h.Set("Content-Type", "application/json")
-	setDocumentCache(h, d.base == "", byHost)
-	h.Set("Access-Control-Allow-Origin", "*")
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(doc)
+	b, err := json.MarshalIndent(doc, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("encoding the x402 manifest: %w", err)
+	}
+	return append(b, '\n'), nil
 }
 
 // routeURL is the URL of a `route` ("METHOD /path") on origin base, its

@@ -67,24 +67,29 @@ type Docs struct {
 	perRequest bool
 }
 
-// docsCache keeps generated documents. They depend only on the service
-// name, the base URL, the MCP URL and the site's gates (whose settings
-// never change after provisioning: a reload makes new gates), so that is
-// an entry's key. Sites whose routes differ by Host (host matchers in one
-// site) have an entry per set of routes, so requests alternating between
-// them cost no rebuild (about 4 ms and 0.9 MB under the lock).
+// docCache keeps documents generated from the live configuration
+// (/llms.txt and /openapi.json, /.well-known/x402). They depend only on
+// their handler's options, the base URL and the site's gates (whose
+// settings never change after provisioning: a reload makes new gates and
+// new handlers), so that is an entry's key (gatesKey). Sites whose routes
+// differ by Host (host matchers in one site) have an entry per set of
+// routes, so requests alternating between them cost no rebuild (for the
+// docs about 4 ms and 0.9 MB under the lock).
 // What a request chooses (its origin when no public_base_url is set, a
 // public_base_url or mcp_url with a request placeholder as expanded for
 // it) is never in the key nor in an entry: the documents are built once
 // with docsOrigin and docsMCPURL in its place and served with it
-// substituted (requestValues), so a client that sends a new Host on every
+// substituted (substitute), so a client that sends a new Host on every
 // request costs a substitution, not a rebuild, and the cache holds the
 // templates only.
-type docsCache struct {
+type docCache[T any] struct {
 	mu      sync.Mutex
-	entries map[string]*docsEntry
+	entries map[string]*T
 	builds  int // documents built, for tests
 }
+
+// docsCache keeps the documents of aov_docs.
+type docsCache = docCache[docsEntry]
 
 // docsCacheSize bounds the entries. The keys are bounded by the
 // configuration (its sets of routes); past the bound an entry makes room
@@ -93,6 +98,17 @@ const docsCacheSize = 16
 
 // docsEntry is the documents of one key.
 type docsEntry struct{ openapi, llms []byte }
+
+// gatesKey is the cache key of documents built on base from gates: the
+// gates by identity, since a gate's settings never change.
+func gatesKey(base string, gates []*Gate) string {
+	var key strings.Builder
+	key.WriteString(base)
+	for _, g := range gates {
+		fmt.Fprintf(&key, "\x00%p", g)
+	}
+	return key.String()
+}
 
 // docsOrigin and docsMCPURL stand for what the request chose in documents
 // built for many requests: its origin (no public_base_url, or one with a
@@ -160,12 +176,13 @@ func (d *Docs) documents(r *http.Request) (openapi, llms []byte, byHost bool, er
 			return nil, nil, false, &errDocsRequestValue
 		}
 	}
-	var key strings.Builder
-	key.WriteString(svc.BaseURL + "\x00" + svc.MCPURL + "\x00" + svc.Name)
-	for _, g := range gates {
-		fmt.Fprintf(&key, "\x00%p", g)
-	}
-	e, err := d.cache.get(key.String(), svc)
+	e, err := d.cache.get(gatesKey(svc.BaseURL+"\x00"+svc.MCPURL+"\x00"+svc.Name, gates), func() (docsEntry, error) {
+		openapi, err := apidocs.OpenAPI(svc)
+		if err != nil {
+			return docsEntry{}, err
+		}
+		return docsEntry{openapi: openapi, llms: apidocs.LLMsTxt(svc)}, nil
+	})
 	if err != nil {
 		return nil, nil, false, err
 	}
@@ -222,20 +239,20 @@ func substitute(tmpl []byte, subst []docsSubst) []byte {
 	}
 }
 
-// get returns the documents of key, building them from svc once.
-func (c *docsCache) get(key string, svc apidocs.Service) (docsEntry, error) {
+// get returns the documents of key, building them once.
+func (c *docCache[T]) get(key string, build func() (T, error)) (T, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if e := c.entries[key]; e != nil {
 		return *e, nil
 	}
-	openapi, err := apidocs.OpenAPI(svc)
+	e, err := build()
 	if err != nil {
-		return docsEntry{}, err
+		return e, err
 	}
 	c.builds++
 	if c.entries == nil {
-		c.entries = make(map[string]*docsEntry, docsCacheSize)
+		c.entries = make(map[string]*T, docsCacheSize)
 	}
 	for k := range c.entries {
 		if len(c.entries) < docsCacheSize {
@@ -243,9 +260,8 @@ func (c *docsCache) get(key string, svc apidocs.Service) (docsEntry, error) {
 		}
 		delete(c.entries, k)
 	}
-	e := &docsEntry{openapi: openapi, llms: apidocs.LLMsTxt(svc)}
-	c.entries[key] = e
-	return *e, nil
+	c.entries[key] = &e
+	return e, nil
 }
 
 // CaddyModule returns the Caddy module information.

@@ -31,31 +31,40 @@ func getHost(t *testing.T, url, host string) (*http.Response, string) {
 // Caddy's servers.
 func runningDocs(t *testing.T) *Docs {
 	t.Helper()
+	d, _ := runningHandler[*Docs](t)
+	return d
+}
+
+// runningHandler returns the first provisioned handler of type T in the
+// running Caddy's servers, and the server it is in.
+func runningHandler[T caddyhttp.MiddlewareHandler](t testing.TB) (T, *caddyhttp.Server) {
+	t.Helper()
 	app, err := caddy.ActiveContext().App("http")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var found *Docs
-	var walk func(caddyhttp.RouteList)
-	walk = func(list caddyhttp.RouteList) {
+	var found T
+	var in *caddyhttp.Server
+	var walk func(*caddyhttp.Server, caddyhttp.RouteList)
+	walk = func(srv *caddyhttp.Server, list caddyhttp.RouteList) {
 		for _, rt := range list {
 			for _, h := range rt.Handlers {
-				switch h := h.(type) {
-				case *Docs:
-					found = h
-				case *caddyhttp.Subroute:
-					walk(h.Routes)
+				if v, ok := h.(T); ok && in == nil {
+					found, in = v, srv
+				}
+				if sub, ok := h.(*caddyhttp.Subroute); ok {
+					walk(srv, sub.Routes)
 				}
 			}
 		}
 	}
 	for _, srv := range app.(*caddyhttp.App).Servers {
-		walk(srv.Routes)
+		walk(srv, srv.Routes)
 	}
-	if found == nil {
-		t.Fatal("no aov_docs handler")
+	if in == nil {
+		t.Fatalf("no %T handler", found)
 	}
-	return found
+	return found, in
 }
 
 // namesOrigin reports whether body names origin, and not only an origin
