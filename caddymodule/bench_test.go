@@ -442,7 +442,9 @@ func directGate(tb testing.TB, opts store.Options, set func(*Gate)) (*Gate, x402
 		set(g)
 	}
 	if g.Free != nil {
-		g.Free.provision()
+		if err := g.Free.provision(); err != nil {
+			tb.Fatal(err)
+		}
 	}
 	if err := g.encodeOffers(); err != nil { // as Provision does
 		tb.Fatal(err)

@@ -177,3 +177,60 @@ func TestFreePoolIsOneAllowance(t *testing.T) {
 		t.Fatalf("a reload changing a pool's per_day is refused: %v", err)
 	}
 }
+
+// free_allowance's mcp_url takes {env.NAME} as public_base_url does,
+// expanded when the config loads: the 402's free_trial.url and llms.txt's
+// MCP endpoint name the URL, not the placeholder. An expansion that is not
+// an absolute http(s) URL (an unset variable, a request placeholder that
+// nothing would expand, another scheme) is refused at load.
+func TestFreeMCPURLIsExpandedAtLoad(t *testing.T) {
+	t.Setenv("AOV_TEST_MCP_URL", "https://verify.example.com/mcp")
+	_, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	site := func(mcpURL string) string {
+		return fmt.Sprintf(`:{port} {
+	aov_docs
+	route /verify/schema {
+		x402 {
+			route "POST /verify/schema"
+			accept devnet $0.02 %s
+			facilitator http {
+				url %s
+			}
+			store badger {data}/gate
+			free_allowance {
+				per_day 1
+				mcp_url %s
+			}
+		}
+		reverse_proxy %s
+	}
+}
+`, payTo.Hex(), fac, mcpURL, strings.TrimPrefix(up.URL, "http://"))
+	}
+	base := startCaddy(t, site("{env.AOV_TEST_MCP_URL}"))
+	host := strings.TrimPrefix(base, "http://")
+	post(t, base+"/verify/schema", `{"a":1}`, nil).Body.Close() // the one free call
+	resp := post(t, base+"/verify/schema", `{"a":1}`, nil)
+	var body struct {
+		FreeTrial struct {
+			URL string `json:"url"`
+		} `json:"free_trial"`
+	}
+	err := json.NewDecoder(resp.Body).Decode(&body)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != 402 || body.FreeTrial.URL != "https://verify.example.com/mcp" {
+		t.Errorf("402 free_trial.url = %q (status %d, %v), want https://verify.example.com/mcp", body.FreeTrial.URL, resp.StatusCode, err)
+	}
+	llms := string(siteGet(t, base, host, "/llms.txt"))
+	if !strings.Contains(llms, "- Endpoint: `https://verify.example.com/mcp` (Streamable HTTP).") || strings.Contains(llms, "{env.") {
+		t.Errorf("llms.txt does not name the expanded MCP URL")
+	}
+
+	for _, bad := range []string{"{env.AOV_TEST_UNSET_MCP_URL}/mcp", "{http.request.host}/mcp", "ftp://verify.example.com/mcp", "https://user@verify.example.com/mcp"} {
+		err := loadError(t, strings.NewReplacer(":{port}", ":0", "{data}", t.TempDir()).Replace(site(bad)))
+		if err == nil || !strings.Contains(err.Error(), "mcp_url") || !strings.Contains(err.Error(), "is not an absolute http(s) URL") {
+			t.Errorf("mcp_url %s: load error %v, want a refusal", bad, err)
+		}
+	}
+}

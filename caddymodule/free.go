@@ -36,8 +36,11 @@ type FreeAllowance struct {
 	// payment). Default 64 KiB.
 	MaxBody int64 `json:"max_body,omitempty"`
 	// MCPURL is where the same allowance is available over MCP, for the
-	// free_trial document. Default: <site origin>/mcp, the origin being
-	// the gate's public_base_url, else the request's.
+	// free_trial document and the docs. Default: <site origin>/mcp, the
+	// origin being the gate's public_base_url, else the request's.
+	// Placeholders known when the config loads ({env.NAME}) are expanded
+	// then, as in public_base_url; the result must be an absolute http(s)
+	// URL.
 	MCPURL string `json:"mcp_url,omitempty"`
 	// Tool is the MCP tool that shares the allowance. Default verify_schema.
 	Tool string `json:"tool,omitempty"`
@@ -45,7 +48,14 @@ type FreeAllowance struct {
 	perDay string // PerDay, formatted for Free-Allowance-Limit
 }
 
-func (f *FreeAllowance) provision() {
+func (f *FreeAllowance) provision() error {
+	if f.MCPURL != "" {
+		_, s, ok := configuredURL(f.MCPURL)
+		if !ok {
+			return fmt.Errorf("mcp_url %q is not an absolute http(s) URL (scheme://host[:port]/path, no user; only placeholders known when the config loads, such as {env.NAME})", s)
+		}
+		f.MCPURL = s
+	}
 	if f.Pool == "" {
 		f.Pool = "default"
 	}
@@ -59,6 +69,7 @@ func (f *FreeAllowance) provision() {
 		f.Tool = "verify_schema"
 	}
 	f.perDay = strconv.Itoa(f.PerDay)
+	return nil
 }
 
 func (f *FreeAllowance) validate() error {

@@ -484,7 +484,9 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 		g.bazaar = routeBazaar(g)
 	}
 	if g.Free != nil {
-		g.Free.provision()
+		if err := g.Free.provision(); err != nil {
+			return fmt.Errorf("x402: free_allowance: %v", err)
+		}
 		if err := checkFreePool(ctx, g.Route, g.Free); err != nil {
 			return fmt.Errorf("x402: free_allowance: %v", err)
 		}

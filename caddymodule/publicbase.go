@@ -32,13 +32,22 @@ const maxResourceURL = store.MaxDiscoveryResourceBytes
 // returns scheme://host[:port] in lower case, the form URLs are built from
 // and origins compared in.
 func publicOrigin(raw string) (string, error) {
-	s := caddy.NewReplacer().ReplaceKnown(raw, "")
-	u, err := url.Parse(s)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil ||
-		strings.ContainsAny(u.Host, "{}") || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
+	u, s, ok := configuredURL(raw)
+	if !ok || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
 		return "", fmt.Errorf("%q is not an http(s) origin (scheme://host[:port], no path, query or user; only placeholders known when the config loads, such as {env.NAME})", s)
 	}
 	return u.Scheme + "://" + strings.ToLower(u.Host), nil
+}
+
+// configuredURL expands, when the config loads, the placeholders known
+// then ({env.NAME}) in a URL the gateway names to clients, and reports
+// whether the result s is an absolute http(s) URL with a host, no user and
+// no placeholder left: one left would reach clients as written, since
+// nothing expands it later.
+func configuredURL(raw string) (u *url.URL, s string, ok bool) {
+	s = caddy.NewReplacer().ReplaceKnown(raw, "")
+	u, err := url.Parse(s)
+	return u, s, err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != "" && u.User == nil && !strings.ContainsAny(s, "{}")
 }
 
 // siteBase is the origin of the URLs built for r: the configured public
