@@ -32,7 +32,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}, []string{"route"}),
 		verifications: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "aov", Subsystem: "verifierd", Name: "verifications_total",
-			Help: "Signed and recorded verifications by result (pass/fail) and payment (free/paid/unknown).",
+			Help: "Signed and recorded verifications by result (pass/fail) and payment (free/paid/pending/unknown).",
 		}, []string{"result", "payment"}),
 		signerErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "aov", Subsystem: "verifierd", Name: "signer_errors_total",
