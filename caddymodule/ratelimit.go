@@ -12,6 +12,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/x402"
 )
 
 // Defaults of rate_limit.
@@ -19,11 +20,12 @@ const (
 	defaultRateEvents = 120
 	defaultRateWindow = time.Minute
 	defaultRateZone   = "default"
-	// maxRateClients bounds the clients one zone tracks. Past it, new
-	// clients share one budget until the sweep frees room: under an
-	// address-spraying flood the limit tightens instead of lapsing.
-	maxRateClients = 1 << 16
 )
+
+// maxRateClients bounds the clients one zone tracks (rateZone.limiter). It
+// is a variable only so that tests can fill a table without sending 65,536
+// requests; a zone takes it when it is created.
+var maxRateClients = 1 << 16
 
 // RateLimit bounds how often one client may be refused by the gate or
 // served unpaid. Every answer nobody paid for counts one event: a 402 (a
@@ -95,6 +97,7 @@ type rateZone struct {
 	limit rate.Limit
 	burst int
 	every time.Duration
+	size  int // the most clients tracked: maxRateClients
 
 	mu      sync.Mutex
 	clients map[string]*rate.Limiter
@@ -125,6 +128,7 @@ func loadZone(rl *RateLimit, kind string) (*rateZone, string, error) {
 			limit:   rate.Limit(float64(rl.Events) / w.Seconds()),
 			burst:   rl.Events,
 			every:   w,
+			size:    maxRateClients,
 			clients: make(map[string]*rate.Limiter),
 		}, nil
 	})
@@ -142,14 +146,20 @@ const overflowClient = "*"
 
 // limiter returns the bucket of client, creating it when create is set.
 // Buckets that have refilled completely are swept once per window: they
-// mean the same as no bucket.
+// mean the same as no bucket. A partly spent bucket is never dropped to make
+// room: its client would get a fresh budget, and one holder of more
+// addresses than the table (an IPv6 /47 has 2^17 /64s) could cycle through
+// them unlimited. Past z.size clients a newcomer therefore shares the
+// overflow budget, so under an address-spraying flood the limit tightens
+// instead of lapsing; whoever fills the table spends that budget too, which
+// is why a payment is not held to it (wait).
 func (z *rateZone) limiter(client string, t time.Time, create bool) *rate.Limiter {
 	z.mu.Lock()
 	defer z.mu.Unlock()
 	if l := z.clients[client]; l != nil || !create {
 		return l
 	}
-	if len(z.clients) >= maxRateClients || t.Sub(z.swept) > z.every {
+	if len(z.clients) >= z.size || t.Sub(z.swept) > z.every {
 		z.swept = t
 		for k, l := range z.clients {
 			if l.TokensAt(t) >= float64(z.burst) {
@@ -157,7 +167,7 @@ func (z *rateZone) limiter(client string, t time.Time, create bool) *rate.Limite
 			}
 		}
 	}
-	if len(z.clients) >= maxRateClients {
+	if len(z.clients) >= z.size {
 		client = overflowClient
 		if l := z.clients[client]; l != nil {
 			return l
@@ -169,14 +179,21 @@ func (z *rateZone) limiter(client string, t time.Time, create bool) *rate.Limite
 }
 
 // wait reports how many seconds client must wait before the gate answers it
-// again; 0 when it may be served.
-func (z *rateZone) wait(client string) int {
+// again; 0 when it may be served. paying says the request carries a
+// payment: a client the table has no room for is then not held to the
+// overflow budget, which whoever fills the table also spends, or one holder
+// of many addresses could stop every new buyer from paying. Its payment is
+// checked, and a refusal of it counts in the overflow budget (note).
+func (z *rateZone) wait(client string, paying bool) int {
 	t := now()
 	l := z.limiter(client, t, false)
 	if l == nil {
+		if paying {
+			return 0
+		}
 		z.mu.Lock()
 		l = z.clients[overflowClient]
-		full := len(z.clients) >= maxRateClients
+		full := len(z.clients) >= z.size
 		z.mu.Unlock()
 		if l == nil || !full {
 			return 0
@@ -281,7 +298,8 @@ func removeServerZone(srv *caddyhttp.Server, z *rateZone) {
 }
 
 // serverRateWait is how many seconds the request's client must wait before
-// its server's gates answer it again (0: it may be served).
+// its server's gates answer it again (0: it may be served). A request
+// carrying a payment header is paying (rateZone.wait).
 func serverRateWait(r *http.Request) int {
 	srv, _ := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
 	serverZones.RLock()
@@ -289,8 +307,9 @@ func serverRateWait(r *http.Request) int {
 	wait := 0
 	if zs := serverZones.m[srv]; len(zs) > 0 {
 		client := clientAddr(r)
+		paying := r.Header.Get(x402.HeaderPaymentSignature) != ""
 		for z := range zs {
-			wait = max(wait, z.wait(client))
+			wait = max(wait, z.wait(client, paying))
 		}
 	}
 	return wait

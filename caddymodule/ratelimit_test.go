@@ -46,10 +46,10 @@ func TestRateZoneTightensWhenItsTableIsFull(t *testing.T) {
 	// one budget with every other newcomer instead of going unlimited.
 	z.note("new-1")
 	z.note("new-2")
-	if z.wait("new-3") == 0 {
+	if z.wait("new-3", false) == 0 {
 		t.Fatal("a newcomer past the table's size is not limited")
 	}
-	if z.wait("c1") != 0 {
+	if z.wait("c1", false) != 0 {
 		t.Error("a tracked client with budget left is limited")
 	}
 }
@@ -69,11 +69,11 @@ func TestRateZoneCreditIsBoundedByTheBudget(t *testing.T) {
 	}
 	z.note("c")
 	z.note("c")
-	if z.wait("c") == 0 {
+	if z.wait("c", false) == 0 {
 		t.Fatal("two refusals of two did not limit")
 	}
 	z.credit("c")
-	if z.wait("c") != 0 {
+	if z.wait("c", false) != 0 {
 		t.Fatal("a credit did not give one refusal back")
 	}
 	// A full budget takes no more credit: three credits, then two
@@ -83,7 +83,7 @@ func TestRateZoneCreditIsBoundedByTheBudget(t *testing.T) {
 	z.credit("c")
 	z.note("c")
 	z.note("c")
-	if z.wait("c") == 0 {
+	if z.wait("c", false) == 0 {
 		t.Fatal("credits were saved up beyond the budget")
 	}
 }
