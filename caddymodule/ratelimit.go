@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"container/heap"
 	"fmt"
 	"math"
 	"net/http"
@@ -100,8 +101,43 @@ type rateZone struct {
 	size  int // the most clients tracked: maxRateClients
 
 	mu      sync.Mutex
-	clients map[string]*rate.Limiter
-	swept   time.Time
+	clients map[string]*rateBucket
+	due     dueBuckets // the same buckets, the earliest due first
+}
+
+// rateBucket is one client's token bucket in a zone.
+type rateBucket struct {
+	*rate.Limiter
+	client string
+	// due is no later than the time the bucket has refilled completely:
+	// before it, dropping the bucket could give its client a fresh
+	// budget. Spending only delays the refill; a credit brings it
+	// forward, and due with it (credit).
+	due time.Time
+	at  int // index in rateZone.due
+}
+
+// dueBuckets is a min-heap of buckets by due (container/heap), so that
+// finding the buckets that may have refilled costs no walk of the table.
+type dueBuckets []*rateBucket
+
+func (h dueBuckets) Len() int           { return len(h) }
+func (h dueBuckets) Less(i, j int) bool { return h[i].due.Before(h[j].due) }
+func (h dueBuckets) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].at, h[j].at = i, j
+}
+func (h *dueBuckets) Push(x any) {
+	b := x.(*rateBucket)
+	b.at = len(*h)
+	*h = append(*h, b)
+}
+func (h *dueBuckets) Pop() any {
+	old := *h
+	b := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	return b
 }
 
 // What a zone counts: a gate's rate_limit counts refusals, and, in a
@@ -129,7 +165,7 @@ func loadZone(rl *RateLimit, kind string) (*rateZone, string, error) {
 			burst:   rl.Events,
 			every:   w,
 			size:    maxRateClients,
-			clients: make(map[string]*rate.Limiter),
+			clients: make(map[string]*rateBucket),
 		}, nil
 	})
 	if err != nil {
@@ -145,37 +181,63 @@ func (z *rateZone) Destruct() error { return nil }
 const overflowClient = "*"
 
 // limiter returns the bucket of client, creating it when create is set.
-// Buckets that have refilled completely are swept once per window: they
-// mean the same as no bucket. A partly spent bucket is never dropped to make
-// room: its client would get a fresh budget, and one holder of more
-// addresses than the table (an IPv6 /47 has 2^17 /64s) could cycle through
-// them unlimited. Past z.size clients a newcomer therefore shares the
-// overflow budget, so under an address-spraying flood the limit tightens
-// instead of lapsing; whoever fills the table spends that budget too, which
-// is why a payment is not held to it (wait).
+// Before it creates one, it drops the buckets that have refilled completely
+// (sweep): they mean the same as no bucket. A partly spent bucket is never
+// dropped to make room: its client would get a fresh budget, and one holder
+// of more addresses than the table (an IPv6 /47 has 2^17 /64s) could cycle
+// through them unlimited. Past z.size clients a newcomer therefore shares
+// the overflow budget, so under an address-spraying flood the limit
+// tightens instead of lapsing; whoever fills the table spends that budget
+// too, which is why a payment is not held to it (wait).
 func (z *rateZone) limiter(client string, t time.Time, create bool) *rate.Limiter {
 	z.mu.Lock()
 	defer z.mu.Unlock()
-	if l := z.clients[client]; l != nil || !create {
-		return l
+	if b := z.clients[client]; b != nil {
+		return b.Limiter
 	}
-	if len(z.clients) >= z.size || t.Sub(z.swept) > z.every {
-		z.swept = t
-		for k, l := range z.clients {
-			if l.TokensAt(t) >= float64(z.burst) {
-				delete(z.clients, k)
-			}
-		}
+	if !create {
+		return nil
 	}
+	z.sweep(t)
 	if len(z.clients) >= z.size {
 		client = overflowClient
-		if l := z.clients[client]; l != nil {
-			return l
+		if b := z.clients[client]; b != nil {
+			return b.Limiter
 		}
 	}
-	l := rate.NewLimiter(z.limit, z.burst)
-	z.clients[client] = l
-	return l
+	// A new bucket is spent at once (note, take): one event refills in
+	// refillIn(burst-1). One left full is due later than it could go,
+	// which only delays dropping what means nothing.
+	b := &rateBucket{Limiter: rate.NewLimiter(z.limit, z.burst), client: client, due: t.Add(z.refillIn(float64(z.burst - 1)))}
+	z.clients[client] = b
+	heap.Push(&z.due, b)
+	return b.Limiter
+}
+
+// sweep drops the buckets that have refilled completely by t. It looks only
+// at the buckets due by t, earliest first: each goes, or, spent since it
+// was last looked at, is due again when it can have refilled, after t. So
+// no request walks the table under the zone's lock: a sweep costs
+// O(log n) per bucket it drops or that was spent since its last look, each
+// paid for by a request.
+// z.mu must be held.
+func (z *rateZone) sweep(t time.Time) {
+	for len(z.due) > 0 && !t.Before(z.due[0].due) {
+		b := z.due[0]
+		if tokens := b.TokensAt(t); tokens < float64(z.burst) {
+			b.due = t.Add(z.refillIn(tokens))
+			heap.Fix(&z.due, 0)
+			continue
+		}
+		heap.Pop(&z.due)
+		delete(z.clients, b.client)
+	}
+}
+
+// refillIn is how long a bucket holding tokens takes to refill completely,
+// rounded up to the millisecond, so that it has by then.
+func (z *rateZone) refillIn(tokens float64) time.Duration {
+	return time.Duration(math.Ceil((float64(z.burst)-tokens)/float64(z.limit)*1e3)) * time.Millisecond
 }
 
 // wait reports how many seconds client must wait before the gate answers it
@@ -192,12 +254,13 @@ func (z *rateZone) wait(client string, paying bool) int {
 			return 0
 		}
 		z.mu.Lock()
-		l = z.clients[overflowClient]
+		b := z.clients[overflowClient]
 		full := len(z.clients) >= z.size
 		z.mu.Unlock()
-		if l == nil || !full {
+		if b == nil || !full {
 			return 0
 		}
+		l = b.Limiter
 	}
 	return z.retryAfter(l, t)
 }
@@ -244,11 +307,17 @@ func (z *rateZone) note(client string) {
 // event of a free call the allowance did not serve (serveFree).
 func (z *rateZone) credit(client string) {
 	t := now()
-	l := z.limiter(client, t, false) // the overflow budget is shared: no credit
-	if l == nil || l.TokensAt(t) > float64(z.burst)-1 {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	b := z.clients[client] // the overflow budget is shared: no credit
+	if b == nil || b.TokensAt(t) > float64(z.burst)-1 {
 		return
 	}
-	l.AllowN(t, -1) // taking -1 events adds one token (x/time/rate: tokens -= n)
+	b.AllowN(t, -1) // taking -1 events adds one token (x/time/rate: tokens -= n)
+	if due := t.Add(z.refillIn(b.TokensAt(t))); due.Before(b.due) {
+		b.due = due
+		heap.Fix(&z.due, b.at)
+	}
 }
 
 // countsAgainstRate reports whether answering e counts one event against

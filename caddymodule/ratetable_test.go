@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"testing"
 	"time"
 
@@ -16,7 +17,7 @@ import (
 
 // shrinkRateTable makes the zones created during t track at most n clients,
 // so a test can fill a table with a few requests.
-func shrinkRateTable(t *testing.T, n int) {
+func shrinkRateTable(t testing.TB, n int) {
 	t.Helper()
 	prev := maxRateClients
 	maxRateClients = n
@@ -67,7 +68,7 @@ func TestFullRateTableStillServesANewcomersPayment(t *testing.T) {
 
 // fullZone returns a zone of events per window whose table of size clients
 // is full of partly spent buckets.
-func fullZone(t *testing.T, size, events int, window time.Duration) *rateZone {
+func fullZone(t testing.TB, size, events int, window time.Duration) *rateZone {
 	t.Helper()
 	shrinkRateTable(t, size)
 	z, key, err := loadZone(&RateLimit{Events: events, Window: caddy.Duration(window), Zone: t.Name()}, zoneRefusals)
@@ -121,5 +122,96 @@ func TestServerRateWaitLetsANewcomersPaymentThrough(t *testing.T) {
 	r.Header.Set(x402.HeaderPaymentSignature, "a payment")
 	if w := serverRateWait(r); w != 0 {
 		t.Errorf("a newcomer carrying a payment waits %d s for the overflow budget", w)
+	}
+}
+
+// stubNow makes now return *at for the rest of t.
+func stubNow(t testing.TB, at *time.Time) {
+	now = func() time.Time { return *at }
+	t.Cleanup(func() { now = time.Now })
+}
+
+// With the table full of buckets that will not refill for hours (rate_limit
+// 20 24h), a newcomer costs what it costs with a small table: no request
+// walks the 65,536 buckets under the zone's one lock, which every other
+// request of the zone waits for. (From the audit: 6 ms a newcomer.)
+func TestNewcomerToAFullRateTableCostsNoWalkOfIt(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	at := t0
+	stubNow(t, &at)
+	z := fullZone(t, 1<<16, 20, 24*time.Hour)
+	var ds []time.Duration
+	for i := range 200 {
+		at = t0.Add(time.Duration(i+1) * time.Second)
+		start := time.Now()
+		z.note(fmt.Sprintf("203.0.113.%d", i))
+		ds = append(ds, time.Since(start))
+	}
+	slices.Sort(ds)
+	if median := ds[len(ds)/2]; median > 200*time.Microsecond {
+		t.Errorf("a newcomer to a full table of %d takes %v (median of %d)", z.size, median, len(ds))
+	}
+}
+
+// A bucket is dropped once it has refilled completely, and not before: the
+// next newcomer then gets a bucket of its own. A credit brings that time
+// forward.
+func TestFullRateTableMakesRoomWhenABucketHasRefilled(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	at := t0
+	stubNow(t, &at)
+	z := fullZone(t, 8, 2, time.Minute) // one event each: refilled at t0+30s
+	at = t0.Add(29 * time.Second)
+	z.note("n1")
+	if z.limiter("n1", at, false) != nil {
+		t.Fatal("a newcomer got a bucket of its own before any had refilled")
+	}
+	at = t0.Add(31 * time.Second)
+	z.note("n2")
+	if z.limiter("n2", at, false) == nil {
+		t.Error("a newcomer found no room once the table's buckets had refilled")
+	}
+	if z.limiter("c0", at, false) != nil {
+		t.Error("a refilled bucket was kept")
+	}
+
+	// Two events each: refilled at t0+60s; the one credited at t0+2s,
+	// at t0+32s. The others stay: their clients keep what they spent.
+	at = t0
+	z = fullZone(t, 8, 2, time.Minute)
+	for i := range 8 {
+		z.note(fmt.Sprintf("c%d", i))
+	}
+	at = t0.Add(time.Second)
+	z.note("n1")
+	at = t0.Add(2 * time.Second)
+	z.credit("c0")
+	at = t0.Add(33 * time.Second)
+	z.note("n2")
+	if z.limiter("n2", at, false) == nil {
+		t.Error("a newcomer found no room after a credited bucket had refilled")
+	}
+	if z.limiter("c1", at, false) == nil {
+		t.Error("a partly spent bucket was dropped to make room")
+	}
+}
+
+// BenchmarkRateZoneNewcomerToAFullTable is one request of a client the
+// table has no room for, the table full of buckets of a long window
+// (rate_limit 20 24h) that none of them will refill within the run.
+func BenchmarkRateZoneNewcomerToAFullTable(b *testing.B) {
+	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	at := t0
+	stubNow(b, &at)
+	z := fullZone(b, 1<<16, 20, 24*time.Hour)
+	newcomers := make([]string, 1024)
+	for i := range newcomers {
+		newcomers[i] = fmt.Sprintf("203.0.%d.%d", i>>8, i&0xff)
+	}
+	at = t0.Add(time.Second)
+	z.note("203.0.113.1") // the first newcomer to the full table
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		z.note(newcomers[i%len(newcomers)])
 	}
 }
