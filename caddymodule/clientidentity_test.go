@@ -222,3 +222,53 @@ func TestWalletAuthRefusalsCountAgainstTheRateLimit(t *testing.T) {
 		t.Errorf("the gate after two wallet refusals: %d, want 429", resp.StatusCode)
 	}
 }
+
+// Behind a proxy that forwards the client's X-Forwarded-For without
+// appending the peer's address (a TCP balancer, docker's userland proxy),
+// every client names itself, strict or not. A proxy that appends adds the
+// header to every request, so a module that counts per client IP warns,
+// once, at the first request a trusted proxy forwarded without any client
+// IP header; behind an appending proxy it says nothing.
+func TestClientIPWarnsOfATrustedProxyThatAppendsNothing(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	const strict = "\t\ttrusted_proxies static 127.0.0.1/32\n\t\ttrusted_proxies_strict"
+	for _, tc := range []struct {
+		desc, servers, site, path string
+		appends, warn             bool
+	}{
+		{"a gate, strict, behind a proxy that appends nothing", strict, gateSite(up.URL, fac, 1, ""), "/verify/schema", false, true},
+		{"a gate, non-strict, behind a proxy that appends nothing", "\t\ttrusted_proxies static 127.0.0.1/32", gateSite(up.URL, fac, 1, ""), "/verify/schema", false, true},
+		{"aov_rate_limit, strict, behind a proxy that appends nothing", strict, freeRateSite(up.URL), "/health", false, true},
+		{"a gate, strict, behind a proxy that appends", strict, gateSite(up.URL, fac, 1, ""), "/verify/schema", true, false},
+		{"a gate, no trusted proxy", "", gateSite(up.URL, fac, 1, ""), "/verify/schema", false, false},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			logFile := filepath.Join(t.TempDir(), "caddy.log")
+			base := startCaddyServers(t, tc.servers, logFile, tc.site)
+			for i := 1; i <= 3; i++ {
+				// An honest client sends no header, another names itself.
+				hdr := map[string]string{}
+				if i == 2 {
+					hdr["X-Forwarded-For"] = "203.0.113.2"
+				}
+				if tc.appends {
+					hdr["X-Forwarded-For"] = strings.TrimPrefix(hdr["X-Forwarded-For"]+", 198.51.100.7", ", ")
+				}
+				send(t, http.MethodPost, base+tc.path, validRequest, hdr)
+			}
+			caddy.Stop()
+			log, err := os.ReadFile(logFile)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := strings.Count(string(log), `"msg":"`+msgNoClientIPHeader+`"`)
+			switch {
+			case tc.warn && n != 1:
+				t.Errorf("the warning was logged %d times, want once:\n%s", n, log)
+			case !tc.warn && n != 0:
+				t.Errorf("the warning was logged without cause:\n%s", log)
+			}
+		})
+	}
+}

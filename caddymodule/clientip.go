@@ -4,6 +4,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"sync/atomic"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -51,48 +52,78 @@ func clientAddr(r *http.Request) string {
 // proxy choose its own client IP.
 const msgLeftmostClientIP = "client IP read left to right from a trusted proxy's X-Forwarded-For: set trusted_proxies_strict"
 
-// leftmostWatch is the warning of msgLeftmostClientIP for one module that
-// counts per client IP (a gate's rate limit or free allowance with key ip,
-// aov_rate_limit), on a server srv that resolves client IPs in Caddy's
-// default non-strict mode.
+// msgNoClientIPHeader is the warning of a module counting per client IP
+// whose server got a request from a trusted proxy without any client IP
+// header: the proxy appends nothing, so behind it every client can name
+// itself.
+const msgNoClientIPHeader = "a trusted proxy forwarded a request without a client IP header: if it does not append the peer's address, its clients choose their own client IP"
+
+// proxyWatch warns of what lets a client choose its own client IP, for one
+// module that counts per client IP (a gate's rate limit or free allowance
+// with key ip, aov_rate_limit), once each per config load:
 //
-// Caddy then takes the leftmost X-Forwarded-For address from a trusted
-// proxy. A proxy that appends the peer's address to the client's own
-// header (nginx's $proxy_add_x_forwarded_for, AWS ALB, Google Cloud load
-// balancers) leaves the leftmost entry to the client, which then names a
-// new client, with a new allowance and a new rate budget, in every
-// request; trusted_proxies_strict reads the header right to left and stops
-// at the first untrusted address, the one the proxy appended. Whether
-// trusted_proxies is set at all cannot be seen at provision time (Caddy
-// loads and clears it before it provisions routes, keeping only an
-// unexported source), so the warning waits for the first request a trusted
-// proxy forwarded, which Caddy marks in the trusted_proxy variable: exact,
-// and once.
-type leftmostWatch struct {
-	warned atomic.Bool
-	logger *zap.Logger
+//   - msgLeftmostClientIP, on a server that resolves client IPs in Caddy's
+//     default non-strict mode. Caddy then takes the leftmost
+//     X-Forwarded-For address from a trusted proxy. A proxy that appends
+//     the peer's address to the client's own header (nginx's
+//     $proxy_add_x_forwarded_for, AWS ALB, Google Cloud load balancers)
+//     leaves the leftmost entry to the client, which then names a new
+//     client, with a new allowance and a new rate budget, in every
+//     request; trusted_proxies_strict reads the header right to left and
+//     stops at the first untrusted address, the one the proxy appended.
+//   - msgNoClientIPHeader, strict or not, at a request from a trusted
+//     proxy that carries none of the server's client IP headers. Strict
+//     mode is right only behind a proxy that appends the peer's address,
+//     which then adds the header to every request; one that appends
+//     nothing (a TCP balancer, docker's userland proxy) forwards the
+//     client's own header, which Caddy takes as it is, and a client that
+//     sends none is the proxy's address, which any other client can name.
+//     Such a request may also be the proxy's own (a health check), hence
+//     the "if" in the warning.
+//
+// Whether trusted_proxies is set at all cannot be seen at provision time
+// (Caddy loads and clears it before it provisions routes, keeping only an
+// unexported source), so the warnings wait for a request a trusted proxy
+// forwarded, which Caddy marks in the trusted_proxy variable: exact, and
+// once each, so a request costs one atomic load once both are logged.
+type proxyWatch struct {
+	leftmost                   bool     // the server reads client IP headers left to right
+	headers                    []string // the server's client IP headers
+	warnedLeftmost, warnedBare atomic.Bool
+	logger                     *zap.Logger
 }
 
-// watchLeftmost returns the watch of a module provisioned for srv (nil
+// watchProxies returns the watch of a module provisioned for srv (nil
 // outside an HTTP server) that counts per client IP when byIP is set; nil
 // when there is nothing to warn of.
-func watchLeftmost(srv *caddyhttp.Server, byIP bool, logger *zap.Logger) *leftmostWatch {
-	if srv == nil || srv.TrustedProxiesStrict != 0 || !byIP {
+func watchProxies(srv *caddyhttp.Server, byIP bool, logger *zap.Logger) *proxyWatch {
+	if srv == nil || !byIP {
 		return nil
 	}
-	return &leftmostWatch{logger: logger}
+	pw := &proxyWatch{leftmost: srv.TrustedProxiesStrict == 0, headers: srv.ClientIPHeaders, logger: logger}
+	pw.warnedLeftmost.Store(!pw.leftmost)
+	return pw
 }
 
-// check logs msgLeftmostClientIP once, at the first request from a
-// trusted proxy.
-func (lw *leftmostWatch) check(r *http.Request) {
-	if lw == nil || lw.warned.Load() {
+// check logs each warning once, at the first request from a trusted proxy
+// that shows its cause.
+func (pw *proxyWatch) check(r *http.Request) {
+	if pw == nil || pw.warnedLeftmost.Load() && pw.warnedBare.Load() {
 		return
 	}
-	if trusted, _ := caddyhttp.GetVar(r.Context(), caddyhttp.TrustedProxyVarKey).(bool); !trusted || lw.warned.Swap(true) {
+	if trusted, _ := caddyhttp.GetVar(r.Context(), caddyhttp.TrustedProxyVarKey).(bool); !trusted {
 		return
 	}
-	lw.logger.Warn(msgLeftmostClientIP,
-		zap.String("why", "without trusted_proxies_strict the client IP is the leftmost X-Forwarded-For address; a load balancer that appends to the header (nginx $proxy_add_x_forwarded_for, AWS ALB, Google Cloud) leaves it to the client, who then gets a new free allowance and rate budget per request"),
-		zap.String("fix", "add trusted_proxies_strict to the server options (global servers block), unless the proxy overwrites X-Forwarded-For"))
+	if !pw.warnedLeftmost.Swap(true) {
+		pw.logger.Warn(msgLeftmostClientIP,
+			zap.String("why", "without trusted_proxies_strict the client IP is the leftmost X-Forwarded-For address; a load balancer that appends to the header (nginx $proxy_add_x_forwarded_for, AWS ALB, Google Cloud) leaves it to the client, who then gets a new free allowance and rate budget per request"),
+			zap.String("fix", "add trusted_proxies_strict to the server options (global servers block), unless the proxy overwrites X-Forwarded-For"))
+	}
+	if pw.warnedBare.Load() || slices.ContainsFunc(pw.headers, func(h string) bool { return r.Header.Get(h) != "" }) || pw.warnedBare.Swap(true) {
+		return
+	}
+	pw.logger.Warn(msgNoClientIPHeader,
+		zap.Strings("headers", pw.headers),
+		zap.String("why", "a proxy that appends the peer's address to X-Forwarded-For adds the header to every request; one that appends nothing (a TCP load balancer, docker's userland proxy) passes on the client's own header, so every client can name itself, and name the proxy's address, which every client that sends no header has, strict mode or not"),
+		zap.String("fix", "behind such a proxy remove trusted_proxies, and have the proxy pass the client's address another way (the PROXY protocol, Caddy's proxy_protocol listener wrapper) or append it; ignore this if the request was the proxy's own, such as a health check"))
 }

@@ -350,9 +350,9 @@ type Gate struct {
 
 	// server is where rates is registered for wallet_auth (serverZones).
 	server *caddyhttp.Server
-	// leftmost warns of a non-strict trusted proxy; nil when there is
-	// nothing to warn of (clientip.go).
-	leftmost *leftmostWatch
+	// proxies warns of a trusted proxy that lets clients choose their
+	// client IP (proxyWatch); nil when there is nothing to warn of.
+	proxies *proxyWatch
 }
 
 // Accept is one way to pay: a scheme on a network, an amount of an asset,
@@ -491,7 +491,7 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 			return fmt.Errorf("x402: free_allowance: %v", err)
 		}
 	}
-	g.leftmost = watchLeftmost(srv, g.rates != nil || (g.Free != nil && g.Free.Key == "ip"), g.logger)
+	g.proxies = watchProxies(srv, g.rates != nil || (g.Free != nil && g.Free.Key == "ip"), g.logger)
 	g.offers = make([]x402.PaymentRequirements, 0, len(g.Accepts))
 	g.decimals = make([]int, 0, len(g.Accepts))
 	for i, a := range g.Accepts {
@@ -801,7 +801,7 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	if g.route != nil && g.route.Load() == nil {
 		g.learnRoute(r, next)
 	}
-	g.leftmost.check(r)
+	g.proxies.check(r)
 	payment := firstValue(r.Header, keyPaymentSignature)
 	delete(r.Header, keyPaymentSignature)
 	if g.MCPTool != "" {

@@ -51,9 +51,9 @@ func init() {
 type RequestRateLimit struct {
 	RateLimit
 
-	zone     *rateZone // nil when off
-	key      string
-	leftmost *leftmostWatch
+	zone    *rateZone // nil when off
+	key     string
+	proxies *proxyWatch
 }
 
 // CaddyModule returns the Caddy module information.
@@ -79,7 +79,7 @@ func (h *RequestRateLimit) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("aov_rate_limit: loading zone: %v", err)
 	}
 	srv, _ := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
-	h.leftmost = watchLeftmost(srv, true, ctx.Logger())
+	h.proxies = watchProxies(srv, true, ctx.Logger())
 	return nil
 }
 
@@ -98,7 +98,7 @@ func (h *RequestRateLimit) ServeHTTP(w http.ResponseWriter, r *http.Request, nex
 	if h.zone == nil || servedByGate(r) {
 		return next.ServeHTTP(w, r)
 	}
-	h.leftmost.check(r)
+	h.proxies.check(r)
 	if wait := h.zone.take(clientAddr(r)); wait > 0 {
 		apierr.Write(w, apierr.RateLimited(wait))
 		return nil
