@@ -2,16 +2,20 @@ package caddymodule
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/aovhq/aov/apierr"
 	"github.com/aovhq/aov/x402"
 )
 
@@ -213,5 +217,42 @@ func BenchmarkRateZoneNewcomerToAFullTable(b *testing.B) {
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
 		z.note(newcomers[i%len(newcomers)])
+	}
+}
+
+// An MCP tool call carries its payment in params._meta, which the gate
+// reads before it checks the rate limit: with the table full and the
+// overflow budget spent, a newcomer's paid call is served and charged,
+// while its unpaid call is a rate_limited tool result.
+func TestFullRateTableStillServesANewcomersPaidToolCall(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newMCPUpstream(t)
+	const size = 8
+	shrinkRateTable(t, size)
+	site := strings.Replace(mcpSite(up.URL, fac, 0), "validate verify_request", "validate verify_request\n\t\t\trate_limit 2 24h", 1)
+	base := startCaddyServers(t, "\t\ttrusted_proxies static 127.0.0.1/32\n\t\ttrusted_proxies_strict", "", site)
+	url := base + "/mcp"
+	pr := demandOf(t, callTool(t, mcpSession(t, url), "verify_schema", verifyArgs, nil))
+
+	call := func(ip string, meta mcp.Meta) string {
+		params := map[string]any{"name": "verify_schema", "arguments": verifyArgs}
+		if meta != nil {
+			params["_meta"] = meta
+		}
+		b, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params})
+		resp, body := send(t, http.MethodPost, url, string(b), from(ip))
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("tools/call from %s: %d %s", ip, resp.StatusCode, body)
+		}
+		return string(body)
+	}
+	for i := range size + 3 {
+		call(fmt.Sprintf("2001:db8:0:%x::1", i), nil)
+	}
+	if got := call("198.51.100.7", nil); !strings.Contains(got, apierr.CodeRateLimited) {
+		t.Fatalf("an unpaid newcomer's call with the overflow budget spent: %s, want rate_limited", got)
+	}
+	if got := call("198.51.100.8", payMeta(t, pr, 1)); !strings.Contains(got, mcpMetaPaymentResponse) || strings.Contains(got, apierr.CodeRateLimited) {
+		t.Fatalf("a newcomer's paid call with the table full: %s, want it served and charged", got)
 	}
 }
