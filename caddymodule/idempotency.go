@@ -61,7 +61,8 @@ import (
 // the same id (and a corrected request or a new payment) is served
 // normally. A settlement whose outcome is unknown keeps both: the same
 // payment's retry is resolved by pending.go (and the held answer it gets,
-// once the transfer is found, becomes the id's saved answer), any other
+// once the transfer is found, becomes the id's saved answer; the held
+// record names the id, and serves only a retry carrying it), any other
 // payment under the id is a conflict until the binding lapses. A binding
 // lives for the window, and at least as long as its payment's claim, so no
 // second payment can take an id while the first could still settle.
@@ -240,6 +241,23 @@ type paymentIDCall struct {
 	// told of (serveSaved): the same payment as the call that saved it
 	// (fp covers it), on the network its accepted offer names.
 	payload x402.PaymentPayload
+}
+
+// name is the name of the call's id that a held record keeps (""
+// without one).
+func (c *paymentIDCall) name() string {
+	if c == nil {
+		return ""
+	}
+	return paymentIDName(c.id)
+}
+
+// paymentIDName names payment identifier id in a held record
+// (heldRecord.PaymentID): its hash, so the store, whose claims any gate
+// sharing it lists, keeps no id a client could present.
+func paymentIDName(id string) string {
+	s := sha256.Sum256([]byte(id))
+	return hex.EncodeToString(s[:])
 }
 
 // paymentIDOf reads the payment identifier of a paid call: nil when the

@@ -214,7 +214,7 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		return err
 	}
 	ctx := r.Context()
-	claim, note, err := g.claimPaid(r, keys, until, pay, offerJS)
+	claim, note, err := g.claimPaid(r, keys, until, pay, offerJS, pid)
 	if err != nil {
 		var ce *store.ClaimedError
 		if errors.As(err, &ce) {
@@ -380,7 +380,7 @@ func (p *paidCharge) settleOnce(w http.ResponseWriter, r *http.Request, held *bu
 			// to wait, not to pay again.
 			g.logger.Error("settlement outcome unknown", zap.Error(err))
 			metrics.outcomes.WithLabelValues("settlement_unknown").Inc()
-			g.holdUnknown(r, p.claim, p.pay.JSON, p.offerJS, held, unknown)
+			g.holdUnknown(r, p.claim, p.pay.JSON, p.offerJS, p.pid, held, unknown)
 			p.ex.refuse(w, r, errSettlementPending(err))
 			return settleUnknown
 		}
@@ -427,7 +427,7 @@ func (p *paidCharge) settleOnce(w http.ResponseWriter, r *http.Request, held *bu
 		metrics.outcomes.WithLabelValues("settled_unrecorded").Inc()
 		p.unrecorded = true
 		if !p.keepUnrecorded(r, sr, held) {
-			g.holdUnknown(r, p.claim, p.pay.JSON, p.offerJS, held, &x402.UnknownOutcomeError{Op: "settle", Reply: &sr, Err: err})
+			g.holdUnknown(r, p.claim, p.pay.JSON, p.offerJS, p.pid, held, &x402.UnknownOutcomeError{Op: "settle", Reply: &sr, Err: err})
 		}
 		p.ex.refuse(w, r, errSettledUnrecorded(err))
 		return settleUnknown // p.unrecorded: paid

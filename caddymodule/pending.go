@@ -133,6 +133,14 @@ type heldRecord struct {
 	// mark whose request never came back (the gateway died) lapses at
 	// that end, and a retry after it runs the upstream.
 	Running time.Time `json:"running,omitzero"`
+	// PaymentID names the payment identifier the call carried
+	// (paymentIDName), "" when it carried none. Once settled, the payment is
+	// public on chain, and the request may be one anyone can guess (a
+	// verifier request names a public schema); the id is neither: the buyer
+	// sends it to the gate alone, outside what it signs. So a record that
+	// names one serves its answer, or its one run again, only to a retry
+	// carrying that id (resolveOnRetry).
+	PaymentID string `json:"payment_id,omitempty"`
 	// ReportPath and VerificationID: the upstream asked for the outcome.
 	ReportPath     string `json:"report_path,omitempty"`
 	VerificationID string `json:"verification_id,omitempty"`
@@ -203,7 +211,7 @@ const facilitatorResolveTimeout = 10 * time.Second
 // The claim is live (liveClaims) from before its write until the caller
 // calls endLive: no retry or background pass of this process resolves it
 // meanwhile, however long the request takes.
-func (g *Gate) claimPaid(r *http.Request, keys []string, until time.Time, pay x402.Payment, offer json.RawMessage) (c store.Claim, note string, err error) {
+func (g *Gate) claimPaid(r *http.Request, keys []string, until time.Time, pay x402.Payment, offer json.RawMessage, pid *paymentIDCall) (c store.Claim, note string, err error) {
 	hc, ok := g.state.Claims().(store.HeldClaims)
 	if !ok {
 		c, err = g.state.Claims().Claim(r.Context(), keys, until)
@@ -213,7 +221,7 @@ func (g *Gate) claimPaid(r *http.Request, keys []string, until time.Time, pay x4
 	span := g.attemptSpan()
 	c, err = hc.ClaimHeld(r.Context(), keys, until, span, func(c store.Claim) (string, error) {
 		t := now()
-		h := g.newHeldRecord(r, c, pay.JSON, offer, t)
+		h := g.newHeldRecord(r, c, pay.JSON, offer, t, pid)
 		h.Attempt, h.Session = t.Add(span), hc.Session()
 		h.Request, h.RequestBody = g.heldRequest(r)
 		n, err := encodeHeld(&h)
@@ -364,9 +372,10 @@ func encodeHeld(h *heldRecord) (string, error) {
 // when the outcome is unknown). payment is the payment's JSON
 // (x402.Payment.JSON), offer the offer's (Gate.offerJSON); sentAfter is a
 // time before which the settlement was not asked for; r is the request
-// that claimed it, whose resource the record names.
-func (g *Gate) newHeldRecord(r *http.Request, c store.Claim, payment []byte, offer json.RawMessage, sentAfter time.Time) heldRecord {
-	return heldRecord{Keys: c.Keys, Token: c.Token, Until: c.Until, Payment: payment, Offer: offer, Gate: g.gateID(), SentAfter: sentAfter, Resource: g.resource(r).URL}
+// that claimed it, whose resource the record names; pid its payment
+// identifier (nil: none), which the record names too.
+func (g *Gate) newHeldRecord(r *http.Request, c store.Claim, payment []byte, offer json.RawMessage, sentAfter time.Time, pid *paymentIDCall) heldRecord {
+	return heldRecord{Keys: c.Keys, Token: c.Token, Until: c.Until, Payment: payment, Offer: offer, Gate: g.gateID(), SentAfter: sentAfter, Resource: g.resource(r).URL, PaymentID: pid.name()}
 }
 
 // markDelivered records, by a compare-and-swap from old (the note c
@@ -386,13 +395,13 @@ func markDelivered(ctx context.Context, hc store.HeldClaims, c store.Claim, h *h
 // with its claim. bw is the held answer (nil in settle before mode).
 // Without a store that can hold, the claim simply stays pending until it
 // lapses, as before.
-func (g *Gate) holdUnknown(r *http.Request, c store.Claim, payment []byte, offer json.RawMessage, bw *bufferedWriter, unknown *x402.UnknownOutcomeError) {
+func (g *Gate) holdUnknown(r *http.Request, c store.Claim, payment []byte, offer json.RawMessage, pid *paymentIDCall, bw *bufferedWriter, unknown *x402.UnknownOutcomeError) {
 	ctx := r.Context()
 	hc, ok := g.state.Claims().(store.HeldClaims)
 	if !ok {
 		return
 	}
-	h := g.newHeldRecord(r, c, payment, offer, now().Add(-defaultSettleTimeout))
+	h := g.newHeldRecord(r, c, payment, offer, now().Add(-defaultSettleTimeout), pid)
 	if unknown != nil && unknown.Reply != nil {
 		h.Sent = unknown.Reply.Transaction
 	}
@@ -527,6 +536,13 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 		// The claim keys matched, the signed payload did not: not the
 		// buyer's payment (see paidFor). Asked before the chain is.
 		return true, alreadyUsed(w, r, ex)
+	}
+	if !h.carriedBy(pay) {
+		// The buyer's payment, copied from the chain without the buyer's
+		// payment identifier: its answer and its run are the buyer's.
+		return true, ex.demand(w, r, http.StatusPaymentRequired,
+			"This payment belongs to a call made with a payment identifier: only a retry carrying that identifier gets its answer. Sign a new payment for another call.",
+			x402.ReasonPaymentAlreadyUsed, nil)
 	}
 	if !g.pricedHere(h, r, pay) {
 		// Another gate's payment: neither its outcome nor its report is
@@ -696,6 +712,16 @@ func (g *Gate) paidFor(h *heldRecord, r *http.Request) (bool, error) {
 		return false, err
 	}
 	return name == h.Request, nil
+}
+
+// carriedBy reports whether retry p carries the payment identifier h's
+// call carried (PaymentID), or h names none.
+func (h *heldRecord) carriedBy(p x402.PaymentPayload) bool {
+	if h.PaymentID == "" {
+		return true
+	}
+	id, err := x402.PaymentID(p)
+	return err == nil && id != "" && paymentIDName(id) == h.PaymentID
 }
 
 // paidForAnother refuses a retry whose payment paid for another call
@@ -1193,7 +1219,7 @@ func (p *paidCharge) reportOutcome(r *http.Request, bw *bufferedWriter, end sett
 	st, err := g.state.Claims().Lookup(context.WithoutCancel(r.Context()), p.claim.Keys[0])
 	switch {
 	case errors.Is(err, store.ErrNotFound):
-		h := g.newHeldRecord(r, p.claim, p.pay.JSON, p.offerJS, now().Add(-defaultSettleTimeout))
+		h := g.newHeldRecord(r, p.claim, p.pay.JSON, p.offerJS, now().Add(-defaultSettleTimeout), p.pid)
 		h.payload, h.offer = p.pay.PaymentPayload, p.offer
 		g.reportFromChain(r, next, &h, path, id)
 		return
