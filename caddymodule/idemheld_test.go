@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"net/http"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/aovhq/aov/plugins/evmfacilitator"
 	"github.com/aovhq/aov/x402"
@@ -92,4 +94,48 @@ func TestHeldAnswerOnlyUnderItsPaymentIdentifier(t *testing.T) {
 // for the retry: the copy does not take that run.
 func TestRunAgainOnlyUnderItsPaymentIdentifier(t *testing.T) {
 	heldForID(t, "settle before", "pay_run_again_owner_00001")
+}
+
+// An unknown settlement (the reply lost, the transfer made) whose buyer
+// retries only after the authorization expired and its claim lapsed
+// (validBefore plus a minute; max_timeout 30s here, which leaves room for
+// the devnet's block time running up to 10 s ahead of the wall clock). With a payment
+// identifier, within its window (1h), the retry gets the held answer with
+// PAYMENT-RESPONSE: the record lives as long as the id's binding. Without
+// one the answer is gone, but the retry is told the payment settled (402
+// payment_already_used with PAYMENT-RESPONSE, found on chain), not that
+// nothing was charged. Neither is charged twice or runs the upstream again.
+func TestHeldAnswerAfterTheAuthorizationExpired(t *testing.T) {
+	d, _ := sharedDevnet(t)
+	up := newUpstream(t)
+	site := pendingSite(up.URL, "lose_reply", filepath.Join(t.TempDir(), "gate"), "upstream_timeout 4s\n\t\t\tpayment_identifier")
+	site = strings.Replace(site, "accept devnet $0.02 "+payTo.Hex(), "accept {\n\t\t\t\tnetwork devnet\n\t\t\t\tprice $0.02\n\t\t\t\tpay_to "+payTo.Hex()+"\n\t\t\t\tmax_timeout 30s\n\t\t\t}", 1)
+	base := startCaddy(t, site)
+	url := base + "/verify/schema"
+	pr := paymentRequired(t, post(t, url, "", nil))
+	withID, withoutID := evmfacilitator.DevAccounts()[6], evmfacilitator.DevAccounts()[5]
+	beforeWith, beforeWithout := balance(t, d, withID.Address), balance(t, d, withoutID.Address)
+	sigWith := signWithID(t, pr, withID.Key(), "pay_retried_after_expiry_01")
+	sigWithout := signFor(t, pr, 5)
+	for _, sig := range []string{sigWith, sigWithout} {
+		if resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}); resp.StatusCode != http.StatusServiceUnavailable {
+			t.Fatalf("first call: %d %s", resp.StatusCode, readAll(t, resp))
+		}
+	}
+	time.Sleep(95 * time.Second) // past validBefore (30 s) plus a minute
+
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sigWith})
+	if m := readJSON(t, resp); resp.StatusCode != http.StatusOK || m["paid_content"] != true {
+		t.Errorf("the retry with the id: %d %v", resp.StatusCode, m)
+	} else {
+		settlementOf(t, resp)
+	}
+	resp = post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sigWithout})
+	if reason := reasonOf(t, resp); resp.StatusCode != http.StatusPaymentRequired || reason != x402.ReasonPaymentAlreadyUsed {
+		t.Fatalf("the retry without an id: %d %s", resp.StatusCode, reason)
+	}
+	settlementOf(t, resp)
+	if a, b := charged(t, d, withID.Address, beforeWith), charged(t, d, withoutID.Address, beforeWithout); a.Int64() != 20000 || b.Int64() != 20000 || up.calls.Load() != 2 {
+		t.Fatalf("charged %v and %v, upstream ran %d times", a, b, up.calls.Load())
+	}
 }

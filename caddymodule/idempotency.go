@@ -382,6 +382,23 @@ func (c *paymentIDCall) savedOnly(w http.ResponseWriter, r *http.Request, ex exc
 	return true, c.serveSaved(w, r, ex, st)
 }
 
+// holdUntil is until, when a payment's claim would lapse, pushed to the
+// end of the id's window. The claim, and with it the record of an unknown
+// settlement (pending.go), then lives as long as the id's binding: the
+// buyer's retry with the id, within the window but after the
+// authorization expired, is resolved by that record (the held answer once
+// the transfer is found) instead of being claimed anew, refused by the
+// facilitator as expired, and told to sign a new payment though charged.
+func (c *paymentIDCall) holdUntil(until time.Time) time.Time {
+	if c == nil {
+		return until
+	}
+	if end := now().Add(time.Duration(c.g.PaymentIdentifier.Window)); end.After(until) {
+		return end
+	}
+	return until
+}
+
 // bind binds the id to the call while it holds claim (handled true: it
 // answered, and released the claim, nothing charged).
 func (c *paymentIDCall) bind(w http.ResponseWriter, r *http.Request, ex exchange, claim store.Claim) (bool, error) {

@@ -207,6 +207,7 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		return ex.demand(w, r, http.StatusBadRequest, "Invalid payment: "+err.Error(), reasonFor(err, x402.ReasonInvalidPayload), nil)
 	}
 	keys, until := claimKeys(raw, offer, auth, svmTx)
+	until = pid.holdUntil(until)
 	// A settlement this gateway keeps unrecorded (unrecorded.go) is
 	// written first, before anything is claimed: the store may have lost
 	// the claim.
@@ -257,6 +258,11 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	}
 	if !vr.IsValid {
 		pc.release(r)
+		if sr, ok := g.settledEarlier(ctx, payload, offer, vr.InvalidReason); ok {
+			return ex.demand(w, r, http.StatusPaymentRequired,
+				"This payment settled earlier (PAYMENT-RESPONSE names its transaction) and the answer it bought is no longer kept; it cannot be used again. Sign a new payment only for a new call.",
+				x402.ReasonPaymentAlreadyUsed, &sr)
+		}
 		reason := facilitatorReason(vr.InvalidReason, x402.ReasonInvalidPayload)
 		return ex.demand(w, r, http.StatusPaymentRequired, reason, reason, nil)
 	}

@@ -64,8 +64,12 @@ import (
 // transfer the chain shows.
 //
 // The records live and lapse with their claims (bounded in time by the
-// claim's expiry: the authorization's validBefore plus a minute, at most
-// maxClaimHold) and each held answer is bounded by maxHeldAnswer bytes.
+// claim's expiry: the authorization's validBefore plus a minute, or the
+// window of the payment identifier the call carried if that ends later, at
+// most maxClaimHold) and each held answer is bounded by maxHeldAnswer
+// bytes. A retry after its record lapsed is claimed anew, and refused by
+// the facilitator; when the chain shows the payment settled
+// (settledEarlier), it is told so, never to sign a new one.
 
 // heldRecord is what the gate keeps with an unsettled claim whose
 // settlement outcome is unknown, as the claim's note (JSON, so it is told
@@ -485,6 +489,29 @@ func (g *Gate) checkHeld(ctx context.Context, h *heldRecord) (x402.SettlementSta
 		return st, false
 	}
 	return st, true
+}
+
+// settledEarlier reports whether payment p, which the facilitator refused
+// with reason on a claim the gate just made, settled earlier, and its
+// settlement (as toldSettlement tells it). Such a payment's claim, and the
+// held record with it, have lapsed (an unknown settlement resolved after
+// it, or never retried before it), so the gate keeps nothing of it: told
+// the facilitator's reason, the buyer would read that nothing was charged
+// and sign a new payment for a call already paid. Only the refusals a
+// spent EIP-3009 authorization gets (expired, which is checked before the
+// chain is read, or its nonce used) send the gate to the chain, as a held
+// record is checked (checkHeld): one read for a refusal whose payment may
+// be unsigned, as the facilitator's own signature check of a payment
+// costs.
+func (g *Gate) settledEarlier(ctx context.Context, p x402.PaymentPayload, offer x402.PaymentRequirements, reason string) (x402.SettleResponse, bool) {
+	if reason != x402.ReasonExactEVMValidBefore && reason != x402.ReasonExactEVMNonceAlreadyUsed {
+		return x402.SettleResponse{}, false
+	}
+	st, known := g.checkHeld(ctx, &heldRecord{payload: p, offer: offer})
+	if !known || st.State != x402.SettlementDone {
+		return x402.SettleResponse{}, false
+	}
+	return toldSettlement(x402.SettleResponse{Success: true, Transaction: st.Transaction}, p, offer.Network), true
 }
 
 // settleHeld applies a resolved outcome to the store: the claim marked
