@@ -207,11 +207,16 @@ func TestSavedAnswerIsToldAsTheGateTellsIt(t *testing.T) {
 	const id = "pay_saved_by_an_older_gw1"
 	sig := signWithID(t, pr, walletKey(6), id)
 
-	// The binding and answer an older gateway saved for this very call.
+	// The binding and answer an older gateway saved for this very call,
+	// under the fingerprint it made (over the payment as sent: legacy).
 	req := httptest.NewRequest("POST", "/verify/schema", strings.NewReader(validRequest))
-	fp, err := (&Gate{MaxBody: 1 << 20}).fingerprint(req, sig)
+	pay, err := x402.DecodePayment(sig)
 	if err != nil {
 		t.Fatal(err)
+	}
+	_, fp, err := (&Gate{MaxBody: 1 << 20}).fingerprint(req, pay, sig)
+	if err != nil || fp == "" {
+		t.Fatalf("legacy fingerprint %q: %v", fp, err)
 	}
 	const tx = "0x1111111111111111111111111111111111111111111111111111111111111111"
 	saved, err := json.Marshal(savedAnswer{Settlement: x402.SettleResponse{Success: true, Transaction: tx,

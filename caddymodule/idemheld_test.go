@@ -139,3 +139,49 @@ func TestHeldAnswerAfterTheAuthorizationExpired(t *testing.T) {
 		t.Fatalf("charged %v and %v, upstream ran %d times", a, b, up.calls.Load())
 	}
 }
+
+// respelled is payment sig with every signed byte unchanged and its JSON
+// written anew (keys sorted, unlike the struct's order), as another client
+// library would encode the same PaymentPayload.
+func respelled(t *testing.T, sig string) string {
+	t.Helper()
+	var m map[string]json.RawMessage
+	if err := x402.DecodeHeader(sig, &m); err != nil {
+		t.Fatal(err)
+	}
+	h, err := x402.EncodeHeader(m)
+	if err != nil || h == sig {
+		t.Fatalf("respelling: %v (same bytes: %v)", err, h == sig)
+	}
+	return h
+}
+
+// The retry of a settled, answered call with the same id, the same signed
+// payment and the same request, its JSON encoded anew: the same call, so
+// the saved answer with the first PAYMENT-RESPONSE, as over MCP, not a
+// conflict telling a charged buyer to use a new identifier.
+func TestPaymentIdentifierSamePaymentEncodedAnew(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	base := startCaddy(t, gateSite(up.URL, fac, 0, "payment_identifier"))
+	url := base + "/verify/schema"
+	pr := paymentRequired(t, post(t, url, "", nil))
+	payer := evmfacilitator.DevAccounts()[6]
+	before := balance(t, d, payer.Address)
+	sig := signWithID(t, pr, payer.Key(), "pay_same_payment_anew_001")
+	first := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	if first.StatusCode != http.StatusOK {
+		t.Fatalf("first call: %d", first.StatusCode)
+	}
+	tx := settlementOf(t, first).Transaction
+	again := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: respelled(t, sig)})
+	if m := readJSON(t, again); again.StatusCode != http.StatusOK || m["paid_content"] != true {
+		t.Fatalf("the retry encoded anew: %d %v", again.StatusCode, m)
+	}
+	if got := settlementOf(t, again).Transaction; got != tx {
+		t.Fatalf("PAYMENT-RESPONSE names %s, not the first call's %s", got, tx)
+	}
+	if got := charged(t, d, payer.Address, before); got.Int64() != 20000 || up.calls.Load() != 1 {
+		t.Fatalf("charged %v, upstream ran %d times", got, up.calls.Load())
+	}
+}

@@ -30,8 +30,8 @@ import (
 // in MCP payment-required results). A client that wants its retries to be
 // idempotent sends an id it chose in its payment
 // (extensions["payment-identifier"].info.id). The gate then binds the id to
-// the call's fingerprint: a hash of the payment exactly as sent and of the
-// request it pays for (method, path and query, and body; for an MCP call
+// the call's fingerprint: a hash of the payment (in canonical form) and of
+// the request it pays for (method, path and query, and body; for an MCP call
 // the tool and its arguments). What a call with an id gets:
 //
 //   - a new id: the call is served and charged as any paid call; once the
@@ -235,6 +235,9 @@ type paymentIDCall struct {
 	g      *Gate
 	ids    store.PaymentIDs
 	id, fp string
+	// legacy is the call's fingerprint as a version that hashed the
+	// payment as sent made it ("" when that is fp): see owns.
+	legacy string
 	ctx    context.Context // outlives the client: a save or unbind is never abandoned
 	bound  bool            // this call holds the binding (it holds the payment's claim)
 	// payload is the call's payment, which a saved answer's settlement is
@@ -264,11 +267,12 @@ func paymentIDName(id string) string {
 // route does not enable the extension or the call carries no id. A
 // malformed id, or none where one is required, is an error of the SPEC §6
 // shape, answered before anything is claimed.
-func (g *Gate) paymentIDOf(r *http.Request, payload x402.PaymentPayload, raw string) (*paymentIDCall, error) {
+func (g *Gate) paymentIDOf(r *http.Request, pay x402.Payment, raw string) (*paymentIDCall, error) {
 	p := g.PaymentIdentifier
 	if p == nil {
 		return nil, nil
 	}
+	payload := pay.PaymentPayload
 	id, err := x402.PaymentID(payload)
 	switch {
 	case err != nil:
@@ -278,23 +282,65 @@ func (g *Gate) paymentIDOf(r *http.Request, payload x402.PaymentPayload, raw str
 	case id == "":
 		return nil, nil
 	}
-	fp, err := g.fingerprint(r, raw)
+	fp, legacy, err := g.fingerprint(r, pay, raw)
 	if err != nil {
 		return nil, err
 	}
-	return &paymentIDCall{g: g, ids: g.state.(paymentIDStore).PaymentIDs(), id: id, fp: fp, ctx: context.WithoutCancel(r.Context()), payload: payload}, nil
+	return &paymentIDCall{g: g, ids: g.state.(paymentIDStore).PaymentIDs(), id: id, fp: fp, legacy: legacy, ctx: context.WithoutCancel(r.Context()), payload: payload}, nil
 }
 
-// fingerprint hashes what an id is bound to: the payment as sent and the
-// request it pays for, each part length-delimited by its own hash.
-func (g *Gate) fingerprint(r *http.Request, raw string) (string, error) {
-	h := sha256.New()
-	part := partWriter(h)
-	part([]byte(raw))
-	if err := g.requestParts(r, part, g.readBody); err != nil {
-		return "", err
+// fingerprint hashes what an id is bound to: the payment and the request
+// it pays for, each part length-delimited by its own hash. The payment is
+// hashed in its canonical form (receipt.AppendCanonicalJSON, as an MCP
+// payment is read and a held payment compared, samePayment): a client
+// that encodes the same signed payment anew (its keys in another order,
+// as another library writes the same object) sends the same payment, and
+// its retry is the same call, not a conflict whose answer would invite a
+// second payment.
+//
+// legacy is the fingerprint over the payment as sent (raw), which
+// versions before made; "" when it is fp (over MCP raw is canonical).
+// Bindings they made are honoured for their window (owns); once every
+// such window has passed (at most a week after an upgrade) it matches
+// nothing.
+func (g *Gate) fingerprint(r *http.Request, pay x402.Payment, raw string) (fp, legacy string, err error) {
+	canon, err := receipt.AppendCanonicalJSON(nil, pay.JSON)
+	if err != nil {
+		return "", "", apierr.Internal(err) // never: the payment was read as JSON
 	}
-	return hex.EncodeToString(h.Sum(nil)), nil
+	h, old := sha256.New(), sha256.New()
+	part := partWriter(h)
+	part(canon)
+	partWriter(old)([]byte(raw))
+	if err := g.requestParts(r, func(b []byte) {
+		s := sha256.Sum256(b)
+		h.Write(s[:])
+		old.Write(s[:])
+	}, g.readBody); err != nil {
+		return "", "", err
+	}
+	fp, legacy = hex.EncodeToString(h.Sum(nil)), hex.EncodeToString(old.Sum(nil))
+	if legacy == fp {
+		legacy = ""
+	}
+	return fp, legacy, nil
+}
+
+// owns reports whether fp, the fingerprint the call's id is bound to, is
+// the call's own: fp, or legacy, the one an older version made for the
+// same call (fingerprint). A legacy binding is then taken as it is: the
+// call goes on under its fingerprint, which the store compares on Save and
+// Unbind, so a retry of a call bound before an upgrade gets its saved
+// answer instead of payment_identifier_conflict.
+func (c *paymentIDCall) owns(fp string) bool {
+	switch {
+	case fp == c.fp:
+		return true
+	case c.legacy != "" && fp == c.legacy:
+		c.fp = fp
+		return true
+	}
+	return false
 }
 
 // partWriter writes each part to h as its own hash, so parts are
@@ -355,7 +401,7 @@ func (c *paymentIDCall) claimed(w http.ResponseWriter, r *http.Request, ex excha
 		return true, ex.refuse(w, r, fresh(errPaymentIDInProgress)) // the first copy is about to bind
 	case err != nil:
 		return true, ex.refuse(w, r, apierr.Unavailable("payment state store", 1, err))
-	case st.Fingerprint != c.fp:
+	case !c.owns(st.Fingerprint):
 		return true, ex.refuse(w, r, fresh(errPaymentIDConflict))
 	case st.Done:
 		return true, c.serveSaved(w, r, ex, st)
@@ -376,7 +422,7 @@ func (c *paymentIDCall) savedOnly(w http.ResponseWriter, r *http.Request, ex exc
 		return false, nil
 	case err != nil:
 		return true, ex.refuse(w, r, apierr.Unavailable("payment state store", 1, err))
-	case st.Fingerprint != c.fp || !st.Done:
+	case !c.owns(st.Fingerprint) || !st.Done:
 		return false, nil
 	}
 	return true, c.serveSaved(w, r, ex, st)
@@ -410,7 +456,7 @@ func (c *paymentIDCall) bind(w http.ResponseWriter, r *http.Request, ex exchange
 		until = claim.Until
 	}
 	st, _, err := c.ids.Bind(c.ctx, c.id, c.fp, until)
-	if err == nil && st.Fingerprint == c.fp && !st.Done {
+	if err == nil && c.owns(st.Fingerprint) && !st.Done {
 		// Bound now, or earlier by a copy of this payment whose claim is
 		// gone; either way this call holds the payment's claim, so it is
 		// the one copy that may charge.
@@ -423,7 +469,7 @@ func (c *paymentIDCall) bind(w http.ResponseWriter, r *http.Request, ex exchange
 	switch {
 	case err != nil:
 		return true, ex.refuse(w, r, apierr.Unavailable("payment state store", 1, err))
-	case st.Fingerprint != c.fp:
+	case !c.owns(st.Fingerprint):
 		return true, ex.refuse(w, r, fresh(errPaymentIDConflict))
 	}
 	return true, c.serveSaved(w, r, ex, st) // done, its claim lapsed since

@@ -188,7 +188,7 @@ func (e *restExchange) deliver(w http.ResponseWriter, bw *bufferedWriter, sr x40
 // JSON), for the replay guard.
 func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, ex exchange, pay x402.Payment, raw string) error {
 	payload := pay.PaymentPayload
-	pid, err := g.paymentIDOf(r, payload, raw)
+	pid, err := g.paymentIDOf(r, pay, raw)
 	if err != nil {
 		return ex.refuse(w, r, apierr.From(err))
 	}
