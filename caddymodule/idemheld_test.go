@@ -185,3 +185,34 @@ func TestPaymentIdentifierSamePaymentEncodedAnew(t *testing.T) {
 		t.Fatalf("charged %v, upstream ran %d times", got, up.calls.Load())
 	}
 }
+
+// Settle before, the reply of the settlement lost: the buyer's retry with
+// its id runs the upstream again, once, streamed; the next retry with the
+// same id and payment is told the call was paid and answered, its answer
+// not kept (409 payment_identifier_answer_not_kept with the run's
+// PAYMENT-RESPONSE), as after any streamed answer, not payment_already_used.
+// The upstream ran once: settled before, the first call never ran it.
+func TestPaymentIdentifierAfterARunAgain(t *testing.T) {
+	d, _ := sharedDevnet(t)
+	up := newUpstream(t)
+	base := startCaddy(t, pendingSite(up.URL, "lose_reply", filepath.Join(t.TempDir(), "gate"), "settle before\n\t\t\tpayment_identifier"))
+	url := base + "/verify/schema"
+	payer := evmfacilitator.DevAccounts()[6]
+	before := balance(t, d, payer.Address)
+	sig := signWithID(t, paymentRequired(t, post(t, url, "", nil)), payer.Key(), "pay_after_a_run_again_001")
+	if resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}); resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("first call: %d", resp.StatusCode)
+	}
+	run := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	if run.StatusCode != http.StatusOK {
+		t.Fatalf("the run again: %d", run.StatusCode)
+	}
+	tx := settlementOf(t, run).Transaction
+	again := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	if again.StatusCode != http.StatusConflict || idemCode(t, again) != codePaymentIDAnswerNotKept || settlementOf(t, again).Transaction != tx {
+		t.Fatalf("the retry after the run: %d", again.StatusCode)
+	}
+	if got := charged(t, d, payer.Address, before); got.Int64() != 20000 || up.calls.Load() != 1 {
+		t.Fatalf("charged %v, upstream ran %d times", got, up.calls.Load())
+	}
+}

@@ -46,9 +46,9 @@ import (
 //   - the same id and fingerprint while the first call is still running:
 //     409 payment_identifier_in_progress, retryable (Retry-After 1);
 //   - an answer over max_answer (or any answer in settle before mode,
-//     which is streamed) is delivered but not saved: a retry gets 409
-//     payment_identifier_answer_not_kept with the first call's
-//     PAYMENT-RESPONSE, nothing charged again;
+//     which is streamed, a run again included) is delivered but not
+//     saved: a retry gets 409 payment_identifier_answer_not_kept with the
+//     first call's PAYMENT-RESPONSE, nothing charged again;
 //   - a malformed id is 400 invalid_payment_identifier; no id on a route
 //     that requires one is 400 payment_identifier_required. Neither is
 //     charged.
@@ -567,6 +567,17 @@ type resolvingExchange struct {
 func (e *resolvingExchange) deliver(w http.ResponseWriter, bw *bufferedWriter, sr x402.SettleResponse) {
 	e.c.record(bw, sr)
 	e.exchange.deliver(w, bw, sr)
+}
+
+// streamed records, when ex keeps a payment identifier's answer
+// (resolving), that the answer settlement sr bought is being streamed (a
+// run again, which goes to the client by runSettled, not by deliver): the
+// id's next retry is told it was paid and answered, its answer not kept,
+// with its PAYMENT-RESPONSE, as after any streamed answer.
+func streamed(ex exchange, sr x402.SettleResponse) {
+	if e, ok := ex.(*resolvingExchange); ok {
+		e.c.record(nil, sr)
+	}
 }
 
 // serveSaved answers a retry with the answer its id's call bought. Its

@@ -289,6 +289,13 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 // serveClaimed answers a payment whose claim another call made (cs, its
 // state): it never claims or charges anything.
 func (g *Gate) serveClaimed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, ex exchange, pid *paymentIDCall, payload x402.PaymentPayload, cs store.ClaimState) error {
+	// The id's saved answer, once there is one, is the id's retry's
+	// answer, also when the claim still carries the record of an unknown
+	// settlement resolved since (its answer saved as it was served, or its
+	// run again streamed: only the id then says it was delivered).
+	if handled, err := pid.savedOnly(w, r, ex); handled {
+		return err
+	}
 	// A claim kept for an unknown settlement is resolved on the buyer's
 	// retry (pending.go), settled or not by now.
 	rex := pid.resolving(ex)

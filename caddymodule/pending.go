@@ -674,6 +674,7 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 		if err := markDelivered(ctx, hc, h.claim(), h, taken); err != nil {
 			g.logger.Error("a run again is being delivered but was not marked so; a retry after its span may run it again", zap.Error(err))
 		}
+		streamed(ex, sr)
 	})
 	if failed != nil {
 		// Nothing was delivered: the run is given back for the buyer's
