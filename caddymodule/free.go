@@ -299,16 +299,25 @@ func (f *FreeAllowance) trial(r *http.Request, g *Gate) *freeTrial {
 	return ft
 }
 
-// statusWriter calls onHeader with the final status just before the header
-// is written, so the gate can add headers that depend on the outcome.
+// statusWriter calls onHeader with the status that starts the answer
+// (startsAnswer) just before the header is written, so the gate can add
+// headers that depend on the outcome.
 type statusWriter struct {
 	http.ResponseWriter
 	status   int
 	onHeader func(http.Header, int)
 }
 
+// startsAnswer reports whether a header of status code starts the answer:
+// a final status, or a protocol switch (101, a websocket), after which the
+// connection is the answer. Any other 1xx (100 Continue, 103 Early Hints)
+// only goes before the answer.
+func startsAnswer(code int) bool {
+	return code >= 200 || code == http.StatusSwitchingProtocols
+}
+
 func (s *statusWriter) WriteHeader(code int) {
-	if s.status == 0 && code >= 200 {
+	if s.status == 0 && startsAnswer(code) {
 		s.status = code
 		s.onHeader(s.ResponseWriter.Header(), code)
 	}

@@ -647,7 +647,8 @@ func (g *Gate) serveSettled(w http.ResponseWriter, r *http.Request, next caddyht
 // at the upstream's first write, before its header goes out.
 //
 // upstream_timeout bounds the wait for that first write, not the answer:
-// a stream (SSE) runs as long as it runs once its header is out, and a
+// a stream (SSE), or a tunnel after a protocol switch (101: startsAnswer),
+// runs as long as it runs once its header is out, and a
 // deadline on the whole call would cut it off with the buyer charged. Up
 // to its header the request's context is cancelled at the deadline
 // (headerDeadline), so a stalled upstream does not hold a charged buyer

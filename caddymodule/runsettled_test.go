@@ -189,3 +189,98 @@ func TestRunAgainStreamingPastItsSpanIsNotRunTwice(t *testing.T) {
 		t.Fatalf("the first run's stream: %q (%v)", rest, err)
 	}
 }
+
+// echoUpgradeUpstream switches protocols ("Upgrade: echo") and echoes
+// lines back; tunnels counts the tunnels it opened.
+func echoUpgradeUpstream(t *testing.T) (*httptest.Server, *atomic.Int32) {
+	tunnels := new(atomic.Int32)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		if !strings.EqualFold(r.Header.Get("Upgrade"), "echo") {
+			w.Header().Set("Content-Type", "application/json")
+			io.WriteString(w, `{"paid_content":true}`)
+			return
+		}
+		tunnels.Add(1)
+		c, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
+		brw.Flush()
+		for {
+			line, err := brw.ReadString('\n')
+			if err != nil {
+				return
+			}
+			brw.WriteString("echo " + line)
+			brw.Flush()
+		}
+	}))
+	t.Cleanup(up.Close)
+	return up, tunnels
+}
+
+// upgradePost is a paid POST that asks to switch to the echo protocol.
+func upgradePost(t *testing.T, url, sig string) *http.Response {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(validRequest))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Connection", "Upgrade")
+	req.Header.Set("Upgrade", "echo")
+	req.Header.Set(x402.HeaderPaymentSignature, sig)
+	// No client Timeout: it would wrap a 101's body, which is then no
+	// connection. echo bounds each read instead.
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	return resp
+}
+
+// echo sends line through a switched connection and reads its echo, or
+// fails after 3 s.
+func echo(t *testing.T, resp *http.Response, line string) string {
+	t.Helper()
+	rw, ok := resp.Body.(io.ReadWriteCloser)
+	if !ok {
+		t.Fatalf("a %d answer's body is no connection", resp.StatusCode)
+	}
+	got := make(chan string, 1)
+	go func() {
+		io.WriteString(rw, line+"\n")
+		l, _ := bufio.NewReader(rw).ReadString('\n')
+		got <- l
+	}()
+	select {
+	case l := <-got:
+		return l
+	case <-time.After(3 * time.Second):
+		return "(no echo in 3s)"
+	}
+}
+
+// settle before: a protocol switch (101) is the answer's start, as a
+// header is: upstream_timeout no longer applies once it is out, and the
+// tunnel of the charged buyer runs past it.
+func TestSettleBeforeProtocolSwitchOutlivesUpstreamTimeout(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up, _ := echoUpgradeUpstream(t)
+	url := startCaddy(t, gateSite(up.URL, fac, 0, "settle before\n\t\t\tupstream_timeout 500ms")) + "/verify/schema"
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 8)
+	resp := upgradePost(t, url, sig)
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("upgrade: %d %s", resp.StatusCode, b)
+	}
+	settlementOf(t, resp)
+	if l := echo(t, resp, "one"); l != "echo one\n" {
+		t.Fatalf("first echo %q", l)
+	}
+	time.Sleep(1500 * time.Millisecond) // past upstream_timeout
+	if l := echo(t, resp, "two"); l != "echo two\n" {
+		t.Fatalf("the tunnel after upstream_timeout (500ms): %q, want \"echo two\"", l)
+	}
+}
