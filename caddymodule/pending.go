@@ -665,11 +665,12 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 	r.Header.Set(HeaderUpstreamNetwork, h.offer.Network)
 	g.noteSettled(r, sr)
 	// The run is delivered once the upstream's answer is under way (its
-	// first write), not once it ends: a stream (SSE) may outlast the run's
-	// span, and a retry after the span would run the upstream again for
-	// the same payment; so would one after a gateway that dies
-	// mid-stream. The mark is written before the answer's header goes
-	// out; should the store fail it, the answer still goes out.
+	// first write: its header, or a protocol switch's 101), not once it
+	// ends: a stream (SSE) or a tunnel may outlast the run's span, and a
+	// retry after the span would run the upstream again for the same
+	// payment; so would one after a gateway that dies mid-stream. The
+	// mark is written before the answer's header goes out; should the
+	// store fail it, the answer still goes out.
 	failed, err := g.runSettled(w, r, next, sr, func() {
 		if err := markDelivered(ctx, hc, h.claim(), h, taken); err != nil {
 			g.logger.Error("a run again is being delivered but was not marked so; a retry after its span may run it again", zap.Error(err))

@@ -284,3 +284,33 @@ func TestSettleBeforeProtocolSwitchOutlivesUpstreamTimeout(t *testing.T) {
 		t.Fatalf("the tunnel after upstream_timeout (500ms): %q, want \"echo two\"", l)
 	}
 }
+
+// A run again through a protocol switch is delivered at the 101: the
+// payment bought that one tunnel, and a retry with it is
+// payment_already_used, not a second run.
+func TestRunAgainThroughAProtocolSwitchIsRunOnce(t *testing.T) {
+	sharedDevnet(t)
+	up, tunnels := echoUpgradeUpstream(t)
+	url := startCaddy(t, pendingSite(up.URL, "lose_reply", filepath.Join(t.TempDir(), "gate"), "settle before")) + "/verify/schema"
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 8)
+	if resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}); resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("first try: %d", resp.StatusCode)
+	}
+	resp := upgradePost(t, url, sig)
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("run again: %d %s", resp.StatusCode, b)
+	}
+	if l := echo(t, resp, "hello"); l != "echo hello\n" {
+		t.Fatalf("run again's tunnel: %q", l)
+	}
+	resp.Body.Close()
+	retry := upgradePost(t, url, sig)
+	if retry.StatusCode == http.StatusSwitchingProtocols {
+		t.Fatalf("retry after the run's tunnel: a second tunnel (%d in all) for one payment", tunnels.Load())
+	}
+	b, _ := io.ReadAll(retry.Body)
+	if retry.StatusCode != http.StatusPaymentRequired || !strings.Contains(string(b), x402.ReasonPaymentAlreadyUsed) || tunnels.Load() != 1 {
+		t.Fatalf("retry after the run's tunnel: %d %s (tunnels %d), want payment_already_used and one tunnel", retry.StatusCode, b, tunnels.Load())
+	}
+}
