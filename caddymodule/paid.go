@@ -606,14 +606,17 @@ func (g *Gate) setPaidHeaders(h http.Header, sr x402.SettleResponse) {
 // A held answer is cleaned the same way when it is replayed. The request
 // is marked as settled before its answer (varSettledBefore), so that a
 // verify_response after the gate that withholds the output says the
-// buyer was charged. started is called once, at the upstream's first
-// write, before its header goes out: the moment its answer is under way.
+// buyer was charged. started, if not nil, is called once, at the
+// upstream's first write, before its header goes out: the moment its
+// answer is under way.
 func (g *Gate) paidStream(w http.ResponseWriter, r *http.Request, sr x402.SettleResponse, started func()) *statusWriter {
 	caddyhttp.SetVar(r.Context(), varSettledBefore, true)
 	g.setPaidHeaders(w.Header(), sr)
 	own := w.Header()[keyPaymentResponse]
 	return &statusWriter{ResponseWriter: w, onHeader: func(h http.Header, _ int) {
-		started()
+		if started != nil {
+			started()
+		}
 		dropGateHeaders(h)
 		if own != nil {
 			h[keyPaymentResponse] = own
@@ -664,19 +667,19 @@ func (g *Gate) runSettled(w http.ResponseWriter, r *http.Request, next caddyhttp
 	defer cancel()
 	wait := time.Duration(g.UpstreamTimeout)
 	tellAnswerBy(r, time.Now().Add(wait))
-	hd := &headerDeadline{ResponseWriter: w}
+	// The paid headers are set on w's own map, which the gate's answer
+	// starts from should the deadline come first; the upstream writes
+	// into a copy (headerDeadline) and reaches paidStream only with a
+	// header that came in time.
+	sw := g.paidStream(w, r, sr, started)
+	hd := &headerDeadline{ResponseWriter: sw, header: sw.Header().Clone()}
 	hd.timer = time.AfterFunc(wait, func() {
 		if hd.state.CompareAndSwap(headerDue, headerLate) {
 			cancel()
 		}
 	})
 	defer hd.timer.Stop()
-	sw := g.paidStream(hd, r, sr, func() {
-		if hd.begin() && started != nil {
-			started()
-		}
-	})
-	err = next.ServeHTTP(sw, r.WithContext(ctx))
+	err = runUpstream(next, hd, r.WithContext(ctx), hd.reached)
 	switch {
 	case hd.state.Load() == headerLate:
 		return apierr.Unavailable("upstream service", 0, fmt.Errorf("%w %s (upstream: %v)", errHeaderLate, wait, err)), nil
@@ -693,11 +696,32 @@ func (g *Gate) runSettled(w http.ResponseWriter, r *http.Request, next caddyhttp
 // Past the deadline, whatever the upstream still writes is dropped, so
 // that the gate's answer goes out instead and nothing counts as delivered:
 // reverse_proxy, its context cancelled, writes a 499 of its own, and a
-// handler that ignored its context may write its answer late.
+// handler that ignored its context may write its answer late. A
+// reverse_proxy that had the upstream's header in hand at the deadline
+// finds its body unwritable and aborts (http.ErrAbortHandler): nothing
+// reached the buyer (reached), so runUpstream makes that an error and the
+// gate still answers.
+//
+// Until its header wins, the upstream's headers go to a map of its own
+// (header), which then becomes the answer's. reverse_proxy sets the
+// upstream's headers before it writes its header: were they set on w's
+// map, a deadline falling in between would send the gate's answer with
+// them, a Content-Length or Content-Encoding not of its body (cut short,
+// or unreadable) and the upstream's cookies, to a buyer already charged.
 type headerDeadline struct {
 	http.ResponseWriter
-	state atomic.Int32 // headerDue, headerBegun or headerLate
-	timer *time.Timer
+	header http.Header  // the upstream's, until its header wins; then nil
+	state  atomic.Int32 // headerDue, headerBegun or headerLate
+	timer  *time.Timer
+}
+
+// Header is the upstream's own map until its header has won, then the
+// answer's.
+func (d *headerDeadline) Header() http.Header {
+	if d.header != nil {
+		return d.header
+	}
+	return d.ResponseWriter.Header()
 }
 
 const (
@@ -720,13 +744,50 @@ func (d *headerDeadline) begin() bool {
 	return d.state.Load() == headerBegun
 }
 
+// reached reports whether the upstream's header went out (runUpstream).
+func (d *headerDeadline) reached() bool { return d.state.Load() == headerBegun }
+
+// WriteHeader writes a header that starts the answer (startsAnswer) only
+// if it came before the deadline, with the upstream's map as the answer's.
+// Any other 1xx goes before the answer while it is still due (inform).
 func (d *headerDeadline) WriteHeader(code int) {
-	if d.state.Load() != headerLate {
+	switch {
+	case !startsAnswer(code):
+		if d.state.Load() == headerDue {
+			d.inform(code)
+		}
+	case d.begin():
+		if d.header != nil {
+			refill(d.ResponseWriter.Header(), d.header)
+			d.header = nil
+		}
 		d.ResponseWriter.WriteHeader(code)
 	}
 }
 
+// inform writes an informational header (103 Early Hints) with the
+// upstream's map: net/http sends a 1xx with the header map as it stands,
+// so w's map holds the upstream's for that write and is put back after,
+// for the answer the deadline may still leave to the gate.
+func (d *headerDeadline) inform(code int) {
+	h := d.ResponseWriter.Header()
+	gate := h.Clone()
+	refill(h, d.header)
+	d.ResponseWriter.WriteHeader(code)
+	refill(h, gate)
+}
+
+// refill makes dst, a writer's header map, hold exactly src's entries:
+// net/http writes the map it handed out, so it is refilled, not replaced.
+func refill(dst, src http.Header) {
+	clear(dst)
+	copyHeader(dst, src)
+}
+
 func (d *headerDeadline) Write(p []byte) (int, error) {
+	if d.state.Load() == headerDue {
+		d.WriteHeader(http.StatusOK)
+	}
 	if d.state.Load() == headerLate {
 		return 0, errHeaderLate
 	}

@@ -14,6 +14,9 @@ import (
 	"time"
 
 	"github.com/aovhq/aov/x402"
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
 // stallingUpstream answers after stall, or gives up when its request's
@@ -313,4 +316,78 @@ func TestRunAgainThroughAProtocolSwitchIsRunOnce(t *testing.T) {
 	if retry.StatusCode != http.StatusPaymentRequired || !strings.Contains(string(b), x402.ReasonPaymentAlreadyUsed) || tunnels.Load() != 1 {
 		t.Fatalf("retry after the run's tunnel: %d %s (tunnels %d), want payment_already_used and one tunnel", retry.StatusCode, b, tunnels.Load())
 	}
+}
+
+// lateHeaderUpstream is a fake upstream handler, for a fault a real one
+// causes only by a race a test cannot time: reverse_proxy copies the
+// upstream's headers into the writer's map, then calls WriteHeader, and
+// upstream_timeout may fall in between. This one sets its answer's
+// headers, waits until the gate has given up on it (its context ends at the
+// deadline) and only then writes its header and body; a body it cannot
+// write aborts it, as it aborts reverse_proxy (http.ErrAbortHandler).
+type lateHeaderUpstream struct{}
+
+func (lateHeaderUpstream) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{ID: "http.handlers.test_late_header", New: func() caddy.Module { return lateHeaderUpstream{} }}
+}
+
+func (lateHeaderUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
+	io.Copy(io.Discard, r.Body)
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Content-Encoding", "gzip")
+	h.Set("Content-Length", "5")
+	h.Set("Set-Cookie", "session=upstream")
+	h.Set(x402.HeaderPaymentResponse, "upstream-own")
+	<-r.Context().Done()
+	w.WriteHeader(http.StatusOK)
+	if _, err := w.Write([]byte("hello")); err != nil {
+		panic(http.ErrAbortHandler)
+	}
+	return nil
+}
+
+func init() {
+	caddy.RegisterModule(lateHeaderUpstream{})
+	httpcaddyfile.RegisterHandlerDirective("test_late_header", func(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+		h.Next()
+		return lateHeaderUpstream{}, nil
+	})
+}
+
+// settle before: an upstream whose headers were set but whose header came
+// after upstream_timeout leaves none of them on the gate's 503: the buyer,
+// charged, gets a whole JSON upstream_unavailable with the settlement's
+// PAYMENT-RESPONSE, not the upstream's length, encoding and cookie.
+func TestSettleBeforeHeaderAfterUpstreamTimeoutLeavesTheGate503Clean(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	site := gateSite("127.0.0.1:1", fac, 0, "settle before\n\t\t\tupstream_timeout 300ms")
+	site = strings.Replace(site, "reverse_proxy 127.0.0.1:1", "test_late_header", 1)
+	url := startCaddy(t, site) + "/verify/schema"
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 8)
+	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(validRequest))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(x402.HeaderPaymentSignature, sig)
+	cl := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DisableCompression: true}}
+	resp, err := cl.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("status %d, want 503", resp.StatusCode)
+	}
+	for _, k := range []string{"Content-Encoding", "Set-Cookie"} {
+		if v := resp.Header.Get(k); v != "" {
+			t.Errorf("the gate's 503 carries the upstream's %s %q", k, v)
+		}
+	}
+	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "application/json") {
+		t.Errorf("Content-Type %q, want the gate's JSON", ct)
+	}
+	m := readJSON(t, resp)
+	if m["code"] != "upstream_unavailable" || m["charged"] != true || m["retryable"] != false {
+		t.Fatalf("answer %v, want upstream_unavailable, charged true, not retryable", m)
+	}
+	settlementOf(t, resp)
 }
