@@ -768,11 +768,16 @@ func (d *headerDeadline) WriteHeader(code int) {
 // inform writes an informational header (103 Early Hints) with the
 // upstream's map: net/http sends a 1xx with the header map as it stands,
 // so w's map holds the upstream's for that write and is put back after,
-// for the answer the deadline may still leave to the gate.
+// for the answer the deadline may still leave to the gate. It is the one
+// place a gate sends an upstream's 1xx (a held answer drops them:
+// bufferedWriter), and it goes out without the gate's headers: neither
+// the upstream's (dropGateHeaders) nor the gate's, which belong to the
+// answer.
 func (d *headerDeadline) inform(code int) {
 	h := d.ResponseWriter.Header()
 	gate := h.Clone()
 	refill(h, d.header)
+	dropGateHeaders(h)
 	d.ResponseWriter.WriteHeader(code)
 	refill(h, gate)
 }
@@ -821,8 +826,8 @@ var keyPaymentResponse = http.CanonicalHeaderKey(x402.HeaderPaymentResponse)
 // client as the gate's: a settlement of the agent's reported as the
 // buyer's on an answer nothing was charged for, an allowance that is not
 // the buyer's. They are dropped wherever the gate hands on an upstream's
-// header (dropGateHeaders: replay, paidStream), before the gate sets its
-// own.
+// header (dropGateHeaders: replay, paidStream, and a streamed answer's 1xx,
+// headerDeadline.inform), before the gate sets its own.
 var gateHeaders = [...]string{
 	keyPaymentResponse,
 	http.CanonicalHeaderKey(x402.HeaderPaymentRequired),

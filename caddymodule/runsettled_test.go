@@ -2,13 +2,17 @@ package caddymodule
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
+	"net/textproto"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -390,4 +394,56 @@ func TestSettleBeforeHeaderAfterUpstreamTimeoutLeavesTheGate503Clean(t *testing.
 		t.Fatalf("answer %v, want upstream_unavailable, charged true, not retryable", m)
 	}
 	settlementOf(t, resp)
+}
+
+// settle before: an upstream's 1xx (103 Early Hints) reaches the buyer
+// without the x402 headers only the gate sets.
+func TestSettleBeforeEarlyHintsCarryNoUpstreamPaymentHeaders(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Link", "</style.css>; rel=preload")
+		w.Header().Set(x402.HeaderPaymentRequired, "upstream-own")
+		w.Header().Set(x402.HeaderPaymentResponse, "upstream-own")
+		w.WriteHeader(http.StatusEarlyHints)
+		w.Header().Del("Link")
+		w.Header().Del(x402.HeaderPaymentRequired)
+		w.Header().Del(x402.HeaderPaymentResponse)
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"paid_content":true}`)
+	}))
+	t.Cleanup(up.Close)
+	url := startCaddy(t, gateSite(up.URL, fac, 0, "settle before")) + "/verify/schema"
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 8)
+	var mu sync.Mutex
+	var hints []textproto.MIMEHeader
+	trace := &httptrace.ClientTrace{Got1xxResponse: func(_ int, h textproto.MIMEHeader) error {
+		mu.Lock()
+		defer mu.Unlock()
+		hints = append(hints, h)
+		return nil
+	}}
+	req, _ := http.NewRequestWithContext(httptrace.WithClientTrace(context.Background(), trace), http.MethodPost, url, strings.NewReader(validRequest))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(x402.HeaderPaymentSignature, sig)
+	resp, err := testClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), "paid_content") {
+		t.Fatalf("answer %d %s", resp.StatusCode, b)
+	}
+	settlementOf(t, resp)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(hints) != 1 || hints[0].Get("Link") == "" {
+		t.Fatalf("1xx answers %v, want the upstream's 103 with its Link", hints)
+	}
+	for _, k := range []string{x402.HeaderPaymentRequired, x402.HeaderPaymentResponse} {
+		if v := hints[0].Values(k); len(v) != 0 {
+			t.Errorf("the 103 carries %s %q", k, v)
+		}
+	}
 }
