@@ -38,6 +38,12 @@ const (
 	spaceEntryOverhead = 32
 )
 
+// entryBytes is what the space guard counts for one key written (value
+// nil for a delete).
+func entryBytes(key, value []byte) uint64 {
+	return uint64(len(key) + len(value) + spaceEntryOverhead)
+}
+
 // spaceReserve is the free space below which writes are refused, from the
 // options Badger is opened with: what Badger may still write on its own
 // with what it already holds, once the store writes nothing more:
@@ -87,6 +93,44 @@ func newSpaceGuard(dir string, o badger.Options) (*spaceGuard, error) {
 		return nil, fmt.Errorf("store: opening the store directory: %w", err)
 	}
 	return &spaceGuard{dir: d, fd: int(d.Fd()), reserve: spaceReserve(o)}, nil
+}
+
+// admitReplay lets Open replay n bytes of the write-ahead log into Badger
+// (n counted as admit counts a write's) unless the disk has no room for
+// them: twice n, as admit charges (Badger's memtable log and its value
+// log), and n more for the table their memtable is flushed into (at Close
+// at the latest). Unlike a write it does not ask for the reserve on top:
+// the log holds acknowledged writes Badger may have lost, so the store can
+// neither answer a read nor take a write before they are applied, and a
+// store that did not open would stop every route in front of it, reads and
+// ungated ones included, which a disk below the reserve must not do. The
+// log is small beside the reserve (walMinSize beside spaceReserve), so
+// the replay takes little of what the reserve keeps for Badger; writes
+// after it are refused as ever while the disk is below the reserve.
+func (g *spaceGuard) admitReplay(n uint64) error {
+	if g == nil || n == 0 {
+		return nil
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	free, err := freeBytes(g.fd)
+	if err != nil {
+		return fmt.Errorf("store: reading the free space of the store's disk: %w", err)
+	}
+	g.free, g.written, g.next = free, n, elapsed()+spaceRecheck
+	if need := 3 * n; free < need {
+		return fmt.Errorf("store: the write-ahead log holds acknowledged writes that must be applied before the store is used, which takes %s free; the disk has %s free (writes are refused below %s): free space on it and start again",
+			mib(need), mib(free), mib(g.reserve))
+	}
+	return nil
+}
+
+// mib renders a size in MiB for an operator.
+func mib(n uint64) string {
+	if n%(1<<20) == 0 {
+		return fmt.Sprintf("%d MiB", n>>20)
+	}
+	return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
 }
 
 // admit lets n more bytes be written, or refuses them with ErrDiskFull

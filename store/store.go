@@ -237,6 +237,18 @@ func Open(dir string, opts Options) (*DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening store in %s: %w", dir, err)
 	}
+	if !opts.InMemory {
+		// The log's replay (below) is admitted before Badger opens: see
+		// walReplayBytes and admitReplay.
+		n, err := walReplayBytes(dir)
+		if err == nil {
+			err = space.admitReplay(n)
+		}
+		if err != nil {
+			space.close()
+			return nil, fmt.Errorf("opening store in %s: %w", dir, err)
+		}
+	}
 	bdb, err := badger.OpenManaged(bo) // versions are the store's: versions.go
 	if err != nil {
 		space.close()
@@ -260,13 +272,7 @@ func Open(dir string, opts Options) (*DB, error) {
 		var replayed int
 		log, replayed, err = openWAL(dir, size, !opts.walBuffered && !opts.NoSync,
 			func() error { return syncBadger(bdb, dir) },
-			func(p []byte) error {
-				// A replay is a write like any other (ErrDiskFull).
-				if err := space.admit(uint64(len(p))); err != nil {
-					return err
-				}
-				return replayRecord(vers, p)
-			})
+			func(p []byte) error { return replayRecord(vers, p) })
 		if err != nil {
 			space.close()
 			bdb.Close()

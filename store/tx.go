@@ -11,8 +11,8 @@ import "github.com/dgraph-io/badger/v4"
 type tx struct {
 	b   *badger.Txn
 	rec *walRecord // nil: not logged (no log, or a read-only transaction)
-	// bytes is about what the writes take on disk (keys, values and
-	// spaceEntryOverhead each), for the space guard (space.go).
+	// bytes is about what the writes take on disk (entryBytes each),
+	// for the space guard (space.go).
 	bytes uint64
 }
 
@@ -35,7 +35,7 @@ func (t *tx) SetEntry(e *badger.Entry) error {
 	if err := t.b.SetEntry(e); err != nil {
 		return err
 	}
-	t.bytes += uint64(len(e.Key) + len(e.Value) + spaceEntryOverhead)
+	t.bytes += entryBytes(e.Key, e.Value)
 	if t.rec != nil {
 		t.rec.set(e.Key, e.Value, e.ExpiresAt, e.UserMeta)
 		if t.rec.full() {
@@ -50,7 +50,7 @@ func (t *tx) Delete(key []byte) error {
 	if err := t.b.Delete(key); err != nil {
 		return err
 	}
-	t.bytes += uint64(len(key) + spaceEntryOverhead)
+	t.bytes += entryBytes(key, nil)
 	if t.rec != nil {
 		t.rec.delete(key)
 		if t.rec.full() {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -242,6 +243,51 @@ func decodeWALHeader(b []byte) (uint64, bool) {
 	return binary.LittleEndian.Uint64(b[8:]), true
 }
 
+// readWALHeader returns the epoch of the log f, or false when its header
+// is not whole (see decodeWALHeader).
+func readWALHeader(f *os.File) (uint64, bool) {
+	h := make([]byte, 20)
+	n, _ := f.ReadAt(h, 0)
+	return decodeWALHeader(h[:n])
+}
+
+// walReplayBytes is what Open's replay of the log in dir writes to Badger,
+// counted as a write's bytes are (entryBytes): 0 without a log or with
+// nothing to replay. It reads the log alone, so that Open can refuse a
+// replay the disk has no room for before Badger is opened: Badger's Close
+// on that error path would flush what it holds to a table, on a disk
+// without room for it. A record that does not decode is refused here too.
+func walReplayBytes(dir string) (uint64, error) {
+	f, err := os.Open(filepath.Join(dir, walFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("store: opening the write-ahead log: %w", err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return 0, fmt.Errorf("store: opening the write-ahead log: %w", err)
+	}
+	epoch, ok := readWALHeader(f)
+	if !ok {
+		return 0, nil
+	}
+	var n uint64
+	_, err = scanWAL(f, st.Size(), epoch, func(p []byte) error {
+		err := decodeWALPayload(p, func(op walOp) error {
+			n += entryBytes(op.key, op.value)
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("store: replaying the write-ahead log: %w", err)
+		}
+		return nil
+	})
+	return n, err
+}
+
 // wal is an open write-ahead log. Only the committer's leader uses it, one
 // group at a time, so it needs no lock of its own.
 type wal struct {
@@ -275,13 +321,15 @@ type wal struct {
 //
 // With direct, records are written with O_DIRECT where the file system
 // takes it (see writeRecord); the header and the zeros ahead never are.
-func openWAL(dir string, size int64, direct bool, syncBadger func() error, apply func(payload []byte) error) (w *wal, replayed int, err error) {
+func openWAL(dir string, size int64, direct bool, syncBadger func() error, apply func(payload []byte) error) (_ *wal, replayed int, err error) {
 	path := filepath.Join(dir, walFile)
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|walOpenFlags, 0o600)
 	if err != nil {
 		return nil, 0, fmt.Errorf("store: opening the write-ahead log: %w", err)
 	}
-	w = &wal{f: f, recf: f, dsync: walOpenFlags != 0, size: size, syncBadger: syncBadger}
+	// w, not the result: an error return has set that to nil before the
+	// deferred close runs.
+	w := &wal{f: f, recf: f, dsync: walOpenFlags != 0, size: size, syncBadger: syncBadger}
 	defer func() {
 		if err != nil {
 			w.close()
@@ -292,9 +340,7 @@ func openWAL(dir string, size int64, direct bool, syncBadger func() error, apply
 		return nil, 0, fmt.Errorf("store: opening the write-ahead log: %w", err)
 	}
 	w.filled = st.Size()
-	h := make([]byte, 20)
-	n, _ := f.ReadAt(h, 0)
-	epoch, ok := decodeWALHeader(h[:n])
+	epoch, ok := readWALHeader(f)
 	if ok {
 		w.off, err = scanWAL(f, w.filled, epoch, func(p []byte) error {
 			replayed++

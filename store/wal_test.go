@@ -865,3 +865,27 @@ func TestWALCheckpointSyncsBadgerWhenItHoldsRecords(t *testing.T) {
 		t.Errorf("checkpoint of an empty log: %v, %d syncs; want no sync", err, syncs)
 	}
 }
+
+// TestWALOpenFailedReplayClosesTheLog: a replay whose record Badger
+// refuses makes openWAL return that error with the log's file closed. Its
+// cleanup once called close on the nil *wal it returned: a nil-pointer
+// panic in Open instead of the error.
+func TestWALOpenFailedReplayClosesTheLog(t *testing.T) {
+	dir := t.TempDir()
+	none := func() error { return nil }
+	w, _, err := openWAL(dir, walMinSize, true, none, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.rec.reset()
+	w.rec.set([]byte("k"), []byte("v"), 0, 0)
+	if err := w.append(&w.rec); err != nil {
+		t.Fatal(err)
+	}
+	w.close()
+	refused := errors.New("refused")
+	w, _, err = openWAL(dir, walMinSize, true, none, func([]byte) error { return refused })
+	if !errors.Is(err, refused) || w != nil {
+		t.Fatalf("openWAL with a replay refused: %v, %v; want nil and the refusal", w, err)
+	}
+}

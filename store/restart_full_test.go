@@ -1,0 +1,112 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aovhq/aov/internal/servers"
+)
+
+// TestOpenAfterCrashBelowReserve: a process dies with acknowledged claims
+// in the store's log while the disk is below the reserve (the state the
+// reserve keeps a full disk in), and starts again. The restart replays the
+// log (its writes were acknowledged, so nothing may read the store before
+// they are in it) and opens with every claim readable and writes refused
+// (ErrDiskFull, Ping too), as a running store on that disk would be:
+// reads and ungated routes go on. It once died of a nil-pointer panic in
+// Open instead. Each process is a child, so that a fault in one cannot
+// leave the tmpfs mounted or kill the test run.
+func TestOpenAfterCrashBelowReserve(t *testing.T) {
+	root := os.Getenv("STORE_RESTART_ROOT")
+	claim := func(i int) string { return fmt.Sprintf("payment-%04d-%s", i, strings.Repeat("x", 200)) }
+	const claims = 2000
+	switch os.Getenv("STORE_RESTART_STAGE") {
+	case "write":
+		db, err := Open(filepath.Join(root, "db"), smallFiles)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range claims {
+			if _, err := db.Claims().Claim(context.Background(), []string{claim(i)}, time.Now().Add(time.Hour)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		leave := db.commits.space.reserve / 2
+		if s := os.Getenv("STORE_RESTART_LEAVE"); s != "" {
+			fmt.Sscan(s, &leave)
+		}
+		servers.FillLeaving(t, filepath.Join(root, "filler"), leave)
+		fmt.Println("WROTE") // and ends without Close: a crash
+		return
+	case "open":
+		var logged bytes.Buffer
+		opts := smallFiles
+		opts.Logger = slog.New(slog.NewTextHandler(&logged, nil))
+		db, err := Open(filepath.Join(root, "db"), opts)
+		if err != nil {
+			fmt.Printf("OPEN ERROR: %v\n", err)
+			return
+		}
+		if !strings.Contains(logged.String(), "replayed the write-ahead log") {
+			t.Errorf("Open replayed nothing; log:\n%s", logged.String())
+		}
+		for i := range claims {
+			if _, err := db.Claims().Lookup(context.Background(), claim(i)); err != nil {
+				t.Fatalf("claim %d after the restart: %v", i, err)
+			}
+		}
+		if _, err := db.Claims().Claim(context.Background(), []string{"new"}, time.Now().Add(time.Hour)); !errors.Is(err, ErrDiskFull) {
+			t.Errorf("a write below the reserve after the restart: %v, want ErrDiskFull", err)
+		}
+		if err := db.Ping(context.Background()); !errors.Is(err, ErrDiskFull) {
+			t.Errorf("Ping below the reserve after the restart: %v, want ErrDiskFull", err)
+		}
+		if err := db.Close(); err != nil {
+			t.Fatal(err)
+		}
+		fmt.Println("OPENED")
+		return
+	}
+
+	run := func(t *testing.T, root string, env ...string) string {
+		t.Helper()
+		env = append(env, "STORE_RESTART_ROOT="+root)
+		out, err := servers.InChild(t, "TestOpenAfterCrashBelowReserve", append(env, "STORE_RESTART_STAGE=write")...)
+		if err != nil || !strings.Contains(out, "WROTE") {
+			t.Fatalf("the writing process: %v\n%s", err, out)
+		}
+		out, err = servers.InChild(t, "TestOpenAfterCrashBelowReserve", append(env, "STORE_RESTART_STAGE=open")...)
+		if err != nil {
+			t.Fatalf("the restart on a disk below the reserve failed (%v):\n%s", err, out)
+		}
+		return out
+	}
+
+	t.Run("opens", func(t *testing.T) {
+		if out := run(t, servers.Tmpfs(t, "160m")); !strings.Contains(out, "OPENED") {
+			t.Errorf("the restart on a disk below the reserve: %s", out)
+		}
+	})
+
+	// With less free than the replay needs (its bytes twice, and once more
+	// for their table), Open refuses before Badger is opened, naming the
+	// directory, what the replay needs, the free space and the reserve.
+	t.Run("no room for the replay", func(t *testing.T) {
+		root := servers.Tmpfs(t, "160m")
+		out := run(t, root, "STORE_RESTART_LEAVE=262144")
+		t.Log(out)
+		for _, want := range []string{"OPEN ERROR", filepath.Join(root, "db"), "the write-ahead log holds acknowledged writes", "MiB free; the disk has", "writes are refused below 49 MiB", "free space on it and start again"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("the refusal of a replay without room %q lacks %q", out, want)
+			}
+		}
+	})
+}
