@@ -110,3 +110,23 @@ func TestOpenAfterCrashBelowReserve(t *testing.T) {
 		}
 	})
 }
+
+// TestOpenRefusesVolumeSmallerThanReserve: on a volume no larger than the
+// reserve and the log, the store could never take a write; Open says so,
+// naming the directory, the volume's size, its free space, the reserve and
+// the smallest volume it takes, instead of every write being refused as if
+// other files filled the disk.
+func TestOpenRefusesVolumeSmallerThanReserve(t *testing.T) {
+	dir := filepath.Join(servers.Tmpfs(t, "128m"), "db")
+	db, err := Open(dir, Options{})
+	if err == nil {
+		db.Close()
+		t.Fatal("a store opened on a 128 MiB volume, below its 160 MiB reserve")
+	}
+	t.Log(err)
+	for _, want := range []string{dir, "volume holding the store is too small", "128 MiB in all", "MiB free", "keeps 160 MiB free", "larger than 176 MiB"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("Open on a 128 MiB volume: %q lacks %q", err, want)
+		}
+	}
+}

@@ -84,6 +84,11 @@ type spaceGuard struct {
 
 // newSpaceGuard watches the file system of dir; nil (no guard) for a
 // store in memory.
+//
+// It refuses a file system no bigger than the reserve and a full log
+// (walMinSize): there the store could never take a write, or stop taking
+// them once its log has grown, and each write's ErrDiskFull would blame
+// the space other files take rather than the volume's size.
 func newSpaceGuard(dir string, o badger.Options) (*spaceGuard, error) {
 	if o.InMemory {
 		return nil, nil
@@ -92,7 +97,18 @@ func newSpaceGuard(dir string, o badger.Options) (*spaceGuard, error) {
 	if err != nil {
 		return nil, fmt.Errorf("store: opening the store directory: %w", err)
 	}
-	return &spaceGuard{dir: d, fd: int(d.Fd()), reserve: spaceReserve(o)}, nil
+	g := &spaceGuard{dir: d, fd: int(d.Fd()), reserve: spaceReserve(o)}
+	free, size, err := diskSpace(g.fd)
+	if err != nil {
+		d.Close()
+		return nil, fmt.Errorf("store: reading the free space of the store's disk: %w", err)
+	}
+	if least := g.reserve + walMinSize; size <= least {
+		d.Close()
+		return nil, fmt.Errorf("store: the volume holding the store is too small: %s in all, %s free; the store keeps %s free (writes are refused below it) and its write-ahead log takes %s, so the volume must be larger than %s",
+			mib(size), mib(free), mib(g.reserve), mib(walMinSize), mib(least))
+	}
+	return g, nil
 }
 
 // admitReplay lets Open replay n bytes of the write-ahead log into Badger
@@ -113,7 +129,7 @@ func (g *spaceGuard) admitReplay(n uint64) error {
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	free, err := freeBytes(g.fd)
+	free, _, err := diskSpace(g.fd)
 	if err != nil {
 		return fmt.Errorf("store: reading the free space of the store's disk: %w", err)
 	}
@@ -146,7 +162,7 @@ func (g *spaceGuard) admit(n uint64) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if t := elapsed(); t >= g.next || g.written+n > spaceRecheckBytes {
-		free, err := freeBytes(g.fd)
+		free, _, err := diskSpace(g.fd)
 		if err != nil {
 			return fmt.Errorf("store: reading the free space of the store's disk: %w", err)
 		}

@@ -2,12 +2,12 @@ package store
 
 import "syscall"
 
-// freeBytes is the space an unprivileged writer may still take on the
-// file system holding the open descriptor fd.
-func freeBytes(fd int) (uint64, error) {
+// diskSpace reads the file system holding the open descriptor fd: the
+// space an unprivileged writer may still take, and the size of the whole.
+func diskSpace(fd int) (free, size uint64, err error) {
 	var st syscall.Statfs_t
 	if err := syscall.Fstatfs(fd, &st); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	return st.Bavail * uint64(st.Bsize), nil
+	return st.Bavail * uint64(st.Bsize), st.Blocks * uint64(st.Bsize), nil
 }
