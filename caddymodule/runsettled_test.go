@@ -52,7 +52,7 @@ func stallingUpstream(t *testing.T, stall time.Duration) (up *httptest.Server, s
 // bounded only by the transport's own timeouts, if any.
 func TestSettleBeforeUpstreamTimeoutBeforeHeadersSaysCharged(t *testing.T) {
 	_, fac := sharedDevnet(t)
-	up, stalling, _ := stallingUpstream(t, 5*time.Second)
+	up, stalling, _ := stallingUpstream(t, 2*time.Minute)
 	stalling.Store(true)
 	url := startCaddy(t, gateSite(up.URL, fac, 0, "settle before\n\t\t\tupstream_timeout 500ms")) + "/verify/schema"
 	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 8)
@@ -63,7 +63,10 @@ func TestSettleBeforeUpstreamTimeoutBeforeHeadersSaysCharged(t *testing.T) {
 	if resp.StatusCode != http.StatusServiceUnavailable || m["code"] != "upstream_unavailable" || m["charged"] != true || m["retryable"] != false {
 		t.Fatalf("answer %d %v, want 503 upstream_unavailable, charged true, not retryable", resp.StatusCode, m)
 	}
-	if took > 3*time.Second {
+	// The upstream stalls for minutes: an answer within one was the
+	// gate's deadline (a bound far above 500ms, so a busy machine
+	// never fails it).
+	if took > time.Minute {
 		t.Fatalf("answered after %v, want about upstream_timeout (500ms) after the settlement", took)
 	}
 	t.Logf("answered %v after the request", took)
@@ -116,7 +119,7 @@ func TestSettleBeforeStreamPastUpstreamTimeoutIsDeliveredWhole(t *testing.T) {
 // buyer's next retry runs it.
 func TestRunAgainUpstreamTimeoutBeforeHeadersGivesTheRunBack(t *testing.T) {
 	sharedDevnet(t)
-	up, stalling, served := stallingUpstream(t, 5*time.Second)
+	up, stalling, served := stallingUpstream(t, 2*time.Minute)
 	url := startCaddy(t, pendingSite(up.URL, "lose_reply", filepath.Join(t.TempDir(), "gate"), "settle before\n\t\t\tupstream_timeout 500ms")) + "/verify/schema"
 	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 8)
 	hdr := map[string]string{x402.HeaderPaymentSignature: sig}
@@ -131,7 +134,7 @@ func TestRunAgainUpstreamTimeoutBeforeHeadersGivesTheRunBack(t *testing.T) {
 	if resp.StatusCode != http.StatusServiceUnavailable || m["code"] != "upstream_unavailable" || m["charged"] != true || m["retryable"] != true {
 		t.Fatalf("retry while the upstream stalls: %d %v, want 503 upstream_unavailable, charged, retryable", resp.StatusCode, m)
 	}
-	if took > 3*time.Second {
+	if took > time.Minute { // the upstream stalls for minutes, see above
 		t.Fatalf("answered after %v, want about upstream_timeout (500ms)", took)
 	}
 	t.Logf("answered %v after the request", took)
