@@ -810,3 +810,34 @@ func TestCompromiseMarkOnlyMovesEarlier(t *testing.T) {
 		t.Fatalf("an earlier -since left the mark at %s", got)
 	}
 }
+
+// A -max-skew of zero or less, or a CERTD_MAX_SKEW certd cannot read (a
+// number without a unit, a misspelt unit, a negative skew), is a usage
+// error naming the flag or the variable, as verifierd refuses its
+// VERIFIERD_* variables, instead of silently meaning 60 s.
+func TestServeRefusesAMaxSkewItCannotUse(t *testing.T) {
+	for _, v := range []string{"-1h", "0s"} {
+		_, err := parseServe([]string{"-sign-socket", "/tmp/x.sock", "-max-skew", v}, io.Discard)
+		if err == nil || !errors.As(err, new(usageError)) || !strings.Contains(err.Error(), "-max-skew") || !strings.Contains(err.Error(), "must be positive") {
+			t.Errorf("-max-skew %s: %v; want a usage error naming the flag", v, err)
+		}
+	}
+	for _, v := range []string{"90", "2 m", "30sec", "-5s", "0"} {
+		t.Run(v, func(t *testing.T) {
+			t.Setenv("CERTD_MAX_SKEW", v)
+			_, err := parseServe([]string{"-sign-socket", "/tmp/x.sock"}, io.Discard)
+			if err == nil || !errors.As(err, new(usageError)) || !strings.Contains(err.Error(), "CERTD_MAX_SKEW") {
+				t.Errorf("CERTD_MAX_SKEW=%q: %v; want a usage error naming the variable", v, err)
+			}
+		})
+	}
+	t.Setenv("CERTD_MAX_SKEW", "90s")
+	c, err := parseServe([]string{"-sign-socket", "/tmp/x.sock"}, io.Discard)
+	if err != nil || c.maxSkew != 90*time.Second {
+		t.Fatalf("CERTD_MAX_SKEW=90s: %v, %v", c.maxSkew, err)
+	}
+	c, err = parseServe([]string{"-sign-socket", "/tmp/x.sock", "-max-skew", "2m"}, io.Discard)
+	if err != nil || c.maxSkew != 2*time.Minute {
+		t.Fatalf("-max-skew 2m over CERTD_MAX_SKEW=90s: %v, %v", c.maxSkew, err)
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"github.com/aovhq/aov/agentcard"
 	"github.com/aovhq/aov/apierr"
 	"github.com/aovhq/aov/internal/buildinfo"
+	"github.com/aovhq/aov/internal/flagopt"
 	"github.com/aovhq/aov/keystore"
 	"github.com/aovhq/aov/signer"
 )
@@ -54,10 +55,17 @@ func parseServe(args []string, stderr io.Writer) (serveConfig, error) {
 	fs.StringVar(&c.serviceName, "service-name", env("CERTD_SERVICE_NAME", agentcard.DefaultName), "service name in the agent card (env CERTD_SERVICE_NAME)")
 	fs.StringVar(&c.providerOrg, "provider-org", env("CERTD_PROVIDER_ORG", ""), "organisation named as provider in the agent card (env CERTD_PROVIDER_ORG)")
 	fs.StringVar(&c.providerURL, "provider-url", env("CERTD_PROVIDER_URL", ""), "provider URL in the agent card (env CERTD_PROVIDER_URL)")
-	fs.DurationVar(&c.maxSkew, "max-skew", envDuration("CERTD_MAX_SKEW", signer.DefaultMaxSkew), "how far a sign request's attested_at may be from this clock (env CERTD_MAX_SKEW)")
+	flagopt.PositiveDuration(fs, &c.maxSkew, "max-skew", signer.DefaultMaxSkew, "how far a sign request's attested_at may be from this clock (env CERTD_MAX_SKEW)")
 	fs.StringVar(&c.logLevel, "log-level", env("CERTD_LOG_LEVEL", "info"), "debug, info, warn or error (env CERTD_LOG_LEVEL)")
 	if err := parse(fs, args); err != nil {
 		return c, err
+	}
+	// The variable is read as the flag is, so a typo in it is refused like
+	// one on the command line, never replaced by the default.
+	if v, ok := os.LookupEnv("CERTD_MAX_SKEW"); ok && !flagSet(fs, "max-skew") {
+		if err := fs.Set("max-skew", v); err != nil {
+			return c, usagef("CERTD_MAX_SKEW=%q: %v", v, err)
+		}
 	}
 	if c.signListen != "" && c.signSecretFile == "" {
 		return c, usagef("-sign-listen needs -sign-secret-file: on TCP the bearer secret is the only authentication")

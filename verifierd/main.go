@@ -38,6 +38,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/aovhq/aov/internal/buildinfo"
+	"github.com/aovhq/aov/internal/flagopt"
 	"github.com/aovhq/aov/score"
 	"github.com/aovhq/aov/signer"
 	"github.com/aovhq/aov/verifierd/server"
@@ -103,7 +104,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.gatewayTokenFile, "gateway-token-file", "", "file holding the gateway token that makes X-Aov-* headers trusted (or set AOV_GATEWAY_TOKEN)")
 	fs.Int64Var(&c.maxBodyBytes, "max-body-bytes", verify.DefaultMaxBodyBytes, "absolute request body limit; larger bodies get 413")
 	fs.IntVar(&c.listCap, "list-cap", verify.DefaultListCap, "entries shown per result list (errors, flags, hints)")
-	fs.DurationVar(&c.verify.Timeout, "verify-timeout", verify.DefaultTimeout, "wall-clock limit of one verification; past it the caller gets 503 verification_timeout")
+	flagopt.PositiveDuration(fs, &c.verify.Timeout, "verify-timeout", verify.DefaultTimeout, "wall-clock limit of one verification; past it the caller gets 503 verification_timeout")
 	fs.IntVar(&c.verify.MaxSchemaSteps, "max-schema-steps", schema.DefaultMaxSteps, "evaluation budget of one verification, in steps (a subschema applied; the work of uniqueItems, const and enum comparisons and of long strings); past it 422")
 	fs.Int64Var(&c.verify.MaxRegexWork, "max-regex-work", schema.DefaultMaxRegexWork, "regular-expression budget of one verification, pattern size × string length summed over every match; past it 422")
 	fs.Int64Var(&c.verify.MaxIntegrityWork, "max-integrity-work", verify.DefaultMaxIntegrityWork, "work budget of the bounds and rules of one verification (one unit per value a path enters, more for what unique and exists_in compare), counted before they run; past it 422")
@@ -112,17 +113,17 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&c.verify.MaxConcurrent, "max-concurrent-verifications", 0, "evaluations running at once (0: twice the CPUs); the others wait within -verify-timeout")
 	fs.Int64Var(&c.verify.SchemaCacheBytes, "schema-cache-bytes", schema.DefaultCacheBytes, "memory bound of the compiled-schema cache, in bytes (estimated)")
 	fs.BoolVar(&c.noSync, "no-sync", false, "do not fsync each history write (faster; a power loss may drop the last records)")
-	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long in-flight requests may finish on shutdown")
+	flagopt.PositiveDuration(fs, &c.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long in-flight requests may finish on shutdown")
 	fs.DurationVar(&c.scoreHalfLife, "score-half-life", score.DefaultHalfLife, "trust score: age at which a verification counts half")
 	fs.DurationVar(&c.scoreHorizon, "score-horizon", score.DefaultHorizon, "trust score: age beyond which a verification is not evidence")
 	fs.IntVar(&c.scoreMaxRecords, "score-max-records", score.DefaultMaxRecords, "trust score: newest verifications considered at most (1 to 1000000)")
 	fs.Float64Var(&c.scoreUnauthWeight, "score-unauthenticated-weight", score.DefaultUnauthenticatedWeight, "trust score: weight of a verification of an agent_id without an owner (authenticated ones weigh 1; an owned agent's others do not count), in (0, 1]")
 	fs.BoolVar(&c.devUngatedPaidRoutes, "dev-ungated-paid-routes", false, "development only: serve the paid routes (GET /score, MCP get_verification_record) to callers without the gateway token, i.e. free to anyone who reaches this listener")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
-	fs.DurationVar(&c.signerTimeout, "signer-timeout", 5*time.Second, "timeout of one call to certd")
-	fs.DurationVar(&c.readHeaderTimeout, "read-header-timeout", 5*time.Second, "time allowed to read request headers")
-	fs.DurationVar(&c.readTimeout, "read-timeout", 30*time.Second, "time allowed to read a whole request")
-	fs.DurationVar(&c.idleTime, "idle-timeout", 120*time.Second, "keep-alive idle timeout")
+	flagopt.PositiveDuration(fs, &c.signerTimeout, "signer-timeout", 5*time.Second, "timeout of one call to certd")
+	flagopt.PositiveDuration(fs, &c.readHeaderTimeout, "read-header-timeout", 5*time.Second, "time allowed to read request headers")
+	flagopt.PositiveDuration(fs, &c.readTimeout, "read-timeout", 30*time.Second, "time allowed to read a whole request")
+	flagopt.PositiveDuration(fs, &c.idleTime, "idle-timeout", 120*time.Second, "keep-alive idle timeout")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}

@@ -398,3 +398,29 @@ func TestDaemonSignsInProcess(t *testing.T) {
 		})
 	}
 }
+
+// A zero or negative duration is refused with the flag's (or the
+// variable's) name: net/http reads a non-positive server timeout as no
+// deadline at all (a slow client holds its connection forever), a negative
+// -shutdown-timeout cuts every request in flight at SIGTERM, and a
+// negative -signer-timeout or -verify-timeout silently meant the default.
+func TestNonPositiveDurationsAreRefused(t *testing.T) {
+	for _, f := range []string{"read-header-timeout", "read-timeout", "idle-timeout", "shutdown-timeout", "signer-timeout", "verify-timeout"} {
+		for _, v := range []string{"-1s", "0s"} {
+			_, err := parseFlags([]string{"-" + f, v}, io.Discard)
+			if err == nil || !strings.Contains(err.Error(), "-"+f) || !strings.Contains(err.Error(), "must be positive") {
+				t.Errorf("-%s %s: %v; want an error naming the flag", f, v, err)
+			}
+		}
+		env := "VERIFIERD_" + strings.ToUpper(strings.ReplaceAll(f, "-", "_"))
+		t.Run(env, func(t *testing.T) {
+			t.Setenv(env, "-1s")
+			if _, err := parseFlags(nil, io.Discard); err == nil || !strings.Contains(err.Error(), env) {
+				t.Errorf("%s=-1s: %v; want an error naming the variable", env, err)
+			}
+		})
+		if _, err := parseFlags([]string{"-" + f, "1ms"}, io.Discard); err != nil {
+			t.Errorf("-%s 1ms: %v", f, err)
+		}
+	}
+}
