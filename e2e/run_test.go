@@ -436,24 +436,31 @@ func payVerify(t *testing.T, base string, body []byte, payer evmfacilitator.DevA
 	}
 }
 
-// `make run` with AOV_STOP_GRACE=2m (a duration where whole seconds are
-// asked for) is refused at once, with a message naming the variable, and
-// starts nothing. Before, it started, and on Ctrl-C stop_all's arithmetic
-// read the value as an error or 0: Caddy was killed without its grace,
-// mid-way through the paid calls it was finishing.
-func TestRunScriptRefusesAStopGraceWithAUnit(t *testing.T) {
-	for _, grace := range []string{"2m", "1.5", "-3", "86401"} {
+// `make run` with a number of seconds given with a unit (AOV_STOP_GRACE=2m,
+// AOV_RESTART_MAX_BACKOFF=30s, the way README writes the default) is
+// refused at once, with a message naming the variable, and starts nothing.
+// Before, it started, and the value broke the script's arithmetic only
+// when it was used: on Ctrl-C stop_all killed Caddy without its grace,
+// mid-way through the paid calls it was finishing; the first time a daemon
+// died the supervision loop ended and took the whole service down with it
+// instead of restarting the daemon.
+func TestRunScriptRefusesSecondsWithAUnit(t *testing.T) {
+	for _, tc := range []struct{ name, value string }{
+		{"AOV_STOP_GRACE", "2m"}, {"AOV_STOP_GRACE", "1.5"}, {"AOV_STOP_GRACE", "-3"}, {"AOV_STOP_GRACE", "86401"},
+		{"AOV_RESTART_MAX_BACKOFF", "30s"}, {"AOV_RESTART_MAX_BACKOFF", "0"}, {"AOV_RESTART_MAX_BACKOFF", "1e3"},
+		{"AOV_RESTART_RESET", "1m"}, {"AOV_RESTART_RESET", " 30"},
+	} {
 		data := filepath.Join(t.TempDir(), "data")
 		cmd := exec.Command("bash", filepath.Join(repoRoot, "scripts", "run.sh"))
 		cmd.Dir = repoRoot
-		cmd.Env = append(os.Environ(), "AOV_STOP_GRACE="+grace, "AOV_DATA="+data, "AOV_BIN="+filepath.Join(data, "bin"))
+		cmd.Env = append(os.Environ(), tc.name+"="+tc.value, "AOV_DATA="+data, "AOV_BIN="+filepath.Join(data, "bin"))
 		out, err := cmd.CombinedOutput()
 		var ee *exec.ExitError
-		if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(out), "AOV_STOP_GRACE="+grace+": must be a whole number of seconds") {
-			t.Fatalf("AOV_STOP_GRACE=%s: %v\n%s\nwant exit status 2 and the reason", grace, err, out)
+		if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(out), tc.name+"=") || !strings.Contains(string(out), ": must be a whole number of seconds") {
+			t.Fatalf("%s=%q: %v\n%s\nwant exit status 2 and the reason", tc.name, tc.value, err, out)
 		}
 		if strings.Contains(string(out), "started") {
-			t.Fatalf("AOV_STOP_GRACE=%s started something:\n%s", grace, out)
+			t.Fatalf("%s=%q started something:\n%s", tc.name, tc.value, out)
 		}
 	}
 }

@@ -21,33 +21,38 @@ http_ok() {
 	[ "$status" = 200 ]
 }
 
-# stop_grace prints AOV_STOP_GRACE (default 120) as whole seconds, or fails
-# with a message saying why it cannot. It is checked below, when the
-# script sources this file, before anything starts: in stop_all's
-# arithmetic a value with a unit ("2m") was a bash error or 0, an immediate
-# SIGKILL of a gateway still finishing its paid calls.
-stop_grace() {
-	local g="${AOV_STOP_GRACE:-120}"
+# seconds NAME DEFAULT MIN prints the environment variable NAME (DEFAULT
+# when unset) as whole seconds, or fails with a message naming it and the
+# form it wants. Every number of seconds the scripts read goes through it,
+# and each is checked below, when the script sources this file, before
+# anything starts: in bash arithmetic a value with a unit ("2m", "30s") is
+# an error or 0, found only when it is used: in stop_all an immediate
+# SIGKILL of a gateway still finishing its paid calls, in
+# supervise_forever the end of the supervision loop (and so of the whole
+# service) the first time a daemon dies.
+seconds() {
+	local name="$1" g="${!1:-$2}" min="$3"
 	case "$g" in
-	'' | *[!0-9]* | ???????*)
-		printf 'AOV_STOP_GRACE=%q: must be a whole number of seconds, at most 86400 (for example 120 for two minutes)\n' "$g" >&2
-		return 1
-		;;
+	'' | *[!0-9]* | ???????*) g=-1 ;;
+	*) g=$((10#$g)) ;; # a leading zero is not octal
 	esac
-	g=$((10#$g)) # a leading zero is not octal
-	if ((g > 86400)); then
-		printf 'AOV_STOP_GRACE=%q: must be a whole number of seconds, at most 86400 (for example 120 for two minutes)\n' "${AOV_STOP_GRACE}" >&2
+	if ((g < min || g > 86400)); then
+		printf '%s=%q: must be a whole number of seconds, from %d to 86400 (for example %d for two minutes)\n' "$name" "${!1}" "$min" 120 >&2
 		return 1
 	fi
 	echo "$g"
 }
+stop_grace() { seconds AOV_STOP_GRACE 120 0; }
 stop_grace >/dev/null || exit 2
+seconds AOV_RESTART_MAX_BACKOFF 30 1 >/dev/null || exit 2
+seconds AOV_RESTART_RESET 30 0 >/dev/null || exit 2
 
 # Supervision, for run.sh: `supervise NAME CMD...` starts CMD in a process
 # group of its own and remembers how to start it again; `supervise_forever`
 # restarts any supervised process that exits on its own, after a backoff
-# (1 s, doubling up to AOV_RESTART_MAX_BACKOFF, default 30 s; back to 1 s once
-# a process has run AOV_RESTART_RESET seconds, default 30), with a line in the
+# (1 s, doubling up to AOV_RESTART_MAX_BACKOFF seconds, default 30; back to 1 s
+# once a process has run AOV_RESTART_RESET seconds, default 30; whole seconds
+# only, as every variable read by `seconds`), with a line in the
 # log each time, while the others keep running; `stop_all` stops them in
 # reverse order of start (each gets SIGTERM and AOV_STOP_GRACE seconds,
 # default 120, whole seconds only (stop_grace), then SIGKILL). The grace covers the longest paid call the
@@ -86,7 +91,9 @@ supervise() {
 }
 
 supervise_forever() {
-	local i status ran max="${AOV_RESTART_MAX_BACKOFF:-30}" reset="${AOV_RESTART_RESET:-30}"
+	local i status ran max reset
+	max="$(seconds AOV_RESTART_MAX_BACKOFF 30 1)" || return # refused at start
+	reset="$(seconds AOV_RESTART_RESET 30 0)" || return
 	while [ "$sup_stopping" = 0 ]; do
 		for i in "${!sup_names[@]}"; do
 			if [ -z "${sup_due[$i]}" ]; then
