@@ -21,6 +21,19 @@ http_ok() {
 	[ "$status" = 200 ]
 }
 
+# addr_answers HOST:PORT: true when something accepts a TCP connection on
+# HOST:PORT (localhost and the any-address are asked on 127.0.0.1). A
+# connection, not a trial bind: Caddy listens with SO_REUSEPORT, so a
+# second Caddy binds a port the first one serves, and the kernel then
+# splits the clients between the two.
+addr_answers() {
+	local host="${1%:*}" port="${1##*:}"
+	host="${host#[}"
+	host="${host%]}"
+	case "$host" in '' | localhost | 0.0.0.0 | ::) host=127.0.0.1 ;; esac
+	(exec 3<>"/dev/tcp/$host/$port") 2>/dev/null
+}
+
 # seconds NAME DEFAULT MIN prints the environment variable NAME (DEFAULT
 # when unset) as whole seconds, or fails with a message naming it and the
 # form it wants. Every number of seconds the scripts read goes through it,

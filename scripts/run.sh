@@ -61,6 +61,25 @@ die() { say "$*"; exit 1; }
 # shellcheck source=scripts/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
+# 0. Every address this run listens on must be free. A port already served
+#    (another make run, most often) would answer this run's start-up checks
+#    for it, and its Caddy would join the port (SO_REUSEPORT), the kernel
+#    splitting buyers between two stacks with different keys, tokens,
+#    allowances and chains. Checked before anything is built or started.
+listen_vars=(AOV_HTTP_PORT AOV_VERIFIERD_ADDR AOV_CERTD_PUBLIC_ADDR AOV_ADMIN_ADDR AOV_VERIFIERD_METRICS_ADDR AOV_DEVNET_RPC_ADDR)
+[ -d interop/node_modules/litesvm ] && listen_vars+=(AOV_SOLANA_RPC_ADDR)
+if [ "${AOV_FACILITATOR:-devnet}" = remote ]; then
+	export AOV_FACILITATOR_ADDR="${AOV_FACILITATOR_ADDR:-127.0.0.1:8546}"
+	listen_vars+=(AOV_FACILITATOR_ADDR)
+fi
+for v in "${listen_vars[@]}"; do
+	addr="${!v}"
+	[ "$v" = AOV_HTTP_PORT ] && addr="${AOV_BIND:-127.0.0.1}:$AOV_HTTP_PORT"
+	if addr_answers "$addr"; then
+		die "$v: $addr is already in use (another make run?); stop what listens there or set $v to a free one"
+	fi
+done
+
 # 1. Build. cmd/caddy is Caddy plus this repository's modules, pinned by
 #    go.sum, so this works offline once the module cache is filled. (For a
 #    Caddy with extra third-party plugins, see xcaddy.sh.)

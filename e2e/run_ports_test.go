@@ -1,0 +1,92 @@
+package e2e
+
+import (
+	"context"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// runScriptToEnd runs scripts/run.sh with env until it exits, and returns
+// its output and exit code. A script still running after within (one that
+// started a stack instead of refusing) is stopped as Ctrl-C stops it, and
+// the test fails.
+func runScriptToEnd(t *testing.T, env []string, within time.Duration) (string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "bash", filepath.Join(repoRoot, "scripts", "run.sh"))
+	cmd.Dir = repoRoot
+	cmd.Env = append(os.Environ(), env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGINT) }
+	cmd.WaitDelay = time.Minute
+	out, err := cmd.CombinedOutput()
+	if ctx.Err() != nil {
+		t.Fatalf("run.sh still running after %v instead of refusing:\n%s", within, out)
+	}
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return string(out), code
+}
+
+// withEnv returns env with name set to value (replacing it if present).
+func withEnv(env []string, name, value string) []string {
+	out := make([]string, 0, len(env)+1)
+	for _, e := range env {
+		if !strings.HasPrefix(e, name+"=") {
+			out = append(out, e)
+		}
+	}
+	return append(out, name+"="+value)
+}
+
+func envOf(env []string, name string) string {
+	for _, e := range env {
+		if v, ok := strings.CutPrefix(e, name+"="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// A second make run whose HTTP port a running stack already serves stops
+// before building or starting anything, naming the variable and the
+// address. Before, the running stack answered its start-up checks, it said
+// "aov is running", and its Caddy joined the port (SO_REUSEPORT): the
+// kernel split buyers between two stacks with different keys, gateway
+// tokens, allowances and chains. Every other address it listens on is
+// checked the same way (here against a plain listener).
+func TestRunScriptRefusesAnAddressInUse(t *testing.T) {
+	env1, _, _ := runEnv(t, filepath.Join(t.TempDir(), "data"))
+	startRunScript(t, env1)
+
+	env2, _, _ := runEnv(t, filepath.Join(t.TempDir(), "data2"))
+	port := envOf(env1, "AOV_HTTP_PORT")
+	out, code := runScriptToEnd(t, withEnv(env2, "AOV_HTTP_PORT", port), 4*time.Minute)
+	if code != 1 || !strings.Contains(out, "AOV_HTTP_PORT: 127.0.0.1:"+port+" is already in use") || strings.Contains(out, "started") || strings.Contains(out, "aov is running") {
+		t.Fatalf("second run.sh on the running stack's port %s: exit %d\n%s\nwant exit 1 naming AOV_HTTP_PORT, nothing started", port, code, out)
+	}
+
+	for _, v := range []string{"AOV_VERIFIERD_ADDR", "AOV_CERTD_PUBLIC_ADDR", "AOV_ADMIN_ADDR", "AOV_VERIFIERD_METRICS_ADDR", "AOV_DEVNET_RPC_ADDR"} {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		env, _, _ := runEnv(t, filepath.Join(t.TempDir(), "data"))
+		out, code := runScriptToEnd(t, withEnv(env, v, ln.Addr().String()), 4*time.Minute)
+		ln.Close()
+		if code != 1 || !strings.Contains(out, v+": "+ln.Addr().String()+" is already in use") || strings.Contains(out, "started") {
+			t.Fatalf("%s taken: exit %d\n%s\nwant exit 1 naming %s, nothing started", v, code, out, v)
+		}
+	}
+}
