@@ -90,3 +90,35 @@ func TestRunScriptRefusesAnAddressInUse(t *testing.T) {
 		}
 	}
 }
+
+// A second make run on the data folder of a running one (its own ports) is
+// refused, certd seeing the live socket, and leaves the running stack's
+// data/solana-chain.json (the local chain's URL and test wallets, which
+// make load reads) as it was. Before, it emptied that file before being
+// refused.
+func TestRunScriptRefusedOnALiveDataFolderKeepsItsSolanaWallets(t *testing.T) {
+	if _, err := os.Stat(filepath.Join(repoRoot, "interop", "node_modules", "litesvm")); err != nil {
+		t.Skip("no interop/node_modules: make interop-deps")
+	}
+	data := filepath.Join(t.TempDir(), "data")
+	env1, _, _ := runEnv(t, data)
+	startRunScript(t, env1)
+	file := filepath.Join(data, "solana-chain.json")
+	before, err := os.ReadFile(file)
+	if err != nil || len(before) == 0 {
+		t.Fatalf("the running stack's %s: %q, %v", file, before, err)
+	}
+
+	env2, _, _ := runEnv(t, data)
+	out, code := runScriptToEnd(t, env2, 4*time.Minute)
+	if code != 1 || !strings.Contains(out, "exited during start-up") {
+		t.Fatalf("second run.sh on a live data folder: exit %d\n%s\nwant it refused", code, out)
+	}
+	after, _ := os.ReadFile(file)
+	if string(after) != string(before) {
+		t.Errorf("the refused run changed %s: %d bytes before, %d after", file, len(before), len(after))
+	}
+	if left, _ := filepath.Glob(file + ".*"); len(left) > 0 {
+		t.Errorf("the refused run left %v", left)
+	}
+}

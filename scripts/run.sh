@@ -160,11 +160,17 @@ supervise verifierd "$bindir/verifierd" \
 
 # The local Solana chain (litesvm in Node, from interop/; in memory only:
 # reset on every start). Its funded test wallets, keys included, are in
-# $data/solana-chain.json.
+# $data/solana-chain.json. The chain writes them to a file of this run's
+# own, moved into place only once the whole service answers (step 6): a
+# run refused because another one uses this data folder (certd sees its
+# live socket) must not touch the file the running stack's users read.
+solana_new=""
 if [ -d interop/node_modules/litesvm ]; then
+	solana_new="$data/solana-chain.json.$$"
+	trap 'stop_all; rm -f "$solana_new"' EXIT
 	say "starting the local Solana chain on $AOV_SOLANA_RPC_ADDR (state is reset on restart)"
 	supervise solana-chain env HOST="${AOV_SOLANA_RPC_ADDR%:*}" PORT="${AOV_SOLANA_RPC_ADDR##*:}" \
-		bash -c 'exec node interop/solana-chain.mjs >"$0"' "$data/solana-chain.json"
+		bash -c 'exec node interop/solana-chain.mjs >"$0"' "$solana_new"
 else
 	say "interop/node_modules is missing (run: make interop-deps): Solana payments need the local Solana chain"
 fi
@@ -196,14 +202,17 @@ for _ in $(seq 1 300); do
 	for i in "${!sup_pids[@]}"; do
 		kill -0 "${sup_pids[$i]}" 2>/dev/null || die "${sup_names[$i]} exited during start-up; see its output above"
 	done
+	# The chain writes its one line when it is ready.
 	if http_ok "$base/health" && http_ok "$base/.well-known/agent-card.json" &&
-		http_ok "$base/facilitator/supported"; then
+		http_ok "$base/facilitator/supported" && { [ -z "$solana_new" ] || [ -s "$solana_new" ]; }; then
 		ok=1
 		break
 	fi
 	sleep 0.2
 done
 [ "$ok" = 1 ] || die "the service did not answer on $base/health within 60 s"
+# This run owns the data folder now (its certd holds the socket).
+[ -z "$solana_new" ] || mv -f "$solana_new" "$data/solana-chain.json"
 
 cat >&2 <<EOF
 
