@@ -277,6 +277,13 @@ func (s *stack) history(t testing.TB, agent string) []store.Verification {
 
 func (s *stack) startCaddy(t testing.TB) {
 	t.Helper()
+	s.startCaddyWith(t, filepath.Join(repoRoot, "Caddyfile.example"))
+}
+
+// startCaddyWith starts the stack's Caddy with another Caddyfile (a variant
+// of Caddyfile.example) and the same environment.
+func (s *stack) startCaddyWith(t testing.TB, config string) {
+	t.Helper()
 	_, port, _ := net.SplitHostPort(s.caddyAddr)
 	env := []string{
 		"AOV_HTTP_PORT=" + port,
@@ -293,7 +300,7 @@ func (s *stack) startCaddy(t testing.TB) {
 	}
 	env = append(env, s.caddyEnv...)
 	s.caddy = s.track(startProc(t, "caddy", s.dir, env, bin.caddy,
-		"run", "--config", filepath.Join(repoRoot, "Caddyfile.example"), "--adapter", "caddyfile"))
+		"run", "--config", config, "--adapter", "caddyfile"))
 }
 
 // waitReady waits until the chain answers through Caddy.
