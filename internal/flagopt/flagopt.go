@@ -37,8 +37,10 @@ func (p positiveDuration) Set(s string) error {
 
 // PositiveDuration defines a duration flag like fs.DurationVar whose value
 // must be above zero; fs.Parse (and fs.Set) fail on any other value with
-// an error naming the flag.
+// an error naming the flag. Its help names the value a duration, as
+// fs.DurationVar's does (flag labels any other Value "value" unless the
+// usage back-quotes a name).
 func PositiveDuration(fs *flag.FlagSet, p *time.Duration, name string, def time.Duration, usage string) {
 	*p = def
-	fs.Var(positiveDuration{p}, name, usage)
+	fs.Var(positiveDuration{p}, name, usage+" (a positive `duration`)")
 }
