@@ -47,6 +47,29 @@ func clientAddr(r *http.Request) string {
 	return netip.PrefixFrom(ip, 64).Masked().Addr().String() + "/64"
 }
 
+// clientPrefix is the network of client (clientAddr) that a rate zone
+// counts it in when its table of clients is full (rateZone.bucket): an
+// IPv6 client's /48, an IPv4 client's /24, the blocks a site or a
+// customer of a provider is commonly given, so one holder of a short
+// prefix who fills the table holds few of them. An IPv6 address with a
+// zone is the /48 of the address without it: a zone is a local interface
+// name, which a client that can choose it could vary at will. Anything
+// else (no address: a Unix socket's peer, which is one client anyway) has
+// no network to widen to and is its own prefix.
+func clientPrefix(client string) string {
+	if p, err := netip.ParsePrefix(client); err == nil { // an IPv6 /64
+		return netip.PrefixFrom(p.Addr(), 48).Masked().String()
+	}
+	ip, err := netip.ParseAddr(client)
+	if err != nil {
+		return client
+	}
+	if ip = ip.WithZone("").Unmap(); ip.Is4() {
+		return netip.PrefixFrom(ip, 24).Masked().String()
+	}
+	return netip.PrefixFrom(ip, 48).Masked().String()
+}
+
 // msgLeftmostClientIP is the warning of a module counting per client IP
 // (a gate, aov_rate_limit) whose server lets a client behind an appending
 // proxy choose its own client IP.

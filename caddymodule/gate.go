@@ -591,13 +591,12 @@ func (g *Gate) Cleanup() error {
 }
 
 // rateWait reports how many seconds the request's client must wait (0: it
-// may be served); paying says the request carries a payment
-// (rateZone.wait).
-func (g *Gate) rateWait(r *http.Request, paying bool) int {
+// may be served).
+func (g *Gate) rateWait(r *http.Request) int {
 	if g.rates == nil {
 		return 0
 	}
-	return g.rates.wait(clientAddr(r), paying)
+	return g.rates.wait(clientAddr(r))
 }
 
 // noteRefusal counts an answer nobody paid for that served nothing (a
@@ -807,7 +806,7 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	if g.MCPTool != "" {
 		return g.serveMCP(w, r, next)
 	}
-	if wait := g.rateWait(r, payment != ""); wait > 0 {
+	if wait := g.rateWait(r); wait > 0 {
 		return g.refuse(w, r, apierr.RateLimited(wait))
 	}
 	if g.allow != nil && !slices.Contains(g.allow, r.Method) {

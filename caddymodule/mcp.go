@@ -84,8 +84,7 @@ func (g *Gate) serveMCP(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	if int64(read.size) > g.MaxBody {
 		return ex.toolError(w, r, apierr.TooLarge(g.MaxBody))
 	}
-	_, paying := msg.meta[mcpMetaPayment]
-	if wait := g.rateWait(r, paying); wait > 0 {
+	if wait := g.rateWait(r); wait > 0 {
 		return ex.toolError(w, r, apierr.RateLimited(wait))
 	}
 	if ae := g.checkURL(r); ae != nil {

@@ -13,7 +13,6 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/aovhq/aov/apierr"
-	"github.com/aovhq/aov/x402"
 )
 
 // Defaults of rate_limit.
@@ -23,9 +22,10 @@ const (
 	defaultRateZone   = "default"
 )
 
-// maxRateClients bounds the clients one zone tracks (rateZone.limiter). It
-// is a variable only so that tests can fill a table without sending 65,536
-// requests; a zone takes it when it is created.
+// maxRateClients bounds the clients one zone tracks, and, in a table of
+// their own, the prefixes of the clients it has no room for
+// (rateZone.bucket). It is a variable only so that tests can fill a table
+// without sending 65,536 requests; a zone takes it when it is created.
 var maxRateClients = 1 << 16
 
 // RateLimit bounds how often one client may be refused by the gate or
@@ -93,22 +93,32 @@ func (rl *RateLimit) validate() error {
 // provisions the new config before it cleans up the old one).
 var rateZones = caddy.NewUsagePool()
 
-// rateZone is one budget: a token bucket per client.
+// rateZone is one budget: a token bucket per client, in a bounded table;
+// a bucket per prefix (clientPrefix) for the clients that table has no
+// room for, in a second; and one overflow bucket shared by the clients
+// neither has room for (bucket).
 type rateZone struct {
 	limit rate.Limit
 	burst int
 	every time.Duration
-	size  int // the most clients tracked: maxRateClients
 
-	mu      sync.Mutex
-	clients map[string]*rateBucket
+	mu       sync.Mutex
+	clients  rateTable
+	prefixes rateTable
+	overflow *rateBucket // in no table: never dropped
+}
+
+// rateTable is a bounded table of buckets by key.
+type rateTable struct {
+	size    int // the most keys tracked: maxRateClients
+	buckets map[string]*rateBucket
 	due     dueBuckets // the same buckets, the earliest due first
 }
 
 // rateBucket is one client's token bucket in a zone.
 type rateBucket struct {
 	*rate.Limiter
-	client string
+	key string // its client, or its prefix
 	// due is no later than the time the bucket has refilled completely:
 	// before it, dropping the bucket could give its client a fresh
 	// budget. Spending only delays the refill; a credit brings it
@@ -160,12 +170,14 @@ func loadZone(rl *RateLimit, kind string) (*rateZone, string, error) {
 	key := fmt.Sprintf("%s:%s/%d/%s", kind, rl.Zone, rl.Events, time.Duration(rl.Window))
 	v, _, err := rateZones.LoadOrNew(key, func() (caddy.Destructor, error) {
 		w := time.Duration(rl.Window)
+		limit := rate.Limit(float64(rl.Events) / w.Seconds())
 		return &rateZone{
-			limit:   rate.Limit(float64(rl.Events) / w.Seconds()),
-			burst:   rl.Events,
-			every:   w,
-			size:    maxRateClients,
-			clients: make(map[string]*rateBucket),
+			limit:    limit,
+			burst:    rl.Events,
+			every:    w,
+			clients:  rateTable{size: maxRateClients, buckets: make(map[string]*rateBucket)},
+			prefixes: rateTable{size: maxRateClients, buckets: make(map[string]*rateBucket)},
+			overflow: &rateBucket{Limiter: rate.NewLimiter(limit, rl.Events)},
 		}, nil
 	})
 	if err != nil {
@@ -177,60 +189,77 @@ func loadZone(rl *RateLimit, kind string) (*rateZone, string, error) {
 // Destruct drops the zone's state when the last config using it is gone.
 func (z *rateZone) Destruct() error { return nil }
 
-// overflowClient is the shared key of clients that found the table full.
-const overflowClient = "*"
+// bucket returns the bucket that counts client at t, creating it when
+// create is set; nil when there is none yet (a full budget). tab is the
+// table the bucket is in, nil for the overflow bucket.
+//
+// A client has a bucket of its own while the table of clients has room.
+// Buckets that have refilled completely mean the same as no bucket, and
+// are dropped before a newcomer is turned away (sweep); a partly spent one
+// is never dropped to make room: its client would get a fresh budget, and
+// one holder of more addresses than the table (an IPv6 /47 has 2^17 /64s)
+// could cycle through them unlimited. A client the full table does not
+// track is counted in the bucket of its prefix (clientPrefix), in a table
+// of its own under the same rule, so one holder of a short prefix who
+// fills the table of clients spends the budgets of its own few prefixes,
+// not those of the newcomers from elsewhere. Only a client whose prefix
+// that table has no room for either shares the one overflow bucket, so
+// under a flood from more prefixes than the table holds (an IPv6 /32 has
+// 2^16 /48s) the limit tightens instead of lapsing. Whatever a request
+// carries, its client is held to the bucket that counts it: a payment is
+// no pass, since each refused or unsettled one costs work too.
+// z.mu must be held.
+func (z *rateZone) bucket(client string, t time.Time, create bool) (b *rateBucket, tab *rateTable) {
+	if b, ok := z.find(&z.clients, client, t, create); ok {
+		return b, &z.clients
+	}
+	if b, ok := z.find(&z.prefixes, clientPrefix(client), t, create); ok {
+		return b, &z.prefixes
+	}
+	return z.overflow, nil
+}
 
-// limiter returns the bucket of client, creating it when create is set.
-// Before it creates one, it drops the buckets that have refilled completely
-// (sweep): they mean the same as no bucket. A partly spent bucket is never
-// dropped to make room: its client would get a fresh budget, and one holder
-// of more addresses than the table (an IPv6 /47 has 2^17 /64s) could cycle
-// through them unlimited. Past z.size clients a newcomer therefore shares
-// the overflow budget, so under an address-spraying flood the limit
-// tightens instead of lapsing; whoever fills the table spends that budget
-// too, which is why a payment is not held to it (wait).
-func (z *rateZone) limiter(client string, t time.Time, create bool) *rate.Limiter {
-	z.mu.Lock()
-	defer z.mu.Unlock()
-	if b := z.clients[client]; b != nil {
-		return b.Limiter
+// find returns key's bucket in tab, making one when create is set and tab
+// has room once refilled buckets are dropped; ok is false when key has no
+// bucket and tab is full, so the key counts elsewhere (bucket).
+// z.mu must be held.
+func (z *rateZone) find(tab *rateTable, key string, t time.Time, create bool) (b *rateBucket, ok bool) {
+	if b := tab.buckets[key]; b != nil {
+		return b, true
+	}
+	z.sweep(tab, t)
+	if len(tab.buckets) >= tab.size {
+		return nil, false
 	}
 	if !create {
-		return nil
-	}
-	z.sweep(t)
-	if len(z.clients) >= z.size {
-		client = overflowClient
-		if b := z.clients[client]; b != nil {
-			return b.Limiter
-		}
+		return nil, true
 	}
 	// A new bucket is spent at once (note, take): one event refills in
 	// refillIn(burst-1). One left full is due later than it could go,
 	// which only delays dropping what means nothing.
-	b := &rateBucket{Limiter: rate.NewLimiter(z.limit, z.burst), client: client, due: t.Add(z.refillIn(float64(z.burst - 1)))}
-	z.clients[client] = b
-	heap.Push(&z.due, b)
-	return b.Limiter
+	b = &rateBucket{Limiter: rate.NewLimiter(z.limit, z.burst), key: key, due: t.Add(z.refillIn(float64(z.burst - 1)))}
+	tab.buckets[key] = b
+	heap.Push(&tab.due, b)
+	return b, true
 }
 
-// sweep drops the buckets that have refilled completely by t. It looks only
-// at the buckets due by t, earliest first: each goes, or, spent since it
-// was last looked at, is due again when it can have refilled, after t. So
-// no request walks the table under the zone's lock: a sweep costs
-// O(log n) per bucket it drops or that was spent since its last look, each
-// paid for by a request.
+// sweep drops the buckets of tab that have refilled completely by t. It
+// looks only at the buckets due by t, earliest first: each goes, or, spent
+// since it was last looked at, is due again when it can have refilled,
+// after t. So no request walks the table under the zone's lock: a sweep
+// costs O(log n) per bucket it drops or that was spent since its last
+// look, each paid for by a request.
 // z.mu must be held.
-func (z *rateZone) sweep(t time.Time) {
-	for len(z.due) > 0 && !t.Before(z.due[0].due) {
-		b := z.due[0]
+func (z *rateZone) sweep(tab *rateTable, t time.Time) {
+	for len(tab.due) > 0 && !t.Before(tab.due[0].due) {
+		b := tab.due[0]
 		if tokens := b.TokensAt(t); tokens < float64(z.burst) {
 			b.due = t.Add(z.refillIn(tokens))
-			heap.Fix(&z.due, 0)
+			heap.Fix(&tab.due, 0)
 			continue
 		}
-		heap.Pop(&z.due)
-		delete(z.clients, b.client)
+		heap.Pop(&tab.due)
+		delete(tab.buckets, b.key)
 	}
 }
 
@@ -241,28 +270,16 @@ func (z *rateZone) refillIn(tokens float64) time.Duration {
 }
 
 // wait reports how many seconds client must wait before the gate answers it
-// again; 0 when it may be served. paying says the request carries a
-// payment: a client the table has no room for is then not held to the
-// overflow budget, which whoever fills the table also spends, or one holder
-// of many addresses could stop every new buyer from paying. Its payment is
-// checked, and a refusal of it counts in the overflow budget (note).
-func (z *rateZone) wait(client string, paying bool) int {
+// again; 0 when it may be served.
+func (z *rateZone) wait(client string) int {
 	t := now()
-	l := z.limiter(client, t, false)
-	if l == nil {
-		if paying {
-			return 0
-		}
-		z.mu.Lock()
-		b := z.clients[overflowClient]
-		full := len(z.clients) >= z.size
-		z.mu.Unlock()
-		if b == nil || !full {
-			return 0
-		}
-		l = b.Limiter
+	z.mu.Lock()
+	b, _ := z.bucket(client, t, false)
+	z.mu.Unlock()
+	if b == nil {
+		return 0
 	}
-	return z.retryAfter(l, t)
+	return z.retryAfter(b.Limiter, t)
 }
 
 // retryAfter is how many whole seconds from t until bucket l holds one
@@ -281,17 +298,22 @@ func (z *rateZone) retryAfter(l *rate.Limiter, t time.Time) int {
 // wait, not a longer one.
 func (z *rateZone) take(client string) int {
 	t := now()
-	l := z.limiter(client, t, true)
-	if l.AllowN(t, 1) {
+	z.mu.Lock()
+	b, _ := z.bucket(client, t, true)
+	z.mu.Unlock()
+	if b.AllowN(t, 1) {
 		return 0
 	}
-	return z.retryAfter(l, t)
+	return z.retryAfter(b.Limiter, t)
 }
 
 // note counts one refused or unpaid answer to client.
 func (z *rateZone) note(client string) {
 	t := now()
-	z.limiter(client, t, true).AllowN(t, 1)
+	z.mu.Lock()
+	b, _ := z.bucket(client, t, true)
+	z.mu.Unlock()
+	b.AllowN(t, 1)
 }
 
 // credit gives client back one event, up to a full budget, for a payment
@@ -303,20 +325,24 @@ func (z *rateZone) note(client string) {
 // payment, never by a refused, replayed or unsettled one, so an unpaying
 // client still gets Events refusals per Window, and a paying one at most
 // one more per payment; and a budget never grows beyond Events, so no
-// credit can be saved up. In a free budget (zoneFree) it gives back the
-// event of a free call the allowance did not serve (serveFree).
+// credit can be saved up. The event goes back to the bucket that counts
+// the client, where its 402 was counted, its prefix's or the overflow
+// included: a newcomer to a full table would otherwise be capped at Events
+// paid calls per Window, and what the others sharing that bucket gain is
+// one refusal per payment settled. In a free budget (zoneFree) it gives
+// back the event of a free call the allowance did not serve (serveFree).
 func (z *rateZone) credit(client string) {
 	t := now()
 	z.mu.Lock()
 	defer z.mu.Unlock()
-	b := z.clients[client] // the overflow budget is shared: no credit
+	b, tab := z.bucket(client, t, false)
 	if b == nil || b.TokensAt(t) > float64(z.burst)-1 {
 		return
 	}
 	b.AllowN(t, -1) // taking -1 events adds one token (x/time/rate: tokens -= n)
-	if due := t.Add(z.refillIn(b.TokensAt(t))); due.Before(b.due) {
+	if due := t.Add(z.refillIn(b.TokensAt(t))); tab != nil && due.Before(b.due) {
 		b.due = due
-		heap.Fix(&z.due, b.at)
+		heap.Fix(&tab.due, b.at)
 	}
 }
 
@@ -367,8 +393,7 @@ func removeServerZone(srv *caddyhttp.Server, z *rateZone) {
 }
 
 // serverRateWait is how many seconds the request's client must wait before
-// its server's gates answer it again (0: it may be served). A request
-// carrying a payment header is paying (rateZone.wait).
+// its server's gates answer it again (0: it may be served).
 func serverRateWait(r *http.Request) int {
 	srv, _ := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
 	serverZones.RLock()
@@ -376,9 +401,8 @@ func serverRateWait(r *http.Request) int {
 	wait := 0
 	if zs := serverZones.m[srv]; len(zs) > 0 {
 		client := clientAddr(r)
-		paying := r.Header.Get(x402.HeaderPaymentSignature) != ""
 		for z := range zs {
-			wait = max(wait, z.wait(client, paying))
+			wait = max(wait, z.wait(client))
 		}
 	}
 	return wait

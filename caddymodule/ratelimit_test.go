@@ -33,6 +33,22 @@ func TestClientAddrIsTheResolvedIPAndAnIPv6Slash64(t *testing.T) {
 	}
 }
 
+func TestClientPrefixIsTheClientsWiderNetwork(t *testing.T) {
+	for _, tc := range []struct{ desc, client, want string }{
+		{"an IPv6 client (a /64) is in its /48", "2001:db8:1:2::/64", "2001:db8:1::/48"},
+		{"an IPv4 client is in its /24", "203.0.113.7", "203.0.113.0/24"},
+		{"an IPv4-mapped address is in its IPv4 /24", "::ffff:203.0.113.7", "203.0.113.0/24"},
+		{"an address with a zone is in the /48 of the address", "fe80::1%eth0", "fe80::/48"},
+		{"what is not an address is its own prefix", "not-an-ip", "not-an-ip"},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			if got := clientPrefix(tc.client); got != tc.want {
+				t.Errorf("clientPrefix(%q) = %q, want %q", tc.client, got, tc.want)
+			}
+		})
+	}
+}
+
 func TestRateZoneTightensWhenItsTableIsFull(t *testing.T) {
 	z, key, err := loadZone(&RateLimit{Events: 2, Window: caddy.Duration(time.Minute), Zone: t.Name()}, zoneRefusals)
 	if err != nil {
@@ -40,16 +56,20 @@ func TestRateZoneTightensWhenItsTableIsFull(t *testing.T) {
 	}
 	defer rateZones.Delete(key)
 	for i := range maxRateClients {
-		z.note(fmt.Sprintf("c%d", i))
+		z.note(fmt.Sprintf("2001:db8:0:%x::/64", i))
 	}
 	// A new client finds the table full (no bucket has refilled): it shares
-	// one budget with every other newcomer instead of going unlimited.
-	z.note("new-1")
-	z.note("new-2")
-	if z.wait("new-3", false) == 0 {
-		t.Fatal("a newcomer past the table's size is not limited")
+	// the budget of its /48 with the other newcomers of it instead of going
+	// unlimited; newcomers from elsewhere have budgets of their own.
+	z.note("2001:db8:7:1::/64")
+	z.note("2001:db8:7:2::/64")
+	if z.wait("2001:db8:7:3::/64") == 0 {
+		t.Fatal("a newcomer past the table's size is not limited by its prefix")
 	}
-	if z.wait("c1", false) != 0 {
+	if z.wait("198.51.100.7") != 0 || z.wait("2001:db8:1:1::/64") != 0 {
+		t.Error("a newcomer from another prefix is limited")
+	}
+	if z.wait("2001:db8:0:1::/64") != 0 {
 		t.Error("a tracked client with budget left is limited")
 	}
 }
@@ -64,16 +84,16 @@ func TestRateZoneCreditIsBoundedByTheBudget(t *testing.T) {
 	now = func() time.Time { return t0 }
 	t.Cleanup(func() { now = time.Now })
 	z.credit("unknown") // no budget yet: nothing to give back, nothing created
-	if z.limiter("unknown", t0, false) != nil {
+	if tracks(z, &z.clients, "unknown") || tracks(z, &z.prefixes, "unknown") {
 		t.Fatal("a credit created a budget")
 	}
 	z.note("c")
 	z.note("c")
-	if z.wait("c", false) == 0 {
+	if z.wait("c") == 0 {
 		t.Fatal("two refusals of two did not limit")
 	}
 	z.credit("c")
-	if z.wait("c", false) != 0 {
+	if z.wait("c") != 0 {
 		t.Fatal("a credit did not give one refusal back")
 	}
 	// A full budget takes no more credit: three credits, then two
@@ -83,7 +103,7 @@ func TestRateZoneCreditIsBoundedByTheBudget(t *testing.T) {
 	z.credit("c")
 	z.note("c")
 	z.note("c")
-	if z.wait("c", false) == 0 {
+	if z.wait("c") == 0 {
 		t.Fatal("credits were saved up beyond the budget")
 	}
 }

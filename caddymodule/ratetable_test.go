@@ -6,16 +6,21 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	neturl "net/url"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/ethereum/go-ethereum/crypto"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/walletauth"
 	"github.com/aovhq/aov/x402"
 )
 
@@ -42,12 +47,14 @@ func sprayFrom64s(t *testing.T, url, body string, n int) map[int]int {
 }
 
 // A zone's table is full of buckets that stay partly spent for a long
-// window (rate_limit 20 24h, as README suggests for key wallet), and the
-// newcomers' shared overflow budget is spent: a client never seen before
-// that sends a payment is still served and charged. Only the unpaid are
-// held to the overflow budget. (From the audit: one holder of a /47 made
-// every new buyer's payment a 429.)
-func TestFullRateTableStillServesANewcomersPayment(t *testing.T) {
+// window (rate_limit 20 24h, as README suggests for key wallet), filled by
+// one holder of a short IPv6 prefix, who also spends the budget of its /48
+// for newcomers. A client never seen before from another prefix asks the
+// price and pays: it is served and charged, its /24 having a budget of its
+// own. A newcomer of the filler's /48 is 429, payment or not: a payment
+// skips no budget. (From the audit: one holder of a /47 made every new
+// buyer's payment a 429.)
+func TestFullRateTableServesANewcomerFromAnotherPrefix(t *testing.T) {
 	_, fac := sharedDevnet(t)
 	up := newUpstream(t)
 	const size = 32
@@ -55,18 +62,147 @@ func TestFullRateTableStillServesANewcomersPayment(t *testing.T) {
 	base := startCaddyServers(t, "\t\ttrusted_proxies static 127.0.0.1/32\n\t\ttrusted_proxies_strict", "", gateSite(up.URL, fac, 0, "rate_limit 20 24h"))
 	url := base + "/verify/schema"
 
-	// The price, as any client learns it, before the table fills.
-	pr := paymentRequired(t, post(t, url, validRequest, from("192.0.2.200")))
 	got := sprayFrom64s(t, url, validRequest, size+25)
 	if got[http.StatusTooManyRequests] == 0 {
-		t.Fatalf("the spray %v never reached the overflow budget's limit", got)
+		t.Fatalf("the spray %v never reached the limit of its /48", got)
 	}
-
-	resp, body := send(t, http.MethodPost, url, validRequest, from("198.51.100.7"))
-	wantRateLimited(t, resp, body, "")
-	resp, body = send(t, http.MethodPost, url, validRequest, map[string]string{"X-Forwarded-For": "198.51.100.8", x402.HeaderPaymentSignature: signFor(t, pr, 1)})
+	pr := paymentRequired(t, post(t, url, validRequest, from("198.51.100.7")))
+	resp, body := send(t, http.MethodPost, url, validRequest, map[string]string{"X-Forwarded-For": "198.51.100.8", x402.HeaderPaymentSignature: signFor(t, pr, 1)})
 	if resp.StatusCode != http.StatusOK || resp.Header.Get(x402.HeaderPaymentResponse) == "" {
 		t.Fatalf("a newcomer's payment with the table full: %d %s, want 200 with %s", resp.StatusCode, body, x402.HeaderPaymentResponse)
+	}
+	resp, body = send(t, http.MethodPost, url, validRequest, map[string]string{"X-Forwarded-For": "2001:db8:0:ffff::1", x402.HeaderPaymentSignature: signFor(t, pr, 2)})
+	wantRateLimited(t, resp, body, "")
+}
+
+// countingFacilitator is a reverse proxy in front of fac that counts the
+// /verify calls it forwards.
+func countingFacilitator(t *testing.T, fac string) (string, *atomic.Int64) {
+	t.Helper()
+	target, _ := neturl.Parse(fac)
+	rp := httputil.NewSingleHostReverseProxy(target)
+	var verifies atomic.Int64
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/verify") {
+			verifies.Add(1)
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(s.Close)
+	return s.URL, &verifies
+}
+
+// With the table full, a client it does not track sends well-formed
+// payments that are all refused (unfunded wallets), each of which costs a
+// facilitator /verify: the refusals count in the budget of its prefix and
+// stop at rate_limit's events, as a tracked client's do. (From the audit:
+// a request carrying a payment skipped the newcomers' budget while its
+// refusal counted only there, so they were unbounded.)
+func TestFullRateTableBoundsAnUntrackedClientsRefusedPayments(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	facURL, verifies := countingFacilitator(t, fac)
+	up := newUpstream(t)
+	const size = 8
+	shrinkRateTable(t, size)
+	base := startCaddyServers(t, "\t\ttrusted_proxies static 127.0.0.1/32\n\t\ttrusted_proxies_strict", "", gateSite(up.URL, facURL, 0, "rate_limit 2 24h"))
+	u := base + "/verify/schema"
+	pr := paymentRequired(t, post(t, u, validRequest, from("192.0.2.200")))
+	sprayFrom64s(t, u, validRequest, size+3)
+
+	before := verifies.Load()
+	statuses := map[int]int{}
+	const n = 12
+	for range n {
+		key, _ := crypto.GenerateKey() // an unfunded wallet: every payment is refused
+		p, err := x402.SignExactEVM(key, pr.Accepts[0], &pr.Resource, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		h, _ := x402.EncodeHeader(p)
+		resp, _ := send(t, http.MethodPost, u, validRequest, map[string]string{"X-Forwarded-For": "198.51.100.9", x402.HeaderPaymentSignature: h})
+		statuses[resp.StatusCode]++
+	}
+	if got := verifies.Load() - before; got > 2 || statuses[http.StatusTooManyRequests] != n-2 {
+		t.Errorf("%d refused payments of an untracked client (rate_limit 2 24h): %d /verify calls, statuses %v; want 2, then 429", n, got, statuses)
+	}
+}
+
+// The same for one valid payment resent while the upstream fails: the
+// charge is given back each time, so were the unsettled calls of an
+// untracked client not bounded, the upstream would work without end.
+func TestFullRateTableBoundsAnUntrackedClientsUnsettledPayment(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	const size = 8
+	shrinkRateTable(t, size)
+	base := startCaddyServers(t, "\t\ttrusted_proxies static 127.0.0.1/32\n\t\ttrusted_proxies_strict", "", gateSite(up.URL, fac, 0, "rate_limit 2 24h"))
+	u := base + "/verify/schema"
+	pr := paymentRequired(t, post(t, u, validRequest, from("192.0.2.200")))
+	sprayFrom64s(t, u, validRequest, size+3)
+
+	pay := signFor(t, pr, 4)
+	before := up.calls.Load()
+	statuses := map[int]int{}
+	for range 8 {
+		resp, _ := send(t, http.MethodPost, u, validRequest, map[string]string{"X-Forwarded-For": "198.51.100.9", x402.HeaderPaymentSignature: pay, "X-Test-Status": "500"})
+		statuses[resp.StatusCode]++
+	}
+	if got := up.calls.Load() - before; got > 2 {
+		t.Errorf("one payment that never settles, from an untracked client, had the upstream work %d times (rate_limit 2 24h), statuses %v; want at most 2, then 429", got, statuses)
+	}
+}
+
+// wallet_auth answers within the gates' budgets before it checks a proof,
+// the budget of an untracked client's prefix included, whatever headers
+// the request carries: a contract-wallet proof the chain cannot check,
+// sent with a junk PAYMENT-SIGNATURE, costs chain calls rate_limit's
+// events times, then gets 429.
+func TestFullRateTableBoundsAnUntrackedClientsWalletChecks(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	var rpcCalls atomic.Int64
+	rpc := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			ID     json.RawMessage `json:"id"`
+			Method string          `json:"method"`
+		}
+		json.NewDecoder(r.Body).Decode(&req)
+		w.Header().Set("Content-Type", "application/json")
+		switch req.Method {
+		case "eth_chainId":
+			fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"result":"0x2105"}`, req.ID)
+		case "eth_getCode":
+			fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"result":"0x6001"}`, req.ID)
+		default:
+			rpcCalls.Add(1)
+			fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"error":{"code":-32000,"message":"header not found"}}`, req.ID)
+		}
+	}))
+	t.Cleanup(rpc.Close)
+	up := walletUpstream(t)
+	const size = 8
+	shrinkRateTable(t, size)
+	site := strings.Replace(rateLimitedWalletSite(up.URL, fac, rpc.URL), "rate_limit 3 1m", "rate_limit 3 24h", 1)
+	base := startCaddyServers(t, "\t\ttrusted_proxies static 127.0.0.1/32\n\t\ttrusted_proxies_strict", "", site)
+	sprayFrom64s(t, base+"/paid/x", "", size+4)
+
+	u := base + "/api/x"
+	e, err := walletauth.Parse(walletProof(t, walletKey(1), "GET", u, func(r *walletauth.Request) { r.ChainID = "eip155:8453" }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Address = walletAddr(2) // a contract wallet: checked at the chain
+	h, _ := e.Encode()
+	var statuses []int
+	var checked int64
+	for i := range 8 {
+		st, _, _ := walletCall(t, "GET", u, "", map[string]string{"X-Forwarded-For": "198.51.100.9", walletauth.HeaderName: h, x402.HeaderPaymentSignature: "junk"})
+		statuses = append(statuses, st)
+		if i == 2 {
+			checked = rpcCalls.Load()
+		}
+	}
+	if checked == 0 || rpcCalls.Load() != checked || slices.Index(statuses, http.StatusTooManyRequests) != 3 {
+		t.Errorf("an untracked client's proofs with a junk PAYMENT-SIGNATURE: %v, chain calls %d (%d after 3); want 3 checked, then 429 without a chain call", statuses, rpcCalls.Load(), checked)
 	}
 }
 
@@ -86,46 +222,76 @@ func fullZone(t testing.TB, size, events int, window time.Duration) *rateZone {
 	return z
 }
 
-// With the table full, a newcomer carrying a payment is not held to the
-// overflow budget, but each refusal of its payment counts in it: the
-// newcomers who do not pay are limited by those refusals as by their own.
-// A tracked client is held to its own budget, payment or not.
-func TestRateZoneOverflowLetsPaymentsThroughAndCountsTheirRefusals(t *testing.T) {
+// tracks reports whether tab holds a bucket of key.
+func tracks(z *rateZone, tab *rateTable, key string) bool {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	return tab.buckets[key] != nil
+}
+
+// With the table of clients full, a newcomer is counted in the bucket of
+// its prefix, payment or not; a prefix the table of prefixes has no room
+// for shares the overflow bucket. A tracked client is held to its own
+// budget, and a credit goes to the bucket that counted the 402.
+func TestRateZoneCountsNewcomersToAFullTableByPrefix(t *testing.T) {
 	z := fullZone(t, 8, 2, 24*time.Hour)
-	if z.wait("new-1", false) != 0 {
-		t.Fatal("a newcomer is limited before the overflow budget was spent")
+	z.note("203.0.113.1") // two refusals of a newcomer
+	z.note("203.0.113.1")
+	if !tracks(z, &z.prefixes, "203.0.113.0/24") || tracks(z, &z.clients, "203.0.113.1") {
+		t.Fatal("a newcomer to a full table was not counted in its prefix")
 	}
-	z.note("payer") // two refused payments of one newcomer
-	z.note("payer")
-	if z.wait("new-1", false) == 0 {
-		t.Error("refused payments of a newcomer did not count in the overflow budget")
+	if z.wait("203.0.113.2") == 0 {
+		t.Error("a newcomer of a prefix whose budget is spent is not limited")
 	}
-	if z.wait("payer", true) != 0 || z.wait("new-2", true) != 0 {
-		t.Error("a newcomer carrying a payment is held to the spent overflow budget")
+	if z.wait("198.51.100.1") != 0 {
+		t.Error("a newcomer from another prefix is limited")
+	}
+	z.credit("203.0.113.2") // a payment of the prefix settled
+	if z.wait("203.0.113.1") != 0 {
+		t.Error("a settled payment gave its prefix's budget nothing back")
 	}
 	z.note("c0")
-	if z.wait("c0", true) == 0 {
-		t.Error("a tracked client with its budget spent is not limited when it pays")
+	z.note("c0")
+	if z.wait("c0") == 0 {
+		t.Error("a tracked client with its budget spent is not limited")
+	}
+
+	// The table of prefixes full too: the rest share one overflow bucket.
+	for i := range 7 {
+		z.note(fmt.Sprintf("192.0.%d.1", i))
+	}
+	z.note("2001:db8:1:1::/64")
+	z.note("2001:db8:2:1::/64")
+	if tracks(z, &z.prefixes, "2001:db8:1::/48") {
+		t.Fatal("a prefix was tracked past the table's size")
+	}
+	if z.wait("2001:db8:3:1::/64") == 0 {
+		t.Error("a newcomer the tables have no room for is not held to the overflow budget")
+	}
+	if z.wait("192.0.1.9") != 0 {
+		t.Error("a tracked prefix with budget left is limited")
 	}
 }
 
 // wallet_auth answers within its server's gates' budgets before it checks a
-// proof: a request carrying a payment header is paying there too.
-func TestServerRateWaitLetsANewcomersPaymentThrough(t *testing.T) {
+// proof, a newcomer to a full table within its prefix's, whether or not
+// the request carries a payment header.
+func TestServerRateWaitHoldsANewcomerToItsPrefix(t *testing.T) {
 	z := fullZone(t, 8, 1, 24*time.Hour)
-	z.note("203.0.113.1") // spends the overflow budget
+	z.note("198.51.100.1") // spends the budget of 198.51.100.0/24
 	srv := new(caddyhttp.Server)
 	addServerZone(srv, z)
 	t.Cleanup(func() { removeServerZone(srv, z) })
 	r := httptest.NewRequest(http.MethodPost, "/", nil)
 	r.RemoteAddr = "198.51.100.7:1234"
 	r = r.WithContext(context.WithValue(r.Context(), caddyhttp.ServerCtxKey, srv))
-	if serverRateWait(r) == 0 {
-		t.Fatal("an unpaid newcomer is not held to the spent overflow budget")
-	}
 	r.Header.Set(x402.HeaderPaymentSignature, "a payment")
+	if serverRateWait(r) == 0 {
+		t.Error("a newcomer carrying a payment header is not held to its prefix's spent budget")
+	}
+	r.RemoteAddr = "203.0.113.7:1234"
 	if w := serverRateWait(r); w != 0 {
-		t.Errorf("a newcomer carrying a payment waits %d s for the overflow budget", w)
+		t.Errorf("a newcomer from another prefix waits %d s", w)
 	}
 }
 
@@ -138,22 +304,36 @@ func stubNow(t testing.TB, at *time.Time) {
 // With the table full of buckets that will not refill for hours (rate_limit
 // 20 24h), a newcomer costs what it costs with a small table: no request
 // walks the 65,536 buckets under the zone's one lock, which every other
-// request of the zone waits for. (From the audit: 6 ms a newcomer.)
+// request of the zone waits for. (From the audit: 6 ms a newcomer.) The
+// same holds with the table of prefixes full too, for a newcomer counted
+// in the overflow budget.
 func TestNewcomerToAFullRateTableCostsNoWalkOfIt(t *testing.T) {
 	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	at := t0
 	stubNow(t, &at)
 	z := fullZone(t, 1<<16, 20, 24*time.Hour)
-	var ds []time.Duration
-	for i := range 200 {
-		at = t0.Add(time.Duration(i+1) * time.Second)
-		start := time.Now()
-		z.note(fmt.Sprintf("203.0.113.%d", i))
-		ds = append(ds, time.Since(start))
+	median := func(client func(i int) string) time.Duration {
+		var ds []time.Duration
+		for i := range 200 {
+			at = at.Add(time.Second)
+			start := time.Now()
+			z.note(client(i))
+			ds = append(ds, time.Since(start))
+		}
+		slices.Sort(ds)
+		return ds[len(ds)/2]
 	}
-	slices.Sort(ds)
-	if median := ds[len(ds)/2]; median > 200*time.Microsecond {
-		t.Errorf("a newcomer to a full table of %d takes %v (median of %d)", z.size, median, len(ds))
+	if m := median(func(i int) string { return fmt.Sprintf("203.0.113.%d", i) }); m > 200*time.Microsecond {
+		t.Errorf("a newcomer to a full table of %d takes %v (median of 200)", z.clients.size, m)
+	}
+	for i := range z.prefixes.size {
+		z.note(fmt.Sprintf("10.%d.%d.1", i>>8, i&0xff))
+	}
+	if len(z.prefixes.buckets) != z.prefixes.size {
+		t.Fatal("the table of prefixes is not full")
+	}
+	if m := median(func(i int) string { return fmt.Sprintf("172.16.%d.1", i) }); m > 200*time.Microsecond {
+		t.Errorf("a newcomer to full tables of %d clients and prefixes takes %v (median of 200)", z.clients.size, m)
 	}
 }
 
@@ -167,15 +347,15 @@ func TestFullRateTableMakesRoomWhenABucketHasRefilled(t *testing.T) {
 	z := fullZone(t, 8, 2, time.Minute) // one event each: refilled at t0+30s
 	at = t0.Add(29 * time.Second)
 	z.note("n1")
-	if z.limiter("n1", at, false) != nil {
+	if tracks(z, &z.clients, "n1") {
 		t.Fatal("a newcomer got a bucket of its own before any had refilled")
 	}
 	at = t0.Add(31 * time.Second)
 	z.note("n2")
-	if z.limiter("n2", at, false) == nil {
+	if !tracks(z, &z.clients, "n2") {
 		t.Error("a newcomer found no room once the table's buckets had refilled")
 	}
-	if z.limiter("c0", at, false) != nil {
+	if tracks(z, &z.clients, "c0") {
 		t.Error("a refilled bucket was kept")
 	}
 
@@ -192,10 +372,10 @@ func TestFullRateTableMakesRoomWhenABucketHasRefilled(t *testing.T) {
 	z.credit("c0")
 	at = t0.Add(33 * time.Second)
 	z.note("n2")
-	if z.limiter("n2", at, false) == nil {
+	if !tracks(z, &z.clients, "n2") {
 		t.Error("a newcomer found no room after a credited bucket had refilled")
 	}
-	if z.limiter("c1", at, false) == nil {
+	if !tracks(z, &z.clients, "c1") {
 		t.Error("a partly spent bucket was dropped to make room")
 	}
 }
@@ -220,16 +400,19 @@ func BenchmarkRateZoneNewcomerToAFullTable(b *testing.B) {
 	}
 }
 
-// An MCP tool call carries its payment in params._meta, which the gate
-// reads before it checks the rate limit: with the table full and the
-// overflow budget spent, a newcomer's paid call is served and charged,
-// while its unpaid call is a rate_limited tool result.
-func TestFullRateTableStillServesANewcomersPaidToolCall(t *testing.T) {
+// An MCP tool call carries its payment in params._meta: with the table
+// full, a newcomer from another prefix is served and charged, while calls
+// of an untracked client of the filler's /48 are held to that prefix's
+// spent budget whatever their _meta holds, a null payment or a payment of
+// an unfunded wallet (which would cost a /verify) alike. (From the audit:
+// any "x402/payment" key, even null, skipped the newcomers' budget.)
+func TestFullRateTableHoldsToolCallsToTheirPrefixBudget(t *testing.T) {
 	_, fac := sharedDevnet(t)
+	facURL, verifies := countingFacilitator(t, fac)
 	up := newMCPUpstream(t)
 	const size = 8
 	shrinkRateTable(t, size)
-	site := strings.Replace(mcpSite(up.URL, fac, 0), "validate verify_request", "validate verify_request\n\t\t\trate_limit 2 24h", 1)
+	site := strings.Replace(mcpSite(up.URL, facURL, 0), "validate verify_request", "validate verify_request\n\t\t\trate_limit 2 24h", 1)
 	base := startCaddyServers(t, "\t\ttrusted_proxies static 127.0.0.1/32\n\t\ttrusted_proxies_strict", "", site)
 	url := base + "/mcp"
 	pr := demandOf(t, callTool(t, mcpSession(t, url), "verify_schema", verifyArgs, nil))
@@ -249,10 +432,27 @@ func TestFullRateTableStillServesANewcomersPaidToolCall(t *testing.T) {
 	for i := range size + 3 {
 		call(fmt.Sprintf("2001:db8:0:%x::1", i), nil)
 	}
-	if got := call("198.51.100.7", nil); !strings.Contains(got, apierr.CodeRateLimited) {
-		t.Fatalf("an unpaid newcomer's call with the overflow budget spent: %s, want rate_limited", got)
+	const newcomer = "2001:db8:0:ffff::1" // of the filler's /48
+	before := verifies.Load()
+	limited := 0
+	for i := range 6 {
+		meta := mcp.Meta{mcpMetaPayment: nil}
+		if i%2 == 1 {
+			key, _ := crypto.GenerateKey()
+			p, err := x402.SignExactEVM(key, pr.Accepts[0], &pr.Resource, time.Now())
+			if err != nil {
+				t.Fatal(err)
+			}
+			meta = mcp.Meta{mcpMetaPayment: p}
+		}
+		if strings.Contains(call(newcomer, meta), apierr.CodeRateLimited) {
+			limited++
+		}
+	}
+	if got := verifies.Load() - before; limited != 6 || got != 0 {
+		t.Errorf("paid and null-paid calls of an untracked client whose /48 spent its budget: %d/6 rate_limited, %d /verify calls; want all, none", limited, got)
 	}
 	if got := call("198.51.100.8", payMeta(t, pr, 1)); !strings.Contains(got, mcpMetaPaymentResponse) || strings.Contains(got, apierr.CodeRateLimited) {
-		t.Fatalf("a newcomer's paid call with the table full: %s, want it served and charged", got)
+		t.Fatalf("a paid call of a newcomer from another prefix with the table full: %s, want it served and charged", got)
 	}
 }
