@@ -113,6 +113,7 @@ type rateTable struct {
 	size    int // the most keys tracked: maxRateClients
 	buckets map[string]*rateBucket
 	due     dueBuckets // the same buckets, the earliest due first
+	looked  int        // buckets sweep has looked at, ever: its cost, for the tests
 }
 
 // rateBucket is one client's token bucket in a zone.
@@ -253,6 +254,7 @@ func (z *rateZone) find(tab *rateTable, key string, t time.Time, create bool) (b
 func (z *rateZone) sweep(tab *rateTable, t time.Time) {
 	for len(tab.due) > 0 && !t.Before(tab.due[0].due) {
 		b := tab.due[0]
+		tab.looked++
 		if tokens := b.TokensAt(t); tokens < float64(z.burst) {
 			b.due = t.Add(z.refillIn(tokens))
 			heap.Fix(&tab.due, 0)
