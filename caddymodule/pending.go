@@ -471,6 +471,13 @@ func (g *Gate) requestName(r *http.Request, read func(*http.Request) ([]byte, er
 // when the facilitator cannot tell (it is no SettlementChecker, or the
 // check failed): the outcome stays unknown.
 func (g *Gate) checkHeld(ctx context.Context, h *heldRecord) (x402.SettlementStatus, bool) {
+	return g.checkSettlement(ctx, h.payload, h.offer, x402.SentSettlement{Transaction: h.Sent, After: h.SentAfter})
+}
+
+// checkSettlement asks the facilitator whether payment p for offer
+// settled, with what the gate knows of the attempt (sent), as checkHeld
+// says.
+func (g *Gate) checkSettlement(ctx context.Context, p x402.PaymentPayload, offer x402.PaymentRequirements, sent x402.SentSettlement) (x402.SettlementStatus, bool) {
 	sc, ok := g.facilitator.(x402.SettlementChecker)
 	if !ok {
 		return x402.SettlementStatus{}, false
@@ -480,9 +487,9 @@ func (g *Gate) checkHeld(ctx context.Context, h *heldRecord) (x402.SettlementSta
 	var st x402.SettlementStatus
 	var err error
 	if ssc, ok := g.facilitator.(x402.SentSettlementChecker); ok {
-		st, err = ssc.SentSettlementStatus(ctx, h.payload, h.offer, x402.SentSettlement{Transaction: h.Sent, After: h.SentAfter})
+		st, err = ssc.SentSettlementStatus(ctx, p, offer, sent)
 	} else {
-		st, err = sc.SettlementStatus(ctx, h.payload, h.offer)
+		st, err = sc.SettlementStatus(ctx, p, offer)
 	}
 	if err != nil {
 		g.logger.Warn("checking an unknown settlement", zap.Error(err))
@@ -498,20 +505,49 @@ func (g *Gate) checkHeld(ctx context.Context, h *heldRecord) (x402.SettlementSta
 // it, or never retried before it), so the gate keeps nothing of it: told
 // the facilitator's reason, the buyer would read that nothing was charged
 // and sign a new payment for a call already paid. Only the refusals a
-// spent EIP-3009 authorization gets (expired, which is checked before the
-// chain is read, or its nonce used) send the gate to the chain, as a held
-// record is checked (checkHeld): one read for a refusal whose payment may
-// be unsigned, as the facilitator's own signature check of a payment
-// costs.
+// spent EIP-3009 authorization gets (expired, or its nonce used) send the
+// gate to the chain, and only for an authorization its payer signed
+// (signedByPayer): the facilitator refuses an expired one before it checks
+// the signature, and the payer, payTo, amount and nonce of every
+// settlement are public on chain, so anyone could otherwise name a
+// settled payment, unsigned, and be told it is theirs, each time at the
+// cost of a search of the chain's logs. A signed payment costs one read
+// (authorizationState) when its nonce is unused, as it is for every
+// payment refused expired that never settled (x402.SentSettlement's
+// SettledOnly); the transaction that used the nonce is searched for only
+// when it is used, and judged, as a held record's is (checkHeld), to carry
+// this authorization's own Transfer of its amount to payTo.
 func (g *Gate) settledEarlier(ctx context.Context, p x402.PaymentPayload, offer x402.PaymentRequirements, reason string) (x402.SettleResponse, bool) {
 	if reason != x402.ReasonExactEVMValidBefore && reason != x402.ReasonExactEVMNonceAlreadyUsed {
 		return x402.SettleResponse{}, false
 	}
-	st, known := g.checkHeld(ctx, &heldRecord{payload: p, offer: offer})
+	if !signedByPayer(p, offer) {
+		return x402.SettleResponse{}, false
+	}
+	st, known := g.checkSettlement(ctx, p, offer, x402.SentSettlement{SettledOnly: true})
 	if !known || st.State != x402.SettlementDone {
 		return x402.SettleResponse{}, false
 	}
 	return toldSettlement(x402.SettleResponse{Success: true, Transaction: st.Transaction}, p, offer.Network), true
+}
+
+// signedByPayer reports whether p is an EIP-3009 authorization whose
+// 65-byte signature, over offer's EIP-712 domain, its payer (from) made:
+// checked locally, as the facilitator checks it (x402.RecoverExactEVM). A
+// longer signature (a smart wallet's) only the chain can check, so it is
+// not taken for signed: such a payment refused after its expiry is told
+// the facilitator's refusal.
+func signedByPayer(p x402.PaymentPayload, offer x402.PaymentRequirements) bool {
+	var pl x402.ExactEVMPayload
+	if err := json.Unmarshal(p.Payload, &pl); err != nil {
+		return false
+	}
+	v, err := pl.Authorization.Values()
+	if err != nil {
+		return false
+	}
+	signer, err := x402.RecoverExactEVM(offer, pl)
+	return err == nil && signer == v.From
 }
 
 // settleHeld applies a resolved outcome to the store: the claim marked

@@ -71,4 +71,11 @@ type SentSettlement struct {
 	// After is a time before which the settlement was not asked for (zero:
 	// not known), so its transaction cannot have landed earlier.
 	After time.Time
+	// SettledOnly asks only whether the transfer happened: an EIP-3009
+	// authorization whose nonce is unused is answered undecided after that
+	// one read, without the head block's time that would tell it can
+	// never settle. A gate asking about a payment it holds nothing of
+	// (settledEarlier) needs no more, and pays no more for a payment that
+	// never settled.
+	SettledOnly bool
 }

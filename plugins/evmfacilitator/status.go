@@ -41,7 +41,8 @@ func (f *Facilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayloa
 //
 // sent.Transaction, when it names a transaction, is looked at first;
 // sent.After bounds the search for the transaction that used the nonce
-// (see findNonceLog).
+// (see findNonceLog); sent.SettledOnly answers an unused nonce undecided
+// without reading the head block.
 //
 // Settle's own resolution also concludes "never" when the relayer's nonce
 // has moved past its transaction (neverExecutes); this cannot: what the
@@ -81,6 +82,9 @@ func (f *Facilitator) SentSettlementStatus(ctx context.Context, p x402.PaymentPa
 		u, err := f.usedStatus(ctx, token, auth, hint, sent.After)
 		u.Payer = st.Payer
 		return u, err
+	}
+	if sent.SettledOnly {
+		return st, nil // undecided: not settled, whether it still may be left unread
 	}
 	head, err := f.chain.HeaderByNumber(ctx, nil)
 	if err != nil {

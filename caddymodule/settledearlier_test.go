@@ -1,0 +1,141 @@
+package caddymodule
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/aovhq/aov/plugins/evmfacilitator"
+	"github.com/aovhq/aov/x402"
+)
+
+// countedRPC is a proxy in front of the devnet node (the real chain behind
+// it) that counts the JSON-RPC calls made through it, a batch's each.
+func countedRPC(t *testing.T, target string) (string, *atomic.Int64) {
+	t.Helper()
+	var n atomic.Int64
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		var many []json.RawMessage
+		if json.Unmarshal(body, &many) == nil {
+			n.Add(int64(len(many)))
+		} else {
+			n.Add(1)
+		}
+		resp, err := http.Post(target, "application/json", bytes.NewReader(body))
+		if err != nil {
+			http.Error(w, "devnet unreachable", http.StatusBadGateway)
+			return
+		}
+		defer resp.Body.Close()
+		w.Header().Set("Content-Type", "application/json")
+		io.Copy(w, resp.Body)
+	}))
+	t.Cleanup(proxy.Close)
+	return proxy.URL, &n
+}
+
+// settledElsewhere pays once through another gateway, so that the
+// payment's payer and nonce are used on chain (and public), and starts the
+// gateway under test: a remote facilitator with an rpc endpoint for
+// unknown outcomes, whose chain reads are counted. It returns that
+// gateway's route URL, the settled payment and the counter.
+func settledElsewhere(t *testing.T) (string, x402.PaymentPayload, x402.ExactEVMPayload, *atomic.Int64, *upstream) {
+	t.Helper()
+	d, fac := sharedDevnet(t)
+	rpcURL, calls := countedRPC(t, d.RPCURL())
+	upA := newUpstream(t)
+	urlA := startCaddy(t, gateSite(upA.URL, fac, 0, "")) + "/verify/schema"
+	sig := signFor(t, paymentRequired(t, post(t, urlA, "", nil)), 4)
+	if resp := post(t, urlA, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}); resp.StatusCode != http.StatusOK {
+		t.Fatalf("the buyer's payment: %d %s", resp.StatusCode, readAll(t, resp))
+	}
+	up := newUpstream(t)
+	base := startCaddy(t, fmt.Sprintf(`:{port} {
+	route /verify/schema {
+		x402 {
+			accept devnet $0.02 %[3]s
+			facilitator http %[2]s {
+				timeout 5s
+				rpc devnet %[4]s
+			}
+			store badger %[5]s
+		}
+		reverse_proxy %[1]s
+	}
+}
+`, strings.TrimPrefix(up.URL, "http://"), fac, payTo.Hex(), rpcURL, filepath.Join(t.TempDir(), "gate")))
+	var p x402.PaymentPayload
+	if err := x402.DecodeHeader(sig, &p); err != nil {
+		t.Fatal(err)
+	}
+	var pl x402.ExactEVMPayload
+	if err := json.Unmarshal(p.Payload, &pl); err != nil {
+		t.Fatal(err)
+	}
+	return base + "/verify/schema", p, pl, calls, up
+}
+
+// unsignedCopy is the settled payment's authorization (payer, payTo,
+// value, nonce) with validAfter va, a validBefore ago in the past, and a
+// signature of 65 bytes that signs nothing: what anyone can make of a
+// settlement seen on chain.
+func unsignedCopy(t *testing.T, p x402.PaymentPayload, pl x402.ExactEVMPayload, va string, ago time.Duration) string {
+	t.Helper()
+	f := pl
+	f.Authorization.ValidAfter = va
+	f.Authorization.ValidBefore = fmt.Sprint(time.Now().Add(-ago).Unix())
+	f.Signature = "0x" + strings.Repeat("11", 65)
+	q := p
+	q.Payload, _ = json.Marshal(f)
+	h, err := x402.EncodeHeader(q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// TestSettledEarlierReadsTheChainOnlyForASignedPayment: an expired
+// payment the facilitator refuses sends the gate to the chain (did it
+// settle earlier?) only when its signature is the payer's. An unsigned copy
+// of a settled payment costs no chain read, however its validAfter sends a
+// log search back; a signed expired payment whose nonce was never used
+// costs one (authorizationState), no log search.
+func TestSettledEarlierReadsTheChainOnlyForASignedPayment(t *testing.T) {
+	url, p, pl, calls, up := settledElsewhere(t)
+	for k, va := range []string{"0", pl.Authorization.ValidAfter} {
+		h := unsignedCopy(t, p, pl, va, time.Duration(10+k)*time.Minute)
+		calls.Store(0)
+		resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: h})
+		reason := reasonOf(t, resp)
+		if n := calls.Load(); n != 0 || resp.StatusCode != http.StatusPaymentRequired {
+			t.Errorf("an unsigned expired copy (validAfter %s): %d %s, %d chain reads; want 402 and none", va, resp.StatusCode, reason, n)
+		}
+	}
+	pr := paymentRequired(t, post(t, url, "", nil))
+	signed, err := x402.SignExactEVM(evmfacilitator.DevKey(5), pr.Accepts[0], &pr.Resource, time.Now().Add(-2*time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := x402.EncodeHeader(signed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls.Store(0)
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: h})
+	reason := reasonOf(t, resp)
+	if n := calls.Load(); n != 1 || reason != x402.ReasonExactEVMValidBefore {
+		t.Errorf("a signed expired payment, its nonce unused: %d %s, %d chain reads; want %s after one read", resp.StatusCode, reason, n, x402.ReasonExactEVMValidBefore)
+	}
+	if up.calls.Load() != 0 {
+		t.Fatalf("the upstream ran %d times", up.calls.Load())
+	}
+}
