@@ -531,19 +531,19 @@ func (g *Gate) settledEarlier(ctx context.Context, p x402.PaymentPayload, offer 
 	return toldSettlement(x402.SettleResponse{Success: true, Transaction: st.Transaction}, p, offer.Network), true
 }
 
-// signedByPayer reports whether p is an EIP-3009 authorization whose
-// 65-byte signature, over offer's EIP-712 domain, its payer (from) made:
-// checked locally, as the facilitator checks it (x402.RecoverExactEVM). A
-// longer signature (a smart wallet's) only the chain can check, so it is
-// not taken for signed: such a payment refused after its expiry is told
-// the facilitator's refusal.
+// signedByPayer reports whether p is an EIP-3009 authorization of offer's
+// amount whose 65-byte signature, over offer's EIP-712 domain, its payer
+// (from) made: checked locally, as the facilitator checks it
+// (x402.RecoverExactEVM). A longer signature (a smart wallet's) only the
+// chain can check, so it is not taken for signed: such a payment refused
+// after its expiry is told the facilitator's refusal.
 func signedByPayer(p x402.PaymentPayload, offer x402.PaymentRequirements) bool {
 	var pl x402.ExactEVMPayload
 	if err := json.Unmarshal(p.Payload, &pl); err != nil {
 		return false
 	}
 	v, err := pl.Authorization.Values()
-	if err != nil {
+	if err != nil || v.Value.String() != offer.Amount {
 		return false
 	}
 	signer, err := x402.RecoverExactEVM(offer, pl)

@@ -139,3 +139,22 @@ func TestSettledEarlierReadsTheChainOnlyForASignedPayment(t *testing.T) {
 		t.Fatalf("the upstream ran %d times", up.calls.Load())
 	}
 }
+
+// TestUnsignedCopyOfASettledPaymentGetsTheRefusal: a copy of a settled
+// payment's authorization that its payer never signed is not "this
+// payment": it gets the facilitator's own refusal (expired), never
+// payment_already_used or a PAYMENT-RESPONSE naming the payer's
+// transaction.
+func TestUnsignedCopyOfASettledPaymentGetsTheRefusal(t *testing.T) {
+	url, p, pl, _, up := settledElsewhere(t)
+	h := unsignedCopy(t, p, pl, pl.Authorization.ValidAfter, 10*time.Minute)
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: h})
+	pr := resp.Header.Get(x402.HeaderPaymentResponse)
+	if reason := reasonOf(t, resp); resp.StatusCode != http.StatusPaymentRequired || reason != x402.ReasonExactEVMValidBefore || pr != "" {
+		t.Errorf("an unsigned copy of a settled payment: %d %s, PAYMENT-RESPONSE %q; want 402 %s and none",
+			resp.StatusCode, reason, pr, x402.ReasonExactEVMValidBefore)
+	}
+	if up.calls.Load() != 0 {
+		t.Fatalf("the upstream ran %d times", up.calls.Load())
+	}
+}
