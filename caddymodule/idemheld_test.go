@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"encoding/json"
+	"io"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -211,6 +212,59 @@ func TestPaymentIdentifierAfterARunAgain(t *testing.T) {
 	again := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
 	if again.StatusCode != http.StatusConflict || idemCode(t, again) != codePaymentIDAnswerNotKept || settlementOf(t, again).Transaction != tx {
 		t.Fatalf("the retry after the run: %d", again.StatusCode)
+	}
+	if got := charged(t, d, payer.Address, before); got.Int64() != 20000 || up.calls.Load() != 1 {
+		t.Fatalf("charged %v, upstream ran %d times", got, up.calls.Load())
+	}
+}
+
+// TestRetryWithItsIDWhileTheRunAgainRuns: settled before, the reply of the
+// settlement lost, the buyer's retry with its payment identifier runs the
+// upstream again (slowly). A second retry of the same call (same id,
+// payment and request) meanwhile is told the call is still being served,
+// 409 payment_identifier_in_progress with Retry-After: 1, as README's table
+// says, never a 402 an x402 client answers with a new payment; the payment
+// without the id gets payment_already_used. Nothing runs or is charged
+// twice.
+func TestRetryWithItsIDWhileTheRunAgainRuns(t *testing.T) {
+	d, _ := sharedDevnet(t)
+	up := newUpstream(t)
+	base := startCaddy(t, pendingSite(up.URL, "lose_reply", filepath.Join(t.TempDir(), "gate"), "settle before\n\t\t\tpayment_identifier"))
+	url := base + "/verify/schema"
+	payer := evmfacilitator.DevAccounts()[6]
+	before := balance(t, d, payer.Address)
+	sig := signWithID(t, paymentRequired(t, post(t, url, "", nil)), payer.Key(), "pay_during_run_again_0001")
+	if resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}); resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("first call: %d", resp.StatusCode)
+	}
+	started := make(chan struct{})
+	up.during = func() { close(started); time.Sleep(2 * time.Second) }
+	run := make(chan int, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(validRequest))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set(x402.HeaderPaymentSignature, sig)
+		resp, err := testClient.Do(req)
+		if err != nil {
+			run <- 0
+			return
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		run <- resp.StatusCode
+	}()
+	<-started
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	if resp.StatusCode != http.StatusConflict || resp.Header.Get("Retry-After") != "1" || resp.Header.Get(x402.HeaderPaymentRequired) != "" || idemCode(t, resp) != codePaymentIDInProgress {
+		t.Errorf("the same id and payment while the run again runs: %d, Retry-After %q; want 409 %s, Retry-After 1, no PAYMENT-REQUIRED",
+			resp.StatusCode, resp.Header.Get("Retry-After"), codePaymentIDInProgress)
+	}
+	resp = post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: copiedFromChain(t, sig, nil)})
+	if reason := reasonOf(t, resp); resp.StatusCode != http.StatusPaymentRequired || reason != x402.ReasonPaymentAlreadyUsed {
+		t.Errorf("the payment without its id while the run again runs: %d %s", resp.StatusCode, reason)
+	}
+	if code := <-run; code != http.StatusOK {
+		t.Fatalf("the run again: %d", code)
 	}
 	if got := charged(t, d, payer.Address, before); got.Int64() != 20000 || up.calls.Load() != 1 {
 		t.Fatalf("charged %v, upstream ran %d times", got, up.calls.Load())

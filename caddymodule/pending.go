@@ -648,7 +648,7 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 		return true, alreadyUsed(w, r, ex)
 	}
 	if now().Before(h.Running) {
-		return true, paymentInFlight(w, r, ex) // another retry runs it
+		return true, runUnderWay(w, r, ex, h) // another retry runs it
 	}
 	sr := toldSettlement(x402.SettleResponse{Success: true, Transaction: h.Transaction}, h.payload, h.offer.Network)
 	if h.ReportPath != "" {
@@ -689,7 +689,7 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 	taken, err := g.takeRun(ctx, hc, h, note)
 	switch {
 	case errors.Is(err, store.ErrNoteChanged):
-		return true, paymentInFlight(w, r, ex) // another retry took the run
+		return true, runUnderWay(w, r, ex, h) // another retry took the run
 	case err != nil:
 		return true, ex.refuse(w, r, apierr.Unavailable("payment state store", 1, err))
 	}
@@ -723,6 +723,22 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 		return true, ex.refuse(w, r, runAgainFailed(failed))
 	}
 	return true, err
+}
+
+// runUnderWay answers a retry of h's payment while another request runs
+// its one run again. A retry of a call made with a payment identifier
+// carries it (carriedBy, checked before): it is told the call is still
+// being served, 409 payment_identifier_in_progress, retryable, as while
+// the call itself runs, since a 402 is what an x402 client answers with a
+// new payment, charged a second time for the one call. A retry of a call
+// made without one gets payment_in_flight: the answer goes to the request
+// that runs it, and nothing tells this retry apart from a copy of the
+// payment.
+func runUnderWay(w http.ResponseWriter, r *http.Request, ex exchange, h *heldRecord) error {
+	if h.PaymentID != "" {
+		return ex.refuse(w, r, fresh(errPaymentIDInProgress))
+	}
+	return paymentInFlight(w, r, ex)
 }
 
 // takeRun takes the one run again h's payment bought, by a compare-and-swap
