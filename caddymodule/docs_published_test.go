@@ -234,3 +234,49 @@ func TestFreeMCPURLIsExpandedAtLoad(t *testing.T) {
 		}
 	}
 }
+
+// A refused mcp_url or public_base_url says which rule it breaks and names
+// the URL as configured, never as expanded: an {env.NAME} may hold a
+// secret, and the load error is logged.
+func TestConfiguredURLRefusalNamesRuleNotExpandedValue(t *testing.T) {
+	const secret = "s3cr3t-token-value"
+	t.Setenv("AOV_TEST_URL_SECRET", secret)
+	site := func(option, url string) string {
+		free := ""
+		if option == "mcp_url" {
+			free = "free_allowance {\n\t\t\tper_day 5\n\t\t\tmcp_url " + url + "\n\t\t}"
+		} else {
+			free = "public_base_url " + url
+		}
+		return fmt.Sprintf(`:0 {
+	x402 {
+		accept base $0.02 0x1111111111111111111111111111111111111111
+		facilitator instant_benchmark_only
+		store badger %s/gate
+		%s
+	}
+	respond "ok"
+}
+`, t.TempDir(), free)
+	}
+	for _, c := range []struct{ url, rule string }{
+		{"https://mcp:{env.AOV_TEST_URL_SECRET}@verify.example.com/mcp", "has a user part"},
+		{"ftp://{env.AOV_TEST_URL_SECRET}.example.com/mcp", "has a scheme other than http or https"},
+		{"https://{env.AOV_TEST_URL_SECRET}.example.com/{http.request.host}", "still has a placeholder"},
+	} {
+		for _, option := range []string{"mcp_url", "public_base_url"} {
+			err := loadError(t, site(option, c.url))
+			if err == nil {
+				t.Errorf("%s %s loaded", option, c.url)
+				continue
+			}
+			msg := err.Error()
+			if strings.Contains(msg, secret) {
+				t.Errorf("%s %s: the load error repeats the expanded value: %v", option, c.url, err)
+			}
+			if !strings.Contains(msg, c.rule) || !strings.Contains(msg, c.url) {
+				t.Errorf("%s %s: load error %v, want the configured URL and %q", option, c.url, err, c.rule)
+			}
+		}
+	}
+}

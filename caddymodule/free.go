@@ -50,9 +50,9 @@ type FreeAllowance struct {
 
 func (f *FreeAllowance) provision() error {
 	if f.MCPURL != "" {
-		_, s, ok := configuredURL(f.MCPURL)
-		if !ok {
-			return fmt.Errorf("mcp_url %q is not an absolute http(s) URL (scheme://host[:port]/path, no user; only placeholders known when the config loads, such as {env.NAME})", s)
+		_, s, err := configuredURL(f.MCPURL)
+		if err != nil {
+			return fmt.Errorf("mcp_url %q is not an absolute http(s) URL (scheme://host[:port]/path, no user; only placeholders known when the config loads, such as {env.NAME}): once expanded it %v", f.MCPURL, err)
 		}
 		f.MCPURL = s
 	}

@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -30,24 +31,43 @@ const maxResourceURL = store.MaxDiscoveryResourceBytes
 // placeholders known then ({env.NAME}) are expanded, and the result must be
 // an http(s) origin with nothing after it (a trailing slash aside). It
 // returns scheme://host[:port] in lower case, the form URLs are built from
-// and origins compared in.
+// and origins compared in. An error names raw as configured, never as
+// expanded (configuredURL).
 func publicOrigin(raw string) (string, error) {
-	u, s, ok := configuredURL(raw)
-	if !ok || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
-		return "", fmt.Errorf("%q is not an http(s) origin (scheme://host[:port], no path, query or user; only placeholders known when the config loads, such as {env.NAME})", s)
+	u, _, err := configuredURL(raw)
+	if err == nil && ((u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.ForceQuery || u.Fragment != "") {
+		err = errors.New("has a path, query or fragment")
+	}
+	if err != nil {
+		return "", fmt.Errorf("%q is not an http(s) origin (scheme://host[:port], no path, query or user; only placeholders known when the config loads, such as {env.NAME}): once expanded it %v", raw, err)
 	}
 	return u.Scheme + "://" + strings.ToLower(u.Host), nil
 }
 
 // configuredURL expands, when the config loads, the placeholders known
-// then ({env.NAME}) in a URL the gateway names to clients, and reports
-// whether the result s is an absolute http(s) URL with a host, no user and
-// no placeholder left: one left would reach clients as written, since
-// nothing expands it later.
-func configuredURL(raw string) (u *url.URL, s string, ok bool) {
+// then ({env.NAME}) in a URL the gateway names to clients, and returns it
+// parsed and as text when it is an absolute http(s) URL with a host, no user and no
+// placeholder left: one left would reach clients as written, since
+// nothing expands it later. Otherwise the error says which rule the
+// expanded URL breaks without repeating any of it: an {env.NAME} may hold
+// a secret (a password in the user part), and the error is logged.
+func configuredURL(raw string) (u *url.URL, s string, err error) {
 	s = caddy.NewReplacer().ReplaceKnown(raw, "")
-	u, err := url.Parse(s)
-	return u, s, err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != "" && u.User == nil && !strings.ContainsAny(s, "{}")
+	if strings.ContainsAny(s, "{}") {
+		return nil, "", errors.New("still has a placeholder (an unset {env.NAME}, or one only a request fills in)")
+	}
+	u, err = url.Parse(s)
+	switch {
+	case err != nil:
+		return nil, "", errors.New("does not parse as a URL")
+	case u.Scheme != "http" && u.Scheme != "https":
+		return nil, "", errors.New("has a scheme other than http or https")
+	case u.Host == "":
+		return nil, "", errors.New("has no host")
+	case u.User != nil:
+		return nil, "", errors.New("has a user part")
+	}
+	return u, s, nil
 }
 
 // siteBase is the origin of the URLs built for r: the configured public
