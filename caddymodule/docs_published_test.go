@@ -107,8 +107,10 @@ func TestDocsStateEachMCPToolsOwnGate(t *testing.T) {
 }
 
 // freePoolSite is a site with routes /a and /b, each a gate whose free
-// allowance names pool verify with the given per_day and key.
+// allowance names pool verify with the given per_day and key, both in one
+// store.
 func freePoolSite(t *testing.T, perDayA, perDayB int, keyA, keyB string) string {
+	dir := t.TempDir()
 	gate := func(path string, perDay int, key string) string {
 		return fmt.Sprintf(`
 	route /%[1]s {
@@ -124,16 +126,17 @@ func freePoolSite(t *testing.T, perDayA, perDayB int, keyA, keyB string) string 
 			}
 		}
 		respond ok
-	}`, path, payTo.Hex(), t.TempDir(), perDay, key)
+	}`, path, payTo.Hex(), dir, perDay, key)
 	}
 	return ":0 {" + gate("a", perDayA, keyA) + gate("b", perDayB, keyB) + "\n}\n"
 }
 
 // A free pool is one allowance (one count per pool, client and day): a
-// config whose gates give one pool different per_day or key, which the
-// store would enforce as each gate's own limit on the other's count, is
-// refused at load, naming both routes. The same terms load, and a reload
-// may change a pool's terms (the old config's gates are not the new one's).
+// config whose gates give one pool in one store different per_day or key,
+// which the store would enforce as each gate's own limit on the other's
+// count, is refused at load, naming both routes. The same terms load, and
+// a reload may change a pool's terms (the old config's gates are not the
+// new one's).
 func TestFreePoolIsOneAllowance(t *testing.T) {
 	for _, tc := range []struct {
 		desc       string
@@ -141,8 +144,8 @@ func TestFreePoolIsOneAllowance(t *testing.T) {
 		keyA, keyB string
 		want       string
 	}{
-		{"different per_day", 100, 1, "ip", "ip", `pool "verify" is one allowance, and route "POST /a" gives it per_day 100, key ip, while route "POST /b" gives it per_day 1, key ip`},
-		{"different key", 5, 5, "ip", "wallet", `route "POST /b" gives it per_day 5, key wallet`},
+		{"different per_day", 100, 1, "ip", "ip", `pool "verify" is one allowance in one store, and route "POST /a" of server srv0 (:0) gives it per_day 100, key ip, while route "POST /b" of server srv0 (:0) gives it per_day 1, key ip`},
+		{"different key", 5, 5, "ip", "wallet", `route "POST /b" of server srv0 (:0) gives it per_day 5, key wallet`},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			err := loadError(t, freePoolSite(t, tc.a, tc.b, tc.keyA, tc.keyB))
@@ -279,4 +282,52 @@ func TestConfiguredURLRefusalNamesRuleNotExpandedValue(t *testing.T) {
 			}
 		}
 	}
+}
+
+// freePoolGate is a gate on route POST /<path> keeping its counts in the
+// Badger store at dir, its free allowance in the default pool with per_day
+// and extra options.
+func freePoolGate(path, dir string, perDay int, extra string) string {
+	return fmt.Sprintf(`
+	route /%[1]s {
+		x402 {
+			route "POST /%[1]s"
+			accept devnet $0.02 %[2]s
+			facilitator http http://127.0.0.1:1
+			store badger %[3]s
+			free_allowance {
+				per_day %[4]d
+				%[5]s
+			}
+		}
+		respond ok
+	}`, path, payTo.Hex(), dir, perDay, extra)
+}
+
+// A pool is one allowance only within one store: sites whose gates keep
+// their counts in stores of their own never meet in a count, so their
+// pools of one name may have their own terms. Two servers of one config
+// sharing a store are held to one pool's terms, and the refusal names
+// each route with its server.
+func TestFreePoolIsOneAllowancePerStore(t *testing.T) {
+	a, b := t.TempDir(), t.TempDir()
+	if err := loadError(t, "http://a.example:0 {"+freePoolGate("v", a, 100, "")+"\n}\n"+
+		"http://b.example:0 {"+freePoolGate("v", b, 5, "")+"\n}\n"); err != nil {
+		t.Errorf("two sites with their own stores, one pool name each with its per_day, are refused: %v", err)
+	}
+
+	p1, p2 := freePort(t), freePort(t)
+	err := loadError(t, fmt.Sprintf("http://:%d {", p1)+freePoolGate("v", a, 100, "")+"\n}\n"+
+		fmt.Sprintf("http://:%d {", p2)+freePoolGate("v", a, 1, "")+"\n}\n")
+	// Caddy names the servers srv0, srv1 in an order of its own.
+	want := []string{fmt.Sprintf(`route "POST /v" of server srv0 (:%d) gives it per_day %d,`, p1, 100), fmt.Sprintf(`route "POST /v" of server srv1 (:%d) gives it per_day %d,`, p2, 1)}
+	if strings.Contains(fmt.Sprint(err), fmt.Sprintf("(:%d)", p2)+" gives it per_day 1, key ip, while") {
+		want = []string{fmt.Sprintf(`route "POST /v" of server srv1 (:%d) gives it per_day %d,`, p1, 100), fmt.Sprintf(`route "POST /v" of server srv0 (:%d) gives it per_day %d,`, p2, 1)}
+	}
+	for _, w := range want {
+		if err == nil || !strings.Contains(err.Error(), w) {
+			t.Errorf("two servers sharing a store and pool with per_day 100 and 1: load error %v, want one saying %q", err, w)
+		}
+	}
+
 }

@@ -2,56 +2,77 @@ package caddymodule
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
 // A free_allowance pool is one allowance: the store keeps one count per
 // pool, client and UTC day, and each gate grants a free call while that
-// count is below its own per_day. Two gates naming one pool with different
-// per_day would not share an allowance but each grant against the other's
-// calls (with 100 on one route and 1 on another, the second grants
-// nothing once the first has served a call), and with different keys they
-// count different clients and share nothing; the documents, which state a
-// pool's terms once, would be wrong for one of them. So within a config
-// every gate naming a pool must give it the same per_day and key.
+// count is below its own per_day. Two gates naming one pool in one store
+// with different per_day would not share an allowance but each grant
+// against the other's calls (with 100 on one route and 1 on another, the
+// second grants nothing once the first has served a call), and with
+// different keys they count different clients and share nothing; the
+// documents, which state a pool's terms once, would be wrong for one of
+// them. So within a config every gate naming a pool in one store must give
+// it the same per_day and key. Gates in different stores (storeIdentity)
+// never meet in a count, whatever their pools are called: they are not
+// held to each other's terms.
 
-// freePoolTerms is what the first gate of a config to name a pool gave it.
+// freePoolTerms is what the first gate of a config to name a pool in a
+// store gave it.
 type freePoolTerms struct {
 	perDay int
 	key    string
-	route  string // that gate's route, for the refusal
+	gate   string // that gate, for the refusal (gateName)
 }
 
-// freePoolsSeen holds, per config being provisioned, each pool's terms.
-var freePoolsSeen perConfig[map[string]freePoolTerms]
+// freePoolsSeen holds, per config being provisioned, each pool's terms by
+// store identity and pool name.
+var freePoolsSeen perConfig[map[[2]string]freePoolTerms]
 
-// checkFreePool records the terms free (of the gate of route, provisioning
-// in ctx) gives its pool, and refuses them when another gate of the config
-// gave the pool other terms.
-func checkFreePool(ctx caddy.Context, route string, free *FreeAllowance) error {
+// checkFreePool records the terms free (of the gate named gate, keeping its
+// counts in the store of identity store, provisioning in ctx) gives its
+// pool, and refuses them when another gate of the config gave the pool
+// other terms in the same store.
+func checkFreePool(ctx caddy.Context, gate, store string, free *FreeAllowance) error {
 	var err error
-	freePoolsSeen.with(ctx, func(pools *map[string]freePoolTerms) {
+	freePoolsSeen.with(ctx, func(pools *map[[2]string]freePoolTerms) {
 		if *pools == nil {
-			*pools = map[string]freePoolTerms{}
+			*pools = map[[2]string]freePoolTerms{}
 		}
-		first, seen := (*pools)[free.Pool]
+		k := [2]string{store, free.Pool}
+		this := freePoolTerms{perDay: free.PerDay, key: free.Key, gate: gate}
+		first, seen := (*pools)[k]
 		if !seen {
-			(*pools)[free.Pool] = freePoolTerms{perDay: free.PerDay, key: free.Key, route: route}
+			(*pools)[k] = this
 			return
 		}
-		if first.perDay != free.PerDay || first.key != free.Key {
-			err = fmt.Errorf("pool %q is one allowance, and %s gives it per_day %d, key %s, while %s gives it per_day %d, key %s: give every route of a pool the same per_day and key, or name another pool",
-				free.Pool, routeOrUnnamed(first.route), first.perDay, first.key, routeOrUnnamed(route), free.PerDay, free.Key)
+		if first.perDay != this.perDay || first.key != this.key {
+			err = fmt.Errorf("pool %q is one allowance in one store, and %s gives it %s, while %s gives it %s: give every route of a pool the same per_day and key, or name another pool",
+				free.Pool, first.gate, first.terms(), this.gate, this.terms())
 		}
 	})
 	return err
 }
 
-// routeOrUnnamed names a gate by its route for a config error.
-func routeOrUnnamed(route string) string {
-	if route == "" {
-		return "a gate without route"
+// terms states t as a config error does.
+func (t freePoolTerms) terms() string {
+	return fmt.Sprintf("per_day %d, key %s", t.perDay, t.key)
+}
+
+// gateName names the gate of route, provisioning in ctx, for a config
+// error: its route and the server it is in (its name and listen
+// addresses), so two gates of one config are told apart.
+func gateName(ctx caddy.Context, route string) string {
+	name := "a gate without route"
+	if route != "" {
+		name = fmt.Sprintf("route %q", route)
 	}
-	return fmt.Sprintf("route %q", route)
+	if srv, _ := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server); srv != nil {
+		name += fmt.Sprintf(" of server %s (%s)", srv.Name(), strings.Join(srv.Listen, " "))
+	}
+	return name
 }

@@ -63,6 +63,29 @@ func noteStore(ctx caddy.Context, directive string, mod any) {
 	})
 }
 
+// storeIdentifier is a store module that can tell which state it keeps:
+// two modules with one identity are one store (one Badger folder, one
+// Redis database and prefix), and share every count and claim.
+type storeIdentifier interface {
+	StoreIdentity() string
+}
+
+// storeIdentity is the identity of store module mod: its module ID and
+// what it says of itself. A module that says nothing is taken as one
+// store with every other of its module ID, so checks between the gates of
+// one store (checkFreePool) hold it to the others' terms rather than
+// miss a conflict.
+func storeIdentity(mod any) string {
+	id := ""
+	if m, ok := mod.(caddy.Module); ok {
+		id = string(m.CaddyModule().ID)
+	}
+	if s, ok := mod.(storeIdentifier); ok {
+		id += "\x00" + s.StoreIdentity()
+	}
+	return id
+}
+
 // storeMixEffect says what a directive's state on one machine costs when
 // several instances share the traffic.
 var storeMixEffect = map[string]string{

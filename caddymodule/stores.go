@@ -117,6 +117,10 @@ func (s *BadgerStore) Cleanup() error {
 	return errors.Join(flushErr, s.uses.AfterRequests(s.db.Close))
 }
 
+// StoreIdentity is the database folder: stores naming one folder share one
+// database (store.Shared), and with it every count.
+func (s *BadgerStore) StoreIdentity() string { return s.db.Dir() }
+
 // Allowance returns the free allowance counters.
 func (s *BadgerStore) Allowance() store.Allowance { return s.db.Allowance() }
 

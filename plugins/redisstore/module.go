@@ -70,9 +70,10 @@ type RedisStore struct {
 	Timeout     caddy.Duration `json:"timeout,omitempty"`
 	DialTimeout caddy.Duration `json:"dial_timeout,omitempty"`
 
-	pooled *pooledClient
-	store  *Store
-	uses   *inflight.Config
+	pooled   *pooledClient
+	store    *Store
+	uses     *inflight.Config
+	identity string // StoreIdentity
 }
 
 // CaddyModule returns the Caddy module information.
@@ -164,8 +165,15 @@ func (s *RedisStore) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("redis store: %v", err)
 	}
 	s.store = st
+	s.identity = fmt.Sprintf("%q %q %d %q", opts.Addrs, opts.MasterName, opts.DB, st.opts.Prefix)
 	return nil
 }
+
+// StoreIdentity names the keys this store keeps its state under: the
+// server's addresses, Sentinel master, database and prefix (what a
+// connection is authenticated or timed with changes nothing of it).
+// Stores with one identity share every count and claim.
+func (s *RedisStore) StoreIdentity() string { return s.identity }
 
 // poolKey identifies a connection setting; the password is hashed so it is
 // not kept twice in memory as a map key.
