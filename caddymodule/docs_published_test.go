@@ -308,7 +308,8 @@ func freePoolGate(path, dir string, perDay int, extra string) string {
 // their counts in stores of their own never meet in a count, so their
 // pools of one name may have their own terms. Two servers of one config
 // sharing a store are held to one pool's terms, and the refusal names
-// each route with its server.
+// each route with its server. A gate with per_day 0 grants nothing and
+// counts nothing, so it loads next to any per_day.
 func TestFreePoolIsOneAllowancePerStore(t *testing.T) {
 	a, b := t.TempDir(), t.TempDir()
 	if err := loadError(t, "http://a.example:0 {"+freePoolGate("v", a, 100, "")+"\n}\n"+
@@ -321,7 +322,7 @@ func TestFreePoolIsOneAllowancePerStore(t *testing.T) {
 		fmt.Sprintf("http://:%d {", p2)+freePoolGate("v", a, 1, "")+"\n}\n")
 	// Caddy names the servers srv0, srv1 in an order of its own.
 	want := []string{fmt.Sprintf(`route "POST /v" of server srv0 (:%d) gives it per_day %d,`, p1, 100), fmt.Sprintf(`route "POST /v" of server srv1 (:%d) gives it per_day %d,`, p2, 1)}
-	if strings.Contains(fmt.Sprint(err), fmt.Sprintf("(:%d)", p2)+" gives it per_day 1, key ip, while") {
+	if msg := fmt.Sprint(err); strings.Index(msg, fmt.Sprintf("(:%d)", p2)) < strings.Index(msg, fmt.Sprintf("(:%d)", p1)) {
 		want = []string{fmt.Sprintf(`route "POST /v" of server srv1 (:%d) gives it per_day %d,`, p1, 100), fmt.Sprintf(`route "POST /v" of server srv0 (:%d) gives it per_day %d,`, p2, 1)}
 	}
 	for _, w := range want {
@@ -330,4 +331,7 @@ func TestFreePoolIsOneAllowancePerStore(t *testing.T) {
 		}
 	}
 
+	if err := loadError(t, ":0 {"+freePoolGate("a", a, 10, "")+freePoolGate("b", a, 0, "")+"\n}\n"); err != nil {
+		t.Errorf("a gate with per_day 0 next to per_day 10 in one pool is refused: %v", err)
+	}
 }

@@ -18,8 +18,9 @@ import (
 // documents, which state a pool's terms once, would be wrong for one of
 // them. So within a config every gate naming a pool in one store must give
 // it the same per_day and key. Gates in different stores (storeIdentity)
-// never meet in a count, whatever their pools are called: they are not
-// held to each other's terms.
+// never meet in a count, whatever their pools are called, and a gate with
+// per_day 0 grants nothing and counts nothing: neither is held to
+// another's terms.
 
 // freePoolTerms is what the first gate of a config to name a pool in a
 // store gave it.
@@ -38,6 +39,9 @@ var freePoolsSeen perConfig[map[[2]string]freePoolTerms]
 // pool, and refuses them when another gate of the config gave the pool
 // other terms in the same store.
 func checkFreePool(ctx caddy.Context, gate, store string, free *FreeAllowance) error {
+	if free.PerDay == 0 {
+		return nil
+	}
 	var err error
 	freePoolsSeen.with(ctx, func(pools *map[[2]string]freePoolTerms) {
 		if *pools == nil {
