@@ -144,7 +144,7 @@ func TestFreePoolIsOneAllowance(t *testing.T) {
 		keyA, keyB string
 		want       string
 	}{
-		{"different per_day", 100, 1, "ip", "ip", `pool "verify" is one allowance in one store, and route "POST /a" of server srv0 (:0) gives it per_day 100, key ip, while route "POST /b" of server srv0 (:0) gives it per_day 1, key ip`},
+		{"different per_day", 100, 1, "ip", "ip", `pool "verify" is one allowance in one store, and route "POST /a" of server srv0 (:0) gives it per_day 100, key ip, max_body 65536, while route "POST /b" of server srv0 (:0) gives it per_day 1, key ip`},
 		{"different key", 5, 5, "ip", "wallet", `route "POST /b" of server srv0 (:0) gives it per_day 5, key wallet`},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
@@ -333,5 +333,16 @@ func TestFreePoolIsOneAllowancePerStore(t *testing.T) {
 
 	if err := loadError(t, ":0 {"+freePoolGate("a", a, 10, "")+freePoolGate("b", a, 0, "")+"\n}\n"); err != nil {
 		t.Errorf("a gate with per_day 0 next to per_day 10 in one pool is refused: %v", err)
+	}
+}
+
+// A pool's documents state one largest body served free, so the gates of
+// a pool in one store must agree on max_body as on per_day and key.
+func TestFreePoolMaxBodyIsOneTerm(t *testing.T) {
+	dir := t.TempDir()
+	err := loadError(t, ":0 {"+freePoolGate("a", dir, 5, "max_body 100B")+freePoolGate("b", dir, 5, "max_body 64KiB")+"\n}\n")
+	want := `route "POST /a" of server srv0 (:0) gives it per_day 5, key ip, max_body 100, while route "POST /b" of server srv0 (:0) gives it per_day 5, key ip, max_body 65536`
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("one pool with max_body 100B and 64KiB: load error %v, want one saying %q", err, want)
 	}
 }

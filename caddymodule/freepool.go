@@ -15,9 +15,10 @@ import (
 // against the other's calls (with 100 on one route and 1 on another, the
 // second grants nothing once the first has served a call), and with
 // different keys they count different clients and share nothing; the
-// documents, which state a pool's terms once, would be wrong for one of
-// them. So within a config every gate naming a pool in one store must give
-// it the same per_day and key. Gates in different stores (storeIdentity)
+// documents, which state a pool's terms once (per_day, key and the
+// largest body served free), would be wrong for one of them. So within a
+// config every gate naming a pool in one store must give it the same
+// per_day, key and max_body. Gates in different stores (storeIdentity)
 // never meet in a count, whatever their pools are called, and a gate with
 // per_day 0 grants nothing and counts nothing: neither is held to
 // another's terms.
@@ -25,9 +26,10 @@ import (
 // freePoolTerms is what the first gate of a config to name a pool in a
 // store gave it.
 type freePoolTerms struct {
-	perDay int
-	key    string
-	gate   string // that gate, for the refusal (gateName)
+	perDay  int
+	key     string
+	maxBody int64
+	gate    string // that gate, for the refusal (gateName)
 }
 
 // freePoolsSeen holds, per config being provisioned, each pool's terms by
@@ -48,14 +50,14 @@ func checkFreePool(ctx caddy.Context, gate, store string, free *FreeAllowance) e
 			*pools = map[[2]string]freePoolTerms{}
 		}
 		k := [2]string{store, free.Pool}
-		this := freePoolTerms{perDay: free.PerDay, key: free.Key, gate: gate}
+		this := freePoolTerms{perDay: free.PerDay, key: free.Key, maxBody: free.MaxBody, gate: gate}
 		first, seen := (*pools)[k]
 		if !seen {
 			(*pools)[k] = this
 			return
 		}
-		if first.perDay != this.perDay || first.key != this.key {
-			err = fmt.Errorf("pool %q is one allowance in one store, and %s gives it %s, while %s gives it %s: give every route of a pool the same per_day and key, or name another pool",
+		if first.perDay != this.perDay || first.key != this.key || first.maxBody != this.maxBody {
+			err = fmt.Errorf("pool %q is one allowance in one store, and %s gives it %s, while %s gives it %s: give every route of a pool the same per_day, key and max_body, or name another pool",
 				free.Pool, first.gate, first.terms(), this.gate, this.terms())
 		}
 	})
@@ -64,7 +66,7 @@ func checkFreePool(ctx caddy.Context, gate, store string, free *FreeAllowance) e
 
 // terms states t as a config error does.
 func (t freePoolTerms) terms() string {
-	return fmt.Sprintf("per_day %d, key %s", t.perDay, t.key)
+	return fmt.Sprintf("per_day %d, key %s, max_body %d", t.perDay, t.key, t.maxBody)
 }
 
 // gateName names the gate of route, provisioning in ctx, for a config
