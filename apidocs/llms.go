@@ -138,6 +138,13 @@ func LLMsTxt(s Service) []byte {
 
 func llmsPrice(s *Service, c op) string {
 	if c.tools {
+		if r, ok := s.endpoint(c.method, c.path); ok {
+			price := "every message: " + llmsRoutePrice(r)
+			if len(s.tools(c.method, c.path)) > 0 {
+				price += "; each tool in the rows below on top"
+			}
+			return price
+		}
 		if len(s.tools(c.method, c.path)) == 0 {
 			return "no tool priced on this server"
 		}

@@ -196,3 +196,41 @@ func BenchmarkLLMsTxt(b *testing.B) {
 		LLMsTxt(s)
 	}
 }
+
+// A gate on POST /mcp without a tool charges every message to the
+// endpoint: llms.txt and openapi.json state that price, not "no tool
+// priced".
+func TestDocsStateTheMCPEndpointsOwnPrice(t *testing.T) {
+	s := testService()
+	var routes []Route
+	for _, r := range s.Routes {
+		if r.Path != "/mcp" {
+			routes = append(routes, r)
+		}
+	}
+	s.Routes = append(routes, Route{Method: "POST", Path: "/mcp", Accepts: []x402.PaymentRequirements{offer("30000")}, Settle: "after"})
+	llms := string(LLMsTxt(s))
+	if want := "| `POST /mcp` | every message: $0.03 USDC (`30000`"; !strings.Contains(llms, want) {
+		t.Errorf("llms.txt lacks %q", want)
+	}
+	if strings.Contains(llms, "no tool priced on this server") {
+		t.Error("llms.txt says no tool is priced on an endpoint whose every message is")
+	}
+	b, err := OpenAPI(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Paths map[string]map[string]struct {
+			Info map[string]any `json:"x-payment-info"`
+		} `json:"paths"`
+	}
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	info := doc.Paths["/mcp"]["post"].Info
+	price, _ := info["price"].(map[string]any)
+	if info["configured"] != true || price["amount"] != "30000" {
+		t.Errorf("openapi.json /mcp x-payment-info = %v, want configured with amount 30000", info)
+	}
+}

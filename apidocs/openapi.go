@@ -467,6 +467,16 @@ func mcpOp(s *Service, o obj) {
 	tools := obj{}
 	o["x-payment-info"] = obj{"protocol": "x402", "x402Version": x402.Version, "transport": "mcp",
 		"note": "Each tool is priced by its own gate; a tool not listed with a price is not charged on this server.", "tools": tools}
+	if r, ok := s.endpoint("POST", "/mcp"); ok {
+		// A gate pricing the endpoint as a whole: every message is paid
+		// (over HTTP, PAYMENT-SIGNATURE), each priced tool on top.
+		pi := o["x-payment-info"].(obj)
+		for k, v := range paymentInfo(r) {
+			pi[k] = v
+		}
+		pi["note"] = "Every message to this endpoint is priced as `accepts` says; each tool under `tools` is priced on top by its own gate."
+		o["description"] = o["description"].(string) + "\n\n**Every message:** " + priceText(r.Accepts) + "."
+	}
 	for _, r := range s.tools("POST", "/mcp") {
 		addTool(o, r)
 	}

@@ -100,6 +100,18 @@ func (s *Service) route(method, path string) (Route, bool) {
 	return Route{}, false
 }
 
+// endpoint returns the live route that prices the MCP endpoint
+// method+path as a whole (a gate without a Tool): it charges every
+// message, each priced tool on top.
+func (s *Service) endpoint(method, path string) (Route, bool) {
+	for _, r := range s.Routes {
+		if r.Tool == "" && r.Method == method && r.Path == path {
+			return r, true
+		}
+	}
+	return Route{}, false
+}
+
 // tools returns the live routes that price a tool of the MCP endpoint
 // method+path, by tool name: each tool's price and free allowance are its
 // own gate's, whatever a REST route of the same purpose costs.
