@@ -35,8 +35,9 @@ func BenchmarkExampleBaseline(b *testing.B) {
 // startExampleCaddy loads the Caddyfile at path, as scripts/load.sh runs it,
 // with its ports, folders and upstream from the environment: its site on a
 // free port named by portVar, verifierd's address an upstream that answers
-// with verifierd's headers. It returns the site's base URL.
-func startExampleCaddy(b *testing.B, path, portVar string) string {
+// with verifierd's headers; env are more variables, name then value. It
+// returns the site's base URL.
+func startExampleCaddy(b testing.TB, path, portVar string, env ...string) string {
 	b.Helper()
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
@@ -60,6 +61,9 @@ func startExampleCaddy(b *testing.B, path, portVar string) string {
 		"AOV_CERTD_PUBLIC_ADDR": fmt.Sprintf("127.0.0.1:%d", freePort(b)),
 	} {
 		b.Setenv(k, v)
+	}
+	for i := 0; i+1 < len(env); i += 2 { // the caller's, over the above
+		b.Setenv(env[i], env[i+1])
 	}
 	raw, err := os.ReadFile(path)
 	if err != nil {
