@@ -25,16 +25,7 @@ var smallFiles = Options{memTableSize: 8 << 20, valueLogFileSize: 1 << 20}
 // Close works, and once space is freed writes resume by themselves; every
 // acknowledged claim is there after a reopen.
 func TestDiskFullRefusesWrites(t *testing.T) {
-	if root := os.Getenv("STORE_DISKFULL_ROOT"); root != "" {
-		diskFullChild(t, root)
-		return
-	}
-	root := servers.Tmpfs(t, "160m")
-	out, err := servers.InChild(t, "TestDiskFullRefusesWrites", "STORE_DISKFULL_ROOT="+root)
-	if err != nil {
-		t.Fatalf("the process writing to a full disk failed (%v):\n%s", err, out)
-	}
-	t.Log(out)
+	servers.InChildOnTmpfs(t, "160m", diskFullChild)
 }
 
 func diskFullChild(t *testing.T, root string) {

@@ -69,3 +69,24 @@ func InChild(t testing.TB, name string, env ...string) (string, error) {
 	}
 	return s, err
 }
+
+// tmpfsRoot is the environment variable that tells a child process of
+// InChildOnTmpfs where its tmpfs is.
+const tmpfsRoot = "AOV_TEST_TMPFS_ROOT"
+
+// InChildOnTmpfs runs f(t, root), root a tmpfs of size (Tmpfs), in a child
+// process of the test binary (InChild), and fails t with the child's
+// output if the child fails or dies: a disk that fills can fault a
+// process that writes through memory maps, and that must fail the one
+// test, not the run. t must be a top-level test.
+func InChildOnTmpfs(t *testing.T, size string, f func(t *testing.T, root string)) {
+	t.Helper()
+	if root := os.Getenv(tmpfsRoot); root != "" {
+		f(t, root)
+		return
+	}
+	root := Tmpfs(t, size)
+	if out, err := InChild(t, t.Name(), tmpfsRoot+"="+root); err != nil {
+		t.Fatalf("the child process on a %s tmpfs failed (%v):\n%s", size, err, out)
+	}
+}
