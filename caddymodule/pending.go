@@ -538,8 +538,8 @@ func (g *Gate) settledEarlier(ctx context.Context, p x402.PaymentPayload, offer 
 // chain can check, so it is not taken for signed: such a payment refused
 // after its expiry is told the facilitator's refusal.
 func signedByPayer(p x402.PaymentPayload, offer x402.PaymentRequirements) bool {
-	var pl x402.ExactEVMPayload
-	if err := json.Unmarshal(p.Payload, &pl); err != nil {
+	pl, err := x402.ParseExactEVMPayload(p.Payload) // the gate's one reading of it
+	if err != nil {
 		return false
 	}
 	v, err := pl.Authorization.Values()
