@@ -130,3 +130,37 @@ func TestOpenRefusesVolumeSmallerThanReserve(t *testing.T) {
 		}
 	}
 }
+
+// TestSecondOpenOfAStoreInUseOnALowDiskReportsTheLock: a second Open of a
+// store another handle holds (`verifierd copy-history` run while verifierd
+// runs), on a disk below what a replay of the running store's log would
+// take, is refused for Badger's directory lock, as on any disk, not for the
+// disk space: the running store's log is live, no crash's to replay, and
+// the callers' hints ("a verifierd still running on it holds it") rely on
+// the lock refusal. The checks that read the files wait for the lock.
+func TestSecondOpenOfAStoreInUseOnALowDiskReportsTheLock(t *testing.T) {
+	servers.InChildOnTmpfs(t, "160m", func(t *testing.T, root string) {
+		dir := filepath.Join(root, "db")
+		db, err := Open(dir, smallFiles)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		until := time.Now().Add(time.Hour)
+		for i := range 2000 {
+			if _, err := db.Claims().Claim(context.Background(), []string{fmt.Sprintf("payment-%04d-%s", i, strings.Repeat("x", 200))}, until); err != nil {
+				t.Fatal(err)
+			}
+		}
+		servers.FillLeaving(t, filepath.Join(root, "filler"), 256<<10)
+		second, err := Open(dir, smallFiles)
+		if err == nil {
+			second.Close()
+			t.Fatal("a second Open of a store in use succeeded")
+		}
+		t.Log(err)
+		if !strings.Contains(err.Error(), "Cannot acquire directory lock") || strings.Contains(err.Error(), "free") {
+			t.Errorf("a second Open of a store in use, on a low disk: %q; want the directory-lock refusal", err)
+		}
+	})
+}

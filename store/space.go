@@ -82,17 +82,13 @@ type spaceGuard struct {
 	next    time.Duration // when (on elapsed) the reading expires
 }
 
-// newSpaceGuard watches the file system of dir; nil (no guard) for a
-// store in memory.
+// newSpaceGuard watches the file system of dir.
 //
 // It refuses a file system no bigger than the reserve and a full log
 // (walMinSize): there the store could never take a write, or stop taking
 // them once its log has grown, and each write's ErrDiskFull would blame
 // the space other files take rather than the volume's size.
 func newSpaceGuard(dir string, o badger.Options) (*spaceGuard, error) {
-	if o.InMemory {
-		return nil, nil
-	}
 	d, err := os.Open(dir)
 	if err != nil {
 		return nil, fmt.Errorf("store: opening the store directory: %w", err)

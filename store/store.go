@@ -220,6 +220,7 @@ func Open(dir string, opts Options) (*DB, error) {
 	if opts.valueLogFileSize > 0 {
 		bo = bo.WithValueLogFileSize(opts.valueLogFileSize)
 	}
+	var space *spaceGuard // nil in memory: no guard
 	if opts.InMemory {
 		bo = bo.WithInMemory(true).WithDir("").WithValueDir("")
 	} else {
@@ -229,24 +230,9 @@ func Open(dir string, opts Options) (*DB, error) {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return nil, fmt.Errorf("creating store directory: %w", err)
 		}
-		if err := checkTables(dir, bo); err != nil {
+		var err error
+		if space, err = checkFiles(dir, bo); err != nil {
 			return nil, err
-		}
-	}
-	space, err := newSpaceGuard(dir, bo)
-	if err != nil {
-		return nil, fmt.Errorf("opening store in %s: %w", dir, err)
-	}
-	if !opts.InMemory {
-		// The log's replay (below) is admitted before Badger opens: see
-		// walReplayBytes and admitReplay.
-		n, err := walReplayBytes(dir)
-		if err == nil {
-			err = space.admitReplay(n)
-		}
-		if err != nil {
-			space.close()
-			return nil, fmt.Errorf("opening store in %s: %w", dir, err)
 		}
 	}
 	bdb, err := badger.OpenManaged(bo) // versions are the store's: versions.go
@@ -318,6 +304,40 @@ func Open(dir string, opts Options) (*DB, error) {
 		go db.collectValueLog(interval, db.life.gcDone)
 	}
 	return db, nil
+}
+
+// checkFiles runs the checks that read the store's files before Badger
+// opens them (checkTables; walReplayBytes and admitReplay, which admit the
+// log's replay) and returns the store's space guard (newSpaceGuard). The
+// checks run under Badger's directory lock (lockDir), given back just
+// before Badger takes it: the files of a store open in another process
+// change under a reader, and its live log is no crash's to replay, so
+// such a store is neither judged damaged nor refused for the disk space
+// its log would take. The checks are skipped then, and Badger's Open
+// reports the lock, the refusal the callers explain ("a verifierd still
+// running on it holds it").
+func checkFiles(dir string, bo badger.Options) (*spaceGuard, error) {
+	unlock, locked := lockDir(dir)
+	if locked {
+		defer unlock()
+		if err := checkTables(dir, bo); err != nil {
+			return nil, err
+		}
+	}
+	space, err := newSpaceGuard(dir, bo)
+	if err == nil && locked {
+		var n uint64
+		if n, err = walReplayBytes(dir); err == nil {
+			err = space.admitReplay(n)
+		}
+		if err != nil {
+			space.close()
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("opening store in %s: %w", dir, err)
+	}
+	return space, nil
 }
 
 // Close flushes and closes the database (or, for a handle from Shared,

@@ -24,16 +24,10 @@ import (
 //
 // The check reads each listed table's footer as Badger does, bounds it by
 // the file's size and verifies the index's checksum. Badger then reads the
-// same bytes. It runs under the directory's lock (Badger's own, taken and
-// given back just before Badger opens), so that a store open in another
-// process, which may be rewriting its tables, is never judged damaged: the
-// check is skipped, and Badger's Open reports the lock.
+// same bytes. It runs under the directory's lock (checkFiles), so that a
+// store open in another process, which may be rewriting its tables, is
+// never judged damaged.
 func checkTables(dir string, bo badger.Options) error {
-	unlock, ok := lockDir(dir)
-	if !ok {
-		return nil
-	}
-	defer unlock()
 	mf, err := os.Open(filepath.Join(dir, badger.ManifestFilename))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
