@@ -164,3 +164,25 @@ func TestSecondOpenOfAStoreInUseOnALowDiskReportsTheLock(t *testing.T) {
 		}
 	})
 }
+
+// TestOpenOfANewStoreBelowReserveSaysWhatItNeeds: a first start on a
+// volume large enough but with less than the reserve free. The new store's
+// first write (its key-layout version) is refused, and Open says so as its
+// other refusals do, naming the directory, what the write needs, the free
+// space and the reserve, not with the bare "disk nearly full" error.
+func TestOpenOfANewStoreBelowReserveSaysWhatItNeeds(t *testing.T) {
+	root := servers.Tmpfs(t, "400m")
+	servers.FillLeaving(t, filepath.Join(root, "filler"), 100<<20)
+	dir := filepath.Join(root, "db")
+	db, err := Open(dir, Options{})
+	if err == nil {
+		db.Close()
+		t.Fatal("a new store opened with 100 MiB free, below its 160 MiB reserve")
+	}
+	t.Log(err)
+	for _, want := range []string{dir, "key-layout version", "which takes 160.0 MiB free; the disk has 9", " MiB free (writes are refused below 160 MiB)", "free space on it and start again"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("Open of a new store below the reserve: %q lacks %q", err, want)
+		}
+	}
+}

@@ -80,6 +80,7 @@ type spaceGuard struct {
 	free    uint64        // bytes free at the last reading
 	written uint64        // bytes let through since then
 	next    time.Duration // when (on elapsed) the reading expires
+	need    uint64        // the free space the last refused write needed
 }
 
 // newSpaceGuard watches the file system of dir.
@@ -131,10 +132,26 @@ func (g *spaceGuard) admitReplay(n uint64) error {
 	}
 	g.free, g.written, g.next = free, n, elapsed()+spaceRecheck
 	if need := 3 * n; free < need {
-		return fmt.Errorf("store: the write-ahead log holds acknowledged writes that must be applied before the store is used, which takes %s free; the disk has %s free (writes are refused below %s): free space on it and start again",
-			mib(need), mib(free), mib(g.reserve))
+		return g.noRoom("the write-ahead log holds acknowledged writes that must be applied before the store is used", need, free)
 	}
 	return nil
+}
+
+// noRoom is Open's refusal of a write it must make before the store is
+// used (what) on a disk with less than need free: it names the need, the
+// free space and the reserve, so the operator knows how much to free
+// (Open names the directory).
+func (g *spaceGuard) noRoom(what string, need, free uint64) error {
+	return fmt.Errorf("store: %s, which takes %s free; the disk has %s free (writes are refused below %s): free space on it and start again",
+		what, mib(need), mib(free), mib(g.reserve))
+}
+
+// refused is noRoom for the write admit refused last, with what it
+// needed and the free space it saw.
+func (g *spaceGuard) refused(what string) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.noRoom(what, g.need, g.free)
 }
 
 // mib renders a size in MiB for an operator.
@@ -164,7 +181,8 @@ func (g *spaceGuard) admit(n uint64) error {
 		}
 		g.free, g.written, g.next = free, 0, t+spaceRecheck
 	}
-	if g.free < g.reserve+2*(g.written+n) {
+	if need := g.reserve + 2*(g.written+n); g.free < need {
+		g.need = need
 		return ErrDiskFull
 	}
 	g.written += n

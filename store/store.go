@@ -286,6 +286,11 @@ func Open(dir string, opts Options) (*DB, error) {
 	db := &DB{bdb: bdb, vers: vers, commits: newCommitter(vers, log, space), dir: dir, opts: opts, life: &lifecycle{closed: make(chan struct{}), session: rand.Text()}}
 	db.allow = newAllowances(db)
 	if err := db.checkLayout(); err != nil {
+		if errors.Is(err, ErrDiskFull) {
+			// A new store's first write, or a migration's: say what
+			// it needs, as the other refusals of Open do.
+			err = fmt.Errorf("opening store in %s: %w", dir, space.refused("its key-layout version must be written before the store is used"))
+		}
 		db.allow.close()
 		db.commits.close()
 		bdb.Close()
