@@ -3,6 +3,7 @@ package store
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -39,7 +40,8 @@ func TestOpenAfterCrashBelowReserve(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		leave := db.commits.space.reserve / 2
+		// Below the reserve, with room for the replay (admitReplay).
+		leave := db.commits.space.reserve - 1<<20
 		if s := os.Getenv("STORE_RESTART_LEAVE"); s != "" {
 			fmt.Sscan(s, &leave)
 		}
@@ -78,16 +80,7 @@ func TestOpenAfterCrashBelowReserve(t *testing.T) {
 
 	run := func(t *testing.T, root string, env ...string) string {
 		t.Helper()
-		env = append(env, "STORE_RESTART_ROOT="+root)
-		out, err := servers.InChild(t, "TestOpenAfterCrashBelowReserve", append(env, "STORE_RESTART_STAGE=write")...)
-		if err != nil || !strings.Contains(out, "WROTE") {
-			t.Fatalf("the writing process: %v\n%s", err, out)
-		}
-		out, err = servers.InChild(t, "TestOpenAfterCrashBelowReserve", append(env, "STORE_RESTART_STAGE=open")...)
-		if err != nil {
-			t.Fatalf("the restart on a disk below the reserve failed (%v):\n%s", err, out)
-		}
-		return out
+		return crashAndRestart(t, "TestOpenAfterCrashBelowReserve", root, env...)
 	}
 
 	t.Run("opens", func(t *testing.T) {
@@ -97,18 +90,155 @@ func TestOpenAfterCrashBelowReserve(t *testing.T) {
 	})
 
 	// With less free than the replay needs (its bytes twice, and once more
-	// for their table), Open refuses before Badger is opened, naming the
-	// directory, what the replay needs, the free space and the reserve.
+	// for their table, and a compaction), Open refuses before Badger is
+	// opened, naming the directory, what the replay needs, the free space
+	// and the reserve.
 	t.Run("no room for the replay", func(t *testing.T) {
 		root := servers.Tmpfs(t, "160m")
 		out := run(t, root, "STORE_RESTART_LEAVE=262144")
 		t.Log(out)
-		for _, want := range []string{"OPEN ERROR", filepath.Join(root, "db"), "the write-ahead log holds acknowledged writes", "MiB free; the disk has", "writes are refused below 49 MiB", "free space on it and start again"} {
+		for _, want := range []string{"OPEN ERROR", filepath.Join(root, "db"), "the acknowledged writes in the write-ahead log (0.", "MiB free; the disk has", "writes are refused below 49 MiB", "free space on it and start again"} {
 			if !strings.Contains(out, want) {
 				t.Errorf("the refusal of a replay without room %q lacks %q", out, want)
 			}
 		}
 	})
+}
+
+// crashAndRestart runs the test name in a child process twice, on root
+// (STORE_RESTART_ROOT) with env: first with STORE_RESTART_STAGE=write,
+// which must print WROTE and end without closing the store (a crash),
+// then with STORE_RESTART_STAGE=open, whose output it returns. A child
+// that fails or dies (a SIGBUS) fails t.
+func crashAndRestart(t *testing.T, name, root string, env ...string) string {
+	t.Helper()
+	env = append(env, "STORE_RESTART_ROOT="+root)
+	out, err := servers.InChild(t, name, append(env, "STORE_RESTART_STAGE=write")...)
+	if err != nil || !strings.Contains(out, "WROTE") {
+		t.Fatalf("the writing process: %v\n%s", err, out)
+	}
+	out, err = servers.InChild(t, name, append(env, "STORE_RESTART_STAGE=open")...)
+	if err != nil {
+		t.Fatalf("the restart on a disk below the reserve failed (%v):\n%s", err, out)
+	}
+	return out
+}
+
+// TestOpenAfterCrashCountsBadgersMemtables: a process dies with a log that
+// wrapped a moment ago (it holds little) and a memtable of Badger's nearly
+// full (its *.mem log holds megabytes the store's log no longer does), on
+// a disk below the reserve. Badger reloads the memtable as it opens and
+// flushes it into a table through a memory map: with room for three times
+// the log but not for that table, it once died of SIGBUS. Open counts the
+// memtable logs and a compaction the flush may start: with less free it
+// refuses, naming them; with more it opens, writes refused.
+func TestOpenAfterCrashCountsBadgersMemtables(t *testing.T) {
+	// A key of random hex, which Badger's compression cannot shrink.
+	key := func(i, j int) string {
+		var b strings.Builder
+		for k := range 13 {
+			fmt.Fprintf(&b, "%x", sha256.Sum256(fmt.Appendf(nil, "%d/%d/%d", i, j, k)))
+		}
+		return b.String()[:400]
+	}
+	// A small log, which wraps often: one wraps soon after the memtable
+	// nearly filled.
+	opts := smallFiles
+	opts.walSize = 1 << 20
+	root := os.Getenv("STORE_RESTART_ROOT")
+	switch os.Getenv("STORE_RESTART_STAGE") {
+	case "write":
+		dir := filepath.Join(root, "db")
+		db, err := Open(dir, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		until := time.Now().Add(time.Hour)
+		for i := 0; ; i++ {
+			keys := make([]string, 20)
+			for j := range keys {
+				keys[j] = key(i, j)
+			}
+			if _, err := db.Claims().Claim(context.Background(), keys, until); err != nil {
+				t.Fatal(err)
+			}
+			mem := newestMemtable(t, dir)
+			if db.commits.log.off-walHeaderSize < 256<<10 && mem > 5<<20 {
+				break
+			}
+			if i > 100000 {
+				t.Fatalf("the log never wrapped with the memtable nearly full: it holds %d bytes", mem)
+			}
+		}
+		time.Sleep(2 * time.Second) // Badger's flushes and compactions end
+		n, err := walReplayBytes(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		leave := 3*n + 2<<20 // three times the log, and room besides
+		if os.Getenv("STORE_RESTART_LEAVE") == "reserve" {
+			leave = db.commits.space.reserve - 1<<20
+		}
+		servers.FillLeaving(t, filepath.Join(root, "filler"), leave)
+		fmt.Println("WROTE")
+		return
+	case "open":
+		db, err := Open(filepath.Join(root, "db"), opts)
+		if err != nil {
+			fmt.Printf("OPEN ERROR: %v\n", err)
+			return
+		}
+		time.Sleep(time.Second) // Badger's flush of what it reloaded
+		if err := db.Ping(context.Background()); !errors.Is(err, ErrDiskFull) {
+			t.Errorf("Ping below the reserve after the restart: %v, want ErrDiskFull", err)
+		}
+		if err := db.Close(); err != nil {
+			t.Fatal(err)
+		}
+		fmt.Println("OPENED")
+		return
+	}
+
+	t.Run("no room for the flush", func(t *testing.T) {
+		root := servers.Tmpfs(t, "400m")
+		out := crashAndRestart(t, t.Name(), root)
+		t.Log(out)
+		for _, want := range []string{"OPEN ERROR", filepath.Join(root, "db"), "and in Badger's memtable logs (", "must be written into Badger's tables", "MiB free; the disk has"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("the restart with room for three times the log, not for the memtables: %q lacks %q", out, want)
+			}
+		}
+	})
+	t.Run("room for the flush", func(t *testing.T) {
+		root := servers.Tmpfs(t, "400m")
+		if out := crashAndRestart(t, t.Name(), root, "STORE_RESTART_LEAVE=reserve"); !strings.Contains(out, "OPENED") {
+			t.Errorf("the restart with room for the memtables' flush: %s", out)
+		}
+	})
+}
+
+// newestMemtable is what the memtable log Badger writes to (the newest
+// *.mem in dir) holds: its allocated bytes.
+func newestMemtable(t *testing.T, dir string) uint64 {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var newest os.DirEntry
+	for _, e := range entries {
+		if strings.HasSuffix(e.Name(), ".mem") {
+			newest = e // ReadDir sorts by name: the newest last
+		}
+	}
+	if newest == nil {
+		return 0
+	}
+	fi, err := newest.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return allocated(fi)
 }
 
 // TestOpenRefusesVolumeSmallerThanReserve: on a volume no larger than the

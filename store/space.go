@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -63,7 +64,13 @@ func entryBytes(key, value []byte) uint64 {
 // only at the next reading (within spaceRecheck): the reserve does not
 // cover a disk filled to its last block by others.
 func spaceReserve(o badger.Options) uint64 {
-	return uint64(2*int64(o.NumMemtables)*o.MemTableSize + o.ValueLogFileSize)
+	return uint64(int64(o.NumMemtables)*o.MemTableSize+o.ValueLogFileSize) + compactionBytes(o)
+}
+
+// compactionBytes is what the reserve keeps for a compaction of Badger's:
+// one merging as much as its memtables hold (see spaceReserve).
+func compactionBytes(o badger.Options) uint64 {
+	return uint64(int64(o.NumMemtables) * o.MemTableSize)
 }
 
 // spaceGuard refuses writes while the store's file system is low on
@@ -75,6 +82,9 @@ type spaceGuard struct {
 	dir     *os.File
 	fd      int
 	reserve uint64
+	// compaction is compactionBytes of Badger's options, for
+	// admitReplay.
+	compaction uint64
 
 	mu      sync.Mutex
 	free    uint64        // bytes free at the last reading
@@ -94,7 +104,7 @@ func newSpaceGuard(dir string, o badger.Options) (*spaceGuard, error) {
 	if err != nil {
 		return nil, fmt.Errorf("store: opening the store directory: %w", err)
 	}
-	g := &spaceGuard{dir: d, fd: int(d.Fd()), reserve: spaceReserve(o)}
+	g := &spaceGuard{dir: d, fd: int(d.Fd()), reserve: spaceReserve(o), compaction: compactionBytes(o)}
 	free, size, err := diskSpace(g.fd)
 	if err != nil {
 		d.Close()
@@ -109,19 +119,24 @@ func newSpaceGuard(dir string, o badger.Options) (*spaceGuard, error) {
 }
 
 // admitReplay lets Open replay n bytes of the write-ahead log into Badger
-// (n counted as admit counts a write's) unless the disk has no room for
-// them: twice n, as admit charges (Badger's memtable log and its value
+// (n counted as admit counts a write's) and Badger reload mem bytes of its
+// memtable logs (memtableBytes) unless the disk has no room for what that
+// writes: twice n, as admit charges (Badger's memtable log and its value
 // log), and n more for the table their memtable is flushed into (at Close
-// at the latest). Unlike a write it does not ask for the reserve on top:
-// the log holds acknowledged writes Badger may have lost, so the store can
-// neither answer a read nor take a write before they are applied, and a
-// store that did not open would stop every route in front of it, reads and
-// ungated ones included, which a disk below the reserve must not do. The
-// log is small beside the reserve (walMinSize beside spaceReserve), so
-// the replay takes little of what the reserve keeps for Badger; writes
-// after it are refused as ever while the disk is below the reserve.
-func (g *spaceGuard) admitReplay(n uint64) error {
-	if g == nil || n == 0 {
+// at the latest); mem for the tables Badger flushes the memtables it
+// reloads into as it opens (through memory maps, as every table: on a full
+// disk a SIGBUS); and, when anything is flushed, a compaction the new
+// tables may start, as the reserve counts it (compactionBytes). Unlike a
+// write it does not ask for the reserve on top: the log holds
+// acknowledged writes Badger may have lost, so the store can neither
+// answer a read nor take a write before they are applied, and a store
+// that did not open would stop every route in front of it, reads and
+// ungated ones included, which a disk below the reserve must not do.
+// What it asks is at most some 3 × the log, the memtables' size and the
+// compaction's share of the reserve; writes after it are refused as ever
+// while the disk is below the reserve.
+func (g *spaceGuard) admitReplay(n, mem uint64) error {
+	if g == nil || n+mem == 0 {
 		return nil
 	}
 	g.mu.Lock()
@@ -130,11 +145,34 @@ func (g *spaceGuard) admitReplay(n uint64) error {
 	if err != nil {
 		return fmt.Errorf("store: reading the free space of the store's disk: %w", err)
 	}
-	g.free, g.written, g.next = free, n, elapsed()+spaceRecheck
-	if need := 3 * n; free < need {
-		return g.noRoom("the write-ahead log holds acknowledged writes that must be applied before the store is used", need, free)
+	g.free, g.written, g.next = free, n+mem, elapsed()+spaceRecheck
+	if need := 3*n + mem + g.compaction; free < need {
+		return g.noRoom(fmt.Sprintf("the acknowledged writes in the write-ahead log (%s) and in Badger's memtable logs (%s) must be written into Badger's tables before the store is used", mib(n), mib(mem)), need, free)
 	}
 	return nil
+}
+
+// memtableBytes is what Badger's memtable logs (*.mem) in dir hold: Badger
+// reloads them as it opens and flushes each into a table. They are sparse
+// files of twice a memtable's size; what they hold is their allocated
+// blocks (allocated).
+func memtableBytes(dir string) (uint64, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return 0, fmt.Errorf("store: reading the store directory: %w", err)
+	}
+	var n uint64
+	for _, e := range entries {
+		if !strings.HasSuffix(e.Name(), ".mem") {
+			continue
+		}
+		fi, err := e.Info()
+		if err != nil {
+			return 0, fmt.Errorf("store: reading the store directory: %w", err)
+		}
+		n += allocated(fi)
+	}
+	return n, nil
 }
 
 // noRoom is Open's refusal of a write it must make before the store is

@@ -1,6 +1,9 @@
 package store
 
-import "syscall"
+import (
+	"os"
+	"syscall"
+)
 
 // diskSpace reads the file system holding the open descriptor fd: the
 // space an unprivileged writer may still take, and the size of the whole.
@@ -10,4 +13,13 @@ func diskSpace(fd int) (free, size uint64, err error) {
 		return 0, 0, err
 	}
 	return st.Bavail * uint64(st.Bsize), st.Blocks * uint64(st.Bsize), nil
+}
+
+// allocated is the bytes the file system allocated to the file fi, less
+// than its size for a sparse file.
+func allocated(fi os.FileInfo) uint64 {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return uint64(st.Blocks) * 512
+	}
+	return uint64(fi.Size())
 }

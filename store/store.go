@@ -312,8 +312,8 @@ func Open(dir string, opts Options) (*DB, error) {
 }
 
 // checkFiles runs the checks that read the store's files before Badger
-// opens them (checkTables; walReplayBytes and admitReplay, which admit the
-// log's replay) and returns the store's space guard (newSpaceGuard). The
+// opens them (checkTables; walReplayBytes, memtableBytes and admitReplay,
+// which admit what Badger writes as it opens) and returns the store's space guard (newSpaceGuard). The
 // checks run under Badger's directory lock (lockDir), given back just
 // before Badger takes it: the files of a store open in another process
 // change under a reader, and its live log is no crash's to replay, so
@@ -331,9 +331,12 @@ func checkFiles(dir string, bo badger.Options) (*spaceGuard, error) {
 	}
 	space, err := newSpaceGuard(dir, bo)
 	if err == nil && locked {
-		var n uint64
+		var n, mem uint64
 		if n, err = walReplayBytes(dir); err == nil {
-			err = space.admitReplay(n)
+			mem, err = memtableBytes(dir)
+		}
+		if err == nil {
+			err = space.admitReplay(n, mem)
 		}
 		if err != nil {
 			space.close()
