@@ -96,9 +96,11 @@ type spaceGuard struct {
 // newSpaceGuard watches the file system of dir.
 //
 // It refuses a file system no bigger than the reserve and a full log
-// (walMinSize): there the store could never take a write, or stop taking
-// them once its log has grown, and each write's ErrDiskFull would blame
-// the space other files take rather than the volume's size.
+// (walMinSize), counting only what a writer that is not root may use, as
+// the free space writes are judged on: there the store could never take
+// a write, or stop taking them once its log has grown, and each write's
+// ErrDiskFull would blame the space other files take rather than the
+// volume's size.
 func newSpaceGuard(dir string, o badger.Options) (*spaceGuard, error) {
 	d, err := os.Open(dir)
 	if err != nil {
@@ -112,7 +114,7 @@ func newSpaceGuard(dir string, o badger.Options) (*spaceGuard, error) {
 	}
 	if least := g.reserve + walMinSize; size <= least {
 		d.Close()
-		return nil, fmt.Errorf("store: the volume holding the store is too small: %s in all, %s free; the store keeps %s free (writes are refused below it) and its write-ahead log takes %s, so the volume must be larger than %s",
+		return nil, fmt.Errorf("store: the volume holding the store is too small: %s in all that the store may use (blocks reserved for root not counted), %s free; the store keeps %s free (writes are refused below it) and its write-ahead log takes %s, so the volume must be larger than %s",
 			mib(size), mib(free), mib(g.reserve), mib(walMinSize), mib(least))
 	}
 	return g, nil

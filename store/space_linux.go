@@ -6,13 +6,17 @@ import (
 )
 
 // diskSpace reads the file system holding the open descriptor fd: the
-// space an unprivileged writer may still take, and the size of the whole.
+// space an unprivileged writer may still take (f_bavail), and the size of
+// the whole that such a writer may use: its blocks less those reserved
+// for root (f_bfree − f_bavail, ext4's 5% by default), the measure free
+// is judged on.
 func diskSpace(fd int) (free, size uint64, err error) {
 	var st syscall.Statfs_t
 	if err := syscall.Fstatfs(fd, &st); err != nil {
 		return 0, 0, err
 	}
-	return st.Bavail * uint64(st.Bsize), st.Blocks * uint64(st.Bsize), nil
+	rootOnly := st.Bfree - min(st.Bavail, st.Bfree)
+	return st.Bavail * uint64(st.Bsize), (st.Blocks - min(rootOnly, st.Blocks)) * uint64(st.Bsize), nil
 }
 
 // allocated is the bytes the file system allocated to the file fi, less

@@ -3,6 +3,7 @@ package servers
 import (
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -26,6 +27,43 @@ func Tmpfs(t testing.TB, size string) string {
 		}
 	})
 	return dir
+}
+
+// Ext4 makes an ext4 file system of size (truncate's notation: "200M") in
+// a sparse image file, mounts it through a loop device on a fresh
+// directory and unmounts it and detaches the device when t ends: a volume
+// with ext4's blocks reserved for root, which a tmpfs has not. Like Tmpfs
+// it takes root: elsewhere t is skipped, saying so.
+func Ext4(t testing.TB, size string) string {
+	t.Helper()
+	tmp := t.TempDir()
+	img, mnt := filepath.Join(tmp, "ext4.img"), filepath.Join(tmp, "mnt")
+	run := func(name string, arg ...string) string {
+		t.Helper()
+		out, err := exec.Command(name, arg...).CombinedOutput()
+		if err != nil {
+			interop.Missing(t, "the ext4 tests make and mount a file system, which takes root and e2fsprogs: "+name+": "+err.Error()+" "+strings.TrimSpace(string(out)))
+		}
+		return strings.TrimSpace(string(out))
+	}
+	run("truncate", "-s", size, img)
+	run("mkfs.ext4", "-q", "-F", img)
+	if err := os.Mkdir(mnt, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	dev := run("losetup", "--find", "--show", img)
+	t.Cleanup(func() {
+		if out, err := exec.Command("losetup", "-d", dev).CombinedOutput(); err != nil {
+			t.Errorf("losetup -d %s: %v %s", dev, err, out)
+		}
+	})
+	run("mount", dev, mnt)
+	t.Cleanup(func() {
+		if out, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
+			t.Errorf("umount %s: %v %s", mnt, err, out)
+		}
+	})
+	return mnt
 }
 
 // FillLeaving writes the file path until the file system holding it has
