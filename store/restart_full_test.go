@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -335,5 +336,37 @@ func TestOpenRefusesVolumeWhoseUsableSpaceIsSmallerThanReserve(t *testing.T) {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("Open on a 200 MiB ext4 volume: %q lacks %q", err, want)
 		}
+	}
+}
+
+// TestOpenOnATmpfsWithoutSizeLimit: a tmpfs mounted with size=0 has no
+// size limit but memory, and statfs reports 0 blocks, 0 free for it. The
+// store cannot judge its free space there: it opens without the reserve,
+// takes writes, and warns that the reserve is not kept, instead of
+// refusing it as a volume "too small: 0 MiB" (or, before that check,
+// refusing every write as if the disk were full).
+func TestOpenOnATmpfsWithoutSizeLimit(t *testing.T) {
+	root := servers.Tmpfs(t, "0")
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(root, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Blocks != 0 {
+		t.Fatalf("a tmpfs of size=0 reports %d blocks; the test needs one that reports none", st.Blocks)
+	}
+	var logged bytes.Buffer
+	db, err := Open(filepath.Join(root, "db"), Options{Logger: slog.New(slog.NewTextHandler(&logged, nil))})
+	if err != nil {
+		t.Fatalf("Open on a tmpfs without a size limit: %v", err)
+	}
+	defer db.Close()
+	if _, err := db.Claims().Claim(context.Background(), []string{"payment"}, time.Now().Add(time.Hour)); err != nil {
+		t.Errorf("a write on a tmpfs without a size limit: %v", err)
+	}
+	if err := db.Ping(context.Background()); err != nil {
+		t.Errorf("Ping on a tmpfs without a size limit: %v", err)
+	}
+	if !strings.Contains(logged.String(), "the free-space reserve is not kept") {
+		t.Errorf("Open did not warn that the reserve is not kept; log:\n%s", logged.String())
 	}
 }

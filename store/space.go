@@ -93,7 +93,8 @@ type spaceGuard struct {
 	need    uint64        // the free space the last refused write needed
 }
 
-// newSpaceGuard watches the file system of dir.
+// newSpaceGuard watches the file system of dir; nil (no guard) for one
+// that reports no size.
 //
 // It refuses a file system no bigger than the reserve and a full log
 // (walMinSize), counting only what a writer that is not root may use, as
@@ -111,6 +112,14 @@ func newSpaceGuard(dir string, o badger.Options) (*spaceGuard, error) {
 	if err != nil {
 		d.Close()
 		return nil, fmt.Errorf("store: reading the free space of the store's disk: %w", err)
+	}
+	if size == 0 {
+		// A file system that reports no blocks has no size statfs can
+		// tell, nor free space: a tmpfs mounted with size=0, which has
+		// no limit but memory. There is nothing to judge a write by, so
+		// there is no guard (Open says so).
+		d.Close()
+		return nil, nil
 	}
 	if least := g.reserve + walMinSize; size <= least {
 		d.Close()

@@ -234,6 +234,9 @@ func Open(dir string, opts Options) (*DB, error) {
 		if space, err = checkFiles(dir, bo); err != nil {
 			return nil, err
 		}
+		if space == nil && opts.Logger != nil {
+			opts.Logger.Warn("store: the file system holding the store reports no size (a tmpfs without a size limit?): the free-space reserve is not kept, and a write that finds it full can kill the process", "dir", dir)
+		}
 	}
 	bdb, err := badger.OpenManaged(bo) // versions are the store's: versions.go
 	if err != nil {
