@@ -9,6 +9,8 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -368,5 +370,53 @@ func TestOpenOnATmpfsWithoutSizeLimit(t *testing.T) {
 	}
 	if !strings.Contains(logged.String(), "the free-space reserve is not kept") {
 		t.Errorf("Open did not warn that the reserve is not kept; log:\n%s", logged.String())
+	}
+}
+
+// TestReplayNeedOfAFullLogIsWhatTheREADMESays: the README tells an
+// operator how much free space a restart's replay of a full 16 MiB log
+// needs. For a log of free-allowance counts, the commonest write of a
+// gateway, it is three times the entries' bytes as admitReplay counts
+// them (key, value and spaceEntryOverhead each), more than three times
+// the log, whose encoding of a small entry is shorter. It once said some
+// 48 MiB where the store asks some 62. The log here is 1 MiB, filled as
+// far as it goes, and the need scaled to 16 MiB.
+func TestReplayNeedOfAFullLogIsWhatTheREADMESays(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`some (\d+)\s+MiB\s+for\s+a\s+full\s+16\s+MiB\s+log\s+of\s+free-allowance\s+counts`).FindSubmatch(readme)
+	if m == nil {
+		t.Fatal("README does not say what the replay of a full 16 MiB log of free-allowance counts needs")
+	}
+	said, _ := strconv.ParseFloat(string(m[1]), 64)
+
+	const size = 1 << 20
+	dir := filepath.Join(servers.Tmpfs(t, "400m"), "db")
+	db, err := Open(dir, Options{walSize: size})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	for i := 0; db.commits.log.off < size-4<<10; i++ {
+		r, err := db.Allowance().Reserve(ctx, "free", fmt.Sprintf("10.0.%d.%d", i/256%256, i%256), time.Now(), 1<<30)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := db.Allowance().Commit(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n, err := walReplayBytes(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logged := float64(db.commits.log.off - walHeaderSize)
+	need := 3 * float64(n) * (walMinSize / logged) / (1 << 20)
+	t.Logf("the log holds %.0f KiB, the replay counts %.0f KiB: a full 16 MiB log needs %.1f MiB; README says %v MiB", logged/1024, float64(n)/1024, need, said)
+	if need < said*0.95 || need > said*1.05 {
+		t.Errorf("a full 16 MiB log of free-allowance counts needs %.1f MiB free for its replay; README says some %v MiB", need, said)
 	}
 }
