@@ -220,7 +220,7 @@ func Open(dir string, opts Options) (*DB, error) {
 	if opts.valueLogFileSize > 0 {
 		bo = bo.WithValueLogFileSize(opts.valueLogFileSize)
 	}
-	var space *spaceGuard // nil in memory: no guard
+	var space *spaceGuard // nil (no guard) in memory, or where the size is unknown
 	if opts.InMemory {
 		bo = bo.WithInMemory(true).WithDir("").WithValueDir("")
 	} else {
@@ -316,12 +316,12 @@ func Open(dir string, opts Options) (*DB, error) {
 
 // checkFiles runs the checks that read the store's files before Badger
 // opens them (checkTables; walReplayBytes, memtableBytes and admitReplay,
-// which admit what Badger writes as it opens) and returns the store's space guard (newSpaceGuard). The
-// checks run under Badger's directory lock (lockDir), given back just
-// before Badger takes it: the files of a store open in another process
-// change under a reader, and its live log is no crash's to replay, so
-// such a store is neither judged damaged nor refused for the disk space
-// its log would take. The checks are skipped then, and Badger's Open
+// which admit what Badger writes as it opens) and returns the store's
+// space guard (newSpaceGuard). The checks run under Badger's directory
+// lock (lockDir), given back just before Badger takes it: the files of a
+// store open in another process change under a reader, and its live log
+// is no crash's to replay, so such a store is neither judged damaged nor
+// refused for the disk space its log would take. The checks are skipped then, and Badger's Open
 // reports the lock, the refusal the callers explain ("a verifierd still
 // running on it holds it").
 func checkFiles(dir string, bo badger.Options) (*spaceGuard, error) {
