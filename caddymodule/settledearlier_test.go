@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"bytes"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -12,6 +13,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/ethereum/go-ethereum/crypto"
 
 	"github.com/aovhq/aov/plugins/evmfacilitator"
 	"github.com/aovhq/aov/x402"
@@ -153,6 +156,85 @@ func TestUnsignedCopyOfASettledPaymentGetsTheRefusal(t *testing.T) {
 	if reason := reasonOf(t, resp); resp.StatusCode != http.StatusPaymentRequired || reason != x402.ReasonExactEVMValidBefore || pr != "" {
 		t.Errorf("an unsigned copy of a settled payment: %d %s, PAYMENT-RESPONSE %q; want 402 %s and none",
 			resp.StatusCode, reason, pr, x402.ReasonExactEVMValidBefore)
+	}
+	if up.calls.Load() != 0 {
+		t.Fatalf("the upstream ran %d times", up.calls.Load())
+	}
+}
+
+// resignUsed is the settled payment p (payload pl) signed again by its
+// payer (dev account payer) with another validity window: an authorization
+// of the same payer, payTo, value and nonce, the payer's own signature, as
+// anyone holding the key can make any number of.
+func resignUsed(t *testing.T, offer x402.PaymentRequirements, p x402.PaymentPayload, pl x402.ExactEVMPayload, payer int, validAfter, validBefore string) string {
+	t.Helper()
+	a := pl.Authorization
+	a.ValidAfter, a.ValidBefore = validAfter, validBefore
+	chainID, name, version, token, err := x402.ExactEVMDomain(offer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := x402.TransferWithAuthorizationDigest(chainID, name, version, token, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sig, err := crypto.Sign(d[:], evmfacilitator.DevKey(payer))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sig[64] += 27
+	q := p
+	q.Payload, _ = json.Marshal(x402.ExactEVMPayload{Signature: "0x" + hex.EncodeToString(sig), Authorization: a})
+	h, err := x402.EncodeHeader(q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// TestSettledEarlierRemembersAUsedNoncesSearch: the settled payment is
+// public (its signature is in the transfer's calldata), and its payer can
+// sign any number of authorizations of the nonce they spent, so the
+// settled-earlier check of a used nonce is asked again and again. The
+// search for the transaction that used the nonce (the head, a header
+// bisection back to validAfter, eth_getLogs) runs once a window per
+// token, payer and nonce: every repeat after the first costs at most one
+// chain read (authorizationState), and the settled payment itself is still
+// told it settled earlier.
+func TestSettledEarlierRemembersAUsedNoncesSearch(t *testing.T) {
+	url, p, pl, calls, up := settledElsewhere(t)
+	pr := paymentRequired(t, post(t, url, "", nil))
+	orig, err := x402.EncodeHeader(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name   string
+		hdr    func(i int) string
+		reason string
+	}{
+		{"the settled payment itself, replayed", func(int) string { return orig }, x402.ReasonPaymentAlreadyUsed},
+		{"the payer's re-signed authorization of the used nonce, validAfter 0", func(i int) string {
+			return resignUsed(t, pr.Accepts[0], p, pl, 4, "0", fmt.Sprint(time.Now().Add(-time.Duration(10+i)*time.Minute).Unix()))
+		}, x402.ReasonPaymentAlreadyUsed},
+	}
+	for _, c := range cases {
+		var reads []int64
+		for i := 0; i < 4; i++ {
+			calls.Store(0)
+			resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: c.hdr(i)})
+			if reason := reasonOf(t, resp); resp.StatusCode != http.StatusPaymentRequired || reason != c.reason {
+				t.Errorf("%s, request %d: %d %s; want 402 %s", c.name, i+1, resp.StatusCode, reason, c.reason)
+			}
+			reads = append(reads, calls.Load())
+		}
+		t.Logf("%s: chain reads per request %v", c.name, reads)
+		for i, n := range reads[1:] {
+			if n > 1 {
+				t.Errorf("%s: request %d cost %d chain reads (all: %v); want at most one after the first", c.name, i+2, n, reads)
+				break
+			}
+		}
 	}
 	if up.calls.Load() != 0 {
 		t.Fatalf("the upstream ran %d times", up.calls.Load())

@@ -13,6 +13,7 @@ import (
 	"github.com/ethereum/go-ethereum"
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/core/types"
+	"golang.org/x/sync/singleflight"
 
 	"github.com/aovhq/aov/x402"
 )
@@ -242,21 +243,13 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 // costs one search a window, and the checks' reads alone otherwise.
 func (f *Facilitator) alreadyUsed(ctx context.Context, c *checked, now time.Time) (x402.SettleResponse, error) {
 	k := usedKey{token: c.token, from: c.auth.From, nonce: c.auth.Nonce}
-	u, ok := f.usedCache.get(k, now)
-	if !ok {
+	u, err := f.usedCache.lookup(k, now, func() (nonceUse, error) {
 		ctx, cancel := context.WithTimeout(ctx, resolveTimeout)
 		defer cancel()
-		var err error
-		u, err = f.findNonceUse(ctx, c.token, c.auth, now)
-		switch {
-		case err == nil:
-		case errors.Is(err, errNoNonceLog):
-			// Finished: not in the blocks searched.
-			u = nonceUse{}
-		default:
-			return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Err: err} // findNonceUse's error says what is unknown
-		}
-		f.usedCache.put(k, u, now)
+		return f.findNonceUse(ctx, c.token, c.auth, now)
+	})
+	if err != nil {
+		return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Err: err} // findNonceUse's error says what is unknown
 	}
 	if u.log != nil {
 		st, err := u.judge(c.token, c.auth)
@@ -272,10 +265,12 @@ func (f *Facilitator) alreadyUsed(ctx context.Context, c *checked, now time.Time
 
 // The bounds of usedCache.
 const (
-	// usedCacheTTL is how long alreadyUsed's logs are remembered: long
-	// enough that replays cost one search a minute.
+	// usedCacheTTL is how long a finished search's logs are remembered:
+	// long enough that replays cost one search a minute.
 	usedCacheTTL = time.Minute
-	// usedCacheMax bounds the nonces remembered.
+	// usedCacheMax bounds the nonces a usedCache remembers: each is a
+	// nonce its payer spent on chain, and a payer rotating nonces evicts
+	// older answers, never grows the cache past it.
 	usedCacheMax = 4096
 )
 
@@ -285,17 +280,52 @@ type usedKey struct {
 	nonce       [32]byte
 }
 
-// usedCache remembers, per used nonce, the logs alreadyUsed's finished
-// search found of it (a zero nonceUse when none was found in the blocks
-// searched).
+// usedCache remembers, per used nonce, the logs a finished search found
+// of it (a zero nonceUse when none was found in the blocks searched), and
+// runs one search at a time per nonce (lookup).
 type usedCache struct {
-	mu sync.Mutex
-	m  map[usedKey]usedEntry
+	mu     sync.Mutex
+	m      map[usedKey]usedEntry
+	flight singleflight.Group // by usedKey.flightKey
 }
 
 type usedEntry struct {
 	use nonceUse
 	at  time.Time
+}
+
+// flightKey is k as a singleflight key.
+func (k usedKey) flightKey() string {
+	return string(k.token[:]) + string(k.from[:]) + string(k.nonce[:])
+}
+
+// lookup returns what u remembers of k at t or, when it remembers nothing,
+// runs search, shared by the lookups of k that arrive while it runs, and
+// remembers its finished answer: the use found, or, when search ends in
+// errNoNonceLog, the zero nonceUse (not found in the blocks searched). A
+// search that failed (a provider's error, a deadline) says nothing of the
+// nonce: it is returned and not remembered, so the next lookup searches
+// again.
+func (u *usedCache) lookup(k usedKey, t time.Time, search func() (nonceUse, error)) (nonceUse, error) {
+	if use, ok := u.get(k, t); ok {
+		return use, nil
+	}
+	v, err, _ := u.flight.Do(k.flightKey(), func() (any, error) {
+		use, err := search()
+		switch {
+		case err == nil:
+		case errors.Is(err, errNoNonceLog):
+			use = nonceUse{}
+		default:
+			return nil, err
+		}
+		u.put(k, use, t)
+		return use, nil
+	})
+	if err != nil {
+		return nonceUse{}, err
+	}
+	return v.(nonceUse), nil
 }
 
 func (u *usedCache) get(k usedKey, t time.Time) (nonceUse, bool) {

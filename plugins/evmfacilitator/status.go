@@ -136,6 +136,16 @@ var (
 // transaction judged by its logs (findNonceUse), never by its receipt,
 // which whoever sent it chose the size of. The embedded facilitator's
 // Settle and every status reader judge by this one function, so they agree.
+//
+// A search from validAfter (after zero: a caller that knows nothing of
+// the attempt, such as a gate asking whether a refused payment settled
+// earlier) is remembered per token, payer and nonce (sinceValidAfter), as
+// alreadyUsed's is and for the same reason: the settled authorization is
+// public in its transaction's calldata and its payer can sign any number
+// of others of the spent nonce, each otherwise a search of the head, a
+// header bisection and up to 10 eth_getLogs. Not found is remembered too,
+// and stays an error (the nonce is used: the outcome is unknown, never a
+// transfer); a search that failed is not remembered.
 func (f *Facilitator) usedStatus(ctx context.Context, token common.Address, a x402.AuthorizationValues, hint common.Hash, after time.Time) (x402.SettlementStatus, error) {
 	if hint != (common.Hash{}) {
 		if r, err := f.chain.TransactionReceipt(ctx, hint); err == nil {
@@ -144,7 +154,18 @@ func (f *Facilitator) usedStatus(ctx context.Context, token common.Address, a x4
 			}
 		}
 	}
-	u, err := f.findNonceUse(ctx, token, a, after)
+	var u nonceUse
+	var err error
+	if after.IsZero() {
+		u, err = f.sinceValidAfter.lookup(usedKey{token: token, from: a.From, nonce: a.Nonce}, now(), func() (nonceUse, error) {
+			return f.findNonceUse(ctx, token, a, after)
+		})
+		if err == nil && u.log == nil {
+			err = fmt.Errorf("the authorization's nonce is used, but by which transaction is unknown: %w from validAfter on (%d blocks at most)", errNoNonceLog, maxLogBlocks)
+		}
+	} else {
+		u, err = f.findNonceUse(ctx, token, a, after)
+	}
 	if err != nil {
 		return x402.SettlementStatus{}, err
 	}
