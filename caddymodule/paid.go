@@ -258,10 +258,13 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	}
 	if !vr.IsValid {
 		pc.release(r)
-		if sr, ok := g.settledEarlier(ctx, payload, offer, vr.InvalidReason); ok {
+		switch sr, settled, unknown := g.settledEarlier(ctx, payload, offer, vr.InvalidReason); {
+		case settled:
 			return ex.demand(w, r, http.StatusPaymentRequired,
 				"This payment settled earlier (PAYMENT-RESPONSE names its transaction) and the answer it bought is no longer kept; it cannot be used again. Sign a new payment only for a new call.",
 				x402.ReasonPaymentAlreadyUsed, &sr)
+		case unknown:
+			return ex.refuse(w, r, errSettlementPending(nil))
 		}
 		reason := facilitatorReason(vr.InvalidReason, x402.ReasonInvalidPayload)
 		return ex.demand(w, r, http.StatusPaymentRequired, reason, reason, nil)

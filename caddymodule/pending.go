@@ -478,57 +478,90 @@ func (g *Gate) checkHeld(ctx context.Context, h *heldRecord) (x402.SettlementSta
 // settled, with what the gate knows of the attempt (sent), as checkHeld
 // says.
 func (g *Gate) checkSettlement(ctx context.Context, p x402.PaymentPayload, offer x402.PaymentRequirements, sent x402.SentSettlement) (x402.SettlementStatus, bool) {
-	sc, ok := g.facilitator.(x402.SettlementChecker)
-	if !ok {
-		return x402.SettlementStatus{}, false
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resolveTimeout)
-	defer cancel()
-	var st x402.SettlementStatus
-	var err error
-	if ssc, ok := g.facilitator.(x402.SentSettlementChecker); ok {
-		st, err = ssc.SentSettlementStatus(ctx, p, offer, sent)
-	} else {
-		st, err = sc.SettlementStatus(ctx, p, offer)
-	}
-	if err != nil {
+	st, err := g.settlementStatus(ctx, p, offer, sent)
+	switch {
+	case errors.Is(err, errNoSettlementChecker):
+		return st, false
+	case err != nil:
 		g.logger.Warn("checking an unknown settlement", zap.Error(err))
 		return st, false
 	}
 	return st, true
 }
 
+// errNoSettlementChecker is settlementStatus's answer when the gate's
+// facilitator cannot tell a settlement's outcome at all.
+var errNoSettlementChecker = errors.New("the facilitator cannot tell a settlement's outcome")
+
+// settlementStatus is checkSettlement's question, its error returned, and
+// bounded by resolveTimeout whatever ctx's deadline.
+func (g *Gate) settlementStatus(ctx context.Context, p x402.PaymentPayload, offer x402.PaymentRequirements, sent x402.SentSettlement) (x402.SettlementStatus, error) {
+	sc, ok := g.facilitator.(x402.SettlementChecker)
+	if !ok {
+		return x402.SettlementStatus{}, errNoSettlementChecker
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resolveTimeout)
+	defer cancel()
+	if ssc, ok := g.facilitator.(x402.SentSettlementChecker); ok {
+		return ssc.SentSettlementStatus(ctx, p, offer, sent)
+	}
+	return sc.SettlementStatus(ctx, p, offer)
+}
+
 // settledEarlier reports whether payment p, which the facilitator refused
 // with reason on a claim the gate just made, settled earlier, and its
-// settlement (as toldSettlement tells it). Such a payment's claim, and the
-// held record with it, have lapsed (an unknown settlement resolved after
-// it, or never retried before it), so the gate keeps nothing of it: told
-// the facilitator's reason, the buyer would read that nothing was charged
-// and sign a new payment for a call already paid. Only the refusals a
-// spent EIP-3009 authorization gets (expired, or its nonce used) send the
-// gate to the chain, and only for an authorization its payer signed
-// (signedByPayer): the facilitator refuses an expired one before it checks
-// the signature, and the payer, payTo, amount and nonce of every
-// settlement are public on chain, so anyone could otherwise name a
-// settled payment, unsigned, and be told it is theirs, each time at the
-// cost of a search of the chain's logs. A signed payment costs one read
-// (authorizationState) when its nonce is unused, as it is for every
-// payment refused expired that never settled (x402.SentSettlement's
-// SettledOnly); the transaction that used the nonce is searched for only
-// when it is used, and judged, as a held record's is (checkHeld), to carry
-// this authorization's own Transfer of its amount to payTo.
-func (g *Gate) settledEarlier(ctx context.Context, p x402.PaymentPayload, offer x402.PaymentRequirements, reason string) (x402.SettleResponse, bool) {
+// settlement (as toldSettlement tells it); or, unknown, that whether it did
+// cannot be told now. Such a payment's claim, and the held record with it,
+// have lapsed (an unknown settlement resolved after it, or never retried
+// before it), so the gate keeps nothing of it: told the facilitator's
+// reason, the buyer would read that nothing was charged and sign a new
+// payment for a call already paid. Only the refusals a spent EIP-3009
+// authorization gets (expired, or its nonce used) send the gate to the
+// chain, and only for an authorization its payer signed (signedByPayer):
+// the facilitator refuses an expired one before it checks the signature,
+// and the payer, payTo, amount and nonce of every settlement are public on
+// chain, so anyone could otherwise name a settled payment, unsigned, and
+// be told it is theirs, each time at the cost of a search of the chain's
+// logs. A signed payment costs one read (authorizationState) when its
+// nonce is unused, as it is for every payment refused expired that never
+// settled (x402.SentSettlement's SettledOnly); the transaction that used
+// the nonce is searched for only when it is used, and judged, as a held
+// record's is (checkHeld), to carry this authorization's own Transfer of
+// its amount to payTo. That search is remembered by the facilitator's
+// status reader per token, payer and nonce for a minute, since the settled
+// payment is public and its payer can sign others of the nonce: a repeat
+// costs the one read.
+//
+// unknown is true when the check failed where the payment may have
+// settled (*x402.UnknownOutcomeError: the chain did not answer in time, or
+// the nonce is used by a transaction that cannot be found or judged): the
+// buyer may have been charged, so the answer is settlement_pending, as a
+// held record's is, never the refusal that asks for a new payment. A
+// facilitator that cannot check at all (no rpc endpoint for the network)
+// leaves the refusal, as a nonce known unused or spent without paying
+// does.
+func (g *Gate) settledEarlier(ctx context.Context, p x402.PaymentPayload, offer x402.PaymentRequirements, reason string) (sr x402.SettleResponse, settled, unknown bool) {
 	if reason != x402.ReasonExactEVMValidBefore && reason != x402.ReasonExactEVMNonceAlreadyUsed {
-		return x402.SettleResponse{}, false
+		return sr, false, false
 	}
 	if !signedByPayer(p, offer) {
-		return x402.SettleResponse{}, false
+		return sr, false, false
 	}
-	st, known := g.checkSettlement(ctx, p, offer, x402.SentSettlement{SettledOnly: true})
-	if !known || st.State != x402.SettlementDone {
-		return x402.SettleResponse{}, false
+	st, err := g.settlementStatus(ctx, p, offer, x402.SentSettlement{SettledOnly: true})
+	var ue *x402.UnknownOutcomeError
+	switch {
+	case errors.As(err, &ue):
+		g.logger.Warn("checking whether a refused payment settled earlier", zap.Error(err))
+		return sr, false, true
+	case err != nil:
+		if !errors.Is(err, errNoSettlementChecker) {
+			g.logger.Warn("checking whether a refused payment settled earlier", zap.Error(err))
+		}
+		return sr, false, false
+	case st.State != x402.SettlementDone:
+		return sr, false, false
 	}
-	return toldSettlement(x402.SettleResponse{Success: true, Transaction: st.Transaction}, p, offer.Network), true
+	return toldSettlement(x402.SettleResponse{Success: true, Transaction: st.Transaction}, p, offer.Network), true, false
 }
 
 // signedByPayer reports whether p is an EIP-3009 authorization of offer's

@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -238,5 +239,97 @@ func TestSettledEarlierRemembersAUsedNoncesSearch(t *testing.T) {
 	}
 	if up.calls.Load() != 0 {
 		t.Fatalf("the upstream ran %d times", up.calls.Load())
+	}
+}
+
+// TestSettledEarlierUnreadableChainIsPending: the buyer's own settled
+// payment (no payment identifier), retried once the gate keeps nothing of
+// it, is refused by the facilitator (its nonce is used) and the gate asks
+// the chain. When the chain cannot be read (the gate's rpc endpoint
+// answers errors, or does not answer), whether the buyer was charged is
+// unknown: the answer is 503 settlement_pending, retryable, with no
+// PAYMENT-REQUIRED, never the facilitator's refusal, which an x402 client
+// answers with a second payment. The wait is bounded by the facilitator's
+// timeout. A failed read is not remembered: once the chain answers again,
+// the retry is told the payment settled earlier.
+func TestSettledEarlierUnreadableChainIsPending(t *testing.T) {
+	for _, mode := range []string{"error", "stall"} {
+		t.Run(mode, func(t *testing.T) {
+			d, fac := sharedDevnet(t)
+			var down atomic.Bool
+			down.Store(true)
+			back := make(chan struct{}) // closed when the outage ends
+			// A proxy in front of the devnet node that, while down, answers
+			// every call with an error or holds it unanswered: a provider's
+			// outage, which the devnet itself cannot be made to have.
+			rpc := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if down.Load() {
+					if mode == "stall" {
+						select {
+						case <-r.Context().Done():
+						case <-back:
+						}
+						return
+					}
+					http.Error(w, "provider down", http.StatusBadGateway)
+					return
+				}
+				resp, err := http.Post(d.RPCURL(), "application/json", r.Body)
+				if err != nil {
+					http.Error(w, "devnet unreachable", http.StatusBadGateway)
+					return
+				}
+				defer resp.Body.Close()
+				w.Header().Set("Content-Type", "application/json")
+				io.Copy(w, resp.Body)
+			}))
+			t.Cleanup(rpc.Close)
+			var once sync.Once
+			end := func() { once.Do(func() { down.Store(false); close(back) }) }
+			t.Cleanup(end) // before rpc.Close, which waits for the calls held
+			upA := newUpstream(t)
+			urlA := startCaddy(t, gateSite(upA.URL, fac, 0, "")) + "/verify/schema"
+			sig := signFor(t, paymentRequired(t, post(t, urlA, "", nil)), 4)
+			if resp := post(t, urlA, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}); resp.StatusCode != http.StatusOK {
+				t.Fatalf("the buyer's payment: %d %s", resp.StatusCode, readAll(t, resp))
+			}
+			up := newUpstream(t)
+			url := startCaddy(t, fmt.Sprintf(`:{port} {
+	route /verify/schema {
+		x402 {
+			accept devnet $0.02 %[3]s
+			facilitator http %[2]s {
+				timeout 3s
+				rpc devnet %[4]s
+			}
+			store badger %[5]s
+		}
+		reverse_proxy %[1]s
+	}
+}
+`, strings.TrimPrefix(up.URL, "http://"), fac, payTo.Hex(), rpc.URL, filepath.Join(t.TempDir(), "gate"))) + "/verify/schema"
+			for i := 0; i < 2; i++ {
+				start := time.Now()
+				resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+				took := time.Since(start)
+				preq := resp.Header.Get(x402.HeaderPaymentRequired)
+				e := readJSON(t, resp)
+				if resp.StatusCode != http.StatusServiceUnavailable || e["code"] != codeSettlementPending || e["retryable"] != true || preq != "" {
+					t.Errorf("the buyer's settled payment, chain unreadable (try %d): %d %v, PAYMENT-REQUIRED %q; want 503 %s, retryable, and none",
+						i+1, resp.StatusCode, e, preq, codeSettlementPending)
+				}
+				if took > 10*time.Second {
+					t.Errorf("the answer took %v; want it within the facilitator's timeout", took)
+				}
+			}
+			end()
+			resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+			if reason := reasonOf(t, resp); resp.StatusCode != http.StatusPaymentRequired || reason != x402.ReasonPaymentAlreadyUsed || resp.Header.Get(x402.HeaderPaymentResponse) == "" {
+				t.Errorf("the chain readable again: %d %s; want 402 %s with PAYMENT-RESPONSE", resp.StatusCode, reason, x402.ReasonPaymentAlreadyUsed)
+			}
+			if up.calls.Load() != 0 {
+				t.Fatalf("the upstream ran %d times", up.calls.Load())
+			}
+		})
 	}
 }

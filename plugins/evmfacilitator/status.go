@@ -39,6 +39,10 @@ func (f *Facilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayloa
 // validBefore, and block time never goes back); unused otherwise is
 // undecided.
 //
+// Either error, and a failed read of authorizationState, is an
+// *x402.UnknownOutcomeError (unknownStatus): the payment may have settled.
+// Errors before any chain read (the payment does not pay req) are not.
+//
 // sent.Transaction, when it names a transaction, is looked at first;
 // sent.After bounds the search for the transaction that used the nonce
 // (see findNonceLog); sent.SettledOnly answers an unused nonce undecided
@@ -72,7 +76,7 @@ func (f *Facilitator) SentSettlementStatus(ctx context.Context, p x402.PaymentPa
 	token := common.HexToAddress(req.Asset)
 	used, err := f.authorizationState(ctx, token, auth.From, auth.Nonce, nil)
 	if err != nil {
-		return st, fmt.Errorf("reading authorizationState: %w", err)
+		return st, unknownStatus(fmt.Errorf("reading authorizationState: %w", err))
 	}
 	if used {
 		var hint common.Hash
@@ -81,7 +85,10 @@ func (f *Facilitator) SentSettlementStatus(ctx context.Context, p x402.PaymentPa
 		}
 		u, err := f.usedStatus(ctx, token, auth, hint, sent.After)
 		u.Payer = st.Payer
-		return u, err
+		if err != nil {
+			return u, unknownStatus(err)
+		}
+		return u, nil
 	}
 	if sent.SettledOnly {
 		return st, nil // undecided: not settled, whether it still may be left unread
@@ -94,6 +101,17 @@ func (f *Facilitator) SentSettlementStatus(ctx context.Context, p x402.PaymentPa
 		st.State = x402.SettlementNever
 	}
 	return st, nil
+}
+
+// unknownStatus marks err, a failure to tell whether a payment settled
+// once the payer's signature and the requirements were read (the chain
+// did not answer, or the nonce is used by a transaction that cannot be
+// found or judged), as an unknown outcome: the payment may have settled,
+// so its payer must not be asked to pay again (x402.UnknownOutcomeError).
+// A caller that asked about a payment it knows nothing of (a gate's
+// settled-earlier check) tells it apart from an answer this way.
+func unknownStatus(err error) error {
+	return &x402.UnknownOutcomeError{Op: "status", Err: err}
 }
 
 // expiredAt reports whether a can no longer execute from head on: the token
