@@ -66,15 +66,35 @@ func (g *Gate) serveCharged(w http.ResponseWriter, r *http.Request, next caddyht
 	defer putBuffer(buf)
 	bw := &bufferedWriter{header: make(http.Header), buf: buf, limit: g.MaxBuffer}
 	// One deadline for the whole upstream call; the request that settles
-	// and reports afterwards keeps its own context.
-	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(g.UpstreamTimeout))
-	if dl, ok := ctx.Deadline(); ok {
-		tellAnswerBy(r, dl)
+	// and reports afterwards keeps its own context. A paid protocol switch
+	// settles at its 101, and its tunnel outlives the deadline (upgrade.go).
+	wait := time.Duration(g.UpstreamTimeout)
+	tellAnswerBy(r, time.Now().Add(wait))
+	var held http.ResponseWriter = bw
+	reached := neverReached
+	var ctx context.Context
+	var cancel context.CancelFunc
+	ps := newProtocolSwitch(w, r, ex, c, bw)
+	if ps != nil {
+		held, reached = ps, ps.reached
+		ctx, cancel = ps.bound(r.Context(), wait)
+	} else {
+		ctx, cancel = context.WithTimeout(r.Context(), wait)
 	}
 	tr := getWroteTrace()
-	err := runUpstream(next, bw, r.WithContext(httptrace.WithClientTrace(ctx, &tr.trace)), neverReached)
+	err := runUpstream(next, held, r.WithContext(httptrace.WithClientTrace(ctx, &tr.trace)), reached)
 	cancel()
 	wrote := tr.wrote.Load()
+	if ps != nil {
+		if ps.answered {
+			// Settled and switched, or its settlement failed and was
+			// answered (settle released or kept the charge).
+			return err
+		}
+		if late := ps.late(); late != nil {
+			err = late
+		}
+	}
 	if err == nil {
 		putWroteTrace(tr)
 	}

@@ -201,10 +201,11 @@ func TestRunAgainStreamingPastItsSpanIsNotRunTwice(t *testing.T) {
 }
 
 // echoUpgradeUpstream switches protocols ("Upgrade: echo") and echoes
-// lines back; tunnels counts the tunnels it opened.
-func echoUpgradeUpstream(t *testing.T) (*httptest.Server, *atomic.Int32) {
-	tunnels := new(atomic.Int32)
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+// lines back; tunnels counts the tunnels it opened, ended those whose
+// connection the other side closed.
+func echoUpgradeUpstream(t *testing.T) (up *httptest.Server, tunnels, ended *atomic.Int32) {
+	tunnels, ended = new(atomic.Int32), new(atomic.Int32)
+	up = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		if !strings.EqualFold(r.Header.Get("Upgrade"), "echo") {
 			w.Header().Set("Content-Type", "application/json")
@@ -222,6 +223,7 @@ func echoUpgradeUpstream(t *testing.T) (*httptest.Server, *atomic.Int32) {
 		for {
 			line, err := brw.ReadString('\n')
 			if err != nil {
+				ended.Add(1)
 				return
 			}
 			brw.WriteString("echo " + line)
@@ -229,25 +231,33 @@ func echoUpgradeUpstream(t *testing.T) (*httptest.Server, *atomic.Int32) {
 		}
 	}))
 	t.Cleanup(up.Close)
-	return up, tunnels
+	return up, tunnels, ended
 }
 
 // upgradePost is a paid POST that asks to switch to the echo protocol.
 func upgradePost(t *testing.T, url, sig string) *http.Response {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(validRequest))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Connection", "Upgrade")
-	req.Header.Set("Upgrade", "echo")
-	req.Header.Set(x402.HeaderPaymentSignature, sig)
-	// No client Timeout: it would wrap a 101's body, which is then no
-	// connection. echo bounds each read instead.
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := sendUpgradePost(url, sig)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { resp.Body.Close() })
 	return resp
+}
+
+// sendUpgradePost sends upgradePost's request ("" sig: none), for a
+// goroutine that cannot fail the test; the caller closes the body.
+func sendUpgradePost(url, sig string) (*http.Response, error) {
+	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(validRequest))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Connection", "Upgrade")
+	req.Header.Set("Upgrade", "echo")
+	if sig != "" {
+		req.Header.Set(x402.HeaderPaymentSignature, sig)
+	}
+	// No client Timeout: it would wrap a 101's body, which is then no
+	// connection. echo bounds each read instead.
+	return http.DefaultClient.Do(req)
 }
 
 // echo sends line through a switched connection and reads its echo, or
@@ -277,7 +287,7 @@ func echo(t *testing.T, resp *http.Response, line string) string {
 // tunnel of the charged buyer runs past it.
 func TestSettleBeforeProtocolSwitchOutlivesUpstreamTimeout(t *testing.T) {
 	_, fac := sharedDevnet(t)
-	up, _ := echoUpgradeUpstream(t)
+	up, _, _ := echoUpgradeUpstream(t)
 	url := startCaddy(t, gateSite(up.URL, fac, 0, "settle before\n\t\t\tupstream_timeout 500ms")) + "/verify/schema"
 	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 8)
 	resp := upgradePost(t, url, sig)
@@ -300,7 +310,7 @@ func TestSettleBeforeProtocolSwitchOutlivesUpstreamTimeout(t *testing.T) {
 // payment_already_used, not a second run.
 func TestRunAgainThroughAProtocolSwitchIsRunOnce(t *testing.T) {
 	sharedDevnet(t)
-	up, tunnels := echoUpgradeUpstream(t)
+	up, tunnels, _ := echoUpgradeUpstream(t)
 	url := startCaddy(t, pendingSite(up.URL, "lose_reply", filepath.Join(t.TempDir(), "gate"), "settle before")) + "/verify/schema"
 	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 8)
 	if resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}); resp.StatusCode != http.StatusServiceUnavailable {

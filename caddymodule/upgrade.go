@@ -1,0 +1,145 @@
+package caddymodule
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+// A request that asks to switch protocols (Connection: Upgrade, a
+// WebSocket) is answered, when the upstream accepts, by a 101 after which
+// the connection is the upstream's: reverse_proxy hijacks the client's
+// connection and copies bytes both ways for as long as the tunnel is open.
+// Nothing of that can be held, judged or replayed, so a 101 is the
+// upstream accepting the call, and where the call is paid the settlement
+// must be decided at the 101, before the tunnel exists:
+//
+//   - settle before: settled before the upstream runs; the 101 is the
+//     answer's start (startsAnswer), past which upstream_timeout no longer
+//     applies (runSettled).
+//   - settle after: the held answer's start is the 101 (protocolSwitch):
+//     the payment is settled there, by the one settle path, and only a
+//     settled 101 goes to the buyer, with PAYMENT-RESPONSE, and the tunnel
+//     through. When the settlement fails no 101 is written and the hijack is
+//     refused (reverse_proxy then closes the upstream's connection): the
+//     buyer gets the answer of any failed settlement, uncharged.
+//
+// A free call or an MCP call is not sold as a tunnel: their held writer
+// takes no 101 (bufferedWriter), as before.
+
+// upgradeRequest reports whether r asks to switch protocols, as
+// reverse_proxy reads it (Connection names Upgrade, and Upgrade names a
+// protocol).
+func upgradeRequest(r *http.Request) bool {
+	return r.Header.Get("Upgrade") != "" && headerHasToken(r.Header, "Connection", "Upgrade")
+}
+
+// protocolSwitch is the gate's held writer (bw) for a paid REST call in
+// settle after mode whose request asks to switch protocols: it takes the
+// upstream's 101 as the answer's start, settles the payment there (pc,
+// the call's charge, by its settle path) and, once settled, writes the 101
+// with the paid headers to w (paidStream) and lets reverse_proxy hijack
+// w's connection. Any other answer is held by bw and judged as every
+// answer is (serveCharged).
+//
+// upstream_timeout bounds the wait for the answer, up to its 101: the
+// upstream call's context is cancelled at the deadline unless the 101
+// came first, after which the tunnel runs as long as it is open (as
+// after a settle before). A 101 after the deadline settles nothing.
+type protocolSwitch struct {
+	*bufferedWriter
+	w     http.ResponseWriter // the client's
+	r     *http.Request       // the gate's: settling outlives the upstream's context
+	pc    *paidCharge
+	state atomic.Int32 // headerDue, headerBegun (the 101 came in time) or headerLate
+	timer *time.Timer
+	// answered: the 101 was settled and went out (switched), or its
+	// settlement failed and the client has its answer.
+	answered bool
+	switched atomic.Bool
+}
+
+// newProtocolSwitch returns the held writer for c's call, or nil when the
+// call cannot be answered by a tunnel: not an upgrade request, not paid,
+// or not over REST.
+func newProtocolSwitch(w http.ResponseWriter, r *http.Request, ex exchange, c charge, bw *bufferedWriter) *protocolSwitch {
+	pc, paid := c.(*paidCharge)
+	if _, rest := ex.(*restExchange); !paid || !rest || !upgradeRequest(r) {
+		return nil
+	}
+	return &protocolSwitch{bufferedWriter: bw, w: w, r: r, pc: pc}
+}
+
+// bound is the upstream call's context: cancelled at wait, unless the
+// 101 came first (see protocolSwitch).
+func (s *protocolSwitch) bound(parent context.Context, wait time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(parent)
+	s.timer = time.AfterFunc(wait, func() {
+		if s.state.CompareAndSwap(headerDue, headerLate) {
+			cancel()
+		}
+	})
+	return ctx, func() { s.timer.Stop(); cancel() }
+}
+
+// late returns the upstream call's error when upstream_timeout came before
+// a 101, nil otherwise: what a deadline on the whole call (serveCharged's
+// other calls) makes reverse_proxy return, a 504. A cancelled context
+// would otherwise read as a client gone away (reverse_proxy's 499).
+func (s *protocolSwitch) late() error {
+	if s.state.Load() != headerLate {
+		return nil
+	}
+	return caddyhttp.Error(http.StatusGatewayTimeout, fmt.Errorf("upstream_timeout: %w", context.DeadlineExceeded))
+}
+
+// WriteHeader settles at a 101 that came in time (see protocolSwitch);
+// any other status goes to the hold.
+func (s *protocolSwitch) WriteHeader(code int) {
+	if code != http.StatusSwitchingProtocols || s.code != 0 || s.answered {
+		s.bufferedWriter.WriteHeader(code)
+		return
+	}
+	if !s.state.CompareAndSwap(headerDue, headerBegun) {
+		return // past upstream_timeout: no switch, the call failed (late)
+	}
+	s.timer.Stop()
+	g, r := s.pc.g, s.r
+	if !g.settleAllowed(r) {
+		return // never settled: the hijack is refused and nothing answered
+	}
+	s.answered = true
+	// Nothing is held for an unknown outcome: the retry that finds the
+	// transfer runs the upstream again, once (pending.go), as after a
+	// settle before.
+	if !s.pc.settle(s.w, r, nil) {
+		return
+	}
+	s.pc.pid.save(nil, s.pc.sr) // streamed: settled, its answer not kept
+	sw := g.paidStream(s.w, r, s.pc.sr, nil)
+	copyHeader(sw.Header(), s.header)
+	s.switched.Store(true)
+	sw.WriteHeader(code)
+}
+
+// errSwitchUnpaid is what a hijack of a call whose 101 was not settled
+// gets: reverse_proxy then closes the upstream's connection.
+var errSwitchUnpaid = errors.New("x402: the protocol switch was not settled; the tunnel is not opened")
+
+// Hijack hands the client's connection over once the 101 went out.
+func (s *protocolSwitch) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	if !s.switched.Load() {
+		return nil, nil, errSwitchUnpaid
+	}
+	return http.NewResponseController(s.w).Hijack()
+}
+
+// reached reports whether the 101 went to the client (runUpstream).
+func (s *protocolSwitch) reached() bool { return s.switched.Load() }
