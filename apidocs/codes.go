@@ -30,6 +30,7 @@ var ErrorCodes = []ErrorCode{
 	{apierr.CodeNotFound, 404, false, "No such route or record."},
 	{apierr.CodeMethodNotAllowed, 405, false, "Known path, wrong method; the `Allow` header lists the right ones."},
 	{apierr.CodeUnsupportedMediaType, 415, false, "The body is not declared as JSON."},
+	{"upgrade_unsupported", 400, false, "The request asks to switch protocols (`Connection: Upgrade`, a WebSocket) on a route that charges only for an answer `verify_response` found passing (`settle_on pass`), and a tunnel cannot be verified. Refused before any payment is claimed or verified and before anything runs; nothing was charged and no free call was counted. Send the request without `Upgrade`."},
 	{apierr.CodeRateLimited, 429, true, "Too many requests; retry after `retry_after` seconds."},
 	{apierr.CodeInternal, 500, true, "A fault of ours; nothing was charged."},
 	{"upstream_answer_unreadable", 502, false, "An MCP tool's answer could not be read by the gateway, or is not one the client takes as its call's answer (it must be application/json, not a stream, and one JSON-RPC 2.0 answer under the call's id, with no method: a result the official SDK decodes as a CallToolResult, or an error alone that it decodes as a JSON-RPC error); the tool's answer was withheld and nothing was charged; the tool ran, so it counts against the client's `rate_limit` as any unsettled call does; tell the operator."},

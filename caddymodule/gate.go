@@ -815,6 +815,9 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	if ae := g.checkURL(r); ae != nil {
 		return g.refuse(w, r, ae)
 	}
+	if g.SettleOn == settleOnPass && upgradeRequest(r) {
+		return g.refuse(w, r, errUpgradeUnsupported()) // upgrade.go
+	}
 
 	ex := &restExchange{g: g}
 	if g.Validator == validateScore {

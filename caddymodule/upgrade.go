@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/aovhq/aov/apierr"
 )
 
 // A request that asks to switch protocols (Connection: Upgrade, a
@@ -30,6 +32,10 @@ import (
 //     through. When the settlement fails no 101 is written and the hijack is
 //     refused (reverse_proxy then closes the upstream's connection): the
 //     buyer gets the answer of any failed settlement, uncharged.
+//   - settle_on pass: settled only for an answer verify_response found
+//     passing, and a tunnel is no answer it can check; the request is
+//     refused before anything is claimed, verified or run
+//     (errUpgradeUnsupported).
 //
 // A free call or an MCP call is not sold as a tunnel: their held writer
 // takes no 101 (bufferedWriter), as before.
@@ -39,6 +45,24 @@ import (
 // protocol).
 func upgradeRequest(r *http.Request) bool {
 	return r.Header.Get("Upgrade") != "" && headerHasToken(r.Header, "Connection", "Upgrade")
+}
+
+// codeUpgradeUnsupported refuses a protocol switch on a route that cannot
+// sell one.
+const codeUpgradeUnsupported = "upgrade_unsupported"
+
+// errUpgradeUnsupported is the refusal of an upgrade request on a
+// settle_on pass route (see above). It comes before the request is offered
+// for sale, free or paid: a demand for payment would invite a payment the
+// call could never be served for.
+func errUpgradeUnsupported() *apierr.Error {
+	return &apierr.Error{
+		Code:        codeUpgradeUnsupported,
+		Message:     "This route charges only for an answer that passed verification, and a protocol switch (Connection: Upgrade) opens a connection that cannot be verified; nothing was charged. Send the request without Upgrade.",
+		Status:      http.StatusBadRequest,
+		NextActions: []apierr.Action{{Action: "drop_upgrade"}},
+		Cause:       errors.New("settle_on pass: an upgrade request cannot be sold"),
+	}
 }
 
 // protocolSwitch is the gate's held writer (bw) for a paid REST call in

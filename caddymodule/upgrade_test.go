@@ -131,6 +131,35 @@ func TestSettleAfterProtocolSwitchConcurrentSettlesOnce(t *testing.T) {
 	}
 }
 
+// settle_on pass settles only an answer verify_response found passing, and
+// a tunnel cannot be checked: an upgrade request is refused before any
+// payment is verified or anything runs, paid or not (never offered for
+// sale), and nothing is charged.
+func TestSettleOnPassRefusesProtocolSwitch(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	up, tunnels, _ := echoUpgradeUpstream(t)
+	url := startCaddy(t, gateSite(up.URL, fac, 0, "settle_on pass")) + "/verify/schema"
+	before := balance(t, d, upgradePayerAddress)
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), upgradePayer)
+	for _, s := range []string{"", sig} {
+		resp, err := sendUpgradePost(url, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		m := readJSON(t, resp)
+		if resp.StatusCode != http.StatusBadRequest || m["code"] != codeUpgradeUnsupported || m["charged"] != false || resp.Header.Get(x402.HeaderPaymentRequired) != "" {
+			t.Fatalf("upgrade (paid %v) on a settle_on pass route: %d %v, want 400 %s, nothing charged, no offer", s != "", resp.StatusCode, m["code"], codeUpgradeUnsupported)
+		}
+	}
+	if tunnels.Load() != 0 {
+		t.Fatalf("the upstream opened %d tunnels", tunnels.Load())
+	}
+	if got := charged(t, d, upgradePayerAddress, before); got.Sign() != 0 {
+		t.Fatalf("charged %v for a refused upgrade", got)
+	}
+}
+
 // settle after, the settle reply lost at the 101: no 101 goes out, the
 // buyer is told settlement_pending (nothing held: a tunnel cannot be), and
 // the retry that finds the transfer runs the upstream again, once: its
