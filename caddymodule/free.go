@@ -1,9 +1,11 @@
 package caddymodule
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"strconv"
 	"sync/atomic"
@@ -301,7 +303,8 @@ func (f *FreeAllowance) trial(r *http.Request, g *Gate) *freeTrial {
 
 // statusWriter calls onHeader with the status that starts the answer
 // (startsAnswer) just before the header is written, so the gate can add
-// headers that depend on the outcome.
+// headers that depend on the outcome. A handler that hijacks the
+// connection (Hijack) starts the answer too.
 type statusWriter struct {
 	http.ResponseWriter
 	status   int
@@ -317,11 +320,32 @@ func startsAnswer(code int) bool {
 }
 
 func (s *statusWriter) WriteHeader(code int) {
+	s.start(code)
+	s.ResponseWriter.WriteHeader(code)
+}
+
+// start calls onHeader once, for the first header of status code that
+// starts the answer.
+func (s *statusWriter) start(code int) {
 	if s.status == 0 && startsAnswer(code) {
 		s.status = code
 		s.onHeader(s.ResponseWriter.Header(), code)
 	}
-	s.ResponseWriter.WriteHeader(code)
+}
+
+// Hijack hands the connection to a handler that writes its answer on it
+// itself: one that switches protocols as gorilla/websocket's Upgrader
+// does, hijacking first and writing its 101 raw, never calls WriteHeader.
+// A successful hijack is that protocol switch (startsAnswer): onHeader is
+// called then, before the handler has the connection to write on. A
+// failed one starts nothing; the handler answers as it would.
+// http.ResponseController finds this method before it unwraps the writer.
+func (s *statusWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	c, rw, err := http.NewResponseController(s.ResponseWriter).Hijack()
+	if err == nil {
+		s.start(http.StatusSwitchingProtocols)
+	}
+	return c, rw, err
 }
 
 func (s *statusWriter) Write(p []byte) (int, error) {

@@ -1,12 +1,14 @@
 package caddymodule
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"regexp"
 	"strconv"
@@ -653,8 +655,9 @@ func (g *Gate) serveSettled(w http.ResponseWriter, r *http.Request, next caddyht
 // at the upstream's first write, before its header goes out.
 //
 // upstream_timeout bounds the wait for that first write, not the answer:
-// a stream (SSE), or a tunnel after a protocol switch (101: startsAnswer),
-// runs as long as it runs once its header is out, and a
+// a stream (SSE), or a tunnel after a protocol switch (101: startsAnswer;
+// or a hijack, for a handler that writes its 101 itself:
+// headerDeadline.Hijack), runs as long as it runs once its header is out, and a
 // deadline on the whole call would cut it off with the buyer charged. Up
 // to its header the request's context is cancelled at the deadline
 // (headerDeadline), so a stalled upstream does not hold a charged buyer
@@ -812,6 +815,23 @@ func (d *headerDeadline) FlushError() error {
 		return nil
 	}
 	return http.NewResponseController(d.ResponseWriter).Flush()
+}
+
+// Hijack starts the answer, as a header that wins does: a handler that
+// switches protocols by hijacking the connection and writing its 101
+// itself (gorilla/websocket's Upgrader) never calls WriteHeader, and the
+// deadline, left armed, would cut the tunnel of a buyer already charged,
+// and count a run again as never started (runSettled). The deadline is
+// settled first (begin), so that it cannot fall on the tunnel; once it
+// has fallen the connection stays the gate's, for its 503. The writers
+// below mark the start on a successful hijack (statusWriter.Hijack). Once
+// begun, the deadline no longer applies, even to a handler whose hijack
+// failed (it answers with its error).
+func (d *headerDeadline) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	if !d.begin() {
+		return nil, nil, errHeaderLate
+	}
+	return http.NewResponseController(d.ResponseWriter).Hijack()
 }
 
 // Unwrap lets http.ResponseController reach the real writer.
