@@ -492,15 +492,15 @@ func (f *freeCharge) deliver(w http.ResponseWriter, bw *bufferedWriter) {
 // shared cache may keep it: a CDN in front of the gateway storing a free
 // answer the upstream marked public would serve the paid content to every
 // later buyer of the URL, unpaid. Pages may read the gate's headers on it.
-// The values are shared, not allocated per answer (the free path is the
-// hot one): net/http only reads them, and an Add appends to a copy, each
-// slice being full.
+// Each answer gets values of its own: Caddy's `header` replace edits an
+// answer's values in place, so values shared between answers would be
+// rewritten by one route's replace for every answer of every priced route
+// (a no-store made public), and written while other answers are being
+// sent. They share one array (one allocation, as the free allowance's
+// setHeaders does); each slice is capped at its one value, so an Add to
+// one appends to a copy and never writes over the other.
 func setChargedHeaders(h http.Header) {
-	h["Cache-Control"] = noStore
-	h["Access-Control-Expose-Headers"] = exposed
+	v := [...]string{"no-store", exposedHeaders}
+	h["Cache-Control"] = v[0:1:1]
+	h["Access-Control-Expose-Headers"] = v[1:2:2]
 }
-
-var (
-	noStore = []string{"no-store"}
-	exposed = []string{exposedHeaders}
-)
