@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -686,6 +687,7 @@ func (g *Gate) runSettled(w http.ResponseWriter, r *http.Request, next caddyhttp
 	})
 	defer hd.timer.Stop()
 	err = runUpstream(next, hd, r.WithContext(ctx), hd.reached)
+	hd.trailers()
 	switch {
 	case hd.state.Load() == headerLate:
 		return apierr.Unavailable("upstream service", 0, fmt.Errorf("%w %s (upstream: %v)", errHeaderLate, wait, err)), nil
@@ -708,26 +710,50 @@ func (g *Gate) runSettled(w http.ResponseWriter, r *http.Request, next caddyhttp
 // reached the buyer (reached), so runUpstream makes that an error and the
 // gate still answers.
 //
-// Until its header wins, the upstream's headers go to a map of its own
-// (header), which then becomes the answer's. reverse_proxy sets the
+// The upstream's headers go to a map of its own (header), whose entries
+// become the answer's when its header wins. reverse_proxy sets the
 // upstream's headers before it writes its header: were they set on w's
 // map, a deadline falling in between would send the gate's answer with
 // them, a Content-Length or Content-Encoding not of its body (cut short,
 // or unreadable) and the upstream's cookies, to a buyer already charged.
 type headerDeadline struct {
 	http.ResponseWriter
-	header http.Header  // the upstream's, until its header wins; then nil
+	header http.Header  // the upstream's (Header)
+	sent   bool         // header's entries went out as the answer's (WriteHeader)
 	state  atomic.Int32 // headerDue, headerBegun or headerLate
 	timer  *time.Timer
 }
 
-// Header is the upstream's own map until its header has won, then the
-// answer's.
-func (d *headerDeadline) Header() http.Header {
-	if d.header != nil {
-		return d.header
+// Header is the upstream's own map, before its header and after: a
+// handler may keep the map it was handed and set trailers on it after its
+// body, as net/http allows, and one that asks again must see them too.
+// Past the header net/http reads nothing of a map but trailers, which
+// trailers carries over once the upstream is done.
+func (d *headerDeadline) Header() http.Header { return d.header }
+
+// trailers carries into the answer's map the trailers the upstream set on
+// its own after its header went out: the values of the keys the header
+// announced in Trailer, and any under http.TrailerPrefix, which net/http
+// sends once the handler returns. An x402 or allowance trailer of the
+// upstream's is never carried (gateHeaders): only the gate speaks them.
+func (d *headerDeadline) trailers() {
+	if !d.sent {
+		return
 	}
-	return d.ResponseWriter.Header()
+	dst := d.ResponseWriter.Header()
+	for _, list := range dst["Trailer"] {
+		for k := range strings.SplitSeq(list, ",") {
+			k = http.CanonicalHeaderKey(strings.TrimSpace(k))
+			if v, ok := d.header[k]; ok && !isGateHeader(k) {
+				dst[k] = v
+			}
+		}
+	}
+	for k, v := range d.header {
+		if name, ok := strings.CutPrefix(k, http.TrailerPrefix); ok && !isGateHeader(http.CanonicalHeaderKey(name)) {
+			dst[k] = v
+		}
+	}
 }
 
 const (
@@ -754,7 +780,8 @@ func (d *headerDeadline) begin() bool {
 func (d *headerDeadline) reached() bool { return d.state.Load() == headerBegun }
 
 // WriteHeader writes a header that starts the answer (startsAnswer) only
-// if it came before the deadline, with the upstream's map as the answer's.
+// if it came before the deadline, with the upstream's map's entries as the
+// answer's.
 // Any other 1xx goes before the answer while it is still due (inform).
 func (d *headerDeadline) WriteHeader(code int) {
 	switch {
@@ -763,9 +790,9 @@ func (d *headerDeadline) WriteHeader(code int) {
 			d.inform(code)
 		}
 	case d.begin():
-		if d.header != nil {
+		if !d.sent {
 			refill(d.ResponseWriter.Header(), d.header)
-			d.header = nil
+			d.sent = true
 		}
 		d.ResponseWriter.WriteHeader(code)
 	}
@@ -864,6 +891,9 @@ func dropGateHeaders(h http.Header) {
 		delete(h, k)
 	}
 }
+
+// isGateHeader reports whether k, a canonical key, is one of gateHeaders.
+func isGateHeader(k string) bool { return slices.Contains(gateHeaders[:], k) }
 
 // reasonPaymentInFlight refuses a payment that another request is using
 // right now.
