@@ -206,10 +206,10 @@ func tellAnswerBy(r *http.Request, by time.Time) {
 // who retries as told.
 func (g *Gate) unsettled(r *http.Request, c charge, ran bool) {
 	c.release(r)
-	_, free := c.(*freeCharge)
+	fc, free := c.(*freeCharge)
 	switch {
 	case free && !ran:
-		g.unfree(r)
+		fc.budget.refund()
 	case !free && ran:
 		g.noteRefusal(r)
 	}
@@ -456,9 +456,10 @@ func (p *paidCharge) deliver(w http.ResponseWriter, bw *bufferedWriter) {
 
 // freeCharge is one reserved unit of a client's daily allowance.
 type freeCharge struct {
-	g   *Gate
-	res store.Reservation
-	at  time.Time
+	g      *Gate
+	res    store.Reservation
+	at     time.Time
+	budget rateSpend // the free budget's event it took (serveFree)
 }
 
 // release gives the unit back. The free budget's event the call took is

@@ -150,9 +150,9 @@ func nextMidnight(t time.Time) time.Time {
 // one client's free work. Past it the call is not served free: it gets the
 // demand for payment (with Retry-After: when it may be free again), which
 // counts against the client's refusals as every 402 does. The budget is not
-// the one a payment must pass (rateWait), so a paying client is never
+// the one a payment must pass (Gate.holdRate), so a paying client is never
 // refused for the free calls it used. It is taken before the upstream runs,
-// so concurrent calls cannot overdraw it, and given back (unfree) when
+// so concurrent calls cannot overdraw it, and given back (refund) when
 // nothing ran for the call: the allowance had no unit, or the unit was
 // released for a call the upstream never worked for (Gate.unsettled). A
 // released call the upstream did work for (an error answer, a timeout)
@@ -163,8 +163,10 @@ func (g *Gate) serveFree(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	if client == "" || f.PerDay == 0 {
 		return ex.demand(w, r, http.StatusPaymentRequired, "Payment required", "", nil)
 	}
+	var budget rateSpend
 	if g.freeRates != nil {
-		if wait := g.freeRates.take(clientAddr(r)); wait > 0 {
+		var wait int
+		if budget, wait = g.freeRates.spend(clientAddr(r)); wait > 0 {
 			w.Header().Set("Retry-After", strconv.Itoa(wait))
 			return ex.demand(w, r, http.StatusPaymentRequired, "Payment required: this client's free calls are used for now; pay, or call free again after Retry-After seconds", "", nil)
 		}
@@ -172,7 +174,7 @@ func (g *Gate) serveFree(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	t := now()
 	res, err := g.state.Allowance().Reserve(r.Context(), f.Pool, client, t, f.PerDay)
 	if err != nil {
-		g.unfree(r)
+		budget.refund()
 	}
 	if errors.Is(err, store.ErrExhausted) {
 		return ex.demand(w, r, http.StatusPaymentRequired, "Payment required: today's free allowance is used", codeFreeTrialExhausted, nil)
@@ -181,15 +183,8 @@ func (g *Gate) serveFree(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		return ex.refuse(w, r, apierr.Unavailable("free allowance store", 1, err))
 	}
 	r.Header.Set(HeaderUpstreamPayment, "free")
-	return g.serveCharged(w, r, next, ex, &freeCharge{g: g, res: res, at: t})
-}
-
-// unfree gives back the free budget's event of a call that was not served
-// free after all (serveFree).
-func (g *Gate) unfree(r *http.Request) {
-	if g.freeRates != nil {
-		g.freeRates.credit(clientAddr(r))
-	}
+	g.releaseRate(r)
+	return g.serveCharged(w, r, next, ex, &freeCharge{g: g, res: res, at: t, budget: budget})
 }
 
 // setHeaders adds the Free-Allowance-* headers of an answer served from

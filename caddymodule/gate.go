@@ -601,11 +601,11 @@ func (g *Gate) rateWait(r *http.Request) int {
 
 // noteRefusal counts an answer nobody paid for that served nothing (a
 // refusal, a paid call the upstream worked for that settled nothing:
-// unsettled)
-// against the client's rate limit. Free calls count in their own budget
+// unsettled) against the client's rate limit: with the event the request
+// holds (Gate.holdRate), or one more. Free calls count in their own budget
 // (serveFree).
 func (g *Gate) noteRefusal(r *http.Request) {
-	if g.rates != nil {
+	if g.rates != nil && !g.rateHeld(r).keep() {
 		g.rates.note(clientAddr(r))
 	}
 }
@@ -806,9 +806,11 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	if g.MCPTool != "" {
 		return g.serveMCP(w, r, next)
 	}
-	if wait := g.rateWait(r); wait > 0 {
+	prev, wait := g.holdRate(r)
+	if wait > 0 {
 		return g.refuse(w, r, apierr.RateLimited(wait))
 	}
+	defer g.endRateHold(r, prev)
 	if g.allow != nil && !slices.Contains(g.allow, r.Method) {
 		return g.refuse(w, r, apierr.MethodNotAllowed(g.allow...))
 	}

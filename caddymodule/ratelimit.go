@@ -42,7 +42,10 @@ var maxRateClients = 1 << 16
 // Events such answers within Window is answered 429 rate_limited with
 // Retry-After until its budget refills, before the gate reads its body.
 // Paid calls never count, and a settled payment gives one event back
-// (rateZone.credit): the 402 that told the client the price.
+// (rateZone.credit): the 402 that told the client the price. A request
+// spends its event before any work is done for it and gets it back if it
+// ends in no refusal (rateHold), so requests sent at once cannot overdraw
+// the budget.
 //
 // The client is clientAddr: Caddy's resolved client IP (honouring the
 // server's trusted_proxies, never a raw header), an IPv6 client per /64,
@@ -294,28 +297,56 @@ func (z *rateZone) retryAfter(l *rate.Limiter, t time.Time) int {
 	return max(1, int(math.Ceil((1-tokens)/float64(z.limit))))
 }
 
-// take counts one request of client (aov_rate_limit) and returns 0, or,
-// when its budget is spent, how many seconds it must wait; a request
-// refused is not counted, so a client that keeps asking is told the same
-// wait, not a longer one.
-func (z *rateZone) take(client string) int {
-	t := now()
-	z.mu.Lock()
-	b, _ := z.bucket(client, t, true)
-	z.mu.Unlock()
-	if b.AllowN(t, 1) {
-		return 0
-	}
-	return z.retryAfter(b.Limiter, t)
+// rateSpend is one event spent from a bucket of a zone (rateZone.spend),
+// naming the bucket, so that refund gives it back where it was spent.
+type rateSpend struct {
+	z   *rateZone
+	b   *rateBucket // nil: nothing was spent
+	tab *rateTable  // the bucket's table; nil for the overflow bucket
 }
 
-// note counts one refused or unpaid answer to client.
-func (z *rateZone) note(client string) {
+// spend spends one event of client's budget, or, when the budget is
+// spent, returns how many seconds the client must wait and spends
+// nothing: a client that keeps asking is told the same wait, not a longer
+// one.
+func (z *rateZone) spend(client string) (rateSpend, int) {
 	t := now()
 	z.mu.Lock()
-	b, _ := z.bucket(client, t, true)
+	b, tab := z.bucket(client, t, true)
 	z.mu.Unlock()
-	b.AllowN(t, 1)
+	if b.AllowN(t, 1) {
+		return rateSpend{z: z, b: b, tab: tab}, 0
+	}
+	return rateSpend{}, z.retryAfter(b.Limiter, t)
+}
+
+// take counts one request of client (aov_rate_limit) and returns 0, or,
+// when its budget is spent, how many seconds it must wait (spend).
+func (z *rateZone) take(client string) int {
+	_, wait := z.spend(client)
+	return wait
+}
+
+// note counts one refused or unpaid answer to client, if its budget has an
+// event left.
+func (z *rateZone) note(client string) {
+	z.spend(client)
+}
+
+// refund gives back the event s spent, to the bucket it was spent from, up
+// to a full budget. A bucket dropped since had refilled completely, its
+// event back already: nothing is given then, and no other bucket gains.
+func (s rateSpend) refund() {
+	if s.b == nil {
+		return
+	}
+	z := s.z
+	t := now()
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	if s.tab == nil || s.tab.buckets[s.b.key] == s.b {
+		z.give(s.b, s.tab, t)
+	}
 }
 
 // credit gives client back one event, up to a full budget, for a payment
@@ -327,24 +358,107 @@ func (z *rateZone) note(client string) {
 // payment, never by a refused, replayed or unsettled one, so an unpaying
 // client still gets Events refusals per Window, and a paying one at most
 // one more per payment; and a budget never grows beyond Events, so no
-// credit can be saved up. The event goes back to the bucket that counts
-// the client, where its 402 was counted, its prefix's or the overflow
-// included: a newcomer to a full table would otherwise be capped at Events
-// paid calls per Window, and what the others sharing that bucket gain is
-// one refusal per payment settled. In a free budget (zoneFree) it gives
-// back the event of a free call the allowance did not serve (serveFree).
+// credit can be saved up.
+//
+// The event goes back to the bucket that counts the client, where its 402
+// was counted, its prefix's or the overflow included: a newcomer to a full
+// table would otherwise be capped at Events paid calls per Window, and what
+// the others sharing that bucket gain is one refusal per payment settled.
 func (z *rateZone) credit(client string) {
 	t := now()
 	z.mu.Lock()
 	defer z.mu.Unlock()
-	b, tab := z.bucket(client, t, false)
-	if b == nil || b.TokensAt(t) > float64(z.burst)-1 {
-		return
+	if b, tab := z.bucket(client, t, false); b != nil {
+		z.give(b, tab, t)
+	}
+}
+
+// give adds one event to b, in tab (nil: the overflow bucket), unless it
+// is full; it reports whether it did. A bucket never holds more than a
+// full budget: the limiter caps its tokens at burst whenever it reads them.
+// z.mu must be held.
+func (z *rateZone) give(b *rateBucket, tab *rateTable, t time.Time) bool {
+	if b.TokensAt(t) >= float64(z.burst) {
+		return false
 	}
 	b.AllowN(t, -1) // taking -1 events adds one token (x/time/rate: tokens -= n)
 	if due := t.Add(z.refillIn(b.TokensAt(t))); tab != nil && due.Before(b.due) {
 		b.due = due
 		heap.Fix(&tab.due, b.at)
+	}
+	return true
+}
+
+// rateHold is the events one request spent before the work it may be
+// refused after (a facilitator's /verify of its payment, the chain check
+// of its wallet proof), one in each zone that bounds it. Were the budget
+// only checked before the work and the refusal counted after it, every
+// request in flight would pass the check: C concurrent requests would get
+// C pieces of work, not Events. Spent first, at most Events refused
+// requests run per Window, concurrent or not, and a client has at most
+// Events requests in flight. A request that ends refused keeps its events
+// (keep); one that ends otherwise (a settled payment, a call served, a
+// valid proof) gives them back (release).
+type rateHold struct {
+	client string
+	spent  []rateSpend
+	one    [1]rateSpend // spent's room for one zone, a gate's
+	done   bool
+}
+
+// holdRate spends one event of client in each of zones, or, when any
+// zone's budget is spent, spends none and returns the longest wait.
+func holdRate(client string, zones ...*rateZone) (*rateHold, int) {
+	h := &rateHold{client: client}
+	h.spent = h.one[:0]
+	wait := 0
+	for _, z := range zones {
+		s, w := z.spend(client)
+		if w > 0 {
+			wait = max(wait, w)
+			continue
+		}
+		h.spent = append(h.spent, s)
+	}
+	if wait > 0 {
+		h.release()
+		return nil, wait
+	}
+	return h, 0
+}
+
+// holds reports whether h still holds an event of z for its request.
+func (h *rateHold) holds(z *rateZone) bool {
+	if h == nil || h.done {
+		return false
+	}
+	for _, s := range h.spent {
+		if s.z == z {
+			return true
+		}
+	}
+	return false
+}
+
+// keep counts the request's refusal with the events it holds, and reports
+// whether it had them to count with; a refusal counted after them (or
+// without a hold) spends more (rateZone.note).
+func (h *rateHold) keep() bool {
+	if h == nil || h.done {
+		return false
+	}
+	h.done = true
+	return true
+}
+
+// release gives the events back: the request was not refused.
+func (h *rateHold) release() {
+	if h == nil || h.done {
+		return
+	}
+	h.done = true
+	for _, s := range h.spent {
+		s.refund()
 	}
 }
 
@@ -432,9 +546,63 @@ func noteServerEvent(r *http.Request) {
 	}
 }
 
-// creditSettled is credit for the request's client (see rateZone.credit).
+// varRateHold holds the *rateHold of the gate serving the request
+// (Gate.holdRate), so that whatever refuses or settles the request counts
+// or gives back its event.
+const varRateHold = "aov.x402.rate_hold"
+
+// holdRate spends the request's event of g's zone before the gate does any
+// work for it (rateHold), or returns how many seconds its client must wait.
+// It returns the hold it replaces, which endRateHold puts back: a gate
+// within another's route (an mcp_tool gate behind a gate of the whole
+// endpoint) holds its own, or, in the same zone, shares the one the
+// request holds already, so that one request never holds two events of a
+// budget.
+func (g *Gate) holdRate(r *http.Request) (prev *rateHold, wait int) {
+	prev, _ = caddyhttp.GetVar(r.Context(), varRateHold).(*rateHold)
+	if g.rates == nil || prev.holds(g.rates) {
+		return prev, 0
+	}
+	h, wait := holdRate(clientAddr(r), g.rates)
+	if wait > 0 {
+		return prev, wait
+	}
+	caddyhttp.SetVar(r.Context(), varRateHold, h)
+	return prev, 0
+}
+
+// endRateHold gives back the event the gate held for the request, unless
+// a refusal kept it, and puts back the hold it replaced (holdRate).
+func (g *Gate) endRateHold(r *http.Request, prev *rateHold) {
+	if h, _ := caddyhttp.GetVar(r.Context(), varRateHold).(*rateHold); h != prev {
+		h.release()
+		caddyhttp.SetVar(r.Context(), varRateHold, prev)
+	}
+}
+
+// rateHeld is the hold of the request's event in g's zone, nil when there
+// is none (rate_limit off, or a refusal before the gate held one).
+func (g *Gate) rateHeld(r *http.Request) *rateHold {
+	if h, _ := caddyhttp.GetVar(r.Context(), varRateHold).(*rateHold); h.holds(g.rates) {
+		return h
+	}
+	return nil
+}
+
+// releaseRate gives back the event held for a call the gate serves free:
+// whatever becomes of it counts in the free budget only (serveFree), and
+// the budget a payment must pass holds no event for it meanwhile.
+func (g *Gate) releaseRate(r *http.Request) {
+	g.rateHeld(r).release()
+}
+
+// creditSettled gives back the event the request held, its payment having
+// settled, and then the event of the 402 before it (rateZone.credit). The
+// held one goes back first, so that the credit finds the bucket the 402
+// was counted in, not the one the hold spent.
 func (g *Gate) creditSettled(r *http.Request) {
 	if g.rates != nil {
+		g.releaseRate(r)
 		g.rates.credit(clientAddr(r))
 	}
 }

@@ -76,8 +76,9 @@ func TestFullRateTableServesANewcomerFromAnotherPrefix(t *testing.T) {
 }
 
 // countingFacilitator is a reverse proxy in front of fac that counts the
-// /verify calls it forwards.
-func countingFacilitator(t *testing.T, fac string) (string, *atomic.Int64) {
+// /verify calls it forwards, each delayed by delay (a facilitator's own
+// latency, which keeps concurrent requests in flight together).
+func countingFacilitator(t *testing.T, fac string, delay time.Duration) (string, *atomic.Int64) {
 	t.Helper()
 	target, _ := neturl.Parse(fac)
 	rp := httputil.NewSingleHostReverseProxy(target)
@@ -85,6 +86,7 @@ func countingFacilitator(t *testing.T, fac string) (string, *atomic.Int64) {
 	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if strings.HasSuffix(r.URL.Path, "/verify") {
 			verifies.Add(1)
+			time.Sleep(delay)
 		}
 		rp.ServeHTTP(w, r)
 	}))
@@ -100,7 +102,7 @@ func countingFacilitator(t *testing.T, fac string) (string, *atomic.Int64) {
 // refusal counted only there, so they were unbounded.)
 func TestFullRateTableBoundsAnUntrackedClientsRefusedPayments(t *testing.T) {
 	_, fac := sharedDevnet(t)
-	facURL, verifies := countingFacilitator(t, fac)
+	facURL, verifies := countingFacilitator(t, fac, 0)
 	up := newUpstream(t)
 	const size = 8
 	shrinkRateTable(t, size)
@@ -408,7 +410,7 @@ func BenchmarkRateZoneNewcomerToAFullTable(b *testing.B) {
 // any "x402/payment" key, even null, skipped the newcomers' budget.)
 func TestFullRateTableHoldsToolCallsToTheirPrefixBudget(t *testing.T) {
 	_, fac := sharedDevnet(t)
-	facURL, verifies := countingFacilitator(t, fac)
+	facURL, verifies := countingFacilitator(t, fac, 0)
 	up := newMCPUpstream(t)
 	const size = 8
 	shrinkRateTable(t, size)
