@@ -590,15 +590,6 @@ func (g *Gate) Cleanup() error {
 	return nil
 }
 
-// rateWait reports how many seconds the request's client must wait (0: it
-// may be served).
-func (g *Gate) rateWait(r *http.Request) int {
-	if g.rates == nil {
-		return 0
-	}
-	return g.rates.wait(clientAddr(r))
-}
-
 // noteRefusal counts an answer nobody paid for that served nothing (a
 // refusal, a paid call the upstream worked for that settled nothing:
 // unsettled) against the client's rate limit: with the event the request

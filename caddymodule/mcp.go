@@ -84,9 +84,11 @@ func (g *Gate) serveMCP(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	if int64(read.size) > g.MaxBody {
 		return ex.toolError(w, r, apierr.TooLarge(g.MaxBody))
 	}
-	if wait := g.rateWait(r); wait > 0 {
+	prev, wait := g.holdRate(r)
+	if wait > 0 {
 		return ex.toolError(w, r, apierr.RateLimited(wait))
 	}
+	defer g.endRateHold(r, prev)
 	if ae := g.checkURL(r); ae != nil {
 		return ex.toolError(w, r, ae)
 	}

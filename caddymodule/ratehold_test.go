@@ -1,13 +1,20 @@
 package caddymodule
 
 import (
+	"encoding/json"
+	"fmt"
 	"net/http"
+	"net/http/httptest"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/ethereum/go-ethereum/crypto"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/aovhq/aov/walletauth"
 	"github.com/aovhq/aov/x402"
 )
 
@@ -85,5 +92,82 @@ func TestConcurrentRefusedPaymentsAreBoundedByTheRateLimit(t *testing.T) {
 	s2, v2 := wave()
 	if v1 != 2 || v2 != 1 || s1[http.StatusTooManyRequests] != n-2 || s2[http.StatusTooManyRequests] != n-1 {
 		t.Errorf("one client, rate_limit 2 4s, two waves of %d concurrent refused payments 2.1 s apart: %d then %d /verify calls (statuses %v, %v); want 2 then 1, the rest 429", n, v1, v2, s1, s2)
+	}
+}
+
+// The same over MCP: concurrent tools/call messages of one client, each
+// with an unfunded payment in _meta, cost at most rate_limit's events
+// /verify calls; the rest are rate_limited tool results.
+func TestConcurrentRefusedToolCallPaymentsAreBoundedByTheRateLimit(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	facURL, verifies := countingFacilitator(t, fac, 400*time.Millisecond)
+	up := newMCPUpstream(t)
+	site := strings.Replace(mcpSite(up.URL, facURL, 0), "validate verify_request", "validate verify_request\n\t\t\trate_limit 2 1m", 1)
+	base := startCaddyServers(t, "\t\ttrusted_proxies static 127.0.0.1/32\n\t\ttrusted_proxies_strict", "", site)
+	u := base + "/mcp"
+	pr := demandOf(t, callTool(t, mcpSession(t, u), "verify_schema", verifyArgs, nil))
+
+	const n = 12
+	bodies := make([]string, n)
+	for i, p := range unfundedPayments(t, pr, n) {
+		b, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": map[string]any{
+			"name": "verify_schema", "arguments": verifyArgs, "_meta": mcp.Meta{mcpMetaPayment: p},
+		}})
+		bodies[i] = string(b)
+	}
+	before := verifies.Load()
+	st := sendAtOnce(t, n, func(i int) (string, string, string, map[string]string) {
+		return http.MethodPost, u, bodies[i], from("198.51.100.9")
+	})
+	if got := verifies.Load() - before; got != 2 {
+		t.Errorf("%d concurrent tool calls of one client with unfunded payments (rate_limit 2 1m): %d /verify calls (statuses %v); want 2", n, got, st)
+	}
+}
+
+// wallet_auth spends its server's gates' budgets before it checks a proof:
+// concurrent contract-wallet proofs of one client whose check fails at the
+// chain cost at most rate_limit's events chain checks, the rest 429. (From
+// the audit: 12 proofs at once, 12 chain checks with rate_limit 3 1m.)
+func TestConcurrentWalletChecksAreBoundedByTheRateLimit(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	var checks atomic.Int64
+	rpc := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			ID     json.RawMessage `json:"id"`
+			Method string          `json:"method"`
+		}
+		json.NewDecoder(r.Body).Decode(&req)
+		w.Header().Set("Content-Type", "application/json")
+		switch req.Method {
+		case "eth_chainId":
+			fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"result":"0x2105"}`, req.ID)
+		case "eth_getCode":
+			fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"result":"0x6001"}`, req.ID)
+		default: // the signature check: a node that cannot answer
+			checks.Add(1)
+			time.Sleep(300 * time.Millisecond)
+			fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"error":{"code":-32000,"message":"header not found"}}`, req.ID)
+		}
+	}))
+	t.Cleanup(rpc.Close)
+	up := walletUpstream(t)
+	base := startCaddyServers(t, "\t\ttrusted_proxies static 127.0.0.1/32\n\t\ttrusted_proxies_strict", "", rateLimitedWalletSite(up.URL, fac, rpc.URL))
+	u := base + "/api/x"
+	const n = 12
+	hdrs := make([]map[string]string, n)
+	for i := range n {
+		e, err := walletauth.Parse(walletProof(t, walletKey(1), "GET", u, func(r *walletauth.Request) { r.ChainID = "eip155:8453" }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.Address = walletAddr(2) // a contract wallet: checked at the chain
+		h, _ := e.Encode()
+		hdrs[i] = map[string]string{"X-Forwarded-For": "198.51.100.9", walletauth.HeaderName: h}
+	}
+	st := sendAtOnce(t, n, func(i int) (string, string, string, map[string]string) {
+		return http.MethodGet, u, "", hdrs[i]
+	})
+	if got := checks.Load(); got != 3 || st[http.StatusTooManyRequests] != n-3 {
+		t.Errorf("%d concurrent failing contract-wallet proofs of one client (rate_limit 3 1m): %d chain checks, statuses %v; want 3, the rest 429", n, got, st)
 	}
 }

@@ -274,19 +274,6 @@ func (z *rateZone) refillIn(tokens float64) time.Duration {
 	return time.Duration(math.Ceil((float64(z.burst)-tokens)/float64(z.limit)*1e3)) * time.Millisecond
 }
 
-// wait reports how many seconds client must wait before the gate answers it
-// again; 0 when it may be served.
-func (z *rateZone) wait(client string) int {
-	t := now()
-	z.mu.Lock()
-	b, _ := z.bucket(client, t, false)
-	z.mu.Unlock()
-	if b == nil {
-		return 0
-	}
-	return z.retryAfter(b.Limiter, t)
-}
-
 // retryAfter is how many whole seconds from t until bucket l holds one
 // event again; 0 when it holds one now.
 func (z *rateZone) retryAfter(l *rate.Limiter, t time.Time) int {
@@ -508,28 +495,23 @@ func removeServerZone(srv *caddyhttp.Server, z *rateZone) {
 	}
 }
 
-// serverRateWait is how many seconds the request's client must wait before
-// its server's gates answer it again (0: it may be served).
-func serverRateWait(r *http.Request) int {
+// holdServerRate spends one event of the request's client in each of its
+// server's gates' zones (rateHold), before wallet_auth checks its proof;
+// when any of them is spent it returns no hold and how many seconds the
+// client must wait.
+func holdServerRate(r *http.Request) (*rateHold, int) {
 	srv, _ := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
 	serverZones.RLock()
 	defer serverZones.RUnlock()
-	wait := 0
-	if zs := serverZones.m[srv]; len(zs) > 0 {
-		client := clientAddr(r)
-		for z := range zs {
-			wait = max(wait, z.wait(client))
-		}
+	zs := serverZones.m[srv]
+	if len(zs) == 0 {
+		return nil, 0
 	}
-	return wait
-}
-
-// noteServerRefusal counts the refusal e, if it counts, against the
-// request's client in its server's gates' zones.
-func noteServerRefusal(r *http.Request, e *apierr.Error) {
-	if countsAgainstRate(e) {
-		noteServerEvent(r)
+	zones := make([]*rateZone, 0, len(zs))
+	for z := range zs {
+		zones = append(zones, z)
 	}
+	return holdRate(clientAddr(r), zones...)
 }
 
 // noteServerEvent counts one event against the request's client in its

@@ -278,7 +278,7 @@ func TestRateZoneCountsNewcomersToAFullTableByPrefix(t *testing.T) {
 // wallet_auth answers within its server's gates' budgets before it checks a
 // proof, a newcomer to a full table within its prefix's, whether or not
 // the request carries a payment header.
-func TestServerRateWaitHoldsANewcomerToItsPrefix(t *testing.T) {
+func TestServerRateHoldHoldsANewcomerToItsPrefix(t *testing.T) {
 	z := fullZone(t, 8, 1, 24*time.Hour)
 	z.note("198.51.100.1") // spends the budget of 198.51.100.0/24
 	srv := new(caddyhttp.Server)
@@ -288,12 +288,17 @@ func TestServerRateWaitHoldsANewcomerToItsPrefix(t *testing.T) {
 	r.RemoteAddr = "198.51.100.7:1234"
 	r = r.WithContext(context.WithValue(r.Context(), caddyhttp.ServerCtxKey, srv))
 	r.Header.Set(x402.HeaderPaymentSignature, "a payment")
-	if serverRateWait(r) == 0 {
+	if h, wait := holdServerRate(r); h != nil || wait == 0 {
 		t.Error("a newcomer carrying a payment header is not held to its prefix's spent budget")
 	}
 	r.RemoteAddr = "203.0.113.7:1234"
-	if w := serverRateWait(r); w != 0 {
-		t.Errorf("a newcomer from another prefix waits %d s", w)
+	h, wait := holdServerRate(r)
+	if h == nil || wait != 0 {
+		t.Fatalf("a newcomer from another prefix waits %d s", wait)
+	}
+	h.release() // a valid proof
+	if w := z.wait("203.0.113.7"); w != 0 {
+		t.Errorf("a proof that passed kept its event: the next waits %d s", w)
 	}
 }
 
