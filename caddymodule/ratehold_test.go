@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/ethereum/go-ethereum/crypto"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -169,5 +171,45 @@ func TestConcurrentWalletChecksAreBoundedByTheRateLimit(t *testing.T) {
 	})
 	if got := checks.Load(); got != 3 || st[http.StatusTooManyRequests] != n-3 {
 		t.Errorf("%d concurrent failing contract-wallet proofs of one client (rate_limit 3 1m): %d chain checks, statuses %v; want 3, the rest 429", n, got, st)
+	}
+}
+
+// A newcomer to a full table has its 402 counted in its network's budget;
+// room appears in the table of clients before its payment arrives, whose
+// request then holds an event of a bucket of its own. The settled payment
+// gives that event back and the 402's to the network's budget, where it
+// was counted. (From the audit: the credit looked only for a bucket of the
+// client's own once the table had room, and was lost.)
+func TestSettledPaymentCreditsTheBudgetIts402WasCountedIn(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	at := t0
+	stubNow(t, &at)
+	z := fullZone(t, 8, 2, 24*time.Hour)
+	const newcomer = "203.0.113.1"
+	z.note(newcomer) // its 402, counted in 203.0.113.0/24
+	at = t0.Add(time.Second)
+	z.credit("c0") // a tracked client's payment settles: c0 has refilled
+	at = t0.Add(2 * time.Second)
+	// The newcomer's payment, through the gate.
+	g := &Gate{rates: z}
+	r := httptest.NewRequest(http.MethodPost, "/", nil)
+	r = r.WithContext(context.WithValue(r.Context(), caddyhttp.VarsCtxKey, map[string]any{caddyhttp.ClientIPVarKey: newcomer}))
+	prev, wait := g.holdRate(r)
+	if wait != 0 {
+		t.Fatalf("the newcomer's payment waits %d s", wait)
+	}
+	if !tracks(z, &z.clients, newcomer) {
+		t.Fatal("with room in the table, the payment's request held no event of a bucket of its own")
+	}
+	g.creditSettled(r)
+	g.endRateHold(r, prev)
+	z.mu.Lock()
+	p, own := z.prefixes.buckets["203.0.113.0/24"], z.clients.buckets[newcomer]
+	z.mu.Unlock()
+	if p == nil {
+		t.Fatal("no bucket for the newcomer's /24")
+	}
+	if tp, to := p.TokensAt(at), own.TokensAt(at); tp < 2 || to < 2 {
+		t.Errorf("after the newcomer's 402 and its settled payment: its /24 holds %.3f events, its own bucket %.3f; want both full (2)", tp, to)
 	}
 }

@@ -347,17 +347,25 @@ func (s rateSpend) refund() {
 // one more per payment; and a budget never grows beyond Events, so no
 // credit can be saved up.
 //
-// The event goes back to the bucket that counts the client, where its 402
-// was counted, its prefix's or the overflow included: a newcomer to a full
-// table would otherwise be capped at Events paid calls per Window, and what
-// the others sharing that bucket gain is one refusal per payment settled.
+// The event goes back where the 402 can have been counted, which another
+// request did, so no rateSpend names it: the client's own bucket, else its
+// prefix's, else the overflow, the first of them not full. A newcomer to a
+// full table had its 402 counted in its prefix's or the overflow bucket,
+// and may have a bucket of its own by the time it pays (the table had
+// room again): were the credit lost, it would be capped at Events paid
+// calls per Window. What the others sharing such a bucket gain is one
+// refusal per payment settled.
 func (z *rateZone) credit(client string) {
 	t := now()
 	z.mu.Lock()
 	defer z.mu.Unlock()
-	if b, tab := z.bucket(client, t, false); b != nil {
-		z.give(b, tab, t)
+	if b := z.clients.buckets[client]; b != nil && z.give(b, &z.clients, t) {
+		return
 	}
+	if b := z.prefixes.buckets[clientPrefix(client)]; b != nil && z.give(b, &z.prefixes, t) {
+		return
+	}
+	z.give(z.overflow, nil, t)
 }
 
 // give adds one event to b, in tab (nil: the overflow bucket), unless it
