@@ -47,7 +47,7 @@ func sprayFrom64s(t *testing.T, url, body string, n int) map[int]int {
 }
 
 // A zone's table is full of buckets that stay partly spent for a long
-// window (rate_limit 20 24h, as README suggests for key wallet), filled by
+// window (rate_limit 20 24h, README's example for key wallet), filled by
 // one holder of a short IPv6 prefix, who also spends the budget of its /48
 // for newcomers. A client never seen before from another prefix asks the
 // price and pays: it is served and charged, its /24 having a budget of its
