@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync/atomic"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -57,17 +58,31 @@ func clientAddr(r *http.Request) string {
 // else (no address: a Unix socket's peer, which is one client anyway) has
 // no network to widen to and is its own prefix.
 func clientPrefix(client string) string {
-	if p, err := netip.ParsePrefix(client); err == nil { // an IPv6 /64
-		return netip.PrefixFrom(p.Addr(), 48).Masked().String()
+	return string(appendClientPrefix(nil, client))
+}
+
+// maxPrefixLen is room for any prefix appendClientPrefix appends of an
+// address: an IPv6 /48 is at most 19 bytes ("ffff:ffff:ffff::/48"). What
+// is no address is appended as it is, and may grow the buffer.
+const maxPrefixLen = 32
+
+// appendClientPrefix appends clientPrefix(client) to dst, so that a rate
+// zone finds a prefix's bucket without allocating a string of it
+// (rateZone.bucket, which every newcomer to a full table reaches).
+func appendClientPrefix(dst []byte, client string) []byte {
+	if strings.IndexByte(client, '/') >= 0 { // an IPv6 /64; parsing anything else as a prefix costs an error
+		if p, err := netip.ParsePrefix(client); err == nil {
+			return netip.PrefixFrom(p.Addr(), 48).Masked().AppendTo(dst)
+		}
 	}
 	ip, err := netip.ParseAddr(client)
 	if err != nil {
-		return client
+		return append(dst, client...)
 	}
 	if ip = ip.WithZone("").Unmap(); ip.Is4() {
-		return netip.PrefixFrom(ip, 24).Masked().String()
+		return netip.PrefixFrom(ip, 24).Masked().AppendTo(dst)
 	}
-	return netip.PrefixFrom(ip, 48).Masked().String()
+	return netip.PrefixFrom(ip, 48).Masked().AppendTo(dst)
 }
 
 // msgLeftmostClientIP is the warning of a module counting per client IP

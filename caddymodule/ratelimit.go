@@ -214,10 +214,11 @@ func (z *rateZone) Destruct() error { return nil }
 // no pass, since each refused or unsettled one costs work too.
 // z.mu must be held.
 func (z *rateZone) bucket(client string, t time.Time, create bool) (b *rateBucket, tab *rateTable) {
-	if b, ok := z.find(&z.clients, client, t, create); ok {
+	if b, ok := find(z, &z.clients, client, t, create); ok {
 		return b, &z.clients
 	}
-	if b, ok := z.find(&z.prefixes, clientPrefix(client), t, create); ok {
+	var buf [maxPrefixLen]byte
+	if b, ok := find(z, &z.prefixes, appendClientPrefix(buf[:0], client), t, create); ok {
 		return b, &z.prefixes
 	}
 	return z.overflow, nil
@@ -225,10 +226,12 @@ func (z *rateZone) bucket(client string, t time.Time, create bool) (b *rateBucke
 
 // find returns key's bucket in tab, making one when create is set and tab
 // has room once refilled buckets are dropped; ok is false when key has no
-// bucket and tab is full, so the key counts elsewhere (bucket).
+// bucket and tab is full, so the key counts elsewhere (bucket). A key of
+// bytes (a prefix, built without a string: appendClientPrefix) becomes a
+// string only for a new bucket.
 // z.mu must be held.
-func (z *rateZone) find(tab *rateTable, key string, t time.Time, create bool) (b *rateBucket, ok bool) {
-	if b := tab.buckets[key]; b != nil {
+func find[K string | []byte](z *rateZone, tab *rateTable, key K, t time.Time, create bool) (b *rateBucket, ok bool) {
+	if b := tab.buckets[string(key)]; b != nil {
 		return b, true
 	}
 	z.sweep(tab, t)
@@ -241,8 +244,8 @@ func (z *rateZone) find(tab *rateTable, key string, t time.Time, create bool) (b
 	// A new bucket is spent at once (note, take): one event refills in
 	// refillIn(burst-1). One left full is due later than it could go,
 	// which only delays dropping what means nothing.
-	b = &rateBucket{Limiter: rate.NewLimiter(z.limit, z.burst), key: key, due: t.Add(z.refillIn(float64(z.burst - 1)))}
-	tab.buckets[key] = b
+	b = &rateBucket{Limiter: rate.NewLimiter(z.limit, z.burst), key: string(key), due: t.Add(z.refillIn(float64(z.burst - 1)))}
+	tab.buckets[b.key] = b
 	heap.Push(&tab.due, b)
 	return b, true
 }
@@ -362,7 +365,8 @@ func (z *rateZone) credit(client string) {
 	if b := z.clients.buckets[client]; b != nil && z.give(b, &z.clients, t) {
 		return
 	}
-	if b := z.prefixes.buckets[clientPrefix(client)]; b != nil && z.give(b, &z.prefixes, t) {
+	var buf [maxPrefixLen]byte
+	if b := z.prefixes.buckets[string(appendClientPrefix(buf[:0], client))]; b != nil && z.give(b, &z.prefixes, t) {
 		return
 	}
 	z.give(z.overflow, nil, t)

@@ -387,6 +387,22 @@ func TestFullRateTableMakesRoomWhenABucketHasRefilled(t *testing.T) {
 	}
 }
 
+// A newcomer to a full table costs no allocation: its prefix's bucket is
+// looked up without a string of the prefix (appendClientPrefix), IPv4 and
+// IPv6 alike, once the prefix has a bucket.
+func TestNewcomerToAFullRateTableAllocatesNothing(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	at := t0
+	stubNow(t, &at)
+	z := fullZone(t, 64, 20, 24*time.Hour)
+	for _, c := range []string{"203.0.113.1", "2001:db8:1:2::/64"} {
+		z.note(c)
+		if n := testing.AllocsPerRun(100, func() { z.note(c) }); n != 0 {
+			t.Errorf("a newcomer %s to a full table: %.0f allocations a request", c, n)
+		}
+	}
+}
+
 // BenchmarkRateZoneNewcomerToAFullTable is one request of a client the
 // table has no room for, the table full of buckets of a long window
 // (rate_limit 20 24h) that none of them will refill within the run.
