@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -164,16 +165,46 @@ func (s *RedisStore) Provision(ctx caddy.Context) error {
 		s.pooled = nil
 		return fmt.Errorf("redis store: %v", err)
 	}
+	id, err := keyspaceMarker(cctx, s.pooled.rdb, st.opts.Prefix)
+	if err != nil {
+		clients.Delete(key)
+		s.pooled = nil
+		return fmt.Errorf("redis store: %v", err)
+	}
 	s.store = st
-	s.identity = fmt.Sprintf("%q %q %d %q", opts.Addrs, opts.MasterName, opts.DB, st.opts.Prefix)
+	s.identity = id
 	return nil
 }
 
 // StoreIdentity names the keys this store keeps its state under: the
-// server's addresses, Sentinel master, database and prefix (what a
-// connection is authenticated or timed with changes nothing of it).
-// Stores with one identity share every count and claim.
+// marker its database and prefix hold (keyspaceMarker). Stores with one
+// identity share every count and claim.
 func (s *RedisStore) StoreIdentity() string { return s.identity }
+
+// keyspaceMarker returns the random value the key <prefix>:id holds,
+// setting it first if no store has. One server is reached under many
+// addresses (127.0.0.1 and localhost, a Sentinel set or Cluster nodes
+// listed in any order or in part, a name in DNS), which no comparison of
+// addresses tells apart from two servers; the marker is read from where
+// the store's own keys are, so two stores read one marker exactly when
+// they share one database and prefix. Its limits: a store that cannot
+// write its prefix cannot start (it could not count a call either), and
+// a marker deleted by hand between two stores' starts makes them two.
+func keyspaceMarker(ctx context.Context, rdb redis.UniversalClient, prefix string) (string, error) {
+	k := prefix + ":id"
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", err
+	}
+	if err := rdb.SetNX(ctx, k, hex.EncodeToString(b[:]), 0).Err(); err != nil {
+		return "", fmt.Errorf("redisstore: writing the store's marker: %w", err)
+	}
+	id, err := rdb.Get(ctx, k).Result()
+	if err != nil {
+		return "", fmt.Errorf("redisstore: reading the store's marker: %w", err)
+	}
+	return prefix + " " + id, nil
+}
 
 // poolKey identifies a connection setting; the password is hashed so it is
 // not kept twice in memory as a map key.
