@@ -156,20 +156,29 @@ func (s *RedisStore) Provision(ctx caddy.Context) error {
 		return err
 	}
 	s.pooled = v.(*pooledClient)
+	// fail gives the client back and refuses the config. A library's
+	// error names the address it dialed, and an address may carry a
+	// user:password expanded from {env.NAME}, which the loaded config
+	// never held: none reaches the error.
+	fail := func(err error) error {
+		clients.Delete(key)
+		s.pooled = nil
+		err = fmt.Errorf("redis store: %w", err)
+		for _, a := range addrs {
+			err = secretopt.Scrub(err, a)
+		}
+		return err
+	}
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	st, err := New(cctx, s.pooled.rdb, Options{Prefix: s.Prefix, WaitReplicas: s.WaitReplicas, WaitTimeout: wait,
 		Logger: ctx.Slogger()})
 	if err != nil {
-		clients.Delete(key)
-		s.pooled = nil
-		return fmt.Errorf("redis store: %v", err)
+		return fail(err)
 	}
 	id, err := keyspaceMarker(cctx, s.pooled.rdb, st.opts.Prefix)
 	if err != nil {
-		clients.Delete(key)
-		s.pooled = nil
-		return fmt.Errorf("redis store: %v", err)
+		return fail(err)
 	}
 	s.store = st
 	s.identity = id
