@@ -353,3 +353,27 @@ func TestFreePoolMaxBodyIsOneTerm(t *testing.T) {
 		t.Errorf("one pool with max_body 100B and 64KiB: load error %v, want one saying %q", err, want)
 	}
 }
+
+// x402_facilitator's discovery origins, expanded when the config loads as
+// public_base_url is, are held to its rule: an http(s) origin without a
+// user part, refused by the rule it breaks and named as configured, never
+// as expanded (an {env.NAME} may hold a password).
+func TestFacilitatorOriginRefusalNamesRuleNotExpandedValue(t *testing.T) {
+	const secret = "s3cr3t-token-value"
+	t.Setenv("AOV_TEST_URL_SECRET", secret)
+	for _, c := range []struct{ origin, rule string }{
+		{"https://ops:{env.AOV_TEST_URL_SECRET}@verify.example.com", "has a user part"},
+		{"ftp://{env.AOV_TEST_URL_SECRET}.example.com", "has a scheme other than http or https"},
+		{"https://{env.AOV_TEST_URL_SECRET}.example.com/x", "has a path, query or fragment"},
+	} {
+		err := loadError(t, ":0 {\n\tx402_facilitator {\n\t\tpay_to "+facPayTo()+"\n\t\tdiscovery {\n\t\t\torigins "+c.origin+
+			"\n\t\t}\n\t\tstore badger "+t.TempDir()+"\n\t\tdevnet\n\t}\n}\n")
+		if err == nil {
+			t.Errorf("origin %s loaded", c.origin)
+			continue
+		}
+		if msg := err.Error(); strings.Contains(msg, secret) || !strings.Contains(msg, c.rule) || !strings.Contains(msg, c.origin) {
+			t.Errorf("origin %s: load error %v, want the configured origin and %q, not the expanded value", c.origin, err, c.rule)
+		}
+	}
+}

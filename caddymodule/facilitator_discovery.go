@@ -4,9 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/url"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -89,12 +87,13 @@ func (h *FacilitatorHandler) discoveryConfig(ctx caddy.Context) (x402.Facilitato
 	}
 	lim := store.DiscoveryLimits{MaxEntries: d.MaxEntries, MaxItemBytes: d.MaxEntryBytes, MaxAge: time.Duration(d.MaxAge)}
 	log := ctx.Logger()
-	repl := caddy.NewReplacer()
 	var origins []string
-	for _, o := range d.Origins {
-		o = repl.ReplaceKnown(o, "")
-		if u, err := url.Parse(o); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || strings.TrimSuffix(u.Path, "/") != "" || u.RawQuery != "" {
-			return x402.FacilitatorHandlerConfig{}, fmt.Errorf("x402_facilitator: discovery origins: %q is not scheme://host[:port]", o)
+	for _, raw := range d.Origins {
+		// The rule and its error are public_base_url's: an origin may come
+		// from {env.NAME}, and its expansion never reaches the error.
+		o, err := publicOrigin(raw)
+		if err != nil {
+			return x402.FacilitatorHandlerConfig{}, fmt.Errorf("x402_facilitator: discovery origins: %v", err)
 		}
 		origins = append(origins, o)
 	}

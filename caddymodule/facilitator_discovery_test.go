@@ -43,7 +43,7 @@ func TestFacilitatorDiscoveryOffAndStore(t *testing.T) {
 
 	for _, o := range []string{"verify.example", "ftp://verify.example", "https://verify.example/score", "https://"} {
 		_, err := ctx.LoadModuleByID("http.handlers.x402_facilitator", json.RawMessage(`{"pay_to":["`+facPayTo()+`"],"discovery":{"origins":["`+o+`"]},"store":{"type":"badger","path":"`+t.TempDir()+`"},"facilitator":{"type":"evm","devnet":{}}}`))
-		wantErr(t, err, "is not scheme://host[:port]")
+		wantErr(t, err, "is not an http(s) origin")
 	}
 }
 
