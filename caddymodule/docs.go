@@ -276,6 +276,13 @@ func (Docs) CaddyModule() caddy.ModuleInfo {
 // are the same for every request.
 func (d *Docs) Provision(caddy.Context) error {
 	d.cache = new(docsCache)
+	if d.MCPURL != "" {
+		s, err := mcpEndpoint(d.MCPURL, true)
+		if err != nil {
+			return fmt.Errorf("aov_docs: %v", err)
+		}
+		d.MCPURL = s
+	}
 	d.basePlaceholder, d.mcpPlaceholder = requestPlaceholder(d.PublicBaseURL), requestPlaceholder(d.MCPURL)
 	d.perRequest = d.PublicBaseURL == "" || d.basePlaceholder || d.mcpPlaceholder
 	return nil

@@ -377,3 +377,35 @@ func TestFacilitatorOriginRefusalNamesRuleNotExpandedValue(t *testing.T) {
 		}
 	}
 }
+
+// aov_docs mcp_url is held to free_allowance mcp_url's rule when the
+// config loads: the documents publish it, so one with a user part is
+// refused, by the rule it breaks and named as configured, never as
+// expanded; with a placeholder a request fills in, what the config loads
+// with is checked. A valid one is published as expanded.
+func TestDocsMCPURLRefusesUserPart(t *testing.T) {
+	const secret = "s3cr3t-token-value"
+	t.Setenv("AOV_TEST_URL_SECRET", secret)
+	t.Setenv("AOV_TEST_MCP_URL", "https://ops:"+secret+"@verify.example.com/mcp")
+	for _, c := range []struct{ url, rule string }{
+		{"{env.AOV_TEST_MCP_URL}", "has a user part"},
+		{"https://ops:{env.AOV_TEST_URL_SECRET}@{http.request.host}/mcp", "has a user part"},
+		{"ftp://{env.AOV_TEST_URL_SECRET}.example.com/mcp", "has a scheme other than http or https"},
+	} {
+		err := loadError(t, ":0 {\n\taov_docs {\n\t\tmcp_url "+c.url+"\n\t}\n\trespond ok\n}\n")
+		if err == nil {
+			t.Errorf("mcp_url %s loaded", c.url)
+			continue
+		}
+		if msg := err.Error(); strings.Contains(msg, secret) || !strings.Contains(msg, c.rule) || !strings.Contains(msg, c.url) {
+			t.Errorf("mcp_url %s: load error %v, want the configured URL and %q, not the expanded value", c.url, err, c.rule)
+		}
+	}
+	t.Setenv("AOV_TEST_MCP_URL", "https://mcp.example.com/v1/mcp")
+	base := startCaddy(t, "http://127.0.0.1:{port} {\n\taov_docs {\n\t\tmcp_url {env.AOV_TEST_MCP_URL}\n\t}\n\trespond ok\n}\n")
+	for _, p := range []string{"/llms.txt", "/openapi.json"} {
+		if _, body := getBody(t, base+p, nil); !strings.Contains(string(body), "https://mcp.example.com/v1/mcp") {
+			t.Errorf("%s does not name the expanded mcp_url", p)
+		}
+	}
+}

@@ -52,9 +52,9 @@ type FreeAllowance struct {
 
 func (f *FreeAllowance) provision() error {
 	if f.MCPURL != "" {
-		_, s, err := configuredURL(f.MCPURL)
+		s, err := mcpEndpoint(f.MCPURL, false)
 		if err != nil {
-			return fmt.Errorf("mcp_url %q is not an absolute http(s) URL (scheme://host[:port]/path, no user; only placeholders known when the config loads, such as {env.NAME}): once expanded it %v", f.MCPURL, err)
+			return err
 		}
 		f.MCPURL = s
 	}

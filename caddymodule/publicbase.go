@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"regexp"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
@@ -69,6 +70,39 @@ func configuredURL(raw string) (u *url.URL, s string, err error) {
 	}
 	return u, s, nil
 }
+
+// mcpEndpoint checks, when the config loads, an mcp_url option
+// (free_allowance's, aov_docs'): the 402s and the documents publish it, so
+// as configuredURL expands it it must be an absolute http(s) URL without
+// a user part, and is returned expanded. With requestPlaceholders (aov_docs,
+// whose documents are built per request) it may hold a placeholder a
+// request fills in ({http.request.host}): it is then returned as written,
+// for each request to expand, and what the config loads with is checked,
+// each such placeholder read as a host name: it must parse and have no
+// user part (an {env.NAME} there would publish a password). The error
+// names raw as written and the rule it breaks, never the expansion.
+func mcpEndpoint(raw string, requestPlaceholders bool) (string, error) {
+	s, known, err := raw, "", error(nil)
+	if requestPlaceholders && requestPlaceholder(raw) {
+		known = ", or one a request fills in, such as {http.request.host}"
+		u, perr := url.Parse(anyPlaceholder.ReplaceAllString(caddy.NewReplacer().ReplaceKnown(raw, ""), "x"))
+		switch {
+		case perr != nil:
+			err = errors.New("does not parse as a URL")
+		case u.User != nil:
+			err = errors.New("has a user part")
+		}
+	} else {
+		_, s, err = configuredURL(raw)
+	}
+	if err != nil {
+		return "", fmt.Errorf("mcp_url %q is not an absolute http(s) URL (scheme://host[:port]/path, no user; only placeholders known when the config loads, such as {env.NAME}%s): once expanded it %v", raw, known, err)
+	}
+	return s, nil
+}
+
+// anyPlaceholder matches a Caddy placeholder.
+var anyPlaceholder = regexp.MustCompile(`\{[^{}]*\}`)
 
 // siteBase is the origin of the URLs built for r: the configured public
 // origin, or else the request's own.
