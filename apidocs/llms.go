@@ -57,7 +57,11 @@ func LLMsTxt(s Service) []byte {
 	}
 	for _, p := range pools {
 		f := p.free
-		w("- Pool `%s`: **%d free calls per client per UTC day**, shared by %s.\n", f.Pool, f.PerDay, andList(p.routes))
+		again := ""
+		if p.again {
+			again = " (another store: its count is not the other's)"
+		}
+		w("- Pool `%s`%s: **%d free calls per client per UTC day**, shared by %s.\n", f.Pool, again, f.PerDay, andList(p.routes))
 		w("- Client: %s.\n", clientKeyLong(f.Key))
 		w("- Largest request body served free: %d bytes (a larger body goes to payment; the absolute limit still answers 413).\n", f.MaxBody)
 		w("- Resets at the next UTC midnight (00:00 UTC).\n")

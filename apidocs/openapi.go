@@ -593,16 +593,21 @@ func invoiceRequest(total float64) obj {
 
 // pool is one free allowance pool and the routes that share it, as
 // routeName names them: an MCP tool is named only where a live route
-// prices it in the pool.
+// prices it in the pool. again: an earlier pool of the list has its name
+// in another store.
 type pool struct {
 	free   Free
 	routes []string
+	again  bool
 }
 
-// freePools groups the live free allowances by pool, in route order.
+// freePools groups the live free allowances by store and pool, in route
+// order: routes naming one pool in different stores never meet in a
+// count, so each is a pool of its own with its own terms.
 func freePools(s *Service) []pool {
 	var out []pool
-	idx := map[string]int{}
+	idx := map[[2]string]int{}
+	named := map[string]bool{}
 	for _, r := range s.Routes {
 		if r.Free == nil || r.Free.PerDay <= 0 {
 			continue
@@ -610,11 +615,13 @@ func freePools(s *Service) []pool {
 		if c, ok := contractOp(r.Method, r.Path); ok && c.neverFree {
 			continue
 		}
-		i, ok := idx[r.Free.Pool]
+		k := [2]string{r.Free.Store, r.Free.Pool}
+		i, ok := idx[k]
 		if !ok {
 			i = len(out)
-			idx[r.Free.Pool] = i
-			out = append(out, pool{free: *r.Free})
+			idx[k] = i
+			out = append(out, pool{free: *r.Free, again: named[r.Free.Pool]})
+			named[r.Free.Pool] = true
 		}
 		out[i].routes = append(out[i].routes, routeName(r))
 	}

@@ -66,6 +66,10 @@ type Free struct {
 	Key string
 	// MaxBody is the largest request body served free, in bytes.
 	MaxBody int64
+	// Store identifies the store the counts are kept in: routes share an
+	// allowance only when they name one pool in one store. Never
+	// published; "" is one store.
+	Store string
 }
 
 var colonParam = regexp.MustCompile(`/:([A-Za-z_][A-Za-z0-9_]*)`)

@@ -400,7 +400,7 @@ func liveRoutes(gates []*Gate) []apidocs.Route {
 			Accepts: g.offers, Settle: g.Settle,
 		}
 		if f := g.Free; f != nil {
-			rt.Free = &apidocs.Free{Pool: f.Pool, PerDay: f.PerDay, Key: f.Key, MaxBody: f.MaxBody}
+			rt.Free = &apidocs.Free{Pool: f.Pool, PerDay: f.PerDay, Key: f.Key, MaxBody: f.MaxBody, Store: f.store}
 		}
 		out = append(out, rt)
 	}

@@ -409,3 +409,33 @@ func TestDocsMCPURLRefusesUserPart(t *testing.T) {
 		}
 	}
 }
+
+// The documents state a pool per store: two gates naming pool "default"
+// in stores of their own never meet in a count, so each is stated with
+// its own terms and routes, not as one allowance shared by both; gates of
+// one pool in one store are stated once, shared.
+func TestDocsStateAPoolPerStore(t *testing.T) {
+	a, b := t.TempDir(), t.TempDir()
+	base := startCaddy(t, "http://127.0.0.1:{port} {\n\taov_docs"+
+		freePoolGate("a", a, 1, "max_body 100B")+freePoolGate("b", b, 100, "")+freePoolGate("c", a, 1, "max_body 100B")+"\n}\n")
+	_, llms := getBody(t, base+"/llms.txt", nil)
+	_, openapi := getBody(t, base+"/openapi.json", nil)
+	for _, want := range []string{
+		"- Pool `default`: **1 free calls per client per UTC day**, shared by `POST /a` and `POST /c`.",
+		"- Pool `default` (another store: its count is not the other's): **100 free calls per client per UTC day**, shared by `POST /b`.",
+		"- Largest request body served free: 100 bytes",
+		"- Largest request body served free: 65536 bytes",
+	} {
+		if !strings.Contains(string(llms), want) {
+			t.Errorf("llms.txt lacks %q:\n%s", want, llms)
+		}
+	}
+	for _, want := range []string{
+		"1 free calls per client per day (per client IP address, an IPv6 client per /64) on `POST /a` and `POST /c`, bodies up to 100 bytes",
+		"100 free calls per client per day (per client IP address, an IPv6 client per /64) on `POST /b`, bodies up to 65536 bytes",
+	} {
+		if !strings.Contains(string(openapi), want) {
+			t.Errorf("openapi.json's description lacks %q", want)
+		}
+	}
+}

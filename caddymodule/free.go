@@ -48,6 +48,7 @@ type FreeAllowance struct {
 	Tool string `json:"tool,omitempty"`
 
 	perDay string // PerDay, formatted for Free-Allowance-Limit
+	store  string // the identity of the store its counts are kept in (storeIdentity)
 }
 
 func (f *FreeAllowance) provision() error {

@@ -37,10 +37,10 @@ type freePoolTerms struct {
 var freePoolsSeen perConfig[map[[2]string]freePoolTerms]
 
 // checkFreePool records the terms free (of the gate named gate, keeping its
-// counts in the store of identity store, provisioning in ctx) gives its
+// counts in the store free.store names, provisioning in ctx) gives its
 // pool, and refuses them when another gate of the config gave the pool
 // other terms in the same store.
-func checkFreePool(ctx caddy.Context, gate, store string, free *FreeAllowance) error {
+func checkFreePool(ctx caddy.Context, gate string, free *FreeAllowance) error {
 	if free.PerDay == 0 {
 		return nil
 	}
@@ -49,7 +49,7 @@ func checkFreePool(ctx caddy.Context, gate, store string, free *FreeAllowance) e
 		if *pools == nil {
 			*pools = map[[2]string]freePoolTerms{}
 		}
-		k := [2]string{store, free.Pool}
+		k := [2]string{free.store, free.Pool}
 		this := freePoolTerms{perDay: free.PerDay, key: free.Key, maxBody: free.MaxBody, gate: gate}
 		first, seen := (*pools)[k]
 		if !seen {

@@ -487,7 +487,8 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 		if err := g.Free.provision(); err != nil {
 			return fmt.Errorf("x402: free_allowance: %v", err)
 		}
-		if err := checkFreePool(ctx, gateName(ctx, g.Route), storeIdentity(mod), g.Free); err != nil {
+		g.Free.store = storeIdentity(mod)
+		if err := checkFreePool(ctx, gateName(ctx, g.Route), g.Free); err != nil {
 			return fmt.Errorf("x402: free_allowance: %v", err)
 		}
 	}
