@@ -88,7 +88,11 @@ func LLMsTxt(s Service) []byte {
 			free = append(free, "`"+c.method+" "+c.path+"`")
 		}
 	}
-	w("The free routes (%s) and every MCP message that is not a priced tool call are rate limited per client (its IP address, an IPv6 client per /64). Past the limit the answer is HTTP 429 `rate_limited` in the error shape below, with `retry_after` and the `Retry-After` header, before any work is done; the refused request does not count. A priced call, paid or from the free allowance, never counts against this limit. A priced route counts its refused and unpaid answers (402, 4xx) per client instead, with the same 429 past its limit. The limits are this server's configuration.\n\n", strings.Join(free, ", "))
+	mcpFree := " and every MCP message that is not a priced tool call are"
+	if _, ok := s.endpoint("POST", "/mcp"); ok {
+		mcpFree = " are" // every MCP message is priced
+	}
+	w("The free routes (%s)%s rate limited per client (its IP address, an IPv6 client per /64). Past the limit the answer is HTTP 429 `rate_limited` in the error shape below, with `retry_after` and the `Retry-After` header, before any work is done; the refused request does not count. A priced call, paid or from the free allowance, never counts against this limit. A priced route counts its refused and unpaid answers (402, 4xx) per client instead, with the same 429 past its limit. The limits are this server's configuration.\n\n", strings.Join(free, ", "), mcpFree)
 
 	w("## Errors\n\n")
 	w("Every error that is not a payment refusal has one shape, in REST and in MCP tool results; it is never charged and never echoes input:\n\n")
@@ -119,17 +123,33 @@ func LLMsTxt(s Service) []byte {
 	for _, r := range s.tools("POST", "/mcp") {
 		tools[r.Tool] = r
 	}
+	// A gate pricing the endpoint as a whole charges every message, a
+	// tool call too, whatever the tool's own gate says (or without one).
+	endpoint, priced := s.endpoint("POST", "/mcp")
 	for _, tw := range mcpTwins {
-		price := "not priced on this server"
-		if r, ok := tools[tw.tool]; ok {
-			price = llmsRoutePrice(r)
-			if r.Free != nil && r.Free.PerDay > 0 {
-				price += fmt.Sprintf(" (pool `%s`)", r.Free.Pool)
-			}
+		var price []string
+		if priced {
+			price = append(price, "every message to this endpoint: "+withPool(endpoint))
 		}
-		w("- `%s`: the same input and output as `%s %s`. Price: %s.\n", tw.tool, tw.method, tw.path, price)
+		if r, ok := tools[tw.tool]; ok {
+			p := withPool(r)
+			if priced {
+				p = "on top, this tool's own: " + p
+			}
+			price = append(price, p)
+		}
+		if len(price) == 0 {
+			price = append(price, "not priced on this server")
+		}
+		w("- `%s`: the same input and output as `%s %s`. Price: %s.\n", tw.tool, tw.method, tw.path, strings.Join(price, "; "))
 	}
-	w("- A priced tool call without a payment, once any free calls are used, gets a payment-required tool result (x402 MCP transport, `free_trial_exhausted` in `_meta` after the day's free calls); pay by sending the PaymentPayload in `params._meta[\"x402/payment\"]`.\n\n")
+	if priced {
+		w("- Every message to this endpoint (initialize, tools/list and every tool call alike) is priced: %s. Without a payment, once any free calls are used, it is answered HTTP 402 with `%s`; pay as on a REST route, with `%s` on the HTTP request.\n", withPool(endpoint), x402.HeaderPaymentRequired, x402.HeaderPaymentSignature)
+	}
+	if !priced || len(tools) > 0 {
+		w("- A priced tool call without a payment, once any free calls are used, gets a payment-required tool result (x402 MCP transport, `free_trial_exhausted` in `_meta` after the day's free calls); pay by sending the PaymentPayload in `params._meta[\"x402/payment\"]`.\n")
+	}
+	w("\n")
 	w("%s\n", MCPClientSetup(s.mcpURL()))
 
 	w("## Docs\n\n")
@@ -165,6 +185,15 @@ func llmsPrice(s *Service, c op) string {
 		r.Free = nil
 	}
 	return llmsRoutePrice(r)
+}
+
+// withPool is llmsRoutePrice with the free allowance's pool named.
+func withPool(r Route) string {
+	p := llmsRoutePrice(r)
+	if r.Free != nil && r.Free.PerDay > 0 {
+		p += fmt.Sprintf(" (pool `%s`)", r.Free.Pool)
+	}
+	return p
 }
 
 // routeName is how the documents name route r: "`METHOD /path`", with its

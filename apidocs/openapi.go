@@ -480,10 +480,14 @@ func mcpOp(s *Service, o obj) {
 	for _, r := range s.tools("POST", "/mcp") {
 		addTool(o, r)
 	}
+	_, endpoint := s.endpoint("POST", "/mcp")
 	for _, tw := range mcpTwins {
 		info, _ := tools[tw.tool].(obj)
 		if info == nil {
 			info = obj{"configured": false}
+			if endpoint {
+				info["note"] = "No price of its own: a call of it is a message to this endpoint, priced as `accepts` says."
+			}
 			tools[tw.tool] = info
 		}
 		info["rest"] = tw.method + " " + tw.path

@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"regexp"
 	"strings"
 	"testing"
@@ -437,5 +438,45 @@ func TestDocsStateAPoolPerStore(t *testing.T) {
 		if !strings.Contains(string(openapi), want) {
 			t.Errorf("openapi.json's description lacks %q", want)
 		}
+	}
+}
+
+// A gate on POST /mcp without mcp_tool charges every message: llms.txt's
+// MCP section states that price for each tool and every other message,
+// and its rate-limit section calls no MCP message free; openapi.json
+// gives the endpoint the price.
+func TestDocsEndpointGatePricesEveryMCPMessage(t *testing.T) {
+	base := startCaddy(t, "http://127.0.0.1:{port} {\n\taov_docs\n\troute /mcp {\n\t\tx402 {\n\t\t\troute \"POST /mcp\"\n\t\t\taccept devnet $0.05 "+payTo.Hex()+
+		"\n\t\t\tfacilitator http http://127.0.0.1:1\n\t\t\tstore badger {data}\n\t\t}\n\t\trespond ok\n\t}\n}\n")
+	call, err := http.Post(base+"/mcp", "application/json", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"verify_schema","arguments":{}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	call.Body.Close()
+	if call.StatusCode != http.StatusPaymentRequired {
+		t.Fatalf("an unpaid tools/call: %d, want 402", call.StatusCode)
+	}
+	_, body := getBody(t, base+"/llms.txt", nil)
+	llms := string(body)
+	for _, tool := range []string{"verify_schema", "get_verification_record"} {
+		want := "- `" + tool + "`: the same input and output as"
+		i := strings.Index(llms, want)
+		if i < 0 {
+			t.Fatalf("llms.txt has no line for %s", tool)
+		}
+		line, _, _ := strings.Cut(llms[i:], "\n")
+		if !strings.Contains(line, "Price: every message to this endpoint: $0.05 USDC") || strings.Contains(line, "not priced") {
+			t.Errorf("llms.txt, tool %s: %s", tool, line)
+		}
+	}
+	if !strings.Contains(llms, "- Every message to this endpoint") {
+		t.Error("llms.txt's MCP section does not say every message is priced")
+	}
+	if strings.Contains(llms, "every MCP message that is not a priced tool call") {
+		t.Error("llms.txt's rate limits call MCP messages free on an endpoint that prices every one")
+	}
+	_, body = getBody(t, base+"/openapi.json", nil)
+	if !strings.Contains(string(body), "Every message to this endpoint is priced") || !strings.Contains(string(body), "No price of its own: a call of it is a message to this endpoint") {
+		t.Error("openapi.json does not price the endpoint, or its tools by it")
 	}
 }
