@@ -89,12 +89,15 @@ func clearWalletHeaders(h http.Header) {
 // unless wallet_auth set them on this request (varWalletProven). Without
 // it a gated route with no wallet_auth would pass a client's own
 // X-Aov-Wallet and X-Aov-Wallet-Agent on, and verifierd would bind and
-// authenticate any agent_id for any wallet the client names.
+// authenticate any agent_id for any wallet the client names. It also
+// removes the client's wallet proofs (setAsideClientProofs), which a route
+// without wallet_auth would otherwise pass on.
 func clearClientHeaders(r *http.Request) {
 	clearUpstreamHeaders(r.Header)
 	if caddyhttp.GetVar(r.Context(), varWalletProven) == nil {
 		clearWalletHeaders(r.Header)
 	}
+	setAsideClientProofs(r)
 }
 
 // Canonical forms of the protocol's request headers that the gate and
@@ -107,6 +110,7 @@ func clearClientHeaders(r *http.Request) {
 var (
 	keyPaymentSignature = http.CanonicalHeaderKey(x402.HeaderPaymentSignature)
 	keySIWX             = http.CanonicalHeaderKey(walletauth.SIWXHeaderName)
+	keyWalletAuth       = http.CanonicalHeaderKey(walletauth.HeaderName)
 )
 
 // firstValue is h.Get(key) for a key already canonical.

@@ -246,9 +246,7 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 	defer wa.uses.Leave()
 	h := r.Header
 	clearWalletHeaders(h)
-	auth, siwx := h.Values(walletauth.HeaderName), h[keySIWX]
-	h.Del(walletauth.HeaderName)
-	delete(h, keySIWX)
+	auth, siwx := takeClientProofs(r)
 	if isPreflight(r) {
 		// A CORS preflight cannot carry a proof. Where one is required,
 		// it is answered here: anyone can make an OPTIONS look like a
@@ -369,6 +367,43 @@ func walletRateHold(r *http.Request) *rateHold {
 	h, _ := caddyhttp.GetVar(r.Context(), varWalletRateHold).(*rateHold)
 	return h
 }
+
+// takeClientProofs removes the client's wallet proofs (X-Wallet-Auth,
+// SIGN-IN-WITH-X) from the request and returns them, or the ones a gate
+// that ran first set aside (setAsideClientProofs). It is the one rule that
+// keeps the proofs from the upstream: they are bearer credentials until
+// they expire, whoever reads them upstream (or in its logs) could replay
+// them elsewhere unless their nonce is used first.
+func takeClientProofs(r *http.Request) (auth, siwx []string) {
+	if p, ok := caddyhttp.GetVar(r.Context(), varClientProofs).(*clientProofs); ok {
+		caddyhttp.SetVar(r.Context(), varClientProofs, nil)
+		return p.auth, p.siwx
+	}
+	h := r.Header
+	auth, siwx = h[keyWalletAuth], h[keySIWX]
+	delete(h, keyWalletAuth)
+	delete(h, keySIWX)
+	return auth, siwx
+}
+
+// setAsideClientProofs removes the client's wallet proofs from the request
+// for a gate, which never reads them: a route without wallet_auth must not
+// pass them upstream either. They are kept for a wallet_auth that runs
+// after the gate (a route runs its handlers in the order written, so
+// `route { x402 …; wallet_auth … }` is one), which takes them
+// (takeClientProofs).
+func setAsideClientProofs(r *http.Request) {
+	if auth, siwx := takeClientProofs(r); len(auth)+len(siwx) > 0 {
+		caddyhttp.SetVar(r.Context(), varClientProofs, &clientProofs{auth: auth, siwx: siwx})
+	}
+}
+
+// varClientProofs holds the *clientProofs a gate set aside until a
+// wallet_auth takes them.
+const varClientProofs = "aov.wallet_auth.proofs"
+
+// clientProofs are the values of a client's proof headers.
+type clientProofs struct{ auth, siwx []string }
 
 // varWalletProven marks a request whose X-Aov-Wallet (and
 // X-Aov-Wallet-Agent) wallet_auth set from a proof it verified: the gate
