@@ -2,10 +2,14 @@ package e2e
 
 import (
 	"context"
+	"fmt"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -121,4 +125,107 @@ func TestRunScriptRefusedOnALiveDataFolderKeepsItsSolanaWallets(t *testing.T) {
 	if left, _ := filepath.Glob(file + ".*"); len(left) > 0 {
 		t.Errorf("the refused run left %v", left)
 	}
+}
+
+// Every TCP port a make run listens on is checked before it starts: the
+// stack of a run (with AOV_FACILITATOR=remote, which starts the most
+// listeners) listens only on addresses its settings name, and a second run
+// given any one of them stops, naming that setting, before starting
+// anything. Before, AOV_FACILITATOR_ADMIN_ADDR (the facilitator's Caddy
+// admin API, localhost:2020 by default, as is a seller's Caddy's in README)
+// went unchecked, and a second facilitator's admin API joined the first's
+// port (SO_REUSEPORT): the kernel split `caddy reload` and `GET /config/`
+// between the two.
+func TestRunScriptChecksEveryAddressItListensOn(t *testing.T) {
+	remoteEnv := func() []string {
+		env, _, _ := runEnv(t, filepath.Join(t.TempDir(), "data"))
+		return append(env, "AOV_FACILITATOR=remote", "AOV_FACILITATOR_ADDR="+freeAddr(t), "AOV_FACILITATOR_ADMIN_ADDR="+freeAddr(t))
+	}
+	env := remoteEnv()
+	rs := startRunScript(t, env)
+	setting := map[string]string{} // port → the setting naming it
+	for _, e := range env {
+		name, value, _ := strings.Cut(e, "=")
+		if name == "AOV_HTTP_PORT" {
+			setting[value] = name
+		} else if strings.HasSuffix(name, "_ADDR") {
+			_, port, _ := net.SplitHostPort(value)
+			setting[port] = name
+		}
+	}
+	ports := listeningPorts(t, rs.cmd.Process.Pid)
+	if len(ports) < 8 {
+		t.Fatalf("the stack listens on %v: fewer ports than its settings name", ports)
+	}
+	t.Logf("the stack listens on %v", ports)
+	for _, port := range ports {
+		v := setting[port]
+		if v == "" {
+			t.Errorf("the stack listens on port %s, which no setting names", port)
+			continue
+		}
+		out, code := runScriptToEnd(t, withEnv(remoteEnv(), v, envOf(env, v)), 2*time.Minute)
+		if code != 1 || !strings.Contains(out, v+": ") || !strings.Contains(out, " is already in use") || strings.Contains(out, "started") {
+			t.Errorf("%s taken by a running stack: exit %d\n%s\nwant exit 1 naming %s, nothing started", v, code, out, v)
+		}
+	}
+}
+
+// listeningPorts is the TCP ports on which pid or a process descending from
+// it listens, read from /proc.
+func listeningPorts(t *testing.T, pid int) []string {
+	t.Helper()
+	procs, err := filepath.Glob("/proc/[0-9]*/stat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	parent := map[int]int{}
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue // exited meanwhile
+		}
+		// pid (comm) state ppid …; comm may hold spaces and parentheses.
+		fields := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+		var self, ppid int
+		fmt.Sscan(filepath.Base(filepath.Dir(p)), &self)
+		fmt.Sscan(fields[1], &ppid)
+		parent[self] = ppid
+	}
+	inodes := map[string]bool{}
+	for p := range parent {
+		q := p
+		for q != 0 && q != pid {
+			q = parent[q]
+		}
+		if q != pid {
+			continue
+		}
+		fds, _ := filepath.Glob(fmt.Sprintf("/proc/%d/fd/*", p))
+		for _, fd := range fds {
+			if l, err := os.Readlink(fd); err == nil && strings.HasPrefix(l, "socket:[") {
+				inodes[strings.TrimSuffix(strings.TrimPrefix(l, "socket:["), "]")] = true
+			}
+		}
+	}
+	seen := map[string]bool{}
+	for _, table := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		b, err := os.ReadFile(table)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			f := strings.Fields(line)
+			// sl local_address rem_address st … inode (the tenth field)
+			if len(f) < 10 || f[3] != "0A" || !inodes[f[9]] {
+				continue
+			}
+			port, err := strconv.ParseUint(f[1][strings.LastIndexByte(f[1], ':')+1:], 16, 16)
+			if err != nil {
+				t.Fatalf("%s: %q", table, line)
+			}
+			seen[strconv.FormatUint(port, 10)] = true
+		}
+	}
+	return slices.Sorted(maps.Keys(seen))
 }

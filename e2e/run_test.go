@@ -31,6 +31,30 @@ type runScript struct {
 
 func startRunScript(t *testing.T, env []string) *runScript {
 	t.Helper()
+	rs := launchRunScript(t, env)
+	deadline := time.Now().Add(3 * time.Minute)
+	for !rs.running() {
+		select {
+		case <-rs.done:
+			t.Fatalf("run.sh exited before the service was up: %v\n%s", rs.err, rs.out.String())
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("run.sh did not bring the service up within 3 minutes:\n%s", rs.out.String())
+		}
+	}
+	return rs
+}
+
+// running reports whether the script has said the service is up.
+func (rs *runScript) running() bool {
+	return strings.Contains(rs.out.String(), "aov is running")
+}
+
+// launchRunScript starts scripts/run.sh like startRunScript, without
+// waiting; the test's cleanup stops it as Ctrl-C would if it still runs.
+func launchRunScript(t *testing.T, env []string) *runScript {
+	t.Helper()
 	cmd := exec.Command("bash", filepath.Join(repoRoot, "scripts", "run.sh"))
 	cmd.Dir = repoRoot
 	cmd.Env = append(os.Environ(), env...)
@@ -56,17 +80,6 @@ func startRunScript(t *testing.T, env []string) *runScript {
 			t.Logf("---- run.sh output ----\n%s", out.String())
 		}
 	})
-	deadline := time.Now().Add(3 * time.Minute)
-	for !strings.Contains(out.String(), "aov is running") {
-		select {
-		case <-rs.done:
-			t.Fatalf("run.sh exited before the service was up: %v\n%s", rs.err, out.String())
-		case <-time.After(100 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("run.sh did not bring the service up within 3 minutes:\n%s", out.String())
-		}
-	}
 	return rs
 }
 

@@ -28,6 +28,7 @@
 #                         supervised process (examples/facilitator/Caddyfile)
 #                         that the gateway reaches over the x402 API
 #   AOV_FACILITATOR_ADDR  that process's address             (default 127.0.0.1:8546)
+#   AOV_FACILITATOR_ADMIN_ADDR that process's Caddy admin API (default localhost:2020)
 #   AOV_SIGNER            inprocess: verifierd signs with certd's keys itself;
 #                         certd: it asks certd over the socket (default inprocess)
 #   GO                    go command                        (default go)
@@ -63,14 +64,19 @@ die() { say "$*"; exit 1; }
 
 # 0. Every address this run listens on must be free. A port already served
 #    (another make run, most often) would answer this run's start-up checks
-#    for it, and its Caddy would join the port (SO_REUSEPORT), the kernel
-#    splitting buyers between two stacks with different keys, tokens,
-#    allowances and chains. Checked before anything is built or started.
+#    for it, and a Caddy (the gateway's, or the facilitator's with its
+#    admin API) would join the port (SO_REUSEPORT), the kernel splitting
+#    buyers, or `caddy reload`, between two stacks with different keys,
+#    tokens, allowances and chains. Checked before anything is built or
+#    started. listen_vars is the one list of them: every listener started
+#    below takes its address from one of these variables.
+export AOV_FACILITATOR="${AOV_FACILITATOR:-devnet}"
 listen_vars=(AOV_HTTP_PORT AOV_VERIFIERD_ADDR AOV_CERTD_PUBLIC_ADDR AOV_ADMIN_ADDR AOV_VERIFIERD_METRICS_ADDR AOV_DEVNET_RPC_ADDR)
 [ -d interop/node_modules/litesvm ] && listen_vars+=(AOV_SOLANA_RPC_ADDR)
-if [ "${AOV_FACILITATOR:-devnet}" = remote ]; then
+if [ "$AOV_FACILITATOR" = remote ]; then
 	export AOV_FACILITATOR_ADDR="${AOV_FACILITATOR_ADDR:-127.0.0.1:8546}"
-	listen_vars+=(AOV_FACILITATOR_ADDR)
+	export AOV_FACILITATOR_ADMIN_ADDR="${AOV_FACILITATOR_ADMIN_ADDR:-localhost:2020}"
+	listen_vars+=(AOV_FACILITATOR_ADDR AOV_FACILITATOR_ADMIN_ADDR)
 fi
 for v in "${listen_vars[@]}"; do
 	addr="${!v}"
@@ -178,11 +184,9 @@ fi
 # The facilitator as its own process (AOV_FACILITATOR=remote), with the
 # devnet inside it. It starts before Caddy: the gateway reads its
 # /supported when it loads its config.
-export AOV_FACILITATOR="${AOV_FACILITATOR:-devnet}"
 if [ "$AOV_FACILITATOR" = remote ]; then
-	export AOV_FACILITATOR_ADDR="${AOV_FACILITATOR_ADDR:-127.0.0.1:8546}"
 	mkdir -p "$data/facilitator/data" "$data/facilitator/config"
-	say "starting the facilitator on $AOV_FACILITATOR_ADDR (devnet JSON-RPC on $AOV_DEVNET_RPC_ADDR)"
+	say "starting the facilitator on $AOV_FACILITATOR_ADDR (devnet JSON-RPC on $AOV_DEVNET_RPC_ADDR, admin API on $AOV_FACILITATOR_ADMIN_ADDR)"
 	supervise facilitator env XDG_DATA_HOME="$data/facilitator/data" XDG_CONFIG_HOME="$data/facilitator/config" \
 		AOV_FACILITATOR_PORT="${AOV_FACILITATOR_ADDR##*:}" AOV_BIND="${AOV_FACILITATOR_ADDR%:*}" \
 		"$bindir/caddy" run --config examples/facilitator/Caddyfile --adapter caddyfile
