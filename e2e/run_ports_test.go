@@ -229,3 +229,50 @@ func listeningPorts(t *testing.T, pid int) []string {
 	}
 	return slices.Sorted(maps.Keys(seen))
 }
+
+// Two make runs started together on the same addresses (each with its own
+// data folder) start one stack: the other waits (saying so) while the
+// first checks, builds and starts, then finds the addresses in use and
+// stops, having started nothing. Before, both passed the check (nothing listens until
+// the daemons start) and both stacks died, "… exited during start-up".
+func TestTwoRunsAtOnceStartOneStack(t *testing.T) {
+	env1, base, _ := runEnv(t, filepath.Join(t.TempDir(), "data"))
+	env2 := withEnv(env1, "AOV_DATA", filepath.Join(t.TempDir(), "data2"))
+	runs := []*runScript{launchRunScript(t, env1), launchRunScript(t, env2)}
+	exited := func(rs *runScript) bool {
+		select {
+		case <-rs.done:
+			return true
+		default:
+			return false
+		}
+	}
+	settled := func() bool {
+		for _, rs := range runs {
+			if !exited(rs) && !rs.running() {
+				return false
+			}
+		}
+		return true
+	}
+	deadline := time.Now().Add(4 * time.Minute)
+	for !settled() && time.Now().Before(deadline) {
+		time.Sleep(200 * time.Millisecond)
+	}
+	var up, refused int
+	for _, rs := range runs {
+		out := rs.out.String()
+		switch {
+		case rs.running() && !exited(rs):
+			up++
+		case exited(rs) && strings.Contains(out, "waiting for it") && strings.Contains(out, " is already in use") && !strings.Contains(out, " started (pid"):
+			refused++
+		}
+	}
+	if up != 1 || refused != 1 {
+		t.Fatalf("two run.sh at once: %d running, %d refused before starting anything; want 1 and 1\n--- first ---\n%s\n--- second ---\n%s", up, refused, runs[0].out.String(), runs[1].out.String())
+	}
+	if err := httpOK(base + "/health"); err != nil {
+		t.Errorf("the stack that started does not serve: %v", err)
+	}
+}

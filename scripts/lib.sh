@@ -86,7 +86,9 @@ sup_stopping=0
 
 sup_spawn() {
 	local i="$1"
-	eval "setsid ${sup_cmds[$i]} &"
+	# A process started never holds run.sh's start-up lock (run_lock_fd):
+	# one left running by a killed run.sh would keep later runs waiting.
+	eval "setsid ${sup_cmds[$i]} ${run_lock_fd:+$run_lock_fd>&-} &"
 	sup_pids[i]=$!
 	sup_started[i]=$SECONDS
 	say "${sup_names[$i]} started (pid ${sup_pids[$i]})"

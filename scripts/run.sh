@@ -78,6 +78,25 @@ if [ "$AOV_FACILITATOR" = remote ]; then
 	export AOV_FACILITATOR_ADMIN_ADDR="${AOV_FACILITATOR_ADMIN_ADDR:-localhost:2020}"
 	listen_vars+=(AOV_FACILITATOR_ADDR AOV_FACILITATOR_ADMIN_ADDR)
 fi
+#    Two runs started together would both find every address free (nothing
+#    listens before step 5), then both start their stacks on them and die.
+#    So a run holds a lock (one per user and machine) from this check until
+#    its stack answers or it stops: a run started meanwhile waits for it
+#    (at most 10 minutes: a first build of Caddy takes a few), then checks
+#    and finds its addresses in use. flock is util-linux's (Debian, Ubuntu,
+#    Fedora have it); without it runs are not serialised.
+run_lock="${XDG_RUNTIME_DIR:-${TMPDIR:-/tmp}}/aov-run-$(id -u).lock"
+run_lock_wait=600
+if command -v flock >/dev/null 2>&1; then
+	exec {run_lock_fd}>>"$run_lock"
+	if ! flock -n "$run_lock_fd"; then
+		say "another make run is starting (it holds $run_lock); waiting for it, at most $run_lock_wait s"
+		flock -w "$run_lock_wait" "$run_lock_fd" ||
+			die "another make run has been starting for $run_lock_wait s (it holds $run_lock); try again once it has started or stopped"
+	fi
+else
+	say "flock is not installed: a make run started while this one starts is not refused"
+fi
 for v in "${listen_vars[@]}"; do
 	addr="${!v}"
 	[ "$v" = AOV_HTTP_PORT ] && addr="${AOV_BIND:-127.0.0.1}:$AOV_HTTP_PORT"
@@ -217,6 +236,13 @@ done
 [ "$ok" = 1 ] || die "the service did not answer on $base/health within 60 s"
 # This run owns the data folder now (its certd holds the socket).
 [ -z "$solana_new" ] || mv -f "$solana_new" "$data/solana-chain.json"
+# Every address answers now: a run started from here on is refused by the
+# check, so the lock is let go.
+if [ -n "${run_lock_fd:-}" ]; then
+	flock -u "$run_lock_fd"
+	exec {run_lock_fd}>&-
+	run_lock_fd=""
+fi
 
 cat >&2 <<EOF
 
