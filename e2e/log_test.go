@@ -12,13 +12,17 @@ import (
 
 // With Caddy's own log at DEBUG (how an operator debugs the gateway),
 // reverse_proxy logs the headers of every request it sends upstream, and
-// Caddy redacts only Authorization and cookies. Caddyfile.example does not
-// pass a client's PAYMENT-SIGNATURE, X-Wallet-Auth or SIGN-IN-WITH-X on to
-// verifierd (which reads only the gate's X-Aov-* headers), so they never
-// reach that log; the gateway token must reach verifierd, so it does, and
-// the example says so where the level is set.
+// Caddy redacts only Authorization and cookies. Caddyfile.example passes a
+// client's PAYMENT-SIGNATURE, X-Wallet-Auth or SIGN-IN-WITH-X to none of
+// its upstreams: verifierd (which reads only the gate's X-Aov-* headers),
+// certd's agent card, and the facilitator of AOV_FACILITATOR=remote (which
+// reads payments from the body), so they never reach that log; the gateway
+// token must reach verifierd, so it does, and the example says so where the
+// level is set. Before, the agent card and /facilitator/* routes passed
+// them on.
 func TestDebugLogHoldsNoClientPaymentOrWalletHeaders(t *testing.T) {
-	s := newStack(t)
+	f := startFacilitator(t)
+	s := newStack(t, f.remoteFacilitatorEnv()...)
 	orig, err := os.ReadFile(filepath.Join(repoRoot, "Caddyfile.example"))
 	if err != nil {
 		t.Fatal(err)
@@ -56,13 +60,20 @@ func TestDebugLogHoldsNoClientPaymentOrWalletHeaders(t *testing.T) {
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 	}
+	// Every route of the example that proxies: to verifierd (free and
+	// gated), to certd, to the facilitator.
 	send("GET", "/reputation/seller-7", nil)
 	send("POST", "/verify/schema", example(t, "invoice-fixed.json"))
+	send("GET", "/.well-known/agent-card.json", nil)
+	send("GET", "/facilitator/supported", nil)
+	send("POST", "/facilitator/verify", []byte(`{}`))
 	s.caddy.stop(t)
 
 	log, _ := os.ReadFile(s.caddy.logPath)
-	if !strings.Contains(string(log), "upstream roundtrip") {
-		t.Fatalf("no reverse_proxy debug lines in Caddy's log; the test proves nothing:\n%s", s.caddy.tail(2000))
+	for _, up := range []string{s.verifierdAddr, s.certdPublic, f.addr} {
+		if !strings.Contains(string(log), `"upstream": "`+up+`"`) {
+			t.Fatalf("no reverse_proxy debug line for %s in Caddy's log; the test proves nothing:\n%s", up, s.caddy.tail(2000))
+		}
 	}
 	for _, mark := range []string{"WALLETPROOF-MARK", "PAYSIG-MARK", "SIWX-MARK"} {
 		if n := strings.Count(string(log), mark); n > 0 {
