@@ -1,0 +1,266 @@
+package redisstore
+
+import (
+	"context"
+	"os"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/aovhq/aov/store/storetest"
+)
+
+// readmeACL returns the arguments of README's ACL SETUSER lines for the
+// store's user (after "ACL SETUSER aov"), one slice per line: the rule an
+// operator pastes, read from where the operator reads it.
+func readmeACL(t *testing.T) [][]string {
+	t.Helper()
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines [][]string
+	for l := range strings.SplitSeq(string(b), "\n") {
+		if f := strings.Fields(l); len(f) > 3 && f[0] == "ACL" && f[1] == "SETUSER" && f[2] == "aov" {
+			lines = append(lines, f[3:])
+		}
+	}
+	if len(lines) != 2 {
+		t.Fatalf("README has %d ACL SETUSER aov lines, want the rule and the Cluster's addition", len(lines))
+	}
+	return lines
+}
+
+const aclPassword = "acl-test-password"
+
+// setACLUser creates user on the server c admins with README's rule lines,
+// its password given and its key pattern ~aov:* applied to each of the
+// prefixes (globs) the test's stores use.
+func setACLUser(t *testing.T, c *redis.Client, user string, lines [][]string, prefixes ...string) {
+	t.Helper()
+	for _, l := range lines {
+		args := []any{"ACL", "SETUSER", user}
+		for _, a := range l {
+			switch a {
+			case ">PASSWORD":
+				args = append(args, ">"+aclPassword)
+			case "~aov:*":
+				for _, p := range prefixes {
+					args = append(args, "~"+p+":*")
+				}
+			default:
+				args = append(args, a)
+			}
+		}
+		if err := c.Do(context.Background(), args...).Err(); err != nil {
+			t.Fatalf("ACL SETUSER %v: %v", l, err)
+		}
+	}
+}
+
+// granted is the commands a README rule line allows (+name).
+func granted(lines [][]string) []string {
+	var out []string
+	for _, l := range lines {
+		for _, a := range l {
+			if c, ok := strings.CutPrefix(a, "+"); ok {
+				out = append(out, c)
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// notTheStores are commands a server counts that are not the store's:
+// those every user may run (HELLO, AUTH), the replica's REPLCONF, and the
+// test's own, run as the default user.
+var notTheStores = []string{"hello", "auth", "replconf", "acl|log", "script|flush", "config|resetstat"}
+
+// ran is the commands the server ran (INFO commandstats, calls > 0) but
+// notTheStores.
+func ran(t *testing.T, c *redis.Client) []string {
+	t.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for l := range strings.SplitSeq(info, "\n") {
+		name, stats, ok := strings.Cut(strings.TrimSpace(l), ":")
+		name, isCmd := strings.CutPrefix(name, "cmdstat_")
+		if !ok || !isCmd || strings.HasPrefix(stats, "calls=0,") || slices.Contains(notTheStores, name) {
+			continue
+		}
+		out = append(out, name)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// noDenials fails the test if the server refused any command to a user
+// (ACL LOG): a refusal the client swallows is caught too.
+func noDenials(t *testing.T, c *redis.Client, server string) {
+	t.Helper()
+	log, err := c.Do(context.Background(), "ACL", "LOG").Slice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range log {
+		t.Errorf("%s refused the store's user: %v", server, e)
+	}
+}
+
+// TestREADMEACLRunsTheStore: a Redis user with exactly README's rule runs
+// the store's whole life: a gateway's start through Caddy (the marker, the
+// policy checks on the primary and its replica, SELECT for db), the
+// allowance, claims, held calls, payment identifier bindings and the
+// discovery list through their contract suites, writes waited for by a
+// replica, and Ping; nothing is refused on either server. And the rule
+// grants no command the store did not run, so it lists exactly the store's
+// commands. The contract suites' stores use prefixes of their own (t<n>,
+// held…): README's key pattern is applied to each.
+func TestREADMEACLRunsTheStore(t *testing.T) {
+	ctx := context.Background()
+	lines := readmeACL(t)
+	rule := lines[:1] // the Cluster's addition is tested on a Cluster
+	primary, replica := withReplica(t)
+	admin := redis.NewClient(&redis.Options{Addr: primary.Addr})
+	defer admin.Close()
+	radmin := redis.NewClient(&redis.Options{Addr: replica.Addr})
+	defer radmin.Close()
+	for _, c := range []*redis.Client{admin, radmin} {
+		setACLUser(t, c, "aov", rule, "aov", "t[0-9]*", "held*")
+		if err := c.Do(ctx, "ACL", "LOG", "RESET").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := admin.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	user := func(db int) *redis.Client {
+		c := redis.NewClient(&redis.Options{Addr: primary.Addr, Username: "aov", Password: aclPassword, DB: db, PoolSize: 16})
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+
+	log := loadLogged(t, primary.Addr, `http://127.0.0.1:{port} {
+	bind 127.0.0.1
+	x402 {
+		accept base $0.01 0xa0Ee7A142d267C1f36714E4a8F75612F20a79720
+		facilitator http http://127.0.0.1:9/
+		store redis {
+			address {redis}
+			username aov
+			password `+aclPassword+`
+			db 1
+			wait_replicas 1
+		}
+	}
+	respond ok
+}
+`)
+	if strings.Contains(log, "not checked") {
+		t.Errorf("the replica was not checked as the store's user:\n%s", log)
+	}
+
+	rdb := user(0)
+	t.Run("allowance", func(t *testing.T) { storetest.TestAllowance(t, backend(rdb)) })
+	t.Run("claims", func(t *testing.T) { storetest.TestClaims(t, backend(rdb)) })
+	t.Run("held", func(t *testing.T) { testHeld(t, rdb) })
+	t.Run("payment ids", func(t *testing.T) { storetest.TestPaymentIDs(t, paymentIDBackend(rdb)) })
+	t.Run("discovery", func(t *testing.T) { storetest.TestDiscovery(t, discoveryBackend(rdb)) })
+	t.Run("waited writes", func(t *testing.T) {
+		s, err := New(ctx, rdb, Options{Prefix: "aov", WaitReplicas: 1, WaitTimeout: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A fresh connection's first waited write finds its script
+		// unloaded (EVALSHA, NOSCRIPT, SCRIPT LOAD, EVALSHA, WAIT).
+		if err := admin.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		a := s.Allowance()
+		r, err := a.Reserve(ctx, "pool", "client", time.Now(), 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Commit(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Ping(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	noDenials(t, admin, "the primary")
+	noDenials(t, radmin, "the replica")
+	if got, want := ran(t, admin), granted(rule); !slices.Equal(got, want) {
+		t.Errorf("the store ran %v;\nREADME's rule grants %v", got, want)
+	}
+}
+
+// TestREADMEACLRunsTheStoreOnACluster: README's rule with its Cluster
+// line, on every node, runs a gateway's start and the allowance, claims
+// and held calls on a Cluster, nothing refused on any node; the Cluster
+// line grants only what the client ran there.
+func TestREADMEACLRunsTheStoreOnACluster(t *testing.T) {
+	ctx := context.Background()
+	lines := readmeACL(t)
+	cl := cluster(t)
+	var admins []*redis.Client
+	if err := cl.ForEachShard(ctx, func(ctx context.Context, c *redis.Client) error {
+		admins = append(admins, c)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	addrs := make([]string, len(admins))
+	for i, c := range admins {
+		addrs[i] = c.Options().Addr
+		setACLUser(t, c, "aov", lines, "aov", "t[0-9]*", "held*")
+		if err := c.Do(ctx, "ACL", "LOG", "RESET").Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.ConfigResetStat(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	if err := tryLoad(t, `http://127.0.0.1:{port} {
+	bind 127.0.0.1
+	x402 {
+		accept base $0.01 0xa0Ee7A142d267C1f36714E4a8F75612F20a79720
+		facilitator http http://127.0.0.1:9/
+		store redis `+strings.Join(addrs, " ")+` {
+			username aov
+			password `+aclPassword+`
+		}
+	}
+	respond ok
+}
+`); err != nil {
+		t.Fatalf("a store on a Cluster as README's user: %v", err)
+	}
+
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, Username: "aov", Password: aclPassword, PoolSize: 16})
+	defer rdb.Close()
+	t.Run("allowance", func(t *testing.T) { storetest.TestAllowance(t, backend(rdb)) })
+	t.Run("claims", func(t *testing.T) { storetest.TestClaims(t, backend(rdb)) })
+	t.Run("held", func(t *testing.T) { testHeld(t, rdb) })
+
+	var all []string
+	for i, c := range admins {
+		noDenials(t, c, "node "+addrs[i])
+		all = append(all, ran(t, c)...)
+	}
+	for _, c := range granted(lines[1:]) {
+		if !slices.Contains(all, c) {
+			t.Errorf("README's Cluster line grants %s, which no node ran", c)
+		}
+	}
+}
