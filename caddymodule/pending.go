@@ -527,10 +527,11 @@ func (g *Gate) settlementStatus(ctx context.Context, p x402.PaymentPayload, offe
 // settled (x402.SentSettlement's SettledOnly); the transaction that used
 // the nonce is searched for only when it is used, and judged, as a held
 // record's is (checkHeld), to carry this authorization's own Transfer of
-// its amount to payTo. That search is remembered by the facilitator's
-// status reader per token, payer and nonce for a minute, since the settled
-// payment is public and its payer can sign others of the nonce: a repeat
-// costs the one read.
+// its amount to payTo; a nonce used outside the authorization's validity
+// window (searched whole) is a nonce spent without paying. The transaction
+// found is remembered by the facilitator's status reader per token, payer
+// and nonce for a minute, since the settled payment is public and its
+// payer can sign others of the nonce: a repeat costs the one read.
 //
 // unknown is true when the check failed where the payment may have
 // settled (*x402.UnknownOutcomeError: the chain did not answer in time, or

@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"bytes"
+	"context"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/crypto"
 
 	"github.com/aovhq/aov/plugins/evmfacilitator"
@@ -197,11 +199,13 @@ func resignUsed(t *testing.T, offer x402.PaymentRequirements, p x402.PaymentPayl
 // public (its signature is in the transfer's calldata), and its payer can
 // sign any number of authorizations of the nonce they spent, so the
 // settled-earlier check of a used nonce is asked again and again. The
-// search for the transaction that used the nonce (the head, a header
-// bisection back to validAfter, eth_getLogs) runs once a window per
-// token, payer and nonce: every repeat after the first costs at most one
-// chain read (authorizationState), and the settled payment itself is still
-// told it settled earlier.
+// search for the transaction that used the nonce (the head, header
+// bisections to the validity window, eth_getLogs) runs once a minute per
+// token, payer and nonce once it found the nonce's log: every repeat after
+// the first costs at most one chain read (authorizationState). The settled
+// payment itself, and an authorization whose window holds its block, is
+// told it settled earlier; one whose window closed before gets the
+// facilitator's refusal.
 func TestSettledEarlierRemembersAUsedNoncesSearch(t *testing.T) {
 	url, p, pl, calls, up := settledElsewhere(t)
 	pr := paymentRequired(t, post(t, url, "", nil))
@@ -215,9 +219,12 @@ func TestSettledEarlierRemembersAUsedNoncesSearch(t *testing.T) {
 		reason string
 	}{
 		{"the settled payment itself, replayed", func(int) string { return orig }, x402.ReasonPaymentAlreadyUsed},
-		{"the payer's re-signed authorization of the used nonce, validAfter 0", func(i int) string {
-			return resignUsed(t, pr.Accepts[0], p, pl, 4, "0", fmt.Sprint(time.Now().Add(-time.Duration(10+i)*time.Minute).Unix()))
+		{"the payer's re-signed authorization of the used nonce, validAfter 0, its window holding the settlement", func(i int) string {
+			return resignUsed(t, pr.Accepts[0], p, pl, 4, "0", fmt.Sprint(time.Now().Add(time.Duration(60+i)*time.Second).Unix()))
 		}, x402.ReasonPaymentAlreadyUsed},
+		{"the payer's re-signed authorization of the used nonce, its window closed before the settlement", func(i int) string {
+			return resignUsed(t, pr.Accepts[0], p, pl, 4, "0", fmt.Sprint(time.Now().Add(-time.Duration(10+i)*time.Minute).Unix()))
+		}, x402.ReasonExactEVMValidBefore},
 	}
 	for _, c := range cases {
 		var reads []int64
@@ -331,5 +338,61 @@ func TestSettledEarlierUnreadableChainIsPending(t *testing.T) {
 				t.Fatalf("the upstream ran %d times", up.calls.Load())
 			}
 		})
+	}
+}
+
+// TestSettledEarlierNonceSpentBeforeValidAfterIsRefused: an authorization
+// whose nonce was spent before its validAfter, by the buyer's settled
+// payment, can never execute. The gate's settled-earlier check searches its
+// validity window, finds no use of the nonce there and answers the
+// facilitator's refusal (402, a new payment asked for), not 503
+// settlement_pending on every retry. That "not found" is for that window
+// only: the settled payment itself, retried right after, is still 402
+// payment_already_used with its PAYMENT-RESPONSE.
+func TestSettledEarlierNonceSpentBeforeValidAfterIsRefused(t *testing.T) {
+	url, p, pl, _, up := settledElsewhere(t)
+	d, _ := sharedDevnet(t)
+	ctx := context.Background()
+	head, err := d.Client().HeaderByNumber(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := head.Time + 1 // after the settlement's block
+	to := common.HexToAddress("0x000000000000000000000000000000000000dEaD")
+	for {
+		if _, err := d.SendTx(ctx, evmfacilitator.DevKey(7), &to, nil); err != nil {
+			t.Fatal(err)
+		}
+		h, err := d.Client().HeaderByNumber(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h.Time > after+1 {
+			break // blocks past the window below: its whole is on chain
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	pr := paymentRequired(t, post(t, url, "", nil))
+	h := resignUsed(t, pr.Accepts[0], p, pl, 4, fmt.Sprint(after), fmt.Sprint(after+1))
+	for i := 0; i < 2; i++ {
+		resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: h})
+		preq := resp.Header.Get(x402.HeaderPaymentRequired)
+		if reason := reasonOf(t, resp); resp.StatusCode != http.StatusPaymentRequired || reason != x402.ReasonExactEVMValidBefore || preq == "" {
+			t.Errorf("try %d, the nonce spent before validAfter: %d %s, PAYMENT-REQUIRED %v; want 402 %s asking for a new payment",
+				i+1, resp.StatusCode, reason, preq != "", x402.ReasonExactEVMValidBefore)
+		}
+	}
+	orig, err := x402.EncodeHeader(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: orig})
+	prh := resp.Header.Get(x402.HeaderPaymentResponse)
+	if reason := reasonOf(t, resp); resp.StatusCode != http.StatusPaymentRequired || reason != x402.ReasonPaymentAlreadyUsed || prh == "" {
+		t.Errorf("the settled payment retried right after: %d %s, PAYMENT-RESPONSE %q; want 402 %s with it",
+			resp.StatusCode, reason, prh, x402.ReasonPaymentAlreadyUsed)
+	}
+	if up.calls.Load() != 0 {
+		t.Fatalf("the upstream ran %d times", up.calls.Load())
 	}
 }

@@ -106,11 +106,11 @@ type Facilitator struct {
 	budget *budget
 
 	usedCache usedCache // alreadyUsed's answers
-	// sinceValidAfter is usedStatus's answers for searches from validAfter
-	// (no attempt known): apart from usedCache, whose searches cover the
-	// last sentSlack only, so that neither takes the other's "not found"
-	// over blocks it did not search.
-	sinceValidAfter usedCache
+	// withinValidity is usedStatus's answers for searches of an
+	// authorization's validity window (no attempt known): apart from
+	// usedCache, whose searches cover the last sentSlack only, so that
+	// neither takes the other's "not found" over blocks it did not search.
+	withinValidity usedCache
 
 	prepareTimeout time.Duration // the const prepareTimeout; tests shorten it
 }

@@ -243,7 +243,7 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 // costs one search a window, and the checks' reads alone otherwise.
 func (f *Facilitator) alreadyUsed(ctx context.Context, c *checked, now time.Time) (x402.SettleResponse, error) {
 	k := usedKey{token: c.token, from: c.auth.From, nonce: c.auth.Nonce}
-	u, err := f.usedCache.lookup(k, now, func() (nonceUse, error) {
+	u, err := f.usedCache.lookup(k, usedWindow{}, now, func() (nonceUse, error) {
 		ctx, cancel := context.WithTimeout(ctx, resolveTimeout)
 		defer cancel()
 		return f.findNonceUse(ctx, c.token, c.auth, now)
@@ -274,15 +274,32 @@ const (
 	usedCacheMax = 4096
 )
 
-// usedKey is the used nonce a usedCache entry is about.
+// usedKey is the used nonce a usedCache entry is about, and, for an entry
+// that found no log of it, the window searched (usedWindow).
 type usedKey struct {
 	token, from common.Address
 	nonce       [32]byte
+	window      usedWindow
+}
+
+// usedWindow is the validity window, validAfter and validBefore as 32-byte
+// big-endian numbers, of an authorization whose search found no log of its
+// nonce: another authorization of the nonce, the payer's settled one among
+// them, has another window, and its search another answer. Zero for
+// searches that do not depend on the authorization (alreadyUsed's).
+type usedWindow struct{ after, before [32]byte }
+
+// validityOf is a's window as a usedWindow.
+func validityOf(a x402.AuthorizationValues) usedWindow {
+	var w usedWindow
+	a.ValidAfter.FillBytes(w.after[:])
+	a.ValidBefore.FillBytes(w.before[:])
+	return w
 }
 
 // usedCache remembers, per used nonce, the logs a finished search found
-// of it (a zero nonceUse when none was found in the blocks searched), and
-// runs one search at a time per nonce (lookup).
+// of it, or, per nonce and window searched, that it found none (a zero
+// nonceUse), and runs one search at a time per nonce and window (lookup).
 type usedCache struct {
 	mu     sync.Mutex
 	m      map[usedKey]usedEntry
@@ -296,30 +313,37 @@ type usedEntry struct {
 
 // flightKey is k as a singleflight key.
 func (k usedKey) flightKey() string {
-	return string(k.token[:]) + string(k.from[:]) + string(k.nonce[:])
+	return string(k.token[:]) + string(k.from[:]) + string(k.nonce[:]) + string(k.window.after[:]) + string(k.window.before[:])
 }
 
-// lookup returns what u remembers of k at t or, when it remembers nothing,
-// runs search, shared by the lookups of k that arrive while it runs, and
-// remembers its finished answer: the use found, or, when search ends in
-// errNoNonceLog, the zero nonceUse (not found in the blocks searched). A
-// search that failed (a provider's error, a deadline) says nothing of the
-// nonce: it is returned and not remembered, so the next lookup searches
-// again.
-func (u *usedCache) lookup(k usedKey, t time.Time, search func() (nonceUse, error)) (nonceUse, error) {
-	if use, ok := u.get(k, t); ok {
+// lookup returns what u remembers of k's nonce at t, the log found (by any
+// search: a nonce is used once) or that none was found in window or, when
+// it remembers neither, runs search, shared by the lookups of k and window
+// that arrive while it runs, and remembers its finished answer: the use
+// found, under k, or, when search ends in errNoNonceLog, the zero nonceUse
+// under k and window. A search that failed (a provider's error, a
+// deadline) or was cut short (errSearchCut) says nothing of the nonce: it
+// is returned and not remembered, so the next lookup searches again.
+func (u *usedCache) lookup(k usedKey, window usedWindow, t time.Time, search func() (nonceUse, error)) (nonceUse, error) {
+	if use, ok := u.get(k, t); ok && use.log != nil {
 		return use, nil
 	}
-	v, err, _ := u.flight.Do(k.flightKey(), func() (any, error) {
+	nf := k
+	nf.window = window
+	if use, ok := u.get(nf, t); ok && use.log == nil {
+		return use, nil
+	}
+	v, err, _ := u.flight.Do(nf.flightKey(), func() (any, error) {
 		use, err := search()
 		switch {
 		case err == nil:
+			u.put(k, use, t)
 		case errors.Is(err, errNoNonceLog):
 			use = nonceUse{}
+			u.put(nf, use, t)
 		default:
 			return nil, err
 		}
-		u.put(k, use, t)
 		return use, nil
 	})
 	if err != nil {

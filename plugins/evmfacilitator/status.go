@@ -135,11 +135,12 @@ var (
 	// logChunkBlocks is the block range of one eth_getLogs: providers
 	// refuse wide ranges (some above 500 or 1,000 blocks).
 	logChunkBlocks uint64 = 500
-	// maxLogBlocks is how many blocks are searched in all, from the start
-	// (10 eth_getLogs calls at most). A nonce used further on is not looked
-	// for: the outcome stays undecided rather than guessed. On Base (2 s
-	// blocks) it is almost 3 hours, far more than a payment's validity
-	// window, so it matters only without the attempt's time.
+	// maxLogBlocks is how many blocks are searched in all (10 eth_getLogs
+	// calls at most): from the start of a search from the attempt's time,
+	// the last ones of a search of a validity window. A nonce used beyond
+	// is not looked for: the outcome stays unknown rather than guessed. On
+	// Base (2 s blocks) it is almost 3 hours, more than a payment's
+	// validity window as x402 clients sign it.
 	maxLogBlocks uint64 = 5000
 )
 
@@ -155,15 +156,20 @@ var (
 // which whoever sent it chose the size of. The embedded facilitator's
 // Settle and every status reader judge by this one function, so they agree.
 //
-// A search from validAfter (after zero: a caller that knows nothing of
-// the attempt, such as a gate asking whether a refused payment settled
-// earlier) is remembered per token, payer and nonce (sinceValidAfter), as
-// alreadyUsed's is and for the same reason: the settled authorization is
-// public in its transaction's calldata and its payer can sign any number
-// of others of the spent nonce, each otherwise a search of the head, a
-// header bisection and up to 10 eth_getLogs. Not found is remembered too,
-// and stays an error (the nonce is used: the outcome is unknown, never a
-// transfer); a search that failed is not remembered.
+// Without after (zero: a caller that knows nothing of the attempt, such as
+// a gate asking whether a refused payment settled earlier) the search
+// covers the authorization's validity window (findNonceLog), the only
+// blocks its transfer can have executed in; searched whole without finding
+// the nonce's log, the nonce was spent otherwise: never, the plain
+// refusal. Such searches are remembered (withinValidity), as alreadyUsed's
+// are and for the same reason: the settled authorization is public in its
+// transaction's calldata and its payer can sign any number of others of
+// the spent nonce, each otherwise a head read, header bisections and up to
+// 10 eth_getLogs. A found log is remembered per token, payer and nonce (a
+// nonce is used once); not found only for the window searched, since
+// another authorization of the nonce has another window. A search cut
+// short by maxLogBlocks or that failed is not remembered and stays an
+// error: the outcome is unknown.
 func (f *Facilitator) usedStatus(ctx context.Context, token common.Address, a x402.AuthorizationValues, hint common.Hash, after time.Time) (x402.SettlementStatus, error) {
 	if hint != (common.Hash{}) {
 		if r, err := f.chain.TransactionReceipt(ctx, hint); err == nil {
@@ -175,11 +181,11 @@ func (f *Facilitator) usedStatus(ctx context.Context, token common.Address, a x4
 	var u nonceUse
 	var err error
 	if after.IsZero() {
-		u, err = f.sinceValidAfter.lookup(usedKey{token: token, from: a.From, nonce: a.Nonce}, now(), func() (nonceUse, error) {
+		u, err = f.withinValidity.lookup(usedKey{token: token, from: a.From, nonce: a.Nonce}, validityOf(a), now(), func() (nonceUse, error) {
 			return f.findNonceUse(ctx, token, a, after)
 		})
-		if err == nil && u.log == nil {
-			err = fmt.Errorf("the authorization's nonce is used, but by which transaction is unknown: %w from validAfter on (%d blocks at most)", errNoNonceLog, maxLogBlocks)
+		if err == nil && !u.within(a) {
+			return never(), nil // not in the window: spent otherwise
 		}
 	} else {
 		u, err = f.findNonceUse(ctx, token, a, after)
@@ -209,6 +215,24 @@ type nonceUse struct {
 	log       *types.Log
 	transfers []types.Log
 	more      bool
+	// at is the time of log's block, read when log is an
+	// AuthorizationUsed (a cancellation is never whatever its time).
+	at uint64
+}
+
+// within reports whether u's log is in a block where a could have
+// executed (validAfter < block.timestamp < validBefore): a log found for
+// another authorization of the nonce (usedCache remembers it per nonce)
+// and outside a's window says a never executed. False without a log.
+func (u nonceUse) within(a x402.AuthorizationValues) bool {
+	if u.log == nil {
+		return false
+	}
+	if u.log.Topics[0] == authorizationCanceledEventID {
+		return true // judged never by judge
+	}
+	t := new(big.Int).SetUint64(u.at)
+	return a.ValidAfter.Cmp(t) < 0 && t.Cmp(a.ValidBefore) < 0
 }
 
 // maxOtherTransfers bounds the Transfers a nonceUse keeps besides the one
@@ -217,9 +241,11 @@ type nonceUse struct {
 const maxOtherTransfers = 16
 
 // findNonceUse finds the log that marked a's nonce used (findNonceLog)
-// and, when it is not a cancellation, the token's Transfer logs from a's
-// authorizer in the same transaction, read from that log's block by its
-// hash (a block reorganised away since is an error, not an answer).
+// and, when it is not a cancellation, its block's time and the token's
+// Transfer logs from a's authorizer in the same transaction, read from
+// that log's block by its hash (a block reorganised away since is an
+// error, not an answer). The time is what judging another authorization
+// of the nonce by this log needs (nonceUse.within).
 func (f *Facilitator) findNonceUse(ctx context.Context, token common.Address, a x402.AuthorizationValues, after time.Time) (nonceUse, error) {
 	l, err := f.findNonceLog(ctx, token, a, after)
 	if err != nil {
@@ -234,7 +260,13 @@ func (f *Facilitator) findNonceUse(ctx context.Context, token common.Address, a 
 	if err != nil {
 		return nonceUse{}, fmt.Errorf("the authorization's nonce was used by %s, whose transfers cannot be read: %w", l.TxHash.Hex(), err)
 	}
-	return keepTransfers(l, logs), nil
+	h, err := f.chain.HeaderByNumber(ctx, new(big.Int).SetUint64(l.BlockNumber))
+	if err != nil {
+		return nonceUse{}, fmt.Errorf("the authorization's nonce was used by %s, whose block cannot be read: %w", l.TxHash.Hex(), err)
+	}
+	u := keepTransfers(l, logs)
+	u.at = h.Time
+	return u, nil
 }
 
 // keepTransfers is the nonceUse of nonce log l, whose block's Transfers
@@ -328,39 +360,48 @@ func isNonceLog(l *types.Log, token common.Address, a x402.AuthorizationValues) 
 
 // findNonceLog finds the log that marked a's nonce used, with eth_getLogs
 // filtered by the token and both indexed topics, in at most maxLogBlocks
-// blocks, logChunkBlocks per call. The search starts at the first block
-// whose time is at or after after less sentSlack: the nonce was unused when
-// the payment was verified just before the settlement was sent, and no
-// settlement was sent before after. Without after (zero: a caller that
-// knows nothing of the attempt) it starts at validAfter, before which the
-// authorization could not execute; a nonce cancelled or spent earlier, or
-// further on than maxLogBlocks, is then not found. Not found is an error
-// wrapping errNoNonceLog: the caller never takes it for a transfer.
+// blocks, logChunkBlocks per call.
+//
+// With after, the search starts at the first block whose time is at or
+// after after less sentSlack (the nonce was unused when the payment was
+// verified just before the settlement was sent, and no settlement was sent
+// before after) and runs forward to the head. Without after (zero: a
+// caller that knows nothing of the attempt) it covers a's validity window
+// (validityBlocks), the only blocks a's transfer can have executed in, or
+// its last maxLogBlocks: a's own use is in it, whatever validAfter the
+// payer chose, and a nonce cancelled or spent outside it was not spent by
+// a.
+//
+// Not finding the log in blocks searched whole is an error wrapping
+// errNoNonceLog, which the caller never takes for a transfer; a search cut
+// short by maxLogBlocks wraps errSearchCut instead: the log may lie in the
+// blocks left out.
 func (f *Facilitator) findNonceLog(ctx context.Context, token common.Address, a x402.AuthorizationValues, after time.Time) (*types.Log, error) {
-	var from time.Time
-	switch {
-	case !after.IsZero():
-		from = after.Add(-sentSlack)
-	case a.ValidAfter.IsInt64():
-		from = time.Unix(a.ValidAfter.Int64(), 0)
-	default:
-		return nil, errors.New("validAfter is beyond any block time")
-	}
 	head, err := f.chain.HeaderByNumber(ctx, nil)
 	if err != nil {
 		return nil, fmt.Errorf("reading the head block: %w", err)
 	}
-	lo, err := f.firstBlockAt(ctx, from, head)
-	if err != nil {
-		return nil, err
-	}
-	hi := head.Number.Uint64()
-	if lo > hi {
-		return nil, fmt.Errorf("%w: no block at or after %s yet", errNoNonceLog, from.UTC().Format(time.RFC3339))
-	}
-	capped := hi-lo >= maxLogBlocks
-	if capped {
-		hi = lo + maxLogBlocks - 1
+	var lo, hi uint64
+	capped := false
+	if !after.IsZero() {
+		from := after.Add(-sentSlack)
+		if lo, err = f.firstBlockAt(ctx, from, head); err != nil {
+			return nil, err
+		}
+		hi = head.Number.Uint64()
+		if lo > hi {
+			return nil, fmt.Errorf("%w: no block at or after %s yet", errNoNonceLog, from.UTC().Format(time.RFC3339))
+		}
+		if capped = hi-lo >= maxLogBlocks; capped {
+			hi = lo + maxLogBlocks - 1
+		}
+	} else {
+		if lo, hi, err = f.validityBlocks(ctx, a, head); err != nil {
+			return nil, err
+		}
+		if capped = lo <= hi && hi-lo >= maxLogBlocks; capped {
+			lo = hi - maxLogBlocks + 1
+		}
 	}
 	q := ethereum.FilterQuery{Addresses: []common.Address{token}, Topics: [][]common.Hash{
 		{authorizationUsedEventID, authorizationCanceledEventID},
@@ -381,15 +422,59 @@ func (f *Facilitator) findNonceLog(ctx context.Context, token common.Address, a 
 		}
 	}
 	if capped {
-		return nil, fmt.Errorf("%w: not in the %d blocks searched (%d to %d)", errNoNonceLog, maxLogBlocks, lo, hi)
+		return nil, fmt.Errorf("%w: not in the %d blocks searched (%d to %d)", errSearchCut, maxLogBlocks, lo, hi)
+	}
+	if after.IsZero() && a.ValidBefore.Cmp(new(big.Int).SetUint64(head.Time)) > 0 {
+		// The window reaches the head: a node behind the one that said the
+		// nonce is used may not have its log, or its block, yet. Not found
+		// is an answer only when the nonce was used as of the head read.
+		used, err := f.authorizationState(ctx, token, a.From, a.Nonce, head.Number)
+		if err != nil {
+			return nil, fmt.Errorf("reading authorizationState at block %d: %w", head.Number, err)
+		}
+		if !used {
+			return nil, fmt.Errorf("the nonce is not used yet as of block %d, the head read", head.Number)
+		}
+	}
+	if lo > hi {
+		return nil, fmt.Errorf("%w: no block lies in the authorization's validity window", errNoNonceLog)
 	}
 	return nil, fmt.Errorf("%w: not in blocks %d to %d", errNoNonceLog, lo, hi)
 }
 
+// validityBlocks returns the blocks a's transfer can have executed in, lo
+// to hi (none when lo > hi): the token requires validAfter <
+// block.timestamp < validBefore, so from the first block after validAfter
+// to the last before validBefore, or to head while validBefore is ahead of
+// it (block time never goes back).
+func (f *Facilitator) validityBlocks(ctx context.Context, a x402.AuthorizationValues, head *types.Header) (lo, hi uint64, err error) {
+	headTime := new(big.Int).SetUint64(head.Time)
+	hi = head.Number.Uint64()
+	if a.ValidBefore.Cmp(headTime) <= 0 { // so validBefore fits in an int64
+		first, err := f.firstBlockAt(ctx, time.Unix(a.ValidBefore.Int64(), 0), head)
+		if err != nil || first == 0 {
+			return 1, 0, err
+		}
+		hi = first - 1
+	}
+	if a.ValidAfter.Cmp(headTime) >= 0 {
+		return hi + 1, hi, nil // no block after validAfter yet
+	}
+	if lo, err = f.firstBlockAt(ctx, time.Unix(a.ValidAfter.Int64()+1, 0), head); err != nil {
+		return 0, 0, err
+	}
+	return lo, hi, nil
+}
+
 // errNoNonceLog is a search for a nonce's log that finished without
 // finding it in the blocks it covers: an answer, unlike a search that
-// failed (a provider's error, a deadline), which says nothing.
+// failed (a provider's error, a deadline) or was cut short (errSearchCut),
+// which says nothing.
 var errNoNonceLog = errors.New("the nonce's log was not found")
+
+// errSearchCut is a search for a nonce's log that stopped at maxLogBlocks
+// without finding it: the log may be in the blocks it left out.
+var errSearchCut = errors.New("the nonce's log was not found in the blocks searched, and more were left out")
 
 // firstBlockAt returns the number of the first block whose time is at or
 // after t (head's number plus one when there is none yet). It gallops back

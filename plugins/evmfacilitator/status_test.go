@@ -308,17 +308,128 @@ func TestNonceSearchIsBounded(t *testing.T) {
 		t.Errorf("%d header reads to find the first block, want at most %d", headers, max)
 	}
 
-	// Without it: validAfter is the start (genesis here), and the nonce was
-	// used more than maxLogBlocks later: not found, an error, never done.
+	// Without it: the validity window is searched, its last maxLogBlocks
+	// only (validBefore is ahead: up to the head); the nonce was used
+	// further back: not found in a search cut short, an error, never done
+	// and never "never".
 	st, err = f.SettlementStatus(ctx, p, req)
-	if err == nil || st.State == x402.SettlementDone {
+	if err == nil || st.State != x402.SettlementUndecided {
 		t.Fatalf("beyond the bound: %+v, %v; want an error", st, err)
 	}
 	_, ranges = spy.reset()
-	within(ranges, 0)
-	if len(ranges) != int(maxLogBlocks/logChunkBlocks) || ranges[0][0] != 0 {
-		t.Errorf("searched %v, want blocks 0 to %d in chunks of %d", ranges, maxLogBlocks-1, logChunkBlocks)
+	now, err := d.Client().HeaderByNumber(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
 	}
+	within(ranges, now.Number.Uint64()-maxLogBlocks+1)
+	if len(ranges) != int(maxLogBlocks/logChunkBlocks) || ranges[len(ranges)-1][1] != now.Number.Uint64() {
+		t.Errorf("searched %v, want the last %d blocks to the head %d in chunks of %d", ranges, maxLogBlocks, now.Number, logChunkBlocks)
+	}
+}
+
+// shortSearch bounds the nonce search to a few blocks for one test, so
+// that a devnet's short chain is longer than the bound.
+func shortSearch(t *testing.T) {
+	oldChunk, oldMax := logChunkBlocks, maxLogBlocks
+	logChunkBlocks, maxLogBlocks = 2, 6
+	t.Cleanup(func() { logChunkBlocks, maxLogBlocks = oldChunk, oldMax })
+}
+
+// A payment signed with validAfter far in the past (0, as some clients
+// sign on Base) that settled recently is found by a caller that knows
+// nothing of the attempt: its transfer can only have executed before
+// validBefore, so the search covers the last blocks of the validity
+// window, not its first.
+func TestSettledWithValidAfterZeroIsFound(t *testing.T) {
+	shortSearch(t)
+	d := startDevnet(t, DevnetConfig{MaxClockLead: time.Hour})
+	for range 20 {
+		d.backend.Commit()
+	}
+	reader, err := NewStatusReader(d.Client(), DevnetNetwork)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := d.NewFacilitator()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &testEnv{d: d, f: f}
+	req := e.requirements(payee, amount)
+	a := auth(payer, req)
+	a.ValidAfter = "0"
+	p := sign(t, payer, a, req, req)
+	r, err := f.Settle(context.Background(), p, req)
+	if err != nil || !r.Success {
+		t.Fatalf("settle = %+v, %v", r, err)
+	}
+	d.backend.Commit()
+	st, err := reader.SettlementStatus(context.Background(), p, req)
+	if err != nil || st.State != x402.SettlementDone || st.Transaction != r.Transaction {
+		t.Fatalf("settled with validAfter 0: %+v, %v; want done by %s", st, err, r.Transaction)
+	}
+}
+
+// An authorization whose nonce was spent before its validAfter can never
+// execute: a complete search of its validity window that finds no log of
+// the nonce is the plain refusal (never, nonce_already_used), not an
+// unknown outcome. That "not found" is remembered only for the window
+// searched: right after, the payment that did spend the nonce (another
+// window) is still found settled.
+func TestNonceSpentBeforeValidAfterIsNever(t *testing.T) {
+	d := startDevnet(t, DevnetConfig{MaxClockLead: time.Hour})
+	ctx := context.Background()
+	reader, err := NewStatusReader(d.Client(), DevnetNetwork)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := d.NewFacilitator()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &testEnv{d: d, f: f}
+	req := e.requirements(payee, amount)
+	a := auth(payer, req)
+	p := sign(t, payer, a, req, req)
+	r, err := f.Settle(ctx, p, req)
+	if err != nil || !r.Success {
+		t.Fatalf("settle = %+v, %v", r, err)
+	}
+	head, err := d.Client().HeaderByNumber(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 10 {
+		d.backend.Commit()
+	}
+	if now, err := d.Client().HeaderByNumber(ctx, nil); err != nil || now.Time <= head.Time+3 {
+		t.Fatalf("the head's time is %v (%v); want past %d", now, err, head.Time+3)
+	}
+	late := a
+	late.ValidAfter = fmt.Sprint(head.Time + 1) // after the settlement's block
+	spentBefore := func(when string) {
+		t.Helper()
+		for name, vb := range map[string]uint64{"validBefore passed": head.Time + 3, "validBefore ahead": head.Time + 3600} {
+			late.ValidBefore = fmt.Sprint(vb)
+			q := sign(t, payer, late, req, req)
+			for _, c := range []x402.SettlementChecker{reader, f} {
+				st, err := c.SettlementStatus(ctx, q, req)
+				if err != nil || st.State != x402.SettlementNever || st.Reason != x402.ReasonExactEVMNonceAlreadyUsed || st.Transaction != "" {
+					t.Errorf("%s, %s, nonce spent before validAfter (%T): %+v, %v; want never, nonce_already_used", when, name, c, st, err)
+				}
+			}
+		}
+	}
+	spentBefore("searched")
+	for _, c := range []x402.SettlementChecker{reader, f} {
+		st, err := c.SettlementStatus(ctx, p, req)
+		if err != nil || st.State != x402.SettlementDone || st.Transaction != r.Transaction {
+			t.Errorf("the settled payment right after (%T): %+v, %v; want done by %s", c, st, err, r.Transaction)
+		}
+	}
+	// The settled payment's log is now remembered for the nonce; the
+	// authorizations whose window it is not in are still never.
+	spentBefore("with the nonce's log remembered")
 }
 
 // firstBlockAt finds, for any time, the first block at or after it.
@@ -457,5 +568,47 @@ func TestOneJudgeOfAUsedNonce(t *testing.T) {
 				check("logs", tc.gets, st, true, err)
 			}
 		})
+	}
+}
+
+// staleHead is a real chain client whose head block is an older one, as a
+// load-balanced provider's node behind the one that answered a contract
+// call may give (a fake: one devnet cannot be two nodes apart).
+type staleHead struct {
+	Chain
+	head *big.Int
+}
+
+func (s staleHead) HeaderByNumber(ctx context.Context, n *big.Int) (*types.Header, error) {
+	if n == nil {
+		n = s.head
+	}
+	return s.Chain.HeaderByNumber(ctx, n)
+}
+
+// A nonce found used by one read, and not in the validity window up to a
+// head read from a node behind, is not called spent otherwise: the use may
+// be in the blocks that node has not seen. The outcome is unknown, never
+// "never".
+func TestNonceUseBeyondAStaleHeadIsUnknown(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	req := e.requirements(payee, amount)
+	before, err := e.d.Client().HeaderByNumber(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := mustSignExact(t, payer, req)
+	if r, err := e.f.Settle(ctx, p, req); err != nil || !r.Success {
+		t.Fatalf("settle = %+v, %v", r, err)
+	}
+	reader, err := NewStatusReader(staleHead{Chain: e.d.Client(), head: before.Number}, DevnetNetwork)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := reader.SettlementStatus(ctx, p, req)
+	var ue *x402.UnknownOutcomeError
+	if !errors.As(err, &ue) || st.State != x402.SettlementUndecided {
+		t.Fatalf("settled after the head read: %+v, %v; want an unknown outcome", st, err)
 	}
 }

@@ -34,7 +34,7 @@ func TestUsedCacheStaysBoundedWhenNoncesRotate(t *testing.T) {
 	}
 	n := usedCacheMax + 500
 	for i := 0; i < n; i++ {
-		if _, err := u.lookup(key(i), at, found(&runs)); err != nil {
+		if _, err := u.lookup(key(i), usedWindow{}, at, found(&runs)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -42,7 +42,7 @@ func TestUsedCacheStaysBoundedWhenNoncesRotate(t *testing.T) {
 		t.Fatalf("%d nonces remembered after %d; want at most %d", l, n, usedCacheMax)
 	}
 	runs.Store(0)
-	if _, err := u.lookup(key(n-1), at.Add(time.Second), found(&runs)); err != nil || runs.Load() != 0 {
+	if _, err := u.lookup(key(n-1), usedWindow{}, at.Add(time.Second), found(&runs)); err != nil || runs.Load() != 0 {
 		t.Fatalf("the newest nonce asked again: %d searches, %v; want it remembered", runs.Load(), err)
 	}
 }
@@ -67,7 +67,7 @@ func TestUsedCacheLookupSharesOneSearch(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if use, err := u.lookup(k, at, slow); err != nil || use.log != nil {
+			if use, err := u.lookup(k, usedWindow{}, at, slow); err != nil || use.log != nil {
 				t.Errorf("a lookup: %v, %v; want the shared not found", use.log, err)
 			}
 		}()
@@ -78,7 +78,7 @@ func TestUsedCacheLookupSharesOneSearch(t *testing.T) {
 	if n := runs.Load(); n != 1 {
 		t.Errorf("8 concurrent lookups ran %d searches; want 1", n)
 	}
-	if _, err := u.lookup(k, at.Add(time.Second), slow); err != nil || runs.Load() != 1 {
+	if _, err := u.lookup(k, usedWindow{}, at.Add(time.Second), slow); err != nil || runs.Load() != 1 {
 		t.Errorf("a later lookup: %d searches, %v; want the not found remembered", runs.Load(), err)
 	}
 
@@ -86,7 +86,7 @@ func TestUsedCacheLookupSharesOneSearch(t *testing.T) {
 	other := usedKey{token: k.token, from: common.HexToAddress("0x03")}
 	runs.Store(0)
 	for i := 0; i < 2; i++ {
-		if _, err := u.lookup(other, at, failing); err == nil {
+		if _, err := u.lookup(other, usedWindow{}, at, failing); err == nil {
 			t.Fatal("a failed search answered")
 		}
 	}
