@@ -57,7 +57,12 @@ const maxChainRecord = 32 << 20
 // a ws(s) endpoint connects here (an http(s) dial makes no request), and
 // go-ethereum's websocket handshake has no deadline of its own. An error
 // names the endpoint by its scheme and host only, never its user, path
-// or query, where API keys go.
+// or query, where API keys go (a provider's key is often the path:
+// https://base-mainnet.g.alchemy.com/v2/<key>): at the dial, and on every
+// call after it, since an http(s) client is dialed at that name and its
+// transport alone sends to the whole endpoint (endpointTransport), so the
+// errors net/http makes of a call, which quote the URL they were given,
+// quote the name. Every EVM chain client is made here.
 func dialChain(ctx context.Context, endpoint string, timeout time.Duration, max int64) (*ethclient.Client, error) {
 	name, err := chainEndpoint(endpoint)
 	if err != nil {
@@ -65,8 +70,13 @@ func dialChain(ctx context.Context, endpoint string, timeout time.Duration, max 
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	client := &http.Client{Transport: cappedTransport{RoundTripper: http.DefaultTransport, max: max}}
-	c, err := rpc.DialOptions(ctx, endpoint, rpc.WithHTTPClient(client), rpc.WithWebsocketMessageSizeLimit(max))
+	var tr http.RoundTripper = cappedTransport{RoundTripper: http.DefaultTransport, max: max}
+	dial := endpoint
+	if u, _ := url.Parse(endpoint); u.Scheme == "http" || u.Scheme == "https" {
+		tr, dial = endpointTransport{RoundTripper: tr, endpoint: u}, name
+	}
+	client := &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	c, err := rpc.DialOptions(ctx, dial, rpc.WithHTTPClient(client), rpc.WithWebsocketMessageSizeLimit(max))
 	switch {
 	case err != nil && ctx.Err() != nil, err != nil && errors.Is(err, os.ErrDeadlineExceeded):
 		// The connection's deadline, which the dialer takes from ctx's,
@@ -131,6 +141,28 @@ func (c *settlementChain) TransactionByHash(ctx context.Context, h common.Hash) 
 func (c *settlementChain) Close() {
 	c.Client.Close()
 	c.records.Close()
+}
+
+// endpointTransport sends every request to endpoint, whatever URL it was
+// made for (the endpoint's scheme and host, dialChain), with endpoint's
+// user and password, if any, as basic auth, as net/http would have sent
+// them. A redirect is not followed (dialChain's client returns it as the
+// reply, an error of the call): its request would go to the endpoint again.
+type endpointTransport struct {
+	http.RoundTripper
+	endpoint *url.URL
+}
+
+func (t endpointTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	u := *t.endpoint
+	u.User = nil
+	r.URL, r.Host = &u, ""
+	if t.endpoint.User != nil && r.Header.Get("Authorization") == "" {
+		pw, _ := t.endpoint.User.Password()
+		r.SetBasicAuth(t.endpoint.User.Username(), pw)
+	}
+	return t.RoundTripper.RoundTrip(r)
 }
 
 // cappedTransport caps the body of every reply of its transport at max

@@ -1,12 +1,18 @@
 package caddymodule
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,6 +22,7 @@ import (
 
 	"github.com/aovhq/aov/apierr"
 	"github.com/aovhq/aov/walletauth"
+	"github.com/aovhq/aov/x402"
 )
 
 // hugeChainRPC (FAULT: a lying or broken chain RPC, which a real node never
@@ -121,5 +128,82 @@ func TestWalletAuthChainReplyIsBounded(t *testing.T) {
 	}
 	if alloc > 16<<20 {
 		t.Errorf("one unauthenticated request made the gateway allocate %d MiB reading chain_rpc's 64 MiB reply; want a bounded read", alloc>>20)
+	}
+}
+
+// TestChainRPCPathKeyNeverLeavesTheGate: a provider's API key is often
+// the rpc URL's path (https://base-mainnet.g.alchemy.com/v2/<key>). The
+// gate sends its chain reads to that path, and a chain read that fails at
+// run time (here the settled-earlier check of a retried settled payment,
+// the endpoint gone) names the endpoint by scheme and host alone: the key
+// is in no log line and not in the answer.
+func TestChainRPCPathKeyNeverLeavesTheGate(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	const key = "SECRETPATHKEY0123456789"
+	var wrongPath atomic.Int64
+	// A provider in front of the devnet node that serves its key's path
+	// only.
+	provider := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v2/"+key {
+			wrongPath.Add(1)
+			http.NotFound(w, r)
+			return
+		}
+		resp, err := http.Post(d.RPCURL(), "application/json", r.Body)
+		if err != nil {
+			http.Error(w, "devnet unreachable", http.StatusBadGateway)
+			return
+		}
+		defer resp.Body.Close()
+		w.Header().Set("Content-Type", "application/json")
+		io.Copy(w, resp.Body)
+	}))
+	t.Cleanup(provider.Close)
+	upA := newUpstream(t)
+	urlA := startCaddy(t, gateSite(upA.URL, fac, 0, "")) + "/verify/schema"
+	sig := signFor(t, paymentRequired(t, post(t, urlA, "", nil)), 4)
+	if resp := post(t, urlA, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}); resp.StatusCode != http.StatusOK {
+		t.Fatalf("the buyer's payment: %d %s", resp.StatusCode, readAll(t, resp))
+	}
+	logFile := filepath.Join(t.TempDir(), "caddy.log")
+	up := newUpstream(t)
+	url := startCaddyServers(t, "", logFile, fmt.Sprintf(`:{port} {
+	route /verify/schema {
+		x402 {
+			accept devnet $0.02 %[3]s
+			facilitator http %[2]s {
+				timeout 3s
+				rpc devnet %[4]s
+			}
+			store badger %[5]s
+		}
+		reverse_proxy %[1]s
+	}
+}
+`, strings.TrimPrefix(up.URL, "http://"), fac, payTo.Hex(), provider.URL+"/v2/"+key, filepath.Join(t.TempDir(), "gate"))) + "/verify/schema"
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	if reason := reasonOf(t, resp); resp.StatusCode != http.StatusPaymentRequired || reason != x402.ReasonPaymentAlreadyUsed || wrongPath.Load() != 0 {
+		t.Fatalf("the settled payment retried, the provider up: %d %s, %d calls to another path; want 402 %s read from the key's path",
+			resp.StatusCode, reason, wrongPath.Load(), x402.ReasonPaymentAlreadyUsed)
+	}
+	provider.Close() // every chain read now fails at once
+	resp = post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	body := string(readAll(t, resp))
+	if resp.StatusCode != http.StatusServiceUnavailable || strings.Contains(body, key) {
+		t.Errorf("the settled payment retried, the provider gone: %d %s; want 503 without the key", resp.StatusCode, body)
+	}
+	var logged []byte
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if logged, _ = os.ReadFile(logFile); bytes.Contains(logged, []byte(strings.TrimPrefix(provider.URL, "http://"))) {
+			break // the failed read is logged, naming the endpoint
+		}
+	}
+	if !bytes.Contains(logged, []byte(strings.TrimPrefix(provider.URL, "http://"))) {
+		t.Errorf("no log line names the failed endpoint:\n%s", logged)
+	}
+	for _, line := range strings.Split(string(logged), "\n") {
+		if strings.Contains(line, key) {
+			t.Errorf("a log line carries the rpc URL's path key: %s", line)
+		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"sync/atomic"
 	"time"
 )
@@ -160,7 +161,7 @@ func (c *RPC) call(ctx context.Context, method string, params []any, out any) er
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
-		return fmt.Errorf("solana rpc %s: %w", method, err)
+		return fmt.Errorf("solana rpc %s: %w", method, hideEndpointPath(err))
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, maxRPCReply+1))
@@ -191,6 +192,23 @@ func (c *RPC) call(ctx context.Context, method string, params []any, out any) er
 		return fmt.Errorf("solana rpc %s: malformed result: %w", method, err)
 	}
 	return nil
+}
+
+// hideEndpointPath names the endpoint in err, an error of net/http's
+// client, by its scheme and host alone: the client quotes the whole URL,
+// and a provider's API key is often its path or query
+// (https://mainnet.helius-rpc.com/?api-key=<key>), which would then be
+// logged with every failed call.
+func hideEndpointPath(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		if u, perr := url.Parse(ue.URL); perr == nil && u.Host != "" {
+			ue.URL = u.Scheme + "://" + u.Host
+		} else {
+			ue.URL = "the rpc endpoint"
+		}
+	}
+	return err
 }
 
 // SimulateResult is simulateTransaction's value.

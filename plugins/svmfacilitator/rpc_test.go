@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -60,5 +61,24 @@ func TestRPCKeepsItsConnections(t *testing.T) {
 	}
 	if n := dialed.Load(); n > inFlight {
 		t.Fatalf("%d connections for %d rounds of %d calls in flight, want %d: idle ones were closed", n, rounds, inFlight, inFlight)
+	}
+}
+
+// A provider's API key in the rpc URL's path or query is in no error of a
+// call: net/http quotes the whole URL it was given, and the error of a
+// failed call is logged. The endpoint is named by scheme and host.
+func TestRPCErrorsNameTheEndpointByHostOnly(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	host := l.Addr().String()
+	l.Close() // nothing listens: the call fails at once
+	const key = "SECRETPATHKEY0123456789"
+	for _, u := range []string{"http://" + host + "/v2/" + key, "http://" + host + "/?api-key=" + key} {
+		_, err := (&RPC{URL: u, Timeout: time.Second}).Slot(context.Background())
+		if err == nil || strings.Contains(err.Error(), key) || !strings.Contains(err.Error(), "http://"+host) {
+			t.Errorf("a failed call to %s: %v; want an error naming http://%s alone", u, err, host)
+		}
 	}
 }
