@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -41,10 +42,19 @@ import (
 // takes no 101 (bufferedWriter), as before.
 
 // upgradeRequest reports whether r asks to switch protocols, as
-// reverse_proxy reads it (Connection names Upgrade, and Upgrade names a
-// protocol).
+// reverse_proxy reads it (Connection names Upgrade, and the first Upgrade
+// value names the protocol), to one other than h2c. An Upgrade of h2c
+// (curl --http2 offers it with every request to an http:// URL) is an
+// ordinary request: reverse_proxy forwards it with Connection: Upgrade
+// alone, dropping the HTTP2-Settings header the client's Connection named,
+// and no upstream upgrades to h2c without it (RFC 7540 §3.2; x/net's h2c
+// takes only an Upgrade whose Connection names HTTP2-Settings), while
+// net/http's server ignores the offer. The upstream answers it as any
+// call, held and judged as any; an upstream that answered it 101 anyway
+// would find the held writer refusing the hijack, and no tunnel opens.
 func upgradeRequest(r *http.Request) bool {
-	return r.Header.Get("Upgrade") != "" && headerHasToken(r.Header, "Connection", "Upgrade")
+	up := r.Header.Get("Upgrade")
+	return up != "" && !strings.EqualFold(up, "h2c") && headerHasToken(r.Header, "Connection", "Upgrade")
 }
 
 // codeUpgradeUnsupported refuses a protocol switch on a route that cannot

@@ -211,3 +211,27 @@ func TestSettleAfterProtocolSwitchPastUpstreamTimeoutIs504(t *testing.T) {
 		t.Fatalf("charged %v, want the one settled call (%v)", got, routePrice)
 	}
 }
+
+// An ordinary request that merely offers an h2c upgrade (curl --http2 on
+// an http:// URL sends Connection: Upgrade, HTTP2-Settings and Upgrade:
+// h2c with every request) is no protocol switch: reverse_proxy forwards it
+// without the HTTP2-Settings no upstream upgrades without, and the
+// upstream answers it as any request. A settle_on pass route offers it
+// for sale as it does the same request without the offer.
+func TestSettleOnPassOffersRequestWithH2COffer(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up, tunnels, _ := echoUpgradeUpstream(t)
+	url := startCaddy(t, gateSite(up.URL, fac, 0, "settle_on pass")) + "/verify/schema"
+	resp := post(t, url, validRequest, map[string]string{
+		"Connection":     "Upgrade, HTTP2-Settings",
+		"Upgrade":        "h2c",
+		"HTTP2-Settings": "AAMAAABkAAQCAAAAAAIAAAAA",
+	})
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusPaymentRequired || resp.Header.Get(x402.HeaderPaymentRequired) == "" {
+		t.Fatalf("request with an h2c upgrade offer: %d %s, want the route's 402 offer", resp.StatusCode, b)
+	}
+	if tunnels.Load() != 0 {
+		t.Fatalf("the upstream opened %d tunnels", tunnels.Load())
+	}
+}
