@@ -91,6 +91,7 @@ type protocolSwitch struct {
 	*bufferedWriter
 	w     http.ResponseWriter // the client's
 	r     *http.Request       // the gate's: settling outlives the upstream's context
+	ex    exchange
 	pc    *paidCharge
 	state atomic.Int32 // headerDue, headerBegun (the 101 came in time) or headerLate
 	timer *time.Timer
@@ -108,7 +109,7 @@ func newProtocolSwitch(w http.ResponseWriter, r *http.Request, ex exchange, c ch
 	if _, rest := ex.(*restExchange); !paid || !rest || !upgradeRequest(r) {
 		return nil
 	}
-	return &protocolSwitch{bufferedWriter: bw, w: w, r: r, pc: pc}
+	return &protocolSwitch{bufferedWriter: bw, w: w, r: r, ex: ex, pc: pc}
 }
 
 // bound is the upstream call's context: cancelled at wait, unless the
@@ -150,6 +151,10 @@ func (s *protocolSwitch) WriteHeader(code int) {
 		return // never settled: the hijack is refused and nothing answered
 	}
 	s.answered = true
+	// The upstream ran and took the request, as before any settlement
+	// (serveCharged): a failed settlement is answered as after any answer,
+	// not by the request check (validate) the upstream's run replaced.
+	s.ex.upstreamRan()
 	// Nothing is held for an unknown outcome: the retry that finds the
 	// transfer runs the upstream again, once (pending.go), as after a
 	// settle before.

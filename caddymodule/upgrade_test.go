@@ -235,3 +235,33 @@ func TestSettleOnPassOffersRequestWithH2COffer(t *testing.T) {
 		t.Fatalf("the upstream opened %d tunnels", tunnels.Load())
 	}
 }
+
+// settle after with validate verify_request: the upstream took an upgrade
+// request the gate's check would refuse and sent its 101, which is its
+// answer; when the settlement at that 101 is refused the buyer gets the
+// settle failure's 402 with the failed PAYMENT-RESPONSE, as after any
+// answer, not the check's 422 for a request the upstream already ran.
+func TestSettleAfterProtocolSwitchRefusedSettlementIs402AfterTheUpstreamRan(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	refusing := reasonFacilitator(t, fac, false, func(int64) string { return "insufficient_funds" })
+	up, tunnels, _ := echoUpgradeUpstream(t)
+	url := startCaddy(t, gateSite(up.URL, refusing.URL, 0, "")) + "/verify/schema"
+	before := balance(t, d, upgradePayerAddress)
+	sig := signFor(t, paymentRequired(t, post(t, url, validRequest, nil)), upgradePayer)
+	resp := post(t, url, `{"task_id":"t-1"}`, map[string]string{
+		"Connection":                "Upgrade",
+		"Upgrade":                   "echo",
+		x402.HeaderPaymentSignature: sig,
+	})
+	b, _ := io.ReadAll(resp.Body)
+	if tunnels.Load() != 1 {
+		t.Fatalf("the upstream opened %d tunnels, want its one (test premise)", tunnels.Load())
+	}
+	var sr x402.SettleResponse
+	if err := x402.DecodeHeader(resp.Header.Get(x402.HeaderPaymentResponse), &sr); resp.StatusCode != http.StatusPaymentRequired || err != nil || sr.Success {
+		t.Fatalf("settlement refused at the 101: %d %s PAYMENT-RESPONSE %+v (%v); want the settle failure's 402 with the failed settlement", resp.StatusCode, b, sr, err)
+	}
+	if got := charged(t, d, upgradePayerAddress, before); got.Sign() != 0 {
+		t.Fatalf("charged %v for a refused settlement", got)
+	}
+}
