@@ -42,6 +42,10 @@ type charge interface {
 	// deliver writes the held answer with what the charge adds to it
 	// (PAYMENT-RESPONSE, the Free-Allowance-* headers).
 	deliver(w http.ResponseWriter, bw *bufferedWriter)
+	// switchWriter returns the writer through which the 101 of a protocol
+	// switch the charge settled goes out, with what the charge adds to it
+	// (upgrade.go).
+	switchWriter(w http.ResponseWriter, r *http.Request) http.ResponseWriter
 }
 
 // outcome is what the upstream's held answer is worth.
@@ -66,7 +70,7 @@ func (g *Gate) serveCharged(w http.ResponseWriter, r *http.Request, next caddyht
 	defer putBuffer(buf)
 	bw := &bufferedWriter{header: make(http.Header), buf: buf, limit: g.MaxBuffer}
 	// One deadline for the whole upstream call; the request that settles
-	// and reports afterwards keeps its own context. A paid protocol switch
+	// and reports afterwards keeps its own context. A protocol switch
 	// settles at its 101, and its tunnel outlives the deadline (upgrade.go).
 	wait := time.Duration(g.UpstreamTimeout)
 	tellAnswerBy(r, time.Now().Add(wait))
@@ -481,9 +485,14 @@ func (f *freeCharge) settle(w http.ResponseWriter, r *http.Request, _ *bufferedW
 }
 
 func (f *freeCharge) deliver(w http.ResponseWriter, bw *bufferedWriter) {
-	f.g.Free.setHeaders(w.Header(), f.res, f.at)
-	setChargedHeaders(w.Header())
+	f.setHeaders(w.Header())
 	bw.replay(w)
+}
+
+// setHeaders sets the headers of an answer served from the unit.
+func (f *freeCharge) setHeaders(h http.Header) {
+	f.g.Free.setHeaders(h, f.res, f.at)
+	setChargedHeaders(h)
 }
 
 // setChargedHeaders sets the headers every answer of a priced route the

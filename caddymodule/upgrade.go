@@ -21,8 +21,8 @@ import (
 // the connection is the upstream's: reverse_proxy hijacks the client's
 // connection and copies bytes both ways for as long as the tunnel is open.
 // Nothing of that can be held, judged or replayed, so a 101 is the
-// upstream accepting the call, and where the call is paid the settlement
-// must be decided at the 101, before the tunnel exists:
+// upstream accepting the call, and where the call is charged (paid or
+// free) the charge must be decided at the 101, before the tunnel exists:
 //
 //   - settle before: settled before the upstream runs; the 101 is the
 //     answer's start (startsAnswer), past which upstream_timeout no longer
@@ -38,8 +38,15 @@ import (
 //     refused before anything is claimed, verified or run
 //     (errUpgradeUnsupported).
 //
-// A free call or an MCP call is not sold as a tunnel: their held writer
-// takes no 101 (bufferedWriter), as before.
+// A call served from the free allowance is the same rule with the free
+// unit for its charge: the unit is committed at the 101 (the free charge's
+// settle), which goes out with the Free-Allowance headers, and the tunnel
+// opens. A free tunnel thus spends the allowance (per_day) and the free
+// budget (rate_limit) as any free answer, and past them the request gets
+// the demand for payment before anything runs.
+//
+// An MCP call is not sold as a tunnel: its held writer takes no 101
+// (bufferedWriter).
 
 // upgradeRequest reports whether r asks to switch protocols, as
 // reverse_proxy reads it (Connection names Upgrade, and the first Upgrade
@@ -75,12 +82,12 @@ func errUpgradeUnsupported() *apierr.Error {
 	}
 }
 
-// protocolSwitch is the gate's held writer (bw) for a paid REST call in
-// settle after mode whose request asks to switch protocols: it takes the
-// upstream's 101 as the answer's start, settles the payment there (pc,
-// the call's charge, by its settle path) and, once settled, writes the 101
-// with the paid headers to w (paidStream) and lets reverse_proxy hijack
-// w's connection. Any other answer is held by bw and judged as every
+// protocolSwitch is the gate's held writer (bw) for a REST call, paid or
+// free, in settle after mode whose request asks to switch protocols: it
+// takes the upstream's 101 as the answer's start, settles the call's
+// charge there (c, by its settle path) and, once settled, writes the 101
+// with the charge's headers to w (switchWriter: paidStream, or the
+// Free-Allowance headers) and lets reverse_proxy hijack w's connection. Any other answer is held by bw and judged as every
 // answer is (serveCharged).
 //
 // upstream_timeout bounds the wait for the answer, up to its 101: the
@@ -91,8 +98,9 @@ type protocolSwitch struct {
 	*bufferedWriter
 	w     http.ResponseWriter // the client's
 	r     *http.Request       // the gate's: settling outlives the upstream's context
+	g     *Gate
 	ex    exchange
-	pc    *paidCharge
+	c     charge
 	state atomic.Int32 // headerDue, headerBegun (the 101 came in time) or headerLate
 	timer *time.Timer
 	// answered: the 101 was settled and went out (switched), or its
@@ -102,14 +110,14 @@ type protocolSwitch struct {
 }
 
 // newProtocolSwitch returns the held writer for c's call, or nil when the
-// call cannot be answered by a tunnel: not an upgrade request, not paid,
-// or not over REST.
+// call cannot be answered by a tunnel: not an upgrade request, or not over
+// REST.
 func newProtocolSwitch(w http.ResponseWriter, r *http.Request, ex exchange, c charge, bw *bufferedWriter) *protocolSwitch {
-	pc, paid := c.(*paidCharge)
-	if _, rest := ex.(*restExchange); !paid || !rest || !upgradeRequest(r) {
+	rex, rest := ex.(*restExchange)
+	if !rest || !upgradeRequest(r) {
 		return nil
 	}
-	return &protocolSwitch{bufferedWriter: bw, w: w, r: r, ex: ex, pc: pc}
+	return &protocolSwitch{bufferedWriter: bw, w: w, r: r, g: rex.g, ex: ex, c: c}
 }
 
 // bound is the upstream call's context: cancelled at wait, unless the
@@ -146,8 +154,8 @@ func (s *protocolSwitch) WriteHeader(code int) {
 		return // past upstream_timeout: no switch, the call failed (late)
 	}
 	s.timer.Stop()
-	g, r := s.pc.g, s.r
-	if !g.settleAllowed(r) {
+	r := s.r
+	if !s.g.settleAllowed(r) {
 		return // never settled: the hijack is refused and nothing answered
 	}
 	s.answered = true
@@ -158,11 +166,10 @@ func (s *protocolSwitch) WriteHeader(code int) {
 	// Nothing is held for an unknown outcome: the retry that finds the
 	// transfer runs the upstream again, once (pending.go), as after a
 	// settle before.
-	if !s.pc.settle(s.w, r, nil) {
+	if !s.c.settle(s.w, r, nil) {
 		return
 	}
-	s.pc.pid.save(nil, s.pc.sr) // streamed: settled, its answer not kept
-	sw := g.paidStream(s.w, r, s.pc.sr, nil)
+	sw := s.c.switchWriter(s.w, r)
 	copyHeader(sw.Header(), s.header)
 	s.switched.Store(true)
 	sw.WriteHeader(code)
@@ -182,3 +189,20 @@ func (s *protocolSwitch) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 
 // reached reports whether the 101 went to the client (runUpstream).
 func (s *protocolSwitch) reached() bool { return s.switched.Load() }
+
+// switchWriter: the settled 101 goes out as a settled stream, with
+// PAYMENT-RESPONSE (paidStream); nothing of a tunnel is kept for a retry
+// with the same payment identifier.
+func (p *paidCharge) switchWriter(w http.ResponseWriter, r *http.Request) http.ResponseWriter {
+	p.pid.save(nil, p.sr)
+	return p.g.paidStream(w, r, p.sr, nil)
+}
+
+// switchWriter: the 101 of a committed free unit goes out with the
+// Free-Allowance headers, and none of the upstream's own (replay's rule).
+func (f *freeCharge) switchWriter(w http.ResponseWriter, _ *http.Request) http.ResponseWriter {
+	return &statusWriter{ResponseWriter: w, onHeader: func(h http.Header, _ int) {
+		dropGateHeaders(h)
+		f.setHeaders(h)
+	}}
+}

@@ -265,3 +265,54 @@ func TestSettleAfterProtocolSwitchRefusedSettlementIs402AfterTheUpstreamRan(t *t
 		t.Fatalf("charged %v for a refused settlement", got)
 	}
 }
+
+// settle after, a call served from the free allowance: the upstream's 101
+// is the free call's answer. Its unit is committed there, the 101 goes out
+// with the Free-Allowance headers and the tunnel opens, nothing charged.
+func TestSettleAfterFreeProtocolSwitchIsServedFree(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	up, tunnels, _ := echoUpgradeUpstream(t)
+	url := startCaddy(t, gateSite(up.URL, fac, 2, "")) + "/verify/schema"
+	before := balance(t, d, upgradePayerAddress)
+	resp := upgradePost(t, url, "")
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("free upgrade: %d %s, want 101", resp.StatusCode, b)
+	}
+	if got := resp.Header.Get(HeaderFreeRemaining); got != "1" {
+		t.Fatalf("%s on the free 101: %q, want 1", HeaderFreeRemaining, got)
+	}
+	if resp.Header.Get(x402.HeaderPaymentResponse) != "" {
+		t.Fatal("a free 101 carries PAYMENT-RESPONSE")
+	}
+	if l := echo(t, resp, "free"); l != "echo free\n" {
+		t.Fatalf("free tunnel: %q", l)
+	}
+	if got := charged(t, d, upgradePayerAddress, before); got.Sign() != 0 || tunnels.Load() != 1 {
+		t.Fatalf("charged %v, %d tunnels; want nothing and one", got, tunnels.Load())
+	}
+}
+
+// Free protocol switches spend the free allowance as any free answer:
+// past per_day an upgrade request gets the route's 402 offer, before the
+// upstream runs, and is then paid as any paid switch.
+func TestFreeProtocolSwitchesCountAgainstPerDay(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up, tunnels, _ := echoUpgradeUpstream(t)
+	url := startCaddy(t, gateSite(up.URL, fac, 2, "")) + "/verify/schema"
+	for i := range 2 {
+		if resp := upgradePost(t, url, ""); resp.StatusCode != http.StatusSwitchingProtocols {
+			t.Fatalf("free upgrade %d of per_day 2: %d, want 101", i+1, resp.StatusCode)
+		}
+	}
+	past := upgradePost(t, url, "")
+	if past.StatusCode != http.StatusPaymentRequired || tunnels.Load() != 2 {
+		t.Fatalf("upgrade past per_day 2: %d after %d tunnels; want the 402 offer after 2", past.StatusCode, tunnels.Load())
+	}
+	sig := signFor(t, paymentRequired(t, past), upgradePayer)
+	paid := upgradePost(t, url, sig)
+	if paid.StatusCode != http.StatusSwitchingProtocols || tunnels.Load() != 3 {
+		t.Fatalf("paid upgrade past per_day: %d, %d tunnels; want 101 and a third", paid.StatusCode, tunnels.Load())
+	}
+	settlementOf(t, paid)
+}
