@@ -151,7 +151,7 @@ func nextMidnight(t time.Time) time.Time {
 // one client's free work. Past it the call is not served free: it gets the
 // demand for payment (with Retry-After: when it may be free again), which
 // counts against the client's refusals as every 402 does. The budget is not
-// the one a payment must pass (Gate.holdRate), so a paying client is never
+// the one a payment must pass (Gate.rateWait), so a paying client is never
 // refused for the free calls it used. It is taken before the upstream runs,
 // so concurrent calls cannot overdraw it, and given back (refund) when
 // nothing ran for the call: the allowance had no unit, or the unit was
@@ -184,7 +184,6 @@ func (g *Gate) serveFree(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		return ex.refuse(w, r, apierr.Unavailable("free allowance store", 1, err))
 	}
 	r.Header.Set(HeaderUpstreamPayment, "free")
-	g.releaseRate(r)
 	return g.serveCharged(w, r, next, ex, &freeCharge{g: g, res: res, at: t, budget: budget})
 }
 

@@ -597,11 +597,10 @@ func (g *Gate) Cleanup() error {
 
 // noteRefusal counts an answer nobody paid for that served nothing (a
 // refusal, a paid call the upstream worked for that settled nothing:
-// unsettled) against the client's rate limit: with the event the request
-// holds (Gate.holdRate), or one more. Free calls count in their own budget
-// (serveFree).
+// unsettled) against the client's rate limit, even past an empty budget
+// (rateZone.note). Free calls count in their own budget (serveFree).
 func (g *Gate) noteRefusal(r *http.Request) {
-	if g.rates != nil && !g.rateHeld(r).keep() {
+	if g.rates != nil {
 		g.rates.note(clientAddr(r))
 	}
 }
@@ -802,11 +801,9 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	if g.MCPTool != "" {
 		return g.serveMCP(w, r, next)
 	}
-	prev, wait := g.holdRate(r)
-	if wait > 0 {
+	if wait := g.rateWait(r); wait > 0 {
 		return g.refuse(w, r, apierr.RateLimited(wait))
 	}
-	defer g.endRateHold(r, prev)
 	if g.allow != nil && !slices.Contains(g.allow, r.Method) {
 		return g.refuse(w, r, apierr.MethodNotAllowed(g.allow...))
 	}

@@ -48,12 +48,22 @@ func (g *Gate) serveMCP(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	// reuse its reading (a gate that changes the body never passes it on).
 	read, _ := caddyhttp.GetVar(r.Context(), varRPCMessage).(*rpcRead)
 	if read == nil {
+		// A message that cannot be read is refused, and counted, only once
+		// the client passed its budget's check: a refusal is counted even
+		// past an empty budget (rateZone.note), and so is never counted
+		// for a request that did not pass it.
 		body, err := g.readBody(r)
 		if err != nil {
+			if wait := g.rateWait(r); wait > 0 {
+				err = apierr.RateLimited(wait)
+			}
 			return g.refuse(w, r, err)
 		}
 		msg, bad := readRPC(body)
 		if bad != nil {
+			if wait := g.rateWait(r); wait > 0 {
+				return g.refuse(w, r, apierr.RateLimited(wait))
+			}
 			metrics.outcomes.WithLabelValues("invalid_jsonrpc").Inc()
 			g.noteRefusal(r)
 			return writeRPC(w, http.StatusBadRequest, rpcError(nil, bad.code, bad.err))
@@ -78,17 +88,15 @@ func (g *Gate) serveMCP(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	}
 	read.gated = true
 	ex := &mcpExchange{g: g, id: msg.id, tool: g.MCPTool}
+	if wait := g.rateWait(r); wait > 0 {
+		return ex.toolError(w, r, apierr.RateLimited(wait))
+	}
 	// Another gate's reading was bounded by its own max_body: this gate's
 	// applies to its own tool's calls only, and, the message being read,
 	// is answered as a tool result.
 	if int64(read.size) > g.MaxBody {
 		return ex.toolError(w, r, apierr.TooLarge(g.MaxBody))
 	}
-	prev, wait := g.holdRate(r)
-	if wait > 0 {
-		return ex.toolError(w, r, apierr.RateLimited(wait))
-	}
-	defer g.endRateHold(r, prev)
 	if ae := g.checkURL(r); ae != nil {
 		return ex.toolError(w, r, ae)
 	}

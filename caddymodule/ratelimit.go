@@ -42,10 +42,15 @@ var maxRateClients = 1 << 16
 // Events such answers within Window is answered 429 rate_limited with
 // Retry-After until its budget refills, before the gate reads its body.
 // Paid calls never count, and a settled payment gives one event back
-// (rateZone.credit): the 402 that told the client the price. A request
-// spends its event before any work is done for it and gets it back if it
-// ends in no refusal (rateHold), so requests sent at once cannot overdraw
-// the budget.
+// (rateZone.credit): the 402 that told the client the price.
+//
+// A request passes when its client's budget has an event left (wait), and
+// spends nothing on arrival: a paying client's requests in flight are not
+// capped. A refusal is counted once known, after the work it cost, even
+// past an empty budget (note): the budget goes into debt, and the client
+// waits until the debt is repaid. Requests sent at once can therefore
+// overdraw the budget by at most the requests in flight, once; on average
+// a client is refused at most Events times per Window.
 //
 // The client is clientAddr: Caddy's resolved client IP (honouring the
 // server's trusted_proxies, never a raw header), an IPv6 client per /64,
@@ -125,8 +130,8 @@ type rateBucket struct {
 	key string // its client, or its prefix
 	// due is no later than the time the bucket has refilled completely:
 	// before it, dropping the bucket could give its client a fresh
-	// budget. Spending only delays the refill; a credit brings it
-	// forward, and due with it (credit).
+	// budget. Spending, into debt too, only delays the refill; a credit
+	// brings it forward, and due with it (credit).
 	due time.Time
 	at  int // index in rateZone.due
 }
@@ -242,8 +247,8 @@ func find[K string | []byte](z *rateZone, tab *rateTable, key K, t time.Time, cr
 		return nil, true
 	}
 	// A new bucket is spent at once (note, take): one event refills in
-	// refillIn(burst-1). One left full is due later than it could go,
-	// which only delays dropping what means nothing.
+	// refillIn(burst-1), more spent only later. One left full is due later
+	// than it could go, which only delays dropping what means nothing.
 	b = &rateBucket{Limiter: rate.NewLimiter(z.limit, z.burst), key: string(key), due: t.Add(z.refillIn(float64(z.burst - 1)))}
 	tab.buckets[b.key] = b
 	heap.Push(&tab.due, b)
@@ -253,7 +258,8 @@ func find[K string | []byte](z *rateZone, tab *rateTable, key K, t time.Time, cr
 // sweep drops the buckets of tab that have refilled completely by t. It
 // looks only at the buckets due by t, earliest first: each goes, or, spent
 // since it was last looked at, is due again when it can have refilled,
-// after t. So no request walks the table under the zone's lock: a sweep
+// after t (a bucket in debt, tokens below 0, refills its debt first:
+// refillIn). So no request walks the table under the zone's lock: a sweep
 // costs O(log n) per bucket it drops or that was spent since its last
 // look, each paid for by a request.
 // z.mu must be held.
@@ -271,14 +277,15 @@ func (z *rateZone) sweep(tab *rateTable, t time.Time) {
 	}
 }
 
-// refillIn is how long a bucket holding tokens takes to refill completely,
-// rounded up to the millisecond, so that it has by then.
+// refillIn is how long a bucket holding tokens (below 0 for one in debt)
+// takes to refill completely, rounded up to the millisecond, so that it
+// has by then.
 func (z *rateZone) refillIn(tokens float64) time.Duration {
 	return time.Duration(math.Ceil((float64(z.burst)-tokens)/float64(z.limit)*1e3)) * time.Millisecond
 }
 
 // retryAfter is how many whole seconds from t until bucket l holds one
-// event again; 0 when it holds one now.
+// event again, its debt repaid; 0 when it holds one now.
 func (z *rateZone) retryAfter(l *rate.Limiter, t time.Time) int {
 	tokens := l.TokensAt(t)
 	if tokens >= 1 {
@@ -317,10 +324,36 @@ func (z *rateZone) take(client string) int {
 	return wait
 }
 
-// note counts one refused or unpaid answer to client, if its budget has an
-// event left.
+// wait is how many seconds client must wait before its budget has an event
+// left (0: it has one now), spending none: what a request must pass on
+// arrival before any work is done for it.
+func (z *rateZone) wait(client string) int {
+	t := now()
+	z.mu.Lock()
+	b, _ := z.bucket(client, t, false)
+	z.mu.Unlock()
+	if b == nil {
+		return 0
+	}
+	return z.retryAfter(b.Limiter, t)
+}
+
+// note counts one refused or unpaid answer to client, even past an empty
+// budget. A refusal is known only after the work it cost (a facilitator's
+// /verify, a chain check), and every request in flight passed wait before
+// it: were a refusal past the budget not counted, C requests sent at once
+// would cost C pieces of work per Window, again and again. Counted, the
+// budget goes into debt (tokens below 0) and its client waits until the
+// debt is repaid: at most Events refusals per Window on average, in bursts
+// of at most the requests in flight.
 func (z *rateZone) note(client string) {
-	z.spend(client)
+	t := now()
+	z.mu.Lock()
+	b, _ := z.bucket(client, t, true)
+	z.mu.Unlock()
+	// A reservation never cancelled: x/time/rate takes the event even from
+	// an empty bucket (AllowN would refuse it).
+	b.ReserveN(t, 1)
 }
 
 // refund gives back the event s spent, to the bucket it was spent from, up
@@ -380,85 +413,14 @@ func (z *rateZone) give(b *rateBucket, tab *rateTable, t time.Time) bool {
 	if b.TokensAt(t) >= float64(z.burst) {
 		return false
 	}
-	b.AllowN(t, -1) // taking -1 events adds one token (x/time/rate: tokens -= n)
+	// Reserving -1 events adds one token (x/time/rate: tokens -= n), also
+	// to a bucket in debt, which AllowN would refuse.
+	b.ReserveN(t, -1)
 	if due := t.Add(z.refillIn(b.TokensAt(t))); tab != nil && due.Before(b.due) {
 		b.due = due
 		heap.Fix(&tab.due, b.at)
 	}
 	return true
-}
-
-// rateHold is the events one request spent before the work it may be
-// refused after (a facilitator's /verify of its payment, the chain check
-// of its wallet proof), one in each zone that bounds it. Were the budget
-// only checked before the work and the refusal counted after it, every
-// request in flight would pass the check: C concurrent requests would get
-// C pieces of work, not Events. Spent first, at most Events refused
-// requests run per Window, concurrent or not, and a client has at most
-// Events requests in flight. A request that ends refused keeps its events
-// (keep); one that ends otherwise (a settled payment, a call served, a
-// valid proof) gives them back (release).
-type rateHold struct {
-	client string
-	spent  []rateSpend
-	one    [1]rateSpend // spent's room for one zone, a gate's
-	done   bool
-}
-
-// holdRate spends one event of client in each of zones, or, when any
-// zone's budget is spent, spends none and returns the longest wait.
-func holdRate(client string, zones ...*rateZone) (*rateHold, int) {
-	h := &rateHold{client: client}
-	h.spent = h.one[:0]
-	wait := 0
-	for _, z := range zones {
-		s, w := z.spend(client)
-		if w > 0 {
-			wait = max(wait, w)
-			continue
-		}
-		h.spent = append(h.spent, s)
-	}
-	if wait > 0 {
-		h.release()
-		return nil, wait
-	}
-	return h, 0
-}
-
-// holds reports whether h still holds an event of z for its request.
-func (h *rateHold) holds(z *rateZone) bool {
-	if h == nil || h.done {
-		return false
-	}
-	for _, s := range h.spent {
-		if s.z == z {
-			return true
-		}
-	}
-	return false
-}
-
-// keep counts the request's refusal with the events it holds, and reports
-// whether it had them to count with; a refusal counted after them (or
-// without a hold) spends more (rateZone.note).
-func (h *rateHold) keep() bool {
-	if h == nil || h.done {
-		return false
-	}
-	h.done = true
-	return true
-}
-
-// release gives the events back: the request was not refused.
-func (h *rateHold) release() {
-	if h == nil || h.done {
-		return
-	}
-	h.done = true
-	for _, s := range h.spent {
-		s.refund()
-	}
 }
 
 // countsAgainstRate reports whether answering e counts one event against
@@ -507,27 +469,26 @@ func removeServerZone(srv *caddyhttp.Server, z *rateZone) {
 	}
 }
 
-// holdServerRate spends one event of the request's client in each of its
-// server's gates' zones (rateHold), before wallet_auth checks its proof;
-// when any of them is spent it returns no hold and how many seconds the
-// client must wait.
-func holdServerRate(r *http.Request) (*rateHold, int) {
+// serverRateWait is how many seconds the request's client must wait
+// before any of its server's gates' zones has an event left for it (0:
+// each has one), spending none: what wallet_auth asks before it checks a
+// proof.
+func serverRateWait(r *http.Request) int {
 	srv, _ := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
 	serverZones.RLock()
 	defer serverZones.RUnlock()
-	zs := serverZones.m[srv]
-	if len(zs) == 0 {
-		return nil, 0
+	wait := 0
+	if zs := serverZones.m[srv]; len(zs) > 0 {
+		client := clientAddr(r)
+		for z := range zs {
+			wait = max(wait, z.wait(client))
+		}
 	}
-	zones := make([]*rateZone, 0, len(zs))
-	for z := range zs {
-		zones = append(zones, z)
-	}
-	return holdRate(clientAddr(r), zones...)
+	return wait
 }
 
-// noteServerEvent counts one event against the request's client in its
-// server's gates' zones.
+// noteServerEvent counts one event against the request's client in each of
+// its server's gates' zones, even past an empty budget (rateZone.note).
 func noteServerEvent(r *http.Request) {
 	srv, _ := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
 	serverZones.RLock()
@@ -540,63 +501,20 @@ func noteServerEvent(r *http.Request) {
 	}
 }
 
-// varRateHold holds the *rateHold of the gate serving the request
-// (Gate.holdRate), so that whatever refuses or settles the request counts
-// or gives back its event.
-const varRateHold = "aov.x402.rate_hold"
-
-// holdRate spends the request's event of g's zone before the gate does any
-// work for it (rateHold), or returns how many seconds its client must wait.
-// It returns the hold it replaces, which endRateHold puts back: a gate
-// within another's route (an mcp_tool gate behind a gate of the whole
-// endpoint) holds its own, or, in the same zone, shares the one the
-// request holds already, so that one request never holds two events of a
-// budget.
-func (g *Gate) holdRate(r *http.Request) (prev *rateHold, wait int) {
-	prev, _ = caddyhttp.GetVar(r.Context(), varRateHold).(*rateHold)
-	if g.rates == nil || prev.holds(g.rates) {
-		return prev, 0
+// rateWait is how many seconds the request's client must wait before g's
+// refusal budget has an event left for it (rateZone.wait); 0 with
+// rate_limit off.
+func (g *Gate) rateWait(r *http.Request) int {
+	if g.rates == nil {
+		return 0
 	}
-	h, wait := holdRate(clientAddr(r), g.rates)
-	if wait > 0 {
-		return prev, wait
-	}
-	caddyhttp.SetVar(r.Context(), varRateHold, h)
-	return prev, 0
+	return g.rates.wait(clientAddr(r))
 }
 
-// endRateHold gives back the event the gate held for the request, unless
-// a refusal kept it, and puts back the hold it replaced (holdRate).
-func (g *Gate) endRateHold(r *http.Request, prev *rateHold) {
-	if h, _ := caddyhttp.GetVar(r.Context(), varRateHold).(*rateHold); h != prev {
-		h.release()
-		caddyhttp.SetVar(r.Context(), varRateHold, prev)
-	}
-}
-
-// rateHeld is the hold of the request's event in g's zone, nil when there
-// is none (rate_limit off, or a refusal before the gate held one).
-func (g *Gate) rateHeld(r *http.Request) *rateHold {
-	if h, _ := caddyhttp.GetVar(r.Context(), varRateHold).(*rateHold); h.holds(g.rates) {
-		return h
-	}
-	return nil
-}
-
-// releaseRate gives back the event held for a call the gate serves free:
-// whatever becomes of it counts in the free budget only (serveFree), and
-// the budget a payment must pass holds no event for it meanwhile.
-func (g *Gate) releaseRate(r *http.Request) {
-	g.rateHeld(r).release()
-}
-
-// creditSettled gives back the event the request held, its payment having
-// settled, and then the event of the 402 before it (rateZone.credit). The
-// held one goes back first, so that the credit finds the bucket the 402
-// was counted in, not the one the hold spent.
+// creditSettled gives back the event of the 402 before the request's
+// payment, which settled (rateZone.credit).
 func (g *Gate) creditSettled(r *http.Request) {
 	if g.rates != nil {
-		g.releaseRate(r)
 		g.rates.credit(clientAddr(r))
 	}
 }

@@ -107,16 +107,3 @@ func TestRateZoneCreditIsBoundedByTheBudget(t *testing.T) {
 		t.Fatal("credits were saved up beyond the budget")
 	}
 }
-
-// wait is how many seconds client must wait before z lets it spend an event
-// again (0: it may now), spending none: what a test asks of a zone.
-func (z *rateZone) wait(client string) int {
-	t := now()
-	z.mu.Lock()
-	b, _ := z.bucket(client, t, false)
-	z.mu.Unlock()
-	if b == nil {
-		return 0
-	}
-	return z.retryAfter(b.Limiter, t)
-}

@@ -258,15 +258,11 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 	}
 	if len(auth)+len(siwx) > 0 || wa.Mode == "required" {
 		// A client the gates of this server would answer 429 gets it before
-		// any proof is checked (serverZones), and the check spends its
-		// event first (rateHold): kept if the proof is refused, given back
-		// once it passes.
-		hold, wait := holdServerRate(r)
-		if wait > 0 {
+		// any proof is checked (serverZones); a refused proof is counted
+		// once checked, even past an empty budget (refuse).
+		if wait := serverRateWait(r); wait > 0 {
 			return wa.refuse(w, r, apierr.RateLimited(wait))
 		}
-		caddyhttp.SetVar(r.Context(), varWalletRateHold, hold)
-		defer hold.release()
 	}
 	if len(auth) > 1 || len(siwx) > 1 {
 		return wa.refuse(w, r, &walletauth.Error{Kind: walletauth.ErrMalformed, Header: walletauth.HeaderName,
@@ -350,22 +346,10 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 		// a client's own claim to have paid now.
 		clearUpstreamHeaders(h)
 	}
-	// The proof passed: its events go back before the gates spend theirs.
-	walletRateHold(r).release()
 	if wa.SIWX && firstValue(h, keyPaymentSignature) != "" {
 		return next.ServeHTTP(wa.recordPayments(w, r, walletauth.PaidResource(site, escaped)), r)
 	}
 	return next.ServeHTTP(w, r)
-}
-
-// varWalletRateHold holds the *rateHold of the events wallet_auth spent
-// for the request's proof check (holdServerRate) until it ends.
-const varWalletRateHold = "aov.wallet_auth.rate_hold"
-
-// walletRateHold is the request's varWalletRateHold, nil when none.
-func walletRateHold(r *http.Request) *rateHold {
-	h, _ := caddyhttp.GetVar(r.Context(), varWalletRateHold).(*rateHold)
-	return h
 }
 
 // takeClientProofs removes the client's wallet proofs (X-Wallet-Auth,
@@ -490,17 +474,14 @@ func (wa *WalletAuth) refuse(w http.ResponseWriter, r *http.Request, err error) 
 	if e.Status == http.StatusUnauthorized {
 		w.Header().Set("WWW-Authenticate", walletauth.HeaderName)
 	}
-	// A refused proof counts like a gate's refusal, with the events its
-	// check held. So does a contract wallet's check that failed at the
-	// chain, although it is no refusal: the client chose the contract
-	// wallet and each check costs the operator's chain calls, so one proof
-	// resent would otherwise cost RPC calls without bound.
-	if hold := walletRateHold(r); errors.Is(err, walletauth.ErrChainCheck) || countsAgainstRate(e) {
-		if !hold.keep() {
-			noteServerEvent(r)
-		}
-	} else {
-		hold.release()
+	// A refused proof counts like a gate's refusal, in every zone of its
+	// server's gates, even past an empty budget: its check was the work.
+	// So does a contract wallet's check that failed at the chain, although
+	// it is no refusal: the client chose the contract wallet and each check
+	// costs the operator's chain calls, so one proof resent would otherwise
+	// cost RPC calls without bound.
+	if errors.Is(err, walletauth.ErrChainCheck) || countsAgainstRate(e) {
+		noteServerEvent(r)
 	}
 	apierr.Write(w, e)
 	return nil

@@ -1,0 +1,258 @@
+package caddymodule
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/ethereum/go-ethereum/crypto"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/aovhq/aov/walletauth"
+	"github.com/aovhq/aov/x402"
+)
+
+// sendAtOnce sends n requests together (request(i) says what each is) and
+// returns how many got each status.
+func sendAtOnce(t *testing.T, n int, request func(i int) (method, url, body string, hdr map[string]string)) map[int]int {
+	t.Helper()
+	var mu sync.Mutex
+	statuses := map[int]int{}
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		method, url, body, hdr := request(i)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			resp, _ := send(t, method, url, body, hdr)
+			mu.Lock()
+			statuses[resp.StatusCode]++
+			mu.Unlock()
+		}()
+	}
+	close(start)
+	wg.Wait()
+	return statuses
+}
+
+// unfundedPayments signs n payments for pr's first offer, each by a new
+// wallet that holds nothing: the facilitator's /verify refuses them.
+func unfundedPayments(t *testing.T, pr x402.PaymentRequired, n int) []x402.PaymentPayload {
+	t.Helper()
+	ps := make([]x402.PaymentPayload, n)
+	for i := range ps {
+		key, _ := crypto.GenerateKey()
+		p, err := x402.SignExactEVM(key, pr.Accepts[0], &pr.Resource, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		ps[i] = p
+	}
+	return ps
+}
+
+// One client sends many refused payments at once (unfunded wallets, each
+// a facilitator /verify): every request in flight passed the check of its
+// budget, and every refusal is counted once known, past the empty budget,
+// so the budget goes into debt. The first wave costs at most the requests
+// in flight; the client then waits until the debt is repaid (Retry-After
+// counts it), and a second wave 2.1 s later, when one event would have
+// refilled, costs none. (From the audit: 16 concurrent refused payments
+// cost 16 /verify calls with rate_limit 2 4s, every time.)
+func TestConcurrentRefusedPaymentsPutTheBudgetInDebt(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	facURL, verifies := countingFacilitator(t, fac, 400*time.Millisecond)
+	up := newUpstream(t)
+	base := startCaddyServers(t, "\t\ttrusted_proxies static 127.0.0.1/32\n\t\ttrusted_proxies_strict", "", gateSite(up.URL, facURL, 0, "rate_limit 2 4s"))
+	u := base + "/verify/schema"
+	pr := paymentRequired(t, post(t, u, validRequest, from("192.0.2.200")))
+
+	const n = 16
+	wave := func() (map[int]int, int64) {
+		hdrs := make([]map[string]string, n)
+		for i, p := range unfundedPayments(t, pr, n) {
+			h, _ := x402.EncodeHeader(p)
+			hdrs[i] = map[string]string{"X-Forwarded-For": "198.51.100.9", x402.HeaderPaymentSignature: h}
+		}
+		before := verifies.Load()
+		st := sendAtOnce(t, n, func(i int) (string, string, string, map[string]string) {
+			return http.MethodPost, u, validRequest, hdrs[i]
+		})
+		return st, verifies.Load() - before
+	}
+	s1, v1 := wave()
+	if v1 < 4 || v1 > n || s1[http.StatusPaymentRequired] != int(v1) {
+		t.Fatalf("one client, rate_limit 2 4s, %d concurrent refused payments: %d /verify calls (statuses %v); want at most the %d in flight, each refused 402, and more than the budget's 2 for the test to mean anything", n, v1, s1, n)
+	}
+	// One event refills in 2 s; the debt of v1-2 events takes 2 s each.
+	time.Sleep(2100 * time.Millisecond)
+	s2, v2 := wave()
+	if v2 != 0 || s2[http.StatusTooManyRequests] != n {
+		t.Errorf("a second wave of %d 2.1 s after %d refused payments put the budget in debt: %d /verify calls (statuses %v); want none, all 429", n, v1, v2, s2)
+	}
+	resp, _ := send(t, http.MethodPost, u, validRequest, map[string]string{"X-Forwarded-For": "198.51.100.9"})
+	// About 2*(v1-1) s from the first wave's end, 2.1 s and two waves ago.
+	if ra, _ := strconv.Atoi(resp.Header.Get("Retry-After")); resp.StatusCode != http.StatusTooManyRequests || ra < 2*int(v1-1)-8 {
+		t.Errorf("after %d refusals of a budget of 2 per 4 s: %d, Retry-After %q; want 429 until the debt is repaid (about %d s)", v1, resp.StatusCode, resp.Header.Get("Retry-After"), 2*(v1-1)-3)
+	}
+}
+
+// The same over MCP: concurrent tools/call messages of one client, each
+// with an unfunded payment in _meta, cost at most the calls in flight
+// /verify calls, and put the budget in debt: a second wave costs none, its
+// calls rate_limited tool results.
+func TestConcurrentRefusedToolCallPaymentsPutTheBudgetInDebt(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	facURL, verifies := countingFacilitator(t, fac, 400*time.Millisecond)
+	up := newMCPUpstream(t)
+	site := strings.Replace(mcpSite(up.URL, facURL, 0), "validate verify_request", "validate verify_request\n\t\t\trate_limit 2 1m", 1)
+	base := startCaddyServers(t, "\t\ttrusted_proxies static 127.0.0.1/32\n\t\ttrusted_proxies_strict", "", site)
+	u := base + "/mcp"
+	pr := demandOf(t, callTool(t, mcpSession(t, u), "verify_schema", verifyArgs, nil))
+
+	const n = 12
+	bodies := make([]string, n)
+	for i, p := range unfundedPayments(t, pr, n) {
+		b, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": map[string]any{
+			"name": "verify_schema", "arguments": verifyArgs, "_meta": mcp.Meta{mcpMetaPayment: p},
+		}})
+		bodies[i] = string(b)
+	}
+	wave := func() int64 {
+		before := verifies.Load()
+		sendAtOnce(t, n, func(i int) (string, string, string, map[string]string) {
+			return http.MethodPost, u, bodies[i], from("198.51.100.9")
+		})
+		return verifies.Load() - before
+	}
+	v1 := wave()
+	v2 := wave()
+	if v1 < 3 || v1 > n || v2 != 0 {
+		t.Errorf("two waves of %d concurrent tool calls of one client with unfunded payments (rate_limit 2 1m): %d then %d /verify calls; want at most the %d in flight (more than the budget's 2 for the test to mean anything), then none", n, v1, v2, n)
+	}
+}
+
+// wallet_auth checks its server's gates' budgets before it checks a proof
+// and counts a failed check, past an empty budget too: concurrent
+// contract-wallet proofs of one client whose check fails at the chain cost
+// at most the proofs in flight chain checks, and put the budget in debt, so
+// a second wave costs none, all 429. (From the audit: 12 proofs at once, 12
+// chain checks with rate_limit 3 1m, every time.)
+func TestConcurrentWalletChecksPutTheBudgetInDebt(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	var checks atomic.Int64
+	rpc := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			ID     json.RawMessage `json:"id"`
+			Method string          `json:"method"`
+		}
+		json.NewDecoder(r.Body).Decode(&req)
+		w.Header().Set("Content-Type", "application/json")
+		switch req.Method {
+		case "eth_chainId":
+			fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"result":"0x2105"}`, req.ID)
+		case "eth_getCode":
+			fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"result":"0x6001"}`, req.ID)
+		default: // the signature check: a node that cannot answer
+			checks.Add(1)
+			time.Sleep(300 * time.Millisecond)
+			fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"error":{"code":-32000,"message":"header not found"}}`, req.ID)
+		}
+	}))
+	t.Cleanup(rpc.Close)
+	up := walletUpstream(t)
+	base := startCaddyServers(t, "\t\ttrusted_proxies static 127.0.0.1/32\n\t\ttrusted_proxies_strict", "", rateLimitedWalletSite(up.URL, fac, rpc.URL))
+	u := base + "/api/x"
+	const n = 12
+	hdrs := make([]map[string]string, n)
+	for i := range n {
+		e, err := walletauth.Parse(walletProof(t, walletKey(1), "GET", u, func(r *walletauth.Request) { r.ChainID = "eip155:8453" }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.Address = walletAddr(2) // a contract wallet: checked at the chain
+		h, _ := e.Encode()
+		hdrs[i] = map[string]string{"X-Forwarded-For": "198.51.100.9", walletauth.HeaderName: h}
+	}
+	wave := func() (map[int]int, int64) {
+		before := checks.Load()
+		st := sendAtOnce(t, n, func(i int) (string, string, string, map[string]string) {
+			return http.MethodGet, u, "", hdrs[i]
+		})
+		return st, checks.Load() - before
+	}
+	s1, c1 := wave()
+	s2, c2 := wave()
+	if c1 < 4 || c1 > n || c2 != 0 || s2[http.StatusTooManyRequests] != n {
+		t.Errorf("two waves of %d concurrent failing contract-wallet proofs of one client (rate_limit 3 1m): %d chain checks (statuses %v), then %d (%v); want at most the %d in flight (more than the budget's 3 for the test to mean anything), then none, all 429", n, c1, s1, c2, s2, n)
+	}
+}
+
+// A newcomer to a full table has its 402 counted in its network's budget,
+// and so does its payment's check, which spends nothing: the settled
+// payment's credit goes back to the network's budget. (From the audit: the
+// credit looked only for a bucket of the client's own once the table had
+// room, and was lost.)
+func TestSettledPaymentCreditsTheBudgetIts402WasCountedIn(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	at := t0
+	stubNow(t, &at)
+	z := fullZone(t, 8, 2, 24*time.Hour)
+	const newcomer = "203.0.113.1"
+	z.note(newcomer) // its 402, counted in 203.0.113.0/24
+	g := &Gate{rates: z}
+	r := httptest.NewRequest(http.MethodPost, "/", nil)
+	r = r.WithContext(context.WithValue(r.Context(), caddyhttp.VarsCtxKey, map[string]any{caddyhttp.ClientIPVarKey: newcomer}))
+	if wait := g.rateWait(r); wait != 0 {
+		t.Fatalf("the newcomer's payment waits %d s", wait)
+	}
+	g.creditSettled(r)
+	z.mu.Lock()
+	p := z.prefixes.buckets["203.0.113.0/24"]
+	z.mu.Unlock()
+	if p == nil {
+		t.Fatal("no bucket for the newcomer's /24")
+	}
+	if tp := p.TokensAt(at); tp < 2 {
+		t.Errorf("after the newcomer's 402 and its settled payment: its /24 holds %.3f events; want it full (2)", tp)
+	}
+}
+
+// An honest x402 client asks the price of three calls (three 402s, three
+// events of rate_limit 4 1h) and then pays all three at once: a payment
+// passes while its budget has an event left and spends none on arrival, so
+// all three are served. (From the audit: each payment held an event while
+// /verify ran, one was left, and two paid calls got 429 for 15 minutes.)
+func TestParallelPaidCallsAfterTheir402sAreServed(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	facURL, _ := countingFacilitator(t, fac, 400*time.Millisecond)
+	up := newUpstream(t)
+	base := startCaddyServers(t, "\t\ttrusted_proxies static 127.0.0.1/32\n\t\ttrusted_proxies_strict", "", gateSite(up.URL, facURL, 0, "rate_limit 4 1h"))
+	u := base + "/verify/schema"
+	const k = 3
+	var pr x402.PaymentRequired
+	for range k {
+		pr = paymentRequired(t, post(t, u, validRequest, from("198.51.100.20")))
+	}
+	hdrs := make([]map[string]string, k)
+	for i := range k {
+		hdrs[i] = map[string]string{"X-Forwarded-For": "198.51.100.20", x402.HeaderPaymentSignature: signFor(t, pr, 1)}
+	}
+	st := sendAtOnce(t, k, func(i int) (string, string, string, map[string]string) {
+		return http.MethodPost, u, validRequest, hdrs[i]
+	})
+	if st[http.StatusOK] != k {
+		t.Errorf("one client, rate_limit 4 1h: %d calls asked the price (402) then paid at once: statuses %v; want all %d served", k, st, k)
+	}
+}
