@@ -200,32 +200,77 @@ func TestConcurrentWalletChecksPutTheBudgetInDebt(t *testing.T) {
 }
 
 // A newcomer to a full table has its 402 counted in its network's budget,
-// and so does its payment's check, which spends nothing: the settled
-// payment's credit goes back to the network's budget. (From the audit: the
-// credit looked only for a bucket of the client's own once the table had
-// room, and was lost.)
-func TestSettledPaymentCreditsTheBudgetIts402WasCountedIn(t *testing.T) {
+// and so does its payment's check: the settled payment's credit goes back
+// there, the budget that counts it. Once it has a bucket of its own, that
+// one counts it, and a full one gains nothing: neither its network's nor
+// the overflow bucket shared by a flood gets the credit. (From the audit:
+// the credit fell through from a client's full bucket to the shared ones,
+// so every payment settled by anyone gave the flood one more refusal.)
+func TestSettledPaymentCreditsOnlyTheBudgetThatCountsItsClient(t *testing.T) {
 	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	at := t0
 	stubNow(t, &at)
-	z := fullZone(t, 8, 2, 24*time.Hour)
+	const size = 8
+	z := fullZone(t, size, 2, 24*time.Hour) // clients table full: c0..c7
+	g := &Gate{rates: z}
+	settle := func(client string) {
+		t.Helper()
+		r := httptest.NewRequest(http.MethodPost, "/", nil)
+		r = r.WithContext(context.WithValue(r.Context(), caddyhttp.VarsCtxKey, map[string]any{caddyhttp.ClientIPVarKey: client}))
+		if wait := g.rateWait(r); wait != 0 {
+			t.Fatalf("%s's payment waits %d s", client, wait)
+		}
+		g.creditSettled(r)
+	}
+	tokens := func(tab *rateTable, key string) float64 {
+		z.mu.Lock()
+		defer z.mu.Unlock()
+		if key == "" {
+			return z.overflow.TokensAt(at)
+		}
+		return tab.buckets[key].TokensAt(at)
+	}
+
 	const newcomer = "203.0.113.1"
 	z.note(newcomer) // its 402, counted in 203.0.113.0/24
-	g := &Gate{rates: z}
-	r := httptest.NewRequest(http.MethodPost, "/", nil)
-	r = r.WithContext(context.WithValue(r.Context(), caddyhttp.VarsCtxKey, map[string]any{caddyhttp.ClientIPVarKey: newcomer}))
-	if wait := g.rateWait(r); wait != 0 {
-		t.Fatalf("the newcomer's payment waits %d s", wait)
+	settle(newcomer)
+	if tracks(z, &z.clients, newcomer) || tokens(&z.prefixes, "203.0.113.0/24") < 2 {
+		t.Fatalf("a newcomer's payment settled with the table full: its /24 holds %.3f events; want the credit there (2), no bucket of its own", tokens(&z.prefixes, "203.0.113.0/24"))
 	}
-	g.creditSettled(r)
-	z.mu.Lock()
-	p := z.prefixes.buckets["203.0.113.0/24"]
-	z.mu.Unlock()
-	if p == nil {
-		t.Fatal("no bucket for the newcomer's /24")
+
+	// Room in the table: c0 refills (credit) and is dropped. The
+	// newcomer's next refusal is counted in a bucket of its own, which its
+	// next payments top up; the /24 they no longer count in gains nothing.
+	z.credit("c0")
+	z.note(newcomer)
+	z.note("203.0.113.2") // another client of the /24, counted there
+	if !tracks(z, &z.clients, newcomer) {
+		t.Fatal("with room in the table, the newcomer has no bucket of its own")
 	}
-	if tp := p.TokensAt(at); tp < 2 {
-		t.Errorf("after the newcomer's 402 and its settled payment: its /24 holds %.3f events; want it full (2)", tp)
+	for range 3 {
+		settle(newcomer)
+	}
+	if own, p := tokens(&z.clients, newcomer), tokens(&z.prefixes, "203.0.113.0/24"); own < 2 || p >= 2 {
+		t.Errorf("3 payments of a client with a bucket of its own: it holds %.3f events, its /24 (counted in by others) %.3f; want its own full (2), the /24 given nothing (1)", own, p)
+	}
+
+	// The table of prefixes full too: a flood shares the overflow bucket,
+	// and spends it. A tracked client's payments, with no 402 before them,
+	// give the flood nothing.
+	for i := range size {
+		z.note(fmt.Sprintf("10.%d.0.1", i))
+	}
+	const flooder = "2001:db8:1:1::/64"
+	z.note(flooder)
+	z.note(flooder)
+	if z.wait(flooder) == 0 {
+		t.Fatal("the overflow budget is not spent")
+	}
+	for range 3 {
+		settle("c1")
+	}
+	if got := tokens(nil, ""); got >= 1 {
+		t.Errorf("another client's payments, none after a 402 counted in the overflow, left the overflow budget a flood shares with %.3f events; want 0", got)
 	}
 }
 

@@ -383,35 +383,30 @@ func (s rateSpend) refund() {
 // one more per payment; and a budget never grows beyond Events, so no
 // credit can be saved up.
 //
-// The event goes back where the 402 can have been counted, which another
-// request did, so no rateSpend names it: the client's own bucket, else its
-// prefix's, else the overflow, the first of them not full. A newcomer to a
-// full table had its 402 counted in its prefix's or the overflow bucket,
-// and may have a bucket of its own by the time it pays (the table had
-// room again): were the credit lost, it would be capped at Events paid
-// calls per Window. What the others sharing such a bucket gain is one
-// refusal per payment settled.
+// The event goes to the bucket that counts the client now (bucket): the
+// budget its next request must pass. A newcomer to a full table, counted
+// in its prefix's or the overflow bucket, earns it there, so it is not
+// capped at Events paid calls per Window; what the others sharing such a
+// bucket gain is one refusal per payment settled. A client with a bucket
+// of its own that is full (it paid without a 402 first, or the 402 has
+// refilled) gains nothing, and nor does any bucket it shares: a payment
+// never reopens a shared budget its client is not counted in.
 func (z *rateZone) credit(client string) {
 	t := now()
 	z.mu.Lock()
 	defer z.mu.Unlock()
-	if b := z.clients.buckets[client]; b != nil && z.give(b, &z.clients, t) {
-		return
+	if b, tab := z.bucket(client, t, false); b != nil {
+		z.give(b, tab, t)
 	}
-	var buf [maxPrefixLen]byte
-	if b := z.prefixes.buckets[string(appendClientPrefix(buf[:0], client))]; b != nil && z.give(b, &z.prefixes, t) {
-		return
-	}
-	z.give(z.overflow, nil, t)
 }
 
 // give adds one event to b, in tab (nil: the overflow bucket), unless it
-// is full; it reports whether it did. A bucket never holds more than a
-// full budget: the limiter caps its tokens at burst whenever it reads them.
+// is full. A bucket never holds more than a full budget: the limiter caps
+// its tokens at burst whenever it reads them.
 // z.mu must be held.
-func (z *rateZone) give(b *rateBucket, tab *rateTable, t time.Time) bool {
+func (z *rateZone) give(b *rateBucket, tab *rateTable, t time.Time) {
 	if b.TokensAt(t) >= float64(z.burst) {
-		return false
+		return
 	}
 	// Reserving -1 events adds one token (x/time/rate: tokens -= n), also
 	// to a bucket in debt, which AllowN would refuse.
@@ -420,7 +415,6 @@ func (z *rateZone) give(b *rateBucket, tab *rateTable, t time.Time) bool {
 		b.due = due
 		heap.Fix(&tab.due, b.at)
 	}
-	return true
 }
 
 // countsAgainstRate reports whether answering e counts one event against
