@@ -257,6 +257,7 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	vr, err := g.facilitator.Verify(vctx, payload, offer)
 	if err != nil {
 		pc.release(r)
+		g.noteIfClientLeft(r)
 		return ex.refuse(w, r, facilitatorUnavailable(err))
 	}
 	if !vr.IsValid {
@@ -267,6 +268,7 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 				"This payment settled earlier (PAYMENT-RESPONSE names its transaction) and the answer it bought is no longer kept; it cannot be used again. Sign a new payment only for a new call.",
 				x402.ReasonPaymentAlreadyUsed, &sr)
 		case unknown:
+			g.noteIfClientLeft(r)
 			return ex.refuse(w, r, errSettlementPending(nil))
 		}
 		reason := facilitatorReason(vr.InvalidReason, x402.ReasonInvalidPayload)
@@ -1192,6 +1194,19 @@ var errUpstreamAborted = caddyhttp.Error(http.StatusBadGateway, errors.New("upst
 
 // neverReached is the reached of a writer that releases nothing itself.
 func neverReached() bool { return false }
+
+// noteIfClientLeft counts a payment the facilitator was asked about
+// against the client's rate limit when the call ends unsettled because the
+// client went away meanwhile (its request's context cancelled, not the
+// facilitator's deadline). Such an end is answered as the facilitator's
+// outage (503, which counts nothing: the buyer retries as told), yet the
+// client caused it and the facilitator did the work: a client that hangs
+// up during every /verify would otherwise have it work without bound.
+func (g *Gate) noteIfClientLeft(r *http.Request) {
+	if r.Context().Err() != nil {
+		g.noteRefusal(r)
+	}
+}
 
 // maxFacilitatorRetryAfter bounds the wait a facilitator's Retry-After
 // can impose on a buyer through the gate's 503.

@@ -301,3 +301,42 @@ func TestParallelPaidCallsAfterTheir402sAreServed(t *testing.T) {
 		t.Errorf("one client, rate_limit 4 1h: %d calls asked the price (402) then paid at once: statuses %v; want all %d served", k, st, k)
 	}
 }
+
+// A client that hangs up while the facilitator verifies its payment ends
+// the call unsettled: the gate answers it as the facilitator's outage
+// (503), which alone would count nothing, yet the facilitator did the
+// work. It counts as a refusal, so unfunded payments each abandoned during
+// /verify cost at most rate_limit's events (2 per 4 s) /verify calls, the
+// rest 429 before any work. (From the audit: every one was given
+// its event back, and /verify calls were unbounded.)
+func TestHangingUpDuringVerifyCountsAsARefusal(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	facURL, verifies := countingFacilitator(t, fac, 400*time.Millisecond)
+	up := newUpstream(t)
+	base := startCaddyServers(t, "\t\ttrusted_proxies static 127.0.0.1/32\n\t\ttrusted_proxies_strict", "", gateSite(up.URL, facURL, 0, "rate_limit 2 4s"))
+	u := base + "/verify/schema"
+	pr := paymentRequired(t, post(t, u, validRequest, from("192.0.2.200")))
+
+	const n = 10
+	hangUp := &http.Client{Timeout: 150 * time.Millisecond}
+	start := time.Now()
+	before := verifies.Load()
+	for _, p := range unfundedPayments(t, pr, n) {
+		h, _ := x402.EncodeHeader(p)
+		req, _ := http.NewRequest(http.MethodPost, u, strings.NewReader(validRequest))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-Forwarded-For", "198.51.100.9")
+		req.Header.Set(x402.HeaderPaymentSignature, h)
+		if resp, err := hangUp.Do(req); err == nil {
+			resp.Body.Close()
+		}
+		time.Sleep(300 * time.Millisecond) // the /verify ends, the request with it
+	}
+	time.Sleep(300 * time.Millisecond)
+	got := verifies.Load() - before
+	// 2 events, and one more per 2 s the run took.
+	want := 2 + int64(time.Since(start)/(2*time.Second))
+	if got > want {
+		t.Errorf("one client, rate_limit 2 4s, %d unfunded payments each abandoned during /verify within %s: %d /verify calls; want at most %d", n, time.Since(start).Round(time.Millisecond), got, want)
+	}
+}
