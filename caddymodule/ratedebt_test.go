@@ -340,3 +340,32 @@ func TestHangingUpDuringVerifyCountsAsARefusal(t *testing.T) {
 		t.Errorf("one client, rate_limit 2 4s, %d unfunded payments each abandoned during /verify within %s: %d /verify calls; want at most %d", n, time.Since(start).Round(time.Millisecond), got, want)
 	}
 }
+
+// A bucket in debt is spent: the table of clients keeps it until its debt
+// and then its budget have refilled, and its client waits until the debt
+// is repaid, longer than a window, never handed a fresh budget by a
+// newcomer that takes its place.
+func TestRateTableKeepsABucketInDebt(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	at := t0
+	stubNow(t, &at)
+	z := fullZone(t, 1, 2, 24*time.Hour) // c0, one event spent: due in 12 h
+	for range 4 {
+		z.note("c0") // refusals of requests that were in flight at once
+	}
+	// -3 events: 1 is left after 48 h, the budget full after 60 h.
+	at = t0.Add(12*time.Hour + time.Second)
+	z.note("n1")
+	if !tracks(z, &z.clients, "c0") || tracks(z, &z.clients, "n1") {
+		t.Fatal("a bucket in debt was dropped when it would have refilled without the debt")
+	}
+	// 2 events in debt after 12 h of refill: 3 to refill for one, 12 h each.
+	if w := z.wait("c0"); w < 36*3600-60 || w > 36*3600 {
+		t.Errorf("a client 3 events in debt of a budget of 2 a day, 12 h later: waits %d s; want 36 h (129,600 s)", w)
+	}
+	at = t0.Add(60*time.Hour + time.Second)
+	z.note("n2")
+	if tracks(z, &z.clients, "c0") || !tracks(z, &z.clients, "n2") {
+		t.Error("a bucket whose debt and budget have refilled was not dropped for a newcomer")
+	}
+}
