@@ -100,9 +100,18 @@ func unsignedCopy(t *testing.T, p x402.PaymentPayload, pl x402.ExactEVMPayload, 
 	f.Authorization.ValidAfter = va
 	f.Authorization.ValidBefore = fmt.Sprint(time.Now().Add(-ago).Unix())
 	f.Signature = "0x" + strings.Repeat("11", 65)
-	q := p
-	q.Payload, _ = json.Marshal(f)
-	h, err := x402.EncodeHeader(q)
+	return withEVMPayload(t, p, f)
+}
+
+// withEVMPayload is the PAYMENT-SIGNATURE header of p with its payload
+// replaced by f.
+func withEVMPayload(t *testing.T, p x402.PaymentPayload, f x402.ExactEVMPayload) string {
+	t.Helper()
+	var err error
+	if p.Payload, err = json.Marshal(f); err != nil {
+		t.Fatal(err)
+	}
+	h, err := x402.EncodeHeader(p)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,13 +195,7 @@ func resignUsed(t *testing.T, offer x402.PaymentRequirements, p x402.PaymentPayl
 		t.Fatal(err)
 	}
 	sig[64] += 27
-	q := p
-	q.Payload, _ = json.Marshal(x402.ExactEVMPayload{Signature: "0x" + hex.EncodeToString(sig), Authorization: a})
-	h, err := x402.EncodeHeader(q)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return h
+	return withEVMPayload(t, p, x402.ExactEVMPayload{Signature: "0x" + hex.EncodeToString(sig), Authorization: a})
 }
 
 // TestSettledEarlierRemembersAUsedNoncesSearch: the settled payment is
