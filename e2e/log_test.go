@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -34,32 +35,8 @@ func TestDebugLogHoldsNoClientPaymentOrWalletHeaders(t *testing.T) {
 	if warn := orig[bytes.LastIndex(orig[:at], []byte("\n\n")):at]; !bytes.Contains(warn, []byte("X-Aov-Gateway-Token")) || !bytes.Contains(warn, []byte("rotate")) {
 		t.Errorf("Caddyfile.example's log level has no warning that DEBUG logs the gateway token:\n%s", warn)
 	}
-	s.caddy.stop(t)
-	cfg := filepath.Join(s.dir, "Caddyfile.debug")
-	if err := os.WriteFile(cfg, bytes.Replace(orig, []byte("\t\tlevel INFO\n"), []byte("\t\tlevel DEBUG\n"), 1), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	s.startCaddyWith(t, cfg)
-	waitFor(t, "Caddy at DEBUG", func() error {
-		if !s.caddy.running() {
-			return errStopped
-		}
-		return httpOK(s.url("/health"))
-	})
-
-	send := func(method, path string, body []byte) {
-		req, _ := http.NewRequest(method, s.url(path), bytes.NewReader(body))
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("X-Wallet-Auth", "WALLETPROOF-MARK")
-		req.Header.Set("PAYMENT-SIGNATURE", "PAYSIG-MARK")
-		req.Header.Set("SIGN-IN-WITH-X", "SIWX-MARK")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-	}
+	restartCaddyAtDebug(t, s, orig)
+	send := func(method, path string, body []byte) { sendWithCredentials(t, s, method, path, body) }
 	// Every route of the example that proxies: to verifierd (free and
 	// gated), to certd, to the facilitator.
 	send("GET", "/reputation/seller-7", nil)
@@ -75,9 +52,110 @@ func TestDebugLogHoldsNoClientPaymentOrWalletHeaders(t *testing.T) {
 			t.Fatalf("no reverse_proxy debug line for %s in Caddy's log; the test proves nothing:\n%s", up, s.caddy.tail(2000))
 		}
 	}
-	for _, mark := range []string{"WALLETPROOF-MARK", "PAYSIG-MARK", "SIWX-MARK"} {
-		if n := strings.Count(string(log), mark); n > 0 {
-			t.Errorf("Caddy's DEBUG log holds the client's %s %d times", mark, n)
+	noCredentialMarks(t, "Caddy's DEBUG log", log)
+}
+
+// restartCaddyAtDebug restarts s's Caddy with Caddyfile.example (orig) at
+// DEBUG, how an operator debugs the gateway.
+func restartCaddyAtDebug(t *testing.T, s *stack, orig []byte) {
+	t.Helper()
+	s.caddy.stop(t)
+	cfg := filepath.Join(s.dir, "Caddyfile.debug")
+	if err := os.WriteFile(cfg, bytes.Replace(orig, []byte("\t\tlevel INFO\n"), []byte("\t\tlevel DEBUG\n"), 1), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s.startCaddyWith(t, cfg)
+	waitFor(t, "Caddy at DEBUG", func() error {
+		if !s.caddy.running() {
+			return errStopped
+		}
+		return httpOK(s.url("/health"))
+	})
+}
+
+// credentialMarks are the values sendWithCredentials sends as a client's
+// credential headers.
+var credentialMarks = map[string]string{
+	"X-Wallet-Auth":     "WALLETPROOF-MARK",
+	"PAYMENT-SIGNATURE": "PAYSIG-MARK",
+	"SIGN-IN-WITH-X":    "SIWX-MARK",
+}
+
+// sendWithCredentials sends a request to s's gateway carrying the
+// credentialMarks of the headers named in only, or of all three.
+func sendWithCredentials(t *testing.T, s *stack, method, path string, body []byte, only ...string) int {
+	t.Helper()
+	req, _ := http.NewRequest(method, s.url(path), bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	for name, mark := range credentialMarks {
+		if len(only) == 0 || slices.Contains(only, name) {
+			req.Header.Set(name, mark)
 		}
 	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// noCredentialMarks fails t for each of credentialMarks in log.
+func noCredentialMarks(t *testing.T, what string, log []byte) {
+	t.Helper()
+	for _, mark := range credentialMarks {
+		if i := bytes.Index(log, []byte(mark)); i >= 0 {
+			lo := bytes.LastIndexByte(log[:i], '\n') + 1
+			t.Errorf("%s holds the client's %s %d times; e.g.: %.600s", what, mark, bytes.Count(log, []byte(mark)), log[lo:])
+		}
+	}
+}
+
+// Caddy copies each request, headers as the client sent them, before any
+// handler runs, and logs the copy with every error a handler returns (at
+// DEBUG when handle_errors handles it, as Caddyfile.example's 502/503/504
+// handler does) and in the access log: removing a header in a route cannot
+// reach that copy. With verifierd and certd down, every proxied route is
+// such an error; before, the DEBUG log held each client credential as
+// sent. Caddyfile.example's global log deletes them from every line
+// (client_credentials_log), and its access log deletes all request
+// headers.
+func TestDebugLogHoldsNoClientCredentialsWithUpstreamsDown(t *testing.T) {
+	s := newStack(t)
+	orig, err := os.ReadFile(filepath.Join(repoRoot, "Caddyfile.example"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	restartCaddyAtDebug(t, s, orig)
+	s.verifierd.stop(t)
+	s.certd.stop(t)
+	for _, c := range []struct {
+		method, path string
+		body         []byte
+		only         []string
+	}{
+		{"GET", "/reputation/seller-7", nil, nil},
+		{"GET", "/.well-known/agent-card.json", nil, nil},
+		// A gated route: wallet_auth optional, without siwx there, ignores
+		// SIGN-IN-WITH-X and the free call goes upstream. (A malformed
+		// X-Wallet-Auth or payment is refused before it.)
+		{"POST", "/verify/schema", example(t, "invoice-fixed.json"), []string{"SIGN-IN-WITH-X"}},
+	} {
+		if st := sendWithCredentials(t, s, c.method, c.path, c.body, c.only...); st != http.StatusServiceUnavailable {
+			t.Errorf("%s %s with its upstream down: %d, want 503", c.method, c.path, st)
+		}
+	}
+	s.caddy.stop(t)
+
+	log, _ := os.ReadFile(s.caddy.logPath)
+	if !bytes.Contains(log, []byte("http.log.error")) || !bytes.Contains(log, []byte(`"User-Agent"`)) {
+		t.Fatalf("no error line with the request's headers in Caddy's log; the test proves nothing:\n%s", s.caddy.tail(2000))
+	}
+	noCredentialMarks(t, "Caddy's DEBUG log", log)
+	access, err := os.ReadFile(filepath.Join(s.dir, "logs", "access.log"))
+	if err != nil || !bytes.Contains(access, []byte("/reputation/seller-7")) {
+		t.Fatalf("no access log line for the calls (%v); the test proves nothing", err)
+	}
+	noCredentialMarks(t, "the access log", access)
 }
