@@ -85,9 +85,26 @@ fi
 #    (at most 10 minutes: a first build of Caddy takes a few), then checks
 #    and finds its addresses in use. flock is util-linux's (Debian, Ubuntu,
 #    Fedora have it); without it runs are not serialised.
-run_lock="${XDG_RUNTIME_DIR:-${TMPDIR:-/tmp}}/aov-run-$(id -u).lock"
+#    The lock is in a directory only this user can write: $XDG_RUNTIME_DIR,
+#    else aov-run-<uid> of $TMPDIR or /tmp, made mode 0700. A lock file
+#    directly in a shared /tmp could be another user's symlink, which this
+#    run (root, often, in a container) would follow and create a file
+#    where it points, or another user's file, held to block every run. A
+#    directory that is a symlink, someone else's, or writable by others is
+#    refused.
 run_lock_wait=600
 if command -v flock >/dev/null 2>&1; then
+	if [ -n "${XDG_RUNTIME_DIR:-}" ]; then
+		run_lock_dir="$XDG_RUNTIME_DIR"
+	else
+		run_lock_dir="${TMPDIR:-/tmp}/aov-run-$(id -u)"
+		[ -e "$run_lock_dir" ] || [ -L "$run_lock_dir" ] || mkdir -m 700 "$run_lock_dir" 2>/dev/null || true
+	fi
+	if [ -L "$run_lock_dir" ] || [ ! -d "$run_lock_dir" ] || [ ! -O "$run_lock_dir" ] ||
+		[ -n "$(find "$run_lock_dir" -maxdepth 0 -perm /022 2>/dev/null)" ]; then
+		die "the start-up lock's directory $run_lock_dir is not a directory of yours that only you can write (a symlink, another user's, or open to others); remove it, or set XDG_RUNTIME_DIR to such a directory"
+	fi
+	run_lock="$run_lock_dir/aov-run.lock"
 	exec {run_lock_fd}>>"$run_lock"
 	if ! flock -n "$run_lock_fd"; then
 		say "another make run is starting (it holds $run_lock); waiting for it, at most $run_lock_wait s"
