@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -149,14 +148,7 @@ func TestChainRPCPathKeyNeverLeavesTheGate(t *testing.T) {
 			http.NotFound(w, r)
 			return
 		}
-		resp, err := http.Post(d.RPCURL(), "application/json", r.Body)
-		if err != nil {
-			http.Error(w, "devnet unreachable", http.StatusBadGateway)
-			return
-		}
-		defer resp.Body.Close()
-		w.Header().Set("Content-Type", "application/json")
-		io.Copy(w, resp.Body)
+		relayRPC(w, d.RPCURL(), r.Body)
 	}))
 	t.Cleanup(provider.Close)
 	upA := newUpstream(t)

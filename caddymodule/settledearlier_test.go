@@ -36,14 +36,7 @@ func countedRPC(t *testing.T, target string) (string, *atomic.Int64) {
 		} else {
 			n.Add(1)
 		}
-		resp, err := http.Post(target, "application/json", bytes.NewReader(body))
-		if err != nil {
-			http.Error(w, "devnet unreachable", http.StatusBadGateway)
-			return
-		}
-		defer resp.Body.Close()
-		w.Header().Set("Content-Type", "application/json")
-		io.Copy(w, resp.Body)
+		relayRPC(w, target, bytes.NewReader(body))
 	}))
 	t.Cleanup(proxy.Close)
 	return proxy.URL, &n
@@ -284,14 +277,7 @@ func TestSettledEarlierUnreadableChainIsPending(t *testing.T) {
 					http.Error(w, "provider down", http.StatusBadGateway)
 					return
 				}
-				resp, err := http.Post(d.RPCURL(), "application/json", r.Body)
-				if err != nil {
-					http.Error(w, "devnet unreachable", http.StatusBadGateway)
-					return
-				}
-				defer resp.Body.Close()
-				w.Header().Set("Content-Type", "application/json")
-				io.Copy(w, resp.Body)
+				relayRPC(w, d.RPCURL(), r.Body)
 			}))
 			t.Cleanup(rpc.Close)
 			var once sync.Once
@@ -398,4 +384,17 @@ func TestSettledEarlierNonceSpentBeforeValidAfterIsRefused(t *testing.T) {
 	if up.calls.Load() != 0 {
 		t.Fatalf("the upstream ran %d times", up.calls.Load())
 	}
+}
+
+// relayRPC posts a JSON-RPC request body to the node at target and copies
+// its answer to w: the relay of the test proxies in front of the devnet.
+func relayRPC(w http.ResponseWriter, target string, body io.Reader) {
+	resp, err := http.Post(target, "application/json", body)
+	if err != nil {
+		http.Error(w, "devnet unreachable", http.StatusBadGateway)
+		return
+	}
+	defer resp.Body.Close()
+	w.Header().Set("Content-Type", "application/json")
+	io.Copy(w, resp.Body)
 }
