@@ -58,20 +58,7 @@ func settledElsewhere(t *testing.T) (string, x402.PaymentPayload, x402.ExactEVMP
 		t.Fatalf("the buyer's payment: %d %s", resp.StatusCode, readAll(t, resp))
 	}
 	up := newUpstream(t)
-	base := startCaddy(t, fmt.Sprintf(`:{port} {
-	route /verify/schema {
-		x402 {
-			accept devnet $0.02 %[3]s
-			facilitator http %[2]s {
-				timeout 5s
-				rpc devnet %[4]s
-			}
-			store badger %[5]s
-		}
-		reverse_proxy %[1]s
-	}
-}
-`, strings.TrimPrefix(up.URL, "http://"), fac, payTo.Hex(), rpcURL, filepath.Join(t.TempDir(), "gate")))
+	base := startCaddy(t, rpcGateSite(t, up.URL, fac, rpcURL, "5s"))
 	var p x402.PaymentPayload
 	if err := x402.DecodeHeader(sig, &p); err != nil {
 		t.Fatal(err)
@@ -290,20 +277,7 @@ func TestSettledEarlierUnreadableChainIsPending(t *testing.T) {
 				t.Fatalf("the buyer's payment: %d %s", resp.StatusCode, readAll(t, resp))
 			}
 			up := newUpstream(t)
-			url := startCaddy(t, fmt.Sprintf(`:{port} {
-	route /verify/schema {
-		x402 {
-			accept devnet $0.02 %[3]s
-			facilitator http %[2]s {
-				timeout 3s
-				rpc devnet %[4]s
-			}
-			store badger %[5]s
-		}
-		reverse_proxy %[1]s
-	}
-}
-`, strings.TrimPrefix(up.URL, "http://"), fac, payTo.Hex(), rpc.URL, filepath.Join(t.TempDir(), "gate"))) + "/verify/schema"
+			url := startCaddy(t, rpcGateSite(t, up.URL, fac, rpc.URL, "3s")) + "/verify/schema"
 			for i := 0; i < 2; i++ {
 				start := time.Now()
 				resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
@@ -397,4 +371,24 @@ func relayRPC(w http.ResponseWriter, target string, body io.Reader) {
 	defer resp.Body.Close()
 	w.Header().Set("Content-Type", "application/json")
 	io.Copy(w, resp.Body)
+}
+
+// rpcGateSite is a gate at /verify/schema in front of upstream, whose
+// remote facilitator fac answers within timeout and whose chain reads go
+// to rpc: the site of the settled-earlier tests.
+func rpcGateSite(t *testing.T, upstream, fac, rpc, timeout string) string {
+	return fmt.Sprintf(`:{port} {
+	route /verify/schema {
+		x402 {
+			accept devnet $0.02 %[3]s
+			facilitator http %[2]s {
+				timeout %[6]s
+				rpc devnet %[4]s
+			}
+			store badger %[5]s
+		}
+		reverse_proxy %[1]s
+	}
+}
+`, strings.TrimPrefix(upstream, "http://"), fac, payTo.Hex(), rpc, filepath.Join(t.TempDir(), "gate"), timeout)
 }
