@@ -152,25 +152,10 @@ func TestConcurrentRefusedToolCallPaymentsPutTheBudgetInDebt(t *testing.T) {
 func TestConcurrentWalletChecksPutTheBudgetInDebt(t *testing.T) {
 	_, fac := sharedDevnet(t)
 	var checks atomic.Int64
-	rpc := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var req struct {
-			ID     json.RawMessage `json:"id"`
-			Method string          `json:"method"`
-		}
-		json.NewDecoder(r.Body).Decode(&req)
-		w.Header().Set("Content-Type", "application/json")
-		switch req.Method {
-		case "eth_chainId":
-			fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"result":"0x2105"}`, req.ID)
-		case "eth_getCode":
-			fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"result":"0x6001"}`, req.ID)
-		default: // the signature check: a node that cannot answer
-			checks.Add(1)
-			time.Sleep(300 * time.Millisecond)
-			fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"error":{"code":-32000,"message":"header not found"}}`, req.ID)
-		}
-	}))
-	t.Cleanup(rpc.Close)
+	rpc := refusingChainRPCWith(t, -32000, "header not found", func() {
+		checks.Add(1)
+		time.Sleep(300 * time.Millisecond)
+	})
 	up := walletUpstream(t)
 	base := startCaddyServers(t, "\t\ttrusted_proxies static 127.0.0.1/32\n\t\ttrusted_proxies_strict", "", rateLimitedWalletSite(up.URL, fac, rpc.URL))
 	u := base + "/api/x"

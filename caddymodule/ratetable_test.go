@@ -162,24 +162,9 @@ func TestFullRateTableBoundsAnUntrackedClientsUnsettledPayment(t *testing.T) {
 func TestFullRateTableBoundsAnUntrackedClientsWalletChecks(t *testing.T) {
 	_, fac := sharedDevnet(t)
 	var rpcCalls atomic.Int64
-	rpc := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var req struct {
-			ID     json.RawMessage `json:"id"`
-			Method string          `json:"method"`
-		}
-		json.NewDecoder(r.Body).Decode(&req)
-		w.Header().Set("Content-Type", "application/json")
-		switch req.Method {
-		case "eth_chainId":
-			fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"result":"0x2105"}`, req.ID)
-		case "eth_getCode":
-			fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"result":"0x6001"}`, req.ID)
-		default:
-			rpcCalls.Add(1)
-			fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"error":{"code":-32000,"message":"header not found"}}`, req.ID)
-		}
-	}))
-	t.Cleanup(rpc.Close)
+	rpc := refusingChainRPCWith(t, -32000, "header not found", func() {
+		rpcCalls.Add(1)
+	})
 	up := walletUpstream(t)
 	const size = 8
 	shrinkRateTable(t, size)

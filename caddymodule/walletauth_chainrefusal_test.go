@@ -20,6 +20,14 @@ import (
 // error code and message given.
 func refusingChainRPC(t *testing.T, code int, message string) *httptest.Server {
 	t.Helper()
+	return refusingChainRPCWith(t, code, message, nil)
+}
+
+// refusingChainRPCWith is refusingChainRPC calling check (when not nil)
+// before it refuses each signature check: to count them, or to make them
+// slow.
+func refusingChainRPCWith(t *testing.T, code int, message string, check func()) *httptest.Server {
+	t.Helper()
 	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var req struct {
 			ID     json.RawMessage `json:"id"`
@@ -33,6 +41,9 @@ func refusingChainRPC(t *testing.T, code int, message string) *httptest.Server {
 		case "eth_getCode":
 			fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"result":"0x6001"}`, req.ID)
 		default:
+			if check != nil {
+				check()
+			}
 			fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"error":{"code":%d,"message":%q}}`, req.ID, code, message)
 		}
 	}))
