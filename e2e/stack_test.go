@@ -9,11 +9,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	mrand "math/rand/v2"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -347,18 +349,25 @@ func httpOK(url string) error {
 	return nil
 }
 
-// freeAddr returns a loopback address with a port nothing listens on now.
+// freeAddr returns a loopback address with a port nothing listens on now,
+// for a service a test starts later (make run builds first). The port is
+// below the kernel's ephemeral range: a port from that range, free when
+// picked, may become the source port of any outgoing connection on the
+// machine before the service binds it, and the service then fails with
+// "address already in use". Below it, only an explicit bind takes a port.
 func freeAddr(t testing.TB) string {
 	t.Helper()
-	for {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+	for tries := 0; ; tries++ {
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", pickablePorts.lo+mrand.IntN(pickablePorts.n)))
 		if err != nil {
-			t.Fatal(err)
+			if tries > 1000 {
+				t.Fatalf("no free port below the ephemeral range: %v", err)
+			}
+			continue // taken: try another
 		}
 		addr := ln.Addr().String()
 		ln.Close()
-		// The kernel may hand a just-closed port out again: never give one
-		// address to two services of this test binary.
+		// Never give one address to two services of this test binary.
 		handedOut.Lock()
 		seen := handedOut.addrs[addr]
 		handedOut.addrs[addr] = true
@@ -368,6 +377,22 @@ func freeAddr(t testing.TB) string {
 		}
 	}
 }
+
+// pickablePorts is the range freeAddr picks from: the ports just below
+// the ephemeral range (ip_local_port_range, 32768 when unreadable), down to
+// 10000.
+var pickablePorts = func() (r struct{ lo, n int }) {
+	first := 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if v, err := strconv.Atoi(f[0]); err == nil && v > 11000 {
+				first = v
+			}
+		}
+	}
+	r.lo, r.n = 10000, first-10000
+	return r
+}()
 
 // handedOut is every address freeAddr returned in this test binary.
 var handedOut = struct {
