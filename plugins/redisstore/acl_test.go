@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/aovhq/aov/internal/servers"
 	"github.com/aovhq/aov/store/storetest"
 )
 
@@ -262,5 +263,85 @@ func TestREADMEACLRunsTheStoreOnACluster(t *testing.T) {
 		if !slices.Contains(all, c) {
 			t.Errorf("README's Cluster line grants %s, which no node ran", c)
 		}
+	}
+}
+
+// TestREADMEACLKeepsTheUserOnItsKeys: README's rule is also the store's
+// user's whole reach on a server whose admin is a password (requirepass,
+// and the masterauth a replica of it gives its primary). The user cannot
+// read either secret (no CONFIG GET, which Redis cannot limit to some
+// parameters; INFO does not carry them; no ACL listing), so it cannot AUTH as the default user; and
+// it reaches no key outside its prefix, directly, through a script's
+// declared or undeclared keys, nor by listing or flushing. The store still
+// starts as that user, on the same server.
+func TestREADMEACLKeepsTheUserOnItsKeys(t *testing.T) {
+	ctx := context.Background()
+	const adminPW, primaryPW = "the-admins-secret", "the-primarys-secret"
+	srv := servers.StartRedis(t)
+	// Set once the server is up: the harness waits for it without a
+	// password.
+	admin := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	for _, p := range [][2]string{{"masterauth", primaryPW}, {"requirepass", adminPW}} {
+		if err := admin.ConfigSet(ctx, p[0], p[1]).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	admin.Close()
+	admin = redis.NewClient(&redis.Options{Addr: srv.Addr, Password: adminPW})
+	defer admin.Close()
+	setACLUser(t, admin, "aov", readmeACL(t)[:1], "aov")
+	if err := admin.Set(ctx, "other:secret", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	u := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "aov", Password: aclPassword})
+	defer u.Close()
+
+	if _, err := New(ctx, u, Options{Prefix: "aov"}); err != nil {
+		t.Fatalf("the store as README's user: %v", err)
+	}
+
+	for _, param := range []string{"requirepass", "masterauth", "*"} {
+		if got, err := u.ConfigGet(ctx, param).Result(); err == nil {
+			t.Errorf("README's store user runs CONFIG GET %s: %d parameters read", param, len(got))
+		}
+	}
+	info, err := u.Info(ctx, "everything").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(info, adminPW) || strings.Contains(info, primaryPW) {
+		t.Error("INFO, granted to README's store user, shows a server password")
+	}
+	for _, cmd := range [][]any{{"ACL", "LIST"}, {"ACL", "GETUSER", "default"}} {
+		if v, err := u.Do(ctx, cmd...).Result(); err == nil {
+			t.Errorf("%v ran: %v", cmd, v)
+		}
+	}
+	// What the default user's password opens, had the user learnt it.
+	if err := u.Do(ctx, "AUTH", "default", adminPW).Err(); err != nil {
+		t.Fatalf("AUTH default with the admin's password: %v (the check above proves nothing)", err)
+	}
+	u.Close()
+
+	u = redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "aov", Password: aclPassword})
+	if v, err := u.Get(ctx, "other:secret").Result(); err == nil {
+		t.Errorf("GET outside the prefix: %v", v)
+	}
+	if err := u.Set(ctx, "other:x", "v", 0).Err(); err == nil {
+		t.Error("SET outside the prefix ran")
+	}
+	if v, err := u.Eval(ctx, "return redis.call('GET', KEYS[1])", []string{"other:secret"}).Result(); err == nil {
+		t.Errorf("EVAL GET outside the prefix: %v", v)
+	}
+	if v, err := u.Eval(ctx, "return redis.call('GET', 'other:secret')", []string{"aov:x"}).Result(); err == nil {
+		t.Errorf("EVAL GET of an undeclared key outside the prefix: %v", v)
+	}
+	for _, cmd := range [][]any{{"KEYS", "*"}, {"SCAN", "0"}, {"FLUSHDB"}, {"FLUSHALL"}} {
+		if v, err := u.Do(ctx, cmd...).Result(); err == nil {
+			t.Errorf("%v ran: %v", cmd, v)
+		}
+	}
+	if n, err := admin.Exists(ctx, "other:secret").Result(); err != nil || n != 1 {
+		t.Errorf("other:secret after the user's attempts: exists %d, %v", n, err)
 	}
 }

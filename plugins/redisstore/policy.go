@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"iter"
 	"log/slog"
 	"net"
 	"strings"
@@ -24,8 +25,13 @@ import (
 // Warnings, not refusals: appendonly off (a crash loses the writes since
 // the last snapshot; a deliberate choice for some, see the README), and a
 // replica that cannot be reached at the address it announces, or will not
-// answer CONFIG GET (it is then not checked: the gateway must not depend on
-// a replica to start).
+// give its INFO (it is then not checked: the gateway must not depend on a
+// replica to start).
+//
+// Both facts are read from INFO, not CONFIG GET: Redis cannot limit an
+// ACL user's CONFIG GET to some parameters, and with it the store's user
+// would read requirepass and masterauth and could AUTH as the default
+// user. The store's ACL rule grants no CONFIG at all.
 //
 // Replicas are those the primary lists as connected now (INFO
 // replication; a Cluster's own node list): one that is down at start, or
@@ -78,7 +84,7 @@ func (s *Store) checkPolicy(ctx context.Context) error {
 func checkReplica(ctx context.Context, c *redis.Client, log *slog.Logger) error {
 	err := checkServer(ctx, c, "replica", log)
 	if err != nil && !isPolicyError(err) {
-		log.Warn("redis store: replica not checked: it did not answer CONFIG GET at the address it announces; make sure its maxmemory-policy is noeviction and appendonly is yes, or a failover to it may lose or evict claims",
+		log.Warn("redis store: replica not checked: its INFO memory and persistence could not be read at the address it announces; make sure its maxmemory-policy is noeviction and appendonly is yes, or a failover to it may lose or evict claims",
 			"replica", c.Options().Addr, "error", err.Error())
 		return nil
 	}
@@ -95,21 +101,33 @@ func isPolicyError(err error) bool {
 	return ok
 }
 
-// checkServer refuses an evicting server and warns about one without AOF.
+// checkServer refuses an evicting server and warns about one without AOF,
+// from its INFO memory (maxmemory_policy) and INFO persistence
+// (aof_enabled, 1 exactly when appendonly is yes). A field missing is an
+// error like an unanswered INFO: the server is not known to be safe.
 func checkServer(ctx context.Context, c *redis.Client, role string, log *slog.Logger) error {
 	addr := c.Options().Addr
-	v, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
+	info, err := c.Info(ctx, "memory", "persistence").Result()
 	if err != nil {
-		return fmt.Errorf("redisstore: reading maxmemory-policy from %s %s: %w", role, addr, err)
+		return fmt.Errorf("redisstore: reading INFO memory and persistence from %s %s: %w", role, addr, err)
 	}
-	if p := v["maxmemory-policy"]; p != "noeviction" {
-		return &policyError{fmt.Sprintf("redisstore: %s %s has maxmemory-policy %q; the store needs noeviction (an evicted claim is an accepted replay)", role, addr, p)}
+	var policy, aof string
+	var hasPolicy, hasAOF bool
+	for name, val := range infoFields(info) {
+		switch name {
+		case "maxmemory_policy":
+			policy, hasPolicy = val, true
+		case "aof_enabled":
+			aof, hasAOF = val, true
+		}
 	}
-	v, err = c.ConfigGet(ctx, "appendonly").Result()
-	if err != nil {
-		return fmt.Errorf("redisstore: reading appendonly from %s %s: %w", role, addr, err)
+	if !hasPolicy || !hasAOF {
+		return fmt.Errorf("redisstore: %s %s: INFO has no maxmemory_policy or aof_enabled", role, addr)
 	}
-	if v["appendonly"] != "yes" {
+	if policy != "noeviction" {
+		return &policyError{fmt.Sprintf("redisstore: %s %s has maxmemory-policy %q; the store needs noeviction (an evicted claim is an accepted replay)", role, addr, policy)}
+	}
+	if aof != "1" {
 		log.Warn("redis store: appendonly is off: a crash of this server loses the claims and counted calls written since its last snapshot (a lost claim lets a still-valid authorization be presented again, a lost nonce lets a proof be replayed); set appendonly yes",
 			"role", role, "server", addr)
 	}
@@ -120,10 +138,8 @@ func checkServer(ctx context.Context, c *redis.Client, role string, log *slog.Lo
 // INFO replication ("slave0:ip=10.0.0.2,port=6379,state=online,...").
 func replicaAddrs(info string) []string {
 	var addrs []string
-	sc := bufio.NewScanner(strings.NewReader(info))
-	for sc.Scan() {
-		name, val, ok := strings.Cut(strings.TrimSpace(sc.Text()), ":")
-		if !ok || !strings.HasPrefix(name, "slave") || strings.HasPrefix(name, "slave_") {
+	for name, val := range infoFields(info) {
+		if !strings.HasPrefix(name, "slave") || strings.HasPrefix(name, "slave_") {
 			continue
 		}
 		var ip, port string
@@ -141,4 +157,18 @@ func replicaAddrs(info string) []string {
 		}
 	}
 	return addrs
+}
+
+// infoFields yields the name:value lines of an INFO answer; section
+// headers ("# Memory") and blank lines have no colon and are skipped.
+func infoFields(info string) iter.Seq2[string, string] {
+	return func(yield func(string, string) bool) {
+		sc := bufio.NewScanner(strings.NewReader(info))
+		for sc.Scan() {
+			name, val, ok := strings.Cut(strings.TrimSpace(sc.Text()), ":")
+			if ok && !yield(name, val) {
+				return
+			}
+		}
+	}
 }
