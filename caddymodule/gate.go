@@ -89,15 +89,13 @@ func clearWalletHeaders(h http.Header) {
 // unless wallet_auth set them on this request (varWalletProven). Without
 // it a gated route with no wallet_auth would pass a client's own
 // X-Aov-Wallet and X-Aov-Wallet-Agent on, and verifierd would bind and
-// authenticate any agent_id for any wallet the client names. It also
-// removes the client's wallet proofs (setAsideClientProofs), which a route
-// without wallet_auth would otherwise pass on.
+// authenticate any agent_id for any wallet the client names. The client's
+// own credentials are another rule's (setAsideClientCredentials).
 func clearClientHeaders(r *http.Request) {
 	clearUpstreamHeaders(r.Header)
 	if caddyhttp.GetVar(r.Context(), varWalletProven) == nil {
 		clearWalletHeaders(r.Header)
 	}
-	setAsideClientProofs(r)
 }
 
 // Canonical forms of the protocol's request headers that the gate and
@@ -776,14 +774,16 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		// verificationStartedVar). Nothing is claimed, reserved or charged.
 		return g.refuse(w, r, apierr.Internal(errGateInsideVerify))
 	}
-	// The upstream must never see a client's claim to have paid (nor the
-	// payment itself), on any path, preflights included. The first gate on
-	// the request removes them; a later gate in the same route (one per
-	// MCP tool) must keep what an earlier one set.
+	// The upstream must never see a client's claim to have paid, on any
+	// path, preflights included. The first gate on the request removes it;
+	// a later gate in the same route (one per MCP tool) must keep what an
+	// earlier one set. Nor its credentials, the payment among them: every
+	// gate sets them aside before anything passes the request on.
 	if caddyhttp.GetVar(r.Context(), varGated) == nil {
 		caddyhttp.SetVar(r.Context(), varGated, true)
 		clearClientHeaders(r)
 	}
+	creds := setAsideClientCredentials(r)
 	if isPreflight(r) {
 		if g.MCPTool != "" {
 			// Only a POSTed tools/call is priced: any OPTIONS passes
@@ -796,8 +796,7 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		g.learnRoute(r, next)
 	}
 	g.proxies.check(r)
-	payment := firstValue(r.Header, keyPaymentSignature)
-	delete(r.Header, keyPaymentSignature)
+	payment := creds.takePayment()
 	if g.MCPTool != "" {
 		return g.serveMCP(w, r, next)
 	}

@@ -246,7 +246,8 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 	defer wa.uses.Leave()
 	h := r.Header
 	clearWalletHeaders(h)
-	auth, siwx := takeClientProofs(r)
+	creds := setAsideClientCredentials(r)
+	auth, siwx := creds.takeProofs()
 	if isPreflight(r) {
 		// A CORS preflight cannot carry a proof. Where one is required,
 		// it is answered here: anyone can make an OPTIONS look like a
@@ -346,48 +347,87 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 		// a client's own claim to have paid now.
 		clearUpstreamHeaders(h)
 	}
-	if wa.SIWX && firstValue(h, keyPaymentSignature) != "" {
+	if wa.SIWX && creds.hasPayment() {
 		return next.ServeHTTP(wa.recordPayments(w, r, walletauth.PaidResource(site, escaped)), r)
 	}
 	return next.ServeHTTP(w, r)
 }
 
-// takeClientProofs removes the client's wallet proofs (X-Wallet-Auth,
-// SIGN-IN-WITH-X) from the request and returns them, or the ones a gate
-// that ran first set aside (setAsideClientProofs). It is the one rule that
-// keeps the proofs from the upstream: they are bearer credentials until
-// they expire, whoever reads them upstream (or in its logs) could replay
-// them elsewhere unless their nonce is used first.
-func takeClientProofs(r *http.Request) (auth, siwx []string) {
-	if p, ok := caddyhttp.GetVar(r.Context(), varClientProofs).(*clientProofs); ok {
-		caddyhttp.SetVar(r.Context(), varClientProofs, nil)
-		return p.auth, p.siwx
-	}
+// clientCredentials are a client's credentials the gateway reads and the
+// upstream must never see: its wallet proofs (X-Wallet-Auth,
+// SIGN-IN-WITH-X) and its PAYMENT-SIGNATURE. Each is a bearer credential
+// until it expires: whoever reads one upstream (or in its logs) could
+// replay a proof elsewhere, unless its nonce is used first, or present an
+// unsettled payment and be served on the buyer's money.
+type clientCredentials struct {
+	auth, siwx []string
+	payment    string // the first PAYMENT-SIGNATURE, as the gate reads it
+}
+
+// varClientCredentials holds the *clientCredentials set aside for the
+// request (setAsideClientCredentials).
+const varClientCredentials = "aov.client_credentials"
+
+// setAsideClientCredentials takes the client's credentials off the
+// request's headers into a request variable and returns them. It is the
+// one rule that keeps them from the upstream: wallet_auth and every gate
+// call it before anything else reads the request, so no path past either
+// (a gate a matcher skips, such as one skipped for a sign-in's paid
+// access; a preflight passed on; handle_errors; a later reverse_proxy)
+// carries them, whichever of the two runs first. Each reads them from
+// here: wallet_auth takes the proofs (takeProofs), a gate the payment
+// (takePayment). Once some are set aside, a copy that reappears on the
+// request is removed unread. Nil when the client sent none: the free path
+// allocates nothing.
+func setAsideClientCredentials(r *http.Request) *clientCredentials {
+	c, _ := caddyhttp.GetVar(r.Context(), varClientCredentials).(*clientCredentials)
 	h := r.Header
-	auth, siwx = h[keyWalletAuth], h[keySIWX]
+	auth, siwx, payment := h[keyWalletAuth], h[keySIWX], h[keyPaymentSignature]
+	if len(auth)+len(siwx)+len(payment) == 0 {
+		return c
+	}
 	delete(h, keyWalletAuth)
 	delete(h, keySIWX)
+	delete(h, keyPaymentSignature)
+	if c != nil {
+		return c
+	}
+	c = &clientCredentials{auth: auth, siwx: siwx}
+	if len(payment) > 0 {
+		c.payment = payment[0]
+	}
+	caddyhttp.SetVar(r.Context(), varClientCredentials, c)
+	return c
+}
+
+// takeProofs returns the client's wallet proofs for wallet_auth, once: a
+// second wallet_auth on the request finds none (the first used their
+// nonces).
+func (c *clientCredentials) takeProofs() (auth, siwx []string) {
+	if c == nil {
+		return nil, nil
+	}
+	auth, siwx = c.auth, c.siwx
+	c.auth, c.siwx = nil, nil
 	return auth, siwx
 }
 
-// setAsideClientProofs removes the client's wallet proofs from the request
-// for a gate, which never reads them: a route without wallet_auth must not
-// pass them upstream either. They are kept for a wallet_auth that runs
-// after the gate (a route runs its handlers in the order written, so
-// `route { x402 …; wallet_auth … }` is one), which takes them
-// (takeClientProofs).
-func setAsideClientProofs(r *http.Request) {
-	if auth, siwx := takeClientProofs(r); len(auth)+len(siwx) > 0 {
-		caddyhttp.SetVar(r.Context(), varClientProofs, &clientProofs{auth: auth, siwx: siwx})
+// takePayment returns the client's PAYMENT-SIGNATURE for a gate, once: a
+// later gate on the request never claims one payment again. An mcp_tool
+// gate takes it too and drops it unread (it reads a tool call's payment in
+// its _meta), so a gate after it sees none.
+func (c *clientCredentials) takePayment() string {
+	if c == nil {
+		return ""
 	}
+	p := c.payment
+	c.payment = ""
+	return p
 }
 
-// varClientProofs holds the *clientProofs a gate set aside until a
-// wallet_auth takes them.
-const varClientProofs = "aov.wallet_auth.proofs"
-
-// clientProofs are the values of a client's proof headers.
-type clientProofs struct{ auth, siwx []string }
+// hasPayment reports whether a PAYMENT-SIGNATURE is set aside for a gate
+// to settle.
+func (c *clientCredentials) hasPayment() bool { return c != nil && c.payment != "" }
 
 // varWalletProven marks a request whose X-Aov-Wallet (and
 // X-Aov-Wallet-Agent) wallet_auth set from a proof it verified: the gate

@@ -34,7 +34,8 @@ import (
 // proofs with this package's own signer, the aov command, and viem.
 
 // walletUpstream echoes what the gateway told it about the wallet and the
-// payment.
+// payment, and any client credential (a wallet proof, PAYMENT-SIGNATURE)
+// that reached it.
 func walletUpstream(t *testing.T) *httptest.Server {
 	t.Helper()
 	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -45,6 +46,7 @@ func walletUpstream(t *testing.T) *httptest.Server {
 			"payment":     r.Header.Get(HeaderUpstreamPayment),
 			"wallet_auth": r.Header.Get(walletauth.HeaderName),
 			"siwx":        r.Header.Get(walletauth.SIWXHeaderName),
+			"payment_sig": r.Header.Get(x402.HeaderPaymentSignature),
 		})
 	}))
 	t.Cleanup(s.Close)
