@@ -392,3 +392,38 @@ func rpcGateSite(t *testing.T, upstream, fac, rpc, timeout string) string {
 }
 `, strings.TrimPrefix(upstream, "http://"), fac, payTo.Hex(), rpc, filepath.Join(t.TempDir(), "gate"), timeout)
 }
+
+// TestSettledEarlierNewWindowsOfAUsedNonceCostOneRead: the payer of a used
+// nonce can sign any number of authorizations of it, each with a new
+// validity window that excludes the nonce's use (validAfter 0, validBefore
+// before the settlement: never executable). The blocks a search covered
+// without finding the nonce's log are remembered per token, payer and
+// nonce, so a new window within them costs no search: every request after
+// the first costs at most the one authorizationState read.
+func TestSettledEarlierNewWindowsOfAUsedNonceCostOneRead(t *testing.T) {
+	url, p, pl, calls, up := settledElsewhere(t)
+	pr := paymentRequired(t, post(t, url, "", nil))
+	var reads []int64
+	for i := 0; i < 6; i++ {
+		// validAfter 0, validBefore before the settlement: never executable,
+		// the nonce's use is outside the window.
+		h := resignUsed(t, pr.Accepts[0], p, pl, 4, "0", fmt.Sprint(time.Now().Add(-time.Duration(10+i)*time.Minute).Unix()))
+		calls.Store(0)
+		resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: h})
+		reason := reasonOf(t, resp)
+		if resp.StatusCode != http.StatusPaymentRequired {
+			t.Errorf("request %d: %d %s; want 402, the authorization never executed", i+1, resp.StatusCode, reason)
+		}
+		reads = append(reads, calls.Load())
+	}
+	t.Logf("chain reads per request: %v", reads)
+	for i, n := range reads[1:] {
+		if n > 1 {
+			t.Errorf("request %d cost %d chain reads (all: %v); README: each repeat within the minute costs the one authorizationState read", i+2, n, reads)
+			break
+		}
+	}
+	if up.calls.Load() != 0 {
+		t.Fatalf("the upstream ran %d times", up.calls.Load())
+	}
+}

@@ -106,11 +106,11 @@ type Facilitator struct {
 	budget *budget
 
 	usedCache usedCache // alreadyUsed's answers
-	// withinValidity is usedStatus's answers for searches of an
-	// authorization's validity window (no attempt known): apart from
-	// usedCache, whose searches cover the last sentSlack only, so that
-	// neither takes the other's "not found" over blocks it did not search.
-	withinValidity usedCache
+	// withinValidity is what usedStatus's searches of an authorization's
+	// validity window (no attempt known) learned: apart from usedCache,
+	// whose searches cover the last sentSlack only, so that neither takes
+	// the other's "not found" over blocks it did not search.
+	withinValidity validityCache
 
 	prepareTimeout time.Duration // the const prepareTimeout; tests shorten it
 }

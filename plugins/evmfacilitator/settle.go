@@ -243,7 +243,7 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 // costs one search a window, and the checks' reads alone otherwise.
 func (f *Facilitator) alreadyUsed(ctx context.Context, c *checked, now time.Time) (x402.SettleResponse, error) {
 	k := usedKey{token: c.token, from: c.auth.From, nonce: c.auth.Nonce}
-	u, err := f.usedCache.lookup(k, usedWindow{}, now, func() (nonceUse, error) {
+	u, err := f.usedCache.lookup(k, now, func() (nonceUse, error) {
 		ctx, cancel := context.WithTimeout(ctx, resolveTimeout)
 		defer cancel()
 		return f.findNonceUse(ctx, c.token, c.auth, now)
@@ -274,32 +274,15 @@ const (
 	usedCacheMax = 4096
 )
 
-// usedKey is the used nonce a usedCache entry is about, and, for an entry
-// that found no log of it, the window searched (usedWindow).
+// usedKey is the used nonce a usedCache or validityCache entry is about.
 type usedKey struct {
 	token, from common.Address
 	nonce       [32]byte
-	window      usedWindow
-}
-
-// usedWindow is the validity window, validAfter and validBefore as 32-byte
-// big-endian numbers, of an authorization whose search found no log of its
-// nonce: another authorization of the nonce, the payer's settled one among
-// them, has another window, and its search another answer. Zero for
-// searches that do not depend on the authorization (alreadyUsed's).
-type usedWindow struct{ after, before [32]byte }
-
-// validityOf is a's window as a usedWindow.
-func validityOf(a x402.AuthorizationValues) usedWindow {
-	var w usedWindow
-	a.ValidAfter.FillBytes(w.after[:])
-	a.ValidBefore.FillBytes(w.before[:])
-	return w
 }
 
 // usedCache remembers, per used nonce, the logs a finished search found
-// of it, or, per nonce and window searched, that it found none (a zero
-// nonceUse), and runs one search at a time per nonce and window (lookup).
+// of it, or that it found none (a zero nonceUse), and runs one search at
+// a time per nonce (lookup).
 type usedCache struct {
 	mu     sync.Mutex
 	m      map[usedKey]usedEntry
@@ -313,37 +296,30 @@ type usedEntry struct {
 
 // flightKey is k as a singleflight key.
 func (k usedKey) flightKey() string {
-	return string(k.token[:]) + string(k.from[:]) + string(k.nonce[:]) + string(k.window.after[:]) + string(k.window.before[:])
+	return string(k.token[:]) + string(k.from[:]) + string(k.nonce[:])
 }
 
-// lookup returns what u remembers of k's nonce at t, the log found (by any
-// search: a nonce is used once) or that none was found in window or, when
-// it remembers neither, runs search, shared by the lookups of k and window
-// that arrive while it runs, and remembers its finished answer: the use
-// found, under k, or, when search ends in errNoNonceLog, the zero nonceUse
-// under k and window. A search that failed (a provider's error, a
-// deadline) or was cut short (errSearchCut) says nothing of the nonce: it
-// is returned and not remembered, so the next lookup searches again.
-func (u *usedCache) lookup(k usedKey, window usedWindow, t time.Time, search func() (nonceUse, error)) (nonceUse, error) {
-	if use, ok := u.get(k, t); ok && use.log != nil {
+// lookup returns what u remembers of k's nonce at t or, when it remembers
+// nothing, runs search, shared by the lookups of k that arrive while it
+// runs, and remembers its finished answer: the use found or, when search
+// ends in errNoNonceLog, the zero nonceUse. A search that failed (a
+// provider's error, a deadline) or was cut short (errSearchCut) says
+// nothing of the nonce: it is returned and not remembered, so the next
+// lookup searches again.
+func (u *usedCache) lookup(k usedKey, t time.Time, search func() (nonceUse, error)) (nonceUse, error) {
+	if use, ok := u.get(k, t); ok {
 		return use, nil
 	}
-	nf := k
-	nf.window = window
-	if use, ok := u.get(nf, t); ok && use.log == nil {
-		return use, nil
-	}
-	v, err, _ := u.flight.Do(nf.flightKey(), func() (any, error) {
+	v, err, _ := u.flight.Do(k.flightKey(), func() (any, error) {
 		use, err := search()
 		switch {
 		case err == nil:
-			u.put(k, use, t)
 		case errors.Is(err, errNoNonceLog):
 			use = nonceUse{}
-			u.put(nf, use, t)
 		default:
 			return nil, err
 		}
+		u.put(k, use, t)
 		return use, nil
 	})
 	if err != nil {
@@ -356,34 +332,42 @@ func (u *usedCache) get(k usedKey, t time.Time) (nonceUse, bool) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	e, ok := u.m[k]
-	if !ok || t.Sub(e.at) >= usedCacheTTL || t.Before(e.at) {
+	if !ok || !fresh(e.at, t) {
 		return nonceUse{}, false
 	}
 	return e.use, true
 }
 
-// put remembers use for k; when full, it first drops the expired answers,
-// then, if none was, any one.
+// put remembers use for k (makeRoom).
 func (u *usedCache) put(k usedKey, use nonceUse, t time.Time) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if u.m == nil {
 		u.m = map[usedKey]usedEntry{}
 	}
-	if _, ok := u.m[k]; !ok && len(u.m) >= usedCacheMax {
-		for k, e := range u.m {
-			if t.Sub(e.at) >= usedCacheTTL || t.Before(e.at) {
-				delete(u.m, k)
-			}
-		}
-		for k := range u.m {
-			if len(u.m) < usedCacheMax {
-				break
-			}
-			delete(u.m, k)
-		}
+	if _, ok := u.m[k]; !ok {
+		makeRoom(u.m, func(e usedEntry) bool { return !fresh(e.at, t) })
 	}
 	u.m[k] = usedEntry{use: use, at: t}
+}
+
+// makeRoom makes room for one more entry in m when it holds usedCacheMax:
+// it first drops the entries expired says are, then, if none was, any one.
+func makeRoom[V any](m map[usedKey]V, expired func(V) bool) {
+	if len(m) < usedCacheMax {
+		return
+	}
+	for k, e := range m {
+		if expired(e) {
+			delete(m, k)
+		}
+	}
+	for k := range m {
+		if len(m) < usedCacheMax {
+			break
+		}
+		delete(m, k)
+	}
 }
 
 func (f *Facilitator) failure(reason, payer, msg, txHash string) x402.SettleResponse {

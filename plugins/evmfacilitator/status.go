@@ -137,10 +137,10 @@ var (
 	logChunkBlocks uint64 = 500
 	// maxLogBlocks is how many blocks are searched in all (10 eth_getLogs
 	// calls at most): from the start of a search from the attempt's time,
-	// the last ones of a search of a validity window. A nonce used beyond
-	// is not looked for: the outcome stays unknown rather than guessed. On
-	// Base (2 s blocks) it is almost 3 hours, more than a payment's
-	// validity window as x402 clients sign it.
+	// both ends of a validity window longer than it (findInValidity). A
+	// nonce used beyond is not looked for: the outcome stays unknown
+	// rather than guessed. On Base (2 s blocks) it is almost 3 hours, more
+	// than a payment's validity window as x402 clients sign it.
 	maxLogBlocks uint64 = 5000
 )
 
@@ -158,18 +158,19 @@ var (
 //
 // Without after (zero: a caller that knows nothing of the attempt, such as
 // a gate asking whether a refused payment settled earlier) the search
-// covers the authorization's validity window (findNonceLog), the only
+// covers the authorization's validity window (findInValidity), the only
 // blocks its transfer can have executed in; searched whole without finding
 // the nonce's log, the nonce was spent otherwise: never, the plain
-// refusal. Such searches are remembered (withinValidity), as alreadyUsed's
-// are and for the same reason: the settled authorization is public in its
-// transaction's calldata and its payer can sign any number of others of
-// the spent nonce, each otherwise a head read, header bisections and up to
-// 10 eth_getLogs. A found log is remembered per token, payer and nonce (a
-// nonce is used once); not found only for the window searched, since
-// another authorization of the nonce has another window. A search cut
-// short by maxLogBlocks or that failed is not remembered and stays an
-// error: the outcome is unknown.
+// refusal. What such searches learn is remembered (withinValidity), as
+// alreadyUsed's answers are and for the same reason: the settled
+// authorization is public in its transaction's calldata and its payer can
+// sign any number of others of the spent nonce, each otherwise a head
+// read, header bisections and up to 10 eth_getLogs. A found log is
+// remembered per token, payer and nonce (a nonce is used once), and so are
+// the blocks searched without finding it, which no other window of the
+// nonce needs searched again. A search cut short by maxLogBlocks stays an
+// error (the outcome is unknown), remembered for its window; one that
+// failed is not remembered.
 func (f *Facilitator) usedStatus(ctx context.Context, token common.Address, a x402.AuthorizationValues, hint common.Hash, after time.Time) (x402.SettlementStatus, error) {
 	if hint != (common.Hash{}) {
 		if r, err := f.chain.TransactionReceipt(ctx, hint); err == nil {
@@ -181,8 +182,13 @@ func (f *Facilitator) usedStatus(ctx context.Context, token common.Address, a x4
 	var u nonceUse
 	var err error
 	if after.IsZero() {
-		u, err = f.withinValidity.lookup(usedKey{token: token, from: a.From, nonce: a.Nonce}, validityOf(a), now(), func() (nonceUse, error) {
-			return f.findNonceUse(ctx, token, a, after)
+		u, err = f.withinValidity.lookup(usedKey{token: token, from: a.From, nonce: a.Nonce}, a, now(), func(done []span) (nonceUse, []span, error) {
+			l, spans, err := f.findInValidity(ctx, token, a, done)
+			if err != nil {
+				return nonceUse{}, spans, usedByUnknown(err)
+			}
+			u, err := f.nonceUseOf(ctx, token, a, l)
+			return u, nil, err
 		})
 		if err == nil && !u.within(a) {
 			return never(), nil // not in the window: spent otherwise
@@ -240,17 +246,29 @@ func (u nonceUse) within(a x402.AuthorizationValues) bool {
 // batch's one per payment, few of them from one payer.
 const maxOtherTransfers = 16
 
-// findNonceUse finds the log that marked a's nonce used (findNonceLog)
-// and, when it is not a cancellation, its block's time and the token's
-// Transfer logs from a's authorizer in the same transaction, read from
-// that log's block by its hash (a block reorganised away since is an
-// error, not an answer). The time is what judging another authorization
-// of the nonce by this log needs (nonceUse.within).
+// findNonceUse finds the log that marked a's nonce used, from after on
+// (findNonceLog), and its nonceUse (nonceUseOf).
 func (f *Facilitator) findNonceUse(ctx context.Context, token common.Address, a x402.AuthorizationValues, after time.Time) (nonceUse, error) {
 	l, err := f.findNonceLog(ctx, token, a, after)
 	if err != nil {
-		return nonceUse{}, fmt.Errorf("the authorization's nonce is used, but by which transaction is unknown: %w", err)
+		return nonceUse{}, usedByUnknown(err)
 	}
+	return f.nonceUseOf(ctx, token, a, l)
+}
+
+// usedByUnknown is err, a search for a used nonce's log that did not find
+// it, as the reason the nonce's transaction is unknown.
+func usedByUnknown(err error) error {
+	return fmt.Errorf("the authorization's nonce is used, but by which transaction is unknown: %w", err)
+}
+
+// nonceUseOf is the nonceUse of l, the log that marked a's nonce used:
+// when it is not a cancellation, its block's time and the token's Transfer
+// logs from a's authorizer in the same transaction, read from that log's
+// block by its hash (a block reorganised away since is an error, not an
+// answer). The time is what judging another authorization of the nonce by
+// this log needs (nonceUse.within).
+func (f *Facilitator) nonceUseOf(ctx context.Context, token common.Address, a x402.AuthorizationValues, l *types.Log) (nonceUse, error) {
 	if l.Topics[0] == authorizationCanceledEventID {
 		return nonceUse{log: l}, nil
 	}
@@ -358,51 +376,48 @@ func isNonceLog(l *types.Log, token common.Address, a x402.AuthorizationValues) 
 		l.Topics[1] == common.BytesToHash(a.From.Bytes()) && l.Topics[2] == common.Hash(a.Nonce)
 }
 
-// findNonceLog finds the log that marked a's nonce used, with eth_getLogs
-// filtered by the token and both indexed topics, in at most maxLogBlocks
-// blocks, logChunkBlocks per call.
-//
-// With after, the search starts at the first block whose time is at or
-// after after less sentSlack (the nonce was unused when the payment was
-// verified just before the settlement was sent, and no settlement was sent
-// before after) and runs forward to the head. Without after (zero: a
-// caller that knows nothing of the attempt) it covers a's validity window
-// (validityBlocks), the only blocks a's transfer can have executed in, or
-// its last maxLogBlocks: a's own use is in it, whatever validAfter the
-// payer chose, and a nonce cancelled or spent outside it was not spent by
-// a.
+// findNonceLog finds the log that marked a's nonce used, from the first
+// block whose time is at or after after less sentSlack (the nonce was
+// unused when the payment was verified just before the settlement was
+// sent, and no settlement was sent before after) forward to the head, in
+// at most maxLogBlocks blocks (searchLogs).
 //
 // Not finding the log in blocks searched whole is an error wrapping
 // errNoNonceLog, which the caller never takes for a transfer; a search cut
 // short by maxLogBlocks wraps errSearchCut instead: the log may lie in the
-// blocks left out.
+// blocks left out. A caller that knows nothing of the attempt searches
+// the authorization's validity window instead (findInValidity).
 func (f *Facilitator) findNonceLog(ctx context.Context, token common.Address, a x402.AuthorizationValues, after time.Time) (*types.Log, error) {
 	head, err := f.chain.HeaderByNumber(ctx, nil)
 	if err != nil {
 		return nil, fmt.Errorf("reading the head block: %w", err)
 	}
-	var lo, hi uint64
-	capped := false
-	if !after.IsZero() {
-		from := after.Add(-sentSlack)
-		if lo, err = f.firstBlockAt(ctx, from, head); err != nil {
-			return nil, err
-		}
-		hi = head.Number.Uint64()
-		if lo > hi {
-			return nil, fmt.Errorf("%w: no block at or after %s yet", errNoNonceLog, from.UTC().Format(time.RFC3339))
-		}
-		if capped = hi-lo >= maxLogBlocks; capped {
-			hi = lo + maxLogBlocks - 1
-		}
-	} else {
-		if lo, hi, err = f.validityBlocks(ctx, a, head); err != nil {
-			return nil, err
-		}
-		if capped = lo <= hi && hi-lo >= maxLogBlocks; capped {
-			lo = hi - maxLogBlocks + 1
-		}
+	from := after.Add(-sentSlack)
+	lo, err := f.firstBlockAt(ctx, from, head)
+	if err != nil {
+		return nil, err
 	}
+	hi := head.Number.Uint64()
+	if lo > hi {
+		return nil, fmt.Errorf("%w: no block at or after %s yet", errNoNonceLog, from.UTC().Format(time.RFC3339))
+	}
+	capped := hi-lo >= maxLogBlocks
+	if capped {
+		hi = lo + maxLogBlocks - 1
+	}
+	if l, err := f.searchLogs(ctx, token, a, lo, hi); l != nil || err != nil {
+		return l, err
+	}
+	if capped {
+		return nil, fmt.Errorf("%w: not in the %d blocks searched (%d to %d)", errSearchCut, maxLogBlocks, lo, hi)
+	}
+	return nil, fmt.Errorf("%w: not in blocks %d to %d", errNoNonceLog, lo, hi)
+}
+
+// searchLogs finds the log that marked a's nonce used in blocks lo to hi
+// (nil when it is not there), with eth_getLogs filtered by the token and
+// both indexed topics, logChunkBlocks blocks a call.
+func (f *Facilitator) searchLogs(ctx context.Context, token common.Address, a x402.AuthorizationValues, lo, hi uint64) (*types.Log, error) {
 	q := ethereum.FilterQuery{Addresses: []common.Address{token}, Topics: [][]common.Hash{
 		{authorizationUsedEventID, authorizationCanceledEventID},
 		{common.BytesToHash(a.From.Bytes())},
@@ -420,50 +435,11 @@ func (f *Facilitator) findNonceLog(ctx context.Context, token common.Address, a 
 				return &logs[i], nil
 			}
 		}
-	}
-	if capped {
-		return nil, fmt.Errorf("%w: not in the %d blocks searched (%d to %d)", errSearchCut, maxLogBlocks, lo, hi)
-	}
-	if after.IsZero() && a.ValidBefore.Cmp(new(big.Int).SetUint64(head.Time)) > 0 {
-		// The window reaches the head: a node behind the one that said the
-		// nonce is used may not have its log, or its block, yet. Not found
-		// is an answer only when the nonce was used as of the head read.
-		used, err := f.authorizationState(ctx, token, a.From, a.Nonce, head.Number)
-		if err != nil {
-			return nil, fmt.Errorf("reading authorizationState at block %d: %w", head.Number, err)
-		}
-		if !used {
-			return nil, fmt.Errorf("the nonce is not used yet as of block %d, the head read", head.Number)
+		if end == hi {
+			break
 		}
 	}
-	if lo > hi {
-		return nil, fmt.Errorf("%w: no block lies in the authorization's validity window", errNoNonceLog)
-	}
-	return nil, fmt.Errorf("%w: not in blocks %d to %d", errNoNonceLog, lo, hi)
-}
-
-// validityBlocks returns the blocks a's transfer can have executed in, lo
-// to hi (none when lo > hi): the token requires validAfter <
-// block.timestamp < validBefore, so from the first block after validAfter
-// to the last before validBefore, or to head while validBefore is ahead of
-// it (block time never goes back).
-func (f *Facilitator) validityBlocks(ctx context.Context, a x402.AuthorizationValues, head *types.Header) (lo, hi uint64, err error) {
-	headTime := new(big.Int).SetUint64(head.Time)
-	hi = head.Number.Uint64()
-	if a.ValidBefore.Cmp(headTime) <= 0 { // so validBefore fits in an int64
-		first, err := f.firstBlockAt(ctx, time.Unix(a.ValidBefore.Int64(), 0), head)
-		if err != nil || first == 0 {
-			return 1, 0, err
-		}
-		hi = first - 1
-	}
-	if a.ValidAfter.Cmp(headTime) >= 0 {
-		return hi + 1, hi, nil // no block after validAfter yet
-	}
-	if lo, err = f.firstBlockAt(ctx, time.Unix(a.ValidAfter.Int64()+1, 0), head); err != nil {
-		return 0, 0, err
-	}
-	return lo, hi, nil
+	return nil, nil
 }
 
 // errNoNonceLog is a search for a nonce's log that finished without

@@ -1,12 +1,14 @@
 package evmfacilitator
 
 import (
+	"cmp"
 	"context"
 	"crypto/ecdsa"
 	"errors"
 	"fmt"
 	"math/big"
 	"math/bits"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -308,10 +310,11 @@ func TestNonceSearchIsBounded(t *testing.T) {
 		t.Errorf("%d header reads to find the first block, want at most %d", headers, max)
 	}
 
-	// Without it: the validity window is searched, its last maxLogBlocks
-	// only (validBefore is ahead: up to the head); the nonce was used
-	// further back: not found in a search cut short, an error, never done
-	// and never "never".
+	// Without it: the validity window is searched, longer than the bound:
+	// its first blocks (from validAfter 0: block 1) and its last (to the
+	// head, validBefore being ahead), maxLogBlocks in all; the nonce was
+	// used in between: not found in a search cut short, an error, never
+	// done and never "never".
 	st, err = f.SettlementStatus(ctx, p, req)
 	if err == nil || st.State != x402.SettlementUndecided {
 		t.Fatalf("beyond the bound: %+v, %v; want an error", st, err)
@@ -321,9 +324,15 @@ func TestNonceSearchIsBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	within(ranges, now.Number.Uint64()-maxLogBlocks+1)
-	if len(ranges) != int(maxLogBlocks/logChunkBlocks) || ranges[len(ranges)-1][1] != now.Number.Uint64() {
-		t.Errorf("searched %v, want the last %d blocks to the head %d in chunks of %d", ranges, maxLogBlocks, now.Number, logChunkBlocks)
+	within(ranges, 1)
+	front := maxLogBlocks / logChunkBlocks / 2 * logChunkBlocks
+	want := [][2]uint64{{1, front}}
+	for end := now.Number.Uint64(); end > now.Number.Uint64()-(maxLogBlocks-front); end -= logChunkBlocks {
+		want = append(want, [2]uint64{end - logChunkBlocks + 1, end})
+	}
+	slices.SortFunc(want, func(a, b [2]uint64) int { return cmp.Compare(a[0], b[0]) })
+	if !slices.Equal(ranges, want) {
+		t.Errorf("searched %v, want %v: the window's first %d blocks and its last %d to the head %d, in chunks of %d", ranges, want, front, maxLogBlocks-front, now.Number, logChunkBlocks)
 	}
 }
 
@@ -610,5 +619,181 @@ func TestNonceUseBeyondAStaleHeadIsUnknown(t *testing.T) {
 	var ue *x402.UnknownOutcomeError
 	if !errors.As(err, &ue) || st.State != x402.SettlementUndecided {
 		t.Fatalf("settled after the head read: %+v, %v; want an unknown outcome", st, err)
+	}
+}
+
+// A search cut short by maxLogBlocks (a validity window longer than the
+// bound, validAfter 0, the nonce used in the blocks left out) is an
+// unknown outcome, and it is remembered for its window like a finished
+// one: the payer chooses the window, and asking about the very same
+// payment again within the minute costs no header read and no eth_getLogs
+// (the one authorizationState read only).
+func TestCutNonceSearchIsRemembered(t *testing.T) {
+	shortSearch(t)
+	d := startDevnet(t, DevnetConfig{MaxClockLead: time.Hour})
+	ctx := context.Background()
+	for range 12 {
+		d.backend.Commit()
+	}
+	spy := &logSpy{Chain: d.Client()}
+	reader, err := NewStatusReader(spy, DevnetNetwork)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := d.NewFacilitator()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &testEnv{d: d, f: f}
+	req := e.requirements(payee, amount)
+	a := auth(payer, req)
+	a.ValidAfter = "0"
+	p := sign(t, payer, a, req, req)
+	r, err := f.Settle(ctx, p, req)
+	if err != nil || !r.Success {
+		t.Fatalf("settle = %+v, %v", r, err)
+	}
+	for range 40 {
+		d.backend.Commit()
+	}
+	spy.reset()
+	var cost [][2]int
+	for i := 0; i < 4; i++ {
+		st, err := reader.SettlementStatus(ctx, p, req)
+		h, rg := spy.reset()
+		cost = append(cost, [2]int{h, len(rg)})
+		var ue *x402.UnknownOutcomeError
+		if !errors.As(err, &ue) || st.State != x402.SettlementUndecided {
+			t.Errorf("ask %d: %+v, %v; want an unknown outcome (the nonce was used in blocks left out)", i+1, st, err)
+		}
+	}
+	for i, c := range cost[1:] {
+		if c[0]+c[1] > 0 {
+			t.Errorf("ask %d of the same payment cost %d header reads and %d eth_getLogs (all %v); want the search remembered", i+2, c[0], c[1], cost)
+			break
+		}
+	}
+}
+
+// A payment signed as x402 clients sign it (validAfter now - 10 min,
+// validBefore now + maxTimeoutSeconds) settles at the start of its window,
+// right after it is signed. Asked about by a caller that knows nothing of
+// the attempt once the window holds more than maxLogBlocks blocks
+// (max_timeout beyond about 2 h 37 min on Base's 2 s blocks) and has
+// closed, it is found settled: the search covers both ends of a window
+// longer than the bound, not its last blocks only. Real constants (5,000
+// blocks, 500 per eth_getLogs); the devnet's blocks are 1 s.
+func TestLongWindowSettledAtItsStartIsFound(t *testing.T) {
+	d := startDevnet(t, DevnetConfig{MaxClockLead: 3 * time.Hour})
+	ctx := context.Background()
+	reader, err := NewStatusReader(d.Client(), DevnetNetwork)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := d.NewFacilitator()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &testEnv{d: d, f: f}
+	req := e.requirements(payee, amount)
+	head, err := d.Client().HeaderByNumber(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := auth(payer, req)
+	a.ValidAfter = fmt.Sprint(head.Time - 600)
+	a.ValidBefore = fmt.Sprint(head.Time + 5100)
+	p := sign(t, payer, a, req, req)
+	r, err := f.Settle(ctx, p, req)
+	if err != nil || !r.Success {
+		t.Fatalf("settle = %+v, %v", r, err)
+	}
+	for range 5200 {
+		d.backend.Commit()
+	}
+	now, _ := d.Client().HeaderByNumber(ctx, nil)
+	t.Logf("head %d at %d; window closed at %s", now.Number, now.Time, a.ValidBefore)
+	for i := 0; i < 2; i++ {
+		st, err := reader.SettlementStatus(ctx, p, req)
+		if err != nil || st.State != x402.SettlementDone {
+			t.Errorf("the buyer's settled payment, asked after its window closed (try %d): %+v, %v; want done by %s", i+1, st, err, r.Transaction)
+		}
+	}
+}
+
+// The payer of a used nonce can sign any number of authorizations of it,
+// each with its own validity window. The blocks a search of one window
+// covered without finding the nonce's log are remembered for the nonce: a
+// window within them costs no header read and no eth_getLogs, a window
+// reaching past them has only the blocks not searched yet searched, and
+// the payment that did use the nonce is still found settled (its window
+// holds blocks never searched).
+func TestNewWindowsOfAUsedNonceSearchOnlyNewBlocks(t *testing.T) {
+	d := startDevnet(t, DevnetConfig{MaxClockLead: time.Hour})
+	ctx := context.Background()
+	for range 10 {
+		d.backend.Commit()
+	}
+	spy := &logSpy{Chain: d.Client()}
+	reader, err := NewStatusReader(spy, DevnetNetwork)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := d.NewFacilitator()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &testEnv{d: d, f: f}
+	req := e.requirements(payee, amount)
+	a := auth(payer, req)
+	p := sign(t, payer, a, req, req)
+	r, err := f.Settle(ctx, p, req)
+	if err != nil || !r.Success {
+		t.Fatalf("settle = %+v, %v", r, err)
+	}
+	settled, err := d.Client().HeaderByNumber(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 30 {
+		d.backend.Commit()
+	}
+	head, err := d.Client().HeaderByNumber(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// ask asks about an authorization of the spent nonce valid after
+	// validAfter and before validBefore (block times): its window holds
+	// blocks after the settlement's only, so it never executed.
+	ask := func(name string, validAfter, validBefore uint64) (headers int, blocks uint64) {
+		t.Helper()
+		o := a
+		o.ValidAfter, o.ValidBefore = fmt.Sprint(validAfter), fmt.Sprint(validBefore)
+		spy.reset()
+		st, err := reader.SettlementStatus(ctx, sign(t, payer, o, req, req), req)
+		if err != nil || st.State != x402.SettlementNever {
+			t.Errorf("%s: %+v, %v; want never", name, st, err)
+		}
+		headers, ranges := spy.reset()
+		for _, rg := range ranges {
+			blocks += rg[1] - rg[0] + 1
+		}
+		return headers, blocks
+	}
+	if _, blocks := ask("the first window", settled.Time, head.Time-5); blocks < 20 {
+		t.Fatalf("the first window searched %d blocks; want its 25 or so", blocks)
+	}
+	if headers, blocks := ask("a window within it", settled.Time+3, head.Time-10); headers+int(blocks) != 0 {
+		t.Errorf("a window within one searched: %d header reads, %d blocks searched; want none", headers, blocks)
+	}
+	if _, blocks := ask("a window reaching past it", settled.Time+2, head.Time+3600); blocks == 0 || blocks > 6 {
+		t.Errorf("a window reaching from within one searched to the head searched %d blocks; want those after it only (6)", blocks)
+	}
+	if headers, blocks := ask("a window after the settlement, to the head", settled.Time+1, head.Time+600); headers+int(blocks) != 0 {
+		t.Errorf("a window all searched (the nonce read used as of the head): %d header reads, %d blocks searched; want none", headers, blocks)
+	}
+	st, err := reader.SettlementStatus(ctx, p, req)
+	if err != nil || st.State != x402.SettlementDone || st.Transaction != r.Transaction {
+		t.Errorf("the settled payment after: %+v, %v; want done by %s", st, err, r.Transaction)
 	}
 }
