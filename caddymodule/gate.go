@@ -349,6 +349,11 @@ type Gate struct {
 	// unanswered is set once the gate has logged that nothing behind it
 	// answers (noUpstream). Set in Provision, a pointer like route.
 	unanswered *atomic.Bool
+	// verified is set once verify_response handled a request behind the
+	// gate (noteVerified): its route checks answers, and an upgrade
+	// request is refused before it is offered for sale (sellsSwitch). Set
+	// in Provision, a pointer like route.
+	verified *atomic.Bool
 
 	// server is where rates is registered for wallet_auth (serverZones).
 	server *caddyhttp.Server
@@ -519,6 +524,7 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 	g.stopped = new(atomic.Bool)
 	g.shadowed = new(atomic.Bool)
 	g.unanswered = new(atomic.Bool)
+	g.verified = new(atomic.Bool)
 	discovery.add(g)
 	g.startResolver() // hook (pending.go): resolve unknown settlements
 	return nil
@@ -774,6 +780,7 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		// verificationStartedVar). Nothing is claimed, reserved or charged.
 		return g.refuse(w, r, apierr.Internal(errGateInsideVerify))
 	}
+	defer g.noteVerified(r)
 	// The upstream must never see a client's claim to have paid, on any
 	// path, preflights included. The first gate on the request removes it;
 	// a later gate in the same route (one per MCP tool) must keep what an
@@ -797,6 +804,14 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	}
 	g.proxies.check(r)
 	payment := creds.takePayment()
+	if upgradeRequest(r) && !g.sellsSwitch() {
+		// Within the client's budget, as any refusal: one is counted
+		// even past an empty budget (rateZone.note).
+		if wait := g.rateWait(r); wait > 0 {
+			return g.refuse(w, r, apierr.RateLimited(wait))
+		}
+		return g.refuse(w, r, errUpgradeUnsupported()) // upgrade.go
+	}
 	if g.MCPTool != "" {
 		return g.serveMCP(w, r, next)
 	}
@@ -808,9 +823,6 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	}
 	if ae := g.checkURL(r); ae != nil {
 		return g.refuse(w, r, ae)
-	}
-	if g.SettleOn == settleOnPass && upgradeRequest(r) {
-		return g.refuse(w, r, errUpgradeUnsupported()) // upgrade.go
 	}
 
 	ex := &restExchange{g: g}

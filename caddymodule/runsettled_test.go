@@ -248,8 +248,23 @@ func upgradePost(t *testing.T, url, sig string) *http.Response {
 // sendUpgradePost sends upgradePost's request ("" sig: none), for a
 // goroutine that cannot fail the test; the caller closes the body.
 func sendUpgradePost(url, sig string) (*http.Response, error) {
-	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(validRequest))
+	return sendUpgrade(http.MethodPost, url, validRequest, sig)
+}
+
+// sendUpgrade sends a request that asks to switch to the echo protocol,
+// with body ("": none) and sig ("": no payment); the caller closes the
+// response's body.
+func sendUpgrade(method, url, body, sig string) (*http.Response, error) {
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, url, rd)
+	if err != nil {
+		return nil, err
+	}
 	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
 	req.Header.Set("Connection", "Upgrade")
 	req.Header.Set("Upgrade", "echo")
 	if sig != "" {

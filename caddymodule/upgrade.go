@@ -33,10 +33,13 @@ import (
 //     through. When the settlement fails no 101 is written and the hijack is
 //     refused (reverse_proxy then closes the upstream's connection): the
 //     buyer gets the answer of any failed settlement, uncharged.
-//   - settle_on pass: settled only for an answer verify_response found
-//     passing, and a tunnel is no answer it can check; the request is
-//     refused before anything is claimed, verified or run
-//     (errUpgradeUnsupported).
+//   - a route with verify_response: every answer it checks is held until
+//     checked, and a tunnel is no answer it can hold or check, however
+//     settle_on is set. The request is refused (errUpgradeUnsupported)
+//     before anything is offered, claimed, verified, counted or run, by
+//     the gate once it knows its route checks answers (sellsSwitch), and
+//     by verify_response itself, before its upstream runs, when the gate
+//     cannot know yet.
 //
 // A call served from the free allowance is the same rule with the free
 // unit for its charge: the unit is committed at the 101 (the free charge's
@@ -46,7 +49,9 @@ import (
 // the demand for payment before anything runs.
 //
 // An MCP call is not sold as a tunnel: its held writer takes no 101
-// (bufferedWriter).
+// (bufferedWriter), and an upgrade request on an mcp_tool gate, a tool
+// call or any other, is refused as on a route with verify_response,
+// before anything else.
 
 // upgradeRequest reports whether r asks to switch protocols, as
 // reverse_proxy reads it (Connection names Upgrade, and the first Upgrade
@@ -68,17 +73,35 @@ func upgradeRequest(r *http.Request) bool {
 // sell one.
 const codeUpgradeUnsupported = "upgrade_unsupported"
 
-// errUpgradeUnsupported is the refusal of an upgrade request on a
-// settle_on pass route (see above). It comes before the request is offered
+// errUpgradeUnsupported is the refusal of an upgrade request where no
+// tunnel can be sold (see above). It comes before the request is offered
 // for sale, free or paid: a demand for payment would invite a payment the
 // call could never be served for.
 func errUpgradeUnsupported() *apierr.Error {
 	return &apierr.Error{
 		Code:        codeUpgradeUnsupported,
-		Message:     "This route charges only for an answer that passed verification, and a protocol switch (Connection: Upgrade) opens a connection that cannot be verified; nothing was charged. Send the request without Upgrade.",
+		Message:     "This route checks its answers before it releases them, or sells MCP tool calls, and a protocol switch (Connection: Upgrade) opens a connection that can be neither; nothing was charged. Send the request without Upgrade.",
 		Status:      http.StatusBadRequest,
 		NextActions: []apierr.Action{{Action: "drop_upgrade"}},
-		Cause:       errors.New("settle_on pass: an upgrade request cannot be sold"),
+		Cause:       errors.New("an upgrade request cannot be sold on a route with verify_response or an mcp_tool gate"),
+	}
+}
+
+// sellsSwitch reports whether the gate can sell a protocol switch: not
+// for an MCP tool, and not on a route whose answers verify_response
+// checks. A gate cannot see verify_response when it is provisioned (they
+// are siblings in a route): settle_on pass names it, and otherwise the
+// gate knows it from the first request verify_response handled behind it
+// (noteVerified); until then verify_response refuses the request itself.
+func (g *Gate) sellsSwitch() bool {
+	return g.MCPTool == "" && g.SettleOn != settleOnPass && (g.verified == nil || !g.verified.Load())
+}
+
+// noteVerified records that verify_response handled r behind the gate
+// (verificationRouteVar), for sellsSwitch.
+func (g *Gate) noteVerified(r *http.Request) {
+	if g.verified != nil && !g.verified.Load() && caddyhttp.GetVar(r.Context(), verificationRouteVar) != nil {
+		g.verified.Store(true)
 	}
 }
 

@@ -73,6 +73,12 @@ const VerificationVar = "aov.verification.result"
 // (errNestedVerify).
 const verificationStartedVar = "aov.verification.started"
 
+// verificationRouteVar marks a request verify_response handled, whatever
+// it then did with it, and stays set once it returned: how a gate in front
+// of it learns that its route checks answers, and so cannot sell a
+// protocol switch (Gate.noteVerified).
+const verificationRouteVar = "aov.verification.route"
+
 // Why a misordered request is refused (500 internal_error, logged at
 // Error level with this text: the fix is the operator's).
 var (
@@ -515,6 +521,15 @@ func (v *VerifyResponse) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 		e := apierr.Internal(misplaced)
 		v.logger.Error("request refused", zap.String("code", e.Code), zap.Error(e.Cause))
 		v.refuse(w, r, e)
+		return nil
+	}
+	caddyhttp.SetVar(r.Context(), verificationRouteVar, true)
+	// A 101 is no answer the hold can take: the upstream's tunnel would
+	// open, then be cut off unseen, the call failed (and, under settle_on
+	// any, charged for nothing). Refused before the upstream runs, with
+	// the gate's own refusal of a switch it cannot sell (upgrade.go).
+	if upgradeRequest(r) {
+		v.refuse(w, r, errUpgradeUnsupported())
 		return nil
 	}
 	ids, bad := v.ids(r)
