@@ -803,7 +803,6 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		g.learnRoute(r, next)
 	}
 	g.proxies.check(r)
-	payment := creds.takePayment()
 	if upgradeRequest(r) && !g.sellsSwitch() {
 		// Within the client's budget, as any refusal: one is counted
 		// even past an empty budget (rateZone.note).
@@ -813,8 +812,12 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		return g.refuse(w, r, errUpgradeUnsupported()) // upgrade.go
 	}
 	if g.MCPTool != "" {
+		// A tool call's payment is in its _meta: a PAYMENT-SIGNATURE is
+		// left set aside for a gate after this one that prices the
+		// endpoint, whichever order the two are written in.
 		return g.serveMCP(w, r, next)
 	}
+	payment := creds.takePayment()
 	if wait := g.rateWait(r); wait > 0 {
 		return g.refuse(w, r, apierr.RateLimited(wait))
 	}

@@ -152,76 +152,90 @@ func TestMCPToolGateRefusesSIWX(t *testing.T) {
 // PAYMENT-SIGNATURE) with siwx records its payer as any gate does, also
 // when an mcp_tool gate in the same route prices one tool on top and so
 // reads every message: what paid for the path is the payment, whichever
-// gates read the request. Before, a settlement on any request an MCP gate
-// had read was dropped, and the wallet that had just paid the endpoint's
-// price, offered the sign-in, was refused it.
+// gates read the request, in either order. Before, a settlement on any
+// request an MCP gate had read was dropped, and the wallet that had just
+// paid the endpoint's price, offered the sign-in, was refused it; and an
+// mcp_tool gate written first took the payment off the request unread, so
+// the endpoint gate after it answered its own buyer 402 for ever.
 func TestEndpointPaymentBesideMCPToolGateRecordsPaidAccess(t *testing.T) {
 	_, fac := sharedDevnet(t)
 	up := newMCPUpstream(t)
-	base := startCaddy(t, fmt.Sprintf(`:{port} {
+	endpoint := fmt.Sprintf(`@unpaid not vars {http.auth.wallet.paid_access} true
+		x402 @unpaid {
+			accept devnet $0.05 %[2]s
+			siwx 127.0.0.1:{port}
+			facilitator http {
+				url %[1]s
+			}
+			store badger {data}/gate
+		}`, fac, payTo.Hex())
+	tool := fmt.Sprintf(`x402 {
+			mcp_tool verify_schema
+			accept devnet $0.02 %[2]s
+			facilitator http {
+				url %[1]s
+			}
+			store badger {data}/gate
+		}`, fac, payTo.Hex())
+	for _, tc := range []struct {
+		name        string
+		first, then string
+		payer       int
+	}{
+		{"endpoint gate first", endpoint, tool, 9},
+		{"mcp_tool gate first", tool, endpoint, 8},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			base := startCaddy(t, fmt.Sprintf(`:{port} {
 	route /mcp {
 		wallet_auth optional {
 			store badger {data}/gate
 			domains 127.0.0.1:{port}
 			siwx
 		}
-		@unpaid not vars {http.auth.wallet.paid_access} true
-		x402 @unpaid {
-			accept devnet $0.05 %[3]s
-			siwx 127.0.0.1:{port}
-			facilitator http {
-				url %[2]s
-			}
-			store badger {data}/gate
-		}
-		x402 {
-			mcp_tool verify_schema
-			accept devnet $0.02 %[3]s
-			facilitator http {
-				url %[2]s
-			}
-			store badger {data}/gate
-		}
+		%[2]s
+		%[3]s
 		reverse_proxy %[1]s
 	}
 }
-`, strings.TrimPrefix(up.URL, "http://"), fac, payTo.Hex()))
-	url := base + "/mcp"
-	list := []byte(`{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{}}`)
-	const payer = 9
-	resp, raw := mcpPost(t, url, list, nil)
-	if resp.StatusCode != http.StatusPaymentRequired {
-		t.Fatalf("unpaid tools/list: %d %s", resp.StatusCode, raw)
-	}
-	pr := paymentRequired(t, resp)
-	if _, ok := pr.Extensions[walletauth.SIWXExtension]; !ok {
-		t.Fatal("no sign-in-with-x challenge offered")
-	}
-	host := strings.TrimPrefix(base, "http://")
-	signIn := func() map[string]string { // a fresh nonce each time
-		s := walletauth.SIWXFromChallenge(walletauth.SIWXChallenge(host, url, []string{x402.NetworkDevnet}, time.Now())["info"].(map[string]any), x402.NetworkDevnet)
-		if err := s.Sign(walletKey(payer)); err != nil {
-			t.Fatal(err)
-		}
-		h, err := s.Encode()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return map[string]string{walletauth.SIWXHeaderName: h}
-	}
-	if resp, raw := mcpPost(t, url, list, signIn()); resp.StatusCode != http.StatusPaymentRequired {
-		t.Fatalf("a sign-in before any payment: %d %s", resp.StatusCode, raw)
-	}
-	p, err := x402.SignExactEVM(walletKey(payer), pr.Accepts[0], &pr.Resource, time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	sig, _ := x402.EncodeHeader(p)
-	resp, raw = mcpPost(t, url, list, map[string]string{x402.HeaderPaymentSignature: sig})
-	if resp.StatusCode != http.StatusOK || resp.Header.Get(x402.HeaderPaymentResponse) == "" {
-		t.Fatalf("paid tools/list: %d %s", resp.StatusCode, raw)
-	}
-	if resp, raw := mcpPost(t, url, list, signIn()); resp.StatusCode != http.StatusOK {
-		t.Fatalf("a sign-in by the wallet that paid the endpoint: %d, want 200: %.200s", resp.StatusCode, raw)
+`, strings.TrimPrefix(up.URL, "http://"), tc.first, tc.then))
+			url := base + "/mcp"
+			list := []byte(`{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{}}`)
+			resp, raw := mcpPost(t, url, list, nil)
+			if resp.StatusCode != http.StatusPaymentRequired {
+				t.Fatalf("unpaid tools/list: %d %s", resp.StatusCode, raw)
+			}
+			pr := paymentRequired(t, resp)
+			if _, ok := pr.Extensions[walletauth.SIWXExtension]; !ok {
+				t.Fatal("no sign-in-with-x challenge offered")
+			}
+			host := strings.TrimPrefix(base, "http://")
+			signIn := func() map[string]string { // a fresh nonce each time
+				s := walletauth.SIWXFromChallenge(walletauth.SIWXChallenge(host, url, []string{x402.NetworkDevnet}, time.Now())["info"].(map[string]any), x402.NetworkDevnet)
+				if err := s.Sign(walletKey(tc.payer)); err != nil {
+					t.Fatal(err)
+				}
+				h, err := s.Encode()
+				if err != nil {
+					t.Fatal(err)
+				}
+				return map[string]string{walletauth.SIWXHeaderName: h}
+			}
+			if resp, raw := mcpPost(t, url, list, signIn()); resp.StatusCode != http.StatusPaymentRequired {
+				t.Fatalf("a sign-in before any payment: %d %s", resp.StatusCode, raw)
+			}
+			p, err := x402.SignExactEVM(walletKey(tc.payer), pr.Accepts[0], &pr.Resource, time.Now())
+			if err != nil {
+				t.Fatal(err)
+			}
+			sig, _ := x402.EncodeHeader(p)
+			resp, raw = mcpPost(t, url, list, map[string]string{x402.HeaderPaymentSignature: sig})
+			if resp.StatusCode != http.StatusOK || resp.Header.Get(x402.HeaderPaymentResponse) == "" {
+				t.Fatalf("tools/list paid with the PAYMENT-SIGNATURE the endpoint gate's 402 asked for: %d %.300s, want 200 with PAYMENT-RESPONSE", resp.StatusCode, raw)
+			}
+			if resp, raw := mcpPost(t, url, list, signIn()); resp.StatusCode != http.StatusOK {
+				t.Fatalf("a sign-in by the wallet that paid the endpoint: %d, want 200: %.200s", resp.StatusCode, raw)
+			}
+		})
 	}
 }

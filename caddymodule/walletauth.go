@@ -414,8 +414,8 @@ func (c *clientCredentials) takeProofs() (auth, siwx []string) {
 
 // takePayment returns the client's PAYMENT-SIGNATURE for a gate, once: a
 // later gate on the request never claims one payment again. An mcp_tool
-// gate takes it too and drops it unread (it reads a tool call's payment in
-// its _meta), so a gate after it sees none.
+// gate does not take it (it reads a tool call's payment in its _meta), so
+// a gate pricing the endpoint finds it, before or after such a gate.
 func (c *clientCredentials) takePayment() string {
 	if c == nil {
 		return ""
