@@ -1,7 +1,9 @@
 package caddymodule
 
 import (
+	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -112,6 +114,70 @@ func TestPaymentSignatureNeverReachesTheUpstreamPastWalletAuthOrAPreflight(t *te
 			}
 			if body["payment_sig"] != "" || body["wallet_auth"] != "" {
 				t.Errorf("the upstream received the client's PAYMENT-SIGNATURE %q, X-Wallet-Auth %q", body["payment_sig"], body["wallet_auth"])
+			}
+		})
+	}
+}
+
+// Handlers Caddy orders before wallet_auth and x402 (forward_auth among
+// them) see the request as the client sent it, credentials included: an
+// auth service behind forward_auth receives a buyer's unsettled
+// PAYMENT-SIGNATURE. README says so and gives the remedy, the three
+// header_up removals of Caddyfile.example's client_credentials snippet;
+// with them the service receives none, and the gate still reads the
+// payment.
+func TestForwardAuthBeforeAGateDropsCredentialsOnlyWhenTold(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := walletUpstream(t)
+	got := make(chan string, 1)
+	auth := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Test-Call") == "" {
+			return // startCaddy's probe of the site
+		}
+		select {
+		case got <- r.Header.Get(x402.HeaderPaymentSignature) + "|" + r.Header.Get(walletauth.HeaderName):
+		default:
+		}
+	}))
+	t.Cleanup(auth.Close)
+	for _, tc := range []struct {
+		name, drop, want string
+	}{
+		{"as written", "", "PAYSIG-MARK|WALLETPROOF-MARK"},
+		{"with client_credentials", "header_up -Payment-Signature\n\t\theader_up -X-Wallet-Auth\n\t\theader_up -Sign-In-With-X", "|"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			base := startCaddy(t, fmt.Sprintf(`:{port} {
+	forward_auth %[4]s {
+		uri /check
+		%[5]s
+	}
+	x402 {
+		accept devnet $0.01 %[3]s
+		facilitator http {
+			url %[2]s
+		}
+		store badger {data}/gate
+	}
+	reverse_proxy %[1]s
+}
+`, strings.TrimPrefix(up.URL, "http://"), fac, payTo.Hex(), strings.TrimPrefix(auth.URL, "http://"), tc.drop))
+			st, _, body := walletCall(t, "GET", base+"/report/x", "", map[string]string{
+				x402.HeaderPaymentSignature: "PAYSIG-MARK",
+				walletauth.HeaderName:       "WALLETPROOF-MARK",
+				"X-Test-Call":               "1",
+			})
+			// The gate read the payment (a malformed one) either way.
+			if st != http.StatusBadRequest {
+				t.Fatalf("answer %d %v, want the gate's 400 for the malformed payment", st, body)
+			}
+			select {
+			case s := <-got:
+				if s != tc.want {
+					t.Fatalf("the forward_auth service received %q, want %q", s, tc.want)
+				}
+			default:
+				t.Fatal("the forward_auth service was not asked")
 			}
 		})
 	}
