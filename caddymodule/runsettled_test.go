@@ -204,10 +204,24 @@ func TestRunAgainStreamingPastItsSpanIsNotRunTwice(t *testing.T) {
 // lines back; tunnels counts the tunnels it opened, ended those whose
 // connection the other side closed.
 func echoUpgradeUpstream(t *testing.T) (up *httptest.Server, tunnels, ended *atomic.Int32) {
+	return upgradeUpstream(t, "echo")
+}
+
+// upgradeUpstream is echoUpgradeUpstream switching to the first protocol
+// of accept that the request's Upgrade names anywhere in its token list
+// (as gorilla/websocket, or a Node server's 'upgrade' event, takes
+// "foo, websocket"), and answering the 101 with that protocol alone.
+func upgradeUpstream(t *testing.T, accept ...string) (up *httptest.Server, tunnels, ended *atomic.Int32) {
 	tunnels, ended = new(atomic.Int32), new(atomic.Int32)
 	up = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
-		if !strings.EqualFold(r.Header.Get("Upgrade"), "echo") {
+		proto := ""
+		for _, a := range accept {
+			if proto == "" && headerHasToken(r.Header, "Upgrade", a) {
+				proto = a
+			}
+		}
+		if proto == "" {
 			w.Header().Set("Content-Type", "application/json")
 			io.WriteString(w, `{"paid_content":true}`)
 			return
@@ -218,7 +232,7 @@ func echoUpgradeUpstream(t *testing.T) (up *httptest.Server, tunnels, ended *ato
 			return
 		}
 		defer c.Close()
-		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
+		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: " + proto + "\r\nConnection: Upgrade\r\n\r\n")
 		brw.Flush()
 		for {
 			line, err := brw.ReadString('\n')
@@ -248,13 +262,18 @@ func upgradePost(t *testing.T, url, sig string) *http.Response {
 // sendUpgradePost sends upgradePost's request ("" sig: none), for a
 // goroutine that cannot fail the test; the caller closes the body.
 func sendUpgradePost(url, sig string) (*http.Response, error) {
-	return sendUpgrade(http.MethodPost, url, validRequest, sig)
+	return sendUpgradePostAs(url, "echo", sig)
 }
 
-// sendUpgrade sends a request that asks to switch to the echo protocol,
-// with body ("": none) and sig ("": no payment); the caller closes the
-// response's body.
-func sendUpgrade(method, url, body, sig string) (*http.Response, error) {
+// sendUpgradePostAs is sendUpgradePost asking for upgrade.
+func sendUpgradePostAs(url, upgrade, sig string) (*http.Response, error) {
+	return sendUpgrade(http.MethodPost, url, validRequest, upgrade, sig)
+}
+
+// sendUpgrade sends a request that asks to switch to upgrade, with body
+// ("": none) and sig ("": no payment); the caller closes the response's
+// body.
+func sendUpgrade(method, url, body, upgrade, sig string) (*http.Response, error) {
 	var rd io.Reader
 	if body != "" {
 		rd = strings.NewReader(body)
@@ -266,7 +285,7 @@ func sendUpgrade(method, url, body, sig string) (*http.Response, error) {
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json, text/event-stream")
 	req.Header.Set("Connection", "Upgrade")
-	req.Header.Set("Upgrade", "echo")
+	req.Header.Set("Upgrade", upgrade)
 	if sig != "" {
 		req.Header.Set(x402.HeaderPaymentSignature, sig)
 	}

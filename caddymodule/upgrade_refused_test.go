@@ -183,7 +183,7 @@ func TestMCPGateRefusesProtocolSwitch(t *testing.T) {
 
 	call := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"verify_schema","arguments":{"task_id":"t-mcp","expected_schema":{"type":"object"},"submitted_output":{"ok":true}}}}`
 	for _, c := range []struct{ method, body string }{{http.MethodPost, call}, {http.MethodGet, ""}} {
-		resp, err := sendUpgrade(c.method, url, c.body, "")
+		resp, err := sendUpgrade(c.method, url, c.body, "echo", "")
 		if err != nil {
 			t.Fatal(err)
 		}
