@@ -791,6 +791,9 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		clearClientHeaders(r)
 	}
 	creds := setAsideClientCredentials(r)
+	if ae := screenUpgrade(r); ae != nil {
+		return g.refuse(w, r, ae) // upgrade.go
+	}
 	if isPreflight(r) {
 		if g.MCPTool != "" {
 			// Only a POSTed tools/call is priced: any OPTIONS passes

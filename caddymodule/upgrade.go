@@ -53,24 +53,90 @@ import (
 // call or any other, is refused as on a route with verify_response,
 // before anything else.
 
-// upgradeRequest reports whether r asks to switch protocols, as
-// reverse_proxy reads it (Connection names Upgrade, and the first Upgrade
-// value names the protocol), to one other than h2c. An Upgrade of h2c
-// (curl --http2 offers it with every request to an http:// URL) is an
-// ordinary request: reverse_proxy forwards it with Connection: Upgrade
-// alone, dropping the HTTP2-Settings header the client's Connection named,
-// and no upstream upgrades to h2c without it (RFC 7540 §3.2; x/net's h2c
-// takes only an Upgrade whose Connection names HTTP2-Settings), while
-// net/http's server ignores the offer. The upstream answers it as any
-// call, held and judged as any; an upstream that answered it 101 anyway
-// would find the held writer refusing the hijack, and no tunnel opens.
+// An Upgrade is read as reverse_proxy reads it: only when Connection
+// names Upgrade, and then its first value, whole, is the protocol the
+// upstream is asked for and the only Upgrade of a 101 it relays (any other
+// 101 it drops, after the upstream switched). Without Connection: Upgrade
+// it drops Upgrade as a hop-by-hop header and the upstream sees an
+// ordinary request.
+type upgradeOffer int
+
+const (
+	upgradeNone      upgradeOffer = iota // no Upgrade reaches the upstream
+	upgradeSwitch                        // one protocol, relayed when accepted
+	upgradeH2C                           // h2c alone: answered without it (screenUpgrade)
+	upgradeAmbiguous                     // a list: refused (screenUpgrade)
+)
+
+// readUpgrade classifies h's Upgrade. A list (a comma, or Upgrade sent
+// twice) is ambiguous: an upstream may accept any protocol in it
+// (gorilla/websocket takes "foo, websocket") and answer a 101 that
+// reverse_proxy drops, so the upstream runs its switched handler while the
+// gate sees no answer and charges nothing.
+func readUpgrade(h http.Header) upgradeOffer {
+	vs := h.Values("Upgrade")
+	all := strings.TrimSpace(strings.Join(vs, ","))
+	switch {
+	case all == "" || !headerHasToken(h, "Connection", "Upgrade"):
+		return upgradeNone
+	case len(vs) > 1 || strings.Contains(all, ","):
+		return upgradeAmbiguous
+	case strings.EqualFold(all, "h2c"):
+		return upgradeH2C
+	}
+	return upgradeSwitch
+}
+
+// upgradeRequest reports whether r asks to switch protocols, to one
+// protocol reverse_proxy relays: a request screenUpgrade let through.
 func upgradeRequest(r *http.Request) bool {
-	up := r.Header.Get("Upgrade")
-	return up != "" && !strings.EqualFold(up, "h2c") && headerHasToken(r.Header, "Connection", "Upgrade")
+	return readUpgrade(r.Header) == upgradeSwitch
+}
+
+// screenUpgrade applies readUpgrade's rule to every request at the gate,
+// before anything is offered for sale, claimed, verified or counted: the
+// gate charges for a switch only at a 101 it sees, so no upstream may
+// switch on a request the gate takes for an ordinary one.
+//
+// An offer of h2c alone (curl --http2 sends Upgrade: h2c, Connection:
+// Upgrade, HTTP2-Settings with every request to an http:// URL) is
+// answered as the same request without it: Upgrade, HTTP2-Settings and
+// their tokens in Connection are removed, so the upstream cannot switch
+// (an upstream that takes h2c, or any Upgrade, would otherwise run its
+// switched handler for a 101 the gate's held writer refuses, uncharged).
+// An ambiguous Upgrade is refused with errUpgradeAmbiguous.
+func screenUpgrade(r *http.Request) *apierr.Error {
+	switch readUpgrade(r.Header) {
+	case upgradeH2C:
+		dropH2COffer(r.Header)
+	case upgradeAmbiguous:
+		return errUpgradeAmbiguous()
+	}
+	return nil
+}
+
+// dropH2COffer removes an h2c offer's headers from h, and their tokens
+// from Connection (Connection itself when nothing else is left in it).
+func dropH2COffer(h http.Header) {
+	h.Del("Upgrade")
+	h.Del("HTTP2-Settings")
+	var keep []string
+	for _, v := range h.Values("Connection") {
+		for _, tok := range strings.Split(v, ",") {
+			tok = strings.TrimSpace(tok)
+			if tok != "" && !strings.EqualFold(tok, "Upgrade") && !strings.EqualFold(tok, "HTTP2-Settings") {
+				keep = append(keep, tok)
+			}
+		}
+	}
+	h.Del("Connection")
+	if len(keep) > 0 {
+		h.Set("Connection", strings.Join(keep, ", "))
+	}
 }
 
 // codeUpgradeUnsupported refuses a protocol switch on a route that cannot
-// sell one.
+// sell one, or an Upgrade no switch of which can be sold (a list).
 const codeUpgradeUnsupported = "upgrade_unsupported"
 
 // errUpgradeUnsupported is the refusal of an upgrade request where no
@@ -102,6 +168,20 @@ func (g *Gate) sellsSwitch() bool {
 func (g *Gate) noteVerified(r *http.Request) {
 	if g.verified != nil && !g.verified.Load() && caddyhttp.GetVar(r.Context(), verificationRouteVar) != nil {
 		g.verified.Store(true)
+	}
+}
+
+// errUpgradeAmbiguous refuses an Upgrade that names more than one
+// protocol (readUpgrade): which one the upstream switches to is its
+// choice, and reverse_proxy relays only a 101 naming the request's whole
+// Upgrade value.
+func errUpgradeAmbiguous() *apierr.Error {
+	return &apierr.Error{
+		Code:        codeUpgradeUnsupported,
+		Message:     "Upgrade names more than one protocol; a protocol switch is served for one protocol named alone. Nothing was charged. Send one protocol in Upgrade, or none.",
+		Status:      http.StatusBadRequest,
+		NextActions: []apierr.Action{{Action: "drop_upgrade"}},
+		Cause:       errors.New("an Upgrade list: no switch reverse_proxy relays"),
 	}
 }
 
