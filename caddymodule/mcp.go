@@ -89,7 +89,7 @@ func (g *Gate) serveMCP(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	read.gated = true
 	ex := &mcpExchange{g: g, id: msg.id, tool: g.MCPTool}
 	if wait := g.rateWait(r); wait > 0 {
-		return ex.toolError(w, r, apierr.RateLimited(wait))
+		return ex.rateLimited(w, r, wait)
 	}
 	// Another gate's reading was bounded by its own max_body: this gate's
 	// applies to its own tool's calls only, and, the message being read,
@@ -218,6 +218,10 @@ func (e *mcpExchange) demand(w http.ResponseWriter, r *http.Request, _ int, msg,
 		"isError":           true,
 		"_meta":             meta,
 	}))
+}
+
+func (e *mcpExchange) rateLimited(w http.ResponseWriter, r *http.Request, wait int) error {
+	return e.toolError(w, r, apierr.RateLimited(wait))
 }
 
 // refuse answers a refusal of the gate (an outage, an invalid request) as a

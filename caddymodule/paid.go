@@ -59,6 +59,10 @@ type exchange interface {
 	// client reads, not a bare HTTP error its transport rejects (losing
 	// charged, and "do not sign a new payment").
 	refuse(w http.ResponseWriter, r *http.Request, e *apierr.Error) error
+	// rateLimited answers 429 rate_limited (Retry-After wait), never the
+	// request's own 422 instead (requestCheck.answer): a refused request
+	// of a client past its budget is counted, a 429 is not.
+	rateLimited(w http.ResponseWriter, r *http.Request, wait int) error
 	// billable reports whether the held upstream answer is a success the
 	// buyer pays for (an error answer is never charged).
 	billable(bw *bufferedWriter) bool
@@ -167,6 +171,10 @@ func (e *restExchange) refuse(w http.ResponseWriter, r *http.Request, ae *apierr
 	return e.g.refuse(w, r, e.answer(ae))
 }
 
+func (e *restExchange) rateLimited(w http.ResponseWriter, r *http.Request, wait int) error {
+	return e.g.refuse(w, r, apierr.RateLimited(wait))
+}
+
 func (*restExchange) billable(bw *bufferedWriter) bool { return bw.status() < 400 }
 
 // upstreamFailed: over REST the upstream's failure is Caddy's error (504
@@ -190,6 +198,15 @@ func (e *restExchange) deliver(w http.ResponseWriter, bw *bufferedWriter, sr x40
 // (serveCharged). pay is the payment as read, raw as received (header or
 // JSON), for the replay guard.
 func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, ex exchange, pay x402.Payment, raw string) error {
+	// What follows costs the server whatever comes of it (the
+	// facilitator's /verify, the upstream, a run again), and its failure
+	// counts only once known: it holds one of the client's slots, at most
+	// rate_limit's events at once, until it ends (rateZone.enter).
+	slot, wait := g.enterRate(r)
+	if wait > 0 {
+		return ex.rateLimited(w, r, wait)
+	}
+	defer slot.leave()
 	payload := pay.PaymentPayload
 	pid, err := g.paymentIDOf(r, pay, raw)
 	if err != nil {
@@ -289,6 +306,9 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 			return nil
 		}
 		pid.save(nil, pc.sr) // streamed: settled, its answer not kept
+		// Paid for now: nothing of it will count, and a stream may run
+		// long, so it holds no slot of the refusal budget.
+		slot.leave()
 		return g.serveSettled(w, r, next, ex, pc.sr)
 	}
 	return g.serveCharged(w, r, next, ex, pc)

@@ -45,12 +45,17 @@ var maxRateClients = 1 << 16
 // (rateZone.credit): the 402 that told the client the price.
 //
 // A request passes when its client's budget has an event left (wait), and
-// spends nothing on arrival: a paying client's requests in flight are not
-// capped. A refusal is counted once known, after the work it cost, even
-// past an empty budget (note): the budget goes into debt, and the client
-// waits until the debt is repaid. Requests sent at once can therefore
-// overdraw the budget by at most the requests in flight, once; on average
-// a client is refused at most Events times per Window.
+// spends nothing on arrival. Before work that costs the server whatever
+// comes of it (a payment's /verify and its call's upstream, a wallet
+// proof's check) it takes one of the budget's Events slots, given back
+// when the work ends (enter); with none free it is answered 429, counting
+// nothing. A refusal is counted once known, after the work it cost, even
+// past an empty budget (note), down to a debt of Events: the client waits
+// until the debt is repaid. So at most Events of a client's costly
+// requests run at once, a burst of refusals overdraws the budget by at
+// most Events, and the longest wait is Window plus one event's refill
+// (Window/Events); on average a client is refused at most Events times per
+// Window.
 //
 // The client is clientAddr: Caddy's resolved client IP (honouring the
 // server's trusted_proxies, never a raw header), an IPv6 client per /64,
@@ -134,6 +139,11 @@ type rateBucket struct {
 	// brings it forward, and due with it (credit).
 	due time.Time
 	at  int // index in rateZone.due
+	// busy is how many of the bucket's slots requests hold (enter): at
+	// most burst. A bucket with one held is never dropped (sweep), so a
+	// client cannot have its slots counted afresh in a new bucket.
+	// z.mu guards it.
+	busy int
 }
 
 // dueBuckets is a min-heap of buckets by due (container/heap), so that
@@ -259,15 +269,21 @@ func find[K string | []byte](z *rateZone, tab *rateTable, key K, t time.Time, cr
 // looks only at the buckets due by t, earliest first: each goes, or, spent
 // since it was last looked at, is due again when it can have refilled,
 // after t (a bucket in debt, tokens below 0, refills its debt first:
-// refillIn). So no request walks the table under the zone's lock: a sweep
-// costs O(log n) per bucket it drops or that was spent since its last
-// look, each paid for by a request.
+// refillIn). A bucket with a slot held (busy) stays, full or not, and is
+// looked at again no sooner than one event's refill later, as if spent
+// by one. So no request walks the table under the zone's lock: a sweep
+// costs O(log n) per bucket it drops or that was spent or held since its
+// last look, each paid for by a request.
 // z.mu must be held.
 func (z *rateZone) sweep(tab *rateTable, t time.Time) {
 	for len(tab.due) > 0 && !t.Before(tab.due[0].due) {
 		b := tab.due[0]
 		tab.looked++
-		if tokens := b.TokensAt(t); tokens < float64(z.burst) {
+		tokens := b.TokensAt(t)
+		if b.busy > 0 {
+			tokens = min(tokens, float64(z.burst-1))
+		}
+		if tokens < float64(z.burst) {
 			b.due = t.Add(z.refillIn(tokens))
 			heap.Fix(&tab.due, 0)
 			continue
@@ -340,20 +356,81 @@ func (z *rateZone) wait(client string) int {
 
 // note counts one refused or unpaid answer to client, even past an empty
 // budget. A refusal is known only after the work it cost (a facilitator's
-// /verify, a chain check), and every request in flight passed wait before
-// it: were a refusal past the budget not counted, C requests sent at once
-// would cost C pieces of work per Window, again and again. Counted, the
-// budget goes into debt (tokens below 0) and its client waits until the
-// debt is repaid: at most Events refusals per Window on average, in bursts
-// of at most the requests in flight.
+// /verify, a chain check), and the requests in flight passed wait before
+// it: were a refusal past the budget not counted, the Events requests
+// whose work runs at once (enter) would cost Events pieces of work per
+// Window, again and again. Counted, the budget goes into debt (tokens
+// below 0) and its client waits until the debt is repaid: at most Events
+// refusals per Window on average.
+//
+// The debt stops at Events: a refusal that would take the budget deeper
+// is not counted. Past that, the refusals were cheap ones (a 402 to a
+// request without a payment, which any number of requests held open at
+// once can get) or their work was bounded by the slots; counted, they
+// would lock a shared address (a NAT, a /64) out for as many windows as
+// requests were held, an honest buyer behind it with the rest. So the
+// longest wait is Window plus one event's refill.
 func (z *rateZone) note(client string) {
 	t := now()
 	z.mu.Lock()
+	defer z.mu.Unlock()
 	b, _ := z.bucket(client, t, true)
-	z.mu.Unlock()
+	// Under z.mu, so that concurrent notes cannot both pass the floor.
+	if b.TokensAt(t)-1 < -float64(z.burst) {
+		return
+	}
 	// A reservation never cancelled: x/time/rate takes the event even from
 	// an empty bucket (AllowN would refuse it).
 	b.ReserveN(t, 1)
+}
+
+// rateSlot is one slot of a bucket held by a request whose work costs the
+// server (enter); the zero rateSlot holds none.
+type rateSlot struct {
+	z *rateZone
+	b *rateBucket
+}
+
+// enter takes one of the slots of the bucket that counts client, for work
+// whose failure will be counted as a refusal (note): a payment's /verify
+// and its call's upstream, a wallet proof's check. It returns 0, or, when
+// the bucket's Events slots are all held or its budget has no event left,
+// how many seconds the client must wait, and takes nothing: the arrival
+// check (wait) spends nothing, so without the slots every request of a
+// client held open past it (a body sent late, a slow facilitator) would
+// start its work before the first refusal is counted. With them, at most
+// Events such requests work at once, and their refusals put the budget at
+// most Events in debt. With the slots held the wait is 1 s (one may be
+// given back any moment), or the budget's, if longer.
+//
+// The slot must be given back (leave) when the work ends, whatever its
+// end. A bucket with a slot held is never dropped (sweep).
+func (z *rateZone) enter(client string) (rateSlot, int) {
+	t := now()
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	b, _ := z.bucket(client, t, true)
+	wait := z.retryAfter(b.Limiter, t)
+	if b.busy >= z.burst {
+		return rateSlot{}, max(1, wait)
+	}
+	if wait > 0 {
+		return rateSlot{}, wait
+	}
+	b.busy++
+	return rateSlot{z: z, b: b}, 0
+}
+
+// leave gives the slot back, once: a second call does nothing, so a path
+// that ends the work early may call it as well as the deferred call.
+func (s *rateSlot) leave() {
+	if s.b == nil {
+		return
+	}
+	s.z.mu.Lock()
+	s.b.busy--
+	s.z.mu.Unlock()
+	s.b = nil
 }
 
 // refund gives back the event s spent, to the bucket it was spent from, up
@@ -466,7 +543,7 @@ func removeServerZone(srv *caddyhttp.Server, z *rateZone) {
 // serverRateWait is how many seconds the request's client must wait
 // before any of its server's gates' zones has an event left for it (0:
 // each has one), spending none: what wallet_auth asks before it checks a
-// proof.
+// proof of a request that holds a gate's slot already (enterServerRate).
 func serverRateWait(r *http.Request) int {
 	srv, _ := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
 	serverZones.RLock()
@@ -480,6 +557,51 @@ func serverRateWait(r *http.Request) int {
 	}
 	return wait
 }
+
+// rateSlots are the slots one request holds, one per zone (enterServerRate).
+type rateSlots []rateSlot
+
+// leave gives every slot back (rateSlot.leave: once).
+func (ss rateSlots) leave() {
+	for i := range ss {
+		ss[i].leave()
+	}
+}
+
+// enterServerRate takes a slot for the request's client in each of its
+// server's gates' zones (rateZone.enter), what wallet_auth does before it
+// checks a proof; or returns how many seconds the client must wait, and
+// holds none. A request a gate runs its upstream for holds that gate's
+// slot already (Gate.enterRate), and the proof's check is part of that
+// work: it takes none again, which with rate_limit's events at 1 would
+// refuse every such call, and is held to the budgets' check only.
+func enterServerRate(r *http.Request) (rateSlots, int) {
+	if caddyhttp.GetVar(r.Context(), varRateSlot) != nil {
+		return nil, serverRateWait(r)
+	}
+	srv, _ := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
+	serverZones.RLock()
+	defer serverZones.RUnlock()
+	zs := serverZones.m[srv]
+	if len(zs) == 0 {
+		return nil, 0
+	}
+	client := clientAddr(r)
+	ss := make(rateSlots, 0, len(zs))
+	for z := range zs {
+		s, wait := z.enter(client)
+		if wait > 0 {
+			ss.leave()
+			return nil, wait
+		}
+		ss = append(ss, s)
+	}
+	return ss, 0
+}
+
+// varRateSlot marks a request that holds a gate's slot (Gate.enterRate)
+// while the gate runs its upstream.
+const varRateSlot = "aov.x402.rate_slot"
 
 // noteServerEvent counts one event against the request's client in each of
 // its server's gates' zones, even past an empty budget (rateZone.note).
@@ -503,6 +625,21 @@ func (g *Gate) rateWait(r *http.Request) int {
 		return 0
 	}
 	return g.rates.wait(clientAddr(r))
+}
+
+// enterRate takes a slot of g's refusal budget for the request's client
+// before work whose failure counts as a refusal (rateZone.enter), or
+// returns how many seconds it must wait; with rate_limit off it takes
+// none.
+func (g *Gate) enterRate(r *http.Request) (rateSlot, int) {
+	if g.rates == nil {
+		return rateSlot{}, 0
+	}
+	s, wait := g.rates.enter(clientAddr(r))
+	if wait == 0 {
+		caddyhttp.SetVar(r.Context(), varRateSlot, true)
+	}
+	return s, wait
 }
 
 // creditSettled gives back the event of the 402 before the request's

@@ -260,9 +260,18 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 	if len(auth)+len(siwx) > 0 || wa.Mode == "required" {
 		// A client the gates of this server would answer 429 gets it before
 		// any proof is checked (serverZones); a refused proof is counted
-		// once checked, even past an empty budget (refuse).
-		if wait := serverRateWait(r); wait > 0 {
+		// once checked, even past an empty budget (refuse). Its check
+		// (a contract wallet's at the chain) holds a slot of each budget
+		// until it is known, so at most events of a client's checks run at
+		// once (rateZone.enter); given back before the request goes on,
+		// where a gate takes its own.
+		slots, wait := enterServerRate(r)
+		if wait > 0 {
 			return wa.refuse(w, r, apierr.RateLimited(wait))
+		}
+		if len(slots) > 0 {
+			defer slots.leave()
+			next = leavingFirst{next, slots}
 		}
 	}
 	if len(auth) > 1 || len(siwx) > 1 {
@@ -351,6 +360,19 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 		return next.ServeHTTP(wa.recordPayments(w, r, walletauth.PaidResource(site, escaped)), r)
 	}
 	return next.ServeHTTP(w, r)
+}
+
+// leavingFirst is the handler after wallet_auth for a request whose proof
+// check held rate slots (enterServerRate): it gives them back before the
+// handler runs, whichever way ServeHTTP passes the request on.
+type leavingFirst struct {
+	next  caddyhttp.Handler
+	slots rateSlots
+}
+
+func (l leavingFirst) ServeHTTP(w http.ResponseWriter, r *http.Request) error {
+	l.slots.leave()
+	return l.next.ServeHTTP(w, r)
 }
 
 // clientCredentials are a client's credentials the gateway reads and the
