@@ -3,13 +3,16 @@ package caddymodule
 import (
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/aovhq/aov/walletauth"
 	"github.com/aovhq/aov/x402"
 )
 
@@ -225,5 +228,82 @@ func TestRateZoneSlotsBoundTheWorkInFlight(t *testing.T) {
 	z.note("n2")
 	if tracks(z, &z.clients, "c0") {
 		t.Error("a refilled bucket whose slots were given back was not dropped for a newcomer")
+	}
+}
+
+// wallet_auth after a gate in a route checks the proof of a paid call
+// inside the gate's call, which holds the gate's slot: the check is part
+// of that work and takes no second slot, so with rate_limit 1 the paid
+// call is served, not refused 429 by its own slot.
+func TestWalletAuthInsideAPaidCallTakesNoSecondSlot(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := walletUpstream(t)
+	site := `:{port} {
+	route /api/* {
+		x402 {
+			accept devnet $0.02 ` + cfgPayTo + `
+			facilitator http {
+				url ` + fac + `
+			}
+			store badger {data}/gate
+			rate_limit 1 1h
+		}
+		wallet_auth required {
+			store badger {data}/gate
+			domains 127.0.0.1:{port}
+		}
+		reverse_proxy ` + strings.TrimPrefix(up.URL, "http://") + `
+	}
+}
+`
+	base := startCaddyServers(t, "\t\ttrusted_proxies static 127.0.0.1/32\n\t\ttrusted_proxies_strict", "", site)
+	u := base + "/api/items"
+	pr := paymentRequired(t, post(t, u, `{"a":1}`, from("192.0.2.210")))
+	st, _, body := walletCall(t, http.MethodPost, u, `{"a":1}`, map[string]string{
+		"X-Forwarded-For":           "198.51.100.90",
+		x402.HeaderPaymentSignature: signFor(t, pr, 1),
+		walletauth.HeaderName:       walletProof(t, walletKey(3), "POST", u, nil),
+	})
+	if st != http.StatusOK || body["payment"] != "paid" || body["wallet"] != walletAddr(3) {
+		t.Errorf("a paid call with a wallet proof checked after the gate, rate_limit 1 1h: %d %v; want 200, paid, the wallet", st, body)
+	}
+	if h := heldSlots(); h != 0 {
+		t.Errorf("every request ended: %d rate slots still held", h)
+	}
+}
+
+// A call settled before its upstream runs is paid for once settled:
+// nothing of it will count, so while its upstream runs (a stream may run
+// long) it holds no slot of its client's refusal budget.
+func TestSettledBeforeCallHoldsNoSlotWhileItsUpstreamRuns(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	running, release := make(chan struct{}, 1), make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		running <- struct{}{}
+		<-release
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"valid":true}`)
+	}))
+	t.Cleanup(up.Close)
+	base := startCaddyServers(t, "\t\ttrusted_proxies static 127.0.0.1/32\n\t\ttrusted_proxies_strict", "", gateSite(up.URL, fac, 0, "settle before\n\t\t\trate_limit 1 1h"))
+	u := base + "/verify/schema"
+	pr := paymentRequired(t, post(t, u, validRequest, from("192.0.2.211")))
+	done := make(chan int, 1)
+	go func() {
+		resp, _ := send(t, http.MethodPost, u, validRequest, map[string]string{"X-Forwarded-For": "198.51.100.91", x402.HeaderPaymentSignature: signFor(t, pr, 1)})
+		done <- resp.StatusCode
+	}()
+	select {
+	case <-running:
+	case st := <-done:
+		t.Fatalf("the paid call ended %d before its upstream ran", st)
+	}
+	held := heldSlots()
+	close(release)
+	if st := <-done; st != http.StatusOK {
+		t.Fatalf("the paid call: %d, want 200", st)
+	}
+	if held != 0 {
+		t.Errorf("a call settled before its upstream ran: %d rate slots held while the upstream runs; want none", held)
 	}
 }
