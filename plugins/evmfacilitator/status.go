@@ -228,8 +228,9 @@ type nonceUse struct {
 
 // within reports whether u's log is in a block where a could have
 // executed (validAfter < block.timestamp < validBefore): a log found for
-// another authorization of the nonce (usedCache remembers it per nonce)
-// and outside a's window says a never executed. False without a log.
+// another authorization of the nonce (usedCache and withinValidity
+// remember it per nonce) and outside a's window says a never executed.
+// False without a log.
 func (u nonceUse) within(a x402.AuthorizationValues) bool {
 	if u.log == nil {
 		return false
