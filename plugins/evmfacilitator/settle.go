@@ -685,9 +685,9 @@ type finality struct {
 // nonce unused after it, so tx, ours or not, did not transfer and never
 // will). Used at that block: the caller judges it.
 func (f *Facilitator) neverExecutes(ctx context.Context, c *checked, tx *types.Transaction) (*finality, error) {
-	head, err := f.chain.HeaderByNumber(ctx, nil)
+	head, err := f.headBlock(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("reading the head block: %w", err)
+		return nil, err
 	}
 	why := ""
 	if expiredAt(c.auth, head) {

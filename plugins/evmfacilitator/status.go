@@ -93,9 +93,9 @@ func (f *Facilitator) SentSettlementStatus(ctx context.Context, p x402.PaymentPa
 	if sent.SettledOnly {
 		return st, nil // undecided: not settled, whether it still may be left unread
 	}
-	head, err := f.chain.HeaderByNumber(ctx, nil)
+	head, err := f.headBlock(ctx)
 	if err != nil {
-		return st, fmt.Errorf("reading the head block: %w", err)
+		return st, err
 	}
 	if expiredAt(auth, head) {
 		st.State = x402.SettlementNever
@@ -135,12 +135,15 @@ var (
 	// logChunkBlocks is the block range of one eth_getLogs: providers
 	// refuse wide ranges (some above 500 or 1,000 blocks).
 	logChunkBlocks uint64 = 500
-	// maxLogBlocks is how many blocks are searched in all (10 eth_getLogs
-	// calls at most): from the start of a search from the attempt's time,
-	// both ends of a validity window longer than it (findInValidity). A
-	// nonce used beyond is not looked for: the outcome stays unknown
-	// rather than guessed. On Base (2 s blocks) it is almost 3 hours, more
-	// than a payment's validity window as x402 clients sign it.
+	// maxLogBlocks bounds one search: at most maxLogBlocks/logChunkBlocks
+	// eth_getLogs (10), so at most maxLogBlocks blocks: from the attempt's
+	// time on, or both ends of a validity window whose blocks need more
+	// calls (findInValidity, where the runs of blocks between those
+	// searched before each end in a partial call, so fewer blocks may be
+	// searched). A nonce used beyond is not looked for: the outcome stays
+	// unknown rather than guessed. On Base (2 s blocks) 5,000 blocks is
+	// almost 3 hours, more than a payment's validity window as x402 clients
+	// sign it.
 	maxLogBlocks uint64 = 5000
 )
 
@@ -381,7 +384,7 @@ func isNonceLog(l *types.Log, token common.Address, a x402.AuthorizationValues) 
 // block whose time is at or after after less sentSlack (the nonce was
 // unused when the payment was verified just before the settlement was
 // sent, and no settlement was sent before after) forward to the head, in
-// at most maxLogBlocks blocks (searchLogs).
+// at most maxLogBlocks blocks (searchRuns, all its calls from the start).
 //
 // Not finding the log in blocks searched whole is an error wrapping
 // errNoNonceLog, which the caller never takes for a transfer; a search cut
@@ -389,9 +392,9 @@ func isNonceLog(l *types.Log, token common.Address, a x402.AuthorizationValues) 
 // blocks left out. A caller that knows nothing of the attempt searches
 // the authorization's validity window instead (findInValidity).
 func (f *Facilitator) findNonceLog(ctx context.Context, token common.Address, a x402.AuthorizationValues, after time.Time) (*types.Log, error) {
-	head, err := f.chain.HeaderByNumber(ctx, nil)
+	head, err := f.headBlock(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("reading the head block: %w", err)
+		return nil, err
 	}
 	from := after.Add(-sentSlack)
 	lo, err := f.firstBlockAt(ctx, from, head)
@@ -402,15 +405,12 @@ func (f *Facilitator) findNonceLog(ctx context.Context, token common.Address, a 
 	if lo > hi {
 		return nil, fmt.Errorf("%w: no block at or after %s yet", errNoNonceLog, from.UTC().Format(time.RFC3339))
 	}
-	capped := hi-lo >= maxLogBlocks
-	if capped {
-		hi = lo + maxLogBlocks - 1
-	}
-	if l, err := f.searchLogs(ctx, token, a, lo, hi); l != nil || err != nil {
+	l, r, err := f.searchRuns(ctx, token, a, []span{{lo: lo, hi: hi}}, maxLogBlocks/logChunkBlocks)
+	if l != nil || err != nil {
 		return l, err
 	}
-	if capped {
-		return nil, fmt.Errorf("%w: not in the %d blocks searched (%d to %d)", errSearchCut, maxLogBlocks, lo, hi)
+	if r.cut {
+		return nil, fmt.Errorf("%w: not in the %d blocks searched from block %d", errSearchCut, r.searched, lo)
 	}
 	return nil, fmt.Errorf("%w: not in blocks %d to %d", errNoNonceLog, lo, hi)
 }

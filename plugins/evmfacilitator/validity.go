@@ -65,13 +65,14 @@ func windowTimes(a x402.AuthorizationValues) (from, to uint64) {
 //
 // The window's blocks not in done are found from done's block numbers and
 // at most two header bisections (firstBlockAt), for the window's ends; the
-// window reaches at most the head. When they are more than maxLogBlocks,
-// both ends are searched, the first blocks (about half the bound, whole
-// calls) and the last ones (the rest): a payment signed as x402 clients
-// sign it (validAfter shortly before signing, validBefore far ahead) is
-// settled near its window's start, one signed with validAfter 0 near its
-// end; the blocks between are left out, and not finding the log there is
-// errSearchCut, not an answer.
+// window reaches at most the head. done splits them into runs, each
+// searched in its own calls, the last one partial; when they need more
+// than maxLogBlocks/logChunkBlocks calls, both ends are searched, the
+// first blocks (half the calls) and the last ones (the rest): a payment
+// signed as x402 clients sign it (validAfter shortly before signing,
+// validBefore far ahead) is settled near its window's start, one signed
+// with validAfter 0 near its end; the blocks between are left out, and
+// not finding the log there is errSearchCut, not an answer.
 //
 // It returns the spans it searched whole without finding the log, so
 // that they need not be searched again: on errNoNonceLog (the window's
@@ -81,9 +82,9 @@ func windowTimes(a x402.AuthorizationValues) (from, to uint64) {
 // block: a node behind the one that said the nonce is used may not have
 // its log, or its block, yet.
 func (f *Facilitator) findInValidity(ctx context.Context, token common.Address, a x402.AuthorizationValues, done []span) (*types.Log, []span, error) {
-	head, err := f.chain.HeaderByNumber(ctx, nil)
+	head, err := f.headBlock(ctx)
 	if err != nil {
-		return nil, nil, fmt.Errorf("reading the head block: %w", err)
+		return nil, nil, err
 	}
 	headN, headT := head.Number.Uint64(), head.Time
 	from, to := windowTimes(a)
@@ -99,21 +100,11 @@ func (f *Facilitator) findInValidity(ctx context.Context, token common.Address, 
 	if err != nil {
 		return nil, nil, err
 	}
-	var total uint64
-	for _, g := range gaps {
-		total += g.hi - g.lo + 1
+	l, r, err := f.searchRuns(ctx, token, a, gaps, maxLogBlocks/logChunkBlocks/2)
+	if l != nil || err != nil {
+		return l, nil, err
 	}
-	pieces, cut := gaps, total > maxLogBlocks
-	if cut {
-		front := maxLogBlocks / logChunkBlocks / 2 * logChunkBlocks
-		pieces = append(firstBlocks(gaps, front), lastBlocks(gaps, maxLogBlocks-front)...)
-	}
-	for _, p := range pieces {
-		l, err := f.searchLogs(ctx, token, a, p.lo, p.hi)
-		if l != nil || err != nil {
-			return l, nil, err
-		}
-	}
+	pieces := r.pieces
 	for i := range pieces {
 		if err := f.spanTimes(ctx, &pieces[i]); err != nil {
 			return nil, nil, err
@@ -129,13 +120,59 @@ func (f *Facilitator) findInValidity(ctx context.Context, token common.Address, 
 		}
 		pieces = append(pieces, span{from: headT + 1, to: math.MaxUint64, lo: headN + 1, hi: math.MaxUint64})
 	}
-	if cut {
-		return nil, pieces, fmt.Errorf("%w: %d of the window's %d blocks not searched yet were searched", errSearchCut, maxLogBlocks, total)
+	if r.cut {
+		return nil, pieces, fmt.Errorf("%w: %d of the window's %d blocks not searched yet were searched", errSearchCut, r.searched, r.total)
 	}
-	if total == 0 {
+	if r.total == 0 {
 		return nil, pieces, fmt.Errorf("%w: no block of the authorization's validity window is left to search", errNoNonceLog)
 	}
-	return nil, pieces, fmt.Errorf("%w: not in the %d blocks of the authorization's validity window", errNoNonceLog, total)
+	return nil, pieces, fmt.Errorf("%w: not in the %d blocks of the authorization's validity window", errNoNonceLog, r.total)
+}
+
+// searched is what searchRuns searched without finding a nonce's log.
+type searched struct {
+	pieces []span // searched whole, in order
+	// total is the blocks of the runs, searched those of pieces.
+	total, searched uint64
+	cut             bool // runs' blocks were left out
+}
+
+// searchRuns finds the log that marked a's nonce used in runs (disjoint,
+// in order), the blocks where it may be, with at most
+// maxLogBlocks/logChunkBlocks eth_getLogs (searchLogs, each run in its
+// own calls, the last one partial): when runs need more calls, only the
+// blocks of their first front calls and of their last calls (the rest)
+// are searched, and those between left out. The one place a search's
+// bound is applied, for findNonceLog and findInValidity alike.
+func (f *Facilitator) searchRuns(ctx context.Context, token common.Address, a x402.AuthorizationValues, runs []span, front uint64) (*types.Log, searched, error) {
+	var r searched
+	var calls uint64
+	for _, g := range runs {
+		r.total += g.hi - g.lo + 1
+		calls += logCalls(g)
+	}
+	maxCalls := maxLogBlocks / logChunkBlocks
+	r.pieces, r.cut = runs, calls > maxCalls
+	if r.cut {
+		r.pieces = append(firstCalls(runs, front), lastCalls(runs, maxCalls-front)...)
+	}
+	for _, p := range r.pieces {
+		l, err := f.searchLogs(ctx, token, a, p.lo, p.hi)
+		if l != nil || err != nil {
+			return l, searched{}, err
+		}
+		r.searched += p.hi - p.lo + 1
+	}
+	return nil, r, nil
+}
+
+// headBlock reads the head block's header.
+func (f *Facilitator) headBlock(ctx context.Context) (*types.Header, error) {
+	head, err := f.chain.HeaderByNumber(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("reading the head block: %w", err)
+	}
+	return head, nil
 }
 
 // gaps returns the times in [from, to) that no span of done covers, as
@@ -197,40 +234,47 @@ func (f *Facilitator) gaps(ctx context.Context, from, to uint64, done []span, he
 	return out, nil
 }
 
-// firstBlocks returns the first n blocks of gaps; a run cut short ends
-// before its time bound, which spanTimes reads (to zero until then).
-func firstBlocks(gaps []span, n uint64) []span {
+// logCalls is how many eth_getLogs searchLogs makes over s: its blocks
+// in calls of logChunkBlocks, the last one partial.
+func logCalls(s span) uint64 {
+	return (s.hi - s.lo + 1 + logChunkBlocks - 1) / logChunkBlocks
+}
+
+// firstCalls returns the first blocks of gaps that n eth_getLogs search;
+// a run cut short ends before its time bound, which spanTimes reads (to
+// zero until then).
+func firstCalls(gaps []span, n uint64) []span {
 	var out []span
 	for _, g := range gaps {
 		if n == 0 {
 			break
 		}
-		if size := g.hi - g.lo + 1; size > n {
-			g.hi, g.to = g.lo+n-1, 0
+		if c := logCalls(g); c > n {
+			g.hi, g.to = g.lo+n*logChunkBlocks-1, 0
 		}
-		n -= g.hi - g.lo + 1
+		n -= logCalls(g)
 		out = append(out, g)
 	}
 	return out
 }
 
-// lastBlocks returns the last n blocks of gaps, in order; a run cut short
-// starts after its time bound, which spanTimes reads (from zero until
-// then).
-func lastBlocks(gaps []span, n uint64) []span {
+// lastCalls returns the last blocks of gaps that n eth_getLogs search, in
+// order; a run cut short starts after its time bound, which spanTimes
+// reads (from zero until then).
+func lastCalls(gaps []span, n uint64) []span {
 	var out []span
 	for i := len(gaps) - 1; i >= 0 && n > 0; i-- {
 		g := gaps[i]
-		if size := g.hi - g.lo + 1; size > n {
-			g.lo, g.from = g.hi-n+1, 0
+		if c := logCalls(g); c > n {
+			g.lo, g.from = g.hi-n*logChunkBlocks+1, 0
 		}
-		n -= g.hi - g.lo + 1
+		n -= logCalls(g)
 		out = append([]span{g}, out...)
 	}
 	return out
 }
 
-// spanTimes reads the time bounds firstBlocks or lastBlocks left zero: of
+// spanTimes reads the time bounds firstCalls or lastCalls left zero: of
 // the block after s, or the one before it.
 func (f *Facilitator) spanTimes(ctx context.Context, s *span) error {
 	read := func(n uint64) (uint64, error) {
