@@ -168,12 +168,13 @@ var (
 // alreadyUsed's answers are and for the same reason: the settled
 // authorization is public in its transaction's calldata and its payer can
 // sign any number of others of the spent nonce, each otherwise a head
-// read, header bisections and up to 10 eth_getLogs. A found log is
-// remembered per token, payer and nonce (a nonce is used once), and so are
-// the blocks searched without finding it, which no other window of the
-// nonce needs searched again. A search cut short by maxLogBlocks stays an
+// read, header bisections, up to 10 eth_getLogs and two authorizationState
+// reads. A found log is remembered per token, payer and nonce (a nonce is
+// used once), and so are the blocks searched without finding it, which no
+// other window of the nonce needs searched again. A search cut short by maxLogBlocks stays an
 // error (the outcome is unknown), remembered for its window; one that
-// failed is not remembered.
+// failed, or whose logs lag the nonce's state (logsCaughtUp), is not
+// remembered.
 func (f *Facilitator) usedStatus(ctx context.Context, token common.Address, a x402.AuthorizationValues, hint common.Hash, after time.Time) (x402.SettlementStatus, error) {
 	if hint != (common.Hash{}) {
 		if r, err := f.chain.TransactionReceipt(ctx, hint); err == nil {

@@ -74,13 +74,17 @@ func windowTimes(a x402.AuthorizationValues) (from, to uint64) {
 // with validAfter 0 near its end; the blocks between are left out, and
 // not finding the log there is errSearchCut, not an answer.
 //
+// Not finding the log in recent blocks is an answer only once the nonce's
+// state agrees (logsCaughtUp): the node that serves eth_getLogs may be
+// behind the one that read the nonce used.
+//
 // It returns the spans it searched whole without finding the log, so
 // that they need not be searched again: on errNoNonceLog (the window's
 // blocks are all searched: the nonce was spent outside it) and on
-// errSearchCut. A window that reaches the head is searched to it, and its
-// spans are only returned once the nonce is read used as of that head
-// block: a node behind the one that said the nonce is used may not have
-// its log, or its block, yet.
+// errSearchCut, save the recent blocks of a cut search's first part,
+// whose state is not read. A window that reaches the head is searched to
+// it, and blocks past the head are returned as searched too, the nonce
+// being read used as of the head block: a nonce has one log.
 func (f *Facilitator) findInValidity(ctx context.Context, token common.Address, a x402.AuthorizationValues, done []span) (*types.Log, []span, error) {
 	head, err := f.headBlock(ctx)
 	if err != nil {
@@ -110,14 +114,15 @@ func (f *Facilitator) findInValidity(ctx context.Context, token common.Address, 
 			return nil, nil, err
 		}
 	}
-	if reachesHead && !headChecked {
-		used, err := f.authorizationState(ctx, token, a.From, a.Nonce, head.Number)
-		if err != nil {
-			return nil, nil, fmt.Errorf("reading authorizationState at block %d: %w", head.Number, err)
-		}
-		if !used {
-			return nil, nil, fmt.Errorf("the nonce is not used yet as of block %d, the head read", head.Number)
-		}
+	throughHead := reachesHead && !headChecked
+	if err := f.logsCaughtUp(ctx, token, a, r.last, headN, throughHead); err != nil {
+		return nil, nil, err
+	}
+	if r.cut { // the first part's recent blocks, if any, are not proven: not returned
+		n := len(pieces) - len(r.last)
+		pieces = append(keep(pieces[:n], func(s span) bool { return s.hi < recentFloor(headN) }), pieces[n:]...)
+	}
+	if throughHead {
 		pieces = append(pieces, span{from: headT + 1, to: math.MaxUint64, lo: headN + 1, hi: math.MaxUint64})
 	}
 	if r.cut {
@@ -132,6 +137,7 @@ func (f *Facilitator) findInValidity(ctx context.Context, token common.Address, 
 // searched is what searchRuns searched without finding a nonce's log.
 type searched struct {
 	pieces []span // searched whole, in order
+	last   []span // those of the last calls (all of pieces when not cut)
 	// total is the blocks of the runs, searched those of pieces.
 	total, searched uint64
 	cut             bool // runs' blocks were left out
@@ -152,9 +158,10 @@ func (f *Facilitator) searchRuns(ctx context.Context, token common.Address, a x4
 		calls += logCalls(g)
 	}
 	maxCalls := maxLogBlocks / logChunkBlocks
-	r.pieces, r.cut = runs, calls > maxCalls
+	r.pieces, r.last, r.cut = runs, runs, calls > maxCalls
 	if r.cut {
-		r.pieces = append(firstCalls(runs, front), lastCalls(runs, maxCalls-front)...)
+		r.last = lastCalls(runs, maxCalls-front)
+		r.pieces = append(firstCalls(runs, front), r.last...)
 	}
 	for _, p := range r.pieces {
 		l, err := f.searchLogs(ctx, token, a, p.lo, p.hi)
@@ -173,6 +180,69 @@ func (f *Facilitator) headBlock(ctx context.Context) (*types.Header, error) {
 		return nil, fmt.Errorf("reading the head block: %w", err)
 	}
 	return head, nil
+}
+
+// recentBlocks is how far below the head a block is recent: the nonce's
+// state is read as of recent blocks only, which a full node keeps (geth
+// keeps 128 blocks' state), and a log index that lags lags by fewer.
+const recentBlocks = 64
+
+// recentFloor is the first recent block below head block headN.
+func recentFloor(headN uint64) uint64 { return headN - min(headN, recentBlocks) }
+
+// logsCaughtUp tells whether the eth_getLogs that found no log of a's
+// nonce in searched (contiguous but for spans searched before, whose
+// state agreed then) can be trusted for its recent blocks: the node that
+// serves them may be behind the one that read the nonce used (providers'
+// pools), and answer blocks it has not indexed yet as empty. The nonce's
+// use lies in blocks lo to hi exactly when it reads unused as of lo-1 and
+// used as of hi; so the nonce's state is read at those two blocks of the
+// recent part searched (hi the head when throughHead: blocks past it are
+// then called searched, which the nonce being used as of the head must
+// show). Used at hi and not before lo, the logs are behind: an error, an
+// unknown outcome, and nothing is remembered of the blocks; so is a read
+// that fails (a node that pruned the state, say). Not used as of the head
+// is an error too: it is used as of a later head another node read. Older
+// blocks are trusted as searched; a check costs at most two eth_call, and
+// none when no recent block was searched and the window ends before the
+// head.
+func (f *Facilitator) logsCaughtUp(ctx context.Context, token common.Address, a x402.AuthorizationValues, searched []span, headN uint64, throughHead bool) error {
+	floor := recentFloor(headN)
+	lo, hi, recent := uint64(math.MaxUint64), uint64(0), false
+	for _, s := range searched {
+		if s.hi < s.lo || s.hi < floor {
+			continue // no block, or none recent
+		}
+		recent = true
+		lo, hi = min(lo, max(s.lo, floor)), max(hi, s.hi)
+	}
+	if throughHead {
+		hi = headN
+	} else if !recent {
+		return nil
+	}
+	usedAt := func(n uint64) (bool, error) {
+		used, err := f.authorizationState(ctx, token, a.From, a.Nonce, new(big.Int).SetUint64(n))
+		if err != nil {
+			return false, fmt.Errorf("reading authorizationState at block %d: %w", n, err)
+		}
+		return used, nil
+	}
+	used, err := usedAt(hi)
+	switch {
+	case err != nil:
+		return err
+	case !used && throughHead:
+		return fmt.Errorf("the nonce is not used yet as of block %d, the head read", hi)
+	case !used || !recent:
+		return nil // used after the blocks searched, or none recent searched
+	}
+	if lo > 0 {
+		if used, err = usedAt(lo - 1); err != nil || used {
+			return err // used before the recent blocks searched
+		}
+	}
+	return fmt.Errorf("the nonce was used in blocks %d to %d, where the token's logs read have no log of it: the node serving them is behind", lo, hi)
 }
 
 // gaps returns the times in [from, to) that no span of done covers, as
