@@ -28,10 +28,7 @@ func TestSettlementStatus(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	req := e.requirements(payee, amount)
-	reader, err := NewStatusReader(e.d.Client(), DevnetNetwork)
-	if err != nil {
-		t.Fatal(err)
-	}
+	reader := statusReader(t, e.d.Client())
 	state := func(p x402.PaymentPayload) x402.SettlementState {
 		t.Helper()
 		st, err := e.f.SettlementStatus(ctx, p, req)
@@ -87,6 +84,60 @@ func TestDefaultDevnetAssetIsTheDevnetsToken(t *testing.T) {
 	if got := (&Devnet{token: devnetToken()}).Asset(); got != x402.DefaultDevnetAsset {
 		t.Fatalf("the devnet deploys %+v, x402 expects %+v", got, x402.DefaultDevnetAsset)
 	}
+}
+
+// statusReader is a StatusReader of the devnet's network over chain: a
+// devnet's client, or a wrapper of it that records or fakes some of its
+// answers. The tests of the status reader all start with one, and a
+// reader that cannot be made leaves them nothing to test.
+func statusReader(t testing.TB, chain Chain) *StatusReader {
+	t.Helper()
+	reader, err := NewStatusReader(chain, DevnetNetwork)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reader
+}
+
+// settledPayment is a payment settleOne settled, with what the tests that
+// ask about it afterwards use: the requirements and payload to ask with,
+// the authorization (to sign others of its nonce), the settlement's
+// response (its transaction) and the facilitator that settled it (itself
+// a settlement checker).
+type settledPayment struct {
+	f   *Facilitator
+	req x402.PaymentRequirements
+	a   x402.Authorization
+	p   x402.PaymentPayload
+	r   x402.SettleResponse
+}
+
+// settleOne settles a payment of amount from payer to payee on d, which
+// is how the tests of a used nonce's status begin; a refusal or an error
+// stops the test. f settles it, or, when f is nil, a facilitator of d's
+// own (d.NewFacilitator). edit, when not nil, changes the authorization
+// before it is signed (its validity window). It does nothing on the chain
+// but the settlement, so a test's own block commits and head reads keep
+// their place around it.
+func settleOne(t testing.TB, d *Devnet, f *Facilitator, edit func(*x402.Authorization)) settledPayment {
+	t.Helper()
+	if f == nil {
+		var err error
+		if f, err = d.NewFacilitator(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	req := (&testEnv{d: d, f: f}).requirements(payee, amount)
+	a := auth(payer, req)
+	if edit != nil {
+		edit(&a)
+	}
+	p := sign(t, payer, a, req, req)
+	r, err := f.Settle(context.Background(), p, req)
+	if err != nil || !r.Success {
+		t.Fatalf("settle = %+v, %v", r, err)
+	}
+	return settledPayment{f: f, req: req, a: a, p: p, r: r}
 }
 
 // spendNonce marks p's nonce used on chain the way its payer can without
@@ -147,10 +198,7 @@ func spendNonce(t testing.TB, d *Devnet, how string, key *ecdsa.PrivateKey, p x4
 // not, for the facilitator and the status reader alike; it is never done.
 func TestSpentNonceIsNeverSettled(t *testing.T) {
 	e := newEnv(t)
-	reader, err := NewStatusReader(e.d.Client(), DevnetNetwork)
-	if err != nil {
-		t.Fatal(err)
-	}
+	reader := statusReader(t, e.d.Client())
 	req := e.requirements(payee, amount)
 	for _, how := range []string{"burn", "cancel"} {
 		t.Run(how, func(t *testing.T) {
@@ -266,20 +314,12 @@ func TestNonceSearchIsBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &testEnv{d: d, f: f}
-	req := e.requirements(payee, amount)
-	// validAfter 0: without the attempt's time the search starts at genesis.
-	a := auth(payer, req)
-	a.ValidAfter = "0"
-	p := sign(t, payer, a, req, req)
 	head, err := d.Client().HeaderByNumber(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := f.Settle(ctx, p, req)
-	if err != nil || !r.Success {
-		t.Fatalf("settle = %+v, %v", r, err)
-	}
+	// validAfter 0: without the attempt's time the search starts at genesis.
+	paid := settleOne(t, d, f, func(a *x402.Authorization) { a.ValidAfter = "0" })
 	for range 40 {
 		d.backend.Commit()
 	}
@@ -300,9 +340,9 @@ func TestNonceSearchIsBounded(t *testing.T) {
 	}
 
 	// From the attempt's time: found near the start, with its transaction.
-	st, err := f.SentSettlementStatus(ctx, p, req, x402.SentSettlement{After: time.Unix(int64(head.Time), 0)})
-	if err != nil || st.State != x402.SettlementDone || st.Transaction != r.Transaction {
-		t.Fatalf("with the attempt's time: %+v, %v; want done by %s", st, err, r.Transaction)
+	st, err := f.SentSettlementStatus(ctx, paid.p, paid.req, x402.SentSettlement{After: time.Unix(int64(head.Time), 0)})
+	if err != nil || st.State != x402.SettlementDone || st.Transaction != paid.r.Transaction {
+		t.Fatalf("with the attempt's time: %+v, %v; want done by %s", st, err, paid.r.Transaction)
 	}
 	headers, ranges := spy.reset()
 	within(ranges, head.Number.Uint64())
@@ -315,7 +355,7 @@ func TestNonceSearchIsBounded(t *testing.T) {
 	// head, validBefore being ahead), maxLogBlocks in all; the nonce was
 	// used in between: not found in a search cut short, an error, never
 	// done and never "never".
-	st, err = f.SettlementStatus(ctx, p, req)
+	st, err = f.SettlementStatus(ctx, paid.p, paid.req)
 	if err == nil || st.State != x402.SettlementUndecided {
 		t.Fatalf("beyond the bound: %+v, %v; want an error", st, err)
 	}
@@ -355,27 +395,12 @@ func TestSettledWithValidAfterZeroIsFound(t *testing.T) {
 	for range 20 {
 		d.backend.Commit()
 	}
-	reader, err := NewStatusReader(d.Client(), DevnetNetwork)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := d.NewFacilitator()
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &testEnv{d: d, f: f}
-	req := e.requirements(payee, amount)
-	a := auth(payer, req)
-	a.ValidAfter = "0"
-	p := sign(t, payer, a, req, req)
-	r, err := f.Settle(context.Background(), p, req)
-	if err != nil || !r.Success {
-		t.Fatalf("settle = %+v, %v", r, err)
-	}
+	reader := statusReader(t, d.Client())
+	paid := settleOne(t, d, nil, func(a *x402.Authorization) { a.ValidAfter = "0" })
 	d.backend.Commit()
-	st, err := reader.SettlementStatus(context.Background(), p, req)
-	if err != nil || st.State != x402.SettlementDone || st.Transaction != r.Transaction {
-		t.Fatalf("settled with validAfter 0: %+v, %v; want done by %s", st, err, r.Transaction)
+	st, err := reader.SettlementStatus(context.Background(), paid.p, paid.req)
+	if err != nil || st.State != x402.SettlementDone || st.Transaction != paid.r.Transaction {
+		t.Fatalf("settled with validAfter 0: %+v, %v; want done by %s", st, err, paid.r.Transaction)
 	}
 }
 
@@ -388,22 +413,8 @@ func TestSettledWithValidAfterZeroIsFound(t *testing.T) {
 func TestNonceSpentBeforeValidAfterIsNever(t *testing.T) {
 	d := startDevnet(t, DevnetConfig{MaxClockLead: time.Hour})
 	ctx := context.Background()
-	reader, err := NewStatusReader(d.Client(), DevnetNetwork)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := d.NewFacilitator()
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &testEnv{d: d, f: f}
-	req := e.requirements(payee, amount)
-	a := auth(payer, req)
-	p := sign(t, payer, a, req, req)
-	r, err := f.Settle(ctx, p, req)
-	if err != nil || !r.Success {
-		t.Fatalf("settle = %+v, %v", r, err)
-	}
+	reader := statusReader(t, d.Client())
+	paid := settleOne(t, d, nil, nil)
 	head, err := d.Client().HeaderByNumber(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -414,15 +425,15 @@ func TestNonceSpentBeforeValidAfterIsNever(t *testing.T) {
 	if now, err := d.Client().HeaderByNumber(ctx, nil); err != nil || now.Time <= head.Time+3 {
 		t.Fatalf("the head's time is %v (%v); want past %d", now, err, head.Time+3)
 	}
-	late := a
+	late := paid.a
 	late.ValidAfter = fmt.Sprint(head.Time + 1) // after the settlement's block
 	spentBefore := func(when string) {
 		t.Helper()
 		for name, vb := range map[string]uint64{"validBefore passed": head.Time + 3, "validBefore ahead": head.Time + 3600} {
 			late.ValidBefore = fmt.Sprint(vb)
-			q := sign(t, payer, late, req, req)
-			for _, c := range []x402.SettlementChecker{reader, f} {
-				st, err := c.SettlementStatus(ctx, q, req)
+			q := sign(t, payer, late, paid.req, paid.req)
+			for _, c := range []x402.SettlementChecker{reader, paid.f} {
+				st, err := c.SettlementStatus(ctx, q, paid.req)
 				if err != nil || st.State != x402.SettlementNever || st.Reason != x402.ReasonExactEVMNonceAlreadyUsed || st.Transaction != "" {
 					t.Errorf("%s, %s, nonce spent before validAfter (%T): %+v, %v; want never, nonce_already_used", when, name, c, st, err)
 				}
@@ -430,10 +441,10 @@ func TestNonceSpentBeforeValidAfterIsNever(t *testing.T) {
 		}
 	}
 	spentBefore("searched")
-	for _, c := range []x402.SettlementChecker{reader, f} {
-		st, err := c.SettlementStatus(ctx, p, req)
-		if err != nil || st.State != x402.SettlementDone || st.Transaction != r.Transaction {
-			t.Errorf("the settled payment right after (%T): %+v, %v; want done by %s", c, st, err, r.Transaction)
+	for _, c := range []x402.SettlementChecker{reader, paid.f} {
+		st, err := c.SettlementStatus(ctx, paid.p, paid.req)
+		if err != nil || st.State != x402.SettlementDone || st.Transaction != paid.r.Transaction {
+			t.Errorf("the settled payment right after (%T): %+v, %v; want done by %s", c, st, err, paid.r.Transaction)
 		}
 	}
 	// The settled payment's log is now remembered for the nonce; the
@@ -611,10 +622,7 @@ func TestNonceUseBeyondAStaleHeadIsUnknown(t *testing.T) {
 	if r, err := e.f.Settle(ctx, p, req); err != nil || !r.Success {
 		t.Fatalf("settle = %+v, %v", r, err)
 	}
-	reader, err := NewStatusReader(staleHead{Chain: e.d.Client(), head: before.Number}, DevnetNetwork)
-	if err != nil {
-		t.Fatal(err)
-	}
+	reader := statusReader(t, staleHead{Chain: e.d.Client(), head: before.Number})
 	st, err := reader.SettlementStatus(ctx, p, req)
 	var ue *x402.UnknownOutcomeError
 	if !errors.As(err, &ue) || st.State != x402.SettlementUndecided {
@@ -636,30 +644,15 @@ func TestCutNonceSearchIsRemembered(t *testing.T) {
 		d.backend.Commit()
 	}
 	spy := &logSpy{Chain: d.Client()}
-	reader, err := NewStatusReader(spy, DevnetNetwork)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := d.NewFacilitator()
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &testEnv{d: d, f: f}
-	req := e.requirements(payee, amount)
-	a := auth(payer, req)
-	a.ValidAfter = "0"
-	p := sign(t, payer, a, req, req)
-	r, err := f.Settle(ctx, p, req)
-	if err != nil || !r.Success {
-		t.Fatalf("settle = %+v, %v", r, err)
-	}
+	reader := statusReader(t, spy)
+	paid := settleOne(t, d, nil, func(a *x402.Authorization) { a.ValidAfter = "0" })
 	for range 40 {
 		d.backend.Commit()
 	}
 	spy.reset()
 	var cost [][2]int
 	for i := 0; i < 4; i++ {
-		st, err := reader.SettlementStatus(ctx, p, req)
+		st, err := reader.SettlementStatus(ctx, paid.p, paid.req)
 		h, rg := spy.reset()
 		cost = append(cost, [2]int{h, len(rg)})
 		var ue *x402.UnknownOutcomeError
@@ -686,37 +679,24 @@ func TestCutNonceSearchIsRemembered(t *testing.T) {
 func TestLongWindowSettledAtItsStartIsFound(t *testing.T) {
 	d := startDevnet(t, DevnetConfig{MaxClockLead: 3 * time.Hour})
 	ctx := context.Background()
-	reader, err := NewStatusReader(d.Client(), DevnetNetwork)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := d.NewFacilitator()
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &testEnv{d: d, f: f}
-	req := e.requirements(payee, amount)
+	reader := statusReader(t, d.Client())
 	head, err := d.Client().HeaderByNumber(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := auth(payer, req)
-	a.ValidAfter = fmt.Sprint(head.Time - 600)
-	a.ValidBefore = fmt.Sprint(head.Time + 5100)
-	p := sign(t, payer, a, req, req)
-	r, err := f.Settle(ctx, p, req)
-	if err != nil || !r.Success {
-		t.Fatalf("settle = %+v, %v", r, err)
-	}
+	paid := settleOne(t, d, nil, func(a *x402.Authorization) {
+		a.ValidAfter = fmt.Sprint(head.Time - 600)
+		a.ValidBefore = fmt.Sprint(head.Time + 5100)
+	})
 	for range 5200 {
 		d.backend.Commit()
 	}
 	now, _ := d.Client().HeaderByNumber(ctx, nil)
-	t.Logf("head %d at %d; window closed at %s", now.Number, now.Time, a.ValidBefore)
+	t.Logf("head %d at %d; window closed at %s", now.Number, now.Time, paid.a.ValidBefore)
 	for i := 0; i < 2; i++ {
-		st, err := reader.SettlementStatus(ctx, p, req)
+		st, err := reader.SettlementStatus(ctx, paid.p, paid.req)
 		if err != nil || st.State != x402.SettlementDone {
-			t.Errorf("the buyer's settled payment, asked after its window closed (try %d): %+v, %v; want done by %s", i+1, st, err, r.Transaction)
+			t.Errorf("the buyer's settled payment, asked after its window closed (try %d): %+v, %v; want done by %s", i+1, st, err, paid.r.Transaction)
 		}
 	}
 }
@@ -735,22 +715,8 @@ func TestNewWindowsOfAUsedNonceSearchOnlyNewBlocks(t *testing.T) {
 		d.backend.Commit()
 	}
 	spy := &logSpy{Chain: d.Client()}
-	reader, err := NewStatusReader(spy, DevnetNetwork)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := d.NewFacilitator()
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &testEnv{d: d, f: f}
-	req := e.requirements(payee, amount)
-	a := auth(payer, req)
-	p := sign(t, payer, a, req, req)
-	r, err := f.Settle(ctx, p, req)
-	if err != nil || !r.Success {
-		t.Fatalf("settle = %+v, %v", r, err)
-	}
+	reader := statusReader(t, spy)
+	paid := settleOne(t, d, nil, nil)
 	settled, err := d.Client().HeaderByNumber(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -767,10 +733,10 @@ func TestNewWindowsOfAUsedNonceSearchOnlyNewBlocks(t *testing.T) {
 	// blocks after the settlement's only, so it never executed.
 	ask := func(name string, validAfter, validBefore uint64) (headers int, blocks uint64) {
 		t.Helper()
-		o := a
+		o := paid.a
 		o.ValidAfter, o.ValidBefore = fmt.Sprint(validAfter), fmt.Sprint(validBefore)
 		spy.reset()
-		st, err := reader.SettlementStatus(ctx, sign(t, payer, o, req, req), req)
+		st, err := reader.SettlementStatus(ctx, sign(t, payer, o, paid.req, paid.req), paid.req)
 		if err != nil || st.State != x402.SettlementNever {
 			t.Errorf("%s: %+v, %v; want never", name, st, err)
 		}
@@ -792,8 +758,8 @@ func TestNewWindowsOfAUsedNonceSearchOnlyNewBlocks(t *testing.T) {
 	if headers, blocks := ask("a window after the settlement, to the head", settled.Time+1, head.Time+600); headers+int(blocks) != 0 {
 		t.Errorf("a window all searched (the nonce read used as of the head): %d header reads, %d blocks searched; want none", headers, blocks)
 	}
-	st, err := reader.SettlementStatus(ctx, p, req)
-	if err != nil || st.State != x402.SettlementDone || st.Transaction != r.Transaction {
-		t.Errorf("the settled payment after: %+v, %v; want done by %s", st, err, r.Transaction)
+	st, err := reader.SettlementStatus(ctx, paid.p, paid.req)
+	if err != nil || st.State != x402.SettlementDone || st.Transaction != paid.r.Transaction {
+		t.Errorf("the settled payment after: %+v, %v; want done by %s", st, err, paid.r.Transaction)
 	}
 }

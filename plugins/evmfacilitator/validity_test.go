@@ -34,22 +34,8 @@ func TestValidityWindowSearchCallsAreBoundedWithManyRuns(t *testing.T) {
 		d.backend.Commit()
 	}
 	spy := &logSpy{Chain: d.Client()}
-	reader, err := NewStatusReader(spy, DevnetNetwork)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := d.NewFacilitator()
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &testEnv{d: d, f: f}
-	req := e.requirements(payee, amount)
-	a := auth(payer, req)
-	p := sign(t, payer, a, req, req)
-	r, err := f.Settle(ctx, p, req)
-	if err != nil || !r.Success {
-		t.Fatalf("settle = %+v, %v", r, err)
-	}
+	reader := statusReader(t, spy)
+	paid := settleOne(t, d, nil, nil)
 	settled, err := d.Client().HeaderByNumber(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -66,10 +52,10 @@ func TestValidityWindowSearchCallsAreBoundedWithManyRuns(t *testing.T) {
 		return h.Time
 	}
 	ask := func(validAfter, validBefore uint64) (x402.SettlementStatus, error, int) {
-		o := a
+		o := paid.a
 		o.ValidAfter, o.ValidBefore = fmt.Sprint(validAfter), fmt.Sprint(validBefore)
 		spy.reset()
-		st, err := reader.SettlementStatus(ctx, sign(t, payer, o, req, req), req)
+		st, err := reader.SettlementStatus(ctx, sign(t, payer, o, paid.req, paid.req), paid.req)
 		_, ranges := spy.reset()
 		return st, err, len(ranges)
 	}
@@ -127,23 +113,9 @@ func TestLaggingLogIndexIsUnknownNotNever(t *testing.T) {
 		d.backend.Commit()
 	}
 	lag := &laggingLogs{Chain: d.Client()}
-	reader, err := NewStatusReader(lag, DevnetNetwork)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := d.NewFacilitator()
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &testEnv{d: d, f: f}
-	req := e.requirements(payee, amount)
-	a := auth(payer, req)
-	p := sign(t, payer, a, req, req)
-	r, err := f.Settle(ctx, p, req)
-	if err != nil || !r.Success {
-		t.Fatalf("settle = %+v, %v", r, err)
-	}
-	rc, err := d.Client().TransactionReceipt(ctx, common.HexToHash(r.Transaction))
+	reader := statusReader(t, lag)
+	paid := settleOne(t, d, nil, nil)
+	rc, err := d.Client().TransactionReceipt(ctx, common.HexToHash(paid.r.Transaction))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,20 +126,20 @@ func TestLaggingLogIndexIsUnknownNotNever(t *testing.T) {
 	}
 	// Another authorization of the nonce, valid in the settlement's block
 	// alone: its window ends before the head once more blocks follow.
-	o := a
+	o := paid.a
 	o.ValidAfter, o.ValidBefore = fmt.Sprint(settled.Time-1), fmt.Sprint(settled.Time+1)
-	short := sign(t, payer, o, req, req)
+	short := sign(t, payer, o, paid.req, paid.req)
 
 	lag.lag.Store(S - 1)
 	var ue *x402.UnknownOutcomeError
-	st, err := reader.SettlementStatus(ctx, p, req)
+	st, err := reader.SettlementStatus(ctx, paid.p, paid.req)
 	if !errors.As(err, &ue) || st.State != x402.SettlementUndecided {
 		t.Errorf("settled in the head block, logs one block behind: %+v, %v; want an unknown outcome", st, err)
 	}
 	for range 3 {
 		d.backend.Commit()
 	}
-	st, err = reader.SettlementStatus(ctx, short, req)
+	st, err = reader.SettlementStatus(ctx, short, paid.req)
 	if !errors.As(err, &ue) || st.State != x402.SettlementUndecided {
 		t.Errorf("a window ended before the head, logs behind it: %+v, %v; want an unknown outcome", st, err)
 	}
@@ -176,10 +148,10 @@ func TestLaggingLogIndexIsUnknownNotNever(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		p    x402.PaymentPayload
-	}{{"the settled payment", p}, {"the one-block window", short}} {
-		st, err = reader.SettlementStatus(ctx, c.p, req)
-		if err != nil || st.State != x402.SettlementDone || st.Transaction != r.Transaction {
-			t.Errorf("%s, the logs caught up: %+v, %v; want done by %s", c.name, st, err, r.Transaction)
+	}{{"the settled payment", paid.p}, {"the one-block window", short}} {
+		st, err = reader.SettlementStatus(ctx, c.p, paid.req)
+		if err != nil || st.State != x402.SettlementDone || st.Transaction != paid.r.Transaction {
+			t.Errorf("%s, the logs caught up: %+v, %v; want done by %s", c.name, st, err, paid.r.Transaction)
 		}
 	}
 }
@@ -214,20 +186,8 @@ func TestRecentNotFoundIsProvenByState(t *testing.T) {
 		d.backend.Commit()
 	}
 	chain := &stateAt{Chain: d.Client()}
-	reader, err := NewStatusReader(chain, DevnetNetwork)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := d.NewFacilitator()
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &testEnv{d: d, f: f}
-	req := e.requirements(payee, amount)
-	a := auth(payer, req)
-	if r, err := f.Settle(ctx, sign(t, payer, a, req, req), req); err != nil || !r.Success {
-		t.Fatalf("settle = %+v, %v", r, err)
-	}
+	reader := statusReader(t, chain)
+	paid := settleOne(t, d, nil, nil)
 	settled, err := d.Client().HeaderByNumber(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -246,10 +206,10 @@ func TestRecentNotFoundIsProvenByState(t *testing.T) {
 	// ask asks about an authorization of the spent nonce valid in blocks
 	// lo to hi, all after the settlement's: it never executed.
 	ask := func(lo, hi uint64) (x402.SettlementStatus, error, int32) {
-		o := a
+		o := paid.a
 		o.ValidAfter, o.ValidBefore = fmt.Sprint(timeOf(lo)-1), fmt.Sprint(timeOf(hi)+1)
 		chain.calls.Store(0)
-		st, err := reader.SettlementStatus(ctx, sign(t, payer, o, req, req), req)
+		st, err := reader.SettlementStatus(ctx, sign(t, payer, o, paid.req, paid.req), paid.req)
 		return st, err, chain.calls.Load()
 	}
 	if st, err, calls := ask(S+2, S+4); err != nil || st.State != x402.SettlementNever || calls > 2 {
