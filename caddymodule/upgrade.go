@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"golang.org/x/net/http/httpguts"
 
 	"github.com/aovhq/aov/apierr"
 )
@@ -58,28 +59,40 @@ import (
 // upstream is asked for and the only Upgrade of a 101 it relays (any other
 // 101 it drops, after the upstream switched). Without Connection: Upgrade
 // it drops Upgrade as a hop-by-hop header and the upstream sees an
-// ordinary request.
+// ordinary request. An extended CONNECT (RFC 8441, 9220: a WebSocket over
+// HTTP/2 or HTTP/3) carries no Upgrade, but reverse_proxy turns one for a
+// WebSocket into an HTTP/1.1 upgrade request to the upstream.
 type upgradeOffer int
 
 const (
 	upgradeNone      upgradeOffer = iota // no Upgrade reaches the upstream
 	upgradeSwitch                        // one protocol, relayed when accepted
 	upgradeH2C                           // h2c alone: answered without it (screenUpgrade)
-	upgradeAmbiguous                     // a list: refused (screenUpgrade)
+	upgradeAmbiguous                     // not one protocol token: refused (screenUpgrade)
+	upgradeExtended                      // an extended CONNECT: refused (screenUpgrade)
 )
 
-// readUpgrade classifies h's Upgrade. A list (a comma, or Upgrade sent
-// twice) is ambiguous: an upstream may accept any protocol in it
-// (gorilla/websocket takes "foo, websocket") and answer a 101 that
-// reverse_proxy drops, so the upstream runs its switched handler while the
-// gate sees no answer and charges nothing.
-func readUpgrade(h http.Header) upgradeOffer {
+// readUpgrade classifies r's Upgrade. Only one protocol named alone, as a
+// token (RFC 9110 §7.8: a name and an optional /version), is a switch the
+// gate can sell. Anything else is ambiguous: a list (a comma, or Upgrade
+// sent twice), where an upstream may accept any protocol in it
+// (gorilla/websocket takes "foo, websocket"), or a value an upstream reads
+// otherwise than reverse_proxy, which compares it whole (trailing
+// non-ASCII space, which an upstream trimming with strings.TrimSpace
+// drops). Such an upstream answers a 101 that reverse_proxy drops, so it
+// runs its switched handler while the gate sees no answer and charges
+// nothing.
+func readUpgrade(r *http.Request) upgradeOffer {
+	if isExtendedConnect(r) {
+		return upgradeExtended
+	}
+	h := r.Header
 	vs := h.Values("Upgrade")
-	all := strings.TrimSpace(strings.Join(vs, ","))
+	all := strings.Join(vs, ",")
 	switch {
 	case all == "" || !headerHasToken(h, "Connection", "Upgrade"):
 		return upgradeNone
-	case len(vs) > 1 || strings.Contains(all, ","):
+	case len(vs) > 1 || !isProtocol(all):
 		return upgradeAmbiguous
 	case strings.EqualFold(all, "h2c"):
 		return upgradeH2C
@@ -87,10 +100,27 @@ func readUpgrade(h http.Header) upgradeOffer {
 	return upgradeSwitch
 }
 
-// upgradeRequest reports whether r asks to switch protocols, to one
-// protocol reverse_proxy relays: a request screenUpgrade let through.
+// isProtocol reports whether v is one protocol of an Upgrade: a token,
+// optionally a slash and a version token.
+func isProtocol(v string) bool {
+	name, version, hasVersion := strings.Cut(v, "/")
+	return httpguts.ValidHeaderFieldName(name) && (!hasVersion || httpguts.ValidHeaderFieldName(version))
+}
+
+// isExtendedConnect reports whether r is an extended CONNECT: the
+// :protocol pseudo-header on HTTP/2, which net/http keeps in the header
+// map, or on HTTP/3, where quic-go puts it in r.Proto.
+func isExtendedConnect(r *http.Request) bool {
+	return r.Method == http.MethodConnect &&
+		(r.Header.Get(":protocol") != "" || r.ProtoMajor == 3 && r.Proto != "" && r.Proto != "HTTP/3.0")
+}
+
+// upgradeRequest reports whether r asks to switch protocols: to one
+// protocol reverse_proxy relays (a request screenUpgrade let through), or
+// by an extended CONNECT, which only verify_response without a gate sees.
 func upgradeRequest(r *http.Request) bool {
-	return readUpgrade(r.Header) == upgradeSwitch
+	o := readUpgrade(r)
+	return o == upgradeSwitch || o == upgradeExtended
 }
 
 // screenUpgrade applies readUpgrade's rule to every request at the gate,
@@ -104,13 +134,17 @@ func upgradeRequest(r *http.Request) bool {
 // their tokens in Connection are removed, so the upstream cannot switch
 // (an upstream that takes h2c, or any Upgrade, would otherwise run its
 // switched handler for a 101 the gate's held writer refuses, uncharged).
-// An ambiguous Upgrade is refused with errUpgradeAmbiguous.
+// An ambiguous Upgrade is refused with errUpgradeAmbiguous, and an
+// extended CONNECT with errExtendedConnect: reverse_proxy answers its
+// tunnel with a 200, not the 101 the gate settles a switch at.
 func screenUpgrade(r *http.Request) *apierr.Error {
-	switch readUpgrade(r.Header) {
+	switch readUpgrade(r) {
 	case upgradeH2C:
 		dropH2COffer(r.Header)
 	case upgradeAmbiguous:
 		return errUpgradeAmbiguous()
+	case upgradeExtended:
+		return errExtendedConnect()
 	}
 	return nil
 }
@@ -178,10 +212,21 @@ func (g *Gate) noteVerified(r *http.Request) {
 func errUpgradeAmbiguous() *apierr.Error {
 	return &apierr.Error{
 		Code:        codeUpgradeUnsupported,
-		Message:     "Upgrade names more than one protocol; a protocol switch is served for one protocol named alone. Nothing was charged. Send one protocol in Upgrade, or none.",
+		Message:     "Upgrade does not name one protocol alone (a token such as websocket); a protocol switch is served for one protocol named alone. Nothing was charged. Send one protocol in Upgrade, or none.",
 		Status:      http.StatusBadRequest,
 		NextActions: []apierr.Action{{Action: "drop_upgrade"}},
-		Cause:       errors.New("an Upgrade list: no switch reverse_proxy relays"),
+		Cause:       errors.New("an Upgrade list or malformed protocol: no switch reverse_proxy relays"),
+	}
+}
+
+// errExtendedConnect refuses a WebSocket over HTTP/2 or HTTP/3 at a gate
+// (screenUpgrade); the same WebSocket over HTTP/1.1 is sold at its 101.
+func errExtendedConnect() *apierr.Error {
+	return &apierr.Error{
+		Code:        codeUpgradeUnsupported,
+		Message:     "A protocol switch over HTTP/2 or HTTP/3 (an extended CONNECT) is not served here; nothing was charged. Open it over HTTP/1.1 with Connection: Upgrade.",
+		Status:      http.StatusBadRequest,
+		NextActions: []apierr.Action{{Action: "drop_upgrade"}},
 	}
 }
 

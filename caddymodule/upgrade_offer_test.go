@@ -50,9 +50,10 @@ func answerOf(t *testing.T, resp *http.Response) string {
 // than free calls were counted, whatever spelling of Upgrade the client
 // sent. An h2c offer alone is answered as the same request without it
 // (the upstream, which takes h2c, never sees it): one free answer, then
-// the demand for payment. A list is refused before anything is counted:
-// the free call is still there afterwards.
-func TestRevSwitch6FreeUpgradeSpellingsSpendPerDay(t *testing.T) {
+// the demand for payment. A list, or a value that is not one protocol
+// token, is refused before anything is counted: the free call is still
+// there afterwards.
+func TestFreeUpgradeSpellingsSpendPerDay(t *testing.T) {
 	for _, tc := range []struct {
 		name, upgrade, accept string
 		want                  []string
@@ -60,6 +61,9 @@ func TestRevSwitch6FreeUpgradeSpellingsSpendPerDay(t *testing.T) {
 		{"h2c", "h2c", "h2c", []string{"200", "402", "402", "402"}},
 		{"H2C", "H2C", "h2c", []string{"200", "402", "402", "402"}},
 		{"list", "h2c, echo", "echo", []string{"400 upgrade_unsupported", "400 upgrade_unsupported", "400 upgrade_unsupported", "400 upgrade_unsupported"}},
+		// reverse_proxy relays only a 101 naming the value whole; an
+		// upstream trimming Unicode space would switch and be dropped.
+		{"non-ASCII space", "websocket\u00a0", "websocket", []string{"400 upgrade_unsupported", "400 upgrade_unsupported", "400 upgrade_unsupported", "400 upgrade_unsupported"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, fac := sharedDevnet(t)
@@ -83,7 +87,7 @@ func TestRevSwitch6FreeUpgradeSpellingsSpendPerDay(t *testing.T) {
 // accepts, is refused before the upstream sees it, so the upstream's
 // WebSocket handler never runs free past per_day; websocket alone is
 // served free once, then asked to pay.
-func TestRevSwitch6GorillaFreeHandshakesPastPerDay(t *testing.T) {
+func TestGorillaFreeHandshakesSpendPerDay(t *testing.T) {
 	_, fac := sharedDevnet(t)
 	var handlers atomic.Int32
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -147,12 +151,13 @@ func TestRevSwitch6GorillaFreeHandshakesPastPerDay(t *testing.T) {
 // was charged. A list is refused with nothing claimed (the payment then
 // buys its one ordinary call); an h2c offer is answered as the ordinary
 // call it is, charged once, and the same payment again is refused.
-func TestRevSwitch6PaidOnePaymentManySwitches(t *testing.T) {
+func TestOnePaymentBuysOneSwitchWhateverTheSpelling(t *testing.T) {
 	for _, tc := range []struct {
 		name, upgrade, accept string
 		want                  []string
 	}{
 		{"list", "h2c, echo", "echo", []string{"400 upgrade_unsupported", "400 upgrade_unsupported", "400 upgrade_unsupported"}},
+		{"non-ASCII space", "websocket\u00a0", "websocket", []string{"400 upgrade_unsupported", "400 upgrade_unsupported", "400 upgrade_unsupported"}},
 		{"h2c", "h2c", "h2c", []string{"200", "402", "402"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
