@@ -809,7 +809,7 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	if upgradeRequest(r) && !g.sellsSwitch() {
 		// Within the client's budget, as any refusal: one is counted
 		// even past an empty budget (rateZone.note).
-		if wait := g.rateWait(r); wait > 0 {
+		if wait := g.rateWait(r, false); wait > 0 {
 			return g.refuse(w, r, apierr.RateLimited(wait))
 		}
 		return g.refuse(w, r, errUpgradeUnsupported()) // upgrade.go
@@ -821,7 +821,7 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		return g.serveMCP(w, r, next)
 	}
 	payment := creds.takePayment()
-	if wait := g.rateWait(r); wait > 0 {
+	if wait := g.rateWait(r, payment != ""); wait > 0 {
 		return g.refuse(w, r, apierr.RateLimited(wait))
 	}
 	if g.allow != nil && !slices.Contains(g.allow, r.Method) {

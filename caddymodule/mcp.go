@@ -54,14 +54,14 @@ func (g *Gate) serveMCP(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		// for a request that did not pass it.
 		body, err := g.readBody(r)
 		if err != nil {
-			if wait := g.rateWait(r); wait > 0 {
+			if wait := g.rateWait(r, false); wait > 0 {
 				err = apierr.RateLimited(wait)
 			}
 			return g.refuse(w, r, err)
 		}
 		msg, bad := readRPC(body)
 		if bad != nil {
-			if wait := g.rateWait(r); wait > 0 {
+			if wait := g.rateWait(r, false); wait > 0 {
 				return g.refuse(w, r, apierr.RateLimited(wait))
 			}
 			metrics.outcomes.WithLabelValues("invalid_jsonrpc").Inc()
@@ -88,7 +88,8 @@ func (g *Gate) serveMCP(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	}
 	read.gated = true
 	ex := &mcpExchange{g: g, id: msg.id, tool: g.MCPTool}
-	if wait := g.rateWait(r); wait > 0 {
+	_, paying := msg.meta[mcpMetaPayment]
+	if wait := g.rateWait(r, paying); wait > 0 {
 		return ex.rateLimited(w, r, wait)
 	}
 	// Another gate's reading was bounded by its own max_body: this gate's

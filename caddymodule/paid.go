@@ -201,12 +201,17 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	// What follows costs the server whatever comes of it (the
 	// facilitator's /verify, the upstream, a run again), and its failure
 	// counts only once known: it holds one of the client's slots, at most
-	// rate_limit's events at once, until it ends (rateZone.enter).
+	// rate_limit's events at once (rateZone.enter), until it ends or its
+	// answer starts to be written, whichever is first (slotWriter).
 	slot, wait := g.enterRate(r)
 	if wait > 0 {
 		return ex.rateLimited(w, r, wait)
 	}
-	defer slot.leave()
+	sw := &slotWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, slot: slot}
+	defer sw.leave()
+	if slot.b != nil {
+		w = sw
+	}
 	payload := pay.PaymentPayload
 	pid, err := g.paymentIDOf(r, pay, raw)
 	if err != nil {
@@ -308,7 +313,7 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		pid.save(nil, pc.sr) // streamed: settled, its answer not kept
 		// Paid for now: nothing of it will count, and a stream may run
 		// long, so it holds no slot of the refusal budget.
-		slot.leave()
+		sw.leave()
 		return g.serveSettled(w, r, next, ex, pc.sr)
 	}
 	return g.serveCharged(w, r, next, ex, pc)

@@ -1,11 +1,15 @@
 package caddymodule
 
 import (
+	"bufio"
 	"container/heap"
 	"fmt"
+	"io"
 	"math"
+	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -44,12 +48,14 @@ var maxRateClients = 1 << 16
 // Paid calls never count, and a settled payment gives one event back
 // (rateZone.credit): the 402 that told the client the price.
 //
-// A request passes when its client's budget has an event left (wait), and
-// spends nothing on arrival. Before work that costs the server whatever
-// comes of it (a payment's /verify and its call's upstream, a wallet
-// proof's check) it takes one of the budget's Events slots, given back
-// when the work ends (enter); with none free it is answered 429, counting
-// nothing. A refusal is counted once known, after the work it cost, even
+// A request passes when its client's budget has an event left, one
+// carrying a payment while the budget is less than Events in debt
+// (arrival, wait), and spends nothing on arrival. Before work that costs
+// the server whatever comes of it (a payment's /verify and its call's
+// upstream, a wallet proof's check) it takes one of the budget's Events
+// slots of its kind, given back when the work ends or its answer starts to
+// be written (enter, slotWriter); with none free it is answered 429,
+// counting nothing. A refusal is counted once known, after the work it cost, even
 // past an empty budget (note), down to a debt of Events: the client waits
 // until the debt is repaid. So at most Events of a client's costly
 // requests run at once, a burst of refusals overdraws the budget by at
@@ -139,12 +145,25 @@ type rateBucket struct {
 	// brings it forward, and due with it (credit).
 	due time.Time
 	at  int // index in rateZone.due
-	// busy is how many of the bucket's slots requests hold (enter): at
-	// most burst. A bucket with one held is never dropped (sweep), so a
-	// client cannot have its slots counted afresh in a new bucket.
-	// z.mu guards it.
-	busy int
+	// busy is how many of the bucket's slots of each kind requests hold
+	// (enter): at most burst of each. A bucket with one held is never
+	// dropped (sweep), so a client cannot have its slots counted afresh in
+	// a new bucket. z.mu guards it.
+	busy [slotKinds]int
 }
+
+// slotKind names the work a slot is held for (enter). Each kind has a
+// bucket's Events slots of its own: a proof's check is bounded by the
+// checks in flight, not by paid calls, which a wallet_auth in front of
+// several gates would otherwise wait on in every zone of its server,
+// however unrelated the route it guards.
+type slotKind uint8
+
+const (
+	slotPaid  slotKind = iota // a paid call: /verify, upstream, settlement
+	slotProof                 // a wallet_auth proof's check
+	slotKinds
+)
 
 // dueBuckets is a min-heap of buckets by due (container/heap), so that
 // finding the buckets that may have refilled costs no walk of the table.
@@ -280,7 +299,7 @@ func (z *rateZone) sweep(tab *rateTable, t time.Time) {
 		b := tab.due[0]
 		tab.looked++
 		tokens := b.TokensAt(t)
-		if b.busy > 0 {
+		if b.held() {
 			tokens = min(tokens, float64(z.burst-1))
 		}
 		if tokens < float64(z.burst) {
@@ -300,14 +319,33 @@ func (z *rateZone) refillIn(tokens float64) time.Duration {
 	return time.Duration(math.Ceil((float64(z.burst)-tokens)/float64(z.limit)*1e3)) * time.Millisecond
 }
 
-// retryAfter is how many whole seconds from t until bucket l holds one
-// event again, its debt repaid; 0 when it holds one now.
-func (z *rateZone) retryAfter(l *rate.Limiter, t time.Time) int {
+// retryAfter is how many whole seconds from t until bucket l holds need
+// tokens (arrival); 0 when it holds them now.
+func (z *rateZone) retryAfter(l *rate.Limiter, t time.Time, need float64) int {
 	tokens := l.TokensAt(t)
-	if tokens >= 1 {
+	if tokens >= need {
 		return 0
 	}
-	return max(1, int(math.Ceil((1-tokens)/float64(z.limit))))
+	return max(1, int(math.Ceil((need-tokens)/float64(z.limit))))
+}
+
+// arrival is how many tokens a request's client's budget must hold for the
+// request to pass on arrival (wait, enter). A request without a payment
+// needs one event left. A request carrying one needs only room in the
+// debt for its refusal (1-Events: one more refusal counted, note, keeps
+// the debt within Events): an x402 buyer asks the price of each call
+// first, and that 402 counts until the payment settles (credit), so Events
+// buyers behind one address who asked the price at once would otherwise
+// find their budget spent and every payment refused 429 on arrival. A
+// refused payment still counts, down to the debt's floor, and the slots
+// still bound the payments whose work runs at once (enter), so a flood of
+// refused payments gets at most Events refusals per Window beyond the
+// budget's Events, on average, and one burst of Events more.
+func (z *rateZone) arrival(paying bool) float64 {
+	if paying {
+		return float64(1 - z.burst)
+	}
+	return 1
 }
 
 // rateSpend is one event spent from a bucket of a zone (rateZone.spend),
@@ -330,7 +368,7 @@ func (z *rateZone) spend(client string) (rateSpend, int) {
 	if b.AllowN(t, 1) {
 		return rateSpend{z: z, b: b, tab: tab}, 0
 	}
-	return rateSpend{}, z.retryAfter(b.Limiter, t)
+	return rateSpend{}, z.retryAfter(b.Limiter, t, 1)
 }
 
 // take counts one request of client (aov_rate_limit) and returns 0, or,
@@ -340,10 +378,11 @@ func (z *rateZone) take(client string) int {
 	return wait
 }
 
-// wait is how many seconds client must wait before its budget has an event
-// left (0: it has one now), spending none: what a request must pass on
-// arrival before any work is done for it.
-func (z *rateZone) wait(client string) int {
+// wait is how many seconds client must wait before its budget lets a
+// request pass (arrival; paying: the request carries a payment), 0 when it
+// does now, spending none: what a request must pass on arrival before any
+// work is done for it.
+func (z *rateZone) wait(client string, paying bool) int {
 	t := now()
 	z.mu.Lock()
 	b, _ := z.bucket(client, t, false)
@@ -351,7 +390,7 @@ func (z *rateZone) wait(client string) int {
 	if b == nil {
 		return 0
 	}
-	return z.retryAfter(b.Limiter, t)
+	return z.retryAfter(b.Limiter, t, z.arrival(paying))
 }
 
 // note counts one refused or unpaid answer to client, even past an empty
@@ -384,17 +423,30 @@ func (z *rateZone) note(client string) {
 	b.ReserveN(t, 1)
 }
 
+// held reports whether a request holds one of b's slots, of any kind.
+// z.mu must be held.
+func (b *rateBucket) held() bool {
+	for _, n := range b.busy {
+		if n > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // rateSlot is one slot of a bucket held by a request whose work costs the
 // server (enter); the zero rateSlot holds none.
 type rateSlot struct {
-	z *rateZone
-	b *rateBucket
+	z    *rateZone
+	b    *rateBucket
+	kind slotKind
 }
 
-// enter takes one of the slots of the bucket that counts client, for work
-// whose failure will be counted as a refusal (note): a payment's /verify
-// and its call's upstream, a wallet proof's check. It returns 0, or, when
-// the bucket's Events slots are all held or its budget has no event left,
+// enter takes one of the slots of kind of the bucket that counts client,
+// for work whose failure will be counted as a refusal (note): a payment's
+// /verify and its call's upstream, a wallet proof's check. It returns 0,
+// or, when the bucket's Events slots of kind are all held or its budget
+// does not let the request pass (arrival; paying: it carries a payment),
 // how many seconds the client must wait, and takes nothing: the arrival
 // check (wait) spends nothing, so without the slots every request of a
 // client held open past it (a body sent late, a slow facilitator) would
@@ -405,20 +457,20 @@ type rateSlot struct {
 //
 // The slot must be given back (leave) when the work ends, whatever its
 // end. A bucket with a slot held is never dropped (sweep).
-func (z *rateZone) enter(client string) (rateSlot, int) {
+func (z *rateZone) enter(client string, kind slotKind, paying bool) (rateSlot, int) {
 	t := now()
 	z.mu.Lock()
 	defer z.mu.Unlock()
 	b, _ := z.bucket(client, t, true)
-	wait := z.retryAfter(b.Limiter, t)
-	if b.busy >= z.burst {
+	wait := z.retryAfter(b.Limiter, t, z.arrival(paying))
+	if b.busy[kind] >= z.burst {
 		return rateSlot{}, max(1, wait)
 	}
 	if wait > 0 {
 		return rateSlot{}, wait
 	}
-	b.busy++
-	return rateSlot{z: z, b: b}, 0
+	b.busy[kind]++
+	return rateSlot{z: z, b: b, kind: kind}, 0
 }
 
 // leave gives the slot back, once: a second call does nothing, so a path
@@ -428,9 +480,64 @@ func (s *rateSlot) leave() {
 		return
 	}
 	s.z.mu.Lock()
-	s.b.busy--
+	s.b.busy[s.kind]--
 	s.z.mu.Unlock()
 	s.b = nil
+}
+
+// slotWriter is the client's writer of a request that holds a rate slot
+// (servePaid): the answer's first write gives the slot back (leave). A
+// slot covers the server's work for the request (the facilitator's /verify
+// and settlement, the upstream run and its hold, the gate's checks), never
+// the writing of the answer: Caddy sets no write deadline by default, so a
+// client that does not read a large answer (the official paywall page)
+// would hold the slot for as long as it kept the connection open, and
+// events such connections would keep its address, or a network's or the
+// last shared budget it counts in, from paying at all. An answer starts
+// with WriteHeader, Write, ReadFrom (io.Copy), a flush or a hijack, so
+// each gives the slot back first; Push passes through, and Unwrap lets
+// http.ResponseController reach the real writer.
+type slotWriter struct {
+	caddyhttp.ResponseWriterWrapper // by value: one allocation per request
+	slot                            rateSlot
+	left                            atomic.Bool // slot given back
+}
+
+// leave gives the slot back, once, whichever goroutine writes first.
+func (w *slotWriter) leave() {
+	if w.left.CompareAndSwap(false, true) {
+		w.slot.leave()
+	}
+}
+
+func (w *slotWriter) WriteHeader(status int) {
+	w.leave()
+	w.ResponseWriterWrapper.WriteHeader(status)
+}
+
+func (w *slotWriter) Write(b []byte) (int, error) {
+	w.leave()
+	return w.ResponseWriterWrapper.Write(b)
+}
+
+func (w *slotWriter) ReadFrom(r io.Reader) (int64, error) {
+	w.leave()
+	return w.ResponseWriterWrapper.ReadFrom(r)
+}
+
+// FlushError is http.ResponseController's flush: it sends the header.
+func (w *slotWriter) FlushError() error {
+	w.leave()
+	return http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+// Flush is FlushError for handlers that look for an http.Flusher.
+func (w *slotWriter) Flush() { _ = w.FlushError() }
+
+// Hijack hands the connection over (a protocol switch, settled by then).
+func (w *slotWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	w.leave()
+	return http.NewResponseController(w.ResponseWriter).Hijack()
 }
 
 // refund gives back the event s spent, to the bucket it was spent from, up
@@ -541,10 +648,11 @@ func removeServerZone(srv *caddyhttp.Server, z *rateZone) {
 }
 
 // serverRateWait is how many seconds the request's client must wait
-// before any of its server's gates' zones has an event left for it (0:
-// each has one), spending none: what wallet_auth asks before it checks a
-// proof of a request that holds a gate's slot already (enterServerRate).
-func serverRateWait(r *http.Request) int {
+// before each of its server's gates' zones lets the request pass (0: each
+// does; rateZone.arrival, paying: it carries a payment), spending none:
+// what wallet_auth asks before it checks a proof of a request that holds a
+// gate's slot already (enterServerRate).
+func serverRateWait(r *http.Request, paying bool) int {
 	srv, _ := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
 	serverZones.RLock()
 	defer serverZones.RUnlock()
@@ -552,7 +660,7 @@ func serverRateWait(r *http.Request) int {
 	if zs := serverZones.m[srv]; len(zs) > 0 {
 		client := clientAddr(r)
 		for z := range zs {
-			wait = max(wait, z.wait(client))
+			wait = max(wait, z.wait(client, paying))
 		}
 	}
 	return wait
@@ -568,16 +676,18 @@ func (ss rateSlots) leave() {
 	}
 }
 
-// enterServerRate takes a slot for the request's client in each of its
-// server's gates' zones (rateZone.enter), what wallet_auth does before it
-// checks a proof; or returns how many seconds the client must wait, and
-// holds none. A request a gate runs its upstream for holds that gate's
-// slot already (Gate.enterRate), and the proof's check is part of that
-// work: it takes none again, which with rate_limit's events at 1 would
-// refuse every such call, and is held to the budgets' check only.
-func enterServerRate(r *http.Request) (rateSlots, int) {
+// enterServerRate takes a proof's slot (slotProof) for the request's
+// client in each of its server's gates' zones (rateZone.enter), what
+// wallet_auth does before it checks a proof (paying: the request carries
+// a payment, rateZone.arrival); or returns how many seconds the client
+// must wait, and holds none. So at most events of a client's proof checks
+// run at once, in every zone, whatever its paid calls in flight. A request
+// a gate runs its upstream for holds that gate's slot already
+// (Gate.enterRate), and the proof's check is part of that work: it takes
+// none, and is held to the budgets' check only.
+func enterServerRate(r *http.Request, paying bool) (rateSlots, int) {
 	if caddyhttp.GetVar(r.Context(), varRateSlot) != nil {
-		return nil, serverRateWait(r)
+		return nil, serverRateWait(r, paying)
 	}
 	srv, _ := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
 	serverZones.RLock()
@@ -589,7 +699,7 @@ func enterServerRate(r *http.Request) (rateSlots, int) {
 	client := clientAddr(r)
 	ss := make(rateSlots, 0, len(zs))
 	for z := range zs {
-		s, wait := z.enter(client)
+		s, wait := z.enter(client, slotProof, paying)
 		if wait > 0 {
 			ss.leave()
 			return nil, wait
@@ -618,24 +728,24 @@ func noteServerEvent(r *http.Request) {
 }
 
 // rateWait is how many seconds the request's client must wait before g's
-// refusal budget has an event left for it (rateZone.wait); 0 with
-// rate_limit off.
-func (g *Gate) rateWait(r *http.Request) int {
+// refusal budget lets the request pass (rateZone.wait; paying: it carries
+// a payment); 0 with rate_limit off.
+func (g *Gate) rateWait(r *http.Request, paying bool) int {
 	if g.rates == nil {
 		return 0
 	}
-	return g.rates.wait(clientAddr(r))
+	return g.rates.wait(clientAddr(r), paying)
 }
 
-// enterRate takes a slot of g's refusal budget for the request's client
-// before work whose failure counts as a refusal (rateZone.enter), or
-// returns how many seconds it must wait; with rate_limit off it takes
-// none.
+// enterRate takes a slot of g's refusal budget for the request's client,
+// whose payment is about to be verified, before work whose failure counts
+// as a refusal (rateZone.enter), or returns how many seconds it must wait;
+// with rate_limit off it takes none.
 func (g *Gate) enterRate(r *http.Request) (rateSlot, int) {
 	if g.rates == nil {
 		return rateSlot{}, 0
 	}
-	s, wait := g.rates.enter(clientAddr(r))
+	s, wait := g.rates.enter(clientAddr(r), slotPaid, true)
 	if wait == 0 {
 		caddyhttp.SetVar(r.Context(), varRateSlot, true)
 	}

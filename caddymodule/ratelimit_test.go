@@ -63,13 +63,13 @@ func TestRateZoneTightensWhenItsTableIsFull(t *testing.T) {
 	// unlimited; newcomers from elsewhere have budgets of their own.
 	z.note("2001:db8:7:1::/64")
 	z.note("2001:db8:7:2::/64")
-	if z.wait("2001:db8:7:3::/64") == 0 {
+	if z.wait("2001:db8:7:3::/64", false) == 0 {
 		t.Fatal("a newcomer past the table's size is not limited by its prefix")
 	}
-	if z.wait("198.51.100.7") != 0 || z.wait("2001:db8:1:1::/64") != 0 {
+	if z.wait("198.51.100.7", false) != 0 || z.wait("2001:db8:1:1::/64", false) != 0 {
 		t.Error("a newcomer from another prefix is limited")
 	}
-	if z.wait("2001:db8:0:1::/64") != 0 {
+	if z.wait("2001:db8:0:1::/64", false) != 0 {
 		t.Error("a tracked client with budget left is limited")
 	}
 }
@@ -89,11 +89,11 @@ func TestRateZoneCreditIsBoundedByTheBudget(t *testing.T) {
 	}
 	z.note("c")
 	z.note("c")
-	if z.wait("c") == 0 {
+	if z.wait("c", false) == 0 {
 		t.Fatal("two refusals of two did not limit")
 	}
 	z.credit("c")
-	if z.wait("c") != 0 {
+	if z.wait("c", false) != 0 {
 		t.Fatal("a credit did not give one refusal back")
 	}
 	// A full budget takes no more credit: three credits, then two
@@ -103,7 +103,7 @@ func TestRateZoneCreditIsBoundedByTheBudget(t *testing.T) {
 	z.credit("c")
 	z.note("c")
 	z.note("c")
-	if z.wait("c") == 0 {
+	if z.wait("c", false) == 0 {
 		t.Fatal("credits were saved up beyond the budget")
 	}
 }

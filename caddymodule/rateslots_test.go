@@ -24,10 +24,10 @@ func heldSlots() int {
 		z := v.(*rateZone)
 		z.mu.Lock()
 		defer z.mu.Unlock()
-		n += z.overflow.busy
+		n += z.overflow.busy[slotPaid] + z.overflow.busy[slotProof]
 		for _, tab := range []*rateTable{&z.clients, &z.prefixes} {
 			for _, b := range tab.buckets {
-				n += b.busy
+				n += b.busy[slotPaid] + b.busy[slotProof]
 			}
 		}
 		return true
@@ -144,8 +144,10 @@ func TestHeldPaymentBodiesAreBoundedByTheSlots(t *testing.T) {
 
 // Refusals that cost nothing (a 402 to a request without a payment) put
 // the budget at most events in debt, however many were held open past the
-// arrival check at once: a funded payment from the same address (a NAT, a
-// shared /64) waits at most a window and one event's refill. (From the
+// arrival check at once: a request without a payment from the same
+// address (a NAT, a shared /64) waits at most a window and one event's
+// refill, and a funded payment, which passes while its refusal would keep
+// the debt within events (rateZone.arrival), one event's refill. (From the
 // audit: 100 held probes, rate_limit 2 1h, the payment refused 429 with
 // Retry-After 178,200 s, 49.5 h.)
 func TestCheapRefusalsLockAnAddressOutForAtMostAWindow(t *testing.T) {
@@ -157,11 +159,17 @@ func TestCheapRefusalsLockAnAddressOutForAtMostAWindow(t *testing.T) {
 
 	const n = 100
 	st := heldBodies(t, n, u, time.Second, func(int) map[string]string { return from("198.51.100.78") }, func(int) string { return validRequest })
-	resp, _ := send(t, http.MethodPost, u, validRequest, map[string]string{"X-Forwarded-For": "198.51.100.78", x402.HeaderPaymentSignature: signFor(t, pr, 1)})
+	resp, _ := send(t, http.MethodPost, u, validRequest, from("198.51.100.78"))
 	ra, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
 	// 2 events of debt and the one to spend, 30 min each.
 	if resp.StatusCode != http.StatusTooManyRequests || ra <= 3600 || ra > 5400 {
-		t.Errorf("%d unpaid requests at once (statuses %v), rate_limit 2 1h: a funded payment from the same address gets %d with Retry-After %d s; want 429 for the debt of 2 and one event, 1.5 h (5,400 s)", n, st, resp.StatusCode, ra)
+		t.Errorf("%d unpaid requests at once (statuses %v), rate_limit 2 1h: another from the same address gets %d with Retry-After %d s; want 429 for the debt of 2 and one event, 1.5 h (5,400 s)", n, st, resp.StatusCode, ra)
+	}
+	resp, _ = send(t, http.MethodPost, u, validRequest, map[string]string{"X-Forwarded-For": "198.51.100.78", x402.HeaderPaymentSignature: signFor(t, pr, 1)})
+	ra, _ = strconv.Atoi(resp.Header.Get("Retry-After"))
+	// One event of the debt repaid leaves room for the payment's refusal.
+	if resp.StatusCode != http.StatusTooManyRequests || ra <= 0 || ra > 1800 {
+		t.Errorf("%d unpaid requests at once (statuses %v), rate_limit 2 1h: a funded payment from the same address gets %d with Retry-After %d s; want 429 for one event, 30 min (1,800 s)", n, st, resp.StatusCode, ra)
 	}
 }
 
@@ -179,7 +187,7 @@ func TestRateZoneDebtStopsAtEvents(t *testing.T) {
 		z.note("c")
 	}
 	// 4 events of debt and one to spend, 15 min each.
-	if w := z.wait("c"); w != 75*60 {
+	if w := z.wait("c", false); w != 75*60 {
 		t.Errorf("100 refusals of a budget of 4 an hour: wait %d s; want 4,500 s (a window and one event)", w)
 	}
 }
@@ -193,23 +201,23 @@ func TestRateZoneSlotsBoundTheWorkInFlight(t *testing.T) {
 	at := t0
 	stubNow(t, &at)
 	z := fullZone(t, 2, 2, time.Minute) // c0, c1: one event spent each
-	s1, w1 := z.enter("c0")
-	s2, w2 := z.enter("c0")
+	s1, w1 := z.enter("c0", slotPaid, false)
+	s2, w2 := z.enter("c0", slotPaid, false)
 	if w1 != 0 || w2 != 0 {
 		t.Fatalf("a client with an event left, none of its slots held: waits %d, %d", w1, w2)
 	}
-	if _, w := z.enter("c0"); w != 1 {
+	if _, w := z.enter("c0", slotPaid, false); w != 1 {
 		t.Errorf("both slots of rate_limit 2 held: a third waits %d s; want 1", w)
 	}
 	s1.leave()
 	s1.leave()
-	s3, w3 := z.enter("c0")
+	s3, w3 := z.enter("c0", slotPaid, false)
 	if w3 != 0 {
 		t.Errorf("a slot given back: the next request waits %d s", w3)
 	}
 	// The budget spent while the slots are held: the wait is the budget's.
 	z.note("c0")
-	if _, w := z.enter("c0"); w != 30 {
+	if _, w := z.enter("c0", slotPaid, false); w != 30 {
 		t.Errorf("slots held and the budget spent: waits %d s; want the budget's 30", w)
 	}
 	// An hour on: c0 has refilled, but holds its slots; c1 has refilled
@@ -219,7 +227,7 @@ func TestRateZoneSlotsBoundTheWorkInFlight(t *testing.T) {
 	if !tracks(z, &z.clients, "c0") || tracks(z, &z.clients, "c1") {
 		t.Fatal("a full table dropped a bucket whose slots are held, or kept a refilled one instead")
 	}
-	if _, w := z.enter("c0"); w != 1 {
+	if _, w := z.enter("c0", slotPaid, false); w != 1 {
 		t.Errorf("c0's slots still held an hour on: a third request waits %d s; want 1", w)
 	}
 	s2.leave()

@@ -261,11 +261,11 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 		// A client the gates of this server would answer 429 gets it before
 		// any proof is checked (serverZones); a refused proof is counted
 		// once checked, even past an empty budget (refuse). Its check
-		// (a contract wallet's at the chain) holds a slot of each budget
-		// until it is known, so at most events of a client's checks run at
-		// once (rateZone.enter); given back before the request goes on,
-		// where a gate takes its own.
-		slots, wait := enterServerRate(r)
+		// (a contract wallet's at the chain) holds a proof's slot of each
+		// budget until it is known, so at most events of a client's checks
+		// run at once (rateZone.enter), its paid calls in flight aside;
+		// given back before the request goes on, where a gate takes its own.
+		slots, wait := enterServerRate(r, creds.hasPayment())
 		if wait > 0 {
 			return wa.refuse(w, r, apierr.RateLimited(wait))
 		}
