@@ -255,6 +255,11 @@ func TestRateZonePaymentsPassUntilTheDebtFloor(t *testing.T) {
 	if w != 0 {
 		t.Errorf("3 in debt of 4: a payment's slot refused, wait %d s", w)
 	}
+	// The one in flight would take the debt's last room: its refusal
+	// counts, a second one's would not.
+	if _, w := z.enter("c", slotPaid, true); w != 1 {
+		t.Errorf("3 in debt of 4, a payment in flight: a second payment's slot given with wait %d s; want 1", w)
+	}
 	s.leave()
 	z.note("c") // 4 in debt: at the floor
 	if w := z.wait("c", true); w != 15*60 {
@@ -288,4 +293,39 @@ func TestRateZoneProofSlotsAreApartFromPaidSlots(t *testing.T) {
 		t.Errorf("the one proof slot held: a second proof waits %d s; want 1", w)
 	}
 	proof.leave()
+}
+
+// At the debt's floor every refused payment whose work ran is counted: a
+// client sending events payments at once each time one event has refilled
+// gets one of them worked for, not events (whose refusals past the floor
+// would go uncounted, events times the work per window).
+func TestRateZonePaymentsAtTheDebtFloorAreCounted(t *testing.T) {
+	at := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	stubNow(t, &at)
+	z, key, err := loadZone(&RateLimit{Events: 4, Window: caddy.Duration(time.Hour), Zone: t.Name()}, zoneRefusals)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rateZones.Delete(key) })
+	for range 8 {
+		z.note("c") // the budget spent and 4 in debt
+	}
+	worked := 0
+	for range 4 {
+		at = at.Add(15 * time.Minute) // one event refilled
+		var in []rateSlot
+		for range 4 {
+			if s, w := z.enter("c", slotPaid, true); w == 0 {
+				in = append(in, s)
+			}
+		}
+		for i := range in {
+			z.note("c") // refused once verified
+			in[i].leave()
+		}
+		worked += len(in)
+	}
+	if worked != 4 {
+		t.Errorf("at the debt's floor of rate_limit 4 1h, 4 payments at once after each of 4 events refilled: %d worked for; want 4 (one per event)", worked)
+	}
 }

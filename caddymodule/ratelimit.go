@@ -333,14 +333,14 @@ func (z *rateZone) retryAfter(l *rate.Limiter, t time.Time, need float64) int {
 // request to pass on arrival (wait, enter). A request without a payment
 // needs one event left. A request carrying one needs only room in the
 // debt for its refusal (1-Events: one more refusal counted, note, keeps
-// the debt within Events): an x402 buyer asks the price of each call
-// first, and that 402 counts until the payment settles (credit), so Events
-// buyers behind one address who asked the price at once would otherwise
-// find their budget spent and every payment refused 429 on arrival. A
-// refused payment still counts, down to the debt's floor, and the slots
-// still bound the payments whose work runs at once (enter), so a flood of
-// refused payments gets at most Events refusals per Window beyond the
-// budget's Events, on average, and one burst of Events more.
+// the debt within Events), and enter also counts the refusals of the
+// payments in flight into that room: an x402 buyer asks the price of each
+// call first, and that 402 counts until the payment settles (credit), so
+// Events buyers behind one address who asked the price at once would
+// otherwise find their budget spent and every payment refused 429 on
+// arrival. So every refused payment whose work ran is counted (none falls
+// past the debt's floor), and a flood of refused payments gets Events per
+// Window on average, after one burst of the budget and its debt.
 func (z *rateZone) arrival(paying bool) float64 {
 	if paying {
 		return float64(1 - z.burst)
@@ -462,8 +462,13 @@ func (z *rateZone) enter(client string, kind slotKind, paying bool) (rateSlot, i
 	z.mu.Lock()
 	defer z.mu.Unlock()
 	b, _ := z.bucket(client, t, true)
-	wait := z.retryAfter(b.Limiter, t, z.arrival(paying))
-	if b.busy[kind] >= z.burst {
+	need := z.arrival(paying)
+	wait := z.retryAfter(b.Limiter, t, need)
+	// A payment's refusal counts only within the debt's floor (note): with
+	// the room left there taken by the payments in flight, its work would
+	// go uncounted, as the slots' work would for ever at the floor.
+	full := paying && b.TokensAt(t)-float64(b.busy[kind]) < need
+	if b.busy[kind] >= z.burst || full {
 		return rateSlot{}, max(1, wait)
 	}
 	if wait > 0 {
