@@ -49,19 +49,19 @@ var maxRateClients = 1 << 16
 // (rateZone.credit): the 402 that told the client the price.
 //
 // A request passes when its client's budget has an event left, one
-// carrying a payment while the budget is less than Events in debt
+// carrying a payment while its refusal would leave the debt within Events
 // (arrival, wait), and spends nothing on arrival. Before work that costs
 // the server whatever comes of it (a payment's /verify and its call's
 // upstream, a wallet proof's check) it takes one of the budget's Events
 // slots of its kind, given back when the work ends or its answer starts to
 // be written (enter, slotWriter); with none free it is answered 429,
-// counting nothing. A refusal is counted once known, after the work it cost, even
-// past an empty budget (note), down to a debt of Events: the client waits
-// until the debt is repaid. So at most Events of a client's costly
-// requests run at once, a burst of refusals overdraws the budget by at
-// most Events, and the longest wait is Window plus one event's refill
-// (Window/Events); on average a client is refused at most Events times per
-// Window.
+// counting nothing. A refusal is counted once known, after the work it
+// cost, even past an empty budget (note), down to a debt of Events: the
+// client waits until the debt is repaid. So at most Events of a client's
+// costly requests of each kind (paid calls, proof checks) run at once, a
+// burst of refusals overdraws the budget by at most Events, and the
+// longest wait is Window plus one event's refill (Window/Events); on
+// average a client is refused at most Events times per Window.
 //
 // The client is clientAddr: Caddy's resolved client IP (honouring the
 // server's trusted_proxies, never a raw header), an IPv6 client per /64,
