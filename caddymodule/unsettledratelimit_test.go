@@ -87,7 +87,10 @@ func TestUnsettledPaidAnswersCountAgainstRateLimit(t *testing.T) {
 				t.Fatalf("%s: settled (status %d)", c.path, resp.StatusCode)
 			}
 		}
-		if statuses[c.status] == 0 || statuses[http.StatusTooManyRequests] == 0 || hits.Load() > 3 {
+		// The probe and 2 calls spend the budget, 3 more its debt (a
+		// payment passes while its refusal keeps the debt within events:
+		// rateZone.arrival).
+		if statuses[c.status] == 0 || statuses[http.StatusTooManyRequests] == 0 || hits.Load() > 5 {
 			t.Errorf("%s: with rate_limit 3, 10 calls with one unsettled payment ran the agent %d times: statuses %v", c.path, hits.Load(), statuses)
 		}
 	}

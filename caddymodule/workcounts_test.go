@@ -89,7 +89,9 @@ func TestFreeCallsTheUpstreamWorkedForKeepTheirFreeBudget(t *testing.T) {
 // calls never settle (the upstream answers 500, or runs past
 // upstream_timeout) has its claim released each time, and each call counts
 // against rate_limit: with 3 events, the unpaid probe for the price and two
-// such calls use the budget, and the payment runs the upstream no more.
+// such calls use the budget, three more its debt (a payment passes while
+// its refusal keeps the debt within events: rateZone.arrival), and the
+// payment runs the upstream no more.
 func TestOneUnsettledPaymentIsBoundedByRateLimit(t *testing.T) {
 	_, fac := sharedDevnet(t)
 	for i, tc := range workCases {
@@ -110,8 +112,8 @@ func TestOneUnsettledPaymentIsBoundedByRateLimit(t *testing.T) {
 				last = post(t, url, validRequest, hdr)
 				statuses = append(statuses, last.StatusCode)
 			}
-			if n := up.calls.Load(); n != 2 {
-				t.Fatalf("one unsettled payment ran the upstream %d times (statuses %v); want 2 with rate_limit 3 after the probe", n, statuses)
+			if n := up.calls.Load(); n != 5 {
+				t.Fatalf("one unsettled payment ran the upstream %d times (statuses %v); want 5 with rate_limit 3 after the probe (2 and 3 of debt)", n, statuses)
 			}
 			if last.StatusCode != http.StatusTooManyRequests || last.Header.Get("Retry-After") == "" {
 				t.Fatalf("last status %d, Retry-After %q (statuses %v); want 429 with Retry-After", last.StatusCode, last.Header.Get("Retry-After"), statuses)
@@ -334,7 +336,8 @@ func TestFreeCallsThatFailedNeverRefuseALaterPayment(t *testing.T) {
 // gate cannot know: the request was written, so the call counts, as
 // README's rate_limit row says. One payment retried through such an outage
 // is answered 502 until the budget is spent (the probe and two calls of
-// rate_limit 3), then 429 with Retry-After: back-pressure.
+// rate_limit 3) and its debt (three more: rateZone.arrival), then 429 with
+// Retry-After: back-pressure.
 func TestAnUpstreamThatAcceptsAndClosesRateLimitsARetryingBuyer(t *testing.T) {
 	_, fac := sharedDevnet(t)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -356,12 +359,12 @@ func TestAnUpstreamThatAcceptsAndClosesRateLimitsARetryingBuyer(t *testing.T) {
 	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 8) // the probe
 	var statuses []int
 	var last *http.Response
-	for range 4 {
+	for range 7 {
 		last = post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
 		statuses = append(statuses, last.StatusCode)
 	}
-	if fmt.Sprint(statuses) != "[502 502 429 429]" || last.Header.Get("Retry-After") == "" {
-		t.Fatalf("one payment retried while the upstream accepts and closes connections: statuses %v, last Retry-After %q; want [502 502 429 429] with Retry-After",
+	if fmt.Sprint(statuses) != "[502 502 502 502 502 429 429]" || last.Header.Get("Retry-After") == "" {
+		t.Fatalf("one payment retried while the upstream accepts and closes connections: statuses %v, last Retry-After %q; want [502 502 502 502 502 429 429] with Retry-After",
 			statuses, last.Header.Get("Retry-After"))
 	}
 }
