@@ -221,8 +221,8 @@ func TestSettledPaymentCreditsOnlyTheBudgetThatCountsItsClient(t *testing.T) {
 
 // An honest x402 client asks the price of three calls (three 402s, three
 // events of rate_limit 4 1h) and then pays all three at once: a payment
-// passes while its budget has an event left and spends none on arrival, so
-// all three are served. (From the audit: each payment held an event while
+// passes while its refusal would keep the debt within events and spends
+// none on arrival, so all three are served. (From the audit: each payment held an event while
 // /verify ran, one was left, and two paid calls got 429 for 15 minutes.)
 func TestParallelPaidCallsAfterTheir402sAreServed(t *testing.T) {
 	_, fac := sharedDevnet(t)
