@@ -66,19 +66,21 @@ func TestVerificationOutageCountsAgainstRateLimit(t *testing.T) {
 		return signFor(t, paymentRequired(t, resp), 6)
 	}
 
-	// The probe and two withheld calls are each route's budget.
+	// The probe and two withheld calls are each route's budget, three more
+	// its debt (a payment passes while its refusal keeps the debt within
+	// events: rateZone.arrival).
 	for _, path := range []string{"/card", "/verifier", "/failing"} {
 		sig := pay(path + "/invoices/INV-7731")
 		var statuses []int
-		for range 4 {
+		for range 7 {
 			resp, _ := getBody(t, base+path+"/invoices/INV-7731", map[string]string{x402.HeaderPaymentSignature: sig})
 			statuses = append(statuses, resp.StatusCode)
 			if path == "/card" {
 				time.Sleep(cardRefetchEvery + 100*time.Millisecond) // a fresh read of the card each time
 			}
 		}
-		if fmt.Sprint(statuses) != "[503 503 429 429]" {
-			t.Errorf("one payment, %s outage: statuses %v, want [503 503 429 429]", path, statuses)
+		if fmt.Sprint(statuses) != "[503 503 503 503 503 429 429]" {
+			t.Errorf("one payment, %s outage: statuses %v, want [503 503 503 503 503 429 429]", path, statuses)
 		}
 	}
 }
