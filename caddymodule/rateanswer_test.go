@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
-
 	"github.com/aovhq/aov/x402"
 )
 
@@ -231,11 +229,7 @@ func TestPaidCallInOneZoneLeavesWalletProofsOfAnotherServed(t *testing.T) {
 func TestRateZonePaymentsPassUntilTheDebtFloor(t *testing.T) {
 	at := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	stubNow(t, &at)
-	z, key, err := loadZone(&RateLimit{Events: 4, Window: caddy.Duration(time.Hour), Zone: t.Name()}, zoneRefusals)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rateZones.Delete(key) })
+	z := refusalZone(t, 4, time.Hour)
 	for range 4 {
 		z.note("c") // four 402s: the budget spent
 	}
@@ -275,11 +269,7 @@ func TestRateZonePaymentsPassUntilTheDebtFloor(t *testing.T) {
 func TestRateZoneProofSlotsAreApartFromPaidSlots(t *testing.T) {
 	at := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	stubNow(t, &at)
-	z, key, err := loadZone(&RateLimit{Events: 1, Window: caddy.Duration(time.Hour), Zone: t.Name()}, zoneRefusals)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rateZones.Delete(key) })
+	z := refusalZone(t, 1, time.Hour)
 	paid, w := z.enter("c", slotPaid, true)
 	if w != 0 {
 		t.Fatalf("a fresh client's paid slot: wait %d", w)
@@ -302,11 +292,7 @@ func TestRateZoneProofSlotsAreApartFromPaidSlots(t *testing.T) {
 func TestRateZonePaymentsAtTheDebtFloorAreCounted(t *testing.T) {
 	at := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	stubNow(t, &at)
-	z, key, err := loadZone(&RateLimit{Events: 4, Window: caddy.Duration(time.Hour), Zone: t.Name()}, zoneRefusals)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rateZones.Delete(key) })
+	z := refusalZone(t, 4, time.Hour)
 	for range 8 {
 		z.note("c") // the budget spent and 4 in debt
 	}

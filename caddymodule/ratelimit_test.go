@@ -11,6 +11,17 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
+// refusalZone is a refusal budget of events per window, named after the
+// test so that no other test shares it, and dropped when the test ends.
+func refusalZone(t testing.TB, events int, window time.Duration) *rateZone {
+	t.Helper()
+	z, key, err := loadZone(&RateLimit{Events: events, Window: caddy.Duration(window), Zone: t.Name()}, zoneRefusals)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rateZones.Delete(key) })
+	return z
+}
 func TestClientAddrIsTheResolvedIPAndAnIPv6Slash64(t *testing.T) {
 	for _, tc := range []struct{ desc, ip, want string }{
 		{"an IPv4 client is its address", "203.0.113.7", "203.0.113.7"},
@@ -50,11 +61,7 @@ func TestClientPrefixIsTheClientsWiderNetwork(t *testing.T) {
 }
 
 func TestRateZoneTightensWhenItsTableIsFull(t *testing.T) {
-	z, key, err := loadZone(&RateLimit{Events: 2, Window: caddy.Duration(time.Minute), Zone: t.Name()}, zoneRefusals)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rateZones.Delete(key)
+	z := refusalZone(t, 2, time.Minute)
 	for i := range maxRateClients {
 		z.note(fmt.Sprintf("2001:db8:0:%x::/64", i))
 	}
@@ -75,11 +82,7 @@ func TestRateZoneTightensWhenItsTableIsFull(t *testing.T) {
 }
 
 func TestRateZoneCreditIsBoundedByTheBudget(t *testing.T) {
-	z, key, err := loadZone(&RateLimit{Events: 2, Window: caddy.Duration(time.Minute), Zone: t.Name()}, zoneRefusals)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rateZones.Delete(key)
+	z := refusalZone(t, 2, time.Minute)
 	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	now = func() time.Time { return t0 }
 	t.Cleanup(func() { now = time.Now })

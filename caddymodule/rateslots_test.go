@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
-
 	"github.com/aovhq/aov/walletauth"
 	"github.com/aovhq/aov/x402"
 )
@@ -178,11 +176,7 @@ func TestCheapRefusalsLockAnAddressOutForAtMostAWindow(t *testing.T) {
 func TestRateZoneDebtStopsAtEvents(t *testing.T) {
 	at := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	stubNow(t, &at)
-	z, key, err := loadZone(&RateLimit{Events: 4, Window: caddy.Duration(time.Hour), Zone: t.Name()}, zoneRefusals)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rateZones.Delete(key) })
+	z := refusalZone(t, 4, time.Hour)
 	for range 100 {
 		z.note("c")
 	}

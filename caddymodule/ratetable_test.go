@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/ethereum/go-ethereum/crypto"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -205,11 +204,7 @@ func TestFullRateTableBoundsAnUntrackedClientsWalletChecks(t *testing.T) {
 func fullZone(t testing.TB, size, events int, window time.Duration) *rateZone {
 	t.Helper()
 	shrinkRateTable(t, size)
-	z, key, err := loadZone(&RateLimit{Events: events, Window: caddy.Duration(window), Zone: t.Name()}, zoneRefusals)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rateZones.Delete(key) })
+	z := refusalZone(t, events, window)
 	for i := range size {
 		z.note(fmt.Sprintf("c%d", i))
 	}
