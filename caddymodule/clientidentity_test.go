@@ -54,7 +54,7 @@ func servedFree(resp *http.Response) bool {
 // An IPv6 client is its /64 for the free allowance, as for the rate limit:
 // one /64 holds 2^64 addresses, so counting each address would hand one
 // client as many allowances as it likes. An IPv4-mapped IPv6 address is the
-// IPv4 client. (From the audit: one /64 got 20 free calls with per_day 1.)
+// IPv4 client. (Before: one /64 got 20 free calls with per_day 1.)
 func TestFreeAllowanceCountsAnIPv6ClientPer64(t *testing.T) {
 	_, fac := sharedDevnet(t)
 	up := newUpstream(t)
@@ -85,7 +85,7 @@ func TestFreeAllowanceCountsAnIPv6ClientPer64(t *testing.T) {
 // $proxy_add_x_forwarded_for, AWS ALB, Google Cloud LB): trusted_proxies
 // with trusted_proxies_strict, which reads the header right to left, so the
 // client is the address the balancer appended, whatever it wrote itself.
-// (From the audit: without strict, one client got 10 free calls with
+// (Before: without strict, one client got 10 free calls with
 // per_day 1 by writing a new leftmost address each time.)
 func TestFreeAllowanceBehindAnAppendingProxyIsTheAppendedAddress(t *testing.T) {
 	_, fac := sharedDevnet(t)

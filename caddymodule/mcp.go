@@ -221,6 +221,9 @@ func (e *mcpExchange) demand(w http.ResponseWriter, r *http.Request, _ int, msg,
 	}))
 }
 
+// rateLimited answers a priced tool call past its client's rate_limit as a
+// rate_limited tool result (HTTP 200), as an MCP client expects a tool's
+// refusal; the REST gate answers 429 (restExchange.rateLimited).
 func (e *mcpExchange) rateLimited(w http.ResponseWriter, r *http.Request, wait int) error {
 	return e.toolError(w, r, apierr.RateLimited(wait))
 }

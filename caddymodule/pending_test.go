@@ -523,7 +523,7 @@ func reasonOf(t *testing.T, resp *http.Response) string {
 // buyer's retry, once, and only for the request the payment was made for.
 // A retry with another request is refused and does not use up the run;
 // every retry after the run is payment_already_used and runs nothing.
-// (Found by an audit: each retry ran the upstream again, as paid.) The
+// (Before: each retry ran the upstream again, as paid.) The
 // retry also carries a client's X-Aov-Settlement, on a site that does not
 // strip X-Aov-* itself: the upstream must not see it.
 func TestUnknownSettlementNotKeptRunsAgainOnce(t *testing.T) {

@@ -104,7 +104,7 @@ func TestConcurrentRefusedToolCallPaymentsAreBoundedByTheSlots(t *testing.T) {
 // contract-wallet proofs of one client whose check fails at the chain cost
 // at most the budget's events and its events of slots chain checks, the
 // others 429 before any, and put the budget in debt, so a second wave
-// costs none, all 429. (From the audits: 12 proofs at once, 12 chain
+// costs none, all 429. (Before: 12 proofs at once, 12 chain
 // checks with rate_limit 3 1m, every time.)
 func TestConcurrentWalletChecksAreBoundedByTheSlots(t *testing.T) {
 	_, fac := sharedDevnet(t)
@@ -148,7 +148,7 @@ func TestConcurrentWalletChecksAreBoundedByTheSlots(t *testing.T) {
 // and so does its payment's check: the settled payment's credit goes back
 // there, the budget that counts it. Once it has a bucket of its own, that
 // one counts it, and a full one gains nothing: neither its network's nor
-// the overflow bucket shared by a flood gets the credit. (From the audit:
+// the overflow bucket shared by a flood gets the credit. (Before:
 // the credit fell through from a client's full bucket to the shared ones,
 // so every payment settled by anyone gave the flood one more refusal.)
 func TestSettledPaymentCreditsOnlyTheBudgetThatCountsItsClient(t *testing.T) {
@@ -222,7 +222,7 @@ func TestSettledPaymentCreditsOnlyTheBudgetThatCountsItsClient(t *testing.T) {
 // An honest x402 client asks the price of three calls (three 402s, three
 // events of rate_limit 4 1h) and then pays all three at once: a payment
 // passes while its refusal would keep the debt within events and spends
-// none on arrival, so all three are served. (From the audit: each payment held an event while
+// none on arrival, so all three are served. (Before: each payment held an event while
 // /verify ran, one was left, and two paid calls got 429 for 15 minutes.)
 func TestParallelPaidCallsAfterTheir402sAreServed(t *testing.T) {
 	_, fac := sharedDevnet(t)
@@ -252,7 +252,7 @@ func TestParallelPaidCallsAfterTheir402sAreServed(t *testing.T) {
 // (503), which alone would count nothing, yet the facilitator did the
 // work. It counts as a refusal, so unfunded payments each abandoned during
 // /verify cost at most rate_limit's events (2 per 4 s) /verify calls and
-// as many of debt (rateZone.arrival), the rest 429 before any work. (From the audit: every one was given
+// as many of debt (rateZone.arrival), the rest 429 before any work. (Before: every one was given
 // its event back, and /verify calls were unbounded.)
 func TestHangingUpDuringVerifyCountsAsARefusal(t *testing.T) {
 	_, fac := sharedDevnet(t)

@@ -92,7 +92,7 @@ func unfundedHeaders(t *testing.T, pr x402.PaymentRequired, n int, ip string) []
 // verified at once; the others are answered 429 before any work. Their
 // refusals, counted once known, leave the budget at most events in debt,
 // so the client's /verify calls are at most its budget plus the slots.
-// (From the audit: rate_limit 2 1h, 120 at once, 120 /verify calls.)
+// (Before: rate_limit 2 1h, 120 at once, 120 /verify calls.)
 func TestConcurrentRefusedPaymentsAreBoundedByTheSlots(t *testing.T) {
 	_, fac := sharedDevnet(t)
 	facURL, verifies := countingFacilitator(t, fac, 400*time.Millisecond)
@@ -119,8 +119,8 @@ func TestConcurrentRefusedPaymentsAreBoundedByTheSlots(t *testing.T) {
 // The requests whose work runs at once are not the client's to choose by
 // holding bodies back: it sends the headers of many paid requests (each
 // passing the arrival check), then every body at once; with an instant
-// facilitator, still only the slots' events are verified at once. (From
-// the audit: rate_limit 2 1h, 300 held bodies, 300 /verify calls.)
+// facilitator, still only the slots' events are verified at once. (Before:
+// rate_limit 2 1h, 300 held bodies, 300 /verify calls.)
 func TestHeldPaymentBodiesAreBoundedByTheSlots(t *testing.T) {
 	_, fac := sharedDevnet(t)
 	facURL, verifies := countingFacilitator(t, fac, 0)
@@ -145,8 +145,8 @@ func TestHeldPaymentBodiesAreBoundedByTheSlots(t *testing.T) {
 // arrival check at once: a request without a payment from the same
 // address (a NAT, a shared /64) waits at most a window and one event's
 // refill, and a funded payment, which passes while its refusal would keep
-// the debt within events (rateZone.arrival), one event's refill. (From the
-// audit: 100 held probes, rate_limit 2 1h, the payment refused 429 with
+// the debt within events (rateZone.arrival), one event's refill. (Before:
+// 100 held probes, rate_limit 2 1h, the payment refused 429 with
 // Retry-After 178,200 s, 49.5 h.)
 func TestCheapRefusalsLockAnAddressOutForAtMostAWindow(t *testing.T) {
 	_, fac := sharedDevnet(t)

@@ -52,7 +52,7 @@ func sprayFrom64s(t *testing.T, url, body string, n int) map[int]int {
 // price and pays: it is served and charged, its /24 having a budget of its
 // own. A newcomer of the filler's /48 is held to its spent budget: a
 // payment skips none, and once the /48's refused payments put it events in
-// debt (rateZone.arrival), a payment from it is 429. (From the audit: one
+// debt (rateZone.arrival), a payment from it is 429. (Before: one
 // holder of a /47 made every new buyer's payment a 429.)
 func TestFullRateTableServesANewcomerFromAnotherPrefix(t *testing.T) {
 	_, fac := sharedDevnet(t)
@@ -102,7 +102,7 @@ func countingFacilitator(t *testing.T, fac string, delay time.Duration) (string,
 // payments that are all refused (unfunded wallets), each of which costs a
 // facilitator /verify: the refusals count in the budget of its prefix and
 // stop at rate_limit's events and as many of debt (rateZone.arrival), as a
-// tracked client's do. (From the audit:
+// tracked client's do. (Before:
 // a request carrying a payment skipped the newcomers' budget while its
 // refusal counted only there, so they were unbounded.)
 func TestFullRateTableBoundsAnUntrackedClientsRefusedPayments(t *testing.T) {
@@ -295,7 +295,7 @@ func stubNow(t testing.TB, at *time.Time) {
 // With the table full of buckets that will not refill for hours (rate_limit
 // 20 24h), a newcomer costs what it costs with a small table: no request
 // walks the 65,536 buckets under the zone's one lock, which every other
-// request of the zone waits for. (From the audit: 6 ms a newcomer.) The
+// request of the zone waits for. (Before: 6 ms a newcomer.) The
 // same holds with the table of prefixes full too, for a newcomer counted
 // in the overflow budget.
 func TestNewcomerToAFullRateTableCostsNoWalkOfIt(t *testing.T) {
@@ -413,7 +413,7 @@ func BenchmarkRateZoneNewcomerToAFullTable(b *testing.B) {
 // spent budget whatever their _meta holds, a null payment or a payment of
 // an unfunded wallet (which costs a /verify) alike: they pass only while
 // their refusal keeps its debt within events (rateZone.arrival), 2 of 6,
-// the first of them a null payment. (From the audit:
+// the first of them a null payment. (Before:
 // any "x402/payment" key, even null, skipped the newcomers' budget.)
 func TestFullRateTableHoldsToolCallsToTheirPrefixBudget(t *testing.T) {
 	_, fac := sharedDevnet(t)

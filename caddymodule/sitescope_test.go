@@ -56,8 +56,7 @@ func paidSiteGate(fac, price, pay, route, desc string) string {
 
 // Two sites on one port (one Caddy server, routes told apart by their host
 // matchers): the public site's documents list its route and nothing of the
-// internal site, which has no discovery of its own. (The audit's
-// reproduction.)
+// internal site, which has no discovery of its own.
 func TestDiscoveryListsOnlyTheAnsweringSitesRoutes(t *testing.T) {
 	_, fac := sharedDevnet(t)
 	up := newUpstream(t)

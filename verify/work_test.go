@@ -36,7 +36,7 @@ func rulesRequest(rules []string, bounds, output string) []byte {
 		`,"rules":[` + strings.Join(rules, ",") + `],"submitted_output":` + output + `}`)
 }
 
-// The audit's requests: a hundred cheap rules over one 1 MiB array cost
+// Hostile requests: a hundred cheap rules over one 1 MiB array cost
 // seconds of CPU in Check, after Parse, outside the time limit and the
 // slots. Their work is now counted before anything runs, and refused.
 func TestIntegrityWorkOverBudgetIsRefused(t *testing.T) {
