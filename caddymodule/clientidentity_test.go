@@ -13,6 +13,11 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 )
 
+// proxiedClients is the server options of a test whose clients are named
+// by X-Forwarded-For (from): the loopback proxy trusted, strictly (the
+// rightmost untrusted address is the client).
+const proxiedClients = "\t\ttrusted_proxies static 127.0.0.1/32\n\t\ttrusted_proxies_strict"
+
 // startCaddyServers is startCaddy with server options (the body of the
 // global `servers { … }` block) and the default logger writing to logFile
 // ("" discards it).
@@ -90,7 +95,7 @@ func TestFreeAllowanceCountsAnIPv6ClientPer64(t *testing.T) {
 func TestFreeAllowanceBehindAnAppendingProxyIsTheAppendedAddress(t *testing.T) {
 	_, fac := sharedDevnet(t)
 	up := newUpstream(t)
-	base := startCaddyServers(t, "\t\ttrusted_proxies static 127.0.0.1/32\n\t\ttrusted_proxies_strict", "", gateSite(up.URL, fac, 1, ""))
+	base := startCaddyServers(t, proxiedClients, "", gateSite(up.URL, fac, 1, ""))
 	url := base + "/verify/schema"
 	served := 0
 	for i := 1; i <= 10; i++ {
@@ -117,7 +122,7 @@ func TestGateWarnsOfNonStrictTrustedProxies(t *testing.T) {
 		warn          bool
 	}{
 		{"non-strict", "\t\ttrusted_proxies static 127.0.0.1/32", true},
-		{"strict", "\t\ttrusted_proxies static 127.0.0.1/32\n\t\ttrusted_proxies_strict", false},
+		{"strict", proxiedClients, false},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			logFile := filepath.Join(t.TempDir(), "caddy.log")
@@ -232,15 +237,14 @@ func TestWalletAuthRefusalsCountAgainstTheRateLimit(t *testing.T) {
 func TestClientIPWarnsOfATrustedProxyThatAppendsNothing(t *testing.T) {
 	_, fac := sharedDevnet(t)
 	up := newUpstream(t)
-	const strict = "\t\ttrusted_proxies static 127.0.0.1/32\n\t\ttrusted_proxies_strict"
 	for _, tc := range []struct {
 		desc, servers, site, path string
 		appends, warn             bool
 	}{
-		{"a gate, strict, behind a proxy that appends nothing", strict, gateSite(up.URL, fac, 1, ""), "/verify/schema", false, true},
+		{"a gate, strict, behind a proxy that appends nothing", proxiedClients, gateSite(up.URL, fac, 1, ""), "/verify/schema", false, true},
 		{"a gate, non-strict, behind a proxy that appends nothing", "\t\ttrusted_proxies static 127.0.0.1/32", gateSite(up.URL, fac, 1, ""), "/verify/schema", false, true},
-		{"aov_rate_limit, strict, behind a proxy that appends nothing", strict, freeRateSite(up.URL), "/health", false, true},
-		{"a gate, strict, behind a proxy that appends", strict, gateSite(up.URL, fac, 1, ""), "/verify/schema", true, false},
+		{"aov_rate_limit, strict, behind a proxy that appends nothing", proxiedClients, freeRateSite(up.URL), "/health", false, true},
+		{"a gate, strict, behind a proxy that appends", proxiedClients, gateSite(up.URL, fac, 1, ""), "/verify/schema", true, false},
 		{"a gate, no trusted proxy", "", gateSite(up.URL, fac, 1, ""), "/verify/schema", false, false},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {

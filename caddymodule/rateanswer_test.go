@@ -61,7 +61,7 @@ func unreadPaywalls(t *testing.T, base, path, ip string, ps []x402.PaymentPayloa
 func TestUnreadAnswersHoldNoRateSlot(t *testing.T) {
 	_, fac := sharedDevnet(t)
 	up := newUpstream(t)
-	base := startCaddyServers(t, "\t\ttrusted_proxies static 127.0.0.1/32\n\t\ttrusted_proxies_strict", "",
+	base := startCaddyServers(t, proxiedClients, "",
 		paywallSite(up.URL, fac, "paywall official\n\t\t\trate_limit 2 2s"))
 	u := base + "/score/agent-1"
 	r0, _ := send(t, http.MethodGet, u, "", from("192.0.2.150"))
@@ -87,7 +87,7 @@ func TestUnreadAnswersHoldNoSlotOfANetworkBudget(t *testing.T) {
 	t.Cleanup(func() { maxRateClients = old })
 	_, fac := sharedDevnet(t)
 	up := newUpstream(t)
-	base := startCaddyServers(t, "\t\ttrusted_proxies static 127.0.0.1/32\n\t\ttrusted_proxies_strict", "",
+	base := startCaddyServers(t, proxiedClients, "",
 		paywallSite(up.URL, fac, "paywall official\n\t\t\trate_limit 2 3s"))
 	u := base + "/score/agent-1"
 	r0, _ := send(t, http.MethodGet, u, "", from("192.0.2.151")) // fills the table of clients
@@ -114,7 +114,7 @@ func TestUnreadAnswersHoldNoSlotOfANetworkBudget(t *testing.T) {
 func TestEventsBuyersAfterTheir402sAreServed(t *testing.T) {
 	_, fac := sharedDevnet(t)
 	up := newUpstream(t)
-	base := startCaddyServers(t, "\t\ttrusted_proxies static 127.0.0.1/32\n\t\ttrusted_proxies_strict", "", gateSite(up.URL, fac, 0, "rate_limit 4 1h"))
+	base := startCaddyServers(t, proxiedClients, "", gateSite(up.URL, fac, 0, "rate_limit 4 1h"))
 	u := base + "/verify/schema"
 	const k = 4
 	var pr x402.PaymentRequired
@@ -140,7 +140,7 @@ func TestPaidCallsInFlightAreCappedAtEvents(t *testing.T) {
 	_, fac := sharedDevnet(t)
 	up := newUpstream(t)
 	up.during = func() { time.Sleep(1500 * time.Millisecond) }
-	base := startCaddyServers(t, "\t\ttrusted_proxies static 127.0.0.1/32\n\t\ttrusted_proxies_strict", "", gateSite(up.URL, fac, 0, "rate_limit 2 1h"))
+	base := startCaddyServers(t, proxiedClients, "", gateSite(up.URL, fac, 0, "rate_limit 2 1h"))
 	u := base + "/verify/schema"
 	pr := paymentRequired(t, post(t, u, validRequest, from("192.0.2.152")))
 	const k = 3
@@ -198,7 +198,7 @@ func TestPaidCallInOneZoneLeavesWalletProofsOfAnotherServed(t *testing.T) {
 	}
 }
 `
-	base := startCaddyServers(t, "\t\ttrusted_proxies static 127.0.0.1/32\n\t\ttrusted_proxies_strict", "", site)
+	base := startCaddyServers(t, proxiedClients, "", site)
 	r0, _ := send(t, http.MethodPost, base+"/slow/x", `{"a":1}`, from("192.0.2.153"))
 	prSlow := paymentRequired(t, r0)
 	r1, _ := send(t, http.MethodPost, base+"/api/items", `{"a":1}`, map[string]string{"X-Forwarded-For": "192.0.2.154", "X-Wallet-Auth": walletProof(t, walletKey(4), "POST", base+"/api/items", nil)})

@@ -72,7 +72,7 @@ func TestConcurrentRefusedToolCallPaymentsAreBoundedByTheSlots(t *testing.T) {
 	facURL, verifies := countingFacilitator(t, fac, 400*time.Millisecond)
 	up := newMCPUpstream(t)
 	site := strings.Replace(mcpSite(up.URL, facURL, 0), "validate verify_request", "validate verify_request\n\t\t\trate_limit 2 1m", 1)
-	base := startCaddyServers(t, "\t\ttrusted_proxies static 127.0.0.1/32\n\t\ttrusted_proxies_strict", "", site)
+	base := startCaddyServers(t, proxiedClients, "", site)
 	u := base + "/mcp"
 	pr := demandOf(t, callTool(t, mcpSession(t, u), "verify_schema", verifyArgs, nil))
 
@@ -114,7 +114,7 @@ func TestConcurrentWalletChecksAreBoundedByTheSlots(t *testing.T) {
 		time.Sleep(300 * time.Millisecond)
 	})
 	up := walletUpstream(t)
-	base := startCaddyServers(t, "\t\ttrusted_proxies static 127.0.0.1/32\n\t\ttrusted_proxies_strict", "", rateLimitedWalletSite(up.URL, fac, rpc.URL))
+	base := startCaddyServers(t, proxiedClients, "", rateLimitedWalletSite(up.URL, fac, rpc.URL))
 	u := base + "/api/x"
 	const n = 12
 	hdrs := make([]map[string]string, n)
@@ -228,7 +228,7 @@ func TestParallelPaidCallsAfterTheir402sAreServed(t *testing.T) {
 	_, fac := sharedDevnet(t)
 	facURL, _ := countingFacilitator(t, fac, 400*time.Millisecond)
 	up := newUpstream(t)
-	base := startCaddyServers(t, "\t\ttrusted_proxies static 127.0.0.1/32\n\t\ttrusted_proxies_strict", "", gateSite(up.URL, facURL, 0, "rate_limit 4 1h"))
+	base := startCaddyServers(t, proxiedClients, "", gateSite(up.URL, facURL, 0, "rate_limit 4 1h"))
 	u := base + "/verify/schema"
 	const k = 3
 	var pr x402.PaymentRequired
@@ -258,7 +258,7 @@ func TestHangingUpDuringVerifyCountsAsARefusal(t *testing.T) {
 	_, fac := sharedDevnet(t)
 	facURL, verifies := countingFacilitator(t, fac, 400*time.Millisecond)
 	up := newUpstream(t)
-	base := startCaddyServers(t, "\t\ttrusted_proxies static 127.0.0.1/32\n\t\ttrusted_proxies_strict", "", gateSite(up.URL, facURL, 0, "rate_limit 2 4s"))
+	base := startCaddyServers(t, proxiedClients, "", gateSite(up.URL, facURL, 0, "rate_limit 2 4s"))
 	u := base + "/verify/schema"
 	pr := paymentRequired(t, post(t, u, validRequest, from("192.0.2.200")))
 

@@ -321,7 +321,7 @@ func TestFreeRateLimitWarnsOfNonStrictTrustedProxies(t *testing.T) {
 		warn          bool
 	}{
 		{"non-strict", "\t\ttrusted_proxies static 127.0.0.1/32", true},
-		{"strict", "\t\ttrusted_proxies static 127.0.0.1/32\n\t\ttrusted_proxies_strict", false},
+		{"strict", proxiedClients, false},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			logFile := filepath.Join(t.TempDir(), "caddy.log")

@@ -97,7 +97,7 @@ func TestConcurrentRefusedPaymentsAreBoundedByTheSlots(t *testing.T) {
 	_, fac := sharedDevnet(t)
 	facURL, verifies := countingFacilitator(t, fac, 400*time.Millisecond)
 	up := newUpstream(t)
-	base := startCaddyServers(t, "\t\ttrusted_proxies static 127.0.0.1/32\n\t\ttrusted_proxies_strict", "", gateSite(up.URL, facURL, 0, "rate_limit 2 1h"))
+	base := startCaddyServers(t, proxiedClients, "", gateSite(up.URL, facURL, 0, "rate_limit 2 1h"))
 	u := base + "/verify/schema"
 	pr := paymentRequired(t, post(t, u, validRequest, from("192.0.2.200")))
 
@@ -125,7 +125,7 @@ func TestHeldPaymentBodiesAreBoundedByTheSlots(t *testing.T) {
 	_, fac := sharedDevnet(t)
 	facURL, verifies := countingFacilitator(t, fac, 0)
 	up := newUpstream(t)
-	base := startCaddyServers(t, "\t\ttrusted_proxies static 127.0.0.1/32\n\t\ttrusted_proxies_strict", "", gateSite(up.URL, facURL, 0, "rate_limit 2 1h"))
+	base := startCaddyServers(t, proxiedClients, "", gateSite(up.URL, facURL, 0, "rate_limit 2 1h"))
 	u := base + "/verify/schema"
 	pr := paymentRequired(t, post(t, u, validRequest, from("192.0.2.202")))
 	const n = 300
@@ -151,7 +151,7 @@ func TestHeldPaymentBodiesAreBoundedByTheSlots(t *testing.T) {
 func TestCheapRefusalsLockAnAddressOutForAtMostAWindow(t *testing.T) {
 	_, fac := sharedDevnet(t)
 	up := newUpstream(t)
-	base := startCaddyServers(t, "\t\ttrusted_proxies static 127.0.0.1/32\n\t\ttrusted_proxies_strict", "", gateSite(up.URL, fac, 0, "rate_limit 2 1h"))
+	base := startCaddyServers(t, proxiedClients, "", gateSite(up.URL, fac, 0, "rate_limit 2 1h"))
 	u := base + "/verify/schema"
 	pr := paymentRequired(t, post(t, u, validRequest, from("192.0.2.201")))
 
@@ -258,7 +258,7 @@ func TestWalletAuthInsideAPaidCallTakesNoSecondSlot(t *testing.T) {
 	}
 }
 `
-	base := startCaddyServers(t, "\t\ttrusted_proxies static 127.0.0.1/32\n\t\ttrusted_proxies_strict", "", site)
+	base := startCaddyServers(t, proxiedClients, "", site)
 	u := base + "/api/items"
 	pr := paymentRequired(t, post(t, u, `{"a":1}`, from("192.0.2.210")))
 	st, _, body := walletCall(t, http.MethodPost, u, `{"a":1}`, map[string]string{
@@ -287,7 +287,7 @@ func TestSettledBeforeCallHoldsNoSlotWhileItsUpstreamRuns(t *testing.T) {
 		io.WriteString(w, `{"valid":true}`)
 	}))
 	t.Cleanup(up.Close)
-	base := startCaddyServers(t, "\t\ttrusted_proxies static 127.0.0.1/32\n\t\ttrusted_proxies_strict", "", gateSite(up.URL, fac, 0, "settle before\n\t\t\trate_limit 1 1h"))
+	base := startCaddyServers(t, proxiedClients, "", gateSite(up.URL, fac, 0, "settle before\n\t\t\trate_limit 1 1h"))
 	u := base + "/verify/schema"
 	pr := paymentRequired(t, post(t, u, validRequest, from("192.0.2.211")))
 	done := make(chan int, 1)

@@ -59,7 +59,7 @@ func TestFullRateTableServesANewcomerFromAnotherPrefix(t *testing.T) {
 	up := newUpstream(t)
 	const size = 32
 	shrinkRateTable(t, size)
-	base := startCaddyServers(t, "\t\ttrusted_proxies static 127.0.0.1/32\n\t\ttrusted_proxies_strict", "", gateSite(up.URL, fac, 0, "rate_limit 20 24h"))
+	base := startCaddyServers(t, proxiedClients, "", gateSite(up.URL, fac, 0, "rate_limit 20 24h"))
 	url := base + "/verify/schema"
 
 	got := sprayFrom64s(t, url, validRequest, size+25)
@@ -111,7 +111,7 @@ func TestFullRateTableBoundsAnUntrackedClientsRefusedPayments(t *testing.T) {
 	up := newUpstream(t)
 	const size = 8
 	shrinkRateTable(t, size)
-	base := startCaddyServers(t, "\t\ttrusted_proxies static 127.0.0.1/32\n\t\ttrusted_proxies_strict", "", gateSite(up.URL, facURL, 0, "rate_limit 2 24h"))
+	base := startCaddyServers(t, proxiedClients, "", gateSite(up.URL, facURL, 0, "rate_limit 2 24h"))
 	u := base + "/verify/schema"
 	pr := paymentRequired(t, post(t, u, validRequest, from("192.0.2.200")))
 	sprayFrom64s(t, u, validRequest, size+3)
@@ -142,7 +142,7 @@ func TestFullRateTableBoundsAnUntrackedClientsUnsettledPayment(t *testing.T) {
 	up := newUpstream(t)
 	const size = 8
 	shrinkRateTable(t, size)
-	base := startCaddyServers(t, "\t\ttrusted_proxies static 127.0.0.1/32\n\t\ttrusted_proxies_strict", "", gateSite(up.URL, fac, 0, "rate_limit 2 24h"))
+	base := startCaddyServers(t, proxiedClients, "", gateSite(up.URL, fac, 0, "rate_limit 2 24h"))
 	u := base + "/verify/schema"
 	pr := paymentRequired(t, post(t, u, validRequest, from("192.0.2.200")))
 	sprayFrom64s(t, u, validRequest, size+3)
@@ -175,7 +175,7 @@ func TestFullRateTableBoundsAnUntrackedClientsWalletChecks(t *testing.T) {
 	const size = 8
 	shrinkRateTable(t, size)
 	site := strings.Replace(rateLimitedWalletSite(up.URL, fac, rpc.URL), "rate_limit 3 1m", "rate_limit 3 24h", 1)
-	base := startCaddyServers(t, "\t\ttrusted_proxies static 127.0.0.1/32\n\t\ttrusted_proxies_strict", "", site)
+	base := startCaddyServers(t, proxiedClients, "", site)
 	sprayFrom64s(t, base+"/paid/x", "", size+4)
 
 	u := base + "/api/x"
@@ -422,7 +422,7 @@ func TestFullRateTableHoldsToolCallsToTheirPrefixBudget(t *testing.T) {
 	const size = 8
 	shrinkRateTable(t, size)
 	site := strings.Replace(mcpSite(up.URL, facURL, 0), "validate verify_request", "validate verify_request\n\t\t\trate_limit 2 24h", 1)
-	base := startCaddyServers(t, "\t\ttrusted_proxies static 127.0.0.1/32\n\t\ttrusted_proxies_strict", "", site)
+	base := startCaddyServers(t, proxiedClients, "", site)
 	url := base + "/mcp"
 	pr := demandOf(t, callTool(t, mcpSession(t, url), "verify_schema", verifyArgs, nil))
 
