@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/big"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -120,7 +121,7 @@ func (f *Facilitator) findInValidity(ctx context.Context, token common.Address, 
 	}
 	if r.cut { // the first part's recent blocks, if any, are not proven: not returned
 		n := len(pieces) - len(r.last)
-		pieces = append(keep(pieces[:n], func(s span) bool { return s.hi < recentFloor(headN) }), pieces[n:]...)
+		pieces = append(slices.DeleteFunc(pieces[:n], func(s span) bool { return s.hi >= recentFloor(headN) }), pieces[n:]...)
 	}
 	if throughHead {
 		pieces = append(pieces, span{from: headT + 1, to: math.MaxUint64, lo: headN + 1, hi: math.MaxUint64})
@@ -419,19 +420,9 @@ func (e *validityEntry) prune(t time.Time) bool {
 	if e.use.log != nil && !fresh(e.found, t) {
 		e.use = nonceUse{}
 	}
-	e.searched = keep(e.searched, func(s span) bool { return fresh(s.at, t) })
-	e.cut = keep(e.cut, func(c cutWindow) bool { return fresh(c.at, t) })
+	e.searched = slices.DeleteFunc(e.searched, func(s span) bool { return !fresh(s.at, t) })
+	e.cut = slices.DeleteFunc(e.cut, func(c cutWindow) bool { return !fresh(c.at, t) })
 	return e.use.log != nil || len(e.searched) > 0 || len(e.cut) > 0
-}
-
-func keep[T any](s []T, ok func(T) bool) []T {
-	out := s[:0]
-	for _, v := range s {
-		if ok(v) {
-			out = append(out, v)
-		}
-	}
-	return out
 }
 
 // known is what c remembers at t of k's nonce for window w (times from
