@@ -9,20 +9,27 @@ import (
 
 var update = flag.Bool("update", false, "rewrite golden files")
 
-// caddyStorage is the storage folder of every Caddy the tests load.
-var caddyStorage string
+var (
+	// testDir holds everything the test binary writes outside a test's own
+	// t.TempDir: Caddy's XDG folders and the commands built once. It is
+	// removed when the tests end, so runs leave nothing behind.
+	testDir string
+	// caddyStorage is the storage folder of every Caddy the tests load.
+	caddyStorage string
+)
 
 func TestMain(m *testing.M) {
 	// Caddy keeps its data and config under XDG folders; keep tests out of
 	// the user's.
-	dir, err := os.MkdirTemp("", "caddymodule-test")
+	var err error
+	testDir, err = os.MkdirTemp("", "caddymodule-test")
 	if err != nil {
 		panic(err)
 	}
-	os.Setenv("XDG_DATA_HOME", dir)
-	os.Setenv("XDG_CONFIG_HOME", dir)
-	caddyStorage = filepath.Join(dir, "storage")
+	os.Setenv("XDG_DATA_HOME", testDir)
+	os.Setenv("XDG_CONFIG_HOME", testDir)
+	caddyStorage = filepath.Join(testDir, "storage")
 	code := m.Run()
-	os.RemoveAll(dir)
+	os.RemoveAll(testDir)
 	os.Exit(code)
 }

@@ -158,6 +158,7 @@ var binaries struct {
 	schemaPath, rules string
 }
 
+// buildBinaries builds them, under testDir.
 func buildBinaries(t testing.TB) {
 	t.Helper()
 	binaries.once.Do(func() {
@@ -168,7 +169,7 @@ func buildBinaries(t testing.TB) {
 		}
 		binaries.schemaPath = filepath.Join(root, "examples", "seller-agent", "invoice.schema.json")
 		binaries.rules = filepath.Join(root, "examples", "seller-agent", "invoice.rules.json")
-		binaries.dir, binaries.err = os.MkdirTemp("", "seller-bin")
+		binaries.dir, binaries.err = os.MkdirTemp(testDir, "bin")
 		if binaries.err != nil {
 			return
 		}
@@ -181,6 +182,13 @@ func buildBinaries(t testing.TB) {
 	if binaries.err != nil {
 		t.Fatalf("building the seller agent and aov: %v\n%s", binaries.err, binaries.buildOutput)
 	}
+}
+
+// aovCommand is the path of the aov command, built once.
+func aovCommand(t testing.TB) string {
+	t.Helper()
+	buildBinaries(t)
+	return binaries.aov
 }
 
 // startAgent runs the example seller agent as a process on a free port and

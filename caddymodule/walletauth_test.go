@@ -14,7 +14,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -613,33 +612,6 @@ func TestSignInWithXOnThePublicOrigin(t *testing.T) {
 	var m map[string]any
 	json.Unmarshal(b, &m)
 	wantUnauthorized(t, resp.StatusCode, resp.Header, m, "SIGN-IN-WITH-X.domain")
-}
-
-var (
-	aovOnce sync.Once
-	aovBin  string
-	aovErr  error
-)
-
-// aovCommand builds the aov command once for the test binary.
-func aovCommand(t *testing.T) string {
-	t.Helper()
-	aovOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "aov-bin")
-		if err != nil {
-			aovErr = err
-			return
-		}
-		aovBin = filepath.Join(dir, "aov")
-		out, err := exec.Command("go", "build", "-o", aovBin, "../cmd/aov").CombinedOutput()
-		if err != nil {
-			aovErr = fmt.Errorf("%v: %s", err, out)
-		}
-	})
-	if aovErr != nil {
-		t.Fatalf("building aov: %v", aovErr)
-	}
-	return aovBin
 }
 
 // TestHeadersFromOtherSignersPass: a header made by the aov command and

@@ -10,6 +10,7 @@ import (
 	"math/big"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -198,6 +199,23 @@ func TestTwoDevnetsRunSideBySide(t *testing.T) {
 	b := startDevnet(t, DevnetConfig{RPCListen: "127.0.0.1:0"})
 	if a.RPCURL() == b.RPCURL() {
 		t.Fatal("two devnets share an RPC URL")
+	}
+}
+
+// TestDevnetWritesNothingOutsideItsDataDir: a devnet without a data_dir
+// makes no folder in the temp directory, so a devnet that is killed (not
+// closed) leaves nothing behind. (Before: go-ethereum made an empty keystore
+// folder there at every start and removed it only on a clean close.)
+func TestDevnetWritesNothingOutsideItsDataDir(t *testing.T) {
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	startDevnet(t, DevnetConfig{})
+	entries, err := os.ReadDir(tmp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		t.Errorf("a running devnet left %s in the temp directory", e.Name())
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"os"
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
@@ -53,6 +54,14 @@ func newBackend(alloc types.GenesisAlloc, opts []func(*node.Config, *ethconfig.C
 	ethConf.LogNoHistory = true
 	for _, o := range opts {
 		o(&nodeConf, &ethConf)
+	}
+	if nodeConf.DataDir == "" {
+		// The node holds no keys, but without a DataDir go-ethereum makes
+		// an empty keystore folder in the temp directory at every start
+		// and removes it only on a clean Close: every killed devnet would
+		// leave one behind. Named explicitly, the folder is only ensured,
+		// and the temp directory itself already exists.
+		nodeConf.KeyStoreDir = os.TempDir()
 	}
 
 	stack, err := node.New(&nodeConf)
