@@ -241,10 +241,14 @@ func (c *CORS) allowed(origin string) string {
 // It asks nothing of the resource, so it needs no proof or payment (a
 // browser cannot add either to it). But any client can send those two
 // headers, so a preflight is answered (x402_cors, answerPreflight), never
-// passed unpaid to an upstream that may serve every method alike. Any
-// other OPTIONS is a request like another.
+// passed unpaid to an upstream that may serve every method alike. Nor is
+// a request that carries Upgrade one: a browser cannot send that header,
+// and passed on as a preflight (an mcp_tool gate passes preflights to the
+// MCP server's own CORS) it would have reverse_proxy ask the upstream to
+// switch, unpaid. Any other OPTIONS is a request like another.
 func isPreflight(r *http.Request) bool {
-	return r.Method == http.MethodOptions && r.Header.Get("Origin") != "" && r.Header.Get("Access-Control-Request-Method") != ""
+	return r.Method == http.MethodOptions && r.Header.Get("Origin") != "" && r.Header.Get("Access-Control-Request-Method") != "" &&
+		len(r.Header.Values("Upgrade")) == 0
 }
 
 // answerPreflight is the answer of the gate, and of wallet_auth where it

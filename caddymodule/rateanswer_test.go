@@ -300,18 +300,23 @@ func TestRateZonePaymentsAtTheDebtFloorAreCounted(t *testing.T) {
 	for range 4 {
 		at = at.Add(15 * time.Minute) // one event refilled
 		var in []rateSlot
-		for range 4 {
-			if s, w := z.enter("c", slotPaid, true); w == 0 {
-				in = append(in, s)
+		// Paid calls and proof checks of requests carrying a payment
+		// share the debt's room. (Before: each kind counted only its own
+		// slots, and both found the refilled event: 8.)
+		for _, kind := range []slotKind{slotPaid, slotProof} {
+			for range 4 {
+				if s, w := z.enter("c", kind, true); w == 0 {
+					in = append(in, s)
+				}
 			}
 		}
 		for i := range in {
-			z.note("c") // refused once verified
+			z.note("c") // refused once its work ran
 			in[i].leave()
 		}
 		worked += len(in)
 	}
 	if worked != 4 {
-		t.Errorf("at the debt's floor of rate_limit 4 1h, 4 payments at once after each of 4 events refilled: %d worked for; want 4 (one per event)", worked)
+		t.Errorf("at the debt's floor of rate_limit 4 1h, 4 payments and 4 proof checks of payments at once after each of 4 events refilled: %d worked for; want 4 (one per event)", worked)
 	}
 }

@@ -299,7 +299,7 @@ func (z *rateZone) sweep(tab *rateTable, t time.Time) {
 		b := tab.due[0]
 		tab.looked++
 		tokens := b.TokensAt(t)
-		if b.held() {
+		if b.inFlight() > 0 {
 			tokens = min(tokens, float64(z.burst-1))
 		}
 		if tokens < float64(z.burst) {
@@ -423,15 +423,14 @@ func (z *rateZone) note(client string) {
 	b.ReserveN(t, 1)
 }
 
-// held reports whether a request holds one of b's slots, of any kind.
-// z.mu must be held.
-func (b *rateBucket) held() bool {
-	for _, n := range b.busy {
-		if n > 0 {
-			return true
-		}
+// inFlight is how many of b's slots requests hold, of every kind: work
+// whose refusals are still to be counted. z.mu must be held.
+func (b *rateBucket) inFlight() int {
+	n := 0
+	for _, k := range b.busy {
+		n += k
 	}
-	return false
+	return n
 }
 
 // rateSlot is one slot of a bucket held by a request whose work costs the
@@ -465,9 +464,11 @@ func (z *rateZone) enter(client string, kind slotKind, paying bool) (rateSlot, i
 	need := z.arrival(paying)
 	wait := z.retryAfter(b.Limiter, t, need)
 	// A payment's refusal counts only within the debt's floor (note): with
-	// the room left there taken by the payments in flight, its work would
-	// go uncounted, as the slots' work would for ever at the floor.
-	full := paying && b.TokensAt(t)-float64(b.busy[kind]) < need
+	// the room left there taken by the work in flight, its work would go
+	// uncounted, as the slots' work would for ever at the floor. Every
+	// kind's refusals fall into the one room: a proof check of a request
+	// carrying a payment and a paid call are both counted there.
+	full := paying && b.TokensAt(t)-float64(b.inFlight()) < need
 	if b.busy[kind] >= z.burst || full {
 		return rateSlot{}, max(1, wait)
 	}

@@ -155,7 +155,8 @@ func TestVerifyResponseRouteRefusesProtocolSwitch(t *testing.T) {
 }
 
 // An MCP tool call is not sold as a tunnel: an upgrade request on an
-// mcp_tool gate, a tools/call of its tool or any other request, is refused
+// mcp_tool gate, a tools/call of its tool or any other request (a
+// preflight too), is refused
 // with 400 upgrade_unsupported before anything runs or a free call is
 // counted. A GET without Upgrade (the SSE stream) still passes as before.
 func TestMCPGateRefusesProtocolSwitch(t *testing.T) {
@@ -190,6 +191,27 @@ func TestMCPGateRefusesProtocolSwitch(t *testing.T) {
 		defer resp.Body.Close()
 		wantUpgradeRefused(t, c.method+" upgrade on an mcp_tool gate", resp)
 	}
+	// Nor one dressed as a CORS preflight, which the gate passes to an MCP
+	// server's own CORS: a browser cannot send Upgrade, so it is no
+	// preflight. (Before: passed on, the upstream switched on each.)
+	pre, err := http.NewRequest(http.MethodOptions, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pre.Header.Set("Origin", "https://elsewhere.example")
+	pre.Header.Set("Access-Control-Request-Method", "POST")
+	pre.Header.Set("Connection", "Upgrade")
+	pre.Header.Set("Upgrade", "echo")
+	resp, err := http.DefaultClient.Do(pre)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		// Its body is the switched connection: not read to its end.
+		t.Fatalf("a preflight asking to switch on an mcp_tool gate switched (tunnels opened: %d)", tunnels.Load())
+	}
+	wantUpgradeRefused(t, "a preflight asking to switch on an mcp_tool gate", resp)
 	if tunnels.Load() != 0 || mcpUp.calls.Load() != 0 {
 		t.Fatalf("the upstream opened %d tunnels, ran %d calls", tunnels.Load(), mcpUp.calls.Load())
 	}

@@ -265,6 +265,9 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 		// budget until it is known, so at most events of a client's checks
 		// run at once (rateZone.enter), its paid calls in flight aside;
 		// given back before the request goes on, where a gate takes its own.
+		// Only a PAYMENT-SIGNATURE counts as a payment here: one in an MCP
+		// call's _meta is read by the gate alone (one parser of the
+		// message), so such a call is held to the rule without one.
 		slots, wait := enterServerRate(r, creds.hasPayment())
 		if wait > 0 {
 			return wa.refuse(w, r, apierr.RateLimited(wait))
