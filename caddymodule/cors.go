@@ -242,13 +242,18 @@ func (c *CORS) allowed(origin string) string {
 // browser cannot add either to it). But any client can send those two
 // headers, so a preflight is answered (x402_cors, answerPreflight), never
 // passed unpaid to an upstream that may serve every method alike. Nor is
-// a request that carries Upgrade one: a browser cannot send that header,
-// and passed on as a preflight (an mcp_tool gate passes preflights to the
-// MCP server's own CORS) it would have reverse_proxy ask the upstream to
-// switch, unpaid. Any other OPTIONS is a request like another.
+// a request that asks to switch protocols one (readUpgrade: anything but
+// no Upgrade or an h2c offer, which the gate removes): a browser cannot
+// send Upgrade, and passed on as a preflight (an mcp_tool gate passes
+// preflights to the MCP server's own CORS) it would have reverse_proxy ask
+// the upstream to switch, unpaid. Any other OPTIONS is a request like
+// another.
 func isPreflight(r *http.Request) bool {
-	return r.Method == http.MethodOptions && r.Header.Get("Origin") != "" && r.Header.Get("Access-Control-Request-Method") != "" &&
-		len(r.Header.Values("Upgrade")) == 0
+	if r.Method != http.MethodOptions || r.Header.Get("Origin") == "" || r.Header.Get("Access-Control-Request-Method") == "" {
+		return false
+	}
+	o := readUpgrade(r)
+	return o == upgradeNone || o == upgradeH2C
 }
 
 // answerPreflight is the answer of the gate, and of wallet_auth where it

@@ -127,6 +127,26 @@ func TestCORSThroughCaddy(t *testing.T) {
 		t.Fatalf("the preflight reached the upstream (%d calls)", n)
 	}
 
+	// With an h2c offer (curl --http2 to an http:// URL), the same
+	// preflight and the same grants: the offer is no switch. (Before: not
+	// taken for a preflight, answered 204 by the gate without grants.)
+	h2c := corsDo(t, http.MethodOptions, base+"/score/agent-1", map[string]string{
+		"Origin":                         corsOrigin,
+		"Access-Control-Request-Method":  "POST",
+		"Access-Control-Request-Headers": "payment-signature,content-type,x-wallet-auth,sign-in-with-x",
+		"Connection":                     "Upgrade, HTTP2-Settings",
+		"Upgrade":                        "h2c",
+		"HTTP2-Settings":                 "AAMAAABkAAQCAAAAAAIAAAAA",
+	})
+	for _, k := range []string{"Access-Control-Allow-Origin", "Access-Control-Allow-Methods", "Access-Control-Allow-Headers", "Access-Control-Max-Age"} {
+		if h2c.StatusCode != pre.StatusCode || h2c.Header.Get(k) != pre.Header.Get(k) {
+			t.Errorf("preflight with an h2c offer: %d, %s %q; without it: %d, %q", h2c.StatusCode, k, h2c.Header.Get(k), pre.StatusCode, pre.Header.Get(k))
+		}
+	}
+	if n := up.calls.Load(); n != 0 {
+		t.Fatalf("a preflight with an h2c offer reached the upstream (%d calls)", n)
+	}
+
 	// Another origin's preflight: answered, but grants nothing.
 	other := corsDo(t, http.MethodOptions, base+"/score/agent-1", map[string]string{
 		"Origin": "http://evil.example", "Access-Control-Request-Method": "POST",

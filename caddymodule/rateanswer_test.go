@@ -204,6 +204,12 @@ func TestPaidCallInOneZoneLeavesWalletProofsOfAnotherServed(t *testing.T) {
 	r1, _ := send(t, http.MethodPost, base+"/api/items", `{"a":1}`, map[string]string{"X-Forwarded-For": "192.0.2.154", "X-Wallet-Auth": walletProof(t, walletKey(4), "POST", base+"/api/items", nil)})
 	prAPI := paymentRequired(t, r1)
 	const me = "198.51.100.153"
+	// The client asks /slow's price itself, as x402 clients do: slowzone's
+	// budget is spent, and its paid call then fills the debt's room. The
+	// proof's check on /api, counted in slowzone too, still has the room
+	// of its own kind. (Before: a room shared by both kinds refused it 429.)
+	ask, _ := send(t, http.MethodPost, base+"/slow/x", `{"a":1}`, from(me))
+	paymentRequired(t, ask)
 	done := make(chan int, 1)
 	go func() {
 		resp, _ := send(t, http.MethodPost, base+"/slow/x", `{"a":1}`, map[string]string{"X-Forwarded-For": me, x402.HeaderPaymentSignature: signFor(t, prSlow, 1)})
@@ -300,23 +306,53 @@ func TestRateZonePaymentsAtTheDebtFloorAreCounted(t *testing.T) {
 	for range 4 {
 		at = at.Add(15 * time.Minute) // one event refilled
 		var in []rateSlot
-		// Paid calls and proof checks of requests carrying a payment
-		// share the debt's room. (Before: each kind counted only its own
-		// slots, and both found the refilled event: 8.)
-		for _, kind := range []slotKind{slotPaid, slotProof} {
-			for range 4 {
-				if s, w := z.enter("c", kind, true); w == 0 {
-					in = append(in, s)
-				}
+		for range 4 {
+			if s, w := z.enter("c", slotPaid, true); w == 0 {
+				in = append(in, s)
 			}
 		}
 		for i := range in {
-			z.note("c") // refused once its work ran
+			z.note("c") // refused once verified
 			in[i].leave()
 		}
 		worked += len(in)
 	}
 	if worked != 4 {
-		t.Errorf("at the debt's floor of rate_limit 4 1h, 4 payments and 4 proof checks of payments at once after each of 4 events refilled: %d worked for; want 4 (one per event)", worked)
+		t.Errorf("at the debt's floor of rate_limit 4 1h, 4 payments at once after each of 4 events refilled: %d worked for; want 4 (one per event)", worked)
+	}
+}
+
+// Each kind of work has the debt's room to itself: at the floor, each
+// refilled event lets in one paid call and one proof check of a request
+// carrying a payment, not more. So the refused work of each kind is
+// bounded by events per window, and a paid call in flight never refuses a
+// proof's check (which wallet_auth makes in every zone of its server,
+// whatever route the proof is for).
+func TestRateZoneEachKindHasTheDebtRoomToItself(t *testing.T) {
+	at := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	stubNow(t, &at)
+	z := refusalZone(t, 4, time.Hour)
+	for range 8 {
+		z.note("c") // the budget spent and 4 in debt
+	}
+	for i := range 4 {
+		at = at.Add(15 * time.Minute) // one event refilled
+		var in []rateSlot
+		got := map[slotKind]int{}
+		for _, kind := range []slotKind{slotPaid, slotProof} {
+			for range 4 {
+				if s, w := z.enter("c", kind, true); w == 0 {
+					in = append(in, s)
+					got[kind]++
+				}
+			}
+		}
+		if got[slotPaid] != 1 || got[slotProof] != 1 {
+			t.Errorf("refill %d at the debt's floor of rate_limit 4 1h: %d paid calls and %d proof checks entered; want one of each", i+1, got[slotPaid], got[slotProof])
+		}
+		for i := range in {
+			z.note("c")
+			in[i].leave()
+		}
 	}
 }

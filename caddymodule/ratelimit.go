@@ -61,7 +61,8 @@ var maxRateClients = 1 << 16
 // costly requests of each kind (paid calls, proof checks) run at once, a
 // burst of refusals overdraws the budget by at most Events, and the
 // longest wait is Window plus one event's refill (Window/Events); on
-// average a client is refused at most Events times per Window.
+// average a client is refused at most Events times per Window for each
+// kind of work.
 //
 // The client is clientAddr: Caddy's resolved client IP (honouring the
 // server's trusted_proxies, never a raw header), an IPv6 client per /64,
@@ -299,7 +300,7 @@ func (z *rateZone) sweep(tab *rateTable, t time.Time) {
 		b := tab.due[0]
 		tab.looked++
 		tokens := b.TokensAt(t)
-		if b.inFlight() > 0 {
+		if b.held() {
 			tokens = min(tokens, float64(z.burst-1))
 		}
 		if tokens < float64(z.burst) {
@@ -423,14 +424,15 @@ func (z *rateZone) note(client string) {
 	b.ReserveN(t, 1)
 }
 
-// inFlight is how many of b's slots requests hold, of every kind: work
-// whose refusals are still to be counted. z.mu must be held.
-func (b *rateBucket) inFlight() int {
-	n := 0
-	for _, k := range b.busy {
-		n += k
+// held reports whether a request holds one of b's slots, of any kind.
+// z.mu must be held.
+func (b *rateBucket) held() bool {
+	for _, n := range b.busy {
+		if n > 0 {
+			return true
+		}
 	}
-	return n
+	return false
 }
 
 // rateSlot is one slot of a bucket held by a request whose work costs the
@@ -464,11 +466,13 @@ func (z *rateZone) enter(client string, kind slotKind, paying bool) (rateSlot, i
 	need := z.arrival(paying)
 	wait := z.retryAfter(b.Limiter, t, need)
 	// A payment's refusal counts only within the debt's floor (note): with
-	// the room left there taken by the work in flight, its work would go
-	// uncounted, as the slots' work would for ever at the floor. Every
-	// kind's refusals fall into the one room: a proof check of a request
-	// carrying a payment and a paid call are both counted there.
-	full := paying && b.TokensAt(t)-float64(b.inFlight()) < need
+	// the room left there taken by the payments in flight, its work would
+	// go uncounted, as the slots' work would for ever at the floor. Each
+	// kind counts its own in flight, so the refused work of each is
+	// bounded on its own (Events per Window of each): wallet_auth checks
+	// a proof in every zone of its server, and a room shared with the paid
+	// calls would have a paid call on one route refuse a proof for another.
+	full := paying && b.TokensAt(t)-float64(b.busy[kind]) < need
 	if b.busy[kind] >= z.burst || full {
 		return rateSlot{}, max(1, wait)
 	}
