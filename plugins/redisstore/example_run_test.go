@@ -142,12 +142,12 @@ type liveVerifierd struct {
 // looks like to the gateway (connections refused).
 func (v *liveVerifierd) stop() { v.srv.Close() }
 
-// stalledVerifierd is a fault: a listener that accepts connections and
-// never answers, as a verifierd stuck in a deadlock or a GC storm, or a
-// machine whose kernel still accepts for a hung process, looks to the
-// gateway. It is a fake because a real verifierd cannot be made to stall
-// on demand.
-func stalledVerifierd(t *testing.T) string {
+// stalledListener is a fault: a listener that accepts connections and
+// never answers, as a verifierd or a Redis replica stuck in a deadlock or
+// a GC storm, or a machine whose kernel still accepts for a hung process,
+// looks to the gateway. It is a fake because a real server cannot be made
+// to stall on demand at an address another server announces.
+func stalledListener(t *testing.T) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -338,7 +338,7 @@ func TestMultiInstanceExampleSurvivesAStoppedVerifierd(t *testing.T) {
 // (GET) routes are answered by the live one.
 func TestMultiInstanceExampleBoundsAStalledVerifierd(t *testing.T) {
 	sentinel, _, _ := sentinelRedis(t)
-	stalled := stalledVerifierd(t)
+	stalled := stalledListener(t)
 	vs := verifierds(t, 1)
 	env := map[string]string{"AOV_UPSTREAM_TIMEOUT": "1s"}
 
