@@ -169,7 +169,9 @@ func (s *RedisStore) Provision(ctx caddy.Context) error {
 		}
 		return err
 	}
-	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	// The replicas' checks have their own share (replicaCheckBound), so
+	// replicas that never answer cannot use the primary's time up.
+	cctx, cancel := context.WithTimeout(ctx, primaryCheckBound+replicaCheckBound)
 	defer cancel()
 	st, err := New(cctx, s.pooled.rdb, Options{Prefix: s.Prefix, WaitReplicas: s.WaitReplicas, WaitTimeout: wait,
 		Logger: ctx.Slogger()})
@@ -184,6 +186,12 @@ func (s *RedisStore) Provision(ctx caddy.Context) error {
 	s.identity = id
 	return nil
 }
+
+// primaryCheckBound bounds the primary's start checks (its INFO, its
+// list of replicas, the store's marker) together: a primary that stalls
+// refuses the config within it, plus replicaCheckBound, rather than
+// hold Caddy's start.
+const primaryCheckBound = 5 * time.Second
 
 // StoreIdentity names the keys this store keeps its state under: the
 // marker its database and prefix hold (keyspaceMarker). Stores with one

@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"net"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -35,7 +37,10 @@ import (
 //
 // Replicas are those the primary lists as connected now (INFO
 // replication; a Cluster's own node list): one that is down at start, or
-// added later, is not checked.
+// added later, is not checked. They are checked at once, all within
+// replicaCheckBound of the primary's checks, whatever the store's timeout:
+// one that accepts and never answers is then a warning like one that
+// cannot be reached, and any number of them adds at most that to a start.
 func (s *Store) checkPolicy(ctx context.Context) error {
 	log := s.opts.Logger
 	if log == nil {
@@ -47,7 +52,10 @@ func (s *Store) checkPolicy(ctx context.Context) error {
 		}); err != nil {
 			return err
 		}
-		return cc.ForEachSlave(ctx, func(ctx context.Context, c *redis.Client) error {
+		rctx, cancel := context.WithTimeout(ctx, replicaCheckBound)
+		defer cancel()
+		// ForEachSlave asks every replica at once.
+		return cc.ForEachSlave(rctx, func(ctx context.Context, c *redis.Client) error {
 			return checkReplica(ctx, c, log)
 		})
 	}
@@ -62,22 +70,43 @@ func (s *Store) checkPolicy(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("redisstore: listing the replicas: %w", err)
 	}
-	for _, addr := range replicaAddrs(info) {
+	addrs := replicaAddrs(info)
+	rctx, cancel := context.WithTimeout(ctx, replicaCheckBound)
+	defer cancel()
+	errs := make([]error, len(addrs))
+	var wg sync.WaitGroup
+	for i, addr := range addrs {
 		// The primary's connection settings (password, TLS, timeouts),
 		// but the replica's address: drop a Sentinel client's dialer,
 		// which always dials the current primary.
 		o := *c.Options()
 		// One attempt: an unreachable replica is a warning, soon.
 		o.Addr, o.Dialer, o.OnConnect, o.MaxRetries = addr, nil, nil, -1
-		rc := redis.NewClient(&o)
-		err := checkReplica(ctx, rc, log)
-		rc.Close()
+		// rctx bounds the check on a client New was given without it
+		// too, however long its read timeout.
+		o.ContextTimeoutEnabled = true
+		wg.Go(func() {
+			rc := redis.NewClient(&o)
+			defer rc.Close()
+			errs[i] = checkReplica(rctx, rc, log)
+		})
+	}
+	wg.Wait()
+	// The first refusal in the primary's order, so a start refused for
+	// several replicas names the same one each time.
+	for _, err := range errs {
 		if err != nil {
 			return err
 		}
 	}
 	return nil
 }
+
+// replicaCheckBound bounds the start's replica checks, all of them
+// together (they run at once): a replica that does not answer within it
+// is a warning, and the primary's checks keep their own time
+// (primaryCheckBound).
+const replicaCheckBound = 2 * time.Second
 
 // checkReplica is checkServer for a replica: one it cannot ask is a
 // warning.
