@@ -44,13 +44,18 @@ const (
 // Defaults of the x402_cors directive: what x402 buyers, wallet proofs and
 // MCP clients (the official TypeScript SDK's StreamableHTTPClientTransport)
 // send and read. DELETE ends an MCP session and GET opens its SSE stream.
-// Allowing a method or header in a preflight only lets the browser send
-// what any other HTTP client can send already; the route still decides.
+// The official x402 fetch client (@x402/fetch) sends
+// Access-Control-Expose-Headers as a request header on its paid retry (it
+// means nothing there, and nothing here reads it), so a browser would
+// refuse that retry were it not allowed. Allowing a method or header in a
+// preflight only lets the browser send what any other HTTP client can
+// send already; the route still decides.
 var (
 	corsDefaultMethods = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodDelete, http.MethodOptions}
 	corsDefaultHeaders = []string{
 		x402.HeaderPaymentSignature, walletauth.HeaderName, walletauth.SIWXHeaderName, "Content-Type",
 		headerMCPProtocolVersion, headerMCPSessionID, headerLastEventID,
+		"Access-Control-Expose-Headers",
 	}
 	corsDefaultExpose = []string{
 		x402.HeaderPaymentRequired, x402.HeaderPaymentResponse,

@@ -118,3 +118,41 @@ func TestCORSInABrowser(t *testing.T) {
 		t.Error("a route whose x402_cors does not list the page's origin was readable from it through the upstream's own grant")
 	}
 }
+
+// x402FetchResult is what x402-fetch-browser.mjs reports.
+type x402FetchResult struct {
+	Status          int      `json:"status"`
+	PaymentResponse string   `json:"paymentResponse"`
+	Body            string   `json:"body"`
+	Error           string   `json:"error"`
+	Requests        []string `json:"requests"`
+	ConsoleErrors   []string `json:"consoleErrors"`
+}
+
+// A page on another origin pays with the official x402 fetch client
+// (@x402/fetch's wrapFetchWithPayment, unmodified) in Chromium, through
+// x402_cors with its default headers (origins *, as Caddyfile.example):
+// paid once, PAYMENT-RESPONSE readable. The client's paid retry carries a
+// request header of its own, Access-Control-Expose-Headers, which the
+// preflight must allow. (Before: it did not, and Chromium refused the paid
+// request: the page got "Failed to fetch".)
+func TestOfficialFetchClientPaysCrossOriginInABrowser(t *testing.T) {
+	chromium := chromiumPath(t)
+	interop.Dir(t, "playwright-core")
+	d, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	api := startCaddy(t, corsBrowserSite(up.URL, fac, "{\n\t\t\torigins *\n\t\t}", reflectingUpstream(t, `{"secret":"x"}`)))
+	payer := evmfacilitator.DevAccounts()[1]
+	before := balance(t, d, payer.Address)
+	var res x402FetchResult
+	interop.Run(t, "x402-fetch-browser.mjs", nil, map[string]any{
+		"url": api + "/verify/schema", "body": validRequest, "privateKey": payer.PrivateKeyHex, "chromium": chromium,
+	}, &res)
+	if res.Status != http.StatusOK || res.PaymentResponse == "" || res.Error != "" {
+		t.Fatalf("the official fetch client on another origin: status %d, PAYMENT-RESPONSE %q, error %q, requests %q, console %q",
+			res.Status, res.PaymentResponse, res.Error, res.Requests, res.ConsoleErrors)
+	}
+	if got := new(big.Int).Sub(before, balance(t, d, payer.Address)); got.Cmp(big.NewInt(20000)) != 0 {
+		t.Errorf("payer charged %v, want the price once (20000)", got)
+	}
+}
