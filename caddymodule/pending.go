@@ -1209,7 +1209,6 @@ var _ x402.SettlementChecker = (*EVMFacilitator)(nil)
 const (
 	HeaderUpstreamSettlement = "X-Aov-Settlement"
 	headerSettlementReport   = "X-Aov-Settlement-Report"
-	reportTimeout            = 5 * time.Second
 	// The results, in a batch's per report answer, of a report recorded
 	// now, of one whose verification had an outcome already (nothing
 	// changed), and of one whose verification the upstream does not have.
@@ -1417,6 +1416,10 @@ func (g *Gate) keepReport(ctx context.Context, h *heldRecord, path, id string) e
 	return err
 }
 
+// reportTimeout bounds each attempt of a report, and a report's wait for
+// its batch (reportBatched); tests shorten it.
+var reportTimeout = 5 * time.Second
+
 // reportRetries are the waits before each further attempt of a report the
 // upstream did not take (it was down or stalled); tests shorten them.
 var reportRetries = []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second}
@@ -1463,8 +1466,16 @@ type outcomeReport struct {
 // at a time; the report that finds none in flight sends at once, the
 // reports that arrive meanwhile wait and go together in the next request,
 // {"reports": [{"verification_id", "payment"}, ...]} (a lone report keeps
-// the single form). Nothing waits longer than one request in flight, and
-// nothing is sent on a timer.
+// the single form). Nothing is sent on a timer.
+//
+// A paid answer waits for its report, holding its rate slot, so no report
+// waits longer than the request in flight when it came plus its own
+// attempt (each bounded by reportTimeout), however long the queue: a
+// report still waiting reportTimeout after it came (more are queued than
+// a batch takes, or the upstream is slow) leaves the queue, and when the
+// upstream does not take a batch, every report waiting behind it fails at
+// once rather than wait on another request to an upstream that just
+// failed. Both go to the retries alone, as a failed batch's reports do.
 //
 // A report of a batch the upstream did not take is retried alone, as
 // before; the upstream answers a batch with 204 only when it recorded
@@ -1477,18 +1488,26 @@ type outcomeReport struct {
 // (batchResults).
 const maxReportBatch = 128
 
-// reportQueue is the reports waiting for one (gate, path).
+// reportQueue is the reports waiting for one (gate, path). expiry is one
+// timer per queue, not one per report (the batched path allocates none),
+// set for the first deadline of those waiting (expire) while armed.
 type reportQueue struct {
 	mu      sync.Mutex
 	sending bool
 	waiting []*queuedReport
+	expiry  *time.Timer
+	armed   bool
 }
 
 // queuedReport is one waiting report; done gets its fate: reportSent,
-// reportFailed, or reportLead (the waiter now sends the next batch).
+// reportFailed, or reportLead (the waiter now sends the next batch; lead
+// says it was handed the lead, which it keeps past its deadline: its own
+// attempt is then the last wait). deadline is when it leaves the queue.
 type queuedReport struct {
 	outcomeReport
-	done chan int
+	done     chan int
+	deadline time.Time
+	lead     bool
 }
 
 const (
@@ -1530,6 +1549,8 @@ func (g *Gate) reportBatched(r *http.Request, next caddyhttp.Handler, path strin
 	q.mu.Lock()
 	q.waiting = append(q.waiting, me)
 	if q.sending {
+		me.deadline = time.Now().Add(reportTimeout)
+		q.arm(reportTimeout)
 		q.mu.Unlock()
 		if fate := <-me.done; fate != reportLead {
 			return fate == reportSent
@@ -1559,13 +1580,58 @@ func (g *Gate) reportBatched(r *http.Request, next caddyhttp.Handler, path strin
 		}
 	}
 	q.mu.Lock()
-	if len(q.waiting) > 0 {
+	switch {
+	case len(q.waiting) > 0 && fate == reportSent:
+		q.waiting[0].lead = true
 		q.waiting[0].done <- reportLead // q.sending stays true
-	} else {
+	default:
+		for _, w := range q.waiting {
+			w.done <- reportFailed
+		}
+		clear(q.waiting)
+		q.waiting = q.waiting[:0]
 		q.sending = false
 	}
 	q.mu.Unlock()
 	return mine == reportSent
+}
+
+// arm makes sure q's timer fires within d. Under q.mu.
+func (q *reportQueue) arm(d time.Duration) {
+	switch {
+	case q.armed:
+		// set for an earlier deadline: expire sets it again for the next
+	case q.expiry == nil:
+		q.expiry = time.AfterFunc(d, q.expire)
+	default:
+		q.expiry.Reset(d)
+	}
+	q.armed = true
+}
+
+// expire fails the reports waiting past their deadline, which leave the
+// queue for the retries (reportBatched), except one handed the lead, and
+// sets the timer for the next deadline. The waiting are in the order they
+// came, so the first deadline left is the first waiting report's that
+// leads no batch.
+func (q *reportQueue) expire() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	now := time.Now()
+	q.waiting = slices.DeleteFunc(q.waiting, func(w *queuedReport) bool {
+		if w.lead || w.deadline.After(now) {
+			return false
+		}
+		w.done <- reportFailed
+		return true
+	})
+	q.armed = false
+	for _, w := range q.waiting {
+		if !w.lead {
+			q.arm(w.deadline.Sub(now))
+			break
+		}
+	}
 }
 
 // detached is a copy of r for work that outlives it (report retries, the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"maps"
 	"net/http"
@@ -341,4 +342,129 @@ func (vf *verifierFixture) pendingPaid(t *testing.T) string {
 		t.Fatalf("verify: %d, %v", resp.StatusCode, err)
 	}
 	return doc.ID
+}
+
+// stallingReports (FAULT: verifierd, or its history store, taking the
+// settlement report and never answering, or answering slowly, which a live
+// verifierd cannot be made to do on cue) is the report endpoint as
+// reverse_proxy reaches it: while stalled, a request is held until its
+// deadline and answered 502, as reverse_proxy answers then; otherwise each
+// report is recorded, after slow.
+type stallingReports struct {
+	stalled atomic.Bool
+	slow    time.Duration
+	arrived chan struct{}
+	mu      sync.Mutex
+	got     map[string]bool
+}
+
+func (s *stallingReports) ServeHTTP(w http.ResponseWriter, r *http.Request) error {
+	if s.stalled.Load() {
+		select {
+		case s.arrived <- struct{}{}:
+		default:
+		}
+		<-r.Context().Done()
+		return caddyhttp.Error(http.StatusBadGateway, r.Context().Err())
+	}
+	select {
+	case s.arrived <- struct{}{}:
+	default:
+	}
+	time.Sleep(s.slow)
+	var batch struct {
+		outcomeReport
+		Reports []outcomeReport `json:"reports"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&batch); err != nil {
+		w.WriteHeader(http.StatusUnprocessableEntity)
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, rep := range append(batch.Reports, batch.outcomeReport) {
+		if rep.VerificationID != "" {
+			s.got[rep.VerificationID] = true
+		}
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *stallingReports) recorded() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.got)
+}
+
+// With the report endpoint stalled and more reports queued than one batch
+// takes, no paid call waits on its outcome report (and holds its rate
+// slot) longer than the request in flight when it came plus its own
+// attempt, whatever the queue's length; the reports that were not taken
+// reach the upstream by the retries once it answers again. (Before: the
+// batches went one after another, each taking the whole reportTimeout, so
+// the last of 1 + 257 reports waited four of them.)
+func TestAReportWaitsNoLongerThanTheRequestInFlightAndItsOwnWhenTheUpstreamStalls(t *testing.T) {
+	sink := &stallingReports{arrived: make(chan struct{}, 1), got: map[string]bool{}}
+	sink.stalled.Store(true)
+	reportWaitBounded(t, sink)
+}
+
+// An upstream that takes every batch, each just within reportTimeout, is
+// still slower than the reports come: those queued behind more than one
+// batch leave the queue at reportTimeout and reach it by the retries.
+// (Before: the last of 1 + 257 reports waited for the three batches ahead
+// of it and then its own.)
+func TestAReportWaitsNoLongerThanTheRequestInFlightAndItsOwnWhenTheUpstreamIsSlow(t *testing.T) {
+	reportWaitBounded(t, &stallingReports{slow: 450 * time.Millisecond, arrived: make(chan struct{}, 1), got: map[string]bool{}})
+}
+
+// reportWaitBounded sends 1 + 257 reports to sink, the rest while the
+// first is in flight, checks that none waited longer than 2.5 ×
+// reportTimeout (shortened to 500 ms), and that every one is recorded
+// once sink answers.
+func reportWaitBounded(t *testing.T, sink *stallingReports) {
+	oldTimeout, oldRetries := reportTimeout, reportRetries
+	reportTimeout = 500 * time.Millisecond
+	reportRetries = []time.Duration{100 * time.Millisecond, 100 * time.Millisecond, 100 * time.Millisecond, time.Second, time.Second}
+	defer func() { reportTimeout, reportRetries = oldTimeout, oldRetries }()
+	g := &Gate{logger: zap.NewNop()}
+	defer g.stopResolver()
+	r := httptest.NewRequest(http.MethodPost, "/verify/schema", nil)
+	const path = "/v1/gateway/settlement"
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var worst time.Duration
+	send := func(id string) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			start := time.Now()
+			g.report(r, caddyhttp.Handler(sink), path, id, "paid")
+			mu.Lock()
+			worst = max(worst, time.Since(start))
+			mu.Unlock()
+		}()
+	}
+	send("first")
+	<-sink.arrived
+	const more = 2*maxReportBatch + 1
+	for i := range more {
+		send(fmt.Sprintf("v%d", i))
+	}
+	for deadline := time.Now().Add(5 * time.Second); queued(g, path) < more; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d reports queued, want %d", queued(g, path), more)
+		}
+	}
+	wg.Wait()
+	if bound := 2*reportTimeout + reportTimeout/2; worst > bound {
+		t.Fatalf("a report waited %v; want at most %v (the request in flight, then its own, each bounded by reportTimeout %v)", worst, bound, reportTimeout)
+	}
+	sink.stalled.Store(false)
+	for deadline := time.Now().Add(10 * time.Second); sink.recorded() < 1+more; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d reports recorded once the upstream answered again: the retries lost some", sink.recorded(), 1+more)
+		}
+	}
 }
