@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/aovhq/aov/internal/base58"
 	"github.com/aovhq/aov/x402"
 )
 
@@ -122,5 +123,48 @@ func TestFacilitatorLongErrorReasonIsNamedUnexpected(t *testing.T) {
 	if resp.StatusCode != http.StatusPaymentRequired || perr != nil || sr.Success || sr.ErrorReason != x402.ReasonUnexpectedSettleError || body["reason"] != x402.ReasonUnexpectedSettleError {
 		t.Errorf("refused settlement answered: status %d, PAYMENT-RESPONSE %+v (%v), reason %v; want 402, PAYMENT-RESPONSE {success: false, errorReason: %s}, the same reason",
 			resp.StatusCode, sr, perr, body["reason"], x402.ReasonUnexpectedSettleError)
+	}
+}
+
+// A facilitator's transaction is told (and recorded) only in its network's
+// shape: on EVM a 32-byte hash, 0x and 64 hex digits; on Solana the base58
+// of a 64-byte signature; elsewhere at most 128 letters and digits.
+// Anything else is told as none, "". (Before: any text was passed on, and
+// 80 KB of it pushed PAYMENT-RESPONSE past x402.MaxHeaderBytes.)
+func TestFacilitatorTransactionIsKeptOnlyInItsNetworksShape(t *testing.T) {
+	hash := "0x" + strings.Repeat("aB", 32)
+	sig := base58.Encode(bytes.Repeat([]byte{0xa7}, 64))
+	for _, c := range []struct {
+		network, tx string
+		kept        bool
+	}{
+		{x402.NetworkBase, hash, true},
+		{x402.NetworkDevnet, strings.ToLower(hash), true},
+		{x402.NetworkBase, "", false},
+		{x402.NetworkBase, hash[:65], false},
+		{x402.NetworkBase, hash + "00", false},
+		{x402.NetworkBase, strings.TrimPrefix(hash, "0x"), false},
+		{x402.NetworkBase, "0x" + strings.Repeat("g", 64), false},
+		{x402.NetworkBase, hash + "\n", false},
+		{x402.NetworkBase, "0x" + strings.Repeat("ab", 40000), false},
+		{x402.NetworkBase, sig, false},
+		{x402.NetworkSolana, sig, true},
+		{x402.NetworkSolanaDevnet, base58.Encode(make([]byte, 64)), true},
+		{x402.NetworkSolana, base58.Encode(bytes.Repeat([]byte{0xa7}, 32)), false}, // an address, not a signature
+		{x402.NetworkSolana, base58.Encode(bytes.Repeat([]byte{0xa7}, 65)), false},
+		{x402.NetworkSolana, sig[:len(sig)-1] + "0", false}, // 0 is not base58
+		{x402.NetworkSolana, hash, false},
+		{x402.NetworkSolana, strings.Repeat("z", 80000), false},
+		{"cosmos:cosmoshub-4", strings.Repeat("A1", 32), true},
+		{"cosmos:cosmoshub-4", strings.Repeat("a", 129), false},
+		{"cosmos:cosmoshub-4", "tx <b>id</b>", false},
+	} {
+		want := ""
+		if c.kept {
+			want = c.tx
+		}
+		if got := facilitatorTransaction(c.tx, c.network); got != want {
+			t.Errorf("%s transaction %.40q (%d bytes): told %.40q, want %.40q", c.network, c.tx, len(c.tx), got, want)
+		}
 	}
 }

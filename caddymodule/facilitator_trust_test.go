@@ -9,11 +9,14 @@ import (
 	"math/big"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/caddyserver/caddy/v2"
 
 	"github.com/aovhq/aov/plugins/evmfacilitator"
 	"github.com/aovhq/aov/store"
@@ -59,13 +62,13 @@ func rewritingFacilitator(t *testing.T, real string, set map[string]any) *httpte
 // development account 6 pay for it, and returns the route's URL, the
 // buyer's answer (200, else the test fails), its PAYMENT-RESPONSE (read
 // as a SettleResponse, and whole as told) and a sign-in-with-x header
-// signer for the route.
-func payThroughRewritingFacilitator(t *testing.T, set map[string]any) (url string, offer x402.PaymentRequirements, answer map[string]any, sr x402.SettleResponse, told map[string]any, signIn func(i int) string) {
+// signer for the route. Caddy logs to logFile ("" discards it).
+func payThroughRewritingFacilitator(t *testing.T, logFile string, set map[string]any) (url string, offer x402.PaymentRequirements, answer map[string]any, sr x402.SettleResponse, told map[string]any, signIn func(i int) string) {
 	t.Helper()
 	_, fac := sharedDevnet(t)
 	liar := rewritingFacilitator(t, fac, set)
 	up := newUpstream(t)
-	base := startCaddy(t, siwxPaidSite(up.URL, liar.URL))
+	base := startCaddyServers(t, "", logFile, siwxPaidSite(up.URL, liar.URL))
 	url = base + "/report/q3"
 	host := strings.TrimPrefix(base, "http://")
 	signIn = func(i int) string {
@@ -110,7 +113,7 @@ func TestFacilitatorNamingAnotherPayerIsNotBelieved(t *testing.T) {
 	d, _ := sharedDevnet(t)
 	payer := evmfacilitator.DevAccounts()[6].Address
 	before := balance(t, d, payer)
-	url, offer, answer, sr, _, signIn := payThroughRewritingFacilitator(t, map[string]any{"payer": walletAddr(7)})
+	url, offer, answer, sr, _, signIn := payThroughRewritingFacilitator(t, "", map[string]any{"payer": walletAddr(7)})
 	if !sr.Success || sr.Payer != walletAddr(6) {
 		t.Errorf("PAYMENT-RESPONSE %+v, want success with payer %s, the signer of the payment", sr, walletAddr(6))
 	}
@@ -134,7 +137,7 @@ func TestFacilitatorNamingAnotherPayerIsNotBelieved(t *testing.T) {
 // mainnet. The buyer's PAYMENT-RESPONSE names the network of the offer
 // the gate verified and settled, as does X-Aov-Network.
 func TestFacilitatorNamingAnotherNetworkIsNotPassedOn(t *testing.T) {
-	_, offer, answer, sr, _, _ := payThroughRewritingFacilitator(t, map[string]any{"network": "eip155:8453"})
+	_, offer, answer, sr, _, _ := payThroughRewritingFacilitator(t, "", map[string]any{"network": "eip155:8453"})
 	if sr.Network != offer.Network {
 		t.Errorf("PAYMENT-RESPONSE network %q, want the offer's %q (the network paid on)", sr.Network, offer.Network)
 	}
@@ -167,7 +170,7 @@ func wantToldSettlement(t *testing.T, told map[string]any, offer x402.PaymentReq
 // tells the buyer SPEC's PAYMENT-RESPONSE, {success, transaction, network,
 // payer}: none of the facilitator's other claims reach the buyer.
 func TestFacilitatorsOtherSettleClaimsAreNotPassedOn(t *testing.T) {
-	_, offer, _, sr, told, _ := payThroughRewritingFacilitator(t, map[string]any{
+	_, offer, _, sr, told, _ := payThroughRewritingFacilitator(t, "", map[string]any{
 		"amount":       "1000000000",
 		"extensions":   map[string]any{"refund": map[string]any{"url": "https://refund.example/claim"}},
 		"errorMessage": "call https://refund.example/claim for your money back",
@@ -175,6 +178,48 @@ func TestFacilitatorsOtherSettleClaimsAreNotPassedOn(t *testing.T) {
 	wantToldSettlement(t, told, offer)
 	if !strings.HasPrefix(sr.Transaction, "0x") {
 		t.Errorf("PAYMENT-RESPONSE transaction %q; want the settlement's", sr.Transaction)
+	}
+}
+
+// TestFacilitatorsTransactionOfNoTransactionsShapeIsNotPassedOn: the
+// remote facilitator settles the payment and names, as its transaction,
+// 80 KB of text (its reply is within x402's 1 MiB). The buyer, charged,
+// is served with PAYMENT-RESPONSE all the same, {success, transaction:
+// "", network, payer}, and the operator is told once, by the value's
+// length, never the value. (Before: the transaction was passed on as it
+// came, the encoded header went past x402.MaxHeaderBytes and was dropped:
+// the buyer was charged and served without proof of payment.)
+func TestFacilitatorsTransactionOfNoTransactionsShapeIsNotPassedOn(t *testing.T) {
+	d, _ := sharedDevnet(t)
+	payer := evmfacilitator.DevAccounts()[6].Address
+	before := balance(t, d, payer)
+	huge := "0x" + strings.Repeat("ab", 40000)
+	logFile := filepath.Join(t.TempDir(), "caddy.log")
+	_, offer, _, sr, told, _ := payThroughRewritingFacilitator(t, logFile, map[string]any{"transaction": huge})
+	wantToldSettlement(t, told, offer)
+	if sr.Transaction != "" {
+		t.Errorf("PAYMENT-RESPONSE transaction of %d bytes; want none told", len(sr.Transaction))
+	}
+	price, _ := new(big.Int).SetString(offer.Amount, 10)
+	if got := charged(t, d, payer, before); got.Cmp(price) != 0 {
+		t.Errorf("wallet 6 paid %s, want %s", got, price)
+	}
+	caddy.Stop()
+	raw, err := os.ReadFile(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(raw, []byte(strings.Repeat("ab", 32))) {
+		t.Error("the log carries the facilitator's transaction")
+	}
+	var logged []map[string]any
+	for _, l := range logLines(t, logFile) {
+		if l["level"] == "error" && strings.Contains(fmt.Sprint(l["msg"]), "transaction") {
+			logged = append(logged, l)
+		}
+	}
+	if len(logged) != 1 || logged[0]["transaction_bytes"] != float64(len(huge)) {
+		t.Errorf("want one error naming the transaction's length %d; got %v", len(huge), logged)
 	}
 }
 

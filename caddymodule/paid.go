@@ -22,6 +22,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/internal/base58"
 	"github.com/aovhq/aov/plugins/svmfacilitator"
 	"github.com/aovhq/aov/store"
 	"github.com/aovhq/aov/x402"
@@ -424,6 +425,9 @@ func (p *paidCharge) settleOnce(w http.ResponseWriter, r *http.Request, held *bu
 		if errors.As(err, &unknown) {
 			// Keep the claim: the money may have moved. The client is told
 			// to wait, not to pay again.
+			if unknown.Reply != nil {
+				unknown.Reply.Transaction = p.toldTransaction(unknown.Reply.Transaction) // the record's Sent
+			}
 			g.logger.Error("settlement outcome unknown", zap.Error(err))
 			metrics.outcomes.WithLabelValues("settlement_unknown").Inc()
 			g.holdUnknown(r, p.claim, p.pay.JSON, p.offerJS, p.pid, held, unknown)
@@ -497,6 +501,7 @@ func (p *paidCharge) settleOnce(w http.ResponseWriter, r *http.Request, held *bu
 // otherwise go to a wallet that never paid), and the operator is told
 // with an Error. Its errorMessage, free text, goes to the log only.
 func (p *paidCharge) settledAs(sr *x402.SettleResponse) {
+	sr.Transaction = p.toldTransaction(sr.Transaction) // logged here, once
 	told := toldSettlement(*sr, p.pay.PaymentPayload, p.offer.Network)
 	// An EVM address's letter case is a checksum (store.SameWallet). A
 	// payload that names no payer the gate can read (payer "") leaves none
@@ -514,18 +519,32 @@ func (p *paidCharge) settledAs(sr *x402.SettleResponse) {
 	*sr = told
 }
 
+// toldTransaction is the transaction tx a facilitator named for p's
+// settlement as the gate tells and records it (facilitatorTransaction),
+// with an Error for the operator when it is not kept, naming its length:
+// the value itself, of any length, goes nowhere, the log included.
+func (p *paidCharge) toldTransaction(tx string) string {
+	told := facilitatorTransaction(tx, p.offer.Network)
+	if told != tx {
+		p.g.logger.Error("the facilitator's settle reply names a transaction not of its network's shape: none is told or recorded",
+			zap.Int("transaction_bytes", len(tx)), zap.String("network", p.offer.Network))
+	}
+	return told
+}
+
 // toldSettlement is settlement sr of payment p, made on network (the
 // offer's the gate verified and settled), as the gate tells and records
 // it: SPEC's PAYMENT-RESPONSE, {success, transaction, network, payer,
 // errorReason?}, and nothing else. Of sr only success, transaction and
-// errorReason are kept, a failure's errorReason as facilitatorReason
-// tells it; the payer is the payment's own (payerOf). It is
+// errorReason are kept, the transaction as facilitatorTransaction and a
+// failure's errorReason as facilitatorReason tell them; the payer is the
+// payment's own (payerOf). It is
 // the one builder of every settlement a buyer sees (PAYMENT-RESPONSE, a
 // payment identifier's saved answer, MCP's _meta), also of one read back
 // from the store, which may have been saved by an older gateway that
 // passed on what a facilitator said.
 func toldSettlement(sr x402.SettleResponse, p x402.PaymentPayload, network string) x402.SettleResponse {
-	told := x402.SettleResponse{Success: sr.Success, Transaction: sr.Transaction, Network: network, Payer: payerOf(p, network)}
+	told := x402.SettleResponse{Success: sr.Success, Transaction: facilitatorTransaction(sr.Transaction, network), Network: network, Payer: payerOf(p, network)}
 	if !sr.Success {
 		told.ErrorReason = facilitatorReason(sr.ErrorReason, x402.ReasonUnexpectedSettleError)
 	}
@@ -549,6 +568,46 @@ func facilitatorReason(reason, fallback string) string {
 		return reason
 	}
 	return fallback
+}
+
+// evmTransaction is what an EVM transaction hash looks like.
+var evmTransaction = regexp.MustCompile(`^0x[0-9a-fA-F]{64}$`)
+
+// otherTransaction bounds a transaction id on a network the gate knows no
+// shape for: letters and digits, as hashes and signatures are written.
+var otherTransaction = regexp.MustCompile(`^[0-9A-Za-z]{1,128}$`)
+
+// maxSolanaTransaction is the length of the longest base58 text of a
+// 64-byte signature: longer text is refused before it is decoded (base58
+// decoding takes time quadratic in its length).
+const maxSolanaTransaction = 88
+
+// facilitatorTransaction is the transaction a facilitator named for a
+// settlement on network as the buyer is told it and the claim's record
+// keeps it: kept when it has its network's shape (EVM: 0x and 64 hex
+// digits; Solana: base58 of a 64-byte signature; another network: at most
+// 128 letters and digits), "" otherwise. A facilitator is believed on a
+// settlement's outcome (settledAs), not on what it writes: 80 KB of text
+// as a transaction pushed PAYMENT-RESPONSE past x402.MaxHeaderBytes, and
+// the charged buyer was served without it. "" stays "".
+func facilitatorTransaction(tx, network string) string {
+	var ok bool
+	switch {
+	case tx == "":
+	case x402.IsEVM(network):
+		ok = evmTransaction.MatchString(tx)
+	case x402.IsSolana(network):
+		if len(tx) <= maxSolanaTransaction {
+			b, err := base58.Decode(tx)
+			ok = err == nil && len(b) == 64
+		}
+	default:
+		ok = otherTransaction.MatchString(tx)
+	}
+	if !ok {
+		return ""
+	}
+	return tx
 }
 
 // settleWriteWaits are the waits before each further try of the write that
