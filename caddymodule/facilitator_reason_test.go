@@ -128,9 +128,10 @@ func TestFacilitatorLongErrorReasonIsNamedUnexpected(t *testing.T) {
 
 // A facilitator's transaction is told (and recorded) only in its network's
 // shape: on EVM a 32-byte hash, 0x and 64 hex digits; on Solana the base58
-// of a 64-byte signature; elsewhere at most 128 letters and digits.
-// Anything else is told as none, "". (Before: any text was passed on, and
-// 80 KB of it pushed PAYMENT-RESPONSE past x402.MaxHeaderBytes.)
+// of a 64-byte signature; elsewhere at most 128 visible ASCII characters
+// (Hedera's transaction ids are account@seconds.nanos). Anything else is
+// told as none, "". (Before: any text was passed on, and 80 KB of it pushed
+// PAYMENT-RESPONSE past x402.MaxHeaderBytes.)
 func TestFacilitatorTransactionIsKeptOnlyInItsNetworksShape(t *testing.T) {
 	hash := "0x" + strings.Repeat("aB", 32)
 	sig := base58.Encode(bytes.Repeat([]byte{0xa7}, 64))
@@ -157,7 +158,9 @@ func TestFacilitatorTransactionIsKeptOnlyInItsNetworksShape(t *testing.T) {
 		{x402.NetworkSolana, strings.Repeat("z", 80000), false},
 		{"cosmos:cosmoshub-4", strings.Repeat("A1", 32), true},
 		{"cosmos:cosmoshub-4", strings.Repeat("a", 129), false},
-		{"cosmos:cosmoshub-4", "tx <b>id</b>", false},
+		{"cosmos:cosmoshub-4", "tx id", false},
+		{"cosmos:cosmoshub-4", "tx\u00a0id", false},
+		{"hedera:testnet", "0.0.9000@1700000000.123456789", true},
 	} {
 		want := ""
 		if c.kept {

@@ -574,8 +574,9 @@ func facilitatorReason(reason, fallback string) string {
 var evmTransaction = regexp.MustCompile(`^0x[0-9a-fA-F]{64}$`)
 
 // otherTransaction bounds a transaction id on a network the gate knows no
-// shape for: letters and digits, as hashes and signatures are written.
-var otherTransaction = regexp.MustCompile(`^[0-9A-Za-z]{1,128}$`)
+// shape for: visible ASCII without spaces, as hashes, signatures and ids
+// such as Hedera's (0.0.9000@1700000000.123456789) are written.
+var otherTransaction = regexp.MustCompile(`^[!-~]{1,128}$`)
 
 // maxSolanaTransaction is the length of the longest base58 text of a
 // 64-byte signature: longer text is refused before it is decoded (base58
@@ -586,7 +587,7 @@ const maxSolanaTransaction = 88
 // settlement on network as the buyer is told it and the claim's record
 // keeps it: kept when it has its network's shape (EVM: 0x and 64 hex
 // digits; Solana: base58 of a 64-byte signature; another network: at most
-// 128 letters and digits), "" otherwise. A facilitator is believed on a
+// 128 visible ASCII characters), "" otherwise. A facilitator is believed on a
 // settlement's outcome (settledAs), not on what it writes: 80 KB of text
 // as a transaction pushed PAYMENT-RESPONSE past x402.MaxHeaderBytes, and
 // the charged buyer was served without it. "" stays "".
