@@ -1675,7 +1675,10 @@ func (g *Gate) reportOnce(r *http.Request, next caddyhttp.Handler, path string, 
 			Reports []outcomeReport `json:"reports"`
 		}{reps})
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), reportTimeout)
+	// Not cancelled with r: a report is the outcome of a settled payment,
+	// whoever is still waiting for the answer, and a batch holds other
+	// buyers' reports, which its sender's leaving must not fail.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), reportTimeout)
 	defer cancel()
 	rr := r.Clone(ctx)
 	rr.Method = http.MethodPost

@@ -468,3 +468,93 @@ func reportWaitBounded(t *testing.T, sink *stallingReports) {
 		}
 	}
 }
+
+// A report's batch does not end with its buyer's request: a buyer who
+// hangs up while its lone report is in flight leaves the reports queued
+// behind it to be sent, as verifierd is healthy. (Before: the report went
+// on the leader's request context, failed when the buyer left, and the
+// connected buyers' reports behind it were failed unsent.)
+func TestALeaderWhoseBuyerLeftStillSendsTheBatch(t *testing.T) {
+	old := reportRetries
+	reportRetries = []time.Duration{time.Hour}
+	defer func() { reportRetries = old }()
+	vf := startVerifier(t)
+	gone := vf.pendingPaid(t)
+	others := []string{vf.pendingPaid(t), vf.pendingPaid(t), vf.pendingPaid(t)}
+	g := &Gate{logger: zap.NewNop()}
+	defer g.stopResolver()
+	const path = "/v1/gateway/settlement"
+	ctx, cancel := context.WithCancel(context.Background())
+	up := &verifierdUpstream{url: vf.srv.URL, wait: func() bool {
+		if queued(g, path) == len(others) {
+			cancel() // the leader's buyer hangs up
+			return true
+		}
+		return false
+	}}
+	live := httptest.NewRequest(http.MethodPost, "/verify/schema", nil)
+	left := httptest.NewRequest(http.MethodPost, "/verify/schema", nil).WithContext(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); g.reportBatched(left, up, path, outcomeReport{gone, "paid"}) }()
+	for !up.first.Load() {
+		time.Sleep(time.Millisecond)
+	}
+	taken := make([]bool, len(others))
+	for i, id := range others {
+		wg.Add(1)
+		go func() { defer wg.Done(); taken[i] = g.reportBatched(live, up, path, outcomeReport{id, "paid"}) }()
+	}
+	wg.Wait()
+	for i, id := range others {
+		rec, _ := vf.db.Verification(context.Background(), id)
+		if !taken[i] || rec.Payment != store.PaymentPaid {
+			t.Errorf("report %s of a buyer still connected: taken=%v, record payment=%q; want taken and paid", id, taken[i], rec.Payment)
+		}
+	}
+}
+
+// Nor does a batch end with the request of the waiter it is handed to:
+// one whose buyer left while waiting sends the next batch, and the other
+// buyers' reports in it are recorded. (Before: the batch went on the
+// cancelled context and every report in it failed.)
+func TestALeadWhoseBuyerLeftStillSendsTheBatch(t *testing.T) {
+	old := reportRetries
+	reportRetries = []time.Duration{time.Hour} // watch the batched outcome only
+	defer func() { reportRetries = old }()
+	vf := startVerifier(t)
+	first := vf.pendingPaid(t)
+	gone := vf.pendingPaid(t)
+	others := []string{vf.pendingPaid(t), vf.pendingPaid(t), vf.pendingPaid(t)}
+	g := &Gate{logger: zap.NewNop()}
+	defer g.stopResolver()
+	const path = "/v1/gateway/settlement"
+	up := &verifierdUpstream{url: vf.srv.URL, wait: func() bool { return queued(g, path) == 1+len(others) }}
+	live := httptest.NewRequest(http.MethodPost, "/verify/schema", nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	left := httptest.NewRequest(http.MethodPost, "/verify/schema", nil).WithContext(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); g.reportBatched(live, up, path, outcomeReport{first, "paid"}) }()
+	for !up.first.Load() {
+		time.Sleep(time.Millisecond)
+	}
+	wg.Add(1)
+	go func() { defer wg.Done(); g.reportBatched(left, up, path, outcomeReport{gone, "paid"}) }()
+	for queued(g, path) < 1 {
+		time.Sleep(time.Millisecond)
+	}
+	cancel() // the buyer of "gone" hangs up while waiting
+	taken := make([]bool, len(others))
+	for i, id := range others {
+		wg.Add(1)
+		go func() { defer wg.Done(); taken[i] = g.reportBatched(live, up, path, outcomeReport{id, "paid"}) }()
+	}
+	wg.Wait()
+	for i, id := range others {
+		rec, _ := vf.db.Verification(context.Background(), id)
+		if !taken[i] || rec.Payment != store.PaymentPaid {
+			t.Errorf("report %s of a buyer still connected: taken=%v, record payment=%q; want taken and paid (verifierd is healthy; only another buyer hung up)", id, taken[i], rec.Payment)
+		}
+	}
+}
