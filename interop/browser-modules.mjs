@@ -11,6 +11,7 @@ import http from "node:http";
 import path from "node:path";
 import { createRequire } from "node:module";
 import { fileURLToPath } from "node:url";
+import { launchChromium } from "./lib.mjs";
 
 const nm = path.join(path.dirname(fileURLToPath(import.meta.url)), "node_modules");
 
@@ -183,4 +184,20 @@ ${body}`;
       res.writeHead(500, { "Content-Type": "text/plain" }).end(String(e));
     }
   });
+}
+
+// openModulePage serves server's page on a free loopback port (the page's
+// origin), opens it in headless Chromium at chromium, and waits until the
+// page's module script has set window[ready]. The caller closes the
+// browser, then the server. consoleErrors collects the page's errors.
+export async function openModulePage(server, chromium, ready) {
+  await new Promise((ok) => server.listen(0, "127.0.0.1", ok));
+  const browser = await launchChromium(chromium);
+  const page = await browser.newPage();
+  const consoleErrors = [];
+  page.on("console", (m) => m.type() === "error" && consoleErrors.push(m.text()));
+  page.on("pageerror", (e) => consoleErrors.push(String(e)));
+  await page.goto(`http://127.0.0.1:${server.address().port}/`, { waitUntil: "load" });
+  await page.waitForFunction((name) => window[name], ready, { timeout: 30000 });
+  return { browser, page, consoleErrors };
 }

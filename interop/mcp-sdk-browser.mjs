@@ -15,8 +15,8 @@
 // "error": "<the first error, if any>", "consoleErrors": [...]}.
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import { readStdinJSON, fail, launchChromium } from "./lib.mjs";
-import { modulePage } from "./browser-modules.mjs";
+import { readStdinJSON, fail } from "./lib.mjs";
+import { modulePage, openModulePage } from "./browser-modules.mjs";
 
 const sdk = path.join(path.dirname(fileURLToPath(import.meta.url)), "node_modules/@modelcontextprotocol/sdk/dist/esm");
 const server = modulePage({
@@ -30,15 +30,8 @@ window.__sdk = { Client, StreamableHTTPClientTransport };`,
 
 try {
   const input = await readStdinJSON();
-  await new Promise((ok) => server.listen(0, "127.0.0.1", ok));
-  const browser = await launchChromium(input.chromium);
+  const { browser, page: p, consoleErrors } = await openModulePage(server, input.chromium, "__sdk");
   try {
-    const p = await browser.newPage();
-    const consoleErrors = [];
-    p.on("console", (m) => m.type() === "error" && consoleErrors.push(m.text()));
-    p.on("pageerror", (e) => consoleErrors.push(String(e)));
-    await p.goto(`http://127.0.0.1:${server.address().port}/`, { waitUntil: "load" });
-    await p.waitForFunction(() => window.__sdk, null, { timeout: 30000 });
     const out = await p.evaluate(async ({ mcp, tool, args }) => {
       const { Client, StreamableHTTPClientTransport } = window.__sdk;
       const out = { sessionId: "", tools: [], call: null, terminated: false, afterTerminate: "", error: "" };

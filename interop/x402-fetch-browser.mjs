@@ -8,8 +8,8 @@
 // Input on stdin: {"url", "body", "privateKey", "chromium"}.
 // Output on stdout: {"status", "paymentResponse", "body", "error",
 // "requests": ["METHOD header,names"], "consoleErrors"}.
-import { readStdinJSON, fail, launchChromium } from "./lib.mjs";
-import { modulePage } from "./browser-modules.mjs";
+import { readStdinJSON, fail } from "./lib.mjs";
+import { modulePage, openModulePage } from "./browser-modules.mjs";
 
 const server = modulePage({
   entries: ["@x402/fetch", "@x402/core/client", "@x402/evm/exact/client", "viem/accounts"],
@@ -24,15 +24,8 @@ window.__x402 = { wrapFetchWithPayment, x402Client, registerExactEvmScheme, priv
 
 try {
   const input = await readStdinJSON();
-  await new Promise((ok) => server.listen(0, "127.0.0.1", ok));
-  const browser = await launchChromium(input.chromium);
+  const { browser, page: p, consoleErrors } = await openModulePage(server, input.chromium, "__x402");
   try {
-    const p = await browser.newPage();
-    const consoleErrors = [];
-    p.on("console", (m) => m.type() === "error" && consoleErrors.push(m.text()));
-    p.on("pageerror", (e) => consoleErrors.push(String(e)));
-    await p.goto(`http://127.0.0.1:${server.address().port}/`, { waitUntil: "load" });
-    await p.waitForFunction(() => window.__x402, null, { timeout: 30000 });
     const out = await p.evaluate(async ({ url, body, privateKey }) => {
       const { wrapFetchWithPayment, x402Client, registerExactEvmScheme, privateKeyToAccount } = window.__x402;
       const out = { status: 0, paymentResponse: "", body: "", error: "", requests: [] };
