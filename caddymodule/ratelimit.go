@@ -335,13 +335,14 @@ func (z *rateZone) retryAfter(l *rate.Limiter, t time.Time, need float64) int {
 // needs one event left. A request carrying one needs only room in the
 // debt for its refusal (1-Events: one more refusal counted, note, keeps
 // the debt within Events), and enter also counts the refusals of the
-// payments in flight into that room: an x402 buyer asks the price of each
-// call first, and that 402 counts until the payment settles (credit), so
-// Events buyers behind one address who asked the price at once would
-// otherwise find their budget spent and every payment refused 429 on
-// arrival. So every refused payment whose work ran is counted (none falls
-// past the debt's floor), and a flood of refused payments gets Events per
-// Window on average, after one burst of the budget and its debt.
+// same kind of work in flight into that room: an x402 buyer asks the
+// price of each call first, and that 402 counts until the payment settles
+// (credit), so Events buyers behind one address who asked the price at
+// once would otherwise find their budget spent and every payment refused
+// 429 on arrival. So a refused payment whose work ran is counted unless
+// the client's refused proof checks took the room first, and a flood of
+// refused payments gets Events per Window on average, after one burst of
+// the budget and its debt.
 func (z *rateZone) arrival(paying bool) float64 {
 	if paying {
 		return float64(1 - z.burst)
