@@ -11,7 +11,7 @@ import http from "node:http";
 import path from "node:path";
 import { createRequire } from "node:module";
 import { fileURLToPath } from "node:url";
-import { launchChromium } from "./lib.mjs";
+import { readStdinJSON, fail, launchChromium } from "./lib.mjs";
 
 const nm = path.join(path.dirname(fileURLToPath(import.meta.url)), "node_modules");
 
@@ -186,18 +186,32 @@ ${body}`;
   });
 }
 
-// openModulePage serves server's page on a free loopback port (the page's
-// origin), opens it in headless Chromium at chromium, and waits until the
-// page's module script has set window[ready]. The caller closes the
-// browser, then the server. consoleErrors collects the page's errors.
-export async function openModulePage(server, chromium, ready) {
-  await new Promise((ok) => server.listen(0, "127.0.0.1", ok));
-  const browser = await launchChromium(chromium);
-  const page = await browser.newPage();
-  const consoleErrors = [];
-  page.on("console", (m) => m.type() === "error" && consoleErrors.push(m.text()));
-  page.on("pageerror", (e) => consoleErrors.push(String(e)));
-  await page.goto(`http://127.0.0.1:${server.address().port}/`, { waitUntil: "load" });
-  await page.waitForFunction((name) => window[name], ready, { timeout: 30000 });
-  return { browser, page, consoleErrors };
+// runModulePage is a browser script's whole run: it reads the input from
+// stdin, serves server's page on a free loopback port (the page's origin),
+// opens it in headless Chromium at input.chromium, waits until the page's
+// module script has set window[ready], runs fn in the page with
+// args(input), and prints what fn returns with the page's console errors.
+// Any error fails the script.
+export async function runModulePage(server, ready, fn, args) {
+  try {
+    const input = await readStdinJSON();
+    await new Promise((ok) => server.listen(0, "127.0.0.1", ok));
+    const browser = await launchChromium(input.chromium);
+    try {
+      const page = await browser.newPage();
+      const consoleErrors = [];
+      page.on("console", (m) => m.type() === "error" && consoleErrors.push(m.text()));
+      page.on("pageerror", (e) => consoleErrors.push(String(e)));
+      await page.goto(`http://127.0.0.1:${server.address().port}/`, { waitUntil: "load" });
+      await page.waitForFunction((name) => window[name], ready, { timeout: 30000 });
+      const out = await page.evaluate(fn, args(input));
+      process.stdout.write(JSON.stringify({ ...out, consoleErrors }) + "\n");
+    } finally {
+      await browser.close();
+    }
+  } catch (e) {
+    fail(e);
+  } finally {
+    server.close();
+  }
 }

@@ -15,8 +15,7 @@
 // "error": "<the first error, if any>", "consoleErrors": [...]}.
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import { readStdinJSON, fail } from "./lib.mjs";
-import { modulePage, openModulePage } from "./browser-modules.mjs";
+import { modulePage, runModulePage } from "./browser-modules.mjs";
 
 const sdk = path.join(path.dirname(fileURLToPath(import.meta.url)), "node_modules/@modelcontextprotocol/sdk/dist/esm");
 const server = modulePage({
@@ -28,54 +27,41 @@ window.__sdk = { Client, StreamableHTTPClientTransport };`,
   body: "<p>an agent's page</p>",
 });
 
-try {
-  const input = await readStdinJSON();
-  const { browser, page: p, consoleErrors } = await openModulePage(server, input.chromium, "__sdk");
+await runModulePage(server, "__sdk", async ({ mcp, tool, args }) => {
+  const { Client, StreamableHTTPClientTransport } = window.__sdk;
+  const out = { sessionId: "", tools: [], call: null, terminated: false, afterTerminate: "", error: "" };
   try {
-    const out = await p.evaluate(async ({ mcp, tool, args }) => {
-      const { Client, StreamableHTTPClientTransport } = window.__sdk;
-      const out = { sessionId: "", tools: [], call: null, terminated: false, afterTerminate: "", error: "" };
-      try {
-        const client = new Client({ name: "page", version: "1" });
-        // The SDK opens its SSE stream (a GET) once initialized without
-        // waiting for it, so on a busy machine the GET could reach the
-        // server after the session's DELETE. The page waits (10 s at most)
-        // until the browser has the GET's answer before going on; the
-        // transport's fetch option is the browser's own fetch, watched, not
-        // changed.
-        let sseAnswered;
-        const sse = new Promise((ok) => (sseAnswered = ok));
-        const watched = async (url, init) => {
-          const res = await fetch(url, init);
-          if ((init?.method ?? "GET") === "GET") sseAnswered();
-          return res;
-        };
-        const transport = new StreamableHTTPClientTransport(new URL(mcp), { fetch: watched });
-        await client.connect(transport);
-        await Promise.race([sse, new Promise((ok) => setTimeout(ok, 10000))]);
-        out.sessionId = transport.sessionId ?? "";
-        out.tools = (await client.listTools()).tools.map((t) => t.name);
-        const res = await client.callTool({ name: tool, arguments: args });
-        out.call = { isError: res.isError === true, structuredContent: res.structuredContent ?? null };
-        await transport.terminateSession();
-        out.terminated = transport.sessionId === undefined;
-        try {
-          await client.listTools();
-        } catch (e) {
-          out.afterTerminate = String(e);
-        }
-        await client.close();
-      } catch (e) {
-        out.error = String(e);
-      }
-      return out;
-    }, { mcp: input.mcp, tool: input.tool, args: input.args });
-    process.stdout.write(JSON.stringify({ ...out, consoleErrors }) + "\n");
-  } finally {
-    await browser.close();
+    const client = new Client({ name: "page", version: "1" });
+    // The SDK opens its SSE stream (a GET) once initialized without
+    // waiting for it, so on a busy machine the GET could reach the
+    // server after the session's DELETE. The page waits (10 s at most)
+    // until the browser has the GET's answer before going on; the
+    // transport's fetch option is the browser's own fetch, watched, not
+    // changed.
+    let sseAnswered;
+    const sse = new Promise((ok) => (sseAnswered = ok));
+    const watched = async (url, init) => {
+      const res = await fetch(url, init);
+      if ((init?.method ?? "GET") === "GET") sseAnswered();
+      return res;
+    };
+    const transport = new StreamableHTTPClientTransport(new URL(mcp), { fetch: watched });
+    await client.connect(transport);
+    await Promise.race([sse, new Promise((ok) => setTimeout(ok, 10000))]);
+    out.sessionId = transport.sessionId ?? "";
+    out.tools = (await client.listTools()).tools.map((t) => t.name);
+    const res = await client.callTool({ name: tool, arguments: args });
+    out.call = { isError: res.isError === true, structuredContent: res.structuredContent ?? null };
+    await transport.terminateSession();
+    out.terminated = transport.sessionId === undefined;
+    try {
+      await client.listTools();
+    } catch (e) {
+      out.afterTerminate = String(e);
+    }
+    await client.close();
+  } catch (e) {
+    out.error = String(e);
   }
-} catch (e) {
-  fail(e);
-} finally {
-  server.close();
-}
+  return out;
+}, (input) => ({ mcp: input.mcp, tool: input.tool, args: input.args }));

@@ -8,8 +8,7 @@
 // Input on stdin: {"url", "body", "privateKey", "chromium"}.
 // Output on stdout: {"status", "paymentResponse", "body", "error",
 // "requests": ["METHOD header,names"], "consoleErrors"}.
-import { readStdinJSON, fail } from "./lib.mjs";
-import { modulePage, openModulePage } from "./browser-modules.mjs";
+import { modulePage, runModulePage } from "./browser-modules.mjs";
 
 const server = modulePage({
   entries: ["@x402/fetch", "@x402/core/client", "@x402/evm/exact/client", "viem/accounts"],
@@ -22,42 +21,29 @@ window.__x402 = { wrapFetchWithPayment, x402Client, registerExactEvmScheme, priv
   body: "<p>a buyer's page</p>",
 });
 
-try {
-  const input = await readStdinJSON();
-  const { browser, page: p, consoleErrors } = await openModulePage(server, input.chromium, "__x402");
+await runModulePage(server, "__x402", async ({ url, body, privateKey }) => {
+  const { wrapFetchWithPayment, x402Client, registerExactEvmScheme, privateKeyToAccount } = window.__x402;
+  const out = { status: 0, paymentResponse: "", body: "", error: "", requests: [] };
   try {
-    const out = await p.evaluate(async ({ url, body, privateKey }) => {
-      const { wrapFetchWithPayment, x402Client, registerExactEvmScheme, privateKeyToAccount } = window.__x402;
-      const out = { status: 0, paymentResponse: "", body: "", error: "", requests: [] };
-      try {
-        const client = new x402Client();
-        registerExactEvmScheme(client, { signer: privateKeyToAccount(privateKey) });
-        client.setSpendControls(false); // the devnet token is not on the default list
-        // The browser's own fetch, watched, not changed: the header names
-        // of each request the client makes.
-        const watched = async (input, init) => {
-          const req = new Request(input, init);
-          const names = [];
-          req.headers.forEach((v, k) => names.push(k));
-          out.requests.push(req.method + " " + names.sort().join(","));
-          return fetch(req);
-        };
-        const pay = wrapFetchWithPayment(watched, client);
-        const res = await pay(url, { method: "POST", headers: { "Content-Type": "application/json" }, body });
-        out.status = res.status;
-        out.paymentResponse = res.headers.get("PAYMENT-RESPONSE") ?? "";
-        out.body = await res.text();
-      } catch (e) {
-        out.error = String(e) + (e && e.cause ? " cause: " + String(e.cause) : "");
-      }
-      return out;
-    }, { url: input.url, body: input.body, privateKey: input.privateKey });
-    process.stdout.write(JSON.stringify({ ...out, consoleErrors }) + "\n");
-  } finally {
-    await browser.close();
+    const client = new x402Client();
+    registerExactEvmScheme(client, { signer: privateKeyToAccount(privateKey) });
+    client.setSpendControls(false); // the devnet token is not on the default list
+    // The browser's own fetch, watched, not changed: the header names
+    // of each request the client makes.
+    const watched = async (input, init) => {
+      const req = new Request(input, init);
+      const names = [];
+      req.headers.forEach((v, k) => names.push(k));
+      out.requests.push(req.method + " " + names.sort().join(","));
+      return fetch(req);
+    };
+    const pay = wrapFetchWithPayment(watched, client);
+    const res = await pay(url, { method: "POST", headers: { "Content-Type": "application/json" }, body });
+    out.status = res.status;
+    out.paymentResponse = res.headers.get("PAYMENT-RESPONSE") ?? "";
+    out.body = await res.text();
+  } catch (e) {
+    out.error = String(e) + (e && e.cause ? " cause: " + String(e.cause) : "");
   }
-} catch (e) {
-  fail(e);
-} finally {
-  server.close();
-}
+  return out;
+}, (input) => ({ url: input.url, body: input.body, privateKey: input.privateKey }));
