@@ -1050,7 +1050,7 @@ func (g *Gate) paymentRequired(w http.ResponseWriter, r *http.Request, msg, reas
 		// The page fetches this URL again with the payment: the request
 		// as sent, query included (a page body, not a header).
 		_, u := sentRequest(r)
-		return g.Paywall.serve(w, pr, g.decimals[0], trial, siteBase(g.base, r)+u.RequestURI())
+		return g.Paywall.serve(w, r, pr, g.decimals[0], trial, siteBase(g.base, r)+u.RequestURI())
 	}
 	body := paymentRequiredBody{PaymentRequired: pr, Reason: reason, FreeTrial: trial}
 	h.Set("Content-Type", "application/json")

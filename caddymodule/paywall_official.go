@@ -1,13 +1,14 @@
 package caddymodule
 
 import (
+	"bytes"
 	"embed"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
@@ -47,8 +48,15 @@ type Paywall struct {
 }
 
 // officialPage is one vendored page split where the configuration script
-// goes (before </head>, as the package's own generateHtml puts it).
-type officialPage struct{ head, rest string }
+// goes (before </head>, as the package's own generateHtml puts it), and
+// the same compressed (gzipPage; built at its first use, once per process).
+type officialPage struct {
+	// head and rest are bytes: a string written to a ResponseWriter that
+	// has no WriteString (Caddy's wrappers have none) is copied first,
+	// 2.3 MB a page.
+	head, rest []byte
+	gzipped    func() *gzipPage
+}
 
 var evmPage, svmPage = loadOfficialPage("paywall/evm.html"), loadOfficialPage("paywall/svm.html")
 
@@ -57,12 +65,13 @@ func loadOfficialPage(name string) officialPage {
 	if err != nil {
 		panic(err) // embedded: cannot happen in a built binary
 	}
-	s := string(b)
-	i := strings.Index(s, "</head>")
+	i := bytes.Index(b, []byte("</head>"))
 	if i < 0 {
 		panic(name + " has no </head>")
 	}
-	return officialPage{head: s[:i], rest: s[i:]}
+	page := officialPage{head: b[:i:i], rest: b[i:]}
+	page.gzipped = sync.OnceValue(func() *gzipPage { return newGzipPage(page) })
+	return page
 }
 
 // html reports whether browsers get a page at all.
@@ -84,10 +93,10 @@ func (p *Paywall) validate() error {
 	return nil
 }
 
-// serve writes the 402 page for pr; decimals are those of the asset of its
-// first offer (the one the official page pays), currentURL is the URL the
-// official page fetches again with the payment.
-func (p *Paywall) serve(w http.ResponseWriter, pr x402.PaymentRequired, decimals int, trial *freeTrial, currentURL string) error {
+// serve writes the 402 page for pr in answer to r; decimals are those of
+// the asset of its first offer (the one the official page pays),
+// currentURL is the URL the official page fetches again with the payment.
+func (p *Paywall) serve(w http.ResponseWriter, r *http.Request, pr x402.PaymentRequired, decimals int, trial *freeTrial, currentURL string) error {
 	h := w.Header()
 	h.Set("Content-Type", "text/html; charset=utf-8")
 	// A page that asks a visitor to pay must not be framed by another
@@ -102,11 +111,27 @@ func (p *Paywall) serve(w http.ResponseWriter, pr x402.PaymentRequired, decimals
 	if len(pr.Accepts) > 0 {
 		page, ok = p.official(pr.Accepts[0])
 	}
-	w.WriteHeader(http.StatusPaymentRequired)
 	if !ok {
+		w.WriteHeader(http.StatusPaymentRequired)
 		return paywallPage(w, pr, trial, p)
 	}
-	return p.writeOfficial(w, page, pr, decimals, currentURL)
+	script, err := p.officialScript(pr, decimals, currentURL)
+	if err != nil {
+		return err
+	}
+	// The official page's bytes depend on Accept-Encoding: a cache in
+	// between must not hand the gzipped one to a client that did not ask.
+	h.Add("Vary", "Accept-Encoding")
+	if acceptsGzip(r) {
+		return page.gzipped().write(w, script)
+	}
+	w.WriteHeader(http.StatusPaymentRequired)
+	for _, b := range [][]byte{page.head, script, page.rest} {
+		if _, err := w.Write(b); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // official returns the official page that pays offer, when the mode is
@@ -168,7 +193,9 @@ var evmChainConfig = map[string]officialChain{
 	"base-sepolia": {USDCAddress: "0x036CbD53842c5426634e7929541eC2318f3dCF7e", USDCName: "USDC"},
 }
 
-func (p *Paywall) writeOfficial(w io.Writer, page officialPage, pr x402.PaymentRequired, decimals int, currentURL string) error {
+// officialScript returns the script that sets window.x402 for pr, which
+// goes before the official page's </head>.
+func (p *Paywall) officialScript(pr x402.PaymentRequired, decimals int, currentURL string) ([]byte, error) {
 	offer := pr.Accepts[0]
 	cfg := officialConfig{
 		Amount:          x402.FormatAmount(offer.Amount, decimals),
@@ -187,16 +214,9 @@ func (p *Paywall) writeOfficial(w io.Writer, page officialPage, pr x402.PaymentR
 	// script element.
 	js, err := json.Marshal(cfg)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if _, err := io.WriteString(w, page.head); err != nil {
-		return err
-	}
-	if _, err := fmt.Fprintf(w, "<script>window.x402 = %s;</script>\n", js); err != nil {
-		return err
-	}
-	_, err = io.WriteString(w, page.rest)
-	return err
+	return fmt.Appendf(nil, "<script>window.x402 = %s;</script>\n", js), nil
 }
 
 // parsePaywall parses the x402 directive's option

@@ -99,6 +99,10 @@ func TestPaywallModesThroughCaddy(t *testing.T) {
 	if !strings.Contains(page, `<div id="root"></div>`) || len(page) < 1<<20 {
 		t.Errorf("not the official page (%d bytes)", len(page))
 	}
+	// Go's client asks for gzip and decompresses what it gets.
+	if !resp.Uncompressed {
+		t.Error("the official page was not sent gzipped to a client that accepts gzip")
+	}
 	notFramable(t, "official", resp)
 
 	// An API client still gets JSON.
@@ -123,6 +127,49 @@ func TestPaywallModesThroughCaddy(t *testing.T) {
 	paymentRequired(t, resp)
 	if n := up.calls.Load(); n != 0 {
 		t.Errorf("the upstream was called %d times for unpaid requests", n)
+	}
+}
+
+// TestOfficialPaywallBehindCaddysEncode: with Caddy's encode handler in
+// front of the gate, the official page goes out gzipped once, by the gate
+// (encode leaves an answer that has its Content-Encoding), even when the
+// client prefers another encoding encode would have used; it decompresses
+// to the page an identity request gets.
+func TestOfficialPaywallBehindCaddysEncode(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	site := paywallSite(up.URL, fac, "paywall official")
+	base := startCaddy(t, strings.Replace(site, ":{port} {\n", ":{port} {\n\tencode zstd gzip\n", 1))
+
+	get := func(acceptEncoding string) (*http.Response, []byte) {
+		req, _ := http.NewRequest(http.MethodGet, base+"/score/agent-1", nil)
+		req.Header.Set("Accept", "text/html")
+		req.Header.Set("Accept-Encoding", acceptEncoding) // set: Go's client leaves the body as sent
+		resp, err := testClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusPaymentRequired {
+			t.Fatalf("Accept-Encoding %q: status %d", acceptEncoding, resp.StatusCode)
+		}
+		return resp, b
+	}
+	resp, plain := get("identity")
+	if resp.Header.Get("Content-Encoding") != "" {
+		t.Fatalf("identity asked, Content-Encoding %q", resp.Header.Get("Content-Encoding"))
+	}
+	officialConfigOf(t, string(plain))
+	resp, gz := get("zstd, gzip")
+	if ce := resp.Header.Values("Content-Encoding"); len(ce) != 1 || ce[0] != "gzip" {
+		t.Fatalf("Content-Encoding %q, want gzip once", ce)
+	}
+	if got := gunzip(t, gz); !bytes.Equal(got, plain) {
+		t.Errorf("the gzipped page (%d bytes on the wire) decompresses to %d bytes, not the %d of the page", len(gz), len(got), len(plain))
+	}
+	if len(gz)*3 > len(plain) {
+		t.Errorf("%d bytes on the wire for a page of %d", len(gz), len(plain))
 	}
 }
 
@@ -151,7 +198,7 @@ func TestOfficialPaywallConfigCannotCloseTheScript(t *testing.T) {
 	pr := x402.PaymentRequired{X402Version: 2, Resource: x402.Resource{URL: "http://h/</script><b>"},
 		Accepts: []x402.PaymentRequirements{{Scheme: "exact", Network: x402.NetworkDevnet, Amount: "10000", Asset: "0x1", PayTo: "0x2"}}}
 	rec := httptest.NewRecorder()
-	if err := p.serve(rec, pr, 6, nil, "http://h/\u2028</script>"); err != nil {
+	if err := p.serve(rec, httptest.NewRequest(http.MethodGet, "/", nil), pr, 6, nil, "http://h/\u2028</script>"); err != nil {
 		t.Fatal(err)
 	}
 	page := rec.Body.String()
@@ -169,20 +216,20 @@ func TestOfficialPaywallConfigCannotCloseTheScript(t *testing.T) {
 func TestOfficialPaywallPicksThePageOfTheFirstOffer(t *testing.T) {
 	p := &Paywall{Mode: PaywallOfficial}
 	for _, tc := range []struct{ network, want string }{
-		{x402.NetworkBase, evmPage.rest},
-		{x402.NetworkSolanaDevnet, svmPage.rest},
+		{x402.NetworkBase, string(evmPage.rest)},
+		{x402.NetworkSolanaDevnet, string(svmPage.rest)},
 		{"algorand:SGO1GKSzyE7IEPItTxCByw9x8FmnrCDexi9/cOUJOiI=", "is paid per call with"},
 	} {
 		rec := httptest.NewRecorder()
 		pr := x402.PaymentRequired{X402Version: 2, Accepts: []x402.PaymentRequirements{{Network: tc.network, Amount: "10000"}}}
-		if err := p.serve(rec, pr, 6, nil, "http://h/x"); err != nil {
+		if err := p.serve(rec, httptest.NewRequest(http.MethodGet, "/", nil), pr, 6, nil, "http://h/x"); err != nil {
 			t.Fatal(err)
 		}
 		if rec.Code != http.StatusPaymentRequired || !strings.Contains(rec.Body.String(), tc.want[:min(len(tc.want), 4000)]) {
 			t.Errorf("%s: status %d, not the expected page", tc.network, rec.Code)
 		}
 	}
-	if evmPage.rest == svmPage.rest {
+	if bytes.Equal(evmPage.rest, svmPage.rest) {
 		t.Fatal("the EVM and Solana pages are the same")
 	}
 }
@@ -222,7 +269,7 @@ func TestOfficialPaywallIsVendored(t *testing.T) {
 		t.Error("LICENSE or NOTICE missing")
 	}
 	for _, p := range []officialPage{evmPage, svmPage} {
-		if !strings.Contains(p.rest, `id="root"`) || !strings.Contains(p.rest, "Bundled license information") {
+		if !bytes.Contains(p.rest, []byte(`id="root"`)) || !bytes.Contains(p.rest, []byte("Bundled license information")) {
 			t.Error("a vendored page is not the package's page")
 		}
 	}
@@ -230,6 +277,7 @@ func TestOfficialPaywallIsVendored(t *testing.T) {
 
 type paywallBrowserResult struct {
 	Status          int      `json:"status"`
+	Encoding        string   `json:"encoding"`
 	Text            string   `json:"text"`
 	Paid            string   `json:"paid"`
 	Balance         string   `json:"balance"`
@@ -265,8 +313,8 @@ func TestOfficialPaywallPaysInABrowser(t *testing.T) {
 		"rpcAt": "http://127.0.0.1:8545", "key": fmt.Sprintf("0x%x", crypto.FromECDSA(key)),
 	}, &res)
 	t.Logf("the page showed:\n%s\nthe balance %q; after paying:\n%s", res.Text, res.Balance, res.Paid)
-	if res.Status != http.StatusPaymentRequired {
-		t.Errorf("the page came with status %d, want 402", res.Status)
+	if res.Status != http.StatusPaymentRequired || res.Encoding != "gzip" {
+		t.Errorf("the page came with status %d, Content-Encoding %q; want 402, gzip", res.Status, res.Encoding)
 	}
 	for _, want := range []string{"Payment Required", "An agent's trust score", "$0.01", "USD Coin"} {
 		if !strings.Contains(res.Text, want) {
@@ -347,8 +395,8 @@ func TestOfficialPaywallPaysOnSolanaInABrowser(t *testing.T) {
 		"url": base + "/score/agent-1", "chromium": chromium, "rpc": e.chain.URL, "solanaKey": e.payer.SecretKey,
 	}, &res)
 	t.Logf("the page showed:\n%s\nafter paying:\n%s", res.Text, res.Paid)
-	if res.Status != http.StatusPaymentRequired {
-		t.Errorf("the page came with status %d, want 402", res.Status)
+	if res.Status != http.StatusPaymentRequired || res.Encoding != "gzip" {
+		t.Errorf("the page came with status %d, Content-Encoding %q; want 402, gzip", res.Status, res.Encoding)
 	}
 	for _, want := range []string{"Payment Required", "An agent's trust score", "$0.01", "Solana Devnet"} {
 		if !strings.Contains(res.Text, want) {

@@ -32,7 +32,7 @@ func TestStaticPaywallShowsTheAppNameAndLogo(t *testing.T) {
 			pr.Accepts = []x402.PaymentRequirements{{Network: tc.firstOffer, Amount: "1"}}
 		}
 		rec := httptest.NewRecorder()
-		if err := tc.p.serve(rec, pr, 6, nil, "http://h/score/a"); err != nil {
+		if err := tc.p.serve(rec, httptest.NewRequest(http.MethodGet, "/", nil), pr, 6, nil, "http://h/score/a"); err != nil {
 			t.Fatal(err)
 		}
 		page := rec.Body.String()

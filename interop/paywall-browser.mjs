@@ -26,7 +26,8 @@
 // browser's CORS check). Nothing else leaves the gateway's origin: every
 // other request is refused and reported.
 // Input on stdin: {"url", "chromium", "rpc"?, "rpcAt"?, "key"?, "solanaKey"?}.
-// Output on stdout: {"status", "text": "<page text>", "paid": "<text after paying>",
+// Output on stdout: {"status", "encoding": "<the page's Content-Encoding>",
+// "text": "<page text>", "paid": "<text after paying>",
 // "balance": "<the balance the page shows once connected>",
 // "offPageRequests": [urls off the origin], "refused": [those not answered],
 // "signed": <number of signatures the wallet made>,
@@ -233,7 +234,8 @@ try {
       });
       paid = await page.locator("body").innerText();
     }
-    process.stdout.write(JSON.stringify({ status: resp.status(), text, paid, balance, offPageRequests, refused, signed, chains, consoleErrors }) + "\n");
+    const encoding = (await resp.headerValue("content-encoding")) ?? "";
+    process.stdout.write(JSON.stringify({ status: resp.status(), encoding, text, paid, balance, offPageRequests, refused, signed, chains, consoleErrors }) + "\n");
   } finally {
     await browser.close();
   }
