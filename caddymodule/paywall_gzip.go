@@ -7,7 +7,6 @@ import (
 	"hash/crc32"
 	"net/http"
 	"slices"
-	"strconv"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/encode"
 )
@@ -67,11 +66,11 @@ func newGzipPage(page officialPage) *gzipPage {
 	}
 }
 
-// write sends the page with script between its head and rest, gzipped,
-// with its Content-Length: what the identity page is, byte for byte, once
-// decompressed.
-func (g *gzipPage) write(w http.ResponseWriter, script []byte) error {
-	stored := make([]byte, 0, len(script)+5*(len(script)/maxStored+1))
+// stream returns the gzip stream of the page with script between its head
+// and rest, in parts, and its length: once decompressed, the identity
+// page byte for byte.
+func (g *gzipPage) stream(script []byte) (parts [4][]byte, n int) {
+	stored := make([]byte, 0, len(script)+5*(len(script)/maxStored+1)+8)
 	for s := script; len(s) > 0; {
 		n := min(len(s), maxStored)
 		// BFINAL 0, BTYPE 00 and the padding to the byte boundary, then
@@ -83,19 +82,9 @@ func (g *gzipPage) write(w http.ResponseWriter, script []byte) error {
 		s = s[n:]
 	}
 	crc := crc32Combine(crc32.Update(g.headCRC, crc32.IEEETable, script), g.restCRC, g.restShift)
-	var trailer [8]byte
-	binary.LittleEndian.PutUint32(trailer[:], crc)
-	binary.LittleEndian.PutUint32(trailer[4:], uint32(g.size+len(script)))
-	h := w.Header()
-	h.Set("Content-Encoding", "gzip")
-	h.Set("Content-Length", strconv.Itoa(len(g.head)+len(stored)+len(g.rest)+len(trailer)))
-	w.WriteHeader(http.StatusPaymentRequired)
-	for _, b := range [][]byte{g.head, stored, g.rest, trailer[:]} {
-		if _, err := w.Write(b); err != nil {
-			return err
-		}
-	}
-	return nil
+	trailer := binary.LittleEndian.AppendUint32(stored[len(stored):], crc)
+	trailer = binary.LittleEndian.AppendUint32(trailer, uint32(g.size+len(script)))
+	return [4][]byte{g.head, stored, g.rest, trailer}, len(g.head) + len(stored) + len(g.rest) + len(trailer)
 }
 
 // acceptsGzip reports whether r takes a gzip answer, as Caddy's encode

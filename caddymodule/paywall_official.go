@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/aovhq/aov/internal/caddyopt"
 	"github.com/aovhq/aov/x402"
@@ -122,16 +124,52 @@ func (p *Paywall) serve(w http.ResponseWriter, r *http.Request, pr x402.PaymentR
 	// The official page's bytes depend on Accept-Encoding: a cache in
 	// between must not hand the gzipped one to a client that did not ask.
 	h.Add("Vary", "Accept-Encoding")
-	if acceptsGzip(r) {
-		return page.gzipped().write(w, script)
+	// Nothing compresses it per request either: Caddy's encode in front
+	// would, for a client that takes another encoding but not gzip (zstd
+	// alone), at any unpaid request's bidding.
+	h.Set("Cache-Control", "no-store, no-transform")
+	parts := [][]byte{page.head, script, page.rest}
+	if !acceptsGzip(r) {
+		w.WriteHeader(http.StatusPaymentRequired)
+	} else {
+		gz, n := page.gzipped().stream(script)
+		h.Set("Content-Encoding", "gzip")
+		h.Set("Content-Length", strconv.Itoa(n))
+		w.WriteHeader(http.StatusPaymentRequired)
+		if !bufferedInFront(w) {
+			parts = gz[:]
+		} else {
+			// A handler in front keeps the answer to replace it or
+			// rewrite it (Caddy's intercept, templates), and what it
+			// sends instead goes under these same headers (intercept
+			// keeps them): the page goes as it is, labelled as such.
+			h.Del("Content-Encoding")
+			h.Del("Content-Length")
+		}
 	}
-	w.WriteHeader(http.StatusPaymentRequired)
-	for _, b := range [][]byte{page.head, script, page.rest} {
+	for _, b := range parts {
 		if _, err := w.Write(b); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// bufferedInFront reports whether a Caddy response recorder in w's chain
+// of wrappers has decided, at WriteHeader, to keep the answer rather than
+// pass it on.
+func bufferedInFront(w http.ResponseWriter) bool {
+	for w != nil {
+		if rr, ok := w.(caddyhttp.ResponseRecorder); ok && rr.Buffered() {
+			return true
+		}
+		u, ok := w.(interface{ Unwrap() http.ResponseWriter })
+		if !ok {
+			return false
+		}
+		w = u.Unwrap()
+	}
+	return false
 }
 
 // official returns the official page that pays offer, when the mode is

@@ -130,38 +130,48 @@ func TestPaywallModesThroughCaddy(t *testing.T) {
 	}
 }
 
+// getEncoded GETs url as a browser taking acceptEncoding, and returns the
+// answer and its body as sent (Go's client decompresses nothing it did not
+// ask for itself); a body cut short or longer than its Content-Length is
+// an error.
+func getEncoded(t *testing.T, url, acceptEncoding string) (*http.Response, []byte) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, url, nil)
+	req.Header.Set("Accept", "text/html")
+	req.Header.Set("Accept-Encoding", acceptEncoding)
+	resp, err := testClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("Accept-Encoding %q: reading the answer (Content-Encoding %q, Content-Length %q, %d bytes read): %v",
+			acceptEncoding, resp.Header.Get("Content-Encoding"), resp.Header.Get("Content-Length"), len(b), err)
+	}
+	return resp, b
+}
+
 // TestOfficialPaywallBehindCaddysEncode: with Caddy's encode handler in
 // front of the gate, the official page goes out gzipped once, by the gate
 // (encode leaves an answer that has its Content-Encoding), even when the
 // client prefers another encoding encode would have used; it decompresses
-// to the page an identity request gets.
+// to the page an identity request gets. A client that takes only another
+// encoding gets the page as it is: encode does not compress it for each
+// unpaid request (no-transform).
 func TestOfficialPaywallBehindCaddysEncode(t *testing.T) {
 	_, fac := sharedDevnet(t)
 	up := newUpstream(t)
 	site := paywallSite(up.URL, fac, "paywall official")
 	base := startCaddy(t, strings.Replace(site, ":{port} {\n", ":{port} {\n\tencode zstd gzip\n", 1))
+	u := base + "/score/agent-1"
 
-	get := func(acceptEncoding string) (*http.Response, []byte) {
-		req, _ := http.NewRequest(http.MethodGet, base+"/score/agent-1", nil)
-		req.Header.Set("Accept", "text/html")
-		req.Header.Set("Accept-Encoding", acceptEncoding) // set: Go's client leaves the body as sent
-		resp, err := testClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		if resp.StatusCode != http.StatusPaymentRequired {
-			t.Fatalf("Accept-Encoding %q: status %d", acceptEncoding, resp.StatusCode)
-		}
-		return resp, b
-	}
-	resp, plain := get("identity")
-	if resp.Header.Get("Content-Encoding") != "" {
-		t.Fatalf("identity asked, Content-Encoding %q", resp.Header.Get("Content-Encoding"))
+	resp, plain := getEncoded(t, u, "identity")
+	if resp.StatusCode != http.StatusPaymentRequired || resp.Header.Get("Content-Encoding") != "" {
+		t.Fatalf("identity asked: status %d, Content-Encoding %q", resp.StatusCode, resp.Header.Get("Content-Encoding"))
 	}
 	officialConfigOf(t, string(plain))
-	resp, gz := get("zstd, gzip")
+	resp, gz := getEncoded(t, u, "zstd, gzip")
 	if ce := resp.Header.Values("Content-Encoding"); len(ce) != 1 || ce[0] != "gzip" {
 		t.Fatalf("Content-Encoding %q, want gzip once", ce)
 	}
@@ -170,6 +180,42 @@ func TestOfficialPaywallBehindCaddysEncode(t *testing.T) {
 	}
 	if len(gz)*3 > len(plain) {
 		t.Errorf("%d bytes on the wire for a page of %d", len(gz), len(plain))
+	}
+	resp, zs := getEncoded(t, u, "zstd")
+	if ce := resp.Header.Get("Content-Encoding"); ce != "" || !bytes.Equal(zs, plain) {
+		t.Errorf("zstd alone asked: Content-Encoding %q, %d bytes; want the page as it is (%d bytes)", ce, len(zs), len(plain))
+	}
+}
+
+// TestOfficialPaywallUnderIntercept: Caddy's intercept in front of the gate
+// keeps the 402 and answers with its handle_response under the gate's
+// headers: what it sends must still be readable by a browser taking gzip
+// (no Content-Encoding or Content-Length left over from a page it did not
+// send), and a 402 it only gives another status keeps the page, readable.
+func TestOfficialPaywallUnderIntercept(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	site := paywallSite(up.URL, fac, "paywall official")
+	base := startCaddy(t, site)
+	_, plain := getEncoded(t, base+"/score/agent-1", "identity")
+	for _, tc := range []struct {
+		name, handle string
+		status       int
+		body         string // "" : the page
+	}{
+		{"a page of its own", "handle_response @pay {\n\t\t\t\trespond \"Please pay at /pricing\" 402\n\t\t\t}", 402, "Please pay at /pricing"},
+		{"an error", "handle_response @pay {\n\t\t\t\terror \"no\" 403\n\t\t\t}", 403, ""},
+		{"another status", "replace_status @pay 403", 403, string(plain)},
+	} {
+		intercepted := strings.Replace(site, "\troute /score/* {\n", "\troute /score/* {\n\t\tintercept {\n\t\t\t@pay status 402\n\t\t\t"+tc.handle+"\n\t\t}\n", 1)
+		loadCaddy(t, portOf(t, base), intercepted)
+		for _, ae := range []string{"identity", "gzip, deflate, br"} {
+			resp, body := getEncoded(t, base+"/score/agent-1", ae)
+			if resp.StatusCode != tc.status || resp.Header.Get("Content-Encoding") != "" || string(body) != tc.body {
+				t.Errorf("intercept with %s, Accept-Encoding %q: status %d, Content-Encoding %q, body %.60q (%d bytes); want %d, none, %.60q",
+					tc.name, ae, resp.StatusCode, resp.Header.Get("Content-Encoding"), body, len(body), tc.status, tc.body)
+			}
+		}
 	}
 }
 
