@@ -994,6 +994,10 @@ type statusOverride struct {
 
 func (s *statusOverride) WriteHeader(int) { s.ResponseWriter.WriteHeader(s.status) }
 
+// Unwrap lets http.ResponseController and the paywall (bufferedInFront)
+// reach the writers in front.
+func (s *statusOverride) Unwrap() http.ResponseWriter { return s.ResponseWriter }
+
 // reasonFor maps a header decoding error to an x402 reason.
 func reasonFor(err error, fallback string) string {
 	if errors.Is(err, x402.ErrUnsupportedVersion) {

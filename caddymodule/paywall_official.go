@@ -156,11 +156,14 @@ func (p *Paywall) serve(w http.ResponseWriter, r *http.Request, pr x402.PaymentR
 }
 
 // bufferedInFront reports whether a Caddy response recorder in w's chain
-// of wrappers has decided, at WriteHeader, to keep the answer rather than
-// pass it on.
+// of wrappers has decided, at the WriteHeader just made, to keep the
+// answer rather than pass it on. A recorder that has not seen WriteHeader
+// yet (Caddy's own around every logged request; any behind an encode,
+// which holds WriteHeader back until the first byte) has decided nothing:
+// it reads as buffered until then.
 func bufferedInFront(w http.ResponseWriter) bool {
 	for w != nil {
-		if rr, ok := w.(caddyhttp.ResponseRecorder); ok && rr.Buffered() {
+		if rr, ok := w.(caddyhttp.ResponseRecorder); ok && rr.Status() != 0 && rr.Buffered() {
 			return true
 		}
 		u, ok := w.(interface{ Unwrap() http.ResponseWriter })

@@ -153,12 +153,14 @@ func getEncoded(t *testing.T, url, acceptEncoding string) (*http.Response, []byt
 // client prefers another encoding encode would have used; it decompresses
 // to the page an identity request gets. A client that takes only another
 // encoding gets the page as it is: encode does not compress it for each
-// unpaid request (no-transform).
+// unpaid request (no-transform). The site logs its requests, as
+// Caddyfile.example's does (Caddy then records every answer, which must
+// not read as a handler keeping the page).
 func TestOfficialPaywallBehindCaddysEncode(t *testing.T) {
 	_, fac := sharedDevnet(t)
 	up := newUpstream(t)
 	site := paywallSite(up.URL, fac, "paywall official")
-	base := startCaddy(t, strings.Replace(site, ":{port} {\n", ":{port} {\n\tencode zstd gzip\n", 1))
+	base := startCaddy(t, strings.Replace(site, ":{port} {\n", ":{port} {\n\tlog {\n\t\toutput discard\n\t}\n\tencode zstd gzip\n", 1))
 	u := base + "/score/agent-1"
 
 	resp, plain := getEncoded(t, u, "identity")
@@ -183,16 +185,16 @@ func TestOfficialPaywallBehindCaddysEncode(t *testing.T) {
 }
 
 // TestOfficialPaywallUnderIntercept: Caddy's intercept in front of the gate
-// keeps the 402 and answers with its handle_response under the gate's
+// keeps the page and answers with its handle_response under the gate's
 // headers: what it sends must still be readable by a browser taking gzip
 // (no Content-Encoding or Content-Length left over from a page it did not
-// send), and a 402 it only gives another status keeps the page, readable.
+// send), and a page it only gives another status stays readable; for the
+// 402 and for the 400 of a malformed payment, which also gets the page.
 func TestOfficialPaywallUnderIntercept(t *testing.T) {
 	_, fac := sharedDevnet(t)
 	up := newUpstream(t)
 	site := paywallSite(up.URL, fac, "paywall official")
 	base := startCaddy(t, site)
-	_, plain := getEncoded(t, base+"/score/agent-1", "identity")
 	for _, tc := range []struct {
 		name, handle string
 		status       int
@@ -200,17 +202,45 @@ func TestOfficialPaywallUnderIntercept(t *testing.T) {
 	}{
 		{"a page of its own", "handle_response @pay {\n\t\t\t\trespond \"Please pay at /pricing\" 402\n\t\t\t}", 402, "Please pay at /pricing"},
 		{"an error", "handle_response @pay {\n\t\t\t\terror \"no\" 403\n\t\t\t}", 403, ""},
-		{"another status", "replace_status @pay 403", 403, string(plain)},
+		{"another status", "replace_status @pay 403", 403, "the page"},
 	} {
-		intercepted := strings.Replace(site, "\troute /score/* {\n", "\troute /score/* {\n\t\tintercept {\n\t\t\t@pay status 402\n\t\t\t"+tc.handle+"\n\t\t}\n", 1)
+		intercepted := strings.Replace(site, "\troute /score/* {\n", "\troute /score/* {\n\t\tintercept {\n\t\t\t@pay status 4xx\n\t\t\t"+tc.handle+"\n\t\t}\n", 1)
 		loadCaddy(t, portOf(t, base), intercepted)
-		for _, ae := range []string{"identity", "gzip, deflate, br"} {
-			resp, body := getEncoded(t, base+"/score/agent-1", ae)
-			if resp.StatusCode != tc.status || resp.Header.Get("Content-Encoding") != "" || string(body) != tc.body {
-				t.Errorf("intercept with %s, Accept-Encoding %q: status %d, Content-Encoding %q, body %.60q (%d bytes); want %d, none, %.60q",
-					tc.name, ae, resp.StatusCode, resp.Header.Get("Content-Encoding"), body, len(body), tc.status, tc.body)
+		for _, payment := range []string{"", "!!!not-base64!!!"} {
+			for _, ae := range []string{"identity", "gzip, deflate, br"} {
+				req, _ := http.NewRequest(http.MethodGet, base+"/score/agent-1", nil)
+				req.Header.Set("Accept", "text/html")
+				req.Header.Set("Accept-Encoding", ae)
+				if payment != "" {
+					req.Header.Set(x402.HeaderPaymentSignature, payment)
+				}
+				resp, err := testClient.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				body, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				readable := err == nil && resp.Header.Get("Content-Encoding") == ""
+				if readable && tc.body == "the page" {
+					readable = windowX402.Match(body)
+				} else if readable {
+					readable = string(body) == tc.body
+				}
+				if resp.StatusCode != tc.status || !readable {
+					t.Errorf("intercept with %s, payment %q, Accept-Encoding %q: status %d, Content-Encoding %q, Content-Length %q, body %.60q (%d bytes, %v); want %d and %.60q",
+						tc.name, payment, ae, resp.StatusCode, resp.Header.Get("Content-Encoding"), resp.Header.Get("Content-Length"), body, len(body), err, tc.status, tc.body)
+				}
 			}
 		}
+	}
+
+	// A route that puts encode between intercept and the gate: the
+	// handle_response README shows removes the page's headers itself.
+	outside := strings.Replace(site, "\troute /score/* {\n", "\troute /score/* {\n\t\tintercept {\n\t\t\t@pay status 4xx\n\t\t\thandle_response @pay {\n"+
+		"\t\t\t\theader -Content-Encoding\n\t\t\t\theader -Content-Length\n\t\t\t\trespond \"Please pay at /pricing\" 402\n\t\t\t}\n\t\t}\n\t\tencode gzip\n", 1)
+	loadCaddy(t, portOf(t, base), outside)
+	if resp, body := getEncoded(t, base+"/score/agent-1", "gzip"); resp.StatusCode != 402 || resp.Header.Get("Content-Encoding") != "" || string(body) != "Please pay at /pricing" {
+		t.Errorf("intercept outside encode, its page's headers removed: status %d, Content-Encoding %q, body %.60q", resp.StatusCode, resp.Header.Get("Content-Encoding"), body)
 	}
 }
 
