@@ -139,10 +139,10 @@ func (p *Paywall) serve(w http.ResponseWriter, r *http.Request, pr x402.PaymentR
 		if !bufferedInFront(w) {
 			parts = gz[:]
 		} else {
-			// A handler in front keeps the answer to replace it or
-			// rewrite it (Caddy's intercept, templates), and what it
-			// sends instead goes under these same headers (intercept
-			// keeps them): the page goes as it is, labelled as such.
+			// A handler in front keeps the answer (Caddy's intercept,
+			// to replace it or change its status), and what it sends
+			// instead goes under these same headers (intercept keeps
+			// them): the page goes as it is, labelled as such.
 			h.Del("Content-Encoding")
 			h.Del("Content-Length")
 		}

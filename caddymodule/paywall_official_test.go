@@ -190,6 +190,8 @@ func TestOfficialPaywallBehindCaddysEncode(t *testing.T) {
 // (no Content-Encoding or Content-Length left over from a page it did not
 // send), and a page it only gives another status stays readable; for the
 // 402 and for the 400 of a malformed payment, which also gets the page.
+// README's remedy where an encode sits between them, and another recorder
+// that keeps the answer (log_append of the body), are checked too.
 func TestOfficialPaywallUnderIntercept(t *testing.T) {
 	_, fac := sharedDevnet(t)
 	up := newUpstream(t)
@@ -241,6 +243,13 @@ func TestOfficialPaywallUnderIntercept(t *testing.T) {
 	loadCaddy(t, portOf(t, base), outside)
 	if resp, body := getEncoded(t, base+"/score/agent-1", "gzip"); resp.StatusCode != 402 || resp.Header.Get("Content-Encoding") != "" || string(body) != "Please pay at /pricing" {
 		t.Errorf("intercept outside encode, its page's headers removed: status %d, Content-Encoding %q, body %.60q", resp.StatusCode, resp.Header.Get("Content-Encoding"), body)
+	}
+	// log_append of the response body records and keeps every answer: it
+	// gets the page uncompressed, and sends it so.
+	logged := strings.Replace(site, ":{port} {\n", ":{port} {\n\tlog {\n\t\toutput discard\n\t}\n\tlog_append resp_body {http.response.body}\n", 1)
+	loadCaddy(t, portOf(t, base), logged)
+	if resp, body := getEncoded(t, base+"/score/agent-1", "gzip"); resp.StatusCode != 402 || resp.Header.Get("Content-Encoding") != "" || !windowX402.Match(body) {
+		t.Errorf("log_append of the response body in front: status %d, Content-Encoding %q, %d bytes; want the page uncompressed", resp.StatusCode, resp.Header.Get("Content-Encoding"), len(body))
 	}
 }
 
