@@ -39,7 +39,7 @@ func loadCaddyServers(t *testing.T, port int, servers, logFile, sites string) {
 	}
 	cfg := fmt.Sprintf("{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n\thttp_port %d\n\tstorage file_system %s\n\tlog {\n\t\toutput %s\n\t}\n\tservers {\n%s\n\t}\n}\n",
 		port, t.TempDir(), output, servers)
-	cfg += strings.NewReplacer("{port}", fmt.Sprint(port), "{data}", t.TempDir()).Replace(sites)
+	cfg += strings.NewReplacer("{port}", fmt.Sprint(port), "{data}", dataDir(t)).Replace(sites)
 	js, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cfg), map[string]any{"filename": "Caddyfile"})
 	if err != nil {
 		t.Fatalf("adapting: %v", err)

@@ -2,8 +2,10 @@ package caddymodule
 
 import (
 	"fmt"
+	"io/fs"
 	"net"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -64,12 +66,48 @@ func tryLoadCaddy(t testing.TB, port int, sites string) error {
 	// app cleans it in a goroutine of its own, which can still be writing
 	// when a test's temporary folder is removed.
 	cfg := fmt.Sprintf("{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n\thttp_port %d\n\tstorage file_system %s\n\tlog {\n\t\toutput discard\n\t}\n}\n", port, caddyStorage)
-	cfg += strings.NewReplacer("{port}", fmt.Sprint(port), "{data}", t.TempDir()).Replace(sites)
+	cfg += strings.NewReplacer("{port}", fmt.Sprint(port), "{data}", dataDir(t)).Replace(sites)
 	js, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cfg), map[string]any{"filename": "Caddyfile"})
 	if err != nil {
 		t.Fatalf("adapting Caddyfile: %v\n%s", err, cfg)
 	}
 	return caddy.Load(js, true)
+}
+
+// dataDir is a fresh {data} folder for one config load. Caddy stops a
+// config without waiting for its requests in flight (only an exiting
+// process waits), and a store closes when the last of them ends
+// (internal/inflight): a request still running when its test ends (an
+// answer its client never read) can have Badger close, writing its last
+// files, while the folder is being removed. So before the folder goes,
+// Caddy is stopped and the test waits (10 s at most) until no Badger under
+// it holds its directory lock (the LOCK file Badger removes at Close).
+func dataDir(t testing.TB) string {
+	t.Helper()
+	dir := t.TempDir()
+	t.Cleanup(func() {
+		caddy.Stop()
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			if !badgerOpenUnder(dir) {
+				return
+			}
+		}
+		t.Logf("a Badger store under %s was still open 10 s after its test", dir)
+	})
+	return dir
+}
+
+// badgerOpenUnder reports whether a Badger database under dir is open.
+func badgerOpenUnder(dir string) bool {
+	open := false
+	filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && d.Name() == "LOCK" {
+			open = true
+			return filepath.SkipAll
+		}
+		return nil
+	})
+	return open
 }
 
 // waitServing waits until requests on new connections to port get answers
