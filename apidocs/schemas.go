@@ -167,7 +167,7 @@ func componentSchemas() obj {
 		"Attestation": closed([]string{"algorithm", "key_version", "timestamp", "signature"}, obj{
 			"algorithm":   obj{"const": "Ed25519"},
 			"key_version": str(""),
-			"timestamp":   str("The same instant as verified_at."),
+			"timestamp":   str("The same instant as verified_at, or as a trust score's computed_at."),
 			"signature":   obj{"type": "string", "contentEncoding": "base64", "description": "Standard base64 of the 64-byte Ed25519 signature over the RFC 8785 form of {context, algorithm, key_version, attested_at, response}."},
 		}, "The Ed25519 receipt."),
 		"Error": obj{
@@ -298,7 +298,7 @@ func componentSchemas() obj {
 				}},
 				"inputs":      obj{"type": "object", "description": "Whether the agent has an owner (`owned`: then only its owner's verifications are evidence), the evidence window (`not_counted`: verifications recorded under the id that are not evidence of this score, that is `counts.total` minus `records`: others' labels of an owned id, and records older than the horizon or beyond the record cap or the read limit; `truncated`: evidence inside the horizon was, or may have been, left out because the record cap was reached or twice `max_records` records were read), the exact counts in it and the decayed counts the bound was computed from."},
 				"counts":      obj{"type": "object", "description": "All-time totals, authenticated apart from unauthenticated."},
-				"computed_at": obj{"type": "string"},
+				"computed_at": obj{"type": "string", "description": "When the score was computed: the same instant as attestation.timestamp, as verifiers require."},
 				"verify":      ref("VerifyBlock"),
 				"attestation": ref("Attestation"),
 			},

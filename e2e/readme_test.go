@@ -604,6 +604,20 @@ func TestReadmeReceiptByHandRefusesWhatThePackageRefuses(t *testing.T) {
 			`"task_id":"invoice-` + "\uFFFD" + `","output_hash":"` + strings.Repeat("ab", 32) + `","verified_at":"` + verifiedAt + `",` +
 			`"verify":{"public_key_url":"https://verifier.example/.well-known/agent-card.json","key_version":"` + verifyKV + `"}}`)
 	}
+	// score is a trust score whose computed_at and verify.key_version say
+	// computedAt and verifyKV; signScore signs one under the score context.
+	score := func(computedAt, verifyKV string) []byte {
+		return []byte(`{"agent_id":"a1","score":0.75,"inputs":{"window":{"to":"` + computedAt + `"}},"computed_at":"` + computedAt + `",` +
+			`"verify":{"key_version":"` + verifyKV + `"}}`)
+	}
+	signScore := func(t *testing.T, priv ed25519.PrivateKey, kv, at string, resp []byte) []byte {
+		att, err := receipt.Sign(priv, receipt.ContextScore, kv, at, resp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, _ := json.Marshal(att)
+		return append(append(append(resp[:len(resp)-1:len(resp)-1], `,"attestation":`...), a...), '}')
+	}
 	signExtra := func(t *testing.T, priv ed25519.PrivateKey, kv, at, extra string) []byte {
 		return signResponse(t, priv, kv, at, response(at, kv, extra))
 	}
@@ -910,22 +924,39 @@ func TestReadmeReceiptByHandRefusesWhatThePackageRefuses(t *testing.T) {
 		{
 			desc: "a receipt with no output_hash (a score's shape) signed under the verify context is refused",
 			receipt: func(t *testing.T) []byte {
-				return signResponse(t, k2, "k2", at, []byte(`{"result":"pass","task_id":"t1","verified_at":"`+at+`","verify":{"key_version":"k2"}}`))
+				return signResponse(t, k2, "k2", at, []byte(`{"result":"pass","task_id":"t1","verified_at":"`+at+`","computed_at":"`+at+`","verify":{"key_version":"k2"}}`))
 			},
 			card: good, refusal: `Signature Verification Failure`,
 		},
 		{
-			desc: "a trust score receipt, signed under the score context, verifies",
+			desc:    "a trust score receipt, signed under the score context, verifies",
+			receipt: func(t *testing.T) []byte { return signScore(t, k2, "k2", at, score(at, "k2")) },
+			card:    good, verifies: true,
+		},
+		{
+			desc: "a trust score whose computed_at is the same instant in another offset verifies",
 			receipt: func(t *testing.T) []byte {
-				resp := []byte(`{"agent_id":"a1","score":0.75,"verified_at":"` + at + `","verify":{"key_version":"k2"}}`)
-				att, err := receipt.Sign(k2, receipt.ContextScore, "k2", at, resp)
-				if err != nil {
-					t.Fatal(err)
-				}
-				a, _ := json.Marshal(att)
-				return append(append(append(resp[:len(resp)-1:len(resp)-1], `,"attestation":`...), a...), '}')
+				return signScore(t, k2, "k2", at, score("2026-11-30T03:07:28.123456+05:45", "k2"))
 			},
 			card: good, verifies: true,
+		},
+		// A score's own time is computed_at: a leaked retired key can date
+		// its signature inside its service life and the score today.
+		// (Before: only verified_at was tied to the timestamp, and this
+		// verified.)
+		{
+			desc: "a retired key's trust score dated in its service life whose computed_at says a year later is refused",
+			receipt: func(t *testing.T) []byte {
+				return signScore(t, k1, "k1", "2026-11-28T21:00:00Z", score("2027-11-28T21:00:00Z", "k1"))
+			},
+			card: good, refusal: `refused: computed_at is not the instant of attestation.timestamp`,
+		},
+		{
+			desc: "a trust score without computed_at is refused",
+			receipt: func(t *testing.T) []byte {
+				return signScore(t, k2, "k2", at, []byte(`{"agent_id":"a1","score":0.75,"verify":{"key_version":"k2"}}`))
+			},
+			card: good, refusal: `refused: computed_at is not the instant of attestation.timestamp`,
 		},
 		{
 			desc: "numbers, escapes and member order JSON.parse and Go read alike verify",

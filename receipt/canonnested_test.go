@@ -34,9 +34,11 @@ func nestedObjects(depth, pad int, top string, unsorted bool) []byte {
 
 // hostileReceipt is a receipt of size bytes (within maxReceiptBytes) nested
 // as deep as the canonicalizer allows, with or without its members in order.
+// It has a trust score's shape (no output_hash, a computed_at at its
+// timestamp), so Verify goes as far as the signature.
 func hostileReceipt(size int, unsorted bool) []byte {
 	const depth = maxAppendDepth - 100
-	top := `{"attestation":{"algorithm":"Ed25519","key_version":"k1","timestamp":"2026-01-01T00:00:00Z","signature":"` + strings.Repeat("A", 86) + `=="},"x":`
+	top := `{"attestation":{"algorithm":"Ed25519","key_version":"k1","timestamp":"2026-01-01T00:00:00Z","signature":"` + strings.Repeat("A", 86) + `=="},"computed_at":"2026-01-01T00:00:00Z","x":`
 	doc := nestedObjects(depth, size-depth*len(`{"b":,"a":0}`)-len(top)-len(`""}`), top, unsorted)
 	return append(doc, '}')
 }

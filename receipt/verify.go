@@ -151,7 +151,9 @@ func VerifyReceipt(resp []byte, keys KeySet, context string) error {
 // Beyond the signature it checks what a reader would otherwise trust
 // without proof: attestation.algorithm is Ed25519, attestation.key_version
 // equals verify.key_version, attestation.timestamp is the same instant as
-// verified_at (where the response has one), the key is not marked
+// verified_at (where the response has one) and, under ContextScore, as
+// computed_at (which every trust score carries: it is the time the score is
+// of, and its window ends there), the key is not marked
 // compromised at the receipt's timestamp, and the timestamp lies within the
 // key's service life as the card publishes it (createdAt to retiredAt, each
 // widened by MaxSigningSkew).
@@ -198,12 +200,17 @@ func Verify(resp []byte, keys KeySet, context string) (Verified, error) {
 		return Verified{}, fmt.Errorf("attestation.timestamp %s is not an RFC 3339 time", quoteShort(att.Timestamp))
 	}
 	if va, present := doc["verified_at"]; present {
-		vs, _ := va.(string)
-		if vs != att.Timestamp {
-			vt, err := ParseTime(vs)
-			if err != nil || !vt.Equal(at) {
-				return Verified{}, fmt.Errorf("attestation.timestamp %s is not the instant of verified_at %s", quoteShort(att.Timestamp), quoteShort(vs))
-			}
+		if err := sameInstant(att.Timestamp, at, "verified_at", va); err != nil {
+			return Verified{}, err
+		}
+	}
+	if context == ContextScore {
+		ca, present := doc["computed_at"]
+		if !present {
+			return Verified{}, errors.New("receipt has no computed_at, which every trust score carries")
+		}
+		if err := sameInstant(att.Timestamp, at, "computed_at", ca); err != nil {
+			return Verified{}, err
 		}
 	}
 
@@ -233,6 +240,22 @@ func Verify(resp []byte, keys KeySet, context string) (Verified, error) {
 		return Verified{}, ErrSignature
 	}
 	return Verified{Context: context, KeyVersion: att.KeyVersion, Timestamp: att.Timestamp}, nil
+}
+
+// sameInstant checks that the member name of a receipt (verified_at,
+// computed_at), whose value is v, is a string naming instant at, the
+// attestation's timestamp ts. Both are signed but chosen by whoever holds the
+// key, so without this a leaked retired key could sign a receipt dated
+// within its service life whose own time says today.
+func sameInstant(ts string, at time.Time, name string, v any) error {
+	s, _ := v.(string)
+	if s == ts {
+		return nil
+	}
+	if t, err := ParseTime(s); err == nil && t.Equal(at) {
+		return nil
+	}
+	return fmt.Errorf("attestation.timestamp %s is not the instant of %s %s", quoteShort(ts), name, quoteShort(s))
 }
 
 // verifySignature is RFC 8032 Ed25519 verification as crypto/ed25519 does
@@ -510,7 +533,7 @@ func quoteShort(s string) string {
 }
 
 // ParseTime reads a time of a receipt or an agent card (attestation.timestamp,
-// verified_at, createdAt, retiredAt, compromisedSince): RFC 3339, in the one
+// verified_at, computed_at, createdAt, retiredAt, compromisedSince): RFC 3339, in the one
 // form it is written, YYYY-MM-DDThh:mm:ss, an optional fraction after a
 // period, then Z or ±hh:mm. time.Parse alone also takes a one-digit hour, a
 // comma before the fraction and offsets of +24:00 or 60 minutes, which

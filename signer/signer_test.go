@@ -117,7 +117,8 @@ func (f *fixture) raw(t *testing.T, method, path, contentType, secret string, bo
 }
 
 // sampleResponse is a typical verification response without its attestation,
-// padded to about size bytes.
+// padded to about size bytes. It carries a computed_at at its verified_at,
+// as a trust score does, so that it verifies signed under either context.
 func sampleResponse(kv string, at string, size int) []byte {
 	doc := map[string]any{
 		"summary":          map[string]any{"result": "pass", "blocking_checks": []any{}},
@@ -130,6 +131,7 @@ func sampleResponse(kv string, at string, size int) []byte {
 		"schema_hash":      strings.Repeat("cd", 32),
 		"rules_hash":       strings.Repeat("ef", 32),
 		"verified_at":      at,
+		"computed_at":      at,
 		"verifier_version": "aov/1.0.0",
 		"enforce_rules":    true,
 		"overall":          map[string]any{"ratio": 1.0, "passed": 23, "total": 23},

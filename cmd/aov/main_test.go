@@ -227,7 +227,7 @@ func TestReceiptVerify(t *testing.T) {
 			a["signature"] = b64(sig)
 		}), args: []string{"--card", twoKeys}, code: 1, stdout: "invalid: signature does not match\n"},
 		{desc: "the wrong public key is invalid", receipt: genuine, args: []string{"--public-key", b64(pubX)}, code: 1, stdout: "invalid: signature does not match\n"},
-		{desc: "the wrong context is invalid", receipt: genuine, args: []string{"--card", twoKeys, "--context", "score"}, code: 1, stdout: "invalid: signature does not match\n"},
+		{desc: "the wrong context is invalid", receipt: genuine, args: []string{"--card", twoKeys, "--context", "score"}, code: 1, stdout: "invalid: receipt has no computed_at, which every trust score carries\n"},
 		{desc: "a key version the card does not list is invalid and named", receipt: genuine, args: []string{"--card", onlyK1}, code: 1, stdout: "invalid: no public key for key_version k2 (the keys given are k1)\n"},
 		{desc: "a compact receipt with the request it answers is valid", receipt: compact, args: []string{"--card", twoKeys, "--request", compactSent}, code: 0, stdout: "valid\n"},
 		{desc: "a compact receipt made without enforce_rules is invalid for a request that enforced them", receipt: compact, args: []string{"--card", twoKeys, "--request", compactEnforced}, code: 1, stdout: "invalid: enforce_rules differs: receipt has false, request gives true\n"},

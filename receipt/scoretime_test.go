@@ -1,0 +1,88 @@
+package receipt
+
+import (
+	"bytes"
+	"errors"
+	"strings"
+	"testing"
+)
+
+// A trust score's own time is computed_at, not verified_at. A leaked
+// retired key dates its signature inside its service life and writes today
+// into computed_at (and into inputs.window.to): Verify refuses it as it
+// refuses the same trick on a verification receipt's verified_at. (Before:
+// only verified_at was tied to attestation.timestamp, and the score
+// verified.)
+func TestLeakedRetiredKeyCannotDateAScoreAfterItsRetirement(t *testing.T) {
+	pub1, priv1 := seededKey(1)
+	pub2, _ := seededKey(2)
+	card := cardWith("k2",
+		cardKey{version: "k1", status: "retired", createdAt: "2026-01-01T00:00:00Z", retiredAt: "2026-06-01T00:00:00Z", pub: pub1},
+		cardKey{version: "k2", status: "current", createdAt: "2026-06-01T00:00:00Z", pub: pub2})
+	keys, err := KeysFromCard(card)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const inLife = "2026-05-01T00:00:00Z" // while k1 was in service
+	// Control: the same trick on a verification receipt is refused.
+	ver := fullResponse(t, "k1") // verified_at 2026-11-29, after k1 retired
+	if err := VerifyReceipt(attach(t, priv1, ContextVerify, "k1", inLife, ver), keys, ""); err == nil {
+		t.Fatal("control: verification receipt with verified_at after retirement verified")
+	}
+	// The score receipt: computed_at says 2026-11-29, six months after k1 retired.
+	forged := attach(t, priv1, ContextScore, "k1", inLife, scoreResponse("k1"))
+	for _, context := range []string{"", ContextScore} {
+		v, err := Verify(forged, keys, context)
+		if err == nil || !strings.Contains(err.Error(), "attestation.timestamp 2026-05-01T00:00:00Z is not the instant of computed_at "+fixtureTime) {
+			t.Errorf("context %q: a score signed with retired key k1 (retired 2026-06-01), computed_at %s: %+v, %v", context, fixtureTime, v, err)
+		}
+	}
+	// Dated honestly, inside k1's life, it verifies.
+	honest := bytes.Replace(scoreResponse("k1"), []byte(fixtureTime), []byte(inLife), 1)
+	if err := VerifyReceipt(attach(t, priv1, ContextScore, "k1", inLife, honest), keys, ""); err != nil {
+		t.Errorf("a score computed and signed while k1 was in service: %v", err)
+	}
+}
+
+// computed_at is held to verified_at's rule: a string naming the
+// attestation's instant, in any offset; absent from a score, it is refused,
+// since a score without it has no time of its own a reader could trust.
+func TestScoreComputedAtIsTheSigningInstant(t *testing.T) {
+	pub, priv := seededKey(2)
+	keys := SingleKey("", pub)
+	score := func(computedAt string) []byte {
+		return bytes.Replace(scoreResponse("k2"), []byte(`"`+fixtureTime+`"`), []byte(computedAt), 1)
+	}
+	noComputedAt := bytes.Replace(scoreResponse("k2"), []byte(`"computed_at":"`+fixtureTime+`",`), nil, 1)
+	if bytes.Contains(noComputedAt, []byte("computed_at")) {
+		t.Fatal("fixture still has computed_at")
+	}
+	for _, tc := range []struct {
+		desc    string
+		receipt []byte
+		want    string // "" verifies
+	}{
+		{"the same string verifies", score(`"` + fixtureTime + `"`), ""},
+		{"the same instant in another offset verifies", score(`"2026-11-30T03:07:28.123456+05:45"`), ""},
+		{"the same instant with a longer fraction verifies", score(`"2026-11-29T21:22:28.123456000Z"`), ""},
+		{"a microsecond later is refused", score(`"2026-11-29T21:22:28.123457+00:00"`), "is not the instant of computed_at 2026-11-29T21:22:28.123457+00:00"},
+		{"a time that is not RFC 3339 is refused", score(`"2026-11-29 21:22:28.123456Z"`), "is not the instant of computed_at"},
+		{"null is refused", score(`null`), "is not the instant of computed_at"},
+		{"a number is refused", score(`1796332948`), "is not the instant of computed_at"},
+		{"a score without computed_at is refused", noComputedAt, "receipt has no computed_at"},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			_, err := Verify(attach(t, priv, ContextScore, "k2", fixtureTime, tc.receipt), keys, "")
+			if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+				t.Fatalf("Verify: %v; want %q", err, tc.want)
+			}
+			if tc.want != "" && errors.Is(err, ErrSignature) {
+				t.Fatalf("refused for its signature, not its time: %v", err)
+			}
+		})
+	}
+	// A verification receipt needs no computed_at: its time is verified_at.
+	if err := VerifyReceipt(attach(t, priv, ContextVerify, "k2", fixtureTime, fullResponse(t, "k2")), keys, ""); err != nil {
+		t.Fatalf("a verification receipt: %v", err)
+	}
+}
