@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -653,6 +654,14 @@ func TestReadmeReceiptByHandRefusesWhatThePackageRefuses(t *testing.T) {
 		}
 	}
 	genuine := func(t *testing.T) []byte { return sign(t, k2, "k2", at) }
+	// weakKey is the base64 of a key given in hex.
+	weakKey := func(h string) string {
+		b, err := hex.DecodeString(h)
+		if err != nil || len(b) != ed25519.PublicKeySize {
+			t.Fatalf("weak key %s: %v", h, err)
+		}
+		return base64.StdEncoding.EncodeToString(b)
+	}
 	with := func(e entry, member, value string) entry {
 		c := maps.Clone(e)
 		c[member] = value
@@ -809,6 +818,42 @@ func TestReadmeReceiptByHandRefusesWhatThePackageRefuses(t *testing.T) {
 			desc: "a publicKeyEncoding hex is refused", receipt: genuine,
 			card:    func(t *testing.T) []byte { return card(t, retiredK1, with(currentK2, "publicKeyEncoding", "hex")) },
 			refusal: `refused: a key of the card has no keyVersion or no base64 publicKey of 32 bytes`,
+		},
+		// A key must be the canonical encoding of a point not of small
+		// order, on every entry. (Before: key.mjs never looked at the point,
+		// and OpenSSL verified the forgery below under the identity key.)
+		{
+			desc: "a receipt nobody signed, 01 00…00 ‖ 00…00, under a card key that is the identity point is refused",
+			receipt: func(t *testing.T) []byte {
+				sig := base64.StdEncoding.EncodeToString(append([]byte{1}, make([]byte, 63)...))
+				resp := response(at, "k2", "")
+				return append(resp[:len(resp)-1:len(resp)-1], `,"attestation":{"algorithm":"Ed25519","key_version":"k2","timestamp":"`+at+`","signature":"`+sig+`"}}`...)
+			},
+			card: func(t *testing.T) []byte {
+				return card(t, retiredK1, with(currentK2, "publicKey", weakKey("01"+strings.Repeat("00", 31))))
+			},
+			refusal: `refused: a key of the card is of small order or not a canonical curve point`,
+		},
+		{
+			desc: "another key's publicKey of order 8 is refused", receipt: genuine,
+			card: func(t *testing.T) []byte {
+				return card(t, with(retiredK1, "publicKey", weakKey("c7176a703d4dd84fba3c0b760d10670f2a2053fa2c39ccc64ec7fd7792ac037a")), currentK2)
+			},
+			refusal: `refused: a key of the card is of small order or not a canonical curve point`,
+		},
+		{
+			desc: "another key's publicKey encoding y = p + 1 (the identity, not canonically) is refused", receipt: genuine,
+			card: func(t *testing.T) []byte {
+				return card(t, with(retiredK1, "publicKey", weakKey("ee"+strings.Repeat("ff", 30)+"7f")), currentK2)
+			},
+			refusal: `refused: a key of the card is of small order or not a canonical curve point`,
+		},
+		{
+			desc: "another key's publicKey that is no curve point (y = 2) is refused", receipt: genuine,
+			card: func(t *testing.T) []byte {
+				return card(t, with(retiredK1, "publicKey", weakKey("02"+strings.Repeat("00", 31))), currentK2)
+			},
+			refusal: `refused: a key of the card is of small order or not a canonical curve point`,
 		},
 		{
 			desc: "a card whose publicKeys is one object, not an array, is refused", receipt: genuine,
