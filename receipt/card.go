@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 )
 
 // MaxCardBytes caps an agent card read by FetchCard: a card is small, and
@@ -20,34 +21,51 @@ const MaxCardBytes = 1 << 20
 // never from https to anything else: the keys on the card decide which
 // receipts verify, and a plain-http leg lets whoever is on the network path
 // supply them. Errors name the URL without its user information (which may
-// be a password) and never carry the server's text.
+// be a password, or a token given as the user name) and never carry the
+// server's text.
 func FetchCard(ctx context.Context, client *http.Client, cardURL string) ([]byte, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, cardURL, nil)
 	if err != nil {
 		return nil, errors.New("the card URL does not parse")
 	}
-	named := *req.URL
-	named.User = nil
-	url := named.String()
+	named := withoutUserInfo(req.URL)
 	req.Header.Set("Accept", "application/json")
 	c := *client
 	c.CheckRedirect = checkCardRedirect
 	res, err := c.Do(req)
 	if err != nil {
+		// net/http's *url.Error names the URL it was at (the card's, or a
+		// redirect's target) with a password masked but a user name as
+		// given, and a token is often given as one: https://TOKEN@host/.
+		if ue, ok := errors.AsType[*url.Error](err); ok {
+			if u, perr := url.Parse(ue.URL); perr == nil {
+				ue.URL = withoutUserInfo(u)
+			} else {
+				ue.URL = named
+			}
+		}
 		return nil, err
 	}
 	defer res.Body.Close()
 	if res.StatusCode != http.StatusOK {
-		return nil, &CardStatusError{URL: url, Status: res.StatusCode}
+		return nil, &CardStatusError{URL: named, Status: res.StatusCode}
 	}
 	b, err := io.ReadAll(io.LimitReader(res.Body, MaxCardBytes+1))
 	if err != nil {
-		return nil, fmt.Errorf("reading %s: %w", url, err)
+		return nil, fmt.Errorf("reading %s: %w", named, err)
 	}
 	if len(b) > MaxCardBytes {
-		return nil, fmt.Errorf("%s sent more than %d bytes", url, MaxCardBytes)
+		return nil, fmt.Errorf("%s sent more than %d bytes", named, MaxCardBytes)
 	}
 	return b, nil
+}
+
+// withoutUserInfo is u as FetchCard's errors name it: with no user
+// information.
+func withoutUserInfo(u *url.URL) string {
+	c := *u
+	c.User = nil
+	return c.String()
 }
 
 // CardStatusError is FetchCard's error for a server that answered with a

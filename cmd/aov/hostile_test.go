@@ -154,3 +154,36 @@ func TestWalletAuthKeyFileIsBoundedAndChecked(t *testing.T) {
 		}
 	}
 }
+
+// A card URL's user information (a token given as the user name, or a
+// password) is printed in no error, even one net/http makes: nothing
+// listening, or a redirect that fails. (Before: the token was printed as
+// given.)
+func TestReceiptVerifyPrintsNoUserInfoOfTheCardURL(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := ln.Addr().String()
+	ln.Close()
+	redirect := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "http://ghp_REDIRECTTOKEN@"+closed+"/moved", http.StatusFound)
+	}))
+	defer redirect.Close()
+	_, priv := key(1)
+	rf := writeFile(t, t.TempDir(), "r.json", signedReceipt(t, invoiceRequest, priv, "k1"))
+	for _, tc := range []struct{ cardURL, named string }{
+		{"http://ghp_SECRETTOKEN@" + closed + "/card", "http://" + closed + "/card"},
+		{"http://reader:ghp_SECRETTOKEN@" + closed + "/card", "http://" + closed + "/card"},
+		{strings.Replace(redirect.URL, "http://", "http://ghp_SECRETTOKEN@", 1) + "/card", "http://" + closed + "/moved"},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := run([]string{"receipt", "verify", "--card", tc.cardURL, rf}, nil, &stdout, &stderr)
+		if code != exitTrouble || stdout.Len() != 0 || !strings.HasPrefix(stderr.String(), "error: loading the agent card: ") || !strings.Contains(stderr.String(), tc.named) {
+			t.Errorf("%s: exit %d, stdout %q, stderr %q; want %d and an error naming %s", tc.cardURL, code, stdout.String(), stderr.String(), exitTrouble, tc.named)
+		}
+		if out := stdout.String() + stderr.String(); strings.Contains(out, "ghp_") || strings.Contains(out, "reader") || strings.Contains(out, "***") {
+			t.Errorf("%s: the output carries the URL's user information: %q", tc.cardURL, out)
+		}
+	}
+}
