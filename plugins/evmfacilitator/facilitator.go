@@ -76,7 +76,22 @@ type Config struct {
 	// FailureWindow is how long a reverted settlement counts. Default
 	// DefaultFailureWindow.
 	FailureWindow time.Duration
+	// MaxSettlementGas is the most gas a settlement may use: its
+	// transaction's gas limit never exceeds it, and a payment whose
+	// simulation, EIP-1271 check or gas estimate needs more is refused
+	// before anything is sent. A payer whose account is a contract runs
+	// its own code (isValidSignature) inside the settlement, at the
+	// relayer's gas. Default DefaultMaxSettlementGas.
+	MaxSettlementGas uint64
 }
+
+// DefaultMaxSettlementGas is the default Config.MaxSettlementGas: several
+// times what an EOA's transferWithAuthorization uses (60,000 to 80,000
+// gas), enough for a smart wallet whose isValidSignature verifies a
+// passkey (P-256) signature in Solidity (300,000 to 400,000 gas, as
+// Coinbase Smart Wallet's do), and a bound on what any contract payer can
+// make the relayer spend on one settlement.
+const DefaultMaxSettlementGas = 500_000
 
 // Facilitator verifies and settles x402 "exact" EVM payments (EIP-3009
 // transferWithAuthorization) on one chain, submitting settlements from its
@@ -191,6 +206,9 @@ func newFacilitator(cfg Config, nonces *nonceSet) (*Facilitator, error) {
 	if cfg.FailureWindow <= 0 {
 		cfg.FailureWindow = DefaultFailureWindow
 	}
+	if cfg.MaxSettlementGas == 0 {
+		cfg.MaxSettlementGas = DefaultMaxSettlementGas
+	}
 	f := &Facilitator{
 		chain:    cfg.Chain,
 		network:  cfg.Network,
@@ -243,8 +261,11 @@ type checked struct {
 	recovered     bool // sig is an EOA signature that recovers to auth.From
 	isCode        bool // the payer is a contract account (EIP-1271)
 	txData        []byte
-	resp          x402.VerifyResponse
-	invalid       bool
+	// fees are the settlement transaction's, read once (quote): the
+	// simulations run at them, and send pays them.
+	fees    *fees
+	resp    x402.VerifyResponse
+	invalid bool
 	// spent: refused because the token reports the nonce used (auth,
 	// token and digest are set); Settle then tells whether this authorization's own
 	// transfer used it.
@@ -262,7 +283,10 @@ type checked struct {
 // domain, signature (ecrecover, or EIP-1271 for contract accounts), the
 // token's on-chain name and version, the authorization nonce, the payer's
 // balance, and finally an eth_call simulation of the transfer from the
-// relayer; last, the payer's failure budget (budget.go). An error means
+// relayer; last, the payer's failure budget (budget.go). The EIP-1271 call
+// and the transfer's simulation run as the settlement will (simulate):
+// what needs more than MaxSettlementGas is refused here, not after the
+// relayer paid for it. An error means
 // the chain could not be asked (retryable), or did not answer within
 // prepareTimeout.
 func (f *Facilitator) Verify(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.VerifyResponse, error) {
@@ -338,14 +362,7 @@ func (f *Facilitator) checkSigner(ctx context.Context, c *checked) (*checked, er
 	c.isCode = len(code) > 0
 	switch {
 	case c.isCode:
-		valid, err := f.erc1271Valid(ctx, c.auth.From, c.digest, c.sig)
-		if err != nil {
-			return nil, err
-		}
-		if !valid {
-			return refuse(x402.ReasonExactEVMSignature, c.payer, "the payer contract rejects the signature (EIP-1271)"), nil
-		}
-		return nil, nil
+		return f.erc1271Check(ctx, c)
 	case isERC6492(c.sig):
 		return refuse(x402.ReasonExactEVMUndeployedSmartWallet, c.payer, "the payer is an undeployed smart wallet; deploy it first"), nil
 	}
@@ -417,10 +434,13 @@ func (f *Facilitator) checkChain(ctx context.Context, c *checked) (res *checked,
 	if c.txData, err = transferCallData(auth, sig, c.isCode); err != nil {
 		return refuse(x402.ReasonInvalidPayload, payer, "the authorization cannot be encoded"), nil
 	}
-	if _, err := f.call(ctx, token, c.txData, nil); err != nil {
+	if _, err := f.simulate(ctx, c, token, c.txData); err != nil {
 		var ce *contractError
-		if errors.As(err, &ce) {
+		switch {
+		case errors.As(err, &ce):
 			return refuse(revertReason(ce.reason, x402.ReasonExactEVMSimulationFailed), payer, "simulation failed: "+ce.reason), nil
+		case errors.Is(err, errGasCeiling):
+			return f.refuseGas(payer, "the transfer"), nil
 		}
 		return nil, err
 	}
@@ -509,7 +529,8 @@ const (
 	// answerFailed: the node executed the call and it failed without a
 	// revert (the INVALID opcode, out of gas, a stack or jump error). It
 	// is the called code's doing, not the node's: a refusal when the payer
-	// controls that code (its wallet's isValidSignature), an outage
+	// controls that code (its wallet's isValidSignature), or when it ran
+	// out of the gas a simulation bounds it to (simulate); an outage
 	// anywhere else.
 	answerFailed
 	// answerReverted: the node executed the call and the contract
@@ -620,26 +641,42 @@ func revertReason(msg, fallback string) string {
 	return fallback
 }
 
-// erc1271Valid asks wallet, which has code (checkSigner read it), whether
-// sig is its signature over digest: only EIP-1271's exact answer is a yes
-// (x402.ERC1271Accepts).
-func (f *Facilitator) erc1271Valid(ctx context.Context, wallet common.Address, digest [32]byte, sig []byte) (bool, error) {
-	data, err := erc1271ABI.Pack("isValidSignature", digest, sig)
+// erc1271Check asks the payer's wallet, which has code (checkSigner read
+// it), whether c.sig is its signature over c.digest: only EIP-1271's exact
+// answer is a yes (x402.ERC1271Accepts). nil when it is; its refusal
+// otherwise. The call is a simulation (simulate): bounded by
+// MaxSettlementGas and run at the settlement's gas price, as the wallet's
+// code will run inside the settlement.
+func (f *Facilitator) erc1271Check(ctx context.Context, c *checked) (*checked, error) {
+	data, err := erc1271ABI.Pack("isValidSignature", c.digest, c.sig)
 	if err != nil {
-		return false, nil
+		return refuse(x402.ReasonExactEVMSignature, c.payer, "the signature cannot be encoded for EIP-1271"), nil
 	}
-	out, err := f.call(ctx, wallet, data, nil)
+	out, err := f.simulate(ctx, c, c.auth.From, data)
 	if err != nil {
 		// The wallet's code is the payer's: its revert, or its failure to
 		// execute, refuses the signature. Only the node's own trouble is an
 		// outage.
 		var ce *contractError
-		if kind, _ := classify(err); errors.As(err, &ce) || kind == answerFailed {
-			return false, nil
+		kind, _ := classify(err)
+		switch {
+		case errors.Is(err, errGasCeiling):
+			return f.refuseGas(c.payer, "the payer contract's isValidSignature (EIP-1271)"), nil
+		case errors.As(err, &ce) || kind == answerFailed:
+		default:
+			return nil, err
 		}
-		return false, err
+	} else if x402.ERC1271Accepts(out) {
+		return nil, nil
 	}
-	return x402.ERC1271Accepts(out), nil
+	return refuse(x402.ReasonExactEVMSignature, c.payer, "the payer contract rejects the signature (EIP-1271)"), nil
+}
+
+// refuseGas refuses a payment whose what needs more gas than
+// MaxSettlementGas.
+func (f *Facilitator) refuseGas(payer, what string) *checked {
+	return refuse(x402.ReasonExactEVMSimulationFailed, payer, fmt.Sprintf(
+		"%s needs more gas than this facilitator spends on a settlement (%d)", what, f.cfg.MaxSettlementGas))
 }
 
 // tokenDomain reads (and caches) the token's name() and version().

@@ -198,6 +198,9 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 		switch {
 		case errors.As(err, &ce): // the gas estimate reverted: nothing sent
 			return f.failure(revertReason(ce.reason, x402.ReasonExactEVMFailedToExecuteTransfer), c.payer, "the transfer would revert: "+ce.reason, ""), nil
+		case errors.Is(err, errGasCeiling): // nothing sent
+			r := f.refuseGas(c.payer, "the settlement transaction")
+			return f.failure(r.resp.InvalidReason, c.payer, r.resp.InvalidMessage, ""), nil
 		case errors.As(err, &ue):
 			return f.resolve(c, ue.tx, start, ue.err)
 		default:
@@ -412,43 +415,32 @@ func (e *unknownSend) Error() string { return "sending: " + e.err.Error() }
 // with pre, the send (submit) with ctx; sent is set once the transaction
 // is signed, just before it is sent.
 func (f *Facilitator) send(ctx, pre context.Context, c *checked, sent *atomic.Bool) (*types.Transaction, error) {
-	gas, err := f.chain.EstimateGas(pre, ethereum.CallMsg{From: f.relayer, To: &c.token, Data: c.txData})
+	q, err := f.quote(pre, c) // read by checkChain's simulation
+	if err != nil {
+		return nil, err
+	}
+	ceiling := f.cfg.MaxSettlementGas
+	gas, err := f.chain.EstimateGas(pre, q.callMsg(f.relayer, c.token, c.txData, ceiling))
 	if err != nil {
 		switch kind, reason := classify(err); {
 		case kind == answerReverted:
 			return nil, &contractError{reason: reason}
 		case kind == answerNodeError && isFundsError(reason):
 			return nil, fmt.Errorf("%w: %s", ErrRelayerUnfunded, reason)
+		case kind != answerNone && outOfGas(reason):
+			return nil, fmt.Errorf("%w: %s", errGasCeiling, reason)
 		}
 		return nil, fmt.Errorf("estimating settlement gas: %w", err)
 	}
-	gas += gas / 5 // headroom: state can change between estimate and inclusion
+	if gas > ceiling { // a node that ignored the bound it was given
+		return nil, fmt.Errorf("%w: estimated %d gas", errGasCeiling, gas)
+	}
+	// Headroom, as state can change between estimate and inclusion; never
+	// past the ceiling, which is all a settlement may cost the relayer.
+	gas = min(gas+gas/5, ceiling)
 
-	head, err := f.chain.HeaderByNumber(pre, nil)
-	if err != nil {
-		return nil, fmt.Errorf("reading the chain head: %w", err)
-	}
-	var fees func(nonce uint64) types.TxData
-	if head.BaseFee != nil {
-		tip, err := f.chain.SuggestGasTipCap(pre)
-		if err != nil {
-			return nil, fmt.Errorf("suggesting a gas tip: %w", err)
-		}
-		feeCap := new(big.Int).Add(new(big.Int).Mul(head.BaseFee, big.NewInt(2)), tip)
-		fees = func(nonce uint64) types.TxData {
-			return &types.DynamicFeeTx{ChainID: f.chainID, Nonce: nonce, GasTipCap: tip, GasFeeCap: feeCap, Gas: gas, To: &c.token, Data: c.txData}
-		}
-	} else {
-		price, err := f.chain.SuggestGasPrice(pre)
-		if err != nil {
-			return nil, fmt.Errorf("suggesting a gas price: %w", err)
-		}
-		fees = func(nonce uint64) types.TxData {
-			return &types.LegacyTx{Nonce: nonce, GasPrice: price, Gas: gas, To: &c.token, Data: c.txData}
-		}
-	}
 	tx, err := f.nonces.submit(pre, ctx, f.chain, func(nonce uint64) (*types.Transaction, error) {
-		tx, err := types.SignNewTx(f.key, f.signer, fees(nonce))
+		tx, err := types.SignNewTx(f.key, f.signer, q.tx(f.chainID, nonce, gas, c.token, c.txData))
 		if err == nil {
 			sent.Store(true)
 		}
