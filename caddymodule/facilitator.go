@@ -116,6 +116,11 @@ type EVMFacilitator struct {
 	MaxFailedPerPayer   int            `json:"max_failed_per_payer,omitempty"`
 	MaxInFlightPerPayer int            `json:"max_in_flight_per_payer,omitempty"`
 	FailureWindow       caddy.Duration `json:"failure_window,omitempty"`
+	// MaxSettlementGas is the most gas one settlement may cost the
+	// relayer (default 500000): a payer whose account is a contract runs
+	// its wallet's code inside the settlement, and a payment needing more
+	// is refused at verify and settle, nothing sent.
+	MaxSettlementGas uint64 `json:"max_settlement_gas,omitempty"`
 	// Devnet runs the facilitator on an in-process development chain whose
 	// relayer is development account 0.
 	Devnet *FacilitatorDevnet `json:"devnet,omitempty"`
@@ -154,9 +159,9 @@ func (m *EVMFacilitator) Provision(ctx caddy.Context) error {
 		if m.RPCURL != "" || m.RelayerKey != "" || m.RelayerKeyFile != "" {
 			return errors.New("devnet brings its own chain and relayer: drop rpc_url and relayer_key(_file)")
 		}
-		if m.MaxFailedPerPayer != 0 || m.MaxInFlightPerPayer != 0 || m.FailureWindow != 0 {
+		if m.MaxFailedPerPayer != 0 || m.MaxInFlightPerPayer != 0 || m.FailureWindow != 0 || m.MaxSettlementGas != 0 {
 			// One devnet per process, shared by every config that names it.
-			return errors.New("devnet settles with the default failure budget: drop max_failed_per_payer, max_in_flight_per_payer and failure_window")
+			return errors.New("devnet settles with the default failure budget and gas ceiling: drop max_failed_per_payer, max_in_flight_per_payer, failure_window and max_settlement_gas")
 		}
 		listen := repl.ReplaceKnown(m.Devnet.RPCListen, "")
 		dataDir := repl.ReplaceKnown(m.Devnet.DataDir, "")
@@ -216,8 +221,8 @@ func (m *EVMFacilitator) Provision(ctx caddy.Context) error {
 	rpcURL := repl.ReplaceKnown(m.RPCURL, "")
 	secretopt.WarnIfURLCredentials(ctx.Logger(), "rpc_url", m.RPCURL, rpcURL)
 	relayer := crypto.PubkeyToAddress(key.PublicKey)
-	m.poolKey = fmt.Sprintf("rpc network=%s url=%s relayer=%s timeout=%d budget=%d/%d/%d", network, rpcURL, relayer.Hex(), m.ReceiptTimeout,
-		m.MaxFailedPerPayer, m.MaxInFlightPerPayer, m.FailureWindow)
+	m.poolKey = fmt.Sprintf("rpc network=%s url=%s relayer=%s timeout=%d budget=%d/%d/%d gas=%d", network, rpcURL, relayer.Hex(), m.ReceiptTimeout,
+		m.MaxFailedPerPayer, m.MaxInFlightPerPayer, m.FailureWindow, m.MaxSettlementGas)
 	val, _, err := facilitatorPool.LoadOrNew(m.poolKey, func() (caddy.Destructor, error) {
 		// Dialing an http(s) endpoint makes no request; the chain is first
 		// asked when a payment arrives. A ws(s) one connects here.
@@ -226,7 +231,8 @@ func (m *EVMFacilitator) Provision(ctx caddy.Context) error {
 			return nil, fmt.Errorf("rpc_url: %v", secretopt.Scrub(err, rpcURL))
 		}
 		f, err := evmfacilitator.New(evmfacilitator.Config{Chain: c, Network: network, RelayerKey: key, ReceiptTimeout: time.Duration(m.ReceiptTimeout),
-			MaxFailedPerPayer: m.MaxFailedPerPayer, MaxInFlightPerPayer: m.MaxInFlightPerPayer, FailureWindow: time.Duration(m.FailureWindow)})
+			MaxFailedPerPayer: m.MaxFailedPerPayer, MaxInFlightPerPayer: m.MaxInFlightPerPayer, FailureWindow: time.Duration(m.FailureWindow),
+			MaxSettlementGas: m.MaxSettlementGas})
 		if err != nil {
 			c.Close()
 			return nil, err
@@ -314,6 +320,7 @@ func (m *EVMFacilitator) Supported(ctx context.Context) (x402.SupportedResponse,
 //		max_failed_per_payer    <n>
 //		max_in_flight_per_payer <n>
 //		failure_window          <duration>
+//		max_settlement_gas      <n>
 //		devnet [{
 //			rpc_listen <host:port>
 //			data_dir   [<path>]
@@ -349,6 +356,8 @@ func (m *EVMFacilitator) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err = facDurationArg(d, &m.FailureWindow); err == nil && m.FailureWindow <= 0 {
 				err = errors.New("must be positive")
 			}
+		case "max_settlement_gas":
+			err = facPositive(d, &m.MaxSettlementGas)
 		case "devnet":
 			m.Devnet, err = facParseDevnet(d)
 		default:
