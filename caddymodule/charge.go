@@ -317,7 +317,8 @@ const codeNoUpstream = "no_upstream"
 // charged (serveSettled: charged before, and said so). It is a
 // configuration error, logged once per gate: nothing follows the gate in
 // its handle or route block (the proxy written in another, exclusive
-// block, or forgotten).
+// block, or forgotten), or only verify_response, which checks an answer
+// and makes none.
 func (g *Gate) noUpstream() *apierr.Error {
 	if g.unanswered != nil && g.unanswered.CompareAndSwap(false, true) {
 		g.logger.Error("configuration error: nothing after this x402 gate answered the call (no reverse_proxy or other handler in its handle or route block); its calls are refused 502 no_upstream")

@@ -56,8 +56,9 @@ const (
 // "blocked" (on_fail block withheld a failing output), "error" (on_error
 // fail_closed withheld an unverifiable output), "unverified" (fail_open let
 // it through unchecked) or "unchecked" (not a response it checks: another
-// status or content type, or a HEAD request). The x402 gate's settle_on
-// reads it; the upstream cannot set it.
+// status or content type, a HEAD request, or none at all: nothing behind
+// it answered). The x402 gate's settle_on reads it; the upstream cannot
+// set it.
 const VerificationVar = "aov.verification.result"
 
 // verificationStartedVar marks a request verify_response is handling
@@ -553,7 +554,18 @@ func (v *VerifyResponse) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 		return err
 	}
 	if hw.code == 0 {
-		hw.WriteHeader(http.StatusOK)
+		// Nothing behind it answered: the end of Caddy's handler chain,
+		// no answer to check and none to make up. Written as an empty 200
+		// it would reach a gate in front as an answer (settled under
+		// settle_on any, a free call spent), where nothing written is
+		// refused 502 no_upstream, uncharged (Gate.noUpstream); so it is
+		// left unwritten, and without a gate net/http answers its empty
+		// 200, as for any chain that ends unanswered. Headers set behind
+		// it go on as any other's.
+		v.dropOwn(hw.header)
+		copyHeader(w.Header(), hw.header)
+		v.record(r, outcomeUnchecked)
+		return nil
 	}
 	switch {
 	case !hw.held:
