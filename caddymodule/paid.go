@@ -819,25 +819,32 @@ type headerDeadline struct {
 func (d *headerDeadline) Header() http.Header { return d.header }
 
 // trailers carries into the answer's map the trailers the upstream set on
-// its own after its header went out: the values of the keys the header
-// announced in Trailer, and any under http.TrailerPrefix, which net/http
-// sends once the handler returns. An x402 or allowance trailer of the
-// upstream's is never carried (gateHeaders): only the gate speaks them.
+// its own after its header went out (carryTrailers). An x402 or allowance
+// trailer of the upstream's is never carried (gateHeaders): only the gate
+// speaks them.
 func (d *headerDeadline) trailers() {
-	if !d.sent {
-		return
+	if d.sent {
+		carryTrailers(d.ResponseWriter.Header(), d.header, isGateHeader)
 	}
-	dst := d.ResponseWriter.Header()
+}
+
+// carryTrailers copies into dst, the header map of an answer under way,
+// the trailers a handler set on src, the map it writes to, after the
+// header went out: the values of the keys dst's Trailer announced, and any
+// under http.TrailerPrefix, which net/http sends once the handler returns.
+// One whose name (canonical) foreign reports is not the handler's to send,
+// and is not carried.
+func carryTrailers(dst, src http.Header, foreign func(string) bool) {
 	for _, list := range dst["Trailer"] {
 		for k := range strings.SplitSeq(list, ",") {
 			k = http.CanonicalHeaderKey(strings.TrimSpace(k))
-			if v, ok := d.header[k]; ok && !isGateHeader(k) {
+			if v, ok := src[k]; ok && !foreign(k) {
 				dst[k] = v
 			}
 		}
 	}
-	for k, v := range d.header {
-		if name, ok := strings.CutPrefix(k, http.TrailerPrefix); ok && !isGateHeader(http.CanonicalHeaderKey(name)) {
+	for k, v := range src {
+		if name, ok := strings.CutPrefix(k, http.TrailerPrefix); ok && !foreign(http.CanonicalHeaderKey(name)) {
 			dst[k] = v
 		}
 	}
@@ -1135,10 +1142,13 @@ type bufferedWriter struct {
 	late    http.Header // trailers a held answer announced, dropped (Header)
 }
 
-// Header is the header of the answer. A held answer is released whole and
-// sized, so trailers cannot follow it as trailers, and released as headers
-// they would be headers no one checked when the answer was judged (a
-// Verification-Receipt, a second Content-Type): they are dropped.
+// Header is the header of the answer. An answer that goes straight to
+// through keeps its trailers: set on this map after its header went out,
+// they are carried to through's when the handler is done (passTrailers).
+// A held answer is released whole and sized, so trailers cannot follow it
+// as trailers, and released as headers they would be headers no one
+// checked when the answer was judged (a Verification-Receipt, a second
+// Content-Type): they are dropped.
 // reverse_proxy copies an upstream's trailers into the header map after the
 // body, as the keys it announced in Trailer before the header was written,
 // or, when the upstream sent others, every one under http.TrailerPrefix. So
@@ -1168,6 +1178,15 @@ func (b *bufferedWriter) WriteHeader(code int) {
 		b.late = make(http.Header)
 	}
 	dropTrailers(b.header)
+}
+
+// passTrailers carries to through the trailers of an answer that went
+// straight to it (not held), as its handler set them (carryTrailers), but
+// those foreign names. Called once the handler is done.
+func (b *bufferedWriter) passTrailers(foreign func(string) bool) {
+	if b.passing && !b.held {
+		carryTrailers(b.through.Header(), b.header, foreign)
+	}
 }
 
 // dropTrailers removes from h, the header of a held answer, the

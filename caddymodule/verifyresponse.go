@@ -569,6 +569,7 @@ func (v *VerifyResponse) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 	}
 	switch {
 	case !hw.held:
+		hw.passTrailers(v.foreignTrailer)
 		v.record(r, outcomeUnchecked)
 		return nil
 	case hw.spilled():
@@ -728,11 +729,29 @@ func (v *VerifyResponse) cleanReleased(h http.Header) {
 }
 
 // dropOwn removes from h, an upstream's header, the names only
-// verify_response sets.
+// verify_response sets (ownName).
 func (v *VerifyResponse) dropOwn(h http.Header) {
-	h.Del(v.receiptName)
-	h.Del(HeaderVerificationReceipt)
-	h.Del(HeaderVerificationStatus)
+	for k := range h {
+		if v.ownName(k) {
+			delete(h, k)
+		}
+	}
+}
+
+// ownName reports whether k names a header only verify_response sets: its
+// receipt header, and the default receipt and status headers.
+func (v *VerifyResponse) ownName(k string) bool {
+	k = http.CanonicalHeaderKey(k)
+	return k == http.CanonicalHeaderKey(v.receiptName) || k == HeaderVerificationReceipt || k == HeaderVerificationStatus
+}
+
+// foreignTrailer reports whether k names a trailer an upstream may not
+// send through verify_response on an answer it lets pass unchecked: its
+// own names (ownName), and the gate's (gateHeaders), which a gate in front
+// that streams the answer drops too (settle before), but nothing else
+// does when there is none.
+func (v *VerifyResponse) foreignTrailer(k string) bool {
+	return v.ownName(k) || isGateHeader(http.CanonicalHeaderKey(k))
 }
 
 // markUnverified marks the header of an answer on_error fail_open lets

@@ -1278,12 +1278,14 @@ func headerGames(t *testing.T) *httptest.Server {
 			h.Set("Content-Type", "text/html")
 			h.Set("X-Late", "1")
 		case "/plain":
-			// Not a response verify_response checks: passed through.
+			// Not a response verify_response checks: passed through,
+			// with its own trailer and forged ones of the gateway's.
 			h.Set("Content-Type", "text/plain")
-			h.Set("Trailer", HeaderVerificationStatus+", "+HeaderVerificationReceipt)
+			h.Set("Trailer", HeaderVerificationStatus+", "+HeaderVerificationReceipt+", X-Late")
 			io.WriteString(w, "plain text")
 			h.Set(HeaderVerificationStatus, "pass")
 			h.Set(HeaderVerificationReceipt, forged)
+			h.Set("X-Late", "1")
 		}
 	}))
 	t.Cleanup(srv.Close)
@@ -1296,9 +1298,11 @@ func headerGames(t *testing.T) *httptest.Server {
 // releases it without a receipt): otherwise JSON would be verified and
 // receipted, then rendered as HTML by a browser on the gateway's origin, or
 // plain bytes checked and released labelled gzip. Nothing the upstream sends
-// after the body (trailers) is released, on any path, so it cannot plant a
-// receipt, a status or a second Content-Type. Every answer verify_response
-// releases carries X-Content-Type-Options: nosniff.
+// after the body (trailers) is released with an answer verify_response
+// held, on any path, so it cannot plant a receipt, a status or a second
+// Content-Type. An answer it does not check passes with its trailers, but
+// never a receipt or status trailer. Every answer verify_response releases
+// carries X-Content-Type-Options: nosniff.
 func TestVerifyResponseReleasesOnlyWhatItChecked(t *testing.T) {
 	buildBinaries(t)
 	vf := startVerifier(t)
@@ -1362,5 +1366,10 @@ func TestVerifyResponseReleasesOnlyWhatItChecked(t *testing.T) {
 	resp, _ = getBody(t, base+"/closed/plain", nil)
 	if resp.Header.Get(HeaderVerificationStatus) != "" || resp.Trailer.Get(HeaderVerificationStatus) != "" || resp.Trailer.Get(HeaderVerificationReceipt) != "" {
 		t.Errorf("an unchecked answer carries the upstream's status or receipt: header %q, trailers %v", resp.Header.Get(HeaderVerificationStatus), resp.Trailer)
+	}
+	// Its own trailer arrives, so the trailers above were dropped by name,
+	// not lost with every other.
+	if got := resp.Trailer.Get("X-Late"); got != "1" {
+		t.Errorf("an unchecked answer lost the upstream's X-Late trailer: trailers %v", resp.Trailer)
 	}
 }
