@@ -470,7 +470,37 @@ func (v *VerifyResponse) Validate() error {
 	if !validHeaderName(v.receiptName) {
 		return fmt.Errorf("verify_response: receipt_header %q is not a valid header name", v.receiptName)
 	}
+	if reservedReceiptName(v.receiptName) {
+		return fmt.Errorf("verify_response: receipt_header %q names a header the gateway sets, reads or removes itself; choose a name of your own, such as X-Verification-Receipt", v.receiptName)
+	}
 	return nil
+}
+
+// reservedReceiptName reports whether name is one receipt_header may not
+// take: a header verify_response, the x402 gate, CORS or net/http set, read
+// or remove on the answers that carry a receipt. Under such a name the
+// receipt is overwritten (Verification-Status, Vary), removed
+// (Payment-Response behind a settle after gate), or removes what it names
+// (Content-Type: the upstream's is dropped as the receipt's own, so no
+// answer is checked at all).
+func reservedReceiptName(name string) bool {
+	k := http.CanonicalHeaderKey(name)
+	if k == HeaderVerificationStatus || isGateHeader(k) {
+		return true
+	}
+	for _, prefix := range [...]string{"Content-", "Access-Control-", "Proxy-"} {
+		if strings.HasPrefix(k, prefix) {
+			return true
+		}
+	}
+	switch k {
+	case "Transfer-Encoding", "Trailer", "Connection", "Keep-Alive", "Te", "Upgrade",
+		"X-Content-Type-Options", "Cache-Control", "Vary", "Retry-After", "Www-Authenticate",
+		"Location", "Link", "Allow", "Set-Cookie", "Date", "Server", "Etag", "Last-Modified",
+		"Expires", "X-Frame-Options", "Referrer-Policy":
+		return true
+	}
+	return false
 }
 
 // withoutUserinfo is u for an error message or a log: a user name and

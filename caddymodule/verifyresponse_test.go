@@ -917,6 +917,18 @@ func TestVerifyResponseConfiguration(t *testing.T) {
 		{"a card_url must be http or https, its password not echoed", "schema `{}`\n\t\tverifier_url http://127.0.0.1:1\n\t\tcard_url ftp://gateway:s3cret-pw@x/card", "card_url must be an http:// or https:// URL"},
 		{"a card_url is a URL", "schema `{}`\n\t\tverifier_url http://127.0.0.1:1\n\t\tcard_url https://127.0.0.1:1/.well-known/agent-card.json", ""},
 		{"a receipt header must be a header name", "schema `{}`\n\t\tverifier_url http://127.0.0.1:1\n\t\treceipt_header \"Bad Name\"", "not a valid header name"},
+		// (Before: each loaded. Under Verification-Status the status overwrote
+		// the receipt; under Content-Type the upstream's type was dropped as
+		// the receipt's own, so no JSON answer was checked; under
+		// Payment-Response a settle after gate removed the receipt and sent
+		// its settlement in its place.)
+		{"the status header is not a receipt header", "schema `{}`\n\t\tverifier_url http://127.0.0.1:1\n\t\treceipt_header verification-status", `receipt_header "verification-status" names a header the gateway sets`},
+		{"a header describing the body is not a receipt header", "schema `{}`\n\t\tverifier_url http://127.0.0.1:1\n\t\treceipt_header Content-Type", `receipt_header "Content-Type" names a header the gateway sets`},
+		{"the gate's headers are not receipt headers", "schema `{}`\n\t\tverifier_url http://127.0.0.1:1\n\t\treceipt_header PAYMENT-RESPONSE", `receipt_header "PAYMENT-RESPONSE" names a header the gateway sets`},
+		{"the allowance headers are not receipt headers", "schema `{}`\n\t\tverifier_url http://127.0.0.1:1\n\t\treceipt_header Free-Allowance-Remaining", "names a header the gateway sets"},
+		{"CORS headers are not receipt headers", "schema `{}`\n\t\tverifier_url http://127.0.0.1:1\n\t\treceipt_header Vary", "names a header the gateway sets"},
+		{"a hop-by-hop header is not a receipt header", "schema `{}`\n\t\tverifier_url http://127.0.0.1:1\n\t\treceipt_header Trailer", "names a header the gateway sets"},
+		{"a name of one's own is a receipt header", "schema `{}`\n\t\tverifier_url http://127.0.0.1:1\n\t\treceipt_header X-Invoice-Receipt", ""},
 		{"the example schema and rules load", "schema " + binaries.schemaPath + "\n\t\trules " + binaries.rules + "\n\t\tverifier_url http://127.0.0.1:1", ""},
 	}
 	for _, tc := range cases {
