@@ -90,7 +90,9 @@ type Config struct {
 	MaxConcurrent int
 	// Timeout is the wall-clock limit of one verification (DefaultTimeout
 	// when zero). Past it, or when the caller's context ends, the work
-	// stops and the caller gets 503 verification_timeout.
+	// stops and the caller gets 503 verification_timeout. The schema
+	// validator alone cannot be stopped: a validation already running
+	// finishes first, within the work MaxSchemaSteps charged for it.
 	Timeout time.Duration
 	// VerifierVersion is reported as verifier_version in every result;
 	// empty means the build's own version (internal/buildinfo).

@@ -81,7 +81,9 @@
 // counts one value per 4 KB of its text, a number one per 16 digits (see
 // digitsPerValue), and a string costs one step per KB each time a
 // schema is applied to it, which the validator copies it for, and one per
-// 8 bytes each time a format is checked on it, see formatBytesPerStep; a failing
+// 8 bytes each time a format is checked on it, see formatBytesPerStep; a
+// $dynamicRef or $recursiveRef that searches the dynamic scope one per 16
+// schemas in it, see walker.searchScope; a failing
 // application by the errors the validator keeps for it, see
 // walker.failure; required names by those missing, and names and members
 // looked up one step per 16, see walker.missing; strict_content_check's

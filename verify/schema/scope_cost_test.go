@@ -1,0 +1,51 @@
+package schema
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// chain is a schema applying k linked subschemas to each item, each
+// holding link (a $dynamicRef or $recursiveRef to $defs/d or the root).
+func chain(head, link string, k int) string {
+	var b strings.Builder
+	b.WriteString(`{` + head + `"items": {"$ref": "#/$defs/c0"}, "$defs": {"d": {"$dynamicAnchor": "a"}`)
+	for i := range k {
+		b.WriteString(`, "c` + strconv.Itoa(i) + `": {` + link)
+		if i+1 < k {
+			b.WriteString(`, "$ref": "#/$defs/c` + strconv.Itoa(i+1) + `"`)
+		}
+		b.WriteString(`}`)
+	}
+	b.WriteString(`}}`)
+	return b.String()
+}
+
+// A $dynamicRef whose target holds its anchor, or a $recursiveRef to a
+// $recursiveAnchor, searches the whole dynamic scope and costs one step
+// per namesPerStep schemas in it; the same references without the search
+// cost nothing more. In a chain of 40, link i searches i+3 schemas (the
+// root, the items schema, then c0 to ci).
+func TestScopeSearchSteps(t *testing.T) {
+	const k = 40
+	search := 0
+	for i := range k {
+		search += (i + 3) / namesPerStep
+	}
+	const draft2019 = `"$schema": "https://json-schema.org/draft/2019-09/schema", `
+	for _, tc := range []struct{ name, with, without string }{
+		{"$dynamicRef",
+			chain("", `"$dynamicRef": "#a"`, k),
+			chain("", `"$dynamicRef": "#/$defs/d"`, k)},
+		{"$recursiveRef",
+			chain(draft2019+`"$recursiveAnchor": true, `, `"$recursiveRef": "#"`, k),
+			chain(draft2019, `"$recursiveRef": "#"`, k)},
+	} {
+		inst := decode(t, `[0]`)
+		with, without := stepsOf(t, mustCompile(t, tc.with), inst), stepsOf(t, mustCompile(t, tc.without), inst)
+		if with-without != search {
+			t.Errorf("%s: %d steps with the search, %d without; want %d more", tc.name, with, without, search)
+		}
+	}
+}
