@@ -83,7 +83,9 @@
 // schema is applied to it, which the validator copies it for, and one per
 // 8 bytes each time a format is checked on it, see formatBytesPerStep; a
 // $dynamicRef or $recursiveRef that searches the dynamic scope one per 16
-// schemas in it, see walker.searchScope; a failing
+// schemas in it, see walker.searchScope, and every application one per
+// 128 schemas applied at its location before it, which the search for
+// a reference cycle passes (cycleEntriesPerStep); a failing
 // application by the errors the validator keeps for it, see
 // walker.failure; required names by those missing, and names and members
 // looked up one step per 16, see walker.missing; strict_content_check's

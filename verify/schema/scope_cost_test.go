@@ -49,3 +49,20 @@ func TestScopeSearchSteps(t *testing.T) {
 		}
 	}
 }
+
+// Every application looks for a reference cycle among the schemas applied
+// at the same location, in the walk and again in the validator, and costs
+// one step per cycleEntriesPerStep of them: link i of a $ref chain under
+// items is reached with i+1 schemas at its item (the items schema, then
+// c0 to c(i-1)).
+func TestCycleCheckSteps(t *testing.T) {
+	const k = 600
+	want := 2 + k // the root, the items schema, the links
+	for i := range k {
+		want += (i + 1) / cycleEntriesPerStep
+	}
+	s := mustCompile(t, chain("", `"type": "number"`, k))
+	if got := stepsOf(t, s, decode(t, `[0]`)); got != want {
+		t.Errorf("a chain of %d $refs: %d steps; want %d", k, got, want)
+	}
+}
