@@ -52,8 +52,10 @@ func TestPrecheckRefusesWhatParseRefusesWithoutEvaluating(t *testing.T) {
 
 // FuzzPrecheckAgreesWithParse gives the same bytes to the gateway's check
 // and to the verification service's parser: the gate must never refuse a
-// request the service would serve, and whatever it refuses the service
-// refuses too, with the same first problem.
+// request the service would serve, whatever it refuses the service
+// refuses too, with the same first problem, and what it passes (402, pay)
+// the service refuses only for what Precheck leaves to it, the
+// evaluation's own budgets (steps, regular-expression work) or its time.
 func FuzzPrecheckAgreesWithParse(f *testing.F) {
 	for _, tc := range specVectors {
 		f.Add([]byte(tc.request))
@@ -63,12 +65,37 @@ func FuzzPrecheckAgreesWithParse(f *testing.F) {
 	f.Add([]byte(`{"task_id":"t","expected_schema":{"$ref":"#/$defs/x","$defs":{"x":{"type":"integer"}}},"submitted_output":1}`))
 	f.Add([]byte(`{"task_id":"t","task_id":"u"}`))
 	f.Add([]byte("\xef\xbb\xbf{}"))
-	v := New(Config{SchemaCacheSize: 8})
+	f.Add([]byte(body(`strict_content_check=true`, `submitted_output={"a":"TODO","b":["",{"c":"x"}]}`)))
+	f.Add([]byte(body(`bounds={"items[].price":{"min":0,"max":1,"if_present":true}}`)))
+	f.Add([]byte(body(`rules=[{"type":"exists_in","field":"items[].id","values":["a",1,null]},{"type":"unique","field":"$[]"}]`)))
+	f.Add([]byte(`{"task_id":"t","expected_schema":{"minimum":0.4,"multipleOf":1e-300},"submitted_output":[1e-300,5e-324]}`))
+	f.Add([]byte(`{"task_id":"t","expected_schema":{"pattern":"^a+$","format":"regex"},"submitted_output":"a("}`))
+	f.Add([]byte(`{"task_id":"t","expected_schema":{"uniqueItems":true},"submitted_output":[1,1.0,{"a":1}]}`))
+	f.Add([]byte(`{"task_id":"t","expected_schema":{"allOf":[{"format":"json-pointer"},{"format":"uri-template"}]},"submitted_output":"/a/{b}"}`))
+	f.Add(refChain(3, 2, false))
+	f.Add(refChain(3, 2, true))
+	v := New(Config{ListCap: 5, SchemaCacheSize: 8, MaxSchemaSteps: 1 << 12})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		perr := v.Precheck(data)
 		_, err := v.Parse(data)
 		if perr == nil {
-			return // Parse may still refuse: evaluation is the service's
+			if err == nil {
+				return
+			}
+			e := apierr.From(err)
+			if e.Code == apierr.CodeVerificationTimeout {
+				return
+			}
+			if e.Status != 422 || len(e.Fields) == 0 {
+				t.Fatalf("Precheck passes (402, pay) but Parse fails: %v: %q", err, data)
+			}
+			for _, fl := range e.Fields {
+				if fl.Field != "expected_schema" || !strings.Contains(fl.Problem, "evaluation steps on this output") &&
+					!strings.Contains(fl.Problem, "units of regular-expression work") {
+					t.Fatalf("Precheck passes (402, pay) but Parse refuses %+v: %q", e.Fields, data)
+				}
+			}
+			return
 		}
 		if err == nil {
 			t.Fatalf("Precheck refuses (%v) what Parse accepts: %q", perr, data)
