@@ -250,6 +250,9 @@ func StartRedisCluster(t testing.TB) *Cluster {
 // loopback; DSN connects to its "postgres" database as user "postgres".
 type Postgres struct {
 	DSN string
+
+	t   testing.TB
+	pid int // the postmaster's
 }
 
 // postgresBin finds the folder of initdb and postgres: on PATH, or
@@ -344,7 +347,83 @@ func StartPostgres(t testing.TB, extra ...string) *Postgres {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	return &Postgres{DSN: "postgres://postgres@" + addr + "/postgres?sslmode=disable"}
+	return &Postgres{DSN: "postgres://postgres@" + addr + "/postgres?sslmode=disable", t: t, pid: cmd.Process.Pid}
+}
+
+// Pause stops the server with SIGSTOP, the postmaster and every process it
+// started (the backends of open connections included): connections are
+// still accepted by the kernel and nothing is answered, which is how a
+// stalled server looks from outside. Resume (or the test's end) lets it
+// run again.
+func (p *Postgres) Pause() {
+	p.t.Helper()
+	// The postmaster first: once it has stopped it forks no backend, so
+	// the children listed then are all there are.
+	p.stop(p.pid)
+	for _, pid := range childrenOf(p.pid) {
+		p.stop(pid)
+	}
+}
+
+// stop sends pid SIGSTOP, to be undone when the test ends, and waits until
+// it has taken it (or exited: a backend whose client went away). As with
+// Redis, a signal is queued, not yet taken.
+func (p *Postgres) stop(pid int) {
+	p.t.Helper()
+	syscall.Kill(pid, syscall.SIGSTOP)
+	p.t.Cleanup(func() { syscall.Kill(pid, syscall.SIGCONT) })
+	for deadline := time.Now().Add(startTimeout); ; time.Sleep(time.Millisecond) {
+		if state := procState(pid); state == 0 || strings.IndexByte("TtZX", state) >= 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			p.t.Fatalf("postgres process %d did not stop after SIGSTOP", pid)
+		}
+	}
+}
+
+// Resume lets a paused server run again (SIGCONT), every process Pause
+// stopped and any started since.
+func (p *Postgres) Resume() {
+	for _, pid := range append([]int{p.pid}, childrenOf(p.pid)...) {
+		syscall.Kill(pid, syscall.SIGCONT)
+	}
+}
+
+// procState is the state letter of process pid (/proc/<pid>/stat), 0 when
+// there is no such process.
+func procState(pid int) byte {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	// The state follows the command name's closing parenthesis.
+	i := strings.LastIndexByte(string(stat), ')')
+	if err != nil || i < 0 || i+2 >= len(stat) {
+		return 0
+	}
+	return stat[i+2]
+}
+
+// childrenOf lists the processes whose parent is pid (from /proc).
+func childrenOf(pid int) []int {
+	var kids []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		child, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", child))
+		// The parent's pid is the second field after the command name's
+		// closing parenthesis (the state is the first).
+		i := strings.LastIndexByte(string(stat), ')')
+		if err != nil || i < 0 {
+			continue
+		}
+		f := strings.Fields(string(stat[i+1:]))
+		if len(f) > 1 && f[1] == strconv.Itoa(pid) {
+			kids = append(kids, child)
+		}
+	}
+	return kids
 }
 
 var handedOut = struct {

@@ -119,14 +119,18 @@ func (gw gatewayInfo) tooLate(now time.Time) bool {
 	return ok && !now.Before(last)
 }
 
-// recordTimeout bounds a history write when the gateway set no answer-by
-// time.
-const recordTimeout = 10 * time.Second
+// storeTimeout bounds a request's history and owner store calls (the
+// record of a verification, the reads of /reputation and /score) when the
+// gateway set no answer-by time, so that a stalled store (PostgreSQL
+// paused, its network cut) is a 503 rather than a request, a goroutine and
+// a pool connection held for as long as the store stays stalled.
+const storeTimeout = 10 * time.Second
 
-// recordBy is the deadline of the history write of a verification answered
-// now: lastAnswer, and at most recordTimeout away.
-func (gw gatewayInfo) recordBy(now time.Time) time.Time {
-	by := now.Add(recordTimeout)
+// storeBy is the deadline of the store calls of a request answered now:
+// lastAnswer, and at most storeTimeout away. Past lastAnswer nobody reads
+// the answer, so nor is it worth waiting for the store.
+func (gw gatewayInfo) storeBy(now time.Time) time.Time {
+	by := now.Add(storeTimeout)
 	if last, ok := gw.lastAnswer(); ok && last.Before(by) {
 		by = last
 	}

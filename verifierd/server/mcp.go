@@ -320,14 +320,15 @@ func (s *Server) toolVerifySchema(ctx context.Context, req *mcp.CallToolRequest)
 // score document of GET /score/{agent_id}.
 func (s *Server) toolGetVerificationRecord(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 	rec := toolRec(ctx, ToolGetVerificationRecord)
-	if err := s.paidRoute(s.toolGateway(req)); err != nil {
+	gw := s.toolGateway(req)
+	if err := s.paidRoute(gw); err != nil {
 		return s.toolError(rec, err), nil
 	}
 	agent, err := scoreArguments(req.Params.Arguments)
 	if err != nil {
 		return s.toolError(rec, err), nil
 	}
-	doc, err := s.scoreAgent(ctx, agent)
+	doc, err := s.scoreAgent(ctx, gw, agent)
 	if err != nil {
 		return s.toolError(rec, err), nil
 	}

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -99,7 +100,11 @@ func (s *Server) serveReputation(w http.ResponseWriter, r *http.Request, _ *requ
 		return apierr.Invalid(fields...)
 	}
 	cursor := q.Get("cursor")
-	vs, next, err := s.history.Verifications(r.Context(), agent, cursor, limit)
+	// The reads are bounded like the record (storeBy): a stalled store is
+	// a 503, not a request held for as long as the store is stalled.
+	ctx, cancel := context.WithDeadline(r.Context(), s.gatewayInfo(r.Header, r.RemoteAddr).storeBy(time.Now()))
+	defer cancel()
+	vs, next, err := s.history.Verifications(ctx, agent, cursor, limit)
 	if errors.Is(err, store.ErrBadCursor) {
 		return apierr.Invalid(apierr.Field{Field: "cursor", Problem: "is not a cursor this service handed out",
 			Fix: "Send the next_cursor of the previous page unchanged, or leave cursor out for the newest page."})
@@ -107,11 +112,11 @@ func (s *Server) serveReputation(w http.ResponseWriter, r *http.Request, _ *requ
 	if err != nil {
 		return apierr.Unavailable("verification history store", 5, err)
 	}
-	c, err := s.history.AgentCounts(r.Context(), agent)
+	c, err := s.history.AgentCounts(ctx, agent)
 	if err != nil {
 		return apierr.Unavailable("verification history store", 5, err)
 	}
-	owner, err := s.scoreOwner(r.Context(), agent)
+	owner, err := s.scoreOwner(ctx, agent)
 	if err != nil {
 		return err
 	}

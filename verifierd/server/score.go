@@ -96,10 +96,11 @@ const scorePageSize = store.MaxPageSize
 // the route is priced there and never free, so verifierd serves it only to
 // the gateway (paidRoute).
 func (s *Server) serveScore(w http.ResponseWriter, r *http.Request, _ *requestLog) error {
-	if err := s.paidRoute(s.gatewayInfo(r.Header, r.RemoteAddr)); err != nil {
+	gw := s.gatewayInfo(r.Header, r.RemoteAddr)
+	if err := s.paidRoute(gw); err != nil {
 		return err
 	}
-	doc, err := s.scoreAgent(r.Context(), strings.TrimPrefix(r.URL.Path, scorePrefix))
+	doc, err := s.scoreAgent(r.Context(), gw, strings.TrimPrefix(r.URL.Path, scorePrefix))
 	if err != nil {
 		return err
 	}
@@ -122,14 +123,19 @@ func (s *Server) paidRoute(gw gatewayInfo) error {
 
 // scoreAgent computes, signs and returns agent's score document. A test-
 // agent is refused (422): such ids are examples and never get a score.
-func (s *Server) scoreAgent(ctx context.Context, agent string) ([]byte, error) {
+// The store reads are bounded like a record (gw's storeBy): a stalled
+// store is a 503, not a request held for as long as the store is stalled.
+// Signing keeps ctx: the signer has its own bounds.
+func (s *Server) scoreAgent(ctx context.Context, gw gatewayInfo, agent string) ([]byte, error) {
 	if err := score.CheckAgent(agent); err != nil {
 		return nil, err
 	}
+	rctx, cancel := context.WithDeadline(ctx, gw.storeBy(time.Now()))
+	defer cancel()
 	// Only the owner's verifications are authenticated evidence (see
 	// gateway.go), whatever a record says, and of an owned agent nothing
 	// else is evidence.
-	owner, err := s.scoreOwner(ctx, agent)
+	owner, err := s.scoreOwner(rctx, agent)
 	if err != nil {
 		return nil, err
 	}
@@ -152,7 +158,7 @@ func (s *Server) scoreAgent(ctx context.Context, agent string) ([]byte, error) {
 	for more := true; more; {
 		// The last page asks for one record past the limit: whether one
 		// is there, and how old, says whether the window is truncated.
-		vs, next, err := page(ctx, agent, cursor, min(scorePageSize, limit-read+1))
+		vs, next, err := page(rctx, agent, cursor, min(scorePageSize, limit-read+1))
 		if err != nil {
 			return nil, apierr.Unavailable("verification history store", 5, err)
 		}
@@ -175,10 +181,11 @@ func (s *Server) scoreAgent(ctx context.Context, agent string) ([]byte, error) {
 		cursor = next
 		more = more && next != ""
 	}
-	c, err := s.history.AgentCounts(ctx, agent)
+	c, err := s.history.AgentCounts(rctx, agent)
 	if err != nil {
 		return nil, apierr.Unavailable("verification history store", 5, err)
 	}
+	cancel()
 	res := tally.Result()
 	doc := ScoreDocument{
 		AgentID: agent,

@@ -135,7 +135,7 @@ func (s *Server) verifyRequest(ctx context.Context, body []byte, gw gatewayInfo,
 	if gw.tooLate(time.Now()) {
 		return nil, errGatewayGaveUp()
 	}
-	rctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), gw.recordBy(time.Now()))
+	rctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), gw.storeBy(time.Now()))
 	defer cancel()
 	if err := s.history.RecordVerification(rctx, v); err != nil {
 		if errors.Is(err, context.DeadlineExceeded) && gw.tooLate(time.Now()) {

@@ -1,0 +1,71 @@
+package server_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aovhq/aov/internal/servers"
+	"github.com/aovhq/aov/store"
+	"github.com/aovhq/aov/store/pghistory"
+	"github.com/aovhq/aov/verifierd/server"
+)
+
+// README ("PostgreSQL down"): "/reputation and /score are 503". With
+// PostgreSQL stalled (SIGSTOP: connections accepted, nothing answered),
+// the history reads of both are bounded like a record (10 s without an
+// answer-by time): each answers 503 upstream_unavailable with Retry-After.
+// (Before: they read under the request's context alone and waited for as
+// long as PostgreSQL did, holding a goroutine and a pool connection each.)
+func TestHistoryReadsAnswer503WhilePostgresStalled(t *testing.T) {
+	pg := servers.StartPostgres(t)
+	h, err := pghistory.Open(context.Background(), pg.DSN, pghistory.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	f := newFixture(t, fixtureOpts{noSync: true, ungated: true, history: func(*store.DB) server.History { return h }})
+	for _, path := range []string{"/reputation/seller-7", "/score/seller-7"} {
+		if w := f.do("GET", path, nil, nil); w.Code != 200 {
+			t.Fatalf("%s before the stall: %d %s", path, w.Code, w.Body)
+		}
+	}
+	for _, path := range []string{"/reputation/seller-7", "/score/seller-7"} {
+		pg.Pause()
+		type answer struct {
+			code       int
+			retryAfter string
+			body       string
+		}
+		done := make(chan answer, 1)
+		start := time.Now()
+		go func() {
+			w := f.do("GET", path, nil, nil)
+			done <- answer{w.Code, w.Header().Get("Retry-After"), w.Body.String()}
+		}()
+		answered := false
+		select {
+		case a := <-done:
+			answered = true
+			t.Logf("%s with PostgreSQL stalled: %d after %v", path, a.code, time.Since(start).Round(time.Millisecond))
+			if a.code != 503 || a.retryAfter == "" || !strings.Contains(a.body, `"code":"upstream_unavailable"`) {
+				t.Errorf("%s with PostgreSQL stalled: %d Retry-After %q %s, want 503 upstream_unavailable with Retry-After", path, a.code, a.retryAfter, a.body)
+			}
+		case <-time.After(20 * time.Second):
+			t.Errorf("GET %s with PostgreSQL stalled: no answer after 20 s (README: 503)", path)
+		}
+		pg.Resume()
+		if !answered {
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				t.Fatalf("GET %s: no answer 10 s after PostgreSQL resumed", path)
+			}
+		}
+	}
+	// Resumed, it answers again.
+	if w := f.do("GET", "/reputation/seller-7", nil, nil); w.Code != 200 {
+		t.Errorf("after the stall: %d %s", w.Code, w.Body)
+	}
+}
