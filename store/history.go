@@ -60,6 +60,14 @@ var (
 	ErrNotFound = errors.New("store: not found")
 )
 
+// MaxAgentIDBytes bounds an agent id every history and owner store takes:
+// the contract's one limit, so that no backend refuses what another keeps.
+// It sits under PostgreSQL's btree entry limit (about 2.7 kB, which the
+// agent indexes of pghistory would otherwise hit with an id that does not
+// compress) and over verifierd's longest agent_id (verify.MaxIDChars
+// characters of up to 4 bytes each: 800).
+const MaxAgentIDBytes = 1024
+
 // Verification is one entry of the history: what was checked (the hashes,
 // never the content), the outcome, and how the call was paid. It is what
 // reputation pages list and what trust scores are computed from.
@@ -103,6 +111,10 @@ type Counts struct {
 // Total is the number of recorded verifications.
 func (c Counts) Total() int64 { return c.Pass + c.Fail }
 
+// errAgentID refuses an agent id over MaxAgentIDBytes (or an empty one
+// where one is required).
+var errAgentID = fmt.Errorf("store: agent id must be 1..%d bytes", MaxAgentIDBytes)
+
 func (v *Verification) validate() error {
 	switch {
 	case v.ID == "" || len(v.ID) > 200:
@@ -111,8 +123,8 @@ func (v *Verification) validate() error {
 		return errors.New("store: verification time is missing")
 	case v.Result != "pass" && v.Result != "fail":
 		return fmt.Errorf("store: verification result %q is neither pass nor fail", v.Result)
-	case len(v.AgentID) > maxComponent:
-		return errors.New("store: agent id too long")
+	case len(v.AgentID) > MaxAgentIDBytes:
+		return errAgentID
 	}
 	switch v.Payment {
 	case "":
@@ -360,7 +372,7 @@ func (db *DB) Verifications(ctx context.Context, agentID, cursor string, limit i
 	if err != nil {
 		return nil, "", err
 	}
-	if len(agentID) > maxComponent {
+	if len(agentID) > MaxAgentIDBytes {
 		return nil, "", nil
 	}
 	var prefix []byte

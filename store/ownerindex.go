@@ -60,7 +60,7 @@ func (db *DB) AuthenticatedVerifications(ctx context.Context, agentID, cursor st
 	if err != nil {
 		return nil, "", err
 	}
-	if agentID == "" || len(agentID) > maxComponent {
+	if agentID == "" || len(agentID) > MaxAgentIDBytes {
 		return nil, "", nil
 	}
 	prefix := authenticatedPrefix(agentID)

@@ -75,8 +75,8 @@ func ownerKey(agent string) []byte {
 // transaction: a concurrent binder that committed first makes this one
 // conflict, and the retry reads the winner.
 func (db *DB) BindAgent(ctx context.Context, agentID, wallet string) (string, error) {
-	if agentID == "" || len(agentID) > maxComponent {
-		return "", errors.New("store: agent id must be 1..65535 bytes")
+	if agentID == "" || len(agentID) > MaxAgentIDBytes {
+		return "", errAgentID
 	}
 	if wallet == "" || len(wallet) > maxOwner {
 		return "", fmt.Errorf("store: owner address must be 1..%d bytes", maxOwner)
@@ -103,7 +103,7 @@ func (db *DB) BindAgent(ctx context.Context, agentID, wallet string) (string, er
 
 // AgentOwner implements Owners.
 func (db *DB) AgentOwner(ctx context.Context, agentID string) (string, error) {
-	if len(agentID) > maxComponent {
+	if len(agentID) > MaxAgentIDBytes {
 		return "", nil
 	}
 	var owner string

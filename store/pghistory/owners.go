@@ -12,11 +12,8 @@ import (
 	"github.com/aovhq/aov/store"
 )
 
-// Bounds of an owner record, as the embedded store keeps them.
-const (
-	maxAgentID = 1<<16 - 1
-	maxOwner   = 128
-)
+// maxOwner bounds an owner address, as the embedded store does.
+const maxOwner = 128
 
 // BindAgent makes wallet the owner of agentID unless it already has one
 // and returns the owner afterwards; of concurrent first binders on any
@@ -24,8 +21,8 @@ const (
 // uses it (when the history offers it) before it counts a verification of
 // an agent id that is not itself a wallet as authenticated.
 func (h *History) BindAgent(ctx context.Context, agentID, wallet string) (string, error) {
-	if agentID == "" || len(agentID) > maxAgentID {
-		return "", errors.New("store: agent id must be 1..65535 bytes")
+	if agentID == "" || len(agentID) > store.MaxAgentIDBytes {
+		return "", fmt.Errorf("store: agent id must be 1..%d bytes", store.MaxAgentIDBytes)
 	}
 	if wallet == "" || len(wallet) > maxOwner {
 		return "", fmt.Errorf("store: owner address must be 1..%d bytes", maxOwner)
@@ -50,7 +47,7 @@ func (h *History) BindAgent(ctx context.Context, agentID, wallet string) (string
 
 // AgentOwner returns agentID's owner, or "" when nobody bound it.
 func (h *History) AgentOwner(ctx context.Context, agentID string) (string, error) {
-	if len(agentID) > maxAgentID {
+	if len(agentID) > store.MaxAgentIDBytes {
 		return "", nil
 	}
 	var owner []byte

@@ -2,6 +2,8 @@ package storetest
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"strings"
@@ -89,6 +91,48 @@ func TestHistory(t *testing.T, newH NewHistory) {
 		}
 		if err := h.Ping(ctx); err != nil {
 			t.Fatal(err)
+		}
+	})
+
+	t.Run("an agent id of MaxAgentIDBytes is recorded and bound, one byte more refused", func(t *testing.T) {
+		h, other := newH(t)
+		// Random base64: nothing for a backend to compress, so a limit
+		// of its own below the contract's (PostgreSQL's btree entries,
+		// about 2.7 kB) shows.
+		raw := make([]byte, store.MaxAgentIDBytes)
+		rand.Read(raw)
+		agent := base64.RawURLEncoding.EncodeToString(raw)[:store.MaxAgentIDBytes]
+		v := Sample("id-long-agent", agent, base, "pass")
+		if err := h.RecordVerification(ctx, v); err != nil {
+			t.Fatalf("RecordVerification with a %d-byte agent id: %v", len(agent), err)
+		}
+		got, err := other.Verification(ctx, v.ID)
+		if err != nil || got.AgentID != agent {
+			t.Fatalf("read back: agent id of %d bytes (%v), want %d", len(got.AgentID), err, len(agent))
+		}
+		if vs, _, err := other.Verifications(ctx, agent, "", 10); err != nil || len(vs) != 1 {
+			t.Fatalf("the agent's page: %d records (%v), want 1", len(vs), err)
+		}
+		if c, err := other.AgentCounts(ctx, agent); err != nil || c.Pass != 1 {
+			t.Fatalf("the agent's counts: %+v (%v), want one pass", c, err)
+		}
+		owners, ok := h.(store.Owners)
+		if ok {
+			if owner, err := owners.BindAgent(ctx, agent, "0x1111111111111111111111111111111111111111"); err != nil || owner == "" {
+				t.Fatalf("BindAgent with a %d-byte agent id: %q, %v", len(agent), owner, err)
+			}
+		}
+		longer := agent + "x"
+		if err := h.RecordVerification(ctx, Sample("id-longer-agent", longer, base, "pass")); err == nil {
+			t.Errorf("RecordVerification took a %d-byte agent id", len(longer))
+		}
+		if _, err := other.Verification(ctx, "id-longer-agent"); !errors.Is(err, store.ErrNotFound) {
+			t.Errorf("the refused record was made: %v", err)
+		}
+		if ok {
+			if _, err := owners.BindAgent(ctx, longer, "0x1111111111111111111111111111111111111111"); err == nil {
+				t.Errorf("BindAgent took a %d-byte agent id", len(longer))
+			}
 		}
 	})
 

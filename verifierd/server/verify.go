@@ -10,12 +10,20 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/aovhq/aov/apierr"
 	"github.com/aovhq/aov/receipt"
 	"github.com/aovhq/aov/signer"
 	"github.com/aovhq/aov/store"
+	"github.com/aovhq/aov/verify"
 )
+
+// Every agent_id a request may carry (verify.MaxIDChars characters of up
+// to utf8.UTFMax bytes) is one every history store records and binds
+// (store.MaxAgentIDBytes): this stops compiling if either limit moves past
+// the other, rather than letting a valid request fail at its record.
+const _ = uint(store.MaxAgentIDBytes - verify.MaxIDChars*utf8.UTFMax)
 
 // serveVerify is POST /verify/schema and POST /verify/deliverable: one
 // check under two names, signed under the same context. The MCP tool
