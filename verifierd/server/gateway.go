@@ -120,10 +120,11 @@ func (gw gatewayInfo) tooLate(now time.Time) bool {
 }
 
 // storeTimeout bounds a request's history and owner store calls (the
-// record of a verification, the reads of /reputation and /score) when the
-// gateway set no answer-by time, so that a stalled store (PostgreSQL
-// paused, its network cut) is a 503 rather than a request, a goroutine and
-// a pool connection held for as long as the store stays stalled.
+// record of a verification and the owner binding before it, the reads of
+// /reputation and /score) when the gateway set no answer-by time, so that
+// a stalled store (PostgreSQL paused, its network cut) is a 503 rather
+// than a request, a goroutine and a pool connection held for as long as
+// the store stays stalled.
 const storeTimeout = 10 * time.Second
 
 // storeBy is the deadline of the store calls of a request answered now:

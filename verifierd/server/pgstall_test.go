@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -14,10 +15,11 @@ import (
 
 // README ("PostgreSQL down"): "/reputation and /score are 503". With
 // PostgreSQL stalled (SIGSTOP: connections accepted, nothing answered),
-// the history reads of both are bounded like a record (10 s without an
-// answer-by time): each answers 503 upstream_unavailable with Retry-After.
-// (Before: they read under the request's context alone and waited for as
-// long as PostgreSQL did, holding a goroutine and a pool connection each.)
+// their history reads, and the owner binding a verification with a wallet
+// proof makes first, are bounded like a record (10 s without an answer-by
+// time): each answers 503 upstream_unavailable with Retry-After. (Before:
+// they ran under the request's context alone and waited for as long as
+// PostgreSQL did, holding a goroutine and a pool connection each.)
 func TestHistoryReadsAnswer503WhilePostgresStalled(t *testing.T) {
 	pg := servers.StartPostgres(t)
 	h, err := pghistory.Open(context.Background(), pg.DSN, pghistory.Options{})
@@ -31,7 +33,10 @@ func TestHistoryReadsAnswer503WhilePostgresStalled(t *testing.T) {
 			t.Fatalf("%s before the stall: %d %s", path, w.Code, w.Body)
 		}
 	}
-	for _, path := range []string{"/reputation/seller-7", "/score/seller-7"} {
+	// A verification whose wallet proof binds the agent id writes the
+	// owner first: bounded the same way.
+	const verify = "POST /verify/schema with a wallet proof binding seller-7"
+	for _, path := range []string{"/reputation/seller-7", "/score/seller-7", verify} {
 		pg.Pause()
 		type answer struct {
 			code       int
@@ -41,7 +46,12 @@ func TestHistoryReadsAnswer503WhilePostgresStalled(t *testing.T) {
 		done := make(chan answer, 1)
 		start := time.Now()
 		go func() {
-			w := f.do("GET", path, nil, nil)
+			var w *httptest.ResponseRecorder
+			if path == verify {
+				w = f.do("POST", "/verify/schema", invoice("129.5", ""), proves(wallet, "seller-7"))
+			} else {
+				w = f.do("GET", path, nil, nil)
+			}
 			done <- answer{w.Code, w.Header().Get("Retry-After"), w.Body.String()}
 		}()
 		answered := false
@@ -53,7 +63,7 @@ func TestHistoryReadsAnswer503WhilePostgresStalled(t *testing.T) {
 				t.Errorf("%s with PostgreSQL stalled: %d Retry-After %q %s, want 503 upstream_unavailable with Retry-After", path, a.code, a.retryAfter, a.body)
 			}
 		case <-time.After(20 * time.Second):
-			t.Errorf("GET %s with PostgreSQL stalled: no answer after 20 s (README: 503)", path)
+			t.Errorf("%s with PostgreSQL stalled: no answer after 20 s (README: 503)", path)
 		}
 		pg.Resume()
 		if !answered {

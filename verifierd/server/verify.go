@@ -73,7 +73,12 @@ func (s *Server) verifyRequest(ctx context.Context, body []byte, gw gatewayInfo,
 	if req.AgentID != nil {
 		agentID = *req.AgentID
 	}
-	authenticated, err := s.authenticate(ctx, agentID, gw) // gateway.go: who owns an agent_id
+	// The owner store is bounded like the record (storeBy): a stalled one
+	// is a 503, nothing signed or recorded, not a request held for as
+	// long as it is stalled.
+	actx, cancel := context.WithDeadline(ctx, gw.storeBy(time.Now()))
+	authenticated, err := s.authenticate(actx, agentID, gw) // gateway.go: who owns an agent_id
+	cancel()
 	if err != nil {
 		return nil, err
 	}
