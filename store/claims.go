@@ -44,9 +44,7 @@ type Claims interface {
 	// wallet's paid access): there is no pending claim for a second
 	// write to leave behind when it fails. A live settled claim on key
 	// that lasts until then or later is kept as it is (nil error: a
-	// retry of the same record leaves the same record, which a shared
-	// store, holding it for the time asked from when it takes the call,
-	// may end as much later as the retry came); one that ends sooner is
+	// retry of the same record changes nothing); one that ends sooner is
 	// rewritten with note until until, so a fact paid for again lasts
 	// from its latest payment. A live unsettled one is replaced, since
 	// its holder could only have been recording the same fact. So key
@@ -68,10 +66,7 @@ type Claim struct {
 type ClaimState struct {
 	Settled bool
 	Note    string
-	// Until is when the claim lapses by the store's clock: the until it
-	// was asked for, or with a shared store the lifetime asked for from
-	// when the server took the call (a little later).
-	Until time.Time
+	Until   time.Time
 	// Attempt is what the store's clock says of the attempt span the
 	// claim was written with (HeldClaims.ClaimHeld).
 	Attempt AttemptState

@@ -40,16 +40,15 @@ else
 end
 `
 
-// paymentIDBindScript: KEYS[1]; ARGV fingerprint, lifetime ms (msLeft).
-// Returns {1} when it bound, {2} when the lifetime is not positive, or
-// {0, s, u, f, a}, the live binding it found.
+// paymentIDBindScript: KEYS[1]; ARGV fingerprint, until ms. Returns {1}
+// when it bound, {2} when until is not in the future, or {0, s, u, f, a},
+// the live binding it found.
 var paymentIDBindScript = redis.NewScript(`#!lua
 ` + nowMS + livePaymentID + `if v then return {0, v[1], v[2], v[3], v[4]} end
-local ttl = tonumber(ARGV[2])
-if ttl <= 0 then return {2} end
-local untl = now + ttl
+local untl = tonumber(ARGV[2])
+if untl <= now then return {2} end
 redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 's', '0', 'u', string.format('%d', untl), 'f', ARGV[1], 'a', '')
+redis.call('HSET', KEYS[1], 's', '0', 'u', ARGV[2], 'f', ARGV[1], 'a', '')
 redis.call('PEXPIREAT', KEYS[1], untl)
 return {1}
 `)
@@ -59,8 +58,7 @@ var paymentIDLookupScript = redis.NewScript(`#!lua flags=no-writes
 ` + nowMS + livePaymentID + `return v or {}
 `)
 
-// paymentIDSaveScript: KEYS[1]; ARGV fingerprint, answer, lifetime ms
-// (msLeft; not positive: gone at once).
+// paymentIDSaveScript: KEYS[1]; ARGV fingerprint, answer, until ms.
 // Returns 1, or 0 when the id is bound to another fingerprint.
 var paymentIDSaveScript = redis.NewScript(`#!lua
 ` + nowMS + `local v = redis.call('HMGET', KEYS[1], 's', 'u', 'f')
@@ -68,10 +66,9 @@ if v[1] and tonumber(v[2]) > now then
   if v[3] ~= ARGV[1] then return 0 end
   if v[1] == '1' then return 1 end
 end
-local untl = now + tonumber(ARGV[3])
 redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 's', '1', 'u', string.format('%d', untl), 'f', ARGV[1], 'a', ARGV[2])
-redis.call('PEXPIREAT', KEYS[1], untl)
+redis.call('HSET', KEYS[1], 's', '1', 'u', ARGV[3], 'f', ARGV[1], 'a', ARGV[2])
+redis.call('PEXPIREAT', KEYS[1], tonumber(ARGV[3]))
 return 1
 `)
 
@@ -123,7 +120,7 @@ func (p paymentIDs) Bind(ctx context.Context, id, fp string, until time.Time) (s
 	if err := store.CheckPaymentID(id, fp, nil); err != nil {
 		return store.PaymentIDState{}, false, err
 	}
-	v, err := p.s.write(ctx, paymentIDBindScript, []string{p.key(id)}, fp, msLeft(until))
+	v, err := p.s.write(ctx, paymentIDBindScript, []string{p.key(id)}, fp, ceilMS(until))
 	if corrupt(err) {
 		return store.PaymentIDState{}, false, errCorruptPaymentID
 	}
@@ -167,7 +164,7 @@ func (p paymentIDs) Save(ctx context.Context, id, fp string, answer []byte, unti
 	if err := store.CheckPaymentID(id, fp, answer); err != nil {
 		return err
 	}
-	v, err := p.s.write(ctx, paymentIDSaveScript, []string{p.key(id)}, fp, answer, msLeft(until))
+	v, err := p.s.write(ctx, paymentIDSaveScript, []string{p.key(id)}, fp, answer, ceilMS(until))
 	if err != nil {
 		return fmt.Errorf("redisstore: saving payment identifier answer: %w", err)
 	}

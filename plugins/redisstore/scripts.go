@@ -197,9 +197,8 @@ const attemptOf = `local function attemptOf(a)
 end
 `
 
-// claimScript: KEYS the claim keys; ARGV token, lifetime ms (msLeft: the
-// claim lasts that long by the server's clock, whatever the gateway's).
-// Returns {1} on success, {2} when the lifetime is not positive, or {0, i, settled, until,
+// claimScript: KEYS the claim keys; ARGV token, until ms. Returns {1} on
+// success, {2} when until is not in the future, or {0, i, settled, until,
 // note, attempt} naming the first live key held by someone else, or
 // {3, i, ref} when that key's note is under ref, a key not among KEYS
 // (noteOf).
@@ -208,12 +207,10 @@ var claimScript = redis.NewScript(`#!lua
 ` + claimBody + `return {1}
 `)
 
-// claimBody claims KEYS for ARGV[1] (token) for ARGV[2] ms from now (the
-// server's clock; untl, kept in the u field) with note and, unless nil,
-// attempt (the a field), or returns as claimScript says.
-const claimBody = `local token, ttl = ARGV[1], tonumber(ARGV[2])
-if ttl <= 0 then return {2} end
-local untl = now + ttl
+// claimBody claims KEYS for ARGV[1] (token) until ARGV[2] (ms) with note
+// and, unless nil, attempt (the a field), or returns as claimScript says.
+const claimBody = `local token, untl = ARGV[1], tonumber(ARGV[2])
+if untl <= now then return {2} end
 for i, k in ipairs(KEYS) do
   local v = redis.call('HMGET', k, 's', 't', 'u', 'a', 'r')
   if v[1] and tonumber(v[3]) > now then
@@ -228,9 +225,9 @@ for i, k in ipairs(KEYS) do
   local nk, nv = 'n', note
   if i > 1 then nk, nv = 'r', KEYS[1] end
   if attempt then
-    redis.call('HSET', k, 's', '0', 't', token, 'u', string.format('%d', untl), nk, nv, 'a', attempt)
+    redis.call('HSET', k, 's', '0', 't', token, 'u', ARGV[2], nk, nv, 'a', attempt)
   else
-    redis.call('HSET', k, 's', '0', 't', token, 'u', string.format('%d', untl), nk, nv)
+    redis.call('HSET', k, 's', '0', 't', token, 'u', ARGV[2], nk, nv)
   end
   redis.call('PEXPIREAT', k, untl)
 end
@@ -259,12 +256,11 @@ end
 `
 
 // settleScript: KEYS the claim keys, then the index of held claims; ARGV
-// token, note, keep ms from now by the server's clock (msLeft; 0: keep the
-// current until), the claim's first key. Returns 1, or 0 when the claim is lost. A settled claim
+// token, note, keep-until ms (0: keep the current until), the claim's
+// first key. Returns 1, or 0 when the claim is lost. A settled claim
 // leaves the index (unindex).
 var settleScript = redis.NewScript(`#!lua
 ` + nowMS + putNote + unindex + heldCheck + `local keep = tonumber(ARGV[3])
-if keep > 0 then keep = now + keep end
 for i, k in ipairs(KEYS) do
   local u = math.max(tonumber(redis.call('HGET', k, 'u')), keep)
   putNote(i, k, ARGV[2], 's', '1', 'u', string.format('%d', u))
@@ -294,20 +290,18 @@ return 1
 const unindex = `local index = table.remove(KEYS)
 `
 
-// recordScript: KEYS[1] the claim key; ARGV token, lifetime ms (msLeft),
-// note. Writes a settled claim lasting that long by the server's clock,
-// with its own note (a claim of one key), unless a live settled one
-// lasting as long or longer is there (store.Claims.Record: a longer record
-// renews it). Returns 1 when written, 0 when kept, 2 when the lifetime is
-// not positive.
+// recordScript: KEYS[1] the claim key; ARGV token, until ms, note.
+// Writes a settled claim, with its own note (a claim of one key), unless a
+// live settled one lasting until then or later is there (store.Claims.Record:
+// a longer record renews it). Returns 1 when written, 0 when kept, 2 when
+// until is not in the future.
 var recordScript = redis.NewScript(`#!lua
-` + nowMS + `local ttl = tonumber(ARGV[2])
-if ttl <= 0 then return 2 end
-local untl = now + ttl
+` + nowMS + `local untl = tonumber(ARGV[2])
+if untl <= now then return 2 end
 local v = redis.call('HMGET', KEYS[1], 's', 'u')
 if v[1] == '1' and tonumber(v[2]) > now and tonumber(v[2]) >= untl then return 0 end
 redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 's', '1', 't', ARGV[1], 'u', string.format('%d', untl), 'n', ARGV[3])
+redis.call('HSET', KEYS[1], 's', '1', 't', ARGV[1], 'u', ARGV[2], 'n', ARGV[3])
 redis.call('PEXPIREAT', KEYS[1], untl)
 return 1
 `)

@@ -492,16 +492,10 @@ func (c claims) keys(keys []string) []string {
 	return out
 }
 
-// msLeft is how long until is away by the gateway's clock, rounded up to
-// the millisecond Redis keeps (a claim is never held for less time than
-// asked): what a script holds a key for, from now by the server's clock.
-// The store's callers ask for an absolute time on their own clock; sending
-// it as such would hold a claim or binding the clocks' skew less (or more)
-// than asked, and refuse it outright from a gateway behind the server by
-// more than its lifetime. Not positive when until has passed, which the
-// scripts refuse.
-func msLeft(until time.Time) int64 {
-	ns := until.Sub(now()).Nanoseconds()
+// ceilMS rounds up to the millisecond Redis keeps: a claim is never held
+// for less time than asked.
+func ceilMS(t time.Time) int64 {
+	ns := t.UnixNano()
 	ms := ns / 1e6
 	if ns%1e6 > 0 {
 		ms++
@@ -538,9 +532,9 @@ func (c claims) claim(ctx context.Context, keys []string, until time.Time, span 
 	for try := 1; ; try++ {
 		var v any
 		if note == nil {
-			v, err = c.s.write(ctx, claimScript, c.keys(keys), token, msLeft(until))
+			v, err = c.s.write(ctx, claimScript, c.keys(keys), token, ceilMS(until))
 		} else {
-			v, err = c.s.write(ctx, claimHeldScript, c.indexedKeys(keys), token, msLeft(until), n, keys[0], c.s.spanArg(span))
+			v, err = c.s.write(ctx, claimHeldScript, c.indexedKeys(keys), token, ceilMS(until), n, keys[0], c.s.spanArg(span))
 		}
 		if corrupt(err) {
 			return store.Claim{}, errCorruptClaim // refused before any write
@@ -631,9 +625,9 @@ func (c claims) Settle(ctx context.Context, cl store.Claim, note string, keepUnt
 	if !validClaim(cl) {
 		return store.ErrClaimLost
 	}
-	var keep int64 // 0: keep the claim's own lifetime
+	var keep int64
 	if !keepUntil.IsZero() {
-		keep = max(msLeft(keepUntil), 0)
+		keep = ceilMS(keepUntil)
 	}
 	v, err := c.s.write(ctx, settleScript, c.indexedKeys(cl.Keys), cl.Token, note, keep, cl.Keys[0])
 	if err != nil {
@@ -666,8 +660,7 @@ func (c claims) Release(ctx context.Context, cl store.Claim) error {
 }
 
 // Record implements store.Claims. Run twice (go-redis resends a command
-// whose answer was lost) it writes the same record again, lasting as long
-// from the second run.
+// whose answer was lost) it keeps what the first run wrote.
 func (c claims) Record(ctx context.Context, key, note string, until time.Time) error {
 	keys, err := store.ClaimKeys([]string{key})
 	if err != nil {
@@ -677,7 +670,7 @@ func (c claims) Record(ctx context.Context, key, note string, until time.Time) e
 	if _, err := rand.Read(tok[:]); err != nil {
 		return fmt.Errorf("making claim token: %w", err)
 	}
-	v, err := c.s.write(ctx, recordScript, c.keys(keys), hex.EncodeToString(tok[:]), msLeft(until), note)
+	v, err := c.s.write(ctx, recordScript, c.keys(keys), hex.EncodeToString(tok[:]), ceilMS(until), note)
 	if err != nil {
 		return fmt.Errorf("redisstore: recording claim: %w", err)
 	}
