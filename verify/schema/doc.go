@@ -85,7 +85,9 @@
 // $dynamicRef or $recursiveRef that searches the dynamic scope one per 16
 // schemas in it, see walker.searchScope, and every application one per
 // 128 schemas applied at its location before it, which the search for
-// a reference cycle passes (cycleEntriesPerStep); a failing
+// a reference cycle passes (cycleEntriesPerStep), and a cycle by the
+// keyword locations the validator renders for it, see walker.cycleCost;
+// a failing
 // application by the errors the validator keeps for it, see
 // walker.failure; required names by those missing, and names and members
 // looked up one step per 16, see walker.missing; strict_content_check's

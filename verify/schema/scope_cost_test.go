@@ -66,3 +66,41 @@ func TestCycleCheckSteps(t *testing.T) {
 		t.Errorf("a chain of %d $refs: %d steps; want %d", k, got, want)
 	}
 }
+
+// selfChain is a chain of k $refs under items whose last link refers to
+// itself: a reference cycle closed with k+3 schemas in the dynamic scope.
+func selfChain(k int) string {
+	var b strings.Builder
+	b.WriteString(`{"items": {"$ref": "#/$defs/c0"}, "$defs": {`)
+	for i := range k {
+		next := i + 1
+		if next == k {
+			next = i
+		}
+		if i > 0 {
+			b.WriteString(`, `)
+		}
+		b.WriteString(`"c` + strconv.Itoa(i) + `": {"$ref": "#/$defs/c` + strconv.Itoa(next) + `"}`)
+	}
+	b.WriteString(`}}`)
+	return b.String()
+}
+
+// A reference cycle costs the two keyword locations the validator renders
+// for it by walking the whole dynamic scope, copying the location so far
+// at each schema: each at least a step per kwLocBytesPerStep bytes copied,
+// here (k+3) schemas times a location of at least 14 bytes per schema
+// (locBytes), so its cost grows with the square of the scope, while a
+// cycle under a short scope costs a few steps like any failure.
+func TestRefCycleStepsGrowWithTheScope(t *testing.T) {
+	inst := decode(t, `[0]`)
+	short := stepsOf(t, mustCompile(t, selfChain(4)), inst)
+	if short > 40 {
+		t.Errorf("a cycle under a scope of 7: %d steps; want a few", short)
+	}
+	const k = 800
+	n := k + 3
+	if got, want := stepsOf(t, mustCompile(t, selfChain(k)), inst), 2*n*14*(n-1)/kwLocBytesPerStep; got < want {
+		t.Errorf("a cycle under a scope of %d: %d steps; want more than %d", n, got, want)
+	}
+}
