@@ -101,6 +101,66 @@ func TestRefCycleUnderDeepScopeIsCharged(t *testing.T) {
 	}
 }
 
+// unevalFanOut is an object of n members (an array of n items when items)
+// under "unevaluatedProperties": true ("unevaluatedItems") at the root,
+// and a $ref tree applying a schema with no property keywords 4^levels
+// times at the root. While the root's set of unevaluated members is not
+// empty, every application copies the whole set and intersects it with
+// its caller's, in the walk and in the validator.
+func unevalFanOut(n, levels int, items bool) []byte {
+	kw, typ := "unevaluatedProperties", "object"
+	if items {
+		kw, typ = "unevaluatedItems", "array"
+	}
+	var b strings.Builder
+	b.WriteString(`{"task_id":"t","expected_schema":{"` + kw + `":true,"$ref":"#/$defs/a` + strconv.Itoa(levels) + `","$defs":{"a0":{"type":"` + typ + `"}`)
+	for i := 1; i <= levels; i++ {
+		r := `{"$ref":"#/$defs/a` + strconv.Itoa(i-1) + `"}`
+		b.WriteString(`,"a` + strconv.Itoa(i) + `":{"allOf":[` + r + `,` + r + `,` + r + `,` + r + `]}`)
+	}
+	b.WriteString(`}},"submitted_output":`)
+	if items {
+		b.WriteString(`[` + strings.TrimSuffix(strings.Repeat("0,", n), ",") + `]}`)
+		return []byte(b.String())
+	}
+	b.WriteString(`{`)
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(`"` + strconv.Itoa(i) + `":0`)
+	}
+	b.WriteString(`}}`)
+	return []byte(b.String())
+}
+
+// The members an application of a schema under unevaluatedProperties or
+// unevaluatedItems carries (copies, then intersects with its caller's)
+// are charged by their number, so a large object or array under a wide
+// fan-out is refused by the step budget, while the same fan-out over a
+// few members is an ordinary verification. (Before: an application cost
+// one step whatever it carried; 7,000 members under 2,730 applications
+// took 11.5 s and 2.2 GB, the validator running on past the Timeout.)
+func TestUnevaluatedBookkeepingIsCharged(t *testing.T) {
+	v := New(Config{})
+	for _, tc := range []struct {
+		name  string
+		n     int
+		items bool
+	}{{"unevaluatedProperties", 7000, false}, {"unevaluatedItems", 30000, true}} {
+		body := unevalFanOut(tc.n, 5, tc.items)
+		freeTier(t, v, body)
+		err, alloc := parseBounded(t, v, body)
+		refusedBySteps(t, tc.name, err)
+		if alloc > 256<<20 {
+			t.Errorf("%s: a %d-byte request allocated %d MB", tc.name, len(body), alloc>>20)
+		}
+		if pass, err := verdict(v, unevalFanOut(20, 5, tc.items)); err != nil || !pass {
+			t.Errorf("%s over 20 members: %v; want it evaluated and passing", tc.name, err)
+		}
+	}
+}
+
 // Realistic requests near the 1 MiB body limit stay well within the step
 // budget with the charges above: many formatted values, long URIs under
 // several format checks, one long data: URI, and a 2020-12 tree extended

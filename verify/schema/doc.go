@@ -87,6 +87,8 @@
 // 128 schemas applied at its location before it, which the search for
 // a reference cycle passes (cycleEntriesPerStep), and a cycle by the
 // keyword locations the validator renders for it, see walker.cycleCost;
+// under unevaluated*, each application one per 4 members it copies or
+// looks up, see walker.initUneval;
 // a failing
 // application by the errors the validator keeps for it, see
 // walker.failure; required names by those missing, and names and members

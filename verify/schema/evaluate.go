@@ -214,7 +214,7 @@ func (s *Schema) walk(ctx context.Context, instance any, undeclared bool, limit 
 		w.rendered = []string{""}
 	}
 	var u uneval
-	initUneval(&u, instance, s.sch, false)
+	w.initUneval(&u, instance, s.sch, false)
 	c := w.eval(s.sch, instance, &u, 0)
 	return c, w.decls, w.stop
 }
