@@ -161,6 +161,72 @@ func TestUnevaluatedBookkeepingIsCharged(t *testing.T) {
 	}
 }
 
+// depFanOut is a schema whose leaf holds keyword with n entries (arrays,
+// or schemas when schemas) naming members the output lacks, applied
+// 4^levels times by a $ref fan-out to an object of one member. Draft-07
+// when draft7 (for "dependencies").
+func depFanOut(keyword string, n, levels int, schemas, draft7 bool) []byte {
+	var b strings.Builder
+	b.WriteString(`{"task_id":"t","expected_schema":{`)
+	defs := "$defs"
+	if draft7 {
+		b.WriteString(`"$schema":"http://json-schema.org/draft-07/schema#",`)
+		defs = "definitions"
+	}
+	b.WriteString(`"$ref":"#/` + defs + `/a` + strconv.Itoa(levels) + `","` + defs + `":{"a0":{"` + keyword + `":{`)
+	val := `[]`
+	if schemas {
+		val = `true`
+	}
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(`"` + strconv.FormatInt(int64(i), 36) + `":` + val)
+	}
+	b.WriteString(`}}`)
+	for i := 1; i <= levels; i++ {
+		r := `{"$ref":"#/` + defs + `/a` + strconv.Itoa(i-1) + `"}`
+		b.WriteString(`,"a` + strconv.Itoa(i) + `":{"allOf":[` + r + `,` + r + `,` + r + `,` + r + `]}`)
+	}
+	b.WriteString(`}},"submitted_output":{"zzzzz":1}}`)
+	return []byte(b.String())
+}
+
+// Every application scans all the entries of dependentRequired,
+// dependentSchemas and draft-07 dependencies, in the walk and in the
+// validator, looking each name up in the object; the scan is charged by
+// the number of entries, so thousands of entries under a wide fan-out are
+// refused by the step budget, while a few entries under it are an
+// ordinary verification. (Before: only entries naming a member present
+// were charged; 5,500 entries under 16,384 applications ran past the
+// Timeout.)
+func TestDependentEntriesScanIsCharged(t *testing.T) {
+	v := New(Config{})
+	for _, tc := range []struct {
+		keyword         string
+		n               int // dependentSchemas: each entry is a subschema, MaxSchemas is 5,000
+		schemas, draft7 bool
+	}{
+		{"dependentRequired", 5500, false, false},
+		{"dependentSchemas", 4900, true, false},
+		{"dependencies", 4900, false, true}, // in draft-07 every value of dependencies may be a subschema
+		{"dependencies", 4900, true, true},
+	} {
+		name := tc.keyword + " of schemas=" + strconv.FormatBool(tc.schemas)
+		body := depFanOut(tc.keyword, tc.n, 7, tc.schemas, tc.draft7)
+		freeTier(t, v, body)
+		err, alloc := parseBounded(t, v, body)
+		refusedBySteps(t, name, err)
+		if alloc > 256<<20 {
+			t.Errorf("%s: a %d-byte request allocated %d MB", name, len(body), alloc>>20)
+		}
+		if pass, err := verdict(v, depFanOut(tc.keyword, 20, 7, tc.schemas, tc.draft7)); err != nil || !pass {
+			t.Errorf("%s, 20 entries: %v; want it evaluated and passing", name, err)
+		}
+	}
+}
+
 // Realistic requests near the 1 MiB body limit stay well within the step
 // budget with the charges above: many formatted values, long URIs under
 // several format checks, one long data: URI, and a 2020-12 tree extended

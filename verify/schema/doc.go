@@ -92,7 +92,9 @@
 // a failing
 // application by the errors the validator keeps for it, see
 // walker.failure; required names by those missing, and names and members
-// looked up one step per 16, see walker.missing; strict_content_check's
+// looked up one step per 16, see walker.missing, as are the entries of
+// dependencies, dependentSchemas and dependentRequired each application
+// scans, see walker.scanEntries; strict_content_check's
 // paths by their length, see walker.declPath),
 // since nested applicators that reapply shared subschemas make the work
 // exponential in the schema's size; regular-expression work

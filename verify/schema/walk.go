@@ -544,6 +544,9 @@ func (w *walker) object(s *jsonschema.Schema, obj map[string]any, u *uneval, vid
 		}
 	}
 	if len(s.Dependencies) > 0 {
+		if !w.scanEntries(len(s.Dependencies)) {
+			return
+		}
 		arrays, failed := false, false
 		for name, dep := range s.Dependencies {
 			switch dep := dep.(type) {
@@ -623,12 +626,18 @@ func (w *walker) object(s *jsonschema.Schema, obj map[string]any, u *uneval, vid
 	if s.DraftVersion == 6 {
 		return
 	}
+	if !w.scanEntries(len(s.DependentSchemas)) {
+		return
+	}
 	for name, ds := range s.DependentSchemas {
 		if _, ok := obj[name]; ok {
 			c.add(w.self(ds, obj, u, vid))
 		}
 	}
 	if len(s.DependentRequired) > 0 {
+		if !w.scanEntries(len(s.DependentRequired)) {
+			return
+		}
 		c.total++
 		failed := false
 		for name, req := range s.DependentRequired {
@@ -644,6 +653,17 @@ func (w *walker) object(s *jsonschema.Schema, obj map[string]any, u *uneval, vid
 			c.failed++
 		}
 	}
+}
+
+// scanEntries charges the scan of n entries of dependencies,
+// dependentSchemas or dependentRequired; false once the walk has stopped.
+// The walk and the validator range over every entry at every application,
+// looking its name up in the object, whether or not the member is there:
+// a step per namesPerStep entries. 5,500 entries naming absent members
+// under a fan-out of 16,384 applications (a 49 KB request) ran past the
+// Timeout when only the entries naming present members were charged.
+func (w *walker) scanEntries(n int) bool {
+	return w.spend(n / namesPerStep)
 }
 
 // declPath is the rendered path of the object being evaluated, for a
