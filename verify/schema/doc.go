@@ -91,7 +91,8 @@
 // looks up, see walker.initUneval;
 // a failing
 // application by the errors the validator keeps for it, see
-// walker.failure; required names by those missing, and names and members
+// walker.failure; required names by those missing, as are the members
+// additionalProperties: false refuses, and names and members
 // looked up one step per 16, see walker.missing, as are the entries of
 // dependencies, dependentSchemas and dependentRequired each application
 // scans, see walker.scanEntries; strict_content_check's

@@ -23,3 +23,20 @@ func TestEveryApplicationToAnObjectIsChargedByItsMembers(t *testing.T) {
 		t.Errorf("3 applications to %d members: %d steps; want %d", n, got, want)
 	}
 }
+
+// A member additionalProperties: false refuses costs a step of its own,
+// as a name required lacks does: the validator lists each in its error
+// and each is described as a failure.
+func TestRefusedAdditionalPropertiesAreChargedEach(t *testing.T) {
+	const n = 400
+	members := make([]string, n)
+	for i := range members {
+		members[i] = `"m` + strconv.Itoa(i) + `": 0`
+	}
+	obj := decode(t, `{`+strings.Join(members, ", ")+`}`)
+	refused := stepsOf(t, mustCompile(t, `{"additionalProperties": false}`), obj)
+	allowed := stepsOf(t, mustCompile(t, `{"additionalProperties": true}`), obj)
+	if want := n + failureSteps; refused-allowed != want {
+		t.Errorf("%d members refused: %d steps, %d allowed; want %d more", n, refused, allowed, want)
+	}
+}

@@ -609,6 +609,13 @@ func (w *walker) object(s *jsonschema.Schema, obj map[string]any, u *uneval, vid
 				case bool:
 					if !ap {
 						c.add(oneFailed)
+						// The validator lists every member additionalProperties
+						// refuses in the error it keeps, and each is described
+						// as a failure of its own, as each name required
+						// lacks is (missing): a step each.
+						if !w.spend(1) {
+							return
+						}
 					}
 				case *jsonschema.Schema:
 					c.add(w.child(ap, pv, vid, name, -1))
