@@ -1013,6 +1013,12 @@ func (v *VerifyResponse) call(r *http.Request, body []byte, outputHash string, i
 	req.Header.Set("Accept", "application/json")
 	if v.token != "" {
 		req.Header.Set("X-Aov-Gateway-Token", v.token)
+		// verifierd reads it only beside the token: by then the answer must
+		// be back, so a stalled history store gets verifierd's own 503 in
+		// time (its store wait is bounded by it), and a verification whose
+		// answer would come after this call gave up is not recorded.
+		dl, _ := ctx.Deadline()
+		req.Header.Set(HeaderUpstreamAnswerBy, strconv.FormatInt(dl.UnixMilli(), 10))
 	}
 	resp, err := v.client.Do(req)
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -62,6 +63,8 @@ type verifierFixture struct {
 	calls  atomic.Int64
 	// cards counts fetches of the agent card.
 	cards atomic.Int64
+	// answerBy is the X-Aov-Answer-By of the last call (Unix ms, 0: none).
+	answerBy atomic.Int64
 }
 
 func startVerifier(t testing.TB) *verifierFixture {
@@ -124,6 +127,8 @@ func startVerifier(t testing.TB) *verifierFixture {
 		if r.Header.Get(server.HeaderGatewayToken) == verifierToken {
 			f.tokens.Add(1)
 		}
+		ms, _ := strconv.ParseInt(r.Header.Get(server.HeaderAnswerBy), 10, 64)
+		f.answerBy.Store(ms)
 		vs.ServeHTTP(w, r)
 	}))
 	f.srv.Start()
