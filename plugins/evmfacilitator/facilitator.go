@@ -440,7 +440,7 @@ func (f *Facilitator) checkChain(ctx context.Context, c *checked) (res *checked,
 		case errors.As(err, &ce):
 			return refuse(revertReason(ce.reason, x402.ReasonExactEVMSimulationFailed), payer, "simulation failed: "+ce.reason), nil
 		case errors.Is(err, errGasCeiling):
-			return f.refuseGas(payer, "the transfer"), nil
+			return f.refuseGas(payer, "the transfer", err), nil
 		}
 		return nil, err
 	}
@@ -661,7 +661,7 @@ func (f *Facilitator) erc1271Check(ctx context.Context, c *checked) (*checked, e
 		kind, _ := classify(err)
 		switch {
 		case errors.Is(err, errGasCeiling):
-			return f.refuseGas(c.payer, "the payer contract's isValidSignature (EIP-1271)"), nil
+			return f.refuseGas(c.payer, "the payer contract's isValidSignature (EIP-1271)", err), nil
 		case errors.As(err, &ce) || kind == answerFailed:
 		default:
 			return nil, err
@@ -673,10 +673,11 @@ func (f *Facilitator) erc1271Check(ctx context.Context, c *checked) (*checked, e
 }
 
 // refuseGas refuses a payment whose what needs more gas than
-// MaxSettlementGas.
-func (f *Facilitator) refuseGas(payer, what string) *checked {
+// MaxSettlementGas; the message ends with why (err, an errGasCeiling), so
+// that a payer whose calldata alone is too long is told so.
+func (f *Facilitator) refuseGas(payer, what string, err error) *checked {
 	return refuse(x402.ReasonExactEVMSimulationFailed, payer, fmt.Sprintf(
-		"%s needs more gas than this facilitator spends on a settlement (%d)", what, f.cfg.MaxSettlementGas))
+		"%s needs more gas than this facilitator spends on a settlement (%d): %v", what, f.cfg.MaxSettlementGas, err))
 }
 
 // tokenDomain reads (and caches) the token's name() and version().

@@ -9,7 +9,9 @@ import (
 
 	"github.com/ethereum/go-ethereum"
 	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/core"
 	"github.com/ethereum/go-ethereum/core/types"
+	"github.com/ethereum/go-ethereum/params"
 )
 
 // fees are the gas price a settlement transaction pays: an EIP-1559 tip
@@ -65,17 +67,52 @@ func (q *fees) tx(chainID *big.Int, nonce, gas uint64, to common.Address, data [
 // Config.MaxSettlementGas: a refusal of the payment, nothing sent.
 var errGasCeiling = errors.New("needs more gas than the settlement gas ceiling")
 
+// settlementRules are the fork rules a settlement's calldata is priced
+// by: Prague's, whose EIP-7623 floor (10 gas per calldata token, 4 tokens
+// a nonzero byte) is live on Ethereum and Base. On a chain without the
+// floor it only makes intrinsicGas higher than the chain's own, so a
+// payment refused for it is one whose calldata is some 12 KB or more.
+var settlementRules = params.Rules{IsHomestead: true, IsEIP150: true, IsEIP155: true, IsEIP158: true, IsEIP2929: true,
+	IsByzantium: true, IsConstantinople: true, IsPetersburg: true, IsIstanbul: true, IsBerlin: true, IsLondon: true,
+	IsMerge: true, IsShanghai: true, IsCancun: true, IsPrague: true}
+
+// intrinsicGas is the least gas a transaction calling a contract with data
+// (no value, no access list) must be given before any code runs: its
+// intrinsic gas or, when higher, its EIP-7623 calldata floor. A node
+// refuses a call or transaction given less as malformed ("intrinsic gas
+// too low", "insufficient gas for floor data gas cost"), an error that
+// says nothing of the payment; simulate refuses such a payment itself.
+func intrinsicGas(data []byte) (uint64, error) {
+	var to common.Address
+	gas, err := core.IntrinsicGas(data, nil, nil, common.Address{}, &to, nil, settlementRules)
+	if err != nil {
+		return 0, err
+	}
+	floor, err := core.FloorDataGas(settlementRules, common.Address{}, &to, nil, data, nil)
+	if err != nil {
+		return 0, err
+	}
+	return max(gas, floor), nil
+}
+
 // simulate runs eth_call of data to `to` from the relayer as c's
 // settlement would run it: with at most MaxSettlementGas gas, and at the
 // settlement's fees (quote), so that the code a contract payer runs inside
 // it (its wallet's isValidSignature) sees the gas price (GASPRICE) the
 // transaction pays, not the 0 of a call without one, and cannot pass the
 // simulation only to fail (or to run long) in the settlement. A revert is
-// *contractError; running out of that gas is errGasCeiling; a relayer
+// *contractError; running out of that gas, or calldata whose intrinsic gas
+// alone exceeds it (intrinsicGas), is errGasCeiling; a relayer
 // that cannot pay for the ceiling at those fees is ErrRelayerUnfunded
 // (the node refuses the call); anything else is returned wrapped as is
 // (classify).
 func (f *Facilitator) simulate(ctx context.Context, c *checked, to common.Address, data []byte) ([]byte, error) {
+	// A payer's signature is its own bytes (up to 16 KiB): its calldata
+	// alone can need more than the ceiling, which the node would answer
+	// as a malformed call, not as the payment's refusal.
+	if need, err := intrinsicGas(data); err != nil || need > f.cfg.MaxSettlementGas {
+		return nil, fmt.Errorf("%w: its %d bytes of calldata alone need %d gas (intrinsic gas with the EIP-7623 floor)", errGasCeiling, len(data), need)
+	}
 	q, err := f.quote(ctx, c)
 	if err != nil {
 		return nil, err

@@ -199,7 +199,7 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 		case errors.As(err, &ce): // the gas estimate reverted: nothing sent
 			return f.failure(revertReason(ce.reason, x402.ReasonExactEVMFailedToExecuteTransfer), c.payer, "the transfer would revert: "+ce.reason, ""), nil
 		case errors.Is(err, errGasCeiling): // nothing sent
-			r := f.refuseGas(c.payer, "the settlement transaction")
+			r := f.refuseGas(c.payer, "the settlement transaction", err)
 			return f.failure(r.resp.InvalidReason, c.payer, r.resp.InvalidMessage, ""), nil
 		case errors.As(err, &ue):
 			return f.resolve(c, ue.tx, start, ue.err)
