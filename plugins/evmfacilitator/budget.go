@@ -74,9 +74,19 @@ type identity struct {
 // outcome is known (or no longer awaited), so that every settlement that
 // reads the balance later counts it, however the reads and sends of
 // concurrent settlements interleave.
+//
+// A contract payer's flight (contract) also counts against its failure
+// budget: its wallet's code runs inside the settlement and can make it
+// revert once mined, after every simulation passed, at up to
+// MaxSettlementGas each, and a revert counts only once its receipt is read.
+// Counted as failures while they fly, a contract payer's settlements sent
+// and reverted within a window are at most MaxFailedPerPayer, whatever
+// their concurrency. An EOA's settlements cannot tell a simulation from
+// the settlement, so they keep the in-flight cap alone.
 type flight struct {
 	token, payer common.Address
 	value        *big.Int
+	contract     bool
 }
 
 func newBudget(cfg Config) *budget {
@@ -122,10 +132,11 @@ func ahead(id *identity, own *flight) []*flight {
 }
 
 // refusal is why payer's payment may not be settled at t; "" when it may.
-// own is the settlement's own flight (nil for Verify). Verify and Settle
-// ask the same, so a payer at its cap is refused at verify too, before a
-// gateway that settles after the call runs it.
-func (b *budget) refusal(payer common.Address, own *flight, t time.Time) (reason, msg string) {
+// own is the settlement's own flight (nil for Verify); contract: the payer
+// is a contract account (flight.contract). Verify and Settle ask the same,
+// so a payer at its cap is refused at verify too, before a gateway that
+// settles after the call runs it.
+func (b *budget) refusal(payer common.Address, own *flight, contract bool, t time.Time) (reason, msg string) {
 	b.prune(t)
 	id := b.ids[payer]
 	if id == nil {
@@ -134,18 +145,21 @@ func (b *budget) refusal(payer common.Address, own *flight, t time.Time) (reason
 	if n := b.recent(id, t); n >= b.perPayer {
 		return ReasonPayerFailureBudget, fmt.Sprintf("%d settlements of this payer reverted on chain within %s, each paid for by the relayer; pay again later", n, b.window)
 	}
+	if n, m := b.recent(id, t), len(ahead(id, own)); contract && n+m >= b.perPayer {
+		return ReasonPayerFailureBudget, fmt.Sprintf("this payer is a contract account, each of whose settlements may revert at the relayer's gas: %d reverted on chain within %s and %d are in flight, of at most %d; pay again once they are confirmed", n, b.window, m, b.perPayer)
+	}
 	if n := len(ahead(id, own)); n >= b.inFlight {
 		return ReasonPayerFailureBudget, fmt.Sprintf("%d settlements of this payer are in flight; pay again once they are confirmed", n)
 	}
 	return "", ""
 }
 
-// check is the payment's refusal; own as for refusal.
-func (b *budget) check(payer common.Address, own *flight) (reason, msg string) {
+// check is the payment's refusal; own and contract as for refusal.
+func (b *budget) check(payer common.Address, own *flight, contract bool) (reason, msg string) {
 	t := b.now()
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.refusal(payer, own, t)
+	return b.refusal(payer, own, contract, t)
 }
 
 // committed is what payer's settlements in token in flight ahead of own
@@ -172,14 +186,15 @@ func (b *budget) committed(token, payer common.Address, own *flight) (sum *big.I
 	return sum, n
 }
 
-// hold counts a settlement of value of token by payer in flight, refusing
-// nothing (the caller asks check, after the payment's own checks); the
-// caller calls release when its outcome is known.
-func (b *budget) hold(token, payer common.Address, value *big.Int) *flight {
+// hold counts a settlement of value of token by payer (a contract
+// account: contract) in flight, refusing nothing (the caller asks check,
+// after the payment's own checks); the caller calls release or end when
+// its outcome is known.
+func (b *budget) hold(token, payer common.Address, value *big.Int, contract bool) *flight {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	id := b.entry(payer)
-	fl := &flight{token: token, payer: payer, value: value}
+	fl := &flight{token: token, payer: payer, value: value, contract: contract}
 	id.flights = append(id.flights, fl)
 	return fl
 }
@@ -194,11 +209,29 @@ func (b *budget) entry(payer common.Address) *identity {
 	return id
 }
 
-// release ends a flight: the outcome is known, or no longer awaited (an
-// unknown outcome is not held in flight).
-func (b *budget) release(fl *flight) {
+// release ends a flight that cost the relayer nothing it must count: the
+// outcome is known, or no longer awaited (an unknown outcome is not held
+// in flight).
+func (b *budget) release(fl *flight) { b.end(fl, false) }
+
+// end ends a flight, and when failed records that its settlement was sent
+// and reverted on chain (or, a contract payer's, may still): the relayer
+// paid its gas. Both at once, so that the flight is never counted twice,
+// nor not at all, by a concurrent check. fl nil: nothing held.
+func (b *budget) end(fl *flight, failed bool) {
+	if fl == nil {
+		return
+	}
+	t := b.now()
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if failed {
+		id := b.entry(fl.payer)
+		id.failures = append(id.failures, t)
+		if len(id.failures) > b.perPayer {
+			id.failures = id.failures[len(id.failures)-b.perPayer:]
+		}
+	}
 	if id := b.ids[fl.payer]; id != nil {
 		id.flights = slices.DeleteFunc(id.flights, func(x *flight) bool { return x == fl })
 		if len(id.flights) == 0 && len(id.failures) == 0 {
@@ -206,18 +239,5 @@ func (b *budget) release(fl *flight) {
 			// payers anyone can make up, it must not wait for prune.
 			delete(b.ids, fl.payer)
 		}
-	}
-}
-
-// fail records that a settlement of payer was sent and reverted on chain:
-// the relayer paid its gas.
-func (b *budget) fail(payer common.Address) {
-	t := b.now()
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	id := b.entry(payer)
-	id.failures = append(id.failures, t)
-	if len(id.failures) > b.perPayer {
-		id.failures = id.failures[len(id.failures)-b.perPayer:]
 	}
 }

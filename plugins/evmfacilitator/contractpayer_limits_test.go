@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ethereum/go-ethereum/common"
+
 	"github.com/aovhq/aov/x402"
 )
 
@@ -44,5 +46,90 @@ func TestContractPayerSignaturePastTheCalldataFloorIsRefusedUnsent(t *testing.T)
 	}
 	if n := relayerNonce(t, e); n != nonce {
 		t.Fatalf("relayer nonce moved %d -> %d", nonce, n)
+	}
+}
+
+// blockBoundRuntime: a contract payer's wallet that, on a plain call
+// (no calldata), stores the block number, and on isValidSignature burns
+// ~312,000 gas and then accepts only while NUMBER <= that stored block:
+// eth_call and eth_estimateGas at "latest" (that block) accept, the
+// settlement, mined in a later block, fails (INVALID, all its gas).
+//
+//	CALLDATASIZE ISZERO PUSH1 arm JUMPI; PUSH3 12000; loop: JUMPDEST PUSH1 1
+//	SWAP1 SUB DUP1 PUSH1 loop JUMPI POP; NUMBER PUSH1 0 SLOAD LT PUSH1 bad
+//	JUMPI; <accept>; bad: JUMPDEST INVALID; arm: JUMPDEST NUMBER PUSH1 0
+//	SSTORE STOP
+const blockBoundRuntime = "3615602d57" + "62002ee0" + "5b600190038060095750" + "4360005410602b57" +
+	"631626ba7e60e01b60005260206000f3" + "5bfe" + "5b4360005500"
+
+// A contract payer's wallet costs the relayer at most max_failed_per_payer
+// × max_settlement_gas per failure_window, however many of its settlements
+// run at once: its settlements in flight count against its failure budget,
+// so a wallet that accepts in the simulations and fails in the mined block
+// has at most 3 of 16 concurrent settlements sent, the rest refused with
+// the failure budget's reason, nothing sent. (Before: the budget counted a
+// revert only once recorded, and all 16, up to max_in_flight_per_payer,
+// were sent and reverted: 7,887,232 gas at the relayer's cost.)
+func TestContractWalletRevertsAtMostItsFailureBudgetAtOnce(t *testing.T) {
+	e := newEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	rt, _ := hex.DecodeString(blockBoundRuntime)
+	init := append([]byte{0x60, byte(len(rt)), 0x80, 0x60, 0x0b, 0x60, 0x00, 0x39, 0x60, 0x00, 0xf3}, rt...)
+	r, err := e.d.SendTx(ctx, DevKey(0), nil, init)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wallet := r.ContractAddress
+	fundUSDC(t, e.d, DevKey(5), wallet, 1_000_000)
+	req := e.requirements(payee, amount)
+	owner := DevKey(4)
+	const n = 16 // DefaultMaxInFlightPerPayer
+	ps := make([]x402.PaymentPayload, n)
+	for i := range ps {
+		a := auth(owner, req)
+		a.From = wallet.Hex()
+		ps[i] = sign(t, owner, a, req, req)
+	}
+	if _, err := e.d.SendTx(ctx, DevKey(6), &wallet, nil); err != nil { // arm: store the head's number
+		t.Fatal(err)
+	}
+	type out struct {
+		s   x402.SettleResponse
+		err error
+	}
+	res := make(chan out, n)
+	for i := range ps {
+		go func(p x402.PaymentPayload) {
+			s, err := e.f.Settle(ctx, p, req)
+			res <- out{s, err}
+		}(ps[i])
+	}
+	reverted, refused, gas := 0, 0, uint64(0)
+	for range n {
+		o := <-res
+		if o.err == nil && o.s.Transaction == "" && o.s.ErrorReason == ReasonPayerFailureBudget {
+			refused++
+		}
+		if o.s.Transaction != "" && !o.s.Success {
+			reverted++
+			rc, err := e.d.Client().TransactionReceipt(ctx, common.HexToHash(o.s.Transaction))
+			if err == nil {
+				gas += rc.GasUsed
+			}
+		}
+	}
+	t.Logf("%d settlements of one wallet reverted, %d gas paid by the relayer", reverted, gas)
+	if reverted > DefaultMaxFailedPerPayer || gas > DefaultMaxFailedPerPayer*DefaultMaxSettlementGas {
+		t.Errorf("one contract wallet made %d settlements revert, %d gas at the relayer's cost; README: at most max_failed_per_payer (%d) × max_settlement_gas (%d)",
+			reverted, gas, DefaultMaxFailedPerPayer, DefaultMaxSettlementGas)
+	}
+	if reverted+refused != n {
+		t.Errorf("%d reverted and %d refused with %s, of %d", reverted, refused, ReasonPayerFailureBudget, n)
+	}
+	// Recorded: the wallet's next payment is refused (its wallet, past the
+	// armed block, now refuses at verify first).
+	if reason, _ := e.f.budget.check(wallet, nil, true); reason != ReasonPayerFailureBudget {
+		t.Errorf("after %d reverts the wallet's budget check = %q; want %s", reverted, reason, ReasonPayerFailureBudget)
 	}
 }

@@ -275,6 +275,9 @@ type checked struct {
 	// answer keeps it held, for the caller to release.
 	settling bool
 	flight   *flight
+	// failed: the settlement was sent and reverted in a way its payer's
+	// failure budget counts (reverted), recorded as its flight ends.
+	failed bool
 }
 
 // Verify checks a payment against the server's requirements, in the order
@@ -412,7 +415,7 @@ func (f *Facilitator) checkChain(ctx context.Context, c *checked) (res *checked,
 	if c.settling {
 		// Held before the balance is read: a settlement of this payer
 		// that reads it later counts this one, whenever this one lands.
-		c.flight = f.budget.hold(token, auth.From, auth.Value)
+		c.flight = f.budget.hold(token, auth.From, auth.Value, c.isCode)
 	}
 	bal, err := f.balanceOf(ctx, token, auth.From)
 	if err != nil {
@@ -446,7 +449,7 @@ func (f *Facilitator) checkChain(ctx context.Context, c *checked) (res *checked,
 	}
 	// Last, the failure budget: every earlier refusal names what is wrong
 	// with the payment itself.
-	if reason, msg := f.budget.check(auth.From, c.flight); reason != "" {
+	if reason, msg := f.budget.check(auth.From, c.flight, c.isCode); reason != "" {
 		return refuse(reason, payer, msg), nil
 	}
 	c.resp = x402.VerifyResponse{IsValid: true, Payer: payer}

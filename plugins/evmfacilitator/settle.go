@@ -175,12 +175,12 @@ func (f *Facilitator) settledBy(payer, tx string) x402.SettleResponse {
 // settle settles a payment checkOwn and checkSigner passed; pre bounds the
 // work before the send, and sent is set once the settlement transaction
 // may have reached the node.
-func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.Bool) (x402.SettleResponse, error) {
+func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.Bool) (resp x402.SettleResponse, err error) {
 	// The nonce is unused when checkChain reads it: whatever uses it lands
 	// after start, which bounds the search for it (resolve).
 	start := now()
 	c.settling = true
-	c, err := f.checkChain(pre, c)
+	c, err = f.checkChain(pre, c)
 	if err != nil {
 		return x402.SettleResponse{}, fmt.Errorf("verifying before settlement: %w", err)
 	}
@@ -190,7 +190,14 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 		}
 		return f.failure(c.resp.InvalidReason, c.resp.Payer, c.resp.InvalidMessage, ""), nil
 	}
-	defer f.budget.release(c.flight) // held by checkChain
+	// Held by checkChain. A contract payer's settlement whose outcome stays
+	// unknown may still revert at the relayer's gas once mined: it counts
+	// as a failure, so that its flight, ended here, bounds the reverts of
+	// one wallet all the same.
+	defer func() {
+		var ue *x402.UnknownOutcomeError
+		f.budget.end(c.flight, c.failed || c.isCode && errors.As(err, &ue))
+	}()
 	tx, err := f.send(ctx, pre, c, sent)
 	if err != nil {
 		var ce *contractError
@@ -633,11 +640,7 @@ func (f *Facilitator) reverted(ctx context.Context, c *checked, tx *types.Transa
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resolveTimeout)
 	defer cancel()
 	excused := false
-	defer func() {
-		if !excused {
-			f.budget.fail(c.auth.From)
-		}
-	}()
+	defer func() { c.failed = !excused }() // recorded as settle ends its flight
 	cause := fmt.Errorf("the settlement transaction %s reverted", tx.Hash().Hex())
 	used, err := f.authorizationState(ctx, c.token, c.auth.From, c.auth.Nonce, rcpt.BlockNumber)
 	if err != nil {
