@@ -3,9 +3,12 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
+	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -239,14 +242,25 @@ func readInput(name string, stdin io.Reader, limit int64) ([]byte, error) {
 	return b, nil
 }
 
-// loadCard reads an agent card from a file or an http(s) URL.
+// loadCard reads an agent card from a file or an http(s) URL. src is
+// parsed as a URL once: its scheme is case-insensitive (RFC 3986 §3.1,
+// as net/http takes it), so HTTPS://… is fetched, never opened as a file.
+// A file's error names src without the user information it may carry
+// (a token given as TOKEN@ in what only looks like a URL).
 func loadCard(src string) ([]byte, error) {
-	if !strings.HasPrefix(src, "http://") && !strings.HasPrefix(src, "https://") {
-		return readInput(src, nil, maxCardBytes)
+	u, perr := url.Parse(src) // url.Parse lowers the scheme
+	if perr == nil && (u.Scheme == "http" || u.Scheme == "https") {
+		ctx, cancel := context.WithTimeout(context.Background(), cardTimeout)
+		defer cancel()
+		return receipt.FetchCard(ctx, httpClient, src)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), cardTimeout)
-	defer cancel()
-	return receipt.FetchCard(ctx, httpClient, src)
+	b, err := readInput(src, nil, maxCardBytes)
+	if pe, ok := errors.AsType[*fs.PathError](err); ok && perr == nil && u.User != nil {
+		c := *u
+		c.User = nil
+		pe.Path = c.String()
+	}
+	return b, err
 }
 
 // runeOffset is the byte offset of the n-th rune of s, len(s) if s has
