@@ -117,9 +117,10 @@ type EVMFacilitator struct {
 	MaxInFlightPerPayer int            `json:"max_in_flight_per_payer,omitempty"`
 	FailureWindow       caddy.Duration `json:"failure_window,omitempty"`
 	// MaxSettlementGas is the most gas one settlement may cost the
-	// relayer (default 500000): a payer whose account is a contract runs
-	// its wallet's code inside the settlement, and a payment needing more
-	// is refused at verify and settle, nothing sent.
+	// relayer (default 500000, at least evmfacilitator.MinSettlementGas,
+	// what an ordinary account's transfer needs): a payer whose account is
+	// a contract runs its wallet's code inside the settlement, and a
+	// payment needing more is refused at verify and settle, nothing sent.
 	MaxSettlementGas uint64 `json:"max_settlement_gas,omitempty"`
 	// Devnet runs the facilitator on an in-process development chain whose
 	// relayer is development account 0.
@@ -128,6 +129,16 @@ type EVMFacilitator struct {
 	poolKey string
 	f       *evmfacilitator.Facilitator
 	uses    *inflight.Config
+}
+
+// checkSettlementGas refuses a max_settlement_gas below what an ordinary
+// account's transferWithAuthorization needs (evmfacilitator.New refuses it
+// too, without the option's name): under it no payment could settle.
+func checkSettlementGas(gas uint64) error {
+	if gas < evmfacilitator.MinSettlementGas {
+		return fmt.Errorf("max_settlement_gas %d is below %d, what an ordinary account's transferWithAuthorization needs: no payment could settle", gas, evmfacilitator.MinSettlementGas)
+	}
+	return nil
 }
 
 // UnmarshalJSON decodes the JSON config as Caddy does, and refuses a
@@ -206,6 +217,11 @@ func (m *EVMFacilitator) Provision(ctx caddy.Context) error {
 
 	if m.RPCURL == "" {
 		return errors.New("rpc_url is required (or use devnet)")
+	}
+	if m.MaxSettlementGas != 0 {
+		if err := checkSettlementGas(m.MaxSettlementGas); err != nil {
+			return err
+		}
 	}
 	if m.Network == "" {
 		return errors.New("network is required with rpc_url")
@@ -357,7 +373,9 @@ func (m *EVMFacilitator) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				err = errors.New("must be positive")
 			}
 		case "max_settlement_gas":
-			err = facPositive(d, &m.MaxSettlementGas)
+			if err = facPositive(d, &m.MaxSettlementGas); err == nil {
+				err = checkSettlementGas(m.MaxSettlementGas)
+			}
 		case "devnet":
 			m.Devnet, err = facParseDevnet(d)
 		default:

@@ -47,6 +47,7 @@ func TestFacilitatorCaddyfileErrors(t *testing.T) {
 		{"a failure budget of no failures is refused", "x402_facilitator {\n\tevm {\n\t\tmax_failed_per_payer 0\n\t}\n}", "at least 1"},
 		{"a gas ceiling of no gas is refused", "x402_facilitator {\n\tevm {\n\t\tmax_settlement_gas 0\n\t}\n}", "must be a whole number of at least 1"},
 		{"a gas ceiling past uint64 is refused", "x402_facilitator {\n\tevm {\n\t\tmax_settlement_gas 18446744073709551616\n\t}\n}", "must be a whole number of at least 1"},
+		{"a gas ceiling below a transfer's need is refused", "x402_facilitator {\n\tevm {\n\t\tmax_settlement_gas 40000\n\t}\n}", "max_settlement_gas 40000 is below"},
 		{"an empty failure window is refused", "x402_facilitator {\n\tevm {\n\t\tfailure_window 0s\n\t}\n}", "must be positive"},
 		{"the http facilitator needs a url", "x402_facilitator {\n\thttp {\n\t\ttimeout 1s\n\t}\n}", "needs a url"},
 		{"a header needs a name and a value", "x402_facilitator {\n\thttp http://x {\n\t\theader Authorization\n\t}\n}", "wrong argument count"},
@@ -277,10 +278,11 @@ func TestEVMFacilitatorOverJSONRPC(t *testing.T) {
 }
 
 // TestEVMFacilitatorMaxSettlementGas: max_settlement_gas reaches the
-// facilitator (set below what a transferWithAuthorization needs, a payment
-// is refused at verify and settle, nothing sent; another config without it
-// settles the same payment), a written 0 is refused, and the devnet, one
-// per process, keeps the default.
+// facilitator (set at its least, evmfacilitator.MinSettlementGas, below
+// what the devnet's transferWithAuthorization needs under its later fork, a
+// payment is refused at verify and settle, nothing sent; another config
+// without it settles the same payment), a written 0 and a value below that
+// least are refused, and the devnet, one per process, keeps the default.
 func TestEVMFacilitatorMaxSettlementGas(t *testing.T) {
 	d, err := evmfacilitator.StartDevnet(evmfacilitator.DevnetConfig{RPCListen: "127.0.0.1:0"})
 	if err != nil {
@@ -292,7 +294,7 @@ func TestEVMFacilitatorMaxSettlementGas(t *testing.T) {
 	cfg := func(gas string) string {
 		return `{"network":"devnet","rpc_url":"` + d.RPCURL() + `","relayer_key":"{env.FAC_TEST_RELAYER_KEY}"` + gas + `}`
 	}
-	mod, cancel := facLoad(t, "x402.facilitators.evm", cfg(`,"max_settlement_gas":40000`))
+	mod, cancel := facLoad(t, "x402.facilitators.evm", cfg(fmt.Sprintf(`,"max_settlement_gas":%d`, evmfacilitator.MinSettlementGas)))
 	defer cancel()
 	f := mod.(*EVMFacilitator)
 	req := facDevnetRequirements(accts[2].Address)
@@ -302,14 +304,14 @@ func TestEVMFacilitatorMaxSettlementGas(t *testing.T) {
 	}
 	ctx := context.Background()
 	if v, err := f.Verify(ctx, p, req); err != nil || v.IsValid || v.InvalidReason != x402.ReasonExactEVMSimulationFailed {
-		t.Fatalf("verify under a 40000 gas ceiling = %+v, %v", v, err)
+		t.Fatalf("verify under a %d gas ceiling = %+v, %v", evmfacilitator.MinSettlementGas, v, err)
 	}
 	nonce, err := d.Client().PendingNonceAt(ctx, accts[9].Address)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if s, err := f.Settle(ctx, p, req); err != nil || s.Success || s.ErrorReason != x402.ReasonExactEVMSimulationFailed || s.Transaction != "" {
-		t.Fatalf("settle under a 40000 gas ceiling = %+v, %v", s, err)
+		t.Fatalf("settle under a %d gas ceiling = %+v, %v", evmfacilitator.MinSettlementGas, s, err)
 	}
 	if n, err := d.Client().PendingNonceAt(ctx, accts[9].Address); err != nil || n != nonce {
 		t.Fatalf("relayer nonce %d -> %d, %v: a transaction was sent", nonce, n, err)
@@ -324,6 +326,9 @@ func TestEVMFacilitatorMaxSettlementGas(t *testing.T) {
 	defer cancelCtx()
 	if _, err := cctx.LoadModuleByID("x402.facilitators.evm", json.RawMessage(cfg(`,"max_settlement_gas":0`))); err == nil || !strings.Contains(err.Error(), "max_settlement_gas must be a whole number of at least 1") {
 		t.Errorf("a written 0: %v", err)
+	}
+	if _, err := cctx.LoadModuleByID("x402.facilitators.evm", json.RawMessage(cfg(`,"max_settlement_gas":40000`))); err == nil || !strings.Contains(err.Error(), "max_settlement_gas 40000 is below") {
+		t.Errorf("a ceiling below a transfer's need: %v", err)
 	}
 	if _, err := cctx.LoadModuleByID("x402.facilitators.evm", json.RawMessage(`{"devnet":{},"max_settlement_gas":400000}`)); err == nil || !strings.Contains(err.Error(), "drop max_failed_per_payer, max_in_flight_per_payer, failure_window and max_settlement_gas") {
 		t.Errorf("devnet with max_settlement_gas: %v", err)

@@ -156,11 +156,12 @@ func TestContractPayerWithACheapWalletSettlesWithinTheCeiling(t *testing.T) {
 }
 
 // Config.MaxSettlementGas is the ceiling: set below what an EOA's
-// transferWithAuthorization needs, an EOA's payment is refused at verify
-// and at settle, nothing sent; the default facilitator settles it.
+// transferWithAuthorization needs (MinSettlementGas, on the devnet whose
+// later fork prices new storage higher), an EOA's payment is refused at
+// verify and at settle, nothing sent; the default facilitator settles it.
 func TestMaxSettlementGasBoundsEveryPayment(t *testing.T) {
 	e := newEnv(t)
-	f, err := New(Config{Chain: e.d.Client(), Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, MaxSettlementGas: 40_000})
+	f, err := New(Config{Chain: e.d.Client(), Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, MaxSettlementGas: MinSettlementGas})
 	if err != nil {
 		t.Fatal(err)
 	}

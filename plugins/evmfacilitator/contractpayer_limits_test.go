@@ -5,10 +5,14 @@ import (
 	"context"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/params"
 
 	"github.com/aovhq/aov/x402"
 )
@@ -132,4 +136,58 @@ func TestContractWalletRevertsAtMostItsFailureBudgetAtOnce(t *testing.T) {
 	if reason, _ := e.f.budget.check(wallet, nil, true); reason != ReasonPayerFailureBudget {
 		t.Errorf("after %d reverts the wallet's budget check = %q; want %s", reverted, reason, ReasonPayerFailureBudget)
 	}
+}
+
+// A settlement gas ceiling below what an EOA's transferWithAuthorization
+// needs is refused by New, naming the least it accepts: no payment could
+// settle under it. (Before: New took 21,000, and the node refused every
+// simulation as malformed, "intrinsic gas too low": every payment, from
+// every payer, was an outage, 503, rather than a refusal.)
+func TestNewRefusesACeilingBelowATransfersNeed(t *testing.T) {
+	e := newEnv(t)
+	for _, gas := range []uint64{21_000, 40_000, MinSettlementGas - 1} {
+		_, err := New(Config{Chain: e.d.Client(), Network: DevnetNetwork, RelayerKey: DevKey(0), MaxSettlementGas: gas})
+		if err == nil || !strings.Contains(err.Error(), fmt.Sprint(MinSettlementGas)) {
+			t.Errorf("New with MaxSettlementGas %d: %v; want refused, naming %d", gas, err, MinSettlementGas)
+		}
+	}
+	// README states the least, in the option table and the cost section.
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(readme), fmt.Sprintf("at least %d", MinSettlementGas)); n != 2 {
+		t.Errorf("README says \"at least %d\" %d times; want 2 (max_settlement_gas's least)", MinSettlementGas, n)
+	}
+}
+
+// At MinSettlementGas an EOA's payment verifies and settles, on a chain
+// with the gas schedule public chains run (Osaka's; the default devnet
+// prices new storage by a later fork): the minimum is not above what a
+// transfer needs.
+func TestMinSettlementGasSettlesAnEOAPayment(t *testing.T) {
+	forks := *params.AllDevChainProtocolChanges
+	forks.BogotaTime = nil
+	d := startDevnet(t, DevnetConfig{forks: &forks})
+	f, err := New(Config{Chain: d.Client(), Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, MaxSettlementGas: MinSettlementGas})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &testEnv{d: d, f: f}
+	req := e.requirements(payee, amount)
+	p := mustSignExact(t, payer, req)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if v, err := f.Verify(ctx, p, req); err != nil || !v.IsValid {
+		t.Fatalf("verify at MinSettlementGas (%d) = %+v, %v", MinSettlementGas, v, err)
+	}
+	s, err := f.Settle(ctx, p, req)
+	if err != nil || !s.Success {
+		t.Fatalf("settle at MinSettlementGas (%d) = %+v, %v", MinSettlementGas, s, err)
+	}
+	rc, err := d.Client().TransactionReceipt(ctx, common.HexToHash(s.Transaction))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("settled at a ceiling of %d with %d gas", MinSettlementGas, rc.GasUsed)
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/ethereum/go-ethereum/ethclient"
 	"github.com/ethereum/go-ethereum/ethclient/simulated"
 	"github.com/ethereum/go-ethereum/node"
+	"github.com/ethereum/go-ethereum/params"
 	"github.com/ethereum/go-ethereum/rpc"
 
 	"github.com/aovhq/aov/x402"
@@ -95,6 +96,11 @@ type DevnetConfig struct {
 	// StartDevnet with the same folder continues from the last sealed
 	// block. Empty: the chain lives in memory and is lost on Close.
 	DataDir string
+
+	// forks replaces the chain's fork schedule (default
+	// params.AllDevChainProtocolChanges, which prices storage by forks no
+	// public chain runs yet): tests measure gas as on a public chain.
+	forks *params.ChainConfig
 }
 
 // Devnet is an in-process development chain (go-ethereum's simulated
@@ -170,6 +176,9 @@ func StartDevnet(cfg DevnetConfig) (*Devnet, error) {
 			ec.NoPruning = true
 			ec.StateScheme = rawdb.HashScheme
 		})
+	}
+	if cfg.forks != nil {
+		opts = append(opts, func(_ *node.Config, ec *ethconfig.Config) { ec.Genesis.Config = cfg.forks })
 	}
 	backend, err := newBackend(alloc, opts)
 	if err != nil {

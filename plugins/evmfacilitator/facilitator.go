@@ -81,7 +81,8 @@ type Config struct {
 	// simulation, EIP-1271 check or gas estimate needs more is refused
 	// before anything is sent. A payer whose account is a contract runs
 	// its own code (isValidSignature) inside the settlement, at the
-	// relayer's gas. Default DefaultMaxSettlementGas.
+	// relayer's gas. Default DefaultMaxSettlementGas; at least
+	// MinSettlementGas.
 	MaxSettlementGas uint64
 }
 
@@ -208,6 +209,9 @@ func newFacilitator(cfg Config, nonces *nonceSet) (*Facilitator, error) {
 	}
 	if cfg.MaxSettlementGas == 0 {
 		cfg.MaxSettlementGas = DefaultMaxSettlementGas
+	}
+	if cfg.MaxSettlementGas < MinSettlementGas {
+		return nil, fmt.Errorf("evm facilitator: a settlement gas ceiling of %d is below %d, what an ordinary account's transferWithAuthorization needs: no payment could settle", cfg.MaxSettlementGas, MinSettlementGas)
 	}
 	f := &Facilitator{
 		chain:    cfg.Chain,
