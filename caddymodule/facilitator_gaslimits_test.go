@@ -5,7 +5,10 @@ import (
 	"context"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"io"
+	"net/http"
+	"os"
 	"testing"
 	"time"
 
@@ -57,5 +60,73 @@ func TestFacilitatorRefusesAContractSignaturePastTheCalldataFloor(t *testing.T) 
 	var vr x402.VerifyResponse
 	if resp.StatusCode != 200 || json.Unmarshal(out, &vr) != nil || vr.IsValid || vr.InvalidReason != x402.ReasonExactEVMSimulationFailed {
 		t.Errorf("facilitator /verify: %d %.400s; want 200 with isValid false and a reason", resp.StatusCode, out)
+	}
+}
+
+// README ("What the gateway checks in PAYMENT-SIGNATURE") promises a header
+// of up to 64 KiB (x402.MaxHeaderBytes), and a contract wallet's signature
+// may be 16 KiB (x402.ParseSignature), but Caddy reads request headers up to
+// 16 KiB by default: Caddyfile.example raises max_header_size past the
+// gates' limit, and under its setting a 32 KB PAYMENT-SIGNATURE reaches
+// the gate and is judged by it (402, the error shape); under Caddy's
+// default it gets net/http's plain-text 431, as README says. (Before: the
+// example kept the default, and the 64 KiB promise was a 431.)
+func TestPaymentHeaderUnder64KiBReachesTheGateWithTheExampleServers(t *testing.T) {
+	raw, err := os.ReadFile("../Caddyfile.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg struct {
+		Apps struct {
+			HTTP struct {
+				Servers map[string]struct {
+					MaxHeaderBytes int `json:"max_header_bytes"`
+				} `json:"servers"`
+			} `json:"http"`
+		} `json:"apps"`
+	}
+	if err := json.Unmarshal([]byte(adapt(t, string(raw))), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	limit := 0
+	for name, srv := range cfg.Apps.HTTP.Servers {
+		if srv.MaxHeaderBytes < x402.MaxHeaderBytes+16<<10 {
+			t.Fatalf("Caddyfile.example's server %s reads %d bytes of headers; want room for a %d-byte PAYMENT-SIGNATURE and 16 KiB more", name, srv.MaxHeaderBytes, x402.MaxHeaderBytes)
+		}
+		limit = srv.MaxHeaderBytes
+	}
+
+	_, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	send := func(base string) (*http.Response, []byte, int) {
+		pr := paymentRequired(t, post(t, base+"/verify/schema", validRequest, nil))
+		p, err := x402.SignExactEVM(evmfacilitator.DevKey(2), pr.Accepts[0], &pr.Resource, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ev x402.ExactEVMPayload
+		json.Unmarshal(p.Payload, &ev)
+		ev.Signature = "0x" + hex.EncodeToString(bytes.Repeat([]byte{0xff}, 12000))
+		p.Payload, _ = json.Marshal(ev)
+		h, err := x402.EncodeHeader(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp := post(t, base+"/verify/schema", validRequest, map[string]string{x402.HeaderPaymentSignature: h})
+		out, _ := io.ReadAll(resp.Body)
+		return resp, out, len(h)
+	}
+	resp, out, n := send(startCaddy(t, gateSite(up.URL, fac, 0, "")))
+	if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
+		t.Errorf("%d-byte PAYMENT-SIGNATURE under Caddy's default header limit: %d %.200s; want 431 (README)", n, resp.StatusCode, out)
+	}
+	base := startCaddyServers(t, fmt.Sprintf("\t\tmax_header_size %d", limit), "", gateSite(up.URL, fac, 0, ""))
+	resp, out, n = send(base)
+	// Judged: its signature is not the payer's.
+	var e struct {
+		Error string `json:"error"`
+	}
+	if resp.StatusCode != http.StatusPaymentRequired || json.Unmarshal(out, &e) != nil || e.Error != x402.ReasonExactEVMSignature {
+		t.Errorf("%d-byte PAYMENT-SIGNATURE under Caddyfile.example's max_header_size: %d %.300s; want the gate's 402 refusal, %s (README: at most 64 KiB)", n, resp.StatusCode, out, x402.ReasonExactEVMSignature)
 	}
 }
