@@ -67,7 +67,9 @@ type Config struct {
 	// and a payer can make its own revert at will.
 	//
 	// MaxFailedPerPayer: a payer (authorization.from) with this many
-	// reverted settlements within FailureWindow is refused. Default
+	// reverted settlements within FailureWindow is refused; a payer whose
+	// account is a contract, with this many reverted or in flight (its
+	// wallet can make each revert once mined). Default
 	// DefaultMaxFailedPerPayer.
 	MaxFailedPerPayer int
 	// MaxInFlightPerPayer caps a payer's settlements sent and not yet
