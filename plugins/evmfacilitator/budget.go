@@ -74,19 +74,9 @@ type identity struct {
 // outcome is known (or no longer awaited), so that every settlement that
 // reads the balance later counts it, however the reads and sends of
 // concurrent settlements interleave.
-//
-// A contract payer's flight (contract) also counts against its failure
-// budget: its wallet's code runs inside the settlement and can make it
-// revert once mined, after every simulation passed, at up to
-// MaxSettlementGas each, and a revert counts only once its receipt is read.
-// Counted as failures while they fly, a contract payer's settlements sent
-// and reverted within a window are at most MaxFailedPerPayer, whatever
-// their concurrency. An EOA's settlements cannot tell a simulation from
-// the settlement, so they keep the in-flight cap alone.
 type flight struct {
 	token, payer common.Address
 	value        *big.Int
-	contract     bool
 }
 
 func newBudget(cfg Config) *budget {
@@ -132,10 +122,18 @@ func ahead(id *identity, own *flight) []*flight {
 }
 
 // refusal is why payer's payment may not be settled at t; "" when it may.
-// own is the settlement's own flight (nil for Verify); contract: the payer
-// is a contract account (flight.contract). Verify and Settle ask the same,
-// so a payer at its cap is refused at verify too, before a gateway that
-// settles after the call runs it.
+// own is the settlement's own flight (nil for Verify). Verify and Settle
+// ask the same, so a payer at its cap is refused at verify too, before a
+// gateway that settles after the call runs it.
+//
+// contract: the payer is a contract account, whose flights count against
+// its failure budget too: its wallet's code runs inside the settlement
+// and can make it revert once mined, after every simulation passed, at up
+// to MaxSettlementGas each, and a revert counts only once its receipt is
+// read. Counted as failures while they fly, a contract payer's
+// settlements sent and reverted within a window are at most
+// MaxFailedPerPayer, whatever their concurrency. An EOA's signature runs
+// no payer code, so its settlements keep the in-flight cap alone.
 func (b *budget) refusal(payer common.Address, own *flight, contract bool, t time.Time) (reason, msg string) {
 	b.prune(t)
 	id := b.ids[payer]
@@ -186,15 +184,14 @@ func (b *budget) committed(token, payer common.Address, own *flight) (sum *big.I
 	return sum, n
 }
 
-// hold counts a settlement of value of token by payer (a contract
-// account: contract) in flight, refusing nothing (the caller asks check,
-// after the payment's own checks); the caller calls release or end when
-// its outcome is known.
-func (b *budget) hold(token, payer common.Address, value *big.Int, contract bool) *flight {
+// hold counts a settlement of value of token by payer in flight, refusing
+// nothing (the caller asks check, after the payment's own checks); the
+// caller calls release or end when its outcome is known.
+func (b *budget) hold(token, payer common.Address, value *big.Int) *flight {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	id := b.entry(payer)
-	fl := &flight{token: token, payer: payer, value: value, contract: contract}
+	fl := &flight{token: token, payer: payer, value: value}
 	id.flights = append(id.flights, fl)
 	return fl
 }

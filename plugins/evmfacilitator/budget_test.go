@@ -107,7 +107,7 @@ func TestBudgetCapsSettlementsInFlight(t *testing.T) {
 	tok, tok2 := common.HexToAddress("0x10"), common.HexToAddress("0x20")
 	var held []*flight
 	for i := range 2 {
-		fl := b.hold(tok, a, big.NewInt(10), false)
+		fl := b.hold(tok, a, big.NewInt(10))
 		if reason, msg := b.check(a, fl, false); reason != "" {
 			t.Fatalf("settlement %d refused: %s", i+1, msg)
 		}
@@ -116,7 +116,7 @@ func TestBudgetCapsSettlementsInFlight(t *testing.T) {
 	if reason, _ := b.check(a, nil, false); reason != ReasonPayerFailureBudget {
 		t.Fatalf("a payer at its cap in flight: check = %q", reason)
 	}
-	third := b.hold(tok, a, big.NewInt(10), false)
+	third := b.hold(tok, a, big.NewInt(10))
 	if reason, _ := b.check(a, third, false); reason != ReasonPayerFailureBudget {
 		t.Fatalf("a payer at its cap in flight: the third settlement's check = %q", reason)
 	}
@@ -128,17 +128,17 @@ func TestBudgetCapsSettlementsInFlight(t *testing.T) {
 	if sum, n := b.committed(tok2, a, nil); n != 0 || sum != nil {
 		t.Fatalf("committed in another token = %v in %d; want none", sum, n)
 	}
-	inTok2 := b.hold(tok2, a, big.NewInt(10), false)
+	inTok2 := b.hold(tok2, a, big.NewInt(10))
 	if reason, _ := b.check(a, inTok2, false); reason != ReasonPayerFailureBudget {
 		t.Fatalf("a payer at its cap in flight in one token: a settlement in another token's check = %q", reason)
 	}
 	b.release(inTok2)
 	b.release(third)
-	if reason, _ := b.check(other, b.hold(tok, other, big.NewInt(1), false), false); reason != "" {
+	if reason, _ := b.check(other, b.hold(tok, other, big.NewInt(1)), false); reason != "" {
 		t.Fatal("another payer was refused")
 	}
 	b.release(held[0])
-	fl := b.hold(tok, a, big.NewInt(10), false)
+	fl := b.hold(tok, a, big.NewInt(10))
 	if reason, _ := b.check(a, fl, false); reason != "" {
 		t.Fatal("a released place was not freed")
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/crypto"
 	"github.com/ethereum/go-ethereum/params"
 
 	"github.com/aovhq/aov/x402"
@@ -190,4 +192,39 @@ func TestMinSettlementGasSettlesAnEOAPayment(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("settled at a ceiling of %d with %d gas", MinSettlementGas, rc.GasUsed)
+}
+
+// A contract payer's settlement whose outcome stays unknown counts as a
+// failure of its budget when its flight ends (it may still revert once
+// mined, at the relayer's gas, unseen); an EOA's does not, as before: its
+// signature runs no payer code.
+func TestContractPayerUnknownOutcomeCountsAgainstItsBudget(t *testing.T) {
+	for _, contract := range []bool{true, false} {
+		e := newEnv(t)
+		lc := &lossyChain{Chain: e.d.Client(), dropSends: true, errConnection: errors.New("connection reset by peer (fake)")}
+		f, err := New(Config{Chain: lc, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 300 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		req := e.requirements(payee, amount)
+		from := crypto.PubkeyToAddress(payer.PublicKey)
+		p := mustSignExact(t, payer, req)
+		if contract {
+			from, p, req = contractPayer(t, e, acceptAllRuntime)
+		}
+		_, err = f.Settle(context.Background(), p, req)
+		var unknown *x402.UnknownOutcomeError
+		if !errors.As(err, &unknown) {
+			t.Fatalf("contract %v: settle error %v; want an unknown outcome", contract, err)
+		}
+		f.budget.mu.Lock()
+		failures, flights := 0, 0
+		if id := f.budget.ids[from]; id != nil {
+			failures, flights = len(id.failures), len(id.flights)
+		}
+		f.budget.mu.Unlock()
+		if want := map[bool]int{true: 1, false: 0}[contract]; failures != want || flights != 0 {
+			t.Errorf("contract %v: %d failures and %d flights recorded after an unknown outcome; want %d and 0", contract, failures, flights, want)
+		}
+	}
 }

@@ -421,7 +421,7 @@ func (f *Facilitator) checkChain(ctx context.Context, c *checked) (res *checked,
 	if c.settling {
 		// Held before the balance is read: a settlement of this payer
 		// that reads it later counts this one, whenever this one lands.
-		c.flight = f.budget.hold(token, auth.From, auth.Value, c.isCode)
+		c.flight = f.budget.hold(token, auth.From, auth.Value)
 	}
 	bal, err := f.balanceOf(ctx, token, auth.From)
 	if err != nil {
