@@ -33,6 +33,9 @@ type Schema struct {
 	sch  *jsonschema.Schema
 	nums map[*jsonschema.Schema]*numBounds
 	ints map[string]bool // locations of schemas whose type is integer
+	// quotes holds, by location, what a failed const or enum expects: its
+	// value written out and clipped once here, not at every failure.
+	quotes map[string]*quoted
 	// bytes estimates the memory the compiled schema holds, for the
 	// cache's byte bound.
 	bytes int64
@@ -499,10 +502,13 @@ func compile(tree any, opts compileOptions) (*Schema, error) {
 	}
 	// From here the schema is shared, and the engine is its format check.
 	engine.frozen = true
-	nums, ints, n := precompute(sch)
+	nums, ints, quotes, n := precompute(sch)
 	// Long locations are kept as long as the compiler keeps its schemas.
 	bytes := int64(n+cost.units-cost.objects)*bytesPerSchema + engine.bytes()
-	return &Schema{sch: sch, nums: nums, ints: ints, bytes: bytes, maxPattern: maxPattern}, nil
+	for _, q := range quotes {
+		bytes += int64(len(q.constant) + len(q.enum))
+	}
+	return &Schema{sch: sch, nums: nums, ints: ints, quotes: quotes, bytes: bytes, maxPattern: maxPattern}, nil
 }
 
 // dialects are the $schema values accepted, without scheme and trailing '#'.

@@ -70,3 +70,23 @@ func TestDescribedPatternIsCompiledBehindThePrefix(t *testing.T) {
 		t.Fatalf("measurePattern = %+v, %v; want a pattern compiled without its one-pass matcher", m, err)
 	}
 }
+
+// What a failed const or enum expects is written when the schema
+// compiles, clipped as before, so describing a failure costs no more than
+// pointing at it; a schema the compiled texts miss is described without
+// quoting its value rather than by writing the value out.
+func TestConstAndEnumTextsAreWrittenAtCompile(t *testing.T) {
+	long := `"` + strings.Repeat("é", 40) + `"`
+	s := mustCompile(t, `{"properties": {"a": {"$ref": "#/$defs/c"}, "b": {"enum": [`+long+`, [`+long+`]]}}, "$defs": {"c": {"const": [`+long+`]}}}`)
+	rep := s.Evaluate(decode(t, `{"a": 1, "b": 1}`), Options{})
+	want := []string{`the value ["` + strings.Repeat("é", 29) + `…`, "one of " + strings.Repeat("é", 20) + `…, ["` + strings.Repeat("é", 29) + `…`}
+	if len(rep.Failures) != 2 || rep.Failures[0].Expected != want[0] || rep.Failures[1].Expected != want[1] {
+		t.Fatalf("failures %+v; want expected %q", rep.Failures, want)
+	}
+	if len(s.quotes) != 2 {
+		t.Errorf("%d schemas with quoted values; want 2", len(s.quotes))
+	}
+	if q := s.quoted("#/nowhere"); q.constant != "the value the schema gives" || q.enum != "one of the values the schema lists" {
+		t.Errorf("an unknown location: %+v", q)
+	}
+}

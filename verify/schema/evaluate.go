@@ -376,13 +376,8 @@ func collect(e *jsonschema.ValidationError, inst any, s *Schema, fs *failureSet)
 		}
 		return
 	}
-	path := string(at)
-	noun := "number"
-	if s.ints[e.SchemaURL] {
-		noun = "integer"
-	}
 	var buf [4]Failure
-	for _, f := range describe(e, path, noun, val, ok, buf[:0]) {
+	for _, f := range describe(e, s, string(at), val, ok, buf[:0]) {
 		fs.add(f)
 	}
 }
@@ -458,9 +453,13 @@ func leafKeyword(e *jsonschema.ValidationError) string {
 	return "schema"
 }
 
-// describe appends the failures of one leaf error.
-func describe(e *jsonschema.ValidationError, path, noun string, val any, hasVal bool, out []Failure) []Failure {
+// describe appends the failures of one leaf error of s.
+func describe(e *jsonschema.ValidationError, s *Schema, path string, val any, hasVal bool, out []Failure) []Failure {
 	keyword := leafKeyword(e)
+	noun := "number"
+	if s.ints[e.SchemaURL] {
+		noun = "integer"
+	}
 	add := func(p, expected, found string) {
 		out = append(out, Failure{Keyword: keyword, InstancePath: p, Expected: expected, Found: found,
 			Message: "expected " + expected + ", found " + found})
@@ -475,9 +474,9 @@ func describe(e *jsonschema.ValidationError, path, noun string, val any, hasVal 
 	case *kind.Type:
 		add(path, "type "+strings.Join(k.Want, " or "), "type "+k.Got)
 	case *kind.Enum:
-		add(path, "one of "+listValues(k.Want), "a value not in the list")
+		add(path, s.quoted(e.SchemaURL).enum, "a value not in the list")
 	case *kind.Const:
-		add(path, "the value "+shortJSON(k.Want), "a different value")
+		add(path, s.quoted(e.SchemaURL).constant, "a different value")
 	case *kind.Format:
 		add(path, "a string in format "+k.Want, "a string that is not a valid "+k.Want)
 	case *kind.Pattern:
@@ -589,6 +588,37 @@ func formatRat(r *big.Rat) string {
 	}
 	f, _ := r.Float64()
 	return strconv.FormatFloat(f, 'g', -1, 64)
+}
+
+// quoted is what the failures of one schema's const and enum expect.
+// A value can be as large as the schema, and its failures as many as the
+// step budget allows, each one at the same path with the same keyword
+// (an allOf of $refs to one schema, nested), all of which the kept list
+// may take; so each text is written once, when the schema compiles (the
+// value serialised, then clipped), and a failure only points at it.
+type quoted struct {
+	constant, enum string
+}
+
+func quote(s *jsonschema.Schema) *quoted {
+	q := &quoted{}
+	if s.Const != nil {
+		q.constant = "the value " + shortJSON(*s.Const)
+	}
+	if s.Enum != nil {
+		q.enum = "one of " + listValues(s.Enum.Values)
+	}
+	return q
+}
+
+// quoted returns the texts of the schema at location, or, should the
+// validator ever report a schema precompute did not visit, texts that
+// quote nothing rather than values written out after the budget.
+func (s *Schema) quoted(location string) *quoted {
+	if q := s.quotes[location]; q != nil {
+		return q
+	}
+	return &quoted{constant: "the value the schema gives", enum: "one of the values the schema lists"}
 }
 
 // listValues prints enum members (from the schema) briefly.

@@ -50,16 +50,21 @@ func dynamicAnchors(res *jsonschema.Schema) map[string]*jsonschema.Schema {
 }
 
 // precompute visits every compiled schema reachable from root and records
-// the float64 forms of numeric limits, which schemas want integers (for
-// describing failures by location) and how many schemas there are.
-func precompute(root *jsonschema.Schema) (map[*jsonschema.Schema]*numBounds, map[string]bool, int) {
+// the float64 forms of numeric limits, which schemas want integers and
+// what their const and enum failures expect (both for describing failures
+// by location), and how many schemas there are.
+func precompute(root *jsonschema.Schema) (map[*jsonschema.Schema]*numBounds, map[string]bool, map[string]*quoted, int) {
 	nums := map[*jsonschema.Schema]*numBounds{}
 	ints := map[string]bool{}
+	quotes := map[string]*quoted{}
 	n := 0
 	eachSchema(root, func(s *jsonschema.Schema) {
 		n++
 		if s.Types != nil && typeMask(*s.Types)&(tInteger|tNumber) == tInteger {
 			ints[s.Location] = true
+		}
+		if s.Const != nil || s.Enum != nil {
+			quotes[s.Location] = quote(s)
 		}
 		if s.Minimum == nil && s.Maximum == nil && s.ExclusiveMinimum == nil && s.ExclusiveMaximum == nil && s.MultipleOf == nil {
 			return
@@ -73,7 +78,7 @@ func precompute(root *jsonschema.Schema) (map[*jsonschema.Schema]*numBounds, map
 		}
 		nums[s] = nb
 	})
-	return nums, ints, n
+	return nums, ints, quotes, n
 }
 
 // eachSchema calls fn once for every schema reachable from root.
