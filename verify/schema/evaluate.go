@@ -227,12 +227,13 @@ func (s *Schema) count(instance any, undeclared bool, limit int) (counts, []decl
 }
 
 // failureLess is the order of Report.Failures: by path (array indexes by
-// number), then keyword, expected, found and message. It is a total order
-// on what a report shows of a failure, so failures it calls equal are the
-// same text, and which are kept and their order do not depend on the order
-// the validator met them (Go's map order): paths shorten long member
-// names (MaxLocationBytes), so members of one object whose names agree in
-// their first bytes fail at the same path, and a result is signed.
+// number), then keyword, expected and found. It is a total order on what a
+// report shows of a failure (the message only repeats expected and found),
+// so failures it calls equal are the same text, and which are kept and
+// their order do not depend on the order the validator met them (Go's map
+// order): paths shorten long member names (MaxLocationBytes), so members
+// of one object whose names agree in their first bytes fail at the same
+// path, and a result is signed.
 func failureLess(a, b *Failure) bool {
 	switch {
 	case a.InstancePath != b.InstancePath:
@@ -241,15 +242,19 @@ func failureLess(a, b *Failure) bool {
 		return a.Keyword < b.Keyword
 	case a.Expected != b.Expected:
 		return a.Expected < b.Expected
-	case a.Found != b.Found:
-		return a.Found < b.Found
 	}
-	return a.Message < b.Message
+	return a.Found < b.Found
 }
 
 // failureSet gathers failures, keeping only the first max of them in
 // Report order (all when max is 0): a failure that would sort after every
 // kept one while the set is full is only counted, and never described.
+// One that ties with the greatest kept one at path and keyword is
+// described to be compared, since which of the tied failures are kept
+// must not depend on the order the validator meets them (Go's map order
+// for dependentSchemas); a description builds no text for that (Expected
+// and Found are fixed or written at compile, or short), and the Message,
+// which repeats them, is written in sorted for the kept failures alone.
 type failureSet struct {
 	max    int
 	kept   []Failure // a max-heap by failureLess while full
@@ -302,6 +307,10 @@ func (fs *failureSet) add(f Failure) {
 // in the order of their first failures.
 func (fs *failureSet) sorted() ([]Failure, int, []string) {
 	sort.SliceStable(fs.kept, func(i, j int) bool { return failureLess(&fs.kept[i], &fs.kept[j]) })
+	for i := range fs.kept {
+		f := &fs.kept[i]
+		f.Message = "expected " + f.Expected + ", found " + f.Found
+	}
 	kws := make([]string, 0, len(fs.firsts))
 	for k := range fs.firsts {
 		kws = append(kws, k)
@@ -453,7 +462,8 @@ func leafKeyword(e *jsonschema.ValidationError) string {
 	return "schema"
 }
 
-// describe appends the failures of one leaf error of s.
+// describe appends the failures of one leaf error of s, without their
+// Message (see failureSet).
 func describe(e *jsonschema.ValidationError, s *Schema, path string, val any, hasVal bool, out []Failure) []Failure {
 	keyword := leafKeyword(e)
 	noun := "number"
@@ -461,8 +471,7 @@ func describe(e *jsonschema.ValidationError, s *Schema, path string, val any, ha
 		noun = "integer"
 	}
 	add := func(p, expected, found string) {
-		out = append(out, Failure{Keyword: keyword, InstancePath: p, Expected: expected, Found: found,
-			Message: "expected " + expected + ", found " + found})
+		out = append(out, Failure{Keyword: keyword, InstancePath: p, Expected: expected, Found: found})
 	}
 	found := func(r *big.Rat) string {
 		if n, ok := val.(json.Number); ok && hasVal && len(n) <= 40 {
@@ -560,7 +569,7 @@ func plural(n int, noun string) string {
 
 func describeOther(keyword, path string) Failure {
 	return Failure{Keyword: keyword, InstancePath: path, Expected: "a value valid against the schema",
-		Found: "an invalid value", Message: "expected a value valid against the schema, found an invalid value"}
+		Found: "an invalid value"}
 }
 
 // falseKeyword names the keyword whose subschema was false.

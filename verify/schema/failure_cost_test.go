@@ -1,9 +1,13 @@
 package schema
 
 import (
+	"errors"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
 )
 
 // What the validator keeps for failures is charged by the walk before it
@@ -63,5 +67,45 @@ func TestFailureSteps(t *testing.T) {
 		if got := stepsOf(t, s, decode(t, tc.inst)); got != tc.steps {
 			t.Errorf("%.80s on %.60s: %d steps; want %d", tc.schema, tc.inst, got, tc.steps)
 		}
+	}
+}
+
+// A failure the kept list is full for, but that ties with its greatest
+// at path and keyword, is described to be compared, since which of
+// several tied failures are kept must not depend on the order the
+// validator meets them; that builds no text: its Message, which only
+// repeats Expected and Found, is written for the kept failures alone.
+// (Before: every tie wrote its Message, 515 bytes each for an enum of long
+// members, more than the steps a failure is charged stand for.)
+func TestTiedFailuresPastTheCapBuildNoText(t *testing.T) {
+	member := `"` + strings.Repeat("x", 60) + `"`
+	var b strings.Builder
+	b.WriteString(`{"$ref": "#/$defs/a6", "$defs": {"a0": {"enum": [` + strings.TrimSuffix(strings.Repeat(member+",", 11), ",") + `]}`)
+	for i := 1; i <= 6; i++ {
+		r := `{"$ref": "#/$defs/a` + strconv.Itoa(i-1) + `"}`
+		b.WriteString(`, "a` + strconv.Itoa(i) + `": {"allOf": [` + r + `, ` + r + `, ` + r + `, ` + r + `]}`)
+	}
+	b.WriteString(`}}`)
+	s := mustCompile(t, b.String())
+	inst := decode(t, `1`)
+	var verr *jsonschema.ValidationError
+	if !errors.As(s.sch.Validate(inst), &verr) {
+		t.Fatal("want a validation error")
+	}
+	fs := failureSet{max: 50, firsts: map[string]string{}}
+	runtime.GC()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	collect(verr, inst, s, &fs)
+	runtime.ReadMemStats(&after)
+	if fs.total != 4096 {
+		t.Fatalf("%d failures; want 4096", fs.total)
+	}
+	if per := (after.TotalAlloc - before.TotalAlloc) / 4096; per > failureBytesPerStep {
+		t.Errorf("4,096 tied failures allocated %d bytes each; want at most the %d a step stands for", per, failureBytesPerStep)
+	}
+	kept, _, _ := fs.sorted()
+	if len(kept) != 50 || kept[0].Message != "expected "+kept[0].Expected+", found a value not in the list" {
+		t.Errorf("%d kept, the first %+v; want 50 with their messages", len(kept), kept[0])
 	}
 }
