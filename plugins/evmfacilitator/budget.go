@@ -126,14 +126,18 @@ func ahead(id *identity, own *flight) []*flight {
 // ask the same, so a payer at its cap is refused at verify too, before a
 // gateway that settles after the call runs it.
 //
-// contract: the payer is a contract account, whose flights count against
-// its failure budget too: its wallet's code runs inside the settlement
-// and can make it revert once mined, after every simulation passed, at up
-// to MaxSettlementGas each, and a revert counts only once its receipt is
-// read. Counted as failures while they fly, a contract payer's
-// settlements sent and reverted within a window are at most
-// MaxFailedPerPayer, whatever their concurrency. An EOA's signature runs
-// no payer code, so its settlements keep the in-flight cap alone.
+// contract: the payer's account has code (a contract, or an EOA
+// delegating its code under EIP-7702; Facilitator.payerCode), whose
+// flights count against its failure budget too: that code runs inside the
+// settlement whatever the signature (the token asks its
+// isValidSignature) and can make it revert once mined, after every
+// simulation passed, at up to MaxSettlementGas each, and a revert counts
+// only once its receipt is read. Counted as failures while they fly, such
+// a payer's settlements sent and reverted within a window are at most
+// MaxFailedPerPayer, whatever their concurrency. An account without code
+// runs none in its settlement, so its settlements keep the in-flight cap
+// alone. The rule with contract is the stricter: what it lets pass, the
+// other does too.
 func (b *budget) refusal(payer common.Address, own *flight, contract bool, t time.Time) (reason, msg string) {
 	b.prune(t)
 	id := b.ids[payer]

@@ -68,9 +68,9 @@ type Config struct {
 	//
 	// MaxFailedPerPayer: a payer (authorization.from) with this many
 	// reverted settlements within FailureWindow is refused; a payer whose
-	// account is a contract, with this many reverted or in flight (its
-	// wallet can make each revert once mined). Default
-	// DefaultMaxFailedPerPayer.
+	// account has code (a contract, or an EOA delegating under EIP-7702),
+	// with this many reverted or in flight (its code can make each revert
+	// once mined). Default DefaultMaxFailedPerPayer.
 	MaxFailedPerPayer int
 	// MaxInFlightPerPayer caps a payer's settlements sent and not yet
 	// resolved. Default DefaultMaxInFlightPerPayer.
@@ -265,8 +265,9 @@ type checked struct {
 	name, version string
 	digest        [32]byte
 	recovered     bool // sig is an EOA signature that recovers to auth.From
-	isCode        bool // the payer is a contract account (EIP-1271)
-	txData        []byte
+	// hasCode: auth.From has code, once read (codeRead; payerCode).
+	hasCode, codeRead bool
+	txData            []byte
 	// fees are the settlement transaction's, read once (quote): the
 	// simulations run at them, and send pays them.
 	fees    *fees
@@ -355,7 +356,7 @@ func (f *Facilitator) checkOwn(ctx context.Context, p x402.PaymentPayload, req x
 // checkSigner runs, on a payment checkOwn passed, the first check that
 // reads the chain: a signature that does not recover to
 // authorization.from (an EOA's) must be accepted by from's contract
-// (EIP-1271, which sets c.isCode). nil when the signature passes; its
+// (EIP-1271). nil when the signature passes; its
 // refusal otherwise. With checkOwn it is all of the caller's own part of a
 // payment: once it passes, the caller may share a settlement of the same
 // authorization in flight, whatever encoding of a signature it carries
@@ -364,13 +365,12 @@ func (f *Facilitator) checkSigner(ctx context.Context, c *checked) (*checked, er
 	if c.recovered {
 		return nil, nil
 	}
-	code, err := f.chain.CodeAt(ctx, c.auth.From, nil)
+	hasCode, err := f.payerCode(ctx, c)
 	if err != nil {
-		return nil, fmt.Errorf("reading payer code: %w", err)
+		return nil, err
 	}
-	c.isCode = len(code) > 0
 	switch {
-	case c.isCode:
+	case hasCode:
 		return f.erc1271Check(ctx, c)
 	case isERC6492(c.sig):
 		return refuse(x402.ReasonExactEVMUndeployedSmartWallet, c.payer, "the payer is an undeployed smart wallet; deploy it first"), nil
@@ -440,7 +440,7 @@ func (f *Facilitator) checkChain(ctx context.Context, c *checked) (res *checked,
 	}
 
 	// Simulate the exact call Settle will send.
-	if c.txData, err = transferCallData(auth, sig, c.isCode); err != nil {
+	if c.txData, err = transferCallData(auth, sig, !c.recovered); err != nil {
 		return refuse(x402.ReasonInvalidPayload, payer, "the authorization cannot be encoded"), nil
 	}
 	if _, err := f.simulate(ctx, c, token, c.txData); err != nil {
@@ -455,11 +455,53 @@ func (f *Facilitator) checkChain(ctx context.Context, c *checked) (res *checked,
 	}
 	// Last, the failure budget: every earlier refusal names what is wrong
 	// with the payment itself.
-	if reason, msg := f.budget.check(auth.From, c.flight, c.isCode); reason != "" {
+	reason, msg, err := f.budgetRefusal(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	if reason != "" {
 		return refuse(reason, payer, msg), nil
 	}
 	c.resp = x402.VerifyResponse{IsValid: true, Payer: payer}
 	return c, nil
+}
+
+// payerCode reports whether authorization.from has code, read once per
+// payment (eth_getCode): a contract account, or an EOA that delegates its
+// code (EIP-7702: its code is the designator 0xef0100 and the delegate's
+// address). Either way the payer's code runs inside its settlement, at the
+// relayer's gas, whatever its signature: USDC (from v2.2, as
+// OpenZeppelin's SignatureChecker) asks from's isValidSignature whenever
+// from has code, an ECDSA signature that recovers to from included.
+func (f *Facilitator) payerCode(ctx context.Context, c *checked) (bool, error) {
+	if !c.codeRead {
+		code, err := f.chain.CodeAt(ctx, c.auth.From, nil)
+		if err != nil {
+			return false, fmt.Errorf("reading payer code: %w", err)
+		}
+		c.hasCode, c.codeRead = len(code) > 0, true
+	}
+	return c.hasCode, nil
+}
+
+// budgetRefusal is the payer's failure budget's answer to c (budget.check;
+// "" when it may be settled). Whether the payer has code decides which
+// rule holds, and a payer with code is held to the stricter one, so its
+// code is read (payerCode) only when that changes the answer: a payment
+// whose signature recovers to a payer with nothing in flight and no
+// recent revert costs no eth_getCode.
+func (f *Facilitator) budgetRefusal(ctx context.Context, c *checked) (reason, msg string, err error) {
+	if !c.codeRead {
+		if reason, _ := f.budget.check(c.auth.From, c.flight, true); reason == "" {
+			return "", "", nil
+		}
+	}
+	hasCode, err := f.payerCode(ctx, c)
+	if err != nil {
+		return "", "", err
+	}
+	reason, msg = f.budget.check(c.auth.From, c.flight, hasCode)
+	return reason, msg, nil
 }
 
 // earlyRefusal reports whether err is one of the refusals the reference

@@ -190,13 +190,13 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 		}
 		return f.failure(c.resp.InvalidReason, c.resp.Payer, c.resp.InvalidMessage, ""), nil
 	}
-	// Held by checkChain. A contract payer's settlement whose outcome stays
-	// unknown may still revert at the relayer's gas once mined: it counts
-	// as a failure, so that its flight, ended here, bounds the reverts of
-	// one wallet all the same.
+	// Held by checkChain. The settlement of a payer with code whose outcome
+	// stays unknown may still revert at the relayer's gas once mined: it
+	// counts as a failure, so that its flight, ended here, bounds the
+	// reverts of one wallet all the same.
 	defer func() {
 		var ue *x402.UnknownOutcomeError
-		f.budget.end(c.flight, c.failed || c.isCode && errors.As(err, &ue))
+		f.budget.end(c.flight, c.failed || errors.As(err, &ue) && f.mayRunCode(c))
 	}()
 	tx, err := f.send(ctx, pre, c, sent)
 	if err != nil {
@@ -225,6 +225,17 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 		return f.failure(x402.ReasonExactEVMTransactionFailed, c.payer, "the settlement transaction has no matching Transfer event", tx.Hash().Hex()), nil
 	}
 	return f.success(c, tx.Hash().Hex()), nil
+}
+
+// mayRunCode reports whether c's payer may have code, which then runs
+// inside its settlement (payerCode): read now, under resolveTimeout
+// whatever the caller's context, when its checks did not need it; true
+// when it cannot be read.
+func (f *Facilitator) mayRunCode(c *checked) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), resolveTimeout)
+	defer cancel()
+	hasCode, err := f.payerCode(ctx, c)
+	return hasCode || err != nil
 }
 
 // alreadyUsed refuses an authorization whose nonce the token reports used,
