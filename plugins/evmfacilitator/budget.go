@@ -211,8 +211,9 @@ func (b *budget) entry(payer common.Address) *identity {
 }
 
 // release ends a flight that cost the relayer nothing it must count: the
-// outcome is known, or no longer awaited (an unknown outcome is not held
-// in flight).
+// outcome is known, or, for a payer without code, no longer awaited (its
+// unknown outcome is not held in flight; a payer with code's is, until
+// Facilitator.follow learns it).
 func (b *budget) release(fl *flight) { b.end(fl, false) }
 
 // end ends a flight, and when failed records that its settlement was sent

@@ -194,10 +194,32 @@ func TestMinSettlementGasSettlesAnEOAPayment(t *testing.T) {
 	t.Logf("settled at a ceiling of %d with %d gas", MinSettlementGas, rc.GasUsed)
 }
 
+// landedFailures waits until f holds no settlement of payer in flight
+// (follow has learned every unknown outcome) and returns the failures
+// recorded against it.
+func landedFailures(t *testing.T, f *Facilitator, payer common.Address) int {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		f.budget.mu.Lock()
+		failures, flights := 0, 0
+		if id := f.budget.ids[payer]; id != nil {
+			failures, flights = len(id.failures), len(id.flights)
+		}
+		f.budget.mu.Unlock()
+		if flights == 0 {
+			return failures
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d settlements of %s still in flight", flights, payer.Hex())
+		}
+	}
+}
+
 // A contract payer's settlement whose outcome stays unknown counts as a
-// failure of its budget when its flight ends (it may still revert once
-// mined, at the relayer's gas, unseen); an EOA's does not, as before: its
-// signature runs no payer code.
+// failure of its budget once the facilitator gives up learning it (it
+// may still revert once mined, at the relayer's gas, unseen), and is held
+// in flight until then; an EOA's counts nothing, and is released with the
+// answer: its signature runs no payer code.
 func TestContractPayerUnknownOutcomeCountsAgainstItsBudget(t *testing.T) {
 	for _, contract := range []bool{true, false} {
 		e := newEnv(t)
@@ -218,13 +240,70 @@ func TestContractPayerUnknownOutcomeCountsAgainstItsBudget(t *testing.T) {
 			t.Fatalf("contract %v: settle error %v; want an unknown outcome", contract, err)
 		}
 		f.budget.mu.Lock()
-		failures, flights := 0, 0
+		flights := 0
 		if id := f.budget.ids[from]; id != nil {
-			failures, flights = len(id.failures), len(id.flights)
+			flights = len(id.flights)
 		}
 		f.budget.mu.Unlock()
-		if want := map[bool]int{true: 1, false: 0}[contract]; failures != want || flights != 0 {
-			t.Errorf("contract %v: %d failures and %d flights recorded after an unknown outcome; want %d and 0", contract, failures, flights, want)
+		if want := map[bool]int{true: 1, false: 0}[contract]; flights != want {
+			t.Errorf("contract %v: %d flights held as settle answered an unknown outcome; want %d", contract, flights, want)
+		}
+		if got, want := landedFailures(t, f, from), map[bool]int{true: 1, false: 0}[contract]; got != want {
+			t.Errorf("contract %v: %d failures recorded once the outcome stayed unknown; want %d", contract, got, want)
+		}
+	}
+}
+
+// A contract payer's settlement answered as an unknown outcome (the RPC
+// connection broke after the send) is held in flight while the
+// facilitator keeps reading its receipt, then counted by what the chain
+// shows: a wallet whose three such settlements all paid payTo records no
+// failure, and its next payment is valid; one whose settlement reverted
+// records one. (Before: each counted as a revert at once, and a wallet
+// whose settlements all went through was refused for failure_window.)
+func TestContractPayerUnknownOutcomeCountsAsTheChainShows(t *testing.T) {
+	for _, tc := range []struct {
+		runtime  string
+		settles  int
+		failures int
+	}{{acceptAllRuntime, DefaultMaxFailedPerPayer, 0}, {blockBoundRuntime, 1, 1}} {
+		e := newEnv(t)
+		lc := &lossyChain{Chain: e.d.Client(), breakAfterTx: true, errConnection: errors.New("connection reset by peer (fake)")}
+		f, err := New(Config{Chain: lc, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 300 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wallet, _, req := contractPayer(t, e, tc.runtime)
+		owner := DevKey(4)
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		if tc.runtime == blockBoundRuntime {
+			if _, err := e.d.SendTx(ctx, DevKey(6), &wallet, nil); err != nil { // arm: store the head's number
+				t.Fatal(err)
+			}
+		}
+		for i := range tc.settles {
+			a := auth(owner, req)
+			a.From = wallet.Hex()
+			_, err := f.Settle(ctx, sign(t, owner, a, req, req), req)
+			var unknown *x402.UnknownOutcomeError
+			if !errors.As(err, &unknown) {
+				t.Fatalf("settle %d: %v; want an unknown outcome", i, err)
+			}
+			lc.mu.Lock()
+			lc.sent, lc.resolving = false, false // the connection is back
+			lc.mu.Unlock()
+		}
+		if got := landedFailures(t, f, wallet); got != tc.failures {
+			t.Errorf("%d settlements of a wallet answered unknown, %d failures recorded once learned; want %d", tc.settles, got, tc.failures)
+		}
+		if tc.failures > 0 {
+			continue
+		}
+		a := auth(owner, req)
+		a.From = wallet.Hex()
+		if v, err := f.Verify(ctx, sign(t, owner, a, req, req), req); err != nil || !v.IsValid {
+			t.Errorf("the next payment of a wallet whose %d settlements all transferred = %+v, %v; want valid", tc.settles, v, err)
 		}
 	}
 }

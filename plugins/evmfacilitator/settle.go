@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log"
 	"math/big"
 	"strings"
 	"sync"
@@ -75,7 +76,9 @@ import (
 // wait after ReceiptTimeout and the resolution of an unknown outcome after
 // resolveTimeout. So a stalled RPC endpoint holds neither a settle, nor
 // the payer's reservation (budget), nor the authorization's place in
-// flight, for longer.
+// flight, for longer; but for a payer with code, whose reservation an
+// unknown outcome holds for another ReceiptTimeout and resolveTimeout
+// while follow learns it.
 func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettleResponse, error) {
 	// Shared outcomes are keyed on the authorization, so each caller's
 	// requirements and signature must be held against the payment before
@@ -190,13 +193,23 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 		}
 		return f.failure(c.resp.InvalidReason, c.resp.Payer, c.resp.InvalidMessage, ""), nil
 	}
-	// Held by checkChain. The settlement of a payer with code whose outcome
-	// stays unknown may still revert at the relayer's gas once mined: it
-	// counts as a failure, so that its flight, ended here, bounds the
-	// reverts of one wallet all the same.
+	// Held by checkChain, and ended here once the outcome is known. The
+	// settlement of a payer with code whose outcome is unknown may still
+	// revert at the relayer's gas once mined: its flight stays held while
+	// follow learns its outcome, so that it bounds the reverts of one
+	// wallet all the same, and a failure is recorded only if it reverted
+	// or its outcome stays unknown. An account without code runs none in
+	// its settlement, which can revert only at the gas its estimate needed
+	// (the payer moved its tokens or spent the nonce): its flight ends
+	// with the answer, counting nothing.
+	var sentTx *types.Transaction // may have reached the node
 	defer func() {
 		var ue *x402.UnknownOutcomeError
-		f.budget.end(c.flight, c.failed || errors.As(err, &ue) && f.mayRunCode(c))
+		if errors.As(err, &ue) && sentTx != nil && f.mayRunCode(c) {
+			go f.follow(c, sentTx, start, ue.Err)
+			return
+		}
+		f.budget.end(c.flight, c.failed)
 	}()
 	tx, err := f.send(ctx, pre, c, sent)
 	if err != nil {
@@ -209,11 +222,13 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 			r := f.refuseGas(c.payer, "the settlement transaction", err)
 			return f.failure(r.resp.InvalidReason, c.payer, r.resp.InvalidMessage, ""), nil
 		case errors.As(err, &ue):
+			sentTx = ue.tx
 			return f.resolve(c, ue.tx, start, ue.err)
 		default:
 			return x402.SettleResponse{}, err
 		}
 	}
+	sentTx = tx
 	rcpt, err := f.waitReceipt(ctx, tx.Hash())
 	if err != nil {
 		return f.resolve(c, tx, start, err)
@@ -225,6 +240,34 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 		return f.failure(x402.ReasonExactEVMTransactionFailed, c.payer, "the settlement transaction has no matching Transfer event", tx.Hash().Hex()), nil
 	}
 	return f.success(c, tx.Hash().Hex()), nil
+}
+
+// follow learns the outcome of tx, c's settlement transaction of a payer
+// with code, which settle answered as unknown (cause), and only then ends
+// c's flight: a receipt is awaited for another ReceiptTimeout, whatever
+// became of settle's caller (its deadline, the gateway's settle deadline,
+// is often shorter), and judged as settle judges it (judgeOwn); without
+// one, the chain is read once more (resolve). A settlement that paid
+// payTo, or never executed, records nothing; one that reverted is
+// recorded as reverted judges it; one whose outcome is still unknown, or
+// whose judgement panicked, counts as a failure: it may revert unseen, at
+// the relayer's gas.
+func (f *Facilitator) follow(c *checked, tx *types.Transaction, start time.Time, cause error) {
+	failed := true
+	defer func() {
+		if rec := recover(); rec != nil {
+			log.Printf("evm facilitator: following settlement %s panicked: %v", tx.Hash().Hex(), rec)
+		}
+		f.budget.end(c.flight, failed)
+	}()
+	var err error
+	if rcpt, werr := f.waitReceipt(context.Background(), tx.Hash()); werr != nil {
+		_, err = f.resolve(c, tx, start, fmt.Errorf("%v; then %w", cause, werr))
+	} else {
+		_, err = f.judgeOwn(context.Background(), c, tx, rcpt, start, cause)
+	}
+	var ue *x402.UnknownOutcomeError
+	failed = c.failed || errors.As(err, &ue)
 }
 
 // mayRunCode reports whether c's payer may have code, which then runs
