@@ -118,8 +118,9 @@ type EVMFacilitator struct {
 	FailureWindow       caddy.Duration `json:"failure_window,omitempty"`
 	// MaxSettlementGas is the most gas one settlement may cost the
 	// relayer (default 500000, at least evmfacilitator.MinSettlementGas,
-	// what an ordinary account's transfer needs): a payer whose account is
-	// a contract runs its wallet's code inside the settlement, and a
+	// what an ordinary account's first payment to a payee needs with its
+	// gas limit's headroom): a payer whose account has code runs it inside
+	// the settlement, and a
 	// payment needing more is refused at verify and settle, nothing sent.
 	MaxSettlementGas uint64 `json:"max_settlement_gas,omitempty"`
 	// Devnet runs the facilitator on an in-process development chain whose
@@ -132,11 +133,12 @@ type EVMFacilitator struct {
 }
 
 // checkSettlementGas refuses a max_settlement_gas below what an ordinary
-// account's transferWithAuthorization needs (evmfacilitator.New refuses it
-// too, without the option's name): under it no payment could settle.
+// account's transferWithAuthorization to a new payee needs with its gas
+// limit's headroom (evmfacilitator.New refuses it too, without the
+// option's name): under it such payments would be refused.
 func checkSettlementGas(gas uint64) error {
 	if gas < evmfacilitator.MinSettlementGas {
-		return fmt.Errorf("max_settlement_gas %d is below %d, what an ordinary account's transferWithAuthorization needs: no payment could settle", gas, evmfacilitator.MinSettlementGas)
+		return fmt.Errorf("max_settlement_gas %d is below %d, what an ordinary account's transferWithAuthorization to a new payee needs with its gas limit's headroom: such payments would be refused", gas, evmfacilitator.MinSettlementGas)
 	}
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ethereum/go-ethereum"
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/crypto"
 	"github.com/ethereum/go-ethereum/params"
@@ -165,8 +166,13 @@ func TestNewRefusesACeilingBelowATransfersNeed(t *testing.T) {
 
 // At MinSettlementGas an EOA's payment verifies and settles, on a chain
 // with the gas schedule public chains run (Osaka's; the default devnet
-// prices new storage by a later fork): the minimum is not above what a
-// transfer needs.
+// prices new storage by a later fork), to a payTo already holding the
+// token and to one holding none yet (a seller's fresh address: the
+// transfer writes a new storage slot), the costlier: the minimum is not
+// above what a transfer needs, and leaves the settlement's gas limit its
+// whole headroom over the estimate. (Before: measured for a payee holding
+// the token, 71277, it refused a payment to a fresh payTo, whose
+// estimate is 86536.)
 func TestMinSettlementGasSettlesAnEOAPayment(t *testing.T) {
 	forks := *params.AllDevChainProtocolChanges
 	forks.BogotaTime = nil
@@ -176,22 +182,46 @@ func TestMinSettlementGasSettlesAnEOAPayment(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := &testEnv{d: d, f: f}
-	req := e.requirements(payee, amount)
-	p := mustSignExact(t, payer, req)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if v, err := f.Verify(ctx, p, req); err != nil || !v.IsValid {
-		t.Fatalf("verify at MinSettlementGas (%d) = %+v, %v", MinSettlementGas, v, err)
+	fresh := common.HexToAddress("0x00000000000000000000000000000000000a11ce")
+	for _, to := range []common.Address{payee, fresh} {
+		req := e.requirements(to, amount)
+		p := mustSignExact(t, payer, req)
+		estimate, err := d.Client().EstimateGas(ctx, ethereum.CallMsg{From: f.Relayer(), To: &d.token, Data: mustTxData(t, p, req)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v, err := f.Verify(ctx, p, req); err != nil || !v.IsValid {
+			t.Fatalf("verify at MinSettlementGas (%d) of a payment to %s = %+v, %v", MinSettlementGas, to.Hex(), v, err)
+		}
+		s, err := f.Settle(ctx, p, req)
+		if err != nil || !s.Success {
+			t.Fatalf("settle at MinSettlementGas (%d) of a payment to %s = %+v, %v", MinSettlementGas, to.Hex(), s, err)
+		}
+		tx, _, err := d.Client().TransactionByHash(ctx, common.HexToHash(s.Transaction))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tx.Gas() != withHeadroom(estimate) {
+			t.Errorf("payment to %s: gas limit %d at MinSettlementGas (%d); want its estimate %d with its headroom, %d", to.Hex(), tx.Gas(), MinSettlementGas, estimate, withHeadroom(estimate))
+		}
+		t.Logf("payment to %s: estimate %d, gas limit %d, ceiling %d", to.Hex(), estimate, tx.Gas(), MinSettlementGas)
 	}
-	s, err := f.Settle(ctx, p, req)
-	if err != nil || !s.Success {
-		t.Fatalf("settle at MinSettlementGas (%d) = %+v, %v", MinSettlementGas, s, err)
-	}
-	rc, err := d.Client().TransactionReceipt(ctx, common.HexToHash(s.Transaction))
+}
+
+// mustTxData is the calldata of p's settlement, an EOA's.
+func mustTxData(t *testing.T, p x402.PaymentPayload, req x402.PaymentRequirements) []byte {
+	t.Helper()
+	chk, err := x402.CheckExactEVM(p, req, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("settled at a ceiling of %d with %d gas", MinSettlementGas, rc.GasUsed)
+	data, err := transferCallData(chk.Values, chk.Signature, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
 }
 
 // landedFailures waits until f holds no settlement of payer in flight

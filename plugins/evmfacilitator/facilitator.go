@@ -89,7 +89,7 @@ type Config struct {
 }
 
 // DefaultMaxSettlementGas is the default Config.MaxSettlementGas: several
-// times what an EOA's transferWithAuthorization uses (60,000 to 80,000
+// times what an EOA's transferWithAuthorization uses (60,000 to 90,000
 // gas), enough for a smart wallet whose isValidSignature verifies a
 // passkey (P-256) signature in Solidity (300,000 to 400,000 gas, as
 // Coinbase Smart Wallet's do), and a bound on what any contract payer can
@@ -213,7 +213,7 @@ func newFacilitator(cfg Config, nonces *nonceSet) (*Facilitator, error) {
 		cfg.MaxSettlementGas = DefaultMaxSettlementGas
 	}
 	if cfg.MaxSettlementGas < MinSettlementGas {
-		return nil, fmt.Errorf("evm facilitator: a settlement gas ceiling of %d is below %d, what an ordinary account's transferWithAuthorization needs: no payment could settle", cfg.MaxSettlementGas, MinSettlementGas)
+		return nil, fmt.Errorf("evm facilitator: a settlement gas ceiling of %d is below %d, what an ordinary account's transferWithAuthorization to a new payee needs with its gas limit's headroom: such payments would be refused", cfg.MaxSettlementGas, MinSettlementGas)
 	}
 	f := &Facilitator{
 		chain:    cfg.Chain,

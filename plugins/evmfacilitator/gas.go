@@ -101,18 +101,23 @@ func calldataGas(data []byte) (intrinsic, floor uint64, err error) {
 }
 
 // transferExecutionGas is what an EOA's transferWithAuthorization (the
-// v,r,s overload) needs past its intrinsic gas, to a payee already
-// holding the token: 45,605, measured as eth_estimateGas less the call's
-// intrinsic gas (69,573 - 23,968) for the test token on a devnet with
-// Osaka's gas schedule (TestMinSettlementGasSettlesAnEOAPayment). USDC on
-// Ethereum and Base needs somewhat more (60,000 to 80,000 in all).
-const transferExecutionGas = 45_605
+// v,r,s overload) needs past its intrinsic gas, to a payee holding none of
+// the token yet, whose balance the transfer writes to a new storage slot:
+// 62,772, measured as eth_estimateGas less the call's intrinsic gas
+// (86,536 - 23,764) for the test token on a devnet with Osaka's gas
+// schedule (TestMinSettlementGasSettlesAnEOAPayment). To a payee already
+// holding it, 45,584 (69,552 - 23,968). USDC on Ethereum and Base needs
+// somewhat more.
+const transferExecutionGas = 62_772
 
 // MinSettlementGas is the least Config.MaxSettlementGas New accepts: what
-// an EOA's transferWithAuthorization needs, its calldata's intrinsic gas
-// at its most (4 + 9 × 32 bytes, every one priced as nonzero) plus
-// transferExecutionGas, or the calldata's EIP-7623 floor if higher. Below
-// it no payment can settle: every one would be refused, and below the
+// an EOA's transferWithAuthorization to a fresh payee needs, its
+// calldata's intrinsic gas at its most (4 + 9 × 32 bytes, every one priced
+// as nonzero) plus transferExecutionGas, or the calldata's EIP-7623 floor
+// if higher, with the headroom the settlement's gas limit adds to its
+// estimate (withHeadroom): 106,132. Under it such a payment would be
+// refused, or settle with less headroom than under any higher ceiling;
+// below the transfer's need no payment could settle, and below the
 // intrinsic gas alone every simulation would be the node's malformed-call
 // error.
 var MinSettlementGas = func() uint64 {
@@ -124,8 +129,13 @@ var MinSettlementGas = func() uint64 {
 	if err != nil {
 		panic(err)
 	}
-	return max(intrinsic+transferExecutionGas, floor)
+	return withHeadroom(max(intrinsic+transferExecutionGas, floor))
 }()
+
+// withHeadroom is a settlement's gas limit for its estimate (never above
+// the ceiling: send): 20% more, as state can change between the estimate
+// and inclusion (a payee's first balance, a warmer or colder slot).
+func withHeadroom(estimate uint64) uint64 { return estimate + estimate/5 }
 
 // simulate runs eth_call of data to `to` from the relayer as c's
 // settlement would run it: with at most MaxSettlementGas gas, and at the

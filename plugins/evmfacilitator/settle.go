@@ -496,9 +496,9 @@ func (f *Facilitator) send(ctx, pre context.Context, c *checked, sent *atomic.Bo
 	if gas > ceiling { // a node that ignored the bound it was given
 		return nil, fmt.Errorf("%w: estimated %d gas", errGasCeiling, gas)
 	}
-	// Headroom, as state can change between estimate and inclusion; never
-	// past the ceiling, which is all a settlement may cost the relayer.
-	gas = min(gas+gas/5, ceiling)
+	// Never past the ceiling, which is all a settlement may cost the
+	// relayer.
+	gas = min(withHeadroom(gas), ceiling)
 
 	tx, err := f.nonces.submit(pre, ctx, f.chain, func(nonce uint64) (*types.Transaction, error) {
 		tx, err := types.SignNewTx(f.key, f.signer, q.tx(f.chainID, nonce, gas, c.token, c.txData))
