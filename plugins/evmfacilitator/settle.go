@@ -270,16 +270,15 @@ func (f *Facilitator) follow(c *checked, tx *types.Transaction, start time.Time,
 	failed = c.failed || errors.As(err, &ue)
 }
 
-// mayRunCode reports whether c's payer may have code, which then runs
-// inside its settlement (payerCode): read now, under resolveTimeout
-// whatever the caller's context, when its checks did not need it; true
-// when it cannot be read.
-func (f *Facilitator) mayRunCode(c *checked) bool {
-	ctx, cancel := context.WithTimeout(context.Background(), resolveTimeout)
-	defer cancel()
-	hasCode, err := f.payerCode(ctx, c)
-	return hasCode || err != nil
-}
+// mayRunCode reports whether c's checks found code at its payer (payerCode
+// read it because the budget's answer depended on it), which then runs
+// inside its settlement. It reads nothing: a read here, after the answer
+// is decided, would hold the caller up to resolveTimeout more, and while
+// the chain's RPC is down it fails, which would have to be taken as
+// "has code" and count an ordinary account's paid settlements as reverts.
+// A payer whose code was not read had nothing in flight and no recent
+// revert, so the stricter rule already held for it.
+func (f *Facilitator) mayRunCode(c *checked) bool { return c.codeRead && c.hasCode }
 
 // alreadyUsed refuses an authorization whose nonce the token reports used,
 // telling apart the case that matters to a caller retrying /settle after a
