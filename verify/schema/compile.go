@@ -502,12 +502,9 @@ func compile(tree any, opts compileOptions) (*Schema, error) {
 	}
 	// From here the schema is shared, and the engine is its format check.
 	engine.frozen = true
-	nums, ints, quotes, n := precompute(sch)
+	nums, ints, quotes, n, held := precompute(sch)
 	// Long locations are kept as long as the compiler keeps its schemas.
-	bytes := int64(n+cost.units-cost.objects)*bytesPerSchema + engine.bytes()
-	for _, q := range quotes {
-		bytes += int64(len(q.constant) + len(q.enum))
-	}
+	bytes := int64(n+cost.units-cost.objects)*bytesPerSchema + engine.bytes() + held
 	return &Schema{sch: sch, nums: nums, ints: ints, quotes: quotes, bytes: bytes, maxPattern: maxPattern}, nil
 }
 

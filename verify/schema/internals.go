@@ -1,6 +1,7 @@
 package schema
 
 import (
+	"encoding/json"
 	"reflect"
 	"unsafe"
 
@@ -52,19 +53,35 @@ func dynamicAnchors(res *jsonschema.Schema) map[string]*jsonschema.Schema {
 // precompute visits every compiled schema reachable from root and records
 // the float64 forms of numeric limits, which schemas want integers and
 // what their const and enum failures expect (both for describing failures
-// by location), and how many schemas there are.
-func precompute(root *jsonschema.Schema) (map[*jsonschema.Schema]*numBounds, map[string]bool, map[string]*quoted, int) {
+// by location), how many schemas there are, and the estimated bytes of the
+// values they keep (valueBytes of every const and enum, and the quotes).
+//
+// It also drops the annotations validation never reads (title,
+// description, $comment, default, examples): the compiled schema would
+// otherwise keep them as long as the cache keeps it, and a default of a
+// long array within MaxBodyBytes decodes to about 17 MB.
+func precompute(root *jsonschema.Schema) (map[*jsonschema.Schema]*numBounds, map[string]bool, map[string]*quoted, int, int64) {
 	nums := map[*jsonschema.Schema]*numBounds{}
 	ints := map[string]bool{}
 	quotes := map[string]*quoted{}
 	n := 0
+	var held int64
 	eachSchema(root, func(s *jsonschema.Schema) {
 		n++
+		s.Title, s.Description, s.Comment, s.Default, s.Examples = "", "", "", nil, nil
+		if s.Const != nil {
+			held += valueBytes(*s.Const)
+		}
+		if s.Enum != nil {
+			held += valueBytes(s.Enum.Values)
+		}
 		if s.Types != nil && typeMask(*s.Types)&(tInteger|tNumber) == tInteger {
 			ints[s.Location] = true
 		}
 		if s.Const != nil || s.Enum != nil {
-			quotes[s.Location] = quote(s)
+			q := quote(s)
+			quotes[s.Location] = q
+			held += quoteEntryBytes + int64(len(s.Location)+len(q.constant)+len(q.enum))
 		}
 		if s.Minimum == nil && s.Maximum == nil && s.ExclusiveMinimum == nil && s.ExclusiveMaximum == nil && s.MultipleOf == nil {
 			return
@@ -78,7 +95,46 @@ func precompute(root *jsonschema.Schema) (map[*jsonschema.Schema]*numBounds, map
 		}
 		nums[s] = nb
 	})
-	return nums, ints, quotes, n
+	return nums, ints, quotes, n, held
+}
+
+// Per-value heap of a decoded JSON value (map[string]any, []any, string,
+// json.Number, bool, nil), measured with MemStats
+// (TestCacheBytesCoverValuesCompiledSchemasKeep): an array element is an
+// interface slot and a boxed string header, about 35 bytes with its
+// digits; an object member a map slot with its key and value, about 70 with
+// the map's groups. quoteEntryBytes is a quotes map entry with its
+// *quoted. Each is rounded up, so the cache overcounts rather than under.
+const (
+	valueNodeBytes  = 40
+	memberBytes     = 96
+	quoteEntryBytes = 128
+)
+
+// valueBytes estimates the heap a decoded JSON value holds, for the
+// cache's byte bound: const and enum values are kept by the compiled
+// schema for as long as the cache keeps it. The walk is as deep as the
+// value, which the request's decoder has already bounded.
+func valueBytes(v any) int64 {
+	switch x := v.(type) {
+	case string:
+		return valueNodeBytes + int64(len(x))
+	case json.Number:
+		return valueNodeBytes + int64(len(x))
+	case []any:
+		b := int64(valueNodeBytes)
+		for _, e := range x {
+			b += valueBytes(e)
+		}
+		return b
+	case map[string]any:
+		b := int64(valueNodeBytes)
+		for k, e := range x {
+			b += memberBytes + int64(len(k)) + valueBytes(e)
+		}
+		return b
+	}
+	return valueNodeBytes
 }
 
 // eachSchema calls fn once for every schema reachable from root.
