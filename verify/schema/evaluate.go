@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/receipt"
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	"github.com/santhosh-tekuri/jsonschema/v6/kind"
 )
@@ -648,8 +649,12 @@ func listValues(vals []any) string {
 	return strings.Join(parts, ", ")
 }
 
+// shortJSON writes a schema value in its RFC 8785 form, clipped. The cache
+// shares one compiled schema among every schema of the same schema_hash,
+// which covers the canonical form only: written as sent (1.0, 1e2), the
+// text of a signed result would depend on which spelling was cached first.
 func shortJSON(v any) string {
-	b, err := json.Marshal(v)
+	b, err := receipt.AppendCanonical(nil, v)
 	if err != nil {
 		return "a constant"
 	}
