@@ -16,15 +16,12 @@ import (
 	"github.com/aovhq/aov/x402"
 )
 
-// outageChain: the settlement transaction reaches the node, then the RPC
-// endpoint goes down (every read fails, or stalls until its deadline with
-// stall) until up is called.
+// outageChain is a fake for a fault the devnet cannot cause: the
+// settlement transaction reaches the node, then the RPC endpoint goes
+// down (every read fails) until down is cleared.
 type outageChain struct {
 	Chain
-	down  atomic.Bool
-	stall bool
-	once  bool // only the first send is followed by the outage
-	sends atomic.Int32
+	down atomic.Bool
 }
 
 var errOutage = errors.New("connection refused (fake outage)")
@@ -33,19 +30,12 @@ func (c *outageChain) fail(ctx context.Context) error {
 	if !c.down.Load() {
 		return nil
 	}
-	if c.stall {
-		<-ctx.Done()
-		return ctx.Err()
-	}
 	return errOutage
 }
 
 func (c *outageChain) SendTransaction(ctx context.Context, tx *types.Transaction) error {
 	if err := c.Chain.SendTransaction(ctx, tx); err != nil {
 		return err
-	}
-	if c.sends.Add(1) > 1 && c.once {
-		return nil
 	}
 	c.down.Store(true)
 	return errOutage
