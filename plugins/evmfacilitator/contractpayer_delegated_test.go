@@ -106,31 +106,13 @@ func TestDelegatedEOAIsBudgetedAsAContractPayer(t *testing.T) {
 	if _, err := e.d.SendTx(ctx, DevKey(6), &wallet, nil); err != nil { // arm: store the head's number
 		t.Fatal(err)
 	}
-	type out struct {
-		s   x402.SettleResponse
-		err error
-	}
-	res := make(chan out, n)
-	for i := range ps {
-		go func(p x402.PaymentPayload) {
-			s, err := e.f.Settle(ctx, p, req)
-			res <- out{s, err}
-		}(ps[i])
-	}
-	reverted, gas := 0, uint64(0)
+	outs := settleAllAtOnce(ctx, e, ps, req)
+	reverted, gas := revertedGas(ctx, t, e, outs)
 	reasons := map[string]int{}
-	for range n {
-		o := <-res
-		reasons[o.s.ErrorReason]++
+	for _, o := range outs {
+		reasons[o.r.ErrorReason]++
 		if o.err != nil {
 			reasons["error: "+o.err.Error()]++
-		}
-		if o.s.Transaction != "" && !o.s.Success {
-			reverted++
-			rc, err := e.d.Client().TransactionReceipt(ctx, common.HexToHash(o.s.Transaction))
-			if err == nil {
-				gas += rc.GasUsed
-			}
 		}
 	}
 	t.Logf("outcomes: %v", reasons)

@@ -101,29 +101,12 @@ func TestContractWalletRevertsAtMostItsFailureBudgetAtOnce(t *testing.T) {
 	if _, err := e.d.SendTx(ctx, DevKey(6), &wallet, nil); err != nil { // arm: store the head's number
 		t.Fatal(err)
 	}
-	type out struct {
-		s   x402.SettleResponse
-		err error
-	}
-	res := make(chan out, n)
-	for i := range ps {
-		go func(p x402.PaymentPayload) {
-			s, err := e.f.Settle(ctx, p, req)
-			res <- out{s, err}
-		}(ps[i])
-	}
-	reverted, refused, gas := 0, 0, uint64(0)
-	for range n {
-		o := <-res
-		if o.err == nil && o.s.Transaction == "" && o.s.ErrorReason == ReasonPayerFailureBudget {
+	outs := settleAllAtOnce(ctx, e, ps, req)
+	reverted, gas := revertedGas(ctx, t, e, outs)
+	refused := 0
+	for _, o := range outs {
+		if o.err == nil && o.r.Transaction == "" && o.r.ErrorReason == ReasonPayerFailureBudget {
 			refused++
-		}
-		if o.s.Transaction != "" && !o.s.Success {
-			reverted++
-			rc, err := e.d.Client().TransactionReceipt(ctx, common.HexToHash(o.s.Transaction))
-			if err == nil {
-				gas += rc.GasUsed
-			}
 		}
 	}
 	t.Logf("%d settlements of one wallet reverted, %d gas paid by the relayer", reverted, gas)
@@ -336,4 +319,33 @@ func TestContractPayerUnknownOutcomeCountsAsTheChainShows(t *testing.T) {
 			t.Errorf("the next payment of a wallet whose %d settlements all transferred = %+v, %v; want valid", tc.settles, v, err)
 		}
 	}
+}
+
+// settleAllAtOnce settles every payment of ps at the same time through e's
+// facilitator (settleAsync) and returns their answers.
+func settleAllAtOnce(ctx context.Context, e *testEnv, ps []x402.PaymentPayload, req x402.PaymentRequirements) []settled {
+	chs := make([]<-chan settled, len(ps))
+	for i, p := range ps {
+		chs[i] = settleAsync(ctx, e.f, p, req)
+	}
+	outs := make([]settled, len(ps))
+	for i, ch := range chs {
+		outs[i] = <-ch
+	}
+	return outs
+}
+
+// revertedGas counts the answers of outs that name a transaction that did
+// not succeed, and the gas their receipts say the relayer paid.
+func revertedGas(ctx context.Context, t *testing.T, e *testEnv, outs []settled) (reverted int, gas uint64) {
+	t.Helper()
+	for _, o := range outs {
+		if o.r.Transaction != "" && !o.r.Success {
+			reverted++
+			if rc, err := e.d.Client().TransactionReceipt(ctx, common.HexToHash(o.r.Transaction)); err == nil {
+				gas += rc.GasUsed
+			}
+		}
+	}
+	return reverted, gas
 }
