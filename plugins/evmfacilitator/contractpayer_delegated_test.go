@@ -3,7 +3,6 @@ package evmfacilitator
 import (
 	"context"
 	"crypto/ecdsa"
-	"encoding/hex"
 	"math/big"
 	"sync/atomic"
 	"testing"
@@ -86,13 +85,7 @@ func TestDelegatedEOAIsBudgetedAsAContractPayer(t *testing.T) {
 	e := newEnv(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	rt, _ := hex.DecodeString(blockBoundRuntime)
-	init := append([]byte{0x60, byte(len(rt)), 0x80, 0x60, 0x0b, 0x60, 0x00, 0x39, 0x60, 0x00, 0xf3}, rt...)
-	r, err := e.d.SendTx(ctx, DevKey(0), nil, init)
-	if err != nil {
-		t.Fatal(err)
-	}
-	target := r.ContractAddress
+	target := deployRuntime(ctx, t, e.d, blockBoundRuntime)
 	owner := DevKey(7) // an ordinary funded dev account (1,000,000 test USDC)
 	wallet := crypto.PubkeyToAddress(owner.PublicKey)
 	delegate7702(t, e.d, DevKey(6), owner, target)

@@ -46,17 +46,7 @@ func contractPayer(t *testing.T, e *testEnv, runtime string) (common.Address, x4
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	rt, err := hex.DecodeString(runtime)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// PUSH1 len; DUP1; PUSH1 11; PUSH1 0; CODECOPY; PUSH1 0; RETURN
-	init := append([]byte{0x60, byte(len(rt)), 0x80, 0x60, 0x0b, 0x60, 0x00, 0x39, 0x60, 0x00, 0xf3}, rt...)
-	r, err := e.d.SendTx(ctx, DevKey(0), nil, init)
-	if err != nil {
-		t.Fatal(err)
-	}
-	wallet := r.ContractAddress
+	wallet := deployRuntime(ctx, t, e.d, runtime)
 	if code, _ := e.d.Client().CodeAt(ctx, wallet, nil); len(code) == 0 {
 		t.Fatal("wallet not deployed")
 	}
@@ -199,4 +189,21 @@ func TestSettleRefusesAnEstimatePastTheCeiling(t *testing.T) {
 	if n := relayerNonce(t, e); n != nonce {
 		t.Fatalf("the relayer's nonce moved from %d to %d", nonce, n)
 	}
+}
+
+// deployRuntime deploys a contract whose runtime code is the hex runtime
+// (under 256 bytes), from DevKey(0), and returns its address.
+func deployRuntime(ctx context.Context, t *testing.T, d *Devnet, runtime string) common.Address {
+	t.Helper()
+	rt, err := hex.DecodeString(runtime)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// PUSH1 len; DUP1; PUSH1 11; PUSH1 0; CODECOPY; PUSH1 0; RETURN
+	init := append([]byte{0x60, byte(len(rt)), 0x80, 0x60, 0x0b, 0x60, 0x00, 0x39, 0x60, 0x00, 0xf3}, rt...)
+	r, err := d.SendTx(ctx, DevKey(0), nil, init)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r.ContractAddress
 }

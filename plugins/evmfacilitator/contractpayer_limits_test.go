@@ -81,13 +81,7 @@ func TestContractWalletRevertsAtMostItsFailureBudgetAtOnce(t *testing.T) {
 	e := newEnv(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	rt, _ := hex.DecodeString(blockBoundRuntime)
-	init := append([]byte{0x60, byte(len(rt)), 0x80, 0x60, 0x0b, 0x60, 0x00, 0x39, 0x60, 0x00, 0xf3}, rt...)
-	r, err := e.d.SendTx(ctx, DevKey(0), nil, init)
-	if err != nil {
-		t.Fatal(err)
-	}
-	wallet := r.ContractAddress
+	wallet := deployRuntime(ctx, t, e.d, blockBoundRuntime)
 	fundUSDC(t, e.d, DevKey(5), wallet, 1_000_000)
 	req := e.requirements(payee, amount)
 	owner := DevKey(4)
