@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"fmt"
+	"github.com/aovhq/aov/internal/servers"
 	"io/fs"
 	"net"
 	"net/http"
@@ -158,15 +159,13 @@ func wantErr(t testing.TB, err error, want string) {
 	}
 }
 
-// freePort asks the kernel for a free loopback port.
+// freePort is a free loopback port never handed out before in this
+// process (servers.FreePort): the kernel can give the port a test just
+// took again before the test's Caddy listens on it, and two sites on one
+// port are refused as ambiguous.
 func freePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return servers.FreePort(t, false)
 }
 
 // noRedirect is an HTTP client for tests: it never follows redirects and
