@@ -997,6 +997,14 @@ func TestReadmeReceiptByHandRefusesWhatThePackageRefuses(t *testing.T) {
 			card: good, refusal: `refused: computed_at is not the instant of attestation.timestamp`,
 		},
 		{
+			desc: "a retired key's trust score dated in its service life whose window ends a year later is refused",
+			receipt: func(t *testing.T) []byte {
+				resp := bytes.Replace(score("2026-11-28T21:00:00Z", "k1"), []byte(`"to":"2026-11-28T21:00:00Z"`), []byte(`"to":"2027-11-28T21:00:00Z"`), 1)
+				return signScore(t, k1, "k1", "2026-11-28T21:00:00Z", resp)
+			},
+			card: good, refusal: `refused: inputs.window.to is not the instant of attestation.timestamp`,
+		},
+		{
 			desc: "a trust score without computed_at is refused",
 			receipt: func(t *testing.T) []byte {
 				return signScore(t, k2, "k2", at, []byte(`{"agent_id":"a1","score":0.75,"verify":{"key_version":"k2"}}`))

@@ -86,3 +86,36 @@ func TestScoreComputedAtIsTheSigningInstant(t *testing.T) {
 		t.Fatalf("a verification receipt: %v", err)
 	}
 }
+
+// A score's inputs.window.to, where it has one, is held to the signing
+// instant as computed_at is: verifierd writes them equal, and a reader may
+// take either as the score's time. (Before: a leaked retired key could date
+// the signature and computed_at inside its service life and write a window
+// ending today, and the score verified.)
+func TestScoreWindowEndIsTheSigningInstant(t *testing.T) {
+	pub, priv := seededKey(2)
+	keys := SingleKey("", pub)
+	score := func(to string) []byte {
+		return bytes.Replace(scoreResponse("k2"), []byte(`"computed_at":`),
+			[]byte(`"inputs":{"window":{"from":"2025-11-29T21:22:28.123456Z","to":`+to+`}},"computed_at":`), 1)
+	}
+	for _, tc := range []struct {
+		desc    string
+		receipt []byte
+		want    string // "" verifies
+	}{
+		{"the same string verifies", score(`"` + fixtureTime + `"`), ""},
+		{"the same instant in another offset verifies", score(`"2026-11-30T03:07:28.123456+05:45"`), ""},
+		{"a year later is refused", score(`"2027-11-29T21:22:28.123456Z"`), "is not the instant of inputs.window.to 2027-11-29T21:22:28.123456Z"},
+		{"null is refused", score(`null`), "is not the instant of inputs.window.to"},
+		{"a score without inputs verifies", scoreResponse("k2"), ""},
+		{"a window without to verifies", bytes.Replace(scoreResponse("k2"), []byte(`"computed_at":`), []byte(`"inputs":{"window":{"records":3}},"computed_at":`), 1), ""},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			_, err := Verify(attach(t, priv, ContextScore, "k2", fixtureTime, tc.receipt), keys, "")
+			if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+				t.Fatalf("Verify: %v; want %q", err, tc.want)
+			}
+		})
+	}
+}

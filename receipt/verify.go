@@ -153,10 +153,10 @@ func VerifyReceipt(resp []byte, keys KeySet, context string) error {
 // equals verify.key_version, attestation.timestamp is the same instant as
 // verified_at (where the response has one) and, under ContextScore, as
 // computed_at (which every trust score carries: it is the time the score is
-// of, and its window ends there), the key is not marked
-// compromised at the receipt's timestamp, and the timestamp lies within the
-// key's service life as the card publishes it (createdAt to retiredAt, each
-// widened by MaxSigningSkew).
+// of) and as inputs.window.to (where its window ends, when it says), the key
+// is not marked compromised at the receipt's timestamp, and the timestamp
+// lies within the key's service life as the card publishes it (createdAt to
+// retiredAt, each widened by MaxSigningSkew).
 //
 // About retired keys: a retired key's receipts stay valid, but only those
 // dated while it was in service. certd never signs with a retired key, so a
@@ -212,6 +212,11 @@ func Verify(resp []byte, keys KeySet, context string) (Verified, error) {
 		if err := sameInstant(att.Timestamp, at, "computed_at", ca); err != nil {
 			return Verified{}, err
 		}
+		if to, present := windowTo(doc); present {
+			if err := sameInstant(att.Timestamp, at, "inputs.window.to", to); err != nil {
+				return Verified{}, err
+			}
+		}
 	}
 
 	k, err := keys.lookup(att.KeyVersion)
@@ -240,6 +245,17 @@ func Verify(resp []byte, keys KeySet, context string) (Verified, error) {
 		return Verified{}, ErrSignature
 	}
 	return Verified{Context: context, KeyVersion: att.KeyVersion, Timestamp: att.Timestamp}, nil
+}
+
+// windowTo is a trust score's inputs.window.to, where the score has one:
+// the end of the window its evidence was read from, which verifierd always
+// writes as computed_at. It is held to the signing instant like computed_at,
+// since a reader may take either as the time the score is of.
+func windowTo(doc map[string]any) (any, bool) {
+	inputs, _ := doc["inputs"].(map[string]any)
+	window, _ := inputs["window"].(map[string]any)
+	to, present := window["to"]
+	return to, present
 }
 
 // sameInstant checks that the member name of a receipt (verified_at,
