@@ -69,3 +69,29 @@ func TestCollidingLocationsGiveTheSameResultEveryRun(t *testing.T) {
 		})
 	}
 }
+
+// Outputs that differ only in how a number is spelled (1.0, 1, 1e0,
+// 10e-1) have one output_hash, so they must get one signed result. The
+// result of a schema bound quoted the submitted spelling in found, so the
+// same hashes came with different texts. (Before: "found": "1.0" for one
+// and "1e0" for another.)
+func TestNumberSpellingsOfOneOutputGetOneResult(t *testing.T) {
+	v := New(Config{VerifierVersion: "test"})
+	first := ""
+	for _, n := range []string{`1`, `1.0`, `1e0`, `10e-1`, `1.000E+0`} {
+		body := `{"task_id":"t","expected_schema":{"properties":{"n":{"minimum":2},"m":{"maximum":0.5},"k":{"type":"integer","exclusiveMaximum":0}}},` +
+			`"submitted_output":{"n":` + n + `,"m":` + n + `,"k":` + n + `}}`
+		r := check(t, v, body)
+		got := string(r.AppendCanonical(nil))
+		if r.ErrorsDetailTotal < 3 {
+			t.Fatalf("%s: want three schema failures: %s", n, got)
+		}
+		if first == "" {
+			first = got
+			continue
+		}
+		if got != first {
+			t.Fatalf("%s gave another result than 1:\n%s\nfor 1:\n%s", n, got, first)
+		}
+	}
+}

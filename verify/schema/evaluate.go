@@ -3,7 +3,6 @@ package schema
 import (
 	"container/heap"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math/big"
@@ -363,7 +362,7 @@ func collect(e *jsonschema.ValidationError, inst any, s *Schema, fs *failureSet)
 			return
 		}
 	}
-	at, val, ok := fs.loc.locate(inst, e.InstanceLocation)
+	at := fs.loc.locate(inst, e.InstanceLocation)
 	kw := leafKeyword(e)
 	if !fs.wants(at, kw) {
 		// Every failure of this leaf sorts after the kept ones (those of
@@ -387,7 +386,7 @@ func collect(e *jsonschema.ValidationError, inst any, s *Schema, fs *failureSet)
 		return
 	}
 	var buf [4]Failure
-	for _, f := range describe(e, s, string(at), val, ok, buf[:0]) {
+	for _, f := range describe(e, s, string(at), buf[:0]) {
 		fs.add(f)
 	}
 }
@@ -465,7 +464,7 @@ func leafKeyword(e *jsonschema.ValidationError) string {
 
 // describe appends the failures of one leaf error of s, without their
 // Message (see failureSet).
-func describe(e *jsonschema.ValidationError, s *Schema, path string, val any, hasVal bool, out []Failure) []Failure {
+func describe(e *jsonschema.ValidationError, s *Schema, path string, out []Failure) []Failure {
 	keyword := leafKeyword(e)
 	noun := "number"
 	if s.ints[e.SchemaURL] {
@@ -473,12 +472,6 @@ func describe(e *jsonschema.ValidationError, s *Schema, path string, val any, ha
 	}
 	add := func(p, expected, found string) {
 		out = append(out, Failure{Keyword: keyword, InstancePath: p, Expected: expected, Found: found})
-	}
-	found := func(r *big.Rat) string {
-		if n, ok := val.(json.Number); ok && hasVal && len(n) <= 40 {
-			return string(n)
-		}
-		return formatRat(r)
 	}
 	switch k := e.ErrorKind.(type) {
 	case *kind.Type:
@@ -496,15 +489,15 @@ func describe(e *jsonschema.ValidationError, s *Schema, path string, val any, ha
 	case *kind.MaxLength:
 		add(path, "a string of at most "+plural(k.Want, "character"), plural(k.Got, "character"))
 	case *kind.Minimum:
-		add(path, noun+" >= "+formatRat(k.Want), found(k.Got))
+		add(path, noun+" >= "+formatRat(k.Want), formatRat(k.Got))
 	case *kind.Maximum:
-		add(path, noun+" <= "+formatRat(k.Want), found(k.Got))
+		add(path, noun+" <= "+formatRat(k.Want), formatRat(k.Got))
 	case *kind.ExclusiveMinimum:
-		add(path, noun+" > "+formatRat(k.Want), found(k.Got))
+		add(path, noun+" > "+formatRat(k.Want), formatRat(k.Got))
 	case *kind.ExclusiveMaximum:
-		add(path, noun+" < "+formatRat(k.Want), found(k.Got))
+		add(path, noun+" < "+formatRat(k.Want), formatRat(k.Got))
 	case *kind.MultipleOf:
-		add(path, "a multiple of "+formatRat(k.Want), found(k.Got))
+		add(path, "a multiple of "+formatRat(k.Want), formatRat(k.Got))
 	case *kind.MinItems:
 		add(path, "an array of at least "+plural(k.Want, "item"), plural(k.Got, "item"))
 	case *kind.MaxItems:

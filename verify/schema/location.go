@@ -93,9 +93,9 @@ type locator struct {
 }
 
 // locate follows a validator instance location through inst and renders
-// it as "$.a[0].b" (within MaxLocationBytes); val is the value there and
-// ok whether the location resolved.
-func (l *locator) locate(inst any, loc []string) (path []byte, val any, ok bool) {
+// it as "$.a[0].b" (within MaxLocationBytes): the value at each step tells
+// an index from a member name.
+func (l *locator) locate(inst any, loc []string) []byte {
 	if len(l.ends) == 0 {
 		l.buf, l.ends, l.vals, l.oks = append(l.buf, '$'), append(l.ends, 1), append(l.vals, inst), append(l.oks, true)
 	}
@@ -110,7 +110,7 @@ func (l *locator) locate(inst any, loc []string) (path []byte, val any, ok bool)
 		l.buf, cur, ok = step(l.buf, cur, ok, tok)
 		l.toks, l.ends, l.vals, l.oks = append(l.toks, tok), append(l.ends, len(l.buf)), append(l.vals, cur), append(l.oks, ok)
 	}
-	return l.buf, cur, ok
+	return l.buf
 }
 
 // step renders token tok of a location after b, and follows it from cur:
