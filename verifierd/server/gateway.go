@@ -204,8 +204,10 @@ func cleanValue(v string) string {
 // wallet's own account id, or is the id its proof named and that wallet
 // owns it.
 
-// caip10RE is a CAIP-10 account id.
-var caip10RE = regexp.MustCompile(`^[-a-z0-9]{3,8}:[-_a-zA-Z0-9]{1,32}:[-.%a-zA-Z0-9]{1,128}$`)
+// caip10RE is a CAIP-10 account id, its namespace in any letter case:
+// CAIP-10 writes namespaces in lower case, but EIP155:8453:0xAbc… reads as
+// the same account to anyone comparing ids, so no other wallet may bind it.
+var caip10RE = regexp.MustCompile(`^[-a-zA-Z0-9]{3,8}:[-_a-zA-Z0-9]{1,32}:[-.%a-zA-Z0-9]{1,128}$`)
 
 // accountAddress returns the address an account id names, and false for
 // any other id (see Who owns an agent_id).
@@ -219,7 +221,7 @@ func accountAddress(agentID string) (string, bool) {
 	namespace, _, _ := strings.Cut(agentID, ":")
 	addr := agentID[strings.LastIndexByte(agentID, ':')+1:]
 	evm, sol := store.IsEVMAddress(addr), isSolanaAddress(addr)
-	switch namespace {
+	switch strings.ToLower(namespace) {
 	case "eip155":
 		sol = false
 	case "solana":

@@ -74,6 +74,18 @@ func TestAgentOwnership(t *testing.T) {
 			agent: "seller-8", hdr: proves(wallet, "seller-7"), status: 200, authn: false, owner: wallet},
 		{desc: "a proof naming another address's account id is refused",
 			agent: "eip155:8453:" + other, hdr: proves(wallet, "eip155:8453:"+other), status: 403},
+		// A namespace in another letter case names the same account.
+		// (Before: EIP155:8453:0x… and SOLANA:… were ordinary names, and
+		// the first wallet to name one owned it.)
+		{desc: "a proof naming another address's account id with its namespace in capitals is refused",
+			agent: "EIP155:8453:" + other, hdr: proves(wallet, "EIP155:8453:"+other), status: 403},
+		{desc: "a proof naming another address's account id with its namespace in mixed case is refused",
+			agent: "Eip155:8453:" + other, hdr: proves(wallet, "Eip155:8453:"+other), status: 403},
+		{desc: "a proof naming another Solana address's account id with its namespace in capitals is refused",
+			agent: "SOLANA:5eykt4UsFv8P8NJdTREpY1vzqKqZKvdp:7xKXtg2CW87d97TXJSDpbD5jBkheTqA83TZRuJosgAsU",
+			hdr:   proves(wallet, "SOLANA:5eykt4UsFv8P8NJdTREpY1vzqKqZKvdp:7xKXtg2CW87d97TXJSDpbD5jBkheTqA83TZRuJosgAsU"), status: 403},
+		{desc: "the wallet's own account id with its namespace in capitals is authenticated without a bind",
+			agent: "EIP155:1:" + wallet, hdr: proves(wallet, ""), status: 200, authn: true},
 		{desc: "a proof naming another bare address is refused",
 			agent: other, hdr: proves(wallet, other), status: 403},
 		{desc: "the wallet's own CAIP-10 id on any chain is authenticated without a bind",
