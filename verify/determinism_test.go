@@ -1,8 +1,12 @@
 package verify
 
 import (
+	"errors"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/aovhq/aov/apierr"
 )
 
 // collidingMembers is an output object whose member names agree in their
@@ -92,6 +96,29 @@ func TestNumberSpellingsOfOneOutputGetOneResult(t *testing.T) {
 		}
 		if got != first {
 			t.Fatalf("%s gave another result than 1:\n%s\nfor 1:\n%s", n, got, first)
+		}
+	}
+}
+
+// A bound whose min and max are both the wrong type: the two problems
+// must come back in one order on every run, min first. (Before: they came
+// in Go's map order, so the 422's fields and message changed run to run.)
+func TestBoundProblemsComeInOneOrder(t *testing.T) {
+	v := New(Config{})
+	b := []byte(body(`bounds={"total":{"min":"a","max":"b","if_present":1}}`))
+	want := []string{"bounds.total.min", "bounds.total.max", "bounds.total.if_present"}
+	for i := 0; i < 100; i++ {
+		_, err := v.Parse(b)
+		var e *apierr.Error
+		if !errors.As(err, &e) {
+			t.Fatalf("Parse: %v, want an *apierr.Error", err)
+		}
+		var got []string
+		for _, f := range e.Fields {
+			got = append(got, f.Field)
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("run %d: fields %v, want %v", i, got, want)
 		}
 	}
 }

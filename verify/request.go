@@ -464,7 +464,13 @@ func (v *Verifier) parseBounds(p *problems, raw any) []bound {
 			wrongType(p, field, m[k], "an object", `Send the limits as an object, for example {"min": 0, "max": 100}.`)
 			continue
 		}
-		for name, val := range entry {
+		// In boundFields' order, not the map's: a request's problems come
+		// back in one order on every run.
+		for _, name := range boundFields {
+			val, given := entry[name]
+			if !given {
+				continue
+			}
 			switch name {
 			case "min", "max":
 				switch n := val.(type) {
