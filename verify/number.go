@@ -2,6 +2,7 @@ package verify
 
 import (
 	"encoding/json"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -24,53 +25,104 @@ const (
 	inexactFix     = "Send the number with at most 15 significant digits, or exactly as a double prints it (its shortest form), or send it as a string."
 )
 
-// checkNumbers reports, for the first number in v (at path) whose text is
-// not exactly its canonical value, a problem naming where it is.
-func checkNumbers(p *problems, path string, v any) bool {
-	loc, bad := inexact(v)
-	if !bad {
-		return true
+// checkNumbers reports every number in v (at path) whose text is not
+// exactly its canonical value, each naming where it is, until the problem
+// list is full. They come in one order on every run (members by name,
+// elements by index), so one request is refused one way: SPEC §3.
+func checkNumbers(p *problems, path string, v any) {
+	if !inexact(v) {
+		return
 	}
-	for i := len(loc) - 1; i >= 0; i-- { // inexact built it innermost first
-		if loc[i].idx >= 0 {
-			path += "[" + strconv.Itoa(loc[i].idx) + "]"
-		} else {
-			path = key(path, loc[i].key)
-		}
-	}
-	p.add(path, inexactProblem, inexactFix)
-	return false
+	var loc []locStep
+	reportInexact(p, path, &loc, v)
 }
 
-// inexact finds the first inexact number in v. Its location comes back
-// innermost step first, built only on the way out of a find, so the
-// common case (every number exact) allocates nothing.
-func inexact(v any) ([]locStep, bool) {
+// inexact reports whether v holds an inexact number. Only the answer is
+// used, so Go's map order does not matter here, and the common case
+// (every number exact) allocates nothing.
+func inexact(v any) bool {
 	switch x := v.(type) {
 	case json.Number:
-		return nil, !exactNumber(string(x))
+		return !exactNumber(string(x))
 	case map[string]any:
-		for k, e := range x {
+		for _, e := range x {
 			switch e.(type) {
 			case string, bool, nil: // most members: nothing to look at
 				continue
 			}
-			if loc, bad := inexact(e); bad {
-				return append(loc, locStep{key: k, idx: -1}), true
+			if inexact(e) {
+				return true
 			}
 		}
 	case []any:
-		for i, e := range x {
+		for _, e := range x {
 			switch e.(type) {
 			case string, bool, nil:
 				continue
 			}
-			if loc, bad := inexact(e); bad {
-				return append(loc, locStep{idx: i}), true
+			if inexact(e) {
+				return true
 			}
 		}
 	}
-	return nil, false
+	return false
+}
+
+// reportInexact adds a problem for each inexact number in v, whose
+// location below path is *loc, walking members in sorted order. It runs
+// only once inexact has found one, so the sorting costs nothing in the
+// common case; a location is rendered only for a number it names.
+func reportInexact(p *problems, path string, loc *[]locStep, v any) {
+	switch x := v.(type) {
+	case json.Number:
+		if !exactNumber(string(x)) {
+			p.add(fieldAt(path, *loc), inexactProblem, inexactFix)
+		}
+	case map[string]any:
+		keys := make([]string, 0, len(x))
+		for k, e := range x {
+			switch e.(type) {
+			case string, bool, nil: // nothing to look at
+				continue
+			}
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			if p.more {
+				return
+			}
+			*loc = append(*loc, locStep{key: k, idx: -1})
+			reportInexact(p, path, loc, x[k])
+			*loc = (*loc)[:len(*loc)-1]
+		}
+	case []any:
+		for i, e := range x {
+			if p.more {
+				return
+			}
+			switch e.(type) {
+			case string, bool, nil:
+				continue
+			}
+			*loc = append(*loc, locStep{idx: i})
+			reportInexact(p, path, loc, e)
+			*loc = (*loc)[:len(*loc)-1]
+		}
+	}
+}
+
+// fieldAt renders a location below a request field the way problems name
+// fields ("submitted_output.a[2].y").
+func fieldAt(path string, loc []locStep) string {
+	for _, s := range loc {
+		if s.idx >= 0 {
+			path += "[" + strconv.Itoa(s.idx) + "]"
+		} else {
+			path = key(path, s.key)
+		}
+	}
+	return path
 }
 
 // exactNumber reports whether the decimal value of a JSON number text is

@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/big"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -275,5 +276,52 @@ func TestLongNumbersRefused(t *testing.T) {
 	}
 	if r := v.Check(req, "id", verifiedAt); r.Result != ResultPass {
 		t.Errorf("%d-character -1 against maximum and minimum -1: %s", len(at), r.Result)
+	}
+}
+
+// Every over-precise number of a request is named, in one order on every
+// run: members in sorted order, elements in theirs, the request's fields
+// in their listed order. (Before: only the first one met in Go's map order
+// was named, so the same body got different 422s run to run.)
+func TestEveryInexactNumberNamedInOneOrder(t *testing.T) {
+	v := New(Config{})
+	const x = "1.00000000000000000001"
+	b := []byte(`{"task_id": "t", "expected_schema": {"maximum": ` + x + `}, "submitted_output": {"c": ` + x +
+		`, "a": [1, ` + x + `, {"z": ` + x + `, "y": ` + x + `}], "b": ` + x + `}, "bounds": {"b": {"min": ` + x + `}}}`)
+	want := []string{"expected_schema.maximum", "submitted_output.a[1]", "submitted_output.a[2].y",
+		"submitted_output.a[2].z", "submitted_output.b", "submitted_output.c", "bounds.b.min"}
+	for i := 0; i < 100; i++ {
+		_, err := v.Parse(b)
+		var e *apierr.Error
+		if !errors.As(err, &e) {
+			t.Fatalf("Parse: %v, want an *apierr.Error", err)
+		}
+		var got []string
+		for _, f := range e.Fields {
+			got = append(got, f.Field)
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("run %d: fields %v, want %v", i, got, want)
+		}
+	}
+}
+
+// Past maxProblems inexact numbers the list stops, as every problem list
+// does, with one last field saying there are more.
+func TestInexactNumbersListBounded(t *testing.T) {
+	var b strings.Builder
+	b.WriteString(`{"task_id": "t", "expected_schema": {}, "submitted_output": [`)
+	for i := 0; i < maxProblems+50; i++ {
+		if i > 0 {
+			b.WriteString(",")
+		}
+		b.WriteString("1.00000000000000000001")
+	}
+	b.WriteString("]}")
+	_, err := New(Config{}).Parse([]byte(b.String()))
+	var e *apierr.Error
+	if !errors.As(err, &e) || len(e.Fields) != maxProblems+1 || e.Fields[maxProblems].Field != "request" ||
+		e.Fields[maxProblems-1].Field != "submitted_output["+strconv.Itoa(maxProblems-1)+"]" {
+		t.Fatalf("Parse: %v; want %d inexact numbers named in order, then a 'request' field", err, maxProblems)
 	}
 }
