@@ -3,7 +3,6 @@ package verify
 import (
 	"context"
 	"encoding/json"
-	"math"
 	"slices"
 	"strings"
 	"time"
@@ -470,9 +469,10 @@ func (c *checker) missingField(r *rule, enforce bool, expected string) bool {
 	return false
 }
 
-// sumAt adds up the numbers at r.field; every non-number is reported.
-// seen says whether the path resolved to anything at all.
-func (c *checker) sumAt(r *rule, enforce bool, expected string) (sum float64, ok, seen bool) {
+// sumAt adds the numbers at r.field to sum, exactly (exact.go); every
+// non-number is reported. seen says whether the path resolved to anything
+// at all.
+func (c *checker) sumAt(r *rule, enforce bool, expected string, sum *exactSum) (ok, seen bool) {
 	ok = true
 	r.field.walk(c.output, func(v any, idx []int) bool {
 		if !c.live() {
@@ -488,10 +488,10 @@ func (c *checker) sumAt(r *rule, enforce bool, expected string) (sum float64, ok
 			}
 			return true
 		}
-		sum += number(n)
+		sum.addJSON(n)
 		return true
 	})
-	return sum, ok, seen
+	return ok, seen
 }
 
 func (c *checker) sumEquals(r *rule, enforce bool) bool {
@@ -511,16 +511,20 @@ func (c *checker) sumEquals(r *rule, enforce bool) bool {
 		want = w
 		wantText = r.equalsField.String() + " (" + FormatNumber(want) + ")"
 	}
-	total, ok, seen := c.sumAt(r, enforce, "numbers")
+	var diff exactSum // the sum minus want
+	diff.add(-want)
+	ok, seen := c.sumAt(r, enforce, "numbers", &diff)
 	if !seen {
 		return c.missingField(r, enforce, expected())
 	}
 	if !ok {
 		return false
 	}
-	if math.Abs(total-want) <= r.tolerance {
+	if diff.within(r.tolerance) {
 		return true
 	}
+	diff.add(want)
+	total := diff.float()
 	c.report(ruleFinding(r, enforce, r.field.Display(), expected(), "sum "+FormatNumber(total),
 		"values sum to "+FormatNumber(total)+", expected "+wantText))
 	return false
@@ -545,6 +549,30 @@ func (c *checker) compare(r *rule, enforce bool) bool {
 		limText = r.otherPath.String() + " (" + FormatNumber(lim) + ")"
 	}
 	expected := op + " " + limText
+	// gte fails below lim - tolerance, lte above lim + tolerance, exactly
+	// (exact.go). Doubles order like the decimals they mean, so a value
+	// on the right side of lim passes, and with no tolerance one on the
+	// wrong side fails, without the exact arithmetic.
+	var edge exactSum
+	edge.add(lim)
+	if r.typ == RuleGTE {
+		edge.add(-r.tolerance)
+	} else {
+		edge.add(r.tolerance)
+	}
+	outside := func(f float64, n json.Number) bool {
+		switch {
+		case r.typ == RuleGTE && f >= lim, r.typ == RuleLTE && f <= lim:
+			return false
+		case r.tolerance == 0:
+			return true
+		}
+		m, e := exactJSON(n)
+		if r.typ == RuleGTE {
+			return edge.cmp(m, e) > 0
+		}
+		return edge.cmp(m, e) < 0
+	}
 	passed, seen := true, false
 	r.field.walk(c.output, func(v any, idx []int) bool {
 		if !c.live() {
@@ -561,8 +589,7 @@ func (c *checker) compare(r *rule, enforce bool) bool {
 				"the value is "+typeName(v)+", not a number"))
 			return true
 		}
-		f := number(n)
-		if (r.typ == RuleGTE && f < lim-r.tolerance) || (r.typ == RuleLTE && f > lim+r.tolerance) {
+		if f := number(n); outside(f, n) {
 			passed = false
 			if !c.shown(r.check, enforce, true) {
 				return true
