@@ -80,30 +80,16 @@ func exactJSON(n json.Number) (int64, int) {
 
 // exactSum is an exact decimal sum: m·10^e while its digits fit an int64,
 // which keeps the common case (money, counts) to integer additions, and
-// big·10^e once they do not. Terms that do not fit the int64 total (numbers
-// far apart in magnitude, or very many of them) wait in int64 parts, one
-// per exponent, and reach the big total only when a part would overflow
-// (once in about 90 terms) or the sum is read: adding stays a few
-// nanoseconds a term whatever the numbers, within the work unit each
-// value is charged. Its zero value is 0.
+// big·10^e once they do not (numbers far apart in magnitude: a term costs
+// then as many word operations as the sum has digits, at most about 700
+// for request numbers). Its zero value is 0.
 type exactSum struct {
 	m       int64
 	e       int
 	big     *big.Int // the digits once they outgrow m; nil until then
 	t, u, v big.Int  // scratch for the big case
 	set     bool     // e has been set by a nonzero term
-
-	parts  *[exactSpan]int64 // terms waiting, by exponent - exactMinExp
-	lo, hi int               // the range of parts that may be nonzero
 }
-
-// The exponents a term can have: a request number's last significant
-// digit is at most 17 digits below the smallest double's (5e-324) and at
-// most at the largest's (1e308).
-const (
-	exactMinExp = -360
-	exactSpan   = 700
-)
 
 // add adds f's exact value (that of its canonical text).
 func (s *exactSum) add(f float64) {
@@ -119,24 +105,9 @@ func (s *exactSum) addJSON(n json.Number) {
 
 // addDec adds m·10^e.
 func (s *exactSum) addDec(m int64, e int) {
-	if m == 0 || s.addSmall(m, e) {
-		return
-	}
-	i := e - exactMinExp
-	if i < 0 || i >= exactSpan { // not reached for request numbers
+	if m != 0 && !s.addSmall(m, e) {
 		s.addBig(m, e)
-		return
 	}
-	if s.parts == nil {
-		s.parts, s.lo, s.hi = new([exactSpan]int64), i, i
-	}
-	s.lo, s.hi = min(s.lo, i), max(s.hi, i)
-	if r, ok := add64(s.parts[i], m); ok {
-		s.parts[i] = r
-		return
-	}
-	s.addBig(s.parts[i], e)
-	s.parts[i] = m
 }
 
 // addSmall adds m·10^e to the int64 total if the result fits it.
@@ -184,25 +155,8 @@ func (s *exactSum) addBig(m int64, e int) {
 	s.e = e
 }
 
-// settle moves the waiting parts into the total, before it is read.
-func (s *exactSum) settle() {
-	if s.parts == nil {
-		return
-	}
-	for i := s.lo; i <= s.hi; i++ {
-		if m := s.parts[i]; m != 0 {
-			if !s.addSmall(m, i+exactMinExp) {
-				s.addBig(m, i+exactMinExp)
-			}
-			s.parts[i] = 0
-		}
-	}
-	s.lo, s.hi = exactSpan, -1
-}
-
 // sign is -1, 0 or +1 as the sum is negative, zero or positive.
 func (s *exactSum) sign() int {
-	s.settle()
 	if s.big != nil {
 		return s.big.Sign()
 	}
@@ -226,7 +180,6 @@ func (s *exactSum) within(tol float64) bool {
 
 // cmp is -1, 0 or +1 as s is less than, equal to or greater than m·10^e.
 func (s *exactSum) cmp(m int64, e int) int {
-	s.settle()
 	if s.big == nil {
 		if e >= s.e {
 			if v, ok := mulPow10(m, e-s.e); ok {
@@ -250,7 +203,6 @@ func (s *exactSum) cmp(m int64, e int) int {
 // float is the double nearest the sum (±Inf past a double's range), for
 // the texts that show it.
 func (s *exactSum) float() float64 {
-	s.settle()
 	digits := strconv.FormatInt(s.m, 10)
 	if s.big != nil {
 		digits = s.big.String()
@@ -295,8 +247,12 @@ func add64(a, b int64) (int64, bool) {
 	return r, true
 }
 
-// pow10s holds 10^k for every k two terms' exponents can differ by (less
-// than exactSpan), built once on the first sum that needs them.
+// pow10s holds 10^k for every k two request numbers' exponents can differ
+// by: a last significant digit lies at most 17 digits below the smallest
+// double's (5e-324) and at most at the largest's (1e308). Built once, on
+// the first sum that needs them.
+const exactSpan = 700
+
 var pow10s = sync.OnceValue(func() []*big.Int {
 	p := make([]*big.Int, exactSpan)
 	p[0] = big.NewInt(1)
