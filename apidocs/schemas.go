@@ -127,7 +127,7 @@ func componentSchemas() obj {
 			"value":        nullableNum("gte/lte: compare against this number."),
 			"in_field":     nullableStr("exists_in: the values must occur among the values at this path."),
 			"values":       obj{"type": []any{"array", "null"}, "description": "exists_in: the allowed values."},
-			"tolerance":    obj{"type": "number", "minimum": 0, "default": 1e-9, "description": "sum_equals: allowed difference."},
+			"tolerance":    obj{"type": "number", "minimum": 0, "default": 1e-9, "description": "sum_equals: allowed difference of the sum; gte and lte: slack past the limit. Exact decimal arithmetic on the numbers as written."},
 			"if_present":   obj{"type": "boolean", "default": false, "description": "A path that resolves to nothing skips the rule (it passes)."},
 		}, "A cross-field rule. sum_equals needs equals_field or equals; gte/lte need other_field or value; exists_in needs in_field or values."),
 		"VerificationResult": obj{
