@@ -63,6 +63,12 @@ func exactText(s string) (m int64, e int, ok bool) {
 		}
 		m = m*10 + int64(c-'0')
 	}
+	if m == 0 {
+		// Zero is 0·10^0 however it is written: "0e-1000000" is a valid
+		// request number, and its exponent carried on would make every
+		// comparison with it scale by 10^1000000.
+		return 0, 0, true
+	}
 	if neg {
 		m = -m
 	}
