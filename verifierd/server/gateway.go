@@ -204,13 +204,17 @@ func cleanValue(v string) string {
 // wallet's own account id, or is the id its proof named and that wallet
 // owns it.
 
-// caip10RE is a CAIP-10 account id, its namespace in any letter case:
-// CAIP-10 writes namespaces in lower case, but EIP155:8453:0xAbc… reads as
-// the same account to anyone comparing ids, so no other wallet may bind it.
+// caip10RE is a CAIP-10-shaped id: accountAddress decides which letter
+// cases of its namespace make it an account id.
 var caip10RE = regexp.MustCompile(`^[-a-zA-Z0-9]{3,8}:[-_a-zA-Z0-9]{1,32}:[-.%a-zA-Z0-9]{1,128}$`)
 
 // accountAddress returns the address an account id names, and false for
-// any other id (see Who owns an agent_id).
+// any other id (see Who owns an agent_id). A namespace is CAIP-10's when
+// it is written in lower case, and eip155 and solana also in any other:
+// EIP155:8453:0xAbc… reads as that account to anyone comparing ids, so no
+// other wallet may bind it. Other namespaces with a capital stay ordinary
+// names (Team:billing:0xAbc… could be, and may have been, bound by a
+// wallet before), so no owner recorded for one is ever overruled.
 func accountAddress(agentID string) (string, bool) {
 	if store.IsEVMAddress(agentID) {
 		return agentID, true
@@ -219,9 +223,13 @@ func accountAddress(agentID string) (string, bool) {
 		return "", false
 	}
 	namespace, _, _ := strings.Cut(agentID, ":")
+	lower := strings.ToLower(namespace)
+	if lower != namespace && lower != "eip155" && lower != "solana" {
+		return "", false
+	}
 	addr := agentID[strings.LastIndexByte(agentID, ':')+1:]
 	evm, sol := store.IsEVMAddress(addr), isSolanaAddress(addr)
-	switch strings.ToLower(namespace) {
+	switch lower {
 	case "eip155":
 		sol = false
 	case "solana":

@@ -86,6 +86,14 @@ func TestAgentOwnership(t *testing.T) {
 			hdr:   proves(wallet, "SOLANA:5eykt4UsFv8P8NJdTREpY1vzqKqZKvdp:7xKXtg2CW87d97TXJSDpbD5jBkheTqA83TZRuJosgAsU"), status: 403},
 		{desc: "the wallet's own account id with its namespace in capitals is authenticated without a bind",
 			agent: "EIP155:1:" + wallet, hdr: proves(wallet, ""), status: 200, authn: true},
+		// Only eip155 and solana fold case: an id of another namespace
+		// with a capital is an ordinary name, as it always was, so an
+		// owner bound to one before stays its owner.
+		{desc: "an id of another namespace with a capital ending in an address is an ordinary name, bound by its first wallet",
+			agent: "Team:billing:" + other, hdr: proves(wallet, "Team:billing:"+other), status: 200, authn: true, owner: wallet},
+		{desc: "and its first wallet stays its owner",
+			before: []map[string]string{proves(wallet, "Team:billing:"+other)},
+			agent:  "Team:billing:" + other, hdr: proves(wallet, "Team:billing:"+other), status: 200, authn: true, owner: wallet},
 		{desc: "a proof naming another bare address is refused",
 			agent: other, hdr: proves(wallet, other), status: 403},
 		{desc: "the wallet's own CAIP-10 id on any chain is authenticated without a bind",
