@@ -263,6 +263,12 @@ function errOf(res) {
   // A fieldless error is a number in litesvm (a const enum, not exported
   // at run time); a node names it: "AlreadyProcessed", "BlockhashNotFound".
   if (typeof e === "number" && FIELDLESS[e]) return FIELDLESS[e];
+  // The variants carrying an account index, as a node spells them:
+  // {"InsufficientFundsForRent":{"account_index":0}}.
+  const indexed = e?.constructor?.name?.replace(/^TransactionError/, "");
+  if (typeof e?.accountIndex === "number" && ["InsufficientFundsForRent", "ProgramExecutionTemporarilyRestricted"].includes(indexed)) {
+    return { [indexed]: { account_index: e.accountIndex } };
+  }
   return JSON.parse(JSON.stringify({ TransactionError: e ?? String(res) }, (_, v) => (typeof v === "bigint" ? v.toString() : v)));
 }
 
