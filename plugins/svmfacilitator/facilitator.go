@@ -288,7 +288,8 @@ func refuse(reason, payer, msg string) *checked {
 
 // Verify checks a payment against the server's requirements, in the
 // reference facilitator's order and with its reason codes, and simulates
-// the co-signed transaction. An error means the chain could not be asked.
+// the co-signed transaction. An error means the chain could not be asked,
+// or the fee payer cannot pay the network fee (the operator's to fix).
 // A payment the chain already processed is refused as
 // duplicate_settlement: it can never be settled again.
 func (f *Facilitator) Verify(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.VerifyResponse, error) {
@@ -342,7 +343,8 @@ func DecodePayload(raw json.RawMessage) (*Transaction, error) {
 // (checkMint), and simulates exactly what Settle will send (the chain checks
 // every signature, the blockhash, the accounts, the balance and the
 // decimals) and sets c.resp, or c.landed when the chain already processed
-// the transaction. An error means the chain could not be asked.
+// the transaction. An error means the chain could not be asked, or the fee
+// payer cannot pay the fee (feePayerError).
 func (f *Facilitator) checkChain(ctx context.Context, c *checked) error {
 	if err := f.checkMint(ctx, c); err != nil || c.resp.InvalidReason != "" {
 		return err
@@ -354,6 +356,8 @@ func (f *Facilitator) checkChain(ctx context.Context, c *checked) error {
 	case errors.As(err, &re) && re.AlreadyProcessed(), err == nil && sim.AlreadyProcessed():
 		c.landed = true
 		return nil
+	case errors.As(err, &re) && re.Rejects() && feePayerError(re.TxErr()):
+		return f.feePayerFault(re.TxErr())
 	case errors.As(err, &re) && re.Rejects():
 		c.resp = refuse(ReasonSimulationFailed, c.payer, "simulation refused: "+truncate(re.Message)).resp
 		return nil
@@ -361,12 +365,24 @@ func (f *Facilitator) checkChain(ctx context.Context, c *checked) error {
 		// The node could not be asked (overloaded, behind, a proxy's
 		// error): nothing is known of the payment.
 		return fmt.Errorf("simulating: %w", err)
+	case sim.Failed() && feePayerError(sim.Err):
+		return f.feePayerFault(sim.Err)
 	case sim.Failed():
 		c.resp = refuse(ReasonSimulationFailed, c.payer, "simulation failed: "+truncate(string(sim.Err))).resp
 		return nil
 	}
 	c.resp = x402.VerifyResponse{IsValid: true, Payer: c.payer}
 	return nil
+}
+
+// feePayerFault is the error for a simulation that failed on the fee
+// payer's side (feePayerError): the operator's outage, which every payment
+// meets alike until the fee payer is funded, so it is no refusal of the
+// buyer's payment (a new one would fail the same way) but an error (the
+// gateway answers 503, nothing is charged, the same payment can be sent
+// again), naming the account to fund.
+func (f *Facilitator) feePayerFault(txErr json.RawMessage) error {
+	return fmt.Errorf("fee payer %s cannot pay the network fee (simulation failed: %s): it must be a system account holding enough SOL", f.feePayer, truncate(string(txErr)))
 }
 
 // refuseOverBudget refuses c when its payer, or the overall budget, is past

@@ -121,13 +121,45 @@ func (e *RPCError) Refused() bool {
 // some, like the local test chain, with skipPreflight too; others return
 // the signature as for a first send).
 func (e *RPCError) AlreadyProcessed() bool {
-	if e.Code != -32002 {
-		return false
-	}
+	return alreadyProcessed(e.TxErr())
+}
+
+// TxErr returns the transaction error a preflight failure (-32002)
+// carries in its data, or nil.
+func (e *RPCError) TxErr() json.RawMessage {
 	var d struct {
 		Err json.RawMessage `json:"err"`
 	}
-	return json.Unmarshal(e.Data, &d) == nil && alreadyProcessed(d.Err)
+	if e.Code != -32002 || json.Unmarshal(e.Data, &d) != nil {
+		return nil
+	}
+	return d.Err
+}
+
+// feePayerError reports whether a transaction error (JSON, as nodes
+// serialize Agave's TransactionError) is the fee payer's, not the
+// payment's: the chain has no account for it (AccountNotFound: Agave loads
+// the fee payer before anything else and answers so only for it; a
+// missing token account fails in the token program, as an
+// InstructionError), it holds too few lamports for the fee
+// (InsufficientFundsForFee), it cannot pay fees at all
+// (InvalidAccountForFee: a program owns it, or it holds data), or paying
+// would leave it below rent exemption (InsufficientFundsForRent of
+// account 0, which Verify requires to be the fee payer). The fee payer is
+// ours, so any of these is the operator's to fix, and every payment meets
+// it alike.
+func feePayerError(err json.RawMessage) bool {
+	var name string
+	if json.Unmarshal(err, &name) == nil {
+		return name == "AccountNotFound" || name == "InsufficientFundsForFee" || name == "InvalidAccountForFee"
+	}
+	var rent struct {
+		InsufficientFundsForRent *struct {
+			AccountIndex *int `json:"account_index"`
+		}
+	}
+	return json.Unmarshal(err, &rent) == nil && rent.InsufficientFundsForRent != nil &&
+		rent.InsufficientFundsForRent.AccountIndex != nil && *rent.InsufficientFundsForRent.AccountIndex == 0
 }
 
 // alreadyProcessed reports whether a transaction error (JSON, as nodes
