@@ -322,7 +322,11 @@ func facPositive[T int | uint32 | uint64](d *caddyfile.Dispenser, dst *T) error 
 // MultiFacilitator sends each payment to the first of its facilitators
 // that supports the payment's scheme and network (from their /supported,
 // remembered for five minutes), so one route can offer Base and Solana side
-// by side. Its /supported is the union of theirs.
+// by side. Its /supported is the union of theirs. A facilitator whose
+// /supported failed is skipped for a while (multiRetryFirst, doubling up
+// to multiRetryMax while it keeps failing): asked again for every payment,
+// a remote that hangs would make every payment for a later member wait
+// out its timeout first.
 //
 // Module ID: x402.facilitators.multi
 type MultiFacilitator struct {
@@ -333,6 +337,16 @@ type MultiFacilitator struct {
 	// supported[i] is fs[i]'s last successful /supported answer.
 	supported []x402.SupportedResponse
 	at        []time.Time
+	// failed[i] is fs[i]'s last failed /supported, since its last success.
+	failed []multiFailure
+}
+
+// multiFailure is a member's failed /supported: its error, the backoff it
+// started, and when the member may be asked again.
+type multiFailure struct {
+	err   error
+	wait  time.Duration
+	until time.Time
 }
 
 // CaddyModule returns the Caddy module information.
@@ -356,27 +370,60 @@ func (m *MultiFacilitator) Provision(ctx caddy.Context) error {
 		}
 		m.fs = append(m.fs, f)
 	}
-	m.mu = new(sync.Mutex)
-	m.supported = make([]x402.SupportedResponse, len(m.fs))
-	m.at = make([]time.Time, len(m.fs))
+	m.ready()
 	return nil
 }
 
-const multiSupportedTTL = 5 * time.Minute
+// ready makes the remembered state of m's facilitators, fs.
+func (m *MultiFacilitator) ready() {
+	m.mu = new(sync.Mutex)
+	m.supported = make([]x402.SupportedResponse, len(m.fs))
+	m.at = make([]time.Time, len(m.fs))
+	m.failed = make([]multiFailure, len(m.fs))
+}
 
+const (
+	multiSupportedTTL = 5 * time.Minute
+	// A member whose /supported failed is not asked again for
+	// multiRetryFirst, then twice as long after each further failure, up
+	// to multiRetryMax: a remote back up is used again within a minute,
+	// and one that hangs costs one payment its timeout per minute, not
+	// every payment.
+	multiRetryFirst = 2 * time.Second
+	multiRetryMax   = time.Minute
+)
+
+// kinds returns fs[i]'s /supported: the remembered answer while it is
+// fresh, no answer while a failure's backoff lasts, else the member's
+// answer, remembered either way. A call the caller gave up on (its
+// context canceled: the client left) says nothing of the member, and
+// starts no backoff.
 func (m *MultiFacilitator) kinds(ctx context.Context, i int) (x402.SupportedResponse, error) {
+	t := now()
 	m.mu.Lock()
-	s, at := m.supported[i], m.at[i]
+	s, at, failed := m.supported[i], m.at[i], m.failed[i]
 	m.mu.Unlock()
-	if !at.IsZero() && time.Since(at) < multiSupportedTTL {
+	if !at.IsZero() && t.Sub(at) >= 0 && t.Sub(at) < multiSupportedTTL {
 		return s, nil
+	}
+	if failed.err != nil && t.Before(failed.until) {
+		return x402.SupportedResponse{}, fmt.Errorf("%w (not asked again until %s)", failed.err, failed.until.UTC().Format(time.RFC3339))
 	}
 	s, err := m.fs[i].Supported(ctx)
 	if err != nil {
+		if !errors.Is(ctx.Err(), context.Canceled) {
+			wait := multiRetryFirst
+			if failed.err != nil {
+				wait = min(2*failed.wait, multiRetryMax)
+			}
+			m.mu.Lock()
+			m.failed[i] = multiFailure{err: err, wait: wait, until: now().Add(wait)}
+			m.mu.Unlock()
+		}
 		return s, err
 	}
 	m.mu.Lock()
-	m.supported[i], m.at[i] = s, time.Now()
+	m.supported[i], m.at[i], m.failed[i] = s, now(), multiFailure{}
 	m.mu.Unlock()
 	return s, nil
 }
