@@ -857,7 +857,16 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 			if len(body) == 0 && r.Method == http.MethodPost {
 				return g.paymentRequired(w, r, "Payment required", "")
 			}
-			ex.check = func() error { return g.verifier.Precheck(body) }
+			// verifierd refuses a body not declared as JSON before it
+			// reads it: the same rule first, on the length the upstream
+			// is sent (setBody), so settle before never charges for it.
+			ct := r.Header.Get("Content-Type")
+			ex.check = func() error {
+				if err := verify.CheckMediaType(ct, int64(len(body))); err != nil {
+					return err
+				}
+				return g.verifier.Precheck(body)
+			}
 		}
 	}
 	if payment != "" {

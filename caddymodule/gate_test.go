@@ -405,6 +405,7 @@ func TestOrderOfRefusals(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.desc, func(t *testing.T) {
 			req, _ := http.NewRequest(tc.method, url, strings.NewReader(tc.body))
+			req.Header.Set("Content-Type", "application/json") // as verifierd requires
 			for k, v := range tc.hdr {
 				req.Header.Set(k, v)
 			}
@@ -725,6 +726,7 @@ func TestConcurrentReplaysSettleOnce(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(validRequest))
+			req.Header.Set("Content-Type", "application/json")
 			req.Header.Set(x402.HeaderPaymentSignature, sig)
 			resp, err := testClient.Do(req)
 			if err != nil {

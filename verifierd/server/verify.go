@@ -5,10 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"mime"
 	"net/http"
 	"slices"
-	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -162,14 +160,15 @@ func (s *Server) verifyRequest(ctx context.Context, body []byte, gw gatewayInfo,
 }
 
 // readBody reads the request body up to the absolute limit. A body declared
-// as anything but JSON is 415; one over the limit is 413 naming the limit,
+// as anything but JSON is 415 (verify.CheckMediaType, the rule the gateway
+// applies before it settles); one over the limit is 413 naming the limit,
 // whether it announced its length or not.
 //
 // The body is appended to dst[:0]; the result (or, on error, the buffer
 // grown so far) is returned either way, so that the caller can reuse it.
 func (s *Server) readBody(w http.ResponseWriter, r *http.Request, dst []byte) ([]byte, error) {
-	if r.ContentLength != 0 && !isJSON(r.Header.Get("Content-Type")) {
-		return dst[:0], apierr.UnsupportedMediaType()
+	if err := verify.CheckMediaType(r.Header.Get("Content-Type"), r.ContentLength); err != nil {
+		return dst[:0], err
 	}
 	return readLimited(w, r, s.maxBody, dst)
 }
@@ -198,21 +197,6 @@ func readLimited(w http.ResponseWriter, r *http.Request, limit int64, dst []byte
 		return buf.Bytes()[:0], e
 	}
 	return buf.Bytes(), nil
-}
-
-// isJSON accepts application/json and any +json media type (with
-// parameters such as charset); an empty Content-Type is not JSON. The
-// plain "application/json" most callers send is taken as it is, without
-// mime.ParseMediaType's map of parameters.
-func isJSON(ct string) bool {
-	if ct == "application/json" {
-		return true
-	}
-	mt, _, err := mime.ParseMediaType(ct)
-	if err != nil {
-		return false
-	}
-	return mt == "application/json" || (strings.HasPrefix(mt, "application/") && strings.HasSuffix(mt, "+json"))
 }
 
 // sign has certd sign a response under signContext, dated attestedAt, and
