@@ -857,11 +857,16 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 			if len(body) == 0 && r.Method == http.MethodPost {
 				return g.paymentRequired(w, r, "Payment required", "")
 			}
-			// verifierd refuses a body not declared as JSON before it
-			// reads it: the same rule first, on the length the upstream
-			// is sent (setBody), so settle before never charges for it.
-			ct := r.Header.Get("Content-Type")
+			// verifierd refuses another method than verify.Method, and
+			// a body not declared as JSON, before it reads the body: the
+			// same rules first, in its order, on the length the upstream
+			// is sent (setBody), so settle before never charges for them
+			// (whether or not route names the method).
+			method, ct := r.Method, r.Header.Get("Content-Type")
 			ex.check = func() error {
+				if method != verify.Method {
+					return apierr.MethodNotAllowed(verify.Method)
+				}
 				if err := verify.CheckMediaType(ct, int64(len(body))); err != nil {
 					return err
 				}

@@ -84,11 +84,12 @@ func restVerifierSite(vf *verifierFixture, fac string, perDay int, extra string)
 
 // TestSettleBeforeRefusesWhatVerifierdRefusesBeforeParsing: with settle
 // before and validate verify_request, a paid request that verifierd refuses
-// from its head alone (a body not declared as JSON) is refused by the gate
+// from its head alone (a body not declared as JSON, a method other than
+// POST on a route that does not name its method) is refused by the gate
 // with verifierd's own answer before the payment is verified or settled:
 // nothing charged, no PAYMENT-RESPONSE, verifierd never called. (Before: the
 // gate checked only the body, settled, and the buyer paid for verifierd's
-// 415.) What verifierd accepts in
+// 415 or 405.) What verifierd accepts in
 // the head (a charset parameter, a +json type) the gate lets through and
 // settles; what it reads as a bad body (a compressed body, one over the
 // limit) is the same refusal from the gate, uncharged; an empty body is the
@@ -113,6 +114,8 @@ func TestSettleBeforeRefusesWhatVerifierdRefusesBeforeParsing(t *testing.T) {
 		{"a body with no Content-Type", verifyCall{body: []byte(validRequest)}, 415, "unsupported_media_type"},
 		{"a Content-Type that does not parse", verifyCall{contentType: "application/json; charset", body: []byte(validRequest)}, 415, "unsupported_media_type"},
 		{"text/json", verifyCall{contentType: "text/json", body: []byte(validRequest)}, 415, "unsupported_media_type"},
+		{"a PUT", verifyCall{method: http.MethodPut, contentType: "application/json", body: []byte(validRequest)}, 405, "method_not_allowed"},
+		{"a GET with a body", verifyCall{method: http.MethodGet, contentType: "application/json", body: []byte(validRequest)}, 405, "method_not_allowed"},
 		{"a gzip body", verifyCall{contentType: "application/json", contentEncoding: "gzip", body: gzipped(http.Header{}, []byte(validRequest))}, 422, "invalid_request"},
 		{"a body over the limit", verifyCall{contentType: "application/json", body: big}, 413, "payload_too_large"},
 		{"an empty body", verifyCall{contentType: "text/plain"}, 402, ""},
@@ -157,16 +160,20 @@ func TestSettleBeforeRefusesWhatVerifierdRefusesBeforeParsing(t *testing.T) {
 			if err := json.Unmarshal(raw, &e); err != nil || e.Code != c.code || e.Charged == nil || *e.Charged {
 				t.Fatalf("body %.300s, want code %s and charged false", raw, c.code)
 			}
+			if c.status == 405 && resp.Header.Get("Allow") != http.MethodPost {
+				t.Errorf("Allow %q, want POST", resp.Header.Get("Allow"))
+			}
 		})
 	}
 }
 
-// TestValidateVerifyRequestAnswersVerifierdsMediaTypeRefusal: a body not
+// TestValidateVerifyRequestAnswersVerifierdsRefusalsOfTheHead: a body not
 // declared as JSON is verifierd's 415 wherever the gate answers: the demand
 // for payment is that 415, not a 402 for a request no payment can make
 // succeed (Before: 402), and a free call, which verifierd checks, gets its
-// 415 with the day's allowance untouched.
-func TestValidateVerifyRequestAnswersVerifierdsMediaTypeRefusal(t *testing.T) {
+// 415 with the day's allowance untouched. Another method than POST is
+// verifierd's 405 the same way.
+func TestValidateVerifyRequestAnswersVerifierdsRefusalsOfTheHead(t *testing.T) {
 	_, fac := sharedDevnet(t)
 	vf := startVerifier(t)
 	text := verifyCall{contentType: "text/plain", body: []byte(validRequest)}
@@ -179,6 +186,16 @@ func TestValidateVerifyRequestAnswersVerifierdsMediaTypeRefusal(t *testing.T) {
 			resp.Header.Get(x402.HeaderPaymentRequired) != "" || vf.calls.Load() != calls {
 			t.Fatalf("status %d, PAYMENT-REQUIRED present %v, verifierd called %d times: %.300s; want verifierd's 415 from the gate",
 				resp.StatusCode, resp.Header.Get(x402.HeaderPaymentRequired) != "", vf.calls.Load()-calls, raw)
+		}
+		// So is its 405 to another method, on a route that does not
+		// name one. (Before: a GET without a body was 422, one with a
+		// body the demand for payment.)
+		for _, c := range []verifyCall{{method: http.MethodGet}, {method: http.MethodPut, contentType: "application/json", body: []byte(validRequest)}} {
+			resp, raw := c.send(t, base+"/verify/schema")
+			if resp.StatusCode != http.StatusMethodNotAllowed || resp.Header.Get("Allow") != http.MethodPost || vf.calls.Load() != calls {
+				t.Fatalf("%s: status %d, Allow %q, verifierd called %d times: %.300s; want verifierd's 405 from the gate",
+					c.method, resp.StatusCode, resp.Header.Get("Allow"), vf.calls.Load()-calls, raw)
+			}
 		}
 	})
 	t.Run("a free call", func(t *testing.T) {

@@ -215,8 +215,8 @@ type route struct {
 // routes maps exact paths; reputationRoute takes /reputation/{agent_id}
 // and scoreRoute /score/{agent_id}; anything else is 404.
 var routes = map[string]route{
-	"/verify/schema":      {name: "verify_schema", methods: []string{http.MethodPost}, serve: (*Server).serveVerify},
-	"/verify/deliverable": {name: "verify_deliverable", methods: []string{http.MethodPost}, serve: (*Server).serveVerify},
+	"/verify/schema":      {name: "verify_schema", methods: []string{verify.Method}, serve: (*Server).serveVerify},
+	"/verify/deliverable": {name: "verify_deliverable", methods: []string{verify.Method}, serve: (*Server).serveVerify},
 	"/health":             {name: "health", methods: []string{http.MethodGet, http.MethodHead}, serve: (*Server).serveHealth},
 	"/mcp":                {name: "mcp", methods: []string{http.MethodPost}, serve: (*Server).serveMCP},
 	PathSettlement:        {name: "gateway_settlement", methods: []string{http.MethodPost}, serve: (*Server).serveSettlement},

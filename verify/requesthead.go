@@ -2,10 +2,17 @@ package verify
 
 import (
 	"mime"
+	"net/http"
 	"strings"
 
 	"github.com/aovhq/aov/apierr"
 )
+
+// Method is the one method a verification request is sent with: verifierd
+// serves its verify routes for it alone (405 otherwise), and the gateway's
+// check refuses any other the same way before it settles a payment, for the
+// reason CheckMediaType gives.
+const Method = http.MethodPost
 
 // CheckMediaType is the rule for the declared media type of a verification
 // request's body: a body declared as anything but JSON is 415
