@@ -11,7 +11,9 @@
 // never echoed back, in refusals or in results.
 //
 // It is not for: signing (the caller sets Result.Verify and
-// Result.Attestation with certd's answer), HTTP, history or payment. JSON
+// Result.Attestation with certd's answer), HTTP (but for the request's
+// method and media type, Method and CheckMediaType, which verifierd and the
+// gateway's check must read alike), history or payment. JSON
 // Schema compilation and evaluation live in verify/schema; canonical JSON
 // and hashing in receipt.
 package verify
