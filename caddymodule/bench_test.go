@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -448,6 +449,10 @@ func directGate(tb testing.TB, opts store.Options, set func(*Gate)) (*Gate, x402
 	}
 	if err := g.encodeOffers(); err != nil { // as Provision does
 		tb.Fatal(err)
+	}
+	if g.MCPTool != "" { // as Provision does for a gate alone on its server
+		g.mcpRead = new(atomic.Int64)
+		g.mcpRead.Store(g.MaxBody)
 	}
 	return g, offer
 }

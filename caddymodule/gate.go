@@ -346,6 +346,10 @@ type Gate struct {
 	// the same request prices its MCP tool (warnShadowed). Set in
 	// Provision, a pointer like route.
 	shadowed *atomic.Bool
+	// mcpRead is how far an mcp_tool gate reads a JSON-RPC message: the
+	// largest max_body of its server's mcp_tool gates (mcpReadLimit).
+	// Set in Provision, shared by those gates.
+	mcpRead *atomic.Int64
 	// unanswered is set once the gate has logged that nothing behind it
 	// answers (noUpstream). Set in Provision, a pointer like route.
 	unanswered *atomic.Bool
@@ -523,6 +527,9 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 	g.route = new(atomic.Pointer[reporter])
 	g.stopped = new(atomic.Bool)
 	g.shadowed = new(atomic.Bool)
+	if g.MCPTool != "" {
+		g.mcpRead = mcpReadLimit(ctx, srv, g.MaxBody)
+	}
 	g.unanswered = new(atomic.Bool)
 	g.verified = new(atomic.Bool)
 	discovery.add(g)
@@ -890,11 +897,17 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 // readBody reads the whole request body, up to MaxBody, and puts it back for
 // the upstream.
 func (g *Gate) readBody(r *http.Request) ([]byte, error) {
+	return readBodyUpTo(r, g.MaxBody)
+}
+
+// readBodyUpTo reads the whole request body, up to limit bytes (else 413),
+// and puts it back for the upstream.
+func readBodyUpTo(r *http.Request, limit int64) ([]byte, error) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
 	}
-	if r.ContentLength > g.MaxBody {
-		return nil, apierr.TooLarge(g.MaxBody)
+	if r.ContentLength > limit {
+		return nil, apierr.TooLarge(limit)
 	}
 	var body []byte
 	var err error
@@ -906,13 +919,13 @@ func (g *Gate) readBody(r *http.Request) ([]byte, error) {
 		body = make([]byte, r.ContentLength)
 		_, err = io.ReadFull(r.Body, body)
 	} else {
-		body, err = io.ReadAll(io.LimitReader(r.Body, g.MaxBody+1))
+		body, err = io.ReadAll(io.LimitReader(r.Body, limit+1))
 	}
 	if err != nil {
 		return nil, apierr.Invalid(apierr.Field{Field: "body", Problem: "could not be read completely", Fix: "Send the whole request body with a correct Content-Length."})
 	}
-	if int64(len(body)) > g.MaxBody {
-		return nil, apierr.TooLarge(g.MaxBody)
+	if int64(len(body)) > limit {
+		return nil, apierr.TooLarge(limit)
 	}
 	setBody(r, body)
 	return body, nil

@@ -11,7 +11,9 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -51,8 +53,12 @@ func (g *Gate) serveMCP(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		// A message that cannot be read is refused, and counted, only once
 		// the client passed its budget's check: a refusal is counted even
 		// past an empty budget (rateZone.note), and so is never counted
-		// for a request that did not pass it.
-		body, err := g.readBody(r)
+		// for a request that did not pass it. The message is read as far
+		// as any mcp_tool gate of the server reads its tool's calls, not
+		// this gate's max_body: which tool is called is known only once
+		// it is read, and each gate holds its own tool's calls to its own
+		// limit below, as a tool result.
+		body, err := readBodyUpTo(r, g.mcpRead.Load())
 		if err != nil {
 			if wait := g.rateWait(r, false); wait > 0 {
 				err = apierr.RateLimited(wait)
@@ -92,9 +98,9 @@ func (g *Gate) serveMCP(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	if wait := g.rateWait(r, paying); wait > 0 {
 		return ex.rateLimited(w, r, wait)
 	}
-	// Another gate's reading was bounded by its own max_body: this gate's
-	// applies to its own tool's calls only, and, the message being read,
-	// is answered as a tool result.
+	// The message was read up to the largest max_body of the server's
+	// mcp_tool gates: this gate's applies to its own tool's calls only,
+	// and, the message being read, is answered as a tool result.
 	if int64(read.size) > g.MaxBody {
 		return ex.toolError(w, r, apierr.TooLarge(g.MaxBody))
 	}
@@ -135,6 +141,42 @@ func (g *Gate) serveMCP(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		return g.serveFree(w, r, next, ex)
 	}
 	return ex.demand(w, r, http.StatusOK, "Payment required", "", nil)
+}
+
+// mcpReadLimits holds, per config being provisioned, the largest max_body
+// of each server's mcp_tool gates.
+var mcpReadLimits perConfig[map[*caddyhttp.Server]*atomic.Int64]
+
+// mcpReadLimit is how far the mcp_tool gates of srv read a JSON-RPC
+// message, raised to maxBody, for a gate provisioning in ctx. Whichever
+// gate of a route comes first reads the message for all of them, before
+// the tool it calls is known, so it must read as far as the gate with the
+// largest max_body needs (a call of that gate's tool, or a message no
+// gate prices, within that limit), while each gate holds its own tool's
+// calls to its own. A gate cannot see the other gates of its route, but
+// every gate of a config is provisioned before the config serves, so by
+// then the limit is the largest of the server's: bounded, and read
+// without a lock per request. Outside a config load the gate reads up to
+// its own max_body.
+func mcpReadLimit(ctx caddy.Context, srv *caddyhttp.Server, maxBody int64) *atomic.Int64 {
+	var limit *atomic.Int64
+	mcpReadLimits.with(ctx, func(m *map[*caddyhttp.Server]*atomic.Int64) {
+		if *m == nil {
+			*m = map[*caddyhttp.Server]*atomic.Int64{}
+		}
+		if limit = (*m)[srv]; limit == nil {
+			limit = new(atomic.Int64)
+			(*m)[srv] = limit
+		}
+	})
+	if limit == nil {
+		limit = new(atomic.Int64)
+	}
+	for {
+		if cur := limit.Load(); cur >= maxBody || limit.CompareAndSwap(cur, maxBody) {
+			return limit
+		}
+	}
 }
 
 // varRPCMessage holds the gates' reading of the request's JSON-RPC message.
