@@ -21,12 +21,36 @@ func DecodeCut(data []byte, lim Limits, path []string) (any, Cut, error) {
 		v, err := Decode(data, lim)
 		return v, Cut{}, err
 	}
-	d := decoder{data: data, maxDepth: lim.MaxDepth, folded: lim.FoldedNames, cutPath: path}
+	e, err := DecodeEnvelope(data, lim, path, nil)
+	return e.Value, e.Cut, err
+}
+
+// Envelope is a document DecodeEnvelope read.
+type Envelope struct {
+	Value any // the document, as Decode reads it
+	Cut   Cut // where the member at the cut path is (DecodeCut)
+	// Number is the refusal of the first number below the data path
+	// that Decode would refuse (an integer outside ±(2^53−1), a number
+	// a double cannot hold or written too long), nil for none. The
+	// number is in Value as written.
+	Number *Error
+}
+
+// DecodeEnvelope is DecodeCut for a document that carries another reader's
+// data at dataPath (member names from the root object down, as for the
+// cut path): a number below it that Decode would refuse does not refuse
+// the document, since it is that reader's to refuse in its own terms (a
+// JSON-RPC message whose tool arguments hold 1e400 is a readable message,
+// and the tool's refusal is the answer to its call). The number is kept
+// as written and its refusal is Envelope.Number; everything else is
+// refused as Decode refuses it, the data included.
+func DecodeEnvelope(data []byte, lim Limits, cutPath, dataPath []string) (Envelope, error) {
+	d := decoder{data: data, maxDepth: lim.MaxDepth, folded: lim.FoldedNames, cutPath: cutPath, dataPath: dataPath}
 	v, err := d.run()
 	if err != nil {
-		return nil, Cut{}, err
+		return Envelope{}, err
 	}
-	return v, d.cut, nil
+	return Envelope{Value: v, Cut: d.cut, Number: d.number1}, nil
 }
 
 // Remove returns a copy of data without the bytes c locates (data itself,

@@ -136,6 +136,8 @@ type decoder struct {
 	spans    map[string][]byte // the root object's member values as bytes (DecodeMembers)
 	cutPath  []string          // the member DecodeCut locates
 	cut      Cut               // where it is, once read
+	dataPath []string          // where numbers are another reader's data (DecodeEnvelope)
+	number1  *Error            // the first such number refused, kept as written
 }
 
 func (d *decoder) fail(problem, fix string) *Error {
@@ -664,8 +666,7 @@ func (d *decoder) number() (any, error) {
 		}
 	}
 	if i-start > MaxNumberLen {
-		d.pos = start
-		return nil, d.fail("a number is written with more than "+strconv.Itoa(MaxNumberLen)+" characters",
+		return d.badNumber(start, i, "a number is written with more than "+strconv.Itoa(MaxNumberLen)+" characters",
 			"Write numbers in at most "+strconv.Itoa(MaxNumberLen)+" characters (no double needs more than 24, as in -2.2250738585072014e-308), or send them as strings.")
 	}
 	text := string(data[start:i])
@@ -674,8 +675,7 @@ func (d *decoder) number() (any, error) {
 		if intDigits >= 16 {
 			n, err := strconv.ParseInt(text, 10, 64)
 			if err != nil || n > MaxSafeInteger || n < -MaxSafeInteger {
-				d.pos = start
-				return nil, d.fail("an integer is outside ±(2^53−1) and cannot be represented exactly",
+				return d.badNumber(start, i, "an integer is outside ±(2^53−1) and cannot be represented exactly",
 					"Send integers between -9007199254740991 and 9007199254740991, or send large identifiers and amounts as strings.")
 			}
 		}
@@ -683,17 +683,44 @@ func (d *decoder) number() (any, error) {
 		switch _, err := Float64(text); err {
 		case nil:
 		case ErrNumberUnderflow:
-			d.pos = start
-			return nil, d.fail("a number is too small to be represented as a double: it would read as 0",
+			return d.badNumber(start, i, "a number is too small to be represented as a double: it would read as 0",
 				"Send nonzero numbers no smaller in magnitude than 5e-324, or send them as strings.")
 		default:
-			d.pos = start
-			return nil, d.fail("a number is too large to be represented as a double",
+			return d.badNumber(start, i, "a number is too large to be represented as a double",
 				"Send numbers within ±1.7976931348623157e308, or send them as strings.")
 		}
 	}
 	d.pos = i
 	return json.Number(text), nil
+}
+
+// badNumber refuses the valid JSON number data[start:end] for problem,
+// unless it lies below DecodeEnvelope's data path: there the number is
+// kept as written and the first such refusal is recorded instead.
+func (d *decoder) badNumber(start, end int, problem, fix string) (any, error) {
+	d.pos = start
+	e := d.fail(problem, fix)
+	if !d.inData() {
+		return nil, e
+	}
+	if d.number1 == nil {
+		d.number1 = e
+	}
+	d.pos = end
+	return json.Number(d.data[start:end]), nil
+}
+
+// inData reports whether the value being decoded lies below dataPath.
+func (d *decoder) inData() bool {
+	if d.dataPath == nil || len(d.path) <= len(d.dataPath) {
+		return false
+	}
+	for i, k := range d.dataPath {
+		if s := d.path[i]; s.index >= 0 || s.key != k {
+			return false
+		}
+	}
+	return true
 }
 
 // foldSet holds the folded member names of one object: a short list, then
