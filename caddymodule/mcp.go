@@ -107,6 +107,9 @@ func (g *Gate) serveMCP(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	if ae := g.checkURL(r); ae != nil {
 		return ex.toolError(w, r, ae)
 	}
+	if msg.argsErr != nil {
+		return ex.toolError(w, r, msg.argsErr)
+	}
 	if g.Validator == validateScore {
 		args, _ := msg.args.(map[string]any) // an object or absent (readRPC)
 		if _, err := score.ToolAgent(args); err != nil {

@@ -57,6 +57,14 @@ const rpcDepth = verify.DefaultMaxDepth + 2
 // params._meta["x402/payment"].
 var paymentPath = []string{"params", "_meta", mcpMetaPayment}
 
+// argumentsPath is where a tools/call carries its tool's arguments. A
+// number below it that strictjson refuses (an integer beyond ±(2^53−1),
+// 1e400) leaves the message readable: it is the tool's data, refused as
+// the call's invalid_request tool result (argsErr), as REST refuses it
+// with 422, rather than the whole message as unreadable, which an MCP
+// client's transport takes for a failure of its session.
+var argumentsPath = []string{"params", "arguments"}
+
 // rpcMessage is one JSON-RPC message as the gate read it.
 type rpcMessage struct {
 	id      json.RawMessage // the id as the gate will repeat it; nil for none
@@ -69,6 +77,9 @@ type rpcMessage struct {
 	tool string         // params.name
 	args any            // params.arguments; nil when absent
 	meta map[string]any // params._meta; nil when absent
+	// argsErr refuses the arguments for holding a number REST refuses
+	// (argumentsPath); nil when they hold none.
+	argsErr *apierr.Error
 }
 
 // rpcRefusal is a message the gate will not pass on, with the JSON-RPC
@@ -91,18 +102,15 @@ func refuseRPC(code int, field, problem, fix string) *rpcRefusal {
 // readRPC reads one JSON-RPC message strictly. The refusal names the member
 // and the problem, never its content.
 func readRPC(body []byte) (*rpcMessage, *rpcRefusal) {
-	v, payment, err := strictjson.DecodeCut(body, strictjson.Limits{MaxDepth: rpcDepth}, paymentPath)
+	env, err := strictjson.DecodeEnvelope(body, strictjson.Limits{MaxDepth: rpcDepth}, paymentPath, argumentsPath)
 	if err != nil {
 		var se *strictjson.Error
 		if !errors.As(err, &se) {
 			return nil, refuseRPC(rpcParseError, "body", "could not be read", "Send one JSON-RPC message as JSON.")
 		}
-		field := se.Path
-		if field == "" {
-			field = "body"
-		}
-		return nil, refuseRPC(rpcParseError, field, se.Problem, se.Fix)
+		return nil, unreadable(se)
 	}
+	v, payment := env.Value, env.Cut
 	tree, ok := v.(map[string]any)
 	if !ok {
 		if _, batch := v.([]any); batch {
@@ -142,6 +150,9 @@ func readRPC(body []byte) (*rpcMessage, *rpcRefusal) {
 				return nil, bad
 			}
 		}
+		if env.Number != nil {
+			return nil, unreadable(env.Number)
+		}
 		return m, nil
 	}
 	if m.method, ok = method.(string); !ok || m.method == "" {
@@ -164,6 +175,9 @@ func readRPC(body []byte) (*rpcMessage, *rpcRefusal) {
 	if m.method != "tools/call" {
 		if bad := foldedTwins("params", params, true); bad != nil {
 			return nil, bad
+		}
+		if env.Number != nil {
+			return nil, unreadable(env.Number) // no tool's arguments
 		}
 		return m, nil
 	}
@@ -216,7 +230,20 @@ func readRPC(body []byte) (*rpcMessage, *rpcRefusal) {
 	if bad := foldedTwins("params.arguments", m.args, false); bad != nil {
 		return nil, bad
 	}
+	if se := env.Number; se != nil {
+		field := strings.TrimPrefix(strings.TrimPrefix(se.Path, "params.arguments"), ".")
+		m.argsErr = apierr.Invalid(apierr.Field{Field: field, Problem: se.Problem, Fix: se.Fix})
+	}
 	return m, nil
+}
+
+// unreadable is the refusal of a message strictjson refused.
+func unreadable(se *strictjson.Error) *rpcRefusal {
+	field := se.Path
+	if field == "" {
+		field = "body"
+	}
+	return refuseRPC(rpcParseError, field, se.Problem, se.Fix)
 }
 
 // rpcID is the id the gate repeats for a message's id as strictjson read
