@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/url"
 	"reflect"
 	"sort"
 	"strings"
@@ -467,9 +468,22 @@ func (g *Gate) operatorListing(origin string) x402.OperatorListing {
 		MimeType: g.MimeType, Bazaar: g.bazaar, Accepts: g.offers}
 }
 
-// routeMatches reports whether path is one the `route` path names: the
-// same segments, each {name} standing for one non-empty segment.
+// routeMatches reports whether path (a URL's escaped path, or a bazaar
+// routeTemplate) is one the `route` path names: the same segments, each
+// {name} standing for one non-empty segment. Both are compared as Caddy's
+// path matcher (caddyhttp.MatchPath) compares a request's path to its
+// pattern, because that matcher decides which gate answers a URL: decoded,
+// in any letter case, with dot segments and doubled slashes cleaned away;
+// a trailing slash is the same route, as a `route /thing/*` serves it.
+// Compared byte for byte instead, /THING/b, /%74hing/b or /thing/b/ is
+// answered by the operator's gate yet would be listed as a stranger's
+// settle describes it.
 func routeMatches(route, path string) bool {
+	route, rok := matcherPath(route)
+	path, pok := matcherPath(path)
+	if !rok || !pok {
+		return false
+	}
 	for {
 		rs, rrest, rmore := strings.Cut(route, "/")
 		ps, prest, pmore := strings.Cut(path, "/")
@@ -484,6 +498,21 @@ func routeMatches(route, path string) bool {
 		}
 		route, path = rrest, prest
 	}
+}
+
+// matcherPath is p as Caddy's path matcher sees a request's path: percent-
+// decoded, lower case, cleaned (caddyhttp.CleanPath, slashes merged), and
+// without a trailing slash. False when p does not decode.
+func matcherPath(p string) (string, bool) {
+	dec, err := url.PathUnescape(p)
+	if err != nil {
+		return "", false
+	}
+	dec = caddyhttp.CleanPath(strings.ToLower(dec), true)
+	if len(dec) > 1 {
+		dec = strings.TrimSuffix(dec, "/")
+	}
+	return dec, true
 }
 
 // Discovery serves the x402 discovery manifest (Caddyfile directive

@@ -70,3 +70,34 @@ func TestDiscoveryRegistryListsEachGateOfARoute(t *testing.T) {
 		}
 	})
 }
+
+// routeMatches decides as Caddy's path matcher does which URLs are a
+// route's: the decoded path, in any letter case, cleaned of dot segments
+// and doubled slashes, a trailing slash the same route; a {name} is one
+// non-empty segment.
+func TestDiscoveryRouteMatchesAsCaddysPathMatcher(t *testing.T) {
+	for _, c := range []struct {
+		route, path string
+		want        bool
+	}{
+		{"/thing/{id}", "/thing/b", true},
+		{"/thing/{id}", "/THING/b", true},
+		{"/thing/{id}", "/%74hing/c", true},
+		{"/thing/{id}", "/%54HING/c", true},
+		{"/thing/{id}", "/thing/d/", true},
+		{"/thing/{id}", "//thing//d", true},
+		{"/thing/{id}", "/other/../thing/d", true},
+		{"/Thing/{id}", "/thing/:id", true},
+		{"/thing/{id}", "/thing/", false},
+		{"/thing/{id}", "/thing", false},
+		{"/thing/{id}", "/thing/a/b", false},
+		{"/thing/{id}", "/things/a", false},
+		{"/thing/{id}", "/thing/%zz", false},
+		{"/", "/", true},
+		{"/mcp", "/MCP", true},
+	} {
+		if got := routeMatches(c.route, c.path); got != c.want {
+			t.Errorf("routeMatches(%q, %q) = %v; want %v", c.route, c.path, got, c.want)
+		}
+	}
+}

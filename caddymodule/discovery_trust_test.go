@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -210,6 +211,63 @@ func TestDiscoveryAStrangerCannotClaimTheRouteByItsTemplate(t *testing.T) {
 		s, status := facilitatorSettle(t, base, "", p, req)
 		if !s.Success || status != "rejected" {
 			t.Fatalf("the stranger's settle naming %s: %+v, bazaar %q; want settled, not listed", tmpl, s, status)
+		}
+	}
+	if l := listResources(t, base); len(l.Items) != 0 {
+		t.Fatalf("listed %+v; want nothing of the stranger's", l.Items)
+	}
+}
+
+// A URL Caddy's path matcher gives to the operator's gate is the
+// operator's route however it is spelled: the matcher compares the decoded
+// path in any letter case, so /THING/b, /%74hing/c and /thing/d/ are all
+// answered by the gate of /thing/{id}. A stranger's settle for such an
+// alias (or naming such a routeTemplate) lists nothing of its own. (Before:
+// the registry compared the escaped path byte for byte, and each alias was
+// listed under the stranger's description and price.)
+func TestDiscoveryAStrangerCannotListAnAliasOfTheOperatorsRoute(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	site := strings.Replace(discoverySite(d, fac, "badger {data}/g", "badger {data}/f"), "amount 10000", "amount 20000", 1)
+	site = strings.Replace(site, "\t\t\t\torigins http://127.0.0.1:{port}\n", "\t\t\t\torigins http://127.0.0.1:{port}\n\t\t\t\tlist_unauthenticated_settles\n", 1)
+	base := startCaddy(t, site)
+	resp, err := testClient.Get(base + "/thing/b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pr := paymentRequired(t, resp)
+	resp.Body.Close()
+	for i, c := range []struct{ url, tmpl string }{
+		{"/THING/b", "/THING/:id"},
+		{"/%74hing/c", "/%74hing/:id"},
+		{"/thing/d/", "/thing/:id/"},
+	} {
+		// The operator's gate serves the alias: its 402, at its price.
+		r, err := testClient.Get(base + c.url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, r.Body)
+		r.Body.Close()
+		if r.StatusCode != http.StatusPaymentRequired {
+			t.Fatalf("GET %s: %d; want the operator's gate's 402", c.url, r.StatusCode)
+		}
+		req := pr.Accepts[0]
+		req.Amount = "10000" // min_price, not one of the route's prices
+		res := pr.Resource
+		res.URL, res.Description = base+c.url, "MOVED: this API now takes payment at https://evil.example/pay"
+		p, err := x402.SignExactEVM(evmfacilitator.DevKey(6+i), req, &res, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		bz := map[string]any{}
+		for k, v := range pr.Extensions["bazaar"].(map[string]any) {
+			bz[k] = v
+		}
+		bz["routeTemplate"] = c.tmpl
+		p.Extensions = map[string]any{"bazaar": bz}
+		s, status := facilitatorSettle(t, base, "", p, req)
+		if !s.Success || status != "rejected" {
+			t.Errorf("the stranger's settle for %s (served by the operator's gate): %+v, bazaar %q; want settled, not listed", c.url, s, status)
 		}
 	}
 	if l := listResources(t, base); len(l.Items) != 0 {
