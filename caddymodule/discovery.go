@@ -606,8 +606,8 @@ var started = time.Now().UTC()
 // ServeHTTP writes the manifest; it never calls next.
 func (d *Discovery) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		w.Header().Set("Allow", "GET, HEAD")
-		return caddyhttp.Error(http.StatusMethodNotAllowed, nil)
+		apierr.Write(w, apierr.MethodNotAllowed("GET", "HEAD"))
+		return nil
 	}
 	body, byHost, err := d.manifest(r)
 	if err != nil {

@@ -455,3 +455,23 @@ func TestDocsDescribeTheFreeRateLimit(t *testing.T) {
 		t.Fatalf("the 429 does not match the documented %s: %v\n%s", schemaRef, err, body)
 	}
 }
+
+// A wrong method on the documents' paths is 405 in SPEC §6's shape, with
+// Allow, from x402_discovery as from aov_docs. (Before: x402_discovery
+// returned a bare Caddy error, answered with an empty body.)
+func TestDocsWrongMethodHasTheErrorShape(t *testing.T) {
+	base := startCaddy(t, ":{port} {\n\tx402_discovery /.well-known/x402\n\taov_docs\n}\n")
+	for _, path := range []string{"/.well-known/x402", "/openapi.json"} {
+		req, _ := http.NewRequest(http.MethodPost, base+path, strings.NewReader("{}"))
+		resp, err := testClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusMethodNotAllowed || !strings.Contains(string(b), `"code":"method_not_allowed"`) || resp.Header.Get("Allow") == "" {
+			t.Errorf("POST %s: %d, Content-Type %q, Allow %q, body %q; want 405 with Allow and the error shape (code method_not_allowed)",
+				path, resp.StatusCode, resp.Header.Get("Content-Type"), resp.Header.Get("Allow"), b)
+		}
+	}
+}
