@@ -765,9 +765,9 @@ func (a Accept) requirements() (x402.PaymentRequirements, int, error) {
 // ServeHTTP decides, in this order: a CORS preflight is answered 204
 // unpaid and never passed on (answerPreflight; any other OPTIONS is a
 // request like another: 405 under Route, which does not name it, else
-// priced); a client over its refusal budget is 429; a URL
-// the 402 could not name (checkURL) is 414; a body over the absolute limit
-// is 413; a bodyless POST is the discovery probe (402); a payment is
+// priced); a client over its refusal budget is 429; a URL the 402 could
+// not name (checkURL) is 400 (a target that is not a path) or 414; a body
+// over the absolute limit is 413; a bodyless POST is the discovery probe (402); a payment is
 // verified, the upstream run and the payment settled; a request small
 // enough for the free tier is served from the allowance while it lasts;
 // anything else is 402. Whenever
@@ -1023,13 +1023,17 @@ func resourceURL(origin string, r *http.Request) string {
 	return origin + walletauth.CanonicalPath(u.EscapedPath())
 }
 
-// checkURL refuses (414) a request whose URL the gate could not name
-// within maxResourceURL: the resource URL of its 402, and the request's
-// own origin and path, which a sign-in-with-x challenge repeats. Counted
+// checkURL refuses a request whose URL the gate could not name: 400 when
+// its target is not a path (errTargetNotAPath), 414 when the URL is over
+// maxResourceURL: the resource URL of its 402, and the request's own
+// origin and path, which a sign-in-with-x challenge repeats. Counted
 // without building the URL, so a request that passes costs no allocation;
 // a configured resource is expanded only when it has placeholders.
 func (g *Gate) checkURL(r *http.Request) *apierr.Error {
 	_, u := sentRequest(r)
+	if u.Opaque != "" || !strings.HasPrefix(u.Path, "/") {
+		return errTargetNotAPath()
+	}
 	n := len(walletauth.CanonicalPath(u.EscapedPath())) + max(len(g.base), len("https://")+len(r.Host))
 	if g.Resource != "" && strings.Contains(g.Resource, "{") {
 		n = max(n, len(g.resource(r).URL))
@@ -1038,6 +1042,23 @@ func (g *Gate) checkURL(r *http.Request) *apierr.Error {
 		return apierr.URITooLong(maxResourceURL)
 	}
 	return nil
+}
+
+// errTargetNotAPath refuses a request target that is not a path (RFC
+// 9112 §3.2): an opaque absolute-form such as "http:.evil.example/x", the
+// asterisk-form "*", an absolute-form without a path. Every URL the gate
+// names (the 402's resource, the paywall's current URL, a wallet proof's
+// uri) is an origin followed by the request's path; glued to anything
+// else it names another host ("https://site.example" + ".evil.example/x")
+// or is no URI at all, so such a request is never offered for sale. It
+// repeats nothing of the request.
+func errTargetNotAPath() *apierr.Error {
+	return &apierr.Error{
+		Code:        apierr.CodeInvalidRequest,
+		Message:     "The request target is not a path (origin form, such as /score/1); nothing was charged. Send the request to the resource's path.",
+		Status:      http.StatusBadRequest,
+		NextActions: []apierr.Action{{Action: "fix_request_fields", Fields: []string{"url"}}},
+	}
 }
 
 // paymentRequired answers 402 with PAYMENT-REQUIRED. reason is the x402

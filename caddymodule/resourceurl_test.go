@@ -1,10 +1,12 @@
 package caddymodule
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
 	"io"
 	"math/big"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -424,5 +426,62 @@ func TestResourceURLIsThePathTheClientSent(t *testing.T) {
 	}
 	if got := new(big.Int).Sub(before, balance(t, d, payer)); got.Cmp(big.NewInt(10000)) != 0 {
 		t.Fatalf("charged %v, want 10000", got)
+	}
+}
+
+// A request target that is not a path (RFC 9112 §3.2: an opaque
+// absolute-form "http:.evil.example/x", the asterisk-form "*", an
+// absolute-form without a path) names no resource on this origin: it is
+// 400 invalid_request before any payment logic, the upstream not run.
+// (Before: it was priced, the paywall's currentUrl public_base_url glued to
+// the opaque part, https://site.example.evil.example/x, a host of
+// evil.example, and the signed resource not a valid URI.) An absolute-form
+// target with a path is the same request as its path.
+func TestNonOriginFormTargetIsRefusedBeforePayment(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	base := startCaddy(t, `:{port} {
+	x402 {
+		accept devnet $0.01 `+payTo.Hex()+`
+		facilitator http {
+			url `+fac+`
+		}
+		public_base_url https://site.example
+		store badger {data}/gate
+		paywall official
+	}
+	reverse_proxy `+strings.TrimPrefix(up.URL, "http://")+`
+}
+`)
+	send := func(target string) (*http.Response, string) {
+		c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: site.example\r\nAccept: text/html\r\nAccept-Encoding: identity\r\nConnection: close\r\n\r\n", target)
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp, string(b)
+	}
+	for _, target := range []string{"http:.evil.example/x?y=1", "*", "http://site.example", "http://site.example?y=1"} {
+		resp, body := send(target)
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, `"code":"invalid_request"`) || resp.Header.Get(x402.HeaderPaymentRequired) != "" {
+			t.Errorf("GET %s: %d %s; want 400 invalid_request, nothing offered", target, resp.StatusCode, body)
+		}
+	}
+	if n := up.calls.Load(); n != 0 {
+		t.Errorf("the upstream ran %d times for targets that are not paths", n)
+	}
+	resp, body := send("http://site.example/x?y=1")
+	if resp.StatusCode != http.StatusPaymentRequired {
+		t.Fatalf("GET http://site.example/x?y=1: %d %s; want the 402 offer", resp.StatusCode, body)
+	}
+	if cfg := officialConfigOf(t, body); cfg.CurrentURL != "https://site.example/x?y=1" || cfg.PaymentRequired.Resource.URL != "https://site.example/x" {
+		t.Errorf("absolute-form target: currentUrl %q, resource %q; want https://site.example/x?y=1 and https://site.example/x", cfg.CurrentURL, cfg.PaymentRequired.Resource.URL)
 	}
 }
