@@ -307,6 +307,10 @@ func (f *FreeAllowance) unmarshal(d *caddyfile.Dispenser) error {
 			err = oneArg(d, &f.MCPURL)
 		case "tool":
 			err = oneArg(d, &f.Tool)
+		case "origins":
+			if f.Origins = d.RemainingArgs(); len(f.Origins) == 0 {
+				return d.ArgErr()
+			}
 		default:
 			return d.Errf("unrecognized free_allowance option '%s'", d.Val())
 		}

@@ -146,17 +146,18 @@ func TestCORSErrorAnswersCarryOnlyItsGrant(t *testing.T) {
 }
 
 // TestCORSUnlistedOriginCannotReadAFreeAnswer: a simple GET (no preflight)
-// from a page on an unlisted origin is served from the visitor's free
-// allowance, as any request is, but the answer carries no grant, the
-// upstream's reflected one included: the page cannot read the answer or
-// the Free-Allowance-* headers. A listed origin reads both.
+// from a page on an unlisted origin is not served from the visitor's free
+// allowance (free_allowance lists only corsOrigin): it gets the 402 offer,
+// which carries no grant, the upstream's reflected one included, so the
+// page can read neither it nor any Free-Allowance-* header. An origin
+// listed in both reads a free answer and its headers.
 func TestCORSUnlistedOriginCannotReadAFreeAnswer(t *testing.T) {
 	up := reflectingUpstream(t, `{"report":"for the visitor"}`)
 	base := startCaddy(t, fmt.Sprintf(`:{port} {
-	x402_cors %s
+	x402_cors %[1]s
 	route /report/* {
 		x402 {
-			accept devnet $0.01 %s
+			accept devnet $0.01 %[2]s
 			route "GET /report/{id}"
 			facilitator http {
 				url http://127.0.0.1:1
@@ -165,22 +166,23 @@ func TestCORSUnlistedOriginCannotReadAFreeAnswer(t *testing.T) {
 			free_allowance {
 				pool p
 				per_day 3
+				origins %[1]s
 			}
 		}
-		reverse_proxy %s
+		reverse_proxy %[3]s
 	}
 }
 `, corsOrigin, payTo.Hex(), up))
 	resp := corsDo(t, http.MethodGet, base+"/report/1", map[string]string{"Origin": "http://evil.example"})
-	if resp.StatusCode != http.StatusOK || resp.Header.Get(HeaderFreeRemaining) == "" {
-		t.Fatalf("status %d, %s %q: not a free answer", resp.StatusCode, HeaderFreeRemaining, resp.Header.Get(HeaderFreeRemaining))
+	if resp.StatusCode != http.StatusPaymentRequired || resp.Header.Get(HeaderFreeRemaining) != "" {
+		t.Fatalf("status %d, %s %q: want the 402 offer, no free call", resp.StatusCode, HeaderFreeRemaining, resp.Header.Get(HeaderFreeRemaining))
 	}
 	if got := corsHeaders(resp.Header); len(got) != 0 {
-		t.Errorf("a free answer to unlisted origin http://evil.example carries %v", got)
+		t.Errorf("the answer to unlisted origin http://evil.example carries %v", got)
 	}
 	resp = corsDo(t, http.MethodGet, base+"/report/2", map[string]string{"Origin": corsOrigin})
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("listed origin: status %d", resp.StatusCode)
+	if resp.StatusCode != http.StatusOK || resp.Header.Get(HeaderFreeRemaining) != "2" {
+		t.Fatalf("listed origin: status %d, %s %q; want a free answer, 2 left", resp.StatusCode, HeaderFreeRemaining, resp.Header.Get(HeaderFreeRemaining))
 	}
 	wantCORS(t, "a free answer to the listed origin", resp, HeaderFreeRemaining, HeaderFreeLimit)
 }

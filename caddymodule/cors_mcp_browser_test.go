@@ -81,8 +81,10 @@ func TestCORSLetsABrowserMCPClientThrough(t *testing.T) {
 	t.Cleanup(page.Close)
 	// The same priced MCP route twice: for the hand-written client's page
 	// (its exact origin) and for the SDK's page, whose port the script
-	// picks (any origin, as Caddyfile.example).
-	route := func(path, cors string) string {
+	// picks (any origin, as Caddyfile.example). Each lists its page's
+	// origin for free calls too, which a page on another origin is not
+	// served by default.
+	route := func(path, cors, free string) string {
 		return fmt.Sprintf(`route %[5]s {
 		x402_cors %[4]s
 		x402 {
@@ -95,12 +97,13 @@ func TestCORSLetsABrowserMCPClientThrough(t *testing.T) {
 			free_allowance {
 				pool verify
 				per_day 5
+				origins %[6]s
 			}
 		}
 		reverse_proxy %[1]s
-	}`, strings.TrimPrefix(up.URL, "http://"), fac, payTo.Hex(), cors, path)
+	}`, strings.TrimPrefix(up.URL, "http://"), fac, payTo.Hex(), cors, path, free)
 	}
-	api := startCaddy(t, ":{port} {\n\t"+route("/mcp", page.URL)+"\n\t"+route("/any/mcp", "{\n\t\t\torigins *\n\t\t}")+"\n}\n")
+	api := startCaddy(t, ":{port} {\n\t"+route("/mcp", page.URL, page.URL)+"\n\t"+route("/any/mcp", "{\n\t\t\torigins *\n\t\t}", "*")+"\n}\n")
 
 	var res struct {
 		Steps  []mcpBrowserStep `json:"steps"`

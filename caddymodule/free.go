@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -46,9 +47,20 @@ type FreeAllowance struct {
 	MCPURL string `json:"mcp_url,omitempty"`
 	// Tool is the MCP tool that shares the allowance. Default verify_schema.
 	Tool string `json:"tool,omitempty"`
+	// Origins are the web pages on other origins that are served free
+	// calls (exact origins, as x402_cors's, or "*" for any). Default none:
+	// a browser sends its visitor's own address, and the allowance is the
+	// visitor's; were any page a visitor opens served from it (x402_cors
+	// letting it read the answers), a site could spend every visitor's free
+	// calls as its own. Such a page gets the 402 offer instead, which it
+	// may pay. A request without Origin (an agent, curl) and a page of the
+	// site itself are served free whatever this says.
+	Origins []string `json:"origins,omitempty"`
 
-	perDay string // PerDay, formatted for Free-Allowance-Limit
-	store  string // the identity of the store its counts are kept in (storeIdentity)
+	perDay    string          // PerDay, formatted for Free-Allowance-Limit
+	store     string          // the identity of the store its counts are kept in (storeIdentity)
+	origins   map[string]bool // Origins, normalized (normalizeOrigin)
+	anyOrigin bool            // Origins names "*"
 }
 
 func (f *FreeAllowance) provision() error {
@@ -72,7 +84,43 @@ func (f *FreeAllowance) provision() error {
 		f.Tool = "verify_schema"
 	}
 	f.perDay = strconv.Itoa(f.PerDay)
+	f.origins = map[string]bool{}
+	for _, o := range f.Origins {
+		if o == "*" {
+			f.anyOrigin = true
+			continue
+		}
+		norm, err := normalizeOrigin(o)
+		if err != nil {
+			return fmt.Errorf("origin %q: %v", o, err)
+		}
+		f.origins[norm] = true
+	}
 	return nil
+}
+
+// servesOrigin reports whether r may be served from the allowance by the
+// page that sent it: a request without Origin (not a browser's
+// cross-origin call), a page of the site itself (its Origin's host is the
+// request's Host, or the origin is base, the gate's public_base_url), or a
+// page on an origin Origins lists. Anything else, "null" (a sandboxed or
+// file page) included, is a page on another origin spending its visitor's
+// free calls.
+func (f *FreeAllowance) servesOrigin(r *http.Request, base string) bool {
+	o := r.Header.Get("Origin")
+	if o == "" || f.anyOrigin {
+		return true
+	}
+	norm, err := normalizeOrigin(o)
+	if err != nil {
+		return false
+	}
+	if f.origins[norm] || norm == base {
+		return true
+	}
+	_, host, _ := strings.Cut(norm, "://")
+	own, _ := withoutDefaultPort(strings.ToLower(r.Host), "80", "443")
+	return host == own
 }
 
 func (f *FreeAllowance) validate() error {
@@ -163,6 +211,9 @@ func (g *Gate) serveFree(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	client := f.client(r)
 	if client == "" || f.PerDay == 0 {
 		return ex.demand(w, r, http.StatusPaymentRequired, "Payment required", "", nil)
+	}
+	if !f.servesOrigin(r, g.base) {
+		return ex.demand(w, r, http.StatusPaymentRequired, "Payment required: free calls are not served to web pages on other origins; pay, or call from the site itself or without a browser", "", nil)
 	}
 	var budget rateSpend
 	if g.freeRates != nil {

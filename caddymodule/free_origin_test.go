@@ -1,0 +1,71 @@
+package caddymodule
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+)
+
+// A page on another origin is not served from the free allowance of the
+// visitor whose browser it runs in, unless free_allowance lists it: it
+// gets the 402 offer (which it may pay) and nothing is counted. A request
+// without Origin (an agent, curl), a page of the site itself and a listed
+// origin are served free as before. (Before: with `x402_cors { origins * }`,
+// as Caddyfile.example writes it, and key ip, any page a visitor opened
+// could spend that visitor's free calls and read the answers.)
+func TestFreeAllowanceIsNotServedToPagesOnOtherOrigins(t *testing.T) {
+	up := reflectingUpstream(t, `{"report":"for the visitor"}`)
+	base := startCaddy(t, `:{port} {
+	x402_cors {
+		origins *
+	}
+	route /report/* {
+		x402 {
+			accept devnet $0.01 `+payTo.Hex()+`
+			route "GET /report/{id}"
+			facilitator http {
+				url http://127.0.0.1:1
+			}
+			store badger {data}/gate
+			free_allowance {
+				pool p
+				per_day 4
+				key ip
+				origins https://app.example
+			}
+		}
+		reverse_proxy `+up+`
+	}
+}
+`)
+	for _, origin := range []string{"https://evil.example", "https://evil.example", "null", "https://app.example.evil.example", strings.Replace(base, "http://", "https://", 1) + "0"} {
+		resp := corsDo(t, http.MethodGet, base+"/report/1", map[string]string{"Origin": origin})
+		if resp.StatusCode != http.StatusPaymentRequired || resp.Header.Get(HeaderFreeRemaining) != "" {
+			t.Errorf("GET from a page on %s: %d, %s %q; want the 402 offer, no free call", origin, resp.StatusCode, HeaderFreeRemaining, resp.Header.Get(HeaderFreeRemaining))
+		}
+		if origin == "https://evil.example" && resp.Header.Get("Access-Control-Allow-Origin") == "" {
+			t.Errorf("the 402 to %s carries no CORS grant: the page cannot pay", origin)
+		}
+	}
+	for i, origin := range []string{base, "https://app.example", "HTTPS://APP.EXAMPLE:443", ""} {
+		hdr := map[string]string{}
+		if origin != "" {
+			hdr["Origin"] = origin
+		}
+		resp := corsDo(t, http.MethodGet, base+"/report/1", hdr)
+		if want := []string{"3", "2", "1", "0"}[i]; resp.StatusCode != http.StatusOK || resp.Header.Get(HeaderFreeRemaining) != want {
+			t.Errorf("GET with Origin %q: %d, %s %q; want 200 from the allowance, %s left (the refused pages counted nothing)",
+				origin, resp.StatusCode, HeaderFreeRemaining, resp.Header.Get(HeaderFreeRemaining), want)
+		}
+	}
+}
+
+// free_allowance's origins are origins, as x402_cors's are.
+func TestFreeAllowanceOriginsAreChecked(t *testing.T) {
+	for _, o := range []string{"app.example", "https://app.example/path", "ftp://app.example"} {
+		f := &FreeAllowance{PerDay: 1, Origins: []string{o}}
+		if err := f.provision(); err == nil || !strings.Contains(err.Error(), o) {
+			t.Errorf("origins %q: %v; want an error naming it", o, err)
+		}
+	}
+}
