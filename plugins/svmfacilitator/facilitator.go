@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/aovhq/aov/store"
 	"github.com/aovhq/aov/x402"
 )
 
@@ -114,6 +115,28 @@ type Config struct {
 	// FailureWindow is how long a failure counts. Default
 	// DefaultFailureWindow.
 	FailureWindow time.Duration
+	// Sent remembers, outside the process, the transactions this
+	// facilitator sends (SentStore). Without it (nil) nothing outlives
+	// the process: after a restart a replay is told from a first
+	// settlement only by the chain, and a node a slot or two behind the
+	// one the transaction landed on (a load-balanced pool) can have it
+	// answered success a second time.
+	Sent SentStore
+}
+
+// SentStore is what the facilitator needs of a store of claims
+// (store.Claims, in Badger or Redis, implements it) to remember the
+// transactions it sends: a claim on the message's key (sentKey) written
+// before the send, so that a process stopped mid-send leaves it, lasting
+// until the transaction can no longer land (SentRecordHold), and settled
+// with the transaction's signature once a Settle answered success. A
+// Settle that finds such a claim sends nothing and never answers success
+// (remember). Shared by several instances (Redis), the claim also keeps
+// two of them from sending one payment at the same moment.
+type SentStore interface {
+	Claim(ctx context.Context, keys []string, until time.Time) (store.Claim, error)
+	Settle(ctx context.Context, c store.Claim, note string, keepUntil time.Time) error
+	Release(ctx context.Context, c store.Claim) error
 }
 
 // Facilitator verifies and settles x402 "exact" Solana payments on one
@@ -173,6 +196,10 @@ type settlement struct {
 	// blockhash expired (blockhashExpired). 0 when not known.
 	slot  uint64
 	payer string
+	// sent is the claim (Config.Sent) this process wrote before sending
+	// the transaction, until a Settle answered it or it could no longer
+	// land; nil without a store, or when the send was another's.
+	sent *store.Claim
 	// at is when the record was made, settled, or found pending: it
 	// lives DuplicateWindow from then (expired).
 	at time.Time

@@ -2,11 +2,82 @@ package svmfacilitator
 
 import (
 	"context"
+	"encoding/hex"
+	"errors"
 	"log"
 	"time"
 
+	"github.com/aovhq/aov/store"
 	"github.com/aovhq/aov/x402"
 )
+
+// SentRecordHold is how long the record of a sent transaction
+// (Config.Sent) lasts: the transaction can land until its blockhash
+// expires, 150 slots after the blockhash (60 to 90 s at usual slot times,
+// longer when slots slow down), and a replay must find the record as long
+// as a node behind the one it landed on could still simulate and accept it.
+// Ten minutes outlive that expiry with a wide margin; past them a replay
+// finds the transaction on chain by its id, or fails to simulate.
+const SentRecordHold = 10 * time.Minute
+
+// sentKey names key's transaction in Config.Sent: under a prefix of its
+// own (no other claim is written there), per network.
+func (f *Facilitator) sentKey(key [32]byte) string {
+	return "x402/svm-sent/" + f.network + "/" + hex.EncodeToString(key[:])
+}
+
+// remember writes, before s's transaction is sent, the record that this
+// process sends it (Config.Sent), and keeps the claim on s. prior is the
+// record found instead, when one lives: the transaction was sent before
+// (by this process before a restart, or by another instance sharing the
+// store), and prior.Settled tells that a Settle answered it success. An
+// error means nothing is known of the record: the caller must not send,
+// since a replay could then be answered success a second time.
+func (f *Facilitator) remember(ctx context.Context, key [32]byte, s *settlement) (prior *store.ClaimState, err error) {
+	if f.cfg.Sent == nil {
+		return nil, nil
+	}
+	c, err := f.cfg.Sent.Claim(ctx, []string{f.sentKey(key)}, time.Now().Add(SentRecordHold))
+	var claimed *store.ClaimedError
+	if errors.As(err, &claimed) {
+		return &claimed.State, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	s.sent = &c
+	f.mu.Unlock()
+	return nil, nil
+}
+
+// forgetSent ends s's record of the send: answered (it landed and this
+// Settle answers success: settled, naming sig, so a replay after a
+// restart is refused at once), or dropped (the transaction was refused or
+// can no longer land). A store error is only logged: a record left
+// unsettled still has any replay answered as a transaction sent by
+// another (never success), and one left in place of a transaction that can
+// no longer land refuses nothing that could settle.
+func (f *Facilitator) forgetSent(s *settlement, answered bool, sig string) {
+	f.mu.Lock()
+	c := s.sent
+	s.sent = nil
+	f.mu.Unlock()
+	if c == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), f.cfg.ConfirmTimeout)
+	defer cancel()
+	var err error
+	if answered {
+		err = f.cfg.Sent.Settle(ctx, *c, sig, time.Time{})
+	} else {
+		err = f.cfg.Sent.Release(ctx, *c)
+	}
+	if err != nil {
+		log.Printf("svm facilitator: updating the record of sent transaction %s: %v", sig, err)
+	}
+}
 
 // sent is a transaction this process sent whose outcome it has not learned
 // (Facilitator.unlearned). It holds its payer's places in flight in the

@@ -50,6 +50,17 @@ import (
 //     definitive refusal for a transfer that may yet land; a retry then
 //     polls it as above, and answers duplicate_settlement once it landed,
 //     never success.
+//   - With Config.Sent, the transaction is recorded there before it is
+//     sent, and the record marked answered once a Settle answered success
+//     (sent.go: remember, forgetSent). A Settle that finds the record
+//     sends nothing: one answered is duplicate_settlement naming the
+//     transaction at once, one not answered is answered as a transaction
+//     sent by another (above). This is what tells a replay after a
+//     restart from a first settlement when the nodes asked lag the one the
+//     transaction landed on (the look-up finds nothing, the simulation
+//     passes on older state, and a send with skipPreflight returns the
+//     signature), which no look-up can. A store that cannot be written is
+//     an error: nothing is sent.
 //   - A transaction this process sent has its outcome learned by this
 //     process, whatever its caller does: at the caller's deadline, or
 //     ConfirmTimeout, the caller is answered pending and the facilitator
@@ -68,9 +79,10 @@ import (
 //   - Any other error means nothing was sent.
 //
 // Two Settles of one payment in two processes at the same moment can both
-// find nothing on chain, both send, and both report success: nothing but
-// shared state tells the two sends of one transaction apart. The gateway's
-// claim on each payment (in its store) keeps its own Settles to one.
+// find nothing on chain, both send, and both report success, unless they
+// share Config.Sent: nothing but shared state tells the two sends of one
+// transaction apart. The gateway's claim on each payment (in its store)
+// keeps its own Settles to one.
 func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettleResponse, error) {
 	fail := func(reason, payer, msg, sig string) x402.SettleResponse {
 		return x402.SettleResponse{Success: false, ErrorReason: reason, ErrorMessage: msg, Payer: payer, Transaction: sig, Network: req.Network}
@@ -142,10 +154,30 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 		f.release(key)
 		return x402.SettleResponse{}, fmt.Errorf("before settlement: %w", ctx.Err())
 	}
+	// The record of the send (Config.Sent) is written before it: no node
+	// asked above can tell a replay after a restart from a first
+	// settlement (each may lag the one the transaction landed on), and a
+	// process stopped mid-send must leave it.
+	prior, err := f.remember(ctx, key, s)
+	switch {
+	case err != nil:
+		f.release(key)
+		return x402.SettleResponse{}, fmt.Errorf("recording the transaction before settlement: %w", err)
+	case prior != nil && prior.Settled:
+		// Sent and answered success before: refused, and from memory
+		// from now on.
+		f.finish(key, "")
+		return fail(ReasonDuplicateSettlement, c.payer, "this transaction was already settled", s.sig), nil
+	case prior != nil:
+		// Sent before and not answered success (this process before a
+		// restart, or another instance now): its sender answers for it.
+		return f.confirmElsewhere(ctx, key, s, req.Network)
+	}
 	// The payer's place in flight is taken last (hold), and kept until the
 	// outcome is learned, by this Settle or in the background (resolve).
 	fresh, reason, msg := f.hold(key, c, s.sig, s.blockhash)
 	if reason != "" {
+		f.forgetSent(s, false, s.sig)
 		f.release(key)
 		return fail(reason, c.payer, msg, ""), nil
 	}
@@ -170,6 +202,7 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 			if fresh {
 				f.learned(key, false)
 			}
+			f.forgetSent(s, false, s.sig)
 			f.release(key)
 			return fail(ReasonTransactionFailed, c.payer, "the node refused the transaction: "+truncate(re.Message), ""), nil
 		}
@@ -236,6 +269,7 @@ func (f *Facilitator) confirm(ctx context.Context, key [32]byte, s *settlement, 
 			return resp, nil
 		case o.state == x402.SettlementNever:
 			f.learned(key, false)
+			f.forgetSent(s, false, sig)
 			f.release(key)
 			resp.ErrorReason, resp.ErrorMessage, resp.Transaction = ReasonTransactionFailed, "the transaction's blockhash expired before it landed", ""
 			return resp, nil
@@ -246,6 +280,7 @@ func (f *Facilitator) confirm(ctx context.Context, key [32]byte, s *settlement, 
 				resp.ErrorReason, resp.ErrorMessage = ReasonDuplicateSettlement, "this transaction was already settled, by another settlement"
 				return resp, nil
 			}
+			f.forgetSent(s, true, sig)
 			resp.Success = true
 			return resp, nil
 		}

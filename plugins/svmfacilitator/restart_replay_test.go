@@ -1,0 +1,215 @@
+package svmfacilitator
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aovhq/aov/internal/base58"
+	"github.com/aovhq/aov/store"
+	"github.com/aovhq/aov/x402"
+)
+
+// behindNode is a FAKE of one member of a load-balanced RPC pool a few
+// slots behind the one where a transaction landed (or of a node answering
+// right after the facilitator restarted), in front of the real simulated
+// chain at upstream (proxy): it does not know the signature yet
+// (getSignatureStatuses answers null the first lag times), simulates
+// against its older bank (where the transfer has not happened, so the
+// simulation succeeds), and, as Agave does for sendTransaction with
+// skipPreflight, returns the transaction's signature without checking the
+// status cache (the leader drops the duplicate; nothing is forwarded).
+// Every other call, and every later status, is the real chain's. sends
+// counts the sendTransaction calls it answered.
+type behindNode struct {
+	URL   string
+	mu    sync.Mutex
+	sends int
+}
+
+func newBehindNode(t *testing.T, upstream string, lag int) *behindNode {
+	n := &behindNode{}
+	statuses := 0
+	n.URL = proxy(t, upstream, func(w http.ResponseWriter, id json.RawMessage, method string, params []json.RawMessage) bool {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		switch method {
+		case "getSignatureStatuses":
+			statuses++
+			if statuses > lag {
+				return false
+			}
+			w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(id) + `,"result":{"context":{"slot":1},"value":[null]}}`))
+		case "simulateTransaction":
+			w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(id) + `,"result":{"context":{"slot":1},"value":{"err":null,"logs":[]}}}`))
+		case "sendTransaction":
+			n.sends++
+			var s string
+			json.Unmarshal(params[0], &s)
+			raw, _ := base64.StdEncoding.DecodeString(s)
+			w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(id) + `,"result":"` + base58.Encode(raw[1:65]) + `"}`))
+		default:
+			return false
+		}
+		return true
+	}, nil)
+	return n
+}
+
+func (n *behindNode) sent() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.sends
+}
+
+// openStore opens a Badger store in dir, closed at the test's end unless
+// the test closed it first.
+func openStore(t *testing.T, dir string) *store.DB {
+	t.Helper()
+	db, err := store.Open(dir, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// After a restart (a new Facilitator, and the store closed and opened
+// again), a replay of a payment that landed and was answered success is
+// duplicate_settlement naming the transaction, never a second success,
+// even when the node answering the look-up and the simulation lags the one
+// the transaction landed on: the record of the send, kept in the store
+// from before it, says so. (Before: with nothing remembered across the
+// restart, the lagging node's null status, passing simulation and echoed
+// signature had the replay answered success a second time.)
+func TestSettleReplayAfterRestartOnLaggingNodeIsDuplicate(t *testing.T) {
+	dir := t.TempDir()
+	db := openStore(t, dir)
+	e := newEnv(t, Config{Sent: db.Claims()})
+	ctx := context.Background()
+	pp := Payload(e.payment(t).Transaction(), e.req)
+	first, err := e.f.Settle(ctx, pp, e.req)
+	if err != nil || !first.Success {
+		t.Fatalf("first settle: %+v %v", first, err)
+	}
+	db.Close()
+
+	db = openStore(t, dir)
+	cfg := e.f.cfg
+	node := newBehindNode(t, e.chain.URL, 1)
+	cfg.RPC, cfg.Sent = &RPC{URL: node.URL}, db.Claims()
+	restarted, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := restarted.Settle(ctx, pp, e.req)
+	if err != nil || again.Success || again.ErrorReason != ReasonDuplicateSettlement || again.Transaction != first.Transaction {
+		t.Fatalf("replay after restart: success=%v reason=%q tx=%s err=%v; want duplicate_settlement naming %s",
+			again.Success, again.ErrorReason, again.Transaction, err, first.Transaction)
+	}
+	if node.sent() != 0 {
+		t.Errorf("the replay was sent %d times; a transaction remembered as answered is not sent again", node.sent())
+	}
+	if a, b := e.balances(t); a != 1_000_000-20000 || b != 20000 {
+		t.Fatalf("balances payer %d payee %d (paid once)", a, b)
+	}
+	// Answered from memory from then on, as any duplicate.
+	if third, err := restarted.Settle(ctx, pp, e.req); err != nil || third.ErrorReason != ReasonDuplicateSettlement || third.Transaction != first.Transaction {
+		t.Fatalf("second replay: %+v %v", third, err)
+	}
+}
+
+// A transaction sent, whose Settle never answered (the process stopped
+// mid-send, or while waiting), is recorded from before the send: after a
+// restart, a replay on a lagging node polls it and answers
+// duplicate_settlement once it landed, never success, and sends nothing.
+func TestSettleReplayOfUnansweredSendAfterRestartIsDuplicate(t *testing.T) {
+	dir := t.TempDir()
+	db := openStore(t, dir)
+	e := newEnv(t, Config{Sent: db.Claims()})
+	ctx := context.Background()
+	pp := Payload(e.payment(t).Transaction(), e.req)
+	// What the crashed process did before it stopped: the record, then
+	// the send, and no answer.
+	c := e.f.checkStatic(pp, e.req, false)
+	e.f.cosign(c)
+	if _, err := db.Claims().Claim(ctx, []string{e.f.sentKey(c.tx.MessageHash())}, time.Now().Add(SentRecordHold)); err != nil {
+		t.Fatal(err)
+	}
+	sig, err := e.f.rpc.Send(ctx, c.signed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+
+	db = openStore(t, dir)
+	cfg := e.f.cfg
+	node := newBehindNode(t, e.chain.URL, 1)
+	cfg.RPC, cfg.Sent = &RPC{URL: node.URL}, db.Claims()
+	restarted, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := restarted.Settle(ctx, pp, e.req)
+	if err != nil || again.Success || again.ErrorReason != ReasonDuplicateSettlement || again.Transaction != sig {
+		t.Fatalf("replay after restart: success=%v reason=%q tx=%s err=%v; want duplicate_settlement naming %s", again.Success, again.ErrorReason, again.Transaction, err, sig)
+	}
+	if node.sent() != 0 {
+		t.Errorf("sent %d times; want none", node.sent())
+	}
+	if a, b := e.balances(t); a != 1_000_000-20000 || b != 20000 {
+		t.Fatalf("balances payer %d payee %d (paid once)", a, b)
+	}
+}
+
+// A store that cannot record the send fails the settlement closed: nothing
+// is sent, the caller gets an error (a facilitator API answers 503, and
+// the payment may be settled again), and once the store is back the same
+// payment settles.
+func TestSettleStoreDownSendsNothing(t *testing.T) {
+	dir := t.TempDir()
+	db := openStore(t, dir)
+	db.Close() // the store fails every write
+	e := newEnv(t, Config{})
+	node := newBehindNode(t, e.chain.URL, 0)
+	cfg := e.f.cfg
+	cfg.RPC, cfg.Sent = &RPC{URL: node.URL}, db.Claims()
+	f, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pp := Payload(e.payment(t).Transaction(), e.req)
+	body, _ := json.Marshal(map[string]any{"x402Version": 2, "paymentPayload": pp, "paymentRequirements": e.req})
+	w, r := httptest.NewRecorder(), httptest.NewRequest(http.MethodPost, "/settle", bytes.NewReader(body))
+	r.Header.Set("Content-Type", "application/json")
+	x402.NewFacilitatorHandler(f).ServeHTTP(w, r)
+	if w.Code != http.StatusServiceUnavailable {
+		t.Fatalf("settle with the store down: %d %s; want 503", w.Code, w.Body)
+	}
+	if _, err := f.Settle(context.Background(), pp, e.req); err == nil || !strings.Contains(err.Error(), "recording") {
+		t.Fatalf("settle with the store down: %v; want an error naming the record", err)
+	}
+	if node.sent() != 0 {
+		t.Fatalf("sent %d times with the store down; want none", node.sent())
+	}
+	if a, b := e.balances(t); a != 1_000_000 || b != 0 {
+		t.Fatalf("balances payer %d payee %d; want nothing moved", a, b)
+	}
+
+	db = openStore(t, dir)
+	cfg.RPC, cfg.Sent = &RPC{URL: e.chain.URL}, db.Claims()
+	f, err = New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, err := f.Settle(context.Background(), pp, e.req); err != nil || !s.Success {
+		t.Fatalf("settle once the store is back: %+v %v", s, err)
+	}
+}
