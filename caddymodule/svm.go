@@ -25,6 +25,7 @@ import (
 	"github.com/aovhq/aov/internal/inflight"
 	"github.com/aovhq/aov/internal/secretopt"
 	"github.com/aovhq/aov/plugins/svmfacilitator"
+	"github.com/aovhq/aov/store"
 	"github.com/aovhq/aov/x402"
 )
 
@@ -79,6 +80,15 @@ type SVMFacilitator struct {
 	MaxFailedLamports        uint64         `json:"max_failed_lamports,omitempty"`
 	MaxPriorityFeePastBudget uint64         `json:"max_priority_fee_past_budget,omitempty"`
 	FailureWindow            caddy.Duration `json:"failure_window,omitempty"`
+	// StoreRaw remembers the transactions this facilitator sent, from
+	// before each send until it can no longer land
+	// (svmfacilitator.Config.Sent): a module in the x402.stores namespace
+	// (badger, redis). Default: Badger under Caddy's data directory, as
+	// the gate's, so that a replay after a restart is refused as
+	// duplicate_settlement whatever the RPC node it asks knows yet; with a
+	// store every instance with this fee payer shares (redis), two of them
+	// never both send one payment.
+	StoreRaw json.RawMessage `json:"store,omitempty" caddy:"namespace=x402.stores inline_key=type"`
 
 	poolKey string
 	f       *svmfacilitator.Facilitator
@@ -121,18 +131,33 @@ func (m *SVMFacilitator) Provision(ctx caddy.Context) error {
 	}
 	rpcURL := repl.ReplaceKnown(m.RPCURL, "")
 	secretopt.WarnIfURLCredentials(ctx.Logger(), "rpc_url", m.RPCURL, rpcURL)
+	if m.StoreRaw == nil {
+		m.StoreRaw = json.RawMessage(`{"type":"badger"}`)
+	}
+	mod, err := ctx.LoadModule(m, "StoreRaw")
+	if err != nil {
+		return fmt.Errorf("svm facilitator: loading store module: %v", err)
+	}
+	st, ok := mod.(interface{ Claims() store.Claims })
+	if !ok {
+		return fmt.Errorf("svm facilitator: store module %T keeps no claims", mod)
+	}
 	cfg := svmfacilitator.Config{
 		RPC: &svmfacilitator.RPC{URL: rpcURL}, Network: network, FeePayer: key,
 		ConfirmTimeout: time.Duration(m.ConfirmTimeout), MaxComputeUnits: m.MaxComputeUnits, MaxComputeUnitPrice: m.MaxComputeUnitPrice,
 		MaxFailedPerPayer: m.MaxFailedPerPayer, MaxInFlightPerPayer: m.MaxInFlightPerPayer, MaxFailedLamports: m.MaxFailedLamports,
 		MaxPriorityFeePastBudget: m.MaxPriorityFeePastBudget, FailureWindow: time.Duration(m.FailureWindow),
+		Sent: st.Claims(),
 	}
 	f, err := svmfacilitator.New(cfg)
 	if err != nil {
 		return secretopt.Scrub(err, rpcURL)
 	}
-	m.poolKey = fmt.Sprintf("svm network=%s url=%s fee_payer=%s timeout=%d units=%d price=%d failed=%d inflight=%d lamports=%d priority=%d window=%d",
-		network, rpcURL, f.FeePayer(), m.ConfirmTimeout, m.MaxComputeUnits, m.MaxComputeUnitPrice, m.MaxFailedPerPayer, m.MaxInFlightPerPayer, m.MaxFailedLamports, m.MaxPriorityFeePastBudget, m.FailureWindow)
+	// The store is part of the key: a facilitator kept across a reload
+	// holds the store it was made with, which one of the same identity
+	// shares (one Badger folder, one Redis database and prefix).
+	m.poolKey = fmt.Sprintf("svm network=%s url=%s fee_payer=%s timeout=%d units=%d price=%d failed=%d inflight=%d lamports=%d priority=%d window=%d store=%q",
+		network, rpcURL, f.FeePayer(), m.ConfirmTimeout, m.MaxComputeUnits, m.MaxComputeUnitPrice, m.MaxFailedPerPayer, m.MaxInFlightPerPayer, m.MaxFailedLamports, m.MaxPriorityFeePastBudget, m.FailureWindow, storeIdentity(mod))
 	val, _, err := facilitatorPool.LoadOrNew(m.poolKey, func() (caddy.Destructor, error) { return &pooledSVM{f: f}, nil })
 	if err != nil {
 		return err
@@ -175,6 +200,7 @@ func (m *SVMFacilitator) Supported(ctx context.Context) (x402.SupportedResponse,
 //		max_failed_lamports          <lamports>
 //		max_priority_fee_past_budget <lamports>
 //		failure_window               <duration>
+//		store <module> { … }         # where sent transactions are remembered (default badger)
 //	}
 func (m *SVMFacilitator) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // module name
@@ -218,6 +244,8 @@ func (m *SVMFacilitator) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err = facDurationArg(d, &m.FailureWindow); err == nil && m.FailureWindow <= 0 {
 				err = errors.New("must be positive")
 			}
+		case "store":
+			m.StoreRaw, err = guestModule(d, "x402.stores")
 		default:
 			return d.Errf("unrecognized svm facilitator option '%s'", name)
 		}

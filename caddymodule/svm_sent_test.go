@@ -1,0 +1,141 @@
+package caddymodule
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/aovhq/aov/internal/base58"
+	"github.com/aovhq/aov/internal/solanachain"
+	"github.com/aovhq/aov/plugins/svmfacilitator"
+	"github.com/aovhq/aov/x402"
+)
+
+// newBehindSolanaRPC is a FAKE of a member of a load-balanced RPC pool
+// behind the one a transaction landed on, in front of the real chain: it
+// has not seen the signature at first (its first getSignatureStatuses
+// answers null; later ones are the chain's), simulates on its
+// older bank (the simulation passes), and answers sendTransaction with the
+// signature without forwarding it, as Agave does with skipPreflight for a
+// transaction the leader then drops. Everything else is forwarded.
+func newBehindSolanaRPC(t *testing.T, chain string) string {
+	var statuses atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		var req struct {
+			ID     json.RawMessage   `json:"id"`
+			Method string            `json:"method"`
+			Params []json.RawMessage `json:"params"`
+		}
+		json.Unmarshal(body, &req)
+		w.Header().Set("Content-Type", "application/json")
+		switch {
+		case req.Method == "getSignatureStatuses" && statuses.Add(1) == 1:
+			fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"result":{"context":{"slot":1},"value":[null]}}`, req.ID)
+			return
+		case req.Method == "simulateTransaction":
+			fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"result":{"context":{"slot":1},"value":{"err":null,"logs":[]}}}`, req.ID)
+			return
+		case req.Method == "sendTransaction":
+			var s string
+			json.Unmarshal(req.Params[0], &s)
+			raw, _ := base64.StdEncoding.DecodeString(s)
+			fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"result":"%s"}`, req.ID, base58.Encode(raw[1:65]))
+			return
+		}
+		resp, err := http.Post(chain, "application/json", bytes.NewReader(body))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		defer resp.Body.Close()
+		io.Copy(w, resp.Body)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// The svm facilitator keeps the transactions it sent in its store (here
+// Badger in a folder of its own): after a restart, a replay of a payment
+// it answered success is duplicate_settlement naming the transaction even
+// on a node that has not seen it, and nothing moves twice. (Before: the
+// facilitator kept nothing outside the process, and that node had the
+// replay answered success a second time.)
+func TestSVMFacilitatorStoreRefusesReplayAfterRestart(t *testing.T) {
+	e := newSolanaEnv(t)
+	dir := t.TempDir()
+	provision := func(rpc string) (*SVMFacilitator, context.CancelFunc) {
+		var m SVMFacilitator
+		cfg := fmt.Sprintf(`{"network":"solana-devnet","rpc_url":%q,"fee_payer_key_file":%q,"store":{"type":"badger","path":%q}}`, rpc, e.keyFile, dir)
+		if err := json.Unmarshal([]byte(cfg), &m); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+		if err := m.Provision(ctx); err != nil {
+			cancel()
+			t.Fatal(err)
+		}
+		return &m, func() { m.Cleanup(); cancel() }
+	}
+	m, stop := provision(e.chain.URL)
+	fee := svmFeeKey()
+	authority, err := base58.Decode(e.payer.SecretKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bh, _ := svmfacilitator.ParsePublicKey(e.chain.LatestBlockhash())
+	mint, _ := svmfacilitator.ParsePublicKey(solanachain.USDC)
+	payTo, _ := svmfacilitator.ParsePublicKey(e.payee.Address)
+	var feePayer svmfacilitator.PublicKey
+	copy(feePayer[:], fee.Public().(ed25519.PublicKey))
+	p := svmfacilitator.Payment{FeePayer: feePayer, Authority: ed25519.PrivateKey(authority), Mint: mint, Program: svmfacilitator.TokenProgram,
+		PayTo: payTo, Amount: 20000, Decimals: 6, Blockhash: bh}
+	req := x402.PaymentRequirements{Scheme: x402.SchemeExact, Network: x402.NetworkSolanaDevnet, Amount: "20000", Asset: solanachain.USDC,
+		PayTo: e.payee.Address, MaxTimeoutSeconds: 60, Extra: map[string]any{"feePayer": feePayer.String()}}
+	pp := svmfacilitator.Payload(p.Transaction(), req)
+	before := e.usdc(t, e.payer.Address)
+	first, err := m.Settle(t.Context(), pp, req)
+	if err != nil || !first.Success {
+		t.Fatalf("first settle: %+v %v", first, err)
+	}
+	stop()
+
+	m, stop = provision(newBehindSolanaRPC(t, e.chain.URL))
+	defer stop()
+	again, err := m.Settle(t.Context(), pp, req)
+	if err != nil || again.Success || again.ErrorReason != svmfacilitator.ReasonDuplicateSettlement || again.Transaction != first.Transaction {
+		t.Fatalf("replay after restart: success=%v reason=%q tx=%s err=%v; want duplicate_settlement naming %s",
+			again.Success, again.ErrorReason, again.Transaction, err, first.Transaction)
+	}
+	if got := before - e.usdc(t, e.payer.Address); got != 20000 {
+		t.Fatalf("charged %d; want one payment", got)
+	}
+}
+
+// The Caddyfile's store subdirective is the JSON's store: a module in the
+// x402.stores namespace, given once.
+func TestSVMFacilitatorCaddyfileStore(t *testing.T) {
+	var m SVMFacilitator
+	if err := m.UnmarshalCaddyfile(caddyfile.NewTestDispenser("svm {\nstore badger /var/lib/aov/svm\n}")); err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]any
+	if err := json.Unmarshal(m.StoreRaw, &got); err != nil || got["type"] != "badger" || got["path"] != "/var/lib/aov/svm" {
+		t.Fatalf("store = %s (%v)", m.StoreRaw, err)
+	}
+	err := new(SVMFacilitator).UnmarshalCaddyfile(caddyfile.NewTestDispenser("svm {\nstore badger /a\nstore badger /b\n}"))
+	if err == nil {
+		t.Fatal("store given twice was accepted")
+	}
+}
