@@ -116,11 +116,12 @@ type Config struct {
 	// DefaultFailureWindow.
 	FailureWindow time.Duration
 	// Sent remembers, outside the process, the transactions this
-	// facilitator sends (SentStore). Without it (nil) nothing outlives
-	// the process: after a restart a replay is told from a first
-	// settlement only by the chain, and a node a slot or two behind the
-	// one the transaction landed on (a load-balanced pool) can have it
-	// answered success a second time.
+	// facilitator sends (SentStore). Nil keeps everything in memory, as
+	// before it existed, for a library user who gives none: after a
+	// restart a replay is then told from a first settlement only by the
+	// chain, and a node a slot or two behind the one the transaction
+	// landed on (a load-balanced pool) can have it answered success a
+	// second time. The Caddy module always gives one.
 	Sent SentStore
 }
 
