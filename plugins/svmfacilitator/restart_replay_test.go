@@ -213,3 +213,44 @@ func TestSettleStoreDownSendsNothing(t *testing.T) {
 		t.Fatalf("settle once the store is back: %+v %v", s, err)
 	}
 }
+
+// A send the node refused leaves no record behind: nothing is in flight,
+// so the same payment settles later, also after a restart. (A record left
+// in place would have the retry taken for a transaction sent before,
+// polled, and never answered success.)
+func TestSettleRefusedSendDropsItsRecord(t *testing.T) {
+	dir := t.TempDir()
+	db := openStore(t, dir)
+	e := newEnv(t, Config{})
+	cfg := e.f.cfg
+	cfg.Sent, cfg.ConfirmTimeout = db.Claims(), 2*time.Second
+	cfg.RPC = &RPC{URL: proxy(t, e.chain.URL, func(w http.ResponseWriter, id json.RawMessage, method string, _ []json.RawMessage) bool {
+		if method != "sendTransaction" {
+			return false
+		}
+		w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(id) + `,"error":{"code":-32003,"message":"Transaction signature verification failure"}}`))
+		return true
+	}, nil)}
+	f, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pp := Payload(e.payment(t).Transaction(), e.req)
+	if s, err := f.Settle(context.Background(), pp, e.req); err != nil || s.Success || s.ErrorReason != ReasonTransactionFailed {
+		t.Fatalf("refused send: %+v %v", s, err)
+	}
+	db.Close()
+
+	db = openStore(t, dir)
+	cfg.Sent, cfg.RPC = db.Claims(), &RPC{URL: e.chain.URL}
+	restarted, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, err := restarted.Settle(context.Background(), pp, e.req); err != nil || !s.Success {
+		t.Fatalf("settle after the refusal and a restart: success=%v reason=%q err=%v; want success", s.Success, s.ErrorReason, err)
+	}
+	if a, b := e.balances(t); a != 1_000_000-20000 || b != 20000 {
+		t.Fatalf("balances payer %d payee %d (paid once)", a, b)
+	}
+}
