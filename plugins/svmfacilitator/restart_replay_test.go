@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -98,6 +99,11 @@ func TestSettleReplayAfterRestartOnLaggingNodeIsDuplicate(t *testing.T) {
 	first, err := e.f.Settle(ctx, pp, e.req)
 	if err != nil || !first.Success {
 		t.Fatalf("first settle: %+v %v", first, err)
+	}
+	// Marked answered, naming the transaction, before the answer.
+	dec, _ := DecodePayload(pp.Payload)
+	if st, err := db.Claims().Lookup(ctx, e.f.sentKey(dec.MessageHash())); err != nil || !st.Settled || st.Note != first.Transaction {
+		t.Fatalf("record after success: %+v %v; want it answered, naming %s", st, err, first.Transaction)
 	}
 	db.Close()
 
@@ -252,5 +258,36 @@ func TestSettleRefusedSendDropsItsRecord(t *testing.T) {
 	}
 	if a, b := e.balances(t); a != 1_000_000-20000 || b != 20000 {
 		t.Fatalf("balances payer %d payee %d (paid once)", a, b)
+	}
+}
+
+// A sent transaction that can no longer land (its blockhash expired, the
+// chain never saw it) has its record dropped with the answer that says so:
+// nothing of it can settle any more.
+func TestSettleExpiredSendDropsItsRecord(t *testing.T) {
+	db := openStore(t, t.TempDir())
+	fr := &faultyRPC{}
+	srv := fr.serve(t)
+	e := newEnv(t, Config{RPC: &RPC{URL: srv}, Sent: db.Claims(), ConfirmTimeout: 300 * time.Millisecond, PollInterval: 20 * time.Millisecond})
+	fr.set(func(f *faultyRPC) { f.target, f.dropSend = e.chain.URL, true })
+	tx := e.payment(t).Transaction()
+	pp := Payload(tx, e.req)
+	dec, err := DecodeTransaction(tx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := e.f.sentKey(dec.MessageHash())
+	if _, err := e.f.Settle(context.Background(), pp, e.req); err == nil {
+		t.Fatal("want an unknown outcome")
+	}
+	if st, err := db.Claims().Lookup(context.Background(), key); err != nil || st.Settled {
+		t.Fatalf("record while pending: %+v %v; want one, not answered", st, err)
+	}
+	e.chain.ExpireBlockhash()
+	if s, err := e.f.Settle(context.Background(), pp, e.req); err != nil || s.ErrorReason != ReasonTransactionFailed {
+		t.Fatalf("retry once expired: %+v %v", s, err)
+	}
+	if st, err := db.Claims().Lookup(context.Background(), key); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("record once expired: %+v %v; want none", st, err)
 	}
 }
