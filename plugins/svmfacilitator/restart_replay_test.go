@@ -291,3 +291,69 @@ func TestSettleExpiredSendDropsItsRecord(t *testing.T) {
 		t.Fatalf("record once expired: %+v %v; want none", st, err)
 	}
 }
+
+// A settlement the in-flight budget refuses at the last moment (another of
+// its payer's was sent while it was being simulated) sends nothing, and its
+// record is dropped: the payment may be settled once the other is done.
+func TestSettleRefusedAtHoldDropsItsRecord(t *testing.T) {
+	db := openStore(t, t.TempDir())
+	e := newEnv(t, Config{})
+	bBlocked, aSent := make(chan struct{}), make(chan struct{})
+	var mu sync.Mutex
+	simulations := 0
+	var sentOnce sync.Once
+	cfg := e.f.cfg
+	cfg.Sent, cfg.MaxInFlightPerPayer, cfg.ConfirmTimeout, cfg.PollInterval = db.Claims(), 1, 300*time.Millisecond, 20*time.Millisecond
+	// B's simulation waits until A was sent; A's send never reaches the
+	// chain (its reply is lost), so A stays in flight.
+	cfg.RPC = &RPC{URL: proxy(t, e.chain.URL, func(w http.ResponseWriter, _ json.RawMessage, method string, _ []json.RawMessage) bool {
+		switch method {
+		case "simulateTransaction":
+			mu.Lock()
+			simulations++
+			first := simulations == 1
+			mu.Unlock()
+			if first {
+				close(bBlocked)
+				select {
+				case <-aSent:
+				case <-time.After(20 * time.Second):
+				}
+			}
+		case "sendTransaction":
+			sentOnce.Do(func() { close(aSent) })
+			loseReply(w)
+			return true
+		}
+		return false
+	}, nil)}
+	f, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pa, pb := e.payment(t), e.payment(t)
+	pb.Memo = "a second payment of the same payer"
+	txb := pb.Transaction()
+	ppa, ppb := Payload(pa.Transaction(), e.req), Payload(txb, e.req)
+	type result struct {
+		r   x402.SettleResponse
+		err error
+	}
+	resB := make(chan result, 1)
+	go func() {
+		r, err := f.Settle(context.Background(), ppb, e.req)
+		resB <- result{r, err}
+	}()
+	<-bBlocked
+	if _, err := f.Settle(context.Background(), ppa, e.req); err == nil {
+		t.Fatal("A: want an unknown outcome (its reply was lost)")
+	}
+	b := <-resB
+	if b.err != nil || b.r.ErrorReason != ReasonPayerFailureBudget {
+		t.Fatalf("B: %+v %v; want %s", b.r, b.err, ReasonPayerFailureBudget)
+	}
+	dec, _ := DecodeTransaction(txb)
+	if st, err := db.Claims().Lookup(context.Background(), f.sentKey(dec.MessageHash())); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("B's record: %+v %v; want none (nothing was sent)", st, err)
+	}
+}
