@@ -134,6 +134,7 @@ func (m *SVMFacilitator) Provision(ctx caddy.Context) error {
 	if m.StoreRaw == nil {
 		m.StoreRaw = json.RawMessage(`{"type":"badger"}`)
 	}
+	storeConfig := string(m.StoreRaw) // LoadModule drops it
 	mod, err := ctx.LoadModule(m, "StoreRaw")
 	if err != nil {
 		return fmt.Errorf("svm facilitator: loading store module: %v", err)
@@ -153,11 +154,12 @@ func (m *SVMFacilitator) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return secretopt.Scrub(err, rpcURL)
 	}
-	// The store is part of the key: a facilitator kept across a reload
-	// holds the store it was made with, which one of the same identity
-	// shares (one Badger folder, one Redis database and prefix).
+	// The store's config is part of the key: a facilitator kept across a
+	// reload holds the store handle it was made with, which lives on (the
+	// Badger folder's, the Redis client's, shared per setting) only while
+	// a config loads the store with the very same settings.
 	m.poolKey = fmt.Sprintf("svm network=%s url=%s fee_payer=%s timeout=%d units=%d price=%d failed=%d inflight=%d lamports=%d priority=%d window=%d store=%q",
-		network, rpcURL, f.FeePayer(), m.ConfirmTimeout, m.MaxComputeUnits, m.MaxComputeUnitPrice, m.MaxFailedPerPayer, m.MaxInFlightPerPayer, m.MaxFailedLamports, m.MaxPriorityFeePastBudget, m.FailureWindow, storeIdentity(mod))
+		network, rpcURL, f.FeePayer(), m.ConfirmTimeout, m.MaxComputeUnits, m.MaxComputeUnitPrice, m.MaxFailedPerPayer, m.MaxInFlightPerPayer, m.MaxFailedLamports, m.MaxPriorityFeePastBudget, m.FailureWindow, storeConfig)
 	val, _, err := facilitatorPool.LoadOrNew(m.poolKey, func() (caddy.Destructor, error) { return &pooledSVM{f: f}, nil })
 	if err != nil {
 		return err

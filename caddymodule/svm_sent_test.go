@@ -17,6 +17,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
 	"github.com/aovhq/aov/internal/base58"
+	"github.com/aovhq/aov/internal/servers"
 	"github.com/aovhq/aov/internal/solanachain"
 	"github.com/aovhq/aov/plugins/svmfacilitator"
 	"github.com/aovhq/aov/x402"
@@ -66,30 +67,28 @@ func newBehindSolanaRPC(t *testing.T, chain string) string {
 	return srv.URL
 }
 
-// The svm facilitator keeps the transactions it sent in its store (here
-// Badger in a folder of its own): after a restart, a replay of a payment
-// it answered success is duplicate_settlement naming the transaction even
-// on a node that has not seen it, and nothing moves twice. (Before: the
-// facilitator kept nothing outside the process, and that node had the
-// replay answered success a second time.)
-func TestSVMFacilitatorStoreRefusesReplayAfterRestart(t *testing.T) {
-	e := newSolanaEnv(t)
-	dir := t.TempDir()
-	provision := func(rpc string) (*SVMFacilitator, context.CancelFunc) {
-		var m SVMFacilitator
-		cfg := fmt.Sprintf(`{"network":"solana-devnet","rpc_url":%q,"fee_payer_key_file":%q,"store":{"type":"badger","path":%q}}`, rpc, e.keyFile, dir)
-		if err := json.Unmarshal([]byte(cfg), &m); err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-		if err := m.Provision(ctx); err != nil {
-			cancel()
-			t.Fatal(err)
-		}
-		return &m, func() { m.Cleanup(); cancel() }
+// provisionSVM provisions an svm facilitator on e's fee payer, with rpc
+// and the store module of JSON storeJSON, in a context of its own; stop
+// cleans the module up and cancels the context (the config is unloaded).
+func provisionSVM(t *testing.T, e *solanaEnv, rpc, storeJSON string) (m *SVMFacilitator, stop func()) {
+	t.Helper()
+	m = new(SVMFacilitator)
+	cfg := fmt.Sprintf(`{"network":"solana-devnet","rpc_url":%q,"fee_payer_key_file":%q,"store":%s}`, rpc, e.keyFile, storeJSON)
+	if err := json.Unmarshal([]byte(cfg), m); err != nil {
+		t.Fatal(err)
 	}
-	m, stop := provision(e.chain.URL)
-	fee := svmFeeKey()
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	if err := m.Provision(ctx); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	return m, func() { m.Cleanup(); cancel() }
+}
+
+// svmPayment is a payment of 0.02 USDC from e's payer to its payee, with
+// the requirements it answers.
+func svmPayment(t *testing.T, e *solanaEnv) (x402.PaymentPayload, x402.PaymentRequirements) {
+	t.Helper()
 	authority, err := base58.Decode(e.payer.SecretKey)
 	if err != nil {
 		t.Fatal(err)
@@ -98,12 +97,25 @@ func TestSVMFacilitatorStoreRefusesReplayAfterRestart(t *testing.T) {
 	mint, _ := svmfacilitator.ParsePublicKey(solanachain.USDC)
 	payTo, _ := svmfacilitator.ParsePublicKey(e.payee.Address)
 	var feePayer svmfacilitator.PublicKey
-	copy(feePayer[:], fee.Public().(ed25519.PublicKey))
+	copy(feePayer[:], svmFeeKey().Public().(ed25519.PublicKey))
 	p := svmfacilitator.Payment{FeePayer: feePayer, Authority: ed25519.PrivateKey(authority), Mint: mint, Program: svmfacilitator.TokenProgram,
 		PayTo: payTo, Amount: 20000, Decimals: 6, Blockhash: bh}
 	req := x402.PaymentRequirements{Scheme: x402.SchemeExact, Network: x402.NetworkSolanaDevnet, Amount: "20000", Asset: solanachain.USDC,
 		PayTo: e.payee.Address, MaxTimeoutSeconds: 60, Extra: map[string]any{"feePayer": feePayer.String()}}
-	pp := svmfacilitator.Payload(p.Transaction(), req)
+	return svmfacilitator.Payload(p.Transaction(), req), req
+}
+
+// The svm facilitator keeps the transactions it sent in its store (here
+// Badger in a folder of its own): after a restart, a replay of a payment
+// it answered success is duplicate_settlement naming the transaction even
+// on a node that has not seen it, and nothing moves twice. (Before: the
+// facilitator kept nothing outside the process, and that node had the
+// replay answered success a second time.)
+func TestSVMFacilitatorStoreRefusesReplayAfterRestart(t *testing.T) {
+	e := newSolanaEnv(t)
+	storeJSON := fmt.Sprintf(`{"type":"badger","path":%q}`, t.TempDir())
+	m, stop := provisionSVM(t, e, e.chain.URL, storeJSON)
+	pp, req := svmPayment(t, e)
 	before := e.usdc(t, e.payer.Address)
 	first, err := m.Settle(t.Context(), pp, req)
 	if err != nil || !first.Success {
@@ -111,7 +123,7 @@ func TestSVMFacilitatorStoreRefusesReplayAfterRestart(t *testing.T) {
 	}
 	stop()
 
-	m, stop = provision(newBehindSolanaRPC(t, e.chain.URL))
+	m, stop = provisionSVM(t, e, newBehindSolanaRPC(t, e.chain.URL), storeJSON)
 	defer stop()
 	again, err := m.Settle(t.Context(), pp, req)
 	if err != nil || again.Success || again.ErrorReason != svmfacilitator.ReasonDuplicateSettlement || again.Transaction != first.Transaction {
@@ -120,6 +132,23 @@ func TestSVMFacilitatorStoreRefusesReplayAfterRestart(t *testing.T) {
 	}
 	if got := before - e.usdc(t, e.payer.Address); got != 20000 {
 		t.Fatalf("charged %d; want one payment", got)
+	}
+}
+
+// A reload that changes the store's settings (here the Redis timeout,
+// which gives the store another client) gets a facilitator holding the
+// new store: the old config's client is closed once it is unloaded, and a
+// facilitator kept across the reload with it would fail every settlement.
+func TestSVMFacilitatorReloadWithOtherStoreSettings(t *testing.T) {
+	e := newSolanaEnv(t)
+	srv := servers.StartRedis(t)
+	_, stop := provisionSVM(t, e, e.chain.URL, fmt.Sprintf(`{"type":"redis","addresses":[%q],"timeout":"1s"}`, srv.Addr))
+	m, stop2 := provisionSVM(t, e, e.chain.URL, fmt.Sprintf(`{"type":"redis","addresses":[%q],"timeout":"2s"}`, srv.Addr))
+	defer stop2()
+	stop()
+	pp, req := svmPayment(t, e)
+	if s, err := m.Settle(t.Context(), pp, req); err != nil || !s.Success {
+		t.Fatalf("settle after the reload: %+v %v", s, err)
 	}
 }
 
