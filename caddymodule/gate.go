@@ -486,7 +486,11 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 	if g.Validator == "verify_request" {
 		// The gate only prechecks (parse and compile, no evaluation) and
 		// only when it answers itself, so a small schema cache suffices.
-		g.verifier = verify.New(verify.Config{MaxBodyBytes: g.MaxBody, SchemaCacheSize: gateSchemaCache})
+		// Its size limit is verifierd's (verify's default, no MaxBodyBytes
+		// here), not the gate's max_body: with settle before, a body
+		// within a larger max_body but over verifierd's limit would be
+		// settled and then refused by verifierd, the buyer charged.
+		g.verifier = verify.New(verify.Config{SchemaCacheSize: gateSchemaCache})
 		if g.MCPTool == "" {
 			g.bazaar = apidocs.BazaarVerify()
 		}

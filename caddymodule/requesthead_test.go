@@ -211,3 +211,40 @@ func TestValidateVerifyRequestAnswersVerifierdsRefusalsOfTheHead(t *testing.T) {
 		}
 	})
 }
+
+// With settle before, validate verify_request and a max_body larger than
+// verifierd's 1 MiB, a paid body just over 1 MiB is verifierd's 413: the
+// gate answers it before the payment is settled, nothing charged, no
+// PAYMENT-RESPONSE. (Before: the gate checked the body against its own
+// max_body, settled the payment, and the buyer paid for verifierd's 413.)
+func TestSettleBeforeRefusesVerifierdsTooLargeWhenMaxBodyIsLarger(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	payer := evmfacilitator.DevAccounts()[6]
+	vf := startVerifier(t)
+	base := startCaddy(t, restVerifierSite(vf, fac, 0, "settle before\n\t\t\tmax_body 2MiB"))
+	url := base + "/verify/schema"
+	big := []byte(`{"task_id":"t-big","expected_schema":{"type":"string"},"submitted_output":"` + strings.Repeat("x", verify.DefaultMaxBodyBytes) + `"}`)
+	call := verifyCall{contentType: "application/json", body: big}
+
+	// verifierd itself refuses it: 413.
+	resp, raw := call.send(t, vf.srv.URL+"/verify/schema")
+	if resp.StatusCode != http.StatusRequestEntityTooLarge {
+		t.Fatalf("verifierd answers %d, want 413: %.200s", resp.StatusCode, raw)
+	}
+
+	resp, _ = verifyCall{}.send(t, url)
+	call.payment = signFor(t, paymentRequired(t, resp), 6)
+	before := balance(t, d, payer.Address)
+	resp, raw = call.send(t, url)
+	got := charged(t, d, payer.Address, before)
+	if resp.StatusCode != http.StatusRequestEntityTooLarge || got.Sign() != 0 || resp.Header.Get(x402.HeaderPaymentResponse) != "" {
+		t.Fatalf("status %d, charged %v, PAYMENT-RESPONSE present %v: %.300s; want the gate's 413 with nothing charged",
+			resp.StatusCode, got, resp.Header.Get(x402.HeaderPaymentResponse) != "", raw)
+	}
+	var e struct {
+		Code string `json:"code"`
+	}
+	if json.Unmarshal(raw, &e) != nil || e.Code != "payload_too_large" {
+		t.Fatalf("body %.300s; want payload_too_large", raw)
+	}
+}
