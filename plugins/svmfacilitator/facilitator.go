@@ -372,7 +372,7 @@ func DecodePayload(raw json.RawMessage) (*Transaction, error) {
 // every signature, the blockhash, the accounts, the balance and the
 // decimals) and sets c.resp, or c.landed when the chain already processed
 // the transaction. An error means the chain could not be asked, or the fee
-// payer cannot pay the fee (feePayerError).
+// payer cannot pay any payment's fee (simulationFailed).
 func (f *Facilitator) checkChain(ctx context.Context, c *checked) error {
 	if err := f.checkMint(ctx, c); err != nil || c.resp.InvalidReason != "" {
 		return err
@@ -384,31 +384,70 @@ func (f *Facilitator) checkChain(ctx context.Context, c *checked) error {
 	case errors.As(err, &re) && re.AlreadyProcessed(), err == nil && sim.AlreadyProcessed():
 		c.landed = true
 		return nil
-	case errors.As(err, &re) && re.Rejects() && feePayerError(re.TxErr()):
-		return f.feePayerFault(re.TxErr())
 	case errors.As(err, &re) && re.Rejects():
-		c.resp = refuse(ReasonSimulationFailed, c.payer, "simulation refused: "+truncate(re.Message)).resp
-		return nil
+		return f.simulationFailed(ctx, c, re.TxErr(), "simulation refused: "+truncate(re.Message))
 	case err != nil:
 		// The node could not be asked (overloaded, behind, a proxy's
 		// error): nothing is known of the payment.
 		return fmt.Errorf("simulating: %w", err)
-	case sim.Failed() && feePayerError(sim.Err):
-		return f.feePayerFault(sim.Err)
 	case sim.Failed():
-		c.resp = refuse(ReasonSimulationFailed, c.payer, "simulation failed: "+truncate(string(sim.Err))).resp
-		return nil
+		return f.simulationFailed(ctx, c, sim.Err, "simulation failed: "+truncate(string(sim.Err)))
 	}
 	c.resp = x402.VerifyResponse{IsValid: true, Payer: c.payer}
 	return nil
 }
 
+// simulationFailed judges c's simulation that failed with txErr (msg
+// tells how): a refusal of the payment (ReasonSimulationFailed, which the
+// gateway counts), or an error when the fee payer cannot pay any payment's
+// fee (feePayerFault). The fee payer pays the priority fee the buyer chose
+// (up to the caps), so its shortfall (feePayerShort) is the operator's only
+// when it cannot pay even this payment's base fee and stay rent-exempt:
+// else any buyer could have its own payment answered as the operator's
+// outage (503, uncounted, "send it again") at will by asking for the
+// largest priority fee. The balance is asked only on such a failure; an
+// error asking it is an error (nothing is known).
+func (f *Facilitator) simulationFailed(ctx context.Context, c *checked, txErr json.RawMessage, msg string) error {
+	switch feePayerError(txErr) {
+	case feePayerUnusable:
+		return f.feePayerFault(txErr)
+	case feePayerShort:
+		base := feeOf(int(c.tx.NumSigners), 0)
+		short, err := f.shortOfBaseFee(ctx, base)
+		if err != nil {
+			return fmt.Errorf("fee payer %s: reading its balance after %s: %w", f.feePayer, msg, err)
+		}
+		if short {
+			return f.feePayerFault(txErr)
+		}
+		msg += fmt.Sprintf("; the fee payer cannot pay this payment's priority fee of %d lamports: sign one with a lower priority fee (compute unit limit × price)", c.exposure.priority)
+	}
+	c.resp = refuse(ReasonSimulationFailed, c.payer, msg).resp
+	return nil
+}
+
+// shortOfBaseFee reports whether the fee payer holds less than a base fee
+// of base lamports plus what keeps it rent-exempt: then no payment's fee
+// can be paid, whatever its priority fee. Each call has the RPC's timeout.
+func (f *Facilitator) shortOfBaseFee(ctx context.Context, base uint64) (bool, error) {
+	held, err := f.rpc.Balance(ctx, f.feePayer.String())
+	if err != nil {
+		return false, err
+	}
+	rent, err := f.rpc.RentExemptMinimum(ctx, 0)
+	if err != nil {
+		return false, err
+	}
+	return held < sat(base, rent), nil
+}
+
 // feePayerFault is the error for a simulation that failed on the fee
-// payer's side (feePayerError): the operator's outage, which every payment
-// meets alike until the fee payer is funded, so it is no refusal of the
-// buyer's payment (a new one would fail the same way) but an error (the
-// gateway answers 503, nothing is charged, the same payment can be sent
-// again), naming the account to fund.
+// payer's side when it cannot pay any payment's fee (simulationFailed):
+// the operator's outage, which every payment meets alike until the fee
+// payer is funded, so it is no refusal of the buyer's payment (a new one
+// would fail the same way) but an error (the gateway answers 503, nothing
+// is charged, the same payment can be sent again), naming the account to
+// fund.
 func (f *Facilitator) feePayerFault(txErr json.RawMessage) error {
 	return fmt.Errorf("fee payer %s cannot pay the network fee (simulation failed: %s): it must be a system account holding enough SOL", f.feePayer, truncate(string(txErr)))
 }

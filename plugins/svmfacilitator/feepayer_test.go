@@ -1,8 +1,13 @@
 package svmfacilitator
 
 import (
+	"bytes"
 	"context"
 	"crypto/ed25519"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -113,34 +118,48 @@ func TestPayerShortOfTokensIsThePaymentsFault(t *testing.T) {
 
 // A node carrying the fee payer's failure in a preflight refusal (-32002
 // with the transaction error in its data, as some providers answer a
-// simulation) is the same outage; a refusal naming another account's
-// shortfall is still the payment's fault.
+// simulation) is judged as a failed simulation: a missing fee payer is the
+// outage, a fee payer short of the fee is the outage only when it cannot
+// pay a base fee and stay rent-exempt (else the payment's priority fee is
+// what it cannot pay), and a refusal naming another account's shortfall is
+// the payment's fault.
 func TestFeePayerFailureInAPreflightRefusal(t *testing.T) {
 	e := newEnv(t, Config{})
 	ctx := context.Background()
+	low := testKey("preflight fee payer short of a base fee")
+	e.chain.Airdrop(pub(low).String(), 890_880+1000)
 	for _, c := range []struct {
 		name, err string
+		low       bool // the fee payer holds less than rent and a base fee
 		feePayers bool
 	}{
-		{"no fee payer account", `"AccountNotFound"`, true},
-		{"fee payer short of the fee", `"InsufficientFundsForFee"`, true},
-		{"fee payer below rent", `{"InsufficientFundsForRent":{"account_index":0}}`, true},
-		{"another account below rent", `{"InsufficientFundsForRent":{"account_index":2}}`, false},
-		{"a token program error", `{"InstructionError":[2,{"Custom":1}]}`, false},
-		{"stale blockhash", `"BlockhashNotFound"`, false},
+		{"no fee payer account", `"AccountNotFound"`, false, true},
+		{"fee payer short of the fee", `"InsufficientFundsForFee"`, true, true},
+		{"fee payer below rent", `{"InsufficientFundsForRent":{"account_index":0}}`, true, true},
+		{"funded fee payer short of the fee", `"InsufficientFundsForFee"`, false, false},
+		{"funded fee payer below rent", `{"InsufficientFundsForRent":{"account_index":0}}`, false, false},
+		{"another account below rent", `{"InsufficientFundsForRent":{"account_index":2}}`, false, false},
+		{"a token program error", `{"InstructionError":[2,{"Custom":1}]}`, false, false},
+		{"stale blockhash", `"BlockhashNotFound"`, false, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cfg := e.f.cfg
 			cfg.RPC = &RPC{URL: troubledNode(t, e.chain.URL, 200,
 				`{"jsonrpc":"2.0","id":1,"error":{"code":-32002,"message":"Transaction simulation failed","data":{"err":`+c.err+`,"logs":[]}}}`)}
+			p, req, fee := e.payment(t), e.req, e.fee
+			if c.low {
+				fee = low
+				p.FeePayer = pub(low)
+				req.Extra = map[string]any{"feePayer": pub(low).String()}
+			}
+			cfg.FeePayer = fee
 			f, err := New(cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
-			p := e.payment(t)
-			v, err := f.Verify(ctx, Payload(p.withMemo(c.name), e.req), e.req)
+			v, err := f.Verify(ctx, Payload(p.withMemo(c.name), req), req)
 			if c.feePayers {
-				if err == nil || !strings.Contains(err.Error(), "fee payer "+pub(e.fee).String()) {
+				if err == nil || !strings.Contains(err.Error(), "fee payer "+pub(fee).String()) {
 					t.Fatalf("verify: %+v, err %v; want an error naming the fee payer", v, err)
 				}
 				return
@@ -149,5 +168,80 @@ func TestFeePayerFailureInAPreflightRefusal(t *testing.T) {
 				t.Fatalf("verify: %+v, err %v; want %s", v, err, ReasonSimulationFailed)
 			}
 		})
+	}
+}
+
+// The buyer chooses the priority fee the fee payer pays (within the
+// facilitator's caps). A fee payer funded for every ordinary payment
+// (rent exemption and 100,000 lamports) cannot pay the largest priority
+// fee the caps allow (50,000 units × 5,000,000 micro-lamports: 250,000
+// lamports), and the simulation fails on account 0; that payment is
+// refused as invalid_exact_svm_transaction_simulation_failed, told to
+// lower its priority fee, while an ordinary one from the same buyer
+// verifies. (Before: the fee payer's outage, an error: the gateway's 503,
+// uncounted, "send the same payment again", at the buyer's will.)
+func TestBuyersPriorityFeeBeyondTheFeePayerIsThePaymentsFault(t *testing.T) {
+	e := newEnv(t, Config{})
+	ctx := context.Background()
+	key := testKey("fee payer funded for ordinary payments")
+	e.chain.Airdrop(pub(key).String(), 890_880+100_000)
+	f, req := withFeePayer(t, e, key)
+
+	p := e.payment(t)
+	p.FeePayer = pub(key)
+	if v, err := f.Verify(ctx, Payload(p.Transaction(), req), req); err != nil || !v.IsValid {
+		t.Fatalf("ordinary payment: %+v, err %v; want valid", v, err)
+	}
+
+	ixs := p.Instructions()
+	ixs[0] = ComputeLimitIx(uint32(f.cfg.MaxComputeUnits))
+	ixs[1] = ComputePriceIx(f.cfg.MaxComputeUnitPrice)
+	p.Memo = "priority fee at the caps"
+	v, err := f.Verify(ctx, Payload(p.Build(ixs), req), req)
+	if err != nil || v.IsValid || v.InvalidReason != ReasonSimulationFailed || !strings.Contains(v.InvalidMessage, "lower priority fee") {
+		t.Fatalf("payment at the fee caps: %+v, err %v; want %s telling to lower the priority fee", v, err, ReasonSimulationFailed)
+	}
+	t.Logf("%s", v.InvalidMessage)
+}
+
+// A fee payer's shortfall with the balance unreadable (the node fails
+// getBalance) is an error, never a refusal nor a pass: nothing is known of
+// whose fault it is, so nothing is charged and the same payment can be
+// sent again.
+func TestFeePayerShortfallWithTheBalanceUnreadableIsAnError(t *testing.T) {
+	e := newEnv(t, Config{})
+	node := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		var req struct {
+			Method string `json:"method"`
+		}
+		json.Unmarshal(b, &req)
+		switch req.Method {
+		case "simulateTransaction":
+			io.WriteString(w, `{"jsonrpc":"2.0","id":1,"result":{"context":{"slot":1},"value":{"err":"InsufficientFundsForFee","logs":[]}}}`)
+			return
+		case "getBalance":
+			w.WriteHeader(http.StatusBadGateway)
+			io.WriteString(w, `{"jsonrpc":"2.0","id":1,"error":{"code":-32603,"message":"upstream down"}}`)
+			return
+		}
+		resp, err := http.Post(e.chain.URL, "application/json", bytes.NewReader(b))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		defer resp.Body.Close()
+		io.Copy(w, resp.Body)
+	}))
+	t.Cleanup(node.Close)
+	cfg := e.f.cfg
+	cfg.RPC = &RPC{URL: node.URL}
+	f, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := f.Verify(context.Background(), Payload(e.payment(t).Transaction(), e.req), e.req)
+	if err == nil || !strings.Contains(err.Error(), "reading its balance") {
+		t.Fatalf("verify: %+v, err %v; want an error reading the fee payer's balance", v, err)
 	}
 }

@@ -136,30 +136,54 @@ func (e *RPCError) TxErr() json.RawMessage {
 	return d.Err
 }
 
+// feeFault is whose a failed simulation's transaction error is, as far as
+// the error alone tells (feePayerError).
+type feeFault int
+
+const (
+	// notFeePayers: the payment's (another account's, an instruction's).
+	notFeePayers feeFault = iota
+	// feePayerUnusable: the fee payer cannot pay any fee. The chain has no
+	// account for it (AccountNotFound: Agave loads the fee payer before
+	// anything else and answers so only for it; a missing token account
+	// fails in the token program, as an InstructionError), or a program
+	// owns it or it holds data (InvalidAccountForFee). The operator's to
+	// fix, and every payment meets it alike.
+	feePayerUnusable
+	// feePayerShort: the fee payer holds too few lamports for this
+	// transaction's fee (InsufficientFundsForFee), or paying it would
+	// leave it below rent exemption (InsufficientFundsForRent of account
+	// 0, which Verify requires to be the fee payer). The fee includes the
+	// priority fee the buyer chose, so this is the operator's outage only
+	// when the fee payer cannot pay even the base fee (shortOfBaseFee);
+	// else it is the payment asking for more than the fee payer holds.
+	feePayerShort
+)
+
 // feePayerError reports whether a transaction error (JSON, as nodes
-// serialize Agave's TransactionError) is the fee payer's, not the
-// payment's: the chain has no account for it (AccountNotFound: Agave loads
-// the fee payer before anything else and answers so only for it; a
-// missing token account fails in the token program, as an
-// InstructionError), it holds too few lamports for the fee
-// (InsufficientFundsForFee), it cannot pay fees at all
-// (InvalidAccountForFee: a program owns it, or it holds data), or paying
-// would leave it below rent exemption (InsufficientFundsForRent of
-// account 0, which Verify requires to be the fee payer). The fee payer is
-// ours, so any of these is the operator's to fix, and every payment meets
-// it alike.
-func feePayerError(err json.RawMessage) bool {
+// serialize Agave's TransactionError) is the fee payer's, and how
+// (feeFault).
+func feePayerError(err json.RawMessage) feeFault {
 	var name string
 	if json.Unmarshal(err, &name) == nil {
-		return name == "AccountNotFound" || name == "InsufficientFundsForFee" || name == "InvalidAccountForFee"
+		switch name {
+		case "AccountNotFound", "InvalidAccountForFee":
+			return feePayerUnusable
+		case "InsufficientFundsForFee":
+			return feePayerShort
+		}
+		return notFeePayers
 	}
 	var rent struct {
 		InsufficientFundsForRent *struct {
 			AccountIndex *int `json:"account_index"`
 		}
 	}
-	return json.Unmarshal(err, &rent) == nil && rent.InsufficientFundsForRent != nil &&
-		rent.InsufficientFundsForRent.AccountIndex != nil && *rent.InsufficientFundsForRent.AccountIndex == 0
+	if json.Unmarshal(err, &rent) == nil && rent.InsufficientFundsForRent != nil &&
+		rent.InsufficientFundsForRent.AccountIndex != nil && *rent.InsufficientFundsForRent.AccountIndex == 0 {
+		return feePayerShort
+	}
+	return notFeePayers
 }
 
 // alreadyProcessed reports whether a transaction error (JSON, as nodes
@@ -472,4 +496,22 @@ func (c *RPC) AccountInfo(ctx context.Context, address string) (*Account, error)
 	cfg := map[string]any{"encoding": "base64", "commitment": "confirmed"}
 	err := c.call(ctx, "getAccountInfo", []any{address, cfg}, &out)
 	return out.Value, err
+}
+
+// Balance returns the lamports an account holds as the confirmed bank
+// holds it (0 when it does not exist).
+func (c *RPC) Balance(ctx context.Context, address string) (uint64, error) {
+	var out struct {
+		Value uint64 `json:"value"`
+	}
+	err := c.call(ctx, "getBalance", []any{address, map[string]any{"commitment": "confirmed"}}, &out)
+	return out.Value, err
+}
+
+// RentExemptMinimum returns the lamports an account of size bytes of
+// data must hold to be rent-exempt.
+func (c *RPC) RentExemptMinimum(ctx context.Context, size int) (uint64, error) {
+	var out uint64
+	err := c.call(ctx, "getMinimumBalanceForRentExemption", []any{size}, &out)
+	return out, err
 }
