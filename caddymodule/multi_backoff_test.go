@@ -3,10 +3,13 @@ package caddymodule
 import (
 	"context"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/aovhq/aov/plugins/evmfacilitator"
 	"github.com/aovhq/aov/plugins/svmfacilitator"
 	"github.com/aovhq/aov/x402"
 )
@@ -128,5 +131,128 @@ func TestMultiSkipsAFailedFacilitatorForAWhile(t *testing.T) {
 	}
 	if got := pick(ctx, solana, 12); got != svm {
 		t.Fatalf("picked %T, want the svm facilitator", got)
+	}
+}
+
+// hangingRemote is an HTTP facilitator whose every endpoint hangs until
+// the test ends or the caller leaves, with x402's default timeout (30 s).
+func hangingRemote(t *testing.T) *x402.HTTPFacilitator {
+	t.Helper()
+	hang := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-hang:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(func() { close(hang); srv.Close() })
+	return x402.NewHTTPFacilitator(x402.HTTPFacilitatorConfig{URL: srv.URL})
+}
+
+// multi { http <remote that hangs>; http <healthy remote> }, with callers
+// whose deadline is short (500 ms): each member's /supported ask gets at
+// most half the caller's time left, so the healthy second member is asked
+// with time left and picked, and a failure the caller's deadline cut short
+// starts no backoff for either. The verify sent to the member picked has
+// time left too, and is answered. (Before: the first member's ask spent
+// the whole deadline, the second was asked on an expired context and its
+// failure started its backoff: the next payments, which skipped the first,
+// found the healthy second skipped as well.)
+func TestMultiCallersDeadlineBacksOffNoHealthyMember(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	a := hangingRemote(t)
+	b := x402.NewHTTPFacilitator(x402.HTTPFacilitatorConfig{URL: fac})
+	s, err := b.Supported(context.Background())
+	if err != nil || len(s.Kinds) == 0 {
+		t.Fatalf("healthy facilitator's /supported: %v %v", s, err)
+	}
+	req := x402.PaymentRequirements{Scheme: s.Kinds[0].Scheme, Network: s.Kinds[0].Network}
+	m := &MultiFacilitator{fs: []x402.Facilitator{a, b}}
+	m.ready()
+	for i := range 3 {
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		got, err := m.pick(ctx, req)
+		cancel()
+		if got != x402.Facilitator(b) {
+			t.Fatalf("payment %d: picked %v, err %v; want the healthy second facilitator", i, got, err)
+		}
+	}
+	m.mu.Lock()
+	failed := m.failed
+	m.mu.Unlock()
+	for i, f := range failed {
+		if f.err != nil {
+			t.Errorf("member %d backed off (%v) for a failure the caller's deadline caused", i, f.err)
+		}
+	}
+	// Verify through the multi, afresh: the member picked verifies a good
+	// payment within the caller's deadline.
+	m = &MultiFacilitator{fs: []x402.Facilitator{a, b}}
+	m.ready()
+	req = x402.PaymentRequirements{Scheme: "exact", Network: evmfacilitator.DevnetNetwork, Amount: "1000", Asset: d.Token().Hex(),
+		PayTo: payTo.Hex(), MaxTimeoutSeconds: 60, Extra: d.Asset().Extra()}
+	p, err := x402.SignExactEVM(evmfacilitator.DevKey(6), req, &x402.Resource{URL: "http://example.test/verify/schema"}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	if v, err := m.Verify(ctx, p, req); err != nil || !v.IsValid {
+		t.Fatalf("verify: %+v, err %v; want the healthy member's verdict, asked with time left", v, err)
+	}
+}
+
+// A member whose /supported hangs past multiAskTimeout, for a caller with
+// time to spare (no deadline here), costs the payment multiAskTimeout,
+// not the member's own timeout, and is backed off: the next payment goes
+// straight to the next member.
+func TestMultiBoundsEachSupportedAsk(t *testing.T) {
+	old := multiAskTimeout
+	multiAskTimeout = 200 * time.Millisecond
+	t.Cleanup(func() { multiAskTimeout = old })
+	f, err := svmfacilitator.New(svmfacilitator.Config{RPC: &svmfacilitator.RPC{URL: "http://127.0.0.1:1"},
+		Network: x402.NetworkSolanaDevnet, FeePayer: svmfacilitator.DevFeePayer()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svm := &SVMFacilitator{f: f}
+	hung := &hungFacilitator{wait: time.Hour}
+	m := &MultiFacilitator{fs: []x402.Facilitator{hung, svm}}
+	m.ready()
+	solana := x402.PaymentRequirements{Scheme: "exact", Network: x402.NetworkSolanaDevnet}
+	for i := range 2 {
+		start := time.Now()
+		got, err := m.pick(context.Background(), solana)
+		if got != x402.Facilitator(svm) {
+			t.Fatalf("payment %d: picked %v, err %v; want the svm facilitator", i, got, err)
+		}
+		if d := time.Since(start); d > 2*multiAskTimeout {
+			t.Fatalf("payment %d waited %v; want at most about %v", i, d.Round(time.Millisecond), multiAskTimeout)
+		}
+	}
+	if n := hung.asked(); n != 1 {
+		t.Fatalf("the hung member was asked %d times; want once, then backed off", n)
+	}
+}
+
+// A caller whose context is already spent when the member is picked (here:
+// canceled) is not sent on to the member: the multi answers the caller's
+// error itself, and the member's verify and settle are never called.
+func TestMultiSendsNothingOnASpentContext(t *testing.T) {
+	member := &hungFacilitator{up: true,
+		kinds: []x402.SupportedKind{{X402Version: x402.Version, Scheme: "exact", Network: "eip155:8453"}}}
+	req := x402.PaymentRequirements{Scheme: "exact", Network: "eip155:8453"}
+	m := &MultiFacilitator{fs: []x402.Facilitator{member}}
+	m.ready()
+	if got, err := m.pick(context.Background(), req); got != x402.Facilitator(member) {
+		t.Fatalf("pick: %v %v", got, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := m.Verify(ctx, x402.PaymentPayload{}, req); !errors.Is(err, context.Canceled) {
+		t.Fatalf("verify: err %v; want the caller's context.Canceled, the member not asked", err)
+	}
+	if _, err := m.Settle(ctx, x402.PaymentPayload{}, req); !errors.Is(err, context.Canceled) {
+		t.Fatalf("settle: err %v; want the caller's context.Canceled, the member not asked", err)
 	}
 }

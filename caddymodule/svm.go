@@ -356,7 +356,9 @@ func facPositive[T int | uint32 | uint64](d *caddyfile.Dispenser, dst *T) error 
 // /supported failed is skipped for a while (multiRetryFirst, doubling up
 // to multiRetryMax while it keeps failing): asked again for every payment,
 // a remote that hangs would make every payment for a later member wait
-// out its timeout first.
+// out its timeout first. Each ask is bounded (multiAskTimeout), so a
+// remote that hangs leaves the later members, and the verify or settle,
+// the rest of the caller's time.
 //
 // Module ID: x402.facilitators.multi
 type MultiFacilitator struct {
@@ -423,11 +425,21 @@ const (
 	multiRetryMax   = time.Minute
 )
 
+// multiAskTimeout bounds one member's /supported ask, and so does half the
+// caller's time left: a remote that hangs (until its own timeout, 30 s by
+// default, as long as the gate's whole verify or settle) then costs a
+// payment at most this, and the next member, and the verify or settle of
+// the member picked, still have time. A variable for tests.
+var multiAskTimeout = 5 * time.Second
+
 // kinds returns fs[i]'s /supported: the remembered answer while it is
 // fresh, no answer while a failure's backoff lasts, else the member's
-// answer, remembered either way. A call the caller gave up on (its
-// context canceled: the client left) says nothing of the member, and
-// starts no backoff.
+// answer (asked within ask's bound), remembered either way. A failure the
+// caller caused says nothing of the member and starts no backoff: its
+// context ended (the client left, or its deadline passed), or the ask ran
+// out of a bound the caller's deadline had cut below multiAskTimeout.
+// Else a later, healthy member asked after an earlier one spent the
+// caller's time would be backed off too.
 func (m *MultiFacilitator) kinds(ctx context.Context, i int) (x402.SupportedResponse, error) {
 	t := now()
 	m.mu.Lock()
@@ -439,9 +451,12 @@ func (m *MultiFacilitator) kinds(ctx context.Context, i int) (x402.SupportedResp
 	if failed.err != nil && t.Before(failed.until) {
 		return x402.SupportedResponse{}, fmt.Errorf("%w (not asked again until %s)", failed.err, failed.until.UTC().Format(time.RFC3339))
 	}
-	s, err := m.fs[i].Supported(ctx)
+	askCtx, cancel, cut := ask(ctx)
+	s, err := m.fs[i].Supported(askCtx)
+	byCaller := ctx.Err() != nil || cut && errors.Is(askCtx.Err(), context.DeadlineExceeded)
+	cancel()
 	if err != nil {
-		if !errors.Is(ctx.Err(), context.Canceled) {
+		if !byCaller {
 			wait := multiRetryFirst
 			if failed.err != nil {
 				wait = min(2*failed.wait, multiRetryMax)
@@ -456,6 +471,20 @@ func (m *MultiFacilitator) kinds(ctx context.Context, i int) (x402.SupportedResp
 	m.supported[i], m.at[i], m.failed[i] = s, now(), multiFailure{}
 	m.mu.Unlock()
 	return s, nil
+}
+
+// ask returns the context of one member's /supported ask: ctx bounded by
+// multiAskTimeout and by half ctx's time left, and whether the latter,
+// the caller's deadline, cut it.
+func ask(ctx context.Context) (context.Context, context.CancelFunc, bool) {
+	bound, cut := multiAskTimeout, false
+	if dl, ok := ctx.Deadline(); ok {
+		if half := time.Until(dl) / 2; half < bound {
+			bound, cut = half, true
+		}
+	}
+	c, cancel := context.WithTimeout(ctx, bound)
+	return c, cancel, cut
 }
 
 // pick returns the facilitator for req; nil with no error when none
@@ -486,6 +515,11 @@ func (m *MultiFacilitator) Verify(ctx context.Context, p x402.PaymentPayload, re
 		}
 		return x402.VerifyResponse{IsValid: false, InvalidReason: x402.ReasonNoFacilitatorForNetwork, InvalidMessage: "no facilitator settles " + req.Network}, nil
 	}
+	// Never ask the member picked on a context already spent: its
+	// failure would read as the member's.
+	if err := ctx.Err(); err != nil {
+		return x402.VerifyResponse{}, fmt.Errorf("no time left to verify: %w", err)
+	}
 	return f.Verify(ctx, p, req)
 }
 
@@ -498,6 +532,11 @@ func (m *MultiFacilitator) Settle(ctx context.Context, p x402.PaymentPayload, re
 			return x402.SettleResponse{}, err
 		}
 		return x402.SettleResponse{ErrorReason: x402.ReasonNoFacilitatorForNetwork, Network: req.Network}, nil
+	}
+	// Never ask the member picked on a context already spent: its
+	// failure would read as the member's.
+	if err := ctx.Err(); err != nil {
+		return x402.SettleResponse{}, fmt.Errorf("no time left to settle: %w", err)
 	}
 	return f.Settle(ctx, p, req)
 }
