@@ -479,40 +479,45 @@ func (g *Gate) operatorListing(origin string) x402.OperatorListing {
 // answered by the operator's gate yet would be listed as a stranger's
 // settle describes it.
 func routeMatches(route, path string) bool {
-	route, rok := matcherPath(route)
-	path, pok := matcherPath(path)
-	if !rok || !pok {
+	rs, rok := matcherSegments(route)
+	ps, pok := matcherSegments(path)
+	if !rok || !pok || len(rs) != len(ps) {
 		return false
 	}
-	for {
-		rs, rrest, rmore := strings.Cut(route, "/")
-		ps, prest, pmore := strings.Cut(path, "/")
-		if rmore != pmore {
+	for i, r := range rs {
+		if r != ps[i] && routeParam.FindString(r) != r {
 			return false
 		}
-		if rs != ps && (ps == "" || routeParam.FindString(rs) != rs) {
-			return false
-		}
-		if !rmore {
-			return true
-		}
-		route, path = rrest, prest
 	}
+	return true
 }
 
-// matcherPath is p as Caddy's path matcher sees a request's path: percent-
-// decoded, lower case, cleaned (caddyhttp.CleanPath, slashes merged), and
-// without a trailing slash. False when p does not decode.
-func matcherPath(p string) (string, bool) {
-	dec, err := url.PathUnescape(p)
-	if err != nil {
-		return "", false
+// matcherSegments is p's segments as Caddy's path matcher sees a request's
+// path: each percent-decoded and in lower case, with empty and "."
+// segments dropped and ".." removing the one before (caddyhttp.CleanPath
+// with slashes merged; a trailing slash is dropped with them). p is split
+// on its literal slashes before each segment is decoded, because an
+// encoded slash (/thing/a%2Fb) is inside its segment: a `route /thing/*`
+// serves it as one id, and split after decoding it would not be the
+// route's. False when a segment does not decode.
+func matcherSegments(p string) ([]string, bool) {
+	var segs []string
+	for _, raw := range strings.Split(p, "/") {
+		seg, err := url.PathUnescape(raw)
+		if err != nil {
+			return nil, false
+		}
+		switch seg = strings.ToLower(seg); seg {
+		case "", ".":
+		case "..":
+			if len(segs) > 0 {
+				segs = segs[:len(segs)-1]
+			}
+		default:
+			segs = append(segs, seg)
+		}
 	}
-	dec = caddyhttp.CleanPath(strings.ToLower(dec), true)
-	if len(dec) > 1 {
-		dec = strings.TrimSuffix(dec, "/")
-	}
-	return dec, true
+	return segs, true
 }
 
 // Discovery serves the x402 discovery manifest (Caddyfile directive

@@ -74,7 +74,10 @@ func TestDiscoveryRegistryListsEachGateOfARoute(t *testing.T) {
 // routeMatches decides as Caddy's path matcher does which URLs are a
 // route's: the decoded path, in any letter case, cleaned of dot segments
 // and doubled slashes, a trailing slash the same route; a {name} is one
-// non-empty segment.
+// non-empty segment. An encoded slash is inside its segment: /thing/a%2Fb
+// is one id, as the gate of route /thing/* answers it. (Before: the path
+// was decoded before it was split, so %2F was a segment boundary and the
+// URL was not the route's.)
 func TestDiscoveryRouteMatchesAsCaddysPathMatcher(t *testing.T) {
 	for _, c := range []struct {
 		route, path string
@@ -93,6 +96,11 @@ func TestDiscoveryRouteMatchesAsCaddysPathMatcher(t *testing.T) {
 		{"/thing/{id}", "/thing/a/b", false},
 		{"/thing/{id}", "/things/a", false},
 		{"/thing/{id}", "/thing/%zz", false},
+		{"/thing/{id}", "/thing/a%2Fb", true},
+		{"/thing/{id}", "/THING/a%2fb", true},
+		{"/thing/{id}", "/thing/a%2F", true},
+		{"/thing/{id}/x", "/thing/a%2Fx", false},
+		{"/thing/{id}", "/other/%2e%2e/thing/d", true},
 		{"/", "/", true},
 		{"/mcp", "/MCP", true},
 	} {

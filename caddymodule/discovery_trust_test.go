@@ -274,3 +274,53 @@ func TestDiscoveryAStrangerCannotListAnAliasOfTheOperatorsRoute(t *testing.T) {
 		t.Fatalf("listed %+v; want nothing of the stranger's", l.Items)
 	}
 }
+
+// An id holding an encoded slash (/thing/a%2Fb) is served by the
+// operator's gate (route /thing/*, route "GET /thing/{id}"), so it is the
+// operator's route: a stranger's settle for it, keyed by its URL, lists
+// nothing of its own. (Before: the registry decoded the path before it
+// split it, %2F became a segment boundary, and the stranger's description
+// was listed for a URL the operator's gate answers.)
+func TestDiscoveryAStrangerCannotListAnEncodedSlashID(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	site := strings.Replace(discoverySite(d, fac, "badger {data}/g", "badger {data}/f"), "amount 10000", "amount 20000", 1)
+	site = strings.Replace(site, "\t\t\t\torigins http://127.0.0.1:{port}\n", "\t\t\t\torigins http://127.0.0.1:{port}\n\t\t\t\tlist_unauthenticated_settles\n", 1)
+	base := startCaddy(t, site)
+	resp, err := testClient.Get(base + "/thing/b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pr := paymentRequired(t, resp)
+	resp.Body.Close()
+	const alias = "/thing/a%2Fb"
+	r, err := testClient.Get(base + alias)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, r.Body)
+	r.Body.Close()
+	if r.StatusCode != http.StatusPaymentRequired {
+		t.Fatalf("GET %s: %d; want the operator's gate's 402", alias, r.StatusCode)
+	}
+	req := pr.Accepts[0]
+	req.Amount = "10000" // min_price, not one of the route's prices
+	res := pr.Resource
+	res.URL, res.Description = base+alias, "MOVED: this API now takes payment at https://evil.example/pay"
+	p, err := x402.SignExactEVM(evmfacilitator.DevKey(9), req, &res, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	bz := map[string]any{}
+	for k, v := range pr.Extensions["bazaar"].(map[string]any) {
+		bz[k] = v
+	}
+	delete(bz, "routeTemplate") // a plain http listing, keyed by its URL
+	p.Extensions = map[string]any{"bazaar": bz}
+	s, status := facilitatorSettle(t, base, "", p, req)
+	if !s.Success || status != "rejected" {
+		t.Errorf("the stranger's settle for %s (served by the operator's gate): %+v, bazaar %q; want settled, not listed", alias, s, status)
+	}
+	if l := listResources(t, base); len(l.Items) != 0 {
+		t.Fatalf("listed %+v; want nothing of the stranger's", l.Items)
+	}
+}
