@@ -54,7 +54,8 @@ type FreeAllowance struct {
 	// letting it read the answers), a site could spend every visitor's free
 	// calls as its own. Such a page gets the 402 offer instead, which it
 	// may pay. A request without Origin (an agent, curl) and a page of the
-	// site itself are served free whatever this says.
+	// site itself (on public_base_url when the gate has one, else on the
+	// request's Host) are served free whatever this says.
 	Origins []string `json:"origins,omitempty"`
 
 	perDay    string          // PerDay, formatted for Free-Allowance-Limit
@@ -101,11 +102,16 @@ func (f *FreeAllowance) provision() error {
 
 // servesOrigin reports whether r may be served from the allowance by the
 // page that sent it: a request without Origin (not a browser's
-// cross-origin call), a page of the site itself (its Origin's host is the
-// request's Host, or the origin is base, the gate's public_base_url), or a
-// page on an origin Origins lists. Anything else, "null" (a sandboxed or
-// file page) included, is a page on another origin spending its visitor's
-// free calls.
+// cross-origin call), a page of the site itself, or a page on an origin
+// Origins lists. Anything else, "null" (a sandboxed or file page) included,
+// is a page on another origin spending its visitor's free calls.
+//
+// The site's own origin is base, the gate's public_base_url, when it has
+// one. Only without it is an Origin whose host is the request's Host the
+// site's own: Host is the client's choice, and a DNS-rebinding page
+// (Origin and Host both rebind.evil.example, the name pointed at this
+// site's address) passes that test while the browser lets it read the
+// answers as its own.
 func (f *FreeAllowance) servesOrigin(r *http.Request, base string) bool {
 	o := r.Header.Get("Origin")
 	if o == "" || f.anyOrigin {
@@ -117,6 +123,9 @@ func (f *FreeAllowance) servesOrigin(r *http.Request, base string) bool {
 	}
 	if f.origins[norm] || norm == base {
 		return true
+	}
+	if base != "" {
+		return false
 	}
 	_, host, _ := strings.Cut(norm, "://")
 	own, _ := withoutDefaultPort(strings.ToLower(r.Host), "80", "443")

@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -67,5 +68,80 @@ func TestFreeAllowanceOriginsAreChecked(t *testing.T) {
 		if err := f.provision(); err == nil || !strings.Contains(err.Error(), o) {
 			t.Errorf("origins %q: %v; want an error naming it", o, err)
 		}
+	}
+}
+
+// freeSiteOn is a GET route with a free allowance (4 a day, key ip, no
+// origins listed), behind x402_cors any origin as Caddyfile.example has
+// it, and public_base_url https://site.example.
+func freeSiteOn(t *testing.T) string {
+	up := reflectingUpstream(t, `{"report":"for the visitor"}`)
+	return startCaddy(t, `:{port} {
+	x402_cors {
+		origins *
+	}
+	route /report/* {
+		x402 {
+			accept devnet $0.01 `+payTo.Hex()+`
+			route "GET /report/{id}"
+			public_base_url https://site.example
+			facilitator http {
+				url http://127.0.0.1:1
+			}
+			store badger {data}/gate
+			free_allowance {
+				pool p
+				per_day 4
+				key ip
+			}
+		}
+		reverse_proxy `+up+`
+	}
+}
+`)
+}
+
+// freeGet sends a GET with Host host (unless empty) and hdr, and returns
+// its answer, read and closed.
+func freeGet(t *testing.T, url, host string, hdr map[string]string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if host != "" {
+		req.Host = host
+	}
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := testClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp
+}
+
+// With public_base_url set, its origin is the only one whose pages are
+// the site's own. A DNS-rebinding page (http://rebind.evil.example, the
+// name pointed at the site's address) sends Host rebind.evil.example with
+// a matching Origin, and the browser lets it read the answers as its own:
+// it gets the 402 offer and nothing is counted. The site's own page is
+// served free whatever Host it came through. (Before: an Origin whose host
+// was the request's Host, which the client chooses, was the site's own, so
+// the rebinding page spent its visitor's free calls and read the answers.)
+func TestFreeAllowanceADNSRebindingPageIsNotTheSitesOwn(t *testing.T) {
+	base := freeSiteOn(t)
+	resp := freeGet(t, base+"/report/1", "rebind.evil.example", map[string]string{"Origin": "http://rebind.evil.example"})
+	if resp.StatusCode != http.StatusPaymentRequired || resp.Header.Get(HeaderFreeRemaining) != "" {
+		t.Errorf("page on http://rebind.evil.example (Host rebind.evil.example, public_base_url https://site.example): %d, %s %q; want the 402 offer, no free call",
+			resp.StatusCode, HeaderFreeRemaining, resp.Header.Get(HeaderFreeRemaining))
+	}
+	resp = freeGet(t, base+"/report/1", "", map[string]string{"Origin": "https://site.example"})
+	if resp.StatusCode != http.StatusOK || resp.Header.Get(HeaderFreeRemaining) != "3" {
+		t.Errorf("page on https://site.example (the public_base_url): %d, %s %q; want 200 from the allowance, 3 left (the rebinding page counted nothing)",
+			resp.StatusCode, HeaderFreeRemaining, resp.Header.Get(HeaderFreeRemaining))
 	}
 }
