@@ -55,7 +55,8 @@ type FreeAllowance struct {
 	// calls as its own. Such a page gets the 402 offer instead, which it
 	// may pay. A request without Origin (an agent, curl) and a page of the
 	// site itself (on public_base_url when the gate has one, else on the
-	// request's Host) are served free whatever this says.
+	// request's Host) are served free whatever this says, unless the
+	// browser's Sec-Fetch-Site says another site sent it (fromAnotherSite).
 	Origins []string `json:"origins,omitempty"`
 
 	perDay    string          // PerDay, formatted for Free-Allowance-Limit
@@ -104,7 +105,11 @@ func (f *FreeAllowance) provision() error {
 // page that sent it: a request without Origin (not a browser's
 // cross-origin call), a page of the site itself, or a page on an origin
 // Origins lists. Anything else, "null" (a sandboxed or file page) included,
-// is a page on another origin spending its visitor's free calls.
+// is a page on another origin spending its visitor's free calls. So is a
+// request the browser says another site made (fromAnotherSite), whatever
+// its Origin, unless that Origin is listed: a GET for an <img> or a
+// no-cors fetch carries no Origin, and without this any page could burn
+// its visitors' free calls, unread, with an image.
 //
 // The site's own origin is base, the gate's public_base_url, when it has
 // one. Only without it is an Origin whose host is the request's Host the
@@ -113,8 +118,15 @@ func (f *FreeAllowance) provision() error {
 // site's address) passes that test while the browser lets it read the
 // answers as its own.
 func (f *FreeAllowance) servesOrigin(r *http.Request, base string) bool {
+	if f.anyOrigin {
+		return true
+	}
 	o := r.Header.Get("Origin")
-	if o == "" || f.anyOrigin {
+	if fromAnotherSite(r) {
+		norm, err := normalizeOrigin(o)
+		return err == nil && f.origins[norm]
+	}
+	if o == "" {
 		return true
 	}
 	norm, err := normalizeOrigin(o)
@@ -130,6 +142,23 @@ func (f *FreeAllowance) servesOrigin(r *http.Request, base string) bool {
 	_, host, _ := strings.Cut(norm, "://")
 	own, _ := withoutDefaultPort(strings.ToLower(r.Host), "80", "443")
 	return host == own
+}
+
+// fromAnotherSite reports whether the browser that sent r says a page of
+// another origin made it: its Sec-Fetch-Site is present and neither
+// same-origin nor none (the user typed the URL, or opened a bookmark), so
+// cross-site, same-site (another origin of the same site) or a value yet
+// to be defined. A navigation the user made (a link clicked, a form sent:
+// Sec-Fetch-Mode navigate, Sec-Fetch-User ?1) is the visitor's own call
+// and is not, as a link to the API from another site is meant to work; a
+// navigation without the user's gesture (a script's, a frame's loading) is. Clients that are not browsers send none of
+// these headers, and a browser does not let a page set them.
+func fromAnotherSite(r *http.Request) bool {
+	switch r.Header.Get("Sec-Fetch-Site") {
+	case "", "same-origin", "none":
+		return false
+	}
+	return r.Header.Get("Sec-Fetch-Mode") != "navigate" || r.Header.Get("Sec-Fetch-User") != "?1"
 }
 
 func (f *FreeAllowance) validate() error {

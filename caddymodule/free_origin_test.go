@@ -71,10 +71,10 @@ func TestFreeAllowanceOriginsAreChecked(t *testing.T) {
 	}
 }
 
-// freeSiteOn is a GET route with a free allowance (4 a day, key ip, no
-// origins listed), behind x402_cors any origin as Caddyfile.example has
-// it, and public_base_url https://site.example.
-func freeSiteOn(t *testing.T) string {
+// freeSiteOn is a GET route with a free allowance (4 a day, key ip, the
+// free_allowance lines extra added), behind x402_cors any origin as
+// Caddyfile.example has it, and public_base_url https://site.example.
+func freeSiteOn(t *testing.T, extra string) string {
 	up := reflectingUpstream(t, `{"report":"for the visitor"}`)
 	return startCaddy(t, `:{port} {
 	x402_cors {
@@ -93,6 +93,7 @@ func freeSiteOn(t *testing.T) string {
 				pool p
 				per_day 4
 				key ip
+				`+extra+`
 			}
 		}
 		reverse_proxy `+up+`
@@ -133,7 +134,7 @@ func freeGet(t *testing.T, url, host string, hdr map[string]string) *http.Respon
 // was the request's Host, which the client chooses, was the site's own, so
 // the rebinding page spent its visitor's free calls and read the answers.)
 func TestFreeAllowanceADNSRebindingPageIsNotTheSitesOwn(t *testing.T) {
-	base := freeSiteOn(t)
+	base := freeSiteOn(t, "")
 	resp := freeGet(t, base+"/report/1", "rebind.evil.example", map[string]string{"Origin": "http://rebind.evil.example"})
 	if resp.StatusCode != http.StatusPaymentRequired || resp.Header.Get(HeaderFreeRemaining) != "" {
 		t.Errorf("page on http://rebind.evil.example (Host rebind.evil.example, public_base_url https://site.example): %d, %s %q; want the 402 offer, no free call",
@@ -143,5 +144,44 @@ func TestFreeAllowanceADNSRebindingPageIsNotTheSitesOwn(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || resp.Header.Get(HeaderFreeRemaining) != "3" {
 		t.Errorf("page on https://site.example (the public_base_url): %d, %s %q; want 200 from the allowance, 3 left (the rebinding page counted nothing)",
 			resp.StatusCode, HeaderFreeRemaining, resp.Header.Get(HeaderFreeRemaining))
+	}
+}
+
+// A browser sends no Origin on a GET it makes for an <img>, a <script> or
+// fetch(…, {mode: 'no-cors'}), only Sec-Fetch-Site: such a request from
+// another site (cross-site, or same-site: another origin of the same
+// site) is a page of another origin, served free only when its Origin is
+// listed, and nothing is counted when it is refused. A top-level
+// navigation the user made (a link clicked: Sec-Fetch-Mode navigate,
+// Sec-Fetch-User ?1) is the visitor's own call, and served free as a
+// request from the site itself (same-origin) or typed in (none) is.
+// (Before: without Origin every request was served free, so any page could
+// spend every visitor's free calls with an image.)
+func TestFreeAllowanceIsNotServedToANoCorsRequestFromAnotherSite(t *testing.T) {
+	base := freeSiteOn(t, "origins https://app.example")
+	for _, hdr := range []map[string]string{
+		{"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "no-cors", "Sec-Fetch-Dest": "image", "Referer": "https://evil.example/"},
+		{"Sec-Fetch-Site": "same-site", "Sec-Fetch-Mode": "no-cors", "Sec-Fetch-Dest": "empty"},
+		{"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "iframe"},
+		{"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "cors", "Sec-Fetch-Dest": "empty", "Origin": "https://site.example"},
+		{"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "cors", "Sec-Fetch-Dest": "empty", "Origin": "https://evil.example"},
+	} {
+		resp := freeGet(t, base+"/report/1", "", hdr)
+		if resp.StatusCode != http.StatusPaymentRequired || resp.Header.Get(HeaderFreeRemaining) != "" {
+			t.Errorf("GET with %v: %d, %s %q; want the 402 offer, no free call",
+				hdr, resp.StatusCode, HeaderFreeRemaining, resp.Header.Get(HeaderFreeRemaining))
+		}
+	}
+	for i, hdr := range []map[string]string{
+		{"Sec-Fetch-Site": "same-origin", "Sec-Fetch-Mode": "cors", "Sec-Fetch-Dest": "empty", "Origin": "https://site.example"},
+		{"Sec-Fetch-Site": "none", "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "document", "Sec-Fetch-User": "?1"},
+		{"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "document", "Sec-Fetch-User": "?1"},
+		{"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "cors", "Sec-Fetch-Dest": "empty", "Origin": "https://app.example"},
+	} {
+		resp := freeGet(t, base+"/report/1", "", hdr)
+		if want := []string{"3", "2", "1", "0"}[i]; resp.StatusCode != http.StatusOK || resp.Header.Get(HeaderFreeRemaining) != want {
+			t.Errorf("GET with %v: %d, %s %q; want 200 from the allowance, %s left (the refused requests counted nothing)",
+				hdr, resp.StatusCode, HeaderFreeRemaining, resp.Header.Get(HeaderFreeRemaining), want)
+		}
 	}
 }
