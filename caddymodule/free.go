@@ -151,8 +151,9 @@ func (f *FreeAllowance) servesOrigin(r *http.Request, base string) bool {
 // to be defined. A navigation the user made (a link clicked, a form sent:
 // Sec-Fetch-Mode navigate, Sec-Fetch-User ?1) is the visitor's own call
 // and is not, as a link to the API from another site is meant to work; a
-// navigation without the user's gesture (a script's, a frame's loading) is. Clients that are not browsers send none of
-// these headers, and a browser does not let a page set them.
+// navigation without the user's gesture (a script's, a frame's loading)
+// is. Clients that are not browsers send none of these headers, and a
+// browser does not let a page set them.
 func fromAnotherSite(r *http.Request) bool {
 	switch r.Header.Get("Sec-Fetch-Site") {
 	case "", "same-origin", "none":
