@@ -292,6 +292,42 @@ func TestSettleExpiredSendDropsItsRecord(t *testing.T) {
 	}
 }
 
+// A send answered pending whose caller never asks again has its outcome
+// learned by the background resolver: once that is its blockhash's expiry,
+// the record is dropped there too, as a retry would have dropped it.
+// (Before: the resolver left it in place for the whole SentRecordHold.)
+func TestPendingSendExpiredInBackgroundDropsItsRecord(t *testing.T) {
+	db := openStore(t, t.TempDir())
+	fr := &faultyRPC{}
+	srv := fr.serve(t)
+	e := newEnv(t, Config{RPC: &RPC{URL: srv}, Sent: db.Claims(), ConfirmTimeout: 300 * time.Millisecond, PollInterval: 20 * time.Millisecond})
+	fr.set(func(f *faultyRPC) { f.target, f.dropSend = e.chain.URL, true })
+	tx := e.payment(t).Transaction()
+	dec, err := DecodeTransaction(tx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := e.f.sentKey(dec.MessageHash())
+	if _, err := e.f.Settle(context.Background(), Payload(tx, e.req), e.req); err == nil {
+		t.Fatal("want an unknown outcome")
+	}
+	e.chain.ExpireBlockhash()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, err := db.Claims().Lookup(context.Background(), key)
+		if errors.Is(err, store.ErrNotFound) {
+			break
+		}
+		if time.Now().After(deadline) {
+			e.f.mu.Lock()
+			n := len(e.f.unlearned)
+			e.f.mu.Unlock()
+			t.Fatalf("record once the resolver could learn the blockhash expired (%d unlearned): %v; want none", n, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // A settlement the in-flight budget refuses at the last moment (another of
 // its payer's was sent while it was being simulated) sends nothing, and its
 // record is dropped: the payment may be settled once the other is done.

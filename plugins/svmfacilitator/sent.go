@@ -94,14 +94,18 @@ type sent struct {
 	// away, or ConfirmTimeout passed) before the outcome was known; the
 	// resolver polls it from then on.
 	waiting bool
+	// rec is the record of the Settle that sent it, which holds its claim
+	// in Config.Sent: the resolver that learns it can no longer land drops
+	// that claim as the Settle would have, even once the sweep forgot rec.
+	rec *settlement
 }
 
-// hold takes key's places in flight for c's send, unless the budget
-// refuses it (reason, msg). fresh is false when this process already sent
-// this very transaction and has not learned its outcome (its record was
-// swept): the send is the same transaction, which lands or fails once, so
-// it holds no second place, and its earlier hold stays.
-func (f *Facilitator) hold(key [32]byte, c *checked, sig, blockhash string) (fresh bool, reason, msg string) {
+// hold takes key's places in flight for c's send, recorded by s, unless
+// the budget refuses it (reason, msg). fresh is false when this process
+// already sent this very transaction and has not learned its outcome (its
+// record was swept): the send is the same transaction, which lands or
+// fails once, so it holds no second place, and its earlier hold stays.
+func (f *Facilitator) hold(key [32]byte, c *checked, s *settlement) (fresh bool, reason, msg string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.unlearned[key] != nil {
@@ -113,7 +117,7 @@ func (f *Facilitator) hold(key [32]byte, c *checked, sig, blockhash string) (fre
 	if reason, msg = f.budget.reserve(c.exposure); reason != "" {
 		return false, reason, msg
 	}
-	f.unlearned[key] = &sent{exposure: c.exposure, sig: sig, blockhash: blockhash, slot: c.slot, at: time.Now()}
+	f.unlearned[key] = &sent{exposure: c.exposure, sig: s.sig, blockhash: s.blockhash, slot: c.slot, at: time.Now(), rec: s}
 	return true, "", ""
 }
 
@@ -200,8 +204,9 @@ func (f *Facilitator) resolve() {
 // could not be read all that time: a blockhash expires within about 90
 // seconds) is given up and counted as failed, since the fee payer paid its
 // fee whatever became of it and a failure is what the budget must not
-// miss. A panic is recovered: the transaction stays waiting, and the
-// others are polled.
+// miss. One learned to have expired unlanded has its record in Config.Sent
+// dropped, as a retry would (confirm). A panic is recovered: the
+// transaction stays waiting, and the others are polled.
 func (f *Facilitator) resolveOne(key [32]byte, e *sent) {
 	defer func() {
 		if rec := recover(); rec != nil {
@@ -217,5 +222,10 @@ func (f *Facilitator) resolveOne(key [32]byte, e *sent) {
 	o, err := f.poll(ctx, e.sig, e.blockhash, e.slot)
 	if err == nil && o.state != x402.SettlementUndecided {
 		f.learned(key, o.failed != "")
+		if o.state == x402.SettlementNever && o.failed == "" {
+			// Its blockhash expired: it can no longer land, and its
+			// record goes now, as a retry's confirm would drop it.
+			f.forgetSent(e.rec, false, e.sig)
+		}
 	}
 }

@@ -175,7 +175,7 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 	}
 	// The payer's place in flight is taken last (hold), and kept until the
 	// outcome is learned, by this Settle or in the background (resolve).
-	fresh, reason, msg := f.hold(key, c, s.sig, s.blockhash)
+	fresh, reason, msg := f.hold(key, c, s)
 	if reason != "" {
 		f.forgetSent(s, false, s.sig)
 		f.release(key)
