@@ -91,13 +91,48 @@ type SVMFacilitator struct {
 	StoreRaw json.RawMessage `json:"store,omitempty" caddy:"namespace=x402.stores inline_key=type"`
 
 	poolKey string
+	pooled  *pooledSVM
 	f       *svmfacilitator.Facilitator
 	uses    *inflight.Config
 }
 
 // pooledSVM is a facilitatorPool entry: shared across config reloads so a
-// reload never forgets which messages were settled.
-type pooledSVM struct{ f *svmfacilitator.Facilitator }
+// reload never forgets which messages were settled. It owns no store:
+// each module provisioned on it hands it that config's (stores, in
+// provisioning order), and the facilitator uses the latest one still
+// loaded. A reload provisions the new config before the old one is
+// cleaned up, so the new config's store takes over; a reload that fails
+// cleans up its own modules, which hands the running config's store back.
+type pooledSVM struct {
+	f      *svmfacilitator.Facilitator
+	mu     sync.Mutex
+	stores []svmStoreUse
+}
+
+// svmStoreUse is one provisioned module's store in a pooledSVM.
+type svmStoreUse struct {
+	m    *SVMFacilitator
+	sent svmfacilitator.SentStore
+}
+
+// use makes m's store, sent, the facilitator's until m is cleaned up.
+func (p *pooledSVM) use(m *SVMFacilitator, sent svmfacilitator.SentStore) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.stores = append(p.stores, svmStoreUse{m, sent})
+	p.f.UseSent(sent)
+}
+
+// leave drops m's store and gives the facilitator the latest one still
+// loaded (none left: the facilitator is about to be dropped too).
+func (p *pooledSVM) leave(m *SVMFacilitator) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.stores = slices.DeleteFunc(p.stores, func(u svmStoreUse) bool { return u.m == m })
+	if n := len(p.stores); n > 0 {
+		p.f.UseSent(p.stores[n-1].sent)
+	}
+}
 
 // Destruct has nothing to release: the RPC client holds no connection of
 // its own.
@@ -134,7 +169,6 @@ func (m *SVMFacilitator) Provision(ctx caddy.Context) error {
 	if m.StoreRaw == nil {
 		m.StoreRaw = json.RawMessage(`{"type":"badger"}`)
 	}
-	storeConfig := string(m.StoreRaw) // LoadModule drops it
 	mod, err := ctx.LoadModule(m, "StoreRaw")
 	if err != nil {
 		return fmt.Errorf("svm facilitator: loading store module: %v", err)
@@ -154,23 +188,32 @@ func (m *SVMFacilitator) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return secretopt.Scrub(err, rpcURL)
 	}
-	// The store's config is part of the key: a facilitator kept across a
-	// reload holds the store handle it was made with, which lives on (the
-	// Badger folder's, the Redis client's, shared per setting) only while
-	// a config loads the store with the very same settings.
-	m.poolKey = fmt.Sprintf("svm network=%s url=%s fee_payer=%s timeout=%d units=%d price=%d failed=%d inflight=%d lamports=%d priority=%d window=%d store=%q",
-		network, rpcURL, f.FeePayer(), m.ConfirmTimeout, m.MaxComputeUnits, m.MaxComputeUnitPrice, m.MaxFailedPerPayer, m.MaxInFlightPerPayer, m.MaxFailedLamports, m.MaxPriorityFeePastBudget, m.FailureWindow, storeConfig)
+	// The store is not part of the key: the facilitator kept takes this
+	// config's store (pooledSVM.use), whatever the store's JSON, whose
+	// placeholders ({env.*}, {file.*}) may expand otherwise at each load.
+	m.poolKey = fmt.Sprintf("svm network=%s url=%s fee_payer=%s timeout=%d units=%d price=%d failed=%d inflight=%d lamports=%d priority=%d window=%d",
+		network, rpcURL, f.FeePayer(), m.ConfirmTimeout, m.MaxComputeUnits, m.MaxComputeUnitPrice, m.MaxFailedPerPayer, m.MaxInFlightPerPayer, m.MaxFailedLamports, m.MaxPriorityFeePastBudget, m.FailureWindow)
 	val, _, err := facilitatorPool.LoadOrNew(m.poolKey, func() (caddy.Destructor, error) { return &pooledSVM{f: f}, nil })
 	if err != nil {
 		return err
 	}
-	m.f = val.(*pooledSVM).f
+	m.pooled = val.(*pooledSVM)
+	m.pooled.use(m, cfg.Sent)
+	m.f = m.pooled.f
 	return nil
 }
 
-// Cleanup releases this configuration's use of the shared facilitator once
-// its requests in flight are done.
-func (m *SVMFacilitator) Cleanup() error { return releasePooled(m.uses, &m.poolKey) }
+// Cleanup hands the shared facilitator back the store of the latest config
+// still loaded, at once (this config's store closes once its requests in
+// flight are done, and those then write to the store taking over), and
+// releases this config's use of the facilitator once those requests are
+// done.
+func (m *SVMFacilitator) Cleanup() error {
+	if m.pooled != nil {
+		m.pooled.leave(m)
+	}
+	return releasePooled(m.uses, &m.poolKey)
+}
 
 // Verify implements x402.Facilitator.
 func (m *SVMFacilitator) Verify(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.VerifyResponse, error) {

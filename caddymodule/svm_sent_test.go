@@ -168,3 +168,45 @@ func TestSVMFacilitatorCaddyfileStore(t *testing.T) {
 		t.Fatal("store given twice was accepted")
 	}
 }
+
+// A reload whose store JSON is unchanged but whose placeholders expand to
+// other settings (the Redis address or password in {env.*} or {file.*},
+// moved or rotated) gets a facilitator holding the new store: the
+// facilitator kept across the reload takes the store of the config now
+// loading, whatever its JSON. (Before: the pooled facilitator was keyed by
+// the store's unexpanded JSON and kept the old config's Redis client,
+// closed once that config was unloaded: every settlement failed with
+// "redis: client is closed".)
+func TestSVMFacilitatorReloadAfterPlaceholderChange(t *testing.T) {
+	e := newSolanaEnv(t)
+	srv1 := servers.StartRedis(t)
+	srv2 := servers.StartRedis(t)
+	storeJSON := `{"type":"redis","addresses":["{env.AOV_SVM_STORE_ADDR}"]}`
+	t.Setenv("AOV_SVM_STORE_ADDR", srv1.Addr)
+	_, stop := provisionSVM(t, e, e.chain.URL, storeJSON)
+	t.Setenv("AOV_SVM_STORE_ADDR", srv2.Addr)
+	m, stop2 := provisionSVM(t, e, e.chain.URL, storeJSON)
+	defer stop2()
+	stop()
+	pp, req := svmPayment(t, e)
+	if s, err := m.Settle(t.Context(), pp, req); err != nil || !s.Success {
+		t.Fatalf("settle after a reload with the same store JSON expanding to another Redis: %+v %v; want success", s, err)
+	}
+}
+
+// A reload that fails after the svm facilitator was provisioned cleans up
+// its own modules, and with them its store: the running config's
+// facilitator goes back to the running config's store, and settles.
+func TestSVMFacilitatorFailedReloadKeepsRunningStore(t *testing.T) {
+	e := newSolanaEnv(t)
+	srv1 := servers.StartRedis(t)
+	srv2 := servers.StartRedis(t)
+	m, stop := provisionSVM(t, e, e.chain.URL, fmt.Sprintf(`{"type":"redis","addresses":[%q]}`, srv1.Addr))
+	defer stop()
+	_, stopFailed := provisionSVM(t, e, e.chain.URL, fmt.Sprintf(`{"type":"redis","addresses":[%q]}`, srv2.Addr))
+	stopFailed() // the new config failed further on: it is unloaded, the running one stays
+	pp, req := svmPayment(t, e)
+	if s, err := m.Settle(t.Context(), pp, req); err != nil || !s.Success {
+		t.Fatalf("settle on the running config after a failed reload: %+v %v; want success", s, err)
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/aovhq/aov/store"
@@ -121,7 +122,8 @@ type Config struct {
 	// restart a replay is then told from a first settlement only by the
 	// chain, and a node a slot or two behind the one the transaction
 	// landed on (a load-balanced pool) can have it answered success a
-	// second time. The Caddy module always gives one.
+	// second time. The Caddy module always gives one. UseSent replaces it
+	// while the facilitator runs.
 	Sent SentStore
 }
 
@@ -148,6 +150,10 @@ type Facilitator struct {
 	key      ed25519.PrivateKey
 	feePayer PublicKey
 	cfg      Config
+	// sent is the store in use for Config.Sent (UseSent): swapped whole,
+	// so that a facilitator kept across a server's reloads writes to the
+	// store of the config now running, never to one it has closed.
+	sent atomic.Pointer[sentStore]
 
 	mu      sync.Mutex
 	settled map[[32]byte]*settlement
@@ -267,6 +273,7 @@ func New(cfg Config) (*Facilitator, error) {
 		budget: &budget{perPayer: cfg.MaxFailedPerPayer, inFlight: cfg.MaxInFlightPerPayer, lamports: cfg.MaxFailedLamports,
 			maxPriority: cfg.MaxPriorityFeePastBudget, window: cfg.FailureWindow, ids: map[PublicKey]*identity{}}}
 	copy(f.feePayer[:], cfg.FeePayer.Public().(ed25519.PublicKey))
+	f.UseSent(cfg.Sent)
 	return f, nil
 }
 

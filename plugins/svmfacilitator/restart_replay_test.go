@@ -292,6 +292,29 @@ func TestSettleExpiredSendDropsItsRecord(t *testing.T) {
 	}
 }
 
+// UseSent swaps the store of the sends while the facilitator runs: a
+// settlement after the swap is recorded in the new store only, and one in
+// the old store no longer counts.
+func TestUseSentSwapsTheStore(t *testing.T) {
+	old, cur := openStore(t, t.TempDir()), openStore(t, t.TempDir())
+	e := newEnv(t, Config{Sent: old.Claims()})
+	e.f.UseSent(cur.Claims())
+	ctx := context.Background()
+	pp := Payload(e.payment(t).Transaction(), e.req)
+	s, err := e.f.Settle(ctx, pp, e.req)
+	if err != nil || !s.Success {
+		t.Fatalf("settle: %+v %v", s, err)
+	}
+	dec, _ := DecodePayload(pp.Payload)
+	key := e.f.sentKey(dec.MessageHash())
+	if st, err := cur.Claims().Lookup(ctx, key); err != nil || !st.Settled {
+		t.Fatalf("record in the store in use: %+v %v; want it answered", st, err)
+	}
+	if st, err := old.Claims().Lookup(ctx, key); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("record in the store replaced: %+v %v; want none", st, err)
+	}
+}
+
 // A send answered pending whose caller never asks again has its outcome
 // learned by the background resolver: once that is its blockhash's expiry,
 // the record is dropped there too, as a retry would have dropped it.

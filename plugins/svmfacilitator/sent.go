@@ -26,6 +26,35 @@ func (f *Facilitator) sentKey(key [32]byte) string {
 	return "x402/svm-sent/" + f.network + "/" + hex.EncodeToString(key[:])
 }
 
+// sentStore holds a SentStore for Facilitator.sent (an atomic pointer
+// needs a type of its own to point at).
+type sentStore struct{ SentStore }
+
+// UseSent makes st the store of the transactions sent (Config.Sent) from
+// now on; nil keeps them in memory only. It is for a facilitator that
+// outlives the configuration it was made with (the Caddy module keeps one
+// across reloads, so that the budgets and records in memory survive):
+// each configuration hands it its own store, which the previous one may
+// close once it is unloaded. A record already written is updated in the
+// store in use when its send is answered; one that store does not hold
+// (the store moved to another server or folder) stays where it was until
+// it expires, refusing nothing that could still settle.
+func (f *Facilitator) UseSent(st SentStore) {
+	if st == nil {
+		f.sent.Store(nil)
+		return
+	}
+	f.sent.Store(&sentStore{st})
+}
+
+// sentIn returns the store in use (UseSent), or nil for none.
+func (f *Facilitator) sentIn() SentStore {
+	if h := f.sent.Load(); h != nil {
+		return h.SentStore
+	}
+	return nil
+}
+
 // remember writes, before s's transaction is sent, the record that this
 // process sends it (Config.Sent), and keeps the claim on s. prior is the
 // record found instead, when one lives: the transaction was sent before
@@ -34,10 +63,11 @@ func (f *Facilitator) sentKey(key [32]byte) string {
 // error means nothing is known of the record: the caller must not send,
 // since a replay could then be answered success a second time.
 func (f *Facilitator) remember(ctx context.Context, key [32]byte, s *settlement) (prior *store.ClaimState, err error) {
-	if f.cfg.Sent == nil {
+	st := f.sentIn()
+	if st == nil {
 		return nil, nil
 	}
-	c, err := f.cfg.Sent.Claim(ctx, []string{f.sentKey(key)}, time.Now().Add(SentRecordHold))
+	c, err := st.Claim(ctx, []string{f.sentKey(key)}, time.Now().Add(SentRecordHold))
 	var claimed *store.ClaimedError
 	if errors.As(err, &claimed) {
 		return &claimed.State, nil
@@ -63,16 +93,17 @@ func (f *Facilitator) forgetSent(s *settlement, answered bool, sig string) {
 	c := s.sent
 	s.sent = nil
 	f.mu.Unlock()
-	if c == nil {
+	st := f.sentIn()
+	if c == nil || st == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), f.cfg.ConfirmTimeout)
 	defer cancel()
 	var err error
 	if answered {
-		err = f.cfg.Sent.Settle(ctx, *c, sig, time.Time{})
+		err = st.Settle(ctx, *c, sig, time.Time{})
 	} else {
-		err = f.cfg.Sent.Release(ctx, *c)
+		err = st.Release(ctx, *c)
 	}
 	if err != nil {
 		log.Printf("svm facilitator: updating the record of sent transaction %s: %v", sig, err)
