@@ -424,17 +424,8 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 	if g.MaxBody == 0 {
 		g.MaxBody = defaultMaxBody
 	}
-	if g.FacilitatorRaw != nil {
-		mod, err := ctx.LoadModule(g, "FacilitatorRaw")
-		if err != nil {
-			return fmt.Errorf("loading facilitator module: %v", err)
-		}
-		f, ok := mod.(x402.Facilitator)
-		if !ok {
-			return fmt.Errorf("facilitator module %T does not verify and settle payments", mod)
-		}
-		g.facilitator = f
-	}
+	// The store first: a facilitator without a store of its own (svm)
+	// joins the gate's default folder as the gate opened it.
 	if g.StoreRaw == nil {
 		g.StoreRaw = json.RawMessage(`{"type":"badger"}`)
 	}
@@ -448,6 +439,17 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 	}
 	noteStore(ctx, "x402", mod)
 	g.state = st
+	if g.FacilitatorRaw != nil {
+		mod, err := ctx.LoadModule(g, "FacilitatorRaw")
+		if err != nil {
+			return fmt.Errorf("loading facilitator module: %v", err)
+		}
+		f, ok := mod.(x402.Facilitator)
+		if !ok {
+			return fmt.Errorf("facilitator module %T does not verify and settle payments", mod)
+		}
+		g.facilitator = f
+	}
 	if g.PublicBaseURL != "" {
 		if g.base, err = publicOrigin(g.PublicBaseURL); err != nil {
 			return fmt.Errorf("x402: public_base_url: %v", err)

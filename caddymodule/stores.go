@@ -47,6 +47,11 @@ type BadgerStore struct {
 	// with AllowanceFlush; commits wait for a flush past it. Default 1000.
 	AllowanceFlushUnits int `json:"allowance_flush_units,omitempty"`
 
+	// asOpen joins the database open in Path as it was opened
+	// (store.SharedAsOpen), whatever NoSync says: for a module's default
+	// store in a folder the gates name with their own settings.
+	asOpen bool
+
 	db   *store.DB
 	uses *inflight.Config
 }
@@ -64,7 +69,11 @@ func (s *BadgerStore) Provision(ctx caddy.Context) error {
 	if s.Path == "" {
 		s.Path = filepath.Join(caddy.AppDataDir(), "x402")
 	}
-	db, err := store.Shared(s.Path, store.Options{
+	open := store.Shared
+	if s.asOpen {
+		open = store.SharedAsOpen
+	}
+	db, err := open(s.Path, store.Options{
 		NoSync:              s.NoSync,
 		AllowanceFlush:      time.Duration(s.AllowanceFlush),
 		AllowanceFlushUnits: s.AllowanceFlushUnits,

@@ -83,17 +83,21 @@ type SVMFacilitator struct {
 	// StoreRaw remembers the transactions this facilitator sent, from
 	// before each send until it can no longer land
 	// (svmfacilitator.Config.Sent): a module in the x402.stores namespace
-	// (badger, redis). Default: Badger under Caddy's data directory, as
-	// the gate's, so that a replay after a restart is refused as
+	// (badger, redis). Default: Badger under Caddy's data directory, the
+	// gate's default folder, joined as the modules naming it opened it
+	// (their no_sync), so that a replay after a restart is refused as
 	// duplicate_settlement whatever the RPC node it asks knows yet; with a
 	// store every instance with this fee payer shares (redis), two of them
 	// never both send one payment.
 	StoreRaw json.RawMessage `json:"store,omitempty" caddy:"namespace=x402.stores inline_key=type"`
 
 	poolKey string
-	pooled  *pooledSVM
-	f       *svmfacilitator.Facilitator
-	uses    *inflight.Config
+	// defaultStore is the store without a store line (Provision), this
+	// module's to clean up: no LoadModule made it.
+	defaultStore *BadgerStore
+	pooled       *pooledSVM
+	f            *svmfacilitator.Facilitator
+	uses         *inflight.Config
 }
 
 // pooledSVM is a facilitatorPool entry: shared across config reloads so a
@@ -166,16 +170,26 @@ func (m *SVMFacilitator) Provision(ctx caddy.Context) error {
 	}
 	rpcURL := repl.ReplaceKnown(m.RPCURL, "")
 	secretopt.WarnIfURLCredentials(ctx.Logger(), "rpc_url", m.RPCURL, rpcURL)
+	var st interface{ Claims() store.Claims }
 	if m.StoreRaw == nil {
-		m.StoreRaw = json.RawMessage(`{"type":"badger"}`)
-	}
-	mod, err := ctx.LoadModule(m, "StoreRaw")
-	if err != nil {
-		return fmt.Errorf("svm facilitator: loading store module: %v", err)
-	}
-	st, ok := mod.(interface{ Claims() store.Claims })
-	if !ok {
-		return fmt.Errorf("svm facilitator: store module %T keeps no claims", mod)
+		// The gate's default folder, as the modules naming it opened it:
+		// a store line the operator never wrote must not have a config
+		// whose gate says `store badger { no_sync }` refused.
+		m.defaultStore = &BadgerStore{asOpen: true}
+		if err := m.defaultStore.Provision(ctx); err != nil {
+			m.defaultStore = nil
+			return fmt.Errorf("svm facilitator: default store: %v", err)
+		}
+		st = m.defaultStore
+	} else {
+		mod, err := ctx.LoadModule(m, "StoreRaw")
+		if err != nil {
+			return fmt.Errorf("svm facilitator: loading store module: %v", err)
+		}
+		var ok bool
+		if st, ok = mod.(interface{ Claims() store.Claims }); !ok {
+			return fmt.Errorf("svm facilitator: store module %T keeps no claims", mod)
+		}
 	}
 	cfg := svmfacilitator.Config{
 		RPC: &svmfacilitator.RPC{URL: rpcURL}, Network: network, FeePayer: key,
@@ -212,7 +226,12 @@ func (m *SVMFacilitator) Cleanup() error {
 	if m.pooled != nil {
 		m.pooled.leave(m)
 	}
-	return releasePooled(m.uses, &m.poolKey)
+	err := releasePooled(m.uses, &m.poolKey)
+	if m.defaultStore != nil {
+		err = errors.Join(err, m.defaultStore.Cleanup())
+		m.defaultStore = nil
+	}
+	return err
 }
 
 // Verify implements x402.Facilitator.

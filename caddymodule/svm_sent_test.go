@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -209,4 +210,33 @@ func TestSVMFacilitatorFailedReloadKeepsRunningStore(t *testing.T) {
 	if s, err := m.Settle(t.Context(), pp, req); err != nil || !s.Success {
 		t.Fatalf("settle on the running config after a failed reload: %+v %v; want success", s, err)
 	}
+}
+
+// An svm facilitator without a store line uses the database in the gate's
+// default folder as the gate opened it: beside a gate whose store is
+// `store badger { no_sync }`, the config loads, as it did before the
+// facilitator kept a store. (Before: the facilitator opened that folder
+// first, with no_sync off, and the gate's store was refused for asking
+// otherwise.)
+func TestSVMFacilitatorDefaultStoreFollowsGateNoSync(t *testing.T) {
+	t.Setenv("XDG_DATA_HOME", t.TempDir())
+	e := newSolanaEnv(t)
+	port := freePort(t)
+	err := tryLoadCaddy(t, port, fmt.Sprintf(`:{port} {
+	route /verify/schema {
+		x402 {
+			accept solana-devnet $0.02 %s
+			facilitator %s
+			store badger {
+				no_sync
+			}
+		}
+		reverse_proxy %s
+	}
+}
+`, e.payee.Address, e.svmBlock(), strings.TrimPrefix(newUpstream(t).URL, "http://")))
+	if err != nil {
+		t.Fatalf("gate with store badger { no_sync } and an svm facilitator without a store: %v; want the config to load", err)
+	}
+	caddy.Stop()
 }

@@ -2,6 +2,7 @@ package store
 
 import (
 	"fmt"
+	"reflect"
 	"sync"
 )
 
@@ -39,6 +40,22 @@ type sharedDB struct {
 // Caddy module may use this or keep a *DB from Open in a caddy.UsagePool
 // (DB has the Destruct method the pool calls); both count the same way.
 func Shared(dir string, opts Options) (*DB, error) {
+	return sharedHandle(dir, opts, false)
+}
+
+// SharedAsOpen is Shared for a user of the folder that has no say in its
+// fixed options (mustAgree): the database open in dir is joined with the
+// options it was opened with, whatever opts asks of them, and only when
+// none is open does it open with opts. It is for a module that uses a
+// folder other modules name with their own settings (the Caddy svm
+// facilitator's default store, in the gate's default folder), so that it
+// never makes a config whose modules agree fail to load.
+func SharedAsOpen(dir string, opts Options) (*DB, error) {
+	return sharedHandle(dir, opts, true)
+}
+
+// sharedHandle is Shared, or SharedAsOpen with asOpen.
+func sharedHandle(dir string, opts Options, asOpen bool) (*DB, error) {
 	key, err := absPath(dir)
 	if err != nil {
 		return nil, err
@@ -54,6 +71,9 @@ func Shared(dir string, opts Options) (*DB, error) {
 	}
 	defer shared.Unlock()
 	if ok {
+		if asOpen {
+			opts = withHandleOptions(s.db.opts, opts)
+		}
 		if err := agree(key, s.db.opts, opts); err != nil {
 			return nil, err
 		}
@@ -154,6 +174,16 @@ func mustAgree(o Options) []namedOption {
 //   - Logger: only where warnings go. Badger's own lines and the store's
 //     go to the opener's logger; a joining handle's is not used.
 var perHandle = []string{"AllowanceFlush", "AllowanceFlushUnits", "Logger"}
+
+// withHandleOptions is open, the options of an open database, with the
+// options of perHandle taken from own: a handle joining it as it is.
+func withHandleOptions(open, own Options) Options {
+	v, o := reflect.ValueOf(&open).Elem(), reflect.ValueOf(own)
+	for _, name := range perHandle {
+		v.FieldByName(name).Set(o.FieldByName(name))
+	}
+	return open
+}
 
 // agree returns the first option of mustAgree in which asked differs from
 // open, the options of the database open in dir, or nil.

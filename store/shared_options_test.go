@@ -140,3 +140,38 @@ func TestSharedOptionsAllDecided(t *testing.T) {
 		t.Errorf("shared.go decides about %s, which Options does not have", name)
 	}
 }
+
+// TestSharedAsOpenJoinsAsOpened: a SharedAsOpen handle joins the database
+// open in its folder with the fixed options it was opened with (here
+// NoSync, which it did not ask for), and opens a folder none holds with the
+// options it asks for.
+func TestSharedAsOpenJoinsAsOpened(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "db")
+	first, err := Shared(dir, Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Close()
+	joined, err := SharedAsOpen(dir, Options{AllowanceFlush: time.Second})
+	if err != nil {
+		t.Fatalf("SharedAsOpen on a database open with NoSync: %v", err)
+	}
+	defer joined.Close()
+	if !joined.opts.NoSync {
+		t.Fatalf("joined options = %+v; want the open NoSync", joined.opts)
+	}
+	// Shared still refuses the other NoSync: only SharedAsOpen follows.
+	if _, err := Shared(dir, Options{}); err == nil {
+		t.Fatal("Shared without NoSync joined a database open with it")
+	}
+
+	other := filepath.Join(t.TempDir(), "other")
+	opened, err := SharedAsOpen(other, Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer opened.Close()
+	if !opened.opts.NoSync {
+		t.Fatal("SharedAsOpen on a folder none holds did not open it with the options asked")
+	}
+}
