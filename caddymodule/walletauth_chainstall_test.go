@@ -54,7 +54,7 @@ func stalledChainRPC(t *testing.T) (*httptest.Server, *atomic.Int32) {
 func TestWalletAuthStalledChainIsA503(t *testing.T) {
 	rpc, abandoned := stalledChainRPC(t)
 	up := walletUpstream(t)
-	base := startCaddy(t, walletSite(up.URL, "required", "chain_rpc "+rpc.URL+"\n\t\t\tchain_timeout 100ms"))
+	base := startCaddy(t, walletSite(up.URL, "required", "chain_rpc "+rpc.URL+"\n\t\t\tchain_timeout 1s"))
 	url := base + "/api/items"
 	// Signed by wallet 1, presented as wallet 2's.
 	h := walletProof(t, walletKey(1), "POST", url, nil)

@@ -170,8 +170,15 @@ func TestChainCallsHaveADeadline(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(c.Close)
-			v := &Verifier{Nonces: newDB(t).Claims(), Now: clock(t0.Add(time.Minute)), Chain: c, ChainTimeout: 50 * time.Millisecond}
+			// A second, not less: the bound covers every call of the check,
+			// and on a loaded machine the calls before the stalled one
+			// could spend a shorter one before it is even sent, leaving
+			// nothing to hang up on.
+			v := &Verifier{Nonces: newDB(t).Claims(), Now: clock(t0.Add(time.Minute)), Chain: c, ChainTimeout: time.Second}
 			wantOutage(t, verifyOrHang(t, context.Background(), v, notRecovering(t, "eip155:8453")))
+			if rpc.count(rpc.calls, method) == 0 {
+				t.Fatalf("the check gave up before its %s reached the chain", method)
+			}
 			rpc.waitAbandoned(t, method)
 		})
 	}
