@@ -74,7 +74,7 @@ type SVMFacilitator struct {
 	// above MaxPriorityFeePastBudget lamports (default 5000) are refused,
 	// so that each further failure costs the fee payer about what the
 	// payer spends on making it fail. Kept in memory, per process (and
-	// across reloads with the same settings).
+	// across reloads with the same settings and store).
 	MaxFailedPerPayer        int            `json:"max_failed_per_payer,omitempty"`
 	MaxInFlightPerPayer      int            `json:"max_in_flight_per_payer,omitempty"`
 	MaxFailedLamports        uint64         `json:"max_failed_lamports,omitempty"`
@@ -101,25 +101,30 @@ type SVMFacilitator struct {
 }
 
 // pooledSVM is a facilitatorPool entry: shared across config reloads so a
-// reload never forgets which messages were settled. It owns no store:
-// each module provisioned on it hands it that config's (stores, in
-// provisioning order), and the facilitator uses the latest one still
-// loaded. A reload provisions the new config before the old one is
-// cleaned up, so the new config's store takes over; a reload that fails
-// cleans up its own modules, which hands the running config's store back.
+// reload never forgets which messages were settled. Its key holds the
+// store's identity (storeIdentity): blocks with different stores never
+// share one, so each block's sends are recorded in the store it names. It
+// owns no handle of that store: each module provisioned on it hands it its
+// own (handles, in provisioning order), and the facilitator uses the
+// latest one still loaded. All are handles of one store, so which one is
+// used loses no record; what matters is that it is open. A reload
+// provisions the new config before the old one is cleaned up, so the new
+// config's handle (a new Redis client after a password rotation) takes
+// over; a reload that fails cleans up its own modules, which hands the
+// running config's handle back before the failed one is closed.
 type pooledSVM struct {
 	f      *svmfacilitator.Facilitator
 	mu     sync.Mutex
 	stores []svmStoreUse
 }
 
-// svmStoreUse is one provisioned module's store in a pooledSVM.
+// svmStoreUse is one provisioned module's store handle in a pooledSVM.
 type svmStoreUse struct {
 	m    *SVMFacilitator
 	sent svmfacilitator.SentStore
 }
 
-// use makes m's store, sent, the facilitator's until m is cleaned up.
+// use makes m's handle, sent, the facilitator's until m is cleaned up.
 func (p *pooledSVM) use(m *SVMFacilitator, sent svmfacilitator.SentStore) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -127,7 +132,7 @@ func (p *pooledSVM) use(m *SVMFacilitator, sent svmfacilitator.SentStore) {
 	p.f.UseSent(sent)
 }
 
-// leave drops m's store and gives the facilitator the latest one still
+// leave drops m's handle and gives the facilitator the latest one still
 // loaded (none left: the facilitator is about to be dropped too).
 func (p *pooledSVM) leave(m *SVMFacilitator) {
 	p.mu.Lock()
@@ -202,11 +207,14 @@ func (m *SVMFacilitator) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return secretopt.Scrub(err, rpcURL)
 	}
-	// The store is not part of the key: the facilitator kept takes this
-	// config's store (pooledSVM.use), whatever the store's JSON, whose
-	// placeholders ({env.*}, {file.*}) may expand otherwise at each load.
-	m.poolKey = fmt.Sprintf("svm network=%s url=%s fee_payer=%s timeout=%d units=%d price=%d failed=%d inflight=%d lamports=%d priority=%d window=%d",
-		network, rpcURL, f.FeePayer(), m.ConfirmTimeout, m.MaxComputeUnits, m.MaxComputeUnitPrice, m.MaxFailedPerPayer, m.MaxInFlightPerPayer, m.MaxFailedLamports, m.MaxPriorityFeePastBudget, m.FailureWindow)
+	// The store is part of the key by its identity, as its placeholders
+	// ({env.*}, {file.*}) expanded at this load (its JSON keeps them
+	// unexpanded): blocks naming different stores never share a
+	// facilitator, whose records would land in the other's store, while a
+	// reload naming the same store keeps the facilitator (its budgets) and
+	// hands it this config's handle (pooledSVM.use), never a closed one.
+	m.poolKey = fmt.Sprintf("svm network=%s url=%s fee_payer=%s timeout=%d units=%d price=%d failed=%d inflight=%d lamports=%d priority=%d window=%d store=%q",
+		network, rpcURL, f.FeePayer(), m.ConfirmTimeout, m.MaxComputeUnits, m.MaxComputeUnitPrice, m.MaxFailedPerPayer, m.MaxInFlightPerPayer, m.MaxFailedLamports, m.MaxPriorityFeePastBudget, m.FailureWindow, storeIdentity(st))
 	val, _, err := facilitatorPool.LoadOrNew(m.poolKey, func() (caddy.Destructor, error) { return &pooledSVM{f: f}, nil })
 	if err != nil {
 		return err
@@ -217,11 +225,11 @@ func (m *SVMFacilitator) Provision(ctx caddy.Context) error {
 	return nil
 }
 
-// Cleanup hands the shared facilitator back the store of the latest config
-// still loaded, at once (this config's store closes once its requests in
-// flight are done, and those then write to the store taking over), and
-// releases this config's use of the facilitator once those requests are
-// done.
+// Cleanup hands the shared facilitator back the store handle of the
+// latest config still loaded, at once (this config's handle closes once
+// its requests in flight are done, and those then write through the handle
+// taking over, to the same store), and releases this config's use of the
+// facilitator once those requests are done.
 func (m *SVMFacilitator) Cleanup() error {
 	if m.pooled != nil {
 		m.pooled.leave(m)

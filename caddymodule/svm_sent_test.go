@@ -196,19 +196,45 @@ func TestSVMFacilitatorReloadAfterPlaceholderChange(t *testing.T) {
 }
 
 // A reload that fails after the svm facilitator was provisioned cleans up
-// its own modules, and with them its store: the running config's
-// facilitator goes back to the running config's store, and settles.
+// its own modules, and with them its handle of the store: the running
+// config's facilitator goes back to the running config's handle, and
+// settles. The failed reload names the same Redis store with another
+// client (another timeout: a client of its own, as a rotated password
+// makes one), so the facilitator is the running config's, and the failed
+// config's client is closed.
 func TestSVMFacilitatorFailedReloadKeepsRunningStore(t *testing.T) {
 	e := newSolanaEnv(t)
-	srv1 := servers.StartRedis(t)
-	srv2 := servers.StartRedis(t)
-	m, stop := provisionSVM(t, e, e.chain.URL, fmt.Sprintf(`{"type":"redis","addresses":[%q]}`, srv1.Addr))
+	srv := servers.StartRedis(t)
+	m, stop := provisionSVM(t, e, e.chain.URL, fmt.Sprintf(`{"type":"redis","addresses":[%q]}`, srv.Addr))
 	defer stop()
-	_, stopFailed := provisionSVM(t, e, e.chain.URL, fmt.Sprintf(`{"type":"redis","addresses":[%q]}`, srv2.Addr))
+	failed, stopFailed := provisionSVM(t, e, e.chain.URL, fmt.Sprintf(`{"type":"redis","addresses":[%q],"timeout":"2s"}`, srv.Addr))
+	if failed.f != m.f {
+		t.Fatal("a reload naming the same store got another facilitator; want the one kept")
+	}
 	stopFailed() // the new config failed further on: it is unloaded, the running one stays
 	pp, req := svmPayment(t, e)
 	if s, err := m.Settle(t.Context(), pp, req); err != nil || !s.Success {
 		t.Fatalf("settle on the running config after a failed reload: %+v %v; want success", s, err)
+	}
+}
+
+// A reload naming the same store through a new client (another timeout
+// here, a rotated password likewise) keeps the facilitator, and its
+// budgets, and hands it the new client: once the old config and its
+// client are gone, it settles.
+func TestSVMFacilitatorReloadSameStoreNewClient(t *testing.T) {
+	e := newSolanaEnv(t)
+	srv := servers.StartRedis(t)
+	old, stop := provisionSVM(t, e, e.chain.URL, fmt.Sprintf(`{"type":"redis","addresses":[%q]}`, srv.Addr))
+	m, stop2 := provisionSVM(t, e, e.chain.URL, fmt.Sprintf(`{"type":"redis","addresses":[%q],"timeout":"2s"}`, srv.Addr))
+	defer stop2()
+	if m.f != old.f {
+		t.Fatal("a reload naming the same store got another facilitator; want the one kept")
+	}
+	stop()
+	pp, req := svmPayment(t, e)
+	if s, err := m.Settle(t.Context(), pp, req); err != nil || !s.Success {
+		t.Fatalf("settle after a reload naming the same store through a new client: %+v %v; want success", s, err)
 	}
 }
 
@@ -239,4 +265,71 @@ func TestSVMFacilitatorDefaultStoreFollowsGateNoSync(t *testing.T) {
 		t.Fatalf("gate with store badger { no_sync } and an svm facilitator without a store: %v; want the config to load", err)
 	}
 	caddy.Stop()
+}
+
+// Two svm blocks of one config with the same fee payer and settings but
+// different stores (route A's own store, route B's another) each record
+// their sends in their own store: after a restart, a replay through route
+// A's store on a node a slot behind is duplicate_settlement, and nothing
+// moves twice. (Before: the two blocks shared one pooled facilitator,
+// which used the store of the block provisioned last, so route A's send
+// was recorded in route B's store only and the replay was answered
+// success a second time.)
+func TestSVMFacilitatorBlocksWithTheirOwnStores(t *testing.T) {
+	e := newSolanaEnv(t)
+	storeA := fmt.Sprintf(`{"type":"badger","path":%q}`, t.TempDir())
+	storeB := fmt.Sprintf(`{"type":"badger","path":%q}`, t.TempDir())
+	mA, stopA := provisionSVM(t, e, e.chain.URL, storeA) // route A's block
+	_, stopB := provisionSVM(t, e, e.chain.URL, storeB)  // then route B's
+	pp, req := svmPayment(t, e)
+	before := e.usdc(t, e.payer.Address)
+	first, err := mA.Settle(t.Context(), pp, req)
+	if err != nil || !first.Success {
+		t.Fatalf("first settle: %+v %v", first, err)
+	}
+	stopB()
+	stopA() // restart
+	m, stop := provisionSVM(t, e, newBehindSolanaRPC(t, e.chain.URL), storeA)
+	defer stop()
+	again, err := m.Settle(t.Context(), pp, req)
+	if err != nil || again.Success || again.ErrorReason != svmfacilitator.ReasonDuplicateSettlement || again.Transaction != first.Transaction {
+		t.Errorf("replay after a restart through route A's store: success=%v reason=%q tx=%s err=%v; want duplicate_settlement naming %s",
+			again.Success, again.ErrorReason, again.Transaction, err, first.Transaction)
+	}
+	if got := before - e.usdc(t, e.payer.Address); got != 20000 {
+		t.Fatalf("charged %d; want one payment", got)
+	}
+}
+
+// A reload that names another store (here another Badger folder) and
+// fails after its svm block was provisioned leaves the running config's
+// sends recorded in the running config's store: after a restart, a replay
+// through it on a node a slot behind is duplicate_settlement. (Before: the
+// reload's block handed the shared facilitator its store at once, so the
+// running config's settlements in that window were recorded in the
+// failed config's store only, closed with it.)
+func TestSVMFacilitatorFailedReloadWithAnotherStoreLosesNoRecord(t *testing.T) {
+	e := newSolanaEnv(t)
+	running := fmt.Sprintf(`{"type":"badger","path":%q}`, t.TempDir())
+	failing := fmt.Sprintf(`{"type":"badger","path":%q}`, t.TempDir())
+	mR, stopR := provisionSVM(t, e, e.chain.URL, running)
+	_, stopN := provisionSVM(t, e, e.chain.URL, failing) // the reload, failing on a later module
+	pp, req := svmPayment(t, e)
+	before := e.usdc(t, e.payer.Address)
+	first, err := mR.Settle(t.Context(), pp, req) // a request of the running config
+	if err != nil || !first.Success {
+		t.Fatalf("first settle: %+v %v", first, err)
+	}
+	stopN() // the failed reload's modules are cleaned up
+	stopR() // restart
+	m, stop := provisionSVM(t, e, newBehindSolanaRPC(t, e.chain.URL), running)
+	defer stop()
+	again, err := m.Settle(t.Context(), pp, req)
+	if err != nil || again.Success || again.ErrorReason != svmfacilitator.ReasonDuplicateSettlement || again.Transaction != first.Transaction {
+		t.Errorf("replay after a restart through the running config's store: success=%v reason=%q tx=%s err=%v; want duplicate_settlement naming %s",
+			again.Success, again.ErrorReason, again.Transaction, err, first.Transaction)
+	}
+	if got := before - e.usdc(t, e.payer.Address); got != 20000 {
+		t.Fatalf("charged %d; want one payment", got)
+	}
 }

@@ -33,12 +33,14 @@ type sentStore struct{ SentStore }
 // UseSent makes st the store of the transactions sent (Config.Sent) from
 // now on; nil keeps them in memory only. It is for a facilitator that
 // outlives the configuration it was made with (the Caddy module keeps one
-// across reloads, so that the budgets and records in memory survive):
-// each configuration hands it its own store, which the previous one may
-// close once it is unloaded. A record already written is updated in the
-// store in use when its send is answered; one that store does not hold
-// (the store moved to another server or folder) stays where it was until
-// it expires, refusing nothing that could still settle.
+// across reloads naming the same store, so that the budgets and records in
+// memory survive): each configuration hands it its own connection to that
+// store, which the previous one may close once it is unloaded. A record
+// already written is updated in the store in use when its send is
+// answered; so st should hold the same records as the store it replaces
+// (a new connection to it): one st does not hold stays where it was until
+// it expires, and a replay after a restart through the old store only
+// would not find the send.
 func (f *Facilitator) UseSent(st SentStore) {
 	if st == nil {
 		f.sent.Store(nil)
