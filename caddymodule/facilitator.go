@@ -640,11 +640,26 @@ func (FacilitatorHandler) CaddyModule() caddy.ModuleInfo {
 	return caddy.ModuleInfo{ID: "http.handlers.x402_facilitator", New: func() caddy.Module { return new(FacilitatorHandler) }}
 }
 
-// Provision loads the facilitator module.
+// Provision loads the store (its discovery list), then the facilitator
+// module: a facilitator without a store of its own (svm) joins the default
+// folder as the handler's store opened it (its no_sync).
 func (h *FacilitatorHandler) Provision(ctx caddy.Context) error {
 	h.uses = inflight.For(ctx)
 	if h.FacilitatorRaw == nil {
 		return errors.New("x402_facilitator needs a facilitator (devnet, evm or http)")
+	}
+	repl := caddy.NewReplacer()
+	if h.Token != "" {
+		tok := repl.ReplaceKnown(h.Token, "")
+		secretopt.WarnIfLiteral(ctx.Logger(), "token", h.Token, tok)
+		if len(tok) < 16 {
+			return errors.New("x402_facilitator: token must be at least 16 characters")
+		}
+		h.token, h.gated = sha256.Sum256([]byte(tok)), true
+	}
+	cfg, err := h.discoveryConfig(ctx) // which callers it lists needs the token
+	if err != nil {
+		return err
 	}
 	mod, err := ctx.LoadModule(h, "FacilitatorRaw")
 	if err != nil {
@@ -654,7 +669,6 @@ func (h *FacilitatorHandler) Provision(ctx caddy.Context) error {
 	if !ok {
 		return fmt.Errorf("facilitator module %T does not verify and settle payments", mod)
 	}
-	repl := caddy.NewReplacer()
 	guard := &payToGuard{Facilitator: f}
 	settled, _ := settledNetworks(f)
 	for _, a := range h.PayTo {
@@ -686,18 +700,6 @@ func (h *FacilitatorHandler) Provision(ctx caddy.Context) error {
 	}
 	if err := guard.checkMinPrice(settled); err != nil {
 		return fmt.Errorf("x402_facilitator: min_price: %v", err)
-	}
-	if h.Token != "" {
-		tok := repl.ReplaceKnown(h.Token, "")
-		secretopt.WarnIfLiteral(ctx.Logger(), "token", h.Token, tok)
-		if len(tok) < 16 {
-			return errors.New("x402_facilitator: token must be at least 16 characters")
-		}
-		h.token, h.gated = sha256.Sum256([]byte(tok)), true
-	}
-	cfg, err := h.discoveryConfig(ctx)
-	if err != nil {
-		return err
 	}
 	h.api = x402.NewFacilitatorHandlerWith(guard, cfg)
 	return nil

@@ -267,6 +267,33 @@ func TestSVMFacilitatorDefaultStoreFollowsGateNoSync(t *testing.T) {
 	caddy.Stop()
 }
 
+// Likewise beside an x402_facilitator whose discovery list is kept in
+// `store badger { no_sync }`: the handler opens its store before its svm
+// facilitator joins the default folder, and the config loads. (Before: the
+// handler loaded its facilitator first, which opened the folder without
+// no_sync, and the handler's store was refused for asking otherwise.)
+func TestSVMFacilitatorDefaultStoreFollowsFacilitatorHandlerNoSync(t *testing.T) {
+	t.Setenv("XDG_DATA_HOME", t.TempDir())
+	e := newSolanaEnv(t)
+	port := freePort(t)
+	err := tryLoadCaddy(t, port, fmt.Sprintf(`:{port} {
+	handle_path /facilitator/* {
+		x402_facilitator {
+			pay_to %s
+			store badger {
+				no_sync
+			}
+			%s
+		}
+	}
+}
+`, e.payee.Address, e.svmBlock()))
+	if err != nil {
+		t.Fatalf("x402_facilitator with store badger { no_sync } and an svm facilitator without a store: %v; want the config to load", err)
+	}
+	caddy.Stop()
+}
+
 // Two svm blocks of one config with the same fee payer and settings but
 // different stores (route A's own store, route B's another) each record
 // their sends in their own store: after a restart, a replay through route
