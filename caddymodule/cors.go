@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -9,11 +10,13 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"golang.org/x/net/idna"
 
 	"github.com/aovhq/aov/internal/caddyopt"
 	"github.com/aovhq/aov/walletauth"
@@ -172,9 +175,14 @@ func (c *CORS) Provision(caddy.Context) error {
 	return nil
 }
 
-// normalizeOrigin returns the serialised origin of o (lower-case scheme and
-// host, the port kept unless it is the scheme's default) as browsers send
-// it, refusing anything with a path, query, fragment or user info.
+// normalizeOrigin returns the serialised origin of o as browsers send it
+// (RFC 6454): lower-case scheme and host, a host with non-ASCII letters in
+// its IDNA ASCII form (café.example is xn--caf-dma.example), the port kept
+// unless it is the scheme's default. It refuses anything with a path,
+// query, fragment or user info. It is the one form origins are compared
+// in, configured (public_base_url, origins lists) and sent (Origin)
+// alike: an origin configured as written would never equal what a
+// browser sends for it.
 func normalizeOrigin(o string) (string, error) {
 	u, err := url.Parse(o)
 	if err != nil {
@@ -188,7 +196,30 @@ func normalizeOrigin(o string) (string, error) {
 	}
 	scheme := strings.ToLower(u.Scheme)
 	host, _ := withoutDefaultPort(strings.ToLower(u.Host), defaultPorts[scheme])
+	if host, err = asciiHost(host); err != nil {
+		return "", err
+	}
 	return scheme + "://" + host, nil
+}
+
+// asciiHost returns host[:port] with a host name that has non-ASCII
+// letters in its IDNA ASCII form, as a browser puts it in an Origin and a
+// Host header. An ASCII name is returned as it is.
+func asciiHost(hostport string) (string, error) {
+	name, port := hostport, ""
+	if i := strings.LastIndexByte(hostport, ':'); i >= 0 && !strings.HasSuffix(hostport, "]") {
+		name, port = hostport[:i], hostport[i:]
+	}
+	for i := 0; i < len(name); i++ {
+		if name[i] >= utf8.RuneSelf {
+			a, err := idna.Lookup.ToASCII(name)
+			if err != nil { // not repeated: a configured host may come from {env.NAME}
+				return "", errors.New("has a host that is not a valid internationalized domain name")
+			}
+			return a + port, nil
+		}
+	}
+	return hostport, nil
 }
 
 // defaultPorts are the ports a URL of each scheme implies.

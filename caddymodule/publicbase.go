@@ -31,18 +31,25 @@ const maxResourceURL = store.MaxDiscoveryResourceBytes
 // publicOrigin checks a configured public base URL when the config loads:
 // placeholders known then ({env.NAME}) are expanded, and the result must be
 // an http(s) origin with nothing after it (a trailing slash aside). It
-// returns scheme://host[:port] in lower case, the form URLs are built from
-// and origins compared in. An error names raw as configured, never as
-// expanded (configuredURL).
+// returns the origin as browsers send it (normalizeOrigin: lower case, no
+// default port, an IDNA ASCII host), the form URLs are built from and
+// origins compared in: kept as written, https://site.example:443 or
+// https://café.example would never equal the Origin of the site's own
+// pages. An error names raw as configured, never as expanded
+// (configuredURL).
 func publicOrigin(raw string) (string, error) {
 	u, _, err := configuredURL(raw)
 	if err == nil && ((u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.ForceQuery || u.Fragment != "") {
 		err = errors.New("has a path, query or fragment")
 	}
+	var o string
+	if err == nil {
+		o, err = normalizeOrigin(u.Scheme + "://" + u.Host)
+	}
 	if err != nil {
 		return "", fmt.Errorf("%q is not an http(s) origin (scheme://host[:port], no path, query or user; only placeholders known when the config loads, such as {env.NAME}): once expanded it %v", raw, err)
 	}
-	return u.Scheme + "://" + strings.ToLower(u.Host), nil
+	return o, nil
 }
 
 // configuredURL expands, when the config loads, the placeholders known
