@@ -53,10 +53,12 @@ type FreeAllowance struct {
 	// visitor's; were any page a visitor opens served from it (x402_cors
 	// letting it read the answers), a site could spend every visitor's free
 	// calls as its own. Such a page gets the 402 offer instead, which it
-	// may pay. A request without Origin (an agent, curl) and a page of the
-	// site itself (on public_base_url when the gate has one, else on the
-	// request's Host) are served free whatever this says, unless the
-	// browser's Sec-Fetch-Site says another site sent it (fromAnotherSite).
+	// may pay. A request without Origin (an agent, curl; with
+	// public_base_url, only one whose Host is its host, an IP address or
+	// localhost: servesOrigin) and a page of the site itself (on
+	// public_base_url when the gate has one, else on the request's Host)
+	// are served free whatever this says, unless the browser's
+	// Sec-Fetch-Site says another site sent it (fromAnotherSite).
 	Origins []string `json:"origins,omitempty"`
 
 	perDay    string          // PerDay, formatted for Free-Allowance-Limit
@@ -103,8 +105,8 @@ func (f *FreeAllowance) provision() error {
 
 // servesOrigin reports whether r may be served from the allowance by the
 // page that sent it: a request without Origin (not a browser's
-// cross-origin call), a page of the site itself, or a page on an origin
-// Origins lists. Anything else, "null" (a sandboxed or file page) included,
+// cross-origin call; with base, on base's host), a page of the site
+// itself, or a page on an origin Origins lists. Anything else, "null" (a sandboxed or file page) included,
 // is a page on another origin spending its visitor's free calls. So is a
 // request the browser says another site made (fromAnotherSite), whatever
 // its Origin, unless that Origin is listed: a GET for an <img> or a
@@ -116,7 +118,14 @@ func (f *FreeAllowance) provision() error {
 // site's own: Host is the client's choice, and a DNS-rebinding page
 // (Origin and Host both rebind.evil.example, the name pointed at this
 // site's address) passes that test while the browser lets it read the
-// answers as its own.
+// answers as its own. The same page's GET carries no Origin at all (a
+// same-origin GET), and on a page over plain http, where rebinding works
+// (over https the site's certificate does not name the attacker's host),
+// Chromium sends no Sec-Fetch-Site either: such a request looks like an
+// agent's in every header but Host. So with base a request without Origin
+// is served free only when its Host is base's host (sameHostAsBase) or a
+// name no page can be rebound from (unrebindableHost): an agent calling
+// the gate by another DNS name gets the 402 offer, as a page would.
 func (f *FreeAllowance) servesOrigin(r *http.Request, base string) bool {
 	if f.anyOrigin {
 		return true
@@ -127,7 +136,7 @@ func (f *FreeAllowance) servesOrigin(r *http.Request, base string) bool {
 		return err == nil && f.origins[norm]
 	}
 	if o == "" {
-		return true
+		return base == "" || sameHostAsBase(r, base) || unrebindableHost(r.Host)
 	}
 	norm, err := normalizeOrigin(o)
 	if err != nil {
@@ -142,6 +151,30 @@ func (f *FreeAllowance) servesOrigin(r *http.Request, base string) bool {
 	_, host, _ := strings.Cut(norm, "://")
 	own, _ := withoutDefaultPort(strings.ToLower(r.Host), "80", "443")
 	return host == own
+}
+
+// sameHostAsBase reports whether r's Host is the host of base (a
+// publicOrigin), both normalized as an Origin is (normalizeOrigin, with
+// base's scheme, so its default port is dropped from Host too). Only the
+// host is compared: behind a TLS-terminating proxy the gate sees http for
+// the site's https pages.
+func sameHostAsBase(r *http.Request, base string) bool {
+	scheme, _, _ := strings.Cut(base, "://")
+	own, err := normalizeOrigin(scheme + "://" + r.Host)
+	return err == nil && own == base
+}
+
+// unrebindableHost reports whether a request's Host is one no DNS-rebinding
+// page can have as its own: an IP address (a page on it is served from
+// this address, so by this site) or localhost (which browsers resolve to
+// the loopback address themselves, never asking DNS).
+func unrebindableHost(hostport string) bool {
+	h := hostport
+	if name, _, err := net.SplitHostPort(hostport); err == nil {
+		h = name
+	}
+	h = strings.TrimSuffix(strings.TrimPrefix(h, "["), "]")
+	return net.ParseIP(h) != nil || strings.EqualFold(h, "localhost")
 }
 
 // fromAnotherSite reports whether the browser that sent r says a page of

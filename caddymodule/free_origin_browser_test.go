@@ -43,3 +43,36 @@ func TestFreeAllowanceIsNotSpentByAnotherSitesImageInABrowser(t *testing.T) {
 			resp.StatusCode, HeaderFreeRemaining, resp.Header.Get(HeaderFreeRemaining))
 	}
 }
+
+// The state a DNS-rebinding attack reaches, the browser deciding the
+// headers: Chromium resolves rebind.evil.example to the gate's address,
+// opens a page there over plain http and fetches the free GET route from
+// it. That same-origin GET carries no Origin, nor (the page not being a
+// secure origin) any Sec-Fetch-Site, and its Host is rebind.evil.example,
+// not public_base_url's site.example: it gets the 402 offer and counts
+// nothing. (Before: a request without Origin was served
+// free, and the rebinding page read its visitor's free answers.)
+func TestFreeAllowanceIsNotReadByARebindingPageInABrowser(t *testing.T) {
+	chromium := chromiumPath(t)
+	interop.Dir(t, "playwright-core")
+	base := freeSiteOn(t, "")
+	port := base[strings.LastIndexByte(base, ':')+1:]
+	var res struct {
+		Status    int    `json:"status"`
+		Remaining string `json:"remaining"`
+		Body      string `json:"body"`
+	}
+	interop.Run(t, "free-rebind-browser.mjs", nil, map[string]any{
+		"page":     "http://rebind.evil.example:" + port + "/",
+		"chromium": chromium,
+	}, &res)
+	if res.Status != http.StatusPaymentRequired || res.Remaining != "" {
+		t.Errorf("rebinding page (http://rebind.evil.example:%s) fetch('/report/1') in Chromium: %d, %s %q, body %.80q; want the 402 offer, no free call",
+			port, res.Status, HeaderFreeRemaining, res.Remaining, res.Body)
+	}
+	resp := freeGet(t, base+"/report/1", "", nil)
+	if resp.StatusCode != http.StatusOK || resp.Header.Get(HeaderFreeRemaining) != "3" {
+		t.Errorf("after the rebinding page's GET, a call of the visitor's own: %d, %s %q; want 200 from the allowance, 3 left",
+			resp.StatusCode, HeaderFreeRemaining, resp.Header.Get(HeaderFreeRemaining))
+	}
+}

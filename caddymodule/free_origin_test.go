@@ -147,6 +147,52 @@ func TestFreeAllowanceADNSRebindingPageIsNotTheSitesOwn(t *testing.T) {
 	}
 }
 
+// A DNS-rebinding page (http://rebind.evil.example, the name pointed at
+// the site's address) fetching a free GET route makes a same-origin GET:
+// no Origin, and over plain http not even Sec-Fetch-Site (Chromium sends
+// it only to secure origins), and it reads the answer. With
+// public_base_url https://site.example a request without Origin is served
+// free only when its Host is site.example (a default port dropped, in any
+// letter case), an IP address or localhost: the rebinding page gets the
+// 402 offer and counts nothing, with or without Sec-Fetch-Site, and so
+// does a client calling the gate by another name. (Before: a request
+// without Origin was served free, and the rebinding page spent and read
+// its visitor's free calls.)
+func TestFreeAllowanceIsNotServedToARebindingPagesSameOriginGet(t *testing.T) {
+	base := freeSiteOn(t, "")
+	sameOrigin := map[string]string{"Sec-Fetch-Site": "same-origin", "Sec-Fetch-Mode": "cors", "Sec-Fetch-Dest": "empty"}
+	for _, c := range []struct {
+		host string
+		hdr  map[string]string
+	}{
+		{"rebind.evil.example", sameOrigin},
+		{"rebind.evil.example", nil},
+		{"site.example.evil.example", nil},
+		{"site.example:8443", nil},
+	} {
+		resp := freeGet(t, base+"/report/1", c.host, c.hdr)
+		if resp.StatusCode != http.StatusPaymentRequired || resp.Header.Get(HeaderFreeRemaining) != "" {
+			t.Errorf("GET without Origin, Host %s, %v (public_base_url https://site.example): %d, %s %q; want the 402 offer, no free call",
+				c.host, c.hdr, resp.StatusCode, HeaderFreeRemaining, resp.Header.Get(HeaderFreeRemaining))
+		}
+	}
+	for i, c := range []struct {
+		host string
+		hdr  map[string]string
+	}{
+		{"site.example", sameOrigin},
+		{"SITE.example:443", nil},
+		{"", sameOrigin}, // 127.0.0.1:<port>
+		{"localhost", nil},
+	} {
+		resp := freeGet(t, base+"/report/1", c.host, c.hdr)
+		if want := []string{"3", "2", "1", "0"}[i]; resp.StatusCode != http.StatusOK || resp.Header.Get(HeaderFreeRemaining) != want {
+			t.Errorf("GET without Origin, Host %q, %v: %d, %s %q; want 200 from the allowance, %s left (the refused requests counted nothing)",
+				c.host, c.hdr, resp.StatusCode, HeaderFreeRemaining, resp.Header.Get(HeaderFreeRemaining), want)
+		}
+	}
+}
+
 // A browser sends no Origin on a GET it makes for an <img>, a <script> or
 // fetch(…, {mode: 'no-cors'}), only Sec-Fetch-Site: such a request from
 // another site (cross-site, or same-site: another origin of the same
