@@ -478,10 +478,31 @@ func (g *Gate) operatorListing(origin string) x402.OperatorListing {
 // Compared byte for byte instead, /THING/b, /%74hing/b or /thing/b/ is
 // answered by the operator's gate yet would be listed as a stranger's
 // settle describes it.
+//
+// An encoded slash reads two ways, and path is the route's when either
+// reading makes it so: split on its literal slashes before each segment
+// is decoded, /thing/a%2Fb is one id, as a `route /thing/*` serves it;
+// decoded before it is cleaned, as Caddy's matcher cleans the decoded
+// path, /other/..%2Fthing%2Fb is /thing/b. Read only one way, the other's
+// aliases are answered by the operator's gate and listed as strangers
+// describe them.
 func routeMatches(route, path string) bool {
-	rs, rok := matcherSegments(route)
-	ps, pok := matcherSegments(path)
-	if !rok || !pok || len(rs) != len(ps) {
+	rs, ok := matcherSegments(route, true)
+	if !ok {
+		return false
+	}
+	for _, splitFirst := range []bool{true, false} {
+		if ps, ok := matcherSegments(path, splitFirst); ok && segmentsMatch(rs, ps) {
+			return true
+		}
+	}
+	return false
+}
+
+// segmentsMatch reports whether a path's segments ps are the route's rs,
+// a {name} in rs standing for any one segment.
+func segmentsMatch(rs, ps []string) bool {
+	if len(rs) != len(ps) {
 		return false
 	}
 	for i, r := range rs {
@@ -495,15 +516,24 @@ func routeMatches(route, path string) bool {
 // matcherSegments is p's segments as Caddy's path matcher sees a request's
 // path: each percent-decoded and in lower case, with empty and "."
 // segments dropped and ".." removing the one before (caddyhttp.CleanPath
-// with slashes merged; a trailing slash is dropped with them). p is split
-// on its literal slashes before each segment is decoded, because an
-// encoded slash (/thing/a%2Fb) is inside its segment: a `route /thing/*`
-// serves it as one id, and split after decoding it would not be the
-// route's. False when a segment does not decode.
-func matcherSegments(p string) ([]string, bool) {
+// with slashes merged; a trailing slash is dropped with them). With
+// splitFirst p is split on its literal slashes before each segment is
+// decoded (an encoded slash stays inside its segment), else decoded
+// whole first (an encoded slash splits, and may follow a ".."): see
+// routeMatches. False when p does not decode.
+func matcherSegments(p string, splitFirst bool) ([]string, bool) {
+	unescape := func(s string) (string, error) { return s, nil }
+	if splitFirst {
+		unescape = url.PathUnescape
+	} else {
+		var err error
+		if p, err = url.PathUnescape(p); err != nil {
+			return nil, false
+		}
+	}
 	var segs []string
 	for _, raw := range strings.Split(p, "/") {
-		seg, err := url.PathUnescape(raw)
+		seg, err := unescape(raw)
 		if err != nil {
 			return nil, false
 		}

@@ -75,9 +75,13 @@ func TestDiscoveryRegistryListsEachGateOfARoute(t *testing.T) {
 // route's: the decoded path, in any letter case, cleaned of dot segments
 // and doubled slashes, a trailing slash the same route; a {name} is one
 // non-empty segment. An encoded slash is inside its segment: /thing/a%2Fb
-// is one id, as the gate of route /thing/* answers it. (Before: the path
-// was decoded before it was split, so %2F was a segment boundary and the
-// URL was not the route's.)
+// is one id, as the gate of route /thing/* answers it. A URL is the
+// route's when either reading makes it so: split then decoded (an encoded
+// slash inside an id) or decoded then cleaned, as Caddy's matcher reads
+// /other/..%2Fthing%2Fb as /thing/b. (Before: the path was decoded before
+// it was split, so %2F was a segment boundary and /thing/a%2Fb was not the
+// route's; then it was split before it was decoded, and
+// /other/..%2Fthing%2Fb was not.)
 func TestDiscoveryRouteMatchesAsCaddysPathMatcher(t *testing.T) {
 	for _, c := range []struct {
 		route, path string
@@ -99,8 +103,13 @@ func TestDiscoveryRouteMatchesAsCaddysPathMatcher(t *testing.T) {
 		{"/thing/{id}", "/thing/a%2Fb", true},
 		{"/thing/{id}", "/THING/a%2fb", true},
 		{"/thing/{id}", "/thing/a%2F", true},
-		{"/thing/{id}/x", "/thing/a%2Fx", false},
+		{"/thing/{id}/x", "/thing/a%2Fx", true}, // decoded: /thing/a/x, as Caddy's matcher reads it
+		{"/thing/{id}/x", "/thing/a%2Fy", false},
 		{"/thing/{id}", "/other/%2e%2e/thing/d", true},
+		{"/thing/{id}", "/other/..%2Fthing%2Fb", true},
+		{"/thing/{id}", "/other%2F..%2Fthing/b", true},
+		{"/thing/{id}", "/x/..%2F..%2Fthing/b", true},
+		{"/thing/{id}", "/other/..%2Fthings%2Fb", false},
 		{"/", "/", true},
 		{"/mcp", "/MCP", true},
 	} {

@@ -282,6 +282,23 @@ func TestDiscoveryAStrangerCannotListAnAliasOfTheOperatorsRoute(t *testing.T) {
 // split it, %2F became a segment boundary, and the stranger's description
 // was listed for a URL the operator's gate answers.)
 func TestDiscoveryAStrangerCannotListAnEncodedSlashID(t *testing.T) {
+	strangerCannotListAlias(t, "/thing/a%2Fb")
+}
+
+// /other/..%2Fthing%2Fb is decoded by Go to /other/../thing/b, which
+// Caddy's path matcher cleans to /thing/b: the operator's gate answers it,
+// so a stranger's settle for it lists nothing of its own. (Before: the
+// registry split the path on its literal slashes before decoding, saw the
+// segments other and ../thing/b, not the route's, and listed the
+// stranger's description for it.)
+func TestDiscoveryAStrangerCannotListADotDotEncodedSlashAlias(t *testing.T) {
+	strangerCannotListAlias(t, "/other/..%2Fthing%2Fb")
+}
+
+// strangerCannotListAlias checks that alias is answered by the operator's
+// gate of route "GET /thing/{id}" and that a stranger's settle for it,
+// keyed by its URL with its own description, is settled and not listed.
+func strangerCannotListAlias(t *testing.T, alias string) {
 	d, fac := sharedDevnet(t)
 	site := strings.Replace(discoverySite(d, fac, "badger {data}/g", "badger {data}/f"), "amount 10000", "amount 20000", 1)
 	site = strings.Replace(site, "\t\t\t\torigins http://127.0.0.1:{port}\n", "\t\t\t\torigins http://127.0.0.1:{port}\n\t\t\t\tlist_unauthenticated_settles\n", 1)
@@ -292,7 +309,6 @@ func TestDiscoveryAStrangerCannotListAnEncodedSlashID(t *testing.T) {
 	}
 	pr := paymentRequired(t, resp)
 	resp.Body.Close()
-	const alias = "/thing/a%2Fb"
 	r, err := testClient.Get(base + alias)
 	if err != nil {
 		t.Fatal(err)
