@@ -256,3 +256,62 @@ func TestMultiSendsNothingOnASpentContext(t *testing.T) {
 		t.Fatalf("settle: err %v; want the caller's context.Canceled, the member not asked", err)
 	}
 }
+
+// statusMember is a FAKE facilitator that answers /supported with kinds
+// and counts the settlement-status questions it is asked.
+type statusMember struct {
+	hungFacilitator
+	statuses int
+}
+
+func (s *statusMember) SettlementStatus(context.Context, x402.PaymentPayload, x402.PaymentRequirements) (x402.SettlementStatus, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.statuses++
+	return x402.SettlementStatus{}, nil
+}
+
+// The gate asks a multi for a settlement's status within resolveTimeout,
+// twice multiAskTimeout: half its time left is just under
+// multiAskTimeout, and a member's /supported that hangs for that bound is
+// the member's failure and backs it off, so the next question goes
+// straight to the next member. A question on a context already spent is
+// answered with the caller's error, the member picked never asked.
+// (Before: every ask whose bound half the caller's time had set counted as
+// cut by the caller, so a hung member was asked again, and waited for,
+// on every status question; and a spent context was sent on.)
+func TestMultiStatusBacksOffAHungMember(t *testing.T) {
+	old := multiAskTimeout
+	multiAskTimeout = 200 * time.Millisecond
+	t.Cleanup(func() { multiAskTimeout = old })
+	kinds := []x402.SupportedKind{{X402Version: x402.Version, Scheme: "exact", Network: "eip155:8453"}}
+	hung := &hungFacilitator{wait: time.Hour, kinds: kinds}
+	member := &statusMember{hungFacilitator: hungFacilitator{up: true, kinds: kinds}}
+	m := &MultiFacilitator{fs: []x402.Facilitator{hung, member}}
+	m.ready()
+	req := x402.PaymentRequirements{Scheme: "exact", Network: "eip155:8453"}
+	for i := range 2 {
+		// The gate's bound, scaled as multiAskTimeout is.
+		ctx, cancel := context.WithTimeout(context.Background(), resolveTimeout*multiAskTimeout/old)
+		start := time.Now()
+		_, err := m.SentSettlementStatus(ctx, x402.PaymentPayload{}, req, x402.SentSettlement{})
+		cancel()
+		if err != nil {
+			t.Fatalf("status %d: %v; want the next member's answer", i, err)
+		}
+		if i > 0 && time.Since(start) >= multiAskTimeout/2 {
+			t.Fatalf("status %d waited %v for the hung member", i, time.Since(start).Round(time.Millisecond))
+		}
+	}
+	if n := hung.asked(); n != 1 {
+		t.Errorf("the hung member was asked %d times; want once, then backed off", n)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := m.SentSettlementStatus(ctx, x402.PaymentPayload{}, req, x402.SentSettlement{}); !errors.Is(err, context.Canceled) {
+		t.Errorf("status on a spent context: err %v; want the caller's context.Canceled", err)
+	}
+	if member.statuses != 2 {
+		t.Errorf("the member was asked %d settlement statuses; want 2, none on the spent context", member.statuses)
+	}
+}

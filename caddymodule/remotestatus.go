@@ -153,6 +153,11 @@ func (m *MultiFacilitator) SentSettlementStatus(ctx context.Context, p x402.Paym
 		}
 		return x402.SettlementStatus{}, err
 	}
+	// Never ask the member picked on a context already spent: its
+	// failure would read as the member's.
+	if err := ctx.Err(); err != nil {
+		return x402.SettlementStatus{}, fmt.Errorf("no time left to ask for the settlement's status: %w", err)
+	}
 	if ssc, ok := f.(x402.SentSettlementChecker); ok {
 		return ssc.SentSettlementStatus(ctx, p, req, sent)
 	}

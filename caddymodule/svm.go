@@ -507,9 +507,9 @@ var multiAskTimeout = 5 * time.Second
 // answer (asked within ask's bound), remembered either way. A failure the
 // caller caused says nothing of the member and starts no backoff: its
 // context ended (the client left, or its deadline passed), or the ask ran
-// out of a bound the caller's deadline had cut below multiAskTimeout.
-// Else a later, healthy member asked after an earlier one spent the
-// caller's time would be backed off too.
+// out of a bound the caller's deadline had cut below half of
+// multiAskTimeout. Else a later, healthy member asked after an earlier one
+// spent the caller's time would be backed off too.
 func (m *MultiFacilitator) kinds(ctx context.Context, i int) (x402.SupportedResponse, error) {
 	t := now()
 	m.mu.Lock()
@@ -544,15 +544,19 @@ func (m *MultiFacilitator) kinds(ctx context.Context, i int) (x402.SupportedResp
 }
 
 // ask returns the context of one member's /supported ask: ctx bounded by
-// multiAskTimeout and by half ctx's time left, and whether the latter,
-// the caller's deadline, cut it.
+// multiAskTimeout and by half ctx's time left, and whether the caller's
+// deadline cut it short: to less than half of multiAskTimeout. A member
+// that does not answer within half of it has had time a healthy one
+// answers in, and its failure is its own. Counting any cut at all as the
+// caller's, a caller whose bound is twice multiAskTimeout (the gate's
+// settlement-status question, resolveTimeout) always cuts it a little by
+// the time it asks, and a member that hangs would never be backed off.
 func ask(ctx context.Context) (context.Context, context.CancelFunc, bool) {
-	bound, cut := multiAskTimeout, false
+	bound := multiAskTimeout
 	if dl, ok := ctx.Deadline(); ok {
-		if half := time.Until(dl) / 2; half < bound {
-			bound, cut = half, true
-		}
+		bound = min(bound, time.Until(dl)/2)
 	}
+	cut := bound < multiAskTimeout/2
 	c, cancel := context.WithTimeout(ctx, bound)
 	return c, cancel, cut
 }
