@@ -102,7 +102,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.publicBaseURL, "public-base-url", "http://localhost:8080", "the service's public origin as callers see it (the gateway's)")
 	fs.StringVar(&c.serviceName, "service-name", server.DefaultServiceName, "the \"service\" of every receipt's verify block")
 	fs.StringVar(&c.gatewayTokenFile, "gateway-token-file", "", "file holding the gateway token that makes X-Aov-* headers trusted (or set AOV_GATEWAY_TOKEN)")
-	fs.Int64Var(&c.maxBodyBytes, "max-body-bytes", verify.DefaultMaxBodyBytes, "absolute request body limit; larger bodies get 413")
+	fs.Int64Var(&c.maxBodyBytes, "max-body-bytes", verify.DefaultMaxBodyBytes, "absolute request body limit; larger bodies get 413 (behind a gate with settle before and validate verify_request, keep it at least 1 MiB: that gate settles a paid body up to 1 MiB before this limit refuses it)")
 	fs.IntVar(&c.listCap, "list-cap", verify.DefaultListCap, "entries shown per result list (errors, flags, hints)")
 	flagopt.PositiveDuration(fs, &c.verify.Timeout, "verify-timeout", verify.DefaultTimeout, "wall-clock limit of one verification; past it the caller gets 503 verification_timeout")
 	fs.IntVar(&c.verify.MaxSchemaSteps, "max-schema-steps", schema.DefaultMaxSteps, "evaluation budget of one verification, in steps (a subschema applied; the work of uniqueItems, const and enum comparisons and of long strings); past it 422")
