@@ -106,8 +106,9 @@ func (f *FreeAllowance) provision() error {
 // servesOrigin reports whether r may be served from the allowance by the
 // page that sent it: a request without Origin (not a browser's
 // cross-origin call; with base, on base's host), a page of the site
-// itself, or a page on an origin Origins lists. Anything else, "null" (a sandboxed or file page) included,
-// is a page on another origin spending its visitor's free calls. So is a
+// itself, or a page on an origin Origins lists. Anything else, "null" (a
+// sandboxed or file page) included, is a page on another origin spending
+// its visitor's free calls. So is a
 // request the browser says another site made (fromAnotherSite), whatever
 // its Origin, unless that Origin is listed: a GET for an <img> or a
 // no-cors fetch carries no Origin, and without this any page could burn
