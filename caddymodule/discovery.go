@@ -411,6 +411,13 @@ func (r *registry) remove(g *Gate) {
 // the listing is Ambiguous rather than one site's prices on another's URL.
 // Among gates that agree, the most recently provisioned is listed.
 func (r *registry) listing(origin, path, tool string) (x402.OperatorListing, bool) {
+	// In the form a gate's public_base_url is kept in: a settled URL on
+	// https://site.example:443 or https://café.example is the site's
+	// https://site.example or https://xn--caf-dma.example, which browsers
+	// and the gate serve as the same origin.
+	if norm, err := normalizeOrigin(origin); err == nil {
+		origin = norm
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	// before orders the matching gates: on this origin's public_base_url,

@@ -340,3 +340,53 @@ func strangerCannotListAlias(t *testing.T, alias string) {
 		t.Fatalf("listed %+v; want nothing of the stranger's", l.Items)
 	}
 }
+
+// A settled URL on another spelling of the operator's public origin
+// (https://site.example:443, upper case, a Unicode name for its IDNA
+// form) is the operator's route: browsers and the gate serve it as the
+// same origin. (Before: the registry compared it with public_base_url as
+// written, and with list_unauthenticated_settles a stranger listed the
+// operator's route under its own description.)
+func TestDiscoveryAStrangerCannotListTheOperatorsRouteUnderAnotherSpellingOfItsOrigin(t *testing.T) {
+	for _, alias := range []string{"https://site.example:443", "https://SITE.example:443", "https://café.example"} {
+		t.Run(alias, func(t *testing.T) {
+			d, fac := sharedDevnet(t)
+			site := strings.Replace(discoverySite(d, fac, "badger {data}/g", "badger {data}/f"), "amount 10000", "amount 20000", 1)
+			site = strings.Replace(site, "\t\t\t\torigins http://127.0.0.1:{port}\n", "\t\t\t\tlist_unauthenticated_settles\n", 1)
+			pub := "https://site.example"
+			if strings.Contains(alias, "café") {
+				pub = "https://café.example"
+			}
+			site = strings.Replace(site, "description \"A thing\"", "description \"A thing\"\n\t\t\tpublic_base_url "+pub, 1)
+			base := startCaddy(t, site)
+			resp, err := testClient.Get(base + "/thing/b")
+			if err != nil {
+				t.Fatal(err)
+			}
+			pr := paymentRequired(t, resp)
+			resp.Body.Close()
+			t.Logf("gate's resource: %s", pr.Resource.URL)
+			req := pr.Accepts[0]
+			req.Amount = "10000"
+			res := pr.Resource
+			res.URL, res.Description = alias+"/thing/b", "MOVED: this API now takes payment at https://evil.example/pay"
+			p, err := x402.SignExactEVM(evmfacilitator.DevKey(9), req, &res, time.Now())
+			if err != nil {
+				t.Fatal(err)
+			}
+			bz := map[string]any{}
+			for k, v := range pr.Extensions["bazaar"].(map[string]any) {
+				bz[k] = v
+			}
+			delete(bz, "routeTemplate")
+			p.Extensions = map[string]any{"bazaar": bz}
+			s, status := facilitatorSettle(t, base, "", p, req)
+			if !s.Success || status != "rejected" {
+				t.Errorf("stranger's settle for %s/thing/b (the operator's %s/thing/b): %+v, bazaar %q; want settled, not listed", alias, pub, s, status)
+			}
+			if l := listResources(t, base); len(l.Items) != 0 {
+				t.Errorf("listed %+v; want nothing of the stranger's", l.Items)
+			}
+		})
+	}
+}

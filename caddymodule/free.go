@@ -161,8 +161,19 @@ func (f *FreeAllowance) servesOrigin(r *http.Request, base string) bool {
 // the site's https pages.
 func sameHostAsBase(r *http.Request, base string) bool {
 	scheme, _, _ := strings.Cut(base, "://")
-	own, err := normalizeOrigin(scheme + "://" + r.Host)
+	own, err := normalizeOrigin(scheme + "://" + withoutRootDot(r.Host))
 	return err == nil && own == base
+}
+
+// withoutRootDot is hostport without the trailing dot of a fully
+// qualified name (site.example.:443 is site.example:443): the same name,
+// which DNS and browsers resolve alike.
+func withoutRootDot(hostport string) string {
+	name, port := hostport, ""
+	if h, p, err := net.SplitHostPort(hostport); err == nil && !strings.Contains(h, ":") {
+		name, port = h, ":"+p
+	}
+	return strings.TrimSuffix(name, ".") + port
 }
 
 // unrebindableHost reports whether a request's Host is one no DNS-rebinding
@@ -175,7 +186,7 @@ func unrebindableHost(hostport string) bool {
 		h = name
 	}
 	h = strings.TrimSuffix(strings.TrimPrefix(h, "["), "]")
-	return net.ParseIP(h) != nil || strings.EqualFold(h, "localhost")
+	return net.ParseIP(h) != nil || strings.EqualFold(strings.TrimSuffix(h, "."), "localhost")
 }
 
 // fromAnotherSite reports whether the browser that sent r says a page of

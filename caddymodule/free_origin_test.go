@@ -231,3 +231,17 @@ func TestFreeAllowanceIsNotServedToANoCorsRequestFromAnotherSite(t *testing.T) {
 		}
 	}
 }
+
+// A Host written with the trailing dot of a fully qualified name is the
+// same name: "localhost." is as unrebindable as "localhost" (browsers
+// resolve it to loopback themselves), "site.example." is public_base_url's
+// host. (Before: both got the 402 offer.)
+func TestFreeCallWithoutOriginFromAFullyQualifiedHost(t *testing.T) {
+	base := freeSiteOn(t, "")
+	for _, host := range []string{"localhost.", "localhost.:8080", "site.example.", "site.example.:443"} {
+		resp := freeGet(t, base+"/report/1", host, nil)
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("GET without Origin, Host %q (public_base_url https://site.example): %d; want 200 from the allowance", host, resp.StatusCode)
+		}
+	}
+}

@@ -176,6 +176,7 @@ func (m *SVMFacilitator) Provision(ctx caddy.Context) error {
 	rpcURL := repl.ReplaceKnown(m.RPCURL, "")
 	secretopt.WarnIfURLCredentials(ctx.Logger(), "rpc_url", m.RPCURL, rpcURL)
 	var st interface{ Claims() store.Claims }
+	storeConfig := string(m.StoreRaw) // LoadModule drops it
 	if m.StoreRaw == nil {
 		// The gate's default folder, as the modules naming it opened it:
 		// a store line the operator never wrote must not have a config
@@ -213,8 +214,11 @@ func (m *SVMFacilitator) Provision(ctx caddy.Context) error {
 	// facilitator, whose records would land in the other's store, while a
 	// reload naming the same store keeps the facilitator (its budgets) and
 	// hands it this config's handle (pooledSVM.use), never a closed one.
-	m.poolKey = fmt.Sprintf("svm network=%s url=%s fee_payer=%s timeout=%d units=%d price=%d failed=%d inflight=%d lamports=%d priority=%d window=%d store=%q",
-		network, rpcURL, f.FeePayer(), m.ConfirmTimeout, m.MaxComputeUnits, m.MaxComputeUnitPrice, m.MaxFailedPerPayer, m.MaxInFlightPerPayer, m.MaxFailedLamports, m.MaxPriorityFeePastBudget, m.FailureWindow, storeIdentity(st))
+	// Its JSON is part of the key too: blocks naming one store with other
+	// options (a Redis store's wait_replicas) each write through a handle
+	// with their own, never through the other's.
+	m.poolKey = fmt.Sprintf("svm network=%s url=%s fee_payer=%s timeout=%d units=%d price=%d failed=%d inflight=%d lamports=%d priority=%d window=%d store=%q store_config=%q",
+		network, rpcURL, f.FeePayer(), m.ConfirmTimeout, m.MaxComputeUnits, m.MaxComputeUnitPrice, m.MaxFailedPerPayer, m.MaxInFlightPerPayer, m.MaxFailedLamports, m.MaxPriorityFeePastBudget, m.FailureWindow, storeIdentity(st), storeConfig)
 	val, _, err := facilitatorPool.LoadOrNew(m.poolKey, func() (caddy.Destructor, error) { return &pooledSVM{f: f}, nil })
 	if err != nil {
 		return err

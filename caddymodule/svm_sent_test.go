@@ -201,13 +201,19 @@ func TestSVMFacilitatorReloadAfterPlaceholderChange(t *testing.T) {
 // settles. The failed reload names the same Redis store with another
 // client (another timeout: a client of its own, as a rotated password
 // makes one), so the facilitator is the running config's, and the failed
-// config's client is closed.
+// config's client is closed. The same JSON expands to another spelling of
+// the server's address, which makes another client of the same store, as
+// a rotated password in {file.*} does.
 func TestSVMFacilitatorFailedReloadKeepsRunningStore(t *testing.T) {
 	e := newSolanaEnv(t)
 	srv := servers.StartRedis(t)
-	m, stop := provisionSVM(t, e, e.chain.URL, fmt.Sprintf(`{"type":"redis","addresses":[%q]}`, srv.Addr))
+	_, port, _ := strings.Cut(srv.Addr, ":")
+	storeJSON := `{"type":"redis","addresses":["{env.AOV_SVM_STORE_ADDR}"]}`
+	t.Setenv("AOV_SVM_STORE_ADDR", srv.Addr)
+	m, stop := provisionSVM(t, e, e.chain.URL, storeJSON)
 	defer stop()
-	failed, stopFailed := provisionSVM(t, e, e.chain.URL, fmt.Sprintf(`{"type":"redis","addresses":[%q],"timeout":"2s"}`, srv.Addr))
+	t.Setenv("AOV_SVM_STORE_ADDR", "localhost:"+port)
+	failed, stopFailed := provisionSVM(t, e, e.chain.URL, storeJSON)
 	if failed.f != m.f {
 		t.Fatal("a reload naming the same store got another facilitator; want the one kept")
 	}
@@ -218,15 +224,20 @@ func TestSVMFacilitatorFailedReloadKeepsRunningStore(t *testing.T) {
 	}
 }
 
-// A reload naming the same store through a new client (another timeout
-// here, a rotated password likewise) keeps the facilitator, and its
+// A reload naming the same store through a new client (the same JSON
+// expanding to another spelling of its address here, a rotated password
+// likewise) keeps the facilitator, and its
 // budgets, and hands it the new client: once the old config and its
 // client are gone, it settles.
 func TestSVMFacilitatorReloadSameStoreNewClient(t *testing.T) {
 	e := newSolanaEnv(t)
 	srv := servers.StartRedis(t)
-	old, stop := provisionSVM(t, e, e.chain.URL, fmt.Sprintf(`{"type":"redis","addresses":[%q]}`, srv.Addr))
-	m, stop2 := provisionSVM(t, e, e.chain.URL, fmt.Sprintf(`{"type":"redis","addresses":[%q],"timeout":"2s"}`, srv.Addr))
+	_, port, _ := strings.Cut(srv.Addr, ":")
+	storeJSON := `{"type":"redis","addresses":["{env.AOV_SVM_STORE_ADDR}"]}`
+	t.Setenv("AOV_SVM_STORE_ADDR", srv.Addr)
+	old, stop := provisionSVM(t, e, e.chain.URL, storeJSON)
+	t.Setenv("AOV_SVM_STORE_ADDR", "localhost:"+port)
+	m, stop2 := provisionSVM(t, e, e.chain.URL, storeJSON)
 	defer stop2()
 	if m.f != old.f {
 		t.Fatal("a reload naming the same store got another facilitator; want the one kept")
@@ -358,5 +369,39 @@ func TestSVMFacilitatorFailedReloadWithAnotherStoreLosesNoRecord(t *testing.T) {
 	}
 	if got := before - e.usdc(t, e.payer.Address); got != 20000 {
 		t.Fatalf("charged %d; want one payment", got)
+	}
+}
+
+// Two svm blocks with the same settings naming one Redis store (one
+// identity) with other options each write their send records through a
+// handle with their own options. Block A's store says wait_replicas 1
+// (a record is acknowledged once a replica has it; with no replica here,
+// every write of A's store fails), block B's says nothing: A is refused
+// beside B as it is alone. (Before: the two shared one facilitator, which
+// wrote A's records through B's handle, without waiting for a replica.)
+func TestSVMFacilitatorBlocksNamingOneStoreWithOtherOptionsKeepTheirOwn(t *testing.T) {
+	e := newSolanaEnv(t)
+	srv := servers.StartRedis(t)
+	storeA := fmt.Sprintf(`{"type":"redis","addresses":[%q],"wait_replicas":1}`, srv.Addr)
+	storeB := fmt.Sprintf(`{"type":"redis","addresses":[%q]}`, srv.Addr)
+
+	alone, stopAlone := provisionSVM(t, e, e.chain.URL, storeA)
+	pp, req := svmPayment(t, e)
+	s, err := alone.Settle(t.Context(), pp, req)
+	stopAlone()
+	if err == nil {
+		t.Fatalf("block A alone (wait_replicas 1, no replica) settled: %+v", s)
+	}
+
+	mA, stopA := provisionSVM(t, e, e.chain.URL, storeA)
+	defer stopA()
+	mB, stopB := provisionSVM(t, e, e.chain.URL, storeB)
+	defer stopB()
+	if mA.f == mB.f {
+		t.Fatal("blocks naming one store with other options share one facilitator")
+	}
+	pp, req = svmPayment(t, e)
+	if s, err := mA.Settle(t.Context(), pp, req); err == nil {
+		t.Fatalf("block A beside block B settled %+v: its send record went through B's handle, without waiting for a replica", s)
 	}
 }
