@@ -773,12 +773,12 @@ func (a Accept) requirements() (x402.PaymentRequirements, int, error) {
 // request like another: 405 under Route, which does not name it, else
 // priced); a client over its refusal budget is 429; a URL the 402 could
 // not name (checkURL) is 400 (a target that is not a path) or 414; a body
-// over the absolute limit is 413; a bodyless POST is the discovery probe (402); a payment is
-// verified, the upstream run and the payment settled; a request small
-// enough for the free tier is served from the allowance while it lasts;
-// anything else is 402. Whenever
-// the gate answers for payment itself, an invalid request is 422 instead
-// (see exchange); a call it lets through is checked by the upstream.
+// over the absolute limit is 413; a bodyless POST is the discovery probe
+// (402); a payment is verified, the upstream run and the payment settled;
+// a request small enough for the free tier is served from the allowance
+// while it lasts; anything else is 402. Whenever the gate answers for
+// payment itself, an invalid request is 422 instead (see exchange); a call
+// it lets through is checked by the upstream.
 func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	// Before anything reads the store or asks the facilitator: a reload
 	// cleans this config up while its requests still run, and what they
