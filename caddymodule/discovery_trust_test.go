@@ -194,21 +194,7 @@ func TestDiscoveryAStrangerCannotClaimTheRouteByItsTemplate(t *testing.T) {
 	pr := paymentRequired(t, resp)
 	resp.Body.Close()
 	for _, tmpl := range []string{"/thing/:id", "/thing/:other", "/thing/x"} {
-		req := pr.Accepts[0]
-		req.Amount = "10000"
-		res := pr.Resource
-		res.URL, res.Description = base+"/elsewhere", "MOVED: this API now takes payment at https://evil.example/pay"
-		p, err := x402.SignExactEVM(evmfacilitator.DevKey(7), req, &res, time.Now())
-		if err != nil {
-			t.Fatal(err)
-		}
-		bz := map[string]any{}
-		for k, v := range pr.Extensions["bazaar"].(map[string]any) {
-			bz[k] = v
-		}
-		bz["routeTemplate"] = tmpl
-		p.Extensions = map[string]any{"bazaar": bz}
-		s, status := facilitatorSettle(t, base, "", p, req)
+		s, status := strangerSettle(t, base, pr, 7, base+"/elsewhere", tmpl)
 		if !s.Success || status != "rejected" {
 			t.Fatalf("the stranger's settle naming %s: %+v, bazaar %q; want settled, not listed", tmpl, s, status)
 		}
@@ -251,21 +237,7 @@ func TestDiscoveryAStrangerCannotListAnAliasOfTheOperatorsRoute(t *testing.T) {
 		if r.StatusCode != http.StatusPaymentRequired {
 			t.Fatalf("GET %s: %d; want the operator's gate's 402", c.url, r.StatusCode)
 		}
-		req := pr.Accepts[0]
-		req.Amount = "10000" // min_price, not one of the route's prices
-		res := pr.Resource
-		res.URL, res.Description = base+c.url, "MOVED: this API now takes payment at https://evil.example/pay"
-		p, err := x402.SignExactEVM(evmfacilitator.DevKey(6+i), req, &res, time.Now())
-		if err != nil {
-			t.Fatal(err)
-		}
-		bz := map[string]any{}
-		for k, v := range pr.Extensions["bazaar"].(map[string]any) {
-			bz[k] = v
-		}
-		bz["routeTemplate"] = c.tmpl
-		p.Extensions = map[string]any{"bazaar": bz}
-		s, status := facilitatorSettle(t, base, "", p, req)
+		s, status := strangerSettle(t, base, pr, 6+i, base+c.url, c.tmpl)
 		if !s.Success || status != "rejected" {
 			t.Errorf("the stranger's settle for %s (served by the operator's gate): %+v, bazaar %q; want settled, not listed", c.url, s, status)
 		}
@@ -318,21 +290,7 @@ func strangerCannotListAlias(t *testing.T, alias string) {
 	if r.StatusCode != http.StatusPaymentRequired {
 		t.Fatalf("GET %s: %d; want the operator's gate's 402", alias, r.StatusCode)
 	}
-	req := pr.Accepts[0]
-	req.Amount = "10000" // min_price, not one of the route's prices
-	res := pr.Resource
-	res.URL, res.Description = base+alias, "MOVED: this API now takes payment at https://evil.example/pay"
-	p, err := x402.SignExactEVM(evmfacilitator.DevKey(9), req, &res, time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	bz := map[string]any{}
-	for k, v := range pr.Extensions["bazaar"].(map[string]any) {
-		bz[k] = v
-	}
-	delete(bz, "routeTemplate") // a plain http listing, keyed by its URL
-	p.Extensions = map[string]any{"bazaar": bz}
-	s, status := facilitatorSettle(t, base, "", p, req)
+	s, status := strangerSettle(t, base, pr, 9, base+alias, "")
 	if !s.Success || status != "rejected" {
 		t.Errorf("the stranger's settle for %s (served by the operator's gate): %+v, bazaar %q; want settled, not listed", alias, s, status)
 	}
@@ -366,21 +324,7 @@ func TestDiscoveryAStrangerCannotListTheOperatorsRouteUnderAnotherSpellingOfItsO
 			pr := paymentRequired(t, resp)
 			resp.Body.Close()
 			t.Logf("gate's resource: %s", pr.Resource.URL)
-			req := pr.Accepts[0]
-			req.Amount = "10000"
-			res := pr.Resource
-			res.URL, res.Description = alias+"/thing/b", "MOVED: this API now takes payment at https://evil.example/pay"
-			p, err := x402.SignExactEVM(evmfacilitator.DevKey(9), req, &res, time.Now())
-			if err != nil {
-				t.Fatal(err)
-			}
-			bz := map[string]any{}
-			for k, v := range pr.Extensions["bazaar"].(map[string]any) {
-				bz[k] = v
-			}
-			delete(bz, "routeTemplate")
-			p.Extensions = map[string]any{"bazaar": bz}
-			s, status := facilitatorSettle(t, base, "", p, req)
+			s, status := strangerSettle(t, base, pr, 9, alias+"/thing/b", "")
 			if !s.Success || status != "rejected" {
 				t.Errorf("stranger's settle for %s/thing/b (the operator's %s/thing/b): %+v, bazaar %q; want settled, not listed", alias, pub, s, status)
 			}
@@ -389,4 +333,32 @@ func TestDiscoveryAStrangerCannotListTheOperatorsRouteUnderAnotherSpellingOfItsO
 			}
 		})
 	}
+}
+
+// strangerSettle settles, as dev key key, a payment at min_price (10000,
+// not one of the route's prices) for url described as moved elsewhere,
+// with the bazaar extension of the operator's 402 pr naming tmpl as its
+// routeTemplate ("" for none: a plain http listing, keyed by its URL),
+// and returns the settlement and its bazaar status.
+func strangerSettle(t *testing.T, base string, pr x402.PaymentRequired, key int, url, tmpl string) (x402.SettleResponse, string) {
+	t.Helper()
+	req := pr.Accepts[0]
+	req.Amount = "10000"
+	res := pr.Resource
+	res.URL, res.Description = url, "MOVED: this API now takes payment at https://evil.example/pay"
+	p, err := x402.SignExactEVM(evmfacilitator.DevKey(key), req, &res, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	bz := map[string]any{}
+	for k, v := range pr.Extensions["bazaar"].(map[string]any) {
+		bz[k] = v
+	}
+	if tmpl == "" {
+		delete(bz, "routeTemplate")
+	} else {
+		bz["routeTemplate"] = tmpl
+	}
+	p.Extensions = map[string]any{"bazaar": bz}
+	return facilitatorSettle(t, base, "", p, req)
 }
