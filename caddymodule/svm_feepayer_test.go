@@ -23,13 +23,7 @@ import (
 // buyer to sign a new payment, which failed the same way.)
 func TestSolanaGateWithAnEmptyFeePayerAnswers503(t *testing.T) {
 	e := newSolanaEnv(t)
-	seed := sha256.Sum256([]byte("caddymodule svm fee payer never funded"))
-	key := ed25519.NewKeyFromSeed(seed[:])
-	fee := base58.Encode(key.Public().(ed25519.PublicKey))
-	keyFile := filepath.Join(t.TempDir(), "empty-fee-payer.key")
-	if err := os.WriteFile(keyFile, []byte(base58.Encode(key)), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	fee, keyFile := feePayerKeyFile(t, "caddymodule svm fee payer never funded")
 	base := startCaddy(t, fmt.Sprintf(`:{port} {
 	route /verify/schema {
 		x402 {
@@ -77,14 +71,8 @@ func TestSolanaGateWithAnEmptyFeePayerAnswers503(t *testing.T) {
 // the operator's outage, every time, counted by nothing.)
 func TestSolanaBuyersPriorityFeeBeyondTheFeePayerIsRefusedAndCounted(t *testing.T) {
 	e := newSolanaEnv(t)
-	seed := sha256.Sum256([]byte("caddymodule svm fee payer funded for ordinary payments"))
-	key := ed25519.NewKeyFromSeed(seed[:])
-	fee := base58.Encode(key.Public().(ed25519.PublicKey))
+	fee, keyFile := feePayerKeyFile(t, "caddymodule svm fee payer funded for ordinary payments")
 	e.chain.Airdrop(fee, 890_880+100_000)
-	keyFile := filepath.Join(t.TempDir(), "low-fee-payer.key")
-	if err := os.WriteFile(keyFile, []byte(base58.Encode(key)), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	base := startCaddy(t, fmt.Sprintf(`:{port} {
 	route /verify/schema {
 		x402 {
@@ -143,4 +131,17 @@ func TestSolanaBuyersPriorityFeeBeyondTheFeePayerIsRefusedAndCounted(t *testing.
 	if seen[0] != 402 || slices.Contains(seen, 503) || !slices.Contains(seen, 429) {
 		t.Fatalf("statuses %v; want the payment refused (402), never the operator's 503, and counted (429 once past the budget)", seen)
 	}
+}
+
+// feePayerKeyFile writes a fee payer key derived from seed to a key file
+// and returns its address and the file.
+func feePayerKeyFile(t *testing.T, seed string) (addr, file string) {
+	t.Helper()
+	sum := sha256.Sum256([]byte(seed))
+	key := ed25519.NewKeyFromSeed(sum[:])
+	file = filepath.Join(t.TempDir(), "fee-payer.key")
+	if err := os.WriteFile(file, []byte(base58.Encode(key)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return base58.Encode(key.Public().(ed25519.PublicKey)), file
 }
