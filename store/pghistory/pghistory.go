@@ -314,7 +314,7 @@ func (h *History) Ping(ctx context.Context) error { return h.pool.Ping(ctx) }
 // or unpaid) leaves its agent's counts alone, first and last included, as
 // the embedded store's Counts.Add does; SetPayments counts it if it is
 // reported paid. It also returns the id of its transaction, which tells
-// the outcome of a COMMIT whose answer was lost (commit).
+// whether a COMMIT whose answer was lost is still in progress (commit).
 const record = `WITH ins AS (
 	INSERT INTO aov_verifications (id, at_ns, agent_id, record, authenticated) VALUES ($1, $2, $3, $4, $10)
 	ON CONFLICT (id) DO NOTHING
@@ -376,7 +376,7 @@ func (h *History) RecordVerification(ctx context.Context, v store.Verification) 
 	if err := store.ContextEnded(ctx, time.Now()); err != nil {
 		return err
 	}
-	return h.commit(ctx, conn, xid)
+	return h.commit(ctx, conn, xid, v.ID)
 }
 
 // recordArgs checks and normalises v (store.Verification.Prepare) and
@@ -407,14 +407,27 @@ const commitTimeout = 10 * time.Second
 // server did not answer it, nor the lookup afterwards.
 var errCommitUnknown = errors.New("history: the database did not say whether the record was committed")
 
-// commit commits the transaction open on conn, whose id is xid, and
-// returns nil only if it committed. A COMMIT the server answered with an
-// error was rolled back. One whose answer did not come (the connection
-// dropped, or commitTimeout passed) may have committed or not: the
-// server is asked on another connection, waiting while the transaction
-// is still in progress, so that the answer is known rather than guessed.
+// commit commits the transaction open on conn, whose id is xid and which
+// inserted the record id, and returns nil only if it committed. A COMMIT
+// the server answered with an error was rolled back. One whose answer did
+// not come (the connection dropped, or commitTimeout passed) may have
+// committed or not: the server is asked on another connection, waiting
+// while the transaction is still in progress, so that the answer is known
+// rather than guessed.
+//
+// The answer is the record itself: its row, by primary key, is there only
+// if our transaction committed (the insert inserted it, and a record is
+// never deleted). The transaction's id only says whether to wait for it.
+// Its status alone (pg_xact_status) is not the answer: an id is durable
+// only once a commit made it so, and after a crash (or a failover to an
+// asynchronous standby) that lost the WAL naming our transaction the
+// server hands the same id to another one, such as another instance's
+// record, which then commits. A committed id whose row is missing is
+// believed only once the id is visible in the snapshot that looked for the
+// row: PostgreSQL marks a transaction committed a moment before it shows
+// its rows to new snapshots.
 // It wraps no context error: the caller's deadline is not why it failed.
-func (h *History) commit(ctx context.Context, conn *pgxpool.Conn, xid string) error {
+func (h *History) commit(ctx context.Context, conn *pgxpool.Conn, xid, id string) error {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
 	defer cancel()
 	_, err := conn.Exec(cctx, `COMMIT`)
@@ -429,11 +442,14 @@ func (h *History) commit(ctx context.Context, conn *pgxpool.Conn, xid string) er
 	defer cancel()
 	for {
 		var status *string
-		serr := h.pool.QueryRow(lctx, `SELECT pg_xact_status($1::xid8)`, xid).Scan(&status)
+		var visible, found bool
+		serr := h.pool.QueryRow(lctx, `SELECT pg_xact_status($1::xid8), pg_visible_in_snapshot($1::xid8, pg_current_snapshot()),
+			EXISTS (SELECT 1 FROM aov_verifications WHERE id = $2)`, xid, []byte(id)).Scan(&status, &visible, &found)
 		switch {
-		case serr == nil && status != nil && *status == "committed":
+		case serr != nil:
+		case found:
 			return nil
-		case serr == nil && status != nil && *status == "aborted":
+		case status != nil && (*status == "aborted" || *status == "committed" && visible):
 			return fmt.Errorf("history: committing verification: rolled back (the COMMIT's answer was lost: %v)", err.Error())
 		}
 		select {
