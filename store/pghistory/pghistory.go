@@ -219,6 +219,18 @@ func (h *History) migrate(ctx context.Context, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("history: setting up the schema: %w", err)
 	}
+	// A statement_timeout or lock_timeout the operator set on the database
+	// or role would cut the wait for another instance's upgrade, and the
+	// upgrade itself (its table lock, its rewrite), long before their hour:
+	// an instance would then fail every start, and a large history never
+	// be upgraded. Only opts bound them, here; the pool's other sessions
+	// keep the server's settings.
+	sctx, cancel = step(false)
+	_, err = tx.Exec(sctx, `SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = 0`)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("history: setting up the schema: %w", err)
+	}
 	if err := lockMigration(ctx, tx, step, opts.Logger); err != nil {
 		return err
 	}
