@@ -87,6 +87,12 @@ func (g *Gate) serveCharged(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	tr := getWroteTrace()
 	err := runUpstream(next, held, r.WithContext(httptrace.WithClientTrace(ctx, &tr.trace)), reached)
+	if err == errUpstreamAborted && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		// The answer's body ran past upstream_timeout: reverse_proxy
+		// aborts it as it would a broken one (502), but the call failed
+		// by the deadline, as a stall before the headers does (504).
+		err = errUpstreamTimedOut
+	}
 	cancel()
 	wrote := tr.wrote.Load()
 	if ps != nil {

@@ -1300,6 +1300,10 @@ func runUpstream(next caddyhttp.Handler, w http.ResponseWriter, r *http.Request,
 
 var errUpstreamAborted = caddyhttp.Error(http.StatusBadGateway, errors.New("upstream response aborted"))
 
+// errUpstreamTimedOut is an upstream answer cut off by upstream_timeout
+// after its headers came (serveCharged).
+var errUpstreamTimedOut = caddyhttp.Error(http.StatusGatewayTimeout, errors.New("upstream answer not finished within upstream_timeout"))
+
 // neverReached is the reached of a writer that releases nothing itself.
 func neverReached() bool { return false }
 
