@@ -370,6 +370,17 @@ func (f *Facilitator) checkSigner(ctx context.Context, c *checked) (*checked, er
 		return nil, err
 	}
 	switch {
+	case hasCode && isERC6492(c.sig):
+		// A deployed wallet needs no factory: ERC-6492 asks its
+		// isValidSignature with the inner signature, and the token's
+		// SignatureChecker, which knows no envelope, is given that one
+		// too (transferCallData).
+		inner, ok := unwrapERC6492(c.sig)
+		if !ok {
+			return refuse(x402.ReasonExactEVMSignature, c.payer, "the ERC-6492 signature's envelope does not decode as (address, bytes, bytes)"), nil
+		}
+		c.sig = inner
+		return f.erc1271Check(ctx, c)
 	case hasCode:
 		return f.erc1271Check(ctx, c)
 	case isERC6492(c.sig):
@@ -535,6 +546,25 @@ var erc6492Magic = common.FromHex("0x6492649264926492649264926492649264926492649
 
 func isERC6492(sig []byte) bool {
 	return len(sig) > 32 && string(sig[len(sig)-32:]) == string(erc6492Magic)
+}
+
+// erc6492Envelope is what precedes erc6492Magic: abi.encode(factory,
+// factoryCalldata, innerSignature).
+var erc6492Envelope = func() abi.Arguments {
+	addrT, _ := abi.NewType("address", "", nil)
+	bytesT, _ := abi.NewType("bytes", "", nil)
+	return abi.Arguments{{Type: addrT}, {Type: bytesT}, {Type: bytesT}}
+}()
+
+// unwrapERC6492 returns the inner signature of an ERC-6492 signature sig
+// (isERC6492), false when its envelope does not decode.
+func unwrapERC6492(sig []byte) ([]byte, bool) {
+	v, err := erc6492Envelope.Unpack(sig[:len(sig)-32])
+	if err != nil || len(v) != 3 {
+		return nil, false
+	}
+	inner, ok := v[2].([]byte)
+	return inner, ok
 }
 
 func sameAddress(a, b string) bool {
