@@ -549,14 +549,17 @@ type lossyChain struct {
 	mu            sync.Mutex
 	sent          bool
 	resolving     bool
-	sentTxs       int
+	sentTxs       map[common.Hash]bool // the transactions sent, each once or more
 	errConnection error
 }
 
 func (c *lossyChain) SendTransaction(ctx context.Context, tx *types.Transaction) error {
 	c.mu.Lock()
 	c.sent = true
-	c.sentTxs++
+	if c.sentTxs == nil {
+		c.sentTxs = map[common.Hash]bool{}
+	}
+	c.sentTxs[tx.Hash()] = true
 	c.mu.Unlock()
 	if c.dropSends {
 		if c.onSend != nil {
@@ -642,8 +645,8 @@ func TestUnknownOutcomesAreResolvedFromTheChain(t *testing.T) {
 			case r.Success && len(common.FromHex(r.Transaction)) != common.HashLength:
 				t.Fatalf("success without the transaction: %+v", r)
 			}
-			if lc.sentTxs != 1 {
-				t.Errorf("%d transactions sent, want 1", lc.sentTxs)
+			if len(lc.sentTxs) != 1 {
+				t.Errorf("%d transactions sent, want 1", len(lc.sentTxs))
 			}
 			// Let the chain seal whatever was sent, then compare balances.
 			deadline := time.Now().Add(5 * time.Second)

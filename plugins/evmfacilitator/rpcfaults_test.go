@@ -213,7 +213,11 @@ func TestSendAnswersThatProveNothingAreResolvedFromTheChain(t *testing.T) {
 		{"taken, then geth's -32002 request timed out", 200, -32002, "request timed out", true, "taken"},
 		{"taken, then a load balancer's -32603", 200, -32603, "internal error", true, "taken"},
 		{"taken, then HTTP 502 with a JSON-RPC body", 502, -32603, "bad gateway", true, "taken"},
-		{"not taken, an answer that proves nothing", 200, -32000, "something went wrong", false, "unknown"},
+		// The resolution finds the node without it while it can still
+		// execute, and sends the same transaction again. (Before: it
+		// stayed unsent, and the relayer's later transactions waited
+		// behind its nonce.)
+		{"not taken, an answer that proves nothing: sent again", 200, -32000, "something went wrong", false, "unknown, then paid"},
 		{"refused: rate limit -32005", 200, -32005, "limit exceeded", false, "refused"},
 		{"refused: HTTP 429", 429, -32005, "rate limited", false, "refused"},
 		{"refused: intrinsic gas too low", 200, -32000, "intrinsic gas too low", false, "refused"},
@@ -262,9 +266,15 @@ func TestSendAnswersThatProveNothingAreResolvedFromTheChain(t *testing.T) {
 				if !paid || err != nil || !r.Success {
 					t.Fatalf("settle = %+v, %v (paid: %v); want success", r, err, paid)
 				}
-			case "unknown":
-				if paid || !errors.As(err, &unknown) {
-					t.Fatalf("settle = %+v, %v (paid: %v); want an unknown outcome, nothing paid", r, err, paid)
+			case "unknown, then paid":
+				if !errors.As(err, &unknown) {
+					t.Fatalf("settle = %+v, %v (paid: %v); want an unknown outcome", r, err, paid)
+				}
+				for deadline := time.Now().Add(10 * time.Second); !paid; time.Sleep(50 * time.Millisecond) {
+					if time.Now().After(deadline) {
+						t.Fatal("the transaction sent again never paid")
+					}
+					paid = usdcBalance(t, d, from).Cmp(before) != 0
 				}
 			case "refused":
 				if paid || err == nil || errors.As(err, &unknown) || r.Success {

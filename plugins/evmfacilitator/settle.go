@@ -549,10 +549,11 @@ const resolveTimeout = 10 * time.Second
 // readers make). Unused: our transaction, if mined, is judged by its
 // receipt (judgeReceipt: the nonce read may come from a node a block
 // behind the one that has the receipt); not found, it is not settled only
-// once the authorization can no longer execute (neverExecutes). Anything
-// else stays unknown: "not found" on one node proves nothing while the
-// transaction may still land, and the gateway keeps such a payment pending
-// and resolves it later.
+// once the authorization can no longer execute (neverExecutes), and then
+// its nonce goes back to the chain's; while it still can, it is sent again
+// (rebroadcast) and stays unknown. Anything else stays unknown: "not found"
+// on one node proves nothing while the transaction may still land, and the
+// gateway keeps such a payment pending and resolves it later.
 func (f *Facilitator) resolve(c *checked, tx *types.Transaction, start time.Time, cause error) (x402.SettleResponse, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), resolveTimeout)
 	defer cancel()
@@ -577,11 +578,14 @@ func (f *Facilitator) resolve(c *checked, tx *types.Transaction, start time.Time
 		case err != nil:
 			return unknown(fmt.Errorf("%v; the transaction %s is not known to the node, and whether it can still execute is unknown: %w", cause, tx.Hash().Hex(), err))
 		case never == nil:
-			return unknown(fmt.Errorf("%v; the transaction %s is not known to the node, yet may still execute (the authorization is unused and valid, the relayer's nonce not past it)", cause, tx.Hash().Hex()))
+			return unknown(fmt.Errorf("%v; the transaction %s is not known to the node, yet may still execute (the authorization is unused and valid, the relayer's nonce not past it): %s", cause, tx.Hash().Hex(), f.rebroadcast(ctx, tx)))
 		case never.used:
 			resp, _, err := f.resolveUsed(ctx, c, tx, start, cause)
 			return resp, err
 		}
+		// Lost for good: its nonce, when the chain has not used it, is a
+		// gap every later transaction of the relayer would wait behind.
+		f.nonces.forget()
 		return f.failure(x402.ReasonExactEVMTransactionFailed, c.payer, "the settlement did not execute and no longer can ("+never.why+"); nothing was transferred", ""), nil
 	case err != nil:
 		return unknown(fmt.Errorf("%v; then looking up the transaction: %w", cause, err))
@@ -593,6 +597,33 @@ func (f *Facilitator) resolve(c *checked, tx *types.Transaction, start time.Time
 		return unknown(fmt.Errorf("%v; the transaction %s is mined, but its receipt cannot be read: %w", cause, tx.Hash().Hex(), err))
 	}
 	return f.judgeOwn(ctx, c, tx, rcpt, start, cause)
+}
+
+// rebroadcast sends our transaction tx, which the node does not know though
+// it may still execute, once more, and says what became of it. A node may
+// acknowledge a transaction and then lose it (evicted from its pool,
+// restarted without a journal, a load balancer's other node): the nonce
+// manager has moved past tx's nonce, so every later transaction of the
+// relayer would wait behind the gap until the process restarts. The same
+// signed transaction is idempotent (one hash, one nonce, one authorization):
+// sent again, it fills the gap and may settle the payment. When the node
+// refuses it (its nonce was taken meanwhile, the relayer cannot pay, its
+// fee is too low for the pool), it never fills the gap: the nonce manager
+// goes back to the chain's nonce, whose next transaction takes tx's nonce
+// (then tx can never execute, and a later resolve says so).
+func (f *Facilitator) rebroadcast(ctx context.Context, tx *types.Transaction) string {
+	err := f.chain.SendTransaction(ctx, tx)
+	if err == nil {
+		return "it was sent again"
+	}
+	switch taken, refused, reason := sendAnswer(err); {
+	case taken:
+		return "it was sent again, and the node has it"
+	case refused:
+		f.nonces.forget()
+		return "sending it again was refused (" + reason + "); the relayer's next transaction takes its nonce"
+	}
+	return "sending it again: " + err.Error()
 }
 
 // resolveUsed is resolve's answer for an authorization whose nonce is used,

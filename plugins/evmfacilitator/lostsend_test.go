@@ -1,0 +1,149 @@
+package evmfacilitator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/core/types"
+
+	"github.com/aovhq/aov/x402"
+)
+
+// fakeLosingSends models a node that accepts a transaction (nil error) and
+// then loses it: evicted from its pool (a base-fee rise, pool pressure), a
+// node restart without a journal, a load balancer whose other node never
+// saw it. The first `drop` sends are acknowledged and discarded (lost);
+// every send is kept (sends).
+type fakeLosingSends struct {
+	Chain
+	mu    sync.Mutex
+	drop  int
+	lost  []*types.Transaction
+	sends []*types.Transaction
+}
+
+func (c *fakeLosingSends) SendTransaction(ctx context.Context, tx *types.Transaction) error {
+	c.mu.Lock()
+	c.sends = append(c.sends, tx)
+	d := c.drop > 0
+	if d {
+		c.drop--
+		c.lost = append(c.lost, tx)
+	}
+	c.mu.Unlock()
+	if d {
+		return nil
+	}
+	return c.Chain.SendTransaction(ctx, tx)
+}
+
+// waitMined waits for h's receipt on the devnet.
+func waitMined(t *testing.T, e *testEnv, h common.Hash) *types.Receipt {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for {
+		if r, err := e.d.Client().TransactionReceipt(ctx, h); err == nil {
+			return r
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("transaction %s never mined", h.Hex())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// A settlement transaction the node acknowledged and then lost is sent
+// again, the same signed transaction, once its receipt wait ends: it fills
+// the relayer's nonce, so the payment settles and later settlements are not
+// queued behind a gap. (Before: the nonce manager stayed one ahead of the
+// chain for good; every later settlement of the relayer, through any
+// facilitator of the key, sat in the node's queue and ended unknown until
+// the process restarted.)
+func TestLostSendIsSentAgainAndDoesNotWedgeTheRelayer(t *testing.T) {
+	e := newEnv(t)
+	vc := &fakeLosingSends{Chain: e.d.Client(), drop: 1}
+	f, err := New(Config{Chain: vc, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 1500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := e.requirements(payee, amount)
+	_, err = f.Settle(context.Background(), mustSignExact(t, payer, req), req)
+	var ue *x402.UnknownOutcomeError
+	if !errors.As(err, &ue) {
+		t.Fatalf("settle whose transaction the node lost: %v; want an unknown outcome", err)
+	}
+	vc.mu.Lock()
+	lost := vc.lost[0]
+	sends := append([]*types.Transaction(nil), vc.sends...)
+	vc.mu.Unlock()
+	if len(sends) != 2 || sends[1].Hash() != lost.Hash() {
+		t.Fatalf("sends after the lost one's wait = %d, want the lost transaction sent once more as is", len(sends))
+	}
+	if r := waitMined(t, e, lost.Hash()); r.Status != types.ReceiptStatusSuccessful {
+		t.Errorf("the transaction sent again reverted")
+	}
+	for i := 0; i < 2; i++ {
+		r, err := f.Settle(context.Background(), mustSignExact(t, payer, req), req)
+		if err != nil || !r.Success {
+			t.Errorf("settle #%d after a lost transaction = %+v, %v; want success", i+2, r, err)
+		}
+	}
+	// A facilitator made later (a config reload) shares the relayer's
+	// nonces: nothing is wedged there either.
+	f2, err := New(Config{Chain: e.d.Client(), Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 1500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := f2.Settle(context.Background(), mustSignExact(t, payer, req), req); err != nil || !r.Success {
+		t.Errorf("settle through a new facilitator (as after a reload) = %+v, %v; want success", r, err)
+	}
+}
+
+// A lost settlement transaction that can no longer execute (its
+// authorization expired before it was found missing) is not sent again: the
+// settle fails, nothing transferred, and the relayer's next transaction
+// takes its nonce, which the chain never used. (Before: the nonce manager
+// stayed past it, and every later settlement waited behind the gap.)
+func TestLostSendPastValidBeforeGivesItsNonceBack(t *testing.T) {
+	e := newEnv(t)
+	vc := &fakeLosingSends{Chain: e.d.Client(), drop: 1}
+	f, err := New(Config{Chain: vc, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := e.requirements(payee, amount)
+	head, err := e.d.Client().HeaderByNumber(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := auth(payer, req)
+	a.ValidBefore = fmt.Sprint(max(time.Now().Unix(), int64(head.Time)) + 8)
+	r, err := f.Settle(context.Background(), sign(t, payer, a, req, req), req)
+	if err != nil || r.Success || r.ErrorReason != x402.ReasonExactEVMTransactionFailed {
+		t.Fatalf("settle whose transaction was lost and whose authorization then expired = %+v, %v; want %s", r, err, x402.ReasonExactEVMTransactionFailed)
+	}
+	vc.mu.Lock()
+	lost := vc.lost[0]
+	n := len(vc.sends)
+	vc.mu.Unlock()
+	if n != 1 {
+		t.Errorf("the expired authorization's transaction was sent %d times; want once (it can only revert now)", n)
+	}
+	r, err = f.Settle(context.Background(), mustSignExact(t, payer, req), req)
+	if err != nil || !r.Success {
+		t.Fatalf("next settle = %+v, %v; want success", r, err)
+	}
+	tx, _, err := e.d.Client().TransactionByHash(context.Background(), common.HexToHash(r.Transaction))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tx.Nonce() != lost.Nonce() {
+		t.Errorf("next settlement's nonce = %d, want the lost one's %d", tx.Nonce(), lost.Nonce())
+	}
+}
