@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/core/types"
@@ -46,6 +47,66 @@ type nonceManager struct {
 	stale atomic.Bool
 	next  uint64 // under lock
 	known bool   // under lock
+
+	// sent is each authorization's settlement transaction whose outcome
+	// its settle did not learn (noteSent), kept for every facilitator
+	// of the account, so that a retry resolves it instead of sending the
+	// authorization again.
+	sentMu sync.Mutex
+	sent   map[usedKey]sentSettlement
+}
+
+// sentSettlement is a settlement transaction whose outcome is unknown: tx,
+// sent after start, of an authorization valid before validBefore (Unix
+// seconds).
+type sentSettlement struct {
+	tx          *types.Transaction
+	start       time.Time
+	validBefore *big.Int
+}
+
+// noteSent records what became of s, the settlement transaction of the
+// authorization k (its token, payer and nonce): kept while its outcome is
+// unknown (err an *x402.UnknownOutcomeError) at t, forgotten once known. A
+// /settle retried after an unknown outcome (as the client is told to)
+// finds the authorization unused while that transaction is pending or
+// lost; sending it again would be a second transaction of one
+// authorization, bound to revert at the relayer's gas once the first
+// lands, and README promises one send per facilitator of the key. An entry
+// also goes when its authorization's validBefore passes (sentOf): no settle
+// of it passes the checks after that. At most usedCacheMax are kept; past
+// that an older one is dropped (makeRoom), and a retry of it may send again.
+func (n *nonceManager) noteSent(k usedKey, s sentSettlement, err error, t time.Time) {
+	var ue *x402.UnknownOutcomeError
+	n.sentMu.Lock()
+	defer n.sentMu.Unlock()
+	if !errors.As(err, &ue) {
+		if e, ok := n.sent[k]; ok && e.tx.Hash() == s.tx.Hash() {
+			delete(n.sent, k)
+		}
+		return
+	}
+	if n.sent == nil {
+		n.sent = map[usedKey]sentSettlement{}
+	}
+	if _, ok := n.sent[k]; !ok {
+		unix := big.NewInt(t.Unix())
+		makeRoom(n.sent, func(e sentSettlement) bool { return e.validBefore.Cmp(unix) <= 0 })
+	}
+	n.sent[k] = s
+}
+
+// sentOf returns the settlement transaction of authorization k whose
+// outcome is unknown, if any, and its authorization still valid at t.
+func (n *nonceManager) sentOf(k usedKey, t time.Time) (sentSettlement, bool) {
+	n.sentMu.Lock()
+	defer n.sentMu.Unlock()
+	s, ok := n.sent[k]
+	if ok && s.validBefore.Cmp(big.NewInt(t.Unix())) <= 0 {
+		delete(n.sent, k)
+		return sentSettlement{}, false
+	}
+	return s, ok
 }
 
 func newNonceManager(addr common.Address) *nonceManager {

@@ -45,6 +45,11 @@ import (
 //     middleware, with no claim of its own) would otherwise serve one
 //     payment once per concurrent request carrying it. A failure or an
 //     unknown outcome is shared: nobody was answered success.
+//   - A settle of an authorization whose transaction, sent by any
+//     facilitator of the relayer key in the process, has an unknown
+//     outcome (a retry, as the caller is told to make) sends nothing: that
+//     transaction's outcome is resolved from the chain (resolve; kept by
+//     nonceManager.noteSent until known, or until validBefore).
 //   - A settlement whose transaction lost the authorization to another
 //     one is judged by that one's sender (resolveUsed): another account's
 //     (a relay of the public authorization) that paid payTo is a success
@@ -182,6 +187,15 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 	// The nonce is unused when checkChain reads it: whatever uses it lands
 	// after start, which bounds the search for it (resolve).
 	start := now()
+	k := usedKey{token: c.token, from: c.auth.From, nonce: c.auth.Nonce}
+	if s, ok := f.nonces.sentOf(k, start); ok {
+		// A retry after an unknown outcome: the chain decides that
+		// transaction's outcome (resolve), and nothing more is sent.
+		sent.Store(true)
+		resp, err = f.resolve(c, s.tx, s.start, fmt.Errorf("an earlier settle of this authorization sent %s, and its outcome was unknown", s.tx.Hash().Hex()))
+		f.nonces.noteSent(k, s, err, now())
+		return resp, err
+	}
 	c.settling = true
 	c, err = f.checkChain(pre, c)
 	if err != nil {
@@ -204,6 +218,9 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 	// with the answer, counting nothing.
 	var sentTx *types.Transaction // may have reached the node
 	defer func() {
+		if sentTx != nil {
+			f.nonces.noteSent(k, sentSettlement{tx: sentTx, start: start, validBefore: c.auth.ValidBefore}, err, now())
+		}
 		var ue *x402.UnknownOutcomeError
 		if errors.As(err, &ue) && sentTx != nil && f.mayRunCode(c) {
 			go f.follow(c, sentTx, start, ue.Err)
@@ -268,6 +285,7 @@ func (f *Facilitator) follow(c *checked, tx *types.Transaction, start time.Time,
 	}
 	var ue *x402.UnknownOutcomeError
 	failed = c.failed || errors.As(err, &ue)
+	f.nonces.noteSent(usedKey{token: c.token, from: c.auth.From, nonce: c.auth.Nonce}, sentSettlement{tx: tx, start: start, validBefore: c.auth.ValidBefore}, err, now())
 }
 
 // mayRunCode reports whether c's checks found code at its payer (payerCode
@@ -711,8 +729,10 @@ func (f *Facilitator) judgeOwn(ctx context.Context, c *checked, tx *types.Transa
 // authorization paid payTo by another transaction first (resolveUsed's
 // excused), whoever sent it: the payer's payment was made, so the revert
 // is not something the payer did. Our own relayer's other transaction of
-// it is a client's retry of /settle after an unknown outcome (the first
-// landed after the retry sent), or a replay of the public authorization
+// it is a client's retry of /settle after an unknown outcome that did not
+// find the first transaction kept (another process of the key, or one
+// past noteSent's bound; the first landed after the retry sent), or a
+// replay of the public authorization
 // to another facilitator of the key, by anyone; counting either would
 // charge an honest payer, or let a third party lock one out. Only reverts
 // the payer could have caused count: the nonce cancelled or spent by
