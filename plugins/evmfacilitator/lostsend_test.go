@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -18,18 +19,24 @@ import (
 // then loses it: evicted from its pool (a base-fee rise, pool pressure), a
 // node restart without a journal, a load balancer whose other node never
 // saw it. The first `drop` sends are acknowledged and discarded (lost);
-// every send is kept (sends).
+// with refuseAgain set, a lost transaction sent again is answered with it
+// (a node whose price floor rose meanwhile). Every send is kept (sends).
 type fakeLosingSends struct {
 	Chain
-	mu    sync.Mutex
-	drop  int
-	lost  []*types.Transaction
-	sends []*types.Transaction
+	mu          sync.Mutex
+	drop        int
+	refuseAgain error
+	lost        []*types.Transaction
+	sends       []*types.Transaction
 }
 
 func (c *fakeLosingSends) SendTransaction(ctx context.Context, tx *types.Transaction) error {
 	c.mu.Lock()
 	c.sends = append(c.sends, tx)
+	if c.refuseAgain != nil && slices.ContainsFunc(c.lost, func(l *types.Transaction) bool { return l.Hash() == tx.Hash() }) {
+		c.mu.Unlock()
+		return c.refuseAgain
+	}
 	d := c.drop > 0
 	if d {
 		c.drop--
@@ -145,5 +152,51 @@ func TestLostSendPastValidBeforeGivesItsNonceBack(t *testing.T) {
 	}
 	if tx.Nonce() != lost.Nonce() {
 		t.Errorf("next settlement's nonce = %d, want the lost one's %d", tx.Nonce(), lost.Nonce())
+	}
+}
+
+// A lost settlement transaction that the node refuses when it is sent
+// again can never fill its nonce: the relayer's next transaction takes
+// that nonce from the chain, and a retry of the lost settlement then finds
+// it can no longer execute, a failure with nothing transferred. (Before:
+// the nonce manager stayed past it, and every later settlement waited
+// behind the gap.)
+func TestLostSendRefusedAgainGivesItsNonceBack(t *testing.T) {
+	e := newEnv(t)
+	vc := &fakeLosingSends{Chain: e.d.Client(), drop: 1, refuseAgain: nodeError{code: -32000, msg: "transaction underpriced"}}
+	f, err := New(Config{Chain: vc, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 1500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := e.requirements(payee, amount)
+	lostPay := mustSignExact(t, payer, req)
+	_, err = f.Settle(context.Background(), lostPay, req)
+	var ue *x402.UnknownOutcomeError
+	if !errors.As(err, &ue) {
+		t.Fatalf("settle whose transaction was lost and refused again: %v; want an unknown outcome", err)
+	}
+	vc.mu.Lock()
+	lost := vc.lost[0]
+	vc.mu.Unlock()
+	r, err := f.Settle(context.Background(), mustSignExact(t, payer, req), req)
+	if err != nil || !r.Success {
+		t.Fatalf("next settle = %+v, %v; want success", r, err)
+	}
+	tx, _, err := e.d.Client().TransactionByHash(context.Background(), common.HexToHash(r.Transaction))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tx.Nonce() != lost.Nonce() {
+		t.Errorf("next settlement's nonce = %d, want the lost one's %d", tx.Nonce(), lost.Nonce())
+	}
+	r, err = f.Settle(context.Background(), lostPay, req)
+	if err != nil || r.Success || r.ErrorReason != x402.ReasonExactEVMTransactionFailed {
+		t.Errorf("retry of the lost settlement = %+v, %v; want %s", r, err, x402.ReasonExactEVMTransactionFailed)
+	}
+	vc.mu.Lock()
+	n := len(vc.sends)
+	vc.mu.Unlock()
+	if n != 3 { // the lost one, its refused second send, the next settlement
+		t.Errorf("%d sends, want 3: the retry sends nothing", n)
 	}
 }
