@@ -142,16 +142,17 @@ func (e *FacilitatorError) Unwrap() error { return e.Err }
 
 // UnknownOutcomeError is a settlement whose result is not known: the
 // request may have reached the facilitator (a timeout, a dropped
-// connection, a 5xx, a malformed reply, or a reply saying the settlement is
-// pending). The money may have moved. The caller must not release the
+// connection, a 5xx, a malformed reply, or a failure that may follow a
+// send: settleUnknown). The money may have moved. The caller must not release the
 // resource and must not ask the payer to pay again; it keeps the payment
 // marked as used and reports a retryable error. Re-sending the same
 // authorization later is safe for EIP-3009 (its nonce can settle at most
 // once), but it is not done automatically here.
 type UnknownOutcomeError struct {
 	Op string
-	// Reply is the facilitator's answer when it said the outcome is
-	// pending; nil when there was no usable answer.
+	// Reply is the facilitator's answer when it gave one that leaves the
+	// outcome unknown (settlement_pending, or a failure naming the
+	// transaction it sent); nil when there was no usable answer.
 	Reply *SettleResponse
 	Err   error
 }
@@ -168,10 +169,43 @@ func (e *UnknownOutcomeError) Unwrap() error { return e.Err }
 // pendingReasons are settle errorReasons that say the transfer may have
 // been submitted and its result is unknown. A reply with one of them is not
 // a failure: reporting it as one would make the payer pay twice.
+//
+// The transaction_failed codes are among them because the official
+// facilitators answer them for sends they could not see through, not only
+// for transactions that reverted: @x402/evm's settleEIP3009 answers
+// invalid_exact_evm_transaction_failed with transaction "" when the send's
+// RPC call throws (after the node may have taken the transaction) and,
+// naming the transaction, when its receipt wait failed and its pending
+// settlement store could not keep it; @x402/svm answers
+// invalid_exact_svm_transaction_failed for the same two faults. A
+// transaction that did revert is found so by the chain read that resolves
+// the unknown outcome.
 var pendingReasons = map[string]bool{
 	ReasonSettlementPending:          true,
 	ReasonExactEVMFailedToGetReceipt: true,
 	ReasonUnexpectedSettleError:      true,
+	ReasonExactEVMTransactionFailed:  true,
+	ReasonExactSVMTransactionFailed:  true,
+}
+
+// settledByAnotherReasons are the failures whose named transaction is
+// another settlement's of the same payment (a /settle repeated after a
+// lost reply, or a concurrent one): this call sent nothing, and the reason
+// itself tells the payer not to pay again.
+var settledByAnotherReasons = map[string]bool{
+	ReasonExactEVMNonceAlreadyUsed: true,
+	ReasonDuplicateSettlement:      true,
+}
+
+// settleUnknown reports whether a success:false settle reply leaves the
+// outcome unknown: a pending reason, or any other failure that names a
+// transaction (the facilitator sent one, so the money may have moved:
+// transfer_event_mismatch, post_settlement_transfer_not_confirmed, a
+// pending store's failure reported under another code), except the
+// settledByAnotherReasons. A failure naming none with any other reason
+// (a bad signature, amount or balance found before sending) is a refusal.
+func settleUnknown(sr SettleResponse) bool {
+	return !sr.Success && (pendingReasons[sr.ErrorReason] || (sr.Transaction != "" && !settledByAnotherReasons[sr.ErrorReason]))
 }
 
 // Verify asks the facilitator whether p pays for req. An isValid:false
@@ -223,8 +257,8 @@ func (f *HTTPFacilitator) Supported(ctx context.Context) (SupportedResponse, err
 // its status (success:true means the money moved). Without one: a refused
 // connection or a 4xx (other than 408 and 409) is a *FacilitatorError, as
 // nothing settled; everything else (timeout, dropped connection, 5xx,
-// malformed or oversized reply, success:false with a pending reason) is an
-// *UnknownOutcomeError.
+// malformed or oversized reply, success:false that may follow a send:
+// settleUnknown) is an *UnknownOutcomeError.
 func (f *HTTPFacilitator) Settle(ctx context.Context, p PaymentPayload, req PaymentRequirements) (SettleResponse, error) {
 	var out SettleResponse
 	if f.err != nil {
@@ -255,7 +289,7 @@ func (f *HTTPFacilitator) Settle(ctx context.Context, p PaymentPayload, req Paym
 	if err := json.Unmarshal(r.body, &out); err != nil {
 		return SettleResponse{}, &UnknownOutcomeError{Op: "settle", Err: fmt.Errorf("status %d with a malformed SettleResponse", status)}
 	}
-	if !out.Success && pendingReasons[out.ErrorReason] {
+	if settleUnknown(out) {
 		r := out
 		return SettleResponse{}, &UnknownOutcomeError{Op: "settle", Reply: &r, Err: fmt.Errorf("facilitator reports %s", out.ErrorReason)}
 	}

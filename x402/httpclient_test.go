@@ -190,6 +190,14 @@ func TestHTTPFacilitatorSettle(t *testing.T) {
 		{"a reply over the size cap is an unknown outcome", scripted{status: 200, body: `{"success":true,"x":"` + strings.Repeat("a", DefaultMaxResponseBytes) + `"}`}, 0, unknown, false},
 		{"success:false with settlement_pending is an unknown outcome", scripted{status: 200, body: `{"success":false,"errorReason":"settlement_pending","transaction":"0xabc","network":"eip155:84532"}`}, 0, unknown, false},
 		{"success:false with failed_to_get_receipt is an unknown outcome", scripted{status: 200, body: `{"success":false,"errorReason":"invalid_exact_evm_failed_to_get_receipt","transaction":"","network":"eip155:84532"}`}, 0, unknown, false},
+		// (Before: the official facilitators' failures after a send were
+		// refusals, and the payer, charged, was asked to pay again.)
+		{"success:false with evm transaction_failed and no transaction is an unknown outcome (the send's RPC call may fail after the node took it)", scripted{status: 200, body: `{"success":false,"errorReason":"invalid_exact_evm_transaction_failed","errorMessage":"HTTP request failed. Status: 504","transaction":"","network":"eip155:84532"}`}, 0, unknown, false},
+		{"success:false with svm transaction_failed and no transaction is an unknown outcome", scripted{status: 200, body: `{"success":false,"errorReason":"invalid_exact_svm_transaction_failed","transaction":"","network":"solana:EtWTRABZaYq6iMfeYKouRu166VU2xqa1"}`}, 0, unknown, false},
+		{"success:false naming a transaction is an unknown outcome whatever its reason", scripted{status: 200, body: `{"success":false,"errorReason":"invalid_exact_evm_transfer_event_mismatch","transaction":"0xabc","network":"eip155:84532"}`}, 0, unknown, false},
+		{"success:false with nonce_already_used naming another settlement's transaction is an answer", scripted{status: 200, body: `{"success":false,"errorReason":"invalid_exact_evm_nonce_already_used","transaction":"0xabc","network":"eip155:84532"}`}, 0, answer, false},
+		{"success:false with duplicate_settlement naming another settlement's transaction is an answer", scripted{status: 200, body: `{"success":false,"errorReason":"duplicate_settlement","transaction":"5abc","network":"solana:EtWTRABZaYq6iMfeYKouRu166VU2xqa1"}`}, 0, answer, false},
+		{"success:false with a signature refusal before any send is an answer", scripted{status: 200, body: `{"success":false,"errorReason":"invalid_exact_evm_signature","transaction":"","network":"eip155:84532"}`}, 0, answer, false},
 		{"a connection dropped after the request is an unknown outcome", scripted{status: 0}, 0, unknown, false},
 		{"a facilitator slower than the timeout is an unknown outcome", scripted{status: 200, body: `{"success":true}`, delay: 5 * time.Second}, 200 * time.Millisecond, unknown, false},
 	} {
@@ -230,6 +238,14 @@ func TestHTTPFacilitatorSettle(t *testing.T) {
 			}
 		})
 	}
+	t.Run("a failure naming its transaction is kept for the caller", func(t *testing.T) {
+		srv, _ := scriptServer(t, scripted{status: 200, body: `{"success":false,"errorReason":"invalid_exact_evm_transaction_failed","errorMessage":"settlement_pending, but failed to persist for retry","transaction":"0xabc","network":"eip155:84532"}`})
+		_, err := testClient(srv.URL).Settle(context.Background(), p, req)
+		var ue *UnknownOutcomeError
+		if !errors.As(err, &ue) || ue.Reply == nil || ue.Reply.Transaction != "0xabc" {
+			t.Fatalf("got %v; want an *UnknownOutcomeError whose Reply names 0xabc", err)
+		}
+	})
 	t.Run("a pending reply is kept for the caller", func(t *testing.T) {
 		srv, _ := scriptServer(t, scripted{status: 200, body: `{"success":false,"errorReason":"settlement_pending","transaction":"0xabc","network":"eip155:84532"}`})
 		_, err := testClient(srv.URL).Settle(context.Background(), p, req)

@@ -49,6 +49,12 @@ const (
 	ReasonUnsupportedPayloadType          = "unsupported_payload_type"
 	ReasonSmartWalletDeploymentFailed     = "smart_wallet_deployment_failed"
 
+	// Exact SVM codes of the reference TypeScript facilitator that a
+	// client of any facilitator must tell apart (HTTPFacilitator.Settle):
+	// the Solana facilitator's own list is in its package.
+	ReasonExactSVMTransactionFailed = "invalid_exact_svm_transaction_failed"
+	ReasonDuplicateSettlement       = "duplicate_settlement"
+
 	// Reference Go core codes.
 	ReasonInvalidVersion          = "invalid_version"
 	ReasonInvalidV2Payload        = "invalid_v2_payload"

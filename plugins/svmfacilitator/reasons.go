@@ -1,5 +1,7 @@
 package svmfacilitator
 
+import "github.com/aovhq/aov/x402"
+
 // Reason codes, spelled as the reference TypeScript facilitator
 // (@x402/svm 2.27, exact scheme) spells them, so clients and gateways that
 // switch on them read our answers like the reference's. The Go SDK spells
@@ -30,9 +32,9 @@ const (
 	ReasonMemoMismatch                 = "invalid_exact_svm_payload_memo_mismatch"
 	ReasonSimulationFailed             = "invalid_exact_svm_transaction_simulation_failed"
 	ReasonFeePayerMismatch             = "invalid_exact_svm_fee_payer_mismatch"
-	ReasonTransactionFailed            = "invalid_exact_svm_transaction_failed"
-	ReasonDuplicateSettlement          = "duplicate_settlement"
-	ReasonSettlementPending            = "settlement_pending"
+	ReasonTransactionFailed            = x402.ReasonExactSVMTransactionFailed
+	ReasonDuplicateSettlement          = x402.ReasonDuplicateSettlement
+	ReasonSettlementPending            = x402.ReasonSettlementPending
 	// ReasonLookupTables is the reference's code for a transaction with
 	// address lookup tables it cannot resolve; a payment needs none, so
 	// this facilitator refuses every such transaction with it.
