@@ -33,9 +33,11 @@ const MaxFacilitatorRequestBytes = 1 << 20
 // DecodePaymentSignature's rules refuse is a 400 naming the field. Verdicts,
 // isValid:false and success:false included, are 200 with the VerifyResponse
 // or SettleResponse body, as the reference TypeScript facilitator answers.
-// When f returns an error (no verdict, or an unknown settlement outcome) the
-// answer is 503: the caller settles nothing and, for settle, must treat the
-// outcome as unknown (HTTPFacilitator does).
+// An unknown settlement outcome is such a 200 too, success:false with
+// errorReason settlement_pending and the transaction when known
+// (pendingSettlement), which HTTPFacilitator and the official clients take
+// for "not known yet, do not pay again". When f returns another error (no
+// verdict) the answer is 503: nothing was verified or settled.
 //
 // Errors use the service's error shape (code, message, status, retryable,
 // fields, ...) plus an "error" member with the code, which is what x402
@@ -187,13 +189,12 @@ func (h *facilitatorHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		resp, err := h.f.Settle(r.Context(), req.PaymentPayload, req.PaymentRequirements)
+		if unknown, ok := errors.AsType[*UnknownOutcomeError](err); ok {
+			writeJSON(w, http.StatusOK, pendingSettlement(unknown, req))
+			return
+		}
 		if err != nil {
-			e := apierr.Unavailable("facilitator", 1, err)
-			var unknown *UnknownOutcomeError
-			if errors.As(err, &unknown) {
-				e.Message = "The settlement outcome is not known yet and the payment may have settled; do not pay again, retry the same request later."
-			}
-			writeError(w, e)
+			writeError(w, apierr.Unavailable("facilitator", 1, err))
 			return
 		}
 		if resp.Network == "" {
@@ -240,6 +241,39 @@ func (h *facilitatorHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	default:
 		writeError(w, apierr.NotFound("facilitator endpoint"))
 	}
+}
+
+// pendingSettlement answers a settlement whose outcome is unknown in the
+// x402 settle shape the official @x402/core client parses and its
+// settleWithPendingRetry retries /settle for once: success false,
+// errorReason settlement_pending, the transaction the facilitator sent
+// when it named one, the network and the payer; 200, as the official
+// facilitator answers it. An error shape instead ("upstream_unavailable",
+// charged false) would lose the transaction, which a gate in front polls to
+// resolve the payment (HTTPFacilitator keeps it as
+// UnknownOutcomeError.Reply), and would tell a payer who may have paid that
+// nothing was charged. The cause stays out of it: it is the facilitator's
+// own (its RPC endpoint, say).
+func pendingSettlement(unknown *UnknownOutcomeError, req FacilitatorRequest) SettleResponse {
+	sr := SettleResponse{
+		ErrorReason:  ReasonSettlementPending,
+		ErrorMessage: "The settlement outcome is not known yet and the payment may have settled; do not pay again, retry the same request later.",
+		Network:      req.PaymentRequirements.Network,
+	}
+	if rp := unknown.Reply; rp != nil {
+		sr.Transaction, sr.Payer = rp.Transaction, rp.Payer
+		if rp.Network != "" {
+			sr.Network = rp.Network
+		}
+	}
+	if sr.Payer == "" {
+		if pl, err := ParseExactEVMPayload(req.PaymentPayload.Payload); err == nil {
+			if v, err := pl.Authorization.Values(); err == nil {
+				sr.Payer = v.From.Hex()
+			}
+		}
+	}
+	return sr
 }
 
 // readFacilitatorRequest reads and checks a /verify or /settle body.

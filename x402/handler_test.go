@@ -228,26 +228,44 @@ func TestFacilitatorHandlerRefusals(t *testing.T) {
 	}
 }
 
-func TestFacilitatorHandlerUnavailable(t *testing.T) {
-	h := NewFacilitatorHandler(&fakeFacilitator{settleErr: fmt.Errorf("wrapped: %w", &UnknownOutcomeError{Op: "settle", Err: errors.New("x")})})
-	p := `{"x402Version":2,"paymentPayload":` + validPayloadJSON + `,"paymentRequirements":` + func() string {
-		var whole map[string]json.RawMessage
-		json.Unmarshal([]byte(validPayloadJSON), &whole)
-		return string(whole["accepted"])
-	}() + `}`
-	r := httptest.NewRequest("POST", "/settle", strings.NewReader(p))
-	r.Header.Set("Content-Type", "application/json")
-	w := httptest.NewRecorder()
-	h.ServeHTTP(w, r)
-	if w.Code != 503 || w.Header().Get("Retry-After") == "" {
-		t.Fatalf("status %d, Retry-After %q", w.Code, w.Header().Get("Retry-After"))
+// TestFacilitatorHandlerUnknownSettlement: an unknown outcome whose
+// transaction the facilitator cannot name (the evm facilitator's) is still
+// a settle answer, settlement_pending with the payment's payer and network
+// and no transaction, never the error shape that says charged false
+// (Before: 503 upstream_unavailable, "charged": false); any other settle
+// error, nothing sent, stays 503 with Retry-After.
+func TestFacilitatorHandlerUnknownSettlement(t *testing.T) {
+	var whole map[string]json.RawMessage
+	json.Unmarshal([]byte(validPayloadJSON), &whole)
+	p := `{"x402Version":2,"paymentPayload":` + validPayloadJSON + `,"paymentRequirements":` + string(whole["accepted"]) + `}`
+	var accepted PaymentRequirements
+	json.Unmarshal(whole["accepted"], &accepted)
+	pl, err := ParseExactEVMPayload(whole["payload"])
+	if err != nil {
+		t.Fatal(err)
 	}
-	var got map[string]any
-	json.Unmarshal(w.Body.Bytes(), &got)
-	if got["error"] != "upstream_unavailable" || !strings.Contains(got["message"].(string), "do not pay again") {
-		t.Fatalf("body %v", got)
+	serve := func(settleErr error) *httptest.ResponseRecorder {
+		h := NewFacilitatorHandler(&fakeFacilitator{settleErr: settleErr})
+		r := httptest.NewRequest("POST", "/settle", strings.NewReader(p))
+		r.Header.Set("Content-Type", "application/json")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
 	}
-	if strings.Contains(w.Body.String(), "wrapped") {
-		t.Fatal("the internal cause leaked")
+	w := serve(fmt.Errorf("wrapped: %w", &UnknownOutcomeError{Op: "settle", Err: errors.New("x")}))
+	var got SettleResponse
+	if err := json.Unmarshal(w.Body.Bytes(), &got); err != nil || w.Code != http.StatusOK {
+		t.Fatalf("status %d, body %s", w.Code, w.Body)
+	}
+	if got.Success || got.ErrorReason != ReasonSettlementPending || got.Transaction != "" || got.Network != accepted.Network ||
+		!strings.EqualFold(got.Payer, pl.Authorization.From) || !strings.Contains(got.ErrorMessage, "do not pay again") {
+		t.Fatalf("body %s; want settlement_pending for the payment's payer and network", w.Body)
+	}
+	if strings.Contains(w.Body.String(), "wrapped") || strings.Contains(w.Body.String(), "charged") {
+		t.Fatalf("body %s: the internal cause leaked, or it claims to know whether the payer was charged", w.Body)
+	}
+	w = serve(errors.New("signer unavailable"))
+	if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") == "" {
+		t.Fatalf("a settle error with nothing sent: status %d, Retry-After %q", w.Code, w.Header().Get("Retry-After"))
 	}
 }
