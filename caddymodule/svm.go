@@ -576,12 +576,20 @@ func (m *MultiFacilitator) pick(ctx context.Context, req x402.PaymentRequirement
 			continue
 		}
 		for _, k := range s.Kinds {
-			if k.X402Version == x402.Version && k.Scheme == req.Scheme && k.Network == req.Network {
+			if settlesKind(k, req) {
 				return f, nil
 			}
 		}
 	}
 	return nil, errors.Join(errs...)
+}
+
+// settlesKind reports whether a facilitator's /supported kind k is the one
+// that settles offer req: its scheme and network, and x402 version 2, the
+// only one the gate speaks. A facilitator may list a network under version 1
+// too, with another fee payer in its extra.
+func settlesKind(k x402.SupportedKind, req x402.PaymentRequirements) bool {
+	return k.X402Version == x402.Version && k.Scheme == req.Scheme && k.Network == req.Network
 }
 
 // Verify implements x402.Facilitator.
@@ -677,8 +685,9 @@ func (m *MultiFacilitator) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 }
 
 // fillFeePayers sets extra.feePayer on the gate's Solana offers from its
-// facilitator's /supported: a Solana client builds the transaction around
-// the facilitator's fee payer and cannot pay without it. A Solana offer
+// facilitator's /supported kind that settles them (settlesKind: version 2): a
+// Solana client builds the transaction around the facilitator's fee payer
+// and cannot pay without it. A Solana offer
 // whose network the facilitator does not list refuses the configuration.
 func (g *Gate) fillFeePayers() error {
 	need := false
@@ -700,7 +709,7 @@ func (g *Gate) fillFeePayers() error {
 		}
 		fp := ""
 		for _, k := range s.Kinds {
-			if k.Scheme == o.Scheme && k.Network == o.Network {
+			if settlesKind(k, o) {
 				fp, _ = k.Extra["feePayer"].(string)
 				break
 			}
