@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/aovhq/aov/internal/servers"
 	"github.com/aovhq/aov/store"
@@ -100,39 +101,11 @@ func crashRestart(t *testing.T, dsn string) {
 // the next transaction, here another verifierd's record. The lookup then
 // reads "committed" about another transaction. (Before: RecordVerification
 // answered recorded (nil), while the record was not in the history.) The
-// lookup confirms the record itself. wal_writer_delay is raised only to make
-// the window deterministic; at the default 200 ms it is the last 200 ms of
-// writes before a crash.
+// lookup confirms the record itself.
 func TestCommitLookupSurvivesXidReuseAfterCrash(t *testing.T) {
-	srv := servers.StartPostgres(t, "-c", "wal_writer_delay=10000ms", "-c", "synchronous_commit=on")
-	dsn := freshDB(t, srv)
-	h := open(t, dsn)  // verifierd A
+	h, dsn, conn, xid, v := recordUpToCommitThenCrash(t)
 	h2 := open(t, dsn) // verifierd B
 	ctx := context.Background()
-	if err := h.RecordVerification(ctx, storetest.Sample("warm", "agent-a", timeBase, "pass")); err != nil {
-		t.Fatal(err)
-	}
-	// A's record, exactly as RecordVerification sends it, up to the COMMIT.
-	v := storetest.Sample("lost-record", "agent-a", timeBase.Add(time.Second), "pass")
-	args, err := recordArgs(v)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := h.pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	var n int
-	var xid string
-	b := &pgx.Batch{}
-	b.Queue(`BEGIN`)
-	b.Queue(record, args...).QueryRow(func(row pgx.Row) error { return row.Scan(&n, &xid) })
-	if err := conn.SendBatch(ctx, b).Close(); err != nil || n != 1 {
-		t.Fatal(err, n)
-	}
-	// PostgreSQL crashes before the COMMIT reaches it, and is restarted.
-	crashRestart(t, dsn)
 	// Verifierd B records a verification of its own after the restart.
 	for i := 0; ; i++ {
 		err := h2.RecordVerification(ctx, storetest.Sample("b-record", "agent-b", timeBase, "pass"))
@@ -154,4 +127,64 @@ func TestCommitLookupSurvivesXidReuseAfterCrash(t *testing.T) {
 	if errors.Is(cerr, errCommitUnknown) {
 		t.Fatalf("commit answered %v; the record's absence is known", cerr)
 	}
+}
+
+// The same crash with no transaction after it: the lost id is past every
+// id the server has handed out, and pg_xact_status fails on it ("is in the
+// future"). No transaction has that id, so the record was not committed,
+// and that is known at once. (Before: the lookup's one statement failed
+// with pg_xact_status, the missing row was never read, and the record
+// waited commitTimeout to be answered errCommitUnknown, "may have been
+// recorded".)
+func TestCommitLookupAfterCrashBeforeTheIdIsReused(t *testing.T) {
+	h, _, conn, xid, v := recordUpToCommitThenCrash(t)
+	ctx := context.Background()
+	start := time.Now()
+	cerr := h.commit(ctx, conn, xid, v.ID)
+	took := time.Since(start)
+	_, verr := h.Verification(ctx, v.ID)
+	t.Logf("xid %s; commit answered %v after %v; read back: %v", xid, cerr, took, verr)
+	if !errors.Is(verr, store.ErrNotFound) {
+		t.Fatalf("the record is there after all: %v", verr)
+	}
+	if cerr == nil || errors.Is(cerr, errCommitUnknown) || !strings.Contains(cerr.Error(), "rolled back") {
+		t.Errorf("commit answered %v after %v; want rolled back: the record's transaction no longer exists", cerr, took)
+	}
+}
+
+// recordUpToCommitThenCrash opens a history on a fresh database of a
+// PostgreSQL server whose WAL writer waits 10 s (so the crash's window is
+// certain; at the default 200 ms it is the last 200 ms of writes before a
+// crash), records one verification, then sends a second one exactly as
+// RecordVerification does up to its COMMIT, and crashes and restarts the
+// server. It returns the history, the database, the connection the COMMIT
+// is to go on, the record's transaction id and the record.
+func recordUpToCommitThenCrash(t *testing.T) (*History, string, *pgxpool.Conn, string, store.Verification) {
+	srv := servers.StartPostgres(t, "-c", "wal_writer_delay=10000ms", "-c", "synchronous_commit=on")
+	dsn := freshDB(t, srv)
+	h := open(t, dsn) // verifierd A
+	ctx := context.Background()
+	if err := h.RecordVerification(ctx, storetest.Sample("warm", "agent-a", timeBase, "pass")); err != nil {
+		t.Fatal(err)
+	}
+	v := storetest.Sample("lost-record", "agent-a", timeBase.Add(time.Second), "pass")
+	args, err := recordArgs(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := h.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(conn.Release)
+	var n int
+	var xid string
+	b := &pgx.Batch{}
+	b.Queue(`BEGIN`)
+	b.Queue(record, args...).QueryRow(func(row pgx.Row) error { return row.Scan(&n, &xid) })
+	if err := conn.SendBatch(ctx, b).Close(); err != nil || n != 1 {
+		t.Fatal(err, n)
+	}
+	crashRestart(t, dsn) // before the COMMIT reaches it
+	return h, dsn, conn, xid, v
 }

@@ -419,6 +419,18 @@ const commitTimeout = 10 * time.Second
 // server did not answer it, nor the lookup afterwards.
 var errCommitUnknown = errors.New("history: the database did not say whether the record was committed")
 
+// lookupCommit reads, for a transaction id ($1) and the record id it
+// inserted ($2): whether the id is past every id the server has handed
+// out (after a crash that lost the WAL naming it, before another
+// transaction takes it: no transaction has it, and pg_xact_status would
+// fail with "is in the future"), its status otherwise, whether it is
+// visible to this statement's snapshot, and whether the record's row is
+// there.
+const lookupCommit = `SELECT f, CASE WHEN NOT f THEN pg_xact_status($1::xid8) END,
+	pg_visible_in_snapshot($1::xid8, s), EXISTS (SELECT 1 FROM aov_verifications WHERE id = $2)
+	FROM (SELECT pg_current_snapshot() AS s) AS snap,
+	LATERAL (SELECT $1::xid8 >= pg_snapshot_xmax(s) AS f) AS fut`
+
 // commit commits the transaction open on conn, whose id is xid and which
 // inserted the record id, and returns nil only if it committed. A COMMIT
 // the server answered with an error was rolled back. One whose answer did
@@ -434,7 +446,8 @@ var errCommitUnknown = errors.New("history: the database did not say whether the
 // only once a commit made it so, and after a crash (or a failover to an
 // asynchronous standby) that lost the WAL naming our transaction the
 // server hands the same id to another one, such as another instance's
-// record, which then commits. A committed id whose row is missing is
+// record, which then commits; until one does, the id is in the future,
+// and no transaction has it. A committed id whose row is missing is
 // believed only once the id is visible in the snapshot that looked for the
 // row: PostgreSQL marks a transaction committed a moment before it shows
 // its rows to new snapshots.
@@ -454,14 +467,13 @@ func (h *History) commit(ctx context.Context, conn *pgxpool.Conn, xid, id string
 	defer cancel()
 	for {
 		var status *string
-		var visible, found bool
-		serr := h.pool.QueryRow(lctx, `SELECT pg_xact_status($1::xid8), pg_visible_in_snapshot($1::xid8, pg_current_snapshot()),
-			EXISTS (SELECT 1 FROM aov_verifications WHERE id = $2)`, xid, []byte(id)).Scan(&status, &visible, &found)
+		var future, visible, found bool
+		serr := h.pool.QueryRow(lctx, lookupCommit, xid, []byte(id)).Scan(&future, &status, &visible, &found)
 		switch {
 		case serr != nil:
 		case found:
 			return nil
-		case status != nil && (*status == "aborted" || *status == "committed" && visible):
+		case future, status != nil && (*status == "aborted" || *status == "committed" && visible):
 			return fmt.Errorf("history: committing verification: rolled back (the COMMIT's answer was lost: %v)", err.Error())
 		}
 		select {
