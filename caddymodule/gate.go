@@ -123,6 +123,10 @@ func firstValue(h http.Header, key string) string {
 // of the upstream headers.
 const varGated = "aov.x402.gated"
 
+// varRoutePriced marks a request a gate without mcp_tool has taken: a
+// later such gate of the request passes it on (ServeHTTP).
+const varRoutePriced = "aov.x402.route_priced"
+
 // Free allowance headers on answers served from the allowance (SPEC §7).
 const (
 	HeaderFreeRemaining = "Free-Allowance-Remaining"
@@ -343,7 +347,7 @@ type Gate struct {
 	// pointer like route.
 	stopped *atomic.Bool
 	// shadowed is set once the gate has warned that an earlier gate of
-	// the same request prices its MCP tool (warnShadowed). Set in
+	// the same request prices its route or its MCP tool (warnShadowed). Set in
 	// Provision, a pointer like route.
 	shadowed *atomic.Bool
 	// mcpRead is how far an mcp_tool gate reads a JSON-RPC message: the
@@ -804,6 +808,22 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		clearClientHeaders(r)
 	}
 	creds := setAsideClientCredentials(r)
+	// One request, one price: of the gates of one request that price the
+	// route (a site-wide x402 and one inside its route, say), the first
+	// gates it and the later ones pass it on, as mcp_tool gates do for one
+	// tool (serveMCP). The first has taken the payment, so a later gate
+	// would find none: it would serve a paid call as a free one (a free
+	// unit spent, the upstream told "free") or demand a second payment
+	// that can never come, refusing every paid call. A gate cannot see
+	// the other gates of its request when it is provisioned, so this is
+	// decided per request.
+	if g.MCPTool == "" {
+		if caddyhttp.GetVar(r.Context(), varRoutePriced) != nil {
+			g.warnShadowed()
+			return next.ServeHTTP(w, r)
+		}
+		caddyhttp.SetVar(r.Context(), varRoutePriced, true)
+	}
 	if ae := screenUpgrade(r); ae != nil {
 		return g.refuse(w, r, ae) // upgrade.go
 	}

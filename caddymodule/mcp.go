@@ -193,13 +193,19 @@ type rpcRead struct {
 }
 
 // warnShadowed tells the operator, once per gate, that an earlier gate of
-// the same requests prices this gate's tool, so this gate's price and
-// allowance are never used.
+// the same requests prices this gate's route or MCP tool, so this gate's
+// price and allowance are never used.
 func (g *Gate) warnShadowed() {
-	if g.shadowed != nil && g.shadowed.CompareAndSwap(false, true) {
+	if g.shadowed == nil || !g.shadowed.CompareAndSwap(false, true) {
+		return
+	}
+	if g.MCPTool != "" {
 		g.logger.Warn("mcp_tool is priced by an earlier x402 gate of the same request; this gate passes its calls on: remove one of the two",
 			zap.String("mcp_tool", g.MCPTool))
+		return
 	}
+	g.logger.Warn("route is priced by an earlier x402 gate of the same request; this gate passes its requests on: remove one of the two",
+		zap.String("route", g.Route))
 }
 
 // mcpExchange is x402 over MCP: demands are tool results with isError and
