@@ -370,6 +370,28 @@ type Gate struct {
 	proxies *proxyWatch
 }
 
+// routeMethods are the methods a route may name: those of HTTP's
+// registry that net/http knows.
+var routeMethods = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+	http.MethodDelete, http.MethodConnect, http.MethodOptions, http.MethodTrace}
+
+// checkRoute checks a route's "<METHOD> <path>" form and returns its
+// method. Every URL the gate lists for the route (/.well-known/x402, the
+// docs, the bazaar) is an origin followed by the path, so a path without
+// its leading slash would name another host (https://site.example glued to
+// ".evil.example/v"); and the method is the only one the gate then lets
+// through, so a misspelt one would refuse every request with 405.
+func checkRoute(route string) (string, error) {
+	method, path, _ := strings.Cut(route, " ")
+	if !slices.Contains(routeMethods, method) {
+		return "", fmt.Errorf("want \"<METHOD> <path>\" with one of the methods %s, in upper case", strings.Join(routeMethods, ", "))
+	}
+	if !strings.HasPrefix(path, "/") || strings.ContainsFunc(path, func(c rune) bool { return c <= ' ' || c == 0x7f }) {
+		return "", errors.New("want \"<METHOD> <path>\" with a path that starts with / and holds no space or control character")
+	}
+	return method, nil
+}
+
 // Accept is one way to pay: a scheme on a network, an amount of an asset,
 // to an address.
 type Accept struct {
@@ -462,9 +484,13 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 	if err := g.PaymentIdentifier.provision(g); err != nil {
 		return err
 	}
-	if method, _, ok := strings.Cut(g.Route, " "); ok && method != "" {
-		g.allow = []string{strings.ToUpper(method)}
-		if g.allow[0] == http.MethodGet {
+	if g.Route != "" {
+		method, err := checkRoute(g.Route)
+		if err != nil {
+			return fmt.Errorf("x402: route %q: %v", g.Route, err)
+		}
+		g.allow = []string{method}
+		if method == http.MethodGet {
 			g.allow = append(g.allow, http.MethodHead)
 		}
 	}
