@@ -266,6 +266,12 @@ func (a *Accept) unmarshal(d *caddyfile.Dispenser) error {
 			if err = oneArg(d, &s); err == nil {
 				var dur caddy.Duration
 				dur, err = parseDuration(s)
+				// 0 is the JSON's "unset" (the default): written here
+				// it is shorter than any timeout an offer may have.
+				if err == nil && dur == 0 {
+					return d.Errf("max_timeout: %s is shorter than %s (leave max_timeout out for its default, %ds)",
+						s, minMaxTimeout, defaultMaxTimeout)
+				}
 				a.MaxTimeout = dur
 			}
 		default:
@@ -524,6 +530,12 @@ func sizeArg(d *caddyfile.Dispenser, dst *int64) error {
 	}
 	if n > math.MaxInt64 {
 		return d.Errf("%s: %s is too large (at most %d bytes)", name, s, int64(math.MaxInt64))
+	}
+	// 0 is the JSON's "unset" for every size, read as the option's
+	// default: written here it would mean that default without a word,
+	// never "none".
+	if n == 0 {
+		return d.Errf("%s: %s is not a size: write a positive one, or leave %s out for its default", name, s, name)
 	}
 	*dst = int64(n)
 	return nil

@@ -171,9 +171,6 @@ func parsePaymentIdentifier(d *caddyfile.Dispenser) (*PaymentIdentifier, error) 
 			if err := sizeArg(d, &p.MaxAnswer); err != nil {
 				return nil, err
 			}
-			if p.MaxAnswer <= 0 {
-				return nil, d.Err("payment_identifier max_answer must be positive")
-			}
 		default:
 			return nil, d.Errf("payment_identifier: unknown option %q (want window or max_answer)", d.Val())
 		}
