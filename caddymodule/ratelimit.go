@@ -204,7 +204,10 @@ const (
 
 // loadZone returns the shared zone of kind (zoneRefusals or zoneRequests)
 // for rl, creating it on first use. The caller must release it with
-// rateZones.Delete(key) on cleanup.
+// rateZones.Delete(key) on cleanup. The key holds events and window, since
+// a bucket's state is tokens of that size refilling at that rate: a reload
+// that keeps them keeps every client's budget, one that changes them starts
+// a zone of its own, empty, and the old one goes with the old config.
 func loadZone(rl *RateLimit, kind string) (*rateZone, string, error) {
 	key := fmt.Sprintf("%s:%s/%d/%s", kind, rl.Zone, rl.Events, time.Duration(rl.Window))
 	v, _, err := rateZones.LoadOrNew(key, func() (caddy.Destructor, error) {

@@ -103,7 +103,8 @@ func freeRateSite(up string) string {
 // IPv6 client per /64) in one zone: past the limit, 429 rate_limited with
 // Retry-After before the upstream is reached; other clients are not
 // affected; a preflight is still answered by x402_cors; a reload keeps the
-// state; the budget refills across the window.
+// state, one that changes the limits starts from empty; the budget refills
+// across the window.
 func TestFreeRoutesAreRateLimitedPerClient(t *testing.T) {
 	up := newUpstream(t)
 	site := freeRateSite(up.URL)
@@ -169,6 +170,22 @@ func TestFreeRoutesAreRateLimitedPerClient(t *testing.T) {
 	resp, body := send(t, http.MethodGet, base+"/health", "", a)
 	wantRateLimited(t, resp, body, "20")
 
+	// A reload that changes the zone's events or window starts it from
+	// empty, as README says (the state is keyed by zone name, events and
+	// window): the client has a full budget, and so again after a reload
+	// back to the old limits, whose state went with the config.
+	for _, limits := range []string{"aov_rate_limit 4 1m", "aov_rate_limit 3 1m"} {
+		loadCaddyServers(t, portOf(t, base), proxies, "", strings.ReplaceAll(site, "aov_rate_limit 3 1m", limits))
+		if resp, body := send(t, http.MethodGet, base+"/health", "", a); resp.StatusCode != http.StatusOK {
+			t.Fatalf("after a reload to %s: %d %.200s, want a full budget", limits, resp.StatusCode, body)
+		}
+	}
+	for i := 0; i < 2; i++ {
+		send(t, http.MethodGet, base+"/health", "", a)
+	}
+	resp, body = send(t, http.MethodGet, base+"/health", "", a)
+	wantRateLimited(t, resp, body, "20")
+
 	// The budget refills across the window: one request every 20 s.
 	now = func() time.Time { return t0.Add(20 * time.Second) }
 	if resp, _ := send(t, http.MethodGet, base+"/reputation/agent-1", "", a); resp.StatusCode != http.StatusOK {
@@ -176,9 +193,10 @@ func TestFreeRoutesAreRateLimitedPerClient(t *testing.T) {
 	}
 	resp, body = send(t, http.MethodGet, base+"/health", "", a)
 	wantRateLimited(t, resp, body, "20")
-	if got := up.calls.Load() - calls; got != 6 {
-		// another client, three of the /64, the next /64, the refill
-		t.Errorf("the upstream was reached %d times after the limit, want 6", got)
+	if got := up.calls.Load() - calls; got != 10 {
+		// another client, three of the /64, the next /64, four after the
+		// reloads that changed the limits, the refill
+		t.Errorf("the upstream was reached %d times after the limit, want 10", got)
 	}
 }
 
