@@ -6,7 +6,11 @@ import (
 	"math/big"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/aovhq/aov/plugins/evmfacilitator"
 	"github.com/aovhq/aov/x402"
@@ -86,5 +90,21 @@ func TestNestedRESTGatesFirstPricesTheCall(t *testing.T) {
 				t.Fatalf("paid call answered without PAYMENT-RESPONSE")
 			}
 		})
+	}
+}
+
+// The later gate says once, naming its route, that it passes its requests
+// on, so the operator learns its price and allowance are never used.
+func TestShadowedRESTGateWarnsOnce(t *testing.T) {
+	core, logs := observer.New(zap.WarnLevel)
+	g := &Gate{Route: "POST /paid/x", logger: zap.New(core), shadowed: new(atomic.Bool)}
+	g.warnShadowed()
+	g.warnShadowed()
+	if logs.Len() != 1 {
+		t.Fatalf("%d warnings, want 1", logs.Len())
+	}
+	e := logs.All()[0]
+	if !strings.Contains(e.Message, "route is priced by an earlier x402 gate") || e.ContextMap()["route"] != "POST /paid/x" {
+		t.Fatalf("warning %q %v", e.Message, e.ContextMap())
 	}
 }
