@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -131,6 +132,32 @@ func TestRunScript(t *testing.T) {
 			if !strings.Contains(out, want) {
 				t.Errorf("output lacks %q", want)
 			}
+		}
+	})
+	t.Run("the 402 offers Solana payments only when the local Solana chain runs", func(t *testing.T) {
+		// The chain needs interop's npm peers: this checkout has them or
+		// not, and the run must say which and offer accordingly. (Before:
+		// without them every 402 still offered solana-devnet, which
+		// nothing could settle.)
+		_, err := os.Stat(filepath.Join(repoRoot, "interop", "node_modules", "litesvm"))
+		chain := err == nil
+		r := post(t, base+"/verify/schema", nil)
+		mustStatus(t, r, http.StatusPaymentRequired)
+		var pr x402.PaymentRequired
+		if err := x402.DecodeHeader(r.header.Get(x402.HeaderPaymentRequired), &pr); err != nil {
+			t.Fatal(err)
+		}
+		var networks []string
+		for _, a := range pr.Accepts {
+			networks = append(networks, a.Network)
+		}
+		solana := slices.Contains(networks, x402.NetworkSolanaDevnet)
+		if solana != chain || !slices.Contains(networks, "eip155:1337") {
+			t.Fatalf("the local Solana chain runs: %v; the 402 offers %v", chain, networks)
+		}
+		out := first.out.String()
+		if strings.Contains(out, "Solana RPC    http://") != chain || strings.Contains(out, "offer devnet payments only") == chain {
+			t.Fatalf("the output does not say whether the Solana chain runs (%v):\n%s", chain, out)
 		}
 	})
 	receipt := post(t, base+"/verify/schema", example(t, "invoice-draft.json"))

@@ -206,15 +206,23 @@ supervise verifierd "$bindir/verifierd" \
 # own, moved into place only once the whole service answers (step 6): a
 # run refused because another one uses this data folder (certd sees its
 # live socket) must not touch the file the running stack's users read.
+# Without the chain the priced routes offer no Solana payment
+# (AOV_SOLANA=off, Caddyfile.example's solana_offer_off): nothing could
+# settle one, and a buyer would sign it for nothing.
 solana_new=""
+solana_banner=""
 if [ -d interop/node_modules/litesvm ]; then
+	export AOV_SOLANA=on
+	solana_banner="    Solana RPC    http://$AOV_SOLANA_RPC_ADDR   (solana-devnet on litesvm; test wallets in $data/solana-chain.json)
+"
 	solana_new="$data/solana-chain.json.$$"
 	trap 'stop_all; rm -f "$solana_new"' EXIT
 	say "starting the local Solana chain on $AOV_SOLANA_RPC_ADDR (state is reset on restart)"
 	supervise solana-chain env HOST="${AOV_SOLANA_RPC_ADDR%:*}" PORT="${AOV_SOLANA_RPC_ADDR##*:}" \
 		bash -c 'exec node interop/solana-chain.mjs >"$0"' "$solana_new"
 else
-	say "interop/node_modules is missing (run: make interop-deps): Solana payments need the local Solana chain"
+	export AOV_SOLANA=off
+	say "interop/node_modules is missing (run: make interop-deps): no local Solana chain, so the priced routes offer devnet payments only"
 fi
 
 # The facilitator as its own process (AOV_FACILITATOR=remote), with the
@@ -272,8 +280,7 @@ cat >&2 <<EOF
     x402 manifest $base/.well-known/x402   (payments: USDC on the devnet; $AOV_FREE_PER_DAY free verification calls per client and day)
     facilitator   $base/facilitator/supported   (x402 facilitator on the devnet)
     devnet RPC    http://$AOV_DEVNET_RPC_ADDR   (chain id 1337, test USDC, "test test ... junk" accounts)
-    Solana RPC    http://$AOV_SOLANA_RPC_ADDR   (solana-devnet on litesvm; test wallets in $data/solana-chain.json)
-    data          $data
+${solana_banner}    data          $data
     access log    $data/logs/access.log
     metrics       http://$AOV_VERIFIERD_METRICS_ADDR/metrics (verifierd), http://$AOV_ADMIN_ADDR/metrics (Caddy)
 
