@@ -21,8 +21,8 @@ func routeBazaar(g *Gate) map[string]any {
 	if g.MCPTool != "" {
 		return mcpBazaar(g.MCPTool, g.Description, toolInputSchema(g.Validator))
 	}
-	method, path, ok := strings.Cut(g.Route, " ")
-	if !ok || (method != "GET" && method != "HEAD" && method != "DELETE") || !strings.HasPrefix(path, "/") {
+	method, path := splitRoute(g.Route)
+	if (method != "GET" && method != "HEAD" && method != "DELETE") || !strings.HasPrefix(path, "/") {
 		return nil
 	}
 	input := map[string]any{

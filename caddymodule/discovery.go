@@ -437,8 +437,8 @@ func (r *registry) listing(origin, path, tool string) (x402.OperatorListing, boo
 		if g.Resource != "" || (g.base != "" && g.base != origin) {
 			continue // a configured resource URL is not the route's path
 		}
-		_, route, ok := strings.Cut(g.Route, " ")
-		if !ok || !routeMatches(route, path) || (g.MCPTool != "" && g.MCPTool != tool) {
+		_, route := splitRoute(g.Route)
+		if route == "" || !routeMatches(route, path) || (g.MCPTool != "" && g.MCPTool != tool) {
 			continue
 		}
 		match = append(match, g)
@@ -725,7 +725,7 @@ func (d *Discovery) build(base string, gates []*Gate) ([]byte, error) {
 // routeURL is the URL of a `route` ("METHOD /path") on origin base, its
 // {name} segments written as the bazaar routeTemplate's :name.
 func routeURL(base, route string) string {
-	_, path, _ := strings.Cut(route, " ")
+	_, path := splitRoute(route)
 	return base + routeParam.ReplaceAllString(path, ":$1")
 }
 

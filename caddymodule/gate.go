@@ -370,6 +370,14 @@ type Gate struct {
 	proxies *proxyWatch
 }
 
+// splitRoute is a route's method and path, the one reading of a route
+// that every part of the gate shares (checkRoute checked its form at
+// Provision). A route without a space has no path.
+func splitRoute(route string) (method, path string) {
+	method, path, _ = strings.Cut(route, " ")
+	return method, path
+}
+
 // routeMethods are the methods a route may name: those of HTTP's
 // registry that net/http knows.
 var routeMethods = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
@@ -382,7 +390,7 @@ var routeMethods = []string{http.MethodGet, http.MethodHead, http.MethodPost, ht
 // ".evil.example/v"); and the method is the only one the gate then lets
 // through, so a misspelt one would refuse every request with 405.
 func checkRoute(route string) (string, error) {
-	method, path, _ := strings.Cut(route, " ")
+	method, path := splitRoute(route)
 	if !slices.Contains(routeMethods, method) {
 		return "", fmt.Errorf("want \"<METHOD> <path>\" with one of the methods %s, in upper case", strings.Join(routeMethods, ", "))
 	}

@@ -16,7 +16,7 @@ const validateScore = "score_request"
 // sent (sentRequest), not what handle_path or a rewrite left of it.
 func (g *Gate) pathAgent(r *http.Request) string {
 	prefix := "/score/"
-	if _, path, ok := strings.Cut(g.Route, " "); ok {
+	if _, path := splitRoute(g.Route); path != "" {
 		if before, _, found := strings.Cut(path, "{agent_id}"); found {
 			prefix = before
 		}
