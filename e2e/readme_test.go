@@ -1004,6 +1004,34 @@ func TestReadmeReceiptByHandRefusesWhatThePackageRefuses(t *testing.T) {
 			},
 			card: good, refusal: `refused: inputs.window.to is not the instant of attestation.timestamp`,
 		},
+		// The key holder picks the context: a score signed as a
+		// verification (an output_hash member makes that the inferred
+		// context) is held to the same times. (Before: computed_at and
+		// inputs.window.to were checked for scores only, and these
+		// verified.)
+		{
+			desc: "a retired key's trust score signed as a verification whose computed_at says a year later is refused",
+			receipt: func(t *testing.T) []byte {
+				resp := append([]byte(`{"output_hash":"",`), score("2027-11-28T21:00:00Z", "k1")[1:]...)
+				return signResponse(t, k1, "k1", "2026-11-28T21:00:00Z", resp)
+			},
+			card: good, refusal: `refused: computed_at is not the instant of attestation.timestamp`,
+		},
+		{
+			desc: "a retired key's trust score signed as a verification whose window ends a year later is refused",
+			receipt: func(t *testing.T) []byte {
+				resp := bytes.Replace(score("2026-11-28T21:00:00Z", "k1"), []byte(`"to":"2026-11-28T21:00:00Z"`), []byte(`"to":"2027-11-28T21:00:00Z"`), 1)
+				return signResponse(t, k1, "k1", "2026-11-28T21:00:00Z", append([]byte(`{"output_hash":"",`), resp[1:]...))
+			},
+			card: good, refusal: `refused: inputs.window.to is not the instant of attestation.timestamp`,
+		},
+		{
+			desc: "a trust score signed as a verification at its computed_at verifies",
+			receipt: func(t *testing.T) []byte {
+				return signResponse(t, k2, "k2", at, append([]byte(`{"output_hash":"",`), score(at, "k2")[1:]...))
+			},
+			card: good, verifies: true,
+		},
 		{
 			desc: "a trust score without computed_at is refused",
 			receipt: func(t *testing.T) []byte {

@@ -119,3 +119,46 @@ func TestScoreWindowEndIsTheSigningInstant(t *testing.T) {
 		})
 	}
 }
+
+// computed_at and inputs.window.to are held to the signing instant whatever
+// the context: the key holder chooses the context, and a leaked retired key
+// signs a score under ContextVerify with an output_hash member (so the
+// inferred context is verify too). (Before: both were checked under
+// ContextScore only, and this score, computed months after k1 left
+// service, verified.)
+func TestLeakedRetiredKeyCannotDateAScoreUnderTheVerifyContext(t *testing.T) {
+	pub1, priv1 := seededKey(1)
+	pub2, _ := seededKey(2)
+	keys := mustKeys(t, cardWith("k2",
+		cardKey{version: "k1", status: "retired", createdAt: "2026-01-01T00:00:00Z", retiredAt: "2026-06-01T00:00:00Z", pub: pub1},
+		cardKey{version: "k2", status: "current", createdAt: "2026-06-01T00:00:00Z", pub: pub2}))
+	const inLife = "2026-05-01T00:00:00Z"
+	asVerification := func(score []byte) []byte {
+		return bytes.Replace(score, []byte(`{"agent_id"`), []byte(`{"output_hash":"","agent_id"`), 1)
+	}
+	// computed_at says 2026-11-29, after k1's retirement.
+	late := asVerification(scoreResponse("k1"))
+	// computed_at in k1's life, the window ending after its retirement.
+	lateWindow := asVerification(bytes.Replace(scoreResponse("k1"), []byte(`"computed_at":"`+fixtureTime+`"`),
+		[]byte(`"computed_at":"`+inLife+`","inputs":{"window":{"to":"`+fixtureTime+`"}}`), 1))
+	for name, tc := range map[string]struct {
+		resp []byte
+		want string
+	}{
+		"computed_at":      {late, "is not the instant of computed_at " + fixtureTime},
+		"inputs.window.to": {lateWindow, "is not the instant of inputs.window.to " + fixtureTime},
+	} {
+		forged := attach(t, priv1, ContextVerify, "k1", inLife, tc.resp)
+		for _, context := range []string{"", ContextVerify} {
+			v, err := Verify(forged, keys, context)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("%s, context %q: score signed by k1 (retired 2026-06-01) dated %s: %+v, %v; want %q", name, context, inLife, v, err, tc.want)
+			}
+		}
+	}
+	// Dated honestly, the same shape verifies.
+	honest := asVerification(bytes.Replace(scoreResponse("k1"), []byte(fixtureTime), []byte(inLife), 1))
+	if err := VerifyReceipt(attach(t, priv1, ContextVerify, "k1", inLife, honest), keys, ""); err != nil {
+		t.Errorf("computed_at at the signing instant: %v", err)
+	}
+}

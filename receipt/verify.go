@@ -151,9 +151,9 @@ func VerifyReceipt(resp []byte, keys KeySet, context string) error {
 // Beyond the signature it checks what a reader would otherwise trust
 // without proof: attestation.algorithm is Ed25519, attestation.key_version
 // equals verify.key_version, attestation.timestamp is the same instant as
-// verified_at (where the response has one) and, under ContextScore, as
-// computed_at (which every trust score carries: it is the time the score is
-// of) and as inputs.window.to (where its window ends, when it says), the key
+// verified_at, computed_at and inputs.window.to wherever the response has
+// them, whatever the context (under ContextScore computed_at must be there:
+// every trust score carries it, the time the score is of), the key
 // is not marked compromised at the receipt's timestamp, and the timestamp
 // lies within the key's service life as the card publishes it (createdAt to
 // retiredAt, each widened by MaxSigningSkew).
@@ -199,24 +199,8 @@ func Verify(resp []byte, keys KeySet, context string) (Verified, error) {
 	if err != nil {
 		return Verified{}, fmt.Errorf("attestation.timestamp %s is not an RFC 3339 time", quoteShort(att.Timestamp))
 	}
-	if va, present := doc["verified_at"]; present {
-		if err := sameInstant(att.Timestamp, at, "verified_at", va); err != nil {
-			return Verified{}, err
-		}
-	}
-	if context == ContextScore {
-		ca, present := doc["computed_at"]
-		if !present {
-			return Verified{}, errors.New("receipt has no computed_at, which every trust score carries")
-		}
-		if err := sameInstant(att.Timestamp, at, "computed_at", ca); err != nil {
-			return Verified{}, err
-		}
-		if to, present := windowTo(doc); present {
-			if err := sameInstant(att.Timestamp, at, "inputs.window.to", to); err != nil {
-				return Verified{}, err
-			}
-		}
+	if err := checkTimes(doc, context, att.Timestamp, at); err != nil {
+		return Verified{}, err
 	}
 
 	k, err := keys.lookup(att.KeyVersion)
@@ -245,6 +229,37 @@ func Verify(resp []byte, keys KeySet, context string) (Verified, error) {
 		return Verified{}, ErrSignature
 	}
 	return Verified{Context: context, KeyVersion: att.KeyVersion, Timestamp: att.Timestamp}, nil
+}
+
+// checkTimes holds the times a response states about itself to ts, the
+// attestation's timestamp (the instant at): verified_at, computed_at and
+// inputs.window.to, wherever they appear, whatever the context. They are
+// signed, but chosen by whoever holds the key, and the context is too: a
+// check made only under ContextScore let a leaked retired key sign a score
+// under ContextVerify (an output_hash member makes that the inferred
+// context) and skip it. Under ContextScore computed_at must be there: it
+// is the time a score is of.
+func checkTimes(doc map[string]any, context, ts string, at time.Time) error {
+	if va, present := doc["verified_at"]; present {
+		if err := sameInstant(ts, at, "verified_at", va); err != nil {
+			return err
+		}
+	}
+	ca, present := doc["computed_at"]
+	if !present && context == ContextScore {
+		return errors.New("receipt has no computed_at, which every trust score carries")
+	}
+	if present {
+		if err := sameInstant(ts, at, "computed_at", ca); err != nil {
+			return err
+		}
+	}
+	if to, present := windowTo(doc); present {
+		if err := sameInstant(ts, at, "inputs.window.to", to); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // windowTo is a trust score's inputs.window.to, where the score has one:

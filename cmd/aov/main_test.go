@@ -509,3 +509,30 @@ func FuzzNotAReceipt(f *testing.F) {
 		}
 	})
 }
+
+// A score "computed" months after its key's retirement, signed with the
+// leaked retired key under the verify context (an output_hash member makes
+// that the inferred context), is invalid. (Before: computed_at was checked
+// under the score context only, and aov printed "valid".)
+func TestReceiptVerifyRefusesALateScoreSignedAsAVerification(t *testing.T) {
+	pub1, priv1 := key(1)
+	dir := t.TempDir()
+	cardJSON := []byte(`{"capabilities":{"extensions":[{"uri":"` + receipt.ExtensionURI + `","params":{"publicKeys":[` +
+		`{"keyVersion":"k1","algorithm":"Ed25519","publicKey":"` + b64(pub1) + `","publicKeyEncoding":"base64","status":"retired","createdAt":"2026-01-01T00:00:00Z","retiredAt":"2026-06-01T00:00:00Z"}]}}]}}`)
+	cardPath := writeFile(t, dir, "card.json", cardJSON)
+	const inLife = "2026-05-01T00:00:00Z"
+	doc := []byte(`{"output_hash":"","agent_id":"seller-7","score":0.99,"computed_at":"2027-01-15T00:00:00Z","inputs":{"window":{"from":"2026-01-15T00:00:00Z","to":"2027-01-15T00:00:00Z"}},` +
+		`"verify":{"public_key_url":"https://verifier.example/.well-known/agent-card.json","key_version":"k1","canonicalization":"RFC 8785 (JCS)","hash_algorithm":"SHA-256","service":"aov","mcp":"https://verifier.example/mcp"}}`)
+	att, err := receipt.Sign(priv1, receipt.ContextVerify, "k1", inLife, doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _ := json.Marshal(att)
+	rcpt := append(append(append([]byte(nil), doc[:len(doc)-1]...), `,"attestation":`...), append(a, '}')...)
+	p := writeFile(t, dir, "receipt.json", rcpt)
+	var stdout, stderr bytes.Buffer
+	code := run([]string{"receipt", "verify", "--card", cardPath, p}, nil, &stdout, &stderr)
+	if code != 1 || !strings.Contains(stdout.String(), "is not the instant of computed_at 2027-01-15T00:00:00Z") {
+		t.Fatalf("exit %d, stdout %q, stderr %q: a score computed 2027-01-15 signed by k1 (retired 2026-06-01)", code, stdout.String(), stderr.String())
+	}
+}
