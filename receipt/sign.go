@@ -259,6 +259,27 @@ func ParseSigningInput(msg []byte) (SigningDocument, error) {
 	return d, nil
 }
 
+// CheckTimes refuses a signing document whose response states a time of
+// its own (verified_at, computed_at, inputs.window.to) that Verify would
+// refuse with this attested_at: certd pins attested_at to its clock, and
+// without this whoever reaches it (verifierd, which parses untrusted
+// input) could have a score "computed" years ahead signed today, under
+// either context. The member at fault is reported as "response".
+func (d SigningDocument) CheckTimes() error {
+	at, err := ParseTime(d.AttestedAt)
+	if err != nil {
+		return &SigningInputError{Field: "attested_at", Problem: "is not an RFC 3339 time"}
+	}
+	doc, err := decodeObject(d.Response)
+	if err != nil {
+		return &SigningInputError{Field: "response", Problem: "is not a JSON object"}
+	}
+	if err := checkTimes(doc, d.Context, d.AttestedAt, at); err != nil {
+		return &SigningInputError{Field: "response", Problem: "states a time verifiers refuse: " + err.Error()}
+	}
+	return nil
+}
+
 // SigningInputError says why ParseSigningInput refused a document: the
 // member at fault ("" for the document as a whole) and the problem.
 type SigningInputError struct {

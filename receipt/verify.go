@@ -324,6 +324,13 @@ func decodeResponse(resp []byte) (map[string]any, error) {
 	if _, err := Canonicalize(resp); err != nil {
 		return nil, fmt.Errorf("receipt is not valid JSON for RFC 8785: %w", err)
 	}
+	return decodeObject(resp)
+}
+
+// decodeObject decodes a JSON object, its numbers as json.Number, as
+// Verify reads a receipt: decodeResponse after its RFC 8785 checks, and
+// SigningDocument.CheckTimes on a response already canonical.
+func decodeObject(resp []byte) (map[string]any, error) {
 	dec := json.NewDecoder(bytes.NewReader(resp))
 	dec.UseNumber()
 	var v any

@@ -17,8 +17,9 @@
 // "attested_at", "context", "key_version", "response"}. certd signs those
 // bytes as they are after checking that they are exactly that: canonical
 // (parsed once, written canonically, compared), the five members with an
-// allowed context, attested_at near its clock and its current key version.
-// No envelope is encoded or decoded and nothing is canonicalized twice.
+// allowed context, attested_at near its clock, the response's own times
+// (verified_at, computed_at, inputs.window.to) that instant, and its
+// current key version. No envelope is encoded or decoded and nothing is canonicalized twice.
 //
 // The caller names the key version it put into the response's verify block;
 // certd signs only with its current key, the one whose published window
@@ -265,6 +266,16 @@ func (s *Server) sign(w http.ResponseWriter, r *http.Request) {
 	}
 	at, f, ok := s.checkTime(doc.AttestedAt)
 	if !ok {
+		s.log.Warn("sign request refused", "problems", f.Field+" "+f.Problem)
+		apierr.Write(w, apierr.Invalid(f))
+		return
+	}
+	if err := doc.CheckTimes(); err != nil {
+		f := apierr.Field{Field: "response", Problem: err.Error(),
+			Fix: "Write verified_at, computed_at and inputs.window.to as the attested_at instant."}
+		if se, ok := errors.AsType[*receipt.SigningInputError](err); ok {
+			f.Field, f.Problem = se.Field, se.Problem
+		}
 		s.log.Warn("sign request refused", "problems", f.Field+" "+f.Problem)
 		apierr.Write(w, apierr.Invalid(f))
 		return

@@ -304,8 +304,20 @@ func TestSignRefusals(t *testing.T) {
 	}{
 		{desc: "a verification document is signed", body: good, wantStatus: 200},
 		{desc: "a trust-score document is signed", body: doc(receipt.ContextScore, "k1", at, resp), wantStatus: 200},
-		{desc: "an attested_at 59 s behind certd's clock is signed", body: doc(receipt.ContextVerify, "k1", "2026-11-29T20:59:01Z", resp), wantStatus: 200},
-		{desc: "an attested_at 59 s ahead in another zone is signed", body: doc(receipt.ContextVerify, "k1", "2026-11-29T22:00:59+01:00", resp), wantStatus: 200},
+		{desc: "an attested_at 59 s behind certd's clock is signed", body: doc(receipt.ContextVerify, "k1", "2026-11-29T20:59:01Z", sampleResponse("k1", "2026-11-29T20:59:01Z", 256)), wantStatus: 200},
+		{desc: "an attested_at 59 s ahead in another zone is signed", body: doc(receipt.ContextVerify, "k1", "2026-11-29T22:00:59+01:00", sampleResponse("k1", "2026-11-29T21:00:59Z", 256)), wantStatus: 200},
+		// attested_at is pinned to certd's clock; the times a response
+		// states of itself are held to it as verifiers hold them, under
+		// either context, so that whoever reaches certd cannot have a
+		// score "computed" years ahead signed today. (Before: only
+		// attested_at was checked, and a score under the verify context
+		// with computed_at 2029 was signed and verified.)
+		{desc: "a response whose computed_at is years ahead is refused under the verify context", body: doc(receipt.ContextVerify, "k1", at, bytes.Replace(resp, []byte(`"computed_at":"`+at), []byte(`"computed_at":"2029-11-29T21:00:00Z`), 1)), wantStatus: 422, wantCode: "invalid_request", wantField: "response"},
+		{desc: "a response whose computed_at is years ahead is refused under the score context", body: doc(receipt.ContextScore, "k1", at, bytes.Replace(resp, []byte(`"computed_at":"`+at), []byte(`"computed_at":"2029-11-29T21:00:00Z`), 1)), wantStatus: 422, wantCode: "invalid_request", wantField: "response"},
+		{desc: "a response whose inputs.window.to is years ahead is refused", body: doc(receipt.ContextVerify, "k1", at, bytes.Replace(resp, []byte(`"computed_at"`), []byte(`"inputs":{"window":{"to":"2029-11-29T21:00:00Z"}},"computed_at"`), 1)), wantStatus: 422, wantCode: "invalid_request", wantField: "response"},
+		{desc: "a response whose window ends at attested_at is signed", body: doc(receipt.ContextVerify, "k1", at, bytes.Replace(resp, []byte(`"computed_at"`), []byte(`"inputs":{"window":{"to":"2026-11-29T21:00:00Z"}},"computed_at"`), 1)), wantStatus: 200},
+		{desc: "a response whose verified_at is another instant is refused", body: doc(receipt.ContextVerify, "k1", at, bytes.Replace(resp, []byte(`"verified_at":"`+at), []byte(`"verified_at":"2026-11-29T20:59:00Z`), 1)), wantStatus: 422, wantCode: "invalid_request", wantField: "response"},
+		{desc: "a trust score without computed_at is refused", body: hand(alg + "," + atM + `,"context":"` + receipt.ContextScore + `",` + kvM + `,"response":{"agent_id":"a1","score":0.5}`), wantStatus: 422, wantCode: "invalid_request", wantField: "response"},
 		{desc: "an unknown context is refused", body: doc("json-schema-verifier/other/v1", "k1", at, resp), wantStatus: 422, wantCode: "invalid_request", wantField: "context"},
 		{desc: "an empty context is refused", body: hand(alg + "," + atM + `,"context":"",` + kvM + "," + respM), wantStatus: 422, wantCode: "invalid_request", wantField: "context"},
 		{desc: "an attested_at 61 s behind certd's clock is refused", body: doc(receipt.ContextVerify, "k1", "2026-11-29T20:58:59Z", resp), wantStatus: 422, wantCode: "invalid_request", wantField: "attested_at"},
