@@ -16,7 +16,9 @@
 //
 //  2. Window. Only the agent's newest MaxRecords pieces of evidence
 //     (default 10,000) no older than Horizon (default 365 days) before the
-//     moment of computation count. Records that are not evidence do not
+//     moment of computation, and none after it, count (a verification
+//     recorded while the score is computed is not evidence of it, so no
+//     evidence date a score states is after the score's own time). Records that are not evidence do not
 //     count toward the cap, so a flood of labels cannot push an owner's
 //     evidence out of the window. A caller reading a history for one score
 //     reads at most ReadLimit records (twice the cap), evidence or not, and
@@ -26,9 +28,9 @@
 //     is 1 for an authenticated verification (the caller proved with
 //     X-Wallet-Auth the wallet that owns the agent id) and
 //     UnauthenticatedWeight (default 0.5) for a bare label of an agent
-//     without an owner; age is the time since the verification (0 for a
-//     timestamp in the future), and HalfLife defaults to 30 days, so a
-//     month-old pass counts half as much as one from today.
+//     without an owner; age is the time since the verification, and
+//     HalfLife defaults to 30 days, so a month-old pass counts half as
+//     much as one from today.
 //
 //  4. Decayed counts. P = Σ w over passes, F = Σ w over fails, n = P + F
 //     (the effective amount of evidence).
@@ -298,10 +300,11 @@ func (m *Method) Start(now time.Time, owned bool) *Tally {
 // Add counts e if it is evidence inside the window. It returns false once
 // e is older than the horizon or the record cap is reached: for a history
 // read newest first, nothing after that can count, so the caller can stop
-// reading. A record that is not evidence (an owned agent's label) is
+// reading. A record that is not evidence (an owned agent's label) or is
+// dated after the window's end (recorded while the score is computed) is
 // skipped, and reading goes on.
 func (t *Tally) Add(e Evidence) bool {
-	if t.owned && !e.Authenticated {
+	if t.owned && !e.Authenticated || e.At.After(t.now) {
 		return t.Skip(e.At)
 	}
 	if t.full || e.At.Before(t.from) {
@@ -311,11 +314,7 @@ func (t *Tally) Add(e Evidence) bool {
 		t.full = true
 		return false
 	}
-	age := t.now.Sub(e.At)
-	if age < 0 {
-		age = 0
-	}
-	w := math.Exp2(-float64(age) / float64(t.m.halfLife))
+	w := math.Exp2(-float64(t.now.Sub(e.At)) / float64(t.m.halfLife))
 	if !e.Authenticated {
 		w *= t.m.unauthW
 	}

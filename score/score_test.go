@@ -80,7 +80,11 @@ func TestScoreValues(t *testing.T) {
 		{"only fails score 0", same(50, 0, false, true), 0},
 		{"2 passes one half-life old weigh 1 and score like 1 of 1 today", same(2, 30*day, true, true), 0.206543},
 		{"3 unauthenticated passes weigh 1.5 and score 0.280815", same(3, 0, true, false), 0.280815},
-		{"a verification stamped in the future counts as from now", []score.Evidence{{At: now.Add(time.Hour), Pass: true, Authenticated: true}}, 0.206543},
+		// A score's newest_evidence_at is at or before its computed_at, as
+		// verifiers require. (Before: it counted as from now, and its date
+		// was the newest evidence's.)
+		{"a verification stamped after the score's time is not evidence", []score.Evidence{{At: now.Add(time.Microsecond), Pass: true, Authenticated: true}}, 0},
+		{"a verification stamped at the score's time is evidence", []score.Evidence{{At: now, Pass: true, Authenticated: true}}, 0.206543},
 		{"evidence older than the horizon is not evidence", history(100, 366*day, true, true), 0},
 	} {
 		t.Run(c.desc, func(t *testing.T) {
