@@ -1032,6 +1032,41 @@ func TestReadmeReceiptByHandRefusesWhatThePackageRefuses(t *testing.T) {
 			},
 			card: good, verifies: true,
 		},
+		// A score's evidence is never newer than the score. (Before: the
+		// evidence dates were not read, and a leaked retired key dated a
+		// score in its service life with evidence from a year later.)
+		{
+			desc: "a trust score with evidence dated up to its computed_at, or none, verifies",
+			receipt: func(t *testing.T) []byte {
+				resp := bytes.Replace(score(at, "k2"), []byte(`"to":"`), []byte(`"from":"2025-11-29T21:22:28Z","oldest_evidence_at":null,"newest_evidence_at":"2026-11-29T22:22:28.123456+01:00","to":"`), 1)
+				return signScore(t, k2, "k2", at, resp)
+			},
+			card: good, verifies: true,
+		},
+		{
+			desc: "a retired key's trust score dated in its service life whose newest evidence is a year later is refused",
+			receipt: func(t *testing.T) []byte {
+				resp := bytes.Replace(score("2026-11-28T21:00:00Z", "k1"), []byte(`"to":"`), []byte(`"newest_evidence_at":"2027-11-28T21:00:00Z","to":"`), 1)
+				return signScore(t, k1, "k1", "2026-11-28T21:00:00Z", resp)
+			},
+			card: good, refusal: `refused: inputs.window.newest_evidence_at is after attestation.timestamp`,
+		},
+		{
+			desc: "a trust score whose oldest evidence is a nanosecond after it is refused",
+			receipt: func(t *testing.T) []byte {
+				resp := bytes.Replace(score(at, "k2"), []byte(`"to":"`), []byte(`"oldest_evidence_at":"2026-11-29T21:22:28.123456001Z","to":"`), 1)
+				return signScore(t, k2, "k2", at, resp)
+			},
+			card: good, refusal: `refused: inputs.window.oldest_evidence_at is after attestation.timestamp`,
+		},
+		{
+			desc: "a trust score whose window starts after it ends is refused",
+			receipt: func(t *testing.T) []byte {
+				resp := bytes.Replace(score(at, "k2"), []byte(`"to":"`), []byte(`"from":"2026-11-30T00:00:00Z","to":"`), 1)
+				return signScore(t, k2, "k2", at, resp)
+			},
+			card: good, refusal: `refused: inputs.window.from is after attestation.timestamp`,
+		},
 		{
 			desc: "a trust score without computed_at is refused",
 			receipt: func(t *testing.T) []byte {

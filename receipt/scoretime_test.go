@@ -162,3 +162,51 @@ func TestLeakedRetiredKeyCannotDateAScoreUnderTheVerifyContext(t *testing.T) {
 		t.Errorf("computed_at at the signing instant: %v", err)
 	}
 }
+
+// A score dates its evidence (inputs.window.from, oldest_evidence_at,
+// newest_evidence_at), never after computed_at and the window's end, which
+// are the signing instant. A leaked retired key k1 dates the signature,
+// computed_at and window.to inside its service life and writes evidence
+// from a year after k1 left service: Verify refuses it. (Before: the
+// evidence dates were not read, and the score verified.)
+func TestScoreEvidenceIsNotDatedAfterTheScore(t *testing.T) {
+	pub1, priv1 := seededKey(1)
+	pub2, _ := seededKey(2)
+	keys := mustKeys(t, cardWith("k2",
+		cardKey{version: "k1", status: "retired", createdAt: "2026-01-01T00:00:00Z", retiredAt: "2026-06-01T00:00:00Z", pub: pub1},
+		cardKey{version: "k2", status: "current", createdAt: "2026-06-01T00:00:00Z", pub: pub2}))
+	const inLife = "2026-05-01T00:00:00Z"
+	score := func(from, oldest, newest string) []byte {
+		return []byte(`{"agent_id":"seller-7","score":0.97,"inputs":{"owned":true,"window":{"from":` + from + `,"to":"` + inLife + `",` +
+			`"records":412,"not_counted":0,"truncated":false,"oldest_evidence_at":` + oldest + `,"newest_evidence_at":` + newest + `}},` +
+			`"computed_at":"` + inLife + `","verify":{"public_key_url":"https://verifier.example/.well-known/agent-card.json","key_version":"k1","canonicalization":"RFC 8785 (JCS)","hash_algorithm":"SHA-256","service":"aov","mcp":"https://verifier.example/mcp"}}`)
+	}
+	const from, oldest, newest = `"2025-05-01T00:00:00Z"`, `"2026-01-30T00:00:00Z"`, `"2026-05-01T02:00:00+02:00"`
+	for _, tc := range []struct {
+		desc string
+		resp []byte
+		want string // "" verifies
+	}{
+		{"evidence up to the score's instant verifies", score(from, oldest, newest), ""},
+		{"a score without evidence (null dates) verifies", score(from, "null", "null"), ""},
+		{"newest evidence after the score is refused", score(from, oldest, `"2027-06-01T00:00:00Z"`), "inputs.window.newest_evidence_at 2027-06-01T00:00:00Z is after attestation.timestamp " + inLife},
+		{"newest evidence a nanosecond after the score is refused", score(from, oldest, `"2026-05-01T00:00:00.000000001Z"`), "inputs.window.newest_evidence_at"},
+		{"oldest evidence after the score is refused", score(from, `"2027-05-30T00:00:00Z"`, newest), "inputs.window.oldest_evidence_at 2027-05-30T00:00:00Z is after"},
+		{"a window starting after it ends is refused", score(`"2026-05-02T00:00:00Z"`, oldest, newest), "inputs.window.from 2026-05-02T00:00:00Z is after"},
+		{"an evidence date that is not a time is refused", score(from, `"yesterday"`, newest), "inputs.window.oldest_evidence_at yesterday is not an RFC 3339 time"},
+		{"an evidence date that is a number is refused", score(from, oldest, `1`), "inputs.window.newest_evidence_at"},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			for _, context := range []string{ContextScore, ContextVerify} {
+				resp := tc.resp
+				if context == ContextVerify {
+					resp = bytes.Replace(resp, []byte(`{"agent_id"`), []byte(`{"output_hash":"","agent_id"`), 1)
+				}
+				v, err := Verify(attach(t, priv1, context, "k1", inLife, resp), keys, "")
+				if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+					t.Errorf("%s: %+v, %v; want %q", context, v, err, tc.want)
+				}
+			}
+		})
+	}
+}

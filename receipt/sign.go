@@ -260,8 +260,8 @@ func ParseSigningInput(msg []byte) (SigningDocument, error) {
 }
 
 // CheckTimes refuses a signing document whose response states a time of
-// its own (verified_at, computed_at, inputs.window.to) that Verify would
-// refuse with this attested_at: certd pins attested_at to its clock, and
+// its own (verified_at, computed_at, inputs.window.to, a score's evidence
+// dates) that Verify would refuse with this attested_at: certd pins attested_at to its clock, and
 // without this whoever reaches it (verifierd, which parses untrusted
 // input) could have a score "computed" years ahead signed today, under
 // either context. The member at fault is reported as "response".

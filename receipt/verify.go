@@ -153,7 +153,9 @@ func VerifyReceipt(resp []byte, keys KeySet, context string) error {
 // equals verify.key_version, attestation.timestamp is the same instant as
 // verified_at, computed_at and inputs.window.to wherever the response has
 // them, whatever the context (under ContextScore computed_at must be there:
-// every trust score carries it, the time the score is of), the key
+// every trust score carries it, the time the score is of), no evidence date
+// of a score (inputs.window.from, oldest_evidence_at, newest_evidence_at)
+// is after it, the key
 // is not marked compromised at the receipt's timestamp, and the timestamp
 // lies within the key's service life as the card publishes it (createdAt to
 // retiredAt, each widened by MaxSigningSkew).
@@ -233,7 +235,9 @@ func Verify(resp []byte, keys KeySet, context string) (Verified, error) {
 
 // checkTimes holds the times a response states about itself to ts, the
 // attestation's timestamp (the instant at): verified_at, computed_at and
-// inputs.window.to, wherever they appear, whatever the context. They are
+// inputs.window.to, wherever they appear, whatever the context, are that
+// instant, and a score's evidence dates (inputs.window.from,
+// oldest_evidence_at, newest_evidence_at) are not after it. They are
 // signed, but chosen by whoever holds the key, and the context is too: a
 // check made only under ContextScore let a leaked retired key sign a score
 // under ContextVerify (an output_hash member makes that the inferred
@@ -258,6 +262,34 @@ func checkTimes(doc map[string]any, context, ts string, at time.Time) error {
 		if err := sameInstant(ts, at, "inputs.window.to", to); err != nil {
 			return err
 		}
+	}
+	inputs, _ := doc["inputs"].(map[string]any)
+	window, _ := inputs["window"].(map[string]any)
+	for _, name := range []string{"from", "oldest_evidence_at", "newest_evidence_at"} {
+		if err := notAfter(ts, at, "inputs.window."+name, window[name]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// notAfter checks that the evidence date name of a score (where its window
+// starts, its oldest and newest evidence), whose value is v, is null or
+// absent (no evidence) or a time at or before at, the attestation's
+// timestamp ts, which computed_at and inputs.window.to name. A leaked
+// retired key that dates a score inside its service life could otherwise
+// claim evidence from after its retirement.
+func notAfter(ts string, at time.Time, name string, v any) error {
+	if v == nil {
+		return nil
+	}
+	s, _ := v.(string)
+	t, err := ParseTime(s)
+	if err != nil {
+		return fmt.Errorf("%s %s is not an RFC 3339 time", name, quoteShort(s))
+	}
+	if t.After(at) {
+		return fmt.Errorf("%s %s is after attestation.timestamp %s", name, quoteShort(s), quoteShort(ts))
 	}
 	return nil
 }

@@ -18,8 +18,9 @@
 // bytes as they are after checking that they are exactly that: canonical
 // (parsed once, written canonically, compared), the five members with an
 // allowed context, attested_at near its clock, the response's own times
-// (verified_at, computed_at, inputs.window.to) that instant, and its
-// current key version. No envelope is encoded or decoded and nothing is canonicalized twice.
+// (verified_at, computed_at, inputs.window.to) that instant and its
+// evidence dates not after it, and its current key version. No envelope
+// is encoded or decoded and nothing is canonicalized twice.
 //
 // The caller names the key version it put into the response's verify block;
 // certd signs only with its current key, the one whose published window
@@ -272,7 +273,7 @@ func (s *Server) sign(w http.ResponseWriter, r *http.Request) {
 	}
 	if err := doc.CheckTimes(); err != nil {
 		f := apierr.Field{Field: "response", Problem: err.Error(),
-			Fix: "Write verified_at, computed_at and inputs.window.to as the attested_at instant."}
+			Fix: "Write verified_at, computed_at and inputs.window.to as the attested_at instant, and no evidence dated after it."}
 		if se, ok := errors.AsType[*receipt.SigningInputError](err); ok {
 			f.Field, f.Problem = se.Field, se.Problem
 		}
