@@ -1067,6 +1067,24 @@ func TestReadmeReceiptByHandRefusesWhatThePackageRefuses(t *testing.T) {
 			},
 			card: good, refusal: `refused: inputs.window.from is after attestation.timestamp`,
 		},
+		// The attestation is not signed: a member beyond its four is the
+		// holder's. (Before: ignored, and these verified.)
+		{
+			desc: "a receipt whose attestation claims verified is refused",
+			receipt: func(t *testing.T) []byte {
+				g := genuine(t)
+				return append(append(g[:len(g)-2:len(g)-2], `,"verified":true}`...), '}')
+			},
+			card: good, refusal: `refused: attestation has a member other than its four`,
+		},
+		{
+			desc: "a receipt whose attestation names another card is refused",
+			receipt: func(t *testing.T) []byte {
+				g := genuine(t)
+				return append(append(g[:len(g)-2:len(g)-2], `,"public_key_url":"https://evil.example/card.json"}`...), '}')
+			},
+			card: good, refusal: `refused: attestation has a member other than its four`,
+		},
 		{
 			desc: "a trust score without computed_at is refused",
 			receipt: func(t *testing.T) []byte {

@@ -400,12 +400,22 @@ func attestationOf(doc map[string]any) (parsedAttestation, error) {
 // DecodeSignature, whose bytes it returns. It is the one reader of an
 // attestation: Verify's, and the signer client's of certd's answer, so
 // that verifierd never attaches (or charges for) one a verifier refuses.
-// Its errors read after the name of what was read: " is not an object",
-// ".signature is not standard base64".
+// It refuses any other member: the attestation is the one part of a
+// receipt the signature does not cover, so a member there ("verified":
+// true, a second key URL) is text a holder added that a reader may take for
+// the service's. Its errors read after the name of what was read: " is not
+// an object", ".signature is not standard base64".
 func ReadAttestation(v any) (Attestation, []byte, error) {
 	m, ok := v.(map[string]any)
 	if !ok {
 		return Attestation{}, nil, errors.New(" is not an object")
+	}
+	for name := range m {
+		switch name {
+		case "algorithm", "key_version", "timestamp", "signature":
+		default:
+			return Attestation{}, nil, fmt.Errorf(" has a member %s, which is not signed and not one of algorithm, key_version, timestamp, signature", quoteShort(name))
+		}
 	}
 	var a Attestation
 	for _, f := range []struct {

@@ -542,3 +542,28 @@ func TestBase64HasNoLineBreaks(t *testing.T) {
 		t.Errorf("a card's publicKey with a line break: %v", err)
 	}
 }
+
+// The attestation is the one part of a receipt the signature does not
+// cover. SPEC §5 gives it four members; anything more is text a holder
+// added that a reader may take for the service's (a "verified": true, a
+// second key URL), and Verify refuses it. (Before: other members were
+// ignored, and these receipts verified.)
+func TestAttestationMembersBeyondTheFourAreRefused(t *testing.T) {
+	pub, priv := seededKey(2)
+	keys := mustKeys(t, cardWith("k2", cardKey{version: "k2", status: StatusCurrent, pub: pub}))
+	genuine := attach(t, priv, ContextVerify, "k2", fixtureTime, fullResponse(t, "k2"))
+	if err := VerifyReceipt(genuine, keys, ""); err != nil {
+		t.Fatalf("genuine receipt: %v", err)
+	}
+	for extra, want := range map[string]string{
+		`,"verified":true,"result":"pass"`:                                     "attestation has a member ",
+		`,"keyVersion":"k9","public_key_url":"https://evil.example/card.json"`: "attestation has a member ",
+		`,"Signature":"x"`: "attestation has a member Signature, which is not signed",
+	} {
+		i := bytes.LastIndex(genuine, []byte(`}}`))
+		forged := append(append(append([]byte(nil), genuine[:i]...), extra...), genuine[i:]...)
+		if err := VerifyReceipt(forged, keys, ""); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("attestation with the unsigned members %s: %v; want %q", extra, err, want)
+		}
+	}
+}
