@@ -295,6 +295,36 @@ func TestReceiptVerifyReadsStandardInput(t *testing.T) {
 	}
 }
 
+// `--card -` reads the card from standard input, as "-" does for
+// RECEIPT_FILE and --request; two inputs asking for it are a usage error.
+// (Before: the command passed no standard input to the card reader and
+// panicked.)
+func TestReceiptVerifyReadsTheCardFromStandardInput(t *testing.T) {
+	pub, priv := key(2)
+	dir := t.TempDir()
+	r := signedReceipt(t, invoiceRequest, priv, "k2")
+	rcpt := writeFile(t, dir, "receipt.json", r)
+	req := writeFile(t, dir, "request.json", []byte(invoiceRequest))
+	cardJSON := card(map[string]ed25519.PublicKey{"k2": pub}, "k2")
+	var stdout, stderr bytes.Buffer
+	code := run([]string{"receipt", "verify", "--card", "-", "--request", req, rcpt}, bytes.NewReader(cardJSON), &stdout, &stderr)
+	if code != 0 || stdout.String() != "valid\n" {
+		t.Fatalf("exit %d, stdout %q, stderr %q", code, stdout.String(), stderr.String())
+	}
+	for _, args := range [][]string{
+		{"--card", "-", "-"},
+		{"--card", "-", "--request", "-", rcpt},
+		{"--card", "-", "--request", "-", "-"},
+	} {
+		stdout.Reset()
+		stderr.Reset()
+		code := run(append([]string{"receipt", "verify"}, args...), bytes.NewReader(cardJSON), &stdout, &stderr)
+		if code != 2 || !strings.Contains(stderr.String(), "cannot both come from standard input") || stdout.Len() != 0 {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q", args, code, stdout.String(), stderr.String())
+		}
+	}
+}
+
 func TestHelp(t *testing.T) {
 	tests := []struct {
 		desc string

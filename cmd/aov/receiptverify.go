@@ -24,7 +24,8 @@ Usage:
   aov receipt verify (--card FILE_OR_URL | --public-key BASE64) [--request FILE] [--context verify|score] RECEIPT_FILE|-
 
 RECEIPT_FILE is the whole JSON response as you received it, "attestation"
-included; "-" reads it from standard input.
+included; "-" reads it from standard input (as it does for --card and
+--request; one of them at most).
 
 Where the public key comes from (one is required):
   --card FILE_OR_URL   the service's agent card, a saved file or an http(s)
@@ -102,8 +103,15 @@ func receiptVerify(args []string, stdin io.Reader, stdout, stderr io.Writer) int
 	if len(pos) != 1 {
 		return usageError(stderr, receiptVerifyHelp, "aov receipt verify: want exactly one RECEIPT_FILE (or - for standard input), got %d", len(pos))
 	}
-	if pos[0] == "-" && *requestArg == "-" {
-		return usageError(stderr, receiptVerifyHelp, "aov receipt verify: the receipt and --request cannot both come from standard input")
+	// Standard input is read once, so at most one input can be "-".
+	var fromStdin []string
+	for _, in := range []struct{ name, arg string }{{"the receipt", pos[0]}, {"--card", *cardArg}, {"--request", *requestArg}} {
+		if in.arg == "-" {
+			fromStdin = append(fromStdin, in.name)
+		}
+	}
+	if len(fromStdin) > 1 {
+		return usageError(stderr, receiptVerifyHelp, "aov receipt verify: %s cannot both come from standard input", strings.Join(fromStdin, " and "))
 	}
 	signCtx, ok := contextFlag(*contextArg)
 	if !ok {
@@ -133,7 +141,7 @@ func receiptVerify(args []string, stdin io.Reader, stdout, stderr io.Writer) int
 		}
 		keys = receipt.SingleKey("", pub)
 	case *cardArg != "":
-		card, err := loadCard(*cardArg)
+		card, err := loadCard(*cardArg, stdin)
 		if err != nil {
 			return trouble(stderr, "loading the agent card: %v", err)
 		}
@@ -246,15 +254,16 @@ func readInput(name string, stdin io.Reader, limit int64) ([]byte, error) {
 // parsed as a URL once: its scheme is case-insensitive (RFC 3986 §3.1,
 // as net/http takes it), so HTTPS://… is fetched, never opened as a file.
 // A file's error names src without the user information it may carry
-// (a token given as TOKEN@ in what only looks like a URL).
-func loadCard(src string) ([]byte, error) {
+// (a token given as TOKEN@ in what only looks like a URL). "-" reads the
+// card from stdin, as it reads the receipt and the request.
+func loadCard(src string, stdin io.Reader) ([]byte, error) {
 	u, perr := url.Parse(src) // url.Parse lowers the scheme
 	if perr == nil && (u.Scheme == "http" || u.Scheme == "https") {
 		ctx, cancel := context.WithTimeout(context.Background(), cardTimeout)
 		defer cancel()
 		return receipt.FetchCard(ctx, httpClient, src)
 	}
-	b, err := readInput(src, nil, maxCardBytes)
+	b, err := readInput(src, stdin, maxCardBytes)
 	if pe, ok := errors.AsType[*fs.PathError](err); ok && perr == nil && u.User != nil {
 		c := *u
 		c.User = nil
