@@ -325,6 +325,22 @@ func TestReceiptVerifyReadsTheCardFromStandardInput(t *testing.T) {
 	}
 }
 
+// `aov receipt verify -h` names every time it holds to the signature's
+// timestamp. (Before: it named verified_at only, though the command also
+// checks a score's computed_at, window and evidence dates.)
+func TestReceiptVerifyHelpNamesEveryTimeItChecks(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"receipt", "verify", "-h"}, nil, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d, stderr %q", code, stderr.String())
+	}
+	help := strings.Join(strings.Fields(stdout.String()), " ")
+	for _, w := range []string{"verified_at", "computed_at", "inputs.window.to", "inputs.window.from", "oldest_evidence_at", "newest_evidence_at", "only its four members"} {
+		if !strings.Contains(help, w) {
+			t.Errorf("receipt verify -h does not mention %s:\n%s", w, stdout.String())
+		}
+	}
+}
+
 func TestHelp(t *testing.T) {
 	tests := []struct {
 		desc string

@@ -55,8 +55,12 @@ Optional:
 
 What is checked: the Ed25519 signature over the RFC 8785 form of
 {context, algorithm, key_version, attested_at, response without
-attestation}; that attestation.key_version equals verify.key_version and
-attestation.timestamp equals verified_at; that the card does not mark the
+attestation}; that the attestation has only its four members (it is not
+signed); that attestation.key_version equals verify.key_version; that
+attestation.timestamp is the instant of verified_at, computed_at and
+inputs.window.to wherever the receipt has them (a trust score must carry
+computed_at), and that a score's inputs.window.from, oldest_evidence_at
+and newest_evidence_at are not after it; that the card does not mark the
 key compromised at the receipt's time, and that the time lies within the
 key's service life (createdAt to retiredAt, 5 minutes either side); with
 --request, every hash and the four request members above.
