@@ -850,13 +850,16 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	// unit spent, the upstream told "free") or demand a second payment
 	// that can never come, refusing every paid call. A gate cannot see
 	// the other gates of its request when it is provisioned, so this is
-	// decided per request.
+	// decided per request. The mark lasts while this gate handles the
+	// request, not after: handle_errors runs the same request again once
+	// it has returned, and a gate there prices what it serves itself.
 	if g.MCPTool == "" {
 		if caddyhttp.GetVar(r.Context(), varRoutePriced) != nil {
 			g.warnShadowed()
 			return next.ServeHTTP(w, r)
 		}
 		caddyhttp.SetVar(r.Context(), varRoutePriced, true)
+		defer caddyhttp.SetVar(r.Context(), varRoutePriced, nil)
 	}
 	if ae := screenUpgrade(r); ae != nil {
 		return g.refuse(w, r, ae) // upgrade.go

@@ -108,3 +108,48 @@ func TestShadowedRESTGateWarnsOnce(t *testing.T) {
 		t.Fatalf("warning %q %v", e.Message, e.ContextMap())
 	}
 }
+
+// A gate in handle_errors prices what it serves itself, after the route's
+// gate has handled the request and failed: the route's gate is not gating
+// it any more. (Before: the mark the route's gate set outlived it, and the
+// handle_errors gate passed the request on, serving its content unpaid.)
+// mcp_tool gates answer their calls' failures themselves, as tool results,
+// so handle_errors never runs after one.
+func TestHandleErrorsGatePricesItsOwnAnswer(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	base := startCaddy(t, fmt.Sprintf(`:{port} {
+	x402 /paid/* {
+		accept devnet $0.01 %[2]s
+		facilitator http {
+			url %[1]s
+		}
+		store badger {data}/gate
+		free_allowance {
+			per_day 5
+		}
+	}
+	route /paid/* {
+		error "boom" 500
+	}
+	handle_errors {
+		x402 {
+			accept devnet $0.05 %[2]s
+			facilitator http {
+				url %[1]s
+			}
+			store badger {data}/gate2
+		}
+		respond "premium fallback content" 200
+	}
+}
+`, fac, payTo.Hex()))
+	resp := post(t, base+"/paid/x", `{"a":1}`, nil)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusPaymentRequired || strings.Contains(string(b), "premium") {
+		t.Fatalf("unpaid call reaching handle_errors: %d %.200q; want the handle_errors gate's 402", resp.StatusCode, b)
+	}
+	if got := paymentRequired(t, resp).Accepts[0].Amount; got != "50000" {
+		t.Errorf("the 402 asks for %s; want the handle_errors gate's 50000", got)
+	}
+}
