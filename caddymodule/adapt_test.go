@@ -251,3 +251,32 @@ func TestExampleRateLimitsTheFacilitatorAPI(t *testing.T) {
 		})
 	}
 }
+
+// With AOV_SOLANA=off (make run without the local Solana chain) nothing in
+// the shipped Caddyfiles names solana-devnet: no 402 offers it, and neither
+// /facilitator/supported (Caddyfile.example's x402_facilitator) nor the
+// facilitator in its own process (examples/facilitator) lists it; with on,
+// the default, all three do. (Before: off left the 402 offers out only,
+// and /facilitator/ still declared solana-devnet, settled through an RPC
+// nothing had started.)
+func TestSolanaOffLeavesSolanaOut(t *testing.T) {
+	for _, file := range []string{"../Caddyfile.example", "../examples/facilitator/Caddyfile"} {
+		raw, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range []string{"", "on", "off"} {
+			t.Setenv("AOV_SOLANA", v)
+			if v == "" {
+				os.Unsetenv("AOV_SOLANA") // the default; t.Setenv restores it
+			}
+			out, _, err := caddyconfig.GetAdapter("caddyfile").Adapt(raw, map[string]any{"filename": file})
+			if err != nil {
+				t.Fatalf("%s with AOV_SOLANA=%q: %v", file, v, err)
+			}
+			if got, want := bytes.Contains(out, []byte("solana-devnet")), v != "off"; got != want {
+				t.Errorf("%s with AOV_SOLANA=%q names solana-devnet: %v, want %v", file, v, got, want)
+			}
+		}
+	}
+}

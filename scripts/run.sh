@@ -15,6 +15,9 @@
 #   AOV_VERIFIERD_METRICS_ADDR verifierd's /metrics         (default 127.0.0.1:9091)
 #   AOV_DEVNET_RPC_ADDR   the devnet chain's JSON-RPC       (default 127.0.0.1:8545)
 #   AOV_SOLANA_RPC_ADDR   the local Solana chain's JSON-RPC (default 127.0.0.1:8899)
+#   AOV_SOLANA            on: start the local Solana chain and offer it, when
+#                         interop's npm peers are installed; off: neither
+#                                                           (default on)
 #   AOV_FREE_PER_DAY      free verification calls per client and day (default 100)
 #   AOV_FREE_RATE         requests per client and minute to the free routes
 #                         and unpriced MCP messages (default 600)
@@ -71,8 +74,13 @@ die() { say "$*"; exit 1; }
 #    started. listen_vars is the one list of them: every listener started
 #    below takes its address from one of these variables.
 export AOV_FACILITATOR="${AOV_FACILITATOR:-devnet}"
+case "${AOV_SOLANA:=on}" in
+on | off) ;;
+*) die "AOV_SOLANA is on or off, not \"$AOV_SOLANA\"" ;;
+esac
+[ "$AOV_SOLANA" = on ] && [ ! -d interop/node_modules/litesvm ] && AOV_SOLANA=off solana_missing=1
 listen_vars=(AOV_HTTP_PORT AOV_VERIFIERD_ADDR AOV_CERTD_PUBLIC_ADDR AOV_ADMIN_ADDR AOV_VERIFIERD_METRICS_ADDR AOV_DEVNET_RPC_ADDR)
-[ -d interop/node_modules/litesvm ] && listen_vars+=(AOV_SOLANA_RPC_ADDR)
+[ "$AOV_SOLANA" = on ] && listen_vars+=(AOV_SOLANA_RPC_ADDR)
 if [ "$AOV_FACILITATOR" = remote ]; then
 	export AOV_FACILITATOR_ADDR="${AOV_FACILITATOR_ADDR:-127.0.0.1:8546}"
 	export AOV_FACILITATOR_ADMIN_ADDR="${AOV_FACILITATOR_ADMIN_ADDR:-localhost:2020}"
@@ -211,8 +219,8 @@ supervise verifierd "$bindir/verifierd" \
 # settle one, and a buyer would sign it for nothing.
 solana_new=""
 solana_banner=""
-if [ -d interop/node_modules/litesvm ]; then
-	export AOV_SOLANA=on
+export AOV_SOLANA
+if [ "$AOV_SOLANA" = on ]; then
 	solana_banner="    Solana RPC    http://$AOV_SOLANA_RPC_ADDR   (solana-devnet on litesvm; test wallets in $data/solana-chain.json)
 "
 	solana_new="$data/solana-chain.json.$$"
@@ -220,9 +228,10 @@ if [ -d interop/node_modules/litesvm ]; then
 	say "starting the local Solana chain on $AOV_SOLANA_RPC_ADDR (state is reset on restart)"
 	supervise solana-chain env HOST="${AOV_SOLANA_RPC_ADDR%:*}" PORT="${AOV_SOLANA_RPC_ADDR##*:}" \
 		bash -c 'exec node interop/solana-chain.mjs >"$0"' "$solana_new"
-else
-	export AOV_SOLANA=off
+elif [ -n "${solana_missing:-}" ]; then
 	say "interop/node_modules is missing (run: make interop-deps): no local Solana chain, so the priced routes offer devnet payments only"
+else
+	say "AOV_SOLANA=off: no local Solana chain, so the priced routes offer devnet payments only"
 fi
 
 # The facilitator as its own process (AOV_FACILITATOR=remote), with the
