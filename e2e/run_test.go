@@ -504,3 +504,24 @@ func TestRunScriptRefusesSecondsWithAUnit(t *testing.T) {
 		}
 	}
 }
+
+// AOV_SOLANA is on or off: any other value ("false", "0", which an on/off
+// switch invites) is refused at once, naming the variable, and starts
+// nothing. (Before: it was pasted into a snippet name, and Caddy's load
+// failed with "File to import not found: solana_offer_false".)
+func TestRunScriptRefusesAnAOVSolanaButOnOrOff(t *testing.T) {
+	for _, v := range []string{"false", "0", "yes", "ON"} {
+		data := filepath.Join(t.TempDir(), "data")
+		cmd := exec.Command("bash", filepath.Join(repoRoot, "scripts", "run.sh"))
+		cmd.Dir = repoRoot
+		cmd.Env = append(os.Environ(), "AOV_SOLANA="+v, "AOV_DATA="+data, "AOV_BIN="+filepath.Join(data, "bin"))
+		out, err := cmd.CombinedOutput()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(out), "AOV_SOLANA="+v+": must be on or off") {
+			t.Fatalf("AOV_SOLANA=%q: %v\n%s\nwant exit status 2 and the reason", v, err, out)
+		}
+		if strings.Contains(string(out), "started") || strings.Contains(string(out), "building") {
+			t.Fatalf("AOV_SOLANA=%q started something:\n%s", v, out)
+		}
+	}
+}

@@ -76,7 +76,10 @@ die() { say "$*"; exit 1; }
 export AOV_FACILITATOR="${AOV_FACILITATOR:-devnet}"
 case "${AOV_SOLANA:=on}" in
 on | off) ;;
-*) die "AOV_SOLANA is on or off, not \"$AOV_SOLANA\"" ;;
+*)
+	printf 'AOV_SOLANA=%q: must be on or off\n' "$AOV_SOLANA" >&2
+	exit 2
+	;;
 esac
 [ "$AOV_SOLANA" = on ] && [ ! -d interop/node_modules/litesvm ] && AOV_SOLANA=off solana_missing=1
 listen_vars=(AOV_HTTP_PORT AOV_VERIFIERD_ADDR AOV_CERTD_PUBLIC_ADDR AOV_ADMIN_ADDR AOV_VERIFIERD_METRICS_ADDR AOV_DEVNET_RPC_ADDR)
