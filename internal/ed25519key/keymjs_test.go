@@ -29,7 +29,7 @@ func TestReadmeKeyMjsAgreesWithCheck(t *testing.T) {
 	}
 	s := string(readme)
 	i := strings.Index(s, "   const P = 2n ** 255n - 19n;")
-	j := strings.Index(s, "   for (const f of [\"algorithm\"")
+	j := strings.Index(s, "   const four = [\"algorithm\"")
 	if i < 0 || j < i {
 		t.Fatal("weak() not found in README")
 	}
