@@ -101,6 +101,11 @@ type DevnetConfig struct {
 	// params.AllDevChainProtocolChanges, which prices storage by forks no
 	// public chain runs yet): tests measure gas as on a public chain.
 	forks *params.ChainConfig
+	// gasLimit replaces the blocks' gas limit (default go-ethereum's
+	// miner ceiling, 60M, four times what one transaction may use since
+	// EIP-7825): tests fill blocks with one transaction each to raise the
+	// base fee.
+	gasLimit uint64
 }
 
 // Devnet is an in-process development chain (go-ethereum's simulated
@@ -179,6 +184,12 @@ func StartDevnet(cfg DevnetConfig) (*Devnet, error) {
 	}
 	if cfg.forks != nil {
 		opts = append(opts, func(_ *node.Config, ec *ethconfig.Config) { ec.Genesis.Config = cfg.forks })
+	}
+	if cfg.gasLimit != 0 {
+		opts = append(opts, func(_ *node.Config, ec *ethconfig.Config) {
+			ec.Genesis.GasLimit = cfg.gasLimit
+			ec.Miner.GasCeil = cfg.gasLimit
+		})
 	}
 	backend, err := newBackend(alloc, opts)
 	if err != nil {

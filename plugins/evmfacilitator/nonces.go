@@ -48,63 +48,98 @@ type nonceManager struct {
 	next  uint64 // under lock
 	known bool   // under lock
 
-	// sent is each authorization's settlement transaction whose outcome
-	// its settle did not learn (noteSent), kept for every facilitator
-	// of the account, so that a retry resolves it instead of sending the
+	// sent is each authorization's settlement whose outcome its settle
+	// did not learn (noteSent), kept for every facilitator of the
+	// account, so that a retry resolves it instead of sending the
 	// authorization again.
 	sentMu sync.Mutex
-	sent   map[usedKey]sentSettlement
+	sent   map[usedKey]*sentSettlement
 }
 
-// sentSettlement is a settlement transaction whose outcome is unknown: tx,
-// sent after start, of an authorization valid before validBefore (Unix
-// seconds).
+// sentSettlement is a settlement whose outcome may be unknown: its
+// transactions, sent after start, of an authorization valid before
+// validBefore (Unix seconds). They are the first one sent and each
+// replacement of it at a higher fee (replace): all of one nonce and one
+// call, so at most one of them is ever mined, and a receipt of any is the
+// settlement's.
 type sentSettlement struct {
-	tx          *types.Transaction
 	start       time.Time
 	validBefore *big.Int
+
+	mu  sync.Mutex // held by replace while it signs and sends
+	txs []*types.Transaction
 }
 
-// noteSent records what became of s, the settlement transaction of the
-// authorization k (its token, payer and nonce): kept while its outcome is
-// unknown (err an *x402.UnknownOutcomeError) at t, forgotten once known. A
-// /settle retried after an unknown outcome (as the client is told to)
-// finds the authorization unused while that transaction is pending or
-// lost; sending it again would be a second transaction of one
-// authorization, bound to revert at the relayer's gas once the first
-// lands, and README promises one send per facilitator of the key. An entry
-// also goes when its authorization's validBefore passes (sentOf): no settle
-// of it passes the checks after that. At most usedCacheMax are kept; past
-// that an older one is dropped (makeRoom), and a retry of it may send again.
-func (n *nonceManager) noteSent(k usedKey, s sentSettlement, err error, t time.Time) {
+func newSentSettlement(tx *types.Transaction, start time.Time, validBefore *big.Int) *sentSettlement {
+	return &sentSettlement{start: start, validBefore: validBefore, txs: []*types.Transaction{tx}}
+}
+
+// all returns the settlement's transactions, the first sent first.
+func (s *sentSettlement) all() []*types.Transaction {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.txs)
+}
+
+// last returns the latest transaction sent, the one paying the highest fee.
+func (s *sentSettlement) last() *types.Transaction {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.txs[len(s.txs)-1]
+}
+
+// hashes returns the hashes of all its transactions.
+func (s *sentSettlement) hashes() []common.Hash {
+	var hs []common.Hash
+	for _, tx := range s.all() {
+		hs = append(hs, tx.Hash())
+	}
+	return hs
+}
+
+// has reports whether h is one of its transactions.
+func (s *sentSettlement) has(h common.Hash) bool { return slices.Contains(s.hashes(), h) }
+
+// noteSent records what became of s, the settlement of the authorization
+// k (its token, payer and nonce): kept while its outcome is unknown (err
+// an *x402.UnknownOutcomeError) at t, forgotten once known. A /settle
+// retried after an unknown outcome (as the client is told to) finds the
+// authorization unused while that transaction is pending or lost; sending
+// it again would be a second transaction of one authorization, bound to
+// revert at the relayer's gas once the first lands, and README promises
+// one send per facilitator of the key. An entry also goes when its
+// authorization's validBefore passes (sentOf): no settle of it passes the
+// checks after that. At most usedCacheMax are kept; past that an older one
+// is dropped (makeRoom), and a retry of it may send again.
+func (n *nonceManager) noteSent(k usedKey, s *sentSettlement, err error, t time.Time) {
 	var ue *x402.UnknownOutcomeError
 	n.sentMu.Lock()
 	defer n.sentMu.Unlock()
 	if !errors.As(err, &ue) {
-		if e, ok := n.sent[k]; ok && e.tx.Hash() == s.tx.Hash() {
+		if n.sent[k] == s {
 			delete(n.sent, k)
 		}
 		return
 	}
 	if n.sent == nil {
-		n.sent = map[usedKey]sentSettlement{}
+		n.sent = map[usedKey]*sentSettlement{}
 	}
 	if _, ok := n.sent[k]; !ok {
 		unix := big.NewInt(t.Unix())
-		makeRoom(n.sent, func(e sentSettlement) bool { return e.validBefore.Cmp(unix) <= 0 })
+		makeRoom(n.sent, func(e *sentSettlement) bool { return e.validBefore.Cmp(unix) <= 0 })
 	}
 	n.sent[k] = s
 }
 
-// sentOf returns the settlement transaction of authorization k whose
-// outcome is unknown, if any, and its authorization still valid at t.
-func (n *nonceManager) sentOf(k usedKey, t time.Time) (sentSettlement, bool) {
+// sentOf returns the settlement of authorization k whose outcome is
+// unknown, if any, and its authorization still valid at t.
+func (n *nonceManager) sentOf(k usedKey, t time.Time) (*sentSettlement, bool) {
 	n.sentMu.Lock()
 	defer n.sentMu.Unlock()
 	s, ok := n.sent[k]
 	if ok && s.validBefore.Cmp(big.NewInt(t.Unix())) <= 0 {
 		delete(n.sent, k)
-		return sentSettlement{}, false
+		return nil, false
 	}
 	return s, ok
 }

@@ -1,11 +1,13 @@
 package evmfacilitator
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log"
 	"math/big"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -47,9 +49,12 @@ import (
 //     unknown outcome is shared: nobody was answered success.
 //   - A settle of an authorization whose transaction, sent by any
 //     facilitator of the relayer key in the process, has an unknown
-//     outcome (a retry, as the caller is told to make) sends nothing: that
-//     transaction's outcome is resolved from the chain (resolve; kept by
-//     nonceManager.noteSent until known, or until validBefore).
+//     outcome (a retry, as the caller is told to make) sends no second
+//     transaction of it: that settlement's outcome is resolved from the
+//     chain (resolve; kept by nonceManager.noteSent until known, or until
+//     validBefore), and a transaction of it stuck pending is replaced at a
+//     higher fee with its own nonce (replace), which only one of them can
+//     use.
 //   - A settlement whose transaction lost the authorization to another
 //     one is judged by that one's sender (resolveUsed): another account's
 //     (a relay of the public authorization) that paid payTo is a success
@@ -190,9 +195,10 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 	k := usedKey{token: c.token, from: c.auth.From, nonce: c.auth.Nonce}
 	if s, ok := f.nonces.sentOf(k, start); ok {
 		// A retry after an unknown outcome: the chain decides that
-		// transaction's outcome (resolve), and nothing more is sent.
+		// settlement's outcome (resolve), and nothing more is sent but a
+		// replacement of its transaction at a higher fee.
 		sent.Store(true)
-		resp, err = f.resolve(c, s.tx, s.start, fmt.Errorf("an earlier settle of this authorization sent %s, and its outcome was unknown", s.tx.Hash().Hex()))
+		resp, err = f.resolve(c, s, fmt.Errorf("an earlier settle of this authorization sent %s, and its outcome was unknown", s.last().Hash().Hex()))
 		f.nonces.noteSent(k, s, err, now())
 		return resp, err
 	}
@@ -216,14 +222,14 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 	// its settlement, which can revert only at the gas its estimate needed
 	// (the payer moved its tokens or spent the nonce): its flight ends
 	// with the answer, counting nothing.
-	var sentTx *types.Transaction // may have reached the node
+	var sentSet *sentSettlement // may have reached the node
 	defer func() {
-		if sentTx != nil {
-			f.nonces.noteSent(k, sentSettlement{tx: sentTx, start: start, validBefore: c.auth.ValidBefore}, err, now())
+		if sentSet != nil {
+			f.nonces.noteSent(k, sentSet, err, now())
 		}
 		var ue *x402.UnknownOutcomeError
-		if errors.As(err, &ue) && sentTx != nil && f.mayRunCode(c) {
-			go f.follow(c, sentTx, start, ue.Err)
+		if errors.As(err, &ue) && sentSet != nil && f.mayRunCode(c) {
+			go f.follow(c, sentSet, ue.Err)
 			return
 		}
 		f.budget.end(c.flight, c.failed)
@@ -239,19 +245,19 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 			r := f.refuseGas(c.payer, "the settlement transaction", err)
 			return f.failure(r.resp.InvalidReason, c.payer, r.resp.InvalidMessage, ""), nil
 		case errors.As(err, &ue):
-			sentTx = ue.tx
-			return f.resolve(c, ue.tx, start, ue.err)
+			sentSet = newSentSettlement(ue.tx, start, c.auth.ValidBefore)
+			return f.resolve(c, sentSet, ue.err)
 		default:
 			return x402.SettleResponse{}, err
 		}
 	}
-	sentTx = tx
-	rcpt, err := f.waitReceipt(ctx, tx.Hash())
+	sentSet = newSentSettlement(tx, start, c.auth.ValidBefore)
+	tx, rcpt, err := f.waitReceipt(ctx, sentSet)
 	if err != nil {
-		return f.resolve(c, tx, start, err)
+		return f.resolve(c, sentSet, err)
 	}
 	if rcpt.Status != types.ReceiptStatusSuccessful {
-		return f.reverted(ctx, c, tx, rcpt, start)
+		return f.reverted(ctx, c, sentSet, tx, rcpt)
 	}
 	if !hasTransfer(rcpt, c.token, c.auth) {
 		return f.failure(x402.ReasonExactEVMTransactionFailed, c.payer, "the settlement transaction has no matching Transfer event", tx.Hash().Hex()), nil
@@ -259,9 +265,10 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 	return f.success(c, tx.Hash().Hex()), nil
 }
 
-// follow learns the outcome of tx, c's settlement transaction of a payer
-// with code, which settle answered as unknown (cause), and only then ends
-// c's flight: a receipt is awaited for another ReceiptTimeout, whatever
+// follow learns the outcome of s, c's settlement of a payer with code,
+// which settle answered as unknown (cause), and only then ends c's flight:
+// a receipt of any of its transactions is awaited for another
+// ReceiptTimeout, whatever
 // became of settle's caller (its deadline, the gateway's settle deadline,
 // is often shorter), and judged as settle judges it (judgeOwn); without
 // one, the chain is read once more (resolve). A settlement that paid
@@ -269,23 +276,23 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 // recorded as reverted judges it; one whose outcome is still unknown, or
 // whose judgement panicked, counts as a failure: it may revert unseen, at
 // the relayer's gas.
-func (f *Facilitator) follow(c *checked, tx *types.Transaction, start time.Time, cause error) {
+func (f *Facilitator) follow(c *checked, s *sentSettlement, cause error) {
 	failed := true
 	defer func() {
 		if rec := recover(); rec != nil {
-			log.Printf("evm facilitator: following settlement %s panicked: %v", tx.Hash().Hex(), rec)
+			log.Printf("evm facilitator: following settlement %s panicked: %v", s.last().Hash().Hex(), rec)
 		}
 		f.budget.end(c.flight, failed)
 	}()
 	var err error
-	if rcpt, werr := f.waitReceipt(context.Background(), tx.Hash()); werr != nil {
-		_, err = f.resolve(c, tx, start, fmt.Errorf("%v; then %w", cause, werr))
+	if tx, rcpt, werr := f.waitReceipt(context.Background(), s); werr != nil {
+		_, err = f.resolve(c, s, fmt.Errorf("%v; then %w", cause, werr))
 	} else {
-		_, err = f.judgeOwn(context.Background(), c, tx, rcpt, start, cause)
+		_, err = f.judgeOwn(context.Background(), c, s, tx, rcpt, cause)
 	}
 	var ue *x402.UnknownOutcomeError
 	failed = c.failed || errors.As(err, &ue)
-	f.nonces.noteSent(usedKey{token: c.token, from: c.auth.From, nonce: c.auth.Nonce}, sentSettlement{tx: tx, start: start, validBefore: c.auth.ValidBefore}, err, now())
+	f.nonces.noteSent(usedKey{token: c.token, from: c.auth.From, nonce: c.auth.Nonce}, s, err, now())
 }
 
 // mayRunCode reports whether c's checks found code at its payer (payerCode
@@ -537,21 +544,24 @@ func isFundsError(msg string) bool {
 	return strings.Contains(msg, "insufficient funds")
 }
 
-// waitReceipt polls for the receipt until it arrives, ReceiptTimeout passes
-// or ctx ends.
-func (f *Facilitator) waitReceipt(ctx context.Context, h common.Hash) (*types.Receipt, error) {
+// waitReceipt polls for a receipt of any of s's transactions (one of them
+// at most is mined: they share a nonce) until one arrives, ReceiptTimeout
+// passes or ctx ends, and returns it with its transaction.
+func (f *Facilitator) waitReceipt(ctx context.Context, s *sentSettlement) (*types.Transaction, *types.Receipt, error) {
 	ctx, cancel := context.WithTimeout(ctx, f.cfg.ReceiptTimeout)
 	defer cancel()
 	t := time.NewTicker(f.cfg.PollInterval)
 	defer t.Stop()
 	for {
 		// Not found yet, or a transport error: keep trying until the deadline.
-		if r, err := f.chain.TransactionReceipt(ctx, h); err == nil {
-			return r, nil
+		for _, tx := range s.all() {
+			if r, err := f.chain.TransactionReceipt(ctx, tx.Hash()); err == nil {
+				return tx, r, nil
+			}
 		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("waiting for the settlement receipt: %w", ctx.Err())
+			return nil, nil, fmt.Errorf("waiting for the settlement receipt: %w", ctx.Err())
 		case <-t.C:
 		}
 	}
@@ -561,18 +571,20 @@ func (f *Facilitator) waitReceipt(ctx context.Context, h common.Hash) (*types.Re
 // even when the caller's context has ended.
 const resolveTimeout = 10 * time.Second
 
-// resolve decides an unknown outcome of our transaction tx, sent after
-// start, from the chain. The authorization used: judged by the transaction
-// that used it, ours looked at first (usedStatus, the judgement the status
-// readers make). Unused: our transaction, if mined, is judged by its
-// receipt (judgeReceipt: the nonce read may come from a node a block
-// behind the one that has the receipt); not found, it is not settled only
-// once the authorization can no longer execute (neverExecutes), and then
-// its nonce goes back to the chain's; while it still can, it is sent again
-// (rebroadcast) and stays unknown. Anything else stays unknown: "not found"
-// on one node proves nothing while the transaction may still land, and the
-// gateway keeps such a payment pending and resolves it later.
-func (f *Facilitator) resolve(c *checked, tx *types.Transaction, start time.Time, cause error) (x402.SettleResponse, error) {
+// resolve decides an unknown outcome of our settlement s from the chain.
+// The authorization used: judged by the transaction that used it, ours
+// looked at first (usedStatus, the judgement the status readers make), any
+// of s's transactions being ours. Unused: whichever of s's transactions is
+// mined is judged by its receipt (judgeReceipt: the nonce read may come
+// from a node a block behind the one that has the receipt); one still
+// pending may be stuck below the base fee, and is replaced at a higher fee
+// (replace) and stays unknown; none found, it is not settled only once the
+// authorization can no longer execute (neverExecutes), and then its nonce
+// goes back to the chain's; while it still can, the latest is sent again
+// (rebroadcast) and stays unknown. Anything else stays unknown: "not
+// found" on one node proves nothing while the transaction may still land,
+// and the gateway keeps such a payment pending and resolves it later.
+func (f *Facilitator) resolve(c *checked, s *sentSettlement, cause error) (x402.SettleResponse, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), resolveTimeout)
 	defer cancel()
 	unknown := func(err error) (x402.SettleResponse, error) {
@@ -583,38 +595,53 @@ func (f *Facilitator) resolve(c *checked, tx *types.Transaction, start time.Time
 		return unknown(fmt.Errorf("%v; then reading authorizationState: %w", cause, err))
 	}
 	if used {
-		resp, _, err := f.resolveUsed(ctx, c, tx, start, cause)
+		resp, _, err := f.resolveUsed(ctx, c, s, cause)
 		return resp, err
 	}
-	// Unused, as far as that node knows. If our transaction is still
-	// pending it may yet execute; mined, its receipt tells.
-	_, pending, err := f.chain.TransactionByHash(ctx, tx.Hash())
-	switch {
-	case errors.Is(err, ethereum.NotFound):
-		never, err := f.neverExecutes(ctx, c, tx)
+	// Unused, as far as that node knows. A transaction of s still pending
+	// may yet execute; mined, its receipt tells.
+	txs := s.all()
+	var pending *types.Transaction
+	var lookupErr error
+	for _, tx := range slices.Backward(txs) {
+		_, isPending, err := f.chain.TransactionByHash(ctx, tx.Hash())
 		switch {
+		case errors.Is(err, ethereum.NotFound): // replaced, lost, or not yet seen by this node
+			continue
 		case err != nil:
-			return unknown(fmt.Errorf("%v; the transaction %s is not known to the node, and whether it can still execute is unknown: %w", cause, tx.Hash().Hex(), err))
-		case never == nil:
-			return unknown(fmt.Errorf("%v; the transaction %s is not known to the node, yet may still execute (the authorization is unused and valid, the relayer's nonce not past it): %s", cause, tx.Hash().Hex(), f.rebroadcast(ctx, tx)))
-		case never.used:
-			resp, _, err := f.resolveUsed(ctx, c, tx, start, cause)
-			return resp, err
+			lookupErr = err
+			continue
+		case isPending:
+			pending = cmp.Or(pending, tx)
+			continue
 		}
-		// Lost for good: its nonce, when the chain has not used it, is a
-		// gap every later transaction of the relayer would wait behind.
-		f.nonces.forget()
-		return f.failure(x402.ReasonExactEVMTransactionFailed, c.payer, "the settlement did not execute and no longer can ("+never.why+"); nothing was transferred", ""), nil
+		rcpt, err := f.chain.TransactionReceipt(ctx, tx.Hash())
+		if err != nil {
+			return unknown(fmt.Errorf("%v; the transaction %s is mined, but its receipt cannot be read: %w", cause, tx.Hash().Hex(), err))
+		}
+		return f.judgeOwn(ctx, c, s, tx, rcpt, cause)
+	}
+	switch {
+	case pending != nil:
+		return unknown(fmt.Errorf("%v; the transaction %s is still pending: %s", cause, pending.Hash().Hex(), f.replace(ctx, c, s)))
+	case lookupErr != nil:
+		return unknown(fmt.Errorf("%v; then looking up the transaction: %w", cause, lookupErr))
+	}
+	tx := txs[len(txs)-1]
+	never, err := f.neverExecutes(ctx, c, tx.Nonce())
+	switch {
 	case err != nil:
-		return unknown(fmt.Errorf("%v; then looking up the transaction: %w", cause, err))
-	case pending:
-		return unknown(fmt.Errorf("%v; the transaction %s is still pending", cause, tx.Hash().Hex()))
+		return unknown(fmt.Errorf("%v; the transaction %s is not known to the node, and whether it can still execute is unknown: %w", cause, tx.Hash().Hex(), err))
+	case never == nil:
+		return unknown(fmt.Errorf("%v; the transaction %s is not known to the node, yet may still execute (the authorization is unused and valid, the relayer's nonce not past it): %s", cause, tx.Hash().Hex(), f.rebroadcast(ctx, tx)))
+	case never.used:
+		resp, _, err := f.resolveUsed(ctx, c, s, cause)
+		return resp, err
 	}
-	rcpt, err := f.chain.TransactionReceipt(ctx, tx.Hash())
-	if err != nil {
-		return unknown(fmt.Errorf("%v; the transaction %s is mined, but its receipt cannot be read: %w", cause, tx.Hash().Hex(), err))
-	}
-	return f.judgeOwn(ctx, c, tx, rcpt, start, cause)
+	// Lost for good: its nonce, when the chain has not used it, is a
+	// gap every later transaction of the relayer would wait behind.
+	f.nonces.forget()
+	return f.failure(x402.ReasonExactEVMTransactionFailed, c.payer, "the settlement did not execute and no longer can ("+never.why+"); nothing was transferred", ""), nil
 }
 
 // rebroadcast sends our transaction tx, which the node does not know though
@@ -645,11 +672,12 @@ func (f *Facilitator) rebroadcast(ctx context.Context, tx *types.Transaction) st
 }
 
 // resolveUsed is resolve's answer for an authorization whose nonce is used,
-// by our transaction tx or another: usedStatus's judgement, with excused
+// by a transaction of our settlement s or another: usedStatus's judgement,
+// with excused
 // true when the transaction that used it paid payTo, whoever sent it
 // (reverted: a revert behind the payment made is not the payer's doing).
-// One that is not tx is
-// judged by its sender too: another account's is a relay of the payer's
+// One that is none of s's (a replacement at a higher fee is s's own, the
+// settlement's success) is judged by its sender too: another account's is a relay of the payer's
 // authorization (public once sent: the payer's own client, anyone watching
 // the mempool), which settled this payment for us, a success naming it;
 // our relayer's is another settle of this payment (a retry after an
@@ -657,11 +685,11 @@ func (f *Facilitator) rebroadcast(ctx context.Context, tx *types.Transaction) st
 // which answers that success itself, so this one is its duplicate
 // (settledBy). A sender that cannot be read leaves the outcome unknown,
 // not a guess either way.
-func (f *Facilitator) resolveUsed(ctx context.Context, c *checked, tx *types.Transaction, start time.Time, cause error) (resp x402.SettleResponse, excused bool, err error) {
+func (f *Facilitator) resolveUsed(ctx context.Context, c *checked, s *sentSettlement, cause error) (resp x402.SettleResponse, excused bool, err error) {
 	unknown := func(err error) (x402.SettleResponse, bool, error) {
 		return x402.SettleResponse{}, false, &x402.UnknownOutcomeError{Op: "settle", Err: fmt.Errorf("%v; then: %w", cause, err)}
 	}
-	st, err := f.usedStatus(ctx, c.token, c.auth, tx.Hash(), start)
+	st, err := f.usedStatus(ctx, c.token, c.auth, s.hashes(), s.start)
 	switch {
 	case err != nil:
 		return unknown(err)
@@ -669,7 +697,7 @@ func (f *Facilitator) resolveUsed(ctx context.Context, c *checked, tx *types.Tra
 		return f.failure(st.Reason, c.payer, "the authorization's nonce was used without paying (cancelled, or spent by another authorization); nothing was transferred to payTo", ""), false, nil
 	}
 	by := common.HexToHash(st.Transaction)
-	if by == tx.Hash() {
+	if s.has(by) {
 		return f.success(c, st.Transaction), false, nil
 	}
 	ours, err := f.sentByRelayer(ctx, by)
@@ -697,12 +725,13 @@ func (f *Facilitator) sentByRelayer(ctx context.Context, h common.Hash) (bool, e
 	return from == f.relayer, nil
 }
 
-// judgeOwn judges our own mined transaction by its receipt, as the status
+// judgeOwn judges our own mined transaction tx, one of settlement s's, by
+// its receipt, as the status
 // readers judge any (judgeReceipt): the authorization's nonce log followed
 // by its Transfer is a settlement; a receipt without the nonce log is a
 // transaction that did not transfer, proven only when it reverted
 // (reverted); any other receipt is unknown.
-func (f *Facilitator) judgeOwn(ctx context.Context, c *checked, tx *types.Transaction, rcpt *types.Receipt, start time.Time, cause error) (x402.SettleResponse, error) {
+func (f *Facilitator) judgeOwn(ctx context.Context, c *checked, s *sentSettlement, tx *types.Transaction, rcpt *types.Receipt, cause error) (x402.SettleResponse, error) {
 	st, found, err := judgeReceipt(rcpt, c.token, c.auth)
 	switch {
 	case err != nil:
@@ -712,12 +741,13 @@ func (f *Facilitator) judgeOwn(ctx context.Context, c *checked, tx *types.Transa
 	case found:
 		return f.failure(st.Reason, c.payer, "the settlement transaction used the authorization's nonce without paying payTo; nothing was transferred to payTo", tx.Hash().Hex()), nil
 	case rcpt.Status != types.ReceiptStatusSuccessful:
-		return f.reverted(ctx, c, tx, rcpt, start)
+		return f.reverted(ctx, c, s, tx, rcpt)
 	}
 	return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Err: fmt.Errorf("%v; the transaction %s succeeded without the authorization's nonce log", cause, tx.Hash().Hex())}
 }
 
-// reverted judges our settlement transaction tx, mined and reverted. It
+// reverted judges our settlement transaction tx (one of s's), mined and
+// reverted. It
 // changed nothing, yet the authorization may have been used by another
 // transaction (anyone may submit it: the payer's own client, another
 // facilitator), which is what made ours revert; so the nonce is read at
@@ -740,7 +770,7 @@ func (f *Facilitator) judgeOwn(ctx context.Context, c *checked, tx *types.Transa
 // could still cause (one authorization under many signature encodings of
 // a contract wallet) join within a facilitator (Settle keys on the
 // digest), so they are bounded by the number of facilitators of the key.
-func (f *Facilitator) reverted(ctx context.Context, c *checked, tx *types.Transaction, rcpt *types.Receipt, start time.Time) (resp x402.SettleResponse, err error) {
+func (f *Facilitator) reverted(ctx context.Context, c *checked, s *sentSettlement, tx *types.Transaction, rcpt *types.Receipt) (resp x402.SettleResponse, err error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resolveTimeout)
 	defer cancel()
 	excused := false
@@ -751,7 +781,7 @@ func (f *Facilitator) reverted(ctx context.Context, c *checked, tx *types.Transa
 		return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Err: fmt.Errorf("%v; then reading authorizationState at its block: %w", cause, err)}
 	}
 	if used {
-		resp, excused, err = f.resolveUsed(ctx, c, tx, start, cause)
+		resp, excused, err = f.resolveUsed(ctx, c, s, cause)
 		return resp, err
 	}
 	reason := x402.ReasonExactEVMTransactionFailed
@@ -773,17 +803,17 @@ type finality struct {
 	why  string
 }
 
-// neverExecutes tells whether our transaction tx, which the node does not
-// know, can no longer transfer: nil when it may still. Both facts are read
+// neverExecutes tells whether our transaction of nonce, which the node
+// does not know, can no longer transfer: nil when it may still. Both facts are read
 // at one block, the head, so that nodes behind a load balancer cannot
 // combine a stale answer with a fresh one: the authorization is unused at
 // that block, and either its validBefore is at or before the block's time
 // (the token requires block.timestamp < validBefore, and block time never
 // goes back, as SentSettlementStatus rules) or the relayer's nonce at that
-// block is past tx's (whatever took tx's nonce was mined by then, and the
-// nonce unused after it, so tx, ours or not, did not transfer and never
-// will). Used at that block: the caller judges it.
-func (f *Facilitator) neverExecutes(ctx context.Context, c *checked, tx *types.Transaction) (*finality, error) {
+// block is past nonce (whatever took it was mined by then, and the
+// authorization unused after it, so no transaction of that nonce, ours or
+// not, transferred, and none ever will). Used at that block: the caller judges it.
+func (f *Facilitator) neverExecutes(ctx context.Context, c *checked, nonce uint64) (*finality, error) {
 	head, err := f.headBlock(ctx)
 	if err != nil {
 		return nil, err
@@ -796,7 +826,7 @@ func (f *Facilitator) neverExecutes(ctx context.Context, c *checked, tx *types.T
 		if err != nil {
 			return nil, fmt.Errorf("reading the relayer's nonce at block %d: %w", head.Number, err)
 		}
-		if n <= tx.Nonce() {
+		if n <= nonce {
 			return nil, nil
 		}
 		why = "the relayer's nonce moved past it, and the authorization is unused"

@@ -16,9 +16,10 @@ import (
 
 // fakeHeldSends is a fake for a node that has the first settlement
 // transaction pending and mines it only once release is called: a slow
-// chain, a congested block, a transaction stuck behind a fee spike, landing
-// after the facilitator's receipt wait ended. Until then the node answers
-// for it as pending. Every send is kept (sends).
+// chain, a congested block, landing after the facilitator's receipt wait
+// ended. Until then the node answers for it, and for every replacement of
+// it (its nonce), as pending, and mines none of them. Every send is kept
+// (sends).
 type fakeHeldSends struct {
 	Chain
 	mu       sync.Mutex
@@ -30,7 +31,7 @@ type fakeHeldSends struct {
 func (c *fakeHeldSends) SendTransaction(ctx context.Context, tx *types.Transaction) error {
 	c.mu.Lock()
 	c.sends = append(c.sends, tx)
-	hold := c.held == nil || (tx.Hash() == c.held.Hash() && !c.released)
+	hold := c.held == nil || (tx.Nonce() == c.held.Nonce() && !c.released)
 	if c.held == nil {
 		c.held = tx
 	}
@@ -44,12 +45,31 @@ func (c *fakeHeldSends) SendTransaction(ctx context.Context, tx *types.Transacti
 func (c *fakeHeldSends) TransactionByHash(ctx context.Context, h common.Hash) (*types.Transaction, bool, error) {
 	c.mu.Lock()
 	held := c.held
-	pending := held != nil && held.Hash() == h && !c.released
+	var pending *types.Transaction
+	if held != nil && !c.released {
+		for _, tx := range c.sends {
+			if tx.Hash() == h && tx.Nonce() == held.Nonce() {
+				pending = tx
+			}
+		}
+	}
 	c.mu.Unlock()
-	if pending {
-		return held, true, nil
+	if pending != nil {
+		return pending, true, nil
 	}
 	return c.Chain.TransactionByHash(ctx, h)
+}
+
+// sentNonces returns the first transaction sent and how many nonces the
+// sends used.
+func (c *fakeHeldSends) sentNonces() (*types.Transaction, int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	nonces := map[uint64]bool{}
+	for _, tx := range c.sends {
+		nonces[tx.Nonce()] = true
+	}
+	return c.sends[0], len(nonces)
 }
 
 func (c *fakeHeldSends) release(ctx context.Context) error {
@@ -65,7 +85,8 @@ func (c *fakeHeldSends) release(ctx context.Context) error {
 // send per facilitator of the key". A /settle retried after an unknown
 // outcome, while the first transaction is still pending, resolves that
 // transaction instead of sending the authorization again: unknown while it
-// is pending, success by its receipt once it is mined, through any
+// is pending (replaced at a higher fee, its nonce kept: one nonce is mined
+// once), success by its receipt once it is mined, through any
 // facilitator of the relayer key in the process. (Before: the retry sent a
 // second transaction, which reverted at the relayer's gas once the first,
 // with the lower nonce, landed.)
@@ -96,12 +117,9 @@ func TestRetryAfterUnknownOutcomeSendsNoSecondTransaction(t *testing.T) {
 			t.Errorf("retry %d while the transaction is pending = %+v, %v; want an unknown outcome", i+1, r, err)
 		}
 	}
-	hc.mu.Lock()
-	n := len(hc.sends)
-	first := hc.sends[0]
-	hc.mu.Unlock()
+	first, n := hc.sentNonces()
 	if n != 1 {
-		t.Fatalf("one authorization was sent %d times; want once", n)
+		t.Fatalf("one authorization was sent with %d nonces; want one", n)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -121,11 +139,8 @@ func TestRetryAfterUnknownOutcomeSendsNoSecondTransaction(t *testing.T) {
 	if err != nil || r.Success || r.ErrorReason != x402.ReasonExactEVMNonceAlreadyUsed || r.Transaction != first.Hash().Hex() {
 		t.Errorf("replay after the resolved retry = %+v, %v; want %s naming %s", r, err, x402.ReasonExactEVMNonceAlreadyUsed, first.Hash().Hex())
 	}
-	hc.mu.Lock()
-	n = len(hc.sends)
-	hc.mu.Unlock()
-	if n != 1 {
-		t.Errorf("one authorization was sent %d times; want once", n)
+	if _, n = hc.sentNonces(); n != 1 {
+		t.Errorf("one authorization was sent with %d nonces; want one", n)
 	}
 }
 
@@ -137,10 +152,10 @@ func TestSentSettlementsAreKeptWhileTheyCanMatter(t *testing.T) {
 	n := newNonceManager(common.Address{1})
 	unknown := &x402.UnknownOutcomeError{Op: "settle", Err: errors.New("pending")}
 	t0 := time.Unix(1_000_000, 0)
-	sent := func(i int, validBefore int64) (usedKey, sentSettlement) {
+	sent := func(i int, validBefore int64) (usedKey, *sentSettlement) {
 		k := usedKey{nonce: [32]byte{byte(i), byte(i >> 8)}}
 		tx := types.NewTx(&types.DynamicFeeTx{Nonce: uint64(i)})
-		return k, sentSettlement{tx: tx, start: t0, validBefore: big.NewInt(validBefore)}
+		return k, newSentSettlement(tx, t0, big.NewInt(validBefore))
 	}
 	k, s := sent(0, t0.Unix()+60)
 	n.noteSent(k, s, unknown, t0)

@@ -79,11 +79,11 @@ func (f *Facilitator) SentSettlementStatus(ctx context.Context, p x402.PaymentPa
 		return st, unknownStatus(fmt.Errorf("reading authorizationState: %w", err))
 	}
 	if used {
-		var hint common.Hash
+		var hints []common.Hash
 		if b := common.FromHex(sent.Transaction); len(b) == common.HashLength && strings.HasPrefix(sent.Transaction, "0x") {
-			hint = common.BytesToHash(b)
+			hints = f.sentWith(usedKey{token: token, from: auth.From, nonce: auth.Nonce}, common.BytesToHash(b))
 		}
-		u, err := f.usedStatus(ctx, token, auth, hint, sent.After)
+		u, err := f.usedStatus(ctx, token, auth, hints, sent.After)
 		u.Payer = st.Payer
 		if err != nil {
 			return u, unknownStatus(err)
@@ -101,6 +101,21 @@ func (f *Facilitator) SentSettlementStatus(ctx context.Context, p x402.PaymentPa
 		st.State = x402.SettlementNever
 	}
 	return st, nil
+}
+
+// sentWith returns h and, when h is a transaction of a settlement of the
+// authorization k this process keeps (its outcome unknown when its settle
+// answered), every other transaction sent for it: a replacement at a
+// higher fee may be the one mined, and the answer the gateway kept named
+// the one sent first.
+func (f *Facilitator) sentWith(k usedKey, h common.Hash) []common.Hash {
+	if f.nonces == nil { // a StatusReader's: it sends nothing
+		return []common.Hash{h}
+	}
+	if s, ok := f.nonces.sentOf(k, now()); ok && s.has(h) {
+		return s.hashes()
+	}
+	return []common.Hash{h}
 }
 
 // unknownStatus marks err, a failure to tell whether a payment settled
@@ -151,10 +166,11 @@ var (
 // transaction that used it: done (naming that transaction) when it carries
 // the authorization's Transfer; never when the nonce was cancelled or spent
 // without it, since the authorization can no longer execute; an error,
-// never done, when that transaction cannot be found or read. hint, when
-// not zero, is a transaction that may be it (our own settlement, or the one
-// the facilitator named), looked at first by its receipt; otherwise, or
-// when it is not, the nonce's log is searched for from after on and the
+// never done, when that transaction cannot be found or read. hints are
+// transactions that may be it (our own settlement's, its replacements
+// included, or the one the facilitator named and those sent for the same
+// settlement), looked at first by their receipts; without one, or when
+// none is it, the nonce's log is searched for from after on and the
 // transaction judged by its logs (findNonceUse), never by its receipt,
 // which whoever sent it chose the size of. The embedded facilitator's
 // Settle and every status reader judge by this one function, so they agree.
@@ -175,9 +191,9 @@ var (
 // error (the outcome is unknown), remembered for its window; one that
 // failed, or whose logs lag the nonce's state (logsCaughtUp), is not
 // remembered.
-func (f *Facilitator) usedStatus(ctx context.Context, token common.Address, a x402.AuthorizationValues, hint common.Hash, after time.Time) (x402.SettlementStatus, error) {
-	if hint != (common.Hash{}) {
-		if r, err := f.chain.TransactionReceipt(ctx, hint); err == nil {
+func (f *Facilitator) usedStatus(ctx context.Context, token common.Address, a x402.AuthorizationValues, hints []common.Hash, after time.Time) (x402.SettlementStatus, error) {
+	for _, h := range hints {
+		if r, err := f.chain.TransactionReceipt(ctx, h); err == nil {
 			if st, found, err := judgeReceipt(r, token, a); found || err != nil {
 				return st, err
 			}

@@ -1,0 +1,143 @@
+package evmfacilitator
+
+import (
+	"context"
+	"fmt"
+	"math/big"
+
+	"github.com/ethereum/go-ethereum/core/types"
+)
+
+// The bounds of replace, the most a stuck settlement may cost the relayer
+// more than its first quote: constants, since the facilitator's options
+// (Config, the Caddyfile's evm block) have no fee settings.
+const (
+	// maxFeeBumps is how many times one settlement's transaction is
+	// replaced: with each bump at least 12.5% (feeBump), five raise its
+	// fees at least 1.8 times, and as far as twice the base fee of the
+	// moment plus the tip each time.
+	maxFeeBumps = 5
+	// maxReplacementFeeCap is the highest fee per gas (fee cap, or legacy
+	// gas price) a replacement pays, 500 gwei: above Ethereum mainnet's
+	// spikes of recent years, thousands of times Base's usual fee. A
+	// replacement never pays more; one that would need more to be taken
+	// by the node (feeBump) is not sent, and the settlement stays pending.
+	maxReplacementFeeCap = 500_000_000_000
+)
+
+// feeBump raises a fee by 12.5%, rounding up: go-ethereum's pool takes a
+// transaction of a nonce it holds only when both its tip and its fee cap
+// are at least 10% above the held one's (Nethermind, Erigon and Besu ask
+// as much or less), and the extra leaves room for a node's own rounding.
+func feeBump(x *big.Int) *big.Int {
+	n := new(big.Int).Mul(x, big.NewInt(9))
+	return n.Add(n, big.NewInt(7)).Div(n, big.NewInt(8))
+}
+
+// replace replaces the latest transaction of settlement s, pending past its
+// wait, with the same call from the same nonce at a higher fee, signed by
+// the relayer, and says what became of it for the unknown outcome's
+// message. The fee was quoted at twice the base fee plus the tip (quote):
+// a base fee that rose past it for longer than the wait leaves the
+// transaction in the pool unmined, and every later transaction of the
+// relayer waits behind its nonce (the nonce manager, and after a restart
+// the pending nonce, count it). The replacement pays at least feeBump of
+// each fee and at least twice the head's base fee plus the tip the node
+// suggests; one is sent only while the transaction is the relayer's next
+// to be mined (one waiting behind another of ours is not stuck on its own
+// fee), at most maxFeeBumps times per settlement, and never above
+// maxReplacementFeeCap. Every transaction sent is kept in s, whatever the
+// node answered but a proven refusal: any of them may be the one mined,
+// and its receipt is the settlement's (resolve). s's lock serializes
+// replacements of one settlement (a retry's resolve and follow's).
+func (f *Facilitator) replace(ctx context.Context, c *checked, s *sentSettlement) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old := s.txs[len(s.txs)-1]
+	if len(s.txs) > maxFeeBumps {
+		return fmt.Sprintf("it was replaced at a higher fee %d times already, the most it is", maxFeeBumps)
+	}
+	head, err := f.headBlock(ctx)
+	if err != nil {
+		return "not replaced: " + err.Error()
+	}
+	if expiredAt(c.auth, head) {
+		return "not replaced: the authorization has expired, and a replacement could only revert"
+	}
+	next, err := f.chain.NonceAt(ctx, f.relayer, head.Number)
+	switch {
+	case err != nil:
+		return fmt.Sprintf("not replaced: reading the relayer's nonce: %v", err)
+	case next < old.Nonce():
+		return "not replaced: it waits behind an earlier transaction of the relayer"
+	case next > old.Nonce():
+		return "not replaced: its nonce was used meanwhile"
+	}
+	q, err := f.bumpedFees(ctx, old, head)
+	if err != nil {
+		return "not replaced: " + err.Error()
+	}
+	tx, err := types.SignNewTx(f.key, f.signer, q.tx(f.chainID, old.Nonce(), old.Gas(), *old.To(), old.Data()))
+	if err != nil {
+		return "not replaced: signing: " + err.Error()
+	}
+	err = f.chain.SendTransaction(ctx, tx)
+	taken, refused, reason := false, false, ""
+	if err != nil {
+		taken, refused, reason = sendAnswer(err)
+	}
+	if refused {
+		return "replacing it at a higher fee was refused (" + reason + ")"
+	}
+	s.txs = append(s.txs, tx)
+	if err != nil && !taken {
+		return fmt.Sprintf("it was replaced at a higher fee by %s, whose send had no answer (%v)", tx.Hash().Hex(), err)
+	}
+	return fmt.Sprintf("it was replaced at a higher fee by %s (replacement %d of at most %d)", tx.Hash().Hex(), len(s.txs)-1, maxFeeBumps)
+}
+
+// bumpedFees are the fees of a replacement of old at head (replace).
+func (f *Facilitator) bumpedFees(ctx context.Context, old *types.Transaction, head *types.Header) (*fees, error) {
+	limit := big.NewInt(maxReplacementFeeCap)
+	if old.Type() == types.LegacyTxType {
+		price, err := f.chain.SuggestGasPrice(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("suggesting a gas price: %w", err)
+		}
+		price = bigMax(feeBump(old.GasPrice()), price)
+		if price.Cmp(limit) > 0 {
+			price = limit
+		}
+		if price.Cmp(feeBump(old.GasPrice())) < 0 {
+			return nil, fmt.Errorf("a replacement would pay more than %d wei per gas", maxReplacementFeeCap)
+		}
+		return &fees{price: price}, nil
+	}
+	if head.BaseFee == nil {
+		return nil, fmt.Errorf("the head block %d has no base fee", head.Number)
+	}
+	tip, err := f.chain.SuggestGasTipCap(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("suggesting a gas tip: %w", err)
+	}
+	minTip, minCap := feeBump(old.GasTipCap()), feeBump(old.GasFeeCap())
+	tip = bigMax(minTip, tip)
+	feeCap := bigMax(minCap, new(big.Int).Add(new(big.Int).Mul(head.BaseFee, big.NewInt(2)), tip))
+	if feeCap.Cmp(limit) > 0 {
+		feeCap = limit
+	}
+	if tip.Cmp(feeCap) > 0 {
+		tip = new(big.Int).Set(feeCap)
+	}
+	if feeCap.Cmp(minCap) < 0 || tip.Cmp(minTip) < 0 {
+		return nil, fmt.Errorf("a replacement would pay more than %d wei per gas", maxReplacementFeeCap)
+	}
+	return &fees{tip: tip, feeCap: feeCap}, nil
+}
+
+func bigMax(a, b *big.Int) *big.Int {
+	if a.Cmp(b) >= 0 {
+		return a
+	}
+	return b
+}
