@@ -6,6 +6,7 @@ import (
 	"math/big"
 
 	"github.com/ethereum/go-ethereum/core/types"
+	"github.com/ethereum/go-ethereum/params"
 )
 
 // The bounds of replace, the most a stuck settlement may cost the relayer
@@ -48,21 +49,28 @@ func feeBump(x *big.Int) *big.Int {
 // fee), at most maxFeeBumps times per settlement, and never above
 // maxReplacementFeeCap. Every transaction sent is kept in s, whatever the
 // node answered but a proven refusal: any of them may be the one mined,
-// and its receipt is the settlement's (resolve). s's lock serializes
-// replacements of one settlement (a retry's resolve and follow's).
+// and its receipt is the settlement's (resolve). Once the authorization
+// has expired the call could only revert, at the relayer's gas, yet its
+// nonce still holds up the relayer: it is replaced by a cancellation
+// instead (s.cancel: nothing, from the relayer to itself, 21,000 gas;
+// once, and past maxFeeBumps too, since it frees the relayer), and the
+// settlement, its transactions gone, then fails as one that can
+// no longer execute (neverExecutes). s's lock serializes replacements of
+// one settlement (a retry's resolve and follow's).
 func (f *Facilitator) replace(ctx context.Context, c *checked, s *sentSettlement) string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	old := s.txs[len(s.txs)-1]
-	if len(s.txs) > maxFeeBumps {
-		return fmt.Sprintf("it was replaced at a higher fee %d times already, the most it is", maxFeeBumps)
+	if s.cancel != nil {
+		return "it was cancelled already, by " + s.cancel.Hash().Hex()
 	}
 	head, err := f.headBlock(ctx)
 	if err != nil {
 		return "not replaced: " + err.Error()
 	}
-	if expiredAt(c.auth, head) {
-		return "not replaced: the authorization has expired, and a replacement could only revert"
+	expired := expiredAt(c.auth, head)
+	if !expired && len(s.txs) > maxFeeBumps {
+		return fmt.Sprintf("it was replaced at a higher fee %d times already, the most it is", maxFeeBumps)
 	}
 	next, err := f.chain.NonceAt(ctx, f.relayer, head.Number)
 	switch {
@@ -77,7 +85,11 @@ func (f *Facilitator) replace(ctx context.Context, c *checked, s *sentSettlement
 	if err != nil {
 		return "not replaced: " + err.Error()
 	}
-	tx, err := types.SignNewTx(f.key, f.signer, q.tx(f.chainID, old.Nonce(), old.Gas(), *old.To(), old.Data()))
+	data := q.tx(f.chainID, old.Nonce(), old.Gas(), *old.To(), old.Data())
+	if expired {
+		data = q.tx(f.chainID, old.Nonce(), params.TxGas, f.relayer, nil)
+	}
+	tx, err := types.SignNewTx(f.key, f.signer, data)
 	if err != nil {
 		return "not replaced: signing: " + err.Error()
 	}
@@ -88,6 +100,10 @@ func (f *Facilitator) replace(ctx context.Context, c *checked, s *sentSettlement
 	}
 	if refused {
 		return "replacing it at a higher fee was refused (" + reason + ")"
+	}
+	if expired {
+		s.cancel = tx
+		return fmt.Sprintf("its authorization has expired, so it was cancelled by %s, a transfer of nothing to the relayer with its nonce at a higher fee", tx.Hash().Hex())
 	}
 	s.txs = append(s.txs, tx)
 	if err != nil && !taken {

@@ -309,3 +309,89 @@ func TestStatusReaderWithTheSettlementsTransaction(t *testing.T) {
 		t.Errorf("status = %+v, %v; want done by %s", st, err, sp.r.Transaction)
 	}
 }
+
+// A settlement transaction stuck below the base fee whose authorization has
+// expired is not replaced by its call, which could only revert, but by a
+// cancellation: a transfer of nothing from the relayer to itself with its
+// nonce and a bumped fee, which frees the nonce. The settlement then fails,
+// nothing transferred, and the relayer's later settlements land. (Before:
+// it was left pending, and every later settlement of the relayer queued
+// behind its nonce for as long as the base fee stayed up.)
+func TestStuckSettlementPastValidBeforeIsCancelled(t *testing.T) {
+	d := startDevnet(t, DevnetConfig{gasLimit: spikeGasLimit, MaxClockLead: 20 * time.Second})
+	e := &testEnv{d: d}
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	f, err := New(Config{Chain: d.Client(), Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := e.requirements(payee, amount)
+	payerAddr := DevAccounts()[1].Address
+	before := usdcBalance(t, d, payerAddr)
+	c := f.checkOwn(ctx, mustSignExact(t, payer, req), req)
+	if c.invalid {
+		t.Fatalf("payment refused: %+v", c.resp)
+	}
+
+	// The relayer's settlement, sent with a fee cap the spiked base fee
+	// has passed.
+	g := &congestion{t: t, d: d}
+	head, err := d.Client().HeaderByNumber(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	low := new(big.Int).Add(new(big.Int).Mul(head.BaseFee, big.NewInt(2)), big.NewInt(1e9))
+	floor := new(big.Int).Mul(low, big.NewInt(2))
+	g.raise(ctx, floor)
+	go g.hold(ctx, floor)
+	nonce, err := d.Client().PendingNonceAt(ctx, f.relayer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stuck, err := types.SignNewTx(f.key, f.signer, &types.DynamicFeeTx{ChainID: f.chainID, Nonce: nonce, GasTipCap: big.NewInt(1e9), GasFeeCap: low, Gas: 300_000, To: &c.token, Data: c.txData})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Client().SendTransaction(ctx, stuck); err != nil {
+		t.Fatal(err)
+	}
+	s := newSentSettlement(stuck, time.Now(), c.auth.ValidBefore)
+	// Its authorization has expired by the head block's time.
+	head, err = d.Client().HeaderByNumber(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.auth.ValidBefore = new(big.Int).SetUint64(head.Time)
+
+	var ue *x402.UnknownOutcomeError
+	if _, err := f.resolve(c, s, errors.New("its receipt wait ended")); !errors.As(err, &ue) {
+		t.Fatalf("resolve of the stuck settlement: %v; want an unknown outcome", err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		n, err := d.Client().NonceAt(ctx, f.relayer, nil)
+		if err == nil && n > nonce {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the relayer's nonce %d is still taken by the stuck transaction", nonce)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	r, err := f.resolve(c, s, errors.New("its receipt wait ended"))
+	if err != nil || r.Success || r.ErrorReason != x402.ReasonExactEVMTransactionFailed {
+		t.Errorf("resolve once the nonce is freed = %+v, %v; want %s", r, err, x402.ReasonExactEVMTransactionFailed)
+	}
+	if _, err := d.Client().TransactionReceipt(ctx, stuck.Hash()); err == nil {
+		t.Errorf("the stuck settlement transaction was mined")
+	}
+	r, err = f.Settle(ctx, mustSignExact(t, payer, req), req)
+	if err != nil || !r.Success {
+		t.Errorf("the next settlement = %+v, %v; want success", r, err)
+	}
+	stop()
+	if paid := new(big.Int).Sub(before, usdcBalance(t, d, payerAddr)); paid.Cmp(mustBig(amount)) != 0 {
+		t.Errorf("the payer paid %s; want %s, the next settlement's alone", paid, amount)
+	}
+}

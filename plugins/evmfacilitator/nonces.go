@@ -68,6 +68,10 @@ type sentSettlement struct {
 
 	mu  sync.Mutex // held by replace while it signs and sends
 	txs []*types.Transaction
+	// cancel is the latest cancellation replace sent in place of txs
+	// (under mu): a transfer of nothing from the relayer to itself with
+	// their nonce, which frees the nonce and is never the settlement.
+	cancel *types.Transaction
 }
 
 func newSentSettlement(tx *types.Transaction, start time.Time, validBefore *big.Int) *sentSettlement {
