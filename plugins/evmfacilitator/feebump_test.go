@@ -395,3 +395,33 @@ func TestStuckSettlementPastValidBeforeIsCancelled(t *testing.T) {
 		t.Errorf("the payer paid %s; want %s, the next settlement's alone", paid, amount)
 	}
 }
+
+// A contract payer's settlement stuck by a fee spike, answered unknown
+// after its replacement was sent, is followed by the receipt of any of its
+// transactions: the replacement's success counts nothing against the
+// payer's failure budget, and the wallet pays once.
+func TestFollowTakesTheReplacementsReceipt(t *testing.T) {
+	d := startDevnet(t, DevnetConfig{gasLimit: spikeGasLimit, MaxClockLead: 20 * time.Second})
+	e := &testEnv{d: d}
+	from, p, req := contractPayer(t, e, acceptAllRuntime)
+	before := usdcBalance(t, d, from)
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	sc := &spikeBeforeSend{Chain: d.Client(), g: &congestion{t: t, d: d}, ctx: ctx}
+	f, err := New(Config{Chain: sc, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.Settle(context.Background(), p, req)
+	var ue *x402.UnknownOutcomeError
+	if !errors.As(err, &ue) || !strings.Contains(err.Error(), "replaced at a higher fee") {
+		t.Fatalf("settle stuck by the spike: %v; want an unknown outcome, its transaction replaced", err)
+	}
+	if n := landedFailures(t, f, from); n != 0 {
+		t.Errorf("%d failures recorded for a settlement whose replacement paid; want none", n)
+	}
+	stop()
+	if paid := new(big.Int).Sub(before, usdcBalance(t, d, from)); paid.Cmp(mustBig(amount)) != 0 {
+		t.Errorf("the wallet paid %s; want %s", paid, amount)
+	}
+}
