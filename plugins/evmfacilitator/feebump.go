@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/big"
+	"time"
 
 	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/params"
@@ -24,6 +25,12 @@ const (
 	// replacement never pays more; one that would need more to be taken
 	// by the node (feeBump) is not sent, and the settlement stays pending.
 	maxReplacementFeeCap = 500_000_000_000
+	// maxBumpWait bounds how long a transaction must have been pending
+	// before it is replaced: ReceiptTimeout, its own wait, but no more
+	// than 15 s (a block missed on Ethereum, several on Base), since a
+	// settle whose caller's deadline (the gate's 30 s) cut its wait short
+	// would otherwise leave the replacing to the client's retries.
+	maxBumpWait = 15 * time.Second
 )
 
 // feeBump raises a fee by 12.5%, rounding up: go-ethereum's pool takes a
@@ -46,7 +53,9 @@ func feeBump(x *big.Int) *big.Int {
 // each fee and at least twice the head's base fee plus the tip the node
 // suggests; one is sent only while the transaction is the relayer's next
 // to be mined (one waiting behind another of ours is not stuck on its own
-// fee), at most maxFeeBumps times per settlement, and never above
+// fee) and has been pending for its wait (maxBumpWait: a client retrying
+// /settle every second would otherwise raise the fee at each retry, before
+// the last replacement could be mined), at most maxFeeBumps times per settlement, and never above
 // maxReplacementFeeCap. Every transaction sent is kept in s, whatever the
 // node answered but a proven refusal: any of them may be the one mined,
 // and its receipt is the settlement's (resolve). Once the authorization
@@ -71,6 +80,9 @@ func (f *Facilitator) replace(ctx context.Context, c *checked, s *sentSettlement
 	expired := expiredAt(c.auth, head)
 	if !expired && len(s.txs) > maxFeeBumps {
 		return fmt.Sprintf("it was replaced at a higher fee %d times already, the most it is", maxFeeBumps)
+	}
+	if wait, since := min(f.cfg.ReceiptTimeout, maxBumpWait), now().Sub(s.lastSent); since < wait {
+		return fmt.Sprintf("not replaced yet: it was sent %s ago, and is replaced once pending for %s", since.Round(time.Millisecond), wait)
 	}
 	next, err := f.chain.NonceAt(ctx, f.relayer, head.Number)
 	switch {
@@ -101,6 +113,7 @@ func (f *Facilitator) replace(ctx context.Context, c *checked, s *sentSettlement
 	if refused {
 		return "replacing it at a higher fee was refused (" + reason + ")"
 	}
+	s.lastSent = now()
 	if expired {
 		s.cancel = tx
 		return fmt.Sprintf("its authorization has expired, so it was cancelled by %s, a transfer of nothing to the relayer with its nonce at a higher fee", tx.Hash().Hex())

@@ -7,6 +7,7 @@ import (
 	"math/big"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -357,6 +358,7 @@ func TestStuckSettlementPastValidBeforeIsCancelled(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := newSentSettlement(stuck, time.Now(), c.auth.ValidBefore)
+	s.lastSent = time.Now().Add(-time.Minute) // it has had its wait
 	// Its authorization has expired by the head block's time.
 	head, err = d.Client().HeaderByNumber(ctx, nil)
 	if err != nil {
@@ -423,5 +425,43 @@ func TestFollowTakesTheReplacementsReceipt(t *testing.T) {
 	stop()
 	if paid := new(big.Int).Sub(before, usdcBalance(t, d, from)); paid.Cmp(mustBig(amount)) != 0 {
 		t.Errorf("the wallet paid %s; want %s", paid, amount)
+	}
+}
+
+// A transaction of a settlement is replaced only once it has had its own
+// wait: a client retrying /settle every second would otherwise raise the
+// fee by 12.5% at each retry, spending the bumps (and up to the fee
+// bound) before the replacement could be mined.
+func TestReplacementWaitsItsTurn(t *testing.T) {
+	d := startDevnet(t, DevnetConfig{gasLimit: spikeGasLimit, MaxClockLead: 20 * time.Second})
+	e := &testEnv{d: d}
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	sc := &spikeBeforeSend{Chain: d.Client(), g: &congestion{t: t, d: d}, ctx: ctx}
+	f, err := New(Config{Chain: sc, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := e.requirements(payee, amount)
+	p := mustSignExact(t, payer, req)
+	c := f.checkOwn(ctx, p, req)
+	c.settling = true
+	c, err = f.checkChain(ctx, c)
+	if err != nil || c.invalid {
+		t.Fatalf("checks: %v, %+v", err, c.resp)
+	}
+	// Held pending by the spike: a settlement sent now, its nonce the
+	// relayer's next, which replace is asked at once to replace.
+	tx, err := f.send(ctx, ctx, c, new(atomic.Bool))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newSentSettlement(tx, time.Now(), c.auth.ValidBefore)
+	if msg := f.replace(ctx, c, s); len(sc.all()) != 1 || !strings.Contains(msg, "not replaced yet") {
+		t.Errorf("replace right after the send: %q, %d sends; want none until it has waited", msg, len(sc.all())-1)
+	}
+	time.Sleep(time.Second)
+	if msg := f.replace(ctx, c, s); len(sc.all()) != 2 {
+		t.Errorf("replace after its wait: %q; want it replaced", msg)
 	}
 }

@@ -68,6 +68,8 @@ type sentSettlement struct {
 
 	mu  sync.Mutex // held by replace while it signs and sends
 	txs []*types.Transaction
+	// lastSent is when the latest of txs (or cancel) was sent, under mu.
+	lastSent time.Time
 	// cancel is the latest cancellation replace sent in place of txs
 	// (under mu): a transfer of nothing from the relayer to itself with
 	// their nonce, which frees the nonce and is never the settlement.
@@ -75,7 +77,7 @@ type sentSettlement struct {
 }
 
 func newSentSettlement(tx *types.Transaction, start time.Time, validBefore *big.Int) *sentSettlement {
-	return &sentSettlement{start: start, validBefore: validBefore, txs: []*types.Transaction{tx}}
+	return &sentSettlement{start: start, validBefore: validBefore, txs: []*types.Transaction{tx}, lastSent: now()}
 }
 
 // all returns the settlement's transactions, the first sent first.
