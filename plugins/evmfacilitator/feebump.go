@@ -20,8 +20,9 @@ const (
 	// moment plus the tip each time.
 	maxFeeBumps = 5
 	// maxReplacementFeeCap is the highest fee per gas (fee cap, or legacy
-	// gas price) a replacement pays, 500 gwei: above Ethereum mainnet's
-	// spikes of recent years, thousands of times Base's usual fee. A
+	// gas price) a replacement pays, 500 gwei: well above Ethereum
+	// mainnet's usual congestion (though not its rarest spikes) and far
+	// above Base's fees, while 500,000 gas at it costs 0.25 ETH. A
 	// replacement never pays more; one that would need more to be taken
 	// by the node (feeBump) is not sent, and the settlement stays pending.
 	maxReplacementFeeCap = 500_000_000_000
@@ -35,8 +36,8 @@ const (
 
 // feeBump raises a fee by 12.5%, rounding up: go-ethereum's pool takes a
 // transaction of a nonce it holds only when both its tip and its fee cap
-// are at least 10% above the held one's (Nethermind, Erigon and Besu ask
-// as much or less), and the extra leaves room for a node's own rounding.
+// are at least 10% above the held one's (its default price bump), and the
+// extra covers a node configured with a somewhat higher one.
 func feeBump(x *big.Int) *big.Int {
 	n := new(big.Int).Mul(x, big.NewInt(9))
 	return n.Add(n, big.NewInt(7)).Div(n, big.NewInt(8))
