@@ -705,17 +705,31 @@ func (g *Gate) setPaidHeaders(h http.Header, sr x402.SettleResponse) {
 func (g *Gate) paidStream(w http.ResponseWriter, r *http.Request, sr x402.SettleResponse, started func()) *statusWriter {
 	caddyhttp.SetVar(r.Context(), varSettledBefore, true)
 	g.setPaidHeaders(w.Header(), sr)
-	own := w.Header()[keyPaymentResponse]
+	// The gate's own values, which the upstream's header replaces in the
+	// map (headerDeadline refills it) and which go back on it as replay
+	// keeps them: a Cache-Control of the upstream's beside no-store would
+	// let a shared cache keep one buyer's paid answer for everyone.
+	var own [len(streamKept)][]string
+	for i, k := range streamKept {
+		own[i] = w.Header()[k]
+	}
 	return &statusWriter{ResponseWriter: w, onHeader: func(h http.Header, _ int) {
 		if started != nil {
 			started()
 		}
 		dropGateHeaders(h)
-		if own != nil {
-			h[keyPaymentResponse] = own
+		for i, k := range streamKept {
+			if own[i] != nil {
+				h[k] = own[i]
+			}
 		}
 	}}
 }
+
+// streamKept are the headers a paid answer streamed (paidStream) carries
+// as the gate set them, whatever the upstream said: PAYMENT-RESPONSE, and
+// those setChargedHeaders sets on every answer the gate decides on.
+var streamKept = [...]string{keyPaymentResponse, "Cache-Control", "Access-Control-Expose-Headers"}
 
 // serveSettled runs the upstream straight to the client for a payment
 // already settled (paidStream). An upstream that fails before writing
