@@ -626,6 +626,9 @@ func (v *VerifyResponse) verifyHeld(w http.ResponseWriter, hw *bufferedWriter, r
 	if why := notPlain(hw.header); why != "" {
 		return v.unverifiable(w, hw, r, v.responseError(why, nil))
 	}
+	if why := notUTF8(hw.header.Get("Content-Type")); why != "" {
+		return v.unverifiable(w, hw, r, v.responseError(why, nil))
+	}
 	// The output hash the receipt must carry, computed the way the
 	// verification service computes it (strict decoding, RFC 8785). Member
 	// names equal under case folding ("total" and "Total") are refused,
@@ -702,6 +705,23 @@ func notPlain(h http.Header) string {
 		return "it has more than one Content-Encoding"
 	case len(ce) == 1 && ce[0] != "" && !strings.EqualFold(strings.TrimSpace(ce[0]), "identity"):
 		return "it is compressed (" + headerValueShort(ce[0]) + ") although identity was asked for"
+	}
+	return ""
+}
+
+// notUTF8 says why an answer of content type ct is not text read as UTF-8,
+// or "" when it is: the check reads the bytes as UTF-8 JSON (RFC 8259),
+// and the answer is released under the agent's own header, so one
+// labelled with another charset would be decoded by its readers (a
+// browser, Python's requests) into other text than was checked, under a
+// pass receipt: an invoice under utf-16le unreadable, under iso-8859-1
+// every non-ASCII string changed. Relabelling it utf-8 instead would
+// release it as something the agent did not say. ct is the one value
+// selects parsed.
+func notUTF8(ct string) string {
+	_, params, err := mime.ParseMediaType(ct)
+	if cs, ok := params["charset"]; err == nil && ok && !strings.EqualFold(cs, "utf-8") {
+		return "it is labelled charset " + headerValueShort(cs) + ", and only UTF-8 is checked"
 	}
 	return ""
 }
