@@ -115,6 +115,7 @@ func TestRecordOfThePreviousVersionIsResolved(t *testing.T) {
 	var old map[string]json.RawMessage
 	json.Unmarshal([]byte(st.Note), &old)
 	delete(old, "payment")
+	delete(old, "header") // records before kept the Content-Type alone
 	old["payload"], _ = json.Marshal(pay.PaymentPayload)
 	old["offer"], _ = json.Marshal(h.offer)
 	oldNote, _ := json.Marshal(old)
@@ -129,6 +130,9 @@ func TestRecordOfThePreviousVersionIsResolved(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		if resp.StatusCode != http.StatusOK || resp.Header.Get(x402.HeaderPaymentResponse) == "" || !strings.Contains(string(b), `"payment":"paid"`) {
 			t.Fatalf("retry %d after the upgrade: %d %s; want the answer held back", i+1, resp.StatusCode, b)
+		}
+		if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
+			t.Fatalf("retry %d after the upgrade: Content-Type %q, want the record's application/json", i+1, ct)
 		}
 	}
 	if n := up.calls.Load() - calls; n != 0 {

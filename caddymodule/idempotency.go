@@ -514,16 +514,7 @@ func (c *paymentIDCall) save(bw *bufferedWriter, sr x402.SettleResponse) {
 func (c *paymentIDCall) record(bw *bufferedWriter, sr x402.SettleResponse) {
 	ans := savedAnswer{Settlement: sr}
 	if bw != nil {
-		h := bw.header.Clone()
-		h.Del("Content-Length")
-		h.Del("Date")
-		size := int64(bw.buf.Len())
-		for k, vs := range h {
-			for _, v := range vs {
-				size += int64(len(k) + len(v) + 4)
-			}
-		}
-		if size <= c.g.PaymentIdentifier.MaxAnswer {
+		if h, ok := keptHeader(bw, c.g.PaymentIdentifier.MaxAnswer); ok {
 			ans.Kept, ans.Status, ans.Header, ans.Body = true, bw.status(), h, bw.buf.Bytes()
 		}
 	}
@@ -542,6 +533,30 @@ func (c *paymentIDCall) record(bw *bufferedWriter, sr x402.SettleResponse) {
 		label = "payment_identifier_not_kept"
 	}
 	metrics.outcomes.WithLabelValues(label).Inc()
+}
+
+// keptHeader is the header a paid answer kept for a later retry goes out
+// with (a payment identifier's saved answer, the answer held for an
+// unknown settlement): the one bw, the held answer, was released with,
+// which holds what verify_response set on it (its receipt, its status,
+// nosniff, the unverified mark), so the retry gets the answer the buyer
+// paid for as it would have gone out. Content-Length and Date are left
+// out: the delivery sets them anew. ok is false when the answer, its body
+// and this header, is over limit bytes, and then it is not kept.
+func keptHeader(bw *bufferedWriter, limit int64) (h http.Header, ok bool) {
+	size := int64(bw.buf.Len())
+	if size > limit {
+		return nil, false
+	}
+	h = bw.header.Clone()
+	h.Del("Content-Length")
+	h.Del("Date")
+	for k, vs := range h {
+		for _, v := range vs {
+			size += int64(len(k) + len(v) + 4)
+		}
+	}
+	return h, size <= limit
 }
 
 // resolving is the exchange resolveOnRetry answers through: when an

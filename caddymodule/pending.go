@@ -97,12 +97,17 @@ type heldRecord struct {
 	// decodeHeld read them.
 	payload x402.PaymentPayload
 	offer   x402.PaymentRequirements
-	// Held says an answer is kept (Status, ContentType, Body); false in
-	// settle before mode or when the answer was over maxHeldAnswer.
-	Held        bool   `json:"held"`
-	Status      int    `json:"status,omitempty"`
-	ContentType string `json:"content_type,omitempty"`
-	Body        []byte `json:"body,omitempty"`
+	// Held says an answer is kept (Status, Header, Body); false in settle
+	// before mode or when the answer was over maxHeldAnswer.
+	Held   bool `json:"held"`
+	Status int  `json:"status,omitempty"`
+	// Header is the header the answer was released with (keptHeader). A
+	// record written before records kept it has ContentType alone, and
+	// its answer goes out with that; ContentType is still written, for
+	// such a gateway sharing the store.
+	Header      http.Header `json:"header,omitempty"`
+	ContentType string      `json:"content_type,omitempty"`
+	Body        []byte      `json:"body,omitempty"`
 	// Transaction is set once the transfer is known to have happened.
 	Transaction string `json:"transaction,omitempty"`
 	// Sent is the transaction the facilitator named when it reported the
@@ -420,15 +425,18 @@ func (g *Gate) holdUnknown(r *http.Request, c store.Claim, payment []byte, offer
 }
 
 // holdAnswer puts in h what the payment's retry is served from: the answer
-// held back (bw; nil in settle before mode) when it is at most
-// maxHeldAnswer bytes, else a run of the upstream, once; and, either way,
+// held back (bw; nil in settle before mode), with the header it was
+// released with (keptHeader), when it is at most maxHeldAnswer bytes,
+// else a run of the upstream, once; and, either way,
 // the name of the request paid for. The name is what keeps the answer the
 // buyer's: the payment's claim keys name it by what the chain publishes
 // once it settles (payer and nonce, and the signature itself in the
 // transfer's calldata), so anyone could present it again (paidFor).
 func (g *Gate) holdAnswer(h *heldRecord, r *http.Request, bw *bufferedWriter) {
-	if bw != nil && bw.buf.Len() <= maxHeldAnswer {
-		h.Held, h.Status, h.ContentType, h.Body = true, bw.status(), bw.header.Get("Content-Type"), bytes.Clone(bw.buf.Bytes())
+	if bw != nil {
+		if hdr, ok := keptHeader(bw, maxHeldAnswer); ok {
+			h.Held, h.Status, h.Header, h.ContentType, h.Body = true, bw.status(), hdr, bw.header.Get("Content-Type"), bytes.Clone(bw.buf.Bytes())
+		}
 	}
 	h.Request, h.RequestBody = g.heldRequest(r)
 }
@@ -703,9 +711,12 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 		buf := getBuffer()
 		defer putBuffer(buf)
 		buf.Write(body)
-		bw := &bufferedWriter{header: http.Header{}, buf: buf, code: h.Status, limit: int64(len(body))}
-		if h.ContentType != "" {
-			bw.header.Set("Content-Type", h.ContentType)
+		bw := &bufferedWriter{header: h.Header, buf: buf, code: h.Status, limit: int64(len(body))}
+		if bw.header == nil {
+			bw.header = http.Header{}
+			if h.ContentType != "" {
+				bw.header.Set("Content-Type", h.ContentType)
+			}
 		}
 		if learned {
 			g.noteSettled(r, sr)
