@@ -73,7 +73,8 @@ func (g *Gate) serveCharged(w http.ResponseWriter, r *http.Request, next caddyht
 	// and reports afterwards keeps its own context. A protocol switch
 	// settles at its 101, and its tunnel outlives the deadline (upgrade.go).
 	wait := time.Duration(g.UpstreamTimeout)
-	tellAnswerBy(r, time.Now().Add(wait))
+	by := time.Now().Add(wait)
+	tellAnswerBy(r, by)
 	var held http.ResponseWriter = bw
 	reached := neverReached
 	var ctx context.Context
@@ -91,6 +92,14 @@ func (g *Gate) serveCharged(w http.ResponseWriter, r *http.Request, next caddyht
 		// The answer's body ran past upstream_timeout: reverse_proxy
 		// aborts it as it would a broken one (502), but the call failed
 		// by the deadline, as a stall before the headers does (504).
+		err = errUpstreamTimedOut
+	}
+	if err == nil && verificationOutage(r) && !time.Now().Before(by) {
+		// verify_response's check ran into the same deadline (answerBy:
+		// by itself, which its call's context fires at, maybe before
+		// ctx's own timer) and withheld the answer as an outage: the call
+		// failed by the deadline, whose answer is 504, as for an upstream
+		// that did.
 		err = errUpstreamTimedOut
 	}
 	cancel()
@@ -194,9 +203,30 @@ func (g *Gate) serveCharged(w http.ResponseWriter, r *http.Request, next caddyht
 }
 
 // tellAnswerBy tells the upstream of r when the gate stops waiting for its
-// answer (HeaderUpstreamAnswerBy).
+// answer (HeaderUpstreamAnswerBy), and a verify_response between them
+// (answerByVar).
 func tellAnswerBy(r *http.Request, by time.Time) {
 	r.Header.Set(HeaderUpstreamAnswerBy, strconv.FormatInt(by.UnixMilli(), 10))
+	caddyhttp.SetVar(r.Context(), answerByVar, by)
+}
+
+// answerByVar holds the time.Time by which the gate in front stops waiting
+// for the answer (tellAnswerBy). A verify_response behind it holds the
+// answer until checked, so its check is bounded by it too (answerBy): the
+// upstream's context carries the deadline only with settle after, and the
+// check runs on one without the buyer's cancellation (VerifyResponse.call),
+// which drops it. Past it the gate has given up on the answer (504, or with
+// settle before its charged 503), and a check still running would hold
+// that answer back and, with settle after, settle an answer past
+// upstream_timeout. A variable of the request, not the header, which a
+// client sends as it likes where no gate is in front.
+const answerByVar = "aov.x402.answer_by"
+
+// answerBy is the deadline of the gate in front of r (answerByVar), zero
+// when there is none.
+func answerBy(r *http.Request) time.Time {
+	by, _ := caddyhttp.GetVar(r.Context(), answerByVar).(time.Time)
+	return by
 }
 
 // unsettled gives back the charge of a call that settled nothing (the

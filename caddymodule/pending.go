@@ -183,9 +183,9 @@ const attemptMargin = time.Minute
 // attemptSpan bounds how long the request that claimed a payment works on
 // it, as the sum of every wait on its way, each bounded by its timeout:
 // the verify (defaultSettleTimeout), the upstream (upstream_timeout), a
-// verify_response later in the route, whose call to the verifier keeps its
-// own verifier_timeout past the upstream's deadline (at most
-// maxVerifierTimeout, whatever the route says), the settle
+// verify_response later in the route (its call to the verifier ends by the
+// upstream's deadline, answerBy, and is still counted at its longest,
+// maxVerifierTimeout, as a margin), the settle
 // (defaultSettleTimeout), the embedded EVM facilitator's reads after a
 // failed send (facilitatorResolveTimeout, on a context of their own), and
 // the tries to record the settlement (settleWriteWaits). It is the only

@@ -1022,8 +1022,15 @@ func (v *VerifyResponse) call(r *http.Request, body []byte, outputHash string, i
 	reqBody = append(reqBody, '}')
 
 	// The verification must finish even if the client leaves: it is
-	// recorded by the service either way.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), time.Duration(v.VerifierTimeout))
+	// recorded by the service either way (a gate in front then settles
+	// nothing: serveCharged). It must not outlast verifier_timeout, nor
+	// the deadline of a gate in front (answerBy), whichever comes first:
+	// past that the gate has given up on the answer.
+	by := time.Now().Add(time.Duration(v.VerifierTimeout))
+	if gate := answerBy(r); !gate.IsZero() && gate.Before(by) {
+		by = gate
+	}
+	ctx, cancel := context.WithDeadline(context.WithoutCancel(r.Context()), by)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, v.endpoint, bytes.NewReader(reqBody))
 	if err != nil {
