@@ -195,12 +195,31 @@ func (g *Gate) serveCharged(w http.ResponseWriter, r *http.Request, next caddyht
 		bw.replay(w)
 		return nil
 	}
+	if r.Context().Err() != nil {
+		// The client left (its request's context is done) after the
+		// upstream answered, while verify_response checked the answer
+		// (its check runs on, recorded either way) or in the instant
+		// before this: nobody is there to take the answer, so the charge
+		// is given back, as when the client leaves while the upstream
+		// works (reverse_proxy's 499), and the same payment or free unit
+		// can be used again. The upstream worked, so the call counts. A
+		// settlement once begun is never cut short: c.settle runs on a
+		// context without the client's cancellation.
+		g.unsettled(r, c, true)
+		metrics.outcomes.WithLabelValues("client_gone_not_settled").Inc()
+		w.WriteHeader(statusClientClosedRequest) // for the access log; nobody reads it
+		return nil
+	}
 	if !c.settle(w, r, bw) {
 		return nil
 	}
 	c.deliver(w, bw)
 	return nil
 }
+
+// statusClientClosedRequest is the status logged for a call whose client
+// left before its answer, as reverse_proxy logs it.
+const statusClientClosedRequest = 499
 
 // tellAnswerBy tells the upstream of r when the gate stops waiting for its
 // answer (HeaderUpstreamAnswerBy), and a verify_response between them
