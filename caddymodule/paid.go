@@ -293,6 +293,9 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		case unknown:
 			g.noteIfClientLeft(r)
 			return ex.refuse(w, r, errSettlementPending(nil))
+		case g.unresolvable(ctx, keys, offer):
+			g.noteIfClientLeft(r)
+			return ex.refuse(w, r, errSettlementUnresolvable())
 		}
 		reason := facilitatorReason(vr.InvalidReason, x402.ReasonInvalidPayload)
 		return ex.demand(w, r, http.StatusPaymentRequired, reason, reason, nil)
@@ -441,6 +444,10 @@ func (p *paidCharge) settleOnce(w http.ResponseWriter, r *http.Request, held *bu
 	p.settledAs(&sr)
 	if !sr.Success {
 		p.release(r)
+		if g.unresolvable(ctx, p.claim.Keys, p.offer) {
+			p.ex.refuse(w, r, errSettlementUnresolvable())
+			return settleRefused
+		}
 		reason := sr.ErrorReason // told: facilitatorReason's
 		p.ex.demand(w, r, http.StatusPaymentRequired, "Settlement failed: "+reason, reason, &sr)
 		return settleRefused

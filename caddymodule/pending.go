@@ -69,7 +69,9 @@ import (
 // most maxClaimHold) and each held answer is bounded by maxHeldAnswer
 // bytes. A retry after its record lapsed is claimed anew, and refused by
 // the facilitator; when the chain shows the payment settled
-// (settledEarlier), it is told so, never to sign a new one.
+// (settledEarlier), it is told so, never to sign a new one, and a payment
+// this gate could not read the chain for is still told settlement_pending
+// (markUnresolvable).
 
 // heldRecord is what the gate keeps with an unsettled claim whose
 // settlement outcome is unknown, as the claim's note (JSON, so it is told
@@ -422,6 +424,82 @@ func (g *Gate) holdUnknown(r *http.Request, c store.Claim, payment []byte, offer
 	if err != nil {
 		g.logger.Error("keeping the record of an unknown settlement", zap.Error(err))
 	}
+	if !g.readsSettlements(ctx, h.offer) {
+		g.markUnresolvable(ctx, c)
+	}
+}
+
+// Payments this gateway can never resolve.
+//
+// A record is resolved by reading the chain (checkHeld); a remote
+// facilitator without `rpc` for the payment's network leaves nothing to
+// read it with. Its claim still lapses (at validBefore plus a minute), and
+// a retry after that is claimed anew and refused by the facilitator as the
+// spent or expired authorization it is: a 402 asking for a new payment,
+// nothing charged, told to a buyer who may have been charged. So such a
+// payment also gets a mark of its own, a settled claim under
+// unresolvablePrefix and the payment's last claim key (payer and nonce on
+// EVM, the message on Solana, the header otherwise: what any copy of the
+// payment claims), written with Claims.Record and kept maxClaimHold, the
+// longest any claim is held. A refusal of the payment while the mark
+// lasts, and the gate still cannot read the chain, is answered
+// errSettlementUnresolvable instead (unresolvable). The mark is a few
+// bytes, whatever the held answer; the record keeps its own lifetime.
+const unresolvablePrefix = "x402/unresolvable/"
+
+// unresolvableKey is the mark's key for a payment claimed under keys.
+func unresolvableKey(keys []string) string {
+	return unresolvablePrefix + keys[len(keys)-1]
+}
+
+// markUnresolvable writes the mark of claim c's payment, an unknown
+// outcome this gate cannot read from the chain.
+func (g *Gate) markUnresolvable(ctx context.Context, c store.Claim) {
+	err := g.state.Claims().Record(context.WithoutCancel(ctx), unresolvableKey(c.Keys), "unresolvable", now().Add(maxClaimHold))
+	if err != nil {
+		g.logger.Error("marking an unknown settlement this gateway cannot read from the chain; once its claim lapses, its retry is told the facilitator's refusal", zap.Error(err))
+		return
+	}
+	g.logger.Warn("a settlement's outcome is unknown and this gateway cannot read it from the chain: configure rpc for the network on the http facilitator; the payment is answered settlement_pending for 7 days",
+		zap.Strings("claim", c.Keys))
+}
+
+// unresolvable reports whether the payment claimed under keys, which the
+// facilitator just refused, carries the mark of an unknown outcome this
+// gate still cannot read (markUnresolvable). Asked only on a refusal, so a
+// paid call pays no read for it. A gate that can read the chain now (rpc
+// configured since) judges the payment by the chain instead
+// (settledEarlier).
+func (g *Gate) unresolvable(ctx context.Context, keys []string, offer x402.PaymentRequirements) bool {
+	if g.readsSettlements(ctx, offer) {
+		return false
+	}
+	_, err := g.state.Claims().Lookup(ctx, unresolvableKey(keys))
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		// Fail closed: the buyer may have been charged.
+		g.logger.Warn("reading the mark of an unresolvable settlement", zap.Error(err))
+		return true
+	}
+	return err == nil
+}
+
+// settlementReader is implemented by facilitators that may or may not be
+// able to read a network's settlements (a remote one reads only the
+// networks it has an rpc endpoint for), and tell which without asking the
+// chain.
+type settlementReader interface {
+	readsSettlements(ctx context.Context, offer x402.PaymentRequirements) bool
+}
+
+// readsSettlements reports whether g's facilitator can learn the outcome
+// of a settlement of offer at all: a settlementReader says; any other
+// SettlementChecker can (the embedded facilitators read their own chain).
+func (g *Gate) readsSettlements(ctx context.Context, offer x402.PaymentRequirements) bool {
+	if sr, ok := g.facilitator.(settlementReader); ok {
+		return sr.readsSettlements(ctx, offer)
+	}
+	_, ok := g.facilitator.(x402.SettlementChecker)
+	return ok
 }
 
 // holdAnswer puts in h what the payment's retry is served from: the answer
@@ -661,6 +739,9 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 	learned := false
 	if !cs.Settled {
 		st, known := g.checkHeld(r.Context(), h)
+		if !known && !g.readsSettlements(r.Context(), h.offer) {
+			return true, ex.refuse(w, r, errSettlementUnresolvable())
+		}
 		if !known || st.State == x402.SettlementUndecided {
 			return true, ex.refuse(w, r, errSettlementPending(nil))
 		}
@@ -976,6 +1057,17 @@ func errSettlementPending(cause error) *apierr.Error {
 		NextActions: []apierr.Action{{Action: "retry", After: 30}},
 		Cause:       cause,
 	}
+}
+
+// errSettlementUnresolvable is the answer to a payment whose settlement
+// outcome is unknown and that this gateway cannot read from the chain
+// (readsSettlements false): the same code and shape as
+// errSettlementPending, and a message that says why it will not resolve
+// by itself.
+func errSettlementUnresolvable() *apierr.Error {
+	e := errSettlementPending(nil)
+	e.Message = "The payment's settlement outcome is not known and no content was released; this gateway cannot read the chain to learn it (its operator has configured no rpc endpoint for this network). Do not sign a new payment for this call: ask the operator, or retry later."
+	return e
 }
 
 // resolvePass resolves every held record this gate's facilitator can

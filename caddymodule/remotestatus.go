@@ -134,7 +134,29 @@ func (m *HTTPFacilitator) SentSettlementStatus(ctx context.Context, p x402.Payme
 	if r := m.status.solana[req.Network]; r != nil {
 		return r.SentSettlementStatus(ctx, p, req, sent)
 	}
-	return x402.SettlementStatus{}, fmt.Errorf("no rpc endpoint for %s is configured on the http facilitator (rpc <network> <url>); the settlement stays pending until its claim lapses", req.Network)
+	return x402.SettlementStatus{}, fmt.Errorf("no rpc endpoint for %s is configured on the http facilitator (rpc <network> <url>); the settlement stays pending", req.Network)
+}
+
+// readsSettlements implements settlementReader: the networks with an rpc
+// endpoint.
+func (m *HTTPFacilitator) readsSettlements(_ context.Context, offer x402.PaymentRequirements) bool {
+	return m.status.readers[offer.Network] != nil || m.status.solana[offer.Network] != nil
+}
+
+// readsSettlements implements settlementReader through the facilitator
+// that settles offer's network; false when none can be picked now, since
+// a payment taken for unreadable is only answered settlement_pending for
+// longer.
+func (m *MultiFacilitator) readsSettlements(ctx context.Context, offer x402.PaymentRequirements) bool {
+	f, _ := m.pick(ctx, offer)
+	if f == nil {
+		return false
+	}
+	if sr, ok := f.(settlementReader); ok {
+		return sr.readsSettlements(ctx, offer)
+	}
+	_, ok := f.(x402.SettlementChecker)
+	return ok
 }
 
 // SettlementStatus implements x402.SettlementChecker through the
