@@ -433,6 +433,9 @@ func (p *paidCharge) settleOnce(w http.ResponseWriter, r *http.Request, held *bu
 			}
 			g.logger.Error("settlement outcome unknown", zap.Error(err))
 			metrics.outcomes.WithLabelValues("settlement_unknown").Inc()
+			if failedUnnamed(unknown) {
+				g.noteRefusal(r) // a payer can cause it: see failedUnnamed
+			}
 			g.holdUnknown(r, p.claim, p.pay.JSON, p.offerJS, p.pid, held, unknown)
 			p.ex.refuse(w, r, errSettlementPending(err))
 			return settleUnknown

@@ -416,6 +416,9 @@ func (g *Gate) holdUnknown(r *http.Request, c store.Claim, payment []byte, offer
 	if unknown != nil && unknown.Reply != nil {
 		h.Sent = unknown.Reply.Transaction
 	}
+	if failedUnnamed(unknown) {
+		bw = nil // no answer kept: see failedUnnamed
+	}
 	g.holdAnswer(&h, r, bw)
 	note, err := encodeHeld(&h)
 	if err == nil {
@@ -500,6 +503,27 @@ func (g *Gate) readsSettlements(ctx context.Context, offer x402.PaymentRequireme
 	}
 	_, ok := g.facilitator.(x402.SettlementChecker)
 	return ok
+}
+
+// failedUnnamed reports whether an unknown outcome is a facilitator's
+// failure that names no transaction. The official facilitators answer
+// invalid_exact_evm_transaction_failed so both for a send whose RPC call
+// failed after the node may have taken it and for a gas estimate that
+// reverted for a reason they do not recognise, which sent nothing: a
+// payer can cause the latter at will (a blacklisted payer, a contract
+// wallet whose isValidSignature reverts at settle), and no chain read
+// tells the two apart (a transaction in a mempool has not used its nonce
+// yet), so the payment is held as any unknown outcome until its
+// authorization can no longer settle, up to maxClaimHold. Such a hold
+// keeps no answer, only the record (a few KiB): were the answer kept, a
+// payer could park up to maxHeldAnswer in the store per authorization it
+// signs, for as long as it made the authorization valid. Should the
+// transfer turn out to have happened, the retry runs the upstream again,
+// once, as for an answer too large to keep. And the call counts against
+// the client's rate limit (settleOnce), as a paid call the upstream
+// worked for that settled nothing does.
+func failedUnnamed(unknown *x402.UnknownOutcomeError) bool {
+	return unknown != nil && unknown.Reply != nil && unknown.Reply.Transaction == "" && unknown.Reply.ErrorReason != x402.ReasonSettlementPending
 }
 
 // holdAnswer puts in h what the payment's retry is served from: the answer
