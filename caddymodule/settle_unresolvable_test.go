@@ -222,7 +222,7 @@ func TestFailureNamingNoTransactionKeepsNoAnswer(t *testing.T) {
 				t.Fatal(err)
 			}
 			endLive(decodeOrFail(t, note).Token)
-			answer := bytes.Repeat([]byte("a"), maxHeldAnswer)
+			answer := bytes.Repeat([]byte("a"), maxHeldAnswer/2) // with its header, within what a record holds
 			bw := &bufferedWriter{header: http.Header{"Content-Type": {"application/json"}}, buf: bytes.NewBuffer(answer), code: http.StatusOK, limit: int64(len(answer))}
 			reply := c.reply
 			g.holdUnknown(req, claim, pay.JSON, g.offerJSON(0), nil, bw, &x402.UnknownOutcomeError{Op: "settle", Reply: &reply, Err: io.EOF})
