@@ -74,6 +74,11 @@ type sentSettlement struct {
 	// (under mu): a transfer of nothing from the relayer to itself with
 	// their nonce, which frees the nonce and is never the settlement.
 	cancel *types.Transaction
+	// succeeded is set by the one settle answered success for it
+	// (oneSuccess). The settle that sent it and every retry that finds it
+	// kept (through any facilitator of the key, at once) may each learn
+	// that it paid; one payment is one success per process.
+	succeeded atomic.Bool
 }
 
 func newSentSettlement(tx *types.Transaction, start time.Time, validBefore *big.Int) *sentSettlement {

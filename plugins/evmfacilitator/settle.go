@@ -54,7 +54,10 @@ import (
 //     chain (resolve; kept by nonceManager.noteSent until known, or until
 //     validBefore), and a transaction of it stuck pending is replaced at a
 //     higher fee with its own nonce (replace), which only one of them can
-//     use.
+//     use. Of the settles that learn that settlement paid (the one that
+//     sent it, retries at once through several facilitators), the first
+//     is answered success and every other nonce_already_used naming its
+//     transaction (oneSuccess).
 //   - A settlement whose transaction lost the authorization to another
 //     one is judged by that one's sender (resolveUsed): another account's
 //     (a relay of the public authorization) that paid payTo is a success
@@ -185,6 +188,18 @@ func (f *Facilitator) settledBy(payer, tx string) x402.SettleResponse {
 	return f.failure(x402.ReasonExactEVMNonceAlreadyUsed, payer, "this authorization was already settled by another settle of it, in transaction "+tx+"; it pays once, and nothing more was charged", tx)
 }
 
+// oneSuccess is a settle's answer resp, err about settlement s: a success
+// is answered once per settlement, to the first settle that learns it;
+// any other (the settle that sent it, a retry that found it kept, through
+// whichever facilitator of the key) is told it was already settled by
+// that transaction (settledBy), as a settle after the payment landed is.
+func (f *Facilitator) oneSuccess(c *checked, s *sentSettlement, resp x402.SettleResponse, err error) (x402.SettleResponse, error) {
+	if err == nil && resp.Success && !s.succeeded.CompareAndSwap(false, true) {
+		return f.settledBy(c.payer, resp.Transaction), nil
+	}
+	return resp, err
+}
+
 // settle settles a payment checkOwn and checkSigner passed; pre bounds the
 // work before the send, and sent is set once the settlement transaction
 // may have reached the node.
@@ -200,7 +215,7 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 		sent.Store(true)
 		resp, err = f.resolve(c, s, fmt.Errorf("an earlier settle of this authorization sent %s, and its outcome was unknown", s.last().Hash().Hex()))
 		f.nonces.noteSent(k, s, err, now())
-		return resp, err
+		return f.oneSuccess(c, s, resp, err)
 	}
 	c.settling = true
 	c, err = f.checkChain(pre, c)
@@ -226,6 +241,7 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 	defer func() {
 		if sentSet != nil {
 			f.nonces.noteSent(k, sentSet, err, now())
+			resp, err = f.oneSuccess(c, sentSet, resp, err)
 		}
 		var ue *x402.UnknownOutcomeError
 		if errors.As(err, &ue) && sentSet != nil && f.mayRunCode(c) {
