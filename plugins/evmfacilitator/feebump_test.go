@@ -7,7 +7,6 @@ import (
 	"math/big"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -452,7 +451,7 @@ func TestReplacementWaitsItsTurn(t *testing.T) {
 	}
 	// Held pending by the spike: a settlement sent now, its nonce the
 	// relayer's next, which replace is asked at once to replace.
-	tx, err := f.send(ctx, ctx, c, new(atomic.Bool))
+	tx, err := f.send(ctx, ctx, c, func(*types.Transaction) {})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -132,6 +132,18 @@ func (n *nonceManager) noteSent(k usedKey, s *sentSettlement, err error, t time.
 		}
 		return
 	}
+	n.keepLocked(k, s, t)
+}
+
+// keep records s, the settlement of authorization k, as of unknown outcome
+// at t: its transaction may have reached the node (noteSent).
+func (n *nonceManager) keep(k usedKey, s *sentSettlement, t time.Time) {
+	n.sentMu.Lock()
+	defer n.sentMu.Unlock()
+	n.keepLocked(k, s, t)
+}
+
+func (n *nonceManager) keepLocked(k usedKey, s *sentSettlement, t time.Time) {
 	if n.sent == nil {
 		n.sent = map[usedKey]*sentSettlement{}
 	}

@@ -118,3 +118,72 @@ func TestConcurrentRetriesAfterUnknownOutcomeAreOneSuccess(t *testing.T) {
 		t.Errorf("the sends used %d nonces; want 1", n)
 	}
 }
+
+// README: a /settle retried after an unknown outcome sends nothing more,
+// whichever facilitator of the key sent the transaction. A caller told
+// the outcome is unknown while the settle that sent it still waits for
+// its receipt (a joined settle whose deadline ended; an HTTP client of
+// x402_facilitator whose own timeout is shorter than receipt_timeout)
+// retries through another facilitator of the key, which resolves that
+// transaction and sends nothing of its own. (Before: the transaction was
+// kept only once the settle that sent it returned, so the retry found
+// nothing kept and sent the authorization a second time, which reverted at
+// the relayer's gas once the first landed.)
+func TestRetryAfterJoinedUnknownOutcomeSendsNoSecondTransaction(t *testing.T) {
+	e := newEnv(t)
+	hc := &fakeHeldSends{Chain: e.d.Client()}
+	cfg := Config{Chain: hc, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 6 * time.Second}
+	f, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f2, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := e.requirements(payee, amount)
+	p := mustSignExact(t, payer, req)
+	type out struct {
+		r   x402.SettleResponse
+		err error
+	}
+	leader := make(chan out, 1)
+	go func() {
+		r, err := f.Settle(context.Background(), p, req)
+		leader <- out{r, err}
+	}()
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		hc.mu.Lock()
+		n := len(hc.sends)
+		hc.mu.Unlock()
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the first settle never sent")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	jctx, jcancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer jcancel()
+	var ue *x402.UnknownOutcomeError
+	if _, err := f.Settle(jctx, p, req); !errors.As(err, &ue) {
+		t.Fatalf("joined settle with a short deadline: %v; want an unknown outcome", err)
+	}
+	// Told "unknown", the caller retries, through another facilitator of
+	// the key.
+	if r, err := f2.Settle(context.Background(), p, req); !errors.As(err, &ue) {
+		t.Errorf("retry through another facilitator while the transaction is pending = %+v, %v; want an unknown outcome", r, err)
+	}
+	if _, n := hc.sentNonces(); n != 1 {
+		t.Errorf("one authorization's sends used %d nonces after a retry of an unknown outcome; want 1 (the retry sends nothing more)", n)
+	}
+	if err := hc.release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	o := <-leader
+	first, _ := hc.sentNonces()
+	if o.err != nil || !o.r.Success || o.r.Transaction != first.Hash().Hex() {
+		t.Errorf("the settle that sent = %+v, %v; want success naming %s", o.r, o.err, first.Hash().Hex())
+	}
+}

@@ -237,7 +237,16 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 	// its settlement, which can revert only at the gas its estimate needed
 	// (the payer moved its tokens or spent the nonce): its flight ends
 	// with the answer, counting nothing.
-	var sentSet *sentSettlement // may have reached the node
+	// sentSet may have reached the node: it is kept for the retries
+	// (noteSent) from the moment its transaction is signed, before it is
+	// sent and long before its receipt, since from then on a joined
+	// settle whose deadline ends, or an HTTP client that stops waiting,
+	// is told the outcome is unknown and retries, maybe through another
+	// facilitator of the key; finding nothing kept, that retry would send
+	// the authorization again. A retry that resolves it before the send
+	// returns may send the same signed transaction once more (rebroadcast),
+	// which is the same transaction: one hash, one nonce.
+	var sentSet *sentSettlement
 	defer func() {
 		if sentSet != nil {
 			f.nonces.noteSent(k, sentSet, err, now())
@@ -250,7 +259,11 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 		}
 		f.budget.end(c.flight, c.failed)
 	}()
-	tx, err := f.send(ctx, pre, c, sent)
+	tx, err := f.send(ctx, pre, c, func(tx *types.Transaction) {
+		sentSet = newSentSettlement(tx, start, c.auth.ValidBefore)
+		f.nonces.keep(k, sentSet, now())
+		sent.Store(true)
+	})
 	if err != nil {
 		var ce *contractError
 		var ue *unknownSend
@@ -260,15 +273,13 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 		case errors.Is(err, errGasCeiling): // nothing sent
 			r := f.refuseGas(c.payer, "the settlement transaction", err)
 			return f.failure(r.resp.InvalidReason, c.payer, r.resp.InvalidMessage, ""), nil
-		case errors.As(err, &ue):
-			sentSet = newSentSettlement(ue.tx, start, c.auth.ValidBefore)
+		case errors.As(err, &ue): // sentSet is ue.tx's
 			return f.resolve(c, sentSet, ue.err)
 		default:
 			return x402.SettleResponse{}, err
 		}
 	}
-	sentSet = newSentSettlement(tx, start, c.auth.ValidBefore)
-	tx, rcpt, err := f.waitReceipt(ctx, sentSet)
+	tx, rcpt, err := f.waitReceipt(ctx, sentSet) // sentSet is tx's
 	if err != nil {
 		return f.resolve(c, sentSet, err)
 	}
@@ -513,9 +524,10 @@ func (e *unknownSend) Error() string { return "sending: " + e.err.Error() }
 // send builds, signs and submits the settlement transaction under the
 // relayer's nonce lock, which every facilitator of the relayer in the
 // process shares (relayerNonces). The reads and the wait for the lock end
-// with pre, the send (submit) with ctx; sent is set once the transaction
-// is signed, just before it is sent.
-func (f *Facilitator) send(ctx, pre context.Context, c *checked, sent *atomic.Bool) (*types.Transaction, error) {
+// with pre, the send (submit) with ctx; signed is called with each
+// transaction signed, just before it is sent (submit signs again, with a
+// fresh nonce, after a nonce error): from then on it may reach the node.
+func (f *Facilitator) send(ctx, pre context.Context, c *checked, signed func(*types.Transaction)) (*types.Transaction, error) {
 	q, err := f.quote(pre, c) // read by checkChain's simulation
 	if err != nil {
 		return nil, err
@@ -543,7 +555,7 @@ func (f *Facilitator) send(ctx, pre context.Context, c *checked, sent *atomic.Bo
 	tx, err := f.nonces.submit(pre, ctx, f.chain, func(nonce uint64) (*types.Transaction, error) {
 		tx, err := types.SignNewTx(f.key, f.signer, q.tx(f.chainID, nonce, gas, c.token, c.txData))
 		if err == nil {
-			sent.Store(true)
+			signed(tx)
 		}
 		return tx, err
 	})
