@@ -53,7 +53,27 @@ type nonceManager struct {
 	// account, so that a retry resolves it instead of sending the
 	// authorization again.
 	sentMu sync.Mutex
-	sent   map[usedKey]*sentSettlement
+	sent   map[usedKey]keptSent
+	// sentOrder is the order sent's entries were made in, the oldest
+	// first, so that past usedCacheMax the oldest goes (keepLocked): the
+	// one whose retry is the least likely to come. It may also hold
+	// entries since gone (their seq no longer sent's), skipped then and
+	// compacted away once they are as many as usedCacheMax.
+	sentOrder []keptAt
+	sentSeq   uint64
+}
+
+// keptSent is an entry of nonceManager.sent: the settlement and when it
+// was made, as a number in sentOrder.
+type keptSent struct {
+	s   *sentSettlement
+	seq uint64
+}
+
+// keptAt is sentOrder's record of entry seq, made for key k.
+type keptAt struct {
+	k   usedKey
+	seq uint64
 }
 
 // sentSettlement is a settlement whose outcome may be unknown: its
@@ -120,14 +140,15 @@ func (s *sentSettlement) has(h common.Hash) bool { return slices.Contains(s.hash
 // revert at the relayer's gas once the first lands, and README promises
 // one send per facilitator of the key. An entry also goes when its
 // authorization's validBefore passes (sentOf): no settle of it passes the
-// checks after that. At most usedCacheMax are kept; past that an older one
-// is dropped (makeRoom), and a retry of it may send again.
+// checks after that. At most usedCacheMax are kept; past that, once the
+// expired ones are gone, the oldest is dropped (keepLocked), and a retry
+// of it may send again.
 func (n *nonceManager) noteSent(k usedKey, s *sentSettlement, err error, t time.Time) {
 	var ue *x402.UnknownOutcomeError
 	n.sentMu.Lock()
 	defer n.sentMu.Unlock()
 	if !errors.As(err, &ue) {
-		if n.sent[k] == s {
+		if n.sent[k].s == s {
 			delete(n.sent, k)
 		}
 		return
@@ -143,15 +164,38 @@ func (n *nonceManager) keep(k usedKey, s *sentSettlement, t time.Time) {
 	n.keepLocked(k, s, t)
 }
 
+// keepLocked is keep under sentMu. A settlement kept in place of another
+// of k (sent again with a fresh nonce) takes its place in the order.
 func (n *nonceManager) keepLocked(k usedKey, s *sentSettlement, t time.Time) {
+	if e, ok := n.sent[k]; ok {
+		n.sent[k] = keptSent{s: s, seq: e.seq}
+		return
+	}
 	if n.sent == nil {
-		n.sent = map[usedKey]*sentSettlement{}
+		n.sent = map[usedKey]keptSent{}
 	}
-	if _, ok := n.sent[k]; !ok {
+	gone := func(o keptAt) bool { return n.sent[o.k].seq != o.seq }
+	if len(n.sent) >= usedCacheMax {
 		unix := big.NewInt(t.Unix())
-		makeRoom(n.sent, func(e *sentSettlement) bool { return e.validBefore.Cmp(unix) <= 0 })
+		for k, e := range n.sent {
+			if e.s.validBefore.Cmp(unix) <= 0 {
+				delete(n.sent, k)
+			}
+		}
+		for len(n.sent) >= usedCacheMax {
+			o := n.sentOrder[0]
+			n.sentOrder = n.sentOrder[1:]
+			if !gone(o) {
+				delete(n.sent, o.k)
+			}
+		}
 	}
-	n.sent[k] = s
+	if len(n.sentOrder) >= 2*usedCacheMax {
+		n.sentOrder = slices.DeleteFunc(n.sentOrder, gone)
+	}
+	n.sentSeq++
+	n.sent[k] = keptSent{s: s, seq: n.sentSeq}
+	n.sentOrder = append(n.sentOrder, keptAt{k: k, seq: n.sentSeq})
 }
 
 // sentOf returns the settlement of authorization k whose outcome is
@@ -159,12 +203,12 @@ func (n *nonceManager) keepLocked(k usedKey, s *sentSettlement, t time.Time) {
 func (n *nonceManager) sentOf(k usedKey, t time.Time) (*sentSettlement, bool) {
 	n.sentMu.Lock()
 	defer n.sentMu.Unlock()
-	s, ok := n.sent[k]
-	if ok && s.validBefore.Cmp(big.NewInt(t.Unix())) <= 0 {
+	e, ok := n.sent[k]
+	if ok && e.s.validBefore.Cmp(big.NewInt(t.Unix())) <= 0 {
 		delete(n.sent, k)
 		return nil, false
 	}
-	return s, ok
+	return e.s, ok
 }
 
 func newNonceManager(addr common.Address) *nonceManager {

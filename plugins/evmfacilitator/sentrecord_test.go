@@ -3,6 +3,7 @@ package evmfacilitator
 import (
 	"context"
 	"errors"
+	"math/big"
 	"sync"
 	"testing"
 	"time"
@@ -185,5 +186,49 @@ func TestRetryAfterJoinedUnknownOutcomeSendsNoSecondTransaction(t *testing.T) {
 	first, _ := hc.sentNonces()
 	if o.err != nil || !o.r.Success || o.r.Transaction != first.Hash().Hex() {
 		t.Errorf("the settle that sent = %+v, %v; want success naming %s", o.r, o.err, first.Hash().Hex())
+	}
+}
+
+// README: up to 4,096 transactions of unknown outcome are kept; past that
+// the oldest go first. (Before: past the cap, whichever entry map
+// iteration returned first was dropped, often a recent one whose retry is
+// the likeliest to come, while the oldest stayed.)
+func TestSentRecordDropsTheOldestPastItsCap(t *testing.T) {
+	n := newNonceManager(common.Address{1})
+	unknown := &x402.UnknownOutcomeError{Op: "settle", Err: errors.New("pending")}
+	t0 := time.Unix(1_000_000, 0)
+	key := func(i int) usedKey { return usedKey{nonce: [32]byte{byte(i), byte(i >> 8), 1}} }
+	for i := 0; i < usedCacheMax+3; i++ {
+		tx := types.NewTx(&types.DynamicFeeTx{Nonce: uint64(i)})
+		at := t0.Add(time.Duration(i) * time.Millisecond)
+		n.noteSent(key(i), newSentSettlement(tx, at, big.NewInt(t0.Unix()+3600)), unknown, at)
+		if i == 2 {
+			// Known outcomes leave, wherever they are in the order.
+			s1, _ := n.sentOf(key(1), at)
+			n.noteSent(key(1), s1, nil, at)
+		}
+	}
+	for i := 0; i < usedCacheMax+3; i++ {
+		_, kept := n.sentOf(key(i), t0)
+		if want := i >= 3; kept != want {
+			t.Errorf("#%d kept = %v; want %v (the oldest two, #0 and #2, dropped; #1 known)", i, kept, want)
+		}
+	}
+}
+
+// The order the sent record keeps its entries in does not grow with the
+// entries that left it (known outcomes): it stays within twice the cap.
+func TestSentRecordOrderStaysBounded(t *testing.T) {
+	n := newNonceManager(common.Address{1})
+	unknown := &x402.UnknownOutcomeError{Op: "settle", Err: errors.New("pending")}
+	t0 := time.Unix(1_000_000, 0)
+	for i := 0; i < 5*usedCacheMax; i++ {
+		k := usedKey{nonce: [32]byte{byte(i), byte(i >> 8), byte(i >> 16), 2}}
+		s := newSentSettlement(types.NewTx(&types.DynamicFeeTx{Nonce: uint64(i)}), t0, big.NewInt(t0.Unix()+3600))
+		n.noteSent(k, s, unknown, t0)
+		n.noteSent(k, s, nil, t0)
+	}
+	if len(n.sent) != 0 || len(n.sentOrder) > 2*usedCacheMax {
+		t.Errorf("after %d entries made and gone: %d kept, the order holds %d; want 0 and at most %d", 5*usedCacheMax, len(n.sent), len(n.sentOrder), 2*usedCacheMax)
 	}
 }
