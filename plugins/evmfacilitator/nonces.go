@@ -339,17 +339,12 @@ var sendRefusals = []string{
 // its HTTP timeout fires while the method runs; a load balancer's -32603
 // after forwarding): neither, and the caller resolves it from the chain.
 func sendAnswer(err error) (taken, refused bool, reason string) {
-	var he rpc.HTTPError
-	if errors.As(err, &he) && he.StatusCode == http.StatusTooManyRequests {
-		return false, true, he.Error()
+	if limited, reason := rateLimited(err); limited {
+		return false, true, reason
 	}
 	kind, reason := classify(err)
 	if kind != answerNodeError {
 		return false, false, reason
-	}
-	var re rpc.Error
-	if errors.As(err, &re) && re.ErrorCode() == -32005 {
-		return false, true, reason
 	}
 	lower := strings.ToLower(reason)
 	if strings.Contains(lower, "already known") || strings.Contains(lower, "known transaction") {
@@ -361,6 +356,22 @@ func sendAnswer(err error) (taken, refused bool, reason string) {
 		}
 	}
 	return false, false, reason
+}
+
+// rateLimited reports whether err is a provider's rate limit, answered
+// before the method runs (HTTP 429, JSON-RPC -32005 "limit exceeded"): the
+// node did not take the transaction, and it says nothing about whether the
+// node would (rebroadcast tries again later); reason is the answer.
+func rateLimited(err error) (limited bool, reason string) {
+	var he rpc.HTTPError
+	if errors.As(err, &he) && he.StatusCode == http.StatusTooManyRequests {
+		return true, he.Error()
+	}
+	var re rpc.Error
+	if errors.As(err, &re) && re.ErrorCode() == -32005 {
+		return true, re.Error()
+	}
+	return false, ""
 }
 
 // nonceSet is one chain's nonce managers, one per account.

@@ -683,11 +683,18 @@ func (f *Facilitator) resolve(c *checked, s *sentSettlement, cause error) (x402.
 // refuses it (its nonce was taken meanwhile, the relayer cannot pay, its
 // fee is too low for the pool), it never fills the gap: the nonce manager
 // goes back to the chain's nonce, whose next transaction takes tx's nonce
-// (then tx can never execute, and a later resolve says so).
+// (then tx can never execute, and a later resolve says so). A provider's
+// rate limit is no such refusal: it says nothing of tx, which may still
+// execute, so its nonce stays taken and the next resolve (a retry, follow)
+// sends it again; given back, the next settlement would take it, and the
+// payment could never settle.
 func (f *Facilitator) rebroadcast(ctx context.Context, tx *types.Transaction) string {
 	err := f.chain.SendTransaction(ctx, tx)
 	if err == nil {
 		return "it was sent again"
+	}
+	if limited, reason := rateLimited(err); limited {
+		return "sending it again was rate-limited (" + reason + "); it keeps its nonce and is sent again when its outcome is next resolved"
 	}
 	switch taken, refused, reason := sendAnswer(err); {
 	case taken:
