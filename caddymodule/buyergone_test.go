@@ -4,9 +4,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
-	"net/http/httputil"
-	neturl "net/url"
 	"strings"
 	"testing"
 	"time"
@@ -30,13 +27,7 @@ func TestBuyerGoneDuringCheckIsNotCharged(t *testing.T) {
 	buildBinaries(t)
 	vf := startVerifier(t)
 	agent := startAgent(t)
-	target, _ := neturl.Parse(vf.srv.URL)
-	rp := httputil.NewSingleHostReverseProxy(target)
-	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		time.Sleep(2 * time.Second)
-		rp.ServeHTTP(w, r)
-	}))
-	t.Cleanup(slow.Close)
+	slow := delayedVerifier(t, vf, 2*time.Second)
 	site := fmt.Sprintf(`:{port} {
 	handle /invoices/* {
 		x402 {

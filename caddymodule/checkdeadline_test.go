@@ -90,13 +90,7 @@ func TestCheckPastUpstreamTimeoutIsNotCharged(t *testing.T) {
 	buildBinaries(t)
 	vf := startVerifier(t)
 	agent := startAgent(t)
-	target, _ := neturl.Parse(vf.srv.URL)
-	rp := httputil.NewSingleHostReverseProxy(target)
-	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		time.Sleep(2 * time.Second)
-		rp.ServeHTTP(w, r)
-	}))
-	t.Cleanup(slow.Close)
+	slow := delayedVerifier(t, vf, 2*time.Second)
 	site := fmt.Sprintf(`:{port} {
 	handle /invoices/* {
 		x402 {
@@ -130,4 +124,18 @@ func TestCheckPastUpstreamTimeoutIsNotCharged(t *testing.T) {
 	if got.Sign() != 0 || resp.StatusCode != http.StatusGatewayTimeout || took > 1900*time.Millisecond {
 		t.Errorf("upstream_timeout 1s, the agent answered at once and its check took 2s: answered %d after %v, charged %v; README (upstream_timeout, settle): the timeout bounds the whole answer and its check, past it 504 and nothing charged", resp.StatusCode, took, got)
 	}
+}
+
+// delayedVerifier is vf behind a front that holds each request for delay
+// before passing it on: a verifierd slow to check (a fake for a load the
+// real one cannot be made to show on demand).
+func delayedVerifier(t *testing.T, vf *verifierFixture, delay time.Duration) *httptest.Server {
+	target, _ := neturl.Parse(vf.srv.URL)
+	rp := httputil.NewSingleHostReverseProxy(target)
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(delay)
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(slow.Close)
+	return slow
 }
