@@ -51,7 +51,7 @@ func TestLLMsTxtSaysWhatTheConfigurationSays(t *testing.T) {
 		{"the verify context", receipt.ContextVerify},
 		{"the score context", receipt.ContextScore},
 		{"the key lookup", receipt.ExtensionURIPrefix},
-		{"the score method is the score package's, with its parameters", "Method `time-decayed-wilson-lower-bound` version 2. "},
+		{"the score method is the score package's, with its parameters", "Method `time-decayed-wilson-lower-bound` version 3. "},
 		{"the score method counts only an owner's evidence", "Of an agent_id with an owner (its address for an account id, else the first wallet that bound it with X-Wallet-Auth) only the verifications its owner authenticated are evidence"},
 		{"the score method's window and weights", "The newest 10000 pieces of evidence no older than 365 days count, among at most the newest 20000 records of the id read for one score, evidence or not (a paid call whose settlement is pending or failed is never evidence; where such calls outnumber the window, `inputs.window.truncated` is true). Each weighs 2^(−age / 30 days), times 0.5 when it is a bare label."},
 		{"the score method names its confidence level", "at z = 1.96"},

@@ -3,7 +3,7 @@
 // it) into one number in [0, 1] that rewards sustained passing and
 // discounts old and scarce evidence.
 //
-// # Method (name "time-decayed-wilson-lower-bound", version "2")
+// # Method (name "time-decayed-wilson-lower-bound", version "3")
 //
 //  1. Evidence. An agent id with an owner (its address for an account id,
 //     else the first wallet that bound it; the caller decides that) scores
@@ -47,6 +47,10 @@
 //
 // Version 1 counted the labels of an owned agent too, at
 // UnauthenticatedWeight, which let anyone lower an owned agent's score.
+// Version 2 counted a verification dated after the moment of computation
+// as from then (age 0): one recorded while the score was computed made the
+// score's newest_evidence_at later than its computed_at. Version 3 leaves
+// it out.
 //
 // Everything is deterministic given the records, their order, whether the
 // agent has an owner, and the clock: the score of a history is reproducible
@@ -68,7 +72,7 @@ import (
 // default does.
 const (
 	MethodName    = "time-decayed-wilson-lower-bound"
-	MethodVersion = "2"
+	MethodVersion = "3"
 )
 
 // Defaults of Config.
