@@ -1049,15 +1049,27 @@ func TestReadmeReceiptByHandRefusesWhatThePackageRefuses(t *testing.T) {
 				resp := bytes.Replace(score("2026-11-28T21:00:00Z", "k1"), []byte(`"to":"`), []byte(`"newest_evidence_at":"2027-11-28T21:00:00Z","to":"`), 1)
 				return signScore(t, k1, "k1", "2026-11-28T21:00:00Z", resp)
 			},
-			card: good, refusal: `refused: inputs.window.newest_evidence_at is after attestation.timestamp`,
+			card: good, refusal: `refused: inputs.window.newest_evidence_at is more than 5 minutes after attestation.timestamp`,
 		},
+		// A score signed before the score method left out verifications
+		// recorded while it was computed may date one seconds after it.
+		// (Before: refused from the first nanosecond, so genuine receipts
+		// issued earlier no longer verified.)
 		{
-			desc: "a trust score whose oldest evidence is a nanosecond after it is refused",
+			desc: "a trust score whose newest evidence is 2 s after it verifies",
 			receipt: func(t *testing.T) []byte {
-				resp := bytes.Replace(score(at, "k2"), []byte(`"to":"`), []byte(`"oldest_evidence_at":"2026-11-29T21:22:28.123456001Z","to":"`), 1)
+				resp := bytes.Replace(score(at, "k2"), []byte(`"to":"`), []byte(`"newest_evidence_at":"2026-11-29T21:22:30.123456+00:00","to":"`), 1)
 				return signScore(t, k2, "k2", at, resp)
 			},
-			card: good, refusal: `refused: inputs.window.oldest_evidence_at is after attestation.timestamp`,
+			card: good, verifies: true,
+		},
+		{
+			desc: "a trust score whose oldest evidence is 5 minutes and a nanosecond after it is refused",
+			receipt: func(t *testing.T) []byte {
+				resp := bytes.Replace(score(at, "k2"), []byte(`"to":"`), []byte(`"oldest_evidence_at":"2026-11-29T21:27:28.123456001Z","to":"`), 1)
+				return signScore(t, k2, "k2", at, resp)
+			},
+			card: good, refusal: `refused: inputs.window.oldest_evidence_at is more than 5 minutes after attestation.timestamp`,
 		},
 		{
 			desc: "a trust score whose window starts after it ends is refused",
@@ -1065,7 +1077,7 @@ func TestReadmeReceiptByHandRefusesWhatThePackageRefuses(t *testing.T) {
 				resp := bytes.Replace(score(at, "k2"), []byte(`"to":"`), []byte(`"from":"2026-11-30T00:00:00Z","to":"`), 1)
 				return signScore(t, k2, "k2", at, resp)
 			},
-			card: good, refusal: `refused: inputs.window.from is after attestation.timestamp`,
+			card: good, refusal: `refused: inputs.window.from is more than 5 minutes after attestation.timestamp`,
 		},
 		// The attestation is not signed: a member beyond its four is the
 		// holder's. (Before: ignored, and these verified.)

@@ -164,11 +164,15 @@ func TestLeakedRetiredKeyCannotDateAScoreUnderTheVerifyContext(t *testing.T) {
 }
 
 // A score dates its evidence (inputs.window.from, oldest_evidence_at,
-// newest_evidence_at), never after computed_at and the window's end, which
-// are the signing instant. A leaked retired key k1 dates the signature,
-// computed_at and window.to inside its service life and writes evidence
-// from a year after k1 left service: Verify refuses it. (Before: the
-// evidence dates were not read, and the score verified.)
+// newest_evidence_at) no later than MaxSigningSkew after computed_at and
+// the window's end, which are the signing instant. A leaked retired key k1
+// dates the signature, computed_at and window.to inside its service life
+// and writes evidence from a year after k1 left service: Verify refuses
+// it. (Before: the evidence dates were not read, and the score verified.)
+// Evidence a moment after the score verifies: verifierd wrote such scores
+// before it left out verifications recorded while a score was computed.
+// (Before: refused from the first nanosecond, so genuine receipts issued
+// earlier no longer verified.)
 func TestScoreEvidenceIsNotDatedAfterTheScore(t *testing.T) {
 	pub1, priv1 := seededKey(1)
 	pub2, _ := seededKey(2)
@@ -189,10 +193,13 @@ func TestScoreEvidenceIsNotDatedAfterTheScore(t *testing.T) {
 	}{
 		{"evidence up to the score's instant verifies", score(from, oldest, newest), ""},
 		{"a score without evidence (null dates) verifies", score(from, "null", "null"), ""},
-		{"newest evidence after the score is refused", score(from, oldest, `"2027-06-01T00:00:00Z"`), "inputs.window.newest_evidence_at 2027-06-01T00:00:00Z is after attestation.timestamp " + inLife},
-		{"newest evidence a nanosecond after the score is refused", score(from, oldest, `"2026-05-01T00:00:00.000000001Z"`), "inputs.window.newest_evidence_at"},
-		{"oldest evidence after the score is refused", score(from, `"2027-05-30T00:00:00Z"`, newest), "inputs.window.oldest_evidence_at 2027-05-30T00:00:00Z is after"},
-		{"a window starting after it ends is refused", score(`"2026-05-02T00:00:00Z"`, oldest, newest), "inputs.window.from 2026-05-02T00:00:00Z is after"},
+		{"newest evidence a year after the score is refused", score(from, oldest, `"2027-06-01T00:00:00Z"`), "inputs.window.newest_evidence_at 2027-06-01T00:00:00Z is more than 5m0s after attestation.timestamp " + inLife},
+		{"newest evidence seconds after the score verifies (signed before the score left it out)", score(from, oldest, `"2026-05-01T00:00:02.5Z"`), ""},
+		{"newest evidence 5 minutes after the score verifies", score(from, oldest, `"2026-05-01T00:05:00Z"`), ""},
+		{"newest evidence 5 minutes and a nanosecond after the score is refused", score(from, oldest, `"2026-05-01T00:05:00.000000001Z"`), "inputs.window.newest_evidence_at"},
+		{"oldest evidence after the score is refused", score(from, `"2027-05-30T00:00:00Z"`, newest), "inputs.window.oldest_evidence_at 2027-05-30T00:00:00Z is more than 5m0s after"},
+		{"a window starting 5 minutes after it ends verifies", score(`"2026-05-01T02:05:00+02:00"`, oldest, newest), ""},
+		{"a window starting a day after it ends is refused", score(`"2026-05-02T00:00:00Z"`, oldest, newest), "inputs.window.from 2026-05-02T00:00:00Z is more than 5m0s after"},
 		{"an evidence date that is not a time is refused", score(from, `"yesterday"`, newest), "inputs.window.oldest_evidence_at yesterday is not an RFC 3339 time"},
 		{"an evidence date that is a number is refused", score(from, oldest, `1`), "inputs.window.newest_evidence_at"},
 	} {

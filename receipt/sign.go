@@ -260,11 +260,14 @@ func ParseSigningInput(msg []byte) (SigningDocument, error) {
 }
 
 // CheckTimes refuses a signing document whose response states a time of
-// its own (verified_at, computed_at, inputs.window.to, a score's evidence
-// dates) that Verify would refuse with this attested_at: certd pins attested_at to its clock, and
-// without this whoever reaches it (verifierd, which parses untrusted
-// input) could have a score "computed" years ahead signed today, under
-// either context. The member at fault is reported as "response".
+// its own that Verify would refuse with this attested_at (verified_at,
+// computed_at, inputs.window.to), or a score's evidence dated after it at
+// all (Verify allows MaxSigningSkew, for receipts signed before the score
+// left such evidence out; nothing signed now has any): certd pins
+// attested_at to its clock, and without this whoever reaches it
+// (verifierd, which parses untrusted input) could have a score "computed"
+// years ahead signed today, under either context. The member at fault is
+// reported as "response".
 func (d SigningDocument) CheckTimes() error {
 	at, err := ParseTime(d.AttestedAt)
 	if err != nil {
@@ -274,7 +277,7 @@ func (d SigningDocument) CheckTimes() error {
 	if err != nil {
 		return &SigningInputError{Field: "response", Problem: "is not a JSON object"}
 	}
-	if err := checkTimes(doc, d.Context, d.AttestedAt, at); err != nil {
+	if err := checkTimes(doc, d.Context, d.AttestedAt, at, 0); err != nil {
 		return &SigningInputError{Field: "response", Problem: "states a time verifiers refuse: " + err.Error()}
 	}
 	return nil

@@ -155,7 +155,7 @@ func VerifyReceipt(resp []byte, keys KeySet, context string) error {
 // them, whatever the context (under ContextScore computed_at must be there:
 // every trust score carries it, the time the score is of), no evidence date
 // of a score (inputs.window.from, oldest_evidence_at, newest_evidence_at)
-// is after it, the key
+// is more than MaxSigningSkew after it (see checkTimes), the key
 // is not marked compromised at the receipt's timestamp, and the timestamp
 // lies within the key's service life as the card publishes it (createdAt to
 // retiredAt, each widened by MaxSigningSkew).
@@ -201,7 +201,7 @@ func Verify(resp []byte, keys KeySet, context string) (Verified, error) {
 	if err != nil {
 		return Verified{}, fmt.Errorf("attestation.timestamp %s is not an RFC 3339 time", quoteShort(att.Timestamp))
 	}
-	if err := checkTimes(doc, context, att.Timestamp, at); err != nil {
+	if err := checkTimes(doc, context, att.Timestamp, at, MaxSigningSkew); err != nil {
 		return Verified{}, err
 	}
 
@@ -237,13 +237,19 @@ func Verify(resp []byte, keys KeySet, context string) (Verified, error) {
 // attestation's timestamp (the instant at): verified_at, computed_at and
 // inputs.window.to, wherever they appear, whatever the context, are that
 // instant, and a score's evidence dates (inputs.window.from,
-// oldest_evidence_at, newest_evidence_at) are not after it. They are
+// oldest_evidence_at, newest_evidence_at) are not more than slack after
+// it. Verify allows MaxSigningSkew: before the score left out verifications
+// dated after computed_at, verifierd wrote a verification recorded while
+// the score was computed as its newest_evidence_at, a moment after
+// computed_at, and those receipts are genuine; a signer's clock is trusted
+// no closer than that anyway (the key's service life is widened by it).
+// certd passes 0: what it signs now has no such evidence. They are
 // signed, but chosen by whoever holds the key, and the context is too: a
 // check made only under ContextScore let a leaked retired key sign a score
 // under ContextVerify (an output_hash member makes that the inferred
 // context) and skip it. Under ContextScore computed_at must be there: it
 // is the time a score is of.
-func checkTimes(doc map[string]any, context, ts string, at time.Time) error {
+func checkTimes(doc map[string]any, context, ts string, at time.Time, slack time.Duration) error {
 	if va, present := doc["verified_at"]; present {
 		if err := sameInstant(ts, at, "verified_at", va); err != nil {
 			return err
@@ -266,7 +272,7 @@ func checkTimes(doc map[string]any, context, ts string, at time.Time) error {
 	inputs, _ := doc["inputs"].(map[string]any)
 	window, _ := inputs["window"].(map[string]any)
 	for _, name := range []string{"from", "oldest_evidence_at", "newest_evidence_at"} {
-		if err := notAfter(ts, at, "inputs.window."+name, window[name]); err != nil {
+		if err := notAfter(ts, at, slack, "inputs.window."+name, window[name]); err != nil {
 			return err
 		}
 	}
@@ -276,10 +282,10 @@ func checkTimes(doc map[string]any, context, ts string, at time.Time) error {
 // notAfter checks that the evidence date name of a score (where its window
 // starts, its oldest and newest evidence), whose value is v, is null or
 // absent (no evidence) or a time at or before at, the attestation's
-// timestamp ts, which computed_at and inputs.window.to name. A leaked
-// retired key that dates a score inside its service life could otherwise
-// claim evidence from after its retirement.
-func notAfter(ts string, at time.Time, name string, v any) error {
+// timestamp ts, which computed_at and inputs.window.to name, plus slack. A
+// leaked retired key that dates a score inside its service life could
+// otherwise claim evidence from after its retirement.
+func notAfter(ts string, at time.Time, slack time.Duration, name string, v any) error {
 	if v == nil {
 		return nil
 	}
@@ -288,7 +294,10 @@ func notAfter(ts string, at time.Time, name string, v any) error {
 	if err != nil {
 		return fmt.Errorf("%s %s is not an RFC 3339 time", name, quoteShort(s))
 	}
-	if t.After(at) {
+	if t.After(at.Add(slack)) {
+		if slack > 0 {
+			return fmt.Errorf("%s %s is more than %s after attestation.timestamp %s", name, quoteShort(s), slack, quoteShort(ts))
+		}
 		return fmt.Errorf("%s %s is after attestation.timestamp %s", name, quoteShort(s), quoteShort(ts))
 	}
 	return nil

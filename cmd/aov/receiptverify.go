@@ -60,7 +60,9 @@ signed); that attestation.key_version equals verify.key_version; that
 attestation.timestamp is the instant of verified_at, computed_at and
 inputs.window.to wherever the receipt has them (a trust score must carry
 computed_at), and that a score's inputs.window.from, oldest_evidence_at
-and newest_evidence_at are not after it; that the card does not mark the
+and newest_evidence_at are not more than 5 minutes after it (scores signed
+before version 3 of the score method could date evidence seconds after);
+that the card does not mark the
 key compromised at the receipt's time, and that the time lies within the
 key's service life (createdAt to retiredAt, 5 minutes either side); with
 --request, every hash and the four request members above.
