@@ -267,17 +267,20 @@ func ParseSigningInput(msg []byte) (SigningDocument, error) {
 // attested_at to its clock, and without this whoever reaches it
 // (verifierd, which parses untrusted input) could have a score "computed"
 // years ahead signed today, under either context. The member at fault is
-// reported as "response".
+// reported as "response". Response must be in RFC 8785 form, as
+// ParseSigningInput has checked: only the members that state times are
+// read (the in-process signer, which builds the document itself, runs the
+// same check on every signature).
 func (d SigningDocument) CheckTimes() error {
 	at, err := ParseTime(d.AttestedAt)
 	if err != nil {
 		return &SigningInputError{Field: "attested_at", Problem: "is not an RFC 3339 time"}
 	}
-	doc, err := decodeObject(d.Response)
+	t, err := canonicalTimes(d.Response)
 	if err != nil {
-		return &SigningInputError{Field: "response", Problem: "is not a JSON object"}
+		return &SigningInputError{Field: "response", Problem: err.Error()}
 	}
-	if err := checkTimes(doc, d.Context, d.AttestedAt, at, 0); err != nil {
+	if err := checkTimes(t, d.Context, d.AttestedAt, at, 0); err != nil {
 		return &SigningInputError{Field: "response", Problem: "states a time verifiers refuse: " + err.Error()}
 	}
 	return nil

@@ -201,7 +201,7 @@ func Verify(resp []byte, keys KeySet, context string) (Verified, error) {
 	if err != nil {
 		return Verified{}, fmt.Errorf("attestation.timestamp %s is not an RFC 3339 time", quoteShort(att.Timestamp))
 	}
-	if err := checkTimes(doc, context, att.Timestamp, at, MaxSigningSkew); err != nil {
+	if err := checkTimes(timesOf(doc), context, att.Timestamp, at, MaxSigningSkew); err != nil {
 		return Verified{}, err
 	}
 
@@ -231,103 +231,6 @@ func Verify(resp []byte, keys KeySet, context string) (Verified, error) {
 		return Verified{}, ErrSignature
 	}
 	return Verified{Context: context, KeyVersion: att.KeyVersion, Timestamp: att.Timestamp}, nil
-}
-
-// checkTimes holds the times a response states about itself to ts, the
-// attestation's timestamp (the instant at): verified_at, computed_at and
-// inputs.window.to, wherever they appear, whatever the context, are that
-// instant, and a score's evidence dates (inputs.window.from,
-// oldest_evidence_at, newest_evidence_at) are not more than slack after
-// it. Verify allows MaxSigningSkew: before the score left out verifications
-// dated after computed_at, verifierd wrote a verification recorded while
-// the score was computed as its newest_evidence_at, a moment after
-// computed_at, and those receipts are genuine; a signer's clock is trusted
-// no closer than that anyway (the key's service life is widened by it).
-// certd passes 0: what it signs now has no such evidence. They are
-// signed, but chosen by whoever holds the key, and the context is too: a
-// check made only under ContextScore let a leaked retired key sign a score
-// under ContextVerify (an output_hash member makes that the inferred
-// context) and skip it. Under ContextScore computed_at must be there: it
-// is the time a score is of.
-func checkTimes(doc map[string]any, context, ts string, at time.Time, slack time.Duration) error {
-	if va, present := doc["verified_at"]; present {
-		if err := sameInstant(ts, at, "verified_at", va); err != nil {
-			return err
-		}
-	}
-	ca, present := doc["computed_at"]
-	if !present && context == ContextScore {
-		return errors.New("receipt has no computed_at, which every trust score carries")
-	}
-	if present {
-		if err := sameInstant(ts, at, "computed_at", ca); err != nil {
-			return err
-		}
-	}
-	if to, present := windowTo(doc); present {
-		if err := sameInstant(ts, at, "inputs.window.to", to); err != nil {
-			return err
-		}
-	}
-	inputs, _ := doc["inputs"].(map[string]any)
-	window, _ := inputs["window"].(map[string]any)
-	for _, name := range []string{"from", "oldest_evidence_at", "newest_evidence_at"} {
-		if err := notAfter(ts, at, slack, "inputs.window."+name, window[name]); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// notAfter checks that the evidence date name of a score (where its window
-// starts, its oldest and newest evidence), whose value is v, is null or
-// absent (no evidence) or a time at or before at, the attestation's
-// timestamp ts, which computed_at and inputs.window.to name, plus slack. A
-// leaked retired key that dates a score inside its service life could
-// otherwise claim evidence from after its retirement.
-func notAfter(ts string, at time.Time, slack time.Duration, name string, v any) error {
-	if v == nil {
-		return nil
-	}
-	s, _ := v.(string)
-	t, err := ParseTime(s)
-	if err != nil {
-		return fmt.Errorf("%s %s is not an RFC 3339 time", name, quoteShort(s))
-	}
-	if t.After(at.Add(slack)) {
-		if slack > 0 {
-			return fmt.Errorf("%s %s is more than %s after attestation.timestamp %s", name, quoteShort(s), slack, quoteShort(ts))
-		}
-		return fmt.Errorf("%s %s is after attestation.timestamp %s", name, quoteShort(s), quoteShort(ts))
-	}
-	return nil
-}
-
-// windowTo is a trust score's inputs.window.to, where the score has one:
-// the end of the window its evidence was read from, which verifierd always
-// writes as computed_at. It is held to the signing instant like computed_at,
-// since a reader may take either as the time the score is of.
-func windowTo(doc map[string]any) (any, bool) {
-	inputs, _ := doc["inputs"].(map[string]any)
-	window, _ := inputs["window"].(map[string]any)
-	to, present := window["to"]
-	return to, present
-}
-
-// sameInstant checks that the member name of a receipt (verified_at,
-// computed_at), whose value is v, is a string naming instant at, the
-// attestation's timestamp ts. Both are signed but chosen by whoever holds the
-// key, so without this a leaked retired key could sign a receipt dated
-// within its service life whose own time says today.
-func sameInstant(ts string, at time.Time, name string, v any) error {
-	s, _ := v.(string)
-	if s == ts {
-		return nil
-	}
-	if t, err := ParseTime(s); err == nil && t.Equal(at) {
-		return nil
-	}
-	return fmt.Errorf("attestation.timestamp %s is not the instant of %s %s", quoteShort(ts), name, quoteShort(s))
 }
 
 // verifySignature is RFC 8032 Ed25519 verification as crypto/ed25519 does
@@ -369,8 +272,7 @@ func decodeResponse(resp []byte) (map[string]any, error) {
 }
 
 // decodeObject decodes a JSON object, its numbers as json.Number, as
-// Verify reads a receipt: decodeResponse after its RFC 8785 checks, and
-// SigningDocument.CheckTimes on a response already canonical.
+// Verify reads a receipt, after decodeResponse's RFC 8785 checks.
 func decodeObject(resp []byte) (map[string]any, error) {
 	dec := json.NewDecoder(bytes.NewReader(resp))
 	dec.UseNumber()
