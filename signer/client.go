@@ -153,6 +153,16 @@ func (c *Client) SignCanonical(ctx context.Context, signContext, keyVersion, att
 	return c.sign(ctx, receipt.AppendSigningInputCanonical, signContext, keyVersion, attestedAt, canonResponse)
 }
 
+// signingInput is receipt.AppendSigningInputCanonical or
+// appendSigningInput.
+type signingInput func(dst []byte, context, keyVersion, attestedAt string, response []byte) ([]byte, error)
+
+// appendSigningInput is receipt.SigningInput as a signingInput; it
+// canonicalizes into a buffer of its own.
+func appendSigningInput(_ []byte, context, keyVersion, attestedAt string, response []byte) ([]byte, error) {
+	return receipt.SigningInput(context, keyVersion, attestedAt, response)
+}
+
 func (c *Client) sign(ctx context.Context, input signingInput, signContext, keyVersion, attestedAt string, response []byte) (receipt.Attestation, error) {
 	body, err := input(nil, signContext, keyVersion, attestedAt, response)
 	if err != nil {

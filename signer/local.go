@@ -102,43 +102,57 @@ func (l *Local) Close() error { return l.keys.Close() }
 // Sign signs response under signContext at attestedAt with the current key,
 // which must be keyVersion (*StaleKeyError otherwise, naming the current
 // one). Errors are those of Client.Sign: 503 without a usable key, 500 for
-// a request certd would refuse.
+// a request certd would refuse (a context not of this service, an
+// attested_at not in RFC 3339 form, a response that is not a JSON object,
+// already carries an attestation, or states a time verifiers refuse:
+// receipt.SigningDocument.CheckTimes, as certd runs it).
 func (l *Local) Sign(_ context.Context, signContext, keyVersion, attestedAt string, response []byte) (receipt.Attestation, error) {
-	return l.sign(appendSigningInput, signContext, keyVersion, attestedAt, response)
+	buf := inputs.Get().(*[]byte)
+	defer putInput(buf)
+	canon, err := receipt.AppendCanonicalJSON((*buf)[:0], response)
+	if err != nil {
+		return receipt.Attestation{}, apierr.Internal(fmt.Errorf("building the signing input: response: %w", err))
+	}
+	*buf = canon[:0]
+	return l.sign(signContext, keyVersion, attestedAt, canon)
 }
 
 // SignCanonical is Sign for a response already in RFC 8785 form (see
 // receipt.SigningInputCanonical): the signing input is assembled around it
 // without canonicalizing it again.
 func (l *Local) SignCanonical(_ context.Context, signContext, keyVersion, attestedAt string, canonResponse []byte) (receipt.Attestation, error) {
-	return l.sign(receipt.AppendSigningInputCanonical, signContext, keyVersion, attestedAt, canonResponse)
-}
-
-// signingInput is receipt.AppendSigningInputCanonical or
-// appendSigningInput.
-type signingInput func(dst []byte, context, keyVersion, attestedAt string, response []byte) ([]byte, error)
-
-// appendSigningInput is receipt.SigningInput as a signingInput; it
-// canonicalizes into a buffer of its own.
-func appendSigningInput(_ []byte, context, keyVersion, attestedAt string, response []byte) ([]byte, error) {
-	return receipt.SigningInput(context, keyVersion, attestedAt, response)
+	return l.sign(signContext, keyVersion, attestedAt, canonResponse)
 }
 
 // inputs holds signing inputs (a response of a few kilobytes in its
-// five-member document) from one signature to the next: nothing keeps one
-// once it is signed.
+// five-member document) and canonical responses from one signature to the
+// next: nothing keeps one once it is signed.
 var inputs = sync.Pool{New: func() any { b := make([]byte, 0, 8<<10); return &b }}
 
-// maxPooledInput is the largest signing input kept for reuse.
+// maxPooledInput is the largest buffer kept for reuse.
 const maxPooledInput = 256 << 10
 
-func (l *Local) sign(input signingInput, signContext, keyVersion, attestedAt string, response []byte) (receipt.Attestation, error) {
+// putInput returns buf to inputs unless it grew too large to keep.
+func putInput(buf *[]byte) {
+	if cap(*buf) <= maxPooledInput {
+		inputs.Put(buf)
+	}
+}
+
+// sign signs canonResponse, in RFC 8785 form, after the checks certd makes
+// of a signing input it is sent, so the in-process signer signs nothing
+// certd would refuse.
+func (l *Local) sign(signContext, keyVersion, attestedAt string, canonResponse []byte) (receipt.Attestation, error) {
 	if signContext != receipt.ContextVerify && signContext != receipt.ContextScore {
 		return receipt.Attestation{}, apierr.Internal(fmt.Errorf("in-process signer: %q is not a signing context of this service", signContext))
 	}
 	at, err := receipt.ParseTime(attestedAt)
 	if err != nil {
 		return receipt.Attestation{}, apierr.Internal(fmt.Errorf("in-process signer: attested_at is not an RFC 3339 time: %w", err))
+	}
+	doc := receipt.SigningDocument{Context: signContext, KeyVersion: keyVersion, AttestedAt: attestedAt, Response: canonResponse}
+	if err := doc.CheckTimes(); err != nil {
+		return receipt.Attestation{}, apierr.Internal(fmt.Errorf("in-process signer: %w", err))
 	}
 	k, err := l.current(false, keyVersion, at)
 	if err != nil {
@@ -148,22 +162,18 @@ func (l *Local) sign(input signingInput, signContext, keyVersion, attestedAt str
 		return receipt.Attestation{}, &StaleKeyError{Current: k.Version}
 	}
 	buf := inputs.Get().(*[]byte)
-	msg, err := input((*buf)[:0], signContext, keyVersion, attestedAt, response)
+	defer putInput(buf)
+	msg, err := receipt.AppendSigningInputCanonical((*buf)[:0], signContext, keyVersion, attestedAt, canonResponse)
 	if err != nil {
-		inputs.Put(buf)
 		return receipt.Attestation{}, apierr.Internal(fmt.Errorf("building the signing input: %w", err))
 	}
-	att := receipt.Attestation{
+	*buf = msg[:0]
+	return receipt.Attestation{
 		Algorithm:  receipt.Algorithm,
 		KeyVersion: keyVersion,
 		Timestamp:  attestedAt,
 		Signature:  base64.StdEncoding.EncodeToString(ed25519.Sign(k.Private, msg)),
-	}
-	if cap(msg) <= maxPooledInput {
-		*buf = msg[:0]
-	}
-	inputs.Put(buf)
-	return att, nil
+	}, nil
 }
 
 // Ping reports whether a signing key is loaded. It answers verifierd's
