@@ -717,13 +717,26 @@ func notPlain(h http.Header) string {
 // pass receipt: an invoice under utf-16le unreadable, under iso-8859-1
 // every non-ASCII string changed. Relabelling it utf-8 instead would
 // release it as something the agent did not say. ct is the one value
-// selects parsed.
+// selects parsed. Any label of UTF-8 is UTF-8 (utf8Labels).
 func notUTF8(ct string) string {
 	_, params, err := mime.ParseMediaType(ct)
-	if cs, ok := params["charset"]; err == nil && ok && !strings.EqualFold(cs, "utf-8") {
+	if cs, ok := params["charset"]; err == nil && ok && !utf8Labels[strings.ToLower(strings.TrimSpace(cs))] {
 		return "it is labelled charset " + headerValueShort(cs) + ", and only UTF-8 is checked"
 	}
 	return ""
+}
+
+// utf8Labels are the labels of UTF-8 in the WHATWG Encoding standard, in
+// lower case (a label is matched in any case, without surrounding
+// spaces): what browsers, and Python's codecs for utf8, decode as UTF-8,
+// so an answer labelled with any of them is read as the check read it.
+var utf8Labels = map[string]bool{
+	"unicode-1-1-utf-8": true,
+	"unicode11utf8":     true,
+	"unicode20utf8":     true,
+	"utf-8":             true,
+	"utf8":              true,
+	"x-unicode20utf8":   true,
 }
 
 // bodyHeaders are the headers of an answer that describe its body's bytes

@@ -1,0 +1,61 @@
+package caddymodule
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	neturl "net/url"
+	"testing"
+)
+
+// An answer labelled with any WHATWG label of UTF-8 (utf8, unicode-1-1-utf-8,
+// in any case, quoted or not) is read as UTF-8 by every reader and passes
+// the check. (Before: only "utf-8" was taken, and charset=utf8, a valid
+// UTF-8 answer, was 503 response_unverifiable.)
+func TestCharsetUTF8LabelsAreUTF8(t *testing.T) {
+	buildBinaries(t)
+	vf := startVerifier(t)
+	agent := startAgent(t)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		resp, err := http.Get(agent + r.URL.Path)
+		if err != nil {
+			http.Error(w, err.Error(), 500)
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		w.Header().Set("Content-Type", r.URL.Query().Get("ct"))
+		w.WriteHeader(resp.StatusCode)
+		w.Write(b)
+	}))
+	t.Cleanup(up.Close)
+	base := startCaddy(t, ":{port} {"+sellerRoute("/s", up.URL, vf, "")+"}\n")
+	for _, ct := range []string{"application/json; charset=utf8", "application/json; charset=UTF8", `application/json; charset="Unicode-1-1-UTF-8"`, "application/json; charset=utf-8"} {
+		resp, body := getBody(t, base+"/s/invoices/INV-7731?ct="+neturl.QueryEscape(ct), nil)
+		if resp.StatusCode != http.StatusOK || resp.Header.Get(HeaderVerificationStatus) != "pass" {
+			t.Errorf("%s: %d %q %.200s; want 200 pass (a UTF-8 label)", ct, resp.StatusCode, resp.Header.Get(HeaderVerificationStatus), body)
+		}
+	}
+	// Another charset is still refused.
+	resp, body := getBody(t, base+"/s/invoices/INV-7731?ct="+neturl.QueryEscape("application/json; charset=utf-16le"), nil)
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("utf-16le: %d %.200s; want 503 response_unverifiable", resp.StatusCode, body)
+	}
+}
+
+// notUTF8 takes the WHATWG labels of UTF-8 and nothing else.
+func TestNotUTF8Labels(t *testing.T) {
+	for ct, want := range map[string]bool{
+		"application/json":                              true,
+		"application/json; charset=utf-8":               true,
+		"application/json; charset=UTF8":                true,
+		`application/json; charset="unicode-1-1-utf-8"`: true,
+		"application/json; charset=utf-16le":            false,
+		"application/json; charset=iso-8859-1":          false,
+		"application/json; charset=utf-8x":              false,
+	} {
+		if got := notUTF8(ct) == ""; got != want {
+			t.Errorf("notUTF8(%q) == \"\" is %v, want %v", ct, got, want)
+		}
+	}
+}
