@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -569,4 +570,29 @@ func setChargedHeaders(h http.Header) {
 	v := [...]string{"no-store", exposedHeaders}
 	h["Cache-Control"] = v[0:1:1]
 	h["Access-Control-Expose-Headers"] = v[1:2:2]
+}
+
+// dropTargetedCaching removes from h, the upstream's header of an answer
+// that goes out with the gate's Cache-Control (setChargedHeaders), the
+// fields targetedCacheControl names: a CDN honours its own field instead
+// of Cache-Control (RFC 9213), so the upstream's CDN-Cache-Control:
+// public beside the gate's no-store would have a CDN in front keep one
+// buyer's paid answer and serve it to everyone, unpaid.
+func dropTargetedCaching(h http.Header) {
+	for k := range h {
+		if targetedCacheControl(k) {
+			delete(h, k)
+		}
+	}
+}
+
+// targetedCacheControl reports whether k is a header a cache in front
+// reads instead of, or beside, Cache-Control: RFC 9213's targeted fields
+// (CDN-Cache-Control, Cloudflare-CDN-Cache-Control, any field named
+// *-Cache-Control), Surrogate-Control (Fastly, Varnish, Akamai) and
+// Akamai's Edge-Control. Any letter case.
+func targetedCacheControl(k string) bool {
+	const suffix = "-cache-control"
+	return len(k) > len(suffix) && strings.EqualFold(k[len(k)-len(suffix):], suffix) ||
+		strings.EqualFold(k, "Surrogate-Control") || strings.EqualFold(k, "Edge-Control")
 }

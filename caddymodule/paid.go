@@ -728,6 +728,7 @@ func (g *Gate) paidStream(w http.ResponseWriter, r *http.Request, sr x402.Settle
 			started()
 		}
 		dropGateHeaders(h)
+		dropTargetedCaching(h)
 		for i, k := range streamKept {
 			if own[i] != nil {
 				h[k] = own[i]
@@ -1284,6 +1285,9 @@ func (b *bufferedWriter) replay(w http.ResponseWriter) {
 	h := w.Header()
 	dropTrailers(b.header)
 	dropGateHeaders(b.header)
+	if _, set := h["Cache-Control"]; set {
+		dropTargetedCaching(b.header) // the gate's Cache-Control rules alone
+	}
 	for k, v := range b.header {
 		if _, set := h[k]; set && (k == "Cache-Control" || k == "Access-Control-Expose-Headers") {
 			continue
