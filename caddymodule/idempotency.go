@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"hash"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -514,7 +515,7 @@ func (c *paymentIDCall) save(bw *bufferedWriter, sr x402.SettleResponse) {
 func (c *paymentIDCall) record(bw *bufferedWriter, sr x402.SettleResponse) {
 	ans := savedAnswer{Settlement: sr}
 	if bw != nil {
-		if h, ok := keptHeader(bw, c.g.PaymentIdentifier.MaxAnswer); ok {
+		if h, ok := keptHeader(bw, c.g.PaymentIdentifier.MaxAnswer, receiptNameOf(c.ctx)); ok {
 			ans.Kept, ans.Status, ans.Header, ans.Body = true, bw.status(), h, bw.buf.Bytes()
 		}
 	}
@@ -537,26 +538,60 @@ func (c *paymentIDCall) record(bw *bufferedWriter, sr x402.SettleResponse) {
 
 // keptHeader is the header a paid answer kept for a later retry goes out
 // with (a payment identifier's saved answer, the answer held for an
-// unknown settlement): the one bw, the held answer, was released with,
-// which holds what verify_response set on it (its receipt, its status,
-// nosniff, the unverified mark), so the retry gets the answer the buyer
-// paid for as it would have gone out. Content-Length and Date are left
-// out: the delivery sets them anew. ok is false when the answer, its body
-// and this header, is over limit bytes, and then it is not kept.
-func keptHeader(bw *bufferedWriter, limit int64) (h http.Header, ok bool) {
+// unknown settlement): of the header bw, the held answer, was released
+// with, the fields keptFields names and the receipt under receipt, the
+// name a verify_response gave it (receiptNameOf; "" for none), so the
+// retry gets the answer the buyer paid for, checked as it was. Nothing
+// else: the retry is anyone who presents the same payment for the same
+// request, and the payment is public once on chain, so a field the
+// upstream set for the buyer (Set-Cookie, a Location or Link naming the
+// buyer's resources) would be handed to a stranger. Content-Length and
+// Date are not kept: the delivery sets them anew. ok is false when the
+// answer, its body and this header, is over limit bytes, and then it is
+// not kept.
+func keptHeader(bw *bufferedWriter, limit int64, receipt string) (h http.Header, ok bool) {
 	size := int64(bw.buf.Len())
 	if size > limit {
 		return nil, false
 	}
-	h = bw.header.Clone()
-	h.Del("Content-Length")
-	h.Del("Date")
-	for k, vs := range h {
+	h = make(http.Header)
+	receipt = http.CanonicalHeaderKey(receipt)
+	for k, vs := range bw.header {
+		if !keptFields[k] && (receipt == "" || k != receipt) {
+			continue
+		}
+		h[k] = slices.Clone(vs)
 		for _, v := range vs {
 			size += int64(len(k) + len(v) + 4)
 		}
 	}
 	return h, size <= limit
+}
+
+// keptFields are the fields of a paid answer's header kept with it for a
+// retry (keptHeader), by their canonical names: those describing its
+// content (its type, language, the encoding its kept bytes are in, how to
+// save it, its validators) and its verification (verify_response's status
+// and default receipt header, and nosniff). The gate's own
+// (Cache-Control, PAYMENT-RESPONSE, ...) are set anew when it goes out.
+var keptFields = map[string]bool{
+	"Content-Type":            true,
+	"Content-Language":        true,
+	"Content-Encoding":        true,
+	"Content-Disposition":     true,
+	"Etag":                    true,
+	"Last-Modified":           true,
+	HeaderVerificationReceipt: true,
+	HeaderVerificationStatus:  true,
+	"X-Content-Type-Options":  true,
+}
+
+// receiptNameOf is the name of the receipt header a verify_response put
+// on the answer to the request whose context is ctx (receiptNameVar), ""
+// when none did.
+func receiptNameOf(ctx context.Context) string {
+	name, _ := caddyhttp.GetVar(ctx, receiptNameVar).(string)
+	return name
 }
 
 // resolving is the exchange resolveOnRetry answers through: when an

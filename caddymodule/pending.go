@@ -536,7 +536,7 @@ func failedUnnamed(unknown *x402.UnknownOutcomeError) bool {
 // transfer's calldata), so anyone could present it again (paidFor).
 func (g *Gate) holdAnswer(h *heldRecord, r *http.Request, bw *bufferedWriter) {
 	if bw != nil {
-		if hdr, ok := keptHeader(bw, maxHeldAnswer); ok {
+		if hdr, ok := keptHeader(bw, maxHeldAnswer, receiptNameOf(r.Context())); ok {
 			h.Held, h.Status, h.Header, h.ContentType, h.Body = true, bw.status(), hdr, bw.header.Get("Content-Type"), bytes.Clone(bw.buf.Bytes())
 		}
 	}

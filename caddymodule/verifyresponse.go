@@ -98,6 +98,11 @@ const verificationErrorVar = "aov.verification.error"
 // ({http.vars.aov.verification.id}).
 const verificationIDVar = "aov.verification.id"
 
+// receiptNameVar holds the name of the header a verify_response put its
+// receipt under on the request's answer (receipt_header), which a gate in
+// front keeps with an answer it holds (keptHeader).
+const receiptNameVar = "aov.verification.receipt_header"
+
 // Outcomes recorded in VerificationVar.
 const (
 	outcomePass       = "pass"
@@ -664,6 +669,7 @@ func (v *VerifyResponse) verifyHeld(w http.ResponseWriter, hw *bufferedWriter, r
 	h := w.Header()
 	v.releaseHeader(h, hw.header)
 	h.Set(v.receiptName, base64.StdEncoding.EncodeToString(rc.raw))
+	caddyhttp.SetVar(r.Context(), receiptNameVar, v.receiptName)
 	h.Set(HeaderVerificationStatus, rc.view.Result)
 	h.Add("Access-Control-Expose-Headers", v.receiptName+", "+HeaderVerificationStatus)
 	out := body
