@@ -205,8 +205,14 @@ func (g *Gate) serveCharged(w http.ResponseWriter, r *http.Request, next caddyht
 		// works (reverse_proxy's 499), and the same payment or free unit
 		// can be used again. The upstream worked, so the call counts. A
 		// settlement once begun is never cut short: c.settle runs on a
-		// context without the client's cancellation.
+		// context without the client's cancellation. An upstream that
+		// recorded the paid call pending is told it ended unpaid, as for a
+		// settlement refused: the retry with the same payment is another
+		// verification, and nothing else would ever resolve this one.
 		g.unsettled(r, c, true)
+		if p, ok := c.(*paidCharge); ok {
+			p.reportOutcome(r, bw, settleRefused)
+		}
 		metrics.outcomes.WithLabelValues("client_gone_not_settled").Inc()
 		w.WriteHeader(statusClientClosedRequest) // for the access log; nobody reads it
 		return nil

@@ -1421,8 +1421,9 @@ type settleEnd uint8
 const (
 	// settleDone: settled and recorded; the answer is delivered.
 	settleDone settleEnd = iota
-	// settleRefused: the facilitator settled nothing (it said so) and
-	// the claim was released: nothing was charged.
+	// settleRefused: the facilitator settled nothing (it said so), or
+	// nothing was settled because the client left first, and the claim
+	// was released: nothing was charged.
 	settleRefused
 	// settleUnknown: anything else. The transfer may have happened (its
 	// outcome is unknown, or the claim was resolved elsewhere meanwhile),
@@ -1431,8 +1432,9 @@ const (
 )
 
 // reportOutcome reports a settlement's outcome after servePaid's settle
-// (end): paid when it succeeded or went through unrecorded, unpaid when
-// the facilitator refused it, and otherwise as the payment's claim tells:
+// (end), or a call not settled because its client left (settleRefused):
+// paid when it succeeded or went through unrecorded, unpaid when the
+// facilitator refused it or nothing was settled, and otherwise as the payment's claim tells:
 // paid when it is settled by now (the background pass found the transfer
 // in between, or another gateway did); nothing while the outcome is
 // unknown (the claim is held: the report comes with the resolution).
