@@ -57,8 +57,13 @@ type pooledFacilitator struct {
 	client *settlementChain       // nil on a devnet
 }
 
-// Destruct stops the devnet or closes the chain connection.
+// Destruct stops the relayer's look-after of the facilitator's pending
+// settlements (Facilitator.Close), then the devnet or the chain connection
+// it would read through.
 func (p *pooledFacilitator) Destruct() error {
+	if p.f != nil {
+		p.f.Close()
+	}
 	if p.client != nil {
 		p.client.Close()
 	}

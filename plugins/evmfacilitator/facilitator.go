@@ -131,6 +131,10 @@ type Facilitator struct {
 	withinValidity validityCache
 
 	prepareTimeout time.Duration // the const prepareTimeout; tests shorten it
+
+	// closed stops the relayer's look-after of the settlements it sent
+	// (Close).
+	closed atomic.Bool
 }
 
 // prepareTimeout bounds the reads of a Verify, and of a Settle before its
@@ -235,6 +239,20 @@ func newFacilitator(cfg Config, nonces *nonceSet) (*Facilitator, error) {
 		f.nonces = relayerNonces(chainID, f.relayer)
 	}
 	return f, nil
+}
+
+// Close stops the relayer's look-after of the settlements this facilitator
+// sent (watch.go): a facilitator whose configuration is unloaded resolves
+// nothing more on its own; a retry of /settle through another facilitator
+// of the key still resolves its settlements. It sends nothing and waits for
+// nothing; Settle and the status calls keep working.
+func (f *Facilitator) Close() error {
+	f.closed.Store(true)
+	select {
+	case f.nonces.wake <- struct{}{}:
+	default:
+	}
+	return nil
 }
 
 // Relayer returns the address that submits settlements and pays their gas.

@@ -61,6 +61,10 @@ type nonceManager struct {
 	// compacted away once they are as many as usedCacheMax.
 	sentOrder []keptAt
 	sentSeq   uint64
+	// watching is whether watch runs (under sentMu); wake cuts its wait
+	// short (a facilitator closed).
+	watching bool
+	wake     chan struct{}
 }
 
 // keptSent is an entry of nonceManager.sent: the settlement and when it
@@ -99,10 +103,34 @@ type sentSettlement struct {
 	// kept (through any facilitator of the key, at once) may each learn
 	// that it paid; one payment is one success per process.
 	succeeded atomic.Bool
+
+	// owner is the facilitator that sent it, and c (a copy, which resolve
+	// may write to) its checked payment: what watch resolves it with. A
+	// settlement without an owner (made by a test) is not watched.
+	owner *Facilitator
+	c     checked
+	// known is set once watch learned its outcome: it stops looking after
+	// it, and leaves it kept for the retries, which learn the outcome
+	// themselves (the first of them that learns it paid is answered
+	// success: oneSuccess).
+	known atomic.Bool
 }
 
 func newSentSettlement(tx *types.Transaction, start time.Time, validBefore *big.Int) *sentSettlement {
 	return &sentSettlement{start: start, validBefore: validBefore, txs: []*types.Transaction{tx}, lastSent: now()}
+}
+
+// sentAt reports when the latest of its transactions was sent.
+func (s *sentSettlement) sentAt() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lastSent
+}
+
+// watched reports whether watch looks after it: it has an owner that is
+// not closed, and its outcome is not known.
+func (s *sentSettlement) watched() bool {
+	return s.owner != nil && !s.owner.closed.Load() && !s.known.Load()
 }
 
 // all returns the settlement's transactions, the first sent first.
@@ -178,7 +206,7 @@ func (n *nonceManager) keepLocked(k usedKey, s *sentSettlement, t time.Time) {
 	if len(n.sent) >= usedCacheMax {
 		unix := big.NewInt(t.Unix())
 		for k, e := range n.sent {
-			if e.s.validBefore.Cmp(unix) <= 0 {
+			if e.s.validBefore.Cmp(unix) <= 0 && !e.s.watched() {
 				delete(n.sent, k)
 			}
 		}
@@ -196,23 +224,28 @@ func (n *nonceManager) keepLocked(k usedKey, s *sentSettlement, t time.Time) {
 	n.sentSeq++
 	n.sent[k] = keptSent{s: s, seq: n.sentSeq}
 	n.sentOrder = append(n.sentOrder, keptAt{k: k, seq: n.sentSeq})
+	n.startWatchLocked()
 }
 
 // sentOf returns the settlement of authorization k whose outcome is
-// unknown, if any, and its authorization still valid at t.
+// unknown, if any, and its authorization still valid at t. One expired
+// goes, unless watch still looks after it (its transaction may be pending,
+// holding the relayer's nonce, until its cancellation).
 func (n *nonceManager) sentOf(k usedKey, t time.Time) (*sentSettlement, bool) {
 	n.sentMu.Lock()
 	defer n.sentMu.Unlock()
 	e, ok := n.sent[k]
 	if ok && e.s.validBefore.Cmp(big.NewInt(t.Unix())) <= 0 {
-		delete(n.sent, k)
+		if !e.s.watched() {
+			delete(n.sent, k)
+		}
 		return nil, false
 	}
 	return e.s, ok
 }
 
 func newNonceManager(addr common.Address) *nonceManager {
-	return &nonceManager{lock: make(chan struct{}, 1), addr: addr}
+	return &nonceManager{lock: make(chan struct{}, 1), addr: addr, wake: make(chan struct{}, 1)}
 }
 
 // submitTimeout bounds how long one submit holds the account: its nonce

@@ -261,6 +261,7 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 	}()
 	tx, err := f.send(ctx, pre, c, func(tx *types.Transaction) {
 		sentSet = newSentSettlement(tx, start, c.auth.ValidBefore)
+		sentSet.owner, sentSet.c = f, *c // for watch
 		f.nonces.keep(k, sentSet, now())
 		sent.Store(true)
 	})

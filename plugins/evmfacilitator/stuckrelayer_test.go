@@ -1,0 +1,126 @@
+package evmfacilitator
+
+import (
+	"context"
+	"errors"
+	"math/big"
+	"testing"
+	"time"
+
+	"github.com/ethereum/go-ethereum/core/types"
+
+	"github.com/aovhq/aov/x402"
+)
+
+// gateDeadline is spikeBeforeSend whose settle caller's deadline (the
+// gate's settle deadline) ends shortly after the first send reached the
+// node, as when the spike-time send took most of it.
+type gateDeadline struct {
+	*spikeBeforeSend
+	cancel context.CancelFunc
+}
+
+func (c *gateDeadline) SendTransaction(ctx context.Context, tx *types.Transaction) error {
+	err := c.spikeBeforeSend.SendTransaction(context.WithoutCancel(ctx), tx)
+	time.AfterFunc(500*time.Millisecond, c.cancel)
+	return err
+}
+
+// An ordinary account's settlement stuck by a fee spike and answered
+// unknown before its wait ended, whose authorization then expires, is
+// cancelled by the relayer on its own (README: "the relayer looks after its
+// own stuck transactions"): nobody retries /settle (a retry is refused by
+// the wall-clock validBefore check before it reaches the kept settlement),
+// and there is no follow-up for an account without code. (Before: nothing
+// ever replaced or cancelled it, the relayer's nonce stayed taken and every
+// later settlement queued behind it.)
+func TestExpiredStuckSettlementIsCancelledWithoutARetry(t *testing.T) {
+	d := startDevnet(t, DevnetConfig{gasLimit: spikeGasLimit, MaxClockLead: 20 * time.Second})
+	e := &testEnv{d: d}
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	g := &congestion{t: t, d: d}
+	sctx, scancel := context.WithCancel(context.Background())
+	defer scancel()
+	sc := &gateDeadline{spikeBeforeSend: &spikeBeforeSend{Chain: d.Client(), g: g, ctx: ctx}, cancel: scancel}
+	f, err := New(Config{Chain: sc, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := e.requirements(payee, amount)
+	req.MaxTimeoutSeconds = 12
+	p := mustSignExact(t, payer, req)
+	c := f.checkOwn(ctx, p, req)
+	validBefore := c.auth.ValidBefore.Uint64()
+
+	_, err = f.Settle(sctx, p, req)
+	var ue *x402.UnknownOutcomeError
+	if !errors.As(err, &ue) {
+		t.Fatalf("settle sent before the spike: %v; want an unknown outcome", err)
+	}
+	t.Logf("first settle: %v", err)
+	first := sc.all()[0]
+
+	// The authorization expires, by wall clock and by chain time.
+	for {
+		h, err := d.Client().HeaderByNumber(ctx, nil)
+		if err == nil && h.Time > validBefore+1 && uint64(time.Now().Unix()) > validBefore+1 {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	// Nobody retries: the relayer frees its nonce on its own.
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		n, nerr := d.Client().NonceAt(ctx, f.relayer, nil)
+		if nerr == nil && n > first.Nonce() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("20 s after validBefore the relayer's nonce %d is still taken by the stuck settlement %s (%d transactions sent in all); want it replaced or cancelled", first.Nonce(), first.Hash().Hex(), len(sc.all()))
+		}
+	}
+	// Its outcome learned, the look-after ends.
+	for deadline := time.Now().Add(15 * time.Second); watching(f.nonces); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the relayer's look-after still runs with no outcome left to learn")
+		}
+	}
+}
+
+// watching reports whether n's look-after runs.
+func watching(n *nonceManager) bool {
+	n.sentMu.Lock()
+	defer n.sentMu.Unlock()
+	return n.watching
+}
+
+// A facilitator closed (its configuration unloaded) ends the look-after of
+// the settlements it sent at once, without waiting for its next round.
+func TestCloseEndsTheLookAfter(t *testing.T) {
+	d := startDevnet(t, DevnetConfig{})
+	e := &testEnv{d: d}
+	f, err := New(Config{Chain: d.Client(), Network: DevnetNetwork, RelayerKey: DevKey(0), ReceiptTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &nonceSet{}
+	f.nonces = n.of(f.relayer)
+	req := e.requirements(payee, amount)
+	c := f.checkOwn(context.Background(), mustSignExact(t, payer, req), req)
+	tx, err := types.SignNewTx(f.key, f.signer, &types.DynamicFeeTx{ChainID: f.chainID, Gas: 300_000, GasFeeCap: big.NewInt(1e9), To: &c.token, Data: c.txData})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newSentSettlement(tx, time.Now(), c.auth.ValidBefore)
+	s.owner, s.c = f, *c
+	f.nonces.keep(usedKey{token: c.token, from: c.auth.From, nonce: c.auth.Nonce}, s, time.Now())
+	if !watching(f.nonces) {
+		t.Fatal("a settlement of unknown outcome kept, and no look-after runs")
+	}
+	f.Close()
+	for deadline := time.Now().Add(time.Second); watching(f.nonces); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the look-after still runs a second after its only facilitator closed")
+		}
+	}
+}
