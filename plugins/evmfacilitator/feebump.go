@@ -115,6 +115,7 @@ func (f *Facilitator) replace(ctx context.Context, c *checked, s *sentSettlement
 		return "replacing it at a higher fee was refused (" + reason + ")"
 	}
 	s.lastSent = now()
+	s.sends++
 	if expired {
 		s.cancel = tx
 		return fmt.Sprintf("its authorization has expired, so it was cancelled by %s, a transfer of nothing to the relayer with its nonce at a higher fee", tx.Hash().Hex())

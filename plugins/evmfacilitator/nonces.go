@@ -98,6 +98,10 @@ type sentSettlement struct {
 	// (under mu): a transfer of nothing from the relayer to itself with
 	// their nonce, which frees the nonce and is never the settlement.
 	cancel *types.Transaction
+	// sends counts the transactions replace sent for it, replacements and
+	// cancellations (under mu): follow waits again for the outcome of a
+	// round that sent one.
+	sends int
 	// succeeded is set by the one settle answered success for it
 	// (oneSuccess). The settle that sent it and every retry that finds it
 	// kept (through any facilitator of the key, at once) may each learn
@@ -125,6 +129,13 @@ func (s *sentSettlement) sentAt() time.Time {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.lastSent
+}
+
+// sendCount reports how many transactions replace sent for it.
+func (s *sentSettlement) sendCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sends
 }
 
 // watched reports whether watch looks after it: it has an owner that is

@@ -299,7 +299,12 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 // ReceiptTimeout, whatever
 // became of settle's caller (its deadline, the gateway's settle deadline,
 // is often shorter), and judged as settle judges it (judgeOwn); without
-// one, the chain is read once more (resolve). A settlement that paid
+// one, the chain is read once more (resolve). A round in which a
+// replacement or cancellation was sent for it (resolve's own, or the
+// relayer's look-after: watch.go) leaves the outcome to that transaction:
+// follow waits for a receipt again, as long, at most maxFeeBumps+2 rounds,
+// since a replacement sent and judged unknown in one step is no outcome.
+// A settlement that paid
 // payTo, or never executed, records nothing; one that reverted is
 // recorded as reverted judges it; one whose outcome is still unknown, or
 // whose judgement panicked, counts as a failure: it may revert unseen, at
@@ -313,12 +318,19 @@ func (f *Facilitator) follow(c *checked, s *sentSettlement, cause error) {
 		f.budget.end(c.flight, failed)
 	}()
 	var err error
-	if tx, rcpt, werr := f.waitReceipt(context.Background(), s); werr != nil {
-		_, err = f.resolve(c, s, fmt.Errorf("%v; then %w", cause, werr))
-	} else {
-		_, err = f.judgeOwn(context.Background(), c, s, tx, rcpt, cause)
-	}
 	var ue *x402.UnknownOutcomeError
+	for round := 0; ; round++ {
+		sends := s.sendCount()
+		tx, rcpt, werr := f.waitReceipt(context.Background(), s)
+		if werr == nil {
+			_, err = f.judgeOwn(context.Background(), c, s, tx, rcpt, cause)
+			break
+		}
+		_, err = f.resolve(c, s, fmt.Errorf("%v; then %w", cause, werr))
+		if !errors.As(err, &ue) || s.sendCount() == sends || round > maxFeeBumps {
+			break
+		}
+	}
 	failed = c.failed || errors.As(err, &ue)
 	f.nonces.noteSent(usedKey{token: c.token, from: c.auth.From, nonce: c.auth.Nonce}, s, err, now())
 }

@@ -124,3 +124,45 @@ func TestCloseEndsTheLookAfter(t *testing.T) {
 		}
 	}
 }
+
+// A contract payer's settlement stuck by a spike, whose settle caller's
+// deadline (the gate's) ended before the receipt wait, and whose
+// replacement at a higher fee then pays: the follow-up waits for the
+// replacement's outcome and counts no failure against the wallet. (Before:
+// follow's resolve sent the replacement and, in the same step, judged the
+// outcome still unknown and recorded a failure.)
+func TestFollowCountsNoFailureForItsOwnPaidReplacement(t *testing.T) {
+	d := startDevnet(t, DevnetConfig{gasLimit: spikeGasLimit, MaxClockLead: 20 * time.Second})
+	e := &testEnv{d: d}
+	from, p, req := contractPayer(t, e, acceptAllRuntime)
+	before := usdcBalance(t, d, from)
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	sctx, scancel := context.WithCancel(context.Background())
+	defer scancel()
+	sc := &gateDeadline{spikeBeforeSend: &spikeBeforeSend{Chain: d.Client(), g: &congestion{t: t, d: d}, ctx: ctx}, cancel: scancel}
+	f, err := New(Config{Chain: sc, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Close() // the follow-up alone, not the relayer's look-after, replaces it
+	_, err = f.Settle(sctx, p, req)
+	var ue *x402.UnknownOutcomeError
+	if !errors.As(err, &ue) {
+		t.Fatalf("settle stuck by the spike: %v; want an unknown outcome", err)
+	}
+	t.Logf("settle: %v", err)
+	n := landedFailures(t, f, from)
+	// Let the replacement follow sent be mined.
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if paid := new(big.Int).Sub(before, usdcBalance(t, d, from)); paid.Sign() > 0 {
+			break
+		}
+	}
+	stop()
+	paid := new(big.Int).Sub(before, usdcBalance(t, d, from))
+	t.Logf("%d transactions sent; the wallet paid %s", len(sc.all()), paid)
+	if paid.Cmp(mustBig(amount)) == 0 && n != 0 {
+		t.Errorf("%d failures recorded against a wallet whose settlement paid (by follow's own replacement); want none", n)
+	}
+}
