@@ -2,10 +2,12 @@ package evmfacilitator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/big"
 	"time"
 
+	"github.com/ethereum/go-ethereum"
 	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/params"
 )
@@ -72,7 +74,7 @@ func (f *Facilitator) replace(ctx context.Context, c *checked, s *sentSettlement
 	defer s.mu.Unlock()
 	old := s.txs[len(s.txs)-1]
 	if s.cancel != nil {
-		return "it was cancelled already, by " + s.cancel.Hash().Hex()
+		return f.recancel(ctx, s)
 	}
 	head, err := f.headBlock(ctx)
 	if err != nil {
@@ -118,6 +120,9 @@ func (f *Facilitator) replace(ctx context.Context, c *checked, s *sentSettlement
 	s.sends++
 	if expired {
 		s.cancel = tx
+		if err != nil && !taken {
+			return fmt.Sprintf("its authorization has expired, so it was cancelled by %s, a transfer of nothing to the relayer with its nonce at a higher fee, whose send had no answer (%v): it is sent again when the node does not know it", tx.Hash().Hex(), err)
+		}
 		return fmt.Sprintf("its authorization has expired, so it was cancelled by %s, a transfer of nothing to the relayer with its nonce at a higher fee", tx.Hash().Hex())
 	}
 	s.txs = append(s.txs, tx)
@@ -125,6 +130,41 @@ func (f *Facilitator) replace(ctx context.Context, c *checked, s *sentSettlement
 		return fmt.Sprintf("it was replaced at a higher fee by %s, whose send had no answer (%v)", tx.Hash().Hex(), err)
 	}
 	return fmt.Sprintf("it was replaced at a higher fee by %s (replacement %d of at most %d)", tx.Hash().Hex(), len(s.txs)-1, maxFeeBumps)
+}
+
+// recancel looks after s's cancellation, under s.mu, when a transaction
+// of s is still pending (resolve): its send may have had no answer, or the
+// node may have lost it, and then nothing frees the nonce. One the node
+// does not know is sent again, the same signed transaction (as rebroadcast
+// sends a lost settlement transaction); one it refuses is forgotten, and
+// the next resolve cancels afresh at the fees of the moment. A rate limit
+// says nothing of it: it is sent again at the next resolve.
+func (f *Facilitator) recancel(ctx context.Context, s *sentSettlement) string {
+	_, _, err := f.chain.TransactionByHash(ctx, s.cancel.Hash())
+	switch {
+	case err == nil:
+		return "it was cancelled already, by " + s.cancel.Hash().Hex()
+	case !errors.Is(err, ethereum.NotFound):
+		return fmt.Sprintf("it was cancelled by %s, which cannot be looked up: %v", s.cancel.Hash().Hex(), err)
+	}
+	err = f.chain.SendTransaction(ctx, s.cancel)
+	s.lastSent = now()
+	s.sends++
+	if err == nil {
+		return "its cancellation " + s.cancel.Hash().Hex() + ", unknown to the node, was sent again"
+	}
+	if limited, reason := rateLimited(err); limited {
+		return "sending its cancellation " + s.cancel.Hash().Hex() + " again was rate-limited (" + reason + "); it is sent again at the next resolve"
+	}
+	switch taken, refused, reason := sendAnswer(err); {
+	case taken:
+		return "its cancellation " + s.cancel.Hash().Hex() + " was sent again, and the node has it"
+	case refused:
+		h := s.cancel.Hash().Hex()
+		s.cancel = nil
+		return "sending its cancellation " + h + " again was refused (" + reason + "); the next resolve cancels it afresh"
+	}
+	return "sending its cancellation " + s.cancel.Hash().Hex() + " again: " + err.Error()
 }
 
 // bumpedFees are the fees of a replacement of old at head (replace).

@@ -3,10 +3,13 @@ package evmfacilitator
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/big"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/core/types"
 
 	"github.com/aovhq/aov/x402"
@@ -164,5 +167,135 @@ func TestFollowCountsNoFailureForItsOwnPaidReplacement(t *testing.T) {
 	t.Logf("%d transactions sent; the wallet paid %s", len(sc.all()), paid)
 	if paid.Cmp(mustBig(amount)) == 0 && n != 0 {
 		t.Errorf("%d failures recorded against a wallet whose settlement paid (by follow's own replacement); want none", n)
+	}
+}
+
+// After a restart (a status reader, or a facilitator with an
+// empty record) the gateway's status check naming the first, replaced
+// transaction finds the replacement's Transfer by the nonce's logs.
+func TestStatusAfterRestartFindsTheReplacement(t *testing.T) {
+	d := startDevnet(t, DevnetConfig{gasLimit: spikeGasLimit, MaxClockLead: 20 * time.Second})
+	e := &testEnv{d: d}
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	sc := &spikeBeforeSend{Chain: d.Client(), g: &congestion{t: t, d: d}, ctx: ctx}
+	f, err := New(Config{Chain: sc, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := e.requirements(payee, amount)
+	p := mustSignExact(t, payer, req)
+	after := time.Now()
+	_, err = f.Settle(context.Background(), p, req)
+	first := sc.all()[0]
+	var r x402.SettleResponse
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		var ue *x402.UnknownOutcomeError
+		r, err = f.Settle(context.Background(), p, req)
+		if !errors.As(err, &ue) || time.Now().After(deadline) {
+			break
+		}
+	}
+	stop()
+	if err != nil || !r.Success {
+		t.Fatalf("retry = %+v, %v", r, err)
+	}
+	st, err := statusReader(t, d.Client()).SentSettlementStatus(context.Background(), p, req, x402.SentSettlement{Transaction: first.Hash().Hex(), After: after})
+	if err != nil || st.State != x402.SettlementDone || st.Transaction != r.Transaction {
+		t.Errorf("status after a restart naming the replaced %s = %+v, %v; want done by %s", first.Hash().Hex(), st, err, r.Transaction)
+	}
+	restarted, err := newFacilitator(Config{Chain: d.Client(), Network: DevnetNetwork, RelayerKey: DevKey(0)}, &nonceSet{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err = restarted.SentSettlementStatus(context.Background(), p, req, x402.SentSettlement{Transaction: first.Hash().Hex(), After: after})
+	if err != nil || st.State != x402.SettlementDone || st.Transaction != r.Transaction {
+		t.Errorf("restarted facilitator's status = %+v, %v; want done by %s", st, err, r.Transaction)
+	}
+}
+
+// lostCancel is the devnet's client, except that the first cancellation (a
+// transfer of nothing from the relayer to itself) never reaches the node:
+// its send times out, as a dropped connection or a stalled provider makes
+// one.
+type lostCancel struct {
+	Chain
+	relayer common.Address
+	cancels atomic.Int32
+}
+
+func (c *lostCancel) SendTransaction(ctx context.Context, tx *types.Transaction) error {
+	if tx.To() != nil && *tx.To() == c.relayer && len(tx.Data()) == 0 && c.cancels.Add(1) == 1 {
+		return fmt.Errorf("Post \"http://node\": %w", context.DeadlineExceeded)
+	}
+	return c.Chain.SendTransaction(ctx, tx)
+}
+
+// A cancellation whose send had no answer is checked at the next resolve
+// and, unknown to the node, sent again, as a lost settlement transaction
+// is, until the expired settlement's nonce is freed. (Before: it was
+// recorded as sent and never sent again; every later resolve answered "it
+// was cancelled already" and the relayer's nonce stayed taken.)
+func TestUnansweredCancellationIsSentAgain(t *testing.T) {
+	d := startDevnet(t, DevnetConfig{gasLimit: spikeGasLimit, MaxClockLead: 20 * time.Second})
+	e := &testEnv{d: d}
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	g := &congestion{t: t, d: d}
+	sc := &lostCancel{Chain: d.Client(), relayer: DevAccounts()[0].Address}
+	f, err := New(Config{Chain: sc, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := e.requirements(payee, amount)
+	c := f.checkOwn(ctx, mustSignExact(t, payer, req), req)
+	head, err := d.Client().HeaderByNumber(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	low := new(big.Int).Add(new(big.Int).Mul(head.BaseFee, big.NewInt(2)), big.NewInt(1e9))
+	floor := new(big.Int).Mul(low, big.NewInt(2))
+	g.raise(ctx, floor)
+	go g.hold(ctx, floor)
+	nonce, err := d.Client().PendingNonceAt(ctx, f.relayer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stuck, err := types.SignNewTx(f.key, f.signer, &types.DynamicFeeTx{ChainID: f.chainID, Nonce: nonce, GasTipCap: big.NewInt(1e9), GasFeeCap: low, Gas: 300_000, To: &c.token, Data: c.txData})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Client().SendTransaction(ctx, stuck); err != nil {
+		t.Fatal(err)
+	}
+	s := newSentSettlement(stuck, time.Now(), c.auth.ValidBefore)
+	s.lastSent = time.Now().Add(-time.Minute)
+	head, err = d.Client().HeaderByNumber(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.auth.ValidBefore = new(big.Int).SetUint64(head.Time)
+	_, err = f.resolve(c, s, errors.New("its receipt wait ended"))
+	t.Logf("first resolve: %v", err)
+	if s.cancel == nil {
+		t.Fatalf("no cancellation sent")
+	}
+	time.Sleep(4 * time.Second) // the cancellation's wait
+	r, err := f.resolve(c, s, errors.New("its receipt wait ended"))
+	t.Logf("second resolve: %+v, %v", r, err)
+	r, err = f.resolve(c, s, errors.New("its receipt wait ended"))
+	t.Logf("third resolve: %+v, %v", r, err)
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		n, err := d.Client().NonceAt(ctx, f.relayer, nil)
+		if err == nil && n > nonce {
+			return
+		}
+		if time.Now().After(deadline) {
+			fresh := req
+			fresh.MaxTimeoutSeconds = 120
+			nr, nerr := f.Settle(context.Background(), mustSignExact(t, payer, fresh), fresh)
+			_, _, known := d.Client().TransactionByHash(ctx, s.cancel.Hash())
+			t.Fatalf("the relayer's nonce %d is still held by the expired settlement %s; the cancellation %s recorded is unknown to the node (%v) and was never sent again (%d cancellation sends); a fresh settlement = %+v, %v; want the nonce freed", nonce, stuck.Hash().Hex(), s.cancel.Hash().Hex(), known, sc.cancels.Load(), nr, nerr)
+		}
 	}
 }
