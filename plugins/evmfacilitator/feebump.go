@@ -65,7 +65,9 @@ func feeBump(x *big.Int) *big.Int {
 // has expired the call could only revert, at the relayer's gas, yet its
 // nonce still holds up the relayer: it is replaced by a cancellation
 // instead (s.cancel: nothing, from the relayer to itself, 21,000 gas;
-// once, and past maxFeeBumps too, since it frees the relayer), and the
+// once, and past maxFeeBumps too, since it frees the relayer; sent again
+// while the node does not know it, recancel, and replaced at bumped fees
+// while it is stuck itself, bumpCancel), and the
 // settlement, its transactions gone, then fails as one that can
 // no longer execute (neverExecutes). s's lock serializes replacements of
 // one settlement (a retry's resolve and follow's).

@@ -98,6 +98,9 @@ type sentSettlement struct {
 	// (under mu): a transfer of nothing from the relayer to itself with
 	// their nonce, which frees the nonce and is never the settlement.
 	cancel *types.Transaction
+	// cancelBumps counts the replacements of cancel at a higher fee
+	// (bumpCancel, under mu).
+	cancelBumps int
 	// sends counts the transactions replace sent for it, replacements and
 	// cancellations (under mu): follow waits again for the outcome of a
 	// round that sent one.

@@ -299,3 +299,75 @@ func TestUnansweredCancellationIsSentAgain(t *testing.T) {
 		}
 	}
 }
+
+// A cancellation itself priced out by a base fee that rose past its fee cap
+// is replaced at a bumped fee by the relayer's look-after, until it is
+// mined and the expired settlement's nonce is free. (Before: the
+// settlement, its own transaction gone from the pool, failed as one that
+// can no longer execute and nothing looked at the cancellation again; the
+// relayer's nonce stayed taken.)
+func TestStuckCancellationIsBumped(t *testing.T) {
+	d := startDevnet(t, DevnetConfig{gasLimit: spikeGasLimit, MaxClockLead: 20 * time.Second})
+	e := &testEnv{d: d}
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	g := &congestion{t: t, d: d}
+	f, err := New(Config{Chain: d.Client(), Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := e.requirements(payee, amount)
+	c := f.checkOwn(ctx, mustSignExact(t, payer, req), req)
+	head, err := d.Client().HeaderByNumber(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	low := new(big.Int).Add(new(big.Int).Mul(head.BaseFee, big.NewInt(2)), big.NewInt(1e9))
+	floor := new(big.Int).Mul(low, big.NewInt(2))
+	g.raise(ctx, floor)
+	go g.hold(ctx, floor)
+	nonce, err := d.Client().PendingNonceAt(ctx, f.relayer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stuck, err := types.SignNewTx(f.key, f.signer, &types.DynamicFeeTx{ChainID: f.chainID, Nonce: nonce, GasTipCap: big.NewInt(1e9), GasFeeCap: low, Gas: 300_000, To: &c.token, Data: c.txData})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Client().SendTransaction(ctx, stuck); err != nil {
+		t.Fatal(err)
+	}
+	// Its cancellation, sent at fees the base fee has since risen past.
+	cancel, err := types.SignNewTx(f.key, f.signer, &types.DynamicFeeTx{ChainID: f.chainID, Nonce: nonce, GasTipCap: feeBump(stuck.GasTipCap()), GasFeeCap: feeBump(low), Gas: 21_000, To: &f.relayer})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Client().SendTransaction(ctx, cancel); err != nil {
+		t.Fatal(err)
+	}
+	head, err = d.Client().HeaderByNumber(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.auth.ValidBefore = new(big.Int).SetUint64(head.Time)
+	s := newSentSettlement(stuck, time.Now(), c.auth.ValidBefore)
+	s.cancel, s.lastSent = cancel, time.Now().Add(-time.Minute)
+	s.owner, s.c = f, *c
+	f.nonces.keep(usedKey{token: c.token, from: c.auth.From, nonce: c.auth.Nonce}, s, time.Now())
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		n, err := d.Client().NonceAt(ctx, f.relayer, nil)
+		if err == nil && n > nonce {
+			break
+		}
+		if time.Now().After(deadline) {
+			_, pending, err := d.Client().TransactionByHash(ctx, cancel.Hash())
+			t.Fatalf("the relayer's nonce %d is still held by the cancellation %s (pending %v, %v), priced out at a fee cap of %s; want it replaced at a bumped fee", nonce, cancel.Hash().Hex(), pending, err, cancel.GasFeeCap())
+		}
+	}
+	s.mu.Lock()
+	by := s.cancel
+	s.mu.Unlock()
+	if by == cancel || by.To() == nil || *by.To() != f.relayer || len(by.Data()) != 0 || by.Value().Sign() != 0 || by.GasFeeCap().Cmp(big.NewInt(maxReplacementFeeCap)) > 0 {
+		t.Errorf("the cancellation kept is %s, to %v, %d bytes, value %s, fee cap %s; want a bumped transfer of nothing to the relayer within the bound", by.Hash().Hex(), by.To(), len(by.Data()), by.Value(), by.GasFeeCap())
+	}
+}

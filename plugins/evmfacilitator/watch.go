@@ -2,9 +2,14 @@ package evmfacilitator
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"slices"
 	"time"
+
+	"github.com/ethereum/go-ethereum"
+	"github.com/ethereum/go-ethereum/core/types"
+	"github.com/ethereum/go-ethereum/params"
 
 	"github.com/aovhq/aov/x402"
 )
@@ -80,9 +85,9 @@ func (n *nonceManager) watchInterval() (time.Duration, bool) {
 // resolveWatched resolves, in the order of their nonces, the watched
 // settlements whose latest transaction was sent at least their wait ago
 // (a settle still waiting for its receipt is left to it), until one's
-// outcome stays unknown: that one is the relayer's next pending, which
-// resolve replaced or cancelled (replace) or sent again, and those after it
-// wait behind it. An outcome learned marks the settlement known; it stays
+// outcome stays unknown or its cancellation is still pending (bumpCancel):
+// that one is the relayer's next pending, which resolve replaced or
+// cancelled (replace) or sent again, and those after it wait behind it. An outcome learned marks the settlement known; it stays
 // kept for the retries, so that the first of them that learns it paid is
 // answered success (oneSuccess).
 func (n *nonceManager) resolveWatched() {
@@ -104,7 +109,7 @@ func (n *nonceManager) resolveWatched() {
 		c := s.c // resolve may write to its checked payment
 		_, err := s.owner.resolve(&c, s, errLookedAfter)
 		var ue *x402.UnknownOutcomeError
-		if errors.As(err, &ue) {
+		if errors.As(err, &ue) || s.owner.bumpCancel(s) {
 			return
 		}
 		s.known.Store(true)
@@ -113,3 +118,60 @@ func (n *nonceManager) resolveWatched() {
 
 // errLookedAfter is the cause watch resolves a settlement with.
 var errLookedAfter = errors.New("the relayer looks after its pending settlement transaction")
+
+// bumpCancel looks after the cancellation of s, a settlement whose own
+// transactions are gone (resolve found it can no longer execute), and
+// reports whether it is still pending: it holds the relayer's nonce as the
+// settlement did, and a base fee risen past its fee cap leaves it unmined.
+// It is replaced by another cancellation at bumped fees (bumpedFees) under
+// replace's bounds: only while it is the relayer's next transaction to be
+// mined, once pending for its wait (min(ReceiptTimeout, maxBumpWait)), at
+// most maxFeeBumps times and never above maxReplacementFeeCap; a
+// replacement the node refuses is not kept. A cancellation that cannot be
+// looked up counts as pending (the next round looks again); one the node
+// does not know frees nothing more: resolve gave its nonce back.
+func (f *Facilitator) bumpCancel(s *sentSettlement) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), resolveTimeout)
+	defer cancel()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old := s.cancel
+	if old == nil {
+		return false
+	}
+	_, pending, err := f.chain.TransactionByHash(ctx, old.Hash())
+	switch {
+	case errors.Is(err, ethereum.NotFound):
+		return false
+	case err != nil:
+		return true
+	case !pending:
+		return false
+	case s.cancelBumps >= maxFeeBumps || now().Sub(s.lastSent) < min(f.cfg.ReceiptTimeout, maxBumpWait):
+		return true
+	}
+	head, err := f.headBlock(ctx)
+	if err != nil {
+		return true
+	}
+	if next, err := f.chain.NonceAt(ctx, f.relayer, head.Number); err != nil || next != old.Nonce() {
+		return err != nil || next < old.Nonce()
+	}
+	q, err := f.bumpedFees(ctx, old, head)
+	if err != nil {
+		return true
+	}
+	tx, err := types.SignNewTx(f.key, f.signer, q.tx(f.chainID, old.Nonce(), params.TxGas, f.relayer, nil))
+	if err != nil {
+		return true
+	}
+	if err := f.chain.SendTransaction(ctx, tx); err != nil {
+		if _, refused, _ := sendAnswer(err); refused {
+			return true
+		}
+	}
+	s.cancel, s.lastSent = tx, now()
+	s.cancelBumps++
+	s.sends++
+	return true
+}
