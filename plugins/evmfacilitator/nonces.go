@@ -116,11 +116,12 @@ type sentSettlement struct {
 	// settlement without an owner (made by a test) is not watched.
 	owner *Facilitator
 	c     checked
-	// known is set once watch learned its outcome: it stops looking after
+	// done is set once watch has nothing more to do for it, its outcome
+	// learned or its nonce used (resolveWatched): it stops looking after
 	// it, and leaves it kept for the retries, which learn the outcome
 	// themselves (the first of them that learns it paid is answered
 	// success: oneSuccess).
-	known atomic.Bool
+	done atomic.Bool
 }
 
 func newSentSettlement(tx *types.Transaction, start time.Time, validBefore *big.Int) *sentSettlement {
@@ -142,9 +143,9 @@ func (s *sentSettlement) sendCount() int {
 }
 
 // watched reports whether watch looks after it: it has an owner that is
-// not closed, and its outcome is not known.
+// not closed, and it is not done.
 func (s *sentSettlement) watched() bool {
-	return s.owner != nil && !s.owner.closed.Load() && !s.known.Load()
+	return s.owner != nil && !s.owner.closed.Load() && !s.done.Load()
 }
 
 // all returns the settlement's transactions, the first sent first.
@@ -441,11 +442,18 @@ func (s *nonceSet) of(addr common.Address) *nonceManager {
 	return n
 }
 
-func (s *nonceSet) forget() {
+// newChain makes s a new chain's (a devnet started again): each account's
+// nonce is read afresh, and the settlements it kept are dropped, since
+// they were sent to the chain before, and resolved on this one they would
+// be sent again to it (rebroadcast) or replaced, by the look-after too.
+func (s *nonceSet) newChain() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, n := range s.m {
 		n.forget()
+		n.sentMu.Lock()
+		n.sent, n.sentOrder = nil, nil
+		n.sentMu.Unlock()
 	}
 }
 
@@ -516,7 +524,7 @@ func devnetNonces() *nonceSet {
 	chainNonces.devnets = append(chainNonces.devnets, s)
 	chainNonces.mu.Unlock()
 	if alone {
-		s.forget()
+		s.newChain()
 	}
 	return s
 }

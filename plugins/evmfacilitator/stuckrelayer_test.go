@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ethereum/go-ethereum"
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/core/types"
 
@@ -369,5 +370,71 @@ func TestStuckCancellationIsBumped(t *testing.T) {
 	s.mu.Unlock()
 	if by == cancel || by.To() == nil || *by.To() != f.relayer || len(by.Data()) != 0 || by.Value().Sign() != 0 || by.GasFeeCap().Cmp(big.NewInt(maxReplacementFeeCap)) > 0 {
 		t.Errorf("the cancellation kept is %s, to %v, %d bytes, value %s, fee cap %s; want a bumped transfer of nothing to the relayer within the bound", by.Hash().Hex(), by.To(), len(by.Data()), by.Value(), by.GasFeeCap())
+	}
+}
+
+// failingCalls is the devnet's client whose contract calls all fail, as a
+// provider's that answers everything else: every resolve of a settlement
+// then stays unknown.
+type failingCalls struct{ Chain }
+
+func (failingCalls) CallContract(context.Context, ethereum.CallMsg, *big.Int) ([]byte, error) {
+	return nil, errors.New("eth_call: internal error")
+}
+
+// A kept settlement whose outcome stays unknown (its chain reads fail) yet
+// whose nonce the chain has used holds nothing of the relayer's: the
+// look-after is done with it and ends, rather than stopping at it for good
+// in front of the relayer's later settlements.
+func TestLookAfterSkipsASettlementWhoseNonceIsUsed(t *testing.T) {
+	d := startDevnet(t, DevnetConfig{})
+	e := &testEnv{d: d}
+	f, err := New(Config{Chain: failingCalls{d.Client()}, Network: DevnetNetwork, RelayerKey: DevKey(0), ReceiptTimeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := d.Client().NonceAt(context.Background(), f.relayer, nil); err != nil || n == 0 {
+		t.Fatalf("the relayer's nonce = %d, %v; want some used", n, err)
+	}
+	req := e.requirements(payee, amount)
+	c := f.checkOwn(context.Background(), mustSignExact(t, payer, req), req)
+	tx, err := types.SignNewTx(f.key, f.signer, &types.DynamicFeeTx{ChainID: f.chainID, Nonce: 0, Gas: 300_000, GasFeeCap: big.NewInt(1e9), To: &c.token, Data: c.txData})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newSentSettlement(tx, time.Now(), c.auth.ValidBefore)
+	s.owner, s.c, s.lastSent = f, *c, time.Now().Add(-time.Minute)
+	f.nonces.keep(usedKey{token: c.token, from: c.auth.From, nonce: c.auth.Nonce}, s, time.Now())
+	for deadline := time.Now().Add(5 * time.Second); watching(f.nonces); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the look-after still runs for a settlement whose nonce the chain used")
+		}
+	}
+	if !s.done.Load() {
+		t.Error("the look-after ended without being done with the settlement")
+	}
+}
+
+// A devnet started again is a new chain: the settlements kept of the one
+// before are dropped, not resolved (and sent again) on it.
+func TestANewDevnetDropsTheSettlementsKeptOfTheOld(t *testing.T) {
+	d := startDevnet(t, DevnetConfig{})
+	e := &testEnv{d: d}
+	f, err := New(Config{Chain: d.Client(), Network: DevnetNetwork, RelayerKey: DevKey(0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := e.requirements(payee, amount)
+	c := f.checkOwn(context.Background(), mustSignExact(t, payer, req), req)
+	tx, err := types.SignNewTx(f.key, f.signer, &types.DynamicFeeTx{ChainID: f.chainID, Gas: 300_000, GasFeeCap: big.NewInt(1e9), To: &c.token, Data: c.txData})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := usedKey{token: c.token, from: c.auth.From, nonce: c.auth.Nonce}
+	f.nonces.keep(k, newSentSettlement(tx, time.Now(), c.auth.ValidBefore), time.Now())
+	d.Close()
+	startDevnet(t, DevnetConfig{})
+	if _, ok := f.nonces.sentOf(k, time.Now()); ok {
+		t.Error("a settlement kept of the devnet before is still kept on the new one")
 	}
 }

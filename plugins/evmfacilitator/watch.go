@@ -85,11 +85,14 @@ func (n *nonceManager) watchInterval() (time.Duration, bool) {
 // resolveWatched resolves, in the order of their nonces, the watched
 // settlements whose latest transaction was sent at least their wait ago
 // (a settle still waiting for its receipt is left to it), until one's
-// outcome stays unknown or its cancellation is still pending (bumpCancel):
-// that one is the relayer's next pending, which resolve replaced or
-// cancelled (replace) or sent again, and those after it wait behind it. An outcome learned marks the settlement known; it stays
-// kept for the retries, so that the first of them that learns it paid is
-// answered success (oneSuccess).
+// outcome stays unknown, or its cancellation is pending (bumpCancel),
+// while its nonce is not below the relayer's confirmed one: that one is the
+// relayer's next pending, which resolve replaced or cancelled (replace) or
+// sent again, and those after it wait behind it. A settlement whose outcome
+// is learned, or whose nonce the chain has used (nothing of it is pending,
+// whatever its outcome; a retry or a status check still learns that), is
+// done: it is no longer watched, and stays kept for the retries, so that
+// the first of them that learns it paid is answered success (oneSuccess).
 func (n *nonceManager) resolveWatched() {
 	n.sentMu.Lock()
 	var due []*sentSettlement
@@ -110,10 +113,21 @@ func (n *nonceManager) resolveWatched() {
 		_, err := s.owner.resolve(&c, s, errLookedAfter)
 		var ue *x402.UnknownOutcomeError
 		if errors.As(err, &ue) || s.owner.bumpCancel(s) {
-			return
+			if !s.owner.nonceUsed(s.last().Nonce()) {
+				return
+			}
 		}
-		s.known.Store(true)
+		s.done.Store(true)
 	}
+}
+
+// nonceUsed reports whether the relayer's confirmed nonce is past nonce
+// (false when it cannot be read).
+func (f *Facilitator) nonceUsed(nonce uint64) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), resolveTimeout)
+	defer cancel()
+	next, err := f.chain.NonceAt(ctx, f.relayer, nil)
+	return err == nil && next > nonce
 }
 
 // errLookedAfter is the cause watch resolves a settlement with.
