@@ -122,6 +122,9 @@ type sentSettlement struct {
 	// themselves (the first of them that learns it paid is answered
 	// success: oneSuccess).
 	done atomic.Bool
+	// settling is set while the settle that sent it runs: its own receipt
+	// wait and resolve look after it until it answers, not watch.
+	settling atomic.Bool
 }
 
 func newSentSettlement(tx *types.Transaction, start time.Time, validBefore *big.Int) *sentSettlement {

@@ -249,6 +249,7 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 	var sentSet *sentSettlement
 	defer func() {
 		if sentSet != nil {
+			sentSet.settling.Store(false)
 			f.nonces.noteSent(k, sentSet, err, now())
 			resp, err = f.oneSuccess(c, sentSet, resp, err)
 		}
@@ -262,6 +263,7 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 	tx, err := f.send(ctx, pre, c, func(tx *types.Transaction) {
 		sentSet = newSentSettlement(tx, start, c.auth.ValidBefore)
 		sentSet.owner, sentSet.c = f, *c // for watch
+		sentSet.settling.Store(true)
 		f.nonces.keep(k, sentSet, now())
 		sent.Store(true)
 	})

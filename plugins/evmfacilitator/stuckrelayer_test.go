@@ -438,3 +438,49 @@ func TestANewDevnetDropsTheSettlementsKeptOfTheOld(t *testing.T) {
 		t.Error("a settlement kept of the devnet before is still kept on the new one")
 	}
 }
+
+// countingCalls is the devnet's client counting its contract calls.
+type countingCalls struct {
+	Chain
+	calls atomic.Int32
+}
+
+func (c *countingCalls) CallContract(ctx context.Context, m ethereum.CallMsg, b *big.Int) ([]byte, error) {
+	c.calls.Add(1)
+	return c.Chain.CallContract(ctx, m, b)
+}
+
+// A settlement whose settle still runs is left to that settle's own receipt
+// wait and resolve: the look-after resolves it only once the settle has
+// answered, so that it never replaces a transaction while its settle waits
+// for its receipt.
+func TestLookAfterLeavesARunningSettleItsSettlement(t *testing.T) {
+	d := startDevnet(t, DevnetConfig{})
+	e := &testEnv{d: d}
+	cc := &countingCalls{Chain: d.Client()}
+	f, err := New(Config{Chain: cc, Network: DevnetNetwork, RelayerKey: DevKey(0), ReceiptTimeout: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := e.requirements(payee, amount)
+	c := f.checkOwn(context.Background(), mustSignExact(t, payer, req), req)
+	tx, err := types.SignNewTx(f.key, f.signer, &types.DynamicFeeTx{ChainID: f.chainID, Nonce: 1 << 20, Gas: 300_000, GasFeeCap: big.NewInt(1e9), To: &c.token, Data: c.txData})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newSentSettlement(tx, time.Now(), c.auth.ValidBefore)
+	s.owner, s.c, s.lastSent = f, *c, time.Now().Add(-time.Minute)
+	s.settling.Store(true)
+	f.nonces.keep(usedKey{token: c.token, from: c.auth.From, nonce: c.auth.Nonce}, s, time.Now())
+	time.Sleep(300 * time.Millisecond) // six rounds
+	if n := cc.calls.Load(); n != 0 {
+		t.Fatalf("the look-after read the chain %d times for a settlement whose settle still runs; want none", n)
+	}
+	s.settling.Store(false)
+	for deadline := time.Now().Add(5 * time.Second); cc.calls.Load() == 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the look-after never resolved the settlement once its settle answered")
+		}
+	}
+	f.Close()
+}

@@ -84,7 +84,8 @@ func (n *nonceManager) watchInterval() (time.Duration, bool) {
 
 // resolveWatched resolves, in the order of their nonces, the watched
 // settlements whose latest transaction was sent at least their wait ago
-// (a settle still waiting for its receipt is left to it), until one's
+// and whose settle has answered (until then its own receipt wait and
+// resolve look after it), until one's
 // outcome stays unknown, or its cancellation is pending (bumpCancel),
 // while its nonce is not below the relayer's confirmed one: that one is the
 // relayer's next pending, which resolve replaced or cancelled (replace) or
@@ -100,7 +101,7 @@ func (n *nonceManager) resolveWatched() {
 		if !e.s.watched() {
 			continue
 		}
-		if now().Sub(e.s.sentAt()) >= min(e.s.owner.cfg.ReceiptTimeout, maxBumpWait) {
+		if !e.s.settling.Load() && now().Sub(e.s.sentAt()) >= min(e.s.owner.cfg.ReceiptTimeout, maxBumpWait) {
 			due = append(due, e.s)
 		}
 	}
