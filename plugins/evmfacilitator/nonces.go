@@ -125,6 +125,12 @@ type sentSettlement struct {
 	// settling is set while the settle that sent it runs: its own receipt
 	// wait and resolve look after it until it answers, not watch.
 	settling atomic.Bool
+	// sending is set from its signing until that settle's send returns.
+	// Until then "not known to the node" proves nothing: the send may be
+	// refused ("nonce too low") and the authorization signed again with
+	// the next nonce, which then pays. So resolve concludes no failure of
+	// it, and keeps it kept, while it is set.
+	sending atomic.Bool
 }
 
 func newSentSettlement(tx *types.Transaction, start time.Time, validBefore *big.Int) *sentSettlement {
@@ -193,10 +199,11 @@ func (n *nonceManager) noteSent(k usedKey, s *sentSettlement, err error, t time.
 	var ue *x402.UnknownOutcomeError
 	n.sentMu.Lock()
 	defer n.sentMu.Unlock()
+	if e, ok := n.sent[k]; ok && e.s != s {
+		return // signed again with a fresh nonce (keep): that one is kept
+	}
 	if !errors.As(err, &ue) {
-		if n.sent[k].s == s {
-			delete(n.sent, k)
-		}
+		delete(n.sent, k)
 		return
 	}
 	n.keepLocked(k, s, t)

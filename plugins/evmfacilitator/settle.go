@@ -261,12 +261,19 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 		f.budget.end(c.flight, c.failed)
 	}()
 	tx, err := f.send(ctx, pre, c, func(tx *types.Transaction) {
+		if sentSet != nil { // its send was refused with a nonce error
+			sentSet.sending.Store(false)
+		}
 		sentSet = newSentSettlement(tx, start, c.auth.ValidBefore)
 		sentSet.owner, sentSet.c = f, *c // for watch
 		sentSet.settling.Store(true)
+		sentSet.sending.Store(true)
 		f.nonces.keep(k, sentSet, now())
 		sent.Store(true)
 	})
+	if sentSet != nil {
+		sentSet.sending.Store(false)
+	}
 	if err != nil {
 		var ce *contractError
 		var ue *unknownSend
@@ -680,6 +687,8 @@ func (f *Facilitator) resolve(c *checked, s *sentSettlement, cause error) (x402.
 	case never.used:
 		resp, _, err := f.resolveUsed(ctx, c, s, cause)
 		return resp, err
+	case s.sending.Load():
+		return unknown(fmt.Errorf("%v; the transaction %s is not known to the node and can no longer execute (%s), but the settle that signed it is still sending it, and may sign the authorization again with the next nonce", cause, tx.Hash().Hex(), never.why))
 	}
 	// Lost for good: its nonce, when the chain has not used it, is a
 	// gap every later transaction of the relayer would wait behind.
