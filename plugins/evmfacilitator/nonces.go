@@ -131,6 +131,11 @@ type sentSettlement struct {
 	// the next nonce, which then pays. So resolve concludes no failure of
 	// it, and keeps it kept, while it is set.
 	sending atomic.Bool
+	// resolvedWhileSending is set by a resolve of it (a retry, through any
+	// facilitator of the key) while sending was set: that resolve may have
+	// sent the same signed transaction again (rebroadcast), so a refusal
+	// of the settle's own send no longer says nothing was sent.
+	resolvedWhileSending atomic.Bool
 }
 
 func newSentSettlement(tx *types.Transaction, start time.Time, validBefore *big.Int) *sentSettlement {

@@ -126,3 +126,69 @@ func TestRetryWhileTheSignedSendIsOutstandingIsNotToldNothingTransferred(t *test
 		t.Errorf("the payment settled (%s), yet the retry was answered a definite failure %q: %s", o.r.Transaction, r.ErrorReason, r.ErrorMessage)
 	}
 }
+
+// Kept at signing, the transaction a send is still waiting on can be
+// resolved by a retry (a caller told "unknown" since the send was signed,
+// retrying through another facilitator of the key), which sends it again
+// (rebroadcast), and the node takes it. The first send is then refused
+// transiently ("txpool is full", as a provider's pool answers): the settle
+// that sent it must not answer as if nothing was sent, since the very
+// transaction it signed may be (here: is) mined: it is answered from the
+// chain, as after an unanswered send. (Before: it returned the plain
+// error "sending: txpool is full", which the gateway reads as not
+// charged, and gave the nonce back, while its transaction paid.)
+func TestSendRefusedAfterARetrySentTheSameTransactionIsUnknown(t *testing.T) {
+	e := newEnv(t)
+	sc := &slowNonceTooLow{Chain: e.d.Client(), entered: make(chan struct{}), release: make(chan struct{}),
+		answer: nodeError{code: -32000, msg: "txpool is full"}}
+	cfg := Config{Chain: sc, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 6 * time.Second}
+	f, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f2, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := e.requirements(payee, amount)
+	p := mustSignExact(t, payer, req)
+	type out struct {
+		r   x402.SettleResponse
+		err error
+	}
+	leader := make(chan out, 1)
+	go func() {
+		r, err := f.Settle(context.Background(), p, req)
+		leader <- out{r, err}
+	}()
+	select {
+	case <-sc.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the settle never sent")
+	}
+	jctx, jcancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer jcancel()
+	var ue *x402.UnknownOutcomeError
+	if _, err := f.Settle(jctx, p, req); !errors.As(err, &ue) {
+		t.Fatalf("joined settle: %v; want unknown", err)
+	}
+	r, rerr := f2.Settle(context.Background(), p, req)
+	t.Logf("retry = success=%v reason=%q tx=%s err=%v", r.Success, r.ErrorReason, r.Transaction, rerr)
+	sc.mu.Lock()
+	first := sc.first
+	sc.mu.Unlock()
+	waitMined(t, e, first.Hash())
+	close(sc.release)
+	o := <-leader
+	t.Logf("sender = success=%v reason=%q tx=%s err=%v", o.r.Success, o.r.ErrorReason, o.r.Transaction, o.err)
+	rcpt := waitMined(t, e, first.Hash())
+	if rcpt.Status == types.ReceiptStatusSuccessful && o.err != nil && !errors.As(o.err, &ue) {
+		t.Errorf("the settle's own transaction %s was mined and paid, yet it answered %v (not an unknown outcome)", first.Hash().Hex(), o.err)
+	}
+	// A later settle of the same authorization is told it was settled by
+	// that transaction.
+	r3, err3 := f2.Settle(context.Background(), p, req)
+	if err3 != nil || r3.ErrorReason != x402.ReasonExactEVMNonceAlreadyUsed || r3.Transaction != first.Hash().Hex() {
+		t.Errorf("later retry = %+v, %v; want %s naming %s", r3, err3, x402.ReasonExactEVMNonceAlreadyUsed, first.Hash().Hex())
+	}
+}

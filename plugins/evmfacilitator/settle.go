@@ -285,6 +285,11 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 			return f.failure(r.resp.InvalidReason, c.payer, r.resp.InvalidMessage, ""), nil
 		case errors.As(err, &ue): // sentSet is ue.tx's
 			return f.resolve(c, sentSet, ue.err)
+		case sentSet != nil && sentSet.resolvedWhileSending.Load():
+			// A refusal of our send, but a retry may have sent the same
+			// transaction meanwhile, and the node took that: the chain
+			// decides, as after an unanswered send.
+			return f.resolve(c, sentSet, fmt.Errorf("%w, while a retry of this authorization may have sent it again", err))
 		default:
 			return x402.SettleResponse{}, err
 		}
@@ -639,6 +644,9 @@ func (f *Facilitator) resolve(c *checked, s *sentSettlement, cause error) (x402.
 	defer cancel()
 	unknown := func(err error) (x402.SettleResponse, error) {
 		return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Err: err}
+	}
+	if s.sending.Load() {
+		s.resolvedWhileSending.Store(true)
 	}
 	used, err := f.authorizationState(ctx, c.token, c.auth.From, c.auth.Nonce, nil)
 	if err != nil {
