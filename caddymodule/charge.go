@@ -595,10 +595,12 @@ func dropTargetedCaching(h http.Header) {
 // targetedCacheControl reports whether k is a header a cache in front
 // reads instead of, or beside, Cache-Control: RFC 9213's targeted fields
 // (CDN-Cache-Control, Cloudflare-CDN-Cache-Control, any field named
-// *-Cache-Control), Surrogate-Control (Fastly, Varnish, Akamai) and
-// Akamai's Edge-Control. Any letter case.
+// *-Cache-Control), Surrogate-Control (Fastly, Varnish, Akamai),
+// Akamai's Edge-Control and nginx's X-Accel-Expires (which proxy_cache
+// obeys before Cache-Control). Any letter case.
 func targetedCacheControl(k string) bool {
 	const suffix = "-cache-control"
 	return len(k) > len(suffix) && strings.EqualFold(k[len(k)-len(suffix):], suffix) ||
-		strings.EqualFold(k, "Surrogate-Control") || strings.EqualFold(k, "Edge-Control")
+		strings.EqualFold(k, "Surrogate-Control") || strings.EqualFold(k, "Edge-Control") ||
+		strings.EqualFold(k, "X-Accel-Expires")
 }

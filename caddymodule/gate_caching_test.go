@@ -87,6 +87,8 @@ func TestTargetedCacheControlNames(t *testing.T) {
 		"Surrogate-Control":            true,
 		"surrogate-control":            true,
 		"Edge-Control":                 true,
+		"X-Accel-Expires":              true,
+		"x-accel-expires":              true,
 		"Cache-Control":                false,
 		"Content-Type":                 false,
 		"X-Cache":                      false,

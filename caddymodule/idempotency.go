@@ -571,7 +571,7 @@ func keptHeader(bw *bufferedWriter, limit int64, receipt string) (h http.Header,
 // keptFields are the fields of a paid answer's header kept with it for a
 // retry (keptHeader), by their canonical names: those describing its
 // content (its type, language, the encoding its kept bytes are in, how to
-// save it, its validators) and its verification (verify_response's status
+// save it, its validators, the range a 206 holds) and its verification (verify_response's status
 // and default receipt header, and nosniff). The gate's own
 // (Cache-Control, PAYMENT-RESPONSE, ...) are set anew when it goes out.
 var keptFields = map[string]bool{
@@ -579,6 +579,7 @@ var keptFields = map[string]bool{
 	"Content-Language":        true,
 	"Content-Encoding":        true,
 	"Content-Disposition":     true,
+	"Content-Range":           true,
 	"Etag":                    true,
 	"Last-Modified":           true,
 	HeaderVerificationReceipt: true,

@@ -69,6 +69,7 @@ func TestKeptHeaderAllowList(t *testing.T) {
 		"Content-Type":           {"application/json"},
 		"Content-Language":       {"en"},
 		"Content-Encoding":       {"gzip"},
+		"Content-Range":          {"bytes 10-14/20"},
 		"Etag":                   {`"v1"`},
 		"Last-Modified":          {"Mon, 07 Dec 2026 00:00:00 GMT"},
 		"Verification-Receipt":   {"r"},
@@ -94,7 +95,7 @@ func TestKeptHeaderAllowList(t *testing.T) {
 		got = append(got, k)
 	}
 	slices.Sort(got)
-	want := []string{"Content-Encoding", "Content-Language", "Content-Type", "Etag", "Last-Modified", "Verification-Receipt", "Verification-Status", "X-Content-Type-Options", "X-Receipt"}
+	want := []string{"Content-Encoding", "Content-Language", "Content-Range", "Content-Type", "Etag", "Last-Modified", "Verification-Receipt", "Verification-Status", "X-Content-Type-Options", "X-Receipt"}
 	if !slices.Equal(got, want) {
 		t.Errorf("kept %q, want %q", got, want)
 	}
