@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
+	"os"
+	"os/exec"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -483,4 +486,55 @@ func TestLookAfterLeavesARunningSettleItsSettlement(t *testing.T) {
 		}
 	}
 	f.Close()
+}
+
+// fakePanickingChain is the devnet's client whose contract reads panic: a
+// chain client's bug, a fault the real client cannot be made to have.
+type fakePanickingChain struct{ Chain }
+
+func (fakePanickingChain) CallContract(context.Context, ethereum.CallMsg, *big.Int) ([]byte, error) {
+	panic("a chain client's bug")
+}
+
+// A panic in a round of the relayer's look-after (here a chain client's
+// contract read) is recovered and logged, as follow and a settle's server
+// recover theirs: the process goes on. Run in a child process, whose death
+// the parent sees. (Before: the round's goroutine had no recover, and the
+// whole gateway process exited.)
+func TestLookAfterPanicIsRecovered(t *testing.T) {
+	if os.Getenv("AOV_LOOKAFTER_PANIC_CHILD") == "1" {
+		d := startDevnet(t, DevnetConfig{})
+		e := &testEnv{d: d}
+		f, err := New(Config{Chain: fakePanickingChain{d.Client()}, Network: DevnetNetwork, RelayerKey: DevKey(0), ReceiptTimeout: 100 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, err := New(Config{Chain: d.Client(), Network: DevnetNetwork, RelayerKey: DevKey(0), ReceiptTimeout: 100 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		req := e.requirements(payee, amount)
+		c := g.checkOwn(context.Background(), mustSignExact(t, payer, req), req)
+		tx, err := types.SignNewTx(f.key, f.signer, &types.DynamicFeeTx{ChainID: f.chainID, Nonce: 1 << 20, Gas: 300_000, GasFeeCap: big.NewInt(1e9), To: &c.token, Data: c.txData})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := newSentSettlement(tx, time.Now(), c.auth.ValidBefore)
+		s.owner, s.c, s.lastSent = f, *c, time.Now().Add(-time.Minute)
+		f.nonces.keep(usedKey{token: c.token, from: c.auth.From, nonce: c.auth.Nonce}, s, time.Now())
+		time.Sleep(2 * time.Second)
+		g.Close()
+		f.Close()
+		return
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestLookAfterPanicIsRecovered$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "AOV_LOOKAFTER_PANIC_CHILD=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		i := max(strings.Index(string(out), "panic:"), 0)
+		t.Fatalf("the process died (%v) of a panic in the relayer's look-after; want it recovered:\n%.600s", err, out[i:])
+	}
+	if !strings.Contains(string(out), "looking after the relayer's pending settlements panicked") {
+		t.Fatalf("the child ran no round that panicked, so it proves nothing:\n%.600s", out)
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"log"
 	"slices"
 	"time"
 
@@ -44,7 +45,10 @@ func (n *nonceManager) startWatchLocked() {
 
 // watch resolves the watched settlements (resolveWatched) at each interval
 // (watchInterval), and ends once none is left: every outcome known, or
-// every facilitator that sent one closed. keep starts it again.
+// every facilitator that sent one closed. keep starts it again. A round
+// that panics (a chain client's bug) is logged and the next one runs, as
+// follow and a settle's server survive one: the goroutine is the
+// gateway's own, and its panic would end the whole process.
 func (n *nonceManager) watch() {
 	for {
 		wait, ok := n.watchInterval()
@@ -57,8 +61,18 @@ func (n *nonceManager) watch() {
 		case <-n.wake:
 			t.Stop()
 		}
-		n.resolveWatched()
+		n.resolveRound()
 	}
+}
+
+// resolveRound is one round of watch, a panic in it recovered.
+func (n *nonceManager) resolveRound() {
+	defer func() {
+		if rec := recover(); rec != nil {
+			log.Printf("evm facilitator: looking after the relayer's pending settlements panicked: %v", rec)
+		}
+	}()
+	n.resolveWatched()
 }
 
 // watchInterval is how long watch waits before its next round, the least
