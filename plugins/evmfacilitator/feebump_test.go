@@ -339,29 +339,12 @@ func TestStuckSettlementPastValidBeforeIsCancelled(t *testing.T) {
 	// The relayer's settlement, sent with a fee cap the spiked base fee
 	// has passed.
 	g := &congestion{t: t, d: d}
-	head, err := d.Client().HeaderByNumber(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	low := new(big.Int).Add(new(big.Int).Mul(head.BaseFee, big.NewInt(2)), big.NewInt(1e9))
-	floor := new(big.Int).Mul(low, big.NewInt(2))
-	g.raise(ctx, floor)
-	go g.hold(ctx, floor)
-	nonce, err := d.Client().PendingNonceAt(ctx, f.relayer)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stuck, err := types.SignNewTx(f.key, f.signer, &types.DynamicFeeTx{ChainID: f.chainID, Nonce: nonce, GasTipCap: big.NewInt(1e9), GasFeeCap: low, Gas: 300_000, To: &c.token, Data: c.txData})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Client().SendTransaction(ctx, stuck); err != nil {
-		t.Fatal(err)
-	}
+	stuck, _ := sendStuckSettlement(ctx, t, d, g, f, c)
+	nonce := stuck.Nonce()
 	s := newSentSettlement(stuck, time.Now(), c.auth.ValidBefore)
 	s.lastSent = time.Now().Add(-time.Minute) // it has had its wait
 	// Its authorization has expired by the head block's time.
-	head, err = d.Client().HeaderByNumber(ctx, nil)
+	head, err := d.Client().HeaderByNumber(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -465,4 +448,33 @@ func TestReplacementWaitsItsTurn(t *testing.T) {
 	if msg := f.replace(ctx, c, s); len(sc.all()) != 2 {
 		t.Errorf("replace after its wait: %q; want it replaced", msg)
 	}
+}
+
+// sendStuckSettlement sends c's settlement from f's relayer at its next
+// nonce with a fee cap of twice the head's base fee plus a 1 gwei tip, then
+// has g raise the base fee past twice that cap and hold it there until ctx
+// ends: the transaction stays pending, as one of a base-fee spike. It
+// returns the transaction and its fee cap.
+func sendStuckSettlement(ctx context.Context, t *testing.T, d *Devnet, g *congestion, f *Facilitator, c *checked) (*types.Transaction, *big.Int) {
+	t.Helper()
+	head, err := d.Client().HeaderByNumber(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	low := new(big.Int).Add(new(big.Int).Mul(head.BaseFee, big.NewInt(2)), big.NewInt(1e9))
+	floor := new(big.Int).Mul(low, big.NewInt(2))
+	g.raise(ctx, floor)
+	go g.hold(ctx, floor)
+	nonce, err := d.Client().PendingNonceAt(ctx, f.relayer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stuck, err := types.SignNewTx(f.key, f.signer, &types.DynamicFeeTx{ChainID: f.chainID, Nonce: nonce, GasTipCap: big.NewInt(1e9), GasFeeCap: low, Gas: 300_000, To: &c.token, Data: c.txData})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Client().SendTransaction(ctx, stuck); err != nil {
+		t.Fatal(err)
+	}
+	return stuck, low
 }

@@ -253,28 +253,11 @@ func TestUnansweredCancellationIsSentAgain(t *testing.T) {
 	}
 	req := e.requirements(payee, amount)
 	c := f.checkOwn(ctx, mustSignExact(t, payer, req), req)
-	head, err := d.Client().HeaderByNumber(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	low := new(big.Int).Add(new(big.Int).Mul(head.BaseFee, big.NewInt(2)), big.NewInt(1e9))
-	floor := new(big.Int).Mul(low, big.NewInt(2))
-	g.raise(ctx, floor)
-	go g.hold(ctx, floor)
-	nonce, err := d.Client().PendingNonceAt(ctx, f.relayer)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stuck, err := types.SignNewTx(f.key, f.signer, &types.DynamicFeeTx{ChainID: f.chainID, Nonce: nonce, GasTipCap: big.NewInt(1e9), GasFeeCap: low, Gas: 300_000, To: &c.token, Data: c.txData})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Client().SendTransaction(ctx, stuck); err != nil {
-		t.Fatal(err)
-	}
+	stuck, _ := sendStuckSettlement(ctx, t, d, g, f, c)
+	nonce := stuck.Nonce()
 	s := newSentSettlement(stuck, time.Now(), c.auth.ValidBefore)
 	s.lastSent = time.Now().Add(-time.Minute)
-	head, err = d.Client().HeaderByNumber(ctx, nil)
+	head, err := d.Client().HeaderByNumber(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -322,25 +305,8 @@ func TestStuckCancellationIsBumped(t *testing.T) {
 	}
 	req := e.requirements(payee, amount)
 	c := f.checkOwn(ctx, mustSignExact(t, payer, req), req)
-	head, err := d.Client().HeaderByNumber(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	low := new(big.Int).Add(new(big.Int).Mul(head.BaseFee, big.NewInt(2)), big.NewInt(1e9))
-	floor := new(big.Int).Mul(low, big.NewInt(2))
-	g.raise(ctx, floor)
-	go g.hold(ctx, floor)
-	nonce, err := d.Client().PendingNonceAt(ctx, f.relayer)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stuck, err := types.SignNewTx(f.key, f.signer, &types.DynamicFeeTx{ChainID: f.chainID, Nonce: nonce, GasTipCap: big.NewInt(1e9), GasFeeCap: low, Gas: 300_000, To: &c.token, Data: c.txData})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Client().SendTransaction(ctx, stuck); err != nil {
-		t.Fatal(err)
-	}
+	stuck, low := sendStuckSettlement(ctx, t, d, g, f, c)
+	nonce := stuck.Nonce()
 	// Its cancellation, sent at fees the base fee has since risen past.
 	cancel, err := types.SignNewTx(f.key, f.signer, &types.DynamicFeeTx{ChainID: f.chainID, Nonce: nonce, GasTipCap: feeBump(stuck.GasTipCap()), GasFeeCap: feeBump(low), Gas: 21_000, To: &f.relayer})
 	if err != nil {
@@ -349,7 +315,7 @@ func TestStuckCancellationIsBumped(t *testing.T) {
 	if err := d.Client().SendTransaction(ctx, cancel); err != nil {
 		t.Fatal(err)
 	}
-	head, err = d.Client().HeaderByNumber(ctx, nil)
+	head, err := d.Client().HeaderByNumber(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
