@@ -19,23 +19,7 @@ import (
 // no charset, passes as before. (Before: a pass receipt went out on
 // "application/json; charset=utf-16le".)
 func TestCharsetOtherThanUTF8IsUnverifiable(t *testing.T) {
-	buildBinaries(t)
-	vf := startVerifier(t)
-	agent := startAgent(t)
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		resp, err := http.Get(agent + r.URL.Path)
-		if err != nil {
-			http.Error(w, err.Error(), 500)
-			return
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		w.Header().Set("Content-Type", r.URL.Query().Get("ct"))
-		w.WriteHeader(resp.StatusCode)
-		w.Write(b)
-	}))
-	t.Cleanup(up.Close)
-	base := startCaddy(t, ":{port} {"+sellerRoute("/s", up.URL, vf, "")+"}\n")
+	base := relabellingSeller(t)
 	for _, c := range []struct {
 		ct   string
 		pass bool
@@ -56,4 +40,28 @@ func TestCharsetOtherThanUTF8IsUnverifiable(t *testing.T) {
 			t.Errorf("%s: %d %q, want 503 response_unverifiable without a receipt, naming the charset: %.300s", c.ct, resp.StatusCode, resp.Header.Get(HeaderVerificationStatus), body)
 		}
 	}
+}
+
+// relabellingSeller starts a seller's site at /s, with verify_response
+// and a real verifierd, whose upstream answers what the test agent answers
+// under the Content-Type its request's ct query names. It returns the
+// site's base URL.
+func relabellingSeller(t *testing.T) string {
+	buildBinaries(t)
+	vf := startVerifier(t)
+	agent := startAgent(t)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		resp, err := http.Get(agent + r.URL.Path)
+		if err != nil {
+			http.Error(w, err.Error(), 500)
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		w.Header().Set("Content-Type", r.URL.Query().Get("ct"))
+		w.WriteHeader(resp.StatusCode)
+		w.Write(b)
+	}))
+	t.Cleanup(up.Close)
+	return startCaddy(t, ":{port} {"+sellerRoute("/s", up.URL, vf, "")+"}\n")
 }

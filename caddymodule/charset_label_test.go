@@ -1,9 +1,7 @@
 package caddymodule
 
 import (
-	"io"
 	"net/http"
-	"net/http/httptest"
 	neturl "net/url"
 	"testing"
 )
@@ -13,23 +11,7 @@ import (
 // the check. (Before: only "utf-8" was taken, and charset=utf8, a valid
 // UTF-8 answer, was 503 response_unverifiable.)
 func TestCharsetUTF8LabelsAreUTF8(t *testing.T) {
-	buildBinaries(t)
-	vf := startVerifier(t)
-	agent := startAgent(t)
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		resp, err := http.Get(agent + r.URL.Path)
-		if err != nil {
-			http.Error(w, err.Error(), 500)
-			return
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		w.Header().Set("Content-Type", r.URL.Query().Get("ct"))
-		w.WriteHeader(resp.StatusCode)
-		w.Write(b)
-	}))
-	t.Cleanup(up.Close)
-	base := startCaddy(t, ":{port} {"+sellerRoute("/s", up.URL, vf, "")+"}\n")
+	base := relabellingSeller(t)
 	for _, ct := range []string{"application/json; charset=utf8", "application/json; charset=UTF8", `application/json; charset="Unicode-1-1-UTF-8"`, "application/json; charset=utf-8"} {
 		resp, body := getBody(t, base+"/s/invoices/INV-7731?ct="+neturl.QueryEscape(ct), nil)
 		if resp.StatusCode != http.StatusOK || resp.Header.Get(HeaderVerificationStatus) != "pass" {
