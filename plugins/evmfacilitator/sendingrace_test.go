@@ -60,26 +60,10 @@ func (c *slowNonceTooLow) SendTransaction(ctx context.Context, tx *types.Transac
 func TestRetryWhileTheSignedSendIsOutstandingIsNotToldNothingTransferred(t *testing.T) {
 	e := newEnv(t)
 	sc := &slowNonceTooLow{Chain: e.d.Client(), entered: make(chan struct{}), release: make(chan struct{})}
-	cfg := Config{Chain: sc, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 6 * time.Second}
-	f, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f2, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, f2 := twinFacilitators(t, sc)
 	req := e.requirements(payee, amount)
 	p := mustSignExact(t, payer, req)
-	type out struct {
-		r   x402.SettleResponse
-		err error
-	}
-	leader := make(chan out, 1)
-	go func() {
-		r, err := f.Settle(context.Background(), p, req)
-		leader <- out{r, err}
-	}()
+	leader := settleAsync(context.Background(), f, p, req)
 	select {
 	case <-sc.entered:
 	case <-time.After(10 * time.Second):
@@ -141,26 +125,10 @@ func TestSendRefusedAfterARetrySentTheSameTransactionIsUnknown(t *testing.T) {
 	e := newEnv(t)
 	sc := &slowNonceTooLow{Chain: e.d.Client(), entered: make(chan struct{}), release: make(chan struct{}),
 		answer: nodeError{code: -32000, msg: "txpool is full"}}
-	cfg := Config{Chain: sc, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 6 * time.Second}
-	f, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f2, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, f2 := twinFacilitators(t, sc)
 	req := e.requirements(payee, amount)
 	p := mustSignExact(t, payer, req)
-	type out struct {
-		r   x402.SettleResponse
-		err error
-	}
-	leader := make(chan out, 1)
-	go func() {
-		r, err := f.Settle(context.Background(), p, req)
-		leader <- out{r, err}
-	}()
+	leader := settleAsync(context.Background(), f, p, req)
 	select {
 	case <-sc.entered:
 	case <-time.After(10 * time.Second):

@@ -133,26 +133,10 @@ func TestConcurrentRetriesAfterUnknownOutcomeAreOneSuccess(t *testing.T) {
 func TestRetryAfterJoinedUnknownOutcomeSendsNoSecondTransaction(t *testing.T) {
 	e := newEnv(t)
 	hc := &fakeHeldSends{Chain: e.d.Client()}
-	cfg := Config{Chain: hc, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 6 * time.Second}
-	f, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f2, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, f2 := twinFacilitators(t, hc)
 	req := e.requirements(payee, amount)
 	p := mustSignExact(t, payer, req)
-	type out struct {
-		r   x402.SettleResponse
-		err error
-	}
-	leader := make(chan out, 1)
-	go func() {
-		r, err := f.Settle(context.Background(), p, req)
-		leader <- out{r, err}
-	}()
+	leader := settleAsync(context.Background(), f, p, req)
 	for deadline := time.Now().Add(5 * time.Second); ; {
 		hc.mu.Lock()
 		n := len(hc.sends)
@@ -231,4 +215,21 @@ func TestSentRecordOrderStaysBounded(t *testing.T) {
 	if len(n.sent) != 0 || len(n.sentOrder) > 2*usedCacheMax {
 		t.Errorf("after %d entries made and gone: %d kept, the order holds %d; want 0 and at most %d", 5*usedCacheMax, len(n.sent), len(n.sentOrder), 2*usedCacheMax)
 	}
+}
+
+// twinFacilitators are two facilitators of one relayer key on chain, as two
+// configurations of one gateway process are: they share the key's kept
+// settlements.
+func twinFacilitators(t *testing.T, chain Chain) (*Facilitator, *Facilitator) {
+	t.Helper()
+	cfg := Config{Chain: chain, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 6 * time.Second}
+	f, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f2, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f, f2
 }
