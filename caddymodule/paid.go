@@ -34,6 +34,12 @@ import (
 // checks it before settling.
 const maxClaimHold = 7 * 24 * time.Hour
 
+// claimGrace is how long a claim outlives the moment its payment can no
+// longer settle (max_timeout, an authorization's validBefore): the
+// gateway's clock and the chain's may differ by that much. A variable so
+// that a test waits out a lapse in seconds, not minutes.
+var claimGrace = time.Minute
+
 // exchange is one way of carrying x402 over a request: the HTTP transport
 // (PAYMENT-SIGNATURE in, a 402 with PAYMENT-REQUIRED, PAYMENT-RESPONSE out)
 // or MCP (the payment in params._meta, payment-required tool results,
@@ -1075,12 +1081,12 @@ func claimKeys(header string, offer x402.PaymentRequirements, auth *x402.Authori
 	keys := make([]string, 1, 2)
 	keys[0] = string(hex.AppendEncode([]byte(claimPayloadPrefix), sum[:]))
 	t := now()
-	until := t.Add(time.Duration(offer.MaxTimeoutSeconds)*time.Second + time.Minute)
+	until := t.Add(time.Duration(offer.MaxTimeoutSeconds)*time.Second + claimGrace)
 	if auth != nil {
 		keys = append(keys, evmClaimKey(offer, auth))
 		if vb := auth.ValidBefore; !vb.IsInt64() {
 			until = t.Add(maxClaimHold) // beyond any date: capped below
-		} else if exp := time.Unix(vb.Int64(), 0).Add(time.Minute); exp.After(until) {
+		} else if exp := time.Unix(vb.Int64(), 0).Add(claimGrace); exp.After(until) {
 			until = exp
 		}
 	}

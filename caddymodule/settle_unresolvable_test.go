@@ -23,11 +23,14 @@ import (
 // did pay payTo). The gate cannot read the chain, so nothing can resolve
 // the payment: it is held (503 settlement_pending, saying why it will not
 // resolve by itself), and the retry of the same, charged payment once its
-// claim has lapsed (validBefore + 1 min) is still 503 settlement_pending,
+// claim has lapsed (validBefore + claimGrace) is still 503 settlement_pending,
 // never a 402 asking for a new payment. (Before: once the claim lapsed the
 // retry was claimed anew, the remote refused the spent authorization as
 // expired, and the charged buyer was told 402 "sign a new payment".)
 func TestUnknownOutcomeWithoutRPCNeverAsksToPayAgain(t *testing.T) {
+	grace := claimGrace
+	claimGrace = 2 * time.Second // a minute by default: no need to wait it out
+	t.Cleanup(func() { claimGrace = grace })
 	d, fac := sharedDevnet(t)
 	remote := fakeFailedAfterSendFacilitator(t, fac, true)
 	up := newUpstream(t)
@@ -77,8 +80,8 @@ func TestUnknownOutcomeWithoutRPCNeverAsksToPayAgain(t *testing.T) {
 	unresolvable("the retry while the claim lasts", post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}))
 	// The claim lapses at validBefore (20 s from signing: the devnet's
 	// block time runs ahead of the wall clock after many quick blocks, so
-	// a shorter one may expire before it settles) plus a minute.
-	time.Sleep(time.Until(signed.Add(20*time.Second + time.Minute + 2*time.Second)))
+	// a shorter one may expire before it settles) plus claimGrace.
+	time.Sleep(time.Until(signed.Add(20*time.Second + claimGrace + 2*time.Second)))
 	unresolvable("the retry after the claim lapsed", post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}))
 	if n := up.calls.Load(); n != 1 {
 		t.Errorf("the upstream ran %d times; want once", n)
