@@ -191,7 +191,8 @@ func redisInline(addr, cmd string) (string, error) {
 	return string(buf[:n]), err
 }
 
-// Cluster is a running Redis Cluster of three masters and no replicas.
+// Cluster is a running Redis Cluster of three masters, with or without a
+// replica each.
 type Cluster struct {
 	Addrs []string
 	Nodes []*Redis
@@ -202,13 +203,43 @@ type Cluster struct {
 // free.
 func StartRedisCluster(t testing.TB) *Cluster {
 	t.Helper()
+	return startRedisCluster(t, 0)
+}
+
+// StartRedisClusterReplicated starts a three-master Redis Cluster with one
+// replica per master, and returns once every master has its replica
+// connected: a store with wait_replicas 1 then has its writes acknowledged
+// on every slot.
+func StartRedisClusterReplicated(t testing.TB) *Cluster {
+	t.Helper()
+	cl := startRedisCluster(t, 1)
+	for _, n := range cl.Nodes {
+		deadline := time.Now().Add(startTimeout)
+		for {
+			// Online on the primary's side (only an online replica
+			// acknowledges a WAIT), linked on the replica's.
+			info, _ := redisInline(n.Addr, "INFO replication")
+			if strings.Contains(info, "state=online") || strings.Contains(info, "master_link_status:up") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("cluster node %s never had its replication up: %q", n.Addr, info)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	return cl
+}
+
+func startRedisCluster(t testing.TB, replicas int) *Cluster {
+	t.Helper()
 	bin := redisBinary(t)
 	cli, err := exec.LookPath("redis-cli")
 	if err != nil {
 		interop.Missing(t, "redis-cli is not installed (apt-get install redis-tools); the Redis Cluster tests need it")
 	}
 	cl := &Cluster{}
-	for range 3 {
+	for range 3 * (1 + replicas) {
 		port := FreePort(t, true)
 		r := &Redis{Addr: "127.0.0.1:" + strconv.Itoa(port), dir: t.TempDir(), t: t}
 		r.args = []string{bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
@@ -223,7 +254,7 @@ func StartRedisCluster(t testing.TB) *Cluster {
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
 	args := append([]string{"--cluster", "create"}, cl.Addrs...)
-	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	args = append(args, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
 	if out, err := exec.CommandContext(ctx, cli, args...).CombinedOutput(); err != nil {
 		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
 	}
