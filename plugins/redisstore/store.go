@@ -194,42 +194,95 @@ func (s *Store) bounded(ctx context.Context) (context.Context, context.CancelFun
 
 // write runs a write script and, when configured, waits for replicas on
 // the same connection (WAIT counts the writes of its own connection only).
-// In a Cluster both go to the primary of the keys' slot. Each run is
-// bounded by the client's read timeout (bounded).
+// In a Cluster both go to the primary of the keys' slot, by the client's
+// slot map; one that answers that another node serves the slot (MOVED,
+// ASK) sends them there once (redirected). Each run is bounded by the
+// client's read timeout (bounded).
 func (s *Store) write(ctx context.Context, sc *redis.Script, keys []string, args ...any) (any, error) {
 	if s.opts.WaitReplicas == 0 {
 		ctx, cancel := s.bounded(ctx)
 		defer cancel()
 		return sc.Run(ctx, s.rdb, keys, args...).Result()
 	}
-	var c redis.Cmdable = s.rdb
-	if cc, ok := s.rdb.(*redis.ClusterClient); ok {
-		mctx, cancel := s.bounded(ctx)
-		node, err := cc.MasterForKey(mctx, keys[0])
-		cancel()
-		if err != nil {
-			return nil, err
-		}
-		c = node
+	cc, ok := s.rdb.(*redis.ClusterClient)
+	if !ok {
+		return s.waitedWrite(ctx, s.rdb, false, sc, keys, args)
 	}
-	v, loaded, err := s.waitedRun(ctx, c, sc, keys, args, true)
-	if loaded {
-		// The server answered that it lacked the script, which did not
-		// run: run it again with WAIT, within a bound of its own (the
-		// first WAIT may have used up the first).
-		v, _, err = s.waitedRun(ctx, c, sc, keys, args, false)
+	mctx, cancel := s.bounded(ctx)
+	node, err := cc.MasterForKey(mctx, keys[0])
+	cancel()
+	if err != nil {
+		return nil, err
+	}
+	v, err := s.waitedWrite(ctx, node, false, sc, keys, args)
+	if next, asking := s.redirected(ctx, cc, err); next != nil {
+		v, err = s.waitedWrite(ctx, next, asking, sc, keys, args)
 	}
 	return v, err
 }
 
-// waitedRun is one run of sc followed by WAIT on c, bounded. When load and
-// the server lacks the script (NOSCRIPT), it loads it and reports loaded:
-// the script did not run.
-func (s *Store) waitedRun(ctx context.Context, c redis.Cmdable, sc *redis.Script, keys []string, args []any, load bool) (v any, loaded bool, err error) {
+// waitedWrite runs sc and WAIT on c (after ASKING when asking), loading
+// the script first if the server lacks it.
+func (s *Store) waitedWrite(ctx context.Context, c redis.Cmdable, asking bool, sc *redis.Script, keys []string, args []any) (any, error) {
+	v, loaded, err := s.waitedRun(ctx, c, asking, sc, keys, args, true)
+	if loaded {
+		// The server answered that it lacked the script, which did not
+		// run: run it again with WAIT, within a bound of its own (the
+		// first WAIT may have used up the first).
+		v, _, err = s.waitedRun(ctx, c, asking, sc, keys, args, false)
+	}
+	return v, err
+}
+
+// redirected is the primary a write's MOVED or ASK answer (err) names,
+// for the write to be sent there once more, and whether it must be sent
+// after ASKING (an ASK); nil for any other answer, or a node the client
+// does not know as a primary. A Cluster node checks a script's declared
+// keys against the slots it serves before it runs the script, and MOVED
+// and ASK are that check's refusals: the script did not run on the node
+// that answered them, so sending it to the node named runs it once, not
+// twice. (Any other failure of the write, a WAIT not acknowledged or an
+// answer lost included, may come after the script ran, and is never sent
+// again.) A MOVED (a slot resharded, or its primary failed over) means
+// the client's slot map is stale: it is read again here, at once, so the
+// next writes go to the new primary directly; without it, every write of
+// the slot answered 503 until the client reread the map by itself, up to
+// a minute later. An ASK is a slot whose keys are moving, the one write
+// redirected and the map unchanged.
+func (s *Store) redirected(ctx context.Context, cc *redis.ClusterClient, err error) (node *redis.Client, asking bool) {
+	addr, moved := redis.IsMovedError(err)
+	if !moved {
+		var ask bool
+		if addr, ask = redis.IsAskError(err); !ask {
+			return nil, false
+		}
+	}
+	ctx, cancel := s.bounded(ctx)
+	defer cancel()
+	var mu sync.Mutex
+	// ForEachMaster reads the slot map again before it goes through it.
+	cc.ForEachMaster(ctx, func(_ context.Context, c *redis.Client) error {
+		if c.Options().Addr == addr {
+			mu.Lock()
+			node = c
+			mu.Unlock()
+		}
+		return nil
+	})
+	return node, !moved
+}
+
+// waitedRun is one run of sc followed by WAIT on c, bounded, after ASKING
+// when asking. When load and the server lacks the script (NOSCRIPT), it
+// loads it and reports loaded: the script did not run.
+func (s *Store) waitedRun(ctx context.Context, c redis.Cmdable, asking bool, sc *redis.Script, keys []string, args []any, load bool) (v any, loaded bool, err error) {
 	ctx, cancel := s.bounded(ctx)
 	defer cancel()
 	var res, wait *redis.Cmd
 	_, err = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		if asking {
+			p.Do(ctx, "asking")
+		}
 		res = sc.EvalSha(ctx, p, keys, args...)
 		wait = p.Do(ctx, "wait", s.opts.WaitReplicas, s.opts.WaitTimeout.Milliseconds())
 		return nil

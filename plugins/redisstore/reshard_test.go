@@ -1,0 +1,191 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/aovhq/aov/internal/servers"
+	"github.com/aovhq/aov/store"
+)
+
+// clusterNodes is one plain client per node of cl (closed with the test),
+// and of them the masters.
+func clusterNodes(t *testing.T, ctx context.Context, cl *servers.Cluster) (masters []*redis.Client) {
+	for _, addr := range cl.Addrs {
+		n := redis.NewClient(&redis.Options{Addr: addr})
+		t.Cleanup(func() { n.Close() })
+		role, err := n.Do(ctx, "role").Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if role[0] == "master" {
+			masters = append(masters, n)
+		}
+	}
+	return masters
+}
+
+// slotOwner is the master of masters serving key's slot, another master,
+// and the slot.
+func slotOwner(t *testing.T, ctx context.Context, masters []*redis.Client, key string) (owner, other *redis.Client, slot int) {
+	slot = int(masters[0].ClusterKeySlot(ctx, key).Val())
+	for _, m := range masters {
+		// A master answers MOVED for a key of a slot it does not serve.
+		if err := m.Exists(ctx, key).Err(); err == nil {
+			owner = m
+		} else if other == nil {
+			other = m
+		}
+	}
+	if owner == nil || other == nil {
+		t.Fatalf("slot %d: owner %v, other %v", slot, owner, other)
+	}
+	return owner, other, slot
+}
+
+func nodeID(t *testing.T, ctx context.Context, c *redis.Client) string {
+	id, err := c.Do(ctx, "cluster", "myid").Text()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// migrateSlot marks slot as moving from from to to and moves its keys,
+// as redis-cli --cluster reshard does, leaving from its owner: from
+// answers ASK for a key it no longer holds.
+func migrateSlot(t *testing.T, ctx context.Context, from, to *redis.Client, slot int) {
+	if err := to.Do(ctx, "cluster", "setslot", slot, "importing", nodeID(t, ctx, from)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := from.Do(ctx, "cluster", "setslot", slot, "migrating", nodeID(t, ctx, to)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	host, port, _ := strings.Cut(to.Options().Addr, ":")
+	for {
+		keys, err := from.ClusterGetKeysInSlot(ctx, slot, 100).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(keys) == 0 {
+			return
+		}
+		args := []any{"migrate", host, port, "", 0, 5000, "keys"}
+		for _, k := range keys {
+			args = append(args, k)
+		}
+		if err := from.Do(ctx, args...).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// assignSlot ends a migration: every master learns that to serves slot,
+// after which from answers MOVED.
+func assignSlot(t *testing.T, ctx context.Context, masters []*redis.Client, to *redis.Client, slot int) {
+	id := nodeID(t, ctx, to)
+	for _, m := range append([]*redis.Client{to}, masters...) {
+		if err := m.Do(ctx, "cluster", "setslot", slot, "node", id).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestWaitedWritesFollowAMovedSlot: with wait_replicas on a Cluster, a
+// write goes to the primary of its keys' slot by the client's slot map
+// (its WAIT must run on the write's own connection). A slot that moved
+// to another primary (resharding) since the map was read is answered
+// MOVED by the old one, or ASK while its keys are moving: the write is
+// sent again, once, to the primary named, and answered as it would have
+// been before the move. The old primary ran nothing (it holds no key of
+// the slot after the calls). (Before: each such write was a 503 until the
+// client reread the slot map on its own, up to a minute later.)
+func TestWaitedWritesFollowAMovedSlot(t *testing.T) {
+	ctx := context.Background()
+	cl := servers.StartRedisClusterReplicated(t)
+	masters := clusterNodes(t, ctx, cl)
+	// The slot map is read once, at New, and not again for the test's
+	// length: only a redirection would make it be read again.
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs, ClusterStateReloadInterval: time.Hour})
+	t.Cleanup(func() { rdb.Close() })
+	s, err := New(ctx, rdb, Options{Prefix: "mv", WaitReplicas: 1, WaitTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	until := time.Now().Add(time.Minute)
+	first, err := s.Claims().Claim(ctx, []string{"k1"}, until)
+	if err != nil {
+		t.Fatalf("a claim before the move: %v", err)
+	}
+	label, _, _ := dayOf(time.Now())
+	akey := s.Allowance().(allowance).key("p", "c", label)
+	if _, err := s.Allowance().Reserve(ctx, "p", "c", time.Now(), 5); err != nil {
+		t.Fatalf("a reservation before the move: %v", err)
+	}
+
+	// The claims' slot, mid-migration: its keys are on the new primary,
+	// the old one still serves the slot and answers ASK.
+	from, to, slot := slotOwner(t, ctx, masters, "mv:{c}:k1")
+	migrateSlot(t, ctx, from, to, slot)
+	if _, err := s.Claims().Claim(ctx, []string{"k2"}, until); err != nil {
+		t.Fatalf("a claim of a new key while its slot migrates = %v, want claimed", err)
+	}
+	var held *store.ClaimedError
+	if _, err := s.Claims().Claim(ctx, []string{"k1"}, until); !errors.As(err, &held) {
+		t.Fatalf("a claim of a migrated claimed key = %v, want ClaimedError", err)
+	}
+
+	// Its move done, and the allowance's slot moved at once: the old
+	// primaries answer MOVED.
+	assignSlot(t, ctx, masters, to, slot)
+	afrom, ato, aslot := slotOwner(t, ctx, masters, akey)
+	migrateSlot(t, ctx, afrom, ato, aslot)
+	assignSlot(t, ctx, masters, ato, aslot)
+
+	if _, err := s.Claims().Claim(ctx, []string{"k1"}, until); !errors.As(err, &held) {
+		t.Fatalf("a claim of a moved claimed key = %v, want ClaimedError", err)
+	}
+	if err := s.Claims().Settle(ctx, first, "tx", time.Time{}); err != nil {
+		t.Fatalf("settling a claim whose slot moved = %v, want settled", err)
+	}
+	r, err := s.Allowance().Reserve(ctx, "p", "c", time.Now(), 5)
+	if err != nil {
+		t.Fatalf("a reservation whose slot moved = %v, want reserved", err)
+	}
+	if r.Remaining != 3 {
+		t.Fatalf("remaining after the second reservation = %d, want 3 (the first moved with its slot)", r.Remaining)
+	}
+	if err := s.Allowance().Commit(ctx, r); err != nil {
+		t.Fatalf("committing a reservation whose slot moved = %v", err)
+	}
+	// A paid call's record: written with its claim, and listed among the
+	// held ones (both writes on the moved slot, the listing on its index).
+	hc := s.Claims().(store.HeldClaims)
+	if _, err := hc.ClaimHeld(ctx, []string{"h1"}, until, time.Minute, func(store.Claim) (string, error) { return "record", nil }); err != nil {
+		t.Fatalf("a held claim whose slot moved = %v, want claimed", err)
+	}
+	var listed []string
+	if err := hc.Held(ctx, func(key string, st store.ClaimState) bool {
+		listed = append(listed, key+"="+st.Note)
+		return true
+	}); err != nil || len(listed) != 1 || listed[0] != "h1=record" {
+		t.Fatalf("held claims after the move = %v, %v, want h1 with its record", listed, err)
+	}
+	st, err := s.Claims().Lookup(ctx, "k1")
+	if err != nil || !st.Settled || st.Note != "tx" {
+		t.Fatalf("k1 after the move = %+v, %v, want settled with its note", st, err)
+	}
+	for _, c := range []struct {
+		m    *redis.Client
+		slot int
+	}{{from, slot}, {afrom, aslot}} {
+		if n := c.m.ClusterCountKeysInSlot(ctx, c.slot).Val(); n != 0 {
+			t.Errorf("the old primary %s holds %d keys of slot %d, want 0 (a redirected script does not run)", c.m.Options().Addr, n, c.slot)
+		}
+	}
+}
