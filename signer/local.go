@@ -53,7 +53,11 @@ type Local struct {
 // case every signature is a retryable 503 until certd has made the first
 // key. A private key file readable by group or others is refused, as certd
 // refuses it.
-func NewLocal(dir string, log *slog.Logger) (*Local, error) {
+func NewLocal(dir string, log *slog.Logger) (*Local, error) { return newLocal(dir, nil, log) }
+
+// newLocal is NewLocal on the clock now (nil: the system clock), for tests
+// that step it.
+func newLocal(dir string, now func() time.Time, log *slog.Logger) (*Local, error) {
 	fi, err := os.Stat(dir)
 	if err != nil {
 		return nil, fmt.Errorf("in-process signer: key directory: %w", err)
@@ -61,7 +65,7 @@ func NewLocal(dir string, log *slog.Logger) (*Local, error) {
 	if !fi.IsDir() {
 		return nil, fmt.Errorf("in-process signer: %s is not a directory", dir)
 	}
-	keys, err := keystore.OpenSigner(dir, nil)
+	keys, err := keystore.OpenSigner(dir, now)
 	if err != nil {
 		return nil, fmt.Errorf("in-process signer: %w", err)
 	}
@@ -93,6 +97,22 @@ func (l *Local) CurrentKey(context.Context) (string, error) {
 		return "", err
 	}
 	return k.Version, nil
+}
+
+// Reload re-reads the key directory now, as certd does on SIGHUP
+// (verifierd calls it on SIGHUP), and reports the key in service after it
+// ("" if none is) and how many versions the directory holds. Signatures
+// re-read the directory only when it changed, so this is what loads a key
+// it did not change for: after this host's clock went back behind a
+// retirement, the retired key is in service again but its private key was
+// forgotten, and signing waits for it. A directory that does not load
+// stops signing until it does, as a failed refresh does.
+func (l *Local) Reload() (current string, versions int, err error) {
+	if err := l.keys.Reload(); err != nil {
+		return "", 0, err
+	}
+	k, _ := l.keys.Current()
+	return k.Version, len(l.keys.List()), nil
 }
 
 // Close releases the watch of the key directory. A closed Local still
