@@ -150,7 +150,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 
 // run serves until ctx is cancelled (SIGINT or SIGTERM in main), then stops
 // accepting connections and lets in-flight requests finish for up to
-// -shutdown-timeout before closing the store. ready, if set, is told the
+// -shutdown-timeout before closing the store. SIGHUP, meanwhile, reloads
+// the in-process signer's key directory (reloadKeys). ready, if set, is told the
 // bound addresses once both listeners accept (admin is "" when disabled).
 func run(ctx context.Context, args []string, stderr io.Writer, ready func(api, admin string)) error {
 	if len(args) > 0 && args[0] == "copy-history" {
@@ -177,6 +178,13 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(api, a
 	if err != nil {
 		return err
 	}
+	// SIGHUP is what the key store's log advises when signing in process
+	// waits for a key (the clock went back behind a retirement), as it
+	// is certd's: installed before anything is served, so it never takes
+	// the signal's default action, which ends the process mid-request.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 
 	db, err := openHistory(ctx, c, log)
 	if err != nil {
@@ -261,12 +269,19 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(api, a
 		ready(ln.Addr().String(), adminAddr)
 	}
 
-	select {
-	case <-ctx.Done():
-		log.Info("shutting down: finishing in-flight requests", "timeout", c.shutdownTimeout.String())
-	case err := <-errc:
-		if !errors.Is(err, http.ErrServerClosed) {
-			log.Error("listener failed", "error", err)
+serve:
+	for {
+		select {
+		case <-ctx.Done():
+			log.Info("shutting down: finishing in-flight requests", "timeout", c.shutdownTimeout.String())
+			break serve
+		case err := <-errc:
+			if !errors.Is(err, http.ErrServerClosed) {
+				log.Error("listener failed", "error", err)
+			}
+			break serve
+		case <-hup:
+			reloadKeys(sig, target, log)
 		}
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), c.shutdownTimeout)
@@ -278,6 +293,24 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(api, a
 		}
 	}
 	return firstErr
+}
+
+// reloadKeys answers a SIGHUP: the in-process signer re-reads certd's key
+// directory at once, as certd does on SIGHUP; certd as the signer holds
+// the keys itself, so there is nothing to reload here, and the log says so
+// rather than leave the operator guessing. Neither ever stops verifierd.
+func reloadKeys(sig server.Signer, target string, log *slog.Logger) {
+	l, ok := sig.(*signer.Local)
+	if !ok {
+		log.Info("SIGHUP: nothing to reload, certd holds the keys", "signer", target)
+		return
+	}
+	current, versions, err := l.Reload()
+	if err != nil {
+		log.Error("reloading keys on SIGHUP failed; not signing until the key directory loads", "error", err)
+		return
+	}
+	log.Info("keys reloaded on SIGHUP", "current_key_version", current, "key_versions", versions)
 }
 
 // parseConfig reads the flags and environment and makes the log they
