@@ -247,8 +247,10 @@ func (m *EVMFacilitator) Provision(ctx caddy.Context) error {
 	m.poolKey = fmt.Sprintf("rpc network=%s url=%s relayer=%s timeout=%d budget=%d/%d/%d gas=%d", network, rpcURL, relayer.Hex(), m.ReceiptTimeout,
 		m.MaxFailedPerPayer, m.MaxInFlightPerPayer, m.FailureWindow, m.MaxSettlementGas)
 	val, _, err := facilitatorPool.LoadOrNew(m.poolKey, func() (caddy.Destructor, error) {
-		// Dialing an http(s) endpoint makes no request; the chain is first
-		// asked when a payment arrives. A ws(s) one connects here.
+		// Dialing an http(s) endpoint makes no request; a ws(s) one
+		// connects here. New reads the chain's genesis block (within 10 s),
+		// which tells it from other chains of its chain ID; a node that
+		// does not answer fails no load: the first settle reads it again.
 		c, err := dialSettlementChain(context.Background(), rpcURL, rpcDialTimeout)
 		if err != nil {
 			return nil, fmt.Errorf("rpc_url: %v", secretopt.Scrub(err, rpcURL))

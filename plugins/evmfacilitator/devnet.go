@@ -124,8 +124,8 @@ type Devnet struct {
 	rpcURL  string
 	cfg     DevnetConfig
 	// nonces are the chain's nonce managers, shared by its facilitators,
-	// SendTx and, while this is the newest devnet, the process's other
-	// users of chain 1337 (devnetNonces).
+	// SendTx and the process's other users of this chain (an evm
+	// facilitator pointed at its RPC: chainNonces).
 	nonces *nonceSet
 
 	stop      chan struct{}
@@ -183,11 +183,17 @@ func StartDevnet(cfg DevnetConfig) (*Devnet, error) {
 		})
 	}
 	if cfg.forks != nil {
-		opts = append(opts, func(_ *node.Config, ec *ethconfig.Config) { ec.Genesis.Config = cfg.forks })
+		opts = append(opts, func(_ *node.Config, ec *ethconfig.Config) {
+			if ec.Genesis != nil {
+				ec.Genesis.Config = cfg.forks
+			}
+		})
 	}
 	if cfg.gasLimit != 0 {
 		opts = append(opts, func(_ *node.Config, ec *ethconfig.Config) {
-			ec.Genesis.GasLimit = cfg.gasLimit
+			if ec.Genesis != nil {
+				ec.Genesis.GasLimit = cfg.gasLimit
+			}
 			ec.Miner.GasCeil = cfg.gasLimit
 		})
 	}
@@ -219,7 +225,12 @@ func StartDevnet(cfg DevnetConfig) (*Devnet, error) {
 		backend.Close()
 		return nil, fmt.Errorf("registering the devnet token: %w", err)
 	}
-	d.nonces = devnetNonces()
+	genesis, err := d.client.HeaderByNumber(context.Background(), big.NewInt(0))
+	if err != nil {
+		backend.Close()
+		return nil, fmt.Errorf("reading the devnet's genesis block: %w", err)
+	}
+	d.nonces = devnetNonces(chainIdentity{id: big.NewInt(DevnetChainID).String(), genesis: genesis.Hash()})
 	go d.commitLoop()
 	return d, nil
 }
@@ -518,7 +529,6 @@ func (d *Devnet) Close() error {
 	d.closeOnce.Do(func() {
 		close(d.stop)
 		<-d.done
-		releaseDevnetNonces(d.nonces)
 		d.closeErr = d.backend.Close()
 	})
 	return d.closeErr

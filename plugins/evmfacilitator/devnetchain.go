@@ -2,6 +2,7 @@ package evmfacilitator
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"maps"
@@ -35,8 +36,27 @@ type chainBackend struct {
 }
 
 // newBackend starts the chain; opts adjust the node and eth configuration as
-// simulated.NewBackend's options do.
+// simulated.NewBackend's options do (a nil ethconfig.Config.Genesis they
+// leave alone). Its genesis block carries 32 random bytes as extra data,
+// so that every devnet started afresh is a chain of its own (chainIdentity),
+// although all are chain 1337. A DataDir already holding a chain keeps the
+// genesis it was made with: the chain is started again from the one stored.
 func newBackend(alloc types.GenesisAlloc, opts []func(*node.Config, *ethconfig.Config)) (*chainBackend, error) {
+	extra := make([]byte, 32)
+	if _, err := rand.Read(extra); err != nil {
+		return nil, err
+	}
+	b, err := startBackend(alloc, extra, opts)
+	var mismatch *core.GenesisMismatchError
+	if errors.As(err, &mismatch) {
+		b, err = startBackend(nil, nil, opts)
+	}
+	return b, err
+}
+
+// startBackend is newBackend with the genesis extra data given; a nil alloc
+// starts the chain a DataDir holds, from its stored genesis.
+func startBackend(alloc types.GenesisAlloc, extra []byte, opts []func(*node.Config, *ethconfig.Config)) (*chainBackend, error) {
 	nodeConf := node.DefaultConfig
 	nodeConf.DataDir = ""
 	nodeConf.P2P = p2p.Config{NoDiscovery: true}
@@ -45,9 +65,13 @@ func newBackend(alloc types.GenesisAlloc, opts []func(*node.Config, *ethconfig.C
 	maps.Copy(genesisAlloc, alloc)
 	ethConf := ethconfig.Defaults
 	ethConf.Genesis = &core.Genesis{
-		Config:   params.AllDevChainProtocolChanges,
-		GasLimit: ethconfig.Defaults.Miner.GasCeil,
-		Alloc:    genesisAlloc,
+		Config:    params.AllDevChainProtocolChanges,
+		GasLimit:  ethconfig.Defaults.Miner.GasCeil,
+		Alloc:     genesisAlloc,
+		ExtraData: extra,
+	}
+	if alloc == nil {
+		ethConf.Genesis = nil
 	}
 	ethConf.SyncMode = ethconfig.FullSync
 	ethConf.TxPool.NoLocals = true

@@ -113,7 +113,16 @@ type Facilitator struct {
 	signer  types.Signer
 	cfg     Config
 
-	nonces *nonceManager // shared by every user of the relayer key (relayerNonces)
+	// nonces is the relayer's nonce manager on this chain, shared by every
+	// facilitator of the key on it (chainNonces): set once, under idMu,
+	// when the chain is identified (relayerNonces). Code that reads it
+	// plainly runs after a relayerNonces that returned it (settle and
+	// what it starts), or before the facilitator is shared (tests).
+	nonces *nonceManager
+	idMu   sync.Mutex
+	// identifying is held (full) while the chain's genesis is read: a
+	// channel, so that the wait for it ends with the waiter's context.
+	identifying chan struct{}
 
 	domainMu sync.Mutex
 	domains  map[common.Address]tokenDomain
@@ -177,13 +186,16 @@ var now = time.Now
 // was sent; the payment can be retried once the relayer is funded.
 var ErrRelayerUnfunded = errors.New("relayer account cannot pay for gas")
 
-// New returns a facilitator for cfg.Network over cfg.Chain. It makes no
-// network call: an unreachable chain shows up as errors from Verify and
-// Settle, not here.
+// New returns a facilitator for cfg.Network over cfg.Chain. It makes one
+// network call, bounded by identifyTimeout: the read of the chain's genesis
+// block, which tells it from other chains with its chain ID (chainIdentity).
+// Its answer is no condition: an unreachable chain shows up as errors from
+// Verify and Settle, not here, and a settle reads the genesis block again
+// (relayerNonces) before it sends anything.
 func New(cfg Config) (*Facilitator, error) { return newFacilitator(cfg, nil) }
 
 // newFacilitator is New with the nonce managers of a devnet's chain; nil:
-// the process's of cfg.Network (relayerNonces).
+// the process's of the chain cfg.Chain reaches (relayerNonces).
 func newFacilitator(cfg Config, nonces *nonceSet) (*Facilitator, error) {
 	if cfg.Chain == nil {
 		return nil, errors.New("evm facilitator: no chain client")
@@ -232,13 +244,57 @@ func newFacilitator(cfg Config, nonces *nonceSet) (*Facilitator, error) {
 		budget:   newBudget(cfg),
 
 		prepareTimeout: prepareTimeout,
+		identifying:    make(chan struct{}, 1),
 	}
 	if nonces != nil {
 		f.nonces = nonces.of(f.relayer)
 	} else {
-		f.nonces = relayerNonces(chainID, f.relayer)
+		ctx, cancel := context.WithTimeout(context.Background(), identifyTimeout)
+		defer cancel()
+		f.relayerNonces(ctx) // an error is the first settle's to meet again
 	}
 	return f, nil
+}
+
+// relayerNonces returns the relayer's nonce manager on f's chain, the one
+// of every facilitator of the key on that chain (chainNonces), reading the
+// chain's genesis block (within ctx and identifyTimeout) the first time.
+// A settle calls it before it
+// sends anything: without it a settle could take the nonce and the kept
+// settlements of another chain with this chain ID. An error means the
+// chain could not be asked; nothing was sent.
+func (f *Facilitator) relayerNonces(ctx context.Context) (*nonceManager, error) {
+	if n := f.knownNonces(); n != nil {
+		return n, nil
+	}
+	select {
+	case f.identifying <- struct{}{}:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("waiting to read the chain's genesis block: %w", ctx.Err())
+	}
+	defer func() { <-f.identifying }()
+	if n := f.knownNonces(); n != nil {
+		return n, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, identifyTimeout)
+	defer cancel()
+	genesis, err := f.chain.HeaderByNumber(ctx, big.NewInt(0))
+	if err != nil {
+		return nil, fmt.Errorf("reading the chain's genesis block (which tells it from other chains of chain ID %s): %w", f.chainID, err)
+	}
+	s, _ := chainSet(chainIdentity{id: f.chainID.String(), genesis: genesis.Hash()})
+	n := s.of(f.relayer)
+	f.idMu.Lock()
+	f.nonces = n
+	f.idMu.Unlock()
+	return n, nil
+}
+
+// knownNonces returns f.nonces, nil while the chain is not identified.
+func (f *Facilitator) knownNonces() *nonceManager {
+	f.idMu.Lock()
+	defer f.idMu.Unlock()
+	return f.nonces
 }
 
 // Close stops the relayer's look-after of the settlements this facilitator
@@ -248,9 +304,11 @@ func newFacilitator(cfg Config, nonces *nonceSet) (*Facilitator, error) {
 // nothing; Settle and the status calls keep working.
 func (f *Facilitator) Close() error {
 	f.closed.Store(true)
-	select {
-	case f.nonces.wake <- struct{}{}:
-	default:
+	if n := f.knownNonces(); n != nil {
+		select {
+		case n.wake <- struct{}{}:
+		default:
+		}
 	}
 	return nil
 }

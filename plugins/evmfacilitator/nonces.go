@@ -25,7 +25,7 @@ import (
 // consecutive nonces in the order the node sees them; after a nonce error
 // it re-reads the pending nonce from the chain and tries once more.
 //
-// There is one per (chain, account) in the process (relayerNonces), shared
+// There is one per (chain, account) in the process (chainNonces), shared
 // by every facilitator of the account and by the devnet's own sends: two
 // caches of one account would hand out the same nonce twice, and the node
 // then refuses one transaction or lets it replace the other. It holds no
@@ -472,86 +472,62 @@ func (s *nonceSet) newChain() {
 	}
 }
 
-// chainNonces is the process's nonceSet of each chain, by chain ID. Entries
-// are never removed: a manager is a few words, one per account a
+// chainIdentity tells chains apart: its chain ID and the hash of its
+// genesis block. The chain ID alone does not: every devnet is chain 1337,
+// and so may be a private network beside another; their genesis blocks
+// differ (a devnet's carries random extra data). A fork of a chain that
+// keeps its chain ID (a private fork of a public chain) keeps its genesis
+// too, and still counts as that chain: give it a relayer key of its own.
+type chainIdentity struct {
+	id      string // the chain ID, in decimal
+	genesis common.Hash
+}
+
+// identifyTimeout bounds the read of a chain's genesis block (identify).
+const identifyTimeout = 10 * time.Second
+
+// chainNonces is the process's nonceSet of each chain, by its identity.
+// Entries are never removed: a manager is a few words, one per account a
 // configuration names, and keeping it costs nothing; dropping it when its
 // last facilitator goes would need every user of New to release what it
 // made. A nonce cached across a reload that the account's other users
 // (another process) made stale is corrected by the nonce-error re-read.
 //
-// The key is the chain ID alone, not the RPC endpoint: facilitators of one
-// chain through different endpoints (a failover node, another provider)
-// must share the sequence, and telling apart two chains with one ID (a
-// private fork of a public chain, another node on 1337) would take a
-// network call (the genesis block) that New does not make. Such chains
-// with one relayer key in one process share a sequence: a cached nonce
-// behind the other chain's is corrected by the nonce-error re-read, but
-// one ahead of it is taken and waits in the pool, and that settlement
-// ends unknown after its receipt timeout. So each of them needs a relayer
-// key of its own (the README says so).
-//
-// A devnet is a chain of its own, yet every devnet has chain ID 1337: a
-// running devnet's set is the one registered (devnetNonces), so that an
-// evm facilitator pointed at its RPC shares its nonces.
+// The key is the chain's identity, not the RPC endpoint: facilitators of
+// one chain through different endpoints (a failover node, another
+// provider) must share the sequence and the settlements kept, and
+// facilitators of two chains with one chain ID must not (the nonce cached
+// from one would be used on the other, and a settlement kept of one
+// resolved, sent again, on the other).
 var chainNonces struct {
-	mu      sync.Mutex
-	m       map[string]*nonceSet
-	devnets []*nonceSet // of the running devnets, in the order they started
+	mu sync.Mutex
+	m  map[chainIdentity]*nonceSet
 }
 
-// relayerNonces returns the process's nonce manager of addr on chainID.
-func relayerNonces(chainID *big.Int, addr common.Address) *nonceManager {
-	return chainSet(chainID.String()).of(addr)
-}
-
-// chainSet returns chain id's nonceSet; the caller must not hold
-// chainNonces.mu.
-func chainSet(id string) *nonceSet {
+// chainSet returns the nonceSet of chain id, and whether it was made now.
+func chainSet(id chainIdentity) (s *nonceSet, made bool) {
 	chainNonces.mu.Lock()
 	defer chainNonces.mu.Unlock()
-	s := chainNonces.m[id]
+	s = chainNonces.m[id]
 	if s == nil {
 		if chainNonces.m == nil {
-			chainNonces.m = map[string]*nonceSet{}
+			chainNonces.m = map[chainIdentity]*nonceSet{}
 		}
-		s = &nonceSet{}
+		s, made = &nonceSet{}, true
 		chainNonces.m[id] = s
 	}
-	return s
+	return s, made
 }
 
-// devnetNonces returns the nonceSet of a starting devnet. When no other
-// devnet runs, it is the process's set of chain 1337, which facilitators
-// configured before the devnet started already hold; what it remembers is
-// forgotten, since the chain is new (or resumed from its data_dir) and may
-// be behind. When another devnet runs (tests start several), the new one
-// gets a set of its own, registered for the facilitators made while it is
-// the newest.
-func devnetNonces() *nonceSet {
-	id := big.NewInt(DevnetChainID).String()
-	s := chainSet(id)
-	chainNonces.mu.Lock()
-	alone := len(chainNonces.devnets) == 0
-	if !alone {
-		s = &nonceSet{}
-		chainNonces.m[id] = s
-	}
-	chainNonces.devnets = append(chainNonces.devnets, s)
-	chainNonces.mu.Unlock()
-	if alone {
+// devnetNonces returns the nonceSet of a starting devnet, chain id. A
+// devnet started afresh is a chain of its own (its genesis is new); one
+// resumed from a data_dir a devnet of this process used before is that
+// chain again, whose set is forgotten (newChain): the chain may be behind
+// what it remembers.
+func devnetNonces(id chainIdentity) *nonceSet {
+	s, made := chainSet(id)
+	if !made {
 		s.newChain()
 	}
 	return s
-}
-
-// releaseDevnetNonces is the closing devnet's part of devnetNonces: the
-// newest devnet still running gets chain 1337 back. The last one's set
-// stays registered, for the next devnet to take over.
-func releaseDevnetNonces(s *nonceSet) {
-	chainNonces.mu.Lock()
-	defer chainNonces.mu.Unlock()
-	chainNonces.devnets = slices.DeleteFunc(chainNonces.devnets, func(d *nonceSet) bool { return d == s })
-	if n := len(chainNonces.devnets); n > 0 {
-		chainNonces.m[big.NewInt(DevnetChainID).String()] = chainNonces.devnets[n-1]
-	}
 }

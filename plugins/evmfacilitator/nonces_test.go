@@ -193,11 +193,10 @@ func TestRelayerSendHasItsOwnDeadline(t *testing.T) {
 }
 
 // TestDevnetStartDuringAStalledSendWaitsForNothing: a devnet started while
-// none runs makes the process's chain-1337 nonce managers forget what they
-// cached. That must not wait for a send in progress on one of them: a
+// a send of the relayer on another devnet stalls must not wait for it: a
 // facilitator's Provision (New) during a reload and the devnet's start
-// itself would stall for as long as the send does. What is forgotten still
-// takes effect: the new chain's settlements read its nonce.
+// itself would stall for as long as the send does. The new chain's
+// settlements read its own nonce, not the one the stalled send moves on.
 func TestDevnetStartDuringAStalledSendWaitsForNothing(t *testing.T) {
 	a, err := StartDevnet(DevnetConfig{})
 	if err != nil {
@@ -230,7 +229,7 @@ func TestDevnetStartDuringAStalledSendWaitsForNothing(t *testing.T) {
 		slowDone <- err
 	}()
 	stall.waitStalled(t)
-	a.Close() // none runs now: the next devnet takes chain 1337 over
+	a.Close()
 
 	type started struct {
 		d   *Devnet
@@ -261,8 +260,8 @@ func TestDevnetStartDuringAStalledSendWaitsForNothing(t *testing.T) {
 	if s.err != nil {
 		t.Fatal(s.err)
 	}
-	if s.f.nonces != fa.nonces {
-		t.Fatal("the facilitator made on the new devnet does not share the relayer's nonces")
+	if s.f.nonces == fa.nonces {
+		t.Fatal("the facilitator made on the new devnet takes the closed devnet's nonces")
 	}
 	stall.releaseSends()
 	if err := <-slowDone; err == nil {

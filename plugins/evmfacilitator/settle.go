@@ -208,6 +208,9 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 	// after start, which bounds the search for it (resolve).
 	start := now()
 	k := usedKey{token: c.token, from: c.auth.From, nonce: c.auth.Nonce}
+	if _, err := f.relayerNonces(pre); err != nil {
+		return x402.SettleResponse{}, fmt.Errorf("settling: %w", err)
+	}
 	if s, ok := f.nonces.sentOf(k, start); ok {
 		// A retry after an unknown outcome: the chain decides that
 		// settlement's outcome (resolve), and nothing more is sent but a
@@ -550,7 +553,7 @@ func (e *unknownSend) Error() string { return "sending: " + e.err.Error() }
 
 // send builds, signs and submits the settlement transaction under the
 // relayer's nonce lock, which every facilitator of the relayer in the
-// process shares (relayerNonces). The reads and the wait for the lock end
+// process shares on its chain (relayerNonces). The reads and the wait for the lock end
 // with pre, the send (submit) with ctx; signed is called with each
 // transaction signed, just before it is sent (submit signs again, with a
 // fresh nonce, after a nonce error): from then on it may reach the node.

@@ -81,7 +81,7 @@ func (f *Facilitator) SentSettlementStatus(ctx context.Context, p x402.PaymentPa
 	if used {
 		var hints []common.Hash
 		if b := common.FromHex(sent.Transaction); len(b) == common.HashLength && strings.HasPrefix(sent.Transaction, "0x") {
-			hints = f.sentWith(usedKey{token: token, from: auth.From, nonce: auth.Nonce}, common.BytesToHash(b))
+			hints = f.sentWith(ctx, usedKey{token: token, from: auth.From, nonce: auth.Nonce}, common.BytesToHash(b))
 		}
 		u, err := f.usedStatus(ctx, token, auth, hints, sent.After)
 		u.Payer = st.Payer
@@ -108,11 +108,19 @@ func (f *Facilitator) SentSettlementStatus(ctx context.Context, p x402.PaymentPa
 // answered), every other transaction sent for it: a replacement at a
 // higher fee may be the one mined, and the answer the gateway kept named
 // the one sent first.
-func (f *Facilitator) sentWith(k usedKey, h common.Hash) []common.Hash {
-	if f.nonces == nil { // a StatusReader's: it sends nothing
+//
+// The settlements kept are those of f's chain (relayerNonces): a chain it
+// cannot identify keeps none it can tell, and the search then starts from
+// h alone, as it does for another process's settlement.
+func (f *Facilitator) sentWith(ctx context.Context, k usedKey, h common.Hash) []common.Hash {
+	if f.key == nil { // a StatusReader's: it sends nothing
 		return []common.Hash{h}
 	}
-	if s, ok := f.nonces.sentOf(k, now()); ok && s.has(h) {
+	n, err := f.relayerNonces(ctx)
+	if err != nil {
+		return []common.Hash{h}
+	}
+	if s, ok := n.sentOf(k, now()); ok && s.has(h) {
 		return s.hashes()
 	}
 	return []common.Hash{h}

@@ -384,28 +384,56 @@ func TestLookAfterSkipsASettlementWhoseNonceIsUsed(t *testing.T) {
 	}
 }
 
-// A devnet started again is a new chain: the settlements kept of the one
-// before are dropped, not resolved (and sent again) on it.
+// A devnet started afresh is a new chain: the settlements kept of the one
+// before are not the new chain's, and its facilitators never resolve (and
+// send again) them. One started again from its data_dir is the chain
+// before, resumed without its pending transactions: what its managers kept
+// is dropped.
 func TestANewDevnetDropsTheSettlementsKeptOfTheOld(t *testing.T) {
-	d := startDevnet(t, DevnetConfig{})
-	e := &testEnv{d: d}
-	f, err := New(Config{Chain: d.Client(), Network: DevnetNetwork, RelayerKey: DevKey(0)})
-	if err != nil {
-		t.Fatal(err)
+	keep := func(t *testing.T, d *Devnet) (*Facilitator, usedKey) {
+		t.Helper()
+		f, err := New(Config{Chain: d.Client(), Network: DevnetNetwork, RelayerKey: DevKey(0)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		req := (&testEnv{d: d}).requirements(payee, amount)
+		c := f.checkOwn(context.Background(), mustSignExact(t, payer, req), req)
+		tx, err := types.SignNewTx(f.key, f.signer, &types.DynamicFeeTx{ChainID: f.chainID, Gas: 300_000, GasFeeCap: big.NewInt(1e9), To: &c.token, Data: c.txData})
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := usedKey{token: c.token, from: c.auth.From, nonce: c.auth.Nonce}
+		f.nonces.keep(k, newSentSettlement(tx, time.Now(), c.auth.ValidBefore), time.Now())
+		return f, k
 	}
-	req := e.requirements(payee, amount)
-	c := f.checkOwn(context.Background(), mustSignExact(t, payer, req), req)
-	tx, err := types.SignNewTx(f.key, f.signer, &types.DynamicFeeTx{ChainID: f.chainID, Gas: 300_000, GasFeeCap: big.NewInt(1e9), To: &c.token, Data: c.txData})
-	if err != nil {
-		t.Fatal(err)
-	}
-	k := usedKey{token: c.token, from: c.auth.From, nonce: c.auth.Nonce}
-	f.nonces.keep(k, newSentSettlement(tx, time.Now(), c.auth.ValidBefore), time.Now())
-	d.Close()
-	startDevnet(t, DevnetConfig{})
-	if _, ok := f.nonces.sentOf(k, time.Now()); ok {
-		t.Error("a settlement kept of the devnet before is still kept on the new one")
-	}
+	t.Run("afresh", func(t *testing.T) {
+		d := startDevnet(t, DevnetConfig{})
+		_, k := keep(t, d)
+		d.Close()
+		g, err := startDevnet(t, DevnetConfig{}).NewFacilitator()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := g.nonces.sentOf(k, time.Now()); ok {
+			t.Error("a settlement kept of the devnet before is kept on the new one")
+		}
+	})
+	t.Run("from its data_dir", func(t *testing.T) {
+		dir := t.TempDir()
+		d := startDevnet(t, DevnetConfig{DataDir: dir})
+		f, k := keep(t, d)
+		d.Close()
+		g, err := startDevnet(t, DevnetConfig{DataDir: dir}).NewFacilitator()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g.nonces != f.nonces {
+			t.Error("the devnet started again from its data_dir is taken for another chain")
+		}
+		if _, ok := f.nonces.sentOf(k, time.Now()); ok {
+			t.Error("a settlement kept before the devnet started again from its data_dir is still kept")
+		}
+	})
 }
 
 // countingCalls is the devnet's client counting its contract calls.
