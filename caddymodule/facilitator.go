@@ -57,9 +57,11 @@ type pooledFacilitator struct {
 	client *settlementChain       // nil on a devnet
 }
 
-// Destruct stops the relayer's look-after of the facilitator's pending
-// settlements (Facilitator.Close), then the devnet or the chain connection
-// it would read through.
+// Destruct closes the facilitator, whose pending settlements the newest
+// facilitator of the relayer key on its chain still loaded takes over
+// (Facilitator.Close: Caddy provisions a reloaded config before it cleans
+// up the old one), then the devnet or the chain connection it would read
+// through.
 func (p *pooledFacilitator) Destruct() error {
 	if p.f != nil {
 		p.f.Close()

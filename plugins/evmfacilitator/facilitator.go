@@ -248,6 +248,7 @@ func newFacilitator(cfg Config, nonces *nonceSet) (*Facilitator, error) {
 	}
 	if nonces != nil {
 		f.nonces = nonces.of(f.relayer)
+		f.nonces.open(f)
 	} else {
 		ctx, cancel := context.WithTimeout(context.Background(), identifyTimeout)
 		defer cancel()
@@ -258,8 +259,8 @@ func newFacilitator(cfg Config, nonces *nonceSet) (*Facilitator, error) {
 
 // relayerNonces returns the relayer's nonce manager on f's chain, the one
 // of every facilitator of the key on that chain (chainNonces), reading the
-// chain's genesis block (within ctx and identifyTimeout) the first time.
-// A settle calls it before it
+// chain's genesis block (within ctx and identifyTimeout) the first time,
+// and opens f on it (nonceManager.open). A settle calls it before it
 // sends anything: without it a settle could take the nonce and the kept
 // settlements of another chain with this chain ID. An error means the
 // chain could not be asked; nothing was sent.
@@ -287,6 +288,7 @@ func (f *Facilitator) relayerNonces(ctx context.Context) (*nonceManager, error) 
 	f.idMu.Lock()
 	f.nonces = n
 	f.idMu.Unlock()
+	n.open(f)
 	return n, nil
 }
 
@@ -297,18 +299,17 @@ func (f *Facilitator) knownNonces() *nonceManager {
 	return f.nonces
 }
 
-// Close stops the relayer's look-after of the settlements this facilitator
-// sent (watch.go): a facilitator whose configuration is unloaded resolves
-// nothing more on its own; a retry of /settle through another facilitator
-// of the key still resolves its settlements. It sends nothing and waits for
-// nothing; Settle and the status calls keep working.
+// Close ends this facilitator's look-after of the settlements it sent
+// (watch.go): the newest facilitator of the key on its chain still open
+// takes them over, and its look-after goes on with them (Caddy provisions a
+// reloaded configuration before it closes the old one, so a reload that
+// changes the facilitator's settings hands them to the new one); with none
+// open, the next one made takes them over (nonceManager.open). It sends
+// nothing and waits for nothing; Settle and the status calls keep working.
 func (f *Facilitator) Close() error {
 	f.closed.Store(true)
 	if n := f.knownNonces(); n != nil {
-		select {
-		case n.wake <- struct{}{}:
-		default:
-		}
+		n.close(f)
 	}
 	return nil
 }

@@ -65,6 +65,50 @@ type nonceManager struct {
 	// short (a facilitator closed).
 	watching bool
 	wake     chan struct{}
+	// users are the facilitators of the account on this chain not closed,
+	// in the order they were opened (under sentMu): the newest takes over
+	// the settlements of one that closes (close).
+	users []*Facilitator
+}
+
+// open adds f, a facilitator of the account on this chain, to its users,
+// unless it is closed already, and has it take over the settlements whose
+// facilitator closed while no other was open (close), so that the
+// look-after goes on with them.
+func (n *nonceManager) open(f *Facilitator) {
+	n.sentMu.Lock()
+	defer n.sentMu.Unlock()
+	if f.closed.Load() {
+		return
+	}
+	n.users = append(n.users, f)
+	for _, e := range n.sent {
+		if o := e.s.owner.Load(); o != nil && o.closed.Load() && !e.s.done.Load() {
+			e.s.owner.Store(f)
+		}
+	}
+	n.startWatchLocked()
+}
+
+// close removes f, closed, from its users, and hands the settlements it
+// sent or took over to the newest user still open, whose look-after then
+// resolves them (watch): its chain is f's, and so are the relayer's nonce
+// and the settlements' transactions. Without one they wait for the next
+// facilitator opened (open), and the look-after ends meanwhile.
+func (n *nonceManager) close(f *Facilitator) {
+	n.sentMu.Lock()
+	n.users = slices.DeleteFunc(n.users, func(u *Facilitator) bool { return u == f || u.closed.Load() })
+	if len(n.users) > 0 {
+		heir := n.users[len(n.users)-1]
+		for _, e := range n.sent {
+			e.s.owner.CompareAndSwap(f, heir)
+		}
+	}
+	n.sentMu.Unlock()
+	select {
+	case n.wake <- struct{}{}:
+	default:
+	}
 }
 
 // keptSent is an entry of nonceManager.sent: the settlement and when it
@@ -111,10 +155,11 @@ type sentSettlement struct {
 	// that it paid; one payment is one success per process.
 	succeeded atomic.Bool
 
-	// owner is the facilitator that sent it, and c (a copy, which resolve
-	// may write to) its checked payment: what watch resolves it with. A
-	// settlement without an owner (made by a test) is not watched.
-	owner *Facilitator
+	// owner is the facilitator that sent it, or took it over when that one
+	// closed (nonceManager.close), and c (a copy, which resolve may write
+	// to) its checked payment: what watch resolves it with. A settlement
+	// without an owner (made by a test) is not watched.
+	owner atomic.Pointer[Facilitator]
 	c     checked
 	// done is set once watch has nothing more to do for it, its outcome
 	// learned or its nonce used (resolveWatched): it stops looking after
@@ -159,7 +204,8 @@ func (s *sentSettlement) sendCount() int {
 // watched reports whether watch looks after it: it has an owner that is
 // not closed, and it is not done.
 func (s *sentSettlement) watched() bool {
-	return s.owner != nil && !s.owner.closed.Load() && !s.done.Load()
+	o := s.owner.Load()
+	return o != nil && !o.closed.Load() && !s.done.Load()
 }
 
 // all returns the settlement's transactions, the first sent first.

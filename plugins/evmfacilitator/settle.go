@@ -268,7 +268,8 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 			sentSet.sending.Store(false)
 		}
 		sentSet = newSentSettlement(tx, start, c.auth.ValidBefore)
-		sentSet.owner, sentSet.c = f, *c // for watch
+		sentSet.owner.Store(f) // for watch
+		sentSet.c = *c
 		sentSet.settling.Store(true)
 		sentSet.sending.Store(true)
 		f.nonces.keep(k, sentSet, now())

@@ -119,7 +119,8 @@ func TestCloseEndsTheLookAfter(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := newSentSettlement(tx, time.Now(), c.auth.ValidBefore)
-	s.owner, s.c = f, *c
+	s.owner.Store(f)
+	s.c = *c
 	f.nonces.keep(usedKey{token: c.token, from: c.auth.From, nonce: c.auth.Nonce}, s, time.Now())
 	if !watching(f.nonces) {
 		t.Fatal("a settlement of unknown outcome kept, and no look-after runs")
@@ -322,7 +323,8 @@ func TestStuckCancellationIsBumped(t *testing.T) {
 	c.auth.ValidBefore = new(big.Int).SetUint64(head.Time)
 	s := newSentSettlement(stuck, time.Now(), c.auth.ValidBefore)
 	s.cancel, s.lastSent = cancel, time.Now().Add(-time.Minute)
-	s.owner, s.c = f, *c
+	s.owner.Store(f)
+	s.c = *c
 	f.nonces.keep(usedKey{token: c.token, from: c.auth.From, nonce: c.auth.Nonce}, s, time.Now())
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(200 * time.Millisecond) {
 		n, err := d.Client().NonceAt(ctx, f.relayer, nil)
@@ -372,7 +374,8 @@ func TestLookAfterSkipsASettlementWhoseNonceIsUsed(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := newSentSettlement(tx, time.Now(), c.auth.ValidBefore)
-	s.owner, s.c, s.lastSent = f, *c, time.Now().Add(-time.Minute)
+	s.owner.Store(f)
+	s.c, s.lastSent = *c, time.Now().Add(-time.Minute)
 	f.nonces.keep(usedKey{token: c.token, from: c.auth.From, nonce: c.auth.Nonce}, s, time.Now())
 	for deadline := time.Now().Add(5 * time.Second); watching(f.nonces); time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
@@ -466,7 +469,8 @@ func TestLookAfterLeavesARunningSettleItsSettlement(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := newSentSettlement(tx, time.Now(), c.auth.ValidBefore)
-	s.owner, s.c, s.lastSent = f, *c, time.Now().Add(-time.Minute)
+	s.owner.Store(f)
+	s.c, s.lastSent = *c, time.Now().Add(-time.Minute)
 	s.settling.Store(true)
 	f.nonces.keep(usedKey{token: c.token, from: c.auth.From, nonce: c.auth.Nonce}, s, time.Now())
 	time.Sleep(300 * time.Millisecond) // six rounds
@@ -514,7 +518,8 @@ func TestLookAfterPanicIsRecovered(t *testing.T) {
 			t.Fatal(err)
 		}
 		s := newSentSettlement(tx, time.Now(), c.auth.ValidBefore)
-		s.owner, s.c, s.lastSent = f, *c, time.Now().Add(-time.Minute)
+		s.owner.Store(f)
+		s.c, s.lastSent = *c, time.Now().Add(-time.Minute)
 		f.nonces.keep(usedKey{token: c.token, from: c.auth.From, nonce: c.auth.Nonce}, s, time.Now())
 		time.Sleep(2 * time.Second)
 		g.Close()

@@ -45,7 +45,9 @@ func (n *nonceManager) startWatchLocked() {
 
 // watch resolves the watched settlements (resolveWatched) at each interval
 // (watchInterval), and ends once none is left: every outcome known, or
-// every facilitator that sent one closed. keep starts it again. A round
+// every facilitator that sent or took over one closed with no other of
+// the key on the chain open (nonceManager.close). keep, and a facilitator
+// opened that takes them over (nonceManager.open), start it again. A round
 // that panics (a chain client's bug) is logged and the next one runs, as
 // follow and a settle's server survive one: the goroutine is the
 // gateway's own, and its panic would end the whole process.
@@ -84,7 +86,7 @@ func (n *nonceManager) watchInterval() (time.Duration, bool) {
 	wait := time.Duration(-1)
 	for _, e := range n.sent {
 		if e.s.watched() {
-			if w := min(e.s.owner.cfg.ReceiptTimeout, maxBumpWait); wait < 0 || w < wait {
+			if w := min(e.s.owner.Load().cfg.ReceiptTimeout, maxBumpWait); wait < 0 || w < wait {
 				wait = w
 			}
 		}
@@ -115,7 +117,7 @@ func (n *nonceManager) resolveWatched() {
 		if !e.s.watched() {
 			continue
 		}
-		if !e.s.settling.Load() && now().Sub(e.s.sentAt()) >= min(e.s.owner.cfg.ReceiptTimeout, maxBumpWait) {
+		if !e.s.settling.Load() && now().Sub(e.s.sentAt()) >= min(e.s.owner.Load().cfg.ReceiptTimeout, maxBumpWait) {
 			due = append(due, e.s)
 		}
 	}
@@ -124,11 +126,12 @@ func (n *nonceManager) resolveWatched() {
 		return cmp.Compare(a.last().Nonce(), b.last().Nonce())
 	})
 	for _, s := range due {
-		c := s.c // resolve may write to its checked payment
-		_, err := s.owner.resolve(&c, s, errLookedAfter)
+		owner := s.owner.Load() // or the one that takes it over meanwhile: both reach its chain
+		c := s.c                // resolve may write to its checked payment
+		_, err := owner.resolve(&c, s, errLookedAfter)
 		var ue *x402.UnknownOutcomeError
-		if errors.As(err, &ue) || s.owner.bumpCancel(s) {
-			if !s.owner.nonceUsed(s.last().Nonce()) {
+		if errors.As(err, &ue) || owner.bumpCancel(s) {
+			if !owner.nonceUsed(s.last().Nonce()) {
 				return
 			}
 		}
