@@ -529,7 +529,7 @@ type chainIdentity struct {
 	genesis common.Hash
 }
 
-// identifyTimeout bounds the read of a chain's genesis block (identify).
+// identifyTimeout bounds the read of a chain's genesis block (relayerNonces).
 const identifyTimeout = 10 * time.Second
 
 // chainNonces is the process's nonceSet of each chain, by its identity.
