@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/aovhq/aov/internal/servers"
+	"github.com/aovhq/aov/plugins/evmfacilitator"
 	"github.com/aovhq/aov/receipt"
 	"github.com/aovhq/aov/strictjson"
 	"github.com/aovhq/aov/x402"
@@ -88,5 +89,64 @@ func TestHeldAnswerKeepsItsVerificationHeaders(t *testing.T) {
 				t.Errorf("the receipt's output_hash %q is not the delivered bytes' %q", rc.OutputHash, receipt.Hash(cb))
 			}
 		})
+	}
+}
+
+// A seller route that names its own receipt_header and keeps answers
+// under a payment_identifier: the answer held for an unknown settlement is
+// delivered on the retry with the receipt under that name, and saved under
+// the id as it was delivered, so a later retry of the id gets it with the
+// receipt too. (Before: the saved copy was made from the held answer on
+// the retry, a request no verify_response handled, and so kept only the
+// default receipt name: the id's replay came without its receipt.)
+func TestHeldAnswerSavedUnderItsIDKeepsACustomReceiptHeader(t *testing.T) {
+	sharedDevnet(t)
+	buildBinaries(t)
+	vf := startVerifier(t)
+	agent := startAgent(t)
+	site := fmt.Sprintf(`:{port} {
+	handle /invoices/* {
+		x402 {
+			accept devnet $0.05 %[3]s
+			facilitator faulty_devnet lose_reply
+			store badger %[4]s
+			settle_on pass
+			payment_identifier
+		}
+		verify_response {
+			schema %[5]s
+			rules %[6]s
+			enforce_rules
+			agent_id seller-7
+			verifier_url %[2]s
+			receipt_header X-My-Receipt
+		}
+		reverse_proxy %[1]s
+	}
+}
+`, strings.TrimPrefix(agent, "http://"), vf.srv.URL, payTo.Hex(), filepath.Join(t.TempDir(), "gate"), binaries.schemaPath, binaries.rules)
+	base := startCaddy(t, site)
+	resp, _ := getBody(t, base+"/invoices/INV-7731", nil)
+	if resp.StatusCode != http.StatusPaymentRequired {
+		t.Fatalf("unpaid: %d", resp.StatusCode)
+	}
+	sig := signWithID(t, paymentRequired(t, resp), evmfacilitator.DevKey(9), "pay_custom_receipt_held_0001")
+	resp, body := getBody(t, base+"/invoices/INV-7731", map[string]string{x402.HeaderPaymentSignature: sig})
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("first try (reply lost): %d %s", resp.StatusCode, body)
+	}
+	for _, try := range []string{"the retry that resolves the held answer", "the replay of the id's saved answer"} {
+		resp, body = getBody(t, base+"/invoices/INV-7731", map[string]string{x402.HeaderPaymentSignature: sig})
+		if resp.StatusCode != http.StatusOK || resp.Header.Get(x402.HeaderPaymentResponse) == "" {
+			t.Fatalf("%s: %d %s", try, resp.StatusCode, body)
+		}
+		raw, err := base64.StdEncoding.DecodeString(resp.Header.Get("X-My-Receipt"))
+		if err != nil || !json.Valid(raw) {
+			t.Errorf("%s: X-My-Receipt %q; want the answer's receipt", try, resp.Header.Get("X-My-Receipt"))
+		}
+		if resp.Header.Get(HeaderVerificationReceipt) != "" || resp.Header.Get(HeaderVerificationStatus) != "pass" {
+			t.Errorf("%s: Verification-Receipt %q, Verification-Status %q; want no default receipt, and pass",
+				try, resp.Header.Get(HeaderVerificationReceipt), resp.Header.Get(HeaderVerificationStatus))
+		}
 	}
 }

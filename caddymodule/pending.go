@@ -110,6 +110,13 @@ type heldRecord struct {
 	Header      http.Header `json:"header,omitempty"`
 	ContentType string      `json:"content_type,omitempty"`
 	Body        []byte      `json:"body,omitempty"`
+	// ReceiptHeader is the name a verify_response gave the receipt in
+	// Header (its receipt_header, receiptNameVar), "" when none did. The
+	// retry that delivers the held answer handles no verify_response: it
+	// names the receipt again (heldReceiptName), so the answer saved from
+	// it under a payment identifier keeps a receipt_header of the
+	// operator's own (keptHeader), not only the default name.
+	ReceiptHeader string `json:"receipt_header,omitempty"`
 	// Transaction is set once the transfer is known to have happened.
 	Transaction string `json:"transaction,omitempty"`
 	// Sent is the transaction the facilitator named when it reported the
@@ -538,6 +545,7 @@ func (g *Gate) holdAnswer(h *heldRecord, r *http.Request, bw *bufferedWriter) {
 	if bw != nil {
 		if hdr, ok := keptHeader(bw, maxHeldAnswer, receiptNameOf(r.Context())); ok {
 			h.Held, h.Status, h.Header, h.ContentType, h.Body = true, bw.status(), hdr, bw.header.Get("Content-Type"), bytes.Clone(bw.buf.Bytes())
+			h.ReceiptHeader = receiptNameOf(r.Context())
 		}
 	}
 	h.Request, h.RequestBody = g.heldRequest(r)
@@ -825,6 +833,11 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 		}
 		if learned {
 			g.noteSettled(r, sr)
+		}
+		if h.ReceiptHeader != "" {
+			// This request's answer is the held one, with its receipt
+			// under that name: an id's saved copy of it keeps it.
+			caddyhttp.SetVar(r.Context(), receiptNameVar, h.ReceiptHeader)
 		}
 		ex.deliver(w, bw, sr)
 		return true, nil
