@@ -121,7 +121,7 @@ func (g *Gate) serveCharged(w http.ResponseWriter, r *http.Request, next caddyht
 	ex.upstreamRan()
 	o := g.outcomeOf(ex, bw, err, r)
 	if o != outcomeBillable {
-		g.unsettled(r, c, workRan(o, err, wrote))
+		g.unsettled(r, c, bw, workRan(o, err, wrote))
 	}
 	// Each case below counts as workRan says; the comments say why.
 	switch o {
@@ -205,14 +205,8 @@ func (g *Gate) serveCharged(w http.ResponseWriter, r *http.Request, next caddyht
 		// works (reverse_proxy's 499), and the same payment or free unit
 		// can be used again. The upstream worked, so the call counts. A
 		// settlement once begun is never cut short: c.settle runs on a
-		// context without the client's cancellation. An upstream that
-		// recorded the paid call pending is told it ended unpaid, as for a
-		// settlement refused: the retry with the same payment is another
-		// verification, and nothing else would ever resolve this one.
-		g.unsettled(r, c, true)
-		if p, ok := c.(*paidCharge); ok {
-			p.reportOutcome(r, bw, settleRefused)
-		}
+		// context without the client's cancellation.
+		g.unsettled(r, c, bw, true)
 		metrics.outcomes.WithLabelValues("client_gone_not_settled").Inc()
 		w.WriteHeader(statusClientClosedRequest) // for the access log; nobody reads it
 		return nil
@@ -270,7 +264,16 @@ func answerBy(r *http.Request) time.Time {
 // nothing ran for counts in neither, and a free one gives its free
 // budget's event back: the operator's outage is no refusal of the buyer,
 // who retries as told.
-func (g *Gate) unsettled(r *http.Request, c charge, ran bool) {
+//
+// An upstream that recorded a paid call pending and asked for its outcome
+// (bw, the answer held, or a verify_response in between: reportRequest)
+// is told it ended unpaid, as for a settlement refused, whatever kept it
+// from settling: an error, an output that did not pass, an answer
+// withheld, a deadline, a client gone. The buyer's retry with the same
+// payment is another call, recorded anew, and nothing else would ever
+// resolve this one. This is the one place a call that settled nothing is
+// reported; a settlement's own outcome is reported by settle.
+func (g *Gate) unsettled(r *http.Request, c charge, bw *bufferedWriter, ran bool) {
 	c.release(r)
 	fc, free := c.(*freeCharge)
 	switch {
@@ -278,6 +281,9 @@ func (g *Gate) unsettled(r *http.Request, c charge, ran bool) {
 		fc.budget.refund()
 	case !free && ran:
 		g.noteRefusal(r)
+	}
+	if p, ok := c.(*paidCharge); ok {
+		p.reportOutcome(r, bw, settleRefused)
 	}
 }
 

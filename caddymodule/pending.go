@@ -1365,9 +1365,45 @@ func (g *Gate) markSettlementPending(r *http.Request) {
 	}
 }
 
-// reportRequest is what the upstream asked to be told: where, and about
-// which verification (answerVerificationID).
-func reportRequest(bw *bufferedWriter) (path, id string) {
+// settlementReportVar holds the report request (settlementReport) a
+// verify_response took from the upstream's answer it held
+// (takeReportRequest), for the gate in front (reportRequest): the answer
+// the gate then holds is verify_response's, which may no longer carry the
+// upstream's (an on_fail block refusal, an outage's, an envelope around
+// the answer, which hides its verification_id), and the gate must report
+// how the call ended all the same.
+const settlementReportVar = "aov.x402.settlement_report"
+
+// settlementReport is a report request: where, and about which
+// verification.
+type settlementReport struct{ path, id string }
+
+// reportRequest is what the upstream asked to be told about the call of r:
+// where, and about which verification. A verify_response between took it
+// from the answer it held (settlementReportVar; taken once); otherwise it
+// is read from bw, the answer the gate holds (answerReportRequest).
+func reportRequest(r *http.Request, bw *bufferedWriter) (path, id string) {
+	if rep, ok := caddyhttp.GetVar(r.Context(), settlementReportVar).(settlementReport); ok {
+		caddyhttp.SetVar(r.Context(), settlementReportVar, nil)
+		bw.header.Del(headerSettlementReport) // never shown to the client
+		return rep.path, rep.id
+	}
+	return answerReportRequest(bw)
+}
+
+// takeReportRequest takes the report request from hw, the upstream's
+// answer a verify_response holds, for the gate in front
+// (settlementReportVar). The header never goes out with what
+// verify_response releases.
+func takeReportRequest(r *http.Request, hw *bufferedWriter) {
+	if path, id := answerReportRequest(hw); path != "" {
+		caddyhttp.SetVar(r.Context(), settlementReportVar, settlementReport{path, id})
+	}
+}
+
+// answerReportRequest is the report request an answer carries, read from
+// its header and body (answerVerificationID), the header removed.
+func answerReportRequest(bw *bufferedWriter) (path, id string) {
 	path = bw.header.Get(headerSettlementReport)
 	bw.header.Del(headerSettlementReport) // never shown to the client
 	if path == "" || path[0] != '/' || strings.HasPrefix(path, "//") || strings.ContainsAny(path, "?#") {
@@ -1435,8 +1471,9 @@ const (
 	// settleDone: settled and recorded; the answer is delivered.
 	settleDone settleEnd = iota
 	// settleRefused: the facilitator settled nothing (it said so), or
-	// nothing was settled because the client left first, and the claim
-	// was released: nothing was charged.
+	// the call was never settled (Gate.unsettled: its answer was not one
+	// to settle, or its client left first), and the claim was released:
+	// nothing was charged.
 	settleRefused
 	// settleUnknown: anything else. The transfer may have happened (its
 	// outcome is unknown, or the claim was resolved elsewhere meanwhile),
@@ -1445,8 +1482,8 @@ const (
 )
 
 // reportOutcome reports a settlement's outcome after servePaid's settle
-// (end), or a call not settled because its client left (settleRefused):
-// paid when it succeeded or went through unrecorded, unpaid when the
+// (end), or a call never settled (settleRefused, Gate.unsettled): paid
+// when it succeeded or went through unrecorded, unpaid when the
 // facilitator refused it or nothing was settled, and otherwise as the payment's claim tells:
 // paid when it is settled by now (the background pass found the transfer
 // in between, or another gateway did); nothing while the outcome is
@@ -1461,7 +1498,7 @@ const (
 // asked instead, in the background (reportFromChain).
 func (p *paidCharge) reportOutcome(r *http.Request, bw *bufferedWriter, end settleEnd) {
 	g, next := p.g, p.next
-	path, id := reportRequest(bw)
+	path, id := reportRequest(r, bw)
 	switch {
 	case path == "":
 		return
@@ -1820,7 +1857,7 @@ func (g *Gate) reportOnce(r *http.Request, next caddyhttp.Handler, path string, 
 	// Not cancelled with r: a report is the outcome of a settled payment,
 	// whoever is still waiting for the answer, and a batch holds other
 	// buyers' reports, which its sender's leaving must not fail.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), reportTimeout)
+	ctx, cancel := context.WithTimeout(context.WithValue(context.WithoutCancel(r.Context()), reportKey{}, true), reportTimeout)
 	defer cancel()
 	rr := r.Clone(ctx)
 	rr.Method = http.MethodPost
@@ -1862,6 +1899,21 @@ func (g *Gate) reportOnce(r *http.Request, next caddyhttp.Handler, path string, 
 		metrics.outcomes.WithLabelValues("reported_" + rep.Payment).Inc()
 	}
 	return true
+}
+
+// reportKey marks the context of a report reportOnce sends through the
+// gate's handler chain (isReport). The report shares the call's variables
+// (a later gate of the route, one per MCP tool, reads them to pass it on).
+type reportKey struct{}
+
+// isReport reports whether r is a report of a call's outcome the gate
+// sends to its upstream (reportOnce), not a call: a verify_response passes
+// it on untouched, for the upstream's answer to it is no output of the
+// agent's to check, and checking it would overwrite the outcome of the
+// call it reports (VerificationVar), which the gate still reads.
+func isReport(r *http.Request) bool {
+	v, _ := r.Context().Value(reportKey{}).(bool)
+	return v
 }
 
 // batchResults reads the upstream's success answer to a batch of n

@@ -546,6 +546,9 @@ func (v *VerifyResponse) Cleanup() error {
 // ServeHTTP runs the upstream into a hold, verifies what it holds, and
 // releases the answer the policy calls for.
 func (v *VerifyResponse) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	if isReport(r) {
+		return next.ServeHTTP(w, r)
+	}
 	var misplaced error
 	switch {
 	case caddyhttp.GetVar(r.Context(), verificationStartedVar) != nil:
@@ -601,6 +604,11 @@ func (v *VerifyResponse) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 		copyHeader(w.Header(), hw.header)
 		v.record(r, outcomeUnchecked)
 		return nil
+	}
+	if hw.held && !hw.spilled() {
+		// Whatever it releases or withholds, the gate in front reports the
+		// call's outcome to an upstream that asked for it.
+		takeReportRequest(r, hw)
 	}
 	switch {
 	case !hw.held:
