@@ -361,15 +361,7 @@ func TestDaemonSignsInProcess(t *testing.T) {
 		"-public-base-url", "http://127.0.0.1:1")
 	verifyWith := func(want string) {
 		t.Helper()
-		resp, err := http.Post("http://"+d.api+"/verify/schema", "application/json", strings.NewReader(passingRequest))
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 200 {
-			t.Fatalf("verification: %d %s", resp.StatusCode, body)
-		}
+		body := verification(t, d.api)
 		k, _ := certd.Lookup(want)
 		v, err := receipt.Verify(body, receipt.SingleKey(want, k.Public), receipt.ContextVerify)
 		if err != nil || v.KeyVersion != want {

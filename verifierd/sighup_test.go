@@ -85,10 +85,11 @@ func (p *process) waitLog(t *testing.T, msg string) map[string]any {
 	return nil
 }
 
-// verification posts a passing verification and returns the receipt.
-func (p *process) verification(t *testing.T) []byte {
+// verification posts a passing verification to the verifierd at api and
+// returns the receipt.
+func verification(t *testing.T, api string) []byte {
 	t.Helper()
-	resp, err := http.Post("http://"+p.api+"/verify/schema", "application/json", strings.NewReader(passingRequest))
+	resp, err := http.Post("http://"+api+"/verify/schema", "application/json", strings.NewReader(passingRequest))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +135,7 @@ func TestSIGHUPReloadsTheKeysAndNeverStopsVerifierd(t *testing.T) {
 			if c.desc == "in process" && (line["current_key_version"] != "k1" || line["key_versions"] != 1.0) {
 				t.Errorf("reload logged %v; want the current key k1 of 1 version", line)
 			}
-			body := p.verification(t)
+			body := verification(t, p.api)
 			if c.desc == "in process" {
 				k1, _ := certd.Lookup("k1")
 				if _, err := receipt.Verify(body, receipt.SingleKey("k1", k1.Public), receipt.ContextVerify); err != nil {
