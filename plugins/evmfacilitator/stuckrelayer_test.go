@@ -42,56 +42,95 @@ func (c *gateDeadline) SendTransaction(ctx context.Context, tx *types.Transactio
 // ever replaced or cancelled it, the relayer's nonce stayed taken and every
 // later settlement queued behind it.)
 func TestExpiredStuckSettlementIsCancelledWithoutARetry(t *testing.T) {
+	st := settleIntoSpike(t, 3*time.Second)
+	st.waitNonceFreed(t, st.f)
+}
+
+// stuckSettlement is a settlement of f's relayer stuck by a fee spike and
+// answered unknown (settleIntoSpike).
+type stuckSettlement struct {
+	ctx         context.Context // the spike's: it holds until the test ends
+	d           *Devnet
+	f           *Facilitator
+	first       *types.Transaction // the settlement's first transaction
+	validBefore uint64
+}
+
+// settleIntoSpike makes a facilitator of a fresh devnet's relayer, with
+// receiptTimeout, whose first send a base-fee spike leaves pending and
+// whose settle caller's deadline ends soon after, and settles one payment
+// valid for 12 s through it: the settle answers unknown.
+func settleIntoSpike(t *testing.T, receiptTimeout time.Duration) *stuckSettlement {
+	t.Helper()
 	d := startDevnet(t, DevnetConfig{gasLimit: spikeGasLimit, MaxClockLead: 20 * time.Second})
 	e := &testEnv{d: d}
 	ctx, stop := context.WithCancel(context.Background())
-	defer stop()
+	t.Cleanup(stop)
 	g := &congestion{t: t, d: d}
 	sctx, scancel := context.WithCancel(context.Background())
-	defer scancel()
+	t.Cleanup(scancel)
 	sc := &gateDeadline{spikeBeforeSend: &spikeBeforeSend{Chain: d.Client(), g: g, ctx: ctx}, cancel: scancel}
-	f, err := New(Config{Chain: sc, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 3 * time.Second})
+	f, err := New(Config{Chain: sc, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: receiptTimeout})
 	if err != nil {
 		t.Fatal(err)
 	}
 	req := e.requirements(payee, amount)
 	req.MaxTimeoutSeconds = 12
 	p := mustSignExact(t, payer, req)
-	c := f.checkOwn(ctx, p, req)
-	validBefore := c.auth.ValidBefore.Uint64()
-
+	validBefore := f.checkOwn(ctx, p, req).auth.ValidBefore.Uint64()
 	_, err = f.Settle(sctx, p, req)
 	var ue *x402.UnknownOutcomeError
 	if !errors.As(err, &ue) {
 		t.Fatalf("settle sent before the spike: %v; want an unknown outcome", err)
 	}
 	t.Logf("first settle: %v", err)
-	first := sc.all()[0]
+	return &stuckSettlement{ctx: ctx, d: d, f: f, first: sc.all()[0], validBefore: validBefore}
+}
 
-	// The authorization expires, by wall clock and by chain time.
+// waitNonceFreed waits until the settlement's authorization has expired,
+// by wall clock and by chain time, then for by's look-after to free the
+// relayer's nonce it took (replaced or cancelled, within 20 s) and to end
+// with no outcome left to learn (within 15 s).
+func (st *stuckSettlement) waitNonceFreed(t *testing.T, by *Facilitator) {
+	t.Helper()
 	for {
-		h, err := d.Client().HeaderByNumber(ctx, nil)
-		if err == nil && h.Time > validBefore+1 && uint64(time.Now().Unix()) > validBefore+1 {
+		h, err := st.d.Client().HeaderByNumber(st.ctx, nil)
+		if err == nil && h.Time > st.validBefore+1 && uint64(time.Now().Unix()) > st.validBefore+1 {
 			break
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	// Nobody retries: the relayer frees its nonce on its own.
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(200 * time.Millisecond) {
-		n, nerr := d.Client().NonceAt(ctx, f.relayer, nil)
-		if nerr == nil && n > first.Nonce() {
+		n, nerr := st.d.Client().NonceAt(st.ctx, by.relayer, nil)
+		if nerr == nil && n > st.first.Nonce() {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("20 s after validBefore the relayer's nonce %d is still taken by the stuck settlement %s (%d transactions sent in all); want it replaced or cancelled", first.Nonce(), first.Hash().Hex(), len(sc.all()))
+			t.Fatalf("20 s after validBefore the relayer's nonce %d is still taken by the stuck settlement %s; want it replaced or cancelled", st.first.Nonce(), st.first.Hash().Hex())
 		}
 	}
-	// Its outcome learned, the look-after ends.
-	for deadline := time.Now().Add(15 * time.Second); watching(f.nonces); time.Sleep(50 * time.Millisecond) {
+	for deadline := time.Now().Add(15 * time.Second); watching(by.nonces); time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the relayer's look-after still runs with no outcome left to learn")
 		}
 	}
+}
+
+// keepUnknownSettlement keeps, as f's, a settlement transaction of a
+// payment signed for e's devnet, never sent: its outcome unknown.
+func keepUnknownSettlement(t *testing.T, e *testEnv, f *Facilitator) *sentSettlement {
+	t.Helper()
+	req := e.requirements(payee, amount)
+	c := f.checkOwn(context.Background(), mustSignExact(t, payer, req), req)
+	tx, err := types.SignNewTx(f.key, f.signer, &types.DynamicFeeTx{ChainID: f.chainID, Gas: 300_000, GasFeeCap: big.NewInt(1e9), To: &c.token, Data: c.txData})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newSentSettlement(tx, time.Now(), c.auth.ValidBefore)
+	s.owner.Store(f)
+	s.c = *c
+	f.nonces.keep(usedKey{token: c.token, from: c.auth.From, nonce: c.auth.Nonce}, s, time.Now())
+	return s
 }
 
 // watching reports whether n's look-after runs.
@@ -112,16 +151,7 @@ func TestCloseEndsTheLookAfter(t *testing.T) {
 	}
 	n := &nonceSet{}
 	f.nonces = n.of(f.relayer)
-	req := e.requirements(payee, amount)
-	c := f.checkOwn(context.Background(), mustSignExact(t, payer, req), req)
-	tx, err := types.SignNewTx(f.key, f.signer, &types.DynamicFeeTx{ChainID: f.chainID, Gas: 300_000, GasFeeCap: big.NewInt(1e9), To: &c.token, Data: c.txData})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := newSentSettlement(tx, time.Now(), c.auth.ValidBefore)
-	s.owner.Store(f)
-	s.c = *c
-	f.nonces.keep(usedKey{token: c.token, from: c.auth.From, nonce: c.auth.Nonce}, s, time.Now())
+	keepUnknownSettlement(t, e, f)
 	if !watching(f.nonces) {
 		t.Fatal("a settlement of unknown outcome kept, and no look-after runs")
 	}
