@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -137,7 +138,7 @@ func (f *FreeAllowance) servesOrigin(r *http.Request, base string) bool {
 		return err == nil && f.origins[norm]
 	}
 	if o == "" {
-		return base == "" || sameHostAsBase(r, base) || unrebindableHost(r.Host)
+		return base == "" || unrebindableHost(r.Host) || sameHostAsBase(r, base)
 	}
 	norm, err := normalizeOrigin(o)
 	if err != nil {
@@ -160,7 +161,13 @@ func (f *FreeAllowance) servesOrigin(r *http.Request, base string) bool {
 // host is compared: behind a TLS-terminating proxy the gate sees http for
 // the site's https pages.
 func sameHostAsBase(r *http.Request, base string) bool {
-	scheme, _, _ := strings.Cut(base, "://")
+	scheme, host, _ := strings.Cut(base, "://")
+	if r.Host == host && !strings.HasSuffix(host, ".") && !strings.Contains(host, ".:") {
+		// base's host as it is, the usual agent's Host: normalizing it
+		// would give base again (it runs on every free call, so it is
+		// not parsed).
+		return true
+	}
 	own, err := normalizeOrigin(scheme + "://" + withoutRootDot(r.Host))
 	return err == nil && own == base
 }
@@ -186,7 +193,10 @@ func unrebindableHost(hostport string) bool {
 		h = name
 	}
 	h = strings.TrimSuffix(strings.TrimPrefix(h, "["), "]")
-	return net.ParseIP(h) != nil || strings.EqualFold(strings.TrimSuffix(h, "."), "localhost")
+	if a, err := netip.ParseAddr(h); err == nil && a.Zone() == "" {
+		return true
+	}
+	return strings.EqualFold(strings.TrimSuffix(h, "."), "localhost")
 }
 
 // fromAnotherSite reports whether the browser that sent r says a page of
