@@ -21,7 +21,6 @@ import (
 	"github.com/aovhq/aov/apidocs"
 	"github.com/aovhq/aov/apierr"
 	"github.com/aovhq/aov/internal/inflight"
-	"github.com/aovhq/aov/score"
 	"github.com/aovhq/aov/store"
 	"github.com/aovhq/aov/verify"
 	"github.com/aovhq/aov/walletauth"
@@ -261,7 +260,9 @@ type Gate struct {
 	// request: the agent id of GET /score/{agent_id} (the path after the
 	// route's path up to {agent_id}, "/score/" without a route) or of the
 	// score tool's arguments, checked with verifierd's own rule
-	// (score.CheckAgent: 1 to 200 characters, never a test- id). It is
+	// (score.CheckAgent: 1 to 200 characters, never a test- id; for a path
+	// also score.PathNamesAgent, the clean path verifierd's router
+	// requires: no trailing slash, empty, "." or ".." segment). It is
 	// cheap, so it runs first, before any payment is read: a refused
 	// request is 422 (a tool error over MCP), never a demand, and a payment
 	// sent with it is neither verified nor settled.
@@ -903,7 +904,7 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 
 	ex := &restExchange{g: g}
 	if g.Validator == validateScore {
-		if err := score.CheckAgent(g.pathAgent(r)); err != nil {
+		if err := g.checkScorePath(r); err != nil {
 			return g.refuse(w, r, err)
 		}
 	}

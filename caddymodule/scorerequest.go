@@ -3,10 +3,20 @@ package caddymodule
 import (
 	"net/http"
 	"strings"
+
+	"github.com/aovhq/aov/score"
 )
 
 // validateScore is the validator of score requests (see Gate.Validator).
 const validateScore = "score_request"
+
+// checkScorePath is validate score_request on a REST call: the agent id
+// its path names, by verifierd's rule for a score path
+// (score.CheckPathAgent), so the gate refuses (422) exactly the paths
+// verifierd would not serve and never sells one.
+func (g *Gate) checkScorePath(r *http.Request) error {
+	return score.CheckPathAgent(g.pathAgent(r))
+}
 
 // pathAgent is the agent id a score request names in its path: what
 // follows the route's path up to "{agent_id}" ("/score/" without one),

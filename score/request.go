@@ -1,6 +1,7 @@
 package score
 
 import (
+	"path"
 	"strings"
 
 	"github.com/aovhq/aov/apierr"
@@ -26,6 +27,33 @@ func CheckAgent(agent string) error {
 			Fix:     "Ask for the score of a real agent id; a test- agent's history is free at /reputation/{agent_id}."})
 	}
 	return nil
+}
+
+// PathNamesAgent reports whether agent, the decoded rest of a path after
+// its prefix (/score/, /reputation/), leaves that path clean: no empty,
+// "." or ".." segment and no trailing slash. It is verifierd's router's
+// rule: a path that is not clean is no route there (404), since the gateway
+// routes by the cleaned path but proxies the path as sent, so
+// "/score/x/../../health" would come through a free route. An id such as
+// "seller-7/" is a valid agent id (a verification may record it) that no
+// path names; the score tool takes it in its arguments. The empty id
+// leaves the bare prefix, which is clean: CheckAgent refuses it.
+func PathNamesAgent(agent string) bool {
+	p := "/" + agent
+	return path.Clean(p) == p
+}
+
+// CheckPathAgent is the rule for the agent id a score request names in its
+// path: one PathNamesAgent accepts, so that verifierd routes the path, then
+// CheckAgent's. The gateway applies it before asking for payment, so a
+// path verifierd would answer 404 is refused (422), never sold.
+func CheckPathAgent(agent string) error {
+	if !PathNamesAgent(agent) {
+		return apierr.Invalid(apierr.Field{Field: "agent_id",
+			Problem: "ends in '/' or has an empty, '.' or '..' segment, so no score path names it",
+			Fix:     "Name the agent id without a trailing '/', '//' or a '.' or '..' segment: /score/seller-7; an id that has one is scored by the get_verification_record tool, which takes it in its arguments."})
+	}
+	return CheckAgent(agent)
 }
 
 // ToolAgent reads the score tool's arguments, {"agent_id": "..."} (a

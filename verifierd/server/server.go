@@ -24,7 +24,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"path"
 	"strconv"
 	"strings"
 	"time"
@@ -236,13 +235,12 @@ func lookupRoute(p string) (route, bool) {
 	// but proxies the path as sent, so "/score/x/../../health" came
 	// through its free /health route, with the gateway's token, and was
 	// served here as a paid score.
-	if path.Clean(p) != p && p != scorePrefix && p != reputationPrefix {
-		return route{}, false
-	}
-	if strings.HasPrefix(p, reputationPrefix) {
+	// score.PathNamesAgent is that rule, which the gateway's score_request
+	// check shares, so it never sells a score path answered 404 here.
+	if agent, ok := strings.CutPrefix(p, reputationPrefix); ok && score.PathNamesAgent(agent) {
 		return reputationRoute, true
 	}
-	if strings.HasPrefix(p, scorePrefix) {
+	if agent, ok := strings.CutPrefix(p, scorePrefix); ok && score.PathNamesAgent(agent) {
 		return scoreRoute, true
 	}
 	return route{}, false
