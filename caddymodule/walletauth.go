@@ -289,15 +289,15 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 	// The client signed the request as it sent it: before any rewrite or
 	// handle_path prefix stripping.
 	method, u := sentRequest(r)
-	path := u.Path
-	// Sign-in-with-x and paid access go by the path as sent, escaped
+	// Both proofs and paid access go by the path as sent, escaped
 	// (walletauth.CanonicalPath), as the 402 names the resource: the
-	// decoded path would make /a%2Fb and /a/b one resource.
+	// decoded path would make /a%2Fb and /a/b one resource, and a proof
+	// signed for one good on the other.
 	escaped := u.EscapedPath()
 
 	var proof *walletauth.Proof
 	if len(auth) == 1 {
-		p, err := wa.verifier.Verify(ctx, auth[0], walletauth.Expect{Method: method, Path: path})
+		p, err := wa.verifier.Verify(ctx, auth[0], walletauth.Expect{Method: method, Path: escaped})
 		if err != nil {
 			return wa.refuse(w, r, err)
 		}

@@ -60,7 +60,7 @@ try {
       issued_at: issuedAt.toISOString(),
       expiration_time: expirationTime.toISOString(),
       method,
-      path: decodeURIComponent(u.pathname),
+      path: u.pathname,
       type: "eip191",
       signature,
     };

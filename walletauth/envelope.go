@@ -231,7 +231,10 @@ func (e *Envelope) check() error {
 	if err != nil {
 		return err
 	}
-	if !strings.EqualFold(u.Host, e.Domain) || u.Path != e.Path || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
+	// The uri is what the text signs; path names the same path, escaped
+	// (a decoded path with no encoded "/" or other delimiter is the same:
+	// CanonicalPath encodes what a path may not hold raw).
+	if !strings.EqualFold(u.Host, e.Domain) || !SamePath(u.EscapedPath(), e.Path) || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
 		return malformed(h, "uri", "is not scheme://domain followed by path", "Set uri to the request's URL without query: scheme, domain and path.")
 	}
 	if e.AgentID != "" {
@@ -436,14 +439,16 @@ func New(req Request) (*Envelope, error) {
 	if nonce == "" {
 		nonce = NewNonce()
 	}
-	path := u.Path
+	// The path as the request will send it, escaped: decoding it would
+	// sign /a%2Fb as /a/b, another resource.
+	path := CanonicalPath(u.EscapedPath())
 	if path == "" {
 		path = "/"
 	}
 	issued := now.UTC().Truncate(time.Second)
 	return &Envelope{
 		Domain:         u.Host,
-		URI:            u.Scheme + "://" + u.Host + (&url.URL{Path: path}).EscapedPath(),
+		URI:            u.Scheme + "://" + u.Host + path,
 		Version:        Version,
 		ChainID:        chain,
 		Nonce:          nonce,

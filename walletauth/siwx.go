@@ -251,7 +251,7 @@ func (v *Verifier) VerifySIWXProof(ctx context.Context, s *SIWX, want SIWXExpect
 	if !strings.EqualFold(u.Host, s.Domain) || (want.Scheme != "" && u.Scheme != want.Scheme) {
 		return Proof{}, refuse(ErrWrongRequest, h, "uri", "is not on this server's origin", "Sign in with the uri the server offered.")
 	}
-	if CanonicalPath(u.EscapedPath()) != CanonicalPath(want.Path) || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
+	if !SamePath(u.EscapedPath(), want.Path) || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
 		return Proof{}, refuse(ErrWrongRequest, h, "uri", "is not the URL of the requested resource", "Sign in with the challenge of this resource's 402, for each resource.")
 	}
 	now := v.now()
@@ -375,6 +375,15 @@ func SIWXFromChallenge(info map[string]any, chain string) *SIWX {
 		s.Resources = append(s.Resources, list...)
 	}
 	return s
+}
+
+// SamePath reports whether the escaped URL paths a and b are the same
+// path, as RFC 3986 compares them: equal in CanonicalPath's form. It is
+// the one comparison of a proof's path with a request's, for
+// X-Wallet-Auth (its path and uri members, and the request) and
+// sign-in-with-x alike.
+func SamePath(a, b string) bool {
+	return CanonicalPath(a) == CanonicalPath(b)
 }
 
 // CanonicalPath is the escaped URL path p (as url.URL.EscapedPath gives it,

@@ -83,8 +83,14 @@ type Expect struct {
 	// request was sent to, compared without regard to case; ignored when
 	// the Verifier has Domains.
 	Domain string
-	// Method and Path are the request's method and path (not the query).
-	Method, Path string
+	// Method is the request's method.
+	Method string
+	// Path is the request's path as the client sent it, escaped (as
+	// url.URL.EscapedPath gives it; not the query), compared with the
+	// proof's path in CanonicalPath's form (SamePath), as a sign-in-with-x
+	// proof's is: the decoded path would make /a%2Fb and /a/b, which a
+	// server may route as different resources, one.
+	Path string
 }
 
 // Proof is what a verified proof establishes.
@@ -174,7 +180,7 @@ func (v *Verifier) VerifyEnvelope(ctx context.Context, e *Envelope, want Expect)
 	if e.Method != want.Method {
 		return Proof{}, refuse(ErrWrongRequest, h, "method", "is not the request's method", "Sign a proof for this request's method.")
 	}
-	if e.Path != want.Path {
+	if !SamePath(e.Path, want.Path) {
 		return Proof{}, refuse(ErrWrongRequest, h, "path", "is not the request's path", "Sign a proof for this request's path.")
 	}
 	issued, _ := parseTime(h, "issued_at", e.IssuedAt)

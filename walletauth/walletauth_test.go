@@ -365,11 +365,11 @@ func TestSignRequestRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e.Path != "/score/agent x" || e.URI != "http://127.0.0.1:8080/score/agent%20x" || e.Domain != "127.0.0.1:8080" {
+	if e.Path != "/score/agent%20x" || e.URI != "http://127.0.0.1:8080/score/agent%20x" || e.Domain != "127.0.0.1:8080" {
 		t.Errorf("envelope %+v", e)
 	}
 	v := &Verifier{Nonces: newDB(t).Claims()}
-	if _, err := v.Verify(context.Background(), h, Expect{Domain: "127.0.0.1:8080", Method: "GET", Path: "/score/agent x"}); err != nil {
+	if _, err := v.Verify(context.Background(), h, Expect{Domain: "127.0.0.1:8080", Method: "GET", Path: "/score/agent%20x"}); err != nil {
 		t.Fatalf("verify: %v", err)
 	}
 	if _, err := SignRequest(testKey, Request{Method: "GET", URL: "ftp://x/y"}); err == nil {
@@ -381,3 +381,62 @@ func TestSignRequestRoundTrip(t *testing.T) {
 }
 
 func textHash(text string) []byte { return accounts.TextHash([]byte(text)) }
+
+// A proof's path is the request's path escaped, as sent: one signed for
+// /a%2Fb has path and uri /a%2Fb and is refused (path) for /a/b, and the
+// other way round. (Before: SignRequest signed the decoded path, and
+// Verify compared it with the decoded request path, so /a%2Fb and /a/b
+// were one path.)
+func TestProofPathIsTheEscapedPath(t *testing.T) {
+	v := &Verifier{Nonces: newDB(t).Claims()}
+	for _, c := range []struct{ signed, sent string }{
+		{"/a%2Fb", "/a/b"},
+		{"/a/b", "/a%2Fb"},
+		{"/a%2Fb", "/a%2fb"}, // hex case does not matter: the same path
+		{"/caf%C3%A9", "/caf%c3%a9"},
+	} {
+		h, err := SignRequest(testKey, Request{Method: "GET", URL: "http://h" + c.signed, ChainID: "eip155:1337", TTL: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, _ := Parse(h)
+		if e.Path != CanonicalPath(c.signed) || e.URI != "http://h"+CanonicalPath(c.signed) {
+			t.Errorf("signed %s: path %q uri %q", c.signed, e.Path, e.URI)
+		}
+		_, err = v.Verify(context.Background(), h, Expect{Domain: "h", Method: "GET", Path: c.sent})
+		var we *Error
+		same := CanonicalPath(c.signed) == CanonicalPath(c.sent)
+		switch {
+		case same && err != nil:
+			t.Errorf("signed %s, sent %s: %v, want accepted", c.signed, c.sent, err)
+		case !same && (!errors.As(err, &we) || we.Field != "path"):
+			t.Errorf("signed %s, sent %s: %v, want refused naming path", c.signed, c.sent, err)
+		}
+	}
+}
+
+// The path member and the signed uri must name one path, escaped: a path
+// written decoded is the same path only where decoding changes nothing
+// RFC 3986 tells apart (é, a space), never for an encoded "/".
+func TestEnvelopePathAndURIAreOnePath(t *testing.T) {
+	for _, c := range []struct {
+		path, uri string
+		ok        bool
+	}{
+		{"/a%2Fb", "http://h/a%2Fb", true},
+		{"/café x", "http://h/caf%C3%A9%20x", true},
+		{"/a/b", "http://h/a%2Fb", false},
+		{"/a%2Fb", "http://h/a/b", false},
+	} {
+		e, err := New(Request{Method: "GET", URL: "http://h/x", ChainID: "eip155:1337", TTL: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.Path, e.URI = c.path, c.uri
+		err = e.Sign(testKey)
+		var we *Error
+		if c.ok && err != nil || !c.ok && (!errors.As(err, &we) || we.Field != "uri") {
+			t.Errorf("path %q, uri %q: %v, want accepted %v", c.path, c.uri, err, c.ok)
+		}
+	}
+}
