@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/dgraph-io/badger/v4"
+
+	"github.com/aovhq/aov/internal/base58"
 )
 
 // Owners records which wallet owns an agent id that is not itself a wallet
@@ -44,6 +46,20 @@ func SameWallet(a, b string) bool {
 		return strings.EqualFold(a, b)
 	}
 	return a == b
+}
+
+// IsSolanaAddress reports whether s is a Solana account as wallets write
+// it: the canonical base58 spelling of 32 bytes, the only one a Solana
+// wallet proof can carry (walletauth checks a proof's address with it, then
+// that the key can sign). It is the one parse of a Solana address that
+// ownership uses: a bare one, or the last part of a solana CAIP-10 id, is
+// that account's own agent id.
+func IsSolanaAddress(s string) bool {
+	if len(s) < 32 || len(s) > 44 {
+		return false // 32 bytes are 32 to 44 base58 digits
+	}
+	b, err := base58.Decode(s)
+	return err == nil && len(b) == 32 && base58.Encode(b) == s
 }
 
 // IsEVMAddress reports whether s is an EVM address: 0x and 40 hex digits,

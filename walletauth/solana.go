@@ -10,6 +10,7 @@ import (
 
 	"github.com/aovhq/aov/internal/base58"
 	"github.com/aovhq/aov/internal/ed25519key"
+	"github.com/aovhq/aov/store"
 )
 
 // Solana accounts prove themselves the same way as EVM ones, with two
@@ -37,8 +38,11 @@ func IsSolanaChain(chainID string) bool { return solanaChainRE.MatchString(chain
 // small order, under which crypto/ed25519 accepts forgeries). The account
 // signs the proof, so it is never a program derived address.
 func solanaKey(header, s string) (ed25519.PublicKey, error) {
-	b, err := base58.Decode(s)
-	if err != nil || base58.Encode(b) != s || ed25519key.Check(b) != nil {
+	if !store.IsSolanaAddress(s) {
+		return nil, malformed(header, "address", "is not a base58 Solana account", "Send the wallet's base58 address.")
+	}
+	b, _ := base58.Decode(s)
+	if ed25519key.Check(b) != nil {
 		return nil, malformed(header, "address", "is not a base58 Solana account", "Send the wallet's base58 address.")
 	}
 	return ed25519.PublicKey(b), nil

@@ -15,7 +15,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/aovhq/aov/apierr"
-	"github.com/aovhq/aov/internal/base58"
 	"github.com/aovhq/aov/store"
 )
 
@@ -180,7 +179,8 @@ func cleanValue(v string) string {
 // their own:
 //
 //   - An account id belongs to its address: a bare EVM address
-//     (0x + 40 hex digits, compared without regard to case), or a CAIP-10
+//     (0x + 40 hex digits, compared without regard to case), a bare
+//     Solana address (store.IsSolanaAddress, compared exactly), or a CAIP-10
 //     account id whose last part is an address a wallet proof can carry:
 //     0x + 40 hex (compared without regard to case) or the canonical
 //     base58 of 32 bytes (compared exactly); an eip155 id must end in the
@@ -216,7 +216,10 @@ var caip10RE = regexp.MustCompile(`^[-a-zA-Z0-9]{3,8}:[-_a-zA-Z0-9]{1,32}:[-.%a-
 // names (Team:billing:0xAbc… could be, and may have been, bound by a
 // wallet before), so no owner recorded for one is ever overruled.
 func accountAddress(agentID string) (string, bool) {
-	if store.IsEVMAddress(agentID) {
+	// A bare address is its account's id, EVM or Solana alike: otherwise
+	// any wallet naming a bare Solana address first would own it, and the
+	// Solana wallet it spells would be refused its own address.
+	if store.IsEVMAddress(agentID) || store.IsSolanaAddress(agentID) {
 		return agentID, true
 	}
 	if !caip10RE.MatchString(agentID) {
@@ -228,7 +231,7 @@ func accountAddress(agentID string) (string, bool) {
 		return "", false
 	}
 	addr := agentID[strings.LastIndexByte(agentID, ':')+1:]
-	evm, sol := store.IsEVMAddress(addr), isSolanaAddress(addr)
+	evm, sol := store.IsEVMAddress(addr), store.IsSolanaAddress(addr)
 	switch lower {
 	case "eip155":
 		sol = false
@@ -239,14 +242,6 @@ func accountAddress(agentID string) (string, bool) {
 		return addr, true
 	}
 	return "", false
-}
-
-// isSolanaAddress reports whether s is a Solana account as wallets write
-// it: the canonical base58 spelling of 32 bytes, the only one a Solana
-// wallet proof (X-Aov-Wallet) can carry.
-func isSolanaAddress(s string) bool {
-	b, err := base58.Decode(s)
-	return err == nil && len(b) == 32 && base58.Encode(b) == s
 }
 
 // ownerOf returns agentID's owner: the address of an account id, the

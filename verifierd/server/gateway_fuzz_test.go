@@ -9,8 +9,9 @@ import (
 )
 
 // FuzzAccountAddress: an agent id read as an account id names exactly the
-// address it ends in, is a bare EVM address or well-formed CAIP-10, and
-// only that address (in any letter case for EVM) is its owner.
+// address it ends in, is a bare EVM or Solana address or well-formed
+// CAIP-10, and only that address (in any letter case for EVM) is its owner;
+// every key a Solana proof can carry, written bare, is its own account id.
 func FuzzAccountAddress(f *testing.F) {
 	for _, s := range []string{
 		"0x2222222222222222222222222222222222222222", "0X2222222222222222222222222222222222222222",
@@ -18,10 +19,17 @@ func FuzzAccountAddress(f *testing.F) {
 		"seller-7", "my-agent:0x2222222222222222222222222222222222222222", "eip155::0x2222222222222222222222222222222222222222", "a:b:c", "EIP155:1:0x2222222222222222222222222222222222222222", "",
 		"acme:invoice:v1", "team:billing:0x2222222222222222222222222222222222222222", "solana:5eykt4UsFv8P8NJdTREpY1vzqKqZKvdp:v1",
 		"solana:5eykt4UsFv8P8NJdTREpY1vzqKqZKvdp:17xKXtg2CW87d97TXJSDpbD5jBkheTqA83TZRuJosgAsU",
+		"7xKXtg2CW87d97TXJSDpbD5jBkheTqA83TZRuJosgAsU", "17xKXtg2CW87d97TXJSDpbD5jBkheTqA83TZRuJosgAsU", "11111111111111111111111111111111",
 	} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, id string) {
+		if len(id) >= 32 {
+			key := base58.Encode([]byte(id[:32]))
+			if a, ok := accountAddress(key); !ok || a != key {
+				t.Fatalf("the bare Solana address %q is not its own account id (%q, %v)", key, a, ok)
+			}
+		}
 		addr, ok := accountAddress(id)
 		if !ok {
 			if addr != "" {

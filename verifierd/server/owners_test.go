@@ -106,6 +106,14 @@ func TestAgentOwnership(t *testing.T) {
 		{desc: "a Solana CAIP-10 id is not another letter case's",
 			agent: "solana:5eykt4UsFv8P8NJdTREpY1vzqKqZKvdp:7xKXtg2CW87d97TXJSDpbD5jBkheTqA83TZRuJosgAsU",
 			hdr:   proves("7XKXTG2CW87D97TXJSDPBD5JBKHETQA83TZRUJOSGASU", ""), status: 200, authn: false},
+		// A bare Solana address is its account's, as a bare EVM address
+		// is. (Before: the first wallet to name it owned it.)
+		{desc: "a proof naming a bare Solana address from another wallet is refused",
+			agent: "7xKXtg2CW87d97TXJSDpbD5jBkheTqA83TZRuJosgAsU", hdr: proves(wallet, "7xKXtg2CW87d97TXJSDpbD5jBkheTqA83TZRuJosgAsU"), status: 403},
+		{desc: "a bare Solana address is its wallet's, authenticated without a bind",
+			agent: "7xKXtg2CW87d97TXJSDpbD5jBkheTqA83TZRuJosgAsU", hdr: proves("7xKXtg2CW87d97TXJSDpbD5jBkheTqA83TZRuJosgAsU", ""), status: 200, authn: true},
+		{desc: "a base58 name that is not 32 bytes is an ordinary id, bound by its first wallet",
+			agent: "SellerSeven", hdr: proves(wallet, "SellerSeven"), status: 200, authn: true, owner: wallet},
 		{desc: "an id merely ending in the wallet is an ordinary id, not an account",
 			agent: "my-agent:" + wallet, hdr: proves(wallet, ""), status: 200, authn: false},
 		{desc: "an eip155 id whose address is not an EVM address is an ordinary id",
