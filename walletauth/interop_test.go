@@ -37,6 +37,10 @@ func TestViemHeadersVerify(t *testing.T) {
 		{"a viem proof with a statement and an agent verifies", map[string]any{"method": "GET", "url": "http://127.0.0.1:8080/score/seller-7",
 			"statement": "Bind my agent", "agentId": "seller 7 (café)!"},
 			Expect{Domain: "127.0.0.1:8080", Method: "GET", Path: "/score/seller-7"}, "seller 7 (café)!"},
+		// The path as the request sends it, escaped: an encoded slash
+		// stays one, and a non-ASCII character is its UTF-8 escapes.
+		{"a viem proof for a path with an encoded slash verifies for that path", map[string]any{"method": "GET", "url": "https://verifier.example/report/caf%C3%A9%2Fb"},
+			Expect{Domain: "verifier.example", Method: "GET", Path: "/report/caf%C3%A9%2Fb"}, ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.desc, func(t *testing.T) {
