@@ -180,11 +180,14 @@ func readTimeout(rdb redis.UniversalClient) time.Duration {
 }
 
 // bounded is ctx ending at most the client's read timeout from now, for
-// one script run, go-redis's resends included. go-redis resends a command
-// whose read timed out on another connection (MaxRetries), each waiting a
-// full read timeout: with Redis stalled and a warm pool, one script run
-// took three read timeouts, and the caller's 503 came that late. A resend
-// that the deadline leaves no time for is not sent.
+// one store operation, go-redis's resends included. go-redis resends a
+// command whose read timed out on another connection (MaxRetries), each
+// waiting a full read timeout: with Redis stalled and a warm pool, one
+// script run took three read timeouts, and the caller's 503 came that
+// late. A resend that the deadline leaves no time for is not sent. A read
+// already under way ends at the deadline only on a client made with
+// ContextTimeoutEnabled (as the module makes it); on any other, it waits
+// its full read timeout whatever the deadline.
 func (s *Store) bounded(ctx context.Context) (context.Context, context.CancelFunc) {
 	if s.opTimeout <= 0 {
 		return ctx, func() {}
@@ -196,21 +199,22 @@ func (s *Store) bounded(ctx context.Context) (context.Context, context.CancelFun
 // the same connection (WAIT counts the writes of its own connection only).
 // In a Cluster both go to the primary of the keys' slot, by the client's
 // slot map; one that answers that another node serves the slot (MOVED,
-// ASK) sends them there once (redirected). Each run is bounded by the
-// client's read timeout (bounded).
+// ASK) sends them there once (redirected). One deadline bounds the whole
+// operation (bounded): the slot map's read, the write sent again where a
+// redirection names and a rerun after NOSCRIPT take what the first
+// attempt left, so a store operation ends within the client's read
+// timeout however many nodes it went to.
 func (s *Store) write(ctx context.Context, sc *redis.Script, keys []string, args ...any) (any, error) {
+	ctx, cancel := s.bounded(ctx)
+	defer cancel()
 	if s.opts.WaitReplicas == 0 {
-		ctx, cancel := s.bounded(ctx)
-		defer cancel()
 		return sc.Run(ctx, s.rdb, keys, args...).Result()
 	}
 	cc, ok := s.rdb.(*redis.ClusterClient)
 	if !ok {
 		return s.waitedWrite(ctx, s.rdb, false, sc, keys, args)
 	}
-	mctx, cancel := s.bounded(ctx)
-	node, err := cc.MasterForKey(mctx, keys[0])
-	cancel()
+	node, err := cc.MasterForKey(ctx, keys[0])
 	if err != nil {
 		return nil, err
 	}
@@ -227,8 +231,8 @@ func (s *Store) waitedWrite(ctx context.Context, c redis.Cmdable, asking bool, s
 	v, loaded, err := s.waitedRun(ctx, c, asking, sc, keys, args, true)
 	if loaded {
 		// The server answered that it lacked the script, which did not
-		// run: run it again with WAIT, within a bound of its own (the
-		// first WAIT may have used up the first).
+		// run: run it again with WAIT, in what is left of the
+		// operation's deadline.
 		v, _, err = s.waitedRun(ctx, c, asking, sc, keys, args, false)
 	}
 	return v, err
@@ -257,8 +261,6 @@ func (s *Store) redirected(ctx context.Context, cc *redis.ClusterClient, err err
 			return nil, false
 		}
 	}
-	ctx, cancel := s.bounded(ctx)
-	defer cancel()
 	var mu sync.Mutex
 	// ForEachMaster reads the slot map again before it goes through it.
 	cc.ForEachMaster(ctx, func(_ context.Context, c *redis.Client) error {
@@ -272,12 +274,10 @@ func (s *Store) redirected(ctx context.Context, cc *redis.ClusterClient, err err
 	return node, !moved
 }
 
-// waitedRun is one run of sc followed by WAIT on c, bounded, after ASKING
-// when asking. When load and the server lacks the script (NOSCRIPT), it
-// loads it and reports loaded: the script did not run.
+// waitedRun is one run of sc followed by WAIT on c, after ASKING when
+// asking. When load and the server lacks the script (NOSCRIPT), it loads
+// it and reports loaded: the script did not run.
 func (s *Store) waitedRun(ctx context.Context, c redis.Cmdable, asking bool, sc *redis.Script, keys []string, args []any, load bool) (v any, loaded bool, err error) {
-	ctx, cancel := s.bounded(ctx)
-	defer cancel()
 	var res, wait *redis.Cmd
 	_, err = c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		if asking {
