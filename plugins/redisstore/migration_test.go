@@ -2,12 +2,14 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/aovhq/aov/internal/servers"
+	"github.com/aovhq/aov/store"
 )
 
 // moduleClusterClient is a client on cl as the Caddy module makes it, with
@@ -75,5 +77,89 @@ func TestARedirectedWriteKeepsTheOperationsDeadline(t *testing.T) {
 	}
 	if took > bound || took-base > 250*time.Millisecond {
 		t.Errorf("a claim MOVED to a stalled primary took %v, the same claim sent there directly %v: want one deadline (timeout 1 s) for the whole operation", took, base)
+	}
+}
+
+// While the claims' slot migrates, a write of several keys of which the
+// new primary lacks some (every claim of a paid call, with the held
+// index; an EVM payment's two keys) is answered TRYAGAIN there, even
+// after ASKING, until the move ends. The script did not run: the store
+// tries it again, in what is left of the operation's deadline. A move
+// that outlasts it refuses the write as before (the gateway's 503),
+// having claimed nothing; a settlement's write is refused too and lands
+// once the move is over. A move that ends meanwhile, with or without
+// wait_replicas, serves it. (Before: every such write was refused at once,
+// so every paid call was a 503 for the whole move.)
+func TestWritesWaitOutTheirSlotsMigration(t *testing.T) {
+	ctx := context.Background()
+	cl := servers.StartRedisClusterReplicated(t)
+	masters := clusterNodes(t, ctx, cl)
+	rdb := moduleClusterClient(t, cl)
+	s, err := New(ctx, rdb, Options{Prefix: "mv", WaitReplicas: 1, WaitTimeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s0, err := New(ctx, rdb, Options{Prefix: "mv"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	until := time.Now().Add(time.Minute)
+	toSettle, err := s.Claims().Claim(ctx, []string{"s1"}, until)
+	if err != nil {
+		t.Fatal(err)
+	}
+	from, to, slot := slotOwner(t, ctx, masters, "mv:{c}:s1")
+	migrateSlot(t, ctx, from, to, slot)
+
+	// A move that outlasts the deadline.
+	for _, st := range []*Store{s, s0} {
+		start := time.Now()
+		_, err := st.Claims().Claim(ctx, []string{"p1", "n1"}, until)
+		took := time.Since(start)
+		if !redis.HasErrorPrefix(err, "TRYAGAIN") {
+			t.Fatalf("a two-key claim during a long move (wait_replicas %d) = %v, want TRYAGAIN", st.opts.WaitReplicas, err)
+		}
+		if took < stallTimeout/2 || took > stallTimeout+undoTimeout+250*time.Millisecond {
+			t.Errorf("a two-key claim during a long move failed after %v, want tried again until the deadline (timeout 1 s, then the undo's 0.5 s)", took)
+		}
+	}
+	for _, k := range []string{"p1", "n1"} {
+		if _, err := s.Claims().Lookup(ctx, k); !errors.Is(err, store.ErrNotFound) {
+			t.Errorf("%s after a refused claim = %v, want not found (nothing claimed)", k, err)
+		}
+	}
+	if err := s.Claims().Settle(ctx, toSettle, "tx", time.Time{}); !redis.HasErrorPrefix(err, "TRYAGAIN") {
+		t.Fatalf("a settlement's write during a long move = %v, want TRYAGAIN", err)
+	}
+	if st, err := s.Claims().Lookup(ctx, "s1"); err != nil || st.Settled {
+		t.Fatalf("the claim after its settlement was refused = %+v, %v, want held unsettled", st, err)
+	}
+
+	// A move that ends within the deadline.
+	type result struct {
+		what string
+		err  error
+	}
+	results := make(chan result)
+	hold := func(store.Claim) (string, error) { return "record", nil }
+	for what, write := range map[string]func() error{
+		"a two-key claim": func() error { _, err := s.Claims().Claim(ctx, []string{"p2", "n2"}, until); return err },
+		"a paid call's held claim": func() error {
+			_, err := s.Claims().(store.HeldClaims).ClaimHeld(ctx, []string{"h1"}, until, time.Minute, hold)
+			return err
+		},
+		"a two-key claim without wait_replicas": func() error { _, err := s0.Claims().Claim(ctx, []string{"p3", "n3"}, until); return err },
+	} {
+		go func() { results <- result{what, write()} }()
+	}
+	time.Sleep(300 * time.Millisecond)
+	assignSlot(t, ctx, masters, to, slot)
+	for range 3 {
+		if r := <-results; r.err != nil {
+			t.Errorf("%s during a move that ended within the deadline = %v, want claimed", r.what, r.err)
+		}
+	}
+	if err := s.Claims().Settle(ctx, toSettle, "tx", time.Time{}); err != nil {
+		t.Errorf("a settlement's write once the move ended = %v, want settled", err)
 	}
 }

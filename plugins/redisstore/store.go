@@ -199,14 +199,60 @@ func (s *Store) bounded(ctx context.Context) (context.Context, context.CancelFun
 // the same connection (WAIT counts the writes of its own connection only).
 // In a Cluster both go to the primary of the keys' slot, by the client's
 // slot map; one that answers that another node serves the slot (MOVED,
-// ASK) sends them there once (redirected). One deadline bounds the whole
-// operation (bounded): the slot map's read, the write sent again where a
-// redirection names and a rerun after NOSCRIPT take what the first
-// attempt left, so a store operation ends within the client's read
-// timeout however many nodes it went to.
+// ASK) sends them there once (redirected). A write refused with TRYAGAIN
+// is tried again (tryAgain). One deadline bounds the whole operation
+// (bounded): the slot map's read, the write sent again where a
+// redirection names, a rerun after NOSCRIPT and the tries again take what
+// the first attempt left, so a store operation ends within the client's
+// read timeout however many nodes it went to.
 func (s *Store) write(ctx context.Context, sc *redis.Script, keys []string, args ...any) (any, error) {
 	ctx, cancel := s.bounded(ctx)
 	defer cancel()
+	giveUp := time.Now().Add(tryAgainUnbounded)
+	if d, ok := ctx.Deadline(); ok {
+		giveUp = d
+	}
+	var refused error // the last TRYAGAIN
+	for wait := tryAgainFirst; ; wait = min(2*wait, tryAgainMax) {
+		v, err := s.writeOnce(ctx, sc, keys, args)
+		again := redis.HasErrorPrefix(err, "TRYAGAIN")
+		if refused != nil && err != nil && !again && ctx.Err() != nil {
+			// The deadline cut the last try short: the refusals that
+			// used it up are the cause.
+			return v, fmt.Errorf("%w; tried again until the deadline: %w", refused, err)
+		}
+		if !again || time.Until(giveUp) <= wait {
+			return v, err
+		}
+		refused = err
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return v, err
+		case <-t.C:
+		}
+	}
+}
+
+// tryAgainFirst is the wait before a write answered TRYAGAIN is tried
+// again, doubled after each try up to tryAgainMax; tryAgainUnbounded
+// bounds the tries of a write whose context has no deadline (a client
+// with no read timeout). A Cluster node answers TRYAGAIN, before it runs
+// anything, to a command on several keys of a slot whose keys are moving
+// when it holds some of them but not all: every claim of a paid call is
+// such a command (its keys share one slot, with the index of held
+// claims), so while the claims' slot moves, refused at once, every paid
+// call was a 503. The move of a slot's keys ends within moments, and the
+// write, tried again meanwhile, is served when it does.
+const (
+	tryAgainFirst     = 25 * time.Millisecond
+	tryAgainMax       = 200 * time.Millisecond
+	tryAgainUnbounded = time.Second
+)
+
+// writeOnce is one attempt of write, on ctx (bounded).
+func (s *Store) writeOnce(ctx context.Context, sc *redis.Script, keys []string, args []any) (any, error) {
 	if s.opts.WaitReplicas == 0 {
 		return sc.Run(ctx, s.rdb, keys, args...).Result()
 	}
