@@ -3,6 +3,8 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -161,5 +163,147 @@ func TestWritesWaitOutTheirSlotsMigration(t *testing.T) {
 	}
 	if err := s.Claims().Settle(ctx, toSettle, "tx", time.Time{}); err != nil {
 		t.Errorf("a settlement's write once the move ended = %v, want settled", err)
+	}
+}
+
+// clusterSlotsReads is how many slot map reads (CLUSTER SLOTS or SHARDS)
+// the nodes of cl have answered.
+func clusterSlotsReads(t *testing.T, ctx context.Context, cl *servers.Cluster) (n int64) {
+	for _, addr := range cl.Addrs {
+		c := redis.NewClient(&redis.Options{Addr: addr})
+		info, err := c.Info(ctx, "commandstats").Result()
+		c.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(info, "\n") {
+			stat, ok := strings.CutPrefix(line, "cmdstat_cluster|slots:")
+			if !ok {
+				stat, ok = strings.CutPrefix(line, "cmdstat_cluster|shards:")
+			}
+			var calls int64
+			if _, err := fmt.Sscanf(stat, "calls=%d,", &calls); ok && err == nil {
+				n += calls
+			}
+		}
+	}
+	return n
+}
+
+// An ASK names the node a slot's keys are moving to, and the slot map,
+// which names the old one, stays right: the write goes to the node named
+// without a read of the map. (Before: every write the old primary
+// answered ASK reread the whole map first, a CLUSTER SLOTS per write for
+// as long as the move lasted.) A node that lacks the script (restarted,
+// SCRIPT FLUSH) loads it, and the rerun is sent after ASKING again;
+// likewise the write MOVED once the move ends. Closing the Store closes
+// the client it kept for the node ASK named.
+func TestAnAskReadsNoSlotMap(t *testing.T) {
+	ctx := context.Background()
+	cl := servers.StartRedisClusterReplicated(t)
+	masters := clusterNodes(t, ctx, cl)
+	s, err := New(ctx, moduleClusterClient(t, cl), Options{Prefix: "mv", WaitReplicas: 1, WaitTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	until := time.Now().Add(time.Minute)
+	if _, err := s.Claims().Claim(ctx, []string{"a1"}, until); err != nil {
+		t.Fatal(err)
+	}
+	from, to, slot := slotOwner(t, ctx, masters, "mv:{c}:a1")
+	migrateSlot(t, ctx, from, to, slot)
+	before := clusterSlotsReads(t, ctx, cl)
+	const n = 20
+	for i := range n {
+		if _, err := s.Claims().Claim(ctx, []string{fmt.Sprint("k", i)}, until); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if d := clusterSlotsReads(t, ctx, cl) - before; d != 0 {
+		t.Errorf("%d writes answered ASK read the slot map %d times, want none", n, d)
+	}
+	if got := to.ClusterCountKeysInSlot(ctx, slot).Val(); got != n+1 {
+		t.Errorf("the node the slot moves to holds %d keys of it, want %d", got, n+1)
+	}
+	for _, m := range masters {
+		m.ScriptFlush(ctx)
+	}
+	first, err := s.Claims().Claim(ctx, []string{"k-noscript"}, until)
+	if err != nil {
+		t.Errorf("a claim answered ASK by a node without the script: %v", err)
+	}
+	assignSlot(t, ctx, masters, to, slot)
+	for _, m := range masters {
+		m.ScriptFlush(ctx)
+	}
+	if err := s.Claims().Settle(ctx, first, "tx", time.Time{}); err != nil {
+		t.Errorf("a settlement MOVED to a node without the script: %v", err)
+	}
+	if got := from.ClusterCountKeysInSlot(ctx, slot).Val(); got != 0 {
+		t.Errorf("the old primary holds %d keys of the slot, want 0", got)
+	}
+	ask := s.asks.clients[to.Options().Addr]
+	if ask == nil {
+		t.Fatalf("no client kept for %s", to.Options().Addr)
+	}
+	s.Close()
+	if err := ask.c.Ping(ctx).Err(); !errors.Is(err, redis.ErrClosed) {
+		t.Errorf("the client of the node ASK named, after Close: %v, want closed", err)
+	}
+}
+
+// askNodes keeps at most maxAskNodes clients: the least recently used one
+// goes, closed once the write using it is done, and close closes them all.
+func TestAskNodesAreBounded(t *testing.T) {
+	ctx := context.Background()
+	like := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	defer like.Close()
+	var a askNodes
+	addr := func(i int) string { return fmt.Sprint("127.0.0.1:", 10+i) }
+	first, doneFirst, err := a.get(like, addr(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := []*redis.Client{first}
+	for i := 1; i <= maxAskNodes; i++ {
+		c, done, err := a.get(like, addr(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Options().Addr != addr(i) {
+			t.Fatalf("client for %s has address %s", addr(i), c.Options().Addr)
+		}
+		done()
+		got = append(got, c)
+	}
+	if len(a.clients) != maxAskNodes {
+		t.Fatalf("%d clients kept, want %d", len(a.clients), maxAskNodes)
+	}
+	if _, ok := a.clients[addr(0)]; ok {
+		t.Fatal("the least recently used client was kept")
+	}
+	// Nothing listens there: an open client fails on its dial.
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if err := first.Ping(short).Err(); errors.Is(err, redis.ErrClosed) {
+		t.Fatal("the evicted client was closed while a write used it")
+	}
+	doneFirst()
+	if err := first.Ping(ctx).Err(); !errors.Is(err, redis.ErrClosed) {
+		t.Errorf("the evicted client once its write was done: %v, want closed", err)
+	}
+	again, done, _ := a.get(like, addr(1))
+	done()
+	if again != got[1] {
+		t.Error("a kept client was made again")
+	}
+	a.close()
+	for _, c := range got[1:] {
+		if err := c.Ping(ctx).Err(); !errors.Is(err, redis.ErrClosed) {
+			t.Errorf("%s after close: %v, want closed", c.Options().Addr, err)
+		}
+	}
+	if _, _, err := a.get(like, addr(1)); !errors.Is(err, redis.ErrClosed) {
+		t.Errorf("get after close = %v, want redis.ErrClosed", err)
 	}
 }

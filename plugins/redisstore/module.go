@@ -255,6 +255,7 @@ func (s *RedisStore) Cleanup() error {
 		// A served call's commit, or a refused one's release, may still be
 		// retried (Store.AfterRetries).
 		st.AfterRetries(func() {
+			st.asks.close() // the Store's own; the client is shared
 			if _, err := clients.Delete(key); err != nil {
 				caddy.Log().Error("closing the Redis client", zap.Error(err))
 			}

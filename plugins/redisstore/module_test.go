@@ -95,9 +95,17 @@ func TestClientSurvivesReload(t *testing.T) {
 	if _, err := old.Claims().Claim(ctx, []string{"k"}, time.Now().Add(time.Minute)); err != nil {
 		t.Fatal(err)
 	}
+	// A client the old config's Store kept for a node an ASK named is its
+	// own: its cleanup closes it.
+	ask, done, err := old.store.asks.get(old.pooled.rdb.(*redis.Client), srv.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done()
 	if err := old.Cleanup(); err != nil {
 		t.Fatal(err)
 	}
+	waitClosed(t, ask)
 	if _, err := next.Claims().Claim(ctx, []string{"k"}, time.Now().Add(time.Minute)); !errors.Is(err, store.ErrClaimed) {
 		t.Fatalf("after the old config's cleanup the new one sees %v, want the claim the old one made", err)
 	}
@@ -106,13 +114,19 @@ func TestClientSurvivesReload(t *testing.T) {
 	}
 	// The client is closed in the background once no commit or release is
 	// being retried (Store.AfterRetries): none is, so it closes at once.
+	waitClosed(t, next.pooled.rdb)
+}
+
+// waitClosed fails t unless c is closed within a second.
+func waitClosed(t *testing.T, c redis.UniversalClient) {
+	t.Helper()
 	for deadline := time.Now().Add(time.Second); ; time.Sleep(time.Millisecond) {
-		err := next.pooled.rdb.Ping(ctx).Err()
+		err := c.Ping(context.Background()).Err()
 		if errors.Is(err, redis.ErrClosed) {
-			break
+			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("a second after the last cleanup the client answers %v, want ErrClosed", err)
+			t.Fatalf("a second after the cleanup the client answers %v, want ErrClosed", err)
 		}
 	}
 }

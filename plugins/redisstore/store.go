@@ -88,6 +88,8 @@ type Store struct {
 	// opTimeout bounds each script run as a whole (bounded); zero: no
 	// bound but the caller's.
 	opTimeout time.Duration
+	// asks are the clients of the nodes ASK answers name (write).
+	asks askNodes
 }
 
 // boxedMS is a number of milliseconds and the same as a script argument.
@@ -143,8 +145,11 @@ func New(ctx context.Context, rdb redis.UniversalClient, opts Options) (*Store, 
 // Ping reports whether the server answers.
 func (s *Store) Ping(ctx context.Context) error { return s.rdb.Ping(ctx).Err() }
 
-// Close closes the client.
-func (s *Store) Close() error { return s.rdb.Close() }
+// Close closes the client, and those of the nodes ASK answers named.
+func (s *Store) Close() error {
+	s.asks.close()
+	return s.rdb.Close()
+}
 
 // AfterRetries runs fn, in a goroutine of its own, once no commit or
 // release of this Store is being retried. A commit (or release) that
@@ -199,12 +204,12 @@ func (s *Store) bounded(ctx context.Context) (context.Context, context.CancelFun
 // the same connection (WAIT counts the writes of its own connection only).
 // In a Cluster both go to the primary of the keys' slot, by the client's
 // slot map; one that answers that another node serves the slot (MOVED,
-// ASK) sends them there once (redirected). A write refused with TRYAGAIN
-// is tried again (tryAgain). One deadline bounds the whole operation
-// (bounded): the slot map's read, the write sent again where a
-// redirection names, a rerun after NOSCRIPT and the tries again take what
-// the first attempt left, so a store operation ends within the client's
-// read timeout however many nodes it went to.
+// ASK) sends them there once (moved, askNodes). A write refused with
+// TRYAGAIN is tried again after a wait (tryAgainFirst). One deadline
+// bounds the whole operation (bounded): the slot map's read, the write
+// sent again where a redirection names, a rerun after NOSCRIPT and the
+// tries again take what the first attempt left, so a store operation ends
+// within the client's read timeout however many nodes it went to.
 func (s *Store) write(ctx context.Context, sc *redis.Script, keys []string, args ...any) (any, error) {
 	ctx, cancel := s.bounded(ctx)
 	defer cancel()
@@ -265,8 +270,18 @@ func (s *Store) writeOnce(ctx context.Context, sc *redis.Script, keys []string, 
 		return nil, err
 	}
 	v, err := s.waitedWrite(ctx, node, false, sc, keys, args)
-	if next, asking := s.redirected(ctx, cc, err); next != nil {
-		v, err = s.waitedWrite(ctx, next, asking, sc, keys, args)
+	if addr, ask := redis.IsAskError(err); ask {
+		// A slot whose keys are moving: this one write goes to the
+		// node named, after ASKING, and the map stays as it is.
+		next, done, err := s.asks.get(node, addr)
+		if err != nil {
+			return nil, err
+		}
+		defer done()
+		return s.waitedWrite(ctx, next, true, sc, keys, args)
+	}
+	if next := s.moved(ctx, cc, err); next != nil {
+		v, err = s.waitedWrite(ctx, next, false, sc, keys, args)
 	}
 	return v, err
 }
@@ -284,28 +299,23 @@ func (s *Store) waitedWrite(ctx context.Context, c redis.Cmdable, asking bool, s
 	return v, err
 }
 
-// redirected is the primary a write's MOVED or ASK answer (err) names,
-// for the write to be sent there once more, and whether it must be sent
-// after ASKING (an ASK); nil for any other answer, or a node the client
-// does not know as a primary. A Cluster node checks a script's declared
-// keys against the slots it serves before it runs the script, and MOVED
-// and ASK are that check's refusals: the script did not run on the node
-// that answered them, so sending it to the node named runs it once, not
-// twice. (Any other failure of the write, a WAIT not acknowledged or an
-// answer lost included, may come after the script ran, and is never sent
-// again.) A MOVED (a slot resharded, or its primary failed over) means
-// the client's slot map is stale: it is read again here, at once, so the
-// next writes go to the new primary directly; without it, every write of
-// the slot answered 503 until the client reread the map by itself, up to
-// a minute later. An ASK is a slot whose keys are moving, the one write
-// redirected and the map unchanged.
-func (s *Store) redirected(ctx context.Context, cc *redis.ClusterClient, err error) (node *redis.Client, asking bool) {
+// moved is the primary a write's MOVED answer (err) names, for the write
+// to be sent there once more; nil for any other answer, or a node the
+// client does not know as a primary. A Cluster node checks a script's
+// declared keys against the slots it serves before it runs the script,
+// and MOVED, ASK and TRYAGAIN are that check's refusals: the script did
+// not run on the node that answered them, so sending it to the node
+// named runs it once, not twice. (Any other failure of the write, a WAIT
+// not acknowledged or an answer lost included, may come after the script
+// ran, and is never sent again.) A MOVED (a slot resharded, or its
+// primary failed over) means the client's slot map is stale: it is read
+// again here, at once, so the next writes go to the new primary directly;
+// without it, every write of the slot answered 503 until the client
+// reread the map by itself, up to a minute later.
+func (s *Store) moved(ctx context.Context, cc *redis.ClusterClient, err error) (node *redis.Client) {
 	addr, moved := redis.IsMovedError(err)
 	if !moved {
-		var ask bool
-		if addr, ask = redis.IsAskError(err); !ask {
-			return nil, false
-		}
+		return nil
 	}
 	var mu sync.Mutex
 	// ForEachMaster reads the slot map again before it goes through it.
@@ -317,7 +327,7 @@ func (s *Store) redirected(ctx context.Context, cc *redis.ClusterClient, err err
 		}
 		return nil
 	})
-	return node, !moved
+	return node
 }
 
 // waitedRun is one run of sc followed by WAIT on c, after ASKING when
