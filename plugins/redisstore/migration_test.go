@@ -307,3 +307,28 @@ func TestAskNodesAreBounded(t *testing.T) {
 		t.Errorf("get after close = %v, want redis.ErrClosed", err)
 	}
 }
+
+// A write rerun because the server lacked its script (restarted,
+// promoted, SCRIPT FLUSH) waits for its replicas in what is left of the
+// operation's deadline: its WAIT is shortened to fit, so a write no
+// replica acknowledges is answered ErrNotReplicated within `timeout`, as
+// a first run is, though the first run's WAIT used up most of it.
+func TestARerunsWaitFitsTheDeadline(t *testing.T) {
+	ctx := context.Background()
+	srv := servers.StartRedis(t)
+	const wait = stallTimeout / 2 // the module's least timeout is wait_timeout + 0.5 s
+	s, err := New(ctx, moduleClient(t, srv.Addr), Options{Prefix: "rerun", WaitReplicas: 1, WaitTimeout: wait})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.rdb.ScriptFlush(ctx)
+	start := time.Now()
+	_, err = s.Claims().Claim(ctx, []string{"k1"}, time.Now().Add(time.Minute))
+	took := time.Since(start)
+	if !errors.Is(err, ErrNotReplicated) {
+		t.Errorf("a rerun claim with no replica = %v, want ErrNotReplicated", err)
+	}
+	if took > stallTimeout+undoTimeout+250*time.Millisecond {
+		t.Errorf("a rerun claim with no replica took %v, want within timeout (1 s) and the undo's 0.5 s", took)
+	}
+}

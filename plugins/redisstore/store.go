@@ -49,7 +49,8 @@ type Options struct {
 	// Without it, a primary that dies before replicating loses its last
 	// writes when a replica is promoted.
 	WaitReplicas int
-	// WaitTimeout bounds each WAIT. Default 100 ms.
+	// WaitTimeout bounds each WAIT (less when the operation's deadline is
+	// nearer: waitFor). Default 100 ms.
 	WaitTimeout time.Duration
 
 	// Logger receives the start-up check's warnings (see checkPolicy).
@@ -221,7 +222,7 @@ func (s *Store) write(ctx context.Context, sc *redis.Script, keys []string, args
 	for wait := tryAgainFirst; ; wait = min(2*wait, tryAgainMax) {
 		v, err := s.writeOnce(ctx, sc, keys, args)
 		again := redis.HasErrorPrefix(err, "TRYAGAIN")
-		if refused != nil && err != nil && !again && ctx.Err() != nil {
+		if refused != nil && err != nil && !again && (ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded)) {
 			// The deadline cut the last try short: the refusals that
 			// used it up are the cause.
 			return v, fmt.Errorf("%w; tried again until the deadline: %w", refused, err)
@@ -332,15 +333,20 @@ func (s *Store) moved(ctx context.Context, cc *redis.ClusterClient, err error) (
 
 // waitedRun is one run of sc followed by WAIT on c, after ASKING when
 // asking. When load and the server lacks the script (NOSCRIPT), it loads
-// it and reports loaded: the script did not run.
+// it and reports loaded: the script did not run. The WAIT ends
+// waitReplyMargin before ctx's deadline at the latest (waitFor).
 func (s *Store) waitedRun(ctx context.Context, c redis.Cmdable, asking bool, sc *redis.Script, keys []string, args []any, load bool) (v any, loaded bool, err error) {
+	waitMS, err := s.waitFor(ctx)
+	if err != nil {
+		return nil, false, err
+	}
 	var res, wait *redis.Cmd
 	_, err = c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		if asking {
 			p.Do(ctx, "asking")
 		}
 		res = sc.EvalSha(ctx, p, keys, args...)
-		wait = p.Do(ctx, "wait", s.opts.WaitReplicas, s.opts.WaitTimeout.Milliseconds())
+		wait = p.Do(ctx, "wait", s.opts.WaitReplicas, waitMS)
 		return nil
 	})
 	if err != nil && load && redis.HasErrorPrefix(res.Err(), "NOSCRIPT") {
@@ -360,6 +366,29 @@ func (s *Store) waitedRun(ctx context.Context, c redis.Cmdable, asking bool, sc 
 		return nil, false, ErrNotReplicated
 	}
 	return res.Val(), false, nil
+}
+
+// waitReplyMargin is the time waitFor leaves between a WAIT's end and the
+// operation's deadline, for its answer to come back.
+const waitReplyMargin = 100 * time.Millisecond
+
+// waitFor is the timeout of a WAIT sent now, in milliseconds: WaitTimeout,
+// or less when ctx's deadline is nearer, so that the WAIT ends, and its
+// answer (enough replicas or ErrNotReplicated) comes, in time. The first
+// run of a write has its whole WaitTimeout (the module's timeout is at
+// least WaitTimeout + 0.5 s); a run after it in the same operation (the
+// rerun after NOSCRIPT, the write sent where MOVED or ASK named, a try
+// again after TRYAGAIN) may not, its first run's WAIT having waited
+// already. With no time left for a WAIT, nothing is sent: an error.
+func (s *Store) waitFor(ctx context.Context) (int64, error) {
+	d := s.opts.WaitTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		d = min(d, time.Until(dl)-waitReplyMargin)
+	}
+	if ms := d.Milliseconds(); ms >= 1 { // WAIT 0 would block for ever
+		return ms, nil
+	}
+	return 0, fmt.Errorf("redisstore: no time left to wait for replicas: %w", context.DeadlineExceeded)
 }
 
 // undoTimeout bounds undo: the gateway answers the failed call only
