@@ -169,6 +169,17 @@ func UnsupportedMediaType() *Error {
 	}
 }
 
+// UnsupportedCharset reports a JSON body whose Content-Type declares a
+// charset other than UTF-8 (415, the code of UnsupportedMediaType): a gate
+// that reads the body to decide what it charges reads it as UTF-8, and the
+// field says why the label is not taken.
+func UnsupportedCharset(f Field) *Error {
+	e := UnsupportedMediaType()
+	e.Message = "The request body must be UTF-8 JSON and nothing was charged: " + f.Field + " " + f.Problem + "; send it as UTF-8, with no charset or charset=utf-8."
+	e.Fields = []Field{f}
+	return e
+}
+
 // Unauthorized reports a missing, bad, expired or replayed credential (401).
 // reason says which, without echoing the credential.
 func Unauthorized(reason string) *Error {

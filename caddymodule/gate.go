@@ -928,6 +928,9 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 			if len(body) == 0 && r.Method == http.MethodPost {
 				return g.paymentRequired(w, r, "Payment required", "")
 			}
+			if bad := bodyNotUTF8(r); bad != nil {
+				return g.refuse(w, r, apierr.UnsupportedCharset(*bad))
+			}
 			// verifierd refuses another method than verify.Method, and
 			// a body not declared as JSON, before it reads the body: the
 			// same rules first, in its order, on the length the upstream
@@ -993,6 +996,26 @@ func readBodyUpTo(r *http.Request, limit int64) ([]byte, error) {
 	}
 	setBody(r, body)
 	return body, nil
+}
+
+// bodyNotUTF8 refuses, for a gate that reads a request body to decide what
+// it charges (mcp_tool, validate), a body whose Content-Type declares a
+// charset other than UTF-8, or is sent twice; nil when it does not. The
+// gate reads the bytes as UTF-8, but a reader behind it may decode them by
+// the label: the official TypeScript MCP SDK's server (express.json())
+// decodes any utf-* charset, UTF-7 included, where "+AHQ-ools/call" is
+// tools/call, so one body would be a free message to the gate and a priced
+// call to the seller. The labels taken are the ones notUTF8 takes for the
+// answers verify_response checks: one rule for both.
+func bodyNotUTF8(r *http.Request) *apierr.Field {
+	ct := r.Header.Values("Content-Type")
+	switch {
+	case len(ct) > 1:
+		return &apierr.Field{Field: "Content-Type", Problem: "is sent more than once", Fix: "Send one Content-Type: application/json."}
+	case len(ct) == 1 && notUTF8(ct[0]) != "":
+		return &apierr.Field{Field: "Content-Type", Problem: "declares a charset other than UTF-8", Fix: "Send the body as UTF-8, with no charset or charset=utf-8."}
+	}
+	return nil
 }
 
 // gateBody is a request body the gate has read: the upstream reads it as

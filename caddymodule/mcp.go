@@ -65,7 +65,11 @@ func (g *Gate) serveMCP(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 			}
 			return g.refuse(w, r, err)
 		}
-		msg, bad := readRPC(body)
+		var msg *rpcMessage
+		bad := refuseCharset(r)
+		if bad == nil {
+			msg, bad = readRPC(body)
+		}
 		if bad != nil {
 			if wait := g.rateWait(r, false); wait > 0 {
 				return g.refuse(w, r, apierr.RateLimited(wait))

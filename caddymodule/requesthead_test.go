@@ -90,8 +90,9 @@ func restVerifierSite(vf *verifierFixture, fac string, perDay int, extra string)
 // nothing charged, no PAYMENT-RESPONSE, verifierd never called. (Before: the
 // gate checked only the body, settled, and the buyer paid for verifierd's
 // 415 or 405.) What verifierd accepts in
-// the head (a charset parameter, a +json type) the gate lets through and
-// settles; what it reads as a bad body (a compressed body, one over the
+// the head (a UTF-8 charset label, a +json type) the gate lets through and
+// settles, but for a charset other than UTF-8, which verifierd reads as
+// UTF-8 and the gate refuses (bodyNotUTF8); what it reads as a bad body (a compressed body, one over the
 // limit) is the same refusal from the gate, uncharged; an empty body is the
 // demand for payment, uncharged. The gate stands in front of a real
 // verifierd, which answers the same request the same way when asked
@@ -109,25 +110,31 @@ func TestSettleBeforeRefusesWhatVerifierdRefusesBeforeParsing(t *testing.T) {
 		call   verifyCall
 		status int
 		code   string // "" for a served, charged answer
+		direct int    // verifierd's own status when it is not status
 	}{
-		{"a body sent as text/plain", verifyCall{contentType: "text/plain", body: []byte(validRequest)}, 415, "unsupported_media_type"},
-		{"a body with no Content-Type", verifyCall{body: []byte(validRequest)}, 415, "unsupported_media_type"},
-		{"a Content-Type that does not parse", verifyCall{contentType: "application/json; charset", body: []byte(validRequest)}, 415, "unsupported_media_type"},
-		{"text/json", verifyCall{contentType: "text/json", body: []byte(validRequest)}, 415, "unsupported_media_type"},
-		{"a PUT", verifyCall{method: http.MethodPut, contentType: "application/json", body: []byte(validRequest)}, 405, "method_not_allowed"},
-		{"a GET with a body", verifyCall{method: http.MethodGet, contentType: "application/json", body: []byte(validRequest)}, 405, "method_not_allowed"},
-		{"a gzip body", verifyCall{contentType: "application/json", contentEncoding: "gzip", body: gzipped(http.Header{}, []byte(validRequest))}, 422, "invalid_request"},
-		{"a body over the limit", verifyCall{contentType: "application/json", body: big}, 413, "payload_too_large"},
-		{"an empty body", verifyCall{contentType: "text/plain"}, 402, ""},
-		{"a charset parameter", verifyCall{contentType: "application/json; charset=iso-8859-1", body: []byte(validRequest)}, 200, ""},
-		{"a +json type", verifyCall{contentType: "application/vnd.example+json", body: []byte(validRequest)}, 200, ""},
+		{"a body sent as text/plain", verifyCall{contentType: "text/plain", body: []byte(validRequest)}, 415, "unsupported_media_type", 0},
+		{"a body with no Content-Type", verifyCall{body: []byte(validRequest)}, 415, "unsupported_media_type", 0},
+		{"a Content-Type that does not parse", verifyCall{contentType: "application/json; charset", body: []byte(validRequest)}, 415, "unsupported_media_type", 0},
+		{"text/json", verifyCall{contentType: "text/json", body: []byte(validRequest)}, 415, "unsupported_media_type", 0},
+		{"a PUT", verifyCall{method: http.MethodPut, contentType: "application/json", body: []byte(validRequest)}, 405, "method_not_allowed", 0},
+		{"a GET with a body", verifyCall{method: http.MethodGet, contentType: "application/json", body: []byte(validRequest)}, 405, "method_not_allowed", 0},
+		{"a gzip body", verifyCall{contentType: "application/json", contentEncoding: "gzip", body: gzipped(http.Header{}, []byte(validRequest))}, 422, "invalid_request", 0},
+		{"a body over the limit", verifyCall{contentType: "application/json", body: big}, 413, "payload_too_large", 0},
+		{"an empty body", verifyCall{contentType: "text/plain"}, 402, "", 0},
+		{"a charset parameter", verifyCall{contentType: "application/json; charset=utf8", body: []byte(validRequest)}, 200, "", 0},
+		{"a charset other than UTF-8", verifyCall{contentType: "application/json; charset=iso-8859-1", body: []byte(validRequest)}, 415, "unsupported_media_type", 200},
+		{"a +json type", verifyCall{contentType: "application/vnd.example+json", body: []byte(validRequest)}, 200, "", 0},
 	} {
 		t.Run(c.desc, func(t *testing.T) {
 			// verifierd's own answer to the request, asked directly.
 			direct := c.call
 			resp, raw := direct.send(t, vf.srv.URL+"/verify/schema")
-			if c.status != 402 && resp.StatusCode != c.status {
-				t.Fatalf("verifierd itself answers %d, want %d: %.300s", resp.StatusCode, c.status, raw)
+			want := c.status
+			if c.direct != 0 {
+				want = c.direct
+			}
+			if c.status != 402 && resp.StatusCode != want {
+				t.Fatalf("verifierd itself answers %d, want %d: %.300s", resp.StatusCode, want, raw)
 			}
 
 			resp, _ = verifyCall{}.send(t, url)

@@ -99,6 +99,15 @@ func refuseRPC(code int, field, problem, fix string) *rpcRefusal {
 	return &rpcRefusal{code: code, err: apierr.InvalidMessage(apierr.Field{Field: field, Problem: problem, Fix: fix})}
 }
 
+// refuseCharset refuses a message declared in a charset other than UTF-8
+// (bodyNotUTF8): the gate could not tell which call it is.
+func refuseCharset(r *http.Request) *rpcRefusal {
+	if f := bodyNotUTF8(r); f != nil {
+		return refuseRPC(rpcParseError, f.Field, f.Problem, f.Fix)
+	}
+	return nil
+}
+
 // readRPC reads one JSON-RPC message strictly. The refusal names the member
 // and the problem, never its content.
 func readRPC(body []byte) (*rpcMessage, *rpcRefusal) {

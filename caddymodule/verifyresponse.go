@@ -731,10 +731,27 @@ func notPlain(h http.Header) string {
 // pass receipt: an invoice under utf-16le unreadable, under iso-8859-1
 // every non-ASCII string changed. Relabelling it utf-8 instead would
 // release it as something the agent did not say. ct is the one value
-// selects parsed. Any label of UTF-8 is UTF-8 (utf8Labels).
+// selects parsed. Any label of UTF-8 is UTF-8 (utf8Labels). It is also the
+// rule for a request body a gate reads to price it (bodyNotUTF8).
+//
+// A value naming a charset twice, or one Go's parser refuses although it
+// names one, is not UTF-8 either: other parsers read such values
+// otherwise (npm's content-type, under Express's body-parser, lets the last
+// of two charset parameters win and ignores RFC 2231's charset*0, which
+// Go's parser decodes), so the label the check trusts may not be the one
+// a reader decodes by.
 func notUTF8(ct string) string {
+	switch n := strings.Count(strings.ToLower(ct), "charset"); {
+	case n > 1:
+		return "it names a charset more than once, and only UTF-8 is checked"
+	case n == 0:
+		return ""
+	}
 	_, params, err := mime.ParseMediaType(ct)
-	if cs, ok := params["charset"]; err == nil && ok && !utf8Labels[strings.ToLower(strings.TrimSpace(cs))] {
+	if err != nil {
+		return "its charset cannot be read, and only UTF-8 is checked"
+	}
+	if cs, ok := params["charset"]; ok && !utf8Labels[strings.ToLower(strings.TrimSpace(cs))] {
 		return "it is labelled charset " + headerValueShort(cs) + ", and only UTF-8 is checked"
 	}
 	return ""
