@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -218,8 +219,9 @@ type Gate struct {
 	// first and then streams the upstream response, for streaming upstreams
 	// (SSE): the client pays even if the upstream then fails or refuses the
 	// request. With validate verify_request the gate checks the request
-	// before it settles (an invalid one is 422, nothing charged); without
-	// it the gate cannot tell, and an invalid request is charged for the
+	// before it settles, evaluation included, with verifierd's default
+	// budgets (an invalid one is 422, nothing charged); without it the
+	// gate cannot tell, and an invalid request is charged for the
 	// upstream's refusal.
 	Settle string `json:"settle,omitempty"`
 
@@ -271,8 +273,10 @@ type Gate struct {
 	// the schema compiled but never evaluated). It runs whenever the gate
 	// would answer for payment itself (402, a refused payment, an outage):
 	// a request it refuses gets 422 and is never offered for sale. With
-	// settle before it also runs before a verified payment is settled
-	// (then the upstream checks the request a second time). Any other
+	// settle before it also runs before a verified payment is settled,
+	// and once the payment verified the request is also evaluated as
+	// verifierd evaluates it, with its default budgets (then the upstream
+	// checks the request a second time). Any other
 	// call the gate lets through, free or with a verified payment, is
 	// checked once, by the upstream, and its 422 is neither charged nor
 	// counted.
@@ -526,11 +530,15 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 	}
 	if g.Validator == "verify_request" {
 		// The gate only prechecks (parse and compile, no evaluation) and
-		// only when it answers itself, so a small schema cache suffices.
-		// Its size limit is verifierd's (verify's default, no MaxBodyBytes
-		// here), not the gate's max_body: with settle before, a body
-		// within a larger max_body but over verifierd's limit would be
-		// settled and then refused by verifierd, the buyer charged.
+		// only when it answers itself, so a small schema cache suffices;
+		// with settle before it also evaluates a paid request before
+		// settling (requestCheck.evaluated). Its limits are verifierd's
+		// defaults (no MaxBodyBytes or budget here), not the gate's
+		// max_body: with settle before, a body within a larger max_body
+		// but over verifierd's limit would be settled and then refused by
+		// verifierd, the buyer charged (and so would anything within
+		// these defaults that a verifierd run with smaller limits
+		// refuses: README says not to).
 		g.verifier = verify.New(verify.Config{SchemaCacheSize: gateSchemaCache})
 		if g.MCPTool == "" {
 			g.bazaar = apidocs.BazaarVerify()
@@ -945,6 +953,10 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 					return err
 				}
 				return g.verifier.Precheck(body)
+			}
+			ex.evaluate = func(ctx context.Context) error {
+				_, err := g.verifier.ParseContext(ctx, body)
+				return err
 			}
 		}
 	}

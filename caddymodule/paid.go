@@ -84,6 +84,10 @@ type exchange interface {
 	// refusal, if any: for a settle before payment, which is settled
 	// before the upstream can check the request.
 	invalid() *apierr.Error
+	// evaluated runs the call's full verification (evaluation included)
+	// and returns its refusal, if any: for a settle before payment once
+	// it verified, as the last step before it settles.
+	evaluated(ctx context.Context) *apierr.Error
 	// upstreamRan records that the upstream, which checks the request
 	// itself, has answered: the gate's check is no longer needed.
 	upstreamRan()
@@ -104,6 +108,11 @@ type exchange interface {
 type requestCheck struct {
 	check func() error // nil: nothing to check
 	done  bool
+	// evaluate parses the request as verifierd does, the schema evaluated
+	// on the output within verifierd's default budgets (verify.Parse); nil:
+	// nothing to evaluate. Only a settle before payment runs it
+	// (evaluated).
+	evaluate func(ctx context.Context) error
 }
 
 // requestChecked, when set (by tests only), is called each time a call's
@@ -127,6 +136,24 @@ func (c *requestCheck) invalid() *apierr.Error {
 }
 
 func (c *requestCheck) upstreamRan() { c.done = true }
+
+// evaluated is the request's refusal by its full verification, nil when it
+// passes or has none to run. The compile-only check (invalid) passes a
+// schema whose evaluation on this output is over verifierd's budgets
+// (steps, regular-expression or integrity work), which verifierd refuses
+// with 422 only once it runs: under settle before, after the payment
+// settled. Evaluating here, with the same code and default budgets,
+// refuses it while nothing is charged. Elsewhere the upstream's 422 is
+// never charged, and the evaluation runs once, in verifierd.
+func (c *requestCheck) evaluated(ctx context.Context) *apierr.Error {
+	if c.evaluate == nil {
+		return nil
+	}
+	if err := c.evaluate(ctx); err != nil {
+		return apierr.From(err)
+	}
+	return nil
+}
 
 // answer is the refusal to answer with instead of ae: the request's own
 // 422 when it has one, except when ae tells the buyer about a payment
@@ -305,6 +332,15 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		}
 		reason := facilitatorReason(vr.InvalidReason, x402.ReasonInvalidPayload)
 		return ex.demand(w, r, http.StatusPaymentRequired, reason, reason, nil)
+	}
+	if g.Settle == "before" {
+		// The payment is good: the request's evaluation is the last
+		// thing that may still refuse it uncharged (evaluated), after
+		// the facilitator, as it costs what verifierd's own does.
+		if ae := ex.evaluated(ctx); ae != nil {
+			pc.release(r)
+			return ex.refuse(w, r, ae)
+		}
 	}
 
 	r.Header.Set(HeaderUpstreamPayment, "paid")
