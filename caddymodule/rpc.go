@@ -57,12 +57,15 @@ const rpcDepth = verify.DefaultMaxDepth + 2
 // params._meta["x402/payment"].
 var paymentPath = []string{"params", "_meta", mcpMetaPayment}
 
-// argumentsPath is where a tools/call carries its tool's arguments. A
-// number below it that strictjson refuses (an integer beyond ±(2^53−1),
-// 1e400) leaves the message readable: it is the tool's data, refused as
-// the call's invalid_request tool result (argsErr), as REST refuses it
-// with 422, rather than the whole message as unreadable, which an MCP
-// client's transport takes for a failure of its session.
+// argumentsPath is where a tools/call carries its tool's arguments. A value
+// in them that strictjson refuses for itself (a number such as an integer
+// beyond ±(2^53−1) or 1e400, an unpaired surrogate escape, nesting deeper
+// than a verification request's 64 levels counted from the arguments)
+// leaves the message readable: it is the tool's data, refused as the
+// call's invalid_request tool result (argsErr), in the words verifierd's
+// own parser uses, as REST refuses it with 422, rather than the whole
+// message as unreadable, which an MCP client's transport takes for a
+// failure of its session. The envelope around them keeps every limit.
 var argumentsPath = []string{"params", "arguments"}
 
 // rpcMessage is one JSON-RPC message as the gate read it.
@@ -77,8 +80,8 @@ type rpcMessage struct {
 	tool string         // params.name
 	args any            // params.arguments; nil when absent
 	meta map[string]any // params._meta; nil when absent
-	// argsErr refuses the arguments for holding a number REST refuses
-	// (argumentsPath); nil when they hold none.
+	// argsErr refuses the arguments for holding a value REST refuses
+	// for itself (argumentsPath); nil when they hold none.
 	argsErr *apierr.Error
 }
 
@@ -159,8 +162,8 @@ func readRPC(body []byte) (*rpcMessage, *rpcRefusal) {
 				return nil, bad
 			}
 		}
-		if env.Number != nil {
-			return nil, unreadable(env.Number)
+		if env.Data != nil {
+			return nil, unreadable(env.Data)
 		}
 		return m, nil
 	}
@@ -185,8 +188,8 @@ func readRPC(body []byte) (*rpcMessage, *rpcRefusal) {
 		if bad := foldedTwins("params", params, true); bad != nil {
 			return nil, bad
 		}
-		if env.Number != nil {
-			return nil, unreadable(env.Number) // no tool's arguments
+		if env.Data != nil {
+			return nil, unreadable(env.Data) // no tool's arguments
 		}
 		return m, nil
 	}
@@ -239,8 +242,11 @@ func readRPC(body []byte) (*rpcMessage, *rpcRefusal) {
 	if bad := foldedTwins("params.arguments", m.args, false); bad != nil {
 		return nil, bad
 	}
-	if se := env.Number; se != nil {
+	if se := env.Data; se != nil {
 		field := strings.TrimPrefix(strings.TrimPrefix(se.Path, "params.arguments"), ".")
+		if field == "" {
+			field = "arguments" // a name of the arguments object itself
+		}
 		m.argsErr = apierr.Invalid(apierr.Field{Field: field, Problem: se.Problem, Fix: se.Fix})
 	}
 	return m, nil

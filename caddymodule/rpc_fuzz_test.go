@@ -109,6 +109,11 @@ var hostileEnvelopes = []struct{ desc, body string }{
 	{"a payment with names in two letter cases", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"verify_schema","arguments":{},"_meta":{"x402/payment":{"x402Version":2,"accepted":{"payTo":"a","PayTo":"b"}}}}}`},
 	{"initialize params with names in two letter cases", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"a","Name":"b","version":"1"}}}`},
 	{"a response with names in two letter cases", `{"jsonrpc":"2.0","id":1,"result":{"content":[],"Content":[{"type":"text","text":"x"}]}}`},
+	// Arguments the tool refuses (argsErr): the call is still one call.
+	{"arguments nested past a request's limit", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"verify_schema","arguments":{"submitted_output":` + strings.Repeat("[", 70) + strings.Repeat("]", 70) + `}}}`},
+	{"an unpriced tool's arguments nested past a request's limit", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"get_verification_record","arguments":{"o":` + strings.Repeat("[", 70) + strings.Repeat("]", 70) + `}}}`},
+	{"a lone surrogate in the arguments", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"verify_schema","arguments":{"s":"\ud800","\udc00":1}}}`},
+	{"a lone surrogate in the tool's name", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"verify_schema\ud800","arguments":{}}}`},
 }
 
 // acceptedTwins are the hostile envelopes whose names in two letter cases
@@ -138,6 +143,15 @@ func checkAgreement(t *testing.T, sr *sdkReader, body []byte) {
 	got := sr.read(body)
 	if bad != nil {
 		return // refused by the gate: nothing reaches the SDK
+	}
+	if msg.argsErr != nil {
+		// Arguments the tool refuses, which the gate does not read
+		// whole: the SDK must still run no other tool than the gate read
+		// (the gate answers a call of its own tool itself, argsErr).
+		if got.ran && (msg.method != "tools/call" || msg.tool != got.tool) {
+			t.Fatalf("the SDK ran %q, the gate read method %q tool %q: %q", got.tool, msg.method, msg.tool, body)
+		}
+		return
 	}
 	checkWithoutPayment(t, sr, msg, body)
 	gateCall := msg.method == "tools/call"
@@ -244,7 +258,7 @@ func TestHostileEnvelopesAreRefusedOrReadAlike(t *testing.T) {
 		"duplicate params", "duplicate arguments", "arguments with names in two letter cases", "a Kelvin sign in a name", "null params",
 		"arguments null", "an id that is an object", "no jsonrpc member", "_meta with names in two letter cases",
 		"a payment with names in two letter cases", "initialize params with names in two letter cases", "a response with names in two letter cases",
-		"a fractional id", "an exponent id", "a negative zero id"} {
+		"a fractional id", "an exponent id", "a negative zero id", "a lone surrogate in the tool's name"} {
 		if !refused[desc] {
 			t.Errorf("%s: not refused by the gate", desc)
 		}

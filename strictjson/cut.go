@@ -29,28 +29,34 @@ func DecodeCut(data []byte, lim Limits, path []string) (any, Cut, error) {
 type Envelope struct {
 	Value any // the document, as Decode reads it
 	Cut   Cut // where the member at the cut path is (DecodeCut)
-	// Number is the refusal of the first number below the data path
-	// that Decode would refuse (an integer outside ±(2^53−1), a number
-	// a double cannot hold or written too long), nil for none. The
-	// number is in Value as written.
-	Number *Error
+	// Data is the first refusal, nil for none, of a value below the data
+	// path that Decode of the data alone would refuse for itself: a
+	// number (an integer outside ±(2^53−1), a number a double cannot hold
+	// or written too long), kept in Value as written; a string with an
+	// unpaired surrogate escape, kept with U+FFFD in its place; an array
+	// or object nesting past the limit, which counts the data value as
+	// its level 1 (Limits.MaxDepth less the data path's length), nil in
+	// Value. Its path is the document's.
+	Data *Error
 }
 
 // DecodeEnvelope is DecodeCut for a document that carries another reader's
 // data at dataPath (member names from the root object down, as for the
-// cut path): a number below it that Decode would refuse does not refuse
+// cut path): a value below it that Decode would refuse for itself (a
+// number, an unpaired surrogate escape, nesting too deep) does not refuse
 // the document, since it is that reader's to refuse in its own terms (a
 // JSON-RPC message whose tool arguments hold 1e400 is a readable message,
-// and the tool's refusal is the answer to its call). The number is kept
-// as written and its refusal is Envelope.Number; everything else is
-// refused as Decode refuses it, the data included.
+// and the tool's refusal is the answer to its call). Its refusal is
+// Envelope.Data; everything else (syntax, duplicate names, invalid UTF-8)
+// is refused as Decode refuses it, the data included, and the document
+// outside the data keeps every limit.
 func DecodeEnvelope(data []byte, lim Limits, cutPath, dataPath []string) (Envelope, error) {
 	d := decoder{data: data, maxDepth: lim.MaxDepth, folded: lim.FoldedNames, cutPath: cutPath, dataPath: dataPath}
 	v, err := d.run()
 	if err != nil {
 		return Envelope{}, err
 	}
-	return Envelope{Value: v, Cut: d.cut, Number: d.number1}, nil
+	return Envelope{Value: v, Cut: d.cut, Data: d.data1}, nil
 }
 
 // Remove returns a copy of data without the bytes c locates (data itself,

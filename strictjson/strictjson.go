@@ -136,8 +136,9 @@ type decoder struct {
 	spans    map[string][]byte // the root object's member values as bytes (DecodeMembers)
 	cutPath  []string          // the member DecodeCut locates
 	cut      Cut               // where it is, once read
-	dataPath []string          // where numbers are another reader's data (DecodeEnvelope)
-	number1  *Error            // the first such number refused, kept as written
+	dataPath []string          // where values are another reader's data (DecodeEnvelope)
+	data1    *Error            // the first refusal of that data (keptAsData)
+	inKey    bool              // reading a member name of the object at path
 }
 
 func (d *decoder) fail(problem, fix string) *Error {
@@ -225,7 +226,11 @@ func (d *decoder) value() (any, error) {
 	if d.pos >= len(d.data) {
 		return nil, d.syntax("a value")
 	}
-	switch c := d.data[d.pos]; c {
+	c := d.data[d.pos]
+	if (c == '{' || c == '[') && d.depth >= d.maxDepth && d.inData() {
+		return nil, d.skipDeepData()
+	}
+	switch c {
 	case '{':
 		return d.object()
 	case '[':
@@ -261,9 +266,103 @@ func (d *decoder) literal(lit string) error {
 func (d *decoder) enter() error {
 	d.depth++
 	if d.depth > d.maxDepth {
-		return d.fail("nesting is deeper than the limit of "+strconv.Itoa(d.maxDepth)+" levels",
-			"Flatten the document to at most "+strconv.Itoa(d.maxDepth)+" levels of nested arrays and objects.")
+		return d.tooDeep(d.maxDepth)
 	}
+	return nil
+}
+
+// tooDeep is the refusal of nesting past limit levels.
+func (d *decoder) tooDeep(limit int) *Error {
+	return d.fail("nesting is deeper than the limit of "+strconv.Itoa(limit)+" levels",
+		"Flatten the document to at most "+strconv.Itoa(limit)+" levels of nested arrays and objects.")
+}
+
+// skipDeepData reads an array or object below DecodeEnvelope's data path
+// that would nest past the limit: the data's refusal, worded as Decode of
+// the data alone words it (its limit is the document's less the levels
+// of the data path above it: the data value itself is its level 1), and
+// the value skipped (nil in Value) without recursion, so the envelope
+// around it stays readable however deep the data goes.
+func (d *decoder) skipDeepData() error {
+	d.keptAsData(d.tooDeep(d.maxDepth - len(d.dataPath)))
+	return d.skip()
+}
+
+// skip reads the array or object at d.pos with every check value makes of
+// its scalars (strings, numbers, literals), but neither building it nor
+// recursing: a stack of the open brackets' closers, as deep as the value.
+// Member names are not checked for duplicates: the value is data already
+// refused (skipDeepData).
+func (d *decoder) skip() error {
+	var open []byte
+	for {
+		d.skipSpace()
+		if d.pos >= len(d.data) {
+			return d.syntax("a value")
+		}
+		switch c := d.data[d.pos]; c {
+		case '{', '[':
+			closer := byte('}')
+			if c == '[' {
+				closer = ']'
+			}
+			d.pos++
+			d.skipSpace()
+			if d.pos < len(d.data) && d.data[d.pos] == closer {
+				d.pos++
+				break // an empty one: a value read
+			}
+			open = append(open, closer)
+			if closer == '}' {
+				if err := d.skipKey(); err != nil {
+					return err
+				}
+			}
+			continue
+		default:
+			if _, err := d.value(); err != nil {
+				return err
+			}
+		}
+		// A value was read: what follows it, up to the next value.
+		for {
+			if len(open) == 0 {
+				return nil
+			}
+			d.skipSpace()
+			closer := open[len(open)-1]
+			if d.pos >= len(d.data) || (d.data[d.pos] != ',' && d.data[d.pos] != closer) {
+				return d.syntax("',' or '" + string(closer) + "'")
+			}
+			d.pos++
+			if d.data[d.pos-1] == closer {
+				open = open[:len(open)-1]
+				continue
+			}
+			if closer == '}' {
+				if err := d.skipKey(); err != nil {
+					return err
+				}
+			}
+			break
+		}
+	}
+}
+
+// skipKey reads an object key and its colon for skip.
+func (d *decoder) skipKey() error {
+	d.skipSpace()
+	if d.pos >= len(d.data) || d.data[d.pos] != '"' {
+		return d.syntax("an object key in double quotes")
+	}
+	if _, err := d.str(); err != nil {
+		return err
+	}
+	d.skipSpace()
+	if d.pos >= len(d.data) || d.data[d.pos] != ':' {
+		return d.syntax("':' after an object key")
+	}
+	d.pos++
 	return nil
 }
 
@@ -288,7 +387,9 @@ func (d *decoder) object() (any, error) {
 			return nil, d.syntax("an object key in double quotes")
 		}
 		keyStart := d.pos
+		d.inKey = true
 		k, err := d.key()
+		d.inKey = false
 		if err != nil {
 			return nil, err
 		}
@@ -459,16 +560,19 @@ func (d *decoder) str() (string, error) {
 						lo, ok = hex4(data, i+2)
 					}
 					if !ok || lo < 0xDC00 || lo > 0xDFFF {
-						d.pos = i
-						return "", d.fail("a string contains an unpaired UTF-16 surrogate escape",
-							"Escape characters outside the Basic Multilingual Plane as a high and low surrogate pair, or send them as literal UTF-8.")
+						if e := d.unpaired(i); !d.keptAsData(e) {
+							return "", e
+						}
+						r = utf8.RuneError
+					} else {
+						i += 6
+						r = 0x10000 + (r-0xD800)<<10 + (lo - 0xDC00)
 					}
-					i += 6
-					r = 0x10000 + (r-0xD800)<<10 + (lo - 0xDC00)
 				} else if r >= 0xDC00 && r <= 0xDFFF {
-					d.pos = i
-					return "", d.fail("a string contains an unpaired UTF-16 surrogate escape",
-						"Escape characters outside the Basic Multilingual Plane as a high and low surrogate pair, or send them as literal UTF-8.")
+					if e := d.unpaired(i); !d.keptAsData(e) {
+						return "", e
+					}
+					r = utf8.RuneError
 				}
 				buf = utf8.AppendRune(buf, r)
 			default:
@@ -496,6 +600,15 @@ func (d *decoder) str() (string, error) {
 	d.pos = i
 	d.buf = buf
 	return "", d.syntax("a closing '\"'")
+}
+
+// unpaired is the refusal of an unpaired surrogate escape ending at i.
+// Below DecodeEnvelope's data path the string keeps U+FFFD in its place
+// (keptAsData): the data is refused all the same.
+func (d *decoder) unpaired(i int) *Error {
+	d.pos = i
+	return d.fail("a string contains an unpaired UTF-16 surrogate escape",
+		"Escape characters outside the Basic Multilingual Plane as a high and low surrogate pair, or send them as literal UTF-8.")
 }
 
 // key decodes an object key, reusing one string per distinct short key so
@@ -696,23 +809,36 @@ func (d *decoder) number() (any, error) {
 
 // badNumber refuses the valid JSON number data[start:end] for problem,
 // unless it lies below DecodeEnvelope's data path: there the number is
-// kept as written and the first such refusal is recorded instead.
+// kept as written and the refusal recorded instead (keptAsData).
 func (d *decoder) badNumber(start, end int, problem, fix string) (any, error) {
 	d.pos = start
-	e := d.fail(problem, fix)
-	if !d.inData() {
+	if e := d.fail(problem, fix); !d.keptAsData(e) {
 		return nil, e
-	}
-	if d.number1 == nil {
-		d.number1 = e
 	}
 	d.pos = end
 	return json.Number(d.data[start:end]), nil
 }
 
-// inData reports whether the value being decoded lies below dataPath.
+// keptAsData reports whether the value being decoded lies below
+// DecodeEnvelope's data path, where e, a refusal of the value alone (a
+// number, an unpaired surrogate, nesting too deep), is the data's to
+// answer rather than the document's: then e is recorded, if it is the
+// first, and decoding goes on.
+func (d *decoder) keptAsData(e *Error) bool {
+	if !d.inData() {
+		return false
+	}
+	if d.data1 == nil {
+		d.data1 = e
+	}
+	return true
+}
+
+// inData reports whether the value being decoded lies below dataPath, or,
+// for a member name, whether its object is the data or lies below it.
 func (d *decoder) inData() bool {
-	if d.dataPath == nil || len(d.path) <= len(d.dataPath) {
+	below := len(d.path) > len(d.dataPath) || (d.inKey && len(d.path) == len(d.dataPath))
+	if d.dataPath == nil || !below {
 		return false
 	}
 	for i, k := range d.dataPath {
