@@ -133,7 +133,11 @@ func (f *Facilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayloa
 		f.learned(key, true)
 		f.finish(key, o.failed)
 	case o.state == x402.SettlementNever:
+		// Its blockhash expired: it can no longer land, and its record
+		// in Config.Sent goes too, as a /settle or the resolver would
+		// drop it.
 		f.learned(key, false)
+		f.forgetSent(e, false, sig)
 		f.release(key)
 	}
 	out.State = o.state
