@@ -197,12 +197,16 @@ func (m *SVMFacilitator) Provision(ctx caddy.Context) error {
 			return fmt.Errorf("svm facilitator: store module %T keeps no claims", mod)
 		}
 	}
+	sent, ok := st.Claims().(svmfacilitator.SentStore)
+	if !ok {
+		return fmt.Errorf("svm facilitator: store module %T keeps no records of sends", st)
+	}
 	cfg := svmfacilitator.Config{
 		RPC: &svmfacilitator.RPC{URL: rpcURL}, Network: network, FeePayer: key,
 		ConfirmTimeout: time.Duration(m.ConfirmTimeout), MaxComputeUnits: m.MaxComputeUnits, MaxComputeUnitPrice: m.MaxComputeUnitPrice,
 		MaxFailedPerPayer: m.MaxFailedPerPayer, MaxInFlightPerPayer: m.MaxInFlightPerPayer, MaxFailedLamports: m.MaxFailedLamports,
 		MaxPriorityFeePastBudget: m.MaxPriorityFeePastBudget, FailureWindow: time.Duration(m.FailureWindow),
-		Sent: st.Claims(),
+		Sent: sent,
 	}
 	f, err := svmfacilitator.New(cfg)
 	if err != nil {

@@ -2,7 +2,6 @@ package caddymodule
 
 import (
 	"bytes"
-	"context"
 	"crypto/ed25519"
 	"encoding/base64"
 	"encoding/json"
@@ -73,17 +72,7 @@ func newBehindSolanaRPC(t *testing.T, chain string) string {
 // cleans the module up and cancels the context (the config is unloaded).
 func provisionSVM(t *testing.T, e *solanaEnv, rpc, storeJSON string) (m *SVMFacilitator, stop func()) {
 	t.Helper()
-	m = new(SVMFacilitator)
-	cfg := fmt.Sprintf(`{"network":"solana-devnet","rpc_url":%q,"fee_payer_key_file":%q,"store":%s}`, rpc, e.keyFile, storeJSON)
-	if err := json.Unmarshal([]byte(cfg), m); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	if err := m.Provision(ctx); err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	return m, func() { m.Cleanup(); cancel() }
+	return provisionSVMWith(t, e, rpc, storeJSON, "")
 }
 
 // svmPayment is a payment of 0.02 USDC from e's payer to its payee, with

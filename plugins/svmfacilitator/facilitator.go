@@ -127,19 +127,25 @@ type Config struct {
 	Sent SentStore
 }
 
-// SentStore is what the facilitator needs of a store of claims
-// (store.Claims, in Badger or Redis, implements it) to remember the
-// transactions it sends: a claim on the message's key (sentKey) written
-// before the send, so that a process stopped mid-send leaves it, lasting
-// until the transaction can no longer land (SentRecordHold), and settled
-// with the transaction's signature once a Settle answered success. A
-// Settle that finds such a claim sends nothing and never answers success
-// (remember). Shared by several instances (Redis), the claim also keeps
-// two of them from sending one payment at the same moment.
+// SentStore is what the facilitator needs of a store of claims (the
+// store.Claims of Badger or Redis, which are store.HeldClaims too,
+// implement it) to remember the transactions it sends: a claim on the
+// message's key (sentKey) written before the send, so that a process
+// stopped mid-send leaves it, lasting until the transaction can no longer
+// land (SentRecordHold), its note the claim's token while no Settle
+// answered it, and marked answered (Swap: settled, the note now the
+// transaction's signature) by the one Settle that answers success. A
+// Settle that finds such a claim sends nothing (remember); one that finds
+// it unanswered can mark it (adopt), so a payment whose first Settle was
+// answered settlement_pending is answered success once, by whichever
+// facilitator sharing the store is asked again. Shared by several
+// instances (Redis), the claim also keeps two of them from sending one
+// payment at the same moment.
 type SentStore interface {
-	Claim(ctx context.Context, keys []string, until time.Time) (store.Claim, error)
-	Settle(ctx context.Context, c store.Claim, note string, keepUntil time.Time) error
+	ClaimHeld(ctx context.Context, keys []string, until time.Time, span time.Duration, note func(store.Claim) (string, error)) (store.Claim, error)
+	Swap(ctx context.Context, c store.Claim, old, note string) error
 	Release(ctx context.Context, c store.Claim) error
+	Lookup(ctx context.Context, key string) (store.ClaimState, error)
 }
 
 // Facilitator verifies and settles x402 "exact" Solana payments on one
@@ -204,8 +210,9 @@ type settlement struct {
 	slot  uint64
 	payer string
 	// sent is the claim (Config.Sent) this process wrote before sending
-	// the transaction, until a Settle answered it or it could no longer
-	// land; nil without a store, or when the send was another's.
+	// the transaction, or the unanswered one of an earlier send it adopted
+	// (adopt), until a Settle answered it or it could no longer land; nil
+	// without a store, or when the send was another's.
 	sent *store.Claim
 	// at is when the record was made, settled, or found pending: it
 	// lives DuplicateWindow from then (expired).

@@ -70,6 +70,9 @@ func (n *behindNode) sent() int {
 	return n.sends
 }
 
+// sentOf is db's claims as the facilitator's store of sends.
+func sentOf(db *store.DB) SentStore { return db.Claims().(SentStore) }
+
 // openStore opens a Badger store in dir, closed at the test's end unless
 // the test closed it first.
 func openStore(t *testing.T, dir string) *store.DB {
@@ -93,7 +96,7 @@ func openStore(t *testing.T, dir string) *store.DB {
 func TestSettleReplayAfterRestartOnLaggingNodeIsDuplicate(t *testing.T) {
 	dir := t.TempDir()
 	db := openStore(t, dir)
-	e := newEnv(t, Config{Sent: db.Claims()})
+	e := newEnv(t, Config{Sent: sentOf(db)})
 	ctx := context.Background()
 	pp := Payload(e.payment(t).Transaction(), e.req)
 	first, err := e.f.Settle(ctx, pp, e.req)
@@ -110,7 +113,7 @@ func TestSettleReplayAfterRestartOnLaggingNodeIsDuplicate(t *testing.T) {
 	db = openStore(t, dir)
 	cfg := e.f.cfg
 	node := newBehindNode(t, e.chain.URL, 1)
-	cfg.RPC, cfg.Sent = &RPC{URL: node.URL}, db.Claims()
+	cfg.RPC, cfg.Sent = &RPC{URL: node.URL}, sentOf(db)
 	restarted, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -134,16 +137,65 @@ func TestSettleReplayAfterRestartOnLaggingNodeIsDuplicate(t *testing.T) {
 
 // A transaction sent, whose Settle never answered (the process stopped
 // mid-send, or while waiting), is recorded from before the send: after a
-// restart, a replay on a lagging node polls it and answers
-// duplicate_settlement once it landed, never success, and sends nothing.
-func TestSettleReplayOfUnansweredSendAfterRestartIsDuplicate(t *testing.T) {
+// restart, a replay on a lagging node sends nothing, polls it and answers
+// success once it landed (nobody was answered for it yet), marking the
+// record answered, and a further replay is duplicate_settlement naming it.
+func TestSettleReplayOfUnansweredSendAfterRestartAnswersOnce(t *testing.T) {
 	dir := t.TempDir()
 	db := openStore(t, dir)
-	e := newEnv(t, Config{Sent: db.Claims()})
+	e := newEnv(t, Config{Sent: sentOf(db)})
 	ctx := context.Background()
 	pp := Payload(e.payment(t).Transaction(), e.req)
 	// What the crashed process did before it stopped: the record, then
 	// the send, and no answer.
+	c := e.f.checkStatic(pp, e.req, false)
+	e.f.cosign(c)
+	if _, err := e.f.remember(ctx, c.tx.MessageHash(), &settlement{}); err != nil {
+		t.Fatal(err)
+	}
+	sig, err := e.f.rpc.Send(ctx, c.signed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+
+	db = openStore(t, dir)
+	cfg := e.f.cfg
+	node := newBehindNode(t, e.chain.URL, 1)
+	cfg.RPC, cfg.Sent = &RPC{URL: node.URL}, sentOf(db)
+	restarted, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := restarted.Settle(ctx, pp, e.req)
+	if err != nil || !again.Success || again.Transaction != sig {
+		t.Fatalf("replay after restart: success=%v reason=%q tx=%s err=%v; want success naming %s", again.Success, again.ErrorReason, again.Transaction, err, sig)
+	}
+	if st, err := db.Claims().Lookup(ctx, e.f.sentKey(c.tx.MessageHash())); err != nil || !st.Settled || st.Note != sig {
+		t.Fatalf("record: %+v %v; want it answered, naming %s", st, err, sig)
+	}
+	if third, err := restarted.Settle(ctx, pp, e.req); err != nil || third.ErrorReason != ReasonDuplicateSettlement || third.Transaction != sig {
+		t.Fatalf("second replay: %+v %v; want duplicate_settlement naming %s", third, err, sig)
+	}
+	if node.sent() != 0 {
+		t.Errorf("sent %d times; want none", node.sent())
+	}
+	if a, b := e.balances(t); a != 1_000_000-20000 || b != 20000 {
+		t.Fatalf("balances payer %d payee %d (paid once)", a, b)
+	}
+}
+
+// A record of a send that names no claim token (written by a version
+// that kept none) cannot be marked answered by another: a replay after a
+// restart answers duplicate_settlement once it landed, never success, and
+// sends nothing.
+func TestSettleReplayOfUnansweredSendWithoutTokenIsDuplicate(t *testing.T) {
+	dir := t.TempDir()
+	db := openStore(t, dir)
+	e := newEnv(t, Config{Sent: sentOf(db)})
+	ctx := context.Background()
+	pp := Payload(e.payment(t).Transaction(), e.req)
+	// The record as that version wrote it, then the send, and no answer.
 	c := e.f.checkStatic(pp, e.req, false)
 	e.f.cosign(c)
 	if _, err := db.Claims().Claim(ctx, []string{e.f.sentKey(c.tx.MessageHash())}, time.Now().Add(SentRecordHold)); err != nil {
@@ -158,7 +210,7 @@ func TestSettleReplayOfUnansweredSendAfterRestartIsDuplicate(t *testing.T) {
 	db = openStore(t, dir)
 	cfg := e.f.cfg
 	node := newBehindNode(t, e.chain.URL, 1)
-	cfg.RPC, cfg.Sent = &RPC{URL: node.URL}, db.Claims()
+	cfg.RPC, cfg.Sent = &RPC{URL: node.URL}, sentOf(db)
 	restarted, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -186,7 +238,7 @@ func TestSettleStoreDownSendsNothing(t *testing.T) {
 	e := newEnv(t, Config{})
 	node := newBehindNode(t, e.chain.URL, 0)
 	cfg := e.f.cfg
-	cfg.RPC, cfg.Sent = &RPC{URL: node.URL}, db.Claims()
+	cfg.RPC, cfg.Sent = &RPC{URL: node.URL}, sentOf(db)
 	f, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -210,7 +262,7 @@ func TestSettleStoreDownSendsNothing(t *testing.T) {
 	}
 
 	db = openStore(t, dir)
-	cfg.RPC, cfg.Sent = &RPC{URL: e.chain.URL}, db.Claims()
+	cfg.RPC, cfg.Sent = &RPC{URL: e.chain.URL}, sentOf(db)
 	f, err = New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -229,7 +281,7 @@ func TestSettleRefusedSendDropsItsRecord(t *testing.T) {
 	db := openStore(t, dir)
 	e := newEnv(t, Config{})
 	cfg := e.f.cfg
-	cfg.Sent, cfg.ConfirmTimeout = db.Claims(), 2*time.Second
+	cfg.Sent, cfg.ConfirmTimeout = sentOf(db), 2*time.Second
 	cfg.RPC = &RPC{URL: proxy(t, e.chain.URL, func(w http.ResponseWriter, id json.RawMessage, method string, _ []json.RawMessage) bool {
 		if method != "sendTransaction" {
 			return false
@@ -248,7 +300,7 @@ func TestSettleRefusedSendDropsItsRecord(t *testing.T) {
 	db.Close()
 
 	db = openStore(t, dir)
-	cfg.Sent, cfg.RPC = db.Claims(), &RPC{URL: e.chain.URL}
+	cfg.Sent, cfg.RPC = sentOf(db), &RPC{URL: e.chain.URL}
 	restarted, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -268,7 +320,7 @@ func TestSettleExpiredSendDropsItsRecord(t *testing.T) {
 	db := openStore(t, t.TempDir())
 	fr := &faultyRPC{}
 	srv := fr.serve(t)
-	e := newEnv(t, Config{RPC: &RPC{URL: srv}, Sent: db.Claims(), ConfirmTimeout: 300 * time.Millisecond, PollInterval: 20 * time.Millisecond})
+	e := newEnv(t, Config{RPC: &RPC{URL: srv}, Sent: sentOf(db), ConfirmTimeout: 300 * time.Millisecond, PollInterval: 20 * time.Millisecond})
 	fr.set(func(f *faultyRPC) { f.target, f.dropSend = e.chain.URL, true })
 	tx := e.payment(t).Transaction()
 	pp := Payload(tx, e.req)
@@ -297,8 +349,8 @@ func TestSettleExpiredSendDropsItsRecord(t *testing.T) {
 // the old store no longer counts.
 func TestUseSentSwapsTheStore(t *testing.T) {
 	old, cur := openStore(t, t.TempDir()), openStore(t, t.TempDir())
-	e := newEnv(t, Config{Sent: old.Claims()})
-	e.f.UseSent(cur.Claims())
+	e := newEnv(t, Config{Sent: sentOf(old)})
+	e.f.UseSent(sentOf(cur))
 	ctx := context.Background()
 	pp := Payload(e.payment(t).Transaction(), e.req)
 	s, err := e.f.Settle(ctx, pp, e.req)
@@ -323,7 +375,7 @@ func TestPendingSendExpiredInBackgroundDropsItsRecord(t *testing.T) {
 	db := openStore(t, t.TempDir())
 	fr := &faultyRPC{}
 	srv := fr.serve(t)
-	e := newEnv(t, Config{RPC: &RPC{URL: srv}, Sent: db.Claims(), ConfirmTimeout: 300 * time.Millisecond, PollInterval: 20 * time.Millisecond})
+	e := newEnv(t, Config{RPC: &RPC{URL: srv}, Sent: sentOf(db), ConfirmTimeout: 300 * time.Millisecond, PollInterval: 20 * time.Millisecond})
 	fr.set(func(f *faultyRPC) { f.target, f.dropSend = e.chain.URL, true })
 	tx := e.payment(t).Transaction()
 	dec, err := DecodeTransaction(tx)
@@ -362,7 +414,7 @@ func TestSettleRefusedAtHoldDropsItsRecord(t *testing.T) {
 	simulations := 0
 	var sentOnce sync.Once
 	cfg := e.f.cfg
-	cfg.Sent, cfg.MaxInFlightPerPayer, cfg.ConfirmTimeout, cfg.PollInterval = db.Claims(), 1, 300*time.Millisecond, 20*time.Millisecond
+	cfg.Sent, cfg.MaxInFlightPerPayer, cfg.ConfirmTimeout, cfg.PollInterval = sentOf(db), 1, 300*time.Millisecond, 20*time.Millisecond
 	// B's simulation waits until A was sent; A's send never reaches the
 	// chain (its reply is lost), so A stays in flight.
 	cfg.RPC = &RPC{URL: proxy(t, e.chain.URL, func(w http.ResponseWriter, _ json.RawMessage, method string, _ []json.RawMessage) bool {

@@ -58,18 +58,22 @@ func (f *Facilitator) sentIn() SentStore {
 }
 
 // remember writes, before s's transaction is sent, the record that this
-// process sends it (Config.Sent), and keeps the claim on s. prior is the
-// record found instead, when one lives: the transaction was sent before
-// (by this process before a restart, or by another instance sharing the
-// store), and prior.Settled tells that a Settle answered it success. An
-// error means nothing is known of the record: the caller must not send,
+// process sends it (Config.Sent), and keeps the claim on s. The record's
+// note is its claim's token while no Settle answered it: whoever finds it
+// unanswered (a facilitator of this process after a reload changing its
+// settings, this process after a restart, another instance sharing the
+// store) can mark it answered (answerSent) as its writer can, once.
+// prior is the record found instead, when one lives: the transaction was
+// sent before, and prior.Settled tells that a Settle answered it success.
+// An error means nothing is known of the record: the caller must not send,
 // since a replay could then be answered success a second time.
 func (f *Facilitator) remember(ctx context.Context, key [32]byte, s *settlement) (prior *store.ClaimState, err error) {
 	st := f.sentIn()
 	if st == nil {
 		return nil, nil
 	}
-	c, err := st.Claim(ctx, []string{f.sentKey(key)}, time.Now().Add(SentRecordHold))
+	c, err := st.ClaimHeld(ctx, []string{f.sentKey(key)}, time.Now().Add(SentRecordHold), f.cfg.ConfirmTimeout,
+		func(c store.Claim) (string, error) { return c.Token, nil })
 	var claimed *store.ClaimedError
 	if errors.As(err, &claimed) {
 		return &claimed.State, nil
@@ -83,14 +87,73 @@ func (f *Facilitator) remember(ctx context.Context, key [32]byte, s *settlement)
 	return nil, nil
 }
 
-// forgetSent ends s's record of the send: answered (it landed and this
-// Settle answers success: settled, naming sig, so a replay after a
-// restart is refused at once), or dropped (the transaction was refused or
-// can no longer land). A store error is only logged: a record left
-// unsettled still has any replay answered as a transaction sent by
-// another (never success), and one left in place of a transaction that can
-// no longer land refuses nothing that could settle.
-func (f *Facilitator) forgetSent(s *settlement, answered bool, sig string) {
+// recorded reads key's record in Config.Sent, for a Settle that found the
+// transaction sent before it (on chain, or by its record): nil when there
+// is none (or no store). An error means the record could not be read.
+func (f *Facilitator) recorded(ctx context.Context, key [32]byte) (*store.ClaimState, error) {
+	st := f.sentIn()
+	if st == nil {
+		return nil, nil
+	}
+	rec, err := st.Lookup(ctx, f.sentKey(key))
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return nil, nil
+	case err != nil:
+		return nil, err
+	}
+	return &rec, nil
+}
+
+// adopt makes rec, key's record found unanswered, s's own: its note is its
+// claim's token (remember), so this Settle marks it answered once the
+// transaction landed (answerSent), or drops it once it can no longer land,
+// as the Settle that wrote it would. It reports false for a record that
+// names no token (written before records kept it), answered as a
+// transaction sent by another.
+func (f *Facilitator) adopt(key [32]byte, s *settlement, rec *store.ClaimState) bool {
+	if rec.Settled || rec.Note == "" {
+		return false
+	}
+	f.mu.Lock()
+	s.sent = &store.Claim{Keys: []string{f.sentKey(key)}, Token: rec.Note, Until: rec.Until}
+	f.mu.Unlock()
+	return true
+}
+
+// answerSent marks s's record answered, naming sig, for a Settle about to
+// answer success: the mark moves the record's note from its token to sig
+// (store.HeldClaims.Swap), so of the Settles of every facilitator and
+// instance sharing the store that find the transaction landed, exactly one
+// marks it and answers success. store.ErrNoteChanged: another did, and
+// this one must answer duplicate_settlement. Any other error leaves the
+// record as it was: the outcome stays unknown to the caller
+// (settlement_pending), whose retry marks it then. nil, too, with no
+// store or no record (a library user without Config.Sent).
+func (f *Facilitator) answerSent(s *settlement, sig string) error {
+	f.mu.Lock()
+	c := s.sent
+	f.mu.Unlock()
+	st := f.sentIn()
+	if c == nil || st == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), f.cfg.ConfirmTimeout)
+	defer cancel()
+	err := st.Swap(ctx, *c, c.Token, sig)
+	if err == nil || errors.Is(err, store.ErrNoteChanged) {
+		f.mu.Lock()
+		s.sent = nil
+		f.mu.Unlock()
+	}
+	return err
+}
+
+// forgetSent drops s's record of the send: the transaction was refused or
+// can no longer land. A store error is only logged: a record left in place
+// of a transaction that can no longer land refuses nothing that could
+// settle, and lapses after SentRecordHold.
+func (f *Facilitator) forgetSent(s *settlement, sig string) {
 	f.mu.Lock()
 	c := s.sent
 	s.sent = nil
@@ -101,14 +164,8 @@ func (f *Facilitator) forgetSent(s *settlement, answered bool, sig string) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), f.cfg.ConfirmTimeout)
 	defer cancel()
-	var err error
-	if answered {
-		err = st.Settle(ctx, *c, sig, time.Time{})
-	} else {
-		err = st.Release(ctx, *c)
-	}
-	if err != nil {
-		log.Printf("svm facilitator: updating the record of sent transaction %s: %v", sig, err)
+	if err := st.Release(ctx, *c); err != nil {
+		log.Printf("svm facilitator: dropping the record of sent transaction %s: %v", sig, err)
 	}
 }
 
@@ -258,7 +315,7 @@ func (f *Facilitator) resolveOne(key [32]byte, e *sent) {
 		if o.state == x402.SettlementNever && o.failed == "" {
 			// Its blockhash expired: it can no longer land, and its
 			// record goes now, as a retry's confirm would drop it.
-			f.forgetSent(e.rec, false, e.sig)
+			f.forgetSent(e.rec, e.sig)
 		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/aovhq/aov/internal/base58"
+	"github.com/aovhq/aov/store"
 	"github.com/aovhq/aov/x402"
 )
 
@@ -40,7 +41,8 @@ import (
 //     the chain has it, it is answered duplicate_settlement naming that
 //     transaction once it is confirmed (invalid_exact_svm_transaction_failed
 //     if it failed on chain), never success: its sender answers for it, and
-//     a second success would have the payment served twice. So is a
+//     a second success would have the payment served twice; unless its
+//     record in Config.Sent says no Settle answered it success (below). So is a
 //     transaction the chain answers AlreadyProcessed to, at simulation or
 //     at send. Such a failure is charged to the failure budget only when
 //     this process sent the transaction and has not learned its outcome
@@ -51,16 +53,22 @@ import (
 //     polls it as above, and answers duplicate_settlement once it landed,
 //     never success.
 //   - With Config.Sent, the transaction is recorded there before it is
-//     sent, and the record marked answered once a Settle answered success
-//     (sent.go: remember, forgetSent). A Settle that finds the record
-//     sends nothing: one answered is duplicate_settlement naming the
-//     transaction at once, one not answered is answered as a transaction
-//     sent by another (above). This is what tells a replay after a
-//     restart from a first settlement when the nodes asked lag the one the
-//     transaction landed on (the look-up finds nothing, the simulation
-//     passes on older state, and a send with skipPreflight returns the
-//     signature), which no look-up can. A store that cannot be written is
-//     an error: nothing is sent.
+//     sent (sent.go: remember), and success is answered only by the Settle
+//     that marks the record answered (answerSent), in one step that fails
+//     once another did: one success per payment across the facilitators
+//     sharing the store. A Settle that finds the record (before sending, or
+//     once the chain has the transaction: sentBefore) sends nothing: one
+//     answered is duplicate_settlement naming the transaction at once; one
+//     not answered is confirmed as this Settle's own send (adopt), so that
+//     a settlement_pending answered by a facilitator since unloaded (a
+//     reload changing its settings) or stopped is followed by success once
+//     it landed. This is what tells a replay after a restart from a first
+//     settlement when the nodes asked lag the one the transaction landed
+//     on (the look-up finds nothing, the simulation passes on older state,
+//     and a send with skipPreflight returns the signature), which no
+//     look-up can. A store that cannot be written or read is an error:
+//     nothing is sent. One that cannot mark a landed transaction answered
+//     has it answered settlement_pending, never success.
 //   - A transaction this process sent has its outcome learned by this
 //     process, whatever its caller does: at the caller's deadline, or
 //     ConfirmTimeout, the caller is answered pending and the facilitator
@@ -128,7 +136,7 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 		return x402.SettleResponse{}, fmt.Errorf("looking the transaction up before settlement: %w", err)
 	}
 	if st != nil {
-		return f.confirmElsewhere(ctx, key, s, req.Network)
+		return f.sentBefore(ctx, key, s, c.payer, req.Network, nil)
 	}
 	if f.refuseOverBudget(c); c.resp.InvalidReason != "" {
 		f.release(key)
@@ -140,8 +148,8 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 			return x402.SettleResponse{}, fmt.Errorf("verifying before settlement: %w", err)
 		}
 		if c.landed {
-			// Landed since the look-up: sent by another.
-			return f.confirmElsewhere(ctx, key, s, req.Network)
+			// Landed since the look-up.
+			return f.sentBefore(ctx, key, s, c.payer, req.Network, nil)
 		}
 		if c.resp.InvalidReason != "" {
 			f.release(key)
@@ -163,21 +171,16 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 	case err != nil:
 		f.release(key)
 		return x402.SettleResponse{}, fmt.Errorf("recording the transaction before settlement: %w", err)
-	case prior != nil && prior.Settled:
-		// Sent and answered success before: refused, and from memory
-		// from now on.
-		f.finish(key, "")
-		return fail(ReasonDuplicateSettlement, c.payer, "this transaction was already settled", s.sig), nil
 	case prior != nil:
-		// Sent before and not answered success (this process before a
-		// restart, or another instance now): its sender answers for it.
-		return f.confirmElsewhere(ctx, key, s, req.Network)
+		// Sent before (by this process before a restart or a reload, or
+		// by another instance now): nothing is sent again.
+		return f.sentBefore(ctx, key, s, c.payer, req.Network, prior)
 	}
 	// The payer's place in flight is taken last (hold), and kept until the
 	// outcome is learned, by this Settle or in the background (resolve).
 	fresh, reason, msg := f.hold(key, c, s)
 	if reason != "" {
-		f.forgetSent(s, false, s.sig)
+		f.forgetSent(s, s.sig)
 		f.release(key)
 		return fail(reason, c.payer, msg, ""), nil
 	}
@@ -202,7 +205,7 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 			if fresh {
 				f.learned(key, false)
 			}
-			f.forgetSent(s, false, s.sig)
+			f.forgetSent(s, s.sig)
 			f.release(key)
 			return fail(ReasonTransactionFailed, c.payer, "the node refused the transaction: "+truncate(re.Message), ""), nil
 		}
@@ -211,6 +214,36 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 		// rather than guess.
 	}
 	return f.confirm(ctx, key, s, req.Network)
+}
+
+// sentBefore answers for a transaction sent before this Settle, which
+// sends nothing: the chain has it, or rec, its record in Config.Sent, says
+// so (nil: read here). A record answered success is duplicate_settlement
+// naming the transaction at once, and from memory from then on. One not
+// answered (its Settle answered settlement_pending, or never answered:
+// its process stopped, or it was unloaded by a reload changing the
+// facilitator's settings) is adopted and confirmed as this Settle's own
+// send: success once it landed, unless another Settle marked it answered
+// first (answerSent), which keeps the payment to one success across every
+// facilitator sharing the store. Without a record the transaction is
+// another's (confirmElsewhere). A record that cannot be read is an error:
+// nothing is sent, and the payment may be settled again.
+func (f *Facilitator) sentBefore(ctx context.Context, key [32]byte, s *settlement, payer, network string, rec *store.ClaimState) (x402.SettleResponse, error) {
+	if rec == nil {
+		var err error
+		if rec, err = f.recorded(ctx, key); err != nil {
+			f.release(key)
+			return x402.SettleResponse{}, fmt.Errorf("reading the record of the transaction: %w", err)
+		}
+	}
+	switch {
+	case rec != nil && rec.Settled:
+		f.finish(key, "")
+		return x402.SettleResponse{ErrorReason: ReasonDuplicateSettlement, ErrorMessage: "this transaction was already settled", Payer: payer, Transaction: s.sig, Network: network}, nil
+	case rec != nil && f.adopt(key, s, rec):
+		return f.confirm(ctx, key, s, network)
+	}
+	return f.confirmElsewhere(ctx, key, s, network)
 }
 
 // confirmElsewhere is confirm for a transaction the chain had before this
@@ -269,20 +302,33 @@ func (f *Facilitator) confirm(ctx context.Context, key [32]byte, s *settlement, 
 			return resp, nil
 		case o.state == x402.SettlementNever:
 			f.learned(key, false)
-			f.forgetSent(s, false, sig)
+			f.forgetSent(s, sig)
 			f.release(key)
 			resp.ErrorReason, resp.ErrorMessage, resp.Transaction = ReasonTransactionFailed, "the transaction's blockhash expired before it landed", ""
 			return resp, nil
 		case o.state == x402.SettlementDone:
 			f.learned(key, false)
-			f.finish(key, "")
 			if elsewhere {
+				f.finish(key, "")
 				resp.ErrorReason, resp.ErrorMessage = ReasonDuplicateSettlement, "this transaction was already settled, by another settlement"
 				return resp, nil
 			}
-			f.forgetSent(s, true, sig)
-			resp.Success = true
-			return resp, nil
+			// Success only once its record is marked answered: of
+			// the Settles sharing the record, one marks it.
+			err := f.answerSent(s, sig)
+			if errors.Is(err, store.ErrNoteChanged) {
+				f.finish(key, "")
+				resp.ErrorReason, resp.ErrorMessage = ReasonDuplicateSettlement, "this transaction was already settled, by another settlement"
+				return resp, nil
+			}
+			if err == nil {
+				f.finish(key, "")
+				resp.Success = true
+				return resp, nil
+			}
+			// The record could not be marked: the caller is answered
+			// pending, and its retry marks it.
+			return f.pending(key, s, resp, fmt.Errorf("marking the settlement answered: %w", err))
 		}
 		var cause error
 		select {
@@ -293,19 +339,27 @@ func (f *Facilitator) confirm(ctx context.Context, key [32]byte, s *settlement, 
 		case <-time.After(f.cfg.PollInterval):
 			continue
 		}
-		f.await(key)
-		f.mu.Lock()
-		// Its record lives DuplicateWindow from now: a retry within it
-		// polls this signature (claim).
-		s.inflight, s.pending, s.at = false, true, now()
-		f.mu.Unlock()
-		pending := resp
-		pending.ErrorReason, pending.ErrorMessage = ReasonSettlementPending, "the transaction was sent; its outcome is not known yet"
 		if lastErr != nil {
 			cause = fmt.Errorf("%w (last rpc error: %v)", cause, lastErr)
 		}
-		return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Reply: &pending, Err: cause}
+		return f.pending(key, s, resp, cause)
 	}
+}
+
+// pending answers settlement_pending for s, key's transaction, whose
+// outcome its caller cannot be told now (cause): the facilitator learns it
+// in the background if it sent it (await), and a retry polls its
+// signature (claim).
+func (f *Facilitator) pending(key [32]byte, s *settlement, resp x402.SettleResponse, cause error) (x402.SettleResponse, error) {
+	f.await(key)
+	f.mu.Lock()
+	// Its record lives DuplicateWindow from now: a retry within it polls
+	// this signature (claim).
+	s.inflight, s.pending, s.at = false, true, now()
+	f.mu.Unlock()
+	pending := resp
+	pending.ErrorReason, pending.ErrorMessage = ReasonSettlementPending, "the transaction was sent; its outcome is not known yet"
+	return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Reply: &pending, Err: cause}
 }
 
 // claimed is what claim found for a message.

@@ -46,8 +46,9 @@ func skipPreflightNode(t *testing.T, upstream string, hook func(method string)) 
 // at the same moment: the second finds nothing on chain and its
 // simulation passes (the first's send has not landed), but the first's
 // record, claimed in the store before its send, has it send nothing and
-// answer duplicate_settlement once the transaction landed. Exactly one
-// success. (Before: both sent, and both answered success.)
+// poll the first's transaction. Exactly one success (the first to mark the
+// record answered), the other duplicate_settlement naming the
+// transaction. (Before: both sent, and both answered success.)
 func TestSettleSharedStoreTwoInstancesOneSuccess(t *testing.T) {
 	srv := servers.StartRedis(t)
 	shared := func() SentStore {
@@ -57,7 +58,7 @@ func TestSettleSharedStoreTwoInstancesOneSuccess(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return st.Claims()
+		return st.Claims().(SentStore)
 	}
 	e := newEnv(t, Config{})
 	ctx := context.Background()
@@ -128,9 +129,13 @@ func TestSettleSharedStoreTwoInstancesOneSuccess(t *testing.T) {
 	if ra.err != nil || errB != nil {
 		t.Fatalf("settles: A %v, B %v", ra.err, errB)
 	}
-	if !ra.r.Success || rb.Success || rb.ErrorReason != ReasonDuplicateSettlement || rb.Transaction != ra.r.Transaction {
-		t.Fatalf("A success=%v reason=%q; B success=%v reason=%q tx=%s; want one success and B duplicate_settlement naming %s",
-			ra.r.Success, ra.r.ErrorReason, rb.Success, rb.ErrorReason, rb.Transaction, ra.r.Transaction)
+	won, lost := ra.r, rb
+	if rb.Success {
+		won, lost = rb, ra.r
+	}
+	if !won.Success || lost.Success || lost.ErrorReason != ReasonDuplicateSettlement || lost.Transaction != won.Transaction {
+		t.Fatalf("A success=%v reason=%q tx=%s; B success=%v reason=%q tx=%s; want one success and the other duplicate_settlement naming its transaction",
+			ra.r.Success, ra.r.ErrorReason, ra.r.Transaction, rb.Success, rb.ErrorReason, rb.Transaction)
 	}
 	mu.Lock()
 	defer mu.Unlock()

@@ -5,8 +5,10 @@ import (
 	"crypto/ed25519"
 	"errors"
 	"fmt"
+	"log"
 
 	"github.com/aovhq/aov/internal/base58"
+	"github.com/aovhq/aov/store"
 	"github.com/aovhq/aov/x402"
 )
 
@@ -126,8 +128,16 @@ func (f *Facilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayloa
 	}
 	switch {
 	case o.state == x402.SettlementDone:
+		// Answered settled, here as by a Settle: its record says so
+		// (answerSent), or a Settle elsewhere would find it unanswered
+		// and answer success for a payment its caller was told settled.
+		// A record another marked first, or one the store cannot mark
+		// now, changes nothing of what the chain says.
 		f.learned(key, false)
 		f.finish(key, "")
+		if err := f.answerSent(e, sig); err != nil && !errors.Is(err, store.ErrNoteChanged) {
+			log.Printf("svm facilitator: marking the record of sent transaction %s answered: %v", sig, err)
+		}
 		out.Transaction = sig
 	case o.state == x402.SettlementNever && o.failed != "":
 		f.learned(key, true)
@@ -137,7 +147,7 @@ func (f *Facilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayloa
 		// in Config.Sent goes too, as a /settle or the resolver would
 		// drop it.
 		f.learned(key, false)
-		f.forgetSent(e, false, sig)
+		f.forgetSent(e, sig)
 		f.release(key)
 	}
 	out.State = o.state

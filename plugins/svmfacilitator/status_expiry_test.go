@@ -22,7 +22,7 @@ func TestSettlementStatusLearningExpiryDropsSentRecord(t *testing.T) {
 	srv := fr.serve(t)
 	// A long PollInterval keeps the background resolver from learning it
 	// first: the gate's status read does.
-	e := newEnv(t, Config{RPC: &RPC{URL: srv}, Sent: db.Claims(), ConfirmTimeout: 300 * time.Millisecond, PollInterval: time.Minute})
+	e := newEnv(t, Config{RPC: &RPC{URL: srv}, Sent: sentOf(db), ConfirmTimeout: 300 * time.Millisecond, PollInterval: time.Minute})
 	fr.set(func(f *faultyRPC) { f.target, f.dropSend = e.chain.URL, true })
 	tx := e.payment(t).Transaction()
 	dec, err := DecodeTransaction(tx)

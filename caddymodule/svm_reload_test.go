@@ -1,0 +1,118 @@
+package caddymodule
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/aovhq/aov/plugins/svmfacilitator"
+	"github.com/aovhq/aov/x402"
+)
+
+// newBlindStatusRPC is a FAKE node in front of the real chain that
+// forwards everything (the send lands) but answers every
+// getSignatureStatuses "unknown" with the chain's own slot: an RPC node
+// that stalls on statuses. calls counts the requests it served.
+func newBlindStatusRPC(t *testing.T, chain string) (url string, calls *atomic.Int64) {
+	calls = new(atomic.Int64)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		body, _ := io.ReadAll(r.Body)
+		var req struct {
+			ID     json.RawMessage `json:"id"`
+			Method string          `json:"method"`
+		}
+		json.Unmarshal(body, &req)
+		resp, err := http.Post(chain, "application/json", bytes.NewReader(body))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		defer resp.Body.Close()
+		out, _ := io.ReadAll(resp.Body)
+		w.Header().Set("Content-Type", "application/json")
+		if req.Method == "getSignatureStatuses" {
+			var r struct {
+				Result struct {
+					Context json.RawMessage `json:"context"`
+				} `json:"result"`
+			}
+			json.Unmarshal(out, &r)
+			fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"result":{"context":%s,"value":[null]}}`, req.ID, r.Result.Context)
+			return
+		}
+		w.Write(out)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL, calls
+}
+
+// provisionSVMWith is provisionSVM with extra JSON fields (",..." or "")
+// in the module's config.
+func provisionSVMWith(t *testing.T, e *solanaEnv, rpc, storeJSON, extra string) (m *SVMFacilitator, stop func()) {
+	t.Helper()
+	m = new(SVMFacilitator)
+	cfg := fmt.Sprintf(`{"network":"solana-devnet","rpc_url":%q,"fee_payer_key_file":%q,"store":%s%s}`, rpc, e.keyFile, storeJSON, extra)
+	if err := json.Unmarshal([]byte(cfg), m); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	if err := m.Provision(ctx); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	return m, func() { m.Cleanup(); cancel() }
+}
+
+// A /settle answered settlement_pending promises its caller the outcome
+// (README, Payments on Solana). The operator's RPC node stalls on
+// statuses, so the first /settle is answered pending while the transfer
+// did land; the operator points rpc_url at a healthy node and reloads
+// (same fee payer, same store). The reload gets a new facilitator (rpc_url
+// is in the pool key) with no memory of the pending answer; the record of
+// the send in the store has the retry answered success, once, and a
+// further retry duplicate_settlement naming the transaction. (Before: the
+// retry was answered duplicate_settlement, "already settled, by another
+// settlement", never success, so a seller verifying, serving and settling
+// refused to deliver a payment that moved.)
+func TestSVMPendingSettlementAnsweredAfterReloadChangingRPC(t *testing.T) {
+	e := newSolanaEnv(t)
+	storeJSON := fmt.Sprintf(`{"type":"badger","path":%q}`, t.TempDir())
+	blind, _ := newBlindStatusRPC(t, e.chain.URL)
+	old, stopOld := provisionSVMWith(t, e, blind, storeJSON, `,"confirm_timeout":"1s"`)
+	pp, req := svmPayment(t, e)
+	before := e.usdc(t, e.payer.Address)
+	_, err := old.Settle(t.Context(), pp, req)
+	var uo *x402.UnknownOutcomeError
+	if !errors.As(err, &uo) || uo.Reply == nil || uo.Reply.ErrorReason != svmfacilitator.ReasonSettlementPending {
+		t.Fatalf("first settle: %v; want settlement_pending", err)
+	}
+	if got := before - e.usdc(t, e.payer.Address); got != 20000 {
+		t.Fatalf("charged %d; want the payment landed", got)
+	}
+	// Reload: the new config is provisioned before the old one is unloaded.
+	m, stop := provisionSVMWith(t, e, e.chain.URL, storeJSON, `,"confirm_timeout":"1s"`)
+	defer stop()
+	stopOld()
+	again, err := m.Settle(t.Context(), pp, req)
+	if err != nil || !again.Success || again.Transaction != uo.Reply.Transaction {
+		t.Fatalf("retry of a pending settlement after a reload changing rpc_url: success=%v reason=%q msg=%q tx=%s err=%v; want success naming %s",
+			again.Success, again.ErrorReason, again.ErrorMessage, again.Transaction, err, uo.Reply.Transaction)
+	}
+	third, err := m.Settle(t.Context(), pp, req)
+	if err != nil || third.Success || third.ErrorReason != svmfacilitator.ReasonDuplicateSettlement || third.Transaction != again.Transaction {
+		t.Fatalf("second retry: %+v %v; want duplicate_settlement naming %s", third, err, again.Transaction)
+	}
+	if got := before - e.usdc(t, e.payer.Address); got != 20000 {
+		t.Fatalf("charged %d; want one payment", got)
+	}
+}

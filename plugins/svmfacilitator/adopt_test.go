@@ -1,0 +1,175 @@
+package svmfacilitator
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/aovhq/aov/store"
+	"github.com/aovhq/aov/x402"
+)
+
+// A send answered settlement_pending (its node hid the statuses while the
+// transfer landed) is settled again through two other facilitators on the
+// same store (a reload changing the settings, or two instances), at the
+// same moment: the record of the send has exactly one of them answer
+// success and the other duplicate_settlement naming the transaction, and
+// the facilitator that sent it, asked again once its node answers,
+// answers duplicate_settlement too. Nothing is sent twice. (Before: the
+// other facilitators answered duplicate_settlement alone, never success,
+// so the payment's pending answer was never followed by its success.)
+func TestPendingSendAnsweredSuccessOnceAcrossFacilitatorsOnOneStore(t *testing.T) {
+	db := openStore(t, t.TempDir())
+	fr := &faultyRPC{}
+	srv := fr.serve(t)
+	e := newEnv(t, Config{RPC: &RPC{URL: srv}, Sent: sentOf(db), ConfirmTimeout: 300 * time.Millisecond, PollInterval: 20 * time.Millisecond})
+	fr.set(func(f *faultyRPC) { f.target, f.hideStatus = e.chain.URL, true })
+	pp := Payload(e.payment(t).Transaction(), e.req)
+	ctx := context.Background()
+	_, err := e.f.Settle(ctx, pp, e.req)
+	var unknown *x402.UnknownOutcomeError
+	if !errors.As(err, &unknown) || unknown.Reply == nil || unknown.Reply.ErrorReason != ReasonSettlementPending {
+		t.Fatalf("first settle: %v; want settlement_pending", err)
+	}
+	sig := unknown.Reply.Transaction
+	if a, b := e.balances(t); a != 1_000_000-20000 || b != 20000 {
+		t.Fatalf("balances payer %d payee %d; want the transfer landed", a, b)
+	}
+
+	cfg := e.f.cfg
+	cfg.RPC = &RPC{URL: e.chain.URL}
+	others := make([]*Facilitator, 2)
+	for i := range others {
+		if others[i], err = New(cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	answers := make([]x402.SettleResponse, len(others))
+	errs := make([]error, len(others))
+	var wg sync.WaitGroup
+	for i, f := range others {
+		wg.Go(func() { answers[i], errs[i] = f.Settle(ctx, pp, e.req) })
+	}
+	wg.Wait()
+	successes := 0
+	for i, a := range answers {
+		switch {
+		case errs[i] != nil || a.Transaction != sig:
+			t.Fatalf("settle %d: %+v %v; want an answer naming %s", i, a, errs[i], sig)
+		case a.Success:
+			successes++
+		case a.ErrorReason != ReasonDuplicateSettlement:
+			t.Fatalf("settle %d: %+v; want success or duplicate_settlement", i, a)
+		}
+	}
+	if successes != 1 {
+		t.Fatalf("%d successes (%+v); want exactly one", successes, answers)
+	}
+	if st, err := db.Claims().Lookup(ctx, e.f.sentKey(mustDecode(t, pp).MessageHash())); err != nil || !st.Settled || st.Note != sig {
+		t.Fatalf("record: %+v %v; want it answered, naming %s", st, err, sig)
+	}
+
+	fr.set(func(f *faultyRPC) { f.hideStatus = false })
+	if s, err := e.f.Settle(ctx, pp, e.req); err != nil || s.Success || s.ErrorReason != ReasonDuplicateSettlement || s.Transaction != sig {
+		t.Fatalf("retry at the sender: %+v %v; want duplicate_settlement naming %s", s, err, sig)
+	}
+	if n := fr.count("sendTransaction"); n != 1 {
+		t.Errorf("sent %d times; want once", n)
+	}
+	if a, b := e.balances(t); a != 1_000_000-20000 || b != 20000 {
+		t.Fatalf("balances payer %d payee %d (paid once)", a, b)
+	}
+}
+
+// A pending send the gateway's own status read (SettlementStatus) learned
+// landed is answered settled there, and its record says so: a /settle of
+// it through another facilitator on the same store is
+// duplicate_settlement naming it, never a success for a payment its
+// caller was already told settled.
+func TestPendingSendSettledByStatusReadIsDuplicateElsewhere(t *testing.T) {
+	db := openStore(t, t.TempDir())
+	fr := &faultyRPC{}
+	srv := fr.serve(t)
+	e := newEnv(t, Config{RPC: &RPC{URL: srv}, Sent: sentOf(db), ConfirmTimeout: 300 * time.Millisecond, PollInterval: time.Minute})
+	fr.set(func(f *faultyRPC) { f.target, f.hideStatus = e.chain.URL, true })
+	pp := Payload(e.payment(t).Transaction(), e.req)
+	ctx := context.Background()
+	_, err := e.f.Settle(ctx, pp, e.req)
+	var unknown *x402.UnknownOutcomeError
+	if !errors.As(err, &unknown) || unknown.Reply == nil {
+		t.Fatalf("first settle: %v; want settlement_pending", err)
+	}
+	fr.set(func(f *faultyRPC) { f.hideStatus = false })
+	if st, err := e.f.SettlementStatus(ctx, pp, e.req); err != nil || st.State != x402.SettlementDone {
+		t.Fatalf("status: %+v %v; want settled", st, err)
+	}
+	cfg := e.f.cfg
+	cfg.RPC = &RPC{URL: e.chain.URL}
+	other, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, err := other.Settle(ctx, pp, e.req); err != nil || s.Success || s.ErrorReason != ReasonDuplicateSettlement || s.Transaction != unknown.Reply.Transaction {
+		t.Fatalf("settle elsewhere: %+v %v; want duplicate_settlement naming %s", s, err, unknown.Reply.Transaction)
+	}
+}
+
+// swapFails is the Badger store of sends with its marks failing while
+// fail is set: a store down at the moment a landed send would be answered.
+type swapFails struct {
+	SentStore
+	fail atomic.Bool
+}
+
+func (s *swapFails) Swap(ctx context.Context, c store.Claim, old, note string) error {
+	if s.fail.Load() {
+		return errors.New("store down")
+	}
+	return s.SentStore.Swap(ctx, c, old, note)
+}
+
+// A send that landed while its record cannot be marked answered is
+// answered settlement_pending, not success: unmarked, the record would
+// have a Settle elsewhere answer success a second time. The retry, with
+// the store back, answers success and marks it. (Before: the mark's
+// failure was only logged, and the answer was success.)
+func TestLandedSendUnmarkedIsPendingUntilMarked(t *testing.T) {
+	db := openStore(t, t.TempDir())
+	sent := &swapFails{SentStore: sentOf(db)}
+	sent.fail.Store(true)
+	e := newEnv(t, Config{Sent: sent, PollInterval: 20 * time.Millisecond})
+	pp := Payload(e.payment(t).Transaction(), e.req)
+	ctx := context.Background()
+	_, err := e.f.Settle(ctx, pp, e.req)
+	var unknown *x402.UnknownOutcomeError
+	if !errors.As(err, &unknown) || unknown.Reply == nil || unknown.Reply.ErrorReason != ReasonSettlementPending {
+		t.Fatalf("settle with the mark failing: %v; want settlement_pending", err)
+	}
+	key := e.f.sentKey(mustDecode(t, pp).MessageHash())
+	if st, err := db.Claims().Lookup(ctx, key); err != nil || st.Settled {
+		t.Fatalf("record: %+v %v; want it not answered", st, err)
+	}
+	sent.fail.Store(false)
+	s, err := e.f.Settle(ctx, pp, e.req)
+	if err != nil || !s.Success || s.Transaction != unknown.Reply.Transaction {
+		t.Fatalf("retry with the store back: %+v %v; want success naming %s", s, err, unknown.Reply.Transaction)
+	}
+	if st, err := db.Claims().Lookup(ctx, key); err != nil || !st.Settled || st.Note != s.Transaction {
+		t.Fatalf("record: %+v %v; want it answered", st, err)
+	}
+	if a, b := e.balances(t); a != 1_000_000-20000 || b != 20000 {
+		t.Fatalf("balances payer %d payee %d (paid once)", a, b)
+	}
+}
+
+func mustDecode(t *testing.T, pp x402.PaymentPayload) *Transaction {
+	t.Helper()
+	tx, err := DecodePayload(pp.Payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tx
+}
