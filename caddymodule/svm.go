@@ -143,9 +143,14 @@ func (p *pooledSVM) leave(m *SVMFacilitator) {
 	}
 }
 
-// Destruct has nothing to release: the RPC client holds no connection of
-// its own.
-func (*pooledSVM) Destruct() error { return nil }
+// Destruct stops the facilitator's background polling of its pending
+// sends (svmfacilitator.Facilitator.Close): once the last config using it
+// is unloaded, it would poll through an rpc_url no config names any more
+// and write through a store handle its config closed. A retry of such a
+// send reaches the facilitator of the config now running, which answers
+// it from the send's record. The RPC client holds no connection of its
+// own.
+func (p *pooledSVM) Destruct() error { return p.f.Close() }
 
 // CaddyModule returns the Caddy module information.
 func (SVMFacilitator) CaddyModule() caddy.ModuleInfo {

@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 
@@ -114,5 +115,33 @@ func TestSVMPendingSettlementAnsweredAfterReloadChangingRPC(t *testing.T) {
 	}
 	if got := before - e.usdc(t, e.payer.Address); got != 20000 {
 		t.Fatalf("charged %d; want one payment", got)
+	}
+}
+
+// A config unloaded while a send it answered settlement_pending is still
+// undecided stops the background polling of that send: the facilitator
+// polls its old rpc_url (every 400ms) no more, and writes nothing through
+// the store handle the config closes. (Before: it went on polling that node
+// for its whole failure window, an hour by default.)
+func TestSVMUnloadedFacilitatorStopsPolling(t *testing.T) {
+	e := newSolanaEnv(t)
+	blind, calls := newBlindStatusRPC(t, e.chain.URL)
+	old, stop := provisionSVMWith(t, e, blind, fmt.Sprintf(`{"type":"badger","path":%q}`, t.TempDir()), `,"confirm_timeout":"1s"`)
+	pp, req := svmPayment(t, e)
+	var uo *x402.UnknownOutcomeError
+	if _, err := old.Settle(t.Context(), pp, req); !errors.As(err, &uo) {
+		t.Fatalf("settle: %v; want settlement_pending", err)
+	}
+	n := calls.Load()
+	time.Sleep(900 * time.Millisecond)
+	if calls.Load() == n {
+		t.Fatal("no polling while the config is loaded; the test proves nothing")
+	}
+	stop()
+	time.Sleep(500 * time.Millisecond) // a poll under way ends
+	n = calls.Load()
+	time.Sleep(1200 * time.Millisecond)
+	if later := calls.Load(); later != n {
+		t.Fatalf("the unloaded facilitator asked its old node %d more times; want none", later-n)
 	}
 }

@@ -173,3 +173,36 @@ func mustDecode(t *testing.T, pp x402.PaymentPayload) *Transaction {
 	}
 	return tx
 }
+
+// Close stops the background resolver of pending sends: a closed
+// facilitator asks its node nothing more on its own, and a pending send
+// it holds is answered by a retry as before. (Before: no Close, and the
+// resolver polled a facilitator's node until the outcome was learned or
+// its failure window passed, whoever still used it.)
+func TestCloseStopsTheResolver(t *testing.T) {
+	fr := &faultyRPC{}
+	srv := fr.serve(t)
+	e := newEnv(t, Config{RPC: &RPC{URL: srv}, ConfirmTimeout: 300 * time.Millisecond, PollInterval: 20 * time.Millisecond})
+	fr.set(func(f *faultyRPC) { f.target, f.hideStatus = e.chain.URL, true })
+	pp := Payload(e.payment(t).Transaction(), e.req)
+	ctx := context.Background()
+	if _, err := e.f.Settle(ctx, pp, e.req); err == nil {
+		t.Fatal("want an unknown outcome")
+	}
+	n := fr.count("getSignatureStatuses")
+	time.Sleep(200 * time.Millisecond)
+	if fr.count("getSignatureStatuses") == n {
+		t.Fatal("the resolver polled nothing before Close; the test proves nothing")
+	}
+	e.f.Close()
+	time.Sleep(100 * time.Millisecond) // a poll under way ends
+	n = fr.count("getSignatureStatuses")
+	time.Sleep(300 * time.Millisecond)
+	if later := fr.count("getSignatureStatuses"); later != n {
+		t.Fatalf("%d polls after Close; want none", later-n)
+	}
+	fr.set(func(f *faultyRPC) { f.hideStatus = false })
+	if s, err := e.f.Settle(ctx, pp, e.req); err != nil || !s.Success {
+		t.Fatalf("retry after Close: %+v %v; want success", s, err)
+	}
+}

@@ -180,6 +180,8 @@ type Facilitator struct {
 	unlearned map[[32]byte]*sent
 	// resolving: the background resolver runs.
 	resolving bool
+	// closed: Close was called; no resolver runs from then on.
+	closed atomic.Bool
 
 	budget *budget
 }
@@ -282,6 +284,19 @@ func New(cfg Config) (*Facilitator, error) {
 	copy(f.feePayer[:], cfg.FeePayer.Public().(ed25519.PublicKey))
 	f.UseSent(cfg.Sent)
 	return f, nil
+}
+
+// Close stops the background resolver (resolve) at its next poll, and
+// starts none later: a facilitator whose configuration is unloaded (a
+// reload that changed its settings gets another) polls nothing more
+// through its RPC endpoint and writes nothing more through its store
+// handle, which its configuration closes. Its pending sends are answered
+// by whichever facilitator a retry reaches, from their records
+// (Config.Sent). Settle and the status calls keep working; it waits for
+// nothing.
+func (f *Facilitator) Close() error {
+	f.closed.Store(true)
+	return nil
 }
 
 // FeePayer returns the account that co-signs and pays for settlements.

@@ -244,7 +244,7 @@ func (f *Facilitator) await(key [32]byte) {
 		return
 	}
 	e.waiting = true
-	if !f.resolving {
+	if !f.resolving && !f.closed.Load() {
 		f.resolving = true
 		go f.resolve()
 	}
@@ -257,7 +257,8 @@ func (f *Facilitator) await(key [32]byte) {
 // process sent is thus learned by the process, never left to a caller who
 // may not ask again (a payer calling /settle itself and hanging up, or a
 // gateway whose own deadline passed): its failure is charged, and its
-// places in flight are held until then. It ends when none waits.
+// places in flight are held until then. It ends when none waits, or once
+// the facilitator is closed (Close).
 func (f *Facilitator) resolve() {
 	defer func() {
 		if rec := recover(); rec != nil {
@@ -270,6 +271,11 @@ func (f *Facilitator) resolve() {
 	for {
 		time.Sleep(f.cfg.PollInterval)
 		f.mu.Lock()
+		if f.closed.Load() {
+			f.resolving = false
+			f.mu.Unlock()
+			return
+		}
 		var keys [][32]byte
 		var waiting []*sent
 		for k, e := range f.unlearned {
