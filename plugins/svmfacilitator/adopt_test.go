@@ -206,3 +206,43 @@ func TestCloseStopsTheResolver(t *testing.T) {
 		t.Fatalf("retry after Close: %+v %v; want success", s, err)
 	}
 }
+
+// A payment another sender landed (without a record, or after its record
+// lapsed) between this Settle's record and its send is answered
+// AlreadyProcessed at send: its record goes, since no Settle of it
+// answers for that transaction, and a /settle through another
+// facilitator on the same store is duplicate_settlement naming it, never
+// a success for a payment its sender answered.
+func TestAlreadyProcessedAtSendDropsTheRecord(t *testing.T) {
+	db := openStore(t, t.TempDir())
+	fr := &faultyRPC{}
+	e := newEnv(t, Config{RPC: &RPC{URL: fr.serve(t)}, Sent: sentOf(db), PollInterval: 20 * time.Millisecond})
+	p := e.payment(t)
+	raw := p.Build(p.Instructions())
+	var elsewhere string
+	fr.set(func(f *faultyRPC) {
+		f.target = e.chain.URL
+		f.beforeSend = func() {
+			if elsewhere == "" {
+				elsewhere = e.sendSigned(t, raw)
+			}
+		}
+	})
+	pp := Payload(raw, e.req)
+	ctx := context.Background()
+	if s, err := e.f.Settle(ctx, pp, e.req); err != nil || s.ErrorReason != ReasonDuplicateSettlement || s.Transaction != elsewhere {
+		t.Fatalf("settle: %+v %v; want duplicate_settlement naming %s", s, err, elsewhere)
+	}
+	if st, err := db.Claims().Lookup(ctx, e.f.sentKey(mustDecode(t, pp).MessageHash())); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("record: %+v %v; want none", st, err)
+	}
+	cfg := e.f.cfg
+	cfg.RPC = &RPC{URL: e.chain.URL}
+	other, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, err := other.Settle(ctx, pp, e.req); err != nil || s.Success || s.ErrorReason != ReasonDuplicateSettlement || s.Transaction != elsewhere {
+		t.Fatalf("settle elsewhere: %+v %v; want duplicate_settlement naming %s", s, err, elsewhere)
+	}
+}

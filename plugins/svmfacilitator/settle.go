@@ -42,9 +42,10 @@ import (
 //     transaction once it is confirmed (invalid_exact_svm_transaction_failed
 //     if it failed on chain), never success: its sender answers for it, and
 //     a second success would have the payment served twice; unless its
-//     record in Config.Sent says no Settle answered it success (below). So is a
-//     transaction the chain answers AlreadyProcessed to, at simulation or
-//     at send. Such a failure is charged to the failure budget only when
+//     record in Config.Sent says no Settle answered it success (below).
+//     So is a transaction the chain answers AlreadyProcessed to, at
+//     simulation or at send (whose record, written just before, is
+//     dropped). Such a failure is charged to the failure budget only when
 //     this process sent the transaction and has not learned its outcome
 //     yet (learned); a replay of a failed payment sends nothing, costs the
 //     fee payer nothing and is charged nothing. One still unconfirmed at
@@ -194,10 +195,14 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 		switch {
 		case errors.As(err, &re) && re.AlreadyProcessed():
 			// Not sent: the chain holds it already, sent by another (or by
-			// this process earlier, whose hold stays: !fresh).
+			// this process earlier, whose hold stays: !fresh). Its record
+			// goes: no Settle of this send answers for that transaction,
+			// and one left unanswered would have a Settle elsewhere adopt
+			// it and answer success.
 			if fresh {
 				f.learned(key, false)
 			}
+			f.forgetSent(s, s.sig)
 			return f.confirmElsewhere(ctx, key, s, req.Network)
 		case errors.As(err, &re) && re.Refused():
 			// The node answered and refused: this send is not in flight
