@@ -117,6 +117,39 @@ func TestPendingSendSettledByStatusReadIsDuplicateElsewhere(t *testing.T) {
 	}
 }
 
+// So is one whose status a facilitator with no memory of it (after a
+// reload that changed the settings, or a restart) reads as settled.
+func TestPendingSendSettledByStatusReadElsewhereIsDuplicate(t *testing.T) {
+	db := openStore(t, t.TempDir())
+	fr := &faultyRPC{}
+	srv := fr.serve(t)
+	e := newEnv(t, Config{RPC: &RPC{URL: srv}, Sent: sentOf(db), ConfirmTimeout: 300 * time.Millisecond, PollInterval: time.Minute})
+	fr.set(func(f *faultyRPC) { f.target, f.hideStatus = e.chain.URL, true })
+	pp := Payload(e.payment(t).Transaction(), e.req)
+	ctx := context.Background()
+	_, err := e.f.Settle(ctx, pp, e.req)
+	var unknown *x402.UnknownOutcomeError
+	if !errors.As(err, &unknown) || unknown.Reply == nil {
+		t.Fatalf("first settle: %v; want settlement_pending", err)
+	}
+	cfg := e.f.cfg
+	cfg.RPC = &RPC{URL: e.chain.URL}
+	reader, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := reader.SettlementStatus(ctx, pp, e.req); err != nil || st.State != x402.SettlementDone {
+		t.Fatalf("status: %+v %v; want settled", st, err)
+	}
+	other, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, err := other.Settle(ctx, pp, e.req); err != nil || s.Success || s.ErrorReason != ReasonDuplicateSettlement || s.Transaction != unknown.Reply.Transaction {
+		t.Fatalf("settle elsewhere: %+v %v; want duplicate_settlement naming %s", s, err, unknown.Reply.Transaction)
+	}
+}
+
 // swapFails is the Badger store of sends with its marks failing while
 // fail is set: a store down at the moment a landed send would be answered.
 type swapFails struct {

@@ -167,10 +167,11 @@ func (f *Facilitator) unrecorded(ctx context.Context, tx *Transaction) (x402.Set
 		return out, err
 	}
 	out.State = o.state
+	key := tx.MessageHash()
 	if o.state == x402.SettlementDone {
 		out.Transaction = sig
+		f.answerRecorded(ctx, key, sig)
 	}
-	key := tx.MessageHash()
 	if o.state == x402.SettlementDone || o.failed != "" {
 		// Remembered as Settle would, and a later ask is answered from the
 		// record.
@@ -187,6 +188,27 @@ func (f *Facilitator) unrecorded(ctx context.Context, tx *Transaction) (x402.Set
 		f.learned(key, o.failed != "")
 	}
 	return out, nil
+}
+
+// answerRecorded marks key's record in Config.Sent answered, naming sig,
+// when a status read with no record in memory (a facilitator of a reload
+// that changed the settings, or after a restart) tells its caller the
+// transaction landed and the record is unanswered: as SettlementStatus does
+// from memory, so that no Settle elsewhere adopts it and answers success
+// for a payment its caller was told settled. Store errors are only logged:
+// what the chain says stands.
+func (f *Facilitator) answerRecorded(ctx context.Context, key [32]byte, sig string) {
+	rec, err := f.recorded(ctx, key)
+	s := &settlement{}
+	if err == nil && (rec == nil || !f.adopt(key, s, rec)) {
+		return
+	}
+	if err == nil {
+		err = f.answerSent(s, sig)
+	}
+	if err != nil && !errors.Is(err, store.ErrNoteChanged) {
+		log.Printf("svm facilitator: marking the record of sent transaction %s answered: %v", sig, err)
+	}
 }
 
 var _ x402.SettlementChecker = (*Facilitator)(nil)
