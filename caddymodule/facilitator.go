@@ -250,9 +250,9 @@ func (m *EVMFacilitator) Provision(ctx caddy.Context) error {
 		m.MaxFailedPerPayer, m.MaxInFlightPerPayer, m.FailureWindow, m.MaxSettlementGas)
 	val, _, err := facilitatorPool.LoadOrNew(m.poolKey, func() (caddy.Destructor, error) {
 		// Dialing an http(s) endpoint makes no request; a ws(s) one
-		// connects here. New reads the chain's genesis block (within 10 s),
-		// which tells it from other chains of its chain ID; a node that
-		// does not answer fails no load: the first settle reads it again.
+		// connects here. New reads the chain's genesis block, which tells
+		// it from other chains of its chain ID, in the background: a node
+		// that does not answer neither holds nor fails the load.
 		c, err := dialSettlementChain(context.Background(), rpcURL, rpcDialTimeout)
 		if err != nil {
 			return nil, fmt.Errorf("rpc_url: %v", secretopt.Scrub(err, rpcURL))

@@ -415,6 +415,7 @@ func TestDevnetNoncesFollowTheDevnet(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		identified(t, f)
 		return f
 	}
 

@@ -5,6 +5,7 @@ import (
 	"crypto/ecdsa"
 	"errors"
 	"fmt"
+	"log"
 	"math/big"
 	"strings"
 	"sync"
@@ -114,15 +115,22 @@ type Facilitator struct {
 	cfg     Config
 
 	// nonces is the relayer's nonce manager on this chain, shared by every
-	// facilitator of the key on it (chainNonces): set once, under idMu,
-	// when the chain is identified (relayerNonces). Code that reads it
-	// plainly runs after a relayerNonces that returned it (settle and
-	// what it starts), or before the facilitator is shared (tests).
+	// facilitator of the key on it (chainNonces): nil until the chain is
+	// identified (identify), under idMu. Code that reads it plainly runs
+	// after a relayerNonces that returned it, or before the facilitator
+	// is shared (tests).
 	nonces *nonceManager
 	idMu   sync.Mutex
+	// fixed: nonces are a devnet's own, given at New, whose in-process
+	// chain is never another (newFacilitator).
+	fixed bool
 	// identifying is held (full) while the chain's genesis is read: a
 	// channel, so that the wait for it ends with the waiter's context.
 	identifying chan struct{}
+	// life ends at Close, and with it the identification in the
+	// background (identifyInBackground).
+	life    context.Context
+	endLife context.CancelFunc
 
 	domainMu sync.Mutex
 	domains  map[common.Address]tokenDomain
@@ -186,12 +194,14 @@ var now = time.Now
 // was sent; the payment can be retried once the relayer is funded.
 var ErrRelayerUnfunded = errors.New("relayer account cannot pay for gas")
 
-// New returns a facilitator for cfg.Network over cfg.Chain. It makes one
-// network call, bounded by identifyTimeout: the read of the chain's genesis
-// block, which tells it from other chains with its chain ID (chainIdentity).
-// Its answer is no condition: an unreachable chain shows up as errors from
-// Verify and Settle, not here, and a settle reads the genesis block again
-// (relayerNonces) before it sends anything.
+// New returns a facilitator for cfg.Network over cfg.Chain. It makes no
+// network call: the chain's genesis block, which tells it from other
+// chains with its chain ID (chainIdentity), is read in the background
+// (identifyInBackground), so that a node that does not answer holds no
+// configuration load; until it is read the facilitator sends nothing (a
+// settle reads it itself, within its deadline, and is an error, nothing
+// sent, when it cannot), and it takes over no settlement of a closed
+// facilitator of its key (nonceManager.open).
 func New(cfg Config) (*Facilitator, error) { return newFacilitator(cfg, nil) }
 
 // newFacilitator is New with the nonce managers of a devnet's chain; nil:
@@ -246,15 +256,54 @@ func newFacilitator(cfg Config, nonces *nonceSet) (*Facilitator, error) {
 		prepareTimeout: prepareTimeout,
 		identifying:    make(chan struct{}, 1),
 	}
+	f.life, f.endLife = context.WithCancel(context.Background())
 	if nonces != nil {
-		f.nonces = nonces.of(f.relayer)
+		f.nonces, f.fixed = nonces.of(f.relayer), true
 		f.nonces.open(f)
 	} else {
-		ctx, cancel := context.WithTimeout(context.Background(), identifyTimeout)
-		defer cancel()
-		f.relayerNonces(ctx) // an error is the first settle's to meet again
+		go f.identifyInBackground()
 	}
 	return f, nil
+}
+
+// The retries of identifyInBackground: the first after identifyFirstRetry,
+// each later one after twice the wait before, at most identifyMaxRetry,
+// identifyAttempts reads in all (about seven minutes): long enough to
+// outlast a node's restart or a provider's blip during a reload, bounded
+// so that a facilitator whose endpoint never answers does not poll it for
+// good (its first settle or status read tries again).
+const (
+	identifyFirstRetry = 250 * time.Millisecond
+	identifyMaxRetry   = 30 * time.Second
+	identifyAttempts   = 20
+)
+
+// identifyInBackground reads the chain's genesis block (identify) until it
+// can, retrying with growing waits (identifyAttempts), or until Close.
+// Once it has, the facilitator is open on the chain's nonce manager: it
+// takes over the settlements closed facilitators of its key left there,
+// as the successor of a reload. A panic (a chain client's bug) is logged:
+// the goroutine is the gateway's own, and its panic would end the process.
+func (f *Facilitator) identifyInBackground() {
+	defer func() {
+		if rec := recover(); rec != nil {
+			log.Printf("evm facilitator: identifying the chain panicked: %v", rec)
+		}
+	}()
+	wait := identifyFirstRetry
+	for range identifyAttempts {
+		if _, err := f.relayerNonces(f.life); err == nil {
+			return
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-f.life.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		wait = min(2*wait, identifyMaxRetry)
+	}
 }
 
 // relayerNonces returns the relayer's nonce manager on f's chain, the one
@@ -304,10 +353,14 @@ func (f *Facilitator) knownNonces() *nonceManager {
 // takes them over, and its look-after goes on with them (Caddy provisions a
 // reloaded configuration before it closes the old one, so a reload that
 // changes the facilitator's settings hands them to the new one); with none
-// open, the next one made takes them over (nonceManager.open). It sends
+// open, the next one to identify the chain takes them over
+// (nonceManager.open). It ends the identification in the background, sends
 // nothing and waits for nothing; Settle and the status calls keep working.
 func (f *Facilitator) Close() error {
 	f.closed.Store(true)
+	if f.endLife != nil { // a StatusReader's has none
+		f.endLife()
+	}
 	if n := f.knownNonces(); n != nil {
 		n.close(f)
 	}

@@ -260,7 +260,7 @@ func TestDevnetStartDuringAStalledSendWaitsForNothing(t *testing.T) {
 	if s.err != nil {
 		t.Fatal(s.err)
 	}
-	if s.f.nonces == fa.nonces {
+	if identified(t, s.f) == identified(t, fa) {
 		t.Fatal("the facilitator made on the new devnet takes the closed devnet's nonces")
 	}
 	stall.releaseSends()

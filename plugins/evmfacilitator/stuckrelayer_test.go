@@ -129,7 +129,7 @@ func keepUnknownSettlement(t *testing.T, e *testEnv, f *Facilitator) *sentSettle
 	s := newSentSettlement(tx, time.Now(), c.auth.ValidBefore)
 	s.owner.Store(f)
 	s.c = *c
-	f.nonces.keep(usedKey{token: c.token, from: c.auth.From, nonce: c.auth.Nonce}, s, time.Now())
+	identified(t, f).keep(usedKey{token: c.token, from: c.auth.From, nonce: c.auth.Nonce}, s, time.Now())
 	return s
 }
 
@@ -145,12 +145,10 @@ func watching(n *nonceManager) bool {
 func TestCloseEndsTheLookAfter(t *testing.T) {
 	d := startDevnet(t, DevnetConfig{})
 	e := &testEnv{d: d}
-	f, err := New(Config{Chain: d.Client(), Network: DevnetNetwork, RelayerKey: DevKey(0), ReceiptTimeout: time.Minute})
+	f, err := newFacilitator(Config{Chain: d.Client(), Network: DevnetNetwork, RelayerKey: DevKey(0), ReceiptTimeout: time.Minute}, &nonceSet{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := &nonceSet{}
-	f.nonces = n.of(f.relayer)
 	keepUnknownSettlement(t, e, f)
 	if !watching(f.nonces) {
 		t.Fatal("a settlement of unknown outcome kept, and no look-after runs")
@@ -355,7 +353,7 @@ func TestStuckCancellationIsBumped(t *testing.T) {
 	s.cancel, s.lastSent = cancel, time.Now().Add(-time.Minute)
 	s.owner.Store(f)
 	s.c = *c
-	f.nonces.keep(usedKey{token: c.token, from: c.auth.From, nonce: c.auth.Nonce}, s, time.Now())
+	identified(t, f).keep(usedKey{token: c.token, from: c.auth.From, nonce: c.auth.Nonce}, s, time.Now())
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(200 * time.Millisecond) {
 		n, err := d.Client().NonceAt(ctx, f.relayer, nil)
 		if err == nil && n > nonce {
@@ -406,7 +404,7 @@ func TestLookAfterSkipsASettlementWhoseNonceIsUsed(t *testing.T) {
 	s := newSentSettlement(tx, time.Now(), c.auth.ValidBefore)
 	s.owner.Store(f)
 	s.c, s.lastSent = *c, time.Now().Add(-time.Minute)
-	f.nonces.keep(usedKey{token: c.token, from: c.auth.From, nonce: c.auth.Nonce}, s, time.Now())
+	identified(t, f).keep(usedKey{token: c.token, from: c.auth.From, nonce: c.auth.Nonce}, s, time.Now())
 	for deadline := time.Now().Add(5 * time.Second); watching(f.nonces); time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the look-after still runs for a settlement whose nonce the chain used")
@@ -429,6 +427,7 @@ func TestANewDevnetDropsTheSettlementsKeptOfTheOld(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		identified(t, f)
 		req := (&testEnv{d: d}).requirements(payee, amount)
 		c := f.checkOwn(context.Background(), mustSignExact(t, payer, req), req)
 		tx, err := types.SignNewTx(f.key, f.signer, &types.DynamicFeeTx{ChainID: f.chainID, Gas: 300_000, GasFeeCap: big.NewInt(1e9), To: &c.token, Data: c.txData})
@@ -436,7 +435,7 @@ func TestANewDevnetDropsTheSettlementsKeptOfTheOld(t *testing.T) {
 			t.Fatal(err)
 		}
 		k := usedKey{token: c.token, from: c.auth.From, nonce: c.auth.Nonce}
-		f.nonces.keep(k, newSentSettlement(tx, time.Now(), c.auth.ValidBefore), time.Now())
+		identified(t, f).keep(k, newSentSettlement(tx, time.Now(), c.auth.ValidBefore), time.Now())
 		return f, k
 	}
 	t.Run("afresh", func(t *testing.T) {
@@ -502,7 +501,7 @@ func TestLookAfterLeavesARunningSettleItsSettlement(t *testing.T) {
 	s.owner.Store(f)
 	s.c, s.lastSent = *c, time.Now().Add(-time.Minute)
 	s.settling.Store(true)
-	f.nonces.keep(usedKey{token: c.token, from: c.auth.From, nonce: c.auth.Nonce}, s, time.Now())
+	identified(t, f).keep(usedKey{token: c.token, from: c.auth.From, nonce: c.auth.Nonce}, s, time.Now())
 	time.Sleep(300 * time.Millisecond) // six rounds
 	if n := cc.calls.Load(); n != 0 {
 		t.Fatalf("the look-after read the chain %d times for a settlement whose settle still runs; want none", n)
@@ -550,7 +549,7 @@ func TestLookAfterPanicIsRecovered(t *testing.T) {
 		s := newSentSettlement(tx, time.Now(), c.auth.ValidBefore)
 		s.owner.Store(f)
 		s.c, s.lastSent = *c, time.Now().Add(-time.Minute)
-		f.nonces.keep(usedKey{token: c.token, from: c.auth.From, nonce: c.auth.Nonce}, s, time.Now())
+		identified(t, f).keep(usedKey{token: c.token, from: c.auth.From, nonce: c.auth.Nonce}, s, time.Now())
 		time.Sleep(2 * time.Second)
 		g.Close()
 		f.Close()
