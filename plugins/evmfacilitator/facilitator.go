@@ -355,7 +355,10 @@ func (f *Facilitator) knownNonces() *nonceManager {
 // changes the facilitator's settings hands them to the new one); with none
 // open, the next one to identify the chain takes them over
 // (nonceManager.open). It ends the identification in the background, sends
-// nothing and waits for nothing; Settle and the status calls keep working.
+// nothing and waits for nothing; Settle and the status calls keep working
+// (a request of the unloaded configuration may still run), and what a
+// settle keeps after Close is handed over the same way at once
+// (nonceManager.keepLocked).
 func (f *Facilitator) Close() error {
 	f.closed.Store(true)
 	if f.endLife != nil { // a StatusReader's has none

@@ -97,9 +97,8 @@ func (n *nonceManager) open(f *Facilitator) {
 // facilitator opened (open), and the look-after ends meanwhile.
 func (n *nonceManager) close(f *Facilitator) {
 	n.sentMu.Lock()
-	n.users = slices.DeleteFunc(n.users, func(u *Facilitator) bool { return u == f || u.closed.Load() })
-	if len(n.users) > 0 {
-		heir := n.users[len(n.users)-1]
+	n.users = slices.DeleteFunc(n.users, func(u *Facilitator) bool { return u == f })
+	if heir := n.heirLocked(); heir != nil {
 		for _, e := range n.sent {
 			e.s.owner.CompareAndSwap(f, heir)
 		}
@@ -109,6 +108,16 @@ func (n *nonceManager) close(f *Facilitator) {
 	case n.wake <- struct{}{}:
 	default:
 	}
+}
+
+// heirLocked returns the newest user still open, nil when none is, and
+// drops the closed ones from users; under sentMu.
+func (n *nonceManager) heirLocked() *Facilitator {
+	n.users = slices.DeleteFunc(n.users, func(u *Facilitator) bool { return u.closed.Load() })
+	if len(n.users) == 0 {
+		return nil
+	}
+	return n.users[len(n.users)-1]
 }
 
 // keptSent is an entry of nonceManager.sent: the settlement and when it
@@ -269,10 +278,20 @@ func (n *nonceManager) keep(k usedKey, s *sentSettlement, t time.Time) {
 }
 
 // keepLocked is keep under sentMu. A settlement kept in place of another
-// of k (sent again with a fresh nonce) takes its place in the order.
+// of k (sent again with a fresh nonce) takes its place in the order. One
+// whose owner is closed (a settle through a facilitator already closed,
+// which Close lets run) goes to the newest user open at once, as close
+// hands over what it kept: close ran already, and would never hand it
+// over. With none open, the next one opened takes it over (open).
 func (n *nonceManager) keepLocked(k usedKey, s *sentSettlement, t time.Time) {
+	if o := s.owner.Load(); o != nil && o.closed.Load() {
+		if heir := n.heirLocked(); heir != nil {
+			s.owner.Store(heir)
+		}
+	}
 	if e, ok := n.sent[k]; ok {
 		n.sent[k] = keptSent{s: s, seq: e.seq}
+		n.startWatchLocked()
 		return
 	}
 	if n.sent == nil {
