@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log"
 	"math/big"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -124,6 +125,11 @@ type Facilitator struct {
 	// fixed: nonces are a devnet's own, given at New, whose in-process
 	// chain is never another (newFacilitator).
 	fixed bool
+	// confirmed is when the latest reading of the genesis block that found
+	// nonces' chain began (confirmChain), and former are the nonce
+	// managers of the chains the endpoint reached before (under idMu).
+	confirmed time.Time
+	former    []*nonceManager
 	// identifying is held (full) while the chain's genesis is read: a
 	// channel, so that the wait for it ends with the waiter's context.
 	identifying chan struct{}
@@ -292,7 +298,7 @@ func (f *Facilitator) identifyInBackground() {
 	}()
 	wait := identifyFirstRetry
 	for range identifyAttempts {
-		if _, err := f.relayerNonces(f.life); err == nil {
+		if _, err := f.confirmChain(f.life, anyAge); err == nil {
 			return
 		}
 		t := time.NewTimer(wait)
@@ -306,15 +312,42 @@ func (f *Facilitator) identifyInBackground() {
 	}
 }
 
-// relayerNonces returns the relayer's nonce manager on f's chain, the one
-// of every facilitator of the key on that chain (chainNonces), reading the
-// chain's genesis block (within ctx and identifyTimeout) the first time,
-// and opens f on it (nonceManager.open). A settle calls it before it
-// sends anything: without it a settle could take the nonce and the kept
-// settlements of another chain with this chain ID. An error means the
-// chain could not be asked; nothing was sent.
+// relayerNonces returns the relayer's nonce manager on the chain f's
+// endpoint reaches, the one of every facilitator of the key on that chain
+// (chainNonces), from a reading of the chain's genesis block that began
+// after this call (confirmChain): a settle calls it before it sends
+// anything, so that it never takes the nonce or the kept settlements of
+// another chain with this chain ID, the chain before on a node restarted
+// as a fresh one among them. Not a reading a second old or so: a node
+// restarts as another chain in well under a second (a devnet in about a
+// tenth), and a settlement sent within the bound would take the nonce of
+// the chain before and be queued, never mined. The cost is one read of a
+// block that never changes per settlement, one for all the settles that
+// asked while the one before ran. An error means the chain could not be
+// asked; nothing was sent.
 func (f *Facilitator) relayerNonces(ctx context.Context) (*nonceManager, error) {
-	if n := f.knownNonces(); n != nil {
+	return f.confirmChain(ctx, 0)
+}
+
+// anyAge, as confirmChain's maxAge, takes any reading of the genesis block.
+const anyAge = time.Duration(-1)
+
+// confirmChain returns the relayer's nonce manager on the chain f's
+// endpoint reaches, reading that chain's genesis block (within ctx and
+// identifyTimeout) unless a reading of it began within maxAge (0: one that
+// began after this call; anyAge: any). A devnet's own facilitator's chain
+// is in process and never changes (fixed). The genesis block tells the
+// chain from others of its chain ID: a node behind the endpoint restarted
+// as a fresh chain (a devnet or a dev node started again) has another.
+// When it is another chain than before, f leaves that chain's nonce
+// manager, whose newest facilitator of the key still on it takes f's kept
+// settlements over (nonceManager.close), and f keeps it among its former
+// chains (keptOnFormerChain); either way f is then open on the chain's
+// manager (nonceManager.open). An error means the chain could not be
+// asked: nothing may be sent on what it says.
+func (f *Facilitator) confirmChain(ctx context.Context, maxAge time.Duration) (*nonceManager, error) {
+	asked := time.Now()
+	if n := f.confirmedSince(asked, maxAge); n != nil {
 		return n, nil
 	}
 	select {
@@ -323,9 +356,10 @@ func (f *Facilitator) relayerNonces(ctx context.Context) (*nonceManager, error) 
 		return nil, fmt.Errorf("waiting to read the chain's genesis block: %w", ctx.Err())
 	}
 	defer func() { <-f.identifying }()
-	if n := f.knownNonces(); n != nil {
+	if n := f.confirmedSince(asked, maxAge); n != nil { // read while this one waited
 		return n, nil
 	}
+	readAt := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, identifyTimeout)
 	defer cancel()
 	genesis, err := f.chain.HeaderByNumber(ctx, big.NewInt(0))
@@ -335,10 +369,70 @@ func (f *Facilitator) relayerNonces(ctx context.Context) (*nonceManager, error) 
 	s, _ := chainSet(chainIdentity{id: f.chainID.String(), genesis: genesis.Hash()})
 	n := s.of(f.relayer)
 	f.idMu.Lock()
-	f.nonces = n
+	old := f.nonces
+	f.nonces, f.confirmed = n, readAt
+	if old != n {
+		f.former = slices.DeleteFunc(f.former, func(m *nonceManager) bool { return m == n || m == old })
+		if old != nil {
+			f.former = append(f.former, old)
+		}
+	}
 	f.idMu.Unlock()
-	n.open(f)
+	if old != n {
+		if old != nil {
+			old.close(f)
+		}
+		n.open(f)
+	}
 	return n, nil
+}
+
+// confirmedSince returns f.nonces when a reading of the genesis block that
+// began within maxAge before asked vouches for it (confirmChain), else nil.
+func (f *Facilitator) confirmedSince(asked time.Time, maxAge time.Duration) *nonceManager {
+	f.idMu.Lock()
+	defer f.idMu.Unlock()
+	if f.nonces != nil && (f.fixed || maxAge < 0 || !f.confirmed.Before(asked.Add(-maxAge))) {
+		return f.nonces
+	}
+	return nil
+}
+
+// errOtherChain is the answer about a settlement sent on a chain that f's
+// endpoint no longer reaches (onChainOf).
+var errOtherChain = errors.New("the node behind this facilitator's endpoint now serves another chain of its chain ID (another genesis block) than the one the settlement was sent on; it is neither resolved nor sent again on this one")
+
+// onChainOf reads the chain's genesis block afresh (confirmChain) and
+// reports whether f's endpoint still reaches the chain s was kept on: an
+// error when it cannot tell, errOtherChain when it reaches another.
+// Anything of s resolved or sent on another chain of the chain ID would be
+// wrong: its authorization looks unused there, and its transactions,
+// signed for the chain ID, are valid there and would move the payer's
+// tokens a second time. A settlement kept on no manager (made by a test)
+// is any chain's.
+func (f *Facilitator) onChainOf(ctx context.Context, s *sentSettlement) error {
+	n, err := f.confirmChain(ctx, 0)
+	if err != nil {
+		return err
+	}
+	if k := s.kept.Load(); k != nil && k != n {
+		return errOtherChain
+	}
+	return nil
+}
+
+// keptOnFormerChain returns the settlement of authorization k kept on a
+// chain f's endpoint reached before, if any (confirmChain).
+func (f *Facilitator) keptOnFormerChain(k usedKey, t time.Time) (*sentSettlement, bool) {
+	f.idMu.Lock()
+	former := slices.Clone(f.former)
+	f.idMu.Unlock()
+	for _, n := range former {
+		if s, ok := n.sentOf(k, t); ok {
+			return s, true
+		}
+	}
+	return nil, false
 }
 
 // knownNonces returns f.nonces, nil while the chain is not identified.
@@ -346,6 +440,12 @@ func (f *Facilitator) knownNonces() *nonceManager {
 	f.idMu.Lock()
 	defer f.idMu.Unlock()
 	return f.nonces
+}
+
+// serves reports whether f is open and its endpoint last reached n's
+// chain: whether it looks after n's settlements (sentSettlement.watched).
+func (f *Facilitator) serves(n *nonceManager) bool {
+	return !f.closed.Load() && f.knownNonces() == n
 }
 
 // Close ends this facilitator's look-after of the settlements it sent

@@ -110,6 +110,9 @@ func (f *Facilitator) replace(ctx context.Context, c *checked, s *sentSettlement
 	if err != nil {
 		return "not replaced: signing: " + err.Error()
 	}
+	if err := f.onChainOf(ctx, s); err != nil {
+		return "not replaced: " + err.Error()
+	}
 	err = f.chain.SendTransaction(ctx, tx)
 	taken, refused, reason := false, false, ""
 	if err != nil {
@@ -148,6 +151,9 @@ func (f *Facilitator) recancel(ctx context.Context, s *sentSettlement) string {
 		return "it was cancelled already, by " + s.cancel.Hash().Hex()
 	case !errors.Is(err, ethereum.NotFound):
 		return fmt.Sprintf("it was cancelled by %s, which cannot be looked up: %v", s.cancel.Hash().Hex(), err)
+	}
+	if err := f.onChainOf(ctx, s); err != nil {
+		return "its cancellation " + s.cancel.Hash().Hex() + " was not sent again: " + err.Error()
 	}
 	err = f.chain.SendTransaction(ctx, s.cancel)
 	s.lastSent = now()

@@ -436,7 +436,7 @@ func TestReplacementWaitsItsTurn(t *testing.T) {
 	}
 	// Held pending by the spike: a settlement sent now, its nonce the
 	// relayer's next, which replace is asked at once to replace.
-	tx, err := f.send(ctx, ctx, c, func(*types.Transaction) {})
+	tx, err := f.send(ctx, ctx, c, identified(t, f), func(*types.Transaction) {})
 	if err != nil {
 		t.Fatal(err)
 	}

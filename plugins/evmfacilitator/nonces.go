@@ -72,25 +72,27 @@ type nonceManager struct {
 }
 
 // open adds f, a facilitator of the account on this chain, to its users,
-// unless it is closed already, and has it take over the settlements whose
-// facilitator closed while no other was open (close), so that the
+// unless it is closed already (or its endpoint reaches another chain
+// again), and has it take over the settlements whose facilitator closed,
+// or left for another chain, while no other was open (close), so that the
 // look-after goes on with them.
 func (n *nonceManager) open(f *Facilitator) {
 	n.sentMu.Lock()
 	defer n.sentMu.Unlock()
-	if f.closed.Load() {
+	if !f.serves(n) {
 		return
 	}
 	n.users = append(n.users, f)
 	for _, e := range n.sent {
-		if o := e.s.owner.Load(); o != nil && o.closed.Load() && !e.s.done.Load() {
+		if o := e.s.owner.Load(); o != nil && !o.serves(n) && !e.s.done.Load() {
 			e.s.owner.Store(f)
 		}
 	}
 	n.startWatchLocked()
 }
 
-// close removes f, closed, from its users, and hands the settlements it
+// close removes f, closed or gone to another chain (confirmChain), from
+// its users, and hands the settlements it
 // sent or took over to the newest user still open, whose look-after then
 // resolves them (watch): its chain is f's, and so are the relayer's nonce
 // and the settlements' transactions. Without one they wait for the next
@@ -110,10 +112,10 @@ func (n *nonceManager) close(f *Facilitator) {
 	}
 }
 
-// heirLocked returns the newest user still open, nil when none is, and
-// drops the closed ones from users; under sentMu.
+// heirLocked returns the newest user still open on this chain, nil when
+// none is, and drops the others from users; under sentMu.
 func (n *nonceManager) heirLocked() *Facilitator {
-	n.users = slices.DeleteFunc(n.users, func(u *Facilitator) bool { return u.closed.Load() })
+	n.users = slices.DeleteFunc(n.users, func(u *Facilitator) bool { return !u.serves(n) })
 	if len(n.users) == 0 {
 		return nil
 	}
@@ -190,6 +192,10 @@ type sentSettlement struct {
 	// sent the same signed transaction again (rebroadcast), so a refusal
 	// of the settle's own send no longer says nothing was sent.
 	resolvedWhileSending atomic.Bool
+	// kept is the nonce manager that keeps it (keepLocked), that of the
+	// chain it was sent on: it is resolved and sent again only through a
+	// facilitator whose endpoint still reaches that chain (onChainOf).
+	kept atomic.Pointer[nonceManager]
 }
 
 func newSentSettlement(tx *types.Transaction, start time.Time, validBefore *big.Int) *sentSettlement {
@@ -211,10 +217,20 @@ func (s *sentSettlement) sendCount() int {
 }
 
 // watched reports whether watch looks after it: it has an owner that is
-// not closed, and it is not done.
+// not closed and whose endpoint still reaches its chain (serves), and it
+// is not done.
 func (s *sentSettlement) watched() bool {
 	o := s.owner.Load()
-	return o != nil && !o.closed.Load() && !s.done.Load()
+	return o != nil && !s.done.Load() && o.serves(s.kept.Load())
+}
+
+// nonceManager returns the nonce manager of the chain s was sent on, or
+// f's for one kept nowhere (made by a test).
+func (s *sentSettlement) nonceManager(f *Facilitator) *nonceManager {
+	if n := s.kept.Load(); n != nil {
+		return n
+	}
+	return f.knownNonces()
 }
 
 // all returns the settlement's transactions, the first sent first.
@@ -282,9 +298,11 @@ func (n *nonceManager) keep(k usedKey, s *sentSettlement, t time.Time) {
 // whose owner is closed (a settle through a facilitator already closed,
 // which Close lets run) goes to the newest user open at once, as close
 // hands over what it kept: close ran already, and would never hand it
-// over. With none open, the next one opened takes it over (open).
+// over. With none open, the next one opened takes it over (open). s is
+// this chain's from then on (kept).
 func (n *nonceManager) keepLocked(k usedKey, s *sentSettlement, t time.Time) {
-	if o := s.owner.Load(); o != nil && o.closed.Load() {
+	s.kept.CompareAndSwap(nil, n)
+	if o := s.owner.Load(); o != nil && !o.serves(n) {
 		if heir := n.heirLocked(); heir != nil {
 			s.owner.Store(heir)
 		}
@@ -548,7 +566,7 @@ type chainIdentity struct {
 	genesis common.Hash
 }
 
-// identifyTimeout bounds the read of a chain's genesis block (relayerNonces).
+// identifyTimeout bounds a read of a chain's genesis block (confirmChain).
 const identifyTimeout = 10 * time.Second
 
 // chainNonces is the process's nonceSet of each chain, by its identity.

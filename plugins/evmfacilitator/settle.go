@@ -208,17 +208,25 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 	// after start, which bounds the search for it (resolve).
 	start := now()
 	k := usedKey{token: c.token, from: c.auth.From, nonce: c.auth.Nonce}
-	if _, err := f.relayerNonces(pre); err != nil {
+	n, err := f.relayerNonces(pre)
+	if err != nil {
 		return x402.SettleResponse{}, fmt.Errorf("settling: %w", err)
 	}
-	if s, ok := f.nonces.sentOf(k, start); ok {
+	if s, ok := n.sentOf(k, start); ok {
 		// A retry after an unknown outcome: the chain decides that
 		// settlement's outcome (resolve), and nothing more is sent but a
 		// replacement of its transaction at a higher fee.
 		sent.Store(true)
 		resp, err = f.resolve(c, s, fmt.Errorf("an earlier settle of this authorization sent %s, and its outcome was unknown", s.last().Hash().Hex()))
-		f.nonces.noteSent(k, s, err, now())
+		n.noteSent(k, s, err, now())
 		return f.oneSuccess(c, s, resp, err)
+	}
+	if s, ok := f.keptOnFormerChain(k, start); ok {
+		// Sent on a chain the endpoint no longer reaches: its outcome
+		// cannot be read here, and the authorization, unused on this
+		// chain, is not sent on it (a second payment of one).
+		sent.Store(true)
+		return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Err: fmt.Errorf("an earlier settle of this authorization sent %s on another chain of chain ID %s, which this facilitator's endpoint no longer reaches (its node now serves a chain of another genesis block): its outcome cannot be read here, and it is not sent on this chain", s.last().Hash().Hex(), f.chainID)}
 	}
 	c.settling = true
 	c, err = f.checkChain(pre, c)
@@ -253,7 +261,7 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 	defer func() {
 		if sentSet != nil {
 			sentSet.settling.Store(false)
-			f.nonces.noteSent(k, sentSet, err, now())
+			n.noteSent(k, sentSet, err, now())
 			resp, err = f.oneSuccess(c, sentSet, resp, err)
 		}
 		var ue *x402.UnknownOutcomeError
@@ -263,7 +271,7 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 		}
 		f.budget.end(c.flight, c.failed)
 	}()
-	tx, err := f.send(ctx, pre, c, func(tx *types.Transaction) {
+	tx, err := f.send(ctx, pre, c, n, func(tx *types.Transaction) {
 		if sentSet != nil { // its send was refused with a nonce error
 			sentSet.sending.Store(false)
 		}
@@ -272,7 +280,7 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 		sentSet.c = *c
 		sentSet.settling.Store(true)
 		sentSet.sending.Store(true)
-		f.nonces.keep(k, sentSet, now())
+		n.keep(k, sentSet, now())
 		sent.Store(true)
 	})
 	if sentSet != nil {
@@ -350,7 +358,7 @@ func (f *Facilitator) follow(c *checked, s *sentSettlement, cause error) {
 		}
 	}
 	failed = c.failed || errors.As(err, &ue)
-	f.nonces.noteSent(usedKey{token: c.token, from: c.auth.From, nonce: c.auth.Nonce}, s, err, now())
+	s.nonceManager(f).noteSent(usedKey{token: c.token, from: c.auth.From, nonce: c.auth.Nonce}, s, err, now())
 }
 
 // mayRunCode reports whether c's checks found code at its payer (payerCode
@@ -553,12 +561,14 @@ type unknownSend struct {
 func (e *unknownSend) Error() string { return "sending: " + e.err.Error() }
 
 // send builds, signs and submits the settlement transaction under the
-// relayer's nonce lock, which every facilitator of the relayer in the
+// relayer's nonce lock of n, which every facilitator of the relayer in the
 // process shares on its chain (relayerNonces). The reads and the wait for the lock end
 // with pre, the send (submit) with ctx; signed is called with each
 // transaction signed, just before it is sent (submit signs again, with a
 // fresh nonce, after a nonce error): from then on it may reach the node.
-func (f *Facilitator) send(ctx, pre context.Context, c *checked, signed func(*types.Transaction)) (*types.Transaction, error) {
+// Nothing is signed once f's endpoint was found to reach another chain
+// than n's meanwhile (confirmChain, by another settle or the look-after).
+func (f *Facilitator) send(ctx, pre context.Context, c *checked, n *nonceManager, signed func(*types.Transaction)) (*types.Transaction, error) {
 	q, err := f.quote(pre, c) // read by checkChain's simulation
 	if err != nil {
 		return nil, err
@@ -583,7 +593,10 @@ func (f *Facilitator) send(ctx, pre context.Context, c *checked, signed func(*ty
 	// relayer.
 	gas = min(withHeadroom(gas), ceiling)
 
-	tx, err := f.nonces.submit(pre, ctx, f.chain, func(nonce uint64) (*types.Transaction, error) {
+	tx, err := n.submit(pre, ctx, f.chain, func(nonce uint64) (*types.Transaction, error) {
+		if f.knownNonces() != n {
+			return nil, errOtherChain
+		}
 		tx, err := types.SignNewTx(f.key, f.signer, q.tx(f.chainID, nonce, gas, c.token, c.txData))
 		if err == nil {
 			signed(tx)
@@ -652,6 +665,9 @@ func (f *Facilitator) resolve(c *checked, s *sentSettlement, cause error) (x402.
 	if s.sending.Load() {
 		s.resolvedWhileSending.Store(true)
 	}
+	if err := f.onChainOf(ctx, s); err != nil {
+		return unknown(fmt.Errorf("%v; %w", cause, err))
+	}
 	used, err := f.authorizationState(ctx, c.token, c.auth.From, c.auth.Nonce, nil)
 	if err != nil {
 		return unknown(fmt.Errorf("%v; then reading authorizationState: %w", cause, err))
@@ -695,7 +711,7 @@ func (f *Facilitator) resolve(c *checked, s *sentSettlement, cause error) (x402.
 	case err != nil:
 		return unknown(fmt.Errorf("%v; the transaction %s is not known to the node, and whether it can still execute is unknown: %w", cause, tx.Hash().Hex(), err))
 	case never == nil:
-		return unknown(fmt.Errorf("%v; the transaction %s is not known to the node, yet may still execute (the authorization is unused and valid, the relayer's nonce not past it): %s", cause, tx.Hash().Hex(), f.rebroadcast(ctx, tx)))
+		return unknown(fmt.Errorf("%v; the transaction %s is not known to the node, yet may still execute (the authorization is unused and valid, the relayer's nonce not past it): %s", cause, tx.Hash().Hex(), f.rebroadcast(ctx, s, tx)))
 	case never.used:
 		resp, _, err := f.resolveUsed(ctx, c, s, cause)
 		return resp, err
@@ -704,7 +720,7 @@ func (f *Facilitator) resolve(c *checked, s *sentSettlement, cause error) (x402.
 	}
 	// Lost for good: its nonce, when the chain has not used it, is a
 	// gap every later transaction of the relayer would wait behind.
-	f.nonces.forget()
+	s.nonceManager(f).forget()
 	return f.failure(x402.ReasonExactEVMTransactionFailed, c.payer, "the settlement did not execute and no longer can ("+never.why+"); nothing was transferred", ""), nil
 }
 
@@ -724,7 +740,10 @@ func (f *Facilitator) resolve(c *checked, s *sentSettlement, cause error) (x402.
 // execute, so its nonce stays taken and the next resolve (a retry, follow)
 // sends it again; given back, the next settlement would take it, and the
 // payment could never settle.
-func (f *Facilitator) rebroadcast(ctx context.Context, tx *types.Transaction) string {
+func (f *Facilitator) rebroadcast(ctx context.Context, s *sentSettlement, tx *types.Transaction) string {
+	if err := f.onChainOf(ctx, s); err != nil {
+		return "not sent again: " + err.Error()
+	}
 	err := f.chain.SendTransaction(ctx, tx)
 	if err == nil {
 		return "it was sent again"
@@ -736,7 +755,7 @@ func (f *Facilitator) rebroadcast(ctx context.Context, tx *types.Transaction) st
 	case taken:
 		return "it was sent again, and the node has it"
 	case refused:
-		f.nonces.forget()
+		s.nonceManager(f).forget()
 		return "sending it again was refused (" + reason + "); the relayer's next transaction takes its nonce"
 	}
 	return "sending it again: " + err.Error()

@@ -109,14 +109,16 @@ func (f *Facilitator) SentSettlementStatus(ctx context.Context, p x402.PaymentPa
 // higher fee may be the one mined, and the answer the gateway kept named
 // the one sent first.
 //
-// The settlements kept are those of f's chain (relayerNonces): a chain it
-// cannot identify keeps none it can tell, and the search then starts from
-// h alone, as it does for another process's settlement.
+// The settlements kept are those of the chain f's endpoint was last found
+// to reach (confirmChain; it sends nothing, so no fresh reading is
+// needed): a chain it cannot identify keeps none it can tell, and the
+// search then starts from h alone, as it does for another process's
+// settlement.
 func (f *Facilitator) sentWith(ctx context.Context, k usedKey, h common.Hash) []common.Hash {
 	if f.key == nil { // a StatusReader's: it sends nothing
 		return []common.Hash{h}
 	}
-	n, err := f.relayerNonces(ctx)
+	n, err := f.confirmChain(ctx, anyAge)
 	if err != nil {
 		return []common.Hash{h}
 	}

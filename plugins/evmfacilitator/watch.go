@@ -129,6 +129,11 @@ func (n *nonceManager) resolveWatched() {
 		owner := s.owner.Load() // or the one that takes it over meanwhile: both reach its chain
 		c := s.c                // resolve may write to its checked payment
 		_, err := owner.resolve(&c, s, errLookedAfter)
+		if !s.watched() {
+			// Its owner closed, or its endpoint reaches another chain now
+			// (onChainOf): the chain's newest facilitator takes it over.
+			continue
+		}
 		var ue *x402.UnknownOutcomeError
 		if errors.As(err, &ue) || owner.bumpCancel(s) {
 			if !owner.nonceUsed(s.last().Nonce()) {
@@ -195,6 +200,9 @@ func (f *Facilitator) bumpCancel(s *sentSettlement) bool {
 	}
 	tx, err := types.SignNewTx(f.key, f.signer, q.tx(f.chainID, old.Nonce(), params.TxGas, f.relayer, nil))
 	if err != nil {
+		return true
+	}
+	if err := f.onChainOf(ctx, s); err != nil {
 		return true
 	}
 	if err := f.chain.SendTransaction(ctx, tx); err != nil {
