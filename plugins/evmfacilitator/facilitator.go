@@ -117,7 +117,8 @@ type Facilitator struct {
 
 	// nonces is the relayer's nonce manager on this chain, shared by every
 	// facilitator of the key on it (chainNonces): nil until the chain is
-	// identified (identify), under idMu. Code that reads it plainly runs
+	// identified, another once the endpoint reaches another chain
+	// (confirmChain), under idMu. Code that reads it plainly runs
 	// after a relayerNonces that returned it, or before the facilitator
 	// is shared (tests).
 	nonces *nonceManager
@@ -274,7 +275,7 @@ func newFacilitator(cfg Config, nonces *nonceSet) (*Facilitator, error) {
 
 // The retries of identifyInBackground: the first after identifyFirstRetry,
 // each later one after twice the wait before, at most identifyMaxRetry,
-// identifyAttempts reads in all (about seven minutes): long enough to
+// identifyAttempts reads in all (about six and a half minutes): long enough to
 // outlast a node's restart or a provider's blip during a reload, bounded
 // so that a facilitator whose endpoint never answers does not poll it for
 // good (its first settle or status read tries again).
@@ -284,7 +285,7 @@ const (
 	identifyAttempts   = 20
 )
 
-// identifyInBackground reads the chain's genesis block (identify) until it
+// identifyInBackground reads the chain's genesis block (confirmChain) until it
 // can, retrying with growing waits (identifyAttempts), or until Close.
 // Once it has, the facilitator is open on the chain's nonce manager: it
 // takes over the settlements closed facilitators of its key left there,
