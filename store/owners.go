@@ -3,6 +3,7 @@ package store
 import (
 	"bytes"
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"github.com/dgraph-io/badger/v4"
 
 	"github.com/aovhq/aov/internal/base58"
+	"github.com/aovhq/aov/internal/ed25519key"
 )
 
 // Owners records which wallet owns an agent id that is not itself a wallet
@@ -50,16 +52,35 @@ func SameWallet(a, b string) bool {
 
 // IsSolanaAddress reports whether s is a Solana account as wallets write
 // it: the canonical base58 spelling of 32 bytes, the only one a Solana
-// wallet proof can carry (walletauth checks a proof's address with it, then
-// that the key can sign). It is the one parse of a Solana address that
-// ownership uses: a bare one, or the last part of a solana CAIP-10 id, is
-// that account's own agent id.
+// wallet proof can carry. It is the one parse of a Solana address: the last
+// part of a solana CAIP-10 id is that account's own agent id when it holds
+// (a program's account too, which no wallet can own), and SolanaWalletKey
+// starts with it.
 func IsSolanaAddress(s string) bool {
 	if len(s) < 32 || len(s) > 44 {
 		return false // 32 bytes are 32 to 44 base58 digits
 	}
 	b, err := base58.Decode(s)
 	return err == nil && len(b) == 32 && base58.Encode(b) == s
+}
+
+// SolanaWalletKey returns the public key of the Solana account s, and false
+// when no Solana wallet proof can carry s as its address: s is not
+// IsSolanaAddress, or its 32 bytes are no key a signature may be checked
+// against (ed25519key.Check: off the curve, as about half of all 32-byte
+// values are, or of small order). walletauth takes a proof's address with
+// it, and verifierd reads a bare agent id as a Solana account only when it
+// holds: a readable name that merely decodes to 32 bytes would otherwise
+// belong to an address nobody can prove, and its owner would lose it.
+func SolanaWalletKey(s string) (ed25519.PublicKey, bool) {
+	if !IsSolanaAddress(s) {
+		return nil, false
+	}
+	b, _ := base58.Decode(s)
+	if ed25519key.Check(b) != nil {
+		return nil, false
+	}
+	return ed25519.PublicKey(b), true
 }
 
 // IsEVMAddress reports whether s is an EVM address: 0x and 40 hex digits,

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/aovhq/aov/internal/base58"
-	"github.com/aovhq/aov/internal/ed25519key"
 	"github.com/aovhq/aov/store"
 )
 
@@ -34,18 +33,17 @@ var solanaChainRE = regexp.MustCompile(`^solana:[1-9A-HJ-NP-Za-km-z]{32}$`)
 func IsSolanaChain(chainID string) bool { return solanaChainRE.MatchString(chainID) }
 
 // solanaKey decodes a base58 Solana account and refuses one that is not a
-// signer's key (ed25519key.Check: a non-canonical encoding or a point of
-// small order, under which crypto/ed25519 accepts forgeries). The account
-// signs the proof, so it is never a program derived address.
+// signer's key (store.SolanaWalletKey, with ed25519key.Check: a
+// non-canonical encoding or a point of small order, under which
+// crypto/ed25519 accepts forgeries). The account signs the proof, so it is
+// never a program derived address. verifierd reads a bare agent id as a
+// Solana account by the same function, so every such id can be proven.
 func solanaKey(header, s string) (ed25519.PublicKey, error) {
-	if !store.IsSolanaAddress(s) {
+	key, ok := store.SolanaWalletKey(s)
+	if !ok {
 		return nil, malformed(header, "address", "is not a base58 Solana account", "Send the wallet's base58 address.")
 	}
-	b, _ := base58.Decode(s)
-	if ed25519key.Check(b) != nil {
-		return nil, malformed(header, "address", "is not a base58 Solana account", "Send the wallet's base58 address.")
-	}
-	return ed25519.PublicKey(b), nil
+	return key, nil
 }
 
 func solanaSignature(header, s string) ([]byte, error) {

@@ -180,7 +180,8 @@ func cleanValue(v string) string {
 //
 //   - An account id belongs to its address: a bare EVM address
 //     (0x + 40 hex digits, compared without regard to case), a bare
-//     Solana address (store.IsSolanaAddress, compared exactly), or a CAIP-10
+//     Solana address a wallet proof can carry (store.SolanaWalletKey:
+//     the canonical base58 of an Ed25519 key, compared exactly), or a CAIP-10
 //     account id whose last part is an address a wallet proof can carry:
 //     0x + 40 hex (compared without regard to case) or the canonical
 //     base58 of 32 bytes (compared exactly); an eip155 id must end in the
@@ -192,7 +193,9 @@ func cleanValue(v string) string {
 //     shaped like CAIP-10 whose last part is no address ("acme:invoice:v1",
 //     an eip155 id ending in base58) is an ordinary name: read as an
 //     account, it would belong to an address no wallet can prove, and
-//     nobody could ever bind it or be authenticated for it.
+//     nobody could ever bind it or be authenticated for it. So is a bare
+//     base58 id of 32 bytes that is no Ed25519 key (about half of all
+//     32-byte values, readable 43-character names among them).
 //   - Any other id belongs to the first wallet whose proof named it on a
 //     verification call, recorded durably (store.Owners) and never
 //     changed. Reserved test- ids are never bound (anyone may use the
@@ -218,8 +221,14 @@ var caip10RE = regexp.MustCompile(`^[-a-zA-Z0-9]{3,8}:[-_a-zA-Z0-9]{1,32}:[-.%a-
 func accountAddress(agentID string) (string, bool) {
 	// A bare address is its account's id, EVM or Solana alike: otherwise
 	// any wallet naming a bare Solana address first would own it, and the
-	// Solana wallet it spells would be refused its own address.
-	if store.IsEVMAddress(agentID) || store.IsSolanaAddress(agentID) {
+	// Solana wallet it spells would be refused its own address. A bare
+	// Solana address is one a wallet proof can carry (the check walletauth
+	// applies), since a bare id is not marked as an account: a name that
+	// merely decodes to 32 bytes stays the name its binder owns.
+	if store.IsEVMAddress(agentID) {
+		return agentID, true
+	}
+	if _, ok := store.SolanaWalletKey(agentID); ok {
 		return agentID, true
 	}
 	if !caip10RE.MatchString(agentID) {

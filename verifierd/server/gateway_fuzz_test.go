@@ -5,13 +5,16 @@ import (
 	"testing"
 
 	"github.com/aovhq/aov/internal/base58"
+	"github.com/aovhq/aov/internal/ed25519key"
 	"github.com/aovhq/aov/store"
 )
 
 // FuzzAccountAddress: an agent id read as an account id names exactly the
 // address it ends in, is a bare EVM or Solana address or well-formed
 // CAIP-10, and only that address (in any letter case for EVM) is its owner;
-// every key a Solana proof can carry, written bare, is its own account id.
+// 32 bytes written bare in base58 are their own account id exactly when a
+// Solana proof can carry them (an Ed25519 key, ed25519key.Check), so no
+// bare id belongs to an address nobody can prove.
 func FuzzAccountAddress(f *testing.F) {
 	for _, s := range []string{
 		"0x2222222222222222222222222222222222222222", "0X2222222222222222222222222222222222222222",
@@ -20,14 +23,16 @@ func FuzzAccountAddress(f *testing.F) {
 		"acme:invoice:v1", "team:billing:0x2222222222222222222222222222222222222222", "solana:5eykt4UsFv8P8NJdTREpY1vzqKqZKvdp:v1",
 		"solana:5eykt4UsFv8P8NJdTREpY1vzqKqZKvdp:17xKXtg2CW87d97TXJSDpbD5jBkheTqA83TZRuJosgAsU",
 		"7xKXtg2CW87d97TXJSDpbD5jBkheTqA83TZRuJosgAsU", "17xKXtg2CW87d97TXJSDpbD5jBkheTqA83TZRuJosgAsU", "11111111111111111111111111111111",
+		"MyCompanyTaxReceiptsAgentEuropeanMarketsV2a", "solana:5eykt4UsFv8P8NJdTREpY1vzqKqZKvdp:MyCompanyTaxReceiptsAgentEuropeanMarketsV2a",
 	} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, id string) {
 		if len(id) >= 32 {
 			key := base58.Encode([]byte(id[:32]))
-			if a, ok := accountAddress(key); !ok || a != key {
-				t.Fatalf("the bare Solana address %q is not its own account id (%q, %v)", key, a, ok)
+			a, ok := accountAddress(key)
+			if provable := ed25519key.Check([]byte(id[:32])) == nil; ok != provable || (ok && a != key) {
+				t.Fatalf("the bare base58 of 32 bytes %q: account %q %v, want an account exactly when a Solana proof can carry it (%v)", key, a, ok, provable)
 			}
 		}
 		addr, ok := accountAddress(id)
@@ -45,6 +50,11 @@ func FuzzAccountAddress(f *testing.F) {
 		}
 		if b, err := base58.Decode(addr); !store.IsEVMAddress(addr) && (err != nil || len(b) != 32 || base58.Encode(b) != addr) {
 			t.Fatalf("%q: an account whose address no wallet proof can carry", id)
+		}
+		if id == addr && !store.IsEVMAddress(addr) {
+			if b, _ := base58.Decode(addr); ed25519key.Check(b) != nil {
+				t.Fatalf("%q: a bare Solana account no wallet proof can carry", id)
+			}
 		}
 		if strings.HasPrefix(id, "eip155:") && !store.IsEVMAddress(addr) {
 			t.Fatalf("%q: an eip155 account whose address is not EVM", id)
