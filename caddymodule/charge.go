@@ -272,7 +272,9 @@ func answerBy(r *http.Request) time.Time {
 // withheld, a deadline, a client gone. The buyer's retry with the same
 // payment is another call, recorded anew, and nothing else would ever
 // resolve this one. This is the one place a call that settled nothing is
-// reported; a settlement's own outcome is reported by settle.
+// reported; a settlement's own outcome is reported by settle. The report
+// goes in the background (reportUnpaid): the buyer's answer does not wait
+// for it, since the upstream it goes to may be the one that failed the call.
 func (g *Gate) unsettled(r *http.Request, c charge, bw *bufferedWriter, ran bool) {
 	c.release(r)
 	fc, free := c.(*freeCharge)

@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -1483,8 +1484,10 @@ const (
 
 // reportOutcome reports a settlement's outcome after servePaid's settle
 // (end), or a call never settled (settleRefused, Gate.unsettled): paid
-// when it succeeded or went through unrecorded, unpaid when the
-// facilitator refused it or nothing was settled, and otherwise as the payment's claim tells:
+// when it succeeded or went through unrecorded, before the answer is
+// delivered; unpaid when the facilitator refused it or nothing was
+// settled, in the background (reportUnpaid), as nothing is delivered that
+// history could be behind; and otherwise as the payment's claim tells:
 // paid when it is settled by now (the background pass found the transfer
 // in between, or another gateway did); nothing while the outcome is
 // unknown (the claim is held: the report comes with the resolution).
@@ -1506,7 +1509,7 @@ func (p *paidCharge) reportOutcome(r *http.Request, bw *bufferedWriter, end sett
 		g.report(r, next, path, id, store.PaymentPaid)
 		return
 	case end == settleRefused:
-		g.report(r, next, path, id, store.PaymentUnpaid)
+		g.reportUnpaid(r, next, path, id)
 		return
 	}
 	st, err := g.state.Claims().Lookup(context.WithoutCancel(r.Context()), p.claim.Keys[0])
@@ -1627,6 +1630,47 @@ func (g *Gate) report(r *http.Request, next caddyhttp.Handler, path, id, payment
 			}
 		}
 		g.logger.Error("settlement outcome not reported; the verification stays pending", zap.String("verification_id", id), zap.String("payment", payment))
+	}()
+}
+
+// maxUnpaidInBackground bounds the unpaid reports in the background at once
+// (reportUnpaid), across gates: each holds a goroutine for at most its
+// batch's wait and one attempt (reportTimeout each) before the retries
+// take it, so a stalled upstream under a flood of failing calls holds no
+// more than this many.
+const maxUnpaidInBackground = 4096
+
+// unpaidInBackground counts the unpaid reports in the background.
+var unpaidInBackground atomic.Int64
+
+// reportUnpaid reports a call that settled nothing unpaid (report), in the
+// background: the buyer's answer is an error or an uncharged answer that
+// no history can be behind, and must not wait for a report to an upstream
+// that may be the one that just failed it (a stalled verifierd would hold
+// its 504 reportTimeout past upstream_timeout). The report goes in the
+// batch and its retries as any other, on a copy of r detached from it,
+// while the config stays open for it (g.uses). Past
+// maxUnpaidInBackground it is sent before the answer, as a paid report is:
+// back-pressure, and nothing lost.
+func (g *Gate) reportUnpaid(r *http.Request, next caddyhttp.Handler, path, id string) {
+	if unpaidInBackground.Add(1) > maxUnpaidInBackground {
+		unpaidInBackground.Add(-1)
+		g.report(r, next, path, id, store.PaymentUnpaid)
+		return
+	}
+	base := detached(r)
+	entered := g.uses.Enter() // the request holds a use: never refused
+	go func() {
+		defer func() {
+			unpaidInBackground.Add(-1)
+			if entered {
+				g.uses.Leave()
+			}
+			if rec := recover(); rec != nil {
+				g.logger.Error("reporting a settlement outcome panicked", zap.Any("panic", rec))
+			}
+		}()
+		g.report(base, next, path, id, store.PaymentUnpaid)
 	}()
 }
 
