@@ -202,7 +202,7 @@ func TestAnAskReadsNoSlotMap(t *testing.T) {
 	ctx := context.Background()
 	cl := servers.StartRedisClusterReplicated(t)
 	masters := clusterNodes(t, ctx, cl)
-	s, err := New(ctx, moduleClusterClient(t, cl), Options{Prefix: "mv", WaitReplicas: 1, WaitTimeout: time.Second})
+	s, err := New(ctx, moduleClusterClient(t, cl), Options{Prefix: "mv", WaitReplicas: 1, WaitTimeout: stallTimeout / 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -316,7 +316,7 @@ func TestAskNodesAreBounded(t *testing.T) {
 func TestARerunsWaitFitsTheDeadline(t *testing.T) {
 	ctx := context.Background()
 	srv := servers.StartRedis(t)
-	const wait = stallTimeout / 2 // the module's least timeout is wait_timeout + 0.5 s
+	const wait = stallTimeout / 2 // the least read timeout New accepts is WaitTimeout + 0.5 s
 	s, err := New(ctx, moduleClient(t, srv.Addr), Options{Prefix: "rerun", WaitReplicas: 1, WaitTimeout: wait})
 	if err != nil {
 		t.Fatal(err)

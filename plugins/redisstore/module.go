@@ -66,8 +66,9 @@ type RedisStore struct {
 	WaitTimeout  caddy.Duration `json:"wait_timeout,omitempty"`
 	// Timeout bounds each command's network reads and writes, and each
 	// store operation as a whole, go-redis's resends included
-	// (Store.bounded; default 1s); DialTimeout each connection attempt
-	// (default 1s).
+	// (Store.bounded; default 1s, or WaitTimeout + 0.5s when longer; with
+	// WaitReplicas, a shorter one than that is refused); DialTimeout each
+	// connection attempt (default 1s).
 	Timeout     caddy.Duration `json:"timeout,omitempty"`
 	DialTimeout caddy.Duration `json:"dial_timeout,omitempty"`
 
@@ -109,10 +110,6 @@ func (s *RedisStore) Provision(ctx caddy.Context) error {
 	if len(addrs) == 0 {
 		addrs = []string{"127.0.0.1:6379"}
 	}
-	timeout := time.Duration(s.Timeout)
-	if timeout <= 0 {
-		timeout = time.Second
-	}
 	wait := time.Duration(s.WaitTimeout)
 	if wait <= 0 {
 		wait = 100 * time.Millisecond
@@ -121,8 +118,12 @@ func (s *RedisStore) Provision(ctx caddy.Context) error {
 		// WAIT 0 would block for ever.
 		return errors.New("redis store: wait_timeout must be at least 1ms")
 	}
-	// A read must outlive the WAIT it carries.
-	timeout = max(timeout, wait+500*time.Millisecond)
+	// A read must outlive the WAIT it carries: by default it does, and
+	// New refuses a timeout set shorter (checkReadTimeout).
+	timeout := time.Duration(s.Timeout)
+	if timeout <= 0 {
+		timeout = max(time.Second, minReadTimeout(wait))
+	}
 	dial := time.Duration(s.DialTimeout)
 	if dial <= 0 {
 		dial = time.Second

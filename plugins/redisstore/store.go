@@ -50,7 +50,9 @@ type Options struct {
 	// writes when a replica is promoted.
 	WaitReplicas int
 	// WaitTimeout bounds each WAIT (less when the operation's deadline is
-	// nearer: waitFor). Default 100 ms.
+	// nearer: waitFor). Default 100 ms. With WaitReplicas, New refuses a
+	// client whose read timeout is shorter than WaitTimeout + 0.5 s
+	// (checkReadTimeout).
 	WaitTimeout time.Duration
 
 	// Logger receives the start-up check's warnings (see checkPolicy).
@@ -135,6 +137,9 @@ func New(ctx context.Context, rdb redis.UniversalClient, opts Options) (*Store, 
 	if opts.WaitReplicas < 0 {
 		return nil, errors.New("redisstore: wait_replicas must not be negative")
 	}
+	if err := checkReadTimeout(readTimeout(rdb), opts); err != nil {
+		return nil, err
+	}
 	s := &Store{rdb: rdb, opts: opts, allowPrefix: opts.Prefix + ":a:", claimPrefix: opts.Prefix + ":{c}:", heldIndex: opts.Prefix + ":{c}!held",
 		opTimeout: readTimeout(rdb)}
 	if err := s.checkPolicy(ctx); err != nil {
@@ -183,6 +188,30 @@ func readTimeout(rdb redis.UniversalClient) time.Duration {
 		d = c.Options().ReadTimeout
 	}
 	return max(d, 0)
+}
+
+// waitReadMargin is how much longer than WaitTimeout a client's read
+// timeout must be for a Store that waits for replicas (minReadTimeout).
+const waitReadMargin = 500 * time.Millisecond
+
+// minReadTimeout is the shortest read timeout of a client a Store whose
+// writes wait up to wait for replicas runs on: the read timeout bounds
+// the whole operation (bounded), and the write, its WAIT and the WAIT's
+// answer must fit in it with room for a redirection or a rerun. The
+// module makes its default timeout at least this.
+func minReadTimeout(wait time.Duration) time.Duration { return wait + waitReadMargin }
+
+// checkReadTimeout refuses a client read timeout (read; zero: none) too
+// short for opts' WAIT (minReadTimeout). Accepted, every WAIT of a
+// write's first run gets the whole WaitTimeout (waitFor); a shorter one
+// cut each WAIT short, and one of WaitTimeout or less left no time for a
+// WAIT at all, so every write failed though the replicas were healthy.
+func checkReadTimeout(read time.Duration, opts Options) error {
+	if opts.WaitReplicas == 0 || read <= 0 || read >= minReadTimeout(opts.WaitTimeout) {
+		return nil
+	}
+	return fmt.Errorf("redisstore: the client's read timeout (timeout) %v is shorter than the wait timeout (wait_timeout) %v + %v: a write's WAIT and its answer must fit in it",
+		read, opts.WaitTimeout, waitReadMargin)
 }
 
 // bounded is ctx ending at most the client's read timeout from now, for
@@ -375,8 +404,9 @@ const waitReplyMargin = 100 * time.Millisecond
 // waitFor is the timeout of a WAIT sent now, in milliseconds: WaitTimeout,
 // or less when ctx's deadline is nearer, so that the WAIT ends, and its
 // answer (enough replicas or ErrNotReplicated) comes, in time. The first
-// run of a write has its whole WaitTimeout (the module's timeout is at
-// least WaitTimeout + 0.5 s); a run after it in the same operation (the
+// run of a write has its whole WaitTimeout (New refuses a client whose
+// read timeout is shorter than WaitTimeout + 0.5 s: checkReadTimeout); a
+// run after it in the same operation (the
 // rerun after NOSCRIPT, the write sent where MOVED or ASK named, a try
 // again after TRYAGAIN) may not, its first run's WAIT having waited
 // already. With no time left for a WAIT, nothing is sent: an error.
