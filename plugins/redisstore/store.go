@@ -234,7 +234,8 @@ func (s *Store) bounded(ctx context.Context) (context.Context, context.CancelFun
 // the same connection (WAIT counts the writes of its own connection only).
 // In a Cluster both go to the primary of the keys' slot, by the client's
 // slot map; one that answers that another node serves the slot (MOVED,
-// ASK) sends them there once (moved, askNodes). A write refused with
+// ASK) sends them there (moved, askNodes), and the node a MOVED named may
+// answer ASK in turn, sent on once more (writeOnce). A write refused with
 // TRYAGAIN is tried again after a wait (tryAgainFirst). One deadline
 // bounds the whole operation (bounded): the slot map's read, the write
 // sent again where a redirection names, a rerun after NOSCRIPT and the
@@ -300,6 +301,14 @@ func (s *Store) writeOnce(ctx context.Context, sc *redis.Script, keys []string, 
 		return nil, err
 	}
 	v, err := s.waitedWrite(ctx, node, false, sc, keys, args)
+	// At most two redirections, a MOVED and then an ASK: a slot that
+	// moved since the map was read (MOVED, to its new primary) may be
+	// moving on from there (ASK, to the next one). Nothing is followed
+	// after an ASK, nor a second MOVED (the map was just read again).
+	if next := s.moved(ctx, cc, err); next != nil {
+		node = next
+		v, err = s.waitedWrite(ctx, node, false, sc, keys, args)
+	}
 	if addr, ask := redis.IsAskError(err); ask {
 		// A slot whose keys are moving: this one write goes to the
 		// node named, after ASKING, and the map stays as it is.
@@ -309,9 +318,6 @@ func (s *Store) writeOnce(ctx context.Context, sc *redis.Script, keys []string, 
 		}
 		defer done()
 		return s.waitedWrite(ctx, next, true, sc, keys, args)
-	}
-	if next := s.moved(ctx, cc, err); next != nil {
-		v, err = s.waitedWrite(ctx, next, false, sc, keys, args)
 	}
 	return v, err
 }
@@ -335,8 +341,11 @@ func (s *Store) waitedWrite(ctx context.Context, c redis.Cmdable, asking bool, s
 // declared keys against the slots it serves before it runs the script,
 // and MOVED, ASK and TRYAGAIN are that check's refusals: the script did
 // not run on the node that answered them, so sending it to the node
-// named runs it once, not twice. (Any other failure of the write, a WAIT
-// not acknowledged or an answer lost included, may come after the script
+// named runs it once, not twice. That holds hop by hop, so a second hop
+// is as safe as the first: after a MOVED and then an ASK (writeOnce)
+// neither node that refused ran it, and it runs once, on the node that
+// did not refuse. (Any other failure of the write, a WAIT not
+// acknowledged or an answer lost included, may come after the script
 // ran, and is never sent again.) A MOVED (a slot resharded, or its
 // primary failed over) means the client's slot map is stale: it is read
 // again here, at once, so the next writes go to the new primary directly;

@@ -1,0 +1,102 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/aovhq/aov/internal/servers"
+)
+
+// README ("What each failure costs", a Cluster slot moves): a write the old
+// primary refuses with MOVED, or ASK while the slot's keys are moving, is
+// sent to the primary it names. A slot that moved A→B since the client read
+// its map and is now moving B→C: the write goes to A (MOVED B), then to B,
+// which answers ASK C, and then to C, where it runs, once. With and without
+// wait_replicas the same claim succeeds. (Before: with wait_replicas the
+// store returned that ASK as the write's error, a 503, while go-redis,
+// without it, followed both redirections.)
+func TestAMovedThenAskIsFollowed(t *testing.T) {
+	ctx := context.Background()
+	cl := servers.StartRedisClusterReplicated(t)
+	masters := clusterNodes(t, ctx, cl)
+	s, err := New(ctx, moduleClusterClient(t, cl), Options{Prefix: "mv", WaitReplicas: 1, WaitTimeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s0, err := New(ctx, moduleClusterClient(t, cl), Options{Prefix: "mv"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	until := time.Now().Add(time.Minute)
+	// Each client reads its slot map now, before the moves.
+	if _, err := s.Claims().Claim(ctx, []string{"a1"}, until); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s0.Claims().Claim(ctx, []string{"a0"}, until); err != nil {
+		t.Fatal(err)
+	}
+	a, b, slot := slotOwner(t, ctx, masters, "mv:{c}:a1")
+	c := masters[0]
+	for _, m := range masters {
+		if m != a && m != b {
+			c = m
+		}
+	}
+	// A→B done (the clients' maps still say A), then B→C under way.
+	migrateSlot(t, ctx, a, b, slot)
+	assignSlot(t, ctx, masters, b, slot)
+	migrateSlot(t, ctx, b, c, slot)
+
+	if _, err := s.Claims().Claim(ctx, []string{"k1"}, until); err != nil {
+		t.Errorf("with wait_replicas 1: claim after MOVED then ASK = %v, want claimed", err)
+	}
+	if _, err := s0.Claims().Claim(ctx, []string{"k0"}, until); err != nil {
+		t.Errorf("without wait_replicas: claim after MOVED then ASK = %v, want claimed", err)
+	}
+	// The claims ran on C alone: A and B refused them before running
+	// anything, and hold no key of the slot.
+	for _, n := range []struct {
+		name string
+		want int64
+	}{{"A", 0}, {"B", 0}, {"C", 4}} {
+		m := map[string]*redis.Client{"A": a, "B": b, "C": c}[n.name]
+		if got, err := m.ClusterCountKeysInSlot(ctx, slot).Result(); err != nil || got != n.want {
+			t.Errorf("%s holds %d keys of the slot (%v), want %d", n.name, got, err, n.want)
+		}
+	}
+}
+
+// After an ASK nothing more is followed: a node the ASK named that
+// answers MOVED in turn (here one not told it imports the slot) ends the
+// write with that answer, a 503 with nothing claimed, and the claim runs
+// nowhere.
+func TestNothingIsFollowedAfterAnAsk(t *testing.T) {
+	ctx := context.Background()
+	cl := servers.StartRedisClusterReplicated(t)
+	masters := clusterNodes(t, ctx, cl)
+	s, err := New(ctx, moduleClusterClient(t, cl), Options{Prefix: "mv", WaitReplicas: 1, WaitTimeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	until := time.Now().Add(time.Minute)
+	if _, err := s.Claims().Claim(ctx, []string{"a1"}, until); err != nil {
+		t.Fatal(err)
+	}
+	a, b, slot := slotOwner(t, ctx, masters, "mv:{c}:a1")
+	if err := a.Do(ctx, "cluster", "setslot", slot, "migrating", nodeID(t, ctx, b)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.Claims().Claim(ctx, []string{"k1"}, until)
+	if _, moved := redis.IsMovedError(errors.Unwrap(err)); !moved {
+		t.Errorf("claim ASKed to a node that answers MOVED = %v, want that MOVED", err)
+	}
+	for _, m := range []*redis.Client{a, b} {
+		if got := m.ClusterCountKeysInSlot(ctx, slot).Val(); got != map[*redis.Client]int64{a: 1, b: 0}[m] {
+			t.Errorf("%s holds %d keys of the slot, want only the claim made before", m.Options().Addr, got)
+		}
+	}
+}
