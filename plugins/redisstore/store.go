@@ -274,12 +274,15 @@ func (s *Store) write(ctx context.Context, sc *redis.Script, keys []string, args
 // tryAgainFirst is the wait before a write answered TRYAGAIN is tried
 // again, doubled after each try up to tryAgainMax; tryAgainUnbounded
 // bounds the tries of a write whose context has no deadline (a client
-// with no read timeout). A Cluster node answers TRYAGAIN, before it runs
-// anything, to a command on several keys of a slot whose keys are moving
-// when it holds some of them but not all: every claim of a paid call is
-// such a command (its keys share one slot, with the index of held
-// claims), so while the claims' slot moves, refused at once, every paid
-// call was a 503. The move of a slot's keys ends within moments, and the
+// with no read timeout). While a slot's keys are moving, a Cluster node
+// answers TRYAGAIN, before it runs anything, to a command on several of
+// its keys unless it holds them all: the old primary when it holds some
+// but not all (holding none, it answers ASK), the new one, after ASKING,
+// when any is missing there, even a key that exists nowhere yet. So every
+// claim of a paid call (its keys are new, and share one slot with the
+// index of held claims) and every new claim of two keys is refused for as
+// long as the move lasts; refused at once, every paid call was a 503 for
+// all of it. The move of a slot's keys ends within moments, and the
 // write, tried again meanwhile, is served when it does.
 const (
 	tryAgainFirst     = 25 * time.Millisecond
