@@ -200,3 +200,63 @@ func TestLostSendRefusedAgainGivesItsNonceBack(t *testing.T) {
 		t.Errorf("%d sends, want 3: the retry sends nothing", n)
 	}
 }
+
+// A lost settlement transaction sent again has been pending since it was
+// sent again, not since the send the node lost: a retry that finds it
+// pending at once does not replace it at a higher fee, and it is the one
+// mined. (Before: its wait was counted from the lost send, so the retry,
+// or the relayer's look-after, replaced it at once, a fee bump of a
+// transaction pending for a few milliseconds, and the transaction sent
+// again was never mined.)
+func TestLostSendSentAgainIsNotReplacedAtOnce(t *testing.T) {
+	d := startDevnet(t, DevnetConfig{MaxClockLead: time.Second})
+	e := &testEnv{d: d}
+	vc := &fakeLosingSends{Chain: d.Client(), drop: 1}
+	const wait = 4 * time.Second
+	f, err := New(Config{Chain: vc, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: wait})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The chain's head 7 s ahead of the wall clock: the devnet seals
+	// nothing for about 6 s, so the lost transaction, sent again once the
+	// settle's 4 s receipt wait ends, stays pending through the retry, and
+	// is mined well before it has been pending for its wait.
+	head, err := d.Client().HeaderByNumber(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.backend.AdjustTime(time.Duration(time.Now().Add(7*time.Second).Unix()-int64(head.Time)) * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	req := e.requirements(payee, amount)
+	lostPay := mustSignExact(t, payer, req)
+	var ue *x402.UnknownOutcomeError
+	if _, err := f.Settle(context.Background(), lostPay, req); !errors.As(err, &ue) {
+		t.Fatalf("settle whose transaction the node lost: %v; want an unknown outcome", err)
+	}
+	vc.mu.Lock()
+	lost := vc.lost[0]
+	n := len(vc.sends)
+	vc.mu.Unlock()
+	if n != 2 {
+		t.Fatalf("%d sends, want 2: the lost transaction and its second send", n)
+	}
+	if _, pending, err := d.Client().TransactionByHash(context.Background(), lost.Hash()); err != nil || !pending {
+		t.Fatalf("the lost transaction, sent again, is not pending (%v, %v): the chain sealed it before the retry", pending, err)
+	}
+	if _, err := f.Settle(context.Background(), lostPay, req); !errors.As(err, &ue) {
+		t.Errorf("retry while the transaction sent again is pending = %v; want an unknown outcome", err)
+	}
+	vc.mu.Lock()
+	n = len(vc.sends)
+	vc.mu.Unlock()
+	if n != 2 {
+		t.Errorf("%d sends, want 2: the retry replaced a transaction pending for less than its wait (%s)", n, wait)
+	}
+	if r := waitMined(t, e, lost.Hash()); r.Status != types.ReceiptStatusSuccessful {
+		t.Fatal("the lost transaction, sent again, reverted")
+	}
+	if r, err := f.Settle(context.Background(), lostPay, req); err != nil || !r.Success || r.Transaction != lost.Hash().Hex() {
+		t.Errorf("retry once the lost transaction is mined = %+v, %v; want success naming %s", r, err, lost.Hash().Hex())
+	}
+}

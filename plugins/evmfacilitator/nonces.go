@@ -145,9 +145,10 @@ type sentSettlement struct {
 	start       time.Time
 	validBefore *big.Int
 
-	mu  sync.Mutex // held by replace while it signs and sends
+	mu  sync.Mutex // held by replace while it signs and sends, and by rebroadcast while it sends
 	txs []*types.Transaction
-	// lastSent is when the latest of txs (or cancel) was sent, under mu.
+	// lastSent is when the latest of txs (or cancel) was last sent, a send
+	// again of one the node lost (rebroadcast, recancel) included, under mu.
 	lastSent time.Time
 	// cancel is the latest cancellation replace sent in place of txs
 	// (under mu): a transfer of nothing from the relayer to itself with

@@ -739,12 +739,21 @@ func (f *Facilitator) resolve(c *checked, s *sentSettlement, cause error) (x402.
 // rate limit is no such refusal: it says nothing of tx, which may still
 // execute, so its nonce stays taken and the next resolve (a retry, follow)
 // sends it again; given back, the next settlement would take it, and the
-// payment could never settle.
+// payment could never settle. Sent again, tx is pending from then on
+// (lastSent, whatever the node answered, as recancel counts a cancellation
+// sent again): a replacement at a higher fee (replace) waits its wait from
+// this send, not from the one the node lost, and the relayer's look-after
+// (resolveWatched) does not send it again at once after the settle's own
+// resolve did. It is sent under s.mu, as replace sends, so that a resolve
+// finding it pending meanwhile reads the new lastSent.
 func (f *Facilitator) rebroadcast(ctx context.Context, s *sentSettlement, tx *types.Transaction) string {
 	if err := f.onChainOf(ctx, s); err != nil {
 		return "not sent again: " + err.Error()
 	}
+	s.mu.Lock()
 	err := f.chain.SendTransaction(ctx, tx)
+	s.lastSent = now()
+	s.mu.Unlock()
 	if err == nil {
 		return "it was sent again"
 	}
