@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"slices"
 	"testing"
 	"time"
 
@@ -48,9 +49,17 @@ func TestLostSendRateLimitedAgainKeepsItsNonce(t *testing.T) {
 			}
 			vc.mu.Lock()
 			lost := vc.lost[0]
-			next := vc.sends[2]  // after the lost one and its rate-limited second send
+			sends := slices.Clone(vc.sends)
 			vc.refuseAgain = nil // the limit passed
 			vc.mu.Unlock()
+			// The next settlement's is the one send not of the lost
+			// transaction: the look-after may send that again, rate-limited
+			// too, before or after it, once it has waited its wait.
+			others := slices.DeleteFunc(slices.Clone(sends), func(tx *types.Transaction) bool { return tx.Hash() == lost.Hash() })
+			if len(sends) < 3 || sends[1].Hash() != lost.Hash() || len(others) != 1 {
+				t.Fatalf("%d sends, %d of them not the lost transaction; want the lost one, its rate-limited second send, and one of the next settlement", len(sends), len(others))
+			}
+			next := others[0]
 			if next.Nonce() != lost.Nonce()+1 {
 				t.Fatalf("next settlement's nonce = %d; want %d, after the lost one's %d, which may still execute", next.Nonce(), lost.Nonce()+1, lost.Nonce())
 			}
