@@ -17,7 +17,11 @@ const (
 	SettlementDone
 	// SettlementNever: the transfer did not happen and can no longer
 	// happen (the authorization expired unused, or its nonce was spent
-	// without paying: cancelled, or used by another authorization).
+	// without paying: cancelled, or used by another authorization), or it
+	// can never be this caller's: it happened for another settlement,
+	// which answers for it (Reason duplicate_settlement; a Solana payment
+	// whose record of its send another facilitator marked answered), and
+	// serving it here too would serve one payment twice.
 	SettlementNever
 )
 

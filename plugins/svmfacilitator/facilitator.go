@@ -204,6 +204,12 @@ type settlement struct {
 	// Settle that found it would have (duplicate_settlement once landed,
 	// never a second success for one payment).
 	elsewhere bool
+	// lost: it landed, and another Settle (of any facilitator sharing
+	// Config.Sent) marked its record answered first (answerSent's
+	// store.ErrNoteChanged): that Settle answers for the payment, so a
+	// status read answers it settled by another settlement
+	// (statusLanded), never settled as its own caller's.
+	lost      bool
 	failed    string // failed on chain with this error (counted once)
 	blockhash string
 	// slot is the confirmed slot of the simulation that accepted the

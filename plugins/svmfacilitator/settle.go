@@ -322,7 +322,7 @@ func (f *Facilitator) confirm(ctx context.Context, key [32]byte, s *settlement, 
 			// the Settles sharing the record, one marks it.
 			err := f.answerSent(s, sig)
 			if errors.Is(err, store.ErrNoteChanged) {
-				f.finish(key, "")
+				f.finishLanded(key, settledElsewhere(sig))
 				resp.ErrorReason, resp.ErrorMessage = ReasonDuplicateSettlement, "this transaction was already settled, by another settlement"
 				return resp, nil
 			}

@@ -104,10 +104,10 @@ func (f *Facilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayloa
 	f.mu.Lock()
 	e := f.settled[key]
 	var sig, blockhash, failed string
-	var inflight, pending bool
+	var inflight, pending, lost bool
 	var floor uint64
 	if e != nil {
-		sig, blockhash, inflight, pending, out.Payer, floor, failed = e.sig, e.blockhash, e.inflight, e.pending, e.payer, e.slot, e.failed
+		sig, blockhash, inflight, pending, out.Payer, floor, failed, lost = e.sig, e.blockhash, e.inflight, e.pending, e.payer, e.slot, e.failed, e.lost
 	}
 	f.mu.Unlock()
 	switch {
@@ -119,8 +119,12 @@ func (f *Facilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayloa
 		out.State = x402.SettlementNever
 		return out, nil
 	case !pending:
-		out.State, out.Transaction = x402.SettlementDone, sig
-		return out, nil
+		st := x402.SettlementStatus{State: x402.SettlementDone, Transaction: sig}
+		if lost {
+			st = settledElsewhere(sig)
+		}
+		st.Payer = out.Payer
+		return st, nil
 	}
 	o, err := f.poll(ctx, sig, blockhash, floor)
 	if err != nil {
@@ -128,17 +132,13 @@ func (f *Facilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayloa
 	}
 	switch {
 	case o.state == x402.SettlementDone:
-		// Answered settled, here as by a Settle: its record says so
-		// (answerSent), or a Settle elsewhere would find it unanswered
-		// and answer success for a payment its caller was told settled.
-		// A record another marked first, or one the store cannot mark
-		// now, changes nothing of what the chain says.
 		f.learned(key, false)
-		f.finish(key, "")
-		if err := f.answerSent(e, sig); err != nil && !errors.Is(err, store.ErrNoteChanged) {
-			log.Printf("svm facilitator: marking the record of sent transaction %s answered: %v", sig, err)
+		st := f.statusLanded(e, sig)
+		if st.State != x402.SettlementUndecided {
+			f.finishLanded(key, st)
 		}
-		out.Transaction = sig
+		st.Payer = out.Payer
+		return st, nil
 	case o.state == x402.SettlementNever && o.failed != "":
 		f.learned(key, true)
 		f.finish(key, o.failed)
@@ -152,6 +152,55 @@ func (f *Facilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayloa
 	}
 	out.State = o.state
 	return out, nil
+}
+
+// statusLanded is what a status read that learned s's transaction sig
+// landed answers, by the mark of its record in Config.Sent (answerSent):
+// the one place a status read decides it, as confirm decides a Settle's
+// answer, because the gate serves a payment answered SettlementDone as its
+// own. So:
+//   - settled (SettlementDone naming sig) only when this facilitator marks
+//     the record now, or has no record left to mark (it marked it
+//     earlier, or there is no store): an unmarked record would have a
+//     Settle elsewhere adopt it and answer success a second time;
+//   - store.ErrNoteChanged, another Settle marked it first and answered
+//     success: settled by another settlement (settledElsewhere), which
+//     the gate neither serves nor holds as pending;
+//   - any other error, the store cannot mark it now: undecided, the
+//     record left unanswered, and the next read marks it.
+func (f *Facilitator) statusLanded(s *settlement, sig string) x402.SettlementStatus {
+	switch err := f.answerSent(s, sig); {
+	case err == nil:
+		return x402.SettlementStatus{State: x402.SettlementDone, Transaction: sig}
+	case errors.Is(err, store.ErrNoteChanged):
+		return settledElsewhere(sig)
+	default:
+		log.Printf("svm facilitator: marking the record of sent transaction %s answered: %v", sig, err)
+		return x402.SettlementStatus{State: x402.SettlementUndecided}
+	}
+}
+
+// settledElsewhere is the status of a payment whose transaction sig landed
+// and another settlement answered success for: it can never settle for
+// this caller (SettlementNever, with /settle's reason for it,
+// duplicate_settlement), so the gate releases its claim and tells the
+// buyer that payment is used, as it does a /settle answered
+// duplicate_settlement.
+func settledElsewhere(sig string) x402.SettlementStatus {
+	return x402.SettlementStatus{State: x402.SettlementNever, Transaction: sig, Reason: ReasonDuplicateSettlement}
+}
+
+// finishLanded records in memory key's landed transaction as answered with
+// st, a decided answer of statusLanded (or confirm's mark lost): a later
+// status read answers the same from memory, and a later Settle
+// duplicate_settlement.
+func (f *Facilitator) finishLanded(key [32]byte, st x402.SettlementStatus) {
+	f.mu.Lock()
+	if e := f.settled[key]; e != nil {
+		e.lost = st.State == x402.SettlementNever
+	}
+	f.mu.Unlock()
+	f.finish(key, "")
 }
 
 // unrecorded judges a payment the facilitator holds no record of by the
@@ -169,46 +218,50 @@ func (f *Facilitator) unrecorded(ctx context.Context, tx *Transaction) (x402.Set
 	out.State = o.state
 	key := tx.MessageHash()
 	if o.state == x402.SettlementDone {
-		out.Transaction = sig
-		f.answerRecorded(ctx, key, sig)
+		out = f.answerRecorded(ctx, key, sig)
 	}
-	if o.state == x402.SettlementDone || o.failed != "" {
-		// Remembered as Settle would, and a later ask is answered from the
-		// record.
-		f.mu.Lock()
-		if _, known := f.settled[key]; !known {
-			f.settled[key] = &settlement{sig: sig, blockhash: base58.Encode(tx.Blockhash[:]), payer: payerOf(tx), failed: o.failed, at: now()}
-		}
-		f.mu.Unlock()
-	}
-	if o.state != x402.SettlementUndecided {
+	if out.State != x402.SettlementUndecided {
 		// Charged only when this process sent the transaction and has not
 		// learned its outcome yet (its record was swept): one sent by
 		// another, or already charged, cost this process nothing now.
 		f.learned(key, o.failed != "")
 	}
+	if (o.state == x402.SettlementDone && out.State != x402.SettlementUndecided) || o.failed != "" {
+		// Remembered as Settle would, and a later ask is answered from the
+		// record.
+		f.mu.Lock()
+		if _, known := f.settled[key]; !known {
+			f.settled[key] = &settlement{sig: sig, blockhash: base58.Encode(tx.Blockhash[:]), payer: payerOf(tx), failed: o.failed, lost: out.State == x402.SettlementNever && o.failed == "", at: now()}
+		}
+		f.mu.Unlock()
+	}
 	return out, nil
 }
 
-// answerRecorded marks key's record in Config.Sent answered, naming sig,
-// when a status read with no record in memory (a facilitator of a reload
-// that changed the settings, or after a restart) tells its caller the
-// transaction landed and the record is unanswered: as SettlementStatus does
-// from memory, so that no Settle elsewhere adopts it and answers success
-// for a payment its caller was told settled. Store errors are only logged:
-// what the chain says stands.
-func (f *Facilitator) answerRecorded(ctx context.Context, key [32]byte, sig string) {
+// answerRecorded is what a status read with no record in memory (a
+// facilitator of a reload that changed the settings, or after a restart)
+// answers for key's transaction sig, which landed: as SettlementStatus
+// from memory (statusLanded), by the mark of its record in Config.Sent.
+// No record (none was written, or it lapsed; or no store) is settled, as
+// the chain says. A record already answered is settled by another
+// settlement: this facilitator holds no memory of marking it, and the
+// Settle that did answered success. One that cannot be read is undecided.
+func (f *Facilitator) answerRecorded(ctx context.Context, key [32]byte, sig string) x402.SettlementStatus {
 	rec, err := f.recorded(ctx, key)
+	if err != nil {
+		log.Printf("svm facilitator: reading the record of sent transaction %s: %v", sig, err)
+		return x402.SettlementStatus{State: x402.SettlementUndecided}
+	}
 	s := &settlement{}
-	if err == nil && (rec == nil || !f.adopt(key, s, rec)) {
-		return
+	switch {
+	case rec == nil || (!rec.Settled && !f.adopt(key, s, rec)):
+		// None, or one written before records named their token: the
+		// chain says it landed.
+		return x402.SettlementStatus{State: x402.SettlementDone, Transaction: sig}
+	case rec.Settled:
+		return settledElsewhere(sig)
 	}
-	if err == nil {
-		err = f.answerSent(s, sig)
-	}
-	if err != nil && !errors.Is(err, store.ErrNoteChanged) {
-		log.Printf("svm facilitator: marking the record of sent transaction %s answered: %v", sig, err)
-	}
+	return f.statusLanded(s, sig)
 }
 
 var _ x402.SettlementChecker = (*Facilitator)(nil)

@@ -1,0 +1,198 @@
+package svmfacilitator
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/aovhq/aov/x402"
+)
+
+// answeredElsewhere reports whether st is the status read's answer for a
+// payment another settlement answered: decided, never served as the
+// caller's own (not SettlementDone), and naming duplicate_settlement.
+func answeredElsewhere(st x402.SettlementStatus) bool {
+	return st.State == x402.SettlementNever && st.Reason == ReasonDuplicateSettlement
+}
+
+// A status read (from memory) that learns a pending send landed while the
+// store cannot mark its record answered tells its caller nothing decided
+// (undecided): the record stays unanswered, so a Settle through another
+// facilitator on the same store adopts it and answers success, the one
+// success of the payment. (Before: the status read answered settled, the
+// gate served its buyer, and the other Settle answered success too.)
+func TestStatusReadThatCannotMarkTheRecordIsUndecided(t *testing.T) {
+	db := openStore(t, t.TempDir())
+	sent := &swapFails{SentStore: sentOf(db)}
+	fr := &faultyRPC{}
+	srv := fr.serve(t)
+	e := newEnv(t, Config{RPC: &RPC{URL: srv}, Sent: sent, ConfirmTimeout: 300 * time.Millisecond, PollInterval: time.Minute})
+	fr.set(func(f *faultyRPC) { f.target, f.hideStatus = e.chain.URL, true })
+	pp := Payload(e.payment(t).Transaction(), e.req)
+	ctx := context.Background()
+	_, err := e.f.Settle(ctx, pp, e.req)
+	var unknown *x402.UnknownOutcomeError
+	if !errors.As(err, &unknown) || unknown.Reply == nil {
+		t.Fatalf("first settle: %v; want settlement_pending", err)
+	}
+	fr.set(func(f *faultyRPC) { f.hideStatus = false })
+	sent.fail.Store(true) // the store cannot mark the record for a moment
+	st, err := e.f.SettlementStatus(ctx, pp, e.req)
+	sent.fail.Store(false)
+	if err != nil || st.State != x402.SettlementUndecided {
+		t.Fatalf("status read with the mark failing: %+v %v; want undecided", st, err)
+	}
+	cfg := e.f.cfg
+	cfg.RPC = &RPC{URL: e.chain.URL}
+	other, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := other.Settle(ctx, pp, e.req)
+	if err != nil || !s.Success {
+		t.Fatalf("settle elsewhere: %+v %v; want success (it adopts the unanswered record)", s, err)
+	}
+	// The sender's next status read, the store back, finds the record
+	// marked by the other Settle: settled elsewhere, twice alike.
+	for i := 0; i < 2; i++ {
+		if st, err = e.f.SettlementStatus(ctx, pp, e.req); err != nil || !answeredElsewhere(st) {
+			t.Fatalf("status read %d after the settle elsewhere: %+v %v; want never, duplicate_settlement", i, st, err)
+		}
+	}
+}
+
+// The same through a facilitator with no memory of the send (a reload
+// changing its settings, or a restart): unrecorded's mark failing is
+// undecided too, never settled.
+func TestUnrecordedStatusReadThatCannotMarkTheRecordIsUndecided(t *testing.T) {
+	db := openStore(t, t.TempDir())
+	sent := &swapFails{SentStore: sentOf(db)}
+	fr := &faultyRPC{}
+	srv := fr.serve(t)
+	e := newEnv(t, Config{RPC: &RPC{URL: srv}, Sent: sent, ConfirmTimeout: 300 * time.Millisecond, PollInterval: time.Minute})
+	fr.set(func(f *faultyRPC) { f.target, f.hideStatus = e.chain.URL, true })
+	pp := Payload(e.payment(t).Transaction(), e.req)
+	ctx := context.Background()
+	_, err := e.f.Settle(ctx, pp, e.req)
+	var unknown *x402.UnknownOutcomeError
+	if !errors.As(err, &unknown) || unknown.Reply == nil {
+		t.Fatalf("first settle: %v; want settlement_pending", err)
+	}
+	cfg := e.f.cfg
+	cfg.RPC = &RPC{URL: e.chain.URL}
+	reader, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sent.fail.Store(true)
+	st, err := reader.SettlementStatus(ctx, pp, e.req)
+	sent.fail.Store(false)
+	if err != nil || st.State != x402.SettlementUndecided {
+		t.Fatalf("status read with the mark failing: %+v %v; want undecided", st, err)
+	}
+	// Its retry, the store back, marks the record and answers settled;
+	// a Settle elsewhere then answers duplicate_settlement.
+	if st, err = reader.SettlementStatus(ctx, pp, e.req); err != nil || st.State != x402.SettlementDone || st.Transaction != unknown.Reply.Transaction {
+		t.Fatalf("status read with the store back: %+v %v; want settled naming %s", st, err, unknown.Reply.Transaction)
+	}
+	other, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, err := other.Settle(ctx, pp, e.req); err != nil || s.Success || s.ErrorReason != ReasonDuplicateSettlement {
+		t.Fatalf("settle elsewhere after the status read marked it: %+v %v; want duplicate_settlement", s, err)
+	}
+}
+
+// A pending send adopted and answered success by a Settle through another
+// facilitator on the same store: the sender's own status read (the
+// gateway's retry of its settlement_pending) answers that another
+// settlement settled it, never settled as its caller's own. (Before:
+// store.ErrNoteChanged from the mark was ignored, and the status read
+// answered settled: the gateway served its buyer, for a payment the other
+// Settle's caller was told succeeded.)
+func TestStatusReadAfterAnotherSettleAnsweredSuccessIsDuplicate(t *testing.T) {
+	db := openStore(t, t.TempDir())
+	fr := &faultyRPC{}
+	srv := fr.serve(t)
+	e := newEnv(t, Config{RPC: &RPC{URL: srv}, Sent: sentOf(db), ConfirmTimeout: 300 * time.Millisecond, PollInterval: time.Minute})
+	fr.set(func(f *faultyRPC) { f.target, f.hideStatus = e.chain.URL, true })
+	pp := Payload(e.payment(t).Transaction(), e.req)
+	ctx := context.Background()
+	_, err := e.f.Settle(ctx, pp, e.req)
+	var unknown *x402.UnknownOutcomeError
+	if !errors.As(err, &unknown) || unknown.Reply == nil {
+		t.Fatalf("first settle: %v; want settlement_pending", err)
+	}
+	cfg := e.f.cfg
+	cfg.RPC = &RPC{URL: e.chain.URL}
+	other, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := other.Settle(ctx, pp, e.req)
+	if err != nil || !s.Success {
+		t.Fatalf("settle elsewhere: %+v %v; want success (adopted)", s, err)
+	}
+	fr.set(func(f *faultyRPC) { f.hideStatus = false })
+	for i := 0; i < 2; i++ { // the second from memory
+		st, err := e.f.SettlementStatus(ctx, pp, e.req)
+		if err != nil || !answeredElsewhere(st) {
+			t.Fatalf("sender's status read %d: %+v %v; want never, duplicate_settlement", i, st, err)
+		}
+	}
+	// A status read with no memory of the send answers the same.
+	reader, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := reader.SettlementStatus(ctx, pp, e.req); err != nil || !answeredElsewhere(st) {
+		t.Fatalf("status read with no memory: %+v %v; want never, duplicate_settlement", st, err)
+	}
+}
+
+// The gateway's own order (/verify before /settle) at a second gateway
+// whose claims are its own but whose svm block shares the store of sends:
+// the first Settle's send is lost on its way (an unknown outcome) and
+// lands a moment later; the second gateway's Verify ran before it landed
+// (passes), and its Settle adopts the unanswered record and answers
+// success. The first gateway's status read of its pending settlement
+// answers that another settlement settled it: one payment, one gateway
+// told it is theirs.
+func TestVerifyThenSettleElsewhereLeavesTheSenderStatusDuplicate(t *testing.T) {
+	db := openStore(t, t.TempDir())
+	fr := &faultyRPC{}
+	srv := fr.serve(t)
+	e := newEnv(t, Config{RPC: &RPC{URL: srv}, Sent: sentOf(db), ConfirmTimeout: 300 * time.Millisecond, PollInterval: time.Minute})
+	p := e.payment(t)
+	raw := p.Build(p.Instructions())
+	pp := Payload(raw, e.req)
+	fr.set(func(f *faultyRPC) { f.target, f.dropSend = e.chain.URL, true })
+	ctx := context.Background()
+	_, err := e.f.Settle(ctx, pp, e.req)
+	var unknown *x402.UnknownOutcomeError
+	if !errors.As(err, &unknown) {
+		t.Fatalf("first settle: %v; want an unknown outcome", err)
+	}
+	fr.set(func(f *faultyRPC) { f.dropSend = false })
+	cfg := e.f.cfg
+	cfg.RPC = &RPC{URL: e.chain.URL}
+	other, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vr, err := other.Verify(ctx, pp, e.req)
+	if err != nil || !vr.IsValid {
+		t.Fatalf("verify elsewhere before it landed: %+v %v", vr, err)
+	}
+	sig := e.sendSigned(t, raw) // the first send, delayed, lands
+	s, err := other.Settle(ctx, pp, e.req)
+	if err != nil || !s.Success || s.Transaction != sig {
+		t.Fatalf("settle elsewhere: %+v %v; want success naming %s", s, err, sig)
+	}
+	st, err := e.f.SettlementStatus(ctx, pp, e.req)
+	if err != nil || !answeredElsewhere(st) {
+		t.Fatalf("sender's status read of %s: %+v %v; want never, duplicate_settlement", sig, st, err)
+	}
+}
