@@ -145,3 +145,37 @@ func TestSVMUnloadedFacilitatorStopsPolling(t *testing.T) {
 		t.Fatalf("the unloaded facilitator asked its old node %d more times; want none", later-n)
 	}
 }
+
+// Two svm blocks (two gateways, or a reload changing the settings)
+// sharing one store of sends: the first answered settlement_pending (its
+// node stalls on statuses) for a send that landed, and a /settle through
+// the second adopted its record and answered success. A status read
+// through a third, with no memory of the send (a reload of the first
+// pointing at a healthy node), is the payment settled by another
+// settlement (never, duplicate_settlement), which the gate does not serve
+// as its own. (Before: it answered settled, and the gate served a payment
+// the other /settle's caller was told succeeded.)
+func TestSVMStatusReadAfterASettleElsewhereIsNotSettledHere(t *testing.T) {
+	e := newSolanaEnv(t)
+	storeJSON := fmt.Sprintf(`{"type":"badger","path":%q}`, t.TempDir())
+	blind, _ := newBlindStatusRPC(t, e.chain.URL)
+	first, stopFirst := provisionSVMWith(t, e, blind, storeJSON, `,"confirm_timeout":"1s"`)
+	defer stopFirst()
+	pp, req := svmPayment(t, e)
+	_, err := first.Settle(t.Context(), pp, req)
+	var uo *x402.UnknownOutcomeError
+	if !errors.As(err, &uo) || uo.Reply == nil || uo.Reply.ErrorReason != svmfacilitator.ReasonSettlementPending {
+		t.Fatalf("first settle: %v; want settlement_pending", err)
+	}
+	second, stopSecond := provisionSVMWith(t, e, e.chain.URL, storeJSON, `,"confirm_timeout":"1s"`)
+	defer stopSecond()
+	if s, err := second.Settle(t.Context(), pp, req); err != nil || !s.Success || s.Transaction != uo.Reply.Transaction {
+		t.Fatalf("settle through the second block: %+v %v; want success naming %s", s, err, uo.Reply.Transaction)
+	}
+	third, stopThird := provisionSVMWith(t, e, e.chain.URL, storeJSON, `,"confirm_timeout":"2s"`)
+	defer stopThird()
+	st, err := third.SettlementStatus(t.Context(), pp, req)
+	if err != nil || st.State != x402.SettlementNever || st.Reason != svmfacilitator.ReasonDuplicateSettlement {
+		t.Fatalf("status read through a block with no memory of the send: %+v %v; want never, duplicate_settlement", st, err)
+	}
+}
