@@ -603,6 +603,32 @@ func chainSet(id chainIdentity) (s *nonceSet, made bool) {
 	return s, made
 }
 
+// keptOnAnyChain returns the settlement of authorization k that account
+// addr's manager on any chain of chain ID id in the process keeps, if any
+// (sentOf): where the chain's identity cannot be read (confirmChain), a
+// settlement kept on any chain of its ID makes a retry's outcome unknown.
+func keptOnAnyChain(id *big.Int, addr common.Address, k usedKey, t time.Time) (*sentSettlement, bool) {
+	chainNonces.mu.Lock()
+	var ms []*nonceManager
+	for ci, s := range chainNonces.m {
+		if ci.id != id.String() {
+			continue
+		}
+		s.mu.Lock()
+		if n := s.m[addr]; n != nil {
+			ms = append(ms, n)
+		}
+		s.mu.Unlock()
+	}
+	chainNonces.mu.Unlock()
+	for _, n := range ms {
+		if s, ok := n.sentOf(k, t); ok {
+			return s, true
+		}
+	}
+	return nil, false
+}
+
 // devnetNonces returns the nonceSet of a starting devnet, chain id. A
 // devnet started afresh is a chain of its own (its genesis is new); one
 // resumed from a data_dir a devnet of this process used before is that

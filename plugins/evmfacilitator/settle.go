@@ -210,6 +210,15 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 	k := usedKey{token: c.token, from: c.auth.From, nonce: c.auth.Nonce}
 	n, err := f.relayerNonces(pre)
 	if err != nil {
+		// What is kept of the authorization is looked up all the same: a
+		// retry of a settlement whose outcome was unknown must not be told
+		// that nothing was sent (the outage that made it unknown often
+		// fails this read too), since its transaction may still land, and
+		// the look-after sends it again once the node answers.
+		if s, ok := keptOnAnyChain(f.chainID, f.relayer, k, start); ok {
+			sent.Store(true)
+			return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Err: fmt.Errorf("an earlier settle of this authorization sent %s, and its outcome was unknown; it is neither resolved nor sent again until the chain's identity can be read: %w", s.last().Hash().Hex(), err)}
+		}
 		return x402.SettleResponse{}, fmt.Errorf("settling: %w", err)
 	}
 	if s, ok := n.sentOf(k, start); ok {
