@@ -1,8 +1,15 @@
 package evmfacilitator
 
 import (
+	"bytes"
 	"context"
+	"crypto/rand"
 	"errors"
+	"log"
+	"math/big"
+	"os"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -167,5 +174,114 @@ func TestChainSwitchAfterGenesisReadBeforeSendSendsNothing(t *testing.T) {
 			break
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// lyingGenesis answers every read of the genesis block with another block
+// (a broken or malicious endpoint, a load balancer over nodes that encode
+// the genesis header differently).
+type lyingGenesis struct{ Chain }
+
+func (c *lyingGenesis) HeaderByNumber(ctx context.Context, n *big.Int) (*types.Header, error) {
+	h, err := c.Chain.HeaderByNumber(ctx, n)
+	if err != nil || n == nil || n.Sign() != 0 {
+		return h, err
+	}
+	h = types.CopyHeader(h)
+	h.Extra = make([]byte, 32)
+	rand.Read(h.Extra)
+	return h, nil
+}
+
+// An endpoint whose genesis answer varies (a lying RPC, a load balancer
+// over different chains) leaves the facilitator at most maxChainsPerKey
+// chains remembered, and the process as many new nonce sets: those with
+// nothing kept are dropped, the oldest first. (Before: each reading of a
+// genesis block unseen before made a nonce set that was never dropped and
+// added the one before to the former chains, which every settle scans:
+// 500 reads, 499 former chains.)
+func TestVaryingGenesisRemembersBoundedFormerChains(t *testing.T) {
+	d := startDevnet(t, DevnetConfig{})
+	f, err := New(Config{Chain: &lyingGenesis{Chain: d.Client()}, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	chainNonces.mu.Lock()
+	sets0 := len(chainNonces.m)
+	chainNonces.mu.Unlock()
+	var logged bytes.Buffer
+	log.SetOutput(&logged)
+	const reads = 500
+	for i := 0; i < reads; i++ {
+		identified(t, f)
+	}
+	log.SetOutput(os.Stderr)
+	if n := strings.Count(logged.String(), "evm facilitator: the endpoint of relayer"); n == 0 || n > maxChainsPerKey {
+		t.Errorf("%d genesis reads, each another chain, logged %d lines; want one per change until the bound, then one saying the answers vary:\n%s", reads, n, logged.String())
+	}
+	f.idMu.Lock()
+	former := len(f.former)
+	f.idMu.Unlock()
+	chainNonces.mu.Lock()
+	sets := len(chainNonces.m) - sets0
+	chainNonces.mu.Unlock()
+	if former > maxChainsPerKey-1 || sets > maxChainsPerKey {
+		t.Errorf("after %d settles' genesis reads the facilitator remembers %d former chains and the process %d new nonce sets, never dropped; want a bound", reads, former, sets)
+	}
+}
+
+// Under an endpoint whose genesis answer varies, a chain whose manager
+// keeps a settlement is remembered before those that keep nothing, and
+// its set stays the process's: a retry of that payment through the
+// facilitator is still an unknown outcome, nothing sent on the chain the
+// endpoint reaches now.
+func TestVaryingGenesisKeepsAChainWithASettlementKept(t *testing.T) {
+	d := startDevnet(t, DevnetConfig{})
+	f, err := New(Config{Chain: &lyingGenesis{Chain: d.Client()}, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	req := (&testEnv{d: d}).requirements(payee, amount)
+	pay := mustSignExact(t, payer, req)
+	c := f.checkOwn(context.Background(), pay, req)
+	tx, err := types.SignNewTx(f.key, f.signer, &types.DynamicFeeTx{ChainID: f.chainID, Gas: 300_000, GasFeeCap: big.NewInt(1e9), To: &c.token, Data: c.txData})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newSentSettlement(tx, time.Now(), c.auth.ValidBefore)
+	s.c = *c
+	first := identified(t, f)
+	first.keep(usedKey{token: c.token, from: c.auth.From, nonce: c.auth.Nonce}, s, time.Now())
+	for range 3 * maxChainsPerKey {
+		identified(t, f)
+	}
+	f.idMu.Lock()
+	remembered := slices.ContainsFunc(f.former, func(c formerChain) bool { return c.n == first })
+	former := len(f.former)
+	f.idMu.Unlock()
+	if !remembered || former > maxChainsPerKey-1 {
+		t.Errorf("the chain with a settlement kept is remembered: %v, among %d former chains; want it, among at most %d", remembered, former, maxChainsPerKey-1)
+	}
+	chainNonces.mu.Lock()
+	kept := false
+	for _, set := range chainNonces.m {
+		set.mu.Lock()
+		kept = kept || set.m[f.relayer] == first
+		set.mu.Unlock()
+	}
+	chainNonces.mu.Unlock()
+	if !kept {
+		t.Error("the nonce set of the chain with a settlement kept was released")
+	}
+	before := usdcBalance(t, d, crypto.PubkeyToAddress(payer.PublicKey))
+	_, err = f.Settle(context.Background(), pay, req)
+	var ue *x402.UnknownOutcomeError
+	if !errors.As(err, &ue) {
+		t.Errorf("a retry of the settlement kept on a chain before = %v; want an unknown outcome", err)
+	}
+	if after := usdcBalance(t, d, crypto.PubkeyToAddress(payer.PublicKey)); after.Cmp(before) != 0 {
+		t.Errorf("the payer's balance went %s -> %s; want nothing sent", before, after)
 	}
 }

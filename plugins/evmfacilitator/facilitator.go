@@ -127,10 +127,14 @@ type Facilitator struct {
 	// chain is never another (newFacilitator).
 	fixed bool
 	// confirmed is when the latest reading of the genesis block that found
-	// nonces' chain began (confirmChain), and former are the nonce
-	// managers of the chains the endpoint reached before (under idMu).
+	// nonces' chain began (confirmChain), ident is that chain's identity,
+	// and former are the chains the endpoint reached before, the oldest
+	// first, at most maxChainsPerKey-1 (rememberFormer); varies is set
+	// once one was forgotten (under idMu).
 	confirmed time.Time
-	former    []*nonceManager
+	ident     chainIdentity
+	former    []formerChain
+	varies    bool
 	// identifying is held (full) while the chain's genesis is read: a
 	// channel, so that the wait for it ends with the waiter's context.
 	identifying chan struct{}
@@ -367,25 +371,75 @@ func (f *Facilitator) confirmChain(ctx context.Context, maxAge time.Duration) (*
 	if err != nil {
 		return nil, fmt.Errorf("reading the chain's genesis block (which tells it from other chains of chain ID %s): %w", f.chainID, err)
 	}
-	s, _ := chainSet(chainIdentity{id: f.chainID.String(), genesis: genesis.Hash()})
+	id := chainIdentity{id: f.chainID.String(), genesis: genesis.Hash()}
+	s, _ := chainSet(id)
 	n := s.of(f.relayer)
 	f.idMu.Lock()
-	old := f.nonces
-	f.nonces, f.confirmed = n, readAt
+	old, oldID := f.nonces, f.ident
+	f.nonces, f.ident, f.confirmed = n, id, readAt
+	var dropped []chainIdentity
+	logChange := false
 	if old != n {
-		f.former = slices.DeleteFunc(f.former, func(m *nonceManager) bool { return m == n || m == old })
+		f.former = slices.DeleteFunc(f.former, func(c formerChain) bool { return c.n == n || c.n == old })
 		if old != nil {
-			f.former = append(f.former, old)
+			f.former = append(f.former, formerChain{id: oldID, n: old})
+			dropped = f.rememberFormerLocked()
+			logChange = !f.varies
+			if len(dropped) > 0 && !f.varies {
+				f.varies = true
+				log.Printf("evm facilitator: the endpoint of relayer %s on %s has answered more than %d different genesis blocks (a node restarted as new chains, or an endpoint whose answers vary); its oldest chains, those with nothing kept first, are forgotten, and its further changes of chain are not logged", f.relayer.Hex(), f.network, maxChainsPerKey)
+				logChange = false
+			}
 		}
 	}
 	f.idMu.Unlock()
+	if logChange {
+		log.Printf("evm facilitator: the endpoint of relayer %s on %s now reaches another chain of its chain ID (genesis %s, before %s): it settles with that chain's nonces, and leaves what it kept of the chain before to that chain's facilitators", f.relayer.Hex(), f.network, id.genesis.Hex(), oldID.genesis.Hex())
+	}
 	if old != n {
 		if old != nil {
 			old.close(f)
 		}
 		n.open(f)
 	}
+	for _, d := range dropped {
+		releaseChainSet(d)
+	}
 	return n, nil
+}
+
+// maxChainsPerKey bounds the chains a facilitator remembers its endpoint
+// reached (its current one and former), and so the nonce sets the process
+// makes for them: an endpoint whose genesis answer varies (a lying RPC, a
+// load balancer over different chains) would otherwise add one of each per
+// read, never dropped, and every settle would scan them. Four outlasts a
+// node restarted as a new chain a few times between two reads.
+const maxChainsPerKey = 4
+
+// formerChain is a chain f's endpoint reached before: its identity and the
+// relayer's nonce manager on it.
+type formerChain struct {
+	id chainIdentity
+	n  *nonceManager
+}
+
+// rememberFormerLocked trims f.former to maxChainsPerKey-1 chains,
+// forgetting the oldest whose manager keeps nothing first, and else the
+// oldest: its settlements stay kept in the process's set of that chain,
+// looked after by that chain's facilitators of the key, and a retry of one
+// through f is still an unknown outcome (keptOnAnyChain). It returns the
+// identities forgotten; under idMu.
+func (f *Facilitator) rememberFormerLocked() []chainIdentity {
+	var dropped []chainIdentity
+	for len(f.former) > maxChainsPerKey-1 {
+		i := slices.IndexFunc(f.former, func(c formerChain) bool { return !c.n.keepsAny() })
+		if i < 0 {
+			i = 0
+		}
+		dropped = append(dropped, f.former[i].id)
+		f.former = slices.Delete(f.former, i, i+1)
+	}
+	return dropped
 }
 
 // confirmedSince returns f.nonces when a reading of the genesis block that
@@ -422,18 +476,11 @@ func (f *Facilitator) onChainOf(ctx context.Context, s *sentSettlement) error {
 	return nil
 }
 
-// keptOnFormerChain returns the settlement of authorization k kept on a
-// chain f's endpoint reached before, if any (confirmChain).
-func (f *Facilitator) keptOnFormerChain(k usedKey, t time.Time) (*sentSettlement, bool) {
-	f.idMu.Lock()
-	former := slices.Clone(f.former)
-	f.idMu.Unlock()
-	for _, n := range former {
-		if s, ok := n.sentOf(k, t); ok {
-			return s, true
-		}
-	}
-	return nil, false
+// keptOnFormerChain returns the settlement of authorization k kept on
+// another chain of f's chain ID than n's, if any: one f's endpoint reached
+// before (confirmChain), remembered by f or not (rememberFormerLocked).
+func (f *Facilitator) keptOnFormerChain(k usedKey, t time.Time, n *nonceManager) (*sentSettlement, bool) {
+	return keptOnAnyChain(f.chainID, f.relayer, k, t, n)
 }
 
 // knownNonces returns f.nonces, nil while the chain is not identified.

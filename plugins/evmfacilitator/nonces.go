@@ -341,6 +341,13 @@ func (n *nonceManager) keepLocked(k usedKey, s *sentSettlement, t time.Time) {
 	n.startWatchLocked()
 }
 
+// keepsAny reports whether n keeps any settlement (sent).
+func (n *nonceManager) keepsAny() bool {
+	n.sentMu.Lock()
+	defer n.sentMu.Unlock()
+	return len(n.sent) > 0
+}
+
 // sentOf returns the settlement of authorization k whose outcome is
 // unknown, if any, and its authorization still valid at t. One expired
 // goes, unless watch still looks after it (its transaction may be pending,
@@ -525,6 +532,9 @@ func rateLimited(err error) (limited bool, reason string) {
 type nonceSet struct {
 	mu sync.Mutex
 	m  map[common.Address]*nonceManager
+	// devnet is set once a devnet of the process runs the chain: its set
+	// stays (releaseChainSet).
+	devnet bool
 }
 
 func (s *nonceSet) of(addr common.Address) *nonceManager {
@@ -571,10 +581,12 @@ type chainIdentity struct {
 const identifyTimeout = 10 * time.Second
 
 // chainNonces is the process's nonceSet of each chain, by its identity.
-// Entries are never removed: a manager is a few words, one per account a
-// configuration names, and keeping it costs nothing; dropping it when its
-// last facilitator goes would need every user of New to release what it
-// made. A nonce cached across a reload that the account's other users
+// Entries stay while a facilitator remembers their chain: a manager is a
+// few words, one per account a configuration names, and keeping it costs
+// nothing; dropping it when its last facilitator goes would need every
+// user of New to release what it made. A facilitator bounds the chains it
+// remembers (maxChainsPerKey), and one it forgets goes from here once
+// nothing in it is in use (releaseChainSet). A nonce cached across a reload that the account's other users
 // (another process) made stale is corrected by the nonce-error re-read.
 //
 // The key is the chain's identity, not the RPC endpoint: facilitators of
@@ -604,10 +616,11 @@ func chainSet(id chainIdentity) (s *nonceSet, made bool) {
 }
 
 // keptOnAnyChain returns the settlement of authorization k that account
-// addr's manager on any chain of chain ID id in the process keeps, if any
-// (sentOf): where the chain's identity cannot be read (confirmChain), a
-// settlement kept on any chain of its ID makes a retry's outcome unknown.
-func keptOnAnyChain(id *big.Int, addr common.Address, k usedKey, t time.Time) (*sentSettlement, bool) {
+// addr's manager on any chain of chain ID id in the process but except's
+// keeps, if any (sentOf): where the chain's identity cannot be read
+// (confirmChain), or is another than the one it was kept on, a settlement
+// kept on any chain of its ID makes a retry's outcome unknown.
+func keptOnAnyChain(id *big.Int, addr common.Address, k usedKey, t time.Time, except *nonceManager) (*sentSettlement, bool) {
 	chainNonces.mu.Lock()
 	var ms []*nonceManager
 	for ci, s := range chainNonces.m {
@@ -615,7 +628,7 @@ func keptOnAnyChain(id *big.Int, addr common.Address, k usedKey, t time.Time) (*
 			continue
 		}
 		s.mu.Lock()
-		if n := s.m[addr]; n != nil {
+		if n := s.m[addr]; n != nil && n != except {
 			ms = append(ms, n)
 		}
 		s.mu.Unlock()
@@ -629,6 +642,33 @@ func keptOnAnyChain(id *big.Int, addr common.Address, k usedKey, t time.Time) (*
 	return nil, false
 }
 
+// releaseChainSet removes chain id's nonce set from chainNonces when
+// nothing in it is in use: no manager with a facilitator open on it or a
+// settlement kept, and not a devnet's (whose own sends use it). A
+// facilitator that forgot the chain (rememberFormerLocked) calls it, so
+// that an endpoint whose genesis answer varies leaves the process a
+// bounded number of sets; one that reaches the chain again makes a new
+// set, whose nonce is read from the chain.
+func releaseChainSet(id chainIdentity) {
+	chainNonces.mu.Lock()
+	defer chainNonces.mu.Unlock()
+	s := chainNonces.m[id]
+	if s == nil || s.devnet {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, n := range s.m {
+		n.sentMu.Lock()
+		inUse := n.heirLocked() != nil || len(n.sent) > 0
+		n.sentMu.Unlock()
+		if inUse {
+			return
+		}
+	}
+	delete(chainNonces.m, id)
+}
+
 // devnetNonces returns the nonceSet of a starting devnet, chain id. A
 // devnet started afresh is a chain of its own (its genesis is new); one
 // resumed from a data_dir a devnet of this process used before is that
@@ -636,6 +676,9 @@ func keptOnAnyChain(id *big.Int, addr common.Address, k usedKey, t time.Time) (*
 // what it remembers.
 func devnetNonces(id chainIdentity) *nonceSet {
 	s, made := chainSet(id)
+	s.mu.Lock()
+	s.devnet = true
+	s.mu.Unlock()
 	if !made {
 		s.newChain()
 	}

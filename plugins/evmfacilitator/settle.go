@@ -215,7 +215,7 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 		// that nothing was sent (the outage that made it unknown often
 		// fails this read too), since its transaction may still land, and
 		// the look-after sends it again once the node answers.
-		if s, ok := keptOnAnyChain(f.chainID, f.relayer, k, start); ok {
+		if s, ok := keptOnAnyChain(f.chainID, f.relayer, k, start, nil); ok {
 			sent.Store(true)
 			return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Err: fmt.Errorf("an earlier settle of this authorization sent %s, and its outcome was unknown; it is neither resolved nor sent again until the chain's identity can be read: %w", s.last().Hash().Hex(), err)}
 		}
@@ -230,7 +230,7 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 		n.noteSent(k, s, err, now())
 		return f.oneSuccess(c, s, resp, err)
 	}
-	if s, ok := f.keptOnFormerChain(k, start); ok {
+	if s, ok := f.keptOnFormerChain(k, start, n); ok {
 		// Sent on a chain the endpoint no longer reaches: its outcome
 		// cannot be read here, and the authorization, unused on this
 		// chain, is not sent on it (a second payment of one).
