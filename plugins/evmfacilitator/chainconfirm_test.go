@@ -177,6 +177,15 @@ func TestChainSwitchAfterGenesisReadBeforeSendSendsNothing(t *testing.T) {
 	}
 }
 
+// readGenesis has f read its chain's genesis block afresh, as the read
+// before a signature does (send), not shared with one that began before.
+func readGenesis(t testing.TB, f *Facilitator) {
+	t.Helper()
+	if _, err := f.confirmChain(context.Background(), 0); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // lyingGenesis answers every read of the genesis block with another block
 // (a broken or malicious endpoint, a load balancer over nodes that encode
 // the genesis header differently).
@@ -214,7 +223,7 @@ func TestVaryingGenesisRemembersBoundedFormerChains(t *testing.T) {
 	log.SetOutput(&logged)
 	const reads = 500
 	for i := 0; i < reads; i++ {
-		identified(t, f)
+		readGenesis(t, f)
 	}
 	log.SetOutput(os.Stderr)
 	if n := strings.Count(logged.String(), "evm facilitator: the endpoint of relayer"); n == 0 || n > maxChainsPerKey {
@@ -255,7 +264,7 @@ func TestVaryingGenesisKeepsAChainWithASettlementKept(t *testing.T) {
 	first := identified(t, f)
 	first.keep(usedKey{token: c.token, from: c.auth.From, nonce: c.auth.Nonce}, s, time.Now())
 	for range 3 * maxChainsPerKey {
-		identified(t, f)
+		readGenesis(t, f)
 	}
 	f.idMu.Lock()
 	remembered := slices.ContainsFunc(f.former, func(c formerChain) bool { return c.n == first })
@@ -283,5 +292,59 @@ func TestVaryingGenesisKeepsAChainWithASettlementKept(t *testing.T) {
 	}
 	if after := usdcBalance(t, d, crypto.PubkeyToAddress(payer.PublicKey)); after.Cmp(before) != 0 {
 		t.Errorf("the payer's balance went %s -> %s; want nothing sent", before, after)
+	}
+}
+
+// slowGenesis counts the genesis reads and makes each take delay.
+type slowGenesis struct {
+	Chain
+	delay time.Duration
+	reads atomic.Int32
+}
+
+func (c *slowGenesis) HeaderByNumber(ctx context.Context, n *big.Int) (*types.Header, error) {
+	if n != nil && n.Sign() == 0 {
+		c.reads.Add(1)
+		time.Sleep(c.delay)
+	}
+	return c.Chain.HeaderByNumber(ctx, n)
+}
+
+// A settle that arrives while a genesis read runs, at most
+// sharedReadLead after it began, shares it: one read, one round trip; one
+// arriving later waits for it and reads again, since that read may predate
+// a restart it must see. (Before: a settle shared only a read that began
+// after it arrived, so under steady load each waited up to two genesis
+// round trips, and README's "one read, shared by the settles that arrive
+// while it runs" was wrong.)
+func TestSettleArrivingDuringAGenesisReadSharesIt(t *testing.T) {
+	d := startDevnet(t, DevnetConfig{})
+	sg := &slowGenesis{Chain: d.Client(), delay: 300 * time.Millisecond}
+	f, err := New(Config{Chain: sg, Network: DevnetNetwork, RelayerKey: DevKey(0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	identified(t, f)
+	time.Sleep(50 * time.Millisecond)
+	sg.reads.Store(0)
+	done := make(chan time.Duration, 2)
+	go func() { s := time.Now(); identified(t, f); done <- time.Since(s) }()
+	time.Sleep(sharedReadLead / 4) // arrives while the first read runs
+	go func() { s := time.Now(); identified(t, f); done <- time.Since(s) }()
+	d1, d2 := <-done, <-done
+	if n := sg.reads.Load(); n != 1 {
+		t.Errorf("two settles, the second arriving %v into the first one's genesis read: %d genesis reads (waits %v, %v); want one, shared", sharedReadLead/4, n, d1.Round(time.Millisecond), d2.Round(time.Millisecond))
+	}
+
+	// One arriving past the bound does not take that read.
+	sg.reads.Store(0)
+	go func() { identified(t, f); done <- 0 }()
+	time.Sleep(sharedReadLead + 100*time.Millisecond)
+	go func() { identified(t, f); done <- 0 }()
+	<-done
+	<-done
+	if n := sg.reads.Load(); n != 2 {
+		t.Errorf("two settles, the second arriving %v into the first one's genesis read: %d genesis reads; want two", sharedReadLead+100*time.Millisecond, n)
 	}
 }

@@ -319,20 +319,27 @@ func (f *Facilitator) identifyInBackground() {
 
 // relayerNonces returns the relayer's nonce manager on the chain f's
 // endpoint reaches, the one of every facilitator of the key on that chain
-// (chainNonces), from a reading of the chain's genesis block that began
-// after this call (confirmChain): a settle calls it before it sends
-// anything, so that it never takes the nonce or the kept settlements of
-// another chain with this chain ID, the chain before on a node restarted
-// as a fresh one among them. Not a reading a second old or so: a node
-// restarts as another chain in well under a second (a devnet in about a
-// tenth), and a settlement sent within the bound would take the nonce of
-// the chain before and be queued, never mined. The cost is one read of a
-// block that never changes per settlement, one for all the settles that
-// asked while the one before ran. An error means the chain could not be
-// asked; nothing was sent.
+// (chainNonces), from a reading of the chain's genesis block that began at
+// most sharedReadLead before this call (confirmChain): a settle calls it
+// before its checks, to take the nonce sequence and find what is kept of
+// the chain it reaches, so that it never takes another chain's with this
+// chain ID, the chain before on a node restarted as a fresh one among
+// them. The send itself is guarded by a reading that begins once the
+// nonce is taken (send). An error means the chain could not be asked;
+// nothing was sent.
 func (f *Facilitator) relayerNonces(ctx context.Context) (*nonceManager, error) {
-	return f.confirmChain(ctx, 0)
+	return f.confirmChain(ctx, sharedReadLead)
 }
+
+// sharedReadLead is how long before a settle asked a reading of the
+// genesis block may have begun and still serve it (relayerNonces): a
+// settle arriving while a read runs shares it, one round trip, instead of
+// waiting for it and reading again, as long as that read began this
+// shortly before. It is well below the fastest restart of a node as
+// another chain (a devnet's, about a tenth of a second), and a restart
+// it misses is caught by the reading before the signature (send), which
+// then sends nothing.
+const sharedReadLead = 50 * time.Millisecond
 
 // anyAge, as confirmChain's maxAge, takes any reading of the genesis block.
 const anyAge = time.Duration(-1)
