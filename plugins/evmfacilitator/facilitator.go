@@ -346,16 +346,17 @@ const anyAge = time.Duration(-1)
 
 // confirmChain returns the relayer's nonce manager on the chain f's
 // endpoint reaches, reading that chain's genesis block (within ctx and
-// identifyTimeout) unless a reading of it began within maxAge (0: one that
-// began after this call; anyAge: any). A devnet's own facilitator's chain
+// identifyTimeout) unless a reading of it began within maxAge before this
+// call (0: one that began after it; anyAge: any), one still running among
+// them. A devnet's own facilitator's chain
 // is in process and never changes (fixed). The genesis block tells the
 // chain from others of its chain ID: a node behind the endpoint restarted
 // as a fresh chain (a devnet or a dev node started again) has another.
 // When it is another chain than before, f leaves that chain's nonce
 // manager, whose newest facilitator of the key still on it takes f's kept
-// settlements over (nonceManager.close), and f keeps it among its former
-// chains (keptOnFormerChain); either way f is then open on the chain's
-// manager (nonceManager.open). An error means the chain could not be
+// settlements over (nonceManager.close), f keeps it among its former
+// chains, a bounded few (rememberFormerLocked), and logs the change; either
+// way f is then open on the chain's manager (nonceManager.open). An error means the chain could not be
 // asked: nothing may be sent on what it says.
 func (f *Facilitator) confirmChain(ctx context.Context, maxAge time.Duration) (*nonceManager, error) {
 	asked := time.Now()
