@@ -129,8 +129,8 @@ type Facilitator struct {
 	// confirmed is when the latest reading of the genesis block that found
 	// nonces' chain began (confirmChain), ident is that chain's identity,
 	// and former are the chains the endpoint reached before, the oldest
-	// first, at most maxChainsPerKey-1 (rememberFormer); varies is set
-	// once one was forgotten (under idMu).
+	// first, at most maxChainsPerKey-1 (rememberFormer), all under idMu;
+	// varies is set once one was forgotten (under identifying).
 	confirmed time.Time
 	ident     chainIdentity
 	former    []formerChain
@@ -355,7 +355,7 @@ const anyAge = time.Duration(-1)
 // When it is another chain than before, f leaves that chain's nonce
 // manager, whose newest facilitator of the key still on it takes f's kept
 // settlements over (nonceManager.close), f keeps it among its former
-// chains, a bounded few (rememberFormerLocked), and logs the change; either
+// chains, a bounded few (rememberFormer), and logs the change; either
 // way f is then open on the chain's manager (nonceManager.open). An error means the chain could not be
 // asked: nothing may be sent on what it says.
 func (f *Facilitator) confirmChain(ctx context.Context, maxAge time.Duration) (*nonceManager, error) {
@@ -385,31 +385,34 @@ func (f *Facilitator) confirmChain(ctx context.Context, maxAge time.Duration) (*
 	f.idMu.Lock()
 	old, oldID := f.nonces, f.ident
 	f.nonces, f.ident, f.confirmed = n, id, readAt
-	var dropped []chainIdentity
-	logChange := false
-	if old != n {
-		f.former = slices.DeleteFunc(f.former, func(c formerChain) bool { return c.n == n || c.n == old })
-		if old != nil {
-			f.former = append(f.former, formerChain{id: oldID, n: old})
-			dropped = f.rememberFormerLocked()
-			logChange = !f.varies
-			if len(dropped) > 0 && !f.varies {
-				f.varies = true
-				log.Printf("evm facilitator: the endpoint of relayer %s on %s has answered more than %d different genesis blocks (a node restarted as new chains, or an endpoint whose answers vary); its oldest chains, those with nothing kept first, are forgotten, and its further changes of chain are not logged", f.relayer.Hex(), f.network, maxChainsPerKey)
-				logChange = false
-			}
-		}
-	}
+	former := f.former
 	f.idMu.Unlock()
-	if logChange {
+	if old == n {
+		return n, nil
+	}
+	// f.former changes here only, under identifying; so the trim, which
+	// reads the managers under their sentMu (taken before idMu by
+	// nonceManager.open), runs outside idMu.
+	former = slices.DeleteFunc(slices.Clone(former), func(c formerChain) bool { return c.n == n || c.n == old })
+	var dropped []chainIdentity
+	if old != nil {
+		former, dropped = rememberFormer(append(former, formerChain{id: oldID, n: old}))
+	}
+	f.idMu.Lock()
+	f.former = former
+	f.idMu.Unlock()
+	switch {
+	case old == nil || f.varies:
+	case len(dropped) > 0:
+		f.varies = true
+		log.Printf("evm facilitator: the endpoint of relayer %s on %s has answered more than %d different genesis blocks (a node restarted as new chains, or an endpoint whose answers vary); its oldest chains, those with nothing kept first, are forgotten, and its further changes of chain are not logged", f.relayer.Hex(), f.network, maxChainsPerKey)
+	default:
 		log.Printf("evm facilitator: the endpoint of relayer %s on %s now reaches another chain of its chain ID (genesis %s, before %s): it settles with that chain's nonces, and leaves what it kept of the chain before to that chain's facilitators", f.relayer.Hex(), f.network, id.genesis.Hex(), oldID.genesis.Hex())
 	}
-	if old != n {
-		if old != nil {
-			old.close(f)
-		}
-		n.open(f)
+	if old != nil {
+		old.close(f)
 	}
+	n.open(f)
 	for _, d := range dropped {
 		releaseChainSet(d)
 	}
@@ -431,23 +434,23 @@ type formerChain struct {
 	n  *nonceManager
 }
 
-// rememberFormerLocked trims f.former to maxChainsPerKey-1 chains,
-// forgetting the oldest whose manager keeps nothing first, and else the
-// oldest: its settlements stay kept in the process's set of that chain,
-// looked after by that chain's facilitators of the key, and a retry of one
-// through f is still an unknown outcome (keptOnAnyChain). It returns the
-// identities forgotten; under idMu.
-func (f *Facilitator) rememberFormerLocked() []chainIdentity {
+// rememberFormer trims former, the oldest first, to maxChainsPerKey-1
+// chains, forgetting the oldest whose manager keeps nothing first, and
+// else the oldest: its settlements stay kept in the process's set of that
+// chain, looked after by that chain's facilitators of the key, and a retry
+// of one through f is still an unknown outcome (keptOnAnyChain). It
+// returns the chains remembered and the identities forgotten.
+func rememberFormer(former []formerChain) ([]formerChain, []chainIdentity) {
 	var dropped []chainIdentity
-	for len(f.former) > maxChainsPerKey-1 {
-		i := slices.IndexFunc(f.former, func(c formerChain) bool { return !c.n.keepsAny() })
+	for len(former) > maxChainsPerKey-1 {
+		i := slices.IndexFunc(former, func(c formerChain) bool { return !c.n.keepsAny() })
 		if i < 0 {
 			i = 0
 		}
-		dropped = append(dropped, f.former[i].id)
-		f.former = slices.Delete(f.former, i, i+1)
+		dropped = append(dropped, former[i].id)
+		former = slices.Delete(former, i, i+1)
 	}
-	return dropped
+	return former, dropped
 }
 
 // confirmedSince returns f.nonces when a reading of the genesis block that
@@ -486,7 +489,7 @@ func (f *Facilitator) onChainOf(ctx context.Context, s *sentSettlement) error {
 
 // keptOnFormerChain returns the settlement of authorization k kept on
 // another chain of f's chain ID than n's, if any: one f's endpoint reached
-// before (confirmChain), remembered by f or not (rememberFormerLocked).
+// before (confirmChain), remembered by f or not (rememberFormer).
 func (f *Facilitator) keptOnFormerChain(k usedKey, t time.Time, n *nonceManager) (*sentSettlement, bool) {
 	return keptOnAnyChain(f.chainID, f.relayer, k, t, n)
 }

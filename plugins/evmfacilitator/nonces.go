@@ -645,7 +645,7 @@ func keptOnAnyChain(id *big.Int, addr common.Address, k usedKey, t time.Time, ex
 // releaseChainSet removes chain id's nonce set from chainNonces when
 // nothing in it is in use: no manager with a facilitator open on it or a
 // settlement kept, and not a devnet's (whose own sends use it). A
-// facilitator that forgot the chain (rememberFormerLocked) calls it, so
+// facilitator that forgot the chain (rememberFormer) calls it, so
 // that an endpoint whose genesis answer varies leaves the process a
 // bounded number of sets; one that reaches the chain again makes a new
 // set, whose nonce is read from the chain.
