@@ -489,8 +489,12 @@ func (f *Facilitator) onChainOf(ctx context.Context, s *sentSettlement) error {
 
 // keptOnFormerChain returns the settlement of authorization k kept on
 // another chain of f's chain ID than n's, if any: one f's endpoint reached
-// before (confirmChain), remembered by f or not (rememberFormer).
+// before (confirmChain), remembered by f or not (rememberFormer). A
+// devnet's own facilitator (fixed) has no chain before.
 func (f *Facilitator) keptOnFormerChain(k usedKey, t time.Time, n *nonceManager) (*sentSettlement, bool) {
+	if f.fixed {
+		return nil, false
+	}
 	return keptOnAnyChain(f.chainID, f.relayer, k, t, n)
 }
 
