@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ethereum/go-ethereum"
 	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/crypto"
 
@@ -94,91 +93,8 @@ func TestKeptRetryDuringGenesisReadFailureIsUnknownOutcome(t *testing.T) {
 	}
 }
 
-// switchOnEstimate is a chain client whose node is replaced (restarted as
-// another chain of the chain ID) while a settle estimates its gas, i.e.
-// after the settle's genesis read and before its send.
-type switchOnEstimate struct {
-	Chain
-	next  Chain
-	fired atomic.Bool
-	last  atomic.Pointer[types.Transaction]
-}
-
-func (c *switchOnEstimate) SendTransaction(ctx context.Context, tx *types.Transaction) error {
-	c.last.Store(tx)
-	return c.Chain.SendTransaction(ctx, tx)
-}
-
-func (c *switchOnEstimate) EstimateGas(ctx context.Context, msg ethereum.CallMsg) (uint64, error) {
-	if c.next != nil && c.fired.CompareAndSwap(false, true) {
-		c.Chain = c.next
-	}
-	return c.Chain.EstimateGas(ctx, msg)
-}
-
-// A node restarted as another chain of the chain ID after the settle's
-// genesis read and before its send (during the checks, the gas estimate or
-// the wait for the relayer's turn) gets no transaction signed with the
-// nonce of the chain before: the identity is read again once the nonce is
-// taken, just before signing, and the settle is an error, nothing sent,
-// the nonce given back. (Before: it was signed with the nonce cached from
-// the chain before, ahead of the relayer's on the new one: queued, never
-// mined, answered unknown and kept "on the chain before", and once the
-// relayer's later settlements on the new chain filled the gap it executed
-// there, although README says such a settlement is never sent on the new
-// chain.)
-func TestChainSwitchAfterGenesisReadBeforeSendSendsNothing(t *testing.T) {
-	a := startDevnet(t, DevnetConfig{})
-	b := startDevnet(t, DevnetConfig{})
-	sw := &switchOnEstimate{Chain: a.Client()}
-	f, err := New(Config{Chain: sw, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	for i := 0; i < 3; i++ {
-		req := (&testEnv{d: a}).requirements(payee, amount)
-		if r, err := f.Settle(context.Background(), mustSignExact(t, payer, req), req); err != nil || !r.Success {
-			t.Fatalf("settle %d on a = %+v, %v", i, r, err)
-		}
-	}
-	sw.next = b.Client() // the node restarts during the next settle
-	prev := sw.last.Load()
-	req := (&testEnv{d: b}).requirements(payee, amount)
-	r, err := f.Settle(context.Background(), mustSignExact(t, payer, req), req)
-	var ue *x402.UnknownOutcomeError
-	if errors.As(err, &ue) || (err == nil && !r.Success) {
-		t.Errorf("settle across a restart after its genesis read = %+v, %v (unknown outcome %v); want success on the new chain, or an error with nothing sent", r, err, errors.As(err, &ue))
-	}
-	sent := sw.last.Load()
-	if sent == prev {
-		t.Logf("the settle across the restart answered %v and sent nothing", err)
-		return
-	}
-	if err != nil {
-		t.Errorf("the settle answered %v, nothing sent, but sent %s", err, sent.Hash().Hex())
-	}
-	bNonce, _ := b.Client().NonceAt(context.Background(), f.relayer, nil)
-	t.Logf("the settlement was signed with nonce %d and sent to the new chain, where the relayer's nonce is %d", sent.Nonce(), bNonce)
-	// The relayer's later settlements on the new chain fill the gap.
-	for i := 0; i < 4; i++ {
-		req := (&testEnv{d: b}).requirements(payee, amount)
-		r, err := f.Settle(context.Background(), mustSignExact(t, payer, req), req)
-		t.Logf("later settle %d on b = success %v, %v", i, r.Success, err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	for ctx.Err() == nil {
-		if rc, err := b.Client().TransactionReceipt(ctx, sent.Hash()); err == nil {
-			t.Errorf("the settlement answered unknown and kept on the chain before (%s, nonce %d) executed on the new chain (status %d, block %d) once the gap filled; README: never resolved or sent on the new chain", sent.Hash().Hex(), sent.Nonce(), rc.Status, rc.BlockNumber)
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-// readGenesis has f read its chain's genesis block afresh, as the read
-// before a signature does (send), not shared with one that began before.
+// readGenesis has f read its chain's genesis block afresh, as a resend
+// or a replacement does, not shared with one that began before.
 func readGenesis(t testing.TB, f *Facilitator) {
 	t.Helper()
 	if _, err := f.confirmChain(context.Background(), 0); err != nil {

@@ -324,9 +324,9 @@ func (f *Facilitator) identifyInBackground() {
 // before its checks, to take the nonce sequence and find what is kept of
 // the chain it reaches, so that it never takes another chain's with this
 // chain ID, the chain before on a node restarted as a fresh one among
-// them. The send itself is guarded by a reading that begins once the
-// nonce is taken (send). An error means the chain could not be asked;
-// nothing was sent.
+// them. The send itself is not read for again (README says what a
+// restart in between costs, and why). An error means the chain could not
+// be asked; nothing was sent.
 func (f *Facilitator) relayerNonces(ctx context.Context) (*nonceManager, error) {
 	return f.confirmChain(ctx, sharedReadLead)
 }
@@ -336,9 +336,7 @@ func (f *Facilitator) relayerNonces(ctx context.Context) (*nonceManager, error) 
 // settle arriving while a read runs shares it, one round trip, instead of
 // waiting for it and reading again, as long as that read began this
 // shortly before. It is well below the fastest restart of a node as
-// another chain (a devnet's, about a tenth of a second), and a restart
-// it misses is caught by the reading before the signature (send), which
-// then sends nothing.
+// another chain (a devnet's, about a tenth of a second).
 const sharedReadLead = 50 * time.Millisecond
 
 // anyAge, as confirmChain's maxAge, takes any reading of the genesis block.

@@ -575,10 +575,8 @@ func (e *unknownSend) Error() string { return "sending: " + e.err.Error() }
 // with pre, the send (submit) with ctx; signed is called with each
 // transaction signed, just before it is sent (submit signs again, with a
 // fresh nonce, after a nonce error): from then on it may reach the node.
-// Nothing is signed unless a reading of the genesis block that began once
-// the nonce was taken finds n's chain (confirmChain): the relayer's turn
-// is held one genesis round trip longer, the cost of never signing with
-// another chain's nonce.
+// Nothing is signed once f's endpoint was found to reach another chain
+// than n's meanwhile (confirmChain, by another settle or the look-after).
 func (f *Facilitator) send(ctx, pre context.Context, c *checked, n *nonceManager, signed func(*types.Transaction)) (*types.Transaction, error) {
 	q, err := f.quote(pre, c) // read by checkChain's simulation
 	if err != nil {
@@ -605,20 +603,8 @@ func (f *Facilitator) send(ctx, pre context.Context, c *checked, n *nonceManager
 	gas = min(withHeadroom(gas), ceiling)
 
 	tx, err := n.submit(pre, ctx, f.chain, func(nonce uint64) (*types.Transaction, error) {
-		// The settle's first reading of the genesis block came before its
-		// checks, the gas estimate and the wait for the relayer's turn (up
-		// to prepareTimeout): a node restarted as another chain meanwhile
-		// would get a transaction with n's nonce, queued behind the gap on
-		// the new chain and executed there once the relayer's later
-		// settlements fill it. So the chain is confirmed again by a reading
-		// that began now, the nonce taken; on an error or another chain,
-		// nothing is signed and the nonce stays n's next (submit).
-		m, err := f.confirmChain(pre, 0)
-		if err != nil {
-			return nil, err
-		}
-		if m != n {
-			return nil, errChainChangedBeforeSend
+		if f.knownNonces() != n {
+			return nil, errOtherChain
 		}
 		tx, err := types.SignNewTx(f.key, f.signer, q.tx(f.chainID, nonce, gas, c.token, c.txData))
 		if err == nil {
@@ -634,10 +620,6 @@ func (f *Facilitator) send(ctx, pre context.Context, c *checked, n *nonceManager
 	}
 	return tx, nil
 }
-
-// errChainChangedBeforeSend is a settle's answer when f's endpoint reaches
-// another chain than the one its nonce is of (send): nothing was sent.
-var errChainChangedBeforeSend = errors.New("the node behind this facilitator's endpoint began serving another chain of its chain ID (another genesis block) while this settlement was prepared; nothing was sent, and a retry settles on the new chain")
 
 func isFundsError(msg string) bool {
 	return strings.Contains(msg, "insufficient funds")
