@@ -351,6 +351,9 @@ type Gate struct {
 	// more, as nothing would drop it (reportBatched). Set in Provision, a
 	// pointer like route.
 	stopped *atomic.Bool
+	// unpaid are the gate's unpaid reports in the background, which its
+	// Cleanup waits for (waitUnpaid).
+	unpaid *backgroundReports
 	// shadowed is set once the gate has warned that an earlier gate of
 	// the same request prices its route or its MCP tool (warnShadowed). Set in
 	// Provision, a pointer like route.
@@ -579,6 +582,7 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 	registerMetrics(ctx)
 	g.route = new(atomic.Pointer[reporter])
 	g.stopped = new(atomic.Bool)
+	g.unpaid = &backgroundReports{stop: make(chan struct{})}
 	g.shadowed = new(atomic.Bool)
 	if g.MCPTool != "" {
 		g.mcpRead = mcpReadLimit(ctx, srv, g.MaxBody)
@@ -639,10 +643,13 @@ func (g *Gate) Validate() error {
 	return nil
 }
 
-// Cleanup stops the resolver, withdraws the route from the facilitator's
+// Cleanup stops the resolver, waits for the first attempt of the unpaid
+// reports in the background, at most reportTimeout (waitUnpaid: a stop's
+// exit would lose them), withdraws the route from the facilitator's
 // discovery list and lets go of the rate limit zone.
 func (g *Gate) Cleanup() error {
 	g.stopResolver() // hook (pending.go)
+	g.waitUnpaid()
 	discovery.remove(g)
 	if g.freeRates != nil {
 		if _, err := rateZones.Delete(g.freeKey); err != nil {

@@ -1616,42 +1616,65 @@ func (g *Gate) report(r *http.Request, next caddyhttp.Handler, path, id, payment
 	if g.reportBatched(r, next, path, outcomeReport{VerificationID: id, Payment: payment}) {
 		return
 	}
-	base := detached(r)
-	go func() {
-		defer func() {
-			if rec := recover(); rec != nil {
-				g.logger.Error("reporting a settlement outcome panicked", zap.Any("panic", rec))
-			}
-		}()
-		for _, wait := range reportRetries {
-			time.Sleep(wait)
-			if g.reportOnce(base, next, path, []outcomeReport{{VerificationID: id, Payment: payment}}) {
-				return
-			}
+	go g.retryReport(detached(r), next, path, id, payment, nil)
+}
+
+// retryReport sends one outcome the upstream did not take again alone,
+// after each of reportRetries, until it is taken. A closed stop gives the
+// retries left up (the gate's Cleanup, which logs how many it gave up).
+func (g *Gate) retryReport(r *http.Request, next caddyhttp.Handler, path, id, payment string, stop <-chan struct{}) {
+	defer func() {
+		if rec := recover(); rec != nil {
+			g.logger.Error("reporting a settlement outcome panicked", zap.Any("panic", rec))
 		}
-		g.logger.Error("settlement outcome not reported; the verification stays pending", zap.String("verification_id", id), zap.String("payment", payment))
 	}()
+	for _, wait := range reportRetries {
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-stop:
+			t.Stop()
+			return
+		}
+		if g.reportOnce(r, next, path, []outcomeReport{{VerificationID: id, Payment: payment}}) {
+			return
+		}
+	}
+	g.logger.Error("settlement outcome not reported; the verification stays pending", zap.String("verification_id", id), zap.String("payment", payment))
 }
 
 // maxUnpaidInBackground bounds the unpaid reports in the background at once
-// (reportUnpaid), across gates: each holds a goroutine for at most its
-// batch's wait and one attempt (reportTimeout each) before the retries
-// take it, so a stalled upstream under a flood of failing calls holds no
-// more than this many.
+// (reportUnpaid), across gates, retries included: each holds a goroutine
+// for its batch's wait and one attempt (reportTimeout each) and then its
+// retries (reportRetries, each attempt reportTimeout: about 35 s when the
+// upstream stalls), so a stalled upstream under a flood of failing calls
+// holds no more than this many.
 const maxUnpaidInBackground = 4096
 
 // unpaidInBackground counts the unpaid reports in the background.
 var unpaidInBackground atomic.Int64
+
+// backgroundReports are one gate's unpaid reports in the background
+// (reportUnpaid), for its Cleanup (waitUnpaid). Set in Provision, a
+// pointer like route.
+type backgroundReports struct {
+	first sync.WaitGroup // reports whose first attempt has not finished
+	n     atomic.Int64   // reports not finished, retries included
+	stop  chan struct{}  // closed by Cleanup: the retries left are given up
+	once  sync.Once
+}
 
 // reportUnpaid reports a call that settled nothing unpaid (report), in the
 // background: the buyer's answer is an error or an uncharged answer that
 // no history can be behind, and must not wait for a report to an upstream
 // that may be the one that just failed it (a stalled verifierd would hold
 // its 504 reportTimeout past upstream_timeout). The report goes in the
-// batch and its retries as any other, on a copy of r detached from it,
-// while the config stays open for it (g.uses). Past
-// maxUnpaidInBackground it is sent before the answer, as a paid report is:
-// back-pressure, and nothing lost.
+// batch and then its retries as any other, in one goroutine counted until
+// the last retry (maxUnpaidInBackground), on a copy of r detached from it,
+// while the config stays open for it (g.uses). Past maxUnpaidInBackground
+// it is sent before the answer, as a paid report is: back-pressure, and
+// nothing lost. The gate's Cleanup waits for the first attempt
+// (waitUnpaid).
 func (g *Gate) reportUnpaid(r *http.Request, next caddyhttp.Handler, path, id string) {
 	if unpaidInBackground.Add(1) > maxUnpaidInBackground {
 		unpaidInBackground.Add(-1)
@@ -1660,8 +1683,17 @@ func (g *Gate) reportUnpaid(r *http.Request, next caddyhttp.Handler, path, id st
 	}
 	base := detached(r)
 	entered := g.uses.Enter() // the request holds a use: never refused
+	bg := g.unpaid
+	if bg == nil { // a gate built without Provision (tests)
+		bg = &backgroundReports{stop: make(chan struct{})}
+	}
+	bg.first.Add(1)
+	bg.n.Add(1)
 	go func() {
+		firstDone := sync.OnceFunc(bg.first.Done)
 		defer func() {
+			firstDone()
+			bg.n.Add(-1)
 			unpaidInBackground.Add(-1)
 			if entered {
 				g.uses.Leave()
@@ -1670,8 +1702,43 @@ func (g *Gate) reportUnpaid(r *http.Request, next caddyhttp.Handler, path, id st
 				g.logger.Error("reporting a settlement outcome panicked", zap.Any("panic", rec))
 			}
 		}()
-		g.report(base, next, path, id, store.PaymentUnpaid)
+		taken := g.reportBatched(base, next, path, outcomeReport{VerificationID: id, Payment: store.PaymentUnpaid})
+		firstDone()
+		if !taken {
+			g.retryReport(base, next, path, id, store.PaymentUnpaid, bg.stop)
+		}
 	}()
+}
+
+// waitUnpaid is the gate's Cleanup waiting for its unpaid reports in the
+// background: Caddy's stop (SIGTERM, admin /stop) runs Cleanup and the
+// process exits right after, so a report still on its way would be lost
+// and its verification stay pending. It waits for their first attempt
+// only, at most reportTimeout: a reload's cleanup (Caddy runs it
+// synchronously) may then take up to that long while the upstream stalls.
+// The retries left after that are given up, and logged by number: the
+// config is gone, and a process about to exit cannot wait 35 s for them.
+func (g *Gate) waitUnpaid() {
+	bg := g.unpaid
+	if bg == nil {
+		return
+	}
+	done := make(chan struct{})
+	go func() {
+		bg.first.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(reportTimeout)
+	select {
+	case <-done:
+		t.Stop()
+	case <-t.C:
+	}
+	bg.once.Do(func() { close(bg.stop) })
+	if n := bg.n.Load(); n > 0 {
+		g.logger.Warn("the config is unloaded: unpaid reports the upstream has not taken are given up (no retry); their verifications stay pending",
+			zap.Int64("reports", n))
+	}
 }
 
 // outcomeReport is one settlement outcome, as the upstream reads it.

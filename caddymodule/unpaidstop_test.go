@@ -1,0 +1,74 @@
+package caddymodule
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	neturl "net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/aovhq/aov/store"
+	"github.com/aovhq/aov/x402"
+)
+
+// A graceful stop (SIGTERM, admin /stop) waits for the unpaid reports in
+// the background: the process exits right after caddy.Stop, so a report
+// still on its way to a healthy (just not instant) verifierd would be lost
+// and the verification would stay "pending" for ever. (Before: caddy.Stop
+// returned while the report's goroutine was still sending.)
+func TestUnpaidReportDeliveredAtGracefulStop(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	vf := startVerifier(t)
+	const passing = "`{\"type\":\"object\",\"required\":[\"verification_id\"]}`"
+	slowCheck := delayedVerifier(t, vf, 3*time.Second)
+	target, _ := neturl.Parse(vf.srv.URL)
+	rp := httputil.NewSingleHostReverseProxy(target)
+	// verifierd is healthy; its settlement endpoint answers in 800 ms
+	// (a busy history store), well within reportTimeout (5 s).
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/v1/gateway/") {
+			time.Sleep(800 * time.Millisecond)
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(up.Close)
+	site := strings.Replace(sellerOverVerifierdSite(vf, "http "+fac, "upstream_timeout 1s", passing, slowCheck.URL, ""),
+		strings.TrimPrefix(vf.srv.URL, "http://"), strings.TrimPrefix(up.URL, "http://"), 1)
+	base := startCaddy(t, site)
+	url := base + "/verify/schema"
+	const agent = "buyer-report-at-stop"
+	body := `{"task_id":"t-1","agent_id":"` + agent + `","expected_schema":{"type":"object"},"submitted_output":{"ok":true}}`
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 4)
+	resp := post(t, url, body, map[string]string{x402.HeaderPaymentSignature: sig})
+	answer := readAll(t, resp)
+	if resp.StatusCode != http.StatusGatewayTimeout {
+		t.Fatalf("paid call: %d %.300s; want 504", resp.StatusCode, answer)
+	}
+	// The operator stops the gateway (graceful: in-flight requests drain).
+	if err := caddy.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	// The process would exit here. What did verifierd record by then?
+	recs, _, err := vf.db.Verifications(context.Background(), agent, "", 10)
+	if err != nil || len(recs) != 1 {
+		t.Fatalf("records %+v %v", recs, err)
+	}
+	if recs[0].Payment != store.PaymentUnpaid {
+		t.Errorf("after a graceful stop, verifierd's record says %q; want %q (the stop did not wait for the unpaid report: lost at exit)", recs[0].Payment, store.PaymentUnpaid)
+	}
+	// In this process the goroutine lives on: does the report still get
+	// through the cleaned-up config's handler chain?
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		recs, _, _ = vf.db.Verifications(context.Background(), agent, "", 10)
+		if recs[0].Payment == store.PaymentUnpaid {
+			t.Logf("in process, the report arrived after Stop (the old chain still works)")
+			return
+		}
+	}
+	t.Logf("in process, the report never arrived after Stop: %q", recs[0].Payment)
+}
