@@ -195,7 +195,10 @@ func cleanValue(v string) string {
 //     account, it would belong to an address no wallet can prove, and
 //     nobody could ever bind it or be authenticated for it. So is a bare
 //     base58 id of 32 bytes that is no Ed25519 key (about half of all
-//     32-byte values, readable 43-character names among them).
+//     32-byte values, readable 43-character names among them). A bare
+//     Solana address a wallet bound before the bare-account rule (when it
+//     was an ordinary name) keeps that owner (ownerOf): a readable name
+//     that is an Ed25519 key nobody holds stays its binder's.
 //   - Any other id belongs to the first wallet whose proof named it on a
 //     verification call, recorded durably (store.Owners) and never
 //     changed. Reserved test- ids are never bound (anyone may use the
@@ -257,8 +260,22 @@ func accountAddress(agentID string) (string, bool) {
 // recorded owner of any other id ("" when none or when there is no owner
 // store), binding it to bindTo first when bindTo is set and the id is
 // unowned.
+//
+// A bare Solana address is read as its account only when nobody bound it:
+// before the bare-account rule it was an ordinary name, and a readable
+// name may be the base58 of an Ed25519 key nobody holds, so the wallet
+// that bound one then keeps it (a squatter's binding of a real address
+// too: owners are never changed). No new binding of one is made.
 func (s *Server) ownerOf(ctx context.Context, agentID, bindTo string) (string, error) {
 	if addr, ok := accountAddress(agentID); ok {
+		bareSolana := addr == agentID && !store.IsEVMAddress(agentID)
+		if !bareSolana || s.owners == nil {
+			return addr, nil
+		}
+		owner, err := s.owners.AgentOwner(ctx, agentID)
+		if err != nil || owner != "" {
+			return owner, err
+		}
 		return addr, nil
 	}
 	if s.owners == nil || strings.HasPrefix(agentID, store.TestAgentPrefix) {
@@ -295,10 +312,17 @@ func (s *Server) authenticate(ctx context.Context, agentID string, gw gatewayInf
 	if agentID == "" {
 		return false, nil
 	}
-	if addr, ok := accountAddress(agentID); ok {
-		return store.SameWallet(addr, gw.wallet), nil
+	if agentID == gw.walletAgent {
+		return owned, nil // owned by gw.wallet: another owner is refused above
 	}
-	return owned && agentID == gw.walletAgent, nil
+	if _, ok := accountAddress(agentID); ok {
+		owner, err := s.ownerOf(ctx, agentID, "")
+		if err != nil {
+			return false, apierr.Unavailable("agent owner store", 5, fmt.Errorf("reading agent owner: %w", err))
+		}
+		return store.SameWallet(owner, gw.wallet), nil
+	}
+	return false, nil
 }
 
 // ownerEvidence reports whether a recorded verification counts as the
