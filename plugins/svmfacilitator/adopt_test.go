@@ -23,30 +23,17 @@ import (
 // so the payment's pending answer was never followed by its success.)
 func TestPendingSendAnsweredSuccessOnceAcrossFacilitatorsOnOneStore(t *testing.T) {
 	db := openStore(t, t.TempDir())
-	fr := &faultyRPC{}
-	srv := fr.serve(t)
-	e := newEnv(t, Config{RPC: &RPC{URL: srv}, Sent: sentOf(db), ConfirmTimeout: 300 * time.Millisecond, PollInterval: 20 * time.Millisecond})
-	fr.set(func(f *faultyRPC) { f.target, f.hideStatus = e.chain.URL, true })
-	pp := Payload(e.payment(t).Transaction(), e.req)
+	e, fr, pp, unknown := settlePending(t, sentOf(db), 20*time.Millisecond)
 	ctx := context.Background()
-	_, err := e.f.Settle(ctx, pp, e.req)
-	var unknown *x402.UnknownOutcomeError
-	if !errors.As(err, &unknown) || unknown.Reply == nil || unknown.Reply.ErrorReason != ReasonSettlementPending {
-		t.Fatalf("first settle: %v; want settlement_pending", err)
+	if unknown.Reply.ErrorReason != ReasonSettlementPending {
+		t.Fatalf("first settle: %v; want settlement_pending", unknown)
 	}
 	sig := unknown.Reply.Transaction
 	if a, b := e.balances(t); a != 1_000_000-20000 || b != 20000 {
 		t.Fatalf("balances payer %d payee %d; want the transfer landed", a, b)
 	}
 
-	cfg := e.f.cfg
-	cfg.RPC = &RPC{URL: e.chain.URL}
-	others := make([]*Facilitator, 2)
-	for i := range others {
-		if others[i], err = New(cfg); err != nil {
-			t.Fatal(err)
-		}
-	}
+	others := []*Facilitator{e.elsewhere(t), e.elsewhere(t)}
 	answers := make([]x402.SettleResponse, len(others))
 	errs := make([]error, len(others))
 	var wg sync.WaitGroup
@@ -91,27 +78,13 @@ func TestPendingSendAnsweredSuccessOnceAcrossFacilitatorsOnOneStore(t *testing.T
 // caller was already told settled.
 func TestPendingSendSettledByStatusReadIsDuplicateElsewhere(t *testing.T) {
 	db := openStore(t, t.TempDir())
-	fr := &faultyRPC{}
-	srv := fr.serve(t)
-	e := newEnv(t, Config{RPC: &RPC{URL: srv}, Sent: sentOf(db), ConfirmTimeout: 300 * time.Millisecond, PollInterval: time.Minute})
-	fr.set(func(f *faultyRPC) { f.target, f.hideStatus = e.chain.URL, true })
-	pp := Payload(e.payment(t).Transaction(), e.req)
+	e, fr, pp, unknown := settlePending(t, sentOf(db), time.Minute)
 	ctx := context.Background()
-	_, err := e.f.Settle(ctx, pp, e.req)
-	var unknown *x402.UnknownOutcomeError
-	if !errors.As(err, &unknown) || unknown.Reply == nil {
-		t.Fatalf("first settle: %v; want settlement_pending", err)
-	}
 	fr.set(func(f *faultyRPC) { f.hideStatus = false })
 	if st, err := e.f.SettlementStatus(ctx, pp, e.req); err != nil || st.State != x402.SettlementDone {
 		t.Fatalf("status: %+v %v; want settled", st, err)
 	}
-	cfg := e.f.cfg
-	cfg.RPC = &RPC{URL: e.chain.URL}
-	other, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	other := e.elsewhere(t)
 	if s, err := other.Settle(ctx, pp, e.req); err != nil || s.Success || s.ErrorReason != ReasonDuplicateSettlement || s.Transaction != unknown.Reply.Transaction {
 		t.Fatalf("settle elsewhere: %+v %v; want duplicate_settlement naming %s", s, err, unknown.Reply.Transaction)
 	}
@@ -121,30 +94,13 @@ func TestPendingSendSettledByStatusReadIsDuplicateElsewhere(t *testing.T) {
 // reload that changed the settings, or a restart) reads as settled.
 func TestPendingSendSettledByStatusReadElsewhereIsDuplicate(t *testing.T) {
 	db := openStore(t, t.TempDir())
-	fr := &faultyRPC{}
-	srv := fr.serve(t)
-	e := newEnv(t, Config{RPC: &RPC{URL: srv}, Sent: sentOf(db), ConfirmTimeout: 300 * time.Millisecond, PollInterval: time.Minute})
-	fr.set(func(f *faultyRPC) { f.target, f.hideStatus = e.chain.URL, true })
-	pp := Payload(e.payment(t).Transaction(), e.req)
+	e, _, pp, unknown := settlePending(t, sentOf(db), time.Minute)
 	ctx := context.Background()
-	_, err := e.f.Settle(ctx, pp, e.req)
-	var unknown *x402.UnknownOutcomeError
-	if !errors.As(err, &unknown) || unknown.Reply == nil {
-		t.Fatalf("first settle: %v; want settlement_pending", err)
-	}
-	cfg := e.f.cfg
-	cfg.RPC = &RPC{URL: e.chain.URL}
-	reader, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	reader := e.elsewhere(t)
 	if st, err := reader.SettlementStatus(ctx, pp, e.req); err != nil || st.State != x402.SettlementDone {
 		t.Fatalf("status: %+v %v; want settled", st, err)
 	}
-	other, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	other := e.elsewhere(t)
 	if s, err := other.Settle(ctx, pp, e.req); err != nil || s.Success || s.ErrorReason != ReasonDuplicateSettlement || s.Transaction != unknown.Reply.Transaction {
 		t.Fatalf("settle elsewhere: %+v %v; want duplicate_settlement naming %s", s, err, unknown.Reply.Transaction)
 	}
@@ -196,6 +152,39 @@ func TestLandedSendUnmarkedIsPendingUntilMarked(t *testing.T) {
 	if a, b := e.balances(t); a != 1_000_000-20000 || b != 20000 {
 		t.Fatalf("balances payer %d payee %d (paid once)", a, b)
 	}
+}
+
+// settlePending settles a payment of a new env through a node that hides
+// its statuses while the transfer lands, so the Settle answers an unknown
+// outcome: the pending send on sent that the tests of adoption and of the
+// status read start from. fr still hides the statuses when it returns.
+func settlePending(t *testing.T, sent SentStore, poll time.Duration) (*env, *faultyRPC, x402.PaymentPayload, *x402.UnknownOutcomeError) {
+	t.Helper()
+	fr := &faultyRPC{}
+	srv := fr.serve(t)
+	e := newEnv(t, Config{RPC: &RPC{URL: srv}, Sent: sent, ConfirmTimeout: 300 * time.Millisecond, PollInterval: poll})
+	fr.set(func(f *faultyRPC) { f.target, f.hideStatus = e.chain.URL, true })
+	pp := Payload(e.payment(t).Transaction(), e.req)
+	_, err := e.f.Settle(context.Background(), pp, e.req)
+	var unknown *x402.UnknownOutcomeError
+	if !errors.As(err, &unknown) || unknown.Reply == nil {
+		t.Fatalf("first settle: %v; want settlement_pending", err)
+	}
+	return e, fr, pp, unknown
+}
+
+// elsewhere is another facilitator on e's settings and store of sends,
+// with no memory of e's sends and a node that hides nothing: a second
+// instance, or e after a reload that changed its settings.
+func (e *env) elsewhere(t *testing.T) *Facilitator {
+	t.Helper()
+	cfg := e.f.cfg
+	cfg.RPC = &RPC{URL: e.chain.URL}
+	f, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
 }
 
 func mustDecode(t *testing.T, pp x402.PaymentPayload) *Transaction {
@@ -269,12 +258,7 @@ func TestAlreadyProcessedAtSendDropsTheRecord(t *testing.T) {
 	if st, err := db.Claims().Lookup(ctx, e.f.sentKey(mustDecode(t, pp).MessageHash())); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("record: %+v %v; want none", st, err)
 	}
-	cfg := e.f.cfg
-	cfg.RPC = &RPC{URL: e.chain.URL}
-	other, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	other := e.elsewhere(t)
 	if s, err := other.Settle(ctx, pp, e.req); err != nil || s.Success || s.ErrorReason != ReasonDuplicateSettlement || s.Transaction != elsewhere {
 		t.Fatalf("settle elsewhere: %+v %v; want duplicate_settlement naming %s", s, err, elsewhere)
 	}

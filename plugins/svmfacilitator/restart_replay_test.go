@@ -85,6 +85,23 @@ func openStore(t *testing.T, dir string) *store.DB {
 	return db
 }
 
+// reopenBehind is the process started again after a crash: the store of
+// sends in dir opened anew (the caller closed the old one) and a
+// facilitator of e's settings on it, whose node lags the chain by a slot
+// and counts what it is sent.
+func (e *env) reopenBehind(t *testing.T, dir string) (*Facilitator, *store.DB, *behindNode) {
+	t.Helper()
+	db := openStore(t, dir)
+	cfg := e.f.cfg
+	node := newBehindNode(t, e.chain.URL, 1)
+	cfg.RPC, cfg.Sent = &RPC{URL: node.URL}, sentOf(db)
+	restarted, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return restarted, db, node
+}
+
 // After a restart (a new Facilitator, and the store closed and opened
 // again), a replay of a payment that landed and was answered success is
 // duplicate_settlement naming the transaction, never a second success,
@@ -110,14 +127,7 @@ func TestSettleReplayAfterRestartOnLaggingNodeIsDuplicate(t *testing.T) {
 	}
 	db.Close()
 
-	db = openStore(t, dir)
-	cfg := e.f.cfg
-	node := newBehindNode(t, e.chain.URL, 1)
-	cfg.RPC, cfg.Sent = &RPC{URL: node.URL}, sentOf(db)
-	restarted, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	restarted, db, node := e.reopenBehind(t, dir)
 	again, err := restarted.Settle(ctx, pp, e.req)
 	if err != nil || again.Success || again.ErrorReason != ReasonDuplicateSettlement || again.Transaction != first.Transaction {
 		t.Fatalf("replay after restart: success=%v reason=%q tx=%s err=%v; want duplicate_settlement naming %s",
@@ -159,14 +169,7 @@ func TestSettleReplayOfUnansweredSendAfterRestartAnswersOnce(t *testing.T) {
 	}
 	db.Close()
 
-	db = openStore(t, dir)
-	cfg := e.f.cfg
-	node := newBehindNode(t, e.chain.URL, 1)
-	cfg.RPC, cfg.Sent = &RPC{URL: node.URL}, sentOf(db)
-	restarted, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	restarted, db, node := e.reopenBehind(t, dir)
 	again, err := restarted.Settle(ctx, pp, e.req)
 	if err != nil || !again.Success || again.Transaction != sig {
 		t.Fatalf("replay after restart: success=%v reason=%q tx=%s err=%v; want success naming %s", again.Success, again.ErrorReason, again.Transaction, err, sig)
@@ -207,14 +210,7 @@ func TestSettleReplayOfUnansweredSendWithoutTokenIsDuplicate(t *testing.T) {
 	}
 	db.Close()
 
-	db = openStore(t, dir)
-	cfg := e.f.cfg
-	node := newBehindNode(t, e.chain.URL, 1)
-	cfg.RPC, cfg.Sent = &RPC{URL: node.URL}, sentOf(db)
-	restarted, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	restarted, db, node := e.reopenBehind(t, dir)
 	again, err := restarted.Settle(ctx, pp, e.req)
 	if err != nil || again.Success || again.ErrorReason != ReasonDuplicateSettlement || again.Transaction != sig {
 		t.Fatalf("replay after restart: success=%v reason=%q tx=%s err=%v; want duplicate_settlement naming %s", again.Success, again.ErrorReason, again.Transaction, err, sig)

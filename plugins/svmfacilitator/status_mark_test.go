@@ -25,17 +25,8 @@ func answeredElsewhere(st x402.SettlementStatus) bool {
 func TestStatusReadThatCannotMarkTheRecordIsUndecided(t *testing.T) {
 	db := openStore(t, t.TempDir())
 	sent := &swapFails{SentStore: sentOf(db)}
-	fr := &faultyRPC{}
-	srv := fr.serve(t)
-	e := newEnv(t, Config{RPC: &RPC{URL: srv}, Sent: sent, ConfirmTimeout: 300 * time.Millisecond, PollInterval: time.Minute})
-	fr.set(func(f *faultyRPC) { f.target, f.hideStatus = e.chain.URL, true })
-	pp := Payload(e.payment(t).Transaction(), e.req)
+	e, fr, pp, _ := settlePending(t, sent, time.Minute)
 	ctx := context.Background()
-	_, err := e.f.Settle(ctx, pp, e.req)
-	var unknown *x402.UnknownOutcomeError
-	if !errors.As(err, &unknown) || unknown.Reply == nil {
-		t.Fatalf("first settle: %v; want settlement_pending", err)
-	}
 	fr.set(func(f *faultyRPC) { f.hideStatus = false })
 	sent.fail.Store(true) // the store cannot mark the record for a moment
 	st, err := e.f.SettlementStatus(ctx, pp, e.req)
@@ -43,12 +34,7 @@ func TestStatusReadThatCannotMarkTheRecordIsUndecided(t *testing.T) {
 	if err != nil || st.State != x402.SettlementUndecided {
 		t.Fatalf("status read with the mark failing: %+v %v; want undecided", st, err)
 	}
-	cfg := e.f.cfg
-	cfg.RPC = &RPC{URL: e.chain.URL}
-	other, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	other := e.elsewhere(t)
 	s, err := other.Settle(ctx, pp, e.req)
 	if err != nil || !s.Success {
 		t.Fatalf("settle elsewhere: %+v %v; want success (it adopts the unanswered record)", s, err)
@@ -68,23 +54,9 @@ func TestStatusReadThatCannotMarkTheRecordIsUndecided(t *testing.T) {
 func TestUnrecordedStatusReadThatCannotMarkTheRecordIsUndecided(t *testing.T) {
 	db := openStore(t, t.TempDir())
 	sent := &swapFails{SentStore: sentOf(db)}
-	fr := &faultyRPC{}
-	srv := fr.serve(t)
-	e := newEnv(t, Config{RPC: &RPC{URL: srv}, Sent: sent, ConfirmTimeout: 300 * time.Millisecond, PollInterval: time.Minute})
-	fr.set(func(f *faultyRPC) { f.target, f.hideStatus = e.chain.URL, true })
-	pp := Payload(e.payment(t).Transaction(), e.req)
+	e, _, pp, unknown := settlePending(t, sent, time.Minute)
 	ctx := context.Background()
-	_, err := e.f.Settle(ctx, pp, e.req)
-	var unknown *x402.UnknownOutcomeError
-	if !errors.As(err, &unknown) || unknown.Reply == nil {
-		t.Fatalf("first settle: %v; want settlement_pending", err)
-	}
-	cfg := e.f.cfg
-	cfg.RPC = &RPC{URL: e.chain.URL}
-	reader, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	reader := e.elsewhere(t)
 	sent.fail.Store(true)
 	st, err := reader.SettlementStatus(ctx, pp, e.req)
 	sent.fail.Store(false)
@@ -96,10 +68,7 @@ func TestUnrecordedStatusReadThatCannotMarkTheRecordIsUndecided(t *testing.T) {
 	if st, err = reader.SettlementStatus(ctx, pp, e.req); err != nil || st.State != x402.SettlementDone || st.Transaction != unknown.Reply.Transaction {
 		t.Fatalf("status read with the store back: %+v %v; want settled naming %s", st, err, unknown.Reply.Transaction)
 	}
-	other, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	other := e.elsewhere(t)
 	if s, err := other.Settle(ctx, pp, e.req); err != nil || s.Success || s.ErrorReason != ReasonDuplicateSettlement {
 		t.Fatalf("settle elsewhere after the status read marked it: %+v %v; want duplicate_settlement", s, err)
 	}
@@ -114,23 +83,9 @@ func TestUnrecordedStatusReadThatCannotMarkTheRecordIsUndecided(t *testing.T) {
 // Settle's caller was told succeeded.)
 func TestStatusReadAfterAnotherSettleAnsweredSuccessIsDuplicate(t *testing.T) {
 	db := openStore(t, t.TempDir())
-	fr := &faultyRPC{}
-	srv := fr.serve(t)
-	e := newEnv(t, Config{RPC: &RPC{URL: srv}, Sent: sentOf(db), ConfirmTimeout: 300 * time.Millisecond, PollInterval: time.Minute})
-	fr.set(func(f *faultyRPC) { f.target, f.hideStatus = e.chain.URL, true })
-	pp := Payload(e.payment(t).Transaction(), e.req)
+	e, fr, pp, _ := settlePending(t, sentOf(db), time.Minute)
 	ctx := context.Background()
-	_, err := e.f.Settle(ctx, pp, e.req)
-	var unknown *x402.UnknownOutcomeError
-	if !errors.As(err, &unknown) || unknown.Reply == nil {
-		t.Fatalf("first settle: %v; want settlement_pending", err)
-	}
-	cfg := e.f.cfg
-	cfg.RPC = &RPC{URL: e.chain.URL}
-	other, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	other := e.elsewhere(t)
 	s, err := other.Settle(ctx, pp, e.req)
 	if err != nil || !s.Success {
 		t.Fatalf("settle elsewhere: %+v %v; want success (adopted)", s, err)
@@ -143,10 +98,7 @@ func TestStatusReadAfterAnotherSettleAnsweredSuccessIsDuplicate(t *testing.T) {
 		}
 	}
 	// A status read with no memory of the send answers the same.
-	reader, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	reader := e.elsewhere(t)
 	if st, err := reader.SettlementStatus(ctx, pp, e.req); err != nil || !answeredElsewhere(st) {
 		t.Fatalf("status read with no memory: %+v %v; want never, duplicate_settlement", st, err)
 	}
@@ -176,12 +128,7 @@ func TestVerifyThenSettleElsewhereLeavesTheSenderStatusDuplicate(t *testing.T) {
 		t.Fatalf("first settle: %v; want an unknown outcome", err)
 	}
 	fr.set(func(f *faultyRPC) { f.dropSend = false })
-	cfg := e.f.cfg
-	cfg.RPC = &RPC{URL: e.chain.URL}
-	other, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	other := e.elsewhere(t)
 	vr, err := other.Verify(ctx, pp, e.req)
 	if err != nil || !vr.IsValid {
 		t.Fatalf("verify elsewhere before it landed: %+v %v", vr, err)
