@@ -24,6 +24,17 @@ func moduleClusterClient(t *testing.T, cl *servers.Cluster) *redis.ClusterClient
 	return rdb
 }
 
+// moduleStore is a Store on cl with opts, through a client made as the
+// Caddy module makes it (moduleClusterClient).
+func moduleStore(t *testing.T, ctx context.Context, cl *servers.Cluster, opts Options) *Store {
+	t.Helper()
+	s, err := New(ctx, moduleClusterClient(t, cl), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
 // A write MOVED to another primary is sent there in what is left of the
 // store operation's one deadline (`timeout`, 1 s): an old primary slow to
 // answer MOVED and a new one that stalls fail the claim as soon as the
@@ -34,10 +45,7 @@ func TestARedirectedWriteKeepsTheOperationsDeadline(t *testing.T) {
 	ctx := context.Background()
 	cl := servers.StartRedisClusterReplicated(t)
 	masters := clusterNodes(t, ctx, cl)
-	s, err := New(ctx, moduleClusterClient(t, cl), Options{Prefix: "mv", WaitReplicas: 1, WaitTimeout: 100 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := moduleStore(t, ctx, cl, Options{Prefix: "mv", WaitReplicas: 1, WaitTimeout: 100 * time.Millisecond})
 	until := time.Now().Add(time.Minute)
 	if _, err := s.Claims().Claim(ctx, []string{"a1"}, until); err != nil {
 		t.Fatal(err)
@@ -202,10 +210,7 @@ func TestAnAskReadsNoSlotMap(t *testing.T) {
 	ctx := context.Background()
 	cl := servers.StartRedisClusterReplicated(t)
 	masters := clusterNodes(t, ctx, cl)
-	s, err := New(ctx, moduleClusterClient(t, cl), Options{Prefix: "mv", WaitReplicas: 1, WaitTimeout: stallTimeout / 2})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := moduleStore(t, ctx, cl, Options{Prefix: "mv", WaitReplicas: 1, WaitTimeout: stallTimeout / 2})
 	until := time.Now().Add(time.Minute)
 	if _, err := s.Claims().Claim(ctx, []string{"a1"}, until); err != nil {
 		t.Fatal(err)

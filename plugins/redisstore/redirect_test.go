@@ -25,14 +25,8 @@ func TestAMovedThenAskIsFollowed(t *testing.T) {
 	ctx := context.Background()
 	cl := servers.StartRedisClusterReplicated(t)
 	masters := clusterNodes(t, ctx, cl)
-	s, err := New(ctx, moduleClusterClient(t, cl), Options{Prefix: "mv", WaitReplicas: 1, WaitTimeout: 100 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s0, err := New(ctx, moduleClusterClient(t, cl), Options{Prefix: "mv"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := moduleStore(t, ctx, cl, Options{Prefix: "mv", WaitReplicas: 1, WaitTimeout: 100 * time.Millisecond})
+	s0 := moduleStore(t, ctx, cl, Options{Prefix: "mv"})
 	until := time.Now().Add(time.Minute)
 	// Each client reads its slot map now, before the moves.
 	if _, err := s.Claims().Claim(ctx, []string{"a1"}, until); err != nil {
@@ -80,10 +74,7 @@ func TestNothingIsFollowedAfterAnAsk(t *testing.T) {
 	ctx := context.Background()
 	cl := servers.StartRedisClusterReplicated(t)
 	masters := clusterNodes(t, ctx, cl)
-	s, err := New(ctx, moduleClusterClient(t, cl), Options{Prefix: "mv", WaitReplicas: 1, WaitTimeout: 100 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := moduleStore(t, ctx, cl, Options{Prefix: "mv", WaitReplicas: 1, WaitTimeout: 100 * time.Millisecond})
 	until := time.Now().Add(time.Minute)
 	if _, err := s.Claims().Claim(ctx, []string{"a1"}, until); err != nil {
 		t.Fatal(err)
@@ -92,7 +83,7 @@ func TestNothingIsFollowedAfterAnAsk(t *testing.T) {
 	if err := a.Do(ctx, "cluster", "setslot", slot, "migrating", nodeID(t, ctx, b)).Err(); err != nil {
 		t.Fatal(err)
 	}
-	_, err = s.Claims().Claim(ctx, []string{"k1"}, until)
+	_, err := s.Claims().Claim(ctx, []string{"k1"}, until)
 	if _, moved := redis.IsMovedError(errors.Unwrap(err)); !moved {
 		t.Errorf("claim ASKed to a node that answers MOVED = %v, want that MOVED", err)
 	}
@@ -117,10 +108,7 @@ func TestAMultiKeyWriteDuringAMoveRunsOnlyWhereAllItsKeysAre(t *testing.T) {
 	ctx := context.Background()
 	cl := servers.StartRedisClusterReplicated(t)
 	masters := clusterNodes(t, ctx, cl)
-	s, err := New(ctx, moduleClusterClient(t, cl), Options{Prefix: "mv", WaitReplicas: 1, WaitTimeout: 100 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := moduleStore(t, ctx, cl, Options{Prefix: "mv", WaitReplicas: 1, WaitTimeout: 100 * time.Millisecond})
 	until := time.Now().Add(time.Minute)
 	plain, err := s.Claims().Claim(ctx, []string{"s1"}, until)
 	if err != nil {
