@@ -32,26 +32,7 @@ func TestOnCurveReadableNameStaysItsBindersName(t *testing.T) {
 	if ed25519key.Check(b) != nil {
 		t.Fatalf("precondition: %s must be an Ed25519 key", id)
 	}
-	f := newFixture(t, fixtureOpts{noSync: true})
-	owner := throwaway(7)
-	// Bound when a bare base58 id was an ordinary name.
-	if got, err := f.db.BindAgent(context.Background(), id, owner); err != nil || got != owner {
-		t.Fatalf("bind: %q %v", got, err)
-	}
-	st, m := f.verifyCall(id, "129.5", proves(owner, id))
-	if st != 200 {
-		t.Fatalf("the wallet that bound %s: status %d %v, want 200", id, st, m["code"])
-	}
-	rec, err := f.db.Verification(context.Background(), m["verification_id"].(string))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !rec.Authenticated {
-		t.Errorf("the wallet that bound %s was not authenticated for it", id)
-	}
-	if st, m := f.verifyCall(id, "129.5", proves(throwaway(8), id)); st != 403 || m["code"] != "forbidden" {
-		t.Errorf("another wallet naming %s: status %d %v, want 403 forbidden (it is its binder's)", id, st, m["code"])
-	}
+	binderKeepsName(t, id, "bound")
 }
 
 // A bare Solana address nobody bound is its account's: no other wallet can
