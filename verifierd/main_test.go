@@ -342,20 +342,29 @@ func TestDaemonServesScoreAndMCP(t *testing.T) {
 	}
 }
 
+// keysWithOne is a key directory in dir ("keys") with one key generated
+// in it, for -signer-keys, and the keystore on it, for reading its keys or
+// rotating them as another process would.
+func keysWithOne(t *testing.T, dir string) (string, *keystore.Store) {
+	t.Helper()
+	keysDir := filepath.Join(dir, "keys")
+	ks, err := keystore.Open(keysDir, keystore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ks.Generate(); err != nil {
+		t.Fatal(err)
+	}
+	return keysDir, ks
+}
+
 // TestDaemonSignsInProcess runs the daemon with -signer-keys and no certd
 // listening: receipts are signed with the directory's current key, and a
 // rotation made there by another process (as `certd rotate` is) signs the
 // next verification.
 func TestDaemonSignsInProcess(t *testing.T) {
 	dir := shortDir(t)
-	keysDir := filepath.Join(dir, "keys")
-	certd, err := keystore.Open(keysDir, keystore.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := certd.Generate(); err != nil {
-		t.Fatal(err)
-	}
+	keysDir, certd := keysWithOne(t, dir)
 	d := startDaemon(t, "-listen", "127.0.0.1:0", "-admin-listen", "", "-no-sync",
 		"-data", filepath.Join(dir, "data"), "-signer-keys", keysDir, "-signer-socket", filepath.Join(dir, "nobody.sock"),
 		"-public-base-url", "http://127.0.0.1:1")

@@ -109,14 +109,7 @@ func verification(t *testing.T, api string) []byte {
 // (Before: SIGHUP killed verifierd at once, cutting requests in flight.)
 func TestSIGHUPReloadsTheKeysAndNeverStopsVerifierd(t *testing.T) {
 	dir := shortDir(t)
-	keysDir := filepath.Join(dir, "keys")
-	certd, err := keystore.Open(keysDir, keystore.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := certd.Generate(); err != nil {
-		t.Fatal(err)
-	}
+	keysDir, certd := keysWithOne(t, dir)
 	common := []string{"-listen", "127.0.0.1:0", "-admin-listen", "", "-no-sync", "-public-base-url", "http://127.0.0.1:1"}
 
 	for _, c := range []struct {
