@@ -3,9 +3,6 @@ package caddymodule
 import (
 	"context"
 	"net/http"
-	"net/http/httptest"
-	"net/http/httputil"
-	neturl "net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,40 +21,28 @@ import (
 // once verifierd recovers. (Before: the unpaid report was sent before the
 // answer, so the 504 waited reportTimeout, 5 s, past upstream_timeout.)
 func TestUnsettledAnswerDoesNotWaitForItsUnpaidReport(t *testing.T) {
-	_, fac := sharedDevnet(t)
-	vf := startVerifier(t)
-	const passing = "`{\"type\":\"object\",\"required\":[\"verification_id\"]}`"
-	slowCheck := delayedVerifier(t, vf, 3*time.Second)
 	// verifierd as the gate's upstream: it answers verifications at once,
 	// but stalls on the settlement report (as a stalled history store
 	// would) until recovered.
-	target, _ := neturl.Parse(vf.srv.URL)
-	rp := httputil.NewSingleHostReverseProxy(target)
 	var stalled atomic.Bool
 	stalled.Store(true)
 	stop := make(chan struct{})
 	var once sync.Once
 	heal := func() { stalled.Store(false); once.Do(func() { close(stop) }) }
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if strings.HasPrefix(r.URL.Path, "/v1/gateway/") && stalled.Load() {
-			select {
-			case <-stop:
-			case <-r.Context().Done():
-			case <-time.After(20 * time.Second):
-			}
-			http.Error(w, "stalled", http.StatusServiceUnavailable)
-			return
-		}
-		rp.ServeHTTP(w, r)
-	}))
-	t.Cleanup(func() { heal(); up.Close() })
-	site := strings.Replace(sellerOverVerifierdSite(vf, "http "+fac, "upstream_timeout 1s", passing, slowCheck.URL, ""),
-		strings.TrimPrefix(vf.srv.URL, "http://"), strings.TrimPrefix(up.URL, "http://"), 1)
-	base := startCaddy(t, site)
-	url := base + "/verify/schema"
 	const agent = "buyer-stalled-report"
-	body := `{"task_id":"t-1","agent_id":"` + agent + `","expected_schema":{"type":"object"},"submitted_output":{"ok":true}}`
-	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 4)
+	vf, url, body, sig := unpaidReportGate(t, agent, func(w http.ResponseWriter, r *http.Request) bool {
+		if !strings.HasPrefix(r.URL.Path, "/v1/gateway/") || !stalled.Load() {
+			return false
+		}
+		select {
+		case <-stop:
+		case <-r.Context().Done():
+		case <-time.After(20 * time.Second):
+		}
+		http.Error(w, "stalled", http.StatusServiceUnavailable)
+		return true
+	})
+	t.Cleanup(heal)
 	start := time.Now()
 	resp := post(t, url, body, map[string]string{x402.HeaderPaymentSignature: sig})
 	answer := readAll(t, resp)

@@ -22,28 +22,15 @@ import (
 // and the verification would stay "pending" for ever. (Before: caddy.Stop
 // returned while the report's goroutine was still sending.)
 func TestUnpaidReportDeliveredAtGracefulStop(t *testing.T) {
-	_, fac := sharedDevnet(t)
-	vf := startVerifier(t)
-	const passing = "`{\"type\":\"object\",\"required\":[\"verification_id\"]}`"
-	slowCheck := delayedVerifier(t, vf, 3*time.Second)
-	target, _ := neturl.Parse(vf.srv.URL)
-	rp := httputil.NewSingleHostReverseProxy(target)
 	// verifierd is healthy; its settlement endpoint answers in 800 ms
 	// (a busy history store), well within reportTimeout (5 s).
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	const agent = "buyer-report-at-stop"
+	vf, url, body, sig := unpaidReportGate(t, agent, func(w http.ResponseWriter, r *http.Request) bool {
 		if strings.HasPrefix(r.URL.Path, "/v1/gateway/") {
 			time.Sleep(800 * time.Millisecond)
 		}
-		rp.ServeHTTP(w, r)
-	}))
-	t.Cleanup(up.Close)
-	site := strings.Replace(sellerOverVerifierdSite(vf, "http "+fac, "upstream_timeout 1s", passing, slowCheck.URL, ""),
-		strings.TrimPrefix(vf.srv.URL, "http://"), strings.TrimPrefix(up.URL, "http://"), 1)
-	base := startCaddy(t, site)
-	url := base + "/verify/schema"
-	const agent = "buyer-report-at-stop"
-	body := `{"task_id":"t-1","agent_id":"` + agent + `","expected_schema":{"type":"object"},"submitted_output":{"ok":true}}`
-	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 4)
+		return false
+	})
 	resp := post(t, url, body, map[string]string{x402.HeaderPaymentSignature: sig})
 	answer := readAll(t, resp)
 	if resp.StatusCode != http.StatusGatewayTimeout {
@@ -71,4 +58,33 @@ func TestUnpaidReportDeliveredAtGracefulStop(t *testing.T) {
 		}
 	}
 	t.Logf("in process, the report never arrived after Stop: %q", recs[0].Payment)
+}
+
+// unpaidReportGate starts a gate over a verifierd whose check answers in
+// 3 s, past the gate's upstream_timeout 1s, so a paid call is a 504 that
+// settles nothing and is reported unpaid. The gate reaches verifierd
+// through front, which answers a request itself (true) or leaves it to
+// verifierd (false): the way a test makes the report slow or stalled. It
+// returns verifierd, the paid route's URL, and the body and payment of a
+// paid call by agent.
+func unpaidReportGate(t *testing.T, agent string, front func(http.ResponseWriter, *http.Request) bool) (vf *verifierFixture, url, body, sig string) {
+	t.Helper()
+	_, fac := sharedDevnet(t)
+	vf = startVerifier(t)
+	const passing = "`{\"type\":\"object\",\"required\":[\"verification_id\"]}`"
+	slowCheck := delayedVerifier(t, vf, 3*time.Second)
+	target, _ := neturl.Parse(vf.srv.URL)
+	rp := httputil.NewSingleHostReverseProxy(target)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !front(w, r) {
+			rp.ServeHTTP(w, r)
+		}
+	}))
+	t.Cleanup(up.Close)
+	site := strings.Replace(sellerOverVerifierdSite(vf, "http "+fac, "upstream_timeout 1s", passing, slowCheck.URL, ""),
+		strings.TrimPrefix(vf.srv.URL, "http://"), strings.TrimPrefix(up.URL, "http://"), 1)
+	url = startCaddy(t, site) + "/verify/schema"
+	body = `{"task_id":"t-1","agent_id":"` + agent + `","expected_schema":{"type":"object"},"submitted_output":{"ok":true}}`
+	sig = signFor(t, paymentRequired(t, post(t, url, "", nil)), 4)
+	return vf, url, body, sig
 }
