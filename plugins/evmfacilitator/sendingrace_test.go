@@ -60,23 +60,7 @@ func (c *slowNonceTooLow) SendTransaction(ctx context.Context, tx *types.Transac
 func TestRetryWhileTheSignedSendIsOutstandingIsNotToldNothingTransferred(t *testing.T) {
 	e := newEnv(t)
 	sc := &slowNonceTooLow{Chain: e.d.Client(), entered: make(chan struct{}), release: make(chan struct{})}
-	f, f2 := twinFacilitators(t, sc)
-	req := e.requirements(payee, amount)
-	p := mustSignExact(t, payer, req)
-	leader := settleAsync(context.Background(), f, p, req)
-	select {
-	case <-sc.entered:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the settle never sent")
-	}
-	// A joined caller whose deadline ends is told "unknown" (the
-	// transaction was signed).
-	jctx, jcancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer jcancel()
-	var ue *x402.UnknownOutcomeError
-	if _, err := f.Settle(jctx, p, req); !errors.As(err, &ue) {
-		t.Fatalf("joined settle: %v; want unknown", err)
-	}
+	f, f2, p, req, leader := sendHeldAndJoined(t, e, sc)
 	// Another process of the relayer key uses the nonce the held send has.
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -125,10 +109,40 @@ func TestSendRefusedAfterARetrySentTheSameTransactionIsUnknown(t *testing.T) {
 	e := newEnv(t)
 	sc := &slowNonceTooLow{Chain: e.d.Client(), entered: make(chan struct{}), release: make(chan struct{}),
 		answer: nodeError{code: -32000, msg: "txpool is full"}}
-	f, f2 := twinFacilitators(t, sc)
-	req := e.requirements(payee, amount)
-	p := mustSignExact(t, payer, req)
-	leader := settleAsync(context.Background(), f, p, req)
+	_, f2, p, req, leader := sendHeldAndJoined(t, e, sc)
+	r, rerr := f2.Settle(context.Background(), p, req)
+	t.Logf("retry = success=%v reason=%q tx=%s err=%v", r.Success, r.ErrorReason, r.Transaction, rerr)
+	sc.mu.Lock()
+	first := sc.first
+	sc.mu.Unlock()
+	waitMined(t, e, first.Hash())
+	close(sc.release)
+	o := <-leader
+	t.Logf("sender = success=%v reason=%q tx=%s err=%v", o.r.Success, o.r.ErrorReason, o.r.Transaction, o.err)
+	rcpt := waitMined(t, e, first.Hash())
+	var ue *x402.UnknownOutcomeError
+	if rcpt.Status == types.ReceiptStatusSuccessful && o.err != nil && !errors.As(o.err, &ue) {
+		t.Errorf("the settle's own transaction %s was mined and paid, yet it answered %v (not an unknown outcome)", first.Hash().Hex(), o.err)
+	}
+	// A later settle of the same authorization is told it was settled by
+	// that transaction.
+	r3, err3 := f2.Settle(context.Background(), p, req)
+	if err3 != nil || r3.ErrorReason != x402.ReasonExactEVMNonceAlreadyUsed || r3.Transaction != first.Hash().Hex() {
+		t.Errorf("later retry = %+v, %v; want %s naming %s", r3, err3, x402.ReasonExactEVMNonceAlreadyUsed, first.Hash().Hex())
+	}
+}
+
+// sendHeldAndJoined settles a payment through one of two facilitators of
+// the relayer key on sc, whose first send sc holds, and has a caller
+// joining that settle, whose deadline ends, told "unknown" (the
+// transaction was signed). It returns both facilitators, the payment and
+// the leader's outcome to come.
+func sendHeldAndJoined(t *testing.T, e *testEnv, sc *slowNonceTooLow) (f, f2 *Facilitator, p x402.PaymentPayload, req x402.PaymentRequirements, leader <-chan settled) {
+	t.Helper()
+	f, f2 = twinFacilitators(t, sc)
+	req = e.requirements(payee, amount)
+	p = mustSignExact(t, payer, req)
+	leader = settleAsync(context.Background(), f, p, req)
 	select {
 	case <-sc.entered:
 	case <-time.After(10 * time.Second):
@@ -140,23 +154,5 @@ func TestSendRefusedAfterARetrySentTheSameTransactionIsUnknown(t *testing.T) {
 	if _, err := f.Settle(jctx, p, req); !errors.As(err, &ue) {
 		t.Fatalf("joined settle: %v; want unknown", err)
 	}
-	r, rerr := f2.Settle(context.Background(), p, req)
-	t.Logf("retry = success=%v reason=%q tx=%s err=%v", r.Success, r.ErrorReason, r.Transaction, rerr)
-	sc.mu.Lock()
-	first := sc.first
-	sc.mu.Unlock()
-	waitMined(t, e, first.Hash())
-	close(sc.release)
-	o := <-leader
-	t.Logf("sender = success=%v reason=%q tx=%s err=%v", o.r.Success, o.r.ErrorReason, o.r.Transaction, o.err)
-	rcpt := waitMined(t, e, first.Hash())
-	if rcpt.Status == types.ReceiptStatusSuccessful && o.err != nil && !errors.As(o.err, &ue) {
-		t.Errorf("the settle's own transaction %s was mined and paid, yet it answered %v (not an unknown outcome)", first.Hash().Hex(), o.err)
-	}
-	// A later settle of the same authorization is told it was settled by
-	// that transaction.
-	r3, err3 := f2.Settle(context.Background(), p, req)
-	if err3 != nil || r3.ErrorReason != x402.ReasonExactEVMNonceAlreadyUsed || r3.Transaction != first.Hash().Hex() {
-		t.Errorf("later retry = %+v, %v; want %s naming %s", r3, err3, x402.ReasonExactEVMNonceAlreadyUsed, first.Hash().Hex())
-	}
+	return f, f2, p, req, leader
 }
