@@ -84,14 +84,16 @@ func SolanaWalletKey(s string) (ed25519.PublicKey, bool) {
 }
 
 // IsEVMAddress reports whether s is an EVM address: 0x and 40 hex digits,
-// in any case.
+// in any case. Each digit is compared as written, not folded with |0x20:
+// folding maps the control bytes 0x10-0x19 onto '0'-'9', and such an id
+// would read as the account of an address no wallet can prove.
 func IsEVMAddress(s string) bool {
 	if len(s) != 42 || s[0] != '0' || (s[1] != 'x' && s[1] != 'X') {
 		return false
 	}
 	for i := 2; i < len(s); i++ {
-		c := s[i] | 0x20
-		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+		c := s[i]
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
 			return false
 		}
 	}

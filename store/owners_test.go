@@ -178,3 +178,28 @@ func TestAgentOwnersPages(t *testing.T) {
 		t.Fatalf("Exists of no directory = %v, %v", ok, err)
 	}
 }
+
+// IsEVMAddress takes 0x and 40 hex digits in either case, and nothing that
+// merely folds onto one: (Before: the bytes 0x10-0x19 folded onto '0'-'9',
+// so "0x" and 40 control bytes read as an address no wallet can prove.)
+func TestIsEVMAddress(t *testing.T) {
+	for _, c := range []struct {
+		s    string
+		want bool
+	}{
+		{"0x52908400098527886E0F7030069857D2E4169EE7", true},
+		{"0X52908400098527886e0f7030069857d2e4169ee7", true},
+		{"0x" + strings.Repeat("\x10", 40), false},
+		{"0x" + strings.Repeat("\x19", 40), false},
+		{"0x\x1552908400098527886E0F7030069857D2E4169EE"[:42], false},
+		{"0x" + strings.Repeat("G", 40), false},
+		{"0x" + strings.Repeat("@", 40), false},
+		{"0x" + strings.Repeat("`", 40), false},
+		{"0x" + strings.Repeat("0", 39), false},
+		{"1x" + strings.Repeat("0", 40), false},
+	} {
+		if got := IsEVMAddress(c.s); got != c.want {
+			t.Errorf("IsEVMAddress(%q) = %v, want %v", c.s, got, c.want)
+		}
+	}
+}

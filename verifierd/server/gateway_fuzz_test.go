@@ -12,6 +12,7 @@ import (
 // FuzzAccountAddress: an agent id read as an account id names exactly the
 // address it ends in, is a bare EVM or Solana address or well-formed
 // CAIP-10, and only that address (in any letter case for EVM) is its owner;
+// an EVM address is 0x and 40 hex digits, nothing that folds onto them;
 // 32 bytes written bare in base58 are their own account id exactly when a
 // Solana proof can carry them (an Ed25519 key, ed25519key.Check), so no
 // bare id belongs to an address nobody can prove.
@@ -24,6 +25,7 @@ func FuzzAccountAddress(f *testing.F) {
 		"solana:5eykt4UsFv8P8NJdTREpY1vzqKqZKvdp:17xKXtg2CW87d97TXJSDpbD5jBkheTqA83TZRuJosgAsU",
 		"7xKXtg2CW87d97TXJSDpbD5jBkheTqA83TZRuJosgAsU", "17xKXtg2CW87d97TXJSDpbD5jBkheTqA83TZRuJosgAsU", "11111111111111111111111111111111",
 		"MyCompanyTaxReceiptsAgentEuropeanMarketsV2a", "solana:5eykt4UsFv8P8NJdTREpY1vzqKqZKvdp:MyCompanyTaxReceiptsAgentEuropeanMarketsV2a",
+		"0x" + strings.Repeat("\x10", 40), "eip155:1:0x" + strings.Repeat("\x19", 40),
 	} {
 		f.Add(s)
 	}
@@ -55,6 +57,9 @@ func FuzzAccountAddress(f *testing.F) {
 			if b, _ := base58.Decode(addr); ed25519key.Check(b) != nil {
 				t.Fatalf("%q: a bare Solana account no wallet proof can carry", id)
 			}
+		}
+		if store.IsEVMAddress(addr) && strings.Trim(addr[2:], "0123456789abcdefABCDEF") != "" {
+			t.Fatalf("%q: an EVM account whose address is not 40 hex digits", id)
 		}
 		if strings.HasPrefix(id, "eip155:") && !store.IsEVMAddress(addr) {
 			t.Fatalf("%q: an eip155 account whose address is not EVM", id)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"testing"
@@ -389,4 +390,29 @@ func TestPaidRoutesNeedTheGateway(t *testing.T) {
 			t.Fatalf("tool answer %s", text)
 		}
 	})
+}
+
+// An agent_id of "0x" and 40 control bytes is no account (no wallet can
+// prove it): an ordinary, unowned id whose labels count. (Before: the
+// bytes 0x10-0x19 folded onto the digits '0'-'9', the id read as an EVM
+// address, its score said owned and none of its labels counted.)
+func TestControlByteIDIsNoAccount(t *testing.T) {
+	f := newFixture(t, fixtureOpts{noSync: true})
+	id := "0x" + strings.Repeat("\x11", 40)
+	q, _ := json.Marshal(id)
+	for range 3 {
+		body := bytes.Replace(invoice("129.5", ""), []byte(`"seller-7"`), q, 1)
+		if w := f.do(http.MethodPost, "/verify/schema", body, nil); w.Code != 200 {
+			t.Fatalf("label: %d %s", w.Code, w.Body)
+		}
+	}
+	w := f.do(http.MethodGet, "/score/"+url.PathEscape(id), nil, viaGateway)
+	if w.Code != 200 {
+		t.Fatalf("score: %d %s", w.Code, w.Body)
+	}
+	in := decode(t, w)["inputs"].(map[string]any)
+	win := in["window"].(map[string]any)
+	if in["owned"] != false || win["records"] != 3.0 || win["not_counted"] != 0.0 {
+		t.Errorf("score of %q: inputs.owned %v, window %v; want owned false (nobody owns or can bind it) and its 3 labels counted", id, in["owned"], in["window"])
+	}
 }
