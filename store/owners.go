@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/dgraph-io/badger/v4"
 
@@ -81,6 +83,37 @@ func SolanaWalletKey(s string) (ed25519.PublicKey, bool) {
 		return nil, false
 	}
 	return ed25519.PublicKey(b), true
+}
+
+// MaxAgentIDChars bounds an agent id in Unicode characters: SPEC §3's
+// limit of the agent_id a verification request carries, so any agent that
+// can be verified can be bound.
+const MaxAgentIDChars = 200
+
+// BindableAgentID reports whether a wallet may bind id (SPEC §9): 1 to
+// MaxAgentIDChars characters of UTF-8, every one printable as
+// unicode.IsPrint has it (letters, marks, numbers, punctuation, symbols and
+// the ASCII space). It is the one rule of what a bound agent id may
+// contain: walletauth refuses a proof naming any other id and verifierd
+// drops any other id the gateway forwards as the one a proof named. A
+// control, format (U+200B, U+2060, U+FEFF, U+202E), private-use,
+// unassigned or non-ASCII space character is refused because it is
+// invisible or renders as something else: with one an id can read exactly
+// as another's ("0x<address>" and a zero-width space), and the wallet that
+// bound it would hold an owned, authenticated score under a name nobody
+// can tell from the real one. The ASCII space stays, as ids such as "my
+// agent" were always bindable; walletauth refuses it at either end, which
+// HTTP trims from the header that carries the id on.
+func BindableAgentID(id string) bool {
+	if id == "" || !utf8.ValidString(id) || utf8.RuneCountInString(id) > MaxAgentIDChars {
+		return false
+	}
+	for _, r := range id {
+		if !unicode.IsPrint(r) {
+			return false
+		}
+	}
+	return true
 }
 
 // IsEVMAddress reports whether s is an EVM address: 0x and 40 hex digits,

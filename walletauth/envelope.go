@@ -18,6 +18,7 @@ import (
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/crypto"
 
+	"github.com/aovhq/aov/store"
 	"github.com/aovhq/aov/strictjson"
 )
 
@@ -40,7 +41,7 @@ const (
 	MaxHeaderBytes = 8 << 10
 	// MaxAgentIDChars is the agent_id limit of the verification request
 	// (SPEC §3), so any agent that can be verified can be bound.
-	MaxAgentIDChars = 200
+	MaxAgentIDChars = store.MaxAgentIDChars
 )
 
 // Envelope is the decoded X-Wallet-Auth header: the EIP-4361 fields of the
@@ -238,7 +239,7 @@ func (e *Envelope) check() error {
 		return malformed(h, "uri", "is not scheme://domain followed by path", "Set uri to the request's URL without query: scheme, domain and path.")
 	}
 	if e.AgentID != "" {
-		if !utf8.ValidString(e.AgentID) || utf8.RuneCountInString(e.AgentID) > MaxAgentIDChars || !printable(e.AgentID) {
+		if !store.BindableAgentID(e.AgentID) {
 			return malformed(h, "agent_id", fmt.Sprintf("is not 1 to %d printable characters", MaxAgentIDChars), "Use the agent_id your verification requests carry.")
 		}
 		// The id travels on in a header (X-Aov-Wallet-Agent), whose ends

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/ecdsa"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"math/big"
@@ -437,6 +438,64 @@ func TestEnvelopePathAndURIAreOnePath(t *testing.T) {
 		var we *Error
 		if c.ok && err != nil || !c.ok && (!errors.As(err, &we) || we.Field != "uri") {
 			t.Errorf("path %q, uri %q: %v, want accepted %v", c.path, c.uri, err, c.ok)
+		}
+	}
+}
+
+// A proof's agent_id is printable characters only (SPEC §9): an id with an
+// invisible format character (zero-width space, byte-order mark, word
+// joiner, right-to-left override) renders exactly as another's, such as a
+// victim's address, and its binder would hold an owned, authenticated
+// score under a name nobody can tell from the victim's account. A proof
+// naming one is refused when signed and, signed all the same (as another
+// client would), refused 401 naming agent_id. (Before: only control
+// characters were refused.)
+func TestAgentIDInvisibleCharactersRefused(t *testing.T) {
+	victim := "0x52908400098527886E0F7030069857D2E4169EE7"
+	for _, id := range []string{
+		victim + "\u200b", // zero-width space
+		"\ufeff" + victim, // byte-order mark
+		victim + "\u2060", // word joiner
+		"\u202e" + victim, // right-to-left override
+		"seller\u00a07",   // no-break space
+		"seller\ue0007",   // private use
+	} {
+		e, err := New(Request{Method: "POST", URL: "https://verifier.example/verify/schema", AgentID: id, Now: t0, Nonce: "abcdefghijklmnop1234"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Sign(otherKey); err == nil {
+			t.Errorf("agent_id %q: signed, want refused", id)
+		}
+		e.Address, e.Type = crypto.PubkeyToAddress(otherKey.PublicKey).Hex(), TypeEIP191
+		sig, err := crypto.Sign(textHash(e.Message()), otherKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sig[64] += 27
+		e.Signature = "0x" + hex.EncodeToString(sig)
+		hdr, err := e.Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		v := &Verifier{Now: func() time.Time { return t0.Add(time.Second) }}
+		p, err := v.Verify(context.Background(), hdr, want)
+		var we *Error
+		if err == nil || !errors.As(err, &we) || we.Kind != ErrMalformed || we.Field != "agent_id" {
+			t.Errorf("agent_id %q: accepted (AgentID %q, wallet %s), err %v; want 401 malformed naming X-Wallet-Auth.agent_id (not printable)", id, p.AgentID, p.Wallet(), err)
+		}
+	}
+	// Printable ids, a space inside and letters of any script among them,
+	// stay bindable.
+	for _, id := range []string{"my agent", "café-✓", "代理人", "seller-7"} {
+		e, _ := New(Request{Method: "POST", URL: "https://verifier.example/verify/schema", AgentID: id, Now: t0, Nonce: "abcdefghijklmnop1234"})
+		if err := e.Sign(otherKey); err != nil {
+			t.Fatal(err)
+		}
+		hdr, _ := e.Encode()
+		v := &Verifier{Now: func() time.Time { return t0.Add(time.Second) }}
+		if p, err := v.Verify(context.Background(), hdr, want); err != nil || p.AgentID != id {
+			t.Errorf("agent_id %q: %v (AgentID %q), want accepted", id, err, p.AgentID)
 		}
 	}
 }

@@ -11,8 +11,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/aovhq/aov/apierr"
 	"github.com/aovhq/aov/store"
@@ -143,17 +141,13 @@ func errGatewayGaveUp() error {
 	return apierr.Unavailable("verifier", 1, errors.New("finished after the gateway's answer-by time; not recorded"))
 }
 
-// cleanAgent accepts an agent_id as the gateway forwards it: UTF-8, at most
-// 200 characters (SPEC §3's limit), no control characters; anything else is
-// dropped.
+// cleanAgent accepts the agent_id a proof named as the gateway forwards it
+// when a wallet may bind it (store.BindableAgentID, the rule walletauth
+// applies to the proof); any other is dropped, so no id a wallet could not
+// have named is bound or authenticated.
 func cleanAgent(v string) string {
-	if v == "" || !utf8.ValidString(v) || utf8.RuneCountInString(v) > 200 {
+	if !store.BindableAgentID(v) {
 		return ""
-	}
-	for _, r := range v {
-		if unicode.IsControl(r) {
-			return ""
-		}
 	}
 	return v
 }
@@ -202,7 +196,9 @@ func cleanValue(v string) string {
 //   - Any other id belongs to the first wallet whose proof named it on a
 //     verification call, recorded durably (store.Owners) and never
 //     changed. Reserved test- ids are never bound (anyone may use the
-//     examples) and never authenticated.
+//     examples) and never authenticated, nor is an id that is not
+//     store.BindableAgentID (cleanAgent drops it): one with an invisible
+//     character could read exactly as another's.
 //
 // A proof from another wallet for an owned id is refused with 403
 // (forbidden) before anything is checked, signed or recorded. A

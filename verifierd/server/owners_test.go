@@ -416,3 +416,30 @@ func TestControlByteIDIsNoAccount(t *testing.T) {
 		t.Errorf("score of %q: inputs.owned %v, window %v; want owned false (nobody owns or can bind it) and its 3 labels counted", id, in["owned"], in["window"])
 	}
 }
+
+// An id that renders as another wallet's address with an invisible
+// character appended is never bound nor authenticated when a gateway
+// forwards it as the id a proof named: SPEC §9 limits a bound agent_id to
+// printable characters (store.BindableAgentID), and verifierd drops any
+// other. The label itself is recorded, unauthenticated, as §3 allows.
+// (Before: only control characters were dropped, and a squatter's
+// verifications of "0x<victim>" + U+200B were wallet-authenticated under
+// its own binding.)
+func TestInvisibleAliasOfAnAddressIsNotBindable(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t, fixtureOpts{noSync: true})
+	victim := "0x52908400098527886E0F7030069857D2E4169EE7"
+	for i, alias := range []string{victim + "\u200b", "\ufeff" + victim, victim + "\u2060", "\u202e" + victim} {
+		st, m := f.verifyCall(alias, "129.5", proves(throwaway(i), alias))
+		owner, _ := f.db.AgentOwner(ctx, alias)
+		authenticated := true
+		if id, ok := m["verification_id"].(string); ok {
+			if rec, err := f.db.Verification(ctx, id); err == nil {
+				authenticated = rec.Authenticated
+			}
+		}
+		if st != 200 || owner != "" || authenticated {
+			t.Errorf("squatter's proof naming %q: status %d, bound to %q, authenticated %v; want 200, the id never bound and its label unauthenticated", alias, st, owner, authenticated)
+		}
+	}
+}
