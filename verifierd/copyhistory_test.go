@@ -3,14 +3,17 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/ed25519"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/aovhq/aov/internal/base58"
 	"github.com/aovhq/aov/internal/servers"
 	"github.com/aovhq/aov/store"
 	"github.com/aovhq/aov/store/pghistory"
@@ -247,6 +250,93 @@ func TestCopyHistorySameEVMWalletInTwoCases(t *testing.T) {
 	h, err := openHistory(ctx, config{dataDir: dir, history: srv.DSN}, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatalf("start: %v", err)
+	}
+	h.Close()
+}
+
+// TestCopyHistoryKeepsABareSolanaAccountItsKeyHolders: a bare Solana
+// address S is, with no owner row, its account's (its key holder's) on a
+// PostgreSQL history, and no new binding of one is made (SPEC §9). A
+// -data holding a binding of S made before that rule by another wallet W
+// is a conflict: the copy and the start refuse, naming S; S stays its key
+// holder's, whose authenticated record still counts, and W's records of S
+// are not copied. A binding of S to its own address is no conflict, nor is
+// W's binding once PostgreSQL holds it (an operator inserted the row).
+// (Before: the copy wrote W's binding as a missing owner, counted no
+// conflict, and took S from its key holder.)
+func TestCopyHistoryKeepsABareSolanaAccountItsKeyHolders(t *testing.T) {
+	ctx := context.Background()
+	log := slog.New(slog.DiscardHandler)
+	dir := t.TempDir()
+	at := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	key := func(b byte) string {
+		k := ed25519.NewKeyFromSeed(bytes.Repeat([]byte{b}, 32))
+		return base58.Encode(k.Public().(ed25519.PublicKey))
+	}
+	S, own := key(7), key(8)
+	for _, s := range []string{S, own} {
+		if _, ok := store.SolanaWalletKey(s); !ok {
+			t.Fatalf("precondition: %s must be a Solana wallet address", s)
+		}
+	}
+	const W = "0x9999999999999999999999999999999999999999"
+
+	b, err := store.Open(dir, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for agent, wallet := range map[string]string{S: W, own: own} {
+		if o, err := b.BindAgent(ctx, agent, wallet); err != nil || o != wallet {
+			t.Fatalf("bind %s on Badger: %q %v", agent, o, err)
+		}
+	}
+	v := storetest.Sample("squatter-1", S, at, "fail")
+	v.Authenticated, v.Wallet = true, W
+	if err := b.RecordVerification(ctx, v); err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+
+	srv := servers.StartPostgres(t)
+	p, err := pghistory.Open(ctx, srv.DSN, pghistory.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	v = storetest.Sample("keyholder-1", S, at, "pass")
+	v.Authenticated, v.Wallet = true, S
+	if err := p.RecordVerification(ctx, v); err != nil {
+		t.Fatal(err)
+	}
+
+	var out bytes.Buffer
+	err = run(ctx, []string{"copy-history", "-data", dir, "-history", srv.DSN}, &out, nil)
+	if err == nil || !strings.Contains(err.Error(), strconv.Quote(S)) || strings.Contains(err.Error(), strconv.Quote(own)) ||
+		!strings.Contains(out.String(), `"conflicts":1`) || !strings.Contains(out.String(), `"skipped_records":1`) {
+		t.Errorf("copy-history: err %v, want refused naming %s (and not %s), 1 conflict, 1 record skipped\n%s", err, S, own, out.String())
+	}
+	if owner, err := p.AgentOwner(ctx, S); err != nil || owner != "" {
+		t.Errorf("PostgreSQL owner of the bare Solana address after the copy: %q %v, want none (its key holder's account)", owner, err)
+	}
+	if c, err := p.AgentCounts(ctx, S); err != nil || c.Total() != 1 || c.AuthenticatedPass != 1 {
+		t.Errorf("%s after the copy: %+v %v, want the key holder's one authenticated pass only", S, c, err)
+	}
+	if _, err := openHistory(ctx, config{dataDir: dir, history: srv.DSN}, log); err == nil || !strings.Contains(err.Error(), strconv.Quote(S)) {
+		t.Errorf("the start's refusal does not name %s: %v", S, err)
+	}
+
+	// The operator gives S to W on PostgreSQL: the same binding is no
+	// conflict, and the copy and the start succeed.
+	if _, err := p.BindAgent(ctx, S, W); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	if err := run(ctx, []string{"copy-history", "-data", dir, "-history", srv.DSN}, &out, nil); err != nil {
+		t.Fatalf("copy-history with the same binding on PostgreSQL: %v\n%s", err, out.String())
+	}
+	h, err := openHistory(ctx, config{dataDir: dir, history: srv.DSN}, log)
+	if err != nil {
+		t.Fatalf("start with the same binding on PostgreSQL: %v", err)
 	}
 	h.Close()
 }

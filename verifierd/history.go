@@ -99,7 +99,7 @@ func conflictError(c config, missing pghistory.Copied) error {
 	}
 	return fmt.Errorf("%d agent ids have one owner in the Badger history in -data %s and another in the PostgreSQL history: %s; "+
 		"an owner is never overwritten, and the %d records -data holds of these ids are not copied: "+
-		"to keep the owner in -data, delete the agent id's row of aov_agent_owners and run `verifierd copy-history` again; to keep PostgreSQL's, start without that -data",
+		"to keep the owner in -data, delete the agent id's row of aov_agent_owners (a bare Solana address has none: it is its key holder's account there; insert the row naming the owner in -data) and run `verifierd copy-history` again; to keep PostgreSQL's, start without that -data",
 		missing.Conflicts, c.dataDir, list, missing.Skipped)
 }
 

@@ -29,7 +29,10 @@ type Copied struct {
 	Records int // verifications this history did not have
 	// Conflicts counts agent ids this history gives to another owner
 	// than the source does (store.SameWallet). They are never
-	// overwritten: an owner is written once (owners.go).
+	// overwritten: an owner is written once (owners.go). A bare Solana
+	// address the source binds to another wallet is one unless this
+	// history holds that binding (takesAccount): with no row it is its
+	// key holder's account here.
 	Conflicts int
 	// ConflictIDs names the first MaxConflictIDs of them, in the
 	// source's order, so that the operator can resolve them.
@@ -58,7 +61,8 @@ const stepAttempts = 5
 // CopyFrom copies into h every agent owner and every verification src
 // holds and h does not, owners first, and counts them; with write false it
 // only counts. An owner h already has is left as it is, and counted as a
-// conflict when src names another; a record h already has (by id) is left
+// conflict when src names another, as is src's binding of a bare Solana
+// address to another wallet that h does not hold (takesAccount); a record h already has (by id) is left
 // as it is. So it can be run again, and stopped at any point: each step is
 // its own transaction, and a second run copies what the first did not.
 // Records are written as RecordVerification writes them, counts included,
@@ -113,9 +117,13 @@ func (h *History) CopyFrom(ctx context.Context, src Source, write bool) (Copied,
 // copyOwners is one step of CopyFrom over owners: it adds the ids in
 // conflict to conflicted.
 func (h *History) copyOwners(ctx context.Context, owners []store.OwnerRecord, write bool, c *Copied, conflicted map[string]bool) error {
-	agents, wallets := make([][]byte, len(owners)), make([][]byte, len(owners))
+	agents := make([][]byte, len(owners))
+	insAgents, insWallets := make([][]byte, 0, len(owners)), make([][]byte, 0, len(owners))
 	for i, o := range owners {
-		agents[i], wallets[i] = []byte(o.AgentID), []byte(o.Owner)
+		agents[i] = []byte(o.AgentID)
+		if !takesAccount(o) {
+			insAgents, insWallets = append(insAgents, agents[i]), append(insWallets, []byte(o.Owner))
+		}
 	}
 	have := make(map[string]string, len(owners))
 	copied := 0
@@ -124,7 +132,7 @@ func (h *History) copyOwners(ctx context.Context, owners []store.OwnerRecord, wr
 		clear(have)
 		if write {
 			tag, err := h.pool.Exec(ctx, `INSERT INTO aov_agent_owners (agent_id, owner)
-				SELECT * FROM unnest($1::bytea[], $2::bytea[]) ON CONFLICT (agent_id) DO NOTHING`, agents, wallets)
+				SELECT * FROM unnest($1::bytea[], $2::bytea[]) ON CONFLICT (agent_id) DO NOTHING`, insAgents, insWallets)
 			if err != nil {
 				return fmt.Errorf("history: copying agent owners: %w", err)
 			}
@@ -150,9 +158,10 @@ func (h *History) copyOwners(ctx context.Context, owners []store.OwnerRecord, wr
 	c.Owners += copied
 	for _, o := range owners {
 		switch got, ok := have[o.AgentID]; {
-		case !ok:
+		case ok && store.SameWallet(got, o.Owner):
+		case !ok && !takesAccount(o):
 			c.Owners++ // write false: missing
-		case !store.SameWallet(got, o.Owner):
+		default:
 			c.Conflicts++
 			conflicted[o.AgentID] = true
 			if len(c.ConflictIDs) < MaxConflictIDs {
@@ -161,6 +170,18 @@ func (h *History) copyOwners(ctx context.Context, owners []store.OwnerRecord, wr
 		}
 	}
 	return nil
+}
+
+// takesAccount reports whether o binds a bare Solana address a wallet
+// proof can carry (store.SolanaWalletKey) to another wallet than that
+// address: a binding made before bare Solana addresses were accounts. Here
+// such an address with no owner row is its key holder's account, whose
+// authenticated records count, and no new binding of one is made (SPEC
+// §9), so copying o would take the address from its key holder: it is a
+// conflict unless this history already holds the same binding.
+func takesAccount(o store.OwnerRecord) bool {
+	_, ok := store.SolanaWalletKey(o.AgentID)
+	return ok && !store.SameWallet(o.Owner, o.AgentID)
 }
 
 // copyRecords is one step of CopyFrom over records: one transaction. It
