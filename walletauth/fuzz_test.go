@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode"
 )
 
 // FuzzParseWalletAuth feeds arbitrary header values to the parser: it must
@@ -30,6 +31,9 @@ func FuzzParseWalletAuth(f *testing.F) {
 	m["agent_id"] = " seller-7 " // an end HTTP would trim
 	spaced, _ := json.Marshal(m)
 	f.Add(base64.StdEncoding.EncodeToString(spaced))
+	m["agent_id"] = "seller-7\u200b" // reads as seller-7
+	invisible, _ := json.Marshal(m)
+	f.Add(base64.StdEncoding.EncodeToString(invisible))
 	v := &Verifier{Now: func() time.Time { return time.Unix(1_800_000_060, 0) }}
 	f.Fuzz(func(t *testing.T, h string) {
 		e, err := Parse(h)
@@ -41,6 +45,11 @@ func FuzzParseWalletAuth(f *testing.F) {
 		}
 		if id := strings.TrimSpace(e.AgentID); id != e.AgentID {
 			t.Fatalf("accepted agent_id %q with space at an end: HTTP trims it to %q on the way upstream", e.AgentID, id)
+		}
+		for _, r := range e.AgentID {
+			if !unicode.IsPrint(r) {
+				t.Fatalf("accepted agent_id %q with %U, which is not printable: it could read as another id", e.AgentID, r)
+			}
 		}
 		again, err := e.Encode()
 		if err != nil {
