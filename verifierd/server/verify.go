@@ -23,6 +23,11 @@ import (
 // the other, rather than letting a valid request fail at its record.
 const _ = uint(store.MaxAgentIDBytes - verify.MaxIDChars*utf8.UTFMax)
 
+// A bound agent id (store.BindableAgentID) has the length limit of the
+// agent_id a request carries, so any agent that can be verified can be
+// bound: this stops compiling if the two limits part.
+const _ = uint(store.MaxAgentIDChars-verify.MaxIDChars) + uint(verify.MaxIDChars-store.MaxAgentIDChars)
+
 // serveVerify is POST /verify/schema and POST /verify/deliverable: one
 // check under two names, signed under the same context. The MCP tool
 // verify_schema is the same check again (verifyRequest).
