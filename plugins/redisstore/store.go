@@ -381,15 +381,21 @@ func (s *Store) waitedRun(ctx context.Context, c redis.Cmdable, asking bool, sc 
 	if err != nil {
 		return nil, false, err
 	}
-	var res, wait *redis.Cmd
+	var ask, res, wait *redis.Cmd
 	_, err = c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		if asking {
-			p.Do(ctx, "asking")
+			ask = p.Do(ctx, "asking")
 		}
 		res = sc.EvalSha(ctx, p, keys, args...)
 		wait = p.Do(ctx, "wait", s.opts.WaitReplicas, waitMS)
 		return nil
 	})
+	if ask != nil && ask.Err() != nil {
+		// ASKING refused (a user without it): the node then answers the
+		// script MOVED, to the node that named it, and that answer would
+		// hide the cause. Nothing ran.
+		return nil, false, ask.Err()
+	}
 	if err != nil && load && redis.HasErrorPrefix(res.Err(), "NOSCRIPT") {
 		if err := sc.Load(ctx, c).Err(); err != nil {
 			return nil, false, err
