@@ -268,8 +268,8 @@ func TestREADMEACLRunsTheStoreOnACluster(t *testing.T) {
 	}
 }
 
-// aclClusterClient is a Cluster client made as the module makes it, as
-// README's ACL user (its rule lines set on every node of cl, each line's
+// aclClusterClient is a Cluster client made as the module makes it
+// (moduleClusterOptions), as README's ACL user (its rule lines set on every node of cl, each line's
 // key pattern applied to prefixes), and the nodes' admin clients.
 func aclClusterClient(t *testing.T, ctx context.Context, cl *servers.Cluster, prefixes ...string) (*redis.ClusterClient, []*redis.Client) {
 	t.Helper()
@@ -283,9 +283,9 @@ func aclClusterClient(t *testing.T, ctx context.Context, cl *servers.Cluster, pr
 			t.Fatal(err)
 		}
 	}
-	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs, Username: "aov", Password: aclPassword,
-		ClusterStateReloadInterval: time.Hour,
-		DialTimeout:                stallTimeout, ReadTimeout: stallTimeout, WriteTimeout: stallTimeout, MaxRetries: 2, ContextTimeoutEnabled: true})
+	o := moduleClusterOptions(cl)
+	o.Username, o.Password = "aov", aclPassword
+	rdb := redis.NewClusterClient(o)
 	t.Cleanup(func() { rdb.Close() })
 	return rdb, admins
 }

@@ -14,12 +14,18 @@ import (
 	"github.com/aovhq/aov/store"
 )
 
-// moduleClusterClient is a client on cl as the Caddy module makes it, with
-// its default timeouts (module.go), whose slot map is read once and not
-// again for the test's length: only a redirection makes it be read again.
+// moduleClusterOptions are the options of a client on cl as the Caddy
+// module makes it, with its default timeouts (module.go), whose slot map
+// is read once and not again for the test's length: only the store (or a
+// redirection) makes it be read again.
+func moduleClusterOptions(cl *servers.Cluster) *redis.ClusterOptions {
+	return &redis.ClusterOptions{Addrs: cl.Addrs, ClusterStateReloadInterval: time.Hour,
+		DialTimeout: stallTimeout, ReadTimeout: stallTimeout, WriteTimeout: stallTimeout, MaxRetries: 2, ContextTimeoutEnabled: true}
+}
+
+// moduleClusterClient is a client on cl made with moduleClusterOptions.
 func moduleClusterClient(t *testing.T, cl *servers.Cluster) *redis.ClusterClient {
-	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs, ClusterStateReloadInterval: time.Hour,
-		DialTimeout: stallTimeout, ReadTimeout: stallTimeout, WriteTimeout: stallTimeout, MaxRetries: 2, ContextTimeoutEnabled: true})
+	rdb := redis.NewClusterClient(moduleClusterOptions(cl))
 	t.Cleanup(func() { rdb.Close() })
 	return rdb
 }
