@@ -20,7 +20,7 @@ import (
 // redirection) makes it be read again.
 func moduleClusterOptions(cl *servers.Cluster) *redis.ClusterOptions {
 	return &redis.ClusterOptions{Addrs: cl.Addrs, ClusterStateReloadInterval: time.Hour,
-		DialTimeout: stallTimeout, ReadTimeout: stallTimeout, WriteTimeout: stallTimeout, MaxRetries: 2, ContextTimeoutEnabled: true}
+		DialTimeout: stallTimeout, ReadTimeout: stallTimeout, WriteTimeout: stallTimeout, MaxRetries: 2, DialerRetries: 1, ContextTimeoutEnabled: true}
 }
 
 // moduleClusterClient is a client on cl made with moduleClusterOptions.

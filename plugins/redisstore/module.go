@@ -68,7 +68,7 @@ type RedisStore struct {
 	// store operation as a whole, go-redis's resends included
 	// (Store.bounded; default 1s, or WaitTimeout + 0.5s when longer; with
 	// WaitReplicas, a shorter one than that is refused); DialTimeout each
-	// connection attempt (default 1s).
+	// connection attempt (default 1s; on a Cluster, one per try).
 	Timeout     caddy.Duration `json:"timeout,omitempty"`
 	DialTimeout caddy.Duration `json:"dial_timeout,omitempty"`
 
@@ -145,6 +145,17 @@ func (s *RedisStore) Provision(ctx caddy.Context) error {
 		MaxRetries:       2,
 		// A request's own deadline bounds its store calls too.
 		ContextTimeoutEnabled: true,
+	}
+	if opts.MasterName == "" && (opts.IsClusterMode || len(opts.Addrs) > 1) {
+		// A Cluster (as NewUniversalClient tells it): one dial per try.
+		// go-redis's MaxRetries tries again already, each with a dial of
+		// its own, and its default of 5 dials 0.1 s apart made a command
+		// to a node that refuses connections take 1.2 s, the store's
+		// whole deadline (timeout) gone before it learnt that the node
+		// was unreachable and read the slot map again (Store.reread).
+		// Under Sentinel the client's own dials find the new primary, so
+		// they keep go-redis's default.
+		opts.DialerRetries = 1
 	}
 	key, err := poolKey(opts)
 	if err != nil {

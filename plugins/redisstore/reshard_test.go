@@ -3,10 +3,16 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net"
+	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/aovhq/aov/internal/servers"
@@ -187,5 +193,208 @@ func TestWaitedWritesFollowAMovedSlot(t *testing.T) {
 		if n := c.m.ClusterCountKeysInSlot(ctx, c.slot).Val(); n != 0 {
 			t.Errorf("the old primary %s holds %d keys of slot %d, want 0 (a redirected script does not run)", c.m.Options().Addr, n, c.slot)
 		}
+	}
+}
+
+// failOver kills the primary serving key's slot and has its replica take
+// over (CLUSTER FAILOVER TAKEOVER), then moves a replica of another
+// primary under the new one (as replica migration does), so that it has
+// a replica of its own for wait_replicas. It returns once the new primary
+// has it, the Cluster recovered; and the dead primary's address.
+func failOver(t *testing.T, ctx context.Context, cl *servers.Cluster, key string) (dead string) {
+	t.Helper()
+	a, _, _ := slotOwner(t, ctx, clusterNodes(t, ctx, cl), key)
+	dead = a.Options().Addr
+	var rep, spare *redis.Client
+	for _, addr := range cl.Addrs {
+		n := redis.NewClient(&redis.Options{Addr: addr})
+		t.Cleanup(func() { n.Close() })
+		role, err := n.Do(ctx, "role").Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if role[0] != "slave" {
+			continue
+		}
+		if net.JoinHostPort(role[1].(string), strconv.FormatInt(role[2].(int64), 10)) == dead {
+			rep = n
+		} else if spare == nil {
+			spare = n
+		}
+	}
+	if rep == nil || spare == nil {
+		t.Fatalf("the primary %s's replica %v, another replica %v", dead, rep, spare)
+	}
+	for _, n := range cl.Nodes {
+		if n.Addr == dead {
+			n.Stop()
+		}
+	}
+	if err := rep.Do(ctx, "cluster", "failover", "takeover").Err(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if role, _ := rep.Do(ctx, "role").Slice(); len(role) > 0 && role[0] == "master" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the replica was not promoted")
+		}
+	}
+	if err := spare.Do(ctx, "cluster", "replicate", nodeID(t, ctx, rep)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(15 * time.Second); !strings.Contains(rep.Info(ctx, "replication").Val(), "state=online"); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the new primary never got its replica")
+		}
+	}
+	return dead
+}
+
+// TestWritesFollowAFailoverFromADeadPrimary: the claims' primary dies and
+// the Cluster promotes its replica, every live node's slot map naming the
+// new primary. A write sent to the dead one fails to reach it (a dial
+// error: it cannot have run), so the store reads the slot map again and
+// tries the write again within its deadline: the first claim after the
+// failover is served, with and without wait_replicas, on stores made by
+// the Caddy module (its client's own map reload comes a minute after its
+// last). (Before: every write went on to the dead address, connection
+// refused, until that reload: 55 s of 503s measured.)
+func TestWritesFollowAFailoverFromADeadPrimary(t *testing.T) {
+	ctx := context.Background()
+	cl := servers.StartRedisClusterReplicated(t)
+	cctx, cancel := caddy.NewContext(caddy.Context{Context: ctx})
+	defer cancel()
+	stores := map[string]*Store{}
+	for name, wait := range map[string]int{"with wait_replicas 1": 1, "without wait_replicas": 0} {
+		m := &RedisStore{Addresses: cl.Addrs, Cluster: true, Prefix: "fo", WaitReplicas: wait}
+		if err := m.Provision(cctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Cleanup() })
+		stores[name] = m.store
+	}
+	until := time.Now().Add(time.Hour)
+	for name, s := range stores {
+		if _, err := s.Claims().Claim(ctx, []string{"before " + name}, until); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dead := failOver(t, ctx, cl, "fo:{c}:x")
+	var wg sync.WaitGroup
+	for name, s := range stores {
+		wg.Go(func() {
+			start := time.Now()
+			_, err := s.Claims().Claim(ctx, []string{"after " + name}, until)
+			t.Logf("%s: the first claim after the failover: %v in %v", name, err, time.Since(start))
+			if err != nil {
+				t.Errorf("%s: the first claim after the Cluster promoted the replica of the dead %s = %v, want claimed", name, dead, err)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// TestAnUnreachableNodeRereadsTheSlotMapAtMostEveryInterval: while the
+// claims' primary is down and not yet replaced, every write of its slot
+// fails to reach it and rereads the slot map, but the rereads of all of a
+// Store's callers are at most one per rereadEvery: an outage is no
+// storm of CLUSTER SLOTS on the nodes still up. Each write fails within
+// its deadline, nothing served.
+func TestAnUnreachableNodeRereadsTheSlotMapAtMostEveryInterval(t *testing.T) {
+	ctx := context.Background()
+	cl := servers.StartRedisCluster(t)
+	s := moduleStore(t, ctx, cl, Options{Prefix: "un"})
+	dead, _, _ := slotOwner(t, ctx, clusterNodes(t, ctx, cl), "un:{c}:x")
+	slotsReads := func() (n int64) {
+		for _, addr := range cl.Addrs {
+			if addr == dead.Options().Addr {
+				continue
+			}
+			c := redis.NewClient(&redis.Options{Addr: addr})
+			info := c.Info(ctx, "commandstats").Val()
+			c.Close()
+			for l := range strings.SplitSeq(info, "\n") {
+				if stat, ok := strings.CutPrefix(strings.TrimSpace(l), "cmdstat_cluster|slots:calls="); ok {
+					calls, _, _ := strings.Cut(stat, ",")
+					v, _ := strconv.ParseInt(calls, 10, 64)
+					n += v
+				}
+			}
+		}
+		return n
+	}
+	for _, n := range cl.Nodes {
+		if n.Addr == dead.Options().Addr {
+			n.Stop()
+		}
+	}
+	before := slotsReads()
+	start := time.Now()
+	var wg sync.WaitGroup
+	var served atomic.Int64
+	for w := range 16 {
+		wg.Go(func() {
+			for i := 0; time.Since(start) < 2*time.Second; i++ {
+				if _, err := s.Claims().Claim(ctx, []string{fmt.Sprintf("w%d-%d", w, i)}, time.Now().Add(time.Minute)); err == nil {
+					served.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	took := time.Since(start)
+	reads := slotsReads() - before
+	if served.Load() != 0 {
+		t.Errorf("%d claims served with their primary down", served.Load())
+	}
+	if most := int64(took/rereadEvery) + 2; reads < 1 || reads > most {
+		t.Errorf("%d slot map reads in %v of writes to a dead primary, want 1 to %d (one per %v at most)", reads, took, most, rereadEvery)
+	}
+}
+
+// TestOnlyAnUnreachedNodeIsTriedAgain: the store tries a write again on
+// another node only when go-redis could not reach the node at all (a dial
+// error): a connection cut after the write was sent, or any answer of the
+// server, may come after the script ran.
+func TestOnlyAnUnreachedNodeIsTriedAgain(t *testing.T) {
+	ctx := context.Background()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := l.Addr().String()
+	l.Close()
+	cut, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cut.Close()
+	go func() { // reads a command, then closes the connection
+		for {
+			c, err := cut.Accept()
+			if err != nil {
+				return
+			}
+			c.Read(make([]byte, 512))
+			c.Close()
+		}
+	}()
+	_, up := standalone(t)
+	for _, c := range []struct {
+		name string
+		addr string
+		want bool
+	}{{"nothing listening", closed, true}, {"cut after the command was sent", cut.Addr().String(), false}} {
+		rdb := redis.NewClient(&redis.Options{Addr: c.addr, MaxRetries: -1, Protocol: 2, DisableIdentity: true})
+		err := rdb.Eval(ctx, "return 1", []string{"k"}).Err()
+		rdb.Close()
+		if got := unreachedNode(err); got != c.want || err == nil {
+			t.Errorf("%s: %v: unreached %v, want %v", c.name, err, got, c.want)
+		}
+	}
+	if err := up.Eval(ctx, "return redis.error_reply('ERR refused')", nil).Err(); err == nil || unreachedNode(err) {
+		t.Errorf("a server's error answer %v counted as unreached", err)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -93,6 +94,11 @@ type Store struct {
 	opTimeout time.Duration
 	// asks are the clients of the nodes ASK answers name (write).
 	asks askNodes
+	// rereads holds the slot map's reread after an unreachable node
+	// (reread), one at a time; lastReread, guarded by it, is when the
+	// last one ended.
+	rereads    chan struct{}
+	lastReread time.Time
 }
 
 // boxedMS is a number of milliseconds and the same as a script argument.
@@ -141,7 +147,7 @@ func New(ctx context.Context, rdb redis.UniversalClient, opts Options) (*Store, 
 		return nil, err
 	}
 	s := &Store{rdb: rdb, opts: opts, allowPrefix: opts.Prefix + ":a:", claimPrefix: opts.Prefix + ":{c}:", heldIndex: opts.Prefix + ":{c}!held",
-		opTimeout: readTimeout(rdb)}
+		opTimeout: readTimeout(rdb), rereads: make(chan struct{}, 1)}
 	if err := s.checkPolicy(ctx); err != nil {
 		return nil, err
 	}
@@ -236,7 +242,9 @@ func (s *Store) bounded(ctx context.Context) (context.Context, context.CancelFun
 // slot map; one that answers that another node serves the slot (MOVED,
 // ASK) sends them there (moved, askNodes), and the node a MOVED named may
 // answer ASK in turn, sent on once more (writeOnce). A write refused with
-// TRYAGAIN is tried again after a wait (tryAgainFirst). One deadline
+// TRYAGAIN is tried again after a wait (tryAgainFirst), and so is one
+// that could not reach its node on a Cluster, once the slot map was read
+// again (reread). One deadline
 // bounds the whole operation (bounded): the slot map's read, the write
 // sent again where a redirection names, a rerun after NOSCRIPT and the
 // tries again take what the first attempt left, so a store operation ends
@@ -248,10 +256,10 @@ func (s *Store) write(ctx context.Context, sc *redis.Script, keys []string, args
 	if d, ok := ctx.Deadline(); ok {
 		giveUp = d
 	}
-	var refused error // the last TRYAGAIN
+	var refused error // the last TRYAGAIN, or node unreached
 	for wait := tryAgainFirst; ; wait = min(2*wait, tryAgainMax) {
 		v, err := s.writeOnce(ctx, sc, keys, args)
-		again := redis.HasErrorPrefix(err, "TRYAGAIN")
+		again := redis.HasErrorPrefix(err, "TRYAGAIN") || (unreachedNode(err) && s.reread(ctx))
 		if refused != nil && err != nil && !again && (ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded)) {
 			// The deadline cut the last try short: the refusals that
 			// used it up are the cause.
@@ -289,6 +297,53 @@ const (
 	tryAgainMax       = 200 * time.Millisecond
 	tryAgainUnbounded = time.Second
 )
+
+// rereadEvery is the shortest time between two of a Store's slot map
+// rereads after a node could not be reached (reread).
+const rereadEvery = 250 * time.Millisecond
+
+// unreachedNode reports whether err is go-redis's failure to connect to a
+// node (a dial error): nothing was sent, so the write did not run. A
+// connection cut after the write was sent, or any answer of the server,
+// may come after it ran, and is never sent again. (go-redis reports its
+// last try's error only: one it resent, a connection cut, then failing
+// to connect, may have run; the scripts are safe to run twice, as they
+// are for go-redis's own resends.)
+func unreachedNode(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
+// reread reads a Cluster's slot map again after a write could not reach
+// its node, and reports whether the write is to be tried again (on a
+// Cluster only: a standalone server or Sentinel's primary has no map to
+// read). A primary that died and whose replica the Cluster promoted
+// answers nothing, no MOVED to follow (moved): without it, every write
+// of its slots went on to the dead address until the client reread its
+// map by itself, a minute later (ClusterStateReloadInterval), every paid
+// call a 503 meanwhile. While a node is down and not yet replaced every
+// write of its slots fails so, and the rereads of all callers are one per
+// rereadEvery at most, so an outage is no storm of CLUSTER SLOTS on the
+// nodes still up; a caller that finds one under way waits for it, and
+// its write is tried again on the map it read.
+func (s *Store) reread(ctx context.Context) bool {
+	cc, ok := s.rdb.(*redis.ClusterClient)
+	if !ok {
+		return false
+	}
+	select {
+	case s.rereads <- struct{}{}:
+	case <-ctx.Done():
+		return false
+	}
+	defer func() { <-s.rereads }()
+	if time.Since(s.lastReread) >= rereadEvery {
+		// ForEachMaster reads the slot map again before it goes through it.
+		cc.ForEachMaster(ctx, func(context.Context, *redis.Client) error { return nil })
+		s.lastReread = time.Now()
+	}
+	return true
+}
 
 // writeOnce is one attempt of write, on ctx (bounded).
 func (s *Store) writeOnce(ctx context.Context, sc *redis.Script, keys []string, args []any) (any, error) {
