@@ -55,7 +55,7 @@ func TestPendingSendAnsweredSuccessOnceAcrossFacilitatorsOnOneStore(t *testing.T
 	if successes != 1 {
 		t.Fatalf("%d successes (%+v); want exactly one", successes, answers)
 	}
-	if st, err := db.Claims().Lookup(ctx, e.f.sentKey(mustDecode(t, pp).MessageHash())); err != nil || !st.Settled || st.Note != sig {
+	if st, err := db.Claims().Lookup(ctx, e.f.sentKey(mustDecode(t, pp).MessageHash())); err != nil || !st.Settled || markedSig(st.Note) != sig {
 		t.Fatalf("record: %+v %v; want it answered, naming %s", st, err, sig)
 	}
 
@@ -146,7 +146,7 @@ func TestLandedSendUnmarkedIsPendingUntilMarked(t *testing.T) {
 	if err != nil || !s.Success || s.Transaction != unknown.Reply.Transaction {
 		t.Fatalf("retry with the store back: %+v %v; want success naming %s", s, err, unknown.Reply.Transaction)
 	}
-	if st, err := db.Claims().Lookup(ctx, key); err != nil || !st.Settled || st.Note != s.Transaction {
+	if st, err := db.Claims().Lookup(ctx, key); err != nil || !st.Settled || markedSig(st.Note) != s.Transaction {
 		t.Fatalf("record: %+v %v; want it answered", st, err)
 	}
 	if a, b := e.balances(t); a != 1_000_000-20000 || b != 20000 {

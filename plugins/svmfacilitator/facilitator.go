@@ -222,6 +222,9 @@ type settlement struct {
 	// (adopt), until a Settle answered it or it could no longer land; nil
 	// without a store, or when the send was another's.
 	sent *store.Claim
+	// mark tells this record's mark of its claim in Config.Sent from any
+	// other's (markNote): drawn at its first mark, kept for its retries.
+	mark string
 	// at is when the record was made, settled, or found pending: it
 	// lives DuplicateWindow from then (expired).
 	at time.Time

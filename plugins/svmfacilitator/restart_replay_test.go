@@ -122,7 +122,7 @@ func TestSettleReplayAfterRestartOnLaggingNodeIsDuplicate(t *testing.T) {
 	}
 	// Marked answered, naming the transaction, before the answer.
 	dec, _ := DecodePayload(pp.Payload)
-	if st, err := db.Claims().Lookup(ctx, e.f.sentKey(dec.MessageHash())); err != nil || !st.Settled || st.Note != first.Transaction {
+	if st, err := db.Claims().Lookup(ctx, e.f.sentKey(dec.MessageHash())); err != nil || !st.Settled || markedSig(st.Note) != first.Transaction {
 		t.Fatalf("record after success: %+v %v; want it answered, naming %s", st, err, first.Transaction)
 	}
 	db.Close()
@@ -174,7 +174,7 @@ func TestSettleReplayOfUnansweredSendAfterRestartAnswersOnce(t *testing.T) {
 	if err != nil || !again.Success || again.Transaction != sig {
 		t.Fatalf("replay after restart: success=%v reason=%q tx=%s err=%v; want success naming %s", again.Success, again.ErrorReason, again.Transaction, err, sig)
 	}
-	if st, err := db.Claims().Lookup(ctx, e.f.sentKey(c.tx.MessageHash())); err != nil || !st.Settled || st.Note != sig {
+	if st, err := db.Claims().Lookup(ctx, e.f.sentKey(c.tx.MessageHash())); err != nil || !st.Settled || markedSig(st.Note) != sig {
 		t.Fatalf("record: %+v %v; want it answered, naming %s", st, err, sig)
 	}
 	if third, err := restarted.Settle(ctx, pp, e.req); err != nil || third.ErrorReason != ReasonDuplicateSettlement || third.Transaction != sig {

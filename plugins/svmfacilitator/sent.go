@@ -2,9 +2,12 @@ package svmfacilitator
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"log"
+	"strings"
 	"time"
 
 	"github.com/aovhq/aov/store"
@@ -122,17 +125,30 @@ func (f *Facilitator) adopt(key [32]byte, s *settlement, rec *store.ClaimState) 
 }
 
 // answerSent marks s's record answered, naming sig, for a Settle about to
-// answer success: the mark moves the record's note from its token to sig
-// (store.HeldClaims.Swap), so of the Settles of every facilitator and
-// instance sharing the store that find the transaction landed, exactly one
-// marks it and answers success. store.ErrNoteChanged: another did, and
-// this one must answer duplicate_settlement. Any other error leaves the
-// record as it was: the outcome stays unknown to the caller
-// (settlement_pending), whose retry marks it then. nil, too, with no
-// store or no record (a library user without Config.Sent).
+// answer success: the mark moves the record's note from its token to
+// markNote(sig, s.mark) (store.HeldClaims.Swap), so of the Settles of every
+// facilitator and instance sharing the store that find the transaction
+// landed, exactly one marks it and answers success. store.ErrNoteChanged:
+// another did, and this one must answer duplicate_settlement. Any other
+// error leaves the record as it was, or marked by s with the answer lost:
+// the outcome stays unknown to the caller (settlement_pending), whose
+// retry marks it then. nil, too, with no store or no record (a library
+// user without Config.Sent).
+//
+// s.mark is drawn once per record in memory, so the mark is s's alone: a
+// Swap whose write landed but whose answer was lost (a Redis timeout or
+// dropped connection; go-redis resends the script on another connection)
+// finds on its resend, or on the retry's Swap, the note it wrote itself,
+// which markedBy tells apart from another's mark. Without it the Settle
+// that moved the money would take its own mark for another's and answer
+// duplicate_settlement for ever.
 func (f *Facilitator) answerSent(s *settlement, sig string) error {
 	f.mu.Lock()
 	c := s.sent
+	if c != nil && s.mark == "" {
+		s.mark = newMark()
+	}
+	note := markNote(sig, s.mark)
 	f.mu.Unlock()
 	st := f.sentIn()
 	if c == nil || st == nil {
@@ -140,13 +156,50 @@ func (f *Facilitator) answerSent(s *settlement, sig string) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), f.cfg.ConfirmTimeout)
 	defer cancel()
-	err := st.Swap(ctx, *c, c.Token, sig)
+	err := st.Swap(ctx, *c, c.Token, note)
+	if errors.Is(err, store.ErrNoteChanged) {
+		err = markedBy(ctx, st, c.Keys[0], note)
+	}
 	if err == nil || errors.Is(err, store.ErrNoteChanged) {
 		f.mu.Lock()
 		s.sent = nil
 		f.mu.Unlock()
 	}
 	return err
+}
+
+// markedBy reads what a Swap to note that found key's record moved on
+// means: nil when the record carries note (the mark is this Settle's own,
+// its first answer lost), store.ErrNoteChanged when another marked it, or
+// the error reading it (the outcome stays unknown; a retry asks again).
+func markedBy(ctx context.Context, st SentStore, key, note string) error {
+	rec, err := st.Lookup(ctx, key)
+	switch {
+	case err != nil:
+		return fmt.Errorf("reading the record after its mark found it moved: %w", err)
+	case rec.Settled && rec.Note == note:
+		return nil
+	}
+	return store.ErrNoteChanged
+}
+
+// markNote is the note of a record marked answered: the transaction's
+// signature, then the mark of the one record in memory that marked it
+// (answerSent). It is the one place the note is built; markedSig reads it.
+func markNote(sig, mark string) string { return sig + " " + mark }
+
+// markedSig is the signature a marked record's note names (markNote).
+func markedSig(note string) string {
+	sig, _, _ := strings.Cut(note, " ")
+	return sig
+}
+
+// newMark draws a settlement's mark: 16 random bytes, so no two records in
+// memory, of any process sharing the store, mark alike.
+func newMark() string {
+	var b [16]byte
+	rand.Read(b[:]) // never fails (crypto/rand)
+	return hex.EncodeToString(b[:])
 }
 
 // forgetSent drops s's record of the send: the transaction was refused or

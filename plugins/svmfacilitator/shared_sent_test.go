@@ -5,8 +5,12 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
+	"io"
+	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,6 +19,7 @@ import (
 	"github.com/aovhq/aov/internal/base58"
 	"github.com/aovhq/aov/internal/servers"
 	"github.com/aovhq/aov/plugins/redisstore"
+	"github.com/aovhq/aov/store"
 	"github.com/aovhq/aov/x402"
 )
 
@@ -144,5 +149,138 @@ func TestSettleSharedStoreTwoInstancesOneSuccess(t *testing.T) {
 	}
 	if p, q := e.balances(t); p != 1_000_000-20000 || q != 20000 {
 		t.Fatalf("balances payer %d payee %d (paid once)", p, q)
+	}
+}
+
+// replyDropProxy forwards TCP to Redis; armed, it swallows the next reply
+// and closes that connection: the command ran, its answer was lost.
+type replyDropProxy struct {
+	ln    net.Listener
+	armed atomic.Bool
+	drops atomic.Int32
+}
+
+func startReplyDropProxy(t *testing.T, target string) *replyDropProxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &replyDropProxy{ln: ln}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				s, err := net.Dial("tcp", target)
+				if err != nil {
+					c.Close()
+					return
+				}
+				go func() { io.Copy(s, c); s.Close() }()
+				buf := make([]byte, 64<<10)
+				for {
+					n, err := s.Read(buf)
+					if n > 0 && p.armed.CompareAndSwap(true, false) {
+						p.drops.Add(1)
+						c.Close()
+						s.Close()
+						return
+					}
+					if n > 0 {
+						if _, err := c.Write(buf[:n]); err != nil {
+							s.Close()
+							return
+						}
+					}
+					if err != nil {
+						c.Close()
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return p
+}
+
+// A landed send whose mark (the Swap of its record's note to the marked
+// note) runs on Redis but whose answer is lost (a timeout, a dropped
+// connection) is still answered success once, by the Settle that marked
+// it: the client as the Caddy module makes it (MaxRetries 2) resends the
+// script, which finds the record already carrying this Settle's own mark;
+// with no resend, the Settle answers settlement_pending and its retry
+// finds the same. Every other answer (a Settle elsewhere, a status read
+// with no memory) is duplicate_settlement. (Before: the resend, or the
+// retry, found the note changed and took it for another Settle's mark:
+// duplicate_settlement for ever, the buyer charged and never served.)
+func TestRedisMarkWhoseReplyIsLostIsStillItsSuccess(t *testing.T) {
+	for _, retries := range []int{2, -1} {
+		t.Run(map[int]string{2: "module-client", -1: "no-resend"}[retries], func(t *testing.T) {
+			srv := servers.StartRedis(t)
+			p := startReplyDropProxy(t, srv.Addr)
+			rdb := redis.NewClient(&redis.Options{Addr: p.ln.Addr().String(), MaxRetries: retries, ReadTimeout: time.Second, WriteTimeout: time.Second, ContextTimeoutEnabled: true})
+			t.Cleanup(func() { rdb.Close() })
+			rs, err := redisstore.New(context.Background(), rdb, redisstore.Options{Prefix: "lostreply"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			sent := rs.Claims().(SentStore)
+			ctx := context.Background()
+			// Load the scripts, so the armed reply is the mark's own.
+			w, err := sent.ClaimHeld(ctx, []string{"warm"}, time.Now().Add(time.Hour), time.Minute, func(c store.Claim) (string, error) { return c.Token, nil })
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := sent.Swap(ctx, w, w.Token, "x"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := sent.Lookup(ctx, "warm"); err != nil {
+				t.Fatal(err)
+			}
+			fr := &faultyRPC{}
+			e := newEnv(t, Config{RPC: &RPC{URL: fr.serve(t)}, Sent: sent, PollInterval: 20 * time.Millisecond, ConfirmTimeout: 2 * time.Second})
+			fr.set(func(f *faultyRPC) {
+				f.target = e.chain.URL
+				f.beforeSend = func() { p.armed.Store(true) } // the record is written; the next reply is the mark's
+			})
+			pp := Payload(e.payment(t).Transaction(), e.req)
+			s, err := e.f.Settle(ctx, pp, e.req)
+			t.Logf("first settle: success=%v reason=%q tx=%s err=%v (replies dropped %d)", s.Success, s.ErrorReason, s.Transaction, err, p.drops.Load())
+			if p.drops.Load() != 1 {
+				t.Fatalf("%d replies dropped; the test proves nothing", p.drops.Load())
+			}
+			if a, b := e.balances(t); a != 1_000_000-20000 || b != 20000 {
+				t.Fatalf("balances payer %d payee %d; want the transfer landed", a, b)
+			}
+			successes := 0
+			if err == nil && s.Success {
+				successes++
+			}
+			var uo *x402.UnknownOutcomeError
+			if errors.As(err, &uo) {
+				r, err := e.f.Settle(ctx, pp, e.req)
+				t.Logf("retry: success=%v reason=%q err=%v", r.Success, r.ErrorReason, err)
+				if err == nil && r.Success {
+					successes++
+				}
+			}
+			other := e.elsewhere(t)
+			o, err := other.Settle(ctx, pp, e.req)
+			t.Logf("settle elsewhere: success=%v reason=%q err=%v", o.Success, o.ErrorReason, err)
+			if err == nil && o.Success {
+				successes++
+			}
+			st, err := e.elsewhere(t).SettlementStatus(ctx, pp, e.req) // a facilitator with no memory (the gate after a reload)
+			t.Logf("status read with no memory: %+v %v", st, err)
+			if err == nil && st.State == x402.SettlementDone {
+				successes++
+			}
+			if successes != 1 {
+				t.Errorf("%d answers of success/settled for one landed payment; want exactly one", successes)
+			}
+		})
 	}
 }
