@@ -263,3 +263,36 @@ func TestAlreadyProcessedAtSendDropsTheRecord(t *testing.T) {
 		t.Fatalf("settle elsewhere: %+v %v; want duplicate_settlement naming %s", s, err, elsewhere)
 	}
 }
+
+// A landed send whose mark fails (the store down) is answered
+// settlement_pending; the outage outlasts the record's hold
+// (SentRecordHold, 1 s here); with the store back, the caller's retry
+// answers success naming the transaction, once: no record is left for
+// anyone else to mark. (Before: every retry tried to mark a record that
+// no longer existed, store.ErrClaimLost, and answered settlement_pending
+// for as long as the caller kept asking.)
+func TestSettleRetryAfterAMarkOutageOutlastingTheRecordSucceeds(t *testing.T) {
+	db := openStore(t, t.TempDir())
+	sent := &swapFails{SentStore: &shortHold{SentStore: sentOf(db), hold: time.Second}}
+	sent.fail.Store(true)
+	e := newEnv(t, Config{Sent: sent, PollInterval: 20 * time.Millisecond, ConfirmTimeout: 300 * time.Millisecond})
+	pp := Payload(e.payment(t).Transaction(), e.req)
+	ctx := context.Background()
+	_, err := e.f.Settle(ctx, pp, e.req)
+	var unknown *x402.UnknownOutcomeError
+	if !errors.As(err, &unknown) || unknown.Reply == nil || unknown.Reply.ErrorReason != ReasonSettlementPending {
+		t.Fatalf("settle with the mark failing: %v; want settlement_pending", err)
+	}
+	time.Sleep(1500 * time.Millisecond) // the outage outlasts the hold
+	sent.fail.Store(false)
+	s, err := e.f.Settle(ctx, pp, e.req)
+	if err != nil || !s.Success || s.Transaction != unknown.Reply.Transaction {
+		t.Errorf("retry with the store back: %+v %v; want success naming %s", s, err, unknown.Reply.Transaction)
+	}
+	if s, err := e.f.Settle(ctx, pp, e.req); err != nil || s.Success || s.ErrorReason != ReasonDuplicateSettlement {
+		t.Errorf("second retry: %+v %v; want duplicate_settlement", s, err)
+	}
+	if a, b := e.balances(t); a != 1_000_000-20000 || b != 20000 {
+		t.Fatalf("balances payer %d payee %d (charged once)", a, b)
+	}
+}

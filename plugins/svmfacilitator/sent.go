@@ -129,7 +129,8 @@ func (f *Facilitator) adopt(key [32]byte, s *settlement, rec *store.ClaimState) 
 // markNote(sig, s.mark) (store.HeldClaims.Swap), so of the Settles of every
 // facilitator and instance sharing the store that find the transaction
 // landed, exactly one marks it and answers success. store.ErrNoteChanged:
-// another did, and this one must answer duplicate_settlement. Any other
+// another did, and this one must answer duplicate_settlement; a record
+// that lapsed or was marked by s itself is nil (markedBy). Any other
 // error leaves the record as it was, or marked by s with the answer lost:
 // the outcome stays unknown to the caller (settlement_pending), whose
 // retry marks it then. nil, too, with no store or no record (a library
@@ -157,7 +158,7 @@ func (f *Facilitator) answerSent(s *settlement, sig string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), f.cfg.ConfirmTimeout)
 	defer cancel()
 	err := st.Swap(ctx, *c, c.Token, note)
-	if errors.Is(err, store.ErrNoteChanged) {
+	if errors.Is(err, store.ErrNoteChanged) || errors.Is(err, store.ErrClaimLost) {
 		err = markedBy(ctx, st, c.Keys[0], note)
 	}
 	if err == nil || errors.Is(err, store.ErrNoteChanged) {
@@ -168,16 +169,30 @@ func (f *Facilitator) answerSent(s *settlement, sig string) error {
 	return err
 }
 
-// markedBy reads what a Swap to note that found key's record moved on
-// means: nil when the record carries note (the mark is this Settle's own,
-// its first answer lost), store.ErrNoteChanged when another marked it, or
-// the error reading it (the outcome stays unknown; a retry asks again).
+// markedBy reads what a Swap to note that found key's record moved on, or
+// gone (store.ErrClaimLost), means:
+//   - nil when the record carries note (the mark is this Settle's own, its
+//     first answer lost), or when no record is left: it lapsed
+//     (SentRecordHold) while the outcome could not be read or the store
+//     could not be written, and no Settle can adopt it any more, so the
+//     answer is the chain's, as a facilitator with no memory of the send
+//     reads it (answerRecorded). Answered undecided instead, every retry
+//     would pend for ever for a payment whose tokens moved;
+//   - store.ErrNoteChanged when another marked it;
+//   - an error when a new record not yet answered holds the key (another
+//     Settle wrote it after the lapse: its own mark or drop decides), or
+//     the record cannot be read: the outcome stays unknown, and a retry
+//     asks again.
 func markedBy(ctx context.Context, st SentStore, key, note string) error {
 	rec, err := st.Lookup(ctx, key)
 	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return nil
 	case err != nil:
 		return fmt.Errorf("reading the record after its mark found it moved: %w", err)
-	case rec.Settled && rec.Note == note:
+	case !rec.Settled:
+		return errors.New("the record lapsed and another settlement's record, not yet answered, took its place")
+	case rec.Note == note:
 		return nil
 	}
 	return store.ErrNoteChanged

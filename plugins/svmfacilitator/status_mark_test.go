@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aovhq/aov/store"
 	"github.com/aovhq/aov/x402"
 )
 
@@ -141,5 +142,49 @@ func TestVerifyThenSettleElsewhereLeavesTheSenderStatusDuplicate(t *testing.T) {
 	st, err := e.f.SettlementStatus(ctx, pp, e.req)
 	if err != nil || !answeredElsewhere(st) {
 		t.Fatalf("sender's status read of %s: %+v %v; want never, duplicate_settlement", sig, st, err)
+	}
+}
+
+// shortHold is the store of sends with SentRecordHold shortened to hold:
+// what ten minutes of no Verify/Settle traffic on this facilitator do to
+// a pending send's record, in a second.
+type shortHold struct {
+	SentStore
+	hold time.Duration
+}
+
+func (s *shortHold) ClaimHeld(ctx context.Context, keys []string, _ time.Time, span time.Duration, note func(store.Claim) (string, error)) (store.Claim, error) {
+	return s.SentStore.ClaimHeld(ctx, keys, time.Now().Add(s.hold), span, note)
+}
+
+// A send answered settlement_pending whose record lapsed (SentRecordHold)
+// before its transfer could be read is read settled by its sender's status
+// read from memory, naming its transaction, as a facilitator with no
+// memory reads it: no record is left for anyone to mark. (Before: every
+// read from memory tried to mark a record that no longer existed,
+// store.ErrClaimLost, and answered undecided for ever.)
+func TestStatusReadAfterTheRecordLapsedIsSettled(t *testing.T) {
+	db := openStore(t, t.TempDir())
+	sent := &shortHold{SentStore: sentOf(db), hold: time.Second}
+	e, fr, pp, unknown := settlePending(t, sent, time.Minute)
+	sig := unknown.Reply.Transaction
+	if a, b := e.balances(t); a != 1_000_000-20000 || b != 20000 {
+		t.Fatalf("balances payer %d payee %d; want the transfer landed", a, b)
+	}
+	time.Sleep(1500 * time.Millisecond) // the record lapses
+	ctx := context.Background()
+	if _, err := db.Claims().Lookup(ctx, e.f.sentKey(mustDecode(t, pp).MessageHash())); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("record: %v; want lapsed", err)
+	}
+	fr.set(func(f *faultyRPC) { f.hideStatus = false })
+	rs, err := e.elsewhere(t).SettlementStatus(ctx, pp, e.req)
+	if err != nil || rs.State != x402.SettlementDone || rs.Transaction != sig {
+		t.Fatalf("status read with no memory: %+v %v; want settled naming %s", rs, err, sig)
+	}
+	for i := 0; i < 3; i++ {
+		st, err := e.f.SettlementStatus(ctx, pp, e.req)
+		if err != nil || st.State != x402.SettlementDone || st.Transaction != sig {
+			t.Errorf("sender's status read %d after its record lapsed: %+v %v; want settled naming %s", i, st, err, sig)
+		}
 	}
 }
