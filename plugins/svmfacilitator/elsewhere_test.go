@@ -149,7 +149,9 @@ func TestSecondInstanceReportsNoSecondSuccess(t *testing.T) {
 
 // The payment lands (sent by another process) after this Settle looked it
 // up, before its simulation or before its send: the chain's
-// AlreadyProcessed is looked up, never taken for a refusal.
+// AlreadyProcessed is looked up, never taken for a refusal, and the status
+// read then answers as the Settle did: settled by another settlement.
+// (Before: the status read answered settled, its caller's own.)
 func TestAlreadyProcessedIsLookedUp(t *testing.T) {
 	for _, at := range []string{"simulate", "send"} {
 		t.Run(at, func(t *testing.T) {
@@ -181,8 +183,8 @@ func TestAlreadyProcessedIsLookedUp(t *testing.T) {
 			if a, b := e.balances(t); a != 1_000_000-20000 || b != 20000 {
 				t.Fatalf("balances payer %d payee %d", a, b)
 			}
-			if st, err := e.f.SettlementStatus(context.Background(), Payload(raw, e.req), e.req); err != nil || st.State != x402.SettlementDone || st.Transaction != elsewhere {
-				t.Fatalf("status: %+v %v", st, err)
+			if st, err := e.f.SettlementStatus(context.Background(), Payload(raw, e.req), e.req); err != nil || !answeredElsewhere(st) || st.Transaction != elsewhere {
+				t.Fatalf("status: %+v %v; want never, %s naming %s, as the Settle answered", st, err, ReasonDuplicateSettlement, elsewhere)
 			}
 		})
 	}
@@ -236,7 +238,10 @@ func (p *processedOnlyRPC) serve(t *testing.T) string {
 // retry its caller makes polls that transaction, and must still answer as
 // the first Settle would have: settlement_pending while it is undecided,
 // then duplicate_settlement naming it, never success: its sender answers
-// for it, and a second success would have one payment served twice.
+// for it, and a second success would have one payment served twice. Its
+// status read then answers the same from memory: settled by another
+// settlement. (Before: the status read answered settled, its caller's
+// own.)
 func TestElsewherePendingRetryIsNoSecondSuccess(t *testing.T) {
 	for _, found := range []string{"lookup", "simulate"} {
 		t.Run(found, func(t *testing.T) {
@@ -284,12 +289,53 @@ func TestElsewherePendingRetryIsNoSecondSuccess(t *testing.T) {
 					t.Fatalf("%s: %+v %v; want %s naming %s, never a second success", what, s, err, ReasonDuplicateSettlement, sent)
 				}
 			}
-			if st, err := b.SettlementStatus(ctx, pp, e.req); err != nil || st.State != x402.SettlementDone || st.Transaction != sent {
-				t.Fatalf("status on B: %+v %v", st, err)
+			if st, err := b.SettlementStatus(ctx, pp, e.req); err != nil || !answeredElsewhere(st) || st.Transaction != sent {
+				t.Fatalf("status on B: %+v %v; want never, %s naming %s, as its Settle answers", st, err, ReasonDuplicateSettlement, sent)
 			}
 			if a, b := e.balances(t); a != 1_000_000-20000 || b != 20000 {
 				t.Fatalf("balances payer %d payee %d", a, b)
 			}
 		})
+	}
+}
+
+// One payment, two facilitators with one fee payer and a store each: A
+// settles it (success). B's Settle finds it on chain before sending and,
+// unconfirmed at its deadline, answers settlement_pending; B's status read
+// of it, once landed, answers settled by another settlement, as B's
+// Settle retry answers duplicate_settlement: only a send B made may be
+// its caller's own. (Before: the status read answered settled, and the
+// gate behind B served the buyer a second time for one transfer.)
+func TestElsewherePendingStatusReadIsDuplicate(t *testing.T) {
+	e := newEnv(t, Config{Sent: sentOf(openStore(t, t.TempDir()))})
+	p := e.payment(t)
+	raw := p.Build(p.Instructions())
+	pp := Payload(raw, e.req)
+	ctx := context.Background()
+	first, err := e.f.Settle(ctx, pp, e.req)
+	if err != nil || !first.Success {
+		t.Fatalf("settle on A: %+v %v", first, err)
+	}
+	fake := &processedOnlyRPC{upstream: e.chain.URL}
+	fake.hold.Store(true)
+	cfg := e.f.cfg
+	cfg.RPC = &RPC{URL: fake.serve(t)}
+	cfg.Sent = sentOf(openStore(t, t.TempDir())) // B's own store
+	cfg.ConfirmTimeout, cfg.PollInterval = 300*time.Millisecond, 20*time.Millisecond
+	b, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.Settle(ctx, pp, e.req)
+	var uo *x402.UnknownOutcomeError
+	if !errors.As(err, &uo) || uo.Reply == nil || uo.Reply.ErrorReason != ReasonSettlementPending {
+		t.Fatalf("settle on B: %v; want settlement_pending", err)
+	}
+	fake.hold.Store(false)
+	if st, err := b.SettlementStatus(ctx, pp, e.req); err != nil || !answeredElsewhere(st) || st.Transaction != first.Transaction {
+		t.Errorf("B's status read of a payment A answered success: %+v %v; want never, duplicate_settlement naming %s", st, err, first.Transaction)
+	}
+	if s, err := b.Settle(ctx, pp, e.req); err != nil || s.Success || s.ErrorReason != ReasonDuplicateSettlement {
+		t.Errorf("B's Settle retry: %+v %v; want duplicate_settlement", s, err)
 	}
 }

@@ -204,11 +204,13 @@ type settlement struct {
 	// Settle that found it would have (duplicate_settlement once landed,
 	// never a second success for one payment).
 	elsewhere bool
-	// lost: it landed, and another Settle (of any facilitator sharing
-	// Config.Sent) marked its record answered first (answerSent's
-	// store.ErrNoteChanged): that Settle answers for the payment, so a
-	// status read answers it settled by another settlement
-	// (statusLanded), never settled as its own caller's.
+	// lost: it landed, and another Settle answers for the payment: one
+	// (of any facilitator sharing Config.Sent) marked its record answered
+	// first (answerSent's store.ErrNoteChanged), or another process sent
+	// it (elsewhere), or this Settle found its record answered
+	// (sentBefore). A status read from memory then answers it settled by
+	// another settlement (statusLanded), as a fresh read of the record
+	// does, never settled as its own caller's.
 	lost      bool
 	failed    string // failed on chain with this error (counted once)
 	blockhash string

@@ -243,7 +243,9 @@ func (f *Facilitator) sentBefore(ctx context.Context, key [32]byte, s *settlemen
 	}
 	switch {
 	case rec != nil && rec.Settled:
-		f.finish(key, "")
+		// Remembered as another's success, so a status read from memory
+		// answers as a fresh one reads the marked record.
+		f.finishLanded(key, settledElsewhere(s.sig))
 		return x402.SettleResponse{ErrorReason: ReasonDuplicateSettlement, ErrorMessage: "this transaction was already settled", Payer: payer, Transaction: s.sig, Network: network}, nil
 	case rec != nil && f.adopt(key, s, rec):
 		return f.confirm(ctx, key, s, network)
@@ -314,7 +316,7 @@ func (f *Facilitator) confirm(ctx context.Context, key [32]byte, s *settlement, 
 		case o.state == x402.SettlementDone:
 			f.learned(key, false)
 			if elsewhere {
-				f.finish(key, "")
+				f.finishLanded(key, settledElsewhere(sig))
 				resp.ErrorReason, resp.ErrorMessage = ReasonDuplicateSettlement, "this transaction was already settled, by another settlement"
 				return resp, nil
 			}

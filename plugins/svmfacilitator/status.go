@@ -159,16 +159,27 @@ func (f *Facilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayloa
 // the one place a status read decides it, as confirm decides a Settle's
 // answer, because the gate serves a payment answered SettlementDone as its
 // own. So:
+//   - settled by another settlement (settledElsewhere) when the chain had
+//     the transaction before a Settle of this facilitator sent it
+//     (s.elsewhere): only a send this facilitator made, or adopted from
+//     its record, may be its caller's own, as confirm answers the same
+//     send duplicate_settlement;
 //   - settled (SettlementDone naming sig) only when this facilitator marks
 //     the record now, or has no record left to mark (it marked it
-//     earlier, or there is no store): an unmarked record would have a
-//     Settle elsewhere adopt it and answer success a second time;
+//     earlier, it lapsed, or there is no store): an unmarked record would
+//     have a Settle elsewhere adopt it and answer success a second time;
 //   - store.ErrNoteChanged, another Settle marked it first and answered
 //     success: settled by another settlement (settledElsewhere), which
 //     the gate neither serves nor holds as pending;
 //   - any other error, the store cannot mark it now: undecided, the
 //     record left unanswered, and the next read marks it.
 func (f *Facilitator) statusLanded(s *settlement, sig string) x402.SettlementStatus {
+	f.mu.Lock()
+	elsewhere := s.elsewhere
+	f.mu.Unlock()
+	if elsewhere {
+		return settledElsewhere(sig)
+	}
 	switch err := f.answerSent(s, sig); {
 	case err == nil:
 		return x402.SettlementStatus{State: x402.SettlementDone, Transaction: sig}
@@ -191,9 +202,10 @@ func settledElsewhere(sig string) x402.SettlementStatus {
 }
 
 // finishLanded records in memory key's landed transaction as answered with
-// st, a decided answer of statusLanded (or confirm's mark lost): a later
-// status read answers the same from memory, and a later Settle
-// duplicate_settlement.
+// st, a decided answer of statusLanded (or of a Settle that answered it
+// duplicate_settlement: confirm's mark lost, a send found elsewhere, a
+// record found marked): a later status read answers the same from memory,
+// and a later Settle duplicate_settlement.
 func (f *Facilitator) finishLanded(key [32]byte, st x402.SettlementStatus) {
 	f.mu.Lock()
 	if e := f.settled[key]; e != nil {

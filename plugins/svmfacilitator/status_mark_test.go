@@ -188,3 +188,29 @@ func TestStatusReadAfterTheRecordLapsedIsSettled(t *testing.T) {
 		}
 	}
 }
+
+// Two facilitators on one store of sends: A settles the payment (success,
+// record marked), B's /settle of it answers duplicate_settlement, and B's
+// status read of it then answers from memory what a fresh read answers:
+// settled by another settlement. (Before: B's memory of that duplicate
+// read as settled, its caller's own.)
+func TestStatusReadAfterDuplicateSettleIsDuplicate(t *testing.T) {
+	db := openStore(t, t.TempDir())
+	e := newEnv(t, Config{Sent: sentOf(db)})
+	pp := Payload(e.payment(t).Transaction(), e.req)
+	ctx := context.Background()
+	if s, err := e.f.Settle(ctx, pp, e.req); err != nil || !s.Success {
+		t.Fatalf("settle on A: %+v %v", s, err)
+	}
+	fresh, err := e.elsewhere(t).SettlementStatus(ctx, pp, e.req)
+	if err != nil || !answeredElsewhere(fresh) {
+		t.Fatalf("fresh status read: %+v %v; want never, duplicate_settlement", fresh, err)
+	}
+	b := e.elsewhere(t)
+	if s, err := b.Settle(ctx, pp, e.req); err != nil || s.Success || s.ErrorReason != ReasonDuplicateSettlement {
+		t.Fatalf("settle on B: %+v %v; want duplicate_settlement", s, err)
+	}
+	if st, err := b.SettlementStatus(ctx, pp, e.req); err != nil || !answeredElsewhere(st) {
+		t.Errorf("B's status read after its Settle answered duplicate_settlement: %+v %v; want never, duplicate_settlement (as a fresh read: %+v)", st, err, fresh)
+	}
+}
