@@ -143,7 +143,12 @@ func (f *Facilitator) adopt(key [32]byte, s *settlement, rec *store.ClaimState) 
 // which markedBy tells apart from another's mark. Without it the Settle
 // that moved the money would take its own mark for another's and answer
 // duplicate_settlement for ever.
-func (f *Facilitator) answerSent(s *settlement, sig string) error {
+//
+// The mark is bounded by ctx, its caller's, as well as ConfirmTimeout: a
+// store that stalls holds no status read or /settle past its caller's
+// deadline, and a mark cut short is an error like any other (undecided,
+// settlement_pending), never a decided answer.
+func (f *Facilitator) answerSent(ctx context.Context, s *settlement, sig string) error {
 	f.mu.Lock()
 	c := s.sent
 	if c != nil && s.mark == "" {
@@ -155,7 +160,7 @@ func (f *Facilitator) answerSent(s *settlement, sig string) error {
 	if c == nil || st == nil {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), f.cfg.ConfirmTimeout)
+	ctx, cancel := context.WithTimeout(ctx, f.cfg.ConfirmTimeout)
 	defer cancel()
 	err := st.Swap(ctx, *c, c.Token, note)
 	if errors.Is(err, store.ErrNoteChanged) || errors.Is(err, store.ErrClaimLost) {
@@ -220,8 +225,10 @@ func newMark() string {
 // forgetSent drops s's record of the send: the transaction was refused or
 // can no longer land. A store error is only logged: a record left in place
 // of a transaction that can no longer land refuses nothing that could
-// settle, and lapses after SentRecordHold.
-func (f *Facilitator) forgetSent(s *settlement, sig string) {
+// settle, and lapses after SentRecordHold. So it is bounded by ctx, its
+// caller's, as well as ConfirmTimeout: a store that stalls holds no caller
+// past its deadline for a drop that may be left undone.
+func (f *Facilitator) forgetSent(ctx context.Context, s *settlement, sig string) {
 	f.mu.Lock()
 	c := s.sent
 	s.sent = nil
@@ -230,7 +237,7 @@ func (f *Facilitator) forgetSent(s *settlement, sig string) {
 	if c == nil || st == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), f.cfg.ConfirmTimeout)
+	ctx, cancel := context.WithTimeout(ctx, f.cfg.ConfirmTimeout)
 	defer cancel()
 	if err := st.Release(ctx, *c); err != nil {
 		log.Printf("svm facilitator: dropping the record of sent transaction %s: %v", sig, err)
@@ -389,7 +396,7 @@ func (f *Facilitator) resolveOne(key [32]byte, e *sent) {
 		if o.state == x402.SettlementNever && o.failed == "" {
 			// Its blockhash expired: it can no longer land, and its
 			// record goes now, as a retry's confirm would drop it.
-			f.forgetSent(e.rec, e.sig)
+			f.forgetSent(ctx, e.rec, e.sig)
 		}
 	}
 }

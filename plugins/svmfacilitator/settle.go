@@ -181,7 +181,7 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 	// outcome is learned, by this Settle or in the background (resolve).
 	fresh, reason, msg := f.hold(key, c, s)
 	if reason != "" {
-		f.forgetSent(s, s.sig)
+		f.forgetSent(ctx, s, s.sig)
 		f.release(key)
 		return fail(reason, c.payer, msg, ""), nil
 	}
@@ -202,7 +202,7 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 			if fresh {
 				f.learned(key, false)
 			}
-			f.forgetSent(s, s.sig)
+			f.forgetSent(ctx, s, s.sig)
 			return f.confirmElsewhere(ctx, key, s, req.Network)
 		case errors.As(err, &re) && re.Refused():
 			// The node answered and refused: this send is not in flight
@@ -210,7 +210,7 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 			if fresh {
 				f.learned(key, false)
 			}
-			f.forgetSent(s, s.sig)
+			f.forgetSent(ctx, s, s.sig)
 			f.release(key)
 			return fail(ReasonTransactionFailed, c.payer, "the node refused the transaction: "+truncate(re.Message), ""), nil
 		}
@@ -285,7 +285,9 @@ func (f *Facilitator) confirmElsewhere(ctx context.Context, key [32]byte, s *set
 // ConfirmTimeout) cuts no poll short and is answered pending at once. The
 // outcome is then learned in the background (resolve), as after
 // ConfirmTimeout, its failure charged, and the payer's place in flight held
-// until then.
+// until then. The mark of a landed send's record is not detached
+// (answerSent): with its caller gone it is not made, and the answer is
+// pending; the next status read or retry marks it.
 func (f *Facilitator) confirm(ctx context.Context, key [32]byte, s *settlement, network string) (x402.SettleResponse, error) {
 	f.mu.Lock()
 	sig, payer, blockhash, floor, elsewhere := s.sig, s.payer, s.blockhash, s.slot, s.elsewhere
@@ -309,7 +311,7 @@ func (f *Facilitator) confirm(ctx context.Context, key [32]byte, s *settlement, 
 			return resp, nil
 		case o.state == x402.SettlementNever:
 			f.learned(key, false)
-			f.forgetSent(s, sig)
+			f.forgetSent(ctx, s, sig)
 			f.release(key)
 			resp.ErrorReason, resp.ErrorMessage, resp.Transaction = ReasonTransactionFailed, "the transaction's blockhash expired before it landed", ""
 			return resp, nil
@@ -322,7 +324,7 @@ func (f *Facilitator) confirm(ctx context.Context, key [32]byte, s *settlement, 
 			}
 			// Success only once its record is marked answered: of
 			// the Settles sharing the record, one marks it.
-			err := f.answerSent(s, sig)
+			err := f.answerSent(ctx, s, sig)
 			if errors.Is(err, store.ErrNoteChanged) {
 				f.finishLanded(key, settledElsewhere(sig))
 				resp.ErrorReason, resp.ErrorMessage = ReasonDuplicateSettlement, "this transaction was already settled, by another settlement"

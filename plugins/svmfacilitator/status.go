@@ -133,7 +133,7 @@ func (f *Facilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayloa
 	switch {
 	case o.state == x402.SettlementDone:
 		f.learned(key, false)
-		st := f.statusLanded(e, sig)
+		st := f.statusLanded(ctx, e, sig)
 		if st.State != x402.SettlementUndecided {
 			f.finishLanded(key, st)
 		}
@@ -147,7 +147,7 @@ func (f *Facilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayloa
 		// in Config.Sent goes too, as a /settle or the resolver would
 		// drop it.
 		f.learned(key, false)
-		f.forgetSent(e, sig)
+		f.forgetSent(ctx, e, sig)
 		f.release(key)
 	}
 	out.State = o.state
@@ -173,14 +173,14 @@ func (f *Facilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayloa
 //     the gate neither serves nor holds as pending;
 //   - any other error, the store cannot mark it now: undecided, the
 //     record left unanswered, and the next read marks it.
-func (f *Facilitator) statusLanded(s *settlement, sig string) x402.SettlementStatus {
+func (f *Facilitator) statusLanded(ctx context.Context, s *settlement, sig string) x402.SettlementStatus {
 	f.mu.Lock()
 	elsewhere := s.elsewhere
 	f.mu.Unlock()
 	if elsewhere {
 		return settledElsewhere(sig)
 	}
-	switch err := f.answerSent(s, sig); {
+	switch err := f.answerSent(ctx, s, sig); {
 	case err == nil:
 		return x402.SettlementStatus{State: x402.SettlementDone, Transaction: sig}
 	case errors.Is(err, store.ErrNoteChanged):
@@ -273,7 +273,7 @@ func (f *Facilitator) answerRecorded(ctx context.Context, key [32]byte, sig stri
 	case rec.Settled:
 		return settledElsewhere(sig)
 	}
-	return f.statusLanded(s, sig)
+	return f.statusLanded(ctx, s, sig)
 }
 
 var _ x402.SettlementChecker = (*Facilitator)(nil)

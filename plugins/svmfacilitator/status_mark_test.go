@@ -214,3 +214,38 @@ func TestStatusReadAfterDuplicateSettleIsDuplicate(t *testing.T) {
 		t.Errorf("B's status read after its Settle answered duplicate_settlement: %+v %v; want never, duplicate_settlement (as a fresh read: %+v)", st, err, fresh)
 	}
 }
+
+// slowSwap is the store of sends whose mark stalls (a Redis that accepts
+// and does not answer, a Badger disk stall) until its own deadline.
+type slowSwap struct{ SentStore }
+
+func (s *slowSwap) Swap(ctx context.Context, c store.Claim, old, note string) error {
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// A status read whose mark stalls ends near its caller's deadline,
+// undecided, not after ConfirmTimeout (5 s here). (Before: the mark ran
+// on context.Background() bounded by ConfirmTimeout alone, so a store that
+// stalled held every status read past its caller's deadline.)
+func TestStatusReadWithAStalledMarkEndsAtItsCallersDeadline(t *testing.T) {
+	db := openStore(t, t.TempDir())
+	e, fr, pp, _ := settlePending(t, sentOf(db), time.Minute)
+	fr.set(func(f *faultyRPC) { f.hideStatus = false })
+	cfg := e.f.cfg
+	cfg.RPC, cfg.Sent, cfg.ConfirmTimeout = &RPC{URL: e.chain.URL}, &slowSwap{SentStore: sentOf(db)}, 5*time.Second
+	reader, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	st, err := reader.SettlementStatus(ctx, pp, e.req)
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("status read with a 300ms deadline took %v (%+v %v); want it to end near its caller's deadline", d.Round(time.Millisecond), st, err)
+	}
+	if err == nil && st.State != x402.SettlementUndecided {
+		t.Errorf("status read whose mark could not finish: %+v; want undecided", st)
+	}
+}
