@@ -464,3 +464,37 @@ func TestSettleRefusedAtHoldDropsItsRecord(t *testing.T) {
 		t.Fatalf("B's record: %+v %v; want none (nothing was sent)", st, err)
 	}
 }
+
+// The window README states: a Settle marks its record and answers success,
+// and the gateway stops before recording that success (a crash, or its
+// write fails and a reload changing the block's settings follows). The
+// restarted facilitator, with no memory of the payment, reads the record
+// marked and cannot tell whose mark it was: its status read answers
+// settled by another settlement (duplicate_settlement), so the gate
+// releases its claim and serves nothing for tokens that moved.
+func TestStatusReadAfterRestartOfItsOwnMarkedSettleIsDuplicate(t *testing.T) {
+	dir := t.TempDir()
+	db := openStore(t, dir)
+	e := newEnv(t, Config{Sent: sentOf(db)})
+	pp := Payload(e.payment(t).Transaction(), e.req)
+	ctx := context.Background()
+	first, err := e.f.Settle(ctx, pp, e.req)
+	if err != nil || !first.Success {
+		t.Fatalf("settle: %+v %v", first, err)
+	}
+	// The gateway stops before recording the success.
+	db.Close()
+	cfg := e.f.cfg
+	cfg.RPC, cfg.Sent = &RPC{URL: e.chain.URL}, sentOf(openStore(t, dir))
+	restarted, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := restarted.SettlementStatus(ctx, pp, e.req)
+	if err != nil || !answeredElsewhere(st) || st.Transaction != first.Transaction {
+		t.Errorf("status read after restart of a payment whose own success went unrecorded: %+v %v; want never, duplicate_settlement naming %s (the documented window)", st, err, first.Transaction)
+	}
+	if a, b := e.balances(t); a != 1_000_000-20000 || b != 20000 {
+		t.Fatalf("balances payer %d payee %d (charged once)", a, b)
+	}
+}
