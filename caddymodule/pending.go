@@ -795,8 +795,15 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 			if st.Reason != "" { // e.g. the nonce cancelled or spent without paying
 				reason = st.Reason
 			}
-			return true, ex.demand(w, r, http.StatusPaymentRequired,
-				"This payment can no longer settle and nothing was charged; sign a new one.", reason, nil)
+			msg := "This payment can no longer settle and nothing was charged; sign a new one."
+			if reason == x402.ReasonDuplicateSettlement {
+				// Its transfer landed, and another settlement answered
+				// success for it (a Solana send another instance, or a
+				// /settle elsewhere, marked first): the buyer's tokens
+				// moved, so "nothing was charged" would be false.
+				msg = "This payment was settled by another settlement, which answers for it; this request is not served, and nothing more is charged."
+			}
+			return true, ex.demand(w, r, http.StatusPaymentRequired, msg, reason, nil)
 		}
 	}
 	// The transfer happened: deliver what was paid for.

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 
 	"github.com/aovhq/aov/internal/base58"
 	"github.com/aovhq/aov/internal/interop"
+	"github.com/aovhq/aov/internal/servers"
 	"github.com/aovhq/aov/plugins/svmfacilitator"
 	"github.com/aovhq/aov/x402"
 )
@@ -229,6 +231,71 @@ func TestEmbeddedSolanaResolvedAfterARestart(t *testing.T) {
 		t.Fatalf("charged %d, upstream ran %d times; want one payment, one run", got, up.n.Load())
 	}
 	waitOutcomes(t, up, "v-1=paid")
+}
+
+// The embedded Solana facilitator lost a settlement's outcome (its node
+// hid it), and a /settle of the same payment through another facilitator
+// on the same store of sends (another instance with the fee payer) adopts
+// its record, marks it and answers success. The gateway's retry, its node
+// answering again, reads the status: settled by another settlement, which
+// answers for it. The 402 says so (duplicate_settlement): this request is
+// not served, and nothing more is charged. (Before: it said the payment
+// could no longer settle and nothing was charged, for tokens that moved.)
+func TestEmbeddedSolanaSettledByAnotherSettlementSaysSo(t *testing.T) {
+	e := newSolanaEnv(t)
+	up := newReportingUpstream(t)
+	sent := servers.StartRedis(t)
+	dropping := newDroppingSolanaRPC(t, e.chain.URL)
+	var blind atomic.Bool
+	blind.Store(true)
+	node := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		target := e.chain.URL
+		if blind.Load() {
+			target = dropping
+		}
+		resp, err := http.Post(target, "application/json", r.Body)
+		if err != nil { // the send's reply lost: lost here too
+			if conn, _, err := w.(http.Hijacker).Hijack(); err == nil {
+				conn.Close()
+			}
+			return
+		}
+		defer resp.Body.Close()
+		w.Header().Set("Content-Type", "application/json")
+		io.Copy(w, resp.Body)
+	}))
+	t.Cleanup(node.Close)
+	svm := fmt.Sprintf("svm {\n\t\t\t\tnetwork solana-devnet\n\t\t\t\trpc_url %s\n\t\t\t\tfee_payer_key_file %s\n\t\t\t\tconfirm_timeout 1s\n\t\t\t\tstore redis %s\n\t\t\t}", node.URL, e.keyFile, sent.Addr)
+	url := startCaddy(t, solanaSite(up.URL, svm, e, filepath.Join(t.TempDir(), "gate"))) + "/verify/schema"
+	payerBefore := e.usdc(t, e.payer.Address)
+	sig, txid := signSolana(t, e, url)
+	wantSettlementPending(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}), "first try")
+	if got := payerBefore - e.usdc(t, e.payer.Address); got != 20000 {
+		t.Fatalf("the transfer did not land (charged %d); the test needs it to", got)
+	}
+	runs := up.n.Load()
+
+	var pp x402.PaymentPayload
+	if err := x402.DecodeHeader(sig, &pp); err != nil {
+		t.Fatal(err)
+	}
+	other, stop := provisionSVMWith(t, e, e.chain.URL, fmt.Sprintf(`{"type":"redis","addresses":[%q]}`, sent.Addr), `,"confirm_timeout":"2s"`)
+	defer stop()
+	if s, err := other.Settle(t.Context(), pp, pp.Accepted); err != nil || !s.Success || s.Transaction != txid {
+		t.Fatalf("settle through another facilitator: %+v %v; want success naming %s", s, err, txid)
+	}
+
+	blind.Store(false)
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	body := readJSON(t, resp)
+	msg, _ := body["error"].(string)
+	if resp.StatusCode != http.StatusPaymentRequired || body["reason"] != svmfacilitator.ReasonDuplicateSettlement ||
+		!strings.Contains(msg, "settled by another settlement") || strings.Contains(msg, "nothing was charged") {
+		t.Fatalf("retry after the other settlement: status %d %v; want 402 %s saying it was settled by another settlement", resp.StatusCode, body, svmfacilitator.ReasonDuplicateSettlement)
+	}
+	if got := payerBefore - e.usdc(t, e.payer.Address); got != 20000 || up.n.Load() != runs {
+		t.Fatalf("charged %d, upstream ran %d more times; want one payment, no run for the retry", got, up.n.Load()-runs)
+	}
 }
 
 // waitOutcomes waits until the upstream has heard exactly the outcomes
