@@ -284,3 +284,63 @@ func TestRedisMarkWhoseReplyIsLostIsStillItsSuccess(t *testing.T) {
 		})
 	}
 }
+
+// swapArms is the store of sends whose marks (Swap) arm p first, so that
+// the mark's answer, and only it, is lost.
+type swapArms struct {
+	SentStore
+	p *replyDropProxy
+}
+
+func (s *swapArms) Swap(ctx context.Context, c store.Claim, old, note string) error {
+	s.p.armed.Store(true)
+	return s.SentStore.Swap(ctx, c, old, note)
+}
+
+// A status read with no memory of a pending send (a reload that changed
+// the settings, or a restart) adopts its record on Redis and marks it, and
+// the mark's answer is lost with no resend: undecided. The next status
+// read finds the record carrying that read's own mark and answers settled,
+// naming the transaction; a Settle elsewhere answers duplicate_settlement.
+// (Before: the next read drew a mark of its own, took the first for
+// another's and answered settled by another settlement, which the gate
+// releases: the buyer charged and never served.)
+func TestRedisStatusReadMarkWhoseReplyIsLostIsStillItsOwn(t *testing.T) {
+	srv := servers.StartRedis(t)
+	p := startReplyDropProxy(t, srv.Addr)
+	rdb := redis.NewClient(&redis.Options{Addr: p.ln.Addr().String(), MaxRetries: -1, ReadTimeout: time.Second, WriteTimeout: time.Second, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { rdb.Close() })
+	rs, err := redisstore.New(context.Background(), rdb, redisstore.Options{Prefix: "lostreply"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sent := rs.Claims().(SentStore)
+	ctx := context.Background()
+	// Load the scripts, so the armed reply is the mark's own.
+	w, err := sent.ClaimHeld(ctx, []string{"warm"}, time.Now().Add(time.Hour), time.Minute, func(c store.Claim) (string, error) { return c.Token, nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sent.Swap(ctx, w, w.Token, "x"); err != nil {
+		t.Fatal(err)
+	}
+	e, _, pp, unknown := settlePending(t, sent, time.Minute)
+	sig := unknown.Reply.Transaction
+	cfg := e.f.cfg
+	cfg.RPC, cfg.Sent = &RPC{URL: e.chain.URL}, &swapArms{SentStore: sent, p: p}
+	reader, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := reader.SettlementStatus(ctx, pp, e.req)
+	if err != nil || st.State != x402.SettlementUndecided || p.drops.Load() != 1 {
+		t.Fatalf("status read whose mark's answer was lost: %+v %v (%d replies dropped); want undecided", st, err, p.drops.Load())
+	}
+	reader.UseSent(sent) // the store answers again
+	if st, err := reader.SettlementStatus(ctx, pp, e.req); err != nil || st.State != x402.SettlementDone || st.Transaction != sig {
+		t.Errorf("next status read: %+v %v; want settled naming %s", st, err, sig)
+	}
+	if s, err := e.elsewhere(t).Settle(ctx, pp, e.req); err != nil || s.Success || s.ErrorReason != ReasonDuplicateSettlement {
+		t.Errorf("settle elsewhere: %+v %v; want duplicate_settlement", s, err)
+	}
+}

@@ -229,8 +229,21 @@ func (f *Facilitator) unrecorded(ctx context.Context, tx *Transaction) (x402.Set
 	}
 	out.State = o.state
 	key := tx.MessageHash()
+	var adopted *settlement
 	if o.state == x402.SettlementDone {
-		out = f.answerRecorded(ctx, key, sig)
+		out, adopted = f.answerRecorded(ctx, key, sig)
+	}
+	if adopted != nil && out.State == x402.SettlementUndecided {
+		// The record adopted could not be marked, or its mark's answer
+		// was lost: kept in memory as a pending send with its mark, so the
+		// next read marks it with the same one and finds a mark that
+		// landed as its own (markedBy), not another's.
+		f.mu.Lock()
+		if _, known := f.settled[key]; !known {
+			adopted.sig, adopted.blockhash, adopted.payer, adopted.pending, adopted.at = sig, base58.Encode(tx.Blockhash[:]), payerOf(tx), true, now()
+			f.settled[key] = adopted
+		}
+		f.mu.Unlock()
 	}
 	if out.State != x402.SettlementUndecided {
 		// Charged only when this process sent the transaction and has not
@@ -258,22 +271,24 @@ func (f *Facilitator) unrecorded(ctx context.Context, tx *Transaction) (x402.Set
 // the chain says. A record already answered is settled by another
 // settlement: this facilitator holds no memory of marking it, and the
 // Settle that did answered success. One that cannot be read is undecided.
-func (f *Facilitator) answerRecorded(ctx context.Context, key [32]byte, sig string) x402.SettlementStatus {
+// adopted is the record in memory of an unanswered record adopted here
+// (adopt), with the mark it tried, nil otherwise.
+func (f *Facilitator) answerRecorded(ctx context.Context, key [32]byte, sig string) (st x402.SettlementStatus, adopted *settlement) {
 	rec, err := f.recorded(ctx, key)
 	if err != nil {
 		log.Printf("svm facilitator: reading the record of sent transaction %s: %v", sig, err)
-		return x402.SettlementStatus{State: x402.SettlementUndecided}
+		return x402.SettlementStatus{State: x402.SettlementUndecided}, nil
 	}
 	s := &settlement{}
 	switch {
 	case rec == nil || (!rec.Settled && !f.adopt(key, s, rec)):
 		// None, or one written before records named their token: the
 		// chain says it landed.
-		return x402.SettlementStatus{State: x402.SettlementDone, Transaction: sig}
+		return x402.SettlementStatus{State: x402.SettlementDone, Transaction: sig}, nil
 	case rec.Settled:
-		return settledElsewhere(sig)
+		return settledElsewhere(sig), nil
 	}
-	return f.statusLanded(ctx, s, sig)
+	return f.statusLanded(ctx, s, sig), s
 }
 
 var _ x402.SettlementChecker = (*Facilitator)(nil)
