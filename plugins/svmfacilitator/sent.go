@@ -149,17 +149,18 @@ func (f *Facilitator) adopt(key [32]byte, s *settlement, rec *store.ClaimState) 
 // deadline, and a mark cut short is an error like any other (undecided,
 // settlement_pending), never a decided answer.
 func (f *Facilitator) answerSent(ctx context.Context, s *settlement, sig string) error {
+	st := f.sentIn()
 	f.mu.Lock()
 	c := s.sent
 	if c != nil && s.mark == "" {
 		s.mark = newMark()
 	}
-	note := markNote(sig, s.mark)
+	mark := s.mark
 	f.mu.Unlock()
-	st := f.sentIn()
 	if c == nil || st == nil {
 		return nil
 	}
+	note := markNote(sig, mark)
 	ctx, cancel := context.WithTimeout(ctx, f.cfg.ConfirmTimeout)
 	defer cancel()
 	err := st.Swap(ctx, *c, c.Token, note)
