@@ -819,7 +819,7 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 		// the gate had a way to: reportResolved); a repeated report
 		// changes nothing upstream.
 		takeReporter(h)
-		g.report(r, next, h.ReportPath, h.VerificationID, store.PaymentPaid)
+		g.reportHeld(r, next, h, h.ReportPath, h.VerificationID, x402.SettlementDone)
 	}
 	switch ok, err := g.paidFor(h, r); {
 	case err != nil:
@@ -1201,10 +1201,7 @@ func (g *Gate) reportResolved(h *heldRecord, state x402.SettlementState) {
 	if h.ReportPath == "" {
 		return
 	}
-	payment := store.PaymentPaid
-	if state == x402.SettlementNever {
-		payment = store.PaymentUnpaid
-	}
+	payment := heldPayment(h, state)
 	if rep := takeReporter(h); rep != nil {
 		g.report(rep.base, rep.next, h.ReportPath, h.VerificationID, payment)
 		return
@@ -1530,7 +1527,14 @@ func (p *paidCharge) reportOutcome(r *http.Request, bw *bufferedWriter, end sett
 		g.logger.Warn("the settlement's outcome is unknown and its claim could not be read; its verification stays pending", zap.Error(err))
 		return
 	case st.Settled:
-		g.report(r, next, path, id, store.PaymentPaid)
+		// The background pass found the transfer in between: reported
+		// as its record tells (a bare transaction, another gateway's
+		// resolution, keeps the answer nowhere to run again: paid).
+		if h, ok := decodeHeld(st.Note); ok {
+			g.reportHeld(r, next, h, path, id, x402.SettlementDone)
+		} else {
+			g.report(r, next, path, id, store.PaymentPaid)
+		}
 		return
 	}
 	h, ok := decodeHeld(st.Note)
@@ -1543,7 +1547,7 @@ func (p *paidCharge) reportOutcome(r *http.Request, bw *bufferedWriter, end sett
 		rememberReporter(h, r, next)
 	case errors.Is(err, store.ErrClaimSettled):
 		// The background pass found the transfer in between.
-		g.report(r, next, path, id, store.PaymentPaid)
+		g.reportHeld(r, next, h, path, id, x402.SettlementDone)
 	case errors.Is(err, store.ErrClaimLost):
 		// The background pass found it can never happen and released
 		// the claim, or the store lost it: the chain tells which.
@@ -1584,6 +1588,33 @@ func (g *Gate) reportFromChain(r *http.Request, next caddyhttp.Handler, h *heldR
 			g.logger.Warn("the settlement's outcome is unknown and the store no longer has its claim; its verification stays pending")
 		}
 	}()
+}
+
+// heldPayment is how the verification of held record h is reported once
+// its settlement is decided (state), the one rule for it: paid only when
+// the transfer happened and h keeps the answer that verification produced,
+// the answer the buyer's retry is served. A record that keeps none (an
+// answer over maxHeldAnswer, a protocol switch, a settlement failed
+// naming no transaction) never delivers that answer: the retry runs the
+// upstream again, which records the run as a verification of its own,
+// paid (X-Aov-Payment), so the first one is unpaid and one payment counts
+// once in history.
+func heldPayment(h *heldRecord, state x402.SettlementState) string {
+	if state == x402.SettlementDone && h.Held {
+		return store.PaymentPaid
+	}
+	return store.PaymentUnpaid
+}
+
+// reportHeld reports the verification id at path, held record h's, as
+// heldPayment tells: paid before the answer (report), unpaid in the
+// background (reportUnpaid), as every outcome of those kinds is.
+func (g *Gate) reportHeld(r *http.Request, next caddyhttp.Handler, h *heldRecord, path, id string, state x402.SettlementState) {
+	if payment := heldPayment(h, state); payment == store.PaymentPaid {
+		g.report(r, next, path, id, payment)
+		return
+	}
+	g.reportUnpaid(r, next, path, id)
 }
 
 // keepReport adds the report request to a held record, for whatever
