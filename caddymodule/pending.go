@@ -784,8 +784,8 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 		learned = st.State == x402.SettlementDone
 		if st.State == x402.SettlementNever {
 			if h.ReportPath != "" {
-				takeReporter(h) // this request reports
-				g.report(r, next, h.ReportPath, h.VerificationID, store.PaymentUnpaid)
+				takeReporter(h) // this request reports, in the background
+				g.reportHeld(r, next, h, h.ReportPath, h.VerificationID, st.State)
 			}
 			reason := x402.ReasonExactEVMValidBefore
 			if x402.IsSolana(h.offer.Network) {

@@ -2,7 +2,12 @@ package caddymodule
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	neturl "net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -67,4 +72,89 @@ func TestUnsettledAnswerDoesNotWaitForItsUnpaidReport(t *testing.T) {
 		}
 	}
 	t.Errorf("verifierd recorded the call's payment %q after it recovered; want %q (the unpaid report retried)", got, store.PaymentUnpaid)
+}
+
+// A held payment that can never settle (its authorization expired
+// unsettled) is answered 402 at once on the buyer's retry: its unpaid
+// report goes in the background, as every unpaid report does, since the
+// verifierd it goes to may be the one stalling. (Before: the retry's 402
+// waited for the report to a stalled verifierd, its batch's wait and one
+// attempt, 5 s.)
+func TestExpiredHeldPaymentRetryDoesNotWaitForItsUnpaidReport(t *testing.T) {
+	d, _ := sharedDevnet(t)
+	vf := startVerifier(t)
+	var stalled atomic.Bool
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	target, _ := neturl.Parse(vf.srv.URL)
+	rp := httputil.NewSingleHostReverseProxy(target)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/v1/gateway/") && stalled.Load() {
+			select {
+			case <-release:
+			case <-r.Context().Done():
+			case <-time.After(20 * time.Second):
+			}
+			http.Error(w, "stalled", http.StatusServiceUnavailable)
+			return
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(up.Close)
+	const passing = "`{\"type\":\"object\",\"required\":[\"verification_id\"]}`"
+	site := strings.Replace(sellerOverVerifierdSite(vf, "faulty_devnet lose_request", "", passing, vf.srv.URL, ""),
+		"reverse_proxy "+strings.TrimPrefix(vf.srv.URL, "http://"), "reverse_proxy "+strings.TrimPrefix(up.URL, "http://"), 1)
+	url := startCaddy(t, site) + "/verify/schema"
+	const agent = "buyer-expired-held"
+	body := `{"task_id":"t-1","agent_id":"` + agent + `","expected_schema":{"type":"object"},"submitted_output":{"ok":true}}`
+	sig := signExpiring(t, d, paymentRequired(t, post(t, url, "", nil)), 5, 8)
+	var pl x402.PaymentPayload
+	if err := x402.DecodeHeader(sig, &pl); err != nil {
+		t.Fatal(err)
+	}
+	var ev x402.ExactEVMPayload
+	if err := json.Unmarshal(pl.Payload, &ev); err != nil {
+		t.Fatal(err)
+	}
+	resp := post(t, url, body, map[string]string{x402.HeaderPaymentSignature: sig})
+	if a := readAll(t, resp); resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("first call: %d %.300s; want 503 settlement_pending", resp.StatusCode, a)
+	}
+	var vb int64
+	fmt.Sscan(ev.Authorization.ValidBefore, &vb)
+	for deadline := time.Now().Add(40 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		h, err := d.Client().HeaderByNumber(context.Background(), nil)
+		if err == nil && int64(h.Time) >= vb {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the chain did not reach validBefore")
+		}
+	}
+	stalled.Store(true) // verifierd's history store now stalls on writes
+	start := time.Now()
+	resp = post(t, url, body, map[string]string{x402.HeaderPaymentSignature: sig})
+	a := readAll(t, resp)
+	took := time.Since(start)
+	if resp.StatusCode != http.StatusPaymentRequired {
+		t.Fatalf("retry after expiry: %d %.300s; want 402", resp.StatusCode, a)
+	}
+	if took > 2*time.Second {
+		t.Errorf("the 402 (nothing charged, sign a new payment) came after %v: it waited for the unpaid report to the stalled verifierd; want it at once", took.Round(100*time.Millisecond))
+	}
+	stalled.Store(false)
+	// The report, retried in the background, is recorded once verifierd
+	// recovers.
+	for end := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		recs, _, err := vf.db.Verifications(context.Background(), agent, "", 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(recs) == 1 && recs[0].Payment == store.PaymentUnpaid {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("records %+v; want the one verification unpaid", recs)
+		}
+	}
 }
