@@ -351,9 +351,9 @@ type Gate struct {
 	// more, as nothing would drop it (reportBatched). Set in Provision, a
 	// pointer like route.
 	stopped *atomic.Bool
-	// unpaid are the gate's unpaid reports in the background, which its
-	// Cleanup waits for (waitUnpaid).
-	unpaid *backgroundReports
+	// background are the gate's reports in the background, which its
+	// Cleanup waits for and stops (waitBackground).
+	background *backgroundReports
 	// shadowed is set once the gate has warned that an earlier gate of
 	// the same request prices its route or its MCP tool (warnShadowed). Set in
 	// Provision, a pointer like route.
@@ -582,7 +582,7 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 	registerMetrics(ctx)
 	g.route = new(atomic.Pointer[reporter])
 	g.stopped = new(atomic.Bool)
-	g.unpaid = &backgroundReports{stop: make(chan struct{})}
+	g.background = &backgroundReports{stop: make(chan struct{})}
 	g.shadowed = new(atomic.Bool)
 	if g.MCPTool != "" {
 		g.mcpRead = mcpReadLimit(ctx, srv, g.MaxBody)
@@ -643,13 +643,13 @@ func (g *Gate) Validate() error {
 	return nil
 }
 
-// Cleanup stops the resolver, waits for the first attempt of the unpaid
-// reports in the background, at most reportTimeout (waitUnpaid: a stop's
+// Cleanup stops the resolver, waits for the first attempt of the
+// reports in the background, at most reportTimeout (waitBackground: a stop's
 // exit would lose them), withdraws the route from the facilitator's
 // discovery list and lets go of the rate limit zone.
 func (g *Gate) Cleanup() error {
 	g.stopResolver() // hook (pending.go)
-	g.waitUnpaid()
+	g.waitBackground()
 	discovery.remove(g)
 	if g.freeRates != nil {
 		if _, err := rateZones.Delete(g.freeKey); err != nil {

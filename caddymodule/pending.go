@@ -1647,25 +1647,20 @@ var reportRetries = []time.Duration{time.Second, 2 * time.Second, 4 * time.Secon
 // report sends one outcome through next, bounded by reportTimeout per
 // attempt, in a batch with the outcomes other requests are reporting to the
 // same path at the same time (reportBatched); when the upstream does not
-// take it, it is retried alone in the background (reportRetries). A report
-// lost for good leaves the record pending (not counted), never wrongly
-// paid.
+// take it, it is retried alone in the background (retryInBackground). A
+// report lost for good leaves the record pending (not counted), never
+// wrongly paid.
 func (g *Gate) report(r *http.Request, next caddyhttp.Handler, path, id, payment string) {
 	if g.reportBatched(r, next, path, outcomeReport{VerificationID: id, Payment: payment}) {
 		return
 	}
-	go g.retryReport(detached(r), next, path, id, payment, nil)
+	g.retryInBackground(r, next, path, id, payment)
 }
 
 // retryReport sends one outcome the upstream did not take again alone,
 // after each of reportRetries, until it is taken. A closed stop gives the
 // retries left up (the gate's Cleanup, which logs how many it gave up).
 func (g *Gate) retryReport(r *http.Request, next caddyhttp.Handler, path, id, payment string, stop <-chan struct{}) {
-	defer func() {
-		if rec := recover(); rec != nil {
-			g.logger.Error("reporting a settlement outcome panicked", zap.Any("panic", rec))
-		}
-	}()
 	for _, wait := range reportRetries {
 		t := time.NewTimer(wait)
 		select {
@@ -1681,20 +1676,21 @@ func (g *Gate) retryReport(r *http.Request, next caddyhttp.Handler, path, id, pa
 	g.logger.Error("settlement outcome not reported; the verification stays pending", zap.String("verification_id", id), zap.String("payment", payment))
 }
 
-// maxUnpaidInBackground bounds the unpaid reports in the background at once
-// (reportUnpaid), across gates, retries included: each holds a goroutine
-// for its batch's wait and one attempt (reportTimeout each) and then its
-// retries (reportRetries, each attempt reportTimeout: about 35 s when the
-// upstream stalls), so a stalled upstream under a flood of failing calls
-// holds no more than this many.
-const maxUnpaidInBackground = 4096
+// maxReportsInBackground bounds the reports in the background at once,
+// across gates: unpaid reports (reportUnpaid), outcomes the background
+// pass resolved (reportResolved), and the retries of every report, paid or
+// unpaid (retryInBackground). Each holds a goroutine for its batch's wait
+// and one attempt (reportTimeout each) and then its retries
+// (reportRetries, each attempt reportTimeout: about 35 s when the upstream
+// stalls), so a stalled upstream under a flood of calls holds no more
+// than this many.
+const maxReportsInBackground = 4096
 
-// unpaidInBackground counts the unpaid reports in the background.
-var unpaidInBackground atomic.Int64
+// reportsInBackground counts the reports in the background.
+var reportsInBackground atomic.Int64
 
-// backgroundReports are one gate's unpaid reports in the background
-// (reportUnpaid), for its Cleanup (waitUnpaid). Set in Provision, a
-// pointer like route.
+// backgroundReports are one gate's reports in the background, for its
+// Cleanup (waitBackground). Set in Provision, a pointer like route.
 type backgroundReports struct {
 	first sync.WaitGroup // reports whose first attempt has not finished
 	n     atomic.Int64   // reports not finished, retries included
@@ -1702,37 +1698,37 @@ type backgroundReports struct {
 	once  sync.Once
 }
 
-// reportUnpaid reports a call that settled nothing unpaid (report), in the
-// background: the buyer's answer is an error or an uncharged answer that
-// no history can be behind, and must not wait for a report to an upstream
-// that may be the one that just failed it (a stalled verifierd would hold
-// its 504 reportTimeout past upstream_timeout). The report goes in the
-// batch and then its retries as any other, in one goroutine counted until
-// the last retry (maxUnpaidInBackground), on a copy of r detached from it,
-// while the config stays open for it (g.uses). Past maxUnpaidInBackground
-// it is sent before the answer, as a paid report is: back-pressure, and
-// nothing lost. The gate's Cleanup waits for the first attempt
-// (waitUnpaid).
-func (g *Gate) reportUnpaid(r *http.Request, next caddyhttp.Handler, path, id string) {
-	if unpaidInBackground.Add(1) > maxUnpaidInBackground {
-		unpaidInBackground.Add(-1)
-		g.report(r, next, path, id, store.PaymentUnpaid)
-		return
+// goBackground runs work on a copy of r detached from it in a goroutine
+// counted under maxReportsInBackground and in g's reports in the
+// background until it returns, while the config stays open for it
+// (g.uses); work is handed the gate's stop (closed by its Cleanup) and
+// firstDone, to call once its first attempt is over (a retry has had it
+// before: it calls none). false, and nothing run, when the bound is
+// reached.
+func (g *Gate) goBackground(r *http.Request, first bool, work func(base *http.Request, stop <-chan struct{}, firstDone func())) bool {
+	if reportsInBackground.Add(1) > maxReportsInBackground {
+		reportsInBackground.Add(-1)
+		return false
 	}
 	base := detached(r)
-	entered := g.uses.Enter() // the request holds a use: never refused
-	bg := g.unpaid
+	entered := g.uses.Enter() // a request or the pass holds a use: never refused then
+	bg := g.background
 	if bg == nil { // a gate built without Provision (tests)
 		bg = &backgroundReports{stop: make(chan struct{})}
 	}
-	bg.first.Add(1)
+	if first {
+		bg.first.Add(1)
+	}
 	bg.n.Add(1)
+	firstDone := func() {}
+	if first {
+		firstDone = sync.OnceFunc(bg.first.Done)
+	}
 	go func() {
-		firstDone := sync.OnceFunc(bg.first.Done)
 		defer func() {
 			firstDone()
 			bg.n.Add(-1)
-			unpaidInBackground.Add(-1)
+			reportsInBackground.Add(-1)
 			if entered {
 				g.uses.Leave()
 			}
@@ -1740,24 +1736,66 @@ func (g *Gate) reportUnpaid(r *http.Request, next caddyhttp.Handler, path, id st
 				g.logger.Error("reporting a settlement outcome panicked", zap.Any("panic", rec))
 			}
 		}()
-		taken := g.reportBatched(base, next, path, outcomeReport{VerificationID: id, Payment: store.PaymentUnpaid})
-		firstDone()
-		if !taken {
-			g.retryReport(base, next, path, id, store.PaymentUnpaid, bg.stop)
-		}
+		work(base, bg.stop, firstDone)
 	}()
+	return true
 }
 
-// waitUnpaid is the gate's Cleanup waiting for its unpaid reports in the
+// retryInBackground retries one outcome the upstream did not take
+// (retryReport) in the background, counted under maxReportsInBackground
+// and given up by the gate's Cleanup. Past the bound it is given up at
+// once, logged: the record stays pending (counting for nothing), never
+// wrongly paid, and no goroutine is left uncounted or unstoppable.
+func (g *Gate) retryInBackground(r *http.Request, next caddyhttp.Handler, path, id, payment string) {
+	if !g.goBackground(r, false, func(base *http.Request, stop <-chan struct{}, _ func()) {
+		g.retryReport(base, next, path, id, payment, stop)
+	}) {
+		g.logger.Error("settlement outcome not reported (too many reports in the background to retry it); the verification stays pending",
+			zap.String("verification_id", id), zap.String("payment", payment), zap.Int("max_reports_in_background", maxReportsInBackground))
+	}
+}
+
+// reportInBackground reports one outcome (report) in the background: its
+// batch, and then its retries, in one goroutine counted until the last
+// retry (goBackground). false, and nothing sent, past
+// maxReportsInBackground. The gate's Cleanup waits for its first attempt
+// (waitBackground).
+func (g *Gate) reportInBackground(r *http.Request, next caddyhttp.Handler, path, id, payment string) bool {
+	return g.goBackground(r, true, func(base *http.Request, stop <-chan struct{}, firstDone func()) {
+		taken := g.reportBatched(base, next, path, outcomeReport{VerificationID: id, Payment: payment})
+		firstDone()
+		if !taken {
+			g.retryReport(base, next, path, id, payment, stop)
+		}
+	})
+}
+
+// reportUnpaid reports a call that settled nothing unpaid, in the
+// background (reportInBackground): the buyer's answer is an error or an
+// uncharged answer that no history can be behind, and must not wait for
+// a report to an upstream that may be the one that just failed it (a
+// stalled verifierd would hold its 504 reportTimeout past
+// upstream_timeout). Past maxReportsInBackground it is sent before the
+// answer, as a paid report is (report): back-pressure; its retry then
+// needs a place in the background as any other (retryInBackground).
+func (g *Gate) reportUnpaid(r *http.Request, next caddyhttp.Handler, path, id string) {
+	if !g.reportInBackground(r, next, path, id, store.PaymentUnpaid) {
+		g.report(r, next, path, id, store.PaymentUnpaid)
+	}
+}
+
+// waitBackground is the gate's Cleanup waiting for its reports in the
 // background: Caddy's stop (SIGTERM, admin /stop) runs Cleanup and the
 // process exits right after, so a report still on its way would be lost
 // and its verification stay pending. It waits for their first attempt
 // only, at most reportTimeout: a reload's cleanup (Caddy runs it
 // synchronously) may then take up to that long while the upstream stalls.
-// The retries left after that are given up, and logged by number: the
-// config is gone, and a process about to exit cannot wait 35 s for them.
-func (g *Gate) waitUnpaid() {
-	bg := g.unpaid
+// The retries left after that, of every report (paid ones too), are given
+// up, and logged by number: the config is gone, its handler chain with it
+// (a reload may have moved the upstream), and a process about to exit
+// cannot wait 35 s for them.
+func (g *Gate) waitBackground() {
+	bg := g.background
 	if bg == nil {
 		return
 	}
@@ -1774,7 +1812,7 @@ func (g *Gate) waitUnpaid() {
 	}
 	bg.once.Do(func() { close(bg.stop) })
 	if n := bg.n.Load(); n > 0 {
-		g.logger.Warn("the config is unloaded: unpaid reports the upstream has not taken are given up (no retry); their verifications stay pending",
+		g.logger.Warn("the config is unloaded: settlement reports the upstream has not taken are given up (no retry); their verifications stay pending",
 			zap.Int64("reports", n))
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/aovhq/aov/store"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
@@ -34,7 +36,7 @@ func (f *failingReports) ServeHTTP(w http.ResponseWriter, r *http.Request) error
 // reports, logging to an observer.
 func provisionedForReports() (*Gate, *observer.ObservedLogs) {
 	core, logs := observer.New(zapcore.WarnLevel)
-	return &Gate{logger: zap.New(core), stopped: new(atomic.Bool), unpaid: &backgroundReports{stop: make(chan struct{})}}, logs
+	return &Gate{logger: zap.New(core), stopped: new(atomic.Bool), background: &backgroundReports{stop: make(chan struct{})}}, logs
 }
 
 func waitFor(t *testing.T, what string, cond func() bool) {
@@ -47,7 +49,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 }
 
 // An unpaid report waiting for its retries still counts against
-// maxUnpaidInBackground, so a stalled upstream under a flood of failing
+// maxReportsInBackground, so a stalled upstream under a flood of failing
 // calls holds no more goroutines than that. (Before: the retries went to a
 // goroutine of their own, uncounted, about 35 s each while the upstream
 // stalled.)
@@ -57,17 +59,17 @@ func TestUnpaidRetriesCountUnderTheCap(t *testing.T) {
 	defer func() { reportTimeout, reportRetries = oldTimeout, oldRetries }()
 	g, _ := provisionedForReports()
 	up := &failingReports{}
-	before := unpaidInBackground.Load()
+	before := reportsInBackground.Load()
 	g.reportUnpaid(httptest.NewRequest(http.MethodPost, "/verify/schema", nil), up, "/v1/gateway/settlement", "v-retried")
 	waitFor(t, "the first attempt", func() bool { return up.attempts.Load() == 1 })
 	time.Sleep(100 * time.Millisecond) // the attempt refused: its retry waits
-	if n := unpaidInBackground.Load() - before; n != 1 {
+	if n := reportsInBackground.Load() - before; n != 1 {
 		t.Fatalf("unpaid reports counted while one waits for its retry: %d, want 1", n)
 	}
 	if err := g.Cleanup(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the given-up report to leave the count", func() bool { return unpaidInBackground.Load() == before })
+	waitFor(t, "the given-up report to leave the count", func() bool { return reportsInBackground.Load() == before })
 }
 
 // Cleanup (a stop, or a reload's unload) waits for the first attempt of
@@ -103,5 +105,37 @@ func TestCleanupWaitsForUnpaidReportsThenGivesUpRetries(t *testing.T) {
 	if n := up.attempts.Load(); n != attempts {
 		t.Fatalf("%d attempts after Cleanup; want none (the retries given up)", n-attempts)
 	}
-	waitFor(t, "the reports to leave", func() bool { return g.unpaid.n.Load() == 0 })
+	waitFor(t, "the reports to leave", func() bool { return g.background.n.Load() == 0 })
+}
+
+// A paid report the upstream did not take before the answer is retried in
+// the background as an unpaid one is: counted under
+// maxReportsInBackground, and given up by the gate's Cleanup, which logs
+// it. (Before: its retries ran in a goroutine counted nowhere, which no
+// Cleanup stopped.)
+func TestPaidReportRetriesCountUnderTheCapAndEndAtCleanup(t *testing.T) {
+	oldTimeout, oldRetries := reportTimeout, reportRetries
+	reportTimeout, reportRetries = 200*time.Millisecond, []time.Duration{300 * time.Millisecond}
+	defer func() { reportTimeout, reportRetries = oldTimeout, oldRetries }()
+	g, logs := provisionedForReports()
+	up := &failingReports{}
+	before := reportsInBackground.Load()
+	g.report(httptest.NewRequest(http.MethodPost, "/verify/schema", nil), up, "/v1/gateway/settlement", "v-paid", store.PaymentPaid)
+	if n := up.attempts.Load(); n != 1 {
+		t.Fatalf("attempts before report returned: %d; want 1", n)
+	}
+	if n := reportsInBackground.Load() - before; n != 1 {
+		t.Fatalf("reports counted while a paid one waits for its retry: %d, want 1", n)
+	}
+	if err := g.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * reportRetries[0])
+	if n := up.attempts.Load(); n != 1 {
+		t.Fatalf("%d attempts after Cleanup; want none (the retry given up)", n-1)
+	}
+	if given := logs.FilterMessageSnippet("given up").All(); len(given) != 1 || given[0].ContextMap()["reports"] != int64(1) {
+		t.Fatalf("give-up log lines: %+v; want one naming 1 report", given)
+	}
+	waitFor(t, "the given-up report to leave the count", func() bool { return reportsInBackground.Load() == before })
 }

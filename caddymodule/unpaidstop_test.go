@@ -7,6 +7,7 @@ import (
 	"net/http/httputil"
 	neturl "net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -87,4 +88,55 @@ func unpaidReportGate(t *testing.T, agent string, front func(http.ResponseWriter
 	body = `{"task_id":"t-1","agent_id":"` + agent + `","expected_schema":{"type":"object"},"submitted_output":{"ok":true}}`
 	sig = signFor(t, paymentRequired(t, post(t, url, "", nil)), 4)
 	return vf, url, body, sig
+}
+
+// Past maxReportsInBackground an unpaid report is sent before its answer
+// (back-pressure); when the upstream does not take it, its retries need a
+// place in the background as any report's do: with none left they are
+// given up (the record stays pending, counting for nothing), and no
+// goroutine is left uncounted, or outlives the gate's Cleanup to report
+// through an unloaded config. (Before: its retries went to a goroutine
+// counted nowhere and never stopped, about 35 s each while verifierd
+// failed, that still reported after caddy.Stop returned.)
+func TestOverCapUnpaidReportLeavesNoUncountedRetry(t *testing.T) {
+	var hits, afterStop atomic.Int64
+	var stopped atomic.Bool
+	const agent = "buyer-overcap-report"
+	_, url, body, sig := unpaidReportGate(t, agent, func(w http.ResponseWriter, r *http.Request) bool {
+		if !strings.HasPrefix(r.URL.Path, "/v1/gateway/") {
+			return false
+		}
+		hits.Add(1)
+		if stopped.Load() {
+			afterStop.Add(1)
+		}
+		http.Error(w, "history store busy", http.StatusServiceUnavailable)
+		return true
+	})
+	// The bound is reached by other gates' reports in the background.
+	reportsInBackground.Add(maxReportsInBackground)
+	t.Cleanup(func() { reportsInBackground.Add(-maxReportsInBackground) })
+
+	resp := post(t, url, body, map[string]string{x402.HeaderPaymentSignature: sig})
+	if answer := readAll(t, resp); resp.StatusCode != http.StatusGatewayTimeout {
+		t.Fatalf("paid call: %d %.300s; want 504", resp.StatusCode, answer)
+	}
+	if hits.Load() != 1 {
+		t.Fatalf("report attempts before the answer: %d; want the one over the bound, sent first", hits.Load())
+	}
+	if n := reportsInBackground.Load(); n != maxReportsInBackground {
+		t.Errorf("reports in the background: %d; want %d (the bound: a retry past it is given up, not run uncounted)", n, maxReportsInBackground)
+	}
+	time.Sleep(2 * reportRetries[0]) // when a retry would have been sent
+	if err := caddy.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	stopped.Store(true)
+	time.Sleep(2 * reportRetries[0])
+	if n := hits.Load(); n != 1 {
+		t.Errorf("%d report attempts; want 1 (no retry past the bound)", n)
+	}
+	if n := afterStop.Load(); n > 0 {
+		t.Errorf("%d report attempt(s) after caddy.Stop returned; want none", n)
+	}
 }
