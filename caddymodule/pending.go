@@ -1165,22 +1165,27 @@ func (g *Gate) resolvePass(ctx context.Context) {
 // chain may lead elsewhere) and a copy of that request detached from it,
 // carrying what the chain reads (the server, the client's address, the
 // variables). Kept in memory by the record's first claim key, at most
-// maxReporters of them; without one (the gateway restarted, or too many
-// are pending) the outcome waits for the first request a gate with the
-// same offer serves (learnRoute), or the buyer's retry, whichever is first.
+// maxReporters of them; without one (the gateway restarted, the config
+// of the request was unloaded, or too many are pending) the outcome waits
+// for the first request a gate with the same offer serves (learnRoute),
+// or the buyer's retry, whichever is first.
 type reporter struct {
 	next caddyhttp.Handler
 	base *http.Request
+	// gate is the gate whose request it came from: its config's chain,
+	// dropped with it (stopResolver), since a reload may have moved the
+	// upstream the chain leads to.
+	gate *Gate
 }
 
 const maxReporters = 4096
 
-// rememberReporter keeps the way to report h's outcome.
-func rememberReporter(h *heldRecord, r *http.Request, next caddyhttp.Handler) {
+// rememberReporter keeps the way to report h's outcome, through g's chain.
+func (g *Gate) rememberReporter(h *heldRecord, r *http.Request, next caddyhttp.Handler) {
 	resolvers.Lock()
 	defer resolvers.Unlock()
 	if len(resolvers.via) < maxReporters {
-		resolvers.via[h.Keys[0]] = &reporter{next: next, base: detached(r)}
+		resolvers.via[h.Keys[0]] = &reporter{next: next, base: detached(r), gate: g}
 	}
 }
 
@@ -1194,24 +1199,27 @@ func takeReporter(h *heldRecord) *reporter {
 }
 
 // reportResolved reports an outcome the background pass resolved to the
-// upstream that asked for it, at once (with report's retries), so history
-// turns from pending without the buyer's retry; a later report by the
-// retry changes nothing.
+// upstream that asked for it, at once, so history turns from pending
+// without the buyer's retry; a later report by the retry changes nothing.
+// It goes in the background (reportInBackground), so a stalled upstream
+// does not hold the pass a report's wait per record it resolves; past
+// maxReportsInBackground the pass sends it itself (report): back-pressure.
 func (g *Gate) reportResolved(h *heldRecord, state x402.SettlementState) {
 	if h.ReportPath == "" {
 		return
 	}
 	payment := heldPayment(h, state)
 	if rep := takeReporter(h); rep != nil {
-		g.report(rep.base, rep.next, h.ReportPath, h.VerificationID, payment)
+		rep.gate.sendResolved(rep, h.ReportPath, h.VerificationID, payment)
 		return
 	}
-	// Its own way is gone (the gateway restarted since, or too many were
-	// kept): report through a live gate that makes the same offer, once it
-	// has served a request, so history does not wait for the buyer's retry.
+	// Its own way is gone (the gateway restarted or reloaded since, or too
+	// many were kept): report through a live gate that makes the same
+	// offer, once it has served a request, so history does not wait for
+	// the buyer's retry.
 	o := orphanReport{gate: h.Gate, offer: h.offer, path: h.ReportPath, id: h.VerificationID, payment: payment}
 	if rg, rep := routeFor(o); rep != nil {
-		rg.report(rep.base, rep.next, o.path, o.id, o.payment)
+		rg.sendResolved(rep, o.path, o.id, o.payment)
 		return
 	}
 	resolvers.Lock()
@@ -1219,6 +1227,14 @@ func (g *Gate) reportResolved(h *heldRecord, state x402.SettlementState) {
 		resolvers.orphans = append(resolvers.orphans, o)
 	}
 	resolvers.Unlock()
+}
+
+// sendResolved sends a resolved outcome through rep, g's way to its
+// upstream, in the background (reportResolved).
+func (g *Gate) sendResolved(rep *reporter, path, id, payment string) {
+	if !g.reportInBackground(rep.base, rep.next, path, id, payment) {
+		g.report(rep.base, rep.next, path, id, payment)
+	}
 }
 
 // orphanReport is a resolved outcome waiting for a gate that can deliver
@@ -1253,7 +1269,7 @@ func routeFor(o orphanReport) (*Gate, *reporter) {
 // learnRoute keeps the way to the gate's upstream from its first request,
 // and sends the outcomes that were waiting for it.
 func (g *Gate) learnRoute(r *http.Request, next caddyhttp.Handler) {
-	rep := &reporter{next: next, base: detached(r)}
+	rep := &reporter{next: next, base: detached(r), gate: g}
 	if !g.route.CompareAndSwap(nil, rep) {
 		return
 	}
@@ -1272,7 +1288,7 @@ func (g *Gate) learnRoute(r *http.Request, next caddyhttp.Handler) {
 	if len(mine) > 0 {
 		go func() {
 			for _, o := range mine {
-				g.report(rep.base, rep.next, o.path, o.id, o.payment)
+				g.sendResolved(rep, o.path, o.id, o.payment)
 			}
 		}()
 	}
@@ -1319,6 +1335,13 @@ func (g *Gate) stopResolver() {
 	resolvers.Lock()
 	cancel := resolvers.stop[g]
 	delete(resolvers.stop, g)
+	// Its requests' ways to their upstream go with its config: a record
+	// resolved later is reported through a live gate's (reportResolved).
+	for k, rep := range resolvers.via {
+		if rep.gate == g {
+			delete(resolvers.via, k)
+		}
+	}
 	resolvers.Unlock()
 	if cancel != nil {
 		cancel()
@@ -1544,7 +1567,7 @@ func (p *paidCharge) reportOutcome(r *http.Request, bw *bufferedWriter, end sett
 	}
 	switch err := g.keepReport(r.Context(), h, path, id); {
 	case err == nil:
-		rememberReporter(h, r, next)
+		g.rememberReporter(h, r, next)
 	case errors.Is(err, store.ErrClaimSettled):
 		// The background pass found the transfer in between.
 		g.reportHeld(r, next, h, path, id, x402.SettlementDone)

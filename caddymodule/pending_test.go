@@ -343,6 +343,93 @@ func TestUnknownSettlementResolvedInTheBackground(t *testing.T) {
 	}
 }
 
+// The background pass sends the outcomes it resolved in the background:
+// while verifierd stalls, it does not wait a report's attempt
+// (reportTimeout, 5 s) per record it resolves before it resolves the next.
+// (Before: it sent each report itself, so each held record after the
+// first was resolved 5 s later than the one before.)
+func TestResolvePassDoesNotWaitForItsReports(t *testing.T) {
+	old := resolveInterval
+	resolveInterval = 300 * time.Millisecond
+	t.Cleanup(func() { resolveInterval = old })
+	_, _ = sharedDevnet(t)
+	up := newReportingUpstream(t)
+	up.stall.Store(true)
+	base := startCaddy(t, pendingSite(up.URL, "lose_reply", filepath.Join(t.TempDir(), "gate"), ""))
+	url := base + "/verify/schema"
+	offer := paymentRequired(t, post(t, url, "", nil))
+	resolved := func() float64 { return counterValue(t, "unknown_resolved_settled") }
+	start := resolved()
+	for _, key := range []int{3, 4} {
+		resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: signFor(t, offer, key)})
+		if b := readAll(t, resp); resp.StatusCode != http.StatusServiceUnavailable {
+			t.Fatalf("paid call: %d %.300s; want 503 settlement_pending", resp.StatusCode, b)
+		}
+	}
+	var first time.Time
+	for deadline := time.Now().Add(20 * time.Second); resolved() < start+2; time.Sleep(20 * time.Millisecond) {
+		if first.IsZero() && resolved() >= start+1 {
+			first = time.Now()
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the background pass resolved %v of the 2 held payments", resolved()-start)
+		}
+	}
+	if !first.IsZero() {
+		if gap := time.Since(first); gap > 3*time.Second {
+			t.Errorf("the second held payment was resolved %v after the first; want within a pass or two, not after the first one's report to the stalled upstream", gap.Round(100*time.Millisecond))
+		}
+	}
+}
+
+// After a reload that moves the upstream, an outcome the background pass
+// resolves is reported through the live config's chain, to the upstream
+// it names now: the way a request of the unloaded config kept goes with
+// it, and the report waits for the new gate's first request (learnRoute).
+// (Before: the new config's pass reported through the unloaded config's
+// chain, to the upstream it had moved from.)
+func TestResolvedOutcomeAfterAReloadIsReportedThroughTheLiveConfig(t *testing.T) {
+	old := resolveInterval
+	resolveInterval = time.Hour // the first config's pass runs only at its start
+	t.Cleanup(func() { resolveInterval = old })
+	d, _ := sharedDevnet(t)
+	before, after := newReportingUpstream(t), newReportingUpstream(t)
+	storeDir := filepath.Join(t.TempDir(), "gate")
+	base := startCaddy(t, pendingSite(before.URL, "lose_request", storeDir, ""))
+	url := base + "/verify/schema"
+	sig := signExpiring(t, d, paymentRequired(t, post(t, url, "", nil)), 5, 8)
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	if b := readAll(t, resp); resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("paid call: %d %.300s; want 503 settlement_pending", resp.StatusCode, b)
+	}
+	resolveInterval = 200 * time.Millisecond
+	var port int
+	fmt.Sscanf(base[strings.LastIndex(base, ":")+1:], "%d", &port)
+	loadCaddy(t, port, pendingSite(after.URL, "lose_request", storeDir, ""))
+	// The authorization expires unsettled: the new config's pass resolves
+	// the payment as never settling.
+	never := func() float64 { return counterValue(t, "unknown_resolved_released") }
+	start := never()
+	for deadline := time.Now().Add(40 * time.Second); never() == start; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the background pass did not resolve the expired payment")
+		}
+	}
+	time.Sleep(500 * time.Millisecond)
+	if got := before.got(); len(got) != 0 {
+		t.Fatalf("reports to the upstream the reload moved from: %v; want none", got)
+	}
+	readAll(t, post(t, url, "", nil)) // the new gate's first request
+	for deadline := time.Now().Add(5 * time.Second); len(after.got()) == 0; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the resolved outcome was not reported to the upstream the live config names")
+		}
+	}
+	if got := after.got(); len(got) != 1 || got[0] != "v-1=unpaid" {
+		t.Fatalf("reports to the live config's upstream: %v; want [v-1=unpaid]", got)
+	}
+}
+
 // counterValue reads the gate's outcome counter for outcome.
 func counterValue(t *testing.T, outcome string) float64 {
 	t.Helper()
@@ -361,12 +448,20 @@ type reportingUpstream struct {
 	mu      sync.Mutex
 	reports []string // "id=payment"
 	n       atomic.Int64
+	stall   atomic.Bool // hold each report until its attempt gives up
 }
 
 func newReportingUpstream(t *testing.T) *reportingUpstream {
 	u := &reportingUpstream{}
 	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/v1/gateway/settlement" {
+			if u.stall.Load() {
+				// Read first: the server sees the client give up
+				// (r's context done) only once the body is read.
+				io.Copy(io.Discard, r.Body)
+				<-r.Context().Done()
+				return
+			}
 			var rep struct {
 				VerificationID string `json:"verification_id"`
 				Payment        string `json:"payment"`
