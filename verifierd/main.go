@@ -110,7 +110,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.Int64Var(&c.verify.MaxIntegrityWork, "max-integrity-work", verify.DefaultMaxIntegrityWork, "work budget of the bounds and rules of one verification (one unit per value a path enters, more for what unique and exists_in compare), counted before they run; past it 422")
 	fs.IntVar(&c.verify.MaxPatternSize, "max-pattern-size", schema.DefaultMaxPatternSize, "largest pattern of a schema, in compiled instructions (two class ranges count one); larger ones, and ones whose classes hold more than twice as many ranges, are 422")
 	fs.IntVar(&c.verify.MaxSchemas, "max-schemas", schema.DefaultMaxSchemas, "most values of one expected_schema: every value where a subschema belongs (booleans and non-schemas too) and every object in its const, enum, default and examples values, each one more per 256 bytes of its location; more are 422")
-	fs.IntVar(&c.verify.MaxConcurrent, "max-concurrent-verifications", 0, "evaluations running at once (0: twice the CPUs); the others wait within -verify-timeout")
+	fs.IntVar(&c.verify.MaxConcurrent, "max-concurrent-verifications", 0, "verifications (schema compile and evaluation) running at once (0: twice the CPUs); the others wait within -verify-timeout")
 	fs.Int64Var(&c.verify.SchemaCacheBytes, "schema-cache-bytes", schema.DefaultCacheBytes, "memory bound of the compiled-schema cache, in bytes (estimated)")
 	fs.BoolVar(&c.noSync, "no-sync", false, "do not fsync each history write (faster; a power loss may drop the last records)")
 	flagopt.PositiveDuration(fs, &c.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long in-flight requests may finish on shutdown")

@@ -174,3 +174,34 @@ func TestConcurrentEvaluationsBounded(t *testing.T) {
 		t.Error("a finished evaluation kept its slot")
 	}
 }
+
+// A schema's compile waits for a slot like its evaluation: a schema within
+// every limit can cost a fraction of a second and tens of MiB to compile,
+// so requests compiling at once are bounded by MaxConcurrent too. (Before:
+// the compile ran before the slot was asked for, so any number of
+// requests compiled at once, each then waiting for a slot.)
+func TestSchemaCompilesWaitForASlot(t *testing.T) {
+	v := New(Config{MaxConcurrent: 1})
+	body := []byte(invoiceRequest("129.5"))
+	v.slots <- struct{}{} // every slot busy
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	_, err := v.ParseContext(ctx, body)
+	var e *apierr.Error
+	if !errors.As(err, &e) || e.Code != apierr.CodeVerificationTimeout {
+		t.Fatalf("Parse with every slot busy past the deadline = %v; want verification_timeout", err)
+	}
+	if n := v.cache.Len(); n != 0 {
+		t.Errorf("with every slot busy, %d schemas were compiled; want none before a slot is free", n)
+	}
+	<-v.slots
+	if _, err := v.Parse(body); err != nil {
+		t.Fatalf("Parse with a free slot: %v", err)
+	}
+	if n := v.cache.Len(); n != 1 {
+		t.Errorf("after a verification in a free slot the cache holds %d schemas; want 1", n)
+	}
+	if len(v.slots) != 0 {
+		t.Error("a finished verification kept its slot")
+	}
+}

@@ -348,6 +348,17 @@ func (v *Verifier) parseDocContext(ctx context.Context, doc map[string]any, comp
 		req.Hashes = hs.hashes
 	}
 	if schemaOK && hasOutput && compile {
+		// The compile is a verification's work as much as its evaluation
+		// (a schema within every limit can cost a fraction of a second
+		// and tens of MiB to compile): it runs in the slot, so that
+		// MaxConcurrent bounds the memory of many requests compiling at
+		// once, not only of those evaluating.
+		select {
+		case v.slots <- struct{}{}:
+		case <-ctx.Done():
+			return nil, apierr.Timeout(v.cfg.Timeout, ctx.Err())
+		}
+		defer func() { <-v.slots }()
 		sch, err := v.cache.Compile(schemaTree, req.Hashes.Schema)
 		if err != nil {
 			var ce *schema.CompileError
@@ -387,15 +398,9 @@ func (v *Verifier) parseDocContext(ctx context.Context, doc map[string]any, comp
 }
 
 // verify runs the schema evaluation within the verifier's budgets, then
-// the integrity checks, in one of its MaxConcurrent slots (waiting for one
-// as long as ctx allows) and until ctx is done.
+// the integrity checks, until ctx is done, in the MaxConcurrent slot the
+// caller took for the schema's compile (parseDocContext).
 func (v *Verifier) verify(ctx context.Context, sch *schema.Schema, req *Request) error {
-	select {
-	case v.slots <- struct{}{}:
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	defer func() { <-v.slots }()
 	rep, err := sch.EvaluateContext(ctx, req.output, schema.Options{
 		Undeclared: req.StrictContentCheck, MaxSteps: v.cfg.MaxSchemaSteps,
 		MaxRegexWork: v.cfg.MaxRegexWork, MaxFailures: v.cfg.ListCap,

@@ -83,12 +83,12 @@ type Config struct {
 	// where a subschema belongs and every object, data included
 	// (schema.DefaultMaxSchemas when zero); a larger schema is a 422.
 	MaxSchemas int
-	// MaxConcurrent bounds how many verifications (schema evaluation and
-	// integrity checks) run at once (twice GOMAXPROCS when zero); the
-	// others wait for a slot within their Timeout. Verification is
-	// CPU-bound, so more would not finish sooner,
-	// and the bound is what caps the memory of many hostile requests
-	// together: each holds at most one evaluation's worth.
+	// MaxConcurrent bounds how many verifications (schema compile,
+	// evaluation and integrity checks) run at once (DefaultMaxConcurrent
+	// when zero); the others wait for a slot within their Timeout.
+	// Verification is CPU-bound, so more would not finish sooner, and the
+	// bound is what caps the memory of many hostile requests together:
+	// each holds at most one compile's and evaluation's worth.
 	MaxConcurrent int
 	// Timeout is the wall-clock limit of one verification (DefaultTimeout
 	// when zero). Past it, or when the caller's context ends, the work
@@ -100,6 +100,11 @@ type Config struct {
 	// empty means the build's own version (internal/buildinfo).
 	VerifierVersion string
 }
+
+// DefaultMaxConcurrent is MaxConcurrent when zero: twice GOMAXPROCS. The
+// gateway bounds its own schema compiles (the precheck before a 402) by it
+// too, so that it holds no more of them at once than verifierd would.
+func DefaultMaxConcurrent() int { return 2 * runtime.GOMAXPROCS(0) }
 
 // withDefaults fills every zero limit.
 func (c Config) withDefaults() Config {
@@ -143,7 +148,7 @@ func (c Config) withDefaults() Config {
 		c.Timeout = DefaultTimeout
 	}
 	if c.MaxConcurrent <= 0 {
-		c.MaxConcurrent = 2 * runtime.GOMAXPROCS(0)
+		c.MaxConcurrent = DefaultMaxConcurrent()
 	}
 	if c.VerifierVersion == "" {
 		c.VerifierVersion = buildinfo.Version("")
