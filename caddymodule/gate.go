@@ -951,7 +951,7 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 			// same rules first, in its order, on the length the upstream
 			// is sent (setBody), so settle before never charges for them
 			// (whether or not route names the method).
-			method, ct := r.Method, r.Header.Get("Content-Type")
+			method, ct, paying := r.Method, r.Header.Get("Content-Type"), payment != ""
 			ex.check = func() error {
 				if method != verify.Method {
 					return apierr.MethodNotAllowed(verify.Method)
@@ -959,7 +959,7 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 				if err := verify.CheckMediaType(ct, int64(len(body))); err != nil {
 					return err
 				}
-				return g.verifier.Precheck(body)
+				return g.precheck(r, paying, func() error { return g.verifier.Precheck(body) })
 			}
 			ex.evaluate = func(ctx context.Context) error {
 				_, err := g.verifier.ParseContext(ctx, body)
@@ -978,6 +978,52 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		return g.serveFree(w, r, next, ex)
 	}
 	return ex.demand(w, r, http.StatusPaymentRequired, "Payment required", "", nil)
+}
+
+// precheckSlots bounds the gateway's schema compiles at once (precheck),
+// over all its gates and clients, as verifierd's default
+// -max-concurrent-verifications bounds its own: the per-client slots bound
+// one address, and many addresses would otherwise multiply them.
+var precheckSlots = make(chan struct{}, verify.DefaultMaxConcurrent())
+
+// precheckWait is how long a precheck waits for one of precheckSlots
+// before the request is answered 503 verification_timeout, nothing
+// charged (verifierd's default Timeout); tests shorten it.
+var precheckWait = verify.DefaultTimeout
+
+// precheck runs check, the request's parse and schema compile
+// (verify.Precheck): work a request gets done before the gate answers 402
+// or 422, unpaid, up to a fraction of a second and tens of MiB for a
+// schema within every limit. So it is work like a paid call's, bounded
+// before it starts: the request takes one of its client's slots of the
+// refusal budget (slotCheck; rateZone.enter), unless it holds a paid
+// call's slot already (its check is part of that work), and is answered
+// 429 rate_limited when none is free or the budget is spent, nothing
+// counted (paying: the request carries a payment, one the gate could not
+// read, and has the lower floor of a payment's refusal, rateZone.arrival);
+// then one of the gateway's precheckSlots, waiting at most precheckWait.
+// The 402 or 422 that follows is counted as any refusal (note), so a
+// client's compiles are at most events at a time and put its budget at
+// most events in debt.
+func (g *Gate) precheck(r *http.Request, paying bool, check func() error) error {
+	if g.rates != nil && caddyhttp.GetVar(r.Context(), varRateSlot) == nil {
+		s, wait := g.rates.enter(clientAddr(r), slotCheck, paying)
+		if wait > 0 {
+			return apierr.RateLimited(wait)
+		}
+		defer s.leave()
+	}
+	t := time.NewTimer(precheckWait)
+	defer t.Stop()
+	select {
+	case precheckSlots <- struct{}{}:
+	case <-t.C:
+		return apierr.Timeout(precheckWait, context.DeadlineExceeded)
+	case <-r.Context().Done():
+		return apierr.Timeout(precheckWait, r.Context().Err())
+	}
+	defer func() { <-precheckSlots }()
+	return check()
 }
 
 // readBody reads the whole request body, up to MaxBody, and puts it back for

@@ -125,7 +125,9 @@ func (g *Gate) serveMCP(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		if args == nil {
 			args = map[string]any{}
 		}
-		ex.check = func() error { return g.verifier.PrecheckTree(args) }
+		ex.check = func() error {
+			return g.precheck(r, paying, func() error { return g.verifier.PrecheckTree(args) })
+		}
 	}
 	// From here the tool may run, and the gate judges its answer
 	// (billable): it asks the tool server for what it can read.

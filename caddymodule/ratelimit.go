@@ -163,6 +163,7 @@ type slotKind uint8
 const (
 	slotPaid  slotKind = iota // a paid call: /verify, upstream, settlement
 	slotProof                 // a wallet_auth proof's check
+	slotCheck                 // a request's precheck before an unpaid answer (Gate.precheck)
 	slotKinds
 )
 

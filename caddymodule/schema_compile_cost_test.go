@@ -6,7 +6,9 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/aovhq/aov/internal/signflip"
 )
@@ -77,5 +79,141 @@ func TestUnpaidSchemasCostlyToCompileAreRefusedCheaply(t *testing.T) {
 	}
 	if up.calls.Load() != 0 {
 		t.Errorf("the upstream ran %d times", up.calls.Load())
+	}
+}
+
+// compileHeavyRequest is a valid request whose schema is costly to compile
+// but within every documented limit (4,900 subschemas < MaxSchemas 5,000):
+// the gate must compile it to tell 422 from 402, unpaid. seed makes the
+// schema (and so its hash) distinct, so the compile cache and its single
+// flight do not share work between requests.
+func compileHeavyRequest(seed int) string {
+	var b strings.Builder
+	b.WriteString(`{"task_id":"t","expected_schema":{"type":"object","properties":{`)
+	for i := range 4_900 {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(`"s` + strconv.Itoa(seed) + `_` + strconv.Itoa(i) + `":{"type":"string"}`)
+	}
+	b.WriteString(`}},"submitted_output":{}}`)
+	return b.String()
+}
+
+// README (x402 rate_limit): "however many requests one client holds open
+// at once, work is done for at most `events` of them at a time, their
+// refusals put the budget at most `events` in debt". With validate
+// verify_request every unpaid 402 costs a schema compile, so each compile
+// takes one of the client's slots before it runs, and a request finding
+// none is answered 429, nothing counted. (Before: the compile ran before
+// any slot was taken, while the budget still had an event left, so one
+// client's 24 concurrent requests under rate_limit 2 1m were all compiled
+// at once: 24 402s, 3.8 s of CPU, +217 MiB of peak heap.)
+func TestUnpaidSchemaCompilesAreBoundedPerClient(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	const events = 2
+	base := startCaddy(t, gateSite(up.URL, fac, 0, "rate_limit "+strconv.Itoa(events)+" 1m"))
+	url := base + "/verify/schema"
+
+	one := measure(t, func() {
+		resp := post(t, url, compileHeavyRequest(-1), nil)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusPaymentRequired {
+			t.Fatalf("one unpaid request: status %d, want 402", resp.StatusCode)
+		}
+	})
+	t.Logf("one unpaid request (%d bytes): CPU %v, allocated %d MiB, peak heap +%d MiB", len(compileHeavyRequest(-1)), one.cpu, one.allocated>>20, one.peakHeap>>20)
+
+	const n = 24
+	bodies := make([]string, n)
+	for i := range bodies {
+		bodies[i] = compileHeavyRequest(i)
+	}
+	statuses := make([]int, n)
+	retryAfter := make([]string, n)
+	c := measure(t, func() {
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for i := range n {
+			wg.Go(func() {
+				<-start
+				resp := post(t, url, bodies[i], nil)
+				statuses[i], retryAfter[i] = resp.StatusCode, resp.Header.Get("Retry-After")
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			})
+		}
+		close(start)
+		wg.Wait()
+	})
+	counts := map[int]int{}
+	for i, s := range statuses {
+		counts[s]++
+		if s == http.StatusTooManyRequests && retryAfter[i] == "" {
+			t.Errorf("a 429 without Retry-After")
+		}
+	}
+	t.Logf("%d concurrent unpaid requests from one client (rate_limit %d 1m): statuses %v; CPU %v, allocated %d MiB, peak heap +%d MiB",
+		n, events, counts, c.cpu, c.allocated>>20, c.peakHeap>>20)
+	if counts[http.StatusTooManyRequests]+counts[http.StatusPaymentRequired] != n {
+		t.Errorf("statuses %v: want only 402 and 429", counts)
+	}
+	// Every 402 here is a compiled schema. The budget allows work for at
+	// most events at a time and a debt of events: 2*events at the very most.
+	if worked := counts[http.StatusPaymentRequired] + counts[http.StatusUnprocessableEntity]; worked > 2*events {
+		t.Errorf("one client had %d unpaid schema compiles done (%d concurrent requests) with rate_limit %d: want at most %d (events at a time, events in debt); peak heap +%d MiB vs +%d MiB for one",
+			worked, n, events, 2*events, c.peakHeap>>20, one.peakHeap>>20)
+	}
+}
+
+// The per-client slots bound one address; the gateway's own bound
+// (precheckSlots, verifierd's default -max-concurrent-verifications) holds
+// however many addresses ask at once: with every one of its slots busy, an
+// unpaid request waits precheckWait and is answered 503
+// verification_timeout, nothing compiled, charged or counted; with one
+// free it is answered 402 as before.
+func TestUnpaidSchemaCompilesAreBoundedGatewayWide(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	base := startCaddy(t, gateSite(up.URL, fac, 0, "rate_limit off"))
+	url := base + "/verify/schema"
+	defer func(w time.Duration) { precheckWait = w }(precheckWait)
+	precheckWait = 200 * time.Millisecond
+
+	for range cap(precheckSlots) {
+		precheckSlots <- struct{}{}
+	}
+	var checked int
+	requestChecked = func() { checked++ }
+	defer func() { requestChecked = nil }()
+	start := time.Now()
+	resp := post(t, url, compileHeavyRequest(-2), nil)
+	took := time.Since(start)
+	var body struct {
+		Code    string `json:"code"`
+		Charged bool   `json:"charged"`
+	}
+	json.NewDecoder(resp.Body).Decode(&body)
+	resp.Body.Close()
+	for range cap(precheckSlots) {
+		<-precheckSlots
+	}
+	if resp.StatusCode != http.StatusServiceUnavailable || body.Code != "verification_timeout" || body.Charged || resp.Header.Get("Retry-After") == "" {
+		t.Errorf("unpaid request with the gateway's %d precheck slots busy: %d %+v Retry-After %q; want 503 verification_timeout, charged false, with Retry-After",
+			cap(precheckSlots), resp.StatusCode, body, resp.Header.Get("Retry-After"))
+	}
+	if took < precheckWait {
+		t.Errorf("answered after %v: want it to wait precheckWait (%v) for a slot", took, precheckWait)
+	}
+	if checked != 1 {
+		t.Errorf("request checks run: %d, want 1", checked)
+	}
+	resp = post(t, url, compileHeavyRequest(-2), nil)
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusPaymentRequired {
+		t.Errorf("with the precheck slots free: status %d, want 402", resp.StatusCode)
 	}
 }
