@@ -1041,17 +1041,15 @@ func readBodyUpTo(r *http.Request, limit int64) ([]byte, error) {
 	if r.ContentLength > limit {
 		return nil, apierr.TooLarge(limit)
 	}
-	var body []byte
-	var err error
-	if r.ContentLength > 0 && r.ContentLength <= exactBodyAlloc {
-		// The size is announced (and enforced by the server): one
-		// allocation of exactly that size instead of a growing buffer.
-		// Only for small bodies, so a client announcing a large body it
-		// never sends does not make the gate hold that much memory.
-		body = make([]byte, r.ContentLength)
-		_, err = io.ReadFull(r.Body, body)
-	} else {
-		body, err = io.ReadAll(io.LimitReader(r.Body, limit+1))
+	// The body is read to its announced length, which the server
+	// enforces, or, unannounced, to one byte past limit (413).
+	want := limit + 1
+	if r.ContentLength > 0 {
+		want = r.ContentLength
+	}
+	body, err := readGrowing(r.Body, want)
+	if err == nil && r.ContentLength > 0 && int64(len(body)) < r.ContentLength {
+		err = io.ErrUnexpectedEOF
 	}
 	if err != nil {
 		return nil, apierr.Invalid(apierr.Field{Field: "body", Problem: "could not be read completely", Fix: "Send the whole request body with a correct Content-Length."})
@@ -1094,8 +1092,38 @@ type gateBody struct {
 
 func (*gateBody) Close() error { return nil }
 
-// exactBodyAlloc is the largest announced body readBody allocates at once.
-const exactBodyAlloc = 64 << 10
+// firstBodyAlloc is the most a request body's buffer holds before its
+// bytes arrive (readGrowing): a body announced no larger is read in one
+// allocation of its size.
+const firstBodyAlloc = 4 << 10
+
+// readGrowing reads r to its end or to its first upTo bytes, whichever
+// comes first, into a buffer that grows, doubling, with the bytes that
+// arrive: never more than firstBodyAlloc before they do, and never past
+// upTo. What a client announces costs nothing until it is sent: over
+// HTTP/2 one connection holds up to 250 requests open at once (Go's
+// default MaxConcurrentStreams, which Caddy keeps), each of which would
+// otherwise have the gate hold what it announced, for as long as
+// read_body lets it take to send it.
+func readGrowing(r io.Reader, upTo int64) ([]byte, error) {
+	buf := make([]byte, 0, min(upTo, firstBodyAlloc))
+	for int64(len(buf)) < upTo {
+		if len(buf) == cap(buf) {
+			grown := make([]byte, len(buf), min(2*int64(cap(buf)), upTo))
+			copy(grown, buf)
+			buf = grown
+		}
+		n, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			return buf, err
+		}
+	}
+	return buf, nil
+}
 
 // setBody makes body the request body the upstream reads.
 func setBody(r *http.Request, body []byte) {
