@@ -3,10 +3,14 @@ package evmfacilitator
 import (
 	"context"
 	"errors"
+	"math/big"
+	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/crypto"
 	"github.com/ethereum/go-ethereum/ethclient"
 
@@ -118,4 +122,140 @@ func TestASettlementKeptOnOneChainIsNeverSentOnTheChainThatReplacedIt(t *testing
 	if after := usdcBalance(t, ep.d, crypto.PubkeyToAddress(payer.PublicKey)); after.Cmp(before) != 0 {
 		t.Errorf("the payer's balance on the new chain went %s -> %s", before, after)
 	}
+}
+
+// switchingGenesis is a node behind one endpoint that is restarted as
+// another chain of its chain ID (other set: its genesis block differs), and
+// whose genesis reads can be held (hold), as a read's round trip is.
+type switchingGenesis struct {
+	Chain
+	other   atomic.Bool
+	hold    atomic.Pointer[chan struct{}]
+	entered chan struct{}
+}
+
+func (c *switchingGenesis) HeaderByNumber(ctx context.Context, n *big.Int) (*types.Header, error) {
+	if n != nil && n.Sign() == 0 {
+		if h := c.hold.Load(); h != nil {
+			select {
+			case c.entered <- struct{}{}:
+			default:
+			}
+			select {
+			case <-*h:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+	}
+	h, err := c.Chain.HeaderByNumber(ctx, n)
+	if err != nil || n == nil || n.Sign() != 0 || !c.other.Load() {
+		return h, err
+	}
+	h = types.CopyHeader(h)
+	h.Extra = []byte("another chain of chain ID 1337")
+	return h, nil
+}
+
+// A replacement whose fresh genesis read (onChainOf, under the
+// settlement's lock) is the first to find the endpoint on another chain
+// leaves the chain before (nonceManager.close) while that chain's
+// look-after round runs, and both go on: the replacement is not sent, and
+// later settles are answered. (Before: replace held the settlement's lock
+// while close waited for the manager's sentMu, and the look-after held
+// sentMu while it waited for the settlement's lock (sentAt): both waited
+// for good, the facilitator's genesis read slot stayed taken, and every
+// later settle through it hung with no deadline.)
+func TestAReplacementFindingAnotherChainDoesNotDeadlockTheLookAfter(t *testing.T) {
+	d := startDevnet(t, DevnetConfig{})
+	e := &testEnv{d: d}
+	sc := &switchingGenesis{Chain: d.Client(), entered: make(chan struct{}, 1)}
+	f, err := New(Config{Chain: sc, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	f.prepareTimeout = time.Second
+	n := identified(t, f)
+	s := keepUnsent(t, e, f, n) // watched: the look-after runs (every 15 s)
+	s.mu.Lock()
+	s.lastSent = time.Now().Add(-time.Minute) // pending past its wait: replace goes on to send
+	s.mu.Unlock()
+
+	hold := make(chan struct{})
+	sc.hold.Store(&hold)
+	done := make(chan string, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), resolveTimeout) // resolve's
+		defer cancel()
+		c := s.c
+		done <- f.replace(ctx, &c, s)
+	}()
+	select {
+	case <-sc.entered: // replace holds s.mu and reads the genesis block
+	case r := <-done:
+		t.Fatalf("replace returned before reading the genesis block: %s", r)
+	case <-time.After(10 * time.Second):
+		t.Fatal("replace never read the genesis block")
+	}
+	// The look-after's round comes meanwhile (here cut short, as close does).
+	select {
+	case n.wake <- struct{}{}:
+	default:
+	}
+	time.Sleep(300 * time.Millisecond)
+	// The node answers: it is another chain now.
+	sc.other.Store(true)
+	sc.hold.Store(nil)
+	close(hold)
+
+	select {
+	case r := <-done:
+		if !strings.Contains(r, errOtherChain.Error()) {
+			t.Errorf("replace = %q; want it not replaced, its endpoint on another chain", r)
+		}
+	case <-time.After(5 * time.Second):
+		t.Errorf("replace, which found the endpoint on another chain, has not returned 5 s after its genesis read answered: deadlocked (it holds s.mu and waits for the old manager's sentMu in confirmChain -> old.close, while the look-after holds sentMu and waits for s.mu in resolveWatched -> sentAt)")
+		buf := make([]byte, 1<<20)
+		for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
+			if strings.Contains(g, "resolveWatched") || strings.Contains(g, ".replace(") {
+				t.Logf("%s", g)
+			}
+		}
+		// What that costs: a settle through f, with a 1 s prepareTimeout.
+		sdone := make(chan error, 1)
+		go func() {
+			req := e.requirements(payee, amount)
+			_, err := f.Settle(context.Background(), mustSignExact(t, payer, req), req)
+			sdone <- err
+		}()
+		select {
+		case err := <-sdone:
+			t.Logf("a later settle answered: %v", err)
+		case <-time.After(5 * time.Second):
+			t.Errorf("a later settle through f (prepareTimeout 1 s) has not answered in 5 s: it waits with no deadline (identifying taken forever, then keptOnAnyChain -> sentOf on the old manager's sentMu)")
+		}
+	}
+}
+
+// keepUnsent keeps, as f's, a settlement transaction of a payment signed
+// for e's devnet with the relayer's next nonce and never sent: a
+// settlement of unknown outcome, which f's look-after watches.
+func keepUnsent(t *testing.T, e *testEnv, f *Facilitator, n *nonceManager) *sentSettlement {
+	t.Helper()
+	req := e.requirements(payee, amount)
+	c := f.checkOwn(context.Background(), mustSignExact(t, payer, req), req)
+	nonce, err := e.d.Client().NonceAt(context.Background(), f.relayer, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := types.SignNewTx(f.key, f.signer, &types.DynamicFeeTx{ChainID: f.chainID, Nonce: nonce, Gas: 300_000, GasFeeCap: big.NewInt(1e9), To: &c.token, Data: c.txData})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newSentSettlement(tx, time.Now(), c.auth.ValidBefore)
+	s.owner.Store(f)
+	s.c = *c
+	n.keep(usedKey{token: c.token, from: c.auth.From, nonce: c.auth.Nonce}, s, time.Now())
+	return s
 }

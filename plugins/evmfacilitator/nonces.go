@@ -20,6 +20,25 @@ import (
 	"github.com/aovhq/aov/x402"
 )
 
+// lockOrder: the package's locks are taken in this order, a goroutine
+// holding one taking only those below it, so that no two ever wait for
+// each other (the look-after, a replacement that finds another chain and a
+// settle of the chain ID would otherwise all wait for good):
+//
+//	sentSettlement.mu       held around a replacement's or a resend's reads and send (replace, recancel, bumpCancel, rebroadcast)
+//	Facilitator.identifying held while the genesis is read and a change of chain made (confirmChain, from onChainOf too)
+//	chainNonces.mu          the process's nonce sets (chainSet, keptOnAnyChain, releaseChainSet)
+//	nonceSet.mu             one chain's managers
+//	nonceManager.lock       the relayer's turn to sign and send (submit)
+//	nonceManager.sentMu     what a manager keeps, its users and look-after
+//	Facilitator.idMu        which chain f last found (nonces, ident, former)
+//
+// So nothing under sentMu reads a settlement's lock (resolveWatched reads
+// when each was sent after it lets go), and a change of chain found under
+// a settlement's lock may leave the chain before (nonceManager.close).
+// The other locks (budget, inflightMu, domainMu, the caches') are taken
+// alone.
+
 // nonceManager hands out one account's nonces on one chain, one at a time.
 // Signing and sending happen under its lock, so concurrent transactions get
 // consecutive nonces in the order the node sees them; after a nonce error

@@ -404,8 +404,9 @@ func TestLookAfterSkipsASettlementWhoseNonceIsUsed(t *testing.T) {
 	s := newSentSettlement(tx, time.Now(), c.auth.ValidBefore)
 	s.owner.Store(f)
 	s.c, s.lastSent = *c, time.Now().Add(-time.Minute)
-	identified(t, f).keep(usedKey{token: c.token, from: c.auth.From, nonce: c.auth.Nonce}, s, time.Now())
-	for deadline := time.Now().Add(5 * time.Second); watching(f.nonces); time.Sleep(20 * time.Millisecond) {
+	n := identified(t, f)
+	n.keep(usedKey{token: c.token, from: c.auth.From, nonce: c.auth.Nonce}, s, time.Now())
+	for deadline := time.Now().Add(5 * time.Second); watching(n); time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the look-after still runs for a settlement whose nonce the chain used")
 		}

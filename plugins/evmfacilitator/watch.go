@@ -110,18 +110,23 @@ func (n *nonceManager) watchInterval() (time.Duration, bool) {
 // whatever its outcome; a retry or a status check still learns that), is
 // done: it is no longer watched, and stays kept for the retries, so that
 // the first of them that learns it paid is answered success (oneSuccess).
+// When each was last sent is read after sentMu is let go: a settlement's
+// lock comes before sentMu (lockOrder).
 func (n *nonceManager) resolveWatched() {
 	n.sentMu.Lock()
-	var due []*sentSettlement
+	var watched []*sentSettlement
 	for _, e := range n.sent {
-		if !e.s.watched() {
-			continue
-		}
-		if !e.s.settling.Load() && now().Sub(e.s.sentAt()) >= min(e.s.owner.Load().cfg.ReceiptTimeout, maxBumpWait) {
-			due = append(due, e.s)
+		if e.s.watched() && !e.s.settling.Load() {
+			watched = append(watched, e.s)
 		}
 	}
 	n.sentMu.Unlock()
+	var due []*sentSettlement
+	for _, s := range watched {
+		if o := s.owner.Load(); o != nil && now().Sub(s.sentAt()) >= min(o.cfg.ReceiptTimeout, maxBumpWait) {
+			due = append(due, s)
+		}
+	}
 	slices.SortFunc(due, func(a, b *sentSettlement) int {
 		return cmp.Compare(a.last().Nonce(), b.last().Nonce())
 	})
