@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"log"
 	"math/big"
 	"os"
@@ -15,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ethereum/go-ethereum"
+	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/crypto"
 
@@ -97,9 +100,11 @@ func TestKeptRetryDuringGenesisReadFailureIsUnknownOutcome(t *testing.T) {
 // or a replacement does, not shared with one that began before.
 func readGenesis(t testing.TB, f *Facilitator) {
 	t.Helper()
-	if _, err := f.confirmChain(context.Background(), 0); err != nil {
+	n, err := f.confirmChain(context.Background(), 0)
+	if err != nil {
 		t.Fatal(err)
 	}
+	n.unhold()
 }
 
 // lyingGenesis answers every read of the genesis block with another block
@@ -262,5 +267,194 @@ func TestSettleArrivingDuringAGenesisReadSharesIt(t *testing.T) {
 	<-done
 	if n := sg.reads.Load(); n != 2 {
 		t.Errorf("two settles, the second arriving %v into the first one's genesis read: %d genesis reads; want two", sharedReadLead+100*time.Millisecond, n)
+	}
+}
+
+// taggedChain answers the genesis block with its own extra data
+// (tag, or, from the (flipAfter+1)th read on when flipAfter > 0, a fresh
+// one each read: an endpoint whose answers vary), optionally holds the
+// first gas estimate until gate closes, answers every send with an
+// error after forwarding it (sendLies), and fails genesis reads while down.
+type taggedChain struct {
+	Chain
+	tag       string
+	flipAfter int32
+	reads     atomic.Int32
+	gate      chan struct{}
+	gated     chan struct{}
+	estimates atomic.Int32
+	sendLies  bool
+	down      atomic.Bool
+}
+
+func (c *taggedChain) HeaderByNumber(ctx context.Context, n *big.Int) (*types.Header, error) {
+	if n == nil || n.Sign() != 0 {
+		return c.Chain.HeaderByNumber(ctx, n)
+	}
+	if c.down.Load() {
+		return nil, errors.New("connection refused")
+	}
+	h, err := c.Chain.HeaderByNumber(ctx, n)
+	if err != nil {
+		return h, err
+	}
+	h = types.CopyHeader(h)
+	h.Extra = []byte(c.tag)
+	if r := c.reads.Add(1); c.flipAfter > 0 && r > c.flipAfter {
+		h.Extra = []byte(fmt.Sprintf("%s-varied-%d", c.tag, r))
+	}
+	return h, nil
+}
+
+func (c *taggedChain) EstimateGas(ctx context.Context, m ethereum.CallMsg) (uint64, error) {
+	if c.gate != nil && c.estimates.Add(1) == 1 {
+		close(c.gated)
+		<-c.gate
+	}
+	return c.Chain.EstimateGas(ctx, m)
+}
+
+func (c *taggedChain) SendTransaction(ctx context.Context, tx *types.Transaction) error {
+	err := c.Chain.SendTransaction(ctx, tx)
+	if c.sendLies && err == nil {
+		return errors.New("connection reset by peer") // after the node took it
+	}
+	return err
+}
+
+// A settle through a facilitator already closed (a request of an unloaded
+// configuration, which Close lets run) holds its chain's nonce set for its
+// life: another facilitator of the key that forgets the chain (its
+// endpoint's genesis answer varies) leaves the set to the process, the
+// settlement it keeps is found by a retry whose genesis read fails (an
+// unknown outcome, not "nothing charged"), and once a retry learns its
+// outcome the set goes. (Before: releaseChainSet counted only open
+// facilitators and kept settlements, released the set under the settle,
+// whose settlement was then kept in a manager the process no longer knew:
+// the retry was a plain error, x402's 503 with nothing charged, for a
+// payment charged.)
+func TestASettleHoldsItsChainsNonceSetAgainstRelease(t *testing.T) {
+	d := startDevnet(t, DevnetConfig{})
+	e := &testEnv{d: d}
+	tag := fmt.Sprintf("varying-chain-%d", time.Now().UnixNano())
+	hc := &taggedChain{Chain: d.Client(), tag: tag, gate: make(chan struct{}), gated: make(chan struct{}), sendLies: true}
+	h, err := New(Config{Chain: hc, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	identified(t, h)
+	fc := &taggedChain{Chain: d.Client(), tag: tag, flipAfter: 1}
+	f, err := New(Config{Chain: fc, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if identified(t, f) != identified(t, h) {
+		t.Fatal("f and h are not on one chain's manager")
+	}
+
+	req := e.requirements(payee, amount)
+	pay := mustSignExact(t, payer, req)
+	from := crypto.PubkeyToAddress(payer.PublicKey)
+	before := usdcBalance(t, d, from)
+	res := make(chan error, 1)
+	go func() {
+		_, err := h.Settle(context.Background(), pay, req)
+		res <- err
+	}()
+	<-hc.gated // h's settle holds the chain's manager, past its checks
+	h.Close()  // a reload unloads h; its request still runs
+
+	for range maxChainsPerKey {
+		readGenesis(t, f) // f's endpoint answers other genesis blocks: X is forgotten
+	}
+	h.idMu.Lock()
+	x := h.ident
+	h.idMu.Unlock()
+	registered := func() bool {
+		chainNonces.mu.Lock()
+		defer chainNonces.mu.Unlock()
+		return chainNonces.m[x] != nil
+	}
+	if !registered() {
+		t.Error("chain X's nonce set was released while h's settle held its manager")
+	}
+
+	hc.down.Store(true) // the outage that leaves h's outcome unknown fails the genesis read too
+	close(hc.gate)
+	err = <-res
+	var ue *x402.UnknownOutcomeError
+	if !errors.As(err, &ue) {
+		t.Fatalf("h's settle = %v; the setup expects an unknown outcome", err)
+	}
+	after := usdcBalance(t, d, from)
+	for deadline := time.Now().Add(5 * time.Second); after.Cmp(before) >= 0 && time.Now().Before(deadline); after = usdcBalance(t, d, from) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if after.Cmp(before) >= 0 {
+		t.Fatalf("the payer's balance went %s -> %s; the setup expects h's transaction mined", before, after)
+	}
+
+	// The retry, through a facilitator of the key on X whose genesis read fails.
+	rc := &taggedChain{Chain: d.Client(), tag: tag}
+	rc.down.Store(true)
+	r, err := New(Config{Chain: rc, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	resp, rerr := r.Settle(context.Background(), pay, req)
+	if !errors.As(rerr, &ue) {
+		t.Errorf("retry while the genesis read fails = %+v, %v; want an unknown outcome: a plain error is x402's 503 with nothing charged, and the payer's balance went %s -> %s", resp, rerr, before, after)
+	}
+
+	// A retry that learns the outcome, through h (closed, nobody on X
+	// open): the payment settled, nothing is kept of X any more, and the
+	// set X was dropped from goes.
+	hc.down.Store(false)
+	resp, err = h.Settle(context.Background(), pay, req)
+	if err != nil || !resp.Success {
+		t.Errorf("the retry that reads X = %+v, %v; want the success of h's transaction", resp, err)
+	}
+	if registered() {
+		t.Error("chain X's nonce set, forgotten, stays in the process with nothing in use: every settle of the chain ID scans it")
+	}
+}
+
+// A chain's nonce set forgotten while it kept a settlement goes once that
+// settlement's authorization has expired (no retry of it passes the checks
+// then): it is judged again every releaseRetry until nothing in it is in
+// use. (Before: it stayed in the process for good, and every settle of the
+// chain ID scanned it.)
+func TestAForgottenChainSetGoesOnceItsSettlementsExpire(t *testing.T) {
+	chainNonces.mu.Lock()
+	retry := releaseRetry
+	releaseRetry = 50 * time.Millisecond
+	chainNonces.mu.Unlock()
+	defer func() {
+		chainNonces.mu.Lock()
+		releaseRetry = retry
+		chainNonces.mu.Unlock()
+	}()
+	var genesis common.Hash
+	rand.Read(genesis[:])
+	set, _ := chainSet(chainIdentity{id: "1337", genesis: genesis})
+	n := set.of(crypto.PubkeyToAddress(DevKey(0).PublicKey))
+	tx := types.NewTx(&types.DynamicFeeTx{})
+	n.keep(usedKey{nonce: [32]byte{1}}, newSentSettlement(tx, time.Now(), big.NewInt(time.Now().Add(2*time.Second).Unix())), time.Now())
+	set.unhold()
+	registered := func() bool {
+		chainNonces.mu.Lock()
+		defer chainNonces.mu.Unlock()
+		return chainNonces.m[set.id] == set
+	}
+	releaseChainSet(set) // forgotten by the facilitators that reached it
+	if !registered() {
+		t.Fatal("a chain's nonce set was released while it kept a settlement")
+	}
+	for deadline := time.Now().Add(5 * time.Second); registered(); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the forgotten chain's nonce set stays 4 s after its one kept settlement expired")
+		}
 	}
 }

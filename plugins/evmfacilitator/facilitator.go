@@ -118,7 +118,8 @@ type Facilitator struct {
 	// nonces is the relayer's nonce manager on this chain, shared by every
 	// facilitator of the key on it (chainNonces): nil until the chain is
 	// identified, another once the endpoint reaches another chain
-	// (confirmChain), under idMu. Code that reads it plainly runs
+	// (confirmChain) or, f closed, once its chain's set was released and
+	// made again, under idMu. Code that reads it plainly runs
 	// after a relayerNonces that returned it, or before the facilitator
 	// is shared (tests).
 	nonces *nonceManager
@@ -303,7 +304,8 @@ func (f *Facilitator) identifyInBackground() {
 	}()
 	wait := identifyFirstRetry
 	for range identifyAttempts {
-		if _, err := f.confirmChain(f.life, anyAge); err == nil {
+		if n, err := f.confirmChain(f.life, anyAge); err == nil {
+			n.unhold()
 			return
 		}
 		t := time.NewTimer(wait)
@@ -326,7 +328,9 @@ func (f *Facilitator) identifyInBackground() {
 // chain ID, the chain before on a node restarted as a fresh one among
 // them. The send itself is not read for again (README says what a
 // restart in between costs, and why). An error means the chain could not
-// be asked; nothing was sent.
+// be asked; nothing was sent. The manager is held (nonceManager.hold): the
+// settle lets go of it (unhold) once it has answered, so that a set a
+// facilitator forgets meanwhile still keeps what this settle sends.
 func (f *Facilitator) relayerNonces(ctx context.Context) (*nonceManager, error) {
 	return f.confirmChain(ctx, sharedReadLead)
 }
@@ -355,10 +359,14 @@ const anyAge = time.Duration(-1)
 // settlements over (nonceManager.close), f keeps it among its former
 // chains, a bounded few (rememberFormer), and logs the change; either
 // way f is then open on the chain's manager (nonceManager.open). An error means the chain could not be
-// asked: nothing may be sent on what it says.
+// asked: nothing may be sent on what it says. The manager returned is
+// held (nonceManager.hold), from before f is open on it, so that no
+// release of its set comes in between; the caller lets go of it (unhold).
+// A reading whose chain's set was released since (f closed, and the chain
+// forgotten by the others) serves no more: the genesis is read again.
 func (f *Facilitator) confirmChain(ctx context.Context, maxAge time.Duration) (*nonceManager, error) {
 	asked := time.Now()
-	if n := f.confirmedSince(asked, maxAge); n != nil {
+	if n := f.confirmedSince(asked, maxAge); n != nil && n.hold() {
 		return n, nil
 	}
 	select {
@@ -367,7 +375,7 @@ func (f *Facilitator) confirmChain(ctx context.Context, maxAge time.Duration) (*
 		return nil, fmt.Errorf("waiting to read the chain's genesis block: %w", ctx.Err())
 	}
 	defer func() { <-f.identifying }()
-	if n := f.confirmedSince(asked, maxAge); n != nil { // read while this one waited
+	if n := f.confirmedSince(asked, maxAge); n != nil && n.hold() { // read while this one waited
 		return n, nil
 	}
 	readAt := time.Now()
@@ -392,15 +400,15 @@ func (f *Facilitator) confirmChain(ctx context.Context, maxAge time.Duration) (*
 	// reads the managers under their sentMu (taken before idMu by
 	// nonceManager.open), runs outside idMu.
 	former = slices.DeleteFunc(slices.Clone(former), func(c formerChain) bool { return c.n == n || c.n == old })
-	var dropped []chainIdentity
-	if old != nil {
-		former, dropped = rememberFormer(append(former, formerChain{id: oldID, n: old}))
+	var dropped []*nonceSet
+	if old != nil && oldID != id { // not the same chain, whose set was released (f closed) and made again
+		former, dropped = rememberFormer(append(former, formerChain{n: old}))
 	}
 	f.idMu.Lock()
 	f.former = former
 	f.idMu.Unlock()
 	switch {
-	case old == nil || f.varies:
+	case old == nil || oldID == id || f.varies:
 	case len(dropped) > 0:
 		f.varies = true
 		log.Printf("evm facilitator: the endpoint of relayer %s on %s has answered more than %d different genesis blocks (a node restarted as new chains, or an endpoint whose answers vary); its oldest chains, those with nothing kept first, are forgotten, and its further changes of chain are not logged", f.relayer.Hex(), f.network, maxChainsPerKey)
@@ -425,11 +433,10 @@ func (f *Facilitator) confirmChain(ctx context.Context, maxAge time.Duration) (*
 // node restarted as a new chain a few times between two reads.
 const maxChainsPerKey = 4
 
-// formerChain is a chain f's endpoint reached before: its identity and the
-// relayer's nonce manager on it.
+// formerChain is a chain f's endpoint reached before: the relayer's nonce
+// manager on it.
 type formerChain struct {
-	id chainIdentity
-	n  *nonceManager
+	n *nonceManager
 }
 
 // rememberFormer trims former, the oldest first, to maxChainsPerKey-1
@@ -437,15 +444,15 @@ type formerChain struct {
 // else the oldest: its settlements stay kept in the process's set of that
 // chain, looked after by that chain's facilitators of the key, and a retry
 // of one through f is still an unknown outcome (keptOnAnyChain). It
-// returns the chains remembered and the identities forgotten.
-func rememberFormer(former []formerChain) ([]formerChain, []chainIdentity) {
-	var dropped []chainIdentity
+// returns the chains remembered and the nonce sets of those forgotten.
+func rememberFormer(former []formerChain) ([]formerChain, []*nonceSet) {
+	var dropped []*nonceSet
 	for len(former) > maxChainsPerKey-1 {
 		i := slices.IndexFunc(former, func(c formerChain) bool { return !c.n.keepsAny() })
 		if i < 0 {
 			i = 0
 		}
-		dropped = append(dropped, former[i].id)
+		dropped = append(dropped, former[i].n.set)
 		former = slices.Delete(former, i, i+1)
 	}
 	return former, dropped
@@ -479,6 +486,7 @@ func (f *Facilitator) onChainOf(ctx context.Context, s *sentSettlement) error {
 	if err != nil {
 		return err
 	}
+	n.unhold()
 	if k := s.kept.Load(); k != nil && k != n {
 		return errOtherChain
 	}

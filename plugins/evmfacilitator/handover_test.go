@@ -18,6 +18,7 @@ func identified(t testing.TB, f *Facilitator) *nonceManager {
 	if err != nil {
 		t.Fatal(err)
 	}
+	n.unhold()
 	return n
 }
 

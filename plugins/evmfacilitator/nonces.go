@@ -27,7 +27,7 @@ import (
 //
 //	sentSettlement.mu       held around a replacement's or a resend's reads and send (replace, recancel, bumpCancel, rebroadcast)
 //	Facilitator.identifying held while the genesis is read and a change of chain made (confirmChain, from onChainOf too)
-//	chainNonces.mu          the process's nonce sets (chainSet, keptOnAnyChain, releaseChainSet)
+//	chainNonces.mu          the process's nonce sets (chainSet, keptOnAnyChain, releaseChainSet, hold, unhold)
 //	nonceSet.mu             one chain's managers
 //	nonceManager.lock       the relayer's turn to sign and send (submit)
 //	nonceManager.sentMu     what a manager keeps, its users and look-after
@@ -57,6 +57,9 @@ import (
 // is bounded on both sides: a waiter gives up when its context ends, having
 // sent nothing, and a holder's reads and sends end at submitTimeout.
 type nonceManager struct {
+	// set is the chain's nonce set it is of (nonceSet.of), nil for one
+	// made alone (tests).
+	set *nonceSet
 	// lock is held while full: a channel, not a sync.Mutex, so that the
 	// wait for it can end with the waiter's context.
 	lock chan struct{}
@@ -549,11 +552,22 @@ func rateLimited(err error) (limited bool, reason string) {
 
 // nonceSet is one chain's nonce managers, one per account.
 type nonceSet struct {
+	id chainIdentity
 	mu sync.Mutex
 	m  map[common.Address]*nonceManager
-	// devnet is set once a devnet of the process runs the chain: its set
-	// stays (releaseChainSet).
-	devnet bool
+
+	// Under chainNonces.mu. devnet is set once a devnet of the process
+	// runs the chain: its set stays. holds counts the users of the set
+	// that none of its managers counts yet (hold): a settle running, a
+	// facilitator not yet among a manager's users. dropped is set once a
+	// facilitator forgot the chain (releaseChainSet), retrying while a
+	// later try to release it waits (releaseRetry), and released once it
+	// left chainNonces.
+	devnet   bool
+	holds    int
+	dropped  bool
+	retrying bool
+	released bool
 }
 
 func (s *nonceSet) of(addr common.Address) *nonceManager {
@@ -565,10 +579,52 @@ func (s *nonceSet) of(addr common.Address) *nonceManager {
 	n := s.m[addr]
 	if n == nil {
 		n = newNonceManager(addr)
+		n.set = s
 		s.m[addr] = n
 	}
 	return n
 }
+
+// hold counts one more user of s (holds), so that releaseChainSet leaves
+// it to the process until that user lets go (unhold): a settle, which may
+// keep a settlement in it until it answers, whatever became of its
+// facilitator (Close lets it run), and a facilitator that reached the
+// chain, until it is among a manager's users (confirmChain). It reports
+// false when s was released already: it is no chain's any more, and
+// whatever were kept in it nobody would find. A manager of no set, or of
+// one outside chainNonces (a test's), is any chain's.
+func (s *nonceSet) hold() bool {
+	if s == nil {
+		return true
+	}
+	chainNonces.mu.Lock()
+	defer chainNonces.mu.Unlock()
+	if s.released {
+		return false
+	}
+	s.holds++
+	return true
+}
+
+// unhold lets go of a hold, and releases s when it was dropped and
+// nothing else uses it (releaseLocked).
+func (s *nonceSet) unhold() {
+	if s == nil {
+		return
+	}
+	chainNonces.mu.Lock()
+	defer chainNonces.mu.Unlock()
+	s.holds--
+	if s.holds == 0 && s.dropped {
+		s.releaseLocked()
+	}
+}
+
+// hold holds n's chain's set (nonceSet.hold).
+func (n *nonceManager) hold() bool { return n.set.hold() }
+
+// unhold lets go of n's chain's set (nonceSet.unhold).
+func (n *nonceManager) unhold() { n.set.unhold() }
 
 // newChain makes s a new chain's (a devnet started again): each account's
 // nonce is read afresh, and the settlements it kept are dropped, since
@@ -605,8 +661,9 @@ const identifyTimeout = 10 * time.Second
 // nothing; dropping it when its last facilitator goes would need every
 // user of New to release what it made. A facilitator bounds the chains it
 // remembers (maxChainsPerKey), and one it forgets goes from here once
-// nothing in it is in use (releaseChainSet). A nonce cached across a reload that the account's other users
-// (another process) made stale is corrected by the nonce-error re-read.
+// nothing in it is in use (releaseChainSet), then or later. A nonce cached
+// across a reload that the account's other users (another process) made
+// stale is corrected by the nonce-error re-read.
 //
 // The key is the chain's identity, not the RPC endpoint: facilitators of
 // one chain through different endpoints (a failover node, another
@@ -619,7 +676,8 @@ var chainNonces struct {
 	m  map[chainIdentity]*nonceSet
 }
 
-// chainSet returns the nonceSet of chain id, and whether it was made now.
+// chainSet returns the nonceSet of chain id, and whether it was made now,
+// held (nonceSet.hold) for the caller, who lets go of it (unhold).
 func chainSet(id chainIdentity) (s *nonceSet, made bool) {
 	chainNonces.mu.Lock()
 	defer chainNonces.mu.Unlock()
@@ -628,9 +686,10 @@ func chainSet(id chainIdentity) (s *nonceSet, made bool) {
 		if chainNonces.m == nil {
 			chainNonces.m = map[chainIdentity]*nonceSet{}
 		}
-		s, made = &nonceSet{}, true
+		s, made = &nonceSet{id: id}, true
 		chainNonces.m[id] = s
 	}
+	s.holds++
 	return s, made
 }
 
@@ -661,31 +720,66 @@ func keptOnAnyChain(id *big.Int, addr common.Address, k usedKey, t time.Time, ex
 	return nil, false
 }
 
-// releaseChainSet removes chain id's nonce set from chainNonces when
-// nothing in it is in use: no manager with a facilitator open on it or a
-// settlement kept, and not a devnet's (whose own sends use it). A
-// facilitator that forgot the chain (rememberFormer) calls it, so
-// that an endpoint whose genesis answer varies leaves the process a
-// bounded number of sets; one that reaches the chain again makes a new
-// set, whose nonce is read from the chain.
-func releaseChainSet(id chainIdentity) {
+// releaseChainSet removes s, a chain's nonce set a facilitator forgot
+// (rememberFormer), from chainNonces once nothing in it is in use
+// (releaseLocked), so that an endpoint whose genesis answer varies leaves
+// the process a bounded number of sets, each of which every settle of the
+// chain ID scans (keptOnAnyChain); one that reaches the chain again makes
+// a new set, whose nonce is read from the chain.
+func releaseChainSet(s *nonceSet) {
 	chainNonces.mu.Lock()
 	defer chainNonces.mu.Unlock()
-	s := chainNonces.m[id]
-	if s == nil || s.devnet {
+	if chainNonces.m[s.id] == s {
+		s.dropped = true
+		s.releaseLocked()
+	}
+}
+
+// releaseRetry is how long after a dropped set was found in use it is
+// judged again (releaseLocked); read under chainNonces.mu, where tests
+// shorten it.
+var releaseRetry = time.Minute
+
+// releaseLocked removes s, dropped, from chainNonces unless it is in use:
+// held (hold), a manager with a facilitator open on it (heirLocked), or a
+// settlement kept whose authorization is still valid or that the
+// look-after still watches (one past its validBefore goes, as sentOf
+// drops it: no retry of it passes the checks). A devnet's set stays (its
+// own sends use it). The last hold's unhold judges it again; kept
+// settlements and facilitators end without a word, so a set in use for
+// them is judged again releaseRetry later, until it goes. Under
+// chainNonces.mu.
+func (s *nonceSet) releaseLocked() {
+	if chainNonces.m[s.id] != s || s.devnet || s.holds > 0 {
 		return
 	}
+	t := big.NewInt(now().Unix())
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, n := range s.m {
 		n.sentMu.Lock()
+		for k, e := range n.sent {
+			if e.s.validBefore.Cmp(t) <= 0 && !e.s.watched() {
+				delete(n.sent, k)
+			}
+		}
 		inUse := n.heirLocked() != nil || len(n.sent) > 0
 		n.sentMu.Unlock()
 		if inUse {
+			if !s.retrying {
+				s.retrying = true
+				time.AfterFunc(releaseRetry, func() {
+					chainNonces.mu.Lock()
+					defer chainNonces.mu.Unlock()
+					s.retrying = false
+					s.releaseLocked()
+				})
+			}
 			return
 		}
 	}
-	delete(chainNonces.m, id)
+	delete(chainNonces.m, s.id)
+	s.released = true
 }
 
 // devnetNonces returns the nonceSet of a starting devnet, chain id. A
@@ -695,9 +789,10 @@ func releaseChainSet(id chainIdentity) {
 // what it remembers.
 func devnetNonces(id chainIdentity) *nonceSet {
 	s, made := chainSet(id)
-	s.mu.Lock()
+	chainNonces.mu.Lock()
 	s.devnet = true
-	s.mu.Unlock()
+	chainNonces.mu.Unlock()
+	s.unhold()
 	if !made {
 		s.newChain()
 	}

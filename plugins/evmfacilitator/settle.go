@@ -221,6 +221,7 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 		}
 		return x402.SettleResponse{}, fmt.Errorf("settling: %w", err)
 	}
+	defer n.unhold() // after noteSent (deferred below)
 	if s, ok := n.sentOf(k, start); ok {
 		// A retry after an unknown outcome: the chain decides that
 		// settlement's outcome (resolve), and nothing more is sent but a

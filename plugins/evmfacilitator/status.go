@@ -122,6 +122,7 @@ func (f *Facilitator) sentWith(ctx context.Context, k usedKey, h common.Hash) []
 	if err != nil {
 		return []common.Hash{h}
 	}
+	defer n.unhold()
 	if s, ok := n.sentOf(k, now()); ok && s.has(h) {
 		return s.hashes()
 	}
