@@ -134,7 +134,8 @@ type Config struct {
 // stopped mid-send leaves it, lasting until the transaction can no longer
 // land (SentRecordHold), its note the claim's token while no Settle
 // answered it, and marked answered (Swap: settled, the note now the
-// transaction's signature) by the one Settle that answers success. A
+// transaction's signature) by the one Settle that answers success, which
+// then keeps it longer (Settle with the same note: SentRecordHold). A
 // Settle that finds such a claim sends nothing (remember); one that finds
 // it unanswered can mark it (adopt), so a payment whose first Settle was
 // answered settlement_pending is answered success once, by whichever
@@ -144,6 +145,7 @@ type Config struct {
 type SentStore interface {
 	ClaimHeld(ctx context.Context, keys []string, until time.Time, span time.Duration, note func(store.Claim) (string, error)) (store.Claim, error)
 	Swap(ctx context.Context, c store.Claim, old, note string) error
+	Settle(ctx context.Context, c store.Claim, note string, keepUntil time.Time) error
 	Release(ctx context.Context, c store.Claim) error
 	Lookup(ctx context.Context, key string) (store.ClaimState, error)
 }
@@ -228,7 +230,8 @@ type settlement struct {
 	// other's (markNote): drawn at its first mark, kept for its retries.
 	mark string
 	// at is when the record was made, settled, or found pending: it
-	// lives DuplicateWindow from then (expired).
+	// lives DuplicateWindow from then, unless it holds its send's record
+	// in Config.Sent (expired).
 	at time.Time
 }
 
@@ -241,8 +244,19 @@ type settlement struct {
 // its outcome, and Settle answers as for a payment it holds no record of
 // (duplicate_settlement once it landed). Kept until asked again, the
 // records of callers who never ask again would grow without bound.
+//
+// One that holds its send's record (sent) lasts instead exactly as long as
+// that record marked can (SentRecordHold): not longer, or it would take a
+// record another marked for one lapsed unmarked, and not shorter, or it
+// would take its own mark for another's.
 func (s *settlement) expired(t time.Time) bool {
-	return !s.inflight && t.Sub(s.at) > DuplicateWindow
+	switch {
+	case s.inflight:
+		return false
+	case s.sent != nil:
+		return t.After(s.sent.Until.Add(SentRecordHold))
+	}
+	return t.Sub(s.at) > DuplicateWindow
 }
 
 // now is the wall clock; tests move it.

@@ -15,12 +15,19 @@ import (
 )
 
 // SentRecordHold is how long the record of a sent transaction
-// (Config.Sent) lasts: the transaction can land until its blockhash
-// expires, 150 slots after the blockhash (60 to 90 s at usual slot times,
-// longer when slots slow down), and a replay must find the record as long
-// as a node behind the one it landed on could still simulate and accept it.
-// Ten minutes outlive that expiry with a wide margin; past them a replay
-// finds the transaction on chain by its id, or fails to simulate.
+// (Config.Sent) lasts unmarked: the transaction can land until its
+// blockhash expires, 150 slots after the blockhash (60 to 90 s at usual
+// slot times, longer when slots slow down), and a replay must find the
+// record as long as a node behind the one it landed on could still
+// simulate and accept it. Ten minutes outlive that expiry with a wide
+// margin; past them a replay finds the transaction on chain by its id, or
+// fails to simulate.
+//
+// A record outlives every memory of its send, so that a memory that finds
+// it gone knows it lapsed unmarked (markedBy): its mark (answerSent) keeps
+// it SentRecordHold past its hold (Claim.Until), and a facilitator's
+// memory of a send whose record it holds (settlement.sent) lasts until
+// then, however often a retry or a read renews it, and no shorter.
 const SentRecordHold = 10 * time.Minute
 
 // sentKey names key's transaction in Config.Sent: under a prefix of its
@@ -144,6 +151,12 @@ func (f *Facilitator) adopt(key [32]byte, s *settlement, rec *store.ClaimState) 
 // that moved the money would take its own mark for another's and answer
 // duplicate_settlement for ever.
 //
+// Success is answered only once the mark also keeps the record
+// SentRecordHold past its hold (keepMarked), so that no memory of the send,
+// here or in another facilitator, outlives the mark and reads the record
+// gone as lapsed unmarked: an error there leaves the caller
+// settlement_pending, and the retry finds its own mark and keeps it then.
+//
 // The mark is bounded by ctx, its caller's, as well as ConfirmTimeout: a
 // store that stalls holds no status read or /settle past its caller's
 // deadline, and a mark cut short is an error like any other (undecided,
@@ -167,6 +180,9 @@ func (f *Facilitator) answerSent(ctx context.Context, s *settlement, sig string)
 	if errors.Is(err, store.ErrNoteChanged) || errors.Is(err, store.ErrClaimLost) {
 		err = markedBy(ctx, st, c.Keys[0], note)
 	}
+	if err == nil {
+		err = keepMarked(ctx, st, *c, note)
+	}
 	if err == nil || errors.Is(err, store.ErrNoteChanged) {
 		f.mu.Lock()
 		s.sent = nil
@@ -178,12 +194,13 @@ func (f *Facilitator) answerSent(ctx context.Context, s *settlement, sig string)
 // markedBy reads what a Swap to note that found key's record moved on, or
 // gone (store.ErrClaimLost), means:
 //   - nil when the record carries note (the mark is this Settle's own, its
-//     first answer lost), or when no record is left: it lapsed
-//     (SentRecordHold) while the outcome could not be read or the store
-//     could not be written, and no Settle can adopt it any more, so the
-//     answer is the chain's, as a facilitator with no memory of the send
-//     reads it (answerRecorded). Answered undecided instead, every retry
-//     would pend for ever for a payment whose tokens moved;
+//     first answer lost), or when no record is left: it lapsed unmarked
+//     (a marked one outlives every memory of its send: SentRecordHold)
+//     while the outcome could not be read or the store could not be
+//     written, and no Settle can adopt it any more, so the answer is the
+//     chain's, as a facilitator with no memory of the send reads it
+//     (answerRecorded). Answered undecided instead, every retry would pend
+//     for ever for a payment whose tokens moved;
 //   - store.ErrNoteChanged when another marked it;
 //   - an error when a new record not yet answered holds the key (another
 //     Settle wrote it after the lapse: its own mark or drop decides), or
@@ -202,6 +219,20 @@ func markedBy(ctx context.Context, st SentStore, key, note string) error {
 		return nil
 	}
 	return store.ErrNoteChanged
+}
+
+// keepMarked keeps c's record, which carries note (this Settle's mark),
+// SentRecordHold past its hold (store.Claims.Settle with the same note
+// keeps it at least until then): a record marked lasts longer than any
+// memory of its send (SentRecordHold). A record already gone
+// (store.ErrClaimLost) has nothing left to keep: it lapsed unmarked
+// (markedBy), or at its hold's end just after this mark.
+func keepMarked(ctx context.Context, st SentStore, c store.Claim, note string) error {
+	err := st.Settle(ctx, c, note, c.Until.Add(SentRecordHold))
+	if err != nil && !errors.Is(err, store.ErrClaimLost) {
+		return fmt.Errorf("keeping the marked record: %w", err)
+	}
+	return nil
 }
 
 // markNote is the note of a record marked answered: the transaction's

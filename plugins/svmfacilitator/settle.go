@@ -28,12 +28,13 @@ import (
 //     served too.
 //   - A Settle this process answered settlement_pending promised its caller
 //     the outcome later: a later Settle of the same payment, while the
-//     record lives (DuplicateWindow from the pending answer, until the
-//     sweep), polls that signature instead of sending anything, and
-//     answers success once it landed (duplicate_settlement naming it when
-//     the pending Settle had found it on chain, below: the record keeps
-//     where the transaction came from), pending while it is undecided,
-//     and a failure once it failed or can no longer land.
+//     record lives (DuplicateWindow from the pending answer, or as long
+//     as its record in Config.Sent can: expired; until the sweep), polls
+//     that signature instead of sending anything, and answers success
+//     once it landed (duplicate_settlement naming it when the pending
+//     Settle had found it on chain, below: the record keeps where the
+//     transaction came from), pending while it is undecided, and a
+//     failure once it failed or can no longer land.
 //   - A payment this process holds no record of (it restarted, the record
 //     aged out, or another instance with the same fee payer settled it) is
 //     looked up on chain by its transaction's id, the fee payer's
@@ -362,8 +363,9 @@ func (f *Facilitator) confirm(ctx context.Context, key [32]byte, s *settlement, 
 func (f *Facilitator) pending(key [32]byte, s *settlement, resp x402.SettleResponse, cause error) (x402.SettleResponse, error) {
 	f.await(key)
 	f.mu.Lock()
-	// Its record lives DuplicateWindow from now: a retry within it polls
-	// this signature (claim).
+	// Its record lives DuplicateWindow from now (or as long as its record
+	// in Config.Sent can: expired): a retry within it polls this
+	// signature (claim).
 	s.inflight, s.pending, s.at = false, true, now()
 	f.mu.Unlock()
 	pending := resp

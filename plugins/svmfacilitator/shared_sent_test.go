@@ -344,3 +344,76 @@ func TestRedisStatusReadMarkWhoseReplyIsLostIsStillItsOwn(t *testing.T) {
 		t.Errorf("settle elsewhere: %+v %v; want duplicate_settlement", s, err)
 	}
 }
+
+// A send answered settlement_pending is adopted and marked by another
+// facilitator on the same store (B answers success), and its sender asks
+// again once the record's hold (SentRecordHold, shortened here) passed:
+// B's mark keeps the record past the hold, longer than the sender's memory
+// of the send lasts, so the sender's retry finds B's mark and answers
+// duplicate_settlement. (Before: the marked record lapsed at its hold
+// while the sender still remembered its pending send; the retry found no
+// record, read it as lapsed unmarked and answered success a second time.)
+func TestSenderRetryAfterAnotherMarkedPastTheHoldIsDuplicate(t *testing.T) {
+	db := openStore(t, t.TempDir())
+	markedPastTheHold(t, sentOf(db))
+}
+
+// The same on Redis, where the record lapses by the server's TTL.
+func TestRedisSenderRetryAfterAnotherMarkedPastTheHoldIsDuplicate(t *testing.T) {
+	srv := servers.StartRedis(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { rdb.Close() })
+	rs, err := redisstore.New(context.Background(), rdb, redisstore.Options{Prefix: "markedhold"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	markedPastTheHold(t, rs.Claims().(SentStore))
+}
+
+// markedPastTheHold is the sender's retry after another facilitator
+// marked its send's record, past the record's hold, on under.
+func markedPastTheHold(t *testing.T, under SentStore) {
+	sent := &shortHold{SentStore: under, hold: 2 * time.Second}
+	e, fr, pp, unknown := settlePending(t, sent, time.Minute)
+	sig := unknown.Reply.Transaction
+	ctx := context.Background()
+	b := e.elsewhere(t)
+	s, err := b.Settle(ctx, pp, e.req)
+	if err != nil || !s.Success {
+		t.Fatalf("settle on B: %+v %v; want success (adopted)", s, err)
+	}
+	key := e.f.sentKey(mustDecode(t, pp).MessageHash())
+	if st, err := under.Lookup(ctx, key); err != nil || !st.Settled {
+		t.Fatalf("record after B: %+v %v; want marked by B", st, err)
+	}
+	time.Sleep(2500 * time.Millisecond) // past the record's hold
+	if st, err := under.Lookup(ctx, key); err != nil || !st.Settled {
+		t.Fatalf("record past its hold: %+v %v; want kept, marked by B", st, err)
+	}
+	fr.set(func(f *faultyRPC) { f.hideStatus = false })
+	a, err := e.f.Settle(ctx, pp, e.req)
+	if err != nil || a.Success || a.ErrorReason != ReasonDuplicateSettlement {
+		t.Errorf("A's retry after B answered success, past the record's hold: %+v %v; want duplicate_settlement naming %s (B already answered success)", a, err, sig)
+	}
+}
+
+// The sender's status read (from memory) of a send another facilitator
+// marked, past the record's hold, answers settled by another settlement.
+// (Before: the record lapsed at its hold and the read answered settled,
+// so the gate served a payment whose one success was B's.)
+func TestSenderStatusReadAfterAnotherMarkedPastTheHoldIsDuplicate(t *testing.T) {
+	db := openStore(t, t.TempDir())
+	sent := &shortHold{SentStore: sentOf(db), hold: 2 * time.Second}
+	e, fr, pp, _ := settlePending(t, sent, time.Minute)
+	ctx := context.Background()
+	b := e.elsewhere(t)
+	if s, err := b.Settle(ctx, pp, e.req); err != nil || !s.Success {
+		t.Fatalf("settle on B: %+v %v; want success (adopted)", s, err)
+	}
+	time.Sleep(2500 * time.Millisecond) // past the record's hold
+	fr.set(func(f *faultyRPC) { f.hideStatus = false })
+	st, err := e.f.SettlementStatus(ctx, pp, e.req)
+	if err != nil || !answeredElsewhere(st) {
+		t.Errorf("A's status read after B answered success, past the record's hold: %+v %v; want never, duplicate_settlement", st, err)
+	}
+}

@@ -3,6 +3,7 @@ package svmfacilitator
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -247,5 +248,153 @@ func TestStatusReadWithAStalledMarkEndsAtItsCallersDeadline(t *testing.T) {
 	}
 	if err == nil && st.State != x402.SettlementUndecided {
 		t.Errorf("status read whose mark could not finish: %+v; want undecided", st)
+	}
+}
+
+// lostAnswer is the Badger store of sends whose mark (Swap) lands while
+// its answer is lost (as a Redis reply dropped after the script ran: see
+// TestRedisStatusReadMarkWhoseReplyIsLostIsStillItsOwn), while lose is set.
+type lostAnswer struct {
+	SentStore
+	lose atomic.Bool
+}
+
+func (s *lostAnswer) Swap(ctx context.Context, c store.Claim, old, note string) error {
+	err := s.SentStore.Swap(ctx, c, old, note)
+	if s.lose.Load() && err == nil {
+		return errors.New("i/o timeout (the mark landed, its answer was lost)")
+	}
+	return err
+}
+
+// A status read with no memory of a send adopts its record and marks it;
+// the mark lands, its answer is lost (undecided, the adopted send kept in
+// memory with its mark). Minutes later, after a sweep, the next read finds
+// the mark its own and answers settled, and a Settle elsewhere does not
+// answer success. (Before: the memory was a pending entry swept
+// DuplicateWindow after the adoption, and the read took its own mark for
+// another's: settled by another settlement, the gate released its claim
+// and the buyer, charged, was never served.)
+func TestStatusReadOfItsOwnLostMarkMinutesLaterIsSettled(t *testing.T) {
+	db := openStore(t, t.TempDir())
+	e, _, pp, unknown := settlePending(t, sentOf(db), time.Minute)
+	sig := unknown.Reply.Transaction
+	ctx := context.Background()
+	sent := &lostAnswer{SentStore: sentOf(db)}
+	cfg := e.f.cfg
+	cfg.RPC, cfg.Sent = &RPC{URL: e.chain.URL}, sent
+	reader, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sent.lose.Store(true)
+	st, err := reader.SettlementStatus(ctx, pp, e.req)
+	sent.lose.Store(false)
+	if err != nil || st.State != x402.SettlementUndecided {
+		t.Fatalf("status read whose mark's answer was lost: %+v %v; want undecided", st, err)
+	}
+	// 2 minutes and a bit later, any Settle on this facilitator sweeps.
+	now = func() time.Time { return time.Now().Add(DuplicateWindow + time.Minute) }
+	defer func() { now = time.Now }()
+	op := e.payment(t)
+	op.Memo = "another-payment-another-payment!"
+	other := Payload(op.Transaction(), e.req)
+	if mustDecode(t, other).MessageHash() == mustDecode(t, pp).MessageHash() {
+		t.Fatal("the other payment is the same transaction; the test proves nothing")
+	}
+	reader.mu.Lock()
+	_, before := reader.settled[mustDecode(t, pp).MessageHash()]
+	reader.mu.Unlock()
+	_, _ = reader.Settle(ctx, other, e.req)
+	now = time.Now
+	reader.mu.Lock()
+	_, after := reader.settled[mustDecode(t, pp).MessageHash()]
+	reader.mu.Unlock()
+	if !before || !after {
+		t.Fatalf("memory of the adopted send: before the sweep %v, after %v; want kept", before, after)
+	}
+	st, err = reader.SettlementStatus(ctx, pp, e.req)
+	if err != nil || st.State != x402.SettlementDone || st.Transaction != sig {
+		t.Errorf("next status read (the record carries this facilitator's own mark, nobody else was told success): %+v %v; want settled naming %s", st, err, sig)
+	}
+	if s, err := e.elsewhere(t).Settle(ctx, pp, e.req); err != nil || s.Success {
+		t.Errorf("settle elsewhere: %+v %v; want no success", s, err)
+	}
+}
+
+// The same through the sender's own Settle: its mark lands, its answer is
+// lost (settlement_pending), and its retry minutes later, after a sweep,
+// finds its own mark and answers success. (Before: the memory was swept
+// DuplicateWindow after the pending answer and the retry answered
+// duplicate_settlement, nobody ever told success.)
+func TestSettleRetryOfItsOwnLostMarkMinutesLaterIsSuccess(t *testing.T) {
+	db := openStore(t, t.TempDir())
+	sent := &lostAnswer{SentStore: sentOf(db)}
+	sent.lose.Store(true)
+	e := newEnv(t, Config{Sent: sent, PollInterval: 20 * time.Millisecond, ConfirmTimeout: 300 * time.Millisecond})
+	pp := Payload(e.payment(t).Transaction(), e.req)
+	ctx := context.Background()
+	_, err := e.f.Settle(ctx, pp, e.req)
+	sent.lose.Store(false)
+	var unknown *x402.UnknownOutcomeError
+	if !errors.As(err, &unknown) || unknown.Reply == nil || unknown.Reply.ErrorReason != ReasonSettlementPending {
+		t.Fatalf("settle whose mark's answer was lost: %v; want settlement_pending", err)
+	}
+	now = func() time.Time { return time.Now().Add(DuplicateWindow + time.Minute) }
+	defer func() { now = time.Now }()
+	op := e.payment(t)
+	op.Memo = "another-payment-another-payment!"
+	_, _ = e.f.Settle(ctx, Payload(op.Transaction(), e.req), e.req) // any Settle sweeps
+	now = time.Now
+	s, err := e.f.Settle(ctx, pp, e.req)
+	if err != nil || !s.Success || s.Transaction != unknown.Reply.Transaction {
+		t.Errorf("retry (the record carries this Settle's own mark): %+v %v; want success naming %s", s, err, unknown.Reply.Transaction)
+	}
+}
+
+// keepFails is the store of sends whose keeping of a marked record
+// (Settle) fails while fail is set: the store went away between the mark
+// and the write that keeps it.
+type keepFails struct {
+	SentStore
+	fail atomic.Bool
+}
+
+func (s *keepFails) Settle(ctx context.Context, c store.Claim, note string, keepUntil time.Time) error {
+	if s.fail.Load() {
+		return errors.New("connection refused")
+	}
+	return s.SentStore.Settle(ctx, c, note, keepUntil)
+}
+
+// A Settle whose mark lands but cannot keep the record past its hold
+// answers settlement_pending, not success, since another facilitator's
+// memory of the send could outlive the record; its retry finds its own
+// mark, keeps the record SentRecordHold past its hold, and answers
+// success.
+func TestSettleWhoseMarkIsNotKeptIsPendingUntilItIs(t *testing.T) {
+	db := openStore(t, t.TempDir())
+	sent := &keepFails{SentStore: sentOf(db)}
+	sent.fail.Store(true)
+	e := newEnv(t, Config{Sent: sent, PollInterval: 20 * time.Millisecond, ConfirmTimeout: 300 * time.Millisecond})
+	pp := Payload(e.payment(t).Transaction(), e.req)
+	ctx := context.Background()
+	key := e.f.sentKey(mustDecode(t, pp).MessageHash())
+	_, err := e.f.Settle(ctx, pp, e.req)
+	var unknown *x402.UnknownOutcomeError
+	if !errors.As(err, &unknown) || unknown.Reply == nil || unknown.Reply.ErrorReason != ReasonSettlementPending {
+		t.Fatalf("settle whose mark could not be kept: %v; want settlement_pending", err)
+	}
+	rec, err := db.Claims().Lookup(ctx, key)
+	if err != nil || !rec.Settled || rec.Until.After(time.Now().Add(SentRecordHold)) {
+		t.Fatalf("record: %+v %v; want marked, held no longer than SentRecordHold", rec, err)
+	}
+	sent.fail.Store(false)
+	s, err := e.f.Settle(ctx, pp, e.req)
+	if err != nil || !s.Success || s.Transaction != unknown.Reply.Transaction {
+		t.Fatalf("retry: %+v %v; want success naming %s", s, err, unknown.Reply.Transaction)
+	}
+	if kept, err := db.Claims().Lookup(ctx, key); err != nil || !kept.Until.Equal(rec.Until.Add(SentRecordHold)) {
+		t.Errorf("record after the retry: %+v %v; want kept until %v", kept, err, rec.Until.Add(SentRecordHold))
 	}
 }
