@@ -264,6 +264,43 @@ func TestAlreadyProcessedAtSendDropsTheRecord(t *testing.T) {
 	}
 }
 
+// The same with the node's AlreadyProcessed answer arriving after the
+// caller's deadline: the record still goes, and a /settle through another
+// facilitator is duplicate_settlement naming the other sender's
+// transaction. (Before: the drop ran on the caller's expired context, the
+// record of a send that never happened stayed unanswered, and the other
+// facilitator adopted it and answered success for a transaction another
+// sender landed.)
+func TestAlreadyProcessedAfterTheCallersDeadlineDropsTheRecord(t *testing.T) {
+	db := openStore(t, t.TempDir())
+	fr := &faultyRPC{}
+	e := newEnv(t, Config{RPC: &RPC{URL: fr.serve(t)}, Sent: sentOf(db), PollInterval: 20 * time.Millisecond})
+	p := e.payment(t)
+	raw := p.Build(p.Instructions())
+	var elsewhere string
+	fr.set(func(f *faultyRPC) {
+		f.target = e.chain.URL
+		f.beforeSend = func() {
+			if elsewhere == "" {
+				elsewhere = e.sendSigned(t, raw)
+				time.Sleep(500 * time.Millisecond) // the node answers after the caller's deadline
+			}
+		}
+	})
+	pp := Payload(raw, e.req)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	s, err := e.f.Settle(ctx, pp, e.req)
+	cancel()
+	if err == nil && s.Success {
+		t.Fatalf("settle: %+v; want no success", s)
+	}
+	dropped(t, sentOf(db), e.f.sentKey(mustDecode(t, pp).MessageHash()))
+	other := e.elsewhere(t)
+	if s, err := other.Settle(context.Background(), pp, e.req); err != nil || s.Success || s.ErrorReason != ReasonDuplicateSettlement || s.Transaction != elsewhere {
+		t.Errorf("settle elsewhere: %+v %v; want duplicate_settlement naming %s", s, err, elsewhere)
+	}
+}
+
 // A landed send whose mark fails (the store down) is answered
 // settlement_pending; the outage outlasts the record's hold
 // (SentRecordHold, 1 s here); with the store back, the caller's retry

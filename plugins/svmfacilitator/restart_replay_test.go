@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -497,4 +498,115 @@ func TestStatusReadAfterRestartOfItsOwnMarkedSettleIsDuplicate(t *testing.T) {
 	if a, b := e.balances(t); a != 1_000_000-20000 || b != 20000 {
 		t.Fatalf("balances payer %d payee %d (charged once)", a, b)
 	}
+}
+
+// dropped waits until key's record in st is gone, or fails t: a drop
+// whose caller's deadline passed goes on in the background.
+func dropped(t *testing.T, st SentStore, key string) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		rec, err := st.Lookup(context.Background(), key)
+		if errors.Is(err, store.ErrNotFound) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("record of a send that never happened: %+v %v; want dropped", rec, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A send whose refusal the node answers after its caller's deadline (the
+// send itself runs to ConfirmTimeout) still drops its record: the caller
+// is answered transaction_failed, and the retry of the same payment sends
+// it and answers success. (Before: the drop ran on the caller's expired
+// context, the record stayed, and the retry adopted it as a send in
+// flight, polling a signature the chain never got: settlement_pending
+// until its blockhash expired, a valid payment that could not settle.)
+func TestSettleRefusedAfterItsCallersDeadlineDropsItsRecord(t *testing.T) {
+	db := openStore(t, t.TempDir())
+	e := newEnv(t, Config{})
+	var refuse atomic.Bool
+	refuse.Store(true)
+	cfg := e.f.cfg
+	cfg.Sent, cfg.ConfirmTimeout = sentOf(db), 2*time.Second
+	cfg.RPC = &RPC{URL: proxy(t, e.chain.URL, func(w http.ResponseWriter, id json.RawMessage, method string, _ []json.RawMessage) bool {
+		if method != "sendTransaction" || !refuse.Load() {
+			return false
+		}
+		time.Sleep(500 * time.Millisecond) // a slow node: its refusal comes after the caller's deadline
+		w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(id) + `,"error":{"code":-32003,"message":"Transaction signature verification failure"}}`))
+		return true
+	}, nil)}
+	f, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pp := Payload(e.payment(t).Transaction(), e.req)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	s, err := f.Settle(ctx, pp, e.req)
+	cancel()
+	if err != nil || s.Success || s.ErrorReason != ReasonTransactionFailed {
+		t.Fatalf("refused send: %+v %v; want transaction_failed", s, err)
+	}
+	dropped(t, sentOf(db), f.sentKey(mustDecode(t, pp).MessageHash()))
+	refuse.Store(false)
+	s, err = f.Settle(context.Background(), pp, e.req)
+	if err != nil || !s.Success {
+		t.Errorf("retry of the refused payment: %+v %v; want success", s, err)
+	}
+	if a, b := e.balances(t); a != 1_000_000-20000 || b != 20000 {
+		t.Errorf("balances payer %d payee %d; want the payment settled once", a, b)
+	}
+}
+
+// slowRelease is the store of sends whose drop (Release) takes delay: a
+// store that stalls for a while, then answers.
+type slowRelease struct {
+	SentStore
+	delay time.Duration
+}
+
+func (s *slowRelease) Release(ctx context.Context, c store.Claim) error {
+	select {
+	case <-time.After(s.delay):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return s.SentStore.Release(ctx, c)
+}
+
+// A refused send whose drop stalls answers its caller near the caller's
+// deadline, transaction_failed, and the drop lands once the store answers
+// (within ConfirmTimeout): a store that stalls holds no caller past its
+// deadline, and loses no drop for it.
+func TestSettleRefusedWithAStalledDropAnswersAtItsCallersDeadline(t *testing.T) {
+	db := openStore(t, t.TempDir())
+	e := newEnv(t, Config{})
+	cfg := e.f.cfg
+	cfg.Sent, cfg.ConfirmTimeout = &slowRelease{SentStore: sentOf(db), delay: time.Second}, 2*time.Second
+	cfg.RPC = &RPC{URL: proxy(t, e.chain.URL, func(w http.ResponseWriter, id json.RawMessage, method string, _ []json.RawMessage) bool {
+		if method != "sendTransaction" {
+			return false
+		}
+		w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(id) + `,"error":{"code":-32003,"message":"Transaction signature verification failure"}}`))
+		return true
+	}, nil)}
+	f, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pp := Payload(e.payment(t).Transaction(), e.req)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	s, err := f.Settle(ctx, pp, e.req)
+	if d := time.Since(start); d > 800*time.Millisecond {
+		t.Errorf("refused send with a stalled drop took %v; want an answer near its caller's deadline (300ms)", d.Round(time.Millisecond))
+	}
+	if err != nil || s.Success || s.ErrorReason != ReasonTransactionFailed {
+		t.Fatalf("refused send: %+v %v; want transaction_failed", s, err)
+	}
+	dropped(t, sentOf(db), f.sentKey(mustDecode(t, pp).MessageHash()))
 }

@@ -255,11 +255,18 @@ func newMark() string {
 }
 
 // forgetSent drops s's record of the send: the transaction was refused or
-// can no longer land. A store error is only logged: a record left in place
-// of a transaction that can no longer land refuses nothing that could
-// settle, and lapses after SentRecordHold. So it is bounded by ctx, its
-// caller's, as well as ConfirmTimeout: a store that stalls holds no caller
-// past its deadline for a drop that may be left undone.
+// can no longer land, or the chain had it before this send (an answer
+// AlreadyProcessed). The drop runs on a context of its own, bounded by
+// ConfirmTimeout, never by its caller's deadline, because the record of a
+// send that never happened must go whenever the answer that says so comes:
+// left unanswered, a Settle elsewhere adopts it, polls its signature and
+// answers success for a transaction another sent, or a retry of a refused
+// payment polls a signature the chain never got until its blockhash
+// expires. Its caller waits for it only until its own deadline (a store
+// that stalls holds nobody past it); the drop goes on in the background.
+// A store error is only logged: a record left in place of a transaction
+// that can no longer land refuses nothing that could settle, and lapses
+// after SentRecordHold.
 func (f *Facilitator) forgetSent(ctx context.Context, s *settlement, sig string) {
 	f.mu.Lock()
 	c := s.sent
@@ -269,10 +276,18 @@ func (f *Facilitator) forgetSent(ctx context.Context, s *settlement, sig string)
 	if c == nil || st == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(ctx, f.cfg.ConfirmTimeout)
-	defer cancel()
-	if err := st.Release(ctx, *c); err != nil {
-		log.Printf("svm facilitator: dropping the record of sent transaction %s: %v", sig, err)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.cfg.ConfirmTimeout)
+		defer cancel()
+		if err := st.Release(dctx, *c); err != nil {
+			log.Printf("svm facilitator: dropping the record of sent transaction %s: %v", sig, err)
+		}
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
 	}
 }
 
