@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/aovhq/aov/internal/solanachain"
+	"github.com/aovhq/aov/store"
 	"github.com/aovhq/aov/x402"
 )
 
@@ -519,4 +521,62 @@ func TestAFailureIsChargedByItsSenderOnce(t *testing.T) {
 			t.Fatalf("a failure this facilitator sent counted %d times, %d lamports; want once, %d", n, l, failedFee)
 		}
 	})
+}
+
+// countedSent is a store of sends that counts the records written.
+type countedSent struct {
+	SentStore
+	written atomic.Int32
+}
+
+func (s *countedSent) ClaimHeld(ctx context.Context, keys []string, until time.Time, span time.Duration, note func(store.Claim) (string, error)) (store.Claim, error) {
+	c, err := s.SentStore.ClaimHeld(ctx, keys, until, span, note)
+	if err == nil {
+		s.written.Add(1)
+	}
+	return c, err
+}
+
+// Two payments of one payer settled at once both pass the budget's check
+// (nothing is in flight yet) and one is refused its place in flight
+// (MaxInFlightPerPayer 1): the refused one writes no record of a send,
+// since it sends nothing, so no facilitator on the same store can adopt
+// it and poll a signature the chain never gets. (Before: the record was
+// written before the place was taken and dropped after the refusal;
+// found in between, it was adopted as a send in flight.)
+func TestABudgetRefusalAtItsPlaceInFlightWritesNoRecord(t *testing.T) {
+	db := openStore(t, t.TempDir())
+	sent := &countedSent{SentStore: sentOf(db)}
+	e, fr := budgetEnv(t, Config{Sent: sent, MaxInFlightPerPayer: 1, ConfirmTimeout: 300 * time.Millisecond})
+	var arrived atomic.Int32
+	fr.set(func(f *faultyRPC) {
+		f.hideStatus = true // the payment sent stays in flight
+		f.beforeSimulate = func() {
+			// Both simulate once both passed the budget's check.
+			arrived.Add(1)
+			for deadline := time.Now().Add(2 * time.Second); arrived.Load() < 2 && time.Now().Before(deadline); {
+				time.Sleep(5 * time.Millisecond)
+			}
+		}
+	})
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	var refused atomic.Int32
+	for _, memo := range []string{"first", "second"} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s, err := e.f.Settle(ctx, e.pay(t, e.payer, memo), e.req)
+			if err == nil && s.ErrorReason == ReasonPayerFailureBudget {
+				refused.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if refused.Load() != 1 || fr.count("sendTransaction") != 1 {
+		t.Fatalf("refused %d, sent %d; want one of each", refused.Load(), fr.count("sendTransaction"))
+	}
+	if n := sent.written.Load(); n != 1 {
+		t.Errorf("%d records written for one send; want 1", n)
+	}
 }

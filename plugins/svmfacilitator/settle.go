@@ -164,11 +164,25 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 		f.release(key)
 		return x402.SettleResponse{}, fmt.Errorf("before settlement: %w", ctx.Err())
 	}
+	// The payer's place in flight is taken (hold) before the record of the
+	// send is written, and kept until the outcome is learned, by this
+	// Settle or in the background (resolve): a send the budget refuses
+	// leaves no record that a Settle elsewhere could adopt, in the moment
+	// before its drop, as a send in flight.
+	fresh, reason, msg := f.hold(key, c, s)
+	if reason != "" {
+		f.release(key)
+		return fail(reason, c.payer, msg, ""), nil
+	}
 	// The record of the send (Config.Sent) is written before it: no node
 	// asked above can tell a replay after a restart from a first
 	// settlement (each may lag the one the transaction landed on), and a
-	// process stopped mid-send must leave it.
+	// process stopped mid-send must leave it. Nothing sent, the place
+	// taken is given back (learned).
 	prior, err := f.remember(ctx, key, s)
+	if (err != nil || prior != nil) && fresh {
+		f.learned(key, false)
+	}
 	switch {
 	case err != nil:
 		f.release(key)
@@ -177,14 +191,6 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 		// Sent before (by this process before a restart or a reload, or
 		// by another instance now): nothing is sent again.
 		return f.sentBefore(ctx, key, s, c.payer, req.Network, prior)
-	}
-	// The payer's place in flight is taken last (hold), and kept until the
-	// outcome is learned, by this Settle or in the background (resolve).
-	fresh, reason, msg := f.hold(key, c, s)
-	if reason != "" {
-		f.forgetSent(ctx, s, s.sig)
-		f.release(key)
-		return fail(reason, c.payer, msg, ""), nil
 	}
 	// From here on the caller no longer decides: a send cut off halfway
 	// may or may not have reached the chain.
