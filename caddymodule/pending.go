@@ -464,9 +464,23 @@ func unresolvableKey(keys []string) string {
 }
 
 // markUnresolvable writes the mark of claim c's payment, an unknown
-// outcome this gate cannot read from the chain.
+// outcome this gate cannot read from the chain, and tells the operator.
+// Whoever first finds the outcome unreadable writes it: the settling
+// request on the facilitator's reply (holdUnknown), or, when that request
+// never saw the reply (the gateway was killed mid-settlement, and only the
+// record written with the claim is left), the first retry after the
+// restart (resolveOnRetry) or the background pass (resolvePass), whichever
+// comes first. Without that the claim would lapse unmarked and the
+// charged buyer's retry be asked for a new payment. A mark already
+// written is left as it is, so its 7 days run from the first finding and
+// the Warning is logged once per payment, not on every retry or pass.
 func (g *Gate) markUnresolvable(ctx context.Context, c store.Claim) {
-	err := g.state.Claims().Record(context.WithoutCancel(ctx), unresolvableKey(c.Keys), "unresolvable", now().Add(maxClaimHold))
+	ctx = context.WithoutCancel(ctx)
+	key := unresolvableKey(c.Keys)
+	if _, err := g.state.Claims().Lookup(ctx, key); err == nil {
+		return
+	}
+	err := g.state.Claims().Record(ctx, key, "unresolvable", now().Add(maxClaimHold))
 	if err != nil {
 		g.logger.Error("marking an unknown settlement this gateway cannot read from the chain; once its claim lapses, its retry is told the facilitator's refusal", zap.Error(err))
 		return
@@ -773,6 +787,7 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 	if !cs.Settled {
 		st, known := g.checkHeld(r.Context(), h)
 		if !known && !g.readsSettlements(r.Context(), h.offer) {
+			g.markUnresolvable(r.Context(), h.claim()) // its settling request may have been killed first
 			return true, ex.refuse(w, r, errSettlementUnresolvable())
 		}
 		if !known || st.State == x402.SettlementUndecided {
@@ -1151,7 +1166,11 @@ func (g *Gate) resolvePass(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		if st, known := g.checkHeld(ctx, t.h); known && st.State != x402.SettlementUndecided {
+		st, known := g.checkHeld(ctx, t.h)
+		switch {
+		case !known && !g.readsSettlements(ctx, t.h.offer):
+			g.markUnresolvable(ctx, t.h.claim()) // its settling request may have been killed first
+		case known && st.State != x402.SettlementUndecided:
 			if _, ok := g.settleHeld(ctx, t.h, t.note, st); ok {
 				g.reportResolved(t.h, st.State)
 			}

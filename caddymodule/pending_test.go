@@ -1473,3 +1473,120 @@ func TestAttemptResolvedInTheBackgroundIsDeliveredByItsRequest(t *testing.T) {
 		t.Fatalf("charged %v", got)
 	}
 }
+
+// fakeKilledHTTP is a FAKE FOR A FAULT that cannot otherwise be caused in
+// one test process (as killedFacilitator): a gateway killed mid-settlement,
+// here with a remote `facilitator http` and no rpc. It is the real
+// HTTPFacilitator (the remote devnet facilitator settles for real); after
+// its /settle returns, the request's goroutine ends (runtime.Goexit), as if
+// the process were killed between the facilitator's settlement and
+// anything the gate does with its reply.
+type fakeKilledHTTP struct {
+	HTTPFacilitator
+}
+
+func init() { caddy.RegisterModule(&fakeKilledHTTP{}) }
+
+func (*fakeKilledHTTP) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{ID: "x402.facilitators.killed_http", New: func() caddy.Module { return new(fakeKilledHTTP) }}
+}
+
+func (m *fakeKilledHTTP) Settle(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettleResponse, error) {
+	m.HTTPFacilitator.Settle(ctx, p, req)
+	runtime.Goexit() // killed here: the reply never reaches the gate
+	panic("unreachable")
+}
+
+// A gateway with a remote facilitator and no rpc, killed after the remote
+// settled and before its reply: the restarted gateway cannot read the
+// chain, so the charged buyer's retry is answered settlement_pending for
+// as long as the mark of an unresolvable payment lasts (7 days), after the
+// claim lapses (validBefore plus claimGrace) too, never a 402 asking for a
+// new payment. The mark is written by whoever first finds the record
+// unresolvable after the restart: the retry, or the background pass before
+// any retry. (Before: only the settling request wrote it, after the
+// facilitator's reply; once the claim lapsed, the retry was told the
+// facilitator's refusal of the spent authorization, with PAYMENT-REQUIRED.)
+func TestKilledMidSettlementWithoutRPCIsNeverAskedToPayAgain(t *testing.T) {
+	t.Run("found by the retry", func(t *testing.T) { testKilledMidSettlementWithoutRPC(t, false) })
+	t.Run("found by the background pass", func(t *testing.T) { testKilledMidSettlementWithoutRPC(t, true) })
+}
+
+func testKilledMidSettlementWithoutRPC(t *testing.T, background bool) {
+	grace := claimGrace
+	claimGrace = 2 * time.Second // a minute by default: no need to wait it out
+	t.Cleanup(func() { claimGrace = grace })
+	if background {
+		old := resolveInterval
+		resolveInterval = 50 * time.Millisecond
+		t.Cleanup(func() { resolveInterval = old })
+	}
+	d, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	storeDir := filepath.Join(t.TempDir(), "gate")
+	site := func(facilitator string) string {
+		return fmt.Sprintf(`:{port} {
+	route /verify/schema {
+		x402 {
+			accept {
+				network devnet
+				price $0.02
+				pay_to %[3]s
+				max_timeout 12s
+			}
+			upstream_timeout 5s
+			facilitator %[2]s
+			store badger %[4]s
+			public_base_url https://gateway.test
+		}
+		reverse_proxy %[1]s
+	}
+}
+`, strings.TrimPrefix(up.URL, "http://"), facilitator, payTo.Hex(), storeDir)
+	}
+	base := startCaddy(t, site("killed_http "+fac))
+	url := base + "/verify/schema"
+	payerIdx := 7
+	if background {
+		payerIdx = 5
+	}
+	payer := evmfacilitator.DevAccounts()[payerIdx].Address
+	before := balance(t, d, payer)
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), payerIdx)
+	signedAt := time.Now()
+	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(validRequest))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(x402.HeaderPaymentSignature, sig)
+	if resp, err := (&http.Client{Timeout: 20 * time.Second}).Do(req); err == nil {
+		resp.Body.Close()
+		t.Fatalf("the killed request was answered: %d", resp.StatusCode)
+	}
+	if got := charged(t, d, payer, before); got.Cmp(big.NewInt(20000)) != 0 {
+		t.Fatalf("charged %v before the restart, want 20000", got)
+	}
+	if err := caddy.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	// The restarted gateway: the same store, the same remote, no rpc.
+	base = startCaddy(t, site("http "+fac))
+	url = base + "/verify/schema"
+	if !background {
+		resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(b), codeSettlementPending) {
+			t.Errorf("retry while the claim lasts: %d %.300s, want 503 settlement_pending", resp.StatusCode, b)
+		}
+	}
+	// Past the claim's lifetime (validBefore = signing + 12 s, plus claimGrace).
+	time.Sleep(time.Until(signedAt.Add(12*time.Second + claimGrace + 3*time.Second)))
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(b), codeSettlementPending) ||
+		resp.Header.Get(x402.HeaderPaymentRequired) != "" {
+		t.Errorf("retry of the charged payment after its claim lapsed: %d %.300s (PAYMENT-REQUIRED set: %v); want 503 settlement_pending",
+			resp.StatusCode, b, resp.Header.Get(x402.HeaderPaymentRequired) != "")
+	}
+	if got := charged(t, d, payer, before); got.Cmp(big.NewInt(20000)) != 0 {
+		t.Errorf("charged %v in all, want 20000", got)
+	}
+}
