@@ -331,6 +331,10 @@ func (m *EVMFacilitator) Settle(ctx context.Context, p x402.PaymentPayload, req 
 	return m.f.Settle(ctx, p, req)
 }
 
+// callTimeouts implements timedFacilitator: the embedded facilitator's
+// own bounds, receipt_timeout included.
+func (m *EVMFacilitator) callTimeouts() (verify, settle time.Duration) { return m.f.Timeouts() }
+
 // Supported implements x402.Facilitator.
 func (m *EVMFacilitator) Supported(ctx context.Context) (x402.SupportedResponse, error) {
 	return m.f.Supported(ctx)
@@ -499,6 +503,12 @@ func (m *HTTPFacilitator) Verify(ctx context.Context, p x402.PaymentPayload, req
 // Settle implements x402.Facilitator.
 func (m *HTTPFacilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettleResponse, error) {
 	return m.f.Settle(ctx, p, req)
+}
+
+// callTimeouts implements timedFacilitator: the block's timeout bounds
+// either call, retries included.
+func (m *HTTPFacilitator) callTimeouts() (verify, settle time.Duration) {
+	return m.f.Timeout(), m.f.Timeout()
 }
 
 // Supported implements x402.Facilitator.

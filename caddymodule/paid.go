@@ -308,7 +308,8 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		}
 	}
 
-	vctx, cancel := context.WithTimeout(ctx, defaultSettleTimeout)
+	verifyTimeout, _ := g.callTimeouts()
+	vctx, cancel := context.WithTimeout(ctx, verifyTimeout)
 	defer cancel()
 	vr, err := g.facilitator.Verify(vctx, payload, offer)
 	if err != nil {
@@ -442,6 +443,38 @@ func (g *Gate) serveHeldUnderOldOffer(w http.ResponseWriter, r *http.Request, ne
 	return pid.savedOnly(w, r, ex)
 }
 
+// timedFacilitator is implemented by a facilitator whose calls end by
+// bounds of its own configuration (facilitator http's timeout, evm's
+// receipt_timeout, a multi's members'): how long a Verify and a Settle
+// take at most.
+type timedFacilitator interface {
+	callTimeouts() (verify, settle time.Duration)
+}
+
+// facilitatorTimeouts is how long the gate lets f's Verify and Settle
+// take: f's own bounds (timedFacilitator), else defaultSettleTimeout. The
+// gate never bounds a call by less than its facilitator does: a settlement
+// that ends within the operator's bound and after a shorter one of the
+// gate's would charge a buyer told settlement_pending.
+func facilitatorTimeouts(f x402.Facilitator) (verify, settle time.Duration) {
+	if tf, ok := f.(timedFacilitator); ok {
+		return tf.callTimeouts()
+	}
+	return defaultSettleTimeout, defaultSettleTimeout
+}
+
+// callTimeouts is facilitatorTimeouts of the gate's facilitator.
+func (g *Gate) callTimeouts() (verify, settle time.Duration) {
+	return facilitatorTimeouts(g.facilitator)
+}
+
+// sentAfter is a time before which a settlement that has just ended was
+// not asked for: now, less the longest its Settle takes (callTimeouts).
+func (g *Gate) sentAfter() time.Time {
+	_, settle := g.callTimeouts()
+	return now().Add(-settle)
+}
+
 // settle settles the claimed payment: the one settlement step of the gate.
 // On success it marks the claim settled and keeps the response for
 // PAYMENT-RESPONSE; otherwise it has already answered the client. An
@@ -462,7 +495,8 @@ func (p *paidCharge) settleOnce(w http.ResponseWriter, r *http.Request, held *bu
 	g := p.g
 	// Settlement must not be abandoned because the client went away: the
 	// upstream work is done and the authorization is ours to settle.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), defaultSettleTimeout)
+	_, settleTimeout := g.callTimeouts()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), settleTimeout)
 	defer cancel()
 	sr, err := g.facilitator.Settle(ctx, p.pay.PaymentPayload, p.offer)
 	if err != nil {

@@ -192,11 +192,11 @@ const attemptMargin = time.Minute
 
 // attemptSpan bounds how long the request that claimed a payment works on
 // it, as the sum of every wait on its way, each bounded by its timeout:
-// the verify (defaultSettleTimeout), the upstream (upstream_timeout), a
+// the verify and the settle (each as long as the facilitator lets it take,
+// callTimeouts), the upstream (upstream_timeout), a
 // verify_response later in the route (its call to the verifier ends by the
 // upstream's deadline, answerBy, and is still counted at its longest,
-// maxVerifierTimeout, as a margin), the settle
-// (defaultSettleTimeout), the embedded EVM facilitator's reads after a
+// maxVerifierTimeout, as a margin), the embedded EVM facilitator's reads after a
 // failed send (facilitatorResolveTimeout, on a context of their own), and
 // the tries to record the settlement (settleWriteWaits). It is the only
 // place the span is computed: a timeout added on the way belongs here.
@@ -205,8 +205,9 @@ const attemptMargin = time.Minute
 // claim is in liveClaims); it is what another gateway sharing the store
 // goes by, and what is left once the request is gone.
 func (g *Gate) attemptSpan() time.Duration {
-	d := defaultSettleTimeout + time.Duration(g.UpstreamTimeout) + maxVerifierTimeout +
-		defaultSettleTimeout + facilitatorResolveTimeout + attemptMargin
+	verify, settle := g.callTimeouts()
+	d := verify + time.Duration(g.UpstreamTimeout) + maxVerifierTimeout +
+		settle + facilitatorResolveTimeout + attemptMargin
 	for _, w := range settleWriteWaits {
 		d += w
 	}
@@ -420,7 +421,7 @@ func (g *Gate) holdUnknown(r *http.Request, c store.Claim, payment []byte, offer
 	if !ok {
 		return
 	}
-	h := g.newHeldRecord(r, c, payment, offer, now().Add(-defaultSettleTimeout), pid)
+	h := g.newHeldRecord(r, c, payment, offer, g.sentAfter(), pid)
 	if unknown != nil && unknown.Reply != nil {
 		h.Sent = unknown.Reply.Transaction
 	}
@@ -1561,7 +1562,7 @@ func (p *paidCharge) reportOutcome(r *http.Request, bw *bufferedWriter, end sett
 	st, err := g.state.Claims().Lookup(context.WithoutCancel(r.Context()), p.claim.Keys[0])
 	switch {
 	case errors.Is(err, store.ErrNotFound):
-		h := g.newHeldRecord(r, p.claim, p.pay.JSON, p.offerJS, now().Add(-defaultSettleTimeout), p.pid)
+		h := g.newHeldRecord(r, p.claim, p.pay.JSON, p.offerJS, g.sentAfter(), p.pid)
 		h.payload, h.offer = p.pay.PaymentPayload, p.offer
 		g.reportFromChain(r, next, &h, path, id)
 		return

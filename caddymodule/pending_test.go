@@ -1440,6 +1440,19 @@ func TestAttemptSpanCountsEveryWait(t *testing.T) {
 	}
 }
 
+// The attempt span counts the verify and the settle as long as the
+// facilitator lets them take (its own deadline, here facilitator http's
+// timeout 90s), so another gateway does not take a settlement still
+// running for abandoned. (Before: it counted the gate's fixed 30 s for
+// each.)
+func TestAttemptSpanCountsTheFacilitatorsOwnDeadline(t *testing.T) {
+	slow := &HTTPFacilitator{f: x402.NewHTTPFacilitator(x402.HTTPFacilitatorConfig{URL: "http://127.0.0.1:1", Timeout: 90 * time.Second})}
+	g := &Gate{UpstreamTimeout: caddy.Duration(defaultUpstreamTimeout), facilitator: slow}
+	if got, want := g.attemptSpan()-spanOfDefaultGate(), 2*(90*time.Second-defaultSettleTimeout); got != want {
+		t.Fatalf("a facilitator 60 s slower per call lengthens the span by %v, want %v", got, want)
+	}
+}
+
 // The same, with the payment resolved from the chain by another gateway's
 // background pass (settled, its delivery still owed) before the original's
 // reply comes: the original takes that one delivery (the Swap to

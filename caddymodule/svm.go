@@ -636,6 +636,18 @@ func (m *MultiFacilitator) Settle(ctx context.Context, p x402.PaymentPayload, re
 	return f.Settle(ctx, p, req)
 }
 
+// callTimeouts implements timedFacilitator: its members' longest, and
+// the /supported ask of each member before it (multiAskTimeout), since the
+// payment goes to whichever member settles it.
+func (m *MultiFacilitator) callTimeouts() (verify, settle time.Duration) {
+	for _, f := range m.fs {
+		v, s := facilitatorTimeouts(f)
+		verify, settle = max(verify, v), max(settle, s)
+	}
+	asks := time.Duration(len(m.fs)) * multiAskTimeout
+	return verify + asks, settle + asks
+}
+
 // Supported implements x402.Facilitator: the union of every facilitator's
 // answer. One that does not answer is an error, so that nothing is
 // advertised without the fee payer its kinds need.

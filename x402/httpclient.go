@@ -65,6 +65,13 @@ type HTTPFacilitator struct {
 	err  error
 }
 
+// Timeout is how long one call may take at most, retries included
+// (HTTPFacilitatorConfig.Timeout, its default filled in). A caller that
+// bounds a call by less cuts short the time its operator gave the
+// facilitator: a settlement it then completes is one the caller never
+// hears of.
+func (f *HTTPFacilitator) Timeout() time.Duration { return f.cfg.Timeout }
+
 // NewHTTPFacilitator returns a client for the facilitator at cfg.URL. A bad
 // URL is reported by every call (and by Err), so construction never fails.
 func NewHTTPFacilitator(cfg HTTPFacilitatorConfig) *HTTPFacilitator {

@@ -178,6 +178,18 @@ type Facilitator struct {
 // retryable.
 const prepareTimeout = x402.DefaultFacilitatorTimeout
 
+// Timeouts are how long a Verify and a Settle take at most, whatever the
+// caller's deadline: a Verify's reads end after prepareTimeout; a Settle's
+// reads before its send after prepareTimeout, the send after
+// submitTimeout and the wait for its receipt after ReceiptTimeout (the
+// resolution of an unknown outcome after that runs on a context of its
+// own). A caller that bounds a Settle by less cuts short the receipt wait
+// its operator configured: the settlement it then completes is reported
+// to that caller as unknown.
+func (f *Facilitator) Timeouts() (verify, settle time.Duration) {
+	return f.prepareTimeout, f.prepareTimeout + submitTimeout + f.cfg.ReceiptTimeout
+}
+
 type tokenDomain struct {
 	name, version string
 	notEIP3009    bool
