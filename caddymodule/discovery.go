@@ -472,7 +472,7 @@ func (g *Gate) listType() string {
 // operatorListing is how g lists its route on origin.
 func (g *Gate) operatorListing(origin string) x402.OperatorListing {
 	return x402.OperatorListing{Resource: routeURL(origin, g.Route), Tool: g.MCPTool, Description: g.Description,
-		MimeType: g.MimeType, Bazaar: g.bazaar, Accepts: g.offers}
+		MimeType: g.MimeType, Bazaar: g.bazaar, Accepts: g.liveOffers().offers}
 }
 
 // routeMatches reports whether path (a URL's escaped path, or a bazaar
@@ -700,7 +700,7 @@ func (d *Discovery) build(base string, gates []*Gate) ([]byte, error) {
 			Resource:    routeURL(base, g.Route),
 			Type:        g.listType(),
 			X402Version: x402.Version,
-			Accepts:     g.offers,
+			Accepts:     g.liveOffers().offers,
 			LastUpdated: started.Format(time.RFC3339),
 			Metadata:    discoveryMetadata{Description: g.Description, MimeType: g.MimeType, Settle: g.Settle},
 		}

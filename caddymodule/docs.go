@@ -100,12 +100,18 @@ const docsCacheSize = 16
 type docsEntry struct{ openapi, llms []byte }
 
 // gatesKey is the cache key of documents built on base from gates: the
-// gates by identity, since a gate's settings never change.
+// gates by identity, since a gate's settings never change, and the offers
+// each one shows by identity too, since a Solana offer joins them once its
+// fee payer is learned (learnFeePayers).
 func gatesKey(base string, gates []*Gate) string {
 	var key strings.Builder
 	key.WriteString(base)
 	for _, g := range gates {
-		fmt.Fprintf(&key, "\x00%p", g)
+		var live *offerSet
+		if g.live != nil {
+			live = g.live.Load()
+		}
+		fmt.Fprintf(&key, "\x00%p %p", g, live)
 	}
 	return key.String()
 }
@@ -397,7 +403,7 @@ func liveRoutes(gates []*Gate) []apidocs.Route {
 		rt := apidocs.Route{
 			Method: method, Path: path, Tool: g.MCPTool,
 			Description: g.Description, MimeType: g.MimeType,
-			Accepts: g.offers, Settle: g.Settle,
+			Accepts: g.liveOffers().offers, Settle: g.Settle,
 		}
 		if f := g.Free; f != nil {
 			rt.Free = &apidocs.Free{Pool: f.Pool, PerDay: f.PerDay, Key: f.Key, MaxBody: f.MaxBody, Store: f.store}

@@ -376,6 +376,12 @@ type Gate struct {
 	// proxies warns of a trusted proxy that lets clients choose their
 	// client IP (proxyWatch); nil when there is nothing to warn of.
 	proxies *proxyWatch
+	// live is the offers a buyer is shown and may pay (liveOffers): all of
+	// offers, less the Solana offers whose fee payer is still being
+	// learned (learnFeePayers). nil on a gate never provisioned.
+	live *atomic.Pointer[offerSet]
+	// stopLearn ends learnFeePayers (Cleanup); nil when it never ran.
+	stopLearn context.CancelFunc
 }
 
 // splitRoute is a route's method and path, the one reading of a route
@@ -573,11 +579,17 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 	if err := g.checkOffers(); err != nil {
 		return err
 	}
-	if err := g.fillFeePayers(); err != nil {
+	waiting, err := g.fillFeePayers()
+	if err != nil {
 		return err
 	}
 	if err := g.encodeOffers(); err != nil {
 		return err
+	}
+	g.live = new(atomic.Pointer[offerSet])
+	g.live.Store(newOfferSet(g.offers, g.offersJSON, waiting))
+	if len(waiting) > 0 {
+		g.learnFeePayers(waiting)
 	}
 	registerMetrics(ctx)
 	g.route = new(atomic.Pointer[reporter])
@@ -649,6 +661,9 @@ func (g *Gate) Validate() error {
 // discovery list and lets go of the rate limit zone.
 func (g *Gate) Cleanup() error {
 	g.stopResolver() // hook (pending.go)
+	if g.stopLearn != nil {
+		g.stopLearn()
+	}
 	g.waitBackground()
 	discovery.remove(g)
 	if g.freeRates != nil {
@@ -1244,11 +1259,15 @@ func errTargetNotAPath() *apierr.Error {
 // paymentRequired answers 402 with PAYMENT-REQUIRED. reason is the x402
 // error reason of a refused payment ("" for a plain demand for payment).
 func (g *Gate) paymentRequired(w http.ResponseWriter, r *http.Request, msg, reason string) error {
+	live := g.liveOffers().offers
+	if len(live) == 0 {
+		return g.refuse(w, r, errFeePayersUnknown())
+	}
 	pr := x402.PaymentRequired{
 		X402Version: x402.Version,
 		Error:       msg,
 		Resource:    g.resource(r),
-		Accepts:     g.offers,
+		Accepts:     live,
 	}
 	if g.bazaar != nil || g.SIWX {
 		pr.Extensions = map[string]any{}

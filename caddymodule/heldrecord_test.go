@@ -44,7 +44,7 @@ func TestPaidRecordKeepsThePaymentAsReceived(t *testing.T) {
 	}
 	keys, until := claimKeys(header, offer, &auth, nil)
 	req := httptest.NewRequest(http.MethodPost, "http://example.com/verify/schema", strings.NewReader(validRequest))
-	_, note, err := g.claimPaid(req, keys, until, pay, g.offerJSON(0), nil)
+	_, note, err := g.claimPaid(req, keys, until, pay, g.liveOffers().offerJSON(0), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

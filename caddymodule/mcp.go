@@ -231,6 +231,10 @@ func (e *mcpExchange) demand(w http.ResponseWriter, r *http.Request, _ int, msg,
 		return e.toolError(w, r, ae)
 	}
 	g := e.g
+	live := g.liveOffers().offers
+	if len(live) == 0 {
+		return e.toolError(w, r, errFeePayersUnknown())
+	}
 	// The resource is the MCP endpoint's URL (the bazaar specification's
 	// form, which a catalog can locate; the tool is named in the bazaar
 	// extension), not x402's placeholder mcp://tool/<name>.
@@ -240,7 +244,7 @@ func (e *mcpExchange) demand(w http.ResponseWriter, r *http.Request, _ int, msg,
 		X402Version: x402.Version,
 		Error:       msg,
 		Resource:    res,
-		Accepts:     g.offers,
+		Accepts:     live,
 	}
 	if g.bazaar != nil {
 		pr.Extensions = map[string]any{"bazaar": g.bazaar}

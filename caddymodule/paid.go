@@ -251,14 +251,15 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	if err != nil {
 		return ex.refuse(w, r, apierr.From(err))
 	}
-	i := x402.MatchIndex(payload.Accepted, g.offers)
+	live := g.liveOffers()
+	i := x402.MatchIndex(payload.Accepted, live.offers)
 	if i < 0 {
 		if handled, err := g.serveHeldUnderOldOffer(w, r, next, ex, pid, pay, raw); handled {
 			return err
 		}
 		return ex.demand(w, r, http.StatusPaymentRequired, x402.ReasonNoMatchingRequirements, "no_matching_requirements", nil)
 	}
-	offer, offerJS := g.offers[i], g.offerJSON(i)
+	offer, offerJS := live.offers[i], live.offerJSON(i)
 
 	// A payment is read once, here, before it is claimed or forwarded.
 	auth, svmTx, err := readPayment(pay, offer.Network)

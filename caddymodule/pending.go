@@ -1017,11 +1017,12 @@ func (g *Gate) pricedHere(h *heldRecord, r *http.Request, p x402.PaymentPayload)
 	if h.Resource != "" && !sameResource(h.Resource, g.resource(r).URL) {
 		return false
 	}
-	i := x402.MatchIndex(p.Accepted, g.offers)
+	offers := g.liveOffers().offers
+	i := x402.MatchIndex(p.Accepted, offers)
 	// The record's offer is compared as a payment's accepted is (addresses
 	// in any letter case): a reload that only respells pay_to leaves the
 	// offer the buyer paid.
-	return i < 0 || x402.Mismatch(h.offer, g.offers[i]) == ""
+	return i < 0 || x402.Mismatch(h.offer, offers[i]) == ""
 }
 
 // sameResource reports whether two resource URLs name one resource as
@@ -1152,9 +1153,10 @@ func (g *Gate) resolvePass(ctx context.Context) {
 		note string
 	}
 	var todo []held
+	offers := g.liveOffers().offers
 	err := hc.Held(ctx, func(_ string, st store.ClaimState) bool {
 		if h, ok := decodeHeld(st.Note); ok && !attempting(h, st) {
-			if _, ours := x402.Match(h.offer, g.offers); ours {
+			if _, ours := x402.Match(h.offer, offers); ours {
 				todo = append(todo, held{h, st.Note})
 			}
 		}
@@ -1267,7 +1269,7 @@ type orphanReport struct {
 }
 
 func (o orphanReport) deliverableBy(g *Gate) bool {
-	_, ok := x402.Match(o.offer, g.offers)
+	_, ok := x402.Match(o.offer, g.liveOffers().offers)
 	return ok && o.gate == g.gateID()
 }
 
@@ -2206,12 +2208,44 @@ func (g *Gate) encodeOffers() error {
 	return nil
 }
 
-// offerJSON is offer i of the gate as JSON: as encodeOffers encoded it, or
-// encoded now for a gate that was never provisioned.
-func (g *Gate) offerJSON(i int) json.RawMessage {
-	if len(g.offersJSON) == len(g.offers) {
-		return g.offersJSON[i]
+// offerSet is the offers a gate shows and takes payment for now, and
+// each one's JSON (encodeOffers), read together: an offer and its JSON
+// always come from one set.
+type offerSet struct {
+	offers []x402.PaymentRequirements
+	json   []json.RawMessage
+}
+
+// newOfferSet is the set of offers, encoded as encoded, less those at the
+// indexes in skip.
+func newOfferSet(offers []x402.PaymentRequirements, encoded []json.RawMessage, skip []int) *offerSet {
+	s := &offerSet{}
+	for i, o := range offers {
+		if !slices.Contains(skip, i) {
+			s.offers, s.json = append(s.offers, o), append(s.json, encoded[i])
+		}
 	}
-	b, _ := json.Marshal(g.offers[i])
+	return s
+}
+
+// liveOffers is the gate's offers as a buyer is shown them and may pay
+// them now (Gate.live); a gate never provisioned has all of its offers,
+// encoded on demand.
+func (g *Gate) liveOffers() *offerSet {
+	if g.live != nil {
+		if s := g.live.Load(); s != nil {
+			return s
+		}
+	}
+	return &offerSet{offers: g.offers}
+}
+
+// offerJSON is offer i of the set as JSON: as encodeOffers encoded it, or
+// encoded now for a gate that was never provisioned.
+func (s *offerSet) offerJSON(i int) json.RawMessage {
+	if len(s.json) == len(s.offers) {
+		return s.json[i]
+	}
+	b, _ := json.Marshal(s.offers[i])
 	return b
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"go.uber.org/zap"
 
+	"github.com/aovhq/aov/apierr"
 	"github.com/aovhq/aov/internal/base58"
 	"github.com/aovhq/aov/internal/caddyopt"
 	"github.com/aovhq/aov/internal/inflight"
@@ -705,46 +706,160 @@ func (m *MultiFacilitator) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return nil
 }
 
-// fillFeePayers sets extra.feePayer on the gate's Solana offers from its
-// facilitator's /supported kind that settles them (settlesKind: version 2): a
-// Solana client builds the transaction around the facilitator's fee payer
-// and cannot pay without it. A Solana offer
-// whose network the facilitator does not list refuses the configuration.
-func (g *Gate) fillFeePayers() error {
-	need := false
-	for _, o := range g.offers {
-		need = need || x402.IsSolana(o.Network)
-	}
-	if !need || g.facilitator == nil {
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+// fillFeePayers sets extra.feePayer on the gate's Solana offers from the
+// /supported kind that settles them (settlesKind: version 2) of the
+// facilitator that settles them: a Solana client builds the transaction
+// around the facilitator's fee payer and cannot pay without it. A Solana
+// offer that every facilitator asked answered for without listing its
+// network refuses the configuration. One whose facilitator could not be
+// asked (a remote that is down when the config loads) refuses nothing: it
+// is returned in waiting, left out of what buyers are shown until
+// learnFeePayers learns its fee payer, so one unreachable remote does not
+// take down every route of the config.
+func (g *Gate) fillFeePayers() (waiting []int, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), feePayerAskTimeout)
 	defer cancel()
-	s, err := g.facilitator.Supported(ctx)
+	offers, waiting, cause, err := feePayers(ctx, g.facilitator, g.offers, nil)
 	if err != nil {
-		return fmt.Errorf("the facilitator's supported kinds (needed for the Solana fee payer): %v", err)
+		return nil, err
 	}
-	for i, o := range g.offers {
-		if !x402.IsSolana(o.Network) {
+	g.offers = offers
+	for _, i := range waiting {
+		g.logger.Warn("the facilitator that settles a Solana offer could not be asked for its fee payer; the offer is left out of PAYMENT-REQUIRED until it answers",
+			zap.Int("accept", i), zap.String("network", g.offers[i].Network), zap.Error(cause))
+	}
+	return waiting, nil
+}
+
+// feePayerAskTimeout bounds one round of fee payer asks (fillFeePayers, and
+// each of learnFeePayers's tries).
+const feePayerAskTimeout = 10 * time.Second
+
+// errFeePayersUnknown answers a demand for payment when every offer waits
+// for its fee payer (learnFeePayers): a demand would list nothing to pay.
+// Retry-After 5 s, within the first few of learnFeePayers's tries.
+func errFeePayersUnknown() *apierr.Error {
+	return apierr.Unavailable("payment facilitator", 5,
+		errors.New("the facilitator that settles this route's offers has not been reached for its fee payer yet"))
+}
+
+// feePayers returns offers with extra.feePayer set on the Solana ones
+// among only (all of them when only is nil), as f settles them, and those
+// f could not be asked for (waiting), with why (cause). For a multi, each
+// member is asked on its own, in the order it picks a member (pick): the
+// fee payer is the first that settles the offer's network, and a member
+// that fails is skipped when a later one supplies it. err refuses an offer
+// that every member asked answered for without a fee payer. offers is not
+// changed.
+func feePayers(ctx context.Context, f x402.Facilitator, offers []x402.PaymentRequirements, only []int) (out []x402.PaymentRequirements, waiting []int, cause, err error) {
+	out = slices.Clone(offers)
+	if f == nil {
+		return out, nil, nil, nil // Validate refuses the gate
+	}
+	var members []func(context.Context) (x402.SupportedResponse, error)
+	if m, ok := f.(*MultiFacilitator); ok {
+		for i := range m.fs {
+			members = append(members, func(ctx context.Context) (x402.SupportedResponse, error) { return m.kinds(ctx, i) })
+		}
+	} else {
+		members = append(members, f.Supported)
+	}
+	answers := make([]*x402.SupportedResponse, len(members))
+	errs := make([]error, len(members))
+	ask := func(j int) (*x402.SupportedResponse, error) {
+		if answers[j] == nil && errs[j] == nil {
+			s, err := members[j](ctx)
+			if err != nil {
+				errs[j] = err
+			} else {
+				answers[j] = &s
+			}
+		}
+		return answers[j], errs[j]
+	}
+	for i, o := range offers {
+		if !x402.IsSolana(o.Network) || only != nil && !slices.Contains(only, i) {
 			continue
 		}
-		fp := ""
-		for _, k := range s.Kinds {
-			if settlesKind(k, o) {
-				fp, _ = k.Extra["feePayer"].(string)
+		fp, listed, failed := "", false, false
+		for j := range members {
+			s, err := ask(j)
+			if err != nil {
+				failed = true
+				continue
+			}
+			for _, k := range s.Kinds {
+				if settlesKind(k, o) {
+					fp, _ = k.Extra["feePayer"].(string)
+					listed = true
+					break
+				}
+			}
+			if listed {
 				break
 			}
 		}
-		if x402.CheckSolanaAddress(fp) != nil {
-			return fmt.Errorf("accept %d: the facilitator lists no fee payer for %s %s", i, o.Scheme, o.Network)
+		switch {
+		case listed && x402.CheckSolanaAddress(fp) == nil:
+			extra := map[string]any{"feePayer": fp}
+			for k, v := range o.Extra {
+				extra[k] = v
+			}
+			out[i].Extra = extra
+		case !listed && failed:
+			waiting = append(waiting, i)
+		default:
+			return nil, nil, nil, fmt.Errorf("accept %d: the facilitator lists no fee payer for %s %s", i, o.Scheme, o.Network)
 		}
-		extra := map[string]any{"feePayer": fp}
-		for k, v := range o.Extra {
-			extra[k] = v
-		}
-		g.offers[i].Extra = extra
 	}
-	return nil
+	return out, waiting, errors.Join(errs...), nil
+}
+
+// learnFeePayers asks, in the background, for the fee payers of the
+// Solana offers at the indexes in waiting, each try bounded by
+// feePayerAskTimeout and the next one put off twice as long, from
+// multiRetryFirst up to multiRetryMax, as a multi backs off a failing
+// member. Each offer whose fee payer it learns joins the offers buyers
+// are shown and may pay (Gate.live) at once. It ends when every one is
+// learned, or the config is unloaded (Cleanup). A facilitator that answers
+// without listing the network is told as an Error: the offer stays out
+// until a reload.
+func (g *Gate) learnFeePayers(waiting []int) {
+	ctx, cancel := context.WithCancel(context.Background())
+	g.stopLearn = cancel
+	offers := slices.Clone(g.offers)
+	go func() {
+		wait := multiRetryFirst
+		for len(waiting) > 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+			wait = min(2*wait, multiRetryMax)
+			if !g.uses.Enter() {
+				return
+			}
+			askCtx, cancelAsk := context.WithTimeout(ctx, feePayerAskTimeout)
+			learned, still, _, err := feePayers(askCtx, g.facilitator, offers, waiting)
+			cancelAsk()
+			g.uses.Leave()
+			if err != nil {
+				g.logger.Error("the facilitator that settles a Solana offer answered without its fee payer; the offer stays left out until a reload", zap.Error(err))
+				continue
+			}
+			if len(still) == len(waiting) {
+				continue
+			}
+			offers, waiting = learned, still
+			encoded := make([]json.RawMessage, len(offers))
+			for i, o := range offers {
+				encoded[i], _ = json.Marshal(o) // as encodeOffers, which took them all
+			}
+			g.live.Store(newOfferSet(offers, encoded, waiting))
+			g.logger.Info("learned the fee payer of a Solana offer; it is offered", zap.Int("waiting", len(waiting)))
+		}
+	}()
 }
 
 // svmClaimHold is how long a Solana payment's claim lasts at the least. Its

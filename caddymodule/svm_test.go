@@ -7,11 +7,19 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math/big"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	neturl "net/url"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
@@ -354,5 +362,222 @@ func TestAcceptNamesUSDCByTheNetworksAddressRule(t *testing.T) {
 	req, _, err = Accept{Network: "base", Asset: strings.ToLower(base.Address), Price: "$0.01", PayTo: payTo.Hex()}.requirements()
 	if err != nil || req.Asset != base.Address || req.Extra["name"] != base.Name {
 		t.Errorf("Base USDC in lower case: %+v, %v; want USDC with its domain", req, err)
+	}
+}
+
+// fakeDownFacilitators are FAKES FOR A FAULT: a remote facilitator that is
+// down (a port nothing listens on) and one that is up but overloaded (503
+// with Retry-After on every call).
+func fakeDownFacilitators(t *testing.T) map[string]string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "http://" + l.Addr().String()
+	l.Close()
+	busy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Retry-After", "1")
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	t.Cleanup(busy.Close)
+	return map[string]string{"down": dead, "answering 503": busy.URL}
+}
+
+// A multi facilitator's Solana offer takes its fee payer from the member
+// that settles it, asked on its own: a remote EVM member that is down when
+// the config loads is skipped, and the gateway serves, the Solana offer
+// with its fee payer. (Before: the multi's combined /supported failed with
+// any member, and the whole config was refused: every route down, free
+// ones and /health included.)
+func TestMultiFacilitatorLoadsWithARemoteMemberDown(t *testing.T) {
+	e := newSolanaEnv(t)
+	for name, remote := range fakeDownFacilitators(t) {
+		t.Run(name, func(t *testing.T) {
+			base := startCaddy(t, fmt.Sprintf(`:{port} {
+	handle /health {
+		respond "ok" 200
+	}
+	route /paid {
+		x402 {
+			accept devnet $0.02 %[1]s
+			accept solana-devnet $0.02 %[2]s
+			facilitator multi {
+				http %[3]s
+				%[4]s
+			}
+			store badger {data}/gate
+		}
+		respond "paid content" 200
+	}
+}
+`, payTo.Hex(), e.payee.Address, remote, e.svmBlock()))
+			if resp := post(t, base+"/health", "", nil); resp.StatusCode != http.StatusOK {
+				t.Errorf("/health: %d", resp.StatusCode)
+			}
+			pr := paymentRequired(t, post(t, base+"/paid", "", nil))
+			if len(pr.Accepts) != 2 || pr.Accepts[1].Network != x402.NetworkSolanaDevnet || pr.Accepts[1].Extra["feePayer"] != e.feePay {
+				t.Errorf("PAYMENT-REQUIRED accepts %+v; want devnet, and solana-devnet with fee payer %s", pr.Accepts, e.feePay)
+			}
+		})
+	}
+}
+
+// fakeFlakyFront is a FAKE FOR A FAULT in front of a real facilitator: it
+// answers 503 until up is set, then forwards to target.
+func fakeFlakyFront(t *testing.T, target string) (*httptest.Server, *atomic.Bool) {
+	u, _ := neturl.Parse(target)
+	rp := httputil.NewSingleHostReverseProxy(u)
+	var up atomic.Bool
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !up.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	return srv, &up
+}
+
+// A remote facilitator that settles a Solana offer and is down when the
+// config loads does not refuse the config: the route serves its other
+// offers, the Solana one left out of PAYMENT-REQUIRED, discovery and the
+// docs (a route or MCP tool with no other offer answers 503
+// upstream_unavailable with Retry-After), until a background ask learns the
+// fee payer; from then on the Solana offer is listed with it, and paid.
+// (Before: the config was refused, every route down until a reload after
+// the remote came back.)
+func TestSolanaOfferWaitsForARemoteFacilitatorDownAtLoad(t *testing.T) {
+	e := newSolanaEnv(t)
+	front, up := fakeFlakyFront(t, remoteSVMFacilitator(t, e))
+	upstream := newUpstream(t)
+	base := startCaddy(t, fmt.Sprintf(`:{port} {
+	aov_docs
+	x402_discovery /.well-known/x402
+	route /verify/schema {
+		x402 {
+			accept devnet $0.02 %[1]s
+			accept solana-devnet $0.02 %[2]s
+			route "POST /verify/schema"
+			facilitator http %[3]s
+			store badger {data}/gate
+		}
+		reverse_proxy %[4]s
+	}
+	route /solana-only {
+		x402 {
+			accept solana-devnet $0.02 %[2]s
+			facilitator http %[3]s
+			store badger {data}/gate2
+		}
+		respond "paid content" 200
+	}
+	route /mcp {
+		x402 {
+			mcp_tool verify_schema
+			accept solana-devnet $0.02 %[2]s
+			facilitator http %[3]s
+			store badger {data}/gate3
+		}
+		reverse_proxy %[5]s
+	}
+}
+`, payTo.Hex(), e.payee.Address, front.URL, strings.TrimPrefix(upstream.URL, "http://"), strings.TrimPrefix(newMCPUpstream(t).URL, "http://")))
+	toolDemand := func() map[string]any {
+		res, raw := mcpRawCall(t, base+"/mcp", "verify_schema", verifyArgs, nil, nil)
+		sc, _ := res["structuredContent"].(map[string]any)
+		if res["isError"] != true || sc == nil {
+			t.Fatalf("an unpaid MCP tool call: %.300s; want a tool error", raw)
+		}
+		return sc
+	}
+	url := base + "/verify/schema"
+	pr := paymentRequired(t, post(t, url, validRequest, nil))
+	if len(pr.Accepts) != 1 || pr.Accepts[0].Network != evmfacilitator.DevnetNetwork {
+		t.Errorf("PAYMENT-REQUIRED while the fee payer is unknown: %+v; want the devnet offer alone", pr.Accepts)
+	}
+	listed := func() (docs, discovery bool) {
+		for _, p := range []string{"/openapi.json", "/.well-known/x402"} {
+			resp, err := http.Get(base + p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("%s: %d %.200s", p, resp.StatusCode, b)
+			}
+			in := strings.Contains(string(b), x402.NetworkSolanaDevnet)
+			if p == "/openapi.json" {
+				docs = in
+			} else {
+				discovery = in
+			}
+		}
+		return docs, discovery
+	}
+	if docs, discovery := listed(); docs || discovery {
+		t.Errorf("the Solana offer is listed while its fee payer is unknown: in the docs %v, in discovery %v", docs, discovery)
+	}
+	if sc := toolDemand(); sc["code"] != "upstream_unavailable" {
+		t.Errorf("a Solana-only MCP tool while its fee payer is unknown: %v; want upstream_unavailable", sc)
+	}
+	resp := post(t, base+"/solana-only", "", nil)
+	if body := readJSON(t, resp); resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" || resp.Header.Get(x402.HeaderPaymentRequired) != "" {
+		t.Errorf("a Solana-only route while its fee payer is unknown: %d %v; want 503 with Retry-After, no PAYMENT-REQUIRED", resp.StatusCode, body)
+	}
+	up.Store(true)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		pr = paymentRequired(t, post(t, url, validRequest, nil))
+		if len(pr.Accepts) == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("PAYMENT-REQUIRED 20 s after the remote came back: %+v; want the Solana offer too", pr.Accepts)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if sol := pr.Accepts[1]; sol.Network != x402.NetworkSolanaDevnet || sol.Extra["feePayer"] != e.feePay {
+		t.Fatalf("the Solana offer once learned: %+v; want fee payer %s", sol, e.feePay)
+	}
+	if docs, discovery := listed(); !docs || !discovery {
+		t.Errorf("the Solana offer once learned: in the docs %v, in discovery %v; want both", docs, discovery)
+	}
+	var signed struct {
+		Header string `json:"header"`
+	}
+	interop.Run(t, "x402-client-sign.mjs", nil, map[string]any{"solana": e.clientInput(), "paymentRequired": pr}, &signed)
+	before := e.usdc(t, e.payer.Address)
+	if r := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: signed.Header}); r.StatusCode != http.StatusOK {
+		t.Fatalf("a Solana payment once the fee payer is learned: %d %v", r.StatusCode, readJSON(t, r))
+	}
+	if got := before - e.usdc(t, e.payer.Address); got != 20000 {
+		t.Fatalf("charged %d, want 20000", got)
+	}
+	// Each gate learns on its own, within its backoff.
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		resp = post(t, base+"/solana-only", "", nil)
+		if resp.StatusCode == http.StatusPaymentRequired {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the Solana-only route 20 s after the remote came back: %d", resp.StatusCode)
+		}
+	}
+	if pr := paymentRequired(t, resp); len(pr.Accepts) != 1 || pr.Accepts[0].Extra["feePayer"] != e.feePay {
+		t.Fatalf("the Solana-only route once learned: %+v", pr.Accepts)
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		sc := toolDemand()
+		if accepts, _ := sc["accepts"].([]any); len(accepts) == 1 {
+			if fp := accepts[0].(map[string]any)["extra"].(map[string]any)["feePayer"]; fp != e.feePay {
+				t.Fatalf("the Solana-only MCP tool once learned: fee payer %v, want %s", fp, e.feePay)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the Solana-only MCP tool 20 s after the remote came back: %v", sc)
+		}
 	}
 }
