@@ -7,10 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"unicode"
 	"unicode/utf8"
 
 	"github.com/dgraph-io/badger/v4"
+	"golang.org/x/text/secure/precis"
 
 	"github.com/aovhq/aov/internal/base58"
 	"github.com/aovhq/aov/internal/ed25519key"
@@ -91,29 +91,42 @@ func SolanaWalletKey(s string) (ed25519.PublicKey, bool) {
 const MaxAgentIDChars = 200
 
 // BindableAgentID reports whether a wallet may bind id (SPEC §9): 1 to
-// MaxAgentIDChars characters of UTF-8, every one printable as
-// unicode.IsPrint has it (letters, marks, numbers, punctuation, symbols and
-// the ASCII space). It is the one rule of what a bound agent id may
-// contain: walletauth refuses a proof naming any other id and verifierd
-// drops any other id the gateway forwards as the one a proof named. A
-// control, format (U+200B, U+2060, U+FEFF, U+202E), private-use,
-// unassigned or non-ASCII space character is refused because it is
-// invisible or renders as something else: with one an id can read exactly
-// as another's ("0x<address>" and a zero-width space), and the wallet that
-// bound it would hold an owned, authenticated score under a name nobody
-// can tell from the real one. The ASCII space stays, as ids such as "my
-// agent" were always bindable; walletauth refuses it at either end, which
-// HTTP trims from the header that carries the id on.
+// MaxAgentIDChars characters of UTF-8 that the OpaqueString profile of
+// RFC 8264 (the FreeformClass, with its NFC and non-ASCII space mapping)
+// leaves unchanged, none of them one that renders blank (blankRune). It is
+// the one rule of what a bound agent id may contain: walletauth refuses a
+// proof naming any other id and verifierd drops any other id the gateway
+// forwards as the one a proof named.
+//
+// A bound id is a name people read, and one with a character that shows
+// nothing reads exactly as another's ("0x<address>" and a zero-width space
+// or a variation selector): the wallet that bound it would hold an owned,
+// authenticated score under a name nobody can tell from the real one. The
+// FreeformClass is the IETF's rule for such strings and refuses controls,
+// default-ignorable code points (format characters, variation selectors,
+// the combining grapheme joiner, the Hangul fillers), old Hangul jamo,
+// private-use and unassigned characters; requiring the profile to leave
+// the id unchanged also refuses non-ASCII spaces and spellings that are
+// not NFC, which render as another id's. The ASCII space stays, as ids
+// such as "my agent" were always bindable; walletauth refuses it at either
+// end, which HTTP trims from the header that carries the id on. Every
+// character the rule admits is also printable as unicode.IsPrint has it.
 func BindableAgentID(id string) bool {
 	if id == "" || !utf8.ValidString(id) || utf8.RuneCountInString(id) > MaxAgentIDChars {
 		return false
 	}
-	for _, r := range id {
-		if !unicode.IsPrint(r) {
-			return false
-		}
+	if e, err := precis.OpaqueString.String(id); err != nil || e != id {
+		return false
 	}
-	return true
+	return !strings.ContainsFunc(id, blankRune)
+}
+
+// blankRune reports the characters the FreeformClass admits as symbols or
+// letters that fonts draw as nothing at all: U+2800 BRAILLE PATTERN BLANK,
+// U+1D159 MUSICAL SYMBOL NULL NOTEHEAD and U+16FE4 KHITAN SMALL SCRIPT
+// FILLER. The class has no property for them, so they are named here.
+func blankRune(r rune) bool {
+	return r == '\u2800' || r == '\U0001D159' || r == '\U00016FE4'
 }
 
 // IsEVMAddress reports whether s is an EVM address: 0x and 40 hex digits,

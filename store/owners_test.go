@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"unicode"
+	"unicode/utf8"
 )
 
 func TestOwners(t *testing.T) {
@@ -200,6 +202,63 @@ func TestIsEVMAddress(t *testing.T) {
 	} {
 		if got := IsEVMAddress(c.s); got != c.want {
 			t.Errorf("IsEVMAddress(%q) = %v, want %v", c.s, got, c.want)
+		}
+	}
+}
+
+// A bound agent id is what people read as the agent's name, so
+// BindableAgentID admits only ids that show every character they hold
+// (SPEC §9): RFC 8264's FreeformClass, unchanged by the OpaqueString
+// profile, and no character that renders blank. Each refused id below
+// renders exactly as the victim's address, or as "seller-7", or is another
+// spelling of one; ordinary names in any script still bind. (Before: any
+// unicode.IsPrint character was admitted, so variation selectors, the
+// combining grapheme joiner, Hangul fillers and the blank Braille pattern
+// made an id that read as another's.)
+func TestBindableAgentID(t *testing.T) {
+	victim := "0x52908400098527886E0F7030069857D2E4169EE7"
+	for _, id := range []string{"my agent", "café-✓", "代理人", "agent-7", "seller-7", victim, "eip155:8453:" + victim, "Ωμέγα 2", strings.Repeat("é", MaxAgentIDChars)} {
+		if !BindableAgentID(id) {
+			t.Errorf("BindableAgentID(%q) = false, want true", id)
+		}
+	}
+	for _, id := range []string{
+		"",
+		strings.Repeat("a", MaxAgentIDChars+1),
+		"seller-\xff7",
+		"seller-\x007",
+		victim + "\u200b",     // zero-width space (format)
+		"\ufeff" + victim,     // byte-order mark
+		"\u202e" + victim,     // right-to-left override
+		"seller\u00a07",       // no-break space, which the profile maps to a space
+		"seller\u30007",       // ideographic space, likewise
+		"seller\ue0007",       // private use
+		victim + "\ufe0f",     // variation selector-16
+		victim + "\U000e0101", // variation selector-18
+		victim + "\u034f",     // combining grapheme joiner
+		victim + "\u3164",     // Hangul filler
+		victim + "\u115f",     // Hangul choseong filler
+		victim + "\u1160",     // Hangul jungseong filler
+		victim + "\uffa0",     // halfwidth Hangul filler
+		victim + "\u2800",     // Braille pattern blank
+		victim + "\U0001d159", // musical symbol null notehead
+		victim + "\U00016fe4", // Khitan small script filler
+		"cafe\u0301-✓",        // café-✓ decomposed (not NFC): another spelling of a bindable id
+		"seller-7\u0378",      // unassigned
+	} {
+		if BindableAgentID(id) {
+			t.Errorf("BindableAgentID(%q) = true, want false", id)
+		}
+	}
+}
+
+// The rule only ever narrowed: no character it admits is one
+// unicode.IsPrint refuses (a control, format, private-use, unassigned or
+// non-ASCII space character), so no id refused before is bindable now.
+func TestBindableAgentIDAdmitsOnlyPrintable(t *testing.T) {
+	for r := rune(0); r <= unicode.MaxRune; r++ {
+		if utf8.ValidRune(r) && !unicode.IsPrint(r) && BindableAgentID("a"+string(r)) {
+			t.Errorf("BindableAgentID admits %U, which is not printable", r)
 		}
 	}
 }

@@ -240,7 +240,7 @@ func (e *Envelope) check() error {
 	}
 	if e.AgentID != "" {
 		if !store.BindableAgentID(e.AgentID) {
-			return malformed(h, "agent_id", fmt.Sprintf("is not 1 to %d printable characters", MaxAgentIDChars), "Use the agent_id your verification requests carry.")
+			return malformed(h, "agent_id", fmt.Sprintf("is not 1 to %d visible characters in NFC (RFC 8264 FreeformClass)", MaxAgentIDChars), "Use the agent_id your verification requests carry, without invisible or blank characters, in NFC.")
 		}
 		// The id travels on in a header (X-Aov-Wallet-Agent), whose ends
 		// HTTP trims: verifierd would bind an id the wallet never signed.

@@ -442,14 +442,16 @@ func TestEnvelopePathAndURIAreOnePath(t *testing.T) {
 	}
 }
 
-// A proof's agent_id is printable characters only (SPEC §9): an id with an
+// A proof's agent_id holds only characters that show (SPEC §9): an id with an
 // invisible format character (zero-width space, byte-order mark, word
 // joiner, right-to-left override) renders exactly as another's, such as a
 // victim's address, and its binder would hold an owned, authenticated
 // score under a name nobody can tell from the victim's account. A proof
 // naming one is refused when signed and, signed all the same (as another
 // client would), refused 401 naming agent_id. (Before: only control
-// characters were refused.)
+// characters were refused; then variation selectors, the combining
+// grapheme joiner, Hangul fillers and the blank Braille pattern were still
+// admitted, as unicode.IsPrint has them printable.)
 func TestAgentIDInvisibleCharactersRefused(t *testing.T) {
 	victim := "0x52908400098527886E0F7030069857D2E4169EE7"
 	for _, id := range []string{
@@ -459,6 +461,10 @@ func TestAgentIDInvisibleCharactersRefused(t *testing.T) {
 		"\u202e" + victim, // right-to-left override
 		"seller\u00a07",   // no-break space
 		"seller\ue0007",   // private use
+		victim + "\ufe0f", // variation selector-16
+		victim + "\u034f", // combining grapheme joiner
+		victim + "\u3164", // Hangul filler
+		victim + "\u2800", // Braille pattern blank
 	} {
 		e, err := New(Request{Method: "POST", URL: "https://verifier.example/verify/schema", AgentID: id, Now: t0, Nonce: "abcdefghijklmnop1234"})
 		if err != nil {

@@ -420,16 +420,21 @@ func TestControlByteIDIsNoAccount(t *testing.T) {
 // An id that renders as another wallet's address with an invisible
 // character appended is never bound nor authenticated when a gateway
 // forwards it as the id a proof named: SPEC §9 limits a bound agent_id to
-// printable characters (store.BindableAgentID), and verifierd drops any
+// characters that show (store.BindableAgentID), and verifierd drops any
 // other. The label itself is recorded, unauthenticated, as §3 allows.
 // (Before: only control characters were dropped, and a squatter's
 // verifications of "0x<victim>" + U+200B were wallet-authenticated under
-// its own binding.)
+// its own binding; then one with a variation selector, the combining
+// grapheme joiner, a Hangul filler or the blank Braille pattern still was.)
 func TestInvisibleAliasOfAnAddressIsNotBindable(t *testing.T) {
 	ctx := context.Background()
 	f := newFixture(t, fixtureOpts{noSync: true})
 	victim := "0x52908400098527886E0F7030069857D2E4169EE7"
-	for i, alias := range []string{victim + "\u200b", "\ufeff" + victim, victim + "\u2060", "\u202e" + victim} {
+	for i, alias := range []string{
+		victim + "\u200b", "\ufeff" + victim, victim + "\u2060", "\u202e" + victim, // format characters
+		victim + "\ufe0f", victim + "\U000e0101", victim + "\u034f", // variation selectors, combining grapheme joiner
+		victim + "\u3164", victim + "\u2800", // Hangul filler, Braille pattern blank
+	} {
 		st, m := f.verifyCall(alias, "129.5", proves(throwaway(i), alias))
 		owner, _ := f.db.AgentOwner(ctx, alias)
 		authenticated := true
