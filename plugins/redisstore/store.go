@@ -242,13 +242,15 @@ func (s *Store) bounded(ctx context.Context) (context.Context, context.CancelFun
 // slot map; one that answers that another node serves the slot (MOVED,
 // ASK) sends them there (moved, askNodes), and the node a MOVED named may
 // answer ASK in turn, sent on once more (writeOnce). A write refused with
-// TRYAGAIN is tried again after a wait (tryAgainFirst), and so is one
-// that could not reach its node on a Cluster, once the slot map was read
-// again (reread). One deadline
-// bounds the whole operation (bounded): the slot map's read, the write
-// sent again where a redirection names, a rerun after NOSCRIPT and the
-// tries again take what the first attempt left, so a store operation ends
-// within the client's read timeout however many nodes it went to.
+// TRYAGAIN is tried again after a wait (tryAgainFirst). One that could not
+// reach its node on a Cluster has the slot map read again (reread), so the
+// next write goes to the node that serves the slot now, but is not sent
+// again: go-redis reports its last try's error only, and an earlier try
+// may have been cut after it was sent, and run. One deadline bounds the
+// whole operation (bounded): the slot map's read, the write sent again
+// where a redirection names, a rerun after NOSCRIPT and the tries again
+// take what the first attempt left, so a store operation ends within the
+// client's read timeout however many nodes it went to.
 func (s *Store) write(ctx context.Context, sc *redis.Script, keys []string, args ...any) (any, error) {
 	ctx, cancel := s.bounded(ctx)
 	defer cancel()
@@ -256,10 +258,13 @@ func (s *Store) write(ctx context.Context, sc *redis.Script, keys []string, args
 	if d, ok := ctx.Deadline(); ok {
 		giveUp = d
 	}
-	var refused error // the last TRYAGAIN, or node unreached
+	var refused error // the last TRYAGAIN
 	for wait := tryAgainFirst; ; wait = min(2*wait, tryAgainMax) {
 		v, err := s.writeOnce(ctx, sc, keys, args)
-		again := redis.HasErrorPrefix(err, "TRYAGAIN") || (unreachedNode(err) && s.reread(ctx))
+		if unreachedNode(err) {
+			s.reread(ctx)
+		}
+		again := redis.HasErrorPrefix(err, "TRYAGAIN")
 		if refused != nil && err != nil && !again && (ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded)) {
 			// The deadline cut the last try short: the refusals that
 			// used it up are the cause.
@@ -303,38 +308,40 @@ const (
 const rereadEvery = 250 * time.Millisecond
 
 // unreachedNode reports whether err is go-redis's failure to connect to a
-// node (a dial error): nothing was sent, so the write did not run. A
-// connection cut after the write was sent, or any answer of the server,
-// may come after it ran, and is never sent again. (go-redis reports its
-// last try's error only: one it resent, a connection cut, then failing
-// to connect, may have run; the scripts are safe to run twice, as they
-// are for go-redis's own resends.)
+// node (a dial error): on a Cluster, the node that the client's slot map
+// names for the keys may be gone, its replica promoted (reread). It says
+// nothing of whether the write ran: go-redis reports its last try's error
+// only, and a try before it may have been sent on a connection then cut,
+// and run there, so the write is never sent again for it.
 func unreachedNode(err error) bool {
 	var op *net.OpError
 	return errors.As(err, &op) && op.Op == "dial"
 }
 
 // reread reads a Cluster's slot map again after a write could not reach
-// its node, and reports whether the write is to be tried again (on a
-// Cluster only: a standalone server or Sentinel's primary has no map to
-// read). A primary that died and whose replica the Cluster promoted
-// answers nothing, no MOVED to follow (moved): without it, every write
-// of its slots went on to the dead address until the client reread its
-// map by itself, a minute later (ClusterStateReloadInterval), every paid
-// call a 503 meanwhile. While a node is down and not yet replaced every
-// write of its slots fails so, and the rereads of all callers are one per
-// rereadEvery at most, so an outage is no storm of CLUSTER SLOTS on the
-// nodes still up; a caller that finds one under way waits for it, and
-// its write is tried again on the map it read.
-func (s *Store) reread(ctx context.Context) bool {
+// its node (on a Cluster only: a standalone server or Sentinel's primary
+// has no map to read). A primary that died and whose replica the Cluster
+// promoted answers nothing, no MOVED to follow (moved): without it, every
+// write of its slots went on to the dead address until the client reread
+// its map by itself, a minute later (ClusterStateReloadInterval), every
+// paid call a 503 meanwhile; with it, the write that found the node
+// unreachable fails (503, nothing charged) and the next goes to the new
+// primary. While a node is down and not yet replaced every write of its
+// slots fails so, and the rereads of all callers are one per rereadEvery
+// at most, so an outage is no storm of CLUSTER SLOTS on the nodes still
+// up; a caller that finds one under way waits for it, so that its next
+// write uses the map it read. The read takes what is left of the
+// caller's deadline (ctx), no more: a node it asks that hangs (a host
+// gone) fails it then, and a later write's reread asks again.
+func (s *Store) reread(ctx context.Context) {
 	cc, ok := s.rdb.(*redis.ClusterClient)
 	if !ok {
-		return false
+		return
 	}
 	select {
 	case s.rereads <- struct{}{}:
 	case <-ctx.Done():
-		return false
+		return
 	}
 	defer func() { <-s.rereads }()
 	if time.Since(s.lastReread) >= rereadEvery {
@@ -342,7 +349,6 @@ func (s *Store) reread(ctx context.Context) bool {
 		cc.ForEachMaster(ctx, func(context.Context, *redis.Client) error { return nil })
 		s.lastReread = time.Now()
 	}
-	return true
 }
 
 // writeOnce is one attempt of write, on ctx (bounded).
