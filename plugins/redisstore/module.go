@@ -68,7 +68,11 @@ type RedisStore struct {
 	// store operation as a whole, go-redis's resends included
 	// (Store.bounded; default 1s, or WaitTimeout + 0.5s when longer; with
 	// WaitReplicas, a shorter one than that is refused); DialTimeout each
-	// connection attempt (default 1s; on a Cluster, one per try).
+	// connection attempt (default 1s; on a Cluster, one per try). A
+	// Cluster node whose host is gone is dialed again until Timeout
+	// whatever DialTimeout is (go-redis tries a command's dials up to a
+	// dozen times): the write fails at Timeout and the store reads the
+	// slot map again (Store.reread).
 	Timeout     caddy.Duration `json:"timeout,omitempty"`
 	DialTimeout caddy.Duration `json:"dial_timeout,omitempty"`
 
@@ -152,7 +156,8 @@ func (s *RedisStore) Provision(ctx caddy.Context) error {
 		// its own, and its default of 5 dials 0.1 s apart made a command
 		// to a node that refuses connections take 1.2 s, the store's
 		// whole deadline (timeout) gone before it learnt that the node
-		// was unreachable and read the slot map again (Store.reread).
+		// was unreachable and read the slot map again (Store.reread), and
+		// its caller held all of it.
 		// Under Sentinel the client's own dials find the new primary, so
 		// they keep go-redis's default.
 		opts.DialerRetries = 1

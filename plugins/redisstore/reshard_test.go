@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -551,5 +552,103 @@ func TestACutWriteIsNotRunAgainOnTheNewPrimary(t *testing.T) {
 	// The map was read again: the next write goes to the new primary.
 	if _, err := s.Allowance().Reserve(ctx, "pool", "client", time.Now(), 5); err != nil || p2.evals.Load() == 0 {
 		t.Errorf("the write after the failed commit = %v, %d scripts on the new primary; want served there", err, p2.evals.Load())
+	}
+}
+
+// blackholeAddr is a listening address that never accepts and whose accept
+// queue is full: the kernel drops further SYNs, so a dial to it hangs until
+// its timeout, as a dial to a host that died (power loss, instance gone,
+// partition) does, rather than being refused.
+func blackholeAddr(t *testing.T) string {
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	sa, _ := syscall.Getsockname(fd)
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(sa.(*syscall.SockaddrInet4).Port))
+	for i := 0; i < 4; i++ { // fill the accept queue
+		if c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond); err == nil {
+			t.Cleanup(func() { c.Close() })
+		}
+	}
+	start := time.Now()
+	if c, err := net.DialTimeout("tcp", addr, 300*time.Millisecond); err == nil || time.Since(start) < 250*time.Millisecond {
+		if c != nil {
+			c.Close()
+		}
+		t.Skipf("precondition: %s does not drop SYNs (err %v)", addr, err)
+	}
+	return addr
+}
+
+// TestAFailoverFromAVanishedHostIsFollowed: a Cluster primary whose host
+// is gone (its SYNs unanswered, so a dial hangs rather than being
+// refused) is replaced by its promoted replica. The first write sent to
+// it fails within the store's timeout (a 503), as go-redis dials it again
+// until the deadline; the store then reads the slot map again, by itself
+// and within a bounded time of its own, and the next write goes to the
+// new primary and is served. (Before: the write's failure was the
+// deadline, not an unreached node, and the map was not read again:
+// every write was a 503 for 11 s, until go-redis stopped dialing the
+// dead host after a pool's worth of failed dials.)
+func TestAFailoverFromAVanishedHostIsFollowed(t *testing.T) {
+	ctx := context.Background()
+	srv := servers.StartRedis(t)
+	dead := blackholeAddr(t)
+	var phase atomic.Int32 // 0 the primary serves, 1 it vanished (map still names it), 2 replica promoted
+	o := moduleClusterOptions(&servers.Cluster{})
+	o.ClusterSlots = func(context.Context) ([]redis.ClusterSlot, error) {
+		addr := srv.Addr
+		if phase.Load() == 1 {
+			addr = dead
+		}
+		return []redis.ClusterSlot{{Start: 0, End: 16383, Nodes: []redis.ClusterNode{{Addr: addr}}}}, nil
+	}
+	rdb := redis.NewClusterClient(o)
+	t.Cleanup(func() { rdb.Close() })
+	s, err := New(ctx, rdb, Options{Prefix: "gone"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A write served first, as the module's provision does (keyspaceMarker):
+	// the client's command info is cached, its pool warm.
+	if err := s.Claims().Record(ctx, "warm", "n", time.Now().Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	phase.Store(1)
+	rdb.ForEachMaster(ctx, func(context.Context, *redis.Client) error { return nil }) // the client's map names the dead host
+	phase.Store(2)                                                                    // the Cluster promoted the replica
+	start := time.Now()
+	err = s.Claims().Record(ctx, "first", "n", time.Now().Add(time.Minute))
+	took := time.Since(start)
+	t.Logf("the first write after the promotion: %v in %v", err, took)
+	if took > s.opTimeout+200*time.Millisecond {
+		t.Errorf("the first write after the promotion took %v, want at most the store's timeout %v", took, s.opTimeout)
+	}
+	_, srvPort, _ := net.SplitHostPort(srv.Addr)
+	for {
+		// The client names a node of a loopback address by its port.
+		addr := ""
+		if node, err := rdb.MasterForKey(ctx, "gone:{c}:x"); err == nil {
+			addr = node.Options().Addr
+		}
+		if _, port, _ := net.SplitHostPort(addr); port == srvPort {
+			break
+		}
+		if time.Since(start) > 3*s.opTimeout {
+			t.Fatalf("the slot map was not read again %v after the primary's host went: the client names %q for the slot", time.Since(start), addr)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("the map was read again %v after the first write began", time.Since(start))
+	if err := s.Claims().Record(ctx, "next", "n", time.Now().Add(time.Minute)); err != nil {
+		t.Errorf("the write after the slot map was read again = %v, want served on the new primary", err)
 	}
 }

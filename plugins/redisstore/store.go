@@ -94,10 +94,11 @@ type Store struct {
 	opTimeout time.Duration
 	// asks are the clients of the nodes ASK answers name (write).
 	asks askNodes
-	// rereads holds the slot map's reread after an unreachable node
-	// (reread), one at a time; lastReread, guarded by it, is when the
-	// last one ended.
-	rereads    chan struct{}
+	// rereadMu guards rereading, closed when the slot map's reread under
+	// way (reread) ends, nil when none is, and lastReread, when the last
+	// one ended.
+	rereadMu   sync.Mutex
+	rereading  chan struct{}
 	lastReread time.Time
 }
 
@@ -147,7 +148,7 @@ func New(ctx context.Context, rdb redis.UniversalClient, opts Options) (*Store, 
 		return nil, err
 	}
 	s := &Store{rdb: rdb, opts: opts, allowPrefix: opts.Prefix + ":a:", claimPrefix: opts.Prefix + ":{c}:", heldIndex: opts.Prefix + ":{c}!held",
-		opTimeout: readTimeout(rdb), rereads: make(chan struct{}, 1)}
+		opTimeout: readTimeout(rdb)}
 	if err := s.checkPolicy(ctx); err != nil {
 		return nil, err
 	}
@@ -243,10 +244,11 @@ func (s *Store) bounded(ctx context.Context) (context.Context, context.CancelFun
 // ASK) sends them there (moved, askNodes), and the node a MOVED named may
 // answer ASK in turn, sent on once more (writeOnce). A write refused with
 // TRYAGAIN is tried again after a wait (tryAgainFirst). One that could not
-// reach its node on a Cluster has the slot map read again (reread), so the
-// next write goes to the node that serves the slot now, but is not sent
-// again: go-redis reports its last try's error only, and an earlier try
-// may have been cut after it was sent, and run. One deadline bounds the
+// reach its node on a Cluster, or timed out, has the slot map read again
+// (reread), so the next write goes to the node that serves the slot now,
+// but is not sent again: go-redis reports its last try's error only, and
+// an earlier try may have been cut after it was sent, and run. One
+// deadline bounds the
 // whole operation (bounded): the slot map's read, the write sent again
 // where a redirection names, a rerun after NOSCRIPT and the tries again
 // take what the first attempt left, so a store operation ends within the
@@ -261,7 +263,7 @@ func (s *Store) write(ctx context.Context, sc *redis.Script, keys []string, args
 	var refused error // the last TRYAGAIN
 	for wait := tryAgainFirst; ; wait = min(2*wait, tryAgainMax) {
 		v, err := s.writeOnce(ctx, sc, keys, args)
-		if unreachedNode(err) {
+		if unreachedNode(err) || timedOut(err) {
 			s.reread(ctx)
 		}
 		again := redis.HasErrorPrefix(err, "TRYAGAIN")
@@ -318,36 +320,73 @@ func unreachedNode(err error) bool {
 	return errors.As(err, &op) && op.Op == "dial"
 }
 
+// timedOut reports whether err is a deadline's: the write's own (bounded)
+// or the caller's, or a read's. go-redis dials a node again and again, up
+// to a dozen times for one command (its retries within its Cluster
+// redirections), so a node whose host is gone, whose dials hang rather
+// than being refused, fails the write with the deadline, never with the
+// dial's error (unreachedNode), whatever dial_timeout is.
+func timedOut(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()
+}
+
+// rereadUnbounded bounds a slot map's reread on a client with no read
+// timeout (reread), which bounds it otherwise.
+const rereadUnbounded = 5 * time.Second
+
 // reread reads a Cluster's slot map again after a write could not reach
-// its node (on a Cluster only: a standalone server or Sentinel's primary
-// has no map to read). A primary that died and whose replica the Cluster
-// promoted answers nothing, no MOVED to follow (moved): without it, every
-// write of its slots went on to the dead address until the client reread
-// its map by itself, a minute later (ClusterStateReloadInterval), every
-// paid call a 503 meanwhile; with it, the write that found the node
-// unreachable fails (503, nothing charged) and the next goes to the new
-// primary. While a node is down and not yet replaced every write of its
-// slots fails so, and the rereads of all callers are one per rereadEvery
-// at most, so an outage is no storm of CLUSTER SLOTS on the nodes still
-// up; a caller that finds one under way waits for it, so that its next
-// write uses the map it read. The read takes what is left of the
-// caller's deadline (ctx), no more: a node it asks that hangs (a host
-// gone) fails it then, and a later write's reread asks again.
+// its node or timed out (on a Cluster only: a standalone server or
+// Sentinel's primary has no map to read). A primary that died and whose
+// replica the Cluster promoted answers nothing, no MOVED to follow
+// (moved): without it, every write of its slots went on to the dead
+// address until the client reread its map by itself, a minute later
+// (ClusterStateReloadInterval), every paid call a 503 meanwhile; with it,
+// the write that found the node unreachable fails (503, nothing charged)
+// and the next goes to the new primary. While a node is down and not yet
+// replaced every write of its slots fails so, and the rereads of all
+// callers are one per rereadEvery at most, so an outage is no storm of
+// CLUSTER SLOTS on the nodes still up.
+//
+// The reread runs on its own, bounded by the client's read timeout, and
+// the caller waits for it (or one under way) only as long as its own
+// deadline (ctx) allows: a write to a host that is gone fails at that
+// deadline, when a reread started then has all its time still ahead
+// (CLUSTER SLOTS asks the known nodes in a random order, the gone one
+// maybe first, a dial that hangs), and never holds its caller past it.
+// One that ends first means the caller's next write uses the map it read.
 func (s *Store) reread(ctx context.Context) {
 	cc, ok := s.rdb.(*redis.ClusterClient)
 	if !ok {
 		return
 	}
-	select {
-	case s.rereads <- struct{}{}:
-	case <-ctx.Done():
+	s.rereadMu.Lock()
+	done := s.rereading
+	if done == nil && time.Since(s.lastReread) >= rereadEvery {
+		ch := make(chan struct{})
+		s.rereading, done = ch, ch
+		bound := s.opTimeout
+		if bound <= 0 {
+			bound = rereadUnbounded
+		}
+		go func() {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), bound)
+			defer cancel()
+			// ForEachMaster reads the slot map again before it goes through it.
+			cc.ForEachMaster(rctx, func(context.Context, *redis.Client) error { return nil })
+			s.rereadMu.Lock()
+			s.rereading, s.lastReread = nil, time.Now()
+			s.rereadMu.Unlock()
+			close(ch)
+		}()
+	}
+	s.rereadMu.Unlock()
+	if done == nil {
 		return
 	}
-	defer func() { <-s.rereads }()
-	if time.Since(s.lastReread) >= rereadEvery {
-		// ForEachMaster reads the slot map again before it goes through it.
-		cc.ForEachMaster(ctx, func(context.Context, *redis.Client) error { return nil })
-		s.lastReread = time.Now()
+	select {
+	case <-done:
+	case <-ctx.Done():
 	}
 }
 
