@@ -226,6 +226,10 @@ type settlement struct {
 	// (adopt), until a Settle answered it or it could no longer land; nil
 	// without a store, or when the send was another's.
 	sent *store.Claim
+	// sender: this record wrote its claim before sending the transaction
+	// (remember), so it is the one memory that may answer the send as its
+	// own once the claim lapsed (markedBy).
+	sender bool
 	// mark tells this record's mark of its claim in Config.Sent from any
 	// other's (markNote): drawn at its first mark, kept for its retries.
 	mark string

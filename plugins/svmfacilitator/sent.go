@@ -92,7 +92,7 @@ func (f *Facilitator) remember(ctx context.Context, key [32]byte, s *settlement)
 		return nil, err
 	}
 	f.mu.Lock()
-	s.sent = &c
+	s.sent, s.sender = &c, true
 	f.mu.Unlock()
 	return nil, nil
 }
@@ -137,7 +137,8 @@ func (f *Facilitator) adopt(key [32]byte, s *settlement, rec *store.ClaimState) 
 // facilitator and instance sharing the store that find the transaction
 // landed, exactly one marks it and answers success. store.ErrNoteChanged:
 // another did, and this one must answer duplicate_settlement; a record
-// that lapsed or was marked by s itself is nil (markedBy). Any other
+// marked by s itself is nil, and one that lapsed is nil only for its
+// sender (markedBy). Any other
 // error leaves the record as it was, or marked by s with the answer lost:
 // the outcome stays unknown to the caller (settlement_pending), whose
 // retry marks it then. nil, too, with no store or no record (a library
@@ -168,7 +169,7 @@ func (f *Facilitator) answerSent(ctx context.Context, s *settlement, sig string)
 	if c != nil && s.mark == "" {
 		s.mark = newMark()
 	}
-	mark := s.mark
+	mark, sender := s.mark, s.sender
 	f.mu.Unlock()
 	if c == nil || st == nil {
 		return nil
@@ -178,7 +179,7 @@ func (f *Facilitator) answerSent(ctx context.Context, s *settlement, sig string)
 	defer cancel()
 	err := st.Swap(ctx, *c, c.Token, note)
 	if errors.Is(err, store.ErrNoteChanged) || errors.Is(err, store.ErrClaimLost) {
-		err = markedBy(ctx, st, c.Keys[0], note)
+		err = markedBy(ctx, st, c.Keys[0], note, sender)
 	}
 	if err == nil {
 		err = keepMarked(ctx, st, *c, note)
@@ -194,23 +195,29 @@ func (f *Facilitator) answerSent(ctx context.Context, s *settlement, sig string)
 // markedBy reads what a Swap to note that found key's record moved on, or
 // gone (store.ErrClaimLost), means:
 //   - nil when the record carries note (the mark is this Settle's own, its
-//     first answer lost), or when no record is left: it lapsed unmarked
-//     (a marked one outlives every memory of its send: SentRecordHold)
-//     while the outcome could not be read or the store could not be
-//     written, and no Settle can adopt it any more, so the answer is the
-//     chain's, as a facilitator with no memory of the send reads it
-//     (answerRecorded). Answered undecided instead, every retry would pend
-//     for ever for a payment whose tokens moved;
+//     first answer lost);
+//   - when no record is left (it lapsed: a marked one outlives every
+//     memory of its send, SentRecordHold, unless its keep failed), nil for
+//     the sender (a memory that wrote the record before sending: sender),
+//     store.ErrNoteChanged for a memory that adopted it. The rule: after a
+//     lapse only the facilitator that sent the transaction answers it as
+//     its own; every other answers it settled by another settlement, as a
+//     facilitator with no memory of the send does (answerRecorded). One
+//     sender per transaction, so at most one success, whoever marked the
+//     record before it lapsed. Answered undecided instead, every retry
+//     would pend for ever for a payment whose tokens moved;
 //   - store.ErrNoteChanged when another marked it;
 //   - an error when a new record not yet answered holds the key (another
 //     Settle wrote it after the lapse: its own mark or drop decides), or
 //     the record cannot be read: the outcome stays unknown, and a retry
 //     asks again.
-func markedBy(ctx context.Context, st SentStore, key, note string) error {
+func markedBy(ctx context.Context, st SentStore, key, note string, sender bool) error {
 	rec, err := st.Lookup(ctx, key)
 	switch {
-	case errors.Is(err, store.ErrNotFound):
+	case errors.Is(err, store.ErrNotFound) && sender:
 		return nil
+	case errors.Is(err, store.ErrNotFound):
+		return store.ErrNoteChanged
 	case err != nil:
 		return fmt.Errorf("reading the record after its mark found it moved: %w", err)
 	case !rec.Settled:

@@ -417,3 +417,97 @@ func TestSenderStatusReadAfterAnotherMarkedPastTheHoldIsDuplicate(t *testing.T) 
 		t.Errorf("A's status read after B answered success, past the record's hold: %+v %v; want never, duplicate_settlement", st, err)
 	}
 }
+
+// A send answered settlement_pending is adopted by another facilitator
+// whose mark lands but whose keep of the record fails (B answers
+// settlement_pending); the record then lapses at its hold while both
+// memories of the send live. Only the sender answers it as its own: A's
+// retry answers success, B's duplicate_settlement. (Before: each read the
+// record gone as lapsed unmarked and both answered success.)
+func TestAdopterWhoseMarkWasNotKeptAnswersDuplicateAfterTheLapse(t *testing.T) {
+	db := openStore(t, t.TempDir())
+	adoptedMarkNotKept(t, sentOf(db))
+}
+
+// The same on Redis, where the record lapses by the server's TTL.
+func TestRedisAdopterWhoseMarkWasNotKeptAnswersDuplicateAfterTheLapse(t *testing.T) {
+	srv := servers.StartRedis(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { rdb.Close() })
+	rs, err := redisstore.New(context.Background(), rdb, redisstore.Options{Prefix: "keepfails"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	adoptedMarkNotKept(t, rs.Claims().(SentStore))
+}
+
+// adoptedMarkNotKept is the two retries, after the lapse, of a send whose
+// adopter marked its record on under and could not keep it.
+func adoptedMarkNotKept(t *testing.T, under SentStore) {
+	sent := &shortHold{SentStore: under, hold: 2 * time.Second}
+	e, fr, pp, unknown := settlePending(t, sent, time.Minute)
+	sig := unknown.Reply.Transaction
+	ctx := context.Background()
+	key := e.f.sentKey(mustDecode(t, pp).MessageHash())
+	kf := &keepFails{SentStore: sent}
+	kf.fail.Store(true)
+	cfg := e.f.cfg
+	cfg.RPC, cfg.Sent = &RPC{URL: e.chain.URL}, kf
+	b, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.Settle(ctx, pp, e.req)
+	var bu *x402.UnknownOutcomeError
+	if !errors.As(err, &bu) || bu.Reply == nil || bu.Reply.ErrorReason != ReasonSettlementPending {
+		t.Fatalf("B's settle (mark lands, keep fails): %v; want settlement_pending", err)
+	}
+	if st, err := under.Lookup(ctx, key); err != nil || !st.Settled {
+		t.Fatalf("record after B's mark: %+v %v; want marked by B", st, err)
+	}
+	kf.fail.Store(false)
+	time.Sleep(2500 * time.Millisecond) // the marked record lapses at its hold (never kept)
+	fr.set(func(f *faultyRPC) { f.hideStatus = false })
+	if a, err := e.f.Settle(ctx, pp, e.req); err != nil || !a.Success || a.Transaction != sig {
+		t.Errorf("sender's retry after the lapse: %+v %v; want success naming %s", a, err, sig)
+	}
+	if s, err := b.Settle(ctx, pp, e.req); err != nil || s.Success || s.ErrorReason != ReasonDuplicateSettlement || s.Transaction != sig {
+		t.Errorf("adopter's retry after the lapse: %+v %v; want duplicate_settlement naming %s", s, err, sig)
+	}
+}
+
+// A send answered settlement_pending is adopted by another facilitator
+// that cannot mark its record (B answers settlement_pending); the record
+// lapses unmarked while both memories of the send live. The sender's
+// retry answers success, and B's status read settled by another
+// settlement, which the gate does not serve. (Before: each read the record
+// gone as lapsed unmarked: a success and a settled read for one payment.)
+func TestAdopterThatCouldNotMarkReadsALapsedRecordSettledElsewhere(t *testing.T) {
+	db := openStore(t, t.TempDir())
+	sent := &shortHold{SentStore: sentOf(db), hold: 2 * time.Second}
+	e, fr, pp, unknown := settlePending(t, sent, time.Minute)
+	sig := unknown.Reply.Transaction
+	ctx := context.Background()
+	sf := &swapFails{SentStore: sent}
+	sf.fail.Store(true)
+	cfg := e.f.cfg
+	cfg.RPC, cfg.Sent = &RPC{URL: e.chain.URL}, sf
+	b, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.Settle(ctx, pp, e.req)
+	var bu *x402.UnknownOutcomeError
+	if !errors.As(err, &bu) || bu.Reply == nil || bu.Reply.ErrorReason != ReasonSettlementPending {
+		t.Fatalf("B's settle (adopted, cannot mark): %v; want settlement_pending", err)
+	}
+	time.Sleep(2500 * time.Millisecond) // the record lapses unmarked
+	sf.fail.Store(false)
+	fr.set(func(f *faultyRPC) { f.hideStatus = false })
+	if a, err := e.f.Settle(ctx, pp, e.req); err != nil || !a.Success || a.Transaction != sig {
+		t.Errorf("sender's retry after the lapse: %+v %v; want success naming %s", a, err, sig)
+	}
+	if st, err := b.SettlementStatus(ctx, pp, e.req); err != nil || !answeredElsewhere(st) {
+		t.Errorf("adopter's status read after the lapse: %+v %v; want never, duplicate_settlement", st, err)
+	}
+}
