@@ -29,7 +29,7 @@ import (
 //   - A Settle this process answered settlement_pending promised its caller
 //     the outcome later: a later Settle of the same payment, while the
 //     record lives (DuplicateWindow from the pending answer, or as long
-//     as its record in Config.Sent can: expired; until the sweep), polls
+//     as its record in Config.Sent can: expired), polls
 //     that signature instead of sending anything, and answers success
 //     once it landed (duplicate_settlement naming it when the pending
 //     Settle had found it on chain, below: the record keeps where the
@@ -390,11 +390,8 @@ const (
 )
 
 // claim reserves key for one Settle. It returns a new record (claimNew)
-// when none lives; the record itself (claimRetry) when an earlier Settle
-// sent the message and answered pending (however old the record is, until
-// the sweep drops it: the signature it names is the caller's own
-// transaction, which the chain may well have landed) or saw it fail on
-// chain within DuplicateWindow; nil (claimBusy) while another Settle works
+// when none lives (memory); the record itself (claimRetry) when an earlier
+// Settle sent the message and answered pending, or saw it fail on chain; nil (claimBusy) while another Settle works
 // on it; and a copy of the record (claimSettled), whose sig and payer name
 // the settlement, when it was settled within DuplicateWindow.
 func (f *Facilitator) claim(key [32]byte) (*settlement, claimed) {
@@ -402,7 +399,7 @@ func (f *Facilitator) claim(key [32]byte) (*settlement, claimed) {
 	defer f.mu.Unlock()
 	t := now()
 	f.sweep(t)
-	if e, ok := f.settled[key]; ok && (e.inflight || e.pending || !e.expired(t)) {
+	if e := f.memory(key, t); e != nil {
 		switch {
 		case e.inflight:
 			return nil, claimBusy
@@ -424,6 +421,20 @@ func (f *Facilitator) unclaim(s *settlement) {
 	f.mu.Lock()
 	s.inflight = false
 	f.mu.Unlock()
+}
+
+// memory returns key's record at t, nil when there is none or it expired
+// (expired), which it drops: every read of a record goes through it, so
+// that none is acted on past its life whether or not the sweep ran (a
+// pending one past it would read its send's record, lapsed since, as its
+// own). f.mu is held.
+func (f *Facilitator) memory(key [32]byte, t time.Time) *settlement {
+	e := f.settled[key]
+	if e != nil && e.expired(t) {
+		delete(f.settled, key)
+		return nil
+	}
+	return e
 }
 
 // release forgets key: nothing was settled, so the payment may be retried.

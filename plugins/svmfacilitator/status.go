@@ -102,7 +102,7 @@ func (f *Facilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayloa
 	}
 	key := tx.MessageHash()
 	f.mu.Lock()
-	e := f.settled[key]
+	e := f.memory(key, now())
 	var sig, blockhash, failed string
 	var inflight, pending, lost bool
 	var floor uint64
@@ -239,7 +239,7 @@ func (f *Facilitator) unrecorded(ctx context.Context, tx *Transaction) (x402.Set
 		// next read marks it with the same one and finds a mark that
 		// landed as its own (markedBy), not another's.
 		f.mu.Lock()
-		if _, known := f.settled[key]; !known {
+		if f.memory(key, now()) == nil {
 			adopted.sig, adopted.blockhash, adopted.payer, adopted.pending, adopted.at = sig, base58.Encode(tx.Blockhash[:]), payerOf(tx), true, now()
 			f.settled[key] = adopted
 		}
@@ -255,7 +255,7 @@ func (f *Facilitator) unrecorded(ctx context.Context, tx *Transaction) (x402.Set
 		// Remembered as Settle would, and a later ask is answered from the
 		// record.
 		f.mu.Lock()
-		if _, known := f.settled[key]; !known {
+		if f.memory(key, now()) == nil {
 			f.settled[key] = &settlement{sig: sig, blockhash: base58.Encode(tx.Blockhash[:]), payer: payerOf(tx), failed: o.failed, lost: out.State == x402.SettlementNever && o.failed == "", at: now()}
 		}
 		f.mu.Unlock()
@@ -267,8 +267,9 @@ func (f *Facilitator) unrecorded(ctx context.Context, tx *Transaction) (x402.Set
 // facilitator of a reload that changed the settings, or after a restart)
 // answers for key's transaction sig, which landed: as SettlementStatus
 // from memory (statusLanded), by the mark of its record in Config.Sent.
-// No record (none was written, or it lapsed; or no store) is settled, as
-// the chain says. A record already answered is settled by another
+// No record is settled by another settlement (it lapsed, and only its
+// sender, which remembers the send, answers it as its own: markedBy), or,
+// with no store, settled, as the chain says. A record already answered is settled by another
 // settlement: this facilitator holds no memory of marking it, and the
 // Settle that did answered success. One that cannot be read is undecided.
 // adopted is the record in memory of an unanswered record adopted here
@@ -281,9 +282,13 @@ func (f *Facilitator) answerRecorded(ctx context.Context, key [32]byte, sig stri
 	}
 	s := &settlement{}
 	switch {
+	case rec == nil && f.sentIn() != nil:
+		// It lapsed: only its sender answers it as its own (markedBy), and
+		// a facilitator with no memory of the send cannot tell it sent it.
+		return settledElsewhere(sig), nil
 	case rec == nil || (!rec.Settled && !f.adopt(key, s, rec)):
-		// None, or one written before records named their token: the
-		// chain says it landed.
+		// No store, or a record written before records named their
+		// token: the chain says it landed.
 		return x402.SettlementStatus{State: x402.SettlementDone, Transaction: sig}, nil
 	case rec.Settled:
 		return settledElsewhere(sig), nil
