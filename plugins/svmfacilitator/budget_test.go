@@ -580,3 +580,62 @@ func TestABudgetRefusalAtItsPlaceInFlightWritesNoRecord(t *testing.T) {
 		t.Errorf("%d records written for one send; want 1", n)
 	}
 }
+
+// A facilitator whose payer is at MaxInFlightPerPayer is asked to settle a
+// payment another facilitator on the same store of sends recorded and is
+// sending: it follows that send (settlement_pending here, its statuses
+// hidden), never refuses it, since the transfer then lands. (Before: the
+// budget was consulted before the record and the answer was
+// payer_failure_budget_exhausted, "pay again", for a payment that landed.)
+func TestBudgetNeverRefusesAPaymentRecordedInFlightElsewhere(t *testing.T) {
+	db := openStore(t, t.TempDir())
+	frA := &faultyRPC{}
+	srvA := frA.serve(t)
+	e := newEnv(t, Config{RPC: &RPC{URL: srvA}, Sent: sentOf(db), ConfirmTimeout: 2 * time.Second, PollInterval: 20 * time.Millisecond})
+	reached, release := make(chan struct{}), make(chan struct{})
+	var once atomic.Bool
+	frA.set(func(f *faultyRPC) {
+		f.target = e.chain.URL
+		f.beforeSend = func() {
+			if once.CompareAndSwap(false, true) {
+				close(reached)
+				<-release
+			}
+		}
+	})
+	frB := &faultyRPC{}
+	srvB := frB.serve(t)
+	frB.set(func(f *faultyRPC) { f.target, f.hideStatus = e.chain.URL, true })
+	cfg := e.f.cfg
+	cfg.RPC, cfg.MaxInFlightPerPayer, cfg.ConfirmTimeout = &RPC{URL: srvB}, 1, 300*time.Millisecond
+	b, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// B holds one payment of this payer in flight (its statuses hidden).
+	q := e.payment(t)
+	q.Memo = "another-payment-another-payment!"
+	if _, err := b.Settle(context.Background(), Payload(q.Transaction(), e.req), e.req); err == nil {
+		t.Fatal("B's own payment: want pending")
+	}
+	pp := Payload(e.payment(t).Transaction(), e.req)
+	done := make(chan x402.SettleResponse, 1)
+	go func() {
+		s, _ := e.f.Settle(context.Background(), pp, e.req)
+		done <- s
+	}()
+	<-reached // A recorded the payment and is sending it
+	s, err := b.Settle(context.Background(), pp, e.req)
+	close(release)
+	a := <-done
+	var unknown *x402.UnknownOutcomeError
+	if !errors.As(err, &unknown) || unknown.Reply == nil || unknown.Reply.ErrorReason != ReasonSettlementPending {
+		t.Errorf("B's settle of the payment A recorded and is sending: %+v %v; want settlement_pending (following A's send), never a refusal", s, err)
+	}
+	if !a.Success {
+		t.Errorf("A: %+v; want success", a)
+	}
+	if _, paid := e.balances(t); paid != 2*20000 {
+		t.Errorf("payee holds %d; want both payments once", paid)
+	}
+}

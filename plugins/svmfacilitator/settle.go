@@ -141,8 +141,7 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 		return f.sentBefore(ctx, key, s, c.payer, req.Network, nil)
 	}
 	if f.refuseOverBudget(c); c.resp.InvalidReason != "" {
-		f.release(key)
-		return fail(c.resp.InvalidReason, c.payer, c.resp.InvalidMessage, ""), nil
+		return f.overBudget(ctx, key, s, c.payer, req.Network, c.resp.InvalidReason, c.resp.InvalidMessage)
 	}
 	if !c.reused {
 		if err := f.checkChain(ctx, c); err != nil {
@@ -171,8 +170,7 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 	// before its drop, as a send in flight.
 	fresh, reason, msg := f.hold(key, c, s)
 	if reason != "" {
-		f.release(key)
-		return fail(reason, c.payer, msg, ""), nil
+		return f.overBudget(ctx, key, s, c.payer, req.Network, reason, msg)
 	}
 	// The record of the send (Config.Sent) is written before it: no node
 	// asked above can tell a replay after a restart from a first
@@ -226,6 +224,29 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 		// rather than guess.
 	}
 	return f.confirm(ctx, key, s, req.Network)
+}
+
+// overBudget answers a Settle of key the failure budgets refuse (reason,
+// msg), unless the transaction's record in Config.Sent, read now, says it
+// was sent (by another instance, or by this process before a restart or a
+// reload): that send is answered as any found sent before (sentBefore:
+// adopted, or duplicate_settlement), never refused, because the budget
+// holds back new sends only, and a refusal tells its caller the transfer
+// did not happen while the recorded send may land. The record is read
+// after the refusal, so it is found however late before then another
+// wrote it, and a Settle within budget pays no read for it. A record that
+// cannot be read is an error: nothing is sent.
+func (f *Facilitator) overBudget(ctx context.Context, key [32]byte, s *settlement, payer, network, reason, msg string) (x402.SettleResponse, error) {
+	rec, err := f.recorded(ctx, key)
+	switch {
+	case err != nil:
+		f.release(key)
+		return x402.SettleResponse{}, fmt.Errorf("reading the record of the transaction: %w", err)
+	case rec != nil:
+		return f.sentBefore(ctx, key, s, payer, network, rec)
+	}
+	f.release(key)
+	return x402.SettleResponse{ErrorReason: reason, ErrorMessage: msg, Payer: payer, Network: network}, nil
 }
 
 // sentBefore answers for a transaction sent before this Settle, which
