@@ -184,6 +184,10 @@ type Facilitator struct {
 	resolving bool
 	// closed: Close was called; no resolver runs from then on.
 	closed atomic.Bool
+	// drops holds the drops of send records running in the background
+	// (forgetSent), each by the channel closed when it ends: Close waits
+	// for them.
+	drops map[chan struct{}]struct{}
 
 	budget *budget
 }
@@ -307,7 +311,7 @@ func New(cfg Config) (*Facilitator, error) {
 	if cfg.FailureWindow <= 0 {
 		cfg.FailureWindow = DefaultFailureWindow
 	}
-	f := &Facilitator{rpc: cfg.RPC, network: cfg.Network, key: cfg.FeePayer, cfg: cfg, settled: map[[32]byte]*settlement{}, simulated: map[[32]byte]simulation{}, mints: map[PublicKey]string{}, unlearned: map[[32]byte]*sent{},
+	f := &Facilitator{rpc: cfg.RPC, network: cfg.Network, key: cfg.FeePayer, cfg: cfg, settled: map[[32]byte]*settlement{}, simulated: map[[32]byte]simulation{}, mints: map[PublicKey]string{}, unlearned: map[[32]byte]*sent{}, drops: map[chan struct{}]struct{}{},
 		budget: &budget{perPayer: cfg.MaxFailedPerPayer, inFlight: cfg.MaxInFlightPerPayer, lamports: cfg.MaxFailedLamports,
 			maxPriority: cfg.MaxPriorityFeePastBudget, window: cfg.FailureWindow, ids: map[PublicKey]*identity{}}}
 	copy(f.feePayer[:], cfg.FeePayer.Public().(ed25519.PublicKey))
@@ -321,10 +325,28 @@ func New(cfg Config) (*Facilitator, error) {
 // through its RPC endpoint and writes nothing more through its store
 // handle, which its configuration closes. Its pending sends are answered
 // by whichever facilitator a retry reaches, from their records
-// (Config.Sent). Settle and the status calls keep working; it waits for
-// nothing.
+// (Config.Sent). Settle and the status calls keep working. It waits for
+// the drops of send records running (forgetSent), each bounded by
+// ConfirmTimeout, so that its configuration does not close their store
+// under them: a drop cut off leaves the record of a send that never
+// happened, which a Settle elsewhere would adopt.
 func (f *Facilitator) Close() error {
 	f.closed.Store(true)
+	f.mu.Lock()
+	running := make([]chan struct{}, 0, len(f.drops))
+	for d := range f.drops {
+		running = append(running, d)
+	}
+	f.mu.Unlock()
+	bound := time.NewTimer(f.cfg.ConfirmTimeout)
+	defer bound.Stop()
+	for _, d := range running {
+		select {
+		case <-d:
+		case <-bound.C:
+			return nil
+		}
+	}
 	return nil
 }
 

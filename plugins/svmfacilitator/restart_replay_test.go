@@ -610,3 +610,57 @@ func TestSettleRefusedWithAStalledDropAnswersAtItsCallersDeadline(t *testing.T) 
 	}
 	dropped(t, sentOf(db), f.sentKey(mustDecode(t, pp).MessageHash()))
 }
+
+// A refused send whose drop stalls keeps its payment a settlement in
+// progress until the drop ends: the caller's immediate retry (the node's
+// refusal gone) is answered as a second Settle of a payment in progress
+// is, duplicate_settlement, and sends and polls nothing; Close waits for
+// the drop, so the store a reload closes after it holds no record of the
+// refused send; and the retry after the drop sends afresh and answers
+// success. (Before: the payment was forgotten at once, and the retry
+// adopted the record its own drop had not removed yet and polled the
+// refused signature, which the chain never got, until its deadline; and
+// Close returned at once, the drop still running on the store.)
+func TestRetryDuringARefusedSendsDropIsInProgressAndCloseWaitsForTheDrop(t *testing.T) {
+	db := openStore(t, t.TempDir())
+	e := newEnv(t, Config{})
+	var refuse atomic.Bool
+	refuse.Store(true)
+	cfg := e.f.cfg
+	cfg.Sent, cfg.ConfirmTimeout, cfg.PollInterval = &slowRelease{SentStore: sentOf(db), delay: 1500 * time.Millisecond}, 2*time.Second, 50*time.Millisecond
+	cfg.RPC = &RPC{URL: proxy(t, e.chain.URL, func(w http.ResponseWriter, id json.RawMessage, method string, _ []json.RawMessage) bool {
+		if method != "sendTransaction" || !refuse.Load() {
+			return false
+		}
+		w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(id) + `,"error":{"code":-32003,"message":"Transaction signature verification failure"}}`))
+		return true
+	}, nil)}
+	f, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pp := Payload(e.payment(t).Transaction(), e.req)
+	key := f.sentKey(mustDecode(t, pp).MessageHash())
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	s, err := f.Settle(ctx, pp, e.req)
+	cancel()
+	if err != nil || s.Success || s.ErrorReason != ReasonTransactionFailed {
+		t.Fatalf("refused send: %+v %v; want transaction_failed", s, err)
+	}
+	refuse.Store(false)
+	rctx, rcancel := context.WithTimeout(context.Background(), time.Second)
+	defer rcancel()
+	if s, err = f.Settle(rctx, pp, e.req); err != nil || s.Success || s.ErrorReason != ReasonDuplicateSettlement || s.Transaction != "" {
+		t.Errorf("retry while the refused send's drop runs: %+v %v; want duplicate_settlement (a settlement in progress), naming nothing", s, err)
+	}
+	f.Close()
+	if rec, err := sentOf(db).Lookup(context.Background(), key); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("record once Close returned: %+v %v; want dropped (Close waits for the drop)", rec, err)
+	}
+	if s, err = f.Settle(context.Background(), pp, e.req); err != nil || !s.Success {
+		t.Errorf("retry once the drop ended: %+v %v; want success (a fresh send)", s, err)
+	}
+	if _, b := e.balances(t); b != 20000 {
+		t.Errorf("payee holds %d; want the payment once", b)
+	}
+}

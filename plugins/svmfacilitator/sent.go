@@ -270,20 +270,28 @@ func newMark() string {
 // answers success for a transaction another sent, or a retry of a refused
 // payment polls a signature the chain never got until its blockhash
 // expires. Its caller waits for it only until its own deadline (a store
-// that stalls holds nobody past it); the drop goes on in the background.
-// A store error is only logged: a record left in place of a transaction
-// that can no longer land refuses nothing that could settle, and lapses
-// after SentRecordHold.
-func (f *Facilitator) forgetSent(ctx context.Context, s *settlement, sig string) {
+// that stalls holds nobody past it); the drop goes on in the background,
+// and Close waits for it. then, unless nil, runs once the drop ended (at
+// once with nothing to drop): release, for a caller that forgets the
+// payment (forgetAndRelease). A store error is only logged: a record left
+// in place of a transaction that can no longer land refuses nothing that
+// could settle, and lapses after SentRecordHold.
+func (f *Facilitator) forgetSent(ctx context.Context, s *settlement, sig string, then func()) {
 	f.mu.Lock()
 	c := s.sent
 	s.sent = nil
 	f.mu.Unlock()
 	st := f.sentIn()
 	if c == nil || st == nil {
+		if then != nil {
+			then()
+		}
 		return
 	}
 	done := make(chan struct{})
+	f.mu.Lock()
+	f.drops[done] = struct{}{}
+	f.mu.Unlock()
 	go func() {
 		defer close(done)
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.cfg.ConfirmTimeout)
@@ -291,11 +299,35 @@ func (f *Facilitator) forgetSent(ctx context.Context, s *settlement, sig string)
 		if err := st.Release(dctx, *c); err != nil {
 			log.Printf("svm facilitator: dropping the record of sent transaction %s: %v", sig, err)
 		}
+		if then != nil {
+			then()
+		}
+		f.mu.Lock()
+		delete(f.drops, done)
+		f.mu.Unlock()
 	}()
 	select {
 	case <-done:
 	case <-ctx.Done():
 	}
+}
+
+// forgetAndRelease drops s's record (forgetSent) and forgets key only once
+// the drop ended: until then the payment stays a settlement in progress
+// (s.inflight), which a retry is answered as (claim), because a retry
+// that found no memory while the record still lived would adopt it and
+// poll a signature the chain never got until its blockhash expired.
+func (f *Facilitator) forgetAndRelease(ctx context.Context, key [32]byte, s *settlement, sig string) {
+	f.mu.Lock()
+	s.inflight = true
+	f.mu.Unlock()
+	f.forgetSent(ctx, s, sig, func() {
+		f.mu.Lock()
+		if f.settled[key] == s {
+			delete(f.settled, key)
+		}
+		f.mu.Unlock()
+	})
 }
 
 // sent is a transaction this process sent whose outcome it has not learned
@@ -450,7 +482,7 @@ func (f *Facilitator) resolveOne(key [32]byte, e *sent) {
 		if o.state == x402.SettlementNever && o.failed == "" {
 			// Its blockhash expired: it can no longer land, and its
 			// record goes now, as a retry's confirm would drop it.
-			f.forgetSent(ctx, e.rec, e.sig)
+			f.forgetSent(ctx, e.rec, e.sig, nil)
 		}
 	}
 }

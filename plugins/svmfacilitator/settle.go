@@ -207,7 +207,7 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 			if fresh {
 				f.learned(key, false)
 			}
-			f.forgetSent(ctx, s, s.sig)
+			f.forgetSent(ctx, s, s.sig, nil)
 			return f.confirmElsewhere(ctx, key, s, req.Network)
 		case errors.As(err, &re) && re.Refused():
 			// The node answered and refused: this send is not in flight
@@ -215,8 +215,7 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 			if fresh {
 				f.learned(key, false)
 			}
-			f.forgetSent(ctx, s, s.sig)
-			f.release(key)
+			f.forgetAndRelease(ctx, key, s, s.sig)
 			return fail(ReasonTransactionFailed, c.payer, "the node refused the transaction: "+truncate(re.Message), ""), nil
 		}
 		// No answer, or an error that may have come after forwarding: it
@@ -339,8 +338,7 @@ func (f *Facilitator) confirm(ctx context.Context, key [32]byte, s *settlement, 
 			return resp, nil
 		case o.state == x402.SettlementNever:
 			f.learned(key, false)
-			f.forgetSent(ctx, s, sig)
-			f.release(key)
+			f.forgetAndRelease(ctx, key, s, sig)
 			resp.ErrorReason, resp.ErrorMessage, resp.Transaction = ReasonTransactionFailed, "the transaction's blockhash expired before it landed", ""
 			return resp, nil
 		case o.state == x402.SettlementDone:

@@ -147,8 +147,7 @@ func (f *Facilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayloa
 		// in Config.Sent goes too, as a /settle or the resolver would
 		// drop it.
 		f.learned(key, false)
-		f.forgetSent(ctx, e, sig)
-		f.release(key)
+		f.forgetAndRelease(ctx, key, e, sig)
 	}
 	out.State = o.state
 	return out, nil
