@@ -513,8 +513,11 @@ type paidCharge struct {
 	sr      x402.SettleResponse // set by a successful settle
 	pid     *paymentIDCall      // the call's payment identifier, if any (idempotency.go)
 	// unrecorded: the settlement went through and the store did not
-	// record it (kept in memory meanwhile: unrecorded.go).
-	unrecorded bool
+	// record it; it is kept in memory meanwhile (unrecorded.go) with the
+	// answer for the buyer's retry, or none (an answer over
+	// maxHeldAnswer): reportOutcome reports it as heldPayment tells. nil
+	// otherwise, also when it could not be kept (an unknown outcome then).
+	unrecorded *unrecorded
 }
 
 func (p *paidCharge) release(r *http.Request) {

@@ -562,12 +562,11 @@ func (p *paidCharge) settleOnce(w http.ResponseWriter, r *http.Request, held *bu
 		g.logger.Error("payment settled but not recorded: not delivered; the retry gets it once the settlement is written",
 			zap.String("transaction", sr.Transaction), zap.Error(err))
 		metrics.outcomes.WithLabelValues("settled_unrecorded").Inc()
-		p.unrecorded = true
-		if !p.keepUnrecorded(r, sr, held) {
+		if p.unrecorded = p.keepUnrecorded(r, sr, held); p.unrecorded == nil {
 			g.holdUnknown(r, p.claim, p.pay.JSON, p.offerJS, p.pid, held, &x402.UnknownOutcomeError{Op: "settle", Reply: &sr, Err: err})
 		}
 		p.ex.refuse(w, r, errSettledUnrecorded(err))
-		return settleUnknown // p.unrecorded: paid
+		return settleUnknown // settled: reportOutcome reports p.unrecorded as it was kept
 	}
 	outcomeSettled.Inc()
 	g.creditSettled(r) // the 402 before this payment no longer counts (ratelimit.go)

@@ -1533,8 +1533,10 @@ const (
 
 // reportOutcome reports a settlement's outcome after servePaid's settle
 // (end), or a call never settled (settleRefused, Gate.unsettled): paid
-// when it succeeded or went through unrecorded, before the answer is
-// delivered; unpaid when the facilitator refused it or nothing was
+// when it succeeded, before the answer is delivered; when it went through
+// unrecorded, as a held record is (heldPayment: paid only if its answer
+// was kept for the retry; otherwise the retry runs the upstream again, a
+// paid verification of its own); unpaid when the facilitator refused it or nothing was
 // settled, in the background (reportUnpaid), as nothing is delivered that
 // history could be behind; and otherwise as the payment's claim tells:
 // paid when it is settled by now (the background pass found the transfer
@@ -1554,8 +1556,14 @@ func (p *paidCharge) reportOutcome(r *http.Request, bw *bufferedWriter, end sett
 	switch {
 	case path == "":
 		return
-	case end == settleDone, p.unrecorded:
+	case end == settleDone:
 		g.report(r, next, path, id, store.PaymentPaid)
+		return
+	case p.unrecorded != nil:
+		// The transfer happened; its answer is delivered only if it was
+		// kept for the retry (heldPayment). Its record's Held is set
+		// before keepUnrecorded returns, and never changes.
+		g.reportHeld(r, next, &p.unrecorded.rec, path, id, x402.SettlementDone)
 		return
 	case end == settleRefused:
 		g.reportUnpaid(r, next, path, id)

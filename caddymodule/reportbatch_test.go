@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/zap"
@@ -554,4 +556,142 @@ func reportConnected(t *testing.T, g *Gate, vf *verifierFixture, up *verifierdUp
 			t.Errorf("report %s of a buyer still connected: taken=%v, record payment=%q; want taken and paid (only another buyer hung up)", id, taken[i], rec.Payment)
 		}
 	}
+}
+
+// fakeHistory is a FAKE verifierd as the gate's handler chain reaches it,
+// following the report protocol of SPEC/README: a paid call carrying
+// X-Aov-Settlement: pending is recorded pending and answered with
+// X-Aov-Settlement-Report and its verification_id; a call carrying
+// X-Aov-Payment: paid without it is recorded paid at once (a run again);
+// reports POSTed to /v1/gateway/settlement are final (the first outcome
+// wins). It stands in for verifierd where a test needs what the real one
+// cannot be made to do on cue: refuse a report once, stall on reports
+// alone, or answer past maxHeldAnswer (1 MiB, fakeHistoryBig) so that a
+// held record keeps no answer.
+type fakeHistory struct{}
+
+var fakeHistoryBig atomic.Bool
+
+// fakeHistoryRefuse is how many report POSTs the fake answers 503 (a
+// verifierd blip); fakeHistorySlow makes a paid run take that long;
+// fakeHistoryStall holds each report that long (a stalled verifierd
+// behind reverse_proxy), or until the gate gives up on it.
+var fakeHistoryRefuse atomic.Int32
+var fakeHistorySlow atomic.Int64
+var fakeHistoryStall atomic.Int64
+
+var fakeHistoryState struct {
+	sync.Mutex
+	seq     int
+	records map[string]string // verification id -> payment (final once not pending)
+	order   []string
+	reports []string
+}
+
+// fakeHistoryReset forgets every record and report.
+func fakeHistoryReset() {
+	fakeHistoryState.Lock()
+	defer fakeHistoryState.Unlock()
+	fakeHistoryState.seq, fakeHistoryState.records, fakeHistoryState.order, fakeHistoryState.reports = 0, map[string]string{}, nil, nil
+}
+
+func (fakeHistory) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{ID: "http.handlers.test_fake_history", New: func() caddy.Module { return new(fakeHistory) }}
+}
+
+func (fakeHistory) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
+	if r.URL.Path == "/v1/gateway/settlement" {
+		b, _ := io.ReadAll(r.Body)
+		if d := fakeHistoryStall.Load(); d > 0 {
+			select { // a stalled verifierd behind reverse_proxy: the gate's deadline ends the wait
+			case <-time.After(time.Duration(d)):
+			case <-r.Context().Done():
+				return r.Context().Err()
+			}
+		}
+		if fakeHistoryRefuse.Add(-1) >= 0 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return nil
+		}
+		fakeHistoryState.Lock()
+		fakeHistoryState.reports = append(fakeHistoryState.reports, string(b))
+		for _, id := range fakeHistoryState.order {
+			if strings.Contains(string(b), `"`+id+`"`) && fakeHistoryState.records[id] == "pending" {
+				switch {
+				case strings.Contains(string(b), `"paid"`):
+					fakeHistoryState.records[id] = "paid"
+				case strings.Contains(string(b), `"unpaid"`):
+					fakeHistoryState.records[id] = "unpaid"
+				}
+			}
+		}
+		fakeHistoryState.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		_, err := io.WriteString(w, `{"results":[]}`)
+		return err
+	}
+	io.Copy(io.Discard, r.Body)
+	if d := fakeHistorySlow.Load(); d > 0 && r.Header.Get(HeaderUpstreamPayment) == "paid" {
+		time.Sleep(time.Duration(d))
+	}
+	fakeHistoryState.Lock()
+	fakeHistoryState.seq++
+	id := fmt.Sprintf("ver_fake_%d", fakeHistoryState.seq)
+	payment := "unknown"
+	if r.Header.Get(HeaderUpstreamPayment) == "paid" {
+		payment = "paid"
+		if r.Header.Get(HeaderUpstreamSettlement) == "pending" {
+			payment = "pending"
+		}
+	}
+	fakeHistoryState.records[id] = payment
+	fakeHistoryState.order = append(fakeHistoryState.order, id)
+	fakeHistoryState.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	if payment == "pending" {
+		w.Header().Set(headerSettlementReport, "/v1/gateway/settlement")
+	}
+	pad := ""
+	if fakeHistoryBig.Load() {
+		pad = strings.Repeat("a", maxHeldAnswer+1024)
+	}
+	_, err := fmt.Fprintf(w, `{"verification_id":%q,"passed":true,"payment":%q,"pad":%q}`, id, r.Header.Get(HeaderUpstreamPayment), pad)
+	return err
+}
+
+func init() {
+	caddy.RegisterModule(fakeHistory{})
+	httpcaddyfile.RegisterHandlerDirective("test_fake_history", func(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+		h.Next()
+		return fakeHistory{}, nil
+	})
+}
+
+// fakeHistoryRecords are the records in the order the calls came, and the
+// reports taken.
+func fakeHistoryRecords() (ids []string, payments []string, reports []string) {
+	fakeHistoryState.Lock()
+	defer fakeHistoryState.Unlock()
+	for _, id := range fakeHistoryState.order {
+		ids = append(ids, id)
+		payments = append(payments, fakeHistoryState.records[id])
+	}
+	return ids, payments, slices.Clone(fakeHistoryState.reports)
+}
+
+// fakeHistorySite is a site whose route /v1/* is gated (store storeLine,
+// facilitator fac) in front of fakeHistory.
+func fakeHistorySite(storeLine, fac string) string {
+	return fmt.Sprintf(`:{port} {
+	route /v1/* {
+		x402 {
+			accept devnet $0.02 %[3]s
+			facilitator %[2]s
+			store %[1]s
+			public_base_url https://gateway.test
+		}
+		test_fake_history
+	}
+}
+`, storeLine, fac, payTo.Hex())
 }

@@ -113,11 +113,11 @@ var unrecordedSettlements = struct {
 
 // keepUnrecorded keeps p's settlement sr, which the store did not record,
 // with the answer held back (held; nil in settle before mode) and starts
-// writing it. It reports false when it cannot be kept (too many are).
-func (p *paidCharge) keepUnrecorded(r *http.Request, sr x402.SettleResponse, held *bufferedWriter) bool {
+// writing it. It returns nil when it cannot be kept (too many are).
+func (p *paidCharge) keepUnrecorded(r *http.Request, sr x402.SettleResponse, held *bufferedWriter) *unrecorded {
 	g := p.g
 	if _, ok := g.state.Claims().(store.HeldClaims); !ok {
-		return false // never: recordSettled's write was a Swap
+		return nil // never: recordSettled's write was a Swap
 	}
 	u := &unrecorded{g: g, claim: p.claim, done: make(chan struct{}), who: p.settlementFields(sr)}
 	u.rec = g.newHeldRecord(r, p.claim, p.pay.JSON, p.offerJS, g.sentAfter(), p.pid)
@@ -128,7 +128,7 @@ func (p *paidCharge) keepUnrecorded(r *http.Request, sr x402.SettleResponse, hel
 	if unrecordedSettlements.n >= maxUnrecorded {
 		unrecordedSettlements.Unlock()
 		g.logger.Error(unrecordedDropped+": too many are kept already", u.who...)
-		return false
+		return nil
 	}
 	unrecordedSettlements.n++
 	u.kept = true
@@ -149,7 +149,7 @@ func (p *paidCharge) keepUnrecorded(r *http.Request, sr x402.SettleResponse, hel
 		}()
 		u.keepTrying()
 	}()
-	return true
+	return u
 }
 
 // unrecordedDropped starts the Error logged when a kept settlement is

@@ -282,3 +282,50 @@ func TestUnrecordedSettlementSurvivesAWipedStoreElsewhere(t *testing.T) {
 		t.Fatalf("charged %v in all, want 20000 once", got)
 	}
 }
+
+// One payment counts as one paid verification (README: "so one payment
+// counts once"), also when its settlement went through and the store did
+// not record it (settled_unrecorded): nothing is delivered then (503
+// settlement_pending), and an answer over maxHeldAnswer is not kept for
+// the retry, which runs the upstream again, a verification verifierd
+// records paid of its own. So the first one is reported unpaid, the one
+// rule of heldPayment. (Before: it was reported paid at once, and the run
+// again was a second paid verification of one payment.)
+func TestUnrecordedSettlementWhoseAnswerIsNotKeptCountsOnce(t *testing.T) {
+	defer func(w []time.Duration) { unrecordedWaits = w }(unrecordedWaits)
+	unrecordedWaits = []time.Duration{20 * time.Millisecond}
+	_, _ = sharedDevnet(t)
+	fakeHistoryReset()
+	fakeHistoryBig.Store(true)
+	defer fakeHistoryBig.Store(false)
+	base := startCaddy(t, fakeHistorySite("landed_blip_badger "+filepath.Join(t.TempDir(), "gate"), "faulty_devnet none"))
+	url := base + "/v1/verify"
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 6)
+
+	startLandedOutage(t)
+	resp := post(t, url, `{"x":1}`, map[string]string{x402.HeaderPaymentSignature: sig})
+	b := readAll(t, resp)
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("first call: %d %.200s; want 503 (settled, unrecorded)", resp.StatusCode, b)
+	}
+	written := counterValue(t, "settled_unrecorded_written")
+	landedOutage.Store(0)
+	waitUnrecordedWritten(t, written)
+
+	resp = post(t, url, `{"x":1}`, map[string]string{x402.HeaderPaymentSignature: sig})
+	b = readAll(t, resp)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("retry: %d %.200s; want 200", resp.StatusCode, b)
+	}
+	time.Sleep(1500 * time.Millisecond) // background reports
+	ids, pays, reports := fakeHistoryRecords()
+	paid := 0
+	for _, p := range pays {
+		if p == "paid" {
+			paid++
+		}
+	}
+	if paid != 1 {
+		t.Errorf("one payment, %d paid verifications: records %v %v, reports %q; want exactly one paid (the undelivered first one unpaid, as heldPayment rules)", paid, ids, pays, reports)
+	}
+}
