@@ -1536,7 +1536,8 @@ const (
 // when it succeeded, before the answer is delivered; when it went through
 // unrecorded, as a held record is (heldPayment: paid only if its answer
 // was kept for the retry; otherwise the retry runs the upstream again, a
-// paid verification of its own); unpaid when the facilitator refused it or nothing was
+// paid verification of its own), in the background, its answer an error;
+// unpaid when the facilitator refused it or nothing was
 // settled, in the background (reportUnpaid), as nothing is delivered that
 // history could be behind; and otherwise as the payment's claim tells:
 // paid when it is settled by now (the background pass found the transfer
@@ -1562,8 +1563,14 @@ func (p *paidCharge) reportOutcome(r *http.Request, bw *bufferedWriter, end sett
 	case p.unrecorded != nil:
 		// The transfer happened; its answer is delivered only if it was
 		// kept for the retry (heldPayment). Its record's Held is set
-		// before keepUnrecorded returns, and never changes.
-		g.reportHeld(r, next, &p.unrecorded.rec, path, id, x402.SettlementDone)
+		// before keepUnrecorded returns, and never changes. Nothing is
+		// delivered now (503), that history could be behind: the report
+		// goes in the background, as an unpaid one does, so a stalled
+		// upstream does not hold the charged buyer's answer.
+		payment := heldPayment(&p.unrecorded.rec, x402.SettlementDone)
+		if !g.reportInBackground(r, next, path, id, payment) {
+			g.report(r, next, path, id, payment) // back-pressure
+		}
 		return
 	case end == settleRefused:
 		g.reportUnpaid(r, next, path, id)

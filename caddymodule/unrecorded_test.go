@@ -329,3 +329,33 @@ func TestUnrecordedSettlementWhoseAnswerIsNotKeptCountsOnce(t *testing.T) {
 		t.Errorf("one payment, %d paid verifications: records %v %v, reports %q; want exactly one paid (the undelivered first one unpaid, as heldPayment rules)", paid, ids, pays, reports)
 	}
 }
+
+// A settlement that went through unrecorded delivers nothing (503
+// settlement_pending, charged), so no history can be behind it: its report
+// goes in the background, and a stalled verifierd does not hold the
+// buyer's answer. (Before: the paid report was sent before the 503, which
+// waited reportTimeout, 5 s, more.)
+func TestUnrecordedSettlementAnswerDoesNotWaitForItsReport(t *testing.T) {
+	defer func(w []time.Duration) { unrecordedWaits = w }(unrecordedWaits)
+	unrecordedWaits = []time.Duration{20 * time.Millisecond}
+	_, _ = sharedDevnet(t)
+	fakeHistoryReset()
+	base := startCaddy(t, fakeHistorySite("landed_blip_badger "+filepath.Join(t.TempDir(), "gate"), "faulty_devnet none"))
+	url := base + "/v1/verify"
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 8)
+	fakeHistoryStall.Store(int64(20 * time.Second))
+	defer fakeHistoryStall.Store(0)
+
+	startLandedOutage(t)
+	start := time.Now()
+	resp := post(t, url, `{"x":3}`, map[string]string{x402.HeaderPaymentSignature: sig})
+	b := readAll(t, resp)
+	took := time.Since(start)
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("first call: %d %.200s; want 503 (settled, unrecorded)", resp.StatusCode, b)
+	}
+	// settleWriteWaits add 2.6 s; anything past ~3.5 s is the report.
+	if took > 4*time.Second {
+		t.Errorf("the 503 settlement_pending (nothing delivered) took %v: held by the paid report to a stalled verifierd (reportTimeout 5 s); want it at once, the report in the background", took.Round(100*time.Millisecond))
+	}
+}
