@@ -830,14 +830,31 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 		return true, runUnderWay(w, r, ex, h) // another retry runs it
 	}
 	sr := toldSettlement(x402.SettleResponse{Success: true, Transaction: h.Transaction}, h.payload, h.offer.Network)
+	// Asked before anything is reported: the payment is public once
+	// settled, and a request it did not pay for must neither wait for a
+	// report nor make the gate send one.
+	ok, err := g.paidFor(h, r)
 	if h.ReportPath != "" {
-		// Also after a background resolution (reported then too, when
-		// the gate had a way to: reportResolved); a repeated report
-		// changes nothing upstream.
-		takeReporter(h)
-		g.reportHeld(r, next, h, h.ReportPath, h.VerificationID, x402.SettlementDone)
+		switch {
+		case err == nil && ok:
+			// The buyer's retry: reported before its answer, also after
+			// a background resolution (reported then too, when the gate
+			// had a way to: reportResolved); a repeated report changes
+			// nothing upstream.
+			takeReporter(h)
+			g.reportHeld(r, next, h, h.ReportPath, h.VerificationID, x402.SettlementDone)
+		case learned:
+			// Another request found the transfer: news to report, once
+			// (only the request whose write settled the record learns
+			// it), in the background, as its answer delivers nothing.
+			takeReporter(h)
+			payment := heldPayment(h, x402.SettlementDone)
+			if !g.reportInBackground(r, next, h.ReportPath, h.VerificationID, payment) {
+				g.report(r, next, h.ReportPath, h.VerificationID, payment) // back-pressure
+			}
+		}
 	}
-	switch ok, err := g.paidFor(h, r); {
+	switch {
 	case err != nil:
 		return true, ex.refuse(w, r, apierr.From(err))
 	case !ok:

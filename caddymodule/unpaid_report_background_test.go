@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	neturl "net/url"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -156,5 +157,64 @@ func TestExpiredHeldPaymentRetryDoesNotWaitForItsUnpaidReport(t *testing.T) {
 		if time.Now().After(end) {
 			t.Fatalf("records %+v; want the one verification unpaid", recs)
 		}
+	}
+}
+
+// A retry of a held payment that is not the buyer's request (another body:
+// 402 paid_for_another) is refused before anything is reported: the
+// (public, once settled) payment in anyone's hands makes the gate send no
+// report per request, and a stalled verifierd does not hold the 402. The
+// request that finds the transfer reports it once, in the background, as
+// it delivers nothing. (Before: every such request sent the paid report
+// before it was refused, and waited reportTimeout, 5 s, on a stalled
+// verifierd.)
+func TestRetryOfAHeldPaymentForAnotherRequestIsRefusedBeforeAnyReport(t *testing.T) {
+	_, _ = sharedDevnet(t)
+	fakeHistoryReset()
+	base := startCaddy(t, fakeHistorySite("badger "+filepath.Join(t.TempDir(), "gate"), "faulty_devnet lose_reply"))
+	url := base + "/v1/verify"
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 5)
+	resp := post(t, url, `{"x":5}`, map[string]string{x402.HeaderPaymentSignature: sig})
+	if b := readAll(t, resp); resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("paid call: %d %.200s; want 503 settlement_pending", resp.StatusCode, b)
+	}
+	fakeHistoryStall.Store(int64(20 * time.Second))
+	defer fakeHistoryStall.Store(0)
+	var took time.Duration
+	var b []byte
+	for end := time.Now().Add(15 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		start := time.Now()
+		resp = post(t, url, `{"x":"not the buyer's"}`, map[string]string{x402.HeaderPaymentSignature: sig})
+		b = readAll(t, resp)
+		took = time.Since(start)
+		if resp.StatusCode != http.StatusServiceUnavailable || time.Now().After(end) {
+			break
+		}
+	}
+	if resp.StatusCode != http.StatusPaymentRequired {
+		t.Fatalf("a retry with another request: %d %.200s; want 402", resp.StatusCode, b)
+	}
+	if took > 2*time.Second {
+		t.Errorf("the 402 for a request the payment did not pay for took %v: held by a paid report to a stalled verifierd; want it at once", took.Round(100*time.Millisecond))
+	}
+	// The outcome this request found is reported once, in the background
+	// (the stalled attempt is retried), and no later refused request
+	// reports it again.
+	fakeHistoryStall.Store(0)
+	for range 3 {
+		resp = post(t, url, `{"x":"not the buyer's either"}`, map[string]string{x402.HeaderPaymentSignature: sig})
+		if b = readAll(t, resp); resp.StatusCode != http.StatusPaymentRequired {
+			t.Fatalf("another request, again: %d %.200s; want 402", resp.StatusCode, b)
+		}
+	}
+	var pays, reports []string
+	for end := time.Now().Add(15 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		if _, pays, reports = fakeHistoryRecords(); len(pays) == 1 && pays[0] == "paid" {
+			break
+		}
+	}
+	time.Sleep(300 * time.Millisecond)
+	if _, pays, reports = fakeHistoryRecords(); len(pays) != 1 || pays[0] != "paid" || len(reports) != 1 {
+		t.Errorf("records %v, reports taken %q; want the one verification paid, by one report", pays, reports)
 	}
 }
