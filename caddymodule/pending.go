@@ -1782,6 +1782,13 @@ type backgroundReports struct {
 // firstDone, to call once its first attempt is over (a retry has had it
 // before: it calls none). false, and nothing run, when the bound is
 // reached.
+//
+// Work that starts once the gate's Cleanup has given up the reports in
+// the background (a call in flight across a reload reports after it) is
+// handed no stop: nothing waits for it or gives it up, so it keeps its
+// retries, through its call's chain as its first attempt went, bounded by
+// their schedule (reportRetries), and retryReport logs one none of them
+// delivered. Given up at once, it would be lost without a word.
 func (g *Gate) goBackground(r *http.Request, first bool, work func(base *http.Request, stop <-chan struct{}, firstDone func())) bool {
 	if reportsInBackground.Add(1) > maxReportsInBackground {
 		reportsInBackground.Add(-1)
@@ -1793,10 +1800,18 @@ func (g *Gate) goBackground(r *http.Request, first bool, work func(base *http.Re
 	if bg == nil { // a gate built without Provision (tests)
 		bg = &backgroundReports{stop: make(chan struct{})}
 	}
+	// Counted before stop is read: a Cleanup that closes it after this
+	// read counts this one among those it gives up (waitBackground).
+	bg.n.Add(1)
+	stop := bg.stop
+	select {
+	case <-stop:
+		stop, first = nil, false // after the Cleanup: see above
+	default:
+	}
 	if first {
 		bg.first.Add(1)
 	}
-	bg.n.Add(1)
 	firstDone := func() {}
 	if first {
 		firstDone = sync.OnceFunc(bg.first.Done)
@@ -1813,7 +1828,7 @@ func (g *Gate) goBackground(r *http.Request, first bool, work func(base *http.Re
 				g.logger.Error("reporting a settlement outcome panicked", zap.Any("panic", rec))
 			}
 		}()
-		work(base, bg.stop, firstDone)
+		work(base, stop, firstDone)
 	}()
 	return true
 }

@@ -140,3 +140,67 @@ func TestOverCapUnpaidReportLeavesNoUncountedRetry(t *testing.T) {
 		t.Errorf("%d report attempt(s) after caddy.Stop returned; want none", n)
 	}
 }
+
+// A paid call in flight across a reload (Caddy unloads the old config
+// while its requests run) settles and is reported paid after the unload's
+// wait for reports in the background; verifierd refuses that report once
+// (a 503). Its retries still run, bounded by their schedule (1, 2, 4 and
+// 8 s), and the record turns paid. (Before: its retry found the unloaded
+// gate's stop closed and gave up at once, logging nothing: the paid
+// verification stayed pending for ever.)
+func TestPaidReportStartedAfterAReloadIsRetried(t *testing.T) { paidReportRefusedOnce(t, true) }
+
+// The same without the reload: the retry after 1 s lands.
+func TestPaidReportRefusedOnceIsRetried(t *testing.T) { paidReportRefusedOnce(t, false) }
+
+// paidReportRefusedOnce makes a paid call whose report verifierd refuses
+// once, across a reload of the config or not.
+func paidReportRefusedOnce(t *testing.T, reload bool) {
+	_, fac := sharedDevnet(t)
+	fakeHistoryReset()
+	fakeHistoryRefuse.Store(0)
+	defer fakeHistoryRefuse.Store(0)
+	site := fakeHistorySite("badger {data}/gate", "http "+fac)
+	base := startCaddy(t, site)
+	port := portOf(t, base)
+	url := base + "/v1/verify"
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 7)
+
+	fakeHistorySlow.Store(int64(1500 * time.Millisecond))
+	defer fakeHistorySlow.Store(0)
+	done := make(chan *http.Response, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(`{"x":2}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set(x402.HeaderPaymentSignature, sig)
+		resp, err := (&http.Client{Timeout: 20 * time.Second}).Do(req)
+		if err != nil {
+			t.Errorf("paid call: %v", err)
+			done <- nil
+			return
+		}
+		done <- resp
+	}()
+	time.Sleep(500 * time.Millisecond)
+	fakeHistoryRefuse.Store(1) // verifierd blips once on the report
+	if reload {
+		loadCaddy(t, port, strings.Replace(site, "public_base_url https://gateway.test", "public_base_url https://gateway.test\n\t\t\tdescription \"reloaded\"", 1))
+	}
+	resp := <-done
+	if resp == nil {
+		return
+	}
+	b := readAll(t, resp)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("paid call across the reload: %d %.200s", resp.StatusCode, b)
+	}
+	var pays []string
+	var reports []string
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		_, pays, reports = fakeHistoryRecords()
+		if len(pays) == 1 && pays[0] == "paid" {
+			return
+		}
+	}
+	t.Errorf("record after a settled, delivered paid call whose report verifierd refused once: %v (reports taken %q); want paid (retried after 1 s as README says), got it given up silently", pays, reports)
+}
