@@ -373,6 +373,9 @@ type Gate struct {
 
 	// server is where rates is registered for wallet_auth (serverZones).
 	server *caddyhttp.Server
+	// upstream names what the gate's requests go on to (upstreamOf), part
+	// of its gateID. Set in Provision.
+	upstream string
 	// proxies warns of a trusted proxy that lets clients choose their
 	// client IP (proxyWatch); nil when there is nothing to warn of.
 	proxies *proxyWatch
@@ -518,6 +521,7 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 	}
 	// The server this gate is provisioned for (nil outside an HTTP server).
 	srv, _ := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
+	g.upstream = upstreamOf(ctx, srv)
 	if g.RateLimit == nil {
 		g.RateLimit = new(RateLimit)
 	}

@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -321,10 +322,55 @@ func attempting(h *heldRecord, st store.ClaimState) bool {
 	return now().Before(h.Attempt)
 }
 
-// gateID names a gate among those of one configuration: its route and its
-// MCP tool. Gates with equal names make the same offers to the same
-// upstream, as far as the configuration says.
-func (g *Gate) gateID() string { return g.Route + "\x00" + g.MCPTool }
+// gateID names a gate across reloads and restarts, for its held records
+// (heldRecord.Gate): its route and its MCP tool, and what its requests go
+// on to (upstream). An outcome whose own way to its upstream is gone is
+// reported only through a gate of the same name (reportResolved): one
+// whose requests reach the upstream that recorded the verification, never
+// another route's, which would learn a verification id and its outcome
+// while verifierd's record stayed pending.
+func (g *Gate) gateID() string { return g.Route + "\x00" + g.MCPTool + "\x00" + g.upstream }
+
+// upstreamOf names what the requests of the gate provisioned with ctx go
+// on to: a hash of the configuration of its route and of the routes after
+// it in the same list (its innermost subroute's, or its server's), where
+// the upstream's handler is. Caddy provisions a list's routes in order and
+// drops each one's raw configuration once its handlers are loaded, so the
+// gate's own route is the first that still has it. A gate whose route
+// cannot be found so (a named route) gets a name no other gate shares:
+// its outcomes are reported only through its own requests' chains.
+func upstreamOf(ctx caddy.Context, srv *caddyhttp.Server) string {
+	var lists []caddyhttp.RouteList
+	mods := ctx.Modules()
+	for i := len(mods) - 2; i >= 0 && lists == nil; i-- { // the last is the gate
+		if sr, ok := mods[i].(*caddyhttp.Subroute); ok {
+			lists = append(lists, sr.Routes)
+			if sr.Errors != nil {
+				lists = append(lists, sr.Errors.Routes)
+			}
+		}
+	}
+	if lists == nil && srv != nil {
+		lists = append(lists, srv.Routes)
+		if srv.Errors != nil {
+			lists = append(lists, srv.Errors.Routes)
+		}
+	}
+	for _, routes := range lists {
+		for i := range routes {
+			if routes[i].HandlersRaw == nil {
+				continue // loaded: before the gate's
+			}
+			b, err := json.Marshal(routes[i:])
+			if err != nil {
+				break
+			}
+			sum := sha256.Sum256(b)
+			return hex.EncodeToString(sum[:])
+		}
+	}
+	return "unnamed " + rand.Text()
+}
 
 // maxHeldAnswer bounds an answer kept for an unknown settlement.
 const maxHeldAnswer = 1 << 20
@@ -1205,14 +1251,16 @@ func (g *Gate) resolvePass(ctx context.Context) {
 // carrying what the chain reads (the server, the client's address, the
 // variables). Kept in memory by the record's first claim key, at most
 // maxReporters of them; without one (the gateway restarted, the config
-// of the request was unloaded, or too many are pending) the outcome waits
-// for the first request a gate with the same offer serves (learnRoute),
-// or the buyer's retry, whichever is first.
+// of the request was unloaded by a reload that changed its route, or too
+// many are pending) the outcome waits for the first request a gate of the
+// same name (gateID: route and upstream) serves (learnRoute), or the
+// buyer's retry, whichever is first.
 type reporter struct {
 	next caddyhttp.Handler
 	base *http.Request
 	// gate is the gate whose request it came from: its config's chain,
-	// dropped with it (stopResolver), since a reload may have moved the
+	// dropped with it (stopResolver) unless a loaded gate of the same
+	// name leads to the same upstream, since a reload may have moved the
 	// upstream the chain leads to.
 	gate *Gate
 }
@@ -1243,33 +1291,70 @@ func takeReporter(h *heldRecord) *reporter {
 // It goes in the background (reportInBackground), so a stalled upstream
 // does not hold the pass a report's wait per record it resolves; past
 // maxReportsInBackground the pass sends it itself (report): back-pressure.
+//
+// It goes only to the upstream that recorded the verification: through
+// the chain of the call that asked, while its gate is loaded; once a
+// reload has unloaded that gate (or the gateway restarted, or too many
+// ways were kept), only through a loaded gate of the same name (gateID:
+// the same route, and the same upstream), by the way that gate learned
+// from its first request, or else the call's own chain, which leads to
+// that same upstream. With no such gate loaded (the reload moved the
+// upstream, or changed the route) nothing else is the verification's
+// upstream: the outcome waits for one (keepOrphan).
 func (g *Gate) reportResolved(h *heldRecord, state x402.SettlementState) {
 	if h.ReportPath == "" {
 		return
 	}
 	payment := heldPayment(h, state)
-	if rep := takeReporter(h); rep != nil {
+	rep := takeReporter(h)
+	if rep != nil && rep.gate.loaded() {
 		rep.gate.sendResolved(rep, h.ReportPath, h.VerificationID, payment)
 		return
 	}
-	// Its own way is gone (the gateway restarted or reloaded since, or too
-	// many were kept): report through a live gate that makes the same
-	// offer, once it has served a request, so history does not wait for
-	// the buyer's retry.
 	o := orphanReport{gate: h.Gate, offer: h.offer, path: h.ReportPath, id: h.VerificationID, payment: payment}
-	if rg, rep := routeFor(o); rep != nil {
-		rg.sendResolved(rep, o.path, o.id, o.payment)
-		return
+	switch lg, route := routeFor(o); {
+	case route != nil:
+		lg.sendResolved(route, o.path, o.id, o.payment)
+	case lg != nil && rep != nil:
+		lg.sendResolved(rep, o.path, o.id, o.payment) // counted, and stopped, by the loaded gate
+	default:
+		g.keepOrphan(o, lg != nil)
 	}
+}
+
+// loaded reports whether g's config is loaded (its Cleanup has not run).
+func (g *Gate) loaded() bool {
 	resolvers.Lock()
-	if len(resolvers.orphans) < maxReporters {
+	defer resolvers.Unlock()
+	_, ok := resolvers.stop[g]
+	return ok
+}
+
+// keepOrphan keeps resolved outcome o until a loaded gate that can deliver
+// it serves a request (learnRoute): one is loaded (waiting true: it has
+// served none since it was provisioned), or none is, and o waits for a
+// reload or a restart that brings one back, logged, since it may never
+// come. Past maxReporters kept, o is given up, logged: its verification
+// stays pending (the buyer's retry may still report it). g is the gate
+// whose pass resolved it, which logs.
+func (g *Gate) keepOrphan(o orphanReport, waiting bool) {
+	resolvers.Lock()
+	kept := len(resolvers.orphans) < maxReporters
+	if kept {
 		resolvers.orphans = append(resolvers.orphans, o)
 	}
 	resolvers.Unlock()
+	fields := []zap.Field{zap.String("verification_id", o.id), zap.String("payment", o.payment)}
+	switch {
+	case !kept:
+		g.logger.Error("settlement outcome not reported (too many are waiting for a way to their upstream); the verification stays pending", fields...)
+	case !waiting:
+		g.logger.Warn("settlement outcome kept unreported: no loaded gate's route leads to the upstream that recorded it (a reload changed that route or moved its upstream); the verification stays pending until one does, or the buyer's retry reports it", fields...)
+	}
 }
 
-// sendResolved sends a resolved outcome through rep, g's way to its
-// upstream, in the background (reportResolved).
+// sendResolved sends a resolved outcome through rep, a way to its
+// upstream, in the background of g (reportResolved).
 func (g *Gate) sendResolved(rep *reporter, path, id, payment string) {
 	if !g.reportInBackground(rep.base, rep.next, path, id, payment) {
 		g.report(rep.base, rep.next, path, id, payment)
@@ -1277,8 +1362,8 @@ func (g *Gate) sendResolved(rep *reporter, path, id, payment string) {
 }
 
 // orphanReport is a resolved outcome waiting for a gate that can deliver
-// it: one like the gate that held the payment (the same gateID, and its
-// offers include the payment's).
+// it: one like the gate that held the payment (the same gateID: its route
+// and upstream, and its offers include the payment's).
 type orphanReport struct {
 	gate              string
 	offer             x402.PaymentRequirements
@@ -1290,19 +1375,21 @@ func (o orphanReport) deliverableBy(g *Gate) bool {
 	return ok && o.gate == g.gateID()
 }
 
-// routeFor is a live gate that can deliver o, and its way to its upstream,
-// if it has served a request since it was provisioned.
+// routeFor is a loaded gate that can deliver o (nil if none), and its way
+// to its upstream if it has served a request since it was provisioned.
 func routeFor(o orphanReport) (*Gate, *reporter) {
 	resolvers.Lock()
 	defer resolvers.Unlock()
+	var found *Gate
 	for g := range resolvers.stop {
 		if o.deliverableBy(g) {
 			if rep := g.route.Load(); rep != nil {
 				return g, rep
 			}
+			found = g
 		}
 	}
-	return nil, nil
+	return found, nil
 }
 
 // learnRoute keeps the way to the gate's upstream from its first request,
@@ -1374,11 +1461,19 @@ func (g *Gate) stopResolver() {
 	resolvers.Lock()
 	cancel := resolvers.stop[g]
 	delete(resolvers.stop, g)
-	// Its requests' ways to their upstream go with its config: a record
-	// resolved later is reported through a live gate's (reportResolved).
-	for k, rep := range resolvers.via {
-		if rep.gate == g {
-			delete(resolvers.via, k)
+	// Its requests' ways to their upstream go with its config, unless a
+	// loaded gate of the same name (the reload's, provisioned before this
+	// Cleanup) leads to the same upstream: a record resolved later is
+	// reported through it (reportResolved).
+	id, same := g.gateID(), false
+	for lg := range resolvers.stop {
+		same = same || lg.gateID() == id
+	}
+	if !same {
+		for k, rep := range resolvers.via {
+			if rep.gate == g {
+				delete(resolvers.via, k)
+			}
 		}
 	}
 	resolvers.Unlock()

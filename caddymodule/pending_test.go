@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,6 +20,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/crypto"
 	dto "github.com/prometheus/client_model/go"
@@ -383,29 +386,32 @@ func TestResolvePassDoesNotWaitForItsReports(t *testing.T) {
 }
 
 // After a reload that moves the upstream, an outcome the background pass
-// resolves is reported through the live config's chain, to the upstream
-// it names now: the way a request of the unloaded config kept goes with
-// it, and the report waits for the new gate's first request (learnRoute).
-// (Before: the new config's pass reported through the unloaded config's
-// chain, to the upstream it had moved from.)
-func TestResolvedOutcomeAfterAReloadIsReportedThroughTheLiveConfig(t *testing.T) {
+// resolves goes to neither upstream: not through the unloaded config's
+// chain, and not to the upstream the live config names, which never
+// recorded the verification, even once the new gate has served a request.
+// It is kept, with a Warning naming it, for a gate whose route leads to
+// the upstream that recorded it. (Before: the report went to the upstream
+// the live config names once its gate served a request, and that
+// upstream learned a verification id not its own.)
+func TestResolvedOutcomeAfterAReloadMovingTheUpstreamGoesToNoOtherUpstream(t *testing.T) {
 	old := resolveInterval
 	resolveInterval = time.Hour // the first config's pass runs only at its start
 	t.Cleanup(func() { resolveInterval = old })
 	d, _ := sharedDevnet(t)
 	before, after := newReportingUpstream(t), newReportingUpstream(t)
 	storeDir := filepath.Join(t.TempDir(), "gate")
-	base := startCaddy(t, pendingSite(before.URL, "lose_request", storeDir, ""))
-	url := base + "/verify/schema"
+	logFile := filepath.Join(t.TempDir(), "caddy.log")
+	port := freePort(t)
+	loadCaddyServers(t, port, "", logFile, pendingSite(before.URL, "lose_request", storeDir, ""))
+	t.Cleanup(func() { caddy.Stop() })
+	url := fmt.Sprintf("http://127.0.0.1:%d/verify/schema", port)
 	sig := signExpiring(t, d, paymentRequired(t, post(t, url, "", nil)), 5, 8)
 	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
 	if b := readAll(t, resp); resp.StatusCode != http.StatusServiceUnavailable {
 		t.Fatalf("paid call: %d %.300s; want 503 settlement_pending", resp.StatusCode, b)
 	}
 	resolveInterval = 200 * time.Millisecond
-	var port int
-	fmt.Sscanf(base[strings.LastIndex(base, ":")+1:], "%d", &port)
-	loadCaddy(t, port, pendingSite(after.URL, "lose_request", storeDir, ""))
+	loadCaddyServers(t, port, "", logFile, pendingSite(after.URL, "lose_request", storeDir, ""))
 	// The authorization expires unsettled: the new config's pass resolves
 	// the payment as never settling.
 	never := func() float64 { return counterValue(t, "unknown_resolved_released") }
@@ -415,19 +421,123 @@ func TestResolvedOutcomeAfterAReloadIsReportedThroughTheLiveConfig(t *testing.T)
 			t.Fatal("the background pass did not resolve the expired payment")
 		}
 	}
-	time.Sleep(500 * time.Millisecond)
-	if got := before.got(); len(got) != 0 {
-		t.Fatalf("reports to the upstream the reload moved from: %v; want none", got)
-	}
 	readAll(t, post(t, url, "", nil)) // the new gate's first request
-	for deadline := time.Now().Add(5 * time.Second); len(after.got()) == 0; time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the resolved outcome was not reported to the upstream the live config names")
+	time.Sleep(time.Second)
+	if got := before.got(); len(got) != 0 {
+		t.Errorf("reports through the unloaded config's chain: %v; want none", got)
+	}
+	if got := after.got(); len(got) != 0 {
+		t.Errorf("reports to the upstream the reload moved to, which never recorded the verification: %v; want none", got)
+	}
+	kept := false
+	for _, line := range logLines(t, logFile) {
+		kept = kept || line["level"] == "warn" && line["verification_id"] == "v-1" && strings.HasPrefix(line["msg"].(string), "settlement outcome kept unreported")
+	}
+	if !kept {
+		t.Error("no Warning names the outcome kept unreported")
+	}
+}
+
+// An outcome the background pass resolves after a reload goes only to the
+// upstream that recorded the verification: here the reload leaves its
+// route as it was, so the report goes through the call's own route, to
+// that upstream, although the live config's gate of that route has served
+// nothing yet. Another route with the same offer, `route` and
+// `mcp_tool` but another upstream never gets it. (Before: the report went
+// through any live gate with the same offer and `route`, here the other
+// route's, whose upstream was sent the verification id and its outcome,
+// and verifierd's record stayed pending for ever.)
+func TestResolvedReportAfterAReloadGoesOnlyToItsOwnUpstream(t *testing.T) {
+	defer func(d time.Duration) { resolveInterval = d }(resolveInterval)
+	resolveInterval = 300 * time.Millisecond
+	_, _ = sharedDevnet(t)
+	fakeHistoryReset()
+	fakeOtherGot.Lock()
+	fakeOtherGot.got = nil
+	fakeOtherGot.Unlock()
+	site := fmt.Sprintf(`:{port} {
+	route /v1/* {
+		x402 {
+			accept devnet $0.02 %[1]s
+			facilitator faulty_devnet lose_reply
+			store badger %[2]s
+			public_base_url https://gateway.test
+		}
+		test_fake_history
+	}
+	route /api/* {
+		x402 {
+			accept devnet $0.02 %[1]s
+			facilitator faulty_devnet lose_reply
+			store badger %[2]s
+			public_base_url https://gateway.test
+		}
+		test_fake_other_upstream
+	}
+}
+`, payTo.Hex(), filepath.Join(t.TempDir(), "gate"))
+	base := startCaddy(t, site)
+	port := portOf(t, base)
+	url := base + "/v1/verify"
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 9)
+	resp := post(t, url, `{"x":4}`, map[string]string{x402.HeaderPaymentSignature: sig})
+	b := readAll(t, resp)
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("paid call: %d %.200s; want 503 settlement_pending (reply lost)", resp.StatusCode, b)
+	}
+	// The operator reloads (same routes) before the pass resolves it;
+	// someone then calls the other route (a 402 is enough to learn it).
+	loadCaddy(t, port, strings.Replace(site, "test_fake_other_upstream", "header X-Reloaded 1\n\t\ttest_fake_other_upstream", 1))
+	r2 := post(t, base+"/api/thing", "", nil)
+	readAll(t, r2)
+	var pays []string
+	var reports []string
+	for end := time.Now().Add(6 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		_, pays, reports = fakeHistoryRecords()
+		if len(pays) == 1 && pays[0] != "pending" {
+			break
 		}
 	}
-	if got := after.got(); len(got) != 1 || got[0] != "v-1=unpaid" {
-		t.Fatalf("reports to the live config's upstream: %v; want [v-1=unpaid]", got)
+	fakeOtherGot.Lock()
+	other := slices.Clone(fakeOtherGot.got)
+	fakeOtherGot.Unlock()
+	if len(pays) != 1 || pays[0] != "paid" {
+		t.Errorf("verifierd's record of a call whose transfer the pass found after a reload: %v (reports it received %q); want paid", pays, reports)
 	}
+	if len(other) != 0 {
+		t.Errorf("the other route's upstream was sent %q; want nothing (its route's one request was answered 402)", other)
+	}
+}
+
+// fakeOtherUpstream is a FAKE upstream of another route: it keeps what it
+// is sent.
+type fakeOtherUpstream struct{}
+
+var fakeOtherGot struct {
+	sync.Mutex
+	got []string
+}
+
+func (fakeOtherUpstream) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{ID: "http.handlers.test_fake_other_upstream", New: func() caddy.Module { return new(fakeOtherUpstream) }}
+}
+
+func (fakeOtherUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
+	b, _ := io.ReadAll(r.Body)
+	fakeOtherGot.Lock()
+	fakeOtherGot.got = append(fakeOtherGot.got, r.Method+" "+r.URL.Path+" "+string(b))
+	fakeOtherGot.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	_, err := io.WriteString(w, `{"other_upstream":true}`)
+	return err
+}
+
+func init() {
+	caddy.RegisterModule(fakeOtherUpstream{})
+	httpcaddyfile.RegisterHandlerDirective("test_fake_other_upstream", func(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+		h.Next()
+		return fakeOtherUpstream{}, nil
+	})
 }
 
 // counterValue reads the gate's outcome counter for outcome.
