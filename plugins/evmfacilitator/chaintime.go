@@ -14,12 +14,20 @@ import (
 // reverts on chain for time; judging by the later clock, what Verify accepts
 // can still settle. When the head cannot be read the wall clock stands: the
 // on-chain simulation still refuses what the chain would.
-func (f *Facilitator) checkTime(ctx context.Context) time.Time {
-	t := now()
+//
+// chain is the instant the chain itself is at: the head's timestamp, or
+// the wall clock when the head cannot be read. A settlement already sent
+// is judged by it, not by t (checked.keptAt): a chain whose block time
+// lags the wall clock may still include it after validBefore by the wall
+// clock.
+func (f *Facilitator) checkTime(ctx context.Context) (t, chain time.Time) {
+	t = now()
+	chain = t
 	if h, err := f.chain.HeaderByNumber(ctx, nil); err == nil && h != nil {
-		if head := time.Unix(int64(h.Time), 0); head.After(t) {
-			return head
+		chain = time.Unix(int64(h.Time), 0)
+		if chain.After(t) {
+			t = chain
 		}
 	}
-	return t
+	return t, chain
 }

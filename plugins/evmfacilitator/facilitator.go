@@ -579,6 +579,13 @@ type checked struct {
 	name, version string
 	digest        [32]byte
 	recovered     bool // sig is an EOA signature that recovers to auth.From
+	// tooSoon is the refusal of a payment that passed every check but
+	// x402.ValidBeforeMargin (checkOwn): Verify answers it, and Settle
+	// too, unless a settlement of it is kept, which answers the retry.
+	tooSoon *checked
+	// keptAt is the chain's time when checkOwn ran (checkTime): what is
+	// kept of the authorization is looked up as of it (settle).
+	keptAt time.Time
 	// hasCode: auth.From has code, once read (codeRead; payerCode).
 	hasCode, codeRead bool
 	txData            []byte
@@ -632,6 +639,9 @@ func (f *Facilitator) check(ctx context.Context, p x402.PaymentPayload, req x402
 	if c.invalid {
 		return c, nil
 	}
+	if c.tooSoon != nil {
+		return c.tooSoon, nil
+	}
 	if r, err := f.checkSigner(ctx, c); err != nil || r != nil {
 		return r, err
 	}
@@ -646,7 +656,20 @@ func (f *Facilitator) check(ctx context.Context, p x402.PaymentPayload, req x402
 // authorization signed over their EIP-712 domain. Settle runs them before
 // it lets a caller join a settlement in flight.
 func (f *Facilitator) checkOwn(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) *checked {
-	chk, err := x402.CheckExactEVM(p, req, f.checkTime(ctx))
+	t, chain := f.checkTime(ctx)
+	chk, err := x402.CheckExactEVM(p, req, t)
+	var tooSoon error
+	if x402.ReasonOf(err) == x402.ReasonExactEVMValidBefore {
+		// The margin is time for a transaction sent now to be mined. A
+		// retry of a settlement already sent and kept sends nothing new:
+		// Settle answers it from what is kept while the chain may still
+		// include it, so every other check runs as if the margin were met
+		// at the chain's time; the margin's refusal answers anything else.
+		kchk, kerr := x402.CheckExactEVM(p, req, chain.Add(-x402.ValidBeforeMargin))
+		if r := x402.ReasonOf(kerr); r != x402.ReasonExactEVMValidBefore && r != x402.ReasonExactEVMValidAfter {
+			tooSoon, chk, err = err, kchk, kerr
+		}
+	}
 	if req.Network != f.network && !earlyRefusal(err) {
 		return refuse(x402.ReasonInvalidNetwork, "", "this facilitator settles on "+f.network+" only")
 	}
@@ -663,8 +686,12 @@ func (f *Facilitator) checkOwn(ctx context.Context, p x402.PaymentPayload, req x
 	}
 	_, name, version, token, _ := x402.ExactEVMDomain(req) // checked by CheckExactEVM
 	digest := x402.TypedDataDigest(x402.DomainSeparator(f.chainID, name, version, token), auth.StructHash())
-	return &checked{auth: auth, sig: chk.Signature, token: token, payer: payer,
-		name: name, version: version, digest: digest, recovered: chk.Recovered}
+	c := &checked{auth: auth, sig: chk.Signature, token: token, payer: payer,
+		name: name, version: version, digest: digest, recovered: chk.Recovered, keptAt: chain}
+	if tooSoon != nil {
+		c.tooSoon = refuse(x402.ReasonOf(tooSoon), payer, tooSoon.Error())
+	}
+	return c
 }
 
 // checkSigner runs, on a payment checkOwn passed, the first check that

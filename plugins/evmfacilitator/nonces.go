@@ -371,7 +371,10 @@ func (n *nonceManager) keepsAny() bool {
 }
 
 // sentOf returns the settlement of authorization k whose outcome is
-// unknown, if any, and its authorization still valid at t. One expired
+// unknown, if any, and its authorization still valid at t: for a settle,
+// the chain's time (checked.keptAt), since a chain whose block time lags
+// the wall clock may still include it after validBefore by the wall
+// clock. One expired
 // goes, unless watch still looks after it (its transaction may be pending,
 // holding the relayer's nonce, until its cancellation).
 func (n *nonceManager) sentOf(k usedKey, t time.Time) (*sentSettlement, bool) {

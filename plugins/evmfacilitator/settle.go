@@ -29,7 +29,11 @@ import (
 //   - A payment that does not meet the caller's own requirements (amount,
 //     payTo, network, asset, EIP-712 domain, time window) or whose
 //     signature is not the payer's (for a contract account, one its wallet
-//     refuses) is refused with its reason before anything else: it neither
+//     refuses) is refused with its reason before anything else (but for
+//     the validBefore margin, which is time to mine a transaction sent
+//     now: one that misses only the margin is refused once settle finds
+//     nothing of it kept, and a retry of a kept one is answered from it,
+//     since it sends nothing new): it neither
 //     waits for nor leads a concurrent settlement of the same
 //     authorization, so it is never answered with another caller's
 //     success, and valid callers are never answered with its refusal.
@@ -215,14 +219,17 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 		// that nothing was sent (the outage that made it unknown often
 		// fails this read too), since its transaction may still land, and
 		// the look-after sends it again once the node answers.
-		if s, ok := keptOnAnyChain(f.chainID, f.relayer, k, start, nil); ok {
+		if s, ok := keptOnAnyChain(f.chainID, f.relayer, k, c.keptAt, nil); ok {
 			sent.Store(true)
 			return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Err: fmt.Errorf("an earlier settle of this authorization sent %s, and its outcome was unknown; it is neither resolved nor sent again until the chain's identity can be read: %w", s.last().Hash().Hex(), err)}
+		}
+		if c.tooSoon != nil {
+			return f.failure(c.tooSoon.resp.InvalidReason, c.payer, c.tooSoon.resp.InvalidMessage, ""), nil
 		}
 		return x402.SettleResponse{}, fmt.Errorf("settling: %w", err)
 	}
 	defer n.unhold() // after noteSent (deferred below)
-	if s, ok := n.sentOf(k, start); ok {
+	if s, ok := n.sentOf(k, c.keptAt); ok {
 		// A retry after an unknown outcome: the chain decides that
 		// settlement's outcome (resolve), and nothing more is sent but a
 		// replacement of its transaction at a higher fee.
@@ -231,12 +238,16 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 		n.noteSent(k, s, err, now())
 		return f.oneSuccess(c, s, resp, err)
 	}
-	if s, ok := f.keptOnFormerChain(k, start, n); ok {
+	if s, ok := f.keptOnFormerChain(k, c.keptAt, n); ok {
 		// Sent on a chain the endpoint no longer reaches: its outcome
 		// cannot be read here, and the authorization, unused on this
 		// chain, is not sent on it (a second payment of one).
 		sent.Store(true)
 		return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Err: fmt.Errorf("an earlier settle of this authorization sent %s on another chain of chain ID %s, which this facilitator's endpoint no longer reaches (its node now serves a chain of another genesis block): its outcome cannot be read here, and it is not sent on this chain", s.last().Hash().Hex(), f.chainID)}
+	}
+	if c.tooSoon != nil {
+		// Nothing of it is kept: too close to validBefore to send.
+		return f.failure(c.tooSoon.resp.InvalidReason, c.payer, c.tooSoon.resp.InvalidMessage, ""), nil
 	}
 	c.settling = true
 	c, err = f.checkChain(pre, c)

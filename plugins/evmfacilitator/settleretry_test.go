@@ -10,6 +10,7 @@ import (
 
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/core/types"
+	"github.com/ethereum/go-ethereum/crypto"
 
 	"github.com/aovhq/aov/x402"
 )
@@ -189,5 +190,127 @@ func TestSentSettlementsAreKeptWhileTheyCanMatter(t *testing.T) {
 	n.noteSent(k, s, unknown, t0)
 	if _, ok := n.sent[expired]; ok || len(n.sent) != usedCacheMax {
 		t.Errorf("kept %d (the expired one: %v), want %d without the expired one", len(n.sent), ok, usedCacheMax)
+	}
+}
+
+// fakeWithholdingSends takes every transaction sent and answers
+// "connection reset by peer" without forwarding it: a node that took it
+// into a pool the facilitator cannot see (another node behind a load
+// balancer), from which it lands later (release).
+type fakeWithholdingSends struct {
+	Chain
+	mu   sync.Mutex
+	held []*types.Transaction
+}
+
+func (c *fakeWithholdingSends) SendTransaction(ctx context.Context, tx *types.Transaction) error {
+	c.mu.Lock()
+	c.held = append(c.held, tx)
+	c.mu.Unlock()
+	return errors.New("connection reset by peer")
+}
+
+func (c *fakeWithholdingSends) sent() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.held)
+}
+
+// release lands the first transaction withheld (its resends are the same
+// signed transaction).
+func (c *fakeWithholdingSends) release(t *testing.T) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.held) == 0 {
+		t.Fatal("nothing was sent")
+	}
+	if err := c.Chain.SendTransaction(context.Background(), c.held[0]); err != nil {
+		t.Fatalf("landing the withheld settlement: %v", err)
+	}
+}
+
+// keptRetryNearExpiry settles a payment valid for 12 s whose send is
+// answered "connection reset" (an unknown outcome, the settlement kept),
+// runs retry, then lands the withheld transaction, and returns the
+// retry's answer once the payer was charged.
+func keptRetryNearExpiry(t *testing.T, retry func(f *Facilitator, pay x402.PaymentPayload, req x402.PaymentRequirements, validBefore time.Time) (x402.SettleResponse, error)) (x402.SettleResponse, error) {
+	d := startDevnet(t, DevnetConfig{})
+	e := &testEnv{d: d}
+	wc := &fakeWithholdingSends{Chain: d.Client()}
+	f, err := New(Config{Chain: wc, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	identified(t, f)
+	req := e.requirements(payee, amount)
+	req.MaxTimeoutSeconds = 12
+	signedAt := time.Now()
+	pay := mustSignExact(t, payer, req)
+	validBefore := time.Unix(signedAt.Unix()+12, 0)
+	from := crypto.PubkeyToAddress(payer.PublicKey)
+	before := usdcBalance(t, d, from)
+	if _, err := f.Settle(context.Background(), pay, req); !errors.As(err, new(*x402.UnknownOutcomeError)) {
+		t.Fatalf("first settle = %v; want an unknown outcome", err)
+	}
+	resp, rerr := retry(f, pay, req, validBefore)
+	wc.release(t)
+	after := usdcBalance(t, d, from)
+	for deadline := time.Now().Add(3 * time.Second); after.Cmp(before) >= 0 && time.Now().Before(deadline); after = usdcBalance(t, d, from) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if after.Cmp(before) >= 0 {
+		t.Fatalf("payer balance %s -> %s: the withheld settlement did not land", before, after)
+	}
+	return resp, rerr
+}
+
+// The validBefore margin is time for a transaction sent now to be mined;
+// a retry of a settlement already sent and kept sends nothing new, and is
+// answered from what is kept (unknown while it is pending) until the chain
+// can no longer include it. (Before: in the last 6 s before validBefore
+// the retry was refused as valid_before, "nothing charged", and its
+// transaction then landed.) A fresh authorization as close to validBefore
+// is still refused, nothing sent.
+func TestKeptRetryInTheMarginBeforeValidBeforeIsAnsweredFromWhatIsKept(t *testing.T) {
+	var fresh x402.SettleResponse
+	var freshErr error
+	resp, err := keptRetryNearExpiry(t, func(f *Facilitator, pay x402.PaymentPayload, req x402.PaymentRequirements, validBefore time.Time) (x402.SettleResponse, error) {
+		time.Sleep(time.Until(validBefore.Add(-4 * time.Second)))
+		resp, err := f.Settle(context.Background(), pay, req)
+		sends := f.chain.(*fakeWithholdingSends).sent()
+		short := req
+		short.MaxTimeoutSeconds = 4 // validBefore 4 s away, as the kept one's
+		fresh, freshErr = f.Settle(context.Background(), mustSignExact(t, payer, short), short)
+		if got := f.chain.(*fakeWithholdingSends).sent(); got != sends {
+			t.Errorf("a fresh authorization 4 s before its validBefore sent %d transactions; want none", got-sends)
+		}
+		return resp, err
+	})
+	if !errors.As(err, new(*x402.UnknownOutcomeError)) {
+		t.Errorf("retry of a kept, pending settlement 4 s before validBefore = %+v, %v; want an unknown outcome", resp, err)
+	}
+	if freshErr != nil || fresh.Success || fresh.ErrorReason != x402.ReasonExactEVMValidBefore {
+		t.Errorf("a fresh authorization 4 s before its validBefore = %+v, %v; want refused as %s", fresh, freshErr, x402.ReasonExactEVMValidBefore)
+	}
+}
+
+// A kept settlement is judged by the chain's time, not the wall clock: a
+// chain whose block time lags may still include it after validBefore by
+// the wall clock, and its retry is answered unknown until the chain's
+// time passes validBefore. (Before: refused as valid_before once the wall
+// clock passed it, and then charged.)
+func TestKeptRetryPastValidBeforeByTheWallClockIsJudgedByTheChainsTime(t *testing.T) {
+	resp, err := keptRetryNearExpiry(t, func(f *Facilitator, pay x402.PaymentPayload, req x402.PaymentRequirements, validBefore time.Time) (x402.SettleResponse, error) {
+		// The facilitator's clock 15 s past the chain's: past validBefore.
+		now = func() time.Time { return time.Now().Add(15 * time.Second) }
+		defer func() { now = time.Now }()
+		if !now().After(validBefore) {
+			t.Fatal("setup: the wall clock is not past validBefore")
+		}
+		return f.Settle(context.Background(), pay, req)
+	})
+	if !errors.As(err, new(*x402.UnknownOutcomeError)) {
+		t.Errorf("retry of a kept settlement the chain may still include, past validBefore by the wall clock only = %+v, %v; want an unknown outcome", resp, err)
 	}
 }

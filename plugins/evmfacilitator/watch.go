@@ -19,8 +19,8 @@ import (
 // settlement whose outcome its settle did not learn is otherwise resolved
 // (its transaction replaced at a higher fee, or cancelled once its
 // authorization expired: replace) only by a retry of /settle or by follow;
-// a retry is refused by the wall-clock validBefore check once the
-// authorization is about to expire, and an ordinary account's settlement
+// no retry finds it kept once its authorization's validBefore passes by
+// the chain's time (sentOf), and an ordinary account's settlement
 // has no follow. So a transaction stuck below the base fee past validBefore
 // kept the relayer's nonce for good, and every later settlement of the
 // relayer queued behind it. While any kept settlement of the relayer key
