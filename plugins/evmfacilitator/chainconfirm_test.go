@@ -9,6 +9,7 @@ import (
 	"log"
 	"math/big"
 	"os"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
@@ -422,11 +423,13 @@ func TestASettleHoldsItsChainsNonceSetAgainstRelease(t *testing.T) {
 }
 
 // A chain's nonce set forgotten while it kept a settlement goes once that
-// settlement's authorization has expired (no retry of it passes the checks
-// then): it is judged again every releaseRetry until nothing in it is in
-// use. (Before: it stayed in the process for good, and every settle of the
-// chain ID scanned it.)
-func TestAForgottenChainSetGoesOnceItsSettlementsExpire(t *testing.T) {
+// settlement's authorization has expired (no retry of it finds it then)
+// and nothing of it is pending (done): it is judged again every
+// releaseRetry until nothing in it is in use. (Before: it stayed in the
+// process for good, and every settle of the chain ID scanned it.) One that
+// may still be pending past validBefore keeps the set (it holds the
+// relayer's nonce, for the next facilitator on the chain to cancel).
+func TestAForgottenChainSetGoesOnceItsSettlementsExpireResolved(t *testing.T) {
 	chainNonces.mu.Lock()
 	retry := releaseRetry
 	releaseRetry = 50 * time.Millisecond
@@ -441,7 +444,8 @@ func TestAForgottenChainSetGoesOnceItsSettlementsExpire(t *testing.T) {
 	set, _ := chainSet(chainIdentity{id: "1337", genesis: genesis})
 	n := set.of(crypto.PubkeyToAddress(DevKey(0).PublicKey))
 	tx := types.NewTx(&types.DynamicFeeTx{})
-	n.keep(usedKey{nonce: [32]byte{1}}, newSentSettlement(tx, time.Now(), big.NewInt(time.Now().Add(2*time.Second).Unix())), time.Now())
+	kept := newSentSettlement(tx, time.Now(), big.NewInt(time.Now().Add(2*time.Second).Unix()))
+	n.keep(usedKey{nonce: [32]byte{1}}, kept, time.Now())
 	set.unhold()
 	registered := func() bool {
 		chainNonces.mu.Lock()
@@ -452,9 +456,95 @@ func TestAForgottenChainSetGoesOnceItsSettlementsExpire(t *testing.T) {
 	if !registered() {
 		t.Fatal("a chain's nonce set was released while it kept a settlement")
 	}
-	for deadline := time.Now().Add(5 * time.Second); registered(); time.Sleep(50 * time.Millisecond) {
+	time.Sleep(3 * time.Second) // past validBefore, judged again many times
+	if !registered() {
+		t.Fatal("a chain's nonce set was released while it kept a settlement that may still be pending")
+	}
+	kept.done.Store(true) // the look-after learned nothing of it is pending
+	for deadline := time.Now().Add(2 * time.Second); registered(); time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatal("the forgotten chain's nonce set stays 4 s after its one kept settlement expired")
+			t.Fatal("the forgotten chain's nonce set stays 2 s after its one kept settlement expired and was resolved")
+		}
+	}
+}
+
+// Settles, Close, new facilitators (a reload), endpoints whose genesis
+// answer varies (chain switches, sets forgotten and released) and the
+// look-after's rounds, all at once under -race: nothing waits for good, and
+// once everything has answered no set is still held (a hold never let go
+// keeps a forgotten set in the process for good) or held below zero (let
+// go twice: a set released under a settle).
+func TestConcurrentSettlesClosesAndChainSwitchesLeaveNoSetHeld(t *testing.T) {
+	chainNonces.mu.Lock()
+	retry := releaseRetry
+	releaseRetry = 20 * time.Millisecond
+	chainNonces.mu.Unlock()
+	defer func() {
+		chainNonces.mu.Lock()
+		releaseRetry = retry
+		chainNonces.mu.Unlock()
+	}()
+	d := startDevnet(t, DevnetConfig{})
+	e := &testEnv{d: d}
+	tag := fmt.Sprintf("holds-%d", time.Now().UnixNano())
+	req := e.requirements(payee, "1")
+	req.MaxTimeoutSeconds = 10
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var facs []*Facilitator
+	deadline := time.Now().Add(8 * time.Second)
+	for w := range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; time.Now().Before(deadline); i++ {
+				c := &taggedChain{Chain: d.Client(), tag: tag, sendLies: (w+i)%2 == 0}
+				if w%3 == 0 {
+					c.flipAfter = int32(1 + i%3) // an endpoint whose genesis answer varies
+				}
+				f, err := New(Config{Chain: c, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 200 * time.Millisecond})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				facs = append(facs, f)
+				mu.Unlock()
+				var inner sync.WaitGroup
+				for j := range 3 {
+					inner.Add(1)
+					go func() {
+						defer inner.Done()
+						pay := mustSignExact(t, payer, req)
+						ctx, cancel := context.WithTimeout(context.Background(), time.Duration(50+100*j)*time.Millisecond)
+						defer cancel()
+						f.Settle(ctx, pay, req)
+						f.Settle(context.Background(), pay, req) // the retry
+						f.SentSettlementStatus(context.Background(), pay, req, x402.SentSettlement{Transaction: "0x" + strings.Repeat("ab", 32)})
+					}()
+				}
+				if i%2 == 0 {
+					time.Sleep(30 * time.Millisecond)
+					f.Close() // a reload: its settles still run
+				}
+				inner.Wait()
+				f.Close()
+			}
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(60 * time.Second):
+		pprof.Lookup("goroutine").WriteTo(os.Stderr, 1)
+		t.Fatal("settles, closes and chain switches still running 60 s after their 8 s: something waits for good")
+	}
+	chainNonces.mu.Lock()
+	defer chainNonces.mu.Unlock()
+	for id, s := range chainNonces.m {
+		if s.holds != 0 {
+			t.Errorf("chain %s/%s: its nonce set is held %d times with no settle or identification running", id.id, id.genesis.Hex()[:10], s.holds)
 		}
 	}
 }

@@ -247,6 +247,16 @@ func (s *sentSettlement) watched() bool {
 	return o != nil && !s.done.Load() && o.serves(s.kept.Load())
 }
 
+// over reports whether s may be forgotten at t (Unix seconds): its
+// authorization has expired, so no retry finds it (sentOf), and nothing of
+// it is pending: done, its outcome learned or its nonce used. One that
+// may still be pending holds the relayer's nonce, and is kept, with its
+// chain's set, however long its facilitator has been gone, so that the
+// next one opened on its chain takes it over (open) and cancels it.
+func (s *sentSettlement) over(t *big.Int) bool {
+	return s.validBefore.Cmp(t) <= 0 && s.done.Load()
+}
+
 // nonceManager returns the nonce manager of the chain s was sent on, or
 // f's for one kept nowhere (made by a test).
 func (s *sentSettlement) nonceManager(f *Facilitator) *nonceManager {
@@ -289,11 +299,10 @@ func (s *sentSettlement) has(h common.Hash) bool { return slices.Contains(s.hash
 // authorization unused while that transaction is pending or lost; sending
 // it again would be a second transaction of one authorization, bound to
 // revert at the relayer's gas once the first lands, and README promises
-// one send per facilitator of the key. An entry also goes when its
-// authorization's validBefore passes (sentOf): no settle of it passes the
-// checks after that. At most usedCacheMax are kept; past that, once the
-// expired ones are gone, the oldest is dropped (keepLocked), and a retry
-// of it may send again.
+// one send per facilitator of the key. An entry also goes once its
+// authorization's validBefore passes and nothing of it is pending (over).
+// At most usedCacheMax are kept; past that, once those over are gone, the
+// oldest is dropped (keepLocked), and a retry of it may send again.
 func (n *nonceManager) noteSent(k usedKey, s *sentSettlement, err error, t time.Time) {
 	var ue *x402.UnknownOutcomeError
 	n.sentMu.Lock()
@@ -342,7 +351,7 @@ func (n *nonceManager) keepLocked(k usedKey, s *sentSettlement, t time.Time) {
 	if len(n.sent) >= usedCacheMax {
 		unix := big.NewInt(t.Unix())
 		for k, e := range n.sent {
-			if e.s.validBefore.Cmp(unix) <= 0 && !e.s.watched() {
+			if e.s.over(unix) {
 				delete(n.sent, k)
 			}
 		}
@@ -374,15 +383,13 @@ func (n *nonceManager) keepsAny() bool {
 // unknown, if any, and its authorization still valid at t: for a settle,
 // the chain's time (checked.keptAt), since a chain whose block time lags
 // the wall clock may still include it after validBefore by the wall
-// clock. One expired
-// goes, unless watch still looks after it (its transaction may be pending,
-// holding the relayer's nonce, until its cancellation).
+// clock. One expired goes once nothing of it is pending (over).
 func (n *nonceManager) sentOf(k usedKey, t time.Time) (*sentSettlement, bool) {
 	n.sentMu.Lock()
 	defer n.sentMu.Unlock()
 	e, ok := n.sent[k]
-	if ok && e.s.validBefore.Cmp(big.NewInt(t.Unix())) <= 0 {
-		if !e.s.watched() {
+	if unix := big.NewInt(t.Unix()); ok && e.s.validBefore.Cmp(unix) <= 0 {
+		if e.s.over(unix) {
 			delete(n.sent, k)
 		}
 		return nil, false
@@ -745,9 +752,13 @@ var releaseRetry = time.Minute
 
 // releaseLocked removes s, dropped, from chainNonces unless it is in use:
 // held (hold), a manager with a facilitator open on it (heirLocked), or a
-// settlement kept whose authorization is still valid or that the
-// look-after still watches (one past its validBefore goes, as sentOf
-// drops it: no retry of it passes the checks). A devnet's set stays (its
+// settlement kept whose authorization is still valid or that may still be
+// pending (one over goes, as sentOf drops it). One whose facilitator was
+// unloaded while none other of the key was open on its chain is watched
+// by nobody, yet its transaction may be stuck below the base fee, holding
+// the relayer's nonce: released with the set, the next facilitator opened
+// on the chain would make a fresh set, take nothing over, and every later
+// settlement of the key there would queue behind it. A devnet's set stays (its
 // own sends use it). The last hold's unhold judges it again; kept
 // settlements and facilitators end without a word, so a set in use for
 // them is judged again releaseRetry later, until it goes. Under
@@ -762,7 +773,7 @@ func (s *nonceSet) releaseLocked() {
 	for _, n := range s.m {
 		n.sentMu.Lock()
 		for k, e := range n.sent {
-			if e.s.validBefore.Cmp(t) <= 0 && !e.s.watched() {
+			if e.s.over(t) {
 				delete(n.sent, k)
 			}
 		}

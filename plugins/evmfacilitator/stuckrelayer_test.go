@@ -567,3 +567,113 @@ func TestLookAfterPanicIsRecovered(t *testing.T) {
 		t.Fatalf("the child ran no round that panicked, so it proves nothing:\n%.600s", out)
 	}
 }
+
+// A settlement stuck by a fee spike, answered unknown, on a chain whose
+// only facilitator of the key is then unloaded, on a chain another
+// facilitator's varying endpoint forgot: the chain's set is not released
+// while the settlement may still be pending, past validBefore too, so the
+// next facilitator loaded on the chain takes it over and cancels it.
+// (Before: the set was released once validBefore passed by the wall clock,
+// the next facilitator made a fresh set and took nothing over, and every
+// later settlement of the relayer on that chain queued behind the stuck
+// one for good.)
+func TestAForgottenSetKeepsItsStuckSettlementForTheNextFacilitatorToCancel(t *testing.T) {
+	stuckThenReload(t, true)
+}
+
+// The same on a chain nobody forgot: the next facilitator takes the stuck
+// settlement over and cancels it.
+func TestTheNextFacilitatorCancelsAStuckSettlementLeftByAnUnloadedOne(t *testing.T) {
+	stuckThenReload(t, false)
+}
+
+// stuckThenReload settles into a fee spike through f, unloads f while the
+// settle runs (no other facilitator of the key open on its chain X), has
+// fv, another facilitator of the key on X whose endpoint's genesis answer
+// varies, forget X when forget is set, and waits past validBefore: a
+// facilitator opened on X then cancels the stuck settlement.
+func stuckThenReload(t *testing.T, forget bool) {
+	chainNonces.mu.Lock()
+	retry := releaseRetry
+	releaseRetry = 50 * time.Millisecond
+	chainNonces.mu.Unlock()
+	defer func() {
+		chainNonces.mu.Lock()
+		releaseRetry = retry
+		chainNonces.mu.Unlock()
+	}()
+	d := startDevnet(t, DevnetConfig{gasLimit: spikeGasLimit, MaxClockLead: 20 * time.Second})
+	e := &testEnv{d: d}
+	tag := fmt.Sprintf("stuck-reload-%d", time.Now().UnixNano())
+	ctx, stop := context.WithCancel(context.Background())
+	t.Cleanup(stop)
+	g := &congestion{t: t, d: d}
+	sctx, scancel := context.WithCancel(context.Background())
+	t.Cleanup(scancel)
+	fc := &taggedChain{Chain: d.Client(), tag: tag, gate: make(chan struct{}), gated: make(chan struct{})}
+	sc := &gateDeadline{spikeBeforeSend: &spikeBeforeSend{Chain: fc, g: g, ctx: ctx}, cancel: scancel}
+	f, err := New(Config{Chain: sc, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// another facilitator of the key on chain X, whose endpoint's genesis answer varies
+	fv, err := New(Config{Chain: &taggedChain{Chain: d.Client(), tag: tag, flipAfter: 1}, Network: DevnetNetwork, RelayerKey: DevKey(0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fv.Close()
+	x := identified(t, f)
+	if identified(t, fv) != x {
+		t.Fatal("f and fv are not on one chain's manager")
+	}
+	req := e.requirements(payee, amount)
+	req.MaxTimeoutSeconds = 12
+	p := mustSignExact(t, payer, req)
+	validBefore := f.checkOwn(ctx, p, req).auth.ValidBefore.Uint64()
+	res := make(chan error, 1)
+	go func() {
+		_, err := f.Settle(sctx, p, req)
+		res <- err
+	}()
+	<-fc.gated // f's settle holds X, past its checks, nothing kept yet
+	f.Close()  // unloaded (its request still runs); no other facilitator of the key is open on X
+	for range maxChainsPerKey {
+		if forget {
+			readGenesis(t, fv) // fv forgets X (nothing kept there yet)
+		}
+	}
+	close(fc.gate)
+	err = <-res
+	var ue *x402.UnknownOutcomeError
+	if !errors.As(err, &ue) {
+		t.Fatalf("settle sent before the spike: %v; want an unknown outcome", err)
+	}
+	st := &stuckSettlement{ctx: ctx, d: d, f: f, first: sc.all()[0], validBefore: validBefore}
+	registered := func() bool {
+		chainNonces.mu.Lock()
+		defer chainNonces.mu.Unlock()
+		return chainNonces.m[x.set.id] == x.set
+	}
+	if !registered() {
+		t.Fatal("setup: X released before validBefore")
+	}
+	for uint64(time.Now().Unix()) <= validBefore+1 {
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(4 * releaseRetry) // X judged again past validBefore
+	if _, pending, err := d.Client().TransactionByHash(ctx, st.first.Hash()); err != nil || !pending {
+		t.Fatalf("setup: the stuck settlement pending=%v, %v when X was judged", pending, err)
+	}
+	if !registered() {
+		t.Error("chain X's set was released while its stuck settlement is pending")
+	}
+
+	// The next facilitator loaded on X (a reload).
+	next, err := New(Config{Chain: &taggedChain{Chain: d.Client(), tag: tag}, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer next.Close()
+	identified(t, next)
+	st.waitNonceFreed(t, next)
+}
