@@ -598,7 +598,8 @@ func (s *nonceSet) of(addr common.Address) *nonceManager {
 // hold counts one more user of s (holds), so that releaseChainSet leaves
 // it to the process until that user lets go (unhold): a settle, which may
 // keep a settlement in it until it answers, whatever became of its
-// facilitator (Close lets it run), and a facilitator that reached the
+// facilitator (Close lets it run), and then its follow, which keeps it
+// there until it learns its outcome (one hold, handed over), and a facilitator that reached the
 // chain, until it is among a manager's users (confirmChain). It reports
 // false when s was released already: it is no chain's any more, and
 // whatever were kept in it nobody would find. A manager of no set, or of

@@ -228,7 +228,15 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 		}
 		return x402.SettleResponse{}, fmt.Errorf("settling: %w", err)
 	}
-	defer n.unhold() // after noteSent (deferred below)
+	// n's set is held until the settle answers (after noteSent, deferred
+	// below), or, for a payer with code whose outcome is unknown, until
+	// follow, which keeps the settlement there until it learns it, ends.
+	held := true
+	defer func() {
+		if held {
+			n.unhold()
+		}
+	}()
 	if s, ok := n.sentOf(k, c.keptAt); ok {
 		// A retry after an unknown outcome: the chain decides that
 		// settlement's outcome (resolve), and nothing more is sent but a
@@ -287,7 +295,11 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 		}
 		var ue *x402.UnknownOutcomeError
 		if errors.As(err, &ue) && sentSet != nil && f.mayRunCode(c) {
-			go f.follow(c, sentSet, ue.Err)
+			held = false
+			go func() {
+				defer n.unhold()
+				f.follow(c, sentSet, ue.Err)
+			}()
 			return
 		}
 		f.budget.end(c.flight, c.failed)

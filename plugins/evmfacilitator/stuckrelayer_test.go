@@ -203,6 +203,45 @@ func TestFollowCountsNoFailureForItsOwnPaidReplacement(t *testing.T) {
 	}
 }
 
+// The follow-up of a contract payer's settlement whose outcome is unknown
+// keeps it kept in its chain's nonce set until it learns it, so it holds
+// that set as the settle did, until it ends: a chain forgotten meanwhile
+// is not let go of under it. (Before: the settle let go of the set as it
+// answered, while its follow-up still ran.)
+func TestFollowHoldsItsChainsSetUntilItEnds(t *testing.T) {
+	d := startDevnet(t, DevnetConfig{gasLimit: spikeGasLimit, MaxClockLead: 20 * time.Second})
+	e := &testEnv{d: d}
+	from, p, req := contractPayer(t, e, acceptAllRuntime)
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	sctx, scancel := context.WithCancel(context.Background())
+	defer scancel()
+	sc := &gateDeadline{spikeBeforeSend: &spikeBeforeSend{Chain: d.Client(), g: &congestion{t: t, d: d}, ctx: ctx}, cancel: scancel}
+	f, err := New(Config{Chain: sc, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := identified(t, f).set
+	f.Close()
+	holds := func() int {
+		chainNonces.mu.Lock()
+		defer chainNonces.mu.Unlock()
+		return set.holds
+	}
+	if _, err := f.Settle(sctx, p, req); !errors.As(err, new(*x402.UnknownOutcomeError)) {
+		t.Fatalf("settle stuck by the spike: %v; want an unknown outcome", err)
+	}
+	if h := holds(); h != 1 {
+		t.Errorf("while the follow-up runs, the chain's set is held %d times; want 1 (the settle's, handed to it)", h)
+	}
+	landedFailures(t, f, from) // the follow-up ended
+	for deadline := time.Now().Add(2 * time.Second); holds() != 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the follow-up ended, and the chain's set is still held %d times", holds())
+		}
+	}
+}
+
 // After a restart (a status reader, or a facilitator with an
 // empty record) the gateway's status check naming the first, replaced
 // transaction finds the replacement's Transfer by the nonce's logs.
