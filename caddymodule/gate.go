@@ -936,7 +936,7 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		return g.refuse(w, r, ae)
 	}
 
-	ex := &restExchange{g: g}
+	ex := &restExchange{g: g, requestCheck: requestCheck{paying: payment != ""}}
 	if g.Validator == validateScore {
 		if err := g.checkScorePath(r); err != nil {
 			return g.refuse(w, r, err)

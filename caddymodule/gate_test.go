@@ -368,7 +368,11 @@ func TestOrderOfRefusals(t *testing.T) {
 				t.Errorf("input echoed: %s", b)
 			}
 		}},
-		{"an invalid request with a payment is still 422", "POST", `{}`, map[string]string{x402.HeaderPaymentSignature: "bm90IGEgcGF5bWVudA=="}, 422, nil},
+		{"an invalid request with a payment that does not decode is that payment's 400", "POST", `{}`, map[string]string{x402.HeaderPaymentSignature: "bm90IGEgcGF5bWVudA=="}, 400, func(t *testing.T, resp *http.Response) {
+			if m := readJSON(t, resp); !strings.HasPrefix(fmt.Sprint(m["error"]), "Invalid payment") {
+				t.Errorf("body %v", m)
+			}
+		}},
 		{"a POST with no body is the discovery probe", "POST", "", nil, 402, func(t *testing.T, resp *http.Response) {
 			pr := paymentRequired(t, resp)
 			if pr.X402Version != 2 || len(pr.Accepts) != 1 || pr.Accepts[0].Amount != "20000" || pr.Accepts[0].Network != x402.NetworkDevnet {

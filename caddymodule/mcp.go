@@ -97,8 +97,8 @@ func (g *Gate) serveMCP(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		return next.ServeHTTP(w, r)
 	}
 	read.gated = true
-	ex := &mcpExchange{g: g, id: msg.id, tool: g.MCPTool}
 	_, paying := msg.meta[mcpMetaPayment]
+	ex := &mcpExchange{g: g, id: msg.id, tool: g.MCPTool, requestCheck: requestCheck{paying: paying}}
 	if wait := g.rateWait(r, paying); wait > 0 {
 		return ex.rateLimited(w, r, wait)
 	}
@@ -137,11 +137,11 @@ func (g *Gate) serveMCP(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		// its replay claim is keyed on: a re-encoded copy is the same claim.
 		canon, err := receipt.AppendCanonical(nil, raw)
 		if err != nil {
-			return ex.demand(w, r, http.StatusOK, "Invalid payment: not a JSON object", x402.ReasonInvalidPayload, nil)
+			return ex.demand(w, r, http.StatusBadRequest, "Invalid payment: not a JSON object", x402.ReasonInvalidPayload, nil)
 		}
 		pay, err := x402.ParsePayment(canon)
 		if err != nil {
-			return ex.demand(w, r, http.StatusOK, "Invalid payment: "+err.Error(), reasonFor(err, x402.ReasonInvalidPayload), nil)
+			return ex.demand(w, r, http.StatusBadRequest, "Invalid payment: "+err.Error(), reasonFor(err, x402.ReasonInvalidPayload), nil)
 		}
 		setBody(r, msg.withoutPayment())
 		return g.servePaid(w, r, next, ex, pay, string(canon))
@@ -149,7 +149,7 @@ func (g *Gate) serveMCP(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	if g.Free != nil && int64(read.size) <= g.Free.MaxBody {
 		return g.serveFree(w, r, next, ex)
 	}
-	return ex.demand(w, r, http.StatusOK, "Payment required", "", nil)
+	return ex.demand(w, r, http.StatusPaymentRequired, "Payment required", "", nil)
 }
 
 // mcpReadLimits holds, per config being provisioned, the largest max_body
@@ -226,8 +226,12 @@ type mcpExchange struct {
 	requestCheck
 }
 
-func (e *mcpExchange) demand(w http.ResponseWriter, r *http.Request, _ int, msg, reason string, failed *x402.SettleResponse) error {
-	if ae := e.invalid(); ae != nil {
+// demand answers with a payment-required tool result (HTTP 200), for a
+// refused payment too: status tells a demand for payment (402) from the
+// refusal of a payment the gate could not read (400), which runs no
+// request check (requestCheck.offered).
+func (e *mcpExchange) demand(w http.ResponseWriter, r *http.Request, status int, msg, reason string, failed *x402.SettleResponse) error {
+	if ae := e.offered(status); ae != nil {
 		return e.toolError(w, r, ae)
 	}
 	g := e.g

@@ -48,13 +48,18 @@ var claimGrace = time.Minute
 // serveCharged.
 //
 // An exchange also carries the call's request-level check. Whenever the
-// gate answers a call itself instead of running the upstream (a demand for
-// payment, a refused payment, a store or facilitator outage), it first runs
+// gate offers a call for sale (a 402) or answers a call without a payment
+// itself instead of running the upstream (a store outage), it first runs
 // that check, so a request that can never succeed is refused with 422 and
 // is never offered for sale (SPEC §6). So does a payment settled before the
 // upstream runs (settle before), or the buyer would be charged for the
-// request the upstream then refuses. Any other call the gate lets through
-// is checked once, by the upstream, whose refusal is never charged.
+// request the upstream then refuses. A refusal of a payment (one the gate
+// cannot read, a store or facilitator outage) is the buyer's answer
+// whatever the request, and is given without the check: the check is a
+// schema compile, which under load waits for a slot (Gate.precheck), and
+// would replace the answer about the payment with a retryable 503. Any
+// other call the gate lets through is checked once, by the upstream,
+// whose refusal is never charged.
 type exchange interface {
 	// demand answers with a demand for payment: msg is for people, reason
 	// the x402 reason ("" for a plain demand), failed the refused
@@ -108,6 +113,9 @@ type exchange interface {
 type requestCheck struct {
 	check func() error // nil: nothing to check
 	done  bool
+	// paying: the call carries a payment, readable or not. Its refusals
+	// are about the payment and are answered as they are (answer).
+	paying bool
 	// evaluate parses the request as verifierd does, the schema evaluated
 	// on the output within verifierd's default budgets (verify.Parse); nil:
 	// nothing to evaluate. Only a settle before payment runs it
@@ -119,6 +127,18 @@ type requestCheck struct {
 // request check runs, so that the rule of one validation per call is
 // asserted by counting it.
 var requestChecked func()
+
+// offered is the request's own refusal to answer with instead of a
+// demand for payment of status, if any: a 402 offers the call for sale,
+// which an invalid request never is (SPEC §6), so it runs the check
+// (invalid); a 400 refuses a payment the gate could not read, the buyer's
+// answer whatever the request, and runs none.
+func (c *requestCheck) offered(status int) *apierr.Error {
+	if status != http.StatusPaymentRequired {
+		return nil
+	}
+	return c.invalid()
+}
 
 // invalid runs the check (once) and returns its refusal, if any.
 func (c *requestCheck) invalid() *apierr.Error {
@@ -166,7 +186,13 @@ func (c *requestCheck) evaluated(ctx context.Context) *apierr.Error {
 // a payment identifier's retry that was paid and answered would be told
 // nothing was charged, next to the PAYMENT-RESPONSE of its settlement.
 // The retry that fixes the request gets the payment's answer all the same.
+// A call carrying a payment gets ae as it is: every refusal of such a call
+// is about its payment (see exchange), and a settle before payment's
+// request was checked before anything else (servePaid).
 func (c *requestCheck) answer(ae *apierr.Error) *apierr.Error {
+	if c.paying {
+		return ae
+	}
 	switch ae.Code {
 	case codeSettlementPending, codePaymentIDConflict, codePaymentIDInProgress, codePaymentIDAnswerNotKept:
 		return ae
@@ -187,7 +213,7 @@ type restExchange struct {
 }
 
 func (e *restExchange) demand(w http.ResponseWriter, r *http.Request, status int, msg, reason string, failed *x402.SettleResponse) error {
-	if ae := e.invalid(); ae != nil {
+	if ae := e.offered(status); ae != nil {
 		return e.g.refuse(w, r, ae)
 	}
 	if failed != nil {

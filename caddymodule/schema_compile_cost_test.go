@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/aovhq/aov/internal/signflip"
+	"github.com/aovhq/aov/x402"
 )
 
 // The gate compiles a request's schema to tell 422 from 402, unpaid, so
@@ -215,5 +216,42 @@ func TestUnpaidSchemaCompilesAreBoundedGatewayWide(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusPaymentRequired {
 		t.Errorf("with the precheck slots free: status %d, want 402", resp.StatusCode)
+	}
+}
+
+// A refusal of the payment itself (here a PAYMENT-SIGNATURE that does not
+// decode) is answered as it is, whatever the unpaid compiles hold: the
+// request check only tells 422 from 402 for a request the gate would offer
+// for sale, so this answer neither compiles the schema nor waits for one of
+// precheckSlots. (Before: it waited precheckWait for a slot and was
+// answered 503 verification_timeout, retryable, instead of the 400 that
+// says the payment is unusable.)
+func TestAPaymentRefusalDoesNotWaitForUnpaidCompiles(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	checks := countRequestChecks(t)
+	base := startCaddy(t, gateSite(up.URL, fac, 0, ""))
+	url := base + "/verify/schema"
+	defer func(w time.Duration) { precheckWait = w }(precheckWait)
+	precheckWait = 300 * time.Millisecond
+	for range cap(precheckSlots) {
+		precheckSlots <- struct{}{}
+	}
+	defer func() {
+		for range cap(precheckSlots) {
+			<-precheckSlots
+		}
+	}()
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: "not-a-payment"})
+	var body struct {
+		Code string `json:"code"`
+	}
+	json.NewDecoder(resp.Body).Decode(&body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest || resp.Header.Get(x402.HeaderPaymentRequired) == "" {
+		t.Errorf("unreadable payment with the precheck slots busy: %d %q; want 400 with PAYMENT-REQUIRED", resp.StatusCode, body.Code)
+	}
+	if n := checks.Load(); n != 0 {
+		t.Errorf("request checks run for a payment's refusal: %d, want 0", n)
 	}
 }
