@@ -1018,15 +1018,22 @@ var precheckWait = verify.DefaultTimeout
 // refusal budget (slotCheck; rateZone.enter), unless it holds a paid
 // call's slot already (its check is part of that work), and is answered
 // 429 rate_limited when none is free or the budget is spent, nothing
-// counted (paying: the request carries a payment, one the gate could not
-// read, and has the lower floor of a payment's refusal, rateZone.arrival);
-// then one of the gateway's precheckSlots, waiting at most precheckWait.
-// The 402 or 422 that follows is counted as any refusal (note), so a
-// client's compiles are at most events at a time and put its budget at
-// most events in debt.
+// counted; then one of the gateway's precheckSlots, waiting at most
+// precheckWait. The 402 or 422 that follows is counted as any refusal
+// (note), so a client's compiles are at most events at a time and put its
+// budget at most events in debt.
+//
+// A call carrying a payment (paying) is checked only within servePaid,
+// holding its client's paid slot under rate_limit (before a settle before
+// payment settles, or a 402 offers it again): its check is that call's
+// work, bounded as all of it is, and takes none of precheckSlots, so
+// unpaid requests holding them never delay or refuse a payment.
 func (g *Gate) precheck(r *http.Request, paying bool, check func() error) error {
+	if paying {
+		return check()
+	}
 	if g.rates != nil && caddyhttp.GetVar(r.Context(), varRateSlot) == nil {
-		s, wait := g.rates.enter(clientAddr(r), slotCheck, paying)
+		s, wait := g.rates.enter(clientAddr(r), slotCheck, false)
 		if wait > 0 {
 			return apierr.RateLimited(wait)
 		}

@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"encoding/json"
 	"io"
+	"math/big"
 	"net/http"
 	"strconv"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/aovhq/aov/internal/signflip"
+	"github.com/aovhq/aov/plugins/evmfacilitator"
 	"github.com/aovhq/aov/x402"
 )
 
@@ -253,5 +255,43 @@ func TestAPaymentRefusalDoesNotWaitForUnpaidCompiles(t *testing.T) {
 	}
 	if n := checks.Load(); n != 0 {
 		t.Errorf("request checks run for a payment's refusal: %d, want 0", n)
+	}
+}
+
+// precheckSlots bound the compiles done for unpaid answers. A paid call's
+// own check (settle before: before its payment settles) is part of the
+// paid call's work, bounded by its client's paid slots as every paid
+// call's work is, and takes none of them: with every one held by unpaid
+// requests, a funded valid payment is served and charged at once. (Before:
+// it waited precheckWait for one and was refused 503 verification_timeout.)
+func TestAPaidCallsCheckTakesNoUnpaidCompileSlot(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	base := startCaddy(t, gateSite(up.URL, fac, 0, "settle before"))
+	url := base + "/verify/schema"
+	pr := paymentRequired(t, post(t, url, "", nil))
+	payer := evmfacilitator.DevAccounts()[8].Address
+	before := balance(t, d, payer)
+	defer func(w time.Duration) { precheckWait = w }(precheckWait)
+	precheckWait = 300 * time.Millisecond
+	for range cap(precheckSlots) {
+		precheckSlots <- struct{}{}
+	}
+	defer func() {
+		for range cap(precheckSlots) {
+			<-precheckSlots
+		}
+	}()
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: signFor(t, pr, 8)})
+	var body struct {
+		Code string `json:"code"`
+	}
+	json.NewDecoder(resp.Body).Decode(&body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("paid valid request (settle before) with every unpaid compile slot held: %d %q; want 200", resp.StatusCode, body.Code)
+	}
+	if got := charged(t, d, payer, before); got.Cmp(big.NewInt(20000)) != 0 {
+		t.Errorf("charged %v, want 20000", got)
 	}
 }
