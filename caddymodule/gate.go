@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -1005,10 +1006,53 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 // one address, and many addresses would otherwise multiply them.
 var precheckSlots = make(chan struct{}, verify.DefaultMaxConcurrent())
 
-// precheckWait is how long a precheck waits for one of precheckSlots
-// before the request is answered 503 verification_timeout, nothing
-// charged (verifierd's default Timeout); tests shorten it.
+// precheckWait is how long a precheck waits for its client's turn and one
+// of precheckSlots, in all, before the request is answered 503
+// verification_timeout, nothing charged (verifierd's default Timeout);
+// tests shorten it.
 var precheckWait = verify.DefaultTimeout
+
+// precheckTurns holds each client's turn (clientAddr, as rate_limit counts
+// it): a client compiles one unpaid request's schema at a time over the
+// gateway, its others waiting behind it. A client may hold rate_limit's
+// events checks at once (slotCheck), 120 in Caddyfile.example, more than
+// precheckSlots; without turns one address's burst held every slot and
+// its queue, and every other client's 402 waited out precheckWait.
+var precheckTurns = struct {
+	sync.Mutex
+	m map[string]*precheckTurn
+}{m: make(map[string]*precheckTurn)}
+
+// precheckTurn is one client's turn: a token in c while one of its
+// requests holds it; refs counts the requests holding or waiting for it,
+// so the entry lives exactly while one does.
+type precheckTurn struct {
+	c    chan struct{}
+	refs int
+}
+
+// joinTurn returns client's turn, counting the request in (leaveTurn).
+func joinTurn(client string) *precheckTurn {
+	precheckTurns.Lock()
+	defer precheckTurns.Unlock()
+	t := precheckTurns.m[client]
+	if t == nil {
+		t = &precheckTurn{c: make(chan struct{}, 1)}
+		precheckTurns.m[client] = t
+	}
+	t.refs++
+	return t
+}
+
+// leaveTurn counts the request out of client's turn t, dropping it with
+// the last.
+func leaveTurn(client string, t *precheckTurn) {
+	precheckTurns.Lock()
+	defer precheckTurns.Unlock()
+	if t.refs--; t.refs == 0 {
+		delete(precheckTurns.m, client)
+	}
+}
 
 // precheck runs check, the request's parse and schema compile
 // (verify.Precheck): work a request gets done before the gate answers 402
@@ -1018,10 +1062,13 @@ var precheckWait = verify.DefaultTimeout
 // refusal budget (slotCheck; rateZone.enter), unless it holds a paid
 // call's slot already (its check is part of that work), and is answered
 // 429 rate_limited when none is free or the budget is spent, nothing
-// counted; then one of the gateway's precheckSlots, waiting at most
-// precheckWait. The 402 or 422 that follows is counted as any refusal
-// (note), so a client's compiles are at most events at a time and put its
-// budget at most events in debt.
+// counted; then its client's turn (precheckTurns) and one of the
+// gateway's precheckSlots, waiting at most precheckWait for both. The 402
+// or 422 that follows is counted as any refusal (note), so a client's
+// compiles are at most events at a time and put its budget at most events
+// in debt; and so is the 503 of a request that waited in vain, or whose
+// client went away while it waited: the wait is the gateway's work too,
+// and uncounted a client could keep the slots busy for nothing.
 //
 // A call carrying a payment (paying) is checked only within servePaid,
 // holding its client's paid slot under rate_limit (before a settle before
@@ -1039,17 +1086,37 @@ func (g *Gate) precheck(r *http.Request, paying bool, check func() error) error 
 		}
 		defer s.leave()
 	}
-	t := time.NewTimer(precheckWait)
-	defer t.Stop()
-	select {
-	case precheckSlots <- struct{}{}:
-	case <-t.C:
-		return apierr.Timeout(precheckWait, context.DeadlineExceeded)
-	case <-r.Context().Done():
-		return apierr.Timeout(precheckWait, r.Context().Err())
+	deadline := time.NewTimer(precheckWait)
+	defer deadline.Stop()
+	client := clientAddr(r)
+	turn := joinTurn(client)
+	defer leaveTurn(client, turn)
+	if err := g.awaitSlot(r, turn.c, deadline.C); err != nil {
+		return err
+	}
+	defer func() { <-turn.c }()
+	if err := g.awaitSlot(r, precheckSlots, deadline.C); err != nil {
+		return err
 	}
 	defer func() { <-precheckSlots }()
 	return check()
+}
+
+// awaitSlot puts a token in slots, or, when deadline fires or the client
+// goes away first, counts the request against its client (noteRefusal)
+// and returns 503 verification_timeout (precheck).
+func (g *Gate) awaitSlot(r *http.Request, slots chan struct{}, deadline <-chan time.Time) error {
+	var err error
+	select {
+	case slots <- struct{}{}:
+		return nil
+	case <-deadline:
+		err = context.DeadlineExceeded
+	case <-r.Context().Done():
+		err = r.Context().Err()
+	}
+	g.noteRefusal(r)
+	return apierr.Timeout(precheckWait, err)
 }
 
 // readBody reads the whole request body, up to MaxBody, and puts it back for

@@ -5,6 +5,7 @@ import (
 	"io"
 	"math/big"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -293,5 +294,90 @@ func TestAPaidCallsCheckTakesNoUnpaidCompileSlot(t *testing.T) {
 	}
 	if got := charged(t, d, payer, before); got.Cmp(big.NewInt(20000)) != 0 {
 		t.Errorf("charged %v, want 20000", got)
+	}
+}
+
+// One client compiles at most one unpaid request's schema at a time over
+// the gateway (precheckTurns); its others wait behind it within the same
+// deadline. So one address bursting compile-heavy requests, up to the
+// shipped rate_limit 120 1m (Caddyfile.example), holds one of
+// precheckSlots, and another address's first request is answered 402 at
+// once, round after round. (Before: the burst held every slot and its
+// queue, and the other address waited 5 s and was answered 503
+// verification_timeout.)
+func TestOneClientHoldsOneGatewayCompileSlot(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	const events = 120 // Caddyfile.example: rate_limit {$AOV_GATE_RATE:120} 1m
+	base := startCaddyServers(t, proxiedClients, "", gateSite(up.URL, fac, 0, "rate_limit "+strconv.Itoa(events)+" 1m"))
+	url := base + "/verify/schema"
+
+	bodies := make([]string, events)
+	for i := range bodies {
+		bodies[i] = compileHeavyRequest(1000 + i)
+	}
+	for round := 1; round <= 2; round++ {
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		start := make(chan struct{})
+		burst := map[int]int{}
+		for i := range events {
+			wg.Go(func() {
+				<-start
+				resp := post(t, url, bodies[i], from("198.51.100.7"))
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				mu.Lock()
+				burst[resp.StatusCode]++
+				mu.Unlock()
+			})
+		}
+		close(start)
+		time.Sleep(150 * time.Millisecond)
+		t0 := time.Now()
+		resp := post(t, url, validRequest, from("203.0.113."+strconv.Itoa(round)))
+		took := time.Since(t0)
+		var body struct {
+			Code string `json:"code"`
+		}
+		json.NewDecoder(resp.Body).Decode(&body)
+		resp.Body.Close()
+		wg.Wait()
+		t.Logf("round %d: one address's burst (rate_limit %d 1m): statuses %v; another address: %d %q after %v", round, events, burst, resp.StatusCode, body.Code, took)
+		if resp.StatusCode != http.StatusPaymentRequired || took > 2*time.Second {
+			t.Errorf("round %d: another address's first unpaid request while one address bursts compile-heavy requests: %d %q after %v; want 402 within 2 s", round, resp.StatusCode, body.Code, took)
+		}
+	}
+}
+
+// An unpaid request that waited for a compile slot and timed out cost the
+// gateway a wait, as a 402 costs a compile: it counts against its
+// client's rate_limit, so a client cannot hold requests open against busy
+// slots for free, round after round. (Before: a 503 verification_timeout
+// counted nothing.)
+func TestATimedOutUnpaidCompileCountsAgainstItsClient(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	base := startCaddy(t, gateSite(up.URL, fac, 0, "rate_limit 2 1h"))
+	url := base + "/verify/schema"
+	defer func(w time.Duration) { precheckWait = w }(precheckWait)
+	precheckWait = 100 * time.Millisecond
+	for range cap(precheckSlots) {
+		precheckSlots <- struct{}{}
+	}
+	defer func() {
+		for range cap(precheckSlots) {
+			<-precheckSlots
+		}
+	}()
+	var got []int
+	for range 3 {
+		resp := post(t, url, validRequest, nil)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		got = append(got, resp.StatusCode)
+	}
+	if want := []int{http.StatusServiceUnavailable, http.StatusServiceUnavailable, http.StatusTooManyRequests}; !slices.Equal(got, want) {
+		t.Errorf("three unpaid requests, every compile slot busy, rate_limit 2 1h: %v; want %v (each timed-out wait counted)", got, want)
 	}
 }
