@@ -175,29 +175,18 @@ func (c *requestCheck) evaluated(ctx context.Context) *apierr.Error {
 	return nil
 }
 
-// answer is the refusal to answer with instead of ae: the request's own
-// 422 when it has one, except when ae tells the buyer about a payment
-// already in play (settlement_pending, or charged) or about a payment
-// identifier already bound to a call (its 409s, SPEC §7: that call was
-// paid and answered, is running, or is another request). A 422 says
-// charged false and nothing of the payment, so the buyer would sign a
-// second one for a payment that may have moved, or did, or send the
-// spent one again with a fixed body the id then refuses all the same; and
-// a payment identifier's retry that was paid and answered would be told
-// nothing was charged, next to the PAYMENT-RESPONSE of its settlement.
-// The retry that fixes the request gets the payment's answer all the same.
-// A call carrying a payment gets ae as it is: every refusal of such a call
-// is about its payment (see exchange), and a settle before payment's
-// request was checked before anything else (servePaid).
+// answer is the refusal to answer with instead of ae: for a call without
+// a payment, the request's own 422 when it has one (an invalid request is
+// never offered for sale, nor told to come back after an outage). A call
+// carrying a payment gets ae as it is: every refusal of it is about its
+// payment (see exchange), and a 422 in its place would say charged false
+// and nothing of the payment, so a buyer told settlement_pending, charged,
+// or a payment identifier's 409 (SPEC §7) would sign a second payment for
+// one that may have moved, or did, or send the spent one again with a
+// fixed body the id then refuses all the same. A settle before payment's
+// request was checked before its payment is verified (servePaid).
 func (c *requestCheck) answer(ae *apierr.Error) *apierr.Error {
 	if c.paying {
-		return ae
-	}
-	switch ae.Code {
-	case codeSettlementPending, codePaymentIDConflict, codePaymentIDInProgress, codePaymentIDAnswerNotKept:
-		return ae
-	}
-	if ae.Charged {
 		return ae
 	}
 	if invalid := c.invalid(); invalid != nil {
