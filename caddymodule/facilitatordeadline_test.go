@@ -95,23 +95,32 @@ func fakeSlowChainRPC(t *testing.T, rpc string, delay time.Duration) *httptest.S
 	return srv
 }
 
-// A facilitator's own configured bound on its calls is the gate's: a
-// settlement that takes 35 s to confirm, within the 60 s the operator gave
-// the facilitator (facilitator http's timeout, evm's receipt_timeout), is
-// answered with the content paid for. (Before: the gate cut every
-// facilitator call at its own fixed 30 s, so the buyer was charged and
-// told settlement_pending.)
-func TestFacilitatorCallsEndByTheFacilitatorsOwnTimeout(t *testing.T) {
+// The gate waits for a facilitator call at most maxFacilitatorWait, even
+// where the facilitator's own bound (facilitator http's timeout, evm's
+// receipt_timeout) is longer: a settlement that ends after it is answered
+// 503 settlement_pending within the server's write timeout, and the retry
+// with the same payment gets the content once the outcome is known,
+// charged once (a remote facilitator's settlement is read from the chain
+// through its rpc). (Before: the gate waited the facilitator's whole bound, 3m10s
+// for the default evm, past Caddyfile.example's write 120s: the response was
+// cut after the settlement landed and the retry was refused as already
+// used.) Scaled down: the gate's wait 2s, write 4s, the settlement's reply
+// or receipt after 8s within the facilitator's 60s.
+func TestFacilitatorCallPastTheGatesWaitIsPendingThenServed(t *testing.T) {
+	old := maxFacilitatorWait
+	maxFacilitatorWait = 2 * time.Second
+	t.Cleanup(func() { maxFacilitatorWait = old })
 	d, fac := sharedDevnet(t)
 	t.Run("facilitator http timeout", func(t *testing.T) {
-		front := fakeSlowSettleFacilitator(t, fac, 35*time.Second)
-		testSlowSettlementAnswered(t, d, 6, fmt.Sprintf(`http %s {
+		front := fakeSlowSettleFacilitator(t, fac, 8*time.Second)
+		testSlowSettlementPendingThenServed(t, d, 6, fmt.Sprintf(`http %s {
 				timeout 60s
-			}`, front.URL))
+				rpc devnet %s
+			}`, front.URL, d.RPCURL()))
 	})
 	t.Run("facilitator evm receipt_timeout", func(t *testing.T) {
-		rpc := fakeSlowChainRPC(t, d.RPCURL(), 35*time.Second)
-		testSlowSettlementAnswered(t, d, 4, fmt.Sprintf(`evm {
+		rpc := fakeSlowChainRPC(t, d.RPCURL(), 8*time.Second)
+		testSlowSettlementPendingThenServed(t, d, 4, fmt.Sprintf(`evm {
 				network devnet
 				rpc_url %s
 				relayer_key %s
@@ -120,11 +129,25 @@ func TestFacilitatorCallsEndByTheFacilitatorsOwnTimeout(t *testing.T) {
 	})
 }
 
-// testSlowSettlementAnswered pays a gate settled by facilitator with
-// development account payerIdx and wants the paid answer, charged once.
-func testSlowSettlementAnswered(t *testing.T, d *evmfacilitator.Devnet, payerIdx int, facilitator string) {
+// The gate's wait is the facilitator's bound where that is shorter, and
+// maxFacilitatorWait where it is longer.
+func TestGateWaitsForAFacilitatorCallAtMostMaxFacilitatorWait(t *testing.T) {
+	for timeout, want := range map[time.Duration]time.Duration{10 * time.Second: 10 * time.Second, 90 * time.Second: maxFacilitatorWait} {
+		g := &Gate{facilitator: &HTTPFacilitator{f: x402.NewHTTPFacilitator(x402.HTTPFacilitatorConfig{URL: "http://127.0.0.1:1", Timeout: timeout})}}
+		if v, s := g.callTimeouts(); v != want || s != want {
+			t.Errorf("facilitator http timeout %v: the gate waits %v for a verify, %v for a settle; want %v", timeout, v, s, want)
+		}
+	}
+}
+
+// testSlowSettlementPendingThenServed pays a gate settled by facilitator
+// (whose settlement takes longer than the gate waits) with development
+// account payerIdx, behind a server whose write timeout is 4s: the call is
+// answered 503 settlement_pending, and the same payment's retry the paid
+// answer once the settlement is known, charged once.
+func testSlowSettlementPendingThenServed(t *testing.T, d *evmfacilitator.Devnet, payerIdx int, facilitator string) {
 	up := newUpstream(t)
-	base := startCaddy(t, fmt.Sprintf(`:{port} {
+	base := startCaddyServers(t, "\t\ttimeouts {\n\t\t\twrite 4s\n\t\t}", "", fmt.Sprintf(`:{port} {
 	route /verify/schema {
 		x402 {
 			accept {
@@ -144,23 +167,40 @@ func testSlowSettlementAnswered(t *testing.T, d *evmfacilitator.Devnet, payerIdx
 	payer := evmfacilitator.DevAccounts()[payerIdx].Address
 	before := balance(t, d, payer)
 	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), payerIdx)
-	start := time.Now()
-	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(validRequest))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(x402.HeaderPaymentSignature, sig)
-	resp, err := (&http.Client{Timeout: 90 * time.Second}).Do(req)
+	do := func() (*http.Response, []byte, error) {
+		req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(validRequest))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set(x402.HeaderPaymentSignature, sig)
+		resp, err := (&http.Client{Timeout: 90 * time.Second}).Do(req)
+		if err != nil {
+			return nil, nil, err
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp, b, nil
+	}
+	resp, b, err := do()
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("the paid call's response was cut: %v", err)
 	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	took := time.Since(start)
-	if resp.StatusCode != http.StatusOK || resp.Header.Get(x402.HeaderPaymentResponse) == "" {
-		t.Errorf("a settlement confirmed after 35 s, within the facilitator's 60 s: %d after %v %.200s; want the paid answer",
-			resp.StatusCode, took.Round(time.Second), b)
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(b), "settlement_pending") {
+		t.Fatalf("a settlement slower than the gate's wait: %d %.200s; want 503 settlement_pending", resp.StatusCode, b)
 	}
-	if took < 30*time.Second {
-		t.Errorf("answered after %v: the slow chain was not in the way", took.Round(time.Second))
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(500 * time.Millisecond) {
+		resp, b, err = do()
+		if err == nil && resp.StatusCode == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			code := 0
+			if resp != nil {
+				code = resp.StatusCode
+			}
+			t.Fatalf("the retry 30 s after the settlement: %d %.200s err=%v; want the paid answer", code, b, err)
+		}
+	}
+	if resp.Header.Get(x402.HeaderPaymentResponse) == "" {
+		t.Errorf("the paid answer of the retry has no %s", x402.HeaderPaymentResponse)
 	}
 	if got := charged(t, d, payer, before); got.Cmp(big.NewInt(20000)) != 0 {
 		t.Errorf("charged %v, want 20000", got)

@@ -153,7 +153,7 @@ const (
 	defaultMaxBuffer       = 10 << 20
 	defaultFreeMaxBody     = 64 << 10
 	defaultMaxTimeout      = 60
-	defaultSettleTimeout   = 30 * time.Second // a call to a facilitator that states no bounds of its own (facilitatorTimeouts)
+	defaultSettleTimeout   = 30 * time.Second // a call to a facilitator that states no bounds of its own (facilitatorTimeouts); the gate's longest wait (maxFacilitatorWait)
 	defaultUpstreamTimeout = 30 * time.Second
 	// gateSchemaCache is how many compiled schemas the gate's precheck
 	// keeps: it compiles only for requests it answers itself.

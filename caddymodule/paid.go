@@ -467,11 +467,10 @@ type timedFacilitator interface {
 	callTimeouts() (verify, settle time.Duration)
 }
 
-// facilitatorTimeouts is how long the gate lets f's Verify and Settle
-// take: f's own bounds (timedFacilitator), else defaultSettleTimeout. The
-// gate never bounds a call by less than its facilitator does: a settlement
-// that ends within the operator's bound and after a shorter one of the
-// gate's would charge a buyer told settlement_pending.
+// facilitatorTimeouts is how long f's Verify and Settle may run: f's own
+// bounds (timedFacilitator), else defaultSettleTimeout. The gate waits for
+// at most maxFacilitatorWait of it (Gate.callTimeouts); the rest counts in
+// the attempt span, as the facilitator may still be settling.
 func facilitatorTimeouts(f x402.Facilitator) (verify, settle time.Duration) {
 	if tf, ok := f.(timedFacilitator); ok {
 		return tf.callTimeouts()
@@ -479,13 +478,28 @@ func facilitatorTimeouts(f x402.Facilitator) (verify, settle time.Duration) {
 	return defaultSettleTimeout, defaultSettleTimeout
 }
 
-// callTimeouts is facilitatorTimeouts of the gate's facilitator.
+// maxFacilitatorWait is the longest the gate waits for one facilitator
+// call, whatever the facilitator's own bound: a paid call (verify,
+// upstream_timeout, settle) must end within the server's write timeout
+// (Caddyfile.example's 120s) and the stop grace, or its response is cut
+// after its settlement landed and its retry is refused as already used:
+// charged, nothing delivered. A settle still running when the gate stops
+// waiting has an unknown outcome: 503 settlement_pending, the payment held
+// and its retry served once the outcome is known (the facilitator goes on;
+// evm's relayer keeps its settlement). A variable so tests can shorten it.
+var maxFacilitatorWait = defaultSettleTimeout
+
+// callTimeouts is how long the gate waits for its facilitator's Verify and
+// Settle: the facilitator's own bounds (facilitatorTimeouts), at most
+// maxFacilitatorWait.
 func (g *Gate) callTimeouts() (verify, settle time.Duration) {
-	return facilitatorTimeouts(g.facilitator)
+	verify, settle = facilitatorTimeouts(g.facilitator)
+	return min(verify, maxFacilitatorWait), min(settle, maxFacilitatorWait)
 }
 
 // sentAfter is a time before which a settlement that has just ended was
-// not asked for: now, less the longest its Settle takes (callTimeouts).
+// not asked for: now, less the longest the gate waits for a Settle
+// (callTimeouts).
 func (g *Gate) sentAfter() time.Time {
 	_, settle := g.callTimeouts()
 	return now().Add(-settle)

@@ -193,8 +193,10 @@ const attemptMargin = time.Minute
 
 // attemptSpan bounds how long the request that claimed a payment works on
 // it, as the sum of every wait on its way, each bounded by its timeout:
-// the verify and the settle (each as long as the facilitator lets it take,
-// callTimeouts), the upstream (upstream_timeout), a
+// the verify and the settle (each as long as the facilitator lets it run,
+// facilitatorTimeouts, not only the gate's shorter wait: a facilitator
+// still settling after the gate stopped waiting may yet move the money),
+// the upstream (upstream_timeout), a
 // verify_response later in the route (its call to the verifier ends by the
 // upstream's deadline, answerBy, and is still counted at its longest,
 // maxVerifierTimeout, as a margin), the embedded EVM facilitator's reads after a
@@ -206,7 +208,7 @@ const attemptMargin = time.Minute
 // claim is in liveClaims); it is what another gateway sharing the store
 // goes by, and what is left once the request is gone.
 func (g *Gate) attemptSpan() time.Duration {
-	verify, settle := g.callTimeouts()
+	verify, settle := facilitatorTimeouts(g.facilitator)
 	d := verify + time.Duration(g.UpstreamTimeout) + maxVerifierTimeout +
 		settle + facilitatorResolveTimeout + attemptMargin
 	for _, w := range settleWriteWaits {

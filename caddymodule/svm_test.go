@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"bytes"
 	"context"
 	"crypto/ed25519"
 	"crypto/sha256"
@@ -17,6 +18,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -579,5 +581,115 @@ func TestSolanaOfferWaitsForARemoteFacilitatorDownAtLoad(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the Solana-only MCP tool 20 s after the remote came back: %v", sc)
 		}
+	}
+}
+
+// fakeSlowSolanaRPC is a FAKE FOR A FAULT (a slow confirmation) in front of
+// the simulated Solana chain: everything is forwarded, but for delay after
+// the first sendTransaction, getSignatureStatuses shows no status.
+func fakeSlowSolanaRPC(t *testing.T, target string, delay time.Duration) *httptest.Server {
+	var mu sync.Mutex
+	var sentAt time.Time
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		var call struct {
+			Method string `json:"method"`
+		}
+		json.Unmarshal(body, &call)
+		mu.Lock()
+		if call.Method == "sendTransaction" && sentAt.IsZero() {
+			sentAt = time.Now()
+		}
+		late := call.Method == "getSignatureStatuses" && !sentAt.IsZero() && time.Since(sentAt) < delay
+		mu.Unlock()
+		resp, err := http.Post(target, "application/json", bytes.NewReader(body))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		out, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if late {
+			var m map[string]any
+			if json.Unmarshal(out, &m) == nil {
+				if res, ok := m["result"].(map[string]any); ok {
+					if v, ok := res["value"].([]any); ok {
+						for i := range v {
+							v[i] = nil
+						}
+					}
+				}
+				out, _ = json.Marshal(m)
+			}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Write(out)
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// An embedded svm facilitator's settle still unconfirmed when the gate
+// stops waiting (maxFacilitatorWait, here 3s), within its confirm_timeout
+// 60s, is 503 settlement_pending, and the same payment's retry is served
+// once the confirmation comes (after 10s), charged once: the gate's wait
+// is the same for every facilitator, so a paid call fits the server's
+// write timeout.
+func TestSVMSettlePastTheGatesWaitIsPendingThenServed(t *testing.T) {
+	old := maxFacilitatorWait
+	maxFacilitatorWait = 3 * time.Second
+	t.Cleanup(func() { maxFacilitatorWait = old })
+	e := newSolanaEnv(t)
+	rpc := fakeSlowSolanaRPC(t, e.chain.URL, 10*time.Second)
+	base := startCaddy(t, fmt.Sprintf(`:{port} {
+	route /paid {
+		x402 {
+			accept {
+				network solana-devnet
+				price $0.02
+				pay_to %[1]s
+				max_timeout 120s
+			}
+			facilitator svm {
+				network solana-devnet
+				rpc_url %[2]s
+				fee_payer_key_file %[3]s
+				confirm_timeout 60s
+			}
+			store badger {data}/gate
+		}
+		respond "paid content" 200
+	}
+}
+`, e.payee.Address, rpc.URL, e.keyFile))
+	pr := paymentRequired(t, post(t, base+"/paid", "", nil))
+	var signed struct {
+		Header string `json:"header"`
+	}
+	interop.Run(t, "x402-client-sign.mjs", nil, map[string]any{"solana": e.clientInput(), "paymentRequired": pr}, &signed)
+	before := e.usdc(t, e.payer.Address)
+	pay := map[string]string{x402.HeaderPaymentSignature: signed.Header}
+	resp := post(t, base+"/paid", "", pay)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(b), "settlement_pending") {
+		t.Fatalf("a Solana settlement unconfirmed when the gate stops waiting: %d %.200s; want 503 settlement_pending", resp.StatusCode, b)
+	}
+	for deadline := time.Now().Add(40 * time.Second); ; time.Sleep(500 * time.Millisecond) {
+		resp = post(t, base+"/paid", "", pay)
+		b, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the retry 30 s after the confirmation: %d %.200s; want the paid answer", resp.StatusCode, b)
+		}
+	}
+	if string(b) != "paid content" || resp.Header.Get(x402.HeaderPaymentResponse) == "" {
+		t.Errorf("the retry's answer: %q, %s %q; want the paid content with it", b, x402.HeaderPaymentResponse, resp.Header.Get(x402.HeaderPaymentResponse))
+	}
+	if got := before - e.usdc(t, e.payer.Address); got != 20000 {
+		t.Errorf("charged %d, want 20000", got)
 	}
 }
