@@ -592,7 +592,7 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 		return err
 	}
 	g.live = new(atomic.Pointer[offerSet])
-	g.live.Store(newOfferSet(g.offers, g.offersJSON, waiting))
+	g.live.Store(newOfferSet(g.offers, g.offersJSON, g.decimals, waiting))
 	if len(waiting) > 0 {
 		g.learnFeePayers(waiting)
 	}
@@ -1337,7 +1337,8 @@ func errTargetNotAPath() *apierr.Error {
 // paymentRequired answers 402 with PAYMENT-REQUIRED. reason is the x402
 // error reason of a refused payment ("" for a plain demand for payment).
 func (g *Gate) paymentRequired(w http.ResponseWriter, r *http.Request, msg, reason string) error {
-	live := g.liveOffers().offers
+	set := g.liveOffers()
+	live := set.offers
 	if len(live) == 0 {
 		return g.refuse(w, r, errFeePayersUnknown())
 	}
@@ -1375,7 +1376,9 @@ func (g *Gate) paymentRequired(w http.ResponseWriter, r *http.Request, msg, reas
 		// The page fetches this URL again with the payment: the request
 		// as sent, query included (a page body, not a header).
 		_, u := sentRequest(r)
-		return g.Paywall.serve(w, r, pr, g.decimals[0], trial, siteBase(g.base, r)+u.RequestURI())
+		// The page states the first live offer's price, in its own
+		// asset's decimals (a waiting offer before it is left out).
+		return g.Paywall.serve(w, r, pr, set.decimals[0], trial, siteBase(g.base, r)+u.RequestURI())
 	}
 	body := paymentRequiredBody{PaymentRequired: pr, Reason: reason, FreeTrial: trial}
 	h.Set("Content-Type", "application/json")

@@ -2353,20 +2353,23 @@ func (g *Gate) encodeOffers() error {
 }
 
 // offerSet is the offers a gate shows and takes payment for now, and
-// each one's JSON (encodeOffers), read together: an offer and its JSON
-// always come from one set.
+// each one's JSON (encodeOffers) and its asset's decimals (Gate.decimals),
+// read together: an offer, its JSON and its decimals always come from one
+// set, so a waiting offer left out does not shift another's decimals onto
+// it.
 type offerSet struct {
-	offers []x402.PaymentRequirements
-	json   []json.RawMessage
+	offers   []x402.PaymentRequirements
+	json     []json.RawMessage
+	decimals []int
 }
 
-// newOfferSet is the set of offers, encoded as encoded, less those at the
-// indexes in skip.
-func newOfferSet(offers []x402.PaymentRequirements, encoded []json.RawMessage, skip []int) *offerSet {
+// newOfferSet is the set of offers, encoded as encoded, with their assets'
+// decimals, less those at the indexes in skip.
+func newOfferSet(offers []x402.PaymentRequirements, encoded []json.RawMessage, decimals []int, skip []int) *offerSet {
 	s := &offerSet{}
 	for i, o := range offers {
 		if !slices.Contains(skip, i) {
-			s.offers, s.json = append(s.offers, o), append(s.json, encoded[i])
+			s.offers, s.json, s.decimals = append(s.offers, o), append(s.json, encoded[i]), append(s.decimals, decimals[i])
 		}
 	}
 	return s
@@ -2381,7 +2384,7 @@ func (g *Gate) liveOffers() *offerSet {
 			return s
 		}
 	}
-	return &offerSet{offers: g.offers}
+	return &offerSet{offers: g.offers, decimals: g.decimals}
 }
 
 // offerJSON is offer i of the set as JSON: as encodeOffers encoded it, or

@@ -856,7 +856,7 @@ func (g *Gate) learnFeePayers(waiting []int) {
 			for i, o := range offers {
 				encoded[i], _ = json.Marshal(o) // as encodeOffers, which took them all
 			}
-			g.live.Store(newOfferSet(offers, encoded, waiting))
+			g.live.Store(newOfferSet(offers, encoded, g.decimals, waiting))
 			g.logger.Info("learned the fee payer of a Solana offer; it is offered", zap.Int("waiting", len(waiting)))
 		}
 	}()

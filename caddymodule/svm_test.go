@@ -693,3 +693,43 @@ func TestSVMSettlePastTheGatesWaitIsPendingThenServed(t *testing.T) {
 		t.Errorf("charged %d, want 20000", got)
 	}
 }
+
+// The official paywall states the price of the first offer shown in that
+// offer's own decimals: with the first configured offer a Solana one
+// waiting for its fee payer (the remote facilitator down at load), the
+// first shown is an 18-decimal token's 0.02. (Before: it was stated with
+// the first configured offer's 6 decimals, as 20000000000.)
+func TestOfficialPaywallPriceIsTheFirstLiveOffersWhileASolanaOfferWaits(t *testing.T) {
+	e := newSolanaEnv(t)
+	down := fakeDownFacilitators(t)["down"]
+	base := startCaddy(t, fmt.Sprintf(`:{port} {
+	route /paid {
+		x402 {
+			accept solana-devnet $0.02 %[1]s
+			accept {
+				network devnet
+				amount 20000000000000000
+				asset 0x1111111111111111111111111111111111111111
+				asset_name Tok
+				asset_version 1
+				asset_decimals 18
+				pay_to %[2]s
+			}
+			facilitator http %[3]s
+			paywall official
+			store badger {data}/gate
+		}
+		respond "paid content" 200
+	}
+}
+`, e.payee.Address, payTo.Hex(), down))
+	resp, page := getHTML(t, base+"/paid")
+	pr := paymentRequired(t, resp)
+	cfg := officialConfigOf(t, page)
+	if len(pr.Accepts) != 1 || pr.Accepts[0].Amount != "20000000000000000" {
+		t.Fatalf("accepts %+v; want the 18-decimal offer alone", pr.Accepts)
+	}
+	if cfg.Amount != "0.02" {
+		t.Errorf("the official paywall states the price of an offer of 0.02 (18 decimals) as %q; want 0.02", cfg.Amount)
+	}
+}
