@@ -816,20 +816,23 @@ func feePayers(ctx context.Context, f x402.Facilitator, offers []x402.PaymentReq
 }
 
 // learnFeePayers asks, in the background, for the fee payers of the
-// Solana offers at the indexes in waiting, each try bounded by
-// feePayerAskTimeout and the next one put off twice as long, from
-// multiRetryFirst up to multiRetryMax, as a multi backs off a failing
+// Solana offers at the indexes in waiting, each offer on its own and each
+// ask bounded by feePayerAskTimeout, the next round put off twice as long,
+// from multiRetryFirst up to multiRetryMax, as a multi backs off a failing
 // member. Each offer whose fee payer it learns joins the offers buyers
 // are shown and may pay (Gate.live) at once. It ends when every one is
-// learned, or the config is unloaded (Cleanup). A facilitator that answers
-// without listing the network is told as an Error: the offer stays out
-// until a reload.
+// learned, or the config is unloaded (Cleanup). An offer is asked on its
+// own so that one whose network the facilitator does not list does not
+// keep another's learned fee payer out; that offer stays out, asked again
+// each round, and is told as an Error once, and once more (Info) when the
+// facilitator answers for it again, not every round.
 func (g *Gate) learnFeePayers(waiting []int) {
 	ctx, cancel := context.WithCancel(context.Background())
 	g.stopLearn = cancel
 	offers := slices.Clone(g.offers)
 	go func() {
 		wait := multiRetryFirst
+		refused := map[int]bool{} // offers whose last ask was refused, told once
 		for len(waiting) > 0 {
 			select {
 			case <-ctx.Done():
@@ -840,18 +843,35 @@ func (g *Gate) learnFeePayers(waiting []int) {
 			if !g.uses.Enter() {
 				return
 			}
-			askCtx, cancelAsk := context.WithTimeout(ctx, feePayerAskTimeout)
-			learned, still, _, err := feePayers(askCtx, g.facilitator, offers, waiting)
-			cancelAsk()
+			var learnedAny bool
+			var still []int
+			for _, i := range waiting {
+				askCtx, cancelAsk := context.WithTimeout(ctx, feePayerAskTimeout)
+				learned, left, _, err := feePayers(askCtx, g.facilitator, offers, []int{i})
+				cancelAsk()
+				switch {
+				case err != nil:
+					if !refused[i] {
+						refused[i] = true
+						g.logger.Error("the facilitator that settles a Solana offer answered without its fee payer; the offer stays left out, asked again until it is listed", zap.Int("accept", i), zap.Error(err))
+					}
+					still = append(still, i)
+					continue
+				case refused[i]:
+					delete(refused, i)
+					g.logger.Info("the facilitator that settles a Solana offer answers for it again", zap.Int("accept", i))
+				}
+				if len(left) > 0 {
+					still = append(still, i)
+					continue
+				}
+				offers[i], learnedAny = learned[i], true
+			}
 			g.uses.Leave()
-			if err != nil {
-				g.logger.Error("the facilitator that settles a Solana offer answered without its fee payer; the offer stays left out until a reload", zap.Error(err))
+			if !learnedAny {
 				continue
 			}
-			if len(still) == len(waiting) {
-				continue
-			}
-			offers, waiting = learned, still
+			waiting = still
 			encoded := make([]json.RawMessage, len(offers))
 			for i, o := range offers {
 				encoded[i], _ = json.Marshal(o) // as encodeOffers, which took them all

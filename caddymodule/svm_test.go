@@ -17,6 +17,7 @@ import (
 	neturl "net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -731,5 +732,111 @@ func TestOfficialPaywallPriceIsTheFirstLiveOffersWhileASolanaOfferWaits(t *testi
 	}
 	if cfg.Amount != "0.02" {
 		t.Errorf("the official paywall states the price of an offer of 0.02 (18 decimals) as %q; want 0.02", cfg.Amount)
+	}
+}
+
+// fakeListingFront is a FAKE FOR A FAULT in front of a real facilitator
+// (one that lists a network later, as a remote reconfigured): everything
+// is forwarded, and once list is set its /supported lists also the
+// network as, with the fee payer of its first kind for from.
+func fakeListingFront(t *testing.T, target, from, as string) (*httptest.Server, *atomic.Bool) {
+	u, _ := neturl.Parse(target)
+	rp := httputil.NewSingleHostReverseProxy(u)
+	var list atomic.Bool
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !list.Load() || !strings.HasSuffix(r.URL.Path, "/supported") {
+			rp.ServeHTTP(w, r)
+			return
+		}
+		rec := httptest.NewRecorder()
+		rp.ServeHTTP(rec, r)
+		var s x402.SupportedResponse
+		if err := json.Unmarshal(rec.Body.Bytes(), &s); err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		for _, k := range s.Kinds {
+			if k.Network == from {
+				k.Network = as
+				s.Kinds = append(s.Kinds, k)
+				break
+			}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(s)
+	}))
+	t.Cleanup(srv.Close)
+	return srv, &list
+}
+
+// Two Solana offers wait for their fee payer (the remote facilitator is
+// down at load); the remote comes back settling solana-devnet but not
+// Solana mainnet. Each offer is asked on its own: the devnet offer is
+// offered with the fee payer the remote states, the mainnet one stays out,
+// and the remote's refusal of it is logged as an Error once, not every
+// round; once the remote lists mainnet too, that is logged once and the
+// mainnet offer is offered. (Before: one ask for both failed on the
+// mainnet offer and threw away the devnet one's fee payer, so neither was
+// offered until a reload, and the Error was logged every round.) The
+// background asks run 2 s, 6 s and 14 s after the load.
+func TestOneUnlistedSolanaOfferDoesNotKeepAnotherOut(t *testing.T) {
+	e := newSolanaEnv(t)
+	listing, listMainnet := fakeListingFront(t, remoteSVMFacilitator(t, e), x402.NetworkSolanaDevnet, x402.NetworkSolana)
+	front, up := fakeFlakyFront(t, listing.URL)
+	logFile := t.TempDir() + "/caddy.log"
+	loaded := time.Now()
+	base := startCaddyServers(t, "", logFile, fmt.Sprintf(`:{port} {
+	route /paid {
+		x402 {
+			accept devnet $0.02 %[1]s
+			accept solana-devnet $0.02 %[2]s
+			accept solana $0.02 %[2]s
+			facilitator http %[3]s
+			store badger {data}/gate
+		}
+		respond "paid content" 200
+	}
+}
+`, payTo.Hex(), e.payee.Address, front.URL))
+	if pr := paymentRequired(t, post(t, base+"/paid", "", nil)); len(pr.Accepts) != 1 {
+		t.Fatalf("while the remote is down: %+v; want the devnet offer alone", pr.Accepts)
+	}
+	up.Store(true)
+	offered := func() []string {
+		var networks []string
+		for _, a := range paymentRequired(t, post(t, base+"/paid", "", nil)).Accepts {
+			networks = append(networks, a.Network)
+			if x402.IsSolana(a.Network) && a.Extra["feePayer"] != e.feePay {
+				t.Fatalf("%s offered with fee payer %v; want %s", a.Network, a.Extra["feePayer"], e.feePay)
+			}
+		}
+		return networks
+	}
+	for deadline := time.Now().Add(12 * time.Second); ; time.Sleep(300 * time.Millisecond) {
+		networks := offered()
+		if slices.Contains(networks, x402.NetworkSolanaDevnet) {
+			if slices.Contains(networks, x402.NetworkSolana) {
+				t.Fatalf("offers %v: the mainnet offer the remote does not list is offered", networks)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("12 s after the remote came back listing solana-devnet: offers %v; want the solana-devnet offer", networks)
+		}
+	}
+	time.Sleep(time.Until(loaded.Add(8 * time.Second))) // the asks at 2 s and 6 s have run
+	logs, _ := os.ReadFile(logFile)
+	if n := strings.Count(string(logs), "answered without its fee payer"); n != 1 {
+		t.Errorf("the remote's refusal of the mainnet offer logged %d times over two rounds; want once", n)
+	}
+	listMainnet.Store(true)
+	for deadline := loaded.Add(20 * time.Second); !slices.Contains(offered(), x402.NetworkSolana); time.Sleep(300 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the mainnet offer is not offered after the remote listed it: %v", offered())
+		}
+	}
+	logs, _ = os.ReadFile(logFile)
+	if n := strings.Count(string(logs), "answers for it again"); n != 1 {
+		t.Errorf("the remote's answer for the mainnet offer again logged %d times; want once", n)
 	}
 }
