@@ -9,6 +9,7 @@ import (
 	"math/big"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -1708,6 +1709,90 @@ func testKilledMidSettlementWithoutRPC(t *testing.T, background bool) {
 		resp.Header.Get(x402.HeaderPaymentRequired) != "" {
 		t.Errorf("retry of the charged payment after its claim lapsed: %d %.300s (PAYMENT-REQUIRED set: %v); want 503 settlement_pending",
 			resp.StatusCode, b, resp.Header.Get(x402.HeaderPaymentRequired) != "")
+	}
+	if got := charged(t, d, payer, before); got.Cmp(big.NewInt(20000)) != 0 {
+		t.Errorf("charged %v in all, want 20000", got)
+	}
+}
+
+// A multi whose http member has rpc for the network reads its settlements
+// by configuration, whether or not the remote answers now: a payment held
+// unknown (the gateway killed between the remote's settlement and its
+// reply) is not marked unresolvable while the remote is briefly down, and
+// its retry is served once it is back. (Before: the multi asked through
+// the member it would send payments to, and a remote down at that moment
+// read as "cannot read the chain": the background pass wrote the 7-day
+// unresolvable mark and a Warning to configure the rpc that was
+// configured.)
+func TestMultiMemberWithRPCReadsSettlementsWhileItsRemoteIsDown(t *testing.T) {
+	old := resolveInterval
+	resolveInterval = 50 * time.Millisecond
+	t.Cleanup(func() { resolveInterval = old })
+	d, fac := sharedDevnet(t)
+	up := newUpstream(t)
+	storeDir := t.TempDir() + "/gate"
+	site := func(facilitator string) string {
+		return fmt.Sprintf(`:{port} {
+	route /verify/schema {
+		x402 {
+			accept {
+				network devnet
+				price $0.02
+				pay_to %[3]s
+				max_timeout 30s
+			}
+			upstream_timeout 5s
+			facilitator %[2]s
+			store badger %[4]s
+			public_base_url https://gateway.test
+		}
+		reverse_proxy %[1]s
+	}
+}
+`, strings.TrimPrefix(up.URL, "http://"), facilitator, payTo.Hex(), storeDir)
+	}
+	base := startCaddy(t, site("killed_http "+fac))
+	url := base + "/verify/schema"
+	payerIdx := 3
+	payer := evmfacilitator.DevAccounts()[payerIdx].Address
+	before := balance(t, d, payer)
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), payerIdx)
+	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(validRequest))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(x402.HeaderPaymentSignature, sig)
+	if resp, err := (&http.Client{Timeout: 20 * time.Second}).Do(req); err == nil {
+		resp.Body.Close()
+		t.Fatalf("the killed request was answered: %d", resp.StatusCode)
+	}
+	if got := charged(t, d, payer, before); got.Cmp(big.NewInt(20000)) != 0 {
+		t.Fatalf("charged %v before the restart", got)
+	}
+	if err := caddy.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	front, frontUp := fakeFlakyFront(t, fac) // the remote, briefly unreachable (503)
+	logFile := t.TempDir() + "/caddy.log"
+	base = startCaddyServers(t, "", logFile, site(fmt.Sprintf(`multi {
+				http %s {
+					rpc devnet %s
+				}
+			}`, front.URL, d.RPCURL())))
+	time.Sleep(1500 * time.Millisecond) // background passes while the remote is down
+	frontUp.Store(true)
+	logs, _ := os.ReadFile(logFile)
+	if strings.Contains(string(logs), "cannot read it from the chain") {
+		t.Errorf("with rpc devnet configured, a remote down for 1.5 s got the payment marked unresolvable: %s", logs)
+	}
+	var resp *http.Response
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(300 * time.Millisecond) {
+		resp = post(t, base+"/verify/schema", validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK || time.Now().After(deadline) {
+			break
+		}
+	}
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("the charged buyer's retry, 10 s after the remote came back: %d; want the paid answer", resp.StatusCode)
 	}
 	if got := charged(t, d, payer, before); got.Cmp(big.NewInt(20000)) != 0 {
 		t.Errorf("charged %v in all, want 20000", got)

@@ -143,20 +143,38 @@ func (m *HTTPFacilitator) readsSettlements(_ context.Context, offer x402.Payment
 	return m.status.readers[offer.Network] != nil || m.status.solana[offer.Network] != nil
 }
 
-// readsSettlements implements settlementReader through the facilitator
-// that settles offer's network; false when none can be picked now, since
-// a payment taken for unreadable is only answered settlement_pending for
-// longer.
+// readsSettlements implements settlementReader by configuration: whether
+// a member reads offer's settlements (settlementReader: a remote one with
+// an rpc endpoint for the network; or an embedded one that settles the
+// network, its own answer), whether or not it can be reached now. A member
+// briefly down leaves the payment settlement_pending until it answers.
+// (Asked through pick, a remote member with rpc configured but briefly
+// down read as "cannot read the chain", and the background pass marked a
+// resolvable payment unresolvable for 7 days.)
 func (m *MultiFacilitator) readsSettlements(ctx context.Context, offer x402.PaymentRequirements) bool {
-	f, _ := m.pick(ctx, offer)
-	if f == nil {
-		return false
+	for i, f := range m.fs {
+		if sr, ok := f.(settlementReader); ok {
+			if sr.readsSettlements(ctx, offer) {
+				return true
+			}
+			continue
+		}
+		if _, ok := f.(x402.SettlementChecker); !ok {
+			continue
+		}
+		// An embedded member reads the chains it settles; its kinds are its
+		// own answer, never a remote's.
+		s, err := m.kinds(ctx, i)
+		if err != nil {
+			continue
+		}
+		for _, k := range s.Kinds {
+			if settlesKind(k, offer) {
+				return true
+			}
+		}
 	}
-	if sr, ok := f.(settlementReader); ok {
-		return sr.readsSettlements(ctx, offer)
-	}
-	_, ok := f.(x402.SettlementChecker)
-	return ok
+	return false
 }
 
 // SettlementStatus implements x402.SettlementChecker through the
