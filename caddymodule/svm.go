@@ -576,9 +576,21 @@ func ask(ctx context.Context) (context.Context, context.CancelFunc, bool) {
 }
 
 // pick returns the facilitator for req; nil with no error when none
-// supports it.
+// supports it. A Solana offer naming a fee payer (extra.feePayer) goes to
+// the member that manages that fee payer, the one the buyer's transaction
+// is built around: the offer's fee payer may have been learned from a
+// later member while the first was down, and sent to the first once it is
+// back, every payment would be refused as fee_payer_not_managed until a
+// reload. When no member that answers manages it, the first that settles
+// the network is picked (it refuses the payment with its reason), unless
+// one did not answer (it may be the manager): then the error.
 func (m *MultiFacilitator) pick(ctx context.Context, req x402.PaymentRequirements) (x402.Facilitator, error) {
+	want, _ := req.Extra["feePayer"].(string)
+	if !x402.IsSolana(req.Network) {
+		want = ""
+	}
 	var errs []error
+	var first x402.Facilitator
 	for i, f := range m.fs {
 		s, err := m.kinds(ctx, i)
 		if err != nil {
@@ -586,10 +598,19 @@ func (m *MultiFacilitator) pick(ctx context.Context, req x402.PaymentRequirement
 			continue
 		}
 		for _, k := range s.Kinds {
-			if settlesKind(k, req) {
+			if !settlesKind(k, req) {
+				continue
+			}
+			if fp, _ := k.Extra["feePayer"].(string); want == "" || fp == want {
 				return f, nil
 			}
+			if first == nil {
+				first = f
+			}
 		}
+	}
+	if first != nil && len(errs) == 0 {
+		return first, nil
 	}
 	return nil, errors.Join(errs...)
 }

@@ -840,3 +840,57 @@ func TestOneUnlistedSolanaOfferDoesNotKeepAnotherOut(t *testing.T) {
 		t.Errorf("the remote's answer for the mainnet offer again logged %d times; want once", n)
 	}
 }
+
+// A multi's Solana offer whose fee payer was learned from its second
+// member (an embedded svm) while the first (a remote with another fee
+// payer) was down at load: once the first is back, a payment built around
+// the offer's fee payer goes to the member that manages it and is served,
+// charged once. (Before: it went to the first member that lists the
+// network, which refused it as fee_payer_not_managed, every Solana payment
+// refused until a reload.)
+func TestMultiSendsASolanaPaymentToTheMemberManagingItsFeePayer(t *testing.T) {
+	e := newSolanaEnv(t)
+	seed := sha256.Sum256([]byte("another fee payer"))
+	other := ed25519.NewKeyFromSeed(seed[:])
+	f, err := svmfacilitator.New(svmfacilitator.Config{RPC: &svmfacilitator.RPC{URL: e.chain.URL}, Network: x402.NetworkSolanaDevnet, FeePayer: other})
+	if err != nil {
+		t.Fatal(err)
+	}
+	remote := httptest.NewServer(x402.NewFacilitatorHandler(f))
+	t.Cleanup(remote.Close)
+	front, upFlag := fakeFlakyFront(t, remote.URL)
+	base := startCaddy(t, fmt.Sprintf(`:{port} {
+	route /paid {
+		x402 {
+			accept solana-devnet $0.02 %[1]s
+			facilitator multi {
+				http %[2]s
+				%[3]s
+			}
+			store badger {data}/gate
+		}
+		respond "paid content" 200
+	}
+}
+`, e.payee.Address, front.URL, e.svmBlock()))
+	pr := paymentRequired(t, post(t, base+"/paid", "", nil))
+	if len(pr.Accepts) != 1 || pr.Accepts[0].Extra["feePayer"] != e.feePay {
+		t.Fatalf("PAYMENT-REQUIRED with the remote down: %+v; want fee payer %s", pr.Accepts, e.feePay)
+	}
+	upFlag.Store(true)
+	time.Sleep(3 * time.Second) // the multi's 2 s backoff of the first member ends
+	var signed struct {
+		Header string `json:"header"`
+	}
+	interop.Run(t, "x402-client-sign.mjs", nil, map[string]any{"solana": e.clientInput(), "paymentRequired": pr}, &signed)
+	before := e.usdc(t, e.payer.Address)
+	resp := post(t, base+"/paid", "", map[string]string{x402.HeaderPaymentSignature: signed.Header})
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || string(b) != "paid content" {
+		t.Errorf("a Solana payment built around the offer's fee payer %s, the multi's first member back with another: %d %.300s; want the paid content", e.feePay, resp.StatusCode, b)
+	}
+	if got := before - e.usdc(t, e.payer.Address); got != 20000 {
+		t.Errorf("charged %d, want 20000", got)
+	}
+}
