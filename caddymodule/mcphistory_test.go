@@ -274,7 +274,7 @@ func TestPaidMCPHeldAnswerNamesTheRetry(t *testing.T) {
 // A paid MCP verify_schema whose settling write lands on the store but
 // whose reply is lost, the store then unreachable for the gate's tries
 // (landed_blip_badger): the call is settlement_pending, charged, and
-// recorded paid at once (the transfer was made). Once the store is back,
+// recorded paid in the background (the transfer was made). Once the store is back,
 // the retry under a new JSON-RPC id gets the answer held back, once
 // charged and once counted.
 func TestPaidMCPSettleWriteLandedIsServedOnRetry(t *testing.T) {
@@ -297,10 +297,13 @@ func TestPaidMCPSettleWriteLandedIsServedOnRetry(t *testing.T) {
 	if _, body = postMCP(t, url, call); !strings.Contains(string(body), `"settlement_pending"`) || !strings.Contains(string(body), `"charged":true`) {
 		t.Fatalf("first try: %s; want settlement_pending, charged", body)
 	}
-	recs, _, err := vf.db.Verifications(ctx, agent, "", 10)
-	if err != nil || len(recs) != 1 || recs[0].Payment != store.PaymentPaid {
-		t.Fatalf("recorded before the retry: %+v, %v; want paid (the transfer was made)", recs, err)
-	}
+	// The report goes in the background (the 503 does not wait for it).
+	var recs []store.Verification
+	waitFor(t, "the report before the retry: paid (the transfer was made)", func() bool {
+		var err error
+		recs, _, err = vf.db.Verifications(ctx, agent, "", 10)
+		return err == nil && len(recs) == 1 && recs[0].Payment == store.PaymentPaid
+	})
 
 	landedOutage.Store(0)
 	retry := strings.Replace(call, `"id":1,`, `"id":"retry-1",`, 1)
