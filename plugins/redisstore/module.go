@@ -114,6 +114,9 @@ func (s *RedisStore) Provision(ctx caddy.Context) error {
 	if len(addrs) == 0 {
 		addrs = []string{"127.0.0.1:6379"}
 	}
+	if err := s.checkMode(len(addrs)); err != nil {
+		return err
+	}
 	wait := time.Duration(s.WaitTimeout)
 	if wait <= 0 {
 		wait = 100 * time.Millisecond
@@ -201,6 +204,24 @@ func (s *RedisStore) Provision(ctx caddy.Context) error {
 	}
 	s.store = st
 	s.identity = id
+	return nil
+}
+
+// checkMode refuses settings that go-redis would read as another kind of
+// server than the one named: with master_name and cluster it makes a
+// client that treats a Sentinel's primary and replicas as one Cluster
+// shard, which the store's Sentinel and Cluster handling both assume it
+// is not; and a Cluster (cluster, or several addresses without
+// master_name) has only database 0, so a db there would be dropped
+// silently and two configs told apart only by db would share every key.
+func (s *RedisStore) checkMode(addrs int) error {
+	cluster := s.MasterName == "" && (s.Cluster || addrs > 1)
+	switch {
+	case s.MasterName != "" && s.Cluster:
+		return errors.New("redis store: master_name (Sentinel) and cluster cannot be used together: name the Sentinels with master_name, or the Cluster nodes with cluster")
+	case cluster && s.DB != 0:
+		return fmt.Errorf("redis store: db %d on a Cluster (cluster, or several addresses without master_name): a Cluster has database 0 only; use prefix to keep stores apart", s.DB)
+	}
 	return nil
 }
 

@@ -70,6 +70,32 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 	}
 }
 
+// A setting go-redis would read as another kind of server is refused at
+// Provision, before any dial: master_name with cluster (a failover Cluster
+// client) and a db on a Cluster (dropped: configs told apart only by db
+// would share every key). (Before: both loaded.)
+func TestProvisionRefusesMixedServerModes(t *testing.T) {
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	for _, c := range []struct {
+		desc string
+		s    RedisStore
+		want string
+	}{
+		{"master_name with cluster", RedisStore{Addresses: []string{"127.0.0.1:1"}, MasterName: "m", Cluster: true}, "cannot be used together"},
+		{"db on a cluster node", RedisStore{Addresses: []string{"127.0.0.1:1"}, Cluster: true, DB: 2}, "database 0 only"},
+		{"db on several addresses", RedisStore{Addresses: []string{"127.0.0.1:1", "127.0.0.1:2"}, DB: 1}, "database 0 only"},
+	} {
+		if err := c.s.Provision(ctx); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: Provision = %v, want an error with %q", c.desc, err, c.want)
+		}
+	}
+	clients.Range(func(key, _ any) bool {
+		t.Errorf("a refused provision left client %v in the pool", key)
+		return true
+	})
+}
+
 // TestClientSurvivesReload provisions the module twice on one server, as a
 // config reload does (new config first, then the old one cleaned up): both
 // share one client, the old config's cleanup leaves it open, the last one
