@@ -113,7 +113,11 @@ func (p *Paywall) serve(w http.ResponseWriter, r *http.Request, pr x402.PaymentR
 	if len(pr.Accepts) > 0 {
 		page, ok = p.official(pr.Accepts[0])
 	}
-	if !ok {
+	// An offer whose asset's decimals are unknown gets the static page,
+	// which states atomic units: Validate refuses that for the first
+	// configured offer (checkOffer), but the first one shown can be a
+	// later one, while a Solana offer before it waits for its fee payer.
+	if !ok || decimals == 0 {
 		w.WriteHeader(http.StatusPaymentRequired)
 		return paywallPage(w, pr, trial, p)
 	}

@@ -701,6 +701,37 @@ func TestSVMSettlePastTheGatesWaitIsPendingThenServed(t *testing.T) {
 // first shown is an 18-decimal token's 0.02. (Before: it was stated with
 // the first configured offer's 6 decimals, as 20000000000.)
 func TestOfficialPaywallPriceIsTheFirstLiveOffersWhileASolanaOfferWaits(t *testing.T) {
+	resp, page := paywallBehindAWaitingSolanaOffer(t, "asset_decimals 18")
+	pr := paymentRequired(t, resp)
+	cfg := officialConfigOf(t, page)
+	if len(pr.Accepts) != 1 || pr.Accepts[0].Amount != "20000000000000000" {
+		t.Fatalf("accepts %+v; want the 18-decimal offer alone", pr.Accepts)
+	}
+	if cfg.Amount != "0.02" {
+		t.Errorf("the official paywall states the price of an offer of 0.02 (18 decimals) as %q; want 0.02", cfg.Amount)
+	}
+}
+
+// A first shown offer whose asset's decimals are unknown (amount, no
+// asset_decimals) gets the static page, in atomic units, as Validate
+// requires of the first configured offer: the official page could only
+// state it in whole tokens of guessed decimals. (Before: with the Solana
+// offer before it waiting, the official page said "$20000000000000000 Tok".)
+func TestOfficialPaywallFallsBackToStaticForAShownOfferWithoutDecimals(t *testing.T) {
+	_, page := paywallBehindAWaitingSolanaOffer(t, "")
+	if windowX402.MatchString(page) {
+		t.Fatalf("the official page for an offer without decimals: %.300s; want the static page", page)
+	}
+	if !strings.Contains(page, "20000000000000000 units of 0x1111111111111111111111111111111111111111") {
+		t.Errorf("the static page does not state the amount in atomic units: %.500s", page)
+	}
+}
+
+// paywallBehindAWaitingSolanaOffer serves the official paywall of a route
+// whose first offer is a Solana one waiting for its fee payer (the remote
+// facilitator down at load) and whose second is 20000000000000000 atomic
+// units of a custom EVM token, with decimalsLine in its accept block.
+func paywallBehindAWaitingSolanaOffer(t *testing.T, decimalsLine string) (*http.Response, string) {
 	e := newSolanaEnv(t)
 	down := fakeDownFacilitators(t)["down"]
 	base := startCaddy(t, fmt.Sprintf(`:{port} {
@@ -713,7 +744,7 @@ func TestOfficialPaywallPriceIsTheFirstLiveOffersWhileASolanaOfferWaits(t *testi
 				asset 0x1111111111111111111111111111111111111111
 				asset_name Tok
 				asset_version 1
-				asset_decimals 18
+				%[4]s
 				pay_to %[2]s
 			}
 			facilitator http %[3]s
@@ -723,16 +754,8 @@ func TestOfficialPaywallPriceIsTheFirstLiveOffersWhileASolanaOfferWaits(t *testi
 		respond "paid content" 200
 	}
 }
-`, e.payee.Address, payTo.Hex(), down))
-	resp, page := getHTML(t, base+"/paid")
-	pr := paymentRequired(t, resp)
-	cfg := officialConfigOf(t, page)
-	if len(pr.Accepts) != 1 || pr.Accepts[0].Amount != "20000000000000000" {
-		t.Fatalf("accepts %+v; want the 18-decimal offer alone", pr.Accepts)
-	}
-	if cfg.Amount != "0.02" {
-		t.Errorf("the official paywall states the price of an offer of 0.02 (18 decimals) as %q; want 0.02", cfg.Amount)
-	}
+`, e.payee.Address, payTo.Hex(), down, decimalsLine))
+	return getHTML(t, base+"/paid")
 }
 
 // fakeListingFront is a FAKE FOR A FAULT in front of a real facilitator
