@@ -21,13 +21,14 @@ import (
 	"golang.org/x/net/http2/hpack"
 
 	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/internal/growread"
 )
 
 // Over HTTP/2 a HEADERS frame of a few bytes (HPACK) is a request: one
 // connection opens up to 250 such streams, each passing rateWait (it
 // spends nothing at arrival), and each announcing a body it never sends,
 // until read_body cuts it. The gate's buffer grows with the bytes that
-// arrive (readGrowing), so what it holds for them is the streams' own
+// arrive (growread.Read), so what it holds for them is the streams' own
 // bookkeeping whatever they announce. (Before: a body announced up to
 // 64 KiB was given one allocation of that size before a byte of it came:
 // 200 streams, 3 KB sent, +15 MiB held, against +1 MiB for bodies
@@ -134,9 +135,9 @@ func (c *countingWriter) Write(p []byte) (int, error) {
 // readBodyUpTo reads a body that arrives in pieces whole, at its announced
 // length or unannounced, refuses one over the limit with 413 and one cut
 // short of its announced length with 422, and reads a body announced
-// within firstBodyAlloc in one allocation of its size.
+// within growread.First in one allocation of its size.
 func TestReadBodyUpToGrowsWithTheBytesThatArrive(t *testing.T) {
-	want := strings.Repeat("0123456789", 10_000) // 100,000 bytes, over firstBodyAlloc
+	want := strings.Repeat("0123456789", 10_000) // 100,000 bytes, over growread.First
 	for _, announced := range []bool{true, false} {
 		r := httptest.NewRequest(http.MethodPost, "/", iotest.OneByteReader(strings.NewReader(want)))
 		if !announced {
@@ -164,7 +165,7 @@ func TestReadBodyUpToGrowsWithTheBytesThatArrive(t *testing.T) {
 		t.Errorf("body cut short of its announced length: %v, want 422", err)
 	}
 
-	small := want[:firstBodyAlloc]
+	small := want[:growread.First]
 	allocs := testing.AllocsPerRun(20, func() {
 		r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(small))
 		readBodyUpTo(r, 1<<20)
@@ -174,6 +175,6 @@ func TestReadBodyUpToGrowsWithTheBytesThatArrive(t *testing.T) {
 		setBody(r, []byte(small))
 	})
 	if allocs > base+1 {
-		t.Errorf("a body announced at firstBodyAlloc took %v allocations to read, %v without the read: want one for the body", allocs, base)
+		t.Errorf("a body announced at growread.First took %v allocations to read, %v without the read: want one for the body", allocs, base)
 	}
 }

@@ -22,6 +22,7 @@ import (
 
 	"github.com/aovhq/aov/apidocs"
 	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/internal/growread"
 	"github.com/aovhq/aov/internal/inflight"
 	"github.com/aovhq/aov/store"
 	"github.com/aovhq/aov/verify"
@@ -1140,7 +1141,7 @@ func readBodyUpTo(r *http.Request, limit int64) ([]byte, error) {
 	if r.ContentLength > 0 {
 		want = r.ContentLength
 	}
-	body, err := readGrowing(r.Body, want)
+	body, err := growread.Read(r.Body, want, nil)
 	if err == nil && r.ContentLength > 0 && int64(len(body)) < r.ContentLength {
 		err = io.ErrUnexpectedEOF
 	}
@@ -1184,39 +1185,6 @@ type gateBody struct {
 }
 
 func (*gateBody) Close() error { return nil }
-
-// firstBodyAlloc is the most a request body's buffer holds before its
-// bytes arrive (readGrowing): a body announced no larger is read in one
-// allocation of its size.
-const firstBodyAlloc = 4 << 10
-
-// readGrowing reads r to its end or to its first upTo bytes, whichever
-// comes first, into a buffer that grows, doubling, with the bytes that
-// arrive: never more than firstBodyAlloc before they do, and never past
-// upTo. What a client announces costs nothing until it is sent: over
-// HTTP/2 one connection holds up to 250 requests open at once (Go's
-// default MaxConcurrentStreams, which Caddy keeps), each of which would
-// otherwise have the gate hold what it announced, for as long as
-// read_body lets it take to send it.
-func readGrowing(r io.Reader, upTo int64) ([]byte, error) {
-	buf := make([]byte, 0, min(upTo, firstBodyAlloc))
-	for int64(len(buf)) < upTo {
-		if len(buf) == cap(buf) {
-			grown := make([]byte, len(buf), min(2*int64(cap(buf)), upTo))
-			copy(grown, buf)
-			buf = grown
-		}
-		n, err := r.Read(buf[len(buf):cap(buf)])
-		buf = buf[:len(buf)+n]
-		if err == io.EOF {
-			return buf, nil
-		}
-		if err != nil {
-			return buf, err
-		}
-	}
-	return buf, nil
-}
 
 // setBody makes body the request body the upstream reads.
 func setBody(r *http.Request, body []byte) {

@@ -6,11 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"slices"
 	"time"
 	"unicode/utf8"
 
 	"github.com/aovhq/aov/apierr"
+	"github.com/aovhq/aov/internal/growread"
 	"github.com/aovhq/aov/receipt"
 	"github.com/aovhq/aov/signer"
 	"github.com/aovhq/aov/store"
@@ -185,23 +185,21 @@ func readLimited(w http.ResponseWriter, r *http.Request, limit int64, dst []byte
 	if r.ContentLength > limit {
 		return dst[:0], apierr.TooLarge(limit)
 	}
-	size := 4096
-	if r.ContentLength > 0 {
-		size = int(r.ContentLength) + 1 // +1 so ReadFrom sees EOF without growing
-	}
-	buf := bytes.NewBuffer(slices.Grow(dst[:0], size))
-	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, limit))
+	// The buffer grows with the bytes that arrive, not with what the
+	// client announced (growread), read to one byte past limit so
+	// MaxBytesReader can say it is over.
+	body, err := growread.Read(http.MaxBytesReader(w, r.Body, limit), limit+1, dst)
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			return buf.Bytes()[:0], apierr.TooLarge(limit)
+			return body[:0], apierr.TooLarge(limit)
 		}
 		e := apierr.Invalid(apierr.Field{Field: "body", Problem: "could not be read completely",
 			Fix: "Send the whole body again, with a Content-Length that matches it."})
 		e.Cause = err
-		return buf.Bytes()[:0], e
+		return body[:0], e
 	}
-	return buf.Bytes(), nil
+	return body, nil
 }
 
 // sign has certd sign a response under signContext, dated attestedAt, and
