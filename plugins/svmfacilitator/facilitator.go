@@ -184,10 +184,16 @@ type Facilitator struct {
 	resolving bool
 	// closed: Close was called; no resolver runs from then on.
 	closed atomic.Bool
-	// drops holds the drops of send records running in the background
-	// (forgetSent), each by the channel closed when it ends: Close waits
-	// for them.
-	drops map[chan struct{}]struct{}
+	// busy counts the work that may still write, mark or drop a record in
+	// Config.Sent: each Settle and status read while it runs, and each
+	// drop running in the background (forgetSent); idle is closed when it
+	// falls to zero. Close waits for it: a send in flight may be answered
+	// after Close, and its record must be marked or dropped through the
+	// store handle before its configuration closes it. One count for all,
+	// because a Settle's drop starts before the Settle ends: the count
+	// never falls to zero between them.
+	busy int
+	idle chan struct{}
 
 	budget *budget
 }
@@ -311,7 +317,7 @@ func New(cfg Config) (*Facilitator, error) {
 	if cfg.FailureWindow <= 0 {
 		cfg.FailureWindow = DefaultFailureWindow
 	}
-	f := &Facilitator{rpc: cfg.RPC, network: cfg.Network, key: cfg.FeePayer, cfg: cfg, settled: map[[32]byte]*settlement{}, simulated: map[[32]byte]simulation{}, mints: map[PublicKey]string{}, unlearned: map[[32]byte]*sent{}, drops: map[chan struct{}]struct{}{},
+	f := &Facilitator{rpc: cfg.RPC, network: cfg.Network, key: cfg.FeePayer, cfg: cfg, settled: map[[32]byte]*settlement{}, simulated: map[[32]byte]simulation{}, mints: map[PublicKey]string{}, unlearned: map[[32]byte]*sent{},
 		budget: &budget{perPayer: cfg.MaxFailedPerPayer, inFlight: cfg.MaxInFlightPerPayer, lamports: cfg.MaxFailedLamports,
 			maxPriority: cfg.MaxPriorityFeePastBudget, window: cfg.FailureWindow, ids: map[PublicKey]*identity{}}}
 	copy(f.feePayer[:], cfg.FeePayer.Public().(ed25519.PublicKey))
@@ -325,29 +331,54 @@ func New(cfg Config) (*Facilitator, error) {
 // through its RPC endpoint and writes nothing more through its store
 // handle, which its configuration closes. Its pending sends are answered
 // by whichever facilitator a retry reaches, from their records
-// (Config.Sent). Settle and the status calls keep working. It waits for
-// the drops of send records running (forgetSent), each bounded by
-// ConfirmTimeout, so that its configuration does not close their store
-// under them: a drop cut off leaves the record of a send that never
-// happened, which a Settle elsewhere would adopt.
+// (Config.Sent). Settle and the status calls keep working.
+//
+// It waits for every Settle, status read and drop of a send record
+// running (busy), bounded by twice ConfirmTimeout: a send in flight is
+// answered within ConfirmTimeout, and its record's drop (or a landed
+// send's mark) takes at most ConfirmTimeout more. Else its configuration
+// would close the store under them: a send the node refuses after Close
+// (or answers AlreadyProcessed) would leave the record of a send that
+// never happened, which a Settle elsewhere adopts, polling a signature
+// the chain never got (or answering success beside the transaction's
+// real sender). The bound keeps a store or node that stalls from holding
+// a reload longer; what is cut off then is at worst a record left
+// unanswered, as a process stopped mid-send leaves one.
 func (f *Facilitator) Close() error {
 	f.closed.Store(true)
 	f.mu.Lock()
-	running := make([]chan struct{}, 0, len(f.drops))
-	for d := range f.drops {
-		running = append(running, d)
-	}
+	busy, idle := f.busy, f.idle
 	f.mu.Unlock()
-	bound := time.NewTimer(f.cfg.ConfirmTimeout)
+	if busy == 0 {
+		return nil
+	}
+	bound := time.NewTimer(2 * f.cfg.ConfirmTimeout)
 	defer bound.Stop()
-	for _, d := range running {
-		select {
-		case <-d:
-		case <-bound.C:
-			return nil
-		}
+	select {
+	case <-idle:
+	case <-bound.C:
 	}
 	return nil
+}
+
+// enter counts work that may write or drop a record in Config.Sent (busy)
+// until its leave.
+func (f *Facilitator) enter() {
+	f.mu.Lock()
+	if f.busy == 0 {
+		f.idle = make(chan struct{})
+	}
+	f.busy++
+	f.mu.Unlock()
+}
+
+// leave ends an enter.
+func (f *Facilitator) leave() {
+	f.mu.Lock()
+	if f.busy--; f.busy == 0 {
+		close(f.idle)
+	}
+	f.mu.Unlock()
 }
 
 // FeePayer returns the account that co-signs and pays for settlements.

@@ -289,10 +289,9 @@ func (f *Facilitator) forgetSent(ctx context.Context, s *settlement, sig string,
 		return
 	}
 	done := make(chan struct{})
-	f.mu.Lock()
-	f.drops[done] = struct{}{}
-	f.mu.Unlock()
+	f.enter()
 	go func() {
+		defer f.leave()
 		defer close(done)
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.cfg.ConfirmTimeout)
 		defer cancel()
@@ -302,9 +301,6 @@ func (f *Facilitator) forgetSent(ctx context.Context, s *settlement, sig string,
 		if then != nil {
 			then()
 		}
-		f.mu.Lock()
-		delete(f.drops, done)
-		f.mu.Unlock()
 	}()
 	select {
 	case <-done:

@@ -103,6 +103,11 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 		c := f.checkStatic(p, req, false)
 		return fail(c.resp.InvalidReason, "", c.resp.InvalidMessage, ""), nil
 	}
+	// From its claim on, a Settle may write, mark or drop the payment's
+	// record in Config.Sent, up to its answer (a send the node refuses
+	// after Close began included): Close waits for it.
+	f.enter()
+	defer f.leave()
 	key := tx.MessageHash()
 	s, how := f.claim(key)
 	switch how {

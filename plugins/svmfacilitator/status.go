@@ -100,6 +100,9 @@ func (f *Facilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayloa
 	if err != nil {
 		return out, fmt.Errorf("payment payload: %w", err)
 	}
+	// It may mark or drop the send's record: Close waits for it.
+	f.enter()
+	defer f.leave()
 	key := tx.MessageHash()
 	f.mu.Lock()
 	e := f.memory(key, now())

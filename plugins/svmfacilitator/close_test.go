@@ -1,0 +1,345 @@
+package svmfacilitator
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/aovhq/aov/store"
+	"github.com/aovhq/aov/x402"
+)
+
+// closableSent is one configuration's handle on the store of sends: once
+// the configuration is unloaded it closes the handle (as a Redis client's
+// Close), and every later drop or mark fails as a closed client's does.
+type closableSent struct {
+	SentStore
+	closed atomic.Bool
+}
+
+var errClientClosed = errors.New("redis: client is closed")
+
+func (c *closableSent) Release(ctx context.Context, cl store.Claim) error {
+	if c.closed.Load() {
+		return errClientClosed
+	}
+	return c.SentStore.Release(ctx, cl)
+}
+
+func (c *closableSent) Swap(ctx context.Context, cl store.Claim, old, note string) error {
+	if c.closed.Load() {
+		return errClientClosed
+	}
+	return c.SentStore.Swap(ctx, cl, old, note)
+}
+
+func (c *closableSent) Settle(ctx context.Context, cl store.Claim, note string, keepUntil time.Time) error {
+	if c.closed.Load() {
+		return errClientClosed
+	}
+	return c.SentStore.Settle(ctx, cl, note, keepUntil)
+}
+
+// stuckRelease is a store of sends whose drop (Release) never answers and
+// ignores its context, as a store wedged below its client's timeouts.
+type stuckRelease struct {
+	SentStore
+	stuck chan struct{} // closed at the test's end
+}
+
+func (s *stuckRelease) Release(ctx context.Context, c store.Claim) error {
+	<-s.stuck
+	return errClientClosed
+}
+
+// slowRefusal is a FAKE node in front of the chain at upstream that,
+// while refuse holds, answers sendTransaction after delay with a refusal
+// (-32003), forwarding nothing; sending is signalled as the send arrives.
+func slowRefusal(t *testing.T, upstream string, refuse *atomic.Bool, delay time.Duration, sending chan<- struct{}) string {
+	return proxy(t, upstream, func(w http.ResponseWriter, id json.RawMessage, method string, _ []json.RawMessage) bool {
+		if method != "sendTransaction" || !refuse.Load() {
+			return false
+		}
+		select {
+		case sending <- struct{}{}:
+		default:
+		}
+		time.Sleep(delay)
+		w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(id) + `,"error":{"code":-32003,"message":"Transaction signature verification failure"}}`))
+		return true
+	}, nil)
+}
+
+// settleAsync runs f.Settle of pp, for ctx, in the background.
+func settleAsync(ctx context.Context, f *Facilitator, pp x402.PaymentPayload, req x402.PaymentRequirements) <-chan settleAnswer {
+	out := make(chan settleAnswer, 1)
+	go func() {
+		r, err := f.Settle(ctx, pp, req)
+		out <- settleAnswer{r, err}
+	}()
+	return out
+}
+
+type settleAnswer struct {
+	r   x402.SettleResponse
+	err error
+}
+
+// A reload unloads a configuration while one of its Settles waits for the
+// node's answer to its send: Close waits for that Settle, and for the drop
+// of its record once the node refuses, before the configuration closes its
+// store handle; so the retry of the refused payment through the next
+// configuration's facilitator sends it afresh and answers success.
+// (Before: Close waited only for the drops already running; the refusal
+// came after it, the drop failed on the closed handle, and the retry
+// adopted the record of the refused send and polled a signature the chain
+// never got, answering settlement_pending until its blockhash expired.)
+func TestCloseWaitsForASendInFlightAndItsDrop(t *testing.T) {
+	db := openStore(t, t.TempDir())
+	e := newEnv(t, Config{})
+	var refuse atomic.Bool
+	refuse.Store(true)
+	sending := make(chan struct{}, 1)
+	cfg := e.f.cfg
+	handle := &closableSent{SentStore: sentOf(db)}
+	cfg.Sent, cfg.ConfirmTimeout, cfg.PollInterval = handle, 2*time.Second, 50*time.Millisecond
+	cfg.RPC = &RPC{URL: slowRefusal(t, e.chain.URL, &refuse, 600*time.Millisecond, sending)}
+	f, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pp := Payload(e.payment(t).Transaction(), e.req)
+	key := f.sentKey(mustDecode(t, pp).MessageHash())
+	first := settleAsync(context.Background(), f, pp, e.req)
+	<-sending
+	// The reload: the old configuration's facilitator is closed, then its
+	// store handle.
+	start := time.Now()
+	f.Close()
+	waited := time.Since(start)
+	handle.closed.Store(true)
+	if waited < 400*time.Millisecond {
+		t.Errorf("Close returned after %v; want it to wait for the send in flight (answered 600ms after it began)", waited.Round(time.Millisecond))
+	}
+	a := <-first
+	if a.err != nil || a.r.Success || a.r.ErrorReason != ReasonTransactionFailed {
+		t.Fatalf("refused send: %+v %v; want transaction_failed", a.r, a.err)
+	}
+	if rec, err := sentOf(db).Lookup(context.Background(), key); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("record of the refused send once Close returned: %+v %v; want dropped", rec, err)
+	}
+	refuse.Store(false)
+	cfg2 := cfg
+	cfg2.Sent = sentOf(db)
+	f2, err := New(cfg2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f2.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+	defer cancel()
+	if r, err := f2.Settle(ctx, pp, e.req); err != nil || !r.Success {
+		t.Errorf("retry of the refused payment through the next configuration: %+v %v; want success (a fresh send)", r, err)
+	}
+	if _, b := e.balances(t); b != 20000 {
+		t.Errorf("payee holds %d; want the payment once", b)
+	}
+}
+
+// The same with the node answering AlreadyProcessed after Close began
+// (another sender landed the payment meanwhile): Close waits for the drop
+// of the record of this send, which never happened, so the next
+// configuration's facilitator answers the payment duplicate_settlement
+// naming the other sender's transaction, never success beside its sender.
+// (Before: the drop failed on the closed handle, and the next facilitator
+// adopted the record left unanswered, marked it and answered success for a
+// transaction another sender answers for.)
+func TestCloseWaitsForAnAlreadyProcessedSendsDrop(t *testing.T) {
+	db := openStore(t, t.TempDir())
+	handle := &closableSent{SentStore: sentOf(db)}
+	fr := &faultyRPC{}
+	e := newEnv(t, Config{RPC: &RPC{URL: fr.serve(t)}, Sent: handle, ConfirmTimeout: 2 * time.Second, PollInterval: 20 * time.Millisecond})
+	p := e.payment(t)
+	raw := p.Build(p.Instructions())
+	sending := make(chan struct{}, 1)
+	var elsewhere string
+	fr.set(func(f *faultyRPC) {
+		f.target = e.chain.URL
+		f.beforeSend = func() {
+			if elsewhere == "" {
+				elsewhere = e.sendSigned(t, raw)
+				sending <- struct{}{}
+				time.Sleep(600 * time.Millisecond) // the node answers after the reload began
+			}
+		}
+	})
+	pp := Payload(raw, e.req)
+	first := settleAsync(context.Background(), e.f, pp, e.req)
+	<-sending
+	e.f.Close()
+	handle.closed.Store(true)
+	a := <-first
+	if a.err != nil || a.r.Success || a.r.ErrorReason != ReasonDuplicateSettlement {
+		t.Fatalf("send answered AlreadyProcessed: %+v %v; want duplicate_settlement", a.r, a.err)
+	}
+	if rec, err := sentOf(db).Lookup(context.Background(), e.f.sentKey(mustDecode(t, pp).MessageHash())); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("record once Close returned: %+v %v; want dropped", rec, err)
+	}
+	cfg := e.f.cfg
+	cfg.RPC, cfg.Sent = &RPC{URL: e.chain.URL}, sentOf(db)
+	next, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer next.Close()
+	if r, err := next.Settle(context.Background(), pp, e.req); err != nil || r.Success || r.ErrorReason != ReasonDuplicateSettlement || r.Transaction != elsewhere {
+		t.Errorf("settle through the next configuration: %+v %v; want duplicate_settlement naming %s", r, err, elsewhere)
+	}
+}
+
+// Close's wait is bounded: with a send in flight whose refusal comes late
+// and whose drop never ends (a store wedged below its timeouts), Close
+// returns within twice ConfirmTimeout of being called (the send's bound,
+// then the drop's), and so does a reload; the Settle itself answers its
+// caller transaction_failed all the same.
+func TestCloseReturnsWithinItsBoundWhenTheDropStalls(t *testing.T) {
+	db := openStore(t, t.TempDir())
+	e := newEnv(t, Config{})
+	var refuse atomic.Bool
+	refuse.Store(true)
+	sending := make(chan struct{}, 1)
+	stuck := &stuckRelease{SentStore: sentOf(db), stuck: make(chan struct{})}
+	t.Cleanup(func() { close(stuck.stuck) })
+	cfg := e.f.cfg
+	cfg.Sent, cfg.ConfirmTimeout, cfg.PollInterval = stuck, 500*time.Millisecond, 50*time.Millisecond
+	cfg.RPC = &RPC{URL: slowRefusal(t, e.chain.URL, &refuse, 300*time.Millisecond, sending)}
+	f, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pp := Payload(e.payment(t).Transaction(), e.req)
+	// The caller's deadline: its Settle waits no longer for the drop.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	first := settleAsync(ctx, f, pp, e.req)
+	<-sending
+	start := time.Now()
+	f.Close()
+	if d := time.Since(start); d < 800*time.Millisecond || d > 1500*time.Millisecond {
+		t.Errorf("Close returned after %v; want about 1s (twice ConfirmTimeout: it waits, and no longer)", d.Round(time.Millisecond))
+	}
+	a := <-first
+	if a.err != nil || a.r.Success || a.r.ErrorReason != ReasonTransactionFailed {
+		t.Errorf("refused send: %+v %v; want transaction_failed", a.r, a.err)
+	}
+}
+
+// With the node stalled (no send, no status answered), a Settle in flight
+// at Close answers its caller settlement_pending within its own bounds,
+// and Close returns by then, within its bound: the record of that send,
+// which may have reached the chain, stays for a retry to follow.
+func TestCloseReturnsWithinItsBoundWhenTheNodeStalls(t *testing.T) {
+	db := openStore(t, t.TempDir())
+	e := newEnv(t, Config{})
+	var stall atomic.Bool
+	sending := make(chan struct{}, 1)
+	cfg := e.f.cfg
+	cfg.Sent, cfg.ConfirmTimeout, cfg.PollInterval = sentOf(db), 500*time.Millisecond, 50*time.Millisecond
+	cfg.RPC = &RPC{URL: proxy(t, e.chain.URL, func(w http.ResponseWriter, _ json.RawMessage, method string, _ []json.RawMessage) bool {
+		if method == "sendTransaction" {
+			stall.Store(true)
+			select {
+			case sending <- struct{}{}:
+			default:
+			}
+		}
+		if !stall.Load() || method != "sendTransaction" && method != "getSignatureStatuses" {
+			return false
+		}
+		time.Sleep(3 * time.Second) // longer than any bound here
+		return true
+	}, nil)}
+	f, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pp := Payload(e.payment(t).Transaction(), e.req)
+	first := settleAsync(context.Background(), f, pp, e.req)
+	<-sending
+	start := time.Now()
+	f.Close()
+	if d := time.Since(start); d > 1500*time.Millisecond {
+		t.Errorf("Close returned after %v; want within twice ConfirmTimeout (1s)", d.Round(time.Millisecond))
+	}
+	a := <-first
+	var unknown *x402.UnknownOutcomeError
+	if !errors.As(a.err, &unknown) || unknown.Reply == nil || unknown.Reply.ErrorReason != ReasonSettlementPending {
+		t.Errorf("send to a stalled node: %+v %v; want settlement_pending", a.r, a.err)
+	}
+	if _, err := sentOf(db).Lookup(context.Background(), f.sentKey(mustDecode(t, pp).MessageHash())); err != nil {
+		t.Errorf("record of the send that may have reached the chain: %v; want it kept", err)
+	}
+}
+
+// A status read in progress at Close, of a payment whose send landed, is
+// waited for too: it marks the send's record before the configuration
+// closes its store handle, and answers settled naming the transaction.
+// (Before: Close returned at once, the mark failed on the closed handle,
+// and the read answered undecided.)
+func TestCloseWaitsForAStatusReadsMark(t *testing.T) {
+	db := openStore(t, t.TempDir())
+	fr := &faultyRPC{}
+	e := newEnv(t, Config{RPC: &RPC{URL: fr.serve(t)}, Sent: sentOf(db), ConfirmTimeout: 300 * time.Millisecond, PollInterval: 20 * time.Millisecond})
+	fr.set(func(f *faultyRPC) { f.target, f.dropSend, f.forwardOK, f.hideStatus = e.chain.URL, true, true, true })
+	p := e.payment(t)
+	pp := Payload(p.Build(p.Instructions()), e.req)
+	_, err := e.f.Settle(context.Background(), pp, e.req)
+	var unknown *x402.UnknownOutcomeError
+	if !errors.As(err, &unknown) || unknown.Reply == nil || unknown.Reply.ErrorReason != ReasonSettlementPending {
+		t.Fatalf("settle with its reply lost: %v; want settlement_pending", err)
+	}
+	e.f.Close()
+	// The next configuration reads the payment's status through a node
+	// that answers slowly, and is itself unloaded meanwhile.
+	var slow atomic.Bool
+	reading := make(chan struct{}, 1)
+	handle := &closableSent{SentStore: sentOf(db)}
+	cfg := e.f.cfg
+	cfg.Sent = handle
+	cfg.RPC = &RPC{URL: proxy(t, e.chain.URL, func(w http.ResponseWriter, _ json.RawMessage, method string, _ []json.RawMessage) bool {
+		if method == "getSignatureStatuses" && slow.Load() {
+			select {
+			case reading <- struct{}{}:
+			default:
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		return false
+	}, nil)}
+	next, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slow.Store(true)
+	read := make(chan x402.SettlementStatus, 1)
+	go func() {
+		st, err := next.SettlementStatus(context.Background(), pp, e.req)
+		if err != nil {
+			t.Error(err)
+		}
+		read <- st
+	}()
+	<-reading
+	next.Close()
+	handle.closed.Store(true)
+	if st := <-read; st.State != x402.SettlementDone || st.Transaction != unknown.Reply.Transaction {
+		t.Errorf("status read across Close: %+v; want settled naming %s", st, unknown.Reply.Transaction)
+	}
+	if rec, err := sentOf(db).Lookup(context.Background(), next.sentKey(mustDecode(t, pp).MessageHash())); err != nil || !rec.Settled {
+		t.Errorf("record once Close returned: %+v %v; want marked answered", rec, err)
+	}
+}
