@@ -86,12 +86,18 @@ func TestSchema1UpgradeUnderServerTimeouts(t *testing.T) {
 				t.Fatal(err)
 			}
 			serverTimeout(t, dsn, setting)
-			go func() { time.Sleep(1500 * time.Millisecond); tx.Commit(ctx) }()
+			committed := make(chan error, 1)
+			go func() { time.Sleep(1500 * time.Millisecond); committed <- tx.Commit(ctx) }()
 			h, err := Open(ctx, dsn, Options{})
 			if err != nil {
 				t.Fatalf("an upgrade waiting 1.5 s for an old build's record (%s 300ms): %v; README promises an upgrade an hour", setting, err)
 			}
 			defer h.Close()
+			// The upgrade went on once the server had the commit; conn is
+			// free again only once Commit has read its answer.
+			if err := <-committed; err != nil {
+				t.Fatalf("the old build's commit: %v", err)
+			}
 			var v int
 			if err := conn.QueryRow(ctx, `SELECT version FROM aov_schema_version`).Scan(&v); err != nil || v != schemaVersion {
 				t.Fatalf("schema version %d (%v) after the upgrade", v, err)
