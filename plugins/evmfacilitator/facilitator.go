@@ -580,8 +580,10 @@ type checked struct {
 	digest        [32]byte
 	recovered     bool // sig is an EOA signature that recovers to auth.From
 	// tooSoon is the refusal of a payment that passed every check but
-	// x402.ValidBeforeMargin (checkOwn): Verify answers it, and Settle
-	// too, unless a settlement of it is kept, which answers the retry.
+	// validBefore (checkOwn): in the last x402.ValidBeforeMargin before
+	// it, or past it. Settle answers a kept settlement of it from what is
+	// kept; otherwise Verify and Settle answer it (refuseTooSoon) unless
+	// the chain reports its nonce used.
 	tooSoon *checked
 	// keptAt is the chain's time when checkOwn ran (checkTime): what is
 	// kept of the authorization is looked up as of it (settle).
@@ -614,7 +616,9 @@ type checked struct {
 // domain, signature (ecrecover, or EIP-1271 for contract accounts), the
 // token's on-chain name and version, the authorization nonce, the payer's
 // balance, and finally an eth_call simulation of the transfer from the
-// relayer; last, the payer's failure budget (budget.go). The EIP-1271 call
+// relayer; last, the payer's failure budget (budget.go). A payment that
+// misses only validBefore is refused for it once its signature passed,
+// unless the chain reports its nonce used (refuseTooSoon). The EIP-1271 call
 // and the transfer's simulation run as the settlement will (simulate):
 // what needs more than MaxSettlementGas is refused here, not after the
 // relayer paid for it. An error means
@@ -639,13 +643,44 @@ func (f *Facilitator) check(ctx context.Context, p x402.PaymentPayload, req x402
 	if c.invalid {
 		return c, nil
 	}
-	if c.tooSoon != nil {
-		return c.tooSoon, nil
-	}
 	if r, err := f.checkSigner(ctx, c); err != nil || r != nil {
 		return r, err
 	}
+	if c.tooSoon != nil {
+		return f.refuseTooSoon(ctx, c)
+	}
 	return f.checkChain(ctx, c)
+}
+
+// refuseTooSoon is the refusal of c, which misses only validBefore
+// (checked.tooSoon), and nothing of which is kept: nonce_already_used
+// (spentRefusal) when the chain reports its nonce used, the margin's
+// refusal otherwise. The margin is time to mine a transaction sent now;
+// it refuses sending one, and says nothing of a payment the chain already
+// took: a payer whose settlement landed and whose answer was lost, told
+// valid_before ("sign a new one"), would pay twice. Only a payment that
+// misses validBefore pays for this read, so a fresh settle's checks read
+// the nonce once (checkChain). An error means the nonce could not be read.
+func (f *Facilitator) refuseTooSoon(ctx context.Context, c *checked) (*checked, error) {
+	used, err := f.authorizationState(ctx, c.token, c.auth.From, c.auth.Nonce, nil)
+	var ce *contractError
+	switch {
+	case errors.As(err, &ce):
+		// No authorizationState: no nonce of it was used either.
+	case err != nil:
+		return nil, fmt.Errorf("reading the authorization's nonce: %w", err)
+	case used:
+		return spentRefusal(c), nil
+	}
+	return c.tooSoon, nil
+}
+
+// spentRefusal refuses c because the token reports its nonce used; Settle
+// then tells whether c's own transfer used it (alreadyUsed).
+func spentRefusal(c *checked) *checked {
+	r := refuse(x402.ReasonExactEVMNonceAlreadyUsed, c.payer, "the authorization nonce is already used")
+	r.auth, r.token, r.digest, r.spent = c.auth, c.token, c.digest, true
+	return r
 }
 
 // checkOwn runs the checks that need no contract call: x402.CheckExactEVM,
@@ -660,12 +695,17 @@ func (f *Facilitator) checkOwn(ctx context.Context, p x402.PaymentPayload, req x
 	chk, err := x402.CheckExactEVM(p, req, t)
 	var tooSoon error
 	if x402.ReasonOf(err) == x402.ReasonExactEVMValidBefore {
-		// The margin is time for a transaction sent now to be mined. A
-		// retry of a settlement already sent and kept sends nothing new:
-		// Settle answers it from what is kept while the chain may still
-		// include it, so every other check runs as if the margin were met
-		// at the chain's time; the margin's refusal answers anything else.
-		kchk, kerr := x402.CheckExactEVM(p, req, chain.Add(-x402.ValidBeforeMargin))
+		// The margin is time for a transaction sent now to be mined, and
+		// refuses only sending one. A retry of a settlement already sent
+		// sends nothing new: Settle answers it from what is kept while the
+		// chain may still include it, and from the chain's nonce state
+		// once the settlement landed or is no longer kept, in the margin
+		// or past validBefore (refuseTooSoon). So every other check runs
+		// as at the last instant the margin is met (validBefore, below
+		// t + ValidBeforeMargin, fits an int64), and the margin's refusal
+		// answers the rest.
+		last := time.Unix(chk.Values.ValidBefore.Int64(), 0).Add(-x402.ValidBeforeMargin)
+		kchk, kerr := x402.CheckExactEVM(p, req, last)
 		if r := x402.ReasonOf(kerr); r != x402.ReasonExactEVMValidBefore && r != x402.ReasonExactEVMValidAfter {
 			tooSoon, chk, err = err, kchk, kerr
 		}
@@ -766,9 +806,7 @@ func (f *Facilitator) checkChain(ctx context.Context, c *checked) (res *checked,
 		return nil, err
 	}
 	if used {
-		r := refuse(x402.ReasonExactEVMNonceAlreadyUsed, payer, "the authorization nonce is already used")
-		r.auth, r.token, r.digest, r.spent = auth, token, c.digest, true
-		return r, nil
+		return spentRefusal(c), nil
 	}
 	if c.settling {
 		// Held before the balance is read: a settlement of this payer

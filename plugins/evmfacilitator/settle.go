@@ -30,10 +30,11 @@ import (
 //     payTo, network, asset, EIP-712 domain, time window) or whose
 //     signature is not the payer's (for a contract account, one its wallet
 //     refuses) is refused with its reason before anything else (but for
-//     the validBefore margin, which is time to mine a transaction sent
-//     now: one that misses only the margin is refused once settle finds
-//     nothing of it kept, and a retry of a kept one is answered from it,
-//     since it sends nothing new): it neither
+//     validBefore, whose margin is time to mine a transaction sent now:
+//     one that misses only validBefore is answered from what is kept of
+//     it, or, with nothing kept, as nonce_already_used when the chain
+//     reports its nonce used, since neither sends anything new, and is
+//     refused for time otherwise): it neither
 //     waits for nor leads a concurrent settlement of the same
 //     authorization, so it is never answered with another caller's
 //     success, and valid callers are never answered with its refusal.
@@ -224,7 +225,7 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 			return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Err: fmt.Errorf("an earlier settle of this authorization sent %s, and its outcome was unknown; it is neither resolved nor sent again until the chain's identity can be read: %w", s.last().Hash().Hex(), err)}
 		}
 		if c.tooSoon != nil {
-			return f.failure(c.tooSoon.resp.InvalidReason, c.payer, c.tooSoon.resp.InvalidMessage, ""), nil
+			return f.settleTooSoon(ctx, pre, c, start)
 		}
 		return x402.SettleResponse{}, fmt.Errorf("settling: %w", err)
 	}
@@ -255,7 +256,7 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 	}
 	if c.tooSoon != nil {
 		// Nothing of it is kept: too close to validBefore to send.
-		return f.failure(c.tooSoon.resp.InvalidReason, c.payer, c.tooSoon.resp.InvalidMessage, ""), nil
+		return f.settleTooSoon(ctx, pre, c, start)
 	}
 	c.settling = true
 	c, err = f.checkChain(pre, c)
@@ -350,6 +351,22 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 		return f.failure(x402.ReasonExactEVMTransactionFailed, c.payer, "the settlement transaction has no matching Transfer event", tx.Hash().Hex()), nil
 	}
 	return f.success(c, tx.Hash().Hex()), nil
+}
+
+// settleTooSoon answers a settle of c, which misses only validBefore
+// (checked.tooSoon) and of which nothing is kept, sending nothing: a
+// nonce the chain reports used as checkChain's is (alreadyUsed, naming
+// this payment's own transaction when its transfer used it), the
+// margin's refusal otherwise (refuseTooSoon).
+func (f *Facilitator) settleTooSoon(ctx, pre context.Context, c *checked, start time.Time) (x402.SettleResponse, error) {
+	r, err := f.refuseTooSoon(pre, c)
+	switch {
+	case err != nil:
+		return x402.SettleResponse{}, fmt.Errorf("verifying before settlement: %w", err)
+	case r.spent:
+		return f.alreadyUsed(ctx, r, start)
+	}
+	return f.failure(r.resp.InvalidReason, c.payer, r.resp.InvalidMessage, ""), nil
 }
 
 // follow learns the outcome of s, c's settlement of a payer with code,

@@ -1,13 +1,17 @@
 package evmfacilitator
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"math/big"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/ethereum/go-ethereum"
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/crypto"
@@ -312,5 +316,120 @@ func TestKeptRetryPastValidBeforeByTheWallClockIsJudgedByTheChainsTime(t *testin
 	})
 	if !errors.As(err, new(*x402.UnknownOutcomeError)) {
 		t.Errorf("retry of a kept settlement the chain may still include, past validBefore by the wall clock only = %+v, %v; want an unknown outcome", resp, err)
+	}
+}
+
+// The validBefore margin refuses sending something new, nothing else: a
+// retry of a settlement that landed (its success answer lost), once no
+// longer kept, is answered from the chain's nonce state in the last 6 s
+// before validBefore and past it as before it, nonce_already_used naming
+// the transaction, and Verify says the nonce is used. (Before: in the
+// margin and past validBefore it was refused as valid_before, which tells
+// the buyer to sign a new payment, although the payer was charged.) A
+// fresh authorization as close to or past its validBefore is still
+// refused as valid_before, and nothing is charged.
+func TestRetryOfALandedSettlementNearOrPastValidBeforeIsNonceAlreadyUsed(t *testing.T) {
+	d := startDevnet(t, DevnetConfig{})
+	e := &testEnv{d: d}
+	f, err := New(Config{Chain: d.Client(), Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	identified(t, f)
+	req := e.requirements(payee, amount)
+	req.MaxTimeoutSeconds = 12
+	signedAt := time.Now()
+	pay := mustSignExact(t, payer, req)
+	validBefore := time.Unix(signedAt.Unix()+12, 0)
+	first, err := f.Settle(context.Background(), pay, req)
+	if err != nil || !first.Success {
+		t.Fatalf("first settle = %+v, %v; want success", first, err)
+	}
+	from := crypto.PubkeyToAddress(payer.PublicKey)
+	retry := func(when string) {
+		t.Helper()
+		resp, err := f.Settle(context.Background(), pay, req)
+		if err != nil || resp.Success || resp.ErrorReason != x402.ReasonExactEVMNonceAlreadyUsed || resp.Transaction != first.Transaction {
+			t.Errorf("retry of the payment settled in %s, %s = %+v, %v; want %s naming it", first.Transaction, when, resp, err, x402.ReasonExactEVMNonceAlreadyUsed)
+		}
+		v, err := f.Verify(context.Background(), pay, req)
+		if err != nil || v.IsValid || v.InvalidReason != x402.ReasonExactEVMNonceAlreadyUsed {
+			t.Errorf("Verify of the settled payment, %s = %+v, %v; want %s", when, v, err, x402.ReasonExactEVMNonceAlreadyUsed)
+		}
+	}
+	fresh := func(when string, validFor int64) {
+		t.Helper()
+		a := auth(payer, req)
+		a.ValidBefore = fmt.Sprint(time.Now().Unix() + validFor)
+		before := usdcBalance(t, d, from)
+		resp, err := f.Settle(context.Background(), sign(t, payer, a, req, req), req)
+		if err != nil || resp.Success || resp.ErrorReason != x402.ReasonExactEVMValidBefore || resp.Transaction != "" {
+			t.Errorf("a fresh authorization %s = %+v, %v; want refused as %s", when, resp, err, x402.ReasonExactEVMValidBefore)
+		}
+		if after := usdcBalance(t, d, from); after.Cmp(before) != 0 {
+			t.Errorf("a fresh authorization %s: payer balance %s -> %s; want nothing charged", when, before, after)
+		}
+	}
+	retry("12 s before validBefore")
+	time.Sleep(time.Until(validBefore.Add(-4 * time.Second)))
+	retry("4 s before validBefore")
+	fresh("4 s before its validBefore", 4)
+	time.Sleep(time.Until(validBefore.Add(time.Second)))
+	retry("past validBefore")
+	fresh("past its validBefore", -1)
+}
+
+// nonceReads is the devnet's client counting its authorizationState reads,
+// and failing them while fail is set (an overloaded provider).
+type nonceReads struct {
+	Chain
+	reads atomic.Int32
+	fail  atomic.Bool
+}
+
+func (c *nonceReads) CallContract(ctx context.Context, m ethereum.CallMsg, b *big.Int) ([]byte, error) {
+	if bytes.HasPrefix(m.Data, tokenABI.Methods["authorizationState"].ID) {
+		c.reads.Add(1)
+		if c.fail.Load() {
+			return nil, errors.New("503 Service Unavailable")
+		}
+	}
+	return c.Chain.CallContract(ctx, m, b)
+}
+
+// The nonce state of a payment that misses validBefore is read only for
+// it: a fresh settle reads authorizationState once, as before. A payment
+// in the margin whose nonce cannot be read is an error (retryable) from
+// Settle and Verify, never valid_before, since it may be one the chain
+// already took.
+func TestNonceStateBeforeTheMarginRefusalIsReadOnlyForItAndFailsClosed(t *testing.T) {
+	d := startDevnet(t, DevnetConfig{})
+	e := &testEnv{d: d}
+	nr := &nonceReads{Chain: d.Client()}
+	f, err := New(Config{Chain: nr, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	identified(t, f)
+	req := e.requirements(payee, amount)
+	req.MaxTimeoutSeconds = 8
+	signedAt := time.Now()
+	pay := mustSignExact(t, payer, req)
+	validBefore := time.Unix(signedAt.Unix()+8, 0)
+	if r, err := f.Settle(context.Background(), pay, req); err != nil || !r.Success {
+		t.Fatalf("settle = %+v, %v; want success", r, err)
+	}
+	if n := nr.reads.Load(); n != 1 {
+		t.Errorf("a fresh settle read authorizationState %d times; want once", n)
+	}
+	time.Sleep(time.Until(validBefore.Add(-4 * time.Second)))
+	nr.fail.Store(true)
+	if r, err := f.Settle(context.Background(), pay, req); err == nil {
+		t.Errorf("retry of a settled payment 4 s before validBefore, its nonce unreadable = %+v; want an error", r)
+	}
+	if v, err := f.Verify(context.Background(), pay, req); err == nil {
+		t.Errorf("Verify of a settled payment 4 s before validBefore, its nonce unreadable = %+v; want an error", v)
 	}
 }
