@@ -7,10 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/dgraph-io/badger/v4"
 	"golang.org/x/text/secure/precis"
+	"golang.org/x/text/unicode/norm"
 
 	"github.com/aovhq/aov/internal/base58"
 	"github.com/aovhq/aov/internal/ed25519key"
@@ -118,7 +120,49 @@ func BindableAgentID(id string) bool {
 	if e, err := precis.OpaqueString.String(id); err != nil || e != id {
 		return false
 	}
-	return !strings.ContainsFunc(id, blankRune)
+	return !strings.ContainsFunc(id, blankRune) && !ImitatesAddress(id)
+}
+
+// ImitatesAddress reports whether a part of id (split at ':', as a CAIP-10
+// id is) is written like an address in characters that only look like an
+// address's: 32 to 44 letters and digits (an EVM address's 42, a Solana
+// address's 32 to 44), some outside ASCII, and either some ASCII too
+// (0x52908400098527886Е0F… with a Cyrillic Е) or all of them made ASCII
+// by NFKC (fullwidth and mathematical letters and digits). Such an id
+// reads as another's address, whose owned score it would pass for. A
+// name of that length in another script alone, with no ASCII letter or
+// digit, is no address's lookalike and stays bindable.
+func ImitatesAddress(id string) bool {
+	for part := range strings.SplitSeq(id, ":") {
+		if lookalikeAddress(part) {
+			return true
+		}
+	}
+	return false
+}
+
+// lookalikeAddress is ImitatesAddress's rule for one part.
+func lookalikeAddress(part string) bool {
+	if n := utf8.RuneCountInString(part); n < 32 || n > 44 || isASCII(part) {
+		return false
+	}
+	ascii := false
+	for _, r := range part {
+		if !unicode.IsLetter(r) && !unicode.IsDigit(r) {
+			return false
+		}
+		ascii = ascii || r < utf8.RuneSelf
+	}
+	return ascii || isASCII(norm.NFKC.String(part))
+}
+
+func isASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= utf8.RuneSelf {
+			return false
+		}
+	}
+	return true
 }
 
 // blankRune reports the characters the FreeformClass admits as symbols or

@@ -217,7 +217,11 @@ func TestIsEVMAddress(t *testing.T) {
 // made an id that read as another's.)
 func TestBindableAgentID(t *testing.T) {
 	victim := "0x52908400098527886E0F7030069857D2E4169EE7"
-	for _, id := range []string{"my agent", "café-✓", "代理人", "agent-7", "seller-7", victim, "eip155:8453:" + victim, "Ωμέγα 2", strings.Repeat("é", MaxAgentIDChars)} {
+	for _, id := range []string{"my agent", "café-✓", "代理人", "agent-7", "seller-7", victim, "eip155:8453:" + victim, "Ωμέγα 2", strings.Repeat("é", MaxAgentIDChars),
+		strings.Repeat("代理人", 12),                         // 36 letters of one other script: no address's lookalike
+		"sales agent for café orders in the north region", // long, with spaces
+		"7EcDhSYGxXyscszYEp35KHN8vvw3svAuLKTzXwCFLtV",     // a Solana address
+	} {
 		if !BindableAgentID(id) {
 			t.Errorf("BindableAgentID(%q) = false, want true", id)
 		}
@@ -245,6 +249,12 @@ func TestBindableAgentID(t *testing.T) {
 		victim + "\U00016fe4", // Khitan small script filler
 		"cafe\u0301-✓",        // café-✓ decomposed (not NFC): another spelling of a bindable id
 		"seller-7\u0378",      // unassigned
+		"0x52908400098527886\u04150F7030069857D2E4169EE7",             // a Cyrillic Е in an address
+		"eip155:8453:0x52908400098527886\u04150F7030069857D2E4169EE7", // and in a CAIP-10 id
+		"0\u04455290840009852788\u0415E0F7030069857D2E4169EE7",        // a Cyrillic х
+		"\uff10\uff58" + strings.Repeat("\uff15", 40),                 // fullwidth 0x555…
+		strings.Repeat("\U0001d7ce", 42),                              // mathematical digit zeros
+		"7EcDhSYGxXyscszYEp35KHN8vvw3svAuLKTzXwCFLtV\u0405",           // a Solana address ending in a Cyrillic Ѕ
 	} {
 		if BindableAgentID(id) {
 			t.Errorf("BindableAgentID(%q) = true, want false", id)

@@ -239,6 +239,9 @@ func (e *Envelope) check() error {
 		return malformed(h, "uri", "is not scheme://domain followed by path", "Set uri to the request's URL without query: scheme, domain and path.")
 	}
 	if e.AgentID != "" {
+		if store.ImitatesAddress(e.AgentID) {
+			return malformed(h, "agent_id", "writes an address in lookalike characters", "Write an address in ASCII letters and digits only, or use a name that is not an address.")
+		}
 		if !store.BindableAgentID(e.AgentID) {
 			return malformed(h, "agent_id", fmt.Sprintf("is not 1 to %d visible characters in NFC (RFC 8264 FreeformClass)", MaxAgentIDChars), "Use the agent_id your verification requests carry, without invisible or blank characters, in NFC.")
 		}

@@ -465,6 +465,7 @@ func TestAgentIDInvisibleCharactersRefused(t *testing.T) {
 		victim + "\u034f", // combining grapheme joiner
 		victim + "\u3164", // Hangul filler
 		victim + "\u2800", // Braille pattern blank
+		"0x52908400098527886\u04150F7030069857D2E4169EE7", // the victim's address with a Cyrillic Е
 	} {
 		e, err := New(Request{Method: "POST", URL: "https://verifier.example/verify/schema", AgentID: id, Now: t0, Nonce: "abcdefghijklmnop1234"})
 		if err != nil {
