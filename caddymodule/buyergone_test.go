@@ -52,6 +52,7 @@ func TestBuyerGoneDuringCheckIsNotCharged(t *testing.T) {
 	resp, _ := getBody(t, base+"/invoices/INV-7731", nil)
 	sig := signFor(t, paymentRequired(t, resp), payerIdx)
 	before := balance(t, d, payer)
+	gone := counterValue(t, "client_gone_not_settled")
 	req, _ := http.NewRequest(http.MethodGet, base+"/invoices/INV-7731", nil)
 	req.Header.Set(x402.HeaderPaymentSignature, sig)
 	impatient := &http.Client{Timeout: time.Second}
@@ -60,7 +61,11 @@ func TestBuyerGoneDuringCheckIsNotCharged(t *testing.T) {
 		resp.Body.Close()
 		t.Fatalf("the buyer got an answer before hanging up: %d %.100s", resp.StatusCode, b)
 	}
-	time.Sleep(4 * time.Second)
+	// The check runs on after the buyer left; once it ends, the gate finds
+	// the buyer gone and releases the payment.
+	waitFor(t, "the gate to find the buyer gone once the check ended", func() bool {
+		return counterValue(t, "client_gone_not_settled") > gone
+	})
 	got := charged(t, d, payer, before)
 	resp, body := getBody(t, base+"/invoices/INV-7731", map[string]string{x402.HeaderPaymentSignature: sig})
 	if got.Sign() != 0 {
@@ -123,6 +128,7 @@ func TestBuyerGoneBeforeSettleIsNotCharged(t *testing.T) {
 	impatient := &http.Client{Timeout: 500 * time.Millisecond}
 	hangUp := func(hdr map[string]string) {
 		t.Helper()
+		gone := counterValue(t, "client_gone_not_settled")
 		req, _ := http.NewRequest(http.MethodGet, base+"/deaf", nil)
 		for k, v := range hdr {
 			req.Header.Set(k, v)
@@ -132,7 +138,11 @@ func TestBuyerGoneBeforeSettleIsNotCharged(t *testing.T) {
 			resp.Body.Close()
 			t.Fatalf("the client got an answer before hanging up: %d %.100s", resp.StatusCode, b)
 		}
-		time.Sleep(1500 * time.Millisecond) // the upstream answers after the client left
+		// The upstream answers after the client left, and the gate gives
+		// the charge back.
+		waitFor(t, "the gate to give back the charge of the call whose client left", func() bool {
+			return counterValue(t, "client_gone_not_settled") > gone
+		})
 	}
 
 	// Free: the unit of a call whose client left is given back.

@@ -18,11 +18,13 @@ import (
 
 // settle before with verify_response: upstream_timeout bounds the whole
 // answer and its check (README, settle), so a verifierd slower than it
-// (3 s, within verifier_timeout) leaves the charged buyer the gate's 503
-// upstream_unavailable at about upstream_timeout (1 s), and verifierd is
-// told that deadline (X-Aov-Answer-By), the earlier of it and
+// (30 s, within verifier_timeout 45s) leaves the charged buyer the gate's
+// 503 upstream_unavailable at about upstream_timeout (1 s), and verifierd
+// is told that deadline (X-Aov-Answer-By), the earlier of it and
 // verifier_timeout's. (Before: the check ran on a context without the
-// gate's deadline, and the 503 came when verifierd answered, after 3 s.)
+// gate's deadline, and the 503 came when verifierd answered.) The answer
+// is bounded at 10 s: a loaded machine adds seconds to the 1 s, and the
+// defect's 30 s stays far past them.
 func TestSettleBeforeCheckBoundedByUpstreamTimeout(t *testing.T) {
 	_, fac := sharedDevnet(t)
 	buildBinaries(t)
@@ -30,7 +32,11 @@ func TestSettleBeforeCheckBoundedByUpstreamTimeout(t *testing.T) {
 	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		told <- r.Header.Get(HeaderUpstreamAnswerBy)
-		time.Sleep(3 * time.Second)
+		select {
+		case <-time.After(30 * time.Second):
+		case <-r.Context().Done(): // the gate gave up on the check
+			return
+		}
 		http.Error(w, `{"code":"busy"}`, http.StatusServiceUnavailable)
 	}))
 	t.Cleanup(slow.Close)
@@ -53,6 +59,7 @@ func TestSettleBeforeCheckBoundedByUpstreamTimeout(t *testing.T) {
 			agent_id seller-7
 			verifier_url %[4]s
 			verifier_token gate-secret
+			verifier_timeout 45s
 		}
 		reverse_proxy %[1]s
 	}
@@ -67,22 +74,23 @@ func TestSettleBeforeCheckBoundedByUpstreamTimeout(t *testing.T) {
 	start := time.Now()
 	resp, body := getBody(t, base+"/invoices/INV-1", map[string]string{x402.HeaderPaymentSignature: sig})
 	took := time.Since(start)
-	if took > 2500*time.Millisecond {
-		t.Errorf("the charged buyer's answer came after %v; upstream_timeout is 1s (the settlement itself is quick on the devnet)", took)
+	if took > 10*time.Second {
+		t.Errorf("the charged buyer's answer came after %v; upstream_timeout is 1s (the settlement itself is quick on the devnet), verifierd answers after 30s", took)
 	}
 	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), `"code":"upstream_unavailable"`) ||
 		!strings.Contains(string(body), `"charged":true`) || resp.Header.Get(x402.HeaderPaymentResponse) == "" {
 		t.Errorf("paid call past upstream_timeout: %d %.300s; want 503 upstream_unavailable, charged, with PAYMENT-RESPONSE", resp.StatusCode, body)
 	}
 	ms, err := strconv.ParseInt(<-told, 10, 64)
-	if by := time.UnixMilli(ms); err != nil || by.Before(start) || by.After(start.Add(2*time.Second)) {
-		t.Errorf("verifierd was told %v (%v after the call began), want the gate's deadline, about 1s after it (verifier_timeout's is 10s)", by, by.Sub(start))
+	if by := time.UnixMilli(ms); err != nil || by.Before(start) || by.After(start.Add(5*time.Second)) {
+		t.Errorf("verifierd was told %v (%v after the call began), want the gate's deadline, about 1s after it (verifier_timeout's is 45s)", by, by.Sub(start))
 	}
 }
 
 // settle after, upstream_timeout 1s: the agent answers at once, verifierd
-// takes 2 s. upstream_timeout bounds the whole answer and its check: the
-// call fails with 504 at the deadline and nothing is charged. (Before: the
+// takes 30 s (within verifier_timeout 45s, far past what a loaded machine
+// adds to the 1 s). upstream_timeout bounds the whole answer and its
+// check: the call fails with 504 at the deadline and nothing is charged. (Before: the
 // check's context dropped the gate's deadline, and the answer was settled
 // and delivered after it.)
 func TestCheckPastUpstreamTimeoutIsNotCharged(t *testing.T) {
@@ -90,7 +98,7 @@ func TestCheckPastUpstreamTimeoutIsNotCharged(t *testing.T) {
 	buildBinaries(t)
 	vf := startVerifier(t)
 	agent := startAgent(t)
-	slow := delayedVerifier(t, vf, 2*time.Second)
+	slow := delayedVerifier(t, vf, 30*time.Second)
 	site := fmt.Sprintf(`:{port} {
 	handle /invoices/* {
 		x402 {
@@ -105,6 +113,7 @@ func TestCheckPastUpstreamTimeoutIsNotCharged(t *testing.T) {
 			enforce_rules
 			agent_id seller-7
 			verifier_url %[4]s
+			verifier_timeout 45s
 		}
 		reverse_proxy %[1]s
 	}
@@ -121,21 +130,31 @@ func TestCheckPastUpstreamTimeoutIsNotCharged(t *testing.T) {
 	took := time.Since(start)
 	got := charged(t, d, payer, before)
 	t.Logf("after %v: %d charged %v receipt %t %.120s", took, resp.StatusCode, got, resp.Header.Get(HeaderVerificationReceipt) != "", body)
-	if got.Sign() != 0 || resp.StatusCode != http.StatusGatewayTimeout || took > 1900*time.Millisecond {
-		t.Errorf("upstream_timeout 1s, the agent answered at once and its check took 2s: answered %d after %v, charged %v; README (upstream_timeout, settle): the timeout bounds the whole answer and its check, past it 504 and nothing charged", resp.StatusCode, took, got)
+	if got.Sign() != 0 || resp.StatusCode != http.StatusGatewayTimeout || took > 10*time.Second {
+		t.Errorf("upstream_timeout 1s, the agent answered at once and its check took 30s: answered %d after %v, charged %v; README (upstream_timeout, settle): the timeout bounds the whole answer and its check, past it 504 and nothing charged", resp.StatusCode, took, got)
 	}
 }
 
 // delayedVerifier is vf behind a front that holds each request for delay
 // before passing it on: a verifierd slow to check (a fake for a load the
-// real one cannot be made to show on demand).
+// real one cannot be made to show on demand). A request its caller gives up
+// on while held is dropped, and one still held when the test ends is passed
+// on then, so a long delay costs a test that cuts the check short nothing
+// at its end.
 func delayedVerifier(t *testing.T, vf *verifierFixture, delay time.Duration) *httptest.Server {
 	target, _ := neturl.Parse(vf.srv.URL)
 	rp := httputil.NewSingleHostReverseProxy(target)
+	ended := make(chan struct{})
 	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		time.Sleep(delay)
+		select {
+		case <-time.After(delay):
+		case <-ended:
+		case <-r.Context().Done():
+			return
+		}
 		rp.ServeHTTP(w, r)
 	}))
 	t.Cleanup(slow.Close)
+	t.Cleanup(func() { close(ended) }) // before Close, which waits for the handlers
 	return slow
 }

@@ -89,11 +89,15 @@ func TestClientGoneReportsUnpaid(t *testing.T) {
 		resp.Body.Close()
 		t.Fatalf("answered before the client left: %d", resp.StatusCode)
 	}
-	time.Sleep(2 * time.Second) // the upstream answers after the client left
-	deafReports.Lock()
-	got := slices.Clone(deafReports.got)
-	deafReports.Unlock()
-	if len(got) != 1 || !strings.Contains(got[0], `"payment":"unpaid"`) {
+	reports := func() []string {
+		deafReports.Lock()
+		defer deafReports.Unlock()
+		return slices.Clone(deafReports.got)
+	}
+	// The upstream answers after the client left; the report goes after it,
+	// in the background.
+	waitFor(t, "the report of the call whose client left", func() bool { return len(reports()) >= 1 })
+	if got := reports(); len(got) != 1 || !strings.Contains(got[0], `"payment":"unpaid"`) {
 		t.Errorf("reports %q; want one report {\"payment\":\"unpaid\"} for the call whose client left", got)
 	}
 	// The same payment, sent again, is settled and reported paid.
@@ -101,9 +105,8 @@ func TestClientGoneReportsUnpaid(t *testing.T) {
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("the retry with the same payment: %d %.200s", resp.StatusCode, body)
 	}
-	deafReports.Lock()
-	defer deafReports.Unlock()
-	if len(deafReports.got) != 2 || !strings.Contains(deafReports.got[1], `"payment":"paid"`) {
-		t.Errorf("reports %q; want the settled retry reported paid after the unpaid call", deafReports.got)
+	waitFor(t, "the report of the settled retry", func() bool { return len(reports()) >= 2 })
+	if got := reports(); len(got) != 2 || !strings.Contains(got[1], `"payment":"paid"`) {
+		t.Errorf("reports %q; want the settled retry reported paid after the unpaid call", got)
 	}
 }

@@ -168,6 +168,22 @@ func freePort(t testing.TB) int {
 	return servers.FreePort(t, false)
 }
 
+// waitFor polls cond until it holds, failing the test after 20 s. A result
+// the gate produces in the background (a settlement report, an outcome
+// counter, a log line, a released payment) is waited for with it rather
+// than read right after the answer or after a fixed sleep: on a loaded
+// machine the background work can lag the answer by seconds. The bound is
+// far past any wait the product makes, so a result that never comes still
+// fails, only later.
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	for end := time.Now().Add(20 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
 // noRedirect is an HTTP client for tests: it never follows redirects and
 // has a timeout, so a hung gateway fails the test instead of hanging it.
 var testClient = &http.Client{Timeout: 30 * time.Second}

@@ -575,7 +575,8 @@ var fakeHistoryBig atomic.Bool
 // fakeHistoryRefuse is how many report POSTs the fake answers 503 (a
 // verifierd blip); fakeHistorySlow makes a paid run take that long;
 // fakeHistoryStall holds each report that long (a stalled verifierd
-// behind reverse_proxy), or until the gate gives up on it.
+// behind reverse_proxy), until the gate gives up on it, or until the stall
+// is lifted (set to 0: verifierd recovers, and takes the reports it held).
 var fakeHistoryRefuse atomic.Int32
 var fakeHistorySlow atomic.Int64
 var fakeHistoryStall atomic.Int64
@@ -603,10 +604,14 @@ func (fakeHistory) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp
 	if r.URL.Path == "/v1/gateway/settlement" {
 		b, _ := io.ReadAll(r.Body)
 		if d := fakeHistoryStall.Load(); d > 0 {
-			select { // a stalled verifierd behind reverse_proxy: the gate's deadline ends the wait
-			case <-time.After(time.Duration(d)):
-			case <-r.Context().Done():
-				return r.Context().Err()
+			// A stalled verifierd behind reverse_proxy: the gate's deadline
+			// ends the wait, as does verifierd's recovery.
+			for end := time.Now().Add(time.Duration(d)); fakeHistoryStall.Load() > 0 && time.Now().Before(end); {
+				select {
+				case <-time.After(10 * time.Millisecond):
+				case <-r.Context().Done():
+					return r.Context().Err()
+				}
 			}
 		}
 		if fakeHistoryRefuse.Add(-1) >= 0 {

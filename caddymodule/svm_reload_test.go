@@ -133,12 +133,17 @@ func TestSVMUnloadedFacilitatorStopsPolling(t *testing.T) {
 		t.Fatalf("settle: %v; want settlement_pending", err)
 	}
 	n := calls.Load()
-	time.Sleep(900 * time.Millisecond)
-	if calls.Load() == n {
-		t.Fatal("no polling while the config is loaded; the test proves nothing")
-	}
+	waitFor(t, "polling while the config is loaded (else the test proves nothing)", func() bool { return calls.Load() > n })
 	stop()
-	time.Sleep(500 * time.Millisecond) // a poll under way ends
+	// A poll under way ends: the old node is asked nothing for longer than
+	// the 400ms between polls (a facilitator still polling never is).
+	last, quietFrom := calls.Load(), time.Now()
+	waitFor(t, "the old node to go unasked for 600ms after the unload", func() bool {
+		if c := calls.Load(); c != last {
+			last, quietFrom = c, time.Now()
+		}
+		return time.Since(quietFrom) >= 600*time.Millisecond
+	})
 	n = calls.Load()
 	time.Sleep(1200 * time.Millisecond)
 	if later := calls.Load(); later != n {

@@ -39,15 +39,6 @@ func provisionedForReports() (*Gate, *observer.ObservedLogs) {
 	return &Gate{logger: zap.New(core), stopped: new(atomic.Bool), background: &backgroundReports{stop: make(chan struct{})}}, logs
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for end := time.Now().Add(5 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(end) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
-}
-
 // An unpaid report waiting for its retries still counts against
 // maxReportsInBackground, so a stalled upstream under a flood of failing
 // calls holds no more goroutines than that. (Before: the retries went to a
