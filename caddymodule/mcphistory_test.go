@@ -145,7 +145,7 @@ func TestPaidMCPHistoryTellsTheTruth(t *testing.T) {
 			// An unpaid report is made in the background, after the answer:
 			// wait for it.
 			var paid store.Verification
-			for end := time.Now().Add(3 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			waitFor(t, "the paid call's report", func() bool {
 				recs, _, err := vf.db.Verifications(ctx, agent, "", 10)
 				if err != nil || len(recs) != 2 {
 					t.Fatalf("records %+v, %v", recs, err)
@@ -154,10 +154,8 @@ func TestPaidMCPHistoryTellsTheTruth(t *testing.T) {
 				if paid.ID == freeDoc["verification_id"] {
 					paid = recs[1]
 				}
-				if paid.Payment == tc.want || time.Now().After(end) {
-					break
-				}
-			}
+				return paid.Payment != store.PaymentPending
+			})
 			if paid.Payment != tc.want || paid.Counted() != tc.counted {
 				t.Fatalf("paid call recorded as %q (counted %v), want %q", paid.Payment, paid.Counted(), tc.want)
 			}
