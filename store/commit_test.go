@@ -306,12 +306,12 @@ func TestGroupCommitCancelledWhileQueued(t *testing.T) {
 	go func() {
 		cancelled <- db.update(ctx, func(*tx) error { ran <- struct{}{}; return nil })
 	}()
+	waitQueued(t, db, 1)
 	later := make(chan error, 1)
 	go func() {
-		time.Sleep(20 * time.Millisecond) // queued after the cancelled one
 		later <- db.update(context.Background(), func(txn *tx) error { return txn.Set([]byte("test/later"), nil) })
 	}()
-	time.Sleep(10 * time.Millisecond)
+	waitQueued(t, db, 2) // the later one behind the one cancelled
 	cancel()
 	if err := <-cancelled; !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled writer: err = %v", err)
@@ -327,6 +327,27 @@ func TestGroupCommitCancelledWhileQueued(t *testing.T) {
 	case <-ran:
 		t.Fatal("the cancelled writer's transaction ran")
 	default:
+	}
+}
+
+// waitQueued waits until n writers are queued behind the commit in
+// progress: a test that means a writer to be queued when it acts waits for
+// it rather than sleeping, which on a loaded machine may end first.
+// It may be called from a goroutine other than the test's: it reports a
+// timeout with Errorf and returns.
+func waitQueued(t *testing.T, db *DB, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		db.commits.mu.Lock()
+		got := len(db.commits.queue)
+		db.commits.mu.Unlock()
+		if got >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("%d writers queued, want %d", got, n)
+			return
+		}
 	}
 }
 
@@ -374,7 +395,7 @@ func TestGroupCommitDeadlinePassed(t *testing.T) {
 				}()
 				<-started
 				go func() {
-					time.Sleep(20 * time.Millisecond) // queued behind the commit in progress
+					waitQueued(t, db, 1) // queued behind the commit in progress
 					close(release)
 				}()
 			} else {
