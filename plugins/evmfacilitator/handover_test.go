@@ -58,9 +58,9 @@ func TestTheNextFacilitatorTakesOverWhatAClosedOneLeft(t *testing.T) {
 	identified(t, f)
 	s := keepUnknownSettlement(t, e, f)
 	f.Close()
-	for deadline := time.Now().Add(time.Second); watching(f.nonces); time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(5 * time.Second); watching(f.nonces); time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatal("the look-after still runs a second after the only facilitator closed")
+			t.Fatal("the look-after still runs 5 s after the only facilitator closed; its next round was 15 s away")
 		}
 	}
 

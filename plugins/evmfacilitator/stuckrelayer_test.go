@@ -154,9 +154,11 @@ func TestCloseEndsTheLookAfter(t *testing.T) {
 		t.Fatal("a settlement of unknown outcome kept, and no look-after runs")
 	}
 	f.Close()
-	for deadline := time.Now().Add(time.Second); watching(f.nonces); time.Sleep(10 * time.Millisecond) {
+	// Its next round is maxBumpWait (15 s) away: 5 s leaves a loaded
+	// machine room and still tells "at once" from "at the next round".
+	for deadline := time.Now().Add(5 * time.Second); watching(f.nonces); time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatal("the look-after still runs a second after its only facilitator closed")
+			t.Fatal("the look-after still runs 5 s after its only facilitator closed; its next round was 15 s away")
 		}
 	}
 }
@@ -235,7 +237,7 @@ func TestFollowHoldsItsChainsSetUntilItEnds(t *testing.T) {
 		t.Errorf("while the follow-up runs, the chain's set is held %d times; want 1 (the settle's, handed to it)", h)
 	}
 	landedFailures(t, f, from) // the follow-up ended
-	for deadline := time.Now().Add(2 * time.Second); holds() != 0; time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); holds() != 0; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the follow-up ended, and the chain's set is still held %d times", holds())
 		}
