@@ -245,7 +245,7 @@ func TestStatusReadWithAStalledMarkEndsAtItsCallersDeadline(t *testing.T) {
 	defer cancel()
 	start := time.Now()
 	st, err := reader.SettlementStatus(ctx, pp, e.req)
-	if d := time.Since(start); d > time.Second {
+	if d := time.Since(start); d > 2*time.Second { // a mark held to ConfirmTimeout takes 5 s
 		t.Errorf("status read with a 300ms deadline took %v (%+v %v); want it to end near its caller's deadline", d.Round(time.Millisecond), st, err)
 	}
 	if err == nil && st.State != x402.SettlementUndecided {
