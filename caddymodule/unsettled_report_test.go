@@ -39,17 +39,18 @@ func sellerOverVerifierdSite(vf *verifierFixture, facilitator, gateExtra, schema
 `, strings.TrimPrefix(vf.srv.URL, "http://"), verifierToken, payTo.Hex(), facilitator, gateExtra, schema, verifierURL, verifyExtra)
 }
 
-// recordedPayment waits up to 3 s for the one verification verifierd
-// recorded under agent to have payment want, and returns what it has. A
-// record that should stay pending is read after a pause, so that a report
-// made late would be seen.
+// recordedPayment waits up to 20 s (reports go in the background, late on
+// a loaded machine) for the one verification verifierd recorded under
+// agent to have payment want, and returns what it has. A record that
+// should stay pending is read after a pause, so that a report made late
+// would be seen.
 func recordedPayment(t *testing.T, vf *verifierFixture, agent, want string) string {
 	t.Helper()
 	if want == store.PaymentPending {
 		time.Sleep(500 * time.Millisecond)
 	}
 	var got string
-	for end := time.Now().Add(3 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	for end := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		recs, _, err := vf.db.Verifications(context.Background(), agent, "", 10)
 		if err != nil || len(recs) != 1 {
 			t.Fatalf("verifierd's records under %s: %+v, %v; want the one paid call's", agent, recs, err)
