@@ -418,16 +418,18 @@ func TestAReportWaitsNoLongerThanTheRequestInFlightAndItsOwnWhenTheUpstreamStall
 // (Before: the last of 1 + 257 reports waited for the three batches ahead
 // of it and then its own.)
 func TestAReportWaitsNoLongerThanTheRequestInFlightAndItsOwnWhenTheUpstreamIsSlow(t *testing.T) {
-	reportWaitBounded(t, &stallingReports{slow: 450 * time.Millisecond, arrived: make(chan struct{}, 1), got: map[string]bool{}})
+	reportWaitBounded(t, &stallingReports{slow: 1800 * time.Millisecond, arrived: make(chan struct{}, 1), got: map[string]bool{}})
 }
 
 // reportWaitBounded sends 1 + 257 reports to sink, the rest while the
 // first is in flight, checks that none waited longer than 2.5 ×
-// reportTimeout (shortened to 500 ms), and that every one is recorded
-// once sink answers.
+// reportTimeout (2 s here), and that every one is recorded once sink
+// answers. The timeout is seconds long so that the slack between the two
+// timeouts a report may wait and the bound is a second for a loaded
+// machine, with the defect (four timeouts) 3 s past the bound.
 func reportWaitBounded(t *testing.T, sink *stallingReports) {
 	oldTimeout, oldRetries := reportTimeout, reportRetries
-	reportTimeout = 500 * time.Millisecond
+	reportTimeout = 2 * time.Second
 	reportRetries = []time.Duration{100 * time.Millisecond, 100 * time.Millisecond, 100 * time.Millisecond, time.Second, time.Second}
 	defer func() { reportTimeout, reportRetries = oldTimeout, oldRetries }()
 	g := &Gate{logger: zap.NewNop()}
@@ -464,7 +466,7 @@ func reportWaitBounded(t *testing.T, sink *stallingReports) {
 		t.Fatalf("a report waited %v; want at most %v (the request in flight, then its own, each bounded by reportTimeout %v)", worst, bound, reportTimeout)
 	}
 	sink.stalled.Store(false)
-	for deadline := time.Now().Add(10 * time.Second); sink.recorded() < 1+more; time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); sink.recorded() < 1+more; time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("%d of %d reports recorded once the upstream answered again: the retries lost some", sink.recorded(), 1+more)
 		}
