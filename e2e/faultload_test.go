@@ -219,8 +219,16 @@ func TestBooksBalanceUnderFaults(t *testing.T) {
 	counted := freePerDay - remaining - 1
 
 	// Outcome reports the upstream could not take while it was down are
-	// retried by the gateway for up to 15 s; give the last ones time.
-	time.Sleep(10 * time.Second)
+	// retried by the gateway for up to 15 s: wait, up to twice that (a
+	// loaded machine runs the retries late), until the gateway has had a
+	// paid report taken for each settled call. Reading the history stops
+	// verifierd, so it is read once, after.
+	for deadline := time.Now().Add(30 * time.Second); s.gatewayOutcomes(t, "reported_paid") < settled; time.Sleep(200 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Logf("the gateway had %d paid reports taken for %d settled calls after 30 s", s.gatewayOutcomes(t, "reported_paid"), settled)
+			break
+		}
+	}
 	var historyPaid, historyPending int
 	kinds := map[string]int{}
 	var undelivered []store.Verification
@@ -300,6 +308,27 @@ func decodeID(t *testing.T, body []byte) string {
 }
 
 // historyAll is every record verifierd holds for agent, all pages.
+// gatewayOutcomes is the gateway's count of outcome (its
+// aov_x402_outcomes_total metric, read from Caddy's admin endpoint); 0 when
+// it cannot be read.
+func (s *stack) gatewayOutcomes(t *testing.T, outcome string) int {
+	t.Helper()
+	resp, err := http.Get("http://" + s.adminAddr + "/metrics")
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	prefix := []byte(`aov_x402_outcomes_total{outcome="` + outcome + `"} `)
+	for line := range bytes.Lines(b) {
+		if v, ok := bytes.CutPrefix(line, prefix); ok {
+			n, _ := strconv.ParseFloat(string(bytes.TrimSpace(v)), 64)
+			return int(n)
+		}
+	}
+	return 0
+}
+
 func (s *stack) historyAll(t *testing.T, agent string) []store.Verification {
 	t.Helper()
 	s.verifierd.stop(t)
