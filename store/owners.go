@@ -7,10 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"unicode"
 	"unicode/utf8"
 
 	"github.com/dgraph-io/badger/v4"
+	"github.com/mtibben/confusables"
 	"golang.org/x/text/secure/precis"
 	"golang.org/x/text/unicode/norm"
 
@@ -123,47 +123,49 @@ func BindableAgentID(id string) bool {
 	return !strings.ContainsFunc(id, blankRune) && !ImitatesAddress(id)
 }
 
-// ImitatesAddress reports whether a part of id (split at ':', as a CAIP-10
-// id is) is written like an address in characters that only look like an
-// address's: 32 to 44 letters and digits (an EVM address's 42, a Solana
-// address's 32 to 44), some outside ASCII, and either some ASCII too
-// (0x52908400098527886Е0F… with a Cyrillic Е) or all of them made ASCII
-// by NFKC (fullwidth and mathematical letters and digits). Such an id
-// reads as another's address, whose owned score it would pass for. A
-// name of that length in another script alone, with no ASCII letter or
-// digit, is no address's lookalike and stays bindable.
+// ImitatesAddress reports whether id writes an address, or any other run
+// of 32 or more visible characters (an EVM address is 42, a Solana one 32
+// to 44, a CAIP-10 account id more), in characters that only look like
+// ASCII ones: a run of characters each visible ASCII or one whose UTS #39
+// skeleton (Unicode's confusables data) or NFKC form is, with at least
+// one of the latter. 0x52908400098527886Е0F… with a Cyrillic Е, a fullwidth or
+// mathematical address, or a CAIP-10 id with U+A789 or U+2236 for its
+// colons all read as the victim's account, whose owned score such an id
+// would pass for. A space, or a character with no single ASCII lookalike
+// (ä, и, 代), ends a run: an honest name in any script, or ASCII with a
+// few such letters, stays bindable.
 func ImitatesAddress(id string) bool {
-	for part := range strings.SplitSeq(id, ":") {
-		if lookalikeAddress(part) {
+	run, lookalike := 0, false
+	for _, r := range id {
+		switch {
+		case r < utf8.RuneSelf && isGraphicASCII(byte(r)):
+			run++
+		case r >= utf8.RuneSelf && looksGraphicASCII(r):
+			run, lookalike = run+1, true
+		default:
+			run, lookalike = 0, false
+			continue
+		}
+		if lookalike && run >= 32 {
 			return true
 		}
 	}
 	return false
 }
 
-// lookalikeAddress is ImitatesAddress's rule for one part.
-func lookalikeAddress(part string) bool {
-	if n := utf8.RuneCountInString(part); n < 32 || n > 44 || isASCII(part) {
-		return false
-	}
-	ascii := false
-	for _, r := range part {
-		if !unicode.IsLetter(r) && !unicode.IsDigit(r) {
-			return false
+// looksGraphicASCII reports whether r's skeleton, or its NFKC form, is one
+// visible ASCII character (Cyrillic а, mathematical 𝟶, U+A789 for ':';
+// fullwidth ０, which the confusables data leaves to NFKC).
+func looksGraphicASCII(r rune) bool {
+	for _, f := range []string{confusables.Skeleton(string(r)), norm.NFKC.String(string(r))} {
+		if len(f) == 1 && isGraphicASCII(f[0]) {
+			return true
 		}
-		ascii = ascii || r < utf8.RuneSelf
 	}
-	return ascii || isASCII(norm.NFKC.String(part))
+	return false
 }
 
-func isASCII(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] >= utf8.RuneSelf {
-			return false
-		}
-	}
-	return true
-}
+func isGraphicASCII(c byte) bool { return '!' <= c && c <= '~' }
 
 // blankRune reports the characters the FreeformClass admits as symbols or
 // letters that fonts draw as nothing at all: U+2800 BRAILLE PATTERN BLANK,

@@ -221,6 +221,9 @@ func TestBindableAgentID(t *testing.T) {
 		strings.Repeat("代理人", 12),                         // 36 letters of one other script: no address's lookalike
 		"sales agent for café orders in the north region", // long, with spaces
 		"7EcDhSYGxXyscszYEp35KHN8vvw3svAuLKTzXwCFLtV",     // a Solana address
+		"Donaudampfschifffahrtsgesellschaftskapitän",      // ä has no single ASCII lookalike
+		"ВерификацияСчетовФактурДляКомпании2024",
+		"my-agent:Donaudampfschifffahrtsgesellschaftskapitän",
 	} {
 		if !BindableAgentID(id) {
 			t.Errorf("BindableAgentID(%q) = false, want true", id)
@@ -255,6 +258,10 @@ func TestBindableAgentID(t *testing.T) {
 		"\uff10\uff58" + strings.Repeat("\uff15", 40),                 // fullwidth 0x555…
 		strings.Repeat("\U0001d7ce", 42),                              // mathematical digit zeros
 		"7EcDhSYGxXyscszYEp35KHN8vvw3svAuLKTzXwCFLtV\u0405",           // a Solana address ending in a Cyrillic Ѕ
+		"eip155\ua7898453\ua789" + victim,                             // U+A789 modifier letter colon for ':'
+		"eip155\u22368453\u2236" + victim,                             // U+2236 ratio for ':'
+		"solana\ua7895eykt4UsFv8P8NJdTREpY1vzqKqZKvdp\ua7897EcDhSYGxXyscszYEp35KHN8vvw3svAuLKTzXwCFLtV",
+		lookalikes("0x5290840009852788ae0c7030069857c2e4169ee7"), // no ASCII at all: monospace digits, Cyrillic х а с е
 	} {
 		if BindableAgentID(id) {
 			t.Errorf("BindableAgentID(%q) = true, want false", id)
@@ -271,4 +278,19 @@ func TestBindableAgentIDAdmitsOnlyPrintable(t *testing.T) {
 			t.Errorf("BindableAgentID admits %U, which is not printable", r)
 		}
 	}
+}
+
+// lookalikes writes a lowercase EVM address in no ASCII character:
+// mathematical monospace digits and Cyrillic х, а, с, е.
+func lookalikes(addr string) string {
+	cyr := map[rune]rune{'x': 'х', 'a': 'а', 'c': 'с', 'e': 'е'}
+	var b strings.Builder
+	for _, r := range addr {
+		if '0' <= r && r <= '9' {
+			b.WriteRune(0x1D7F6 + r - '0')
+		} else {
+			b.WriteRune(cyr[r])
+		}
+	}
+	return b.String()
 }
