@@ -1007,11 +1007,26 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 // one address, and many addresses would otherwise multiply them.
 var precheckSlots = make(chan struct{}, verify.DefaultMaxConcurrent())
 
-// precheckWait is how long a precheck waits for its client's turn and one
-// of precheckSlots, in all, before the request is answered 503
-// verification_timeout, nothing charged (verifierd's default Timeout);
-// tests shorten it.
+// precheckWait is how long a precheck waits for its client's turn, in
+// all, before the request is answered 503 verification_timeout, nothing
+// charged (verifierd's default Timeout); tests shorten it.
 var precheckWait = verify.DefaultTimeout
+
+// precheckSlotWait is how long a precheck that has its client's turn waits
+// for one of precheckSlots before the gate answers without the check
+// (errUnchecked): a few addresses, each compiling one request at a time,
+// hold every slot, and a wait of precheckWait then answered every other
+// client's first request 503 without the offer, so no buyer learned the
+// price while they kept at it.
+var precheckSlotWait = 200 * time.Millisecond
+
+// errUnchecked is a precheck that did not run: every one of precheckSlots
+// stayed busy for precheckSlotWait. The request is answered as if it
+// passed, its 402 saying it was not checked (requestCheck.invalid): the
+// check only spares a buyer the offer of an invalid request, and the paid
+// call for one is still refused uncharged (servePaid's own check under
+// settle before, verifierd's 422 under settle after).
+var errUnchecked = errors.New("the gateway was too busy to check the request")
 
 // precheckTurns holds each client's turn (clientAddr, as rate_limit counts
 // it): a client compiles one unpaid request's schema at a time over the
@@ -1063,13 +1078,15 @@ func leaveTurn(client string, t *precheckTurn) {
 // refusal budget (slotCheck; rateZone.enter), unless it holds a paid
 // call's slot already (its check is part of that work), and is answered
 // 429 rate_limited when none is free or the budget is spent, nothing
-// counted; then its client's turn (precheckTurns) and one of the
-// gateway's precheckSlots, waiting at most precheckWait for both. The 402
-// or 422 that follows is counted as any refusal (note), so a client's
-// compiles are at most events at a time and put its budget at most events
-// in debt; and so is the 503 of a request that waited in vain, or whose
-// client went away while it waited: the wait is the gateway's work too,
-// and uncounted a client could keep the slots busy for nothing.
+// counted; then its client's turn (precheckTurns), waiting at most
+// precheckWait for it, and one of the gateway's precheckSlots, waiting at
+// most precheckSlotWait more, after which the check is left out
+// (errUnchecked). The 402 or 422 that follows is counted as any refusal
+// (note), so a client's compiles are at most events at a time and put its
+// budget at most events in debt; and so is the 503 of a request that
+// waited in vain for its turn, or whose client went away while it waited:
+// the wait is the gateway's work too, and uncounted a client could keep
+// the slots busy for nothing.
 //
 // A call carrying a payment (paying) is checked only within servePaid,
 // holding its client's paid slot under rate_limit (before a settle before
@@ -1096,8 +1113,21 @@ func (g *Gate) precheck(r *http.Request, paying bool, check func() error) error 
 		return err
 	}
 	defer func() { <-turn.c }()
-	if err := g.awaitSlot(r, precheckSlots, deadline.C); err != nil {
-		return err
+	select {
+	case precheckSlots <- struct{}{}:
+	default:
+		busy := time.NewTimer(precheckSlotWait)
+		defer busy.Stop()
+		select {
+		case precheckSlots <- struct{}{}:
+		case <-busy.C:
+			return errUnchecked
+		case <-deadline.C:
+			return errUnchecked
+		case <-r.Context().Done():
+			g.noteRefusal(r)
+			return apierr.Timeout(precheckWait, r.Context().Err())
+		}
 	}
 	defer func() { <-precheckSlots }()
 	return check()
@@ -1105,7 +1135,7 @@ func (g *Gate) precheck(r *http.Request, paying bool, check func() error) error 
 
 // awaitSlot puts a token in slots, or, when deadline fires or the client
 // goes away first, counts the request against its client (noteRefusal)
-// and returns 503 verification_timeout (precheck).
+// and returns 503 verification_timeout (precheck's wait for a turn).
 func (g *Gate) awaitSlot(r *http.Request, slots chan struct{}, deadline <-chan time.Time) error {
 	var err error
 	select {

@@ -234,6 +234,7 @@ func (e *mcpExchange) demand(w http.ResponseWriter, r *http.Request, status int,
 	if ae := e.offered(status); ae != nil {
 		return e.toolError(w, r, ae)
 	}
+	msg = e.offerNote(msg)
 	g := e.g
 	live := g.liveOffers().offers
 	if len(live) == 0 {

@@ -13,7 +13,8 @@ import (
 // config's registry: Caddy builds a fresh registry on each reload, and
 // collectors created per config would be lost or double-registered.
 var metrics = struct {
-	outcomes *prometheus.CounterVec
+	outcomes        *prometheus.CounterVec
+	uncheckedOffers prometheus.Counter
 }{
 	outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "aov",
@@ -21,6 +22,12 @@ var metrics = struct {
 		Name:      "outcomes_total",
 		Help:      "Gateway decisions by outcome: settled, free, payment_required, an x402 reason, or an error code.",
 	}, []string{"outcome"}),
+	uncheckedOffers: prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "aov",
+		Subsystem: "x402",
+		Name:      "offers_unchecked_total",
+		Help:      "402s of validate verify_request answered without the request check, every unpaid compile slot busy.",
+	}),
 }
 
 // outcomeFree counts the calls served from the free allowance: the hot
@@ -59,7 +66,7 @@ func registerMetrics(ctx caddy.Context) {
 	if reg == nil {
 		return
 	}
-	for _, c := range []prometheus.Collector{metrics.outcomes} {
+	for _, c := range []prometheus.Collector{metrics.outcomes, metrics.uncheckedOffers} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) {

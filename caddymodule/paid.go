@@ -116,6 +116,9 @@ type requestCheck struct {
 	// paying: the call carries a payment, readable or not. Its refusals
 	// are about the payment and are answered as they are (answer).
 	paying bool
+	// unchecked: the check was left out, every unpaid compile slot busy
+	// (errUnchecked); the 402 says so (offerNote).
+	unchecked bool
 	// evaluate parses the request as verifierd does, the schema evaluated
 	// on the output within verifierd's default budgets (verify.Parse); nil:
 	// nothing to evaluate. Only a settle before payment runs it
@@ -150,12 +153,31 @@ func (c *requestCheck) invalid() *apierr.Error {
 		requestChecked()
 	}
 	if err := c.check(); err != nil {
+		if errors.Is(err, errUnchecked) {
+			c.unchecked = true
+			return nil
+		}
 		return apierr.From(err)
 	}
 	return nil
 }
 
 func (c *requestCheck) upstreamRan() { c.done = true }
+
+// uncheckedNote ends the message of a 402 whose request was not checked.
+const uncheckedNote = " (the gateway was too busy to check this request first: if it is invalid, a payment for it is refused with 422 invalid_request and not charged)"
+
+// offerNote is msg, the message of a demand for payment, told that the
+// request was not checked when it was not (unchecked), which is counted
+// in aov_x402_offers_unchecked_total: a buyer, and the operator, learn
+// that this offer may be of a request the paid call then refuses.
+func (c *requestCheck) offerNote(msg string) string {
+	if !c.unchecked {
+		return msg
+	}
+	metrics.uncheckedOffers.Inc()
+	return msg + uncheckedNote
+}
 
 // evaluated is the request's refusal by its full verification, nil when it
 // passes or has none to run. The compile-only check (invalid) passes a
@@ -205,6 +227,7 @@ func (e *restExchange) demand(w http.ResponseWriter, r *http.Request, status int
 	if ae := e.offered(status); ae != nil {
 		return e.g.refuse(w, r, ae)
 	}
+	msg = e.offerNote(msg)
 	if failed != nil {
 		if header, err := x402.EncodeHeader(failed); err == nil {
 			w.Header().Set(x402.HeaderPaymentResponse, header)

@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"bytes"
 	"encoding/json"
 	"io"
 	"math/big"
@@ -11,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/aovhq/aov/internal/signflip"
 	"github.com/aovhq/aov/plugins/evmfacilitator"
@@ -174,51 +177,57 @@ func TestUnpaidSchemaCompilesAreBoundedPerClient(t *testing.T) {
 
 // The per-client slots bound one address; the gateway's own bound
 // (precheckSlots, verifierd's default -max-concurrent-verifications) holds
-// however many addresses ask at once: with every one of its slots busy, an
-// unpaid request waits precheckWait and is answered 503
-// verification_timeout, nothing compiled, charged or counted; with one
-// free it is answered 402 as before.
-func TestUnpaidSchemaCompilesAreBoundedGatewayWide(t *testing.T) {
-	_, fac := sharedDevnet(t)
-	up := newUpstream(t)
-	base := startCaddy(t, gateSite(up.URL, fac, 0, "rate_limit off"))
-	url := base + "/verify/schema"
-	defer func(w time.Duration) { precheckWait = w }(precheckWait)
-	precheckWait = 200 * time.Millisecond
+// however many addresses ask at once.
+//
+// A request that finds every one of the gateway's compile slots busy for
+// precheckSlotWait is answered without the request check: the 402 with
+// the offer, its message saying the request was not checked, counted in
+// aov_x402_offers_unchecked_total. The check only spares a buyer the offer
+// of an invalid request, and the paid call for one is still refused 422,
+// nothing charged: under settle before by the gate's own check (a verified
+// payment's, which takes none of those slots), under settle after by
+// verifierd. (Before: it waited precheckWait, 5 s, and was answered 503
+// verification_timeout without PAYMENT-REQUIRED, so sixteen IPv6 /64s,
+// each compiling one request at a time, kept every other client from
+// learning the price.)
+func TestBusyCompileSlotsOfferTheRequestUnchecked(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	payer := evmfacilitator.DevAccounts()[6]
+	for _, settle := range []string{"settle after", "settle before"} {
+		t.Run(settle, func(t *testing.T) {
+			base := startCaddy(t, restVerifierSite(startVerifier(t), fac, 0, settle))
+			url := base + "/verify/schema"
+			shortenPrecheckWait(t, 3*time.Second)
+			holdCompileSlots(t)
+			unchecked := uncheckedOffers(t)
 
-	for range cap(precheckSlots) {
-		precheckSlots <- struct{}{}
-	}
-	var checked int
-	requestChecked = func() { checked++ }
-	defer func() { requestChecked = nil }()
-	start := time.Now()
-	resp := post(t, url, compileHeavyRequest(-2), nil)
-	took := time.Since(start)
-	var body struct {
-		Code    string `json:"code"`
-		Charged bool   `json:"charged"`
-	}
-	json.NewDecoder(resp.Body).Decode(&body)
-	resp.Body.Close()
-	for range cap(precheckSlots) {
-		<-precheckSlots
-	}
-	if resp.StatusCode != http.StatusServiceUnavailable || body.Code != "verification_timeout" || body.Charged || resp.Header.Get("Retry-After") == "" {
-		t.Errorf("unpaid request with the gateway's %d precheck slots busy: %d %+v Retry-After %q; want 503 verification_timeout, charged false, with Retry-After",
-			cap(precheckSlots), resp.StatusCode, body, resp.Header.Get("Retry-After"))
-	}
-	if took < precheckWait {
-		t.Errorf("answered after %v: want it to wait precheckWait (%v) for a slot", took, precheckWait)
-	}
-	if checked != 1 {
-		t.Errorf("request checks run: %d, want 1", checked)
-	}
-	resp = post(t, url, compileHeavyRequest(-2), nil)
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusPaymentRequired {
-		t.Errorf("with the precheck slots free: status %d, want 402", resp.StatusCode)
+			t0 := time.Now()
+			resp := post(t, url, invalidRequest, nil)
+			took := time.Since(t0)
+			readAll(t, resp)
+			if resp.StatusCode != http.StatusPaymentRequired || took < precheckSlotWait || took > precheckWait/2 {
+				t.Fatalf("an invalid unpaid request, every compile slot busy: %d after %v; want 402 after precheckSlotWait (%v), long before precheckWait (%v)",
+					resp.StatusCode, took, precheckSlotWait, precheckWait)
+			}
+			pr := paymentRequired(t, resp)
+			if !strings.Contains(pr.Error, "too busy to check this request") {
+				t.Errorf("the unchecked offer's message %q does not say the request was not checked", pr.Error)
+			}
+			if n := uncheckedOffers(t) - unchecked; n != 1 {
+				t.Errorf("aov_x402_offers_unchecked_total grew by %v, want 1", n)
+			}
+
+			before := balance(t, d, payer.Address)
+			paid := post(t, url, invalidRequest, map[string]string{x402.HeaderPaymentSignature: signFor(t, pr, payer.Index)})
+			body := readAll(t, paid)
+			if paid.StatusCode != http.StatusUnprocessableEntity || !bytes.Contains(body, []byte(`"charged":false`)) || paid.Header.Get(x402.HeaderPaymentResponse) != "" {
+				t.Errorf("the paid call for the invalid request: %d %s (PAYMENT-RESPONSE %q); want 422, charged false, unsettled",
+					paid.StatusCode, body, paid.Header.Get(x402.HeaderPaymentResponse))
+			}
+			if got := charged(t, d, payer.Address, before); got.Cmp(big.NewInt(0)) != 0 {
+				t.Errorf("charged %v for an invalid request, want 0", got)
+			}
+		})
 	}
 }
 
@@ -350,26 +359,19 @@ func TestOneClientHoldsOneGatewayCompileSlot(t *testing.T) {
 	}
 }
 
-// An unpaid request that waited for a compile slot and timed out cost the
+// An unpaid request that waited for its client's compile turn (another
+// of its requests compiling, precheckTurns) and timed out cost the
 // gateway a wait, as a 402 costs a compile: it counts against its
-// client's rate_limit, so a client cannot hold requests open against busy
-// slots for free, round after round. (Before: a 503 verification_timeout
-// counted nothing.)
+// client's rate_limit, so a client cannot hold requests open against its
+// own turn for free, round after round. (Before: a 503
+// verification_timeout counted nothing.)
 func TestATimedOutUnpaidCompileCountsAgainstItsClient(t *testing.T) {
 	_, fac := sharedDevnet(t)
 	up := newUpstream(t)
 	base := startCaddy(t, gateSite(up.URL, fac, 0, "rate_limit 2 1h"))
 	url := base + "/verify/schema"
-	defer func(w time.Duration) { precheckWait = w }(precheckWait)
-	precheckWait = 100 * time.Millisecond
-	for range cap(precheckSlots) {
-		precheckSlots <- struct{}{}
-	}
-	defer func() {
-		for range cap(precheckSlots) {
-			<-precheckSlots
-		}
-	}()
+	shortenPrecheckWait(t, 100*time.Millisecond)
+	holdTurn(t, "127.0.0.1")
 	var got []int
 	for range 3 {
 		resp := post(t, url, validRequest, nil)
@@ -378,6 +380,51 @@ func TestATimedOutUnpaidCompileCountsAgainstItsClient(t *testing.T) {
 		got = append(got, resp.StatusCode)
 	}
 	if want := []int{http.StatusServiceUnavailable, http.StatusServiceUnavailable, http.StatusTooManyRequests}; !slices.Equal(got, want) {
-		t.Errorf("three unpaid requests, every compile slot busy, rate_limit 2 1h: %v; want %v (each timed-out wait counted)", got, want)
+		t.Errorf("three unpaid requests, the client's compile turn taken, rate_limit 2 1h: %v; want %v (each timed-out wait counted)", got, want)
 	}
+}
+
+// holdCompileSlots takes every one of the gateway's unpaid compile slots
+// (precheckSlots) until the test ends, as requests of other addresses
+// compiling their schemas would.
+func holdCompileSlots(t *testing.T) {
+	t.Helper()
+	for range cap(precheckSlots) {
+		precheckSlots <- struct{}{}
+	}
+	t.Cleanup(func() {
+		for range cap(precheckSlots) {
+			<-precheckSlots
+		}
+	})
+}
+
+// shortenPrecheckWait sets precheckWait to d until the test ends.
+func shortenPrecheckWait(t *testing.T, d time.Duration) {
+	t.Helper()
+	old := precheckWait
+	precheckWait = d
+	t.Cleanup(func() { precheckWait = old })
+}
+
+// holdTurn takes client's compile turn (precheckTurns) until the test
+// ends, as one of its requests compiling would.
+func holdTurn(t *testing.T, client string) {
+	t.Helper()
+	turn := joinTurn(client)
+	turn.c <- struct{}{}
+	t.Cleanup(func() {
+		<-turn.c
+		leaveTurn(client, turn)
+	})
+}
+
+// uncheckedOffers reads aov_x402_offers_unchecked_total.
+func uncheckedOffers(t *testing.T) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := metrics.uncheckedOffers.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
 }
