@@ -972,7 +972,7 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 			// same rules first, in its order, on the length the upstream
 			// is sent (setBody), so settle before never charges for them
 			// (whether or not route names the method).
-			method, ct, paying := r.Method, r.Header.Get("Content-Type"), payment != ""
+			method, ct := r.Method, r.Header.Get("Content-Type")
 			ex.check = func() error {
 				if method != verify.Method {
 					return apierr.MethodNotAllowed(verify.Method)
@@ -980,7 +980,7 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 				if err := verify.CheckMediaType(ct, int64(len(body))); err != nil {
 					return err
 				}
-				return g.precheck(r, paying, func() error { return g.verifier.Precheck(body) })
+				return g.precheck(r, ex.verified, func() error { return g.verifier.Precheck(body) })
 			}
 			ex.evaluate = func(ctx context.Context) error {
 				_, err := g.verifier.ParseContext(ctx, body)
@@ -1088,13 +1088,16 @@ func leaveTurn(client string, t *precheckTurn) {
 // the wait is the gateway's work too, and uncounted a client could keep
 // the slots busy for nothing.
 //
-// A call carrying a payment (paying) is checked only within servePaid,
-// holding its client's paid slot under rate_limit (before a settle before
-// payment settles, or a 402 offers it again): its check is that call's
+// A call whose payment the facilitator verified (verified) is checked
+// within servePaid, holding its client's paid slot under rate_limit
+// (before a settle before payment settles): its check is that call's
 // work, bounded as all of it is, and takes none of precheckSlots, so
-// unpaid requests holding them never delay or refuse a payment.
-func (g *Gate) precheck(r *http.Request, paying bool, check func() error) error {
-	if paying {
+// unpaid requests holding them never delay or refuse a payment. Carrying
+// a payment is not enough: one that matches no offer or that the
+// facilitator refused costs its maker nothing, and the 402 that answers
+// it is bounded as an unpaid one.
+func (g *Gate) precheck(r *http.Request, verified bool, check func() error) error {
+	if verified {
 		return check()
 	}
 	if g.rates != nil && caddyhttp.GetVar(r.Context(), varRateSlot) == nil {

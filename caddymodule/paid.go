@@ -96,6 +96,9 @@ type exchange interface {
 	// upstreamRan records that the upstream, which checks the request
 	// itself, has answered: the gate's check is no longer needed.
 	upstreamRan()
+	// paymentVerified records that the facilitator verified the call's
+	// payment, whose check is then the paid call's work (Gate.precheck).
+	paymentVerified()
 	// upstreamFailed answers a call whose upstream failed before
 	// answering (upstream_timeout, a dead upstream, an answer cut off);
 	// the charge is already released. err is the upstream's error.
@@ -116,6 +119,10 @@ type requestCheck struct {
 	// paying: the call carries a payment, readable or not. Its refusals
 	// are about the payment and are answered as they are (answer).
 	paying bool
+	// verified: the facilitator verified the call's payment
+	// (paymentVerified), so its check is the paid call's work and waits
+	// for none of the unpaid ones' (Gate.precheck).
+	verified bool
 	// unchecked: the check was left out, every unpaid compile slot busy
 	// (errUnchecked); the 402 says so (offerNote).
 	unchecked bool
@@ -164,6 +171,10 @@ func (c *requestCheck) invalid() *apierr.Error {
 
 func (c *requestCheck) upstreamRan() { c.done = true }
 
+// paymentVerified records that the facilitator verified the call's
+// payment: from then on it is a paid call.
+func (c *requestCheck) paymentVerified() { c.verified = true }
+
 // uncheckedNote ends the message of a 402 whose request was not checked.
 const uncheckedNote = " (the gateway was too busy to check this request first: if it is invalid, a payment for it is refused with 422 invalid_request and not charged)"
 
@@ -206,7 +217,8 @@ func (c *requestCheck) evaluated(ctx context.Context) *apierr.Error {
 // or a payment identifier's 409 (SPEC §7) would sign a second payment for
 // one that may have moved, or did, or send the spent one again with a
 // fixed body the id then refuses all the same. A settle before payment's
-// request was checked before its payment is verified (servePaid).
+// request is checked once its payment verified, before it settles
+// (servePaid).
 func (c *requestCheck) answer(ae *apierr.Error) *apierr.Error {
 	if c.paying {
 		return ae
@@ -332,20 +344,6 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	// pending until it lapses (the outcome is unknown: never invite a second
 	// payment).
 	pc := &paidCharge{g: g, ex: ex, next: next, pay: pay, offer: offer, offerJS: offerJS, claim: claim, note: note, pid: pid}
-	if g.Settle == "before" {
-		// Settled before the upstream runs, the call would be paid for
-		// before the upstream's own check of the request: the gate
-		// checks it first (validate), so an invalid request is refused
-		// uncharged, its claim and payment identifier given back for the
-		// fixed request. Here, once the claim is ours, so a payment
-		// already in play is still told so (requestCheck.answer), and
-		// before the facilitator is asked, as an invalid request would
-		// get this 422 from every answer after it.
-		if ae := ex.invalid(); ae != nil {
-			pc.release(r)
-			return ex.refuse(w, r, ae)
-		}
-	}
 
 	verifyTimeout, _ := g.callTimeouts()
 	vctx, cancel := context.WithTimeout(ctx, verifyTimeout)
@@ -373,7 +371,23 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		reason := facilitatorReason(vr.InvalidReason, x402.ReasonInvalidPayload)
 		return ex.demand(w, r, http.StatusPaymentRequired, reason, reason, nil)
 	}
+	ex.paymentVerified()
 	if g.Settle == "before" {
+		// Settled before the upstream runs, the call would be paid for
+		// before the upstream's own check of the request: the gate
+		// checks it first (validate), so an invalid request is refused
+		// uncharged, its claim and payment identifier given back for the
+		// fixed request. Here, once the facilitator verified the
+		// payment: the check is then this paid call's work, waiting for
+		// none of the unpaid ones' (Gate.precheck). Before the
+		// facilitator, a payment that pays nothing would have it done
+		// past every bound; a payment the facilitator refuses is
+		// answered by its 402, which checks the request as any 402 does,
+		// bounded as an unpaid one's.
+		if ae := ex.invalid(); ae != nil {
+			pc.release(r)
+			return ex.refuse(w, r, ae)
+		}
 		// The payment is good: the request's evaluation is the last
 		// thing that may still refuse it uncharged (evaluated), after
 		// the facilitator, as it costs what verifierd's own does.

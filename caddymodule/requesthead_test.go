@@ -86,7 +86,7 @@ func restVerifierSite(vf *verifierFixture, fac string, perDay int, extra string)
 // before and validate verify_request, a paid request that verifierd refuses
 // from its head alone (a body not declared as JSON, a method other than
 // POST on a route that does not name its method) is refused by the gate
-// with verifierd's own answer before the payment is verified or settled:
+// with verifierd's own answer before the payment is settled:
 // nothing charged, no PAYMENT-RESPONSE, verifierd never called. (Before: the
 // gate checked only the body, settled, and the buyer paid for verifierd's
 // 415 or 405.) What verifierd accepts in
