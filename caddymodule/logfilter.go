@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"bytes"
 	"encoding/json"
 	"time"
 
@@ -48,8 +49,14 @@ func (LogFilter) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// The configuration is Caddy's filter's, field for field.
-func (e *LogFilter) UnmarshalJSON(b []byte) error { return json.Unmarshal(b, &e.filter) }
+// The configuration is Caddy's filter's, field for field, refused as
+// Caddy refuses a module's unknown field: a misspelt "fields" would
+// otherwise load and delete nothing.
+func (e *LogFilter) UnmarshalJSON(b []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	return dec.Decode(&e.filter)
+}
 
 // MarshalJSON writes the configuration as Caddy's filter writes its own.
 func (e LogFilter) MarshalJSON() ([]byte, error) { return json.Marshal(e.filter) }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -219,4 +220,51 @@ func (w lockedWriter) Write(p []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.b.Write(p)
+}
+
+// aov_filter refuses an unknown field, as Caddy refuses one in any
+// module's JSON and its own filter does: a misspelt "fields" would load
+// and delete nothing. (Before: it loaded, and the line kept the request's
+// headers.)
+func TestLogFilterRefusesAnUnknownField(t *testing.T) {
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	typo := json.RawMessage(`{"wrap":{"format":"json"},"feilds":{"request>headers":{"filter":"delete"}}}`)
+	for _, id := range []string{"filter", "aov_filter"} {
+		if _, err := ctx.LoadModuleByID("caddy.logging.encoders."+id, typo); err == nil || !strings.Contains(err.Error(), "feilds") {
+			t.Errorf("%s loaded a config with the unknown field feilds: %v; want refused", id, err)
+		}
+	}
+}
+
+// Caddy's admin API logs each request it receives at INFO with its
+// headers under the top-level field "headers": Caddyfile.example's global
+// log deletes them as it deletes request>headers, so no request header
+// reaches Caddy's own log. (Before: the admin request's headers were
+// written.)
+func TestExampleGlobalLogHoldsNoAdminRequestHeader(t *testing.T) {
+	_, encoder := exampleGlobalLogEncoder(t)
+	logFile := t.TempDir() + "/caddy.log"
+	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	cfg := fmt.Sprintf(`{"admin":{"listen":%q},"logging":{"logs":{"default":{"writer":{"output":"file","filename":%q},"encoder":%s,"level":"INFO"}}}}`, addr, logFile, encoder)
+	if err := caddy.Load([]byte(cfg), true); err != nil {
+		t.Fatal(err)
+	}
+	defer caddy.Stop()
+	req, _ := http.NewRequest(http.MethodGet, "http://"+addr+"/config/", nil)
+	req.Header.Set("X-Wallet-Auth", "WALLETPROOF-MARK")
+	req.Header.Set("Payment-Signature", "PAYSIG-MARK")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	var log []byte
+	waitFor(t, "the admin API's line for the request", func() bool {
+		log, _ = os.ReadFile(logFile)
+		return bytes.Contains(log, []byte(`"uri":"/config/"`)) || bytes.Contains(log, []byte("/config/"))
+	})
+	if bytes.Contains(log, []byte("WALLETPROOF-MARK")) || bytes.Contains(log, []byte("PAYSIG-MARK")) {
+		t.Errorf("Caddy's own log wrote a request header of an admin request:\n%s", log)
+	}
 }

@@ -217,6 +217,9 @@ func (s *RedisStore) Provision(ctx caddy.Context) error {
 func (s *RedisStore) checkMode(addrs int) error {
 	cluster := s.MasterName == "" && (s.Cluster || addrs > 1)
 	switch {
+	case s.DB < 0:
+		// go-redis selects a database only above 0: db -1 would share 0's keys.
+		return fmt.Errorf("redis store: db %d: want a non-negative database number", s.DB)
 	case s.MasterName != "" && s.Cluster:
 		return errors.New("redis store: master_name (Sentinel) and cluster cannot be used together: name the Sentinels with master_name, or the Cluster nodes with cluster")
 	case cluster && s.DB != 0:

@@ -85,6 +85,7 @@ func TestProvisionRefusesMixedServerModes(t *testing.T) {
 		{"master_name with cluster", RedisStore{Addresses: []string{"127.0.0.1:1"}, MasterName: "m", Cluster: true}, "cannot be used together"},
 		{"db on a cluster node", RedisStore{Addresses: []string{"127.0.0.1:1"}, Cluster: true, DB: 2}, "database 0 only"},
 		{"db on several addresses", RedisStore{Addresses: []string{"127.0.0.1:1", "127.0.0.1:2"}, DB: 1}, "database 0 only"},
+		{"a negative db (JSON; go-redis would select database 0)", RedisStore{Addresses: []string{"127.0.0.1:1"}, DB: -1}, "non-negative"},
 	} {
 		if err := c.s.Provision(ctx); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: Provision = %v, want an error with %q", c.desc, err, c.want)
