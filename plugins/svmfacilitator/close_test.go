@@ -343,3 +343,141 @@ func TestCloseWaitsForAStatusReadsMark(t *testing.T) {
 		t.Errorf("record once Close returned: %+v %v; want marked answered", rec, err)
 	}
 }
+
+// A reload unloads a configuration while one of its Settles is still
+// before its send (its look-up of the transaction slow, 1.5 times
+// ConfirmTimeout): that Settle sends nothing once the facilitator is
+// closed, writes no record, and answers ErrClosed (no unknown outcome:
+// the gateway releases the payment's claim, charges nothing and answers
+// 503, and the buyer sends it again), so the retry through the next
+// configuration's facilitator sends it afresh and answers success.
+// (Before: it never checked that the facilitator was closed, sent past
+// Close's bound, the node's refusal came after Close returned, the drop
+// failed on the closed handle, and the retry adopted the record of the
+// refused send and polled a signature the chain never got, answering
+// settlement_pending until its blockhash expired.)
+func TestCloseCutsOffASendNotBegun(t *testing.T) {
+	db := openStore(t, t.TempDir())
+	e := newEnv(t, Config{})
+	var refuse atomic.Bool
+	refuse.Store(true)
+	var lookups, sends atomic.Int32
+	looking := make(chan struct{}, 1)
+	cfg := e.f.cfg
+	handle := &closableSent{SentStore: sentOf(db)}
+	cfg.Sent, cfg.ConfirmTimeout, cfg.PollInterval = handle, time.Second, 50*time.Millisecond
+	cfg.RPC = &RPC{URL: proxy(t, e.chain.URL, func(w http.ResponseWriter, id json.RawMessage, method string, _ []json.RawMessage) bool {
+		switch {
+		case method == "getSignatureStatuses" && lookups.Add(1) == 1:
+			looking <- struct{}{}
+			time.Sleep(1500 * time.Millisecond) // a slow node before the send
+		case method == "sendTransaction" && refuse.Load():
+			sends.Add(1)
+			time.Sleep(800 * time.Millisecond)
+			w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(id) + `,"error":{"code":-32003,"message":"Transaction signature verification failure"}}`))
+			return true
+		}
+		return false
+	}, nil)}
+	f, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pp := Payload(e.payment(t).Transaction(), e.req)
+	key := f.sentKey(mustDecode(t, pp).MessageHash())
+	first := settleAsync(context.Background(), f, pp, e.req)
+	<-looking
+	f.Close()
+	handle.closed.Store(true)
+	a := <-first
+	var unknown *x402.UnknownOutcomeError
+	if !errors.Is(a.err, ErrClosed) || errors.As(a.err, &unknown) {
+		t.Errorf("Settle still before its send at Close: %+v %v; want ErrClosed, no unknown outcome", a.r, a.err)
+	}
+	if n := sends.Load(); n != 0 {
+		t.Errorf("%d sends by the closed facilitator; want none", n)
+	}
+	if rec, err := sentOf(db).Lookup(context.Background(), key); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("record once the Settle answered: %+v %v; want none written", rec, err)
+	}
+	refuse.Store(false)
+	cfg2 := cfg
+	cfg2.Sent, cfg2.RPC = sentOf(db), &RPC{URL: e.chain.URL}
+	f2, err := New(cfg2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f2.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+	defer cancel()
+	if r, err := f2.Settle(ctx, pp, e.req); err != nil || !r.Success {
+		t.Errorf("retry through the next configuration: %+v %v; want success (a fresh send)", r, err)
+	}
+	if _, b := e.balances(t); b != 20000 {
+		t.Errorf("payee holds %d; want the payment once", b)
+	}
+}
+
+// The same where another sender lands the payment while the Settle is
+// still before its send at Close (a send then would be answered
+// AlreadyProcessed after Close returned): the closed facilitator sends
+// nothing and writes no record, so the next configuration's facilitator
+// finds the transaction on chain and answers duplicate_settlement naming
+// it, never success beside its sender. (Before: the send went out past
+// Close's bound, the drop of its record failed on the closed handle, and
+// the next facilitator adopted the record left unanswered and answered
+// success for a transaction another sender answers for.)
+func TestCloseCutsOffAnAlreadyProcessedSendNotBegun(t *testing.T) {
+	db := openStore(t, t.TempDir())
+	handle := &closableSent{SentStore: sentOf(db)}
+	fr := &faultyRPC{}
+	e := newEnv(t, Config{RPC: &RPC{URL: fr.serve(t)}, Sent: handle, ConfirmTimeout: time.Second, PollInterval: 20 * time.Millisecond})
+	p := e.payment(t)
+	raw := p.Build(p.Instructions())
+	looking := make(chan struct{}, 1)
+	var statuses atomic.Int32
+	var elsewhere string
+	fr.set(func(f *faultyRPC) {
+		f.target = e.chain.URL
+		f.beforeStatus = func() {
+			if statuses.Add(1) == 1 {
+				looking <- struct{}{}
+				time.Sleep(1500 * time.Millisecond) // a slow node before the send
+			}
+		}
+		f.beforeSend = func() {
+			if elsewhere == "" {
+				elsewhere = e.sendSigned(t, raw)
+				time.Sleep(800 * time.Millisecond)
+			}
+		}
+	})
+	pp := Payload(raw, e.req)
+	first := settleAsync(context.Background(), e.f, pp, e.req)
+	<-looking
+	e.f.Close()
+	handle.closed.Store(true)
+	a := <-first
+	if !errors.Is(a.err, ErrClosed) {
+		t.Errorf("Settle still before its send at Close: %+v %v; want ErrClosed", a.r, a.err)
+	}
+	if n := fr.count("sendTransaction"); n != 0 {
+		t.Errorf("%d sends by the closed facilitator; want none", n)
+	}
+	if rec, err := sentOf(db).Lookup(context.Background(), e.f.sentKey(mustDecode(t, pp).MessageHash())); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("record once the Settle answered: %+v %v; want none written", rec, err)
+	}
+	if elsewhere == "" {
+		elsewhere = e.sendSigned(t, raw) // the other sender
+	}
+	cfg := e.f.cfg
+	cfg.RPC, cfg.Sent = &RPC{URL: e.chain.URL}, sentOf(db)
+	next, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer next.Close()
+	if r, err := next.Settle(context.Background(), pp, e.req); err != nil || r.Success || r.ErrorReason != ReasonDuplicateSettlement || r.Transaction != elsewhere {
+		t.Errorf("settle through the next configuration: %+v %v; want duplicate_settlement naming %s", r, err, elsewhere)
+	}
+}

@@ -325,16 +325,28 @@ func New(cfg Config) (*Facilitator, error) {
 	return f, nil
 }
 
+// ErrClosed is Settle's error for a payment it would have to send anew
+// once the facilitator is closed (Close): nothing was written or sent,
+// and the same payment can be sent again, to the facilitator of the
+// configuration now running. It is no unknown outcome, so the gateway
+// releases the payment's claim, charges nothing and answers 503 (retry).
+var ErrClosed = errors.New("svm facilitator: closed (its configuration was unloaded): nothing was sent; send the payment again")
+
 // Close stops the background resolver (resolve) at its next poll, and
 // starts none later: a facilitator whose configuration is unloaded (a
 // reload that changed its settings gets another) polls nothing more
 // through its RPC endpoint and writes nothing more through its store
 // handle, which its configuration closes. Its pending sends are answered
 // by whichever facilitator a retry reaches, from their records
-// (Config.Sent). Settle and the status calls keep working.
+// (Config.Sent). Settle and the status calls keep working for what needs
+// no new send (a payment remembered, or found recorded or on chain); a
+// Settle that would send anew answers ErrClosed, having written and sent
+// nothing, because no bound Close could wait for covers a send begun after
+// it (a Settle still in its reads before the send at Close).
 //
 // It waits for every Settle, status read and drop of a send record
-// running (busy), bounded by twice ConfirmTimeout: a send in flight is
+// running (busy), bounded by twice ConfirmTimeout: a send in flight (or
+// begun by a Settle that found the facilitator open just before: open) is
 // answered within ConfirmTimeout, and its record's drop (or a landed
 // send's mark) takes at most ConfirmTimeout more. Else its configuration
 // would close the store under them: a send the node refuses after Close
@@ -345,8 +357,8 @@ func New(cfg Config) (*Facilitator, error) {
 // a reload longer; what is cut off then is at worst a record left
 // unanswered, as a process stopped mid-send leaves one.
 func (f *Facilitator) Close() error {
-	f.closed.Store(true)
 	f.mu.Lock()
+	f.closed.Store(true) // under f.mu: see open
 	busy, idle := f.busy, f.idle
 	f.mu.Unlock()
 	if busy == 0 {
@@ -359,6 +371,17 @@ func (f *Facilitator) Close() error {
 	case <-bound.C:
 	}
 	return nil
+}
+
+// open reports whether the facilitator is not closed, for a Settle about
+// to write its send's record and send. It reads under f.mu, where Close
+// sets closed and reads busy, so a Settle (counted in busy since it began)
+// that finds it open did so before Close read busy: Close waits for its
+// send; one that comes later finds it closed and sends nothing.
+func (f *Facilitator) open() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return !f.closed.Load()
 }
 
 // enter counts work that may write or drop a record in Config.Sent (busy)

@@ -618,8 +618,9 @@ func TestSettleRefusedWithAStalledDropAnswersAtItsCallersDeadline(t *testing.T) 
 // refusal gone) is answered as a second Settle of a payment in progress
 // is, duplicate_settlement, and sends and polls nothing; Close waits for
 // the drop, so the store a reload closes after it holds no record of the
-// refused send; and the retry after the drop sends afresh and answers
-// success. (Before: the payment was forgotten at once, and the retry
+// refused send; and the retry after the drop, through the next
+// configuration (the closed facilitator sends nothing new), sends afresh
+// and answers success. (Before: the payment was forgotten at once, and the retry
 // adopted the record its own drop had not removed yet and polled the
 // refused signature, which the chain never got, until its deadline; and
 // Close returned at once, the drop still running on the store.)
@@ -659,7 +660,18 @@ func TestRetryDuringARefusedSendsDropIsInProgressAndCloseWaitsForTheDrop(t *test
 	if rec, err := sentOf(db).Lookup(context.Background(), key); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("record once Close returned: %+v %v; want dropped (Close waits for the drop)", rec, err)
 	}
-	if s, err = f.Settle(context.Background(), pp, e.req); err != nil || !s.Success {
+	// The closed facilitator sends nothing new; the next configuration's
+	// does.
+	if s, err = f.Settle(context.Background(), pp, e.req); !errors.Is(err, ErrClosed) {
+		t.Errorf("retry through the closed facilitator: %+v %v; want ErrClosed (nothing sent)", s, err)
+	}
+	cfg.Sent = sentOf(db)
+	next, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer next.Close()
+	if s, err = next.Settle(context.Background(), pp, e.req); err != nil || !s.Success {
 		t.Errorf("retry once the drop ended: %+v %v; want success (a fresh send)", s, err)
 	}
 	if _, b := e.balances(t); b != 20000 {

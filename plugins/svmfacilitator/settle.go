@@ -86,7 +86,9 @@ import (
 //     caller's deadline), whoever sent the transaction, the result is an
 //     *x402.UnknownOutcomeError whose Reply says settlement_pending with
 //     the transaction's signature.
-//   - Any other error means nothing was sent.
+//   - Any other error means nothing was sent: ErrClosed among them, for a
+//     payment that would be sent anew once the facilitator is closed
+//     (Close).
 //
 // Two Settles of one payment in two processes at the same moment can both
 // find nothing on chain, both send, and both report success, unless they
@@ -167,6 +169,15 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 		// caller who cannot be answered.
 		f.release(key)
 		return x402.SettleResponse{}, fmt.Errorf("before settlement: %w", ctx.Err())
+	}
+	// A closed facilitator sends nothing new (Close): its configuration
+	// closes the store handle once Close returned, and the answer to a
+	// send begun now could come after that, its record's drop or mark
+	// failing. Nothing is written or sent; the payment is released, and
+	// the buyer sends it again to the configuration now running.
+	if !f.open() {
+		f.release(key)
+		return x402.SettleResponse{}, ErrClosed
 	}
 	// The payer's place in flight is taken (hold) before the record of the
 	// send is written, and kept until the outcome is learned, by this
