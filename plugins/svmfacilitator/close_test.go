@@ -481,3 +481,41 @@ func TestCloseCutsOffAnAlreadyProcessedSendNotBegun(t *testing.T) {
 		t.Errorf("settle through the next configuration: %+v %v; want duplicate_settlement naming %s", r, err, elsewhere)
 	}
 }
+
+// The background resolver is waited for too: while it polls a pending
+// send at Close and learns that its blockhash expired, it drops the send's
+// record before the configuration closes its store handle, as a retry's
+// Settle would. (Before: it was not counted among the work Close waits
+// for; Close returned at once, and the drop failed on the closed handle,
+// leaving the record of a send that can no longer land.)
+func TestCloseWaitsForTheResolversDrop(t *testing.T) {
+	db := openStore(t, t.TempDir())
+	handle := &closableSent{SentStore: sentOf(db)}
+	fr := &faultyRPC{}
+	e := newEnv(t, Config{RPC: &RPC{URL: fr.serve(t)}, Sent: handle, ConfirmTimeout: 300 * time.Millisecond, PollInterval: 20 * time.Millisecond})
+	fr.set(func(f *faultyRPC) { f.target, f.dropSend = e.chain.URL, true })
+	p := e.payment(t)
+	pp := Payload(p.Build(p.Instructions()), e.req)
+	_, err := e.f.Settle(context.Background(), pp, e.req)
+	var unknown *x402.UnknownOutcomeError
+	if !errors.As(err, &unknown) {
+		t.Fatalf("settle with its send lost: %v; want an unknown outcome", err)
+	}
+	polling := make(chan struct{}, 1)
+	var slowed atomic.Bool
+	fr.set(func(f *faultyRPC) {
+		f.beforeStatus = func() {
+			if slowed.CompareAndSwap(false, true) {
+				polling <- struct{}{}
+				time.Sleep(200 * time.Millisecond) // Close comes meanwhile
+			}
+		}
+	})
+	e.chain.ExpireBlockhash()
+	<-polling
+	e.f.Close()
+	handle.closed.Store(true)
+	if rec, err := sentOf(db).Lookup(context.Background(), e.f.sentKey(mustDecode(t, pp).MessageHash())); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("record of the expired send once Close returned: %+v %v; want dropped", rec, err)
+	}
+}

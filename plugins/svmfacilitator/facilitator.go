@@ -185,8 +185,9 @@ type Facilitator struct {
 	// closed: Close was called; no resolver runs from then on.
 	closed atomic.Bool
 	// busy counts the work that may still write, mark or drop a record in
-	// Config.Sent: each Settle and status read while it runs, and each
-	// drop running in the background (forgetSent); idle is closed when it
+	// Config.Sent: each Settle and status read while it runs, each
+	// round of the background resolver (resolveRound), and each drop
+	// running in the background (forgetSent); idle is closed when it
 	// falls to zero. Close waits for it: a send in flight may be answered
 	// after Close, and its record must be marked or dropped through the
 	// store handle before its configuration closes it. One count for all,
@@ -344,11 +345,12 @@ var ErrClosed = errors.New("svm facilitator: closed (its configuration was unloa
 // nothing, because no bound Close could wait for covers a send begun after
 // it (a Settle still in its reads before the send at Close).
 //
-// It waits for every Settle, status read and drop of a send record
-// running (busy), bounded by twice ConfirmTimeout: a send in flight (or
-// begun by a Settle that found the facilitator open just before: open) is
-// answered within ConfirmTimeout, and its record's drop (or a landed
-// send's mark) takes at most ConfirmTimeout more. Else its configuration
+// It waits for every Settle, status read, resolver round and drop of a
+// send record running (busy), bounded by twice ConfirmTimeout: a send in
+// flight (or begun by a Settle that found the facilitator open just
+// before: open), like the resolver's poll, is answered within
+// ConfirmTimeout, and its record's drop (or a landed send's mark) takes
+// at most ConfirmTimeout more. Else its configuration
 // would close the store under them: a send the node refuses after Close
 // (or answers AlreadyProcessed) would leave the record of a send that
 // never happened, which a Settle elsewhere adopts, polling a signature
@@ -388,11 +390,16 @@ func (f *Facilitator) open() bool {
 // until its leave.
 func (f *Facilitator) enter() {
 	f.mu.Lock()
+	f.enterLocked()
+	f.mu.Unlock()
+}
+
+// enterLocked is enter with f.mu held.
+func (f *Facilitator) enterLocked() {
 	if f.busy == 0 {
 		f.idle = make(chan struct{})
 	}
 	f.busy++
-	f.mu.Unlock()
 }
 
 // leave ends an enter.

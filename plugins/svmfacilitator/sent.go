@@ -415,7 +415,8 @@ func (f *Facilitator) await(key [32]byte) {
 // may not ask again (a payer calling /settle itself and hanging up, or a
 // gateway whose own deadline passed): its failure is charged, and its
 // places in flight are held until then. It ends when none waits, or once
-// the facilitator is closed (Close).
+// the facilitator is closed (Close), which waits for the round under way
+// (resolveRound).
 func (f *Facilitator) resolve() {
 	defer func() {
 		if rec := recover(); rec != nil {
@@ -445,10 +446,26 @@ func (f *Facilitator) resolve() {
 			f.mu.Unlock()
 			return
 		}
+		f.enterLocked() // under the lock Close reads busy with: see resolveRound
 		f.mu.Unlock()
-		for i, k := range keys {
-			f.resolveOne(k, waiting[i])
+		f.resolveRound(keys, waiting)
+	}
+}
+
+// resolveRound polls each of keys' transactions (waiting) once, and stops
+// at the first once the facilitator is closed. It runs counted in busy
+// (its caller entered, under f.mu, having found the facilitator open), so
+// Close waits for the transaction it is polling: one learned to have
+// expired has its record dropped before the configuration closes its store
+// handle, within Close's bound (the poll's ConfirmTimeout, then the
+// drop's).
+func (f *Facilitator) resolveRound(keys [][32]byte, waiting []*sent) {
+	defer f.leave()
+	for i, k := range keys {
+		if f.closed.Load() {
+			return
 		}
+		f.resolveOne(k, waiting[i])
 	}
 }
 
