@@ -127,6 +127,25 @@ func TestFacilitatorCallPastTheGatesWaitIsPendingThenServed(t *testing.T) {
 				receipt_timeout 60s
 			}`, rpc.URL, evmfacilitator.DevAccounts()[9].PrivateKeyHex))
 	})
+	// A multi whose first member is a remote without rpc and whose second
+	// settles the network embedded: the settlement's status is read by the
+	// member that reads its chain. (Before: it was asked of the first
+	// member listing the network, the remote, which answered "no rpc
+	// endpoint ... stays pending" for ever, and the charged buyer's retry
+	// was answered settlement_pending until the claim lapsed.)
+	t.Run("facilitator multi, a remote without rpc first", func(t *testing.T) {
+		front := fakeSlowSettleFacilitator(t, fac, 8*time.Second)
+		testSlowSettlementPendingThenServed(t, d, 3, fmt.Sprintf(`multi {
+				http %s {
+					timeout 60s
+				}
+				evm {
+					network devnet
+					rpc_url %s
+					relayer_key %s
+				}
+			}`, front.URL, d.RPCURL(), evmfacilitator.DevAccounts()[8].PrivateKeyHex))
+	})
 }
 
 // The gate's wait is the facilitator's bound where that is shorter, and

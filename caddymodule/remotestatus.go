@@ -144,37 +144,70 @@ func (m *HTTPFacilitator) readsSettlements(_ context.Context, offer x402.Payment
 }
 
 // readsSettlements implements settlementReader by configuration: whether
-// a member reads offer's settlements (settlementReader: a remote one with
-// an rpc endpoint for the network; or an embedded one that settles the
-// network, its own answer), whether or not it can be reached now. A member
-// briefly down leaves the payment settlement_pending until it answers.
-// (Asked through pick, a remote member with rpc configured but briefly
-// down read as "cannot read the chain", and the background pass marked a
-// resolvable payment unresolvable for 7 days.)
+// a member reads offer's settlements (memberReads), whether or not it can
+// be reached now. A member briefly down leaves the payment
+// settlement_pending until it answers. (Asked through pick, a remote
+// member with rpc configured but briefly down read as "cannot read the
+// chain", and the background pass marked a resolvable payment
+// unresolvable for 7 days.)
 func (m *MultiFacilitator) readsSettlements(ctx context.Context, offer x402.PaymentRequirements) bool {
-	for i, f := range m.fs {
-		if sr, ok := f.(settlementReader); ok {
-			if sr.readsSettlements(ctx, offer) {
-				return true
-			}
-			continue
-		}
-		if _, ok := f.(x402.SettlementChecker); !ok {
-			continue
-		}
-		// An embedded member reads the chains it settles; its kinds are its
-		// own answer, never a remote's.
-		s, err := m.kinds(ctx, i)
-		if err != nil {
-			continue
-		}
-		for _, k := range s.Kinds {
-			if settlesKind(k, offer) {
-				return true
-			}
+	for i := range m.fs {
+		if m.memberReads(ctx, i, offer) {
+			return true
 		}
 	}
 	return false
+}
+
+// memberReads is the one rule for whether member i reads offer's
+// settlements: a remote one (settlementReader) with an rpc endpoint for
+// the network; an embedded one that settles the network, by its own
+// answer, never a remote's.
+func (m *MultiFacilitator) memberReads(ctx context.Context, i int, offer x402.PaymentRequirements) bool {
+	f := m.fs[i]
+	if sr, ok := f.(settlementReader); ok {
+		return sr.readsSettlements(ctx, offer)
+	}
+	if _, ok := f.(x402.SettlementChecker); !ok {
+		return false
+	}
+	s, err := m.kinds(ctx, i)
+	if err != nil {
+		return false
+	}
+	for _, k := range s.Kinds {
+		if settlesKind(k, offer) {
+			return true
+		}
+	}
+	return false
+}
+
+// statusMember is the member asked for req's settlement status: the one
+// that settles it (pick) when it reads req's chain, else the first member
+// that does (memberReads, as readsSettlements counts the payment
+// readable), else pick's, whose answer says why it cannot tell. (Asked
+// only through pick, a remote member without rpc listed first answered
+// "no rpc endpoint" for ever although an embedded member read the chain,
+// and the charged buyer was never served.)
+func (m *MultiFacilitator) statusMember(ctx context.Context, req x402.PaymentRequirements) (x402.Facilitator, error) {
+	picked, err := m.pick(ctx, req)
+	var reader x402.Facilitator
+	for i, f := range m.fs {
+		if !m.memberReads(ctx, i, req) {
+			continue
+		}
+		if f == picked {
+			return f, nil
+		}
+		if reader == nil {
+			reader = f
+		}
+	}
+	if reader != nil {
+		return reader, nil
+	}
+	return picked, err
 }
 
 // SettlementStatus implements x402.SettlementChecker through the
@@ -184,9 +217,9 @@ func (m *MultiFacilitator) SettlementStatus(ctx context.Context, p x402.PaymentP
 }
 
 // SentSettlementStatus implements x402.SentSettlementChecker through the
-// facilitator that settles req's network.
+// member that reads req's chain (statusMember).
 func (m *MultiFacilitator) SentSettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sent x402.SentSettlement) (x402.SettlementStatus, error) {
-	f, err := m.pick(ctx, req)
+	f, err := m.statusMember(ctx, req)
 	if f == nil {
 		if err == nil {
 			err = errors.New("no facilitator settles " + req.Network)
