@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -326,52 +327,109 @@ func attempting(h *heldRecord, st store.ClaimState) bool {
 
 // gateID names a gate across reloads and restarts, for its held records
 // (heldRecord.Gate): its route and its MCP tool, and what its requests go
-// on to (upstream). An outcome whose own way to its upstream is gone is
-// reported only through a gate of the same name (reportResolved): one
-// whose requests reach the upstream that recorded the verification, never
-// another route's, which would learn a verification id and its outcome
-// while verifierd's record stayed pending.
+// on to in which server (upstream). An outcome whose own way to its
+// upstream is gone is reported only through a gate of the same name
+// (reportResolved): one whose requests reach the upstream that recorded
+// the verification, never another route's or site's, which would learn a
+// verification id and its outcome while verifierd's record stayed pending.
 func (g *Gate) gateID() string { return g.Route + "\x00" + g.MCPTool + "\x00" + g.upstream }
 
 // upstreamOf names what the requests of the gate provisioned with ctx go
-// on to: a hash of the configuration of its route and of the routes after
-// it in the same list (its innermost subroute's, or its server's), where
-// the upstream's handler is. Caddy provisions a list's routes in order and
-// drops each one's raw configuration once its handlers are loaded, so the
-// gate's own route is the first that still has it. A gate whose route
-// cannot be found so (a named route) gets a name no other gate shares:
-// its outcomes are reported only through its own requests' chains.
+// on to: a hash of its server's name and listeners, of the gate's place in
+// it (its route's index in the server's list and in each subroute's on the
+// way down), of every route's matchers, and of the server's configuration
+// as it stands then, which holds every route from the gate's on whole.
+// Everything after the gate that decides where its request goes is in it,
+// whether the gate shares its `route` block with its upstream or not; the
+// gate's own subroute alone was alike for a gate alone in its `route` on
+// two sites, and across a reload that moved only its upstream, and an
+// outcome went to another upstream. Any change to those parts of the
+// server counts as a move: the outcome waits, kept with a Warning.
+//
+// Caddy provisions a list's routes in order and drops each one's raw
+// configuration once its handlers are loaded (its matchers first, all of
+// them), so the gate's route is the first in each list that still has its
+// handlers', and the matchers are read loaded. A gate whose place cannot
+// be found so (a named route), or whose server or matchers cannot be
+// written out, gets a name no other gate shares: its outcomes are reported
+// only through its own requests' chains.
 func upstreamOf(ctx caddy.Context, srv *caddyhttp.Server) string {
-	var lists []caddyhttp.RouteList
+	unnamed := "unnamed " + rand.Text()
+	if srv == nil {
+		return unnamed
+	}
+	place := struct {
+		Server   string
+		Listen   []string
+		Path     []string
+		Matchers [][]typedModule
+		Config   *caddyhttp.Server
+	}{Listen: srv.Listen, Config: srv}
 	mods := ctx.Modules()
-	for i := len(mods) - 2; i >= 0 && lists == nil; i-- { // the last is the gate
-		if sr, ok := mods[i].(*caddyhttp.Subroute); ok {
-			lists = append(lists, sr.Routes)
-			if sr.Errors != nil {
-				lists = append(lists, sr.Errors.Routes)
+	for _, m := range mods {
+		if app, ok := m.(*caddyhttp.App); ok {
+			for name, s := range app.Servers {
+				if s == srv {
+					place.Server = name
+				}
 			}
 		}
 	}
-	if lists == nil && srv != nil {
-		lists = append(lists, srv.Routes)
-		if srv.Errors != nil {
-			lists = append(lists, srv.Errors.Routes)
+	at := routeIndex(srv.Routes, srv.Errors)
+	if at == "" {
+		return unnamed
+	}
+	place.Path = append(place.Path, at)
+	for _, m := range mods[:len(mods)-1] { // the last is the gate
+		if sr, ok := m.(*caddyhttp.Subroute); ok {
+			if at = routeIndex(sr.Routes, sr.Errors); at == "" {
+				return unnamed
+			}
+			place.Path = append(place.Path, at)
 		}
 	}
-	for _, routes := range lists {
-		for i := range routes {
-			if routes[i].HandlersRaw == nil {
-				continue // loaded: before the gate's
+	for _, r := range srv.Routes {
+		var sets []typedModule
+		for _, set := range r.MatcherSets {
+			for _, m := range set {
+				sets = append(sets, typedModule{Type: fmt.Sprintf("%T", m), Config: m})
 			}
-			b, err := json.Marshal(routes[i:])
-			if err != nil {
-				break
-			}
-			sum := sha256.Sum256(b)
-			return hex.EncodeToString(sum[:])
+			sets = append(sets, typedModule{Type: "or"})
+		}
+		place.Matchers = append(place.Matchers, sets)
+	}
+	b, err := json.Marshal(place)
+	if err != nil {
+		return unnamed
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+// typedModule is a loaded module written out with its type, so that two
+// modules of different types but alike fields are told apart.
+type typedModule struct {
+	Type   string
+	Config any `json:",omitempty"`
+}
+
+// routeIndex is the place, in a list of routes and its error routes, of
+// the route being provisioned: the first whose handlers are not loaded
+// yet; "" when there is none.
+func routeIndex(routes caddyhttp.RouteList, errs *caddyhttp.HTTPErrorConfig) string {
+	for i := range routes {
+		if routes[i].HandlersRaw != nil {
+			return strconv.Itoa(i)
 		}
 	}
-	return "unnamed " + rand.Text()
+	if errs != nil {
+		for i := range errs.Routes {
+			if errs.Routes[i].HandlersRaw != nil {
+				return "errors " + strconv.Itoa(i)
+			}
+		}
+	}
+	return ""
 }
 
 // maxHeldAnswer bounds an answer kept for an unknown settlement.

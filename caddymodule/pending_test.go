@@ -510,6 +510,154 @@ func TestResolvedReportAfterAReloadGoesOnlyToItsOwnUpstream(t *testing.T) {
 	}
 }
 
+// A gate written alone in its `route`, its upstream in a later route, is
+// named by everything after it, its server's name and listeners among it:
+// two sites alike but for their upstreams name their gates apart, and an
+// outcome the background pass resolves after a reload goes to the
+// upstream that recorded the verification, never the other site's. (Before:
+// the name hashed only the gate's own `route` block, alike in both sites,
+// and site A's outcome went through site B's gate to B's upstream, while
+// A's verifierd record stayed pending.)
+func TestResolvedReportOfAGateAloneInItsRouteGoesToNoOtherSitesUpstream(t *testing.T) {
+	defer func(d time.Duration) { resolveInterval = d }(resolveInterval)
+	resolveInterval = time.Hour // the first config's pass runs only at its start
+	_, _ = sharedDevnet(t)
+	fakeHistoryReset()
+	resetOtherUpstream()
+	release := stallChain(t)
+	port2 := freePort(t)
+	gate := fmt.Sprintf(`x402 {
+			accept devnet $0.02 %[1]s
+			facilitator faulty_devnet lose_reply_stall
+			store badger %[2]s
+			public_base_url https://gateway.test
+		}`, payTo.Hex(), filepath.Join(t.TempDir(), "gate"))
+	site := fmt.Sprintf(`:{port} {
+	route /v1/* {
+		%[1]s
+	}
+	route /v1/* {
+		test_fake_history
+	}
+}
+:%[2]d {
+	route /v1/* {
+		%[1]s
+	}
+	route /v1/* {
+		test_fake_other_upstream
+	}
+}
+`, gate, port2)
+	base := startCaddy(t, site)
+	url := base + "/v1/verify"
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 9)
+	resp := post(t, url, `{"x":4}`, map[string]string{x402.HeaderPaymentSignature: sig})
+	if b := readAll(t, resp); resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("paid call: %d %.200s; want 503 settlement_pending (reply lost)", resp.StatusCode, b)
+	}
+	// The operator reloads the same config; someone calls site B (a 402
+	// is enough for its gate to learn its way); then the chain answers.
+	resolveInterval = 300 * time.Millisecond
+	loadCaddy(t, portOf(t, base), site)
+	readAll(t, post(t, fmt.Sprintf("http://127.0.0.1:%d/v1/thing", port2), "", nil))
+	close(release)
+	var pays, reports []string
+	for end := time.Now().Add(8 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		if _, pays, reports = fakeHistoryRecords(); len(pays) == 1 && pays[0] != "pending" || len(otherUpstreamReports()) > 0 {
+			break
+		}
+	}
+	if got := otherUpstreamReports(); len(got) != 0 {
+		t.Errorf("site B's upstream was sent site A's outcome: %q; want nothing", got)
+	}
+	if len(pays) != 1 || pays[0] != "paid" {
+		t.Errorf("site A's verifierd record: %v (reports %q); want paid", pays, reports)
+	}
+}
+
+// A reload that moves only the upstream behind a gate written alone in its
+// `route` renames the gate: the outcome the background pass resolves is
+// kept, with a Warning, and never sent to the new upstream, which never
+// recorded the verification. (Before: the gate kept its name, and the
+// outcome went to the new upstream.)
+func TestReloadMovingTheUpstreamAfterAGateAloneInItsRouteKeepsTheOutcome(t *testing.T) {
+	defer func(d time.Duration) { resolveInterval = d }(resolveInterval)
+	resolveInterval = time.Hour
+	_, _ = sharedDevnet(t)
+	fakeHistoryReset()
+	resetOtherUpstream()
+	release := stallChain(t)
+	site := fmt.Sprintf(`:{port} {
+	route /v1/* {
+		x402 {
+			accept devnet $0.02 %[1]s
+			facilitator faulty_devnet lose_reply_stall
+			store badger %[2]s
+			public_base_url https://gateway.test
+		}
+	}
+	route /v1/* {
+		test_fake_history
+	}
+}
+`, payTo.Hex(), filepath.Join(t.TempDir(), "gate"))
+	base := startCaddy(t, site)
+	url := base + "/v1/verify"
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 8)
+	resp := post(t, url, `{"x":5}`, map[string]string{x402.HeaderPaymentSignature: sig})
+	if b := readAll(t, resp); resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("paid call: %d %.200s; want 503 settlement_pending (reply lost)", resp.StatusCode, b)
+	}
+	resolveInterval = 300 * time.Millisecond
+	loadCaddy(t, portOf(t, base), strings.Replace(site, "test_fake_history", "test_fake_other_upstream", 1))
+	readAll(t, post(t, base+"/v1/thing", "", nil)) // the new gate's first request
+	resolved := counterValue(t, "unknown_resolved_settled")
+	close(release)
+	for end := time.Now().Add(8 * time.Second); time.Now().Before(end) && counterValue(t, "unknown_resolved_settled") == resolved; time.Sleep(100 * time.Millisecond) {
+	}
+	time.Sleep(time.Second)
+	if got := otherUpstreamReports(); len(got) != 0 {
+		t.Errorf("the upstream the reload moved to, which never recorded the verification, was sent %q; want nothing (the outcome kept with a Warning)", got)
+	}
+}
+
+// stallChain holds the chain reads of lose_reply_stall until the channel
+// it returns is closed (at the test's end at the latest).
+func stallChain(t *testing.T) chan struct{} {
+	release := make(chan struct{})
+	chainStall.Lock()
+	chainStall.release = release
+	chainStall.Unlock()
+	t.Cleanup(func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	})
+	return release
+}
+
+func resetOtherUpstream() {
+	fakeOtherGot.Lock()
+	fakeOtherGot.got = nil
+	fakeOtherGot.Unlock()
+}
+
+// otherUpstreamReports is the settlement reports fakeOtherUpstream got.
+func otherUpstreamReports() []string {
+	fakeOtherGot.Lock()
+	defer fakeOtherGot.Unlock()
+	var sent []string
+	for _, o := range fakeOtherGot.got {
+		if strings.Contains(o, "gateway/settlement") {
+			sent = append(sent, o)
+		}
+	}
+	return sent
+}
+
 // fakeOtherUpstream is a FAKE upstream of another route: it keeps what it
 // is sent.
 type fakeOtherUpstream struct{}

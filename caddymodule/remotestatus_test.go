@@ -290,7 +290,9 @@ func TestResolvedAfterARestartIsReported(t *testing.T) {
 	clear(resolvers.via)
 	resolvers.Unlock()
 
-	base = startCaddy(t, remoteSite(up.URL, proxy.URL, rpc, dir))
+	// The same config, on the same port: a gate's name covers its
+	// server's listeners.
+	loadCaddy(t, portOf(t, base), remoteSite(up.URL, proxy.URL, rpc, dir))
 	time.Sleep(time.Second) // the new gateway's first pass resolves the payment
 	if got := up.got(); len(got) != 0 {
 		t.Fatalf("reported %v before the gate had a way to its upstream", got)
