@@ -11,6 +11,7 @@ import (
 	"math/big"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -492,7 +493,30 @@ func (m *HTTPFacilitator) Provision(ctx caddy.Context) error {
 	if err := m.f.Err(); err != nil {
 		return err
 	}
-	return m.provisionStatus(repl, ctx.Logger()) // remotestatus.go
+	if err := m.provisionStatus(repl, ctx.Logger()); err != nil { // remotestatus.go
+		return err
+	}
+	m.warnUnreadableWait(ctx)
+	return nil
+}
+
+// warnUnreadableWait logs a Warning when m, a gate's facilitator, may
+// answer a settle after the gate stopped waiting (its timeout is above
+// maxFacilitatorWait) and has no rpc to read the outcome with: every
+// settle that takes between the two is then held 503 settlement_pending
+// for 7 days and never resolved, although it may have moved the money.
+// The config still loads: a member of a multi may be read by an embedded
+// one that settles the same network, and a remote whose settles are fast
+// never gets there.
+func (m *HTTPFacilitator) warnUnreadableWait(ctx caddy.Context) {
+	if m.f.Timeout() <= maxFacilitatorWait || len(m.RPC) > 0 {
+		return
+	}
+	if !slices.ContainsFunc(ctx.Modules(), func(mod caddy.Module) bool { _, ok := mod.(*Gate); return ok }) {
+		return
+	}
+	ctx.Logger().Warn(fmt.Sprintf("timeout above the gate's %v wait without rpc: a settlement still running when the gate stops waiting is answered settlement_pending and, with nothing to read its chain, held unresolved for 7 days although it may have moved the money; add rpc <network> <url> for each network it settles, or a timeout of at most %v", maxFacilitatorWait, maxFacilitatorWait),
+		zap.Duration("timeout", m.f.Timeout()))
 }
 
 // Verify implements x402.Facilitator.

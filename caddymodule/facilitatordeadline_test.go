@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	neturl "net/url"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/aovhq/aov/plugins/evmfacilitator"
 	"github.com/aovhq/aov/x402"
+	"github.com/caddyserver/caddy/v2"
 )
 
 // fakeSlowSettleFacilitator is a FAKE FOR A FAULT (a slow chain) in front of
@@ -146,6 +148,44 @@ func TestFacilitatorCallPastTheGatesWaitIsPendingThenServed(t *testing.T) {
 				}
 			}`, front.URL, d.RPCURL(), evmfacilitator.DevAccounts()[8].PrivateKeyHex))
 	})
+}
+
+// A gate's remote facilitator whose timeout is above the gate's wait and
+// that has no rpc is warned of at load: a settlement still running when the
+// gate stops waiting is answered settlement_pending, and nothing can read
+// its outcome. With rpc, or a timeout within the wait, nothing is logged.
+func TestRemoteTimeoutAboveTheGatesWaitWithoutRPCIsWarnedOf(t *testing.T) {
+	for _, tc := range []struct {
+		name, block string
+		warn        bool
+	}{
+		{"timeout 60s, no rpc", "timeout 60s", true},
+		{"timeout 60s, rpc", "timeout 60s\n\t\t\t\trpc devnet http://127.0.0.1:1", false},
+		{"timeout 30s, no rpc", "timeout 30s", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			logFile := filepath.Join(t.TempDir(), "caddy.log")
+			loadCaddyServers(t, freePort(t), "", logFile, fmt.Sprintf(`:{port} {
+	x402 {
+		accept devnet $0.02 %s
+		facilitator http http://127.0.0.1:1 {
+			%s
+		}
+		store badger {data}/gate
+	}
+	respond "ok"
+}
+`, payTo.Hex(), tc.block))
+			caddy.Stop()
+			warned := false
+			for _, l := range logLines(t, logFile) {
+				warned = warned || l["level"] == "warn" && strings.HasPrefix(fmt.Sprint(l["msg"]), "timeout above the gate's 30s wait without rpc")
+			}
+			if warned != tc.warn {
+				t.Errorf("warned %v, want %v", warned, tc.warn)
+			}
+		})
+	}
 }
 
 // The gate's wait is the facilitator's bound where that is shorter, and
