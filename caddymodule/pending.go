@@ -349,10 +349,12 @@ func (g *Gate) gateID() string { return g.Route + "\x00" + g.MCPTool + "\x00" + 
 // Caddy provisions a list's routes in order and drops each one's raw
 // configuration once its handlers are loaded (its matchers first, all of
 // them), so the gate's route is the first in each list that still has its
-// handlers', and the matchers are read loaded. A gate whose place cannot
-// be found so (a named route), or whose server or matchers cannot be
-// written out, gets a name no other gate shares: its outcomes are reported
-// only through its own requests' chains.
+// handlers, and the matchers are read loaded (matcherText). The handlers
+// of the server's routes before the gate's are gone by then and are no
+// part of the name. A gate whose place cannot be found so (a named
+// route), or whose server or matchers cannot be written out, gets a name
+// no other gate shares: its outcomes are reported only through its own
+// requests' chains.
 func upstreamOf(ctx caddy.Context, srv *caddyhttp.Server) string {
 	unnamed := "unnamed " + rand.Text()
 	if srv == nil {
@@ -362,7 +364,7 @@ func upstreamOf(ctx caddy.Context, srv *caddyhttp.Server) string {
 		Server   string
 		Listen   []string
 		Path     []string
-		Matchers [][]typedModule
+		Matchers [][][]string
 		Config   *caddyhttp.Server
 	}{Listen: srv.Listen, Config: srv}
 	mods := ctx.Modules()
@@ -380,7 +382,7 @@ func upstreamOf(ctx caddy.Context, srv *caddyhttp.Server) string {
 		return unnamed
 	}
 	place.Path = append(place.Path, at)
-	for _, m := range mods[:len(mods)-1] { // the last is the gate
+	for _, m := range mods {
 		if sr, ok := m.(*caddyhttp.Subroute); ok {
 			if at = routeIndex(sr.Routes, sr.Errors); at == "" {
 				return unnamed
@@ -388,13 +390,14 @@ func upstreamOf(ctx caddy.Context, srv *caddyhttp.Server) string {
 			place.Path = append(place.Path, at)
 		}
 	}
-	for _, r := range srv.Routes {
-		var sets []typedModule
-		for _, set := range r.MatcherSets {
-			for _, m := range set {
-				sets = append(sets, typedModule{Type: fmt.Sprintf("%T", m), Config: m})
-			}
-			sets = append(sets, typedModule{Type: "or"})
+	routes := slices.Clone(srv.Routes)
+	if srv.Errors != nil {
+		routes = append(routes, srv.Errors.Routes...)
+	}
+	for _, r := range routes {
+		sets, err := matcherText(r.MatcherSets)
+		if err != nil {
+			return unnamed
 		}
 		place.Matchers = append(place.Matchers, sets)
 	}
@@ -406,11 +409,33 @@ func upstreamOf(ctx caddy.Context, srv *caddyhttp.Server) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// typedModule is a loaded module written out with its type, so that two
-// modules of different types but alike fields are told apart.
-type typedModule struct {
-	Type   string
-	Config any `json:",omitempty"`
+// matcherText writes loaded matcher sets out: each matcher's type and
+// JSON, a set's sorted (it is loaded from a map, whose order is no part
+// of it), and a `not`'s own sets within it (its JSON has none).
+func matcherText(sets []caddyhttp.MatcherSet) ([][]string, error) {
+	out := make([][]string, 0, len(sets))
+	for _, set := range sets {
+		var ms []string
+		for _, m := range set {
+			b, err := json.Marshal(m)
+			if err != nil {
+				return nil, err
+			}
+			if not, ok := m.(*caddyhttp.MatchNot); ok {
+				inner, err := matcherText(not.MatcherSets)
+				if err != nil {
+					return nil, err
+				}
+				if b, err = json.Marshal(inner); err != nil {
+					return nil, err
+				}
+			}
+			ms = append(ms, fmt.Sprintf("%T %s", m, b))
+		}
+		slices.Sort(ms)
+		out = append(out, ms)
+	}
+	return out, nil
 }
 
 // routeIndex is the place, in a list of routes and its error routes, of

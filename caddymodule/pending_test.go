@@ -623,6 +623,74 @@ func TestReloadMovingTheUpstreamAfterAGateAloneInItsRouteKeepsTheOutcome(t *test
 	}
 }
 
+// A gate's name stays across a reload of the same config, whatever the
+// matchers of its server's routes (each set is loaded from a map, in no
+// order), and changes with anything after the gate that decides where its
+// requests go: a later route's handler, or a matcher within a `not`.
+func TestGateNameIsItsPlaceInItsServer(t *testing.T) {
+	site := fmt.Sprintf(`:{port} {
+	@other {
+		path /a/* /b/*
+		path_regexp ^/c
+		header X-A b
+		header_regexp X-B ^c
+		method GET POST
+		query a=b
+		not path /z
+		expression {http.request.uri.path}.startsWith("/v")
+		remote_ip 10.0.0.0/8
+		client_ip 10.0.0.0/8
+		protocol http
+		vars {x} y
+	}
+	handle /v1/* {
+		route {
+			x402 {
+				accept devnet $0.02 %s
+				facilitator http http://127.0.0.1:1
+				store badger %s
+			}
+		}
+		reverse_proxy 127.0.0.1:2
+	}
+	handle @other {
+		reverse_proxy 127.0.0.1:1
+	}
+}
+`, payTo.Hex(), t.TempDir())
+	name := func() string {
+		resolvers.Lock()
+		defer resolvers.Unlock()
+		var names []string
+		for g := range resolvers.stop {
+			names = append(names, g.upstream)
+		}
+		if len(names) != 1 || strings.HasPrefix(names[0], "unnamed") {
+			t.Fatalf("gate names %q; want one, named by its place", names)
+		}
+		return names[0]
+	}
+	base := startCaddy(t, site)
+	port := portOf(t, base)
+	first := name()
+	for range 3 {
+		loadCaddy(t, port, site)
+		if got := name(); got != first {
+			t.Fatalf("a reload of the same config renamed the gate: %s, then %s", first, got)
+		}
+	}
+	for what, edit := range map[string][2]string{
+		"a later route's upstream": {"127.0.0.1:1", "127.0.0.1:3"},
+		"a matcher within a not":   {"not path /z", "not path /y"},
+		"the gate's own route's":   {"reverse_proxy 127.0.0.1:2", "reverse_proxy 127.0.0.1:4"},
+	} {
+		loadCaddy(t, port, strings.Replace(site, edit[0], edit[1], 1))
+		if name() == first {
+			t.Errorf("a reload changing %s kept the gate's name", what)
+		}
+	}
+}
+
 // stallChain holds the chain reads of lose_reply_stall until the channel
 // it returns is closed (at the test's end at the latest).
 func stallChain(t *testing.T) chan struct{} {
