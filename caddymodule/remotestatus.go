@@ -191,23 +191,26 @@ func (m *MultiFacilitator) memberReads(ctx context.Context, i int, offer x402.Pa
 // "no rpc endpoint" for ever although an embedded member read the chain,
 // and the charged buyer was never served.)
 func (m *MultiFacilitator) statusMember(ctx context.Context, req x402.PaymentRequirements) (x402.Facilitator, error) {
-	picked, err := m.pick(ctx, req)
-	var reader x402.Facilitator
-	for i, f := range m.fs {
+	picked, err := m.pickIndex(ctx, req)
+	reader := -1
+	for i := range m.fs {
 		if !m.memberReads(ctx, i, req) {
 			continue
 		}
-		if f == picked {
-			return f, nil
+		if i == picked {
+			return m.fs[i], nil
 		}
-		if reader == nil {
-			reader = f
+		if reader < 0 {
+			reader = i
 		}
 	}
-	if reader != nil {
-		return reader, nil
+	switch {
+	case reader >= 0:
+		return m.fs[reader], nil
+	case picked >= 0:
+		return m.fs[picked], nil
 	}
-	return picked, err
+	return nil, err
 }
 
 // SettlementStatus implements x402.SettlementChecker through the

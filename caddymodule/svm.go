@@ -585,13 +585,22 @@ func ask(ctx context.Context) (context.Context, context.CancelFunc, bool) {
 // the network is picked (it refuses the payment with its reason), unless
 // one did not answer (it may be the manager): then the error.
 func (m *MultiFacilitator) pick(ctx context.Context, req x402.PaymentRequirements) (x402.Facilitator, error) {
+	i, err := m.pickIndex(ctx, req)
+	if i < 0 {
+		return nil, err
+	}
+	return m.fs[i], nil
+}
+
+// pickIndex is pick's member by its index in fs, -1 for none.
+func (m *MultiFacilitator) pickIndex(ctx context.Context, req x402.PaymentRequirements) (int, error) {
 	want, _ := req.Extra["feePayer"].(string)
 	if !x402.IsSolana(req.Network) {
 		want = ""
 	}
 	var errs []error
-	var first x402.Facilitator
-	for i, f := range m.fs {
+	first := -1
+	for i := range m.fs {
 		s, err := m.kinds(ctx, i)
 		if err != nil {
 			errs = append(errs, err)
@@ -602,17 +611,17 @@ func (m *MultiFacilitator) pick(ctx context.Context, req x402.PaymentRequirement
 				continue
 			}
 			if fp, _ := k.Extra["feePayer"].(string); want == "" || fp == want {
-				return f, nil
+				return i, nil
 			}
-			if first == nil {
-				first = f
+			if first < 0 {
+				first = i
 			}
 		}
 	}
-	if first != nil && len(errs) == 0 {
+	if first >= 0 && len(errs) == 0 {
 		return first, nil
 	}
-	return nil, errors.Join(errs...)
+	return -1, errors.Join(errs...)
 }
 
 // settlesKind reports whether a facilitator's /supported kind k is the one
