@@ -19,15 +19,12 @@ import (
 // show on cue (a stalled network, a connection cut between a COMMIT and its
 // answer). Everything else it forwards unchanged.
 //
-// It reads the client's side of the protocol (the untyped startup message,
-// then typed messages) to find the request a fault is armed for; it never
-// changes a byte.
+// It is a FaultProxy whose relay reads the client's side of the protocol
+// (the untyped startup message, then typed messages) to find the request a
+// fault is armed for; it never changes a byte.
 type PGFault struct {
 	// DSN connects through the proxy, as Postgres.DSN connects directly.
 	DSN string
-
-	ln     net.Listener
-	target string
 
 	mu  sync.Mutex
 	arm *pgArm
@@ -60,23 +57,11 @@ type pgArm struct {
 // StartPGFault starts the proxy in front of pg, stopped when the test ends.
 func StartPGFault(t testing.TB, pg *Postgres) *PGFault {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	start := strings.Index(pg.DSN, "@") + 1
 	end := start + strings.Index(pg.DSN[start:], "/")
-	p := &PGFault{ln: ln, target: pg.DSN[start:end], DSN: pg.DSN[:start] + ln.Addr().String() + pg.DSN[end:]}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go p.serve(c)
-		}
-	}()
+	p := &PGFault{}
+	proxy := StartFaultProxy(t, pg.DSN[start:end], p.relay)
+	p.DSN = pg.DSN[:start] + proxy.Addr + pg.DSN[end:]
 	return p
 }
 
@@ -104,12 +89,7 @@ func (p *PGFault) take(q string, anyAnswer bool) *pgArm {
 	return a
 }
 
-func (p *PGFault) serve(c net.Conn) {
-	s, err := net.Dial("tcp", p.target)
-	if err != nil {
-		c.Close()
-		return
-	}
+func (p *PGFault) relay(c, s net.Conn) {
 	var next atomic.Pointer[pgArm] // a fault waiting for this connection's next answer
 	cut := func() { c.Close(); s.Close() }
 	go func() {

@@ -414,52 +414,19 @@ func TestOnlyAFailedDialIsAnUnreachedNode(t *testing.T) {
 // the listener closed, so every later dial is refused -- a primary killed
 // right after it ran a write.
 type dyingProxy struct {
-	ln     net.Listener
-	target string
-	armed  atomic.Bool
-	cut    atomic.Bool
-	evals  atomic.Int32
-	mu     sync.Mutex
-	conns  []net.Conn
+	*servers.FaultProxy
+	armed atomic.Bool
+	cut   atomic.Bool
+	evals atomic.Int32
 }
 
 func newDyingProxy(t *testing.T, target string) *dyingProxy {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &dyingProxy{ln: ln, target: target}
-	t.Cleanup(func() { p.die() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go p.serve(c)
-		}
-	}()
+	p := &dyingProxy{}
+	p.FaultProxy = servers.StartFaultProxy(t, target, p.relay)
 	return p
 }
 
-func (p *dyingProxy) die() {
-	p.ln.Close()
-	p.mu.Lock()
-	for _, c := range p.conns {
-		c.Close()
-	}
-	p.mu.Unlock()
-}
-
-func (p *dyingProxy) serve(c net.Conn) {
-	s, err := net.Dial("tcp", p.target)
-	if err != nil {
-		c.Close()
-		return
-	}
-	p.mu.Lock()
-	p.conns = append(p.conns, c, s)
-	p.mu.Unlock()
+func (p *dyingProxy) relay(c, s net.Conn) {
 	var hold atomic.Bool
 	go func() {
 		buf := make([]byte, 64<<10)
@@ -488,7 +455,7 @@ func (p *dyingProxy) serve(c net.Conn) {
 				s.Write(buf[:n])
 				time.Sleep(100 * time.Millisecond) // the server runs it
 				p.cut.Store(true)
-				p.die()
+				p.Kill()
 				return
 			}
 			s.Write(buf[:n])
@@ -515,9 +482,9 @@ func TestACutWriteIsNotRunAgainOnTheNewPrimary(t *testing.T) {
 	p1, p2 := newDyingProxy(t, srv.Addr), newDyingProxy(t, srv.Addr)
 	o := moduleClusterOptions(&servers.Cluster{})
 	o.ClusterSlots = func(context.Context) ([]redis.ClusterSlot, error) {
-		addr := p1.ln.Addr().String()
+		addr := p1.Addr
 		if p1.cut.Load() {
-			addr = p2.ln.Addr().String() // the replica promoted
+			addr = p2.Addr // the replica promoted
 		}
 		return []redis.ClusterSlot{{Start: 0, End: 16383, Nodes: []redis.ClusterNode{{Addr: addr}}}}, nil
 	}

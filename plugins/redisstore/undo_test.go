@@ -3,9 +3,6 @@ package redisstore
 import (
 	"context"
 	"errors"
-	"io"
-	"net"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,73 +12,13 @@ import (
 	"github.com/aovhq/aov/store"
 )
 
-// replyDropProxy forwards TCP to a Redis server. Armed, it swallows the
-// next reply the server sends and closes that connection: the command ran,
-// its answer was lost (a timeout, a dropped connection), the fault a
-// client cannot tell from a command that never arrived.
-type replyDropProxy struct {
-	ln      net.Listener
-	target  string
-	armed   atomic.Bool
-	dropped atomic.Int32
-}
-
-func startReplyDropProxy(t *testing.T, target string) *replyDropProxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &replyDropProxy{ln: ln, target: target}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go p.serve(c)
-		}
-	}()
-	return p
-}
-
-func (p *replyDropProxy) serve(c net.Conn) {
-	s, err := net.Dial("tcp", p.target)
-	if err != nil {
-		c.Close()
-		return
-	}
-	go func() { io.Copy(s, c); s.Close() }()
-	buf := make([]byte, 64<<10)
-	for {
-		n, err := s.Read(buf)
-		if n > 0 && p.armed.CompareAndSwap(true, false) {
-			p.dropped.Add(1)
-			c.Close()
-			s.Close()
-			return
-		}
-		if n > 0 {
-			if _, err := c.Write(buf[:n]); err != nil {
-				s.Close()
-				return
-			}
-		}
-		if err != nil {
-			c.Close()
-			return
-		}
-	}
-}
-
 // lostReply returns a Store whose client reaches srv through a proxy that
 // drops one reply on demand, with go-redis's resends off (as when they are
 // exhausted), and the proxy.
-func lostReply(t *testing.T, srv *servers.Redis, opts Options) (*Store, *replyDropProxy) {
+func lostReply(t *testing.T, srv *servers.Redis, opts Options) (*Store, *servers.ReplyDrop) {
 	t.Helper()
-	p := startReplyDropProxy(t, srv.Addr)
-	rdb := redis.NewClient(&redis.Options{Addr: p.ln.Addr().String(), MaxRetries: -1})
+	p := servers.StartReplyDrop(t, srv.Addr)
+	rdb := redis.NewClient(&redis.Options{Addr: p.Addr, MaxRetries: -1})
 	t.Cleanup(func() { rdb.Close() })
 	s, err := New(context.Background(), rdb, opts)
 	if err != nil {
@@ -103,12 +40,12 @@ func TestClaimWithALostReplyLeavesNothingHeld(t *testing.T) {
 		t.Fatal(err)
 	}
 	keys := []string{"x402/auth/base/usdc/0xpayer/0xnonce", "x402/payload/ff"}
-	p.armed.Store(true)
+	p.Armed.Store(true)
 	if _, err := cl.Claim(ctx, keys, time.Now().Add(time.Hour)); err == nil {
 		t.Fatal("a claim whose reply was lost reported success")
 	}
-	if p.dropped.Load() != 1 {
-		t.Fatalf("%d replies dropped, want 1", p.dropped.Load())
+	if p.Drops.Load() != 1 {
+		t.Fatalf("%d replies dropped, want 1", p.Drops.Load())
 	}
 	for _, k := range keys {
 		if st, err := cl.Lookup(ctx, k); !errors.Is(err, store.ErrNotFound) {
@@ -130,12 +67,12 @@ func TestReserveWithALostReplyLeavesNothingTaken(t *testing.T) {
 	if _, err := al.Reserve(ctx, "verify", "warm", day, 3); err != nil {
 		t.Fatal(err)
 	}
-	p.armed.Store(true)
+	p.Armed.Store(true)
 	if _, err := al.Reserve(ctx, "verify", "ip:1.2.3.4", day, 3); err == nil {
 		t.Fatal("a reservation whose reply was lost reported success")
 	}
-	if p.dropped.Load() != 1 {
-		t.Fatalf("%d replies dropped, want 1", p.dropped.Load())
+	if p.Drops.Load() != 1 {
+		t.Fatalf("%d replies dropped, want 1", p.Drops.Load())
 	}
 	if rem, err := al.Remaining(ctx, "verify", "ip:1.2.3.4", day, 3); err != nil || rem != 3 {
 		t.Fatalf("remaining %d (%v) after the failed reservation, want 3", rem, err)

@@ -6,11 +6,8 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
-	"io"
-	"net"
 	"net/http"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -152,60 +149,6 @@ func TestSettleSharedStoreTwoInstancesOneSuccess(t *testing.T) {
 	}
 }
 
-// replyDropProxy forwards TCP to Redis; armed, it swallows the next reply
-// and closes that connection: the command ran, its answer was lost.
-type replyDropProxy struct {
-	ln    net.Listener
-	armed atomic.Bool
-	drops atomic.Int32
-}
-
-func startReplyDropProxy(t *testing.T, target string) *replyDropProxy {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &replyDropProxy{ln: ln}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				s, err := net.Dial("tcp", target)
-				if err != nil {
-					c.Close()
-					return
-				}
-				go func() { io.Copy(s, c); s.Close() }()
-				buf := make([]byte, 64<<10)
-				for {
-					n, err := s.Read(buf)
-					if n > 0 && p.armed.CompareAndSwap(true, false) {
-						p.drops.Add(1)
-						c.Close()
-						s.Close()
-						return
-					}
-					if n > 0 {
-						if _, err := c.Write(buf[:n]); err != nil {
-							s.Close()
-							return
-						}
-					}
-					if err != nil {
-						c.Close()
-						return
-					}
-				}
-			}()
-		}
-	}()
-	return p
-}
-
 // A landed send whose mark (the Swap of its record's note to the marked
 // note) runs on Redis but whose answer is lost (a timeout, a dropped
 // connection) is still answered success once, by the Settle that marked
@@ -220,8 +163,8 @@ func TestRedisMarkWhoseReplyIsLostIsStillItsSuccess(t *testing.T) {
 	for _, retries := range []int{2, -1} {
 		t.Run(map[int]string{2: "module-client", -1: "no-resend"}[retries], func(t *testing.T) {
 			srv := servers.StartRedis(t)
-			p := startReplyDropProxy(t, srv.Addr)
-			rdb := redis.NewClient(&redis.Options{Addr: p.ln.Addr().String(), MaxRetries: retries, ReadTimeout: time.Second, WriteTimeout: time.Second, ContextTimeoutEnabled: true})
+			p := servers.StartReplyDrop(t, srv.Addr)
+			rdb := redis.NewClient(&redis.Options{Addr: p.Addr, MaxRetries: retries, ReadTimeout: time.Second, WriteTimeout: time.Second, ContextTimeoutEnabled: true})
 			t.Cleanup(func() { rdb.Close() })
 			rs, err := redisstore.New(context.Background(), rdb, redisstore.Options{Prefix: "lostreply"})
 			if err != nil {
@@ -244,13 +187,13 @@ func TestRedisMarkWhoseReplyIsLostIsStillItsSuccess(t *testing.T) {
 			e := newEnv(t, Config{RPC: &RPC{URL: fr.serve(t)}, Sent: sent, PollInterval: 20 * time.Millisecond, ConfirmTimeout: 2 * time.Second})
 			fr.set(func(f *faultyRPC) {
 				f.target = e.chain.URL
-				f.beforeSend = func() { p.armed.Store(true) } // the record is written; the next reply is the mark's
+				f.beforeSend = func() { p.Armed.Store(true) } // the record is written; the next reply is the mark's
 			})
 			pp := Payload(e.payment(t).Transaction(), e.req)
 			s, err := e.f.Settle(ctx, pp, e.req)
-			t.Logf("first settle: success=%v reason=%q tx=%s err=%v (replies dropped %d)", s.Success, s.ErrorReason, s.Transaction, err, p.drops.Load())
-			if p.drops.Load() != 1 {
-				t.Fatalf("%d replies dropped; the test proves nothing", p.drops.Load())
+			t.Logf("first settle: success=%v reason=%q tx=%s err=%v (replies dropped %d)", s.Success, s.ErrorReason, s.Transaction, err, p.Drops.Load())
+			if p.Drops.Load() != 1 {
+				t.Fatalf("%d replies dropped; the test proves nothing", p.Drops.Load())
 			}
 			if a, b := e.balances(t); a != 1_000_000-20000 || b != 20000 {
 				t.Fatalf("balances payer %d payee %d; want the transfer landed", a, b)
@@ -289,11 +232,11 @@ func TestRedisMarkWhoseReplyIsLostIsStillItsSuccess(t *testing.T) {
 // the mark's answer, and only it, is lost.
 type swapArms struct {
 	SentStore
-	p *replyDropProxy
+	p *servers.ReplyDrop
 }
 
 func (s *swapArms) Swap(ctx context.Context, c store.Claim, old, note string) error {
-	s.p.armed.Store(true)
+	s.p.Armed.Store(true)
 	return s.SentStore.Swap(ctx, c, old, note)
 }
 
@@ -307,8 +250,8 @@ func (s *swapArms) Swap(ctx context.Context, c store.Claim, old, note string) er
 // releases: the buyer charged and never served.)
 func TestRedisStatusReadMarkWhoseReplyIsLostIsStillItsOwn(t *testing.T) {
 	srv := servers.StartRedis(t)
-	p := startReplyDropProxy(t, srv.Addr)
-	rdb := redis.NewClient(&redis.Options{Addr: p.ln.Addr().String(), MaxRetries: -1, ReadTimeout: time.Second, WriteTimeout: time.Second, ContextTimeoutEnabled: true})
+	p := servers.StartReplyDrop(t, srv.Addr)
+	rdb := redis.NewClient(&redis.Options{Addr: p.Addr, MaxRetries: -1, ReadTimeout: time.Second, WriteTimeout: time.Second, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { rdb.Close() })
 	rs, err := redisstore.New(context.Background(), rdb, redisstore.Options{Prefix: "lostreply"})
 	if err != nil {
@@ -333,8 +276,8 @@ func TestRedisStatusReadMarkWhoseReplyIsLostIsStillItsOwn(t *testing.T) {
 		t.Fatal(err)
 	}
 	st, err := reader.SettlementStatus(ctx, pp, e.req)
-	if err != nil || st.State != x402.SettlementUndecided || p.drops.Load() != 1 {
-		t.Fatalf("status read whose mark's answer was lost: %+v %v (%d replies dropped); want undecided", st, err, p.drops.Load())
+	if err != nil || st.State != x402.SettlementUndecided || p.Drops.Load() != 1 {
+		t.Fatalf("status read whose mark's answer was lost: %+v %v (%d replies dropped); want undecided", st, err, p.Drops.Load())
 	}
 	reader.UseSent(sent) // the store answers again
 	if st, err := reader.SettlementStatus(ctx, pp, e.req); err != nil || st.State != x402.SettlementDone || st.Transaction != sig {
