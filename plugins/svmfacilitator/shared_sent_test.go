@@ -53,15 +53,7 @@ func skipPreflightNode(t *testing.T, upstream string, hook func(method string)) 
 // transaction. (Before: both sent, and both answered success.)
 func TestSettleSharedStoreTwoInstancesOneSuccess(t *testing.T) {
 	srv := servers.StartRedis(t)
-	shared := func() SentStore {
-		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
-		t.Cleanup(func() { rdb.Close() })
-		st, err := redisstore.New(context.Background(), rdb, redisstore.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return st.Claims().(SentStore)
-	}
+	shared := func() SentStore { return redisSent(t, srv.Addr, "", redis.Options{}) }
 	e := newEnv(t, Config{})
 	ctx := context.Background()
 	pp := Payload(e.payment(t).Transaction(), e.req)
@@ -149,6 +141,44 @@ func TestSettleSharedStoreTwoInstancesOneSuccess(t *testing.T) {
 	}
 }
 
+// redisSent is the store of sends on the Redis server at addr, under
+// prefix, with a client of options o (its Addr set here) closed when the
+// test ends: what the Caddy module's redis store gives a facilitator.
+func redisSent(t *testing.T, addr, prefix string, o redis.Options) SentStore {
+	t.Helper()
+	o.Addr = addr
+	rdb := redis.NewClient(&o)
+	t.Cleanup(func() { rdb.Close() })
+	rs, err := redisstore.New(context.Background(), rdb, redisstore.Options{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rs.Claims().(SentStore)
+}
+
+// lostReplySent is the store of sends on a Redis server of its own,
+// reached through a servers.ReplyDrop, with go-redis resending a command
+// whose answer was lost retries times (-1: never). Its scripts are loaded
+// first, so that an armed drop loses a mark's answer and not the loading
+// of a script.
+func lostReplySent(t *testing.T, retries int) (SentStore, *servers.ReplyDrop) {
+	t.Helper()
+	p := servers.StartReplyDrop(t, servers.StartRedis(t).Addr)
+	sent := redisSent(t, p.Addr, "lostreply", redis.Options{MaxRetries: retries, ReadTimeout: time.Second, WriteTimeout: time.Second, ContextTimeoutEnabled: true})
+	ctx := context.Background()
+	w, err := sent.ClaimHeld(ctx, []string{"warm"}, time.Now().Add(time.Hour), time.Minute, func(c store.Claim) (string, error) { return c.Token, nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sent.Swap(ctx, w, w.Token, "x"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sent.Lookup(ctx, "warm"); err != nil {
+		t.Fatal(err)
+	}
+	return sent, p
+}
+
 // A landed send whose mark (the Swap of its record's note to the marked
 // note) runs on Redis but whose answer is lost (a timeout, a dropped
 // connection) is still answered success once, by the Settle that marked
@@ -162,27 +192,8 @@ func TestSettleSharedStoreTwoInstancesOneSuccess(t *testing.T) {
 func TestRedisMarkWhoseReplyIsLostIsStillItsSuccess(t *testing.T) {
 	for _, retries := range []int{2, -1} {
 		t.Run(map[int]string{2: "module-client", -1: "no-resend"}[retries], func(t *testing.T) {
-			srv := servers.StartRedis(t)
-			p := servers.StartReplyDrop(t, srv.Addr)
-			rdb := redis.NewClient(&redis.Options{Addr: p.Addr, MaxRetries: retries, ReadTimeout: time.Second, WriteTimeout: time.Second, ContextTimeoutEnabled: true})
-			t.Cleanup(func() { rdb.Close() })
-			rs, err := redisstore.New(context.Background(), rdb, redisstore.Options{Prefix: "lostreply"})
-			if err != nil {
-				t.Fatal(err)
-			}
-			sent := rs.Claims().(SentStore)
+			sent, p := lostReplySent(t, retries)
 			ctx := context.Background()
-			// Load the scripts, so the armed reply is the mark's own.
-			w, err := sent.ClaimHeld(ctx, []string{"warm"}, time.Now().Add(time.Hour), time.Minute, func(c store.Claim) (string, error) { return c.Token, nil })
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := sent.Swap(ctx, w, w.Token, "x"); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := sent.Lookup(ctx, "warm"); err != nil {
-				t.Fatal(err)
-			}
 			fr := &faultyRPC{}
 			e := newEnv(t, Config{RPC: &RPC{URL: fr.serve(t)}, Sent: sent, PollInterval: 20 * time.Millisecond, ConfirmTimeout: 2 * time.Second})
 			fr.set(func(f *faultyRPC) {
@@ -249,24 +260,8 @@ func (s *swapArms) Swap(ctx context.Context, c store.Claim, old, note string) er
 // another's and answered settled by another settlement, which the gate
 // releases: the buyer charged and never served.)
 func TestRedisStatusReadMarkWhoseReplyIsLostIsStillItsOwn(t *testing.T) {
-	srv := servers.StartRedis(t)
-	p := servers.StartReplyDrop(t, srv.Addr)
-	rdb := redis.NewClient(&redis.Options{Addr: p.Addr, MaxRetries: -1, ReadTimeout: time.Second, WriteTimeout: time.Second, ContextTimeoutEnabled: true})
-	t.Cleanup(func() { rdb.Close() })
-	rs, err := redisstore.New(context.Background(), rdb, redisstore.Options{Prefix: "lostreply"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sent := rs.Claims().(SentStore)
+	sent, p := lostReplySent(t, -1)
 	ctx := context.Background()
-	// Load the scripts, so the armed reply is the mark's own.
-	w, err := sent.ClaimHeld(ctx, []string{"warm"}, time.Now().Add(time.Hour), time.Minute, func(c store.Claim) (string, error) { return c.Token, nil })
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := sent.Swap(ctx, w, w.Token, "x"); err != nil {
-		t.Fatal(err)
-	}
 	e, _, pp, unknown := settlePending(t, sent, time.Minute)
 	sig := unknown.Reply.Transaction
 	cfg := e.f.cfg
@@ -303,14 +298,7 @@ func TestSenderRetryAfterAnotherMarkedPastTheHoldIsDuplicate(t *testing.T) {
 
 // The same on Redis, where the record lapses by the server's TTL.
 func TestRedisSenderRetryAfterAnotherMarkedPastTheHoldIsDuplicate(t *testing.T) {
-	srv := servers.StartRedis(t)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	t.Cleanup(func() { rdb.Close() })
-	rs, err := redisstore.New(context.Background(), rdb, redisstore.Options{Prefix: "markedhold"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	markedPastTheHold(t, rs.Claims().(SentStore))
+	markedPastTheHold(t, redisSent(t, servers.StartRedis(t).Addr, "markedhold", redis.Options{}))
 }
 
 // markedPastTheHold is the sender's retry after another facilitator
@@ -374,14 +362,7 @@ func TestAdopterWhoseMarkWasNotKeptAnswersDuplicateAfterTheLapse(t *testing.T) {
 
 // The same on Redis, where the record lapses by the server's TTL.
 func TestRedisAdopterWhoseMarkWasNotKeptAnswersDuplicateAfterTheLapse(t *testing.T) {
-	srv := servers.StartRedis(t)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	t.Cleanup(func() { rdb.Close() })
-	rs, err := redisstore.New(context.Background(), rdb, redisstore.Options{Prefix: "keepfails"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	adoptedMarkNotKept(t, rs.Claims().(SentStore))
+	adoptedMarkNotKept(t, redisSent(t, servers.StartRedis(t).Addr, "keepfails", redis.Options{}))
 }
 
 // adoptedMarkNotKept is the two retries, after the lapse, of a send whose
