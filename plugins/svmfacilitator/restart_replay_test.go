@@ -103,6 +103,65 @@ func (e *env) reopenBehind(t *testing.T, dir string) (*Facilitator, *store.DB, *
 	return restarted, db, node
 }
 
+// crashTest is a facilitator whose store of sends is in a folder of its
+// own, closed by a crash and opened again by the restart, and a payment
+// for it to settle.
+type crashTest struct {
+	e   *env
+	dir string
+	db  *store.DB
+	pp  x402.PaymentPayload
+}
+
+func newCrashTest(t *testing.T) *crashTest {
+	dir := t.TempDir()
+	db := openStore(t, dir)
+	e := newEnv(t, Config{Sent: sentOf(db)})
+	return &crashTest{e: e, dir: dir, db: db, pp: Payload(e.payment(t).Transaction(), e.req)}
+}
+
+// sentUnanswered is what a process that crashed mid-send did before it
+// stopped: the payment's send recorded by record (as the version under
+// test writes the record of a message hash), then sent, and no answer. It
+// returns the transaction's message hash and the signature sent.
+func (c *crashTest) sentUnanswered(t *testing.T, record func(ctx context.Context, hash [32]byte) error) (hash [32]byte, sig string) {
+	t.Helper()
+	ctx := context.Background()
+	ch := c.e.f.checkStatic(c.pp, c.e.req, false)
+	c.e.f.cosign(ch)
+	if err := record(ctx, ch.tx.MessageHash()); err != nil {
+		t.Fatal(err)
+	}
+	sig, err := c.e.f.rpc.Send(ctx, ch.signed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ch.tx.MessageHash(), sig
+}
+
+// restart is the process stopping and started again: the store closed
+// and opened anew under a facilitator of the same settings whose node
+// lags the chain (reopenBehind).
+func (c *crashTest) restart(t *testing.T) (*Facilitator, *behindNode) {
+	t.Helper()
+	c.db.Close()
+	f, db, node := c.e.reopenBehind(t, c.dir)
+	c.db = db
+	return f, node
+}
+
+// sentNothingPaidOnce checks what every replay after the restart must
+// leave: nothing sent again, the payer charged once.
+func (c *crashTest) sentNothingPaidOnce(t *testing.T, node *behindNode) {
+	t.Helper()
+	if node.sent() != 0 {
+		t.Errorf("the replay was sent %d times; a send recorded before the restart is not sent again", node.sent())
+	}
+	if a, b := c.e.balances(t); a != 1_000_000-20000 || b != 20000 {
+		t.Fatalf("balances payer %d payee %d (paid once)", a, b)
+	}
+}
+
 // After a restart (a new Facilitator, and the store closed and opened
 // again), a replay of a payment that landed and was answered success is
 // duplicate_settlement naming the transaction, never a second success,
@@ -112,34 +171,25 @@ func (e *env) reopenBehind(t *testing.T, dir string) (*Facilitator, *store.DB, *
 // restart, the lagging node's null status, passing simulation and echoed
 // signature had the replay answered success a second time.)
 func TestSettleReplayAfterRestartOnLaggingNodeIsDuplicate(t *testing.T) {
-	dir := t.TempDir()
-	db := openStore(t, dir)
-	e := newEnv(t, Config{Sent: sentOf(db)})
-	ctx := context.Background()
-	pp := Payload(e.payment(t).Transaction(), e.req)
+	c := newCrashTest(t)
+	e, pp, ctx := c.e, c.pp, context.Background()
 	first, err := e.f.Settle(ctx, pp, e.req)
 	if err != nil || !first.Success {
 		t.Fatalf("first settle: %+v %v", first, err)
 	}
 	// Marked answered, naming the transaction, before the answer.
 	dec, _ := DecodePayload(pp.Payload)
-	if st, err := db.Claims().Lookup(ctx, e.f.sentKey(dec.MessageHash())); err != nil || !st.Settled || markedSig(st.Note) != first.Transaction {
+	if st, err := c.db.Claims().Lookup(ctx, e.f.sentKey(dec.MessageHash())); err != nil || !st.Settled || markedSig(st.Note) != first.Transaction {
 		t.Fatalf("record after success: %+v %v; want it answered, naming %s", st, err, first.Transaction)
 	}
-	db.Close()
 
-	restarted, db, node := e.reopenBehind(t, dir)
+	restarted, node := c.restart(t)
 	again, err := restarted.Settle(ctx, pp, e.req)
 	if err != nil || again.Success || again.ErrorReason != ReasonDuplicateSettlement || again.Transaction != first.Transaction {
 		t.Fatalf("replay after restart: success=%v reason=%q tx=%s err=%v; want duplicate_settlement naming %s",
 			again.Success, again.ErrorReason, again.Transaction, err, first.Transaction)
 	}
-	if node.sent() != 0 {
-		t.Errorf("the replay was sent %d times; a transaction remembered as answered is not sent again", node.sent())
-	}
-	if a, b := e.balances(t); a != 1_000_000-20000 || b != 20000 {
-		t.Fatalf("balances payer %d payee %d (paid once)", a, b)
-	}
+	c.sentNothingPaidOnce(t, node)
 	// Answered from memory from then on, as any duplicate.
 	if third, err := restarted.Settle(ctx, pp, e.req); err != nil || third.ErrorReason != ReasonDuplicateSettlement || third.Transaction != first.Transaction {
 		t.Fatalf("second replay: %+v %v", third, err)
@@ -152,41 +202,25 @@ func TestSettleReplayAfterRestartOnLaggingNodeIsDuplicate(t *testing.T) {
 // success once it landed (nobody was answered for it yet), marking the
 // record answered, and a further replay is duplicate_settlement naming it.
 func TestSettleReplayOfUnansweredSendAfterRestartAnswersOnce(t *testing.T) {
-	dir := t.TempDir()
-	db := openStore(t, dir)
-	e := newEnv(t, Config{Sent: sentOf(db)})
-	ctx := context.Background()
-	pp := Payload(e.payment(t).Transaction(), e.req)
-	// What the crashed process did before it stopped: the record, then
-	// the send, and no answer.
-	c := e.f.checkStatic(pp, e.req, false)
-	e.f.cosign(c)
-	if _, err := e.f.remember(ctx, c.tx.MessageHash(), &settlement{}); err != nil {
-		t.Fatal(err)
-	}
-	sig, err := e.f.rpc.Send(ctx, c.signed)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db.Close()
+	c := newCrashTest(t)
+	e, pp, ctx := c.e, c.pp, context.Background()
+	hash, sig := c.sentUnanswered(t, func(ctx context.Context, hash [32]byte) error {
+		_, err := e.f.remember(ctx, hash, &settlement{})
+		return err
+	})
 
-	restarted, db, node := e.reopenBehind(t, dir)
+	restarted, node := c.restart(t)
 	again, err := restarted.Settle(ctx, pp, e.req)
 	if err != nil || !again.Success || again.Transaction != sig {
 		t.Fatalf("replay after restart: success=%v reason=%q tx=%s err=%v; want success naming %s", again.Success, again.ErrorReason, again.Transaction, err, sig)
 	}
-	if st, err := db.Claims().Lookup(ctx, e.f.sentKey(c.tx.MessageHash())); err != nil || !st.Settled || markedSig(st.Note) != sig {
+	if st, err := c.db.Claims().Lookup(ctx, e.f.sentKey(hash)); err != nil || !st.Settled || markedSig(st.Note) != sig {
 		t.Fatalf("record: %+v %v; want it answered, naming %s", st, err, sig)
 	}
 	if third, err := restarted.Settle(ctx, pp, e.req); err != nil || third.ErrorReason != ReasonDuplicateSettlement || third.Transaction != sig {
 		t.Fatalf("second replay: %+v %v; want duplicate_settlement naming %s", third, err, sig)
 	}
-	if node.sent() != 0 {
-		t.Errorf("sent %d times; want none", node.sent())
-	}
-	if a, b := e.balances(t); a != 1_000_000-20000 || b != 20000 {
-		t.Fatalf("balances payer %d payee %d (paid once)", a, b)
-	}
+	c.sentNothingPaidOnce(t, node)
 }
 
 // A record of a send that names no claim token (written by a version
@@ -194,34 +228,20 @@ func TestSettleReplayOfUnansweredSendAfterRestartAnswersOnce(t *testing.T) {
 // restart answers duplicate_settlement once it landed, never success, and
 // sends nothing.
 func TestSettleReplayOfUnansweredSendWithoutTokenIsDuplicate(t *testing.T) {
-	dir := t.TempDir()
-	db := openStore(t, dir)
-	e := newEnv(t, Config{Sent: sentOf(db)})
-	ctx := context.Background()
-	pp := Payload(e.payment(t).Transaction(), e.req)
-	// The record as that version wrote it, then the send, and no answer.
-	c := e.f.checkStatic(pp, e.req, false)
-	e.f.cosign(c)
-	if _, err := db.Claims().Claim(ctx, []string{e.f.sentKey(c.tx.MessageHash())}, time.Now().Add(SentRecordHold)); err != nil {
-		t.Fatal(err)
-	}
-	sig, err := e.f.rpc.Send(ctx, c.signed)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db.Close()
+	c := newCrashTest(t)
+	e, pp, ctx := c.e, c.pp, context.Background()
+	// The record as that version wrote it: a claim, naming no token.
+	_, sig := c.sentUnanswered(t, func(ctx context.Context, hash [32]byte) error {
+		_, err := c.db.Claims().Claim(ctx, []string{e.f.sentKey(hash)}, time.Now().Add(SentRecordHold))
+		return err
+	})
 
-	restarted, db, node := e.reopenBehind(t, dir)
+	restarted, node := c.restart(t)
 	again, err := restarted.Settle(ctx, pp, e.req)
 	if err != nil || again.Success || again.ErrorReason != ReasonDuplicateSettlement || again.Transaction != sig {
 		t.Fatalf("replay after restart: success=%v reason=%q tx=%s err=%v; want duplicate_settlement naming %s", again.Success, again.ErrorReason, again.Transaction, err, sig)
 	}
-	if node.sent() != 0 {
-		t.Errorf("sent %d times; want none", node.sent())
-	}
-	if a, b := e.balances(t); a != 1_000_000-20000 || b != 20000 {
-		t.Fatalf("balances payer %d payee %d (paid once)", a, b)
-	}
+	c.sentNothingPaidOnce(t, node)
 }
 
 // A store that cannot record the send fails the settlement closed: nothing
@@ -269,6 +289,21 @@ func TestSettleStoreDownSendsNothing(t *testing.T) {
 	}
 }
 
+// refusingNode is e's chain behind a node that refuses every
+// sendTransaction (a signature verification failure, -32003), after
+// delay, while refuse holds (nil: always); every other call is the
+// chain's.
+func refusingNode(t *testing.T, e *env, refuse *atomic.Bool, delay time.Duration) *RPC {
+	return &RPC{URL: proxy(t, e.chain.URL, func(w http.ResponseWriter, id json.RawMessage, method string, _ []json.RawMessage) bool {
+		if method != "sendTransaction" || refuse != nil && !refuse.Load() {
+			return false
+		}
+		time.Sleep(delay)
+		w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(id) + `,"error":{"code":-32003,"message":"Transaction signature verification failure"}}`))
+		return true
+	}, nil)}
+}
+
 // A send the node refused leaves no record behind: nothing is in flight,
 // so the same payment settles later, also after a restart. (A record left
 // in place would have the retry taken for a transaction sent before,
@@ -279,13 +314,7 @@ func TestSettleRefusedSendDropsItsRecord(t *testing.T) {
 	e := newEnv(t, Config{})
 	cfg := e.f.cfg
 	cfg.Sent, cfg.ConfirmTimeout = sentOf(db), 2*time.Second
-	cfg.RPC = &RPC{URL: proxy(t, e.chain.URL, func(w http.ResponseWriter, id json.RawMessage, method string, _ []json.RawMessage) bool {
-		if method != "sendTransaction" {
-			return false
-		}
-		w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(id) + `,"error":{"code":-32003,"message":"Transaction signature verification failure"}}`))
-		return true
-	}, nil)}
+	cfg.RPC = refusingNode(t, e, nil, 0)
 	f, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -474,19 +503,16 @@ func TestSettleRefusedAtHoldDropsItsRecord(t *testing.T) {
 // settled by another settlement (duplicate_settlement), so the gate
 // releases its claim and serves nothing for tokens that moved.
 func TestStatusReadAfterRestartOfItsOwnMarkedSettleIsDuplicate(t *testing.T) {
-	dir := t.TempDir()
-	db := openStore(t, dir)
-	e := newEnv(t, Config{Sent: sentOf(db)})
-	pp := Payload(e.payment(t).Transaction(), e.req)
-	ctx := context.Background()
+	c := newCrashTest(t)
+	e, pp, ctx := c.e, c.pp, context.Background()
 	first, err := e.f.Settle(ctx, pp, e.req)
 	if err != nil || !first.Success {
 		t.Fatalf("settle: %+v %v", first, err)
 	}
 	// The gateway stops before recording the success.
-	db.Close()
+	c.db.Close()
 	cfg := e.f.cfg
-	cfg.RPC, cfg.Sent = &RPC{URL: e.chain.URL}, sentOf(openStore(t, dir))
+	cfg.RPC, cfg.Sent = &RPC{URL: e.chain.URL}, sentOf(openStore(t, c.dir))
 	restarted, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -531,14 +557,7 @@ func TestSettleRefusedAfterItsCallersDeadlineDropsItsRecord(t *testing.T) {
 	refuse.Store(true)
 	cfg := e.f.cfg
 	cfg.Sent, cfg.ConfirmTimeout = sentOf(db), 2*time.Second
-	cfg.RPC = &RPC{URL: proxy(t, e.chain.URL, func(w http.ResponseWriter, id json.RawMessage, method string, _ []json.RawMessage) bool {
-		if method != "sendTransaction" || !refuse.Load() {
-			return false
-		}
-		time.Sleep(500 * time.Millisecond) // a slow node: its refusal comes after the caller's deadline
-		w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(id) + `,"error":{"code":-32003,"message":"Transaction signature verification failure"}}`))
-		return true
-	}, nil)}
+	cfg.RPC = refusingNode(t, e, &refuse, 500*time.Millisecond) // a slow node: its refusal comes after the caller's deadline
 	f, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -588,13 +607,7 @@ func TestSettleRefusedWithAStalledDropAnswersAtItsCallersDeadline(t *testing.T) 
 	e := newEnv(t, Config{})
 	cfg := e.f.cfg
 	cfg.Sent, cfg.ConfirmTimeout = &slowRelease{SentStore: sentOf(db), delay: 4 * time.Second}, 8*time.Second
-	cfg.RPC = &RPC{URL: proxy(t, e.chain.URL, func(w http.ResponseWriter, id json.RawMessage, method string, _ []json.RawMessage) bool {
-		if method != "sendTransaction" {
-			return false
-		}
-		w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(id) + `,"error":{"code":-32003,"message":"Transaction signature verification failure"}}`))
-		return true
-	}, nil)}
+	cfg.RPC = refusingNode(t, e, nil, 0)
 	f, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -631,13 +644,7 @@ func TestRetryDuringARefusedSendsDropIsInProgressAndCloseWaitsForTheDrop(t *test
 	refuse.Store(true)
 	cfg := e.f.cfg
 	cfg.Sent, cfg.ConfirmTimeout, cfg.PollInterval = &slowRelease{SentStore: sentOf(db), delay: 1500 * time.Millisecond}, 2*time.Second, 50*time.Millisecond
-	cfg.RPC = &RPC{URL: proxy(t, e.chain.URL, func(w http.ResponseWriter, id json.RawMessage, method string, _ []json.RawMessage) bool {
-		if method != "sendTransaction" || !refuse.Load() {
-			return false
-		}
-		w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(id) + `,"error":{"code":-32003,"message":"Transaction signature verification failure"}}`))
-		return true
-	}, nil)}
+	cfg.RPC = refusingNode(t, e, &refuse, 0)
 	f, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
