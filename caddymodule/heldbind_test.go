@@ -286,21 +286,9 @@ func TestKilledMidSettlementRunOnlyForTheBuyersBody(t *testing.T) {
 	d, _ := sharedDevnet(t)
 	up := newUpstream(t)
 	storeDir := filepath.Join(t.TempDir(), "gate")
-	url := startCaddy(t, killSite(up.URL, "killed_devnet", storeDir)) + "/verify/schema"
-	payer := evmfacilitator.DevAccounts()[8].Address
-	before := balance(t, d, payer)
-	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 8)
-	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(validRequest))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(x402.HeaderPaymentSignature, sig)
-	if resp, err := (&http.Client{Timeout: 20 * time.Second}).Do(req); err == nil {
-		resp.Body.Close()
-		t.Fatalf("the killed request was answered: %d", resp.StatusCode)
-	}
-	if err := caddy.Stop(); err != nil {
-		t.Fatal(err)
-	}
-	url = startCaddy(t, killSite(up.URL, "faulty_devnet none", storeDir)) + "/verify/schema"
+	p := payThenRestart(t, d, killSite(up.URL, "killed_devnet", storeDir), 8, killedMidSettlement,
+		func() string { return startCaddy(t, killSite(up.URL, "faulty_devnet none", storeDir)) })
+	url, sig := p.url, p.sig
 	calls := up.calls.Load()
 
 	resp := post(t, url, `{"task_id":"attacker"}`, map[string]string{x402.HeaderPaymentSignature: sig})
@@ -313,7 +301,7 @@ func TestKilledMidSettlementRunOnlyForTheBuyersBody(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || resp.Header.Get(x402.HeaderPaymentResponse) == "" || up.calls.Load() != calls+1 {
 		t.Fatalf("the buyer's retry: %d %s, upstream ran %d more; want the paid run, once", resp.StatusCode, b, up.calls.Load()-calls)
 	}
-	if got := charged(t, d, payer, before); got.Int64() != 20000 {
+	if got := charged(t, d, p.payer, p.before); got.Int64() != 20000 {
 		t.Fatalf("charged %v, want 20000 once", got)
 	}
 }

@@ -186,6 +186,66 @@ func charged(t *testing.T, d *evmfacilitator.Devnet, payer common.Address, befor
 	return new(big.Int).Sub(before, balance(t, d, payer))
 }
 
+// restartedPayment is a payment whose answer a gateway lost, the transfer
+// made, before that gateway restarted on the same store: what a restart
+// test retries and counts against.
+type restartedPayment struct {
+	url      string // the paid route of the restarted gateway
+	sig      string // the payment's PAYMENT-SIGNATURE
+	payer    common.Address
+	before   *big.Int  // the payer's balance before it paid
+	signedAt time.Time // when it signed: its validBefore is counted from then
+}
+
+// payThenRestart is the opening every restart test shares: a gateway on
+// site is paid by development key key, the answer is lost as lose says,
+// the payer is charged the one transfer, and the gateway stops; restart
+// then starts the next one on the same store and returns its base URL.
+// The restart is the test's own, as what it reads the held record with
+// (the facilitator, a rpc, a log) is what each test is about.
+func payThenRestart(t *testing.T, d *evmfacilitator.Devnet, site string, key int, lose func(t *testing.T, url, sig string), restart func() string) restartedPayment {
+	t.Helper()
+	url := startCaddy(t, site) + "/verify/schema"
+	p := restartedPayment{payer: evmfacilitator.DevAccounts()[key].Address}
+	p.before = balance(t, d, p.payer)
+	p.sig = signFor(t, paymentRequired(t, post(t, url, "", nil)), key)
+	p.signedAt = time.Now()
+	lose(t, url, p.sig)
+	if got := charged(t, d, p.payer, p.before); got.Cmp(big.NewInt(20000)) != 0 {
+		t.Fatalf("charged %v before the restart, want the one transfer (20000)", got)
+	}
+	if err := caddy.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	p.url = restart() + "/verify/schema"
+	return p
+}
+
+// replyLost pays url with sig through a facilitator that sends the
+// settlement and loses its reply: the answer is 503 and nothing is served.
+func replyLost(t *testing.T, url, sig string) {
+	t.Helper()
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusServiceUnavailable || strings.Contains(string(b), "paid_content") {
+		t.Fatalf("first try: status %d: %s", resp.StatusCode, b)
+	}
+}
+
+// killedMidSettlement pays url with sig through a facilitator that kills
+// the request after the settlement was sent (killedFacilitator,
+// fakeKilledHTTP): no answer at all.
+func killedMidSettlement(t *testing.T, url, sig string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(validRequest))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(x402.HeaderPaymentSignature, sig)
+	if resp, err := (&http.Client{Timeout: 20 * time.Second}).Do(req); err == nil {
+		resp.Body.Close()
+		t.Fatalf("the killed request was answered: %d", resp.StatusCode)
+	}
+}
+
 // A settlement whose reply was lost (the transfer happened): the buyer's
 // retry with the same payment gets the answer that was held back, with
 // PAYMENT-RESPONSE, and is charged once; the held answer survives a restart
@@ -193,38 +253,19 @@ func charged(t *testing.T, d *evmfacilitator.Devnet, payer common.Address, befor
 func TestUnknownSettlementResolvedOnRetry(t *testing.T) {
 	d, _ := sharedDevnet(t)
 	up := newUpstream(t)
-	storeDir := filepath.Join(t.TempDir(), "gate")
-	base := startCaddy(t, pendingSite(up.URL, "lose_reply", storeDir, ""))
-	url := base + "/verify/schema"
-	payer := evmfacilitator.DevAccounts()[7].Address
-	before := balance(t, d, payer)
-	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 7)
-
-	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusServiceUnavailable || strings.Contains(string(b), "paid_content") {
-		t.Fatalf("first try: status %d: %s", resp.StatusCode, b)
-	}
-	if got := charged(t, d, payer, before); got.Cmp(big.NewInt(20000)) != 0 {
-		t.Fatalf("charged %v on chain, want the one transfer", got)
-	}
+	site := pendingSite(up.URL, "lose_reply", filepath.Join(t.TempDir(), "gate"), "")
+	// The gateway restarts before the buyer retries.
+	p := payThenRestart(t, d, site, 7, replyLost, func() string { return startCaddy(t, site) })
 	calls := up.calls.Load()
 
-	// The gateway restarts before the buyer retries.
-	if err := caddy.Stop(); err != nil {
-		t.Fatal(err)
-	}
-	base = startCaddy(t, pendingSite(up.URL, "lose_reply", storeDir, ""))
-	url = base + "/verify/schema"
-
 	for i := range 2 {
-		resp = post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+		resp := post(t, p.url, validRequest, map[string]string{x402.HeaderPaymentSignature: p.sig})
 		if resp.StatusCode != http.StatusOK {
 			b, _ := io.ReadAll(resp.Body)
 			t.Fatalf("retry %d: status %d: %s", i+1, resp.StatusCode, b)
 		}
 		var sr x402.SettleResponse
-		if err := x402.DecodeHeader(resp.Header.Get(x402.HeaderPaymentResponse), &sr); err != nil || !sr.Success || !strings.EqualFold(sr.Payer, payer.Hex()) {
+		if err := x402.DecodeHeader(resp.Header.Get(x402.HeaderPaymentResponse), &sr); err != nil || !sr.Success || !strings.EqualFold(sr.Payer, p.payer.Hex()) {
 			t.Fatalf("retry %d: PAYMENT-RESPONSE (%v) %+v", i+1, err, sr)
 		}
 		paidBy(t, d, sr.Transaction)
@@ -235,7 +276,7 @@ func TestUnknownSettlementResolvedOnRetry(t *testing.T) {
 	if n := up.calls.Load(); n != calls {
 		t.Fatalf("the upstream ran %d more times; the held answer should have been served", n-calls)
 	}
-	if got := charged(t, d, payer, before); got.Cmp(big.NewInt(20000)) != 0 {
+	if got := charged(t, d, p.payer, p.before); got.Cmp(big.NewInt(20000)) != 0 {
 		t.Fatalf("charged %v after the retries, want exactly one transfer", got)
 	}
 }
@@ -875,23 +916,12 @@ func readJSONString(t *testing.T, resp *http.Response) string {
 func TestUnknownSettlementIsJudgedByTheNamedTransaction(t *testing.T) {
 	d, _ := sharedDevnet(t)
 	up := newUpstream(t)
-	storeDir := filepath.Join(t.TempDir(), "gate")
-	base := startCaddy(t, pendingSite(up.URL, "pending_named", storeDir, ""))
-	url := base + "/verify/schema"
-	payer := evmfacilitator.DevAccounts()[1].Address
-	before := balance(t, d, payer)
-	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 1)
+	site := pendingSite(up.URL, "pending_named", filepath.Join(t.TempDir(), "gate"), "")
 	sentSeen.Lock()
 	sentSeen.list = nil
 	sentSeen.Unlock()
-	if resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}); resp.StatusCode != http.StatusServiceUnavailable {
-		t.Fatalf("first try: status %d", resp.StatusCode)
-	}
-	if err := caddy.Stop(); err != nil {
-		t.Fatal(err)
-	}
-	base = startCaddy(t, pendingSite(up.URL, "pending_named", storeDir, ""))
-	resp := post(t, base+"/verify/schema", validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	p := payThenRestart(t, d, site, 1, replyLost, func() string { return startCaddy(t, site) })
+	resp := post(t, p.url, validRequest, map[string]string{x402.HeaderPaymentSignature: p.sig})
 	var sr x402.SettleResponse
 	if resp.StatusCode != http.StatusOK || x402.DecodeHeader(resp.Header.Get(x402.HeaderPaymentResponse), &sr) != nil || !sr.Success {
 		t.Fatalf("retry: status %d %+v", resp.StatusCode, sr)
@@ -902,7 +932,7 @@ func TestUnknownSettlementIsJudgedByTheNamedTransaction(t *testing.T) {
 	if len(seen) == 0 || !strings.HasPrefix(seen[len(seen)-1], "0x") || len(seen[len(seen)-1]) != 66 {
 		t.Fatalf("the gate judged by %q, want the transaction hash the facilitator named", seen)
 	}
-	if got := charged(t, d, payer, before); got.Cmp(big.NewInt(20000)) != 0 {
+	if got := charged(t, d, p.payer, p.before); got.Cmp(big.NewInt(20000)) != 0 {
 		t.Fatalf("charged %v, want exactly one transfer", got)
 	}
 }
@@ -1132,27 +1162,9 @@ func testKilledMidSettlement(t *testing.T, background bool) {
 	d, _ := sharedDevnet(t)
 	up := newUpstream(t)
 	storeDir := filepath.Join(t.TempDir(), "gate")
-	base := startCaddy(t, killSite(up.URL, "killed_devnet", storeDir))
-	url := base + "/verify/schema"
-	payer := evmfacilitator.DevAccounts()[8].Address
-	before := balance(t, d, payer)
-	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 8)
-
-	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(validRequest))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(x402.HeaderPaymentSignature, sig)
-	if resp, err := (&http.Client{Timeout: 20 * time.Second}).Do(req); err == nil {
-		resp.Body.Close()
-		t.Fatalf("the killed request was answered: %d", resp.StatusCode)
-	}
-	if got := charged(t, d, payer, before); got.Cmp(big.NewInt(20000)) != 0 {
-		t.Fatalf("charged %v before the restart, want 20000", got)
-	}
-	if err := caddy.Stop(); err != nil {
-		t.Fatal(err)
-	}
-	base = startCaddy(t, killSite(up.URL, "faulty_devnet none", storeDir))
-	url = base + "/verify/schema"
+	p := payThenRestart(t, d, killSite(up.URL, "killed_devnet", storeDir), 8, killedMidSettlement,
+		func() string { return startCaddy(t, killSite(up.URL, "faulty_devnet none", storeDir)) })
+	url, sig := p.url, p.sig
 	if background {
 		for deadline := time.Now().Add(10 * time.Second); counterValue(t, "unknown_resolved_settled") == resolved; time.Sleep(20 * time.Millisecond) {
 			if time.Now().After(deadline) {
@@ -1174,7 +1186,7 @@ func testKilledMidSettlement(t *testing.T, background bool) {
 	if resp.StatusCode != http.StatusPaymentRequired || !strings.Contains(string(b)+resp.Header.Get(x402.HeaderPaymentRequired), x402.ReasonPaymentAlreadyUsed) {
 		t.Fatalf("a second retry: %d %s; want payment_already_used (delivered once)", resp.StatusCode, b)
 	}
-	if got := charged(t, d, payer, before); got.Cmp(big.NewInt(20000)) != 0 {
+	if got := charged(t, d, p.payer, p.before); got.Cmp(big.NewInt(20000)) != 0 {
 		t.Fatalf("charged %v in all, want 20000 once", got)
 	}
 	if got := counterValue(t, "unknown_resolved_settled") - resolved; got != 1 {
@@ -1885,32 +1897,14 @@ func testKilledMidSettlementWithoutRPC(t *testing.T, background bool) {
 }
 `, strings.TrimPrefix(up.URL, "http://"), facilitator, payTo.Hex(), storeDir)
 	}
-	base := startCaddy(t, site("killed_http "+fac))
-	url := base + "/verify/schema"
 	payerIdx := 7
 	if background {
 		payerIdx = 5
 	}
-	payer := evmfacilitator.DevAccounts()[payerIdx].Address
-	before := balance(t, d, payer)
-	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), payerIdx)
-	signedAt := time.Now()
-	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(validRequest))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(x402.HeaderPaymentSignature, sig)
-	if resp, err := (&http.Client{Timeout: 20 * time.Second}).Do(req); err == nil {
-		resp.Body.Close()
-		t.Fatalf("the killed request was answered: %d", resp.StatusCode)
-	}
-	if got := charged(t, d, payer, before); got.Cmp(big.NewInt(20000)) != 0 {
-		t.Fatalf("charged %v before the restart, want 20000", got)
-	}
-	if err := caddy.Stop(); err != nil {
-		t.Fatal(err)
-	}
 	// The restarted gateway: the same store, the same remote, no rpc.
-	base = startCaddy(t, site("http "+fac))
-	url = base + "/verify/schema"
+	p := payThenRestart(t, d, site("killed_http "+fac), payerIdx, killedMidSettlement,
+		func() string { return startCaddy(t, site("http "+fac)) })
+	url, sig := p.url, p.sig
 	if !background {
 		resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
 		b, _ := io.ReadAll(resp.Body)
@@ -1919,7 +1913,7 @@ func testKilledMidSettlementWithoutRPC(t *testing.T, background bool) {
 		}
 	}
 	// Past the claim's lifetime (validBefore = signing + 12 s, plus claimGrace).
-	time.Sleep(time.Until(signedAt.Add(12*time.Second + claimGrace + 3*time.Second)))
+	time.Sleep(time.Until(p.signedAt.Add(12*time.Second + claimGrace + 3*time.Second)))
 	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
 	b, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(b), codeSettlementPending) ||
@@ -1927,7 +1921,7 @@ func testKilledMidSettlementWithoutRPC(t *testing.T, background bool) {
 		t.Errorf("retry of the charged payment after its claim lapsed: %d %.300s (PAYMENT-REQUIRED set: %v); want 503 settlement_pending",
 			resp.StatusCode, b, resp.Header.Get(x402.HeaderPaymentRequired) != "")
 	}
-	if got := charged(t, d, payer, before); got.Cmp(big.NewInt(20000)) != 0 {
+	if got := charged(t, d, p.payer, p.before); got.Cmp(big.NewInt(20000)) != 0 {
 		t.Errorf("charged %v in all, want 20000", got)
 	}
 }
@@ -1968,32 +1962,17 @@ func TestMultiMemberWithRPCReadsSettlementsWhileItsRemoteIsDown(t *testing.T) {
 }
 `, strings.TrimPrefix(up.URL, "http://"), facilitator, payTo.Hex(), storeDir)
 	}
-	base := startCaddy(t, site("killed_http "+fac))
-	url := base + "/verify/schema"
-	payerIdx := 3
-	payer := evmfacilitator.DevAccounts()[payerIdx].Address
-	before := balance(t, d, payer)
-	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), payerIdx)
-	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(validRequest))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(x402.HeaderPaymentSignature, sig)
-	if resp, err := (&http.Client{Timeout: 20 * time.Second}).Do(req); err == nil {
-		resp.Body.Close()
-		t.Fatalf("the killed request was answered: %d", resp.StatusCode)
-	}
-	if got := charged(t, d, payer, before); got.Cmp(big.NewInt(20000)) != 0 {
-		t.Fatalf("charged %v before the restart", got)
-	}
-	if err := caddy.Stop(); err != nil {
-		t.Fatal(err)
-	}
-	front, frontUp := fakeFlakyFront(t, fac) // the remote, briefly unreachable (503)
 	logFile := t.TempDir() + "/caddy.log"
-	base = startCaddyServers(t, "", logFile, site(fmt.Sprintf(`multi {
+	var frontUp *atomic.Bool
+	p := payThenRestart(t, d, site("killed_http "+fac), 3, killedMidSettlement, func() string {
+		var front *httptest.Server
+		front, frontUp = fakeFlakyFront(t, fac) // the remote, briefly unreachable (503)
+		return startCaddyServers(t, "", logFile, site(fmt.Sprintf(`multi {
 				http %s {
 					rpc devnet %s
 				}
 			}`, front.URL, d.RPCURL())))
+	})
 	time.Sleep(1500 * time.Millisecond) // background passes while the remote is down
 	frontUp.Store(true)
 	logs, _ := os.ReadFile(logFile)
@@ -2002,7 +1981,7 @@ func TestMultiMemberWithRPCReadsSettlementsWhileItsRemoteIsDown(t *testing.T) {
 	}
 	var resp *http.Response
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(300 * time.Millisecond) {
-		resp = post(t, base+"/verify/schema", validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+		resp = post(t, p.url, validRequest, map[string]string{x402.HeaderPaymentSignature: p.sig})
 		resp.Body.Close()
 		if resp.StatusCode == http.StatusOK || time.Now().After(deadline) {
 			break
@@ -2011,7 +1990,7 @@ func TestMultiMemberWithRPCReadsSettlementsWhileItsRemoteIsDown(t *testing.T) {
 	if resp.StatusCode != http.StatusOK {
 		t.Errorf("the charged buyer's retry, 10 s after the remote came back: %d; want the paid answer", resp.StatusCode)
 	}
-	if got := charged(t, d, payer, before); got.Cmp(big.NewInt(20000)) != 0 {
+	if got := charged(t, d, p.payer, p.before); got.Cmp(big.NewInt(20000)) != 0 {
 		t.Errorf("charged %v in all, want 20000", got)
 	}
 }
