@@ -434,6 +434,21 @@ func TestASettleHoldsItsChainsNonceSetAgainstRelease(t *testing.T) {
 	}
 }
 
+// shortReleaseRetry has a chain's nonce set found in use when it was let
+// go of judged again every d instead of every minute (releaseRetry), for
+// the test's length, so that a test sees it go.
+func shortReleaseRetry(t *testing.T, d time.Duration) {
+	chainNonces.mu.Lock()
+	retry := releaseRetry
+	releaseRetry = d
+	chainNonces.mu.Unlock()
+	t.Cleanup(func() {
+		chainNonces.mu.Lock()
+		releaseRetry = retry
+		chainNonces.mu.Unlock()
+	})
+}
+
 // A chain's nonce set forgotten while it kept a settlement goes once that
 // settlement's authorization has expired (no retry of it finds it then)
 // and nothing of it is pending (done): it is judged again every
@@ -442,15 +457,7 @@ func TestASettleHoldsItsChainsNonceSetAgainstRelease(t *testing.T) {
 // may still be pending past validBefore keeps the set (it holds the
 // relayer's nonce, for the next facilitator on the chain to cancel).
 func TestAForgottenChainSetGoesOnceItsSettlementsExpireResolved(t *testing.T) {
-	chainNonces.mu.Lock()
-	retry := releaseRetry
-	releaseRetry = 50 * time.Millisecond
-	chainNonces.mu.Unlock()
-	defer func() {
-		chainNonces.mu.Lock()
-		releaseRetry = retry
-		chainNonces.mu.Unlock()
-	}()
+	shortReleaseRetry(t, 50*time.Millisecond)
 	var genesis common.Hash
 	rand.Read(genesis[:])
 	set, _ := chainSet(chainIdentity{id: "1337", genesis: genesis})
@@ -487,15 +494,7 @@ func TestAForgottenChainSetGoesOnceItsSettlementsExpireResolved(t *testing.T) {
 // keeps a forgotten set in the process for good) or held below zero (let
 // go twice: a set released under a settle).
 func TestConcurrentSettlesClosesAndChainSwitchesLeaveNoSetHeld(t *testing.T) {
-	chainNonces.mu.Lock()
-	retry := releaseRetry
-	releaseRetry = 20 * time.Millisecond
-	chainNonces.mu.Unlock()
-	defer func() {
-		chainNonces.mu.Lock()
-		releaseRetry = retry
-		chainNonces.mu.Unlock()
-	}()
+	shortReleaseRetry(t, 20*time.Millisecond)
 	d := startDevnet(t, DevnetConfig{})
 	e := &testEnv{d: d}
 	tag := fmt.Sprintf("holds-%d", time.Now().UnixNano())

@@ -64,27 +64,48 @@ func settleIntoSpike(t *testing.T, receiptTimeout time.Duration) *stuckSettlemen
 	t.Helper()
 	d := startDevnet(t, DevnetConfig{gasLimit: spikeGasLimit, MaxClockLead: 20 * time.Second})
 	e := &testEnv{d: d}
-	ctx, stop := context.WithCancel(context.Background())
-	t.Cleanup(stop)
-	g := &congestion{t: t, d: d}
-	sctx, scancel := context.WithCancel(context.Background())
-	t.Cleanup(scancel)
-	sc := &gateDeadline{spikeBeforeSend: &spikeBeforeSend{Chain: d.Client(), g: g, ctx: ctx}, cancel: scancel}
-	f, err := New(Config{Chain: sc, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: receiptTimeout})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sp := startSpike(t, d, d.Client(), receiptTimeout)
 	req := e.requirements(payee, amount)
 	req.MaxTimeoutSeconds = 12
 	p := mustSignExact(t, payer, req)
-	validBefore := f.checkOwn(ctx, p, req).auth.ValidBefore.Uint64()
-	_, err = f.Settle(sctx, p, req)
+	validBefore := sp.f.checkOwn(sp.ctx, p, req).auth.ValidBefore.Uint64()
+	_, err := sp.f.Settle(sp.sctx, p, req)
 	var ue *x402.UnknownOutcomeError
 	if !errors.As(err, &ue) {
 		t.Fatalf("settle sent before the spike: %v; want an unknown outcome", err)
 	}
 	t.Logf("first settle: %v", err)
-	return &stuckSettlement{ctx: ctx, d: d, f: f, first: sc.all()[0], validBefore: validBefore}
+	return &stuckSettlement{ctx: sp.ctx, d: d, f: sp.f, first: sp.sc.all()[0], validBefore: validBefore}
+}
+
+// spike is a facilitator of a devnet's relayer whose first send a
+// base-fee spike leaves pending, and whose settle caller's deadline (the
+// gate's) ends soon after that send reached the node.
+type spike struct {
+	f    *Facilitator
+	sc   *gateDeadline
+	ctx  context.Context    // the spike's: it holds until stop, or the test's end
+	stop context.CancelFunc // ends the spike
+	sctx context.Context    // the settle caller's: pass it to Settle
+}
+
+// startSpike starts a spike on d over chain (d's client, or a fake in
+// front of it), with receiptTimeout.
+func startSpike(t *testing.T, d *Devnet, chain Chain, receiptTimeout time.Duration) *spike {
+	t.Helper()
+	sp := &spike{}
+	sp.ctx, sp.stop = context.WithCancel(context.Background())
+	t.Cleanup(sp.stop)
+	var scancel context.CancelFunc
+	sp.sctx, scancel = context.WithCancel(context.Background())
+	t.Cleanup(scancel)
+	sp.sc = &gateDeadline{spikeBeforeSend: &spikeBeforeSend{Chain: chain, g: &congestion{t: t, d: d}, ctx: sp.ctx}, cancel: scancel}
+	var err error
+	sp.f, err = New(Config{Chain: sp.sc, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: receiptTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sp
 }
 
 // waitNonceFreed waits until the settlement's authorization has expired,
@@ -174,17 +195,10 @@ func TestFollowCountsNoFailureForItsOwnPaidReplacement(t *testing.T) {
 	e := &testEnv{d: d}
 	from, p, req := contractPayer(t, e, acceptAllRuntime)
 	before := usdcBalance(t, d, from)
-	ctx, stop := context.WithCancel(context.Background())
-	defer stop()
-	sctx, scancel := context.WithCancel(context.Background())
-	defer scancel()
-	sc := &gateDeadline{spikeBeforeSend: &spikeBeforeSend{Chain: d.Client(), g: &congestion{t: t, d: d}, ctx: ctx}, cancel: scancel}
-	f, err := New(Config{Chain: sc, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 3 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sp := startSpike(t, d, d.Client(), 3*time.Second)
+	f, sc := sp.f, sp.sc
 	f.Close() // the follow-up alone, not the relayer's look-after, replaces it
-	_, err = f.Settle(sctx, p, req)
+	_, err := f.Settle(sp.sctx, p, req)
 	var ue *x402.UnknownOutcomeError
 	if !errors.As(err, &ue) {
 		t.Fatalf("settle stuck by the spike: %v; want an unknown outcome", err)
@@ -197,7 +211,7 @@ func TestFollowCountsNoFailureForItsOwnPaidReplacement(t *testing.T) {
 			break
 		}
 	}
-	stop()
+	sp.stop()
 	paid := new(big.Int).Sub(before, usdcBalance(t, d, from))
 	t.Logf("%d transactions sent; the wallet paid %s", len(sc.all()), paid)
 	if paid.Cmp(mustBig(amount)) == 0 && n != 0 {
@@ -214,15 +228,8 @@ func TestFollowHoldsItsChainsSetUntilItEnds(t *testing.T) {
 	d := startDevnet(t, DevnetConfig{gasLimit: spikeGasLimit, MaxClockLead: 20 * time.Second})
 	e := &testEnv{d: d}
 	from, p, req := contractPayer(t, e, acceptAllRuntime)
-	ctx, stop := context.WithCancel(context.Background())
-	defer stop()
-	sctx, scancel := context.WithCancel(context.Background())
-	defer scancel()
-	sc := &gateDeadline{spikeBeforeSend: &spikeBeforeSend{Chain: d.Client(), g: &congestion{t: t, d: d}, ctx: ctx}, cancel: scancel}
-	f, err := New(Config{Chain: sc, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 3 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sp := startSpike(t, d, d.Client(), 3*time.Second)
+	f := sp.f
 	set := identified(t, f).set
 	f.Close()
 	holds := func() int {
@@ -230,7 +237,7 @@ func TestFollowHoldsItsChainsSetUntilItEnds(t *testing.T) {
 		defer chainNonces.mu.Unlock()
 		return set.holds
 	}
-	if _, err := f.Settle(sctx, p, req); !errors.As(err, new(*x402.UnknownOutcomeError)) {
+	if _, err := f.Settle(sp.sctx, p, req); !errors.As(err, new(*x402.UnknownOutcomeError)) {
 		t.Fatalf("settle stuck by the spike: %v; want an unknown outcome", err)
 	}
 	if h := holds(); h != 1 {
@@ -634,29 +641,13 @@ func TestTheNextFacilitatorCancelsAStuckSettlementLeftByAnUnloadedOne(t *testing
 // varies, forget X when forget is set, and waits past validBefore: a
 // facilitator opened on X then cancels the stuck settlement.
 func stuckThenReload(t *testing.T, forget bool) {
-	chainNonces.mu.Lock()
-	retry := releaseRetry
-	releaseRetry = 50 * time.Millisecond
-	chainNonces.mu.Unlock()
-	defer func() {
-		chainNonces.mu.Lock()
-		releaseRetry = retry
-		chainNonces.mu.Unlock()
-	}()
+	shortReleaseRetry(t, 50*time.Millisecond)
 	d := startDevnet(t, DevnetConfig{gasLimit: spikeGasLimit, MaxClockLead: 20 * time.Second})
 	e := &testEnv{d: d}
 	tag := fmt.Sprintf("stuck-reload-%d", time.Now().UnixNano())
-	ctx, stop := context.WithCancel(context.Background())
-	t.Cleanup(stop)
-	g := &congestion{t: t, d: d}
-	sctx, scancel := context.WithCancel(context.Background())
-	t.Cleanup(scancel)
 	fc := &taggedChain{Chain: d.Client(), tag: tag, gate: make(chan struct{}), gated: make(chan struct{})}
-	sc := &gateDeadline{spikeBeforeSend: &spikeBeforeSend{Chain: fc, g: g, ctx: ctx}, cancel: scancel}
-	f, err := New(Config{Chain: sc, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 3 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sp := startSpike(t, d, fc, 3*time.Second)
+	f, ctx := sp.f, sp.ctx
 	// another facilitator of the key on chain X, whose endpoint's genesis answer varies
 	fv, err := New(Config{Chain: &taggedChain{Chain: d.Client(), tag: tag, flipAfter: 1}, Network: DevnetNetwork, RelayerKey: DevKey(0)})
 	if err != nil {
@@ -673,7 +664,7 @@ func stuckThenReload(t *testing.T, forget bool) {
 	validBefore := f.checkOwn(ctx, p, req).auth.ValidBefore.Uint64()
 	res := make(chan error, 1)
 	go func() {
-		_, err := f.Settle(sctx, p, req)
+		_, err := f.Settle(sp.sctx, p, req)
 		res <- err
 	}()
 	<-fc.gated // f's settle holds X, past its checks, nothing kept yet
@@ -689,7 +680,7 @@ func stuckThenReload(t *testing.T, forget bool) {
 	if !errors.As(err, &ue) {
 		t.Fatalf("settle sent before the spike: %v; want an unknown outcome", err)
 	}
-	st := &stuckSettlement{ctx: ctx, d: d, f: f, first: sc.all()[0], validBefore: validBefore}
+	st := &stuckSettlement{ctx: ctx, d: d, f: f, first: sp.sc.all()[0], validBefore: validBefore}
 	registered := func() bool {
 		chainNonces.mu.Lock()
 		defer chainNonces.mu.Unlock()
