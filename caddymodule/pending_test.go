@@ -1850,6 +1850,30 @@ func (m *fakeKilledHTTP) Settle(ctx context.Context, p x402.PaymentPayload, req 
 	panic("unreachable")
 }
 
+// expiringSite is killSite with payments valid for maxTimeout, which
+// bounds how long a held record's claim lasts, and an upstream_timeout of
+// 5s.
+func expiringSite(up, facilitator, storeDir, maxTimeout string) string {
+	return fmt.Sprintf(`:{port} {
+	route /verify/schema {
+		x402 {
+			accept {
+				network devnet
+				price $0.02
+				pay_to %[3]s
+				max_timeout %[5]s
+			}
+			upstream_timeout 5s
+			facilitator %[2]s
+			store badger %[4]s
+			public_base_url https://gateway.test
+		}
+		reverse_proxy %[1]s
+	}
+}
+`, strings.TrimPrefix(up, "http://"), facilitator, payTo.Hex(), storeDir, maxTimeout)
+}
+
 // A gateway with a remote facilitator and no rpc, killed after the remote
 // settled and before its reply: the restarted gateway cannot read the
 // chain, so the charged buyer's retry is answered settlement_pending for
@@ -1877,26 +1901,7 @@ func testKilledMidSettlementWithoutRPC(t *testing.T, background bool) {
 	d, fac := sharedDevnet(t)
 	up := newUpstream(t)
 	storeDir := filepath.Join(t.TempDir(), "gate")
-	site := func(facilitator string) string {
-		return fmt.Sprintf(`:{port} {
-	route /verify/schema {
-		x402 {
-			accept {
-				network devnet
-				price $0.02
-				pay_to %[3]s
-				max_timeout 12s
-			}
-			upstream_timeout 5s
-			facilitator %[2]s
-			store badger %[4]s
-			public_base_url https://gateway.test
-		}
-		reverse_proxy %[1]s
-	}
-}
-`, strings.TrimPrefix(up.URL, "http://"), facilitator, payTo.Hex(), storeDir)
-	}
+	site := func(facilitator string) string { return expiringSite(up.URL, facilitator, storeDir, "12s") }
 	payerIdx := 7
 	if background {
 		payerIdx = 5
@@ -1942,26 +1947,7 @@ func TestMultiMemberWithRPCReadsSettlementsWhileItsRemoteIsDown(t *testing.T) {
 	d, fac := sharedDevnet(t)
 	up := newUpstream(t)
 	storeDir := t.TempDir() + "/gate"
-	site := func(facilitator string) string {
-		return fmt.Sprintf(`:{port} {
-	route /verify/schema {
-		x402 {
-			accept {
-				network devnet
-				price $0.02
-				pay_to %[3]s
-				max_timeout 30s
-			}
-			upstream_timeout 5s
-			facilitator %[2]s
-			store badger %[4]s
-			public_base_url https://gateway.test
-		}
-		reverse_proxy %[1]s
-	}
-}
-`, strings.TrimPrefix(up.URL, "http://"), facilitator, payTo.Hex(), storeDir)
-	}
+	site := func(facilitator string) string { return expiringSite(up.URL, facilitator, storeDir, "30s") }
 	logFile := t.TempDir() + "/caddy.log"
 	var frontUp *atomic.Bool
 	p := payThenRestart(t, d, site("killed_http "+fac), 3, killedMidSettlement, func() string {
