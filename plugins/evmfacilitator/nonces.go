@@ -225,6 +225,12 @@ func newSentSettlement(tx *types.Transaction, start time.Time, validBefore *big.
 	return &sentSettlement{start: start, validBefore: validBefore, txs: []*types.Transaction{tx}, lastSent: now()}
 }
 
+// sentFor reports whether s is the settlement of c's own authorization:
+// what is kept is found by token, payer and nonce (sentOf), which another
+// authorization of the nonce shares, and only the EIP-712 digest, signed
+// over every field, tells them apart (nonceTaken).
+func (s *sentSettlement) sentFor(c *checked) bool { return s.c.digest == c.digest }
+
 // sentAt reports when the latest of its transactions was sent.
 func (s *sentSettlement) sentAt() time.Time {
 	s.mu.Lock()

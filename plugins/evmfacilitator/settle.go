@@ -205,6 +205,19 @@ func (f *Facilitator) oneSuccess(c *checked, s *sentSettlement, resp x402.Settle
 	return resp, err
 }
 
+// nonceTaken is the answer to a settle of c whose token, payer and nonce
+// a kept settlement of another authorization holds (sentFor): the same
+// nonce in another validity window, or to another payTo or value. That
+// transaction is not c's, whose transfer it never executes, so it answers
+// nothing of c: not its success, which would have one transfer answer two
+// payments (and a kept authorization that expired before the other's
+// block reaches this, checkOwn), nor its pending outcome; and c is not
+// sent, a second transaction of one nonce that reverts at the relayer's
+// gas. It is the plain nonce_already_used, naming no transaction.
+func (f *Facilitator) nonceTaken(c *checked) x402.SettleResponse {
+	return f.failure(x402.ReasonExactEVMNonceAlreadyUsed, c.payer, "the authorization nonce is taken by another authorization of it, whose settlement was sent earlier; this one is not sent", "")
+}
+
 // settle settles a payment checkOwn and checkSigner passed; pre bounds the
 // work before the send, and sent is set once the settlement transaction
 // may have reached the node.
@@ -221,6 +234,9 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 		// fails this read too), since its transaction may still land, and
 		// the look-after sends it again once the node answers.
 		if s, ok := keptOnAnyChain(f.chainID, f.relayer, k, c.keptAt, nil); ok {
+			if !s.sentFor(c) {
+				return f.nonceTaken(c), nil
+			}
 			sent.Store(true)
 			return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Err: fmt.Errorf("an earlier settle of this authorization sent %s, and its outcome was unknown; it is neither resolved nor sent again until the chain's identity can be read: %w", s.last().Hash().Hex(), err)}
 		}
@@ -239,6 +255,9 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 		}
 	}()
 	if s, ok := n.sentOf(k, c.keptAt); ok {
+		if !s.sentFor(c) {
+			return f.nonceTaken(c), nil
+		}
 		// A retry after an unknown outcome: the chain decides that
 		// settlement's outcome (resolve), and nothing more is sent but a
 		// replacement of its transaction at a higher fee.
@@ -248,6 +267,9 @@ func (f *Facilitator) settle(ctx, pre context.Context, c *checked, sent *atomic.
 		return f.oneSuccess(c, s, resp, err)
 	}
 	if s, ok := f.keptOnFormerChain(k, c.keptAt, n); ok {
+		if !s.sentFor(c) {
+			return f.nonceTaken(c), nil
+		}
 		// Sent on a chain the endpoint no longer reaches: its outcome
 		// cannot be read here, and the authorization, unused on this
 		// chain, is not sent on it (a second payment of one).

@@ -433,3 +433,67 @@ func TestNonceStateBeforeTheMarginRefusalIsReadOnlyForItAndFailsClosed(t *testin
 		t.Errorf("Verify of a settled payment 4 s before validBefore, its nonce unreadable = %+v; want an error", v)
 	}
 }
+
+// A settlement kept after an unknown outcome answers only the
+// authorization it was sent for (its EIP-712 digest), not every one of
+// its token, payer and nonce: another authorization of the nonce (the
+// same payer, payTo and value, another validBefore) is
+// nonce_already_used naming no transaction and sends nothing, while the
+// kept one is pending and once it landed, and the kept authorization's
+// own retry is then the one success. (Before: an authorization that had
+// expired one second before the kept one's block, so it never executed,
+// was answered success naming that transaction, and the kept one's own
+// retry nonce_already_used: one transfer answered two payments.)
+func TestKeptSettlementAnswersOnlyItsOwnAuthorization(t *testing.T) {
+	e := newEnv(t)
+	hc := &fakeHeldSends{Chain: e.d.Client()}
+	f, err := New(Config{Chain: hc, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 1500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	req := e.requirements(payee, amount)
+	from := crypto.PubkeyToAddress(payer.PublicKey)
+	before := usdcBalance(t, e.d, from)
+	b := auth(payer, req)
+	pb := sign(t, payer, b, req, req)
+	var ue *x402.UnknownOutcomeError
+	if r, err := f.Settle(context.Background(), pb, req); !errors.As(err, &ue) {
+		t.Fatalf("settle of B = %+v, %v; want an unknown outcome", r, err)
+	}
+	refused := func(what string, a x402.Authorization) {
+		t.Helper()
+		r, err := f.Settle(context.Background(), sign(t, payer, a, req, req), req)
+		if err != nil || r.Success || r.ErrorReason != x402.ReasonExactEVMNonceAlreadyUsed || r.Transaction != "" {
+			t.Errorf("settle of %s = %+v, %v; want %s naming no transaction", what, r, err, x402.ReasonExactEVMNonceAlreadyUsed)
+		}
+	}
+	later := b
+	vb, _ := new(big.Int).SetString(b.ValidBefore, 10)
+	later.ValidBefore = vb.Add(vb, big.NewInt(1)).String()
+	refused("another authorization of B's nonce while B is pending", later)
+	first, n := hc.sentNonces()
+	if n != 1 {
+		t.Fatalf("the relayer sent with %d nonces; want B's alone", n)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := hc.release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rcpt := waitMined(t, e, first.Hash())
+	h, err := e.d.Client().HeaderByNumber(ctx, rcpt.BlockNumber)
+	if err != nil {
+		t.Fatal(err)
+	}
+	expired := b
+	expired.ValidBefore = fmt.Sprint(h.Time - 1)
+	refused("an authorization of B's nonce that expired before B's block", expired)
+	r, err := f.Settle(context.Background(), pb, req)
+	if err != nil || !r.Success || r.Transaction != first.Hash().Hex() {
+		t.Errorf("retry of B once mined = %+v, %v; want success naming %s", r, err, first.Hash().Hex())
+	}
+	if spent := new(big.Int).Sub(before, usdcBalance(t, e.d, from)); spent.String() != amount {
+		t.Errorf("payer charged %s; want %s, once", spent, amount)
+	}
+}
