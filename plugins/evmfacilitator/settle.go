@@ -447,8 +447,13 @@ func (f *Facilitator) mayRunCode(c *checked) bool { return c.codeRead && c.hasCo
 // telling apart the case that matters to a caller retrying /settle after a
 // lost reply (this instance restarted, or another settled it): when the
 // nonce was used by this authorization's own transfer to payTo (judged as
-// usedStatus judges it, from the logs alone), the answer names that
-// transaction and says the payment was already settled. The reason stays
+// usedStatus judges it, from the logs alone, in a block where it could
+// have executed: nonceUse.within), the answer names that transaction and
+// says the payment was already settled. Another authorization of the
+// nonce (the same payer, payTo and value, another validity window) whose
+// transfer landed after this one expired, or before it was valid, carries
+// the same logs but was never this payment: named, it would tell a payer
+// charged nothing for it that it paid. The reason stays
 // the reference facilitator's nonce_already_used. The search covers the
 // blocks from sentSlack before now (findNonceLog), where such a retry's
 // settlement is; one further back leaves the plain refusal, which tells
@@ -477,7 +482,7 @@ func (f *Facilitator) alreadyUsed(ctx context.Context, c *checked, now time.Time
 	if err != nil {
 		return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Err: err} // findNonceUse's error says what is unknown
 	}
-	if u.log != nil {
+	if u.within(c.auth) {
 		st, err := u.judge(c.token, c.auth)
 		switch {
 		case err != nil:

@@ -497,3 +497,55 @@ func TestKeptSettlementAnswersOnlyItsOwnAuthorization(t *testing.T) {
 		t.Errorf("payer charged %s; want %s, once", spent, amount)
 	}
 }
+
+// An authorization whose nonce another authorization used in a block
+// past its validBefore never executed: its settle is nonce_already_used
+// naming no transaction, through the facilitator that settled the other
+// and through one that keeps nothing of it, as a status check judges it
+// (nonceUse.within). (Before: both named the other's transaction, which
+// tells the caller this payment was already settled by it.)
+func TestExpiredAuthorizationIsNotNamedAnotherAuthorizationsTransaction(t *testing.T) {
+	d := startDevnet(t, DevnetConfig{})
+	e := &testEnv{d: d}
+	open := func(key int) *Facilitator {
+		t.Helper()
+		f, err := New(Config{Chain: d.Client(), Network: DevnetNetwork, RelayerKey: DevKey(key), PollInterval: 20 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		identified(t, f)
+		return f
+	}
+	f := open(0)
+	req := e.requirements(payee, amount)
+	b := auth(payer, req)
+	rb, err := f.Settle(context.Background(), sign(t, payer, b, req, req), req)
+	if err != nil || !rb.Success {
+		t.Fatalf("settle of B = %+v, %v", rb, err)
+	}
+	rcpt, err := d.Client().TransactionReceipt(context.Background(), common.HexToHash(rb.Transaction))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := d.Client().HeaderByNumber(context.Background(), rcpt.BlockNumber)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := b
+	a.ValidBefore = fmt.Sprint(h.Time - 1)
+	pa := sign(t, payer, a, req, req)
+	for _, c := range []struct {
+		who string
+		f   *Facilitator
+	}{{"the facilitator that settled B", f}, {"another relayer's facilitator", open(1)}} {
+		r, err := c.f.Settle(context.Background(), pa, req)
+		if err != nil || r.Success || r.ErrorReason != x402.ReasonExactEVMNonceAlreadyUsed || r.Transaction != "" {
+			t.Errorf("%s: settle of A, expired before B's block = %+v, %v; want %s naming no transaction (B's %s is not A's)", c.who, r, err, x402.ReasonExactEVMNonceAlreadyUsed, rb.Transaction)
+		}
+	}
+	// B's own retry still names its transaction.
+	if r, err := f.Settle(context.Background(), sign(t, payer, b, req, req), req); err != nil || r.ErrorReason != x402.ReasonExactEVMNonceAlreadyUsed || r.Transaction != rb.Transaction {
+		t.Errorf("retry of B = %+v, %v; want %s naming %s", r, err, x402.ReasonExactEVMNonceAlreadyUsed, rb.Transaction)
+	}
+}
