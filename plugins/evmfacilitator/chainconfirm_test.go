@@ -97,6 +97,39 @@ func TestKeptRetryDuringGenesisReadFailureIsUnknownOutcome(t *testing.T) {
 	}
 }
 
+// What is kept answers only its own authorization while the genesis read
+// fails too: another authorization of the kept settlement's nonce (one
+// second more of validity) is nonce_already_used naming no transaction,
+// nothing sent, as with the chain identified. (Before: it was told the
+// outcome of "an earlier settle of this authorization" was unknown, of a
+// transaction that is not its own.)
+func TestAnotherAuthorizationOfAKeptNonceDuringGenesisReadFailureIsNonceAlreadyUsed(t *testing.T) {
+	d := startDevnet(t, DevnetConfig{})
+	vc := &droppingSends{Chain: d.Client(), drop: 2}
+	oc := &genesisOutage{Chain: vc}
+	f, err := New(Config{Chain: oc, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 1500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	req := (&testEnv{d: d}).requirements(payee, amount)
+	b := auth(payer, req)
+	var ue *x402.UnknownOutcomeError
+	if r, err := f.Settle(context.Background(), sign(t, payer, b, req, req), req); !errors.As(err, &ue) {
+		t.Fatalf("first settle = %+v, %v; want an unknown outcome", r, err)
+	}
+	other := b
+	vb, _ := new(big.Int).SetString(b.ValidBefore, 10)
+	other.ValidBefore = vb.Add(vb, big.NewInt(1)).String()
+	oc.down.Store(true)
+	time.Sleep(4 * sharedReadLead) // past any reading of the genesis block that began before
+	r, err := f.Settle(context.Background(), sign(t, payer, other, req, req), req)
+	oc.down.Store(false)
+	if err != nil || r.Success || r.ErrorReason != x402.ReasonExactEVMNonceAlreadyUsed || r.Transaction != "" {
+		t.Errorf("another authorization of the kept nonce while the genesis read fails = %+v, %v; want %s naming no transaction", r, err, x402.ReasonExactEVMNonceAlreadyUsed)
+	}
+}
+
 // readGenesis has f read its chain's genesis block afresh, as a resend
 // or a replacement does, not shared with one that began before.
 func readGenesis(t testing.TB, f *Facilitator) {

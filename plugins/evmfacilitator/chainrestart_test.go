@@ -98,7 +98,8 @@ func TestASettlementKeptOnOneChainIsNeverSentOnTheChainThatReplacedIt(t *testing
 	}
 	defer f.Close()
 	req := (&testEnv{d: ep.d}).requirements(payee, amount)
-	pay := mustSignExact(t, payer, req)
+	b := auth(payer, req)
+	pay := sign(t, payer, b, req, req)
 	_, err = f.Settle(context.Background(), pay, req)
 	var ue *x402.UnknownOutcomeError
 	if !errors.As(err, &ue) {
@@ -113,6 +114,14 @@ func TestASettlementKeptOnOneChainIsNeverSentOnTheChainThatReplacedIt(t *testing
 	r, err := f.Settle(context.Background(), pay, req) // the client's retry
 	if !errors.As(err, &ue) || r.Success {
 		t.Errorf("retry after the chain behind the endpoint changed = %+v, %v; want an unknown outcome", r, err)
+	}
+	// Another authorization of its nonce is not answered from it, nor sent.
+	other := b
+	vb, _ := new(big.Int).SetString(b.ValidBefore, 10)
+	other.ValidBefore = vb.Add(vb, big.NewInt(1)).String()
+	r, err = f.Settle(context.Background(), sign(t, payer, other, req, req), req)
+	if err != nil || r.Success || r.ErrorReason != x402.ReasonExactEVMNonceAlreadyUsed || r.Transaction != "" {
+		t.Errorf("another authorization of the kept nonce after the chain changed = %+v, %v; want %s naming no transaction", r, err, x402.ReasonExactEVMNonceAlreadyUsed)
 	}
 	for deadline := time.Now().Add(6 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 		if rc, err := ep.d.Client().TransactionReceipt(context.Background(), lost.Hash()); err == nil {
