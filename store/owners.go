@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/dgraph-io/badger/v4"
@@ -123,49 +124,94 @@ func BindableAgentID(id string) bool {
 	return !strings.ContainsFunc(id, blankRune) && !ImitatesAddress(id)
 }
 
-// ImitatesAddress reports whether id writes an address, or any other run
-// of 32 or more visible characters (an EVM address is 42, a Solana one 32
-// to 44, a CAIP-10 account id more), in characters that only look like
-// ASCII ones: a run of characters each visible ASCII or one whose UTS #39
-// skeleton (Unicode's confusables data) or NFKC form is, with at least
-// one of the latter. 0x52908400098527886Е0F… with a Cyrillic Е, a fullwidth or
-// mathematical address, or a CAIP-10 id with U+A789 or U+2236 for its
-// colons all read as the victim's account, whose owned score such an id
-// would pass for. A space, or a character with no single ASCII lookalike
-// (ä, и, 代), ends a run: an honest name in any script, or ASCII with a
-// few such letters, stays bindable.
+// ImitatesAddress reports whether id, which is not all ASCII, holds
+// something that reads as an address: a run of 32 or more letters and
+// digits (an EVM address is 42, a Solana one 32 to 44), one of them at
+// least a digit, counting as letters and digits every character that
+// reads as ASCII ones. Those are the characters whose NFKC form or UTS #39
+// skeleton (Unicode's confusables data), less any combining marks, is
+// ASCII letters and digits (Cyrillic а, fullwidth ０, mathematical 𝟶, ﬀ
+// for "ff", ⅱ for "ii", Ẹ for E), any decimal digit of another script
+// (Khmer ០), and combining marks, which a run reads through. So
+// 0x52908400098527886Е0F… with a Cyrillic Е, an address in fullwidth or
+// mathematical digits, and the victim's own address after lookalike
+// colons (eip155꞉8453꞉0x…, eip155፡8453፡0x…) all are refused: each reads as
+// the victim's account, whose owned score it would pass for. An id all
+// ASCII reads as what it is, and a long word with no digit
+// (Donaudampfschifffahrtsgesellschaftskapitän) is no address; names with
+// punctuation between words (o’reilly-support-agent) never make a run.
 func ImitatesAddress(id string) bool {
-	run, lookalike := 0, false
+	if isASCII(id) {
+		return false
+	}
+	run, digit := 0, false
 	for _, r := range id {
+		n, d := alnumUnits(r)
 		switch {
-		case r < utf8.RuneSelf && isGraphicASCII(byte(r)):
-			run++
-		case r >= utf8.RuneSelf && looksGraphicASCII(r):
-			run, lookalike = run+1, true
+		case n > 0:
+			run, digit = run+n, digit || d
+		case unicode.In(r, unicode.Mn, unicode.Me):
+			continue // read through, on whatever it marks
 		default:
-			run, lookalike = 0, false
+			run, digit = 0, false
 			continue
 		}
-		if lookalike && run >= 32 {
+		if run >= 32 && digit {
 			return true
 		}
 	}
 	return false
 }
 
-// looksGraphicASCII reports whether r's skeleton, or its NFKC form, is one
-// visible ASCII character (Cyrillic а, mathematical 𝟶, U+A789 for ':';
-// fullwidth ０, which the confusables data leaves to NFKC).
-func looksGraphicASCII(r rune) bool {
-	for _, f := range []string{confusables.Skeleton(string(r)), norm.NFKC.String(string(r))} {
-		if len(f) == 1 && isGraphicASCII(f[0]) {
-			return true
+// alnumUnits is how many ASCII letters and digits r reads as (0: none, it
+// ends a run), and whether a digit is among them.
+func alnumUnits(r rune) (int, bool) {
+	if r < utf8.RuneSelf {
+		if c := byte(r); isAlnum(c) {
+			return 1, '0' <= c && c <= '9'
+		}
+		return 0, false
+	}
+	for _, f := range []string{norm.NFKC.String(string(r)), confusables.Skeleton(string(r))} {
+		if a := unmarked(f); a != "" {
+			return len(a), strings.ContainsAny(a, "0123456789")
 		}
 	}
-	return false
+	if unicode.IsDigit(r) {
+		return 1, true
+	}
+	return 0, false
 }
 
-func isGraphicASCII(c byte) bool { return '!' <= c && c <= '~' }
+// unmarked is s less its combining marks, when that is ASCII letters and
+// digits; "" otherwise.
+func unmarked(s string) string {
+	s = strings.Map(func(r rune) rune {
+		if unicode.In(r, unicode.Mn, unicode.Me) {
+			return -1
+		}
+		return r
+	}, norm.NFD.String(s))
+	for i := 0; i < len(s); i++ {
+		if !isAlnum(s[i]) {
+			return ""
+		}
+	}
+	return s
+}
+
+func isAlnum(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z'
+}
+
+func isASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= utf8.RuneSelf {
+			return false
+		}
+	}
+	return true
+}
 
 // blankRune reports the characters the FreeformClass admits as symbols or
 // letters that fonts draw as nothing at all: U+2800 BRAILLE PATTERN BLANK,

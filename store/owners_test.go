@@ -224,6 +224,10 @@ func TestBindableAgentID(t *testing.T) {
 		"Donaudampfschifffahrtsgesellschaftskapitän",      // ä has no single ASCII lookalike
 		"ВерификацияСчетовФактурДляКомпании2024",
 		"my-agent:Donaudampfschifffahrtsgesellschaftskapitän",
+		"o\u2019reilly-customer-support-assistant", // a typographic apostrophe
+		"acme-invoice-processing-agent\u2013production",
+		"latency-\u03bcs-benchmark-agent-for-acme-corp",
+		"\u0441\u043e\u0440\u043e\u043a-\u043f\u0435\u0440\u0435\u0432\u043e\u0437\u0447\u0438\u043a-invoice-agent-2024",
 	} {
 		if !BindableAgentID(id) {
 			t.Errorf("BindableAgentID(%q) = false, want true", id)
@@ -261,7 +265,14 @@ func TestBindableAgentID(t *testing.T) {
 		"eip155\ua7898453\ua789" + victim,                             // U+A789 modifier letter colon for ':'
 		"eip155\u22368453\u2236" + victim,                             // U+2236 ratio for ':'
 		"solana\ua7895eykt4UsFv8P8NJdTREpY1vzqKqZKvdp\ua7897EcDhSYGxXyscszYEp35KHN8vvw3svAuLKTzXwCFLtV",
-		lookalikes("0x5290840009852788ae0c7030069857c2e4169ee7"), // no ASCII at all: monospace digits, Cyrillic х а с е
+		lookalikes("0x5290840009852788ae0c7030069857c2e4169ee7"),               // no ASCII at all: monospace digits, Cyrillic х а с е
+		"0x1234567890abcdef1234\ufb00567890abcdef123456",                       // ﬀ for ff
+		"7xKXtg2CW87d97TXJSDpbD5jBk\u2171TqA83TZRuJosgAsU",                     // ⅱ for ii
+		"0x1234567890\u0430bcdef1234\u0323ff567890abcdef123456",                // a combining dot below
+		"0x1234567890abcdef1234ff5678\u17e0abcdef123456",                       // Khmer zero
+		"eip155\u13618453\u13610x52908400098527886E0F7030069857D2E4169EE7",     // Ethiopic wordspace for ':'
+		"eip155\u0f148453\u0f140x52908400098527886E0F7030069857D2E4169EE7",     // Tibetan gter tsheg for ':'
+		"eip155\ua7898453\ua7890x1234567890abcdef1234\ufb00567890abcdef123456", // both
 	} {
 		if BindableAgentID(id) {
 			t.Errorf("BindableAgentID(%q) = true, want false", id)
