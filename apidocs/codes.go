@@ -89,6 +89,7 @@ var PaymentCodes = []PaymentCode{
 	{x402.ReasonInvalidTransactionState, "The payment transaction is in a state the facilitator cannot settle; sign a new payment."},
 	{x402.ReasonUnexpectedVerifyError, "The facilitator could not check the payment for a reason it did not name; nothing was charged, try again."},
 	{x402.ReasonUnexpectedSettleError, "Settlement failed for a reason the facilitator did not name; nothing was charged."},
+	{x402.ReasonFacilitatorUnavailable, "The facilitator could not settle the payment now and sent nothing (its configuration was being unloaded, or it could not read its chain or store); nothing was charged, send the same payment again."},
 	{x402.ReasonExactEVMScheme, "The payment is not an `exact` EVM payment; pay with an offer of PAYMENT-REQUIRED."},
 	{x402.ReasonExactEVMNetworkMismatch, "The payment is for another chain than the offer; sign it for the offer's `network`."},
 	{x402.ReasonExactEVMRecipientMismatch, "`authorization.to` is not the offer's `payTo`; sign a payment to `payTo`."},

@@ -194,7 +194,12 @@ func (h *facilitatorHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		if err != nil {
-			writeError(w, apierr.Unavailable("facilitator", 1, err))
+			// Any other error means nothing was settled (Facilitator). It
+			// is said as a settle answer, success false: a remote gate's
+			// client reads a 5xx without a verdict as an unknown outcome
+			// (any proxy in between may answer one), and would hold a
+			// payment never sent, its buyer told not to pay again.
+			writeJSON(w, http.StatusOK, notSettled(req))
 			return
 		}
 		if resp.Network == "" {
@@ -267,13 +272,32 @@ func pendingSettlement(unknown *UnknownOutcomeError, req FacilitatorRequest) Set
 		}
 	}
 	if sr.Payer == "" {
-		if pl, err := ParseExactEVMPayload(req.PaymentPayload.Payload); err == nil {
-			if v, err := pl.Authorization.Values(); err == nil {
-				sr.Payer = v.From.Hex()
-			}
-		}
+		sr.Payer = evmPayer(req)
 	}
 	return sr
+}
+
+// notSettled answers a settlement the facilitator could not make, having
+// sent nothing, in the x402 settle shape: success false,
+// facilitator_unavailable, the network and the payer. The cause stays out
+// of it, as pendingSettlement's does.
+func notSettled(req FacilitatorRequest) SettleResponse {
+	return SettleResponse{
+		ErrorReason:  ReasonFacilitatorUnavailable,
+		ErrorMessage: "The facilitator could not settle the payment now and nothing was settled; send it again.",
+		Network:      req.PaymentRequirements.Network,
+		Payer:        evmPayer(req),
+	}
+}
+
+// evmPayer is the payer of an exact EVM payment, "" for any other.
+func evmPayer(req FacilitatorRequest) string {
+	if pl, err := ParseExactEVMPayload(req.PaymentPayload.Payload); err == nil {
+		if v, err := pl.Authorization.Values(); err == nil {
+			return v.From.Hex()
+		}
+	}
+	return ""
 }
 
 // readFacilitatorRequest reads and checks a /verify or /settle body.

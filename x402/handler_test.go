@@ -233,7 +233,10 @@ func TestFacilitatorHandlerRefusals(t *testing.T) {
 // a settle answer, settlement_pending with the payment's payer and network
 // and no transaction, never the error shape that says charged false
 // (Before: 503 upstream_unavailable, "charged": false); any other settle
-// error, nothing sent, stays 503 with Retry-After.
+// error, nothing sent, is a settle answer too: success false,
+// facilitator_unavailable, which a remote gate's client reads as nothing
+// settled. (Before: 503 with Retry-After, which the client reads as an
+// unknown outcome, holding a payment never sent.)
 func TestFacilitatorHandlerUnknownSettlement(t *testing.T) {
 	var whole map[string]json.RawMessage
 	json.Unmarshal([]byte(validPayloadJSON), &whole)
@@ -265,7 +268,18 @@ func TestFacilitatorHandlerUnknownSettlement(t *testing.T) {
 		t.Fatalf("body %s: the internal cause leaked, or it claims to know whether the payer was charged", w.Body)
 	}
 	w = serve(errors.New("signer unavailable"))
-	if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") == "" {
-		t.Fatalf("a settle error with nothing sent: status %d, Retry-After %q", w.Code, w.Header().Get("Retry-After"))
+	got = SettleResponse{}
+	if err := json.Unmarshal(w.Body.Bytes(), &got); err != nil || w.Code != http.StatusOK || got.Success ||
+		got.ErrorReason != ReasonFacilitatorUnavailable || !strings.EqualFold(got.Payer, pl.Authorization.From) || strings.Contains(w.Body.String(), "signer") {
+		t.Fatalf("a settle error with nothing sent: status %d, body %s; want 200, success false, facilitator_unavailable, no cause", w.Code, w.Body)
+	}
+	// Through the HTTP client a remote gate uses: an answer, not an
+	// unknown outcome.
+	srv := httptest.NewServer(NewFacilitatorHandler(&fakeFacilitator{settleErr: errors.New("signer unavailable")}))
+	defer srv.Close()
+	c := NewHTTPFacilitator(HTTPFacilitatorConfig{URL: srv.URL, Backoff: time.Millisecond})
+	sr, err := c.Settle(context.Background(), PaymentPayload{X402Version: 2, Accepted: accepted, Payload: whole["payload"]}, accepted)
+	if err != nil || sr.Success || sr.ErrorReason != ReasonFacilitatorUnavailable {
+		t.Fatalf("the remote client read a settle error with nothing sent as %+v, %v; want the answer success false, facilitator_unavailable", sr, err)
 	}
 }

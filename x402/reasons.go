@@ -72,6 +72,15 @@ const (
 	// new nonce is needed.
 	ReasonPaymentAlreadyUsed = "payment_already_used"
 
+	// ReasonFacilitatorUnavailable is ours: the facilitator could not
+	// settle the payment now (its configuration was unloaded, its chain or
+	// store could not be read before anything was sent) and sent nothing.
+	// Nothing was charged; the same payment may be sent again. Unlike
+	// unexpected_settle_error, which the official facilitators also
+	// answer for sends they could not see through, it never means the
+	// payment may have settled.
+	ReasonFacilitatorUnavailable = "facilitator_unavailable"
+
 	// ReasonSettlementPending is ours (later reference SDKs use the same
 	// name): the settlement was submitted but its outcome is not known yet.
 	// It is never a reason to pay again.
