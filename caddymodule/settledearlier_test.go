@@ -188,7 +188,9 @@ func resignUsed(t *testing.T, offer x402.PaymentRequirements, p x402.PaymentPayl
 // the first costs at most one chain read (authorizationState). The settled
 // payment itself, and an authorization whose window holds its block, is
 // told it settled earlier; one whose window closed before gets the
-// facilitator's refusal.
+// facilitator's refusal: the nonce is used (the facilitator reads the
+// nonce of an expired authorization before refusing it for time, as a
+// retry of its own landed settlement is answered so).
 func TestSettledEarlierRemembersAUsedNoncesSearch(t *testing.T) {
 	url, p, pl, calls, up := settledElsewhere(t)
 	pr := paymentRequired(t, post(t, url, "", nil))
@@ -207,7 +209,7 @@ func TestSettledEarlierRemembersAUsedNoncesSearch(t *testing.T) {
 		}, x402.ReasonPaymentAlreadyUsed},
 		{"the payer's re-signed authorization of the used nonce, its window closed before the settlement", func(i int) string {
 			return resignUsed(t, pr.Accepts[0], p, pl, 4, "0", fmt.Sprint(time.Now().Add(-time.Duration(10+i)*time.Minute).Unix()))
-		}, x402.ReasonExactEVMValidBefore},
+		}, x402.ReasonExactEVMNonceAlreadyUsed},
 	}
 	for _, c := range cases {
 		var reads []int64
