@@ -42,7 +42,8 @@ import (
 // nonceManager hands out one account's nonces on one chain, one at a time.
 // Signing and sending happen under its lock, so concurrent transactions get
 // consecutive nonces in the order the node sees them; after a nonce error
-// it re-reads the pending nonce from the chain and tries once more.
+// it re-reads the pending nonce from the chain and tries once more, past
+// the nonce refused when the refusal shows the node holds it (nonceHeld).
 //
 // There is one per (chain, account) in the process (chainNonces), shared
 // by every facilitator of the account and by the devnet's own sends: two
@@ -450,13 +451,20 @@ func (n *nonceManager) submit(wait, ctx context.Context, chain txSender, sign fu
 	if n.stale.Swap(false) {
 		n.known = false
 	}
+	// held is the least nonce the node may not hold: past one its refusal
+	// showed its pool holds (nonceHeld), so that the retry's read cannot
+	// take it again. A node's pending nonce may lag a transaction it has just
+	// taken: go-ethereum counts one only once its pool's background loop
+	// promotes it, so a read right after an unanswered send may name that
+	// send's nonce, and the retry, reading it again, was refused again.
+	var held uint64
 	for attempt := 0; ; attempt++ {
 		if !n.known {
 			next, err := chain.PendingNonceAt(wait, n.addr)
 			if err != nil {
 				return nil, fmt.Errorf("reading the nonce: %w", err)
 			}
-			n.next, n.known = next, true
+			n.next, n.known = max(next, held), true
 		}
 		if err := cmp.Or(wait.Err(), ctx.Err()); err != nil {
 			return nil, fmt.Errorf("reading the nonce: %w", err)
@@ -482,6 +490,9 @@ func (n *nonceManager) submit(wait, ctx context.Context, chain txSender, sign fu
 			n.known = false
 			return nil, &unknownSend{tx: tx, err: err}
 		case isNonceError(reason) && attempt == 0:
+			if nonceHeld(reason) {
+				held = tx.Nonce() + 1
+			}
 			n.known = false
 			continue
 		}
@@ -499,6 +510,16 @@ func isNonceError(msg string) bool {
 	msg = strings.ToLower(msg)
 	return strings.Contains(msg, "nonce too low") || strings.Contains(msg, "nonce too high") ||
 		strings.Contains(msg, "replacement transaction underpriced")
+}
+
+// nonceHeld reports whether a nonce error proves the node's pool holds a
+// transaction of the account with the nonce refused ("replacement
+// transaction underpriced"), which its pending nonce may not count yet.
+// "Nonce too low" is left to the read: the node's chain is past the nonce,
+// and so is its pending nonce, unless the answer came from another node
+// than the read (a load balancer's), when the read is the better guess.
+func nonceHeld(msg string) bool {
+	return strings.Contains(strings.ToLower(msg), "replacement transaction underpriced")
 }
 
 // sendRefusals are the answers to eth_sendRawTransaction that prove the
