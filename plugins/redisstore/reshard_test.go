@@ -201,8 +201,12 @@ func TestWaitedWritesFollowAMovedSlot(t *testing.T) {
 // failOver kills the primary serving key's slot and has its replica take
 // over (CLUSTER FAILOVER TAKEOVER), then moves a replica of another
 // primary under the new one (as replica migration does), so that it has
-// a replica of its own for wait_replicas. It returns once the new primary
-// has it, the Cluster recovered; and the dead primary's address.
+// a replica of its own for wait_replicas. It returns once that replica
+// acknowledges a write of key's slot on the new primary (a WAIT after it,
+// as a store's write does), the Cluster recovered; and the dead primary's
+// address. (Before: it returned once the new primary listed its replica
+// online, and for up to a second more under load WAIT found none that
+// acknowledged: the store's next write was refused as not replicated.)
 func failOver(t *testing.T, ctx context.Context, cl *servers.Cluster, key string) (dead string) {
 	t.Helper()
 	a, _, _ := slotOwner(t, ctx, clusterNodes(t, ctx, cl), key)
@@ -246,12 +250,20 @@ func failOver(t *testing.T, ctx context.Context, cl *servers.Cluster, key string
 	if err := spare.Do(ctx, "cluster", "replicate", nodeID(t, ctx, rep)).Err(); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(15 * time.Second); !strings.Contains(rep.Info(ctx, "replication").Val(), "state=online"); time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var acked *redis.Cmd
+		rep.Pipelined(ctx, func(p redis.Pipeliner) error { // one connection: WAIT counts its writes
+			p.Set(ctx, key+":replicated", 1, 0)
+			acked = p.Do(ctx, "wait", 1, 1000)
+			return nil
+		})
+		if n, err := acked.Int64(); err == nil && n >= 1 {
+			return dead
+		}
 		if time.Now().After(deadline) {
-			t.Fatal("the new primary never got its replica")
+			t.Fatalf("the new primary's replica never acknowledged a write: %v, %q", acked, rep.Info(ctx, "replication").Val())
 		}
 	}
-	return dead
 }
 
 // TestWritesFollowAFailoverFromADeadPrimary: the claims' primary dies and
@@ -271,7 +283,9 @@ func TestWritesFollowAFailoverFromADeadPrimary(t *testing.T) {
 	defer cancel()
 	stores := map[string]*Store{}
 	for name, wait := range map[string]int{"with wait_replicas 1": 1, "without wait_replicas": 0} {
-		m := &RedisStore{Addresses: cl.Addrs, Cluster: true, Prefix: "fo", WaitReplicas: wait}
+		// A WAIT of two seconds, not the default 100 ms: a replica starved of
+		// the CPU on a loaded machine is no failover's doing.
+		m := &RedisStore{Addresses: cl.Addrs, Cluster: true, Prefix: "fo", WaitReplicas: wait, WaitTimeout: caddy.Duration(2 * time.Second)}
 		if err := m.Provision(cctx); err != nil {
 			t.Fatal(err)
 		}
