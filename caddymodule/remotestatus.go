@@ -162,7 +162,10 @@ func (m *MultiFacilitator) readsSettlements(ctx context.Context, offer x402.Paym
 // memberReads is the one rule for whether member i reads offer's
 // settlements: a remote one (settlementReader) with an rpc endpoint for
 // the network; an embedded one that settles the network, by its own
-// answer, never a remote's.
+// answer, never a remote's, and for Solana only the payments whose fee
+// payer it manages (managesFeePayer), as pick sends it only those: it
+// answers any other's status with "the fee payer is not this
+// facilitator's", for ever.
 func (m *MultiFacilitator) memberReads(ctx context.Context, i int, offer x402.PaymentRequirements) bool {
 	f := m.fs[i]
 	if sr, ok := f.(settlementReader); ok {
@@ -176,7 +179,7 @@ func (m *MultiFacilitator) memberReads(ctx context.Context, i int, offer x402.Pa
 		return false
 	}
 	for _, k := range s.Kinds {
-		if settlesKind(k, offer) {
+		if settlesKind(k, offer) && managesFeePayer(k, offer) {
 			return true
 		}
 	}

@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"bytes"
+	"context"
 	"crypto/ed25519"
 	"crypto/sha256"
 	"fmt"
@@ -354,4 +355,57 @@ func TestRemoteSolanaLostReplyOfTheOfficialFacilitator(t *testing.T) {
 		t.Fatalf("charged %d, upstream ran %d times", got, up.n.Load())
 	}
 	waitOutcomes(t, up, "v-1=paid")
+}
+
+// multi { http <remote settling Solana with fee payer X, no rpc>; svm
+// <fee payer Y> }: a Solana payment is read by a member only when that
+// member manages the payment's fee payer, as it is settled only by one.
+// X's payment is settled by the remote, which cannot read it: it counts
+// unreadable (marked, never asked of the buyer again) and its status
+// question goes to the remote, whose answer says why. Y's is read by the
+// svm member. (Before: the svm member counted as reading X's payments
+// too, so the payment counted readable and its status question went to
+// the svm member, which answered "fee payer is not this facilitator's"
+// for ever.)
+func TestMultiReadsASolanaPaymentOnlyThroughItsFeePayersManager(t *testing.T) {
+	f, err := svmfacilitator.New(svmfacilitator.Config{RPC: &svmfacilitator.RPC{URL: "http://127.0.0.1:1"},
+		Network: x402.NetworkSolanaDevnet, FeePayer: svmfacilitator.DevFeePayer()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svm := &SVMFacilitator{f: f}
+	seed := sha256.Sum256([]byte("caddymodule remote fee payer"))
+	var x svmfacilitator.PublicKey
+	copy(x[:], ed25519.NewKeyFromSeed(seed[:]).Public().(ed25519.PublicKey))
+	fac := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"kinds":[{"x402Version":2,"scheme":"exact","network":%q,"extra":{"feePayer":%q}}],"extensions":[],"signers":{}}`,
+			x402.NetworkSolanaDevnet, x)
+	}))
+	t.Cleanup(fac.Close)
+	remote := &HTTPFacilitator{f: x402.NewHTTPFacilitator(x402.HTTPFacilitatorConfig{URL: fac.URL})}
+	m := &MultiFacilitator{fs: []x402.Facilitator{remote, svm}}
+	m.ready()
+	ctx := context.Background()
+	offer := func(feePayer svmfacilitator.PublicKey) x402.PaymentRequirements {
+		return x402.PaymentRequirements{Scheme: "exact", Network: x402.NetworkSolanaDevnet, Extra: map[string]any{"feePayer": feePayer.String()}}
+	}
+	req := offer(x)
+	if got, _ := m.pick(ctx, req); got != x402.Facilitator(remote) {
+		t.Fatalf("fee payer X's payment is settled by %T; want the remote, X's manager", got)
+	}
+	if m.readsSettlements(ctx, req) {
+		t.Error("fee payer X's payment counts readable; want unreadable: only the remote settles it and it has no rpc")
+	}
+	raw := svmfacilitator.Compile(x, [32]byte{1}, []svmfacilitator.Ix{svmfacilitator.MemoIx("pay")})
+	if _, err := m.SentSettlementStatus(ctx, svmfacilitator.Payload(raw, req), req, x402.SentSettlement{}); err == nil || !strings.Contains(err.Error(), "no rpc endpoint") {
+		t.Errorf("fee payer X's status question answered %v; want the remote's \"no rpc endpoint\"", err)
+	}
+	own := offer(f.FeePayer())
+	if !m.readsSettlements(ctx, own) {
+		t.Error("the svm member's own fee payer's payment counts unreadable; want it read by the svm member")
+	}
+	if got, _ := m.statusMember(ctx, own); got != x402.Facilitator(svm) {
+		t.Errorf("the svm member's own fee payer's status question goes to %T; want the svm member", got)
+	}
 }

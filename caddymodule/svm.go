@@ -594,10 +594,6 @@ func (m *MultiFacilitator) pick(ctx context.Context, req x402.PaymentRequirement
 
 // pickIndex is pick's member by its index in fs, -1 for none.
 func (m *MultiFacilitator) pickIndex(ctx context.Context, req x402.PaymentRequirements) (int, error) {
-	want, _ := req.Extra["feePayer"].(string)
-	if !x402.IsSolana(req.Network) {
-		want = ""
-	}
 	var errs []error
 	first := -1
 	for i := range m.fs {
@@ -610,7 +606,7 @@ func (m *MultiFacilitator) pickIndex(ctx context.Context, req x402.PaymentRequir
 			if !settlesKind(k, req) {
 				continue
 			}
-			if fp, _ := k.Extra["feePayer"].(string); want == "" || fp == want {
+			if managesFeePayer(k, req) {
 				return i, nil
 			}
 			if first < 0 {
@@ -630,6 +626,20 @@ func (m *MultiFacilitator) pickIndex(ctx context.Context, req x402.PaymentRequir
 // too, with another fee payer in its extra.
 func settlesKind(k x402.SupportedKind, req x402.PaymentRequirements) bool {
 	return k.X402Version == x402.Version && k.Scheme == req.Scheme && k.Network == req.Network
+}
+
+// managesFeePayer reports whether kind k's facilitator manages the fee
+// payer a Solana offer req names (extra.feePayer), the account that signs
+// its settlement: only that facilitator settles the payment or can tell
+// its outcome (another answers that the fee payer is not its own). Any
+// kind does for an offer that names none or is not Solana's.
+func managesFeePayer(k x402.SupportedKind, req x402.PaymentRequirements) bool {
+	want, _ := req.Extra["feePayer"].(string)
+	if want == "" || !x402.IsSolana(req.Network) {
+		return true
+	}
+	fp, _ := k.Extra["feePayer"].(string)
+	return fp == want
 }
 
 // Verify implements x402.Facilitator.
