@@ -458,6 +458,7 @@ type HTTPFacilitator struct {
 	f      *x402.HTTPFacilitator
 	status remoteStatus // remotestatus.go
 	uses   *inflight.Config
+	logger *zap.Logger
 }
 
 // CaddyModule returns the Caddy module information.
@@ -479,6 +480,7 @@ func credentialHeader(name string) bool {
 // Provision builds the client; a bad URL is refused here.
 func (m *HTTPFacilitator) Provision(ctx caddy.Context) error {
 	m.uses = inflight.For(ctx)
+	m.logger = ctx.Logger()
 	repl := caddy.NewReplacer()
 	headers := make(map[string]string, len(m.Headers))
 	for k, v := range m.Headers {
@@ -496,27 +498,47 @@ func (m *HTTPFacilitator) Provision(ctx caddy.Context) error {
 	if err := m.provisionStatus(repl, ctx.Logger()); err != nil { // remotestatus.go
 		return err
 	}
-	m.warnUnreadableWait(ctx)
 	return nil
 }
 
-// warnUnreadableWait logs a Warning when m, a gate's facilitator, may
-// answer a settle after the gate stopped waiting (its timeout is above
-// maxFacilitatorWait) and has no rpc to read the outcome with: every
-// settle that takes between the two is then held 503 settlement_pending
-// for 7 days and never resolved, although it may have moved the money.
-// The config still loads: a member of a multi may be read by an embedded
-// one that settles the same network, and a remote whose settles are fast
-// never gets there.
-func (m *HTTPFacilitator) warnUnreadableWait(ctx caddy.Context) {
-	if m.f.Timeout() <= maxFacilitatorWait || len(m.RPC) > 0 {
+// warnUnreadableWaits has each remote facilitator a gate settles offers
+// through, f itself or a member of f, warn of the offers it cannot read
+// past the gate's wait (warnUnreadableWait).
+func warnUnreadableWaits(f x402.Facilitator, offers []x402.PaymentRequirements) {
+	switch f := f.(type) {
+	case *HTTPFacilitator:
+		f.warnUnreadableWait(offers)
+	case *MultiFacilitator:
+		for _, member := range f.fs {
+			warnUnreadableWaits(member, offers)
+		}
+	}
+}
+
+// warnUnreadableWait logs a Warning when m, a facilitator of a gate
+// offering offers, may answer a settle after the gate stopped waiting (its
+// timeout is above maxFacilitatorWait) and has no rpc for an offer's
+// network (readsSettlements): every settle on it that takes between the
+// two is then held 503 settlement_pending for 7 days and never resolved,
+// although it may have moved the money. The networks are the gate's, as
+// rpc for another network reads none of its payments. The config still
+// loads: a member of a multi may be read by an embedded one that settles
+// the same network, and a remote whose settles are fast never gets there.
+func (m *HTTPFacilitator) warnUnreadableWait(offers []x402.PaymentRequirements) {
+	if m.f.Timeout() <= maxFacilitatorWait {
 		return
 	}
-	if !slices.ContainsFunc(ctx.Modules(), func(mod caddy.Module) bool { _, ok := mod.(*Gate); return ok }) {
+	var unread []string
+	for _, o := range offers {
+		if !m.readsSettlements(context.Background(), o) && !slices.Contains(unread, o.Network) {
+			unread = append(unread, o.Network)
+		}
+	}
+	if len(unread) == 0 {
 		return
 	}
-	ctx.Logger().Warn(fmt.Sprintf("timeout above the gate's %v wait without rpc: a settlement still running when the gate stops waiting is answered settlement_pending and, with nothing to read its chain, held unresolved for 7 days although it may have moved the money; add rpc <network> <url> for each network it settles, or a timeout of at most %v", maxFacilitatorWait, maxFacilitatorWait),
-		zap.Duration("timeout", m.f.Timeout()))
+	m.logger.Warn(fmt.Sprintf("timeout above the gate's %v wait without rpc: a settlement still running when the gate stops waiting is answered settlement_pending and, with nothing to read its chain, held unresolved for 7 days although it may have moved the money; add rpc <network> <url> for each network it settles, or a timeout of at most %v", maxFacilitatorWait, maxFacilitatorWait),
+		zap.Duration("timeout", m.f.Timeout()), zap.Strings("networks", unread))
 }
 
 // Verify implements x402.Facilitator.

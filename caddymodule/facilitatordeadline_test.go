@@ -151,31 +151,38 @@ func TestFacilitatorCallPastTheGatesWaitIsPendingThenServed(t *testing.T) {
 }
 
 // A gate's remote facilitator whose timeout is above the gate's wait and
-// that has no rpc is warned of at load: a settlement still running when the
-// gate stops waiting is answered settlement_pending, and nothing can read
-// its outcome. With rpc, or a timeout within the wait, nothing is logged.
+// that has no rpc for the gate's network is warned of at load, also as a
+// member of a multi: a settlement still running when the gate stops
+// waiting is answered settlement_pending, and nothing can read its
+// outcome. With rpc for the gate's network, or a timeout within the wait,
+// nothing is logged.
 func TestRemoteTimeoutAboveTheGatesWaitWithoutRPCIsWarnedOf(t *testing.T) {
+	remote := func(block string) string {
+		return "http http://127.0.0.1:1 {\n\t\t\t" + block + "\n\t\t}"
+	}
 	for _, tc := range []struct {
-		name, block string
-		warn        bool
+		name, facilitator string
+		warn              bool
 	}{
-		{"timeout 60s, no rpc", "timeout 60s", true},
-		{"timeout 60s, rpc", "timeout 60s\n\t\t\t\trpc devnet http://127.0.0.1:1", false},
-		{"timeout 30s, no rpc", "timeout 30s", false},
+		{"timeout 60s, no rpc", remote("timeout 60s"), true},
+		{"timeout 60s, rpc", remote("timeout 60s\n\t\t\trpc devnet http://127.0.0.1:1"), false},
+		// (Before: rpc for any network, here one the gate does not
+		// accept, silenced the Warning.)
+		{"timeout 60s, rpc for another network only", remote("timeout 60s\n\t\t\trpc base http://127.0.0.1:1"), true},
+		{"a multi's member: timeout 60s, rpc for another network only", "multi {\n\t\t\t" + remote("timeout 60s\n\t\t\trpc base http://127.0.0.1:1") + "\n\t\t\thttp http://127.0.0.1:2\n\t\t}", true},
+		{"timeout 30s, no rpc", remote("timeout 30s"), false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			logFile := filepath.Join(t.TempDir(), "caddy.log")
 			loadCaddyServers(t, freePort(t), "", logFile, fmt.Sprintf(`:{port} {
 	x402 {
 		accept devnet $0.02 %s
-		facilitator http http://127.0.0.1:1 {
-			%s
-		}
+		facilitator %s
 		store badger {data}/gate
 	}
 	respond "ok"
 }
-`, payTo.Hex(), tc.block))
+`, payTo.Hex(), tc.facilitator))
 			caddy.Stop()
 			warned := false
 			for _, l := range logLines(t, logFile) {

@@ -585,6 +585,7 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 	if err := g.checkOffers(); err != nil {
 		return err
 	}
+	warnUnreadableWaits(g.facilitator, g.offers) // facilitator.go
 	waiting, err := g.fillFeePayers()
 	if err != nil {
 		return err
