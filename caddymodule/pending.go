@@ -410,14 +410,15 @@ func upstreamOf(ctx caddy.Context, srv *caddyhttp.Server) string {
 }
 
 // matcherText writes loaded matcher sets out: each matcher's type and
-// JSON, a set's sorted (it is loaded from a map, whose order is no part
-// of it), and a `not`'s own sets within it (its JSON has none).
+// JSON, its lists of alternatives sorted (alternativesSorted), a set's
+// matchers sorted (it is loaded from a map, whose order is no part of
+// it), and a `not`'s own sets within it (its JSON has none).
 func matcherText(sets []caddyhttp.MatcherSet) ([][]string, error) {
 	out := make([][]string, 0, len(sets))
 	for _, set := range sets {
 		var ms []string
 		for _, m := range set {
-			b, err := json.Marshal(m)
+			b, err := json.Marshal(alternativesSorted(m))
 			if err != nil {
 				return nil, err
 			}
@@ -436,6 +437,61 @@ func matcherText(sets []caddyhttp.MatcherSet) ([][]string, error) {
 		out = append(out, ms)
 	}
 	return out, nil
+}
+
+// alternativesSorted is matcher m with each of its lists of alternatives
+// (a request matches when it matches any one) sorted: hosts, paths,
+// methods, a header's or a query key's values, IP ranges. Their order
+// decides nothing, and Caddy writes one in Go map order: the host list of
+// its automatic HTTP-to-HTTPS redirect route, put into the server on the
+// HTTP port, so a gate there was renamed by a reload of the same config.
+// Lists whose order counts (a file matcher's try_files) are left as they
+// are; m itself is not changed.
+func alternativesSorted(m any) any {
+	switch m := m.(type) {
+	case caddyhttp.MatchHost:
+		return sortedList(m)
+	case *caddyhttp.MatchHost:
+		return sortedList(*m)
+	case caddyhttp.MatchPath:
+		return sortedList(m)
+	case *caddyhttp.MatchPath:
+		return sortedList(*m)
+	case caddyhttp.MatchMethod:
+		return sortedList(m)
+	case *caddyhttp.MatchMethod:
+		return sortedList(*m)
+	case caddyhttp.MatchHeader:
+		return sortedLists(m)
+	case *caddyhttp.MatchHeader:
+		return sortedLists(*m)
+	case caddyhttp.MatchQuery:
+		return sortedLists(m)
+	case *caddyhttp.MatchQuery:
+		return sortedLists(*m)
+	case *caddyhttp.MatchRemoteIP:
+		return caddyhttp.MatchRemoteIP{Ranges: sortedList(m.Ranges)}
+	case *caddyhttp.MatchClientIP:
+		return caddyhttp.MatchClientIP{Ranges: sortedList(m.Ranges)}
+	}
+	return m
+}
+
+// sortedList is a sorted copy of s, nil for nil.
+func sortedList[S ~[]string](s S) S {
+	c := slices.Clone(s)
+	slices.Sort(c)
+	return c
+}
+
+// sortedLists is a copy of m with each list sorted; a nil list (a header
+// that must be absent) stays nil, an empty one empty.
+func sortedLists[M ~map[string][]string](m M) M {
+	c := make(M, len(m))
+	for k, v := range m {
+		c[k] = sortedList(v)
+	}
+	return c
 }
 
 // routeIndex is the place, in a list of routes and its error routes, of

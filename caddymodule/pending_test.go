@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -699,18 +700,7 @@ func TestGateNameIsItsPlaceInItsServer(t *testing.T) {
 	}
 }
 `, payTo.Hex(), t.TempDir())
-	name := func() string {
-		resolvers.Lock()
-		defer resolvers.Unlock()
-		var names []string
-		for g := range resolvers.stop {
-			names = append(names, g.upstream)
-		}
-		if len(names) != 1 || strings.HasPrefix(names[0], "unnamed") {
-			t.Fatalf("gate names %q; want one, named by its place", names)
-		}
-		return names[0]
-	}
+	name := func() string { return loneGateName(t) }
 	base := startCaddy(t, site)
 	port := portOf(t, base)
 	first := name()
@@ -729,6 +719,155 @@ func TestGateNameIsItsPlaceInItsServer(t *testing.T) {
 		if name() == first {
 			t.Errorf("a reload changing %s kept the gate's name", what)
 		}
+	}
+}
+
+// loneGateName is the name (upstream) of the one gate loaded.
+func loneGateName(t *testing.T) string {
+	t.Helper()
+	resolvers.Lock()
+	defer resolvers.Unlock()
+	var names []string
+	for g := range resolvers.stop {
+		names = append(names, g.upstream)
+	}
+	if len(names) != 1 || strings.HasPrefix(names[0], "unnamed") {
+		t.Fatalf("gate names %q; want one, named by its place", names)
+	}
+	return names[0]
+}
+
+// With automatic HTTPS on (Caddy's default), Caddy puts a route
+// redirecting HTTP to HTTPS into the server on the HTTP port, its host
+// list in Go map order. A gate of an http:// site keeps its name across
+// reloads of the same config, and changes it when the redirected hosts
+// change (they decide which requests reach the gate). (Before: 8 loads
+// named the gate 4 ways, and a reload kept its held outcomes unreported
+// with a Warning that their upstream had moved.)
+func TestGateNameStaysAcrossReloadsWithAutomaticHTTPSRedirects(t *testing.T) {
+	httpPort, httpsPort, dir := freePort(t), freePort(t), t.TempDir()
+	config := func(hosts string) []byte {
+		cfg := fmt.Sprintf(`{
+	admin off
+	persist_config off
+	http_port %d
+	https_port %d
+	local_certs
+	skip_install_trust
+	storage file_system %s
+	log {
+		output discard
+	}
+}
+%s {
+	respond "tls"
+}
+http://:%d {
+	route /v1/* {
+		x402 {
+			accept devnet $0.02 %s
+			facilitator http http://127.0.0.1:1
+			store badger %s
+		}
+		respond "ok"
+	}
+}
+`, httpPort, httpsPort, caddyStorage, hosts, httpPort, payTo.Hex(), dir)
+		js, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cfg), map[string]any{"filename": "Caddyfile"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return js
+	}
+	t.Cleanup(func() { caddy.Stop() })
+	hosts := "a.localhost, b.localhost, c.localhost, d.localhost, e.localhost"
+	names := map[string]bool{}
+	for range 8 {
+		if err := caddy.Load(config(hosts), true); err != nil {
+			t.Fatal(err)
+		}
+		names[loneGateName(t)] = true
+	}
+	if len(names) != 1 {
+		t.Fatalf("8 loads of the same config named the gate %d ways; want one name", len(names))
+	}
+	if err := caddy.Load(config(strings.Replace(hosts, "e.localhost", "f.localhost", 1)), true); err != nil {
+		t.Fatal(err)
+	}
+	if names[loneGateName(t)] {
+		t.Error("a reload redirecting another host kept the gate's name")
+	}
+}
+
+// A matcher's alternatives (hosts, paths, methods, a header's or a query
+// key's values, IP ranges: any one matches) are named in no order: a
+// reload listing those of a route before the gate's in another order
+// keeps the gate's name, and one changing an alternative renames it.
+func TestGateNameTakesAMatchersAlternativesInAnyOrder(t *testing.T) {
+	port := freePort(t)
+	cfg := fmt.Sprintf("{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n\tstorage file_system %s\n\tlog {\n\t\toutput discard\n\t}\n}\n"+`:%d {
+	x402 {
+		accept devnet $0.02 %s
+		facilitator http http://127.0.0.1:1
+		store badger %s
+	}
+	respond "ok"
+}
+`, caddyStorage, port, payTo.Hex(), t.TempDir())
+	js, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cfg), map[string]any{"filename": "Caddyfile"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// load puts a route matching other before the gate's.
+	load := func(other string) string {
+		t.Helper()
+		var c map[string]any
+		if err := json.Unmarshal(js, &c); err != nil {
+			t.Fatal(err)
+		}
+		srv := c["apps"].(map[string]any)["http"].(map[string]any)["servers"].(map[string]any)["srv0"].(map[string]any)
+		var route any
+		if err := json.Unmarshal([]byte(`{"match":[`+other+`],"handle":[{"handler":"static_response","body":"other"}]}`), &route); err != nil {
+			t.Fatal(err)
+		}
+		srv["routes"] = append([]any{route}, srv["routes"].([]any)...)
+		b, err := json.Marshal(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := caddy.Load(b, true); err != nil {
+			t.Fatal(err)
+		}
+		return loneGateName(t)
+	}
+	t.Cleanup(func() { caddy.Stop() })
+	matchers := map[string][2]string{
+		"host":      {`"host":["a.example","b.example"]`, `"host":["b.example","a.example"]`},
+		"path":      {`"path":["/a/*","/b/*"]`, `"path":["/b/*","/a/*"]`},
+		"method":    {`"method":["GET","POST"]`, `"method":["POST","GET"]`},
+		"header":    {`"header":{"X-A":["b","c"]}`, `"header":{"X-A":["c","b"]}`},
+		"query":     {`"query":{"a":["b","c"]}`, `"query":{"a":["c","b"]}`},
+		"remote_ip": {`"remote_ip":{"ranges":["10.0.0.0/8","192.168.0.0/16"]}`, `"remote_ip":{"ranges":["192.168.0.0/16","10.0.0.0/8"]}`},
+		"client_ip": {`"client_ip":{"ranges":["10.0.0.0/8","192.168.0.0/16"]}`, `"client_ip":{"ranges":["192.168.0.0/16","10.0.0.0/8"]}`},
+	}
+	set := func(reordered string) string {
+		var ms []string
+		for m, lists := range matchers {
+			ms = append(ms, lists[0])
+			if m == reordered {
+				ms[len(ms)-1] = lists[1]
+			}
+		}
+		return "{" + strings.Join(ms, ",") + "}"
+	}
+	first := load(set(""))
+	for m := range matchers {
+		if got := load(set(m)); got != first {
+			t.Errorf("a reload listing the %s matcher's alternatives in another order renamed the gate", m)
+		}
+	}
+	if load(strings.Replace(set(""), "b.example", "c.example", 1)) == first {
+		t.Error("a reload changing a host the route before the gate's matches kept the gate's name")
 	}
 }
 
