@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net"
 	"net/http"
 	"net/url"
 	"slices"
@@ -2182,12 +2183,16 @@ type outcomeReport struct {
 // (batchResults).
 const maxReportBatch = 128
 
-// reportQueue is the reports waiting for one (gate, path). expiry is one
+// reportQueue is the reports waiting for one (gate, path, route). expiry is one
 // timer per queue, not one per report (the batched path allocates none),
 // set for the first deadline of those waiting (expire) while armed.
 type reportQueue struct {
 	mu      sync.Mutex
 	sending bool
+	// gone is set, under mu, when the queue fell idle and was dropped
+	// from reportQueues (reportBatched): a report that found it there
+	// before then makes a queue of its own.
+	gone    bool
 	waiting []*queuedReport
 	expiry  *time.Timer
 	armed   bool
@@ -2210,13 +2215,17 @@ const (
 	reportLead
 )
 
+// reportQueueKey is what the reports of one batch share: a batch goes
+// through its leader's request, so only reports of requests the route
+// after the gate cannot tell apart (routeOf) ride it together.
 type reportQueueKey struct {
-	g    *Gate
-	path string
+	g     *Gate
+	path  string
+	route requestRoute
 }
 
-// reportQueues holds the queues by gate and path (dropped with the gate,
-// stopResolver).
+// reportQueues holds the queues by gate, path and route (dropped with the
+// gate, stopResolver).
 var reportQueues sync.Map
 
 // reportBatched sends rep in the next batch to path and reports whether
@@ -2233,14 +2242,21 @@ func (g *Gate) reportBatched(r *http.Request, next caddyhttp.Handler, path strin
 	if g.stopped != nil && g.stopped.Load() {
 		return g.reportSafely(r, next, path, []outcomeReport{rep})
 	}
-	key := reportQueueKey{g, path}
-	v, _ := reportQueues.LoadOrStore(key, &reportQueue{})
-	if g.stopped != nil && g.stopped.Load() {
-		reportQueues.CompareAndDelete(key, v) // the queue still serves the reports in it
+	key := reportQueueKey{g, path, routeOf(r)}
+	var q *reportQueue
+	for {
+		v, _ := reportQueues.LoadOrStore(key, &reportQueue{})
+		if g.stopped != nil && g.stopped.Load() {
+			reportQueues.CompareAndDelete(key, v) // the queue still serves the reports in it
+		}
+		q = v.(*reportQueue)
+		q.mu.Lock()
+		if !q.gone {
+			break
+		}
+		q.mu.Unlock()
 	}
-	q := v.(*reportQueue)
 	me := &queuedReport{outcomeReport: rep, done: make(chan int, 1)}
-	q.mu.Lock()
 	q.waiting = append(q.waiting, me)
 	if q.sending {
 		me.deadline = time.Now().Add(reportTimeout)
@@ -2285,6 +2301,11 @@ func (g *Gate) reportBatched(r *http.Request, next caddyhttp.Handler, path strin
 		clear(q.waiting)
 		q.waiting = q.waiting[:0]
 		q.sending = false
+		// Idle: dropped, as there is one queue per route the gate's
+		// requests came by (each client's address among them), which
+		// would otherwise be kept as long as the gate.
+		q.gone = true
+		reportQueues.CompareAndDelete(key, q)
 	}
 	q.mu.Unlock()
 	return mine == reportSent
@@ -2340,6 +2361,56 @@ func detached(r *http.Request) *http.Request {
 	return r.Clone(context.WithValue(context.WithValue(context.WithoutCancel(r.Context()),
 		caddy.ReplacerCtxKey, caddy.NewReplacer()), caddyhttp.VarsCtxKey, vars))
 }
+
+// requestRoute is what a report request carries on from the request it
+// is made from (reportOnce keeps its Host, its connection and its
+// variables, and sets its own method, path, query and header): what a
+// route after the gate may choose the upstream by, with a host matcher,
+// a remote_ip, client_ip or protocol matcher, or a vars matcher.
+// A batch goes through its leader's request, so it holds only reports of
+// the same route (reportQueueKey). The remote port
+// is left out: no route chooses by it, and every connection has its own.
+type requestRoute struct {
+	Host     string `json:"host"`
+	RemoteIP string `json:"remote_ip,omitempty"`
+	// ClientIP is the client_ip variable (behind a trusted proxy, the
+	// address it forwarded for).
+	ClientIP string `json:"client_ip,omitempty"`
+	// Conn is a digest of the rest: the protocol, TLS and its server
+	// name, and the other variables but those no route reads (routeOf).
+	Conn string `json:"conn,omitempty"`
+}
+
+func routeOf(r *http.Request) requestRoute {
+	rt := requestRoute{Host: r.Host, RemoteIP: r.RemoteAddr}
+	if h, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		rt.RemoteIP = h
+	}
+	vars, _ := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
+	rt.ClientIP, _ = vars[caddyhttp.ClientIPVarKey].(string)
+	rest := map[string]any{}
+	for k, v := range vars {
+		// The gateway's own (aov.*) say where the request is in its
+		// handlers (gated, verified, its report), the proxy's
+		// (reverse_proxy.*) what it did with it, both set as it goes, and
+		// start_time when it came: no route chooses an upstream by them.
+		if k != caddyhttp.ClientIPVarKey && k != startTimeVar && !strings.HasPrefix(k, "aov.") && !strings.HasPrefix(k, "reverse_proxy.") {
+			rest[k] = v
+		}
+	}
+	serverName := ""
+	if r.TLS != nil {
+		serverName = r.TLS.ServerName
+	}
+	// fmt writes a map's keys sorted; a value it cannot write the same
+	// twice (a pointer) makes a digest no other request shares: fail closed.
+	sum := sha256.Sum256(fmt.Appendf(nil, "%s\x00%t\x00%s\x00%v", r.Proto, r.TLS != nil, serverName, rest))
+	rt.Conn = hex.EncodeToString(sum[:16])
+	return rt
+}
+
+// startTimeVar is the variable Caddy sets to when a request came.
+const startTimeVar = "start_time"
 
 // reportSafely is reportOnce, with a panic in the handler chain counted
 // as a failed attempt: the requests waiting on the batch must hear of it.

@@ -79,14 +79,17 @@ func (s *reportSink) got() [][]outcomeReport {
 
 // queued is how many reports wait behind the one in flight.
 func queued(g *Gate, path string) int {
-	v, ok := reportQueues.Load(reportQueueKey{g, path})
-	if !ok {
-		return 0
-	}
-	q := v.(*reportQueue)
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return len(q.waiting)
+	n := 0
+	reportQueues.Range(func(k, v any) bool {
+		if k := k.(reportQueueKey); k.g == g && k.path == path {
+			q := v.(*reportQueue)
+			q.mu.Lock()
+			n += len(q.waiting)
+			q.mu.Unlock()
+		}
+		return true
+	})
+	return n
 }
 
 // Reports that arrive while one is in flight wait for it and then go
@@ -213,8 +216,7 @@ func TestReportAfterCleanupIsSentAndKeepsNoQueue(t *testing.T) {
 	if got := sink.got(); len(got) != 1 || len(got[0]) != 1 || got[0][0].VerificationID != "v1" {
 		t.Fatalf("upstream got %v, want the one report", got)
 	}
-	if _, ok := reportQueues.Load(reportQueueKey{g, path}); ok {
-		reportQueues.Delete(reportQueueKey{g, path})
+	if _, ok := reportQueues.LoadAndDelete(reportQueueKey{g, path, routeOf(r)}); ok {
 		t.Fatal("a report queue keyed by a cleaned-up gate was created after its Cleanup; nothing drops it (it pins the old gate)")
 	}
 }
@@ -701,4 +703,31 @@ func fakeHistorySite(storeLine, fac string) string {
 	}
 }
 `, storeLine, fac, payTo.Hex())
+}
+
+// A queue is kept only while reports use it: there is one per route the
+// gate's requests came by, each client's address among them, and the
+// queues of clients long gone would otherwise be kept as long as the
+// gate.
+func TestAnIdleReportQueueIsDropped(t *testing.T) {
+	g := &Gate{logger: zap.NewNop()}
+	defer g.stopResolver()
+	sink := &reportSink{}
+	const path = "/internal/report"
+	for i, addr := range []string{"192.0.2.1:1000", "192.0.2.2:1000"} {
+		r := httptest.NewRequest(http.MethodPost, "/verify/schema", nil)
+		r.RemoteAddr = addr
+		if !g.reportBatched(r, caddyhttp.Handler(sink), path, outcomeReport{VerificationID: fmt.Sprint("v", i), Payment: "paid"}) {
+			t.Fatalf("the report from %s was not taken", addr)
+		}
+	}
+	if got := sink.got(); len(got) != 2 {
+		t.Fatalf("upstream got %v, want each report in a request of its own", got)
+	}
+	reportQueues.Range(func(k, _ any) bool {
+		if k.(reportQueueKey).g == g {
+			t.Errorf("an idle queue is still kept: %+v", k)
+		}
+		return true
+	})
 }
