@@ -166,6 +166,13 @@ type heldRecord struct {
 	// ReportPath and VerificationID: the upstream asked for the outcome.
 	ReportPath     string `json:"report_path,omitempty"`
 	VerificationID string `json:"verification_id,omitempty"`
+	// ReportRoute is what the route after the gate could choose the
+	// upstream by in the request that asked for the outcome (routeOf):
+	// the outcome is reported by a request built from it (reporter.as),
+	// the way that upstream was reached. nil on a record written before
+	// records kept it: such an outcome goes only through the request's
+	// own way, or waits for the buyer's retry.
+	ReportRoute *requestRoute `json:"report_route,omitempty"`
 	// Gate names the gate that held it (gateID), so that after a restart
 	// its outcome is reported through the same gate's upstream.
 	Gate string `json:"gate,omitempty"`
@@ -1395,8 +1402,9 @@ func (g *Gate) resolvePass(ctx context.Context) {
 // maxReporters of them; without one (the gateway restarted, the config
 // of the request was unloaded by a reload that changed its route, or too
 // many are pending) the outcome waits for the first request a gate of the
-// same name (gateID: route and upstream) serves (learnRoute), or the
-// buyer's retry, whichever is first.
+// same name (gateID: route and upstream) serves (learnRoute), made the
+// record's request again (heldRecord.ReportRoute), or the buyer's retry,
+// whichever is first.
 type reporter struct {
 	next caddyhttp.Handler
 	base *http.Request
@@ -1439,8 +1447,10 @@ func takeReporter(h *heldRecord) *reporter {
 // reload has unloaded that gate (or the gateway restarted, or too many
 // ways were kept), only through a loaded gate of the same name (gateID:
 // the same route, and the same upstream), by the way that gate learned
-// from its first request, or else the call's own chain, which leads to
-// that same upstream. With no such gate loaded (the reload moved the
+// from its first request made the call's request again (its Host and
+// addresses, reporter.as: the route after the gate may choose the
+// upstream by them), or else the call's own chain, which leads to that
+// same upstream. With no such gate loaded (the reload moved the
 // upstream, or changed the route) nothing else is the verification's
 // upstream: the outcome waits for one (keepOrphan).
 func (g *Gate) reportResolved(h *heldRecord, state x402.SettlementState) {
@@ -1453,14 +1463,14 @@ func (g *Gate) reportResolved(h *heldRecord, state x402.SettlementState) {
 		rep.gate.sendResolved(rep, h.ReportPath, h.VerificationID, payment)
 		return
 	}
-	o := orphanReport{gate: h.Gate, offer: h.offer, path: h.ReportPath, id: h.VerificationID, payment: payment}
-	switch lg, route := routeFor(o); {
+	o := orphanReport{gate: h.Gate, offer: h.offer, path: h.ReportPath, id: h.VerificationID, payment: payment, route: h.ReportRoute}
+	switch lg, route, learned := routeFor(o); {
 	case route != nil:
 		lg.sendResolved(route, o.path, o.id, o.payment)
 	case lg != nil && rep != nil:
 		lg.sendResolved(rep, o.path, o.id, o.payment) // counted, and stopped, by the loaded gate
 	default:
-		g.keepOrphan(o, lg != nil)
+		g.keepOrphan(o, lg != nil && !learned)
 	}
 }
 
@@ -1491,9 +1501,13 @@ func (g *Gate) keepOrphan(o orphanReport, waiting bool) {
 	case !kept:
 		g.logger.Error("settlement outcome not reported (too many are waiting for a way to their upstream); the verification stays pending", fields...)
 	case !waiting:
-		g.logger.Warn("settlement outcome kept unreported: no loaded gate's route leads to the upstream that recorded it (a reload changed that route or moved its upstream); the verification stays pending until one does, or the buyer's retry reports it", fields...)
+		g.logger.Warn(orphanKept, fields...)
 	}
 }
+
+// orphanKept is the Warning for a resolved outcome no loaded gate can
+// deliver (keepOrphan, learnRoute).
+const orphanKept = "settlement outcome kept unreported: no loaded gate's route leads to the upstream that recorded it (a reload changed that route or moved its upstream, or no request the gate served since can be made the asking request again: another scheme or protocol, or a record that does not say which host asked); the verification stays pending until one does, or the buyer's retry reports it"
 
 // sendResolved sends a resolved outcome through rep, a way to its
 // upstream, in the background of g (reportResolved).
@@ -1510,6 +1524,7 @@ type orphanReport struct {
 	gate              string
 	offer             x402.PaymentRequirements
 	path, id, payment string
+	route             *requestRoute // the asking request's (heldRecord.ReportRoute)
 }
 
 func (o orphanReport) deliverableBy(g *Gate) bool {
@@ -1518,20 +1533,27 @@ func (o orphanReport) deliverableBy(g *Gate) bool {
 }
 
 // routeFor is a loaded gate that can deliver o (nil if none), and its way
-// to its upstream if it has served a request since it was provisioned.
-func routeFor(o orphanReport) (*Gate, *reporter) {
+// to o's upstream: the request it learned its way from (learnRoute) made
+// o's asking request again (reporter.as), nil when it has served no
+// request since it was provisioned (learned false), or o cannot be made
+// from it.
+func routeFor(o orphanReport) (*Gate, *reporter, bool) {
 	resolvers.Lock()
 	defer resolvers.Unlock()
 	var found *Gate
+	learned := false
 	for g := range resolvers.stop {
 		if o.deliverableBy(g) {
 			if rep := g.route.Load(); rep != nil {
-				return g, rep
+				if rep = rep.as(o.route); rep != nil {
+					return g, rep, true
+				}
+				learned = true
 			}
 			found = g
 		}
 	}
-	return found, nil
+	return found, nil, learned
 }
 
 // learnRoute keeps the way to the gate's upstream from its first request,
@@ -1543,20 +1565,29 @@ func (g *Gate) learnRoute(r *http.Request, next caddyhttp.Handler) {
 	}
 	resolvers.Lock()
 	var mine []orphanReport
+	var ways []*reporter
+	var unmade []orphanReport
 	kept := resolvers.orphans[:0]
 	for _, o := range resolvers.orphans {
-		if o.deliverableBy(g) {
-			mine = append(mine, o)
-		} else {
+		switch way := rep.as(o.route); {
+		case !o.deliverableBy(g):
 			kept = append(kept, o)
+		case way == nil:
+			kept = append(kept, o)
+			unmade = append(unmade, o)
+		default:
+			mine, ways = append(mine, o), append(ways, way)
 		}
 	}
 	resolvers.orphans = kept
 	resolvers.Unlock()
+	for _, o := range unmade {
+		g.logger.Warn(orphanKept, zap.String("verification_id", o.id), zap.String("payment", o.payment))
+	}
 	if len(mine) > 0 {
 		go func() {
-			for _, o := range mine {
-				g.sendResolved(rep, o.path, o.id, o.payment)
+			for i, o := range mine {
+				g.sendResolved(ways[i], o.path, o.id, o.payment)
 			}
 		}()
 	}
@@ -1856,7 +1887,7 @@ func (p *paidCharge) reportOutcome(r *http.Request, bw *bufferedWriter, end sett
 		g.logger.Warn("the settlement's outcome is unknown and no record of it is held; its verification stays pending")
 		return
 	}
-	switch err := g.keepReport(r.Context(), h, path, id); {
+	switch err := g.keepReport(r, h, path, id); {
 	case err == nil:
 		g.rememberReporter(h, r, next)
 	case errors.Is(err, store.ErrClaimSettled):
@@ -1934,12 +1965,14 @@ func (g *Gate) reportHeld(r *http.Request, next caddyhttp.Handler, h *heldRecord
 // keepReport adds the report request to a held record, for whatever
 // resolves it. ErrClaimSettled or ErrClaimLost: the background pass
 // resolved the record in between (settled, or released).
-func (g *Gate) keepReport(ctx context.Context, h *heldRecord, path, id string) error {
+func (g *Gate) keepReport(r *http.Request, h *heldRecord, path, id string) error {
+	ctx := r.Context()
 	hc, ok := g.state.Claims().(store.HeldClaims)
 	if !ok {
 		return errors.New("the store keeps no held records")
 	}
-	h.ReportPath, h.VerificationID = path, id
+	route := routeOf(r)
+	h.ReportPath, h.VerificationID, h.ReportRoute = path, id, &route
 	note, err := encodeHeld(h)
 	if err == nil {
 		err = hc.Hold(context.WithoutCancel(ctx), h.claim(), note)
@@ -2367,8 +2400,10 @@ func detached(r *http.Request) *http.Request {
 // variables, and sets its own method, path, query and header): what a
 // route after the gate may choose the upstream by, with a host matcher,
 // a remote_ip, client_ip or protocol matcher, or a vars matcher.
-// A batch goes through its leader's request, so it holds only reports of
-// the same route (reportQueueKey). The remote port
+// A report goes
+// through the request that asked for it, or one of the same route: a
+// batch only with reports of the same route (reportQueueKey), a resolved
+// outcome through a request made the same (reporter.as). The remote port
 // is left out: no route chooses by it, and every connection has its own.
 type requestRoute struct {
 	Host     string `json:"host"`
@@ -2377,7 +2412,9 @@ type requestRoute struct {
 	// address it forwarded for).
 	ClientIP string `json:"client_ip,omitempty"`
 	// Conn is a digest of the rest: the protocol, TLS and its server
-	// name, and the other variables but those no route reads (routeOf).
+	// name, and the other variables but those no route reads (routeOf);
+	// a request made again from another (reporter.as) takes them from
+	// it, so they must agree.
 	Conn string `json:"conn,omitempty"`
 }
 
@@ -2393,7 +2430,9 @@ func routeOf(r *http.Request) requestRoute {
 		// The gateway's own (aov.*) say where the request is in its
 		// handlers (gated, verified, its report), the proxy's
 		// (reverse_proxy.*) what it did with it, both set as it goes, and
-		// start_time when it came: no route chooses an upstream by them.
+		// start_time when it came: no route chooses an upstream by them,
+		// and a request that asked for a report has been through them
+		// all, the request a gate learned its way from through none.
 		if k != caddyhttp.ClientIPVarKey && k != startTimeVar && !strings.HasPrefix(k, "aov.") && !strings.HasPrefix(k, "reverse_proxy.") {
 			rest[k] = v
 		}
@@ -2411,6 +2450,29 @@ func routeOf(r *http.Request) requestRoute {
 
 // startTimeVar is the variable Caddy sets to when a request came.
 const startTimeVar = "start_time"
+
+// as is rep's request made the request rt names (its Host, remote and
+// client address), nil when rt is nil (a record from before records named
+// it) or rep's request differs from it in anything else routeOf reads.
+func (rep *reporter) as(rt *requestRoute) *reporter {
+	if rt == nil {
+		return nil
+	}
+	base := detached(rep.base)
+	base.Host = rt.Host
+	base.RemoteAddr = net.JoinHostPort(rt.RemoteIP, "0")
+	if vars, ok := base.Context().Value(caddyhttp.VarsCtxKey).(map[string]any); ok {
+		if rt.ClientIP == "" {
+			delete(vars, caddyhttp.ClientIPVarKey)
+		} else {
+			vars[caddyhttp.ClientIPVarKey] = rt.ClientIP
+		}
+	}
+	if routeOf(base) != *rt {
+		return nil
+	}
+	return &reporter{next: rep.next, base: base, gate: rep.gate}
+}
 
 // reportSafely is reportOnce, with a panic in the handler chain counted
 // as a failed attempt: the requests waiting on the batch must hear of it.

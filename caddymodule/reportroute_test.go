@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/aovhq/aov/x402"
+	"github.com/caddyserver/caddy/v2"
 )
 
 // slowReportUpstream is reportingUpstream whose report endpoint takes
@@ -103,5 +104,121 @@ func TestBatchedReportsGoOnlyWithReportsOfTheirHost(t *testing.T) {
 				t.Errorf("%s's upstream got no report of %s; want each of its own", u.name, id)
 			}
 		}
+	}
+}
+
+// resolvedAfterReloadGoesToItsHost holds tenant A's payment unknown
+// under a gate whose upstream is chosen per request by what pick puts
+// after it, reloads the very same config (or, restart true, stops Caddy
+// and starts it again: the way back is then the held record's), has
+// tenant B call the new gate first, and lets the chain answer: A's
+// outcome goes to A's upstream alone, through a request made A's again,
+// never B's (which would learn A's verification id while A's record
+// stayed pending).
+func resolvedAfterReloadGoesToItsHost(t *testing.T, pick string, restart bool) {
+	defer func(d time.Duration) { resolveInterval = d }(resolveInterval)
+	resolveInterval = time.Hour // the first config's pass runs only at its start
+	_, _ = sharedDevnet(t)
+	release := stallChain(t)
+	a, b := newReportingUpstream(t), newReportingUpstream(t)
+	site := fmt.Sprintf(`:{port} {
+	route /verify/schema {
+		x402 {
+			accept devnet $0.02 %[1]s
+			facilitator faulty_devnet lose_reply_stall
+			store badger %[2]s
+			public_base_url https://gateway.test
+		}
+		%[3]s
+	}
+}
+`, payTo.Hex(), filepath.Join(t.TempDir(), "gate"), strings.NewReplacer("{A}", strings.TrimPrefix(a.URL, "http://"), "{B}", strings.TrimPrefix(b.URL, "http://")).Replace(pick))
+	logFile := filepath.Join(t.TempDir(), "caddy.log")
+	port := freePort(t)
+	loadCaddyServers(t, port, "", logFile, site)
+	t.Cleanup(func() { caddy.Stop() })
+	base := fmt.Sprintf("http://127.0.0.1:%d", port)
+	url := base + "/verify/schema"
+	hostA := map[string]string{"Host": "a.test"}
+	sig := signFor(t, paymentRequired(t, post(t, url, "", hostA)), 9)
+	resp := post(t, url, validRequest, map[string]string{"Host": "a.test", x402.HeaderPaymentSignature: sig})
+	if body := readAll(t, resp); resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("tenant A's paid call: %d %.300s; want 503 settlement_pending", resp.StatusCode, body)
+	}
+	// The operator reloads the same config; tenant B's client calls (a
+	// 402 is enough for the new gate to learn its way); the chain answers.
+	resolveInterval = 300 * time.Millisecond
+	if restart {
+		if err := caddy.Stop(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	loadCaddyServers(t, port, "", logFile, site)
+	readAll(t, post(t, url, "", map[string]string{"Host": "b.test"}))
+	close(release)
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end) && len(a.got())+len(b.got()) == 0; time.Sleep(100 * time.Millisecond) {
+	}
+	time.Sleep(500 * time.Millisecond)
+	for _, l := range logLines(t, logFile) {
+		if l["level"] != "info" {
+			t.Logf("log: %v", l)
+		}
+	}
+	if got := b.got(); len(got) != 0 {
+		t.Errorf("tenant B's upstream was sent tenant A's outcome: %q; want nothing", got)
+	}
+	if got := a.got(); len(got) != 1 {
+		t.Errorf("tenant A's upstream (which recorded the verification) got %q; want its one report", got)
+	}
+}
+
+// The tenant's upstream chosen by host matchers after the gate, in the
+// gate's own route. (Before: A's outcome went through tenant B's request,
+// the first the new gate served, to B's upstream.)
+func TestResolvedOutcomeAfterAReloadGoesToItsHostsUpstream(t *testing.T) {
+	resolvedAfterReloadGoesToItsHost(t, `@a host a.test
+		reverse_proxy @a {A}
+		@b host b.test
+		reverse_proxy @b {B}`, false)
+}
+
+// The same after a restart: the held record names the host that asked.
+// (Before: it named none, and A's outcome went through B's request.)
+func TestResolvedOutcomeAfterARestartGoesToItsHostsUpstream(t *testing.T) {
+	resolvedAfterReloadGoesToItsHost(t, `@a host a.test
+		reverse_proxy @a {A}
+		@b host b.test
+		reverse_proxy @b {B}`, true)
+}
+
+// A gate's request is made the request a held record names only in what
+// the record keeps (Host, addresses); one that differs in anything else
+// the route after the gate reads (here TLS), or a record that names none
+// (written before records did), makes no way to its upstream: the
+// outcome waits rather than ride another request's route.
+func TestAReportIsMadeOnlyTheRequestItsRecordNames(t *testing.T) {
+	learned := httptest.NewRequest(http.MethodPost, "http://b.test/verify/schema", nil)
+	learned.RemoteAddr = "192.0.2.7:4711"
+	asked := httptest.NewRequest(http.MethodPost, "http://a.test/verify/schema", nil)
+	asked.RemoteAddr = "198.51.100.3:5000"
+	way := &reporter{base: learned}
+	rt := routeOf(asked)
+	got := way.as(&rt)
+	if got == nil {
+		t.Fatal("a request of the same protocol made no way to the asking host's upstream")
+	}
+	if got.base.Host != "a.test" || routeOf(got.base) != rt {
+		t.Errorf("the way goes as host %q, route %+v; want a.test, %+v", got.base.Host, routeOf(got.base), rt)
+	}
+	if learned.Host != "b.test" || learned.RemoteAddr != "192.0.2.7:4711" {
+		t.Errorf("the learned request was changed: %s %s", learned.Host, learned.RemoteAddr)
+	}
+	if way.as(nil) != nil {
+		t.Error("a record naming no request made a way through another request")
+	}
+	tlsAsked := httptest.NewRequest(http.MethodPost, "https://a.test/verify/schema", nil)
+	tlsRT := routeOf(tlsAsked)
+	if way.as(&tlsRT) != nil {
+		t.Error("a request over TLS was made from one without it")
 	}
 }
