@@ -2399,8 +2399,8 @@ func detached(r *http.Request) *http.Request {
 // is made from (reportOnce keeps its Host, its connection and its
 // variables, and sets its own method, path, query and header): what a
 // route after the gate may choose the upstream by, with a host matcher,
-// a remote_ip, client_ip or protocol matcher, or a vars matcher.
-// A report goes
+// a remote_ip, client_ip or protocol matcher, a vars matcher, or a
+// placeholder of any of them (`map {host} {backend}`). A report goes
 // through the request that asked for it, or one of the same route: a
 // batch only with reports of the same route (reportQueueKey), a resolved
 // outcome through a request made the same (reporter.as). The remote port
@@ -2474,6 +2474,26 @@ func (rep *reporter) as(rt *requestRoute) *reporter {
 	return &reporter{next: rep.next, base: base, gate: rep.gate}
 }
 
+// prepareReport is the report request rr made from r ready for the
+// handler chain, as Caddy's server makes a request ready: a fresh
+// replacer whose request placeholders read rr ({host} is r's Host, the
+// path the report's; a detached copy of r has a replacer with none, and
+// an upstream chosen by a placeholder was dialed as ":0"), and a copy of
+// r's variables (the client's address as the server found it, and what
+// handlers before the gate set), so nothing set on it races r's.
+func prepareReport(rr, r *http.Request, w http.ResponseWriter) *http.Request {
+	srv, _ := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
+	rr = caddyhttp.PrepareRequest(rr, caddy.NewReplacer(), w, srv)
+	if v, ok := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any); ok {
+		if vars, ok := rr.Context().Value(caddyhttp.VarsCtxKey).(map[string]any); ok {
+			start := vars[startTimeVar]
+			maps.Copy(vars, v)
+			vars[startTimeVar] = start // the report's own, for its duration
+		}
+	}
+	return rr
+}
+
 // reportSafely is reportOnce, with a panic in the handler chain counted
 // as a failed attempt: the requests waiting on the batch must hear of it.
 func (g *Gate) reportSafely(r *http.Request, next caddyhttp.Handler, path string, reps []outcomeReport) (ok bool) {
@@ -2520,6 +2540,7 @@ func (g *Gate) reportOnce(r *http.Request, next caddyhttp.Handler, path string, 
 	buf := getBuffer()
 	defer putBuffer(buf)
 	out := &bufferedWriter{header: http.Header{}, buf: buf, limit: 4096}
+	rr = prepareReport(rr, r, out)
 	err := runUpstream(next, out, rr, neverReached)
 	if err == nil && out.status() >= 300 {
 		err = fmt.Errorf("status %d", out.status())

@@ -191,6 +191,18 @@ func TestResolvedOutcomeAfterARestartGoesToItsHostsUpstream(t *testing.T) {
 		reverse_proxy @b {B}`, true)
 }
 
+// The upstream chosen by a request placeholder (a map on {host}): the
+// report request's placeholders read its own Host. (Before: it ran with a
+// fresh replacer holding no request placeholders, {host} was empty,
+// reverse_proxy dialed ":0" and the outcome was never reported.)
+func TestResolvedOutcomeOfAPlaceholderUpstreamIsReported(t *testing.T) {
+	resolvedAfterReloadGoesToItsHost(t, `map {host} {backend} {
+			a.test {A}
+			b.test {B}
+		}
+		reverse_proxy {backend}`, false)
+}
+
 // A gate's request is made the request a held record names only in what
 // the record keeps (Host, addresses); one that differs in anything else
 // the route after the gate reads (here TLS), or a record that names none
