@@ -245,9 +245,9 @@ func TestSettleReplayOfUnansweredSendWithoutTokenIsDuplicate(t *testing.T) {
 }
 
 // A store that cannot record the send fails the settlement closed: nothing
-// is sent, the caller gets an error (a facilitator API answers 503, and
-// the payment may be settled again), and once the store is back the same
-// payment settles.
+// is sent, the caller gets an error (a facilitator API answers success
+// false, facilitator_unavailable: nothing settled, and the payment may be
+// settled again), and once the store is back the same payment settles.
 func TestSettleStoreDownSendsNothing(t *testing.T) {
 	dir := t.TempDir()
 	db := openStore(t, dir)
@@ -265,8 +265,9 @@ func TestSettleStoreDownSendsNothing(t *testing.T) {
 	w, r := httptest.NewRecorder(), httptest.NewRequest(http.MethodPost, "/settle", bytes.NewReader(body))
 	r.Header.Set("Content-Type", "application/json")
 	x402.NewFacilitatorHandler(f).ServeHTTP(w, r)
-	if w.Code != http.StatusServiceUnavailable {
-		t.Fatalf("settle with the store down: %d %s; want 503", w.Code, w.Body)
+	var sr x402.SettleResponse
+	if json.Unmarshal(w.Body.Bytes(), &sr) != nil || w.Code != http.StatusOK || sr.Success || sr.ErrorReason != x402.ReasonFacilitatorUnavailable {
+		t.Fatalf("settle with the store down: %d %s; want 200, success false, facilitator_unavailable", w.Code, w.Body)
 	}
 	if _, err := f.Settle(context.Background(), pp, e.req); err == nil || !strings.Contains(err.Error(), "recording") {
 		t.Fatalf("settle with the store down: %v; want an error naming the record", err)
