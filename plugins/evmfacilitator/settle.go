@@ -482,14 +482,11 @@ func (f *Facilitator) alreadyUsed(ctx context.Context, c *checked, now time.Time
 	if err != nil {
 		return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Err: err} // findNonceUse's error says what is unknown
 	}
-	if u.within(c.auth) {
-		st, err := u.judge(c.token, c.auth)
-		switch {
-		case err != nil:
-			return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Err: err}
-		case st.State == x402.SettlementDone:
-			return f.settledBy(c.resp.Payer, st.Transaction), nil
-		}
+	switch st, err := u.judge(c.token, c.auth); {
+	case err != nil:
+		return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Err: err}
+	case st.State == x402.SettlementDone:
+		return f.settledBy(c.resp.Payer, st.Transaction), nil
 	}
 	return f.failure(c.resp.InvalidReason, c.resp.Payer, c.resp.InvalidMessage, ""), nil
 }
@@ -908,7 +905,7 @@ func (f *Facilitator) sentByRelayer(ctx context.Context, h common.Hash) (bool, e
 // transaction that did not transfer, proven only when it reverted
 // (reverted); any other receipt is unknown.
 func (f *Facilitator) judgeOwn(ctx context.Context, c *checked, s *sentSettlement, tx *types.Transaction, rcpt *types.Receipt, cause error) (x402.SettleResponse, error) {
-	st, found, err := judgeReceipt(rcpt, c.token, c.auth)
+	st, found, err := f.judgeReceipt(ctx, rcpt, c.token, c.auth)
 	switch {
 	case err != nil:
 		return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Err: fmt.Errorf("%v; then: %w", cause, err)}

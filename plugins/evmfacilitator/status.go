@@ -205,7 +205,7 @@ var (
 func (f *Facilitator) usedStatus(ctx context.Context, token common.Address, a x402.AuthorizationValues, hints []common.Hash, after time.Time) (x402.SettlementStatus, error) {
 	for _, h := range hints {
 		if r, err := f.chain.TransactionReceipt(ctx, h); err == nil {
-			if st, found, err := judgeReceipt(r, token, a); found || err != nil {
+			if st, found, err := f.judgeReceipt(ctx, r, token, a); found || err != nil {
 				return st, err
 			}
 		}
@@ -221,9 +221,6 @@ func (f *Facilitator) usedStatus(ctx context.Context, token common.Address, a x4
 			u, err := f.nonceUseOf(ctx, token, a, l)
 			return u, nil, err
 		})
-		if err == nil && !u.within(a) {
-			return never(), nil // not in the window: spent otherwise
-		}
 	} else {
 		u, err = f.findNonceUse(ctx, token, a, after)
 	}
@@ -260,8 +257,12 @@ type nonceUse struct {
 // within reports whether u's log is in a block where a could have
 // executed (validAfter < block.timestamp < validBefore): a log found for
 // another authorization of the nonce (usedCache and withinValidity
-// remember it per nonce) and outside a's window says a never executed.
-// False without a log.
+// remember it per nonce, and a hint or a search from a settlement
+// attempt's time finds whichever authorization used it) and outside a's
+// window says a never executed. judge asks it first, so that every path
+// that names a transaction for an authorization by its nonce (alreadyUsed,
+// usedStatus with or without the attempt's time, a hint's receipt) keeps
+// this rule. False without a log.
 func (u nonceUse) within(a x402.AuthorizationValues) bool {
 	if u.log == nil {
 		return false
@@ -342,12 +343,20 @@ func keepTransfers(l *types.Log, logs []types.Log) nonceUse {
 
 // judge judges authorization a (of the nonce u is about), from the logs
 // eth_getLogs found or from its transaction's receipt (judgeReceipt):
-// cancelled is never; used, it paid only when the token's next log, the
-// one right after the nonce's in the block, is a's Transfer(from, payTo,
-// value); a matching Transfer elsewhere in the transaction is an error (it
-// may be another payment's, and the money may have moved); otherwise
-// never. A transaction that failed has no logs, so none is found.
+// no log, or one in a block where a could not have executed (within), is
+// never: the nonce is used once, and another authorization of it (the
+// same payer, payTo and value, another validity window) used it, whose
+// Transfer looks like a's but was never a's payment, so one transfer
+// would answer two; cancelled is never; used, it paid only when the
+// token's next log, the one right after the nonce's in the block, is a's
+// Transfer(from, payTo, value); a matching Transfer elsewhere in the
+// transaction is an error (it may be another payment's, and the money may
+// have moved); otherwise never. A transaction that failed has no logs, so
+// none is found.
 func (u nonceUse) judge(token common.Address, a x402.AuthorizationValues) (x402.SettlementStatus, error) {
+	if !u.within(a) {
+		return never(), nil
+	}
 	if u.log.Topics[0] == authorizationCanceledEventID {
 		return never(), nil
 	}
@@ -378,9 +387,14 @@ func never() x402.SettlementStatus {
 // it carries neither), as nonceUse.judge judges the same logs read by
 // eth_getLogs: one judge, so that a settlement and every status reader
 // agree. Of a receipt already read, every Transfer from the payer is kept,
-// none is left undecided. A failed transaction that logged the nonce is an
-// error, not a judgement (a failed transaction has no logs).
-func judgeReceipt(r *types.Receipt, token common.Address, a x402.AuthorizationValues) (x402.SettlementStatus, bool, error) {
+// none is left undecided. The block's time is read for an
+// AuthorizationUsed, as nonceUseOf reads it: the receipt is a hint (the
+// transaction a gate kept, or one a facilitator named), which may be
+// another authorization's of the nonce, and judge tells them apart by it
+// (nonceUse.within); a block that cannot be read is an error. A failed
+// transaction that logged the nonce is an error, not a judgement (a
+// failed transaction has no logs).
+func (f *Facilitator) judgeReceipt(ctx context.Context, r *types.Receipt, token common.Address, a x402.AuthorizationValues) (x402.SettlementStatus, bool, error) {
 	for _, l := range r.Logs {
 		if !isNonceLog(l, token, a) {
 			continue
@@ -389,6 +403,13 @@ func judgeReceipt(r *types.Receipt, token common.Address, a x402.AuthorizationVa
 			return x402.SettlementStatus{}, true, fmt.Errorf("the transaction %s that used the nonce failed, yet logged it", r.TxHash.Hex())
 		}
 		u := nonceUse{log: l}
+		if l.Topics[0] == authorizationUsedEventID {
+			h, err := f.chain.HeaderByNumber(ctx, new(big.Int).SetUint64(l.BlockNumber))
+			if err != nil {
+				return x402.SettlementStatus{}, true, fmt.Errorf("the authorization's nonce was used by %s, whose block cannot be read: %w", r.TxHash.Hex(), err)
+			}
+			u.at = h.Time
+		}
 		for _, t := range r.Logs {
 			if t.Address == token && !t.Removed && len(t.Topics) == 3 && t.Topics[0] == transferEventID && t.Topics[1] == common.BytesToHash(a.From.Bytes()) {
 				u.transfers = append(u.transfers, *t)

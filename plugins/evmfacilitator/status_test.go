@@ -9,6 +9,7 @@ import (
 	"math/big"
 	"math/bits"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -452,6 +453,66 @@ func TestNonceSpentBeforeValidAfterIsNever(t *testing.T) {
 	spentBefore("with the nonce's log remembered")
 }
 
+// The status of an authorization whose nonce another authorization of it
+// (the same payer, payTo and value) used after it expired is never,
+// whatever the caller knows of its attempt: nothing, the attempt's time
+// (a gate's held payment: the search runs from it), or that time and the
+// other's transaction as a hint (a gate that was told it). Through the
+// facilitator that settled the other and through one that keeps nothing
+// of it, as its settle is refused (nonceUse.within). (Before: given the
+// attempt's time, it was done by the other's transaction, so one transfer
+// answered two payments.)
+func TestExpiredAuthorizationIsNotSettledByAnotherAuthorizationsTransaction(t *testing.T) {
+	d := startDevnet(t, DevnetConfig{})
+	e := &testEnv{d: d}
+	open := func(key int) *Facilitator {
+		t.Helper()
+		f, err := New(Config{Chain: d.Client(), Network: DevnetNetwork, RelayerKey: DevKey(key), PollInterval: 20 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		identified(t, f)
+		return f
+	}
+	f := open(0)
+	req := e.requirements(payee, amount)
+	attempt := time.Now().Add(-2 * time.Second) // A's attempt began before B landed
+	b := auth(payer, req)
+	rb, err := f.Settle(context.Background(), sign(t, payer, b, req, req), req)
+	if err != nil || !rb.Success {
+		t.Fatalf("settle of B = %+v, %v", rb, err)
+	}
+	rcpt, err := d.Client().TransactionReceipt(context.Background(), common.HexToHash(rb.Transaction))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := d.Client().HeaderByNumber(context.Background(), rcpt.BlockNumber)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := b
+	a.ValidBefore = fmt.Sprint(h.Time - 1) // A expired before B's block: A never executed
+	pa := sign(t, payer, a, req, req)
+	for _, c := range []struct {
+		who string
+		f   *Facilitator
+	}{{"the facilitator that settled B", f}, {"another relayer's facilitator", open(1)}} {
+		for _, sent := range []x402.SentSettlement{{}, {After: attempt}, {After: attempt, Transaction: rb.Transaction}} {
+			st, err := c.f.SentSettlementStatus(context.Background(), pa, req, sent)
+			if err != nil || st.State != x402.SettlementNever || st.Reason != x402.ReasonExactEVMNonceAlreadyUsed || st.Transaction != "" {
+				t.Errorf("%s: status of A, expired before B's block, given %+v = %+v, %v; want never, nonce_already_used (B's %s never executed A)", c.who, sent, st, err, rb.Transaction)
+			}
+		}
+	}
+	// B's own status still names its transaction, whatever is given.
+	for _, sent := range []x402.SentSettlement{{}, {After: attempt}, {After: attempt, Transaction: rb.Transaction}} {
+		if st, err := f.SentSettlementStatus(context.Background(), sign(t, payer, b, req, req), req, sent); err != nil || st.State != x402.SettlementDone || st.Transaction != rb.Transaction {
+			t.Errorf("status of B given %+v = %+v, %v; want done by %s", sent, st, err, rb.Transaction)
+		}
+	}
+}
+
 // firstBlockAt finds, for any time, the first block at or after it.
 func TestFirstBlockAt(t *testing.T) {
 	d := startDevnet(t, DevnetConfig{MaxClockLead: time.Hour})
@@ -510,11 +571,16 @@ func TestAuthorizationEventsAreUSDCs(t *testing.T) {
 // authorization, and one transfer must not settle two payments, so it is an
 // error, never a refusal. From the logs, a transaction with more Transfers
 // from the payer than are kept, none the authorization's own, is undecided
-// too; its receipt, read whole, decides it.
+// too; its receipt, read whole, decides it. A transaction in a block where
+// the authorization could not execute (past its validBefore) is another
+// authorization's of the nonce, whatever its logs: never, by either.
 func TestOneJudgeOfAUsedNonce(t *testing.T) {
 	token := common.HexToAddress("0x5FbDB2315678afecb367f032d93F642f64180aa3")
 	from := crypto.PubkeyToAddress(payer.PublicKey)
-	a := x402.AuthorizationValues{From: from, To: payee, Value: big.NewInt(20000), Nonce: [32]byte{1}}
+	a := x402.AuthorizationValues{From: from, To: payee, Value: big.NewInt(20000), Nonce: [32]byte{1},
+		ValidAfter: big.NewInt(0), ValidBefore: big.NewInt(1000)}
+	const inWindow, pastWindow = 7, 8 // block numbers, at times 500 and 1000
+	f := &Facilitator{chain: blockTimes{times: map[uint64]uint64{inWindow: 500, pastWindow: 1000}}}
 	addr := func(x common.Address) common.Hash { return common.BytesToHash(x.Bytes()) }
 	used := types.Log{Address: token, Topics: []common.Hash{authorizationUsedEventID, addr(from), common.Hash(a.Nonce)}}
 	otherUsed := types.Log{Address: token, Topics: []common.Hash{authorizationUsedEventID, addr(from), {2}}}
@@ -549,13 +615,18 @@ func TestOneJudgeOfAUsedNonce(t *testing.T) {
 		{"spent, with as many transfers as are kept", false, many[:len(many)-1], never, never},
 		{"a failed transaction", true, []types.Log{used, pays}, fails, nolog},
 		{"not the nonce's transaction", false, []types.Log{otherUsed, pays}, none, nolog},
+		{"another authorization's, in a block at its validBefore", false, []types.Log{used, pays}, never, never},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			tx := common.Hash{9}
+			number, at := uint64(inWindow), uint64(500)
+			if strings.Contains(tc.desc, "validBefore") {
+				number, at = pastWindow, 1000
+			}
 			logs := make([]*types.Log, len(tc.logs))
 			var block []types.Log // the block's Transfers from the payer, as eth_getLogs answers
 			for i, l := range tc.logs {
-				l.TxHash, l.Index = tx, uint(10+i)
+				l.TxHash, l.Index, l.BlockNumber = tx, uint(10+i), number
 				logs[i] = &l
 				if l.Topics[0] == transferEventID {
 					block = append(block, l)
@@ -581,14 +652,32 @@ func TestOneJudgeOfAUsedNonce(t *testing.T) {
 			if tc.failed {
 				status = types.ReceiptStatusFailed
 			}
-			st, found, err := judgeReceipt(&types.Receipt{Status: status, Logs: logs, TxHash: tx}, token, a)
+			st, found, err := f.judgeReceipt(context.Background(), &types.Receipt{Status: status, Logs: logs, TxHash: tx}, token, a)
 			check("receipt", tc.receipt, st, found, err)
 			if tc.gets != nolog {
-				st, err := keepTransfers(logs[0], block).judge(token, a)
+				u := keepTransfers(logs[0], block)
+				u.at = at
+				st, err := u.judge(token, a)
 				check("logs", tc.gets, st, true, err)
 			}
 		})
 	}
+}
+
+// blockTimes is a chain whose blocks, by number, have times: all
+// judgeReceipt reads of a block (a fake: the judge's cases are logs no
+// token emits together).
+type blockTimes struct {
+	Chain
+	times map[uint64]uint64
+}
+
+func (b blockTimes) HeaderByNumber(_ context.Context, n *big.Int) (*types.Header, error) {
+	t, ok := b.times[n.Uint64()]
+	if !ok {
+		return nil, ethereum.NotFound
+	}
+	return &types.Header{Number: n, Time: t}, nil
 }
 
 // staleHead is a real chain client whose head block is an older one, as a
