@@ -618,7 +618,9 @@ type checked struct {
 // balance, and finally an eth_call simulation of the transfer from the
 // relayer; last, the payer's failure budget (budget.go). A payment that
 // misses only validBefore is refused for it once its signature passed,
-// unless the chain reports its nonce used (refuseTooSoon). The EIP-1271 call
+// unless a settlement of its nonce is kept (keptRefusal: its own is
+// settlement_pending, as its settle's retry answers it) or the chain
+// reports its nonce used (refuseTooSoon). The EIP-1271 call
 // and the transfer's simulation run as the settlement will (simulate):
 // what needs more than MaxSettlementGas is refused here, not after the
 // relayer paid for it. An error means
@@ -647,9 +649,37 @@ func (f *Facilitator) check(ctx context.Context, p x402.PaymentPayload, req x402
 		return r, err
 	}
 	if c.tooSoon != nil {
+		if r := f.keptRefusal(c); r != nil {
+			return r, nil
+		}
 		return f.refuseTooSoon(ctx, c)
 	}
 	return f.checkChain(ctx, c)
+}
+
+// keptRefusal is Verify's answer to c, which misses only validBefore
+// (checked.tooSoon), when a settlement of its token, payer and nonce is
+// kept (its outcome unknown when its settle answered), looked up as
+// Settle's retry looks it up, reading nothing; nil when none is. A retry
+// of c's own settle sends nothing and answers that settlement's outcome,
+// unknown while its transaction may still land, so Verify answers
+// settlement_pending (do not sign a new payment), never the margin's
+// refusal, which tells a resource server that verifies before it settles
+// to ask its buyer for a new payment, a second charge once the first
+// lands. A kept settlement of another authorization of the nonce answers
+// as its settle would (nonceTaken): nonce_already_used, naming nothing.
+// All the chains of the chain ID are looked at, as Settle does when its
+// endpoint's chain cannot be identified: what is kept on one the endpoint
+// no longer reaches is not sent again either.
+func (f *Facilitator) keptRefusal(c *checked) *checked {
+	s, ok := keptOnAnyChain(f.chainID, f.relayer, usedKey{token: c.token, from: c.auth.From, nonce: c.auth.Nonce}, c.keptAt, nil)
+	switch {
+	case !ok:
+		return nil
+	case !s.sentFor(c):
+		return refuse(x402.ReasonExactEVMNonceAlreadyUsed, c.payer, "the authorization nonce is taken by another authorization of it, whose settlement was sent earlier")
+	}
+	return refuse(x402.ReasonSettlementPending, c.payer, "a settlement of this payment was sent earlier, in transaction "+s.last().Hash().Hex()+", and its outcome is not known yet: do not sign a new payment; settle this one again for its outcome")
 }
 
 // refuseTooSoon is the refusal of c, which misses only validBefore

@@ -299,6 +299,49 @@ func TestKeptRetryInTheMarginBeforeValidBeforeIsAnsweredFromWhatIsKept(t *testin
 	}
 }
 
+// Verify of a payment whose settlement is kept and still pending, in the
+// last 6 s before validBefore, answers as the retry of its settle does,
+// the outcome unknown: settlement_pending, never valid_before, which tells
+// a resource server that verifies before it settles to ask its buyer for
+// a new payment while the first transaction can still land (and here
+// does). Verify of another authorization of the kept nonce is
+// nonce_already_used, as its settle is; of a fresh authorization as close
+// to validBefore, still valid_before. (Before: valid_before for the kept
+// payment and the other authorization alike.)
+func TestVerifyOfAKeptPendingSettlementInTheMarginIsSettlementPending(t *testing.T) {
+	ctx := context.Background()
+	var kept, other, fresh x402.VerifyResponse
+	var keptErr, otherErr, freshErr error
+	resp, err := keptRetryNearExpiry(t, func(f *Facilitator, pay x402.PaymentPayload, req x402.PaymentRequirements, validBefore time.Time) (x402.SettleResponse, error) {
+		time.Sleep(time.Until(validBefore.Add(-4 * time.Second)))
+		kept, keptErr = f.Verify(ctx, pay, req)
+		pl, err := x402.ParseExactEVMPayload(pay.Payload)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := pl.Authorization // the same nonce and validBefore, another validAfter
+		va, _ := new(big.Int).SetString(a.ValidAfter, 10)
+		a.ValidAfter = va.Sub(va, big.NewInt(1)).String()
+		other, otherErr = f.Verify(ctx, sign(t, payer, a, req, req), req)
+		short := req
+		short.MaxTimeoutSeconds = 4 // validBefore 4 s away, as the kept one's
+		fresh, freshErr = f.Verify(ctx, mustSignExact(t, payer, short), short)
+		return f.Settle(ctx, pay, req)
+	})
+	if !errors.As(err, new(*x402.UnknownOutcomeError)) {
+		t.Errorf("retry of the kept, pending settlement 4 s before validBefore = %+v, %v; want an unknown outcome", resp, err)
+	}
+	if keptErr != nil || kept.IsValid || kept.InvalidReason != x402.ReasonSettlementPending {
+		t.Errorf("Verify of the kept, pending settlement 4 s before validBefore = %+v, %v; want %s (its transaction may still land: a new payment would charge twice)", kept, keptErr, x402.ReasonSettlementPending)
+	}
+	if otherErr != nil || other.IsValid || other.InvalidReason != x402.ReasonExactEVMNonceAlreadyUsed {
+		t.Errorf("Verify of another authorization of the kept nonce = %+v, %v; want %s", other, otherErr, x402.ReasonExactEVMNonceAlreadyUsed)
+	}
+	if freshErr != nil || fresh.IsValid || fresh.InvalidReason != x402.ReasonExactEVMValidBefore {
+		t.Errorf("Verify of a fresh authorization 4 s before its validBefore = %+v, %v; want %s", fresh, freshErr, x402.ReasonExactEVMValidBefore)
+	}
+}
+
 // A kept settlement is judged by the chain's time, not the wall clock: a
 // chain whose block time lags may still include it after validBefore by
 // the wall clock, and its retry is answered unknown until the chain's
