@@ -89,6 +89,116 @@ type settleAnswer struct {
 	err error
 }
 
+// reload is a configuration unloaded while one of its Settles ran: its
+// facilitator f settled the payment pp on the store of sends db through a
+// handle the reload closed once f.Close returned.
+type reload struct {
+	e      *env
+	db     *store.DB
+	f      *Facilitator
+	pp     x402.PaymentPayload
+	key    string        // of pp's record of its send
+	waited time.Duration // in f.Close
+	answer settleAnswer  // the Settle's, which ran across the reload
+}
+
+// reloadMidSettle starts a facilitator on e's settings with the node at
+// node, the bounds confirm and poll, and a handle on db's store of sends
+// that closes as a Redis client's does; it settles pp through it and, once
+// begun says the Settle reached the moment under test, unloads that
+// configuration as a reload does: the facilitator is closed, then its
+// store handle. It returns once the Settle has answered, so every test of
+// a reload in flight builds, times and closes the same way.
+func (e *env) reloadMidSettle(t *testing.T, db *store.DB, node string, confirm, poll time.Duration, pp x402.PaymentPayload, begun <-chan struct{}) *reload {
+	t.Helper()
+	handle := &closableSent{SentStore: sentOf(db)}
+	cfg := e.f.cfg
+	cfg.RPC, cfg.Sent, cfg.ConfirmTimeout, cfg.PollInterval = &RPC{URL: node}, handle, confirm, poll
+	f, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &reload{e: e, db: db, f: f, pp: pp, key: f.sentKey(mustDecode(t, pp).MessageHash())}
+	first := settleAsync(context.Background(), f, pp, e.req)
+	<-begun
+	start := time.Now()
+	f.Close()
+	r.waited = time.Since(start)
+	handle.closed.Store(true)
+	r.answer = <-first
+	return r
+}
+
+// next is the next configuration's facilitator: r's settings on the
+// chain's own node and a fresh handle on the same store of sends.
+func (r *reload) next(t *testing.T) *Facilitator {
+	t.Helper()
+	cfg := r.f.cfg
+	cfg.RPC, cfg.Sent = &RPC{URL: r.e.chain.URL}, sentOf(r.db)
+	f, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+// retrySettlesOnce checks that the retry of r's payment through the next
+// configuration sends it afresh and answers success within 1.5s (a
+// retry that adopted a record left behind would poll until its blockhash
+// expired), and that the payee holds the payment once.
+func (r *reload) retrySettlesOnce(t *testing.T) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+	defer cancel()
+	if s, err := r.next(t).Settle(ctx, r.pp, r.e.req); err != nil || !s.Success {
+		t.Errorf("retry through the next configuration: %+v %v; want success (a fresh send)", s, err)
+	}
+	if _, b := r.e.balances(t); b != 20000 {
+		t.Errorf("payee holds %d; want the payment once", b)
+	}
+}
+
+// retryAnswersDuplicate checks that a settle of r's payment through the
+// next configuration answers duplicate_settlement naming tx, the other
+// sender's transaction, never success beside that sender.
+func (r *reload) retryAnswersDuplicate(t *testing.T, tx string) {
+	t.Helper()
+	if s, err := r.next(t).Settle(context.Background(), r.pp, r.e.req); err != nil || s.Success || s.ErrorReason != ReasonDuplicateSettlement || s.Transaction != tx {
+		t.Errorf("settle through the next configuration: %+v %v; want duplicate_settlement naming %s", s, err, tx)
+	}
+}
+
+// landedElsewhere is a node in front of e's chain at which another sender
+// lands raw just before the facilitator's first send of it, signalling
+// landed (when not nil) and answering that send (AlreadyProcessed) after
+// delay; *elsewhere names the other sender's transaction once it is sent.
+func (e *env) landedElsewhere(t *testing.T, raw []byte, delay time.Duration, landed chan<- struct{}) (fr *faultyRPC, elsewhere *string) {
+	fr, elsewhere = &faultyRPC{}, new(string)
+	fr.set(func(f *faultyRPC) {
+		f.target = e.chain.URL
+		f.beforeSend = func() {
+			if *elsewhere == "" {
+				*elsewhere = e.sendSigned(t, raw)
+				if landed != nil {
+					landed <- struct{}{}
+				}
+				time.Sleep(delay)
+			}
+		}
+	})
+	return fr, elsewhere
+}
+
+// noRecord checks, at once (no wait for a drop in the background), that
+// st holds no record under key: dropped, or never written.
+func noRecord(t *testing.T, st SentStore, key, when string) {
+	t.Helper()
+	if rec, err := st.Lookup(context.Background(), key); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("record %s: %+v %v; want none", when, rec, err)
+	}
+}
+
 // A reload unloads a configuration while one of its Settles waits for the
 // node's answer to its send: Close waits for that Settle, and for the drop
 // of its record once the node refuses, before the configuration closes its
@@ -104,50 +214,16 @@ func TestCloseWaitsForASendInFlightAndItsDrop(t *testing.T) {
 	var refuse atomic.Bool
 	refuse.Store(true)
 	sending := make(chan struct{}, 1)
-	cfg := e.f.cfg
-	handle := &closableSent{SentStore: sentOf(db)}
-	cfg.Sent, cfg.ConfirmTimeout, cfg.PollInterval = handle, 2*time.Second, 50*time.Millisecond
-	cfg.RPC = &RPC{URL: slowRefusal(t, e.chain.URL, &refuse, 600*time.Millisecond, sending)}
-	f, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
 	pp := Payload(e.payment(t).Transaction(), e.req)
-	key := f.sentKey(mustDecode(t, pp).MessageHash())
-	first := settleAsync(context.Background(), f, pp, e.req)
-	<-sending
-	// The reload: the old configuration's facilitator is closed, then its
-	// store handle.
-	start := time.Now()
-	f.Close()
-	waited := time.Since(start)
-	handle.closed.Store(true)
-	if waited < 400*time.Millisecond {
-		t.Errorf("Close returned after %v; want it to wait for the send in flight (answered 600ms after it began)", waited.Round(time.Millisecond))
+	r := e.reloadMidSettle(t, db, slowRefusal(t, e.chain.URL, &refuse, 600*time.Millisecond, sending), 2*time.Second, 50*time.Millisecond, pp, sending)
+	if r.waited < 400*time.Millisecond {
+		t.Errorf("Close returned after %v; want it to wait for the send in flight (answered 600ms after it began)", r.waited.Round(time.Millisecond))
 	}
-	a := <-first
-	if a.err != nil || a.r.Success || a.r.ErrorReason != ReasonTransactionFailed {
+	if a := r.answer; a.err != nil || a.r.Success || a.r.ErrorReason != ReasonTransactionFailed {
 		t.Fatalf("refused send: %+v %v; want transaction_failed", a.r, a.err)
 	}
-	if rec, err := sentOf(db).Lookup(context.Background(), key); !errors.Is(err, store.ErrNotFound) {
-		t.Errorf("record of the refused send once Close returned: %+v %v; want dropped", rec, err)
-	}
-	refuse.Store(false)
-	cfg2 := cfg
-	cfg2.Sent = sentOf(db)
-	f2, err := New(cfg2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f2.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
-	defer cancel()
-	if r, err := f2.Settle(ctx, pp, e.req); err != nil || !r.Success {
-		t.Errorf("retry of the refused payment through the next configuration: %+v %v; want success (a fresh send)", r, err)
-	}
-	if _, b := e.balances(t); b != 20000 {
-		t.Errorf("payee holds %d; want the payment once", b)
-	}
+	noRecord(t, sentOf(db), r.key, "of the refused send once Close returned")
+	r.retrySettlesOnce(t)
 }
 
 // The same with the node answering AlreadyProcessed after Close began
@@ -160,45 +236,16 @@ func TestCloseWaitsForASendInFlightAndItsDrop(t *testing.T) {
 // transaction another sender answers for.)
 func TestCloseWaitsForAnAlreadyProcessedSendsDrop(t *testing.T) {
 	db := openStore(t, t.TempDir())
-	handle := &closableSent{SentStore: sentOf(db)}
-	fr := &faultyRPC{}
-	e := newEnv(t, Config{RPC: &RPC{URL: fr.serve(t)}, Sent: handle, ConfirmTimeout: 2 * time.Second, PollInterval: 20 * time.Millisecond})
-	p := e.payment(t)
-	raw := p.Build(p.Instructions())
+	e := newEnv(t, Config{})
+	raw := e.payment(t).Transaction()
 	sending := make(chan struct{}, 1)
-	var elsewhere string
-	fr.set(func(f *faultyRPC) {
-		f.target = e.chain.URL
-		f.beforeSend = func() {
-			if elsewhere == "" {
-				elsewhere = e.sendSigned(t, raw)
-				sending <- struct{}{}
-				time.Sleep(600 * time.Millisecond) // the node answers after the reload began
-			}
-		}
-	})
-	pp := Payload(raw, e.req)
-	first := settleAsync(context.Background(), e.f, pp, e.req)
-	<-sending
-	e.f.Close()
-	handle.closed.Store(true)
-	a := <-first
-	if a.err != nil || a.r.Success || a.r.ErrorReason != ReasonDuplicateSettlement {
+	fr, elsewhere := e.landedElsewhere(t, raw, 600*time.Millisecond, sending) // the node answers after the reload began
+	r := e.reloadMidSettle(t, db, fr.serve(t), 2*time.Second, 20*time.Millisecond, Payload(raw, e.req), sending)
+	if a := r.answer; a.err != nil || a.r.Success || a.r.ErrorReason != ReasonDuplicateSettlement {
 		t.Fatalf("send answered AlreadyProcessed: %+v %v; want duplicate_settlement", a.r, a.err)
 	}
-	if rec, err := sentOf(db).Lookup(context.Background(), e.f.sentKey(mustDecode(t, pp).MessageHash())); !errors.Is(err, store.ErrNotFound) {
-		t.Errorf("record once Close returned: %+v %v; want dropped", rec, err)
-	}
-	cfg := e.f.cfg
-	cfg.RPC, cfg.Sent = &RPC{URL: e.chain.URL}, sentOf(db)
-	next, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer next.Close()
-	if r, err := next.Settle(context.Background(), pp, e.req); err != nil || r.Success || r.ErrorReason != ReasonDuplicateSettlement || r.Transaction != elsewhere {
-		t.Errorf("settle through the next configuration: %+v %v; want duplicate_settlement naming %s", r, err, elsewhere)
-	}
+	noRecord(t, sentOf(db), r.key, "once Close returned")
+	r.retryAnswersDuplicate(t, *elsewhere)
 }
 
 // Close's wait is bounded: with a send in flight whose refusal comes late
@@ -359,63 +406,31 @@ func TestCloseWaitsForAStatusReadsMark(t *testing.T) {
 func TestCloseCutsOffASendNotBegun(t *testing.T) {
 	db := openStore(t, t.TempDir())
 	e := newEnv(t, Config{})
-	var refuse atomic.Bool
-	refuse.Store(true)
 	var lookups, sends atomic.Int32
 	looking := make(chan struct{}, 1)
-	cfg := e.f.cfg
-	handle := &closableSent{SentStore: sentOf(db)}
-	cfg.Sent, cfg.ConfirmTimeout, cfg.PollInterval = handle, time.Second, 50*time.Millisecond
-	cfg.RPC = &RPC{URL: proxy(t, e.chain.URL, func(w http.ResponseWriter, id json.RawMessage, method string, _ []json.RawMessage) bool {
+	node := proxy(t, e.chain.URL, func(w http.ResponseWriter, id json.RawMessage, method string, _ []json.RawMessage) bool {
 		switch {
 		case method == "getSignatureStatuses" && lookups.Add(1) == 1:
 			looking <- struct{}{}
 			time.Sleep(1500 * time.Millisecond) // a slow node before the send
-		case method == "sendTransaction" && refuse.Load():
+		case method == "sendTransaction":
 			sends.Add(1)
 			time.Sleep(800 * time.Millisecond)
 			w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(id) + `,"error":{"code":-32003,"message":"Transaction signature verification failure"}}`))
 			return true
 		}
 		return false
-	}, nil)}
-	f, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pp := Payload(e.payment(t).Transaction(), e.req)
-	key := f.sentKey(mustDecode(t, pp).MessageHash())
-	first := settleAsync(context.Background(), f, pp, e.req)
-	<-looking
-	f.Close()
-	handle.closed.Store(true)
-	a := <-first
+	}, nil)
+	r := e.reloadMidSettle(t, db, node, time.Second, 50*time.Millisecond, Payload(e.payment(t).Transaction(), e.req), looking)
 	var unknown *x402.UnknownOutcomeError
-	if !errors.Is(a.err, ErrClosed) || errors.As(a.err, &unknown) {
+	if a := r.answer; !errors.Is(a.err, ErrClosed) || errors.As(a.err, &unknown) {
 		t.Errorf("Settle still before its send at Close: %+v %v; want ErrClosed, no unknown outcome", a.r, a.err)
 	}
 	if n := sends.Load(); n != 0 {
 		t.Errorf("%d sends by the closed facilitator; want none", n)
 	}
-	if rec, err := sentOf(db).Lookup(context.Background(), key); !errors.Is(err, store.ErrNotFound) {
-		t.Errorf("record once the Settle answered: %+v %v; want none written", rec, err)
-	}
-	refuse.Store(false)
-	cfg2 := cfg
-	cfg2.Sent, cfg2.RPC = sentOf(db), &RPC{URL: e.chain.URL}
-	f2, err := New(cfg2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f2.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
-	defer cancel()
-	if r, err := f2.Settle(ctx, pp, e.req); err != nil || !r.Success {
-		t.Errorf("retry through the next configuration: %+v %v; want success (a fresh send)", r, err)
-	}
-	if _, b := e.balances(t); b != 20000 {
-		t.Errorf("payee holds %d; want the payment once", b)
-	}
+	noRecord(t, sentOf(db), r.key, "once the Settle answered")
+	r.retrySettlesOnce(t)
 }
 
 // The same where another sender lands the payment while the Settle is
@@ -429,57 +444,31 @@ func TestCloseCutsOffASendNotBegun(t *testing.T) {
 // success for a transaction another sender answers for.)
 func TestCloseCutsOffAnAlreadyProcessedSendNotBegun(t *testing.T) {
 	db := openStore(t, t.TempDir())
-	handle := &closableSent{SentStore: sentOf(db)}
-	fr := &faultyRPC{}
-	e := newEnv(t, Config{RPC: &RPC{URL: fr.serve(t)}, Sent: handle, ConfirmTimeout: time.Second, PollInterval: 20 * time.Millisecond})
-	p := e.payment(t)
-	raw := p.Build(p.Instructions())
+	e := newEnv(t, Config{})
+	raw := e.payment(t).Transaction()
 	looking := make(chan struct{}, 1)
 	var statuses atomic.Int32
-	var elsewhere string
+	fr, elsewhere := e.landedElsewhere(t, raw, 800*time.Millisecond, nil)
 	fr.set(func(f *faultyRPC) {
-		f.target = e.chain.URL
 		f.beforeStatus = func() {
 			if statuses.Add(1) == 1 {
 				looking <- struct{}{}
 				time.Sleep(1500 * time.Millisecond) // a slow node before the send
 			}
 		}
-		f.beforeSend = func() {
-			if elsewhere == "" {
-				elsewhere = e.sendSigned(t, raw)
-				time.Sleep(800 * time.Millisecond)
-			}
-		}
 	})
-	pp := Payload(raw, e.req)
-	first := settleAsync(context.Background(), e.f, pp, e.req)
-	<-looking
-	e.f.Close()
-	handle.closed.Store(true)
-	a := <-first
-	if !errors.Is(a.err, ErrClosed) {
+	r := e.reloadMidSettle(t, db, fr.serve(t), time.Second, 20*time.Millisecond, Payload(raw, e.req), looking)
+	if a := r.answer; !errors.Is(a.err, ErrClosed) {
 		t.Errorf("Settle still before its send at Close: %+v %v; want ErrClosed", a.r, a.err)
 	}
 	if n := fr.count("sendTransaction"); n != 0 {
 		t.Errorf("%d sends by the closed facilitator; want none", n)
 	}
-	if rec, err := sentOf(db).Lookup(context.Background(), e.f.sentKey(mustDecode(t, pp).MessageHash())); !errors.Is(err, store.ErrNotFound) {
-		t.Errorf("record once the Settle answered: %+v %v; want none written", rec, err)
+	noRecord(t, sentOf(db), r.key, "once the Settle answered")
+	if *elsewhere == "" {
+		*elsewhere = e.sendSigned(t, raw) // the other sender
 	}
-	if elsewhere == "" {
-		elsewhere = e.sendSigned(t, raw) // the other sender
-	}
-	cfg := e.f.cfg
-	cfg.RPC, cfg.Sent = &RPC{URL: e.chain.URL}, sentOf(db)
-	next, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer next.Close()
-	if r, err := next.Settle(context.Background(), pp, e.req); err != nil || r.Success || r.ErrorReason != ReasonDuplicateSettlement || r.Transaction != elsewhere {
-		t.Errorf("settle through the next configuration: %+v %v; want duplicate_settlement naming %s", r, err, elsewhere)
-	}
+	r.retryAnswersDuplicate(t, *elsewhere)
 }
 
 // The background resolver is waited for too: while it polls a pending
@@ -515,7 +504,5 @@ func TestCloseWaitsForTheResolversDrop(t *testing.T) {
 	<-polling
 	e.f.Close()
 	handle.closed.Store(true)
-	if rec, err := sentOf(db).Lookup(context.Background(), e.f.sentKey(mustDecode(t, pp).MessageHash())); !errors.Is(err, store.ErrNotFound) {
-		t.Errorf("record of the expired send once Close returned: %+v %v; want dropped", rec, err)
-	}
+	noRecord(t, sentOf(db), e.f.sentKey(mustDecode(t, pp).MessageHash()), "of the expired send once Close returned")
 }
