@@ -48,6 +48,33 @@ func (e *testEnv) requirements(payTo common.Address, amount string) x402.Payment
 	}
 }
 
+// expiringPayment is a payment from payer of amount to payee signed now,
+// valid for validFor seconds: its requirements, the payment and its
+// validBefore (whole seconds, as signed), for the tests of the time
+// around validBefore.
+func (e *testEnv) expiringPayment(t *testing.T, validFor int) (x402.PaymentRequirements, x402.PaymentPayload, time.Time) {
+	t.Helper()
+	req := e.requirements(payee, amount)
+	req.MaxTimeoutSeconds = validFor
+	signedAt := time.Now()
+	pay := mustSignExact(t, payer, req)
+	return req, pay, time.Unix(signedAt.Unix()+int64(validFor), 0)
+}
+
+// relayerOn is a facilitator of relayer key DevKey(key) on chain, polling
+// every 20ms and waiting receiptTimeout for a receipt (0: the default),
+// that has identified its chain, and is closed when t ends.
+func relayerOn(t *testing.T, chain Chain, key int, receiptTimeout time.Duration) *Facilitator {
+	t.Helper()
+	f, err := New(Config{Chain: chain, Network: DevnetNetwork, RelayerKey: DevKey(key), PollInterval: 20 * time.Millisecond, ReceiptTimeout: receiptTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	identified(t, f)
+	return f
+}
+
 // auth is an authorization from key's address for req, valid now.
 func auth(key *ecdsa.PrivateKey, req x402.PaymentRequirements) x402.Authorization {
 	var n [32]byte

@@ -241,17 +241,8 @@ func keptRetryNearExpiry(t *testing.T, retry func(f *Facilitator, pay x402.Payme
 	d := startDevnet(t, DevnetConfig{})
 	e := &testEnv{d: d}
 	wc := &fakeWithholdingSends{Chain: d.Client()}
-	f, err := New(Config{Chain: wc, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 300 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	identified(t, f)
-	req := e.requirements(payee, amount)
-	req.MaxTimeoutSeconds = 12
-	signedAt := time.Now()
-	pay := mustSignExact(t, payer, req)
-	validBefore := time.Unix(signedAt.Unix()+12, 0)
+	f := relayerOn(t, wc, 0, 300*time.Millisecond)
+	req, pay, validBefore := e.expiringPayment(t, 12)
 	from := crypto.PubkeyToAddress(payer.PublicKey)
 	before := usdcBalance(t, d, from)
 	if _, err := f.Settle(context.Background(), pay, req); !errors.As(err, new(*x402.UnknownOutcomeError)) {
@@ -374,17 +365,8 @@ func TestKeptRetryPastValidBeforeByTheWallClockIsJudgedByTheChainsTime(t *testin
 func TestRetryOfALandedSettlementNearOrPastValidBeforeIsNonceAlreadyUsed(t *testing.T) {
 	d := startDevnet(t, DevnetConfig{})
 	e := &testEnv{d: d}
-	f, err := New(Config{Chain: d.Client(), Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	identified(t, f)
-	req := e.requirements(payee, amount)
-	req.MaxTimeoutSeconds = 12
-	signedAt := time.Now()
-	pay := mustSignExact(t, payer, req)
-	validBefore := time.Unix(signedAt.Unix()+12, 0)
+	f := relayerOn(t, d.Client(), 0, 0)
+	req, pay, validBefore := e.expiringPayment(t, 12)
 	first, err := f.Settle(context.Background(), pay, req)
 	if err != nil || !first.Success {
 		t.Fatalf("first settle = %+v, %v; want success", first, err)
@@ -450,17 +432,8 @@ func TestNonceStateBeforeTheMarginRefusalIsReadOnlyForItAndFailsClosed(t *testin
 	d := startDevnet(t, DevnetConfig{})
 	e := &testEnv{d: d}
 	nr := &nonceReads{Chain: d.Client()}
-	f, err := New(Config{Chain: nr, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	identified(t, f)
-	req := e.requirements(payee, amount)
-	req.MaxTimeoutSeconds = 8
-	signedAt := time.Now()
-	pay := mustSignExact(t, payer, req)
-	validBefore := time.Unix(signedAt.Unix()+8, 0)
+	f := relayerOn(t, nr, 0, 0)
+	req, pay, validBefore := e.expiringPayment(t, 8)
 	if r, err := f.Settle(context.Background(), pay, req); err != nil || !r.Success {
 		t.Fatalf("settle = %+v, %v; want success", r, err)
 	}
@@ -550,17 +523,7 @@ func TestKeptSettlementAnswersOnlyItsOwnAuthorization(t *testing.T) {
 func TestExpiredAuthorizationIsNotNamedAnotherAuthorizationsTransaction(t *testing.T) {
 	d := startDevnet(t, DevnetConfig{})
 	e := &testEnv{d: d}
-	open := func(key int) *Facilitator {
-		t.Helper()
-		f, err := New(Config{Chain: d.Client(), Network: DevnetNetwork, RelayerKey: DevKey(key), PollInterval: 20 * time.Millisecond})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { f.Close() })
-		identified(t, f)
-		return f
-	}
-	f := open(0)
+	f := relayerOn(t, d.Client(), 0, 0)
 	req := e.requirements(payee, amount)
 	b := auth(payer, req)
 	rb, err := f.Settle(context.Background(), sign(t, payer, b, req, req), req)
@@ -581,7 +544,7 @@ func TestExpiredAuthorizationIsNotNamedAnotherAuthorizationsTransaction(t *testi
 	for _, c := range []struct {
 		who string
 		f   *Facilitator
-	}{{"the facilitator that settled B", f}, {"another relayer's facilitator", open(1)}} {
+	}{{"the facilitator that settled B", f}, {"another relayer's facilitator", relayerOn(t, d.Client(), 1, 0)}} {
 		r, err := c.f.Settle(context.Background(), pa, req)
 		if err != nil || r.Success || r.ErrorReason != x402.ReasonExactEVMNonceAlreadyUsed || r.Transaction != "" {
 			t.Errorf("%s: settle of A, expired before B's block = %+v, %v; want %s naming no transaction (B's %s is not A's)", c.who, r, err, x402.ReasonExactEVMNonceAlreadyUsed, rb.Transaction)
