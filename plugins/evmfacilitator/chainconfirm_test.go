@@ -49,6 +49,35 @@ func (c *droppingSends) SendTransaction(ctx context.Context, tx *types.Transacti
 	return c.Chain.SendTransaction(ctx, tx)
 }
 
+// genesisOutageEnv is a facilitator (receipts awaited 1.5 s, closed when
+// the test ends) on a devnet whose node loses its first two sends, so that
+// the first settle's outcome is unknown and its transaction kept (vc.lost,
+// landed later by the look-after), behind a client whose reads of the
+// genesis block fail while oc.down is set; req is a payment's
+// requirements on it.
+type genesisOutageEnv struct {
+	d   *Devnet
+	vc  *droppingSends
+	oc  *genesisOutage
+	f   *Facilitator
+	req x402.PaymentRequirements
+}
+
+func lostSendsBehindGenesisOutage(t *testing.T) *genesisOutageEnv {
+	t.Helper()
+	o := &genesisOutageEnv{d: startDevnet(t, DevnetConfig{})}
+	o.vc = &droppingSends{Chain: o.d.Client(), drop: 2}
+	o.oc = &genesisOutage{Chain: o.vc}
+	var err error
+	o.f, err = New(Config{Chain: o.oc, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 1500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { o.f.Close() })
+	o.req = (&testEnv{d: o.d}).requirements(payee, amount)
+	return o
+}
+
 // A retry of a settlement whose outcome was unknown, arriving while the
 // genesis read fails (the outage that made the first outcome unknown, a
 // provider's 429 on one call), is an unknown outcome, nothing sent: its
@@ -58,17 +87,10 @@ func (c *droppingSends) SendTransaction(ctx context.Context, tx *types.Transacti
 // Settle's contract reads as nothing sent: the x402 handler's 503, charged
 // false, for a payment then charged.)
 func TestKeptRetryDuringGenesisReadFailureIsUnknownOutcome(t *testing.T) {
-	d := startDevnet(t, DevnetConfig{})
-	vc := &droppingSends{Chain: d.Client(), drop: 2}
-	oc := &genesisOutage{Chain: vc}
-	f, err := New(Config{Chain: oc, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 1500 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	req := (&testEnv{d: d}).requirements(payee, amount)
+	o := lostSendsBehindGenesisOutage(t)
+	d, vc, oc, f, req := o.d, o.vc, o.oc, o.f, o.req
 	pay := mustSignExact(t, payer, req)
-	_, err = f.Settle(context.Background(), pay, req)
+	_, err := f.Settle(context.Background(), pay, req)
 	var ue *x402.UnknownOutcomeError
 	if !errors.As(err, &ue) {
 		t.Fatalf("first settle = %v; want an unknown outcome", err)
@@ -104,15 +126,8 @@ func TestKeptRetryDuringGenesisReadFailureIsUnknownOutcome(t *testing.T) {
 // outcome of "an earlier settle of this authorization" was unknown, of a
 // transaction that is not its own.)
 func TestAnotherAuthorizationOfAKeptNonceDuringGenesisReadFailureIsNonceAlreadyUsed(t *testing.T) {
-	d := startDevnet(t, DevnetConfig{})
-	vc := &droppingSends{Chain: d.Client(), drop: 2}
-	oc := &genesisOutage{Chain: vc}
-	f, err := New(Config{Chain: oc, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 1500 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	req := (&testEnv{d: d}).requirements(payee, amount)
+	o := lostSendsBehindGenesisOutage(t)
+	oc, f, req := o.oc, o.f, o.req
 	b := auth(payer, req)
 	var ue *x402.UnknownOutcomeError
 	if r, err := f.Settle(context.Background(), sign(t, payer, b, req, req), req); !errors.As(err, &ue) {
