@@ -519,15 +519,8 @@ func TestResolvedReportAfterAReloadGoesOnlyToItsOwnUpstream(t *testing.T) {
 	}
 }
 `, payTo.Hex(), filepath.Join(t.TempDir(), "gate"))
-	base := startCaddy(t, site)
+	base := paidCallLosingItsReply(t, site, 9, `{"x":4}`)
 	port := portOf(t, base)
-	url := base + "/v1/verify"
-	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 9)
-	resp := post(t, url, `{"x":4}`, map[string]string{x402.HeaderPaymentSignature: sig})
-	b := readAll(t, resp)
-	if resp.StatusCode != http.StatusServiceUnavailable {
-		t.Fatalf("paid call: %d %.200s; want 503 settlement_pending (reply lost)", resp.StatusCode, b)
-	}
 	// The operator reloads the same config (any change to the server
 	// would count as a move) before the pass resolves it; someone then
 	// calls the other route (a 402 is enough to learn it).
@@ -592,13 +585,7 @@ func TestResolvedReportOfAGateAloneInItsRouteGoesToNoOtherSitesUpstream(t *testi
 	}
 }
 `, gate, port2)
-	base := startCaddy(t, site)
-	url := base + "/v1/verify"
-	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 9)
-	resp := post(t, url, `{"x":4}`, map[string]string{x402.HeaderPaymentSignature: sig})
-	if b := readAll(t, resp); resp.StatusCode != http.StatusServiceUnavailable {
-		t.Fatalf("paid call: %d %.200s; want 503 settlement_pending (reply lost)", resp.StatusCode, b)
-	}
+	base := paidCallLosingItsReply(t, site, 9, `{"x":4}`)
 	// The operator reloads the same config; someone calls site B (a 402
 	// is enough for its gate to learn its way); then the chain answers.
 	resolveInterval = 300 * time.Millisecond
@@ -645,13 +632,7 @@ func TestReloadMovingTheUpstreamAfterAGateAloneInItsRouteKeepsTheOutcome(t *test
 	}
 }
 `, payTo.Hex(), filepath.Join(t.TempDir(), "gate"))
-	base := startCaddy(t, site)
-	url := base + "/v1/verify"
-	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 8)
-	resp := post(t, url, `{"x":5}`, map[string]string{x402.HeaderPaymentSignature: sig})
-	if b := readAll(t, resp); resp.StatusCode != http.StatusServiceUnavailable {
-		t.Fatalf("paid call: %d %.200s; want 503 settlement_pending (reply lost)", resp.StatusCode, b)
-	}
+	base := paidCallLosingItsReply(t, site, 8, `{"x":5}`)
 	resolveInterval = 300 * time.Millisecond
 	loadCaddy(t, portOf(t, base), strings.Replace(site, "test_fake_history", "test_fake_other_upstream", 1))
 	readAll(t, post(t, base+"/v1/thing", "", nil)) // the new gate's first request
@@ -869,6 +850,22 @@ func TestGateNameTakesAMatchersAlternativesInAnyOrder(t *testing.T) {
 	if load(strings.Replace(set(""), "b.example", "c.example", 1)) == first {
 		t.Error("a reload changing a host the route before the gate's matches kept the gate's name")
 	}
+}
+
+// paidCallLosingItsReply starts Caddy on site and pays a call to its
+// /v1/verify (body, signed by payer) whose settlement reply the faulty
+// facilitator loses: 503 settlement_pending, the outcome left for the
+// background pass to resolve. It returns Caddy's base URL.
+func paidCallLosingItsReply(t *testing.T, site string, payer int, body string) string {
+	t.Helper()
+	base := startCaddy(t, site)
+	url := base + "/v1/verify"
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), payer)
+	resp := post(t, url, body, map[string]string{x402.HeaderPaymentSignature: sig})
+	if b := readAll(t, resp); resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("paid call: %d %.200s; want 503 settlement_pending (reply lost)", resp.StatusCode, b)
+	}
+	return base
 }
 
 // stallChain holds the chain reads of lose_reply_stall until the channel
