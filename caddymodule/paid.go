@@ -361,7 +361,10 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 			return ex.demand(w, r, http.StatusPaymentRequired,
 				"This payment settled earlier (PAYMENT-RESPONSE names its transaction) and the answer it bought is no longer kept; it cannot be used again. Sign a new payment only for a new call.",
 				x402.ReasonPaymentAlreadyUsed, &sr)
-		case unknown:
+		case unknown, vr.InvalidReason == x402.ReasonSettlementPending:
+			// The facilitator (or the chain) holds a settlement of this
+			// payment whose outcome is not known yet: a 402 would ask
+			// for a second payment while the first may still land.
 			g.noteIfClientLeft(r)
 			return ex.refuse(w, r, errSettlementPending(nil))
 		case g.unresolvable(ctx, keys, offer):

@@ -42,8 +42,10 @@ import (
 // reply is lost, as when a facilitator times out after sending), or reports
 // an unknown outcome without sending (mode "lose_request"), or refuses the
 // settlement without sending (mode "refuse": a settlement that fails for
-// sure, as when the payer spent the funds between verify and settle).
-// Verify and SettlementStatus are the real facilitator's.
+// sure, as when the payer spent the funds between verify and settle); in
+// mode "verify_pending" its Verify answers that a settlement of the
+// payment is pending there. Otherwise Verify and SettlementStatus are the
+// real facilitator's.
 type faultyFacilitator struct {
 	Mode string `json:"mode"`
 	f    *evmfacilitator.Facilitator
@@ -79,6 +81,13 @@ func (m *faultyFacilitator) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 }
 
 func (m *faultyFacilitator) Verify(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.VerifyResponse, error) {
+	if m.Mode == "verify_pending" {
+		// The facilitator holds a settlement of this payment whose
+		// outcome is not known yet (the evm facilitator's answer near
+		// validBefore, evmfacilitator's own tests), which a gate meets
+		// when another gate or client settled the same payment there.
+		return x402.VerifyResponse{InvalidReason: x402.ReasonSettlementPending}, nil
+	}
 	return m.f.Verify(ctx, p, req)
 }
 

@@ -429,3 +429,39 @@ func TestSettledEarlierNewWindowsOfAUsedNonceCostOneRead(t *testing.T) {
 		t.Fatalf("the upstream ran %d times", up.calls.Load())
 	}
 }
+
+// A payment whose facilitator answers Verify that a settlement of it is
+// pending there (settlement_pending: another gate or client settled it
+// and its outcome is not known yet) is answered 503 settlement_pending,
+// nothing served: the payment may still land, so the buyer is not asked
+// for another. Its retry gets the same answer. (Before: it was a 402 with
+// a fresh PAYMENT-REQUIRED, which an x402 client reads as "sign again".)
+func TestVerifySayingASettlementIsPendingIsNotAskedToPayAgain(t *testing.T) {
+	sharedDevnet(t)
+	up := newUpstream(t)
+	url := startCaddy(t, fmt.Sprintf(`:{port} {
+	route /verify/schema {
+		x402 {
+			accept devnet $0.02 %[2]s
+			facilitator faulty_devnet verify_pending
+			store badger {data}/gate
+		}
+		reverse_proxy %[1]s
+	}
+}
+`, up.URL, payTo.Hex())) + "/verify/schema"
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 4)
+	for try := range 2 {
+		resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+		body := readAll(t, resp)
+		if resp.StatusCode != http.StatusServiceUnavailable || !bytes.Contains(body, []byte(`"code":"settlement_pending"`)) {
+			t.Fatalf("try %d: %d %s, want 503 settlement_pending", try, resp.StatusCode, body)
+		}
+		if h := resp.Header.Get(x402.HeaderPaymentRequired); h != "" {
+			t.Errorf("try %d: a fresh offer (PAYMENT-REQUIRED) with the pending answer", try)
+		}
+	}
+	if n := up.calls.Load(); n != 0 {
+		t.Errorf("the upstream ran %d times for a payment not settled", n)
+	}
+}
