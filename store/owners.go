@@ -124,67 +124,233 @@ func BindableAgentID(id string) bool {
 	return !strings.ContainsFunc(id, blankRune) && !ImitatesAddress(id)
 }
 
-// ImitatesAddress reports whether id, which is not all ASCII, holds
-// something that reads as an address: a run of 32 or more letters and
-// digits (an EVM address is 42, a Solana one 32 to 44), one of them at
-// least a digit, counting as letters and digits every character that
-// reads as ASCII ones. Those are the characters whose NFKC form or UTS #39
-// skeleton (Unicode's confusables data), less any combining marks, is
-// ASCII letters and digits (Cyrillic а, fullwidth ０, mathematical 𝟶, ﬀ
-// for "ff", ⅱ for "ii", Ẹ for E), any decimal digit of another script
-// (Khmer ០), and combining marks, which a run reads through. So
-// 0x52908400098527886Е0F… with a Cyrillic Е, an address in fullwidth or
-// mathematical digits, and the victim's own address after lookalike
-// colons (eip155꞉8453꞉0x…, eip155፡8453፡0x…) all are refused: each reads as
-// the victim's account, whose owned score it would pass for. An id all
-// ASCII reads as what it is, and a long word with no digit
-// (Donaudampfschifffahrtsgesellschaftskapitän) is no address; names with
-// punctuation between words (o’reilly-support-agent) never make a run.
+// ImitatesAddress reports whether id, which is not all ASCII, writes an
+// address, or an account id ending in one, in lookalike characters: a
+// reader takes it for that wallet's account, whose owned score it would
+// pass for. It reads id as a reader does, each character as the ASCII it
+// looks like (readAs), and looks there for the two address formats
+// wallets prove, in a row of letters and digits:
+//
+//   - EVM: 40 or more in a row that read as hex digits, with or without 0x
+//     before them (o and O read as 0, l and I as 1);
+//   - Solana: the base58 spelling of 32 bytes, 43 or 44 characters, or 32
+//     to 42 when it starts with the 1s that spell leading zero bytes: that
+//     many in a row that read as base58 digits (no 0 and no O; l and I
+//     read as 1), among them at least five capitals and five small
+//     letters, as all but about one in 200,000 spellings of 43 or 44 have
+//     (base58 has 24 capitals and 25 small letters among its 58 digits).
+//     So a long word (Donaudampfschifffahrtsgesellschaftskapitäne) is no
+//     address, while one without a digit (about one account in 1,700) is.
+//
+// That stretch, with its 0x and the CAIP-10 prefix before them (namespace
+// and chain, eip155꞉8453꞉, whose separators may be any character that is
+// not ASCII and reads as no letter or digit: Ethiopic ፡ is drawn as a
+// colon the tables do not map), imitates an address when it holds a
+// character that is not ASCII and at least three quarters of the stretch
+// read as ASCII. The part that reads as the address is what must be in
+// lookalikes: an id with an address or a git hash in ASCII beside another
+// script's word reads as what it is (代理人-0x…, café-build-<sha1>) and
+// binds like its ASCII twin (agent-0x…). A letter or digit the tables do
+// not map reads as unknown (ꟈ, ь, ᴇ, Khmer ០), so a stretch reads
+// through a few of them as a reader does, but one made mostly of them (a
+// word in Russian) reads as no address.
 func ImitatesAddress(id string) bool {
 	if isASCII(id) {
 		return false
 	}
-	run, digit := 0, false
-	for _, r := range id {
-		n, d := alnumUnits(r)
-		switch {
-		case n > 0:
-			run, digit = run+n, digit || d
-		case unicode.In(r, unicode.Mn, unicode.Me):
-			continue // read through, on whatever it marks
-		default:
-			run, digit = 0, false
+	u := readAs(id)
+	for s := 0; s < len(u); {
+		if !u[s].alnum() {
+			s++
 			continue
 		}
-		if run >= 32 && digit {
+		e := s
+		for e < len(u) && u[e].alnum() {
+			e++
+		}
+		if imitatesEVM(u, s, e) || imitatesSolana(u, s, e) {
 			return true
 		}
+		s = e
 	}
 	return false
 }
 
-// alnumUnits is how many ASCII letters and digits r reads as (0: none, it
-// ends a run), and whether a digit is among them.
-func alnumUnits(r rune) (int, bool) {
-	if r < utf8.RuneSelf {
-		if c := byte(r); isAlnum(c) {
-			return 1, '0' <= c && c <= '9'
-		}
-		return 0, false
-	}
-	for _, f := range []string{norm.NFKC.String(string(r)), confusables.Skeleton(string(r))} {
-		if a := unmarked(f); a != "" {
-			return len(a), strings.ContainsAny(a, "0123456789")
-		}
-	}
-	if unicode.IsDigit(r) {
-		return 1, true
-	}
-	return 0, false
+// unit is one ASCII character an id reads as (c), and whether it comes
+// from a character that is not ASCII (foreign) or is a letter or digit
+// the tables give no reading (wild, c is '*'); c is 0 for a Chinese,
+// Japanese or Korean one (see readAs).
+type unit struct {
+	c             byte
+	foreign, wild bool
 }
 
-// unmarked is s less its combining marks, when that is ASCII letters and
-// digits; "" otherwise.
+func (x unit) alnum() bool { return x.wild || isAlnum(x.c) }
+
+// readAs reads id as ASCII: an ASCII character as itself, another as its
+// NFKC form or UTS #39 skeleton (Unicode's confusables data) less any
+// combining marks when that is ASCII (Cyrillic а, fullwidth ０, 𝟶, ﬀ as
+// "ff", ⅱ as "ii", Ẹ as E, ꞉ as ':'), a letter or digit with no such
+// reading as a wild unit, and anything else as a space. The ideographs
+// and syllables of Chinese, Japanese and Korean are no wild units, as
+// none looks like an ASCII letter or digit (代理人 before a hash makes no
+// stretch of hex a lookalike), nor spaces, as none looks like a colon
+// either: they read as a zero byte. A combining mark adds nothing but
+// marks the unit it sits on as foreign.
+func readAs(id string) []unit {
+	var u []unit
+	for _, r := range id {
+		switch {
+		case r < utf8.RuneSelf:
+			u = append(u, unit{c: byte(r)})
+		case unicode.In(r, unicode.Mn, unicode.Me):
+			if len(u) > 0 {
+				u[len(u)-1].foreign = true
+			}
+		default:
+			a := asciiReading(r)
+			switch {
+			case a != "":
+				for i := 0; i < len(a); i++ {
+					u = append(u, unit{c: a[i], foreign: true})
+				}
+			case !unicode.IsLetter(r) && !unicode.IsNumber(r):
+				u = append(u, unit{c: ' ', foreign: true})
+			case unicode.In(r, unicode.Han, unicode.Hiragana, unicode.Katakana, unicode.Hangul):
+				u = append(u, unit{foreign: true}) // ends a row, but is no separator
+			default:
+				u = append(u, unit{c: '*', foreign: true, wild: true})
+			}
+		}
+	}
+	return u
+}
+
+// asciiReading is the ASCII a character that is not ASCII reads as, ""
+// when the tables give none.
+func asciiReading(r rune) string {
+	for _, f := range []string{norm.NFKC.String(string(r)), confusables.Skeleton(string(r))} {
+		if a := unmarked(f); a != "" {
+			return a
+		}
+	}
+	return ""
+}
+
+// imitatesEVM reports whether the run u[s:e] holds an EVM address in
+// lookalikes: 40 or more units in a row that read as hex digits.
+func imitatesEVM(u []unit, s, e int) bool {
+	for i := s; i < e; {
+		j := i
+		for j < e && hexLike(u[j]) {
+			j++
+		}
+		if j-i >= 40 {
+			from := i
+			if from-2 >= s && zeroLike(u[from-2]) && (u[from-1].c == 'x' || u[from-1].c == 'X') {
+				from = caipPrefix(u, from-2)
+			}
+			if lookalike(u[from:j], u[i:j]) {
+				return true
+			}
+		}
+		i = j + 1
+	}
+	return false
+}
+
+// imitatesSolana reports whether the run u[s:e] holds a Solana address in
+// lookalikes (see ImitatesAddress).
+func imitatesSolana(u []unit, s, e int) bool {
+	for i := s; i < e; {
+		j := i
+		upper, lower := 0, 0
+		for ; j < e && base58Like(u[j]); j++ {
+			switch c := u[j].c; {
+			case u[j].wild || oneLike(u[j]):
+			case 'A' <= c && c <= 'Z':
+				upper++
+			case 'a' <= c && c <= 'z':
+				lower++
+			}
+		}
+		n := j - i
+		if (n >= 43 || n >= 32 && oneLike(u[i])) && upper >= 5 && lower >= 5 {
+			from := i
+			if from == s {
+				from = caipPrefix(u, s)
+			}
+			if lookalike(u[from:j], u[i:j]) {
+				return true
+			}
+		}
+		i = j + 1
+	}
+	return false
+}
+
+// lookalike reports whether span, an address with what precedes it, holds
+// a foreign unit, and at least three quarters of addr, the address, read
+// as ASCII.
+func lookalike(span, addr []unit) bool {
+	foreign, wild := false, 0
+	for _, x := range span {
+		foreign = foreign || x.foreign
+	}
+	for _, x := range addr {
+		if x.wild {
+			wild++
+		}
+	}
+	return foreign && 4*wild <= len(addr)
+}
+
+// caipPrefix returns where a CAIP-10 prefix ending at u[at] begins
+// (namespace, separator, reference, separator: eip155:8453:), or at when
+// there is none. A separator is a unit reading ':' or any other foreign
+// one that is no letter or digit, since some scripts draw one as a colon
+// that the tables do not map (Ethiopic wordspace ፡, Tibetan ༔).
+func caipPrefix(u []unit, at int) int {
+	sep := func(i int) bool { return i >= 0 && (u[i].c == ':' || u[i].foreign && u[i].c == ' ') }
+	part := func(end, min, max int, ok func(byte) bool) int {
+		i := end
+		for i > 0 && end-i < max && !u[i-1].wild && ok(u[i-1].c) {
+			i--
+		}
+		if end-i < min {
+			return -1
+		}
+		return i
+	}
+	if !sep(at - 1) {
+		return at
+	}
+	ref := part(at-1, 1, 32, func(c byte) bool { return isAlnum(c) || c == '-' || c == '_' })
+	if ref < 0 || !sep(ref-1) {
+		return at
+	}
+	ns := part(ref-1, 3, 8, func(c byte) bool { return isAlnum(c) || c == '-' })
+	if ns < 0 || ns > 0 && (u[ns-1].alnum() || u[ns-1].c == '-') {
+		return at
+	}
+	return ns
+}
+
+func hexLike(x unit) bool {
+	c := x.c
+	return x.wild || '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F' || zeroLike(x) || oneLike(x)
+}
+
+func base58Like(x unit) bool {
+	return x.alnum() && x.c != '0' && x.c != 'O'
+}
+
+func zeroLike(x unit) bool { return x.c == '0' || x.c == 'o' || x.c == 'O' }
+
+func oneLike(x unit) bool { return x.c == '1' || x.c == 'l' || x.c == 'I' }
+
+// unmarked is s less its combining marks, when that is printable ASCII;
+// "" otherwise.
 func unmarked(s string) string {
 	s = strings.Map(func(r rune) rune {
 		if unicode.In(r, unicode.Mn, unicode.Me) {
@@ -193,7 +359,7 @@ func unmarked(s string) string {
 		return r
 	}, norm.NFD.String(s))
 	for i := 0; i < len(s); i++ {
-		if !isAlnum(s[i]) {
+		if s[i] <= ' ' || s[i] > '~' {
 			return ""
 		}
 	}

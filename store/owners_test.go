@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"path/filepath"
@@ -9,6 +10,8 @@ import (
 	"testing"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/aovhq/aov/internal/base58"
 )
 
 func TestOwners(t *testing.T) {
@@ -217,7 +220,7 @@ func TestIsEVMAddress(t *testing.T) {
 // made an id that read as another's.)
 func TestBindableAgentID(t *testing.T) {
 	victim := "0x52908400098527886E0F7030069857D2E4169EE7"
-	for _, id := range []string{"my agent", "café-✓", "代理人", "agent-7", "seller-7", victim, "eip155:8453:" + victim, "Ωμέγα 2", strings.Repeat("é", MaxAgentIDChars),
+	for _, id := range []string{"my agent", "café-✓", "代理人", "agent-7", "seller-7", victim, "eip155:8453:" + victim, "Ωμέγα 2", strings.Repeat("ü", MaxAgentIDChars),
 		strings.Repeat("代理人", 12),                         // 36 letters of one other script: no address's lookalike
 		"sales agent for café orders in the north region", // long, with spaces
 		"7EcDhSYGxXyscszYEp35KHN8vvw3svAuLKTzXwCFLtV",     // a Solana address
@@ -269,7 +272,7 @@ func TestBindableAgentID(t *testing.T) {
 		"0x1234567890abcdef1234\ufb00567890abcdef123456",                       // ﬀ for ff
 		"7xKXtg2CW87d97TXJSDpbD5jBk\u2171TqA83TZRuJosgAsU",                     // ⅱ for ii
 		"0x1234567890\u0430bcdef1234\u0323ff567890abcdef123456",                // a combining dot below
-		"0x1234567890abcdef1234ff5678\u17e0abcdef123456",                       // Khmer zero
+		"0x1234567890abcdef1234ff56789\u17e0abcdef123456",                      // Khmer zero
 		"eip155\u13618453\u13610x52908400098527886E0F7030069857D2E4169EE7",     // Ethiopic wordspace for ':'
 		"eip155\u0f148453\u0f140x52908400098527886E0F7030069857D2E4169EE7",     // Tibetan gter tsheg for ':'
 		"eip155\ua7898453\ua7890x1234567890abcdef1234\ufb00567890abcdef123456", // both
@@ -304,4 +307,126 @@ func lookalikes(addr string) string {
 		}
 	}
 	return b.String()
+}
+
+// solanaLookalike writes a Solana address as an attacker copies it: its
+// first letter that has a Cyrillic twin the confusables data maps back to
+// it in Cyrillic, and every 1 as Ӏ (U+04C0 Cyrillic palochka, whose
+// skeleton is l).
+func solanaLookalike(addr string) string {
+	twin := map[rune]rune{'a': 'а', 'e': 'е', 'o': 'о', 'p': 'р', 'c': 'с', 'x': 'х', 'y': 'у',
+		'A': 'А', 'B': 'В', 'E': 'Е', 'K': 'К', 'M': 'М', 'H': 'Н', 'P': 'Р', 'C': 'С', 'T': 'Т', 'X': 'Х'}
+	var b strings.Builder
+	done := false
+	for _, r := range addr {
+		switch c, ok := twin[r]; {
+		case r == '1':
+			b.WriteRune('\u04c0')
+		case ok && !done:
+			b.WriteRune(c)
+			done = true
+		default:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+// A Solana wallet's address in lookalikes is refused whether or not its
+// base58 holds a digit: about one random account in 1,700 has none, and
+// the skeletons of 0 and 1 are the letters O and l, so a 1 written as a
+// palochka is no digit either. Neither is a shorter address, whose
+// leading 1s spell zero bytes. (Before: a run counted as an address only
+// with a digit in it, so all of these bound.)
+func TestImitatesAddressSolanaWithoutDigits(t *testing.T) {
+	short := base58.Encode(append(make([]byte, 5), bytes.Repeat([]byte{0x9d, 0x31, 0xc4}, 9)...))
+	if !IsSolanaAddress(short) || len(short) >= 43 || !strings.HasPrefix(short, "11111") {
+		t.Fatalf("%s is no Solana address of 32 to 42 characters", short)
+	}
+	for _, c := range []struct {
+		victim, why string
+		wallet      bool
+	}{
+		{"GbYbVXrgsSRzBaoBZiJjLxkUaJawVYAGCWvqRmgQGnkP", "no digit", true},
+		{"EuLSdYXAGAAtKBf1TXssA1XpGSNKWxucNEfcXddxJuxS", "1 its only digit", true},
+		{short, "32 to 42 characters, starting with 1s", false},
+	} {
+		if _, ok := SolanaWalletKey(c.victim); c.wallet && !ok {
+			t.Fatalf("%s is no Solana wallet address", c.victim)
+		}
+		id := solanaLookalike(c.victim)
+		if id == c.victim || c.wallet && strings.ContainsAny(id, "0123456789") {
+			t.Fatalf("lookalike %q of %s has a digit, or is the address", id, c.victim)
+		}
+		if !ImitatesAddress(id) || BindableAgentID(id) {
+			t.Errorf("%s: %q (reads as %s): ImitatesAddress %v, BindableAgentID %v; want true, false",
+				c.why, id, c.victim, ImitatesAddress(id), BindableAgentID(id))
+		}
+	}
+}
+
+// A letter or digit neither NFKC nor the confusables data maps to ASCII
+// is read as one of unknown reading, not as the end of a run: the data is
+// Unicode 13's and keeps x-height forms apart (Cyrillic ь and ƅ for b,
+// small capital ᴇ for e), and letters added since are in no table (U+A7C8
+// ꟈ, d with a stroke, whose older twin đ reads as d; U+A7FE ꟾ, a long I).
+// Such letters only stand in among ASCII: a name made mostly of them (in
+// Russian) reads as no address, nor does one in Chinese, whose
+// ideographs look like no ASCII letter. (Before: each of these ended the run, so
+// two runs under 32 were left and the lookalike bound.)
+func TestImitatesAddressReadsThroughUnmappedLetters(t *testing.T) {
+	victim := "0x5290840009852788be0f7030069857d2e4169ee7"
+	for _, id := range []string{
+		strings.Replace(victim, "b", "\u044c", 1),
+		strings.Replace(victim, "b", "\u0185", 1),
+		strings.Replace(victim, "be", "b\u1d07", 1),
+		strings.Replace(victim, "d", "\ua7c8", 1),
+		strings.Replace(victim, "d", "\u0111", 1),
+		strings.Replace(victim, "1", "\ua7fe", 1),
+		strings.Replace(victim[2:], "b", "\u044c", 1), // without 0x
+		"GbYbVXrgsSRzBaoBZiJjLxkUa\u044cJawVYAGCWvqRmgQGnkP",
+	} {
+		if !ImitatesAddress(id) || BindableAgentID(id) {
+			t.Errorf("%q: ImitatesAddress %v, BindableAgentID %v; want true, false", id, ImitatesAddress(id), BindableAgentID(id))
+		}
+	}
+	for _, id := range []string{
+		strings.Repeat("代理人", 15),
+		strings.Repeat("代理人", 5) + "7f3a",
+		"\u0432\u0435\u0440\u0438\u0444\u0438\u043a\u0430\u0442\u043e\u0440-" + strings.Repeat("\u0434\u0436", 25),
+	} {
+		if ImitatesAddress(id) || !BindableAgentID(id) {
+			t.Errorf("%q: ImitatesAddress %v, BindableAgentID %v; want false, true", id, ImitatesAddress(id), BindableAgentID(id))
+		}
+	}
+}
+
+// An id with a character that is not ASCII binds like its ASCII twin when
+// the part that reads as an address or a hash is ASCII: it reads as what
+// it is, and no character of it is a lookalike. Nor is a long word with
+// one capital a Solana address. (Before: any id not all ASCII with a run
+// of 32 letters and digits and a digit among them was refused as "an
+// address in lookalike characters", a git SHA-1 or a dashless UUID after
+// café too.)
+func TestBindableAgentIDHonestIdsWithASCIIRuns(t *testing.T) {
+	for _, c := range []struct{ id, ascii string }{
+		{"café-build-3f9a1c2e4b5d6f708192a3b4c5d6e7f8a9b0c1d2", "cafe-build-3f9a1c2e4b5d6f708192a3b4c5d6e7f8a9b0c1d2"},
+		{"Müller-agent-550e8400e29b41d4a716446655440000", "Muller-agent-550e8400e29b41d4a716446655440000"},
+		{"🤖 CustomerSupportAgentProductionV2", "bot CustomerSupportAgentProductionV2"},
+		{"代理人-0x9858EfFD232B4033E47d90003D41EC34EcaEda94", "agent-0x9858EfFD232B4033E47d90003D41EC34EcaEda94"},
+		{"代理人0x9858EfFD232B4033E47d90003D41EC34EcaEda94", "agent0x9858EfFD232B4033E47d90003D41EC34EcaEda94"},
+		{"代理人3f9a1c2e4b5d6f708192a3b4c5d6e7f8a9b0c1d2", "agent3f9a1c2e4b5d6f708192a3b4c5d6e7f8a9b0c1d2"},
+		{"bot代api人0x9858EfFD232B4033E47d90003D41EC34EcaEda94", "bot-api-0x9858EfFD232B4033E47d90003D41EC34EcaEda94"},
+		{"Rechnungsprüfungsassistenzsystem2024", "Rechnungspruefungsassistenzsystem2024"},
+		{"Donaudampfschifffahrtsgesellschaftskapitäne", "Donaudampfschifffahrtsgesellschaftskapitaene"},
+		{"agent-7EcDhSYGxXyscszYEp35KHN8vvw3svAuLKTzXwCFLtV-über", "agent-7EcDhSYGxXyscszYEp35KHN8vvw3svAuLKTzXwCFLtV-uber"},
+	} {
+		if !BindableAgentID(c.ascii) {
+			t.Fatalf("control %q is not bindable", c.ascii)
+		}
+		if ImitatesAddress(c.id) || !BindableAgentID(c.id) {
+			t.Errorf("%q: ImitatesAddress %v, BindableAgentID %v; want false, true like %q",
+				c.id, ImitatesAddress(c.id), BindableAgentID(c.id), c.ascii)
+		}
+	}
 }

@@ -448,3 +448,36 @@ func TestInvisibleAliasOfAnAddressIsNotBindable(t *testing.T) {
 		}
 	}
 }
+
+// An id that reads as a Solana wallet's address in lookalikes is never
+// bound nor authenticated when a gateway forwards it as the id a proof
+// named, though its base58 holds no digit (about one random account in
+// 1,700): here GbYbVXrgs… with its X written as Cyrillic Х. The label
+// itself is recorded, unauthenticated. (Before: a lookalike run counted as
+// an address only with a digit in it, so any wallet bound this one and its
+// verifications were authenticated under a name that reads as the
+// victim's account.)
+func TestSolanaLookalikeWithoutDigitsIsNotBindable(t *testing.T) {
+	ctx := context.Background()
+	const victim = "GbYbVXrgsSRzBaoBZiJjLxkUaJawVYAGCWvqRmgQGnkP"
+	const imitation = "GbYbV\u0425rgsSRzBaoBZiJjLxkUaJawVYAGCWvqRmgQGnkP"
+	if _, ok := store.SolanaWalletKey(victim); !ok {
+		t.Fatal("victim is not a Solana wallet address")
+	}
+	f := newFixture(t, fixtureOpts{noSync: true})
+	st, m := f.verifyCall(imitation, "129.5", proves(throwaway(1), imitation))
+	owner, err := f.db.AgentOwner(ctx, imitation)
+	if err != nil {
+		t.Fatal(err)
+	}
+	authenticated := true
+	if id, ok := m["verification_id"].(string); ok {
+		if rec, err := f.db.Verification(ctx, id); err == nil {
+			authenticated = rec.Authenticated
+		}
+	}
+	if st != 200 || owner != "" || authenticated {
+		t.Errorf("proof naming %q (reads as %s): status %d, bound to %q, authenticated %v; want 200, the id never bound and its label unauthenticated",
+			imitation, victim, st, owner, authenticated)
+	}
+}
