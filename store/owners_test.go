@@ -430,3 +430,23 @@ func TestBindableAgentIDHonestIdsWithASCIIRuns(t *testing.T) {
 		}
 	}
 }
+
+// ImitatesAddress never panics, and an id all in ASCII never imitates an
+// address: it reads as what it is.
+func FuzzImitatesAddress(f *testing.F) {
+	for _, id := range []string{
+		"0x52908400098527886\u04150F7030069857D2E4169EE7",
+		"GbYbV\u0425rgsSRzBaoBZiJjLxkUaJawVYAGCWvqRmgQGnkP",
+		"eip155\u13618453\u13610x52908400098527886E0F7030069857D2E4169EE7",
+		"代理人-0x9858EfFD232B4033E47d90003D41EC34EcaEda94",
+		"0x52908400098527886E0F7030069857D2E4169EE7",
+		"cafe\u0301", "\u0301", "\xff", "",
+	} {
+		f.Add(id)
+	}
+	f.Fuzz(func(t *testing.T, id string) {
+		if ImitatesAddress(id) && isASCII(id) {
+			t.Errorf("ImitatesAddress(%q) = true for an id all in ASCII", id)
+		}
+	})
+}
