@@ -96,10 +96,12 @@ const MaxAgentIDChars = 200
 // BindableAgentID reports whether a wallet may bind id (SPEC §9): 1 to
 // MaxAgentIDChars characters of UTF-8 that the OpaqueString profile of
 // RFC 8264 (the FreeformClass, with its NFC and non-ASCII space mapping)
-// leaves unchanged, none of them one that renders blank (blankRune). It is
-// the one rule of what a bound agent id may contain: walletauth refuses a
-// proof naming any other id and verifierd drops any other id the gateway
-// forwards as the one a proof named.
+// leaves unchanged, none of them one that renders blank (blankRune), and
+// writing neither an address nor a test- prefix in lookalike characters
+// (ImitatesAddress, ImitatesTestAgent). It is the one rule of what a bound
+// agent id may contain: walletauth refuses a proof naming any other id and
+// verifierd drops any other id the gateway forwards as the one a proof
+// named.
 //
 // A bound id is a name people read, and one with a character that shows
 // nothing reads exactly as another's ("0x<address>" and a zero-width space
@@ -121,7 +123,30 @@ func BindableAgentID(id string) bool {
 	if e, err := precis.OpaqueString.String(id); err != nil || e != id {
 		return false
 	}
-	return !strings.ContainsFunc(id, blankRune) && !ImitatesAddress(id)
+	return !strings.ContainsFunc(id, blankRune) && !ImitatesAddress(id) && !ImitatesTestAgent(id)
+}
+
+// ImitatesTestAgent reports whether id reads as a reserved test- id
+// (TestAgentPrefix) without being one: its first characters, each read as
+// the ASCII it looks like as ImitatesAddress reads them, are "test-", one
+// of them not ASCII (tеst-agent with a Cyrillic е). test- ids are
+// examples nobody owns, never authenticated nor scored; a wallet that
+// bound such a lookalike would hold an owned, authenticated score under a
+// name that reads as one.
+func ImitatesTestAgent(id string) bool {
+	if strings.HasPrefix(id, TestAgentPrefix) || isASCII(id) {
+		return false
+	}
+	u := readAs(id)
+	if len(u) < len(TestAgentPrefix) {
+		return false
+	}
+	for i, x := range u[:len(TestAgentPrefix)] {
+		if x.c != TestAgentPrefix[i] {
+			return false
+		}
+	}
+	return true // one of them is not ASCII, as id does not start with test-
 }
 
 // ImitatesAddress reports whether id, which is not all ASCII, writes an

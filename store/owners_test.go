@@ -450,3 +450,26 @@ func FuzzImitatesAddress(f *testing.F) {
 		}
 	})
 }
+
+// An id that reads as a reserved test- id without being one (Cyrillic е,
+// a fullwidth hyphen) is not bindable: test- ids are examples nobody owns,
+// and its binder would hold an owned, authenticated score under a name
+// that reads as one. Ids that merely contain test, or start with Test-,
+// still bind. (Before: tеst-agent with a Cyrillic е bound.)
+func TestBindableAgentIDRefusesTestPrefixLookalike(t *testing.T) {
+	for _, id := range []string{"t\u0435st-agent", "test\uff0dagent", "\uff54\uff45\uff53\uff54-agent", "t\u0435st-\u4ee3\u7406"} {
+		if !ImitatesTestAgent(id) || BindableAgentID(id) {
+			t.Errorf("%q: ImitatesTestAgent %v, BindableAgentID %v; want true, false", id, ImitatesTestAgent(id), BindableAgentID(id))
+		}
+	}
+	for _, id := range []string{"test-agent", "Test-agent", "my-t\u0435st-agent", "t\u0435sting-agent", "test-代理"} {
+		if ImitatesTestAgent(id) {
+			t.Errorf("ImitatesTestAgent(%q) = true, want false", id)
+		}
+	}
+	for _, id := range []string{"Test-agent", "my-t\u0435st-agent", "t\u0435sting-agent", "test-代理"} {
+		if !BindableAgentID(id) {
+			t.Errorf("BindableAgentID(%q) = false, want true", id)
+		}
+	}
+}

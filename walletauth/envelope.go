@@ -242,6 +242,9 @@ func (e *Envelope) check() error {
 		if store.ImitatesAddress(e.AgentID) {
 			return malformed(h, "agent_id", "writes an address in lookalike characters", "Write an address in ASCII letters and digits only, or use a name that is not an address.")
 		}
+		if store.ImitatesTestAgent(e.AgentID) {
+			return malformed(h, "agent_id", "writes test- in lookalike characters", "test- ids are examples nobody owns: write test- in ASCII to use one, or use a name that does not read as test-.")
+		}
 		if !store.BindableAgentID(e.AgentID) {
 			return malformed(h, "agent_id", fmt.Sprintf("is not 1 to %d visible characters in NFC (RFC 8264 FreeformClass)", MaxAgentIDChars), "Use the agent_id your verification requests carry, without invisible or blank characters, in NFC.")
 		}

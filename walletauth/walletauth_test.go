@@ -552,3 +552,41 @@ func TestAgentIDLookalikeAddressRefused(t *testing.T) {
 		}
 	}
 }
+
+// A proof naming an id that reads as a reserved test- id without being
+// one (tеst-agent with a Cyrillic е) is refused 401 naming agent_id, as
+// such an id would hold an owned score under a name that reads as an
+// example nobody owns; test-agent itself is accepted (verifierd never
+// binds it). (Before: the lookalike was accepted and bound.)
+func TestAgentIDTestPrefixLookalikeRefused(t *testing.T) {
+	for _, c := range []struct {
+		id string
+		ok bool
+	}{{"t\u0435st-agent", false}, {"test-agent", true}, {"my-t\u0435st-agent", true}} {
+		e := envelope(t)
+		e.AgentID = c.id
+		if err := e.Sign(otherKey); (err == nil) != c.ok {
+			t.Errorf("agent_id %q: signing: %v, want accepted %v", c.id, err, c.ok)
+		}
+		if c.ok {
+			continue
+		}
+		e.Address, e.Type = crypto.PubkeyToAddress(otherKey.PublicKey).Hex(), TypeEIP191
+		sig, err := crypto.Sign(textHash(e.Message()), otherKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sig[64] += 27
+		e.Signature = "0x" + hex.EncodeToString(sig)
+		hdr, err := e.Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		v := &Verifier{Now: clock(t0.Add(time.Second))}
+		p, err := v.Verify(context.Background(), hdr, want)
+		var we *Error
+		if !errors.As(err, &we) || we.Kind != ErrMalformed || we.Field != "agent_id" || we.Problem != "writes test- in lookalike characters" {
+			t.Errorf("agent_id %q: accepted (AgentID %q), err %v; want 401 malformed agent_id, test- in lookalike characters", c.id, p.AgentID, err)
+		}
+	}
+}
