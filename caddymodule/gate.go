@@ -1161,7 +1161,11 @@ func (g *Gate) readBody(r *http.Request) ([]byte, error) {
 }
 
 // readBodyUpTo reads the whole request body, up to limit bytes (else 413),
-// and puts it back for the upstream.
+// and puts it back for the upstream. It is the one reader of a body the
+// gate reads (REST, free allowance, MCP). A body a handler in front of the
+// gate limits (request_body max_size, a MaxBytesReader) and cuts off is
+// over that limit, not short: 413 naming it, as verifierd answers the same
+// error, never the 422 that asks for the whole body again.
 func readBodyUpTo(r *http.Request, limit int64) ([]byte, error) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
@@ -1178,6 +1182,9 @@ func readBodyUpTo(r *http.Request, limit int64) ([]byte, error) {
 	body, err := growread.Read(r.Body, want, nil)
 	if err == nil && r.ContentLength > 0 && int64(len(body)) < r.ContentLength {
 		err = io.ErrUnexpectedEOF
+	}
+	if over := (*http.MaxBytesError)(nil); errors.As(err, &over) {
+		return nil, apierr.TooLarge(over.Limit)
 	}
 	if err != nil {
 		return nil, apierr.Invalid(apierr.Field{Field: "body", Problem: "could not be read completely", Fix: "Send the whole request body with a correct Content-Length."})
