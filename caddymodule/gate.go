@@ -981,7 +981,7 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 				if err := verify.CheckMediaType(ct, int64(len(body))); err != nil {
 					return err
 				}
-				return g.precheck(r, ex.verified, func() error { return g.verifier.Precheck(body) })
+				return g.precheck(r, ex.verified, ex.payer, func() error { return g.verifier.Precheck(body) })
 			}
 			ex.evaluate = func(ctx context.Context) error {
 				_, err := g.verifier.ParseContext(ctx, body)
@@ -1008,9 +1008,10 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 // one address, and many addresses would otherwise multiply them.
 var precheckSlots = make(chan struct{}, verify.DefaultMaxConcurrent())
 
-// precheckWait is how long a precheck waits for its client's turn, in
-// all, before the request is answered 503 verification_timeout, nothing
-// charged (verifierd's default Timeout); tests shorten it.
+// precheckWait is how long a precheck waits for its turn (and a verified
+// call's for one of paidCheckSlots too), in all, before the request is
+// answered 503 verification_timeout, nothing charged (verifierd's default
+// Timeout); tests shorten it.
 var precheckWait = verify.DefaultTimeout
 
 // precheckSlotWait is how long a precheck that has its client's turn waits
@@ -1035,39 +1036,58 @@ var errUnchecked = errors.New("the gateway was too busy to check the request")
 // events checks at once (slotCheck), 120 in Caddyfile.example, more than
 // precheckSlots; without turns one address's burst held every slot and
 // its queue, and every other client's 402 waited out precheckWait.
-var precheckTurns = struct {
+var precheckTurns = &checkTurns{m: make(map[string]*precheckTurn)}
+
+// paidCheckSlots bounds, as precheckSlots bounds the unpaid ones and by
+// the same number, the gateway's checks at once of calls whose payment the
+// facilitator verified (precheck): a pool of their own, so unpaid requests
+// holding every one of precheckSlots never delay or refuse a payment.
+var paidCheckSlots = make(chan struct{}, verify.DefaultMaxConcurrent())
+
+// paidCheckTurns holds each payer's turn (payerOf; the client's address
+// when the payment names none) for the check of a call whose payment the
+// facilitator verified: one payer's calls are checked one at a time, its
+// others waiting behind it. Keyed by payer, not by address as
+// precheckTurns is, so that unpaid requests, which anyone sends for
+// nothing from the address a buyer shares (a NAT, an IPv6 /64), never hold
+// a payment's turn; and a payer the facilitator verified is a funded
+// wallet, which costs its holder more than another address does.
+var paidCheckTurns = &checkTurns{m: make(map[string]*precheckTurn)}
+
+// checkTurns holds a turn per key (a client, a payer): one check at a time
+// each.
+type checkTurns struct {
 	sync.Mutex
 	m map[string]*precheckTurn
-}{m: make(map[string]*precheckTurn)}
+}
 
-// precheckTurn is one client's turn: a token in c while one of its
-// requests holds it; refs counts the requests holding or waiting for it,
-// so the entry lives exactly while one does.
+// precheckTurn is one key's turn: a token in c while one of its requests
+// holds it; refs counts the requests holding or waiting for it, so the
+// entry lives exactly while one does.
 type precheckTurn struct {
 	c    chan struct{}
 	refs int
 }
 
-// joinTurn returns client's turn, counting the request in (leaveTurn).
-func joinTurn(client string) *precheckTurn {
-	precheckTurns.Lock()
-	defer precheckTurns.Unlock()
-	t := precheckTurns.m[client]
+// join returns key's turn, counting the request in (leave).
+func (ts *checkTurns) join(key string) *precheckTurn {
+	ts.Lock()
+	defer ts.Unlock()
+	t := ts.m[key]
 	if t == nil {
 		t = &precheckTurn{c: make(chan struct{}, 1)}
-		precheckTurns.m[client] = t
+		ts.m[key] = t
 	}
 	t.refs++
 	return t
 }
 
-// leaveTurn counts the request out of client's turn t, dropping it with
-// the last.
-func leaveTurn(client string, t *precheckTurn) {
-	precheckTurns.Lock()
-	defer precheckTurns.Unlock()
+// leave counts the request out of key's turn t, dropping it with the last.
+func (ts *checkTurns) leave(key string, t *precheckTurn) {
+	ts.Lock()
+	defer ts.Unlock()
 	if t.refs--; t.refs == 0 {
-		delete(precheckTurns.m, client)
+		delete(ts.m, key)
 	}
 }
 
@@ -1089,16 +1109,38 @@ func leaveTurn(client string, t *precheckTurn) {
 // the wait is the gateway's work too, and uncounted a client could keep
 // the slots busy for nothing.
 //
-// A call whose payment the facilitator verified (verified) is checked
-// within servePaid, holding its client's paid slot under rate_limit
-// (before a settle before payment settles): its check is that call's
-// work, bounded as all of it is, and takes none of precheckSlots, so
-// unpaid requests holding them never delay or refuse a payment. Carrying
-// a payment is not enough: one that matches no offer or that the
-// facilitator refused costs its maker nothing, and the 402 that answers
-// it is bounded as an unpaid one.
-func (g *Gate) precheck(r *http.Request, verified bool, check func() error) error {
+// A call whose payment the facilitator verified (verified, made by payer)
+// is checked within servePaid, under settle before before its payment
+// settles, holding its client's paid slot under rate_limit. The check is
+// still work done for nothing when it refuses the request: the call is
+// then charged nothing, its claim given back, and the same payment may be
+// sent again, so it is bounded before it starts as an unpaid one is, by
+// bounds of its own: its payer's turn (paidCheckTurns) and one of the
+// gateway's paidCheckSlots, waiting at most precheckWait for both, after
+// which it is 503 verification_timeout, counted as the unpaid wait is
+// (never left out, as errUnchecked leaves an unpaid one's: a settle before
+// payment is never settled for a request that was not checked). None of
+// precheckSlots nor its address's turn: unpaid requests holding them never
+// delay or refuse a payment. Carrying a payment is not enough: one that
+// matches no offer or that the facilitator refused costs its maker
+// nothing, and the 402 that answers it is bounded as an unpaid one.
+func (g *Gate) precheck(r *http.Request, verified bool, payer string, check func() error) error {
+	deadline := time.NewTimer(precheckWait)
+	defer deadline.Stop()
 	if verified {
+		if payer == "" {
+			payer = clientAddr(r)
+		}
+		turn := paidCheckTurns.join(payer)
+		defer paidCheckTurns.leave(payer, turn)
+		if err := g.awaitSlot(r, turn.c, deadline.C); err != nil {
+			return err
+		}
+		defer func() { <-turn.c }()
+		if err := g.awaitSlot(r, paidCheckSlots, deadline.C); err != nil {
+			return err
+		}
+		defer func() { <-paidCheckSlots }()
 		return check()
 	}
 	if g.rates != nil && caddyhttp.GetVar(r.Context(), varRateSlot) == nil {
@@ -1108,11 +1150,9 @@ func (g *Gate) precheck(r *http.Request, verified bool, check func() error) erro
 		}
 		defer s.leave()
 	}
-	deadline := time.NewTimer(precheckWait)
-	defer deadline.Stop()
 	client := clientAddr(r)
-	turn := joinTurn(client)
-	defer leaveTurn(client, turn)
+	turn := precheckTurns.join(client)
+	defer precheckTurns.leave(client, turn)
 	if err := g.awaitSlot(r, turn.c, deadline.C); err != nil {
 		return err
 	}
@@ -1139,7 +1179,8 @@ func (g *Gate) precheck(r *http.Request, verified bool, check func() error) erro
 
 // awaitSlot puts a token in slots, or, when deadline fires or the client
 // goes away first, counts the request against its client (noteRefusal)
-// and returns 503 verification_timeout (precheck's wait for a turn).
+// and returns 503 verification_timeout (precheck's wait for a turn or a
+// verified call's slot).
 func (g *Gate) awaitSlot(r *http.Request, slots chan struct{}, deadline <-chan time.Time) error {
 	var err error
 	select {

@@ -126,7 +126,7 @@ func (g *Gate) serveMCP(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 			args = map[string]any{}
 		}
 		ex.check = func() error {
-			return g.precheck(r, ex.verified, func() error { return g.verifier.PrecheckTree(args) })
+			return g.precheck(r, ex.verified, ex.payer, func() error { return g.verifier.PrecheckTree(args) })
 		}
 	}
 	// From here the tool may run, and the gate judges its answer

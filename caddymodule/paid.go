@@ -97,8 +97,9 @@ type exchange interface {
 	// itself, has answered: the gate's check is no longer needed.
 	upstreamRan()
 	// paymentVerified records that the facilitator verified the call's
-	// payment, whose check is then the paid call's work (Gate.precheck).
-	paymentVerified()
+	// payment, made by payer (payerOf; "" when it names none), whose
+	// check is then bounded by paid calls' bounds (Gate.precheck).
+	paymentVerified(payer string)
 	// upstreamFailed answers a call whose upstream failed before
 	// answering (upstream_timeout, a dead upstream, an answer cut off);
 	// the charge is already released. err is the upstream's error.
@@ -120,9 +121,10 @@ type requestCheck struct {
 	// are about the payment and are answered as they are (answer).
 	paying bool
 	// verified: the facilitator verified the call's payment
-	// (paymentVerified), so its check is the paid call's work and waits
-	// for none of the unpaid ones' (Gate.precheck).
+	// (paymentVerified), made by payer, so its check waits for paid
+	// calls' checks only, never for unpaid ones' (Gate.precheck).
 	verified bool
+	payer    string
 	// unchecked: the check was left out, every unpaid compile slot busy
 	// (errUnchecked); the 402 says so (offerNote).
 	unchecked bool
@@ -172,8 +174,8 @@ func (c *requestCheck) invalid() *apierr.Error {
 func (c *requestCheck) upstreamRan() { c.done = true }
 
 // paymentVerified records that the facilitator verified the call's
-// payment: from then on it is a paid call.
-func (c *requestCheck) paymentVerified() { c.verified = true }
+// payment, made by payer: from then on it is a paid call.
+func (c *requestCheck) paymentVerified(payer string) { c.verified, c.payer = true, payer }
 
 // uncheckedNote ends the message of a 402 whose request was not checked.
 const uncheckedNote = " (the gateway was too busy to check this request first: if it is invalid, a payment for it is refused with 422 invalid_request and not charged)"
@@ -374,15 +376,20 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		reason := facilitatorReason(vr.InvalidReason, x402.ReasonInvalidPayload)
 		return ex.demand(w, r, http.StatusPaymentRequired, reason, reason, nil)
 	}
-	ex.paymentVerified()
+	// The payment's payer (payerOf), never the one the reply names: see
+	// settledAs.
+	payer := payerOf(payload, offer.Network)
+	ex.paymentVerified(payer)
 	if g.Settle == "before" {
 		// Settled before the upstream runs, the call would be paid for
 		// before the upstream's own check of the request: the gate
 		// checks it first (validate), so an invalid request is refused
 		// uncharged, its claim and payment identifier given back for the
 		// fixed request. Here, once the facilitator verified the
-		// payment: the check is then this paid call's work, waiting for
-		// none of the unpaid ones' (Gate.precheck). Before the
+		// payment: the check then waits for paid calls' checks only,
+		// never for unpaid ones', and is bounded all the same, since a
+		// refused call is charged nothing and its payment may be sent
+		// again (Gate.precheck). Before the
 		// facilitator, a payment that pays nothing would have it done
 		// past every bound; a payment the facilitator refuses is
 		// answered by its 402, which checks the request as any 402 does,
@@ -401,9 +408,7 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	}
 
 	r.Header.Set(HeaderUpstreamPayment, "paid")
-	// The payment's payer (payerOf), never the one the reply names: see
-	// settledAs.
-	if payer := payerOf(payload, offer.Network); payer != "" {
+	if payer != "" {
 		r.Header.Set(HeaderUpstreamPayer, payer)
 	}
 	r.Header.Set(HeaderUpstreamNetwork, offer.Network)

@@ -268,12 +268,13 @@ func TestAPaymentRefusalDoesNotWaitForUnpaidCompiles(t *testing.T) {
 	}
 }
 
-// precheckSlots bound the compiles done for unpaid answers. A paid call's
-// own check (settle before: before its payment settles) is part of the
-// paid call's work, bounded by its client's paid slots as every paid
-// call's work is, and takes none of them: with every one held by unpaid
-// requests, a funded valid payment is served and charged at once. (Before:
-// it waited precheckWait for one and was refused 503 verification_timeout.)
+// precheckSlots and each address's turn bound the compiles done for
+// unpaid answers. A paid call's own check (settle before: before its
+// payment settles) has bounds of its own (paidCheckSlots, its payer's
+// turn) and takes none of them: with every slot and its address's turn
+// held by unpaid requests, a funded valid payment is served and charged at
+// once. (Before: it waited precheckWait for one and was refused 503
+// verification_timeout.)
 func TestAPaidCallsCheckTakesNoUnpaidCompileSlot(t *testing.T) {
 	d, fac := sharedDevnet(t)
 	up := newUpstream(t)
@@ -292,6 +293,7 @@ func TestAPaidCallsCheckTakesNoUnpaidCompileSlot(t *testing.T) {
 			<-precheckSlots
 		}
 	}()
+	holdTurn(t, "127.0.0.1")
 	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: signFor(t, pr, 8)})
 	var body struct {
 		Code string `json:"code"`
@@ -299,7 +301,7 @@ func TestAPaidCallsCheckTakesNoUnpaidCompileSlot(t *testing.T) {
 	json.NewDecoder(resp.Body).Decode(&body)
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		t.Errorf("paid valid request (settle before) with every unpaid compile slot held: %d %q; want 200", resp.StatusCode, body.Code)
+		t.Errorf("paid valid request (settle before) with every unpaid compile slot and its address's turn held: %d %q; want 200", resp.StatusCode, body.Code)
 	}
 	if got := charged(t, d, payer, before); got.Cmp(big.NewInt(20000)) != 0 {
 		t.Errorf("charged %v, want 20000", got)
@@ -411,11 +413,11 @@ func shortenPrecheckWait(t *testing.T, d time.Duration) {
 // ends, as one of its requests compiling would.
 func holdTurn(t *testing.T, client string) {
 	t.Helper()
-	turn := joinTurn(client)
+	turn := precheckTurns.join(client)
 	turn.c <- struct{}{}
 	t.Cleanup(func() {
 		<-turn.c
-		leaveTurn(client, turn)
+		precheckTurns.leave(client, turn)
 	})
 }
 
