@@ -38,12 +38,15 @@ import (
 //   - A payment this process holds no record of (it restarted, the record
 //     aged out, or another instance with the same fee payer settled it) is
 //     looked up on chain by its transaction's id, the fee payer's
-//     deterministic signature, before anything is simulated or sent: if
-//     the chain has it, it is answered duplicate_settlement naming that
-//     transaction once it is confirmed (invalid_exact_svm_transaction_failed
-//     if it failed on chain), never success: its sender answers for it, and
-//     a second success would have the payment served twice; unless its
-//     record in Config.Sent says no Settle answered it success (below).
+//     deterministic signature, before anything is simulated or sent (a
+//     look-up that fails is an *x402.UnknownOutcomeError naming that
+//     signature, nothing sent: a send before a restart may have landed,
+//     maySent): if the chain has it, it is answered duplicate_settlement
+//     naming that transaction once it is confirmed
+//     (invalid_exact_svm_transaction_failed if it failed on chain), never
+//     success: its sender answers for it, and a second success would have
+//     the payment served twice; unless its record in Config.Sent says no
+//     Settle answered it success (below).
 //     So is a transaction the chain answers AlreadyProcessed to, at
 //     simulation or at send (whose record, written just before, is
 //     dropped). Such a failure is charged to the failure budget only when
@@ -69,8 +72,11 @@ import (
 //     on (the look-up finds nothing, the simulation passes on older state,
 //     and a send with skipPreflight returns the signature), which no
 //     look-up can. A store that cannot be written or read is an error:
-//     nothing is sent. One that cannot mark a landed transaction answered
-//     has it answered settlement_pending, never success.
+//     nothing is sent; but one that cannot be read once the chain has the
+//     transaction is an *x402.UnknownOutcomeError naming it (maySent), as
+//     the payer may have been charged. One that cannot mark a landed
+//     transaction answered has it answered settlement_pending, never
+//     success.
 //   - A transaction this process sent has its outcome learned by this
 //     process, whatever its caller does: at the caller's deadline, or
 //     ConfirmTimeout, the caller is answered pending and the facilitator
@@ -141,8 +147,9 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 	// fee payer may have sent it: the chain knows it by its id.
 	st, _, err := f.rpc.Status(ctx, s.sig, 0)
 	if err != nil {
-		f.release(key)
-		return x402.SettleResponse{}, fmt.Errorf("looking the transaction up before settlement: %w", err)
+		// Sent before a restart, the transaction may have landed: nothing
+		// tells, so the outcome is unknown, never "nothing sent".
+		return f.maySent(key, s, req.Network, fmt.Errorf("looking the transaction up before settlement: %w", err))
 	}
 	if st != nil {
 		return f.sentBefore(ctx, key, s, c.payer, req.Network, nil)
@@ -250,7 +257,8 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 // did not happen while the recorded send may land. The record is read
 // after the refusal, so it is found however late before then another
 // wrote it, and a Settle within budget pays no read for it. A record that
-// cannot be read is an error: nothing is sent.
+// cannot be read is an error: nothing is sent, and the chain's look-up
+// found no send before this one.
 func (f *Facilitator) overBudget(ctx context.Context, key [32]byte, s *settlement, payer, network, reason, msg string) (x402.SettleResponse, error) {
 	rec, err := f.recorded(ctx, key)
 	switch {
@@ -274,14 +282,14 @@ func (f *Facilitator) overBudget(ctx context.Context, key [32]byte, s *settlemen
 // send: success once it landed, unless another Settle marked it answered
 // first (answerSent), which keeps the payment to one success across every
 // facilitator sharing the store. Without a record the transaction is
-// another's (confirmElsewhere). A record that cannot be read is an error:
-// nothing is sent, and the payment may be settled again.
+// another's (confirmElsewhere). A record that cannot be read is an unknown
+// outcome naming the transaction (maySent): nothing is sent, but the
+// transaction was, and may have landed.
 func (f *Facilitator) sentBefore(ctx context.Context, key [32]byte, s *settlement, payer, network string, rec *store.ClaimState) (x402.SettleResponse, error) {
 	if rec == nil {
 		var err error
 		if rec, err = f.recorded(ctx, key); err != nil {
-			f.release(key)
-			return x402.SettleResponse{}, fmt.Errorf("reading the record of the transaction: %w", err)
+			return f.maySent(key, s, network, fmt.Errorf("reading the record of the transaction: %w", err))
 		}
 	}
 	switch {
@@ -294,6 +302,26 @@ func (f *Facilitator) sentBefore(ctx context.Context, key [32]byte, s *settlemen
 		return f.confirm(ctx, key, s, network)
 	}
 	return f.confirmElsewhere(ctx, key, s, network)
+}
+
+// maySent answers a Settle that sent nothing itself but cannot tell
+// whether its transaction was sent before (cause): the chain has it and its
+// record cannot be read, or the chain could not be asked. The payer may
+// have been charged, so the outcome is unknown (settlement_pending naming
+// the transaction), never the plain error that says nothing was sent, on
+// which a gate tells its buyer nothing was charged and to pay again. The
+// claim is released rather than kept pending: a retry reads the chain and
+// the record afresh, so a record another Settle answered is never answered
+// success a second time.
+func (f *Facilitator) maySent(key [32]byte, s *settlement, network string, cause error) (x402.SettleResponse, error) {
+	f.mu.Lock()
+	sig, payer := s.sig, s.payer
+	f.mu.Unlock()
+	f.release(key)
+	return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Err: cause, Reply: &x402.SettleResponse{
+		ErrorReason: ReasonSettlementPending, ErrorMessage: "the transaction may have been sent before; its outcome is not known yet",
+		Transaction: sig, Payer: payer, Network: network,
+	}}
 }
 
 // confirmElsewhere is confirm for a transaction the chain had before this
