@@ -234,9 +234,12 @@ func TestFacilitatorHandlerRefusals(t *testing.T) {
 // and no transaction, never the error shape that says charged false
 // (Before: 503 upstream_unavailable, "charged": false); any other settle
 // error, nothing sent, is a settle answer too: success false,
-// facilitator_unavailable, which a remote gate's client reads as nothing
-// settled. (Before: 503 with Retry-After, which the client reads as an
-// unknown outcome, holding a payment never sent.)
+// facilitator_unavailable, which a remote gate's client reads as the plain
+// "nothing settled" error an embedded facilitator returns (the gate answers
+// 503 and releases the payment). (Before: 503 with Retry-After, which the
+// client reads as an unknown outcome, holding a payment never sent; then
+// the answer success false itself, which the gate took for a refusal of
+// the payment: 402 and a new offer.)
 func TestFacilitatorHandlerUnknownSettlement(t *testing.T) {
 	var whole map[string]json.RawMessage
 	json.Unmarshal([]byte(validPayloadJSON), &whole)
@@ -273,13 +276,15 @@ func TestFacilitatorHandlerUnknownSettlement(t *testing.T) {
 		got.ErrorReason != ReasonFacilitatorUnavailable || !strings.EqualFold(got.Payer, pl.Authorization.From) || strings.Contains(w.Body.String(), "signer") {
 		t.Fatalf("a settle error with nothing sent: status %d, body %s; want 200, success false, facilitator_unavailable, no cause", w.Code, w.Body)
 	}
-	// Through the HTTP client a remote gate uses: an answer, not an
-	// unknown outcome.
+	// Through the HTTP client a remote gate uses: nothing settled, neither
+	// an unknown outcome nor a refusal of the payment.
 	srv := httptest.NewServer(NewFacilitatorHandler(&fakeFacilitator{settleErr: errors.New("signer unavailable")}))
 	defer srv.Close()
 	c := NewHTTPFacilitator(HTTPFacilitatorConfig{URL: srv.URL, Backoff: time.Millisecond})
 	sr, err := c.Settle(context.Background(), PaymentPayload{X402Version: 2, Accepted: accepted, Payload: whole["payload"]}, accepted)
-	if err != nil || sr.Success || sr.ErrorReason != ReasonFacilitatorUnavailable {
-		t.Fatalf("the remote client read a settle error with nothing sent as %+v, %v; want the answer success false, facilitator_unavailable", sr, err)
+	var fe *FacilitatorError
+	var unknown *UnknownOutcomeError
+	if !errors.As(err, &fe) || errors.As(err, &unknown) || sr.ErrorReason != "" || fe.RetryAfter != 0 {
+		t.Fatalf("the remote client read a settle error with nothing sent as %+v, %v; want a *FacilitatorError (nothing settled), no answer", sr, err)
 	}
 }

@@ -124,8 +124,9 @@ func (f *HTTPFacilitator) Err() error { return f.err }
 // unreachable, replied with an error status and no verdict, or replied
 // with something that is not the protocol's JSON. For Settle it is returned
 // only when the request certainly did not settle (the connection was never
-// made, or the facilitator refused the request with a 4xx); otherwise
-// Settle returns *UnknownOutcomeError.
+// made, the facilitator refused the request with a 4xx, or it answered
+// facilitator_unavailable: it sent nothing); otherwise Settle returns
+// *UnknownOutcomeError.
 type FacilitatorError struct {
 	Op     string // "verify", "settle" or "supported"
 	Status int    // HTTP status, 0 when there was no reply
@@ -261,9 +262,11 @@ func (f *HTTPFacilitator) Supported(ctx context.Context) (SupportedResponse, err
 
 // Settle asks the facilitator to execute p for req, exactly once: it is
 // never retried. A reply carrying a success verdict is an answer whatever
-// its status (success:true means the money moved). Without one: a refused
-// connection or a 4xx (other than 408 and 409) is a *FacilitatorError, as
-// nothing settled; everything else (timeout, dropped connection, 5xx,
+// its status (success:true means the money moved), except success:false
+// with facilitator_unavailable and no transaction, which is a
+// *FacilitatorError: the facilitator sent nothing. Without a verdict: a
+// refused connection or a 4xx (other than 408 and 409) is a
+// *FacilitatorError, as nothing settled; everything else (timeout, dropped connection, 5xx,
 // malformed or oversized reply, success:false that may follow a send:
 // settleUnknown) is an *UnknownOutcomeError.
 func (f *HTTPFacilitator) Settle(ctx context.Context, p PaymentPayload, req PaymentRequirements) (SettleResponse, error) {
@@ -299,6 +302,14 @@ func (f *HTTPFacilitator) Settle(ctx context.Context, p PaymentPayload, req Paym
 	if settleUnknown(out) {
 		r := out
 		return SettleResponse{}, &UnknownOutcomeError{Op: "settle", Reply: &r, Err: fmt.Errorf("facilitator reports %s", out.ErrorReason)}
+	}
+	if !out.Success && out.ErrorReason == ReasonFacilitatorUnavailable {
+		// Not a refusal of the payment: the facilitator sent nothing (its
+		// handler says so for the plain error of the Facilitator
+		// contract), so it is that error here too, and a gate handles it
+		// as an embedded facilitator's: 503 with the Retry-After it sent,
+		// the payment released, no refusal counted.
+		return SettleResponse{}, &FacilitatorError{Op: "settle", Status: status, RetryAfter: r.retryAfter, Err: errors.New("facilitator reports facilitator_unavailable; nothing settled")}
 	}
 	return out, nil
 }
