@@ -36,8 +36,15 @@ const MaxFacilitatorRequestBytes = 1 << 20
 // An unknown settlement outcome is such a 200 too, success:false with
 // errorReason settlement_pending and the transaction when known
 // (pendingSettlement), which HTTPFacilitator and the official clients take
-// for "not known yet, do not pay again". When f returns another error (no
-// verdict) the answer is 503: nothing was verified or settled.
+// for "not known yet, do not pay again". Another Settle error means
+// nothing was sent (Facilitator), and is a 200 too, success:false with
+// errorReason facilitator_unavailable (notSettled), which HTTPFacilitator
+// returns as that same "nothing settled" error: a 503 would read to a
+// remote gate's client as an unknown outcome (any proxy in between may
+// answer one) and hold a payment never sent. Its Retry-After is the one a
+// facilitator behind this one refused with (a *FacilitatorError's), when
+// it sent one. Another Verify or Supported error is a 503: nothing was
+// verified.
 //
 // Errors use the service's error shape (code, message, status, retryable,
 // fields, ...) plus an "error" member with the code, which is what x402
@@ -199,6 +206,9 @@ func (h *facilitatorHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			// client reads a 5xx without a verdict as an unknown outcome
 			// (any proxy in between may answer one), and would hold a
 			// payment never sent, its buyer told not to pay again.
+			if fe, ok := errors.AsType[*FacilitatorError](err); ok && fe.RetryAfter > 0 {
+				w.Header().Set("Retry-After", strconv.Itoa(int((fe.RetryAfter+time.Second-1)/time.Second)))
+			}
 			writeJSON(w, http.StatusOK, notSettled(req))
 			return
 		}
@@ -280,7 +290,11 @@ func pendingSettlement(unknown *UnknownOutcomeError, req FacilitatorRequest) Set
 // notSettled answers a settlement the facilitator could not make, having
 // sent nothing, in the x402 settle shape: success false,
 // facilitator_unavailable, the network and the payer. The cause stays out
-// of it, as pendingSettlement's does.
+// of it, as pendingSettlement's does. The payer is named for an exact EVM
+// payment only: a Solana payment's is its transfer's authority, which only
+// a decode of the whole transaction tells (the svm facilitator's), too
+// much for an answer that settled nothing, which HTTPFacilitator returns
+// as an error without reading its payer.
 func notSettled(req FacilitatorRequest) SettleResponse {
 	return SettleResponse{
 		ErrorReason:  ReasonFacilitatorUnavailable,

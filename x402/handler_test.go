@@ -288,3 +288,44 @@ func TestFacilitatorHandlerUnknownSettlement(t *testing.T) {
 		t.Fatalf("the remote client read a settle error with nothing sent as %+v, %v; want a *FacilitatorError (nothing settled), no answer", sr, err)
 	}
 }
+
+// TestFacilitatorHandlerNothingSentRelaysRetryAfter: a facilitator in
+// front of another (facilitator http) whose /settle is refused with 429
+// and Retry-After answers facilitator_unavailable with that Retry-After,
+// and the client a gate in front uses returns it with the "nothing
+// settled" error, so the gate's 503 tells its buyer when to come back.
+// (Before: the wait was dropped, and the buyer, told 2 s, came back to be
+// refused again.)
+func TestFacilitatorHandlerNothingSentRelaysRetryAfter(t *testing.T) {
+	var whole map[string]json.RawMessage
+	json.Unmarshal([]byte(validPayloadJSON), &whole)
+	var accepted PaymentRequirements
+	json.Unmarshal(whole["accepted"], &accepted)
+	pl, _ := ParseExactEVMPayload(whole["payload"])
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Retry-After", "7")
+		http.Error(w, `{"error":"rate_limited"}`, http.StatusTooManyRequests)
+	}))
+	defer upstream.Close()
+	front := httptest.NewServer(NewFacilitatorHandler(NewHTTPFacilitator(HTTPFacilitatorConfig{URL: upstream.URL})))
+	defer front.Close()
+	p := `{"x402Version":2,"paymentPayload":` + validPayloadJSON + `,"paymentRequirements":` + string(whole["accepted"]) + `}`
+	resp, err := http.Post(front.URL+"/settle", "application/json", strings.NewReader(p))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got SettleResponse
+	json.NewDecoder(resp.Body).Decode(&got)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || got.ErrorReason != ReasonFacilitatorUnavailable || resp.Header.Get("Retry-After") != "7" ||
+		!strings.EqualFold(got.Payer, pl.Authorization.From) {
+		t.Fatalf("settle refused upstream with 429, Retry-After 7: %d %+v, Retry-After %q; want 200 facilitator_unavailable with Retry-After 7",
+			resp.StatusCode, got, resp.Header.Get("Retry-After"))
+	}
+	c := NewHTTPFacilitator(HTTPFacilitatorConfig{URL: front.URL})
+	_, err = c.Settle(context.Background(), PaymentPayload{X402Version: 2, Accepted: accepted, Payload: whole["payload"]}, accepted)
+	var fe *FacilitatorError
+	if !errors.As(err, &fe) || fe.RetryAfter != 7*time.Second {
+		t.Fatalf("the client read it as %v; want a *FacilitatorError with RetryAfter 7s", err)
+	}
+}
