@@ -920,9 +920,19 @@ func (h *FacilitatorHandler) authorized(r *http.Request) bool {
 // /settle or /supported is that endpoint, whatever prefix precedes it, so
 // the handler also works under a matcher without handle_path.
 func (h *FacilitatorHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
+	r = atEndpoint(r)
 	// Before the facilitator or the discovery store is used: see
 	// Gate.ServeHTTP.
 	if !h.uses.Enter() {
+		if r.URL.Path == "/settle" && h.authorized(r) {
+			// Nothing was sent: the facilitator never ran. A 503 would
+			// read to a remote gate as an unknown outcome, holding a
+			// payment never sent; the settle shape says nothing was
+			// settled, as the facilitator API says it for any settle
+			// that sent nothing.
+			unloadedAPI.ServeHTTP(w, r)
+			return nil
+		}
 		apierr.Write(w, apierr.Unavailable("payment facilitator", 1, errUnloaded))
 		return nil
 	}
@@ -932,6 +942,13 @@ func (h *FacilitatorHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, _
 		apierr.Write(w, apierr.Unauthorized("the facilitator's bearer token is missing or wrong"))
 		return nil
 	}
+	h.api.ServeHTTP(w, r)
+	return nil
+}
+
+// atEndpoint is r at its endpoint's own path when its path ends in one
+// after a prefix, r itself otherwise.
+func atEndpoint(r *http.Request) *http.Request {
 	for _, ep := range facilitatorEndpoints {
 		if p := r.URL.Path; p != ep && strings.HasSuffix(p, ep) {
 			r2 := new(http.Request)
@@ -939,15 +956,35 @@ func (h *FacilitatorHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, _
 			u := *r.URL
 			u.Path, u.RawPath = ep, ""
 			r2.URL = &u
-			r = r2
-			break
+			return r2
 		}
 	}
-	h.api.ServeHTTP(w, r)
-	return nil
+	return r
 }
 
 var facilitatorEndpoints = []string{"/verify", "/settle", "/supported", "/discovery/resources"}
+
+// unloadedAPI answers a /settle that reached a configuration already
+// unloaded: the facilitator API's own reading of the request (400 for a
+// malformed one) and its answer to a settle that sent nothing
+// (facilitator_unavailable, naming the payment's network and payer).
+var unloadedAPI = x402.NewFacilitatorHandler(unloadedFacilitator{})
+
+// unloadedFacilitator is the facilitator of a configuration already
+// unloaded: it does nothing, and says so with errUnloaded.
+type unloadedFacilitator struct{}
+
+func (unloadedFacilitator) Verify(context.Context, x402.PaymentPayload, x402.PaymentRequirements) (x402.VerifyResponse, error) {
+	return x402.VerifyResponse{}, errUnloaded
+}
+
+func (unloadedFacilitator) Settle(context.Context, x402.PaymentPayload, x402.PaymentRequirements) (x402.SettleResponse, error) {
+	return x402.SettleResponse{}, errUnloaded
+}
+
+func (unloadedFacilitator) Supported(context.Context) (x402.SupportedResponse, error) {
+	return x402.SupportedResponse{}, errUnloaded
+}
 
 // UnmarshalCaddyfile sets up the handler from Caddyfile tokens:
 //
