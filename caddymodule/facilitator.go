@@ -503,14 +503,23 @@ func (m *HTTPFacilitator) Provision(ctx caddy.Context) error {
 
 // warnUnreadableWaits has each remote facilitator a gate settles offers
 // through, f itself or a member of f, warn of the offers it cannot read
-// past the gate's wait (warnUnreadableWait).
+// past the gate's wait (warnUnreadableWait). A multi's members warn only
+// of the offers no member reads (readsSettlements, by memberReads: the
+// rule its status questions follow), as any other's outcome is read by a
+// sibling.
 func warnUnreadableWaits(f x402.Facilitator, offers []x402.PaymentRequirements) {
 	switch f := f.(type) {
 	case *HTTPFacilitator:
 		f.warnUnreadableWait(offers)
 	case *MultiFacilitator:
+		var unread []x402.PaymentRequirements
+		for _, o := range offers {
+			if !f.readsSettlements(context.Background(), o) {
+				unread = append(unread, o)
+			}
+		}
 		for _, member := range f.fs {
-			warnUnreadableWaits(member, offers)
+			warnUnreadableWaits(member, unread)
 		}
 	}
 }
@@ -522,8 +531,7 @@ func warnUnreadableWaits(f x402.Facilitator, offers []x402.PaymentRequirements) 
 // two is then held 503 settlement_pending for 7 days and never resolved,
 // although it may have moved the money. The networks are the gate's, as
 // rpc for another network reads none of its payments. The config still
-// loads: a member of a multi may be read by an embedded one that settles
-// the same network, and a remote whose settles are fast never gets there.
+// loads: a remote whose settles are fast never gets there.
 func (m *HTTPFacilitator) warnUnreadableWait(offers []x402.PaymentRequirements) {
 	if m.f.Timeout() <= maxFacilitatorWait {
 		return

@@ -155,7 +155,8 @@ func TestFacilitatorCallPastTheGatesWaitIsPendingThenServed(t *testing.T) {
 // member of a multi: a settlement still running when the gate stops
 // waiting is answered settlement_pending, and nothing can read its
 // outcome. With rpc for the gate's network, or a timeout within the wait,
-// nothing is logged.
+// nothing is logged, as it is for a multi's member when another member
+// reads the gate's network (memberReads, the rule status reads follow).
 func TestRemoteTimeoutAboveTheGatesWaitWithoutRPCIsWarnedOf(t *testing.T) {
 	remote := func(block string) string {
 		return "http http://127.0.0.1:1 {\n\t\t\t" + block + "\n\t\t}"
@@ -171,6 +172,11 @@ func TestRemoteTimeoutAboveTheGatesWaitWithoutRPCIsWarnedOf(t *testing.T) {
 		{"timeout 60s, rpc for another network only", remote("timeout 60s\n\t\t\trpc base http://127.0.0.1:1"), true},
 		{"a multi's member: timeout 60s, rpc for another network only", "multi {\n\t\t\t" + remote("timeout 60s\n\t\t\trpc base http://127.0.0.1:1") + "\n\t\t\thttp http://127.0.0.1:2\n\t\t}", true},
 		{"timeout 30s, no rpc", remote("timeout 30s"), false},
+		// (Before: warned although the evm member settles and reads
+		// devnet, and the gate's status question goes to it.)
+		{"a multi's member: timeout 60s, no rpc, an evm member reads devnet", "multi {\n\t\t\t" + remote("timeout 60s") +
+			"\n\t\t\tevm {\n\t\t\t\tnetwork devnet\n\t\t\t\trpc_url http://127.0.0.1:1\n\t\t\t\trelayer_key " +
+			evmfacilitator.DevAccounts()[8].PrivateKeyHex + "\n\t\t\t}\n\t\t}", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			logFile := filepath.Join(t.TempDir(), "caddy.log")
