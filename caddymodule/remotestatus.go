@@ -192,8 +192,10 @@ func (m *MultiFacilitator) memberReads(ctx context.Context, i int, offer x402.Pa
 // readable), else pick's, whose answer says why it cannot tell. (Asked
 // only through pick, a remote member without rpc listed first answered
 // "no rpc endpoint" for ever although an embedded member read the chain,
-// and the charged buyer was never served.)
-func (m *MultiFacilitator) statusMember(ctx context.Context, req x402.PaymentRequirements) (x402.Facilitator, error) {
+// and the charged buyer was never served.) sibling tells that the member
+// returned is not pick's: another member sent the payment, and the one
+// asked holds no record of that send (siblingReader).
+func (m *MultiFacilitator) statusMember(ctx context.Context, req x402.PaymentRequirements) (f x402.Facilitator, sibling bool, err error) {
 	picked, err := m.pickIndex(ctx, req)
 	reader := -1
 	for i := range m.fs {
@@ -201,7 +203,7 @@ func (m *MultiFacilitator) statusMember(ctx context.Context, req x402.PaymentReq
 			continue
 		}
 		if i == picked {
-			return m.fs[i], nil
+			return m.fs[i], false, nil
 		}
 		if reader < 0 {
 			reader = i
@@ -209,11 +211,21 @@ func (m *MultiFacilitator) statusMember(ctx context.Context, req x402.PaymentReq
 	}
 	switch {
 	case reader >= 0:
-		return m.fs[reader], nil
+		return m.fs[reader], picked >= 0, nil
 	case picked >= 0:
-		return m.fs[picked], nil
+		return m.fs[picked], false, nil
 	}
-	return nil, err
+	return nil, false, err
+}
+
+// siblingReader is a member that reads the outcome of a payment another
+// member of its multi sent, which it holds no record of: the embedded svm
+// facilitator, which reads a payment whose fee payer it manages and, when
+// a remote member with the same fee payer sent it, would otherwise answer
+// a landed send it has no record of "settled by another settlement" and
+// the charged buyer would be refused duplicate_settlement.
+type siblingReader interface {
+	siblingSettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettlementStatus, error)
 }
 
 // SettlementStatus implements x402.SettlementChecker through the
@@ -223,9 +235,10 @@ func (m *MultiFacilitator) SettlementStatus(ctx context.Context, p x402.PaymentP
 }
 
 // SentSettlementStatus implements x402.SentSettlementChecker through the
-// member that reads req's chain (statusMember).
+// member that reads req's chain (statusMember), as the reader of a
+// sibling's send when pick sent it elsewhere (siblingReader).
 func (m *MultiFacilitator) SentSettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sent x402.SentSettlement) (x402.SettlementStatus, error) {
-	f, err := m.statusMember(ctx, req)
+	f, sibling, err := m.statusMember(ctx, req)
 	if f == nil {
 		if err == nil {
 			err = errors.New("no facilitator settles " + req.Network)
@@ -236,6 +249,9 @@ func (m *MultiFacilitator) SentSettlementStatus(ctx context.Context, p x402.Paym
 	// failure would read as the member's.
 	if err := ctx.Err(); err != nil {
 		return x402.SettlementStatus{}, fmt.Errorf("no time left to ask for the settlement's status: %w", err)
+	}
+	if sr, ok := f.(siblingReader); ok && sibling {
+		return sr.siblingSettlementStatus(ctx, p, req)
 	}
 	if ssc, ok := f.(x402.SentSettlementChecker); ok {
 		return ssc.SentSettlementStatus(ctx, p, req, sent)
@@ -255,6 +271,13 @@ func (m *SVMFacilitator) SettlementStatus(ctx context.Context, p x402.PaymentPay
 	return m.f.SettlementStatus(ctx, p, req)
 }
 
+// siblingSettlementStatus implements siblingReader: the chain's word on
+// the transaction when this facilitator holds no record of it
+// (svmfacilitator.Facilitator.PeerSettlementStatus).
+func (m *SVMFacilitator) siblingSettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettlementStatus, error) {
+	return m.f.PeerSettlementStatus(ctx, p, req)
+}
+
 // SentSettlementStatus lets the gate resolve unknown settlements of the
 // embedded evm facilitator from what it knows of the attempt: the nonce's
 // user is searched for no further back than it (x402.SentSettlementChecker).
@@ -265,6 +288,7 @@ func (m *EVMFacilitator) SentSettlementStatus(ctx context.Context, p x402.Paymen
 var (
 	_ x402.SentSettlementChecker = (*EVMFacilitator)(nil)
 	_ x402.SettlementChecker     = (*SVMFacilitator)(nil)
+	_ siblingReader              = (*SVMFacilitator)(nil)
 	_ x402.SettlementChecker     = (*HTTPFacilitator)(nil)
 	_ x402.SettlementChecker     = (*MultiFacilitator)(nil)
 	_ x402.SentSettlementChecker = (*HTTPFacilitator)(nil)

@@ -357,6 +357,43 @@ func TestRemoteSolanaLostReplyOfTheOfficialFacilitator(t *testing.T) {
 	waitOutcomes(t, up, "v-1=paid")
 }
 
+// multi { http <remote, fee payer F, no rpc>; svm <the same fee payer F> }:
+// the remote, listed first, settles the payment and its reply is lost
+// (503 settlement_pending, the buyer charged). The status question goes to
+// the svm member, which reads F's payments but never sent this one: it
+// reads the chain for the transaction, which the remote sent under F's
+// signature, and the retry is served with it. (Before: finding the
+// transaction landed with no record of its own in its store, it answered
+// "settled by another settlement", and the charged buyer was refused 402
+// duplicate_settlement.)
+func TestMultiSiblingsSolanaSendReadByTheEmbeddedMember(t *testing.T) {
+	e := newSolanaEnv(t)
+	up := newReportingUpstream(t)
+	proxy := newLossyProxy(t, remoteSVMFacilitator(t, e), "lose_reply")
+	fac := fmt.Sprintf("multi {\n\t\t\t\thttp %s {\n\t\t\t\t\ttimeout 5s\n\t\t\t\t}\n\t\t\t\t%s\n\t\t\t}", proxy.URL, e.svmBlock())
+	url := startCaddy(t, solanaSite(up.URL, fac, e, filepath.Join(t.TempDir(), "gate"))) + "/verify/schema"
+	payerBefore := e.usdc(t, e.payer.Address)
+
+	sig, txid := signSolana(t, e, url)
+	wantSettlementPending(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}), "first try (reply lost)")
+	if n := proxy.settles.Load(); n != 1 {
+		t.Fatalf("%d settlements reached the remote, want 1", n)
+	}
+	if got := payerBefore - e.usdc(t, e.payer.Address); got != 20000 {
+		t.Fatalf("payer charged %d after the lost reply, want 20000", got)
+	}
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	if resp.StatusCode == http.StatusServiceUnavailable {
+		// Not confirmed yet when asked: once more.
+		resp.Body.Close()
+		resp = post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	}
+	wantPaidWith(t, e, resp, txid)
+	if got := payerBefore - e.usdc(t, e.payer.Address); got != 20000 {
+		t.Errorf("payer charged %d in all, want 20000 (once)", got)
+	}
+}
+
 // multi { http <remote settling Solana with fee payer X, no rpc>; svm
 // <fee payer Y> }: a Solana payment is read by a member only when that
 // member manages the payment's fee payer, as it is settled only by one.
@@ -405,7 +442,7 @@ func TestMultiReadsASolanaPaymentOnlyThroughItsFeePayersManager(t *testing.T) {
 	if !m.readsSettlements(ctx, own) {
 		t.Error("the svm member's own fee payer's payment counts unreadable; want it read by the svm member")
 	}
-	if got, _ := m.statusMember(ctx, own); got != x402.Facilitator(svm) {
+	if got, _, _ := m.statusMember(ctx, own); got != x402.Facilitator(svm) {
 		t.Errorf("the svm member's own fee payer's status question goes to %T; want the svm member", got)
 	}
 }
