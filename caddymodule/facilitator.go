@@ -306,19 +306,25 @@ func (m *EVMFacilitator) relayerKey(repl *caddy.Replacer, log *zap.Logger) (*ecd
 // Cleanup releases this configuration's use of the shared facilitator once
 // its requests in flight are done (a payment being settled still needs the
 // chain); the last user stops the devnet or closes the connection.
-func (m *EVMFacilitator) Cleanup() error { return releasePooled(m.uses, &m.poolKey) }
+func (m *EVMFacilitator) Cleanup() error { return releasePooled(m.uses, &m.poolKey, nil) }
 
 // releasePooled gives a facilitator module's use of its facilitatorPool
-// entry (*key, then "") back once uses's requests in flight are done.
-func releasePooled(uses *inflight.Config, key *string) error {
+// entry (*key, then "") back once uses's requests in flight are done, and
+// then runs then (nil for nothing): the last use's Delete closes the
+// facilitator (Destruct) before then runs. With no entry (a Provision that
+// failed before it), then runs at once.
+func releasePooled(uses *inflight.Config, key *string, then func() error) error {
+	if then == nil {
+		then = func() error { return nil }
+	}
 	k := *key
 	if k == "" {
-		return nil
+		return then()
 	}
 	*key = ""
 	return uses.AfterRequests(func() error {
 		_, err := facilitatorPool.Delete(k)
-		return err
+		return errors.Join(err, then())
 	})
 }
 

@@ -52,8 +52,9 @@ type BadgerStore struct {
 	// store in a folder the gates name with their own settings.
 	asOpen bool
 
-	db   *store.DB
-	uses *inflight.Config
+	db    *store.DB
+	uses  *inflight.Config
+	holds *inflight.Holds // Hold
 }
 
 // CaddyModule returns the Caddy module information.
@@ -88,8 +89,14 @@ func (s *BadgerStore) Provision(ctx caddy.Context) error {
 	}
 	s.db = db
 	s.uses = inflight.For(ctx)
+	s.holds = new(inflight.Holds)
 	return nil
 }
+
+// Hold keeps the handle open past this config's requests until release:
+// for a facilitator whose sends, and the drops of their records, run until
+// its Close, after the requests that started them (inflight.Holds).
+func (s *BadgerStore) Hold() (release func() error) { return s.holds.Hold() }
 
 // badgerOptionNames spells store.Options fields as this module's
 // directives; store.OptionsConflictError names the field.
@@ -117,13 +124,14 @@ func optionsConflict(c *store.OptionsConflictError) error {
 // drain); the last reference closes the database. The counts batched so
 // far (allowance_flush) are written at once: Caddy's exit runs Cleanup and
 // exits, and a request still in flight must not hold back every count
-// acknowledged before it.
+// acknowledged before it. A holder's release (Hold) comes before the
+// close too.
 func (s *BadgerStore) Cleanup() error {
 	if s.db == nil {
 		return nil
 	}
 	flushErr := s.db.FlushAllowance()
-	return errors.Join(flushErr, s.uses.AfterRequests(s.db.Close))
+	return errors.Join(flushErr, s.uses.AfterRequests(func() error { return s.holds.Close(s.db.Close) }))
 }
 
 // StoreIdentity is the database folder: stores naming one folder share one

@@ -99,6 +99,19 @@ type SVMFacilitator struct {
 	pooled       *pooledSVM
 	f            *svmfacilitator.Facilitator
 	uses         *inflight.Config
+	// releaseStore gives back the hold on the store module of the store
+	// line (storeHolder), once the facilitator's Close returned.
+	releaseStore func() error
+}
+
+// storeHolder is a store module whose close can wait past its Cleanup
+// (inflight.Holds): Caddy cleans up the store of an svm block's store line
+// on its own, in no set order with the svm module, and the facilitator's
+// sends and the drops of their records run until its Close, after the
+// config's requests. A store module without it is closed when Caddy
+// cleans it up.
+type storeHolder interface {
+	Hold() (release func() error)
 }
 
 // pooledSVM is a facilitatorPool entry: shared across config reloads so a
@@ -198,6 +211,9 @@ func (m *SVMFacilitator) Provision(ctx caddy.Context) error {
 		if err != nil {
 			return fmt.Errorf("svm facilitator: loading store module: %v", err)
 		}
+		if h, ok := mod.(storeHolder); ok {
+			m.releaseStore = h.Hold()
+		}
 		var ok bool
 		if st, ok = mod.(interface{ Claims() store.Claims }); !ok {
 			return fmt.Errorf("svm facilitator: store module %T keeps no claims", mod)
@@ -243,12 +259,17 @@ func (m *SVMFacilitator) Provision(ctx caddy.Context) error {
 // latest config still loaded, at once (this config's handle closes once
 // its requests in flight are done, and those then write through the handle
 // taking over, to the same store), and releases this config's use of the
-// facilitator once those requests are done.
+// facilitator once those requests are done, and then its hold on the
+// store: the last config's release closes the facilitator (Destruct),
+// which waits for its sends and their drops, before the handle they write
+// through can close.
 func (m *SVMFacilitator) Cleanup() error {
 	if m.pooled != nil {
 		m.pooled.leave(m)
 	}
-	err := releasePooled(m.uses, &m.poolKey)
+	release := m.releaseStore
+	m.releaseStore = nil
+	err := releasePooled(m.uses, &m.poolKey, release)
 	if m.defaultStore != nil {
 		err = errors.Join(err, m.defaultStore.Cleanup())
 		m.defaultStore = nil

@@ -184,3 +184,94 @@ func TestSVMStatusReadAfterASettleElsewhereIsNotSettledHere(t *testing.T) {
 		t.Fatalf("status read through a block with no memory of the send: %+v %v; want never, duplicate_settlement", st, err)
 	}
 }
+
+// newSlowRefusingSolanaRPC is a FAKE node in front of the real chain that
+// forwards everything but sendTransaction, which it holds for delay and
+// then refuses (-32600): a node that refuses a send only after a while.
+// sends counts the sends it took.
+func newSlowRefusingSolanaRPC(t *testing.T, chain string, delay time.Duration) (url string, sends *atomic.Int64) {
+	sends = new(atomic.Int64)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		var req struct {
+			ID     json.RawMessage `json:"id"`
+			Method string          `json:"method"`
+		}
+		json.Unmarshal(body, &req)
+		w.Header().Set("Content-Type", "application/json")
+		if req.Method == "sendTransaction" {
+			sends.Add(1)
+			time.Sleep(delay)
+			fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"error":{"code":-32600,"message":"refused by the node"}}`, req.ID)
+			return
+		}
+		resp, err := http.Post(chain, "application/json", bytes.NewReader(body))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		defer resp.Body.Close()
+		out, _ := io.ReadAll(resp.Body)
+		w.Write(out)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL, sends
+}
+
+// README (Payments on Solana): an unload waits, before the block's store
+// is closed, for every settlement in progress. The svm module is loaded as
+// Caddy loads it, with a `store` of its own: Caddy cleans up the config's
+// modules, the store among them, in no set order. A send the node refuses
+// only after the unload drops its record, and the next config's
+// facilitator (same store) settles the payment, which was never sent. Each
+// order is tried: Caddy's own, a few times, and the svm module's Cleanup
+// first. (Before: when the store was cleaned up first, its handle closed
+// before the facilitator's Close waited for the send; the drop failed on
+// the closed database, the record of a send that never happened stayed,
+// and the next config adopted it and polled a signature the chain never
+// got: the buyer's retry of a good payment was answered
+// settlement_pending.)
+func TestSVMUnloadClosesItsStoreAfterItsSends(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		svmFirst bool
+	}{{"caddy's order", false}, {"svm cleaned up first", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newSolanaEnv(t)
+			storeJSON := fmt.Sprintf(`{"type":"badger","path":%q}`, t.TempDir())
+			slow, sends := newSlowRefusingSolanaRPC(t, e.chain.URL, 700*time.Millisecond)
+			for i := range 6 {
+				pp, req := svmMemoPayment(t, e, fmt.Sprintf("unload-%d", i))
+				cctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+				cfg := fmt.Sprintf(`{"network":"solana-devnet","rpc_url":%q,"fee_payer_key_file":%q,"store":%s,"confirm_timeout":"5s"}`, slow, e.keyFile, storeJSON)
+				val, err := cctx.LoadModuleByID("x402.facilitators.svm", json.RawMessage(cfg))
+				if err != nil {
+					cancel()
+					t.Fatal(err)
+				}
+				m := val.(*SVMFacilitator)
+				n := sends.Load()
+				done := make(chan error, 1)
+				go func() {
+					sctx, stop := context.WithTimeout(context.Background(), 20*time.Second)
+					defer stop()
+					_, err := m.Settle(sctx, pp, req)
+					done <- err
+				}()
+				waitFor(t, "the send to reach the node", func() bool { return sends.Load() > n })
+				if tc.svmFirst {
+					m.Cleanup()
+				}
+				cancel() // the unload: Caddy cleans up the config's modules
+				<-done
+
+				next, stop := provisionSVMWith(t, e, e.chain.URL, storeJSON, `,"confirm_timeout":"1s"`)
+				s, err := next.Settle(t.Context(), pp, req)
+				stop()
+				if err != nil || !s.Success {
+					t.Fatalf("payment %d, refused unsent before the unload, settled after it: success %v %q %q, err %v; want success", i, s.Success, s.ErrorReason, s.ErrorMessage, err)
+				}
+			}
+		})
+	}
+}

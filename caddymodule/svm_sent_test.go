@@ -79,6 +79,13 @@ func provisionSVM(t *testing.T, e *solanaEnv, rpc, storeJSON string) (m *SVMFaci
 // the requirements it answers.
 func svmPayment(t *testing.T, e *solanaEnv) (x402.PaymentPayload, x402.PaymentRequirements) {
 	t.Helper()
+	return svmMemoPayment(t, e, "")
+}
+
+// svmMemoPayment is svmPayment with memo (none for ""): payments of
+// different memos are different messages.
+func svmMemoPayment(t *testing.T, e *solanaEnv, memo string) (x402.PaymentPayload, x402.PaymentRequirements) {
+	t.Helper()
 	authority, err := base58.Decode(e.payer.SecretKey)
 	if err != nil {
 		t.Fatal(err)
@@ -89,7 +96,7 @@ func svmPayment(t *testing.T, e *solanaEnv) (x402.PaymentPayload, x402.PaymentRe
 	var feePayer svmfacilitator.PublicKey
 	copy(feePayer[:], svmFeeKey().Public().(ed25519.PublicKey))
 	p := svmfacilitator.Payment{FeePayer: feePayer, Authority: ed25519.PrivateKey(authority), Mint: mint, Program: svmfacilitator.TokenProgram,
-		PayTo: payTo, Amount: 20000, Decimals: 6, Blockhash: bh}
+		PayTo: payTo, Amount: 20000, Decimals: 6, Blockhash: bh, Memo: memo}
 	req := x402.PaymentRequirements{Scheme: x402.SchemeExact, Network: x402.NetworkSolanaDevnet, Amount: "20000", Asset: solanachain.USDC,
 		PayTo: e.payee.Address, MaxTimeoutSeconds: 60, Extra: map[string]any{"feePayer": feePayer.String()}}
 	return svmfacilitator.Payload(p.Transaction(), req), req

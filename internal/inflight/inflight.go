@@ -176,3 +176,60 @@ func closed(done <-chan struct{}) bool {
 		return false
 	}
 }
+
+// Holds keeps what a module holds (a store's handle) open past the
+// config's requests for users that outlive them: a facilitator's sends
+// and the drops of their records run until the facilitator's Close, which
+// the config's requests do not count. Caddy cleans up a config's modules
+// in no set order, so the store module's Cleanup may come before the
+// facilitator's; with a hold, its close waits for the holder's release.
+// A nil Holds holds nothing.
+type Holds struct {
+	mu      sync.Mutex
+	n       int          // holds not released
+	closing func() error // the close that waits for them, set by Close
+}
+
+// Hold counts a user in until it calls release, once (later calls do
+// nothing). The last release after Close runs the close that waited and
+// returns its error.
+func (h *Holds) Hold() (release func() error) {
+	if h == nil {
+		return func() error { return nil }
+	}
+	h.mu.Lock()
+	h.n++
+	h.mu.Unlock()
+	var once sync.Once
+	return func() (err error) {
+		once.Do(func() {
+			h.mu.Lock()
+			h.n--
+			var fn func() error
+			if h.n == 0 {
+				fn, h.closing = h.closing, nil
+			}
+			h.mu.Unlock()
+			if fn != nil {
+				err = runCleanup(fn)
+			}
+		})
+		return err
+	}
+}
+
+// Close runs fn, the module's close, at once (returning its error) when
+// nothing holds it, else when the last hold is released.
+func (h *Holds) Close(fn func() error) error {
+	if h == nil {
+		return fn()
+	}
+	h.mu.Lock()
+	if h.n > 0 {
+		h.closing = fn
+		h.mu.Unlock()
+		return nil
+	}
+	h.mu.Unlock()
+	return fn()
+}

@@ -94,3 +94,39 @@ func TestAPanickingCleanupDoesNotSkipTheOthers(t *testing.T) {
 		t.Fatalf("after a panicking cleanup: error %v, the next ran: %v", err, ran)
 	}
 }
+
+// TestHoldsCloseAfterTheLastRelease: a close with nothing held runs at
+// once; one with holds runs at the last release (each release counts
+// once) and its error is that release's.
+func TestHoldsCloseAfterTheLastRelease(t *testing.T) {
+	var h Holds
+	ran := 0
+	if err := h.Close(func() error { ran++; return nil }); err != nil || ran != 1 {
+		t.Fatalf("close with no hold: ran %d times (%v), want at once", ran, err)
+	}
+
+	var g Holds
+	a, b := g.Hold(), g.Hold()
+	closed := 0
+	want := errors.New("close failed")
+	if err := g.Close(func() error { closed++; return want }); err != nil || closed != 0 {
+		t.Fatalf("close while held: ran %d times (%v), want none yet", closed, err)
+	}
+	if err := a(); err != nil || closed != 0 {
+		t.Fatalf("first release: close ran %d times (%v), want none: one hold is left", closed, err)
+	}
+	if err := a(); err != nil || closed != 0 {
+		t.Fatalf("a release given twice counted twice: close ran %d times (%v)", closed, err)
+	}
+	if err := b(); !errors.Is(err, want) || closed != 1 {
+		t.Fatalf("last release: close ran %d times, error %v; want once, %v", closed, err, want)
+	}
+
+	var none *Holds
+	if err := none.Hold()(); err != nil {
+		t.Fatal(err)
+	}
+	if err := none.Close(func() error { closed++; return nil }); err != nil || closed != 2 {
+		t.Fatal("a nil Holds did not close at once")
+	}
+}

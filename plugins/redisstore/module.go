@@ -79,7 +79,8 @@ type RedisStore struct {
 	pooled   *pooledClient
 	store    *Store
 	uses     *inflight.Config
-	identity string // StoreIdentity
+	holds    *inflight.Holds // Hold
+	identity string          // StoreIdentity
 }
 
 // CaddyModule returns the Caddy module information.
@@ -105,6 +106,7 @@ func (p *pooledClient) Destruct() error { return p.rdb.Close() }
 // Provision connects (or joins the shared client) and checks the server.
 func (s *RedisStore) Provision(ctx caddy.Context) error {
 	s.uses = inflight.For(ctx)
+	s.holds = new(inflight.Holds)
 	repl := caddy.NewReplacer()
 	addrs := make([]string, 0, len(s.Addresses))
 	for _, a := range s.Addresses {
@@ -286,24 +288,32 @@ func poolKey(o *redis.UniversalOptions) (string, error) {
 // Cleanup gives this config's reference to the client back once the
 // config's requests in flight are done (Caddy cleans up an old config
 // before its requests drain, and one may be committing a count or a
-// claim); the last reference closes the client.
+// claim), and once every holder released it (Hold); the last reference
+// closes the client.
 func (s *RedisStore) Cleanup() error {
 	if s.pooled == nil {
 		return nil
 	}
-	key, st := s.pooled.key, s.store
+	key, st, holds := s.pooled.key, s.store, s.holds
 	return s.uses.AfterRequests(func() error {
-		// A served call's commit, or a refused one's release, may still be
-		// retried (Store.AfterRetries).
-		st.AfterRetries(func() {
-			st.asks.close() // the Store's own; the client is shared
-			if _, err := clients.Delete(key); err != nil {
-				caddy.Log().Error("closing the Redis client", zap.Error(err))
-			}
+		return holds.Close(func() error {
+			// A served call's commit, or a refused one's release, may
+			// still be retried (Store.AfterRetries).
+			st.AfterRetries(func() {
+				st.asks.close() // the Store's own; the client is shared
+				if _, err := clients.Delete(key); err != nil {
+					caddy.Log().Error("closing the Redis client", zap.Error(err))
+				}
+			})
+			return nil
 		})
-		return nil
 	})
 }
+
+// Hold keeps the client open past this config's requests until release:
+// for a facilitator whose sends, and the drops of their records, run until
+// its Close, after the requests that started them (inflight.Holds).
+func (s *RedisStore) Hold() (release func() error) { return s.holds.Hold() }
 
 // Allowance returns the free allowance counters.
 func (s *RedisStore) Allowance() store.Allowance { return s.store.Allowance() }
