@@ -3,6 +3,8 @@ package caddymodule
 import (
 	"bytes"
 	"context"
+	"crypto/ed25519"
+	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -17,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aovhq/aov/internal/base58"
 	"github.com/aovhq/aov/plugins/evmfacilitator"
 	"github.com/aovhq/aov/x402"
 	"github.com/caddyserver/caddy/v2"
@@ -189,6 +192,58 @@ func TestRemoteTimeoutAboveTheGatesWaitWithoutRPCIsWarnedOf(t *testing.T) {
 	respond "ok"
 }
 `, payTo.Hex(), tc.facilitator))
+			caddy.Stop()
+			warned := false
+			for _, l := range logLines(t, logFile) {
+				warned = warned || l["level"] == "warn" && strings.HasPrefix(fmt.Sprint(l["msg"]), "timeout above the gate's 30s wait without rpc")
+			}
+			if warned != tc.warn {
+				t.Errorf("warned %v, want %v", warned, tc.warn)
+			}
+		})
+	}
+}
+
+// multi { http <remote, fee payer X, timeout 60s, no rpc>; svm <fee payer
+// Y> } on solana-devnet: the gate's offer is built around the fee payer
+// the multi learns at load, and the Warning follows who reads it
+// (memberReads, by managesFeePayer): with the remote first, the offer is
+// X's, which the svm member never reads, and the remote is warned of; with
+// the svm member first, the offer is Y's, which it reads, and nothing is
+// logged.
+func TestRemoteTimeoutWarningFollowsTheOffersFeePayer(t *testing.T) {
+	seed := sha256.Sum256([]byte("caddymodule remote fee payer"))
+	x := base58.Encode(ed25519.NewKeyFromSeed(seed[:]).Public().(ed25519.PublicKey))
+	seed = sha256.Sum256([]byte("caddymodule payee"))
+	payee := base58.Encode(ed25519.NewKeyFromSeed(seed[:]).Public().(ed25519.PublicKey))
+	fac := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"kinds":[{"x402Version":2,"scheme":"exact","network":%q,"extra":{"feePayer":%q}}],"extensions":[],"signers":{}}`,
+			x402.NetworkSolanaDevnet, x)
+	}))
+	t.Cleanup(fac.Close)
+	remote := "http " + fac.URL + " {\n\t\t\t\ttimeout 60s\n\t\t\t}"
+	svm := "svm {\n\t\t\t\tnetwork solana-devnet\n\t\t\t\trpc_url http://127.0.0.1:1\n\t\t\t\tdev_fee_payer\n\t\t\t}"
+	for _, tc := range []struct {
+		name, members string
+		warn          bool
+	}{
+		{"the remote first", remote + "\n\t\t\t" + svm, true},
+		{"the svm member first", svm + "\n\t\t\t" + remote, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			logFile := filepath.Join(t.TempDir(), "caddy.log")
+			loadCaddyServers(t, freePort(t), "", logFile, fmt.Sprintf(`:{port} {
+	x402 {
+		accept solana-devnet $0.02 %s
+		facilitator multi {
+			%s
+		}
+		store badger {data}/gate
+	}
+	respond "ok"
+}
+`, payee, tc.members))
 			caddy.Stop()
 			warned := false
 			for _, l := range logLines(t, logFile) {

@@ -585,11 +585,13 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 	if err := g.checkOffers(); err != nil {
 		return err
 	}
-	warnUnreadableWaits(g.facilitator, g.offers) // facilitator.go
 	waiting, err := g.fillFeePayers()
 	if err != nil {
 		return err
 	}
+	// With the fee payers known: a Solana offer is read only by the member
+	// that manages its fee payer (memberReads).
+	warnUnreadableWaits(g.facilitator, g.offers) // facilitator.go
 	if err := g.encodeOffers(); err != nil {
 		return err
 	}
