@@ -21,6 +21,9 @@ var b58Index = func() [256]int8 {
 	return t
 }()
 
+// IsDigit reports whether c is one of the 58 digits (no 0, O, I or l).
+func IsDigit(c byte) bool { return b58Index[c] >= 0 }
+
 // ErrInvalid is returned for input that is not base58.
 var ErrInvalid = errors.New("not base58")
 

@@ -17,3 +17,20 @@ func FuzzBase58(f *testing.F) {
 		}
 	})
 }
+
+// IsDigit admits exactly the bytes Decode accepts as a digit.
+func TestIsDigit(t *testing.T) {
+	n := 0
+	for c := 0; c < 256; c++ {
+		_, err := Decode(string([]byte{byte(c)}))
+		if IsDigit(byte(c)) != (err == nil) {
+			t.Errorf("IsDigit(%q) = %v, Decode error %v", rune(c), IsDigit(byte(c)), err)
+		}
+		if IsDigit(byte(c)) {
+			n++
+		}
+	}
+	if n != 58 {
+		t.Errorf("IsDigit admits %d bytes, want 58", n)
+	}
+}
