@@ -97,8 +97,8 @@ const MaxAgentIDChars = 200
 // MaxAgentIDChars characters of UTF-8 that the OpaqueString profile of
 // RFC 8264 (the FreeformClass, with its NFC and non-ASCII space mapping)
 // leaves unchanged, none of them one that renders blank (blankRune), and
-// writing neither an address nor a test- prefix in lookalike characters
-// (ImitatesAddress, ImitatesTestAgent). It is the one rule of what a bound
+// reading in lookalike characters neither as an account id nor as a test-
+// id (ImitatesAddress, ImitatesTestAgent). It is the one rule of what a bound
 // agent id may contain: walletauth refuses a proof naming any other id and
 // verifierd drops any other id the gateway forwards as the one a proof
 // named.
@@ -149,103 +149,117 @@ func ImitatesTestAgent(id string) bool {
 	return true // one of them is not ASCII, as id does not start with test-
 }
 
-// ImitatesAddress reports whether id, which is not all ASCII, writes an
-// address, or an account id ending in one, in lookalike characters: a
-// reader takes it for that wallet's account, whose owned score it would
-// pass for. It reads id as a reader does, each character as the ASCII it
-// looks like (readAs), and looks there for the two address formats
-// wallets prove, in a row of letters and digits:
+// ImitatesAddress reports whether id, which is not all ASCII, reads as a
+// whole as an account id: a reader takes it for that wallet's account,
+// whose owned score it would pass for. An id all in ASCII reads as what it
+// is, and one that merely holds an address among other characters
+// (代理人-0x<address>) reads as no more than agent-0x<address> does, which
+// anyone may bind; so only the whole id's reading matters.
 //
-//   - EVM: 40 or more in a row that read as hex digits, with or without 0x
-//     before them (o and O read as 0, l and I as 1);
-//   - Solana: the base58 spelling of 32 bytes, 43 or 44 characters, or 32
-//     to 42 when it starts with the 1s that spell leading zero bytes: that
-//     many in a row that read as base58 digits (no 0 and no O; l and I
-//     read as 1), among them at least five capitals and five small
-//     letters, as all but about one in 200,000 spellings of 43 or 44 have
-//     (base58 has 24 capitals and 25 small letters among its 58 digits).
-//     So a long word (Donaudampfschifffahrtsgesellschaftskapitäne) is no
-//     address, while one without a digit (about one account in 1,700) is.
+// The id is read as readAs has it: an ASCII character as itself, another
+// as the ASCII it looks like when NFKC or Unicode's confusables data gives
+// it one, a combining mark as nothing, and any other letter, number,
+// spacing mark or symbol (a Chinese, Japanese or Korean character, a small
+// capital, a Latin or Cyrillic letter no table maps) as a wildcard that
+// may stand for any letter or digit, since a reader may take it for one
+// (Hangul ㅇ for 0, ㅣ for 1, ᴘ for P). A symbol or punctuation mark with no
+// such reading may stand for ':' (Ethiopic ፡ is drawn as a colon).
 //
-// That stretch, with its 0x and the CAIP-10 prefix before them (namespace
-// and chain, eip155꞉8453꞉, whose separators may be any character that is
-// not ASCII and reads as no letter or digit: Ethiopic ፡ is drawn as a
-// colon the tables do not map), imitates an address when it holds a
-// character that is not ASCII and at least three quarters of the stretch
-// read as ASCII. The part that reads as the address is what must be in
-// lookalikes: an id with an address or a git hash in ASCII beside another
-// script's word reads as what it is (代理人-0x…, café-build-<sha1>) and
-// binds like its ASCII twin (agent-0x…). A letter or digit the tables do
-// not map reads as unknown (ꟈ, ь, ᴇ, Khmer ០), so a stretch reads
-// through a few of them as a reader does, but one made mostly of them (a
-// word in Russian) reads as no address.
+// That reading, or its part after a CAIP-10 prefix X:Y: (X 3 to 8 of
+// letters, digits and -, Y 1 to 32 of letters, digits, - and _, as
+// verifierd reads account ids), is an account id when the part
+//
+//   - is an EVM address: 0x and 40 hex digits, or the 40 alone (o and O
+//     read as 0, l, I and | as 1), or
+//   - is a Solana address: base58 digits (l, I and | read as 1) as many as
+//     the spelling of 32 bytes can have given its k leading 1s, the zero
+//     bytes: the other 32-k bytes, whose first is not zero, spell 43 or 44
+//     when k is 0 (solanaRest),
+//
+// and more than half of the part's characters are no wildcards, so that a
+// name of that length in Chinese is no address; an imitation needs mostly
+// characters that read as the address.
+//
+// An honest id can read so only when it is exactly such a length with no
+// separator and mostly readable as ASCII: a 43- or 44-letter word with an
+// accent (Donaudampfschifffahrtsgesellschaftskapitäne) is refused, while
+// the word with a hyphen in it binds.
 func ImitatesAddress(id string) bool {
 	if isASCII(id) {
 		return false
 	}
 	u := readAs(id)
-	for s := 0; s < len(u); {
-		if !u[s].alnum() {
-			s++
-			continue
+	if addressShaped(u) {
+		return true
+	}
+	for i := 0; i < len(u) && i <= 8; i++ { // the namespace is u[:i]
+		if i >= 3 && u[i].colonLike() {
+			for j := i + 1; j < len(u) && j-i-1 <= 32; j++ { // the reference is u[i+1:j]
+				if j-i-1 >= 1 && u[j].colonLike() && addressShaped(u[j+1:]) {
+					return true
+				}
+				if !u[j].caipLike("-_") {
+					break
+				}
+			}
 		}
-		e := s
-		for e < len(u) && u[e].alnum() {
-			e++
+		if !u[i].caipLike("-") {
+			break
 		}
-		if imitatesEVM(u, s, e) || imitatesSolana(u, s, e) {
-			return true
-		}
-		s = e
 	}
 	return false
 }
 
-// unit is one ASCII character an id reads as (c), and whether it comes
-// from a character that is not ASCII (foreign) or is a letter or digit
-// the tables give no reading (wild, c is '*'); c is 0 for a Chinese,
-// Japanese or Korean one (see readAs).
+// unit is one character an id reads as (see ImitatesAddress): an ASCII
+// character c, or, for a character with no ASCII reading, a wildcard
+// (wild: any letter or digit) or one that may stand for ':' (colon), or
+// both (a symbol), or neither (c is 0: a space, control or format
+// character, which reads as no letter, digit or colon).
 type unit struct {
-	c             byte
-	foreign, wild bool
+	c           byte
+	wild, colon bool
 }
 
-func (x unit) alnum() bool { return x.wild || isAlnum(x.c) }
+func (x unit) colonLike() bool { return x.c == ':' || x.colon }
 
-// readAs reads id as ASCII: an ASCII character as itself, another as its
-// NFKC form or UTS #39 skeleton (Unicode's confusables data) less any
-// combining marks when that is ASCII (Cyrillic а, fullwidth ０, 𝟶, ﬀ as
-// "ff", ⅱ as "ii", Ẹ as E, ꞉ as ':'), a letter or digit with no such
-// reading as a wild unit, and anything else as a space. The ideographs
-// and syllables of Chinese, Japanese and Korean are no wild units, as
-// none looks like an ASCII letter or digit (代理人 before a hash makes no
-// stretch of hex a lookalike), nor spaces, as none looks like a colon
-// either: they read as a zero byte. A combining mark adds nothing but
-// marks the unit it sits on as foreign.
+// caipLike reports whether x may be a character of a CAIP-10 namespace or
+// reference: a letter, a digit or one of extra.
+func (x unit) caipLike(extra string) bool {
+	return x.wild || isAlnum(x.c) || strings.IndexByte(extra, x.c) >= 0
+}
+
+// readAs reads id as ASCII, as a reader does (see ImitatesAddress): an
+// ASCII character as itself, another as its NFKC form or UTS #39 skeleton
+// less any combining marks when that is ASCII (Cyrillic а, fullwidth ０,
+// 𝟶, ﬀ as "ff", ⅱ as "ii", Ẹ as E, ꞉ as ':'), a combining mark as nothing
+// (it sits on the character before it and takes no place), any other
+// letter, number or spacing mark as a wildcard, a symbol as a wildcard or
+// a colon, punctuation as a colon.
 func readAs(id string) []unit {
 	var u []unit
 	for _, r := range id {
-		switch {
-		case r < utf8.RuneSelf:
+		if r < utf8.RuneSelf {
 			u = append(u, unit{c: byte(r)})
-		case unicode.In(r, unicode.Mn, unicode.Me):
-			if len(u) > 0 {
-				u[len(u)-1].foreign = true
+			continue
+		}
+		if unicode.In(r, unicode.Mn, unicode.Me) {
+			continue
+		}
+		if a := asciiReading(r); a != "" {
+			for i := 0; i < len(a); i++ {
+				u = append(u, unit{c: a[i]})
 			}
+			continue
+		}
+		switch {
+		case unicode.IsLetter(r) || unicode.IsNumber(r) || unicode.Is(unicode.Mc, r):
+			u = append(u, unit{wild: true})
+		case unicode.IsSymbol(r):
+			u = append(u, unit{wild: true, colon: true})
+		case unicode.IsPunct(r):
+			u = append(u, unit{colon: true})
 		default:
-			a := asciiReading(r)
-			switch {
-			case a != "":
-				for i := 0; i < len(a); i++ {
-					u = append(u, unit{c: a[i], foreign: true})
-				}
-			case !unicode.IsLetter(r) && !unicode.IsNumber(r):
-				u = append(u, unit{c: ' ', foreign: true})
-			case unicode.In(r, unicode.Han, unicode.Hiragana, unicode.Katakana, unicode.Hangul):
-				u = append(u, unit{foreign: true}) // ends a row, but is no separator
-			default:
-				u = append(u, unit{c: '*', foreign: true, wild: true})
-			}
+			u = append(u, unit{})
 		}
 	}
 	return u
@@ -262,117 +276,76 @@ func asciiReading(r rune) string {
 	return ""
 }
 
-// imitatesEVM reports whether the run u[s:e] holds an EVM address in
-// lookalikes: 40 or more units in a row that read as hex digits.
-func imitatesEVM(u []unit, s, e int) bool {
-	for i := s; i < e; {
-		j := i
-		for j < e && hexLike(u[j]) {
-			j++
+// addressShaped reports whether a reads as an EVM or a Solana address,
+// with more than half of it no wildcards (see ImitatesAddress).
+func addressShaped(a []unit) bool {
+	read := 0
+	for _, x := range a {
+		if !x.wild {
+			read++
 		}
-		if j-i >= 40 {
-			from := i
-			if from-2 >= s && zeroLike(u[from-2]) && (u[from-1].c == 'x' || u[from-1].c == 'X') {
-				from = caipPrefix(u, from-2)
-			}
-			if lookalike(u[from:j], u[i:j]) {
-				return true
-			}
+	}
+	return 2*read > len(a) && (evmShaped(a) || solanaShaped(a))
+}
+
+// evmShaped reports whether a reads as 0x and 40 hex digits, or the 40.
+func evmShaped(a []unit) bool {
+	if len(a) == 42 && zeroLike(a[0]) && (a[1].wild || a[1].c == 'x' || a[1].c == 'X') {
+		a = a[2:]
+	}
+	if len(a) != 40 {
+		return false
+	}
+	for _, x := range a {
+		if !(x.wild || isHex(x.c) || zeroLike(x) || oneLike(x)) {
+			return false
 		}
-		i = j + 1
+	}
+	return true
+}
+
+// solanaShaped reports whether a reads as the base58 spelling of 32 bytes:
+// base58 digits, k of them leading 1s (zero bytes), the rest as long as
+// the other 32-k bytes can spell. A wildcard may be a leading 1 or not.
+func solanaShaped(a []unit) bool {
+	for _, x := range a {
+		if !(x.wild || base58.IsDigit(x.c) || oneLike(x)) {
+			return false
+		}
+	}
+	for k := 0; k <= 32 && k <= len(a); k++ {
+		if k > 0 && !a[k-1].wild && !oneLike(a[k-1]) {
+			break
+		}
+		if k < len(a) && !a[k].wild && oneLike(a[k]) {
+			continue // the rest begins with a 1, which would be one more zero byte
+		}
+		if r := solanaRest[32-k]; r[0] <= len(a)-k && len(a)-k <= r[1] {
+			return true
+		}
 	}
 	return false
 }
 
-// imitatesSolana reports whether the run u[s:e] holds a Solana address in
-// lookalikes (see ImitatesAddress).
-func imitatesSolana(u []unit, s, e int) bool {
-	for i := s; i < e; {
-		j := i
-		upper, lower := 0, 0
-		for ; j < e && base58Like(u[j]); j++ {
-			switch c := u[j].c; {
-			case u[j].wild || oneLike(u[j]):
-			case 'A' <= c && c <= 'Z':
-				upper++
-			case 'a' <= c && c <= 'z':
-				lower++
-			}
-		}
-		n := j - i
-		if (n >= 43 || n >= 32 && oneLike(u[i])) && upper >= 5 && lower >= 5 {
-			from := i
-			if from == s {
-				from = caipPrefix(u, s)
-			}
-			if lookalike(u[from:j], u[i:j]) {
-				return true
-			}
-		}
-		i = j + 1
+// solanaRest[n] is the shortest and the longest base58 spelling of n bytes
+// whose first is not zero: of 2^(8(n-1)) and of 2^(8n)-1 (43 and 44 for
+// 32 bytes; 0 and 0 for none).
+var solanaRest = func() (t [33][2]int) {
+	for n := 1; n <= 32; n++ {
+		least := make([]byte, n)
+		least[0] = 1
+		t[n] = [2]int{len(base58.Encode(least)), len(base58.Encode(bytes.Repeat([]byte{0xff}, n)))}
 	}
-	return false
+	return t
+}()
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
 }
 
-// lookalike reports whether span, an address with what precedes it, holds
-// a foreign unit, and at least three quarters of addr, the address, read
-// as ASCII.
-func lookalike(span, addr []unit) bool {
-	foreign, wild := false, 0
-	for _, x := range span {
-		foreign = foreign || x.foreign
-	}
-	for _, x := range addr {
-		if x.wild {
-			wild++
-		}
-	}
-	return foreign && 4*wild <= len(addr)
-}
+func zeroLike(x unit) bool { return x.wild || x.c == '0' || x.c == 'o' || x.c == 'O' }
 
-// caipPrefix returns where a CAIP-10 prefix ending at u[at] begins
-// (namespace, separator, reference, separator: eip155:8453:), or at when
-// there is none. A separator is a unit reading ':' or any other foreign
-// one that is no letter or digit, since some scripts draw one as a colon
-// that the tables do not map (Ethiopic wordspace ፡, Tibetan ༔).
-func caipPrefix(u []unit, at int) int {
-	sep := func(i int) bool { return i >= 0 && (u[i].c == ':' || u[i].foreign && u[i].c == ' ') }
-	part := func(end, min, max int, ok func(byte) bool) int {
-		i := end
-		for i > 0 && end-i < max && !u[i-1].wild && ok(u[i-1].c) {
-			i--
-		}
-		if end-i < min {
-			return -1
-		}
-		return i
-	}
-	if !sep(at - 1) {
-		return at
-	}
-	ref := part(at-1, 1, 32, func(c byte) bool { return isAlnum(c) || c == '-' || c == '_' })
-	if ref < 0 || !sep(ref-1) {
-		return at
-	}
-	ns := part(ref-1, 3, 8, func(c byte) bool { return isAlnum(c) || c == '-' })
-	if ns < 0 || ns > 0 && (u[ns-1].alnum() || u[ns-1].c == '-') {
-		return at
-	}
-	return ns
-}
-
-func hexLike(x unit) bool {
-	c := x.c
-	return x.wild || '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F' || zeroLike(x) || oneLike(x)
-}
-
-func base58Like(x unit) bool {
-	return x.alnum() && x.c != '0' && x.c != 'O'
-}
-
-func zeroLike(x unit) bool { return x.c == '0' || x.c == 'o' || x.c == 'O' }
-
-func oneLike(x unit) bool { return x.c == '1' || x.c == 'l' || x.c == 'I' }
+func oneLike(x unit) bool { return x.c == '1' || x.c == 'l' || x.c == 'I' || x.c == '|' }
 
 // unmarked is s less its combining marks, when that is printable ASCII;
 // "" otherwise.

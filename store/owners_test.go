@@ -263,7 +263,7 @@ func TestBindableAgentID(t *testing.T) {
 		"eip155:8453:0x52908400098527886\u04150F7030069857D2E4169EE7", // and in a CAIP-10 id
 		"0\u04455290840009852788\u0415E0F7030069857D2E4169EE7",        // a Cyrillic х
 		"\uff10\uff58" + strings.Repeat("\uff15", 40),                 // fullwidth 0x555…
-		strings.Repeat("\U0001d7ce", 42),                              // mathematical digit zeros
+		strings.Repeat("\U0001d7ce", 40),                              // mathematical digit zeros: 40 hex digits
 		"7EcDhSYGxXyscszYEp35KHN8vvw3svAuLKTzXwCFLtV\u0405",           // a Solana address ending in a Cyrillic Ѕ
 		"eip155\ua7898453\ua789" + victim,                             // U+A789 modifier letter colon for ':'
 		"eip155\u22368453\u2236" + victim,                             // U+2236 ratio for ':'
@@ -370,10 +370,10 @@ func TestImitatesAddressSolanaWithoutDigits(t *testing.T) {
 // Unicode 13's and keeps x-height forms apart (Cyrillic ь and ƅ for b,
 // small capital ᴇ for e), and letters added since are in no table (U+A7C8
 // ꟈ, d with a stroke, whose older twin đ reads as d; U+A7FE ꟾ, a long I).
-// Such letters only stand in among ASCII: a name made mostly of them (in
-// Russian) reads as no address, nor does one in Chinese, whose
-// ideographs look like no ASCII letter. (Before: each of these ended the run, so
-// two runs under 32 were left and the lookalike bound.)
+// Such letters only stand in among ASCII: a name made mostly of them, or
+// of Chinese ideographs, which read so too, reads as no address. (Before:
+// each of these ended the run, so two runs under 32 were left and the
+// lookalike bound.)
 func TestImitatesAddressReadsThroughUnmappedLetters(t *testing.T) {
 	victim := "0x5290840009852788be0f7030069857d2e4169ee7"
 	for _, id := range []string{
@@ -383,8 +383,8 @@ func TestImitatesAddressReadsThroughUnmappedLetters(t *testing.T) {
 		strings.Replace(victim, "d", "\ua7c8", 1),
 		strings.Replace(victim, "d", "\u0111", 1),
 		strings.Replace(victim, "1", "\ua7fe", 1),
-		strings.Replace(victim[2:], "b", "\u044c", 1), // without 0x
-		"GbYbVXrgsSRzBaoBZiJjLxkUa\u044cJawVYAGCWvqRmgQGnkP",
+		strings.Replace(victim[2:], "b", "\u044c", 1),                                     // without 0x
+		strings.Replace("GbYbVXrgsSRzBaoBZiJjLxkUaJawVYAGCWvqRmgQGnkP", "b", "\u044c", 1), // a Solana address
 	} {
 		if !ImitatesAddress(id) || BindableAgentID(id) {
 			t.Errorf("%q: ImitatesAddress %v, BindableAgentID %v; want true, false", id, ImitatesAddress(id), BindableAgentID(id))
@@ -402,10 +402,10 @@ func TestImitatesAddressReadsThroughUnmappedLetters(t *testing.T) {
 }
 
 // An id with a character that is not ASCII binds like its ASCII twin when
-// the part that reads as an address or a hash is ASCII: it reads as what
-// it is, and no character of it is a lookalike. Nor is a long word with
-// one capital a Solana address. (Before: any id not all ASCII with a run
-// of 32 letters and digits and a digit among them was refused as "an
+// it does not read as an address as a whole: an address or a hash beside
+// another word reads as what it is, as agent-0x<address> does, and so do
+// names in other scripts with a year. (Before: any id not all ASCII with a
+// run of 32 letters and digits and a digit among them was refused as "an
 // address in lookalike characters", a git SHA-1 or a dashless UUID after
 // café too.)
 func TestBindableAgentIDHonestIdsWithASCIIRuns(t *testing.T) {
@@ -418,7 +418,12 @@ func TestBindableAgentIDHonestIdsWithASCIIRuns(t *testing.T) {
 		{"代理人3f9a1c2e4b5d6f708192a3b4c5d6e7f8a9b0c1d2", "agent3f9a1c2e4b5d6f708192a3b4c5d6e7f8a9b0c1d2"},
 		{"bot代api人0x9858EfFD232B4033E47d90003D41EC34EcaEda94", "bot-api-0x9858EfFD232B4033E47d90003D41EC34EcaEda94"},
 		{"Rechnungsprüfungsassistenzsystem2024", "Rechnungspruefungsassistenzsystem2024"},
-		{"Donaudampfschifffahrtsgesellschaftskapitäne", "Donaudampfschifffahrtsgesellschaftskapitaene"},
+		{"Donaudampfschifffahrtsgesellschaftskapitän", "Donaudampfschifffahrtsgesellschaftskapitaen"},
+		{"Donaudampfschifffahrts-gesellschaftskapitäne", "Donaudampfschifffahrts-gesellschaftskapitaene"},
+		{"ΠράκτοραςΤιμολογίωνΚαιΛογιστηρίουΕταιρείας2024", "PraktorasTimologionKaiLogistiriouEtaireias2024"},
+		{"АгентПоПроверкеСчетовФактурИПлатежей2024", "AgentPoProverkeSchetovFakturIPlatezhei2024"},
+		{"发票核对代理人二零二四年第一版本用于财务部门与审计部门的日常核对工作及其他事项2024", "fapiao-hedui-dailiren-2024"},
+		{"代理人2024", "agent2024"},
 		{"agent-7EcDhSYGxXyscszYEp35KHN8vvw3svAuLKTzXwCFLtV-über", "agent-7EcDhSYGxXyscszYEp35KHN8vvw3svAuLKTzXwCFLtV-uber"},
 	} {
 		if !BindableAgentID(c.ascii) {
@@ -431,8 +436,10 @@ func TestBindableAgentIDHonestIdsWithASCIIRuns(t *testing.T) {
 	}
 }
 
-// ImitatesAddress never panics, and an id all in ASCII never imitates an
-// address: it reads as what it is.
+// ImitatesAddress never panics; an id all in ASCII never imitates an
+// address, as it reads as what it is; and an id whose reading is not an
+// address's shape (one with a space before or after it) never does
+// either, whatever address it holds.
 func FuzzImitatesAddress(f *testing.F) {
 	for _, id := range []string{
 		"0x52908400098527886\u04150F7030069857D2E4169EE7",
@@ -440,6 +447,9 @@ func FuzzImitatesAddress(f *testing.F) {
 		"eip155\u13618453\u13610x52908400098527886E0F7030069857D2E4169EE7",
 		"代理人-0x9858EfFD232B4033E47d90003D41EC34EcaEda94",
 		"0x52908400098527886E0F7030069857D2E4169EE7",
+		"0x529\u31478400098527886E0F7030069857D2E4169EE7",
+		"eip155\ua7898453\ua789\u3147x52908400098527886E0F7030069857D2E4169EE7",
+		"5eykt4UsFv8\u1d188\u0274\u1d0ad\u1d1b\u0280\u1d07pY1vzqKqZKvdpKuc147dw2N9d",
 		"cafe\u0301", "\u0301", "\xff", "",
 	} {
 		f.Add(id)
@@ -447,6 +457,11 @@ func FuzzImitatesAddress(f *testing.F) {
 	f.Fuzz(func(t *testing.T, id string) {
 		if ImitatesAddress(id) && isASCII(id) {
 			t.Errorf("ImitatesAddress(%q) = true for an id all in ASCII", id)
+		}
+		for _, id := range []string{id + " ", " " + id} {
+			if ImitatesAddress(id) {
+				t.Errorf("ImitatesAddress(%q) = true for an id that reads as no address", id)
+			}
 		}
 	})
 }
@@ -471,5 +486,96 @@ func TestBindableAgentIDRefusesTestPrefixLookalike(t *testing.T) {
 		if !BindableAgentID(id) {
 			t.Errorf("BindableAgentID(%q) = false, want true", id)
 		}
+	}
+}
+
+// A Korean or Chinese character drawn like an ASCII digit (Hangul ieung ㅇ,
+// a circle, for 0; Hangul i ㅣ, Han 丨 or Hangzhou numeral 〡, a vertical
+// stroke, for 1) stands in an address as a reader sees it, so an id that
+// reads as an address with one of them in it is refused, as one with a
+// fullwidth zero or a palochka is. (Before: these characters ended the row
+// of digits, the address was split below its length, and the lookalike
+// bound.)
+func TestImitatesAddressReadsCJKLookalikes(t *testing.T) {
+	const evm = "0x52908400098527886E0F7030069857D2E4169EE7"
+	const sol = "EPjFWdd5AufqSSqeM2qN1xzybapC8G4wEGGkZwyTDt1v" // a Solana account (the USDC mint)
+	for _, id := range []string{
+		strings.Replace(evm, "5290", "529\uff10", 1), // fullwidth zero
+		strings.Replace(sol, "qN1x", "qN\u04c0x", 1), // palochka for 1
+		strings.Replace(evm, "5290", "529\u3147", 1), // Hangul ieung for 0
+		strings.Replace(evm, "4169", "4\u316369", 1), // Hangul i for 1
+		strings.Replace(evm, "4169", "4\u4e2869", 1), // Han 丨 for 1
+		strings.Replace(evm, "4169", "4\u302169", 1), // Hangzhou numeral one for 1
+		"eip155:8453:" + strings.Replace(evm, "5290", "529\u3147", 1),
+		strings.Replace(sol, "qN1x", "qN\u3163x", 1), // Hangul i for 1
+	} {
+		if !ImitatesAddress(id) || BindableAgentID(id) {
+			t.Errorf("%q: ImitatesAddress %v, BindableAgentID %v; want true, false", id, ImitatesAddress(id), BindableAgentID(id))
+		}
+	}
+}
+
+// A Solana address with its capitals written as small capitals that no
+// table maps (ᴀ ʙ ᴅ ᴇ ɢ ʜ ᴊ ᴋ ʟ ᴍ ɴ ᴘ ʀ ᴛ) reads as that account, and is
+// refused like one with a Greek capital for a Latin one. (Before: the
+// Solana rule asked for five capitals read as ASCII, which small capitals
+// are not, so an address with at most four others bound.)
+func TestImitatesAddressSmallCapitalsInSolana(t *testing.T) {
+	small := map[rune]string{'A': "ᴀ", 'B': "ʙ", 'D': "ᴅ", 'E': "ᴇ", 'G': "ɢ", 'H': "ʜ", 'J': "ᴊ", 'K': "ᴋ", 'L': "ʟ", 'M': "ᴍ", 'N': "ɴ", 'P': "ᴘ", 'R': "ʀ", 'T': "ᴛ"}
+	const addr = "5eykt4UsFv8P8NJdTREpY1vzqKqZKvdpKuc147dw2N9d" // a Solana account
+	var b strings.Builder
+	left := 0
+	for _, r := range addr {
+		if s, ok := small[r]; ok {
+			b.WriteString(s)
+			continue
+		}
+		if 'A' <= r && r <= 'Z' {
+			left++
+		}
+		b.WriteRune(r)
+	}
+	id := b.String()
+	if !IsSolanaAddress(addr) || left > 4 {
+		t.Fatalf("%s: a Solana address %v, %d capitals left as ASCII; want one with at most 4", addr, IsSolanaAddress(addr), left)
+	}
+	for _, id := range []string{strings.Replace(addr, "Z", "\u0396", 1), id} { // Greek capital zeta for Z; small capitals
+		if !ImitatesAddress(id) || BindableAgentID(id) {
+			t.Errorf("%q (reads as %s): ImitatesAddress %v, BindableAgentID %v; want true, false", id, addr, ImitatesAddress(id), BindableAgentID(id))
+		}
+	}
+}
+
+// A long CamelCase name with an accented letter binds as its ASCII twin
+// does: none of its characters imitates anything, and it is longer than
+// any address. (Before: a row of 43 or more base58 letters with five
+// capitals and five small letters read as a Solana address, and these were
+// refused.)
+func TestBindableAgentIDLongCamelCaseWithAccent(t *testing.T) {
+	for _, c := range []struct{ id, ascii string }{
+		{"MeinSuperÜberAgentFürDieBuchhaltungUndSteuern", "MeinSuperUeberAgentFuerDieBuchhaltungUndSteuern"},
+		{"KundenserviceAgentFürRückfragenZuBestellungen", "KundenserviceAgentFuerRueckfragenZuBestellungen"},
+		{"AgentDeSupportClientèlePourLesRéclamationsEnLigne", "AgentDeSupportClientelePourLesReclamationsEnLigne"},
+	} {
+		if !BindableAgentID(c.ascii) {
+			t.Fatalf("control %q is not bindable", c.ascii)
+		}
+		if ImitatesAddress(c.id) || !BindableAgentID(c.id) {
+			t.Errorf("%q: ImitatesAddress %v, BindableAgentID %v; want false, true like %q", c.id, ImitatesAddress(c.id), BindableAgentID(c.id), c.ascii)
+		}
+	}
+}
+
+// The one kind of honest id the rule refuses: one of exactly an address's
+// length with no separator, mostly readable as ASCII. A 43-letter word
+// with an accent reads as a Solana address (43 base58 digits, l read as
+// 1), while the word a letter shorter, or with a hyphen, binds (see
+// TestBindableAgentIDHonestIdsWithASCIIRuns). (Before: a Solana address
+// needed five capitals and five small letters, so this word bound, and so
+// did an address whose capitals were small capitals.)
+func TestImitatesAddressWordOfAnAddressLength(t *testing.T) {
+	const id = "Donaudampfschifffahrtsgesellschaftskapitäne"
+	if !ImitatesAddress(id) || BindableAgentID(id) {
+		t.Errorf("%q: ImitatesAddress %v, BindableAgentID %v; want true, false", id, ImitatesAddress(id), BindableAgentID(id))
 	}
 }

@@ -509,36 +509,42 @@ func TestAgentIDInvisibleCharactersRefused(t *testing.T) {
 
 // A proof naming an address written in lookalikes is refused 401 with
 // agent_id's "writes an address in lookalike characters", a Solana address
-// with no digit too (GbYbVXrgs…, its X written as Cyrillic Х), and one
-// whose id merely holds an ASCII address or hash beside a character that
-// is not ASCII is accepted, as its ASCII twin is. (Before: the Solana
-// lookalike was accepted, as its run held no digit, and 代理人-0x<address>
-// and café-build-<sha1> were refused as lookalikes.)
+// with no digit too (GbYbVXrgs…, its X written as Cyrillic Х), and an EVM
+// one with a Hangul ieung ㅇ, drawn as a circle, for a 0; one whose id
+// merely holds an ASCII address or hash beside a character that is not
+// ASCII is accepted, as its ASCII twin is. (Before: the Solana lookalike
+// was accepted, as its run held no digit, so was the Hangul one, as Korean
+// letters ended the run of hex digits, and 代理人-0x<address> and
+// café-build-<sha1> were refused as lookalikes.)
 func TestAgentIDLookalikeAddressRefused(t *testing.T) {
-	const imitation = "GbYbV\u0425rgsSRzBaoBZiJjLxkUaJawVYAGCWvqRmgQGnkP" // reads as GbYbVXrgs…, a Solana wallet
-	e, err := New(Request{Method: "POST", URL: "https://verifier.example/verify/schema", AgentID: imitation, Now: t0, Nonce: "abcdefghijklmnop1234"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Sign(otherKey); err == nil {
-		t.Errorf("agent_id %q: signed, want refused", imitation)
-	}
-	e.Address, e.Type = crypto.PubkeyToAddress(otherKey.PublicKey).Hex(), TypeEIP191
-	sig, err := crypto.Sign(textHash(e.Message()), otherKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sig[64] += 27
-	e.Signature = "0x" + hex.EncodeToString(sig)
-	hdr, err := e.Encode()
-	if err != nil {
-		t.Fatal(err)
-	}
-	v := &Verifier{Now: func() time.Time { return t0.Add(time.Second) }}
-	p, err := v.Verify(context.Background(), hdr, want)
-	var we *Error
-	if !errors.As(err, &we) || we.Kind != ErrMalformed || we.Field != "agent_id" || we.Problem != "writes an address in lookalike characters" {
-		t.Errorf("agent_id %q: accepted (AgentID %q), err %v; want 401 malformed agent_id, an address in lookalike characters", imitation, p.AgentID, err)
+	for _, imitation := range []string{
+		"GbYbV\u0425rgsSRzBaoBZiJjLxkUaJawVYAGCWvqRmgQGnkP", // reads as GbYbVXrgs…, a Solana wallet
+		"0x529\u31478400098527886E0F7030069857D2E4169EE7",   // reads as 0x52908400…
+	} {
+		e, err := New(Request{Method: "POST", URL: "https://verifier.example/verify/schema", AgentID: imitation, Now: t0, Nonce: "abcdefghijklmnop1234"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Sign(otherKey); err == nil {
+			t.Errorf("agent_id %q: signed, want refused", imitation)
+		}
+		e.Address, e.Type = crypto.PubkeyToAddress(otherKey.PublicKey).Hex(), TypeEIP191
+		sig, err := crypto.Sign(textHash(e.Message()), otherKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sig[64] += 27
+		e.Signature = "0x" + hex.EncodeToString(sig)
+		hdr, err := e.Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		v := &Verifier{Now: func() time.Time { return t0.Add(time.Second) }}
+		p, err := v.Verify(context.Background(), hdr, want)
+		var we *Error
+		if !errors.As(err, &we) || we.Kind != ErrMalformed || we.Field != "agent_id" || we.Problem != "writes an address in lookalike characters" {
+			t.Errorf("agent_id %q: accepted (AgentID %q), err %v; want 401 malformed agent_id, an address in lookalike characters", imitation, p.AgentID, err)
+		}
 	}
 	for _, id := range []string{"代理人-0x9858EfFD232B4033E47d90003D41EC34EcaEda94", "café-build-3f9a1c2e4b5d6f708192a3b4c5d6e7f8a9b0c1d2"} {
 		e, _ := New(Request{Method: "POST", URL: "https://verifier.example/verify/schema", AgentID: id, Now: t0, Nonce: "abcdefghijklmnop1234"})
