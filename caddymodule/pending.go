@@ -994,10 +994,7 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 		}
 		learned = st.State == x402.SettlementDone
 		if st.State == x402.SettlementNever {
-			if h.ReportPath != "" {
-				takeReporter(h) // this request reports, in the background
-				g.reportHeld(r, next, h, h.ReportPath, h.VerificationID, st.State)
-			}
+			g.reportHeldOutcome(r, next, h, st.State, false)
 			reason := x402.ReasonExactEVMValidBefore
 			if x402.IsSolana(h.offer.Network) {
 				// Failed on chain or its blockhash expired unsent.
@@ -1029,25 +1026,18 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 	// settled, and a request it did not pay for must neither wait for a
 	// report nor make the gate send one.
 	ok, err := g.paidFor(h, r)
-	if h.ReportPath != "" {
-		switch {
-		case err == nil && ok:
-			// The buyer's retry: reported before its answer, also after
-			// a background resolution (reported then too, when the gate
-			// had a way to: reportResolved); a repeated report changes
-			// nothing upstream.
-			takeReporter(h)
-			g.reportHeld(r, next, h, h.ReportPath, h.VerificationID, x402.SettlementDone)
-		case learned:
-			// Another request found the transfer: news to report, once
-			// (only the request whose write settled the record learns
-			// it), in the background, as its answer delivers nothing.
-			takeReporter(h)
-			payment := heldPayment(h, x402.SettlementDone)
-			if !g.reportInBackground(r, next, h.ReportPath, h.VerificationID, payment) {
-				g.report(r, next, h.ReportPath, h.VerificationID, payment) // back-pressure
-			}
-		}
+	switch {
+	case err == nil && ok:
+		// The buyer's retry: reported before its answer, also after a
+		// background resolution (reported then too, when the gate had a
+		// way to: reportResolved); a repeated report changes nothing
+		// upstream.
+		g.reportHeldOutcome(r, next, h, x402.SettlementDone, true)
+	case learned:
+		// Another request found the transfer: news to report, once (only
+		// the request whose write settled the record learns it), in the
+		// background, as its answer delivers nothing.
+		g.reportHeldOutcome(r, next, h, x402.SettlementDone, false)
 	}
 	switch {
 	case err != nil:
@@ -1442,26 +1432,57 @@ func takeReporter(h *heldRecord) *reporter {
 // does not hold the pass a report's wait per record it resolves; past
 // maxReportsInBackground the pass sends it itself (report): back-pressure.
 //
-// It goes only to the upstream that recorded the verification: through
-// the chain of the call that asked, while its gate is loaded; once a
-// reload has unloaded that gate (or the gateway restarted, or too many
-// ways were kept), only through a loaded gate of the same name (gateID:
-// the same route, and the same upstream), by the way that gate learned
-// from its first request made the call's request again (its Host and
-// addresses, reporter.as: the route after the gate may choose the
-// upstream by them), or else the call's own chain, which leads to that
-// same upstream. With no such gate loaded (the reload moved the
-// upstream, or changed the route) nothing else is the verification's
-// upstream: the outcome waits for one (keepOrphan).
+// It goes only to the upstream that recorded the verification, by the one
+// rule for every held outcome (reportHeldOutcome).
 func (g *Gate) reportResolved(h *heldRecord, state x402.SettlementState) {
+	g.reportHeldOutcome(nil, nil, h, state, false)
+}
+
+// reportHeldOutcome reports held record h's decided outcome (state) to
+// the upstream that recorded its verification, and to no other: the one
+// rule for every path that reports one (the background pass, the buyer's
+// retry, a request that found the outcome). The settled payment is public
+// on chain, so the request that finds the outcome may come with another
+// Host or from another address, and its own way leads to whatever upstream
+// the route after the gate chooses for it: another tenant's, which would
+// learn the verification id and its outcome while the recording upstream
+// stayed pending. So the outcome goes, in this order, through:
+//   - r (nil for the pass) when it is a request of the gate that held the
+//     record (gateID) made as the asking one was (routeOf equals
+//     ReportRoute): retry says it is the buyer's, whose answer waits for a
+//     paid report (reportHeld); any other request's report goes in the
+//     background. A record from before records named their route goes
+//     through the buyer's retry alone, as it did then;
+//   - the asking call's own way (rememberReporter), while its gate is
+//     loaded;
+//   - r's way made the asking request again (reporter.as);
+//   - a loaded gate of the same name: the request it learned its way from
+//     made the asking one again, or the call's own chain (routeFor);
+//   - and otherwise it waits for one, kept with a Warning (keepOrphan).
+func (g *Gate) reportHeldOutcome(r *http.Request, next caddyhttp.Handler, h *heldRecord, state x402.SettlementState, retry bool) {
 	if h.ReportPath == "" {
 		return
 	}
 	payment := heldPayment(h, state)
 	rep := takeReporter(h)
-	if rep != nil && rep.gate.loaded() {
+	own := r != nil && h.Gate == g.gateID()
+	switch {
+	case r != nil && h.ReportRoute == nil && retry,
+		own && h.ReportRoute != nil && routeOf(r) == *h.ReportRoute:
+		if retry {
+			g.reportHeld(r, next, h, h.ReportPath, h.VerificationID, state)
+		} else {
+			g.sendResolved(&reporter{next: next, base: r, gate: g}, h.ReportPath, h.VerificationID, payment)
+		}
+		return
+	case rep != nil && rep.gate.loaded():
 		rep.gate.sendResolved(rep, h.ReportPath, h.VerificationID, payment)
 		return
+	case own:
+		if way := (&reporter{next: next, base: r, gate: g}).as(h.ReportRoute); way != nil {
+			g.sendResolved(way, h.ReportPath, h.VerificationID, payment)
+			return
+		}
 	}
 	o := orphanReport{gate: h.Gate, offer: h.offer, path: h.ReportPath, id: h.VerificationID, payment: payment, route: h.ReportRoute}
 	switch lg, route, learned := routeFor(o); {

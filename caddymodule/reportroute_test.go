@@ -234,3 +234,58 @@ func TestAReportIsMadeOnlyTheRequestItsRecordNames(t *testing.T) {
 		t.Error("a request over TLS was made from one without it")
 	}
 }
+
+// Tenant A's paid call is held unknown under a gate serving two hosts.
+// Once the chain has the transfer, a request carrying the same payment
+// (public on chain once settled) but sent with Host b.test finds the
+// settlement first: A's outcome goes to A's upstream, the one that
+// recorded the verification, and B's upstream is sent nothing. (Before:
+// the request that found it reported it through its own way, to tenant
+// B's upstream, and dropped the way kept from A's call.)
+func TestOutcomeFoundByAnotherHostsRequestGoesToTheAskingHost(t *testing.T) {
+	defer func(d time.Duration) { resolveInterval = d }(resolveInterval)
+	resolveInterval = time.Hour // the pass runs only at start: a request finds the outcome
+	_, _ = sharedDevnet(t)
+	release := stallChain(t)
+	a, b := newReportingUpstream(t), newReportingUpstream(t)
+	site := fmt.Sprintf(`:{port} {
+	route /verify/schema {
+		x402 {
+			accept devnet $0.02 %[1]s
+			facilitator faulty_devnet lose_reply_stall
+			store badger %[2]s
+			public_base_url https://gateway.test
+		}
+		@a host a.test
+		reverse_proxy @a %[3]s
+		@b host b.test
+		reverse_proxy @b %[4]s
+	}
+}
+`, payTo.Hex(), filepath.Join(t.TempDir(), "gate"), strings.TrimPrefix(a.URL, "http://"), strings.TrimPrefix(b.URL, "http://"))
+	url := startCaddy(t, site) + "/verify/schema"
+	sig := signFor(t, paymentRequired(t, post(t, url, "", map[string]string{"Host": "a.test"})), 9)
+	resp := post(t, url, validRequest, map[string]string{"Host": "a.test", x402.HeaderPaymentSignature: sig})
+	if body := readAll(t, resp); resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("tenant A's paid call: %d %.300s; want 503 settlement_pending", resp.StatusCode, body)
+	}
+	close(release)
+	status := http.StatusServiceUnavailable
+	for end := time.Now().Add(10 * time.Second); status == http.StatusServiceUnavailable && time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
+		r := post(t, url, `{"other":"request"}`, map[string]string{"Host": "b.test", x402.HeaderPaymentSignature: sig})
+		readAll(t, r)
+		status = r.StatusCode
+	}
+	if status != http.StatusPaymentRequired {
+		t.Fatalf("another host's request with A's settled payment: %d; want 402 (not its payment)", status)
+	}
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end) && len(a.got()) == 0; time.Sleep(50 * time.Millisecond) {
+	}
+	time.Sleep(300 * time.Millisecond) // a report sent to B would be in by now
+	if got := b.got(); len(got) != 0 {
+		t.Errorf("tenant B's upstream was sent tenant A's outcome: %q; want nothing", got)
+	}
+	if got := a.got(); len(got) != 1 || got[0] != "v-1=paid" {
+		t.Errorf("tenant A's upstream, which recorded the verification, got %q; want [v-1=paid]", got)
+	}
+}
