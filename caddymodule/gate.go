@@ -865,6 +865,7 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		return g.refuse(w, r, apierr.Unavailable("payment state store", 1, errUnloaded))
 	}
 	defer g.uses.Leave()
+	defer noteRouteVars(r)() // what the routes after it may choose its upstream by
 	if caddyhttp.GetVar(r.Context(), verificationStartedVar) != nil {
 		// verify_response already runs around this gate: it would judge
 		// the answer only after the gate settled it (see

@@ -2433,7 +2433,8 @@ type requestRoute struct {
 	// address it forwarded for).
 	ClientIP string `json:"client_ip,omitempty"`
 	// Conn is a digest of the rest: the protocol, TLS and its server
-	// name, and the other variables but those no route reads (routeOf);
+	// name, and the other variables as they were at the gate but those no
+	// route reads (routeVars, routeVarsVar);
 	// a request made again from another (reporter.as) takes them from
 	// it, so they must agree.
 	Conn string `json:"conn,omitempty"`
@@ -2446,17 +2447,9 @@ func routeOf(r *http.Request) requestRoute {
 	}
 	vars, _ := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
 	rt.ClientIP, _ = vars[caddyhttp.ClientIPVarKey].(string)
-	rest := map[string]any{}
-	for k, v := range vars {
-		// The gateway's own (aov.*) say where the request is in its
-		// handlers (gated, verified, its report), the proxy's
-		// (reverse_proxy.*) what it did with it, both set as it goes, and
-		// start_time when it came: no route chooses an upstream by them,
-		// and a request that asked for a report has been through them
-		// all, the request a gate learned its way from through none.
-		if k != caddyhttp.ClientIPVarKey && k != startTimeVar && !strings.HasPrefix(k, "aov.") && !strings.HasPrefix(k, "reverse_proxy.") {
-			rest[k] = v
-		}
+	rest, ok := vars[routeVarsVar].(map[string]any)
+	if !ok { // a request that has been through no gate
+		rest = routeVars(vars)
 	}
 	serverName := ""
 	if r.TLS != nil {
@@ -2471,6 +2464,51 @@ func routeOf(r *http.Request) requestRoute {
 
 // startTimeVar is the variable Caddy sets to when a request came.
 const startTimeVar = "start_time"
+
+// routeVarsVar holds the variables a route after the gate may choose the
+// upstream by (routeVars), as they were when the request came to the gate
+// (noteRouteVars): routeOf reads them, not the variables as they are when
+// the outcome is asked for, which the handlers after the gate have added
+// to (the proxy's {http.request.uuid} in a header_up, verify_response's
+// task id, a `vars` after the gate). A request a gate learns its way from
+// has been through none of those, and a request made again as the asking
+// one (reporter.as) could never be, nor could two reports share a batch.
+const routeVarsVar = "aov.x402.route_vars"
+
+// noteRouteVars keeps r's variables as it comes to the gate (routeVarsVar),
+// and returns what puts back those kept by a gate before it, for when it
+// returns: that gate's calls are its routes, not the ones after it.
+func noteRouteVars(r *http.Request) (restore func()) {
+	before := caddyhttp.GetVar(r.Context(), routeVarsVar)
+	vars, _ := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
+	caddyhttp.SetVar(r.Context(), routeVarsVar, routeVars(vars))
+	return func() { caddyhttp.SetVar(r.Context(), routeVarsVar, before) }
+}
+
+// routeVars is vars but those no route chooses an upstream by. The
+// gateway's own (aov.*) say where the request is in its handlers (gated,
+// verified, its report), the proxy's (reverse_proxy.*) what it did with
+// it, both set as it goes; start_time is when it came, and Caddy's request
+// id (uuid, set once a placeholder reads it) and tracing's trace_id and
+// span_id are the request's own, so a route cannot choose by them and no
+// other request could ever be made as one that has them. client_ip is
+// kept apart (requestRoute.ClientIP).
+func routeVars(vars map[string]any) map[string]any {
+	rest := map[string]any{}
+	for k, v := range vars {
+		switch {
+		case k == caddyhttp.ClientIPVarKey, k == startTimeVar, perRequestVars[k],
+			strings.HasPrefix(k, "aov."), strings.HasPrefix(k, "reverse_proxy."):
+		default:
+			rest[k] = v
+		}
+	}
+	return rest
+}
+
+// perRequestVars are the variables Caddy sets that name one request alone
+// (routeVars).
+var perRequestVars = map[string]bool{"uuid": true, "trace_id": true, "span_id": true}
 
 // as is rep's request made the request rt names (its Host, remote and
 // client address), nil when rt is nil (a record from before records named

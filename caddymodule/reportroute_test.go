@@ -289,3 +289,61 @@ func TestOutcomeFoundByAnotherHostsRequestGoesToTheAskingHost(t *testing.T) {
 		t.Errorf("tenant A's upstream, which recorded the verification, got %q; want [v-1=paid]", got)
 	}
 }
+
+// A site whose proxy tags each request with Caddy's request id (header_up
+// X-Request-ID {http.request.uuid}, the way to correlate logs) and whose
+// route sets a variable after the gate: an outcome the background pass
+// resolves after a restart is reported through the first request the new
+// gate serves, as the record's route is what the routes after the gate
+// can choose by when the call came to it. (Before: the record's route
+// digested the variables as they were once the call had been through the
+// proxy, its own request id among them, so no request could be made as
+// it, and the outcome was kept unreported.)
+func TestResolvedOutcomeAfterRestartOfARouteTaggingItsRequestsIsReported(t *testing.T) {
+	defer func(d time.Duration) { resolveInterval = d }(resolveInterval)
+	resolveInterval = time.Hour
+	_, _ = sharedDevnet(t)
+	release := stallChain(t)
+	a := newReportingUpstream(t)
+	site := fmt.Sprintf(`:{port} {
+	route /verify/schema {
+		x402 {
+			accept devnet $0.02 %[1]s
+			facilitator faulty_devnet lose_reply_stall
+			store badger %[2]s
+		}
+		vars tagged {http.request.uuid}
+		reverse_proxy %[3]s {
+			header_up X-Request-ID {http.request.uuid}
+		}
+	}
+}
+`, payTo.Hex(), filepath.Join(t.TempDir(), "gate"), strings.TrimPrefix(a.URL, "http://"))
+	logFile := filepath.Join(t.TempDir(), "caddy.log")
+	port := freePort(t)
+	loadCaddyServers(t, port, "", logFile, site)
+	t.Cleanup(func() { caddy.Stop() })
+	url := fmt.Sprintf("http://127.0.0.1:%d/verify/schema", port)
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 9)
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	if body := readAll(t, resp); resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("paid call: %d %.300s; want 503 settlement_pending", resp.StatusCode, body)
+	}
+	resolveInterval = 300 * time.Millisecond
+	if err := caddy.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	loadCaddyServers(t, port, "", logFile, site)
+	readAll(t, post(t, url, "", nil)) // the restarted gate learns its way
+	close(release)
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end) && len(a.got()) == 0; time.Sleep(100 * time.Millisecond) {
+	}
+	if got := a.got(); len(got) != 1 || got[0] != "v-1=paid" {
+		t.Errorf("the site's one upstream got %q after the restart; want [v-1=paid]", got)
+	}
+	for _, l := range logLines(t, logFile) {
+		if l["msg"] == orphanKept {
+			t.Errorf("logged %q", orphanKept)
+		}
+	}
+}
