@@ -345,8 +345,9 @@ func (g *Gate) gateID() string { return g.Route + "\x00" + g.MCPTool + "\x00" + 
 // upstreamOf names what the requests of the gate provisioned with ctx go
 // on to: a hash of its server's name and listeners, of the gate's place in
 // it (its route's index in the server's list and in each subroute's on the
-// way down), of every route's matchers, and of the server's configuration
-// as it stands then, which holds every route from the gate's on whole.
+// way down), of every route's matchers (a row of automatic HTTPS
+// redirects as a set: autoRedirect), and of the server's configuration as
+// it stands then, which holds every route from the gate's on whole.
 // Everything after the gate that decides where its request goes is in it,
 // whether the gate shares its `route` block with its upstream or not; the
 // gate's own subroute alone was alike for a gate alone in its `route` on
@@ -402,12 +403,19 @@ func upstreamOf(ctx caddy.Context, srv *caddyhttp.Server) string {
 	if srv.Errors != nil {
 		routes = append(routes, srv.Errors.Routes...)
 	}
+	run := 0 // automatic HTTPS redirects in a row, up to this route
 	for _, r := range routes {
 		sets, err := matcherText(r.MatcherSets)
 		if err != nil {
 			return unnamed
 		}
 		place.Matchers = append(place.Matchers, sets)
+		if run = run + 1; !autoRedirect(r) {
+			run = 0
+		}
+		slices.SortFunc(place.Matchers[len(place.Matchers)-run:], func(a, b [][]string) int {
+			return slices.CompareFunc(a, b, slices.Compare[[]string])
+		})
 	}
 	b, err := json.Marshal(place)
 	if err != nil {
@@ -415,6 +423,28 @@ func upstreamOf(ctx caddy.Context, srv *caddyhttp.Server) string {
 	}
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:])
+}
+
+// autoRedirect reports whether r is a route automatic HTTPS made: a
+// redirect of plain HTTP requests (of some hosts) to HTTPS. Caddy puts one
+// per HTTPS port into the server on the HTTP port, in a row, ordered by the
+// first host of each one's host list, a list it builds in Go map order; so
+// upstreamOf names such a row as a set: a reload of the same config
+// orders it anew, and decides nothing anew but where two of them redirect
+// one host (served on two HTTPS ports), which Caddy itself then picks by
+// that order.
+func autoRedirect(r caddyhttp.Route) bool {
+	if len(r.HandlersRaw) != 0 || len(r.Handlers) != 1 || len(r.MatcherSets) != 1 {
+		return false
+	}
+	sr, ok := r.Handlers[0].(caddyhttp.StaticResponse)
+	if !ok || !strings.HasPrefix(sr.Headers.Get("Location"), "https://{http.request.host}") {
+		return false
+	}
+	return slices.ContainsFunc(r.MatcherSets[0], func(m any) bool {
+		p, ok := m.(caddyhttp.MatchProtocol)
+		return ok && p == "http"
+	})
 }
 
 // matcherText writes loaded matcher sets out: each matcher's type and

@@ -789,6 +789,59 @@ http://:%d {
 	}
 }
 
+// With sites on two HTTPS ports, automatic HTTPS puts one redirect route
+// per port into the server on the HTTP port, ordered by the first host of
+// each one's host list, which Caddy builds in Go map order. A gate of an
+// http:// site keeps its name across loads of the same config. (Before: 10
+// loads named it 2 ways, as the name read the routes' matchers in order.)
+func TestGateNameStaysWithRedirectsToTwoHTTPSPorts(t *testing.T) {
+	httpPort, httpsPort, otherPort, dir := freePort(t), freePort(t), freePort(t), t.TempDir()
+	cfg := fmt.Sprintf(`{
+	admin off
+	persist_config off
+	http_port %d
+	https_port %d
+	local_certs
+	skip_install_trust
+	storage file_system %s
+	log {
+		output discard
+	}
+}
+a.localhost, bbbbbbbbbbbbbbbbbbbb.localhost {
+	respond "tls"
+}
+cccccccc.localhost:%d {
+	respond "tls2"
+}
+http://:%d {
+	route /v1/* {
+		x402 {
+			accept devnet $0.02 %s
+			facilitator http http://127.0.0.1:1
+			store badger %s
+		}
+		respond "ok"
+	}
+}
+`, httpPort, httpsPort, caddyStorage, otherPort, httpPort, payTo.Hex(), dir)
+	js, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cfg), map[string]any{"filename": "Caddyfile"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { caddy.Stop() })
+	names := map[string]bool{}
+	for range 10 {
+		if err := caddy.Load(js, true); err != nil {
+			t.Fatal(err)
+		}
+		names[loneGateName(t)] = true
+	}
+	if len(names) != 1 {
+		t.Fatalf("10 loads of the same config named the gate %d ways; want one name", len(names))
+	}
+}
+
 // A matcher's alternatives (hosts, paths, methods, a header's or a query
 // key's values, IP ranges: any one matches) are named in no order: a
 // reload listing those of a route before the gate's in another order
