@@ -378,6 +378,9 @@ type Gate struct {
 	// upstream names what the gate's requests go on to (upstreamOf), part
 	// of its gateID. Set in Provision.
 	upstream string
+	// others names the other servers of its Caddy (othersOf), the rest of
+	// its gateID, once its config has started. Set in Provision.
+	others *otherServers
 	// proxies warns of a trusted proxy that lets clients choose their
 	// client IP (proxyWatch); nil when there is nothing to warn of.
 	proxies *proxyWatch
@@ -524,6 +527,7 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 	// The server this gate is provisioned for (nil outside an HTTP server).
 	srv, _ := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
 	g.upstream = upstreamOf(ctx, srv)
+	g.others = watchOthers(ctx, srv)
 	if g.RateLimit == nil {
 		g.RateLimit = new(RateLimit)
 	}

@@ -23,6 +23,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyevents"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/ethereum/go-ethereum/common"
 	sjson "github.com/segmentio/encoding/json"
@@ -334,13 +335,169 @@ func attempting(h *heldRecord, st store.ClaimState) bool {
 }
 
 // gateID names a gate across reloads and restarts, for its held records
-// (heldRecord.Gate): its route and its MCP tool, and what its requests go
-// on to in which server (upstream). An outcome whose own way to its
+// (heldRecord.Gate): its route and its MCP tool, what its requests go on
+// to in which server (upstream), and the other servers of its Caddy, which
+// they may go on to (others). An outcome whose own way to its
 // upstream is gone is reported only through a gate of the same name
 // (reportResolved): one whose requests reach the upstream that recorded
 // the verification, never another route's or site's, which would learn a
 // verification id and its outcome while verifierd's record stayed pending.
-func (g *Gate) gateID() string { return g.Route + "\x00" + g.MCPTool + "\x00" + g.upstream }
+func (g *Gate) gateID() string {
+	return g.Route + "\x00" + g.MCPTool + "\x00" + g.upstream + "\x00" + g.others.name()
+}
+
+// otherServers names the servers of a gate's http app but its own
+// (othersOf), once the config has started: while it is provisioned, the
+// servers after the gate's in Caddy's order (Go map order) still have
+// their handlers' raw configuration and those before it have dropped it,
+// so only then is every server's configuration in one form, the same for
+// every load of the same config. nil for a gate built without Provision.
+type otherServers struct {
+	once sync.Once
+	done chan struct{}
+	set  atomic.Pointer[string]
+}
+
+// watchOthers names the other servers of the http app the gate is
+// provisioned in, for srv's gate, once the config has started (the events
+// app's "started", which every config with an http app has: the app loads
+// it). A gate outside an http app is named at once, as none.
+func watchOthers(ctx caddy.Context, srv *caddyhttp.Server) *otherServers {
+	o := &otherServers{done: make(chan struct{})}
+	var app *caddyhttp.App
+	for _, m := range ctx.Modules() {
+		if a, ok := m.(*caddyhttp.App); ok {
+			app = a
+		}
+	}
+	named := func() { o.store(othersOf(app, srv)) }
+	if app == nil {
+		named()
+		return o
+	}
+	ev, err := ctx.App("events")
+	if events, ok := ev.(*caddyevents.App); err != nil || !ok || events.On("started", onStarted(named)) != nil {
+		named()
+	}
+	return o
+}
+
+// onStarted is a handler of the events app's "started" event.
+type onStarted func()
+
+func (f onStarted) Handle(context.Context, caddy.Event) error {
+	f()
+	return nil
+}
+
+// store sets o's name, once: the first of the config's start and its
+// Cleanup (a config that never started: a name no other gate shares).
+func (o *otherServers) store(name string) {
+	o.once.Do(func() {
+		o.set.Store(&name)
+		close(o.done)
+	})
+}
+
+// name is o's name, "" until it is set.
+func (o *otherServers) name() string {
+	if o == nil {
+		return ""
+	}
+	if n := o.set.Load(); n != nil {
+		return *n
+	}
+	return ""
+}
+
+// wait waits until o is named, or ctx is done (false).
+func (o *otherServers) wait(ctx context.Context) bool {
+	if o == nil {
+		return true
+	}
+	select {
+	case <-o.done:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// othersOf names the servers of app but own, the gate's: each one's name
+// and listeners, and its routes (routesText), as loaded. A gate's
+// requests may go on to another server of the same Caddy (its proxy dials
+// one of this Caddy's own listeners), whose routes then choose the
+// upstream: a reload that moves that upstream is a move of the gate's.
+func othersOf(app *caddyhttp.App, own *caddyhttp.Server) string {
+	if app == nil {
+		return "none"
+	}
+	type server struct {
+		Name           string
+		Listen         []string
+		Routes, Errors []string
+	}
+	var servers []server
+	for _, name := range slices.Sorted(maps.Keys(app.Servers)) {
+		srv := app.Servers[name]
+		if srv == own {
+			continue // named by upstreamOf, from its configuration
+		}
+		// Sorted: the addresses of the server automatic HTTPS makes for
+		// its redirects are listed in Go map order.
+		s := server{Name: name, Listen: slices.Sorted(slices.Values(srv.Listen)), Routes: routesText(srv.Routes)}
+		if srv.Errors != nil {
+			s.Errors = routesText(srv.Errors.Routes)
+		}
+		servers = append(servers, s)
+	}
+	b, err := json.Marshal(servers)
+	if err != nil {
+		return "unnamed " + rand.Text()
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+// routesText writes loaded routes out, in order but for a row of automatic
+// HTTPS redirects (autoRedirect), taken as a set: each one's group, its
+// matchers (matcherText), and its handlers, a subroute's as its routes and
+// any other as its JSON, which holds its configuration but what it loaded
+// as modules (a proxy's upstreams are in it, its transport is not). A
+// route or handler that cannot be written out is named by what can be.
+func routesText(routes caddyhttp.RouteList) []string {
+	out := make([]string, 0, len(routes))
+	run := 0
+	for _, r := range routes {
+		sets, err := matcherText(r.MatcherSets)
+		if err != nil {
+			sets = [][]string{{"unwritable"}}
+		}
+		var handlers []any
+		for _, h := range r.Handlers {
+			if sr, ok := h.(*caddyhttp.Subroute); ok {
+				sub := []any{routesText(sr.Routes)}
+				if sr.Errors != nil {
+					sub = append(sub, routesText(sr.Errors.Routes))
+				}
+				handlers = append(handlers, sub)
+				continue
+			}
+			b, err := json.Marshal(h)
+			if err != nil {
+				b = []byte(`"unwritable"`)
+			}
+			handlers = append(handlers, fmt.Sprintf("%T %s", h, b))
+		}
+		b, _ := json.Marshal([]any{r.Group, r.Terminal, sets, handlers})
+		out = append(out, string(b))
+		if run = run + 1; !autoRedirect(r) {
+			run = 0
+		}
+		slices.Sort(out[len(out)-run:])
+	}
+	return out
+}
 
 // upstreamOf names what the requests of the gate provisioned with ctx go
 // on to: a hash of its server's name and listeners, of the gate's place in
@@ -620,6 +777,7 @@ func encodeHeld(h *heldRecord) (string, error) {
 // that claimed it, whose resource the record names; pid its payment
 // identifier (nil: none), which the record names too.
 func (g *Gate) newHeldRecord(r *http.Request, c store.Claim, payment []byte, offer json.RawMessage, sentAfter time.Time, pid *paymentIDCall) heldRecord {
+	g.others.wait(r.Context()) // named: the config has started before it serves
 	return heldRecord{Keys: c.Keys, Token: c.Token, Until: c.Until, Payment: payment, Offer: offer, Gate: g.gateID(), SentAfter: sentAfter, Resource: g.resource(r).URL, PaymentID: pid.name()}
 }
 
@@ -1654,13 +1812,17 @@ var resolvers = struct {
 }{stop: map[*Gate]context.CancelFunc{}, via: map[string]*reporter{}}
 
 // startResolver starts the gate's background pass over held records: once
-// at start (records from before a restart) and then every resolveInterval.
+// its config has started and the gate is named (otherServers: records from
+// before a restart) and then every resolveInterval.
 func (g *Gate) startResolver() {
 	ctx, cancel := context.WithCancel(context.Background())
 	resolvers.Lock()
 	resolvers.stop[g] = cancel
 	resolvers.Unlock()
 	go func() {
+		if !g.others.wait(ctx) {
+			return // its gate is named once its config has started
+		}
 		t := time.NewTicker(resolveInterval)
 		defer t.Stop()
 		for {
@@ -1681,6 +1843,9 @@ func (g *Gate) startResolver() {
 func (g *Gate) stopResolver() {
 	if g.stopped != nil {
 		g.stopped.Store(true) // before the queues are dropped: see reportBatched
+	}
+	if g.others != nil {
+		g.others.store("unstarted " + rand.Text()) // a config that never started
 	}
 	resolvers.Lock()
 	cancel := resolvers.stop[g]

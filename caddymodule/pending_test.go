@@ -712,17 +712,20 @@ func TestGateNameIsItsPlaceInItsServer(t *testing.T) {
 	}
 }
 
-// loneGateName is the name (upstream) of the one gate loaded.
+// loneGateName is the name (gateID) of the one gate loaded.
 func loneGateName(t *testing.T) string {
 	t.Helper()
 	resolvers.Lock()
 	defer resolvers.Unlock()
 	var names []string
 	for g := range resolvers.stop {
-		names = append(names, g.upstream)
+		if others := g.others.name(); others == "" || strings.HasPrefix(g.upstream, "unnamed") || strings.HasPrefix(others, "unnamed") {
+			t.Fatalf("gate named %q, its Caddy's other servers %q; want it named by its place", g.upstream, others)
+		}
+		names = append(names, g.gateID())
 	}
-	if len(names) != 1 || strings.HasPrefix(names[0], "unnamed") {
-		t.Fatalf("gate names %q; want one, named by its place", names)
+	if len(names) != 1 {
+		t.Fatalf("gate names %q; want one", names)
 	}
 	return names[0]
 }
@@ -839,6 +842,72 @@ http://:%d {
 	}
 	if len(names) != 1 {
 		t.Fatalf("10 loads of the same config named the gate %d ways; want one name", len(names))
+	}
+}
+
+// A gate's proxy goes on to another site of the same Caddy (one of its own
+// listeners), whose proxy reaches the verifierd. A reload that points that
+// site at another verifierd renames the gate, and the outcome of a call
+// the first recorded is kept, not sent to the second. (Before: the gate's
+// name read its own server alone, and the second verifierd was sent a
+// verification id it never had, while the first's stayed pending.)
+func TestGateNameChangesWhenItsUpstreamMovesBehindAnotherSite(t *testing.T) {
+	defer func(d time.Duration) { resolveInterval = d }(resolveInterval)
+	resolveInterval = time.Hour
+	_, _ = sharedDevnet(t)
+	release := stallChain(t)
+	a, b := newReportingUpstream(t), newReportingUpstream(t)
+	inner, dir := freePort(t), t.TempDir()
+	site := func(backend string) string {
+		return fmt.Sprintf(`:{port} {
+	route /verify/schema {
+		x402 {
+			accept devnet $0.02 %[1]s
+			facilitator faulty_devnet lose_reply_stall
+			store badger %[2]s
+		}
+		reverse_proxy 127.0.0.1:%[3]d
+	}
+}
+:%[3]d {
+	reverse_proxy %[4]s
+}
+`, payTo.Hex(), dir, inner, strings.TrimPrefix(backend, "http://"))
+	}
+	logFile := filepath.Join(t.TempDir(), "caddy.log")
+	port := freePort(t)
+	loadCaddyServers(t, port, "", logFile, site(a.URL))
+	t.Cleanup(func() { caddy.Stop() })
+	first := loneGateName(t)
+	loadCaddyServers(t, port, "", logFile, site(a.URL))
+	if loneGateName(t) != first {
+		t.Fatal("a reload of the same config renamed the gate")
+	}
+	url := fmt.Sprintf("http://127.0.0.1:%d/verify/schema", port)
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 9)
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	if body := readAll(t, resp); resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("paid call: %d %.300s; want 503 settlement_pending", resp.StatusCode, body)
+	}
+	resolveInterval = 300 * time.Millisecond
+	loadCaddyServers(t, port, "", logFile, site(b.URL)) // the other site now goes to B
+	if loneGateName(t) == first {
+		t.Error("moving the gate's upstream behind the other site kept the gate's name")
+	}
+	readAll(t, post(t, url, "", nil)) // the reloaded gate learns its way
+	close(release)
+	kept := false
+	for end := time.Now().Add(8 * time.Second); time.Now().Before(end) && !kept; time.Sleep(100 * time.Millisecond) {
+		for _, l := range logLines(t, logFile) {
+			kept = kept || l["msg"] == orphanKept
+		}
+	}
+	time.Sleep(300 * time.Millisecond) // a report sent to B would be in by now
+	if got := b.got(); len(got) != 0 {
+		t.Errorf("B, which the upstream moved to, was sent A's outcome %q; want it kept", got)
+	}
+	if !kept {
+		t.Errorf("no %q logged", orphanKept)
 	}
 }
 
