@@ -6,6 +6,7 @@ import (
 	"crypto/ed25519"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -142,7 +143,7 @@ func ImitatesTestAgent(id string) bool {
 		return false
 	}
 	for i, x := range u[:len(TestAgentPrefix)] {
-		if x.c != TestAgentPrefix[i] {
+		if x.wild || !x.may.has(TestAgentPrefix[i]) {
 			return false
 		}
 	}
@@ -158,25 +159,30 @@ func ImitatesTestAgent(id string) bool {
 //
 // The id is read as readAs has it: an ASCII character as itself, another
 // as the ASCII it looks like when NFKC or Unicode's confusables data gives
-// it one, a combining mark as nothing, and any other letter, number,
-// spacing mark or symbol (a Chinese, Japanese or Korean character, a small
-// capital, a Latin or Cyrillic letter no table maps) as a wildcard that
-// may stand for any letter or digit, since a reader may take it for one
-// (Hangul ㅇ for 0, ㅣ for 1, ᴘ for P). A symbol or punctuation mark with no
-// such reading may stand for ':' (Ethiopic ፡ is drawn as a colon).
+// it one, a combining mark as nothing, a space, control or format
+// character as none of the characters an account id is written in, and
+// any other character as a wildcard, since a reader may take it for what
+// it is drawn like and the tables do not say what that is (Hangul ㅇ for
+// 0, ㅣ for 1, ᴘ for P, Devanagari danda । for the | read as 1, Ethiopic ፡
+// for ':'). A letter or number (a Chinese, Japanese or Korean character, a
+// small capital, a Latin or Cyrillic letter no table maps) may stand for
+// any character but ':', so that a name with Chinese words between ASCII
+// ones (bot代api人0x<address>) reads as no CAIP-10 id; a modifier letter,
+// spacing mark, symbol or punctuation mark for any character at all.
 //
-// That reading, or its part after a CAIP-10 prefix X:Y: (X 3 to 8 of
-// letters, digits and -, Y 1 to 32 of letters, digits, - and _, as
-// verifierd reads account ids), is an account id when the part
+// The id imitates an account id when some reading of its wildcards
+// (accountShape), or that reading's part after a CAIP-10 prefix X:Y: (X 3
+// to 8 of letters, digits and -, Y 1 to 32 of letters, digits, - and _, as
+// verifierd reads account ids), is
 //
-//   - is an EVM address: 0x and 40 hex digits, or the 40 alone (o and O
+//   - an EVM address: 0x and 40 hex digits, or the 40 alone (o and O
 //     read as 0, l, I and | as 1), or
-//   - is a Solana address: base58 digits (l, I and | read as 1) as many as
+//   - a Solana address: base58 digits (l, I and | read as 1) as many as
 //     the spelling of 32 bytes can have given its k leading 1s, the zero
 //     bytes: the other 32-k bytes, whose first is not zero, spell 43 or 44
 //     when k is 0 (solanaRest),
 //
-// and more than half of the part's characters are no wildcards, so that a
+// and more than half of that part's characters are no wildcards, so that a
 // name of that length in Chinese is no address; an imitation needs mostly
 // characters that read as the address.
 //
@@ -188,58 +194,32 @@ func ImitatesAddress(id string) bool {
 	if isASCII(id) {
 		return false
 	}
-	u := readAs(id)
-	if addressShaped(u) {
-		return true
-	}
-	for i := 0; i < len(u) && i <= 8; i++ { // the namespace is u[:i]
-		if i >= 3 && u[i].colonLike() {
-			for j := i + 1; j < len(u) && j-i-1 <= 32; j++ { // the reference is u[i+1:j]
-				if j-i-1 >= 1 && u[j].colonLike() && addressShaped(u[j+1:]) {
-					return true
-				}
-				if !u[j].caipLike("-_") {
-					break
-				}
-			}
-		}
-		if !u[i].caipLike("-") {
-			break
-		}
-	}
-	return false
+	d, ok := accountShape.match(readAs(id), false)
+	return ok && d > 0
 }
 
-// unit is one character an id reads as (see ImitatesAddress): an ASCII
-// character c, or, for a character with no ASCII reading, a wildcard
-// (wild: any letter or digit) or one that may stand for ':' (colon), or
-// both (a symbol), or neither (c is 0: a space, control or format
-// character, which reads as no letter, digit or colon).
+// unit is one character an id reads as (see ImitatesAddress): the ASCII
+// characters it may stand for (one for an ASCII character or one the
+// tables map; none for a space, control or format character), and whether
+// it is a wildcard, which the rule's "more than half no wildcards" counts.
 type unit struct {
-	c           byte
-	wild, colon bool
-}
-
-func (x unit) colonLike() bool { return x.c == ':' || x.colon }
-
-// caipLike reports whether x may be a character of a CAIP-10 namespace or
-// reference: a letter, a digit or one of extra.
-func (x unit) caipLike(extra string) bool {
-	return x.wild || isAlnum(x.c) || strings.IndexByte(extra, x.c) >= 0
+	may  charset
+	wild bool
 }
 
 // readAs reads id as ASCII, as a reader does (see ImitatesAddress): an
 // ASCII character as itself, another as its NFKC form or UTS #39 skeleton
 // less any combining marks when that is ASCII (Cyrillic а, fullwidth ０,
 // 𝟶, ﬀ as "ff", ⅱ as "ii", Ẹ as E, ꞉ as ':'), a combining mark as nothing
-// (it sits on the character before it and takes no place), any other
-// letter, number or spacing mark as a wildcard, a symbol as a wildcard or
-// a colon, punctuation as a colon.
+// (it sits on the character before it and takes no place), a space,
+// control or format character as a unit that stands for nothing an account
+// id holds, a letter or number as a wildcard for any character but ':',
+// and any other character as a wildcard for any character.
 func readAs(id string) []unit {
 	var u []unit
 	for _, r := range id {
 		if r < utf8.RuneSelf {
-			u = append(u, unit{c: byte(r)})
+			u = append(u, unit{may: charsetOf(string(r))})
 			continue
 		}
 		if unicode.In(r, unicode.Mn, unicode.Me) {
@@ -247,19 +227,17 @@ func readAs(id string) []unit {
 		}
 		if a := asciiReading(r); a != "" {
 			for i := 0; i < len(a); i++ {
-				u = append(u, unit{c: a[i]})
+				u = append(u, unit{may: charsetOf(a[i : i+1])})
 			}
 			continue
 		}
 		switch {
-		case unicode.IsLetter(r) || unicode.IsNumber(r) || unicode.Is(unicode.Mc, r):
-			u = append(u, unit{wild: true})
-		case unicode.IsSymbol(r):
-			u = append(u, unit{wild: true, colon: true})
-		case unicode.IsPunct(r):
-			u = append(u, unit{colon: true})
-		default:
+		case unicode.In(r, unicode.Z, unicode.Cc, unicode.Cf):
 			u = append(u, unit{})
+		case unicode.In(r, unicode.L, unicode.N) && !unicode.Is(unicode.Lm, r):
+			u = append(u, unit{may: notColon, wild: true})
+		default:
+			u = append(u, unit{may: printable, wild: true})
 		}
 	}
 	return u
@@ -276,56 +254,195 @@ func asciiReading(r rune) string {
 	return ""
 }
 
-// addressShaped reports whether a reads as an EVM or a Solana address,
-// with more than half of it no wildcards (see ImitatesAddress).
-func addressShaped(a []unit) bool {
-	read := 0
-	for _, x := range a {
-		if !x.wild {
-			read++
-		}
+// charset is a set of ASCII characters, one bit each.
+type charset [2]uint64
+
+func charsetOf(s string) (c charset) {
+	for i := 0; i < len(s); i++ {
+		c[s[i]>>6] |= 1 << (s[i] & 63)
 	}
-	return 2*read > len(a) && (evmShaped(a) || solanaShaped(a))
+	return c
 }
 
-// evmShaped reports whether a reads as 0x and 40 hex digits, or the 40.
-func evmShaped(a []unit) bool {
-	if len(a) == 42 && zeroLike(a[0]) && (a[1].wild || a[1].c == 'x' || a[1].c == 'X') {
-		a = a[2:]
-	}
-	if len(a) != 40 {
-		return false
-	}
-	for _, x := range a {
-		if !(x.wild || isHex(x.c) || zeroLike(x) || oneLike(x)) {
-			return false
+func charsetFunc(f func(byte) bool) (c charset) {
+	for b := 0; b < utf8.RuneSelf; b++ {
+		if f(byte(b)) {
+			c[b>>6] |= 1 << (b & 63)
 		}
 	}
-	return true
+	return c
 }
 
-// solanaShaped reports whether a reads as the base58 spelling of 32 bytes:
-// base58 digits, k of them leading 1s (zero bytes), the rest as long as
-// the other 32-k bytes can spell. A wildcard may be a leading 1 or not.
-func solanaShaped(a []unit) bool {
-	for _, x := range a {
-		if !(x.wild || base58.IsDigit(x.c) || oneLike(x)) {
-			return false
+func (c charset) has(b byte) bool { return b < utf8.RuneSelf && c[b>>6]>>(b&63)&1 != 0 }
+
+func (c charset) meets(o charset) bool { return c[0]&o[0] != 0 || c[1]&o[1] != 0 }
+
+// The characters an account id's parts are read in (see ImitatesAddress).
+var (
+	printable = charsetFunc(func(b byte) bool { return ' ' < b && b <= '~' })
+	notColon  = charsetFunc(func(b byte) bool { return ' ' < b && b <= '~' && b != ':' })
+	colon     = charsetOf(":")
+	nsChars   = charsetFunc(func(b byte) bool { return isAlnum(b) || b == '-' })
+	refChars  = charsetFunc(func(b byte) bool { return isAlnum(b) || b == '-' || b == '_' })
+	zeroChars = charsetOf("0oO")
+	xChars    = charsetOf("xX")
+	oneChars  = charsetOf("1lI|")
+	hexChars  = charsetFunc(func(b byte) bool { return isHex(b) || zeroChars.has(b) || oneChars.has(b) })
+	b58Chars  = charsetFunc(func(b byte) bool { return base58.IsDigit(b) || oneChars.has(b) })
+	b58First  = charsetFunc(func(b byte) bool { return base58.IsDigit(b) && b != '1' })
+)
+
+// automaton is a nondeterministic automaton over the ASCII an id reads
+// as. The shapes the rule looks for are written once each as one, and
+// match runs it over readAs's units, every wildcard taking every reading
+// it may have, so that no reading of an id escapes the rule.
+type automaton struct {
+	states []state
+	start  []int32
+}
+
+type state struct {
+	next   []transition
+	accept bool
+	// part marks the states reading the part whose wildcards are counted
+	// (an account id's address, after any CAIP-10 prefix).
+	part bool
+}
+
+type transition struct {
+	on charset
+	to int32
+}
+
+func (a *automaton) add(part, accept bool) int32 {
+	a.states = append(a.states, state{part: part, accept: accept})
+	return int32(len(a.states) - 1)
+}
+
+func (a *automaton) on(from int32, c charset, to int32) {
+	a.states[from].next = append(a.states[from].next, transition{c, to})
+}
+
+// match reports whether some reading of u is accepted, and of those
+// readings the most by which the units read in part states that are no
+// wildcards outnumber the wildcards among them. With prefix, a reading of
+// only u's first units is enough, and the count is not kept.
+func (a *automaton) match(u []unit, prefix bool) (best int, ok bool) {
+	const none = math.MinInt32
+	cur, nxt := make([]int32, len(a.states)), make([]int32, len(a.states))
+	for i := range cur {
+		cur[i], nxt[i] = none, none
+	}
+	var on, onNext []int32
+	for _, s := range a.start {
+		cur[s] = 0
+		on = append(on, s)
+	}
+	reach := func(s, d int32) {
+		if nxt[s] == none {
+			onNext = append(onNext, s)
+		}
+		nxt[s] = max(nxt[s], d)
+	}
+	for _, x := range u {
+		for _, s := range on {
+			d := cur[s]
+			if a.states[s].part {
+				if x.wild {
+					d--
+				} else {
+					d++
+				}
+			}
+			for _, t := range a.states[s].next {
+				if t.on.meets(x.may) {
+					reach(t.to, d)
+				}
+			}
+			cur[s] = none
+		}
+		cur, nxt = nxt, cur
+		on, onNext = onNext, on[:0]
+		for _, s := range on {
+			if prefix && a.states[s].accept {
+				return 0, true
+			}
+		}
+		if len(on) == 0 {
+			return 0, false
 		}
 	}
-	for k := 0; k <= 32 && k <= len(a); k++ {
-		if k > 0 && !a[k-1].wild && !oneLike(a[k-1]) {
+	for _, s := range on {
+		if a.states[s].accept && (!ok || int(cur[s]) > best) {
+			best, ok = int(cur[s]), true
+		}
+	}
+	return best, ok
+}
+
+// accountShape reads an account id (see ImitatesAddress): an optional
+// CAIP-10 prefix, then an EVM or a Solana address, the part it counts.
+var accountShape = func() *automaton {
+	a := &automaton{}
+	var ns [9]int32
+	var ref [33]int32
+	for i := range ns {
+		ns[i] = a.add(false, false)
+	}
+	for j := range ref {
+		ref[j] = a.add(false, false)
+	}
+	addr := a.add(true, false)
+	a.start = []int32{ns[0], addr}
+	for i := 0; i < 8; i++ {
+		a.on(ns[i], nsChars, ns[i+1])
+	}
+	for i := 3; i <= 8; i++ {
+		a.on(ns[i], colon, ref[0])
+	}
+	for j := 0; j < 32; j++ {
+		a.on(ref[j], refChars, ref[j+1])
+	}
+	for j := 1; j <= 32; j++ {
+		a.on(ref[j], colon, addr)
+	}
+
+	// EVM: 0x and 40 hex digits, or the 40 alone.
+	p := a.add(true, false)
+	zero := a.add(true, false)
+	a.on(addr, zeroChars, zero)
+	a.on(zero, xChars, p)
+	b := addr
+	for i := 1; i <= 40; i++ {
+		np, nb := a.add(true, i == 40), a.add(true, i == 40)
+		a.on(p, hexChars, np)
+		a.on(b, hexChars, nb)
+		p, b = np, nb
+	}
+
+	// Solana: k leading 1s, then a digit other than 1 and as many more as
+	// the other 32-k bytes' spelling has in all (solanaRest).
+	ones := addr
+	for k := 0; k <= 32; k++ {
+		if k > 0 {
+			n := a.add(true, k == 32)
+			a.on(ones, oneChars, n)
+			ones = n
+		}
+		if k == 32 {
 			break
 		}
-		if k < len(a) && !a[k].wild && oneLike(a[k]) {
-			continue // the rest begins with a 1, which would be one more zero byte
-		}
-		if r := solanaRest[32-k]; r[0] <= len(a)-k && len(a)-k <= r[1] {
-			return true
+		lo, hi := solanaRest[32-k][0], solanaRest[32-k][1]
+		r := a.add(true, lo <= 1)
+		a.on(ones, b58First, r)
+		for m := 2; m <= hi; m++ {
+			n := a.add(true, lo <= m)
+			a.on(r, b58Chars, n)
+			r = n
 		}
 	}
-	return false
-}
+	return a
+}()
 
 // solanaRest[n] is the shortest and the longest base58 spelling of n bytes
 // whose first is not zero: of 2^(8(n-1)) and of 2^(8n)-1 (43 and 44 for
@@ -342,10 +459,6 @@ var solanaRest = func() (t [33][2]int) {
 func isHex(c byte) bool {
 	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
 }
-
-func zeroLike(x unit) bool { return x.wild || x.c == '0' || x.c == 'o' || x.c == 'O' }
-
-func oneLike(x unit) bool { return x.c == '1' || x.c == 'l' || x.c == 'I' || x.c == '|' }
 
 // unmarked is s less its combining marks, when that is printable ASCII;
 // "" otherwise.

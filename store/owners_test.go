@@ -450,6 +450,8 @@ func FuzzImitatesAddress(f *testing.F) {
 		"0x529\u31478400098527886E0F7030069857D2E4169EE7",
 		"eip155\ua7898453\ua789\u3147x52908400098527886E0F7030069857D2E4169EE7",
 		"5eykt4UsFv8\u1d188\u0274\u1d0ad\u1d1b\u0280\u1d07pY1vzqKqZKvdpKuc147dw2N9d",
+		"0x52908400098527886E0F7030069857D2E4\u096469EE7",
+		"eip155\u13618453\u13610x52908400098527886E0F7030069857D2E4\u0f0d69EE7",
 		"cafe\u0301", "\u0301", "\xff", "",
 	} {
 		f.Add(id)
@@ -577,5 +579,31 @@ func TestImitatesAddressWordOfAnAddressLength(t *testing.T) {
 	const id = "Donaudampfschifffahrtsgesellschaftskapitäne"
 	if !ImitatesAddress(id) || BindableAgentID(id) {
 		t.Errorf("%q: ImitatesAddress %v, BindableAgentID %v; want true, false", id, ImitatesAddress(id), BindableAgentID(id))
+	}
+}
+
+// A punctuation mark or symbol with no ASCII reading may stand for any
+// character, a digit or letter too, not only for ':': Devanagari danda
+// U+0964 and Tibetan shad U+0F0D are bare vertical strokes, drawn as the
+// | the rule reads as 1, and Ethiopic wordspace ፡ may still be a colon.
+// (Before: such a mark read only as ':', so an address with one of them
+// for its 1 had a colon among its hex digits, no address's shape, and
+// bound.)
+func TestImitatesAddressReadsUnmappedPunctuationAsAnyCharacter(t *testing.T) {
+	const evm = "0x52908400098527886E0F7030069857D2E4169EE7"
+	const sol = "EPjFWdd5AufqSSqeM2qN1xzybapC8G4wEGGkZwyTDt1v"
+	if !ImitatesAddress(strings.Replace(evm, "1", "\uff5c", 1)) {
+		t.Fatal("a fullwidth | for the 1 is not read as 1")
+	}
+	for _, stroke := range []string{"\u0964", "\u0f0d"} {
+		for _, id := range []string{
+			strings.Replace(evm, "1", stroke, 1),
+			strings.Replace(sol, "1", stroke, 1),
+			"eip155\u1361" + "8453\u1361" + strings.Replace(evm, "1", stroke, 1),
+		} {
+			if !ImitatesAddress(id) || BindableAgentID(id) {
+				t.Errorf("%q (its 1 as %U): ImitatesAddress %v, BindableAgentID %v; want true, false", id, []rune(stroke)[0], ImitatesAddress(id), BindableAgentID(id))
+			}
+		}
 	}
 }
