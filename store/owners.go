@@ -168,7 +168,10 @@ func ImitatesTestAgent(id string) bool {
 // small capital, a Latin or Cyrillic letter no table maps) may stand for
 // any character but ':', so that a name with Chinese words between ASCII
 // ones (bot代api人0x<address>) reads as no CAIP-10 id; a modifier letter,
-// spacing mark, symbol or punctuation mark for any character at all.
+// spacing mark, symbol or punctuation mark for any character at all. A
+// wildcard stands for one character or for two, as a digraph or ligature
+// no table maps is drawn as two letters (ȸ as db, ʤ, Cyrillic ҥ, Armenian
+// և).
 //
 // The id imitates an account id when some reading of its wildcards
 // (accountShape), or that reading's part after a CAIP-10 prefix X:Y: (X 3
@@ -201,7 +204,8 @@ func ImitatesAddress(id string) bool {
 // unit is one character an id reads as (see ImitatesAddress): the ASCII
 // characters it may stand for (one for an ASCII character or one the
 // tables map; none for a space, control or format character), and whether
-// it is a wildcard, which the rule's "more than half no wildcards" counts.
+// it is a wildcard, which stands for one of them or two and which the
+// rule's "more than half no wildcards" counts.
 type unit struct {
 	may  charset
 	wild bool
@@ -323,9 +327,10 @@ func (a *automaton) on(from int32, c charset, to int32) {
 	a.states[from].next = append(a.states[from].next, transition{c, to})
 }
 
-// match reports whether some reading of u is accepted, and of those
-// readings the most by which the units read in part states that are no
-// wildcards outnumber the wildcards among them. With prefix, a reading of
+// match reports whether some reading of u is accepted, a wildcard read
+// as one character or two, and of those readings the most by which the
+// units read from part states that are no wildcards outnumber the
+// wildcards among them. With prefix, a reading of
 // only u's first units is enough, and the count is not kept.
 func (a *automaton) match(u []unit, prefix bool) (best int, ok bool) {
 	const none = math.MinInt32
@@ -355,8 +360,16 @@ func (a *automaton) match(u []unit, prefix bool) (best int, ok bool) {
 				}
 			}
 			for _, t := range a.states[s].next {
-				if t.on.meets(x.may) {
-					reach(t.to, d)
+				if !t.on.meets(x.may) {
+					continue
+				}
+				reach(t.to, d)
+				if x.wild { // drawn as two letters, a digraph or ligature
+					for _, t2 := range a.states[t.to].next {
+						if t2.on.meets(x.may) {
+							reach(t2.to, d)
+						}
+					}
 				}
 			}
 			cur[s] = none

@@ -452,6 +452,8 @@ func FuzzImitatesAddress(f *testing.F) {
 		"5eykt4UsFv8\u1d188\u0274\u1d0ad\u1d1b\u0280\u1d07pY1vzqKqZKvdpKuc147dw2N9d",
 		"0x52908400098527886E0F7030069857D2E4\u096469EE7",
 		"eip155\u13618453\u13610x52908400098527886E0F7030069857D2E4\u0f0d69EE7",
+		"0x27b1f\u023804752bbc536007a920d24acb045561c26",
+		"7EcDhSYGxXyscszYEp35KHN8\u0587w3svAuLKTzXwCFLtV",
 		"cafe\u0301", "\u0301", "\xff", "",
 	} {
 		f.Add(id)
@@ -603,6 +605,28 @@ func TestImitatesAddressReadsUnmappedPunctuationAsAnyCharacter(t *testing.T) {
 		} {
 			if !ImitatesAddress(id) || BindableAgentID(id) {
 				t.Errorf("%q (its 1 as %U): ImitatesAddress %v, BindableAgentID %v; want true, false", id, []rune(stroke)[0], ImitatesAddress(id), BindableAgentID(id))
+			}
+		}
+	}
+}
+
+// A character no table maps may be drawn as two letters, a digraph or a
+// ligature (ȸ is "db", ȹ "qp", ʤ ʧ ʨ, Cyrillic ҥ ҵ, Armenian և), so a
+// wildcard stands for one character or two: an address with two of its
+// letters written as one such character is refused. (Before: a wildcard
+// was one character, the reading was one short of the address, and the id
+// bound.)
+func TestImitatesAddressReadsDigraphsAsTwoLetters(t *testing.T) {
+	const evm = "0x27b1fdb04752bbc536007a920d24acb045561c26"
+	const sol = "7EcDhSYGxXyscszYEp35KHN8vvw3svAuLKTzXwCFLtV" // 43 long: a Solana address no shorter
+	for _, digraph := range []string{"\u0238", "\u0239", "\u02a4", "\u02a7", "\u02a8", "\u04a5", "\u04b5", "\u0587"} {
+		for _, id := range []string{
+			strings.Replace(evm, "db", digraph, 1),
+			strings.Replace(sol, "vv", digraph, 1),
+			"eip155:8453:" + strings.Replace(evm, "db", digraph, 1),
+		} {
+			if !ImitatesAddress(id) || BindableAgentID(id) {
+				t.Errorf("%q (two letters as %U): ImitatesAddress %v, BindableAgentID %v; want true, false", id, []rune(digraph)[0], ImitatesAddress(id), BindableAgentID(id))
 			}
 		}
 	}
