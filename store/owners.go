@@ -128,27 +128,38 @@ func BindableAgentID(id string) bool {
 }
 
 // ImitatesTestAgent reports whether id reads as a reserved test- id
-// (TestAgentPrefix) without being one: its first characters, each read as
-// the ASCII it looks like as ImitatesAddress reads them, are "test-", one
-// of them not ASCII (tеst-agent with a Cyrillic е). test- ids are
-// examples nobody owns, never authenticated nor scored; a wallet that
+// (TestAgentPrefix) without being one: some reading of its first
+// characters, as ImitatesAddress reads them (testShape), is "test-", one
+// of them not ASCII (tеst-agent with a Cyrillic е, test֊agent with an
+// Armenian hyphen, a wildcard that may stand for '-'), and more than half
+// of the characters read as "test-" are no wildcards, as a name in Chinese
+// whose first characters may stand for anything is no test- id. test- ids
+// are examples nobody owns, never authenticated nor scored; a wallet that
 // bound such a lookalike would hold an owned, authenticated score under a
 // name that reads as one.
 func ImitatesTestAgent(id string) bool {
 	if strings.HasPrefix(id, TestAgentPrefix) || isASCII(id) {
 		return false
 	}
-	u := readAs(id)
-	if len(u) < len(TestAgentPrefix) {
-		return false
-	}
-	for i, x := range u[:len(TestAgentPrefix)] {
-		if x.wild || !x.may.has(TestAgentPrefix[i]) {
-			return false
-		}
-	}
-	return true // one of them is not ASCII, as id does not start with test-
+	d, ok := testShape.match(readAs(id), true)
+	return ok && d > 0 // one of them is not ASCII, as id does not start with test-
 }
+
+// testShape reads a test- id's prefix (see ImitatesTestAgent), and then
+// anything: a wildcard may stand for the '-' and the character after it.
+var testShape = func() *automaton {
+	a := &automaton{}
+	s := a.add(true, false)
+	a.start = []int32{s}
+	for i := 0; i < len(TestAgentPrefix); i++ {
+		last := i == len(TestAgentPrefix)-1
+		n := a.add(!last, last)
+		a.on(s, charsetOf(TestAgentPrefix[i:i+1]), n)
+		s = n
+	}
+	a.on(s, printable, s)
+	return a
+}()
 
 // ImitatesAddress reports whether id, which is not all ASCII, reads as a
 // whole as an account id: a reader takes it for that wallet's account,
@@ -330,8 +341,8 @@ func (a *automaton) on(from int32, c charset, to int32) {
 // match reports whether some reading of u is accepted, a wildcard read
 // as one character or two, and of those readings the most by which the
 // units read from part states that are no wildcards outnumber the
-// wildcards among them. With prefix, a reading of
-// only u's first units is enough, and the count is not kept.
+// wildcards among them. With prefix, a reading of only u's first units
+// is enough, counted when it reaches an accepting state.
 func (a *automaton) match(u []unit, prefix bool) (best int, ok bool) {
 	const none = math.MinInt32
 	cur, nxt := make([]int32, len(a.states)), make([]int32, len(a.states))
@@ -376,18 +387,19 @@ func (a *automaton) match(u []unit, prefix bool) (best int, ok bool) {
 		}
 		cur, nxt = nxt, cur
 		on, onNext = onNext, on[:0]
-		for _, s := range on {
-			if prefix && a.states[s].accept {
-				return 0, true
-			}
-		}
-		if len(on) == 0 {
-			return 0, false
+		if prefix {
+			best, ok = a.best(on, cur, best, ok)
 		}
 	}
+	return a.best(on, cur, best, ok)
+}
+
+// best is the greater of best (when ok) and the counts of the accepting
+// states in on.
+func (a *automaton) best(on, count []int32, best int, ok bool) (int, bool) {
 	for _, s := range on {
-		if a.states[s].accept && (!ok || int(cur[s]) > best) {
-			best, ok = int(cur[s]), true
+		if a.states[s].accept && (!ok || int(count[s]) > best) {
+			best, ok = int(count[s]), true
 		}
 	}
 	return best, ok

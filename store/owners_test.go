@@ -454,6 +454,7 @@ func FuzzImitatesAddress(f *testing.F) {
 		"eip155\u13618453\u13610x52908400098527886E0F7030069857D2E4\u0f0d69EE7",
 		"0x27b1f\u023804752bbc536007a920d24acb045561c26",
 		"7EcDhSYGxXyscszYEp35KHN8\u0587w3svAuLKTzXwCFLtV",
+		"test\u058aagent", "test\u05beagent", "test\u1806agent",
 		"cafe\u0301", "\u0301", "\xff", "",
 	} {
 		f.Add(id)
@@ -628,6 +629,25 @@ func TestImitatesAddressReadsDigraphsAsTwoLetters(t *testing.T) {
 			if !ImitatesAddress(id) || BindableAgentID(id) {
 				t.Errorf("%q (two letters as %U): ImitatesAddress %v, BindableAgentID %v; want true, false", id, []rune(digraph)[0], ImitatesAddress(id), BindableAgentID(id))
 			}
+		}
+	}
+}
+
+// ImitatesTestAgent reads the id as ImitatesAddress does, each wildcard
+// for any character or two: a hyphen no table maps (Armenian hyphen
+// U+058A, Hebrew maqaf U+05BE, Mongolian todo soft hyphen U+1806, Hangul
+// ㅡ) is read as the '-' it is drawn as, and a ligature as two letters.
+// Ids that merely begin with test, or hold it later, still bind. (Before:
+// an unmapped character was no '-', so test֊agent bound.)
+func TestImitatesTestAgentReadsWildcards(t *testing.T) {
+	for _, id := range []string{"test\u058aagent", "test\u05beagent", "test\u1806agent", "test\u3161agent", "tes\u02a7-agent", "test\u058a"} {
+		if !ImitatesTestAgent(id) || BindableAgentID(id) {
+			t.Errorf("%q (reads as test-agent): ImitatesTestAgent %v, BindableAgentID %v; want true, false", id, ImitatesTestAgent(id), BindableAgentID(id))
+		}
+	}
+	for _, id := range []string{"testing\u058aagent", "my-test\u058aagent", "test agent \u4ee3\u7406", "tes\u00e9-agent"} {
+		if ImitatesTestAgent(id) || !BindableAgentID(id) {
+			t.Errorf("%q: ImitatesTestAgent %v, BindableAgentID %v; want false, true", id, ImitatesTestAgent(id), BindableAgentID(id))
 		}
 	}
 }

@@ -596,3 +596,41 @@ func TestAgentIDTestPrefixLookalikeRefused(t *testing.T) {
 		}
 	}
 }
+
+// A proof naming an id that reads as an account id or a test- id through
+// a character no table maps is refused 401 naming agent_id: an EVM address
+// with Devanagari danda U+0964 (a bare stroke, drawn as the | read as 1)
+// for its 1, one with the db digraph ȸ U+0238 for its "db", and
+// test-agent with an Armenian hyphen U+058A. (Before: each was accepted
+// and its id bound to the signer, as the danda and the hyphen read only as
+// ':' and the digraph as one letter.)
+func TestAgentIDUnmappedLookalikeRefused(t *testing.T) {
+	for _, c := range []struct{ id, problem string }{
+		{"0x52908400098527886E0F7030069857D2E4\u096469EE7", "writes an address in lookalike characters"}, // 0x…E4169EE7
+		{"0x27b1f\u023804752bbc536007a920d24acb045561c26", "writes an address in lookalike characters"},  // 0x27b1fdb0…
+		{"test\u058aagent", "writes test- in lookalike characters"},
+	} {
+		e := envelope(t)
+		e.AgentID = c.id
+		if err := e.Sign(otherKey); err == nil {
+			t.Errorf("agent_id %q: signed, want refused", c.id)
+		}
+		e.Address, e.Type = crypto.PubkeyToAddress(otherKey.PublicKey).Hex(), TypeEIP191
+		sig, err := crypto.Sign(textHash(e.Message()), otherKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sig[64] += 27
+		e.Signature = "0x" + hex.EncodeToString(sig)
+		hdr, err := e.Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		v := &Verifier{Now: clock(t0.Add(time.Second))}
+		p, err := v.Verify(context.Background(), hdr, want)
+		var we *Error
+		if !errors.As(err, &we) || we.Kind != ErrMalformed || we.Field != "agent_id" || we.Problem != c.problem {
+			t.Errorf("agent_id %q: accepted (AgentID %q, bound to %s), err %v; want 401 malformed agent_id, %s", c.id, p.AgentID, p.Address, err, c.problem)
+		}
+	}
+}
