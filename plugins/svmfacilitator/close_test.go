@@ -394,10 +394,11 @@ func TestCloseWaitsForAStatusReadsMark(t *testing.T) {
 // A reload unloads a configuration while one of its Settles is still
 // before its send (its look-up of the transaction slow, 1.5 times
 // ConfirmTimeout): that Settle sends nothing once the facilitator is
-// closed, writes no record, and answers ErrClosed (no unknown outcome:
-// the gateway releases the payment's claim, charges nothing and answers
-// 503, and the buyer sends it again), so the retry through the next
-// configuration's facilitator sends it afresh and answers success.
+// closed, writes no record, and answers an unknown outcome naming the
+// transaction, caused by ErrClosed (it read no record that would tell a
+// send before a restart: the gateway polls the signature), and keeps no
+// claim, so the retry through the next configuration's facilitator sends
+// it afresh and answers success.
 // (Before: it never checked that the facilitator was closed, sent past
 // Close's bound, the node's refusal came after Close returned, the drop
 // failed on the closed handle, and the retry adopted the record of the
@@ -423,8 +424,9 @@ func TestCloseCutsOffASendNotBegun(t *testing.T) {
 	}, nil)
 	r := e.reloadMidSettle(t, db, node, time.Second, 50*time.Millisecond, Payload(e.payment(t).Transaction(), e.req), looking)
 	var unknown *x402.UnknownOutcomeError
-	if a := r.answer; !errors.Is(a.err, ErrClosed) || errors.As(a.err, &unknown) {
-		t.Errorf("Settle still before its send at Close: %+v %v; want ErrClosed, no unknown outcome", a.r, a.err)
+	if a := r.answer; !errors.Is(a.err, ErrClosed) || !errors.As(a.err, &unknown) || unknown.Reply == nil ||
+		unknown.Reply.ErrorReason != ReasonSettlementPending || unknown.Reply.Transaction == "" {
+		t.Errorf("Settle still before its send at Close: %+v %v; want an unknown outcome naming the transaction, caused by ErrClosed", a.r, a.err)
 	}
 	if n := sends.Load(); n != 0 {
 		t.Errorf("%d sends by the closed facilitator; want none", n)

@@ -326,12 +326,16 @@ func New(cfg Config) (*Facilitator, error) {
 	return f, nil
 }
 
-// ErrClosed is Settle's error for a payment it would have to send anew
-// once the facilitator is closed (Close): nothing was written or sent,
-// and the same payment can be sent again, to the facilitator of the
-// configuration now running. It is no unknown outcome, so the gateway
-// releases the payment's claim, charges nothing and answers 503 (retry).
-var ErrClosed = errors.New("svm facilitator: closed (its configuration was unloaded): nothing was sent; send the payment again")
+// ErrClosed is the cause of Settle's error for a payment it would have to
+// send anew once the facilitator is closed (Close): nothing was written
+// or sent by it, but its record, which alone tells a send before a
+// restart through a node that lags, was not read either, so the error is
+// an *x402.UnknownOutcomeError naming the transaction (maySent). The
+// gateway holds the payment and polls that signature: a transaction never
+// sent is answered never once its blockhash expired, and the same payment
+// can then be sent again, to the facilitator of the configuration now
+// running.
+var ErrClosed = errors.New("svm facilitator: closed (its configuration was unloaded): it sends nothing new")
 
 // Close stops the background resolver (resolve) at its next poll, and
 // starts none later: a facilitator whose configuration is unloaded (a
@@ -341,7 +345,8 @@ var ErrClosed = errors.New("svm facilitator: closed (its configuration was unloa
 // by whichever facilitator a retry reaches, from their records
 // (Config.Sent). Settle and the status calls keep working for what needs
 // no new send (a payment remembered, or found recorded or on chain); a
-// Settle that would send anew answers ErrClosed, having written and sent
+// Settle that would send anew answers an unknown outcome caused by
+// ErrClosed, having written and sent
 // nothing, because no bound Close could wait for covers a send begun after
 // it (a Settle still in its reads before the send at Close).
 //

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -32,9 +33,11 @@ func withFeePayer(t *testing.T, e *env, key ed25519.PrivateKey) (*Facilitator, x
 
 // A fee payer with no account (never funded, or drained to zero), or too
 // few lamports for the fee, makes every simulation fail. That is the
-// operator's outage, not the buyer's payment: Verify and Settle return an
-// error naming the fee payer (the gateway answers 503, nothing charged,
-// the same payment can be sent again once it is funded), and nothing moves.
+// operator's outage, not the buyer's payment: Verify returns an error
+// naming the fee payer (the gateway answers 503, nothing charged, the same
+// payment can be sent again once it is funded), Settle an unknown outcome
+// naming the transaction and caused by it (no verdict on the payment, and
+// only the record would tell a send before a restart), and nothing moves.
 // (Before: invalid_exact_svm_transaction_simulation_failed, telling the
 // buyer to sign a new payment, which would fail the same way.)
 func TestFeePayerOutOfFundsIsAnError(t *testing.T) {
@@ -70,8 +73,9 @@ func TestFeePayerOutOfFundsIsAnError(t *testing.T) {
 				t.Errorf("verify: %+v, err %v; want an error naming the fee payer", v, err)
 			}
 			s, err := f.Settle(ctx, pp, req)
-			if err == nil || !strings.Contains(err.Error(), "fee payer "+pub(key).String()) {
-				t.Errorf("settle: %+v, err %v; want an error naming the fee payer", s, err)
+			var unknown *x402.UnknownOutcomeError
+			if !errors.As(err, &unknown) || unknown.Reply == nil || unknown.Reply.Transaction == "" || !strings.Contains(err.Error(), "fee payer "+pub(key).String()) {
+				t.Errorf("settle: %+v, err %v; want an unknown outcome naming the transaction, caused by the fee payer", s, err)
 			}
 			if a, b := e.balances(t); a != 1_000_000 || b != 0 {
 				t.Errorf("balances payer %d payee %d; want nothing moved", a, b)

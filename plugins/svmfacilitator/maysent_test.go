@@ -126,3 +126,207 @@ func TestSettleLookUpFailingIsUnknownOutcome(t *testing.T) {
 		t.Errorf("balances payer %d payee %d; want the payment once", a, b)
 	}
 }
+
+// landedBeforeRestart is a payment whose transaction this fee payer sent
+// and which landed (the payer is charged) while its Settle never answered
+// (the process stopped mid-settle), its record in the store of sends left
+// unanswered; the store is closed, as by the crash. It returns the
+// transaction's signature.
+func landedBeforeRestart(t *testing.T, c *crashTest) string {
+	t.Helper()
+	e := c.e
+	_, sig := c.sentUnanswered(t, func(ctx context.Context, hash [32]byte) error {
+		_, err := e.f.remember(ctx, hash, &settlement{})
+		return err
+	})
+	if a, b := e.balances(t); a != 1_000_000-20000 || b != 20000 {
+		t.Fatalf("balances payer %d payee %d; want the first send landed", a, b)
+	}
+	c.db.Close()
+	return sig
+}
+
+// restartedOn is c's facilitator started again with node as its RPC
+// endpoint and sent as its store of sends.
+func restartedOn(t *testing.T, c *crashTest, node string, sent SentStore, tune func(*Config)) *Facilitator {
+	t.Helper()
+	cfg := c.e.f.cfg
+	cfg.RPC, cfg.Sent = &RPC{URL: node}, sent
+	if tune != nil {
+		tune(&cfg)
+	}
+	f, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+// replayIsPending checks a Settle's answer (r, err) to the replay of c's
+// payment, whose transaction sig landed before the restart: an unknown
+// outcome naming sig, nothing sent again, the payer charged once; and, as
+// the facilitator API answers the same replay (settle), settlement_pending
+// naming it, which a remote gate's client reads as an unknown outcome.
+func replayIsPending(t *testing.T, c *crashTest, sig string, r x402.SettleResponse, err error, settle func() (x402.SettleResponse, error)) {
+	t.Helper()
+	var unknown *x402.UnknownOutcomeError
+	if !errors.As(err, &unknown) || unknown.Reply == nil || unknown.Reply.ErrorReason != ReasonSettlementPending || unknown.Reply.Transaction != sig {
+		t.Errorf("replay of a landed send: %+v, %v; want an unknown outcome naming %s, never \"nothing sent\" (the payer was charged)", r, err, sig)
+	}
+	if a, b := c.e.balances(t); a != 1_000_000-20000 || b != 20000 {
+		t.Fatalf("balances payer %d payee %d; want the payment once", a, b)
+	}
+	if settle == nil {
+		return
+	}
+	got, err := settle()
+	if !errors.As(err, &unknown) || unknown.Reply == nil || unknown.Reply.ErrorReason != ReasonSettlementPending || unknown.Reply.Transaction != sig {
+		t.Errorf("the remote gate's client read the replay as %+v, %v; want an unknown outcome naming %s", got, err, sig)
+	}
+}
+
+// throughAPI settles p as a remote gate does: through the facilitator API
+// served by f, with the client a gate uses.
+func throughAPI(t *testing.T, f *Facilitator, p x402.PaymentPayload, req x402.PaymentRequirements) func() (x402.SettleResponse, error) {
+	return func() (x402.SettleResponse, error) {
+		srv := httptest.NewServer(x402.NewFacilitatorHandler(f))
+		defer srv.Close()
+		return x402.NewHTTPFacilitator(x402.HTTPFacilitatorConfig{URL: srv.URL}).Settle(context.Background(), p, req)
+	}
+}
+
+// A payment that landed before a restart is settled again after it, while
+// the store of sends is down, through a node one slot behind the chain:
+// the look-up finds nothing, and the write of the record before the send,
+// which would have found the record of the landed send, fails. Nothing is
+// sent, and the answer is settlement_pending naming the transaction: the
+// payer was charged. (Before: a plain error, which the facilitator API
+// answers success false, facilitator_unavailable, "nothing charged, send
+// the same payment again", and a remote gate released the payment.)
+func TestSettleReplayOfLandedSendLaggingNodeStoreDownIsPending(t *testing.T) {
+	c := newCrashTest(t)
+	sig := landedBeforeRestart(t, c)
+	node := newBehindNode(t, c.e.chain.URL, 2)
+	f := restartedOn(t, c, node.URL, sentOf(c.db), nil)
+	r, err := f.Settle(context.Background(), c.pp, c.e.req)
+	replayIsPending(t, c, sig, r, err, throughAPI(t, f, c.pp, c.e.req))
+	if node.sent() != 0 {
+		t.Errorf("sent %d times with the store down; want none", node.sent())
+	}
+}
+
+// The same replay through a node that lags a slot at the look-up and then
+// fails the simulation (an overloaded node, a proxy's 503), the store up:
+// the Settle cannot reach the record that tells, and answers
+// settlement_pending naming the transaction. (Before: the plain error
+// "verifying before settlement", answered "nothing charged".)
+func TestSettleReplayOfLandedSendLaggingNodeSimulationFailingIsPending(t *testing.T) {
+	c := newCrashTest(t)
+	sig := landedBeforeRestart(t, c)
+	c.db = openStore(t, c.dir)
+	var statuses, simulations atomic.Int32
+	node := proxy(t, c.e.chain.URL, func(w http.ResponseWriter, id json.RawMessage, method string, _ []json.RawMessage) bool {
+		switch {
+		case method == "getSignatureStatuses" && statuses.Add(1) <= 2:
+			w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(id) + `,"result":{"context":{"slot":1},"value":[null]}}`))
+			return true
+		case method == "simulateTransaction":
+			simulations.Add(1)
+			w.WriteHeader(http.StatusServiceUnavailable)
+			w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(id) + `,"error":{"code":-32603,"message":"upstream unavailable"}}`))
+			return true
+		}
+		return false
+	}, nil)
+	f := restartedOn(t, c, node, sentOf(c.db), nil)
+	r, err := f.Settle(context.Background(), c.pp, c.e.req)
+	if simulations.Load() == 0 {
+		t.Fatal("no simulation asked; the test needs the Settle to reach it")
+	}
+	replayIsPending(t, c, sig, r, err, throughAPI(t, f, c.pp, c.e.req))
+	// The node answering again, the record is found and followed.
+	again := restartedOn(t, c, c.e.chain.URL, sentOf(c.db), nil)
+	if r, err := again.Settle(context.Background(), c.pp, c.e.req); err != nil || !r.Success || r.Transaction != sig {
+		t.Errorf("replay once the node answers: %+v %v; want success naming %s (the record adopted)", r, err, sig)
+	}
+}
+
+// The same replay whose payer the budget refuses (its places in flight
+// taken), the store down: the record the refusal reads, to tell a send
+// recorded before, cannot be read, and the answer is settlement_pending
+// naming the transaction, never a refusal or "nothing sent". (Before: the
+// plain error "reading the record of the transaction".)
+func TestSettleReplayOfLandedSendOverBudgetRecordUnreadableIsPending(t *testing.T) {
+	c := newCrashTest(t)
+	sig := landedBeforeRestart(t, c)
+	node := newBehindNode(t, c.e.chain.URL, 2)
+	f := restartedOn(t, c, node.URL, sentOf(c.db), func(cfg *Config) { cfg.MaxInFlightPerPayer = 1 })
+	if reason, _ := f.budget.reserve(f.checkStatic(c.pp, c.e.req, false).exposure); reason != "" {
+		t.Fatal(reason)
+	}
+	r, err := f.Settle(context.Background(), c.pp, c.e.req)
+	replayIsPending(t, c, sig, r, err, nil)
+	if node.sent() != 0 {
+		t.Errorf("sent %d times; want none", node.sent())
+	}
+}
+
+// The same replay through a closed facilitator (its configuration
+// unloaded by a reload), the store up: it sends nothing new, and, having
+// not read the record, answers settlement_pending naming the transaction,
+// its cause ErrClosed. (Before: ErrClosed alone, which said nothing was
+// sent and to send the payment again, answered "nothing charged".)
+func TestSettleReplayOfLandedSendLaggingNodeClosedIsPending(t *testing.T) {
+	c := newCrashTest(t)
+	sig := landedBeforeRestart(t, c)
+	c.db = openStore(t, c.dir)
+	node := newBehindNode(t, c.e.chain.URL, 2)
+	f := restartedOn(t, c, node.URL, sentOf(c.db), nil)
+	f.Close()
+	r, err := f.Settle(context.Background(), c.pp, c.e.req)
+	if !errors.Is(err, ErrClosed) {
+		t.Errorf("replay through a closed facilitator: %+v %v; want ErrClosed its cause", r, err)
+	}
+	replayIsPending(t, c, sig, r, err, throughAPI(t, f, c.pp, c.e.req))
+	if node.sent() != 0 {
+		t.Errorf("sent %d times by the closed facilitator; want none", node.sent())
+	}
+}
+
+// The same replay whose caller goes away while the node simulates it (the
+// store up, the node a slot behind): nothing is sent for a caller who
+// cannot be answered, and the answer is settlement_pending naming the
+// transaction, never "nothing sent". (Before: a plain error, "before
+// settlement: context canceled".)
+func TestSettleReplayOfLandedSendCallerGoneIsPending(t *testing.T) {
+	c := newCrashTest(t)
+	sig := landedBeforeRestart(t, c)
+	c.db = openStore(t, c.dir)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var statuses, sends atomic.Int32
+	node := proxy(t, c.e.chain.URL, func(w http.ResponseWriter, id json.RawMessage, method string, _ []json.RawMessage) bool {
+		switch {
+		case method == "getSignatureStatuses" && statuses.Add(1) <= 1:
+			w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(id) + `,"result":{"context":{"slot":1},"value":[null]}}`))
+			return true
+		case method == "simulateTransaction":
+			cancel() // the caller goes away while the node simulates
+			w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(id) + `,"result":{"context":{"slot":1},"value":{"err":null,"logs":[]}}}`))
+			return true
+		case method == "sendTransaction":
+			sends.Add(1)
+		}
+		return false
+	}, nil)
+	f := restartedOn(t, c, node, sentOf(c.db), nil)
+	r, err := f.Settle(ctx, c.pp, c.e.req)
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("replay whose caller went away: %+v %v; want context.Canceled its cause", r, err)
+	}
+	replayIsPending(t, c, sig, r, err, nil)
+	if n := sends.Load(); n != 0 {
+		t.Errorf("sent %d times for a caller gone; want none", n)
+	}
+}

@@ -71,10 +71,9 @@ import (
 //     settlement when the nodes asked lag the one the transaction landed
 //     on (the look-up finds nothing, the simulation passes on older state,
 //     and a send with skipPreflight returns the signature), which no
-//     look-up can. A store that cannot be written or read is an error:
-//     nothing is sent; but one that cannot be read once the chain has the
-//     transaction is an *x402.UnknownOutcomeError naming it (maySent), as
-//     the payer may have been charged. One that cannot mark a landed
+//     look-up can. A store that cannot be written or read has nothing
+//     sent, and is an unknown outcome (below): the record it holds may be
+//     that of a send which landed. One that cannot mark a landed
 //     transaction answered has it answered settlement_pending, never
 //     success.
 //   - A transaction this process sent has its outcome learned by this
@@ -85,16 +84,29 @@ import (
 //     payer's place in flight is held until then.
 //   - A refusal (success false) other than duplicate_settlement is
 //     returned only when the transfer certainly did not happen: a check
-//     failed, the node refused the transaction, it failed on chain, or its
-//     blockhash expired (as a bank at least as new as the one that
-//     accepted it sees it) while the chain did not know its signature.
+//     failed (the simulation refused the payment), the budget refused a
+//     payment of which the store of sends holds no record, the node refused
+//     the transaction, it failed on chain, or its blockhash expired (as a
+//     bank at least as new as the one that accepted it sees it) while the
+//     chain did not know its signature.
 //   - When the outcome cannot be established before ConfirmTimeout (or the
 //     caller's deadline), whoever sent the transaction, the result is an
 //     *x402.UnknownOutcomeError whose Reply says settlement_pending with
 //     the transaction's signature.
-//   - Any other error means nothing was sent: ErrClosed among them, for a
-//     payment that would be sent anew once the facilitator is closed
-//     (Close).
+//   - Every error is an *x402.UnknownOutcomeError naming the transaction,
+//     never a plain error saying nothing was sent. Once the payment is
+//     well formed and co-signed, its transaction's id is known (the fee
+//     payer's ed25519 signature, which is deterministic), and a Settle that
+//     cannot reach a verdict on the payment (the look-up, the simulation or
+//     the store of sends failing, its caller gone, or the facilitator
+//     closed: ErrClosed, its cause) sends nothing, but cannot tell that
+//     this very transaction was not sent before a restart and landed: only
+//     the record tells, and a node lagging the one it landed on finds
+//     nothing (maySent). A plain error would have the gateway tell a
+//     charged buyer that nothing was charged, and release the payment; the
+//     unknown outcome has it poll the signature (SettlementStatus) instead:
+//     settled once it landed, never once its blockhash expired unseen, so
+//     a payment never sent is delayed, never lost.
 //
 // Two Settles of one payment in two processes at the same moment can both
 // find nothing on chain, both send, and both report success, unless they
@@ -159,8 +171,7 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 	}
 	if !c.reused {
 		if err := f.checkChain(ctx, c); err != nil {
-			f.release(key)
-			return x402.SettleResponse{}, fmt.Errorf("verifying before settlement: %w", err)
+			return f.maySent(key, s, req.Network, fmt.Errorf("verifying before settlement: %w", err))
 		}
 		if c.landed {
 			// Landed since the look-up.
@@ -174,17 +185,15 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 	if ctx.Err() != nil {
 		// The caller went away before the send: nothing is sent for a
 		// caller who cannot be answered.
-		f.release(key)
-		return x402.SettleResponse{}, fmt.Errorf("before settlement: %w", ctx.Err())
+		return f.maySent(key, s, req.Network, fmt.Errorf("before settlement: %w", ctx.Err()))
 	}
 	// A closed facilitator sends nothing new (Close): its configuration
 	// closes the store handle once Close returned, and the answer to a
 	// send begun now could come after that, its record's drop or mark
-	// failing. Nothing is written or sent; the payment is released, and
-	// the buyer sends it again to the configuration now running.
+	// failing. Nothing is written or sent, and the payment is released;
+	// its record, which would tell a send before a restart, is not read.
 	if !f.open() {
-		f.release(key)
-		return x402.SettleResponse{}, ErrClosed
+		return f.maySent(key, s, req.Network, ErrClosed)
 	}
 	// The payer's place in flight is taken (hold) before the record of the
 	// send is written, and kept until the outcome is learned, by this
@@ -206,8 +215,7 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 	}
 	switch {
 	case err != nil:
-		f.release(key)
-		return x402.SettleResponse{}, fmt.Errorf("recording the transaction before settlement: %w", err)
+		return f.maySent(key, s, req.Network, fmt.Errorf("recording the transaction before settlement: %w", err))
 	case prior != nil:
 		// Sent before (by this process before a restart or a reload, or
 		// by another instance now): nothing is sent again.
@@ -257,14 +265,14 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 // did not happen while the recorded send may land. The record is read
 // after the refusal, so it is found however late before then another
 // wrote it, and a Settle within budget pays no read for it. A record that
-// cannot be read is an error: nothing is sent, and the chain's look-up
-// found no send before this one.
+// cannot be read is an unknown outcome naming the transaction (maySent):
+// nothing is sent, but the chain's look-up, through a node that may lag,
+// does not tell that nothing was sent before a restart.
 func (f *Facilitator) overBudget(ctx context.Context, key [32]byte, s *settlement, payer, network, reason, msg string) (x402.SettleResponse, error) {
 	rec, err := f.recorded(ctx, key)
 	switch {
 	case err != nil:
-		f.release(key)
-		return x402.SettleResponse{}, fmt.Errorf("reading the record of the transaction: %w", err)
+		return f.maySent(key, s, network, fmt.Errorf("reading the record of the transaction: %w", err))
 	case rec != nil:
 		return f.sentBefore(ctx, key, s, payer, network, rec)
 	}
@@ -306,7 +314,9 @@ func (f *Facilitator) sentBefore(ctx context.Context, key [32]byte, s *settlemen
 
 // maySent answers a Settle that sent nothing itself but cannot tell
 // whether its transaction was sent before (cause): the chain has it and its
-// record cannot be read, or the chain could not be asked. The payer may
+// record cannot be read, or a step before its send ended with no verdict on
+// the payment (the chain or the store of sends could not be asked, the
+// caller went away, the facilitator was closed: see Settle). The payer may
 // have been charged, so the outcome is unknown (settlement_pending naming
 // the transaction), never the plain error that says nothing was sent, on
 // which a gate tells its buyer nothing was charged and to pay again. The
