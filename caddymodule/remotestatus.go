@@ -194,7 +194,7 @@ func (m *MultiFacilitator) memberReads(ctx context.Context, i int, offer x402.Pa
 // "no rpc endpoint" for ever although an embedded member read the chain,
 // and the charged buyer was never served.) sibling tells that the member
 // returned is not pick's: another member sent the payment, and the one
-// asked holds no record of that send (siblingReader).
+// asked did not (siblingReader).
 func (m *MultiFacilitator) statusMember(ctx context.Context, req x402.PaymentRequirements) (f x402.Facilitator, sibling bool, err error) {
 	picked, err := m.pickIndex(ctx, req)
 	reader := -1
@@ -219,11 +219,12 @@ func (m *MultiFacilitator) statusMember(ctx context.Context, req x402.PaymentReq
 }
 
 // siblingReader is a member that reads the outcome of a payment another
-// member of its multi sent, which it holds no record of: the embedded svm
-// facilitator, which reads a payment whose fee payer it manages and, when
-// a remote member with the same fee payer sent it, would otherwise answer
-// a landed send it has no record of "settled by another settlement" and
-// the charged buyer would be refused duplicate_settlement.
+// member of its multi sent: the embedded svm facilitator, which reads a
+// payment whose fee payer it manages and, when a remote member with the
+// same fee payer sent it, would otherwise answer a landed send "settled by
+// another settlement" (it holds no record of it, or a store the two share
+// holds the remote's, marked answered when the reply now lost went out),
+// and the charged buyer would be refused duplicate_settlement.
 type siblingReader interface {
 	siblingSettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettlementStatus, error)
 }
@@ -272,7 +273,8 @@ func (m *SVMFacilitator) SettlementStatus(ctx context.Context, p x402.PaymentPay
 }
 
 // siblingSettlementStatus implements siblingReader: the chain's word on
-// the transaction when this facilitator holds no record of it
+// the transaction, whoever's record of it the store holds, unless this
+// facilitator sent it itself
 // (svmfacilitator.Facilitator.PeerSettlementStatus).
 func (m *SVMFacilitator) siblingSettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettlementStatus, error) {
 	return m.f.PeerSettlementStatus(ctx, p, req)

@@ -22,6 +22,7 @@ import (
 	"github.com/aovhq/aov/internal/interop"
 	"github.com/aovhq/aov/internal/servers"
 	"github.com/aovhq/aov/plugins/svmfacilitator"
+	"github.com/aovhq/aov/store"
 	"github.com/aovhq/aov/x402"
 )
 
@@ -379,6 +380,54 @@ func TestMultiSiblingsSolanaSendReadByTheEmbeddedMember(t *testing.T) {
 	if n := proxy.settles.Load(); n != 1 {
 		t.Fatalf("%d settlements reached the remote, want 1", n)
 	}
+	if got := payerBefore - e.usdc(t, e.payer.Address); got != 20000 {
+		t.Fatalf("payer charged %d after the lost reply, want 20000", got)
+	}
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	if resp.StatusCode == http.StatusServiceUnavailable {
+		// Not confirmed yet when asked: once more.
+		resp.Body.Close()
+		resp = post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	}
+	wantPaidWith(t, e, resp, txid)
+	if got := payerBefore - e.usdc(t, e.payer.Address); got != 20000 {
+		t.Errorf("payer charged %d in all, want 20000 (once)", got)
+	}
+}
+
+// multi { http <remote, fee payer F>; svm <the same fee payer F> } whose
+// members remember their sends in one store, as instances sharing a fee
+// payer are told to: the remote settles the payment, marks its record
+// answered, and its reply is lost (503 settlement_pending, the buyer
+// charged). The svm member asked for the status finds the remote's
+// record, marked by another, and still reads the chain for the transaction
+// the record names: the retry is served with it. (Before: the record found
+// marked was answered "settled by another settlement", and the charged
+// buyer was refused 402 duplicate_settlement.)
+func TestMultiSiblingsSolanaSendReadThroughASharedRecordsStore(t *testing.T) {
+	e := newSolanaEnv(t)
+	dir := filepath.Join(t.TempDir(), "svm-records")
+	db, err := store.Shared(dir, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	f, err := svmfacilitator.New(svmfacilitator.Config{RPC: &svmfacilitator.RPC{URL: e.chain.URL}, Network: x402.NetworkSolanaDevnet,
+		FeePayer: svmFeeKey(), Sent: db.Claims().(svmfacilitator.SentStore)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	remote := httptest.NewServer(x402.NewFacilitatorHandler(f))
+	t.Cleanup(remote.Close)
+	up := newReportingUpstream(t)
+	proxy := newLossyProxy(t, remote.URL, "lose_reply")
+	svm := fmt.Sprintf("svm {\n\t\t\t\t\tnetwork solana-devnet\n\t\t\t\t\trpc_url %s\n\t\t\t\t\tfee_payer_key_file %s\n\t\t\t\t\tstore badger %s\n\t\t\t\t}", e.chain.URL, e.keyFile, dir)
+	fac := fmt.Sprintf("multi {\n\t\t\t\thttp %s {\n\t\t\t\t\ttimeout 5s\n\t\t\t\t}\n\t\t\t\t%s\n\t\t\t}", proxy.URL, svm)
+	url := startCaddy(t, solanaSite(up.URL, fac, e, filepath.Join(t.TempDir(), "gate"))) + "/verify/schema"
+	payerBefore := e.usdc(t, e.payer.Address)
+
+	sig, txid := signSolana(t, e, url)
+	wantSettlementPending(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}), "first try (reply lost)")
 	if got := payerBefore - e.usdc(t, e.payer.Address); got != 20000 {
 		t.Fatalf("payer charged %d after the lost reply, want 20000", got)
 	}

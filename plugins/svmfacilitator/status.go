@@ -92,26 +92,6 @@ func (f *Facilitator) blockhashExpired(ctx context.Context, blockhash string, fl
 // the transaction's id, is signed again rather than remembered. A payment
 // whose fee payer is not this facilitator's is an error.
 func (f *Facilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettlementStatus, error) {
-	return f.settlementStatus(ctx, p, req, false)
-}
-
-// PeerSettlementStatus is SettlementStatus for a payment the caller knows
-// a peer sent: another facilitator holding this fee payer's key (a remote
-// one of the gateway's, in the same multi). One this facilitator holds a
-// record of, in memory or in Config.Sent, is answered as SettlementStatus
-// answers it. One it holds none of is judged by the chain alone, as a
-// StatusReader judges a named signature: landed and succeeded is settled,
-// naming the transaction; failed or expired unknown, never; else
-// undecided. It is never settled by another settlement for want of a
-// record of its own, as SettlementStatus answers a payment whose record
-// lapsed: the peer's send never wrote one here, and the gateway that asks
-// holds the claim that makes the payment its caller's.
-func (f *Facilitator) PeerSettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettlementStatus, error) {
-	return f.settlementStatus(ctx, p, req, true)
-}
-
-// settlementStatus is SettlementStatus, or PeerSettlementStatus with peer.
-func (f *Facilitator) settlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, peer bool) (x402.SettlementStatus, error) {
 	var out x402.SettlementStatus
 	if req.Network != f.network {
 		return out, fmt.Errorf("this facilitator settles on %s, not %s", f.network, req.Network)
@@ -135,7 +115,7 @@ func (f *Facilitator) settlementStatus(ctx context.Context, p x402.PaymentPayloa
 	f.mu.Unlock()
 	switch {
 	case e == nil:
-		return f.unrecorded(ctx, tx, peer)
+		return f.unrecorded(ctx, tx)
 	case inflight || sig == "":
 		return out, nil // a Settle is working on it
 	case failed != "":
@@ -238,9 +218,8 @@ func (f *Facilitator) finishLanded(key [32]byte, st x402.SettlementStatus) {
 }
 
 // unrecorded judges a payment the facilitator holds no record of by the
-// signature it would have sent it under (a peer's send, with peer: see
-// PeerSettlementStatus).
-func (f *Facilitator) unrecorded(ctx context.Context, tx *Transaction, peer bool) (x402.SettlementStatus, error) {
+// signature it would have sent it under.
+func (f *Facilitator) unrecorded(ctx context.Context, tx *Transaction) (x402.SettlementStatus, error) {
 	var out x402.SettlementStatus
 	if len(tx.AccountKeys) == 0 || tx.AccountKeys[0] != f.feePayer {
 		return out, errors.New("the payment's fee payer is not this facilitator's")
@@ -254,7 +233,7 @@ func (f *Facilitator) unrecorded(ctx context.Context, tx *Transaction, peer bool
 	key := tx.MessageHash()
 	var adopted *settlement
 	if o.state == x402.SettlementDone {
-		out, adopted = f.answerRecorded(ctx, key, sig, peer)
+		out, adopted = f.answerRecorded(ctx, key, sig)
 	}
 	if adopted != nil && out.State == x402.SettlementUndecided {
 		// The record adopted could not be marked, or its mark's answer
@@ -295,11 +274,9 @@ func (f *Facilitator) unrecorded(ctx context.Context, tx *Transaction, peer bool
 // with no store, settled, as the chain says. A record already answered is settled by another
 // settlement: this facilitator holds no memory of marking it, and the
 // Settle that did answered success. One that cannot be read is undecided.
-// With peer (PeerSettlementStatus), no record is settled, as the chain
-// says: the peer sent it and wrote no record here.
 // adopted is the record in memory of an unanswered record adopted here
 // (adopt), with the mark it tried, nil otherwise.
-func (f *Facilitator) answerRecorded(ctx context.Context, key [32]byte, sig string, peer bool) (st x402.SettlementStatus, adopted *settlement) {
+func (f *Facilitator) answerRecorded(ctx context.Context, key [32]byte, sig string) (st x402.SettlementStatus, adopted *settlement) {
 	rec, err := f.recorded(ctx, key)
 	if err != nil {
 		log.Printf("svm facilitator: reading the record of sent transaction %s: %v", sig, err)
@@ -307,13 +284,13 @@ func (f *Facilitator) answerRecorded(ctx context.Context, key [32]byte, sig stri
 	}
 	s := &settlement{}
 	switch {
-	case rec == nil && f.sentIn() != nil && !peer:
+	case rec == nil && f.sentIn() != nil:
 		// It lapsed: only its sender answers it as its own (markedBy), and
 		// a facilitator with no memory of the send cannot tell it sent it.
 		return settledElsewhere(sig), nil
 	case rec == nil || (!rec.Settled && !f.adopt(key, s, rec)):
-		// No store, a peer's send, or a record written before records
-		// named their token: the chain says it landed.
+		// No store, or a record written before records named their
+		// token: the chain says it landed.
 		return x402.SettlementStatus{State: x402.SettlementDone, Transaction: sig}, nil
 	case rec.Settled:
 		return settledElsewhere(sig), nil
