@@ -180,6 +180,10 @@ type Facilitator struct {
 	// in settled: a pending one is resolved by the facilitator itself in
 	// the background (resolve), whether or not anyone asks again.
 	unlearned map[[32]byte]*sent
+	// peerValid holds, per blockhash, the slot at which a read of a peer's
+	// send saw it valid (peer.go): the floor of that read's judgement of
+	// expiry.
+	peerValid map[string]peerSight
 	// resolving: the background resolver runs.
 	resolving bool
 	// closed: Close was called; no resolver runs from then on.

@@ -5,6 +5,7 @@ import (
 	"crypto/ed25519"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/aovhq/aov/internal/base58"
 	"github.com/aovhq/aov/x402"
@@ -19,7 +20,7 @@ import (
 // (the fee payer's over the message, signed again here: ed25519 is
 // deterministic, and a record of the send in Config.Sent, whoever wrote
 // it, names that same one): landed and succeeded is settled, naming the
-// transaction; failed on chain, or expired unknown, never; else
+// transaction; failed on chain, or expired unknown (peerPoll), never; else
 // undecided. It is never settled by another settlement: the record a
 // shared store holds of the peer's send is the peer's, marked answered
 // when the peer's own reply went out (and was lost), and the gateway that
@@ -45,7 +46,7 @@ func (f *Facilitator) PeerSettlementStatus(ctx context.Context, p x402.PaymentPa
 		return out, errors.New("the payment's fee payer is not this facilitator's")
 	}
 	sig := base58.Encode(ed25519.Sign(f.key, tx.Message))
-	o, err := f.poll(ctx, sig, base58.Encode(tx.Blockhash[:]), 0)
+	o, err := f.peerPoll(ctx, sig, base58.Encode(tx.Blockhash[:]))
 	if err != nil {
 		return out, err
 	}
@@ -54,4 +55,63 @@ func (f *Facilitator) PeerSettlementStatus(ctx context.Context, p x402.PaymentPa
 		out.Transaction, out.Payer = sig, payerOf(tx)
 	}
 	return out, nil
+}
+
+// peerPoll is poll for a peer's send, which this process neither simulated
+// nor sent: no record here tells the slot of the bank that accepted it,
+// and the newest slot this process has seen can be older (the peer reads
+// another node, or pool), at which this node answers a blockhash it has
+// not seen yet invalid as it does an expired one. So the floor of the
+// judgement of expiry is a slot at which this node held the blockhash
+// valid (peerValid), a bank that had seen it: one no older that holds it
+// invalid is past it. Without one (the first read, or every read came
+// after the blockhash had gone) expiry is undecided, never "never": the
+// transaction could still be on its way.
+func (f *Facilitator) peerPoll(ctx context.Context, sig, blockhash string) (polled, error) {
+	floor := f.peerValidAt(blockhash)
+	o, err := f.poll(ctx, sig, blockhash, floor)
+	switch {
+	case err != nil:
+		return polled{}, err
+	case o.validAt > 0:
+		f.peerSawValid(blockhash, o.validAt)
+	case o.state == x402.SettlementNever && o.failed == "" && floor == 0:
+		return polled{}, nil
+	}
+	return o, nil
+}
+
+// peerSight is a slot at which this facilitator's node held a blockhash
+// valid, and when a peer read saw it.
+type peerSight struct {
+	slot uint64
+	at   time.Time
+}
+
+// peerValidAt is the newest slot at which a peer read saw blockhash
+// valid, 0 for none.
+func (f *Facilitator) peerValidAt(blockhash string) uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.peerValid[blockhash].slot
+}
+
+// peerSawValid remembers that this node held blockhash valid at slot. A
+// blockhash lasts 150 slots: its sight is forgotten SentRecordHold after
+// it was seen, as a record of a send is, long after it can matter.
+func (f *Facilitator) peerSawValid(blockhash string, slot uint64) {
+	t := now()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.peerValid == nil {
+		f.peerValid = map[string]peerSight{}
+	}
+	for b, s := range f.peerValid {
+		if t.Sub(s.at) > SentRecordHold {
+			delete(f.peerValid, b)
+		}
+	}
+	if slot > f.peerValid[blockhash].slot {
+		f.peerValid[blockhash] = peerSight{slot: slot, at: t}
+	}
 }

@@ -2,6 +2,9 @@ package svmfacilitator
 
 import (
 	"context"
+	"encoding/json"
+	"net/http"
+	"sync/atomic"
 	"testing"
 
 	"github.com/aovhq/aov/x402"
@@ -41,5 +44,80 @@ func TestPeerReadOfASendRecordedInASharedStore(t *testing.T) {
 	}
 	if a, p := e.balances(t); a != 1_000_000-20000 || p != 20000 {
 		t.Errorf("balances payer %d payee %d", a, p)
+	}
+}
+
+// slowPoolNode is a FAKE of a node (or pool) consistently a few slots
+// behind the one that accepted a peer's send, in front of the real chain
+// at upstream: while behind, it answers every signature unknown and every
+// blockhash invalid at slot 1 (it has not seen the buyer's blockhash yet,
+// and answers as for an expired one), and refuses a minContextSlot above 1
+// as Agave does (-32016). Once caught up it forwards everything.
+func slowPoolNode(t *testing.T, upstream string, behind *atomic.Bool) string {
+	return proxy(t, upstream, func(w http.ResponseWriter, id json.RawMessage, method string, params []json.RawMessage) bool {
+		if !behind.Load() {
+			return false
+		}
+		switch method {
+		case "getSignatureStatuses":
+			w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(id) + `,"result":{"context":{"slot":1},"value":[null]}}`))
+		case "isBlockhashValid":
+			var cfg struct {
+				MinContextSlot uint64 `json:"minContextSlot"`
+			}
+			if len(params) == 2 {
+				json.Unmarshal(params[1], &cfg)
+			}
+			if cfg.MinContextSlot > 1 {
+				w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(id) + `,"error":{"code":-32016,"message":"Minimum context slot has not been reached"}}`))
+				return true
+			}
+			w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(id) + `,"result":{"context":{"slot":1},"value":false}}`))
+		default:
+			return false
+		}
+		return true
+	}, nil)
+}
+
+// A peer read's node is not the one that accepted the peer's send, and
+// may lag it: answering a fresh blockhash invalid, with a slot as new as
+// any this process has seen, it must not make the send "never landed".
+// The read stays undecided until the node has shown the blockhash valid;
+// from then a bank no older that holds it invalid is past it (never), and
+// a transaction that landed is settled, naming it. (Before: the first read
+// through the lagging node answered never, and the gateway released the
+// claim of a payment about to be charged.)
+func TestPeerReadOnALaggingNodeCannotExpireAFreshBlockhash(t *testing.T) {
+	e := newEnv(t, Config{})
+	var behind atomic.Bool
+	behind.Store(true)
+	cfg := e.f.cfg
+	cfg.RPC = &RPC{URL: slowPoolNode(t, e.chain.URL, &behind)}
+	b, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	pp := Payload(e.payment(t).Transaction(), e.req)
+	if st, err := b.PeerSettlementStatus(ctx, pp, e.req); err != nil || st.State != x402.SettlementUndecided {
+		t.Fatalf("peer read through the lagging node: %+v %v; want undecided", st, err)
+	}
+
+	// Caught up: the blockhash is valid, the send still on its way.
+	behind.Store(false)
+	if st, err := b.PeerSettlementStatus(ctx, pp, e.req); err != nil || st.State != x402.SettlementUndecided {
+		t.Fatalf("peer read once caught up: %+v %v; want undecided", st, err)
+	}
+	l := e.payment(t)
+	l.Memo = "sent by the peer"
+	landed := l.Build(l.Instructions())
+	sig := e.sendSigned(t, landed)
+	if st, err := b.PeerSettlementStatus(ctx, Payload(landed, e.req), e.req); err != nil || st.State != x402.SettlementDone || st.Transaction != sig {
+		t.Errorf("peer read of a send that landed: %+v %v; want settled naming %s", st, err, sig)
+	}
+	e.chain.ExpireBlockhash()
+	if st, err := b.PeerSettlementStatus(ctx, pp, e.req); err != nil || st.State != x402.SettlementNever || st.Reason != "" {
+		t.Errorf("peer read after the blockhash it saw valid expired: %+v %v; want never", st, err)
 	}
 }

@@ -19,6 +19,11 @@ type polled struct {
 	state x402.SettlementState
 	// failed is the on-chain error of a transaction that landed and failed.
 	failed string
+	// validAt is the slot of a bank that held the blockhash valid when this
+	// look asked (undecided, unknown signature), 0 otherwise: a read of a
+	// peer's send takes it as the floor of its later judgements of expiry
+	// (peerPoll).
+	validAt uint64
 }
 
 // poll looks once at signature sig of a transaction built on blockhash,
@@ -41,8 +46,11 @@ func (f *Facilitator) poll(ctx context.Context, sig, blockhash string, floor uin
 		return polled{}, nil // seen, not yet confirmed
 	}
 	expired, at, err := f.blockhashExpired(ctx, blockhash, floor)
-	if err != nil || !expired {
+	switch {
+	case err != nil:
 		return polled{}, err
+	case !expired:
+		return polled{validAt: at}, nil
 	}
 	if st, _, err = f.rpc.Status(ctx, sig, at); err != nil || st != nil {
 		return polled{}, err
@@ -51,7 +59,8 @@ func (f *Facilitator) poll(ctx context.Context, sig, blockhash string, floor uin
 }
 
 // blockhashExpired reports whether no transaction built on blockhash can
-// land any more, and the confirmed slot that showed it: invalid at the
+// land any more, and the confirmed slot that showed it (when it can still
+// land, the slot of the bank that showed it valid): invalid at the
 // processed tip and in the confirmed bank (so a transaction that did land
 // on it is confirmed, or on a dead fork, and a confirmed lookup sees it),
 // each as a bank no older than floor, and than the newest bank of its
@@ -74,8 +83,11 @@ func (f *Facilitator) poll(ctx context.Context, sig, blockhash string, floor uin
 func (f *Facilitator) blockhashExpired(ctx context.Context, blockhash string, floor uint64) (expired bool, at uint64, err error) {
 	for _, level := range []int{processed, confirmed} {
 		valid, slot, err := f.rpc.BlockhashValidAt(ctx, blockhash, level, max(floor, f.rpc.seenAt(level)))
-		if err != nil || valid {
+		switch {
+		case err != nil:
 			return false, 0, err
+		case valid:
+			return false, slot, nil
 		}
 		at = slot
 	}
