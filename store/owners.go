@@ -170,7 +170,8 @@ var testShape = func() *automaton {
 //
 // The id is read as readAs has it: an ASCII character as itself, another
 // as the ASCII it looks like when NFKC or Unicode's confusables data gives
-// it one, a combining mark as nothing, a space, control or format
+// it one, as either when the two differ (ſ as s or f, ︰ as ".." or ':'),
+// a combining mark as nothing, a space, control or format
 // character as none of the characters an account id is written in, and
 // any other character as a wildcard, since a reader may take it for what
 // it is drawn like and the tables do not say what that is (Hangul ㅇ for
@@ -212,61 +213,77 @@ func ImitatesAddress(id string) bool {
 	return ok && d > 0
 }
 
-// unit is one character an id reads as (see ImitatesAddress): the ASCII
-// characters it may stand for (one for an ASCII character or one the
-// tables map; none for a space, control or format character), and whether
-// it is a wildcard, which stands for one of them or two and which the
-// rule's "more than half no wildcards" counts.
-type unit struct {
-	may  charset
-	wild bool
+// reading is one way a character of an id may read (see ImitatesAddress):
+// the ASCII characters it reads as in turn, each a set of those it may be;
+// a wildcard, which stands for one character or for two (two) and which
+// the rule's "more than half no wildcards" counts once.
+type reading struct {
+	chars []charset
+	wild  bool
+	two   bool
 }
 
-// readAs reads id as ASCII, as a reader does (see ImitatesAddress): an
-// ASCII character as itself, another as its NFKC form or UTS #39 skeleton
-// less any combining marks when that is ASCII (Cyrillic а, fullwidth ０,
-// 𝟶, ﬀ as "ff", ⅱ as "ii", Ẹ as E, ꞉ as ':'), a combining mark as nothing
-// (it sits on the character before it and takes no place), a space,
-// control or format character as a unit that stands for nothing an account
-// id holds, a letter or number as a wildcard for any character but ':',
-// and any other character as a wildcard for any character.
-func readAs(id string) []unit {
-	var u []unit
+// selfReadings are the readings of the ASCII characters: each itself.
+var selfReadings = func() (t [utf8.RuneSelf][]reading) {
+	for b := range t {
+		t[b] = []reading{{chars: []charset{charsetOf(string(rune(b)))}}}
+	}
+	return t
+}()
+
+// readAs reads id as ASCII, as a reader does (see ImitatesAddress), one
+// list of readings for each of its characters: an ASCII character as
+// itself; another as each of its NFKC form and its UTS #39 skeleton, less
+// any combining marks, that is ASCII (Cyrillic а, fullwidth ０, 𝟶, ﬀ as
+// "ff", ⅱ as "ii", Ẹ as E, ꞉ as ':', ſ as s or f, ︰ as ".." or ':'), as a
+// reader may take it for either; a combining mark after a character it
+// sits on as nothing, as it takes no place; a space, control or format
+// character as nothing an account id holds (no reading); a letter or
+// number as a wildcard for any character but ':', and any other character
+// as a wildcard for any character.
+func readAs(id string) [][]reading {
+	var out [][]reading
 	for _, r := range id {
 		if r < utf8.RuneSelf {
-			u = append(u, unit{may: charsetOf(string(r))})
+			out = append(out, selfReadings[r])
 			continue
 		}
 		if unicode.In(r, unicode.Mn, unicode.Me) {
 			continue
 		}
-		if a := asciiReading(r); a != "" {
+		var rs []reading
+		for _, a := range asciiReadings(r) {
+			c := make([]charset, len(a))
 			for i := 0; i < len(a); i++ {
-				u = append(u, unit{may: charsetOf(a[i : i+1])})
+				c[i] = charsetOf(a[i : i+1])
 			}
-			continue
+			rs = append(rs, reading{chars: c})
 		}
-		switch {
-		case unicode.In(r, unicode.Z, unicode.Cc, unicode.Cf):
-			u = append(u, unit{})
-		case unicode.In(r, unicode.L, unicode.N) && !unicode.Is(unicode.Lm, r):
-			u = append(u, unit{may: notColon, wild: true})
-		default:
-			u = append(u, unit{may: printable, wild: true})
+		if rs == nil {
+			switch {
+			case unicode.In(r, unicode.Z, unicode.Cc, unicode.Cf):
+			case unicode.In(r, unicode.L, unicode.N) && !unicode.Is(unicode.Lm, r):
+				rs = []reading{{chars: []charset{notColon}, wild: true, two: true}}
+			default:
+				rs = []reading{{chars: []charset{printable}, wild: true, two: true}}
+			}
 		}
+		out = append(out, rs)
 	}
-	return u
+	return out
 }
 
-// asciiReading is the ASCII a character that is not ASCII reads as, ""
-// when the tables give none.
-func asciiReading(r rune) string {
+// asciiReadings are the ASCII a character that is not ASCII reads as by
+// NFKC and by the confusables data, less combining marks: none, one, or
+// two when the tables differ (ſ is s by NFKC and f by UTS #39).
+func asciiReadings(r rune) []string {
+	var out []string
 	for _, f := range []string{norm.NFKC.String(string(r)), confusables.Skeleton(string(r))} {
-		if a := unmarked(f); a != "" {
-			return a
+		if a := unmarked(f); a != "" && (len(out) == 0 || out[0] != a) {
+			out = append(out, a)
 		}
 	}
-	return ""
+	return out
 }
 
 // charset is a set of ASCII characters, one bit each.
@@ -309,7 +326,7 @@ var (
 
 // automaton is a nondeterministic automaton over the ASCII an id reads
 // as. The shapes the rule looks for are written once each as one, and
-// match runs it over readAs's units, every wildcard taking every reading
+// match runs it over readAs's readings, every character taking every reading
 // it may have, so that no reading of an id escapes the rule.
 type automaton struct {
 	states []state
@@ -338,68 +355,110 @@ func (a *automaton) on(from int32, c charset, to int32) {
 	a.states[from].next = append(a.states[from].next, transition{c, to})
 }
 
-// match reports whether some reading of u is accepted, a wildcard read
-// as one character or two, and of those readings the most by which the
-// units read from part states that are no wildcards outnumber the
-// wildcards among them. With prefix, a reading of only u's first units
-// is enough, counted when it reaches an accepting state.
-func (a *automaton) match(u []unit, prefix bool) (best int, ok bool) {
-	const none = math.MinInt32
-	cur, nxt := make([]int32, len(a.states)), make([]int32, len(a.states))
-	for i := range cur {
-		cur[i], nxt[i] = none, none
-	}
-	var on, onNext []int32
+// match reports whether some reading of id's characters is accepted, and
+// of those readings the most by which the characters read from part states
+// that are no wildcards outnumber the wildcards among them. With prefix, a
+// reading of only id's first characters is enough, counted when it
+// reaches an accepting state.
+func (a *automaton) match(id [][]reading, prefix bool) (best int, ok bool) {
+	cur, nxt, mid, mid2 := a.frontier(), a.frontier(), a.frontier(), a.frontier()
 	for _, s := range a.start {
-		cur[s] = 0
-		on = append(on, s)
+		cur.reach(s, 0)
 	}
-	reach := func(s, d int32) {
-		if nxt[s] == none {
-			onNext = append(onNext, s)
-		}
-		nxt[s] = max(nxt[s], d)
-	}
-	for _, x := range u {
-		for _, s := range on {
-			d := cur[s]
-			if a.states[s].part {
-				if x.wild {
-					d--
-				} else {
-					d++
+	for _, rs := range id {
+		nxt.clear()
+		for _, r := range rs {
+			if r.wild {
+				mid.clear()
+				a.step(cur, r.chars[0], -1, mid)
+				nxt.merge(mid)
+				if r.two { // drawn as two letters, a digraph or ligature
+					a.step(mid, r.chars[0], 0, nxt)
 				}
+				continue
 			}
-			for _, t := range a.states[s].next {
-				if !t.on.meets(x.may) {
-					continue
-				}
-				reach(t.to, d)
-				if x.wild { // drawn as two letters, a digraph or ligature
-					for _, t2 := range a.states[t.to].next {
-						if t2.on.meets(x.may) {
-							reach(t2.to, d)
-						}
+			from := cur
+			for i, c := range r.chars {
+				into := nxt
+				if i < len(r.chars)-1 {
+					into = mid
+					if from == mid {
+						into = mid2
 					}
+					into.clear()
 				}
+				a.step(from, c, +1, into)
+				from = into
 			}
-			cur[s] = none
 		}
 		cur, nxt = nxt, cur
-		on, onNext = onNext, on[:0]
 		if prefix {
-			best, ok = a.best(on, cur, best, ok)
+			best, ok = a.best(cur, best, ok)
 		}
 	}
-	return a.best(on, cur, best, ok)
+	return a.best(cur, best, ok)
+}
+
+// frontier is the states a reading of an id's first characters reaches,
+// each with the most its count can be there.
+type frontier struct {
+	on    []int32
+	count []int32
+}
+
+const unreached = math.MinInt32
+
+func (a *automaton) frontier() *frontier {
+	f := &frontier{count: make([]int32, len(a.states))}
+	for i := range f.count {
+		f.count[i] = unreached
+	}
+	return f
+}
+
+func (f *frontier) reach(s, d int32) {
+	if f.count[s] == unreached {
+		f.on = append(f.on, s)
+	}
+	f.count[s] = max(f.count[s], d)
+}
+
+func (f *frontier) merge(o *frontier) {
+	for _, s := range o.on {
+		f.reach(s, o.count[s])
+	}
+}
+
+func (f *frontier) clear() {
+	for _, s := range f.on {
+		f.count[s] = unreached
+	}
+	f.on = f.on[:0]
+}
+
+// step adds to into the states one character that may be any of c leads
+// to from those of from, adding part to the count of one read in a part
+// state.
+func (a *automaton) step(from *frontier, c charset, part int32, into *frontier) {
+	for _, s := range from.on {
+		d := from.count[s]
+		if a.states[s].part {
+			d += part
+		}
+		for _, t := range a.states[s].next {
+			if t.on.meets(c) {
+				into.reach(t.to, d)
+			}
+		}
+	}
 }
 
 // best is the greater of best (when ok) and the counts of the accepting
-// states in on.
-func (a *automaton) best(on, count []int32, best int, ok bool) (int, bool) {
-	for _, s := range on {
-		if a.states[s].accept && (!ok || int(count[s]) > best) {
-			best, ok = int(count[s]), true
+// states of f.
+func (a *automaton) best(f *frontier, best int, ok bool) (int, bool) {
+	for _, s := range f.on {
+		if a.states[s].accept && (!ok || int(f.count[s]) > best) {
+			best, ok = int(f.count[s]), true
 		}
 	}
 	return best, ok

@@ -651,3 +651,23 @@ func TestImitatesTestAgentReadsWildcards(t *testing.T) {
 		}
 	}
 }
+
+// A character that NFKC and the confusables data read differently may be
+// taken for either: ſ (long s) and ẛ are drawn as an f without the right
+// half of its bar, NFKC's s but UTS #39's f; ︰ (vertical two dot leader)
+// is drawn as a colon, NFKC's ".." but UTS #39's ':'. An address with ſ
+// for its f digits, or an account id with ︰ for its colons, is refused.
+// (Before: NFKC's reading was the only one a character had when it had
+// one, so these read as 0x…s… and eip155..8453..0x…, and bound.)
+func TestImitatesAddressTakesEveryTablesReading(t *testing.T) {
+	const evm = "0xfB6916095ca1df60bB79Ce92cE3Ea74c37c5d359"
+	for _, id := range []string{
+		strings.ReplaceAll(evm, "f", "\u017f"),
+		strings.Replace(evm, "f", "\u1e9b", 1),
+		"eip155\ufe308453\ufe30" + evm,
+	} {
+		if !ImitatesAddress(id) || BindableAgentID(id) {
+			t.Errorf("%q: ImitatesAddress %v, BindableAgentID %v; want true, false", id, ImitatesAddress(id), BindableAgentID(id))
+		}
+	}
+}
