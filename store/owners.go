@@ -171,7 +171,8 @@ var testShape = func() *automaton {
 // The id is read as readAs has it: an ASCII character as itself, another
 // as the ASCII it looks like when NFKC or Unicode's confusables data gives
 // it one, as either when the two differ (ſ as s or f, ︰ as ".." or ':'),
-// a combining mark as nothing, a space, control or format
+// a combining mark on a character as nothing (one with none before it, at
+// the start or after a space, is drawn on its own and read as any other), a space, control or format
 // character as none of the characters an account id is written in, and
 // any other character as a wildcard, since a reader may take it for what
 // it is drawn like and the tables do not say what that is (Hangul ㅇ for
@@ -237,18 +238,23 @@ var selfReadings = func() (t [utf8.RuneSelf][]reading) {
 // any combining marks, that is ASCII (Cyrillic а, fullwidth ０, 𝟶, ﬀ as
 // "ff", ⅱ as "ii", Ẹ as E, ꞉ as ':', ſ as s or f, ︰ as ".." or ':'), as a
 // reader may take it for either; a combining mark after a character it
-// sits on as nothing, as it takes no place; a space, control or format
+// sits on as nothing, as it takes no place, but one with none (at the
+// start, or after a space) as any other character, as it is then drawn
+// on its own (the enclosing circle U+20DD as a 0); a space, control or format
 // character as nothing an account id holds (no reading); a letter or
 // number as a wildcard for any character but ':', and any other character
 // as a wildcard for any character.
 func readAs(id string) [][]reading {
 	var out [][]reading
+	base := false // a combining mark here sits on the character before it
 	for _, r := range id {
+		onBase := base
+		base = !unicode.In(r, unicode.Z, unicode.Cc, unicode.Cf)
 		if r < utf8.RuneSelf {
 			out = append(out, selfReadings[r])
 			continue
 		}
-		if unicode.In(r, unicode.Mn, unicode.Me) {
+		if onBase && unicode.In(r, unicode.Mn, unicode.Me) {
 			continue
 		}
 		var rs []reading

@@ -671,3 +671,25 @@ func TestImitatesAddressTakesEveryTablesReading(t *testing.T) {
 		}
 	}
 }
+
+// A combining mark with no character before it to sit on, at the start of
+// the id or after a space, is drawn on its own: the enclosing circle U+20DD
+// is a circle, the 0 of 0x. Such a mark is read as a wildcard, and one
+// after a character as nothing, as before. (Before: every combining mark
+// read as nothing, so ⃝x<address> read as x<address> and bound.)
+func TestImitatesAddressReadsLeadingMarkAsWildcard(t *testing.T) {
+	const evm = "0x52908400098527886E0F7030069857D2E4169EE7"
+	for _, id := range []string{
+		"\u20dd" + evm[1:],
+		"\u20dd\u0301" + evm[1:],
+	} {
+		if !ImitatesAddress(id) || BindableAgentID(id) {
+			t.Errorf("%q: ImitatesAddress %v, BindableAgentID %v; want true, false", id, ImitatesAddress(id), BindableAgentID(id))
+		}
+	}
+	for _, id := range []string{"caf\u00e9\u20dd", "\u20dd agent", "my \u20dd agent"} {
+		if ImitatesAddress(id) || !BindableAgentID(id) {
+			t.Errorf("%q: ImitatesAddress %v, BindableAgentID %v; want false, true", id, ImitatesAddress(id), BindableAgentID(id))
+		}
+	}
+}
