@@ -170,21 +170,23 @@ var testShape = func() *automaton {
 //
 // The id is read as readAs has it: an ASCII character as itself, another
 // as the ASCII it looks like when NFKC or Unicode's confusables data gives
-// it one, as either when the two differ (ſ as s or f, ︰ as ".." or ':'),
-// a combining mark on a character as nothing (one with none before it, at
-// the start or after a space, is drawn on its own and read as any other), a space, control or format
-// character as none of the characters an account id is written in, and
-// any other character as a wildcard, since a reader may take it for what
-// it is drawn like and the tables do not say what that is (Hangul ㅇ for
-// 0, ㅣ for 1, ᴘ for P, Devanagari danda । for the | read as 1, Ethiopic ፡
-// for ':'). A letter or number (a Chinese, Japanese or Korean character, a
-// small capital, a Latin or Cyrillic letter no table maps) may stand for
-// any character but ':', so that a name with Chinese words between ASCII
-// ones (bot代api人0x<address>) reads as no CAIP-10 id; a modifier letter,
+// it one, as either when the two differ (ſ as s or f, ︰ as ".." or ':'), a
+// combining mark on a character as nothing (one with none before it, at
+// the start or after a space, is drawn on its own and read as any other
+// character), a space, control or format character as none of the
+// characters an account id is written in, and any other character as a
+// wildcard, since a reader may take it for what it is drawn like and the
+// tables do not say what that is (Hangul ㅇ for 0, ㅣ for 1, ᴘ for P,
+// Devanagari danda । for the | read as 1, Ethiopic ፡ for ':'). A letter or
+// number (a Chinese, Japanese or Korean character, a small capital, a
+// Latin or Cyrillic letter no table maps) may stand for any character but
+// ':', so that a name with Chinese words between ASCII ones
+// (bot代api人0x<address>) reads as no CAIP-10 id; a modifier letter,
 // spacing mark, symbol or punctuation mark for any character at all. A
 // wildcard stands for one character or for two, as a digraph or ligature
 // no table maps is drawn as two letters (ȸ as db, ʤ, Cyrillic ҥ, Armenian
-// և).
+// և, Hangul jamo ㄲ as 77), but a Han ideograph, kana or Hangul syllable,
+// drawn as one character of its own script, for one only (drawnAsOne).
 //
 // The id imitates an account id when some reading of its wildcards
 // (accountShape), or that reading's part after a CAIP-10 prefix X:Y: (X 3
@@ -202,10 +204,15 @@ var testShape = func() *automaton {
 // name of that length in Chinese is no address; an imitation needs mostly
 // characters that read as the address.
 //
-// An honest id can read so only when it is exactly such a length with no
-// separator and mostly readable as ASCII: a 43- or 44-letter word with an
-// accent (Donaudampfschifffahrtsgesellschaftskapitäne) is refused, while
-// the word with a hyphen in it binds.
+// An honest id can read so only when it has no separator, is mostly
+// readable as ASCII, and has such a length, each wildcard counted as one
+// character or (unless drawnAsOne) two, where a Solana address with k
+// leading 1s is shorter than 43 (41 or 42 with six) and its leading
+// wildcards may be those 1s: a 43- or 44-letter word with an accent
+// (Donaudampfschifffahrtsgesellschaftskapitäne) is refused, and so is
+// エージェントSolanaTradingAssistantBotVersionTwo (six katakana read as
+// six 1s, then 35 letters), while the word with a hyphen in it, or the
+// katakana after the letters, binds.
 func ImitatesAddress(id string) bool {
 	if isASCII(id) {
 		return false
@@ -243,7 +250,8 @@ var selfReadings = func() (t [utf8.RuneSelf][]reading) {
 // on its own (the enclosing circle U+20DD as a 0); a space, control or format
 // character as nothing an account id holds (no reading); a letter or
 // number as a wildcard for any character but ':', and any other character
-// as a wildcard for any character.
+// as a wildcard for any character, each wildcard for one character or,
+// unless drawnAsOne, two.
 func readAs(id string) [][]reading {
 	var out [][]reading
 	base := false // a combining mark here sits on the character before it
@@ -269,14 +277,24 @@ func readAs(id string) [][]reading {
 			switch {
 			case unicode.In(r, unicode.Z, unicode.Cc, unicode.Cf):
 			case unicode.In(r, unicode.L, unicode.N) && !unicode.Is(unicode.Lm, r):
-				rs = []reading{{chars: []charset{notColon}, wild: true, two: true}}
+				rs = []reading{{chars: []charset{notColon}, wild: true, two: !drawnAsOne(r)}}
 			default:
-				rs = []reading{{chars: []charset{printable}, wild: true, two: true}}
+				rs = []reading{{chars: []charset{printable}, wild: true, two: !drawnAsOne(r)}}
 			}
 		}
 		out = append(out, rs)
 	}
 	return out
+}
+
+// drawnAsOne reports the characters that, read as wildcards, stand for one
+// character only: Han ideographs, kana (and the kana length mark ー) and
+// Hangul syllables, each drawn as one character of its own script in a
+// square of its own, never as two Latin letters. Any other wildcard may be
+// a digraph or ligature (ȸ, ʤ, Cyrillic ҥ, Armenian և, Hangul jamo ㄲ).
+func drawnAsOne(r rune) bool {
+	return unicode.In(r, unicode.Han, unicode.Hiragana, unicode.Katakana) ||
+		r == '\u30fc' || 0xac00 <= r && r <= 0xd7a3
 }
 
 // asciiReadings are the ASCII a character that is not ASCII reads as by

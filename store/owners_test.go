@@ -693,3 +693,49 @@ func TestImitatesAddressReadsLeadingMarkAsWildcard(t *testing.T) {
 		}
 	}
 }
+
+// A Han ideograph, a kana or a Hangul syllable is drawn as one character
+// of its own script, never as two Latin letters, so it stands for one
+// character only (and so does the kana length mark ー, of no script of its
+// own): a Chinese, Japanese or Korean word beside a CamelCase
+// name of 41 characters, no address's length, binds. Hangul jamo (ㄲ, two
+// ㄱ, is drawn as 77) and the digraphs of
+// TestImitatesAddressReadsDigraphsAsTwoLetters still stand for two.
+// (Before: every wildcard stood for one character or two, so three to six
+// of them stretched 35 to 38 letters to a Solana address's 43, and these
+// were refused.)
+func TestBindableAgentIDIdeographsAndKanaAreOneCharacter(t *testing.T) {
+	for _, id := range []string{
+		"代理人SolanaTradingAssistantBotVersionTwoNew",
+		"SolanaTradingAssistantBotVersionTwoNew代理人",
+		"SolanaTradingAssistantBotVersionTwoエージェント",
+		"SolanaTradingAssistantBotVersionTwoNe에이전트",
+		"SolanaTradingAssistantBotVersionTwoNeスーパー", // the kana length mark ー too
+	} {
+		if n := utf8.RuneCountInString(id); n != 41 {
+			t.Fatalf("%q has %d characters, want 41", id, n)
+		}
+		if ImitatesAddress(id) || !BindableAgentID(id) {
+			t.Errorf("%q: ImitatesAddress %v, BindableAgentID %v; want false, true", id, ImitatesAddress(id), BindableAgentID(id))
+		}
+	}
+	const evm = "0x7d2a3c77e0b9f1a4c58e6d30b2f9a17c4e8d5b61"
+	if id := strings.Replace(evm, "77", "\u3132", 1); !ImitatesAddress(id) || BindableAgentID(id) {
+		t.Errorf("%q (77 as Hangul ㄲ): ImitatesAddress %v, BindableAgentID %v; want true, false", id, ImitatesAddress(id), BindableAgentID(id))
+	}
+}
+
+// The other honest ids the rule refuses: a Solana address with k leading
+// 1s (k zero bytes) is shorter than 43, 41 or 42 characters with 6 of
+// them, and a wildcard may be a 1 (丨 is drawn as one), so a name of 41
+// characters whose first six are katakana reads as such an address, 35
+// letters and digits after six 1s.
+func TestImitatesAddressLeadingWildcardsAsSolanaOnes(t *testing.T) {
+	if lo, hi := 6+solanaRest[26][0], 6+solanaRest[26][1]; lo > 41 || hi < 41 {
+		t.Fatalf("a Solana address with six leading 1s has %d to %d characters, not 41", lo, hi)
+	}
+	const id = "エージェントSolanaTradingAssistantBotVersionTwo"
+	if !ImitatesAddress(id) || BindableAgentID(id) {
+		t.Errorf("%q: ImitatesAddress %v, BindableAgentID %v; want true, false", id, ImitatesAddress(id), BindableAgentID(id))
+	}
+}
