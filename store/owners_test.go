@@ -455,6 +455,10 @@ func FuzzImitatesAddress(f *testing.F) {
 		"0x27b1f\u023804752bbc536007a920d24acb045561c26",
 		"7EcDhSYGxXyscszYEp35KHN8\u0587w3svAuLKTzXwCFLtV",
 		"test\u058aagent", "test\u05beagent", "test\u1806agent",
+		"0x\u017fB6916095ca1d\u017f60bB79Ce92cE3Ea74c37c5d359",
+		"eip155\ufe308453\ufe300xfB6916095ca1df60bB79Ce92cE3Ea74c37c5d359",
+		"\u20dd\u0301x52908400098527886E0F7030069857D2E4169EE7", "a \u20dd",
+		"\u30a8\u30fc\u30b8\u30a7\u30f3\u30c8SolanaTradingAssistantBotVersionTwo",
 		"cafe\u0301", "\u0301", "\xff", "",
 	} {
 		f.Add(id)
