@@ -138,7 +138,7 @@ func BindableAgentID(id string) bool {
 // bound such a lookalike would hold an owned, authenticated score under a
 // name that reads as one.
 func ImitatesTestAgent(id string) bool {
-	if strings.HasPrefix(id, TestAgentPrefix) || isASCII(id) {
+	if strings.HasPrefix(id, TestAgentPrefix) || isASCII(id) || tooLongToRead(id) {
 		return false
 	}
 	d, ok := testShape.match(readAs(id), true)
@@ -213,12 +213,28 @@ var testShape = func() *automaton {
 // エージェントSolanaTradingAssistantBotVersionTwo (six katakana read as
 // six 1s, then 35 letters), while the word with a hyphen in it, or the
 // katakana after the letters, binds.
+//
+// An id longer than MaxAgentIDChars is not read (false): it is never
+// bindable (BindableAgentID), and reading takes time with its length,
+// which a request's header or body would otherwise choose.
 func ImitatesAddress(id string) bool {
-	if isASCII(id) {
+	if isASCII(id) || tooLongToRead(id) {
 		return false
 	}
 	d, ok := accountShape.match(readAs(id), false)
 	return ok && d > 0
+}
+
+// tooLongToRead reports whether id has more characters than an agent id
+// may (MaxAgentIDChars), counting no further than that.
+func tooLongToRead(id string) bool {
+	n := 0
+	for range id {
+		if n++; n > MaxAgentIDChars {
+			return true
+		}
+	}
+	return false
 }
 
 // reading is one way a character of an id may read (see ImitatesAddress):

@@ -743,3 +743,24 @@ func TestImitatesAddressLeadingWildcardsAsSolanaOnes(t *testing.T) {
 		t.Errorf("%q: ImitatesAddress %v, BindableAgentID %v; want true, false", id, ImitatesAddress(id), BindableAgentID(id))
 	}
 }
+
+// BenchmarkImitatesAddress reads the ids walletauth and verifierd read on
+// every proof and binding: a plain name, a lookalike address, the worst
+// id of the longest length (every character a wildcard with two readings)
+// and an id past that length, which is not read.
+func BenchmarkImitatesAddress(b *testing.B) {
+	for _, c := range []struct{ name, id string }{
+		{"name", "seller-7 façade"},
+		{"lookalike", "0x52908400098527886Е0F7030069857D2E4169EE7"},
+		{"longest", strings.Repeat("ḿ", MaxAgentIDChars)},
+		{"too_long", strings.Repeat("ḿ", 40*MaxAgentIDChars)},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				ImitatesAddress(c.id)
+				ImitatesTestAgent(c.id)
+			}
+		})
+	}
+}
