@@ -88,7 +88,9 @@ type Config struct {
 	// Default 30s, as the reference SDKs poll.
 	ConfirmTimeout time.Duration
 	// PollInterval is how often the signature's status is asked. Default
-	// 400ms (one slot).
+	// 400ms (one slot). The background resolver of a send whose outcome
+	// Settle did not learn waits longer while its polls fail, doubling up
+	// to 30 s (resolve).
 	PollInterval time.Duration
 	// The failure budgets (budget.go). A settlement that simulated and then
 	// fails on chain still costs the fee payer its fee, and a payer can
@@ -186,8 +188,10 @@ type Facilitator struct {
 	peerValid map[string]peerSight
 	// resolving: the background resolver runs.
 	resolving bool
-	// closed: Close was called; no resolver runs from then on.
+	// closed: Close was called; no resolver runs from then on. stop is
+	// closed with it, to wake a resolver from its wait (resolve).
 	closed atomic.Bool
+	stop   chan struct{}
 	// busy counts the work that may still write, mark or drop a record in
 	// Config.Sent: each Settle and status read while it runs, each
 	// round of the background resolver (resolveRound), and each drop
@@ -322,7 +326,7 @@ func New(cfg Config) (*Facilitator, error) {
 	if cfg.FailureWindow <= 0 {
 		cfg.FailureWindow = DefaultFailureWindow
 	}
-	f := &Facilitator{rpc: cfg.RPC, network: cfg.Network, key: cfg.FeePayer, cfg: cfg, settled: map[[32]byte]*settlement{}, simulated: map[[32]byte]simulation{}, mints: map[PublicKey]string{}, unlearned: map[[32]byte]*sent{},
+	f := &Facilitator{rpc: cfg.RPC, network: cfg.Network, key: cfg.FeePayer, cfg: cfg, settled: map[[32]byte]*settlement{}, simulated: map[[32]byte]simulation{}, mints: map[PublicKey]string{}, unlearned: map[[32]byte]*sent{}, stop: make(chan struct{}),
 		budget: &budget{perPayer: cfg.MaxFailedPerPayer, inFlight: cfg.MaxInFlightPerPayer, lamports: cfg.MaxFailedLamports,
 			maxPriority: cfg.MaxPriorityFeePastBudget, window: cfg.FailureWindow, ids: map[PublicKey]*identity{}}}
 	copy(f.feePayer[:], cfg.FeePayer.Public().(ed25519.PublicKey))
@@ -341,8 +345,8 @@ func New(cfg Config) (*Facilitator, error) {
 // running.
 var ErrClosed = errors.New("svm facilitator: closed (its configuration was unloaded): it sends nothing new")
 
-// Close stops the background resolver (resolve) at its next poll, and
-// starts none later: a facilitator whose configuration is unloaded (a
+// Close stops the background resolver (resolve), waking it from its wait,
+// and starts none later: a facilitator whose configuration is unloaded (a
 // reload that changed its settings gets another) polls nothing more
 // through its RPC endpoint and writes nothing more through its store
 // handle, which its configuration closes. Its pending sends are answered
@@ -369,7 +373,9 @@ var ErrClosed = errors.New("svm facilitator: closed (its configuration was unloa
 // unanswered, as a process stopped mid-send leaves one.
 func (f *Facilitator) Close() error {
 	f.mu.Lock()
-	f.closed.Store(true) // under f.mu: see open
+	if !f.closed.Swap(true) { // under f.mu: see open
+		close(f.stop)
+	}
 	busy, idle := f.busy, f.idle
 	f.mu.Unlock()
 	if busy == 0 {

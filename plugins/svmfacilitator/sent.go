@@ -407,6 +407,13 @@ func (f *Facilitator) await(key [32]byte) {
 	}
 }
 
+// resolveMaxWait bounds the resolver's wait between rounds while its
+// polls fail (resolve): a send waiting on an endpoint that keeps failing is
+// asked about at most this seldom, and its outcome is learned at most this
+// long after the endpoint answers again. A variable so that tests shorten
+// it.
+var resolveMaxWait = 30 * time.Second
+
 // resolve is the background resolver: one goroutine per facilitator, while
 // any transaction waits. Every PollInterval it polls each waiting
 // transaction once, in turn (so it asks the chain one thing at a time),
@@ -414,9 +421,16 @@ func (f *Facilitator) await(key [32]byte) {
 // process sent is thus learned by the process, never left to a caller who
 // may not ask again (a payer calling /settle itself and hanging up, or a
 // gateway whose own deadline passed): its failure is charged, and its
-// places in flight are held until then. It ends when none waits, or once
-// the facilitator is closed (Close), which waits for the round under way
-// (resolveRound).
+// places in flight are held until then. A round in which no poll was
+// answered (the endpoint down, refusing, stalled, or not speaking
+// JSON-RPC: a provider's endpoint retired, its port taken by another
+// server) doubles the wait before the next, up to resolveMaxWait, and the
+// first round answered brings it back to PollInterval: a send whose
+// outcome stays unknown is polled for up to FailureWindow (1 h by
+// default), and at a fixed pace that would be thousands of requests per
+// waiting send to an endpoint that fails every one. It ends when none
+// waits, or once the facilitator is closed (Close), which wakes it from
+// its wait and waits for the round under way (resolveRound).
 func (f *Facilitator) resolve() {
 	defer func() {
 		if rec := recover(); rec != nil {
@@ -426,8 +440,14 @@ func (f *Facilitator) resolve() {
 			f.mu.Unlock()
 		}
 	}()
+	wait := f.cfg.PollInterval
 	for {
-		time.Sleep(f.cfg.PollInterval)
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-f.stop:
+			t.Stop()
+		}
 		f.mu.Lock()
 		if f.closed.Load() {
 			f.resolving = false
@@ -448,7 +468,11 @@ func (f *Facilitator) resolve() {
 		}
 		f.enterLocked() // under the lock Close reads busy with: see resolveRound
 		f.mu.Unlock()
-		f.resolveRound(keys, waiting)
+		if f.resolveRound(keys, waiting) {
+			wait = f.cfg.PollInterval
+		} else {
+			wait = max(min(2*wait, resolveMaxWait), f.cfg.PollInterval)
+		}
 	}
 }
 
@@ -458,15 +482,17 @@ func (f *Facilitator) resolve() {
 // Close waits for the transaction it is polling: one learned to have
 // expired has its record dropped before the configuration closes its store
 // handle, within Close's bound (the poll's ConfirmTimeout, then the
-// drop's).
-func (f *Facilitator) resolveRound(keys [][32]byte, waiting []*sent) {
+// drop's). It reports whether any poll was answered (resolveOne): none
+// answered, resolve waits longer before the next round.
+func (f *Facilitator) resolveRound(keys [][32]byte, waiting []*sent) (answered bool) {
 	defer f.leave()
 	for i, k := range keys {
 		if f.closed.Load() {
-			return
+			return answered
 		}
-		f.resolveOne(k, waiting[i])
+		answered = f.resolveOne(k, waiting[i]) || answered
 	}
+	return answered
 }
 
 // resolveOne polls e, key's transaction, once, bounded by ConfirmTimeout. A
@@ -476,8 +502,11 @@ func (f *Facilitator) resolveRound(keys [][32]byte, waiting []*sent) {
 // fee whatever became of it and a failure is what the budget must not
 // miss. One learned to have expired unlanded has its record in Config.Sent
 // dropped, as a retry would (confirm). A panic is recovered: the
-// transaction stays waiting, and the others are polled.
-func (f *Facilitator) resolveOne(key [32]byte, e *sent) {
+// transaction stays waiting, and the others are polled. It reports whether
+// the poll was answered (undecided counts: the endpoint works, the
+// transaction is on its way), or nothing needed asking; false is an error
+// or a panic, which resolve backs off from.
+func (f *Facilitator) resolveOne(key [32]byte, e *sent) (answered bool) {
 	defer func() {
 		if rec := recover(); rec != nil {
 			log.Printf("svm facilitator: resolving a sent settlement panicked: %v", rec)
@@ -485,7 +514,7 @@ func (f *Facilitator) resolveOne(key [32]byte, e *sent) {
 	}()
 	if time.Since(e.at) >= f.cfg.FailureWindow {
 		f.learned(key, true)
-		return
+		return true
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), f.cfg.ConfirmTimeout)
 	defer cancel()
@@ -498,4 +527,5 @@ func (f *Facilitator) resolveOne(key [32]byte, e *sent) {
 			f.forgetSent(ctx, e.rec, e.sig, nil)
 		}
 	}
+	return err == nil
 }

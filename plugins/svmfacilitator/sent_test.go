@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -213,4 +214,80 @@ func TestASweepDuringAStatusChargesAFailureOnce(t *testing.T) {
 	if n, l := e.failuresOf(e.payer), e.f.budget.spentLamports(); n != 1 || l != failedFee {
 		t.Fatalf("one failure on chain (the fee payer paid %d once) is counted %d times, %d lamports; want once, %d", failedFee, n, l, failedFee)
 	}
+}
+
+// notJSONRPC starts a server that answers every request 200 with JSON that
+// is no JSON-RPC reply, as another service given a retired endpoint's port
+// may; calls counts the requests it got.
+func notJSONRPC(t *testing.T) (url string, calls *atomic.Int64) {
+	calls = new(atomic.Int64)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte(`{"paid_content":true}`))
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL, calls
+}
+
+// failingWhileResolving settles a payment whose send lands but whose
+// outcome Settle does not learn (the send's reply is lost, the status
+// hidden), so the background resolver polls it; then the endpoint fails
+// every request (its calls count them) until heal.
+func failingWhileResolving(t *testing.T) (e *env, calls *atomic.Int64, heal func()) {
+	t.Helper()
+	e, fr := budgetEnv(t, Config{ConfirmTimeout: 300 * time.Millisecond})
+	fr.set(func(f *faultyRPC) { f.dropSend, f.forwardOK, f.hideStatus = true, true, true })
+	_, err := e.f.Settle(context.Background(), e.pay(t, e.payer, "landed, unanswered"), e.req)
+	var unknown *x402.UnknownOutcomeError
+	if !errors.As(err, &unknown) {
+		t.Fatalf("settle with its reply lost: %v; want an unknown outcome", err)
+	}
+	other, calls := notJSONRPC(t)
+	fr.set(func(f *faultyRPC) { f.target, f.dropSend, f.hideStatus = other, false, false })
+	return e, calls, func() { fr.set(func(f *faultyRPC) { f.target = e.chain.URL }) }
+}
+
+// TestTheResolverBacksOffAnEndpointThatFails: a send whose outcome Settle
+// did not learn is polled in the background for up to FailureWindow (1 h).
+// While every poll fails (the endpoint down, refusing, or, here, answering
+// what is not JSON-RPC, as another server on a retired endpoint's port
+// may), the resolver waits twice as long after each round: over 2 s at a
+// PollInterval of 20 ms the endpoint is asked a handful of times. (Before:
+// every PollInterval, about 100 requests here; at the default 400 ms, about
+// 9,000 per waiting send over the hour.) Once the endpoint answers again
+// the outcome is learned, and the landed send charges nothing.
+func TestTheResolverBacksOffAnEndpointThatFails(t *testing.T) {
+	e, calls, heal := failingWhileResolving(t)
+	time.Sleep(2 * time.Second)
+	n := calls.Load()
+	if n == 0 {
+		t.Fatal("the resolver asked the failing endpoint nothing: the test needs it to poll")
+	}
+	if n > 10 {
+		t.Errorf("the resolver asked an endpoint that fails every time %d times in 2 s at a PollInterval of 20 ms; want its wait doubled after each failed round (at most 10)", n)
+	}
+	heal()
+	e.learnedAll(t)
+	if f := e.failuresOf(e.payer); f != 0 {
+		t.Fatalf("a settlement that landed counted %d failures", f)
+	}
+}
+
+// TestTheResolversWaitIsCapped: the resolver's wait while its polls fail
+// doubles up to resolveMaxWait and no further, so a send waiting on an
+// endpoint that comes back is learned at most that long after. Here the
+// cap is 100 ms: over 2 s the failing endpoint is asked about every
+// 100 ms, far more often than doubling alone would (about 6 times).
+func TestTheResolversWaitIsCapped(t *testing.T) {
+	old := resolveMaxWait
+	resolveMaxWait = 100 * time.Millisecond
+	t.Cleanup(func() { resolveMaxWait = old })
+	e, calls, heal := failingWhileResolving(t)
+	time.Sleep(2 * time.Second)
+	if n := calls.Load(); n < 12 || n > 25 {
+		t.Errorf("the resolver asked a failing endpoint %d times in 2 s with its wait capped at 100 ms; want about 17 (12 to 25)", n)
+	}
+	heal()
+	e.learnedAll(t)
 }
