@@ -291,3 +291,24 @@ func TestTheResolversWaitIsCapped(t *testing.T) {
 	heal()
 	e.learnedAll(t)
 }
+
+// TestCloseWakesTheResolverFromItsWait: a resolver backed off from a
+// failing endpoint is waiting up to resolveMaxWait between rounds; Close
+// ends it at once, not at the end of that wait, so nothing of a closed
+// facilitator lingers.
+func TestCloseWakesTheResolverFromItsWait(t *testing.T) {
+	e, _, _ := failingWhileResolving(t)
+	time.Sleep(1500 * time.Millisecond) // its wait is past a second now
+	e.f.Close()
+	for deadline := time.Now().Add(300 * time.Millisecond); ; time.Sleep(10 * time.Millisecond) {
+		e.f.mu.Lock()
+		running := e.f.resolving
+		e.f.mu.Unlock()
+		if !running {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the resolver still runs 300 ms after Close: it sleeps out its wait")
+		}
+	}
+}
