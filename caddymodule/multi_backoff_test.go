@@ -67,6 +67,7 @@ func TestMultiSkipsAFailedFacilitatorForAWhile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { f.Close() })
 	svm := &SVMFacilitator{f: f}
 	hung := &hungFacilitator{wait: 100 * time.Millisecond,
 		kinds: []x402.SupportedKind{{X402Version: x402.Version, Scheme: "exact", Network: "eip155:8453"}}}
@@ -215,6 +216,7 @@ func TestMultiBoundsEachSupportedAsk(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { f.Close() })
 	svm := &SVMFacilitator{f: f}
 	hung := &hungFacilitator{wait: time.Hour}
 	m := &MultiFacilitator{fs: []x402.Facilitator{hung, svm}}

@@ -71,6 +71,16 @@ func (m *faultyFacilitator) Provision(caddy.Context) error {
 	return err
 }
 
+// Cleanup closes the facilitator with its configuration, as the evm
+// module's does (through its pool): its settlements pending go to the
+// next facilitator of the key, and nothing of it outlives the test.
+func (m *faultyFacilitator) Cleanup() error {
+	if m.f == nil {
+		return nil
+	}
+	return m.f.Close()
+}
+
 func (m *faultyFacilitator) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next()
 	if !d.NextArg() {
@@ -1372,6 +1382,14 @@ func (m *killedFacilitator) Provision(caddy.Context) error {
 		RelayerKey: evmfacilitator.DevKey(faultyRelayer), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 30 * time.Second})
 	m.f = f
 	return err
+}
+
+// Cleanup closes the facilitator with its configuration (faultyFacilitator).
+func (m *killedFacilitator) Cleanup() error {
+	if m.f == nil {
+		return nil
+	}
+	return m.f.Close()
 }
 
 func (m *killedFacilitator) UnmarshalCaddyfile(d *caddyfile.Dispenser) error { d.Next(); return nil }

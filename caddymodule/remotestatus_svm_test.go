@@ -33,13 +33,16 @@ func svmFeeKey() ed25519.PrivateKey {
 }
 
 // remoteSVMFacilitator is our Solana facilitator behind the x402 HTTP API,
-// on the env's chain: a remote facilitator.
+// on the env's chain: a remote facilitator. It is closed when t ends, so
+// its background resolver does not outlive the test and poll the chain's
+// address, which a later test's server may be given.
 func remoteSVMFacilitator(t *testing.T, e *solanaEnv) string {
 	t.Helper()
 	f, err := svmfacilitator.New(svmfacilitator.Config{RPC: &svmfacilitator.RPC{URL: e.chain.URL}, Network: x402.NetworkSolanaDevnet, FeePayer: svmFeeKey()})
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { f.Close() })
 	srv := httptest.NewServer(x402.NewFacilitatorHandler(f))
 	t.Cleanup(srv.Close)
 	return srv.URL
@@ -459,6 +462,7 @@ func TestMultiReadsASolanaPaymentOnlyThroughItsFeePayersManager(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { f.Close() })
 	svm := &SVMFacilitator{f: f}
 	seed := sha256.Sum256([]byte("caddymodule remote fee payer"))
 	var x svmfacilitator.PublicKey

@@ -879,6 +879,7 @@ func TestMultiSendsASolanaPaymentToTheMemberManagingItsFeePayer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { f.Close() })
 	remote := httptest.NewServer(x402.NewFacilitatorHandler(f))
 	t.Cleanup(remote.Close)
 	front, upFlag := fakeFlakyFront(t, remote.URL)

@@ -117,6 +117,7 @@ func TestRefusedSettlesOfASpentNonceReadNoBigReceipt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { f.Close() })
 	req := paymentRequired(t, post(t, gatedSite(t, fac), "", nil)).Accepts[0]
 
 	// The payer's own transaction: the nonce spent on a 1-unit transfer to

@@ -31,6 +31,7 @@ func TestPaidSolanaPaymentsVerifyAndSettle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { f.Close() })
 	payee := chain.Wallets[len(chain.Wallets)-1]
 	offer := x402.PaymentRequirements{Scheme: "exact", Network: x402.NetworkSolanaDevnet, Amount: "20000",
 		Asset: solanachain.USDC, PayTo: payee.Address, MaxTimeoutSeconds: 60,

@@ -56,6 +56,9 @@ func newEnv(t testing.TB, cfg Config) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Closed when t ends: its resolver would outlive the test and poll
+	// the chain's address, which a later test's server may be given.
+	t.Cleanup(func() { f.Close() })
 	return &env{chain: chain, f: f, fee: fee, payer: payer, payTo: payTo, req: x402.PaymentRequirements{
 		Scheme: "exact", Network: x402.NetworkSolanaDevnet, Amount: "20000", Asset: solanachain.USDC,
 		PayTo: payTo.String(), MaxTimeoutSeconds: 60, Extra: map[string]any{"feePayer": pub(fee).String()},

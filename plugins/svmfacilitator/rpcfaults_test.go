@@ -75,6 +75,7 @@ func TestNodeTroubleIsNoInvalidPayment(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			t.Cleanup(func() { f.Close() })
 			p := e.payment(t)
 			pp := Payload(p.withMemo(c.name), e.req) // a transaction of its own
 			v, err := f.Verify(ctx, pp, e.req)
