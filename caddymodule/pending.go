@@ -424,10 +424,15 @@ func (o *otherServers) wait(ctx context.Context) bool {
 }
 
 // othersOf names the servers of app but own, the gate's: each one's name
-// and listeners, and its routes (routesText), as loaded. A gate's
-// requests may go on to another server of the same Caddy (its proxy dials
-// one of this Caddy's own listeners), whose routes then choose the
-// upstream: a reload that moves that upstream is a move of the gate's.
+// and listeners, and its routes, error routes and named routes
+// (routesText), as loaded. A gate's requests may go on to another server
+// of the same Caddy (its proxy dials one of this Caddy's own listeners),
+// whose routes then choose the upstream: a reload that moves that
+// upstream is a move of the gate's. A named route is part of it as the
+// routes are: an `invoke` is loaded as the name it calls alone, so a
+// reload pointing `&(backend)` elsewhere changed none of the routes.
+// Named is left out of a server without named routes, so a config
+// without them keeps, across an upgrade, the name its held records carry.
 func othersOf(app *caddyhttp.App, own *caddyhttp.Server) string {
 	if app == nil {
 		return "none"
@@ -436,6 +441,7 @@ func othersOf(app *caddyhttp.App, own *caddyhttp.Server) string {
 		Name           string
 		Listen         []string
 		Routes, Errors []string
+		Named          map[string]string `json:",omitempty"` // encoded in key order
 	}
 	var servers []server
 	for _, name := range slices.Sorted(maps.Keys(app.Servers)) {
@@ -449,6 +455,12 @@ func othersOf(app *caddyhttp.App, own *caddyhttp.Server) string {
 		if srv.Errors != nil {
 			s.Errors = routesText(srv.Errors.Routes)
 		}
+		for name, r := range srv.NamedRoutes {
+			if s.Named == nil {
+				s.Named = make(map[string]string, len(srv.NamedRoutes))
+			}
+			s.Named[name] = routeText(*r)
+		}
 		servers = append(servers, s)
 	}
 	b, err := json.Marshal(servers)
@@ -459,44 +471,54 @@ func othersOf(app *caddyhttp.App, own *caddyhttp.Server) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// routesText writes loaded routes out, in order but for a row of automatic
-// HTTPS redirects (autoRedirect), taken as a set: each one's group, its
-// matchers (matcherText), and its handlers, a subroute's as its routes and
-// any other as its JSON, which holds its configuration but what it loaded
-// as modules (a proxy's upstreams are in it, its transport is not). A
-// route or handler that cannot be written out is named by what can be.
+// routesText writes loaded routes out (routeText), in order but for a
+// row of automatic HTTPS redirects (autoRedirect), taken as a set.
 func routesText(routes caddyhttp.RouteList) []string {
 	out := make([]string, 0, len(routes))
 	run := 0
 	for _, r := range routes {
-		sets, err := matcherText(r.MatcherSets)
-		if err != nil {
-			sets = [][]string{{"unwritable"}}
-		}
-		var handlers []any
-		for _, h := range r.Handlers {
-			if sr, ok := h.(*caddyhttp.Subroute); ok {
-				sub := []any{routesText(sr.Routes)}
-				if sr.Errors != nil {
-					sub = append(sub, routesText(sr.Errors.Routes))
-				}
-				handlers = append(handlers, sub)
-				continue
-			}
-			b, err := json.Marshal(h)
-			if err != nil {
-				b = []byte(`"unwritable"`)
-			}
-			handlers = append(handlers, fmt.Sprintf("%T %s", h, b))
-		}
-		b, _ := json.Marshal([]any{r.Group, r.Terminal, sets, handlers})
-		out = append(out, string(b))
+		out = append(out, routeText(r))
 		if run = run + 1; !autoRedirect(r) {
 			run = 0
 		}
 		slices.Sort(out[len(out)-run:])
 	}
 	return out
+}
+
+// routeText writes a loaded route out: its group, its matchers
+// (matcherText), and its handlers (handlerText). A route whose matchers
+// cannot be written out is named by what can be.
+func routeText(r caddyhttp.Route) string {
+	sets, err := matcherText(r.MatcherSets)
+	if err != nil {
+		sets = [][]string{{"unwritable"}}
+	}
+	var handlers []any // null for none: the text a held record's name was made of
+	for _, h := range r.Handlers {
+		handlers = append(handlers, handlerText(h))
+	}
+	b, _ := json.Marshal([]any{r.Group, r.Terminal, sets, handlers})
+	return string(b)
+}
+
+// handlerText writes a loaded handler out: a subroute as its routes, any
+// other as its JSON, which holds its configuration but what it loaded as
+// modules (a proxy's upstreams are in it, its transport is not). One that
+// cannot be written out is named by its type.
+func handlerText(h caddyhttp.MiddlewareHandler) any {
+	if sr, ok := h.(*caddyhttp.Subroute); ok {
+		sub := []any{routesText(sr.Routes)}
+		if sr.Errors != nil {
+			sub = append(sub, routesText(sr.Errors.Routes))
+		}
+		return sub
+	}
+	b, err := json.Marshal(h)
+	if err != nil {
+		b = []byte(`"unwritable"`)
+	}
+	return fmt.Sprintf("%T %s", h, b)
 }
 
 // upstreamOf names what the requests of the gate provisioned with ctx go

@@ -862,13 +862,47 @@ http://:%d {
 // name read its own server alone, and the second verifierd was sent a
 // verification id it never had, while the first's stayed pending.)
 func TestGateNameChangesWhenItsUpstreamMovesBehindAnotherSite(t *testing.T) {
+	inner := freePort(t)
+	upstreamMovesBehindAnotherSite(t, inner, func(backend string) string {
+		return fmt.Sprintf(`:%d {
+	reverse_proxy %s
+}
+`, inner, backend)
+	})
+}
+
+// Like TestGateNameChangesWhenItsUpstreamMovesBehindAnotherSite, but the
+// other site reaches the verifierd through a named route (`invoke`).
+// (Before: the other servers were named by their routes alone, `invoke`
+// by the name it calls, so pointing the named route at B kept the gate's
+// name, and B was sent A's verification id and outcome.)
+func TestGateNameChangesWhenItsUpstreamMovesBehindAnotherSitesNamedRoute(t *testing.T) {
+	inner := freePort(t)
+	upstreamMovesBehindAnotherSite(t, inner, func(backend string) string {
+		return fmt.Sprintf(`&(backend) {
+	reverse_proxy %s
+}
+:%d {
+	invoke backend
+}
+`, backend, inner)
+	})
+}
+
+// upstreamMovesBehindAnotherSite runs a gate whose proxy goes on to
+// another site of the same Caddy, on port inner, which other(backend)
+// writes out as reaching backend (host:port). An unchanged reload keeps
+// the gate's name; a reload pointing the other site from verifierd A to B
+// renames it, and the outcome of a call A recorded is kept, not sent to B.
+func upstreamMovesBehindAnotherSite(t *testing.T, inner int, other func(backend string) string) {
+	t.Helper()
 	defer func(d time.Duration) { resolveInterval = d }(resolveInterval)
 	resolveInterval = time.Hour
 	_, _ = sharedDevnet(t)
 	release := stallChain(t)
 	a, b := newReportingUpstream(t), newReportingUpstream(t)
-	inner, dir := freePort(t), t.TempDir()
-	site := func(backend string) string {
+	dir := t.TempDir()
+	site := func(u *reportingUpstream) string {
 		return fmt.Sprintf(`:{port} {
 	route /verify/schema {
 		x402 {
@@ -879,17 +913,14 @@ func TestGateNameChangesWhenItsUpstreamMovesBehindAnotherSite(t *testing.T) {
 		reverse_proxy 127.0.0.1:%[3]d
 	}
 }
-:%[3]d {
-	reverse_proxy %[4]s
-}
-`, payTo.Hex(), dir, inner, strings.TrimPrefix(backend, "http://"))
+`, payTo.Hex(), dir, inner) + other(strings.TrimPrefix(u.URL, "http://"))
 	}
 	logFile := filepath.Join(t.TempDir(), "caddy.log")
 	port := freePort(t)
-	loadCaddyServers(t, port, "", logFile, site(a.URL))
+	loadCaddyServers(t, port, "", logFile, site(a))
 	t.Cleanup(func() { caddy.Stop() })
 	first := loneGateName(t)
-	loadCaddyServers(t, port, "", logFile, site(a.URL))
+	loadCaddyServers(t, port, "", logFile, site(a))
 	if loneGateName(t) != first {
 		t.Fatal("a reload of the same config renamed the gate")
 	}
@@ -900,7 +931,7 @@ func TestGateNameChangesWhenItsUpstreamMovesBehindAnotherSite(t *testing.T) {
 		t.Fatalf("paid call: %d %.300s; want 503 settlement_pending", resp.StatusCode, body)
 	}
 	resolveInterval = 300 * time.Millisecond
-	loadCaddyServers(t, port, "", logFile, site(b.URL)) // the other site now goes to B
+	loadCaddyServers(t, port, "", logFile, site(b)) // the other site now goes to B
 	if loneGateName(t) == first {
 		t.Error("moving the gate's upstream behind the other site kept the gate's name")
 	}
